@@ -1,0 +1,179 @@
+# kvnode — top-level build.  `make help` lists the targets.
+#
+#   make            build kvnoded, libkvnode (.so/.a/.pc) and kvnodectl into $(BUILD)
+#   make run        deps + build + kvnoded in the foreground with conf/kvnode.conf
+#   make test       deps + build + every test suite
+#   make asan       the test suite under ASan+UBSan (separate build dir)
+#   make bench      build and run the benchmark (not part of `make test`)
+#   make CUDA=0 ... build without the CUDA toolkit (default: detected)
+
+VERSION   := 0.1.0
+SOVERSION := 0
+
+BUILD     ?= build
+GEN       := $(BUILD)/gen
+PREFIX    ?= /usr/local
+DESTDIR   ?=
+CC        ?= cc
+PKG_CONFIG ?= pkg-config
+
+# --- CUDA detection ---------------------------------------------------------
+CUDA_HOME ?= /usr/local/cuda
+CUDA      ?= auto
+ifeq ($(CUDA),auto)
+  CUDA := $(if $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h),1,0)
+endif
+
+# --- flags -------------------------------------------------------------------
+OPT       ?= -O2
+CFLAGS    ?= $(OPT) -g
+WARN      := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+BASEFLAGS := -std=c11 -D_GNU_SOURCE -fPIC $(WARN) -DKVNODE_VERSION_STRING='"$(VERSION)"' \
+             -Ilib -Idaemon -I$(GEN)
+ifeq ($(SAN),1)
+  BASEFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+  LDSAN     := -fsanitize=address,undefined
+endif
+
+pc_cflags = $(shell $(PKG_CONFIG) --cflags $(1) 2>/dev/null)
+pc_libs   = $(shell $(PKG_CONFIG) --libs $(1) 2>/dev/null)
+
+LIB_PKGS    := libprotobuf-c
+DAEMON_PKGS := libevent libprotobuf-c jansson inih
+CHECK_PKGS  := check
+
+ALL_CFLAGS  = $(BASEFLAGS) $(call pc_cflags,$(DAEMON_PKGS) $(CHECK_PKGS)) $(CFLAGS) $(CPPFLAGS)
+CUDA_LIBS   :=
+ifeq ($(CUDA),1)
+  ALL_CFLAGS += -DKVNODE_HAVE_CUDA -I$(CUDA_HOME)/include
+  CUDA_LIBS  := $(CUDA_HOME)/lib64/libcudart_static.a -ldl -lrt
+endif
+DAEMON_LIBS = $(call pc_libs,$(DAEMON_PKGS)) $(CUDA_LIBS) -lpthread -lm
+LIB_LIBS    = $(call pc_libs,$(LIB_PKGS))
+CHECK_LIBS  = $(call pc_libs,$(CHECK_PKGS))
+
+# --- sources -----------------------------------------------------------------
+PROTO_C      := $(GEN)/kvnode.pb-c.c
+PROTO_H      := $(GEN)/kvnode.pb-c.h
+COMMON_SRC   := lib/wire.c lib/hash.c lib/errors.c
+LIB_SRC      := lib/client.c $(COMMON_SRC)
+DAEMON_SRC   := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+CTL_SRC      := lib/kvnodectl.c
+UNIT_SRC     := $(wildcard tests/unit/test_*.c)
+INTEG_SRC    := $(wildcard tests/integration/test_*.c)
+INTEG_HELPER := tests/integration/harness.c
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+PROTO_OBJ  := $(BUILD)/obj/gen/kvnode.pb-c.o
+COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(PROTO_OBJ)
+LIB_OBJ    := $(call obj,$(LIB_SRC)) $(PROTO_OBJ)
+DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
+
+KVNODED   := $(BUILD)/kvnoded
+KVNODECTL := $(BUILD)/kvnodectl
+LIBSO     := $(BUILD)/libkvnode.so.$(SOVERSION)
+LIBA      := $(BUILD)/libkvnode.a
+LIBPC     := $(BUILD)/kvnode.pc
+UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
+INTEG_BIN := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(INTEG_SRC))
+BENCH_BIN := $(BUILD)/kvnode-bench
+
+.PHONY: all deps run test check asan bench install clean help cuda-info
+.DEFAULT_GOAL := all
+
+all: $(KVNODED) $(LIBSO) $(LIBA) $(LIBPC) $(KVNODECTL)
+
+help:
+	@sed -n '1,12p' Makefile
+
+cuda-info:
+	@echo "CUDA=$(CUDA) CUDA_HOME=$(CUDA_HOME)"
+
+deps:
+	@bash scripts/install-deps.sh
+
+# --- generated protocol code (a build product, never committed) ---------------
+$(PROTO_C) $(PROTO_H) &: proto/kvnode.proto
+	@mkdir -p $(GEN)
+	protoc-c --c_out=$(GEN) --proto_path=proto $<
+
+$(PROTO_OBJ): $(PROTO_C) $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Wno-missing-prototypes -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
+
+# --- products --------------------------------------------------------------
+$(KVNODED): $(call obj,daemon/main.c) $(DAEMON_OBJ) $(COMMON_OBJ)
+	$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(DAEMON_LIBS)
+
+$(LIBA): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(LIBSO): $(LIB_OBJ)
+	$(CC) $(LDSAN) $(LDFLAGS) -shared -Wl,-soname,libkvnode.so.$(SOVERSION) -o $@ $^ $(LIB_LIBS)
+	ln -sf libkvnode.so.$(SOVERSION) $(BUILD)/libkvnode.so
+
+$(LIBPC): lib/kvnode.pc.in Makefile
+	@mkdir -p $(BUILD)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
+
+$(KVNODECTL): $(call obj,$(CTL_SRC)) $(LIBA)
+	$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(call pc_libs,jansson)
+
+# --- tests -------------------------------------------------------------------
+$(BUILD)/tests/%: tests/unit/%.c $(DAEMON_OBJ) $(COMMON_OBJ) $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(DAEMON_OBJ) $(COMMON_OBJ) $(DAEMON_LIBS) $(CHECK_LIBS)
+
+$(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(LIBA) $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
+
+check: all $(UNIT_BIN) $(INTEG_BIN)
+	@BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN)
+
+test: deps
+	@$(MAKE) --no-print-directory check
+
+asan: deps
+	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 OPT=-O1 check
+
+# --- run / bench ---------------------------------------------------------------
+run: deps
+	@$(MAKE) --no-print-directory all
+	@mkdir -p run
+	$(KVNODED) --config conf/kvnode.conf
+
+$(BENCH_BIN): tests/bench/bench.c $(INTEG_HELPER) $(LIBA)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
+
+bench: all $(BENCH_BIN)
+	KVNODED=$(KVNODED) $(BENCH_BIN)
+
+# --- install -------------------------------------------------------------------
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/lib \
+	    $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
+	    $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man3 \
+	    $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man8
+	install -m 0755 $(KVNODED) $(DESTDIR)$(PREFIX)/sbin/kvnoded
+	install -m 0755 $(KVNODECTL) $(DESTDIR)$(PREFIX)/bin/kvnodectl
+	install -m 0755 $(LIBSO) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libkvnode.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libkvnode.so
+	install -m 0644 $(LIBA) $(DESTDIR)$(PREFIX)/lib/
+	install -m 0644 $(LIBPC) $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvnode.pc
+	install -m 0644 lib/kvnode.h $(DESTDIR)$(PREFIX)/include/kvnode.h
+	install -m 0644 man/kvnodectl.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 0644 man/libkvnode.3 $(DESTDIR)$(PREFIX)/share/man/man3/
+	install -m 0644 man/kvnode.conf.5 $(DESTDIR)$(PREFIX)/share/man/man5/
+	install -m 0644 man/kvnoded.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+
+clean:
+	rm -rf build build-asan build-* run
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

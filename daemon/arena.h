@@ -1,0 +1,64 @@
+/* arena: the memory regions blocks live in and the allocator that carves them.
+ *
+ * A host arena is one memfd (close-on-exec, sealed against shrinking and
+ * growing) mapped MAP_SHARED by the daemon and, after HELLO, by every client.
+ * The allocator divides the region into fixed-size slabs; a slab is given to
+ * one size class (block stride) when that class needs room and handed back to
+ * the free-slab pool as soon as its last block is freed, so several block
+ * sizes share one arena. alloc and free are O(1).
+ *
+ * Loop thread only. */
+#ifndef KVNODE_ARENA_H
+#define KVNODE_ARENA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ARENA_MAX_CLASSES 64u
+#define ARENA_STRIDE_ALIGN 256u   /* block strides are multiples of this */
+
+typedef struct arena arena;
+
+struct arena_stats {
+    uint64_t capacity;      /* bytes usable for blocks (slabs_total * slab_bytes) */
+    uint64_t used_bytes;    /* sum of strides of allocated blocks */
+    uint64_t slab_bytes;
+    uint32_t slabs_total;
+    uint32_t slabs_free;    /* slabs owned by no class */
+    uint64_t blocks;        /* allocated blocks */
+};
+
+/* Create a host arena of `bytes` (rounded down to whole slabs). tier is
+ * KVNODE_TIER_HOST. Returns 0 or a negative KVNODE_E* code with err set. */
+int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **out,
+                      char *err, size_t errlen);
+void arena_destroy(arena *a);
+
+uint32_t arena_id(const arena *a);
+int      arena_tier(const arena *a);     /* KVNODE_TIER_* */
+int      arena_device(const arena *a);   /* -1 for host memory */
+int      arena_fd(const arena *a);       /* memfd passed to clients */
+void    *arena_base(const arena *a);     /* daemon's mapping */
+uint64_t arena_size(const arena *a);     /* bytes clients map */
+
+/* Find or create the size class for blocks of block_bytes. Returns 0,
+ * -KVNODE_ETOOBIG when block_bytes > slab_bytes (or 0), -KVNODE_ELIMIT when
+ * ARENA_MAX_CLASSES distinct strides exist. */
+int      arena_class_for(arena *a, uint64_t block_bytes, uint32_t *cls);
+uint64_t arena_class_stride(const arena *a, uint32_t cls);
+uint32_t arena_class_count(const arena *a);
+/* Blocks allocated in / slabs owned by a class. */
+uint64_t arena_class_blocks(const arena *a, uint32_t cls);
+uint32_t arena_class_slabs(const arena *a, uint32_t cls);
+
+/* O(1). 0 and *offset, or -KVNODE_ENOSPC when the class has no free slot
+ * and no free slab is left. */
+int      arena_alloc(arena *a, uint32_t cls, uint64_t *offset);
+/* O(1). offset must come from arena_alloc and not be freed twice. */
+void     arena_free(arena *a, uint64_t offset);
+/* True when arena_alloc(cls) would succeed right now. */
+int      arena_can_alloc(const arena *a, uint32_t cls);
+
+void     arena_get_stats(const arena *a, struct arena_stats *st);
+
+#endif

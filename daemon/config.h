@@ -1,0 +1,66 @@
+/* config: kvnode.conf parsing (libinih), command-line overrides, defaults and
+ * validation. Owns struct kvn_config; the daemon keeps one effective copy on
+ * the loop thread. Parsing never touches a running config: a reload builds a
+ * new struct and swaps it only when the whole file is valid. */
+#ifndef KVNODE_CONFIG_H
+#define KVNODE_CONFIG_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CONFIG_ERR_MAX 2048
+
+struct kvn_config {
+    /* [server] */
+    char     socket_path[PATH_MAX];  /* unix socket engines connect to */
+    unsigned socket_mode;            /* permission bits of the socket file, e.g. 0660 */
+    uint32_t max_frame_bytes;        /* largest accepted frame (header excluded) */
+    uint32_t max_keys_per_request;   /* largest key chain in one request */
+    uint32_t max_clients;            /* connections beyond this are refused */
+    uint32_t max_namespaces;         /* distinct (deployment, tp_rank) pairs */
+    uint32_t request_timeout_ms;     /* bound on a deferred reply (promotion waits) */
+    uint32_t shutdown_timeout_ms;    /* SIGTERM: bound on finishing in-flight work */
+
+    /* [memory] */
+    uint64_t host_bytes;             /* size of the host-memory tier (memfd arena) */
+    uint64_t slab_bytes;             /* allocator slab; largest block size accepted */
+    double   high_watermark;         /* fraction of host_bytes that starts eviction */
+    double   low_watermark;          /* eviction stops below this fraction */
+    int      pin_host;               /* CONFIG_PIN_{AUTO,ON,OFF}: cudaHostRegister the arena */
+
+    /* [leases] */
+    uint32_t read_lease_ttl_ms;      /* reaper ends read leases older than this */
+    uint32_t write_lease_ttl_ms;     /* reaper aborts write leases older than this */
+    uint32_t reaper_interval_ms;     /* how often the reaper runs */
+    uint32_t max_leases_per_client;  /* open leases per connection */
+
+    /* [log] */
+    int      log_level;              /* LOG_LEVEL_* */
+};
+
+enum { CONFIG_PIN_AUTO = 0, CONFIG_PIN_ON = 1, CONFIG_PIN_OFF = 2 };
+
+/* Embedded defaults (the values conf/kvnode.conf documents). */
+void config_defaults(struct kvn_config *cfg);
+
+/* Parse `path` on top of *cfg. On failure returns -1 and writes to err one
+ * message naming every bad line ("kvnode.conf:12: [memory] host_bytes: invalid
+ * size 'abc' (expected e.g. 1GiB)"), including unknown sections/keys. */
+int config_load_file(struct kvn_config *cfg, const char *path, char *err, size_t errlen);
+
+/* Apply one "section.key=value" override (command line). Same errors. */
+int config_apply_override(struct kvn_config *cfg, const char *assignment, char *err, size_t errlen);
+
+/* Cross-field checks (watermarks ordered, slab fits the arena, ...). */
+int config_validate(const struct kvn_config *cfg, char *err, size_t errlen);
+
+/* Write the effective configuration in kvnode.conf syntax. */
+void config_write(const struct kvn_config *cfg, FILE *out);
+
+/* Helpers shared with kvnodectl-style parsing; 0 on success, -1 on bad input. */
+int config_parse_size(const char *text, uint64_t *out);      /* "1GiB", "512M", "4096" */
+int config_parse_duration_ms(const char *text, uint32_t *out); /* "30s", "500ms", "2m", "100" (ms) */
+
+#endif

@@ -1,0 +1,67 @@
+/* index: the (namespace, key) -> block table and the per-class LRU lists.
+ *
+ * Entries are owned by the index while linked; index_unlink() hands one to
+ * the caller (e.g. a pinned block being deleted lives on until its last read
+ * lease ends), index_entry_free() releases it. The hash table grows by
+ * incremental rehashing (a few buckets per operation), so no call is O(n).
+ *
+ * LRU: one list per (arena, size class), oldest first. Callers refresh a key
+ * chain tail-first (last key first, root last), so a parent is always newer
+ * than its children and eviction removes leaves first. Pinned and WRITING
+ * entries are kept off the lists, so the oldest listed entry is evictable.
+ *
+ * Loop thread only. */
+#ifndef KVNODE_INDEX_H
+#define KVNODE_INDEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum entry_state {
+    ENTRY_WRITING = 1,  /* slot reserved under a write lease, not visible */
+    ENTRY_SEALED  = 2,  /* committed: visible to match/get */
+};
+
+typedef struct index_entry {
+    uint32_t ns;            /* namespace id */
+    int64_t  key;
+    uint8_t  state;         /* enum entry_state */
+    uint8_t  tier;          /* KVNODE_TIER_* of the bytes */
+    uint8_t  detached;      /* unlinked from the index, freed when pins reach 0 */
+    uint8_t  on_lru;        /* linked into an LRU list (maintained by index) */
+    uint32_t pins;          /* read leases (and internal users) holding it */
+    uint32_t arena;         /* arena id */
+    uint32_t cls;           /* size class in that arena */
+    uint64_t offset;        /* byte offset in the arena */
+    uint64_t lru_stamp;     /* last touch, monotonically increasing */
+    struct index_entry *hash_next;
+    struct index_entry *lru_prev, *lru_next;
+} index_entry;
+
+typedef struct kv_index kv_index;
+
+/* initial_buckets is rounded up to a power of two (minimum 64). */
+int  index_create(size_t initial_buckets, kv_index **out);
+/* Frees the table and every linked entry (not the arena slots). */
+void index_destroy(kv_index *ix);
+
+index_entry *index_lookup(kv_index *ix, uint32_t ns, int64_t key);
+/* Insert a new zeroed entry for (ns, key) (caller checked it is absent) and
+ * return it, or NULL when out of memory. */
+index_entry *index_insert(kv_index *ix, uint32_t ns, int64_t key);
+/* Remove from the table and its LRU list; the caller now owns e. */
+void index_unlink(kv_index *ix, index_entry *e);
+void index_entry_free(index_entry *e);
+size_t index_count(const kv_index *ix);
+
+/* Move e to the newest end of the LRU list of (e->arena, e->cls), linking
+ * it if needed, and stamp it. */
+void index_lru_touch(kv_index *ix, index_entry *e);
+/* Take e off its LRU list (pinned, being written, being evicted). */
+void index_lru_remove(kv_index *ix, index_entry *e);
+/* Oldest listed entry of one class, or NULL. */
+index_entry *index_lru_oldest(kv_index *ix, uint32_t arena, uint32_t cls);
+/* Oldest listed entry over every class of an arena, or NULL. O(classes). */
+index_entry *index_lru_oldest_in_arena(kv_index *ix, uint32_t arena);
+
+#endif

@@ -1,0 +1,57 @@
+/* lease: the lease table. A lease is a handle owned by one connection that
+ * pins blocks for reading (LEASE_READ) or reserves slots for writing
+ * (LEASE_WRITE). This module owns lease records, their ids, the per-owner
+ * lists and the expiry heap; what a lease *means* for the blocks it holds
+ * (unpin, free, seal) is the cache's business.
+ *
+ * Ids are unguessable-ish (per-boot random high bits + counter) and never 0.
+ * Every operation is O(1) or O(log n). Loop thread only. */
+#ifndef KVNODE_LEASE_H
+#define KVNODE_LEASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct index_entry;
+
+enum lease_kind { LEASE_READ = 1, LEASE_WRITE = 2 };
+
+/* A connection's leases; embedded in the owner (e.g. the connection). */
+struct lease_list {
+    struct lease *head;
+    size_t count;
+};
+
+typedef struct lease {
+    uint64_t id;
+    int      kind;                 /* enum lease_kind */
+    uint32_t ns;                   /* namespace the blocks belong to */
+    uint64_t created_ms, expires_ms;
+    size_t   n;                    /* entries held */
+    struct index_entry **entries;  /* n entries (NULL slots allowed) */
+    /* private to lease.c */
+    struct lease_list *owner;
+    struct lease *owner_prev, *owner_next;
+    struct lease *hash_next;
+    size_t heap_pos;
+} lease;
+
+typedef struct lease_table lease_table;
+
+int  lease_table_create(lease_table **out);
+/* Frees every remaining lease record (not the entries they point to). */
+void lease_table_destroy(lease_table *t);
+
+/* New lease with room for n entries (entries[] zeroed), linked into owner's
+ * list, the id table and the expiry heap. NULL when out of memory. */
+lease *lease_create(lease_table *t, int kind, uint32_t ns, struct lease_list *owner,
+                    uint64_t now_ms, uint64_t ttl_ms, size_t n);
+/* The lease with this id, or NULL. */
+lease *lease_find(lease_table *t, uint64_t id);
+/* Unlink from table, heap and owner list, and free the record. */
+void lease_destroy(lease_table *t, lease *l);
+/* Earliest-expiring lease if it expired at now_ms, else NULL (O(1)). */
+lease *lease_first_expired(lease_table *t, uint64_t now_ms);
+size_t lease_count(const lease_table *t, int kind);  /* kind 0: all */
+
+#endif

@@ -1,0 +1,67 @@
+/* namespace: layout fingerprints and the registry of namespaces.
+ *
+ * A deployment is a layout without its TP rank, identified by the FNV-1a 64
+ * fingerprint of a canonical layout string that includes everything that
+ * changes block bytes except block_bytes itself; block_bytes must then agree
+ * across every namespace of the deployment, and an engine announcing the
+ * same deployment with a different block size is refused. A namespace is
+ * (deployment, tp_rank) and owns the blocks its engines put. Namespaces
+ * outlive the connections that created them.
+ *
+ * Loop thread only. */
+#ifndef KVNODE_NAMESPACE_H
+#define KVNODE_NAMESPACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define NS_MODEL_MAX 128
+#define NS_DTYPE_MAX 32
+#define NS_EXTRA_MAX 256
+#define NS_DEPLOYMENT_ID_MAX (NS_MODEL_MAX + 20)
+
+struct ns_layout {
+    char     model[NS_MODEL_MAX];
+    char     dtype[NS_DTYPE_MAX];
+    uint32_t block_tokens;
+    uint64_t block_bytes;
+    uint32_t num_layers, kv_heads, head_dim, tp_size, tp_rank;
+    char     extra[NS_EXTRA_MAX];
+};
+
+typedef struct kv_namespace {
+    uint32_t id;                        /* 1-based, stable for the daemon's life */
+    struct ns_layout layout;
+    uint64_t fingerprint;               /* deployment fingerprint */
+    char     deployment_id[NS_DEPLOYMENT_ID_MAX]; /* <model>-<fp lowercase hex> */
+    uint32_t cls;                       /* host arena size class (set by the cache) */
+    uint64_t blocks;                    /* sealed blocks in memory */
+    uint64_t bytes;                     /* their bytes (block_bytes each) */
+    uint32_t clients;                   /* connections bound now */
+} kv_namespace;
+
+/* Canonical layout string (without tp_rank and block_bytes); returns the
+ * length snprintf would need. Strings are included verbatim. */
+size_t ns_canonical_string(const struct ns_layout *l, char *buf, size_t len);
+uint64_t ns_fnv1a64(const void *data, size_t len);
+uint64_t ns_fingerprint(const struct ns_layout *l);
+/* Check field ranges (non-empty model/dtype, block_tokens/bytes > 0,
+ * tp_rank < tp_size, ...). 0 or -KVNODE_ELAYOUT with err naming the field. */
+int ns_layout_validate(const struct ns_layout *l, char *err, size_t errlen);
+
+typedef struct ns_registry ns_registry;
+
+int  ns_registry_create(uint32_t max_namespaces, ns_registry **out);
+void ns_registry_destroy(ns_registry *r);
+
+/* Find or create the namespace for l. *created says which. Errors:
+ * -KVNODE_ELAYOUT (invalid, or same deployment with another block_bytes:
+ * the message names both sizes), -KVNODE_ELIMIT (max_namespaces reached). */
+int  ns_bind(ns_registry *r, const struct ns_layout *l, kv_namespace **out, int *created,
+             char *err, size_t errlen);
+kv_namespace *ns_get(ns_registry *r, uint32_t id);
+size_t ns_count(const ns_registry *r);
+/* i in [0, ns_count): namespaces in creation order. */
+kv_namespace *ns_at(ns_registry *r, size_t i);
+
+#endif

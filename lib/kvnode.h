@@ -1,0 +1,134 @@
+/* libkvnode — client API of kvnoded, the node-local KV-cache daemon.
+ *
+ * An engine process connects once per TP rank with its layout, then asks how
+ * long a prefix of block keys is cached (match), reads blocks in place under a
+ * read lease (get_begin / get_end), and writes new blocks in place under a
+ * write lease (put_begin / put_commit or put_abort). kvnode_get / kvnode_put
+ * are copying conveniences over those pairs; kvnode_get_inline /
+ * kvnode_put_inline move the bytes inside the messages instead, for callers
+ * that cannot map the daemon's memory.
+ *
+ * The keys of one call form a chain: keys[i-1] is the parent of keys[i].
+ * match and get answer with the longest cached prefix.
+ *
+ * Threading: a kvnode_client is not thread-safe. Use one client object per
+ * thread, or serialise every call on a client yourself. Different clients may
+ * be used concurrently from different threads.
+ *
+ * Errors: every function returning int returns 0 on success or a negative
+ * KVNODE_E* code; kvnode_strerror() names the code and kvnode_last_error()
+ * gives the daemon's (or library's) message for the last failed call.
+ * Every call that talks to the daemon has a timeout (default 10 s,
+ * environment KVNODE_TIMEOUT_MS, or kvnode_set_timeout()).
+ */
+#ifndef KVNODE_H
+#define KVNODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef int64_t  kvnode_key;
+typedef uint64_t kvnode_lease;
+typedef struct kvnode_client kvnode_client;
+
+typedef struct kvnode_layout {
+    const char *model, *dtype;          /* e.g. "qwen2-7b", "bf16" */
+    uint32_t block_tokens;              /* tokens per block */
+    uint64_t block_bytes;               /* bytes of one block held by this rank */
+    uint32_t num_layers, kv_heads, head_dim, tp_size, tp_rank;
+    const char *extra;                  /* free-form layout discriminator, may be NULL */
+} kvnode_layout;
+
+enum { KVNODE_TIER_HOST = 1, KVNODE_TIER_HBM = 2 };
+
+/* Where a block is, in this process's address space. */
+typedef struct kvnode_loc { void *ptr; int tier; int device; } kvnode_loc;
+
+/* Error codes (negated on return). Stable: they travel on the wire. */
+enum {
+    KVNODE_OK = 0,
+    KVNODE_EINVAL    = 1,  /* invalid argument or request */
+    KVNODE_ENOMEM    = 2,  /* out of memory (process) */
+    KVNODE_ENOSPC    = 3,  /* tier full: nothing evictable */
+    KVNODE_ENOLEASE  = 4,  /* unknown, expired or foreign lease */
+    KVNODE_ELAYOUT   = 5,  /* layout invalid or conflicts with a registered one */
+    KVNODE_EVERSION  = 6,  /* no common protocol version */
+    KVNODE_EPROTO    = 7,  /* malformed frame or message */
+    KVNODE_ETOOBIG   = 8,  /* frame, key count or block over a limit */
+    KVNODE_ETIMEDOUT = 9,  /* the call's timeout passed */
+    KVNODE_ECONNECT  = 10, /* cannot connect to the daemon */
+    KVNODE_ECLOSED   = 11, /* the daemon closed the connection */
+    KVNODE_EIO       = 12, /* system call failed */
+    KVNODE_ESTATE    = 13, /* operation not valid now (e.g. before HELLO) */
+    KVNODE_ELIMIT    = 14, /* a per-client limit was reached */
+    KVNODE_EDENIED   = 15, /* refused by access control */
+    KVNODE_EINTERNAL = 16, /* daemon bug: please report */
+    KVNODE_ESHUTDOWN = 17, /* daemon is shutting down */
+};
+
+/* Connect to the daemon at socket_path (NULL: $KVNODE_SOCKET or
+ * /run/kvnode/kvnode.sock) and bind this client to the namespace of `layout`.
+ * layout == NULL gives an observer client that may only call
+ * kvnode_stats_json / kvnode_ping. On failure *out is NULL. */
+int  kvnode_connect(const char *socket_path, const kvnode_layout *layout, kvnode_client **out);
+void kvnode_close(kvnode_client *c);
+/* Bytes of one block of this client's namespace (0 for an observer). */
+uint64_t kvnode_block_bytes(const kvnode_client *c);
+
+/* *matched = length of the longest cached prefix of keys[0..n). */
+int  kvnode_match(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *matched);
+
+/* Pin the longest cached prefix under one read lease: locs[0..*got) point at
+ * the blocks (read-only by contract) until kvnode_get_end(lease). *lease is 0
+ * when *got is 0 (nothing to end). */
+int  kvnode_get_begin(kvnode_client *c, const kvnode_key *keys, size_t n,
+                      kvnode_lease *lease, kvnode_loc *locs, size_t *got);
+int  kvnode_get_end(kvnode_client *c, kvnode_lease lease);
+
+/* Reserve a slot per key in `tier` (falls back to host; locs[i].tier says
+ * where). locs[i].ptr == NULL: already stored, nothing to write. Write the
+ * block bytes to each non-NULL slot, then commit (visible) or abort (freed).
+ * *lease is 0 when every key was already stored. */
+int  kvnode_put_begin(kvnode_client *c, const kvnode_key *keys, size_t n, int tier,
+                      kvnode_lease *lease, kvnode_loc *locs); /* locs[i].ptr == NULL: already stored */
+int  kvnode_put_commit(kvnode_client *c, kvnode_lease lease);
+int  kvnode_put_abort(kvnode_client *c, kvnode_lease lease);
+
+/* Copying conveniences over the zero-copy pairs; each dst[i]/src[i] holds
+ * kvnode_block_bytes() bytes. */
+int  kvnode_get(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst, size_t *got);
+int  kvnode_put(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src);
+
+/* Same contract as kvnode_get / kvnode_put, but the bytes travel inside the
+ * messages (no shared memory). */
+int  kvnode_get_inline(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst, size_t *got);
+int  kvnode_put_inline(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src);
+
+/* Remove keys (blocks pinned by readers are freed when their lease ends). */
+int  kvnode_delete(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *deleted);
+
+/* The daemon's statistics as a JSON document; the caller free()s *json. */
+int  kvnode_stats_json(kvnode_client *c, char **json);      /* caller free()s */
+int  kvnode_ping(kvnode_client *c);
+
+/* rtp-llm / KVCM chained block hash (see PROTOCOLS.md §1): one key per full
+ * block of block_tokens tokens, at most max_keys; returns the number written. */
+size_t kvnode_hash_tokens(const int64_t *tokens, size_t ntokens, uint32_t block_tokens,
+                          kvnode_key *keys, size_t max_keys); /* rtp-llm/KVCM chained hash */
+
+const char *kvnode_strerror(int rc);
+/* Message of the last failed call on c ("" when none). Valid until the next call. */
+const char *kvnode_last_error(const kvnode_client *c);
+/* Per-call timeout in milliseconds (> 0). */
+void kvnode_set_timeout(kvnode_client *c, int timeout_ms);
+/* Protocol and library version strings. */
+const char *kvnode_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,34 @@
+/* wire: framing of engine-protocol messages, shared by libkvnode and kvnoded.
+ * A frame is a 4-byte little-endian payload length followed by one packed
+ * Kvnode__Request or Kvnode__Response. Lengths are checked against the
+ * receiver's maximum before anything is allocated. Pure functions, no I/O. */
+#ifndef KVNODE_WIRE_H
+#define KVNODE_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "kvnode.pb-c.h"
+
+#define WIRE_HEADER_BYTES 4u
+#define WIRE_PROTOCOL_VERSION 1u
+/* Absolute ceiling on any frame, whatever the configuration says. */
+#define WIRE_FRAME_LIMIT (1u << 30)
+
+/* Decode a frame header. Returns 0 and sets *len, -KVNODE_EPROTO for an empty
+ * frame, -KVNODE_ETOOBIG when the length exceeds max_frame. */
+int wire_frame_len(const uint8_t hdr[WIRE_HEADER_BYTES], uint32_t max_frame, uint32_t *len);
+void wire_put_len(uint8_t hdr[WIRE_HEADER_BYTES], uint32_t len);
+
+/* Pack a message into a malloc()ed frame (header + payload). Returns 0,
+ * -KVNODE_ETOOBIG when the payload exceeds max_frame, -KVNODE_ENOMEM. */
+int wire_pack(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **frame, size_t *frame_len);
+
+/* Unpack a payload (without header). NULL when it is not a valid message of
+ * that type. Free with kvnode__request__free_unpacked / ..response... */
+Kvnode__Request *wire_unpack_request(const uint8_t *payload, size_t len);
+Kvnode__Response *wire_unpack_response(const uint8_t *payload, size_t len);
+
+/* Name of a request op for logs and metrics ("hello", "match", ...). */
+const char *wire_op_name(int op_case);
+
+#endif
