@@ -1,0 +1,222 @@
+/* kvnoded: wiring — arguments, config, signals, start and stop order. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "cache.h"
+#include "config.h"
+#include "kvnode.h"
+#include "log.h"
+#include "ops.h"
+#include "server.h"
+
+#define DEFAULT_CONFIG_PATH "/etc/kvnode/kvnode.conf"
+#define MAX_OVERRIDES 64
+
+struct daemon {
+    struct event_base *base;
+    struct kvn_config *cfg;
+    const char *config_path;       /* NULL: built-in defaults only */
+    const char *overrides[MAX_OVERRIDES];
+    int noverrides;
+    struct cache *cache;
+    struct ops *ops;
+    struct server *server;
+    uint64_t reloads_ok, reloads_failed;
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvnoded [-c|--config FILE] [-s|--set SECTION.KEY=VALUE]... [--check-config]\n"
+            "               [-V|--version] [-h|--help]\n"
+            "\n"
+            "  -c, --config FILE   configuration file (default " DEFAULT_CONFIG_PATH " if it exists)\n"
+            "  -s, --set S.K=V     override one option, e.g. --set memory.host_bytes=4GiB\n"
+            "      --check-config  validate the configuration, print the effective one, exit\n"
+            "  -V, --version       print the version\n"
+            "  -h, --help          this text\n"
+            "\n"
+            "Options are documented in kvnode.conf(5); the daemon in kvnoded(8).\n");
+}
+
+/* Build a configuration from defaults + file + overrides. */
+static int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err, size_t errlen)
+{
+    config_defaults(cfg);
+    if (d->config_path && config_load_file(cfg, d->config_path, err, errlen) < 0)
+        return -1;
+    for (int i = 0; i < d->noverrides; i++)
+        if (config_apply_override(cfg, d->overrides[i], err, errlen) < 0)
+            return -1;
+    return config_validate(cfg, err, errlen);
+}
+
+/* SIGHUP: parse and validate the whole file first; apply the reloadable
+ * options only when everything is valid. */
+static void daemon_reload(struct daemon *d)
+{
+    struct kvn_config *next = malloc(sizeof *next), *old = d->cfg;
+    char err[CONFIG_ERR_MAX];
+
+    if (!next) {
+        log_error("reload failed: out of memory; keeping the running configuration");
+        d->reloads_failed++;
+        return;
+    }
+    if (daemon_load_config(d, next, err, sizeof err) < 0) {
+        log_error("reload failed; keeping the running configuration:\n%s", err);
+        d->reloads_failed++;
+        free(next);
+        return;
+    }
+#define RESTART_ONLY(field, name) \
+    if (memcmp(&next->field, &old->field, sizeof next->field) != 0) { \
+        log_warn("reload: %s changed but needs a restart; keeping the running value", name); \
+        memcpy(&next->field, &old->field, sizeof next->field); \
+    }
+    RESTART_ONLY(socket_path, "server.socket_path");
+    RESTART_ONLY(socket_mode, "server.socket_mode");
+    RESTART_ONLY(host_bytes, "memory.host_bytes");
+    RESTART_ONLY(slab_bytes, "memory.slab_bytes");
+    RESTART_ONLY(max_namespaces, "server.max_namespaces");
+    RESTART_ONLY(pin_host, "memory.pin_host");
+#undef RESTART_ONLY
+    d->cfg = next;
+    log_set_level(next->log_level);
+    cache_apply_config(d->cache, next);
+    ops_apply_config(d->ops, next);
+    server_apply_config(d->server, next);
+    free(old);
+    d->reloads_ok++;
+    log_info("configuration reloaded");
+}
+
+static void daemon_signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    struct daemon *d = arg;
+    (void)what;
+    if (sig == SIGHUP) {
+        daemon_reload(d);
+        return;
+    }
+    log_info("received %s: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    server_begin_shutdown(d->server);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        { "config", required_argument, NULL, 'c' },
+        { "set", required_argument, NULL, 's' },
+        { "check-config", no_argument, NULL, 'C' },
+        { "version", no_argument, NULL, 'V' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    struct daemon d = { 0 };
+    struct event *sigs[3] = { NULL, NULL, NULL };
+    const int signums[3] = { SIGTERM, SIGINT, SIGHUP };
+    char err[CONFIG_ERR_MAX];
+    bool check_only = false;
+    int opt, rc = 1;
+
+    while ((opt = getopt_long(argc, argv, "c:s:Vh", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'c': d.config_path = optarg; break;
+        case 's':
+            if (d.noverrides == MAX_OVERRIDES) {
+                fprintf(stderr, "kvnoded: at most %d --set options\n", MAX_OVERRIDES);
+                return 2;
+            }
+            d.overrides[d.noverrides++] = optarg;
+            break;
+        case 'C': check_only = true; break;
+        case 'V': printf("kvnoded %s (protocol %u)\n", KVNODE_VERSION_STRING, 1u); return 0;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvnoded: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    if (!d.config_path && access(DEFAULT_CONFIG_PATH, F_OK) == 0)
+        d.config_path = DEFAULT_CONFIG_PATH;
+
+    d.cfg = malloc(sizeof *d.cfg);
+    if (!d.cfg) {
+        fprintf(stderr, "kvnoded: out of memory\n");
+        return 1;
+    }
+    if (daemon_load_config(&d, d.cfg, err, sizeof err) < 0) {
+        fprintf(stderr, "kvnoded: invalid configuration:\n%s\n", err);
+        free(d.cfg);
+        return 2;
+    }
+    if (check_only) {
+        config_write(d.cfg, stdout);
+        free(d.cfg);
+        return 0;
+    }
+    log_set_level(d.cfg->log_level);
+    signal(SIGPIPE, SIG_IGN);
+
+    d.base = event_base_new();
+    if (!d.base) {
+        log_error("cannot create the event loop");
+        goto out;
+    }
+    if (cache_create(d.base, d.cfg, &d.cache, err, sizeof err) < 0) {
+        log_error("cannot create the host tier: %s", err);
+        goto out;
+    }
+    if (ops_create(d.cache, d.cfg, &d.ops) < 0) {
+        log_error("out of memory");
+        goto out;
+    }
+    if (server_create(d.base, d.cfg, d.ops, &d.server, err, sizeof err) < 0) {
+        log_error("%s", err);
+        goto out;
+    }
+    ops_set_server(d.ops, d.server);
+    for (int i = 0; i < 3; i++) {
+        sigs[i] = evsignal_new(d.base, signums[i], daemon_signal_cb, &d);
+        if (!sigs[i] || evsignal_add(sigs[i], NULL) < 0) {
+            log_error("cannot install signal handlers");
+            goto out;
+        }
+    }
+    log_info("kvnoded %s serving on %s (config %s): host tier %llu MiB, slabs of %llu KiB",
+             KVNODE_VERSION_STRING, d.cfg->socket_path,
+             d.config_path ? d.config_path : "built-in defaults",
+             (unsigned long long)(d.cfg->host_bytes >> 20),
+             (unsigned long long)(d.cfg->slab_bytes >> 10));
+    if (event_base_dispatch(d.base) < 0) {
+        log_error("event loop failed");
+        goto out;
+    }
+    log_info("stopped");
+    rc = 0;
+out:
+    /* Connections first (their leases), then the cache they point into. */
+    server_destroy(d.server);
+    ops_destroy(d.ops);
+    cache_destroy(d.cache);
+    for (int i = 0; i < 3; i++)
+        if (sigs[i])
+            event_free(sigs[i]);
+    if (d.base)
+        event_base_free(d.base);
+    libevent_global_shutdown();
+    free(d.cfg);
+    return rc;
+}

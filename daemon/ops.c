@@ -1,0 +1,634 @@
+/* ops: protocol requests -> cache calls -> replies (see ops.h). */
+#include "ops.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "kvnode.h"
+#include "log.h"
+#include "server.h"
+#include "wire.h"
+
+#define OP_SLOTS 32   /* request oneof field numbers are < 32 */
+
+struct op_counts { uint64_t ok, error; };
+
+struct ops {
+    struct cache *cache;
+    const struct kvn_config *cfg;
+    struct server *server;
+    uint64_t started_ms;
+    struct op_counts counts[OP_SLOTS];
+    uint64_t keys_matched, keys_missed;
+};
+
+int ops_create(struct cache *cache, const struct kvn_config *cfg, struct ops **out)
+{
+    struct ops *o = calloc(1, sizeof *o);
+    if (!o)
+        return -KVNODE_ENOMEM;
+    o->cache = cache;
+    o->cfg = cfg;
+    o->started_ms = clock_now_ms();
+    *out = o;
+    return 0;
+}
+
+void ops_destroy(struct ops *o)
+{
+    free(o);
+}
+
+void ops_set_server(struct ops *o, struct server *s)
+{
+    o->server = s;
+}
+
+void ops_apply_config(struct ops *o, const struct kvn_config *cfg)
+{
+    o->cfg = cfg;
+}
+
+void ops_session_end(struct ops *o, struct session *s)
+{
+    cache_release_owner(o->cache, &s->leases);
+    if (s->ns) {
+        log_debug("client pid %d (%s) left namespace %u", (int)s->pid, s->name, s->ns->id);
+        cache_unbind(o->cache, s->ns);
+        s->ns = NULL;
+    }
+}
+
+/* --- helpers ------------------------------------------------------------ */
+
+static void ops_count(struct ops *o, int op, bool ok)
+{
+    if (op < 0 || op >= OP_SLOTS)
+        op = 0;
+    if (ok)
+        o->counts[op].ok++;
+    else
+        o->counts[op].error++;
+}
+
+static void ops_fail(struct ops *o, struct conn *conn, const Kvnode__Request *req, int code,
+                     const char *msg)
+{
+    ops_count(o, (int)req->op_case, false);
+    log_debug("%s request %" PRIu64 " failed: %s: %s", wire_op_name((int)req->op_case), req->id,
+              kvnode_strerror(code), msg);
+    server_reply_error(conn, req->id, code, "%s", msg);
+}
+
+static void ops_send(struct ops *o, struct conn *conn, const Kvnode__Request *req,
+                     Kvnode__Response *resp, const int *fds, size_t nfds)
+{
+    resp->id = req->id;
+    if (server_reply(conn, resp, fds, nfds) < 0) {
+        ops_count(o, (int)req->op_case, false);
+        server_reply_error(conn, req->id, -KVNODE_EINTERNAL, "cannot encode the %s reply",
+                           wire_op_name((int)req->op_case));
+        return;
+    }
+    ops_count(o, (int)req->op_case, true);
+}
+
+/* Copy a wire string into a fixed field, refusing what does not fit. */
+static int ops_copy_field(char *dst, size_t cap, const char *src, const char *name,
+                          char *err, size_t errlen)
+{
+    size_t len = src ? strlen(src) : 0;
+    if (len >= cap) {
+        snprintf(err, errlen, "layout.%s is %zu bytes long; the limit is %zu", name, len, cap - 1);
+        return -KVNODE_ELAYOUT;
+    }
+    memcpy(dst, src ? src : "", len + 1);
+    return 0;
+}
+
+static int ops_layout_from_wire(const Kvnode__Layout *w, struct ns_layout *l, char *err, size_t errlen)
+{
+    int rc;
+    memset(l, 0, sizeof *l);
+    if ((rc = ops_copy_field(l->model, sizeof l->model, w->model, "model", err, errlen)) < 0 ||
+        (rc = ops_copy_field(l->dtype, sizeof l->dtype, w->dtype, "dtype", err, errlen)) < 0 ||
+        (rc = ops_copy_field(l->extra, sizeof l->extra, w->extra, "extra", err, errlen)) < 0)
+        return rc;
+    l->block_tokens = w->block_tokens;
+    l->block_bytes = w->block_bytes;
+    l->num_layers = w->num_layers;
+    l->kv_heads = w->kv_heads;
+    l->head_dim = w->head_dim;
+    l->tp_size = w->tp_size;
+    l->tp_rank = w->tp_rank;
+    return 0;
+}
+
+/* Every data operation needs a namespace and a bounded key chain. */
+static int ops_check_keys(struct ops *o, const struct session *s, size_t n, char *err, size_t errlen)
+{
+    if (!s->hello_done) {
+        snprintf(err, errlen, "send HELLO first: the connection is not bound to a namespace");
+        return -KVNODE_ESTATE;
+    }
+    if (!s->ns) {
+        snprintf(err, errlen, "this is an observer connection (HELLO without a layout); "
+                 "it may only ask for stats and ping");
+        return -KVNODE_ESTATE;
+    }
+    if (n > o->cfg->max_keys_per_request) {
+        snprintf(err, errlen, "%zu keys exceed server.max_keys_per_request (%u)", n,
+                 o->cfg->max_keys_per_request);
+        return -KVNODE_ETOOBIG;
+    }
+    return 0;
+}
+
+/* Location messages for a reply: one array of structs, one of pointers. */
+struct loc_buf {
+    Kvnode__Location *items;
+    Kvnode__Location **ptrs;
+};
+
+static int loc_buf_fill(struct loc_buf *b, const struct cache_loc *locs, size_t n)
+{
+    b->items = calloc(n ? n : 1, sizeof *b->items);
+    b->ptrs = calloc(n ? n : 1, sizeof *b->ptrs);
+    if (!b->items || !b->ptrs)
+        return -KVNODE_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        kvnode__location__init(&b->items[i]);
+        b->items[i].arena = locs[i].arena;
+        b->items[i].offset = locs[i].offset;
+        b->items[i].present = locs[i].present;
+        b->ptrs[i] = &b->items[i];
+    }
+    return 0;
+}
+
+static void loc_buf_free(struct loc_buf *b)
+{
+    free(b->items);
+    free(b->ptrs);
+}
+
+/* --- handlers ------------------------------------------------------------- */
+
+static void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    const Kvnode__HelloRequest *h = req->hello;
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__HelloReply reply = KVNODE__HELLO_REPLY__INIT;
+    struct cache_arena_info arenas[4];
+    Kvnode__Arena arena_msgs[4], *arena_ptrs[4];
+    int fds[4];
+    size_t narenas = 0;
+    char err[512];
+    int rc;
+
+    if (s->hello_done) {
+        ops_fail(o, conn, req, -KVNODE_ESTATE, "HELLO was already done on this connection");
+        return;
+    }
+    if (h->min_version > WIRE_PROTOCOL_VERSION || h->max_version < WIRE_PROTOCOL_VERSION ||
+        h->min_version > h->max_version) {
+        snprintf(err, sizeof err, "no common protocol version: client speaks %u..%u, "
+                 "kvnoded speaks %u", h->min_version, h->max_version, WIRE_PROTOCOL_VERSION);
+        ops_fail(o, conn, req, -KVNODE_EVERSION, err);
+        return;
+    }
+    snprintf(s->name, sizeof s->name, "%s", h->client_name && *h->client_name ? h->client_name : "?");
+    if (h->layout) {
+        struct ns_layout layout;
+        rc = ops_layout_from_wire(h->layout, &layout, err, sizeof err);
+        if (rc == 0)
+            rc = cache_bind(o->cache, &layout, &s->ns, err, sizeof err);
+        if (rc < 0) {
+            log_warn("refused HELLO from pid %d (%s): %s", (int)s->pid, s->name, err);
+            ops_fail(o, conn, req, rc, err);
+            return;
+        }
+        narenas = cache_arenas(o->cache, arenas, 4);
+        for (size_t i = 0; i < narenas; i++) {
+            kvnode__arena__init(&arena_msgs[i]);
+            arena_msgs[i].id = arenas[i].id;
+            arena_msgs[i].tier = (Kvnode__Tier)arenas[i].tier;
+            arena_msgs[i].device = arenas[i].device;
+            arena_msgs[i].size = arenas[i].size;
+            arena_msgs[i].fd_index = (int32_t)i;
+            arena_ptrs[i] = &arena_msgs[i];
+            fds[i] = arenas[i].fd;
+        }
+        reply.namespace_id = s->ns->id;
+        reply.deployment_id = s->ns->deployment_id;
+        reply.block_bytes = s->ns->layout.block_bytes;
+        log_info("client pid %d uid %d (%s) bound to namespace %u (%s rank %u)", (int)s->pid,
+                 (int)s->uid, s->name, s->ns->id, s->ns->deployment_id, s->ns->layout.tp_rank);
+    } else {
+        s->observer = true;
+    }
+    s->hello_done = true;
+    reply.version = WIRE_PROTOCOL_VERSION;
+    reply.server_version = (char *)KVNODE_VERSION_STRING;
+    reply.n_arenas = narenas;
+    reply.arenas = narenas ? arena_ptrs : NULL;
+    reply.max_frame_bytes = o->cfg->max_frame_bytes;
+    reply.max_keys = o->cfg->max_keys_per_request;
+    reply.read_lease_ttl_ms = o->cfg->read_lease_ttl_ms;
+    reply.write_lease_ttl_ms = o->cfg->write_lease_ttl_ms;
+    resp.result_case = KVNODE__RESPONSE__RESULT_HELLO;
+    resp.hello = &reply;
+    ops_send(o, conn, req, &resp, fds, narenas);
+}
+
+static void ops_match(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__MatchReply reply = KVNODE__MATCH_REPLY__INIT;
+    size_t n = req->match->n_keys, matched;
+    char err[256];
+    int rc = ops_check_keys(o, s, n, err, sizeof err);
+
+    if (rc < 0) {
+        ops_fail(o, conn, req, rc, err);
+        return;
+    }
+    matched = cache_match(o->cache, s->ns, req->match->keys, n);
+    o->keys_matched += matched;
+    o->keys_missed += n - matched;
+    reply.matched = (uint32_t)matched;
+    resp.result_case = KVNODE__RESPONSE__RESULT_MATCH;
+    resp.match = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+}
+
+static void ops_get_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__GetBeginReply reply = KVNODE__GET_BEGIN_REPLY__INIT;
+    size_t n = req->get_begin->n_keys, got = 0;
+    struct cache_loc *locs = NULL;
+    struct loc_buf lb = { 0 };
+    uint64_t lease_id = 0;
+    char err[512];
+    int rc = ops_check_keys(o, s, n, err, sizeof err);
+
+    if (rc < 0)
+        goto fail;
+    locs = calloc(n ? n : 1, sizeof *locs);
+    if (!locs) {
+        rc = -KVNODE_ENOMEM;
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    rc = cache_get_begin(o->cache, s->ns, &s->leases, req->get_begin->keys, n, &lease_id, locs,
+                         &got, err, sizeof err);
+    if (rc < 0)
+        goto fail;
+    if (loc_buf_fill(&lb, locs, got) < 0) {
+        uint32_t ignored;
+        cache_lease_end(o->cache, &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
+        rc = -KVNODE_ENOMEM;
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    o->keys_matched += got;
+    o->keys_missed += n - got;
+    reply.lease = lease_id;
+    reply.n_locations = got;
+    reply.locations = lb.ptrs;
+    resp.result_case = KVNODE__RESPONSE__RESULT_GET_BEGIN;
+    resp.get_begin = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+    loc_buf_free(&lb);
+    free(locs);
+    return;
+fail:
+    loc_buf_free(&lb);
+    free(locs);
+    ops_fail(o, conn, req, rc, err);
+}
+
+static void ops_put_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__PutBeginReply reply = KVNODE__PUT_BEGIN_REPLY__INIT;
+    size_t n = req->put_begin->n_keys;
+    struct cache_loc *locs = NULL;
+    struct loc_buf lb = { 0 };
+    uint64_t lease_id = 0;
+    char err[512];
+    int rc = ops_check_keys(o, s, n, err, sizeof err);
+
+    if (rc < 0)
+        goto fail;
+    locs = calloc(n ? n : 1, sizeof *locs);
+    if (!locs) {
+        rc = -KVNODE_ENOMEM;
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    rc = cache_put_begin(o->cache, s->ns, &s->leases, req->put_begin->keys, n,
+                         (int)req->put_begin->tier, &lease_id, locs, err, sizeof err);
+    if (rc < 0)
+        goto fail;
+    if (loc_buf_fill(&lb, locs, n) < 0) {
+        uint32_t ignored;
+        if (lease_id)
+            cache_lease_end(o->cache, &s->leases, lease_id, LEASE_WRITE, false, &ignored, NULL, 0);
+        rc = -KVNODE_ENOMEM;
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    reply.lease = lease_id;
+    reply.n_locations = n;
+    reply.locations = lb.ptrs;
+    resp.result_case = KVNODE__RESPONSE__RESULT_PUT_BEGIN;
+    resp.put_begin = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+    loc_buf_free(&lb);
+    free(locs);
+    return;
+fail:
+    loc_buf_free(&lb);
+    free(locs);
+    ops_fail(o, conn, req, rc, err);
+}
+
+/* GET_END, PUT_COMMIT, PUT_ABORT */
+static void ops_lease_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__LeaseReply reply = KVNODE__LEASE_REPLY__INIT;
+    const Kvnode__LeaseRequest *lr;
+    int kind = LEASE_WRITE;
+    bool commit = false;
+    uint32_t blocks = 0;
+    char err[512];
+    int rc = ops_check_keys(o, s, 0, err, sizeof err);
+
+    switch (req->op_case) {
+    case KVNODE__REQUEST__OP_GET_END:
+        lr = req->get_end;
+        kind = LEASE_READ;
+        resp.result_case = KVNODE__RESPONSE__RESULT_GET_END;
+        resp.get_end = &reply;
+        break;
+    case KVNODE__REQUEST__OP_PUT_COMMIT:
+        lr = req->put_commit;
+        commit = true;
+        resp.result_case = KVNODE__RESPONSE__RESULT_PUT_COMMIT;
+        resp.put_commit = &reply;
+        break;
+    default:
+        lr = req->put_abort;
+        resp.result_case = KVNODE__RESPONSE__RESULT_PUT_ABORT;
+        resp.put_abort = &reply;
+        break;
+    }
+    if (rc == 0)
+        rc = cache_lease_end(o->cache, &s->leases, lr->lease, kind, commit, &blocks, err, sizeof err);
+    if (rc < 0) {
+        ops_fail(o, conn, req, rc, err);
+        return;
+    }
+    reply.blocks = blocks;
+    ops_send(o, conn, req, &resp, NULL, 0);
+}
+
+static void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__GetInlineReply reply = KVNODE__GET_INLINE_REPLY__INIT;
+    size_t n = req->get_inline->n_keys, got = 0;
+    struct cache_loc *locs = NULL;
+    ProtobufCBinaryData *blocks = NULL;
+    uint64_t lease_id = 0;
+    uint32_t ignored;
+    char err[512];
+    int rc = ops_check_keys(o, s, n, err, sizeof err);
+
+    if (rc < 0)
+        goto fail;
+    if ((uint64_t)n * s->ns->layout.block_bytes + 4096u > o->cfg->max_frame_bytes) {
+        rc = -KVNODE_ETOOBIG;
+        snprintf(err, sizeof err, "%zu blocks of %" PRIu64 " bytes do not fit in one reply "
+                 "(server.max_frame_bytes %u); ask for fewer keys", n, s->ns->layout.block_bytes,
+                 o->cfg->max_frame_bytes);
+        goto fail;
+    }
+    locs = calloc(n ? n : 1, sizeof *locs);
+    blocks = calloc(n ? n : 1, sizeof *blocks);
+    if (!locs || !blocks) {
+        rc = -KVNODE_ENOMEM;
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    rc = cache_get_begin(o->cache, s->ns, &s->leases, req->get_inline->keys, n, &lease_id, locs,
+                         &got, err, sizeof err);
+    if (rc < 0)
+        goto fail;
+    for (size_t i = 0; i < got; i++) {
+        blocks[i].data = (uint8_t *)cache_arena_base(o->cache, locs[i].arena) + locs[i].offset;
+        blocks[i].len = s->ns->layout.block_bytes;
+    }
+    o->keys_matched += got;
+    o->keys_missed += n - got;
+    reply.n_blocks = got;
+    reply.blocks = blocks;
+    resp.result_case = KVNODE__RESPONSE__RESULT_GET_INLINE;
+    resp.get_inline = &reply;
+    /* The reply is packed (copied) before this returns; then unpin. */
+    ops_send(o, conn, req, &resp, NULL, 0);
+    if (lease_id)
+        cache_lease_end(o->cache, &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
+    free(locs);
+    free(blocks);
+    return;
+fail:
+    free(locs);
+    free(blocks);
+    ops_fail(o, conn, req, rc, err);
+}
+
+static void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    const Kvnode__PutInlineRequest *p = req->put_inline;
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__PutInlineReply reply = KVNODE__PUT_INLINE_REPLY__INIT;
+    size_t n = p->n_keys, stored = 0;
+    struct cache_loc *locs = NULL;
+    uint64_t lease_id = 0;
+    uint32_t ignored;
+    char err[512];
+    int rc = ops_check_keys(o, s, n, err, sizeof err);
+
+    if (rc < 0)
+        goto fail;
+    if (p->n_blocks != n) {
+        rc = -KVNODE_EINVAL;
+        snprintf(err, sizeof err, "put_inline carries %zu keys but %zu blocks", n, p->n_blocks);
+        goto fail;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (p->blocks[i].len != s->ns->layout.block_bytes) {
+            rc = -KVNODE_EINVAL;
+            snprintf(err, sizeof err, "block %zu is %zu bytes; this namespace's blocks are %" PRIu64,
+                     i, p->blocks[i].len, s->ns->layout.block_bytes);
+            goto fail;
+        }
+    }
+    locs = calloc(n ? n : 1, sizeof *locs);
+    if (!locs) {
+        rc = -KVNODE_ENOMEM;
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    rc = cache_put_begin(o->cache, s->ns, &s->leases, p->keys, n, KVNODE_TIER_HOST, &lease_id,
+                         locs, err, sizeof err);
+    if (rc < 0)
+        goto fail;
+    for (size_t i = 0; i < n; i++) {
+        if (!locs[i].present)
+            continue;
+        memcpy((uint8_t *)cache_arena_base(o->cache, locs[i].arena) + locs[i].offset,
+               p->blocks[i].data, p->blocks[i].len);
+        stored++;
+    }
+    if (lease_id)
+        cache_lease_end(o->cache, &s->leases, lease_id, LEASE_WRITE, true, &ignored, NULL, 0);
+    reply.stored = (uint32_t)stored;
+    reply.existing = (uint32_t)(n - stored);
+    resp.result_case = KVNODE__RESPONSE__RESULT_PUT_INLINE;
+    resp.put_inline = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+    free(locs);
+    return;
+fail:
+    free(locs);
+    ops_fail(o, conn, req, rc, err);
+}
+
+static void ops_delete(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__DeleteReply reply = KVNODE__DELETE_REPLY__INIT;
+    uint32_t deleted = 0;
+    char err[256];
+    int rc = ops_check_keys(o, s, req->delete_->n_keys, err, sizeof err);
+
+    if (rc < 0) {
+        ops_fail(o, conn, req, rc, err);
+        return;
+    }
+    cache_delete(o->cache, s->ns, req->delete_->keys, req->delete_->n_keys, &deleted);
+    reply.deleted = deleted;
+    resp.result_case = KVNODE__RESPONSE__RESULT_DELETE;
+    resp.delete_ = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+}
+
+static json_t *ops_stats_document(struct ops *o)
+{
+    json_t *root = json_object(), *reqs = json_object(), *keys = json_object();
+
+    json_object_set_new(root, "version", json_string(KVNODE_VERSION_STRING));
+    json_object_set_new(root, "protocol", json_integer(WIRE_PROTOCOL_VERSION));
+    json_object_set_new(root, "pid", json_integer(getpid()));
+    json_object_set_new(root, "uptime_s", json_real((double)(clock_now_ms() - o->started_ms) / 1000.0));
+    json_object_set_new(root, "socket", json_string(o->cfg->socket_path));
+    cache_stats_json(o->cache, root);
+    if (o->server)
+        server_stats_json(o->server, root);
+    for (int op = 0; op < OP_SLOTS; op++) {
+        json_t *c;
+        if (!o->counts[op].ok && !o->counts[op].error)
+            continue;
+        c = json_object();
+        json_object_set_new(c, "ok", json_integer((json_int_t)o->counts[op].ok));
+        json_object_set_new(c, "error", json_integer((json_int_t)o->counts[op].error));
+        json_object_set_new(reqs, wire_op_name(op), c);
+    }
+    json_object_set_new(root, "requests", reqs);
+    json_object_set_new(keys, "matched_total", json_integer((json_int_t)o->keys_matched));
+    json_object_set_new(keys, "missed_total", json_integer((json_int_t)o->keys_missed));
+    json_object_set_new(root, "keys", keys);
+    return root;
+}
+
+static void ops_stats(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__StatsReply reply = KVNODE__STATS_REPLY__INIT;
+    json_t *doc;
+    char *text;
+
+    if (!s->hello_done) {
+        ops_fail(o, conn, req, -KVNODE_ESTATE, "send HELLO first");
+        return;
+    }
+    /* Count this request before the document is built, so it shows itself. */
+    o->counts[KVNODE__REQUEST__OP_STATS].ok++;
+    doc = ops_stats_document(o);
+    text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    if (!text) {
+        o->counts[KVNODE__REQUEST__OP_STATS].ok--;
+        ops_fail(o, conn, req, -KVNODE_ENOMEM, "cannot build the stats document");
+        return;
+    }
+    reply.json = text;
+    resp.result_case = KVNODE__RESPONSE__RESULT_STATS;
+    resp.stats = &reply;
+    resp.id = req->id;
+    if (server_reply(conn, &resp, NULL, 0) < 0)
+        server_reply_error(conn, req->id, -KVNODE_EINTERNAL, "cannot encode the stats reply");
+    free(text);
+}
+
+static void ops_ping(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__PingReply reply = KVNODE__PING_REPLY__INIT;
+
+    if (!s->hello_done) {
+        ops_fail(o, conn, req, -KVNODE_ESTATE, "send HELLO first");
+        return;
+    }
+    reply.nonce = req->ping->nonce;
+    resp.result_case = KVNODE__RESPONSE__RESULT_PING;
+    resp.ping = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+}
+
+void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    if (!s->hello_done && req->op_case != KVNODE__REQUEST__OP_HELLO &&
+        req->op_case != KVNODE__REQUEST__OP__NOT_SET) {
+        ops_fail(o, conn, req, -KVNODE_ESTATE, "send HELLO first: the connection is not bound "
+                 "to a namespace");
+        return;
+    }
+    switch (req->op_case) {
+    case KVNODE__REQUEST__OP_HELLO:      ops_hello(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_MATCH:      ops_match(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_GET_BEGIN:  ops_get_begin(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_GET_END:
+    case KVNODE__REQUEST__OP_PUT_COMMIT:
+    case KVNODE__REQUEST__OP_PUT_ABORT:  ops_lease_end(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_PUT_BEGIN:  ops_put_begin(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_GET_INLINE: ops_get_inline(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_PUT_INLINE: ops_put_inline(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_DELETE:     ops_delete(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_STATS:      ops_stats(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_PING:       ops_ping(o, conn, s, req); break;
+    default:
+        ops_fail(o, conn, req, -KVNODE_EINVAL, "the request carries no operation this daemon "
+                 "knows (newer client?)");
+        break;
+    }
+}

@@ -1,0 +1,43 @@
+/* ops: request handlers — the only place that turns protocol messages into
+ * cache calls and cache results into replies. Owns per-connection sessions
+ * (namespace binding, leases, peer identity) and per-op request counters.
+ *
+ * Loop thread only. */
+#ifndef KVNODE_OPS_H
+#define KVNODE_OPS_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "cache.h"
+#include "config.h"
+#include "kvnode.pb-c.h"
+#include "lease.h"
+
+struct conn;
+struct server;
+struct ops;
+
+/* What a connection is bound to; embedded in the server's connection. */
+struct session {
+    bool          hello_done;
+    bool          observer;       /* HELLO without a layout */
+    kv_namespace *ns;
+    struct lease_list leases;
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+    char  name[64];
+};
+
+int  ops_create(struct cache *cache, const struct kvn_config *cfg, struct ops **out);
+void ops_destroy(struct ops *o);
+void ops_set_server(struct ops *o, struct server *s);
+void ops_apply_config(struct ops *o, const struct kvn_config *cfg);
+
+/* Handle one decoded request; the reply goes out through server_reply. */
+void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
+/* The connection is gone: end its leases, unbind its namespace. */
+void ops_session_end(struct ops *o, struct session *s);
+
+#endif

@@ -1,0 +1,51 @@
+/* server: the socket side of the loop thread. Owns the unix listener (stale
+ * socket replacement, live-daemon detection via a lock file), connections,
+ * frame I/O with length checks before allocation, SCM_RIGHTS fd passing,
+ * output backpressure, and the orderly stop. Decoded requests go to ops.
+ *
+ * Loop thread only. */
+#ifndef KVNODE_SERVER_H
+#define KVNODE_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "config.h"
+#include "kvnode.pb-c.h"
+
+struct event_base;
+struct ops;
+struct server;
+struct conn;
+struct session;
+
+/* Bind the configured socket (refusing when another daemon serves it) and
+ * start accepting. 0, or a negative KVNODE_E* code with err set. */
+int  server_create(struct event_base *base, const struct kvn_config *cfg, struct ops *ops,
+                   struct server **out, char *err, size_t errlen);
+/* Closes every connection (ending their leases) and removes the socket. */
+void server_destroy(struct server *s);
+/* Point at a new effective config (reload). */
+void server_apply_config(struct server *s, const struct kvn_config *cfg);
+
+/* Stop accepting, stop reading, flush replies; break the loop when every
+ * connection is gone or after cfg->shutdown_timeout_ms. */
+void server_begin_shutdown(struct server *s);
+
+/* Queue a response; fds (may be NULL) ride on its first byte. 0 or a
+ * negative KVNODE_E* code (the connection is then closed). */
+int  server_reply(struct conn *c, const Kvnode__Response *resp, const int *fds, size_t nfds);
+/* Send an error response with `code` (negative KVNODE_E*) and a message. */
+void server_reply_error(struct conn *c, uint64_t id, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Close the connection once its queued replies are written. */
+void server_close_after_flush(struct conn *c);
+struct session *server_conn_session(struct conn *c);
+
+/* Add "clients" and "frames" to a stats document. */
+void server_stats_json(struct server *s, json_t *root);
+const char *server_socket_path(const struct server *s);
+
+#endif
