@@ -40,6 +40,17 @@ typedef struct index_entry {
 
 typedef struct kv_index kv_index;
 
+/* LRU lists exist for arena ids below INDEX_MAX_ARENAS and size classes below
+ * ARENA_MAX_CLASSES; an entry outside that range is never listed. */
+#define INDEX_MAX_ARENAS 8u
+
+struct index_stats {
+    size_t entries;         /* linked entries */
+    size_t buckets;         /* buckets of the main table */
+    size_t rehash_buckets;  /* buckets of the table being grown into, 0 when not rehashing */
+    size_t lru_entries;     /* entries on some LRU list */
+};
+
 /* initial_buckets is rounded up to a power of two (minimum 64). */
 int  index_create(size_t initial_buckets, kv_index **out);
 /* Frees the table and every linked entry (not the arena slots). */
@@ -53,9 +64,11 @@ index_entry *index_insert(kv_index *ix, uint32_t ns, int64_t key);
 void index_unlink(kv_index *ix, index_entry *e);
 void index_entry_free(index_entry *e);
 size_t index_count(const kv_index *ix);
+void index_get_stats(const kv_index *ix, struct index_stats *st);
 
 /* Move e to the newest end of the LRU list of (e->arena, e->cls), linking
- * it if needed, and stamp it. */
+ * it if needed, and stamp it. If e's arena or class changed while it was
+ * listed, it moves to the new list. */
 void index_lru_touch(kv_index *ix, index_entry *e);
 /* Take e off its LRU list (pinned, being written, being evicted). */
 void index_lru_remove(kv_index *ix, index_entry *e);

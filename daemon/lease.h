@@ -39,11 +39,14 @@ typedef struct lease {
 typedef struct lease_table lease_table;
 
 int  lease_table_create(lease_table **out);
-/* Frees every remaining lease record (not the entries they point to). */
+/* Frees every remaining lease record (not the entries they point to). Owner
+ * lists are not touched (their owners may be gone already). */
 void lease_table_destroy(lease_table *t);
 
 /* New lease with room for n entries (entries[] zeroed), linked into owner's
- * list, the id table and the expiry heap. NULL when out of memory. */
+ * list (owner may be NULL), the id table and the expiry heap; expires_ms
+ * saturates at UINT64_MAX. NULL when out of memory or kind is not
+ * LEASE_READ/LEASE_WRITE. */
 lease *lease_create(lease_table *t, int kind, uint32_t ns, struct lease_list *owner,
                     uint64_t now_ms, uint64_t ttl_ms, size_t n);
 /* The lease with this id, or NULL. */

@@ -271,7 +271,7 @@ int server_create(struct event_base *base, const struct kvn_config *cfg, struct 
         free(s);
         return -KVNODE_EINVAL;
     }
-    snprintf(s->path, sizeof s->path, "%s", cfg->socket_path);
+    memcpy(s->path, cfg->socket_path, strlen(cfg->socket_path) + 1);
     rc = server_claim_path(s, err, errlen);
     if (rc < 0)
         goto fail;

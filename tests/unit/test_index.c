@@ -1,0 +1,613 @@
+/* Unit tests for daemon/index.c: hash table (incl. incremental rehash) and
+ * per-(arena, class) LRU lists.
+ *
+ * KVNODE_TEST_KEYS (env) sets the size of the big table tests (default
+ * 200000); keep it >= 20000 so several growths happen. */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "arena.h"
+#include "index.h"
+
+/* Fail only when cond is false: ck_assert on every iteration of a 200k loop
+ * costs a pipe write each in fork mode. */
+#define FAIL_IF_NOT(cond, ...)                  \
+    do {                                        \
+        if (!(cond))                            \
+            ck_abort_msg(__VA_ARGS__);          \
+    } while (0)
+
+static const uint32_t test_ns[] = {0, 1, 7, UINT32_MAX};
+#define TEST_NNS (sizeof test_ns / sizeof test_ns[0])
+
+static size_t test_keys_total(void)
+{
+    const char *s = getenv("KVNODE_TEST_KEYS");
+    long v = s ? strtol(s, NULL, 10) : 0;
+    return v >= 20000 ? (size_t)v : 200000;
+}
+
+static uint64_t test_rng_state = 0x2545f4914f6cdd1dull;
+
+static uint64_t test_rand(void)
+{
+    uint64_t x = test_rng_state;     /* xorshift64: deterministic across runs */
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    test_rng_state = x;
+    return x;
+}
+
+static void test_shuffle(size_t *a, size_t n)
+{
+    for (size_t i = n; i > 1; i--) {
+        size_t j = (size_t)(test_rand() % i);
+        size_t t = a[i - 1];
+        a[i - 1] = a[j];
+        a[j] = t;
+    }
+}
+
+static int test_cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* n distinct keys spread over the whole int64 range, negative ones included,
+ * plus the extremes. */
+static int64_t *test_make_keys(size_t n)
+{
+    int64_t *k = malloc(n * sizeof *k);
+    ck_assert_ptr_nonnull(k);
+    k[0] = INT64_MIN;
+    k[1] = INT64_MAX;
+    k[2] = 0;
+    k[3] = -1;
+    for (size_t i = 4; i < n; i++)
+        k[i] = (int64_t)((uint64_t)i * 0x9e3779b97f4a7c15ull);   /* odd multiplier: a bijection */
+    int64_t *s = malloc(n * sizeof *s);
+    ck_assert_ptr_nonnull(s);
+    for (size_t i = 0; i < n; i++)
+        s[i] = k[i];
+    qsort(s, n, sizeof *s, test_cmp_i64);
+    size_t neg = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0)
+            FAIL_IF_NOT(s[i] != s[i - 1], "test keys not distinct");
+        neg += s[i] < 0;
+    }
+    free(s);
+    ck_assert_uint_gt(neg, n / 4);
+    return k;
+}
+
+/* Every (ns, key) with ents[i] != NULL must look up to exactly ents[i];
+ * returns how many lookups ran while a rehash was in progress. */
+static size_t test_verify(kv_index *ix, const int64_t *keys, index_entry **ents, size_t nkeys)
+{
+    size_t during = 0;
+    for (size_t i = 0; i < nkeys; i++) {
+        for (size_t j = 0; j < TEST_NNS; j++) {
+            index_entry *want = ents[i * TEST_NNS + j];
+            struct index_stats st;
+            index_get_stats(ix, &st);
+            during += st.rehash_buckets != 0;
+            index_entry *got = index_lookup(ix, test_ns[j], keys[i]);
+            FAIL_IF_NOT(got == want, "lookup ns=%u key=%lld: got %p want %p", (unsigned)test_ns[j],
+                        (long long)keys[i], (void *)got, (void *)want);
+            if (got)
+                FAIL_IF_NOT(got->ns == test_ns[j] && got->key == keys[i], "entry has wrong ns/key");
+        }
+    }
+    return during;
+}
+
+START_TEST(test_create_rounding)
+{
+    kv_index *ix = NULL;
+    struct index_stats st;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.buckets, 64);
+    ck_assert_uint_eq(st.entries, 0);
+    ck_assert_uint_eq(st.rehash_buckets, 0);
+    ck_assert_ptr_null(index_lookup(ix, 0, 0));
+    index_destroy(ix);
+
+    ck_assert_int_eq(index_create(1000, &ix), 0);
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.buckets, 1024);
+    index_destroy(ix);
+
+    ck_assert_int_eq(index_create(4096, &ix), 0);
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.buckets, 4096);
+    index_destroy(ix);
+    index_destroy(NULL);
+}
+END_TEST
+
+START_TEST(test_insert_lookup_many)
+{
+    size_t total = test_keys_total();
+    size_t nkeys = total / TEST_NNS;
+    int64_t *keys = test_make_keys(nkeys);
+    index_entry **ents = calloc(nkeys * TEST_NNS, sizeof *ents);
+    ck_assert_ptr_nonnull(ents);
+
+    kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(64, &ix), 0);
+
+    size_t growths = 0, growths_seen_mid = 0, lookups_mid = 0;
+    size_t prev_buckets = 64;
+    for (size_t i = 0; i < nkeys; i++) {
+        for (size_t j = 0; j < TEST_NNS; j++) {
+            struct index_stats before, after;
+            index_get_stats(ix, &before);
+            index_entry *e = index_insert(ix, test_ns[j], keys[i]);
+            FAIL_IF_NOT(e != NULL, "insert failed");
+            FAIL_IF_NOT(e->ns == test_ns[j] && e->key == keys[i], "insert set wrong ns/key");
+            FAIL_IF_NOT(e->state == 0 && e->pins == 0 && e->on_lru == 0 && e->lru_stamp == 0 &&
+                            e->lru_prev == NULL && e->lru_next == NULL && e->offset == 0,
+                        "new entry not zeroed");
+            ents[i * TEST_NNS + j] = e;
+            index_get_stats(ix, &after);
+            FAIL_IF_NOT(after.entries == i * TEST_NNS + j + 1, "count %zu after %zu inserts",
+                        after.entries, i * TEST_NNS + j + 1);
+            if (before.rehash_buckets == 0 && after.rehash_buckets != 0) {
+                /* A growth just started: it doubles and is incremental, so
+                 * one insert must not have finished it on a big table. */
+                growths++;
+                ck_assert_uint_eq(after.rehash_buckets, after.buckets * 2);
+                ck_assert_uint_eq(after.buckets, prev_buckets);
+                if (after.buckets >= 1024)
+                    growths_seen_mid++;
+                /* Each lookup migrates a bucket, so this pass runs partly
+                 * during the rehash and usually finishes it. */
+                lookups_mid += test_verify(ix, keys, ents, i + 1);
+            }
+            if (after.buckets != prev_buckets) {
+                ck_assert_uint_eq(after.buckets, prev_buckets * 2);
+                prev_buckets = after.buckets;
+                test_verify(ix, keys, ents, i + 1);     /* right after the swap */
+            }
+        }
+    }
+    ck_assert_uint_ge(growths, 8);              /* 64 -> >= 16384 buckets */
+    ck_assert_uint_ge(growths_seen_mid, 4);
+    ck_assert_uint_gt(lookups_mid, 0);          /* some checks really ran mid-rehash */
+    ck_assert_uint_eq(index_count(ix), nkeys * TEST_NNS);
+
+    /* Final: every key in every namespace, distinct entries per namespace. */
+    test_verify(ix, keys, ents, nkeys);
+    for (size_t i = 0; i < nkeys; i++)
+        for (size_t j = 1; j < TEST_NNS; j++)
+            FAIL_IF_NOT(ents[i * TEST_NNS + j] != ents[i * TEST_NNS], "same key, ns share an entry");
+
+    /* Keys and namespaces never inserted. */
+    ck_assert_ptr_null(index_lookup(ix, 2, keys[5]));
+    ck_assert_ptr_null(index_lookup(ix, 0, (int64_t)((uint64_t)(nkeys + 10) * 0x9e3779b97f4a7c15ull)));
+    ck_assert_ptr_null(index_lookup(ix, 0, -2));
+
+    /* Load factor stays near 1. */
+    struct index_stats st;
+    index_get_stats(ix, &st);
+    ck_assert_uint_le(st.entries, st.buckets * 2);
+    ck_assert_uint_ge(st.entries * 2, st.buckets);
+
+    /* Unlink everything in random order, checking the rest stays reachable. */
+    size_t n = nkeys * TEST_NNS;
+    size_t *order = malloc(n * sizeof *order);
+    ck_assert_ptr_nonnull(order);
+    for (size_t i = 0; i < n; i++)
+        order[i] = i;
+    test_shuffle(order, n);
+    for (size_t k = 0; k < n; k++) {
+        size_t i = order[k];
+        index_entry *e = ents[i];
+        FAIL_IF_NOT(index_lookup(ix, e->ns, e->key) == e, "entry lost before unlink");
+        index_unlink(ix, e);
+        FAIL_IF_NOT(e->hash_next == NULL, "unlinked entry still chained");
+        FAIL_IF_NOT(index_lookup(ix, test_ns[i % TEST_NNS], keys[i / TEST_NNS]) == NULL,
+                    "unlinked entry still found");
+        ents[i] = NULL;
+        index_entry_free(e);
+        FAIL_IF_NOT(index_count(ix) == n - k - 1, "count after unlink");
+        if ((k + 1) % (n / 2) == 0)
+            test_verify(ix, keys, ents, nkeys);
+    }
+    ck_assert_uint_eq(index_count(ix), 0);
+    test_verify(ix, keys, ents, nkeys);
+
+    free(order);
+    free(ents);
+    free(keys);
+    index_destroy(ix);
+}
+END_TEST
+
+/* Unlink while a growth is in progress and check both halves of the table. */
+START_TEST(test_unlink_during_rehash)
+{
+    size_t nkeys = 5000;
+    int64_t *keys = test_make_keys(nkeys);
+    index_entry **ents = calloc(nkeys * TEST_NNS, sizeof *ents);
+    ck_assert_ptr_nonnull(ents);
+    kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(16384, &ix), 0);
+
+    /* Fill to just past the growth trigger (load factor 1). */
+    size_t inserted = 0;
+    struct index_stats st;
+    for (size_t i = 0; i < nkeys; i++) {
+        for (size_t j = 0; j < TEST_NNS; j++) {
+            ents[i * TEST_NNS + j] = index_insert(ix, test_ns[j], keys[i]);
+            ck_assert_ptr_nonnull(ents[i * TEST_NNS + j]);
+            inserted++;
+        }
+        index_get_stats(ix, &st);
+        if (st.rehash_buckets)
+            break;
+    }
+    ck_assert_uint_eq(st.buckets, 16384);
+    ck_assert_uint_eq(st.rehash_buckets, 32768);
+    size_t used_keys = inserted / TEST_NNS;
+
+    /* Unlink every other entry; each unlink moves one bucket, so the rehash
+     * is still running for most of these. */
+    size_t removed = 0, removed_mid = 0;
+    for (size_t i = 0; i < inserted; i += 2) {
+        index_get_stats(ix, &st);
+        removed_mid += st.rehash_buckets != 0;
+        index_unlink(ix, ents[i]);
+        index_entry_free(ents[i]);
+        ents[i] = NULL;
+        removed++;
+    }
+    ck_assert_uint_gt(removed_mid, removed / 2);
+    ck_assert_uint_eq(index_count(ix), inserted - removed);
+    test_verify(ix, keys, ents, used_keys);
+    /* Lookups above may have finished it; verify again after more work. */
+    for (size_t i = 0; i < 40000; i++)
+        (void)index_lookup(ix, 3, (int64_t)i);
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.rehash_buckets, 0);
+    ck_assert_uint_eq(st.buckets, 32768);
+    test_verify(ix, keys, ents, used_keys);
+
+    /* Double unlink is harmless and does not change the count. */
+    index_entry *e = ents[1];
+    index_unlink(ix, e);
+    size_t c = index_count(ix);
+    index_unlink(ix, e);
+    ck_assert_uint_eq(index_count(ix), c);
+    index_entry_free(e);
+    ents[1] = NULL;
+    test_verify(ix, keys, ents, used_keys);
+
+    /* Re-insert an unlinked key: found again, a new entry. */
+    index_entry *n = index_insert(ix, test_ns[0], keys[0]);
+    ck_assert_ptr_nonnull(n);
+    ck_assert_ptr_eq(index_lookup(ix, test_ns[0], keys[0]), n);
+    ents[0] = n;
+    test_verify(ix, keys, ents, used_keys);
+
+    free(ents);
+    free(keys);
+    index_destroy(ix);     /* frees the remaining entries (valgrind: no leak) */
+}
+END_TEST
+
+/* index_destroy in the middle of a growth frees entries in both tables. */
+START_TEST(test_destroy_mid_rehash)
+{
+    kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(1024, &ix), 0);
+    struct index_stats st = {0};
+    for (int64_t k = 0; k < 1025; k++) {
+        index_entry *e = index_insert(ix, (uint32_t)(k & 3), -k);
+        ck_assert_ptr_nonnull(e);
+        e->arena = (uint32_t)(k & 1);
+        e->cls = (uint32_t)(k % 5);
+        if (k % 3)
+            index_lru_touch(ix, e);
+    }
+    index_get_stats(ix, &st);
+    ck_assert_uint_ne(st.rehash_buckets, 0);
+    ck_assert_uint_eq(st.entries, 1025);
+    ck_assert_uint_eq(st.lru_entries, 1025 - 342);
+    index_destroy(ix);
+}
+END_TEST
+
+static index_entry *test_new(kv_index *ix, uint32_t ns, int64_t key, uint32_t arena_id, uint32_t cls)
+{
+    index_entry *e = index_insert(ix, ns, key);
+    ck_assert_ptr_nonnull(e);
+    e->arena = arena_id;
+    e->cls = cls;
+    return e;
+}
+
+/* Pop the oldest of (arena, cls) n times; it must be want[0..n-1]. */
+static void test_expect_oldest_order(kv_index *ix, uint32_t arena_id, uint32_t cls,
+                                     index_entry **want, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        index_entry *o = index_lru_oldest(ix, arena_id, cls);
+        ck_assert_msg(o == want[i], "oldest #%zu: got key %lld, want key %lld", i,
+                      o ? (long long)o->key : -999LL, (long long)want[i]->key);
+        index_lru_remove(ix, o);
+        ck_assert_uint_eq(o->on_lru, 0);
+    }
+    ck_assert_ptr_null(index_lru_oldest(ix, arena_id, cls));
+}
+
+START_TEST(test_lru_chain_leaf_first)
+{
+    kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    enum { N = 32 };
+    index_entry *chain[N], *want[N];
+    for (int i = 0; i < N; i++)
+        chain[i] = test_new(ix, 5, 1000 + i, 2, 3);     /* chain[0] is the root */
+
+    ck_assert_ptr_null(index_lru_oldest(ix, 2, 3));
+    /* Refresh tail-first, as a commit/get does. */
+    uint64_t last = 0;
+    for (int i = N - 1; i >= 0; i--) {
+        index_lru_touch(ix, chain[i]);
+        ck_assert_uint_eq(chain[i]->on_lru, 1);
+        ck_assert_uint_gt(chain[i]->lru_stamp, last);
+        last = chain[i]->lru_stamp;
+    }
+    struct index_stats st;
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.lru_entries, N);
+    /* Parents are newer than children. */
+    for (int i = 0; i + 1 < N; i++)
+        ck_assert_uint_gt(chain[i]->lru_stamp, chain[i + 1]->lru_stamp);
+    ck_assert_ptr_eq(index_lru_oldest(ix, 2, 3), chain[N - 1]);
+    ck_assert_ptr_eq(index_lru_oldest_in_arena(ix, 2), chain[N - 1]);
+    /* Other lists are empty. */
+    ck_assert_ptr_null(index_lru_oldest(ix, 2, 4));
+    ck_assert_ptr_null(index_lru_oldest(ix, 3, 3));
+    ck_assert_ptr_null(index_lru_oldest_in_arena(ix, 0));
+
+    /* Refreshing the chain again (a later hit) keeps the leaf-first order. */
+    for (int i = N - 1; i >= 0; i--)
+        index_lru_touch(ix, chain[i]);
+    for (int i = 0; i < N; i++)
+        want[i] = chain[N - 1 - i];
+    test_expect_oldest_order(ix, 2, 3, want, N);
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.lru_entries, 0);
+    index_destroy(ix);
+}
+END_TEST
+
+START_TEST(test_lru_retouch_moves_to_tail)
+{
+    kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    index_entry *a = test_new(ix, 1, 1, 0, 0);
+    index_entry *b = test_new(ix, 1, 2, 0, 0);
+    index_entry *c = test_new(ix, 1, 3, 0, 0);
+    index_entry *d = test_new(ix, 1, 4, 0, 0);
+    index_lru_touch(ix, a);
+    index_lru_touch(ix, b);
+    index_lru_touch(ix, c);
+    index_lru_touch(ix, d);
+    ck_assert_ptr_eq(index_lru_oldest(ix, 0, 0), a);
+    index_lru_touch(ix, a);             /* head -> tail */
+    ck_assert_ptr_eq(index_lru_oldest(ix, 0, 0), b);
+    index_lru_touch(ix, c);             /* middle -> tail */
+    uint64_t s = c->lru_stamp;
+    index_lru_touch(ix, c);             /* tail -> tail: restamped */
+    ck_assert_uint_gt(c->lru_stamp, s);
+    /* order now: b d a c */
+    ck_assert_ptr_eq(b->lru_prev, NULL);
+    ck_assert_ptr_eq(b->lru_next, d);
+    ck_assert_ptr_eq(d->lru_next, a);
+    ck_assert_ptr_eq(a->lru_next, c);
+    ck_assert_ptr_eq(c->lru_next, NULL);
+    ck_assert_ptr_eq(c->lru_prev, a);
+    index_entry *want[] = {b, d, a, c};
+    test_expect_oldest_order(ix, 0, 0, want, 4);
+    index_destroy(ix);
+}
+END_TEST
+
+START_TEST(test_lru_remove)
+{
+    kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    index_entry *e[5];
+    for (int i = 0; i < 5; i++) {
+        e[i] = test_new(ix, 0, i, 1, 7);
+        index_lru_touch(ix, e[i]);
+    }
+    index_lru_remove(ix, e[0]);     /* head */
+    ck_assert_uint_eq(e[0]->on_lru, 0);
+    ck_assert_ptr_eq(index_lru_oldest(ix, 1, 7), e[1]);
+    index_lru_remove(ix, e[2]);     /* middle */
+    index_lru_remove(ix, e[4]);     /* tail */
+    index_lru_remove(ix, e[4]);     /* not listed: no-op */
+    struct index_stats st;
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.lru_entries, 2);
+    /* The entry stays in the table, just not on the LRU. */
+    ck_assert_ptr_eq(index_lookup(ix, 0, 2), e[2]);
+
+    /* Unlink removes from the LRU too. */
+    index_unlink(ix, e[1]);
+    ck_assert_uint_eq(e[1]->on_lru, 0);
+    ck_assert_ptr_eq(index_lru_oldest(ix, 1, 7), e[3]);
+    ck_assert_ptr_eq(index_lru_oldest_in_arena(ix, 1), e[3]);
+    index_entry_free(e[1]);
+
+    /* Removed entries come back as newest when touched again. */
+    index_lru_touch(ix, e[0]);
+    index_entry *want[] = {e[3], e[0]};
+    test_expect_oldest_order(ix, 1, 7, want, 2);
+    index_destroy(ix);
+}
+END_TEST
+
+START_TEST(test_lru_oldest_in_arena)
+{
+    kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    const uint32_t classes[] = {0, 5, ARENA_MAX_CLASSES - 1, 17};
+    enum { PER = 6, NCLS = 4 };
+    index_entry *e[NCLS * PER];
+    /* Interleave touches over classes so the global order crosses lists;
+     * an arena-0 and an arena-7 entry are touched in between as noise. */
+    index_entry *noise0 = test_new(ix, 9, -1, 0, 5);
+    index_entry *noise7 = test_new(ix, 9, -2, INDEX_MAX_ARENAS - 1, 5);
+    index_lru_touch(ix, noise0);
+    for (int k = 0; k < NCLS * PER; k++) {
+        uint32_t cls = classes[(k * 7 + k / 3) % NCLS];
+        e[k] = test_new(ix, 3, -(int64_t)k - 10, 4, cls);
+        index_lru_touch(ix, e[k]);
+        if (k == 10)
+            index_lru_touch(ix, noise7);
+    }
+    /* Re-touch two early ones: they become the newest. */
+    index_lru_touch(ix, e[0]);
+    index_lru_touch(ix, e[2]);
+    index_entry *want[NCLS * PER];
+    int w = 0;
+    for (int k = 0; k < NCLS * PER; k++)
+        if (k != 0 && k != 2)
+            want[w++] = e[k];
+    want[w++] = e[0];
+    want[w++] = e[2];
+
+    for (int i = 0; i < w; i++) {
+        index_entry *o = index_lru_oldest_in_arena(ix, 4);
+        ck_assert_msg(o == want[i], "step %d: got key %lld want %lld", i,
+                      o ? (long long)o->key : -999LL, (long long)want[i]->key);
+        ck_assert_ptr_eq(index_lru_oldest(ix, 4, o->cls), o);
+        index_lru_remove(ix, o);
+    }
+    ck_assert_ptr_null(index_lru_oldest_in_arena(ix, 4));
+    ck_assert_ptr_eq(index_lru_oldest_in_arena(ix, 0), noise0);
+    ck_assert_ptr_eq(index_lru_oldest_in_arena(ix, INDEX_MAX_ARENAS - 1), noise7);
+    /* Out of range arena / class: nothing, no crash. */
+    ck_assert_ptr_null(index_lru_oldest_in_arena(ix, INDEX_MAX_ARENAS));
+    ck_assert_ptr_null(index_lru_oldest(ix, 0, ARENA_MAX_CLASSES));
+    index_destroy(ix);
+}
+END_TEST
+
+/* An entry touched after its arena/class changed (e.g. demoted) moves lists;
+ * out-of-range ids are never listed. */
+START_TEST(test_lru_class_change)
+{
+    kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    index_entry *a = test_new(ix, 0, 1, 0, 1);
+    index_entry *b = test_new(ix, 0, 2, 0, 1);
+    index_lru_touch(ix, a);
+    index_lru_touch(ix, b);
+    a->arena = 1;                       /* a is the head of (0,1) */
+    a->cls = 2;
+    index_lru_touch(ix, a);
+    ck_assert_ptr_eq(index_lru_oldest(ix, 0, 1), b);
+    ck_assert_ptr_eq(b->lru_prev, NULL);
+    ck_assert_ptr_eq(index_lru_oldest(ix, 1, 2), a);
+    b->cls = 3;                         /* b is head and tail of (0,1) */
+    index_lru_remove(ix, b);
+    ck_assert_ptr_null(index_lru_oldest(ix, 0, 1));
+    ck_assert_ptr_null(index_lru_oldest(ix, 0, 3));
+
+    index_entry *c = test_new(ix, 0, 3, INDEX_MAX_ARENAS, 0);
+    index_lru_touch(ix, c);
+    ck_assert_uint_eq(c->on_lru, 0);
+    ck_assert_uint_ne(c->lru_stamp, 0);
+    index_entry *d = test_new(ix, 0, 4, 0, ARENA_MAX_CLASSES);
+    index_lru_touch(ix, d);
+    ck_assert_uint_eq(d->on_lru, 0);
+    a->cls = ARENA_MAX_CLASSES + 5;     /* listed entry moved out of range */
+    index_lru_touch(ix, a);
+    ck_assert_uint_eq(a->on_lru, 0);
+    ck_assert_ptr_null(index_lru_oldest(ix, 1, 2));
+    struct index_stats st;
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.lru_entries, 0);
+    index_destroy(ix);
+}
+END_TEST
+
+/* Many entries over several classes in random touch order: draining by
+ * oldest_in_arena yields strictly increasing stamps and every listed entry. */
+START_TEST(test_lru_random_drain)
+{
+    kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    enum { N = 3000 };
+    index_entry **e = malloc(N * sizeof *e);
+    ck_assert_ptr_nonnull(e);
+    for (int i = 0; i < N; i++)
+        e[i] = test_new(ix, 0, i, 6, (uint32_t)(test_rand() % ARENA_MAX_CLASSES));
+    for (int r = 0; r < 3 * N; r++)
+        index_lru_touch(ix, e[test_rand() % N]);
+    for (int i = 0; i < N; i += 7)
+        index_lru_remove(ix, e[i]);
+    size_t listed = 0;
+    for (int i = 0; i < N; i++)
+        listed += e[i]->on_lru;
+    struct index_stats st;
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.lru_entries, listed);
+    uint64_t last = 0;
+    size_t drained = 0;
+    index_entry *o;
+    while ((o = index_lru_oldest_in_arena(ix, 6)) != NULL) {
+        FAIL_IF_NOT(o->lru_stamp > last, "stamps not increasing");
+        last = o->lru_stamp;
+        index_lru_remove(ix, o);
+        drained++;
+    }
+    ck_assert_uint_eq(drained, listed);
+    free(e);
+    index_destroy(ix);
+}
+END_TEST
+
+static Suite *index_suite(void)
+{
+    Suite *s = suite_create("index");
+    TCase *tc = tcase_create("hash");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_create_rounding);
+    tcase_add_test(tc, test_insert_lookup_many);
+    tcase_add_test(tc, test_unlink_during_rehash);
+    tcase_add_test(tc, test_destroy_mid_rehash);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("lru");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_lru_chain_leaf_first);
+    tcase_add_test(tc, test_lru_retouch_moves_to_tail);
+    tcase_add_test(tc, test_lru_remove);
+    tcase_add_test(tc, test_lru_oldest_in_arena);
+    tcase_add_test(tc, test_lru_class_change);
+    tcase_add_test(tc, test_lru_random_drain);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(index_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
