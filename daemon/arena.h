@@ -50,12 +50,16 @@ uint32_t arena_class_count(const arena *a);
 /* Blocks allocated in / slabs owned by a class. */
 uint64_t arena_class_blocks(const arena *a, uint32_t cls);
 uint32_t arena_class_slabs(const arena *a, uint32_t cls);
+/* Blocks one slab of the class holds (slab_bytes / stride). */
+uint32_t arena_class_blocks_per_slab(const arena *a, uint32_t cls);
 
 /* O(1). 0 and *offset, or -KVNODE_ENOSPC when the class has no free slot
- * and no free slab is left. */
+ * and no free slab is left (-KVNODE_EINVAL for an unknown class). */
 int      arena_alloc(arena *a, uint32_t cls, uint64_t *offset);
-/* O(1). offset must come from arena_alloc and not be freed twice. */
+/* O(1). offset must come from arena_alloc and not be freed twice; an offset
+ * that is not currently allocated is ignored and counted (arena_bad_frees). */
 void     arena_free(arena *a, uint64_t offset);
+uint64_t arena_bad_frees(const arena *a);
 /* True when arena_alloc(cls) would succeed right now. */
 int      arena_can_alloc(const arena *a, uint32_t cls);
 

@@ -34,7 +34,8 @@ typedef struct kv_namespace {
     struct ns_layout layout;
     uint64_t fingerprint;               /* deployment fingerprint */
     char     deployment_id[NS_DEPLOYMENT_ID_MAX]; /* <model>-<fp lowercase hex> */
-    uint32_t cls;                       /* host arena size class (set by the cache) */
+    uint32_t cls;                       /* host arena size class (set by the cache;
+                                           UINT32_MAX until then) */
     uint64_t blocks;                    /* sealed blocks in memory */
     uint64_t bytes;                     /* their bytes (block_bytes each) */
     uint32_t clients;                   /* connections bound now */
@@ -45,6 +46,9 @@ typedef struct kv_namespace {
 size_t ns_canonical_string(const struct ns_layout *l, char *buf, size_t len);
 uint64_t ns_fnv1a64(const void *data, size_t len);
 uint64_t ns_fingerprint(const struct ns_layout *l);
+/* "<model>-<fingerprint lowercase hex>", '/', ' ', '\t', '\n' in the model
+ * replaced by '_'; returns the length snprintf would need. */
+size_t ns_deployment_id(const struct ns_layout *l, uint64_t fingerprint, char *buf, size_t len);
 /* Check field ranges (non-empty model/dtype, block_tokens/bytes > 0,
  * tp_rank < tp_size, ...). 0 or -KVNODE_ELAYOUT with err naming the field. */
 int ns_layout_validate(const struct ns_layout *l, char *err, size_t errlen);

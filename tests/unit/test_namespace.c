@@ -1,0 +1,504 @@
+/* Unit tests for daemon/namespace.c: fingerprints, validation, registry. */
+#include <check.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvnode.h"
+#include "namespace.h"
+
+static struct ns_layout sample_layout(void)
+{
+    struct ns_layout l;
+    memset(&l, 0, sizeof(l));
+    snprintf(l.model, sizeof(l.model), "qwen2-7b");
+    snprintf(l.dtype, sizeof(l.dtype), "bf16");
+    l.block_tokens = 16;
+    l.block_bytes = 65536;
+    l.num_layers = 28;
+    l.kv_heads = 4;
+    l.head_dim = 128;
+    l.tp_size = 4;
+    l.tp_rank = 0;
+    snprintf(l.extra, sizeof(l.extra), "rope=yarn");
+    return l;
+}
+
+/* --- FNV-1a and the canonical string ---------------------------------- */
+
+START_TEST(test_fnv_golden)
+{
+    ck_assert_uint_eq(ns_fnv1a64("", 0), UINT64_C(0xcbf29ce484222325));
+    ck_assert_uint_eq(ns_fnv1a64("a", 1), UINT64_C(0xaf63dc4c8601ec8c));
+    ck_assert_uint_eq(ns_fnv1a64("foobar", 6), UINT64_C(0x85944171f73967e8));
+    /* Bytes are unsigned and the length is honoured (embedded NUL). */
+    ck_assert_uint_ne(ns_fnv1a64("a\0b", 3), ns_fnv1a64("a", 1));
+    /* Bytes >= 0x80 are hashed as unsigned (values from a reference FNV-1a). */
+    ck_assert_uint_eq(ns_fnv1a64("\xff", 1), UINT64_C(0xaf64724c8602eb6e));
+    ck_assert_uint_eq(ns_fnv1a64("\xc3\xa9t\xc3\xa9", 5), UINT64_C(0x009a8f0e88b51857));
+}
+END_TEST
+
+START_TEST(test_canonical_string)
+{
+    struct ns_layout l = sample_layout();
+    const char *expect = "kvnode-layout-v1|model=qwen2-7b|dtype=bf16|block_tokens=16|num_layers=28"
+                         "|kv_heads=4|head_dim=128|tp_size=4|extra=rope=yarn";
+    char buf[1024];
+    size_t n = ns_canonical_string(&l, buf, sizeof(buf));
+    ck_assert_str_eq(buf, expect);
+    ck_assert_uint_eq(n, strlen(expect));
+
+    /* Truncation still reports the full length and terminates. */
+    char small[10];
+    ck_assert_uint_eq(ns_canonical_string(&l, small, sizeof(small)), strlen(expect));
+    ck_assert_str_eq(small, "kvnode-la");
+    ck_assert_uint_eq(ns_canonical_string(&l, NULL, 0), strlen(expect));
+
+    /* Empty extra, large numbers in unsigned decimal, rank/bytes absent. */
+    l.extra[0] = '\0';
+    l.num_layers = UINT32_MAX;
+    l.tp_rank = 3;
+    l.block_bytes = 123456789;
+    ns_canonical_string(&l, buf, sizeof(buf));
+    ck_assert_str_eq(buf, "kvnode-layout-v1|model=qwen2-7b|dtype=bf16|block_tokens=16"
+                          "|num_layers=4294967295|kv_heads=4|head_dim=128|tp_size=4|extra=");
+
+    /* The fingerprint is the FNV-1a of exactly that text. */
+    ck_assert_uint_eq(ns_fingerprint(&l), ns_fnv1a64(buf, strlen(buf)));
+}
+END_TEST
+
+/* A canonical string of a layout with maximal fields fits and is hashed
+ * whole (a field past the old end still changes the fingerprint). */
+START_TEST(test_canonical_max_fields)
+{
+    struct ns_layout l = sample_layout();
+    memset(l.model, 'm', NS_MODEL_MAX - 1);
+    l.model[NS_MODEL_MAX - 1] = '\0';
+    memset(l.dtype, 'd', NS_DTYPE_MAX - 1);
+    l.dtype[NS_DTYPE_MAX - 1] = '\0';
+    memset(l.extra, 'e', NS_EXTRA_MAX - 1);
+    l.extra[NS_EXTRA_MAX - 1] = '\0';
+    l.block_tokens = l.num_layers = l.kv_heads = l.head_dim = l.tp_size = UINT32_MAX;
+    char buf[2048];
+    size_t n = ns_canonical_string(&l, buf, sizeof(buf));
+    ck_assert_uint_eq(n, strlen(buf));
+    ck_assert_uint_eq(ns_fingerprint(&l), ns_fnv1a64(buf, n));
+    uint64_t fp = ns_fingerprint(&l);
+    l.extra[NS_EXTRA_MAX - 2] = 'f';
+    ck_assert_uint_ne(ns_fingerprint(&l), fp);
+}
+END_TEST
+
+/* --- fingerprint: which fields count ---------------------------------- */
+
+START_TEST(test_fingerprint_ignores_rank_and_bytes)
+{
+    struct ns_layout l = sample_layout();
+    uint64_t fp = ns_fingerprint(&l);
+    for (uint32_t r = 0; r < l.tp_size; r++) {
+        struct ns_layout m = l;
+        m.tp_rank = r;
+        ck_assert_uint_eq(ns_fingerprint(&m), fp);
+    }
+    struct ns_layout m = l;
+    m.block_bytes = 131072;
+    ck_assert_uint_eq(ns_fingerprint(&m), fp);
+}
+END_TEST
+
+/* Each mutator changes one field of the canonical string. */
+static void mut_model(struct ns_layout *l) { snprintf(l->model, sizeof(l->model), "qwen2-7c"); }
+static void mut_dtype(struct ns_layout *l) { snprintf(l->dtype, sizeof(l->dtype), "fp8"); }
+static void mut_block_tokens(struct ns_layout *l) { l->block_tokens++; }
+static void mut_num_layers(struct ns_layout *l) { l->num_layers++; }
+static void mut_kv_heads(struct ns_layout *l) { l->kv_heads++; }
+static void mut_head_dim(struct ns_layout *l) { l->head_dim++; }
+static void mut_tp_size(struct ns_layout *l) { l->tp_size++; }
+static void mut_extra(struct ns_layout *l) { snprintf(l->extra, sizeof(l->extra), "rope=none"); }
+static void mut_extra_empty(struct ns_layout *l) { l->extra[0] = '\0'; }
+
+static const struct {
+    const char *field;
+    void (*mutate)(struct ns_layout *);
+} mutators[] = {
+    {"model", mut_model},       {"dtype", mut_dtype},         {"block_tokens", mut_block_tokens},
+    {"num_layers", mut_num_layers}, {"kv_heads", mut_kv_heads}, {"head_dim", mut_head_dim},
+    {"tp_size", mut_tp_size},   {"extra", mut_extra},         {"extra", mut_extra_empty},
+};
+#define NMUTATORS ((int)(sizeof(mutators) / sizeof(mutators[0])))
+
+START_TEST(test_fingerprint_depends_on_field)
+{
+    struct ns_layout l = sample_layout();
+    uint64_t fp = ns_fingerprint(&l);
+    struct ns_layout m = l;
+    mutators[_i].mutate(&m);
+    ck_assert_msg(ns_fingerprint(&m) != fp, "fingerprint ignores %s", mutators[_i].field);
+    /* and the field is in the canonical text under its own name */
+    char buf[1024], key[64];
+    ns_canonical_string(&l, buf, sizeof(buf));
+    snprintf(key, sizeof(key), "|%s=", mutators[_i].field);
+    ck_assert_ptr_nonnull(strstr(buf, key));
+    /* the mutated layout binds a different deployment */
+    ns_registry *r = NULL;
+    ck_assert_int_eq(ns_registry_create(4, &r), 0);
+    kv_namespace *a = NULL, *b = NULL;
+    int created = 0;
+    char err[256] = "";
+    ck_assert_int_eq(ns_bind(r, &l, &a, &created, err, sizeof(err)), 0);
+    ck_assert_int_eq(ns_bind(r, &m, &b, &created, err, sizeof(err)), 0);
+    ck_assert_int_eq(created, 1);
+    ck_assert_ptr_ne(a, b);
+    ck_assert_str_ne(a->deployment_id, b->deployment_id);
+    ns_registry_destroy(r);
+}
+END_TEST
+
+/* --- deployment id ------------------------------------------------------ */
+
+START_TEST(test_deployment_id)
+{
+    struct ns_layout l = sample_layout();
+    uint64_t fp = ns_fingerprint(&l);
+    char expect[64], buf[NS_DEPLOYMENT_ID_MAX];
+    snprintf(expect, sizeof(expect), "qwen2-7b-%" PRIx64, fp);
+    ck_assert_uint_eq(ns_deployment_id(&l, fp, buf, sizeof(buf)), strlen(expect));
+    ck_assert_str_eq(buf, expect);
+
+    /* '/', space (and tab/newline) become '_'; lowercase hex, no padding. */
+    snprintf(l.model, sizeof(l.model), "Qwen/Qwen2 7B/x");
+    ns_deployment_id(&l, UINT64_C(0x00000abc0def), buf, sizeof(buf));
+    ck_assert_str_eq(buf, "Qwen_Qwen2_7B_x-abc0def");
+    snprintf(l.model, sizeof(l.model), "a\tb\nc");
+    ns_deployment_id(&l, UINT64_C(0xFEDCBA9876543210), buf, sizeof(buf));
+    ck_assert_str_eq(buf, "a_b_c-fedcba9876543210");
+    ns_deployment_id(&l, 0, buf, sizeof(buf));
+    ck_assert_str_eq(buf, "a_b_c-0");
+
+    /* The longest model still fits the namespace's field. */
+    memset(l.model, 'x', NS_MODEL_MAX - 1);
+    l.model[NS_MODEL_MAX - 1] = '\0';
+    ck_assert_uint_lt(ns_deployment_id(&l, UINT64_MAX, buf, sizeof(buf)), sizeof(buf));
+    ck_assert_uint_eq(strlen(buf), NS_MODEL_MAX - 1 + 1 + 16);
+
+    /* The registry uses the same id. */
+    struct ns_layout k = sample_layout();
+    snprintf(k.model, sizeof(k.model), "org/m 1");
+    ns_registry *r = NULL;
+    ck_assert_int_eq(ns_registry_create(2, &r), 0);
+    kv_namespace *ns = NULL;
+    ck_assert_int_eq(ns_bind(r, &k, &ns, NULL, NULL, 0), 0);
+    snprintf(expect, sizeof(expect), "org_m_1-%" PRIx64, ns_fingerprint(&k));
+    ck_assert_str_eq(ns->deployment_id, expect);
+    ck_assert_uint_eq(ns->fingerprint, ns_fingerprint(&k));
+    ns_registry_destroy(r);
+}
+END_TEST
+
+/* --- validation --------------------------------------------------------- */
+
+static void bad_empty_model(struct ns_layout *l) { l->model[0] = '\0'; }
+static void bad_empty_dtype(struct ns_layout *l) { l->dtype[0] = '\0'; }
+static void bad_ctl_model(struct ns_layout *l) { l->model[3] = '\n'; }
+static void bad_ctl_dtype(struct ns_layout *l) { l->dtype[1] = 0x7f; }
+static void bad_long_model(struct ns_layout *l) { memset(l->model, 'm', NS_MODEL_MAX); }
+static void bad_long_dtype(struct ns_layout *l) { memset(l->dtype, 'd', NS_DTYPE_MAX); }
+static void bad_long_extra(struct ns_layout *l) { memset(l->extra, 'e', NS_EXTRA_MAX); }
+static void bad_block_tokens(struct ns_layout *l) { l->block_tokens = 0; }
+static void bad_block_bytes(struct ns_layout *l) { l->block_bytes = 0; }
+static void bad_tp_size(struct ns_layout *l) { l->tp_size = 0; }
+static void bad_tp_rank(struct ns_layout *l) { l->tp_rank = 4; }
+
+static const struct {
+    void (*mutate)(struct ns_layout *);
+    const char *needle;     /* must appear in the message */
+} invalid[] = {
+    {bad_empty_model, "model is empty"},
+    {bad_empty_dtype, "dtype is empty"},
+    {bad_ctl_model, "model contains control character 0x0a at byte 3"},
+    {bad_ctl_dtype, "dtype contains control character 0x7f"},
+    {bad_long_model, "model is longer than 127 bytes"},
+    {bad_long_dtype, "dtype is longer than 31 bytes"},
+    {bad_long_extra, "extra is longer than 255 bytes"},
+    {bad_block_tokens, "block_tokens"},
+    {bad_block_bytes, "block_bytes"},
+    {bad_tp_size, "tp_size"},
+    {bad_tp_rank, "layout: tp_rank 4 is not below tp_size 4"},
+};
+#define NINVALID ((int)(sizeof(invalid) / sizeof(invalid[0])))
+
+START_TEST(test_validate_rejects)
+{
+    struct ns_layout l = sample_layout();
+    char err[256] = "";
+    ck_assert_int_eq(ns_layout_validate(&l, err, sizeof(err)), 0);
+    invalid[_i].mutate(&l);
+    ck_assert_int_eq(ns_layout_validate(&l, err, sizeof(err)), -KVNODE_ELAYOUT);
+    ck_assert_msg(strstr(err, invalid[_i].needle) != NULL, "message '%s' lacks '%s'", err,
+                  invalid[_i].needle);
+    /* NULL err is fine. */
+    ck_assert_int_eq(ns_layout_validate(&l, NULL, 0), -KVNODE_ELAYOUT);
+    /* bind refuses it the same way and registers nothing */
+    ns_registry *r = NULL;
+    ck_assert_int_eq(ns_registry_create(4, &r), 0);
+    kv_namespace *ns = (kv_namespace *)(uintptr_t)1;
+    int created = 7;
+    err[0] = '\0';
+    ck_assert_int_eq(ns_bind(r, &l, &ns, &created, err, sizeof(err)), -KVNODE_ELAYOUT);
+    ck_assert_ptr_null(ns);
+    ck_assert_int_eq(created, 0);
+    ck_assert_ptr_nonnull(strstr(err, invalid[_i].needle));
+    ck_assert_uint_eq(ns_count(r), 0);
+    ns_registry_destroy(r);
+}
+END_TEST
+
+START_TEST(test_validate_accepts_edges)
+{
+    struct ns_layout l = sample_layout();
+    char err[256];
+    l.tp_size = 1;
+    l.tp_rank = 0;
+    l.extra[0] = '\0';                    /* extra may be empty */
+    ck_assert_int_eq(ns_layout_validate(&l, err, sizeof(err)), 0);
+    l.tp_size = 8;
+    l.tp_rank = 7;
+    snprintf(l.extra, sizeof(l.extra), "a\tb");   /* extra is free-form */
+    memset(l.model, 'm', NS_MODEL_MAX - 1);
+    l.model[NS_MODEL_MAX - 1] = '\0';
+    ck_assert_int_eq(ns_layout_validate(&l, err, sizeof(err)), 0);
+    /* num_layers / kv_heads / head_dim are not range-checked (0 allowed). */
+    l.num_layers = l.kv_heads = l.head_dim = 0;
+    ck_assert_int_eq(ns_layout_validate(&l, err, sizeof(err)), 0);
+}
+END_TEST
+
+/* --- registry ------------------------------------------------------------ */
+
+START_TEST(test_bind_same_and_other_rank)
+{
+    ns_registry *r = NULL;
+    ck_assert_int_eq(ns_registry_create(16, &r), 0);
+    ck_assert_uint_eq(ns_count(r), 0);
+    ck_assert_ptr_null(ns_get(r, 0));
+    ck_assert_ptr_null(ns_get(r, 1));
+    ck_assert_ptr_null(ns_at(r, 0));
+
+    struct ns_layout l = sample_layout();
+    kv_namespace *a = NULL, *again = NULL, *b = NULL;
+    int created = -1;
+    char err[256] = "";
+    ck_assert_int_eq(ns_bind(r, &l, &a, &created, err, sizeof(err)), 0);
+    ck_assert_int_eq(created, 1);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_uint_eq(a->id, 1);
+    ck_assert_uint_eq(a->fingerprint, ns_fingerprint(&l));
+    ck_assert_str_eq(a->layout.model, l.model);
+    ck_assert_str_eq(a->layout.dtype, l.dtype);
+    ck_assert_str_eq(a->layout.extra, l.extra);
+    ck_assert_uint_eq(a->layout.block_tokens, l.block_tokens);
+    ck_assert_uint_eq(a->layout.block_bytes, l.block_bytes);
+    ck_assert_uint_eq(a->layout.num_layers, l.num_layers);
+    ck_assert_uint_eq(a->layout.kv_heads, l.kv_heads);
+    ck_assert_uint_eq(a->layout.head_dim, l.head_dim);
+    ck_assert_uint_eq(a->layout.tp_size, l.tp_size);
+    ck_assert_uint_eq(a->layout.tp_rank, l.tp_rank);
+    ck_assert_uint_eq(a->blocks, 0);
+    ck_assert_uint_eq(a->bytes, 0);
+    ck_assert_uint_eq(a->clients, 0);
+    ck_assert_uint_eq(a->cls, UINT32_MAX);
+
+    /* Same layout again: the same namespace, not created. */
+    ck_assert_int_eq(ns_bind(r, &l, &again, &created, err, sizeof(err)), 0);
+    ck_assert_int_eq(created, 0);
+    ck_assert_ptr_eq(again, a);
+    ck_assert_uint_eq(ns_count(r), 1);
+
+    /* Another rank: a new namespace of the same deployment. */
+    struct ns_layout l1 = l;
+    l1.tp_rank = 1;
+    ck_assert_int_eq(ns_bind(r, &l1, &b, &created, err, sizeof(err)), 0);
+    ck_assert_int_eq(created, 1);
+    ck_assert_ptr_ne(b, a);
+    ck_assert_uint_eq(b->id, 2);
+    ck_assert_uint_eq(b->layout.tp_rank, 1);
+    ck_assert_uint_eq(b->fingerprint, a->fingerprint);
+    ck_assert_str_eq(b->deployment_id, a->deployment_id);
+    ck_assert_uint_eq(ns_count(r), 2);
+
+    /* Ids are 1-based and stable; ns_at is creation order. */
+    ck_assert_ptr_eq(ns_get(r, 1), a);
+    ck_assert_ptr_eq(ns_get(r, 2), b);
+    ck_assert_ptr_null(ns_get(r, 3));
+    ck_assert_ptr_eq(ns_at(r, 0), a);
+    ck_assert_ptr_eq(ns_at(r, 1), b);
+    ck_assert_ptr_null(ns_at(r, 2));
+
+    /* State set by the cache survives a re-bind. */
+    a->cls = 3;
+    a->clients = 2;
+    ck_assert_int_eq(ns_bind(r, &l, &again, &created, err, sizeof(err)), 0);
+    ck_assert_ptr_eq(again, a);
+    ck_assert_uint_eq(again->cls, 3);
+    ck_assert_uint_eq(again->clients, 2);
+
+    /* A different deployment gets id 3. */
+    struct ns_layout o = l;
+    snprintf(o.dtype, sizeof(o.dtype), "fp16");
+    kv_namespace *c = NULL;
+    ck_assert_int_eq(ns_bind(r, &o, &c, &created, err, sizeof(err)), 0);
+    ck_assert_int_eq(created, 1);
+    ck_assert_uint_eq(c->id, 3);
+    ck_assert_uint_ne(c->fingerprint, a->fingerprint);
+    ns_registry_destroy(r);
+}
+END_TEST
+
+START_TEST(test_bind_block_bytes_conflict)
+{
+    ns_registry *r = NULL;
+    ck_assert_int_eq(ns_registry_create(16, &r), 0);
+    struct ns_layout l = sample_layout();
+    kv_namespace *a = NULL, *ns = NULL;
+    int created;
+    char err[256] = "";
+    ck_assert_int_eq(ns_bind(r, &l, &a, &created, err, sizeof(err)), 0);
+
+    /* Same rank, other block size. */
+    struct ns_layout m = l;
+    m.block_bytes = 131072;
+    ns = (kv_namespace *)(uintptr_t)1;
+    ck_assert_int_eq(ns_bind(r, &m, &ns, &created, err, sizeof(err)), -KVNODE_ELAYOUT);
+    ck_assert_ptr_null(ns);
+    ck_assert_int_eq(created, 0);
+    char expect[256];
+    snprintf(expect, sizeof(expect),
+             "layout conflict: deployment %s already registered with block_bytes 65536, "
+             "engine announced 131072", a->deployment_id);
+    ck_assert_str_eq(err, expect);
+
+    /* Another rank of the same deployment with another size: refused too. */
+    m.tp_rank = 2;
+    err[0] = '\0';
+    ck_assert_int_eq(ns_bind(r, &m, &ns, &created, err, sizeof(err)), -KVNODE_ELAYOUT);
+    ck_assert_ptr_nonnull(strstr(err, "65536"));
+    ck_assert_ptr_nonnull(strstr(err, "131072"));
+    ck_assert_ptr_nonnull(strstr(err, a->deployment_id));
+    ck_assert_uint_eq(ns_count(r), 1);
+
+    /* With the right size that rank binds. */
+    m.block_bytes = 65536;
+    ck_assert_int_eq(ns_bind(r, &m, &ns, &created, err, sizeof(err)), 0);
+    ck_assert_int_eq(created, 1);
+    ck_assert_uint_eq(ns_count(r), 2);
+    ns_registry_destroy(r);
+}
+END_TEST
+
+/* Two layouts with the same canonical string (hence fingerprint) but
+ * different fields: '|' inside a string shifts the field boundaries. The
+ * registry compares fields, so the second one is refused, not merged. */
+START_TEST(test_bind_fingerprint_collision)
+{
+    struct ns_layout a = sample_layout(), b = sample_layout();
+    snprintf(a.model, sizeof(a.model), "m|dtype=x");
+    snprintf(a.dtype, sizeof(a.dtype), "y");
+    snprintf(b.model, sizeof(b.model), "m");
+    snprintf(b.dtype, sizeof(b.dtype), "x|dtype=y");
+    ck_assert_uint_eq(ns_fingerprint(&a), ns_fingerprint(&b));
+
+    ns_registry *r = NULL;
+    ck_assert_int_eq(ns_registry_create(16, &r), 0);
+    kv_namespace *ns = NULL;
+    int created;
+    char err[256] = "";
+    ck_assert_int_eq(ns_bind(r, &a, &ns, &created, err, sizeof(err)), 0);
+    ck_assert_int_eq(created, 1);
+    ck_assert_int_eq(ns_bind(r, &b, &ns, &created, err, sizeof(err)), -KVNODE_ELAYOUT);
+    ck_assert_ptr_null(ns);
+    ck_assert_ptr_nonnull(strstr(err, "layout conflict"));
+    ck_assert_ptr_nonnull(strstr(err, "different layout"));
+    /* other rank of b: refused as well; a still binds */
+    b.tp_rank = 1;
+    ck_assert_int_eq(ns_bind(r, &b, &ns, &created, err, sizeof(err)), -KVNODE_ELAYOUT);
+    ck_assert_int_eq(ns_bind(r, &a, &ns, &created, err, sizeof(err)), 0);
+    ck_assert_int_eq(created, 0);
+    ck_assert_uint_eq(ns_count(r), 1);
+    ns_registry_destroy(r);
+}
+END_TEST
+
+START_TEST(test_bind_limit)
+{
+    ns_registry *r = NULL;
+    ck_assert_int_eq(ns_registry_create(0, &r), -KVNODE_EINVAL);
+    ck_assert_ptr_null(r);
+    ck_assert_int_eq(ns_registry_create(3, &r), 0);
+    struct ns_layout l = sample_layout();
+    kv_namespace *ns[3];
+    int created;
+    char err[256] = "";
+    for (uint32_t i = 0; i < 3; i++) {
+        l.tp_rank = i;
+        ck_assert_int_eq(ns_bind(r, &l, &ns[i], &created, err, sizeof(err)), 0);
+        ck_assert_int_eq(created, 1);
+        ck_assert_uint_eq(ns[i]->id, i + 1);
+    }
+    l.tp_rank = 3;
+    kv_namespace *x = (kv_namespace *)(uintptr_t)1;
+    ck_assert_int_eq(ns_bind(r, &l, &x, &created, err, sizeof(err)), -KVNODE_ELIMIT);
+    ck_assert_ptr_null(x);
+    ck_assert_int_eq(created, 0);
+    ck_assert_ptr_nonnull(strstr(err, "namespace limit"));
+    ck_assert_ptr_nonnull(strstr(err, "3"));
+    ck_assert_uint_eq(ns_count(r), 3);
+    /* Existing namespaces still bind at the limit. */
+    l.tp_rank = 1;
+    ck_assert_int_eq(ns_bind(r, &l, &x, &created, err, sizeof(err)), 0);
+    ck_assert_ptr_eq(x, ns[1]);
+    ck_assert_int_eq(created, 0);
+    /* A conflict is still reported as a conflict, not as the limit. */
+    l.block_bytes = 1;
+    ck_assert_int_eq(ns_bind(r, &l, &x, &created, err, sizeof(err)), -KVNODE_ELAYOUT);
+    ns_registry_destroy(r);
+    ns_registry_destroy(NULL);
+}
+END_TEST
+
+static Suite *namespace_suite(void)
+{
+    Suite *s = suite_create("namespace");
+    TCase *tc = tcase_create("fingerprint");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_fnv_golden);
+    tcase_add_test(tc, test_canonical_string);
+    tcase_add_test(tc, test_canonical_max_fields);
+    tcase_add_test(tc, test_fingerprint_ignores_rank_and_bytes);
+    tcase_add_loop_test(tc, test_fingerprint_depends_on_field, 0, NMUTATORS);
+    tcase_add_test(tc, test_deployment_id);
+    tcase_add_loop_test(tc, test_validate_rejects, 0, NINVALID);
+    tcase_add_test(tc, test_validate_accepts_edges);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("registry");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_bind_same_and_other_rank);
+    tcase_add_test(tc, test_bind_block_bytes_conflict);
+    tcase_add_test(tc, test_bind_fingerprint_collision);
+    tcase_add_test(tc, test_bind_limit);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(namespace_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
