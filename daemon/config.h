@@ -45,21 +45,46 @@ enum { CONFIG_PIN_AUTO = 0, CONFIG_PIN_ON = 1, CONFIG_PIN_OFF = 2 };
 /* Embedded defaults (the values conf/kvnode.conf documents). */
 void config_defaults(struct kvn_config *cfg);
 
-/* Parse `path` on top of *cfg. On failure returns -1 and writes to err one
- * message naming every bad line ("kvnode.conf:12: [memory] host_bytes: invalid
- * size 'abc' (expected e.g. 1GiB)"), including unknown sections/keys. */
+/* Parse `path` on top of *cfg. On failure returns -1, leaves *cfg untouched
+ * and writes to err one message with one line per problem ("kvnode.conf:12:
+ * [memory] host_bytes: invalid size 'abc' (...)"), including syntax errors,
+ * unknown sections/keys and an unopenable file ("<path>: cannot open: <strerror>").
+ * A repeated key is not an error: the last one wins. Per-field ranges are
+ * checked here; cross-field rules only in config_validate (overrides may
+ * still change the outcome). */
 int config_load_file(struct kvn_config *cfg, const char *path, char *err, size_t errlen);
 
-/* Apply one "section.key=value" override (command line). Same errors. */
+/* Apply one "section.key=value" override (command line; blanks around the
+ * parts are ignored). Same value checks; errors name the option
+ * ("override memory.host_bytes: invalid size ..."). *cfg untouched on -1. */
 int config_apply_override(struct kvn_config *cfg, const char *assignment, char *err, size_t errlen);
 
-/* Cross-field checks (watermarks ordered, slab fits the arena, ...). */
+/* Every field's range again (for structs built by code) plus cross-field
+ * checks: low_watermark < high_watermark, slab_bytes <= host_bytes, at most
+ * 2^32-1 slabs, socket_path non-empty and shorter than sun_path (108 bytes
+ * including the NUL). 0, or -1 with one line per problem in err. */
 int config_validate(const struct kvn_config *cfg, char *err, size_t errlen);
 
-/* Write the effective configuration in kvnode.conf syntax. */
+/* Write the effective configuration in kvnode.conf syntax, every option,
+ * sizes and durations in the largest exact unit; the output parses back to
+ * an identical struct. */
 void config_write(const struct kvn_config *cfg, FILE *out);
 
-/* Helpers shared with kvnodectl-style parsing; 0 on success, -1 on bad input. */
+/* Reload support: how many restart-only options differ between the running
+ * and the next config (0: the whole change can be applied live); their
+ * "section.key" names go comma-separated into buf (may be NULL). */
+int config_restart_required(const struct kvn_config *running, const struct kvn_config *next,
+                            char *buf, size_t buflen);
+/* true for a known option that may change on reload, false otherwise. */
+bool config_option_reloadable(const char *section, const char *key);
+
+/* Helpers shared with kvnodectl-style parsing; 0 on success, -1 on bad input.
+ * Grammar: DIGITS[UNIT] and nothing else -- no sign, no fraction ("1.5G" is
+ * rejected: write 1536M), no space before the unit ("12 KiB" is rejected).
+ * Sizes: no unit or B = bytes; K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB, P.., E..
+ * are all binary (1K = 1024) and case-insensitive; overflow of 64 bits
+ * (e.g. "20EiB") is rejected. Durations: ms, s, m, h (case-insensitive); a
+ * bare number is milliseconds; the result must fit in 32 bits of ms. */
 int config_parse_size(const char *text, uint64_t *out);      /* "1GiB", "512M", "4096" */
 int config_parse_duration_ms(const char *text, uint32_t *out); /* "30s", "500ms", "2m", "100" (ms) */
 

@@ -5,12 +5,23 @@
 
 enum log_level { LOG_LEVEL_ERROR = 0, LOG_LEVEL_WARN = 1, LOG_LEVEL_INFO = 2, LOG_LEVEL_DEBUG = 3 };
 
+/* (Re)detect whether stderr is the journal (JOURNAL_STREAM matches stderr's
+ * device:inode): then records carry an sd-daemon "<N>" priority prefix and no
+ * timestamp. Optional: the first log_msg detects it; call again after
+ * redirecting stderr. */
+void log_init(void);
+/* Out-of-range levels are clamped to error..debug. */
 void log_set_level(int level);
 int  log_get_level(void);
-/* "error" | "warn" | "info" | "debug" -> level, or -1. */
+/* "error" | "warn" | "info" | "debug" (case-insensitive) -> level, or -1. */
 int  log_level_parse(const char *name);
-const char *log_level_name(int level);
+const char *log_level_name(int level);   /* "unknown" when out of range */
 
+/* One record on stderr, written with one write(2):
+ *   "2024-05-01T12:00:00.123Z kvnoded[<pid>] <level>: <message>\n"
+ * or, to the journal, "<N><level>: <message>\n". Every line of a multi-line
+ * message gets the prefix. Messages above the level are dropped; errno is
+ * preserved. */
 void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define log_error(...) log_msg(LOG_LEVEL_ERROR, __VA_ARGS__)

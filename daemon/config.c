@@ -1,0 +1,990 @@
+/* config: kvnode.conf parsing (libinih), overrides, defaults, validation.
+ *
+ * Every option is one row of config_options[]: name, type, field, range and
+ * whether it can change on reload. Parsing, validation, config_write and the
+ * reload check all walk that table, so they cannot disagree.
+ *
+ * No global state: each call works on caller-owned structs, and a load
+ * parses into a scratch copy that replaces *cfg only when the whole file is
+ * valid, so a reload can never leave a half-applied configuration. */
+#include "config.h"
+#include "log.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/types.h>
+#include <sys/un.h>
+
+#include <ini.h>
+
+#define KIB (UINT64_C(1) << 10)
+#define MIB (UINT64_C(1) << 20)
+#define GIB (UINT64_C(1) << 30)
+
+#define MS_PER_S UINT64_C(1000)
+#define MS_PER_M (60 * MS_PER_S)
+#define MS_PER_H (60 * MS_PER_M)
+
+/* sun_path holds the socket path including its terminating NUL. */
+#define SUN_PATH_SIZE sizeof(((struct sockaddr_un *)0)->sun_path)
+
+#define PROBLEM_MAX 320   /* one "<problem>" text */
+#define ERRLINE_MAX 640   /* one error line: location + option + problem */
+#define VALUE_SHOW  80    /* longest value echoed back in a message ... */
+#define SHOWN "%.83s"     /* ... plus "...": the format for it */
+
+enum opt_type {
+    OPT_PATH,       /* char[PATH_MAX], shorter than sun_path */
+    OPT_MODE,       /* octal permission bits */
+    OPT_SIZE,       /* bytes with optional binary suffix */
+    OPT_COUNT,      /* plain unsigned integer */
+    OPT_DURATION,   /* milliseconds with optional ms/s/m/h suffix */
+    OPT_FRACTION,   /* double within (dmin, dmax) open/closed per flags */
+    OPT_PIN,        /* CONFIG_PIN_* */
+    OPT_LEVEL,      /* LOG_LEVEL_* */
+};
+
+struct opt_def {
+    const char *section;
+    const char *key;
+    enum opt_type type;
+    size_t offset;      /* of the field in struct kvn_config */
+    size_t width;       /* sizeof the field (integers: 4 or 8) */
+    uint64_t min, max;  /* inclusive, for integer types */
+    uint64_t multiple;  /* OPT_SIZE: value must be a multiple (0: any) */
+    double dmin, dmax;  /* OPT_FRACTION bounds ... */
+    bool dmin_open, dmax_open;  /* ... and whether each excludes its end */
+    bool restart;       /* a change needs a restart; not applied on reload */
+};
+
+#define FIELD(f) .offset = offsetof(struct kvn_config, f), .width = sizeof(((struct kvn_config *)0)->f)
+
+static const struct opt_def config_options[] = {
+    { "server", "socket_path", OPT_PATH, FIELD(socket_path), .restart = true },
+    { "server", "socket_mode", OPT_MODE, FIELD(socket_mode), .min = 0, .max = 0777, .restart = true },
+    { "server", "max_frame_bytes", OPT_SIZE, FIELD(max_frame_bytes), .min = 4 * KIB, .max = GIB },
+    { "server", "max_keys_per_request", OPT_COUNT, FIELD(max_keys_per_request), .min = 1, .max = 1048576 },
+    { "server", "max_clients", OPT_COUNT, FIELD(max_clients), .min = 1, .max = 65536 },
+    { "server", "max_namespaces", OPT_COUNT, FIELD(max_namespaces), .min = 1, .max = 65536, .restart = true },
+    { "server", "request_timeout", OPT_DURATION, FIELD(request_timeout_ms), .min = 10, .max = 10 * MS_PER_M },
+    { "server", "shutdown_timeout", OPT_DURATION, FIELD(shutdown_timeout_ms), .min = 0, .max = 10 * MS_PER_M },
+
+    { "memory", "host_bytes", OPT_SIZE, FIELD(host_bytes), .min = 64 * KIB, .max = UINT64_MAX, .restart = true },
+    { "memory", "slab_bytes", OPT_SIZE, FIELD(slab_bytes), .min = 64 * KIB, .max = GIB, .multiple = 256,
+      .restart = true },
+    { "memory", "high_watermark", OPT_FRACTION, FIELD(high_watermark), .dmin = 0.0, .dmax = 1.0,
+      .dmin_open = true },
+    { "memory", "low_watermark", OPT_FRACTION, FIELD(low_watermark), .dmin = 0.0, .dmax = 1.0,
+      .dmax_open = true },
+    { "memory", "pin_host", OPT_PIN, FIELD(pin_host), .restart = true },
+
+    { "leases", "read_ttl", OPT_DURATION, FIELD(read_lease_ttl_ms), .min = 10, .max = MS_PER_H },
+    { "leases", "write_ttl", OPT_DURATION, FIELD(write_lease_ttl_ms), .min = 10, .max = MS_PER_H },
+    { "leases", "reaper_interval", OPT_DURATION, FIELD(reaper_interval_ms), .min = 10, .max = MS_PER_M },
+    { "leases", "max_per_client", OPT_COUNT, FIELD(max_leases_per_client), .min = 1, .max = 1048576 },
+
+    { "log", "level", OPT_LEVEL, FIELD(log_level) },
+};
+
+#define CONFIG_NOPTIONS (sizeof config_options / sizeof config_options[0])
+
+static const char *const config_sections[] = { "server", "memory", "leases", "log" };
+#define SECTIONS_HINT "[server], [memory], [leases] or [log]"
+
+union opt_value {
+    uint64_t u;
+    double d;
+    int i;
+    const char *s;
+};
+
+void config_defaults(struct kvn_config *cfg)
+{
+    /* Zero everything first: the unused tail of socket_path stays NUL, so
+     * two configs with equal settings compare equal byte for byte. */
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->socket_path, sizeof cfg->socket_path, "%s", "/run/kvnode/kvnode.sock");
+    cfg->socket_mode = 0660;
+    cfg->max_frame_bytes = 64 * MIB;
+    cfg->max_keys_per_request = 4096;
+    cfg->max_clients = 1024;
+    cfg->max_namespaces = 256;
+    cfg->request_timeout_ms = 5 * MS_PER_S;
+    cfg->shutdown_timeout_ms = 10 * MS_PER_S;
+
+    cfg->host_bytes = GIB;
+    cfg->slab_bytes = 16 * MIB;
+    cfg->high_watermark = 0.95;
+    cfg->low_watermark = 0.90;
+    cfg->pin_host = CONFIG_PIN_AUTO;
+
+    cfg->read_lease_ttl_ms = 30 * MS_PER_S;
+    cfg->write_lease_ttl_ms = 30 * MS_PER_S;
+    cfg->reaper_interval_ms = 1 * MS_PER_S;
+    cfg->max_leases_per_client = 1024;
+
+    cfg->log_level = LOG_LEVEL_INFO;
+}
+
+/* ---- lookup ------------------------------------------------------------ */
+
+static bool config_section_known(const char *name, size_t len)
+{
+    for (size_t i = 0; i < sizeof config_sections / sizeof config_sections[0]; i++)
+        if (strlen(config_sections[i]) == len && memcmp(config_sections[i], name, len) == 0)
+            return true;
+    return false;
+}
+
+static const struct opt_def *config_find_option(const char *section, const char *key)
+{
+    for (size_t i = 0; i < CONFIG_NOPTIONS; i++)
+        if (strcmp(config_options[i].section, section) == 0 && strcmp(config_options[i].key, key) == 0)
+            return &config_options[i];
+    return NULL;
+}
+
+/* The section a misplaced key belongs to, for a "did you mean" hint. */
+static const char *config_home_section(const char *key)
+{
+    for (size_t i = 0; i < CONFIG_NOPTIONS; i++)
+        if (strcmp(config_options[i].key, key) == 0)
+            return config_options[i].section;
+    return NULL;
+}
+
+static void config_unknown_key_problem(const char *key, char *buf, size_t len)
+{
+    const char *home = config_home_section(key);
+    if (home)
+        snprintf(buf, len, "unknown key (it belongs in [%s])", home);
+    else
+        snprintf(buf, len, "unknown key");
+}
+
+/* ---- scalar parsers ------------------------------------------------------ */
+
+struct unit {
+    const char *name;
+    uint64_t factor;
+};
+
+/* Binary multiples only: "K", "KB" and "KiB" all mean 1024. */
+static const struct unit size_units[] = {
+    { "", 1 }, { "b", 1 },
+    { "k", KIB }, { "kb", KIB }, { "kib", KIB },
+    { "m", MIB }, { "mb", MIB }, { "mib", MIB },
+    { "g", GIB }, { "gb", GIB }, { "gib", GIB },
+    { "t", GIB << 10 }, { "tb", GIB << 10 }, { "tib", GIB << 10 },
+    { "p", GIB << 20 }, { "pb", GIB << 20 }, { "pib", GIB << 20 },
+    { "e", GIB << 30 }, { "eb", GIB << 30 }, { "eib", GIB << 30 },
+    { NULL, 0 },
+};
+
+static const struct unit duration_units[] = {
+    { "", 1 }, { "ms", 1 }, { "s", MS_PER_S }, { "m", MS_PER_M }, { "h", MS_PER_H },
+    { NULL, 0 },
+};
+
+/* DIGITS [UNIT], nothing else: no sign, no fraction, no spaces. Returns 0,
+ * -EINVAL for malformed text, -ERANGE when the product overflows uint64. */
+static int config_parse_scaled(const char *text, const struct unit *units, uint64_t *out)
+{
+    if (!text)
+        return -EINVAL;
+    const char *p = text;
+    uint64_t v = 0;
+    if (!isdigit((unsigned char)*p))
+        return -EINVAL;
+    bool overflow = false;
+    for (; isdigit((unsigned char)*p); p++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            overflow = true;
+        else
+            v = v * 10 + d;
+    }
+    for (const struct unit *u = units; u->name; u++) {
+        if (strcasecmp(p, u->name) != 0)
+            continue;
+        if (overflow || (u->factor > 1 && v > UINT64_MAX / u->factor))
+            return -ERANGE;
+        *out = v * u->factor;
+        return 0;
+    }
+    return -EINVAL;
+}
+
+int config_parse_size(const char *text, uint64_t *out)
+{
+    uint64_t v;
+    if (config_parse_scaled(text, size_units, &v) < 0)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int config_parse_duration_ms(const char *text, uint32_t *out)
+{
+    uint64_t v;
+    if (config_parse_scaled(text, duration_units, &v) < 0 || v > UINT32_MAX)
+        return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+/* Largest unit that divides v exactly, so the text parses back to v. */
+static void config_format_scaled(uint64_t v, const char *const *names, const uint64_t *factors, size_t n,
+                                 char *buf, size_t len)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (v != 0 && v % factors[i] == 0) {
+            snprintf(buf, len, "%" PRIu64 "%s", v / factors[i], names[i]);
+            return;
+        }
+    }
+    snprintf(buf, len, "%" PRIu64 "%s", v, names[n - 1]);
+}
+
+static void config_format_size(uint64_t v, char *buf, size_t len)
+{
+    static const char *const names[] = { "EiB", "PiB", "TiB", "GiB", "MiB", "KiB", "" };
+    static const uint64_t factors[] = { GIB << 30, GIB << 20, GIB << 10, GIB, MIB, KIB, 1 };
+    config_format_scaled(v, names, factors, 7, buf, len);
+}
+
+static void config_format_duration(uint64_t ms, char *buf, size_t len)
+{
+    static const char *const names[] = { "h", "m", "s", "ms" };
+    static const uint64_t factors[] = { MS_PER_H, MS_PER_M, MS_PER_S, 1 };
+    if (ms == 0) {
+        snprintf(buf, len, "0s");
+        return;
+    }
+    config_format_scaled(ms, names, factors, 4, buf, len);
+}
+
+/* Shortest %g text that reads back as exactly d. */
+static void config_format_fraction(double d, char *buf, size_t len)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, len, "%.*g", prec, d);
+        if (strtod(buf, NULL) == d)
+            return;
+    }
+}
+
+/* A decimal number as strtod reads it, minus what it also accepts but a
+ * fraction never is: "inf", "nan", hex floats, surrounding spaces. */
+static int config_parse_fraction(const char *text, double *out)
+{
+    if (!*text || strspn(text, "0123456789.eE+-") != strlen(text))
+        return -1;
+    char *end;
+    errno = 0;
+    double d = strtod(text, &end);
+    if (*end || errno == ERANGE || !isfinite(d))
+        return -1;
+    *out = d;
+    return 0;
+}
+
+static int config_parse_mode(const char *text, uint64_t *out)
+{
+    if (!*text || strspn(text, "01234567") != strlen(text) || strlen(text) > 6)
+        return -1;
+    *out = strtoull(text, NULL, 8);
+    return 0;
+}
+
+static int config_parse_count(const char *text, uint64_t *out)
+{
+    uint64_t v;
+    if (config_parse_scaled(text, (const struct unit[]){ { "", 1 }, { NULL, 0 } }, &v) < 0)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static const char *const pin_names[] = { "auto", "on", "off" };
+
+static int config_parse_pin(const char *text)
+{
+    for (int i = 0; i < 3; i++)
+        if (strcasecmp(text, pin_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* ---- per-option parse / check / store ------------------------------------ */
+
+/* The value as the user typed it, cut to a sane length for a message. */
+static const char *config_show(const char *text, char *buf, size_t len)
+{
+    size_t n = strlen(text);
+    if (n <= VALUE_SHOW)
+        return text;
+    snprintf(buf, len, "%.*s...", VALUE_SHOW, text);
+    return buf;
+}
+
+static void config_format_value(const struct opt_def *o, const union opt_value *v, char *buf, size_t len)
+{
+    switch (o->type) {
+    case OPT_PATH:     snprintf(buf, len, "%s", v->s); break;
+    case OPT_MODE:     snprintf(buf, len, "%04" PRIo64, v->u); break;
+    case OPT_SIZE:     config_format_size(v->u, buf, len); break;
+    case OPT_COUNT:    snprintf(buf, len, "%" PRIu64, v->u); break;
+    case OPT_DURATION: config_format_duration(v->u, buf, len); break;
+    case OPT_FRACTION: config_format_fraction(v->d, buf, len); break;
+    case OPT_PIN:
+        if (v->i >= 0 && v->i < 3)
+            snprintf(buf, len, "%s", pin_names[v->i]);
+        else
+            snprintf(buf, len, "%d", v->i);
+        break;
+    case OPT_LEVEL:
+        if (v->i >= LOG_LEVEL_ERROR && v->i <= LOG_LEVEL_DEBUG)
+            snprintf(buf, len, "%s", log_level_name(v->i));
+        else
+            snprintf(buf, len, "%d", v->i);
+        break;
+    }
+}
+
+static void config_fraction_range(const struct opt_def *o, char *buf, size_t len)
+{
+    char lo[32], hi[32];
+    config_format_fraction(o->dmin, lo, sizeof lo);
+    config_format_fraction(o->dmax, hi, sizeof hi);
+    snprintf(buf, len, "%c%s, %s%c", o->dmin_open ? '(' : '[', lo, hi, o->dmax_open ? ')' : ']');
+}
+
+static void config_scaled_range(const struct opt_def *o, char *buf, size_t len)
+{
+    char lo[32], hi[32];
+    if (o->type == OPT_SIZE) {
+        config_format_size(o->min, lo, sizeof lo);
+        config_format_size(o->max, hi, sizeof hi);
+    } else {
+        config_format_duration(o->min, lo, sizeof lo);
+        config_format_duration(o->max, hi, sizeof hi);
+    }
+    if (o->max == UINT64_MAX)
+        snprintf(buf, len, "at least %s", lo);
+    else
+        snprintf(buf, len, "%s..%s", lo, hi);
+}
+
+/* Range and shape checks on a parsed value. `shown` is the value as the user
+ * wrote it, or NULL to format it (validating a struct built in code). */
+static int config_check_value(const struct opt_def *o, const union opt_value *v, const char *shown,
+                              char *problem, size_t len)
+{
+    char text[PATH_MAX + 16], showbuf[VALUE_SHOW + 8], range[96];
+    if (!shown) {
+        config_format_value(o, v, text, sizeof text);
+        shown = config_show(text, showbuf, sizeof showbuf);
+    }
+    switch (o->type) {
+    case OPT_PATH: {
+        size_t n = strlen(v->s);
+        if (n == 0) {
+            snprintf(problem, len, "empty path (expected the path of the unix socket)");
+            return -1;
+        }
+        if (n >= SUN_PATH_SIZE) {
+            snprintf(problem, len,
+                     "path too long (%zu bytes; a unix socket path must be shorter than %zu bytes, "
+                     "the size of sun_path including the terminating NUL)", n, SUN_PATH_SIZE);
+            return -1;
+        }
+        return 0;
+    }
+    case OPT_MODE:
+        if (v->u > o->max) {
+            snprintf(problem, len, "invalid mode '" SHOWN "' (expected octal permission bits up to 0777, e.g. 0660)",
+                     shown);
+            return -1;
+        }
+        return 0;
+    case OPT_COUNT:
+        if (v->u < o->min || v->u > o->max) {
+            snprintf(problem, len, "invalid value '" SHOWN "' (expected an integer in %" PRIu64 "..%" PRIu64 ")",
+                     shown, o->min, o->max);
+            return -1;
+        }
+        return 0;
+    case OPT_SIZE:
+    case OPT_DURATION:
+        if (v->u < o->min || v->u > o->max) {
+            config_scaled_range(o, range, sizeof range);
+            snprintf(problem, len, "%s '" SHOWN "' out of range (expected %s)",
+                     o->type == OPT_SIZE ? "size" : "duration", shown, range);
+            return -1;
+        }
+        if (o->multiple && v->u % o->multiple != 0) {
+            snprintf(problem, len, "size '" SHOWN "' is not a multiple of %" PRIu64 " bytes", shown, o->multiple);
+            return -1;
+        }
+        return 0;
+    case OPT_FRACTION: {
+        bool lo_ok = o->dmin_open ? v->d > o->dmin : v->d >= o->dmin;
+        bool hi_ok = o->dmax_open ? v->d < o->dmax : v->d <= o->dmax;
+        if (!isfinite(v->d) || !lo_ok || !hi_ok) {
+            config_fraction_range(o, range, sizeof range);
+            snprintf(problem, len, "invalid value '" SHOWN "' (expected a fraction in %s)", shown, range);
+            return -1;
+        }
+        return 0;
+    }
+    case OPT_PIN:
+        if (v->i < 0 || v->i > 2) {
+            snprintf(problem, len, "invalid value '" SHOWN "' (expected auto, on or off)", shown);
+            return -1;
+        }
+        return 0;
+    case OPT_LEVEL:
+        if (v->i < LOG_LEVEL_ERROR || v->i > LOG_LEVEL_DEBUG) {
+            snprintf(problem, len, "invalid value '" SHOWN "' (expected error, warn, info or debug)", shown);
+            return -1;
+        }
+        return 0;
+    }
+    return 0;
+}
+
+/* Text -> value, then the same checks as config_validate. */
+static int config_parse_value(const struct opt_def *o, const char *text, union opt_value *v, char *problem,
+                              size_t len)
+{
+    char showbuf[VALUE_SHOW + 8];
+    const char *shown = config_show(text, showbuf, sizeof showbuf);
+    int rc;
+
+    switch (o->type) {
+    case OPT_PATH:
+        v->s = text;
+        break;
+    case OPT_MODE:
+        if (config_parse_mode(text, &v->u) < 0)
+            v->u = UINT64_MAX;   /* reported by the range check */
+        break;
+    case OPT_COUNT:
+        if (config_parse_count(text, &v->u) < 0) {
+            snprintf(problem, len, "invalid value '" SHOWN "' (expected an integer in %" PRIu64 "..%" PRIu64 ")",
+                     shown, o->min, o->max);
+            return -1;
+        }
+        break;
+    case OPT_SIZE:
+        rc = config_parse_scaled(text, size_units, &v->u);
+        if (rc == -ERANGE) {
+            snprintf(problem, len, "invalid size '" SHOWN "' (too large)", shown);
+            return -1;
+        }
+        if (rc < 0) {
+            snprintf(problem, len,
+                     "invalid size '" SHOWN "' (expected a whole number of bytes, optionally with a "
+                     "K/KiB, M/MiB, G/GiB or T/TiB suffix and no space, e.g. 64MiB)", shown);
+            return -1;
+        }
+        break;
+    case OPT_DURATION:
+        rc = config_parse_scaled(text, duration_units, &v->u);
+        if (rc == -ERANGE || (rc == 0 && v->u > UINT32_MAX)) {
+            snprintf(problem, len, "invalid duration '" SHOWN "' (too large)", shown);
+            return -1;
+        }
+        if (rc < 0) {
+            snprintf(problem, len,
+                     "invalid duration '" SHOWN "' (expected a whole number with a ms, s, m or h suffix, "
+                     "e.g. 500ms or 30s; a bare number is milliseconds)", shown);
+            return -1;
+        }
+        break;
+    case OPT_FRACTION:
+        if (config_parse_fraction(text, &v->d) < 0)
+            v->d = NAN;   /* reported by the range check */
+        break;
+    case OPT_PIN:
+        v->i = config_parse_pin(text);
+        break;
+    case OPT_LEVEL:
+        v->i = log_level_parse(text);
+        break;
+    }
+    return config_check_value(o, v, shown, problem, len);
+}
+
+static void config_store(struct kvn_config *cfg, const struct opt_def *o, const union opt_value *v)
+{
+    char *field = (char *)cfg + o->offset;
+    switch (o->type) {
+    case OPT_PATH:
+        /* Checked shorter than sun_path, so it fits; zero the tail so equal
+         * configs stay byte-equal. */
+        memset(field, 0, o->width);
+        memcpy(field, v->s, strlen(v->s));
+        break;
+    case OPT_MODE:
+    case OPT_SIZE:
+    case OPT_COUNT:
+    case OPT_DURATION:
+        if (o->width == sizeof(uint64_t)) {
+            uint64_t u = v->u;
+            memcpy(field, &u, sizeof u);
+        } else {
+            uint32_t u = (uint32_t)v->u;   /* ranges keep 32-bit fields below 2^32 */
+            memcpy(field, &u, sizeof u);
+        }
+        break;
+    case OPT_FRACTION:
+        memcpy(field, &v->d, sizeof v->d);
+        break;
+    case OPT_PIN:
+    case OPT_LEVEL:
+        memcpy(field, &v->i, sizeof v->i);
+        break;
+    }
+}
+
+/* path_buf receives a NUL-terminated copy of a path field. A field without a
+ * terminator (a struct built by code) comes out PATH_MAX-1 long, which the
+ * path check then rejects as too long. */
+static void config_load(const struct kvn_config *cfg, const struct opt_def *o, union opt_value *v,
+                        char *path_buf, size_t path_len)
+{
+    const char *field = (const char *)cfg + o->offset;
+    switch (o->type) {
+    case OPT_PATH: {
+        size_t n = strnlen(field, o->width);
+        if (n >= path_len)
+            n = path_len - 1;
+        memcpy(path_buf, field, n);
+        path_buf[n] = '\0';
+        v->s = path_buf;
+        break;
+    }
+    case OPT_MODE:
+    case OPT_SIZE:
+    case OPT_COUNT:
+    case OPT_DURATION:
+        if (o->width == sizeof(uint64_t)) {
+            memcpy(&v->u, field, sizeof v->u);
+        } else {
+            uint32_t u;
+            memcpy(&u, field, sizeof u);
+            v->u = u;
+        }
+        break;
+    case OPT_FRACTION:
+        memcpy(&v->d, field, sizeof v->d);
+        break;
+    case OPT_PIN:
+    case OPT_LEVEL:
+        memcpy(&v->i, field, sizeof v->i);
+        break;
+    }
+}
+
+/* ---- error collection ---------------------------------------------------- */
+
+/* Collects one error per line into the caller's buffer. Room for a final
+ * "(N more errors not shown)" line is always kept free. */
+struct errbuf {
+    char *buf;
+    size_t cap, len;
+    unsigned count, dropped;
+};
+
+#define ERRBUF_RESERVE 40
+
+static void errbuf_init(struct errbuf *eb, char *buf, size_t cap)
+{
+    *eb = (struct errbuf){ .buf = buf, .cap = buf ? cap : 0 };
+    if (eb->cap)
+        buf[0] = '\0';
+}
+
+__attribute__((format(printf, 2, 3)))
+static void errbuf_add(struct errbuf *eb, const char *fmt, ...)
+{
+    char line[ERRLINE_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+
+    eb->count++;
+    if (eb->cap == 0)
+        return;
+    size_t need = (eb->len ? 1 : 0) + strlen(line);
+    if (eb->dropped == 0 && eb->len + need + ERRBUF_RESERVE < eb->cap) {
+        if (eb->len)
+            eb->buf[eb->len++] = '\n';
+        memcpy(eb->buf + eb->len, line, strlen(line) + 1);
+        eb->len += strlen(line);
+    } else if (eb->len == 0) {
+        /* A tiny buffer still gets (the start of) the first error. */
+        snprintf(eb->buf, eb->cap, "%s", line);
+        eb->len = strlen(eb->buf);
+    } else {
+        eb->dropped++;
+    }
+}
+
+static void errbuf_finish(struct errbuf *eb)
+{
+    if (eb->dropped && eb->cap > eb->len)
+        snprintf(eb->buf + eb->len, eb->cap - eb->len, "\n(%u more errors not shown)", eb->dropped);
+}
+
+/* ---- file parsing -------------------------------------------------------- */
+
+struct parse_ctx {
+    struct kvn_config *cfg;   /* scratch copy being filled */
+    const char *path;
+    unsigned lineno;          /* line inih is working on (counted by the reader) */
+    struct errbuf *errors;
+    FILE *file;
+    char *line;               /* getline buffer */
+    size_t line_cap;
+    int read_errno;
+};
+
+/* Mirrors inih's scan for `chars` (ini.c find_chars_or_comment with its
+ * default inline comment prefix ';'), so the syntax check below agrees with
+ * what inih will do with the line. */
+static const char *config_ini_scan(const char *s, const char *chars)
+{
+    bool was_space = false;
+    while (*s && (!chars || !strchr(chars, *s)) && !(was_space && *s == ';')) {
+        was_space = isspace((unsigned char)*s);
+        s++;
+    }
+    return s;
+}
+
+/* Checks one line's shape and reports what inih would only count: syntax
+ * errors, unknown sections, overlong lines. Returns the text to hand inih:
+ * the line itself, a blank line (skip it), or a placeholder section that
+ * makes the handler ignore the keys under a broken header. */
+static const char *config_check_line(struct parse_ctx *pc, char *s, size_t maxlen)
+{
+    size_t n = strlen(s);
+    while (n > 0 && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    if (n + 2 > maxlen) {   /* + newline + NUL, as fgets would store it */
+        errbuf_add(pc->errors, "%s:%u: line too long (%zu characters; at most %zu)", pc->path, pc->lineno,
+                   n, maxlen - 2);
+        return "";
+    }
+    if (n == 0 || *s == ';' || *s == '#')
+        return s;
+    if (*s == '[') {
+        const char *end = config_ini_scan(s + 1, "]");
+        if (*end != ']') {
+            errbuf_add(pc->errors, "%s:%u: syntax error: missing ']' in section header '%.*s'", pc->path,
+                       pc->lineno, VALUE_SHOW, s);
+            return "[!]";
+        }
+        const char *rest = end + 1;
+        while (isspace((unsigned char)*rest))
+            rest++;
+        if (*rest && *rest != ';' && *rest != '#') {
+            errbuf_add(pc->errors, "%s:%u: syntax error: unexpected text after section header '%.*s'",
+                       pc->path, pc->lineno, VALUE_SHOW, s);
+            return "[!]";
+        }
+        size_t len = (size_t)(end - (s + 1));
+        if (!config_section_known(s + 1, len))
+            errbuf_add(pc->errors, "%s:%u: [%.*s]: unknown section (expected " SECTIONS_HINT ")", pc->path,
+                       pc->lineno, (int)(len < VALUE_SHOW ? len : VALUE_SHOW), s + 1);
+        return s;
+    }
+    const char *sep = config_ini_scan(s, "=:");
+    if (*sep != '=' && *sep != ':') {
+        errbuf_add(pc->errors, "%s:%u: syntax error: expected 'key = value', '[section]' or a comment, got '%.*s'",
+                   pc->path, pc->lineno, VALUE_SHOW, s);
+        return "";
+    }
+    return s;
+}
+
+/* inih's fgets-style reader. Counting lines here gives the handler the line
+ * number the packaged libinih (built without INI_HANDLER_LINENO) does not
+ * pass. Leading blanks are stripped so inih never treats an indented line as
+ * a multi-line continuation of the previous value. */
+static char *config_read_line(char *str, int num, void *stream)
+{
+    struct parse_ctx *pc = stream;
+    ssize_t n = getline(&pc->line, &pc->line_cap, pc->file);
+    if (n < 0) {
+        if (ferror(pc->file))
+            pc->read_errno = errno ? errno : EIO;
+        return NULL;
+    }
+    pc->lineno++;
+    char *s = pc->line;
+    if (pc->lineno == 1 && (size_t)n >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0)
+        s += 3;   /* UTF-8 byte order mark */
+    while (*s == ' ' || *s == '\t')
+        s++;
+    if (num < 8) {   /* inih never asks for this little; be safe anyway */
+        str[0] = '\0';
+        return str;
+    }
+    const char *text = config_check_line(pc, s, (size_t)num);
+    snprintf(str, (size_t)num, "%s\n", text);
+    return str;
+}
+
+static int config_handle_entry(void *user, const char *section, const char *name, const char *value)
+{
+    struct parse_ctx *pc = user;
+    char problem[PROBLEM_MAX];
+
+    if (!*section) {
+        errbuf_add(pc->errors, "%s:%u: %s: key outside any section (expected under " SECTIONS_HINT ")",
+                   pc->path, pc->lineno, name);
+        return 1;
+    }
+    if (!config_section_known(section, strlen(section)))
+        return 1;   /* the section header was reported once, at its line */
+
+    const struct opt_def *o = config_find_option(section, name);
+    if (!o) {
+        config_unknown_key_problem(name, problem, sizeof problem);
+        errbuf_add(pc->errors, "%s:%u: [%s] %s: %s", pc->path, pc->lineno, section, name, problem);
+        return 1;
+    }
+    union opt_value v = { 0 };
+    if (config_parse_value(o, value, &v, problem, sizeof problem) < 0) {
+        /* inih treats '#' as a comment only at the start of a line. */
+        bool hash = strstr(value, " #") || strstr(value, "\t#");
+        errbuf_add(pc->errors, "%s:%u: [%s] %s: %s%s", pc->path, pc->lineno, section, name, problem,
+                   hash ? "; note: '#' starts a comment only at the beginning of a line, use ';' after a value"
+                        : "");
+        return 1;
+    }
+    config_store(pc->cfg, o, &v);
+    /* Always "success": errors are collected above; a 0 would only make
+     * inih remember the first one. */
+    return 1;
+}
+
+int config_load_file(struct kvn_config *cfg, const char *path, char *err, size_t errlen)
+{
+    struct errbuf errors;
+    errbuf_init(&errors, err, errlen);
+
+    FILE *f = fopen(path, "re");
+    if (!f) {
+        errbuf_add(&errors, "%s: cannot open: %s", path, strerror(errno));
+        errbuf_finish(&errors);
+        return -1;
+    }
+    struct kvn_config scratch = *cfg;
+    struct parse_ctx pc = { .cfg = &scratch, .path = path, .errors = &errors, .file = f };
+    int rc = ini_parse_stream(config_read_line, &pc, config_handle_entry, &pc);
+    free(pc.line);
+    fclose(f);
+
+    if (pc.read_errno)
+        errbuf_add(&errors, "%s: read error: %s", path, strerror(pc.read_errno));
+    else if (rc == -2)
+        errbuf_add(&errors, "%s: out of memory while parsing", path);
+    else if (rc != 0 && errors.count == 0)
+        /* inih saw a problem the line check let through; still report it. */
+        errbuf_add(&errors, "%s:%d: syntax error", path, rc);
+
+    if (errors.count) {
+        errbuf_finish(&errors);
+        return -1;
+    }
+    *cfg = scratch;
+    return 0;
+}
+
+/* ---- overrides ----------------------------------------------------------- */
+
+static void config_trim(const char **start, const char **end)
+{
+    while (*start < *end && isspace((unsigned char)**start))
+        (*start)++;
+    while (*end > *start && isspace((unsigned char)(*end)[-1]))
+        (*end)--;
+}
+
+int config_apply_override(struct kvn_config *cfg, const char *assignment, char *err, size_t errlen)
+{
+    struct errbuf errors;
+    errbuf_init(&errors, err, errlen);
+    char problem[PROBLEM_MAX];
+    const char *shown = assignment ? assignment : "";
+
+    const char *eq = assignment ? strchr(assignment, '=') : NULL;
+    const char *dot = eq ? memchr(assignment, '.', (size_t)(eq - assignment)) : NULL;
+    if (!eq || !dot) {
+        errbuf_add(&errors, "override '%.*s': expected SECTION.KEY=VALUE, e.g. memory.host_bytes=2GiB",
+                   VALUE_SHOW, shown);
+        goto fail;
+    }
+    const char *sec = assignment, *sec_end = dot;
+    const char *key = dot + 1, *key_end = eq;
+    const char *val = eq + 1, *val_end = eq + 1 + strlen(eq + 1);
+    config_trim(&sec, &sec_end);
+    config_trim(&key, &key_end);
+    config_trim(&val, &val_end);
+
+    char section[32], name[64], value[PATH_MAX];
+    if (sec == sec_end || key == key_end) {
+        errbuf_add(&errors, "override '%.*s': empty %s (expected SECTION.KEY=VALUE)", VALUE_SHOW, shown,
+                   sec == sec_end ? "section" : "key");
+        goto fail;
+    }
+    if ((size_t)(sec_end - sec) >= sizeof section || !config_section_known(sec, (size_t)(sec_end - sec))) {
+        errbuf_add(&errors, "override '%.*s': unknown section [%.*s] (expected " SECTIONS_HINT ")", VALUE_SHOW,
+                   shown, (int)(sec_end - sec), sec);
+        goto fail;
+    }
+    memcpy(section, sec, (size_t)(sec_end - sec));
+    section[sec_end - sec] = '\0';
+    const struct opt_def *o = NULL;
+    if ((size_t)(key_end - key) < sizeof name) {
+        memcpy(name, key, (size_t)(key_end - key));
+        name[key_end - key] = '\0';
+        o = config_find_option(section, name);
+    }
+    if (!o) {
+        if ((size_t)(key_end - key) < sizeof name)
+            config_unknown_key_problem(name, problem, sizeof problem);
+        else
+            snprintf(problem, sizeof problem, "unknown key");
+        errbuf_add(&errors, "override %s.%.*s: %s", section, (int)(key_end - key), key, problem);
+        goto fail;
+    }
+    if ((size_t)(val_end - val) >= sizeof value) {
+        errbuf_add(&errors, "override %s.%s: value too long", section, name);
+        goto fail;
+    }
+    memcpy(value, val, (size_t)(val_end - val));
+    value[val_end - val] = '\0';
+
+    union opt_value v = { 0 };
+    if (config_parse_value(o, value, &v, problem, sizeof problem) < 0) {
+        errbuf_add(&errors, "override %s.%s: %s", section, name, problem);
+        goto fail;
+    }
+    config_store(cfg, o, &v);
+    return 0;
+
+fail:
+    errbuf_finish(&errors);
+    return -1;
+}
+
+/* ---- validation, output, reload ------------------------------------------ */
+
+int config_validate(const struct kvn_config *cfg, char *err, size_t errlen)
+{
+    struct errbuf errors;
+    errbuf_init(&errors, err, errlen);
+    char problem[PROBLEM_MAX], path[PATH_MAX];
+
+    /* Field checks again: a struct built or edited by code skipped the parser. */
+    for (size_t i = 0; i < CONFIG_NOPTIONS; i++) {
+        const struct opt_def *o = &config_options[i];
+        union opt_value v = { 0 };
+        config_load(cfg, o, &v, path, sizeof path);
+        if (config_check_value(o, &v, NULL, problem, sizeof problem) < 0)
+            errbuf_add(&errors, "[%s] %s: %s", o->section, o->key, problem);
+    }
+
+    if (!(cfg->low_watermark < cfg->high_watermark)) {
+        char lo[32], hi[32];
+        config_format_fraction(cfg->low_watermark, lo, sizeof lo);
+        config_format_fraction(cfg->high_watermark, hi, sizeof hi);
+        errbuf_add(&errors, "[memory] low_watermark: %s must be below high_watermark (%s)", lo, hi);
+    }
+    if (cfg->slab_bytes > cfg->host_bytes) {
+        char slab[32], host[32];
+        config_format_size(cfg->slab_bytes, slab, sizeof slab);
+        config_format_size(cfg->host_bytes, host, sizeof host);
+        errbuf_add(&errors, "[memory] slab_bytes: %s exceeds host_bytes (%s); the arena must hold at least one slab",
+                   slab, host);
+    } else if (cfg->slab_bytes > 0 && cfg->host_bytes / cfg->slab_bytes > UINT32_MAX) {
+        /* The arena counts slabs in 32 bits. */
+        errbuf_add(&errors, "[memory] host_bytes: more than %" PRIu32 " slabs of slab_bytes; raise slab_bytes",
+                   UINT32_MAX);
+    }
+
+    if (errors.count) {
+        errbuf_finish(&errors);
+        return -1;
+    }
+    return 0;
+}
+
+void config_write(const struct kvn_config *cfg, FILE *out)
+{
+    const char *section = NULL;
+    char text[PATH_MAX + 16], path[PATH_MAX];
+    fprintf(out, "# kvnoded effective configuration; see kvnode.conf(5)\n");
+    for (size_t i = 0; i < CONFIG_NOPTIONS; i++) {
+        const struct opt_def *o = &config_options[i];
+        if (!section || strcmp(section, o->section) != 0) {
+            section = o->section;
+            fprintf(out, "\n[%s]\n", section);
+        }
+        union opt_value v = { 0 };
+        config_load(cfg, o, &v, path, sizeof path);
+        config_format_value(o, &v, text, sizeof text);
+        fprintf(out, "%s = %s\n", o->key, text);
+    }
+}
+
+int config_restart_required(const struct kvn_config *running, const struct kvn_config *next, char *buf,
+                            size_t buflen)
+{
+    int changed = 0;
+    size_t used = 0;
+    char a[PATH_MAX], b[PATH_MAX];
+    if (buf && buflen)
+        buf[0] = '\0';
+    for (size_t i = 0; i < CONFIG_NOPTIONS; i++) {
+        const struct opt_def *o = &config_options[i];
+        if (!o->restart)
+            continue;
+        union opt_value va = { 0 }, vb = { 0 };
+        config_load(running, o, &va, a, sizeof a);
+        config_load(next, o, &vb, b, sizeof b);
+        bool same = o->type == OPT_PATH ? strcmp(va.s, vb.s) == 0
+                  : o->type == OPT_FRACTION ? va.d == vb.d
+                  : (o->type == OPT_PIN || o->type == OPT_LEVEL) ? va.i == vb.i
+                  : va.u == vb.u;
+        if (same)
+            continue;
+        changed++;
+        if (buf && used < buflen) {
+            int n = snprintf(buf + used, buflen - used, "%s%s.%s", used ? ", " : "", o->section, o->key);
+            if (n > 0)
+                used += (size_t)n;
+        }
+    }
+    return changed;
+}
+
+bool config_option_reloadable(const char *section, const char *key)
+{
+    const struct opt_def *o = config_find_option(section, key);
+    return o && !o->restart;
+}

@@ -1,0 +1,1371 @@
+/* Unit tests for daemon/config.c and daemon/log.c.
+ *
+ * Run from the repository root (the Makefile does): the shipped
+ * conf/kvnode.conf and man/kvnode.conf.5 are checked against the parser. */
+#include "config.h"
+#include "log.h"
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <regex.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define KIB (UINT64_C(1) << 10)
+#define MIB (UINT64_C(1) << 20)
+#define GIB (UINT64_C(1) << 30)
+
+/* ---- helpers ------------------------------------------------------------- */
+
+/* Writes `text` to a fresh mkstemp file; path receives its name. */
+static void temp_write(const char *text, char *path, size_t len)
+{
+    const char *dir = getenv("TMPDIR");
+    snprintf(path, len, "%s/kvnode-test-XXXXXX", dir && *dir ? dir : "/tmp");
+    int fd = mkstemp(path);
+    ck_assert_msg(fd >= 0, "mkstemp: %s", strerror(errno));
+    size_t n = strlen(text);
+    ck_assert_int_eq(write(fd, text, n), (ssize_t)n);
+    ck_assert_int_eq(close(fd), 0);
+}
+
+/* Loads `text` as a config file on top of *cfg; the temp file is gone again
+ * before any assertion can fail. path (may be NULL) receives its name. */
+static int load_text(struct kvn_config *cfg, const char *text, char *err, size_t errlen, char *path,
+                     size_t pathlen)
+{
+    char tmp[256];
+    temp_write(text, tmp, sizeof tmp);
+    int rc = config_load_file(cfg, tmp, err, errlen);
+    unlink(tmp);
+    if (path)
+        snprintf(path, pathlen, "%s", tmp);
+    return rc;
+}
+
+/* Whole file into a malloc'd string, or NULL. */
+static char *file_slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&buf, &len);
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        fwrite(chunk, 1, n, mem);
+    fclose(f);
+    fclose(mem);
+    return buf;
+}
+
+/* The repository file `rel`, whether tests run from the root or below it. */
+static char *repo_slurp(const char *rel, char *found, size_t foundlen)
+{
+    const char *prefixes[] = { "", "../", "../../" };
+    const char *srcdir = getenv("KVNODE_SRCDIR");
+    if (srcdir && *srcdir) {
+        snprintf(found, foundlen, "%s/%s", srcdir, rel);
+        char *text = file_slurp(found);
+        if (text)
+            return text;
+    }
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+        snprintf(found, foundlen, "%s%s", prefixes[i], rel);
+        char *text = file_slurp(found);
+        if (text)
+            return text;
+    }
+    ck_abort_msg("cannot find %s (run from the repository root or set KVNODE_SRCDIR)", rel);
+    return NULL;
+}
+
+static char *config_to_text(const struct kvn_config *cfg)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&buf, &len);
+    ck_assert_ptr_nonnull(mem);
+    config_write(cfg, mem);
+    fclose(mem);
+    return buf;
+}
+
+static void assert_config_equal(const struct kvn_config *a, const struct kvn_config *b)
+{
+    ck_assert_str_eq(a->socket_path, b->socket_path);
+    ck_assert_uint_eq(a->socket_mode, b->socket_mode);
+    ck_assert_uint_eq(a->max_frame_bytes, b->max_frame_bytes);
+    ck_assert_uint_eq(a->max_keys_per_request, b->max_keys_per_request);
+    ck_assert_uint_eq(a->max_clients, b->max_clients);
+    ck_assert_uint_eq(a->max_namespaces, b->max_namespaces);
+    ck_assert_uint_eq(a->request_timeout_ms, b->request_timeout_ms);
+    ck_assert_uint_eq(a->shutdown_timeout_ms, b->shutdown_timeout_ms);
+    ck_assert_uint_eq(a->host_bytes, b->host_bytes);
+    ck_assert_uint_eq(a->slab_bytes, b->slab_bytes);
+    ck_assert(a->high_watermark == b->high_watermark);
+    ck_assert(a->low_watermark == b->low_watermark);
+    ck_assert_int_eq(a->pin_host, b->pin_host);
+    ck_assert_uint_eq(a->read_lease_ttl_ms, b->read_lease_ttl_ms);
+    ck_assert_uint_eq(a->write_lease_ttl_ms, b->write_lease_ttl_ms);
+    ck_assert_uint_eq(a->reaper_interval_ms, b->reaper_interval_ms);
+    ck_assert_uint_eq(a->max_leases_per_client, b->max_leases_per_client);
+    ck_assert_int_eq(a->log_level, b->log_level);
+    /* Both went through config_defaults (zeroed) and the parser (zero-filled
+     * path tail), so they are byte-identical too. */
+    ck_assert(memcmp(a, b, sizeof *a) == 0);
+}
+
+static unsigned count_lines(const char *s)
+{
+    unsigned n = *s ? 1 : 0;
+    for (; *s; s++)
+        if (*s == '\n')
+            n++;
+    return n;
+}
+
+/* The 18 options, as documented (section, key). */
+static const char *const all_options[][2] = {
+    { "server", "socket_path" }, { "server", "socket_mode" }, { "server", "max_frame_bytes" },
+    { "server", "max_keys_per_request" }, { "server", "max_clients" }, { "server", "max_namespaces" },
+    { "server", "request_timeout" }, { "server", "shutdown_timeout" },
+    { "memory", "host_bytes" }, { "memory", "slab_bytes" }, { "memory", "high_watermark" },
+    { "memory", "low_watermark" }, { "memory", "pin_host" },
+    { "leases", "read_ttl" }, { "leases", "write_ttl" }, { "leases", "reaper_interval" },
+    { "leases", "max_per_client" },
+    { "log", "level" },
+};
+#define NOPTIONS (sizeof all_options / sizeof all_options[0])
+
+/* ---- defaults ------------------------------------------------------------ */
+
+START_TEST(test_defaults)
+{
+    struct kvn_config c;
+    memset(&c, 0xAB, sizeof c);
+    config_defaults(&c);
+    ck_assert_str_eq(c.socket_path, "/run/kvnode/kvnode.sock");
+    ck_assert_uint_eq(c.socket_mode, 0660);
+    ck_assert_uint_eq(c.max_frame_bytes, 64 * MIB);
+    ck_assert_uint_eq(c.max_keys_per_request, 4096);
+    ck_assert_uint_eq(c.max_clients, 1024);
+    ck_assert_uint_eq(c.max_namespaces, 256);
+    ck_assert_uint_eq(c.request_timeout_ms, 5000);
+    ck_assert_uint_eq(c.shutdown_timeout_ms, 10000);
+    ck_assert_uint_eq(c.host_bytes, GIB);
+    ck_assert_uint_eq(c.slab_bytes, 16 * MIB);
+    ck_assert_double_eq(c.high_watermark, 0.95);
+    ck_assert_double_eq(c.low_watermark, 0.90);
+    ck_assert_int_eq(c.pin_host, CONFIG_PIN_AUTO);
+    ck_assert_uint_eq(c.read_lease_ttl_ms, 30000);
+    ck_assert_uint_eq(c.write_lease_ttl_ms, 30000);
+    ck_assert_uint_eq(c.reaper_interval_ms, 1000);
+    ck_assert_uint_eq(c.max_leases_per_client, 1024);
+    ck_assert_int_eq(c.log_level, LOG_LEVEL_INFO);
+    /* The path's tail is zeroed, so equal configs are byte-equal. */
+    for (size_t i = strlen(c.socket_path); i < sizeof c.socket_path; i++)
+        ck_assert_int_eq(c.socket_path[i], 0);
+
+    char err[CONFIG_ERR_MAX];
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "defaults invalid: %s", err);
+}
+END_TEST
+
+/* ---- one good value per option --------------------------------------------- */
+
+enum field_kind { F_STR, F_UINT, F_U32, F_U64, F_DBL, F_INT };
+
+struct good_case {
+    const char *section, *key, *value;
+    size_t offset;
+    enum field_kind kind;
+    uint64_t u;
+    double d;
+    const char *s;
+};
+
+#define OFF(f) offsetof(struct kvn_config, f)
+#define A10 "aaaaaaaaaa"
+#define PATH107 "/tmp/" A10 A10 A10 A10 A10 A10 A10 A10 A10 A10 "aa"
+static const char path107[] = PATH107;
+static const char path108[] = PATH107 "a";
+_Static_assert(sizeof path107 == 108 && sizeof path108 == 109, "107- and 108-byte paths");
+
+static const struct good_case good_cases[] = {
+    { "server", "socket_path", "/tmp/kvnode test.sock", OFF(socket_path), F_STR, .s = "/tmp/kvnode test.sock" },
+    { "server", "socket_path", "run/k.sock ; trailing comment", OFF(socket_path), F_STR, .s = "run/k.sock" },
+    { "server", "socket_path", path107, OFF(socket_path), F_STR, .s = path107 },
+    { "server", "socket_mode", "0600", OFF(socket_mode), F_UINT, .u = 0600 },
+    { "server", "socket_mode", "777", OFF(socket_mode), F_UINT, .u = 0777 },
+    { "server", "max_frame_bytes", "1MiB", OFF(max_frame_bytes), F_U32, .u = MIB },
+    { "server", "max_frame_bytes", "4096", OFF(max_frame_bytes), F_U32, .u = 4096 },
+    { "server", "max_frame_bytes", "1g", OFF(max_frame_bytes), F_U32, .u = GIB },
+    { "server", "max_keys_per_request", "16", OFF(max_keys_per_request), F_U32, .u = 16 },
+    { "server", "max_keys_per_request", "1048576", OFF(max_keys_per_request), F_U32, .u = 1048576 },
+    { "server", "max_clients", "1", OFF(max_clients), F_U32, .u = 1 },
+    { "server", "max_namespaces", "65536", OFF(max_namespaces), F_U32, .u = 65536 },
+    { "server", "request_timeout", "250ms", OFF(request_timeout_ms), F_U32, .u = 250 },
+    { "server", "request_timeout", "10m", OFF(request_timeout_ms), F_U32, .u = 600000 },
+    { "server", "shutdown_timeout", "0", OFF(shutdown_timeout_ms), F_U32, .u = 0 },
+    { "memory", "host_bytes", "2GiB", OFF(host_bytes), F_U64, .u = 2 * GIB },
+    { "memory", "host_bytes", "3T", OFF(host_bytes), F_U64, .u = 3 * (GIB << 10) },
+    { "memory", "slab_bytes", "256KiB", OFF(slab_bytes), F_U64, .u = 256 * KIB },
+    { "memory", "slab_bytes", "65792", OFF(slab_bytes), F_U64, .u = 65792 },
+    { "memory", "high_watermark", "1", OFF(high_watermark), F_DBL, .d = 1.0 },
+    { "memory", "high_watermark", "0.5", OFF(high_watermark), F_DBL, .d = 0.5 },
+    { "memory", "low_watermark", "0", OFF(low_watermark), F_DBL, .d = 0.0 },
+    { "memory", "low_watermark", ".25", OFF(low_watermark), F_DBL, .d = 0.25 },
+    { "memory", "pin_host", "off", OFF(pin_host), F_INT, .u = CONFIG_PIN_OFF },
+    { "memory", "pin_host", "ON", OFF(pin_host), F_INT, .u = CONFIG_PIN_ON },
+    { "memory", "pin_host", "auto", OFF(pin_host), F_INT, .u = CONFIG_PIN_AUTO },
+    { "leases", "read_ttl", "1h", OFF(read_lease_ttl_ms), F_U32, .u = 3600000 },
+    { "leases", "write_ttl", "10ms", OFF(write_lease_ttl_ms), F_U32, .u = 10 },
+    { "leases", "write_ttl", "45s", OFF(write_lease_ttl_ms), F_U32, .u = 45000 },
+    { "leases", "reaper_interval", "1m", OFF(reaper_interval_ms), F_U32, .u = 60000 },
+    { "leases", "reaper_interval", "100", OFF(reaper_interval_ms), F_U32, .u = 100 },
+    { "leases", "max_per_client", "1048576", OFF(max_leases_per_client), F_U32, .u = 1048576 },
+    { "log", "level", "debug", OFF(log_level), F_INT, .u = LOG_LEVEL_DEBUG },
+    { "log", "level", "Error", OFF(log_level), F_INT, .u = LOG_LEVEL_ERROR },
+};
+#define NGOOD (sizeof good_cases / sizeof good_cases[0])
+
+static void assert_field(const struct kvn_config *c, const struct good_case *g)
+{
+    const char *field = (const char *)c + g->offset;
+    switch (g->kind) {
+    case F_STR:
+        ck_assert_str_eq(field, g->s);
+        break;
+    case F_UINT: {
+        unsigned v;
+        memcpy(&v, field, sizeof v);
+        ck_assert_uint_eq(v, g->u);
+        break;
+    }
+    case F_U32: {
+        uint32_t v;
+        memcpy(&v, field, sizeof v);
+        ck_assert_uint_eq(v, g->u);
+        break;
+    }
+    case F_U64: {
+        uint64_t v;
+        memcpy(&v, field, sizeof v);
+        ck_assert_uint_eq(v, g->u);
+        break;
+    }
+    case F_DBL: {
+        double v;
+        memcpy(&v, field, sizeof v);
+        ck_assert_double_eq(v, g->d);
+        break;
+    }
+    case F_INT: {
+        int v;
+        memcpy(&v, field, sizeof v);
+        ck_assert_int_eq(v, (int)g->u);
+        break;
+    }
+    }
+}
+
+START_TEST(test_good_value_file)
+{
+    const struct good_case *g = &good_cases[_i];
+    char text[512], err[CONFIG_ERR_MAX];
+    snprintf(text, sizeof text, "[%s]\n%s = %s\n", g->section, g->key, g->value);
+    struct kvn_config c;
+    config_defaults(&c);
+    int rc = load_text(&c, text, err, sizeof err, NULL, 0);
+    ck_assert_msg(rc == 0, "%s.%s = %s: %s", g->section, g->key, g->value, err);
+    assert_field(&c, g);
+}
+END_TEST
+
+START_TEST(test_good_value_override)
+{
+    const struct good_case *g = &good_cases[_i];
+    char assign[512], err[CONFIG_ERR_MAX];
+    /* An override has no inline comments: strip the file-only one. */
+    char value[256];
+    snprintf(value, sizeof value, "%s", g->value);
+    char *semi = strstr(value, " ;");
+    if (semi)
+        *semi = '\0';
+    snprintf(assign, sizeof assign, "%s.%s=%s", g->section, g->key, value);
+    struct kvn_config c;
+    config_defaults(&c);
+    int rc = config_apply_override(&c, assign, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s: %s", assign, err);
+    assert_field(&c, g);
+}
+END_TEST
+
+/* ---- one bad value per option ---------------------------------------------- */
+
+struct bad_case {
+    const char *section, *key, *value;
+    const char *expect;   /* also in the message */
+};
+
+static const struct bad_case bad_cases[] = {
+    { "server", "socket_path", "", "empty path" },
+    { "server", "socket_path", path108, "shorter than 108 bytes" },
+    { "server", "socket_mode", "1777", "'1777'" },
+    { "server", "socket_mode", "0o660", "'0o660'" },
+    { "server", "socket_mode", "u=rw", "'u=rw'" },
+    { "server", "max_frame_bytes", "4095", "out of range (expected 4KiB..1GiB)" },
+    { "server", "max_frame_bytes", "2GiB", "out of range" },
+    { "server", "max_frame_bytes", "64 MiB", "'64 MiB'" },
+    { "server", "max_keys_per_request", "0", "1..1048576" },
+    { "server", "max_keys_per_request", "1048577", "'1048577'" },
+    { "server", "max_keys_per_request", "ten", "'ten'" },
+    { "server", "max_clients", "65537", "1..65536" },
+    { "server", "max_clients", "-1", "'-1'" },
+    { "server", "max_namespaces", "0", "'0'" },
+    { "server", "request_timeout", "9ms", "out of range (expected 10ms..10m)" },
+    { "server", "request_timeout", "11m", "'11m'" },
+    { "server", "request_timeout", "5 s", "invalid duration '5 s'" },
+    { "server", "shutdown_timeout", "601s", "out of range (expected 0s..10m)" },
+    { "server", "shutdown_timeout", "-1", "invalid duration '-1'" },
+    { "memory", "host_bytes", "32KiB", "at least 64KiB" },
+    { "memory", "host_bytes", "1.5G", "invalid size '1.5G'" },
+    { "memory", "host_bytes", "20EiB", "too large" },
+    { "memory", "host_bytes", "", "invalid size ''" },
+    { "memory", "slab_bytes", "65600", "not a multiple of 256" },
+    { "memory", "slab_bytes", "2GiB", "out of range (expected 64KiB..1GiB)" },
+    { "memory", "high_watermark", "1.5", "invalid value '1.5' (expected a fraction in (0, 1])" },
+    { "memory", "high_watermark", "0", "(0, 1]" },
+    { "memory", "high_watermark", "nan", "'nan'" },
+    { "memory", "high_watermark", "inf", "'inf'" },
+    { "memory", "high_watermark", "0x1p-1", "'0x1p-1'" },
+    { "memory", "high_watermark", "95%", "'95%'" },
+    { "memory", "low_watermark", "1", "[0, 1)" },
+    { "memory", "low_watermark", "-0.1", "'-0.1'" },
+    { "memory", "low_watermark", "0.5 # half", "'#' starts a comment only at the beginning" },
+    { "memory", "pin_host", "yes", "expected auto, on or off" },
+    { "leases", "read_ttl", "5ms", "out of range (expected 10ms..1h)" },
+    { "leases", "read_ttl", "1.5s", "'1.5s'" },
+    { "leases", "write_ttl", "2h", "'2h'" },
+    { "leases", "write_ttl", "0", "out of range" },
+    { "leases", "reaper_interval", "61s", "out of range (expected 10ms..1m)" },
+    { "leases", "reaper_interval", "1d", "invalid duration '1d'" },
+    { "leases", "max_per_client", "0", "1..1048576" },
+    { "log", "level", "verbose", "expected error, warn, info or debug" },
+};
+#define NBAD (sizeof bad_cases / sizeof bad_cases[0])
+
+START_TEST(test_bad_value_file)
+{
+    const struct bad_case *b = &bad_cases[_i];
+    char text[512], err[CONFIG_ERR_MAX], path[256], where[512];
+    /* The bad line is line 4. */
+    snprintf(text, sizeof text, "# comment\n\n[%s]\n%s = %s\n", b->section, b->key, b->value);
+    struct kvn_config c, before;
+    config_defaults(&c);
+    before = c;
+    int rc = load_text(&c, text, err, sizeof err, path, sizeof path);
+    ck_assert_msg(rc == -1, "%s.%s = '%s' accepted", b->section, b->key, b->value);
+    snprintf(where, sizeof where, "%s:4: [%s] %s: ", path, b->section, b->key);
+    ck_assert_msg(strncmp(err, where, strlen(where)) == 0, "error '%s' does not start with '%s'", err, where);
+    ck_assert_msg(strstr(err, b->expect), "error '%s' lacks '%s'", err, b->expect);
+    ck_assert_uint_eq(count_lines(err), 1);
+    /* A failed load leaves the config alone. */
+    ck_assert(memcmp(&c, &before, sizeof c) == 0);
+}
+END_TEST
+
+START_TEST(test_bad_value_override)
+{
+    const struct bad_case *b = &bad_cases[_i];
+    if (strstr(b->value, " #"))
+        return;   /* '#' comments are a file-syntax matter */
+    char assign[512], err[CONFIG_ERR_MAX], where[128];
+    snprintf(assign, sizeof assign, "%s.%s=%s", b->section, b->key, b->value);
+    struct kvn_config c, before;
+    config_defaults(&c);
+    before = c;
+    ck_assert_int_eq(config_apply_override(&c, assign, err, sizeof err), -1);
+    snprintf(where, sizeof where, "override %s.%s: ", b->section, b->key);
+    ck_assert_msg(strncmp(err, where, strlen(where)) == 0, "error '%s' does not start with '%s'", err, where);
+    ck_assert_msg(strstr(err, b->expect), "error '%s' lacks '%s'", err, b->expect);
+    ck_assert(memcmp(&c, &before, sizeof c) == 0);
+}
+END_TEST
+
+/* ---- file-level behaviour -------------------------------------------------- */
+
+START_TEST(test_unknown_key_and_section)
+{
+    char err[CONFIG_ERR_MAX], path[256], want[512];
+    struct kvn_config c;
+    config_defaults(&c);
+    int rc = load_text(&c,
+                       "[memory]\n"          /* 1 */
+                       "hots_bytes = 1GiB\n" /* 2 */
+                       "read_ttl = 5s\n"     /* 3: lives in [leases] */
+                       "[cache]\n"           /* 4 */
+                       "size = 1\n"          /* 5: not reported again */
+                       "[log]\n"             /* 6 */
+                       "level = warn\n",     /* 7 */
+                       err, sizeof err, path, sizeof path);
+    ck_assert_int_eq(rc, -1);
+    snprintf(want, sizeof want, "%s:2: [memory] hots_bytes: unknown key", path);
+    ck_assert_msg(strstr(err, want), "%s", err);
+    snprintf(want, sizeof want, "%s:3: [memory] read_ttl: unknown key (it belongs in [leases])", path);
+    ck_assert_msg(strstr(err, want), "%s", err);
+    snprintf(want, sizeof want, "%s:4: [cache]: unknown section", path);
+    ck_assert_msg(strstr(err, want), "%s", err);
+    ck_assert_msg(!strstr(err, ":5:"), "keys of an unknown section reported one by one: %s", err);
+    ck_assert_uint_eq(count_lines(err), 3);
+}
+END_TEST
+
+START_TEST(test_key_outside_section)
+{
+    char err[CONFIG_ERR_MAX], path[256], want[512];
+    struct kvn_config c;
+    config_defaults(&c);
+    ck_assert_int_eq(load_text(&c, "host_bytes = 2GiB\n[memory]\n", err, sizeof err, path, sizeof path), -1);
+    snprintf(want, sizeof want, "%s:1: host_bytes: key outside any section", path);
+    ck_assert_msg(strstr(err, want), "%s", err);
+}
+END_TEST
+
+START_TEST(test_syntax_errors)
+{
+    char err[CONFIG_ERR_MAX], path[256], want[512];
+    struct kvn_config c;
+    config_defaults(&c);
+    int rc = load_text(&c,
+                       "[server]\n"            /* 1 */
+                       "max_clients\n"         /* 2: no '=' */
+                       "[memory\n"             /* 3: no ']' */
+                       "host_bytes = 1\n"      /* 4: under the broken header: ignored */
+                       "[leases] read_ttl=1\n" /* 5: text after the header */
+                       "[log]\n"               /* 6 */
+                       "level = debug\n",      /* 7 */
+                       err, sizeof err, path, sizeof path);
+    ck_assert_int_eq(rc, -1);
+    snprintf(want, sizeof want, "%s:2: syntax error", path);
+    ck_assert_msg(strstr(err, want), "%s", err);
+    snprintf(want, sizeof want, "%s:3: syntax error: missing ']'", path);
+    ck_assert_msg(strstr(err, want), "%s", err);
+    snprintf(want, sizeof want, "%s:5: syntax error: unexpected text after section header", path);
+    ck_assert_msg(strstr(err, want), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 3);
+}
+END_TEST
+
+START_TEST(test_many_errors_all_reported)
+{
+    char err[CONFIG_ERR_MAX], path[256], want[512];
+    struct kvn_config c;
+    config_defaults(&c);
+    int rc = load_text(&c,
+                       "[server]\n"                 /* 1 */
+                       "max_clients = 0\n"          /* 2 */
+                       "socket_mode = 999\n"        /* 3 */
+                       "[memory]\n"                 /* 4 */
+                       "host_bytes = 1GiB\n"        /* 5: fine */
+                       "high_watermark = 1.5\n"     /* 6 */
+                       "bogus = 1\n"                /* 7 */
+                       "[nope]\n"                   /* 8 */
+                       "[leases]\n"                 /* 9 */
+                       "read_ttl = forever\n"       /* 10 */
+                       "[log]\n"                    /* 11 */
+                       "level = loud\n",            /* 12 */
+                       err, sizeof err, path, sizeof path);
+    ck_assert_int_eq(rc, -1);
+    const char *expect[] = {
+        ":2: [server] max_clients: ", ":3: [server] socket_mode: ", ":6: [memory] high_watermark: ",
+        ":7: [memory] bogus: unknown key", ":8: [nope]: unknown section", ":10: [leases] read_ttl: ",
+        ":12: [log] level: ",
+    };
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
+        snprintf(want, sizeof want, "%s%s", path, expect[i]);
+        ck_assert_msg(strstr(err, want), "'%s' missing from:\n%s", want, err);
+    }
+    ck_assert_uint_eq(count_lines(err), 7);
+    /* Errors come in file order. */
+    const char *first = strstr(err, ":2: "), *last = strstr(err, ":12: ");
+    ck_assert(first && last && first < last);
+}
+END_TEST
+
+START_TEST(test_error_buffer_limits)
+{
+    /* 300 bad lines overflow CONFIG_ERR_MAX: the message stays bounded and
+     * says how many were left out. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    fputs("[server]\n", mem);
+    for (int i = 0; i < 300; i++)
+        fputs("max_clients = 0\n", mem);
+    fclose(mem);
+
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+    config_defaults(&c);
+    ck_assert_int_eq(load_text(&c, text, err, sizeof err, NULL, 0), -1);
+    ck_assert_uint_lt(strlen(err), sizeof err);
+    ck_assert_msg(strstr(err, "more errors not shown)"), "%s", err);
+
+    /* A tiny buffer gets the start of the first error, NUL-terminated. */
+    char tiny[16];
+    memset(tiny, 'x', sizeof tiny);
+    ck_assert_int_eq(load_text(&c, text, tiny, sizeof tiny, NULL, 0), -1);
+    ck_assert_uint_eq(strlen(tiny), sizeof tiny - 1);
+
+    /* No buffer at all still fails. */
+    ck_assert_int_eq(load_text(&c, text, NULL, 0, NULL, 0), -1);
+    free(text);
+}
+END_TEST
+
+START_TEST(test_missing_file)
+{
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+    config_defaults(&c);
+    ck_assert_int_eq(config_load_file(&c, "/nonexistent/kvnode.conf", err, sizeof err), -1);
+    ck_assert_str_eq(err, "/nonexistent/kvnode.conf: cannot open: No such file or directory");
+
+    /* A directory opens but cannot be read. */
+    ck_assert_int_eq(config_load_file(&c, "/", err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "/: read error: Is a directory"), "%s", err);
+}
+END_TEST
+
+START_TEST(test_file_syntax_details)
+{
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+    config_defaults(&c);
+    /* BOM, CRLF, indentation, ';' and '#' comments, ':' separator, a
+     * repeated section and a repeated key (the last wins), an empty file
+     * section: all accepted. */
+    int rc = load_text(&c,
+                       "\xEF\xBB\xBF# kvnode\r\n"
+                       "[memory]\r\n"
+                       "    host_bytes = 2GiB\r\n"
+                       "\tslab_bytes: 1MiB ; inline comment\r\n"
+                       "; another comment\n"
+                       "[log]\n"
+                       "[memory]\n"
+                       "host_bytes = 3GiB\n"
+                       "  [leases]\n"
+                       "read_ttl=2s\n",
+                       err, sizeof err, NULL, 0);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_uint_eq(c.host_bytes, 3 * GIB);
+    ck_assert_uint_eq(c.slab_bytes, MIB);
+    ck_assert_uint_eq(c.read_lease_ttl_ms, 2000);
+
+    /* An indented line is a key of its own, never a continuation of the
+     * previous value (inih's multi-line mode). */
+    config_defaults(&c);
+    rc = load_text(&c, "[memory]\nhost_bytes = 2GiB\n   slab_bytes = 1MiB\n", err, sizeof err, NULL, 0);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_uint_eq(c.host_bytes, 2 * GIB);
+    ck_assert_uint_eq(c.slab_bytes, MIB);
+
+    /* An empty file changes nothing. */
+    struct kvn_config d;
+    config_defaults(&d);
+    config_defaults(&c);
+    ck_assert_int_eq(load_text(&c, "", err, sizeof err, NULL, 0), 0);
+    assert_config_equal(&c, &d);
+}
+END_TEST
+
+START_TEST(test_long_line)
+{
+    char text[1024], err[CONFIG_ERR_MAX], path[256], want[512];
+    char path_value[400];
+    memset(path_value, 'a', sizeof path_value - 1);
+    path_value[sizeof path_value - 1] = '\0';
+    snprintf(text, sizeof text, "[server]\nsocket_path = /%s\nmax_clients = 0\n", path_value);
+    struct kvn_config c;
+    config_defaults(&c);
+    ck_assert_int_eq(load_text(&c, text, err, sizeof err, path, sizeof path), -1);
+    snprintf(want, sizeof want, "%s:2: line too long", path);
+    ck_assert_msg(strstr(err, want), "%s", err);
+    /* Line counting survives the long line. */
+    snprintf(want, sizeof want, "%s:3: [server] max_clients: ", path);
+    ck_assert_msg(strstr(err, want), "%s", err);
+}
+END_TEST
+
+START_TEST(test_parse_into_fresh_struct)
+{
+    /* Loading parses on top of the given struct and touches nothing else:
+     * two independent structs, loaded from different files, stay apart. */
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config a, b;
+    config_defaults(&a);
+    config_defaults(&b);
+    ck_assert_int_eq(load_text(&a, "[server]\nmax_clients = 7\n", err, sizeof err, NULL, 0), 0);
+    ck_assert_int_eq(load_text(&b, "[leases]\nmax_per_client = 9\n", err, sizeof err, NULL, 0), 0);
+    ck_assert_uint_eq(a.max_clients, 7);
+    ck_assert_uint_eq(a.max_leases_per_client, 1024);
+    ck_assert_uint_eq(b.max_clients, 1024);
+    ck_assert_uint_eq(b.max_leases_per_client, 9);
+    /* Values not in the file keep what the struct had, not the defaults. */
+    ck_assert_int_eq(load_text(&a, "[leases]\nmax_per_client = 3\n", err, sizeof err, NULL, 0), 0);
+    ck_assert_uint_eq(a.max_clients, 7);
+    ck_assert_uint_eq(a.max_leases_per_client, 3);
+}
+END_TEST
+
+/* ---- size and duration parsers ---------------------------------------------- */
+
+struct size_case {
+    const char *text;
+    int rc;
+    uint64_t value;
+};
+
+/* Decisions: binary units only, case-insensitive; whole numbers only ("1.5G"
+ * is rejected); no sign; no blank anywhere ("12 KiB" is rejected; the file
+ * parser trims blanks around a value before this runs). */
+static const struct size_case size_cases[] = {
+    { "0", 0, 0 },
+    { "1", 0, 1 },
+    { "4096", 0, 4096 },
+    { "007", 0, 7 },
+    { "1B", 0, 1 },
+    { "1k", 0, KIB },
+    { "1K", 0, KIB },
+    { "1KB", 0, KIB },
+    { "1KiB", 0, KIB },
+    { "1kib", 0, KIB },
+    { "512M", 0, 512 * MIB },
+    { "64MB", 0, 64 * MIB },
+    { "64MiB", 0, 64 * MIB },
+    { "1G", 0, GIB },
+    { "1GB", 0, GIB },
+    { "1GiB", 0, GIB },
+    { "1GIB", 0, GIB },
+    { "3T", 0, 3 * (GIB << 10) },
+    { "1TiB", 0, GIB << 10 },
+    { "1PiB", 0, GIB << 20 },
+    { "15EiB", 0, UINT64_C(15) << 60 },
+    { "18446744073709551615", 0, UINT64_MAX },
+    { "16EiB", -1, 0 },
+    { "20EiB", -1, 0 },
+    { "18446744073709551616", -1, 0 },
+    { "99999999999999999999999", -1, 0 },
+    { "17179869184G", -1, 0 },
+    { "-1", -1, 0 },
+    { "+1", -1, 0 },
+    { "1.5G", -1, 0 },
+    { "0.5", -1, 0 },
+    { "", -1, 0 },
+    { "12 KiB", -1, 0 },
+    { " 12", -1, 0 },
+    { "12 ", -1, 0 },
+    { "KiB", -1, 0 },
+    { "1X", -1, 0 },
+    { "1KiBB", -1, 0 },
+    { "1iB", -1, 0 },
+    { "0x10", -1, 0 },
+    { "1e3", -1, 0 },
+};
+
+START_TEST(test_parse_size)
+{
+    for (size_t i = 0; i < sizeof size_cases / sizeof size_cases[0]; i++) {
+        const struct size_case *s = &size_cases[i];
+        uint64_t v = 12345;
+        int rc = config_parse_size(s->text, &v);
+        ck_assert_msg(rc == s->rc, "config_parse_size('%s') = %d, want %d", s->text, rc, s->rc);
+        if (rc == 0)
+            ck_assert_msg(v == s->value, "config_parse_size('%s') = %" PRIu64 ", want %" PRIu64, s->text, v,
+                          s->value);
+        else
+            ck_assert_msg(v == 12345, "config_parse_size('%s') wrote its output on failure", s->text);
+    }
+    uint64_t v;
+    ck_assert_int_eq(config_parse_size(NULL, &v), -1);
+}
+END_TEST
+
+struct duration_case {
+    const char *text;
+    int rc;
+    uint32_t value;
+};
+
+static const struct duration_case duration_cases[] = {
+    { "0", 0, 0 },
+    { "100", 0, 100 },
+    { "500ms", 0, 500 },
+    { "500MS", 0, 500 },
+    { "30s", 0, 30000 },
+    { "30S", 0, 30000 },
+    { "2m", 0, 120000 },
+    { "1h", 0, 3600000 },
+    { "1193h", 0, UINT32_C(4294800000) },
+    { "4294967295", 0, UINT32_MAX },
+    { "4294967295ms", 0, UINT32_MAX },
+    { "1194h", -1, 0 },
+    { "4294967296", -1, 0 },
+    { "99999999999999999999h", -1, 0 },
+    { "-1", -1, 0 },
+    { "1.5s", -1, 0 },
+    { "", -1, 0 },
+    { "5 s", -1, 0 },
+    { "5sec", -1, 0 },
+    { "1d", -1, 0 },
+    { "1h30m", -1, 0 },
+    { "ms", -1, 0 },
+    { "s", -1, 0 },
+    { "10us", -1, 0 },
+};
+
+START_TEST(test_parse_duration)
+{
+    for (size_t i = 0; i < sizeof duration_cases / sizeof duration_cases[0]; i++) {
+        const struct duration_case *d = &duration_cases[i];
+        uint32_t v = 777;
+        int rc = config_parse_duration_ms(d->text, &v);
+        ck_assert_msg(rc == d->rc, "config_parse_duration_ms('%s') = %d, want %d", d->text, rc, d->rc);
+        if (rc == 0)
+            ck_assert_msg(v == d->value, "config_parse_duration_ms('%s') = %u, want %u", d->text, v, d->value);
+        else
+            ck_assert_msg(v == 777, "config_parse_duration_ms('%s') wrote its output on failure", d->text);
+    }
+}
+END_TEST
+
+/* ---- overrides ------------------------------------------------------------ */
+
+START_TEST(test_override_good)
+{
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+    config_defaults(&c);
+    ck_assert_msg(config_apply_override(&c, "memory.host_bytes=2GiB", err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(c.host_bytes, 2 * GIB);
+    /* Blanks around the parts are ignored, as in the file. */
+    ck_assert_msg(config_apply_override(&c, " leases . read_ttl =  1m ", err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(c.read_lease_ttl_ms, 60000);
+    /* Only the first '=' splits: the value may contain more. */
+    ck_assert_msg(config_apply_override(&c, "server.socket_path=/tmp/a=b.sock", err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(c.socket_path, "/tmp/a=b.sock");
+    /* Overrides apply on top of a loaded file. */
+    ck_assert_int_eq(load_text(&c, "[log]\nlevel = warn\n", err, sizeof err, NULL, 0), 0);
+    ck_assert_int_eq(config_apply_override(&c, "log.level=debug", err, sizeof err), 0);
+    ck_assert_int_eq(c.log_level, LOG_LEVEL_DEBUG);
+}
+END_TEST
+
+struct override_case {
+    const char *assignment, *expect;
+};
+
+static const struct override_case override_errors[] = {
+    { "nokey", "override 'nokey': expected SECTION.KEY=VALUE" },
+    { "memory", "override 'memory': expected SECTION.KEY=VALUE" },
+    { "memory.host_bytes", "override 'memory.host_bytes': expected SECTION.KEY=VALUE" },
+    { "host_bytes=1GiB", "override 'host_bytes=1GiB': expected SECTION.KEY=VALUE" },
+    { "memory.=1", "override 'memory.=1': empty key" },
+    { ".host_bytes=1", "override '.host_bytes=1': empty section" },
+    { "x.y=1", "override 'x.y=1': unknown section [x]" },
+    { "memory.bogus=1", "override memory.bogus: unknown key" },
+    { "memory.read_ttl=1s", "override memory.read_ttl: unknown key (it belongs in [leases])" },
+    { "memory.host_bytes=", "override memory.host_bytes: invalid size ''" },
+    { "memory.host_bytes=abc", "override memory.host_bytes: invalid size 'abc'" },
+    { "", "expected SECTION.KEY=VALUE" },
+};
+
+START_TEST(test_override_errors)
+{
+    const struct override_case *o = &override_errors[_i];
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c, before;
+    config_defaults(&c);
+    before = c;
+    ck_assert_msg(config_apply_override(&c, o->assignment, err, sizeof err) == -1, "'%s' accepted", o->assignment);
+    ck_assert_msg(strstr(err, o->expect), "'%s': got '%s', want '%s'", o->assignment, err, o->expect);
+    ck_assert(memcmp(&c, &before, sizeof c) == 0);
+}
+END_TEST
+
+/* ---- validation --------------------------------------------------------------- */
+
+START_TEST(test_validate_cross_field)
+{
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+
+    config_defaults(&c);
+    c.low_watermark = 0.95;
+    c.high_watermark = 0.9;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[memory] low_watermark: 0.95 must be below high_watermark (0.9)"), "%s", err);
+
+    config_defaults(&c);
+    c.low_watermark = c.high_watermark;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "low_watermark"), "%s", err);
+
+    /* The file parser alone cannot see this: each value is in range. */
+    config_defaults(&c);
+    ck_assert_int_eq(load_text(&c, "[memory]\nhigh_watermark = 0.5\nlow_watermark = 0.6\n", err, sizeof err,
+                               NULL, 0), 0);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+
+    config_defaults(&c);
+    c.host_bytes = 8 * MIB;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[memory] slab_bytes: 16MiB exceeds host_bytes (8MiB)"), "%s", err);
+    c.host_bytes = 16 * MIB;   /* exactly one slab is fine */
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+
+    /* The arena counts slabs in 32 bits. */
+    config_defaults(&c);
+    c.slab_bytes = 64 * KIB;
+    c.host_bytes = (UINT64_C(1) << 32) * 64 * KIB;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[memory] host_bytes: more than 4294967295 slabs"), "%s", err);
+    c.host_bytes -= 64 * KIB;
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+}
+END_TEST
+
+START_TEST(test_validate_socket_path)
+{
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+
+    config_defaults(&c);
+    c.socket_path[0] = '\0';
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[server] socket_path: empty path"), "%s", err);
+
+    config_defaults(&c);
+    snprintf(c.socket_path, sizeof c.socket_path, "%s", path108);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[server] socket_path: path too long (108 bytes; a unix socket path must be "
+                              "shorter than 108 bytes"), "%s", err);
+
+    snprintf(c.socket_path, sizeof c.socket_path, "%s", path107);
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+
+    /* No terminator at all: rejected, and nothing reads past the field. */
+    memset(c.socket_path, 'a', sizeof c.socket_path);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "socket_path: path too long"), "%s", err);
+}
+END_TEST
+
+START_TEST(test_validate_field_ranges)
+{
+    /* Structs edited by code get the parser's range checks too, all reported. */
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+    config_defaults(&c);
+    c.max_clients = 0;
+    c.socket_mode = 01777;
+    c.slab_bytes = 100000;
+    c.high_watermark = 1.5;
+    c.pin_host = 9;
+    c.log_level = -1;
+    c.reaper_interval_ms = 5;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    const char *expect[] = {
+        "[server] max_clients: invalid value '0'", "[server] socket_mode: invalid mode '1777'",
+        "[memory] slab_bytes: size '100000' is not a multiple of 256", "[memory] high_watermark: invalid value '1.5'",
+        "[memory] pin_host: invalid value '9'", "[log] level: invalid value '-1'",
+        "[leases] reaper_interval: duration '5ms' out of range",
+    };
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++)
+        ck_assert_msg(strstr(err, expect[i]), "'%s' missing from:\n%s", expect[i], err);
+    ck_assert_uint_eq(count_lines(err), 7);
+}
+END_TEST
+
+/* ---- config_write --------------------------------------------------------------- */
+
+static void assert_round_trip(const struct kvn_config *c)
+{
+    char *text = config_to_text(c);
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config back;
+    config_defaults(&back);
+    /* Start from different values so a missing option cannot go unnoticed. */
+    back.max_clients = 3;
+    back.high_watermark = 0.33;
+    back.log_level = LOG_LEVEL_ERROR;
+    snprintf(back.socket_path, sizeof back.socket_path, "elsewhere");
+    memset(back.socket_path + 9, 0, sizeof back.socket_path - 9);
+    int rc = load_text(&back, text, err, sizeof err, NULL, 0);
+    ck_assert_msg(rc == 0, "config_write output does not parse: %s\n%s", err, text);
+    assert_config_equal(c, &back);
+    char *again = config_to_text(&back);
+    ck_assert_str_eq(text, again);
+    free(again);
+    free(text);
+}
+
+START_TEST(test_write_round_trip_defaults)
+{
+    struct kvn_config c;
+    config_defaults(&c);
+    assert_round_trip(&c);
+
+    char *text = config_to_text(&c);
+    /* Every option is written, in its readable form. */
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "\n%s = ", all_options[i][1]);
+        ck_assert_msg(strstr(text, key), "config_write lacks %s.%s:\n%s", all_options[i][0], all_options[i][1], text);
+    }
+    const char *forms[] = { "\n[server]\n", "\n[memory]\n", "\n[leases]\n", "\n[log]\n",
+                            "socket_mode = 0660\n", "max_frame_bytes = 64MiB\n", "request_timeout = 5s\n",
+                            "host_bytes = 1GiB\n", "slab_bytes = 16MiB\n", "high_watermark = 0.95\n",
+                            "low_watermark = 0.9\n", "pin_host = auto\n", "reaper_interval = 1s\n",
+                            "level = info\n" };
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
+        ck_assert_msg(strstr(text, forms[i]), "config_write lacks '%s':\n%s", forms[i], text);
+    /* Exactly one line per option, plus the comment, blanks and headers. */
+    unsigned assignments = 0;
+    for (const char *p = text; (p = strstr(p, " = ")); p++)
+        assignments++;
+    ck_assert_uint_eq(assignments, NOPTIONS);
+    free(text);
+}
+END_TEST
+
+START_TEST(test_write_round_trip_custom)
+{
+    struct kvn_config c;
+    config_defaults(&c);
+    snprintf(c.socket_path, sizeof c.socket_path, "/tmp/with space/k=v:x.sock");
+    c.socket_mode = 0;
+    c.max_frame_bytes = 4097;
+    c.max_keys_per_request = 1;
+    c.max_clients = 65536;
+    c.max_namespaces = 3;
+    c.request_timeout_ms = 1500;
+    c.shutdown_timeout_ms = 0;
+    c.host_bytes = 1536 * MIB + 256;
+    c.slab_bytes = 65792;
+    c.high_watermark = 0.123456789012345;
+    c.low_watermark = 0.1 + 0.2 - 0.3;   /* not a "nice" decimal */
+    c.pin_host = CONFIG_PIN_ON;
+    c.read_lease_ttl_ms = 90000;
+    c.write_lease_ttl_ms = 3600000;
+    c.reaper_interval_ms = 10;
+    c.max_leases_per_client = 1048576;
+    c.log_level = LOG_LEVEL_DEBUG;
+    char err[CONFIG_ERR_MAX];
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    assert_round_trip(&c);
+
+    char *text = config_to_text(&c);
+    const char *forms[] = { "socket_mode = 0000\n", "max_frame_bytes = 4097\n", "request_timeout = 1500ms\n",
+                            "shutdown_timeout = 0s\n", "read_ttl = 90s\n", "write_ttl = 1h\n",
+                            "pin_host = on\n", "level = debug\n" };
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
+        ck_assert_msg(strstr(text, forms[i]), "config_write lacks '%s':\n%s", forms[i], text);
+    free(text);
+
+    c.pin_host = CONFIG_PIN_OFF;
+    c.log_level = LOG_LEVEL_ERROR;
+    c.host_bytes = UINT64_C(5) << 40;
+    assert_round_trip(&c);
+}
+END_TEST
+
+/* ---- the shipped files -------------------------------------------------------- */
+
+START_TEST(test_shipped_conf_parses)
+{
+    char path[512], err[CONFIG_ERR_MAX];
+    char *text = repo_slurp("conf/kvnode.conf", path, sizeof path);
+    free(text);
+    struct kvn_config c;
+    config_defaults(&c);
+    int rc = config_load_file(&c, path, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(c.host_bytes, GIB);
+    ck_assert_str_eq(c.socket_path, "run/kvnode.sock");
+}
+END_TEST
+
+START_TEST(test_shipped_conf_documents_defaults)
+{
+    /* Uncommenting every "#key = value" line must give exactly the built-in
+     * defaults (plus the two deliberate settings), and every option must be
+     * present in the file. */
+    char path[512], err[CONFIG_ERR_MAX];
+    char *text = repo_slurp("conf/kvnode.conf", path, sizeof path);
+    char *out = NULL;
+    size_t outlen = 0;
+    FILE *mem = open_memstream(&out, &outlen);
+    regex_t commented;
+    ck_assert_int_eq(regcomp(&commented, "^#[a-z_]+ = ", REG_EXTENDED | REG_NOSUB), 0);
+    char *save = NULL;
+    unsigned uncommented = 0;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (regexec(&commented, line, 0, NULL, 0) == 0) {
+            line++;
+            uncommented++;
+        }
+        fprintf(mem, "%s\n", line);
+    }
+    fclose(mem);
+    regfree(&commented);
+    free(text);
+
+    struct kvn_config c, want;
+    config_defaults(&c);
+    c.max_clients = 1;   /* proves the commented default is really read */
+    int rc = load_text(&c, out, err, sizeof err, NULL, 0);
+    ck_assert_msg(rc == 0, "uncommented conf/kvnode.conf: %s", err);
+    config_defaults(&want);
+    memset(want.socket_path, 0, sizeof want.socket_path);
+    snprintf(want.socket_path, sizeof want.socket_path, "run/kvnode.sock");
+    assert_config_equal(&c, &want);
+    ck_assert_uint_eq(uncommented, NOPTIONS - 2);   /* all but socket_path and host_bytes */
+
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        char key[64], hdr[32];
+        snprintf(key, sizeof key, "\n%s = ", all_options[i][1]);
+        snprintf(hdr, sizeof hdr, "\n[%s]\n", all_options[i][0]);
+        ck_assert_msg(strstr(out, key), "conf/kvnode.conf lacks %s", all_options[i][1]);
+        ck_assert_msg(strstr(out, hdr), "conf/kvnode.conf lacks [%s]", all_options[i][0]);
+    }
+    free(out);
+}
+END_TEST
+
+START_TEST(test_man_page_lists_options)
+{
+    char path[512];
+    char *man = repo_slurp("man/kvnode.conf.5", path, sizeof path);
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        char key[64];
+        snprintf(key, sizeof key, ".B %s\n", all_options[i][1]);
+        ck_assert_msg(strstr(man, key), "%s lacks an entry '.B %s'", path, all_options[i][1]);
+        /* The reload column matches the code. */
+        bool restart = config_option_reloadable(all_options[i][0], all_options[i][1]) == false;
+        /* The entry runs to the next paragraph, subsection or section. */
+        const char *entry = strstr(man, key);
+        const char *end = entry + strlen(entry);
+        const char *stops[] = { "\n.TP", "\n.SS", "\n.SH" };
+        for (size_t j = 0; j < sizeof stops / sizeof stops[0]; j++) {
+            const char *stop = strstr(entry + 1, stops[j]);
+            if (stop && stop < end)
+                end = stop;
+        }
+        const char *mark = strstr(entry, "restart required");
+        bool says_restart = mark && mark < end;
+        ck_assert_msg(restart == says_restart, "%s: %s.%s restart marking disagrees with the code", path,
+                      all_options[i][0], all_options[i][1]);
+    }
+    free(man);
+}
+END_TEST
+
+/* ---- reload helpers --------------------------------------------------------------- */
+
+START_TEST(test_restart_required)
+{
+    const char *restart[] = { "socket_path", "socket_mode", "host_bytes", "slab_bytes", "max_namespaces", "pin_host" };
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        bool want_restart = false;
+        for (size_t j = 0; j < sizeof restart / sizeof restart[0]; j++)
+            if (strcmp(all_options[i][1], restart[j]) == 0)
+                want_restart = true;
+        ck_assert_msg(config_option_reloadable(all_options[i][0], all_options[i][1]) == !want_restart,
+                      "%s.%s", all_options[i][0], all_options[i][1]);
+    }
+    ck_assert(!config_option_reloadable("memory", "bogus"));
+    ck_assert(!config_option_reloadable("leases", "host_bytes"));
+
+    struct kvn_config a, b;
+    char names[256];
+    config_defaults(&a);
+    b = a;
+    ck_assert_int_eq(config_restart_required(&a, &b, names, sizeof names), 0);
+    ck_assert_str_eq(names, "");
+    b.max_clients = 5;         /* reloadable */
+    b.read_lease_ttl_ms = 10;  /* reloadable */
+    b.log_level = LOG_LEVEL_DEBUG;
+    ck_assert_int_eq(config_restart_required(&a, &b, names, sizeof names), 0);
+    b.host_bytes = 2 * GIB;
+    b.pin_host = CONFIG_PIN_OFF;
+    snprintf(b.socket_path, sizeof b.socket_path, "/tmp/other.sock");
+    ck_assert_int_eq(config_restart_required(&a, &b, names, sizeof names), 3);
+    ck_assert_str_eq(names, "server.socket_path, memory.host_bytes, memory.pin_host");
+    ck_assert_int_eq(config_restart_required(&a, &b, NULL, 0), 3);
+}
+END_TEST
+
+/* ---- log ------------------------------------------------------------------------ */
+
+START_TEST(test_log_level_parse)
+{
+    ck_assert_int_eq(log_level_parse("error"), LOG_LEVEL_ERROR);
+    ck_assert_int_eq(log_level_parse("warn"), LOG_LEVEL_WARN);
+    ck_assert_int_eq(log_level_parse("info"), LOG_LEVEL_INFO);
+    ck_assert_int_eq(log_level_parse("debug"), LOG_LEVEL_DEBUG);
+    ck_assert_int_eq(log_level_parse("DEBUG"), LOG_LEVEL_DEBUG);
+    ck_assert_int_eq(log_level_parse("warning"), -1);
+    ck_assert_int_eq(log_level_parse(""), -1);
+    ck_assert_int_eq(log_level_parse("info "), -1);
+    ck_assert_int_eq(log_level_parse(NULL), -1);
+    for (int l = LOG_LEVEL_ERROR; l <= LOG_LEVEL_DEBUG; l++)
+        ck_assert_int_eq(log_level_parse(log_level_name(l)), l);
+    ck_assert_str_eq(log_level_name(7), "unknown");
+    ck_assert_str_eq(log_level_name(-1), "unknown");
+
+    int saved = log_get_level();
+    log_set_level(LOG_LEVEL_WARN);
+    ck_assert_int_eq(log_get_level(), LOG_LEVEL_WARN);
+    log_set_level(99);
+    ck_assert_int_eq(log_get_level(), LOG_LEVEL_DEBUG);
+    log_set_level(-5);
+    ck_assert_int_eq(log_get_level(), LOG_LEVEL_ERROR);
+    log_set_level(saved);
+}
+END_TEST
+
+/* Runs fn with stderr redirected into a temp file; returns what was written. */
+static char *capture_stderr(void (*fn)(void *), void *arg, bool journal)
+{
+    char path[256];
+    temp_write("", path, sizeof path);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+    ck_assert_int_ge(fd, 0);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    ck_assert_int_ge(saved, 0);
+    ck_assert_int_ge(dup2(fd, STDERR_FILENO), 0);
+    close(fd);
+
+    char *old_env = getenv("JOURNAL_STREAM") ? strdup(getenv("JOURNAL_STREAM")) : NULL;
+    if (journal) {
+        struct stat st;
+        fstat(STDERR_FILENO, &st);
+        char env[64];
+        snprintf(env, sizeof env, "%ju:%ju", (uintmax_t)st.st_dev, (uintmax_t)st.st_ino);
+        setenv("JOURNAL_STREAM", env, 1);
+    } else {
+        /* Set, but naming another file: must be ignored. */
+        setenv("JOURNAL_STREAM", "1:1", 1);
+    }
+    log_init();
+    fn(arg);
+
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    if (old_env)
+        setenv("JOURNAL_STREAM", old_env, 1);
+    else
+        unsetenv("JOURNAL_STREAM");
+    free(old_env);
+    log_init();
+
+    char *text = file_slurp(path);
+    unlink(path);
+    ck_assert_ptr_nonnull(text);
+    return text;
+}
+
+static void log_some(void *arg)
+{
+    (void)arg;
+    int saved = log_get_level();
+    log_set_level(LOG_LEVEL_INFO);
+    errno = EAGAIN;
+    log_warn("hello %d", 42);
+    ck_assert_int_eq(errno, EAGAIN);   /* logging keeps errno */
+    log_debug("hidden %d", 1);         /* above the level */
+    log_msg(LOG_LEVEL_DEBUG, "hidden too");
+    log_error("two\nlines");
+    log_info("ends with newline\n");
+    log_set_level(LOG_LEVEL_DEBUG);
+    log_debug("shown");
+    log_set_level(saved);
+}
+
+START_TEST(test_log_format_plain)
+{
+    char *text = capture_stderr(log_some, NULL, false);
+    regex_t re;
+    const char *ts = "[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z kvnoded\\[[0-9]+\\] ";
+    char pattern[512];
+    snprintf(pattern, sizeof pattern,
+             "^%swarn: hello 42\n%serror: two\n%serror: lines\n%sinfo: ends with newline\n%sdebug: shown\n$",
+             ts, ts, ts, ts, ts);
+    ck_assert_int_eq(regcomp(&re, pattern, REG_EXTENDED | REG_NOSUB), 0);
+    ck_assert_msg(regexec(&re, text, 0, NULL, 0) == 0, "unexpected log output:\n%s", text);
+    regfree(&re);
+    char pid[32];
+    snprintf(pid, sizeof pid, " kvnoded[%ld] ", (long)getpid());
+    ck_assert_msg(strstr(text, pid), "no pid in:\n%s", text);
+    free(text);
+}
+END_TEST
+
+START_TEST(test_log_format_journal)
+{
+    char *text = capture_stderr(log_some, NULL, true);
+    ck_assert_str_eq(text, "<4>warn: hello 42\n"
+                           "<3>error: two\n"
+                           "<3>error: lines\n"
+                           "<6>info: ends with newline\n"
+                           "<7>debug: shown\n");
+    free(text);
+}
+END_TEST
+
+#define LOG_THREADS 8
+#define LOG_LINES   2000
+
+static void *log_thread(void *arg)
+{
+    long id = (long)(intptr_t)arg;
+    for (int i = 0; i < LOG_LINES; i++)
+        log_info("thread %ld line %d %s", id, i, "payload-payload-payload-payload-payload-payload");
+    return NULL;
+}
+
+static void log_from_threads(void *arg)
+{
+    (void)arg;
+    pthread_t t[LOG_THREADS];
+    for (long i = 0; i < LOG_THREADS; i++)
+        ck_assert_int_eq(pthread_create(&t[i], NULL, log_thread, (void *)(intptr_t)i), 0);
+    for (int i = 0; i < LOG_THREADS; i++)
+        pthread_join(t[i], NULL);
+}
+
+START_TEST(test_log_threads_whole_lines)
+{
+    int saved = log_get_level();
+    log_set_level(LOG_LEVEL_INFO);
+    char *text = capture_stderr(log_from_threads, NULL, false);
+    log_set_level(saved);
+    regex_t re;
+    ck_assert_int_eq(regcomp(&re,
+                             "^[0-9T:.Z-]{24} kvnoded\\[[0-9]+\\] info: thread [0-9]+ line [0-9]+ "
+                             "payload-payload-payload-payload-payload-payload$",
+                             REG_EXTENDED | REG_NOSUB), 0);
+    unsigned lines = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        ck_assert_msg(regexec(&re, line, 0, NULL, 0) == 0, "torn line: '%s'", line);
+        lines++;
+    }
+    regfree(&re);
+    ck_assert_uint_eq(lines, LOG_THREADS * LOG_LINES);
+    free(text);
+}
+END_TEST
+
+/* ---- suite ------------------------------------------------------------------------ */
+
+static Suite *config_suite(void)
+{
+    Suite *s = suite_create("config");
+
+    TCase *tc = tcase_create("defaults");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_defaults);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("options");
+    tcase_set_timeout(tc, 10);
+    tcase_add_loop_test(tc, test_good_value_file, 0, NGOOD);
+    tcase_add_loop_test(tc, test_good_value_override, 0, NGOOD);
+    tcase_add_loop_test(tc, test_bad_value_file, 0, NBAD);
+    tcase_add_loop_test(tc, test_bad_value_override, 0, NBAD);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("file");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_unknown_key_and_section);
+    tcase_add_test(tc, test_key_outside_section);
+    tcase_add_test(tc, test_syntax_errors);
+    tcase_add_test(tc, test_many_errors_all_reported);
+    tcase_add_test(tc, test_error_buffer_limits);
+    tcase_add_test(tc, test_missing_file);
+    tcase_add_test(tc, test_file_syntax_details);
+    tcase_add_test(tc, test_long_line);
+    tcase_add_test(tc, test_parse_into_fresh_struct);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("parsers");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_parse_size);
+    tcase_add_test(tc, test_parse_duration);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("override");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_override_good);
+    tcase_add_loop_test(tc, test_override_errors, 0, sizeof override_errors / sizeof override_errors[0]);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("validate");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_validate_cross_field);
+    tcase_add_test(tc, test_validate_socket_path);
+    tcase_add_test(tc, test_validate_field_ranges);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("write");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_write_round_trip_defaults);
+    tcase_add_test(tc, test_write_round_trip_custom);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("shipped");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_shipped_conf_parses);
+    tcase_add_test(tc, test_shipped_conf_documents_defaults);
+    tcase_add_test(tc, test_man_page_lists_options);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("reload");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_restart_required);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("log");
+    tcase_set_timeout(tc, 60);   /* the thread test is slow under valgrind */
+    tcase_add_test(tc, test_log_level_parse);
+    tcase_add_test(tc, test_log_format_plain);
+    tcase_add_test(tc, test_log_format_journal);
+    tcase_add_test(tc, test_log_threads_whole_lines);
+    suite_add_tcase(s, tc);
+
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(config_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
