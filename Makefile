@@ -129,6 +129,11 @@ $(BUILD)/tests/%: tests/unit/%.c $(DAEMON_OBJ) $(COMMON_OBJ) $(PROTO_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(DAEMON_OBJ) $(COMMON_OBJ) $(DAEMON_LIBS) $(CHECK_LIBS)
 
+# Client-library tests (fake server in-process) link libkvnode, not the daemon.
+$(BUILD)/tests/test_client_%: tests/unit/test_client_%.c $(LIBA) $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) -lpthread
+
 $(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(LIBA) $(PROTO_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread

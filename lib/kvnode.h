@@ -75,6 +75,8 @@ enum {
  * layout == NULL gives an observer client that may only call
  * kvnode_stats_json / kvnode_ping. On failure *out is NULL. */
 int  kvnode_connect(const char *socket_path, const kvnode_layout *layout, kvnode_client **out);
+/* Message of the last failed kvnode_connect on this thread ("" when none). */
+const char *kvnode_connect_error(void);
 void kvnode_close(kvnode_client *c);
 /* Bytes of one block of this client's namespace (0 for an observer). */
 uint64_t kvnode_block_bytes(const kvnode_client *c);
@@ -99,7 +101,8 @@ int  kvnode_put_commit(kvnode_client *c, kvnode_lease lease);
 int  kvnode_put_abort(kvnode_client *c, kvnode_lease lease);
 
 /* Copying conveniences over the zero-copy pairs; each dst[i]/src[i] holds
- * kvnode_block_bytes() bytes. */
+ * kvnode_block_bytes() bytes. They split n > max_keys into chunks (a get
+ * stops at the first short chunk); kvnode_put reserves host-tier slots. */
 int  kvnode_get(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst, size_t *got);
 int  kvnode_put(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src);
 
@@ -121,7 +124,8 @@ size_t kvnode_hash_tokens(const int64_t *tokens, size_t ntokens, uint32_t block_
                           kvnode_key *keys, size_t max_keys); /* rtp-llm/KVCM chained hash */
 
 const char *kvnode_strerror(int rc);
-/* Message of the last failed call on c ("" when none). Valid until the next call. */
+/* Message of the last failed call on c ("" when none). Valid until the next call.
+ * c == NULL gives kvnode_connect_error(). */
 const char *kvnode_last_error(const kvnode_client *c);
 /* Per-call timeout in milliseconds (> 0). */
 void kvnode_set_timeout(kvnode_client *c, int timeout_ms);

@@ -15,12 +15,14 @@
 #define WIRE_FRAME_LIMIT (1u << 30)
 
 /* Decode a frame header. Returns 0 and sets *len, -KVNODE_EPROTO for an empty
- * frame, -KVNODE_ETOOBIG when the length exceeds max_frame. */
+ * frame, -KVNODE_ETOOBIG when the length exceeds max_frame (or WIRE_FRAME_LIMIT). */
 int wire_frame_len(const uint8_t hdr[WIRE_HEADER_BYTES], uint32_t max_frame, uint32_t *len);
 void wire_put_len(uint8_t hdr[WIRE_HEADER_BYTES], uint32_t len);
 
 /* Pack a message into a malloc()ed frame (header + payload). Returns 0,
- * -KVNODE_ETOOBIG when the payload exceeds max_frame, -KVNODE_ENOMEM. */
+ * -KVNODE_ETOOBIG when the payload exceeds max_frame (or WIRE_FRAME_LIMIT),
+ * -KVNODE_ENOMEM, -KVNODE_EPROTO when the message packs to 0 bytes (an empty
+ * frame is invalid on the wire), -KVNODE_EINVAL when msg is NULL. */
 int wire_pack(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **frame, size_t *frame_len);
 
 /* Unpack a payload (without header). NULL when it is not a valid message of

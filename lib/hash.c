@@ -1,0 +1,48 @@
+/* hash: the rtp-llm / KVCM chained block-key hash (PROTOCOLS.md §1) and the
+ * library version string. */
+#include "kvnode.h"
+
+#ifndef KVNODE_VERSION_STRING
+#error "KVNODE_VERSION_STRING must be defined by the build (see Makefile)"
+#endif
+
+#define HASH_GOLDEN UINT64_C(0x9e3779b97f4a7c15)
+
+/* Arithmetic right shift by 32 of the int64 whose bits are h, done on
+ * unsigned bits so the result does not depend on implementation-defined
+ * signed shifts: fill the top 32 bits with the sign bit. */
+static uint64_t hash_sar32(uint64_t h)
+{
+    uint64_t r = h >> 32;
+
+    if (h >> 63)
+        r |= UINT64_C(0xffffffff00000000);
+    return r;
+}
+
+size_t kvnode_hash_tokens(const int64_t *tokens, size_t ntokens, uint32_t block_tokens,
+                          kvnode_key *keys, size_t max_keys)
+{
+    uint64_t h = 0;     /* the bits of the signed running hash */
+    size_t nblocks, i, j, written = 0;
+
+    if (!tokens || !keys || block_tokens == 0 || max_keys == 0)
+        return 0;
+    nblocks = ntokens / block_tokens;
+    if (nblocks > max_keys)
+        nblocks = max_keys;
+    for (i = 0; i < nblocks; i++) {
+        const int64_t *blk = tokens + i * (size_t)block_tokens;
+
+        for (j = 0; j < block_tokens; j++)
+            h ^= (uint64_t)blk[j] + HASH_GOLDEN + (h << 12) + hash_sar32(h);
+        /* Two's-complement reinterpretation, without an out-of-range conversion. */
+        keys[written++] = h >> 63 ? -(kvnode_key)(~h) - 1 : (kvnode_key)h;
+    }
+    return written;
+}
+
+const char *kvnode_version(void)
+{
+    return KVNODE_VERSION_STRING;
+}

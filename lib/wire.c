@@ -1,0 +1,96 @@
+/* wire: frame codec shared by libkvnode and kvnoded (see wire.h).
+ * Pure functions: no I/O, no global state. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvnode.h"
+#include "wire.h"
+
+/* The ceiling applies whatever the caller's configuration says. */
+static uint32_t wire_effective_max(uint32_t max_frame)
+{
+    return max_frame < WIRE_FRAME_LIMIT ? max_frame : WIRE_FRAME_LIMIT;
+}
+
+int wire_frame_len(const uint8_t hdr[WIRE_HEADER_BYTES], uint32_t max_frame, uint32_t *len)
+{
+    uint32_t n = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 |
+                 (uint32_t)hdr[3] << 24;
+
+    if (n == 0)
+        return -KVNODE_EPROTO;
+    if (n > wire_effective_max(max_frame))
+        return -KVNODE_ETOOBIG;
+    *len = n;
+    return 0;
+}
+
+void wire_put_len(uint8_t hdr[WIRE_HEADER_BYTES], uint32_t len)
+{
+    hdr[0] = (uint8_t)len;
+    hdr[1] = (uint8_t)(len >> 8);
+    hdr[2] = (uint8_t)(len >> 16);
+    hdr[3] = (uint8_t)(len >> 24);
+}
+
+int wire_pack(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **frame, size_t *frame_len)
+{
+    size_t size, packed;
+    uint8_t *buf;
+
+    *frame = NULL;
+    *frame_len = 0;
+    if (!msg)
+        return -KVNODE_EINVAL;
+    size = protobuf_c_message_get_packed_size(msg);
+    /* Receivers reject empty frames, so never produce one. */
+    if (size == 0)
+        return -KVNODE_EPROTO;
+    if (size > wire_effective_max(max_frame))
+        return -KVNODE_ETOOBIG;
+    buf = malloc(WIRE_HEADER_BYTES + size);
+    if (!buf)
+        return -KVNODE_ENOMEM;
+    packed = protobuf_c_message_pack(msg, buf + WIRE_HEADER_BYTES);
+    if (packed != size) {   /* only a corrupt message object can get here */
+        free(buf);
+        return -KVNODE_EPROTO;
+    }
+    wire_put_len(buf, (uint32_t)size);
+    *frame = buf;
+    *frame_len = WIRE_HEADER_BYTES + size;
+    return 0;
+}
+
+Kvnode__Request *wire_unpack_request(const uint8_t *payload, size_t len)
+{
+    if (!payload && len > 0)
+        return NULL;
+    return kvnode__request__unpack(NULL, len, payload);
+}
+
+Kvnode__Response *wire_unpack_response(const uint8_t *payload, size_t len)
+{
+    if (!payload && len > 0)
+        return NULL;
+    return kvnode__response__unpack(NULL, len, payload);
+}
+
+const char *wire_op_name(int op_case)
+{
+    switch (op_case) {
+    case KVNODE__REQUEST__OP_HELLO:      return "hello";
+    case KVNODE__REQUEST__OP_MATCH:      return "match";
+    case KVNODE__REQUEST__OP_GET_BEGIN:  return "get_begin";
+    case KVNODE__REQUEST__OP_GET_END:    return "get_end";
+    case KVNODE__REQUEST__OP_PUT_BEGIN:  return "put_begin";
+    case KVNODE__REQUEST__OP_PUT_COMMIT: return "put_commit";
+    case KVNODE__REQUEST__OP_PUT_ABORT:  return "put_abort";
+    case KVNODE__REQUEST__OP_GET_INLINE: return "get_inline";
+    case KVNODE__REQUEST__OP_PUT_INLINE: return "put_inline";
+    case KVNODE__REQUEST__OP_DELETE:     return "delete";
+    case KVNODE__REQUEST__OP_STATS:      return "stats";
+    case KVNODE__REQUEST__OP_PING:       return "ping";
+    default:                             return "unknown";
+    }
+}

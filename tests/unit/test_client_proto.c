@@ -1,0 +1,1553 @@
+/* Protocol tests of lib/client.c against a fake daemon running in a thread
+ * of this process. The fake speaks the real framing (lib/wire.c), passes
+ * memfd arenas with SCM_RIGHTS in the HELLO reply, keeps a tiny key store
+ * in those arenas, and misbehaves on request when the first key of a
+ * request is one of the KEY_* values below. What is proven:
+ *   - locations become pointers into the shared memfds (bytes written by
+ *     one side are seen by the other), with the right tier and device;
+ *   - HELLO carries the layout / observer / version / name fields, and a bad
+ *     HELLO reply (error, oversized, fd mismatch, wrong size...) fails connect;
+ *   - daemon errors surface through kvnode_last_error; timeouts give
+ *     ETIMEDOUT, EOF gives ECLOSED, oversized / undecodable / mismatched
+ *     replies give EPROTO, and each of these leaves the client unusable;
+ *   - copying and inline calls split into chunks within max_keys and
+ *     max_frame_bytes; no fd leaks. */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvnode.h"
+#include "wire.h"
+
+#define NSLOTS 64                /* blocks per memfd arena */
+#define SERVER_WAIT_MS 10000     /* the fake never blocks longer than this */
+
+/* First key of a request that makes the fake misbehave. */
+enum {
+    KEY_ERR = -1000,        /* error reply ENOSPC with a message */
+    KEY_WRONG_ID,           /* reply with another request id */
+    KEY_SILENT,             /* never reply */
+    KEY_OVERSIZE,           /* header announcing a frame over the client's limit */
+    KEY_HANGUP,             /* close the connection */
+    KEY_BAD_OFFSET,         /* location past the end of the arena */
+    KEY_BAD_ARENA,          /* location in an arena HELLO did not announce */
+    KEY_UNMAPPED,           /* location in an arena passed without fd */
+    KEY_GARBAGE,            /* undecodable payload */
+    KEY_EXTRA_FD,           /* normal match reply with an fd attached */
+    KEY_WRONG_RESULT,       /* reply carrying another result type */
+    KEY_SHORT_BLOB,         /* get_inline blob one byte short */
+};
+
+enum hello_mode {
+    HM_OK, HM_ERROR, HM_OVERSIZE, HM_FD_MISMATCH, HM_BAD_BLOCK_BYTES, HM_BAD_VERSION,
+    HM_REFUSE, HM_SHORT_FILE, HM_COUNT
+};
+
+struct slot {
+    int64_t key;
+    int state;          /* 0 free, 1 reserved, 2 stored */
+    uint64_t lease;
+};
+
+struct fake {
+    char dir[64], path[108];
+    int lfd, cfd;
+    pthread_t thr;
+    int running;
+    /* configuration */
+    int hello_mode;
+    uint64_t block_bytes;
+    uint32_t max_frame, max_keys;
+    /* arena 1 = host (index 0), arena 2 = hbm on device 0 (index 1); arena 3 has no fd */
+    int memfd[2];
+    uint8_t *mem[2];
+    size_t mem_size;
+    struct slot slots[2][NSLOTS];
+    uint64_t next_lease;
+    uint64_t get_leases[256];
+    size_t n_get_leases;
+    /* what the fake saw */
+    int hello_seen, hello_has_layout;
+    Kvnode__Request *hello;                 /* kept for field checks */
+    uint64_t expect_id;
+    unsigned ops[32];
+    size_t max_keys_in_op[32];
+    uint32_t max_frame_seen;
+    uint64_t last_lease[32];
+    char bad[256];                          /* first server-side violation */
+};
+
+static void fake_bad(struct fake *f, const char *msg)
+{
+    if (!f->bad[0])
+        snprintf(f->bad, sizeof f->bad, "%s", msg);
+}
+
+static void fill_pattern(uint8_t *p, size_t n, int64_t key)
+{
+    size_t j;
+
+    for (j = 0; j < n; j++)
+        p[j] = (uint8_t)((uint64_t)key * 131u + j * 7u + 1u);
+}
+
+static int check_pattern(const uint8_t *p, size_t n, int64_t key)
+{
+    size_t j;
+
+    for (j = 0; j < n; j++)
+        if (p[j] != (uint8_t)((uint64_t)key * 131u + j * 7u + 1u))
+            return 0;
+    return 1;
+}
+
+static struct slot *fake_find(struct fake *f, int64_t key, int state, int *arena_idx, size_t *idx)
+{
+    int a;
+    size_t i;
+
+    for (a = 0; a < 2; a++)
+        for (i = 0; i < NSLOTS; i++)
+            if (f->slots[a][i].state == state && f->slots[a][i].key == key) {
+                *arena_idx = a;
+                *idx = i;
+                return &f->slots[a][i];
+            }
+    return NULL;
+}
+
+static struct slot *fake_alloc(struct fake *f, int a, size_t *idx)
+{
+    size_t i;
+
+    for (i = 0; i < NSLOTS; i++)
+        if (f->slots[a][i].state == 0) {
+            *idx = i;
+            return &f->slots[a][i];
+        }
+    return NULL;
+}
+
+/* Store key with its pattern in arena index a (before the thread starts). */
+static void fake_preload(struct fake *f, int a, int64_t key)
+{
+    size_t i;
+    struct slot *s = fake_alloc(f, a, &i);
+
+    ck_assert_ptr_nonnull(s);
+    s->key = key;
+    s->state = 2;
+    fill_pattern(f->mem[a] + i * f->block_bytes, (size_t)f->block_bytes, key);
+}
+
+/* --- fake server I/O ------------------------------------------------------------ */
+
+static int fake_read_full(int fd, uint8_t *buf, size_t n)
+{
+    while (n > 0) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        ssize_t r;
+
+        if (poll(&p, 1, SERVER_WAIT_MS) <= 0)
+            return -1;
+        r = read(fd, buf, n);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        buf += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int fake_write_full(int fd, const uint8_t *buf, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, buf, n, MSG_NOSIGNAL);
+
+        if (w <= 0) {
+            if (w < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        buf += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Send a frame, optionally with fds attached to its first byte. */
+static void fake_send_frame(struct fake *f, const uint8_t *frame, size_t len, const int *fds,
+                            size_t nfds)
+{
+    if (nfds > 0) {
+        union {
+            char buf[CMSG_SPACE(sizeof(int) * 4)];
+            struct cmsghdr align;
+        } u;
+        struct iovec iov = { .iov_base = (void *)(uintptr_t)frame, .iov_len = len };
+        struct msghdr mh = { 0 };
+        struct cmsghdr *cm;
+        ssize_t w;
+
+        memset(&u, 0, sizeof u);
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = u.buf;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+        cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
+        w = sendmsg(f->cfd, &mh, MSG_NOSIGNAL);
+        if (w <= 0) {
+            fake_bad(f, "sendmsg with fds failed");
+            return;
+        }
+        frame += w;
+        len -= (size_t)w;
+    }
+    if (fake_write_full(f->cfd, frame, len) < 0)
+        fake_bad(f, "send failed");
+}
+
+static void fake_reply(struct fake *f, Kvnode__Response *r, const int *fds, size_t nfds)
+{
+    uint8_t *frame;
+    size_t len;
+    int rc = wire_pack(&r->base, f->max_frame, &frame, &len);
+
+    if (rc < 0) {
+        fake_bad(f, "reply does not fit in max_frame");
+        return;
+    }
+    fake_send_frame(f, frame, len, fds, nfds);
+    free(frame);
+}
+
+static void fake_reply_error(struct fake *f, uint64_t id, int code, const char *msg)
+{
+    Kvnode__Response r = KVNODE__RESPONSE__INIT;
+    Kvnode__Error e = KVNODE__ERROR__INIT;
+
+    e.code = code;
+    e.message = (char *)msg;
+    r.id = id;
+    r.error = &e;
+    fake_reply(f, &r, NULL, 0);
+}
+
+/* --- fake server behaviour ------------------------------------------------------- */
+
+static void fake_hello(struct fake *f, Kvnode__Request *req)
+{
+    Kvnode__Response r = KVNODE__RESPONSE__INIT;
+    Kvnode__HelloReply h = KVNODE__HELLO_REPLY__INIT;
+    Kvnode__Arena a[3] = {KVNODE__ARENA__INIT, KVNODE__ARENA__INIT, KVNODE__ARENA__INIT};
+    Kvnode__Arena *ap[3] = {&a[0], &a[1], &a[2]};
+    uint8_t hdr[WIRE_HEADER_BYTES];
+
+    f->hello_seen = 1;
+    f->hello_has_layout = req->hello->layout != NULL;
+    switch (f->hello_mode) {
+    case HM_ERROR:
+        fake_reply_error(f, req->id, -KVNODE_ELAYOUT, "layout conflicts: test");
+        return;
+    case HM_REFUSE:
+        fake_reply_error(f, 0, -KVNODE_ELIMIT, "too many clients (test)");
+        return;
+    case HM_OVERSIZE:
+        wire_put_len(hdr, (1u << 20) + 1);
+        fake_send_frame(f, hdr, sizeof hdr, NULL, 0);
+        return;
+    default:
+        break;
+    }
+    a[0].id = 1; a[0].tier = KVNODE__TIER__TIER_HOST; a[0].device = -1;
+    a[0].size = f->mem_size; a[0].fd_index = 0;
+    a[1].id = 2; a[1].tier = KVNODE__TIER__TIER_HBM; a[1].device = 0;
+    a[1].size = f->mem_size; a[1].fd_index = 1;
+    a[2].id = 3; a[2].tier = KVNODE__TIER__TIER_HOST; a[2].device = -1;
+    a[2].size = f->mem_size; a[2].fd_index = -1;
+    if (f->hello_mode == HM_SHORT_FILE)
+        a[0].size = f->mem_size * 2;
+    h.version = f->hello_mode == HM_BAD_VERSION ? 2 : 1;
+    h.server_version = (char *)"fake";
+    h.namespace_id = 5;
+    h.deployment_id = (char *)"m-fake";
+    h.block_bytes = req->hello->layout ? req->hello->layout->block_bytes : 0;
+    if (f->hello_mode == HM_BAD_BLOCK_BYTES)
+        h.block_bytes += 1;
+    h.n_arenas = 3;
+    h.arenas = ap;
+    h.max_frame_bytes = f->max_frame;
+    h.max_keys = f->max_keys;
+    r.id = req->id;
+    r.result_case = KVNODE__RESPONSE__RESULT_HELLO;
+    r.hello = &h;
+    fake_reply(f, &r, f->memfd, f->hello_mode == HM_FD_MISMATCH ? 0 : 2);
+}
+
+static void fake_location(struct fake *f, int a, size_t i, Kvnode__Location *l)
+{
+    l->arena = (uint32_t)a + 1;
+    l->offset = i * f->block_bytes;
+    l->present = 1;
+}
+
+static uint64_t fake_new_get_lease(struct fake *f)
+{
+    uint64_t lease = f->next_lease++;
+
+    if (f->n_get_leases < sizeof f->get_leases / sizeof f->get_leases[0])
+        f->get_leases[f->n_get_leases++] = lease;
+    return lease;
+}
+
+/* Returns 1 when the fake should stop answering (terminal misbehaviour). */
+static int fake_special(struct fake *f, Kvnode__Request *req, int64_t k0)
+{
+    Kvnode__Response r = KVNODE__RESPONSE__INIT;
+    uint8_t hdr[WIRE_HEADER_BYTES];
+    static const uint8_t garbage[4 + 16] = {16, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                            0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+
+    switch (k0) {
+    case KEY_ERR:
+        fake_reply_error(f, req->id, -KVNODE_ENOSPC, "host tier full (test)");
+        return 0;
+    case KEY_SILENT:
+        return 1;
+    case KEY_OVERSIZE:
+        wire_put_len(hdr, f->max_frame + 4096 + 1);
+        fake_send_frame(f, hdr, sizeof hdr, NULL, 0);
+        return 1;
+    case KEY_HANGUP:
+        shutdown(f->cfd, SHUT_RDWR);
+        return 1;
+    case KEY_GARBAGE:
+        fake_send_frame(f, garbage, sizeof garbage, NULL, 0);
+        return 1;
+    case KEY_WRONG_ID: {
+        Kvnode__PingReply p = KVNODE__PING_REPLY__INIT;
+        r.id = req->id + 100;
+        r.result_case = KVNODE__RESPONSE__RESULT_PING;
+        r.ping = &p;
+        fake_reply(f, &r, NULL, 0);
+        return 1;
+    }
+    case KEY_WRONG_RESULT: {
+        Kvnode__PingReply p = KVNODE__PING_REPLY__INIT;
+        r.id = req->id;
+        r.result_case = KVNODE__RESPONSE__RESULT_PING;
+        r.ping = &p;
+        fake_reply(f, &r, NULL, 0);
+        return 0;
+    }
+    default:
+        return -1;  /* not special */
+    }
+}
+
+static void fake_bad_location(struct fake *f, Kvnode__Request *req, int64_t k0)
+{
+    Kvnode__Response r = KVNODE__RESPONSE__INIT;
+    Kvnode__GetBeginReply g = KVNODE__GET_BEGIN_REPLY__INIT;
+    Kvnode__PutBeginReply p = KVNODE__PUT_BEGIN_REPLY__INIT;
+    Kvnode__Location l = KVNODE__LOCATION__INIT, *lp = &l;
+
+    l.present = 1;
+    l.arena = k0 == KEY_BAD_ARENA ? 99 : k0 == KEY_UNMAPPED ? 3 : 1;
+    l.offset = k0 == KEY_BAD_OFFSET ? f->mem_size - f->block_bytes + 1 : 0;
+    r.id = req->id;
+    if (req->op_case == KVNODE__REQUEST__OP_GET_BEGIN) {
+        g.lease = fake_new_get_lease(f);
+        g.n_locations = 1;
+        g.locations = &lp;
+        r.result_case = KVNODE__RESPONSE__RESULT_GET_BEGIN;
+        r.get_begin = &g;
+    } else {
+        p.lease = f->next_lease++;
+        p.n_locations = 1;
+        p.locations = &lp;
+        r.result_case = KVNODE__RESPONSE__RESULT_PUT_BEGIN;
+        r.put_begin = &p;
+    }
+    fake_reply(f, &r, NULL, 0);
+}
+
+static void fake_match(struct fake *f, Kvnode__Request *req, const int64_t *keys, size_t n)
+{
+    Kvnode__Response r = KVNODE__RESPONSE__INIT;
+    Kvnode__MatchReply m = KVNODE__MATCH_REPLY__INIT;
+    int a, extra[1];
+    size_t i, idx;
+
+    for (i = 0; i < n && fake_find(f, keys[i], 2, &a, &idx); i++)
+        ;
+    m.matched = (uint32_t)i;
+    r.id = req->id;
+    r.result_case = KVNODE__RESPONSE__RESULT_MATCH;
+    r.match = &m;
+    if (n > 0 && keys[0] == KEY_EXTRA_FD) {
+        extra[0] = f->memfd[0];
+        fake_reply(f, &r, extra, 1);
+    } else {
+        fake_reply(f, &r, NULL, 0);
+    }
+}
+
+static void fake_get_begin(struct fake *f, Kvnode__Request *req)
+{
+    Kvnode__Response r = KVNODE__RESPONSE__INIT;
+    Kvnode__GetBeginReply g = KVNODE__GET_BEGIN_REPLY__INIT;
+    Kvnode__Location l[NSLOTS * 2], *lp[NSLOTS * 2];
+    size_t i, n = req->get_begin->n_keys;
+
+    for (i = 0; i < n && i < NSLOTS * 2; i++) {
+        int a;
+        size_t idx;
+
+        if (!fake_find(f, req->get_begin->keys[i], 2, &a, &idx))
+            break;
+        kvnode__location__init(&l[i]);
+        fake_location(f, a, idx, &l[i]);
+        lp[i] = &l[i];
+    }
+    g.lease = i > 0 ? fake_new_get_lease(f) : 0;
+    g.n_locations = i;
+    g.locations = lp;
+    r.id = req->id;
+    r.result_case = KVNODE__RESPONSE__RESULT_GET_BEGIN;
+    r.get_begin = &g;
+    fake_reply(f, &r, NULL, 0);
+}
+
+static void fake_put_begin(struct fake *f, Kvnode__Request *req)
+{
+    Kvnode__Response r = KVNODE__RESPONSE__INIT;
+    Kvnode__PutBeginReply p = KVNODE__PUT_BEGIN_REPLY__INIT;
+    Kvnode__Location l[NSLOTS * 2], *lp[NSLOTS * 2];
+    int tier_a = req->put_begin->tier == KVNODE__TIER__TIER_HBM ? 1 : 0;
+    uint64_t lease = f->next_lease++;
+    size_t i, n = req->put_begin->n_keys, reserved = 0;
+
+    if (n > NSLOTS * 2) {
+        fake_reply_error(f, req->id, -KVNODE_ETOOBIG, "too many keys for the fake");
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        int a;
+        size_t idx;
+        struct slot *s;
+
+        kvnode__location__init(&l[i]);
+        lp[i] = &l[i];
+        if (fake_find(f, req->put_begin->keys[i], 2, &a, &idx))
+            continue;   /* present = false */
+        s = fake_alloc(f, tier_a, &idx);
+        if (!s) {
+            fake_bad(f, "fake arena full");
+            continue;
+        }
+        s->key = req->put_begin->keys[i];
+        s->state = 1;
+        s->lease = lease;
+        fake_location(f, tier_a, idx, &l[i]);
+        reserved++;
+    }
+    p.lease = reserved ? lease : 0;
+    p.n_locations = n;
+    p.locations = lp;
+    r.id = req->id;
+    r.result_case = KVNODE__RESPONSE__RESULT_PUT_BEGIN;
+    r.put_begin = &p;
+    fake_reply(f, &r, NULL, 0);
+}
+
+static void fake_lease_op(struct fake *f, Kvnode__Request *req)
+{
+    Kvnode__Response r = KVNODE__RESPONSE__INIT;
+    Kvnode__LeaseReply lr = KVNODE__LEASE_REPLY__INIT;
+    uint64_t lease = req->get_end->lease;   /* same type in all three ops */
+    uint32_t blocks = 0;
+    int a;
+    size_t i;
+
+    if (lease == 0)
+        fake_bad(f, "client sent a lease op for lease 0");
+    f->last_lease[req->op_case] = lease;
+    if (req->op_case == KVNODE__REQUEST__OP_GET_END) {
+        for (i = 0; i < f->n_get_leases; i++)
+            if (f->get_leases[i] == lease)
+                break;
+        if (i == f->n_get_leases) {
+            fake_reply_error(f, req->id, -KVNODE_ENOLEASE, "unknown lease (test)");
+            return;
+        }
+        f->get_leases[i] = f->get_leases[--f->n_get_leases];
+        blocks = 1;
+    } else {
+        for (a = 0; a < 2; a++)
+            for (i = 0; i < NSLOTS; i++) {
+                struct slot *s = &f->slots[a][i];
+                if (s->state == 1 && s->lease == lease) {
+                    s->state = req->op_case == KVNODE__REQUEST__OP_PUT_COMMIT ? 2 : 0;
+                    blocks++;
+                }
+            }
+        if (blocks == 0) {
+            fake_reply_error(f, req->id, -KVNODE_ENOLEASE, "unknown lease (test)");
+            return;
+        }
+    }
+    lr.blocks = blocks;
+    r.id = req->id;
+    r.result_case = (Kvnode__Response__ResultCase)req->op_case;
+    r.get_end = &lr;
+    fake_reply(f, &r, NULL, 0);
+}
+
+static void fake_get_inline(struct fake *f, Kvnode__Request *req)
+{
+    Kvnode__Response r = KVNODE__RESPONSE__INIT;
+    Kvnode__GetInlineReply g = KVNODE__GET_INLINE_REPLY__INIT;
+    ProtobufCBinaryData b[NSLOTS * 2];
+    size_t i, n = req->get_inline->n_keys;
+
+    for (i = 0; i < n && i < NSLOTS * 2; i++) {
+        int a;
+        size_t idx;
+
+        if (!fake_find(f, req->get_inline->keys[i], 2, &a, &idx))
+            break;
+        b[i].data = f->mem[a] + idx * f->block_bytes;
+        b[i].len = (size_t)f->block_bytes;
+    }
+    if (n > 0 && req->get_inline->keys[0] == KEY_SHORT_BLOB) {
+        b[0].data = f->mem[0];
+        b[0].len = (size_t)f->block_bytes - 1;
+        i = 1;
+    }
+    g.n_blocks = i;
+    g.blocks = b;
+    r.id = req->id;
+    r.result_case = KVNODE__RESPONSE__RESULT_GET_INLINE;
+    r.get_inline = &g;
+    fake_reply(f, &r, NULL, 0);
+}
+
+static void fake_put_inline(struct fake *f, Kvnode__Request *req)
+{
+    Kvnode__Response r = KVNODE__RESPONSE__INIT;
+    Kvnode__PutInlineReply p = KVNODE__PUT_INLINE_REPLY__INIT;
+    const Kvnode__PutInlineRequest *q = req->put_inline;
+    size_t i;
+
+    if (q->n_blocks != q->n_keys) {
+        fake_reply_error(f, req->id, -KVNODE_EINVAL, "blocks != keys");
+        return;
+    }
+    for (i = 0; i < q->n_keys; i++) {
+        int a;
+        size_t idx;
+        struct slot *s;
+
+        if (q->blocks[i].len != f->block_bytes) {
+            fake_bad(f, "put_inline blob of the wrong size");
+            continue;
+        }
+        if (fake_find(f, q->keys[i], 2, &a, &idx)) {
+            p.existing++;
+            continue;
+        }
+        s = fake_alloc(f, 0, &idx);
+        if (!s) {
+            fake_bad(f, "fake arena full");
+            continue;
+        }
+        s->key = q->keys[i];
+        s->state = 2;
+        memcpy(f->mem[0] + idx * f->block_bytes, q->blocks[i].data, q->blocks[i].len);
+        p.stored++;
+    }
+    r.id = req->id;
+    r.result_case = KVNODE__RESPONSE__RESULT_PUT_INLINE;
+    r.put_inline = &p;
+    fake_reply(f, &r, NULL, 0);
+}
+
+static void fake_delete(struct fake *f, Kvnode__Request *req)
+{
+    Kvnode__Response r = KVNODE__RESPONSE__INIT;
+    Kvnode__DeleteReply d = KVNODE__DELETE_REPLY__INIT;
+    size_t i;
+
+    for (i = 0; i < req->delete_->n_keys; i++) {
+        int a;
+        size_t idx;
+        struct slot *s = fake_find(f, req->delete_->keys[i], 2, &a, &idx);
+
+        if (s) {
+            s->state = 0;
+            d.deleted++;
+        }
+    }
+    r.id = req->id;
+    r.result_case = KVNODE__RESPONSE__RESULT_DELETE;
+    r.delete_ = &d;
+    fake_reply(f, &r, NULL, 0);
+}
+
+/* Keys of a request, for the special-key check and the max_keys bookkeeping. */
+static size_t fake_req_keys(Kvnode__Request *req, const int64_t **keys)
+{
+    switch (req->op_case) {
+    case KVNODE__REQUEST__OP_MATCH:      *keys = req->match->keys; return req->match->n_keys;
+    case KVNODE__REQUEST__OP_GET_BEGIN:  *keys = req->get_begin->keys; return req->get_begin->n_keys;
+    case KVNODE__REQUEST__OP_PUT_BEGIN:  *keys = req->put_begin->keys; return req->put_begin->n_keys;
+    case KVNODE__REQUEST__OP_GET_INLINE: *keys = req->get_inline->keys; return req->get_inline->n_keys;
+    case KVNODE__REQUEST__OP_PUT_INLINE: *keys = req->put_inline->keys; return req->put_inline->n_keys;
+    case KVNODE__REQUEST__OP_DELETE:     *keys = req->delete_->keys; return req->delete_->n_keys;
+    default:                             *keys = NULL; return 0;
+    }
+}
+
+/* Handle one request; 1 when the fake should stop answering. */
+static int fake_handle(struct fake *f, Kvnode__Request *req)
+{
+    const int64_t *keys;
+    size_t n = fake_req_keys(req, &keys);
+    int op = (int)req->op_case, sp;
+
+    if (req->id != f->expect_id)
+        fake_bad(f, "request ids are not 1, 2, 3, ...");
+    f->expect_id = req->id + 1;
+    if (op < 0 || op >= 32) {
+        fake_bad(f, "bad op");
+        return 1;
+    }
+    f->ops[op]++;
+    if (n > f->max_keys_in_op[op])
+        f->max_keys_in_op[op] = n;
+    if (op == KVNODE__REQUEST__OP_HELLO) {
+        if (f->hello)
+            fake_bad(f, "second HELLO");
+        else
+            f->hello = req;     /* kept; freed by fake_stop */
+        fake_hello(f, req);
+        return f->hello_mode != HM_OK;
+    }
+    if (!f->hello)
+        fake_bad(f, "first request is not HELLO");
+    if (n > 0 && (sp = fake_special(f, req, keys[0])) >= 0)
+        return sp;
+    if (n > 0 && (keys[0] == KEY_BAD_OFFSET || keys[0] == KEY_BAD_ARENA ||
+                  keys[0] == KEY_UNMAPPED) &&
+        (op == KVNODE__REQUEST__OP_GET_BEGIN || op == KVNODE__REQUEST__OP_PUT_BEGIN)) {
+        fake_bad_location(f, req, keys[0]);
+        return 0;
+    }
+    switch (op) {
+    case KVNODE__REQUEST__OP_MATCH:      fake_match(f, req, keys, n); break;
+    case KVNODE__REQUEST__OP_GET_BEGIN:  fake_get_begin(f, req); break;
+    case KVNODE__REQUEST__OP_PUT_BEGIN:  fake_put_begin(f, req); break;
+    case KVNODE__REQUEST__OP_GET_END:
+    case KVNODE__REQUEST__OP_PUT_COMMIT:
+    case KVNODE__REQUEST__OP_PUT_ABORT:  fake_lease_op(f, req); break;
+    case KVNODE__REQUEST__OP_GET_INLINE: fake_get_inline(f, req); break;
+    case KVNODE__REQUEST__OP_PUT_INLINE: fake_put_inline(f, req); break;
+    case KVNODE__REQUEST__OP_DELETE:     fake_delete(f, req); break;
+    case KVNODE__REQUEST__OP_STATS: {
+        Kvnode__Response r = KVNODE__RESPONSE__INIT;
+        Kvnode__StatsReply s = KVNODE__STATS_REPLY__INIT;
+        s.json = (char *)"{\"fake\":true}";
+        r.id = req->id;
+        r.result_case = KVNODE__RESPONSE__RESULT_STATS;
+        r.stats = &s;
+        fake_reply(f, &r, NULL, 0);
+        break;
+    }
+    case KVNODE__REQUEST__OP_PING: {
+        Kvnode__Response r = KVNODE__RESPONSE__INIT;
+        Kvnode__PingReply p = KVNODE__PING_REPLY__INIT;
+        p.nonce = req->ping->nonce;
+        r.id = req->id;
+        r.result_case = KVNODE__RESPONSE__RESULT_PING;
+        r.ping = &p;
+        fake_reply(f, &r, NULL, 0);
+        break;
+    }
+    default:
+        fake_bad(f, "unexpected op");
+        return 1;
+    }
+    return 0;
+}
+
+static void *fake_main(void *arg)
+{
+    struct fake *f = arg;
+    struct pollfd p = { .fd = f->lfd, .events = POLLIN };
+    int stop = 0;
+
+    if (poll(&p, 1, SERVER_WAIT_MS) <= 0) {
+        fake_bad(f, "no client connected");
+        return NULL;
+    }
+    f->cfd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (f->cfd < 0) {
+        fake_bad(f, "accept failed");
+        return NULL;
+    }
+    for (;;) {
+        uint8_t hdr[WIRE_HEADER_BYTES], *payload;
+        uint32_t len;
+        Kvnode__Request *req;
+
+        if (fake_read_full(f->cfd, hdr, sizeof hdr) < 0)
+            break;      /* EOF: the client closed */
+        if (stop)
+            continue;   /* after a terminal misbehaviour: drain until EOF */
+        if (wire_frame_len(hdr, f->max_frame, &len) < 0) {
+            fake_bad(f, "client frame over max_frame_bytes (or empty)");
+            break;
+        }
+        if (len > f->max_frame_seen)
+            f->max_frame_seen = len;
+        payload = malloc(len);
+        if (!payload || fake_read_full(f->cfd, payload, len) < 0) {
+            free(payload);
+            fake_bad(f, "short request frame");
+            break;
+        }
+        req = wire_unpack_request(payload, len);
+        free(payload);
+        if (!req) {
+            fake_bad(f, "undecodable request");
+            break;
+        }
+        stop = fake_handle(f, req);
+        if (req != f->hello)
+            kvnode__request__free_unpacked(req, NULL);
+    }
+    close(f->cfd);
+    f->cfd = -1;
+    return NULL;
+}
+
+static struct fake *fake_start(int hello_mode, uint64_t block_bytes, uint32_t max_frame,
+                               uint32_t max_keys)
+{
+    struct fake *f = calloc(1, sizeof *f);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    int a;
+
+    ck_assert_ptr_nonnull(f);
+    f->hello_mode = hello_mode;
+    f->block_bytes = block_bytes;
+    f->max_frame = max_frame;
+    f->max_keys = max_keys;
+    f->mem_size = NSLOTS * (size_t)block_bytes;
+    f->next_lease = 1000;
+    f->expect_id = 1;
+    f->cfd = -1;
+    snprintf(f->dir, sizeof f->dir, "/tmp/kvnode-test-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(f->dir));
+    snprintf(f->path, sizeof f->path, "%s/kvnode.sock", f->dir);
+    for (a = 0; a < 2; a++) {
+        f->memfd[a] = memfd_create(a ? "fake-hbm" : "fake-host", MFD_CLOEXEC);
+        ck_assert_int_ge(f->memfd[a], 0);
+        ck_assert_int_eq(ftruncate(f->memfd[a], (off_t)f->mem_size), 0);
+        f->mem[a] = mmap(NULL, f->mem_size, PROT_READ | PROT_WRITE, MAP_SHARED, f->memfd[a], 0);
+        ck_assert(f->mem[a] != MAP_FAILED);
+    }
+    f->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(f->lfd, 0);
+    memcpy(sa.sun_path, f->path, strlen(f->path) + 1);
+    ck_assert_int_eq(bind(f->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(f->lfd, 4), 0);
+    return f;
+}
+
+/* Preloading happens between fake_start and fake_run. */
+static void fake_run(struct fake *f)
+{
+    ck_assert_int_eq(pthread_create(&f->thr, NULL, fake_main, f), 0);
+    f->running = 1;
+}
+
+/* Join the thread (the client must be closed), check the fake saw no
+ * protocol violation, release everything. */
+static void fake_stop(struct fake *f)
+{
+    char bad[256];
+    int a;
+
+    if (f->running)
+        ck_assert_int_eq(pthread_join(f->thr, NULL), 0);
+    memcpy(bad, f->bad, sizeof bad);
+    close(f->lfd);
+    unlink(f->path);
+    rmdir(f->dir);
+    for (a = 0; a < 2; a++) {
+        munmap(f->mem[a], f->mem_size);
+        close(f->memfd[a]);
+    }
+    if (f->hello)
+        kvnode__request__free_unpacked(f->hello, NULL);
+    free(f);
+    ck_assert_msg(bad[0] == 0, "fake daemon saw: %s", bad);
+}
+
+/* --- client helpers --------------------------------------------------------------- */
+
+#define BB 4096u                    /* default block_bytes */
+#define MAXF (256u * 1024u)         /* default max_frame_bytes */
+
+static const kvnode_layout test_layout = {
+    .model = "qwen2-7b", .dtype = "bf16", .block_tokens = 16, .block_bytes = BB,
+    .num_layers = 28, .kv_heads = 4, .head_dim = 128, .tp_size = 2, .tp_rank = 1,
+    .extra = NULL,
+};
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+
+    ck_assert_ptr_nonnull(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+static kvnode_client *connect_ok(struct fake *f, const kvnode_layout *layout)
+{
+    kvnode_client *c = NULL;
+    int rc = kvnode_connect(f->path, layout, &c);
+
+    ck_assert_msg(rc == 0, "connect: %s (%s)", kvnode_strerror(rc), kvnode_connect_error());
+    ck_assert_ptr_nonnull(c);
+    ck_assert_str_eq(kvnode_last_error(c), "");
+    return c;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* --- tests -------------------------------------------------------------------------- */
+
+START_TEST(test_hello_fields_and_basic_calls)
+{
+    int fds0 = count_fds();
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    char *json = NULL;
+    const Kvnode__HelloRequest *h;
+
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_uint_eq(kvnode_block_bytes(c), BB);
+    ck_assert_int_eq(kvnode_ping(c), 0);
+    ck_assert_int_eq(kvnode_stats_json(c, &json), 0);
+    ck_assert_str_eq(json, "{\"fake\":true}");
+    free(json);
+    ck_assert_int_eq(kvnode_ping(c), 0);
+    kvnode_close(c);
+
+    ck_assert_ptr_nonnull(f->hello);
+    h = f->hello->hello;
+    ck_assert_uint_eq(h->min_version, 1);
+    ck_assert_uint_eq(h->max_version, 1);
+    ck_assert_int_eq(h->cuda_device, -1);
+    ck_assert_str_eq(h->client_name, program_invocation_short_name);
+    ck_assert_ptr_nonnull(h->layout);
+    ck_assert_str_eq(h->layout->model, "qwen2-7b");
+    ck_assert_str_eq(h->layout->dtype, "bf16");
+    ck_assert_str_eq(h->layout->extra, "");
+    ck_assert_uint_eq(h->layout->block_tokens, 16);
+    ck_assert_uint_eq(h->layout->block_bytes, BB);
+    ck_assert_uint_eq(h->layout->num_layers, 28);
+    ck_assert_uint_eq(h->layout->kv_heads, 4);
+    ck_assert_uint_eq(h->layout->head_dim, 128);
+    ck_assert_uint_eq(h->layout->tp_size, 2);
+    ck_assert_uint_eq(h->layout->tp_rank, 1);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_PING], 2);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_STATS], 1);
+    ck_assert_uint_eq(f->expect_id, 5);     /* ids 1..4 seen in order */
+    fake_stop(f);
+    ck_assert_int_eq(count_fds(), fds0);    /* arena fds closed after mmap */
+}
+END_TEST
+
+START_TEST(test_observer_client)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[1] = {100};
+    kvnode_lease lease = 1;
+    kvnode_loc loc[1];
+    size_t got = 9, m = 9;
+    char *json = NULL;
+    uint8_t buf[BB];
+    void *dst[1] = {buf};
+    const void *src[1] = {buf};
+
+    fake_run(f);
+    c = connect_ok(f, NULL);
+    ck_assert_uint_eq(kvnode_block_bytes(c), 0);
+    ck_assert_int_eq(kvnode_match(c, k, 1, &m), -KVNODE_ESTATE);
+    ck_assert_ptr_nonnull(strstr(kvnode_last_error(c), "observer"));
+    ck_assert_int_eq(kvnode_get_begin(c, k, 1, &lease, loc, &got), -KVNODE_ESTATE);
+    ck_assert(lease == 0 && got == 0);
+    ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HOST, &lease, loc), -KVNODE_ESTATE);
+    ck_assert_int_eq(kvnode_get_end(c, 5), -KVNODE_ESTATE);
+    ck_assert_int_eq(kvnode_put_commit(c, 5), -KVNODE_ESTATE);
+    ck_assert_int_eq(kvnode_put_abort(c, 5), -KVNODE_ESTATE);
+    ck_assert_int_eq(kvnode_get(c, k, 1, dst, &got), -KVNODE_ESTATE);
+    ck_assert_int_eq(kvnode_put(c, k, 1, src), -KVNODE_ESTATE);
+    ck_assert_int_eq(kvnode_get_inline(c, k, 1, dst, &got), -KVNODE_ESTATE);
+    ck_assert_int_eq(kvnode_put_inline(c, k, 1, src), -KVNODE_ESTATE);
+    ck_assert_int_eq(kvnode_delete(c, k, 1, &got), -KVNODE_ESTATE);
+    ck_assert_int_eq(kvnode_get_end(c, 0), 0);
+    ck_assert_int_eq(kvnode_stats_json(c, &json), 0);
+    free(json);
+    ck_assert_int_eq(kvnode_ping(c), 0);
+    kvnode_close(c);
+    ck_assert(!f->hello_has_layout);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_MATCH], 0);   /* refused locally */
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(test_get_begin_points_into_shared_arenas)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[5] = {100, 101, 200, 102, 103};
+    kvnode_loc loc[5];
+    kvnode_lease lease = 0;
+    size_t got = 0, m = 0, i;
+    uint64_t l;
+
+    fake_preload(f, 0, 999);        /* occupy slot 0 so offsets are not all 0 */
+    fake_preload(f, 0, 100);
+    fake_preload(f, 0, 101);
+    fake_preload(f, 1, 200);        /* hbm arena */
+    fake_preload(f, 0, 103);        /* after the gap: not part of the prefix */
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_int_eq(kvnode_match(c, k, 5, &m), 0);
+    ck_assert_uint_eq(m, 3);
+    ck_assert_int_eq(kvnode_get_begin(c, k, 5, &lease, loc, &got), 0);
+    ck_assert_uint_eq(got, 3);
+    ck_assert(lease != 0);
+    for (i = 0; i < 3; i++) {
+        ck_assert_ptr_nonnull(loc[i].ptr);
+        ck_assert_msg(check_pattern(loc[i].ptr, BB, k[i]), "block %zu bytes differ", i);
+    }
+    ck_assert_int_eq(loc[0].tier, KVNODE_TIER_HOST);
+    ck_assert_int_eq(loc[0].device, -1);
+    ck_assert_int_eq(loc[2].tier, KVNODE_TIER_HBM);
+    ck_assert_int_eq(loc[2].device, 0);
+    /* Not a copy: a daemon-side write shows through the client's pointer. */
+    ck_assert(loc[0].ptr != (void *)(f->mem[0] + BB));
+    f->mem[0][BB] ^= 0xff;
+    ck_assert_uint_eq(((uint8_t *)loc[0].ptr)[0], f->mem[0][BB]);
+    f->mem[0][BB] ^= 0xff;
+    l = lease;
+    ck_assert_int_eq(kvnode_get_end(c, lease), 0);
+    ck_assert_int_eq(kvnode_get_end(c, 0), 0);      /* no round trip */
+    /* nothing cached: lease 0, got 0 */
+    k[0] = 555;
+    ck_assert_int_eq(kvnode_get_begin(c, k, 1, &lease, loc, &got), 0);
+    ck_assert(lease == 0 && got == 0);
+    kvnode_close(c);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_GET_END], 1);
+    ck_assert(f->last_lease[KVNODE__REQUEST__OP_GET_END] == l);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(test_put_begin_writes_reach_daemon)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[3] = {100, 300, 301}, kh[1] = {400}, ka[1] = {500};
+    kvnode_loc loc[3];
+    kvnode_lease lease = 0;
+    size_t i, m, got;
+    int a;
+    unsigned commits;
+
+    fake_preload(f, 0, 100);
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_int_eq(kvnode_put_begin(c, k, 3, KVNODE_TIER_HOST, &lease, loc), 0);
+    ck_assert(lease != 0);
+    ck_assert_ptr_null(loc[0].ptr);             /* already stored */
+    for (i = 1; i < 3; i++) {
+        ck_assert_ptr_nonnull(loc[i].ptr);
+        ck_assert_int_eq(loc[i].tier, KVNODE_TIER_HOST);
+        fill_pattern(loc[i].ptr, BB, k[i]);
+    }
+    ck_assert_int_eq(kvnode_put_commit(c, lease), 0);
+    /* The bytes written through the client's mapping are in the daemon's. */
+    for (i = 1; i < 3; i++) {
+        size_t idx;
+        ck_assert_ptr_nonnull(fake_find(f, k[i], 2, &a, &idx));
+        ck_assert(check_pattern(f->mem[a] + idx * BB, BB, k[i]));
+    }
+    ck_assert_int_eq(kvnode_match(c, k, 3, &m), 0);
+    ck_assert_uint_eq(m, 3);
+
+    /* hbm tier request */
+    ck_assert_int_eq(kvnode_put_begin(c, kh, 1, KVNODE_TIER_HBM, &lease, loc), 0);
+    ck_assert_int_eq(loc[0].tier, KVNODE_TIER_HBM);
+    ck_assert_int_eq(loc[0].device, 0);
+    fill_pattern(loc[0].ptr, BB, kh[0]);
+    ck_assert_int_eq(kvnode_put_commit(c, lease), 0);
+    ck_assert_int_eq(kvnode_get_begin(c, kh, 1, &lease, loc, &got), 0);
+    ck_assert_uint_eq(got, 1);
+    ck_assert(check_pattern(loc[0].ptr, BB, kh[0]));
+    ck_assert_int_eq(kvnode_get_end(c, lease), 0);
+
+    /* abort frees the reservation */
+    ck_assert_int_eq(kvnode_put_begin(c, ka, 1, KVNODE_TIER_HOST, &lease, loc), 0);
+    ck_assert_int_eq(kvnode_put_abort(c, lease), 0);
+    ck_assert_int_eq(kvnode_match(c, ka, 1, &m), 0);
+    ck_assert_uint_eq(m, 0);
+
+    /* all present: lease 0, every ptr NULL, committing lease 0 is local */
+    commits = f->ops[KVNODE__REQUEST__OP_PUT_COMMIT];
+    ck_assert_int_eq(kvnode_put_begin(c, k, 3, KVNODE_TIER_HOST, &lease, loc), 0);
+    ck_assert(lease == 0);
+    for (i = 0; i < 3; i++)
+        ck_assert_ptr_null(loc[i].ptr);
+    ck_assert_int_eq(kvnode_put_commit(c, lease), 0);
+    ck_assert_int_eq(kvnode_put_abort(c, lease), 0);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_PUT_COMMIT], commits);
+    kvnode_close(c);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_PUT_ABORT], 1);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(test_copying_get_put_split_by_max_keys)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 4);
+    kvnode_client *c;
+    kvnode_key k[12];
+    uint8_t *src_buf = malloc(12 * BB), *dst_buf = calloc(12, BB);
+    const void *src[12];
+    void *dst[12];
+    size_t i, got = 0, m, del;
+
+    ck_assert_ptr_nonnull(src_buf);
+    ck_assert_ptr_nonnull(dst_buf);
+    for (i = 0; i < 12; i++) {
+        k[i] = 7000 + (int64_t)i;
+        fill_pattern(src_buf + i * BB, BB, k[i]);
+        src[i] = src_buf + i * BB;
+        dst[i] = dst_buf + i * BB;
+    }
+    fake_preload(f, 0, k[3]);       /* one already stored: its slot is skipped */
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+
+    /* zero-copy calls refuse more than max_keys */
+    ck_assert_int_eq(kvnode_match(c, k, 5, &m), -KVNODE_ETOOBIG);
+    ck_assert_ptr_nonnull(strstr(kvnode_last_error(c), "max_keys"));
+    ck_assert_int_eq(kvnode_delete(c, k, 5, &del), -KVNODE_ETOOBIG);
+
+    ck_assert_int_eq(kvnode_put(c, k, 10, src), 0);            /* chunks 4, 4, 2 */
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_PUT_BEGIN], 3);
+    ck_assert_uint_eq(f->max_keys_in_op[KVNODE__REQUEST__OP_PUT_BEGIN], 4);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_PUT_COMMIT], 3);
+
+    ck_assert_int_eq(kvnode_get(c, k, 12, dst, &got), 0);      /* 4, 4, then 2 of 4: stop */
+    ck_assert_uint_eq(got, 10);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_GET_BEGIN], 3);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_GET_END], 3);
+    for (i = 0; i < 10; i++)
+        ck_assert_msg(check_pattern(dst[i], BB, k[i]), "block %zu", i);
+    for (i = 10; i < 12; i++)
+        ck_assert_uint_eq(((uint8_t *)dst[i])[0], 0);
+
+    /* a short first chunk stops the get at once */
+    k[1] = 99999;
+    ck_assert_int_eq(kvnode_get(c, k, 12, dst, &got), 0);
+    ck_assert_uint_eq(got, 1);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_GET_BEGIN], 4);
+    kvnode_close(c);
+    fake_stop(f);
+    free(src_buf);
+    free(dst_buf);
+}
+END_TEST
+
+START_TEST(test_inline_split_by_frame_size)
+{
+    /* 16 KiB frames, 1 KiB blocks: at most 15 blocks per request. */
+    const uint32_t maxf = 16384, bb = 1024;
+    struct fake *f = fake_start(HM_OK, bb, maxf, 1000);
+    kvnode_layout lay = test_layout;
+    kvnode_client *c;
+    enum { N = 45 };
+    kvnode_key k[N];
+    uint8_t *src_buf = malloc(N * bb), *dst_buf = calloc(N, bb);
+    const void *src[N];
+    void *dst[N];
+    size_t i, got = 0;
+    unsigned puts;
+
+    ck_assert_ptr_nonnull(src_buf);
+    ck_assert_ptr_nonnull(dst_buf);
+    lay.block_bytes = bb;
+    for (i = 0; i < N; i++) {
+        k[i] = 8000 + (int64_t)i;
+        fill_pattern(src_buf + i * bb, bb, k[i]);
+        src[i] = src_buf + i * bb;
+        dst[i] = dst_buf + i * bb;
+    }
+    fake_run(f);
+    c = connect_ok(f, &lay);
+    ck_assert_int_eq(kvnode_put_inline(c, k, 40, src), 0);
+    puts = f->ops[KVNODE__REQUEST__OP_PUT_INLINE];
+    ck_assert_uint_ge(puts, 3);             /* 40 blocks of 1 KiB need >= 3 frames */
+    ck_assert_uint_le(f->max_frame_seen, maxf);
+    ck_assert_int_eq(kvnode_get_inline(c, k, N, dst, &got), 0);
+    ck_assert_uint_eq(got, 40);
+    for (i = 0; i < 40; i++)
+        ck_assert_msg(check_pattern(dst[i], bb, k[i]), "block %zu", i);
+    ck_assert_uint_eq(((uint8_t *)dst[40])[0], 0);
+    /* the get stops at the first short chunk, never asking past it */
+    ck_assert_uint_ge(f->ops[KVNODE__REQUEST__OP_GET_INLINE], 3);
+    ck_assert_uint_le(f->max_keys_in_op[KVNODE__REQUEST__OP_GET_INLINE], 15);
+    /* wrong blob size -> EPROTO, client still usable */
+    k[0] = KEY_SHORT_BLOB;
+    ck_assert_int_eq(kvnode_get_inline(c, k, 1, dst, &got), -KVNODE_EPROTO);
+    ck_assert_uint_eq(got, 0);
+    ck_assert_int_eq(kvnode_ping(c), 0);
+    kvnode_close(c);
+    fake_stop(f);
+    free(src_buf);
+    free(dst_buf);
+}
+END_TEST
+
+START_TEST(test_error_reply_surfaces_message)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[1] = {KEY_ERR};
+    kvnode_loc loc[1];
+    kvnode_lease lease = 7;
+
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HOST, &lease, loc), -KVNODE_ENOSPC);
+    ck_assert(lease == 0);
+    ck_assert_str_eq(kvnode_last_error(c), "host tier full (test)");
+    ck_assert_int_eq(kvnode_get_end(c, 12345), -KVNODE_ENOLEASE);
+    ck_assert_str_eq(kvnode_last_error(c), "unknown lease (test)");
+    ck_assert_int_eq(kvnode_ping(c), 0);        /* still usable */
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(test_timeout_then_closed)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[1] = {KEY_SILENT};
+    size_t m;
+    int64_t t0, dt;
+
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    kvnode_set_timeout(c, 200);
+    kvnode_set_timeout(c, 0);                   /* ignored */
+    t0 = now_ms();
+    ck_assert_int_eq(kvnode_match(c, k, 1, &m), -KVNODE_ETIMEDOUT);
+    dt = now_ms() - t0;
+    ck_assert_int_ge(dt, 150);
+    ck_assert_int_lt(dt, 5000);
+    ck_assert_ptr_nonnull(strstr(kvnode_last_error(c), "timed out"));
+    /* a late reply could desync the stream: the client is done */
+    ck_assert_int_eq(kvnode_ping(c), -KVNODE_ECLOSED);
+    ck_assert_ptr_nonnull(strstr(kvnode_last_error(c), "timed out"));
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(test_env_socket_and_timeout)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c = NULL;
+    kvnode_key k[1] = {KEY_SILENT};
+    size_t m;
+    int64_t t0;
+
+    fake_run(f);
+    ck_assert_int_eq(setenv("KVNODE_SOCKET", f->path, 1), 0);
+    ck_assert_int_eq(setenv("KVNODE_TIMEOUT_MS", "150", 1), 0);
+    ck_assert_int_eq(kvnode_connect(NULL, &test_layout, &c), 0);
+    unsetenv("KVNODE_SOCKET");
+    unsetenv("KVNODE_TIMEOUT_MS");
+    t0 = now_ms();
+    ck_assert_int_eq(kvnode_match(c, k, 1, &m), -KVNODE_ETIMEDOUT);
+    ck_assert_int_lt(now_ms() - t0, 5000);      /* not the 10 s default */
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+/* Loop over the reply faults that leave the stream unusable. */
+static const struct {
+    int64_t key;
+    int rc;
+    const char *msg;                /* expected in kvnode_last_error */
+} fatal_cases[] = {
+    {KEY_HANGUP, -KVNODE_ECLOSED, "closed"},
+    {KEY_OVERSIZE, -KVNODE_EPROTO, "exceeds"},
+    {KEY_WRONG_ID, -KVNODE_EPROTO, "id"},
+    {KEY_GARBAGE, -KVNODE_EPROTO, "undecodable"},
+};
+
+START_TEST(test_fatal_reply_faults)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[1] = {fatal_cases[_i].key};
+    size_t m = 5;
+    int64_t t0;
+
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    t0 = now_ms();
+    ck_assert_int_eq(kvnode_match(c, k, 1, &m), fatal_cases[_i].rc);
+    /* Answered at once: the oversized header was refused without waiting
+     * for (or allocating) its payload. */
+    ck_assert_int_lt(now_ms() - t0, 5000);
+    ck_assert_uint_eq(m, 0);
+    ck_assert_ptr_nonnull(strstr(kvnode_last_error(c), fatal_cases[_i].msg));
+    ck_assert_int_eq(kvnode_ping(c), -KVNODE_ECLOSED);
+    ck_assert_ptr_nonnull(strstr(kvnode_last_error(c), "unusable"));
+    ck_assert_int_eq(kvnode_match(c, k, 1, &m), -KVNODE_ECLOSED);
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(test_bad_locations_release_lease)
+{
+    static const int64_t bad[3] = {KEY_BAD_OFFSET, KEY_BAD_ARENA, KEY_UNMAPPED};
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_loc loc[1];
+    kvnode_lease lease;
+    size_t got;
+    int i;
+
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    for (i = 0; i < 3; i++) {
+        kvnode_key k[1] = {bad[i]};
+
+        lease = 1;
+        got = 1;
+        ck_assert_int_eq(kvnode_get_begin(c, k, 1, &lease, loc, &got), -KVNODE_EPROTO);
+        ck_assert(lease == 0 && got == 0);
+        ck_assert_ptr_nonnull(strstr(kvnode_last_error(c), "arena"));
+        ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_GET_END], (unsigned)i + 1);
+        ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HOST, &lease, loc),
+                         -KVNODE_EPROTO);
+        ck_assert(lease == 0);
+        ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_PUT_ABORT], (unsigned)i + 1);
+    }
+    ck_assert_int_eq(kvnode_ping(c), 0);        /* a bad message does not kill the stream */
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(test_wrong_result_type)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[1] = {KEY_WRONG_RESULT};
+    size_t m;
+
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_int_eq(kvnode_match(c, k, 1, &m), -KVNODE_EPROTO);
+    ck_assert_ptr_nonnull(strstr(kvnode_last_error(c), "protocol"));
+    ck_assert_int_eq(kvnode_ping(c), 0);
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(test_unexpected_fd_is_closed)
+{
+    int fds0 = count_fds();
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[1] = {KEY_EXTRA_FD};
+    size_t m = 9;
+    int i;
+
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    for (i = 0; i < 5; i++) {
+        ck_assert_int_eq(kvnode_match(c, k, 1, &m), 0);
+        ck_assert_uint_eq(m, 0);
+    }
+    kvnode_close(c);
+    fake_stop(f);
+    ck_assert_int_eq(count_fds(), fds0);
+}
+END_TEST
+
+START_TEST(test_delete)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[3] = {100, 101, 999};
+    size_t del = 9, m = 9;
+
+    fake_preload(f, 0, 100);
+    fake_preload(f, 0, 101);
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_int_eq(kvnode_delete(c, k, 3, &del), 0);
+    ck_assert_uint_eq(del, 2);
+    ck_assert_int_eq(kvnode_match(c, k, 3, &m), 0);
+    ck_assert_uint_eq(m, 0);
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(test_argument_checks)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[2] = {1, 2};
+    kvnode_loc loc[2];
+    kvnode_lease lease = 5;
+    size_t n = 5;
+    uint8_t buf[BB];
+    void *dst[2] = {buf, NULL};
+    const void *src[2] = {buf, NULL};
+    char **nojson = NULL;
+    unsigned i, total = 0;
+
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    /* n == 0: valid, answered locally */
+    ck_assert_int_eq(kvnode_match(c, NULL, 0, &n), 0);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_int_eq(kvnode_get_begin(c, NULL, 0, &lease, NULL, &n), 0);
+    ck_assert(lease == 0 && n == 0);
+    lease = 5;
+    ck_assert_int_eq(kvnode_put_begin(c, NULL, 0, KVNODE_TIER_HOST, &lease, NULL), 0);
+    ck_assert(lease == 0);
+    ck_assert_int_eq(kvnode_get(c, NULL, 0, NULL, &n), 0);
+    ck_assert_int_eq(kvnode_put(c, NULL, 0, NULL), 0);
+    ck_assert_int_eq(kvnode_get_inline(c, NULL, 0, NULL, &n), 0);
+    ck_assert_int_eq(kvnode_put_inline(c, NULL, 0, NULL), 0);
+    ck_assert_int_eq(kvnode_delete(c, NULL, 0, &n), 0);
+    /* NULL arrays with n > 0 */
+    ck_assert_int_eq(kvnode_match(c, NULL, 1, &n), -KVNODE_EINVAL);
+    ck_assert_str_ne(kvnode_last_error(c), "");
+    ck_assert_int_eq(kvnode_match(c, k, 1, NULL), -KVNODE_EINVAL);
+    ck_assert_int_eq(kvnode_get_begin(c, k, 1, &lease, NULL, &n), -KVNODE_EINVAL);
+    ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HOST, &lease, NULL), -KVNODE_EINVAL);
+    ck_assert_int_eq(kvnode_put_begin(c, k, 1, 7, &lease, loc), -KVNODE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvnode_last_error(c), "tier"));
+    ck_assert_int_eq(kvnode_get(c, k, 2, dst, &n), -KVNODE_EINVAL);     /* dst[1] NULL */
+    ck_assert_int_eq(kvnode_put(c, k, 2, src), -KVNODE_EINVAL);
+    ck_assert_int_eq(kvnode_get_inline(c, k, 1, NULL, &n), -KVNODE_EINVAL);
+    ck_assert_int_eq(kvnode_put_inline(c, NULL, 1, src), -KVNODE_EINVAL);
+    ck_assert_int_eq(kvnode_delete(c, NULL, 1, &n), -KVNODE_EINVAL);
+    ck_assert_int_eq(kvnode_stats_json(c, nojson), -KVNODE_EINVAL);
+    ck_assert_int_eq(kvnode_match(NULL, k, 1, &n), -KVNODE_EINVAL);
+    ck_assert_int_eq(kvnode_ping(NULL), -KVNODE_EINVAL);
+    ck_assert_int_eq(kvnode_get_end(NULL, 1), -KVNODE_EINVAL);
+    kvnode_set_timeout(NULL, 5);
+    ck_assert_uint_eq(kvnode_block_bytes(NULL), 0);
+    kvnode_close(NULL);
+    ck_assert_int_eq(kvnode_ping(c), 0);
+    kvnode_close(c);
+    for (i = 0; i < 32; i++)
+        if (i != KVNODE__REQUEST__OP_HELLO && i != KVNODE__REQUEST__OP_PING)
+            total += f->ops[i];
+    ck_assert_uint_eq(total, 0);    /* none of the above reached the daemon */
+    fake_stop(f);
+}
+END_TEST
+
+/* A request over the daemon's max_frame_bytes is refused before sending and
+ * leaves the client usable; an inline block that cannot fit is ETOOBIG. */
+START_TEST(test_request_over_frame_limit)
+{
+    struct fake *f = fake_start(HM_OK, BB, 1024, 1000);
+    kvnode_client *c;
+    kvnode_key k[200];
+    uint8_t buf[BB];
+    const void *src[1] = {buf};
+    void *dst[1] = {buf};
+    size_t i, m = 7, got = 7;
+
+    for (i = 0; i < 200; i++)
+        k[i] = INT64_MIN + (int64_t)i;     /* 10-byte varints: 2000 bytes */
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_int_eq(kvnode_match(c, k, 200, &m), -KVNODE_ETOOBIG);
+    ck_assert_uint_eq(m, 0);
+    ck_assert_ptr_nonnull(strstr(kvnode_last_error(c), "frame limit"));
+    ck_assert_int_eq(kvnode_put_inline(c, k, 1, src), -KVNODE_ETOOBIG);
+    ck_assert_int_eq(kvnode_get_inline(c, k, 1, dst, &got), -KVNODE_ETOOBIG);
+    ck_assert_uint_eq(got, 0);
+    ck_assert_int_eq(kvnode_match(c, k, 10, &m), 0);       /* fits: fine */
+    ck_assert_int_eq(kvnode_ping(c), 0);
+    kvnode_close(c);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_MATCH], 1);
+    fake_stop(f);       /* also checks the ids it saw stayed 1, 2, 3, ... */
+}
+END_TEST
+
+static const struct {
+    int mode;
+    int rc;
+    const char *msg;
+} hello_cases[] = {
+    {HM_ERROR, -KVNODE_ELAYOUT, "layout conflicts: test"},
+    {HM_REFUSE, -KVNODE_ELIMIT, "too many clients (test)"},
+    {HM_OVERSIZE, -KVNODE_EPROTO, "exceeds"},
+    {HM_FD_MISMATCH, -KVNODE_EPROTO, "fd"},
+    {HM_BAD_BLOCK_BYTES, -KVNODE_EPROTO, "block_bytes"},
+    {HM_BAD_VERSION, -KVNODE_EPROTO, "version"},
+    {HM_SHORT_FILE, -KVNODE_EPROTO, "arena 1"},
+};
+
+START_TEST(test_hello_failures)
+{
+    int fds0 = count_fds();
+    struct fake *f = fake_start(hello_cases[_i].mode, BB, MAXF, 64);
+    kvnode_client *c = (kvnode_client *)&fds0;   /* must become NULL */
+    int rc;
+
+    fake_run(f);
+    rc = kvnode_connect(f->path, &test_layout, &c);
+    ck_assert_int_eq(rc, hello_cases[_i].rc);
+    ck_assert_ptr_null(c);
+    ck_assert_msg(strstr(kvnode_connect_error(), hello_cases[_i].msg) != NULL,
+                  "connect error '%s' lacks '%s'", kvnode_connect_error(), hello_cases[_i].msg);
+    ck_assert_str_eq(kvnode_last_error(NULL), kvnode_connect_error());
+    fake_stop(f);
+    ck_assert_int_eq(count_fds(), fds0);        /* passed fds closed, mappings gone */
+}
+END_TEST
+
+START_TEST(test_connect_errors)
+{
+    kvnode_client *c = NULL;
+    kvnode_layout lay = test_layout;
+    char longpath[200];
+
+    ck_assert_int_eq(kvnode_connect("/nonexistent-kvnode/x.sock", &test_layout, &c),
+                     -KVNODE_ECONNECT);
+    ck_assert_ptr_null(c);
+    ck_assert_str_eq(kvnode_connect_error(),
+                     "connect /nonexistent-kvnode/x.sock: No such file or directory");
+    lay.model = NULL;
+    ck_assert_int_eq(kvnode_connect("/nonexistent-kvnode/x.sock", &lay, &c), -KVNODE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvnode_connect_error(), "model"));
+    lay.model = "m";
+    lay.dtype = NULL;
+    ck_assert_int_eq(kvnode_connect("/nonexistent-kvnode/x.sock", &lay, &c), -KVNODE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvnode_connect_error(), "dtype"));
+    ck_assert_int_eq(kvnode_connect("/x", &test_layout, NULL), -KVNODE_EINVAL);
+    memset(longpath, 'a', sizeof longpath - 1);
+    longpath[0] = '/';
+    longpath[sizeof longpath - 1] = 0;
+    ck_assert_int_eq(kvnode_connect(longpath, &test_layout, &c), -KVNODE_ECONNECT);
+    ck_assert_ptr_nonnull(strstr(kvnode_connect_error(), "too long"));
+    ck_assert_ptr_null(c);
+}
+END_TEST
+
+static Suite *client_suite(void)
+{
+    Suite *s = suite_create("client_proto");
+    TCase *tc = tcase_create("calls");
+
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_hello_fields_and_basic_calls);
+    tcase_add_test(tc, test_observer_client);
+    tcase_add_test(tc, test_get_begin_points_into_shared_arenas);
+    tcase_add_test(tc, test_put_begin_writes_reach_daemon);
+    tcase_add_test(tc, test_copying_get_put_split_by_max_keys);
+    tcase_add_test(tc, test_inline_split_by_frame_size);
+    tcase_add_test(tc, test_delete);
+    tcase_add_test(tc, test_argument_checks);
+    tcase_add_test(tc, test_request_over_frame_limit);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("faults");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_error_reply_surfaces_message);
+    tcase_add_test(tc, test_timeout_then_closed);
+    tcase_add_test(tc, test_env_socket_and_timeout);
+    tcase_add_loop_test(tc, test_fatal_reply_faults, 0,
+                        (int)(sizeof fatal_cases / sizeof fatal_cases[0]));
+    tcase_add_test(tc, test_bad_locations_release_lease);
+    tcase_add_test(tc, test_wrong_result_type);
+    tcase_add_test(tc, test_unexpected_fd_is_closed);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("connect");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, test_hello_failures, 0,
+                        (int)(sizeof hello_cases / sizeof hello_cases[0]));
+    tcase_add_test(tc, test_connect_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(client_suite());
+    int failed;
+
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
