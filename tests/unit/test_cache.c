@@ -1,0 +1,416 @@
+/* Unit tests of the cache semantics: prefix match, two-phase put, pins,
+ * eviction order (leaf first, never pinned), watermarks, the reaper and lease
+ * ownership. Runs the cache on a private libevent loop, no sockets. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/event.h>
+
+#include "cache.h"
+#include "config.h"
+#include "kvnode.h"
+#include "log.h"
+
+#define BLOCK (64u * 1024u)
+
+static struct event_base *base;
+static struct cache *cache;
+static struct kvn_config cfg;
+static kv_namespace *ns;
+static struct lease_list owner, other;
+
+static void setup_with(uint64_t host_bytes, double high, double low)
+{
+    char err[512];
+    struct ns_layout l = { .model = "m", .dtype = "bf16", .block_tokens = 16,
+                           .block_bytes = BLOCK, .num_layers = 2, .kv_heads = 2,
+                           .head_dim = 64, .tp_size = 1, .tp_rank = 0 };
+
+    log_set_level(LOG_LEVEL_ERROR);
+    config_defaults(&cfg);
+    cfg.host_bytes = host_bytes;
+    cfg.slab_bytes = 1u << 20;   /* 16 blocks per slab */
+    cfg.high_watermark = high;
+    cfg.low_watermark = low;
+    cfg.pin_host = CONFIG_PIN_OFF;
+    cfg.read_lease_ttl_ms = 20;
+    cfg.write_lease_ttl_ms = 20;
+    cfg.reaper_interval_ms = 10;
+    base = event_base_new();
+    ck_assert_ptr_nonnull(base);
+    ck_assert_int_eq(cache_create(base, &cfg, &cache, err, sizeof err), 0);
+    ck_assert_int_eq(cache_bind(cache, &l, &ns, err, sizeof err), 0);
+    memset(&owner, 0, sizeof owner);
+    memset(&other, 0, sizeof other);
+}
+
+static void setup(void) { setup_with(8u << 20, 1.0, 0.9); }
+
+static void teardown(void)
+{
+    cache_release_owner(cache, &owner);
+    cache_release_owner(cache, &other);
+    cache_destroy(cache);
+    event_base_free(base);
+}
+
+static json_int_t stat_int(const char *section, const char *sub, const char *key)
+{
+    json_t *root = json_object(), *v;
+    json_int_t out;
+    cache_stats_json(cache, root);
+    v = json_object_get(root, section);
+    if (sub)
+        v = json_object_get(v, sub);
+    v = json_object_get(v, key);
+    ck_assert_msg(json_is_integer(v), "stat %s.%s.%s missing", section, sub ? sub : "", key);
+    out = json_integer_value(v);
+    json_decref(root);
+    return out;
+}
+
+static uint8_t *slot(const struct cache_loc *l)
+{
+    return (uint8_t *)cache_arena_base(cache, l->arena) + l->offset;
+}
+
+static void fill(uint8_t *p, int64_t key)
+{
+    for (size_t i = 0; i < BLOCK; i += 8) {
+        uint64_t v = (uint64_t)key * 0x9e3779b97f4a7c15u + i;
+        memcpy(p + i, &v, 8);
+    }
+}
+
+static int check(const uint8_t *p, int64_t key)
+{
+    for (size_t i = 0; i < BLOCK; i += 8) {
+        uint64_t v = (uint64_t)key * 0x9e3779b97f4a7c15u + i, got;
+        memcpy(&got, p + i, 8);
+        if (got != v)
+            return 0;
+    }
+    return 1;
+}
+
+/* Put a whole chain (written and committed). Returns the put_begin rc. */
+static int put_chain(const int64_t *keys, size_t n)
+{
+    struct cache_loc locs[256];
+    uint64_t lid;
+    uint32_t blocks;
+    char err[512];
+    int rc = cache_put_begin(cache, ns, &owner, keys, n, KVNODE_TIER_HOST, &lid, locs, err, sizeof err);
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; i < n; i++)
+        if (locs[i].present)
+            fill(slot(&locs[i]), keys[i]);
+    if (lid)
+        ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_WRITE, true, &blocks, err, sizeof err), 0);
+    return 0;
+}
+
+static void chain(int64_t *keys, size_t n, int64_t base_key)
+{
+    for (size_t i = 0; i < n; i++)
+        keys[i] = base_key + (int64_t)i;
+}
+
+START_TEST(test_prefix_match_and_delete)
+{
+    int64_t k[10];
+    uint32_t deleted;
+    chain(k, 10, -100);
+    ck_assert_int_eq(put_chain(k, 5), 0);
+    ck_assert_uint_eq(cache_match(cache, ns, k, 10), 5);
+    ck_assert_uint_eq(ns->blocks, 5);
+    ck_assert_uint_eq(ns->bytes, 5u * BLOCK);
+    ck_assert_int_eq(cache_delete(cache, ns, &k[2], 1, &deleted), 0);
+    ck_assert_uint_eq(deleted, 1);
+    ck_assert_uint_eq(cache_match(cache, ns, k, 10), 2);
+    ck_assert_int_eq(cache_delete(cache, ns, &k[2], 1, &deleted), 0);
+    ck_assert_uint_eq(deleted, 0);
+    ck_assert_uint_eq(ns->blocks, 4);
+}
+END_TEST
+
+START_TEST(test_put_begin_present_abort)
+{
+    int64_t k[4] = { 1, 2, 2, 3 };
+    struct cache_loc locs[4];
+    uint64_t lid;
+    uint32_t blocks;
+    char err[512];
+
+    ck_assert_int_eq(put_chain(k, 1), 0);
+    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, k, 4, 0, &lid, locs, err, sizeof err), 0);
+    ck_assert(!locs[0].present);          /* already stored */
+    ck_assert(locs[1].present);
+    ck_assert(!locs[2].present);          /* repeated within the request */
+    ck_assert(locs[3].present);
+    ck_assert_uint_ne(lid, 0);
+    /* Being written: invisible, and a second writer gets nothing to write. */
+    ck_assert_uint_eq(cache_match(cache, ns, k, 2), 1);
+    {
+        struct cache_loc l2[1];
+        uint64_t lease2;
+        ck_assert_int_eq(cache_put_begin(cache, ns, &other, &k[1], 1, 0, &lease2, l2, err, sizeof err), 0);
+        ck_assert(!l2[0].present);
+        ck_assert_uint_eq(lease2, 0);
+    }
+    ck_assert_int_eq(stat_int("tiers", "host", "used_bytes"), 3 * BLOCK);
+    ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_WRITE, false, &blocks, err, sizeof err), 0);
+    ck_assert_uint_eq(blocks, 2);
+    ck_assert_int_eq(stat_int("tiers", "host", "used_bytes"), BLOCK);
+    ck_assert_uint_eq(cache_match(cache, ns, k, 2), 1);
+    /* The lid is gone. */
+    ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_WRITE, true, &blocks, err, sizeof err),
+                     -KVNODE_ENOLEASE);
+    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, k, 1, 7, &lid, locs, err, sizeof err), -KVNODE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "tier 7"));
+}
+END_TEST
+
+START_TEST(test_lease_ownership_and_kind)
+{
+    int64_t k[3] = { 10, 11, 12 };
+    struct cache_loc locs[3];
+    uint64_t lid;
+    size_t got;
+    uint32_t blocks;
+    char err[512];
+
+    ck_assert_int_eq(put_chain(k, 3), 0);
+    ck_assert_int_eq(cache_get_begin(cache, ns, &owner, k, 3, &lid, locs, &got, err, sizeof err), 0);
+    ck_assert_uint_eq(got, 3);
+    for (size_t i = 0; i < 3; i++)
+        ck_assert(check(slot(&locs[i]), k[i]));
+    ck_assert_int_eq(cache_lease_end(cache, &other, lid, LEASE_READ, false, &blocks, err, sizeof err),
+                     -KVNODE_ENOLEASE);
+    ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_WRITE, true, &blocks, err, sizeof err),
+                     -KVNODE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "read lease"));
+    ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_READ, false, &blocks, err, sizeof err), 0);
+    ck_assert_uint_eq(blocks, 3);
+    /* Nothing cached -> no lid at all. */
+    {
+        int64_t miss = 999;
+        ck_assert_int_eq(cache_get_begin(cache, ns, &owner, &miss, 1, &lid, locs, &got, err, sizeof err), 0);
+        ck_assert_uint_eq(got, 0);
+        ck_assert_uint_eq(lid, 0);
+    }
+}
+END_TEST
+
+/* 8 MiB / 64 KiB = 128 blocks. Three 40-key chains, then 20 more blocks:
+ * the oldest chain loses its leaves first (commit touched it tail-first). */
+START_TEST(test_eviction_leaf_first)
+{
+    int64_t a[40], b[40], c[40], d[20];
+    chain(a, 40, 1000);
+    chain(b, 40, 2000);
+    chain(c, 40, 3000);
+    chain(d, 20, 4000);
+    ck_assert_int_eq(put_chain(a, 40), 0);
+    ck_assert_int_eq(put_chain(b, 40), 0);
+    ck_assert_int_eq(put_chain(c, 40), 0);
+    ck_assert_int_eq(stat_int("evictions", "host", "dropped_total"), 0);
+    ck_assert_int_eq(put_chain(d, 20), 0);
+    ck_assert_int_eq(stat_int("evictions", "host", "dropped_total"), 12);
+    ck_assert_uint_eq(cache_match(cache, ns, a, 40), 28);   /* leaves a[28..39] went */
+    ck_assert_uint_eq(cache_match(cache, ns, b, 40), 40);
+    ck_assert_uint_eq(cache_match(cache, ns, d, 20), 20);
+    /* The matches above read (and so refreshed) a, b and d: c is now the
+     * oldest and goes first, whole, leaves before roots. */
+    {
+        int64_t e[30];
+        chain(e, 30, 5000);
+        ck_assert_int_eq(put_chain(e, 30), 0);
+    }
+    ck_assert_uint_eq(cache_match(cache, ns, c, 40), 10);
+    ck_assert_uint_eq(cache_match(cache, ns, a, 40), 28);
+    ck_assert_uint_eq(cache_match(cache, ns, b, 40), 40);
+    ck_assert_uint_eq(cache_match(cache, ns, d, 20), 20);
+}
+END_TEST
+
+START_TEST(test_pinned_never_evicted)
+{
+    int64_t a[64], b[128];
+    struct cache_loc locs[64], wl[128];
+    uint64_t lid, wlease;
+    size_t got;
+    uint32_t blocks;
+    char err[512];
+
+    chain(a, 64, 1);
+    chain(b, 128, 10000);
+    ck_assert_int_eq(put_chain(a, 64), 0);
+    ck_assert_int_eq(cache_get_begin(cache, ns, &owner, a, 64, &lid, locs, &got, err, sizeof err), 0);
+    ck_assert_uint_eq(got, 64);
+    /* 64 free slots: b[0..64) fits by evicting nothing pinned... */
+    ck_assert_int_eq(put_chain(b, 64), 0);
+    /* ...and asking for more, with everything else pinned, evicts b only. */
+    ck_assert_int_eq(put_chain(&b[64], 64), 0);
+    ck_assert_uint_eq(cache_match(cache, ns, a, 64), 64);
+    for (size_t i = 0; i < 64; i++)
+        ck_assert(check(slot(&locs[i]), a[i]));
+    /* Pinned and reserved together fill the tier: ENOSPC, named. */
+    ck_assert_int_eq(cache_put_begin(cache, ns, &other, b, 64, 0, &wlease, wl, err, sizeof err), 0);
+    {
+        int64_t more = 77777;
+        struct cache_loc l1[1];
+        uint64_t l1lease;
+        ck_assert_int_eq(cache_put_begin(cache, ns, &owner, &more, 1, 0, &l1lease, l1, err, sizeof err),
+                         -KVNODE_ENOSPC);
+        ck_assert_ptr_nonnull(strstr(err, "host tier full"));
+    }
+    cache_release_owner(cache, &other);
+    ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_READ, false, &blocks, err, sizeof err), 0);
+    /* Unpinned now: a new chain can push it out. */
+    ck_assert_int_eq(put_chain(b, 128), 0);
+    ck_assert_uint_eq(cache_match(cache, ns, a, 64), 0);
+}
+END_TEST
+
+START_TEST(test_delete_while_pinned)
+{
+    int64_t k[2] = { 5, 6 };
+    struct cache_loc locs[2];
+    uint64_t lid;
+    size_t got;
+    uint32_t deleted, blocks;
+    char err[512];
+
+    ck_assert_int_eq(put_chain(k, 2), 0);
+    ck_assert_int_eq(cache_get_begin(cache, ns, &owner, k, 2, &lid, locs, &got, err, sizeof err), 0);
+    ck_assert_int_eq(cache_delete(cache, ns, k, 2, &deleted), 0);
+    ck_assert_uint_eq(deleted, 2);
+    ck_assert_uint_eq(cache_match(cache, ns, k, 2), 0);
+    /* The reader's bytes stay valid until its lid ends. */
+    ck_assert(check(slot(&locs[0]), k[0]));
+    ck_assert_int_eq(stat_int("tiers", "host", "used_bytes"), 2 * BLOCK);
+    ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_READ, false, &blocks, err, sizeof err), 0);
+    ck_assert_int_eq(stat_int("tiers", "host", "used_bytes"), 0);
+    /* A re-put of the key works. */
+    ck_assert_int_eq(put_chain(k, 2), 0);
+    ck_assert_uint_eq(cache_match(cache, ns, k, 2), 2);
+}
+END_TEST
+
+static void run_loop_for_ms(int ms)
+{
+    struct timespec ts = { 0, 1000000L };
+    for (int i = 0; i < ms; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        nanosleep(&ts, NULL);
+    }
+}
+
+START_TEST(test_reaper_ends_expired_leases)
+{
+    int64_t k[3] = { 1, 2, 3 }, w[2] = { 50, 51 };
+    struct cache_loc locs[3];
+    uint64_t rlease, wlease;
+    size_t got;
+    uint32_t blocks;
+    char err[512];
+
+    ck_assert_int_eq(put_chain(k, 3), 0);
+    ck_assert_int_eq(cache_get_begin(cache, ns, &owner, k, 3, &rlease, locs, &got, err, sizeof err), 0);
+    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, w, 2, 0, &wlease, locs, err, sizeof err), 0);
+    ck_assert_int_eq(stat_int("leases", NULL, "read"), 1);
+    ck_assert_int_eq(stat_int("leases", NULL, "write"), 1);
+    run_loop_for_ms(80);
+    ck_assert_int_eq(stat_int("leases", NULL, "read"), 0);
+    ck_assert_int_eq(stat_int("leases", NULL, "write"), 0);
+    ck_assert_int_eq(stat_int("leases", NULL, "reaped_total"), 2);
+    ck_assert_int_eq(cache_lease_end(cache, &owner, wlease, LEASE_WRITE, true, &blocks, err, sizeof err),
+                     -KVNODE_ENOLEASE);
+    ck_assert_uint_eq(cache_match(cache, ns, w, 2), 0);
+    ck_assert_int_eq(stat_int("tiers", "host", "used_bytes"), 3 * BLOCK);
+    ck_assert_uint_eq(owner.count, 0);
+}
+END_TEST
+
+START_TEST(test_watermarks_background_eviction)
+{
+    int64_t k[100];
+    teardown();
+    setup_with(8u << 20, 0.5, 0.25);   /* 64 blocks high, 32 low */
+    chain(k, 100, 1);
+    ck_assert_int_eq(put_chain(k, 60), 0);
+    ck_assert_int_eq(stat_int("evictions", "host", "dropped_total"), 0);
+    ck_assert_int_eq(put_chain(&k[60], 10), 0);   /* 70 > 64: eviction scheduled */
+    run_loop_for_ms(5);
+    ck_assert_int_le(stat_int("tiers", "host", "used_bytes"), 32 * BLOCK);
+    ck_assert_int_eq(stat_int("tiers", "host", "blocks"), 32);
+    ck_assert_int_eq(stat_int("evictions", "host", "dropped_total"), 38);
+    /* The survivors are the newest chain's roots: k[60..70) was committed
+     * last, so its ten are all there and k[0..22) (roots of the older one). */
+    ck_assert_uint_eq(cache_match(cache, ns, &k[60], 10), 10);
+    ck_assert_uint_eq(cache_match(cache, ns, k, 60), 22);
+}
+END_TEST
+
+START_TEST(test_several_block_sizes)
+{
+    struct ns_layout l2 = { .model = "other", .dtype = "fp8", .block_tokens = 32,
+                            .block_bytes = 100000, .num_layers = 2, .kv_heads = 2,
+                            .head_dim = 64, .tp_size = 2, .tp_rank = 1 };
+    struct ns_layout big = l2;
+    kv_namespace *ns2;
+    int64_t k[4] = { 1, 2, 3, 4 };
+    struct cache_loc locs[4];
+    uint64_t lid;
+    uint32_t blocks;
+    char err[512];
+
+    ck_assert_int_eq(cache_bind(cache, &l2, &ns2, err, sizeof err), 0);
+    ck_assert_int_eq(cache_put_begin(cache, ns2, &owner, k, 4, 0, &lid, locs, err, sizeof err), 0);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_uint_eq(locs[i].offset % 256, 0);
+        memset(slot(&locs[i]), i + 1, 100000);
+    }
+    ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_WRITE, true, &blocks, err, sizeof err), 0);
+    ck_assert_int_eq(put_chain(k, 4), 0);   /* same keys, other namespace */
+    ck_assert_uint_eq(cache_match(cache, ns2, k, 4), 4);
+    ck_assert_uint_eq(cache_match(cache, ns, k, 4), 4);
+    ck_assert_uint_eq(ns2->bytes, 400000);
+    /* A block larger than a slab is refused at bind, naming the limit. */
+    big.model[0] = 'B';
+    big.block_bytes = 2u << 20;
+    ck_assert_int_eq(cache_bind(cache, &big, &ns2, err, sizeof err), -KVNODE_ELAYOUT);
+    ck_assert_ptr_nonnull(strstr(err, "slab"));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("cache");
+    TCase *tc = tcase_create("core");
+    SRunner *sr;
+    int failed;
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_prefix_match_and_delete);
+    tcase_add_test(tc, test_put_begin_present_abort);
+    tcase_add_test(tc, test_lease_ownership_and_kind);
+    tcase_add_test(tc, test_eviction_leaf_first);
+    tcase_add_test(tc, test_pinned_never_evicted);
+    tcase_add_test(tc, test_delete_while_pinned);
+    tcase_add_test(tc, test_reaper_ends_expired_leases);
+    tcase_add_test(tc, test_watermarks_background_eviction);
+    tcase_add_test(tc, test_several_block_sizes);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
