@@ -1,0 +1,187 @@
+/* harness: run a real kvnoded for integration tests and the benchmark.
+ *
+ * kvh_start() creates a fresh temporary directory, writes a configuration
+ * into it (socket at <dir>/kvnode.sock unless the caller overrides
+ * server.socket_path), starts $KVNODED (default "build/kvnoded") with its
+ * stderr in <dir>/kvnoded.log, and waits (10 s deadline) until the socket
+ * accepts connections. kvh_stop() sends SIGTERM and reaps the daemon within a
+ * deadline (SIGKILL after it) and reports how it ended; kvh_destroy() also
+ * removes the directory. Daemons still running when the process exits are
+ * killed (their log is printed) and their directories removed, so a failed
+ * test leaves nothing behind: all daemon directories live under one root
+ * directory made at program start (before Check forks a process per test);
+ * daemons die with the process that started them (PR_SET_PDEATHSIG), and
+ * when the program exits it prints the log of every daemon directory a
+ * failed test left and removes the root.
+ *
+ * Every wait here has a deadline. Functions return 0 / a value >= 0 on
+ * success and -1 on failure with a message in kvh_error() (thread-local).
+ * Nothing here depends on Check; tests wrap calls with ck_assert. */
+#ifndef KVNODE_TEST_HARNESS_H
+#define KVNODE_TEST_HARNESS_H
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <jansson.h>
+
+#include "kvnode.h"
+
+#define KVH_READY_TIMEOUT_MS 10000
+#define KVH_STOP_TIMEOUT_MS  10000
+
+/* Exit status codes reported by kvh_stop / kvh_wait_exit besides 0..255. */
+#define KVH_EXIT_SIGNAL_BASE 128      /* 128 + signal number when killed */
+#define KVH_EXIT_TIMEOUT     (-2)     /* did not exit before the deadline */
+
+typedef struct kvh_daemon {
+    char  dir[PATH_MAX];     /* private temporary directory */
+    char  sock[PATH_MAX];    /* socket path the daemon listens on */
+    char  conf[PATH_MAX];    /* generated configuration file */
+    char  log[PATH_MAX];     /* daemon's stderr */
+    pid_t pid;               /* > 0 while running (not yet reaped) */
+    int   status;            /* how it ended: exit code, 128+signal, KVH_EXIT_TIMEOUT; -1 unknown */
+    int   reg;               /* private: slot in the harness's exit-cleanup table, -1 none */
+} kvh_daemon;
+
+/* Message of the last failed harness call in this thread. */
+const char *kvh_error(void);
+
+/* Path of the daemon binary ($KVNODED or "build/kvnoded"). */
+const char *kvh_daemon_path(void);
+
+/* Start a daemon. `config` holds "section.key=value" lines separated by
+ * newlines (blank lines and lines starting with '#' or ';' are ignored); they
+ * override the harness defaults (a small host tier, pin_host=off, log level
+ * info). kvh_start waits until the socket is connectable; on failure the
+ * daemon is killed, its log is printed to stderr and -1 is returned.
+ * The daemon gets SIGKILL when the calling *thread* exits
+ * (PR_SET_PDEATHSIG): start daemons from a thread that outlives them. */
+int  kvh_start(kvh_daemon *d, const char *config);
+/* Same without waiting for the socket (for daemons expected to fail). */
+int  kvh_spawn(kvh_daemon *d, const char *config);
+/* Wait until d's socket accepts a connection (or the daemon exits). */
+int  kvh_wait_ready(kvh_daemon *d, int timeout_ms);
+/* Reap the daemon within timeout_ms without signalling it; returns its
+ * status (see kvh_daemon.status) or KVH_EXIT_TIMEOUT (then it is still running). */
+int  kvh_wait_exit(kvh_daemon *d, int timeout_ms);
+/* SIGTERM, wait up to timeout_ms (<= 0: KVH_STOP_TIMEOUT_MS), then SIGKILL.
+ * Returns the status: 0 for a graceful stop, KVH_EXIT_TIMEOUT when SIGKILL
+ * was needed. Prints the log when the status is not 0. */
+int  kvh_stop(kvh_daemon *d, int timeout_ms);
+/* Send sig and reap (SIGKILL: simulate a crash). Returns the status. */
+int  kvh_kill(kvh_daemon *d, int sig);
+/* Stop (if running) and remove the directory. */
+void kvh_destroy(kvh_daemon *d);
+/* Print the daemon's log to stderr with a heading. */
+void kvh_print_log(const kvh_daemon *d, const char *why);
+/* Read the whole log into a malloc()ed string (NULL on error). */
+char *kvh_read_log(const kvh_daemon *d);
+
+/* --- layouts and block contents ------------------------------------------ */
+
+/* A layout with fixed shape fields (bf16, 16 tokens, 4 layers, 8 heads, 128
+ * dim) and the given model / block size / TP. Strings are not copied. */
+kvnode_layout kvh_layout(const char *model, uint64_t block_bytes, uint32_t tp_size, uint32_t tp_rank);
+
+/* Connect a client bound to layout (NULL: observer). Returns 0 or the
+ * negative kvnode_connect code with kvh_error() set. */
+int  kvh_connect(const kvh_daemon *d, const kvnode_layout *layout, kvnode_client **out);
+
+/* Deterministic content of a block from (key, seed). */
+void kvh_fill(void *buf, size_t len, kvnode_key key, uint64_t seed);
+/* 0 when buf holds exactly kvh_fill(key, seed); otherwise -1 and
+ * kvh_error() names the first differing byte offset. */
+int  kvh_verify(const void *buf, size_t len, kvnode_key key, uint64_t seed);
+/* A chain of n distinct keys derived from `chain` (keys[i] = f(chain, i)). */
+void kvh_chain(kvnode_key *keys, size_t n, uint64_t chain);
+
+/* Copying helpers over a client's namespace (block size kvnode_block_bytes).
+ * They return 0, a negative KVNODE_E* code from the library, or
+ * KVH_MISMATCH when a block read back differs; kvh_error() explains. */
+#define KVH_MISMATCH 1
+/* kvnode_put of blocks kvh_fill(keys[i], seed). */
+int  kvh_put(kvnode_client *c, const kvnode_key *keys, size_t n, uint64_t seed);
+/* kvnode_put_inline of the same. */
+int  kvh_put_inline(kvnode_client *c, const kvnode_key *keys, size_t n, uint64_t seed);
+/* kvnode_get (inline != 0: kvnode_get_inline) and verify the *got blocks. */
+int  kvh_get_verify(kvnode_client *c, const kvnode_key *keys, size_t n, uint64_t seed, int inline_,
+                    size_t *got);
+/* get_begin, verify the *got blocks in place, get_end. */
+int  kvh_get_zc_verify(kvnode_client *c, const kvnode_key *keys, size_t n, uint64_t seed, size_t *got);
+/* kvnode_match; returns the matched count or a negative code. */
+long kvh_match(kvnode_client *c, const kvnode_key *keys, size_t n);
+
+/* --- stats ------------------------------------------------------------------ */
+
+/* The daemon's stats (observer connection opened and closed here). */
+json_t *kvh_stats(const kvh_daemon *d);
+/* Same over an existing client. */
+json_t *kvh_stats_client(kvnode_client *c);
+/* Value at a dotted path ("tiers.host.blocks", "namespaces.0.id"), or NULL. */
+json_t *kvh_json_get(json_t *root, const char *path);
+/* Integer at path (real numbers are truncated); -1 with kvh_error() set
+ * when missing or not a number. */
+long long kvh_json_int(json_t *root, const char *path);
+/* Integer at path, or dflt when the path is absent (e.g. "requests.<op>"
+ * entries appear only once that op was used); -1 when present but not a number. */
+long long kvh_json_int_or(json_t *root, const char *path, long long dflt);
+/* Fetch stats and return one integer; -1 on any failure. */
+long long kvh_stat(const kvh_daemon *d, const char *path);
+/* Poll the stat until it equals want (every 10 ms, up to timeout_ms).
+ * Returns 0, or -1 with the last value in *last (if not NULL). */
+int  kvh_wait_stat(const kvh_daemon *d, const char *path, long long want, int timeout_ms,
+                   long long *last);
+/* The namespace object of `model` with tp_rank (NULL when absent); the
+ * returned reference belongs to root. */
+json_t *kvh_stats_namespace(json_t *root, const char *model, uint32_t tp_rank);
+
+/* --- raw socket ------------------------------------------------------------- */
+
+/* Connect to the socket without libkvnode (blocking fd, close-on-exec). */
+int  kvh_raw_connect(const char *sock_path);
+/* Send all bytes (MSG_NOSIGNAL). 0, or -1 (e.g. EPIPE when the peer closed). */
+int  kvh_raw_send(int fd, const void *buf, size_t len);
+/* Send a 4-byte little-endian length followed by payload. */
+int  kvh_raw_send_frame(int fd, const void *payload, uint32_t len);
+/* Receive one frame within timeout_ms: 1 and a malloc()ed *payload (any fds
+ * passed with it are closed), 0 on orderly EOF before a header, -1 on error,
+ * timeout or a frame longer than max_len. */
+int  kvh_raw_recv_frame(int fd, uint8_t **payload, uint32_t *len, uint32_t max_len, int timeout_ms);
+/* Wait until the peer closes (read returns 0 or ECONNRESET), discarding
+ * data. 0 when closed, -1 on timeout. */
+int  kvh_raw_wait_eof(int fd, int timeout_ms);
+
+/* --- time ------------------------------------------------------------------- */
+
+uint64_t kvh_now_ms(void);
+uint64_t kvh_now_ns(void);
+void     kvh_sleep_ms(unsigned ms);
+
+/* --- Check conveniences (only when check.h was included first) ------------- */
+#ifdef CHECK_H
+#define KVH_START(d, config) \
+    ck_assert_msg(kvh_start((d), (config)) == 0, "kvnoded did not start: %s", kvh_error())
+#define KVH_STOP_OK(d) do { \
+        int kvh_st_ = kvh_stop((d), 0); \
+        ck_assert_msg(kvh_st_ == 0, "kvnoded did not stop gracefully: status %d (see log above)", kvh_st_); \
+    } while (0)
+#define KVH_CONNECT(d, layout, cp) do { \
+        int kvh_rc_ = kvh_connect((d), (layout), (cp)); \
+        ck_assert_msg(kvh_rc_ == 0, "connect: %s", kvh_error()); \
+    } while (0)
+/* Assert a libkvnode call returned 0, naming the daemon's message. */
+#define KVH_OK(c, call) do { \
+        int kvh_rc_ = (call); \
+        ck_assert_msg(kvh_rc_ == 0, "%s -> %d (%s): %s", #call, kvh_rc_, \
+                      kvnode_strerror(kvh_rc_), kvnode_last_error(c)); \
+    } while (0)
+#define KVH_STAT(d, path) ({ \
+        long long kvh_v_ = kvh_stat((d), (path)); \
+        ck_assert_msg(kvh_v_ >= 0, "stat %s: %s", (path), kvh_error()); \
+        kvh_v_; })
+#endif
+
+#endif

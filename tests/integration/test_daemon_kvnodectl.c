@@ -1,0 +1,223 @@
+/* Integration: kvnodectl smoke test against a real daemon (skipped, with a
+ * note, when $KVNODECTL is not an executable).
+ *
+ * - `status` exits 0 and shows the socket path;
+ * - `put` of a random file (not a whole number of blocks) prints one key per
+ *   block, and `get` of those keys with --size gives the file back byte for
+ *   byte, through shared memory and with --inline;
+ * - `namespaces --json` prints a JSON array that has the namespace used. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define FILE_BYTES 300001   /* 4 full 64 KiB blocks and a partial one */
+
+static const char *ctl_path(void)
+{
+    const char *p = getenv("KVNODECTL");
+    return (p && *p && access(p, X_OK) == 0) ? p : NULL;
+}
+
+/* Run argv with stdout to out_path (stderr to err_path); exit status, or -1
+ * when it did not finish within 10 s (it is killed). */
+static int run(char *const argv[], const char *out_path, const char *err_path)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (o < 0 || e < 0)
+            _exit(126);
+        dup2(o, 1);
+        dup2(e, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    uint64_t deadline = kvh_now_ms() + 10000;
+    for (;;) {
+        int ws;
+        pid_t r = waitpid(pid, &ws, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+        if (kvh_now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            return -1;
+        }
+        kvh_sleep_ms(5);
+    }
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    size_t r;
+    while (buf && (r = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += r;
+        if (n == cap) {
+            char *nb = realloc(buf, 2 * cap + 1);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = '\0';
+        if (len)
+            *len = n;
+    }
+    return buf;
+}
+
+/* Run and assert exit 0, printing stderr otherwise; returns stdout (free it). */
+static char *run_ok(const kvh_daemon *d, char *const argv[], const char *what)
+{
+    char out[PATH_MAX + 16], err[PATH_MAX + 16];
+    snprintf(out, sizeof out, "%s/ctl.out", d->dir);
+    snprintf(err, sizeof err, "%s/ctl.err", d->dir);
+    int st = run(argv, out, err);
+    char *errtext = slurp(err, NULL);
+    ck_assert_msg(st == 0, "kvnodectl %s: exit status %d: %s", what, st, errtext ? errtext : "");
+    free(errtext);
+    char *text = slurp(out, NULL);
+    ck_assert_msg(text != NULL, "kvnodectl %s: no output file", what);
+    return text;
+}
+
+START_TEST(kvnodectl_status_put_get_namespaces)
+{
+    const char *ctl = ctl_path();
+    if (!ctl) {
+        fprintf(stderr, "test_daemon_kvnodectl: SKIPPED: $KVNODECTL (%s) is not an executable\n",
+                getenv("KVNODECTL") ? getenv("KVNODECTL") : "unset");
+        return;
+    }
+    kvh_daemon d;
+    KVH_START(&d, NULL);
+    char *sock = d.sock;
+
+    /* status */
+    char *const st_argv[] = { (char *)ctl, (char *)"-S", sock, (char *)"status", NULL };
+    char *text = run_ok(&d, st_argv, "status");
+    ck_assert_msg(strstr(text, sock) != NULL, "status does not show the socket %s:\n%s", sock, text);
+    free(text);
+
+    /* a random file, not a whole number of blocks */
+    char data[PATH_MAX + 16], keys[PATH_MAX + 16], back[PATH_MAX + 16];
+    snprintf(data, sizeof data, "%s/data.bin", d.dir);
+    snprintf(keys, sizeof keys, "%s/keys.txt", d.dir);
+    snprintf(back, sizeof back, "%s/back.bin", d.dir);
+    unsigned char *orig = malloc(FILE_BYTES);
+    ck_assert_ptr_nonnull(orig);
+    uint64_t x = kvh_now_ns() | 1;
+    for (size_t i = 0; i < FILE_BYTES; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        orig[i] = (unsigned char)(x >> 24);
+    }
+    FILE *f = fopen(data, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(orig, 1, FILE_BYTES, f), FILE_BYTES);
+    ck_assert_int_eq(fclose(f), 0);
+
+    char size_arg[32];
+    snprintf(size_arg, sizeof size_arg, "%d", FILE_BYTES);
+    for (int inl = 0; inl < 2; inl++) {
+        const char *model = inl ? "ctl-smoke-inline" : "ctl-smoke";
+        char *const put_argv[] = { (char *)ctl, (char *)"-S", sock, (char *)"put", (char *)"--model",
+                                   (char *)model, (char *)"--block-bytes", (char *)"64KiB",
+                                   inl ? (char *)"--inline" : data, inl ? data : NULL, NULL };
+        text = run_ok(&d, put_argv, "put");
+        /* One decimal key per line, one line per block. */
+        int lines = 0;
+        for (char *p = text; *p; p++)
+            lines += *p == '\n';
+        ck_assert_msg(lines == (FILE_BYTES + 65535) / 65536, "put printed %d lines for %d blocks:\n%s", lines,
+                      (FILE_BYTES + 65535) / 65536, text);
+        f = fopen(keys, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs(text, f);
+        ck_assert_int_eq(fclose(f), 0);
+        free(text);
+
+        char *const get_argv[] = { (char *)ctl, (char *)"-S", sock, (char *)"get", (char *)"--model",
+                                   (char *)model, (char *)"--block-bytes", (char *)"64KiB",
+                                   (char *)"--keys-file", keys, (char *)"-o", back, (char *)"--size", size_arg,
+                                   inl ? (char *)"--inline" : NULL, NULL };
+        text = run_ok(&d, get_argv, "get");
+        free(text);
+        size_t blen = 0;
+        char *got = slurp(back, &blen);
+        ck_assert_ptr_nonnull(got);
+        ck_assert_msg(blen == FILE_BYTES, "get wrote %zu bytes, the file has %d", blen, FILE_BYTES);
+        ck_assert_msg(memcmp(got, orig, FILE_BYTES) == 0, "get%s returned different bytes",
+                      inl ? " --inline" : "");
+        free(got);
+    }
+    free(orig);
+
+    /* namespaces --json */
+    char *const ns_argv[] = { (char *)ctl, (char *)"-S", sock, (char *)"--json", (char *)"namespaces", NULL };
+    text = run_ok(&d, ns_argv, "--json namespaces");
+    json_error_t jerr;
+    json_t *arr = json_loads(text, 0, &jerr);
+    ck_assert_msg(arr != NULL, "namespaces --json is not JSON (%s):\n%s", jerr.text, text);
+    ck_assert_msg(json_is_array(arr) && json_array_size(arr) == 2, "namespaces --json: expected an array "
+                  "of the 2 namespaces used:\n%s", text);
+    size_t i;
+    json_t *ns;
+    int found = 0;
+    json_array_foreach(arr, i, ns) {
+        json_t *m = json_object_get(ns, "model");
+        if (json_is_string(m) && strcmp(json_string_value(m), "ctl-smoke") == 0) {
+            found = 1;
+            ck_assert_int_eq(kvh_json_int(ns, "block_bytes"), 65536);
+            ck_assert_int_eq(kvh_json_int(ns, "blocks"), (FILE_BYTES + 65535) / 65536);
+        }
+    }
+    ck_assert_msg(found, "namespaces --json lacks model ctl-smoke:\n%s", text);
+    json_decref(arr);
+    free(text);
+
+    KVH_STOP_OK(&d);
+    kvh_destroy(&d);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("daemon_kvnodectl");
+    TCase *tc = tcase_create("kvnodectl");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, kvnodectl_status_put_get_namespaces);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
