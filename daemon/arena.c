@@ -184,12 +184,21 @@ int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **
                       strerror(errno));
         goto fail;
     }
+    /* Reserve every page now: the tier is ours for the daemon's life, a
+     * shortage should fail the start rather than a later put, and blocks
+     * must not pay a zero-fill page fault on first use. */
+    if (fallocate(a->fd, 0, 0, (off_t)size) != 0) {
+        rc = errno == ENOSPC || errno == ENOMEM ? -KVNODE_ENOMEM : -KVNODE_EIO;
+        arena_set_err(err, errlen, "arena: cannot reserve %" PRIu64 " bytes of host memory: %s",
+                      size, strerror(errno));
+        goto fail;
+    }
     /* Clients map the fd: its size must never change under them. */
     if (fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
         arena_set_err(err, errlen, "arena: sealing memfd: %s", strerror(errno));
         goto fail;
     }
-    a->base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+    a->base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, a->fd, 0);
     if (a->base == MAP_FAILED) {
         if (errno == ENOMEM)
             rc = -KVNODE_ENOMEM;

@@ -34,6 +34,10 @@
 /* Conservative framing overheads used to size inline chunks. */
 #define CLIENT_INLINE_OVERHEAD  64u          /* id, oneof tag/length, field headers */
 #define CLIENT_INLINE_PER_BLOCK 24u          /* key varint + blob tag + blob length */
+/* Inline frames aim at this size even when the daemon allows more: buffers
+ * this small are recycled by malloc instead of being mapped fresh (and
+ * page-faulted) for every frame, which is what made big frames slow. */
+#define CLIENT_INLINE_TARGET    (4u << 20)
 
 struct client_arena {
     uint32_t id;
@@ -41,6 +45,16 @@ struct client_arena {
     int device;
     uint64_t size;
     uint8_t *base;      /* NULL when the daemon passed no fd for it */
+};
+
+/* Memory reused from call to call, so that large replies (inline GET) do
+ * not pay for fresh, page-faulting allocations every time: the receive
+ * buffer, and a bump allocator protobuf-c unpacks replies into. */
+struct client_scratch {
+    uint8_t *buf;
+    size_t cap, used;
+    size_t overflow;            /* bytes that did not fit (malloc'ed) */
+    unsigned live;              /* unpacked replies not yet freed */
 };
 
 struct kvnode_client {
@@ -61,7 +75,64 @@ struct kvnode_client {
     int rx_ctrunc;              /* the kernel dropped some passed fds */
     char dead_msg[CLIENT_MSG_MAX];
     char err[CLIENT_MSG_MAX];
+    uint8_t *rx_buf, *tx_buf;   /* frame buffers reused across calls */
+    size_t rx_cap, tx_cap;
+    struct client_scratch scratch;
+    ProtobufCAllocator unpack_alloc;
 };
+
+/* Largest scratch kept between calls; bigger replies use malloc. */
+#define CLIENT_SCRATCH_MAX (16u << 20)
+
+static void *client_scratch_alloc(void *data, size_t size)
+{
+    struct client_scratch *s = data;
+    size_t at = (s->used + 15u) & ~(size_t)15u;
+
+    if (s->buf && at <= s->cap && size <= s->cap - at) {
+        s->used = at + size;
+        return s->buf + at;
+    }
+    s->overflow += size + 16u;
+    return malloc(size ? size : 1);
+}
+
+static void client_scratch_free(void *data, void *ptr)
+{
+    struct client_scratch *s = data;
+
+    if (s->buf && (uint8_t *)ptr >= s->buf && (uint8_t *)ptr < s->buf + s->cap)
+        return;   /* reclaimed wholesale when the last reply is freed */
+    free(ptr);
+}
+
+/* Free a reply; when none is left, rewind the scratch and grow it to fit
+ * what the last replies needed. */
+static void client_response_free(kvnode_client *c, Kvnode__Response *resp)
+{
+    struct client_scratch *s = &c->scratch;
+
+    if (!resp)
+        return;
+    kvnode__response__free_unpacked(resp, &c->unpack_alloc);
+    if (s->live > 0)
+        s->live--;
+    if (s->live > 0)
+        return;
+    if (s->overflow > 0) {
+        size_t want = s->used + s->overflow;
+        if (want <= CLIENT_SCRATCH_MAX) {
+            uint8_t *nb = malloc(want);
+            if (nb) {
+                free(s->buf);
+                s->buf = nb;
+                s->cap = want;
+            }
+        }
+    }
+    s->used = 0;
+    s->overflow = 0;
+}
 
 static _Thread_local char client_connect_err[CLIENT_MSG_MAX];
 
@@ -270,25 +341,32 @@ static int client_recv_response(kvnode_client *c, int64_t deadline, Kvnode__Resp
         client_kill(c, "protocol: empty reply frame");
         return -KVNODE_EPROTO;
     }
-    payload = malloc(len);
-    if (!payload) {
+    if (len > c->rx_cap) {
+        payload = realloc(c->rx_buf, len);
+        if (payload) {
+            c->rx_buf = payload;
+            c->rx_cap = len;
+        }
+    } else {
+        payload = c->rx_buf;
+    }
+    if (!payload || len > c->rx_cap) {
         /* The unread payload would desync the stream. */
         client_kill(c, "out of memory for a reply of %" PRIu32 " bytes", len);
         return -KVNODE_ENOMEM;
     }
     rc = client_recv_all(c, payload, len, deadline);
-    if (rc < 0) {
-        free(payload);
+    if (rc < 0)
         return rc;
-    }
-    *out = wire_unpack_response(payload, len);
-    free(payload);
+    *out = wire_unpack_response_with(payload, len, &c->unpack_alloc);
+    if (*out)
+        c->scratch.live++;
     if (!*out) {
         client_kill(c, "protocol: undecodable reply frame of %" PRIu32 " bytes", len);
         return -KVNODE_EPROTO;
     }
     if (c->rx_ctrunc) {
-        kvnode__response__free_unpacked(*out, NULL);
+        client_response_free(c, *out);
         *out = NULL;
         client_kill(c, "protocol: more passed fds than the library accepts (%d)", CLIENT_MAX_FDS);
         return -KVNODE_EPROTO;
@@ -322,7 +400,8 @@ static int client_call(kvnode_client *c, Kvnode__Request *req, int expect,
     }
     client_drop_fds(c);
     req->id = c->next_id++;
-    rc = wire_pack(&req->base, c->send_max, &frame, &frame_len);
+    rc = wire_pack_reuse(&req->base, c->send_max, &c->tx_buf, &c->tx_cap, &frame_len);
+    frame = c->tx_buf;
     if (rc < 0)
         c->next_id--;   /* nothing was sent: keep the ids the daemon sees dense */
     if (rc == -KVNODE_ETOOBIG) {
@@ -335,7 +414,6 @@ static int client_call(kvnode_client *c, Kvnode__Request *req, int expect,
         return rc;
     }
     rc = client_send_all(c, frame, frame_len, deadline);
-    free(frame);
     if (rc < 0)
         return rc;
     rc = client_recv_response(c, deadline, &resp);
@@ -353,7 +431,7 @@ static int client_call(kvnode_client *c, Kvnode__Request *req, int expect,
             client_kill(c, "protocol: reply id %" PRIu64 " to %s request %" PRIu64, resp->id,
                         op, req->id);
         }
-        kvnode__response__free_unpacked(resp, NULL);
+        client_response_free(c, resp);
         client_drop_fds(c);
         return rc;
     }
@@ -361,13 +439,13 @@ static int client_call(kvnode_client *c, Kvnode__Request *req, int expect,
         rc = client_error_code(resp->error);
         client_seterr(c, "%s", resp->error->message[0] ? resp->error->message
                                                         : kvnode_strerror(rc));
-        kvnode__response__free_unpacked(resp, NULL);
+        client_response_free(c, resp);
         client_drop_fds(c);
         return rc;
     }
     if ((int)resp->result_case != expect) {
         client_seterr(c, "protocol: %s reply carries result %d", op, (int)resp->result_case);
-        kvnode__response__free_unpacked(resp, NULL);
+        client_response_free(c, resp);
         client_drop_fds(c);
         return -KVNODE_EPROTO;
     }
@@ -457,7 +535,7 @@ static int client_lease_op(kvnode_client *c, kvnode_lease lease, int op, const c
     rc = client_call(c, &req, op, &resp);   /* result cases equal op cases */
     if (rc < 0)
         return rc;
-    kvnode__response__free_unpacked(resp, NULL);
+    client_response_free(c, resp);
     return 0;
 }
 
@@ -686,7 +764,7 @@ static int client_hello(kvnode_client *c, const kvnode_layout *layout)
     if (rc < 0)
         return rc;
     rc = client_setup(c, resp->hello, layout);
-    kvnode__response__free_unpacked(resp, NULL);
+    client_response_free(c, resp);
     client_drop_fds(c);
     return rc;
 }
@@ -702,6 +780,9 @@ static void client_free(kvnode_client *c)
     free(c->arenas);
     if (c->fd >= 0)
         close(c->fd);
+    free(c->rx_buf);
+    free(c->tx_buf);
+    free(c->scratch.buf);
     free(c);
 }
 
@@ -728,6 +809,9 @@ int kvnode_connect(const char *socket_path, const kvnode_layout *layout, kvnode_
     }
     c->fd = -1;
     c->next_id = 1;
+    c->unpack_alloc.alloc = client_scratch_alloc;
+    c->unpack_alloc.free = client_scratch_free;
+    c->unpack_alloc.allocator_data = &c->scratch;
     c->timeout_ms = client_env_timeout();
     c->observer = layout == NULL;
     c->send_max = CLIENT_PRE_HELLO_MAX;
@@ -807,7 +891,7 @@ int kvnode_match(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *mat
     } else {
         *matched = resp->match->matched;
     }
-    kvnode__response__free_unpacked(resp, NULL);
+    client_response_free(c, resp);
     return rc;
 }
 
@@ -854,7 +938,7 @@ int kvnode_get_begin(kvnode_client *c, const kvnode_key *keys, size_t n,
         /* Nothing usable reached the caller: do not leave blocks pinned. */
         client_lease_drop(c, r->lease, KVNODE__REQUEST__OP_GET_END);
     }
-    kvnode__response__free_unpacked(resp, NULL);
+    client_response_free(c, resp);
     return rc;
 }
 
@@ -918,7 +1002,7 @@ int kvnode_put_begin(kvnode_client *c, const kvnode_key *keys, size_t n, int tie
         *lease = r->lease;
     else
         client_lease_drop(c, r->lease, KVNODE__REQUEST__OP_PUT_ABORT);
-    kvnode__response__free_unpacked(resp, NULL);
+    client_response_free(c, resp);
     return rc;
 }
 
@@ -1061,6 +1145,8 @@ static size_t client_inline_chunk(const kvnode_client *c)
     if (c->send_max <= CLIENT_INLINE_OVERHEAD)
         return 0;
     k = (c->send_max - CLIENT_INLINE_OVERHEAD) / per;
+    if (k > 1 && k * per > CLIENT_INLINE_TARGET)
+        k = CLIENT_INLINE_TARGET / per > 1 ? CLIENT_INLINE_TARGET / per : 1;
     return k < c->max_keys ? (size_t)k : c->max_keys;
 }
 
@@ -1119,7 +1205,7 @@ int kvnode_get_inline(kvnode_client *c, const kvnode_key *keys, size_t n, void *
                 memcpy(dst[done + i], r->blocks[i].data, r->blocks[i].len);
             done += nblocks;
         }
-        kvnode__response__free_unpacked(resp, NULL);
+        client_response_free(c, resp);
         if (rc < 0 || nblocks < chunk)   /* a short chunk ends the prefix */
             break;
     }
@@ -1171,7 +1257,7 @@ int kvnode_put_inline(kvnode_client *c, const kvnode_key *keys, size_t n, const 
         rc = client_call(c, &req, KVNODE__RESPONSE__RESULT_PUT_INLINE, &resp);
         if (rc < 0)
             break;
-        kvnode__response__free_unpacked(resp, NULL);
+        client_response_free(c, resp);
         done += chunk;
     }
     free(blobs);
@@ -1211,7 +1297,7 @@ int kvnode_delete(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *de
     } else {
         *deleted = resp->delete_->deleted;
     }
-    kvnode__response__free_unpacked(resp, NULL);
+    client_response_free(c, resp);
     return rc;
 }
 
@@ -1235,7 +1321,7 @@ int kvnode_stats_json(kvnode_client *c, char **json)
     if (rc < 0)
         return rc;
     *json = strdup(resp->stats->json ? resp->stats->json : "");
-    kvnode__response__free_unpacked(resp, NULL);
+    client_response_free(c, resp);
     if (!*json) {
         client_seterr(c, "out of memory");
         return -KVNODE_ENOMEM;
@@ -1264,6 +1350,6 @@ int kvnode_ping(kvnode_client *c)
                       resp->ping->nonce);
         rc = -KVNODE_EPROTO;
     }
-    kvnode__response__free_unpacked(resp, NULL);
+    client_response_free(c, resp);
     return rc;
 }

@@ -35,10 +35,17 @@ void wire_put_len(uint8_t hdr[WIRE_HEADER_BYTES], uint32_t len)
 
 int wire_pack(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **frame, size_t *frame_len)
 {
-    size_t size, packed;
-    uint8_t *buf;
+    size_t cap = 0;
 
     *frame = NULL;
+    return wire_pack_reuse(msg, max_frame, frame, &cap, frame_len);
+}
+
+int wire_pack_reuse(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **buf, size_t *cap,
+                    size_t *frame_len)
+{
+    size_t size, packed;
+
     *frame_len = 0;
     if (!msg)
         return -KVNODE_EINVAL;
@@ -48,16 +55,17 @@ int wire_pack(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **frame, 
         return -KVNODE_EPROTO;
     if (size > wire_effective_max(max_frame))
         return -KVNODE_ETOOBIG;
-    buf = malloc(WIRE_HEADER_BYTES + size);
-    if (!buf)
-        return -KVNODE_ENOMEM;
-    packed = protobuf_c_message_pack(msg, buf + WIRE_HEADER_BYTES);
-    if (packed != size) {   /* only a corrupt message object can get here */
-        free(buf);
-        return -KVNODE_EPROTO;
+    if (!*buf || *cap < WIRE_HEADER_BYTES + size) {
+        uint8_t *nb = realloc(*buf, WIRE_HEADER_BYTES + size);
+        if (!nb)
+            return -KVNODE_ENOMEM;
+        *buf = nb;
+        *cap = WIRE_HEADER_BYTES + size;
     }
-    wire_put_len(buf, (uint32_t)size);
-    *frame = buf;
+    packed = protobuf_c_message_pack(msg, *buf + WIRE_HEADER_BYTES);
+    if (packed != size)    /* only a corrupt message object can get here */
+        return -KVNODE_EPROTO;
+    wire_put_len(*buf, (uint32_t)size);
     *frame_len = WIRE_HEADER_BYTES + size;
     return 0;
 }
@@ -71,9 +79,15 @@ Kvnode__Request *wire_unpack_request(const uint8_t *payload, size_t len)
 
 Kvnode__Response *wire_unpack_response(const uint8_t *payload, size_t len)
 {
+    return wire_unpack_response_with(payload, len, NULL);
+}
+
+Kvnode__Response *wire_unpack_response_with(const uint8_t *payload, size_t len,
+                                            ProtobufCAllocator *alloc)
+{
     if (!payload && len > 0)
         return NULL;
-    return kvnode__response__unpack(NULL, len, payload);
+    return kvnode__response__unpack(alloc, len, payload);
 }
 
 const char *wire_op_name(int op_case)

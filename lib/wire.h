@@ -27,8 +27,16 @@ int wire_pack(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **frame, 
 
 /* Unpack a payload (without header). NULL when it is not a valid message of
  * that type. Free with kvnode__request__free_unpacked / ..response... */
+/* Same, into *buf (grown with realloc as needed, *cap its size), so a caller
+ * can reuse one buffer for every frame. On error *buf stays valid. */
+int wire_pack_reuse(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **buf, size_t *cap,
+                    size_t *frame_len);
+
 Kvnode__Request *wire_unpack_request(const uint8_t *payload, size_t len);
 Kvnode__Response *wire_unpack_response(const uint8_t *payload, size_t len);
+/* Same, allocating through `alloc` (NULL: malloc). Free with the same one. */
+Kvnode__Response *wire_unpack_response_with(const uint8_t *payload, size_t len,
+                                            ProtobufCAllocator *alloc);
 
 /* Name of a request op for logs and metrics ("hello", "match", ...). */
 const char *wire_op_name(int op_case);
