@@ -4,6 +4,7 @@
 #   make run        deps + build + kvnoded in the foreground with conf/kvnode.conf
 #   make test       deps + build + every test suite
 #   make asan       the test suite under ASan+UBSan (separate build dir)
+#   make valgrind   the test suite under valgrind (tests and daemons)
 #   make bench      build and run the benchmark (not part of `make test`)
 #   make CUDA=0 ... build without the CUDA toolkit (default: detected)
 
@@ -78,7 +79,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 INTEG_BIN := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(INTEG_SRC))
 BENCH_BIN := $(BUILD)/kvnode-bench
 
-.PHONY: all deps run test check asan bench install clean help cuda-info
+.PHONY: all deps run test check asan valgrind bench install clean help cuda-info
 .DEFAULT_GOAL := all
 
 all: $(KVNODED) $(LIBSO) $(LIBA) $(LIBPC) $(KVNODECTL)
@@ -146,6 +147,10 @@ test: deps
 
 asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 OPT=-O1 check
+
+# The test suite with every test binary and every daemon under valgrind.
+valgrind: all $(UNIT_BIN) $(INTEG_BIN)
+	@VALGRIND=1 BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN)
 
 # --- run / bench ---------------------------------------------------------------
 run: deps

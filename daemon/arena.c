@@ -22,13 +22,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "errmsg.h"
 #include "kvnode.h"
 
 #define ARENA_NONE UINT32_MAX
@@ -78,19 +78,6 @@ struct arena {
     uint64_t bad_frees;
 };
 
-static void arena_set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void arena_set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* Lay out the bitmap levels for slabs of up to max_blocks blocks. */
 static void arena_plan_levels(arena *a, uint64_t max_blocks)
 {
@@ -112,40 +99,40 @@ int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **
     if (out)
         *out = NULL;
     if (!out) {
-        arena_set_err(err, errlen, "arena: no output pointer");
+        errmsg_set(err, errlen, "arena: no output pointer");
         return -KVNODE_EINVAL;
     }
     if (slab_bytes == 0 || slab_bytes % ARENA_STRIDE_ALIGN != 0) {
-        arena_set_err(err, errlen, "arena: slab_bytes %" PRIu64 " is not a positive multiple of %u",
+        errmsg_set(err, errlen, "arena: slab_bytes %" PRIu64 " is not a positive multiple of %u",
                       slab_bytes, ARENA_STRIDE_ALIGN);
         return -KVNODE_EINVAL;
     }
     if (slab_bytes > ARENA_MAX_SLAB_BYTES) {
-        arena_set_err(err, errlen, "arena: slab_bytes %" PRIu64 " is over the maximum %" PRIu64,
+        errmsg_set(err, errlen, "arena: slab_bytes %" PRIu64 " is over the maximum %" PRIu64,
                       slab_bytes, (uint64_t)ARENA_MAX_SLAB_BYTES);
         return -KVNODE_EINVAL;
     }
     if (bytes < slab_bytes) {
-        arena_set_err(err, errlen, "arena: size %" PRIu64 " bytes is smaller than one slab (%" PRIu64
+        errmsg_set(err, errlen, "arena: size %" PRIu64 " bytes is smaller than one slab (%" PRIu64
                       " bytes)", bytes, slab_bytes);
         return -KVNODE_EINVAL;
     }
     uint64_t nslabs = bytes / slab_bytes;
     if (nslabs >= ARENA_NONE) {
-        arena_set_err(err, errlen, "arena: size %" PRIu64 " bytes makes %" PRIu64
+        errmsg_set(err, errlen, "arena: size %" PRIu64 " bytes makes %" PRIu64
                       " slabs of %" PRIu64 " bytes, over the limit of %u slabs",
                       bytes, nslabs, slab_bytes, ARENA_NONE - 1);
         return -KVNODE_EINVAL;
     }
     uint64_t size = nslabs * slab_bytes;
     if (size > (uint64_t)SIZE_MAX || size > (uint64_t)INT64_MAX) {
-        arena_set_err(err, errlen, "arena: size %" PRIu64 " bytes cannot be mapped", size);
+        errmsg_set(err, errlen, "arena: size %" PRIu64 " bytes cannot be mapped", size);
         return -KVNODE_EINVAL;
     }
 
     arena *a = calloc(1, sizeof(*a));
     if (!a) {
-        arena_set_err(err, errlen, "arena: out of memory");
+        errmsg_set(err, errlen, "arena: out of memory");
         return -KVNODE_ENOMEM;
     }
     a->id = id;
@@ -162,7 +149,7 @@ int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **
     /* calloc'd zero pages are only materialised where blocks are tracked. */
     a->bits = calloc(nslabs, a->slab_words * sizeof(uint64_t));
     if (!a->slabs || !a->free_slabs || !a->bits) {
-        arena_set_err(err, errlen, "arena: out of memory for %" PRIu64 " slabs of metadata", nslabs);
+        errmsg_set(err, errlen, "arena: out of memory for %" PRIu64 " slabs of metadata", nslabs);
         goto fail;
     }
     /* Stack pops slab 0 first, so a fresh arena fills from its start. */
@@ -176,11 +163,11 @@ int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **
     rc = -KVNODE_EIO;
     a->fd = memfd_create("kvnode-host", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (a->fd < 0) {
-        arena_set_err(err, errlen, "arena: memfd_create: %s", strerror(errno));
+        errmsg_set(err, errlen, "arena: memfd_create: %s", strerror(errno));
         goto fail;
     }
     if (ftruncate(a->fd, (off_t)size) != 0) {
-        arena_set_err(err, errlen, "arena: ftruncate memfd to %" PRIu64 " bytes: %s", size,
+        errmsg_set(err, errlen, "arena: ftruncate memfd to %" PRIu64 " bytes: %s", size,
                       strerror(errno));
         goto fail;
     }
@@ -189,20 +176,20 @@ int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **
      * must not pay a zero-fill page fault on first use. */
     if (fallocate(a->fd, 0, 0, (off_t)size) != 0) {
         rc = errno == ENOSPC || errno == ENOMEM ? -KVNODE_ENOMEM : -KVNODE_EIO;
-        arena_set_err(err, errlen, "arena: cannot reserve %" PRIu64 " bytes of host memory: %s",
+        errmsg_set(err, errlen, "arena: cannot reserve %" PRIu64 " bytes of host memory: %s",
                       size, strerror(errno));
         goto fail;
     }
     /* Clients map the fd: its size must never change under them. */
     if (fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-        arena_set_err(err, errlen, "arena: sealing memfd: %s", strerror(errno));
+        errmsg_set(err, errlen, "arena: sealing memfd: %s", strerror(errno));
         goto fail;
     }
     a->base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, a->fd, 0);
     if (a->base == MAP_FAILED) {
         if (errno == ENOMEM)
             rc = -KVNODE_ENOMEM;
-        arena_set_err(err, errlen, "arena: mmap of %" PRIu64 " bytes: %s", size, strerror(errno));
+        errmsg_set(err, errlen, "arena: mmap of %" PRIu64 " bytes: %s", size, strerror(errno));
         goto fail;
     }
     *out = a;

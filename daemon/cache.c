@@ -2,7 +2,6 @@
 #include "cache.h"
 
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,7 @@
 #include "arena.h"
 #include "clock.h"
 #include "devmem.h"
+#include "errmsg.h"
 #include "index.h"
 #include "kvnode.h"
 #include "log.h"
@@ -48,17 +48,6 @@ struct cache {
 static void cache_evict_cb(evutil_socket_t fd, short what, void *arg);
 static void cache_reap_cb(evutil_socket_t fd, short what, void *arg);
 
-static void errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !errlen)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 int cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,
                  char *err, size_t errlen)
 {
@@ -67,7 +56,7 @@ int cache_create(struct event_base *base, const struct kvn_config *cfg, struct c
 
     *out = NULL;
     if (!c) {
-        errf(err, errlen, "out of memory");
+        errmsg_set(err, errlen, "out of memory");
         return -KVNODE_ENOMEM;
     }
     c->base = base;
@@ -78,17 +67,17 @@ int cache_create(struct event_base *base, const struct kvn_config *cfg, struct c
      * order of magnitude; it grows incrementally beyond that. */
     rc = index_create(cfg->host_bytes / (256u * 1024u), &c->index);
     if (rc < 0) {
-        errf(err, errlen, "cannot create the block index: out of memory");
+        errmsg_set(err, errlen, "cannot create the block index: out of memory");
         goto fail;
     }
     rc = ns_registry_create(cfg->max_namespaces, &c->namespaces);
     if (rc < 0) {
-        errf(err, errlen, "cannot create the namespace registry: out of memory");
+        errmsg_set(err, errlen, "cannot create the namespace registry: out of memory");
         goto fail;
     }
     rc = lease_table_create(&c->leases);
     if (rc < 0) {
-        errf(err, errlen, "cannot create the lease table: out of memory");
+        errmsg_set(err, errlen, "cannot create the lease table: out of memory");
         goto fail;
     }
     if (cfg->pin_host != CONFIG_PIN_OFF) {
@@ -97,7 +86,7 @@ int cache_create(struct event_base *base, const struct kvn_config *cfg, struct c
             c->host_pinned = true;
             log_info("host arena pinned for GPU copies (%" PRIu64 " bytes)", arena_size(c->host));
         } else if (cfg->pin_host == CONFIG_PIN_ON) {
-            errf(err, errlen, "memory.pin_host = on but the host arena cannot be pinned: %s", why);
+            errmsg_set(err, errlen, "memory.pin_host = on but the host arena cannot be pinned: %s", why);
             rc = -KVNODE_EIO;
             goto fail;
         } else {
@@ -107,7 +96,7 @@ int cache_create(struct event_base *base, const struct kvn_config *cfg, struct c
     c->evict_ev = event_new(base, -1, 0, cache_evict_cb, c);
     c->reap_ev = event_new(base, -1, EV_PERSIST, cache_reap_cb, c);
     if (!c->evict_ev || !c->reap_ev) {
-        errf(err, errlen, "cannot create cache events");
+        errmsg_set(err, errlen, "cannot create cache events");
         rc = -KVNODE_ENOMEM;
         goto fail;
     }
@@ -175,12 +164,12 @@ int cache_bind(struct cache *c, const struct ns_layout *layout, kv_namespace **n
     if (rc == -KVNODE_ETOOBIG) {
         struct arena_stats st;
         arena_get_stats(c->host, &st);
-        errf(err, errlen, "block_bytes %" PRIu64 " exceeds the allocator's slab size %" PRIu64
+        errmsg_set(err, errlen, "block_bytes %" PRIu64 " exceeds the allocator's slab size %" PRIu64
              " (raise memory.slab_bytes)", layout->block_bytes, st.slab_bytes);
         return -KVNODE_ELAYOUT;
     }
     if (rc < 0) {
-        errf(err, errlen, "too many distinct block sizes in the host arena (at most %u)",
+        errmsg_set(err, errlen, "too many distinct block sizes in the host arena (at most %u)",
              ARENA_MAX_CLASSES);
         return rc;
     }
@@ -343,7 +332,7 @@ size_t cache_match(struct cache *c, kv_namespace *ns, const int64_t *keys, size_
 static int cache_check_lease_room(struct cache *c, struct lease_list *owner, char *err, size_t errlen)
 {
     if (owner->count >= c->max_leases_per_client) {
-        errf(err, errlen, "this connection already holds %zu leases (leases.max_per_client = %u);"
+        errmsg_set(err, errlen, "this connection already holds %zu leases (leases.max_per_client = %u);"
              " end some first", owner->count, c->max_leases_per_client);
         return -KVNODE_ELIMIT;
     }
@@ -373,7 +362,7 @@ int cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
         return rc;
     l = lease_create(c->leases, LEASE_READ, ns->id, owner, clock_now_ms(), c->read_ttl_ms, m);
     if (!l) {
-        errf(err, errlen, "out of memory creating a read lease");
+        errmsg_set(err, errlen, "out of memory creating a read lease");
         return -KVNODE_ENOMEM;
     }
     for (size_t i = 0; i < m; i++) {
@@ -400,7 +389,7 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
 
     *lease_id = 0;
     if (tier != 0 && tier != KVNODE_TIER_HOST && tier != KVNODE_TIER_HBM) {
-        errf(err, errlen, "unknown tier %d (expected %d host or %d hbm)", tier,
+        errmsg_set(err, errlen, "unknown tier %d (expected %d host or %d hbm)", tier,
              KVNODE_TIER_HOST, KVNODE_TIER_HBM);
         return -KVNODE_EINVAL;
     }
@@ -420,7 +409,7 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
         return rc;
     l = lease_create(c->leases, LEASE_WRITE, ns->id, owner, clock_now_ms(), c->write_ttl_ms, n);
     if (!l) {
-        errf(err, errlen, "out of memory creating a write lease");
+        errmsg_set(err, errlen, "out of memory creating a write lease");
         return -KVNODE_ENOMEM;
     }
     for (size_t i = 0; i < n; i++) {
@@ -438,7 +427,7 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
         e = index_insert(c->index, ns->id, keys[i]);
         if (!e) {
             arena_free(c->host, off);
-            errf(err, errlen, "out of memory indexing block %zu", i);
+            errmsg_set(err, errlen, "out of memory indexing block %zu", i);
             rc = -KVNODE_ENOMEM;
             goto undo;
         }
@@ -459,7 +448,7 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
 nospace: {
         struct arena_stats st;
         arena_get_stats(c->host, &st);
-        errf(err, errlen, "host tier full: cannot reserve %zu blocks of %" PRIu64 " bytes "
+        errmsg_set(err, errlen, "host tier full: cannot reserve %zu blocks of %" PRIu64 " bytes "
              "(%" PRIu64 " of %" PRIu64 " bytes in use, the rest pinned by readers or "
              "reserved by writers)", need, ns->layout.block_bytes, st.used_bytes, st.capacity);
         rc = -KVNODE_ENOSPC;
@@ -527,12 +516,12 @@ int cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id
 
     *blocks = 0;
     if (!l || l->owner != owner) {
-        errf(err, errlen, "lease %" PRIu64 " is not held by this connection "
+        errmsg_set(err, errlen, "lease %" PRIu64 " is not held by this connection "
              "(ended, expired after its TTL, or never granted)", lease_id);
         return -KVNODE_ENOLEASE;
     }
     if (l->kind != kind) {
-        errf(err, errlen, "lease %" PRIu64 " is a %s lease; end it with %s", lease_id,
+        errmsg_set(err, errlen, "lease %" PRIu64 " is a %s lease; end it with %s", lease_id,
              l->kind == LEASE_READ ? "read" : "write",
              l->kind == LEASE_READ ? "get_end" : "put_commit or put_abort");
         return -KVNODE_EINVAL;

@@ -23,11 +23,11 @@
 #include "namespace.h"
 
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "errmsg.h"
 #include "kvnode.h"
 
 /* 14695981039346656037; PROTOCOLS.md §3 prints it without the last digit. */
@@ -41,19 +41,6 @@ struct ns_registry {
     size_t count;
     uint32_t max;
 };
-
-static void ns_set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void ns_set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* The fields are fixed arrays filled from the wire: never read past them
  * even when a caller forgot the terminator (validation refuses that). */
@@ -118,11 +105,11 @@ static int ns_check_string(const char *name, const char *s, size_t max, int requ
 {
     size_t n = strnlen(s, max);
     if (n == max) {
-        ns_set_err(err, errlen, "layout: %s is longer than %zu bytes", name, max - 1);
+        errmsg_set(err, errlen, "layout: %s is longer than %zu bytes", name, max - 1);
         return -KVNODE_ELAYOUT;
     }
     if (required && n == 0) {
-        ns_set_err(err, errlen, "layout: %s is empty", name);
+        errmsg_set(err, errlen, "layout: %s is empty", name);
         return -KVNODE_ELAYOUT;
     }
     if (allow_ctl)
@@ -130,7 +117,7 @@ static int ns_check_string(const char *name, const char *s, size_t max, int requ
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c < 0x20 || c == 0x7f) {
-            ns_set_err(err, errlen, "layout: %s contains control character 0x%02x at byte %zu",
+            errmsg_set(err, errlen, "layout: %s contains control character 0x%02x at byte %zu",
                        name, c, i);
             return -KVNODE_ELAYOUT;
         }
@@ -149,19 +136,19 @@ int ns_layout_validate(const struct ns_layout *l, char *err, size_t errlen)
     if ((rc = ns_check_string("extra", l->extra, NS_EXTRA_MAX, 0, 1, err, errlen)) != 0)
         return rc;
     if (l->block_tokens == 0) {
-        ns_set_err(err, errlen, "layout: block_tokens must be > 0");
+        errmsg_set(err, errlen, "layout: block_tokens must be > 0");
         return -KVNODE_ELAYOUT;
     }
     if (l->block_bytes == 0) {
-        ns_set_err(err, errlen, "layout: block_bytes must be > 0");
+        errmsg_set(err, errlen, "layout: block_bytes must be > 0");
         return -KVNODE_ELAYOUT;
     }
     if (l->tp_size == 0) {
-        ns_set_err(err, errlen, "layout: tp_size must be >= 1");
+        errmsg_set(err, errlen, "layout: tp_size must be >= 1");
         return -KVNODE_ELAYOUT;
     }
     if (l->tp_rank >= l->tp_size) {
-        ns_set_err(err, errlen, "layout: tp_rank %" PRIu32 " is not below tp_size %" PRIu32,
+        errmsg_set(err, errlen, "layout: tp_rank %" PRIu32 " is not below tp_size %" PRIu32,
                    l->tp_rank, l->tp_size);
         return -KVNODE_ELAYOUT;
     }
@@ -228,13 +215,13 @@ int ns_bind(ns_registry *r, const struct ns_layout *l, kv_namespace **out, int *
         if (!ns_same_deployment(&ns->layout, l)) {
             char mine[NS_DEPLOYMENT_ID_MAX];
             ns_deployment_id(l, fp, mine, sizeof(mine));
-            ns_set_err(err, errlen,
+            errmsg_set(err, errlen,
                        "layout conflict: %s has the fingerprint of registered deployment %s "
                        "but a different layout", mine, ns->deployment_id);
             return -KVNODE_ELAYOUT;
         }
         if (ns->layout.block_bytes != l->block_bytes) {
-            ns_set_err(err, errlen,
+            errmsg_set(err, errlen,
                        "layout conflict: deployment %s already registered with block_bytes %"
                        PRIu64 ", engine announced %" PRIu64,
                        ns->deployment_id, ns->layout.block_bytes, l->block_bytes);
@@ -248,13 +235,13 @@ int ns_bind(ns_registry *r, const struct ns_layout *l, kv_namespace **out, int *
     }
 
     if (r->count >= r->max) {
-        ns_set_err(err, errlen, "namespace limit reached: %" PRIu32
+        errmsg_set(err, errlen, "namespace limit reached: %" PRIu32
                    " namespaces registered (max_namespaces)", r->max);
         return -KVNODE_ELIMIT;
     }
     kv_namespace *ns = calloc(1, sizeof(*ns));
     if (!ns) {
-        ns_set_err(err, errlen, "out of memory creating a namespace");
+        errmsg_set(err, errlen, "out of memory creating a namespace");
         return -KVNODE_ENOMEM;
     }
     ns->id = (uint32_t)(r->count + 1);
