@@ -860,39 +860,58 @@ void kvnode_set_timeout(kvnode_client *c, int timeout_ms)
 
 /* --- zero-copy calls --------------------------------------------------------- */
 
-int kvnode_match(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *matched)
+/* match and delete: n keys in, a count of at most n out (*count). `del`
+ * picks the op; `out_name` names the output argument in errors. */
+static int client_count_call(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *count,
+                             int del, const char *out_name)
 {
     Kvnode__Request req = KVNODE__REQUEST__INIT;
     Kvnode__MatchRequest m = KVNODE__MATCH_REQUEST__INIT;
+    Kvnode__DeleteRequest d = KVNODE__DELETE_REQUEST__INIT;
+    const char *what = del ? "delete" : "match";
     Kvnode__Response *resp;
+    uint32_t answered;
     int rc;
 
     if (!c)
         return -KVNODE_EINVAL;
-    if (!matched || (!keys && n > 0)) {
-        client_seterr(c, "match: NULL %s", matched ? "keys" : "matched");
+    if (!count || (!keys && n > 0)) {
+        client_seterr(c, "%s: NULL %s", what, count ? "keys" : out_name);
         return -KVNODE_EINVAL;
     }
-    *matched = 0;
-    rc = client_check_ns(c, n, "match");
+    *count = 0;
+    rc = client_check_ns(c, n, what);
     if (rc < 0 || n == 0)
         return rc;
-    m.n_keys = n;
-    m.keys = (int64_t *)(uintptr_t)keys;
-    req.op_case = KVNODE__REQUEST__OP_MATCH;
-    req.match = &m;
-    rc = client_call(c, &req, KVNODE__RESPONSE__RESULT_MATCH, &resp);
+    if (del) {
+        d.n_keys = n;
+        d.keys = (int64_t *)(uintptr_t)keys;
+        req.op_case = KVNODE__REQUEST__OP_DELETE;
+        req.delete_ = &d;
+    } else {
+        m.n_keys = n;
+        m.keys = (int64_t *)(uintptr_t)keys;
+        req.op_case = KVNODE__REQUEST__OP_MATCH;
+        req.match = &m;
+    }
+    rc = client_call(c, &req, del ? KVNODE__RESPONSE__RESULT_DELETE : KVNODE__RESPONSE__RESULT_MATCH,
+                     &resp);
     if (rc < 0)
         return rc;
-    if (resp->match->matched > n) {
-        client_seterr(c, "protocol: match of %zu keys answered %" PRIu32, n,
-                      resp->match->matched);
+    answered = del ? resp->delete_->deleted : resp->match->matched;
+    if (answered > n) {
+        client_seterr(c, "protocol: %s of %zu keys answered %" PRIu32, what, n, answered);
         rc = -KVNODE_EPROTO;
     } else {
-        *matched = resp->match->matched;
+        *count = answered;
     }
     client_response_free(c, resp);
     return rc;
+}
+
+int kvnode_match(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *matched)
+{
+    return client_count_call(c, keys, n, matched, 0, "matched");
 }
 
 int kvnode_get_begin(kvnode_client *c, const kvnode_key *keys, size_t n,
@@ -1037,21 +1056,75 @@ static int client_check_blocks(kvnode_client *c, const void *const *blocks, size
     return 0;
 }
 
+/* Keys per inline chunk so that a frame carrying that many blocks stays under
+ * the daemon's max_frame_bytes (and max_keys). 0: one block does not fit. */
+static size_t client_inline_chunk(const kvnode_client *c)
+{
+    uint64_t per = c->block_bytes + CLIENT_INLINE_PER_BLOCK;
+    uint64_t k;
+
+    if (c->send_max <= CLIENT_INLINE_OVERHEAD)
+        return 0;
+    k = (c->send_max - CLIENT_INLINE_OVERHEAD) / per;
+    if (k > 1 && k * per > CLIENT_INLINE_TARGET)
+        k = CLIENT_INLINE_TARGET / per > 1 ? CLIENT_INLINE_TARGET / per : 1;
+    return k < c->max_keys ? (size_t)k : c->max_keys;
+}
+
 /* Common entry of the copying calls: argument and state checks without the
- * max_keys limit (they split into chunks). */
+ * max_keys limit (they split into chunks). When n > 0 and all is well, *cap
+ * is the most keys one chunk may have (at most n): max_keys, or with
+ * inline_ as many blocks as fit in a frame. */
 static int client_copy_entry(kvnode_client *c, const kvnode_key *keys, size_t n,
-                             const void *const *blocks, const char *what)
+                             const void *const *blocks, int inline_, size_t *cap,
+                             const char *what)
 {
     int rc;
 
+    if (!c)
+        return -KVNODE_EINVAL;
     if (!keys && n > 0) {
         client_seterr(c, "%s: NULL keys", what);
         return -KVNODE_EINVAL;
     }
     rc = client_check_blocks(c, blocks, n, what);
-    if (rc < 0)
+    if (rc == 0)
+        rc = client_check_ns(c, 0, what);
+    if (rc < 0 || n == 0)
         return rc;
-    return client_check_ns(c, 0, what);
+    *cap = inline_ ? client_inline_chunk(c) : c->max_keys;
+    if (*cap == 0) {
+        client_seterr(c, "%s: a block of %" PRIu64 " bytes does not fit in a frame of %"
+                      PRIu32 " bytes", what, c->block_bytes, c->send_max);
+        return -KVNODE_ETOOBIG;
+    }
+    if (*cap > n)
+        *cap = n;
+    return 0;
+}
+
+/* client_copy_entry for the gets, which also zero *got. */
+static int client_get_entry(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
+                            size_t *got, int inline_, size_t *cap, const char *what)
+{
+    if (!c)
+        return -KVNODE_EINVAL;
+    if (!got) {
+        client_seterr(c, "%s: NULL got", what);
+        return -KVNODE_EINVAL;
+    }
+    *got = 0;
+    return client_copy_entry(c, keys, n, (const void *const *)dst, inline_, cap, what);
+}
+
+/* malloc that names the failure in c's error message. */
+static void *client_malloc(kvnode_client *c, size_t size)
+{
+    void *p = malloc(size);
+
+    if (!p)
+        client_seterr(c, "out of memory");
+    return p;
 }
 
 int kvnode_get(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst, size_t *got)
@@ -1060,22 +1133,12 @@ int kvnode_get(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *
     size_t done = 0, cap;
     int rc;
 
-    if (!c)
-        return -KVNODE_EINVAL;
-    if (!got) {
-        client_seterr(c, "get: NULL got");
-        return -KVNODE_EINVAL;
-    }
-    *got = 0;
-    rc = client_copy_entry(c, keys, n, (const void *const *)dst, "get");
+    rc = client_get_entry(c, keys, n, dst, got, 0, &cap, "get");
     if (rc < 0 || n == 0)
         return rc;
-    cap = n < c->max_keys ? n : c->max_keys;
-    locs = malloc(cap * sizeof *locs);
-    if (!locs) {
-        client_seterr(c, "out of memory");
+    locs = client_malloc(c, cap * sizeof *locs);
+    if (!locs)
         return -KVNODE_ENOMEM;
-    }
     while (done < n) {
         size_t chunk = n - done < cap ? n - done : cap, g = 0, i;
         kvnode_lease lease;
@@ -1104,17 +1167,12 @@ int kvnode_put(kvnode_client *c, const kvnode_key *keys, size_t n, const void *c
     size_t done = 0, cap;
     int rc;
 
-    if (!c)
-        return -KVNODE_EINVAL;
-    rc = client_copy_entry(c, keys, n, src, "put");
+    rc = client_copy_entry(c, keys, n, src, 0, &cap, "put");
     if (rc < 0 || n == 0)
         return rc;
-    cap = n < c->max_keys ? n : c->max_keys;
-    locs = malloc(cap * sizeof *locs);
-    if (!locs) {
-        client_seterr(c, "out of memory");
+    locs = client_malloc(c, cap * sizeof *locs);
+    if (!locs)
         return -KVNODE_ENOMEM;
-    }
     while (done < n) {
         size_t chunk = n - done < cap ? n - done : cap, i;
         kvnode_lease lease;
@@ -1135,43 +1193,15 @@ int kvnode_put(kvnode_client *c, const kvnode_key *keys, size_t n, const void *c
     return rc;
 }
 
-/* Keys per inline chunk so that a frame carrying that many blocks stays under
- * the daemon's max_frame_bytes (and max_keys). 0: one block does not fit. */
-static size_t client_inline_chunk(const kvnode_client *c)
-{
-    uint64_t per = c->block_bytes + CLIENT_INLINE_PER_BLOCK;
-    uint64_t k;
-
-    if (c->send_max <= CLIENT_INLINE_OVERHEAD)
-        return 0;
-    k = (c->send_max - CLIENT_INLINE_OVERHEAD) / per;
-    if (k > 1 && k * per > CLIENT_INLINE_TARGET)
-        k = CLIENT_INLINE_TARGET / per > 1 ? CLIENT_INLINE_TARGET / per : 1;
-    return k < c->max_keys ? (size_t)k : c->max_keys;
-}
-
 int kvnode_get_inline(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
                       size_t *got)
 {
     size_t done = 0, cap;
     int rc;
 
-    if (!c)
-        return -KVNODE_EINVAL;
-    if (!got) {
-        client_seterr(c, "get_inline: NULL got");
-        return -KVNODE_EINVAL;
-    }
-    *got = 0;
-    rc = client_copy_entry(c, keys, n, (const void *const *)dst, "get_inline");
+    rc = client_get_entry(c, keys, n, dst, got, 1, &cap, "get_inline");
     if (rc < 0 || n == 0)
         return rc;
-    cap = client_inline_chunk(c);
-    if (cap == 0) {
-        client_seterr(c, "get_inline: a block of %" PRIu64 " bytes does not fit in a frame of %"
-                      PRIu32 " bytes", c->block_bytes, c->send_max);
-        return -KVNODE_ETOOBIG;
-    }
     while (done < n) {
         Kvnode__Request req = KVNODE__REQUEST__INIT;
         Kvnode__GetInlineRequest g = KVNODE__GET_INLINE_REQUEST__INIT;
@@ -1219,24 +1249,12 @@ int kvnode_put_inline(kvnode_client *c, const kvnode_key *keys, size_t n, const 
     size_t done = 0, cap;
     int rc;
 
-    if (!c)
-        return -KVNODE_EINVAL;
-    rc = client_copy_entry(c, keys, n, src, "put_inline");
+    rc = client_copy_entry(c, keys, n, src, 1, &cap, "put_inline");
     if (rc < 0 || n == 0)
         return rc;
-    cap = client_inline_chunk(c);
-    if (cap == 0) {
-        client_seterr(c, "put_inline: a block of %" PRIu64 " bytes does not fit in a frame of %"
-                      PRIu32 " bytes", c->block_bytes, c->send_max);
-        return -KVNODE_ETOOBIG;
-    }
-    if (cap > n)
-        cap = n;
-    blobs = malloc(cap * sizeof *blobs);
-    if (!blobs) {
-        client_seterr(c, "out of memory");
+    blobs = client_malloc(c, cap * sizeof *blobs);
+    if (!blobs)
         return -KVNODE_ENOMEM;
-    }
     while (done < n) {
         Kvnode__Request req = KVNODE__REQUEST__INIT;
         Kvnode__PutInlineRequest p = KVNODE__PUT_INLINE_REQUEST__INIT;
@@ -1268,37 +1286,7 @@ int kvnode_put_inline(kvnode_client *c, const kvnode_key *keys, size_t n, const 
 
 int kvnode_delete(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *deleted)
 {
-    Kvnode__Request req = KVNODE__REQUEST__INIT;
-    Kvnode__DeleteRequest d = KVNODE__DELETE_REQUEST__INIT;
-    Kvnode__Response *resp;
-    int rc;
-
-    if (!c)
-        return -KVNODE_EINVAL;
-    if (!deleted || (!keys && n > 0)) {
-        client_seterr(c, "delete: NULL %s", deleted ? "keys" : "deleted");
-        return -KVNODE_EINVAL;
-    }
-    *deleted = 0;
-    rc = client_check_ns(c, n, "delete");
-    if (rc < 0 || n == 0)
-        return rc;
-    d.n_keys = n;
-    d.keys = (int64_t *)(uintptr_t)keys;
-    req.op_case = KVNODE__REQUEST__OP_DELETE;
-    req.delete_ = &d;
-    rc = client_call(c, &req, KVNODE__RESPONSE__RESULT_DELETE, &resp);
-    if (rc < 0)
-        return rc;
-    if (resp->delete_->deleted > n) {
-        client_seterr(c, "protocol: delete of %zu keys answered %" PRIu32, n,
-                      resp->delete_->deleted);
-        rc = -KVNODE_EPROTO;
-    } else {
-        *deleted = resp->delete_->deleted;
-    }
-    client_response_free(c, resp);
-    return rc;
+    return client_count_call(c, keys, n, deleted, 1, "deleted");
 }
 
 int kvnode_stats_json(kvnode_client *c, char **json)

@@ -931,7 +931,12 @@ static const char *ns_desc(const kvnode_layout *l, char *buf, size_t len)
     return buf;
 }
 
-static int cmd_match(const struct ctl *x, char **args, int nargs)
+/* match and delete: send the keys in batches (a batch refused as too big is
+ * retried with half as many keys). match stops at the first key that is not
+ * stored, so *count is the length of the stored prefix; delete goes through
+ * every key and *count is how many were deleted. *nkeys: the keys given. */
+static int match_or_delete(const struct ctl *x, char **args, int nargs, bool del, size_t *count,
+                           size_t *nkeys)
 {
     struct keyvec kv = {0};
     int ex = collect_keys(x, args, nargs, &kv);
@@ -944,10 +949,10 @@ static int cmd_match(const struct ctl *x, char **args, int nargs)
         free(kv.v);
         return ex;
     }
-    size_t batch = BATCH_KEYS, matched = 0;
-    while (matched < kv.n) {
-        size_t n = kv.n - matched < batch ? kv.n - matched : batch, m = 0;
-        int rc = kvnode_match(c, kv.v + matched, n, &m);
+    size_t batch = BATCH_KEYS, done = 0, total = 0;
+    while (done < kv.n) {
+        size_t n = kv.n - done < batch ? kv.n - done : batch, k = 0;
+        int rc = del ? kvnode_delete(c, kv.v + done, n, &k) : kvnode_match(c, kv.v + done, n, &k);
         if (rc == -KVNODE_ETOOBIG && batch > 1) {
             batch /= 2;
             continue;
@@ -956,60 +961,42 @@ static int cmd_match(const struct ctl *x, char **args, int nargs)
             ex = lib_error(rc, c);
             break;
         }
-        matched += m < n ? m : n;
-        if (m < n)
+        total += k < n ? k : n;
+        done += n;
+        if (!del && k < n)
             break;
     }
     kvnode_close(c);
-    if (!ex) {
-        if (x->json)
-            printf("{\"matched\":%zu,\"keys\":%zu}\n", matched, kv.n);
-        else
-            printf("matched %zu of %zu\n", matched, kv.n);
-        if (x->require_all && matched < kv.n)
-            ex = EXIT_PARTIAL;
-    }
+    *count = total;
+    *nkeys = kv.n;
     free(kv.v);
     return ex;
 }
 
+static int cmd_match(const struct ctl *x, char **args, int nargs)
+{
+    size_t matched, nkeys;
+    int ex = match_or_delete(x, args, nargs, false, &matched, &nkeys);
+    if (ex)
+        return ex;
+    if (x->json)
+        printf("{\"matched\":%zu,\"keys\":%zu}\n", matched, nkeys);
+    else
+        printf("matched %zu of %zu\n", matched, nkeys);
+    return x->require_all && matched < nkeys ? EXIT_PARTIAL : EXIT_OK;
+}
+
 static int cmd_delete(const struct ctl *x, char **args, int nargs)
 {
-    struct keyvec kv = {0};
-    int ex = collect_keys(x, args, nargs, &kv);
-    if (ex) {
-        free(kv.v);
+    size_t deleted, nkeys;
+    int ex = match_or_delete(x, args, nargs, true, &deleted, &nkeys);
+    if (ex)
         return ex;
-    }
-    kvnode_client *c;
-    if ((ex = ctl_connect(x, &x->layout, &c))) {
-        free(kv.v);
-        return ex;
-    }
-    size_t batch = BATCH_KEYS, done = 0, deleted = 0;
-    while (done < kv.n) {
-        size_t n = kv.n - done < batch ? kv.n - done : batch, d = 0;
-        int rc = kvnode_delete(c, kv.v + done, n, &d);
-        if (rc == -KVNODE_ETOOBIG && batch > 1) {
-            batch /= 2;
-            continue;
-        }
-        if (rc < 0) {
-            ex = lib_error(rc, c);
-            break;
-        }
-        deleted += d;
-        done += n;
-    }
-    kvnode_close(c);
-    if (!ex) {
-        if (x->json)
-            printf("{\"deleted\":%zu,\"keys\":%zu}\n", deleted, kv.n);
-        else
-            printf("deleted %zu of %zu\n", deleted, kv.n);
-    }
-    free(kv.v);
-    return ex;
+    if (x->json)
+        printf("{\"deleted\":%zu,\"keys\":%zu}\n", deleted, nkeys);
+    else
+        printf("deleted %zu of %zu\n", deleted, nkeys);
+    return EXIT_OK;
 }
 
 static uint64_t fnv1a64(const unsigned char *p, size_t n)
@@ -1411,38 +1398,18 @@ struct command {
     const char *name;
     unsigned allowed;   /* F_* */
     int (*run)(const struct ctl *, char **, int);
+    int (*run_noargs)(const struct ctl *);   /* instead of run: takes no arguments */
 };
 
-static int run_status(const struct ctl *x, char **a, int n)
-{
-    (void)a;
-    return n ? usage_error("status takes no arguments") : cmd_status(x);
-}
-static int run_stats(const struct ctl *x, char **a, int n)
-{
-    (void)a;
-    return n ? usage_error("stats takes no arguments") : cmd_stats(x);
-}
-static int run_namespaces(const struct ctl *x, char **a, int n)
-{
-    (void)a;
-    return n ? usage_error("namespaces takes no arguments") : cmd_namespaces(x);
-}
-static int run_ping(const struct ctl *x, char **a, int n)
-{
-    (void)a;
-    return n ? usage_error("ping takes no arguments") : cmd_ping(x);
-}
-
 static const struct command commands[] = {
-    {"status",     0, run_status},
-    {"stats",      0, run_stats},
-    {"namespaces", 0, run_namespaces},
-    {"ping",       0, run_ping},
-    {"match",      F_LAYOUT | F_KEYS_FILE | F_REQUIRE_ALL, cmd_match},
-    {"put",        F_LAYOUT | F_KEYS_OUT | F_INLINE, cmd_put},
-    {"get",        F_LAYOUT | F_KEYS_FILE | F_OUTPUT | F_SIZE | F_INLINE, cmd_get},
-    {"delete",     F_LAYOUT | F_KEYS_FILE, cmd_delete},
+    {"status",     0, NULL, cmd_status},
+    {"stats",      0, NULL, cmd_stats},
+    {"namespaces", 0, NULL, cmd_namespaces},
+    {"ping",       0, NULL, cmd_ping},
+    {"match",      F_LAYOUT | F_KEYS_FILE | F_REQUIRE_ALL, cmd_match, NULL},
+    {"put",        F_LAYOUT | F_KEYS_OUT | F_INLINE, cmd_put, NULL},
+    {"get",        F_LAYOUT | F_KEYS_FILE | F_OUTPUT | F_SIZE | F_INLINE, cmd_get, NULL},
+    {"delete",     F_LAYOUT | F_KEYS_FILE, cmd_delete, NULL},
 };
 
 int main(int argc, char **argv)
@@ -1594,7 +1561,14 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    ex = cmd->run(&x, nargv + optind + 1, nargc - optind - 1);
+    char **args = nargv + optind + 1;
+    int nargs = nargc - optind - 1;
+    if (cmd->run)
+        ex = cmd->run(&x, args, nargs);
+    else if (nargs)
+        ex = usage_error("%s takes no arguments", cmd->name);
+    else
+        ex = cmd->run_noargs(&x);
 out:
     free(nargv);
     /* Data on standard output that could not be written is an error. */

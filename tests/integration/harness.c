@@ -595,18 +595,19 @@ void kvh_print_log(const kvh_daemon *d, const char *why)
     kvh_print_file(d->log, why ? why : "kvnoded log");
 }
 
-char *kvh_read_log(const kvh_daemon *d)
+char *kvh_read_file(const char *path, size_t *len)
 {
-    FILE *f = fopen(d->log, "r");
+    FILE *f = fopen(path, "rb");
     if (!f) {
-        kvh_set_error("open %s: %s", d->log, strerror(errno));
+        kvh_set_error("open %s: %s", path, strerror(errno));
         return NULL;
     }
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (len + 1024 > cap) {
-            char *nb = realloc(buf, cap * 2);
+    size_t cap = 1 << 16, n = 0, r;
+    char *buf = malloc(cap + 1);
+    while (buf && (r = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += r;
+        if (n == cap) {
+            char *nb = realloc(buf, 2 * cap + 1);
             if (!nb) {
                 free(buf);
                 buf = NULL;
@@ -615,15 +616,21 @@ char *kvh_read_log(const kvh_daemon *d)
             buf = nb;
             cap *= 2;
         }
-        size_t n = fread(buf + len, 1, cap - len - 1, f);
-        if (n == 0)
-            break;
-        len += n;
     }
     fclose(f);
-    if (buf)
-        buf[len] = '\0';
+    if (!buf) {
+        kvh_set_error("read %s: out of memory", path);
+        return NULL;
+    }
+    buf[n] = '\0';
+    if (len)
+        *len = n;
     return buf;
+}
+
+char *kvh_read_log(const kvh_daemon *d)
+{
+    return kvh_read_file(d->log, NULL);
 }
 
 /* ------------------------------------------------------------------------- */

@@ -23,6 +23,7 @@
 #include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/types.h>
 
 #include <jansson.h>
@@ -79,6 +80,9 @@ void kvh_destroy(kvh_daemon *d);
 void kvh_print_log(const kvh_daemon *d, const char *why);
 /* Read the whole log into a malloc()ed string (NULL on error). */
 char *kvh_read_log(const kvh_daemon *d);
+/* Read a whole file into a malloc()ed buffer with a '\0' after its *len
+ * bytes (len may be NULL). NULL with kvh_error() set on error. */
+char *kvh_read_file(const char *path, size_t *len);
 
 /* --- layouts and block contents ------------------------------------------ */
 
@@ -168,6 +172,11 @@ void     kvh_sleep_ms(unsigned ms);
         int kvh_st_ = kvh_stop((d), 0); \
         ck_assert_msg(kvh_st_ == 0, "kvnoded did not stop gracefully: status %d (see log above)", kvh_st_); \
     } while (0)
+/* End of a test: the daemon stops gracefully, then its directory is removed. */
+#define KVH_STOP_DESTROY(d) do { \
+        KVH_STOP_OK(d); \
+        kvh_destroy(d); \
+    } while (0)
 #define KVH_CONNECT(d, layout, cp) do { \
         int kvh_rc_ = kvh_connect((d), (layout), (cp)); \
         ck_assert_msg(kvh_rc_ == 0, "connect: %s", kvh_error()); \
@@ -182,6 +191,25 @@ void     kvh_sleep_ms(unsigned ms);
         long long kvh_v_ = kvh_stat((d), (path)); \
         ck_assert_msg(kvh_v_ >= 0, "stat %s: %s", (path), kvh_error()); \
         kvh_v_; })
+
+/* A test program's main(): one suite `suite` holding one test case `tcase`
+ * (timeout_s seconds per test) with the n tests (START_TEST names), run with
+ * CK_NORMAL output. Returns EXIT_SUCCESS when none failed, else EXIT_FAILURE. */
+static inline int kvh_run_suite(const char *suite, const char *tcase, double timeout_s,
+                                const TTest *const tests[], size_t n)
+{
+    Suite *s = suite_create(suite);
+    TCase *tc = tcase_create(tcase);
+    tcase_set_timeout(tc, timeout_s);
+    for (size_t i = 0; i < n; i++)
+        tcase_add_test(tc, tests[i]);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
 #endif
 
 #endif

@@ -211,21 +211,12 @@ START_TEST(sixty_four_clients_random_ops)
     json_decref(st);
     kvnode_close(c);
 
-    KVH_STOP_OK(&daemon_);
-    kvh_destroy(&daemon_);
+    KVH_STOP_DESTROY(&daemon_);
 }
 END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("daemon_concurrency");
-    TCase *tc = tcase_create("concurrency");
-    tcase_set_timeout(tc, 40);
-    tcase_add_test(tc, sixty_four_clients_random_ops);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    const TTest *const tests[] = { sixty_four_clients_random_ops };
+    return kvh_run_suite("daemon_concurrency", "concurrency", 40, tests, sizeof tests / sizeof tests[0]);
 }

@@ -117,8 +117,7 @@ START_TEST(pinned_blocks_are_never_evicted)
 
     kvnode_close(c);
     kvnode_close(o);
-    KVH_STOP_OK(&d);
-    kvh_destroy(&d);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
@@ -213,8 +212,7 @@ START_TEST(enospc_when_everything_is_pinned_or_reserved)
     free(plocs);
     free(fresh);
     kvnode_close(c);
-    KVH_STOP_OK(&d);
-    kvh_destroy(&d);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
@@ -295,23 +293,16 @@ START_TEST(chains_are_evicted_leaves_first)
     kvnode_close(cs);
     kvnode_close(ct);
     kvnode_close(cf);
-    KVH_STOP_OK(&d);
-    kvh_destroy(&d);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("daemon_eviction");
-    TCase *tc = tcase_create("eviction");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, pinned_blocks_are_never_evicted);
-    tcase_add_test(tc, enospc_when_everything_is_pinned_or_reserved);
-    tcase_add_test(tc, chains_are_evicted_leaves_first);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    const TTest *const tests[] = {
+        pinned_blocks_are_never_evicted,
+        enospc_when_everything_is_pinned_or_reserved,
+        chains_are_evicted_leaves_first,
+    };
+    return kvh_run_suite("daemon_eviction", "eviction", 30, tests, sizeof tests / sizeof tests[0]);
 }

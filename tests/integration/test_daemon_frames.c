@@ -65,8 +65,7 @@ static void assert_served(struct fixture *f, const char *after)
 static void teardown(struct fixture *f)
 {
     kvnode_close(f->before);
-    KVH_STOP_OK(&f->d);
-    kvh_destroy(&f->d);
+    KVH_STOP_DESTROY(&f->d);
 }
 
 /* Receive one response and unpack it (the caller frees). */
@@ -281,20 +280,14 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("daemon_frames");
-    TCase *tc = tcase_create("frames");
-    tcase_set_timeout(tc, 20);
-    tcase_add_test(tc, length_over_max_frame_bytes);
-    tcase_add_test(tc, length_huge);
-    tcase_add_test(tc, zero_length);
-    tcase_add_test(tc, garbage_protobuf);
-    tcase_add_test(tc, truncated_frame_then_close);
-    tcase_add_test(tc, estate_before_hello_then_unknown_op);
-    tcase_add_test(tc, many_bad_connections_in_a_row);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    const TTest *const tests[] = {
+        length_over_max_frame_bytes,
+        length_huge,
+        zero_length,
+        garbage_protobuf,
+        truncated_frame_then_close,
+        estate_before_hello_then_unknown_op,
+        many_bad_connections_in_a_row,
+    };
+    return kvh_run_suite("daemon_frames", "frames", 20, tests, sizeof tests / sizeof tests[0]);
 }

@@ -62,36 +62,6 @@ static int run(char *const argv[], const char *out_path, const char *err_path)
     }
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    size_t r;
-    while (buf && (r = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += r;
-        if (n == cap) {
-            char *nb = realloc(buf, 2 * cap + 1);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = '\0';
-        if (len)
-            *len = n;
-    }
-    return buf;
-}
-
 /* Run and assert exit 0, printing stderr otherwise; returns stdout (free it). */
 static char *run_ok(const kvh_daemon *d, char *const argv[], const char *what)
 {
@@ -99,10 +69,10 @@ static char *run_ok(const kvh_daemon *d, char *const argv[], const char *what)
     snprintf(out, sizeof out, "%s/ctl.out", d->dir);
     snprintf(err, sizeof err, "%s/ctl.err", d->dir);
     int st = run(argv, out, err);
-    char *errtext = slurp(err, NULL);
+    char *errtext = kvh_read_file(err, NULL);
     ck_assert_msg(st == 0, "kvnodectl %s: exit status %d: %s", what, st, errtext ? errtext : "");
     free(errtext);
-    char *text = slurp(out, NULL);
+    char *text = kvh_read_file(out, NULL);
     ck_assert_msg(text != NULL, "kvnodectl %s: no output file", what);
     return text;
 }
@@ -171,7 +141,7 @@ START_TEST(kvnodectl_status_put_get_namespaces)
         text = run_ok(&d, get_argv, "get");
         free(text);
         size_t blen = 0;
-        char *got = slurp(back, &blen);
+        char *got = kvh_read_file(back, &blen);
         ck_assert_ptr_nonnull(got);
         ck_assert_msg(blen == FILE_BYTES, "get wrote %zu bytes, the file has %d", blen, FILE_BYTES);
         ck_assert_msg(memcmp(got, orig, FILE_BYTES) == 0, "get%s returned different bytes",
@@ -203,21 +173,12 @@ START_TEST(kvnodectl_status_put_get_namespaces)
     json_decref(arr);
     free(text);
 
-    KVH_STOP_OK(&d);
-    kvh_destroy(&d);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("daemon_kvnodectl");
-    TCase *tc = tcase_create("kvnodectl");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, kvnodectl_status_put_get_namespaces);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    const TTest *const tests[] = { kvnodectl_status_put_get_namespaces };
+    return kvh_run_suite("daemon_kvnodectl", "kvnodectl", 30, tests, sizeof tests / sizeof tests[0]);
 }

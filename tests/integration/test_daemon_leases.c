@@ -156,8 +156,7 @@ START_TEST(killed_client_leaves_nothing_pinned_or_reserved)
     ck_assert_int_gt(KVH_STAT(&d, "evictions.host.dropped_total"), 0);
 
     kvnode_close(c);
-    KVH_STOP_OK(&d);
-    kvh_destroy(&d);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
@@ -244,22 +243,15 @@ START_TEST(reaper_ends_expired_leases)
 
     kvnode_close(c);
     kvnode_close(o);
-    KVH_STOP_OK(&d);
-    kvh_destroy(&d);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("daemon_leases");
-    TCase *tc = tcase_create("leases");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, killed_client_leaves_nothing_pinned_or_reserved);
-    tcase_add_test(tc, reaper_ends_expired_leases);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    const TTest *const tests[] = {
+        killed_client_leaves_nothing_pinned_or_reserved,
+        reaper_ends_expired_leases,
+    };
+    return kvh_run_suite("daemon_leases", "leases", 30, tests, sizeof tests / sizeof tests[0]);
 }

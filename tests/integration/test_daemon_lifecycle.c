@@ -62,8 +62,7 @@ START_TEST(restart_over_stale_socket)
     KVH_START(&b, cfg);
     ck_assert_str_eq(b.sock, a.sock);
     assert_serves(&b, "daemon started over the stale socket");
-    KVH_STOP_OK(&b);
-    kvh_destroy(&b);
+    KVH_STOP_DESTROY(&b);
     kvh_destroy(&a);
 }
 END_TEST
@@ -102,15 +101,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("daemon_lifecycle");
-    TCase *tc = tcase_create("lifecycle");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, restart_over_stale_socket);
-    tcase_add_test(tc, second_daemon_on_live_socket_refuses);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    const TTest *const tests[] = {
+        restart_over_stale_socket,
+        second_daemon_on_live_socket_refuses,
+    };
+    return kvh_run_suite("daemon_lifecycle", "lifecycle", 30, tests, sizeof tests / sizeof tests[0]);
 }

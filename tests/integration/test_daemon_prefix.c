@@ -104,8 +104,7 @@ START_TEST(longest_prefix_and_gaps)
     ck_assert_msg(lease == 0, "put_begin of stored keys returned lease %llu", (unsigned long long)lease);
 
     kvnode_close(c);
-    KVH_STOP_OK(&d);
-    kvh_destroy(&d);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
@@ -168,8 +167,7 @@ START_TEST(put_abort_makes_nothing_visible)
 
     kvnode_close(c);
     kvnode_close(o);
-    KVH_STOP_OK(&d);
-    kvh_destroy(&d);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
@@ -219,8 +217,7 @@ START_TEST(put_begin_skips_keys_being_written)
 
     kvnode_close(a);
     kvnode_close(b);
-    KVH_STOP_OK(&d);
-    kvh_destroy(&d);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
@@ -275,8 +272,7 @@ START_TEST(tp_ranks_are_separate_namespaces)
 
     kvnode_close(r0);
     kvnode_close(r1);
-    KVH_STOP_OK(&d);
-    kvh_destroy(&d);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
@@ -317,25 +313,18 @@ START_TEST(same_deployment_other_block_size_is_elayout)
     assert_elayout(&d, &b0, "after the first clients left");
 
     kvnode_close(co);
-    KVH_STOP_OK(&d);
-    kvh_destroy(&d);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("daemon_prefix");
-    TCase *tc = tcase_create("prefix");
-    tcase_set_timeout(tc, 20);
-    tcase_add_test(tc, longest_prefix_and_gaps);
-    tcase_add_test(tc, put_abort_makes_nothing_visible);
-    tcase_add_test(tc, put_begin_skips_keys_being_written);
-    tcase_add_test(tc, tp_ranks_are_separate_namespaces);
-    tcase_add_test(tc, same_deployment_other_block_size_is_elayout);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    const TTest *const tests[] = {
+        longest_prefix_and_gaps,
+        put_abort_makes_nothing_visible,
+        put_begin_skips_keys_being_written,
+        tp_ranks_are_separate_namespaces,
+        same_deployment_other_block_size_is_elayout,
+    };
+    return kvh_run_suite("daemon_prefix", "prefix", 20, tests, sizeof tests / sizeof tests[0]);
 }

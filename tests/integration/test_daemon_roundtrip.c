@@ -136,8 +136,7 @@ START_TEST(roundtrip_all_sizes_all_paths)
         kvnode_close(w[s]);
         kvnode_close(r[s]);
     }
-    KVH_STOP_OK(&d);
-    kvh_destroy(&d);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
@@ -189,22 +188,15 @@ START_TEST(inline_put_larger_than_max_frame_is_chunked)
 
     kvnode_close(c);
     kvnode_close(r);
-    KVH_STOP_OK(&d);
-    kvh_destroy(&d);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("daemon_roundtrip");
-    TCase *tc = tcase_create("roundtrip");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, roundtrip_all_sizes_all_paths);
-    tcase_add_test(tc, inline_put_larger_than_max_frame_is_chunked);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    const TTest *const tests[] = {
+        roundtrip_all_sizes_all_paths,
+        inline_put_larger_than_max_frame_is_chunked,
+    };
+    return kvh_run_suite("daemon_roundtrip", "roundtrip", 30, tests, sizeof tests / sizeof tests[0]);
 }
