@@ -114,8 +114,9 @@ $(LIBA): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(LIBSO): $(LIB_OBJ)
-	$(CC) $(LDSAN) $(LDFLAGS) -shared -Wl,-soname,libkvnode.so.$(SOVERSION) -o $@ $^ $(LIB_LIBS)
+$(LIBSO): $(LIB_OBJ) lib/libkvnode.map
+	$(CC) $(LDSAN) $(LDFLAGS) -shared -Wl,-soname,libkvnode.so.$(SOVERSION) \
+	    -Wl,--version-script=lib/libkvnode.map -o $@ $(LIB_OBJ) $(LIB_LIBS)
 	ln -sf libkvnode.so.$(SOVERSION) $(BUILD)/libkvnode.so
 
 $(LIBPC): lib/kvnode.pc.in Makefile
