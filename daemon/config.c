@@ -983,6 +983,15 @@ int config_restart_required(const struct kvn_config *running, const struct kvn_c
     return changed;
 }
 
+void config_keep_restart_only(struct kvn_config *next, const struct kvn_config *running)
+{
+    for (size_t i = 0; i < CONFIG_NOPTIONS; i++) {
+        const struct opt_def *o = &config_options[i];
+        if (o->restart)
+            memcpy((char *)next + o->offset, (const char *)running + o->offset, o->width);
+    }
+}
+
 bool config_option_reloadable(const char *section, const char *key)
 {
     const struct opt_def *o = config_find_option(section, key);

@@ -75,6 +75,9 @@ void config_write(const struct kvn_config *cfg, FILE *out);
  * "section.key" names go comma-separated into buf (may be NULL). */
 int config_restart_required(const struct kvn_config *running, const struct kvn_config *next,
                             char *buf, size_t buflen);
+/* Copy every restart-only option of `running` into `next`, so a reload
+ * leaves them as they run. */
+void config_keep_restart_only(struct kvn_config *next, const struct kvn_config *running);
 /* true for a known option that may change on reload, false otherwise. */
 bool config_option_reloadable(const char *section, const char *key);
 

@@ -13,25 +13,15 @@
 
 #include "cache.h"
 #include "config.h"
+#include "daemon.h"
 #include "kvnode.h"
 #include "log.h"
 #include "ops.h"
+#include "reload.h"
 #include "server.h"
 
 #define DEFAULT_CONFIG_PATH "/etc/kvnode/kvnode.conf"
-#define MAX_OVERRIDES 64
 
-struct daemon {
-    struct event_base *base;
-    struct kvn_config *cfg;
-    const char *config_path;       /* NULL: built-in defaults only */
-    const char *overrides[MAX_OVERRIDES];
-    int noverrides;
-    struct cache *cache;
-    struct ops *ops;
-    struct server *server;
-    uint64_t reloads_ok, reloads_failed;
-};
 
 static void usage(FILE *out)
 {
@@ -48,64 +38,14 @@ static void usage(FILE *out)
             "Options are documented in kvnode.conf(5); the daemon in kvnoded(8).\n");
 }
 
-/* Build a configuration from defaults + file + overrides. */
-static int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err, size_t errlen)
-{
-    config_defaults(cfg);
-    if (d->config_path && config_load_file(cfg, d->config_path, err, errlen) < 0)
-        return -1;
-    for (int i = 0; i < d->noverrides; i++)
-        if (config_apply_override(cfg, d->overrides[i], err, errlen) < 0)
-            return -1;
-    return config_validate(cfg, err, errlen);
-}
-
-/* SIGHUP: parse and validate the whole file first; apply the reloadable
- * options only when everything is valid. */
-static void daemon_reload(struct daemon *d)
-{
-    struct kvn_config *next = malloc(sizeof *next), *old = d->cfg;
-    char err[CONFIG_ERR_MAX];
-
-    if (!next) {
-        log_error("reload failed: out of memory; keeping the running configuration");
-        d->reloads_failed++;
-        return;
-    }
-    if (daemon_load_config(d, next, err, sizeof err) < 0) {
-        log_error("reload failed; keeping the running configuration:\n%s", err);
-        d->reloads_failed++;
-        free(next);
-        return;
-    }
-#define RESTART_ONLY(field, name) \
-    if (memcmp(&next->field, &old->field, sizeof next->field) != 0) { \
-        log_warn("reload: %s changed but needs a restart; keeping the running value", name); \
-        memcpy(&next->field, &old->field, sizeof next->field); \
-    }
-    RESTART_ONLY(socket_path, "server.socket_path");
-    RESTART_ONLY(socket_mode, "server.socket_mode");
-    RESTART_ONLY(host_bytes, "memory.host_bytes");
-    RESTART_ONLY(slab_bytes, "memory.slab_bytes");
-    RESTART_ONLY(max_namespaces, "server.max_namespaces");
-    RESTART_ONLY(pin_host, "memory.pin_host");
-#undef RESTART_ONLY
-    d->cfg = next;
-    log_set_level(next->log_level);
-    cache_apply_config(d->cache, next);
-    ops_apply_config(d->ops, next);
-    server_apply_config(d->server, next);
-    free(old);
-    d->reloads_ok++;
-    log_info("configuration reloaded");
-}
 
 static void daemon_signal_cb(evutil_socket_t sig, short what, void *arg)
 {
     struct daemon *d = arg;
     (void)what;
     if (sig == SIGHUP) {
-        daemon_reload(d);
+        struct reload_result res;
+        reload_run(d, &res);
         return;
     }
     log_info("received %s: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -133,8 +73,8 @@ int main(int argc, char **argv)
         switch (opt) {
         case 'c': d.config_path = optarg; break;
         case 's':
-            if (d.noverrides == MAX_OVERRIDES) {
-                fprintf(stderr, "kvnoded: at most %d --set options\n", MAX_OVERRIDES);
+            if (d.noverrides == DAEMON_MAX_OVERRIDES) {
+                fprintf(stderr, "kvnoded: at most %d --set options\n", DAEMON_MAX_OVERRIDES);
                 return 2;
             }
             d.overrides[d.noverrides++] = optarg;
@@ -189,7 +129,7 @@ int main(int argc, char **argv)
         log_error("out of memory");
         goto out;
     }
-    if (server_create(d.base, d.cfg, d.ops, &d.server, err, sizeof err) < 0) {
+    if (server_create(d.base, d.cfg, d.ops, -1, &d.server, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
     }

@@ -2,6 +2,7 @@
 #include "server.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -55,6 +56,7 @@ struct server {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     int lock_fd;
     char lock_path[PATH_MAX];
+    bool inherited;          /* socket-activated: not ours to unlink */
     struct conn *conns;
     size_t nconns;
     bool stopping;
@@ -250,8 +252,36 @@ static void server_accept_error_cb(struct evconnlistener *l, void *arg)
     log_warn("accept failed: %s", strerror(errno));
 }
 
+/* An inherited fd must be a listening unix stream socket; learn its path. */
+static int server_adopt_fd(struct server *s, int fd, char *err, size_t errlen)
+{
+    struct sockaddr_un sa;
+    socklen_t salen = sizeof sa;
+    int type = 0, listening = 0;
+    socklen_t optlen = sizeof type;
+
+    memset(&sa, 0, sizeof sa);
+    if (getsockname(fd, (struct sockaddr *)&sa, &salen) < 0 || sa.sun_family != AF_UNIX ||
+        getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &optlen) < 0 || type != SOCK_STREAM ||
+        (optlen = sizeof listening, getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &optlen)) < 0 ||
+        !listening) {
+        snprintf(err, errlen, "the inherited socket (fd %d) is not a listening unix stream socket", fd);
+        return -KVNODE_EINVAL;
+    }
+    if (salen > offsetof(struct sockaddr_un, sun_path) && sa.sun_path[0])
+        memcpy(s->path, sa.sun_path, strnlen(sa.sun_path, sizeof sa.sun_path - 1));
+    else
+        snprintf(s->path, sizeof s->path, "(inherited fd %d)", fd);
+    if (evutil_make_socket_nonblocking(fd) < 0 || evutil_make_socket_closeonexec(fd) < 0) {
+        snprintf(err, errlen, "cannot configure the inherited socket: %s", strerror(errno));
+        return -KVNODE_EIO;
+    }
+    s->inherited = true;
+    return 0;
+}
+
 int server_create(struct event_base *base, const struct kvn_config *cfg, struct ops *ops,
-                  struct server **out, char *err, size_t errlen)
+                  int listen_fd, struct server **out, char *err, size_t errlen)
 {
     struct server *s = calloc(1, sizeof *s);
     int fd, rc;
@@ -265,6 +295,15 @@ int server_create(struct event_base *base, const struct kvn_config *cfg, struct 
     s->cfg = cfg;
     s->ops = ops;
     s->lock_fd = -1;
+    if (listen_fd >= 0) {
+        rc = server_adopt_fd(s, listen_fd, err, errlen);
+        if (rc < 0) {
+            free(s);
+            return rc;
+        }
+        fd = listen_fd;
+        goto listen;
+    }
     if (strlen(cfg->socket_path) >= sizeof s->path) {
         snprintf(err, errlen, "server.socket_path is %zu bytes; a unix socket path must be "
                  "shorter than %zu", strlen(cfg->socket_path), sizeof s->path);
@@ -280,12 +319,14 @@ int server_create(struct event_base *base, const struct kvn_config *cfg, struct 
         rc = -KVNODE_EIO;
         goto fail;
     }
+listen:
     s->listener = evconnlistener_new(base, server_accept_cb, s,
                                      LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
     if (!s->listener) {
         snprintf(err, errlen, "cannot listen on %s with libevent", s->path);
         close(fd);
-        unlink(s->path);
+        if (!s->inherited)
+            unlink(s->path);
         rc = -KVNODE_EIO;
         goto fail;
     }
@@ -305,7 +346,8 @@ static void server_stop_listening(struct server *s)
         return;
     evconnlistener_free(s->listener);
     s->listener = NULL;
-    unlink(s->path);
+    if (!s->inherited)
+        unlink(s->path);
     if (s->lock_fd >= 0) {
         unlink(s->lock_path);
         close(s->lock_fd);

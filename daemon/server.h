@@ -22,9 +22,12 @@ struct conn;
 struct session;
 
 /* Bind the configured socket (refusing when another daemon serves it) and
- * start accepting. 0, or a negative KVNODE_E* code with err set. */
+ * start accepting; or, when listen_fd >= 0 (socket activation), accept on
+ * that already bound and listening unix socket, which the server then owns
+ * (but never unlinks: systemd does). 0, or a negative KVNODE_E* code with
+ * err set. */
 int  server_create(struct event_base *base, const struct kvn_config *cfg, struct ops *ops,
-                   struct server **out, char *err, size_t errlen);
+                   int listen_fd, struct server **out, char *err, size_t errlen);
 /* Closes every connection (ending their leases) and removes the socket. */
 void server_destroy(struct server *s);
 /* Point at a new effective config (reload). */

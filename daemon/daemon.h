@@ -1,0 +1,37 @@
+/* daemon: the process-wide wiring context of kvnoded — the loop, the
+ * effective configuration and the modules built from it. main.c owns it;
+ * reload, systemd notification and the admin endpoints read it.
+ *
+ * Loop thread only. */
+#ifndef KVNODE_DAEMON_H
+#define KVNODE_DAEMON_H
+
+#include <stdint.h>
+
+#include "config.h"
+
+#define DAEMON_MAX_OVERRIDES 64
+
+struct event_base;
+struct cache;
+struct ops;
+struct server;
+
+struct daemon {
+    struct event_base *base;
+    struct kvn_config *cfg;                 /* effective config (swapped on reload) */
+    const char *config_path;                /* NULL: built-in defaults only */
+    const char *overrides[DAEMON_MAX_OVERRIDES];
+    int noverrides;
+    struct cache *cache;
+    struct ops *ops;
+    struct server *server;
+    /* reload outcome, shown in stats */
+    uint64_t reloads_ok, reloads_failed;
+    char last_reload_error[CONFIG_ERR_MAX];  /* "" after a successful reload */
+};
+
+/* Defaults + file + overrides, validated. 0, or -1 with err set. */
+int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,45 @@
+/* reload: see reload.h. */
+#include "reload.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache.h"
+#include "daemon.h"
+#include "log.h"
+#include "ops.h"
+#include "server.h"
+
+int reload_run(struct daemon *d, struct reload_result *res)
+{
+    struct kvn_config *next = malloc(sizeof *next), *old = d->cfg;
+
+    memset(res, 0, sizeof *res);
+    if (!next) {
+        snprintf(res->error, sizeof res->error, "out of memory");
+    } else if (daemon_load_config(d, next, res->error, sizeof res->error) == 0) {
+        if (config_restart_required(old, next, res->not_applied, sizeof res->not_applied) > 0) {
+            log_warn("reload: %s changed but need%s a restart; keeping the running value%s",
+                     res->not_applied, strchr(res->not_applied, ',') ? "" : "s",
+                     strchr(res->not_applied, ',') ? "s" : "");
+            config_keep_restart_only(next, old);
+        }
+        d->cfg = next;
+        log_set_level(next->log_level);
+        cache_apply_config(d->cache, next);
+        ops_apply_config(d->ops, next);
+        server_apply_config(d->server, next);
+        free(old);
+        d->reloads_ok++;
+        d->last_reload_error[0] = '\0';
+        res->ok = 1;
+        log_info("configuration reloaded");
+        return 0;
+    }
+    free(next);
+    d->reloads_failed++;
+    snprintf(d->last_reload_error, sizeof d->last_reload_error, "%s", res->error);
+    log_error("reload failed; keeping the running configuration:\n%s", res->error);
+    return -1;
+}
