@@ -79,7 +79,7 @@ UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 INTEG_BIN := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(INTEG_SRC))
 BENCH_BIN := $(BUILD)/kvnode-bench
 
-.PHONY: all deps run test check asan valgrind bench install clean help cuda-info
+.PHONY: all deps run test check asan valgrind bench install uninstall clean help cuda-info
 .DEFAULT_GOAL := all
 
 all: $(KVNODED) $(LIBSO) $(LIBA) $(LIBPC) $(KVNODECTL)
@@ -124,7 +124,7 @@ $(LIBPC): lib/kvnode.pc.in Makefile
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
 
 $(KVNODECTL): $(call obj,$(CTL_SRC)) $(LIBA)
-	$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(call pc_libs,jansson)
+	$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(call pc_libs,jansson libcurl)
 
 # --- tests -------------------------------------------------------------------
 $(BUILD)/tests/%: tests/unit/%.c $(DAEMON_OBJ) $(COMMON_OBJ) $(PROTO_H)
@@ -138,10 +138,12 @@ $(BUILD)/tests/test_client_%: tests/unit/test_client_%.c $(LIBA) $(PROTO_H)
 
 $(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(LIBA) $(PROTO_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
+
+SCRIPT_TESTS := tests/install/test_install.sh
 
 check: all $(UNIT_BIN) $(INTEG_BIN)
-	@BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN)
+	@BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SCRIPT_TESTS)
 
 test: deps
 	@$(MAKE) --no-print-directory check
@@ -167,22 +169,57 @@ bench: all $(BENCH_BIN)
 	KVNODED=$(KVNODED) $(BENCH_BIN)
 
 # --- install -------------------------------------------------------------------
+SYSCONFDIR  ?= /etc
+UNITDIR     ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+INSTALLED_FILES = $(PREFIX)/sbin/kvnoded $(PREFIX)/bin/kvnodectl \
+    $(PREFIX)/lib/libkvnode.so.$(SOVERSION) $(PREFIX)/lib/libkvnode.so $(PREFIX)/lib/libkvnode.a \
+    $(PREFIX)/lib/pkgconfig/kvnode.pc $(PREFIX)/include/kvnode.h \
+    $(PREFIX)/share/man/man1/kvnodectl.1 $(PREFIX)/share/man/man3/libkvnode.3 \
+    $(PREFIX)/share/man/man5/kvnode.conf.5 $(PREFIX)/share/man/man8/kvnoded.8 \
+    $(UNITDIR)/kvnoded.service $(UNITDIR)/kvnoded.socket \
+    $(SYSUSERSDIR)/kvnode.conf $(TMPFILESDIR)/kvnode.conf
+
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/lib \
 	    $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
 	    $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man3 \
-	    $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man8
+	    $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man8 \
+	    $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) \
+	    $(DESTDIR)$(SYSCONFDIR)/kvnode
 	install -m 0755 $(KVNODED) $(DESTDIR)$(PREFIX)/sbin/kvnoded
 	install -m 0755 $(KVNODECTL) $(DESTDIR)$(PREFIX)/bin/kvnodectl
 	install -m 0755 $(LIBSO) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libkvnode.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libkvnode.so
 	install -m 0644 $(LIBA) $(DESTDIR)$(PREFIX)/lib/
-	install -m 0644 $(LIBPC) $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvnode.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' lib/kvnode.pc.in \
+	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvnode.pc
 	install -m 0644 lib/kvnode.h $(DESTDIR)$(PREFIX)/include/kvnode.h
 	install -m 0644 man/kvnodectl.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 0644 man/libkvnode.3 $(DESTDIR)$(PREFIX)/share/man/man3/
 	install -m 0644 man/kvnode.conf.5 $(DESTDIR)$(PREFIX)/share/man/man5/
 	install -m 0644 man/kvnoded.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+	sed -e 's|/usr/sbin/kvnoded|$(PREFIX)/sbin/kvnoded|g' -e 's|/etc/kvnode/|$(SYSCONFDIR)/kvnode/|g' \
+	    systemd/kvnoded.service > $(DESTDIR)$(UNITDIR)/kvnoded.service
+	install -m 0644 systemd/kvnoded.socket $(DESTDIR)$(UNITDIR)/kvnoded.socket
+	install -m 0644 systemd/kvnode.sysusers $(DESTDIR)$(SYSUSERSDIR)/kvnode.conf
+	install -m 0644 systemd/kvnode.tmpfiles $(DESTDIR)$(TMPFILESDIR)/kvnode.conf
+	@# The operator's config is never overwritten; the shipped one serves the
+	@# service's socket (conf/kvnode.conf points make run at ./run).
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf ]; then \
+	    echo "keeping existing $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf"; \
+	else \
+	    sed -e 's|^socket_path = run/kvnode.sock|#socket_path = /run/kvnode/kvnode.sock|' \
+	        conf/kvnode.conf > $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf && \
+	    chmod 0644 $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf && \
+	    echo "installed $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf"; \
+	fi
+
+# Removes what install put there, except the operator's configuration.
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED_FILES))
+	@echo "kept $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf (remove it by hand if unwanted)"
 
 clean:
 	rm -rf build build-asan build-* run

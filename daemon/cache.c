@@ -15,6 +15,7 @@
 #include "index.h"
 #include "kvnode.h"
 #include "log.h"
+#include "metrics.h"
 
 #define HOST_ARENA_ID 0u
 /* Work done per loop iteration by the background evictor and the reaper, so
@@ -43,6 +44,7 @@ struct cache {
     uint64_t evicted_dropped;
     uint64_t reaped_read, reaped_write;
     uint64_t sealed_total;
+    struct metrics_keys keys;   /* match/get lookups: matched, missed by reason */
 };
 
 static void cache_evict_cb(evutil_socket_t fd, short what, void *arg);
@@ -312,14 +314,37 @@ static bool cache_make_room(struct cache *c, uint32_t cls)
 
 /* --- operations -------------------------------------------------------------- */
 
+/* Count a lookup of n keys that matched the first m; the first miss (if
+ * any) was entry e (NULL: absent), the keys after it were not looked at. */
+static void cache_count_keys(struct cache *c, size_t n, size_t m, const index_entry *e)
+{
+    c->keys.matched += m;
+    if (m == n)
+        return;
+    if (e)
+        c->keys.writing++;
+    else
+        c->keys.absent++;
+    c->keys.beyond_gap += n - m - 1;
+}
+
+void cache_key_metrics(const struct cache *c, struct metrics_keys *out)
+{
+    *out = c->keys;
+}
+
 size_t cache_match(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n)
 {
     size_t i;
+    index_entry *miss = NULL;
     for (i = 0; i < n; i++) {
         index_entry *e = index_lookup(c->index, ns->id, keys[i]);
-        if (!e || e->state != ENTRY_SEALED)
+        if (!e || e->state != ENTRY_SEALED) {
+            miss = e;
             break;
+        }
     }
+    cache_count_keys(c, n, i, miss);
     /* A matched prefix is about to be read: refresh it, tail-first. */
     for (size_t j = i; j-- > 0;) {
         index_entry *e = index_lookup(c->index, ns->id, keys[j]);
@@ -347,16 +372,22 @@ int cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
     lease *l;
     int rc;
 
+    index_entry *miss = NULL;
+
     *lease_id = 0;
     *got = 0;
     while (m < n) {
         index_entry *e = index_lookup(c->index, ns->id, keys[m]);
-        if (!e || e->state != ENTRY_SEALED)
+        if (!e || e->state != ENTRY_SEALED) {
+            miss = e;
             break;
+        }
         m++;
     }
-    if (m == 0)
+    if (m == 0) {
+        cache_count_keys(c, n, 0, miss);
         return 0;
+    }
     rc = cache_check_lease_room(c, owner, err, errlen);
     if (rc < 0)
         return rc;
@@ -376,6 +407,7 @@ int cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
     }
     *lease_id = l->id;
     *got = m;
+    cache_count_keys(c, n, m, miss);
     return 0;
 }
 

@@ -70,6 +70,11 @@ int  cache_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t
 /* End every lease of a closing connection at once. */
 void cache_release_owner(struct cache *c, struct lease_list *owner);
 
+struct metrics_keys;
+/* Keys looked up by match and get (those that returned a result): matched,
+ * and missed by reason (see metrics.h). */
+void cache_key_metrics(const struct cache *c, struct metrics_keys *out);
+
 /* Add "tiers", "namespaces", "leases", "evictions" to a stats document. */
 void cache_stats_json(struct cache *c, json_t *root);
 

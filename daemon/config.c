@@ -19,8 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <grp.h>
+#include <pwd.h>
+#include <errno.h>
 #include <sys/types.h>
 #include <sys/un.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <ini.h>
 
@@ -49,6 +54,10 @@ enum opt_type {
     OPT_FRACTION,   /* double within (dmin, dmax) open/closed per flags */
     OPT_PIN,        /* CONFIG_PIN_* */
     OPT_LEVEL,      /* LOG_LEVEL_* */
+    OPT_LISTEN,     /* char[CONFIG_LISTEN_MAX]: config_parse_listen */
+    OPT_USERS,      /* char[CONFIG_IDLIST_MAX]: user names or uids, config_parse_idlist */
+    OPT_GROUPS,     /* char[CONFIG_IDLIST_MAX]: group names or gids */
+    OPT_GROUP,      /* char[CONFIG_NAME_MAX]: one group name or gid, or empty */
 };
 
 struct opt_def {
@@ -69,6 +78,9 @@ struct opt_def {
 static const struct opt_def config_options[] = {
     { "server", "socket_path", OPT_PATH, FIELD(socket_path), .restart = true },
     { "server", "socket_mode", OPT_MODE, FIELD(socket_mode), .min = 0, .max = 0777, .restart = true },
+    { "server", "socket_group", OPT_GROUP, FIELD(socket_group), .restart = true },
+    { "server", "allow_uids", OPT_USERS, FIELD(allow_uids) },
+    { "server", "allow_gids", OPT_GROUPS, FIELD(allow_gids) },
     { "server", "max_frame_bytes", OPT_SIZE, FIELD(max_frame_bytes), .min = 4 * KIB, .max = GIB },
     { "server", "max_keys_per_request", OPT_COUNT, FIELD(max_keys_per_request), .min = 1, .max = 1048576 },
     { "server", "max_clients", OPT_COUNT, FIELD(max_clients), .min = 1, .max = 65536 },
@@ -91,12 +103,14 @@ static const struct opt_def config_options[] = {
     { "leases", "max_per_client", OPT_COUNT, FIELD(max_leases_per_client), .min = 1, .max = 1048576 },
 
     { "log", "level", OPT_LEVEL, FIELD(log_level) },
+
+    { "admin", "listen", OPT_LISTEN, FIELD(admin_listen), .restart = true },
 };
 
 #define CONFIG_NOPTIONS (sizeof config_options / sizeof config_options[0])
 
-static const char *const config_sections[] = { "server", "memory", "leases", "log" };
-#define SECTIONS_HINT "[server], [memory], [leases] or [log]"
+static const char *const config_sections[] = { "server", "memory", "leases", "log", "admin" };
+#define SECTIONS_HINT "[server], [memory], [leases], [log] or [admin]"
 
 union opt_value {
     uint64_t u;
@@ -131,6 +145,8 @@ void config_defaults(struct kvn_config *cfg)
     cfg->max_leases_per_client = 1024;
 
     cfg->log_level = LOG_LEVEL_INFO;
+
+    snprintf(cfg->admin_listen, sizeof cfg->admin_listen, "%s", "127.0.0.1:9180");
 }
 
 /* ---- lookup ------------------------------------------------------------ */
@@ -323,6 +339,151 @@ static int config_parse_pin(const char *text)
     return -1;
 }
 
+/* One id: a number, or a name the user/group database knows. */
+static int config_resolve_id(const char *name, int group, uint32_t *id, char *problem, size_t len)
+{
+    char *end;
+    unsigned long v;
+    char buf[4096];
+    int rc;
+
+    errno = 0;
+    v = strtoul(name, &end, 10);
+    if (*name >= '0' && *name <= '9' && *end == '\0' && errno == 0 && v < UINT32_MAX) {
+        *id = (uint32_t)v;
+        return 0;
+    }
+    if (group) {
+        struct group gr, *res = NULL;
+        rc = getgrnam_r(name, &gr, buf, sizeof buf, &res);
+        if (rc == 0 && res) {
+            *id = (uint32_t)res->gr_gid;
+            return 0;
+        }
+    } else {
+        struct passwd pw, *res = NULL;
+        rc = getpwnam_r(name, &pw, buf, sizeof buf, &res);
+        if (rc == 0 && res) {
+            *id = (uint32_t)res->pw_uid;
+            return 0;
+        }
+    }
+    snprintf(problem, len, "unknown %s '%.64s' (expected a %s name or a number)", group ? "group" : "user",
+             name, group ? "group" : "user");
+    return -1;
+}
+
+int config_parse_idlist(const char *text, int groups, uint32_t *ids, size_t max, size_t *n,
+                        char *problem, size_t len)
+{
+    const char *p = text;
+
+    *n = 0;
+    while (*p) {
+        char name[CONFIG_NAME_MAX];
+        size_t k = 0;
+        while (*p == ',' || *p == ' ' || *p == '\t')
+            p++;
+        if (!*p)
+            break;
+        while (*p && *p != ',' && *p != ' ' && *p != '\t') {
+            if (k + 1 >= sizeof name) {
+                snprintf(problem, len, "entry too long in '%.64s'", text);
+                return -1;
+            }
+            name[k++] = *p++;
+        }
+        name[k] = '\0';
+        if (*n == max) {
+            snprintf(problem, len, "too many entries (at most %zu)", max);
+            return -1;
+        }
+        if (config_resolve_id(name, groups, &ids[*n], problem, len) < 0)
+            return -1;
+        (*n)++;
+    }
+    return 0;
+}
+
+int config_parse_group(const char *text, uint32_t *gid, char *problem, size_t len)
+{
+    return config_resolve_id(text, 1, gid, problem, len);
+}
+
+#define LISTEN_HINT "expected off, unix:PATH or HOST:PORT, e.g. 127.0.0.1:9180"
+
+static const char *config_show(const char *text, char *buf, size_t len);
+
+int config_parse_listen(const char *text, struct config_listen *out, char *problem, size_t len)
+{
+    char showbuf[VALUE_SHOW + 8];
+    const char *shown = config_show(text, showbuf, sizeof showbuf);
+
+    memset(out, 0, sizeof *out);
+    if (strcasecmp(text, "off") == 0) {
+        out->kind = CONFIG_LISTEN_OFF;
+        return 0;
+    }
+    if (strncmp(text, "unix:", 5) == 0) {
+        size_t n = strlen(text + 5);
+        if (n == 0) {
+            snprintf(problem, len, "invalid address '" SHOWN "' (empty socket path after unix:)", shown);
+            return -1;
+        }
+        if (n >= SUN_PATH_SIZE || n >= sizeof out->path) {
+            snprintf(problem, len, "invalid address '" SHOWN "' (socket path of %zu bytes; it must be "
+                     "shorter than %zu bytes)", shown, n, SUN_PATH_SIZE);
+            return -1;
+        }
+        out->kind = CONFIG_LISTEN_UNIX;
+        memcpy(out->path, text + 5, n + 1);
+        return 0;
+    }
+    const char *colon = strrchr(text, ':');
+    const char *host = text, *host_end = colon;
+    if (!colon || colon == text) {
+        snprintf(problem, len, "invalid address '" SHOWN "' (" LISTEN_HINT ")", shown);
+        return -1;
+    }
+    if (*host == '[') {
+        if (host_end[-1] != ']' || host_end - host < 3) {
+            snprintf(problem, len, "invalid address '" SHOWN "' (an IPv6 host goes in brackets: [::1]:9180)",
+                     shown);
+            return -1;
+        }
+        host++;
+        host_end--;
+    }
+    size_t hlen = (size_t)(host_end - host);
+    char hostbuf[sizeof out->host];
+    if (hlen >= sizeof hostbuf) {
+        snprintf(problem, len, "invalid address '" SHOWN "' (host too long)", shown);
+        return -1;
+    }
+    memcpy(hostbuf, host, hlen);
+    hostbuf[hlen] = '\0';
+    struct in_addr a4;
+    struct in6_addr a6;
+    bool ok = strcmp(hostbuf, "localhost") == 0 ||
+              (host == text && inet_pton(AF_INET, hostbuf, &a4) == 1) ||
+              (host != text && inet_pton(AF_INET6, hostbuf, &a6) == 1);
+    if (!ok) {
+        snprintf(problem, len, "invalid address '" SHOWN "' (the host must be an IPv4 address, "
+                 "localhost or [IPv6]; " LISTEN_HINT ")", shown);
+        return -1;
+    }
+    uint64_t port;
+    if (config_parse_count(colon + 1, &port) < 0 || port > 65535) {
+        snprintf(problem, len, "invalid address '" SHOWN "' (the port must be 0..65535; 0 picks a free one)",
+                 shown);
+        return -1;
+    }
+    out->kind = CONFIG_LISTEN_TCP;
+    memcpy(out->host, hostbuf, hlen + 1);
+    out->port = (uint16_t)port;
+    return 0;
+}
+
 /* ---- per-option parse / check / store ------------------------------------ */
 
 /* The value as the user typed it, cut to a sane length for a message. */
@@ -338,7 +499,11 @@ static const char *config_show(const char *text, char *buf, size_t len)
 static void config_format_value(const struct opt_def *o, const union opt_value *v, char *buf, size_t len)
 {
     switch (o->type) {
-    case OPT_PATH:     snprintf(buf, len, "%s", v->s); break;
+    case OPT_PATH:
+    case OPT_LISTEN:
+    case OPT_USERS:
+    case OPT_GROUPS:
+    case OPT_GROUP:    snprintf(buf, len, "%s", v->s); break;
     case OPT_MODE:     snprintf(buf, len, "%04" PRIo64, v->u); break;
     case OPT_SIZE:     config_format_size(v->u, buf, len); break;
     case OPT_COUNT:    snprintf(buf, len, "%" PRIu64, v->u); break;
@@ -408,6 +573,32 @@ static int config_check_value(const struct opt_def *o, const union opt_value *v,
         }
         return 0;
     }
+    case OPT_USERS:
+    case OPT_GROUPS: {
+        uint32_t ids[CONFIG_IDS_MAX];
+        size_t n;
+        if (strlen(v->s) >= o->width) {
+            snprintf(problem, len, "list too long (at most %zu bytes)", o->width - 1);
+            return -1;
+        }
+        return config_parse_idlist(v->s, o->type == OPT_GROUPS, ids, CONFIG_IDS_MAX, &n, problem, len);
+    }
+    case OPT_GROUP: {
+        uint32_t gid;
+        if (strlen(v->s) >= o->width) {
+            snprintf(problem, len, "group name too long (at most %zu bytes)", o->width - 1);
+            return -1;
+        }
+        return v->s[0] ? config_parse_group(v->s, &gid, problem, len) : 0;
+    }
+    case OPT_LISTEN: {
+        struct config_listen l;
+        if (strlen(v->s) >= o->width) {
+            snprintf(problem, len, "invalid address '" SHOWN "' (too long)", shown);
+            return -1;
+        }
+        return config_parse_listen(v->s, &l, problem, len);
+    }
     case OPT_MODE:
         if (v->u > o->max) {
             snprintf(problem, len, "invalid mode '" SHOWN "' (expected octal permission bits up to 0777, e.g. 0660)",
@@ -471,6 +662,10 @@ static int config_parse_value(const struct opt_def *o, const char *text, union o
 
     switch (o->type) {
     case OPT_PATH:
+    case OPT_LISTEN:
+    case OPT_USERS:
+    case OPT_GROUPS:
+    case OPT_GROUP:
         v->s = text;
         break;
     case OPT_MODE:
@@ -529,7 +724,11 @@ static void config_store(struct kvn_config *cfg, const struct opt_def *o, const 
     char *field = (char *)cfg + o->offset;
     switch (o->type) {
     case OPT_PATH:
-        /* Checked shorter than sun_path, so it fits; zero the tail so equal
+    case OPT_LISTEN:
+    case OPT_USERS:
+    case OPT_GROUPS:
+    case OPT_GROUP:
+        /* Checked shorter than the field, so it fits; zero the tail so equal
          * configs stay byte-equal. */
         memset(field, 0, o->width);
         memcpy(field, v->s, strlen(v->s));
@@ -564,7 +763,11 @@ static void config_load(const struct kvn_config *cfg, const struct opt_def *o, u
 {
     const char *field = (const char *)cfg + o->offset;
     switch (o->type) {
-    case OPT_PATH: {
+    case OPT_PATH:
+    case OPT_LISTEN:
+    case OPT_USERS:
+    case OPT_GROUPS:
+    case OPT_GROUP: {
         size_t n = strnlen(field, o->width);
         if (n >= path_len)
             n = path_len - 1;
@@ -967,7 +1170,8 @@ int config_restart_required(const struct kvn_config *running, const struct kvn_c
         union opt_value va = { 0 }, vb = { 0 };
         config_load(running, o, &va, a, sizeof a);
         config_load(next, o, &vb, b, sizeof b);
-        bool same = o->type == OPT_PATH ? strcmp(va.s, vb.s) == 0
+        bool same = (o->type == OPT_PATH || o->type == OPT_LISTEN || o->type == OPT_GROUP)
+                        ? strcmp(va.s, vb.s) == 0
                   : o->type == OPT_FRACTION ? va.d == vb.d
                   : (o->type == OPT_PIN || o->type == OPT_LEVEL) ? va.i == vb.i
                   : va.u == vb.u;

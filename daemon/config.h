@@ -11,11 +11,18 @@
 #include <stdio.h>
 
 #define CONFIG_ERR_MAX 2048
+#define CONFIG_LISTEN_MAX 160   /* [admin] listen text, NUL included */
+#define CONFIG_IDLIST_MAX 512   /* allow_uids / allow_gids text, NUL included */
+#define CONFIG_NAME_MAX   64    /* socket_group text, NUL included */
+#define CONFIG_IDS_MAX    64    /* ids in one allow list */
 
 struct kvn_config {
     /* [server] */
     char     socket_path[PATH_MAX];  /* unix socket engines connect to */
     unsigned socket_mode;            /* permission bits of the socket file, e.g. 0660 */
+    char     socket_group[CONFIG_NAME_MAX]; /* group owning the socket file ("": leave it) */
+    char     allow_uids[CONFIG_IDLIST_MAX]; /* users allowed to connect ("": anyone) */
+    char     allow_gids[CONFIG_IDLIST_MAX]; /* groups allowed to connect ("": anyone) */
     uint32_t max_frame_bytes;        /* largest accepted frame (header excluded) */
     uint32_t max_keys_per_request;   /* largest key chain in one request */
     uint32_t max_clients;            /* connections beyond this are refused */
@@ -38,6 +45,9 @@ struct kvn_config {
 
     /* [log] */
     int      log_level;              /* LOG_LEVEL_* */
+
+    /* [admin] */
+    char     admin_listen[CONFIG_LISTEN_MAX]; /* "HOST:PORT", "unix:PATH" or "off" */
 };
 
 enum { CONFIG_PIN_AUTO = 0, CONFIG_PIN_ON = 1, CONFIG_PIN_OFF = 2 };
@@ -81,6 +91,19 @@ void config_keep_restart_only(struct kvn_config *next, const struct kvn_config *
 /* true for a known option that may change on reload, false otherwise. */
 bool config_option_reloadable(const char *section, const char *key);
 
+/* An [admin] listen address, parsed: "off"; "unix:PATH" (PATH non-empty and
+ * shorter than sun_path); or "HOST:PORT" with HOST an IPv4 literal,
+ * "localhost", or a bracketed IPv6 literal ("[::1]:9180"), and PORT 0..65535
+ * (0: an ephemeral port chosen at bind time). 0, or -1 with problem set. */
+enum { CONFIG_LISTEN_OFF = 0, CONFIG_LISTEN_TCP = 1, CONFIG_LISTEN_UNIX = 2 };
+struct config_listen {
+    int      kind;               /* CONFIG_LISTEN_* */
+    char     host[64];           /* TCP: without brackets */
+    uint16_t port;               /* TCP */
+    char     path[108];          /* UNIX */
+};
+int config_parse_listen(const char *text, struct config_listen *out, char *problem, size_t len);
+
 /* Helpers shared with kvnodectl-style parsing; 0 on success, -1 on bad input.
  * Grammar: DIGITS[UNIT] and nothing else -- no sign, no fraction ("1.5G" is
  * rejected: write 1536M), no space before the unit ("12 KiB" is rejected).
@@ -90,5 +113,12 @@ bool config_option_reloadable(const char *section, const char *key);
  * bare number is milliseconds; the result must fit in 32 bits of ms. */
 int config_parse_size(const char *text, uint64_t *out);      /* "1GiB", "512M", "4096" */
 int config_parse_duration_ms(const char *text, uint32_t *out); /* "30s", "500ms", "2m", "100" (ms) */
+
+/* Resolve an allow list ("alice, 1001 bob", names or numbers; groups when
+ * `groups`) into ids. 0, or -1 with problem naming the bad entry. */
+int config_parse_idlist(const char *text, int groups, uint32_t *ids, size_t max, size_t *n,
+                        char *problem, size_t len);
+/* Resolve a group name or number. 0, or -1 with problem set. */
+int config_parse_group(const char *text, uint32_t *gid, char *problem, size_t len);
 
 #endif

@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "config.h"
 
 #define DAEMON_MAX_OVERRIDES 64
@@ -16,6 +18,7 @@ struct event_base;
 struct cache;
 struct ops;
 struct server;
+struct admin;
 
 struct daemon {
     struct event_base *base;
@@ -26,6 +29,7 @@ struct daemon {
     struct cache *cache;
     struct ops *ops;
     struct server *server;
+    struct admin *admin;                    /* NULL when [admin] listen = off */
     /* reload outcome, shown in stats */
     uint64_t reloads_ok, reloads_failed;
     char last_reload_error[CONFIG_ERR_MAX];  /* "" after a successful reload */
@@ -33,5 +37,10 @@ struct daemon {
 
 /* Defaults + file + overrides, validated. 0, or -1 with err set. */
 int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err, size_t errlen);
+
+/* ops stats hook (arg: struct daemon *): adds "admin" (the bound admin
+ * address, null when off) and "reloads" {ok_total, failed_total, last_error}
+ * to a stats document. */
+void daemon_stats_json(void *arg, json_t *root);
 
 #endif

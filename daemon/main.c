@@ -11,6 +11,7 @@
 
 #include <event2/event.h>
 
+#include "admin.h"
 #include "cache.h"
 #include "config.h"
 #include "daemon.h"
@@ -18,6 +19,7 @@
 #include "log.h"
 #include "ops.h"
 #include "reload.h"
+#include "sd.h"
 #include "server.h"
 
 #define DEFAULT_CONFIG_PATH "/etc/kvnode/kvnode.conf"
@@ -39,6 +41,17 @@ static void usage(FILE *out)
 }
 
 
+/* RELOAD requests from kvnodectl go through the same path as SIGHUP. */
+static int daemon_reload_hook(void *arg, char *error, size_t errlen, char *not_applied, size_t nalen)
+{
+    struct reload_result res;
+    int rc = reload_run(arg, &res);
+
+    snprintf(error, errlen, "%s", res.error);
+    snprintf(not_applied, nalen, "%s", res.not_applied);
+    return rc;
+}
+
 static void daemon_signal_cb(evutil_socket_t sig, short what, void *arg)
 {
     struct daemon *d = arg;
@@ -49,6 +62,8 @@ static void daemon_signal_cb(evutil_socket_t sig, short what, void *arg)
         return;
     }
     log_info("received %s: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    sdn_stopping(d);
+    admin_begin_shutdown(d->admin);
     server_begin_shutdown(d->server);
 }
 
@@ -67,7 +82,7 @@ int main(int argc, char **argv)
     const int signums[3] = { SIGTERM, SIGINT, SIGHUP };
     char err[CONFIG_ERR_MAX];
     bool check_only = false;
-    int opt, rc = 1;
+    int opt, rc = 1, listen_fd = -1;
 
     while ((opt = getopt_long(argc, argv, "c:s:Vh", longopts, NULL)) != -1) {
         switch (opt) {
@@ -129,11 +144,26 @@ int main(int argc, char **argv)
         log_error("out of memory");
         goto out;
     }
-    if (server_create(d.base, d.cfg, d.ops, -1, &d.server, err, sizeof err) < 0) {
+    if (sdn_listen_fd(&listen_fd, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
     }
+    if (server_create(d.base, d.cfg, d.ops, listen_fd, &d.server, err, sizeof err) < 0) {
+        log_error("%s", err);
+        goto out;
+    }
+    if (listen_fd >= 0)
+        log_info("socket activation: serving on the socket systemd passed (fd %d, %s)%s",
+                 listen_fd, server_socket_path(d.server),
+                 strcmp(server_socket_path(d.server), d.cfg->socket_path) == 0 ? "" :
+                 "; server.socket_path is not used");
     ops_set_server(d.ops, d.server);
+    ops_set_reload(d.ops, daemon_reload_hook, &d);
+    ops_set_stats_hook(d.ops, daemon_stats_json, &d);
+    if (admin_create(&d, &d.admin, err, sizeof err) < 0) {
+        log_error("%s", err);
+        goto out;
+    }
     for (int i = 0; i < 3; i++) {
         sigs[i] = evsignal_new(d.base, signums[i], daemon_signal_cb, &d);
         if (!sigs[i] || evsignal_add(sigs[i], NULL) < 0) {
@@ -142,10 +172,15 @@ int main(int argc, char **argv)
         }
     }
     log_info("kvnoded %s serving on %s (config %s): host tier %llu MiB, slabs of %llu KiB",
-             KVNODE_VERSION_STRING, d.cfg->socket_path,
+             KVNODE_VERSION_STRING, server_socket_path(d.server),
              d.config_path ? d.config_path : "built-in defaults",
              (unsigned long long)(d.cfg->host_bytes >> 20),
              (unsigned long long)(d.cfg->slab_bytes >> 10));
+    /* Listeners and arenas are usable: tell systemd (no-op outside it). */
+    if (sdn_start(&d) < 0) {
+        log_error("cannot create the systemd status/watchdog timers");
+        goto out;
+    }
     if (event_base_dispatch(d.base) < 0) {
         log_error("event loop failed");
         goto out;
@@ -154,12 +189,14 @@ int main(int argc, char **argv)
     rc = 0;
 out:
     /* Connections first (their leases), then the cache they point into. */
+    admin_destroy(d.admin);
     server_destroy(d.server);
     ops_destroy(d.ops);
     cache_destroy(d.cache);
     for (int i = 0; i < 3; i++)
         if (sigs[i])
             event_free(sigs[i]);
+    sdn_stop();
     if (d.base)
         event_base_free(d.base);
     libevent_global_shutdown();

@@ -10,6 +10,7 @@
 #include "clock.h"
 #include "kvnode.h"
 #include "log.h"
+#include "metrics.h"
 #include "server.h"
 #include "wire.h"
 
@@ -21,9 +22,15 @@ struct ops {
     struct cache *cache;
     const struct kvn_config *cfg;
     struct server *server;
+    ops_reload_fn reload;
+    void *reload_arg;
     uint64_t started_ms;
     struct op_counts counts[OP_SLOTS];
     uint64_t keys_matched, keys_missed;
+    struct metrics_requests requests;   /* by op and status, with latency */
+    int last_code;                      /* status of the request being handled */
+    ops_stats_fn stats_hook;
+    void *stats_hook_arg;
 };
 
 int ops_create(struct cache *cache, const struct kvn_config *cfg, struct ops **out)
@@ -41,6 +48,23 @@ int ops_create(struct cache *cache, const struct kvn_config *cfg, struct ops **o
 void ops_destroy(struct ops *o)
 {
     free(o);
+}
+
+void ops_set_reload(struct ops *o, ops_reload_fn fn, void *arg)
+{
+    o->reload = fn;
+    o->reload_arg = arg;
+}
+
+void ops_set_stats_hook(struct ops *o, ops_stats_fn fn, void *arg)
+{
+    o->stats_hook = fn;
+    o->stats_hook_arg = arg;
+}
+
+const struct metrics_requests *ops_request_metrics(const struct ops *o)
+{
+    return &o->requests;
 }
 
 void ops_set_server(struct ops *o, struct server *s)
@@ -79,6 +103,7 @@ static void ops_fail(struct ops *o, struct conn *conn, const Kvnode__Request *re
                      const char *msg)
 {
     ops_count(o, (int)req->op_case, false);
+    o->last_code = code;
     log_debug("%s request %" PRIu64 " failed: %s: %s", wire_op_name((int)req->op_case), req->id,
               kvnode_strerror(code), msg);
     server_reply_error(conn, req->id, code, "%s", msg);
@@ -90,6 +115,7 @@ static void ops_send(struct ops *o, struct conn *conn, const Kvnode__Request *re
     resp->id = req->id;
     if (server_reply(conn, resp, fds, nfds) < 0) {
         ops_count(o, (int)req->op_case, false);
+        o->last_code = -KVNODE_EINTERNAL;
         server_reply_error(conn, req->id, -KVNODE_EINTERNAL, "cannot encode the %s reply",
                            wire_op_name((int)req->op_case));
         return;
@@ -532,7 +558,7 @@ static void ops_delete(struct ops *o, struct conn *conn, struct session *s, cons
     ops_send(o, conn, req, &resp, NULL, 0);
 }
 
-static json_t *ops_stats_document(struct ops *o)
+json_t *ops_stats_document(struct ops *o)
 {
     json_t *root = json_object(), *reqs = json_object(), *keys = json_object();
 
@@ -557,6 +583,8 @@ static json_t *ops_stats_document(struct ops *o)
     json_object_set_new(keys, "matched_total", json_integer((json_int_t)o->keys_matched));
     json_object_set_new(keys, "missed_total", json_integer((json_int_t)o->keys_missed));
     json_object_set_new(root, "keys", keys);
+    if (o->stats_hook)
+        o->stats_hook(o->stats_hook_arg, root);
     return root;
 }
 
@@ -585,8 +613,10 @@ static void ops_stats(struct ops *o, struct conn *conn, struct session *s, const
     resp.result_case = KVNODE__RESPONSE__RESULT_STATS;
     resp.stats = &reply;
     resp.id = req->id;
-    if (server_reply(conn, &resp, NULL, 0) < 0)
+    if (server_reply(conn, &resp, NULL, 0) < 0) {
+        o->last_code = -KVNODE_EINTERNAL;
         server_reply_error(conn, req->id, -KVNODE_EINTERNAL, "cannot encode the stats reply");
+    }
     free(text);
 }
 
@@ -605,7 +635,53 @@ static void ops_ping(struct ops *o, struct conn *conn, struct session *s, const 
     ops_send(o, conn, req, &resp, NULL, 0);
 }
 
+/* RELOAD: only root or the daemon's own user may change what it runs. */
+static void ops_reload(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__ReloadReply reply = KVNODE__RELOAD_REPLY__INIT;
+    char error[CONFIG_ERR_MAX], not_applied[1024] = "";
+
+    if (s->uid != 0 && s->uid != geteuid()) {
+        snprintf(error, sizeof error, "reload needs root or the daemon's user (uid %d); "
+                 "this client runs as uid %d", (int)geteuid(), (int)s->uid);
+        ops_fail(o, conn, req, -KVNODE_EDENIED, error);
+        return;
+    }
+    if (!o->reload) {
+        ops_fail(o, conn, req, -KVNODE_ESTATE, "this daemon cannot reload");
+        return;
+    }
+    log_info("reload requested by pid %d uid %d (%s)", (int)s->pid, (int)s->uid, s->name);
+    if (o->reload(o->reload_arg, error, sizeof error, not_applied, sizeof not_applied) < 0) {
+        ops_fail(o, conn, req, -KVNODE_EINVAL, error);
+        return;
+    }
+    reply.not_applied = not_applied;
+    resp.result_case = KVNODE__RESPONSE__RESULT_RELOAD;
+    resp.reload = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+}
+
+static double ops_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
+
+/* Every request is counted by op and status and timed, whatever path it takes. */
 void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    double t0 = ops_now_s();
+    o->last_code = 0;
+    ops_dispatch(o, conn, s, req);
+    metrics_request_observe(&o->requests, (int)req->op_case, o->last_code, ops_now_s() - t0);
+}
+
+static void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {
     if (!s->hello_done && req->op_case != KVNODE__REQUEST__OP_HELLO &&
         req->op_case != KVNODE__REQUEST__OP__NOT_SET) {
@@ -626,6 +702,7 @@ void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnod
     case KVNODE__REQUEST__OP_DELETE:     ops_delete(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_STATS:      ops_stats(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_PING:       ops_ping(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_RELOAD:     ops_reload(o, conn, s, req); break;
     default:
         ops_fail(o, conn, req, -KVNODE_EINVAL, "the request carries no operation this daemon "
                  "knows (newer client?)");

@@ -33,6 +33,20 @@ struct session {
 int  ops_create(struct cache *cache, const struct kvn_config *cfg, struct ops **out);
 void ops_destroy(struct ops *o);
 void ops_set_server(struct ops *o, struct server *s);
+/* Who performs RELOAD: returns 0 when the new configuration was applied
+ * (not_applied lists changed restart-only options), -1 with error set. */
+typedef int (*ops_reload_fn)(void *arg, char *error, size_t errlen, char *not_applied,
+                             size_t nalen);
+void ops_set_reload(struct ops *o, ops_reload_fn fn, void *arg);
+/* Called at the end of every stats document build (STATS op and /stats),
+ * to add what ops does not own (reload outcome, admin address). */
+typedef void (*ops_stats_fn)(void *arg, json_t *root);
+void ops_set_stats_hook(struct ops *o, ops_stats_fn fn, void *arg);
+/* The stats document (STATS op and the admin /stats), new reference or NULL. */
+json_t *ops_stats_document(struct ops *o);
+struct metrics_requests;
+/* Requests by op and status, with latency histograms (for /metrics). */
+const struct metrics_requests *ops_request_metrics(const struct ops *o);
 void ops_apply_config(struct ops *o, const struct kvn_config *cfg);
 
 /* Handle one decoded request; the reply goes out through server_reply. */

@@ -9,6 +9,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "ops.h"
+#include "sd.h"
 #include "server.h"
 
 int reload_run(struct daemon *d, struct reload_result *res)
@@ -16,6 +17,7 @@ int reload_run(struct daemon *d, struct reload_result *res)
     struct kvn_config *next = malloc(sizeof *next), *old = d->cfg;
 
     memset(res, 0, sizeof *res);
+    sdn_reloading(d);
     if (!next) {
         snprintf(res->error, sizeof res->error, "out of memory");
     } else if (daemon_load_config(d, next, res->error, sizeof res->error) == 0) {
@@ -35,11 +37,13 @@ int reload_run(struct daemon *d, struct reload_result *res)
         d->last_reload_error[0] = '\0';
         res->ok = 1;
         log_info("configuration reloaded");
+        sdn_ready(d);
         return 0;
     }
     free(next);
     d->reloads_failed++;
     snprintf(d->last_reload_error, sizeof d->last_reload_error, "%s", res->error);
     log_error("reload failed; keeping the running configuration:\n%s", res->error);
+    sdn_ready(d);
     return -1;
 }

@@ -62,7 +62,10 @@ struct server {
     bool stopping;
     struct event *stop_timer;
     /* counters */
-    uint64_t accepted, refused, frames_rejected;
+    uint64_t accepted, refused, frames_rejected, denied;
+    /* access lists resolved from cfg (empty: anyone who can open the socket) */
+    uint32_t allow_uids[CONFIG_IDS_MAX], allow_gids[CONFIG_IDS_MAX];
+    size_t n_allow_uids, n_allow_gids;
 };
 
 static void conn_destroy(struct conn *c);
@@ -146,6 +149,18 @@ static int server_bind(struct server *s, char *err, size_t errlen)
         unlink(s->path);
         return -1;
     }
+    if (s->cfg->socket_group[0]) {
+        uint32_t gid;
+        char problem[256] = "";
+        if (config_parse_group(s->cfg->socket_group, &gid, problem, sizeof problem) < 0 ||
+            chown(s->path, (uid_t)-1, (gid_t)gid) < 0) {
+            snprintf(err, errlen, "cannot give %s to group %s: %s", s->path, s->cfg->socket_group,
+                     problem[0] ? problem : strerror(errno));
+            close(fd);
+            unlink(s->path);
+            return -1;
+        }
+    }
     if (listen(fd, 512) < 0) {
         snprintf(err, errlen, "cannot listen on %s: %s", s->path, strerror(errno));
         close(fd);
@@ -177,6 +192,53 @@ static void server_refuse(int fd, int code, const char *msg)
 static void conn_read_cb(evutil_socket_t fd, short what, void *arg);
 static void conn_write_cb(evutil_socket_t fd, short what, void *arg);
 
+/* Resolve the configured allow lists. Names were checked when the config
+ * was parsed; one that vanished since is logged and the list kept as it was. */
+static void server_load_access(struct server *s, const struct kvn_config *cfg)
+{
+    uint32_t uids[CONFIG_IDS_MAX], gids[CONFIG_IDS_MAX];
+    size_t nu, ng;
+    char problem[256];
+
+    if (config_parse_idlist(cfg->allow_uids, 0, uids, CONFIG_IDS_MAX, &nu, problem, sizeof problem) < 0 ||
+        config_parse_idlist(cfg->allow_gids, 1, gids, CONFIG_IDS_MAX, &ng, problem, sizeof problem) < 0) {
+        log_error("access lists not changed: %s", problem);
+        return;
+    }
+    memcpy(s->allow_uids, uids, nu * sizeof uids[0]);
+    memcpy(s->allow_gids, gids, ng * sizeof gids[0]);
+    s->n_allow_uids = nu;
+    s->n_allow_gids = ng;
+}
+
+static bool server_id_listed(const uint32_t *ids, size_t n, uint32_t id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] == id)
+            return true;
+    return false;
+}
+
+/* May this peer connect? root and the daemon's own user always may. */
+static bool server_peer_allowed(const struct server *s, int fd, const struct ucred *cred)
+{
+    gid_t groups[256];
+    socklen_t glen = sizeof groups;
+
+    if (s->n_allow_uids == 0 && s->n_allow_gids == 0)
+        return true;
+    if (cred->uid == 0 || cred->uid == geteuid() ||
+        server_id_listed(s->allow_uids, s->n_allow_uids, cred->uid) ||
+        server_id_listed(s->allow_gids, s->n_allow_gids, cred->gid))
+        return true;
+    /* Supplementary groups of the peer (Linux 4.13+). */
+    if (s->n_allow_gids > 0 && getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0)
+        for (size_t i = 0; i < glen / sizeof groups[0]; i++)
+            if (server_id_listed(s->allow_gids, s->n_allow_gids, groups[i]))
+                return true;
+    return false;
+}
+
 static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
                              int salen, void *arg)
 {
@@ -198,6 +260,20 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
         snprintf(msg, sizeof msg, "too many clients (server.max_clients = %u)", s->cfg->max_clients);
         log_warn("refused a connection: %s", msg);
         server_refuse(fd, -KVNODE_ELIMIT, msg);
+        return;
+    }
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credlen) != 0) {
+        cred.pid = -1;
+        cred.uid = (uid_t)-1;
+        cred.gid = (gid_t)-1;
+    }
+    if (!server_peer_allowed(s, fd, &cred)) {
+        char msg[160];
+        s->denied++;
+        snprintf(msg, sizeof msg, "access denied: uid %d (gid %d) is not in server.allow_uids or "
+                 "server.allow_gids", (int)cred.uid, (int)cred.gid);
+        log_warn("refused pid %d: %s", (int)cred.pid, msg);
+        server_refuse(fd, -KVNODE_EDENIED, msg);
         return;
     }
     c = calloc(1, sizeof *c);
@@ -222,15 +298,9 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
         close(fd);
         return;
     }
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credlen) == 0) {
-        c->session.pid = cred.pid;
-        c->session.uid = cred.uid;
-        c->session.gid = cred.gid;
-    } else {
-        c->session.pid = -1;
-        c->session.uid = (uid_t)-1;
-        c->session.gid = (gid_t)-1;
-    }
+    c->session.pid = cred.pid;
+    c->session.uid = cred.uid;
+    c->session.gid = cred.gid;
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
@@ -295,6 +365,7 @@ int server_create(struct event_base *base, const struct kvn_config *cfg, struct 
     s->cfg = cfg;
     s->ops = ops;
     s->lock_fd = -1;
+    server_load_access(s, cfg);
     if (listen_fd >= 0) {
         rc = server_adopt_fd(s, listen_fd, err, errlen);
         if (rc < 0) {
@@ -370,6 +441,7 @@ void server_destroy(struct server *s)
 void server_apply_config(struct server *s, const struct kvn_config *cfg)
 {
     s->cfg = cfg;
+    server_load_access(s, cfg);
 }
 
 /* --- shutdown -------------------------------------------------------------- */
@@ -704,6 +776,7 @@ void server_stats_json(struct server *s, json_t *root)
     json_object_set_new(clients, "connected", json_integer((json_int_t)s->nconns));
     json_object_set_new(clients, "accepted_total", json_integer((json_int_t)s->accepted));
     json_object_set_new(clients, "refused_total", json_integer((json_int_t)s->refused));
+    json_object_set_new(clients, "denied_total", json_integer((json_int_t)s->denied));
     json_object_set_new(root, "clients", clients);
     json_object_set_new(frames, "rejected_total", json_integer((json_int_t)s->frames_rejected));
     json_object_set_new(root, "frames", frames);

@@ -465,7 +465,7 @@ static int client_check_ns(kvnode_client *c, size_t n, const char *what)
         return -KVNODE_ECLOSED;
     }
     if (c->observer) {
-        client_seterr(c, "%s: an observer client (no layout) may only call stats and ping", what);
+        client_seterr(c, "%s: an observer client (no layout) may only call stats, ping and reload", what);
         return -KVNODE_ESTATE;
     }
     if (n > c->max_keys) {
@@ -1337,6 +1337,33 @@ int kvnode_ping(kvnode_client *c)
         client_seterr(c, "protocol: ping nonce %" PRIu64 " echoed as %" PRIu64, p.nonce,
                       resp->ping->nonce);
         rc = -KVNODE_EPROTO;
+    }
+    client_response_free(c, resp);
+    return rc;
+}
+
+int kvnode_reload(kvnode_client *c, char **not_applied)
+{
+    Kvnode__Request req = KVNODE__REQUEST__INIT;
+    Kvnode__ReloadRequest r = KVNODE__RELOAD_REQUEST__INIT;
+    Kvnode__Response *resp;
+    int rc;
+
+    if (not_applied)
+        *not_applied = NULL;
+    if (!c)
+        return -KVNODE_EINVAL;
+    req.op_case = KVNODE__REQUEST__OP_RELOAD;
+    req.reload = &r;
+    rc = client_call(c, &req, KVNODE__RESPONSE__RESULT_RELOAD, &resp);
+    if (rc < 0)
+        return rc;
+    if (not_applied && resp->reload->not_applied && *resp->reload->not_applied) {
+        *not_applied = strdup(resp->reload->not_applied);
+        if (!*not_applied) {
+            client_seterr(c, "out of memory");
+            rc = -KVNODE_ENOMEM;
+        }
     }
     client_response_free(c, resp);
     return rc;

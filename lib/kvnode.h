@@ -73,7 +73,7 @@ enum {
 /* Connect to the daemon at socket_path (NULL: $KVNODE_SOCKET or
  * /run/kvnode/kvnode.sock) and bind this client to the namespace of `layout`.
  * layout == NULL gives an observer client that may only call
- * kvnode_stats_json / kvnode_ping. On failure *out is NULL. */
+ * kvnode_stats_json / kvnode_ping / kvnode_reload. On failure *out is NULL. */
 int  kvnode_connect(const char *socket_path, const kvnode_layout *layout, kvnode_client **out);
 /* Message of the last failed kvnode_connect on this thread ("" when none). */
 const char *kvnode_connect_error(void);
@@ -117,6 +117,15 @@ int  kvnode_delete(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *d
 /* The daemon's statistics as a JSON document; the caller free()s *json. */
 int  kvnode_stats_json(kvnode_client *c, char **json);      /* caller free()s */
 int  kvnode_ping(kvnode_client *c);
+
+/* Ask the daemon to re-read its configuration file, as SIGHUP does (allowed
+ * to root and to the daemon's own user; others get -KVNODE_EDENIED). 0: the
+ * new configuration runs; *not_applied (when not NULL) is then a malloc()ed,
+ * comma-separated list of changed options that need a restart, or NULL when
+ * there are none. -KVNODE_EINVAL: the file is invalid, the running
+ * configuration stays, kvnode_last_error() has every problem. Observer
+ * clients may call it. */
+int  kvnode_reload(kvnode_client *c, char **not_applied);
 
 /* rtp-llm / KVCM chained block hash (see PROTOCOLS.md §1): one key per full
  * block of block_tokens tokens, at most max_keys; returns the number written. */

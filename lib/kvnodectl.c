@@ -1,6 +1,6 @@
 /* kvnodectl: operator command-line tool of kvnoded.
  *
- * Observer commands (status, stats, namespaces, ping) connect without a layout
+ * Observer commands (status, stats, namespaces, ping, reload) connect without a layout
  * and read the daemon's statistics document; data commands (match, put, get,
  * delete) bind the namespace given by the layout options and move blocks with
  * the public client API (lib/kvnode.h) only. The put/get keying (one FNV-1a
@@ -22,6 +22,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include <curl/curl.h>
 #include <jansson.h>
 
 #include "kvnode.h"
@@ -52,7 +53,7 @@ enum {
 enum {
     OPT_JSON = 256, OPT_MODEL, OPT_DTYPE, OPT_BLOCK_TOKENS, OPT_BLOCK_BYTES,
     OPT_LAYERS, OPT_KV_HEADS, OPT_HEAD_DIM, OPT_TP_SIZE, OPT_TP_RANK, OPT_EXTRA,
-    OPT_KEYS_FILE, OPT_KEYS_OUT, OPT_SIZE, OPT_REQUIRE_ALL, OPT_INLINE,
+    OPT_KEYS_FILE, OPT_KEYS_OUT, OPT_SIZE, OPT_REQUIRE_ALL, OPT_INLINE, OPT_ADMIN,
 };
 
 static const char short_opts[] = "+S:t:hVo:";
@@ -78,6 +79,7 @@ static const struct option long_opts[] = {
     {"size",         required_argument, NULL, OPT_SIZE},
     {"require-all",  no_argument,       NULL, OPT_REQUIRE_ALL},
     {"inline",       no_argument,       NULL, OPT_INLINE},
+    {"admin",        required_argument, NULL, OPT_ADMIN},
     {NULL, 0, NULL, 0},
 };
 
@@ -90,6 +92,7 @@ enum {
     F_SIZE        = 1u << 4,
     F_REQUIRE_ALL = 1u << 5,
     F_INLINE      = 1u << 6,
+    F_ADMIN       = 1u << 7,
 };
 
 struct ctl {
@@ -102,6 +105,7 @@ struct ctl {
     const char *keys_file, *keys_out, *output;
     uint64_t size;
     int require_all, use_inline;
+    const char *admin;           /* metrics: admin address (else from stats) */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -891,6 +895,43 @@ static int cmd_ping(const struct ctl *x)
 }
 
 /* ------------------------------------------------------------------------ */
+/* reload                                                                    */
+
+static int cmd_reload(const struct ctl *x)
+{
+    kvnode_client *c;
+    char *not_applied = NULL;
+    int ex = ctl_connect(x, NULL, &c);
+    if (ex)
+        return ex;
+    int rc = kvnode_reload(c, &not_applied);
+    if (rc < 0 && rc != -KVNODE_EINVAL) {
+        ex = lib_error(rc, c);
+        kvnode_close(c);
+        return ex;
+    }
+    if (x->json) {
+        json_t *o = json_pack("{s:b,s:s?,s:s?}", "applied", rc == 0,
+                              "error", rc == 0 ? NULL : kvnode_last_error(c),
+                              "not_applied", not_applied);
+        if (!o)
+            oom();
+        print_json(o, JSON_COMPACT);
+        json_decref(o);
+    } else if (rc == 0) {
+        printf("configuration reloaded\n");
+        if (not_applied)
+            printf("not applied (restart needed): %s\n", not_applied);
+    } else {
+        fprintf(stderr, "kvnodectl: reload failed; the running configuration is kept:\n%s\n",
+                kvnode_last_error(c));
+    }
+    free(not_applied);
+    kvnode_close(c);
+    return rc == 0 ? EXIT_OK : EXIT_ERR;
+}
+
+/* ------------------------------------------------------------------------ */
 /* data commands                                                             */
 
 static size_t batch_keys(const kvnode_layout *l)
@@ -1282,6 +1323,8 @@ static void print_help(void)
 "  stats                         the daemon's whole statistics document\n"
 "  namespaces                    table of the namespaces\n"
 "  ping                          check that the daemon answers\n"
+"  reload                        make the daemon re-read its config file (root or its user)\n"
+"  metrics [--admin ADDR]        print the Prometheus metrics from the admin HTTP listener\n"
 "  match  LAYOUT KEY...          length of the cached prefix of a key chain\n"
 "  put    LAYOUT FILE            store FILE as a chain of blocks; print the keys\n"
 "  get    LAYOUT -o OUT KEY...   read a chain of blocks into OUT\n"
@@ -1311,6 +1354,8 @@ static void print_help(void)
 "  -o, --output OUT        get: output file ('-': standard output)\n"
 "      --size BYTES        get: truncate the output to BYTES\n"
 "      --inline            put, get: move the bytes inside the messages (no shared memory)\n"
+"      --admin ADDR        metrics: admin address (HOST:PORT or unix:PATH; default: asked\n"
+"                          from the daemon's stats)\n"
 "\n"
 "SIZE and BYTES take the suffixes K, M, G, T (powers of 1024; KiB, MiB, ... also accepted).\n"
 "Put negative keys after '--' or in a keys file if they could be taken for options.\n"
@@ -1401,11 +1446,91 @@ struct command {
     int (*run_noargs)(const struct ctl *);   /* instead of run: takes no arguments */
 };
 
+/* metrics: GET /metrics from the admin listener ("HOST:PORT", "[V6]:PORT",
+ * "unix:PATH" or an http:// URL); its address comes from --admin or the
+ * stats document's "admin" field. */
+static size_t metrics_sink(char *p, size_t size, size_t n, void *arg)
+{
+    return fwrite(p, size, n, arg);
+}
+
+static int cmd_metrics(const struct ctl *x)
+{
+    json_t *doc = NULL;
+    char *addr, *url;
+    int ex = EXIT_OK;
+
+    if (x->admin) {
+        addr = xasprintf("%s", x->admin);
+    } else {
+        ex = fetch_stats(x, &doc);
+        if (ex)
+            return ex;
+        const char *a = json_string_value(json_object_get(doc, "admin"));
+        if (!a || !*a) {
+            fprintf(stderr, PROG ": the daemon has no admin listener ([admin] listen = off); "
+                    "pass --admin ADDR\n");
+            json_decref(doc);
+            return EXIT_ERR;
+        }
+        addr = xasprintf("%s", a);
+        json_decref(doc);
+    }
+    bool is_unix = strncmp(addr, "unix:", 5) == 0;
+    if (is_unix)
+        url = xasprintf("http://localhost/metrics");
+    else if (strncmp(addr, "http://", 7) == 0)
+        url = xasprintf("%s%s", addr, addr[strlen(addr) - 1] == '/' ? "metrics" : "/metrics");
+    else
+        url = xasprintf("http://%s/metrics", addr);
+
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
+        fprintf(stderr, PROG ": cannot initialise libcurl\n");
+        free(addr);
+        free(url);
+        return EXIT_ERR;
+    }
+    CURL *h = curl_easy_init();
+    char errbuf[CURL_ERROR_SIZE] = "";
+    long status = 0;
+    if (!h)
+        oom();
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    if (is_unix)
+        curl_easy_setopt(h, CURLOPT_UNIX_SOCKET_PATH, addr + 5);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(x->timeout_ms > 0 ? x->timeout_ms : 10000));
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, metrics_sink);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, stdout);
+    CURLcode rc = curl_easy_perform(h);
+    if (rc == CURLE_OK)
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    if (rc != CURLE_OK) {
+        fprintf(stderr, PROG ": cannot fetch %s%s%s: %s\n", url, is_unix ? " via " : "", is_unix ? addr : "",
+                errbuf[0] ? errbuf : curl_easy_strerror(rc));
+        ex = EXIT_CONNECT;
+    } else if (status != 200) {
+        fprintf(stderr, PROG ": %s answered HTTP %ld\n", url, status);
+        ex = EXIT_ERR;
+    } else if (fflush(stdout) != 0) {
+        fprintf(stderr, PROG ": writing the output: %s\n", strerror(errno));
+        ex = EXIT_ERR;
+    }
+    curl_easy_cleanup(h);
+    curl_global_cleanup();
+    free(addr);
+    free(url);
+    return ex;
+}
+
 static const struct command commands[] = {
     {"status",     0, NULL, cmd_status},
     {"stats",      0, NULL, cmd_stats},
     {"namespaces", 0, NULL, cmd_namespaces},
     {"ping",       0, NULL, cmd_ping},
+    {"reload",     0, NULL, cmd_reload},
+    {"metrics",    F_ADMIN, NULL, cmd_metrics},
     {"match",      F_LAYOUT | F_KEYS_FILE | F_REQUIRE_ALL, cmd_match, NULL},
     {"put",        F_LAYOUT | F_KEYS_OUT | F_INLINE, cmd_put, NULL},
     {"get",        F_LAYOUT | F_KEYS_FILE | F_OUTPUT | F_SIZE | F_INLINE, cmd_get, NULL},
@@ -1506,6 +1631,14 @@ int main(int argc, char **argv)
             break;
         case OPT_REQUIRE_ALL: x.require_all = 1; mark(&x, F_REQUIRE_ALL, "--require-all"); break;
         case OPT_INLINE:      x.use_inline = 1;  mark(&x, F_INLINE, "--inline");          break;
+        case OPT_ADMIN:
+            if (!*optarg) {
+                ex = usage_error("--admin: empty address");
+                goto out;
+            }
+            x.admin = optarg;
+            mark(&x, F_ADMIN, "--admin");
+            break;
         default:
             /* getopt_long printed what was wrong */
             fputs("Try '" PROG " --help' for more information.\n", stderr);

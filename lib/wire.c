@@ -105,6 +105,7 @@ const char *wire_op_name(int op_case)
     case KVNODE__REQUEST__OP_DELETE:     return "delete";
     case KVNODE__REQUEST__OP_STATS:      return "stats";
     case KVNODE__REQUEST__OP_PING:       return "ping";
+    case KVNODE__REQUEST__OP_RELOAD:     return "reload";
     default:                             return "unknown";
     }
 }

@@ -303,7 +303,8 @@ static int kvh_write_config(kvh_daemon *d, const char *config)
              "server.socket_path=%s/kvnode.sock\n"
              "memory.host_bytes=64MiB\n"
              "memory.pin_host=off\n"
-             "log.level=info\n", d->dir);
+             "log.level=info\n"
+             "admin.listen=off\n", d->dir);
     if (kvh_parse_assignments(defaults, kv, &n, MAXKV) != 0 ||
         kvh_parse_assignments(config, kv, &n, MAXKV) != 0) {
         free(kv);
@@ -340,6 +341,11 @@ static int kvh_write_config(kvh_daemon *d, const char *config)
     return 0;
 }
 
+int kvh_rewrite_config(kvh_daemon *d, const char *config)
+{
+    return kvh_write_config(d, config);
+}
+
 /* ------------------------------------------------------------------------- */
 /* daemon processes */
 
@@ -358,8 +364,131 @@ static int kvh_decode_status(int wstatus)
     return -1;
 }
 
+/* The environment of a kvh_spawn_ex daemon, built before fork (the child
+ * only writes its pid into the pid slots: no allocation after fork). */
+#define KVH_MAX_PID_ENV 8
+struct kvh_env {
+    char **envp;                       /* NULL: inherit environ */
+    char *pid_slot[KVH_MAX_PID_ENV];   /* "NAME=" + room for digits, in envp */
+    size_t npid;
+};
+
+static void kvh_env_free(struct kvh_env *e)
+{
+    if (e->envp) {
+        for (size_t i = 0; e->envp[i]; i++)
+            free(e->envp[i]);
+        free(e->envp);
+    }
+    memset(e, 0, sizeof *e);
+}
+
+static int kvh_env_overridden(const char *entry, const char *const *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t l = strcspn(names[i], "=");
+        if (strncmp(entry, names[i], l) == 0 && entry[l] == '=')
+            return 1;
+    }
+    return 0;
+}
+
+static int kvh_env_build(const kvh_spawn_opts *o, struct kvh_env *e)
+{
+    extern char **environ;
+    const char *names[64];
+    char listen_fds[32];
+    size_t nn = 0, n = 0, cap;
+
+    memset(e, 0, sizeof *e);
+    for (size_t i = 0; o->env && o->env[i] && nn < 60; i++)
+        names[nn++] = o->env[i];
+    for (size_t i = 0; o->pid_env && o->pid_env[i] && nn < 60; i++)
+        names[nn++] = o->pid_env[i];
+    snprintf(listen_fds, sizeof listen_fds, "LISTEN_FDS=%d", o->listen_fds);
+    if (o->listen_fds > 0) {
+        names[nn++] = listen_fds;
+        names[nn++] = "LISTEN_PID";
+    }
+    for (cap = 0; environ[cap]; cap++) {}
+    cap += nn + 1;
+    e->envp = calloc(cap, sizeof *e->envp);
+    if (!e->envp)
+        goto oom;
+    for (size_t i = 0; environ[i]; i++)
+        if (!kvh_env_overridden(environ[i], names, nn) && !(e->envp[n++] = strdup(environ[i])))
+            goto oom;
+    for (size_t i = 0; i < nn; i++) {
+        int is_pid = !strchr(names[i], '=');
+        size_t l = strlen(names[i]) + (is_pid ? 24 : 1);
+        if (!(e->envp[n] = malloc(l)))
+            goto oom;
+        snprintf(e->envp[n], l, "%s%s", names[i], is_pid ? "=" : "");
+        if (is_pid) {
+            if (e->npid == KVH_MAX_PID_ENV) {
+                kvh_set_error("too many pid_env names");
+                kvh_env_free(e);
+                return -1;
+            }
+            e->pid_slot[e->npid++] = e->envp[n];
+        }
+        n++;
+    }
+    return 0;
+oom:
+    kvh_set_error("out of memory");
+    kvh_env_free(e);
+    return -1;
+}
+
+/* After fork: write the child's pid into the pid slots (async-signal-safe). */
+static void kvh_env_set_pid(struct kvh_env *e, pid_t pid)
+{
+    for (size_t i = 0; i < e->npid; i++) {
+        char digits[24], *p = e->pid_slot[i] + strlen(e->pid_slot[i]);
+        int nd = 0;
+        unsigned long v = (unsigned long)pid;
+        do {
+            digits[nd++] = (char)('0' + v % 10);
+            v /= 10;
+        } while (v);
+        while (nd)
+            *p++ = digits[--nd];
+        *p = '\0';
+    }
+}
+
+/* Socket activation: bind and listen on d->sock as systemd would. */
+static int kvh_listen_socket(const kvh_daemon *d)
+{
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    if (strlen(d->sock) >= sizeof sa.sun_path) {
+        kvh_set_error("socket path too long: %s", d->sock);
+        return -1;
+    }
+    memcpy(sa.sun_path, d->sock, strlen(d->sock) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, SOMAXCONN) < 0) {
+        kvh_set_error("cannot listen on %s: %s", d->sock, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 int kvh_spawn(kvh_daemon *d, const char *config)
 {
+    return kvh_spawn_ex(d, config, NULL);
+}
+
+int kvh_spawn_ex(kvh_daemon *d, const char *config, const kvh_spawn_opts *opts)
+{
+    struct kvh_env env = { 0 };
+    int lfd = -1, nlfd = opts ? opts->listen_fds : 0;
+
     memset(d, 0, sizeof *d);
     d->status = -1;
     d->reg = -1;
@@ -400,9 +529,18 @@ int kvh_spawn(kvh_daemon *d, const char *config)
         return -1;
     }
 
+    if (opts && (kvh_env_build(opts, &env) != 0 ||
+                 (nlfd > 0 && (lfd = kvh_listen_socket(d)) < 0))) {
+        kvh_env_free(&env);
+        kvh_rmtree(d->dir);
+        return -1;
+    }
     int logfd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     if (logfd < 0) {
         kvh_set_error("open %s: %s", d->log, strerror(errno));
+        kvh_env_free(&env);
+        if (lfd >= 0)
+            close(lfd);
         kvh_rmtree(d->dir);
         return -1;
     }
@@ -411,6 +549,9 @@ int kvh_spawn(kvh_daemon *d, const char *config)
     if (pid < 0) {
         kvh_set_error("fork: %s", strerror(errno));
         close(logfd);
+        kvh_env_free(&env);
+        if (lfd >= 0)
+            close(lfd);
         kvh_rmtree(d->dir);
         return -1;
     }
@@ -427,7 +568,15 @@ int kvh_spawn(kvh_daemon *d, const char *config)
         }
         dup2(logfd, 1);
         dup2(logfd, 2);
-        close_range(3, ~0u, 0);
+        /* Inherited sockets at 3.. (logfd may be 3: no longer needed). */
+        for (int i = 0; i < nlfd; i++) {
+            if (lfd != 3 + i && dup2(lfd, 3 + i) < 0)
+                _exit(127);
+            fcntl(3 + i, F_SETFD, 0);
+        }
+        close_range(3 + (unsigned)(nlfd > 0 ? nlfd : 0), ~0u, 0);
+        if (env.envp)
+            kvh_env_set_pid(&env, getpid());
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
@@ -435,11 +584,17 @@ int kvh_spawn(kvh_daemon *d, const char *config)
         signal(SIGTERM, SIG_DFL);
         signal(SIGINT, SIG_DFL);
         char *argv[] = { (char *)bin, (char *)"--config", d->conf, NULL };
-        execv(bin, argv);
+        if (env.envp)
+            execve(bin, argv, env.envp);
+        else
+            execv(bin, argv);
         dprintf(2, "harness: exec %s: %s\n", bin, strerror(errno));
         _exit(127);
     }
     close(logfd);
+    kvh_env_free(&env);
+    if (lfd >= 0)
+        close(lfd);
     d->pid = pid;
     kvh_reg_add(d);
     return 0;
@@ -529,7 +684,12 @@ int kvh_wait_ready(kvh_daemon *d, int timeout_ms)
 
 int kvh_start(kvh_daemon *d, const char *config)
 {
-    if (kvh_spawn(d, config) != 0)
+    return kvh_start_ex(d, config, NULL);
+}
+
+int kvh_start_ex(kvh_daemon *d, const char *config, const kvh_spawn_opts *opts)
+{
+    if (kvh_spawn_ex(d, config, opts) != 0)
         return -1;
     if (kvh_wait_ready(d, KVH_READY_TIMEOUT_MS) != 0) {
         char saved[sizeof kvh_errbuf];

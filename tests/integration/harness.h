@@ -56,13 +56,29 @@ const char *kvh_daemon_path(void);
 /* Start a daemon. `config` holds "section.key=value" lines separated by
  * newlines (blank lines and lines starting with '#' or ';' are ignored); they
  * override the harness defaults (a small host tier, pin_host=off, log level
- * info). kvh_start waits until the socket is connectable; on failure the
+ * info, admin.listen=off: tests opt in to an admin listener). kvh_start waits until the socket is connectable; on failure the
  * daemon is killed, its log is printed to stderr and -1 is returned.
  * The daemon gets SIGKILL when the calling *thread* exits
  * (PR_SET_PDEATHSIG): start daemons from a thread that outlives them. */
 int  kvh_start(kvh_daemon *d, const char *config);
+/* Rewrite d's configuration file (same defaults + `config`), e.g. before a
+ * reload. The daemon is not told. */
+int  kvh_rewrite_config(kvh_daemon *d, const char *config);
 /* Same without waiting for the socket (for daemons expected to fail). */
 int  kvh_spawn(kvh_daemon *d, const char *config);
+/* Extra process setup for kvh_spawn_ex / kvh_start_ex (systemd tests). */
+typedef struct kvh_spawn_opts {
+    const char *const *env;      /* "NAME=VALUE" entries (NULL-terminated; NULL: none) added to
+                                  * the daemon's environment, replacing inherited ones */
+    const char *const *pid_env;  /* names (NULL-terminated) set to the daemon's own pid, in the
+                                  * child after fork, e.g. "WATCHDOG_PID" */
+    int listen_fds;              /* > 0: socket activation. The harness binds and listens on
+                                  * d->sock itself and passes that socket at fd 3 (and dups of it
+                                  * at 4.. when > 1) with LISTEN_FDS=<n> LISTEN_PID=<daemon pid> */
+} kvh_spawn_opts;
+/* kvh_spawn / kvh_start with opts (NULL: same as without). */
+int  kvh_spawn_ex(kvh_daemon *d, const char *config, const kvh_spawn_opts *opts);
+int  kvh_start_ex(kvh_daemon *d, const char *config, const kvh_spawn_opts *opts);
 /* Wait until d's socket accepts a connection (or the daemon exits). */
 int  kvh_wait_ready(kvh_daemon *d, int timeout_ms);
 /* Reap the daemon within timeout_ms without signalling it; returns its

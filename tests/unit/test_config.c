@@ -104,6 +104,9 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
 {
     ck_assert_str_eq(a->socket_path, b->socket_path);
     ck_assert_uint_eq(a->socket_mode, b->socket_mode);
+    ck_assert_str_eq(a->socket_group, b->socket_group);
+    ck_assert_str_eq(a->allow_uids, b->allow_uids);
+    ck_assert_str_eq(a->allow_gids, b->allow_gids);
     ck_assert_uint_eq(a->max_frame_bytes, b->max_frame_bytes);
     ck_assert_uint_eq(a->max_keys_per_request, b->max_keys_per_request);
     ck_assert_uint_eq(a->max_clients, b->max_clients);
@@ -120,6 +123,7 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_uint_eq(a->reaper_interval_ms, b->reaper_interval_ms);
     ck_assert_uint_eq(a->max_leases_per_client, b->max_leases_per_client);
     ck_assert_int_eq(a->log_level, b->log_level);
+    ck_assert_str_eq(a->admin_listen, b->admin_listen);
     /* Both went through config_defaults (zeroed) and the parser (zero-filled
      * path tail), so they are byte-identical too. */
     ck_assert(memcmp(a, b, sizeof *a) == 0);
@@ -134,9 +138,10 @@ static unsigned count_lines(const char *s)
     return n;
 }
 
-/* The 18 options, as documented (section, key). */
+/* Every option, as documented (section, key). */
 static const char *const all_options[][2] = {
-    { "server", "socket_path" }, { "server", "socket_mode" }, { "server", "max_frame_bytes" },
+    { "server", "socket_path" }, { "server", "socket_mode" }, { "server", "socket_group" },
+    { "server", "allow_uids" }, { "server", "allow_gids" }, { "server", "max_frame_bytes" },
     { "server", "max_keys_per_request" }, { "server", "max_clients" }, { "server", "max_namespaces" },
     { "server", "request_timeout" }, { "server", "shutdown_timeout" },
     { "memory", "host_bytes" }, { "memory", "slab_bytes" }, { "memory", "high_watermark" },
@@ -144,6 +149,7 @@ static const char *const all_options[][2] = {
     { "leases", "read_ttl" }, { "leases", "write_ttl" }, { "leases", "reaper_interval" },
     { "leases", "max_per_client" },
     { "log", "level" },
+    { "admin", "listen" },
 };
 #define NOPTIONS (sizeof all_options / sizeof all_options[0])
 
@@ -172,6 +178,7 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(c.reaper_interval_ms, 1000);
     ck_assert_uint_eq(c.max_leases_per_client, 1024);
     ck_assert_int_eq(c.log_level, LOG_LEVEL_INFO);
+    ck_assert_str_eq(c.admin_listen, "127.0.0.1:9180");
     /* The path's tail is zeroed, so equal configs are byte-equal. */
     for (size_t i = strlen(c.socket_path); i < sizeof c.socket_path; i++)
         ck_assert_int_eq(c.socket_path[i], 0);
@@ -207,6 +214,11 @@ static const struct good_case good_cases[] = {
     { "server", "socket_path", path107, OFF(socket_path), F_STR, .s = path107 },
     { "server", "socket_mode", "0600", OFF(socket_mode), F_UINT, .u = 0600 },
     { "server", "socket_mode", "777", OFF(socket_mode), F_UINT, .u = 0777 },
+    { "server", "socket_group", "root", OFF(socket_group), F_STR, .s = "root" },
+    { "server", "socket_group", "0", OFF(socket_group), F_STR, .s = "0" },
+    { "server", "allow_uids", "root, 1000 65534", OFF(allow_uids), F_STR, .s = "root, 1000 65534" },
+    { "server", "allow_uids", "", OFF(allow_uids), F_STR, .s = "" },
+    { "server", "allow_gids", "root,4242", OFF(allow_gids), F_STR, .s = "root,4242" },
     { "server", "max_frame_bytes", "1MiB", OFF(max_frame_bytes), F_U32, .u = MIB },
     { "server", "max_frame_bytes", "4096", OFF(max_frame_bytes), F_U32, .u = 4096 },
     { "server", "max_frame_bytes", "1g", OFF(max_frame_bytes), F_U32, .u = GIB },
@@ -236,6 +248,12 @@ static const struct good_case good_cases[] = {
     { "leases", "max_per_client", "1048576", OFF(max_leases_per_client), F_U32, .u = 1048576 },
     { "log", "level", "debug", OFF(log_level), F_INT, .u = LOG_LEVEL_DEBUG },
     { "log", "level", "Error", OFF(log_level), F_INT, .u = LOG_LEVEL_ERROR },
+    { "admin", "listen", "off", OFF(admin_listen), F_STR, .s = "off" },
+    { "admin", "listen", "127.0.0.1:0", OFF(admin_listen), F_STR, .s = "127.0.0.1:0" },
+    { "admin", "listen", "0.0.0.0:65535", OFF(admin_listen), F_STR, .s = "0.0.0.0:65535" },
+    { "admin", "listen", "localhost:9180", OFF(admin_listen), F_STR, .s = "localhost:9180" },
+    { "admin", "listen", "[::1]:9180", OFF(admin_listen), F_STR, .s = "[::1]:9180" },
+    { "admin", "listen", "unix:/run/kvnode/admin.sock", OFF(admin_listen), F_STR, .s = "unix:/run/kvnode/admin.sock" },
 };
 #define NGOOD (sizeof good_cases / sizeof good_cases[0])
 
@@ -324,6 +342,10 @@ static const struct bad_case bad_cases[] = {
     { "server", "socket_mode", "1777", "'1777'" },
     { "server", "socket_mode", "0o660", "'0o660'" },
     { "server", "socket_mode", "u=rw", "'u=rw'" },
+    { "server", "socket_group", "no-such-group-kvn", "unknown group 'no-such-group-kvn'" },
+    { "server", "allow_uids", "root nobody-kvn-x", "unknown user 'nobody-kvn-x'" },
+    { "server", "allow_uids", "-5", "unknown user '-5'" },
+    { "server", "allow_gids", "root,no-such-group-kvn", "unknown group 'no-such-group-kvn'" },
     { "server", "max_frame_bytes", "4095", "out of range (expected 4KiB..1GiB)" },
     { "server", "max_frame_bytes", "2GiB", "out of range" },
     { "server", "max_frame_bytes", "64 MiB", "'64 MiB'" },
@@ -362,6 +384,15 @@ static const struct bad_case bad_cases[] = {
     { "leases", "reaper_interval", "1d", "invalid duration '1d'" },
     { "leases", "max_per_client", "0", "1..1048576" },
     { "log", "level", "verbose", "expected error, warn, info or debug" },
+    { "admin", "listen", "9180", "expected off, unix:PATH or HOST:PORT" },
+    { "admin", "listen", "127.0.0.1:65536", "the port must be 0..65535" },
+    { "admin", "listen", "127.0.0.1:", "the port must be 0..65535" },
+    { "admin", "listen", "127.0.0.1:http", "the port must be 0..65535" },
+    { "admin", "listen", "example.com:9180", "the host must be an IPv4 address" },
+    { "admin", "listen", "::1:9180", "the host must be an IPv4 address" },
+    { "admin", "listen", "[::1:9180", "in brackets" },
+    { "admin", "listen", "unix:", "empty socket path" },
+    { "admin", "listen", "unix:" PATH107 "a", "it must be shorter than 108 bytes" },
 };
 #define NBAD (sizeof bad_cases / sizeof bad_cases[0])
 
@@ -972,6 +1003,8 @@ START_TEST(test_write_round_trip_custom)
     c.reaper_interval_ms = 10;
     c.max_leases_per_client = 1048576;
     c.log_level = LOG_LEVEL_DEBUG;
+    memset(c.admin_listen, 0, sizeof c.admin_listen);   /* the parser zero-fills the tail */
+    snprintf(c.admin_listen, sizeof c.admin_listen, "[::1]:0");
     char err[CONFIG_ERR_MAX];
     ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
     assert_round_trip(&c);
@@ -1019,7 +1052,7 @@ START_TEST(test_shipped_conf_documents_defaults)
     size_t outlen = 0;
     FILE *mem = open_memstream(&out, &outlen);
     regex_t commented;
-    ck_assert_int_eq(regcomp(&commented, "^#[a-z_]+ = ", REG_EXTENDED | REG_NOSUB), 0);
+    ck_assert_int_eq(regcomp(&commented, "^#[a-z_]+ =( |$)", REG_EXTENDED | REG_NOSUB), 0);
     char *save = NULL;
     unsigned uncommented = 0;
     for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
@@ -1046,7 +1079,7 @@ START_TEST(test_shipped_conf_documents_defaults)
 
     for (size_t i = 0; i < NOPTIONS; i++) {
         char key[64], hdr[32];
-        snprintf(key, sizeof key, "\n%s = ", all_options[i][1]);
+        snprintf(key, sizeof key, "\n%s =", all_options[i][1]);
         snprintf(hdr, sizeof hdr, "\n[%s]\n", all_options[i][0]);
         ck_assert_msg(strstr(out, key), "conf/kvnode.conf lacks %s", all_options[i][1]);
         ck_assert_msg(strstr(out, hdr), "conf/kvnode.conf lacks [%s]", all_options[i][0]);
@@ -1087,7 +1120,7 @@ END_TEST
 
 START_TEST(test_restart_required)
 {
-    const char *restart[] = { "socket_path", "socket_mode", "host_bytes", "slab_bytes", "max_namespaces", "pin_host" };
+    const char *restart[] = { "socket_path", "socket_mode", "socket_group", "host_bytes", "slab_bytes", "max_namespaces", "pin_host", "listen" };
     for (size_t i = 0; i < NOPTIONS; i++) {
         bool want_restart = false;
         for (size_t j = 0; j < sizeof restart / sizeof restart[0]; j++)

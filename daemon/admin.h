@@ -1,0 +1,35 @@
+/* admin: the admin HTTP endpoints (libevent evhttp on the loop thread) on
+ * the [admin] listen address: a TCP address (port 0: ephemeral) or a unix
+ * socket. GET (or HEAD) of
+ *   /metrics  Prometheus text format 0.0.4 (metrics_render)
+ *   /healthz  200 "ok" while the process runs
+ *   /readyz   200 "ready" while serving (not shutting down) and every worker
+ *             is alive (workers_check); 503 with the reason otherwise
+ *   /stats    the STATS document as JSON (ops_stats_document)
+ *   /config   the effective configuration (config_write), text/plain
+ * Anything else is 404, another method 405. Every answer is built from
+ * memory on the loop thread; nothing blocks.
+ *
+ * Owns the evhttp instance, its listener and (unix) the socket file.
+ * Loop thread only. */
+#ifndef KVNODE_ADMIN_H
+#define KVNODE_ADMIN_H
+
+#include <stddef.h>
+
+struct daemon;
+struct admin;
+
+/* Listen on d->cfg->admin_listen. *out = NULL when it is "off". 0, or -1 with
+ * err set (address in use, bad host, socket path taken by a live listener). */
+int  admin_create(struct daemon *d, struct admin **out, char *err, size_t errlen);
+/* Shutdown began: close the listener (no new admin connections); requests
+ * on open connections get /readyz 503. NULL is ignored. */
+void admin_begin_shutdown(struct admin *a);
+/* Close everything, remove the unix socket file. NULL is ignored. */
+void admin_destroy(struct admin *a);
+/* The bound address: "127.0.0.1:PORT" (the real port when 0 was asked),
+ * "[::1]:PORT" or "unix:PATH". */
+const char *admin_address(const struct admin *a);
+
+#endif

@@ -1,0 +1,276 @@
+/* metrics: counters, histograms and the /metrics page (see metrics.h). */
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <jansson.h>
+
+#include "cache.h"
+#include "daemon.h"
+#include "kvnode.h"
+#include "ops.h"
+#include "wire.h"
+#include "workers.h"
+
+const double metrics_latency_bounds[METRICS_LATENCY_NBOUNDS] = {
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0,
+};
+
+void metrics_histogram_observe(struct metrics_histogram *h, double seconds)
+{
+    size_t i = 0;
+    if (!(seconds >= 0.0))
+        seconds = 0.0;
+    while (i < METRICS_LATENCY_NBOUNDS && seconds > metrics_latency_bounds[i])
+        i++;
+    h->buckets[i]++;
+    h->count++;
+    h->sum += seconds;
+}
+
+void metrics_request_observe(struct metrics_requests *r, int op, int code, double seconds)
+{
+    int status = code < 0 ? -code : 0;
+    if (op < 0 || op >= METRICS_OP_SLOTS)
+        op = 0;
+    if (status >= METRICS_STATUS_SLOTS)
+        status = METRICS_STATUS_SLOTS - 1;
+    r->count[op][status]++;
+    metrics_histogram_observe(&r->latency[op], seconds);
+}
+
+const char *metrics_status_name(int code)
+{
+    static const char *const names[] = {
+        [0] = "ok",
+        [KVNODE_EINVAL] = "einval",       [KVNODE_ENOMEM] = "enomem",
+        [KVNODE_ENOSPC] = "enospc",       [KVNODE_ENOLEASE] = "enolease",
+        [KVNODE_ELAYOUT] = "elayout",     [KVNODE_EVERSION] = "eversion",
+        [KVNODE_EPROTO] = "eproto",       [KVNODE_ETOOBIG] = "etoobig",
+        [KVNODE_ETIMEDOUT] = "etimedout", [KVNODE_ECONNECT] = "econnect",
+        [KVNODE_ECLOSED] = "eclosed",     [KVNODE_EIO] = "eio",
+        [KVNODE_ESTATE] = "estate",       [KVNODE_ELIMIT] = "elimit",
+        [KVNODE_EDENIED] = "edenied",     [KVNODE_EINTERNAL] = "einternal",
+        [KVNODE_ESHUTDOWN] = "eshutdown",
+    };
+    int i = code < 0 ? -code : code;
+    if (i < (int)(sizeof names / sizeof names[0]) && names[i])
+        return names[i];
+    return "eunknown";
+}
+
+void metrics_escape_label(struct evbuffer *out, const char *text)
+{
+    for (const char *p = text; *p; p++) {
+        switch (*p) {
+        case '\\': evbuffer_add(out, "\\\\", 2); break;
+        case '"':  evbuffer_add(out, "\\\"", 2); break;
+        case '\n': evbuffer_add(out, "\\n", 2); break;
+        default:   evbuffer_add(out, p, 1); break;
+        }
+    }
+}
+
+/* ---- page building ------------------------------------------------------- */
+
+static void family(struct evbuffer *out, const char *name, const char *type, const char *help)
+{
+    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* name{k1="v1",k2="v2"} value; labels: NULL-terminated key/value pairs. */
+static void sample_begin(struct evbuffer *out, const char *name, const char *const *labels)
+{
+    evbuffer_add_printf(out, "%s", name);
+    if (labels && labels[0]) {
+        evbuffer_add(out, "{", 1);
+        for (size_t i = 0; labels[i]; i += 2) {
+            evbuffer_add_printf(out, "%s%s=\"", i ? "," : "", labels[i]);
+            metrics_escape_label(out, labels[i + 1]);
+            evbuffer_add(out, "\"", 1);
+        }
+        evbuffer_add(out, "}", 1);
+    }
+}
+
+static void sample_u(struct evbuffer *out, const char *name, const char *const *labels, uint64_t v)
+{
+    sample_begin(out, name, labels);
+    evbuffer_add_printf(out, " %" PRIu64 "\n", v);
+}
+
+static void sample_d(struct evbuffer *out, const char *name, const char *const *labels, double v)
+{
+    sample_begin(out, name, labels);
+    evbuffer_add_printf(out, " %.15g\n", v);
+}
+
+#define L(...) ((const char *const[]){ __VA_ARGS__, NULL })
+
+/* Unsigned integer at a path of object keys in the stats document; 0 when absent. */
+static uint64_t doc_u(json_t *root, const char *a, const char *b, const char *c)
+{
+    json_t *v = json_object_get(root, a);
+    if (v && b)
+        v = json_object_get(v, b);
+    if (v && c)
+        v = json_object_get(v, c);
+    if (json_is_integer(v))
+        return json_integer_value(v) > 0 ? (uint64_t)json_integer_value(v) : 0;
+    if (json_is_real(v))
+        return json_real_value(v) > 0 ? (uint64_t)json_real_value(v) : 0;
+    return 0;
+}
+
+static void render_requests(struct evbuffer *out, const struct metrics_requests *r)
+{
+    char le[32];
+
+    family(out, "kvnode_requests_total", "counter",
+           "Protocol requests handled, by operation and status (ok or the error name).");
+    for (int op = 0; op < METRICS_OP_SLOTS; op++) {
+        const char *name = wire_op_name(op);
+        bool known = strcmp(name, "unknown") != 0;
+        for (int st = 0; st < METRICS_STATUS_SLOTS; st++) {
+            uint64_t n = r->count[op][st];
+            /* Known ops always show their ok series, so rates start at 0. */
+            if (n == 0 && !(known && st == 0))
+                continue;
+            sample_u(out, "kvnode_requests_total", L("op", name, "status", metrics_status_name(-st)), n);
+        }
+    }
+    family(out, "kvnode_request_duration_seconds", "histogram",
+           "Time from a decoded request to its queued reply, by operation.");
+    for (int op = 0; op < METRICS_OP_SLOTS; op++) {
+        const struct metrics_histogram *h = &r->latency[op];
+        const char *name = wire_op_name(op);
+        if (strcmp(name, "unknown") == 0 && h->count == 0)
+            continue;
+        uint64_t cum = 0;
+        for (int i = 0; i <= METRICS_LATENCY_NBOUNDS; i++) {
+            cum += h->buckets[i];
+            if (i < METRICS_LATENCY_NBOUNDS)
+                snprintf(le, sizeof le, "%g", metrics_latency_bounds[i]);
+            else
+                snprintf(le, sizeof le, "+Inf");
+            sample_u(out, "kvnode_request_duration_seconds_bucket", L("op", name, "le", le), cum);
+        }
+        sample_d(out, "kvnode_request_duration_seconds_sum", L("op", name), h->sum);
+        sample_u(out, "kvnode_request_duration_seconds_count", L("op", name), h->count);
+    }
+}
+
+static void render_cache(struct evbuffer *out, json_t *doc, const struct metrics_keys *k)
+{
+    json_t *nss = json_object_get(doc, "namespaces");
+    size_t i;
+    json_t *ns;
+    char rank[16];
+
+    family(out, "kvnode_tier_capacity_bytes", "gauge", "Bytes of memory a tier holds.");
+    sample_u(out, "kvnode_tier_capacity_bytes", L("tier", "host"), doc_u(doc, "tiers", "host", "capacity_bytes"));
+    family(out, "kvnode_tier_used_bytes", "gauge", "Bytes of a tier in use (sealed blocks and reservations).");
+    sample_u(out, "kvnode_tier_used_bytes", L("tier", "host"), doc_u(doc, "tiers", "host", "used_bytes"));
+    family(out, "kvnode_tier_blocks", "gauge", "Blocks allocated in a tier (sealed and being written).");
+    sample_u(out, "kvnode_tier_blocks", L("tier", "host"), doc_u(doc, "tiers", "host", "blocks"));
+
+    family(out, "kvnode_namespace_blocks", "gauge",
+           "Sealed blocks per tier and namespace (deployment id and TP rank).");
+    json_array_foreach(nss, i, ns) {
+        snprintf(rank, sizeof rank, "%" PRIu64, doc_u(ns, "tp_rank", NULL, NULL));
+        const char *dep = json_string_value(json_object_get(ns, "deployment_id"));
+        sample_u(out, "kvnode_namespace_blocks", L("tier", "host", "namespace", dep ? dep : "", "tp_rank", rank),
+                 doc_u(ns, "blocks", NULL, NULL));
+    }
+    family(out, "kvnode_namespace_bytes", "gauge",
+           "Bytes of sealed blocks per tier and namespace (deployment id and TP rank).");
+    json_array_foreach(nss, i, ns) {
+        snprintf(rank, sizeof rank, "%" PRIu64, doc_u(ns, "tp_rank", NULL, NULL));
+        const char *dep = json_string_value(json_object_get(ns, "deployment_id"));
+        sample_u(out, "kvnode_namespace_bytes", L("tier", "host", "namespace", dep ? dep : "", "tp_rank", rank),
+                 doc_u(ns, "bytes", NULL, NULL));
+    }
+
+    family(out, "kvnode_keys_total", "counter",
+           "Keys looked up by match and get: matched, or missed with the reason (absent: no entry; "
+           "writing: reserved, not committed; beyond_gap: after the chain's first miss, not looked at).");
+    sample_u(out, "kvnode_keys_total", L("result", "matched"), k->matched);
+    sample_u(out, "kvnode_keys_total", L("result", "missed", "reason", "absent"), k->absent);
+    sample_u(out, "kvnode_keys_total", L("result", "missed", "reason", "writing"), k->writing);
+    sample_u(out, "kvnode_keys_total", L("result", "missed", "reason", "beyond_gap"), k->beyond_gap);
+
+    family(out, "kvnode_evictions_total", "counter", "Blocks evicted, by tier and action.");
+    sample_u(out, "kvnode_evictions_total", L("tier", "host", "action", "drop"),
+             doc_u(doc, "evictions", "host", "dropped_total"));
+
+    family(out, "kvnode_leases", "gauge", "Open leases by kind.");
+    sample_u(out, "kvnode_leases", L("kind", "read"), doc_u(doc, "leases", "read", NULL));
+    sample_u(out, "kvnode_leases", L("kind", "write"), doc_u(doc, "leases", "write", NULL));
+    family(out, "kvnode_leases_reaped_total", "counter", "Leases ended by the reaper after their TTL, by kind.");
+    sample_u(out, "kvnode_leases_reaped_total", L("kind", "read"), doc_u(doc, "leases", "reaped_read_total", NULL));
+    sample_u(out, "kvnode_leases_reaped_total", L("kind", "write"),
+             doc_u(doc, "leases", "reaped_write_total", NULL));
+}
+
+static void render_server(struct evbuffer *out, json_t *doc)
+{
+    family(out, "kvnode_clients", "gauge", "Connected clients.");
+    sample_u(out, "kvnode_clients", NULL, doc_u(doc, "clients", "connected", NULL));
+    family(out, "kvnode_clients_accepted_total", "counter", "Client connections accepted.");
+    sample_u(out, "kvnode_clients_accepted_total", NULL, doc_u(doc, "clients", "accepted_total", NULL));
+    family(out, "kvnode_clients_refused_total", "counter",
+           "Client connections refused (limits, access control, shutdown).");
+    sample_u(out, "kvnode_clients_refused_total", NULL, doc_u(doc, "clients", "refused_total", NULL));
+    family(out, "kvnode_clients_denied_total", "counter",
+           "Client connections refused by access control (server.allow_uids / allow_gids).");
+    sample_u(out, "kvnode_clients_denied_total", NULL, doc_u(doc, "clients", "denied_total", NULL));
+    family(out, "kvnode_frames_rejected_total", "counter",
+           "Frames rejected (oversized or undecodable); each closes its connection.");
+    sample_u(out, "kvnode_frames_rejected_total", NULL, doc_u(doc, "frames", "rejected_total", NULL));
+}
+
+static void render_workers(struct evbuffer *out)
+{
+    struct worker_info w[WORKERS_MAX];
+    size_t n = workers_snapshot(workers_now_ms(), w, WORKERS_MAX);
+
+    family(out, "kvnode_worker_up", "gauge",
+           "1 while a thread proves it is alive (the loop answering this page; workers by heartbeat).");
+    sample_u(out, "kvnode_worker_up", L("worker", "loop"), 1);
+    for (size_t i = 0; i < n && i < WORKERS_MAX; i++)
+        sample_u(out, "kvnode_worker_up", L("worker", w[i].name), w[i].age_ms <= METRICS_WORKER_STALL_MS);
+}
+
+int metrics_render(struct daemon *d, struct evbuffer *out)
+{
+    json_t *doc = ops_stats_document(d->ops);
+    struct metrics_keys keys;
+
+    if (!doc)
+        return -1;
+    cache_key_metrics(d->cache, &keys);
+
+    family(out, "kvnode_build_info", "gauge", "Always 1; the version label names the build.");
+    sample_u(out, "kvnode_build_info", L("version", KVNODE_VERSION_STRING), 1);
+    family(out, "kvnode_uptime_seconds", "gauge", "Seconds since kvnoded started.");
+    sample_d(out, "kvnode_uptime_seconds", NULL, json_number_value(json_object_get(doc, "uptime_s")));
+
+    render_cache(out, doc, &keys);
+    render_requests(out, ops_request_metrics(d->ops));
+    render_server(out, doc);
+    render_workers(out);
+
+    family(out, "kvnode_reloads_total", "counter", "Configuration reloads (SIGHUP or RELOAD), by result.");
+    sample_u(out, "kvnode_reloads_total", L("result", "ok"), d->reloads_ok);
+    sample_u(out, "kvnode_reloads_total", L("result", "failed"), d->reloads_failed);
+
+    json_decref(doc);
+    return 0;
+}

@@ -1,0 +1,248 @@
+/* sd: see sd.h. */
+#include "sd.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/event.h>
+#include <jansson.h>
+#include <systemd/sd-daemon.h>
+
+#include "cache.h"
+#include "daemon.h"
+#include "log.h"
+#include "server.h"
+#include "workers.h"
+
+#define SDN_STATUS_INTERVAL_MS 5000
+#define SDN_STATUS_MAX 512
+
+static struct {
+    struct daemon *d;
+    bool notify;                        /* NOTIFY_SOCKET set */
+    struct event *status_ev;
+    struct event *watchdog_ev;
+    uint64_t watchdog_usec;
+    bool watchdog_stalled;              /* last check failed (logged once) */
+    bool stopping;                      /* STOPPING=1 sent: no more READY=1 */
+    char last_status[SDN_STATUS_MAX];
+} sdn;
+
+int sdn_listen_fd(int *fd, char *err, size_t errlen)
+{
+    int n = sd_listen_fds(1);
+
+    *fd = -1;
+    if (n < 0) {
+        snprintf(err, errlen, "socket activation: cannot read LISTEN_FDS: %s", strerror(-n));
+        return -1;
+    }
+    if (n > 1) {
+        snprintf(err, errlen, "socket activation: systemd passed %d sockets; kvnoded serves "
+                 "exactly one (one ListenStream= in kvnoded.socket)", n);
+        return -1;
+    }
+    if (n == 1)
+        *fd = SD_LISTEN_FDS_START;
+    return 0;
+}
+
+static void sdn_human_bytes(uint64_t v, char *buf, size_t len)
+{
+    static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
+    double x = (double)v;
+    size_t u = 0;
+
+    while (x >= 1024.0 && u + 1 < sizeof units / sizeof units[0]) {
+        x /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%llu B", (unsigned long long)v);
+    else
+        snprintf(buf, len, "%.1f %s", x, units[u]);
+}
+
+static long long sdn_json_int(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_integer(v) ? (long long)json_integer_value(v) : 0;
+}
+
+void sdn_status_line(struct daemon *d, char *buf, size_t len)
+{
+    json_t *root = json_object(), *tiers, *tier;
+    const char *name;
+    size_t off = 0;
+    int n;
+
+#define SDN_APPEND(...) do { \
+        n = snprintf(buf + off, len - off, __VA_ARGS__); \
+        off = (n < 0 || (size_t)n >= len - off) ? len - 1 : off + (size_t)n; \
+    } while (0)
+
+    if (!len)
+        return;
+    buf[0] = '\0';
+    if (!root)
+        return;
+    cache_stats_json(d->cache, root);
+    server_stats_json(d->server, root);
+    SDN_APPEND("serving on %s:", server_socket_path(d->server));
+    tiers = json_object_get(root, "tiers");
+    bool first = true;
+    json_object_foreach(tiers, name, tier) {
+        char used[32], cap[32];
+        sdn_human_bytes((uint64_t)sdn_json_int(tier, "used_bytes"), used, sizeof used);
+        sdn_human_bytes((uint64_t)sdn_json_int(tier, "capacity_bytes"), cap, sizeof cap);
+        SDN_APPEND("%s %s %s of %s used", first ? "" : ",", name, used, cap);
+        first = false;
+    }
+    long long clients = sdn_json_int(json_object_get(root, "clients"), "connected");
+    size_t nss = json_array_size(json_object_get(root, "namespaces"));
+    SDN_APPEND(", %lld client%s, %zu namespace%s", clients, clients == 1 ? "" : "s",
+               nss, nss == 1 ? "" : "s");
+    if (d->last_reload_error[0]) {
+        /* First line of the error only: STATUS is one line. */
+        size_t el = strcspn(d->last_reload_error, "\n");
+        SDN_APPEND("; last reload failed: %.*s", (int)(el > 200 ? 200 : el), d->last_reload_error);
+    }
+    if (sdn.watchdog_stalled)
+        SDN_APPEND("; workers stalled, watchdog not pinged");
+    json_decref(root);
+#undef SDN_APPEND
+}
+
+/* STATUS=, only when it changed (or force). */
+static void sdn_send_status(struct daemon *d, const char *prefix, bool force)
+{
+    char line[SDN_STATUS_MAX];
+
+    sdn_status_line(d, line, sizeof line);
+    if (!force && strcmp(line, sdn.last_status) == 0)
+        return;
+    memcpy(sdn.last_status, line, sizeof line);
+    sd_notifyf(0, "%sSTATUS=%s", prefix, line);
+}
+
+static void sdn_status_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    sdn_send_status(arg, "", false);
+}
+
+static void sdn_watchdog_cb(evutil_socket_t fd, short what, void *arg)
+{
+    char stalled[256];
+    (void)fd;
+    (void)what;
+    (void)arg;
+    /* Firing at all proves the loop thread runs; the workers prove
+     * themselves with their heartbeats. */
+    if (workers_check(workers_now_ms(), WORKER_MAX_AGE_MS, stalled, sizeof stalled)) {
+        if (sdn.watchdog_stalled)
+            log_info("watchdog: every worker is alive again; pinging systemd");
+        sdn.watchdog_stalled = false;
+        sd_notify(0, "WATCHDOG=1");
+        return;
+    }
+    if (!sdn.watchdog_stalled)
+        log_error("watchdog: worker%s %s stalled (no heartbeat for %u ms); not pinging systemd",
+                  strchr(stalled, ',') ? "s" : "", stalled, (unsigned)WORKER_MAX_AGE_MS);
+    sdn.watchdog_stalled = true;
+}
+
+static struct event *sdn_timer(struct event_base *base, uint64_t usec, event_callback_fn cb, void *arg)
+{
+    struct timeval tv = { .tv_sec = (time_t)(usec / 1000000u), .tv_usec = (suseconds_t)(usec % 1000000u) };
+    struct event *ev = event_new(base, -1, EV_PERSIST, cb, arg);
+
+    if (ev && event_add(ev, &tv) < 0) {
+        event_free(ev);
+        ev = NULL;
+    }
+    return ev;
+}
+
+int sdn_start(struct daemon *d)
+{
+    const char *ns = getenv("NOTIFY_SOCKET");
+    uint64_t usec = 0;
+    int wd;
+
+    sdn.d = d;
+    sdn.notify = ns && *ns;
+    if (!sdn.notify)
+        return 0;
+    sdn_send_status(d, "READY=1\n", true);
+    sdn.status_ev = sdn_timer(d->base, SDN_STATUS_INTERVAL_MS * 1000u, sdn_status_cb, d);
+    if (!sdn.status_ev)
+        return -1;
+    wd = sd_watchdog_enabled(0, &usec);
+    if (wd < 0)
+        log_warn("systemd watchdog: cannot read WATCHDOG_USEC: %s; not pinging", strerror(-wd));
+    if (wd > 0 && usec > 0) {
+        sdn.watchdog_usec = usec;
+        sdn.watchdog_ev = sdn_timer(d->base, usec / 2, sdn_watchdog_cb, d);
+        if (!sdn.watchdog_ev)
+            return -1;
+        sd_notify(0, "WATCHDOG=1");
+        log_info("systemd watchdog: %llu ms, pinging every %llu ms while every worker is alive",
+                 (unsigned long long)(usec / 1000), (unsigned long long)(usec / 2000));
+    }
+    return 0;
+}
+
+void sdn_reloading(struct daemon *d)
+{
+    struct timespec ts;
+    (void)d;
+    if (!sdn.notify || sdn.stopping)
+        return;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading the configuration",
+               (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000u);
+    snprintf(sdn.last_status, sizeof sdn.last_status, "reloading the configuration");
+}
+
+void sdn_ready(struct daemon *d)
+{
+    if (sdn.notify && !sdn.stopping)
+        sdn_send_status(d, "READY=1\n", true);
+}
+
+void sdn_stopping(struct daemon *d)
+{
+    if (!sdn.notify || sdn.stopping)
+        return;
+    sdn.stopping = true;
+    json_t *root = json_object();
+    long long clients = 0;
+    if (root) {
+        server_stats_json(d->server, root);
+        clients = sdn_json_int(json_object_get(root, "clients"), "connected");
+        json_decref(root);
+    }
+    sd_notifyf(0, "STOPPING=1\nSTATUS=stopping: finishing %lld client%s", clients,
+               clients == 1 ? "" : "s");
+    /* The status timer would overwrite that line with "serving ...". */
+    if (sdn.status_ev) {
+        event_free(sdn.status_ev);
+        sdn.status_ev = NULL;
+    }
+}
+
+void sdn_stop(void)
+{
+    if (sdn.status_ev)
+        event_free(sdn.status_ev);
+    if (sdn.watchdog_ev)
+        event_free(sdn.watchdog_ev);
+    memset(&sdn, 0, sizeof sdn);
+}

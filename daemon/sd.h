@@ -1,0 +1,41 @@
+/* sd: systemd integration — Type=notify readiness and STATUS lines, reload
+ * and stop notifications, the watchdog, and socket activation. Everything is
+ * a no-op when the daemon does not run under systemd (NOTIFY_SOCKET,
+ * WATCHDOG_USEC or LISTEN_FDS unset), so the daemon behaves the same from a
+ * shell.
+ *
+ * The watchdog pings (WATCHDOG=1, every half interval) only while the loop
+ * thread (the ping timer fires on it) and every registered worker
+ * (workers.h) prove they are alive.
+ *
+ * One per process, like NOTIFY_SOCKET itself. Loop thread only. */
+#ifndef KVNODE_SD_H
+#define KVNODE_SD_H
+
+#include <stddef.h>
+
+struct daemon;
+
+/* Socket activation: *fd = the single socket systemd passed (LISTEN_FDS=1
+ * for this pid), or -1 when none was passed. -1 with err set when systemd
+ * passed more than one, or LISTEN_FDS is malformed; 0 otherwise. */
+int  sdn_listen_fd(int *fd, char *err, size_t errlen);
+
+/* Once listeners and arenas are usable: READY=1 with a STATUS line, then
+ * a timer refreshing STATUS (when it changed) and, when systemd asked for
+ * one, the watchdog timer. 0, or -1 when a timer cannot be created. */
+int  sdn_start(struct daemon *d);
+/* RELOADING=1 + MONOTONIC_USEC (start of a reload). */
+void sdn_reloading(struct daemon *d);
+/* READY=1 + STATUS (end of a reload, whatever its outcome). */
+void sdn_ready(struct daemon *d);
+/* STOPPING=1 (shutdown begins). */
+void sdn_stopping(struct daemon *d);
+/* Free the timers (before the loop is freed). */
+void sdn_stop(void);
+
+/* The human-readable status line, e.g. "serving on /run/kvnode/kvnode.sock:
+ * host 1.2 GiB of 4.0 GiB used, 3 clients, 2 namespaces". */
+void sdn_status_line(struct daemon *d, char *buf, size_t len);
+
+#endif

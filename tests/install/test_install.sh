@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# `make install` lays out a tree a package could ship, keeps an operator's
+# config, and `make uninstall` removes what it installed; every man page
+# renders. Run by `make check` (BUILD names the build directory).
+set -u
+BUILD=${BUILD:-build}
+root=$(mktemp -d)
+trap 'rm -rf "$root"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+make --no-print-directory -s BUILD="$BUILD" install DESTDIR="$root" PREFIX=/usr >"$root.log" 2>&1 ||
+  { cat "$root.log"; fail "make install"; }
+rm -f "$root.log"
+for f in usr/sbin/kvnoded usr/bin/kvnodectl usr/lib/libkvnode.so.0 usr/lib/libkvnode.so usr/lib/libkvnode.a \
+         usr/lib/pkgconfig/kvnode.pc usr/include/kvnode.h usr/share/man/man1/kvnodectl.1 \
+         usr/share/man/man3/libkvnode.3 usr/share/man/man5/kvnode.conf.5 usr/share/man/man8/kvnoded.8 \
+         usr/lib/systemd/system/kvnoded.service usr/lib/systemd/system/kvnoded.socket \
+         usr/lib/sysusers.d/kvnode.conf usr/lib/tmpfiles.d/kvnode.conf etc/kvnode/kvnode.conf; do
+  [[ -e "$root/$f" ]] || fail "missing $f"
+done
+[[ -x "$root/usr/sbin/kvnoded" ]] || fail "kvnoded not executable"
+grep -q '^ExecStart=/usr/sbin/kvnoded ' "$root/usr/lib/systemd/system/kvnoded.service" ||
+  fail "service ExecStart does not point at /usr/sbin/kvnoded"
+grep -q '^prefix=/usr$' "$root/usr/lib/pkgconfig/kvnode.pc" || fail "pkg-config prefix is not /usr"
+# The shipped config serves the service's socket and parses.
+grep -q '^socket_path' "$root/etc/kvnode/kvnode.conf" && fail "installed config pins a socket_path"
+"$root/usr/sbin/kvnoded" --check-config -c "$root/etc/kvnode/kvnode.conf" |
+  grep -q '^socket_path = /run/kvnode/kvnode.sock' || fail "installed config does not parse to the service socket"
+# An operator's config survives a reinstall.
+echo "# edited by the operator" >>"$root/etc/kvnode/kvnode.conf"
+make --no-print-directory -s BUILD="$BUILD" install DESTDIR="$root" PREFIX=/usr >/dev/null 2>&1 || fail "reinstall"
+grep -q 'edited by the operator' "$root/etc/kvnode/kvnode.conf" || fail "reinstall overwrote the config"
+# Every man page renders without warnings.
+for m in "$root"/usr/share/man/man*/*; do
+  out=$(MANWIDTH=80 man -l --warnings "$m" 2>&1 >/dev/null) || fail "man -l $m"
+  [[ -z "$out" ]] || fail "man -l $m warns: $out"
+done
+make --no-print-directory -s BUILD="$BUILD" uninstall DESTDIR="$root" PREFIX=/usr >/dev/null 2>&1 || fail "make uninstall"
+left=$(cd "$root" && find . -type f | sort)
+[[ "$left" == "./etc/kvnode/kvnode.conf" ]] || fail "uninstall left: $left"
+
+if [[ $fails -eq 0 ]]; then echo "install: 1 passed, 0 failed"; else echo "install: 0 passed, 1 failed"; fi
+[[ $fails -eq 0 ]]

@@ -1,0 +1,131 @@
+/* Access control: allow_uids / allow_gids decide who is served (checked on
+ * accept with SO_PEERCRED), refusals are explained and counted, the lists
+ * reload, and socket_group owns the socket file. */
+#include <check.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define NOBODY 65534
+
+/* Let another user reach the socket through the temporary directories. */
+static void open_dirs(const kvh_daemon *d)
+{
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", d->dir);
+    *strrchr(parent, '/') = '\0';
+    ck_assert_int_eq(chmod(parent, 0755), 0);
+    ck_assert_int_eq(chmod(d->dir, 0755), 0);
+}
+
+/* In a child running as uid/gid (no supplementary groups), connect with a
+ * layout and put one block. Exit 0: served; 1: refused with EDENIED and a
+ * message naming the uid; anything else: unexpected. */
+static int try_as(const kvh_daemon *d, uid_t uid, gid_t gid)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
+            _exit(10);
+        kvnode_layout l = kvh_layout("access", 4096, 1, 0);
+        kvnode_client *c;
+        int rc = kvnode_connect(d->sock, &l, &c);
+        if (rc == -KVNODE_EDENIED) {
+            char want[32];
+            snprintf(want, sizeof want, "uid %d", (int)uid);
+            _exit(strstr(kvnode_connect_error(), want) ? 1 : 11);
+        }
+        if (rc != 0)
+            _exit(12);
+        kvnode_key k = 1;
+        rc = kvh_put(c, &k, 1, 7);
+        kvnode_close(c);
+        _exit(rc == 0 ? 0 : 13);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st), "child died: status %d", st);
+    return WEXITSTATUS(st);
+}
+
+START_TEST(allow_lists_decide_who_is_served)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "access: needs root to act as other users; checked as root in CI\n");
+        return;
+    }
+    kvh_daemon d;
+    KVH_START(&d, "server.socket_mode=0666\nserver.allow_uids=root\n");
+    open_dirs(&d);
+
+    /* Not listed: refused, explained, counted; root still served. */
+    ck_assert_int_eq(try_as(&d, NOBODY, NOBODY), 1);
+    ck_assert_int_eq(KVH_STAT(&d, "clients.denied_total"), 1);
+    ck_assert_int_eq(try_as(&d, 0, 0), 0);
+    char *log = kvh_read_log(&d);
+    ck_assert_ptr_nonnull(strstr(log, "access denied: uid 65534"));
+    free(log);
+
+    /* Listing the group lets it in, after a reload. */
+    ck_assert_int_eq(kvh_rewrite_config(&d, "server.socket_mode=0666\nserver.allow_uids=root\n"
+                                            "server.allow_gids=65534\n"), 0);
+    kvnode_client *c;
+    ck_assert_int_eq(kvnode_connect(d.sock, NULL, &c), 0);
+    KVH_OK(c, kvnode_reload(c, NULL));
+    kvnode_close(c);
+    ck_assert_int_eq(try_as(&d, NOBODY, NOBODY), 0);
+    ck_assert_int_eq(try_as(&d, 4242, 4242), 1);
+
+    /* Listing the uid works too; empty lists let anyone in. */
+    ck_assert_int_eq(kvh_rewrite_config(&d, "server.socket_mode=0666\nserver.allow_uids=4242\n"), 0);
+    ck_assert_int_eq(kvnode_connect(d.sock, NULL, &c), 0);
+    KVH_OK(c, kvnode_reload(c, NULL));
+    kvnode_close(c);
+    ck_assert_int_eq(try_as(&d, 4242, 4242), 0);
+    ck_assert_int_eq(try_as(&d, NOBODY, NOBODY), 1);
+    ck_assert_int_eq(kvh_rewrite_config(&d, "server.socket_mode=0666\n"), 0);
+    ck_assert_int_eq(kvnode_connect(d.sock, NULL, &c), 0);
+    KVH_OK(c, kvnode_reload(c, NULL));
+    kvnode_close(c);
+    ck_assert_int_eq(try_as(&d, NOBODY, NOBODY), 0);
+    ck_assert_int_eq(KVH_STAT(&d, "clients.denied_total"), 3);
+    KVH_STOP_DESTROY(&d);
+}
+END_TEST
+
+START_TEST(socket_mode_and_group_apply_to_the_socket_file)
+{
+    kvh_daemon d;
+    gid_t gid = getegid();
+    char cfg[128];
+    snprintf(cfg, sizeof cfg, "server.socket_mode=0640\nserver.socket_group=%d\n", (int)gid);
+    KVH_START(&d, cfg);
+    struct stat st;
+    ck_assert_int_eq(stat(d.sock, &st), 0);
+    ck_assert_uint_eq(st.st_mode & 0777, 0640);
+    ck_assert_uint_eq(st.st_gid, gid);
+    KVH_STOP_DESTROY(&d);
+    if (geteuid() == 0) {
+        KVH_START(&d, "server.socket_group=65534\n");
+        ck_assert_int_eq(stat(d.sock, &st), 0);
+        ck_assert_uint_eq(st.st_gid, 65534);
+        KVH_STOP_DESTROY(&d);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *const tests[] = {
+        allow_lists_decide_who_is_served,
+        socket_mode_and_group_apply_to_the_socket_file,
+    };
+    return kvh_run_suite("daemon_access", "access", 30, tests, sizeof tests / sizeof tests[0]);
+}
