@@ -612,6 +612,8 @@ static int cmd_status(const struct ctl *x)
         json_object_set_new(out, "leases_read", jcopy(leases, "read"));
         json_object_set_new(out, "leases_write", jcopy(leases, "write"));
         json_object_set_new(out, "reaped_total", jcopy(leases, "reaped_total"));
+        json_object_set_new(out, "admin", jcopy(doc, "admin"));
+        json_object_set_new(out, "reloads", jcopy(doc, "reloads"));
         print_json(out, JSON_COMPACT);
         json_decref(out);
         json_decref(doc);
@@ -679,6 +681,36 @@ static int cmd_status(const struct ctl *x)
         lines[n++].value = xasprintf("-");
     lines[n].label = xasprintf("reaped");
     lines[n++].value = jint(leases, "reaped_total", &v) ? xasprintf("%lld leases in total", v) : xasprintf("-");
+    s = jstr(doc, "admin");
+    lines[n].label = xasprintf("admin");
+    lines[n++].value = xasprintf("%s", s ? s : "off");
+    json_t *reloads = jobj(doc, "reloads");
+    lines[n].label = xasprintf("reloads");
+    if (jint(reloads, "ok_total", &v) && jint(reloads, "failed_total", &v2)) {
+        s = jstr(reloads, "last_error");
+        if (s && *s) {
+            /* The running configuration is the old one: say why, every line. */
+            size_t extra = 0;
+            for (const char *p = s; *p; p++)
+                extra += *p == '\n';
+            char *why = malloc(strlen(s) + 4 * extra + 1), *q = why;
+            if (!why)
+                oom();
+            for (const char *p = s; *p; p++) {
+                *q++ = *p;
+                if (*p == '\n')
+                    q = memcpy(q, "    ", 4) + 4;
+            }
+            *q = '\0';
+            lines[n++].value = xasprintf("%lld ok, %lld failed; the last one failed and the previous "
+                                         "configuration is running:\n    %s", v, v2, why);
+            free(why);
+        }
+        else
+            lines[n++].value = xasprintf("%lld ok, %lld failed", v, v2);
+    } else {
+        lines[n++].value = xasprintf("-");
+    }
 
     size_t w = 0;
     for (size_t i = 0; i < n; i++)
