@@ -414,6 +414,23 @@ static int client_call(kvnode_client *c, Kvnode__Request *req, int expect,
         return rc;
     }
     rc = client_send_all(c, frame, frame_len, deadline);
+    if (rc == -KVNODE_ECLOSED) {
+        /* A daemon that refuses a connection says why and closes at once,
+         * maybe before our request went out: its reason is still waiting in
+         * the receive queue, and it is the better error to report. */
+        int64_t brief = client_now_ms() + 100;
+        if (client_recv_response(c, brief < deadline ? brief : deadline, &resp) == 0) {
+            if (resp->id == 0 && resp->error) {
+                rc = client_error_code(resp->error);
+                client_kill(c, "daemon: %s", resp->error->message);
+            }
+            client_response_free(c, resp);
+        }
+        client_drop_fds(c);
+        if (rc == -KVNODE_ECLOSED)
+            client_kill(c, "daemon closed the connection");
+        return rc;
+    }
     if (rc < 0)
         return rc;
     rc = client_recv_response(c, deadline, &resp);
