@@ -26,7 +26,6 @@ struct ops {
     void *reload_arg;
     uint64_t started_ms;
     struct op_counts counts[OP_SLOTS];
-    uint64_t keys_matched, keys_missed;
     struct metrics_requests requests;   /* by op and status, with latency */
     int last_code;                      /* status of the request being handled */
     ops_stats_fn stats_hook;
@@ -284,19 +283,22 @@ static void ops_match(struct ops *o, struct conn *conn, struct session *s, const
         return;
     }
     matched = cache_match(o->cache, s->ns, req->match->keys, n);
-    o->keys_matched += matched;
-    o->keys_missed += n - matched;
     reply.matched = (uint32_t)matched;
     resp.result_case = KVNODE__RESPONSE__RESULT_MATCH;
     resp.match = &reply;
     ops_send(o, conn, req, &resp, NULL, 0);
 }
 
-static void ops_get_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+/* GET_BEGIN and PUT_BEGIN: one lease, one location per key of the answer
+ * (the ready prefix for a get, every key for a put). */
+static void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {
+    bool get = req->op_case == KVNODE__REQUEST__OP_GET_BEGIN;
+    const int64_t *keys = get ? req->get_begin->keys : req->put_begin->keys;
+    size_t n = get ? req->get_begin->n_keys : req->put_begin->n_keys, count = n;
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
-    Kvnode__GetBeginReply reply = KVNODE__GET_BEGIN_REPLY__INIT;
-    size_t n = req->get_begin->n_keys, got = 0;
+    Kvnode__GetBeginReply get_reply = KVNODE__GET_BEGIN_REPLY__INIT;
+    Kvnode__PutBeginReply put_reply = KVNODE__PUT_BEGIN_REPLY__INIT;
     struct cache_loc *locs = NULL;
     struct loc_buf lb = { 0 };
     uint64_t lease_id = 0;
@@ -311,70 +313,36 @@ static void ops_get_begin(struct ops *o, struct conn *conn, struct session *s, c
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
-    rc = cache_get_begin(o->cache, s->ns, &s->leases, req->get_begin->keys, n, &lease_id, locs,
-                         &got, err, sizeof err);
+    if (get)
+        rc = cache_get_begin(o->cache, s->ns, &s->leases, keys, n, &lease_id, locs, &count,
+                             err, sizeof err);
+    else
+        rc = cache_put_begin(o->cache, s->ns, &s->leases, keys, n, (int)req->put_begin->tier,
+                             &lease_id, locs, err, sizeof err);
     if (rc < 0)
         goto fail;
-    if (loc_buf_fill(&lb, locs, got) < 0) {
-        uint32_t ignored;
-        cache_lease_end(o->cache, &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
-        rc = -KVNODE_ENOMEM;
-        snprintf(err, sizeof err, "out of memory");
-        goto fail;
-    }
-    o->keys_matched += got;
-    o->keys_missed += n - got;
-    reply.lease = lease_id;
-    reply.n_locations = got;
-    reply.locations = lb.ptrs;
-    resp.result_case = KVNODE__RESPONSE__RESULT_GET_BEGIN;
-    resp.get_begin = &reply;
-    ops_send(o, conn, req, &resp, NULL, 0);
-    loc_buf_free(&lb);
-    free(locs);
-    return;
-fail:
-    loc_buf_free(&lb);
-    free(locs);
-    ops_fail(o, conn, req, rc, err);
-}
-
-static void ops_put_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
-{
-    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
-    Kvnode__PutBeginReply reply = KVNODE__PUT_BEGIN_REPLY__INIT;
-    size_t n = req->put_begin->n_keys;
-    struct cache_loc *locs = NULL;
-    struct loc_buf lb = { 0 };
-    uint64_t lease_id = 0;
-    char err[512];
-    int rc = ops_check_keys(o, s, n, err, sizeof err);
-
-    if (rc < 0)
-        goto fail;
-    locs = calloc(n ? n : 1, sizeof *locs);
-    if (!locs) {
-        rc = -KVNODE_ENOMEM;
-        snprintf(err, sizeof err, "out of memory");
-        goto fail;
-    }
-    rc = cache_put_begin(o->cache, s->ns, &s->leases, req->put_begin->keys, n,
-                         (int)req->put_begin->tier, &lease_id, locs, err, sizeof err);
-    if (rc < 0)
-        goto fail;
-    if (loc_buf_fill(&lb, locs, n) < 0) {
+    if (loc_buf_fill(&lb, locs, count) < 0) {
         uint32_t ignored;
         if (lease_id)
-            cache_lease_end(o->cache, &s->leases, lease_id, LEASE_WRITE, false, &ignored, NULL, 0);
+            cache_lease_end(o->cache, &s->leases, lease_id, get ? LEASE_READ : LEASE_WRITE, false,
+                            &ignored, NULL, 0);
         rc = -KVNODE_ENOMEM;
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
-    reply.lease = lease_id;
-    reply.n_locations = n;
-    reply.locations = lb.ptrs;
-    resp.result_case = KVNODE__RESPONSE__RESULT_PUT_BEGIN;
-    resp.put_begin = &reply;
+    if (get) {
+        get_reply.lease = lease_id;
+        get_reply.n_locations = count;
+        get_reply.locations = lb.ptrs;
+        resp.result_case = KVNODE__RESPONSE__RESULT_GET_BEGIN;
+        resp.get_begin = &get_reply;
+    } else {
+        put_reply.lease = lease_id;
+        put_reply.n_locations = count;
+        put_reply.locations = lb.ptrs;
+        resp.result_case = KVNODE__RESPONSE__RESULT_PUT_BEGIN;
+        resp.put_begin = &put_reply;
+    }
     ops_send(o, conn, req, &resp, NULL, 0);
     loc_buf_free(&lb);
     free(locs);
@@ -462,8 +430,6 @@ static void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, 
         blocks[i].data = (uint8_t *)cache_arena_base(o->cache, locs[i].arena) + locs[i].offset;
         blocks[i].len = s->ns->layout.block_bytes;
     }
-    o->keys_matched += got;
-    o->keys_missed += n - got;
     reply.n_blocks = got;
     reply.blocks = blocks;
     resp.result_case = KVNODE__RESPONSE__RESULT_GET_INLINE;
@@ -580,8 +546,16 @@ json_t *ops_stats_document(struct ops *o)
         json_object_set_new(reqs, wire_op_name(op), c);
     }
     json_object_set_new(root, "requests", reqs);
-    json_object_set_new(keys, "matched_total", json_integer((json_int_t)o->keys_matched));
-    json_object_set_new(keys, "missed_total", json_integer((json_int_t)o->keys_missed));
+    {
+        struct metrics_keys k;
+        cache_key_metrics(o->cache, &k);
+        json_object_set_new(keys, "matched_total", json_integer((json_int_t)k.matched));
+        json_object_set_new(keys, "missed_total",
+                            json_integer((json_int_t)(k.absent + k.writing + k.beyond_gap)));
+        json_object_set_new(keys, "missed_absent_total", json_integer((json_int_t)k.absent));
+        json_object_set_new(keys, "missed_writing_total", json_integer((json_int_t)k.writing));
+        json_object_set_new(keys, "missed_beyond_gap_total", json_integer((json_int_t)k.beyond_gap));
+    }
     json_object_set_new(root, "keys", keys);
     if (o->stats_hook)
         o->stats_hook(o->stats_hook_arg, root);
@@ -692,11 +666,11 @@ static void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, co
     switch (req->op_case) {
     case KVNODE__REQUEST__OP_HELLO:      ops_hello(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_MATCH:      ops_match(o, conn, s, req); break;
-    case KVNODE__REQUEST__OP_GET_BEGIN:  ops_get_begin(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_GET_BEGIN:  ops_lease_begin(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_GET_END:
     case KVNODE__REQUEST__OP_PUT_COMMIT:
     case KVNODE__REQUEST__OP_PUT_ABORT:  ops_lease_end(o, conn, s, req); break;
-    case KVNODE__REQUEST__OP_PUT_BEGIN:  ops_put_begin(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_PUT_BEGIN:  ops_lease_begin(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_GET_INLINE: ops_get_inline(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_PUT_INLINE: ops_put_inline(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_DELETE:     ops_delete(o, conn, s, req); break;
