@@ -35,6 +35,7 @@ struct cache {
     double high_watermark, low_watermark;
     uint64_t read_ttl_ms, write_ttl_ms, reaper_interval_ms;
     uint32_t max_leases_per_client;
+    uint64_t namespace_quota;   /* host-tier bytes per namespace, 0: none */
 
     struct event *evict_ev;
     bool evict_scheduled;
@@ -42,6 +43,7 @@ struct cache {
 
     /* counters */
     uint64_t evicted_dropped;
+    uint64_t evicted_quota;     /* a namespace's own blocks, for its quota */
     uint64_t reaped_read, reaped_write;
     uint64_t sealed_total;
     struct metrics_keys keys;   /* match/get lookups: matched, missed by reason */
@@ -75,6 +77,12 @@ int cache_create(struct event_base *base, const struct kvn_config *cfg, struct c
     rc = ns_registry_create(cfg->max_namespaces, &c->namespaces);
     if (rc < 0) {
         errmsg_set(err, errlen, "cannot create the namespace registry: out of memory");
+        goto fail;
+    }
+    /* Per-namespace LRU heads for every id up front: touches never allocate. */
+    rc = index_ns_reserve(c->index, cfg->max_namespaces + 1u);
+    if (rc < 0) {
+        errmsg_set(err, errlen, "cannot create the block index: out of memory");
         goto fail;
     }
     rc = lease_table_create(&c->leases);
@@ -141,6 +149,8 @@ void cache_apply_config(struct cache *c, const struct kvn_config *cfg)
     c->read_ttl_ms = cfg->read_lease_ttl_ms;
     c->write_ttl_ms = cfg->write_lease_ttl_ms;
     c->max_leases_per_client = cfg->max_leases_per_client;
+    /* A lowered quota is enforced at each namespace's next put, no sweep. */
+    c->namespace_quota = cfg->namespace_quota;
     if (c->reaper_interval_ms != cfg->reaper_interval_ms) {
         c->reaper_interval_ms = cfg->reaper_interval_ms;
         tv.tv_sec = (time_t)(c->reaper_interval_ms / 1000u);
@@ -237,11 +247,16 @@ static void cache_entry_destroy(struct cache *c, index_entry *e)
 }
 
 /* Drop an unpinned SEALED entry from memory (no persistence yet). */
-static void cache_drop(struct cache *c, index_entry *e)
+static void cache_drop_entry(struct cache *c, index_entry *e)
 {
     index_unlink(c->index, e);
     cache_account_remove(c, e);
     cache_entry_destroy(c, e);
+}
+
+static void cache_drop(struct cache *c, index_entry *e)
+{
+    cache_drop_entry(c, e);
     c->evicted_dropped++;
 }
 
@@ -310,6 +325,47 @@ static bool cache_make_room(struct cache *c, uint32_t cls)
         cache_drop(c, victim);
     }
     return true;
+}
+
+/* Make room under the namespace quota for one more block of ns: evict ns's
+ * own oldest unpinned sealed blocks (leaves first), never another
+ * namespace's. false: still over and nothing of ns left to evict. */
+static bool cache_quota_room(struct cache *c, kv_namespace *ns)
+{
+    uint64_t quota = c->namespace_quota, bb = ns->layout.block_bytes;
+    if (quota == 0)
+        return true;
+    while (ns->bytes + ns->reserved + bb > quota) {
+        index_entry *victim = index_lru_oldest_in_ns(c->index, ns->id);
+        if (!victim)
+            return false;
+        cache_drop_entry(c, victim);
+        c->evicted_quota++;
+    }
+    return true;
+}
+
+/* Bytes ns holds that a quota eviction cannot free: pinned (or shielded)
+ * sealed blocks and reserved slots. */
+static uint64_t cache_quota_stuck(struct cache *c, kv_namespace *ns)
+{
+    uint64_t evictable = (uint64_t)index_lru_count_in_ns(c->index, ns->id) * ns->layout.block_bytes;
+    uint64_t held = ns->bytes + ns->reserved;
+    return held > evictable ? held - evictable : 0;
+}
+
+/* Largest exact binary unit, as kvnode.conf writes sizes ("8MiB", "65537"). */
+static void cache_format_size(uint64_t v, char *buf, size_t len)
+{
+    static const char *const names[] = { "EiB", "PiB", "TiB", "GiB", "MiB", "KiB" };
+    for (int i = 0; i < 6; i++) {
+        unsigned shift = 10u * (unsigned)(6 - i);
+        if (v != 0 && v % ((uint64_t)1 << shift) == 0) {
+            snprintf(buf, len, "%" PRIu64 "%s", v >> shift, names[i]);
+            return;
+        }
+    }
+    snprintf(buf, len, "%" PRIu64, v);
 }
 
 /* --- operations -------------------------------------------------------------- */
@@ -411,6 +467,26 @@ int cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
     return 0;
 }
 
+/* Keys a put reports as already stored are the prefix it extends: shield
+ * them (a pin, as a reader's) from the evictions that make room for the
+ * rest, and release them tail-first after, which refreshes them like a hit. */
+static void cache_put_shield(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+                             const struct cache_loc *locs, bool on)
+{
+    for (size_t j = 0; j < n; j++) {
+        size_t i = on ? j : n - 1 - j;
+        if (locs[i].present)
+            continue;
+        index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        if (!e || e->state != ENTRY_SEALED)
+            continue;
+        if (!on)
+            cache_unpin(c, e);
+        else if (e->pins++ == 0)
+            index_lru_remove(c->index, e);
+    }
+}
+
 int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
                     const int64_t *keys, size_t n, int tier, uint64_t *lease_id,
                     struct cache_loc *locs, char *err, size_t errlen)
@@ -444,6 +520,14 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
         errmsg_set(err, errlen, "out of memory creating a write lease");
         return -KVNODE_ENOMEM;
     }
+    cache_put_shield(c, ns, keys, n, locs, true);
+    /* Under a quota, decide before evicting anything: a put that cannot fit
+     * even after evicting every evictable block of its namespace must not
+     * evict them. (need counts a key repeated within the request each time,
+     * so this errs on the side of refusing.) */
+    if (c->namespace_quota > 0 &&
+        cache_quota_stuck(c, ns) + (uint64_t)need * ns->layout.block_bytes > c->namespace_quota)
+        goto overquota;
     for (size_t i = 0; i < n; i++) {
         index_entry *e;
         uint64_t off;
@@ -454,6 +538,8 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
             locs[i].present = false;  /* duplicate key earlier in this request */
             continue;
         }
+        if (!cache_quota_room(c, ns))
+            goto overquota;
         if (!cache_make_room(c, ns->cls) || arena_alloc(c->host, ns->cls, &off) < 0)
             goto nospace;
         e = index_insert(c->index, ns->id, keys[i]);
@@ -471,11 +557,34 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
         l->entries[i] = e;
         locs[i].arena = e->arena;
         locs[i].offset = off;
+        ns->reserved += ns->layout.block_bytes;
         reserved++;
     }
+    cache_put_shield(c, ns, keys, n, locs, false);
     *lease_id = l->id;
     cache_evict_maybe_schedule(c);
     return 0;
+
+overquota: {
+        /* Normally refused before anything was reserved; if it happens
+         * midway, leave this put's own reservations out of the numbers. */
+        char quota[32], held[32], stuck[32], block[32];
+        uint64_t bb = ns->layout.block_bytes, mine = (uint64_t)reserved * bb;
+        cache_format_size(c->namespace_quota, quota, sizeof quota);
+        cache_format_size(ns->bytes + ns->reserved - mine, held, sizeof held);
+        cache_format_size(cache_quota_stuck(c, ns) - mine, stuck, sizeof stuck);
+        cache_format_size(bb, block, sizeof block);
+        if ((uint64_t)need * bb > c->namespace_quota)
+            errmsg_set(err, errlen, "namespace %s (rank %u) is at its quota: %zu blocks of %s do not fit "
+                 "in memory.namespace_quota = %s; put fewer blocks at once or raise the quota",
+                 ns->deployment_id, ns->layout.tp_rank, need, block, quota);
+        else
+            errmsg_set(err, errlen, "namespace %s (rank %u) is at its quota: memory.namespace_quota = %s, "
+                 "%s held (%s pinned or reserved); cannot reserve %zu blocks of %s until its leases end",
+                 ns->deployment_id, ns->layout.tp_rank, quota, held, stuck, need, block);
+        rc = -KVNODE_ENOSPC;
+        goto undo;
+    }
 
 nospace: {
         struct arena_stats st;
@@ -492,7 +601,9 @@ undo:
             continue;
         index_unlink(c->index, e);
         cache_entry_destroy(c, e);
+        ns->reserved -= ns->layout.block_bytes;
     }
+    cache_put_shield(c, ns, keys, n, locs, false);
     lease_destroy(c->leases, l);
     (void)reserved;
     return rc;
@@ -523,17 +634,22 @@ static uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
             if (ns) {
                 ns->blocks++;
                 ns->bytes += bytes;
+                ns->reserved -= ns->reserved >= bytes ? bytes : ns->reserved;
             }
             c->sealed_total++;
             count++;
         }
     } else {
+        uint64_t bytes = ns_block_bytes(c, l->ns);
+        kv_namespace *ns = ns_get(c->namespaces, l->ns);
         for (size_t i = 0; i < l->n; i++) {
             index_entry *e = l->entries[i];
             if (!e)
                 continue;
             index_unlink(c->index, e);
             cache_entry_destroy(c, e);
+            if (ns)
+                ns->reserved -= ns->reserved >= bytes ? bytes : ns->reserved;
             count++;
         }
     }
@@ -649,6 +765,8 @@ void cache_stats_json(struct cache *c, json_t *root)
         json_object_set_new(o, "tp_rank", json_integer(ns->layout.tp_rank));
         json_object_set_new(o, "blocks", json_integer((json_int_t)ns->blocks));
         json_object_set_new(o, "bytes", json_integer((json_int_t)ns->bytes));
+        json_object_set_new(o, "reserved_bytes", json_integer((json_int_t)ns->reserved));
+        json_object_set_new(o, "quota_bytes", json_integer((json_int_t)c->namespace_quota));
         json_object_set_new(o, "clients", json_integer(ns->clients));
         json_array_append_new(nss, o);
     }
@@ -662,6 +780,7 @@ void cache_stats_json(struct cache *c, json_t *root)
     json_object_set_new(root, "leases", leases);
 
     json_object_set_new(evh, "dropped_total", json_integer((json_int_t)c->evicted_dropped));
+    json_object_set_new(evh, "quota_total", json_integer((json_int_t)c->evicted_quota));
     json_object_set_new(ev, "host", evh);
     json_object_set_new(root, "evictions", ev);
 }

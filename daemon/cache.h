@@ -43,7 +43,8 @@ struct cache_arena_info {
 int  cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,
                   char *err, size_t errlen);
 void cache_destroy(struct cache *c);
-/* Apply the reloadable subset (watermarks, TTLs, reaper interval, limits). */
+/* Apply the reloadable subset (watermarks, TTLs, reaper interval, limits,
+ * namespace quota: a lowered quota applies at each namespace's next put). */
 void cache_apply_config(struct cache *c, const struct kvn_config *cfg);
 
 /* Namespaces. bind checks the block size fits the allocator. */

@@ -96,6 +96,7 @@ static const struct opt_def config_options[] = {
     { "memory", "low_watermark", OPT_FRACTION, FIELD(low_watermark), .dmin = 0.0, .dmax = 1.0,
       .dmax_open = true },
     { "memory", "pin_host", OPT_PIN, FIELD(pin_host), .restart = true },
+    { "memory", "namespace_quota", OPT_SIZE, FIELD(namespace_quota), .min = 0, .max = UINT64_MAX },
 
     { "leases", "read_ttl", OPT_DURATION, FIELD(read_lease_ttl_ms), .min = 10, .max = MS_PER_H },
     { "leases", "write_ttl", OPT_DURATION, FIELD(write_lease_ttl_ms), .min = 10, .max = MS_PER_H },
@@ -138,6 +139,7 @@ void config_defaults(struct kvn_config *cfg)
     cfg->high_watermark = 0.95;
     cfg->low_watermark = 0.90;
     cfg->pin_host = CONFIG_PIN_AUTO;
+    cfg->namespace_quota = 0;
 
     cfg->read_lease_ttl_ms = 30 * MS_PER_S;
     cfg->write_lease_ttl_ms = 30 * MS_PER_S;

@@ -36,6 +36,7 @@ struct kvn_config {
     double   high_watermark;         /* fraction of host_bytes that starts eviction */
     double   low_watermark;          /* eviction stops below this fraction */
     int      pin_host;               /* CONFIG_PIN_{AUTO,ON,OFF}: cudaHostRegister the arena */
+    uint64_t namespace_quota;        /* host-tier bytes one namespace may hold (0: no quota) */
 
     /* [leases] */
     uint32_t read_lease_ttl_ms;      /* reaper ends read leases older than this */

@@ -1,5 +1,5 @@
-/* index: (namespace, key) -> entry hash table and per-(arena, class) LRU
- * lists. See index.h for the contract. */
+/* index: (namespace, key) -> entry hash table, per-(arena, class) and
+ * per-namespace LRU lists. See index.h for the contract. */
 #include "index.h"
 
 #include <stdlib.h>
@@ -30,6 +30,11 @@ struct lru_list {
     index_entry *head, *tail;   /* oldest at head */
 };
 
+struct ns_list {
+    index_entry *head, *tail;   /* oldest at head */
+    size_t count;
+};
+
 struct kv_index {
     /* t[0] is the main table; while growing, t[1] is the new one and buckets
      * of t[0] below rehash_pos have already moved to it. */
@@ -40,6 +45,9 @@ struct kv_index {
     uint64_t seed;
     uint64_t lru_clock;
     struct lru_list lru[INDEX_MAX_ARENAS][ARENA_MAX_CLASSES];
+    /* Per-namespace lists (linked through ns_prev/ns_next), ns_lru_n of them. */
+    struct ns_list *ns_lru;
+    uint32_t ns_lru_n;
 };
 
 static uint64_t index_mix64(uint64_t x)
@@ -169,6 +177,7 @@ void index_destroy(kv_index *ix)
     /* Buckets of t[0] below rehash_pos are already empty. */
     index_free_table(&ix->t[0]);
     index_free_table(&ix->t[1]);
+    free(ix->ns_lru);
     free(ix);
 }
 
@@ -238,6 +247,44 @@ static struct lru_list *index_lru_list(kv_index *ix, uint32_t arena_id, uint32_t
     return &ix->lru[arena_id][cls];
 }
 
+/* Grow the namespace list heads to cover ids below n (doubling, capped). */
+static int index_ns_grow(kv_index *ix, uint32_t n)
+{
+    if (n > INDEX_MAX_NAMESPACES)
+        n = INDEX_MAX_NAMESPACES;
+    if (n <= ix->ns_lru_n)
+        return 0;
+    uint32_t want = ix->ns_lru_n ? ix->ns_lru_n : 16u;
+    while (want < n)
+        want = want > INDEX_MAX_NAMESPACES / 2 ? INDEX_MAX_NAMESPACES : want * 2;
+    if (want > INDEX_MAX_NAMESPACES)
+        want = INDEX_MAX_NAMESPACES;
+    /* Entries never point at list heads, so moving them is safe. */
+    struct ns_list *l = realloc(ix->ns_lru, (size_t)want * sizeof *l);
+    if (!l)
+        return -KVNODE_ENOMEM;
+    memset(l + ix->ns_lru_n, 0, (size_t)(want - ix->ns_lru_n) * sizeof *l);
+    ix->ns_lru = l;
+    ix->ns_lru_n = want;
+    return 0;
+}
+
+int index_ns_reserve(kv_index *ix, uint32_t n)
+{
+    return index_ns_grow(ix, n);
+}
+
+/* The list of namespace ns; grows the array when `grow`. NULL: out of
+ * range, or growing failed. */
+static struct ns_list *index_ns_list(kv_index *ix, uint32_t ns, int grow)
+{
+    if (ns < ix->ns_lru_n)
+        return &ix->ns_lru[ns];
+    if (!grow || ns >= INDEX_MAX_NAMESPACES || index_ns_grow(ix, ns + 1) < 0)
+        return NULL;
+    return &ix->ns_lru[ns];
+}
+
 /* The list whose head (want_head) or tail e is. Normally e's own list; if the
  * caller changed e->arena/cls while e was listed, find it by scanning every
  * list head, which is bounded by the (small, fixed) number of lists. */
@@ -271,7 +318,20 @@ void index_lru_remove(kv_index *ix, index_entry *e)
         if (l)
             l->tail = e->lru_prev;
     }
+    /* A listed entry is on its namespace's list too (e->ns never changes). */
+    struct ns_list *nl = index_ns_list(ix, e->ns, 0);
+    if (nl)
+        nl->count--;
+    if (e->ns_prev)
+        e->ns_prev->ns_next = e->ns_next;
+    else if (nl)
+        nl->head = e->ns_next;
+    if (e->ns_next)
+        e->ns_next->ns_prev = e->ns_prev;
+    else if (nl)
+        nl->tail = e->ns_prev;
     e->lru_prev = e->lru_next = NULL;
+    e->ns_prev = e->ns_next = NULL;
     e->on_lru = 0;
     ix->lru_count--;
 }
@@ -279,14 +339,15 @@ void index_lru_remove(kv_index *ix, index_entry *e)
 void index_lru_touch(kv_index *ix, index_entry *e)
 {
     struct lru_list *l = index_lru_list(ix, e->arena, e->cls);
-    if (e->on_lru && l && l->tail == e) {
+    struct ns_list *nl = l ? index_ns_list(ix, e->ns, 1) : NULL;
+    if (e->on_lru && l && nl && l->tail == e && nl->tail == e) {
         e->lru_stamp = ++ix->lru_clock;     /* already newest: restamp only */
         return;
     }
     index_lru_remove(ix, e);
     e->lru_stamp = ++ix->lru_clock;
-    if (!l)
-        return;
+    if (!l || !nl)
+        return;     /* on neither list */
     e->lru_prev = l->tail;
     e->lru_next = NULL;
     if (l->tail)
@@ -294,6 +355,14 @@ void index_lru_touch(kv_index *ix, index_entry *e)
     else
         l->head = e;
     l->tail = e;
+    e->ns_prev = nl->tail;
+    e->ns_next = NULL;
+    if (nl->tail)
+        nl->tail->ns_next = e;
+    else
+        nl->head = e;
+    nl->tail = e;
+    nl->count++;
     e->on_lru = 1;
     ix->lru_count++;
 }
@@ -315,4 +384,16 @@ index_entry *index_lru_oldest_in_arena(kv_index *ix, uint32_t arena_id)
             best = h;
     }
     return best;
+}
+
+index_entry *index_lru_oldest_in_ns(kv_index *ix, uint32_t ns)
+{
+    struct ns_list *l = index_ns_list(ix, ns, 0);
+    return l ? l->head : NULL;
+}
+
+size_t index_lru_count_in_ns(kv_index *ix, uint32_t ns)
+{
+    struct ns_list *l = index_ns_list(ix, ns, 0);
+    return l ? l->count : 0;
 }

@@ -9,6 +9,8 @@
  * chain tail-first (last key first, root last), so a parent is always newer
  * than its children and eviction removes leaves first. Pinned and WRITING
  * entries are kept off the lists, so the oldest listed entry is evictable.
+ * Every listed entry is also on its namespace's list (same order, oldest
+ * first), for per-namespace quotas: an entry is on both lists or on neither.
  *
  * Loop thread only. */
 #ifndef KVNODE_INDEX_H
@@ -35,7 +37,8 @@ typedef struct index_entry {
     uint64_t offset;        /* byte offset in the arena */
     uint64_t lru_stamp;     /* last touch, monotonically increasing */
     struct index_entry *hash_next;
-    struct index_entry *lru_prev, *lru_next;
+    struct index_entry *lru_prev, *lru_next;   /* (arena, class) list */
+    struct index_entry *ns_prev, *ns_next;     /* namespace list */
 } index_entry;
 
 typedef struct kv_index kv_index;
@@ -43,6 +46,10 @@ typedef struct kv_index kv_index;
 /* LRU lists exist for arena ids below INDEX_MAX_ARENAS and size classes below
  * ARENA_MAX_CLASSES; an entry outside that range is never listed. */
 #define INDEX_MAX_ARENAS 8u
+/* Per-namespace lists exist for namespace ids below INDEX_MAX_NAMESPACES
+ * (ids are 1-based and at most server.max_namespaces = 65536); an entry of a
+ * larger id is never listed. The array of list heads grows on demand. */
+#define INDEX_MAX_NAMESPACES 65537u
 
 struct index_stats {
     size_t entries;         /* linked entries */
@@ -65,16 +72,27 @@ void index_unlink(kv_index *ix, index_entry *e);
 void index_entry_free(index_entry *e);
 size_t index_count(const kv_index *ix);
 void index_get_stats(const kv_index *ix, struct index_stats *st);
+/* Make room for the list heads of namespace ids below n (capped at
+ * INDEX_MAX_NAMESPACES) now, so index_lru_touch never has to allocate for
+ * them. 0 or -KVNODE_ENOMEM. If a touch has to grow the array and cannot,
+ * the entry is left off both lists (not evictable) rather than failing. */
+int  index_ns_reserve(kv_index *ix, uint32_t n);
 
-/* Move e to the newest end of the LRU list of (e->arena, e->cls), linking
- * it if needed, and stamp it. If e's arena or class changed while it was
- * listed, it moves to the new list. */
+/* Move e to the newest end of the LRU list of (e->arena, e->cls) and of its
+ * namespace's list, linking it if needed, and stamp it. If e's arena or
+ * class changed while it was listed, it moves to the new list (e->ns never
+ * changes). An entry with an out-of-range arena, class or namespace is
+ * stamped but not listed. */
 void index_lru_touch(kv_index *ix, index_entry *e);
-/* Take e off its LRU list (pinned, being written, being evicted). */
+/* Take e off its LRU lists (pinned, being written, being evicted). */
 void index_lru_remove(kv_index *ix, index_entry *e);
 /* Oldest listed entry of one class, or NULL. */
 index_entry *index_lru_oldest(kv_index *ix, uint32_t arena, uint32_t cls);
 /* Oldest listed entry over every class of an arena, or NULL. O(classes). */
 index_entry *index_lru_oldest_in_arena(kv_index *ix, uint32_t arena);
+/* Oldest listed entry of one namespace (any arena, any class), or NULL. O(1). */
+index_entry *index_lru_oldest_in_ns(kv_index *ix, uint32_t ns);
+/* Entries on a namespace's list (its evictable ones). O(1). */
+size_t index_lru_count_in_ns(kv_index *ix, uint32_t ns);
 
 #endif

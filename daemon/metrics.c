@@ -206,9 +206,13 @@ static void render_cache(struct evbuffer *out, json_t *doc, const struct metrics
     sample_u(out, "kvnode_keys_total", L("result", "missed", "reason", "writing"), k->writing);
     sample_u(out, "kvnode_keys_total", L("result", "missed", "reason", "beyond_gap"), k->beyond_gap);
 
-    family(out, "kvnode_evictions_total", "counter", "Blocks evicted, by tier and action.");
+    family(out, "kvnode_evictions_total", "counter",
+           "Blocks evicted, by tier and action (drop: watermarks or a full tier; quota: a namespace's own "
+           "blocks, over memory.namespace_quota).");
     sample_u(out, "kvnode_evictions_total", L("tier", "host", "action", "drop"),
              doc_u(doc, "evictions", "host", "dropped_total"));
+    sample_u(out, "kvnode_evictions_total", L("tier", "host", "action", "quota"),
+             doc_u(doc, "evictions", "host", "quota_total"));
 
     family(out, "kvnode_leases", "gauge", "Open leases by kind.");
     sample_u(out, "kvnode_leases", L("kind", "read"), doc_u(doc, "leases", "read", NULL));

@@ -38,6 +38,8 @@ typedef struct kv_namespace {
                                            UINT32_MAX until then) */
     uint64_t blocks;                    /* sealed blocks in memory */
     uint64_t bytes;                     /* their bytes (block_bytes each) */
+    uint64_t reserved;                  /* bytes of slots reserved by writers, not
+                                           yet committed (block_bytes each) */
     uint32_t clients;                   /* connections bound now */
 } kv_namespace;
 

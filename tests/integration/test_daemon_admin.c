@@ -240,6 +240,7 @@ START_TEST(test_metrics_count_what_was_done)
     ASSERT_SAMPLE(m, "kvnode_namespace_bytes", L("tier", "host", "namespace", dep, "tp_rank", "0"), 4 * BLOCK);
     ASSERT_SAMPLE(m, "kvnode_tier_capacity_bytes", L("tier", "host"), 64 << 20);
     ASSERT_SAMPLE(m, "kvnode_evictions_total", L("tier", "host", "action", "drop"), 0);
+    ASSERT_SAMPLE(m, "kvnode_evictions_total", L("tier", "host", "action", "quota"), 0);
     ASSERT_SAMPLE(m, "kvnode_leases", L("kind", "read"), 0);
     ASSERT_SAMPLE(m, "kvnode_leases", L("kind", "write"), 0);
     ASSERT_SAMPLE(m, "kvnode_leases_reaped_total", L("kind", "read"), 0);

@@ -96,14 +96,15 @@ static int check(const uint8_t *p, int64_t key)
     return 1;
 }
 
-/* Put a whole chain (written and committed). Returns the put_begin rc. */
-static int put_chain(const int64_t *keys, size_t n)
+/* Put a whole chain into namespace `into` (written and committed). Returns
+ * the put_begin rc. */
+static int put_chain_ns(kv_namespace *into, const int64_t *keys, size_t n)
 {
     struct cache_loc locs[256];
     uint64_t lid;
     uint32_t blocks;
     char err[512];
-    int rc = cache_put_begin(cache, ns, &owner, keys, n, KVNODE_TIER_HOST, &lid, locs, err, sizeof err);
+    int rc = cache_put_begin(cache, into, &owner, keys, n, KVNODE_TIER_HOST, &lid, locs, err, sizeof err);
     if (rc < 0)
         return rc;
     for (size_t i = 0; i < n; i++)
@@ -112,6 +113,11 @@ static int put_chain(const int64_t *keys, size_t n)
     if (lid)
         ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_WRITE, true, &blocks, err, sizeof err), 0);
     return 0;
+}
+
+static int put_chain(const int64_t *keys, size_t n)
+{
+    return put_chain_ns(ns, keys, n);
 }
 
 static void chain(int64_t *keys, size_t n, int64_t base_key)
@@ -389,6 +395,233 @@ START_TEST(test_several_block_sizes)
 }
 END_TEST
 
+/* ---- namespace quota --------------------------------------------------------- */
+
+/* A second namespace with the same block size (so the same size class). */
+static kv_namespace *bind_other(const char *model)
+{
+    char err[512];
+    kv_namespace *out;
+    struct ns_layout l = { .dtype = "bf16", .block_tokens = 16, .block_bytes = BLOCK, .num_layers = 2,
+                           .kv_heads = 2, .head_dim = 64, .tp_size = 1, .tp_rank = 0 };
+    snprintf(l.model, sizeof l.model, "%s", model);
+    ck_assert_int_eq(cache_bind(cache, &l, &out, err, sizeof err), 0);
+    return out;
+}
+
+static void set_quota(uint64_t bytes)
+{
+    cfg.namespace_quota = bytes;
+    cache_apply_config(cache, &cfg);
+}
+
+/* The stats entry of namespace id `id`: a field of it. */
+static json_int_t ns_stat(uint32_t id, const char *key)
+{
+    json_t *root = json_object(), *arr, *o;
+    size_t i;
+    json_int_t out = -1;
+    cache_stats_json(cache, root);
+    arr = json_object_get(root, "namespaces");
+    json_array_foreach(arr, i, o) {
+        if (json_integer_value(json_object_get(o, "id")) == id) {
+            json_t *v = json_object_get(o, key);
+            ck_assert_msg(json_is_integer(v), "namespace stat %s missing", key);
+            out = json_integer_value(v);
+        }
+    }
+    json_decref(root);
+    ck_assert_int_ne(out, -1);
+    return out;
+}
+
+/* A at its quota evicts its own oldest blocks, leaves first; B is untouched
+ * even though B's blocks are older. */
+START_TEST(test_quota_evicts_own_leaf_first)
+{
+    kv_namespace *b = bind_other("b");
+    int64_t kb[12], ka[10], ka2[10];
+    chain(kb, 12, 500);
+    chain(ka, 10, 1000);
+    chain(ka2, 10, 2000);
+    set_quota(16u * BLOCK);
+    ck_assert_int_eq(ns_stat(ns->id, "quota_bytes"), 16 * BLOCK);
+    ck_assert_int_eq(put_chain_ns(b, kb, 12), 0);       /* B first: the tier's oldest */
+    ck_assert_int_eq(put_chain(ka, 10), 0);
+    ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 0);
+    ck_assert_int_eq(put_chain(ka2, 10), 0);             /* A: 20 > 16 */
+    ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 4);
+    ck_assert_int_eq(stat_int("evictions", "host", "dropped_total"), 0);
+    ck_assert_uint_eq(ns->blocks, 16);
+    ck_assert_uint_eq(ns->bytes, 16u * BLOCK);
+    ck_assert_uint_eq(ns->reserved, 0);
+    ck_assert_uint_eq(cache_match(cache, ns, ka, 10), 6);    /* ka[6..9], the leaves, went */
+    ck_assert_uint_eq(cache_match(cache, ns, ka2, 10), 10);
+    ck_assert_uint_eq(cache_match(cache, b, kb, 12), 12);    /* B untouched */
+    ck_assert_uint_eq(b->blocks, 12);
+    ck_assert_int_eq(stat_int("tiers", "host", "blocks"), 28);
+}
+END_TEST
+
+/* All of A's blocks pinned: A's put fails whole with ENOSPC naming the
+ * quota, B still puts; once A's reader lets go A puts again. */
+START_TEST(test_quota_pinned_enospc)
+{
+    kv_namespace *b = bind_other("b");
+    int64_t ka[8], kb[8], more[2] = { 7001, 7002 }, big[9];
+    struct cache_loc locs[9], rlocs[8];
+    uint64_t rlease, wlease = 99;
+    size_t got;
+    uint32_t blocks;
+    char err[512];
+
+    chain(ka, 8, 100);
+    chain(kb, 8, 100);      /* same keys, other namespace */
+    chain(big, 9, 9000);
+    set_quota(8u * BLOCK);
+    ck_assert_int_eq(put_chain(ka, 8), 0);
+    ck_assert_int_eq(cache_get_begin(cache, ns, &owner, ka, 8, &rlease, rlocs, &got, err, sizeof err), 0);
+    ck_assert_uint_eq(got, 8);
+    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, more, 2, 0, &wlease, locs, err, sizeof err),
+                     -KVNODE_ENOSPC);
+    ck_assert_uint_eq(wlease, 0);
+    ck_assert_msg(strstr(err, "is at its quota: memory.namespace_quota = 512KiB, 512KiB held "
+                              "(512KiB pinned or reserved); cannot reserve 2 blocks of 64KiB"), "%s", err);
+    ck_assert_msg(strstr(err, ns->deployment_id) && strstr(err, "(rank 0)"), "%s", err);
+    /* More than the whole quota at once: said so. */
+    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, big, 9, 0, &wlease, locs, err, sizeof err),
+                     -KVNODE_ENOSPC);
+    ck_assert_msg(strstr(err, "9 blocks of 64KiB do not fit in memory.namespace_quota = 512KiB"), "%s", err);
+    /* Nothing reserved, nothing evicted, A's blocks intact. */
+    ck_assert_uint_eq(ns->reserved, 0);
+    ck_assert_int_eq(stat_int("tiers", "host", "blocks"), 8);
+    ck_assert_int_eq(stat_int("leases", NULL, "write"), 0);
+    ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 0);
+    ck_assert_uint_eq(cache_match(cache, ns, more, 2), 0);
+    /* B is not held back by A's quota. */
+    ck_assert_int_eq(put_chain_ns(b, kb, 8), 0);
+    ck_assert_uint_eq(cache_match(cache, b, kb, 8), 8);
+    for (size_t i = 0; i < 8; i++)
+        ck_assert(check(slot(&rlocs[i]), ka[i]));
+    ck_assert_uint_eq(cache_match(cache, ns, ka, 8), 8);
+    /* The reader lets go: A evicts its own leaves for the new chain. */
+    ck_assert_int_eq(cache_lease_end(cache, &owner, rlease, LEASE_READ, false, &blocks, err, sizeof err), 0);
+    ck_assert_int_eq(put_chain(more, 2), 0);
+    ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 2);
+    ck_assert_uint_eq(cache_match(cache, ns, ka, 8), 6);
+    ck_assert_uint_eq(cache_match(cache, b, kb, 8), 8);
+}
+END_TEST
+
+/* Quota 0 is unlimited; a quota set later (reload) applies at the next put
+ * of the namespace, not before. */
+START_TEST(test_quota_zero_unlimited_then_lowered)
+{
+    kv_namespace *b = bind_other("b");
+    int64_t ka[100], kb[10], one = 424242, two = 434343;
+    chain(ka, 100, 1);
+    chain(kb, 10, 1);
+    ck_assert_int_eq(ns_stat(ns->id, "quota_bytes"), 0);
+    ck_assert_int_eq(put_chain(ka, 100), 0);
+    ck_assert_int_eq(put_chain_ns(b, kb, 10), 0);
+    ck_assert_uint_eq(ns->blocks, 100);
+    ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 0);
+    set_quota(32u * BLOCK);
+    ck_assert_uint_eq(ns->blocks, 100);                 /* no sweep on apply */
+    ck_assert_int_eq(ns_stat(b->id, "quota_bytes"), 32 * BLOCK);
+    ck_assert_int_eq(put_chain(&one, 1), 0);
+    ck_assert_uint_eq(ns->blocks, 32);
+    ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 69);
+    ck_assert_uint_eq(cache_match(cache, ns, ka, 100), 31);
+    ck_assert_uint_eq(cache_match(cache, b, kb, 10), 10);
+    /* Back to 0: unlimited again. */
+    set_quota(0);
+    ck_assert_int_eq(put_chain(&two, 1), 0);
+    ck_assert_uint_eq(ns->blocks, 33);
+    ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 69);
+}
+END_TEST
+
+/* Slots reserved by writers count toward the quota; an aborted or failed
+ * reservation gives its bytes back, a committed one turns them into sealed. */
+START_TEST(test_quota_counts_reserved)
+{
+    int64_t w1[6], s[2], w2 = 800, w3[3] = { 900, 901, 902 };
+    struct cache_loc locs[6];
+    uint64_t l1, l2, l3 = 99;
+    uint32_t blocks;
+    char err[512];
+
+    chain(w1, 6, 600);
+    chain(s, 2, 700);
+    set_quota(8u * BLOCK);
+    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, w1, 6, 0, &l1, locs, err, sizeof err), 0);
+    ck_assert_uint_eq(ns->reserved, 6u * BLOCK);
+    ck_assert_int_eq(ns_stat(ns->id, "reserved_bytes"), 6 * BLOCK);
+    ck_assert_int_eq(put_chain(s, 2), 0);                         /* 6 + 2 = 8: fits */
+    ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 0);
+    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, &w2, 1, 0, &l2, locs, err, sizeof err), 0);
+    ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 1);   /* s[1], the leaf */
+    ck_assert_uint_eq(cache_match(cache, ns, s, 2), 1);
+    ck_assert_uint_eq(ns->reserved, 7u * BLOCK);
+    /* Three more cannot fit even by evicting s[0] (7 reserved + 3 > 8):
+     * refused before evicting anything. */
+    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, w3, 3, 0, &l3, locs, err, sizeof err),
+                     -KVNODE_ENOSPC);
+    ck_assert_uint_eq(l3, 0);
+    ck_assert_msg(strstr(err, "512KiB held (448KiB pinned or reserved); cannot reserve 3 blocks"), "%s", err);
+    ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 1);
+    ck_assert_uint_eq(ns->reserved, 7u * BLOCK);
+    ck_assert_uint_eq(ns->bytes, 1u * BLOCK);
+    ck_assert_int_eq(stat_int("tiers", "host", "blocks"), 8);
+    ck_assert_uint_eq(cache_match(cache, ns, s, 2), 1);
+    ck_assert_uint_eq(cache_match(cache, ns, w3, 3), 0);
+    /* One more fits by evicting s[0]; its reservation is given back on abort. */
+    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, w3, 1, 0, &l3, locs, err, sizeof err), 0);
+    ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 2);
+    ck_assert_uint_eq(ns->bytes, 0);
+    ck_assert_uint_eq(ns->reserved, 8u * BLOCK);
+    ck_assert_int_eq(cache_lease_end(cache, &owner, l3, LEASE_WRITE, false, &blocks, err, sizeof err), 0);
+    /* Abort gives back, commit turns reserved into sealed. */
+    ck_assert_int_eq(cache_lease_end(cache, &owner, l1, LEASE_WRITE, false, &blocks, err, sizeof err), 0);
+    ck_assert_uint_eq(ns->reserved, 1u * BLOCK);
+    ck_assert_int_eq(cache_lease_end(cache, &owner, l2, LEASE_WRITE, true, &blocks, err, sizeof err), 0);
+    ck_assert_uint_eq(ns->reserved, 0);
+    ck_assert_uint_eq(ns->bytes, 1u * BLOCK);
+    /* A disconnect (release) gives back a reservation too. */
+    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, w3, 3, 0, &l3, locs, err, sizeof err), 0);
+    ck_assert_uint_eq(ns->reserved, 3u * BLOCK);
+    cache_release_owner(cache, &owner);
+    ck_assert_uint_eq(ns->reserved, 0);
+}
+END_TEST
+
+/* A put that extends a stored prefix keeps that prefix: the namespace's
+ * other blocks go first, even when the prefix is older. */
+START_TEST(test_quota_keeps_extended_prefix)
+{
+    int64_t c[5], x[2];
+    chain(c, 5, 50);
+    chain(x, 2, 80);
+    set_quota(5u * BLOCK);
+    ck_assert_int_eq(put_chain(c, 3), 0);
+    ck_assert_int_eq(put_chain(x, 2), 0);
+    ck_assert_uint_eq(cache_match(cache, ns, x, 2), 2);   /* x newer than c */
+    ck_assert_int_eq(put_chain(c, 5), 0);                 /* c[0..3) stored, 2 new */
+    ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 2);
+    ck_assert_uint_eq(cache_match(cache, ns, c, 5), 5);
+    ck_assert_uint_eq(cache_match(cache, ns, x, 2), 0);
+    /* With nothing else to evict, the prefix is kept and the put refused. */
+    {
+        int64_t longer[7];
+        chain(longer, 7, 50);
+        ck_assert_int_eq(put_chain(longer, 7), -KVNODE_ENOSPC);
+        ck_assert_uint_eq(cache_match(cache, ns, c, 5), 5);
+        ck_assert_uint_eq(ns->reserved, 0);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cache");
@@ -407,6 +640,11 @@ int main(void)
     tcase_add_test(tc, test_reaper_ends_expired_leases);
     tcase_add_test(tc, test_watermarks_background_eviction);
     tcase_add_test(tc, test_several_block_sizes);
+    tcase_add_test(tc, test_quota_evicts_own_leaf_first);
+    tcase_add_test(tc, test_quota_pinned_enospc);
+    tcase_add_test(tc, test_quota_zero_unlimited_then_lowered);
+    tcase_add_test(tc, test_quota_counts_reserved);
+    tcase_add_test(tc, test_quota_keeps_extended_prefix);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -118,6 +118,7 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert(a->high_watermark == b->high_watermark);
     ck_assert(a->low_watermark == b->low_watermark);
     ck_assert_int_eq(a->pin_host, b->pin_host);
+    ck_assert_uint_eq(a->namespace_quota, b->namespace_quota);
     ck_assert_uint_eq(a->read_lease_ttl_ms, b->read_lease_ttl_ms);
     ck_assert_uint_eq(a->write_lease_ttl_ms, b->write_lease_ttl_ms);
     ck_assert_uint_eq(a->reaper_interval_ms, b->reaper_interval_ms);
@@ -145,7 +146,7 @@ static const char *const all_options[][2] = {
     { "server", "max_keys_per_request" }, { "server", "max_clients" }, { "server", "max_namespaces" },
     { "server", "request_timeout" }, { "server", "shutdown_timeout" },
     { "memory", "host_bytes" }, { "memory", "slab_bytes" }, { "memory", "high_watermark" },
-    { "memory", "low_watermark" }, { "memory", "pin_host" },
+    { "memory", "low_watermark" }, { "memory", "pin_host" }, { "memory", "namespace_quota" },
     { "leases", "read_ttl" }, { "leases", "write_ttl" }, { "leases", "reaper_interval" },
     { "leases", "max_per_client" },
     { "log", "level" },
@@ -173,6 +174,7 @@ START_TEST(test_defaults)
     ck_assert_double_eq(c.high_watermark, 0.95);
     ck_assert_double_eq(c.low_watermark, 0.90);
     ck_assert_int_eq(c.pin_host, CONFIG_PIN_AUTO);
+    ck_assert_uint_eq(c.namespace_quota, 0);
     ck_assert_uint_eq(c.read_lease_ttl_ms, 30000);
     ck_assert_uint_eq(c.write_lease_ttl_ms, 30000);
     ck_assert_uint_eq(c.reaper_interval_ms, 1000);
@@ -240,6 +242,10 @@ static const struct good_case good_cases[] = {
     { "memory", "pin_host", "off", OFF(pin_host), F_INT, .u = CONFIG_PIN_OFF },
     { "memory", "pin_host", "ON", OFF(pin_host), F_INT, .u = CONFIG_PIN_ON },
     { "memory", "pin_host", "auto", OFF(pin_host), F_INT, .u = CONFIG_PIN_AUTO },
+    { "memory", "namespace_quota", "0", OFF(namespace_quota), F_U64, .u = 0 },
+    { "memory", "namespace_quota", "8MiB", OFF(namespace_quota), F_U64, .u = 8 * MIB },
+    { "memory", "namespace_quota", "65537", OFF(namespace_quota), F_U64, .u = 65537 },
+    { "memory", "namespace_quota", "2T", OFF(namespace_quota), F_U64, .u = 2 * (GIB << 10) },
     { "leases", "read_ttl", "1h", OFF(read_lease_ttl_ms), F_U32, .u = 3600000 },
     { "leases", "write_ttl", "10ms", OFF(write_lease_ttl_ms), F_U32, .u = 10 },
     { "leases", "write_ttl", "45s", OFF(write_lease_ttl_ms), F_U32, .u = 45000 },
@@ -376,6 +382,10 @@ static const struct bad_case bad_cases[] = {
     { "memory", "low_watermark", "-0.1", "'-0.1'" },
     { "memory", "low_watermark", "0.5 # half", "'#' starts a comment only at the beginning" },
     { "memory", "pin_host", "yes", "expected auto, on or off" },
+    { "memory", "namespace_quota", "1.5G", "invalid size '1.5G'" },
+    { "memory", "namespace_quota", "-1", "invalid size '-1'" },
+    { "memory", "namespace_quota", "20EiB", "too large" },
+    { "memory", "namespace_quota", "", "invalid size ''" },
     { "leases", "read_ttl", "5ms", "out of range (expected 10ms..1h)" },
     { "leases", "read_ttl", "1.5s", "'1.5s'" },
     { "leases", "write_ttl", "2h", "'2h'" },
@@ -998,6 +1008,7 @@ START_TEST(test_write_round_trip_custom)
     c.high_watermark = 0.123456789012345;
     c.low_watermark = 0.1 + 0.2 - 0.3;   /* not a "nice" decimal */
     c.pin_host = CONFIG_PIN_ON;
+    c.namespace_quota = 3 * MIB;
     c.read_lease_ttl_ms = 90000;
     c.write_lease_ttl_ms = 3600000;
     c.reaper_interval_ms = 10;
@@ -1012,7 +1023,7 @@ START_TEST(test_write_round_trip_custom)
     char *text = config_to_text(&c);
     const char *forms[] = { "socket_mode = 0000\n", "max_frame_bytes = 4097\n", "request_timeout = 1500ms\n",
                             "shutdown_timeout = 0s\n", "read_ttl = 90s\n", "write_ttl = 1h\n",
-                            "pin_host = on\n", "level = debug\n" };
+                            "pin_host = on\n", "level = debug\n", "namespace_quota = 3MiB\n" };
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
         ck_assert_msg(strstr(text, forms[i]), "config_write lacks '%s':\n%s", forms[i], text);
     free(text);

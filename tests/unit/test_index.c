@@ -580,6 +580,168 @@ START_TEST(test_lru_random_drain)
 }
 END_TEST
 
+/* Per-namespace lists: the oldest of a namespace over every arena and class,
+ * in touch order; namespaces interleaved in time stay separate. */
+START_TEST(test_lru_ns_order)
+{
+    kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    enum { N = 24 };
+    index_entry *a[N], *b[N];
+    /* Interleave two namespaces over two arenas and several classes. */
+    for (int i = 0; i < N; i++) {
+        a[i] = test_new(ix, 1, 100 + i, (uint32_t)(i % 2), (uint32_t)(i % 3));
+        b[i] = test_new(ix, 2, 100 + i, 0, (uint32_t)(i % 3));     /* same keys, other ns */
+    }
+    ck_assert_ptr_null(index_lru_oldest_in_ns(ix, 1));
+    for (int i = N - 1; i >= 0; i--) {    /* tail-first, alternating */
+        index_lru_touch(ix, a[i]);
+        index_lru_touch(ix, b[i]);
+    }
+    ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 1), a[N - 1]);
+    ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 2), b[N - 1]);
+    ck_assert_ptr_null(index_lru_oldest_in_ns(ix, 0));
+    ck_assert_ptr_null(index_lru_oldest_in_ns(ix, 3));
+    ck_assert_ptr_null(index_lru_oldest_in_ns(ix, INDEX_MAX_NAMESPACES));
+    ck_assert_ptr_null(index_lru_oldest_in_ns(ix, UINT32_MAX));
+    /* A re-touch makes a leaf the newest of its namespace only. */
+    index_lru_touch(ix, a[N - 1]);
+    ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 1), a[N - 2]);
+    ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 2), b[N - 1]);
+    /* Drain namespace 1 by its oldest: stamps increase, namespace 2 and the
+     * class lists keep exactly namespace 2's entries. */
+    uint64_t last = 0;
+    size_t drained = 0;
+    index_entry *o;
+    while ((o = index_lru_oldest_in_ns(ix, 1)) != NULL) {
+        ck_assert_uint_eq(o->ns, 1);
+        ck_assert_uint_gt(o->lru_stamp, last);
+        last = o->lru_stamp;
+        index_lru_remove(ix, o);
+        ck_assert_uint_eq(o->on_lru, 0);
+        ck_assert_ptr_null(o->ns_prev);
+        ck_assert_ptr_null(o->ns_next);
+        drained++;
+    }
+    ck_assert_uint_eq(drained, N);
+    ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 1), NULL);
+    ck_assert_ptr_null(index_lru_oldest_in_arena(ix, 1));   /* only ns 1 was in arena 1 */
+    struct index_stats st;
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.lru_entries, N);
+    for (int i = N - 1; i >= 0; i--) {
+        o = index_lru_oldest_in_ns(ix, 2);
+        ck_assert_ptr_eq(o, b[i]);
+        ck_assert_ptr_eq(index_lru_oldest_in_arena(ix, 0), b[i]);
+        index_lru_remove(ix, o);
+    }
+    ck_assert_ptr_null(index_lru_oldest_in_ns(ix, 2));
+    index_destroy(ix);
+}
+END_TEST
+
+/* Removal and unlink take an entry off both lists: head, middle, tail. */
+START_TEST(test_lru_ns_remove_and_unlink)
+{
+    kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    index_entry *e[6], *x = test_new(ix, 4, 99, 0, 2);
+    for (int i = 0; i < 6; i++) {
+        e[i] = test_new(ix, 3, i, 0, (uint32_t)(i % 2));
+        index_lru_touch(ix, e[i]);
+        if (i == 2)
+            index_lru_touch(ix, x);      /* another namespace in between */
+    }
+    index_lru_remove(ix, e[0]);         /* head of ns 3 and of class 0 */
+    ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 3), e[1]);
+    ck_assert_ptr_eq(index_lru_oldest(ix, 0, 0), e[2]);
+    index_unlink(ix, e[3]);             /* middle: off both lists and the table */
+    ck_assert_uint_eq(e[3]->on_lru, 0);
+    ck_assert_ptr_null(index_lookup(ix, 3, 3));
+    ck_assert_ptr_eq(e[2]->ns_next, e[4]);
+    ck_assert_ptr_eq(e[4]->ns_prev, e[2]);
+    ck_assert_ptr_eq(index_lru_oldest(ix, 0, 1), e[1]);
+    ck_assert_ptr_eq(e[1]->lru_next, e[5]);
+    index_entry_free(e[3]);
+    index_unlink(ix, e[5]);             /* tail */
+    ck_assert_ptr_null(e[4]->ns_next);
+    index_entry_free(e[5]);
+    /* Touching the ns head moves it to the ns tail (and its class tail). */
+    index_lru_touch(ix, e[1]);
+    ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 3), e[2]);
+    ck_assert_ptr_eq(e[4]->ns_next, e[1]);
+    index_entry *want[] = { e[2], e[4], e[1] };
+    for (int i = 0; i < 3; i++) {
+        index_entry *o = index_lru_oldest_in_ns(ix, 3);
+        ck_assert_ptr_eq(o, want[i]);
+        index_lru_remove(ix, o);
+    }
+    ck_assert_ptr_null(index_lru_oldest_in_ns(ix, 3));
+    ck_assert_ptr_null(index_lru_oldest(ix, 0, 0));
+    ck_assert_ptr_null(index_lru_oldest(ix, 0, 1));
+    ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 4), x);
+    /* A namespace id beyond the lists' range is on neither list. */
+    index_entry *far = test_new(ix, INDEX_MAX_NAMESPACES, 1, 0, 0);
+    index_lru_touch(ix, far);
+    ck_assert_uint_eq(far->on_lru, 0);
+    ck_assert_ptr_null(index_lru_oldest(ix, 0, 0));
+    /* A large id inside the range grows the heads on demand. */
+    ck_assert_int_eq(index_ns_reserve(ix, 8), 0);
+    index_entry *big = test_new(ix, INDEX_MAX_NAMESPACES - 1, 1, 0, 0);
+    index_lru_touch(ix, big);
+    ck_assert_uint_eq(big->on_lru, 1);
+    ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, INDEX_MAX_NAMESPACES - 1), big);
+    ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 4), x);     /* survived the move */
+    struct index_stats st;
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.lru_entries, 2);
+    index_destroy(ix);
+}
+END_TEST
+
+/* Random touches and removals over many namespaces: every namespace list
+ * holds exactly the listed entries of that namespace, oldest first. */
+START_TEST(test_lru_ns_random)
+{
+    kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    enum { N = 2000, NNS = 9 };
+    index_entry **e = malloc(N * sizeof *e);
+    ck_assert_ptr_nonnull(e);
+    for (int i = 0; i < N; i++)
+        e[i] = test_new(ix, 1 + (uint32_t)(test_rand() % NNS), i, (uint32_t)(test_rand() % 2),
+                        (uint32_t)(test_rand() % 4));
+    for (int r = 0; r < 4 * N; r++) {
+        index_entry *t = e[test_rand() % N];
+        if (test_rand() % 5 == 0)
+            index_lru_remove(ix, t);
+        else
+            index_lru_touch(ix, t);
+    }
+    size_t listed = 0;
+    for (int i = 0; i < N; i++)
+        listed += e[i]->on_lru;
+    size_t seen = 0;
+    for (uint32_t ns = 1; ns <= NNS; ns++) {
+        uint64_t last = 0;
+        size_t here = 0;
+        for (index_entry *o = index_lru_oldest_in_ns(ix, ns); o; o = o->ns_next) {
+            FAIL_IF_NOT(o->ns == ns && o->on_lru, "wrong entry on a namespace list");
+            FAIL_IF_NOT(o->lru_stamp > last, "namespace list not oldest first");
+            last = o->lru_stamp;
+            here++;
+        }
+        ck_assert_uint_eq(index_lru_count_in_ns(ix, ns), here);
+        seen += here;
+    }
+    ck_assert_uint_eq(index_lru_count_in_ns(ix, NNS + 1), 0);
+    ck_assert_uint_eq(index_lru_count_in_ns(ix, UINT32_MAX), 0);
+    ck_assert_uint_eq(seen, listed);
+    free(e);
+    index_destroy(ix);
+}
+END_TEST
+
 static Suite *index_suite(void)
 {
     Suite *s = suite_create("index");
@@ -599,6 +761,9 @@ static Suite *index_suite(void)
     tcase_add_test(tc, test_lru_oldest_in_arena);
     tcase_add_test(tc, test_lru_class_change);
     tcase_add_test(tc, test_lru_random_drain);
+    tcase_add_test(tc, test_lru_ns_order);
+    tcase_add_test(tc, test_lru_ns_remove_and_unlink);
+    tcase_add_test(tc, test_lru_ns_random);
     suite_add_tcase(s, tc);
     return s;
 }
