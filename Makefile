@@ -78,6 +78,9 @@ LIBPC     := $(BUILD)/kvnode.pc
 UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 INTEG_BIN := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(INTEG_SRC))
 BENCH_BIN := $(BUILD)/kvnode-bench
+# KVS protocol simulator (tests/sim/kvs_sim.c) and its own tests (tests/sim/test_*.c).
+SIM_BIN      := $(BUILD)/kvs-sim
+SIM_TEST_BIN := $(patsubst tests/sim/%.c,$(BUILD)/tests/%,$(wildcard tests/sim/test_*.c))
 
 .PHONY: all deps run test check asan valgrind bench install uninstall clean help cuda-info
 .DEFAULT_GOAL := all
@@ -140,10 +143,18 @@ $(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(LIBA) $(PROTO_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
 
+# The KVS simulator: a standalone process the tests start (libevent + jansson only).
+$(SIM_BIN): $(call obj,tests/sim/kvs_sim.c)
+	$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(call pc_libs,libevent jansson)
+
+$(BUILD)/tests/%: tests/sim/%.c $(SIM_BIN)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
+
 SCRIPT_TESTS := tests/install/test_install.sh
 
-check: all $(UNIT_BIN) $(INTEG_BIN)
-	@BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SCRIPT_TESTS)
+check: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(SIM_TEST_BIN)
+	@BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SIM_TEST_BIN) $(SCRIPT_TESTS)
 
 test: deps
 	@$(MAKE) --no-print-directory check
@@ -152,8 +163,8 @@ asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 OPT=-O1 check
 
 # The test suite with every test binary and every daemon under valgrind.
-valgrind: all $(UNIT_BIN) $(INTEG_BIN)
-	@VALGRIND=1 BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN)
+valgrind: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(SIM_TEST_BIN)
+	@VALGRIND=1 BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SIM_TEST_BIN)
 
 # --- run / bench ---------------------------------------------------------------
 run: deps

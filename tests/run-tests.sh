@@ -6,6 +6,7 @@
 set -u
 BUILD=${BUILD:-build}
 export KVNODED="$PWD/$BUILD/kvnoded" KVNODECTL="$PWD/$BUILD/kvnodectl"
+export KVS_SIM=${KVS_SIM:-"$PWD/$BUILD/kvs-sim"}   # KVS protocol simulator (tests/sim)
 export CK_DEFAULT_TIMEOUT=${CK_DEFAULT_TIMEOUT:-120}
 per_binary_timeout=${TEST_TIMEOUT:-300}
 runner=()
