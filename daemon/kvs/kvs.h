@@ -72,12 +72,16 @@ struct kvs_backend {
                    uint8_t *present, char *err, size_t errlen);
     /* Recovery: report up to `budget` stored blocks per call through found();
      * *cursor starts NULL and is freed by the backend when the scan ends.
-     * Returns 1 when the scan is complete, 0 when more remain, < 0 on error. */
+     * Returns 1 when the scan is complete, 0 when more remain, < 0 on error.
+     * budget == 0 abandons a scan: frees *cursor (sets it NULL), returns 1. */
     int  (*scan)(struct kvs_store *s, struct kvs_scan **cursor, size_t budget,
                  void (*found)(void *arg, const struct kvs_found *f), void *arg,
                  char *err, size_t errlen);
     void (*close)(struct kvs_store *s);
 };
+
+/* The backends (kvs_backend_find() knows them by name). */
+extern const struct kvs_backend kvs_backend_file;   /* kvs/file.c; extras in kvs/file.h */
 
 /* The backend called `name`, or NULL. */
 const struct kvs_backend *kvs_backend_find(const char *name);

@@ -1,0 +1,887 @@
+/* Unit tests of the `file` KV-store backend (daemon/kvs/file.c): round
+ * trips, atomic overwrite, integrity checks (every kind of damage reads as
+ * KVS_CORRUPT and removes the file), stale temporary files, the incremental
+ * recovery scan, LRU capacity eviction, path sanitizing, disk full, and
+ * several threads sharing one root. Each test works in its own mkdtemp()
+ * directory under $TMPDIR, removed afterwards. */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kvnode.h"
+#include "kvs/crc32c.h"
+#include "kvs/file.h"
+#include "kvs/kvs.h"
+#include "namespace.h"
+
+static const struct kvs_backend *be;
+static char tmpdir[1024];       /* the test's own directory */
+static char root[2048];         /* the store's root, inside it */
+static char err[512];
+
+struct tns {
+    struct ns_layout l;
+    char id[NS_DEPLOYMENT_ID_MAX];
+    struct kvs_ns ns;
+};
+
+static void mkns(struct tns *t, const char *model, uint64_t block_bytes, uint32_t rank)
+{
+    memset(t, 0, sizeof(*t));
+    snprintf(t->l.model, sizeof(t->l.model), "%s", model);
+    snprintf(t->l.dtype, sizeof(t->l.dtype), "bf16");
+    t->l.block_tokens = 16;
+    t->l.block_bytes = block_bytes;
+    t->l.num_layers = 2;
+    t->l.kv_heads = 2;
+    t->l.head_dim = 64;
+    t->l.tp_size = 2;
+    t->l.tp_rank = rank;
+    t->ns.layout = &t->l;
+    t->ns.fingerprint = ns_fingerprint(&t->l);
+    ns_deployment_id(&t->l, t->ns.fingerprint, t->id, sizeof(t->id));
+    t->ns.deployment_id = t->id;
+}
+
+static void fill(uint8_t *p, size_t len, int64_t key, uint32_t salt)
+{
+    uint64_t x = (uint64_t)key * 0x9e3779b97f4a7c15ull + salt + 1;
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[i] = (uint8_t)x;
+    }
+}
+
+static struct kvs_store *open_store(uint64_t capacity, int fsync_policy)
+{
+    struct kvs_config cfg = { .backend = "file", .path = root, .capacity_bytes = capacity,
+                              .fsync_policy = fsync_policy };
+    struct kvs_store *s = NULL;
+    int rc = be->open(&cfg, &s, err, sizeof(err));
+    ck_assert_msg(rc == 0, "open: %d %s", rc, err);
+    return s;
+}
+
+static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)st; (void)flag; (void)f;
+    remove(p);
+    return 0;
+}
+
+static void setup(void)
+{
+    const char *t = getenv("TMPDIR");
+    snprintf(tmpdir, sizeof(tmpdir), "%s/kvs-file-XXXXXX", t && *t ? t : "/tmp");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    snprintf(root, sizeof(root), "%s/store/root", tmpdir);   /* open makes it (mkdir -p) */
+    be = kvs_backend_find("file");
+    ck_assert_ptr_nonnull(be);
+}
+
+static void teardown(void)
+{
+    nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static int put_block(struct kvs_store *s, struct tns *t, int64_t key, uint32_t salt)
+{
+    size_t len = t->l.block_bytes;
+    uint8_t *b = malloc(len);
+    fill(b, len, key, salt);
+    int rc = be->put(s, &t->ns, key, b, len, err, sizeof(err));
+    free(b);
+    return rc;
+}
+
+/* 0 when the block reads back byte-exact with salt; else get's result or -999. */
+static int check_block(struct kvs_store *s, struct tns *t, int64_t key, uint32_t salt)
+{
+    size_t len = t->l.block_bytes;
+    uint8_t *b = malloc(len), *want = malloc(len);
+    fill(want, len, key, salt);
+    memset(b, 0xee, len);
+    int rc = be->get(s, &t->ns, key, b, len, err, sizeof(err));
+    if (rc == 0 && memcmp(b, want, len) != 0)
+        rc = -999;
+    free(b);
+    free(want);
+    return rc;
+}
+
+static int path_exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static size_t count_temps(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    size_t n = 0;
+    if (!d)
+        return 0;
+    while ((de = readdir(d)))
+        n += strncmp(de->d_name, ".tmp-", 5) == 0;
+    closedir(d);
+    return n;
+}
+
+static void dir_of(const char *path, char *out)
+{
+    snprintf(out, PATH_MAX, "%s", path);
+    *strrchr(out, '/') = '\0';
+}
+
+/* ------------------------------------------------------------------------------- */
+
+START_TEST(test_find_and_crc)
+{
+    uint8_t buf[1000];
+    ck_assert_ptr_nonnull(kvs_backend_find("file"));
+    ck_assert_str_eq(kvs_backend_find("file")->name, "file");
+    ck_assert_ptr_null(kvs_backend_find("nope"));
+    ck_assert_ptr_null(kvs_backend_find(NULL));
+    ck_assert_uint_eq(crc32c(0, "123456789", 9), 0xE3069283u);
+    ck_assert_uint_eq(crc32c_sw(0, "123456789", 9), 0xE3069283u);
+    fill(buf, sizeof(buf), 7, 7);
+    for (size_t off = 0; off < 9; off++)
+        for (size_t n = 0; n + off <= sizeof(buf); n += 37)
+            ck_assert_uint_eq(crc32c(0, buf + off, n), crc32c_sw(0, buf + off, n));
+    /* incremental == one shot */
+    ck_assert_uint_eq(crc32c(crc32c(0, buf, 100), buf + 100, 900), crc32c(0, buf, 1000));
+}
+END_TEST
+
+START_TEST(test_roundtrip)
+{
+    static const uint64_t sizes[] = { 1, 4096, 65536 + 13, 1u << 20 };
+    struct kvs_store *s = open_store(0, KVS_FSYNC_ALWAYS);
+    struct tns t[8];
+    int n = 0;
+    ck_assert_int_eq(be->health(s, err, sizeof(err)), 0);
+    for (size_t i = 0; i < 4; i++)
+        for (uint32_t rank = 0; rank < 2; rank++) {
+            char model[32];
+            snprintf(model, sizeof(model), "model-%zu", i);
+            mkns(&t[n++], model, sizes[i], rank);
+        }
+    for (int i = 0; i < n; i++)
+        for (int64_t key = -3; key <= 3; key++)
+            ck_assert_int_eq(put_block(s, &t[i], key * 1000003, (uint32_t)i), 0);
+    for (int i = 0; i < n; i++)
+        for (int64_t key = -3; key <= 3; key++)
+            ck_assert_int_eq(check_block(s, &t[i], key * 1000003, (uint32_t)i), 0);
+    ck_assert_int_eq(check_block(s, &t[0], 42, 0), KVS_MISS);
+    ck_assert_int_eq(check_block(s, &t[0], INT64_MIN, 0), KVS_MISS);
+    ck_assert_int_eq(put_block(s, &t[0], INT64_MIN, 9), 0);
+    ck_assert_int_eq(put_block(s, &t[0], INT64_MAX, 9), 0);
+    ck_assert_int_eq(check_block(s, &t[0], INT64_MIN, 9), 0);
+    ck_assert_int_eq(check_block(s, &t[0], INT64_MAX, 9), 0);
+
+    /* the layout: block file under <root>/<deployment>/tp-<rank>/, a layout file there */
+    char p[PATH_MAX], want[PATH_MAX], d[PATH_MAX], lay[PATH_MAX + 16];
+    ck_assert_int_eq(kvs_file_block_path(s, &t[3].ns, 0, p, sizeof(p)), 0);
+    snprintf(want, sizeof(want), "%s/%s/tp-1/", root, t[3].id);
+    ck_assert_msg(strncmp(p, want, strlen(want)) == 0, "%s not under %s", p, want);
+    dir_of(p, d);
+    dir_of(d, want);
+    snprintf(lay, sizeof(lay), "%s/layout", want);
+    ck_assert(path_exists(lay));
+    ck_assert_uint_eq(count_temps(d), 0);
+    be->close(s);
+}
+END_TEST
+
+START_TEST(test_namespaces_independent)
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_BATCH);
+    struct tns a, b, a1;
+    mkns(&a, "alpha", 4096, 0);
+    mkns(&b, "beta", 4096, 0);
+    mkns(&a1, "alpha", 4096, 1);
+    ck_assert_int_eq(put_block(s, &a, 5, 1), 0);
+    ck_assert_int_eq(put_block(s, &b, 5, 2), 0);
+    ck_assert_int_eq(put_block(s, &a1, 5, 3), 0);
+    ck_assert_int_eq(check_block(s, &a, 5, 1), 0);
+    ck_assert_int_eq(check_block(s, &b, 5, 2), 0);
+    ck_assert_int_eq(check_block(s, &a1, 5, 3), 0);
+    ck_assert_int_eq(be->del(s, &a.ns, 5, err, sizeof(err)), 0);
+    ck_assert_int_eq(check_block(s, &a, 5, 1), KVS_MISS);
+    ck_assert_int_eq(check_block(s, &b, 5, 2), 0);
+    ck_assert_int_eq(check_block(s, &a1, 5, 3), 0);
+    be->close(s);
+}
+END_TEST
+
+START_TEST(test_exists_del)
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    struct tns a;
+    int64_t keys[] = { 1, 2, 3, -4 };
+    uint8_t present[4];
+    mkns(&a, "m", 512, 0);
+    ck_assert_int_eq(be->exists(s, &a.ns, keys, 4, present, err, sizeof(err)), 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(present[i], 0);
+    ck_assert_int_eq(put_block(s, &a, 2, 0), 0);
+    ck_assert_int_eq(put_block(s, &a, -4, 0), 0);
+    ck_assert_int_eq(be->exists(s, &a.ns, keys, 4, present, err, sizeof(err)), 0);
+    ck_assert_int_eq(present[0], 0);
+    ck_assert_int_eq(present[1], 1);
+    ck_assert_int_eq(present[2], 0);
+    ck_assert_int_eq(present[3], 1);
+    ck_assert_int_eq(be->del(s, &a.ns, 2, err, sizeof(err)), 0);
+    ck_assert_int_eq(be->del(s, &a.ns, 2, err, sizeof(err)), 0);     /* absent: fine */
+    ck_assert_int_eq(be->del(s, &a.ns, 999, err, sizeof(err)), 0);
+    ck_assert_int_eq(be->exists(s, &a.ns, keys, 4, present, err, sizeof(err)), 0);
+    ck_assert_int_eq(present[1], 0);
+    ck_assert_int_eq(present[3], 1);
+    be->close(s);
+}
+END_TEST
+
+struct ow_arg {
+    struct kvs_store *s;
+    struct tns *t;
+    volatile int stop;
+    int bad;
+    int reads;
+};
+
+static void *ow_reader(void *p)
+{
+    struct ow_arg *a = p;
+    size_t len = a->t->l.block_bytes;
+    uint8_t *b = malloc(len), *v1 = malloc(len), *v2 = malloc(len);
+    char e[256];
+    fill(v1, len, 77, 1);
+    fill(v2, len, 77, 2);
+    for (int i = 0; i < 200; i++) {
+        int rc = be->get(a->s, &a->t->ns, 77, b, len, e, sizeof(e));
+        if (rc != 0 || (memcmp(b, v1, len) != 0 && memcmp(b, v2, len) != 0))
+            a->bad++;
+        a->reads++;
+    }
+    free(b);
+    free(v1);
+    free(v2);
+    return NULL;
+}
+
+START_TEST(test_overwrite_atomic)
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER), *s2 = open_store(0, KVS_FSYNC_NEVER);
+    struct tns a;
+    struct ow_arg arg;
+    pthread_t th;
+    char p[PATH_MAX], d[PATH_MAX];
+    mkns(&a, "ow", 65536, 0);
+    ck_assert_int_eq(put_block(s, &a, 77, 1), 0);
+    ck_assert_int_eq(put_block(s, &a, 77, 2), 0);
+    ck_assert_int_eq(check_block(s, &a, 77, 2), 0);
+    /* a reader (own handle) always sees the old or the new block, whole */
+    memset(&arg, 0, sizeof(arg));
+    arg.s = s2;
+    arg.t = &a;
+    ck_assert_int_eq(pthread_create(&th, NULL, ow_reader, &arg), 0);
+    for (int i = 0; i < 100; i++)
+        ck_assert_int_eq(put_block(s, &a, 77, 1 + (uint32_t)(i & 1)), 0);
+    pthread_join(th, NULL);
+    ck_assert_int_eq(arg.reads, 200);
+    ck_assert_int_eq(arg.bad, 0);
+    ck_assert_int_eq(kvs_file_block_path(s, &a.ns, 77, p, sizeof(p)), 0);
+    dir_of(p, d);
+    ck_assert_uint_eq(count_temps(d), 0);
+    be->close(s2);
+    be->close(s);
+}
+END_TEST
+
+START_TEST(test_size_mismatch)
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    struct tns a, big;
+    char p[PATH_MAX];
+    uint8_t buf[8192];
+    mkns(&a, "sz", 4096, 0);
+    mkns(&big, "sz", 8192, 0);       /* same deployment, another block size */
+    ck_assert_uint_eq(a.ns.fingerprint, big.ns.fingerprint);
+    ck_assert_int_eq(put_block(s, &a, 1, 0), 0);
+    ck_assert_int_eq(kvs_file_block_path(s, &a.ns, 1, p, sizeof(p)), 0);
+    /* len != layout block_bytes: a caller bug, the copy stays */
+    ck_assert_int_eq(be->get(s, &a.ns, 1, buf, 100, err, sizeof(err)), -KVNODE_EINVAL);
+    ck_assert_int_eq(be->put(s, &a.ns, 1, buf, 100, err, sizeof(err)), -KVNODE_EINVAL);
+    ck_assert(path_exists(p));
+    ck_assert_int_eq(check_block(s, &a, 1, 0), 0);
+    /* stored size != the (new) block size: corrupt, removed */
+    ck_assert_int_eq(be->get(s, &big.ns, 1, buf, 8192, err, sizeof(err)), KVS_CORRUPT);
+    ck_assert(!path_exists(p));
+    ck_assert_int_eq(check_block(s, &a, 1, 0), KVS_MISS);
+    be->close(s);
+}
+END_TEST
+
+/* Damage the stored copy of key 9 with `how`, expect KVS_CORRUPT and no file. */
+static void damage_case(int how)
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    struct tns a, other;
+    struct kvs_file_stats st;
+    char p[PATH_MAX], q[PATH_MAX];
+    int fd;
+    uint8_t byte;
+    mkns(&a, "dmg", 4096, 0);
+    mkns(&other, "dmg-other", 4096, 0);
+    ck_assert_int_eq(put_block(s, &a, 9, 0), 0);
+    ck_assert_int_eq(put_block(s, &a, 10, 0), 0);
+    ck_assert_int_eq(kvs_file_block_path(s, &a.ns, 9, p, sizeof(p)), 0);
+    off_t off = 0;
+    switch (how) {
+    case 0: off = KVS_FILE_HEADER_SIZE + 1234; break;   /* payload byte */
+    case 1: off = 20; break;                             /* header byte (key) */
+    case 2: off = 62; break;                             /* header checksum byte */
+    default: break;
+    }
+    if (how <= 2) {
+        fd = open(p, O_RDWR);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(pread(fd, &byte, 1, off), 1);
+        byte ^= 0x40;
+        ck_assert_int_eq(pwrite(fd, &byte, 1, off), 1);
+        close(fd);
+    } else if (how == 3) {
+        ck_assert_int_eq(truncate(p, KVS_FILE_HEADER_SIZE + 4000), 0);
+    } else if (how == 4) {
+        ck_assert_int_eq(truncate(p, 10), 0);
+    } else if (how == 5) {
+        /* a well-formed block of another deployment under this name */
+        ck_assert_int_eq(put_block(s, &other, 9, 0), 0);
+        ck_assert_int_eq(kvs_file_block_path(s, &other.ns, 9, q, sizeof(q)), 0);
+        ck_assert_int_eq(rename(q, p), 0);
+    } else if (how == 6) {
+        /* a well-formed block of another key under this name */
+        ck_assert_int_eq(kvs_file_block_path(s, &a.ns, 10, q, sizeof(q)), 0);
+        ck_assert_int_eq(unlink(p), 0);
+        ck_assert_int_eq(link(q, p), 0);
+    } else if (how == 7) {
+        /* trailing garbage */
+        fd = open(p, O_WRONLY | O_APPEND);
+        ck_assert_int_eq(write(fd, "x", 1), 1);
+        close(fd);
+    }
+    ck_assert_int_eq(check_block(s, &a, 9, 0), KVS_CORRUPT);
+    ck_assert_msg(strstr(err, p) != NULL, "message names the file: %s", err);
+    ck_assert(!path_exists(p));
+    ck_assert_int_eq(check_block(s, &a, 9, 0), KVS_MISS);
+    if (how != 6)
+        ck_assert_int_eq(check_block(s, &a, 10, 0), 0);
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.corrupt, 1);
+    be->close(s);
+}
+
+START_TEST(test_corrupt)
+{
+    damage_case(_i);
+}
+END_TEST
+
+/* ---- scan ---------------------------------------------------------------------- */
+
+struct seen {
+    int n, calls_over_budget;
+    struct kvs_found f[256];
+};
+
+static void on_found(void *arg, const struct kvs_found *f)
+{
+    struct seen *sn = arg;
+    ck_assert_int_lt(sn->n, 256);
+    sn->f[sn->n++] = *f;
+}
+
+static int scan_all(struct kvs_store *s, size_t budget, struct seen *sn, int *calls)
+{
+    struct kvs_scan *cur = NULL;
+    int rc;
+    *calls = 0;
+    do {
+        int before = sn->n;
+        rc = be->scan(s, &cur, budget, on_found, sn, err, sizeof(err));
+        (*calls)++;
+        if ((size_t)(sn->n - before) > budget)
+            sn->calls_over_budget++;
+        ck_assert_int_lt(*calls, 100000);
+    } while (rc == 0);
+    ck_assert_ptr_null(cur);
+    return rc;
+}
+
+static int seen_has(const struct seen *sn, const struct tns *t, int64_t key)
+{
+    int hits = 0;
+    for (int i = 0; i < sn->n; i++)
+        if (sn->f[i].key == key && sn->f[i].fingerprint == t->ns.fingerprint &&
+            sn->f[i].layout.tp_rank == t->l.tp_rank) {
+            ck_assert_uint_eq(sn->f[i].size, t->l.block_bytes);
+            ck_assert_str_eq(sn->f[i].layout.model, t->l.model);
+            ck_assert_str_eq(sn->f[i].layout.dtype, t->l.dtype);
+            ck_assert_uint_eq(sn->f[i].layout.block_bytes, t->l.block_bytes);
+            ck_assert_uint_eq(sn->f[i].layout.tp_size, t->l.tp_size);
+            ck_assert_uint_eq(ns_fingerprint(&sn->f[i].layout), t->ns.fingerprint);
+            hits++;
+        }
+    return hits;
+}
+
+START_TEST(test_scan)
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    struct tns t[3];
+    struct seen *sn = calloc(1, sizeof(*sn));
+    struct kvs_file_stats st;
+    char p[PATH_MAX], d[PATH_MAX], junk[PATH_MAX + 64], tmp[PATH_MAX + 64], nolayout[PATH_MAX];
+    int calls;
+    mkns(&t[0], "scan-a", 1024, 0);
+    mkns(&t[1], "scan-a", 1024, 1);
+    mkns(&t[2], "scan-b", 2048, 0);
+    for (int i = 0; i < 3; i++)
+        for (int64_t k = 0; k < 20; k++)
+            ck_assert_int_eq(put_block(s, &t[i], k * 7919 - 50, 0), 0);
+    ck_assert_int_eq(kvs_file_block_path(s, &t[0].ns, -50, p, sizeof(p)), 0);
+    be->close(s);
+
+    /* junk that must not be reported: a bad header, a stale temp file, a
+     * namespace directory without a layout, files that are not ours */
+    dir_of(p, d);
+    snprintf(junk, sizeof(junk), "%s/00000000000000ff.blk", d);
+    FILE *f = fopen(junk, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("this is not a block file, not at all; it is long enough to hold a header ......", f);
+    fclose(f);
+    snprintf(tmp, sizeof(tmp), "%s/.tmp-0123456789abcdef-1-1", d);
+    ck_assert_int_eq(close(open(tmp, O_CREAT | O_WRONLY, 0644)), 0);
+    snprintf(nolayout, sizeof(nolayout), "%s/ghost-1/tp-0/00", root);
+    {
+        char cmd[PATH_MAX + 32];
+        snprintf(cmd, sizeof(cmd), "mkdir -p '%s'", nolayout);
+        ck_assert_int_eq(system(cmd), 0);
+        snprintf(cmd, sizeof(cmd), "%s/0000000000000001.blk", nolayout);
+        ck_assert_int_eq(close(open(cmd, O_CREAT | O_WRONLY, 0644)), 0);
+        snprintf(cmd, sizeof(cmd), "%s/README", root);
+        ck_assert_int_eq(close(open(cmd, O_CREAT | O_WRONLY, 0644)), 0);
+    }
+
+    s = open_store(0, KVS_FSYNC_NEVER);
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.blocks, 0);                   /* a new process knows nothing yet */
+    ck_assert_int_eq(scan_all(s, 3, sn, &calls), 1);
+    ck_assert_int_eq(sn->calls_over_budget, 0);
+    ck_assert_int_ge(calls, 20);
+    ck_assert_int_eq(sn->n, 60);
+    for (int i = 0; i < 3; i++)
+        for (int64_t k = 0; k < 20; k++)
+            ck_assert_int_eq(seen_has(sn, &t[i], k * 7919 - 50), 1);
+    ck_assert(!path_exists(junk));
+    ck_assert(!path_exists(tmp));
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.blocks, 60);
+    ck_assert_uint_eq(st.bytes, 40 * (KVS_FILE_HEADER_SIZE + 1024) + 20 * (KVS_FILE_HEADER_SIZE + 2048));
+    ck_assert_uint_eq(st.scan_bad, 1);
+    ck_assert_uint_eq(st.scan_bad_layout, 1);
+    ck_assert_uint_eq(st.temps_removed, 1);
+
+    /* a second scan (the LRU already knows everything) finds the same; one
+     * big budget finishes in one call */
+    memset(sn, 0, sizeof(*sn));
+    ck_assert_int_eq(scan_all(s, 1000, sn, &calls), 1);
+    ck_assert_int_eq(calls, 1);
+    ck_assert_int_eq(sn->n, 60);
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.blocks, 60);
+
+    /* abandoning a scan frees its cursor */
+    struct kvs_scan *cur = NULL;
+    memset(sn, 0, sizeof(*sn));
+    ck_assert_int_eq(be->scan(s, &cur, 2, on_found, sn, err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(cur);
+    ck_assert_int_eq(be->scan(s, &cur, 0, on_found, sn, err, sizeof(err)), 1);
+    ck_assert_ptr_null(cur);
+
+    be->close(s);
+    free(sn);
+}
+END_TEST
+
+START_TEST(test_scan_temps)
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    struct tns a;
+    struct seen *sn = calloc(1, sizeof(*sn));
+    struct kvs_file_stats st;
+    char p[PATH_MAX], d[PATH_MAX], t1[PATH_MAX + 64], t2[PATH_MAX + 64], t3[PATH_MAX + 64];
+    int calls;
+    mkns(&a, "tmp", 1024, 0);
+    ck_assert_int_eq(put_block(s, &a, 3, 0), 0);
+    ck_assert_int_eq(kvs_file_block_path(s, &a.ns, 3, p, sizeof(p)), 0);
+    be->close(s);
+    /* what a crash mid-write leaves: temporary files of an earlier instance */
+    dir_of(p, d);
+    snprintf(t1, sizeof(t1), "%s/.tmp-00000000000000ab-0-1", d);
+    snprintf(t3, sizeof(t3), "%s/.tmp-garbage", d);
+    ck_assert_int_eq(close(open(t1, O_CREAT | O_WRONLY, 0644)), 0);
+    ck_assert_int_eq(close(open(t3, O_CREAT | O_WRONLY, 0644)), 0);
+    dir_of(d, t2);
+    strcat(t2, "/.tmp-00000000000000ab-0-2");           /* a layout's temp, one level up */
+    ck_assert_int_eq(close(open(t2, O_CREAT | O_WRONLY, 0644)), 0);
+
+    s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_all(s, 1, sn, &calls), 1);
+    ck_assert_int_eq(sn->n, 1);
+    ck_assert_int_eq(sn->f[0].key, 3);
+    ck_assert(!path_exists(t1));
+    ck_assert(!path_exists(t2));
+    ck_assert(!path_exists(t3));
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.temps_removed, 3);
+    ck_assert_int_eq(check_block(s, &a, 3, 0), 0);
+    be->close(s);
+    free(sn);
+}
+END_TEST
+
+/* ---- capacity ------------------------------------------------------------------------ */
+
+START_TEST(test_capacity_lru)
+{
+    const uint64_t fsz = KVS_FILE_HEADER_SIZE + 4096;
+    struct kvs_store *s = open_store(3 * fsz, KVS_FSYNC_NEVER);
+    struct tns a, b;
+    struct kvs_file_stats st;
+    uint8_t present[5];
+    int64_t keys[5] = { 1, 2, 3, 4, 5 };
+    mkns(&a, "cap", 4096, 0);
+    mkns(&b, "cap", 4096, 1);
+    ck_assert_int_eq(put_block(s, &a, 1, 0), 0);
+    ck_assert_int_eq(put_block(s, &a, 2, 0), 0);
+    ck_assert_int_eq(put_block(s, &b, 3, 0), 0);
+    ck_assert_int_eq(check_block(s, &a, 1, 0), 0);     /* 1 is now the most recent */
+    ck_assert_int_eq(put_block(s, &a, 4, 0), 0);       /* evicts 2 */
+    ck_assert_int_eq(be->exists(s, &a.ns, keys, 5, present, err, sizeof(err)), 0);
+    ck_assert_int_eq(present[0], 1);
+    ck_assert_int_eq(present[1], 0);
+    ck_assert_int_eq(present[3], 1);
+    ck_assert_int_eq(check_block(s, &b, 3, 0), 0);
+    /* recency now (old -> new): 1, 4, 3 */
+    ck_assert_int_eq(put_block(s, &a, 4, 1), 0);       /* overwrite: no eviction */
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.evicted, 1);
+    ck_assert_uint_eq(st.blocks, 3);
+    ck_assert_uint_eq(st.bytes, 3 * fsz);
+    ck_assert_int_eq(put_block(s, &a, 5, 0), 0);       /* evicts 1 */
+    ck_assert_int_eq(check_block(s, &a, 1, 0), KVS_MISS);
+    ck_assert_int_eq(check_block(s, &a, 4, 1), 0);
+    ck_assert_int_eq(check_block(s, &b, 3, 0), 0);
+    ck_assert_int_eq(check_block(s, &a, 5, 0), 0);
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.evicted, 2);
+    ck_assert_uint_eq(st.evicted_bytes, 2 * fsz);
+    ck_assert_uint_le(st.bytes, 3 * fsz);
+    /* del frees room: no eviction for the next put */
+    ck_assert_int_eq(be->del(s, &a.ns, 5, err, sizeof(err)), 0);
+    ck_assert_int_eq(put_block(s, &a, 6, 0), 0);
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.evicted, 2);
+    /* a block bigger than the whole store */
+    struct tns huge;
+    mkns(&huge, "cap-huge", 4 * fsz, 0);
+    ck_assert_int_eq(put_block(s, &huge, 1, 0), -KVNODE_ENOSPC);
+    be->close(s);
+
+    /* after a restart the scan rebuilds the LRU, and eviction works on it */
+    struct seen *sn = calloc(1, sizeof(*sn));
+    int calls;
+    s = open_store(3 * fsz, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_all(s, 2, sn, &calls), 1);
+    ck_assert_int_eq(sn->n, 3);
+    ck_assert_int_eq(put_block(s, &a, 7, 0), 0);
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.blocks, 3);
+    ck_assert_uint_eq(st.evicted, 1);
+    be->close(s);
+    free(sn);
+}
+END_TEST
+
+/* ---- paths ------------------------------------------------------------------------------ */
+
+START_TEST(test_sanitize)
+{
+    static const char *ids[] = { "../../escape", "..", ".", "", "/abs/olute", "a/../../b",
+                                 "x\ny z", ".hidden", "ok-123" };
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    char real_root[PATH_MAX], p[PATH_MAX], rp[PATH_MAX], up[PATH_MAX + 16];
+    ck_assert_ptr_nonnull(realpath(root, real_root));
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+        struct tns t;
+        mkns(&t, "../../model", 256, 0);
+        snprintf(t.id, sizeof(t.id), "%s", ids[i]);
+        ck_assert_int_eq(put_block(s, &t, (int64_t)i, 0), 0);
+        ck_assert_int_eq(check_block(s, &t, (int64_t)i, 0), 0);
+        ck_assert_int_eq(kvs_file_block_path(s, &t.ns, (int64_t)i, p, sizeof(p)), 0);
+        ck_assert_ptr_nonnull(realpath(p, rp));
+        ck_assert_msg(strncmp(rp, real_root, strlen(real_root)) == 0 &&
+                      rp[strlen(real_root)] == '/', "%s escapes %s", rp, real_root);
+        /* exactly three levels below the root: <dep>/tp-0/<bb>/<key>.blk */
+        int slashes = 0;
+        for (const char *c = rp + strlen(real_root); *c; c++)
+            slashes += *c == '/';
+        ck_assert_int_eq(slashes, 4);
+    }
+    snprintf(up, sizeof(up), "%s/escape", tmpdir);
+    ck_assert(!path_exists(up));
+    snprintf(up, sizeof(up), "%s/store/escape", tmpdir);
+    ck_assert(!path_exists(up));
+    /* the model from the engine never becomes a path either */
+    struct tns t;
+    mkns(&t, "../../../etc/x", 256, 0);
+    ck_assert_int_eq(put_block(s, &t, 1, 0), 0);
+    ck_assert_int_eq(kvs_file_block_path(s, &t.ns, 1, p, sizeof(p)), 0);
+    ck_assert_ptr_nonnull(realpath(p, rp));
+    ck_assert(strncmp(rp, real_root, strlen(real_root)) == 0);
+    be->close(s);
+}
+END_TEST
+
+START_TEST(test_open_errors)
+{
+    struct kvs_config cfg = { .backend = "file", .path = NULL };
+    struct kvs_store *s = NULL;
+    char file[PATH_MAX + 16];
+    ck_assert_int_eq(be->open(&cfg, &s, err, sizeof(err)), -KVNODE_EINVAL);
+    ck_assert_ptr_null(s);
+    snprintf(file, sizeof(file), "%s/plain", tmpdir);
+    ck_assert_int_eq(close(open(file, O_CREAT | O_WRONLY, 0644)), 0);
+    cfg.path = file;
+    ck_assert_int_lt(be->open(&cfg, &s, err, sizeof(err)), 0);
+    ck_assert_msg(strstr(err, file) != NULL, "message names the path: %s", err);
+    snprintf(file, sizeof(file), "%s/plain/sub", tmpdir);
+    cfg.path = file;
+    ck_assert_int_lt(be->open(&cfg, &s, err, sizeof(err)), 0);
+    ck_assert_msg(strstr(err, file) != NULL, "message names the path: %s", err);
+    cfg.path = root;
+    cfg.fsync_policy = 7;
+    ck_assert_int_eq(be->open(&cfg, &s, err, sizeof(err)), -KVNODE_EINVAL);
+
+    /* the root is locked against other processes while open */
+    s = open_store(0, KVS_FSYNC_NEVER);
+    snprintf(file, sizeof(file), "%s/.lock", root);
+    int fd = open(file, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), -1);
+    ck_assert_int_eq(errno, EWOULDBLOCK);
+    close(fd);
+    ck_assert_int_eq(be->health(s, err, sizeof(err)), 0);
+    be->close(s);
+    fd = open(file, O_RDWR);
+    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), 0);   /* released by the last close */
+    close(fd);
+    /* health notices a vanished root */
+    s = open_store(0, KVS_FSYNC_NEVER);
+    nftw(root, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    ck_assert_int_lt(be->health(s, err, sizeof(err)), 0);
+    be->close(s);
+}
+END_TEST
+
+/* ---- disk full ------------------------------------------------------------------------- */
+
+static void disk_full_common(struct kvs_store *s, size_t block)
+{
+    struct tns a, small;
+    char p[PATH_MAX], d[PATH_MAX];
+    mkns(&small, "full-small", 1024, 0);
+    mkns(&a, "full", block, 0);
+    ck_assert_int_eq(put_block(s, &small, 1, 0), 0);
+    ck_assert_int_eq(put_block(s, &a, 1, 0), -KVNODE_ENOSPC);
+    ck_assert_int_eq(kvs_file_block_path(s, &a.ns, 1, p, sizeof(p)), 0);
+    ck_assert_msg(strstr(err, p) != NULL || strstr(err, root) != NULL, "message names the path: %s",
+                  err);
+    dir_of(p, d);
+    ck_assert_uint_eq(count_temps(d), 0);
+    ck_assert(!path_exists(p));
+    ck_assert_int_eq(check_block(s, &a, 1, 0), KVS_MISS);
+    ck_assert_int_eq(check_block(s, &small, 1, 0), 0);
+}
+
+START_TEST(test_disk_full_rlimit)
+{
+    struct rlimit old, lim;
+    struct kvs_store *s = open_store(0, KVS_FSYNC_BATCH);
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 100000;             /* writes past 100 kB fail with EFBIG */
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    disk_full_common(s, 256 * 1024);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, prev);
+    be->close(s);
+}
+END_TEST
+
+START_TEST(test_disk_full_tmpfs)
+{
+    char mnt[1100];
+    snprintf(mnt, sizeof(mnt), "%s/mnt", tmpdir);
+    ck_assert_int_eq(mkdir(mnt, 0755), 0);
+    if (mount("tmpfs", mnt, "tmpfs", 0, "size=256k") != 0) {
+        fprintf(stderr, "test_disk_full_tmpfs: cannot mount a tmpfs (%s): skipped\n",
+                strerror(errno));
+        return;
+    }
+    snprintf(root, sizeof(root), "%s/root", mnt);
+    struct kvs_store *s = open_store(0, KVS_FSYNC_ALWAYS);
+    disk_full_common(s, 512 * 1024);
+    be->close(s);
+    ck_assert_int_eq(umount2(mnt, MNT_DETACH), 0);
+}
+END_TEST
+
+/* ---- threads ------------------------------------------------------------------------- */
+
+#define MT_THREADS 4
+#define MT_KEYS    48
+#define MT_BLOCK   2048
+#define MT_OPS     400
+
+struct mt_arg {
+    struct tns *t;
+    unsigned seed;
+    int bad, ok, miss, errors;
+};
+
+/* A self-describing block: byte 0..7 the key, 8..11 the salt, rest fill(). */
+static void mt_fill(uint8_t *b, int64_t key, uint32_t salt)
+{
+    memcpy(b, &key, 8);
+    memcpy(b + 8, &salt, 4);
+    fill(b + 12, MT_BLOCK - 12, key, salt);
+}
+
+static void *mt_worker(void *p)
+{
+    struct mt_arg *a = p;
+    struct kvs_store *s = open_store(16 * (KVS_FILE_HEADER_SIZE + MT_BLOCK), KVS_FSYNC_NEVER);
+    uint8_t b[MT_BLOCK], want[MT_BLOCK];
+    char e[256];
+    for (int i = 0; i < MT_OPS; i++) {
+        int64_t key = rand_r(&a->seed) % MT_KEYS;
+        int op = rand_r(&a->seed) % 10;
+        if (op < 4) {
+            mt_fill(b, key, (uint32_t)rand_r(&a->seed));
+            if (be->put(s, &a->t->ns, key, b, MT_BLOCK, e, sizeof(e)) != 0)
+                a->errors++;
+        } else if (op < 9) {
+            int rc = be->get(s, &a->t->ns, key, b, MT_BLOCK, e, sizeof(e));
+            if (rc == KVS_MISS) {
+                a->miss++;
+            } else if (rc != 0) {
+                a->bad++;
+            } else {
+                int64_t k;
+                uint32_t salt;
+                memcpy(&k, b, 8);
+                memcpy(&salt, b + 8, 4);
+                mt_fill(want, key, salt);
+                if (k != key || memcmp(b, want, MT_BLOCK) != 0)
+                    a->bad++;
+                else
+                    a->ok++;
+            }
+        } else {
+            if (be->del(s, &a->t->ns, key, e, sizeof(e)) != 0)
+                a->errors++;
+        }
+    }
+    be->close(s);
+    return NULL;
+}
+
+START_TEST(test_threads)
+{
+    struct kvs_store *keep = open_store(16 * (KVS_FILE_HEADER_SIZE + MT_BLOCK), KVS_FSYNC_NEVER);
+    struct tns t;
+    pthread_t th[MT_THREADS];
+    struct mt_arg args[MT_THREADS];
+    struct kvs_file_stats st;
+    mkns(&t, "mt", MT_BLOCK, 0);
+    for (int i = 0; i < MT_THREADS; i++) {
+        args[i] = (struct mt_arg){ .t = &t, .seed = 1234u + (unsigned)i };
+        ck_assert_int_eq(pthread_create(&th[i], NULL, mt_worker, &args[i]), 0);
+    }
+    int ok = 0;
+    for (int i = 0; i < MT_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_int_eq(args[i].bad, 0);
+        ck_assert_int_eq(args[i].errors, 0);
+        ok += args[i].ok;
+    }
+    ck_assert_int_gt(ok, 0);
+    kvs_file_stats(keep, &st);
+    ck_assert_uint_le(st.bytes, 16 * (KVS_FILE_HEADER_SIZE + MT_BLOCK));
+    ck_assert_uint_eq(st.corrupt, 0);
+    be->close(keep);
+}
+END_TEST
+
+static Suite *kvs_file_suite(void)
+{
+    Suite *s = suite_create("kvs_file");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_find_and_crc);
+    tcase_add_test(tc, test_roundtrip);
+    tcase_add_test(tc, test_namespaces_independent);
+    tcase_add_test(tc, test_exists_del);
+    tcase_add_test(tc, test_overwrite_atomic);
+    tcase_add_test(tc, test_size_mismatch);
+    tcase_add_loop_test(tc, test_corrupt, 0, 8);
+    tcase_add_test(tc, test_scan);
+    tcase_add_test(tc, test_scan_temps);
+    tcase_add_test(tc, test_capacity_lru);
+    tcase_add_test(tc, test_sanitize);
+    tcase_add_test(tc, test_open_errors);
+    tcase_add_test(tc, test_disk_full_rlimit);
+    tcase_add_test(tc, test_disk_full_tmpfs);
+    tcase_add_test(tc, test_threads);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(kvs_file_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
