@@ -40,7 +40,7 @@ pc_cflags = $(shell $(PKG_CONFIG) --cflags $(1) 2>/dev/null)
 pc_libs   = $(shell $(PKG_CONFIG) --libs $(1) 2>/dev/null)
 
 LIB_PKGS    := libprotobuf-c
-DAEMON_PKGS := libevent libprotobuf-c jansson inih libsystemd
+DAEMON_PKGS := libevent libprotobuf-c jansson inih libsystemd libcurl
 CHECK_PKGS  := check
 
 ALL_CFLAGS  = $(BASEFLAGS) $(call pc_cflags,$(DAEMON_PKGS) $(CHECK_PKGS)) $(CFLAGS) $(CPPFLAGS)

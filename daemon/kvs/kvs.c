@@ -5,6 +5,7 @@
 
 static const struct kvs_backend *const kvs_backends[] = {
     &kvs_backend_file,
+    &kvs_backend_v6d,
 };
 
 const struct kvs_backend *kvs_backend_find(const char *name)

@@ -82,6 +82,7 @@ struct kvs_backend {
 
 /* The backends (kvs_backend_find() knows them by name). */
 extern const struct kvs_backend kvs_backend_file;   /* kvs/file.c; extras in kvs/file.h */
+extern const struct kvs_backend kvs_backend_v6d;    /* kvs/v6d.c; extras in kvs/v6d.h */
 
 /* The backend called `name`, or NULL. */
 const struct kvs_backend *kvs_backend_find(const char *name);

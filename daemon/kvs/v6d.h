@@ -1,0 +1,80 @@
+/* kvs/v6d: the `v6d` backend — rtp-llm's vineyard-based KV store (KVS),
+ * spoken exactly as docs/PROTOCOLS.md §3 describes it.
+ *
+ * Control plane: HTTP/JSON (GET health, POST acquire/seal/release/discard)
+ * through one persistent libcurl easy handle per store handle (connections are
+ * reused; connect and total timeouts from kvs_config, defaults
+ * V6D_DEFAULT_CONNECT_TIMEOUT_MS / V6D_DEFAULT_TIMEOUT_MS; response bodies
+ * over V6D_MAX_HTTP_BODY are aborted). Statuses are exact: health 200,
+ * acquire 200, seal/release/discard 204; anything else fails with the status
+ * and the first bytes of the body in the message.
+ *
+ * Data plane: at open each handle connects the store's unix socket (non-
+ * blocking connect, one deadline of timeout_ms over the whole handshake),
+ * registers, asks for the arena fd, receives it by SCM_RIGHTS and maps
+ * [0,size) read-write shared. Replies over V6D_MAX_FRAME are refused before
+ * anything is allocated. Each handle does its own handshake and has its own
+ * mapping (simplest; the kernel shares the pages). The data-plane socket stays
+ * open for the handle's life: when the store closes it (store stopped or
+ * restarted) the mapping is stale, so every call checks the socket after
+ * acquire and before touching the mapping; a dead socket fails the call
+ * (-KVNODE_ECLOSED, leases released) and the next call redoes the handshake.
+ *
+ * Object keys (rtp-llm v1 format):
+ *   <ns>/v<version>/<deployment_id>/tp-<rank>/group-<g>/block-<key>
+ * with '/', ' ', '\t', '\n' in each part replaced by '_' and key in signed
+ * decimal; ns = V6D_KEY_NS, version = V6D_KEY_VERSION, group = V6D_KEY_GROUP.
+ *
+ * put:  acquire(create, ignore_existing) -> (empty lease_id: already stored,
+ *       success) -> size/bounds checks -> copy -> seal -> release; any failure
+ *       after acquire: discard + release (best effort), error returned.
+ * get:  acquire(read, best_effort) -> absent: KVS_MISS; server size != len:
+ *       KVS_MISS (never reads past the object); offset+size outside the
+ *       mapping: -KVNODE_EPROTO -> copy -> release. Every granted lease is
+ *       released on every path. A lease granted after the client gave up
+ *       (timeout) cannot be known to it and ends at its term (V6D_TERM_S).
+ * del:  the protocol has no delete: returns 0; the store ages objects out on
+ *       its own (LRU eviction of unpinned sealed objects).
+ * scan: the store keeps no layouts we could enumerate: returns 1 at once
+ *       (complete, nothing found).
+ * health: GET health == 200 and the data-plane mapping is present. */
+#ifndef KVNODE_KVS_V6D_H
+#define KVNODE_KVS_V6D_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvs/kvs.h"
+
+#define V6D_KEY_NS          "kvnode"
+#define V6D_KEY_VERSION     1
+#define V6D_KEY_GROUP       0
+#define V6D_LAYOUT          "rtp_llm_group_block_v1"
+#define V6D_TERM_S          60          /* lease term asked for (seconds) */
+#define V6D_MAX_HTTP_BODY   (1u << 20)  /* control-plane reply cap */
+#define V6D_MAX_FRAME       (16u << 20) /* data-plane reply cap */
+#define V6D_DEFAULT_CONNECT_TIMEOUT_MS 1000u
+#define V6D_DEFAULT_TIMEOUT_MS         12000u
+#define V6D_EXISTS_CHUNK    128         /* keys per acquire in exists() */
+
+/* One object of an acquire reply, as matched to a requested key. */
+struct v6d_obj {
+    int present;                /* 0: null, absent, or object_id UINT64_MAX */
+    uint64_t offset, size;      /* size: meta.size when > 0, else data_size */
+};
+
+/* Parse an acquire reply for the n requested keys: objects are matched by
+ * key (never by position); null or missing objects are absent. lease_id gets
+ * the lease (possibly "") whenever the reply names one, even when the rest
+ * is malformed, so a caller can still release it (lease_id[0] == '\0'
+ * otherwise). Integers may be any JSON number type; negative, non-integral or
+ * inexact values, blobs[0] of a type other than "vineyard", unknown or
+ * duplicate keys are protocol errors. 0 or -KVNODE_EPROTO with err set. */
+int v6d_parse_acquire_reply(const char *body, size_t len, const char *const *keys, size_t n,
+                            char *lease_id, size_t lease_cap, struct v6d_obj *objs,
+                            char *err, size_t errlen);
+
+/* The object key of (ns, key); returns the length snprintf would need. */
+size_t v6d_object_key(const struct kvs_ns *ns, int64_t key, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,932 @@
+/* Unit tests of the `v6d` KV-store backend (daemon/kvs/v6d.c), the rtp-llm KVS
+ * protocol. Pure functions (object keys, acquire-reply parsing and validation)
+ * are tested on in-memory strings; the client is tested against the protocol-
+ * true simulator $KVS_SIM (default build/kvs-sim), started per test on a fresh
+ * temporary directory and an ephemeral loopback port: round trips, misses,
+ * exists, existing objects, fault switches (--fail-health, --delay-ms,
+ * --garbage), a simulator killed mid-run and restarted, open errors. An
+ * in-process fake store covers what the simulator cannot produce (a server size
+ * other than the block size, offsets past the mapping, an over-long HTTP reply,
+ * an over-long data-plane frame) and records the calls made. After the
+ * operations the simulator's GET /_sim/state must show zero live leases. */
+#include <check.h>
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <poll.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "kvnode.h"
+#include "kvs/kvs.h"
+#include "kvs/v6d.h"
+#include "namespace.h"
+
+static const struct kvs_backend *be;
+static char err[1024];
+
+/* ---- helpers --------------------------------------------------------------------- */
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+struct tns {
+    struct ns_layout l;
+    char id[NS_DEPLOYMENT_ID_MAX];
+    struct kvs_ns ns;
+};
+
+static void mkns(struct tns *t, const char *model, uint64_t block_bytes, uint32_t rank)
+{
+    memset(t, 0, sizeof(*t));
+    snprintf(t->l.model, sizeof(t->l.model), "%s", model);
+    snprintf(t->l.dtype, sizeof(t->l.dtype), "bf16");
+    t->l.block_tokens = 16;
+    t->l.block_bytes = block_bytes;
+    t->l.num_layers = 2;
+    t->l.kv_heads = 2;
+    t->l.head_dim = 64;
+    t->l.tp_size = 2;
+    t->l.tp_rank = rank;
+    t->ns.layout = &t->l;
+    t->ns.fingerprint = ns_fingerprint(&t->l);
+    ns_deployment_id(&t->l, t->ns.fingerprint, t->id, sizeof(t->id));
+    t->ns.deployment_id = t->id;
+}
+
+static void fill(uint8_t *p, size_t len, int64_t key, uint32_t salt)
+{
+    uint64_t x = (uint64_t)key * 0x9e3779b97f4a7c15ull + salt + 1;
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[i] = (uint8_t)x;
+    }
+}
+
+/* ---- simulator process ------------------------------------------------------------ */
+
+struct sim {
+    pid_t pid;
+    char  dir[64];
+    char  sock[96];
+    char  http[64];           /* HOST:PORT */
+    char  base[128];          /* http://HOST:PORT */
+};
+
+/* Start the simulator; http_addr NULL: 127.0.0.1:0; keep_dir: reuse s->dir. */
+static void sim_start(struct sim *s, const char *http_addr, bool keep_dir,
+                      const char *const *extra)
+{
+    if (!keep_dir) {
+        memset(s, 0, sizeof *s);
+        const char *tmp = getenv("TMPDIR");
+        snprintf(s->dir, sizeof s->dir, "%s/kvs-v6d-test.XXXXXX",
+                 tmp && *tmp && strlen(tmp) < 40 ? tmp : "/tmp");
+        ck_assert_msg(mkdtemp(s->dir) != NULL, "mkdtemp: %s", strerror(errno));
+        snprintf(s->sock, sizeof s->sock, "%s/kvs.sock", s->dir);
+    }
+    const char *bin = getenv("KVS_SIM");
+    if (!bin || !*bin)
+        bin = "build/kvs-sim";
+    char addr[64];
+    snprintf(addr, sizeof addr, "%s", http_addr ? http_addr : "127.0.0.1:0");
+    const char *argv[40];
+    int n = 0;
+    argv[n++] = bin;
+    argv[n++] = "--http";
+    argv[n++] = addr;
+    argv[n++] = "--socket";
+    argv[n++] = s->sock;
+    for (; extra && *extra && n < 38; extra++)
+        argv[n++] = *extra;
+    argv[n] = NULL;
+
+    int pfd[2];
+    ck_assert(pipe(pfd) == 0);
+    pid_t parent = getpid();
+    s->pid = fork();
+    ck_assert(s->pid >= 0);
+    if (s->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        close(pfd[1]);
+        execvp(argv[0], (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(pfd[1]);
+    char buf[1024];
+    size_t len = 0;
+    bool have_http = false, have_sock = false;
+    uint64_t deadline = now_ms() + 20000;
+    while (!(have_http && have_sock)) {
+        int left = (int)(deadline - now_ms());
+        ck_assert_msg(left > 0 && len < sizeof buf - 1, "simulator did not announce itself");
+        struct pollfd p = { .fd = pfd[0], .events = POLLIN };
+        if (poll(&p, 1, left) <= 0)
+            continue;
+        ssize_t r = read(pfd[0], buf + len, sizeof buf - 1 - len);
+        ck_assert_msg(r > 0, "simulator exited before announcing itself");
+        len += (size_t)r;
+        buf[len] = '\0';
+        char *h = strstr(buf, "http=");
+        if (h && strchr(h, '\n')) {
+            snprintf(s->http, sizeof s->http, "%.*s", (int)strcspn(h + 5, "\n"), h + 5);
+            snprintf(s->base, sizeof s->base, "http://%s", s->http);
+            have_http = true;
+        }
+        char *so = strstr(buf, "socket=");
+        if (so && strchr(so, '\n'))
+            have_sock = true;
+    }
+    close(pfd[0]);
+}
+
+/* Stop it (SIGTERM, or SIGKILL when hard); keep_dir leaves the directory. */
+static int sim_stop(struct sim *s, bool hard, bool keep_dir)
+{
+    int st = -1;
+    if (s->pid > 0) {
+        kill(s->pid, hard ? SIGKILL : SIGTERM);
+        uint64_t deadline = now_ms() + 20000;
+        for (;;) {
+            pid_t r = waitpid(s->pid, &st, WNOHANG);
+            if (r == s->pid)
+                break;
+            if (now_ms() > deadline) {
+                kill(s->pid, SIGKILL);
+                waitpid(s->pid, &st, 0);
+                st = -1;
+                break;
+            }
+            sleep_ms(10);
+        }
+        s->pid = 0;
+    }
+    unlink(s->sock);
+    if (!keep_dir)
+        rmdir(s->dir);
+    return st;
+}
+
+static void sim_stop_ok(struct sim *s)
+{
+    int st = sim_stop(s, false, false);
+    ck_assert_msg(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "simulator did not exit 0 on SIGTERM (status 0x%x)", st);
+}
+
+struct body { char *p; size_t n; };
+
+static size_t body_sink(char *p, size_t size, size_t n, void *arg)
+{
+    struct body *b = arg;
+    size_t add = size * n;
+    char *q = realloc(b->p, b->n + add + 1);
+    if (!q)
+        return 0;
+    memcpy(q + b->n, p, add);
+    b->p = q;
+    b->n += add;
+    b->p[b->n] = '\0';
+    return add;
+}
+
+/* GET /_sim/state field (-1 on failure). */
+static long long sim_state(const struct sim *s, const char *field)
+{
+    char url[256];
+    snprintf(url, sizeof url, "%s/_sim/state", s->base);
+    struct body b = { NULL, 0 };
+    CURL *c = curl_easy_init();
+    ck_assert(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 30000L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, body_sink);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    long status = -1;
+    if (curl_easy_perform(c) == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(c);
+    long long v = -1;
+    json_t *doc = status == 200 && b.p ? json_loads(b.p, 0, NULL) : NULL;
+    if (json_is_integer(json_object_get(doc, field)))
+        v = (long long)json_integer_value(json_object_get(doc, field));
+    json_decref(doc);
+    free(b.p);
+    return v;
+}
+
+#define ck_no_leases(s) ck_assert_int_eq(sim_state((s), "leases"), 0)
+
+static struct kvs_store *open_store(const struct sim *s, uint32_t timeout_ms)
+{
+    struct kvs_config cfg = { .backend = "v6d", .url = s->base, .socket_path = s->sock,
+                              .connect_timeout_ms = 1000, .timeout_ms = timeout_ms };
+    struct kvs_store *st = NULL;
+    int rc = be->open(&cfg, &st, err, sizeof err);
+    ck_assert_msg(rc == 0, "open: %d %s", rc, err);
+    ck_assert_ptr_nonnull(st);
+    return st;
+}
+
+static int put_block(struct kvs_store *st, struct tns *t, int64_t key, uint32_t salt)
+{
+    size_t len = t->l.block_bytes;
+    uint8_t *b = malloc(len);
+    fill(b, len, key, salt);
+    int rc = be->put(st, &t->ns, key, b, len, err, sizeof err);
+    free(b);
+    return rc;
+}
+
+/* 0 when the block reads back byte-exact with salt; else get's result or -999. */
+static int check_block(struct kvs_store *st, struct tns *t, int64_t key, uint32_t salt)
+{
+    size_t len = t->l.block_bytes;
+    uint8_t *b = malloc(len), *want = malloc(len);
+    fill(want, len, key, salt);
+    memset(b, 0xee, len);
+    int rc = be->get(st, &t->ns, key, b, len, err, sizeof err);
+    if (rc == 0 && memcmp(b, want, len) != 0)
+        rc = -999;
+    free(b);
+    free(want);
+    return rc;
+}
+
+static void setup(void)
+{
+    be = kvs_backend_find("v6d");
+    ck_assert_ptr_nonnull(be);
+    err[0] = '\0';
+}
+
+/* ---- pure functions ------------------------------------------------------------------ */
+
+START_TEST(test_object_key)
+{
+    struct ns_layout l = { .tp_rank = 3 };
+    struct kvs_ns ns = { .layout = &l, .deployment_id = "m/o del\tx\ny-abc" };
+    char k[256];
+    size_t n = v6d_object_key(&ns, -42, k, sizeof k);
+    ck_assert_str_eq(k, "kvnode/v1/m_o_del_x_y-abc/tp-3/group-0/block--42");
+    ck_assert_uint_eq(n, strlen(k));
+    char small[10];
+    ck_assert_uint_eq(v6d_object_key(&ns, -42, small, sizeof small), n);
+    ck_assert_str_eq(small, "kvnode/v1");
+    l.tp_rank = 0;
+    v6d_object_key(&ns, INT64_MIN, k, sizeof k);
+    ck_assert_str_eq(k, "kvnode/v1/m_o_del_x_y-abc/tp-0/group-0/block--9223372036854775808");
+    v6d_object_key(&ns, INT64_MAX, k, sizeof k);
+    ck_assert_str_eq(k, "kvnode/v1/m_o_del_x_y-abc/tp-0/group-0/block-9223372036854775807");
+    ck_assert_ptr_eq(kvs_backend_find("v6d"), &kvs_backend_v6d);
+    ck_assert_str_eq(kvs_backend_v6d.name, "v6d");
+}
+END_TEST
+
+static int parse(const char *body, const char *const *keys, size_t n, char *lease,
+                 struct v6d_obj *objs)
+{
+    return v6d_parse_acquire_reply(body, strlen(body), keys, n, lease, 64, objs, err, sizeof err);
+}
+
+#define BLOB(k, off, size) "{\"key\":\"" k "\",\"blobs\":[{\"type\":\"vineyard\",\"handle\":" \
+    "{\"data_offset\":" off ",\"data_size\":" size ",\"object_id\":7}}]}"
+
+START_TEST(test_parse_reply)
+{
+    const char *keys[] = { "a", "b", "c" };
+    struct v6d_obj o[3];
+    char lease[64];
+
+    /* reverse order, null, real-typed integers: matched by key */
+    ck_assert_int_eq(parse("{\"lease\":{\"lease_id\":\"L1\"},\"objects\":[" BLOB("c", "128.0", "64")
+                           ",null," BLOB("a", "0", "64.0") "]}", keys, 3, lease, o), 0);
+    ck_assert_str_eq(lease, "L1");
+    ck_assert(o[0].present && o[0].offset == 0 && o[0].size == 64);
+    ck_assert(!o[1].present);
+    ck_assert(o[2].present && o[2].offset == 128 && o[2].size == 64);
+
+    /* objects absent entirely: all misses; empty lease id */
+    ck_assert_int_eq(parse("{\"lease\":{\"lease_id\":\"\"}}", keys, 3, lease, o), 0);
+    ck_assert_str_eq(lease, "");
+    ck_assert(!o[0].present && !o[1].present && !o[2].present);
+
+    /* meta.size > 0 overrides data_size; meta.size 0 does not */
+    ck_assert_int_eq(parse("{\"lease\":{\"lease_id\":\"L\"},\"objects\":[{\"key\":\"a\",\"blobs\":"
+                           "[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":8,\"data_size\":"
+                           "100}}],\"meta\":{\"size\":96}},{\"key\":\"b\",\"blobs\":[{\"type\":"
+                           "\"vineyard\",\"handle\":{\"data_offset\":8,\"data_size\":100}}],"
+                           "\"meta\":{\"size\":0}}]}", keys, 3, lease, o), 0);
+    ck_assert_uint_eq(o[0].size, 96);
+    ck_assert_uint_eq(o[1].size, 100);
+    ck_assert(!o[2].present);
+
+    /* object_id UINT64_MAX: invalid -> absent (the document needs the real-number reparse) */
+    ck_assert_int_eq(parse("{\"lease\":{\"lease_id\":\"L\"},\"objects\":[{\"key\":\"a\",\"blobs\":"
+                           "[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":0,\"data_size\":8,"
+                           "\"object_id\":18446744073709551615}}]}]}", keys, 3, lease, o), 0);
+    ck_assert(!o[0].present);
+    ck_assert_str_eq(lease, "L");
+
+    /* malformed: each is -KVNODE_EPROTO with a message, nothing present */
+    static const char *const bad[] = {
+        "",
+        "not json",
+        "[]",
+        "{\"objects\":[]}",
+        "{\"lease\":{\"lease_id\":5},\"objects\":[]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":{}}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[" BLOB("a", "-1", "64") "]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[" BLOB("a", "0", "-64") "]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[" BLOB("a", "0.5", "64") "]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[" BLOB("a", "0", "1e300") "]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[" BLOB("a", "\"0\"", "64") "]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[" BLOB("z", "0", "64") "]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[" BLOB("a", "0", "64") "," BLOB("a", "0", "64") "]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[{\"key\":\"a\",\"blobs\":[]}]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[{\"key\":\"a\"}]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[{\"blobs\":[{\"type\":\"vineyard\","
+            "\"handle\":{\"data_offset\":0,\"data_size\":8}}]}]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[{\"key\":\"a\",\"blobs\":[{\"type\":\"shm\","
+            "\"handle\":{\"data_offset\":0,\"data_size\":8}}]}]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[{\"key\":\"a\",\"blobs\":[{\"type\":"
+            "\"vineyard\",\"handle\":{\"data_offset\":0,\"data_size\":8,\"object_id\":-1}}]}]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[{\"key\":\"a\",\"blobs\":[{\"type\":"
+            "\"vineyard\",\"handle\":{\"data_offset\":0,\"data_size\":8}}],\"meta\":{\"size\":-3}}]}",
+        "{\"lease\":{\"lease_id\":\"L\"},\"objects\":[7]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = '\0';
+        int rc = parse(bad[i], keys, 3, lease, o);
+        ck_assert_msg(rc == -KVNODE_EPROTO, "bad[%zu] -> %d", i, rc);
+        ck_assert_msg(err[0] != '\0', "bad[%zu]: no message", i);
+        ck_assert(!o[0].present && !o[1].present && !o[2].present);
+        /* the lease id survives a malformed objects list so the caller can release it */
+        if (i >= 5)
+            ck_assert_msg(strcmp(lease, "L") == 0, "bad[%zu]: lease \"%s\"", i, lease);
+    }
+}
+END_TEST
+
+/* ---- against the simulator ------------------------------------------------------------ */
+
+START_TEST(test_roundtrip)
+{
+    struct sim sim;
+    sim_start(&sim, NULL, false, NULL);
+    struct kvs_store *st = open_store(&sim, 5000);
+    ck_assert_int_eq(be->health(st, err, sizeof err), 0);
+    struct tns t[2];
+    mkns(&t[0], "model-a", 4096, 0);
+    mkns(&t[1], "model/b c", 65536 + 64, 1);
+    for (int i = 0; i < 2; i++)
+        for (int64_t key = -3; key <= 3; key++) {
+            ck_assert_msg(put_block(st, &t[i], key * 1000003, (uint32_t)i) == 0, "put: %s", err);
+            ck_no_leases(&sim);
+        }
+    for (int i = 0; i < 2; i++)
+        for (int64_t key = -3; key <= 3; key++) {
+            ck_assert_msg(check_block(st, &t[i], key * 1000003, (uint32_t)i) == 0, "get: %s", err);
+            ck_no_leases(&sim);
+        }
+    ck_assert_int_eq(sim_state(&sim, "sealed"), 14);
+    ck_assert_int_eq(sim_state(&sim, "pinned"), 0);
+
+    /* absent keys: a miss, no lease left */
+    ck_assert_int_eq(check_block(st, &t[0], 42, 0), KVS_MISS);
+    ck_no_leases(&sim);
+    /* same key, other namespace: its own object, a miss there */
+    ck_assert_int_eq(check_block(st, &t[1], 42, 0), KVS_MISS);
+
+    /* exists: mixed, with a duplicate, across chunks */
+    int64_t keys[V6D_EXISTS_CHUNK + 10];
+    uint8_t present[V6D_EXISTS_CHUNK + 10];
+    size_t nk = sizeof keys / sizeof keys[0];
+    for (size_t i = 0; i < nk; i++)
+        keys[i] = (int64_t)(i % 9) * 1000003 - 3 * 1000003;   /* -3..5 (x1000003) */
+    keys[nk - 1] = 999;
+    ck_assert_int_eq(be->exists(st, &t[0].ns, keys, nk, present, err, sizeof err), 0);
+    for (size_t i = 0; i < nk; i++) {
+        int64_t k = keys[i] / 1000003;
+        int want = keys[i] != 999 && k >= -3 && k <= 3;
+        ck_assert_msg(present[i] == want, "present[%zu] (key %" PRId64 ") = %d", i, keys[i],
+                      present[i]);
+    }
+    ck_assert_int_eq(be->exists(st, &t[0].ns, keys, 0, present, err, sizeof err), 0);
+    ck_no_leases(&sim);
+
+    /* second put of an existing key: success via the empty lease id, nothing changes */
+    long long objs = sim_state(&sim, "objects");
+    ck_assert_int_eq(put_block(st, &t[0], 0, 77), 0);
+    ck_assert_int_eq(sim_state(&sim, "objects"), objs);
+    ck_assert_int_eq(check_block(st, &t[0], 0, 0), 0);
+    ck_no_leases(&sim);
+
+    /* a get whose expected size differs from the server's: a miss, never a short/long copy */
+    uint8_t small[1024];
+    memset(small, 0xab, sizeof small);
+    ck_assert_int_eq(be->get(st, &t[0].ns, 0, small, sizeof small, err, sizeof err), KVS_MISS);
+    ck_assert_ptr_nonnull(strstr(err, "expected 1024"));
+    for (size_t i = 0; i < sizeof small; i++)
+        ck_assert_uint_eq(small[i], 0xab);
+    ck_no_leases(&sim);
+    /* a put with a length that is not the block size is refused before any call */
+    ck_assert_int_eq(be->put(st, &t[0].ns, 5, small, sizeof small, err, sizeof err),
+                     -KVNODE_EINVAL);
+
+    /* del: no delete in the protocol (0, object stays); scan: complete, nothing */
+    ck_assert_int_eq(be->del(st, &t[0].ns, 1, err, sizeof err), 0);
+    struct kvs_scan *cur = NULL;
+    ck_assert_int_eq(be->scan(st, &cur, 100, NULL, NULL, err, sizeof err), 1);
+    ck_assert_ptr_null(cur);
+
+    /* a second handle shares the store */
+    struct kvs_store *st2 = open_store(&sim, 5000);
+    ck_assert_int_eq(check_block(st2, &t[1], 3 * 1000003, 1), 0);
+    be->close(st2);
+    be->close(st);
+    ck_no_leases(&sim);
+    sim_stop_ok(&sim);
+}
+END_TEST
+
+START_TEST(test_fail_health)
+{
+    struct sim sim;
+    const char *extra[] = { "--fail-health", NULL };
+    sim_start(&sim, NULL, false, extra);
+    struct kvs_store *st = open_store(&sim, 2000);
+    int rc = be->health(st, err, sizeof err);
+    ck_assert_int_lt(rc, 0);
+    ck_assert_msg(strstr(err, "503") && strstr(err, "health"), "message: %s", err);
+    be->close(st);
+    sim_stop_ok(&sim);
+}
+END_TEST
+
+START_TEST(test_slow_store)
+{
+    struct sim sim;
+    const char *extra[] = { "--delay-ms", "1500", "--max-lease-s", "1", NULL };
+    sim_start(&sim, NULL, false, extra);
+    struct kvs_store *st = open_store(&sim, 300);
+    struct tns t;
+    mkns(&t, "slow", 4096, 0);
+    uint64_t t0 = now_ms();
+    ck_assert_int_eq(put_block(st, &t, 1, 0), -KVNODE_ETIMEDOUT);
+    uint64_t dt = now_ms() - t0;
+    ck_assert_msg(dt < 1200, "put took %" PRIu64 " ms", dt);
+    ck_assert_ptr_nonnull(strstr(err, "acquire"));
+    t0 = now_ms();
+    ck_assert_int_eq(check_block(st, &t, 1, 0), -KVNODE_ETIMEDOUT);
+    dt = now_ms() - t0;
+    ck_assert_msg(dt < 1200, "get took %" PRIu64 " ms", dt);
+    t0 = now_ms();
+    ck_assert_int_eq(be->health(st, err, sizeof err), -KVNODE_ETIMEDOUT);
+    ck_assert_msg(now_ms() - t0 < 1200, "health too slow");
+    /* The simulator still grants the leases once the delay ends; the client gave up
+     * and cannot know them: they end at their term (clamped to 1 s here). */
+    uint64_t deadline = now_ms() + 15000;
+    long long n;
+    while ((n = sim_state(&sim, "leases")) != 0 && now_ms() < deadline)
+        sleep_ms(200);
+    ck_assert_int_eq(n, 0);
+    ck_assert_int_eq(sim_state(&sim, "objects"), 0);   /* the unsealed create was freed */
+    be->close(st);
+    sim_stop_ok(&sim);
+}
+END_TEST
+
+START_TEST(test_garbage)
+{
+    struct sim sim;
+    const char *extra[] = { "--garbage", NULL };
+    sim_start(&sim, NULL, false, extra);
+    struct kvs_store *st = open_store(&sim, 2000);
+    struct tns t;
+    mkns(&t, "garbage", 4096, 0);
+    ck_assert_int_eq(put_block(st, &t, 1, 0), -KVNODE_EPROTO);
+    ck_assert_msg(strstr(err, "malformed JSON"), "message: %s", err);
+    ck_assert_int_eq(check_block(st, &t, 1, 0), -KVNODE_EPROTO);
+    int64_t keys[2] = { 1, 2 };
+    uint8_t present[2] = { 9, 9 };
+    ck_assert_int_eq(be->exists(st, &t.ns, keys, 2, present, err, sizeof err), -KVNODE_EPROTO);
+    ck_assert(present[0] == 0 && present[1] == 0);
+    be->close(st);
+    sim_stop_ok(&sim);
+}
+END_TEST
+
+START_TEST(test_store_restart)
+{
+    struct sim sim;
+    sim_start(&sim, NULL, false, NULL);
+    struct kvs_store *st = open_store(&sim, 2000);
+    struct tns t;
+    mkns(&t, "restart", 8192, 0);
+    ck_assert_int_eq(put_block(st, &t, 1, 0), 0);
+    ck_assert_int_eq(check_block(st, &t, 1, 0), 0);
+    char http[64];
+    snprintf(http, sizeof http, "%s", sim.http);
+    sim_stop(&sim, true, true);                     /* kill -9, keep the directory */
+
+    uint64_t t0 = now_ms();
+    ck_assert_int_lt(put_block(st, &t, 2, 0), 0);
+    ck_assert(err[0]);
+    ck_assert_int_lt(check_block(st, &t, 1, 0), 0);
+    ck_assert_int_lt(be->health(st, err, sizeof err), 0);
+    int64_t k = 1;
+    uint8_t p = 9;
+    ck_assert_int_lt(be->exists(st, &t.ns, &k, 1, &p, err, sizeof err), 0);
+    ck_assert_uint_eq(p, 0);
+    ck_assert_msg(now_ms() - t0 < 3000, "errors took %" PRIu64 " ms", now_ms() - t0);
+
+    /* restarted on the same address and socket: the old handle redoes the data-plane
+     * handshake (its old mapping is stale) and works; a re-opened handle works too */
+    sim_start(&sim, http, true, NULL);
+    ck_assert_int_eq(check_block(st, &t, 1, 0), KVS_MISS);    /* a fresh store */
+    ck_assert_msg(put_block(st, &t, 3, 5) == 0, "put after restart: %s", err);
+    ck_assert_int_eq(check_block(st, &t, 3, 5), 0);
+    ck_assert_int_eq(be->health(st, err, sizeof err), 0);
+    be->close(st);
+    st = open_store(&sim, 2000);
+    ck_assert_int_eq(check_block(st, &t, 3, 5), 0);
+    ck_assert_int_eq(put_block(st, &t, 4, 6), 0);
+    ck_assert_int_eq(check_block(st, &t, 4, 6), 0);
+    ck_no_leases(&sim);
+    be->close(st);
+    sim_stop_ok(&sim);
+}
+END_TEST
+
+START_TEST(test_open_errors)
+{
+    struct kvs_store *st = (struct kvs_store *)1;
+    struct kvs_config cfg = { .backend = "v6d", .url = "http://127.0.0.1:9",
+                              .socket_path = "/nonexistent/kvs-v6d-test.sock",
+                              .connect_timeout_ms = 1000, .timeout_ms = 2000 };
+    uint64_t t0 = now_ms();
+    int rc = be->open(&cfg, &st, err, sizeof err);
+    ck_assert_int_eq(rc, -KVNODE_ECONNECT);
+    ck_assert_ptr_null(st);
+    ck_assert_msg(now_ms() - t0 < 500, "open took %" PRIu64 " ms", now_ms() - t0);
+    ck_assert_msg(strstr(err, "/nonexistent/kvs-v6d-test.sock"), "message: %s", err);
+
+    char longp[200];
+    memset(longp, 'x', sizeof longp - 1);
+    longp[sizeof longp - 1] = '\0';
+    cfg.socket_path = longp;
+    ck_assert_int_eq(be->open(&cfg, &st, err, sizeof err), -KVNODE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "too long"));
+
+    cfg.url = "";
+    cfg.socket_path = NULL;
+    ck_assert_int_eq(be->open(&cfg, &st, err, sizeof err), -KVNODE_EINVAL);
+    ck_assert_msg(strstr(err, "url") && strstr(err, "socket_path"), "message: %s", err);
+
+    /* a socket that accepts but never answers: the handshake times out */
+    struct sim sim;
+    const char *extra[] = { "--delay-ms", "10", NULL };   /* a live simulator, stopped below */
+    sim_start(&sim, NULL, false, extra);
+    kill(sim.pid, SIGSTOP);
+    cfg.url = sim.base;
+    cfg.socket_path = sim.sock;
+    cfg.timeout_ms = 300;
+    t0 = now_ms();
+    rc = be->open(&cfg, &st, err, sizeof err);
+    uint64_t dt = now_ms() - t0;
+    kill(sim.pid, SIGCONT);
+    ck_assert_int_eq(rc, -KVNODE_ETIMEDOUT);
+    ck_assert_msg(dt < 1500, "open took %" PRIu64 " ms", dt);
+    ck_assert_msg(strstr(err, "timed out"), "message: %s", err);
+    sim_stop_ok(&sim);
+}
+END_TEST
+
+/* ---- an in-process fake store (what the simulator cannot produce) ------------------------ */
+
+struct fake {
+    int ufd, hfd;                 /* listeners */
+    char sock[96], dir[64], base[64];
+    int frame_mode;               /* 0: proper handshake; 1: 16 MiB + 1 reply header */
+    const char *acquire_reply;    /* body of 200 replies to POST /acquire */
+    size_t big_reply;             /* > 0: /acquire answers this many bytes instead */
+    char log[4096];               /* "METHOD /route\n" per request */
+    volatile int stop;
+    pthread_t ut, ht;
+};
+
+static void fake_send_frame(int fd, const char *json)
+{
+    uint8_t hdr[8];
+    uint64_t len = strlen(json);
+    for (int i = 0; i < 8; i++)
+        hdr[i] = (uint8_t)(len >> (8 * i));
+    ck_assert(write(fd, hdr, 8) == 8);
+    ck_assert(write(fd, json, len) == (ssize_t)len);
+}
+
+static int fake_read_frame(int fd)
+{
+    uint8_t hdr[8];
+    if (recv(fd, hdr, 8, MSG_WAITALL) != 8)
+        return -1;
+    uint64_t len = 0;
+    for (int i = 7; i >= 0; i--)
+        len = (len << 8) | hdr[i];
+    char buf[512];
+    return len < sizeof buf && recv(fd, buf, len, MSG_WAITALL) == (ssize_t)len ? 0 : -1;
+}
+
+static void *fake_unix(void *arg)
+{
+    struct fake *f = arg;
+    int c = -1;
+    while (!f->stop) {
+        struct pollfd p = { .fd = c >= 0 ? c : f->ufd, .events = POLLIN };
+        if (poll(&p, 1, 50) <= 0)
+            continue;
+        if (c >= 0) {                       /* keep the connection until it closes */
+            char b;
+            if (recv(c, &b, 1, 0) <= 0) {
+                close(c);
+                c = -1;
+            }
+            continue;
+        }
+        c = accept(f->ufd, NULL, NULL);
+        if (c < 0 || fake_read_frame(c) < 0)
+            continue;
+        if (f->frame_mode == 1) {
+            uint8_t hdr[8];
+            uint64_t len = (16u << 20) + 1;
+            for (int i = 0; i < 8; i++)
+                hdr[i] = (uint8_t)(len >> (8 * i));
+            ck_assert(write(c, hdr, 8) == 8);
+            continue;
+        }
+        fake_send_frame(c, "{\"type\":\"register_reply\"}");
+        if (fake_read_frame(c) < 0)
+            continue;
+        fake_send_frame(c, "{\"type\":\"get_vineyard_mmap_fd_reply\",\"size\":1048576,\"offset\":0}");
+        int mfd = memfd_create("fake-arena", 0);
+        ck_assert(mfd >= 0 && ftruncate(mfd, 1 << 20) == 0);
+        char byte = 0;
+        struct iovec iov = { .iov_base = &byte, .iov_len = 1 };
+        union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+        memset(&u, 0, sizeof u);
+        struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                              .msg_controllen = sizeof u.buf };
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &mfd, sizeof(int));
+        ck_assert(sendmsg(c, &msg, MSG_NOSIGNAL) == 1);
+        close(mfd);
+    }
+    if (c >= 0)
+        close(c);
+    return NULL;
+}
+
+static void *fake_http(void *arg)
+{
+    struct fake *f = arg;
+    int c = -1;
+    char req[65536];
+    size_t have = 0;
+    while (!f->stop) {
+        struct pollfd p = { .fd = c >= 0 ? c : f->hfd, .events = POLLIN };
+        if (poll(&p, 1, 50) <= 0)
+            continue;
+        if (c < 0) {
+            c = accept(f->hfd, NULL, NULL);
+            have = 0;
+            continue;
+        }
+        ssize_t r = recv(c, req + have, sizeof req - 1 - have, 0);
+        if (r <= 0) {
+            close(c);
+            c = -1;
+            continue;
+        }
+        have += (size_t)r;
+        req[have] = '\0';
+        char *end = strstr(req, "\r\n\r\n");
+        if (!end)
+            continue;
+        const char *cl = strcasestr(req, "Content-Length:");
+        size_t blen = cl && cl < end ? strtoul(cl + 15, NULL, 10) : 0;
+        size_t total = (size_t)(end + 4 - req) + blen;
+        if (have < total)
+            continue;
+        char method[8] = "", route[64] = "";
+        sscanf(req, "%7s %63s", method, route);
+        size_t ll = strlen(f->log);
+        snprintf(f->log + ll, sizeof f->log - ll, "%s %s\n", method, route);
+        char head[256];
+        if (strcmp(route, "/acquire") == 0 && f->big_reply) {
+            snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n",
+                     f->big_reply);
+            ck_assert(write(c, head, strlen(head)) > 0);
+            char *junk = malloc(f->big_reply);
+            memset(junk, ' ', f->big_reply);
+            ssize_t w = send(c, junk, f->big_reply, MSG_NOSIGNAL);
+            (void)w;
+            free(junk);
+        } else if (strcmp(route, "/acquire") == 0 || strcmp(route, "/health") == 0) {
+            const char *b = strcmp(route, "/acquire") == 0 ? f->acquire_reply : "{}";
+            snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n"
+                     "Content-Type: application/json\r\n\r\n", strlen(b));
+            ck_assert(write(c, head, strlen(head)) > 0);
+            ck_assert(write(c, b, strlen(b)) == (ssize_t)strlen(b));
+        } else {
+            snprintf(head, sizeof head, "HTTP/1.1 204 No Content\r\n\r\n");
+            ck_assert(write(c, head, strlen(head)) > 0);
+        }
+        memmove(req, req + total, have - total);
+        have -= total;
+    }
+    if (c >= 0)
+        close(c);
+    return NULL;
+}
+
+static void fake_start(struct fake *f, int frame_mode)
+{
+    memset(f, 0, sizeof *f);
+    f->frame_mode = frame_mode;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(f->dir, sizeof f->dir, "%s/kvs-v6d-fake.XXXXXX",
+             tmp && *tmp && strlen(tmp) < 40 ? tmp : "/tmp");
+    ck_assert_ptr_nonnull(mkdtemp(f->dir));
+    snprintf(f->sock, sizeof f->sock, "%s/fake.sock", f->dir);
+    struct sockaddr_un sun = { .sun_family = AF_UNIX };
+    memcpy(sun.sun_path, f->sock, strlen(f->sock) + 1);
+    f->ufd = socket(AF_UNIX, SOCK_STREAM, 0);
+    ck_assert(bind(f->ufd, (struct sockaddr *)&sun, sizeof sun) == 0 && listen(f->ufd, 8) == 0);
+    struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001) };
+    f->hfd = socket(AF_INET, SOCK_STREAM, 0);
+    socklen_t sl = sizeof sin;
+    ck_assert(bind(f->hfd, (struct sockaddr *)&sin, sizeof sin) == 0 && listen(f->hfd, 8) == 0);
+    ck_assert(getsockname(f->hfd, (struct sockaddr *)&sin, &sl) == 0);
+    snprintf(f->base, sizeof f->base, "http://127.0.0.1:%u", ntohs(sin.sin_port));
+    ck_assert(pthread_create(&f->ut, NULL, fake_unix, f) == 0);
+    ck_assert(pthread_create(&f->ht, NULL, fake_http, f) == 0);
+}
+
+static void fake_stop(struct fake *f)
+{
+    f->stop = 1;
+    pthread_join(f->ut, NULL);
+    pthread_join(f->ht, NULL);
+    close(f->ufd);
+    close(f->hfd);
+    unlink(f->sock);
+    rmdir(f->dir);
+}
+
+static struct kvs_store *fake_open(struct fake *f)
+{
+    struct kvs_config cfg = { .backend = "v6d", .url = f->base, .socket_path = f->sock,
+                              .connect_timeout_ms = 1000, .timeout_ms = 2000 };
+    struct kvs_store *st = NULL;
+    int rc = be->open(&cfg, &st, err, sizeof err);
+    ck_assert_msg(rc == 0, "open: %d %s", rc, err);
+    return st;
+}
+
+START_TEST(test_fake_put_size_mismatch)
+{
+    struct fake f;
+    fake_start(&f, 0);
+    struct kvs_store *st = fake_open(&f);
+    struct tns t;
+    mkns(&t, "fake", 4096, 0);
+    char k[256];
+    v6d_object_key(&t.ns, 1, k, sizeof k);
+    char reply[1024];
+    /* the store hands out 4095 bytes for a 4096-byte block: refused, discarded, released */
+    snprintf(reply, sizeof reply, "{\"lease\":{\"lease_id\":\"C1\"},\"objects\":[{\"key\":\"%s\","
+             "\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":0,\"data_size\":4095}}]}]}",
+             k);
+    f.acquire_reply = reply;
+    ck_assert_int_eq(put_block(st, &t, 1, 0), -KVNODE_EPROTO);
+    ck_assert_msg(strstr(err, "4095") && strstr(err, "refused"), "message: %s", err);
+    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\nPOST /release\n");
+    /* right size, but past the end of the 1 MiB mapping: refused the same way */
+    f.log[0] = '\0';
+    snprintf(reply, sizeof reply, "{\"lease\":{\"lease_id\":\"C2\"},\"objects\":[{\"key\":\"%s\","
+             "\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":1044481,"
+             "\"data_size\":4096}}]}]}", k);
+    ck_assert_int_eq(put_block(st, &t, 1, 0), -KVNODE_EPROTO);
+    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\nPOST /release\n");
+    /* exactly at the end of the mapping: accepted, sealed, released */
+    f.log[0] = '\0';
+    snprintf(reply, sizeof reply, "{\"lease\":{\"lease_id\":\"C3\"},\"objects\":[{\"key\":\"%s\","
+             "\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":1044480,"
+             "\"data_size\":4096}}]}]}", k);
+    ck_assert_msg(put_block(st, &t, 1, 0) == 0, "put: %s", err);
+    ck_assert_str_eq(f.log, "POST /acquire\nPOST /seal\nPOST /release\n");
+    /* a read of an object reaching past the mapping: error, lease released, nothing copied */
+    f.log[0] = '\0';
+    snprintf(reply, sizeof reply, "{\"lease\":{\"lease_id\":\"R1\"},\"objects\":[{\"key\":\"%s\","
+             "\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":1044481,"
+             "\"data_size\":4096}}]}]}", k);
+    ck_assert_int_eq(check_block(st, &t, 1, 0), -KVNODE_EPROTO);
+    ck_assert_str_eq(f.log, "POST /acquire\nPOST /release\n");
+    /* a create reply without our object: discarded and released */
+    f.log[0] = '\0';
+    f.acquire_reply = "{\"lease\":{\"lease_id\":\"C4\"},\"objects\":[null]}";
+    ck_assert_int_eq(put_block(st, &t, 1, 0), -KVNODE_EPROTO);
+    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\nPOST /release\n");
+    /* an over-long control-plane reply is aborted */
+    f.big_reply = (1u << 20) + 4096;
+    ck_assert_int_eq(check_block(st, &t, 1, 0), -KVNODE_ETOOBIG);
+    ck_assert_msg(strstr(err, "refused"), "message: %s", err);
+    be->close(st);
+    fake_stop(&f);
+}
+END_TEST
+
+START_TEST(test_fake_frame_cap)
+{
+    struct fake f;
+    fake_start(&f, 1);
+    struct kvs_config cfg = { .backend = "v6d", .url = f.base, .socket_path = f.sock,
+                              .connect_timeout_ms = 1000, .timeout_ms = 2000 };
+    struct kvs_store *st = NULL;
+    uint64_t t0 = now_ms();
+    ck_assert_int_eq(be->open(&cfg, &st, err, sizeof err), -KVNODE_ETOOBIG);
+    ck_assert_msg(now_ms() - t0 < 1000, "open took too long");
+    ck_assert_msg(strstr(err, "16777217"), "message: %s", err);
+    ck_assert_ptr_null(st);
+    fake_stop(&f);
+}
+END_TEST
+
+static Suite *kvs_v6d_suite(void)
+{
+    Suite *s = suite_create("kvs_v6d");
+    TCase *tc = tcase_create("v6d");
+    tcase_add_checked_fixture(tc, setup, NULL);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_object_key);
+    tcase_add_test(tc, test_parse_reply);
+    tcase_add_test(tc, test_roundtrip);
+    tcase_add_test(tc, test_fail_health);
+    tcase_add_test(tc, test_slow_store);
+    tcase_add_test(tc, test_garbage);
+    tcase_add_test(tc, test_store_restart);
+    tcase_add_test(tc, test_open_errors);
+    tcase_add_test(tc, test_fake_put_size_mismatch);
+    tcase_add_test(tc, test_fake_frame_cap);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    curl_global_init(CURL_GLOBAL_ALL);
+    SRunner *sr = srunner_create(kvs_v6d_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    curl_global_cleanup();
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
