@@ -7,6 +7,7 @@
 #   make valgrind   the test suite under valgrind (tests and daemons)
 #   make bench      build and run the benchmark (not part of `make test`)
 #   make CUDA=0 ... build without the CUDA toolkit (default: detected)
+#   make V6D=0 ...  build without the rtp-llm KVS backend (and libcurl in kvnoded)
 
 VERSION   := 0.1.0
 SOVERSION := 0
@@ -40,7 +41,13 @@ pc_cflags = $(shell $(PKG_CONFIG) --cflags $(1) 2>/dev/null)
 pc_libs   = $(shell $(PKG_CONFIG) --libs $(1) 2>/dev/null)
 
 LIB_PKGS    := libprotobuf-c
-DAEMON_PKGS := libevent libprotobuf-c jansson inih libsystemd libcurl
+# V6D=0 leaves out the rtp-llm KVS backend and, with it, libcurl.
+V6D       ?= 1
+DAEMON_PKGS := libevent libprotobuf-c jansson inih libsystemd
+ifeq ($(V6D),1)
+  DAEMON_PKGS += libcurl
+  BASEFLAGS   += -DKVNODE_HAVE_V6D
+endif
 CHECK_PKGS  := check
 
 ALL_CFLAGS  = $(BASEFLAGS) $(call pc_cflags,$(DAEMON_PKGS) $(CHECK_PKGS)) $(CFLAGS) $(CPPFLAGS)
@@ -58,9 +65,9 @@ PROTO_C      := $(GEN)/kvnode.pb-c.c
 PROTO_H      := $(GEN)/kvnode.pb-c.h
 COMMON_SRC   := lib/wire.c lib/hash.c lib/errors.c
 LIB_SRC      := lib/client.c $(COMMON_SRC)
-DAEMON_SRC   := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/kvs/*.c))
+DAEMON_SRC   := $(filter-out daemon/main.c $(if $(filter 1,$(V6D)),,daemon/kvs/v6d.c),$(wildcard daemon/*.c daemon/kvs/*.c))
 CTL_SRC      := lib/kvnodectl.c
-UNIT_SRC     := $(wildcard tests/unit/test_*.c)
+UNIT_SRC     := $(filter-out $(if $(filter 1,$(V6D)),,tests/unit/test_kvs_v6d.c),$(wildcard tests/unit/test_*.c))
 INTEG_SRC    := $(wildcard tests/integration/test_*.c)
 INTEG_HELPER := tests/integration/harness.c
 

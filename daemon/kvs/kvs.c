@@ -5,7 +5,9 @@
 
 static const struct kvs_backend *const kvs_backends[] = {
     &kvs_backend_file,
+#ifdef KVNODE_HAVE_V6D
     &kvs_backend_v6d,
+#endif
 };
 
 const struct kvs_backend *kvs_backend_find(const char *name)
