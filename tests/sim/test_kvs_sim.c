@@ -31,176 +31,28 @@
 
 #include <jansson.h>
 
+#include "simctl.h"
+
 #define LAYOUT "rtp_llm_group_block_v1"
 
 /* ---- simulator process ------------------------------------------------------ */
 
-struct sim {
-    pid_t pid;
-    char  dir[64];
-    char  sock[96];           /* fits sockaddr_un.sun_path */
-    char  base[128];          /* http://127.0.0.1:PORT */
-};
-
-static uint64_t now_ms(void)
+/* Start the simulator (under valgrind when VALGRIND=1) with extra arguments
+ * (NULL-terminated list). */
+static void sim_start(struct simctl *s, const char *const *extra)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-
-static bool under_valgrind(void)
-{
-    const char *v = getenv("VALGRIND");
-    return v && strcmp(v, "1") == 0;
-}
-
-/* Start the simulator with extra arguments (NULL-terminated list). */
-static void sim_start(struct sim *s, const char *const *extra)
-{
-    memset(s, 0, sizeof *s);
-    const char *tmp = getenv("TMPDIR");
-    int w = snprintf(s->dir, sizeof s->dir, "%s/kvs-sim-test.XXXXXX",
-                     tmp && *tmp && strlen(tmp) < 40 ? tmp : "/tmp");
-    ck_assert(w > 0 && (size_t)w < sizeof s->dir);
-    ck_assert_msg(mkdtemp(s->dir) != NULL, "mkdtemp: %s", strerror(errno));
-    snprintf(s->sock, sizeof s->sock, "%s/kvs.sock", s->dir);
-
-    const char *bin = getenv("KVS_SIM");
-    if (!bin || !*bin)
-        bin = "build/kvs-sim";
-    const char *argv[40];
-    int n = 0;
-    if (under_valgrind()) {
-        argv[n++] = "valgrind";
-        argv[n++] = "-q";
-        argv[n++] = "--error-exitcode=99";
-        argv[n++] = "--leak-check=full";
-        argv[n++] = "--errors-for-leak-kinds=definite,indirect";
-        argv[n++] = "--show-leak-kinds=definite,indirect";
-    }
-    argv[n++] = bin;
-    argv[n++] = "--http";
-    argv[n++] = "127.0.0.1:0";
-    argv[n++] = "--socket";
-    argv[n++] = s->sock;
-    for (; extra && *extra && n < 38; extra++)
-        argv[n++] = *extra;
-    argv[n] = NULL;
-
-    int pfd[2];
-    ck_assert(pipe(pfd) == 0);
-    pid_t parent = getpid();
-    s->pid = fork();
-    ck_assert(s->pid >= 0);
-    if (s->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        close(pfd[1]);
-        execvp(argv[0], (char *const *)argv);
-        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    close(pfd[1]);
-
-    /* Read "http=..." and "socket=..." with a deadline. */
-    char buf[1024];
-    size_t len = 0;
-    bool have_http = false, have_sock = false;
-    uint64_t deadline = now_ms() + 20000;
-    while (!(have_http && have_sock)) {
-        int left = (int)(deadline - now_ms());
-        ck_assert_msg(left > 0 && len < sizeof buf - 1, "simulator did not announce itself");
-        struct pollfd p = { .fd = pfd[0], .events = POLLIN };
-        if (poll(&p, 1, left) <= 0)
-            continue;
-        ssize_t r = read(pfd[0], buf + len, sizeof buf - 1 - len);
-        ck_assert_msg(r > 0, "simulator exited before announcing itself");
-        len += (size_t)r;
-        buf[len] = '\0';
-        char *h = strstr(buf, "http=");
-        if (h && strchr(h, '\n')) {
-            snprintf(s->base, sizeof s->base, "http://%.*s", (int)strcspn(h + 5, "\n"), h + 5);
-            have_http = true;
-        }
-        char *so = strstr(buf, "socket=");
-        if (so && strchr(so, '\n')) {
-            ck_assert(strncmp(so + 7, s->sock, strlen(s->sock)) == 0);
-            have_sock = true;
-        }
-    }
-    close(pfd[0]);
-}
-
-static int sim_stop(struct sim *s)
-{
-    int st = -1;
-    if (s->pid > 0) {
-        kill(s->pid, SIGTERM);
-        uint64_t deadline = now_ms() + 20000;
-        for (;;) {
-            pid_t r = waitpid(s->pid, &st, WNOHANG);
-            if (r == s->pid)
-                break;
-            if (now_ms() > deadline) {
-                kill(s->pid, SIGKILL);
-                waitpid(s->pid, &st, 0);
-                st = -1;
-                break;
-            }
-            sleep_ms(10);
-        }
-        s->pid = 0;
-    }
-    unlink(s->sock);
-    rmdir(s->dir);
-    return st;
-}
-
-static void sim_stop_ok(struct sim *s)
-{
-    char sock[sizeof s->sock];
-    memcpy(sock, s->sock, sizeof sock);
-    int st = sim_stop(s);
-    ck_assert_msg(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
-                  "simulator did not exit 0 on SIGTERM (status 0x%x)", st);
-    ck_assert_msg(access(sock, F_OK) != 0, "socket %s left behind", sock);
+    simctl_start(s, &(struct simctl_opts){ .valgrind = simctl_under_valgrind(), .extra = extra });
 }
 
 /* ---- HTTP ------------------------------------------------------------------ */
 
-struct body { char *p; size_t n; };
-
-static size_t body_sink(char *p, size_t size, size_t n, void *arg)
-{
-    struct body *b = arg;
-    size_t add = size * n;
-    char *q = realloc(b->p, b->n + add + 1);
-    if (!q)
-        return 0;
-    memcpy(q + b->n, p, add);
-    b->p = q;
-    b->n += add;
-    b->p[b->n] = '\0';
-    return add;
-}
-
 /* One HTTP call; returns the status (-1 on transport failure), body in *out (malloc'd). */
-static long http(const struct sim *s, const char *method, const char *path, const char *body,
+static long http(const struct simctl *s, const char *method, const char *path, const char *body,
                  char **out)
 {
     char url[256];
     snprintf(url, sizeof url, "%s%s", s->base, path);
-    struct body b = { NULL, 0 };
+    struct simctl_body b = { NULL, 0 };
     CURL *c = curl_easy_init();
     ck_assert(c);
     struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
@@ -209,7 +61,7 @@ static long http(const struct sim *s, const char *method, const char *path, cons
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 30000L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, body_sink);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, simctl_body_sink);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
     if (body) {
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
@@ -228,7 +80,7 @@ static long http(const struct sim *s, const char *method, const char *path, cons
 }
 
 /* POST a jansson document (stolen); returns status, parsed reply in *reply (may be NULL). */
-static long post_json(const struct sim *s, const char *path, json_t *doc, json_t **reply)
+static long post_json(const struct simctl *s, const char *path, json_t *doc, json_t **reply)
 {
     char *txt = json_dumps(doc, JSON_COMPACT);
     json_decref(doc);
@@ -258,7 +110,7 @@ static json_t *keys_of(const char *const *keys, size_t n)
     return a;
 }
 
-static long acquire_create(const struct sim *s, const char *const *keys, const uint64_t *sizes,
+static long acquire_create(const struct simctl *s, const char *const *keys, const uint64_t *sizes,
                            size_t n, double term, const char *rid, bool ignore, json_t **reply)
 {
     return post_json(s, "/acquire",
@@ -269,7 +121,7 @@ static long acquire_create(const struct sim *s, const char *const *keys, const u
                      reply);
 }
 
-static long acquire_read(const struct sim *s, const char *const *keys, size_t n, double term,
+static long acquire_read(const struct simctl *s, const char *const *keys, size_t n, double term,
                          bool best_effort, json_t **reply)
 {
     return post_json(s, "/acquire",
@@ -280,7 +132,7 @@ static long acquire_read(const struct sim *s, const char *const *keys, size_t n,
                      reply);
 }
 
-static long lease_call(const struct sim *s, const char *route, const char *lease_id,
+static long lease_call(const struct simctl *s, const char *route, const char *lease_id,
                        const char *rid)
 {
     json_t *doc = json_pack("{s:s}", "lease_id", lease_id);
@@ -329,7 +181,7 @@ static uint64_t handle_u64(json_t *o, const char *field)
     return (uint64_t)json_integer_value(v);
 }
 
-static json_int_t state_field(const struct sim *s, const char *field)
+static json_int_t state_field(const struct simctl *s, const char *field)
 {
     char *out = NULL;
     ck_assert_int_eq(http(s, "GET", "/_sim/state", NULL, &out), 200);
@@ -343,7 +195,7 @@ static json_int_t state_field(const struct sim *s, const char *field)
 
 /* ---- data plane ---------------------------------------------------------------- */
 
-static int dp_connect(const struct sim *s)
+static int dp_connect(const struct simctl *s)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     ck_assert(fd >= 0);
@@ -429,7 +281,7 @@ static const char REGISTER[] = "{\"type\":\"register_request\",\"version\":\"0.0
                                "\"password\":\"\"}";
 
 /* Full handshake; returns the mapping of the arena and its size. */
-static unsigned char *dp_handshake(const struct sim *s, size_t *size_out)
+static unsigned char *dp_handshake(const struct simctl *s, size_t *size_out)
 {
     int fd = dp_connect(s);
     dp_send(fd, REGISTER);
@@ -464,7 +316,7 @@ static unsigned char *dp_handshake(const struct sim *s, size_t *size_out)
 
 START_TEST(handshake_yields_arena_fd)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, (const char *const[]){ "--arena-bytes", "1048576", NULL });
     size_t size;
     unsigned char *m = dp_handshake(&s, &size);
@@ -496,13 +348,13 @@ START_TEST(handshake_yields_arena_fd)
         close(afd);
     }
     close(fd);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
 START_TEST(data_plane_rejects_bad_messages)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, NULL);
     int fd = dp_connect(&s);
     /* fd before register -> error reply, connection stays usable */
@@ -526,13 +378,13 @@ START_TEST(data_plane_rejects_bad_messages)
     ck_assert_str_eq(json_string_value(json_object_get(r, "type")), "register_reply");
     json_decref(r);
     close(fd);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
 START_TEST(oversized_frame_closes_connection)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, NULL);
     int fd = dp_connect(&s);
     uint64_t len = (16u << 20) + 1;
@@ -549,13 +401,13 @@ START_TEST(oversized_frame_closes_connection)
     ck_assert(peer_closed(fd));
     close(fd);
     ck_assert_int_eq(http(&s, "GET", "/health", NULL, NULL), 200);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
 START_TEST(disconnect_mid_handshake)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, NULL);
     /* half a header */
     int fd = dp_connect(&s);
@@ -573,12 +425,12 @@ START_TEST(disconnect_mid_handshake)
     /* connect and leave without a byte */
     fd = dp_connect(&s);
     close(fd);
-    sleep_ms(100);
+    simctl_sleep_ms(100);
     ck_assert_int_eq(http(&s, "GET", "/health", NULL, NULL), 200);
     size_t size;
     unsigned char *m = dp_handshake(&s, &size);
     munmap(m, size);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
@@ -586,7 +438,7 @@ END_TEST
 
 START_TEST(create_write_seal_read_roundtrip)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, (const char *const[]){ "--arena-bytes", "1048576", NULL });
     size_t msize;
     unsigned char *m = dp_handshake(&s, &msize);
@@ -655,13 +507,13 @@ START_TEST(create_write_seal_read_roundtrip)
     ck_assert_int_eq(state_field(&s, "pinned"), 0);
     ck_assert_int_eq(state_field(&s, "sealed"), 3);
     munmap(m, msize);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
 START_TEST(ignore_existing)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, NULL);
     const char *keys[] = { "k1", "k2" };
     const uint64_t sizes[] = { 128, 256 };
@@ -693,13 +545,13 @@ START_TEST(ignore_existing)
     json_decref(r);
     /* ignore_existing=false and something exists -> 409 */
     ck_assert_int_eq(acquire_create(&s, keys, sizes, 2, 30, "e", false, NULL), 409);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
 START_TEST(discard_frees)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, NULL);
     const char *keys[] = { "d1" };
     const uint64_t sizes[] = { 4096 };
@@ -728,13 +580,13 @@ START_TEST(discard_frees)
     ck_assert_int_eq(lease_call(&s, "/release", lease_id(r), NULL), 204);
     json_decref(r);
     ck_assert_int_eq(state_field(&s, "objects"), 0);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
 START_TEST(lease_state_rules)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, NULL);
     const char *keys[] = { "x" };
     const uint64_t sizes[] = { 64 };
@@ -755,7 +607,7 @@ START_TEST(lease_state_rules)
     ck_assert_int_eq(lease_call(&s, "/discard", "no-such-lease", NULL), 404);
     json_decref(c);
     json_decref(r);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
@@ -763,7 +615,7 @@ struct bad { const char *method, *path, *body; long status; };
 
 START_TEST(malformed_requests_are_4xx)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, NULL);
     static const struct bad cases[] = {
         { "GET",    "/acquire", NULL, 405 },
@@ -838,32 +690,32 @@ START_TEST(malformed_requests_are_4xx)
     ck_assert_int_eq(state_field(&s, "objects"), 0);
     ck_assert_int_eq(state_field(&s, "leases"), 0);
     ck_assert_int_eq(http(&s, "GET", "/health", NULL, NULL), 200);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
 START_TEST(integers_of_any_json_number_type_in_term)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, NULL);
     ck_assert_int_eq(http(&s, "POST", "/acquire",
                           "{\"scope\":\"read\",\"object_keys\":[\"a\"],\"term\":2.5,"
                           "\"request_id\":17,\"peer\":\"local\",\"wait_timeout\":0.0,"
                           "\"best_effort\":true}", NULL), 200);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
 START_TEST(leases_expire)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, NULL);
     const char *keys[] = { "e1" };
     const uint64_t sizes[] = { 512 };
     json_t *c;
     ck_assert_int_eq(acquire_create(&s, keys, sizes, 1, 0.3, "a", true, &c), 200);
     ck_assert_int_eq(state_field(&s, "objects"), 1);
-    sleep_ms(600);
+    simctl_sleep_ms(600);
     /* expired create lease: cannot be sealed, its object is gone */
     ck_assert_int_eq(lease_call(&s, "/seal", lease_id(c), "a"), 404);
     ck_assert_int_eq(state_field(&s, "objects"), 0);
@@ -877,33 +729,33 @@ START_TEST(leases_expire)
     json_t *r;
     ck_assert_int_eq(acquire_read(&s, keys, 1, 0.3, true, &r), 200);
     ck_assert_int_eq(state_field(&s, "pinned"), 1);
-    sleep_ms(600);
+    simctl_sleep_ms(600);
     ck_assert_int_eq(state_field(&s, "pinned"), 0);
     ck_assert_int_eq(lease_call(&s, "/release", lease_id(r), NULL), 404);
     json_decref(r);
     ck_assert_int_eq(state_field(&s, "sealed"), 1);   /* sealed objects outlive leases */
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
 START_TEST(max_lease_clamps_term)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, (const char *const[]){ "--max-lease-s", "0.3", NULL });
     const char *keys[] = { "m1" };
     const uint64_t sizes[] = { 64 };
     json_t *c;
     ck_assert_int_eq(acquire_create(&s, keys, sizes, 1, 3600, "a", true, &c), 200);
-    sleep_ms(600);
+    simctl_sleep_ms(600);
     ck_assert_int_eq(lease_call(&s, "/seal", lease_id(c), "a"), 404);
     json_decref(c);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
 START_TEST(pinned_objects_are_not_evicted)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, (const char *const[]){ "--arena-bytes", "8192", NULL });
     const char *a[] = { "A" }, *b[] = { "B" };
     const uint64_t half[] = { 4096 }, full[] = { 8192 }, too_big[] = { 8193 };
@@ -931,7 +783,7 @@ START_TEST(pinned_objects_are_not_evicted)
     json_decref(r);
     /* larger than the arena */
     ck_assert_int_eq(acquire_create(&s, a, too_big, 1, 30, "c", true, NULL), 507);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
@@ -939,36 +791,36 @@ END_TEST
 
 START_TEST(fail_health)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, (const char *const[]){ "--fail-health", NULL });
     char *out = NULL;
     long st = http(&s, "GET", "/health", NULL, &out);
     ck_assert_int_ne(st, 200);
     ck_assert_int_ge(st, 500);
     free(out);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
 START_TEST(delay_ms)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, (const char *const[]){ "--delay-ms", "400", NULL });
-    uint64_t t0 = now_ms();
+    uint64_t t0 = simctl_now_ms();
     ck_assert_int_eq(http(&s, "GET", "/health", NULL, NULL), 200);
-    ck_assert_uint_ge(now_ms() - t0, 390);
+    ck_assert_uint_ge(simctl_now_ms() - t0, 390);
     const char *keys[] = { "slow" };
     const uint64_t sizes[] = { 64 };
-    t0 = now_ms();
+    t0 = simctl_now_ms();
     ck_assert_int_eq(acquire_create(&s, keys, sizes, 1, 30, "a", true, NULL), 200);
-    ck_assert_uint_ge(now_ms() - t0, 390);
+    ck_assert_uint_ge(simctl_now_ms() - t0, 390);
     /* the data plane is not delayed */
-    t0 = now_ms();
+    t0 = simctl_now_ms();
     size_t size;
     unsigned char *m = dp_handshake(&s, &size);
     munmap(m, size);
-    if (!under_valgrind())
-        ck_assert_uint_lt(now_ms() - t0, 390);
+    if (!simctl_under_valgrind())
+        ck_assert_uint_lt(simctl_now_ms() - t0, 390);
     /* a client that gives up before the reply leaves the simulator healthy */
     char url[256];
     snprintf(url, sizeof url, "%s/health", s.base);
@@ -978,7 +830,7 @@ START_TEST(delay_ms)
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 100L);
     ck_assert_int_eq(curl_easy_perform(c), CURLE_OPERATION_TIMEDOUT);
     curl_easy_cleanup(c);
-    sleep_ms(500);
+    simctl_sleep_ms(500);
     ck_assert_int_eq(http(&s, "GET", "/health", NULL, NULL), 200);
     /* stop while a delayed request is pending */
     c = curl_easy_init();
@@ -986,14 +838,14 @@ START_TEST(delay_ms)
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 100L);
     curl_easy_perform(c);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
     curl_easy_cleanup(c);
 }
 END_TEST
 
 START_TEST(garbage_replies)
 {
-    struct sim s;
+    struct simctl s;
     sim_start(&s, (const char *const[]){ "--garbage", NULL });
     char *out = NULL;
     ck_assert_int_eq(http(&s, "GET", "/health", NULL, &out), 200);
@@ -1008,7 +860,7 @@ START_TEST(garbage_replies)
     ck_assert_int_eq(http(&s, "POST", "/acquire", "nope", &out), 400);
     ck_assert_ptr_null(json_loads(out, 0, NULL));
     free(out);
-    sim_stop_ok(&s);
+    simctl_stop_ok(&s);
 }
 END_TEST
 
@@ -1044,7 +896,7 @@ static Suite *suite(void)
 {
     Suite *s = suite_create("kvs_sim");
     TCase *t = tcase_create("sim");
-    tcase_set_timeout(t, under_valgrind() ? 300 : 60);
+    tcase_set_timeout(t, simctl_under_valgrind() ? 300 : 60);
     tcase_add_test(t, handshake_yields_arena_fd);
     tcase_add_test(t, data_plane_rejects_bad_messages);
     tcase_add_test(t, oversized_frame_closes_connection);

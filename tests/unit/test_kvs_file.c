@@ -27,45 +27,12 @@
 #include "kvs/kvs.h"
 #include "namespace.h"
 
+#include "kvs_testutil.h"
+
 static const struct kvs_backend *be;
 static char tmpdir[1024];       /* the test's own directory */
 static char root[2048];         /* the store's root, inside it */
 static char err[512];
-
-struct tns {
-    struct ns_layout l;
-    char id[NS_DEPLOYMENT_ID_MAX];
-    struct kvs_ns ns;
-};
-
-static void mkns(struct tns *t, const char *model, uint64_t block_bytes, uint32_t rank)
-{
-    memset(t, 0, sizeof(*t));
-    snprintf(t->l.model, sizeof(t->l.model), "%s", model);
-    snprintf(t->l.dtype, sizeof(t->l.dtype), "bf16");
-    t->l.block_tokens = 16;
-    t->l.block_bytes = block_bytes;
-    t->l.num_layers = 2;
-    t->l.kv_heads = 2;
-    t->l.head_dim = 64;
-    t->l.tp_size = 2;
-    t->l.tp_rank = rank;
-    t->ns.layout = &t->l;
-    t->ns.fingerprint = ns_fingerprint(&t->l);
-    ns_deployment_id(&t->l, t->ns.fingerprint, t->id, sizeof(t->id));
-    t->ns.deployment_id = t->id;
-}
-
-static void fill(uint8_t *p, size_t len, int64_t key, uint32_t salt)
-{
-    uint64_t x = (uint64_t)key * 0x9e3779b97f4a7c15ull + salt + 1;
-    for (size_t i = 0; i < len; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p[i] = (uint8_t)x;
-    }
-}
 
 static struct kvs_store *open_store(uint64_t capacity, int fsync_policy)
 {
@@ -101,27 +68,13 @@ static void teardown(void)
 
 static int put_block(struct kvs_store *s, struct tns *t, int64_t key, uint32_t salt)
 {
-    size_t len = t->l.block_bytes;
-    uint8_t *b = malloc(len);
-    fill(b, len, key, salt);
-    int rc = be->put(s, &t->ns, key, b, len, err, sizeof(err));
-    free(b);
-    return rc;
+    return kvs_test_put_block(be, s, t, key, salt, err, sizeof(err));
 }
 
 /* 0 when the block reads back byte-exact with salt; else get's result or -999. */
 static int check_block(struct kvs_store *s, struct tns *t, int64_t key, uint32_t salt)
 {
-    size_t len = t->l.block_bytes;
-    uint8_t *b = malloc(len), *want = malloc(len);
-    fill(want, len, key, salt);
-    memset(b, 0xee, len);
-    int rc = be->get(s, &t->ns, key, b, len, err, sizeof(err));
-    if (rc == 0 && memcmp(b, want, len) != 0)
-        rc = -999;
-    free(b);
-    free(want);
-    return rc;
+    return kvs_test_check_block(be, s, t, key, salt, err, sizeof(err));
 }
 
 static int path_exists(const char *p)

@@ -38,203 +38,34 @@
 #include "kvs/v6d.h"
 #include "namespace.h"
 
+#include "../sim/simctl.h"
+#include "kvs_testutil.h"
+
 static const struct kvs_backend *be;
 static char err[1024];
 
 /* ---- helpers --------------------------------------------------------------------- */
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-
-struct tns {
-    struct ns_layout l;
-    char id[NS_DEPLOYMENT_ID_MAX];
-    struct kvs_ns ns;
-};
-
-static void mkns(struct tns *t, const char *model, uint64_t block_bytes, uint32_t rank)
-{
-    memset(t, 0, sizeof(*t));
-    snprintf(t->l.model, sizeof(t->l.model), "%s", model);
-    snprintf(t->l.dtype, sizeof(t->l.dtype), "bf16");
-    t->l.block_tokens = 16;
-    t->l.block_bytes = block_bytes;
-    t->l.num_layers = 2;
-    t->l.kv_heads = 2;
-    t->l.head_dim = 64;
-    t->l.tp_size = 2;
-    t->l.tp_rank = rank;
-    t->ns.layout = &t->l;
-    t->ns.fingerprint = ns_fingerprint(&t->l);
-    ns_deployment_id(&t->l, t->ns.fingerprint, t->id, sizeof(t->id));
-    t->ns.deployment_id = t->id;
-}
-
-static void fill(uint8_t *p, size_t len, int64_t key, uint32_t salt)
-{
-    uint64_t x = (uint64_t)key * 0x9e3779b97f4a7c15ull + salt + 1;
-    for (size_t i = 0; i < len; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p[i] = (uint8_t)x;
-    }
-}
-
-/* ---- simulator process ------------------------------------------------------------ */
-
-struct sim {
-    pid_t pid;
-    char  dir[64];
-    char  sock[96];
-    char  http[64];           /* HOST:PORT */
-    char  base[128];          /* http://HOST:PORT */
-};
-
 /* Start the simulator; http_addr NULL: 127.0.0.1:0; keep_dir: reuse s->dir. */
-static void sim_start(struct sim *s, const char *http_addr, bool keep_dir,
+static void sim_start(struct simctl *s, const char *http_addr, bool keep_dir,
                       const char *const *extra)
 {
-    if (!keep_dir) {
-        memset(s, 0, sizeof *s);
-        const char *tmp = getenv("TMPDIR");
-        snprintf(s->dir, sizeof s->dir, "%s/kvs-v6d-test.XXXXXX",
-                 tmp && *tmp && strlen(tmp) < 40 ? tmp : "/tmp");
-        ck_assert_msg(mkdtemp(s->dir) != NULL, "mkdtemp: %s", strerror(errno));
-        snprintf(s->sock, sizeof s->sock, "%s/kvs.sock", s->dir);
-    }
-    const char *bin = getenv("KVS_SIM");
-    if (!bin || !*bin)
-        bin = "build/kvs-sim";
-    char addr[64];
-    snprintf(addr, sizeof addr, "%s", http_addr ? http_addr : "127.0.0.1:0");
-    const char *argv[40];
-    int n = 0;
-    argv[n++] = bin;
-    argv[n++] = "--http";
-    argv[n++] = addr;
-    argv[n++] = "--socket";
-    argv[n++] = s->sock;
-    for (; extra && *extra && n < 38; extra++)
-        argv[n++] = *extra;
-    argv[n] = NULL;
-
-    int pfd[2];
-    ck_assert(pipe(pfd) == 0);
-    pid_t parent = getpid();
-    s->pid = fork();
-    ck_assert(s->pid >= 0);
-    if (s->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        close(pfd[1]);
-        execvp(argv[0], (char *const *)argv);
-        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    close(pfd[1]);
-    char buf[1024];
-    size_t len = 0;
-    bool have_http = false, have_sock = false;
-    uint64_t deadline = now_ms() + 20000;
-    while (!(have_http && have_sock)) {
-        int left = (int)(deadline - now_ms());
-        ck_assert_msg(left > 0 && len < sizeof buf - 1, "simulator did not announce itself");
-        struct pollfd p = { .fd = pfd[0], .events = POLLIN };
-        if (poll(&p, 1, left) <= 0)
-            continue;
-        ssize_t r = read(pfd[0], buf + len, sizeof buf - 1 - len);
-        ck_assert_msg(r > 0, "simulator exited before announcing itself");
-        len += (size_t)r;
-        buf[len] = '\0';
-        char *h = strstr(buf, "http=");
-        if (h && strchr(h, '\n')) {
-            snprintf(s->http, sizeof s->http, "%.*s", (int)strcspn(h + 5, "\n"), h + 5);
-            snprintf(s->base, sizeof s->base, "http://%s", s->http);
-            have_http = true;
-        }
-        char *so = strstr(buf, "socket=");
-        if (so && strchr(so, '\n'))
-            have_sock = true;
-    }
-    close(pfd[0]);
-}
-
-/* Stop it (SIGTERM, or SIGKILL when hard); keep_dir leaves the directory. */
-static int sim_stop(struct sim *s, bool hard, bool keep_dir)
-{
-    int st = -1;
-    if (s->pid > 0) {
-        kill(s->pid, hard ? SIGKILL : SIGTERM);
-        uint64_t deadline = now_ms() + 20000;
-        for (;;) {
-            pid_t r = waitpid(s->pid, &st, WNOHANG);
-            if (r == s->pid)
-                break;
-            if (now_ms() > deadline) {
-                kill(s->pid, SIGKILL);
-                waitpid(s->pid, &st, 0);
-                st = -1;
-                break;
-            }
-            sleep_ms(10);
-        }
-        s->pid = 0;
-    }
-    unlink(s->sock);
-    if (!keep_dir)
-        rmdir(s->dir);
-    return st;
-}
-
-static void sim_stop_ok(struct sim *s)
-{
-    int st = sim_stop(s, false, false);
-    ck_assert_msg(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
-                  "simulator did not exit 0 on SIGTERM (status 0x%x)", st);
-}
-
-struct body { char *p; size_t n; };
-
-static size_t body_sink(char *p, size_t size, size_t n, void *arg)
-{
-    struct body *b = arg;
-    size_t add = size * n;
-    char *q = realloc(b->p, b->n + add + 1);
-    if (!q)
-        return 0;
-    memcpy(q + b->n, p, add);
-    b->p = q;
-    b->n += add;
-    b->p[b->n] = '\0';
-    return add;
+    simctl_start(s, &(struct simctl_opts){ .dir_prefix = "kvs-v6d-test", .http_addr = http_addr,
+                                           .keep_dir = keep_dir, .extra = extra });
 }
 
 /* GET /_sim/state field (-1 on failure). */
-static long long sim_state(const struct sim *s, const char *field)
+static long long sim_state(const struct simctl *s, const char *field)
 {
     char url[256];
     snprintf(url, sizeof url, "%s/_sim/state", s->base);
-    struct body b = { NULL, 0 };
+    struct simctl_body b = { NULL, 0 };
     CURL *c = curl_easy_init();
     ck_assert(c);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 30000L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, body_sink);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, simctl_body_sink);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
     long status = -1;
     if (curl_easy_perform(c) == CURLE_OK)
@@ -251,7 +82,7 @@ static long long sim_state(const struct sim *s, const char *field)
 
 #define ck_no_leases(s) ck_assert_int_eq(sim_state((s), "leases"), 0)
 
-static struct kvs_store *open_store(const struct sim *s, uint32_t timeout_ms)
+static struct kvs_store *open_store(const struct simctl *s, uint32_t timeout_ms)
 {
     struct kvs_config cfg = { .backend = "v6d", .url = s->base, .socket_path = s->sock,
                               .connect_timeout_ms = 1000, .timeout_ms = timeout_ms };
@@ -264,27 +95,13 @@ static struct kvs_store *open_store(const struct sim *s, uint32_t timeout_ms)
 
 static int put_block(struct kvs_store *st, struct tns *t, int64_t key, uint32_t salt)
 {
-    size_t len = t->l.block_bytes;
-    uint8_t *b = malloc(len);
-    fill(b, len, key, salt);
-    int rc = be->put(st, &t->ns, key, b, len, err, sizeof err);
-    free(b);
-    return rc;
+    return kvs_test_put_block(be, st, t, key, salt, err, sizeof err);
 }
 
 /* 0 when the block reads back byte-exact with salt; else get's result or -999. */
 static int check_block(struct kvs_store *st, struct tns *t, int64_t key, uint32_t salt)
 {
-    size_t len = t->l.block_bytes;
-    uint8_t *b = malloc(len), *want = malloc(len);
-    fill(want, len, key, salt);
-    memset(b, 0xee, len);
-    int rc = be->get(st, &t->ns, key, b, len, err, sizeof err);
-    if (rc == 0 && memcmp(b, want, len) != 0)
-        rc = -999;
-    free(b);
-    free(want);
-    return rc;
+    return kvs_test_check_block(be, st, t, key, salt, err, sizeof err);
 }
 
 static void setup(void)
@@ -406,7 +223,7 @@ END_TEST
 
 START_TEST(test_roundtrip)
 {
-    struct sim sim;
+    struct simctl sim;
     sim_start(&sim, NULL, false, NULL);
     struct kvs_store *st = open_store(&sim, 5000);
     ck_assert_int_eq(be->health(st, err, sizeof err), 0);
@@ -480,13 +297,13 @@ START_TEST(test_roundtrip)
     be->close(st2);
     be->close(st);
     ck_no_leases(&sim);
-    sim_stop_ok(&sim);
+    simctl_stop_ok(&sim);
 }
 END_TEST
 
 START_TEST(test_fail_health)
 {
-    struct sim sim;
+    struct simctl sim;
     const char *extra[] = { "--fail-health", NULL };
     sim_start(&sim, NULL, false, extra);
     struct kvs_store *st = open_store(&sim, 2000);
@@ -494,46 +311,46 @@ START_TEST(test_fail_health)
     ck_assert_int_lt(rc, 0);
     ck_assert_msg(strstr(err, "503") && strstr(err, "health"), "message: %s", err);
     be->close(st);
-    sim_stop_ok(&sim);
+    simctl_stop_ok(&sim);
 }
 END_TEST
 
 START_TEST(test_slow_store)
 {
-    struct sim sim;
+    struct simctl sim;
     const char *extra[] = { "--delay-ms", "1500", "--max-lease-s", "1", NULL };
     sim_start(&sim, NULL, false, extra);
     struct kvs_store *st = open_store(&sim, 300);
     struct tns t;
     mkns(&t, "slow", 4096, 0);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = simctl_now_ms();
     ck_assert_int_eq(put_block(st, &t, 1, 0), -KVNODE_ETIMEDOUT);
-    uint64_t dt = now_ms() - t0;
+    uint64_t dt = simctl_now_ms() - t0;
     ck_assert_msg(dt < 1200, "put took %" PRIu64 " ms", dt);
     ck_assert_ptr_nonnull(strstr(err, "acquire"));
-    t0 = now_ms();
+    t0 = simctl_now_ms();
     ck_assert_int_eq(check_block(st, &t, 1, 0), -KVNODE_ETIMEDOUT);
-    dt = now_ms() - t0;
+    dt = simctl_now_ms() - t0;
     ck_assert_msg(dt < 1200, "get took %" PRIu64 " ms", dt);
-    t0 = now_ms();
+    t0 = simctl_now_ms();
     ck_assert_int_eq(be->health(st, err, sizeof err), -KVNODE_ETIMEDOUT);
-    ck_assert_msg(now_ms() - t0 < 1200, "health too slow");
+    ck_assert_msg(simctl_now_ms() - t0 < 1200, "health too slow");
     /* The simulator still grants the leases once the delay ends; the client gave up
      * and cannot know them: they end at their term (clamped to 1 s here). */
-    uint64_t deadline = now_ms() + 15000;
+    uint64_t deadline = simctl_now_ms() + 15000;
     long long n;
-    while ((n = sim_state(&sim, "leases")) != 0 && now_ms() < deadline)
-        sleep_ms(200);
+    while ((n = sim_state(&sim, "leases")) != 0 && simctl_now_ms() < deadline)
+        simctl_sleep_ms(200);
     ck_assert_int_eq(n, 0);
     ck_assert_int_eq(sim_state(&sim, "objects"), 0);   /* the unsealed create was freed */
     be->close(st);
-    sim_stop_ok(&sim);
+    simctl_stop_ok(&sim);
 }
 END_TEST
 
 START_TEST(test_garbage)
 {
-    struct sim sim;
+    struct simctl sim;
     const char *extra[] = { "--garbage", NULL };
     sim_start(&sim, NULL, false, extra);
     struct kvs_store *st = open_store(&sim, 2000);
@@ -547,13 +364,13 @@ START_TEST(test_garbage)
     ck_assert_int_eq(be->exists(st, &t.ns, keys, 2, present, err, sizeof err), -KVNODE_EPROTO);
     ck_assert(present[0] == 0 && present[1] == 0);
     be->close(st);
-    sim_stop_ok(&sim);
+    simctl_stop_ok(&sim);
 }
 END_TEST
 
 START_TEST(test_store_restart)
 {
-    struct sim sim;
+    struct simctl sim;
     sim_start(&sim, NULL, false, NULL);
     struct kvs_store *st = open_store(&sim, 2000);
     struct tns t;
@@ -562,9 +379,9 @@ START_TEST(test_store_restart)
     ck_assert_int_eq(check_block(st, &t, 1, 0), 0);
     char http[64];
     snprintf(http, sizeof http, "%s", sim.http);
-    sim_stop(&sim, true, true);                     /* kill -9, keep the directory */
+    simctl_stop(&sim, true, true);                     /* kill -9, keep the directory */
 
-    uint64_t t0 = now_ms();
+    uint64_t t0 = simctl_now_ms();
     ck_assert_int_lt(put_block(st, &t, 2, 0), 0);
     ck_assert(err[0]);
     ck_assert_int_lt(check_block(st, &t, 1, 0), 0);
@@ -573,7 +390,7 @@ START_TEST(test_store_restart)
     uint8_t p = 9;
     ck_assert_int_lt(be->exists(st, &t.ns, &k, 1, &p, err, sizeof err), 0);
     ck_assert_uint_eq(p, 0);
-    ck_assert_msg(now_ms() - t0 < 3000, "errors took %" PRIu64 " ms", now_ms() - t0);
+    ck_assert_msg(simctl_now_ms() - t0 < 3000, "errors took %" PRIu64 " ms", simctl_now_ms() - t0);
 
     /* restarted on the same address and socket: the old handle redoes the data-plane
      * handshake (its old mapping is stale) and works; a re-opened handle works too */
@@ -589,7 +406,7 @@ START_TEST(test_store_restart)
     ck_assert_int_eq(check_block(st, &t, 4, 6), 0);
     ck_no_leases(&sim);
     be->close(st);
-    sim_stop_ok(&sim);
+    simctl_stop_ok(&sim);
 }
 END_TEST
 
@@ -599,11 +416,11 @@ START_TEST(test_open_errors)
     struct kvs_config cfg = { .backend = "v6d", .url = "http://127.0.0.1:9",
                               .socket_path = "/nonexistent/kvs-v6d-test.sock",
                               .connect_timeout_ms = 1000, .timeout_ms = 2000 };
-    uint64_t t0 = now_ms();
+    uint64_t t0 = simctl_now_ms();
     int rc = be->open(&cfg, &st, err, sizeof err);
     ck_assert_int_eq(rc, -KVNODE_ECONNECT);
     ck_assert_ptr_null(st);
-    ck_assert_msg(now_ms() - t0 < 500, "open took %" PRIu64 " ms", now_ms() - t0);
+    ck_assert_msg(simctl_now_ms() - t0 < 500, "open took %" PRIu64 " ms", simctl_now_ms() - t0);
     ck_assert_msg(strstr(err, "/nonexistent/kvs-v6d-test.sock"), "message: %s", err);
 
     char longp[200];
@@ -619,21 +436,21 @@ START_TEST(test_open_errors)
     ck_assert_msg(strstr(err, "url") && strstr(err, "socket_path"), "message: %s", err);
 
     /* a socket that accepts but never answers: the handshake times out */
-    struct sim sim;
+    struct simctl sim;
     const char *extra[] = { "--delay-ms", "10", NULL };   /* a live simulator, stopped below */
     sim_start(&sim, NULL, false, extra);
     kill(sim.pid, SIGSTOP);
     cfg.url = sim.base;
     cfg.socket_path = sim.sock;
     cfg.timeout_ms = 300;
-    t0 = now_ms();
+    t0 = simctl_now_ms();
     rc = be->open(&cfg, &st, err, sizeof err);
-    uint64_t dt = now_ms() - t0;
+    uint64_t dt = simctl_now_ms() - t0;
     kill(sim.pid, SIGCONT);
     ck_assert_int_eq(rc, -KVNODE_ETIMEDOUT);
     ck_assert_msg(dt < 1500, "open took %" PRIu64 " ms", dt);
     ck_assert_msg(strstr(err, "timed out"), "message: %s", err);
-    sim_stop_ok(&sim);
+    simctl_stop_ok(&sim);
 }
 END_TEST
 
@@ -791,10 +608,7 @@ static void fake_start(struct fake *f, int frame_mode)
 {
     memset(f, 0, sizeof *f);
     f->frame_mode = frame_mode;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(f->dir, sizeof f->dir, "%s/kvs-v6d-fake.XXXXXX",
-             tmp && *tmp && strlen(tmp) < 40 ? tmp : "/tmp");
-    ck_assert_ptr_nonnull(mkdtemp(f->dir));
+    simctl_mkdtemp(f->dir, sizeof f->dir, "kvs-v6d-fake");
     snprintf(f->sock, sizeof f->sock, "%s/fake.sock", f->dir);
     struct sockaddr_un sun = { .sun_family = AF_UNIX };
     memcpy(sun.sun_path, f->sock, strlen(f->sock) + 1);
@@ -891,9 +705,9 @@ START_TEST(test_fake_frame_cap)
     struct kvs_config cfg = { .backend = "v6d", .url = f.base, .socket_path = f.sock,
                               .connect_timeout_ms = 1000, .timeout_ms = 2000 };
     struct kvs_store *st = NULL;
-    uint64_t t0 = now_ms();
+    uint64_t t0 = simctl_now_ms();
     ck_assert_int_eq(be->open(&cfg, &st, err, sizeof err), -KVNODE_ETOOBIG);
-    ck_assert_msg(now_ms() - t0 < 1000, "open took too long");
+    ck_assert_msg(simctl_now_ms() - t0 < 1000, "open took too long");
     ck_assert_msg(strstr(err, "16777217"), "message: %s", err);
     ck_assert_ptr_null(st);
     fake_stop(&f);
