@@ -8,6 +8,7 @@
 #   make bench      build and run the benchmark (not part of `make test`)
 #   make CUDA=0 ... build without the CUDA toolkit (default: detected)
 #   make V6D=0 ...  build without the rtp-llm KVS backend (and libcurl in kvnoded)
+#   make fuzz       libFuzzer targets (clang, in build-fuzz/), FUZZ_SECONDS each (default 60)
 
 VERSION   := 0.1.0
 SOVERSION := 0
@@ -35,6 +36,10 @@ BASEFLAGS := -std=c11 -D_GNU_SOURCE -fPIC $(WARN) -DKVNODE_VERSION_STRING='"$(VE
 ifeq ($(SAN),1)
   BASEFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
   LDSAN     := -fsanitize=address,undefined
+endif
+# FUZZ=1 (make fuzz): every object gets libFuzzer's coverage instrumentation.
+ifeq ($(FUZZ),1)
+  BASEFLAGS += -fsanitize=fuzzer-no-link
 endif
 
 pc_cflags = $(shell $(PKG_CONFIG) --cflags $(1) 2>/dev/null)
@@ -88,8 +93,14 @@ BENCH_BIN := $(BUILD)/kvnode-bench
 # KVS protocol simulator (tests/sim/kvs_sim.c) and its own tests (tests/sim/test_*.c).
 SIM_BIN      := $(BUILD)/kvs-sim
 SIM_TEST_BIN := $(patsubst tests/sim/%.c,$(BUILD)/tests/%,$(wildcard tests/sim/test_*.c))
+# Fuzz targets (tests/fuzz/fuzz_<t>.c): replayed over tests/fuzz/corpus/<t>/ by
+# `make check`, fuzzed with libFuzzer by `make fuzz`.
+FUZZ_TARGETS    := wire config kvs_file $(if $(filter 1,$(V6D)),v6d_reply)
+FUZZ_REPLAY_BIN := $(patsubst %,$(BUILD)/tests/fuzz_%_replay,$(FUZZ_TARGETS))
+FUZZ_BIN        := $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
-.PHONY: all deps run test check asan valgrind bench install uninstall clean help cuda-info
+.PHONY: all deps run test check asan valgrind bench install uninstall clean help cuda-info \
+        fuzz fuzz-build fuzz-run
 .DEFAULT_GOAL := all
 
 all: $(KVNODED) $(LIBSO) $(LIBA) $(LIBPC) $(KVNODECTL)
@@ -158,10 +169,17 @@ $(BUILD)/tests/%: tests/sim/%.c $(SIM_BIN)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
 
+# A fuzz target with the replay driver: the normal toolchain, no libFuzzer.
+$(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz.h \
+                              $(DAEMON_OBJ) $(COMMON_OBJ) $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/fuzz -DFUZZ_NAME='"fuzz_$*"' -DFUZZ_CORPUS='"tests/fuzz/corpus/$*"' \
+	    $(LDSAN) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c $(DAEMON_OBJ) $(COMMON_OBJ) $(DAEMON_LIBS)
+
 SCRIPT_TESTS := tests/install/test_install.sh
 
-check: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(SIM_TEST_BIN)
-	@BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SIM_TEST_BIN) $(SCRIPT_TESTS)
+check: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN)
+	@BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN) $(SCRIPT_TESTS)
 
 test: deps
 	@$(MAKE) --no-print-directory check
@@ -172,6 +190,42 @@ asan: deps
 # The test suite with every test binary and every daemon under valgrind.
 valgrind: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(SIM_TEST_BIN)
 	@VALGRIND=1 BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SIM_TEST_BIN)
+
+# --- fuzzing -------------------------------------------------------------------
+# `make fuzz`: every target under libFuzzer for FUZZ_SECONDS each, with clang,
+# ASan+UBSan and coverage on the daemon code too (its own build dir). Seeds
+# come from tests/fuzz/corpus/<t>/ (read only); what libFuzzer finds goes to
+# $(FUZZ_BUILD)/fuzz/corpus/<t>/, crashes to $(FUZZ_BUILD)/fuzz/crash-<t>-*.
+# Full output: $(FUZZ_BUILD)/fuzz/fuzz_<t>.log. Fails when any target found something.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS   ?= -timeout=10 -rss_limit_mb=4096 -max_len=8192 -print_final_stats=1
+
+fuzz:
+	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=clang SAN=1 FUZZ=1 CUDA=0 OPT=-O1 fuzz-run
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(DAEMON_OBJ) $(COMMON_OBJ) $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/fuzz -fsanitize=fuzzer,address,undefined $(LDFLAGS) -o $@ $< \
+	    $(DAEMON_OBJ) $(COMMON_OBJ) $(DAEMON_LIBS)
+
+fuzz-build: $(FUZZ_BIN)
+
+fuzz-run: $(FUZZ_BIN)
+	@failed=""; for t in $(FUZZ_TARGETS); do \
+	    mkdir -p $(BUILD)/fuzz/corpus/$$t; \
+	    echo "=== fuzz_$$t ($(FUZZ_SECONDS)s)"; \
+	    if $(BUILD)/fuzz/fuzz_$$t $(FUZZ_FLAGS) -max_total_time=$(FUZZ_SECONDS) \
+	        -artifact_prefix=$(BUILD)/fuzz/crash-$$t- \
+	        $(BUILD)/fuzz/corpus/$$t tests/fuzz/corpus/$$t > $(BUILD)/fuzz/fuzz_$$t.log 2>&1; then \
+	        grep -E '^(#[0-9]+ *DONE|stat::number_of_executed_units|stat::new_units_added)' \
+	            $(BUILD)/fuzz/fuzz_$$t.log; \
+	    else \
+	        failed="$$failed fuzz_$$t"; tail -n 40 $(BUILD)/fuzz/fuzz_$$t.log; \
+	    fi; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: found problems in:$$failed (see $(BUILD)/fuzz/crash-*)"; exit 1; fi; \
+	echo "fuzz: $(words $(FUZZ_TARGETS)) targets, $(FUZZ_SECONDS)s each, nothing found"
 
 # --- run / bench ---------------------------------------------------------------
 run: deps

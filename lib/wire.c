@@ -70,11 +70,50 @@ int wire_pack_reuse(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **b
     return 0;
 }
 
+/* true when m or a message inside it kept an unknown field numbered 0.
+ * Field 0 is invalid protobuf, but protobuf-c 1.4 accepts it when the tag is
+ * encoded overlong (0x80 0x00) and then packs it as 0x00, which it rejects:
+ * such a message would not survive a re-pack, so it is refused up front. */
+static int wire_has_field_zero(const ProtobufCMessage *m)
+{
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    for (unsigned i = 0; i < m->n_unknown_fields; i++)
+        if (m->unknown_fields[i].tag == 0)
+            return 1;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        const char *base = (const char *)m;
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t n = *(const size_t *)(const void *)(base + f->quantifier_offset);
+            ProtobufCMessage *const *v =
+                *(ProtobufCMessage *const *const *)(const void *)(base + f->offset);
+            for (size_t j = 0; j < n; j++)
+                if (v[j] && wire_has_field_zero(v[j]))
+                    return 1;
+            continue;
+        }
+        if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+            *(const uint32_t *)(const void *)(base + f->quantifier_offset) != f->id)
+            continue;
+        const ProtobufCMessage *sub = *(ProtobufCMessage *const *)(const void *)(base + f->offset);
+        if (sub && wire_has_field_zero(sub))
+            return 1;
+    }
+    return 0;
+}
+
 Kvnode__Request *wire_unpack_request(const uint8_t *payload, size_t len)
 {
     if (!payload && len > 0)
         return NULL;
-    return kvnode__request__unpack(NULL, len, payload);
+    Kvnode__Request *m = kvnode__request__unpack(NULL, len, payload);
+    if (m && wire_has_field_zero(&m->base)) {
+        kvnode__request__free_unpacked(m, NULL);
+        return NULL;
+    }
+    return m;
 }
 
 Kvnode__Response *wire_unpack_response(const uint8_t *payload, size_t len)
@@ -87,7 +126,12 @@ Kvnode__Response *wire_unpack_response_with(const uint8_t *payload, size_t len,
 {
     if (!payload && len > 0)
         return NULL;
-    return kvnode__response__unpack(alloc, len, payload);
+    Kvnode__Response *m = kvnode__response__unpack(alloc, len, payload);
+    if (m && wire_has_field_zero(&m->base)) {
+        kvnode__response__free_unpacked(m, alloc);
+        return NULL;
+    }
+    return m;
 }
 
 const char *wire_op_name(int op_case)

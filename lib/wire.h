@@ -26,7 +26,9 @@ void wire_put_len(uint8_t hdr[WIRE_HEADER_BYTES], uint32_t len);
 int wire_pack(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **frame, size_t *frame_len);
 
 /* Unpack a payload (without header). NULL when it is not a valid message of
- * that type. Free with kvnode__request__free_unpacked / ..response... */
+ * that type (a field numbered 0 anywhere included, which protobuf-c would
+ * otherwise keep as an unknown field it cannot pack back). Free with
+ * kvnode__request__free_unpacked / ..response... */
 /* Same, into *buf (grown with realloc as needed, *cap its size), so a caller
  * can reuse one buffer for every frame. On error *buf stays valid. */
 int wire_pack_reuse(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **buf, size_t *cap,

@@ -305,6 +305,26 @@ START_TEST(test_unpack_null_payload)
 }
 END_TEST
 
+/* Field number 0 (an overlong tag, 0x80 0x00, which protobuf-c 1.4 would keep
+ * as an unknown field it cannot pack back) is refused, at the top and nested;
+ * found by tests/fuzz/fuzz_wire.c. */
+START_TEST(test_unpack_field_zero)
+{
+    static const uint8_t top[] = { 0x80, 0x00, 0x00 };
+    static const uint8_t nested[] = { 0x52, 0x03, 0x80, 0x00, 0x00 };   /* hello { 0: 0 } */
+    static const uint8_t fine[] = { 0x52, 0x02, 0x08, 0x01 };          /* hello { min_version: 1 } */
+    ck_assert_ptr_null(wire_unpack_request(top, sizeof top));
+    ck_assert_ptr_null(wire_unpack_response(top, sizeof top));
+    ck_assert_ptr_null(wire_unpack_request(nested, sizeof nested));
+    ck_assert_ptr_null(wire_unpack_response(nested, sizeof nested));
+    Kvnode__Request *r = wire_unpack_request(fine, sizeof fine);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->op_case, KVNODE__REQUEST__OP_HELLO);
+    ck_assert_uint_eq(r->hello->min_version, 1);
+    kvnode__request__free_unpacked(r, NULL);
+}
+END_TEST
+
 /* --- round trips -------------------------------------------------------------- */
 
 static Kvnode__Request *round_trip_request(Kvnode__Request *req)
@@ -688,6 +708,7 @@ static Suite *wire_suite(void)
     tcase_add_test(tc, test_unpack_every_prefix);
     tcase_add_test(tc, test_unpack_random_garbage);
     tcase_add_test(tc, test_unpack_null_payload);
+    tcase_add_test(tc, test_unpack_field_zero);
     tcase_add_test(tc, test_round_trip_requests);
     tcase_add_test(tc, test_round_trip_responses);
     suite_add_tcase(s, tc);

@@ -1,0 +1,141 @@
+/* Fuzz target: kvnode.conf parsing (daemon/config.c).
+ *
+ * The bytes are a config file (in a memfd, loaded through /proc/self/fd) on
+ * top of the defaults, and also, up to the first NUL, one command-line
+ * override. Must hold for any input:
+ *  - a failed load or override leaves the struct untouched and says why
+ *    (a non-empty, terminated message);
+ *  - config_validate answers 0, or -1 with a message;
+ *  - whatever parsed is written by config_write as text that parses back,
+ *    on fresh defaults, to an equal struct (every field). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "fuzz.h"
+
+static int memfd_with(const void *data, size_t size, char *path, size_t pathlen)
+{
+    int fd = memfd_create("kvnode-fuzz-config", MFD_CLOEXEC);
+    FUZZ_CHECK(fd >= 0);
+    const uint8_t *p = data;
+    while (size > 0) {
+        ssize_t w = write(fd, p, size);
+        if (w < 0 && errno == EINTR)
+            continue;
+        FUZZ_CHECK(w > 0);
+        p += w;
+        size -= (size_t)w;
+    }
+    snprintf(path, pathlen, "/proc/self/fd/%d", fd);
+    return fd;
+}
+
+static void check_msg(const char *err)
+{
+    FUZZ_CHECK(memchr(err, '\0', CONFIG_ERR_MAX) != NULL);
+    FUZZ_CHECK(err[0] != '\0');
+}
+
+static void check_equal(const struct kvn_config *a, const struct kvn_config *b)
+{
+    FUZZ_CHECK(strcmp(a->socket_path, b->socket_path) == 0);
+    FUZZ_CHECK(a->socket_mode == b->socket_mode);
+    FUZZ_CHECK(strcmp(a->socket_group, b->socket_group) == 0);
+    FUZZ_CHECK(strcmp(a->allow_uids, b->allow_uids) == 0);
+    FUZZ_CHECK(strcmp(a->allow_gids, b->allow_gids) == 0);
+    FUZZ_CHECK(a->max_frame_bytes == b->max_frame_bytes);
+    FUZZ_CHECK(a->max_keys_per_request == b->max_keys_per_request);
+    FUZZ_CHECK(a->max_clients == b->max_clients);
+    FUZZ_CHECK(a->max_namespaces == b->max_namespaces);
+    FUZZ_CHECK(a->request_timeout_ms == b->request_timeout_ms);
+    FUZZ_CHECK(a->shutdown_timeout_ms == b->shutdown_timeout_ms);
+    FUZZ_CHECK(a->host_bytes == b->host_bytes);
+    FUZZ_CHECK(a->slab_bytes == b->slab_bytes);
+    FUZZ_CHECK(a->high_watermark == b->high_watermark);
+    FUZZ_CHECK(a->low_watermark == b->low_watermark);
+    FUZZ_CHECK(a->pin_host == b->pin_host);
+    FUZZ_CHECK(a->namespace_quota == b->namespace_quota);
+    FUZZ_CHECK(a->read_lease_ttl_ms == b->read_lease_ttl_ms);
+    FUZZ_CHECK(a->write_lease_ttl_ms == b->write_lease_ttl_ms);
+    FUZZ_CHECK(a->reaper_interval_ms == b->reaper_interval_ms);
+    FUZZ_CHECK(a->max_leases_per_client == b->max_leases_per_client);
+    FUZZ_CHECK(a->log_level == b->log_level);
+    FUZZ_CHECK(strcmp(a->admin_listen, b->admin_listen) == 0);
+}
+
+/* cfg parsed: validate it, write it, parse the text back, compare. */
+static void check_parsed(const struct kvn_config *cfg)
+{
+    char err[CONFIG_ERR_MAX];
+    err[0] = '\0';
+    int v = config_validate(cfg, err, sizeof err);
+    FUZZ_CHECK(v == 0 || v == -1);
+    if (v)
+        check_msg(err);
+
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    FUZZ_CHECK(mem != NULL);
+    config_write(cfg, mem);
+    FUZZ_CHECK(fclose(mem) == 0);
+
+    char path[64];
+    int fd = memfd_with(text, len, path, sizeof path);
+    struct kvn_config back;
+    config_defaults(&back);
+    int rc = config_load_file(&back, path, err, sizeof err);
+    close(fd);
+    if (rc != 0)
+        fprintf(stderr, "config_write output does not parse back: %s\n--- text:\n%s---\n", err,
+                text);
+    FUZZ_CHECK(rc == 0);
+    check_equal(cfg, &back);
+    free(text);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    char err[CONFIG_ERR_MAX];
+    char path[64];
+    struct kvn_config cfg, before;
+
+    /* as a file */
+    config_defaults(&cfg);
+    before = cfg;
+    int fd = memfd_with(data, size, path, sizeof path);
+    memset(err, 0x55, sizeof err);
+    int rc = config_load_file(&cfg, path, err, sizeof err);
+    close(fd);
+    FUZZ_CHECK(rc == 0 || rc == -1);
+    if (rc == 0) {
+        check_parsed(&cfg);
+    } else {
+        check_msg(err);
+        FUZZ_CHECK(memcmp(&cfg, &before, sizeof cfg) == 0);
+    }
+
+    /* as one override (up to the first NUL) */
+    char *s = malloc(size + 1);
+    FUZZ_CHECK(s != NULL);
+    memcpy(s, data, size);
+    s[size] = '\0';
+    config_defaults(&cfg);
+    before = cfg;
+    memset(err, 0x55, sizeof err);
+    rc = config_apply_override(&cfg, s, err, sizeof err);
+    FUZZ_CHECK(rc == 0 || rc == -1);
+    if (rc == 0) {
+        check_parsed(&cfg);
+    } else {
+        check_msg(err);
+        FUZZ_CHECK(memcmp(&cfg, &before, sizeof cfg) == 0);
+    }
+    free(s);
+    return 0;
+}
