@@ -148,16 +148,19 @@ $(KVNODECTL): $(call obj,$(CTL_SRC)) $(LIBA)
 	$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(call pc_libs,jansson libcurl)
 
 # --- tests -------------------------------------------------------------------
-$(BUILD)/tests/%: tests/unit/%.c $(DAEMON_OBJ) $(COMMON_OBJ) $(PROTO_H)
+# Test programs compile in one step; they depend on every test helper header.
+TEST_HDRS := $(wildcard tests/unit/*.h tests/sim/*.h tests/integration/*.h tests/fuzz/*.h)
+
+$(BUILD)/tests/%: tests/unit/%.c $(DAEMON_OBJ) $(COMMON_OBJ) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(DAEMON_OBJ) $(COMMON_OBJ) $(DAEMON_LIBS) $(CHECK_LIBS)
 
 # Client-library tests (fake server in-process) link libkvnode, not the daemon.
-$(BUILD)/tests/test_client_%: tests/unit/test_client_%.c $(LIBA) $(PROTO_H)
+$(BUILD)/tests/test_client_%: tests/unit/test_client_%.c $(LIBA) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) -lpthread
 
-$(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(LIBA) $(PROTO_H)
+$(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(LIBA) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
 
@@ -165,7 +168,7 @@ $(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(LIBA) $(PROTO_H)
 $(SIM_BIN): $(call obj,tests/sim/kvs_sim.c)
 	$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(call pc_libs,libevent jansson)
 
-$(BUILD)/tests/%: tests/sim/%.c $(SIM_BIN)
+$(BUILD)/tests/%: tests/sim/%.c $(SIM_BIN) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
 
