@@ -20,64 +20,11 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "kvh_http.h"
 
 #define BLOCK (64u << 10)
 
 /* ---- HTTP ------------------------------------------------------------------ */
-
-struct body { char *p; size_t n; };
-
-static size_t body_sink(char *p, size_t size, size_t n, void *arg)
-{
-    struct body *b = arg;
-    size_t add = size * n;
-    char *q = realloc(b->p, b->n + add + 1);
-    if (!q)
-        return 0;
-    memcpy(q + b->n, p, add);
-    b->p = q;
-    b->n += add;
-    b->p[b->n] = '\0';
-    return add;
-}
-
-/* GET (or `method`) http://ADDR/path; ADDR "unix:PATH" goes over that socket.
- * Returns the status code; *body (malloc'd, may be NULL) and *ctype (static
- * copy) when asked. */
-static long http_req(const char *addr, const char *method, const char *path, char **body, char *ctype,
-                     size_t ctlen)
-{
-    char url[512];
-    struct body b = { NULL, 0 };
-    long code = -1;
-    CURL *h = curl_easy_init();
-    ck_assert_ptr_nonnull(h);
-    bool is_unix = strncmp(addr, "unix:", 5) == 0;
-    snprintf(url, sizeof url, "http://%s%s", is_unix ? "localhost" : addr, path);
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    if (is_unix)
-        curl_easy_setopt(h, CURLOPT_UNIX_SOCKET_PATH, addr + 5);
-    if (method)
-        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, body_sink);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    CURLcode rc = curl_easy_perform(h);
-    ck_assert_msg(rc == CURLE_OK, "%s %s: %s", method ? method : "GET", url, curl_easy_strerror(rc));
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
-    if (ctype) {
-        char *ct = NULL;
-        curl_easy_getinfo(h, CURLINFO_CONTENT_TYPE, &ct);
-        snprintf(ctype, ctlen, "%s", ct ? ct : "");
-    }
-    curl_easy_cleanup(h);
-    if (body)
-        *body = b.p ? b.p : strdup("");
-    else
-        free(b.p);
-    return code;
-}
 
 /* ---- metrics parsing -------------------------------------------------------- */
 
@@ -192,7 +139,7 @@ START_TEST(test_metrics_count_what_was_done)
     KVH_OK(c, kvnode_put_abort(c, wl));
 
     char *page, ctype[128];
-    ck_assert_int_eq(http_req(addr, NULL, "/metrics", &page, ctype, sizeof ctype), 200);
+    ck_assert_int_eq(kvh_http_req(addr, NULL, "/metrics", &page, ctype, sizeof ctype), 200);
     ck_assert_str_eq(ctype, "text/plain; version=0.0.4; charset=utf-8");
     json_t *m = parse_metrics(&d, page);
 
@@ -265,7 +212,7 @@ START_TEST(test_metrics_count_what_was_done)
 
     /* /stats is the STATS document (fields that do not move by themselves). */
     char *text;
-    ck_assert_int_eq(http_req(addr, NULL, "/stats", &text, ctype, sizeof ctype), 200);
+    ck_assert_int_eq(kvh_http_req(addr, NULL, "/stats", &text, ctype, sizeof ctype), 200);
     ck_assert_str_eq(ctype, "application/json");
     json_error_t jerr;
     json_t *hs = json_loads(text, 0, &jerr);
@@ -284,17 +231,17 @@ START_TEST(test_metrics_count_what_was_done)
     json_decref(st);
 
     /* /config, /healthz, /readyz, 404, 405. */
-    ck_assert_int_eq(http_req(addr, NULL, "/config", &text, NULL, 0), 200);
+    ck_assert_int_eq(kvh_http_req(addr, NULL, "/config", &text, NULL, 0), 200);
     ck_assert_msg(strstr(text, "host_bytes = 64MiB") && strstr(text, "[admin]"), "/config: %s", text);
     free(text);
-    ck_assert_int_eq(http_req(addr, NULL, "/healthz", &text, NULL, 0), 200);
+    ck_assert_int_eq(kvh_http_req(addr, NULL, "/healthz", &text, NULL, 0), 200);
     ck_assert_str_eq(text, "ok\n");
     free(text);
-    ck_assert_int_eq(http_req(addr, NULL, "/readyz", &text, NULL, 0), 200);
+    ck_assert_int_eq(kvh_http_req(addr, NULL, "/readyz", &text, NULL, 0), 200);
     free(text);
-    ck_assert_int_eq(http_req(addr, NULL, "/nope", NULL, NULL, 0), 404);
-    ck_assert_int_eq(http_req(addr, "POST", "/metrics", NULL, NULL, 0), 405);
-    ck_assert_int_eq(http_req(addr, "DELETE", "/stats", NULL, NULL, 0), 405);
+    ck_assert_int_eq(kvh_http_req(addr, NULL, "/nope", NULL, NULL, 0), 404);
+    ck_assert_int_eq(kvh_http_req(addr, "POST", "/metrics", NULL, NULL, 0), 405);
+    ck_assert_int_eq(kvh_http_req(addr, "DELETE", "/stats", NULL, NULL, 0), 405);
 
     kvnode_close(c);
     free(addr);
@@ -315,9 +262,9 @@ START_TEST(test_unix_listener_and_kvnodectl)
     ck_assert_str_eq(a, addr);
     free(a);
     char *text;
-    ck_assert_int_eq(http_req(addr, NULL, "/healthz", &text, NULL, 0), 200);
+    ck_assert_int_eq(kvh_http_req(addr, NULL, "/healthz", &text, NULL, 0), 200);
     free(text);
-    ck_assert_int_eq(http_req(addr, NULL, "/metrics", &text, NULL, 0), 200);
+    ck_assert_int_eq(kvh_http_req(addr, NULL, "/metrics", &text, NULL, 0), 200);
     json_t *m = parse_metrics(&d, text);
     ASSERT_SAMPLE(m, "kvnode_worker_up", L("worker", "loop"), 1);
     json_decref(m);

@@ -19,6 +19,7 @@
 #include <curl/curl.h>
 
 #include "harness.h"
+#include "kvh_http.h"
 
 #define BB 65536
 #define SMALL_TIER "memory.host_bytes=8MiB\nmemory.slab_bytes=1MiB\nadmin.listen=127.0.0.1:0\n"
@@ -42,22 +43,6 @@ static long long ns_stat(const kvh_daemon *d, const char *model, const char *key
     return out;
 }
 
-struct body { char *p; size_t n; };
-
-static size_t body_sink(char *p, size_t size, size_t n, void *arg)
-{
-    struct body *b = arg;
-    size_t add = size * n;
-    char *q = realloc(b->p, b->n + add + 1);
-    if (!q)
-        return 0;
-    memcpy(q + b->n, p, add);
-    b->p = q;
-    b->n += add;
-    b->p[b->n] = '\0';
-    return add;
-}
-
 /* GET /metrics from the daemon's admin listener (malloc'd body). */
 static char *get_metrics(const kvh_daemon *d)
 {
@@ -65,22 +50,11 @@ static char *get_metrics(const kvh_daemon *d)
     ck_assert_msg(st != NULL, "stats: %s", kvh_error());
     const char *addr = json_string_value(json_object_get(st, "admin"));
     ck_assert_msg(addr != NULL, "stats has no \"admin\" address");
-    char url[256];
-    snprintf(url, sizeof url, "http://%s/metrics", addr);
+    char *text = NULL;
+    long code = kvh_http_req(addr, NULL, "/metrics", &text, NULL, 0);
     json_decref(st);
-    struct body b = { NULL, 0 };
-    CURL *h = curl_easy_init();
-    ck_assert_ptr_nonnull(h);
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, body_sink);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    CURLcode rc = curl_easy_perform(h);
-    ck_assert_msg(rc == CURLE_OK, "GET %s: %s", url, curl_easy_strerror(rc));
-    curl_easy_cleanup(h);
-    ck_assert_ptr_nonnull(b.p);
-    return b.p;
+    ck_assert_msg(code == 200, "GET /metrics: status %ld", code);
+    return text;
 }
 
 START_TEST(quota_evicts_own_blocks_only)
