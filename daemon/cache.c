@@ -401,7 +401,8 @@ size_t cache_match(struct cache *c, kv_namespace *ns, const int64_t *keys, size_
         }
     }
     cache_count_keys(c, n, i, miss);
-    /* A matched prefix is about to be read: refresh it, tail-first. */
+    /* A matched prefix is about to be read: refresh it, tail-first (so a
+     * second walk; its lookups hit the lines the first one just loaded). */
     for (size_t j = i; j-- > 0;) {
         index_entry *e = index_lookup(c->index, ns->id, keys[j]);
         if (e->pins == 0)
@@ -428,38 +429,38 @@ int cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
     lease *l;
     int rc;
 
-    index_entry *miss = NULL;
+    index_entry *first, *miss = NULL;
 
     *lease_id = 0;
     *got = 0;
-    while (m < n) {
-        index_entry *e = index_lookup(c->index, ns->id, keys[m]);
-        if (!e || e->state != ENTRY_SEALED) {
-            miss = e;
-            break;
-        }
-        m++;
-    }
-    if (m == 0) {
-        cache_count_keys(c, n, 0, miss);
+    first = n ? index_lookup(c->index, ns->id, keys[0]) : NULL;
+    if (!first || first->state != ENTRY_SEALED) {
+        cache_count_keys(c, n, 0, first);
         return 0;
     }
     rc = cache_check_lease_room(c, owner, err, errlen);
     if (rc < 0)
         return rc;
-    l = lease_create(c->leases, LEASE_READ, ns->id, owner, clock_now_ms(), c->read_ttl_ms, m);
+    /* Room for every key; the walk pins the ready prefix in one pass and
+     * leaves the rest of entries[] NULL. */
+    l = lease_create(c->leases, LEASE_READ, ns->id, owner, clock_now_ms(), c->read_ttl_ms, n);
     if (!l) {
         errmsg_set(err, errlen, "out of memory creating a read lease");
         return -KVNODE_ENOMEM;
     }
-    for (size_t i = 0; i < m; i++) {
-        index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+    for (index_entry *e = first; m < n; m++) {
+        if (m > 0)
+            e = index_lookup(c->index, ns->id, keys[m]);
+        if (!e || e->state != ENTRY_SEALED) {
+            miss = e;
+            break;
+        }
         if (e->pins++ == 0)
             index_lru_remove(c->index, e);
-        l->entries[i] = e;
-        locs[i].arena = e->arena;
-        locs[i].offset = e->offset;
-        locs[i].present = true;
+        l->entries[m] = e;
+        locs[m].arena = e->arena;
+        locs[m].offset = e->offset;
+        locs[m].present = true;
     }
     *lease_id = l->id;
     *got = m;
