@@ -15,6 +15,7 @@
 #define CONFIG_IDLIST_MAX 512   /* allow_uids / allow_gids text, NUL included */
 #define CONFIG_NAME_MAX   64    /* socket_group text, NUL included */
 #define CONFIG_IDS_MAX    64    /* ids in one allow list */
+#define CONFIG_URL_MAX    512   /* [persist] url text, NUL included */
 
 struct kvn_config {
     /* [server] */
@@ -49,7 +50,28 @@ struct kvn_config {
 
     /* [admin] */
     char     admin_listen[CONFIG_LISTEN_MAX]; /* "HOST:PORT", "unix:PATH" or "off" */
+
+    /* [persist] */
+    int      persist_backend;        /* CONFIG_BACKEND_*: off, file (default), v6d (restart) */
+    int      persist_policy;         /* CONFIG_POLICY_*: when blocks are written (reloadable) */
+    char     persist_path[PATH_MAX]; /* file: root directory (restart) */
+    uint64_t persist_capacity;       /* file: bytes on disk before LRU eviction, 0: none (restart) */
+    int      persist_fsync;          /* KVS_FSYNC_* values: never, batch, always (restart) */
+    uint32_t persist_workers;        /* worker threads (restart) */
+    uint32_t persist_queue;          /* outstanding store jobs before drops (restart) */
+    char     persist_url[CONFIG_URL_MAX];   /* v6d: control-plane base URL (restart) */
+    char     persist_socket[PATH_MAX];      /* v6d: data-plane unix socket (restart) */
+    uint32_t persist_connect_timeout_ms;    /* v6d: connect bound (restart) */
+    uint32_t persist_timeout_ms;            /* v6d: bound on one store call (restart) */
+    int      persist_lookup;         /* CONFIG_LOOKUP_*: ask the store about keys the index
+                                        lacks (auto: only for stores no scan can enumerate) */
 };
+
+enum { CONFIG_BACKEND_OFF = 0, CONFIG_BACKEND_FILE = 1, CONFIG_BACKEND_V6D = 2 };
+/* write_through: persist on commit; write_back: persist when a block leaves
+ * memory; off: write nothing (the store still serves reads and deletes). */
+enum { CONFIG_POLICY_WRITE_THROUGH = 0, CONFIG_POLICY_WRITE_BACK = 1, CONFIG_POLICY_OFF = 2 };
+enum { CONFIG_LOOKUP_AUTO = 0, CONFIG_LOOKUP_ON = 1, CONFIG_LOOKUP_OFF = 2 };
 
 enum { CONFIG_PIN_AUTO = 0, CONFIG_PIN_ON = 1, CONFIG_PIN_OFF = 2 };
 
