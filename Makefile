@@ -281,11 +281,13 @@ install: all
 	install -m 0644 systemd/kvnode.sysusers $(DESTDIR)$(SYSUSERSDIR)/kvnode.conf
 	install -m 0644 systemd/kvnode.tmpfiles $(DESTDIR)$(TMPFILESDIR)/kvnode.conf
 	@# The operator's config is never overwritten; the shipped one serves the
-	@# service's socket (conf/kvnode.conf points make run at ./run).
+	@# service's socket and store (conf/kvnode.conf points make run at ./run
+	@# and ./var).
 	@if [ -e $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf ]; then \
 	    echo "keeping existing $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf"; \
 	else \
 	    sed -e 's|^socket_path = run/kvnode.sock|#socket_path = /run/kvnode/kvnode.sock|' \
+	        -e 's|^path = var$$|#path = /var/lib/kvnode|' \
 	        conf/kvnode.conf > $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf && \
 	    chmod 0644 $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf && \
 	    echo "installed $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf"; \

@@ -16,6 +16,8 @@
 #include "kvnode.h"
 #include "log.h"
 #include "metrics.h"
+#include "kvs/kvs.h"
+#include "persist.h"
 
 #define HOST_ARENA_ID 0u
 /* Work done per loop iteration by the background evictor and the reaper, so
@@ -36,6 +38,12 @@ struct cache {
     uint64_t read_ttl_ms, write_ttl_ms, reaper_interval_ms;
     uint32_t max_leases_per_client;
     uint64_t namespace_quota;   /* host-tier bytes per namespace, 0: none */
+    int policy;                 /* CONFIG_POLICY_* */
+    uint32_t request_timeout_ms;
+
+    struct persist *persist;    /* NULL: no store */
+    uint64_t ghosts;            /* entries only in the store (incl. promoting) */
+    uint64_t evicting_bytes;    /* write-back victims whose write is in flight */
 
     struct event *evict_ev;
     bool evict_scheduled;
@@ -46,7 +54,64 @@ struct cache {
     uint64_t evicted_quota;     /* a namespace's own blocks, for its quota */
     uint64_t reaped_read, reaped_write;
     uint64_t sealed_total;
+    uint64_t evicted_to_store;  /* memory freed, the store's copy kept as a ghost */
+    uint64_t writeback_started; /* write-back victims handed to the store */
+    uint64_t promotions, promotions_ok, promotions_failed;
+    uint64_t lookups, lookup_found;
+    uint64_t waits, wait_timeouts;
+    uint64_t recovered, recovery_skipped;
     struct metrics_keys keys;   /* match/get lookups: matched, missed by reason */
+};
+
+/* A MATCH or GET whose answer waits for the store (see cache.h). Built on
+ * the stack; moved to the heap the first time the walk has to wait. Freed
+ * once the requester is done with it (finished) and no store request it
+ * started is outstanding. */
+enum { WAIT_MATCH = 1, WAIT_GET = 2 };
+struct cache_wait {
+    struct cache *c;
+    int kind;
+    kv_namespace *ns;
+    const int64_t *keys;        /* the caller's during start, owned copy once on the heap */
+    size_t n;
+    size_t next;                /* GET: next key to walk */
+    lease *l;                   /* GET: the read lease (NULL: none yet, or reaped) */
+    struct lease_list *owner;   /* GET: who the lease is for */
+    unsigned outstanding;       /* promotions and lookups not back yet */
+    bool on_heap, looked_up, may_wait, nomem;
+    bool answered;              /* ready() called (or the answer was immediate) */
+    bool finished;              /* the requester called finish or cancel */
+    cache_ready_fn ready;
+    void *arg;
+    struct event *timer;
+};
+
+/* One store read of a ghost into its reserved slot, and the waits on it. */
+struct promo_waiter {
+    struct cache_wait *w;
+    struct promo_waiter *next;
+};
+struct cache_promo {
+    struct cache *c;
+    index_entry *e;
+    kv_namespace *ns;
+    struct promo_waiter *waiters;
+};
+
+/* A write of one block to the store. */
+struct cache_write {
+    struct cache *c;
+    index_entry *e;
+    kv_namespace *ns;
+    int64_t key;
+};
+
+/* A lookup of keys the index does not know. */
+struct cache_lookup {
+    struct cache_wait *w;
+    int64_t *keys;
+    size_t n;
+    uint8_t present[];
 };
 
 static void cache_evict_cb(evutil_socket_t fd, short what, void *arg);
@@ -151,6 +216,8 @@ void cache_apply_config(struct cache *c, const struct kvn_config *cfg)
     c->max_leases_per_client = cfg->max_leases_per_client;
     /* A lowered quota is enforced at each namespace's next put, no sweep. */
     c->namespace_quota = cfg->namespace_quota;
+    c->policy = cfg->persist_policy;
+    c->request_timeout_ms = cfg->request_timeout_ms;
     if (c->reaper_interval_ms != cfg->reaper_interval_ms) {
         c->reaper_interval_ms = cfg->reaper_interval_ms;
         tv.tv_sec = (time_t)(c->reaper_interval_ms / 1000u);
@@ -230,23 +297,53 @@ static uint64_t ns_block_bytes(struct cache *c, uint32_t ns_id)
     return ns ? ns->layout.block_bytes : 0;
 }
 
-/* Forget a SEALED entry's accounting (it is leaving the index). */
+static bool entry_has_slot(const index_entry *e)
+{
+    return e->state != ENTRY_GHOST;
+}
+
+static void *cache_slot_ptr(struct cache *c, const index_entry *e)
+{
+    return (uint8_t *)arena_base(c->host) + e->offset;
+}
+
+/* Forget an entry's accounting (it is leaving the index). */
 static void cache_account_remove(struct cache *c, index_entry *e)
 {
     kv_namespace *ns = ns_get(c->namespaces, e->ns);
-    if (ns && ns->blocks > 0) {
+    if (!ns)
+        return;
+    if (e->state == ENTRY_SEALED && ns->blocks > 0) {
         ns->blocks--;
         ns->bytes -= ns->layout.block_bytes;
+    } else if (e->state == ENTRY_GHOST || e->state == ENTRY_PROMOTING) {
+        if (ns->stored > 0)
+            ns->stored--;
+        if (c->ghosts > 0)
+            c->ghosts--;
     }
 }
 
 static void cache_entry_destroy(struct cache *c, index_entry *e)
 {
-    arena_free(c->host, e->offset);
+    if (entry_has_slot(e))
+        arena_free(c->host, e->offset);
     index_entry_free(e);
 }
 
-/* Drop an unpinned SEALED entry from memory (no persistence yet). */
+/* Take an entry out of the index: freed now, or, while pinned (readers, a
+ * store request), when the last pin goes. */
+static void cache_remove_entry(struct cache *c, index_entry *e)
+{
+    index_unlink(c->index, e);
+    cache_account_remove(c, e);
+    if (e->pins > 0)
+        e->detached = 1;
+    else
+        cache_entry_destroy(c, e);
+}
+
+/* Drop an unpinned SEALED entry from memory and the index. */
 static void cache_drop_entry(struct cache *c, index_entry *e)
 {
     index_unlink(c->index, e);
@@ -254,10 +351,35 @@ static void cache_drop_entry(struct cache *c, index_entry *e)
     cache_entry_destroy(c, e);
 }
 
-static void cache_drop(struct cache *c, index_entry *e)
+/* An unpinned SEALED entry the store holds leaves memory and stays indexed
+ * as a ghost. */
+static void cache_to_ghost(struct cache *c, index_entry *e)
 {
-    cache_drop_entry(c, e);
-    c->evicted_dropped++;
+    kv_namespace *ns = ns_get(c->namespaces, e->ns);
+    index_lru_remove(c->index, e);
+    arena_free(c->host, e->offset);
+    if (ns) {
+        if (ns->blocks > 0) {
+            ns->blocks--;
+            ns->bytes -= ns->layout.block_bytes;
+        }
+        ns->stored++;
+    }
+    c->ghosts++;
+    e->state = ENTRY_GHOST;
+    e->evicting = 0;
+    c->evicted_to_store++;
+}
+
+/* Free a victim's memory: keep it as a ghost when the store holds it. */
+static void cache_evict_entry(struct cache *c, index_entry *e)
+{
+    if (c->persist && e->persist == PERSIST_STORED) {
+        cache_to_ghost(c, e);
+    } else {
+        cache_drop_entry(c, e);
+        c->evicted_dropped++;
+    }
 }
 
 static void cache_unpin(struct cache *c, index_entry *e)
@@ -268,8 +390,84 @@ static void cache_unpin(struct cache *c, index_entry *e)
         return;
     if (e->detached)
         cache_entry_destroy(c, e);
-    else
+    else if (e->state == ENTRY_SEALED)
         index_lru_touch(c->index, e);
+}
+
+static void cache_pin(struct cache *c, index_entry *e)
+{
+    if (e->pins++ == 0)
+        index_lru_remove(c->index, e);
+}
+
+/* --- writes to the store ---------------------------------------------------- */
+
+static bool cache_over(const struct cache *c, double watermark);
+
+static void cache_write_done(void *arg, int rc)
+{
+    struct cache_write *w = arg;
+    struct cache *c = w->c;
+    index_entry *e = w->e;
+    bool detached = e->detached, evict = e->evicting;
+
+    if (evict) {
+        uint64_t bb = w->ns->layout.block_bytes;
+        c->evicting_bytes -= c->evicting_bytes >= bb ? bb : c->evicting_bytes;
+        e->evicting = 0;
+    }
+    if (detached) {
+        /* Deleted while it was being written: the copy just made must go. */
+        if (rc == 0 && c->persist)
+            persist_delete(c->persist, w->ns, &w->key, 1, NULL, NULL);
+    } else {
+        e->persist = rc == 0 ? PERSIST_STORED : PERSIST_FAILED;
+    }
+    cache_unpin(c, e);
+    /* A write-back victim leaves memory now that its copy landed (or, if the
+     * write failed, is dropped while memory is still tight). */
+    if (!detached && evict && e->pins == 0 && e->state == ENTRY_SEALED) {
+        if (rc == 0) {
+            cache_to_ghost(c, e);
+        } else if (cache_over(c, c->low_watermark)) {
+            cache_drop_entry(c, e);
+            c->evicted_dropped++;
+        }
+    }
+    free(w);
+}
+
+/* Hand a SEALED block to the store; the entry is pinned until the write
+ * lands. 0, or < 0 (queue full, stopping, no memory): marked PERSIST_FAILED. */
+static int cache_write_submit(struct cache *c, index_entry *e, bool evicting)
+{
+    kv_namespace *ns = ns_get(c->namespaces, e->ns);
+    struct cache_write *w = ns ? malloc(sizeof *w) : NULL;
+    int rc;
+
+    if (!w) {
+        e->persist = PERSIST_FAILED;
+        return -KVNODE_ENOMEM;
+    }
+    w->c = c;
+    w->e = e;
+    w->ns = ns;
+    w->key = e->key;
+    rc = persist_write(c->persist, ns, e->key, cache_slot_ptr(c, e), ns->layout.block_bytes,
+                       cache_write_done, w);
+    if (rc < 0) {
+        free(w);
+        e->persist = PERSIST_FAILED;
+        return rc;
+    }
+    e->persist = PERSIST_WRITING;
+    cache_pin(c, e);
+    if (evicting) {
+        e->evicting = 1;
+        c->evicting_bytes += ns->layout.block_bytes;
+        c->writeback_started++;
+    }
+    return 0;
 }
 
 /* --- eviction ------------------------------------------------------------- */
@@ -281,16 +479,27 @@ static bool cache_over(const struct cache *c, double watermark)
     return (double)st.used_bytes > watermark * (double)st.capacity;
 }
 
+/* Over the watermark once the write-back victims in flight have left. */
+static bool cache_over_after_writeback(const struct cache *c, double watermark)
+{
+    struct arena_stats st;
+    arena_get_stats(c->host, &st);
+    uint64_t used = st.used_bytes > c->evicting_bytes ? st.used_bytes - c->evicting_bytes : 0;
+    return (double)used > watermark * (double)st.capacity;
+}
+
 static void cache_evict_maybe_schedule(struct cache *c)
 {
-    if (!c->evict_scheduled && cache_over(c, c->high_watermark)) {
+    if (!c->evict_scheduled && cache_over_after_writeback(c, c->high_watermark)) {
         c->evict_scheduled = true;
         event_active(c->evict_ev, 0, 0);
     }
 }
 
 /* Background eviction: a batch per loop iteration until below the low
- * watermark or nothing is evictable. */
+ * watermark or nothing is evictable. Under write_back a victim the store
+ * does not hold yet is written first and leaves memory when the write lands;
+ * one the queue cannot take is dropped (and counted). */
 static void cache_evict_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct cache *c = arg;
@@ -298,14 +507,17 @@ static void cache_evict_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     c->evict_scheduled = false;
     for (unsigned i = 0; i < EVICT_BATCH; i++) {
-        if (!cache_over(c, c->low_watermark))
+        if (!cache_over_after_writeback(c, c->low_watermark))
             return;
         index_entry *victim = index_lru_oldest_in_arena(c->index, arena_id(c->host));
         if (!victim)
             return;
-        cache_drop(c, victim);
+        if (c->persist && c->policy == CONFIG_POLICY_WRITE_BACK && victim->persist == PERSIST_NONE &&
+            cache_write_submit(c, victim, true) == 0)
+            continue;
+        cache_evict_entry(c, victim);
     }
-    if (cache_over(c, c->low_watermark)) {
+    if (cache_over_after_writeback(c, c->low_watermark)) {
         c->evict_scheduled = true;
         event_active(c->evict_ev, 0, 0);
     }
@@ -313,7 +525,9 @@ static void cache_evict_cb(evutil_socket_t fd, short what, void *arg)
 
 /* Make one slot of class cls allocatable: evict the class's own oldest
  * blocks first (frees a slot directly), else the arena's oldest until a
- * whole slab comes free. */
+ * whole slab comes free. A request cannot wait for a write, so victims the
+ * store does not hold are dropped here (the background evictor keeps this
+ * rare by working from the high watermark). */
 static bool cache_make_room(struct cache *c, uint32_t cls)
 {
     while (!arena_can_alloc(c->host, cls)) {
@@ -322,7 +536,7 @@ static bool cache_make_room(struct cache *c, uint32_t cls)
             victim = index_lru_oldest_in_arena(c->index, arena_id(c->host));
         if (!victim)
             return false;
-        cache_drop(c, victim);
+        cache_evict_entry(c, victim);
     }
     return true;
 }
@@ -339,7 +553,10 @@ static bool cache_quota_room(struct cache *c, kv_namespace *ns)
         index_entry *victim = index_lru_oldest_in_ns(c->index, ns->id);
         if (!victim)
             return false;
-        cache_drop_entry(c, victim);
+        if (c->persist && victim->persist == PERSIST_STORED)
+            cache_to_ghost(c, victim);
+        else
+            cache_drop_entry(c, victim);
         c->evicted_quota++;
     }
     return true;
@@ -377,10 +594,12 @@ static void cache_count_keys(struct cache *c, size_t n, size_t m, const index_en
     c->keys.matched += m;
     if (m == n)
         return;
-    if (e)
+    if (!e)
+        c->keys.absent++;
+    else if (e->state == ENTRY_WRITING)
         c->keys.writing++;
     else
-        c->keys.absent++;
+        c->keys.unavailable++;
     c->keys.beyond_gap += n - m - 1;
 }
 
@@ -389,27 +608,358 @@ void cache_key_metrics(const struct cache *c, struct metrics_keys *out)
     *out = c->keys;
 }
 
-size_t cache_match(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n)
+void cache_set_persist(struct cache *c, struct persist *p)
+{
+    c->persist = p;
+}
+
+static bool cache_may_lookup(const struct cache *c)
+{
+    return c->persist && persist_lookup_on_miss(c->persist);
+}
+
+/* The prefix held in some tier, tallied per tier; *miss = the entry that
+ * ended it (NULL: absent or the end). */
+static size_t cache_match_scan(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+                               struct cache_tiers *t, index_entry **miss)
 {
     size_t i;
-    index_entry *miss = NULL;
+    memset(t, 0, sizeof *t);
+    *miss = NULL;
     for (i = 0; i < n; i++) {
         index_entry *e = index_lookup(c->index, ns->id, keys[i]);
-        if (!e || e->state != ENTRY_SEALED) {
-            miss = e;
+        if (!e || e->state == ENTRY_WRITING) {
+            *miss = e;
             break;
         }
+        if (e->state == ENTRY_SEALED) {
+            if (e->tier == KVNODE_TIER_HBM)
+                t->hbm++;
+            else
+                t->host++;
+        } else {
+            t->store++;
+        }
     }
-    cache_count_keys(c, n, i, miss);
-    /* A matched prefix is about to be read: refresh it, tail-first (so a
-     * second walk; its lookups hit the lines the first one just loaded). */
-    for (size_t j = i; j-- > 0;) {
+    t->matched = i;
+    return i;
+}
+
+/* A matched prefix is about to be read: refresh what of it is in memory,
+ * tail-first (the lookups hit the lines the scan just loaded). */
+static void cache_match_touch(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t m)
+{
+    for (size_t j = m; j-- > 0;) {
         index_entry *e = index_lookup(c->index, ns->id, keys[j]);
-        if (e->pins == 0)
+        if (e && e->state == ENTRY_SEALED && e->pins == 0)
             index_lru_touch(c->index, e);
+    }
+}
+
+void cache_match_tiers(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+                       struct cache_tiers *out)
+{
+    index_entry *miss;
+    size_t m = cache_match_scan(c, ns, keys, n, out, &miss);
+    cache_count_keys(c, n, m, miss);
+    cache_match_touch(c, ns, keys, m);
+}
+
+size_t cache_match(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n)
+{
+    struct cache_tiers t;
+    cache_match_tiers(c, ns, keys, n, &t);
+    return t.matched;
+}
+
+/* --- deferred answers -------------------------------------------------------- */
+
+static void cache_wait_free(struct cache_wait *w)
+{
+    if (w->timer)
+        event_free(w->timer);
+    free((void *)w->keys);
+    free(w);
+}
+
+static void cache_wait_answer(struct cache_wait *w)
+{
+    if (w->answered)
+        return;
+    w->answered = true;
+    if (w->timer)
+        evtimer_del(w->timer);
+    if (!w->finished)
+        w->ready(w->arg);
+}
+
+/* A store request of w's came back. */
+static void cache_wait_progress(struct cache_wait *w)
+{
+    if (w->outstanding > 0)
+        w->outstanding--;
+    if (w->outstanding > 0)
+        return;
+    if (w->finished)
+        cache_wait_free(w);
+    else
+        cache_wait_answer(w);
+}
+
+static void cache_wait_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache_wait *w = arg;
+    (void)fd;
+    (void)what;
+    w->c->wait_timeouts++;
+    log_debug("a %s waited %u ms for the store; answering with what is ready",
+              w->kind == WAIT_GET ? "get" : "match", w->c->request_timeout_ms);
+    cache_wait_answer(w);
+}
+
+/* Move a wait built on the stack to the heap before anything refers to it. */
+static struct cache_wait *cache_wait_heap(struct cache_wait *w)
+{
+    struct cache_wait *h;
+    int64_t *keys;
+
+    if (w->on_heap)
+        return w;
+    h = malloc(sizeof *h);
+    keys = malloc((w->n ? w->n : 1) * sizeof *keys);
+    if (!h || !keys) {
+        free(h);
+        free(keys);
+        return NULL;
+    }
+    memcpy(keys, w->keys, w->n * sizeof *keys);
+    *h = *w;
+    h->keys = keys;
+    h->on_heap = true;
+    if (h->l)
+        h->l->waiter = h;
+    return h;
+}
+
+/* Start the timer of a wait that goes on after its start call. Without one
+ * (out of memory) it answers when the store's own timeouts end its requests. */
+static void cache_wait_arm(struct cache *c, struct cache_wait *w)
+{
+    struct timeval tv;
+    w->timer = evtimer_new(c->base, cache_wait_timeout_cb, w);
+    c->waits++;
+    if (!w->timer) {
+        log_warn("cannot arm a deferred answer's timer: it waits for the store's timeouts");
+        return;
+    }
+    tv.tv_sec = (time_t)(c->request_timeout_ms / 1000u);
+    tv.tv_usec = (suseconds_t)((c->request_timeout_ms % 1000u) * 1000u);
+    evtimer_add(w->timer, &tv);
+}
+
+void cache_wait_cancel(struct cache *c, struct cache_wait *w)
+{
+    (void)c;
+    if (!w)
+        return;
+    w->finished = true;
+    if (w->timer)
+        evtimer_del(w->timer);
+    if (w->l) {
+        w->l->waiter = NULL;
+        w->l = NULL;
+    }
+    if (w->outstanding == 0)
+        cache_wait_free(w);
+}
+
+/* --- lookups of keys the index does not know ---------------------------------- */
+
+/* Index as ghosts the keys the store reported, up to the first it lacks. */
+static size_t cache_index_found(struct cache *c, kv_namespace *ns, const int64_t *keys,
+                                const uint8_t *present, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n && present[i]; i++) {
+        if (index_lookup(c->index, ns->id, keys[i]))
+            continue;
+        index_entry *e = index_insert(c->index, ns->id, keys[i]);
+        if (!e)
+            break;
+        e->state = ENTRY_GHOST;
+        e->tier = KVNODE_TIER_HOST;
+        e->arena = UINT32_MAX;
+        e->persist = PERSIST_STORED;
+        ns->stored++;
+        c->ghosts++;
     }
     return i;
 }
+
+static void cache_get_walk(struct cache *c, struct cache_wait **wp);
+
+static void cache_lookup_done(void *arg, int rc)
+{
+    struct cache_lookup *lk = arg;
+    struct cache_wait *w = lk->w;
+    struct cache *c = w->c;
+
+    if (rc == 0)
+        c->lookup_found += cache_index_found(c, w->ns, lk->keys, lk->present, lk->n);
+    free(lk);
+    /* A GET goes on walking with what the lookup found (promotions). */
+    if (rc == 0 && w->kind == WAIT_GET && !w->answered && !w->finished)
+        cache_get_walk(c, &w);
+    cache_wait_progress(w);
+}
+
+/* Ask the store about keys[from..n). 0 when submitted (w counts it). */
+static int cache_lookup_submit(struct cache *c, struct cache_wait *w, size_t from)
+{
+    size_t n = w->n - from;
+    struct cache_lookup *lk = malloc(sizeof *lk + n);
+    if (!lk)
+        return -KVNODE_ENOMEM;
+    lk->w = w;
+    lk->keys = (int64_t *)w->keys + from;
+    lk->n = n;
+    if (persist_exists(c->persist, w->ns, lk->keys, n, lk->present, cache_lookup_done, lk) < 0) {
+        free(lk);
+        return -KVNODE_ELIMIT;
+    }
+    w->looked_up = true;
+    w->outstanding++;
+    c->lookups++;
+    return 0;
+}
+
+int cache_match_start(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+                      struct cache_tiers *out, cache_ready_fn ready, void *arg,
+                      struct cache_wait **wait)
+{
+    index_entry *miss;
+    size_t m = cache_match_scan(c, ns, keys, n, out, &miss);
+
+    *wait = NULL;
+    if (m < n && !miss && ready && cache_may_lookup(c)) {
+        struct cache_wait tmp = { .c = c, .kind = WAIT_MATCH, .ns = ns, .keys = keys, .n = n,
+                                  .ready = ready, .arg = arg };
+        struct cache_wait *w = cache_wait_heap(&tmp);
+        if (w && cache_lookup_submit(c, w, m) == 0) {
+            cache_wait_arm(c, w);
+            *wait = w;
+            return CACHE_WAITING;
+        }
+        if (w)
+            cache_wait_free(w);
+    }
+    cache_count_keys(c, n, m, miss);
+    cache_match_touch(c, ns, keys, m);
+    return 0;
+}
+
+void cache_match_finish(struct cache *c, struct cache_wait *w, struct cache_tiers *out)
+{
+    index_entry *miss;
+    size_t m = cache_match_scan(c, w->ns, w->keys, w->n, out, &miss);
+    cache_count_keys(c, w->n, m, miss);
+    cache_match_touch(c, w->ns, w->keys, m);
+    cache_wait_cancel(c, w);
+}
+
+/* --- promotions ------------------------------------------------------------- */
+
+static void cache_promo_done(void *arg, int rc)
+{
+    struct cache_promo *p = arg;
+    struct cache *c = p->c;
+    index_entry *e = p->e;
+    kv_namespace *ns = p->ns;
+    uint64_t bb = ns->layout.block_bytes;
+
+    ns->reserved -= ns->reserved >= bb ? bb : ns->reserved;
+    e->promo = NULL;
+    if (!e->detached && rc == 0) {
+        e->state = ENTRY_SEALED;
+        e->persist = PERSIST_STORED;
+        if (ns->stored > 0)
+            ns->stored--;
+        if (c->ghosts > 0)
+            c->ghosts--;
+        ns->blocks++;
+        ns->bytes += bb;
+        c->promotions_ok++;
+    } else {
+        arena_free(c->host, e->offset);
+        e->state = ENTRY_GHOST;
+        if (!e->detached) {
+            c->promotions_failed++;
+            /* The store no longer holds it (absent, or a bad copy it removed). */
+            if (rc == KVS_MISS || rc == KVS_CORRUPT)
+                cache_remove_entry(c, e);
+        }
+    }
+    for (struct promo_waiter *wt = p->waiters, *next; wt; wt = next) {
+        next = wt->next;
+        struct cache_wait *w = wt->w;
+        free(wt);
+        cache_wait_progress(w);
+    }
+    cache_unpin(c, e);
+    free(p);
+}
+
+/* Read a ghost back into a host slot. 0 when the read is on its way (the
+ * entry is PROMOTING, pinned by the read); < 0 when there is no room or the
+ * store queue refused it (the entry stays a ghost). */
+static int cache_promote(struct cache *c, kv_namespace *ns, index_entry *e)
+{
+    struct cache_promo *p;
+    uint64_t off;
+
+    if (!cache_quota_room(c, ns) || !cache_make_room(c, ns->cls) ||
+        arena_alloc(c->host, ns->cls, &off) < 0)
+        return -KVNODE_ENOSPC;
+    p = calloc(1, sizeof *p);
+    if (!p) {
+        arena_free(c->host, off);
+        return -KVNODE_ENOMEM;
+    }
+    p->c = c;
+    p->e = e;
+    p->ns = ns;
+    if (persist_read(c->persist, ns, e->key, (uint8_t *)arena_base(c->host) + off,
+                     ns->layout.block_bytes, cache_promo_done, p) < 0) {
+        arena_free(c->host, off);
+        free(p);
+        return -KVNODE_ELIMIT;
+    }
+    e->state = ENTRY_PROMOTING;
+    e->tier = KVNODE_TIER_HOST;
+    e->arena = arena_id(c->host);
+    e->cls = ns->cls;
+    e->offset = off;
+    e->promo = p;
+    e->pins++;
+    ns->reserved += ns->layout.block_bytes;
+    c->promotions++;
+    return 0;
+}
+
+static int cache_promo_wait(struct cache_wait *w, index_entry *e)
+{
+    struct cache_promo *p = e->promo;
+    struct promo_waiter *wt = malloc(sizeof *wt);
+    if (!wt)
+        return -KVNODE_ENOMEM;
+    wt->w = w;
+    wt->next = p->waiters;
+    p->waiters = wt;
+    w->outstanding++;
+    return 0;
+}
+
+/* --- get ---------------------------------------------------------------------- */
 
 static int cache_check_lease_room(struct cache *c, struct lease_list *owner, char *err, size_t errlen)
 {
@@ -421,52 +971,151 @@ static int cache_check_lease_room(struct cache *c, struct lease_list *owner, cha
     return 0;
 }
 
-int cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
-                    const int64_t *keys, size_t n, uint64_t *lease_id,
-                    struct cache_loc *locs, size_t *got, char *err, size_t errlen)
+/* Walk a GET's keys from w->next, pinning what is in memory and starting
+ * promotions of ghosts (and a lookup of unknown keys) when the wait may
+ * wait. Stops at the first key it cannot serve. *wp may move to the heap. */
+static void cache_get_walk(struct cache *c, struct cache_wait **wp)
 {
-    size_t m = 0;
-    lease *l;
-    int rc;
+    struct cache_wait *w = *wp;
 
-    index_entry *first, *miss = NULL;
+    while (w->next < w->n) {
+        size_t i = w->next;
+        index_entry *e = index_lookup(c->index, w->ns->id, w->keys[i]);
+
+        if (!e) {
+            if (w->may_wait && !w->looked_up && cache_may_lookup(c)) {
+                struct cache_wait *h = cache_wait_heap(w);
+                if (h) {
+                    *wp = w = h;
+                    if (cache_lookup_submit(c, w, i) == 0)
+                        return;   /* cache_lookup_done walks on */
+                }
+            }
+            break;
+        }
+        if (e->state == ENTRY_WRITING)
+            break;
+        if (e->state == ENTRY_GHOST || e->state == ENTRY_PROMOTING) {
+            struct cache_wait *h;
+            if (!w->may_wait || !(h = cache_wait_heap(w)))
+                break;
+            *wp = w = h;
+            if (e->state == ENTRY_GHOST && cache_promote(c, w->ns, e) < 0)
+                break;
+            if (cache_promo_wait(w, e) < 0)
+                break;
+        }
+        if (!w->l) {
+            w->l = lease_create(c->leases, LEASE_READ, w->ns->id, w->owner, clock_now_ms(),
+                                c->read_ttl_ms, w->n);
+            if (!w->l) {
+                w->nomem = true;
+                break;
+            }
+            w->l->waiter = w->on_heap ? w : NULL;
+        }
+        cache_pin(c, e);
+        w->l->entries[i] = e;
+        w->next++;
+    }
+    w->next = w->n;   /* the walk is over */
+}
+
+/* The answer: the ready prefix under the lease; the rest is let go. */
+static void cache_get_fill(struct cache *c, struct cache_wait *w, uint64_t *lease_id,
+                           struct cache_loc *locs, size_t *got)
+{
+    lease *l = w->l;
+    size_t m = 0;
 
     *lease_id = 0;
     *got = 0;
+    if (l) {
+        while (locs && m < w->n && l->entries[m] && l->entries[m]->state == ENTRY_SEALED)
+            m++;
+        for (size_t i = w->n; i-- > m;) {
+            if (l->entries[i]) {
+                cache_unpin(c, l->entries[i]);
+                l->entries[i] = NULL;
+            }
+        }
+    }
+    cache_count_keys(c, w->n, m, m < w->n ? index_lookup(c->index, w->ns->id, w->keys[m]) : NULL);
+    if (!l)
+        return;
+    l->waiter = NULL;
+    w->l = NULL;
+    if (m == 0) {
+        lease_destroy(c->leases, l);
+        return;
+    }
+    for (size_t i = 0; i < m; i++) {
+        locs[i].arena = l->entries[i]->arena;
+        locs[i].offset = l->entries[i]->offset;
+        locs[i].present = true;
+    }
+    *lease_id = l->id;
+    *got = m;
+}
+
+int cache_get_start(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+                    const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
+                    size_t *got, char *err, size_t errlen, cache_ready_fn ready, void *arg,
+                    struct cache_wait **wait)
+{
+    struct cache_wait tmp = { .c = c, .kind = WAIT_GET, .ns = ns, .keys = keys, .n = n,
+                              .owner = owner, .may_wait = ready != NULL && c->persist != NULL,
+                              .ready = ready, .arg = arg };
+    struct cache_wait *w = &tmp;
+    index_entry *first;
+    int rc;
+
+    *lease_id = 0;
+    *got = 0;
+    *wait = NULL;
     first = n ? index_lookup(c->index, ns->id, keys[0]) : NULL;
-    if (!first || first->state != ENTRY_SEALED) {
+    if (n == 0 || (first && first->state == ENTRY_WRITING) ||
+        (!first && !(tmp.may_wait && cache_may_lookup(c))) ||
+        (first && first->state != ENTRY_SEALED && !tmp.may_wait)) {
         cache_count_keys(c, n, 0, first);
         return 0;
     }
     rc = cache_check_lease_room(c, owner, err, errlen);
     if (rc < 0)
         return rc;
-    /* Room for every key; the walk pins the ready prefix in one pass and
-     * leaves the rest of entries[] NULL. */
-    l = lease_create(c->leases, LEASE_READ, ns->id, owner, clock_now_ms(), c->read_ttl_ms, n);
-    if (!l) {
+    cache_get_walk(c, &w);
+    if (w->outstanding > 0) {
+        cache_wait_arm(c, w);
+        *wait = w;
+        return CACHE_WAITING;
+    }
+    bool nomem = w->nomem && !w->l;
+    cache_get_fill(c, w, lease_id, locs, got);
+    if (w->on_heap)
+        cache_wait_free(w);
+    if (nomem) {
         errmsg_set(err, errlen, "out of memory creating a read lease");
         return -KVNODE_ENOMEM;
     }
-    for (index_entry *e = first; m < n; m++) {
-        if (m > 0)
-            e = index_lookup(c->index, ns->id, keys[m]);
-        if (!e || e->state != ENTRY_SEALED) {
-            miss = e;
-            break;
-        }
-        if (e->pins++ == 0)
-            index_lru_remove(c->index, e);
-        l->entries[m] = e;
-        locs[m].arena = e->arena;
-        locs[m].offset = e->offset;
-        locs[m].present = true;
-    }
-    *lease_id = l->id;
-    *got = m;
-    cache_count_keys(c, n, m, miss);
     return 0;
 }
+
+void cache_get_finish(struct cache *c, struct cache_wait *w, uint64_t *lease_id,
+                      struct cache_loc *locs, size_t *got)
+{
+    cache_get_fill(c, w, lease_id, locs, got);
+    cache_wait_cancel(c, w);
+}
+
+int cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+                    const int64_t *keys, size_t n, uint64_t *lease_id,
+                    struct cache_loc *locs, size_t *got, char *err, size_t errlen)
+{
+    struct cache_wait *w;
+    return cache_get_start(c, ns, owner, keys, n, lease_id, locs, got, err, errlen, NULL, NULL, &w);
+}
+
+static void cache_unreserve(struct cache *c, kv_namespace *ns, index_entry *e);
 
 /* Keys a put reports as already stored are the prefix it extends: shield
  * them (a pin, as a reader's) from the evictions that make room for the
@@ -504,7 +1153,8 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
     }
     /* No HBM tier yet: every reservation lands in host memory. */
     for (size_t i = 0; i < n; i++) {
-        locs[i].present = index_lookup(c->index, ns->id, keys[i]) == NULL;
+        index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        locs[i].present = !e || e->state == ENTRY_GHOST;
         locs[i].arena = 0;
         locs[i].offset = 0;
         if (locs[i].present)
@@ -535,7 +1185,8 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
 
         if (!locs[i].present)
             continue;
-        if (index_lookup(c->index, ns->id, keys[i])) {
+        e = index_lookup(c->index, ns->id, keys[i]);
+        if (e && e->state != ENTRY_GHOST) {
             locs[i].present = false;  /* duplicate key earlier in this request */
             continue;
         }
@@ -543,12 +1194,20 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
             goto overquota;
         if (!cache_make_room(c, ns->cls) || arena_alloc(c->host, ns->cls, &off) < 0)
             goto nospace;
-        e = index_insert(c->index, ns->id, keys[i]);
-        if (!e) {
-            arena_free(c->host, off);
-            errmsg_set(err, errlen, "out of memory indexing block %zu", i);
-            rc = -KVNODE_ENOMEM;
-            goto undo;
+        if (e) {
+            /* A ghost: the store holds the block; the put brings it back
+             * into memory without writing it to the store again. */
+            ns->stored -= ns->stored > 0 ? 1 : 0;
+            c->ghosts -= c->ghosts > 0 ? 1 : 0;
+        } else {
+            e = index_insert(c->index, ns->id, keys[i]);
+            if (!e) {
+                arena_free(c->host, off);
+                errmsg_set(err, errlen, "out of memory indexing block %zu", i);
+                rc = -KVNODE_ENOMEM;
+                goto undo;
+            }
+            e->persist = PERSIST_NONE;
         }
         e->state = ENTRY_WRITING;
         e->tier = KVNODE_TIER_HOST;
@@ -600,9 +1259,7 @@ undo:
         index_entry *e = l->entries[i];
         if (!e)
             continue;
-        index_unlink(c->index, e);
-        cache_entry_destroy(c, e);
-        ns->reserved -= ns->layout.block_bytes;
+        cache_unreserve(c, ns, e);
     }
     cache_put_shield(c, ns, keys, n, locs, false);
     lease_destroy(c->leases, l);
@@ -610,11 +1267,35 @@ undo:
     return rc;
 }
 
+/* Give back a WRITING entry's slot: a former ghost becomes a ghost again,
+ * anything else leaves the index. */
+static void cache_unreserve(struct cache *c, kv_namespace *ns, index_entry *e)
+{
+    uint64_t bytes = ns ? ns->layout.block_bytes : 0;
+    if (ns)
+        ns->reserved -= ns->reserved >= bytes ? bytes : ns->reserved;
+    if (e->persist == PERSIST_STORED && !e->detached) {
+        arena_free(c->host, e->offset);
+        e->state = ENTRY_GHOST;
+        if (ns)
+            ns->stored++;
+        c->ghosts++;
+        return;
+    }
+    index_unlink(c->index, e);
+    cache_entry_destroy(c, e);
+}
+
 /* End a lease's hold on its entries. */
 static uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
 {
     uint32_t count = 0;
 
+    if (l->waiter) {
+        /* Reaped or released under a deferred answer: it answers empty. */
+        ((struct cache_wait *)l->waiter)->l = NULL;
+        l->waiter = NULL;
+    }
     if (l->kind == LEASE_READ) {
         /* Unpin tail-first so the chain's root becomes the newest. */
         for (size_t i = l->n; i-- > 0;) {
@@ -639,18 +1320,17 @@ static uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
             }
             c->sealed_total++;
             count++;
+            if (c->persist && c->policy == CONFIG_POLICY_WRITE_THROUGH &&
+                e->persist == PERSIST_NONE)
+                cache_write_submit(c, e, false);
         }
     } else {
-        uint64_t bytes = ns_block_bytes(c, l->ns);
         kv_namespace *ns = ns_get(c->namespaces, l->ns);
         for (size_t i = 0; i < l->n; i++) {
             index_entry *e = l->entries[i];
             if (!e)
                 continue;
-            index_unlink(c->index, e);
-            cache_entry_destroy(c, e);
-            if (ns)
-                ns->reserved -= ns->reserved >= bytes ? bytes : ns->reserved;
+            cache_unreserve(c, ns, e);
             count++;
         }
     }
@@ -688,16 +1368,17 @@ int cache_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t 
     for (size_t i = 0; i < n; i++) {
         index_entry *e = index_lookup(c->index, ns->id, keys[i]);
         /* Blocks still being written belong to their writer until commit. */
-        if (!e || e->state != ENTRY_SEALED)
+        if (!e || e->state == ENTRY_WRITING)
             continue;
-        index_unlink(c->index, e);
-        cache_account_remove(c, e);
-        if (e->pins > 0)
-            e->detached = 1;   /* freed when the last reader lets go */
-        else
-            cache_entry_destroy(c, e);
+        /* Pinned (readers, a store request): freed when the last pin goes. */
+        cache_remove_entry(c, e);
         (*deleted)++;
     }
+    /* The store may hold keys the index does not know (shared stores):
+     * every key goes to its delete. A write in flight for a deleted block
+     * deletes its copy when it lands (cache_write_done). */
+    if (c->persist && n > 0)
+        persist_delete(c->persist, ns, keys, n, NULL, NULL);
     return 0;
 }
 
@@ -705,6 +1386,72 @@ void cache_release_owner(struct cache *c, struct lease_list *owner)
 {
     while (owner->head)
         cache_lease_finish(c, owner->head, false);
+}
+
+/* --- recovery ------------------------------------------------------------------ */
+
+/* The namespace of a layout found in the store, registered if new. NULL
+ * when it cannot be (invalid, conflicting, too many, block too big). */
+static kv_namespace *cache_ns_for_found(struct cache *c, const struct kvs_found *f)
+{
+    kv_namespace *ns = NULL;
+    int created = 0;
+    uint32_t cls;
+    char err[256];
+
+    if (arena_class_for(c->host, f->layout.block_bytes, &cls) < 0)
+        return NULL;
+    if (ns_bind(c->namespaces, &f->layout, &ns, &created, err, sizeof err) < 0) {
+        log_debug("recovery: skipping a block of %s: %s", f->layout.model, err);
+        return NULL;
+    }
+    if (ns->fingerprint != f->fingerprint)
+        return NULL;
+    ns->cls = cls;
+    if (created)
+        log_info("namespace %u: deployment %s tp_rank %u/%u block_bytes %" PRIu64
+                 " (found in the store)", ns->id, ns->deployment_id, ns->layout.tp_rank,
+                 ns->layout.tp_size, ns->layout.block_bytes);
+    return ns;
+}
+
+void cache_add_stored(struct cache *c, const struct kvs_found *blocks, size_t n)
+{
+    kv_namespace *ns = NULL;
+    const struct kvs_found *ns_of = NULL;
+
+    for (size_t i = 0; i < n; i++) {
+        const struct kvs_found *f = &blocks[i];
+        /* Blocks of one namespace come in runs: resolve it once per run. */
+        if (!ns_of || f->fingerprint != ns_of->fingerprint ||
+            f->layout.tp_rank != ns_of->layout.tp_rank) {
+            ns = cache_ns_for_found(c, f);
+            ns_of = f;
+        }
+        if (!ns || f->size != ns->layout.block_bytes) {
+            c->recovery_skipped++;
+            continue;
+        }
+        index_entry *e = index_lookup(c->index, ns->id, f->key);
+        if (e) {
+            /* Put again since the start: the store's copy is the same block. */
+            if (e->state == ENTRY_SEALED && e->persist == PERSIST_NONE)
+                e->persist = PERSIST_STORED;
+            continue;
+        }
+        e = index_insert(c->index, ns->id, f->key);
+        if (!e) {
+            c->recovery_skipped++;
+            continue;
+        }
+        e->state = ENTRY_GHOST;
+        e->tier = KVNODE_TIER_HOST;
+        e->arena = UINT32_MAX;
+        e->persist = PERSIST_STORED;
+        ns->stored++;
+        c->ghosts++;
+        c->recovered++;
+    }
 }
 
 /* --- reaper --------------------------------------------------------------- */
@@ -734,6 +1481,70 @@ static void cache_reap_cb(evutil_socket_t fd, short what, void *arg)
 
 /* --- stats ----------------------------------------------------------------- */
 
+static json_t *json_u(uint64_t v)
+{
+    return json_integer((json_int_t)v);
+}
+
+/* "persist": the store's state, its queue, what went through it, failures by
+ * op and kind, promotions, lookups, deferred answers and recovery. */
+static void cache_persist_stats_json(struct cache *c, json_t *root)
+{
+    static const char *const policies[] = { "write_through", "write_back", "off" };
+    struct persist_counters pc;
+    json_t *o = json_object(), *fail = json_object(), *rec = json_object();
+
+    if (!c->persist) {
+        json_object_set_new(o, "backend", json_string("off"));
+        json_object_set_new(o, "state", json_string(persist_state_name(PERSIST_STATE_OFF)));
+        json_object_set_new(root, "persist", o);
+        json_decref(fail);
+        json_decref(rec);
+        return;
+    }
+    persist_get_counters(c->persist, &pc);
+    json_object_set_new(o, "backend", json_string(persist_backend_name(c->persist)));
+    json_object_set_new(o, "policy", json_string(c->policy >= 0 && c->policy <= 2 ? policies[c->policy] : "?"));
+    json_object_set_new(o, "state", json_string(persist_state_name(pc.state)));
+    json_object_set_new(o, "last_error", json_string(persist_last_error(c->persist)));
+    json_object_set_new(o, "lookup_on_miss", json_boolean(persist_lookup_on_miss(c->persist)));
+    json_object_set_new(o, "workers", json_integer(pc.workers));
+    json_object_set_new(o, "queue_depth", json_u(pc.queue_depth));
+    json_object_set_new(o, "queue_capacity", json_u(pc.queue_capacity));
+    json_object_set_new(o, "written_blocks_total", json_u(pc.written_blocks));
+    json_object_set_new(o, "written_bytes_total", json_u(pc.written_bytes));
+    json_object_set_new(o, "read_blocks_total", json_u(pc.read_blocks));
+    json_object_set_new(o, "read_bytes_total", json_u(pc.read_bytes));
+    json_object_set_new(o, "read_misses_total", json_u(pc.read_misses));
+    json_object_set_new(o, "deleted_keys_total", json_u(pc.deleted_keys));
+    json_object_set_new(o, "dropped_total", json_u(pc.dropped_queue_full));
+    for (int op = 0; op < PERSIST_OPS; op++) {
+        json_t *kinds = json_object();
+        for (int k = 0; k < PERSIST_FAIL_KINDS; k++)
+            json_object_set_new(kinds, persist_failure_kind_name(k), json_u(pc.failures[op][k]));
+        json_object_set_new(fail, persist_op_name(op), kinds);
+    }
+    json_object_set_new(o, "failures_total", fail);
+    json_object_set_new(o, "promotions_total", json_u(c->promotions));
+    json_object_set_new(o, "promotions_ok_total", json_u(c->promotions_ok));
+    json_object_set_new(o, "promotions_failed_total", json_u(c->promotions_failed));
+    json_object_set_new(o, "lookups_total", json_u(c->lookups));
+    json_object_set_new(o, "lookup_found_total", json_u(c->lookup_found));
+    json_object_set_new(o, "waits_total", json_u(c->waits));
+    json_object_set_new(o, "wait_timeouts_total", json_u(c->wait_timeouts));
+    json_object_set_new(rec, "running", json_boolean(pc.scan_running));
+    json_object_set_new(rec, "complete", json_boolean(pc.scan_complete));
+    json_object_set_new(rec, "found", json_u(pc.scan_found));
+    json_object_set_new(rec, "indexed", json_u(c->recovered));
+    json_object_set_new(rec, "skipped", json_u(c->recovery_skipped));
+    if (pc.scan_started_ms) {
+        uint64_t end = pc.scan_finished_ms ? pc.scan_finished_ms : clock_now_ms();
+        json_object_set_new(rec, "seconds", json_real((double)(end - pc.scan_started_ms) / 1000.0));
+    }
+    json_object_set_new(o, "recovery", rec);
+    json_object_set_new(root, "persist", o);
+}
+
 void cache_stats_json(struct cache *c, json_t *root)
 {
     struct arena_stats st;
@@ -751,6 +1562,11 @@ void cache_stats_json(struct cache *c, json_t *root)
     json_object_set_new(host, "low_watermark", json_real(c->low_watermark));
     json_object_set_new(host, "pinned", json_boolean(c->host_pinned));
     json_object_set_new(tiers, "host", host);
+    if (c->persist) {
+        json_t *store = json_object();
+        json_object_set_new(store, "blocks", json_integer((json_int_t)c->ghosts));
+        json_object_set_new(tiers, "store", store);
+    }
     json_object_set_new(root, "tiers", tiers);
 
     for (size_t i = 0; i < ns_count(c->namespaces); i++) {
@@ -767,6 +1583,7 @@ void cache_stats_json(struct cache *c, json_t *root)
         json_object_set_new(o, "blocks", json_integer((json_int_t)ns->blocks));
         json_object_set_new(o, "bytes", json_integer((json_int_t)ns->bytes));
         json_object_set_new(o, "reserved_bytes", json_integer((json_int_t)ns->reserved));
+        json_object_set_new(o, "stored_blocks", json_integer((json_int_t)ns->stored));
         json_object_set_new(o, "quota_bytes", json_integer((json_int_t)c->namespace_quota));
         json_object_set_new(o, "clients", json_integer(ns->clients));
         json_array_append_new(nss, o);
@@ -780,8 +1597,11 @@ void cache_stats_json(struct cache *c, json_t *root)
     json_object_set_new(leases, "reaped_write_total", json_integer((json_int_t)c->reaped_write));
     json_object_set_new(root, "leases", leases);
 
+    json_object_set_new(evh, "to_store_total", json_integer((json_int_t)c->evicted_to_store));
+    json_object_set_new(evh, "writeback_total", json_integer((json_int_t)c->writeback_started));
     json_object_set_new(evh, "dropped_total", json_integer((json_int_t)c->evicted_dropped));
     json_object_set_new(evh, "quota_total", json_integer((json_int_t)c->evicted_quota));
     json_object_set_new(ev, "host", evh);
     json_object_set_new(root, "evictions", ev);
+    cache_persist_stats_json(c, root);
 }

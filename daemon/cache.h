@@ -23,6 +23,9 @@
 
 struct event_base;
 struct cache;
+struct cache_wait;
+struct persist;
+struct kvs_found;
 
 /* A block's place as the wire describes it. */
 struct cache_loc {
@@ -54,11 +57,58 @@ void cache_unbind(struct cache *c, kv_namespace *ns);
 size_t cache_arenas(const struct cache *c, struct cache_arena_info *out, size_t max);
 void *cache_arena_base(const struct cache *c, uint32_t arena);
 
+/* Persistence (NULL: none; set once, before serving). With a store:
+ * committed blocks are written per [persist] policy, host victims that the
+ * store holds stay indexed as ghosts (ENTRY_GHOST), GET promotes ghosts back
+ * into host memory, DELETE also deletes from the store, and when the store
+ * may hold blocks the index does not know (persist_lookup_on_miss) MATCH and
+ * GET ask it about the keys after the known prefix. */
+void cache_set_persist(struct cache *c, struct persist *p);
+/* Recovery: index blocks a store scan found as ghosts (their namespaces are
+ * registered as needed; keys already indexed are left alone). */
+void cache_add_stored(struct cache *c, const struct kvs_found *blocks, size_t n);
+
+/* How much of a matched prefix lies in each tier. */
+struct cache_tiers {
+    size_t matched;        /* hbm + host + store */
+    size_t hbm, host;      /* in memory */
+    size_t store;          /* only in the persistent store */
+};
+
 /* Operations. All return 0 or a negative KVNODE_E* code with err set. */
+/* The longest prefix held in any tier (memory or store, as the index knows it). */
 size_t cache_match(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n);
+void cache_match_tiers(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+                       struct cache_tiers *out);
+/* A read of the prefix that is in memory now: ghosts end it (no promotion). */
 int  cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
                      const int64_t *keys, size_t n, uint64_t *lease_id,
                      struct cache_loc *locs, size_t *got, char *err, size_t errlen);
+
+/* Deferred answers. A MATCH or GET that needs the store (a lookup of keys the
+ * index does not know, or promotions of ghosts) answers later: *_start
+ * returns CACHE_WAITING with *wait set, and ready(arg) runs on the loop —
+ * never from inside *_start — when every promotion and lookup it started
+ * has finished or the [server] request_timeout passed; the caller then calls
+ * *_finish, which fills the answer (the prefix that is ready then) and frees
+ * the wait. cache_wait_cancel() drops a wait whose requester went away: no
+ * ready() after it; the store work it started completes in the background.
+ * *_start returns 0 when the answer is ready at once (filled as by
+ * *_finish), or a negative code with err set. */
+#define CACHE_WAITING 1
+typedef void (*cache_ready_fn)(void *arg);
+int  cache_match_start(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+                       struct cache_tiers *out, cache_ready_fn ready, void *arg,
+                       struct cache_wait **wait);
+void cache_match_finish(struct cache *c, struct cache_wait *wait, struct cache_tiers *out);
+/* locs has room for n (the key count of the start call). */
+int  cache_get_start(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+                     const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
+                     size_t *got, char *err, size_t errlen, cache_ready_fn ready, void *arg,
+                     struct cache_wait **wait);
+void cache_get_finish(struct cache *c, struct cache_wait *wait, uint64_t *lease_id,
+                      struct cache_loc *locs, size_t *got);
+void cache_wait_cancel(struct cache *c, struct cache_wait *wait);
 int  cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
                      const int64_t *keys, size_t n, int tier, uint64_t *lease_id,
                      struct cache_loc *locs, char *err, size_t errlen);
@@ -76,7 +126,7 @@ struct metrics_keys;
  * and missed by reason (see metrics.h). */
 void cache_key_metrics(const struct cache *c, struct metrics_keys *out);
 
-/* Add "tiers", "namespaces", "leases", "evictions" to a stats document. */
+/* Add "tiers", "namespaces", "leases", "evictions", "persist" to a stats document. */
 void cache_stats_json(struct cache *c, json_t *root);
 
 #endif

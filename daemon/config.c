@@ -8,6 +8,7 @@
  * parses into a scratch copy that replaces *cfg only when the whole file is
  * valid, so a reload can never leave a half-applied configuration. */
 #include "config.h"
+#include "kvs/kvs.h"
 #include "log.h"
 
 #include <ctype.h>
@@ -58,6 +59,9 @@ enum opt_type {
     OPT_USERS,      /* char[CONFIG_IDLIST_MAX]: user names or uids, config_parse_idlist */
     OPT_GROUPS,     /* char[CONFIG_IDLIST_MAX]: group names or gids */
     OPT_GROUP,      /* char[CONFIG_NAME_MAX]: one group name or gid, or empty */
+    OPT_ENUM,       /* int: index into names[] (case-insensitive) */
+    OPT_DIR,        /* char[PATH_MAX], any path shorter than the field, or empty */
+    OPT_URL,        /* char[CONFIG_URL_MAX], shorter than the field, or empty */
 };
 
 struct opt_def {
@@ -71,9 +75,27 @@ struct opt_def {
     double dmin, dmax;  /* OPT_FRACTION bounds ... */
     bool dmin_open, dmax_open;  /* ... and whether each excludes its end */
     bool restart;       /* a change needs a restart; not applied on reload */
+    bool empty_ok;      /* OPT_PATH: "" is accepted (config_validate decides when it is needed) */
+    const char *const *names;   /* OPT_ENUM: the value i is spelled names[i] ... */
+    int nnames;                 /* ... for 0 <= i < nnames */
 };
 
 #define FIELD(f) .offset = offsetof(struct kvn_config, f), .width = sizeof(((struct kvn_config *)0)->f)
+#define NAMES(a) .names = a, .nnames = (int)(sizeof a / sizeof a[0])
+
+/* [persist] enumerations, spelled in the order of their values. */
+static const char *const backend_names[] = { "off", "file", "v6d" };
+static const char *const policy_names[] = { "write_through", "write_back", "off" };
+static const char *const fsync_names[] = { "never", "batch", "always" };
+static const char *const lookup_names[] = { "auto", "on", "off" };
+_Static_assert(CONFIG_BACKEND_OFF == 0 && CONFIG_BACKEND_FILE == 1 && CONFIG_BACKEND_V6D == 2,
+               "backend_names follows CONFIG_BACKEND_*");
+_Static_assert(CONFIG_POLICY_WRITE_THROUGH == 0 && CONFIG_POLICY_WRITE_BACK == 1 && CONFIG_POLICY_OFF == 2,
+               "policy_names follows CONFIG_POLICY_*");
+_Static_assert(KVS_FSYNC_NEVER == 0 && KVS_FSYNC_BATCH == 1 && KVS_FSYNC_ALWAYS == 2,
+               "fsync_names and persist_fsync follow KVS_FSYNC_*");
+_Static_assert(CONFIG_LOOKUP_AUTO == 0 && CONFIG_LOOKUP_ON == 1 && CONFIG_LOOKUP_OFF == 2,
+               "lookup_names follows CONFIG_LOOKUP_*");
 
 static const struct opt_def config_options[] = {
     { "server", "socket_path", OPT_PATH, FIELD(socket_path), .restart = true },
@@ -106,12 +128,31 @@ static const struct opt_def config_options[] = {
     { "log", "level", OPT_LEVEL, FIELD(log_level) },
 
     { "admin", "listen", OPT_LISTEN, FIELD(admin_listen), .restart = true },
+
+    { "persist", "backend", OPT_ENUM, FIELD(persist_backend), NAMES(backend_names), .restart = true },
+    { "persist", "policy", OPT_ENUM, FIELD(persist_policy), NAMES(policy_names) },
+    { "persist", "path", OPT_DIR, FIELD(persist_path), .restart = true },
+    { "persist", "capacity", OPT_SIZE, FIELD(persist_capacity), .min = 0, .max = UINT64_MAX, .restart = true },
+    { "persist", "fsync", OPT_ENUM, FIELD(persist_fsync), NAMES(fsync_names), .restart = true },
+    { "persist", "workers", OPT_COUNT, FIELD(persist_workers), .min = 1, .max = 32, .restart = true },
+    { "persist", "queue", OPT_COUNT, FIELD(persist_queue), .min = 16, .max = 1048576, .restart = true },
+    { "persist", "url", OPT_URL, FIELD(persist_url), .restart = true },
+    { "persist", "socket_path", OPT_PATH, FIELD(persist_socket), .empty_ok = true, .restart = true },
+    { "persist", "connect_timeout", OPT_DURATION, FIELD(persist_connect_timeout_ms), .min = 10,
+      .max = MS_PER_M, .restart = true },
+    { "persist", "timeout", OPT_DURATION, FIELD(persist_timeout_ms), .min = 10, .max = 10 * MS_PER_M,
+      .restart = true },
+    { "persist", "lookup", OPT_ENUM, FIELD(persist_lookup), NAMES(lookup_names), .restart = true },
 };
 
 #define CONFIG_NOPTIONS (sizeof config_options / sizeof config_options[0])
 
-static const char *const config_sections[] = { "server", "memory", "leases", "log", "admin" };
-#define SECTIONS_HINT "[server], [memory], [leases], [log] or [admin]"
+static const char *const config_sections[] = { "server", "memory", "leases", "log", "admin", "persist" };
+#define SECTIONS_HINT "[server], [memory], [leases], [log], [admin] or [persist]"
+
+/* Room for a NUL-terminated copy of any string field plus one byte, so a
+ * field without a terminator (a struct built by code) loads as too long. */
+#define VALUE_MAX (PATH_MAX + 1)
 
 union opt_value {
     uint64_t u;
@@ -149,6 +190,18 @@ void config_defaults(struct kvn_config *cfg)
     cfg->log_level = LOG_LEVEL_INFO;
 
     snprintf(cfg->admin_listen, sizeof cfg->admin_listen, "%s", "127.0.0.1:9180");
+
+    cfg->persist_backend = CONFIG_BACKEND_FILE;
+    cfg->persist_policy = CONFIG_POLICY_WRITE_THROUGH;
+    snprintf(cfg->persist_path, sizeof cfg->persist_path, "%s", "/var/lib/kvnode");
+    cfg->persist_capacity = 0;
+    cfg->persist_fsync = KVS_FSYNC_BATCH;
+    cfg->persist_workers = 2;
+    cfg->persist_queue = 4096;
+    /* persist_url, persist_socket: empty (zeroed above) */
+    cfg->persist_connect_timeout_ms = 1 * MS_PER_S;
+    cfg->persist_timeout_ms = 5 * MS_PER_S;
+    cfg->persist_lookup = CONFIG_LOOKUP_AUTO;
 }
 
 /* ---- lookup ------------------------------------------------------------ */
@@ -333,6 +386,28 @@ static int config_parse_count(const char *text, uint64_t *out)
 
 static const char *const pin_names[] = { "auto", "on", "off" };
 
+static int config_parse_enum(const struct opt_def *o, const char *text)
+{
+    for (int i = 0; i < o->nnames; i++)
+        if (strcasecmp(text, o->names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* "expected a, b or c" */
+static void config_enum_hint(const struct opt_def *o, char *buf, size_t len)
+{
+    size_t used = 0;
+    int n = snprintf(buf, len, "expected");
+    used = n > 0 ? (size_t)n : 0;
+    for (int i = 0; i < o->nnames && used < len; i++) {
+        n = snprintf(buf + used, len - used, "%s%s", i == 0 ? " " : i == o->nnames - 1 ? " or " : ", ",
+                     o->names[i]);
+        if (n > 0)
+            used += (size_t)n;
+    }
+}
+
 static int config_parse_pin(const char *text)
 {
     for (int i = 0; i < 3; i++)
@@ -505,7 +580,9 @@ static void config_format_value(const struct opt_def *o, const union opt_value *
     case OPT_LISTEN:
     case OPT_USERS:
     case OPT_GROUPS:
-    case OPT_GROUP:    snprintf(buf, len, "%s", v->s); break;
+    case OPT_GROUP:
+    case OPT_DIR:
+    case OPT_URL:      snprintf(buf, len, "%s", v->s); break;
     case OPT_MODE:     snprintf(buf, len, "%04" PRIo64, v->u); break;
     case OPT_SIZE:     config_format_size(v->u, buf, len); break;
     case OPT_COUNT:    snprintf(buf, len, "%" PRIu64, v->u); break;
@@ -514,6 +591,12 @@ static void config_format_value(const struct opt_def *o, const union opt_value *
     case OPT_PIN:
         if (v->i >= 0 && v->i < 3)
             snprintf(buf, len, "%s", pin_names[v->i]);
+        else
+            snprintf(buf, len, "%d", v->i);
+        break;
+    case OPT_ENUM:
+        if (v->i >= 0 && v->i < o->nnames)
+            snprintf(buf, len, "%s", o->names[v->i]);
         else
             snprintf(buf, len, "%d", v->i);
         break;
@@ -555,7 +638,7 @@ static void config_scaled_range(const struct opt_def *o, char *buf, size_t len)
 static int config_check_value(const struct opt_def *o, const union opt_value *v, const char *shown,
                               char *problem, size_t len)
 {
-    char text[PATH_MAX + 16], showbuf[VALUE_SHOW + 8], range[96];
+    char text[VALUE_MAX + 16], showbuf[VALUE_SHOW + 8], range[96];
     if (!shown) {
         config_format_value(o, v, text, sizeof text);
         shown = config_show(text, showbuf, sizeof showbuf);
@@ -563,6 +646,8 @@ static int config_check_value(const struct opt_def *o, const union opt_value *v,
     switch (o->type) {
     case OPT_PATH: {
         size_t n = strlen(v->s);
+        if (n == 0 && o->empty_ok)
+            return 0;
         if (n == 0) {
             snprintf(problem, len, "empty path (expected the path of the unix socket)");
             return -1;
@@ -571,6 +656,22 @@ static int config_check_value(const struct opt_def *o, const union opt_value *v,
             snprintf(problem, len,
                      "path too long (%zu bytes; a unix socket path must be shorter than %zu bytes, "
                      "the size of sun_path including the terminating NUL)", n, SUN_PATH_SIZE);
+            return -1;
+        }
+        return 0;
+    }
+    case OPT_DIR: {
+        size_t n = strlen(v->s);
+        if (n >= o->width) {
+            snprintf(problem, len, "path too long (%zu bytes; at most %zu)", n, o->width - 1);
+            return -1;
+        }
+        return 0;
+    }
+    case OPT_URL: {
+        size_t n = strlen(v->s);
+        if (n >= o->width) {
+            snprintf(problem, len, "URL too long (%zu bytes; at most %zu)", n, o->width - 1);
             return -1;
         }
         return 0;
@@ -644,6 +745,13 @@ static int config_check_value(const struct opt_def *o, const union opt_value *v,
             return -1;
         }
         return 0;
+    case OPT_ENUM:
+        if (v->i < 0 || v->i >= o->nnames) {
+            config_enum_hint(o, range, sizeof range);
+            snprintf(problem, len, "invalid value '" SHOWN "' (%s)", shown, range);
+            return -1;
+        }
+        return 0;
     case OPT_LEVEL:
         if (v->i < LOG_LEVEL_ERROR || v->i > LOG_LEVEL_DEBUG) {
             snprintf(problem, len, "invalid value '" SHOWN "' (expected error, warn, info or debug)", shown);
@@ -668,6 +776,8 @@ static int config_parse_value(const struct opt_def *o, const char *text, union o
     case OPT_USERS:
     case OPT_GROUPS:
     case OPT_GROUP:
+    case OPT_DIR:
+    case OPT_URL:
         v->s = text;
         break;
     case OPT_MODE:
@@ -714,6 +824,9 @@ static int config_parse_value(const struct opt_def *o, const char *text, union o
     case OPT_PIN:
         v->i = config_parse_pin(text);
         break;
+    case OPT_ENUM:
+        v->i = config_parse_enum(o, text);
+        break;
     case OPT_LEVEL:
         v->i = log_level_parse(text);
         break;
@@ -730,6 +843,8 @@ static void config_store(struct kvn_config *cfg, const struct opt_def *o, const 
     case OPT_USERS:
     case OPT_GROUPS:
     case OPT_GROUP:
+    case OPT_DIR:
+    case OPT_URL:
         /* Checked shorter than the field, so it fits; zero the tail so equal
          * configs stay byte-equal. */
         memset(field, 0, o->width);
@@ -751,15 +866,16 @@ static void config_store(struct kvn_config *cfg, const struct opt_def *o, const 
         memcpy(field, &v->d, sizeof v->d);
         break;
     case OPT_PIN:
+    case OPT_ENUM:
     case OPT_LEVEL:
         memcpy(field, &v->i, sizeof v->i);
         break;
     }
 }
 
-/* path_buf receives a NUL-terminated copy of a path field. A field without a
- * terminator (a struct built by code) comes out PATH_MAX-1 long, which the
- * path check then rejects as too long. */
+/* path_buf (VALUE_MAX bytes) receives a NUL-terminated copy of a string
+ * field. A field without a terminator (a struct built by code) comes out as
+ * long as the field, which the checks then reject as too long. */
 static void config_load(const struct kvn_config *cfg, const struct opt_def *o, union opt_value *v,
                         char *path_buf, size_t path_len)
 {
@@ -769,7 +885,9 @@ static void config_load(const struct kvn_config *cfg, const struct opt_def *o, u
     case OPT_LISTEN:
     case OPT_USERS:
     case OPT_GROUPS:
-    case OPT_GROUP: {
+    case OPT_GROUP:
+    case OPT_DIR:
+    case OPT_URL: {
         size_t n = strnlen(field, o->width);
         if (n >= path_len)
             n = path_len - 1;
@@ -794,10 +912,37 @@ static void config_load(const struct kvn_config *cfg, const struct opt_def *o, u
         memcpy(&v->d, field, sizeof v->d);
         break;
     case OPT_PIN:
+    case OPT_ENUM:
     case OPT_LEVEL:
         memcpy(&v->i, field, sizeof v->i);
         break;
     }
+}
+
+static bool config_value_equal(const struct opt_def *o, const union opt_value *a, const union opt_value *b)
+{
+    switch (o->type) {
+    case OPT_PATH:
+    case OPT_LISTEN:
+    case OPT_USERS:
+    case OPT_GROUPS:
+    case OPT_GROUP:
+    case OPT_DIR:
+    case OPT_URL:
+        return strcmp(a->s, b->s) == 0;
+    case OPT_FRACTION:
+        return a->d == b->d;
+    case OPT_PIN:
+    case OPT_ENUM:
+    case OPT_LEVEL:
+        return a->i == b->i;
+    case OPT_MODE:
+    case OPT_SIZE:
+    case OPT_COUNT:
+    case OPT_DURATION:
+        return a->u == b->u;
+    }
+    return false;
 }
 
 /* ---- error collection ---------------------------------------------------- */
@@ -1103,7 +1248,7 @@ int config_validate(const struct kvn_config *cfg, char *err, size_t errlen)
 {
     struct errbuf errors;
     errbuf_init(&errors, err, errlen);
-    char problem[PROBLEM_MAX], path[PATH_MAX];
+    char problem[PROBLEM_MAX], path[VALUE_MAX];
 
     /* Field checks again: a struct built or edited by code skipped the parser. */
     for (size_t i = 0; i < CONFIG_NOPTIONS; i++) {
@@ -1132,6 +1277,26 @@ int config_validate(const struct kvn_config *cfg, char *err, size_t errlen)
                    UINT32_MAX);
     }
 
+    /* [persist]: what the configured backend needs. */
+    if (cfg->persist_backend == CONFIG_BACKEND_FILE && cfg->persist_path[0] == '\0')
+        errbuf_add(&errors, "[persist] path: required when backend = file (the directory the blocks are "
+                            "stored under)");
+    if (cfg->persist_backend == CONFIG_BACKEND_V6D) {
+        size_t n = strnlen(cfg->persist_url, sizeof cfg->persist_url);
+        const char *url = cfg->persist_url;
+        size_t scheme = strncasecmp(url, "http://", 7) == 0 ? 7 : strncasecmp(url, "https://", 8) == 0 ? 8 : 0;
+        if (n == 0)
+            errbuf_add(&errors, "[persist] url: required when backend = v6d (the store's control-plane "
+                                "URL, e.g. http://127.0.0.1:8080)");
+        else if (n < sizeof cfg->persist_url && (scheme == 0 || url[scheme] == '\0' || url[scheme] == '/'))
+            errbuf_add(&errors, "[persist] url: invalid URL '%.*s%s' (backend = v6d needs http://HOST[:PORT] "
+                                "or https://HOST[:PORT], optionally with a path)",
+                       VALUE_SHOW, url, n > VALUE_SHOW ? "..." : "");
+        if (cfg->persist_socket[0] == '\0')
+            errbuf_add(&errors, "[persist] socket_path: required when backend = v6d (the store's data-plane "
+                                "unix socket)");
+    }
+
     if (errors.count) {
         errbuf_finish(&errors);
         return -1;
@@ -1142,7 +1307,7 @@ int config_validate(const struct kvn_config *cfg, char *err, size_t errlen)
 void config_write(const struct kvn_config *cfg, FILE *out)
 {
     const char *section = NULL;
-    char text[PATH_MAX + 16], path[PATH_MAX];
+    char text[VALUE_MAX + 16], path[VALUE_MAX];
     fprintf(out, "# kvnoded effective configuration; see kvnode.conf(5)\n");
     for (size_t i = 0; i < CONFIG_NOPTIONS; i++) {
         const struct opt_def *o = &config_options[i];
@@ -1162,7 +1327,7 @@ int config_restart_required(const struct kvn_config *running, const struct kvn_c
 {
     int changed = 0;
     size_t used = 0;
-    char a[PATH_MAX], b[PATH_MAX];
+    char a[VALUE_MAX], b[VALUE_MAX];
     if (buf && buflen)
         buf[0] = '\0';
     for (size_t i = 0; i < CONFIG_NOPTIONS; i++) {
@@ -1172,12 +1337,7 @@ int config_restart_required(const struct kvn_config *running, const struct kvn_c
         union opt_value va = { 0 }, vb = { 0 };
         config_load(running, o, &va, a, sizeof a);
         config_load(next, o, &vb, b, sizeof b);
-        bool same = (o->type == OPT_PATH || o->type == OPT_LISTEN || o->type == OPT_GROUP)
-                        ? strcmp(va.s, vb.s) == 0
-                  : o->type == OPT_FRACTION ? va.d == vb.d
-                  : (o->type == OPT_PIN || o->type == OPT_LEVEL) ? va.i == vb.i
-                  : va.u == vb.u;
-        if (same)
+        if (config_value_equal(o, &va, &vb))
             continue;
         changed++;
         if (buf && used < buflen) {

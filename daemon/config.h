@@ -95,7 +95,9 @@ int config_apply_override(struct kvn_config *cfg, const char *assignment, char *
 /* Every field's range again (for structs built by code) plus cross-field
  * checks: low_watermark < high_watermark, slab_bytes <= host_bytes, at most
  * 2^32-1 slabs, socket_path non-empty and shorter than sun_path (108 bytes
- * including the NUL). 0, or -1 with one line per problem in err. */
+ * including the NUL); [persist]: path non-empty when backend = file, url
+ * (http:// or https://) and socket_path non-empty when backend = v6d.
+ * 0, or -1 with one line per problem in err. */
 int config_validate(const struct kvn_config *cfg, char *err, size_t errlen);
 
 /* Write the effective configuration in kvnode.conf syntax, every option,

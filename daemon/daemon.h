@@ -19,6 +19,7 @@ struct cache;
 struct ops;
 struct server;
 struct admin;
+struct persist;
 
 struct daemon {
     struct event_base *base;
@@ -27,6 +28,7 @@ struct daemon {
     const char *overrides[DAEMON_MAX_OVERRIDES];
     int noverrides;
     struct cache *cache;
+    struct persist *persist;                /* NULL when [persist] backend = off */
     struct ops *ops;
     struct server *server;
     struct admin *admin;                    /* NULL when [admin] listen = off */

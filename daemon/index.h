@@ -20,8 +20,18 @@
 #include <stdint.h>
 
 enum entry_state {
-    ENTRY_WRITING = 1,  /* slot reserved under a write lease, not visible */
-    ENTRY_SEALED  = 2,  /* committed: visible to match/get */
+    ENTRY_WRITING   = 1,  /* slot reserved under a write lease, not visible */
+    ENTRY_SEALED    = 2,  /* committed: in memory, visible to match/get */
+    ENTRY_GHOST     = 3,  /* only in the persistent store: no slot, never on an LRU list */
+    ENTRY_PROMOTING = 4,  /* a ghost being read back into its reserved slot */
+};
+
+/* What the persistent store holds of an entry's block. */
+enum entry_persist {
+    PERSIST_NONE    = 0,  /* no copy known */
+    PERSIST_WRITING = 1,  /* a write is in flight (the entry is pinned by it) */
+    PERSIST_STORED  = 2,  /* the store holds this block */
+    PERSIST_FAILED  = 3,  /* the write failed or was dropped: do not retry */
 };
 
 typedef struct index_entry {
@@ -31,11 +41,14 @@ typedef struct index_entry {
     uint8_t  tier;          /* KVNODE_TIER_* of the bytes */
     uint8_t  detached;      /* unlinked from the index, freed when pins reach 0 */
     uint8_t  on_lru;        /* linked into an LRU list (maintained by index) */
+    uint8_t  persist;       /* enum entry_persist (cache's) */
+    uint8_t  evicting;      /* write-back: leaves memory once its write lands (cache's) */
     uint32_t pins;          /* read leases (and internal users) holding it */
     uint32_t arena;         /* arena id */
     uint32_t cls;           /* size class in that arena */
     uint64_t offset;        /* byte offset in the arena */
     uint64_t lru_stamp;     /* last touch, monotonically increasing */
+    void    *promo;         /* ENTRY_PROMOTING: the cache's promotion record */
     struct index_entry *hash_next;
     struct index_entry *lru_prev, *lru_next;   /* (arena, class) list */
     struct index_entry *ns_prev, *ns_next;     /* namespace list */

@@ -29,6 +29,7 @@ typedef struct lease {
     uint64_t created_ms, expires_ms;
     size_t   n;                    /* entries held */
     struct index_entry **entries;  /* n entries (NULL slots allowed) */
+    void    *waiter;               /* the cache's deferred reply built on this lease, if any */
     /* private to lease.c */
     struct lease_list *owner;
     struct lease *owner_prev, *owner_next;

@@ -18,6 +18,7 @@
 #include "kvnode.h"
 #include "log.h"
 #include "ops.h"
+#include "persist.h"
 #include "reload.h"
 #include "sd.h"
 #include "server.h"
@@ -65,6 +66,29 @@ static void daemon_signal_cb(evutil_socket_t sig, short what, void *arg)
     sdn_stopping(d);
     admin_begin_shutdown(d->admin);
     server_begin_shutdown(d->server);
+}
+
+/* Recovery: what the store scan finds becomes ghost entries, chunk by chunk,
+ * while the daemon serves. */
+static void daemon_recovery_found(void *arg, const struct kvs_found *blocks, size_t n)
+{
+    struct daemon *d = arg;
+    cache_add_stored(d->cache, blocks, n);
+}
+
+static void daemon_recovery_finished(void *arg, int rc)
+{
+    struct daemon *d = arg;
+    struct persist_counters pc;
+    persist_get_counters(d->persist, &pc);
+    if (rc == 0)
+        log_info("recovery: the store scan found %llu blocks in %.1f s",
+                 (unsigned long long)pc.scan_found,
+                 (double)(pc.scan_finished_ms - pc.scan_started_ms) / 1000.0);
+    else if (rc != -KVNODE_ESHUTDOWN)
+        log_warn("recovery: the store scan stopped after %llu blocks: %s (%s)",
+                 (unsigned long long)pc.scan_found, kvnode_strerror(rc),
+                 persist_last_error(d->persist));
 }
 
 int main(int argc, char **argv)
@@ -125,6 +149,8 @@ int main(int argc, char **argv)
     }
     log_set_level(d.cfg->log_level);
     signal(SIGPIPE, SIG_IGN);
+    /* A store file over RLIMIT_FSIZE fails its write (EFBIG), not the daemon. */
+    signal(SIGXFSZ, SIG_IGN);
     /* Frames of up to max_frame_bytes are allocated and freed per request:
      * keep them on the heap instead of a fresh (page-faulting) mmap each time,
      * and keep freed memory instead of trimming and faulting it back in. */
@@ -140,6 +166,11 @@ int main(int argc, char **argv)
         log_error("cannot create the host tier: %s", err);
         goto out;
     }
+    if (persist_create(d.base, d.cfg, &d.persist, err, sizeof err) < 0) {
+        log_error("cannot start persistence: %s", err);
+        goto out;
+    }
+    cache_set_persist(d.cache, d.persist);
     if (ops_create(d.cache, d.cfg, &d.ops) < 0) {
         log_error("out of memory");
         goto out;
@@ -176,6 +207,10 @@ int main(int argc, char **argv)
              d.config_path ? d.config_path : "built-in defaults",
              (unsigned long long)(d.cfg->host_bytes >> 20),
              (unsigned long long)(d.cfg->slab_bytes >> 10));
+    /* Serve while the store is scanned: MATCH sees what was found so far. */
+    if (d.persist && persist_scan_start(d.persist, daemon_recovery_found, daemon_recovery_finished,
+                                        &d) < 0)
+        log_warn("recovery: cannot start the store scan; blocks on disk are found by GET only");
     /* Listeners and arenas are usable: tell systemd (no-op outside it). */
     if (sdn_start(&d) < 0) {
         log_error("cannot create the systemd status/watchdog timers");
@@ -188,9 +223,23 @@ int main(int argc, char **argv)
     log_info("stopped");
     rc = 0;
 out:
-    /* Connections first (their leases), then the cache they point into. */
+    /* Connections first (their leases), then what is still queued for the
+     * store (bounded), then the cache they all point into. */
     admin_destroy(d.admin);
     server_destroy(d.server);
+    if (d.persist) {
+        struct persist_counters pc;
+        persist_get_counters(d.persist, &pc);
+        if (pc.queue_depth > 0)
+            log_info("shutdown: finishing %zu store requests (at most %u ms)", pc.queue_depth,
+                     d.cfg->shutdown_timeout_ms);
+        if (persist_drain(d.persist, d.cfg->shutdown_timeout_ms) < 0) {
+            persist_get_counters(d.persist, &pc);
+            log_warn("shutdown: %zu store requests not finished after %u ms; abandoning them",
+                     pc.queue_depth, d.cfg->shutdown_timeout_ms);
+        }
+        persist_destroy(d.persist);
+    }
     ops_destroy(d.ops);
     cache_destroy(d.cache);
     for (int i = 0; i < 3; i++)

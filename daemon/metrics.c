@@ -200,10 +200,11 @@ static void render_cache(struct evbuffer *out, json_t *doc, const struct metrics
 
     family(out, "kvnode_keys_total", "counter",
            "Keys looked up by match and get: matched, or missed with the reason (absent: no entry; "
-           "writing: reserved, not committed; beyond_gap: after the chain's first miss, not looked at).");
+           "writing: reserved, not committed; unavailable: only in the store and not brought back; beyond_gap: after the chain's first miss, not looked at).");
     sample_u(out, "kvnode_keys_total", L("result", "matched"), k->matched);
     sample_u(out, "kvnode_keys_total", L("result", "missed", "reason", "absent"), k->absent);
     sample_u(out, "kvnode_keys_total", L("result", "missed", "reason", "writing"), k->writing);
+    sample_u(out, "kvnode_keys_total", L("result", "missed", "reason", "unavailable"), k->unavailable);
     sample_u(out, "kvnode_keys_total", L("result", "missed", "reason", "beyond_gap"), k->beyond_gap);
 
     family(out, "kvnode_evictions_total", "counter",

@@ -48,6 +48,8 @@ struct metrics_keys {
     uint64_t matched;
     uint64_t absent;       /* no entry for the key */
     uint64_t writing;      /* reserved by a writer, not committed yet */
+    uint64_t unavailable;  /* only in the store and not brought back (no room, store
+                              failed or too slow, or no longer there) */
     uint64_t beyond_gap;   /* after the first miss of the chain: not looked at */
 };
 

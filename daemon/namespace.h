@@ -40,6 +40,8 @@ typedef struct kv_namespace {
     uint64_t bytes;                     /* their bytes (block_bytes each) */
     uint64_t reserved;                  /* bytes of slots reserved by writers, not
                                            yet committed (block_bytes each) */
+    uint64_t stored;                    /* blocks known only in the persistent store
+                                           (ghosts, incl. those being promoted) */
     uint32_t clients;                   /* connections bound now */
 } kv_namespace;
 

@@ -28,6 +28,8 @@ struct ops {
     struct op_counts counts[OP_SLOTS];
     struct metrics_requests requests;   /* by op and status, with latency */
     int last_code;                      /* status of the request being handled */
+    double request_t0;                  /* when it arrived (ops_now_s) */
+    bool deferred;                      /* the request being handled answers later */
     ops_stats_fn stats_hook;
     void *stats_hook_arg;
 };
@@ -76,8 +78,26 @@ void ops_apply_config(struct ops *o, const struct kvn_config *cfg)
     o->cfg = cfg;
 }
 
+/* A request whose answer waits for the store (cache_*_start returned
+ * CACHE_WAITING). The connection reads nothing more until it is answered. */
+struct ops_pending {
+    struct ops *o;
+    struct conn *conn;
+    struct session *s;
+    uint64_t req_id;
+    int op;                 /* KVNODE__REQUEST__OP_* */
+    size_t n;               /* keys asked for */
+    double t0;
+    struct cache_wait *wait;
+};
+
 void ops_session_end(struct ops *o, struct session *s)
 {
+    if (s->pending) {
+        cache_wait_cancel(o->cache, s->pending->wait);
+        free(s->pending);
+        s->pending = NULL;
+    }
     cache_release_owner(o->cache, &s->leases);
     if (s->ns) {
         log_debug("client pid %d (%s) left namespace %u", (int)s->pid, s->name, s->ns->id);
@@ -270,11 +290,60 @@ static void ops_hello(struct ops *o, struct conn *conn, struct session *s, const
     ops_send(o, conn, req, &resp, fds, narenas);
 }
 
-static void ops_match(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+static double ops_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void ops_pending_ready(void *arg);
+static void ops_get_inline_reply(struct ops *o, struct conn *conn, struct session *s,
+                                 const Kvnode__Request *req, uint64_t lease_id,
+                                 const struct cache_loc *locs, size_t got);
+
+/* The request answers later: remember who asks and stop reading from the
+ * connection until then. 0, or -KVNODE_ENOMEM. */
+static int ops_defer(struct ops *o, struct conn *conn, struct session *s,
+                     const Kvnode__Request *req, size_t n, struct cache_wait *wait)
+{
+    struct ops_pending *p = malloc(sizeof *p);
+    if (!p)
+        return -KVNODE_ENOMEM;   /* the caller answers with what is ready now */
+    p->o = o;
+    p->conn = conn;
+    p->s = s;
+    p->req_id = req->id;
+    p->op = (int)req->op_case;
+    p->n = n;
+    p->t0 = o->request_t0;
+    p->wait = wait;
+    s->pending = p;
+    o->deferred = true;
+    server_defer(conn);
+    return 0;
+}
+
+static void ops_match_reply(struct ops *o, struct conn *conn, const Kvnode__Request *req,
+                            const struct cache_tiers *t)
 {
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
     Kvnode__MatchReply reply = KVNODE__MATCH_REPLY__INIT;
-    size_t n = req->match->n_keys, matched;
+
+    reply.matched = (uint32_t)t->matched;
+    reply.hbm = (uint32_t)t->hbm;
+    reply.host = (uint32_t)t->host;
+    reply.store = (uint32_t)t->store;
+    resp.result_case = KVNODE__RESPONSE__RESULT_MATCH;
+    resp.match = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+}
+
+static void ops_match(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    size_t n = req->match->n_keys;
+    struct cache_tiers t;
+    struct cache_wait *wait;
     char err[256];
     int rc = ops_check_keys(o, s, n, err, sizeof err);
 
@@ -282,53 +351,33 @@ static void ops_match(struct ops *o, struct conn *conn, struct session *s, const
         ops_fail(o, conn, req, rc, err);
         return;
     }
-    matched = cache_match(o->cache, s->ns, req->match->keys, n);
-    reply.matched = (uint32_t)matched;
-    resp.result_case = KVNODE__RESPONSE__RESULT_MATCH;
-    resp.match = &reply;
-    ops_send(o, conn, req, &resp, NULL, 0);
+    rc = cache_match_start(o->cache, s->ns, req->match->keys, n, &t, ops_pending_ready, conn, &wait);
+    if (rc == CACHE_WAITING) {
+        if (ops_defer(o, conn, s, req, n, wait) == 0)
+            return;
+        cache_match_finish(o->cache, wait, &t);
+    }
+    ops_match_reply(o, conn, req, &t);
 }
 
-/* GET_BEGIN and PUT_BEGIN: one lease, one location per key of the answer
- * (the ready prefix for a get, every key for a put). */
-static void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+/* The GET_BEGIN / PUT_BEGIN reply: the lease and one location per key. */
+static void ops_lease_reply(struct ops *o, struct conn *conn, struct session *s,
+                            const Kvnode__Request *req, bool get, uint64_t lease_id,
+                            const struct cache_loc *locs, size_t count)
 {
-    bool get = req->op_case == KVNODE__REQUEST__OP_GET_BEGIN;
-    const int64_t *keys = get ? req->get_begin->keys : req->put_begin->keys;
-    size_t n = get ? req->get_begin->n_keys : req->put_begin->n_keys, count = n;
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
     Kvnode__GetBeginReply get_reply = KVNODE__GET_BEGIN_REPLY__INIT;
     Kvnode__PutBeginReply put_reply = KVNODE__PUT_BEGIN_REPLY__INIT;
-    struct cache_loc *locs = NULL;
     struct loc_buf lb = { 0 };
-    uint64_t lease_id = 0;
-    char err[512];
-    int rc = ops_check_keys(o, s, n, err, sizeof err);
 
-    if (rc < 0)
-        goto fail;
-    locs = calloc(n ? n : 1, sizeof *locs);
-    if (!locs) {
-        rc = -KVNODE_ENOMEM;
-        snprintf(err, sizeof err, "out of memory");
-        goto fail;
-    }
-    if (get)
-        rc = cache_get_begin(o->cache, s->ns, &s->leases, keys, n, &lease_id, locs, &count,
-                             err, sizeof err);
-    else
-        rc = cache_put_begin(o->cache, s->ns, &s->leases, keys, n, (int)req->put_begin->tier,
-                             &lease_id, locs, err, sizeof err);
-    if (rc < 0)
-        goto fail;
     if (loc_buf_fill(&lb, locs, count) < 0) {
         uint32_t ignored;
+        loc_buf_free(&lb);
         if (lease_id)
             cache_lease_end(o->cache, &s->leases, lease_id, get ? LEASE_READ : LEASE_WRITE, false,
                             &ignored, NULL, 0);
-        rc = -KVNODE_ENOMEM;
-        snprintf(err, sizeof err, "out of memory");
-        goto fail;
+        ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
+        return;
     }
     if (get) {
         get_reply.lease = lease_id;
@@ -345,12 +394,93 @@ static void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s,
     }
     ops_send(o, conn, req, &resp, NULL, 0);
     loc_buf_free(&lb);
+}
+
+/* GET_BEGIN and PUT_BEGIN: one lease, one location per key of the answer
+ * (the ready prefix for a get, every key for a put). */
+static void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    bool get = req->op_case == KVNODE__REQUEST__OP_GET_BEGIN;
+    const int64_t *keys = get ? req->get_begin->keys : req->put_begin->keys;
+    size_t n = get ? req->get_begin->n_keys : req->put_begin->n_keys, count = n;
+    struct cache_loc *locs = NULL;
+    uint64_t lease_id = 0;
+    char err[512];
+    int rc = ops_check_keys(o, s, n, err, sizeof err);
+
+    if (rc < 0)
+        goto fail;
+    locs = calloc(n ? n : 1, sizeof *locs);
+    if (!locs) {
+        rc = -KVNODE_ENOMEM;
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    if (get) {
+        struct cache_wait *wait;
+        rc = cache_get_start(o->cache, s->ns, &s->leases, keys, n, &lease_id, locs, &count,
+                             err, sizeof err, ops_pending_ready, conn, &wait);
+        if (rc == CACHE_WAITING) {
+            if (ops_defer(o, conn, s, req, n, wait) == 0) {
+                free(locs);
+                return;
+            }
+            cache_get_finish(o->cache, wait, &lease_id, locs, &count);
+            rc = 0;
+        }
+    } else {
+        rc = cache_put_begin(o->cache, s->ns, &s->leases, keys, n, (int)req->put_begin->tier,
+                             &lease_id, locs, err, sizeof err);
+    }
+    if (rc < 0)
+        goto fail;
+    ops_lease_reply(o, conn, s, req, get, lease_id, locs, count);
     free(locs);
     return;
 fail:
-    loc_buf_free(&lb);
     free(locs);
     ops_fail(o, conn, req, rc, err);
+}
+
+/* The store answered (or request_timeout passed) for a deferred request:
+ * answer it and let the connection's next requests in. */
+static void ops_pending_ready(void *arg)
+{
+    struct conn *conn = arg;
+    struct session *s = server_conn_session(conn);
+    struct ops_pending *p = s->pending;
+    struct ops *o = p->o;
+    Kvnode__Request req = KVNODE__REQUEST__INIT;
+    struct cache_loc *locs = NULL;
+    uint64_t lease_id = 0;
+    size_t got = 0;
+
+    s->pending = NULL;
+    req.id = p->req_id;
+    req.op_case = (Kvnode__Request__OpCase)p->op;
+    o->last_code = 0;
+    if (p->op == KVNODE__REQUEST__OP_MATCH) {
+        struct cache_tiers t;
+        cache_match_finish(o->cache, p->wait, &t);
+        ops_match_reply(o, conn, &req, &t);
+    } else {
+        locs = calloc(p->n ? p->n : 1, sizeof *locs);
+        if (!locs) {
+            /* Nothing to put the answer in: give everything back. */
+            cache_get_finish(o->cache, p->wait, &lease_id, NULL, &got);
+            ops_fail(o, conn, &req, -KVNODE_ENOMEM, "out of memory");
+        } else {
+            cache_get_finish(o->cache, p->wait, &lease_id, locs, &got);
+            if (p->op == KVNODE__REQUEST__OP_GET_INLINE)
+                ops_get_inline_reply(o, conn, s, &req, lease_id, locs, got);
+            else
+                ops_lease_reply(o, conn, s, &req, true, lease_id, locs, got);
+        }
+    }
+    metrics_request_observe(&o->requests, p->op, o->last_code, ops_now_s() - p->t0);
+    free(locs);
+    free(p);
+    server_resume(conn);
 }
 
 /* GET_END, PUT_COMMIT, PUT_ABORT */
@@ -394,15 +524,43 @@ static void ops_lease_end(struct ops *o, struct conn *conn, struct session *s, c
     ops_send(o, conn, req, &resp, NULL, 0);
 }
 
-static void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+/* Copy the ready prefix into the reply, then end the read lease. */
+static void ops_get_inline_reply(struct ops *o, struct conn *conn, struct session *s,
+                                 const Kvnode__Request *req, uint64_t lease_id,
+                                 const struct cache_loc *locs, size_t got)
 {
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
     Kvnode__GetInlineReply reply = KVNODE__GET_INLINE_REPLY__INIT;
+    ProtobufCBinaryData *blocks = calloc(got ? got : 1, sizeof *blocks);
+    uint32_t ignored;
+
+    if (!blocks) {
+        if (lease_id)
+            cache_lease_end(o->cache, &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
+        ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < got; i++) {
+        blocks[i].data = (uint8_t *)cache_arena_base(o->cache, locs[i].arena) + locs[i].offset;
+        blocks[i].len = s->ns->layout.block_bytes;
+    }
+    reply.n_blocks = got;
+    reply.blocks = blocks;
+    resp.result_case = KVNODE__RESPONSE__RESULT_GET_INLINE;
+    resp.get_inline = &reply;
+    /* The reply is packed (copied) before this returns; then unpin. */
+    ops_send(o, conn, req, &resp, NULL, 0);
+    if (lease_id)
+        cache_lease_end(o->cache, &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
+    free(blocks);
+}
+
+static void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
     size_t n = req->get_inline->n_keys, got = 0;
     struct cache_loc *locs = NULL;
-    ProtobufCBinaryData *blocks = NULL;
+    struct cache_wait *wait;
     uint64_t lease_id = 0;
-    uint32_t ignored;
     char err[512];
     int rc = ops_check_keys(o, s, n, err, sizeof err);
 
@@ -416,34 +574,28 @@ static void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, 
         goto fail;
     }
     locs = calloc(n ? n : 1, sizeof *locs);
-    blocks = calloc(n ? n : 1, sizeof *blocks);
-    if (!locs || !blocks) {
+    if (!locs) {
         rc = -KVNODE_ENOMEM;
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
-    rc = cache_get_begin(o->cache, s->ns, &s->leases, req->get_inline->keys, n, &lease_id, locs,
-                         &got, err, sizeof err);
+    rc = cache_get_start(o->cache, s->ns, &s->leases, req->get_inline->keys, n, &lease_id, locs,
+                         &got, err, sizeof err, ops_pending_ready, conn, &wait);
+    if (rc == CACHE_WAITING) {
+        if (ops_defer(o, conn, s, req, n, wait) == 0) {
+            free(locs);
+            return;
+        }
+        cache_get_finish(o->cache, wait, &lease_id, locs, &got);
+        rc = 0;
+    }
     if (rc < 0)
         goto fail;
-    for (size_t i = 0; i < got; i++) {
-        blocks[i].data = (uint8_t *)cache_arena_base(o->cache, locs[i].arena) + locs[i].offset;
-        blocks[i].len = s->ns->layout.block_bytes;
-    }
-    reply.n_blocks = got;
-    reply.blocks = blocks;
-    resp.result_case = KVNODE__RESPONSE__RESULT_GET_INLINE;
-    resp.get_inline = &reply;
-    /* The reply is packed (copied) before this returns; then unpin. */
-    ops_send(o, conn, req, &resp, NULL, 0);
-    if (lease_id)
-        cache_lease_end(o->cache, &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
+    ops_get_inline_reply(o, conn, s, req, lease_id, locs, got);
     free(locs);
-    free(blocks);
     return;
 fail:
     free(locs);
-    free(blocks);
     ops_fail(o, conn, req, rc, err);
 }
 
@@ -637,12 +789,6 @@ static void ops_reload(struct ops *o, struct conn *conn, struct session *s, cons
     ops_send(o, conn, req, &resp, NULL, 0);
 }
 
-static double ops_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 
@@ -651,8 +797,12 @@ void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnod
 {
     double t0 = ops_now_s();
     o->last_code = 0;
+    o->deferred = false;
+    o->request_t0 = t0;
     ops_dispatch(o, conn, s, req);
-    metrics_request_observe(&o->requests, (int)req->op_case, o->last_code, ops_now_s() - t0);
+    /* A deferred request is observed when it is answered. */
+    if (!o->deferred)
+        metrics_request_observe(&o->requests, (int)req->op_case, o->last_code, ops_now_s() - t0);
 }
 
 static void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)

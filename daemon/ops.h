@@ -17,6 +17,7 @@
 struct conn;
 struct server;
 struct ops;
+struct ops_pending;
 
 /* What a connection is bound to; embedded in the server's connection. */
 struct session {
@@ -24,6 +25,7 @@ struct session {
     bool          observer;       /* HELLO without a layout */
     kv_namespace *ns;
     struct lease_list leases;
+    struct ops_pending *pending;  /* a request answered later (waits for the store) */
     pid_t pid;
     uid_t uid;
     gid_t gid;

@@ -38,6 +38,8 @@ struct conn {
     struct evbuffer *in, *out;
     bool closing;            /* close once `out` drains */
     bool reading;
+    bool deferred;           /* a request answers later: handle nothing more until then */
+    struct event *resume_ev; /* handles the input that waited behind a deferred request */
     uint64_t bytes_sent;     /* stream offset of the next byte to send */
     /* fds to attach to the byte at stream offset fds_at (one batch at a time;
      * HELLO is the only reply that carries fds) */
@@ -495,6 +497,8 @@ static void conn_destroy(struct conn *c)
     ops_session_end(s->ops, &c->session);
     event_free(c->rev);
     event_free(c->wev);
+    if (c->resume_ev)
+        event_free(c->resume_ev);
     evbuffer_free(c->in);
     evbuffer_free(c->out);
     close(c->fd);
@@ -582,10 +586,10 @@ static int conn_flush(struct conn *c)
         event_add(c->wev, NULL);
     } else {
         event_del(c->wev);
-        if (c->closing)
+        if (c->closing && !c->deferred)
             return -1;
     }
-    if (!c->closing)
+    if (!c->closing && !c->deferred)
         conn_set_reading(c, evbuffer_get_length(c->out) < OUTPUT_HIGH_WATER);
     return 0;
 }
@@ -652,6 +656,37 @@ void server_reply_error(struct conn *c, uint64_t id, int code, const char *fmt, 
     server_reply(c, &resp, NULL, 0);
 }
 
+static void conn_process_input(struct conn *c);
+
+static void conn_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    (void)fd;
+    (void)what;
+    conn_process_input(c);
+    if (conn_flush(c) < 0)
+        conn_destroy(c);
+}
+
+void server_defer(struct conn *c)
+{
+    c->deferred = true;
+    conn_set_reading(c, false);
+}
+
+void server_resume(struct conn *c)
+{
+    c->deferred = false;
+    if (!c->resume_ev)
+        c->resume_ev = event_new(c->srv->base, -1, 0, conn_resume_cb, c);
+    if (c->resume_ev) {
+        event_active(c->resume_ev, 0, 0);
+    } else if (conn_flush(c) < 0) {
+        log_error("out of memory resuming the connection of pid %d", (int)c->session.pid);
+        server_close_after_flush(c);
+    }
+}
+
 void server_close_after_flush(struct conn *c)
 {
     c->closing = true;
@@ -686,7 +721,7 @@ static void conn_process_input(struct conn *c)
 {
     uint32_t max = c->srv->cfg->max_frame_bytes;
 
-    while (!c->closing) {
+    while (!c->closing && !c->deferred) {
         size_t avail = evbuffer_get_length(c->in);
         uint8_t hdr[WIRE_HEADER_BYTES];
         uint32_t len;

@@ -43,6 +43,13 @@ int  server_reply(struct conn *c, const Kvnode__Response *resp, const int *fds, 
 /* Send an error response with `code` (negative KVNODE_E*) and a message. */
 void server_reply_error(struct conn *c, uint64_t id, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* The request being handled answers later (ops deferred it): read and
+ * handle nothing more from this connection until server_resume(), so replies
+ * keep the order of the requests. */
+void server_defer(struct conn *c);
+/* The deferred answer is queued: go on with the connection's next requests
+ * (from the loop, after the caller returns). */
+void server_resume(struct conn *c);
 /* Close the connection once its queued replies are written. */
 void server_close_after_flush(struct conn *c);
 struct session *server_conn_session(struct conn *c);

@@ -880,7 +880,7 @@ void kvnode_set_timeout(kvnode_client *c, int timeout_ms)
 /* match and delete: n keys in, a count of at most n out (*count). `del`
  * picks the op; `out_name` names the output argument in errors. */
 static int client_count_call(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *count,
-                             int del, const char *out_name)
+                             int del, const char *out_name, kvnode_tiers *tiers)
 {
     Kvnode__Request req = KVNODE__REQUEST__INIT;
     Kvnode__MatchRequest m = KVNODE__MATCH_REQUEST__INIT;
@@ -919,8 +919,19 @@ static int client_count_call(kvnode_client *c, const kvnode_key *keys, size_t n,
     if (answered > n) {
         client_seterr(c, "protocol: %s of %zu keys answered %" PRIu32, what, n, answered);
         rc = -KVNODE_EPROTO;
+    } else if (tiers && (uint64_t)resp->match->hbm + resp->match->host + resp->match->store !=
+                            answered) {
+        client_seterr(c, "protocol: match of %zu keys answered %" PRIu32 " = %" PRIu32 " hbm + %"
+                      PRIu32 " host + %" PRIu32 " store", n, answered, resp->match->hbm,
+                      resp->match->host, resp->match->store);
+        rc = -KVNODE_EPROTO;
     } else {
         *count = answered;
+        if (tiers) {
+            tiers->hbm = resp->match->hbm;
+            tiers->host = resp->match->host;
+            tiers->store = resp->match->store;
+        }
     }
     client_response_free(c, resp);
     return rc;
@@ -928,7 +939,18 @@ static int client_count_call(kvnode_client *c, const kvnode_key *keys, size_t n,
 
 int kvnode_match(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *matched)
 {
-    return client_count_call(c, keys, n, matched, 0, "matched");
+    return client_count_call(c, keys, n, matched, 0, "matched", NULL);
+}
+
+int kvnode_match_tiers(kvnode_client *c, const kvnode_key *keys, size_t n, kvnode_tiers *out)
+{
+    if (out)
+        memset(out, 0, sizeof *out);
+    if (c && !out) {
+        client_seterr(c, "match_tiers: NULL out");
+        return -KVNODE_EINVAL;
+    }
+    return client_count_call(c, keys, n, out ? &out->matched : NULL, 0, "matched", out);
 }
 
 int kvnode_get_begin(kvnode_client *c, const kvnode_key *keys, size_t n,
@@ -1303,7 +1325,7 @@ int kvnode_put_inline(kvnode_client *c, const kvnode_key *keys, size_t n, const 
 
 int kvnode_delete(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *deleted)
 {
-    return client_count_call(c, keys, n, deleted, 1, "deleted");
+    return client_count_call(c, keys, n, deleted, 1, "deleted", NULL);
 }
 
 int kvnode_stats_json(kvnode_client *c, char **json)

@@ -81,8 +81,19 @@ void kvnode_close(kvnode_client *c);
 /* Bytes of one block of this client's namespace (0 for an observer). */
 uint64_t kvnode_block_bytes(const kvnode_client *c);
 
-/* *matched = length of the longest cached prefix of keys[0..n). */
+/* *matched = length of the longest cached prefix of keys[0..n), counting
+ * blocks in every tier (GPU memory, host memory, the persistent store). */
 int  kvnode_match(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *matched);
+
+/* How a matched prefix is spread over the tiers. */
+typedef struct kvnode_tiers {
+    size_t matched;   /* hbm + host + store */
+    size_t hbm;       /* in GPU memory */
+    size_t host;      /* in host memory */
+    size_t store;     /* only in the persistent store: a get brings them back first (slower) */
+} kvnode_tiers;
+/* kvnode_match that also tells where the matched blocks are. */
+int  kvnode_match_tiers(kvnode_client *c, const kvnode_key *keys, size_t n, kvnode_tiers *out);
 
 /* Pin the longest cached prefix under one read lease: locs[0..*got) point at
  * the blocks (read-only by contract) until kvnode_get_end(lease). *lease is 0

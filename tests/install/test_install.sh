@@ -23,10 +23,16 @@ done
 grep -q '^ExecStart=/usr/sbin/kvnoded ' "$root/usr/lib/systemd/system/kvnoded.service" ||
   fail "service ExecStart does not point at /usr/sbin/kvnoded"
 grep -q '^prefix=/usr$' "$root/usr/lib/pkgconfig/kvnode.pc" || fail "pkg-config prefix is not /usr"
-# The shipped config serves the service's socket and parses.
+# The shipped config serves the service's socket and store, and parses.
 grep -q '^socket_path' "$root/etc/kvnode/kvnode.conf" && fail "installed config pins a socket_path"
-"$root/usr/sbin/kvnoded" --check-config -c "$root/etc/kvnode/kvnode.conf" |
-  grep -q '^socket_path = /run/kvnode/kvnode.sock' || fail "installed config does not parse to the service socket"
+grep -q '^path' "$root/etc/kvnode/kvnode.conf" && fail "installed config pins a [persist] path"
+grep -qx '#path = /var/lib/kvnode' "$root/etc/kvnode/kvnode.conf" ||
+  fail "installed config lacks '#path = /var/lib/kvnode'"
+effective=$("$root/usr/sbin/kvnoded" --check-config -c "$root/etc/kvnode/kvnode.conf") ||
+  fail "installed config does not validate"
+grep -q '^socket_path = /run/kvnode/kvnode.sock' <<<"$effective" ||
+  fail "installed config does not parse to the service socket"
+grep -qx 'path = /var/lib/kvnode' <<<"$effective" || fail "installed config does not parse to the service store"
 # An operator's config survives a reinstall.
 echo "# edited by the operator" >>"$root/etc/kvnode/kvnode.conf"
 make --no-print-directory -s BUILD="$BUILD" install DESTDIR="$root" PREFIX=/usr >/dev/null 2>&1 || fail "reinstall"

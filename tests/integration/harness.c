@@ -304,7 +304,9 @@ static int kvh_write_config(kvh_daemon *d, const char *config)
              "memory.host_bytes=64MiB\n"
              "memory.pin_host=off\n"
              "log.level=info\n"
-             "admin.listen=off\n", d->dir);
+             "admin.listen=off\n"
+             /* No store unless a test opts in with persist.* assignments. */
+             "persist.backend=off\n", d->dir);
     if (kvh_parse_assignments(defaults, kv, &n, MAXKV) != 0 ||
         kvh_parse_assignments(config, kv, &n, MAXKV) != 0) {
         free(kv);

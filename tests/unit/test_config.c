@@ -125,6 +125,18 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_uint_eq(a->max_leases_per_client, b->max_leases_per_client);
     ck_assert_int_eq(a->log_level, b->log_level);
     ck_assert_str_eq(a->admin_listen, b->admin_listen);
+    ck_assert_int_eq(a->persist_backend, b->persist_backend);
+    ck_assert_int_eq(a->persist_policy, b->persist_policy);
+    ck_assert_str_eq(a->persist_path, b->persist_path);
+    ck_assert_uint_eq(a->persist_capacity, b->persist_capacity);
+    ck_assert_int_eq(a->persist_fsync, b->persist_fsync);
+    ck_assert_uint_eq(a->persist_workers, b->persist_workers);
+    ck_assert_uint_eq(a->persist_queue, b->persist_queue);
+    ck_assert_str_eq(a->persist_url, b->persist_url);
+    ck_assert_str_eq(a->persist_socket, b->persist_socket);
+    ck_assert_uint_eq(a->persist_connect_timeout_ms, b->persist_connect_timeout_ms);
+    ck_assert_uint_eq(a->persist_timeout_ms, b->persist_timeout_ms);
+    ck_assert_int_eq(a->persist_lookup, b->persist_lookup);
     /* Both went through config_defaults (zeroed) and the parser (zero-filled
      * path tail), so they are byte-identical too. */
     ck_assert(memcmp(a, b, sizeof *a) == 0);
@@ -151,6 +163,10 @@ static const char *const all_options[][2] = {
     { "leases", "max_per_client" },
     { "log", "level" },
     { "admin", "listen" },
+    { "persist", "backend" }, { "persist", "policy" }, { "persist", "path" }, { "persist", "capacity" },
+    { "persist", "fsync" }, { "persist", "workers" }, { "persist", "queue" }, { "persist", "url" },
+    { "persist", "socket_path" }, { "persist", "connect_timeout" }, { "persist", "timeout" },
+    { "persist", "lookup" },
 };
 #define NOPTIONS (sizeof all_options / sizeof all_options[0])
 
@@ -181,9 +197,27 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(c.max_leases_per_client, 1024);
     ck_assert_int_eq(c.log_level, LOG_LEVEL_INFO);
     ck_assert_str_eq(c.admin_listen, "127.0.0.1:9180");
+    ck_assert_int_eq(c.persist_backend, CONFIG_BACKEND_FILE);
+    ck_assert_int_eq(c.persist_policy, CONFIG_POLICY_WRITE_THROUGH);
+    ck_assert_str_eq(c.persist_path, "/var/lib/kvnode");
+    ck_assert_uint_eq(c.persist_capacity, 0);
+    ck_assert_int_eq(c.persist_fsync, 1);   /* KVS_FSYNC_BATCH */
+    ck_assert_uint_eq(c.persist_workers, 2);
+    ck_assert_uint_eq(c.persist_queue, 4096);
+    ck_assert_str_eq(c.persist_url, "");
+    ck_assert_str_eq(c.persist_socket, "");
+    ck_assert_uint_eq(c.persist_connect_timeout_ms, 1000);
+    ck_assert_uint_eq(c.persist_timeout_ms, 5000);
+    ck_assert_int_eq(c.persist_lookup, CONFIG_LOOKUP_AUTO);
     /* The path's tail is zeroed, so equal configs are byte-equal. */
     for (size_t i = strlen(c.socket_path); i < sizeof c.socket_path; i++)
         ck_assert_int_eq(c.socket_path[i], 0);
+    for (size_t i = strlen(c.persist_path); i < sizeof c.persist_path; i++)
+        ck_assert_int_eq(c.persist_path[i], 0);
+    for (size_t i = 0; i < sizeof c.persist_url; i++)
+        ck_assert_int_eq(c.persist_url[i], 0);
+    for (size_t i = 0; i < sizeof c.persist_socket; i++)
+        ck_assert_int_eq(c.persist_socket[i], 0);
 
     char err[CONFIG_ERR_MAX];
     ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "defaults invalid: %s", err);
@@ -260,6 +294,43 @@ static const struct good_case good_cases[] = {
     { "admin", "listen", "localhost:9180", OFF(admin_listen), F_STR, .s = "localhost:9180" },
     { "admin", "listen", "[::1]:9180", OFF(admin_listen), F_STR, .s = "[::1]:9180" },
     { "admin", "listen", "unix:/run/kvnode/admin.sock", OFF(admin_listen), F_STR, .s = "unix:/run/kvnode/admin.sock" },
+    { "persist", "backend", "off", OFF(persist_backend), F_INT, .u = CONFIG_BACKEND_OFF },
+    { "persist", "backend", "file", OFF(persist_backend), F_INT, .u = CONFIG_BACKEND_FILE },
+    { "persist", "backend", "v6d", OFF(persist_backend), F_INT, .u = CONFIG_BACKEND_V6D },
+    { "persist", "backend", "V6D", OFF(persist_backend), F_INT, .u = CONFIG_BACKEND_V6D },
+    { "persist", "policy", "write_through", OFF(persist_policy), F_INT, .u = CONFIG_POLICY_WRITE_THROUGH },
+    { "persist", "policy", "write_back", OFF(persist_policy), F_INT, .u = CONFIG_POLICY_WRITE_BACK },
+    { "persist", "policy", "Off", OFF(persist_policy), F_INT, .u = CONFIG_POLICY_OFF },
+    { "persist", "path", "/data/kvnode", OFF(persist_path), F_STR, .s = "/data/kvnode" },
+    { "persist", "path", "var", OFF(persist_path), F_STR, .s = "var" },
+    { "persist", "path", "/mnt/with space/kv ; comment", OFF(persist_path), F_STR, .s = "/mnt/with space/kv" },
+    { "persist", "path", "", OFF(persist_path), F_STR, .s = "" },   /* validate decides */
+    { "persist", "path", PATH107 "/longer/than/a/socket/path", OFF(persist_path), F_STR,
+      .s = PATH107 "/longer/than/a/socket/path" },
+    { "persist", "capacity", "0", OFF(persist_capacity), F_U64, .u = 0 },
+    { "persist", "capacity", "100GiB", OFF(persist_capacity), F_U64, .u = 100 * GIB },
+    { "persist", "capacity", "4097", OFF(persist_capacity), F_U64, .u = 4097 },
+    { "persist", "fsync", "never", OFF(persist_fsync), F_INT, .u = 0 },
+    { "persist", "fsync", "batch", OFF(persist_fsync), F_INT, .u = 1 },
+    { "persist", "fsync", "ALWAYS", OFF(persist_fsync), F_INT, .u = 2 },
+    { "persist", "workers", "1", OFF(persist_workers), F_U32, .u = 1 },
+    { "persist", "workers", "32", OFF(persist_workers), F_U32, .u = 32 },
+    { "persist", "queue", "16", OFF(persist_queue), F_U32, .u = 16 },
+    { "persist", "queue", "1048576", OFF(persist_queue), F_U32, .u = 1048576 },
+    { "persist", "url", "http://127.0.0.1:8080", OFF(persist_url), F_STR, .s = "http://127.0.0.1:8080" },
+    { "persist", "url", "https://kvs.example/v1/", OFF(persist_url), F_STR, .s = "https://kvs.example/v1/" },
+    { "persist", "url", "", OFF(persist_url), F_STR, .s = "" },
+    { "persist", "socket_path", "/run/v6d/v6d.sock", OFF(persist_socket), F_STR, .s = "/run/v6d/v6d.sock" },
+    { "persist", "socket_path", path107, OFF(persist_socket), F_STR, .s = path107 },
+    { "persist", "socket_path", "", OFF(persist_socket), F_STR, .s = "" },
+    { "persist", "connect_timeout", "10ms", OFF(persist_connect_timeout_ms), F_U32, .u = 10 },
+    { "persist", "connect_timeout", "1m", OFF(persist_connect_timeout_ms), F_U32, .u = 60000 },
+    { "persist", "timeout", "10ms", OFF(persist_timeout_ms), F_U32, .u = 10 },
+    { "persist", "timeout", "10m", OFF(persist_timeout_ms), F_U32, .u = 600000 },
+    { "persist", "timeout", "2500", OFF(persist_timeout_ms), F_U32, .u = 2500 },
+    { "persist", "lookup", "auto", OFF(persist_lookup), F_INT, .u = CONFIG_LOOKUP_AUTO },
+    { "persist", "lookup", "on", OFF(persist_lookup), F_INT, .u = CONFIG_LOOKUP_ON },
+    { "persist", "lookup", "OFF", OFF(persist_lookup), F_INT, .u = CONFIG_LOOKUP_OFF },
 };
 #define NGOOD (sizeof good_cases / sizeof good_cases[0])
 
@@ -403,6 +474,28 @@ static const struct bad_case bad_cases[] = {
     { "admin", "listen", "[::1:9180", "in brackets" },
     { "admin", "listen", "unix:", "empty socket path" },
     { "admin", "listen", "unix:" PATH107 "a", "it must be shorter than 108 bytes" },
+    { "persist", "backend", "nfs", "invalid value 'nfs' (expected off, file or v6d)" },
+    { "persist", "backend", "", "invalid value '' (expected off, file or v6d)" },
+    { "persist", "backend", "1", "expected off, file or v6d" },
+    { "persist", "policy", "write-through", "invalid value 'write-through' (expected write_through, write_back or off)" },
+    { "persist", "policy", "lazy", "expected write_through, write_back or off" },
+    { "persist", "fsync", "sometimes", "invalid value 'sometimes' (expected never, batch or always)" },
+    { "persist", "fsync", "2", "expected never, batch or always" },
+    { "persist", "workers", "0", "invalid value '0' (expected an integer in 1..32)" },
+    { "persist", "workers", "33", "1..32" },
+    { "persist", "workers", "two", "'two'" },
+    { "persist", "queue", "15", "invalid value '15' (expected an integer in 16..1048576)" },
+    { "persist", "queue", "1048577", "16..1048576" },
+    { "persist", "capacity", "1.5T", "invalid size '1.5T'" },
+    { "persist", "capacity", "-1", "invalid size '-1'" },
+    { "persist", "capacity", "20EiB", "too large" },
+    { "persist", "socket_path", path108, "shorter than 108 bytes" },
+    { "persist", "connect_timeout", "9ms", "out of range (expected 10ms..1m)" },
+    { "persist", "connect_timeout", "61s", "'61s'" },
+    { "persist", "connect_timeout", "1.5s", "invalid duration '1.5s'" },
+    { "persist", "timeout", "0", "out of range (expected 10ms..10m)" },
+    { "persist", "timeout", "11m", "'11m'" },
+    { "persist", "lookup", "yes", "invalid value 'yes' (expected auto, on or off)" },
 };
 #define NBAD (sizeof bad_cases / sizeof bad_cases[0])
 
@@ -939,6 +1032,125 @@ START_TEST(test_validate_field_ranges)
 }
 END_TEST
 
+START_TEST(test_validate_persist)
+{
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+
+    /* v6d without url and socket_path: both named, one line each. */
+    config_defaults(&c);
+    c.persist_backend = CONFIG_BACKEND_V6D;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[persist] url: required when backend = v6d"), "%s", err);
+    ck_assert_msg(strstr(err, "[persist] socket_path: required when backend = v6d"), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 2);
+
+    /* ... and reported together with unrelated problems. */
+    c.max_clients = 0;
+    c.low_watermark = 0.99;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[server] max_clients: "), "%s", err);
+    ck_assert_msg(strstr(err, "[memory] low_watermark: "), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 4);
+
+    /* The same through the file parser: each value alone is fine. */
+    config_defaults(&c);
+    ck_assert_int_eq(load_text(&c, "[persist]\nbackend = v6d\nurl = http://127.0.0.1:8080\n", err, sizeof err,
+                               NULL, 0), 0);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[persist] socket_path: required when backend = v6d"), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 1);
+    ck_assert_int_eq(config_apply_override(&c, "persist.socket_path=/run/v6d.sock", err, sizeof err), 0);
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+
+    /* v6d needs an http(s) URL with a host. */
+    const char *bad_urls[] = { "ftp://kvs:21", "127.0.0.1:8080", "http://", "https:///x", "http:/x" };
+    for (size_t i = 0; i < sizeof bad_urls / sizeof bad_urls[0]; i++) {
+        snprintf(c.persist_url, sizeof c.persist_url, "%s", bad_urls[i]);
+        ck_assert_msg(config_validate(&c, err, sizeof err) == -1, "url '%s' accepted", bad_urls[i]);
+        char want[128];
+        snprintf(want, sizeof want, "[persist] url: invalid URL '%s' (", bad_urls[i]);
+        ck_assert_msg(strstr(err, want), "%s", err);
+        ck_assert_uint_eq(count_lines(err), 1);
+    }
+    const char *good_urls[] = { "http://kvs", "https://10.0.0.1:443/api", "HTTP://localhost:8080/" };
+    for (size_t i = 0; i < sizeof good_urls / sizeof good_urls[0]; i++) {
+        memset(c.persist_url, 0, sizeof c.persist_url);
+        snprintf(c.persist_url, sizeof c.persist_url, "%s", good_urls[i]);
+        ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "url '%s': %s", good_urls[i], err);
+    }
+
+    /* Without v6d the URL and socket are not used, so not checked. */
+    c.persist_backend = CONFIG_BACKEND_FILE;
+    snprintf(c.persist_url, sizeof c.persist_url, "not a url");
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+
+    /* file needs a path; off needs nothing. */
+    config_defaults(&c);
+    ck_assert_int_eq(config_apply_override(&c, "persist.path=", err, sizeof err), 0);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[persist] path: required when backend = file"), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 1);
+    c.persist_backend = CONFIG_BACKEND_OFF;
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    c.persist_backend = CONFIG_BACKEND_V6D;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_uint_eq(count_lines(err), 2);   /* url, socket_path; path is not needed */
+    ck_assert_msg(!strstr(err, "[persist] path"), "%s", err);
+
+    /* Field ranges of structs edited by code. */
+    config_defaults(&c);
+    c.persist_backend = 3;
+    c.persist_policy = -1;
+    c.persist_fsync = 7;
+    c.persist_lookup = 3;
+    c.persist_workers = 0;
+    c.persist_queue = 15;
+    c.persist_connect_timeout_ms = 60001;
+    c.persist_timeout_ms = 9;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    const char *expect[] = {
+        "[persist] backend: invalid value '3' (expected off, file or v6d)",
+        "[persist] policy: invalid value '-1' (expected write_through, write_back or off)",
+        "[persist] fsync: invalid value '7' (expected never, batch or always)",
+        "[persist] lookup: invalid value '3' (expected auto, on or off)",
+        "[persist] workers: invalid value '0'", "[persist] queue: invalid value '15'",
+        "[persist] connect_timeout: duration '60001ms' out of range", "[persist] timeout: duration '9ms' out of range",
+    };
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++)
+        ck_assert_msg(strstr(err, expect[i]), "'%s' missing from:\n%s", expect[i], err);
+    ck_assert_uint_eq(count_lines(err), 8);
+
+    /* String fields without a terminator are rejected, never read past. */
+    config_defaults(&c);
+    memset(c.persist_path, 'p', sizeof c.persist_path);
+    memset(c.persist_url, 'u', sizeof c.persist_url);
+    memset(c.persist_socket, 's', sizeof c.persist_socket);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[persist] path: path too long"), "%s", err);
+    ck_assert_msg(strstr(err, "[persist] url: URL too long (512 bytes; at most 511)"), "%s", err);
+    ck_assert_msg(strstr(err, "[persist] socket_path: path too long"), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 3);
+    c.persist_backend = CONFIG_BACKEND_V6D;   /* the cross-checks see them too */
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_uint_eq(count_lines(err), 3);
+
+    /* Longer values than one file line can hold come from overrides. */
+    char assign[700];
+    memset(assign, 0, sizeof assign);
+    snprintf(assign, sizeof assign, "persist.url=http://");
+    memset(assign + strlen(assign), 'h', 600);
+    config_defaults(&c);
+    ck_assert_int_eq(config_apply_override(&c, assign, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "override persist.url: URL too long (607 bytes; at most 511)"), "%s", err);
+    memset(assign, 0, sizeof assign);
+    snprintf(assign, sizeof assign, "persist.path=/");
+    memset(assign + strlen(assign), 'd', 600);
+    ck_assert_msg(config_apply_override(&c, assign, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(strlen(c.persist_path), 601);
+}
+END_TEST
+
 /* ---- config_write --------------------------------------------------------------- */
 
 static void assert_round_trip(const struct kvn_config *c)
@@ -953,6 +1165,11 @@ static void assert_round_trip(const struct kvn_config *c)
     back.log_level = LOG_LEVEL_ERROR;
     snprintf(back.socket_path, sizeof back.socket_path, "elsewhere");
     memset(back.socket_path + 9, 0, sizeof back.socket_path - 9);
+    back.persist_backend = CONFIG_BACKEND_OFF == c->persist_backend ? CONFIG_BACKEND_FILE : CONFIG_BACKEND_OFF;
+    back.persist_lookup = CONFIG_LOOKUP_OFF == c->persist_lookup ? CONFIG_LOOKUP_ON : CONFIG_LOOKUP_OFF;
+    back.persist_workers = c->persist_workers == 7 ? 8 : 7;
+    snprintf(back.persist_url, sizeof back.persist_url, "http://elsewhere");
+    snprintf(back.persist_socket, sizeof back.persist_socket, "/tmp/elsewhere.sock");
     int rc = load_text(&back, text, err, sizeof err, NULL, 0);
     ck_assert_msg(rc == 0, "config_write output does not parse: %s\n%s", err, text);
     assert_config_equal(c, &back);
@@ -979,7 +1196,10 @@ START_TEST(test_write_round_trip_defaults)
                             "socket_mode = 0660\n", "max_frame_bytes = 64MiB\n", "request_timeout = 5s\n",
                             "host_bytes = 1GiB\n", "slab_bytes = 16MiB\n", "high_watermark = 0.95\n",
                             "low_watermark = 0.9\n", "pin_host = auto\n", "reaper_interval = 1s\n",
-                            "level = info\n" };
+                            "level = info\n", "\n[persist]\n", "backend = file\n", "policy = write_through\n",
+                            "path = /var/lib/kvnode\n", "capacity = 0\n", "fsync = batch\n", "workers = 2\n",
+                            "queue = 4096\n", "\nurl = \n", "connect_timeout = 1s\n", "timeout = 5s\n",
+                            "lookup = auto\n" };
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
         ck_assert_msg(strstr(text, forms[i]), "config_write lacks '%s':\n%s", forms[i], text);
     /* Exactly one line per option, plus the comment, blanks and headers. */
@@ -1016,6 +1236,19 @@ START_TEST(test_write_round_trip_custom)
     c.log_level = LOG_LEVEL_DEBUG;
     memset(c.admin_listen, 0, sizeof c.admin_listen);   /* the parser zero-fills the tail */
     snprintf(c.admin_listen, sizeof c.admin_listen, "[::1]:0");
+    c.persist_backend = CONFIG_BACKEND_V6D;
+    c.persist_policy = CONFIG_POLICY_WRITE_BACK;
+    memset(c.persist_path, 0, sizeof c.persist_path);
+    snprintf(c.persist_path, sizeof c.persist_path, "rel/with space/k=v;x");
+    c.persist_capacity = 5 * GIB + 512;
+    c.persist_fsync = 2;   /* always */
+    c.persist_workers = 32;
+    c.persist_queue = 16;
+    snprintf(c.persist_url, sizeof c.persist_url, "https://kvs.example:8443/v1?a=b");
+    snprintf(c.persist_socket, sizeof c.persist_socket, "/run/v6d/data.sock");
+    c.persist_connect_timeout_ms = 250;
+    c.persist_timeout_ms = 120000;
+    c.persist_lookup = CONFIG_LOOKUP_ON;
     char err[CONFIG_ERR_MAX];
     ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
     assert_round_trip(&c);
@@ -1023,7 +1256,11 @@ START_TEST(test_write_round_trip_custom)
     char *text = config_to_text(&c);
     const char *forms[] = { "socket_mode = 0000\n", "max_frame_bytes = 4097\n", "request_timeout = 1500ms\n",
                             "shutdown_timeout = 0s\n", "read_ttl = 90s\n", "write_ttl = 1h\n",
-                            "pin_host = on\n", "level = debug\n", "namespace_quota = 3MiB\n" };
+                            "pin_host = on\n", "level = debug\n", "namespace_quota = 3MiB\n",
+                            "backend = v6d\n", "policy = write_back\n", "\npath = rel/with space/k=v;x\n",
+                            "capacity = 5368709632\n", "fsync = always\n", "workers = 32\n", "queue = 16\n",
+                            "url = https://kvs.example:8443/v1?a=b\n", "socket_path = /run/v6d/data.sock\n",
+                            "connect_timeout = 250ms\n", "timeout = 2m\n", "lookup = on\n" };
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
         ck_assert_msg(strstr(text, forms[i]), "config_write lacks '%s':\n%s", forms[i], text);
     free(text);
@@ -1031,6 +1268,12 @@ START_TEST(test_write_round_trip_custom)
     c.pin_host = CONFIG_PIN_OFF;
     c.log_level = LOG_LEVEL_ERROR;
     c.host_bytes = UINT64_C(5) << 40;
+    c.persist_backend = CONFIG_BACKEND_OFF;
+    c.persist_policy = CONFIG_POLICY_OFF;
+    memset(c.persist_path, 0, sizeof c.persist_path);   /* not needed without the file backend */
+    c.persist_fsync = 0;   /* never */
+    c.persist_lookup = CONFIG_LOOKUP_OFF;
+    c.persist_capacity = 7 * (GIB << 10);
     assert_round_trip(&c);
 }
 END_TEST
@@ -1049,13 +1292,15 @@ START_TEST(test_shipped_conf_parses)
     ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
     ck_assert_uint_eq(c.host_bytes, GIB);
     ck_assert_str_eq(c.socket_path, "run/kvnode.sock");
+    ck_assert_int_eq(c.persist_backend, CONFIG_BACKEND_FILE);
+    ck_assert_str_eq(c.persist_path, "var");   /* make run stores into ./var */
 }
 END_TEST
 
 START_TEST(test_shipped_conf_documents_defaults)
 {
     /* Uncommenting every "#key = value" line must give exactly the built-in
-     * defaults (plus the two deliberate settings), and every option must be
+     * defaults (plus the three deliberate settings), and every option must be
      * present in the file. */
     char path[512], err[CONFIG_ERR_MAX];
     char *text = repo_slurp("conf/kvnode.conf", path, sizeof path);
@@ -1085,15 +1330,23 @@ START_TEST(test_shipped_conf_documents_defaults)
     config_defaults(&want);
     memset(want.socket_path, 0, sizeof want.socket_path);
     snprintf(want.socket_path, sizeof want.socket_path, "run/kvnode.sock");
+    memset(want.persist_path, 0, sizeof want.persist_path);
+    snprintf(want.persist_path, sizeof want.persist_path, "var");
     assert_config_equal(&c, &want);
-    ck_assert_uint_eq(uncommented, NOPTIONS - 2);   /* all but socket_path and host_bytes */
+    /* all but socket_path, host_bytes and [persist] path */
+    ck_assert_uint_eq(uncommented, NOPTIONS - 3);
 
     for (size_t i = 0; i < NOPTIONS; i++) {
         char key[64], hdr[32];
         snprintf(key, sizeof key, "\n%s =", all_options[i][1]);
         snprintf(hdr, sizeof hdr, "\n[%s]\n", all_options[i][0]);
-        ck_assert_msg(strstr(out, key), "conf/kvnode.conf lacks %s", all_options[i][1]);
-        ck_assert_msg(strstr(out, hdr), "conf/kvnode.conf lacks [%s]", all_options[i][0]);
+        const char *section = strstr(out, hdr);
+        ck_assert_msg(section, "conf/kvnode.conf lacks [%s]", all_options[i][0]);
+        /* The key is documented in its own section, before the next one. */
+        const char *found = strstr(section, key);
+        const char *next = strstr(section + 1, "\n[");
+        ck_assert_msg(found && (!next || found < next), "conf/kvnode.conf lacks %s in [%s]", all_options[i][1],
+                      all_options[i][0]);
     }
     free(out);
 }
@@ -1104,13 +1357,20 @@ START_TEST(test_man_page_lists_options)
     char path[512];
     char *man = repo_slurp("man/kvnode.conf.5", path, sizeof path);
     for (size_t i = 0; i < NOPTIONS; i++) {
-        char key[64];
-        snprintf(key, sizeof key, ".B %s\n", all_options[i][1]);
-        ck_assert_msg(strstr(man, key), "%s lacks an entry '.B %s'", path, all_options[i][1]);
+        char key[64], hdr[32];
+        /* The entry is in the option's own subsection (socket_path is in two). */
+        snprintf(hdr, sizeof hdr, "\n.SS [%s]\n", all_options[i][0]);
+        const char *section = strstr(man, hdr);
+        ck_assert_msg(section, "%s lacks a subsection '.SS [%s]'", path, all_options[i][0]);
+        snprintf(key, sizeof key, "\n.TP\n.B %s\n", all_options[i][1]);
+        const char *entry = strstr(section, key);
+        const char *next = strstr(section + 1, "\n.S");
+        ck_assert_msg(entry && (!next || entry < next), "%s lacks an entry '.B %s' under [%s]", path,
+                      all_options[i][1], all_options[i][0]);
+        entry += strlen("\n.TP");
         /* The reload column matches the code. */
         bool restart = config_option_reloadable(all_options[i][0], all_options[i][1]) == false;
         /* The entry runs to the next paragraph, subsection or section. */
-        const char *entry = strstr(man, key);
         const char *end = entry + strlen(entry);
         const char *stops[] = { "\n.TP", "\n.SS", "\n.SH" };
         for (size_t j = 0; j < sizeof stops / sizeof stops[0]; j++) {
@@ -1131,17 +1391,29 @@ END_TEST
 
 START_TEST(test_restart_required)
 {
-    const char *restart[] = { "socket_path", "socket_mode", "socket_group", "host_bytes", "slab_bytes", "max_namespaces", "pin_host", "listen" };
+    const char *restart[] = { "server.socket_path", "server.socket_mode", "server.socket_group", "memory.host_bytes",
+                              "memory.slab_bytes", "server.max_namespaces", "memory.pin_host", "admin.listen",
+                              "persist.backend", "persist.path", "persist.capacity", "persist.fsync",
+                              "persist.workers", "persist.queue", "persist.url", "persist.socket_path",
+                              "persist.connect_timeout", "persist.timeout", "persist.lookup" };
     for (size_t i = 0; i < NOPTIONS; i++) {
         bool want_restart = false;
+        char name[64];
+        snprintf(name, sizeof name, "%s.%s", all_options[i][0], all_options[i][1]);
         for (size_t j = 0; j < sizeof restart / sizeof restart[0]; j++)
-            if (strcmp(all_options[i][1], restart[j]) == 0)
+            if (strcmp(name, restart[j]) == 0)
                 want_restart = true;
         ck_assert_msg(config_option_reloadable(all_options[i][0], all_options[i][1]) == !want_restart,
                       "%s.%s", all_options[i][0], all_options[i][1]);
     }
     ck_assert(!config_option_reloadable("memory", "bogus"));
     ck_assert(!config_option_reloadable("leases", "host_bytes"));
+    /* [persist]: only the write policy changes live. */
+    ck_assert(config_option_reloadable("persist", "policy"));
+    ck_assert(!config_option_reloadable("persist", "backend"));
+    ck_assert(!config_option_reloadable("persist", "path"));
+    ck_assert(!config_option_reloadable("persist", "lookup"));
+    ck_assert(!config_option_reloadable("persist", "bogus"));
 
     struct kvn_config a, b;
     char names[256];
@@ -1159,6 +1431,26 @@ START_TEST(test_restart_required)
     ck_assert_int_eq(config_restart_required(&a, &b, names, sizeof names), 3);
     ck_assert_str_eq(names, "server.socket_path, memory.host_bytes, memory.pin_host");
     ck_assert_int_eq(config_restart_required(&a, &b, NULL, 0), 3);
+
+    /* [persist]: a new policy applies live; a new store needs a restart. */
+    b = a;
+    b.persist_policy = CONFIG_POLICY_WRITE_BACK;
+    ck_assert_int_eq(config_restart_required(&a, &b, names, sizeof names), 0);
+    b.persist_backend = CONFIG_BACKEND_V6D;
+    snprintf(b.persist_path, sizeof b.persist_path, "/srv/kv");
+    snprintf(b.persist_url, sizeof b.persist_url, "http://kvs:8080");
+    b.persist_fsync = 2;
+    b.persist_timeout_ms = 1000;
+    b.persist_lookup = CONFIG_LOOKUP_ON;
+    ck_assert_int_eq(config_restart_required(&a, &b, names, sizeof names), 6);
+    ck_assert_str_eq(names, "persist.backend, persist.path, persist.fsync, persist.url, persist.timeout, "
+                            "persist.lookup");
+    /* A reload keeps the running store and takes the new policy. */
+    config_keep_restart_only(&b, &a);
+    ck_assert_int_eq(config_restart_required(&a, &b, NULL, 0), 0);
+    ck_assert_int_eq(b.persist_backend, CONFIG_BACKEND_FILE);
+    ck_assert_str_eq(b.persist_path, a.persist_path);
+    ck_assert_int_eq(b.persist_policy, CONFIG_POLICY_WRITE_BACK);
 }
 END_TEST
 
@@ -1374,6 +1666,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_validate_cross_field);
     tcase_add_test(tc, test_validate_socket_path);
     tcase_add_test(tc, test_validate_field_ranges);
+    tcase_add_test(tc, test_validate_persist);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("write");
