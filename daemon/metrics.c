@@ -180,6 +180,8 @@ static void render_cache(struct evbuffer *out, json_t *doc, const struct metrics
     sample_u(out, "kvnode_tier_used_bytes", L("tier", "host"), doc_u(doc, "tiers", "host", "used_bytes"));
     family(out, "kvnode_tier_blocks", "gauge", "Blocks allocated in a tier (sealed and being written).");
     sample_u(out, "kvnode_tier_blocks", L("tier", "host"), doc_u(doc, "tiers", "host", "blocks"));
+    if (json_object_get(json_object_get(doc, "tiers"), "store"))
+        sample_u(out, "kvnode_tier_blocks", L("tier", "store"), doc_u(doc, "tiers", "store", "blocks"));
 
     family(out, "kvnode_namespace_blocks", "gauge",
            "Sealed blocks per tier and namespace (deployment id and TP rank).");
@@ -188,6 +190,10 @@ static void render_cache(struct evbuffer *out, json_t *doc, const struct metrics
         const char *dep = json_string_value(json_object_get(ns, "deployment_id"));
         sample_u(out, "kvnode_namespace_blocks", L("tier", "host", "namespace", dep ? dep : "", "tp_rank", rank),
                  doc_u(ns, "blocks", NULL, NULL));
+        if (json_object_get(json_object_get(doc, "tiers"), "store"))
+            sample_u(out, "kvnode_namespace_blocks",
+                     L("tier", "store", "namespace", dep ? dep : "", "tp_rank", rank),
+                     doc_u(ns, "stored_blocks", NULL, NULL));
     }
     family(out, "kvnode_namespace_bytes", "gauge",
            "Bytes of sealed blocks per tier and namespace (deployment id and TP rank).");
@@ -208,10 +214,13 @@ static void render_cache(struct evbuffer *out, json_t *doc, const struct metrics
     sample_u(out, "kvnode_keys_total", L("result", "missed", "reason", "beyond_gap"), k->beyond_gap);
 
     family(out, "kvnode_evictions_total", "counter",
-           "Blocks evicted, by tier and action (drop: watermarks or a full tier; quota: a namespace's own "
-           "blocks, over memory.namespace_quota).");
+           "Blocks evicted, by tier and action (drop: watermarks or a full tier, no copy kept; to_store: "
+           "memory freed, the persistent store's copy kept; quota: a namespace's own blocks, over "
+           "memory.namespace_quota).");
     sample_u(out, "kvnode_evictions_total", L("tier", "host", "action", "drop"),
              doc_u(doc, "evictions", "host", "dropped_total"));
+    sample_u(out, "kvnode_evictions_total", L("tier", "host", "action", "to_store"),
+             doc_u(doc, "evictions", "host", "to_store_total"));
     sample_u(out, "kvnode_evictions_total", L("tier", "host", "action", "quota"),
              doc_u(doc, "evictions", "host", "quota_total"));
 
@@ -222,6 +231,62 @@ static void render_cache(struct evbuffer *out, json_t *doc, const struct metrics
     sample_u(out, "kvnode_leases_reaped_total", L("kind", "read"), doc_u(doc, "leases", "reaped_read_total", NULL));
     sample_u(out, "kvnode_leases_reaped_total", L("kind", "write"),
              doc_u(doc, "leases", "reaped_write_total", NULL));
+}
+
+/* The persistent store, when one is configured. */
+static void render_persist(struct evbuffer *out, json_t *doc)
+{
+    json_t *p = json_object_get(doc, "persist"), *fail = json_object_get(p, "failures_total");
+    const char *state = json_string_value(json_object_get(p, "state"));
+    const char *op, *kind;
+    json_t *kinds, *v;
+
+    if (!state || strcmp(state, "off") == 0)
+        return;
+    family(out, "kvnode_persist_healthy", "gauge",
+           "1 while the persistent store's last call succeeded, 0 while it is degraded.");
+    sample_u(out, "kvnode_persist_healthy", NULL, strcmp(state, "ok") == 0);
+    family(out, "kvnode_persist_queue_depth", "gauge", "Store requests accepted and not finished.");
+    sample_u(out, "kvnode_persist_queue_depth", NULL, doc_u(p, "queue_depth", NULL, NULL));
+    family(out, "kvnode_persist_queue_capacity", "gauge", "Store requests that fit in the queue ([persist] queue).");
+    sample_u(out, "kvnode_persist_queue_capacity", NULL, doc_u(p, "queue_capacity", NULL, NULL));
+    family(out, "kvnode_persist_blocks_total", "counter", "Blocks written to / read from the store.");
+    sample_u(out, "kvnode_persist_blocks_total", L("op", "write"), doc_u(p, "written_blocks_total", NULL, NULL));
+    sample_u(out, "kvnode_persist_blocks_total", L("op", "read"), doc_u(p, "read_blocks_total", NULL, NULL));
+    family(out, "kvnode_persist_bytes_total", "counter", "Bytes written to / read from the store.");
+    sample_u(out, "kvnode_persist_bytes_total", L("op", "write"), doc_u(p, "written_bytes_total", NULL, NULL));
+    sample_u(out, "kvnode_persist_bytes_total", L("op", "read"), doc_u(p, "read_bytes_total", NULL, NULL));
+    family(out, "kvnode_persist_read_misses_total", "counter", "Store reads that found no block.");
+    sample_u(out, "kvnode_persist_read_misses_total", NULL, doc_u(p, "read_misses_total", NULL, NULL));
+    family(out, "kvnode_persist_dropped_total", "counter",
+           "Store requests refused because the queue was full (writes lost to the store, reads not tried).");
+    sample_u(out, "kvnode_persist_dropped_total", NULL, doc_u(p, "dropped_total", NULL, NULL));
+    family(out, "kvnode_persist_failures_total", "counter",
+           "Store calls that failed, by operation and kind (corrupt: a copy failed its checksum and was removed).");
+    json_object_foreach(fail, op, kinds) {
+        json_object_foreach(kinds, kind, v) {
+            sample_u(out, "kvnode_persist_failures_total", L("op", op, "kind", kind),
+                     json_is_integer(v) && json_integer_value(v) > 0 ? (uint64_t)json_integer_value(v) : 0);
+        }
+    }
+    family(out, "kvnode_persist_promotions_total", "counter",
+           "Blocks read back from the store into host memory for a get, by result.");
+    sample_u(out, "kvnode_persist_promotions_total", L("result", "ok"), doc_u(p, "promotions_ok_total", NULL, NULL));
+    sample_u(out, "kvnode_persist_promotions_total", L("result", "failed"),
+             doc_u(p, "promotions_failed_total", NULL, NULL));
+    family(out, "kvnode_persist_lookups_total", "counter",
+           "Store lookups of keys the index did not know ([persist] lookup), and keys they found.");
+    sample_u(out, "kvnode_persist_lookups_total", L("result", "asked"), doc_u(p, "lookups_total", NULL, NULL));
+    sample_u(out, "kvnode_persist_lookups_total", L("result", "found"), doc_u(p, "lookup_found_total", NULL, NULL));
+    family(out, "kvnode_persist_waits_total", "counter",
+           "Requests whose answer waited for the store, and those answered at server.request_timeout.");
+    sample_u(out, "kvnode_persist_waits_total", L("result", "waited"), doc_u(p, "waits_total", NULL, NULL));
+    sample_u(out, "kvnode_persist_waits_total", L("result", "timeout"), doc_u(p, "wait_timeouts_total", NULL, NULL));
+    family(out, "kvnode_persist_recovery_blocks", "gauge", "Blocks the start-up scan of the store has found.");
+    sample_u(out, "kvnode_persist_recovery_blocks", NULL, doc_u(p, "recovery", "found", NULL));
+    family(out, "kvnode_persist_recovery_complete", "gauge", "1 once the start-up scan of the store has finished.");
+    sample_u(out, "kvnode_persist_recovery_complete", NULL,
+             json_is_true(json_object_get(json_object_get(p, "recovery"), "complete")));
 }
 
 static void render_server(struct evbuffer *out, json_t *doc)
@@ -269,6 +334,7 @@ int metrics_render(struct daemon *d, struct evbuffer *out)
 
     render_cache(out, doc, &keys);
     render_requests(out, ops_request_metrics(d->ops));
+    render_persist(out, doc);
     render_server(out, doc);
     render_workers(out);
 

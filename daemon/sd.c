@@ -98,6 +98,12 @@ void sdn_status_line(struct daemon *d, char *buf, size_t len)
     bool first = true;
     json_object_foreach(tiers, name, tier) {
         char used[32], cap[32];
+        if (!json_object_get(tier, "capacity_bytes")) {
+            /* the store tier: blocks known only there */
+            SDN_APPEND("%s %s %lld blocks", first ? "" : ",", name, sdn_json_int(tier, "blocks"));
+            first = false;
+            continue;
+        }
         sdn_human_bytes((uint64_t)sdn_json_int(tier, "used_bytes"), used, sizeof used);
         sdn_human_bytes((uint64_t)sdn_json_int(tier, "capacity_bytes"), cap, sizeof cap);
         SDN_APPEND("%s %s %s of %s used", first ? "" : ",", name, used, cap);
@@ -107,6 +113,19 @@ void sdn_status_line(struct daemon *d, char *buf, size_t len)
     size_t nss = json_array_size(json_object_get(root, "namespaces"));
     SDN_APPEND(", %lld client%s, %zu namespace%s", clients, clients == 1 ? "" : "s",
                nss, nss == 1 ? "" : "s");
+    json_t *persist = json_object_get(root, "persist");
+    const char *pstate = json_string_value(json_object_get(persist, "state"));
+    if (pstate && strcmp(pstate, "off") != 0) {
+        const char *perr = json_string_value(json_object_get(persist, "last_error"));
+        json_t *rec = json_object_get(persist, "recovery");
+        SDN_APPEND("; store %s %s, queue %lld",
+                   json_string_value(json_object_get(persist, "backend")), pstate,
+                   sdn_json_int(persist, "queue_depth"));
+        if (json_is_true(json_object_get(rec, "running")))
+            SDN_APPEND(", recovering (%lld found)", sdn_json_int(rec, "found"));
+        if (strcmp(pstate, "degraded") == 0 && perr && *perr)
+            SDN_APPEND(": %.*s", (int)strcspn(perr, "\n") > 160 ? 160 : (int)strcspn(perr, "\n"), perr);
+    }
     if (d->last_reload_error[0]) {
         /* First line of the error only: STATUS is one line. */
         size_t el = strcspn(d->last_reload_error, "\n");

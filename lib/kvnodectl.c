@@ -614,6 +614,21 @@ static int cmd_status(const struct ctl *x)
         json_object_set_new(out, "reaped_total", jcopy(leases, "reaped_total"));
         json_object_set_new(out, "admin", jcopy(doc, "admin"));
         json_object_set_new(out, "reloads", jcopy(doc, "reloads"));
+        json_t *persist = jobj(doc, "persist");
+        if (persist) {
+            json_t *p = json_object();
+            if (!p)
+                oom();
+            static const char *const keep[] = { "backend", "policy", "state", "last_error",
+                                                 "queue_depth", "queue_capacity",
+                                                 "written_blocks_total", "read_blocks_total",
+                                                 "dropped_total", "promotions_total",
+                                                 "wait_timeouts_total", "recovery" };
+            for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++)
+                if (json_object_get(persist, keep[i]))
+                    json_object_set_new(p, keep[i], jcopy(persist, keep[i]));
+            json_object_set_new(out, "persist", p);
+        }
         print_json(out, JSON_COMPACT);
         json_decref(out);
         json_decref(doc);
@@ -661,8 +676,11 @@ static int cmd_status(const struct ctl *x)
         if (have_used && have_cap && v2 > 0)
             snprintf(pct, sizeof pct, "%.1f%%", 100.0 * (double)v / (double)v2);
         lines[n].label = xasprintf("tier %s", name);
-        lines[n++].value = xasprintf("%s / %s used (%s), %s blocks", have_used ? b1 : "-",
-                                     have_cap ? b2 : "-", pct, blocks);
+        if (!have_cap && !have_used)   /* the store tier: blocks known only there */
+            lines[n++].value = xasprintf("%s blocks only in the store", blocks);
+        else
+            lines[n++].value = xasprintf("%s / %s used (%s), %s blocks", have_used ? b1 : "-",
+                                         have_cap ? b2 : "-", pct, blocks);
         free(blocks);
     }
     if (!ntiers) {
@@ -681,6 +699,39 @@ static int cmd_status(const struct ctl *x)
         lines[n++].value = xasprintf("-");
     lines[n].label = xasprintf("reaped");
     lines[n++].value = jint(leases, "reaped_total", &v) ? xasprintf("%lld leases in total", v) : xasprintf("-");
+    json_t *persist = jobj(doc, "persist");
+    if (persist) {
+        const char *state = jstr(persist, "state"), *backend = jstr(persist, "backend");
+        lines[n].label = xasprintf("persist");
+        if (!state || strcmp(state, "off") == 0) {
+            lines[n++].value = xasprintf("off");
+        } else {
+            long long q = 0, qc = 0, wr_ = 0, rd_ = 0, dr = 0, pr = 0, to = 0;
+            jint(persist, "queue_depth", &q);
+            jint(persist, "queue_capacity", &qc);
+            jint(persist, "written_blocks_total", &wr_);
+            jint(persist, "read_blocks_total", &rd_);
+            jint(persist, "dropped_total", &dr);
+            jint(persist, "promotions_total", &pr);
+            jint(persist, "wait_timeouts_total", &to);
+            const char *policy = jstr(persist, "policy"), *lerr = jstr(persist, "last_error");
+            lines[n++].value = xasprintf("%s store, %s, %s; queue %lld/%lld; %lld blocks written, "
+                                         "%lld read, %lld dropped; %lld promotions, %lld timed out%s%s",
+                                         backend ? backend : "-", policy ? policy : "-", state, q, qc,
+                                         wr_, rd_, dr, pr, to, lerr && *lerr ? "\n    last error: " : "",
+                                         lerr && *lerr ? lerr : "");
+            json_t *rec = jobj(persist, "recovery");
+            lines[n].label = xasprintf("recovery");
+            if (rec && jint(rec, "found", &v)) {
+                bool running = json_is_true(json_object_get(rec, "running"));
+                bool complete = json_is_true(json_object_get(rec, "complete"));
+                lines[n++].value = xasprintf("%s, %lld blocks found", running ? "scanning the store" :
+                                             complete ? "complete" : "not run", v);
+            } else {
+                lines[n++].value = xasprintf("-");
+            }
+        }
+    }
     s = jstr(doc, "admin");
     lines[n].label = xasprintf("admin");
     lines[n++].value = xasprintf("%s", s ? s : "off");
