@@ -1060,7 +1060,7 @@ static const char *ns_desc(const kvnode_layout *l, char *buf, size_t len)
  * stored, so *count is the length of the stored prefix; delete goes through
  * every key and *count is how many were deleted. *nkeys: the keys given. */
 static int match_or_delete(const struct ctl *x, char **args, int nargs, bool del, size_t *count,
-                           size_t *nkeys)
+                           size_t *nkeys, kvnode_tiers *tiers)
 {
     struct keyvec kv = {0};
     int ex = collect_keys(x, args, nargs, &kv);
@@ -1076,7 +1076,14 @@ static int match_or_delete(const struct ctl *x, char **args, int nargs, bool del
     size_t batch = BATCH_KEYS, done = 0, total = 0;
     while (done < kv.n) {
         size_t n = kv.n - done < batch ? kv.n - done : batch, k = 0;
-        int rc = del ? kvnode_delete(c, kv.v + done, n, &k) : kvnode_match(c, kv.v + done, n, &k);
+        kvnode_tiers t;
+        int rc = del ? kvnode_delete(c, kv.v + done, n, &k) : kvnode_match_tiers(c, kv.v + done, n, &t);
+        if (!del && rc == 0) {
+            k = t.matched;
+            tiers->hbm += t.hbm;
+            tiers->host += t.host;
+            tiers->store += t.store;
+        }
         if (rc == -KVNODE_ETOOBIG && batch > 1) {
             batch /= 2;
             continue;
@@ -1100,11 +1107,16 @@ static int match_or_delete(const struct ctl *x, char **args, int nargs, bool del
 static int cmd_match(const struct ctl *x, char **args, int nargs)
 {
     size_t matched, nkeys;
-    int ex = match_or_delete(x, args, nargs, false, &matched, &nkeys);
+    kvnode_tiers t = { 0 };
+    int ex = match_or_delete(x, args, nargs, false, &matched, &nkeys, &t);
     if (ex)
         return ex;
     if (x->json)
-        printf("{\"matched\":%zu,\"keys\":%zu}\n", matched, nkeys);
+        printf("{\"matched\":%zu,\"keys\":%zu,\"hbm\":%zu,\"host\":%zu,\"store\":%zu}\n",
+               matched, nkeys, t.hbm, t.host, t.store);
+    else if (t.store || t.hbm)
+        printf("matched %zu of %zu (%zu in GPU memory, %zu in host memory, %zu only in the store)\n",
+               matched, nkeys, t.hbm, t.host, t.store);
     else
         printf("matched %zu of %zu\n", matched, nkeys);
     return x->require_all && matched < nkeys ? EXIT_PARTIAL : EXIT_OK;
@@ -1113,7 +1125,7 @@ static int cmd_match(const struct ctl *x, char **args, int nargs)
 static int cmd_delete(const struct ctl *x, char **args, int nargs)
 {
     size_t deleted, nkeys;
-    int ex = match_or_delete(x, args, nargs, true, &deleted, &nkeys);
+    int ex = match_or_delete(x, args, nargs, true, &deleted, &nkeys, NULL);
     if (ex)
         return ex;
     if (x->json)
