@@ -1388,6 +1388,48 @@ void cache_release_owner(struct cache *c, struct lease_list *owner)
         cache_lease_finish(c, owner->head, false);
 }
 
+int cache_persist_flush(struct cache *c, unsigned timeout_ms)
+{
+    uint64_t deadline = clock_now_ms() + timeout_ms;
+    size_t queued = 0;
+
+    if (!c->persist || c->policy != CONFIG_POLICY_WRITE_BACK)
+        return 0;
+    /* Everything unpinned leaves memory, oldest first: a block the store
+     * holds becomes a ghost at once, the others are written first (and
+     * leave when their write lands). When the queue is full, let some of
+     * it finish. */
+    for (;;) {
+        index_entry *e = index_lru_oldest_in_arena(c->index, arena_id(c->host));
+        if (!e)
+            break;
+        if (e->persist == PERSIST_STORED) {
+            cache_to_ghost(c, e);
+            continue;
+        }
+        if (e->persist != PERSIST_NONE) {
+            cache_drop_entry(c, e);
+            c->evicted_dropped++;
+            continue;
+        }
+        int rc = cache_write_submit(c, e, true);
+        if (rc == 0) {
+            queued++;
+            continue;
+        }
+        e->persist = PERSIST_NONE;
+        uint64_t now = clock_now_ms();
+        if (rc != -KVNODE_ELIMIT || now >= deadline)
+            break;
+        persist_drain(c->persist, (unsigned)(deadline - now < 50 ? deadline - now : 50));
+    }
+    uint64_t now = clock_now_ms();
+    int rc = persist_drain(c->persist, now < deadline ? (unsigned)(deadline - now) : 0);
+    log_info("shutdown: write_back flush handed %zu blocks to the store%s", queued,
+             rc < 0 ? "; some were not written in time" : "");
+    return rc;
+}
+
 /* --- recovery ------------------------------------------------------------------ */
 
 /* The namespace of a layout found in the store, registered if new. NULL

@@ -120,6 +120,10 @@ int  cache_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t
                   uint32_t *deleted);
 /* End every lease of a closing connection at once. */
 void cache_release_owner(struct cache *c, struct lease_list *owner);
+/* Shutdown under write_back: write every block the store lacks (and let it
+ * leave memory), within timeout_ms. 0, or -KVNODE_ETIMEDOUT when some were
+ * not written in time. Other policies: nothing to do, 0. */
+int  cache_persist_flush(struct cache *c, unsigned timeout_ms);
 
 struct metrics_keys;
 /* Keys looked up by match and get (those that returned a result): matched,

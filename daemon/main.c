@@ -233,7 +233,8 @@ out:
         if (pc.queue_depth > 0)
             log_info("shutdown: finishing %zu store requests (at most %u ms)", pc.queue_depth,
                      d.cfg->shutdown_timeout_ms);
-        if (persist_drain(d.persist, d.cfg->shutdown_timeout_ms) < 0) {
+        if (cache_persist_flush(d.cache, d.cfg->shutdown_timeout_ms) < 0 ||
+            persist_drain(d.persist, d.cfg->shutdown_timeout_ms) < 0) {
             persist_get_counters(d.persist, &pc);
             log_warn("shutdown: %zu store requests not finished after %u ms; abandoning them",
                      pc.queue_depth, d.cfg->shutdown_timeout_ms);
