@@ -208,7 +208,7 @@ int main(int argc, char **argv)
              (unsigned long long)(d.cfg->host_bytes >> 20),
              (unsigned long long)(d.cfg->slab_bytes >> 10));
     /* Serve while the store is scanned: MATCH sees what was found so far. */
-    if (d.persist && persist_scan_start(d.persist, daemon_recovery_found, daemon_recovery_finished,
+    if (d.persist && persist_enumerable(d.persist) && persist_scan_start(d.persist, daemon_recovery_found, daemon_recovery_finished,
                                         &d) < 0)
         log_warn("recovery: cannot start the store scan; blocks on disk are found by GET only");
     /* Listeners and arenas are usable: tell systemd (no-op outside it). */

@@ -27,7 +27,12 @@
  * process's problem, not the store's: they are counted (as IO) but leave the
  * state alone. While DEGRADED, a 2 s timer on the loop submits a health job
  * (one at a time), so the state returns to OK when the store comes back even
- * with no traffic. */
+ * with no traffic. Health probes are not requests: they are not counted in
+ * submitted/completed (but occupy a queue slot while outstanding).
+ *
+ * Callbacks (done, found, finished) run from workq's completion handler on
+ * the loop: they may submit requests but must not call persist_destroy
+ * (workq_destroy cannot run inside a done() of its own queue). */
 #include "persist.h"
 
 #include <limits.h>
@@ -826,6 +831,12 @@ int persist_drain(struct persist *p, unsigned timeout_ms)
     return p ? workq_drain(p->q, timeout_ms) : 0;
 }
 
+bool persist_enumerable(const struct persist *p)
+{
+    /* v6d keeps no layouts: its scan finds nothing */
+    return p && strcmp(p->be->name, "v6d") != 0;
+}
+
 bool persist_lookup_on_miss(const struct persist *p)
 {
     if (!p)
@@ -833,7 +844,7 @@ bool persist_lookup_on_miss(const struct persist *p)
     switch (p->lookup) {
     case CONFIG_LOOKUP_ON: return true;
     case CONFIG_LOOKUP_OFF: return false;
-    default: return strcmp(p->be->name, "v6d") == 0;   /* no scan can enumerate it */
+    default: return !persist_enumerable(p);
     }
 }
 
