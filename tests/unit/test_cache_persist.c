@@ -1,0 +1,424 @@
+/* Unit tests of the cache's persistent-store paths on a private libevent
+ * loop with a real `file` store in a temp dir: write-through, ghosts left by
+ * eviction, promotion through a deferred get, a delete or a vanished
+ * requester during a promotion, a put over a ghost (commit and abort),
+ * write-back, recovery entries and the shutdown flush. The accounting
+ * (namespace blocks/stored, store-tier blocks) is checked after each. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "cache.h"
+#include "config.h"
+#include "kvnode.h"
+#include "kvs/kvs.h"
+#include "log.h"
+#include "persist.h"
+
+#define BLOCK (64u * 1024u)
+#define HOST_BLOCKS 32u   /* 2 MiB host tier */
+
+static struct event_base *base;
+static struct cache *cache;
+static struct persist *store;
+static struct kvn_config cfg;
+static kv_namespace *ns;
+static struct lease_list owner;
+static char dir[64];
+
+static void setup_policy(int policy)
+{
+    char err[512];
+    struct ns_layout l = { .model = "m", .dtype = "bf16", .block_tokens = 16,
+                           .block_bytes = BLOCK, .num_layers = 2, .kv_heads = 2,
+                           .head_dim = 64, .tp_size = 1, .tp_rank = 0 };
+
+    log_set_level(LOG_LEVEL_ERROR);
+    snprintf(dir, sizeof dir, "/tmp/kvn-cache-persist.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    config_defaults(&cfg);
+    cfg.host_bytes = HOST_BLOCKS * BLOCK;
+    cfg.slab_bytes = 1u << 20;
+    cfg.high_watermark = 1.0;
+    cfg.low_watermark = 0.9;
+    cfg.pin_host = CONFIG_PIN_OFF;
+    cfg.request_timeout_ms = 5000;
+    cfg.persist_backend = CONFIG_BACKEND_FILE;
+    cfg.persist_policy = policy;
+    snprintf(cfg.persist_path, sizeof cfg.persist_path, "%s", dir);
+    cfg.persist_workers = 2;
+    cfg.persist_queue = 1024;
+    cfg.persist_fsync = KVS_FSYNC_NEVER;
+    base = event_base_new();
+    ck_assert_ptr_nonnull(base);
+    ck_assert_int_eq(cache_create(base, &cfg, &cache, err, sizeof err), 0);
+    ck_assert_msg(persist_create(base, &cfg, &store, err, sizeof err) == 0, "%s", err);
+    cache_set_persist(cache, store);
+    ck_assert_int_eq(cache_bind(cache, &l, &ns, err, sizeof err), 0);
+    memset(&owner, 0, sizeof owner);
+}
+
+static void setup(void) { setup_policy(CONFIG_POLICY_WRITE_THROUGH); }
+static void setup_wb(void)
+{
+    setup_policy(CONFIG_POLICY_WRITE_BACK);
+    cfg.high_watermark = 0.75;   /* 24 of 32 blocks */
+    cfg.low_watermark = 0.5;
+    cache_apply_config(cache, &cfg);
+}
+
+static void teardown(void)
+{
+    char cmd[128];
+    cache_release_owner(cache, &owner);
+    persist_drain(store, 5000);
+    persist_destroy(store);
+    cache_destroy(cache);
+    event_base_free(base);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Run the loop until *flag is set or 5 s pass. */
+static void run_until(const bool *flag)
+{
+    struct timespec ts = { 0, 1000000 };
+    for (int i = 0; i < 5000 && !*flag; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        if (!*flag)
+            nanosleep(&ts, NULL);
+    }
+    ck_assert_msg(*flag, "timed out waiting on the loop");
+}
+
+static bool always_false;
+static void run_ms(unsigned ms)
+{
+    struct timespec ts = { 0, 1000000 };
+    for (unsigned i = 0; i < ms; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        nanosleep(&ts, NULL);
+    }
+    (void)always_false;
+}
+
+/* Until every store request finished. */
+static void settle(void)
+{
+    ck_assert_int_eq(persist_drain(store, 5000), 0);
+    run_ms(5);
+}
+
+static json_int_t stat_at(const char *a, const char *b, const char *c)
+{
+    json_t *root = json_object(), *v;
+    json_int_t out;
+    cache_stats_json(cache, root);
+    v = json_object_get(root, a);
+    if (b)
+        v = json_object_get(v, b);
+    if (c)
+        v = json_object_get(v, c);
+    ck_assert_msg(json_is_integer(v), "stat %s.%s.%s missing", a, b ? b : "", c ? c : "");
+    out = json_integer_value(v);
+    json_decref(root);
+    return out;
+}
+
+static uint8_t *slot(const struct cache_loc *l)
+{
+    return (uint8_t *)cache_arena_base(cache, l->arena) + l->offset;
+}
+
+static void fill(uint8_t *p, int64_t key)
+{
+    for (size_t i = 0; i < BLOCK; i += 8) {
+        uint64_t v = (uint64_t)key * 0x9e3779b97f4a7c15u + i;
+        memcpy(p + i, &v, 8);
+    }
+}
+
+static int check(const uint8_t *p, int64_t key)
+{
+    for (size_t i = 0; i < BLOCK; i += 8) {
+        uint64_t v = (uint64_t)key * 0x9e3779b97f4a7c15u + i, got;
+        memcpy(&got, p + i, 8);
+        if (got != v)
+            return 0;
+    }
+    return 1;
+}
+
+static void put_chain(const int64_t *keys, size_t n, bool commit)
+{
+    struct cache_loc locs[64];
+    uint64_t lid;
+    uint32_t blocks;
+    char err[512];
+    ck_assert_msg(cache_put_begin(cache, ns, &owner, keys, n, KVNODE_TIER_HOST, &lid, locs, err,
+                                  sizeof err) == 0, "%s", err);
+    for (size_t i = 0; i < n; i++)
+        if (locs[i].present)
+            fill(slot(&locs[i]), keys[i]);
+    if (lid)
+        ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_WRITE, commit, &blocks, err,
+                                         sizeof err), 0);
+}
+
+static void chain(int64_t *keys, size_t n, int64_t first)
+{
+    for (size_t i = 0; i < n; i++)
+        keys[i] = first + (int64_t)i;
+}
+
+/* Fill the host tier with other blocks (settling between batches) so that
+ * everything older leaves memory. */
+static void push_out(int64_t first)
+{
+    int64_t k[16];
+    for (int b = 0; b < 3; b++) {
+        chain(k, 16, first + b * 16);
+        put_chain(k, 16, true);
+        settle();
+    }
+}
+
+static bool ready_flag;
+static void on_ready(void *arg)
+{
+    (void)arg;
+    ready_flag = true;
+}
+
+/* A get that must wait for promotions; returns the wait. */
+static struct cache_wait *get_waiting(const int64_t *keys, size_t n, struct cache_loc *locs)
+{
+    struct cache_wait *w = NULL;
+    uint64_t lid = 0;
+    size_t got = 0;
+    char err[256];
+    ready_flag = false;
+    int rc = cache_get_start(cache, ns, &owner, keys, n, &lid, locs, &got, err, sizeof err,
+                             on_ready, NULL, &w);
+    ck_assert_int_eq(rc, CACHE_WAITING);
+    ck_assert_ptr_nonnull(w);
+    ck_assert(!ready_flag);   /* never from inside the start call */
+    return w;
+}
+
+START_TEST(test_write_through_ghost_promote)
+{
+    int64_t k[8];
+    struct cache_loc locs[8];
+    struct cache_tiers t;
+    uint64_t lid;
+    size_t got;
+    uint32_t blocks;
+
+    chain(k, 8, 1000);
+    put_chain(k, 8, true);
+    settle();
+    ck_assert_int_eq(stat_at("persist", "written_blocks_total", NULL), 8);
+    push_out(5000);
+    cache_match_tiers(cache, ns, k, 8, &t);
+    ck_assert_uint_eq(t.matched, 8);
+    ck_assert_uint_eq(t.store, 8);
+    ck_assert_uint_eq(t.host, 0);
+    /* 8 + 48 blocks through a 32-block tier: 24 left as ghosts */
+    ck_assert_int_eq(stat_at("tiers", "store", "blocks"), 24);
+    ck_assert_uint_eq(ns->stored, 24);
+    /* the plain get does not promote: a ghost ends its prefix */
+    {
+        char err[256];
+        ck_assert_int_eq(cache_get_begin(cache, ns, &owner, k, 8, &lid, locs, &got, err, sizeof err), 0);
+        ck_assert_uint_eq(got, 0);
+        ck_assert_uint_eq(lid, 0);
+    }
+    struct cache_wait *w = get_waiting(k, 8, locs);
+    run_until(&ready_flag);
+    cache_get_finish(cache, w, &lid, locs, &got);
+    ck_assert_uint_eq(got, 8);
+    ck_assert_uint_ne(lid, 0);
+    for (size_t i = 0; i < 8; i++)
+        ck_assert_msg(check(slot(&locs[i]), k[i]), "block %zu differs", i);
+    ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_READ, false, &blocks, NULL, 0), 0);
+    ck_assert_int_eq(stat_at("persist", "promotions_ok_total", NULL), 8);
+    cache_match_tiers(cache, ns, k, 8, &t);
+    ck_assert_uint_eq(t.host, 8);
+    ck_assert_uint_eq(t.store, 0);
+    ck_assert_uint_eq(ns->stored, (uint64_t)stat_at("tiers", "store", "blocks"));
+    /* promoted blocks are known to be stored: not written again */
+    ck_assert_int_eq(stat_at("persist", "written_blocks_total", NULL), 8 + 48);
+}
+END_TEST
+
+START_TEST(test_delete_during_promotion)
+{
+    int64_t k[4];
+    struct cache_loc locs[4];
+    uint64_t lid;
+    size_t got;
+    uint32_t deleted;
+
+    chain(k, 4, 2000);
+    put_chain(k, 4, true);
+    settle();
+    push_out(6000);
+    struct cache_wait *w = get_waiting(k, 4, locs);
+    /* (the promotions' slots pushed as many other blocks out, as ghosts) */
+    uint64_t stored = ns->stored;
+    ck_assert_int_eq(cache_delete(cache, ns, k, 4, &deleted), 0);
+    ck_assert_uint_eq(deleted, 4);
+    ck_assert_uint_eq(ns->stored, stored - 4);
+    ck_assert_int_eq(stat_at("tiers", "store", "blocks"), (json_int_t)ns->stored);
+    run_until(&ready_flag);
+    cache_get_finish(cache, w, &lid, locs, &got);
+    /* the reads landed in detached entries: freed, never answered */
+    ck_assert_uint_eq(got, 0);
+    ck_assert_uint_eq(lid, 0);
+    settle();
+    ck_assert_uint_eq(cache_match(cache, ns, k, 4), 0);
+    ck_assert_uint_eq(ns->reserved, 0);
+}
+END_TEST
+
+START_TEST(test_requester_gone_during_promotion)
+{
+    int64_t k[4];
+    struct cache_loc locs[4];
+    struct cache_tiers t;
+
+    chain(k, 4, 3000);
+    put_chain(k, 4, true);
+    settle();
+    push_out(7000);
+    struct cache_wait *w = get_waiting(k, 4, locs);
+    uint64_t stored = ns->stored;
+    /* the connection closes: its wait and its leases go */
+    cache_wait_cancel(cache, w);
+    cache_release_owner(cache, &owner);
+    settle();
+    ck_assert(!ready_flag);
+    /* the promotions still completed: the blocks are in memory now */
+    cache_match_tiers(cache, ns, k, 4, &t);
+    ck_assert_uint_eq(t.host, 4);
+    ck_assert_uint_eq(ns->stored, stored - 4);
+    ck_assert_uint_eq(ns->reserved, 0);
+}
+END_TEST
+
+START_TEST(test_put_over_ghost)
+{
+    int64_t k[2];
+    struct cache_tiers t;
+
+    chain(k, 2, 4000);
+    put_chain(k, 2, true);
+    settle();
+    push_out(8000);
+    json_int_t written = stat_at("persist", "written_blocks_total", NULL);
+    /* aborted: the ghost stays a ghost */
+    put_chain(k, 2, false);
+    cache_match_tiers(cache, ns, k, 2, &t);
+    ck_assert_uint_eq(t.store, 2);
+    ck_assert_int_eq(stat_at("tiers", "store", "blocks"), (json_int_t)ns->stored);
+    ck_assert_uint_eq(ns->reserved, 0);
+    /* committed: back in memory, not written to the store again */
+    put_chain(k, 2, true);
+    settle();
+    cache_match_tiers(cache, ns, k, 2, &t);
+    ck_assert_uint_eq(t.host, 2);
+    /* (the puts' own evictions may have turned other ghosts' neighbours
+     * into ghosts, but nothing was written: every victim was stored) */
+    ck_assert_int_eq(stat_at("persist", "written_blocks_total", NULL), written);
+    ck_assert_int_eq(stat_at("tiers", "store", "blocks"), (json_int_t)ns->stored);
+}
+END_TEST
+
+START_TEST(test_write_back_writes_on_eviction)
+{
+    int64_t k[8], more[32];
+    struct cache_tiers t;
+
+    chain(k, 8, 9000);
+    put_chain(k, 8, true);
+    settle();
+    ck_assert_int_eq(stat_at("persist", "written_blocks_total", NULL), 0);
+    /* past the high watermark (32 blocks): the background evictor writes
+     * the oldest first and lets them go once written */
+    chain(more, 32, 9100);
+    for (int b = 0; b < 8; b++) {
+        put_chain(&more[b * 4], 4, true);
+        run_ms(5);
+        settle();
+    }
+    ck_assert_int_gt(stat_at("persist", "written_blocks_total", NULL), 0);
+    cache_match_tiers(cache, ns, k, 8, &t);
+    ck_assert_uint_eq(t.matched, 8);
+    ck_assert_uint_gt(t.store, 0);
+    ck_assert_int_gt(stat_at("evictions", "host", "to_store_total"), 0);
+    /* shutdown flush: everything left is written and leaves memory */
+    ck_assert_int_eq(cache_persist_flush(cache, 5000), 0);
+    cache_match_tiers(cache, ns, more, 32, &t);
+    ck_assert_uint_eq(t.matched, 32);
+    ck_assert_uint_eq(t.store, 32);
+    ck_assert_int_eq(stat_at("tiers", "host", "blocks"), 0);
+}
+END_TEST
+
+START_TEST(test_recovered_entries)
+{
+    struct kvs_found f[3];
+    struct cache_tiers t;
+    int64_t k[3] = { 77, 78, 79 };
+
+    memset(f, 0, sizeof f);
+    for (int i = 0; i < 3; i++) {
+        f[i].layout = ns->layout;
+        f[i].fingerprint = ns->fingerprint;
+        f[i].key = k[i];
+        f[i].size = BLOCK;
+    }
+    f[2].size = BLOCK / 2;   /* a size this namespace cannot hold: skipped */
+    put_chain(&k[1], 1, true);   /* already indexed: left alone */
+    settle();
+    cache_add_stored(cache, f, 3);
+    cache_match_tiers(cache, ns, k, 3, &t);
+    ck_assert_uint_eq(t.matched, 2);
+    ck_assert_uint_eq(t.store, 1);
+    ck_assert_uint_eq(t.host, 1);
+    ck_assert_int_eq(stat_at("persist", "recovery", "indexed"), 1);
+    ck_assert_int_eq(stat_at("persist", "recovery", "skipped"), 1);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("cache_persist");
+    TCase *tc = tcase_create("write_through"), *wb = tcase_create("write_back");
+    SRunner *sr;
+    int failed;
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_write_through_ghost_promote);
+    tcase_add_test(tc, test_delete_during_promotion);
+    tcase_add_test(tc, test_requester_gone_during_promotion);
+    tcase_add_test(tc, test_put_over_ghost);
+    tcase_add_test(tc, test_recovered_entries);
+    suite_add_tcase(s, tc);
+    tcase_add_checked_fixture(wb, setup_wb, teardown);
+    tcase_set_timeout(wb, 60);
+    tcase_add_test(wb, test_write_back_writes_on_eviction);
+    suite_add_tcase(s, wb);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
