@@ -25,6 +25,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "ops.h"
+#include "persist.h"
 #include "workers.h"
 
 #define ADMIN_TIMEOUT_S      10          /* an idle or slow admin connection is closed */
@@ -89,6 +90,18 @@ static void admin_readyz(struct admin *a, struct evhttp_request *req)
                  stalled);
         admin_reply_text(req, 503, "Service Unavailable", msg);
         return;
+    }
+    /* A degraded store costs persistence only: engines are still served
+     * from memory, so the node stays ready and says why it is degraded. */
+    if (a->d->persist) {
+        struct persist_counters pc;
+        persist_get_counters(a->d->persist, &pc);
+        if (pc.state == PERSIST_STATE_DEGRADED) {
+            snprintf(msg, sizeof msg, "ready; persistent store degraded: %.500s",
+                     persist_last_error(a->d->persist));
+            admin_reply_text(req, HTTP_OK, "OK", msg);
+            return;
+        }
     }
     admin_reply_text(req, HTTP_OK, "OK", "ready");
 }
