@@ -5,7 +5,7 @@
 #   make test       deps + build + every test suite
 #   make asan       the test suite under ASan+UBSan (separate build dir)
 #   make valgrind   the test suite under valgrind (tests and daemons)
-#   make bench      build and run the benchmark (not part of `make test`)
+#   make bench      build and run the benchmarks (not part of `make test`)
 #   make CUDA=0 ... build without the CUDA toolkit (default: detected)
 #   make V6D=0 ...  build without the rtp-llm KVS backend (and libcurl in kvnoded)
 #   make fuzz       libFuzzer targets (clang, in build-fuzz/), FUZZ_SECONDS each (default 60)
@@ -73,7 +73,8 @@ LIB_SRC      := lib/client.c $(COMMON_SRC)
 DAEMON_SRC   := $(filter-out daemon/main.c $(if $(filter 1,$(V6D)),,daemon/kvs/v6d.c),$(wildcard daemon/*.c daemon/kvs/*.c))
 CTL_SRC      := lib/kvnodectl.c
 UNIT_SRC     := $(filter-out $(if $(filter 1,$(V6D)),,tests/unit/test_kvs_v6d.c),$(wildcard tests/unit/test_*.c))
-INTEG_SRC    := $(wildcard tests/integration/test_*.c)
+# The v6d persistence suite drives the KVS simulator against the v6d backend: V6D=1 only.
+INTEG_SRC    := $(filter-out $(if $(filter 1,$(V6D)),,tests/integration/test_daemon_persist_v6d.c),$(wildcard tests/integration/test_*.c))
 INTEG_HELPER := tests/integration/harness.c
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
@@ -90,6 +91,7 @@ LIBPC     := $(BUILD)/kvnode.pc
 UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 INTEG_BIN := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(INTEG_SRC))
 BENCH_BIN := $(BUILD)/kvnode-bench
+BENCH_PERSIST_BIN := $(BUILD)/kvnode-bench-persist
 # KVS protocol simulator (tests/sim/kvs_sim.c) and its own tests (tests/sim/test_*.c).
 SIM_BIN      := $(BUILD)/kvs-sim
 SIM_TEST_BIN := $(patsubst tests/sim/%.c,$(BUILD)/tests/%,$(wildcard tests/sim/test_*.c))
@@ -99,7 +101,7 @@ FUZZ_TARGETS    := wire config kvs_file $(if $(filter 1,$(V6D)),v6d_reply)
 FUZZ_REPLAY_BIN := $(patsubst %,$(BUILD)/tests/fuzz_%_replay,$(FUZZ_TARGETS))
 FUZZ_BIN        := $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
-.PHONY: all deps run test check asan valgrind bench install uninstall clean help cuda-info \
+.PHONY: all deps run test check asan valgrind bench bench-persist install uninstall clean help cuda-info \
         fuzz fuzz-build fuzz-run
 .DEFAULT_GOAL := all
 
@@ -167,6 +169,9 @@ $(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(LIBA) $(PROTO_H) $(TES
 # The KVS simulator: a standalone process the tests start (libevent + jansson only).
 $(SIM_BIN): $(call obj,tests/sim/kvs_sim.c)
 	$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(call pc_libs,libevent jansson)
+
+# Integration suites that start the simulator ($KVS_SIM) need it built.
+$(BUILD)/tests/test_daemon_persist_v6d: $(SIM_BIN)
 
 $(BUILD)/tests/%: tests/sim/%.c $(SIM_BIN) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
@@ -240,8 +245,18 @@ $(BENCH_BIN): tests/bench/bench.c $(INTEG_HELPER) $(LIBA)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
 
-bench: all $(BENCH_BIN)
-	KVNODED=$(KVNODED) $(BENCH_BIN)
+$(BENCH_PERSIST_BIN): tests/bench/bench_persist.c $(INTEG_HELPER) $(LIBA)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
+
+# `make bench` runs both programs; `make bench-persist` only the second.
+# BENCH_ARGS / BENCH_PERSIST_ARGS pass options (e.g. --quick).
+bench: all $(BENCH_BIN) $(BENCH_PERSIST_BIN)
+	KVNODED=$(KVNODED) $(BENCH_BIN) $(BENCH_ARGS)
+	KVNODED=$(KVNODED) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)
+
+bench-persist: all $(BENCH_PERSIST_BIN)
+	KVNODED=$(KVNODED) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)
 
 # --- install -------------------------------------------------------------------
 SYSCONFDIR  ?= /etc

@@ -1,0 +1,836 @@
+/* kvnode-bench-persist: figures for kvnoded's persistence (file backend);
+ * not part of `make test`.
+ *
+ * Every daemon is a real kvnoded started through the harness ($KVNODED,
+ * default build/kvnoded) with [persist] backend=file on a store directory
+ * under a private temporary directory ($TMPDIR, default /tmp), removed at
+ * the end.
+ *
+ * 1. Recovery. A daemon with policy=write_through (fsync=never) takes N
+ *    (default 100 000) zero-copy puts of 4 KiB blocks, in chains of 1000
+ *    keys, and is stopped once persist.written_blocks_total == N. A new
+ *    daemon is then started on the same store and timed:
+ *      - time-to-ready: spawn until an observer connection answers PING;
+ *      - time-to-full-recovery: spawn until persist.recovery.complete;
+ *      - the scan's own duration (persist.recovery.seconds) and its rate;
+ *      - MATCH (kvnode_match_tiers) of the first 1000 keys right after
+ *        ready (what the scan had indexed by then) and after the scan: all
+ *        1000 must be matched, in the store tier only;
+ *      - GET of the first 64 keys (promotions from the store), whose
+ *        contents are verified.
+ *    First with the page cache warm (nothing dropped), then cold, after
+ *    `sync; echo 3 > /proc/sys/vm/drop_caches` when that is permitted
+ *    (skipped, with the reason, when it is not).
+ * 2. Write-behind throughput. For 64 KiB and 1 MiB blocks, persist.workers
+ *    1, 2, 4 and persist.fsync never, batch: a fresh daemon and store with
+ *    policy=write_through, a host tier holding every block and a queue
+ *    holding every write; N blocks (about 1 GiB, less when the disk or
+ *    memory is small) are put zero-copy (put_begin + memcpy + commit) and
+ *    the wall time from the first put until persist.written_blocks_total
+ *    reaches N is taken. Blocks/s and GB/s (10^9 bytes per second) are
+ *    printed next to the single-thread memcpy bandwidth of the same bytes
+ *    (chain-sized copies, as tests/bench/bench.c measures its reference),
+ *    with dropped_total. Afterwards every block file is checked (count,
+ *    size, header magic) and a sample of payloads is compared byte for byte.
+ *
+ * Exits 1 when something fails or data is wrong (a MATCH short of its keys,
+ * a block that does not read back, a write failure, a drop although the
+ * queue holds every write); there are no performance thresholds.
+ *
+ * Usage: kvnode-bench-persist [--quick] [--blocks N] [--bytes MiB] [--only recovery|writes]
+ *   --quick   20 000 recovery blocks, 256 MiB per write run
+ *   --blocks  recovery blocks (default 100000)
+ *   --bytes   data per write run in MiB (default 1024)
+ *   --only    run one of the two parts */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define REC_BB        4096u      /* recovery blocks */
+#define REC_CHAIN     1000u      /* keys per put while populating */
+#define MATCH_KEYS    1000u
+#define GET_KEYS      64u
+#define SEED          0x5eedull
+#define HEADER        64u        /* block file header (daemon/kvs/file.h) */
+#define POLL_NS       5000000ull /* stats polling period */
+#define WAIT_S        900        /* bound on any wait for the daemon */
+
+static char tmp_root[PATH_MAX];
+static pid_t tmp_owner;
+
+/* --- helpers ---------------------------------------------------------------- */
+
+static void die(const char *what, const char *detail)
+{
+    fprintf(stderr, "kvnode-bench-persist: %s: %s\n", what, detail);
+    exit(1);
+}
+
+static void check(kvnode_client *c, int rc, const char *what)
+{
+    if (rc != 0) {
+        char m[512];
+        snprintf(m, sizeof m, "%d (%s): %s", rc, kvnode_strerror(rc), kvnode_last_error(c));
+        die(what, m);
+    }
+}
+
+static void sleep_ns(uint64_t ns)
+{
+    struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull) };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+static double secs(uint64_t ns) { return (double)ns / 1e9; }
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb; (void)flag; (void)ftw;
+    remove(path);
+    return 0;
+}
+
+static void rmtree(const char *dir)
+{
+    if (dir[0])
+        nftw(dir, rm_one, 32, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Runs after the harness killed any daemon still running (registered first). */
+static void tmp_cleanup(void)
+{
+    if (getpid() == tmp_owner && tmp_root[0]) {
+        rmtree(tmp_root);
+        tmp_root[0] = '\0';
+    }
+}
+
+static void make_dir(char *out, size_t len, const char *name)
+{
+    int l = snprintf(out, len, "%s/%s", tmp_root, name);
+    if (l < 0 || (size_t)l >= len)
+        die("path", "too long");
+    if (mkdir(out, 0700) != 0)
+        die(out, strerror(errno));
+}
+
+static json_t *stats(kvnode_client *obs)
+{
+    json_t *s = kvh_stats_client(obs);
+    if (!s)
+        die("stats", kvh_error());
+    return s;
+}
+
+static long long jint(json_t *root, const char *path)
+{
+    long long v = kvh_json_int(root, path);
+    if (v < 0)
+        die("stats", kvh_error());
+    return v;
+}
+
+static double jreal(json_t *root, const char *path)
+{
+    json_t *v = kvh_json_get(root, path);
+    if (!v || !json_is_number(v))
+        die("stats: not a number", path);
+    return json_number_value(v);
+}
+
+/* Sum of persist.failures_total.<op>.* */
+static long long failures(json_t *root, const char *op)
+{
+    char path[128];
+    snprintf(path, sizeof path, "persist.failures_total.%s", op);
+    json_t *o = kvh_json_get(root, path), *v;
+    const char *k;
+    long long sum = 0;
+    if (!o || !json_is_object(o))
+        die("stats: missing", path);
+    json_object_foreach(o, k, v)
+        sum += json_integer_value(v);
+    return sum;
+}
+
+static const char *persist_cfg(char *buf, size_t len, const char *store, uint64_t host_bytes,
+                               unsigned workers, size_t queue, const char *fsync_policy)
+{
+    int l = snprintf(buf, len,
+                     "memory.host_bytes=%lluMiB\n"
+                     "log.level=warn\n"
+                     "persist.backend=file\n"
+                     "persist.path=%s\n"
+                     "persist.policy=write_through\n"
+                     "persist.workers=%u\n"
+                     "persist.queue=%zu\n"
+                     "persist.fsync=%s\n",
+                     (unsigned long long)((host_bytes + (1u << 20) - 1) >> 20), store, workers, queue,
+                     fsync_policy);
+    if (l < 0 || (size_t)l >= len)
+        die("config", "too long");
+    return buf;
+}
+
+static size_t queue_for(size_t n)
+{
+    size_t q = n + 64;
+    return q < 4096 ? 4096 : q > 1048576 ? 1048576 : q;
+}
+
+/* Zero-copy put of keys[0..n): each slot gets fill(slot, i). A full host
+ * tier (every block pinned by its write) is waited out; returns the number
+ * of such stalls. */
+typedef void (*fill_fn)(void *slot, size_t i, uint64_t bb, const void *arg);
+
+static unsigned put_chain(kvnode_client *c, const kvnode_key *keys, size_t n, uint64_t bb,
+                          kvnode_loc *locs, fill_fn fill, const void *arg, size_t first)
+{
+    kvnode_lease lease;
+    unsigned stalls = 0;
+    uint64_t deadline = kvh_now_ns() + (uint64_t)WAIT_S * 1000000000ull;
+    int rc;
+    while ((rc = kvnode_put_begin(c, keys, n, KVNODE_TIER_HOST, &lease, locs)) == -KVNODE_ENOSPC) {
+        if (kvh_now_ns() > deadline)
+            break;
+        stalls++;
+        sleep_ns(1000000);
+    }
+    check(c, rc, "put_begin");
+    for (size_t i = 0; i < n; i++) {
+        if (!locs[i].ptr)
+            die("put_begin", "a key is already stored (keys must be new)");
+        fill(locs[i].ptr, first + i, bb, arg);
+    }
+    check(c, kvnode_put_commit(c, lease), "put_commit");
+    return stalls;
+}
+
+struct wstate {
+    long long written, written_bytes, dropped, failed, queue_depth;
+};
+
+static void write_state(kvnode_client *obs, struct wstate *w)
+{
+    json_t *s = stats(obs);
+    w->written = jint(s, "persist.written_blocks_total");
+    w->written_bytes = jint(s, "persist.written_bytes_total");
+    w->dropped = jint(s, "persist.dropped_total");
+    w->queue_depth = jint(s, "persist.queue_depth");
+    w->failed = failures(s, "write");
+    json_decref(s);
+}
+
+/* Poll until every one of n writes is accounted for (written, dropped or
+ * failed); returns the time it was observed. */
+static uint64_t wait_written(kvnode_client *obs, long long n, struct wstate *w)
+{
+    uint64_t deadline = kvh_now_ns() + (uint64_t)WAIT_S * 1000000000ull;
+    for (;;) {
+        write_state(obs, w);
+        uint64_t now = kvh_now_ns();
+        if (w->written + w->dropped + w->failed >= n)
+            return now;
+        if (now > deadline) {
+            char m[256];
+            snprintf(m, sizeof m, "%lld of %lld written after %d s (queue depth %lld)", w->written, n,
+                     WAIT_S, w->queue_depth);
+            die("write-behind", m);
+        }
+        sleep_ns(POLL_NS);
+    }
+}
+
+static void stop_daemon(kvh_daemon *d)
+{
+    int st = kvh_stop(d, 60000);
+    if (st != 0) {
+        char m[64];
+        snprintf(m, sizeof m, "status %d (log above)", st);
+        die("kvnoded did not stop gracefully", m);
+    }
+    kvh_destroy(d);
+}
+
+/* --- block files on disk ------------------------------------------------------- */
+
+struct scan_ctx {
+    uint64_t files, bytes, disk_bytes, bad;
+    uint64_t expect_size;
+    /* payload sample */
+    const kvnode_key *keys;
+    size_t nkeys;
+    const unsigned char *src;   /* key i's payload: src + (i % chain) * bb */
+    size_t chain;
+    uint64_t bb;
+    unsigned sampled, sample_max, sample_bad;
+    unsigned char *buf;
+};
+static struct scan_ctx *scan_cur;
+
+static uint64_t le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static void sample_block(struct scan_ctx *s, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    size_t want = HEADER + s->bb;
+    if (!f || fread(s->buf, 1, want, f) != want) {
+        s->sample_bad++;
+        if (f)
+            fclose(f);
+        return;
+    }
+    fclose(f);
+    kvnode_key key = (kvnode_key)le64(s->buf + 16);
+    size_t i;
+    for (i = 0; i < s->nkeys && s->keys[i] != key; i++) {}
+    if (i == s->nkeys || memcmp(s->buf + HEADER, s->src + (i % s->chain) * s->bb, s->bb) != 0)
+        s->sample_bad++;
+    s->sampled++;
+}
+
+static int scan_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    struct scan_ctx *s = scan_cur;
+    size_t l = strlen(path);
+    (void)ftw;
+    if (flag != FTW_F || l < 4 || strcmp(path + l - 4, ".blk") != 0)
+        return 0;
+    s->files++;
+    s->bytes += (uint64_t)sb->st_size;
+    s->disk_bytes += (uint64_t)sb->st_blocks * 512u;
+    if ((uint64_t)sb->st_size != s->expect_size) {
+        s->bad++;
+        return 0;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char magic[4];
+    if (fd < 0 || read(fd, magic, 4) != 4 || memcmp(magic, "KVNB", 4) != 0)
+        s->bad++;
+    if (fd >= 0)
+        close(fd);
+    if (s->keys && s->sampled < s->sample_max)
+        sample_block(s, path);
+    return 0;
+}
+
+static void scan_store(const char *store, struct scan_ctx *s)
+{
+    scan_cur = s;
+    if (s->keys && !(s->buf = malloc(HEADER + s->bb)))
+        die("malloc", "out of memory");
+    if (nftw(store, scan_one, 32, FTW_PHYS) != 0)
+        die("walk the store", strerror(errno));
+    free(s->buf);
+    s->buf = NULL;
+    scan_cur = NULL;
+}
+
+/* --- 1. recovery ---------------------------------------------------------------- */
+
+static void fill_keyed(void *slot, size_t i, uint64_t bb, const void *arg)
+{
+    const kvnode_key *keys = arg;
+    kvh_fill(slot, bb, keys[i], SEED);
+}
+
+static void populate(const char *store, const kvnode_key *keys, size_t n)
+{
+    char cfg[PATH_MAX + 512];
+    /* Every block in memory (the watermarks leave 5 % free) plus slack. */
+    uint64_t host = (uint64_t)n * REC_BB / 90 * 100 + (64ull << 20);
+    kvh_daemon d;
+    kvnode_client *c, *obs;
+    kvnode_loc *locs = malloc(REC_CHAIN * sizeof *locs);
+    kvnode_layout l = kvh_layout("bench-recovery", REC_BB, 1, 0);
+    unsigned stalls = 0;
+    struct wstate w;
+
+    if (!locs)
+        die("malloc", "out of memory");
+    if (kvh_start(&d, persist_cfg(cfg, sizeof cfg, store, host, 2, queue_for(n), "never")) != 0)
+        die("start kvnoded", kvh_error());
+    if (kvh_connect(&d, &l, &c) != 0 || kvh_connect(&d, NULL, &obs) != 0)
+        die("connect", kvh_error());
+    uint64_t t0 = kvh_now_ns();
+    for (size_t i = 0; i < n; i += REC_CHAIN) {
+        size_t m = n - i < REC_CHAIN ? n - i : REC_CHAIN;
+        stalls += put_chain(c, keys + i, m, REC_BB, locs, fill_keyed, keys + i, 0);
+    }
+    uint64_t t_put = kvh_now_ns();
+    uint64_t t_end = wait_written(obs, (long long)n, &w);
+    if (w.written != (long long)n || w.dropped || w.failed) {
+        char m[256];
+        snprintf(m, sizeof m, "%lld written, %lld dropped, %lld failed of %zu", w.written, w.dropped,
+                 w.failed, n);
+        die("populate", m);
+    }
+    printf("populate: %zu blocks of 4 KiB put (zero-copy, chains of %u) in %.2f s, all written in "
+           "%.2f s = %.0f blocks/s (write_through, fsync=never, 2 workers%s)\n",
+           n, REC_CHAIN, secs(t_put - t0), secs(t_end - t0), (double)n / secs(t_end - t0),
+           stalls ? ", host tier stalls" : "");
+    kvnode_close(c);
+    kvnode_close(obs);
+    stop_daemon(&d);
+    free(locs);
+
+    struct scan_ctx s = { .expect_size = HEADER + REC_BB };
+    scan_store(store, &s);
+    if (s.files != n || s.bad) {
+        char m[128];
+        snprintf(m, sizeof m, "%llu block files (%llu bad) instead of %zu", (unsigned long long)s.files,
+                 (unsigned long long)s.bad, n);
+        die("store after populate", m);
+    }
+    printf("store: %llu block files, %.1f MiB (%.1f MiB allocated on disk)\n", (unsigned long long)s.files,
+           (double)s.bytes / 1048576.0, (double)s.disk_bytes / 1048576.0);
+}
+
+struct rec_result {
+    double ready_ms, complete_ms, scan_s;
+    long long found, indexed, skipped;
+    kvnode_tiers at_ready, after;
+    double get_ms;
+};
+
+#define REC_HOST (64ull << 20)   /* host tier of the recovery daemons: the arena's
+                                  * setup (fallocate + populate) is part of ready */
+
+/* Spawn a daemon and poll (every 200 us) until an observer connection
+ * answers PING; returns the spawn time, *obs is the connection. */
+static uint64_t spawn_ready(kvh_daemon *d, const char *cfg, kvnode_client **obs, uint64_t *t_ready)
+{
+    uint64_t t0 = kvh_now_ns(), deadline = t0 + 60ull * 1000000000ull;
+    *obs = NULL;
+    if (kvh_spawn(d, cfg) != 0)
+        die("spawn kvnoded", kvh_error());
+    for (;;) {
+        if (kvnode_connect(d->sock, NULL, obs) == 0) {
+            if (kvnode_ping(*obs) == 0)
+                break;
+            kvnode_close(*obs);
+            *obs = NULL;
+        }
+        if (kvh_wait_exit(d, 0) != KVH_EXIT_TIMEOUT) {
+            kvh_print_log(d, "kvnoded exited before it was ready");
+            die("recovery", "kvnoded exited before it was ready");
+        }
+        if (kvh_now_ns() > deadline)
+            die("recovery", "kvnoded not ready after 60 s");
+        sleep_ns(200000);
+    }
+    *t_ready = kvh_now_ns();
+    return t0;
+}
+
+/* Time-to-ready of a daemon without a store (the baseline). */
+static double ready_no_store(void)
+{
+    char cfg[256];
+    kvh_daemon d;
+    kvnode_client *obs;
+    uint64_t t_ready;
+    snprintf(cfg, sizeof cfg, "memory.host_bytes=%lluMiB\nlog.level=warn\n", REC_HOST >> 20);
+    uint64_t t0 = spawn_ready(&d, cfg, &obs, &t_ready);
+    kvnode_close(obs);
+    stop_daemon(&d);
+    return (double)(t_ready - t0) / 1e6;
+}
+
+static void recover(const char *store, const kvnode_key *keys, size_t n, struct rec_result *r)
+{
+    char cfg[PATH_MAX + 512];
+    kvh_daemon d;
+    kvnode_client *obs, *c;
+    kvnode_layout l = kvh_layout("bench-recovery", REC_BB, 1, 0);
+    size_t nm = n < MATCH_KEYS ? n : MATCH_KEYS, ng = n < GET_KEYS ? n : GET_KEYS;
+    uint64_t t_ready;
+
+    persist_cfg(cfg, sizeof cfg, store, REC_HOST, 2, 4096, "never");
+    uint64_t t0 = spawn_ready(&d, cfg, &obs, &t_ready);
+    if (kvh_connect(&d, &l, &c) != 0)
+        die("connect", kvh_error());
+    check(c, kvnode_match_tiers(c, keys, nm, &r->at_ready), "match at ready");
+
+    json_t *s;
+    uint64_t t_done;
+    for (;;) {
+        s = stats(obs);
+        json_t *done = kvh_json_get(s, "persist.recovery.complete");
+        t_done = kvh_now_ns();
+        if (done && json_is_true(done))
+            break;
+        json_t *running = kvh_json_get(s, "persist.recovery.running");
+        if (t_done > t0 + (uint64_t)WAIT_S * 1000000000ull)
+            die("recovery", "the scan did not complete");
+        if (running && !json_is_true(running) && t_done > t_ready + 5000000000ull) {
+            kvh_print_log(&d, "scan not running and not complete");
+            die("recovery", "the scan stopped before it completed");
+        }
+        json_decref(s);
+        sleep_ns(POLL_NS);
+    }
+    r->ready_ms = (double)(t_ready - t0) / 1e6;
+    r->complete_ms = (double)(t_done - t0) / 1e6;
+    r->found = jint(s, "persist.recovery.found");
+    r->indexed = jint(s, "persist.recovery.indexed");
+    r->skipped = jint(s, "persist.recovery.skipped");
+    r->scan_s = jreal(s, "persist.recovery.seconds");
+    json_decref(s);
+    if (r->found != (long long)n || r->indexed != (long long)n) {
+        char m[160];
+        snprintf(m, sizeof m, "found %lld, indexed %lld, skipped %lld of %zu blocks", r->found, r->indexed,
+                 r->skipped, n);
+        die("recovery", m);
+    }
+
+    check(c, kvnode_match_tiers(c, keys, nm, &r->after), "match after recovery");
+    if (r->after.matched != nm || r->after.store != nm) {
+        char m[160];
+        snprintf(m, sizeof m, "MATCH of %zu recovered keys: matched %zu (store %zu, host %zu, hbm %zu)", nm,
+                 r->after.matched, r->after.store, r->after.host, r->after.hbm);
+        die("recovery", m);
+    }
+    size_t got = 0;
+    uint64_t tg = kvh_now_ns();
+    int rc = kvh_get_verify(c, keys, ng, SEED, 0, &got);
+    r->get_ms = (double)(kvh_now_ns() - tg) / 1e6;
+    if (rc != 0 || got != ng) {
+        char m[512];
+        snprintf(m, sizeof m, "GET of %zu recovered blocks: rc %d, got %zu: %s", ng, rc, got, kvh_error());
+        die("recovery", m);
+    }
+    kvnode_close(c);
+    kvnode_close(obs);
+    stop_daemon(&d);
+}
+
+/* sync + drop the page cache; 0, or -1 with why filled. */
+static int drop_caches(char *why, size_t len)
+{
+    sync();
+    int fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, len, "cannot open /proc/sys/vm/drop_caches: %s", strerror(errno));
+        return -1;
+    }
+    if (write(fd, "3\n", 2) != 2) {
+        snprintf(why, len, "cannot write /proc/sys/vm/drop_caches: %s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
+static void print_rec(const char *cache, const struct rec_result *r, size_t n)
+{
+    printf("%-5s %10.1f %13.1f %10.3f %12.0f %7zu/%-6zu %7zu/%-6zu %9.1f\n", cache, r->ready_ms,
+           r->complete_ms, r->scan_s, r->scan_s > 0 ? (double)n / r->scan_s : 0.0, r->at_ready.matched,
+           r->at_ready.store, r->after.matched, r->after.store, r->get_ms);
+}
+
+static void bench_recovery(size_t n)
+{
+    char store[PATH_MAX];
+    kvnode_key *keys = malloc(n * sizeof *keys);
+    if (!keys)
+        die("malloc", "out of memory");
+    kvh_chain(keys, n, 0x7ec0);
+    make_dir(store, sizeof store, "store-recovery");
+
+    printf("== 1. recovery: %zu blocks of 4 KiB on disk (file backend)\n", n);
+    populate(store, keys, n);
+
+    struct rec_result warm, cold;
+    char why[256];
+    double base_ms = ready_no_store();
+    sync();   /* write back (not drop) what populating left dirty */
+    recover(store, keys, n, &warm);
+    int have_cold = drop_caches(why, sizeof why) == 0;
+    if (have_cold)
+        recover(store, keys, n, &cold);
+
+    printf("\n%-5s %10s %13s %10s %12s %14s %14s %9s\n", "cache", "ready ms", "recovered ms", "scan s",
+           "scan blk/s", "MATCH@ready", "MATCH@done", "GET64 ms");
+    printf("%-5s %10.1f %13s   (a daemon without a store, same host tier: the baseline)\n", "-", base_ms, "-");
+    print_rec("warm", &warm, n);
+    if (have_cold)
+        print_rec("cold", &cold, n);
+    else
+        printf("cold  skipped: %s\n", why);
+    printf("  ready = spawn until PING answers (host tier %llu MiB); recovered = spawn until\n"
+           "  persist.recovery.complete; scan s = persist.recovery.seconds (the daemon's scan alone);\n"
+           "  MATCH = matched/store-tier of the first %u keys (kvnode_match_tiers) right after ready and\n"
+           "  after the scan; GET64 = get + verify of %u store-only blocks (promotions).\n"
+           "  warm: page cache kept from populating (synced, nothing dropped)%s.\n\n",
+           REC_HOST >> 20, MATCH_KEYS, GET_KEYS,
+           have_cold ? "; cold: after sync; echo 3 > /proc/sys/vm/drop_caches" : "");
+    rmtree(store);
+    free(keys);
+}
+
+/* --- 2. write-behind ------------------------------------------------------------- */
+
+struct wsrc { const unsigned char *src; size_t chain; };
+
+static void fill_copy(void *slot, size_t i, uint64_t bb, const void *arg)
+{
+    const struct wsrc *w = arg;
+    memcpy(slot, w->src + (i % w->chain) * bb, bb);
+}
+
+struct wrow {
+    const char *label, *fsync_policy;
+    unsigned workers;
+    size_t n;
+    uint64_t bb;
+    uint64_t put_ns, ns;
+    long long dropped;
+    unsigned stalls;
+};
+
+static void print_wrow(const struct wrow *r, double memcpy_gbs)
+{
+    double s = secs(r->ns), gbs = (double)r->n * (double)r->bb / 1e9 / s;
+    printf("%-6s %-6s %7u %7zu %8.2f %8.3f %9.3f %10.0f %8.2f %8.2f %8.3fx %8lld%s\n", r->label,
+           r->fsync_policy, r->workers, r->n, (double)r->n * (double)r->bb / (double)(1ull << 30),
+           secs(r->put_ns), s, (double)r->n / s, gbs, memcpy_gbs, memcpy_gbs > 0 ? gbs / memcpy_gbs : 0.0,
+           r->dropped, r->stalls ? "  (host tier stalls)" : "");
+}
+
+static int write_run(struct wrow *r, const unsigned char *src, size_t chain, unsigned run)
+{
+    char store[PATH_MAX], name[64], cfg[PATH_MAX + 512];
+    uint64_t bb = r->bb;
+    size_t n = r->n;
+    kvnode_key *keys = malloc(n * sizeof *keys);
+    kvnode_loc *locs = malloc(chain * sizeof *locs);
+    struct wsrc ws = { src, chain };
+    kvh_daemon d;
+    kvnode_client *c, *obs;
+    char model[64];
+    struct wstate w;
+    int bad = 0;
+
+    if (!keys || !locs)
+        die("malloc", "out of memory");
+    kvh_chain(keys, n, 0xb000 + run);
+    snprintf(name, sizeof name, "store-%s-%s-w%u", r->label, r->fsync_policy, r->workers);
+    make_dir(store, sizeof store, name);
+    snprintf(model, sizeof model, "bench-wb-%s", r->label);
+    kvnode_layout l = kvh_layout(model, bb, 1, 0);
+    uint64_t host = (uint64_t)n * bb / 90 * 100 + (64ull << 20);
+    if (kvh_start(&d, persist_cfg(cfg, sizeof cfg, store, host, r->workers, queue_for(n), r->fsync_policy)) != 0)
+        die("start kvnoded", kvh_error());
+    if (kvh_connect(&d, &l, &c) != 0 || kvh_connect(&d, NULL, &obs) != 0)
+        die("connect", kvh_error());
+
+    uint64_t t0 = kvh_now_ns();
+    r->stalls = 0;
+    for (size_t i = 0; i < n; i += chain) {
+        size_t m = n - i < chain ? n - i : chain;
+        r->stalls += put_chain(c, keys + i, m, bb, locs, fill_copy, &ws, i);
+    }
+    uint64_t t_put = kvh_now_ns();
+    uint64_t t_end = wait_written(obs, (long long)n, &w);
+    r->put_ns = t_put - t0;
+    r->ns = t_end - t0;
+    r->dropped = w.dropped;
+    if (w.failed) {
+        fprintf(stderr, "kvnode-bench-persist: %s fsync=%s workers=%u: %lld writes failed\n", r->label,
+                r->fsync_policy, r->workers, w.failed);
+        bad = 1;
+    }
+    if (w.dropped) {
+        fprintf(stderr, "kvnode-bench-persist: %s fsync=%s workers=%u: %lld writes dropped although the "
+                "queue (%zu) holds every write\n", r->label, r->fsync_policy, r->workers, w.dropped,
+                queue_for(n));
+        bad = 1;
+    }
+    if (w.written_bytes != w.written * (long long)bb) {
+        fprintf(stderr, "kvnode-bench-persist: written_bytes_total %lld != %lld blocks x %llu\n",
+                w.written_bytes, w.written, (unsigned long long)bb);
+        bad = 1;
+    }
+    kvnode_close(c);
+    kvnode_close(obs);
+    stop_daemon(&d);
+
+    struct scan_ctx s = { .expect_size = HEADER + bb, .keys = keys, .nkeys = n, .src = src,
+                          .chain = chain, .bb = bb, .sample_max = 8 };
+    scan_store(store, &s);
+    if (s.files != (uint64_t)w.written || s.bad || s.sample_bad || s.sampled == 0) {
+        fprintf(stderr, "kvnode-bench-persist: %s fsync=%s workers=%u: %llu block files for %lld written, "
+                "%llu bad, %u of %u sampled payloads differ\n", r->label, r->fsync_policy, r->workers,
+                (unsigned long long)s.files, w.written, (unsigned long long)s.bad, s.sample_bad, s.sampled);
+        bad = 1;
+    }
+    rmtree(store);
+    sync();   /* the next run starts without this one's dirty pages */
+    free(keys);
+    free(locs);
+    return bad;
+}
+
+/* Single-thread memcpy of total bytes in chain-sized copies (bench.c's
+ * reference): GB/s. */
+static double memcpy_gbs(const unsigned char *src, unsigned char *dst, size_t chain_bytes, uint64_t total)
+{
+    unsigned iters = (unsigned)(total / chain_bytes);
+    if (iters < 1)
+        iters = 1;
+    memcpy(dst, src, chain_bytes);   /* warm-up */
+    uint64_t ns = 0;
+    for (unsigned it = 0; it < iters; it++) {
+        uint64_t t0 = kvh_now_ns();
+        memcpy(dst, src, chain_bytes);
+        ns += kvh_now_ns() - t0;
+    }
+    if (dst[chain_bytes - 1] != src[chain_bytes - 1])
+        die("memcpy", "copy differs");
+    return (double)iters * (double)chain_bytes / 1e9 / secs(ns);
+}
+
+static int bench_writes(uint64_t target)
+{
+    static const struct { uint64_t bb; const char *label; size_t chain; } sizes[] = {
+        { 64 * 1024, "64KiB", 256 }, { 1024 * 1024, "1MiB", 64 },
+    };
+    static const char *const fsyncs[] = { "never", "batch" };
+    static const unsigned workers[] = { 1, 2, 4 };
+    int bad = 0;
+    unsigned run = 0;
+    struct wrow rows[2][2 * 3];
+    double ref[2];
+
+    printf("== 2. write-behind: policy=write_through, zero-copy puts, %.2f GiB per run, host tier and "
+           "queue hold every block\n", (double)target / (double)(1ull << 30));
+    for (size_t si = 0; si < 2; si++) {
+        uint64_t bb = sizes[si].bb;
+        size_t chain = sizes[si].chain, n = (size_t)(target / bb);
+        unsigned char *src = malloc(chain * bb), *dst = malloc(chain * bb);
+        if (!src || !dst)
+            die("malloc", "out of memory");
+        for (size_t i = 0; i < chain; i++)
+            kvh_fill(src + i * bb, bb, (kvnode_key)i, SEED);
+        memset(dst, 0, chain * bb);
+        ref[si] = memcpy_gbs(src, dst, chain * bb, (uint64_t)n * bb);
+        int k = 0;
+        for (size_t fi = 0; fi < 2; fi++) {
+            for (size_t wi = 0; wi < 3; wi++, k++) {
+                struct wrow *r = &rows[si][k];
+                *r = (struct wrow){ .label = sizes[si].label, .fsync_policy = fsyncs[fi],
+                                    .workers = workers[wi], .n = n, .bb = bb };
+                bad |= write_run(r, src, chain, run++);
+                fprintf(stderr, ".");
+            }
+        }
+        free(src);
+        free(dst);
+    }
+    fprintf(stderr, "\n");
+    printf("\n%-6s %-6s %7s %7s %8s %8s %9s %10s %8s %8s %9s %8s\n", "block", "fsync", "workers", "blocks",
+           "GiB", "put s", "written s", "blocks/s", "GB/s", "memcpy", "vs memcpy", "dropped");
+    for (size_t si = 0; si < 2; si++)
+        for (int k = 0; k < 6; k++)
+            print_wrow(&rows[si][k], ref[si]);
+    printf("  put s = first put_begin until the last commit; written s = first put until\n"
+           "  persist.written_blocks_total == blocks (GB/s and blocks/s from it); memcpy = single-thread\n"
+           "  memcpy GB/s of the same bytes in this run. fsync=never leaves the data in the page cache.\n");
+    return bad;
+}
+
+/* --- main ------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    size_t rec_blocks = 100000;
+    uint64_t target = 1ull << 30;
+    const char *only = NULL;
+
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            rec_blocks = 20000;
+            target = 256ull << 20;
+        } else if (strcmp(argv[i], "--blocks") == 0 && i + 1 < argc) {
+            rec_blocks = strtoull(argv[++i], NULL, 10);
+        } else if (strcmp(argv[i], "--bytes") == 0 && i + 1 < argc) {
+            target = strtoull(argv[++i], NULL, 10) << 20;
+        } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc &&
+                   (strcmp(argv[i + 1], "recovery") == 0 || strcmp(argv[i + 1], "writes") == 0)) {
+            only = argv[++i];
+        } else {
+            fprintf(stderr, "usage: %s [--quick] [--blocks N] [--bytes MiB] [--only recovery|writes]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (rec_blocks < GET_KEYS || target < (4ull << 20)) {
+        fprintf(stderr, "kvnode-bench-persist: --blocks must be >= %u and --bytes >= 4\n", GET_KEYS);
+        return 2;
+    }
+
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp || strlen(tmp) > 64)
+        tmp = "/tmp";
+    snprintf(tmp_root, sizeof tmp_root, "%s/kvnode-bench-persist-XXXXXX", tmp);
+    if (!mkdtemp(tmp_root)) {
+        fprintf(stderr, "kvnode-bench-persist: mkdtemp %s: %s\n", tmp_root, strerror(errno));
+        return 1;
+    }
+    tmp_owner = getpid();
+    atexit(tmp_cleanup);
+
+    /* Scale the write runs to the disk (a run's store is removed before the
+     * next; recovery's store is gone by then) and to memory (host tier +
+     * buffers). */
+    struct statvfs vfs;
+    uint64_t disk = statvfs(tmp_root, &vfs) == 0 ? (uint64_t)vfs.f_bavail * vfs.f_frsize : 0;
+    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t mem = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    uint64_t want = target;
+    if (disk && target > disk / 3)
+        target = disk / 3;
+    if (mem && target > (mem > (1ull << 30) ? (mem - (1ull << 29)) / 2 : mem / 4))
+        target = mem > (1ull << 30) ? (mem - (1ull << 29)) / 2 : mem / 4;
+    target &= ~((64ull << 20) - 1);   /* whole chains of both block sizes */
+    uint64_t rec_disk = (uint64_t)rec_blocks * 8192u;
+    if (target < (64ull << 20) || (disk && rec_disk > disk / 2)) {
+        fprintf(stderr, "kvnode-bench-persist: not enough room in %s (%.1f GiB disk free, %.1f GiB memory "
+                "available)\n", tmp, (double)disk / (double)(1ull << 30), (double)mem / (double)(1ull << 30));
+        return 1;
+    }
+
+    printf("kvnode-bench-persist: %s, %s, temp dir %s (%.1f GiB free), %ld CPUs\n", kvh_daemon_path(),
+           kvnode_version(), tmp_root, (double)disk / (double)(1ull << 30), sysconf(_SC_NPROCESSORS_ONLN));
+    if (target < want)
+        printf("write runs scaled down to %.2f GiB (disk or memory is small)\n",
+               (double)target / (double)(1ull << 30));
+    printf("\n");
+
+    if (!only || strcmp(only, "recovery") == 0)
+        bench_recovery(rec_blocks);
+    int bad = !only || strcmp(only, "writes") == 0 ? bench_writes(target) : 0;
+    if (bad) {
+        fprintf(stderr, "kvnode-bench-persist: FAILED (see above)\n");
+        return 1;
+    }
+    return 0;
+}
