@@ -795,6 +795,22 @@ char *kvh_read_log(const kvh_daemon *d)
     return kvh_read_file(d->log, NULL);
 }
 
+int kvh_mkdtemp(char *buf, size_t len)
+{
+    const char *tmp = getenv("TMPDIR");
+    int n = kvh_root[0] ? snprintf(buf, len, "%s/t-XXXXXX", kvh_root)
+                        : snprintf(buf, len, "%s/kvnode-it-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (n < 0 || (size_t)n >= len) {
+        kvh_set_error("temporary directory path too long");
+        return -1;
+    }
+    if (!mkdtemp(buf)) {
+        kvh_set_error("mkdtemp %s: %s", buf, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------------- */
 /* layouts, clients, contents */
 

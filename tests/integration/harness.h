@@ -96,6 +96,10 @@ void kvh_destroy(kvh_daemon *d);
 void kvh_print_log(const kvh_daemon *d, const char *why);
 /* Read the whole log into a malloc()ed string (NULL on error). */
 char *kvh_read_log(const kvh_daemon *d);
+/* Make a fresh empty directory (its path into buf) under the harness's
+ * root, so it is removed with everything in it when the program exits: e.g.
+ * a persistent store that outlives one daemon. 0, or -1 with kvh_error(). */
+int  kvh_mkdtemp(char *buf, size_t len);
 /* Read a whole file into a malloc()ed buffer with a '\0' after its *len
  * bytes (len may be NULL). NULL with kvh_error() set on error. */
 char *kvh_read_file(const char *path, size_t *len);

@@ -1,0 +1,955 @@
+/* Integration: persistence to the embedded file store ([persist] backend = file).
+ *
+ * Every test runs its own daemon on a small host tier (4 MiB of 1 MiB slabs
+ * = 64 blocks of 64 KiB), so that eviction starts after a few puts, with the
+ * store in a directory of its own (kvh_mkdtemp) that can outlive a daemon:
+ * - write_through: every committed block is written; blocks evicted from
+ *   memory stay matchable as store-only entries and GET (zero-copy, inline,
+ *   copying) promotes them back byte-exact;
+ * - write_back: nothing is written while the tier stays under the high
+ *   watermark; past it, the victims are written, leave memory and come back
+ *   byte-exact; a graceful stop writes the rest;
+ * - a restarted daemon finds the blocks by its recovery scan;
+ * - a block file corrupted on disk ends a GET's answer before it (never
+ *   wrong bytes), is counted and removed (a bad header already by the
+ *   scan); a file removed behind the daemon's back is a miss;
+ * - a full disk (RLIMIT_FSIZE set on the running daemon) fails the writes,
+ *   not the puts: the store is reported degraded, the daemon keeps serving,
+ *   and writes land again once there is room;
+ * - SIGKILL in the middle of writes leaves no torn block: everything the
+ *   next daemon finds reads back byte-exact, stale temporary files go;
+ * - DELETE removes the store's copies too (a restart does not bring them
+ *   back);
+ * - a store root that cannot be created stops the start with a message
+ *   naming the path. */
+#include <check.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define BB    65536
+#define CHAIN 8
+#define BLK_FILE_SIZE (64 + BB)   /* header + payload (kvs/file.h) */
+/* 64 blocks of 64 KiB; deferred GETs may wait long (a timeout is a failure here). */
+#define TIER  "memory.host_bytes=4MiB\nmemory.slab_bytes=1MiB\nserver.request_timeout=30s\n"
+
+/* Deadlines are for a loaded 2-core machine; valgrind runs (the daemon wrapped
+ * by tests/valgrind-kvnoded.sh) get ten times as long. */
+static int tmo(int ms)
+{
+    const char *v = getenv("KVNODED_REAL");
+    return v && *v ? ms * 10 : ms;
+}
+
+/* ---- daemons on a store -------------------------------------------------------- */
+
+static void new_store(char *dir, size_t len)
+{
+    ck_assert_msg(kvh_mkdtemp(dir, len) == 0, "%s", kvh_error());
+}
+
+/* The config of a daemon on `store` (fsync never: the page cache survives a
+ * killed process, and the tests stay fast) plus `extra` lines. */
+static char *store_config(const char *store, const char *extra)
+{
+    char *cfg = NULL;
+    ck_assert_int_ge(asprintf(&cfg, TIER "persist.backend=file\npersist.path=%s\npersist.fsync=never\n%s",
+                              store, extra ? extra : ""), 0);
+    return cfg;
+}
+
+static void start_on(kvh_daemon *d, const char *store, const char *extra)
+{
+    char *cfg = store_config(store, extra);
+    int rc = kvh_start(d, cfg);
+    free(cfg);
+    ck_assert_msg(rc == 0, "kvnoded did not start: %s", kvh_error());
+}
+
+static json_t *stats(const kvh_daemon *d)
+{
+    json_t *st = kvh_stats(d);
+    ck_assert_msg(st != NULL, "%s", kvh_error());
+    return st;
+}
+
+static long long jint(json_t *st, const char *path)
+{
+    long long v = kvh_json_int(st, path);
+    ck_assert_msg(v >= 0, "%s", kvh_error());
+    return v;
+}
+
+static const char *jstr(json_t *st, const char *path)
+{
+    json_t *v = kvh_json_get(st, path);
+    ck_assert_msg(json_is_string(v), "stats: no string at %s", path);
+    return json_string_value(v);
+}
+
+/* Sum of persist.failures_total.<op>.<kind> over every op and kind. */
+static long long failures(json_t *st)
+{
+    json_t *f = kvh_json_get(st, "persist.failures_total"), *kinds, *v;
+    const char *op, *kind;
+    long long sum = 0;
+    ck_assert_msg(json_is_object(f), "stats: no persist.failures_total");
+    json_object_foreach(f, op, kinds) {
+        json_object_foreach(kinds, kind, v)
+            sum += json_integer_value(v);
+    }
+    return sum;
+}
+
+/* Wait until every store request has completed and background eviction has
+ * stopped (the queue is empty and the eviction counters did not move between
+ * two snapshots 20 ms apart). */
+static void settle(const kvh_daemon *d)
+{
+    uint64_t deadline = kvh_now_ms() + (uint64_t)tmo(10000);
+    long long prev = -1;
+    for (;;) {
+        json_t *st = stats(d);
+        long long q = jint(st, "persist.queue_depth");
+        long long ev = jint(st, "evictions.host.to_store_total") + jint(st, "evictions.host.dropped_total") +
+                       jint(st, "evictions.host.writeback_total") + jint(st, "persist.written_blocks_total");
+        json_decref(st);
+        if (q == 0 && ev == prev)
+            return;
+        prev = q == 0 ? ev : -1;
+        ck_assert_msg(kvh_now_ms() < deadline, "the store queue (%lld) or eviction did not settle", q);
+        kvh_sleep_ms(20);
+    }
+}
+
+/* Wait for the recovery scan to complete; returns the stats then. */
+static json_t *wait_recovery(const kvh_daemon *d)
+{
+    uint64_t deadline = kvh_now_ms() + (uint64_t)tmo(10000);
+    for (;;) {
+        json_t *st = stats(d);
+        if (json_is_true(kvh_json_get(st, "persist.recovery.complete")))
+            return st;
+        /* The scan starts before the daemon answers anything. */
+        ck_assert_msg(json_is_true(kvh_json_get(st, "persist.recovery.running")),
+                      "the recovery scan stopped without completing: %s", jstr(st, "persist.last_error"));
+        json_decref(st);
+        ck_assert_msg(kvh_now_ms() < deadline, "recovery scan not complete within the deadline");
+        kvh_sleep_ms(10);
+    }
+}
+
+static void chain_keys(kvnode_key *keys, uint64_t chain)
+{
+    kvh_chain(keys, CHAIN, chain);
+}
+
+static kvnode_tiers tiers_of(kvnode_client *c, const kvnode_key *keys, size_t n)
+{
+    kvnode_tiers t;
+    memset(&t, 0xff, sizeof t);
+    KVH_OK(c, kvnode_match_tiers(c, keys, n, &t));
+    ck_assert_msg(t.matched == t.hbm + t.host + t.store && t.matched <= n,
+                  "match_tiers: matched %zu = hbm %zu + host %zu + store %zu?", t.matched, t.hbm, t.host,
+                  t.store);
+    return t;
+}
+
+/* How a test reads: kvnode_get_begin in place, kvnode_get_inline, kvnode_get (copies). */
+enum { ZC = 0, INLINE = 1, COPY = 2 };
+static const char *const how_name[] = { "zero-copy", "inline", "copying" };
+
+/* GET the whole chain and check every byte. */
+static void get_chain(kvnode_client *c, uint64_t chain, uint64_t seed, int how)
+{
+    kvnode_key keys[CHAIN];
+    size_t got = 0;
+    chain_keys(keys, chain);
+    int rc = how == ZC ? kvh_get_zc_verify(c, keys, CHAIN, seed, &got)
+                       : kvh_get_verify(c, keys, CHAIN, seed, how == INLINE, &got);
+    ck_assert_msg(rc == 0 && got == CHAIN, "%s GET of chain %" PRIu64 ": rc %d, got %zu of %d: %s",
+                  how_name[how], chain, rc, got, CHAIN, kvh_error());
+}
+
+static void put_chain(kvnode_client *c, uint64_t chain, uint64_t seed)
+{
+    kvnode_key keys[CHAIN];
+    chain_keys(keys, chain);
+    int rc = kvh_put(c, keys, CHAIN, seed);
+    ck_assert_msg(rc == 0, "put of chain %" PRIu64 ": %s", chain, kvh_error());
+}
+
+static long long capacity_blocks(const kvh_daemon *d)
+{
+    long long cap = KVH_STAT(d, "tiers.host.capacity_bytes") / BB;
+    ck_assert_msg(cap >= 32 && cap <= 64, "host tier of %lld blocks for host_bytes=4MiB", cap);
+    return cap;
+}
+
+/* ---- the store on disk ------------------------------------------------------------ */
+
+struct disk {
+    size_t blk, tmp, other;       /* *.blk files, .tmp-* files, other files (.lock, layout) */
+    size_t bad_size;              /* *.blk files whose size is not header + block */
+    int64_t find_key;             /* in: key to look for */
+    char found[PATH_MAX];         /* out: its file ("" when absent) */
+    char any[PATH_MAX];           /* out: some block file ("" when none) */
+};
+static _Thread_local struct disk *disk_cur;
+
+static int disk_visit(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    const char *name = path + ftw->base;
+    size_t n = strlen(name);
+    char want[32];
+    if (flag != FTW_F)
+        return 0;
+    if (strncmp(name, ".tmp-", 5) == 0) {
+        disk_cur->tmp++;
+    } else if (n == 20 && strcmp(name + 16, ".blk") == 0) {
+        disk_cur->blk++;
+        if (!disk_cur->any[0])
+            snprintf(disk_cur->any, sizeof disk_cur->any, "%s", path);
+        if (sb->st_size != BLK_FILE_SIZE)
+            disk_cur->bad_size++;
+        snprintf(want, sizeof want, "%016" PRIx64 ".blk", (uint64_t)disk_cur->find_key);
+        if (strcmp(name, want) == 0)
+            snprintf(disk_cur->found, sizeof disk_cur->found, "%s", path);
+    } else {
+        disk_cur->other++;
+    }
+    return 0;
+}
+
+static struct disk scan_disk(const char *store, int64_t key)
+{
+    struct disk dk;
+    memset(&dk, 0, sizeof dk);
+    dk.find_key = key;
+    disk_cur = &dk;
+    ck_assert_int_eq(nftw(store, disk_visit, 16, FTW_PHYS), 0);
+    disk_cur = NULL;
+    return dk;
+}
+
+static void flip_byte(const char *path, off_t at)
+{
+    unsigned char byte;
+    int fd = open(path, O_RDWR);
+    ck_assert_msg(fd >= 0, "open %s: %s", path, strerror(errno));
+    ck_assert_int_eq(pread(fd, &byte, 1, at), 1);
+    byte ^= 0x40;
+    ck_assert_int_eq(pwrite(fd, &byte, 1, at), 1);
+    close(fd);
+}
+
+/* ---- 1. write_through ---------------------------------------------------------------- */
+
+START_TEST(write_through_round_trip_after_eviction)
+{
+    char store[PATH_MAX];
+    kvh_daemon d;
+    new_store(store, sizeof store);
+    /* The default fsync (batch) here: each block is synced before its rename. */
+    char *cfg = NULL;
+    ck_assert_int_ge(asprintf(&cfg, TIER "persist.backend=file\npersist.path=%s\npersist.policy=write_through\n",
+                              store), 0);
+    KVH_START(&d, cfg);
+    free(cfg);
+    kvnode_layout l = kvh_layout("pf-wt", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &l, &c);
+    long long cap = capacity_blocks(&d);
+    /* One and a half tiers of blocks, a chain per put (each put fits). */
+    const uint64_t nchains = (uint64_t)(cap * 3 / 2) / CHAIN;
+    const long long nblocks = (long long)nchains * CHAIN;
+
+    for (uint64_t ch = 0; ch < nchains; ch++) {
+        put_chain(c, ch, 11);
+        settle(&d);
+    }
+    json_t *st = stats(&d);
+    ck_assert_int_eq(jint(st, "persist.written_blocks_total"), nblocks);
+    ck_assert_int_eq(jint(st, "persist.written_bytes_total"), nblocks * BB);
+    ck_assert_int_le(jint(st, "tiers.host.blocks"), cap);
+    long long ghosts = jint(st, "tiers.store.blocks");
+    ck_assert_msg(ghosts >= nblocks - cap, "%lld blocks put into %lld slots but only %lld are store-only",
+                  nblocks, cap, ghosts);
+    ck_assert_int_eq(jint(st, "evictions.host.to_store_total"), ghosts);
+    ck_assert_int_eq(jint(st, "evictions.host.dropped_total"), 0);
+    json_t *ns = kvh_stats_namespace(st, "pf-wt", 0);
+    ck_assert_msg(ns != NULL, "%s", kvh_error());
+    ck_assert_int_eq(jint(ns, "stored_blocks"), ghosts);
+    ck_assert_int_eq(jint(ns, "blocks") + ghosts, nblocks);
+    ck_assert_str_eq(jstr(st, "persist.state"), "ok");
+    ck_assert_str_eq(jstr(st, "persist.policy"), "write_through");
+    ck_assert_int_eq(failures(st), 0);
+    json_decref(st);
+    struct disk dk = scan_disk(store, 0);
+    ck_assert_int_eq((long long)dk.blk, nblocks);
+    ck_assert_int_eq((long long)dk.bad_size, 0);
+    ck_assert_int_eq((long long)dk.tmp, 0);
+
+    /* The oldest chain is store-only; a fresh one is in memory. */
+    kvnode_key keys[CHAIN];
+    chain_keys(keys, 0);
+    kvnode_tiers t = tiers_of(c, keys, CHAIN);
+    ck_assert_msg(t.matched == CHAIN && t.store == CHAIN && t.host == 0,
+                  "oldest chain: matched %zu, host %zu, store %zu", t.matched, t.host, t.store);
+    chain_keys(keys, nchains - 1);
+    t = tiers_of(c, keys, CHAIN);
+    ck_assert_msg(t.matched == CHAIN && t.host == CHAIN, "newest chain: matched %zu, host %zu, store %zu",
+                  t.matched, t.host, t.store);
+
+    /* Every block reads back byte-exact, zero-copy, inline, then copied. At
+     * most cap of the blocks are in memory when a pass starts: the rest must
+     * be promoted during it. */
+    for (int pass = ZC; pass <= COPY; pass++) {
+        long long p0 = KVH_STAT(&d, "persist.promotions_ok_total");
+        for (uint64_t ch = 0; ch < nchains; ch++)
+            get_chain(c, ch, 11, pass);
+        settle(&d);
+        st = stats(&d);
+        long long promoted = jint(st, "persist.promotions_ok_total") - p0;
+        ck_assert_msg(promoted >= nblocks - cap, "%s pass: %lld promotions for %lld blocks in a %lld-block tier",
+                      how_name[pass], promoted, nblocks, cap);
+        ck_assert_int_eq(jint(st, "persist.promotions_failed_total"), 0);
+        ck_assert_int_eq(jint(st, "persist.read_blocks_total"), jint(st, "persist.promotions_ok_total"));
+        /* Promoted blocks are not written again. */
+        ck_assert_int_eq(jint(st, "persist.written_blocks_total"), nblocks);
+        ck_assert_int_eq(jint(st, "persist.wait_timeouts_total"), 0);
+        ck_assert_int_eq(jint(st, "evictions.host.dropped_total"), 0);
+        ck_assert_int_eq(failures(st), 0);
+        json_decref(st);
+    }
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+}
+END_TEST
+
+/* ---- 2. write_back --------------------------------------------------------------------- */
+
+START_TEST(write_back_writes_victims_only)
+{
+    char store[PATH_MAX];
+    kvh_daemon d;
+    new_store(store, sizeof store);
+    /* Watermarks low enough that a put never has to drop an unwritten block
+     * to make room: the evictor alone (which writes) frees memory. */
+    start_on(&d, store, "persist.policy=write_back\nmemory.high_watermark=0.5\nmemory.low_watermark=0.25\n");
+    kvnode_layout l = kvh_layout("pf-wb", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &l, &c);
+    long long cap = capacity_blocks(&d);
+    const uint64_t under = (uint64_t)(cap * 4 / 10) / CHAIN;   /* 40 %: under the high watermark */
+    const uint64_t nchains = (uint64_t)cap / CHAIN;            /* a full tier's worth in all */
+    ck_assert_uint_ge(under, 1);
+
+    for (uint64_t ch = 0; ch < under; ch++)
+        put_chain(c, ch, 22);
+    settle(&d);
+    kvh_sleep_ms(100);
+    json_t *st = stats(&d);
+    ck_assert_str_eq(jstr(st, "persist.policy"), "write_back");
+    ck_assert_msg(jint(st, "persist.written_blocks_total") == 0 && jint(st, "evictions.host.writeback_total") == 0,
+                  "write_back wrote %lld blocks (%lld write-backs) under the high watermark",
+                  jint(st, "persist.written_blocks_total"), jint(st, "evictions.host.writeback_total"));
+    ck_assert_int_eq(jint(st, "tiers.store.blocks"), 0);
+    ck_assert_int_eq(jint(st, "tiers.host.blocks"), (long long)under * CHAIN);
+    json_decref(st);
+    ck_assert_int_eq((long long)scan_disk(store, 0).blk, 0);
+
+    /* Past the high watermark, a chain at a time. */
+    for (uint64_t ch = under; ch < nchains; ch++) {
+        put_chain(c, ch, 22);
+        settle(&d);
+    }
+    st = stats(&d);
+    long long wb = jint(st, "evictions.host.writeback_total");
+    long long written = jint(st, "persist.written_blocks_total");
+    long long ghosts = jint(st, "tiers.store.blocks");
+    ck_assert_msg(wb > 0 && written == wb, "past the watermark: %lld write-backs, %lld blocks written", wb, written);
+    /* Each victim left memory once its write landed; none was dropped. */
+    ck_assert_int_eq(jint(st, "evictions.host.to_store_total"), written);
+    ck_assert_int_eq(ghosts, written);
+    ck_assert_int_eq(jint(st, "evictions.host.dropped_total"), 0);
+    ck_assert_int_eq(jint(st, "tiers.host.blocks") + ghosts, (long long)nchains * CHAIN);
+    ck_assert_int_le(jint(st, "tiers.host.used_bytes"), (long long)(0.5 * (double)cap) * BB);
+    ck_assert_int_eq(failures(st), 0);
+    json_decref(st);
+    struct disk dk = scan_disk(store, 0);
+    ck_assert_int_eq((long long)dk.blk, written);
+    ck_assert_int_eq((long long)dk.bad_size, 0);
+
+    kvnode_key keys[CHAIN];
+    chain_keys(keys, 0);
+    kvnode_tiers t = tiers_of(c, keys, CHAIN);
+    ck_assert_msg(t.matched == CHAIN && t.store == CHAIN, "oldest chain: matched %zu, host %zu, store %zu",
+                  t.matched, t.host, t.store);
+
+    /* Everything comes back byte-exact, zero-copy then inline. */
+    for (int pass = ZC; pass <= INLINE; pass++) {
+        for (uint64_t ch = 0; ch < nchains; ch++) {
+            get_chain(c, ch, 22, pass);
+            settle(&d);
+        }
+    }
+    st = stats(&d);
+    ck_assert_int_gt(jint(st, "persist.promotions_ok_total"), 0);
+    ck_assert_int_eq(jint(st, "persist.promotions_failed_total"), 0);
+    ck_assert_int_eq(jint(st, "evictions.host.dropped_total"), 0);
+    /* Only write-backs write, and a block read back from the store (it
+     * still holds it) is not written again when evicted again. */
+    ck_assert_int_eq(jint(st, "persist.written_blocks_total"), jint(st, "evictions.host.writeback_total"));
+    ck_assert_int_le(jint(st, "persist.written_blocks_total"), (long long)nchains * CHAIN);
+    ck_assert_int_eq(jint(st, "persist.wait_timeouts_total"), 0);
+    ck_assert_int_eq(failures(st), 0);
+    long long in_memory = jint(st, "tiers.host.blocks");
+    ck_assert_int_gt(in_memory, 0);
+    json_decref(st);
+    kvnode_close(c);
+
+    /* A graceful stop writes what is only in memory: the next daemon has
+     * every block. */
+    KVH_STOP_OK(&d);
+    char *log = kvh_read_log(&d);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "write_back flush") != NULL, "no write_back flush at the stop:\n%s", log);
+    free(log);
+    kvh_daemon b;
+    start_on(&b, store, "persist.policy=write_back\nmemory.high_watermark=0.5\nmemory.low_watermark=0.25\n");
+    st = wait_recovery(&b);
+    ck_assert_int_eq(jint(st, "persist.recovery.indexed"), (long long)nchains * CHAIN);
+    json_decref(st);
+    KVH_CONNECT(&b, &l, &c);
+    for (uint64_t ch = 0; ch < nchains; ch++) {
+        get_chain(c, ch, 22, COPY);
+        settle(&b);
+    }
+    ck_assert_int_eq(KVH_STAT(&b, "persist.written_blocks_total"), 0);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&b);
+    kvh_destroy(&d);
+}
+END_TEST
+
+/* ---- 3. restart -------------------------------------------------------------------------- */
+
+START_TEST(restart_recovers_the_store)
+{
+    char store[PATH_MAX];
+    kvh_daemon a, b;
+    new_store(store, sizeof store);
+    const uint64_t nchains = 5;
+    const long long n = (long long)nchains * CHAIN;
+
+    start_on(&a, store, NULL);
+    kvnode_layout l = kvh_layout("pf-restart", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&a, &l, &c);
+    for (uint64_t ch = 0; ch < nchains; ch++)
+        put_chain(c, ch, 33);
+    ck_assert_msg(kvh_wait_stat(&a, "persist.written_blocks_total", n, tmo(10000), NULL) == 0, "%s", kvh_error());
+    kvnode_close(c);
+    KVH_STOP_OK(&a);
+    ck_assert_int_eq((long long)scan_disk(store, 0).blk, n);
+
+    start_on(&b, store, NULL);
+    json_t *st = wait_recovery(&b);
+    ck_assert_int_eq(jint(st, "persist.recovery.found"), n);
+    ck_assert_int_eq(jint(st, "persist.recovery.indexed"), n);
+    ck_assert_int_eq(jint(st, "persist.recovery.skipped"), 0);
+    ck_assert_int_eq(jint(st, "tiers.store.blocks"), n);
+    ck_assert_int_eq(jint(st, "tiers.host.blocks"), 0);
+    json_t *ns = kvh_stats_namespace(st, "pf-restart", 0);
+    ck_assert_msg(ns != NULL, "the recovered namespace is missing: %s", kvh_error());
+    ck_assert_int_eq(jint(ns, "stored_blocks"), n);
+    json_decref(st);
+
+    KVH_CONNECT(&b, &l, &c);
+    kvnode_key keys[CHAIN];
+    for (uint64_t ch = 0; ch < nchains; ch++) {
+        chain_keys(keys, ch);
+        kvnode_tiers t = tiers_of(c, keys, CHAIN);
+        ck_assert_msg(t.matched == CHAIN && t.store == CHAIN,
+                      "chain %" PRIu64 " after restart: matched %zu, store %zu", ch, t.matched, t.store);
+    }
+    /* Another deployment does not see them. */
+    kvnode_layout other = kvh_layout("pf-restart-other", BB, 1, 0);
+    kvnode_client *o;
+    KVH_CONNECT(&b, &other, &o);
+    chain_keys(keys, 0);
+    ck_assert_int_eq(kvh_match(o, keys, CHAIN), 0);
+    kvnode_close(o);
+
+    for (uint64_t ch = 0; ch < nchains; ch++)
+        get_chain(c, ch, 33, (int)(ch % 3));
+    st = stats(&b);
+    ck_assert_int_eq(jint(st, "persist.promotions_ok_total"), n);
+    ck_assert_int_eq(jint(st, "persist.read_blocks_total"), n);
+    ck_assert_int_eq(jint(st, "tiers.store.blocks"), 0);
+    ck_assert_int_eq(jint(st, "tiers.host.blocks"), n);
+    /* Read back, not written again. */
+    ck_assert_int_eq(jint(st, "persist.written_blocks_total"), 0);
+    ck_assert_int_eq(failures(st), 0);
+    json_decref(st);
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&b);
+    kvh_destroy(&a);
+}
+END_TEST
+
+/* ---- 4. corruption ------------------------------------------------------------------------- */
+
+START_TEST(corrupt_block_ends_the_answer)
+{
+    char store[PATH_MAX];
+    kvh_daemon a, b;
+    new_store(store, sizeof store);
+    const size_t bad = 3;
+
+    start_on(&a, store, NULL);
+    kvnode_layout l = kvh_layout("pf-corrupt", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&a, &l, &c);
+    for (uint64_t ch = 0; ch < 4; ch++)
+        put_chain(c, ch, 44);
+    ck_assert_msg(kvh_wait_stat(&a, "persist.written_blocks_total", 4 * CHAIN, tmo(10000), NULL) == 0, "%s",
+                  kvh_error());
+    kvnode_close(c);
+    KVH_STOP_OK(&a);
+
+    /* Flip one payload byte of chain 0's fourth block and of chain 2's
+     * first, and one header byte (the key) of chain 1's sixth. */
+    kvnode_key keys[CHAIN], keys1[CHAIN], keys2[CHAIN], keys3[CHAIN];
+    chain_keys(keys, 0);
+    chain_keys(keys1, 1);
+    chain_keys(keys2, 2);
+    chain_keys(keys3, 3);
+    struct disk dk = scan_disk(store, keys[bad]);
+    ck_assert_int_eq((long long)dk.blk, 4 * CHAIN);
+    ck_assert_msg(dk.found[0], "no block file for key %016" PRIx64 " under %s", (uint64_t)keys[bad], store);
+    flip_byte(dk.found, 64 + 12345);
+    struct disk dk1 = scan_disk(store, keys1[5]);
+    ck_assert_msg(dk1.found[0], "no block file for key %016" PRIx64 " under %s", (uint64_t)keys1[5], store);
+    flip_byte(dk1.found, 20);
+    struct disk dk2 = scan_disk(store, keys2[0]);
+    ck_assert_msg(dk2.found[0], "no block file for key %016" PRIx64 " under %s", (uint64_t)keys2[0], store);
+    flip_byte(dk2.found, 64 + BB - 1);
+
+    start_on(&b, store, NULL);
+    json_t *st = wait_recovery(&b);
+    /* The scan checks headers only: it drops (and removes) the second file,
+     * the first is found by the read. */
+    ck_assert_int_eq(jint(st, "persist.recovery.indexed"), 4 * CHAIN - 1);
+    json_decref(st);
+    struct stat sb;
+    ck_assert_msg(stat(dk1.found, &sb) < 0 && errno == ENOENT, "the file with a bad header %s is still there",
+                  dk1.found);
+    /* And one block file of chain 3 goes behind the daemon's back. */
+    struct disk dk3 = scan_disk(store, keys3[2]);
+    ck_assert_msg(dk3.found[0] && unlink(dk3.found) == 0, "cannot remove the file of key %016" PRIx64,
+                  (uint64_t)keys3[2]);
+    KVH_CONNECT(&b, &l, &c);
+    ck_assert_int_eq(kvh_match(c, keys, CHAIN), CHAIN);
+    ck_assert_int_eq(kvh_match(c, keys1, CHAIN), 5);
+
+    /* The answer is the prefix before the bad block, byte-exact. */
+    size_t got = 99;
+    int rc = kvh_get_zc_verify(c, keys, CHAIN, 44, &got);
+    ck_assert_msg(rc == 0 && got == bad, "GET over a corrupt block: rc %d, got %zu (want %zu): %s", rc, got, bad,
+                  kvh_error());
+    st = stats(&b);
+    ck_assert_int_eq(jint(st, "persist.failures_total.read.corrupt"), 1);
+    ck_assert_int_eq(failures(st), 1);
+    ck_assert_int_eq(jint(st, "persist.promotions_failed_total"), 1);
+    /* The blocks of the answer, and those after the bad one the GET also promoted. */
+    ck_assert_int_eq(jint(st, "persist.promotions_ok_total"), CHAIN - 1);
+    ck_assert_int_eq(jint(st, "persist.wait_timeouts_total"), 0);
+    /* Corruption is the copy's problem, not the store's health. */
+    ck_assert_str_eq(jstr(st, "persist.state"), "ok");
+    json_decref(st);
+    ck_assert_msg(stat(dk.found, &sb) < 0 && errno == ENOENT, "the corrupt file %s is still there", dk.found);
+    ck_assert_int_eq((long long)scan_disk(store, 0).blk, 4 * CHAIN - 3);
+
+    /* The bad block is gone from the index: the chain ends before it now. */
+    ck_assert_int_eq(kvh_match(c, keys, CHAIN), (long)bad);
+    rc = kvh_get_verify(c, keys, CHAIN, 44, 1, &got);
+    ck_assert_msg(rc == 0 && got == bad, "inline GET: rc %d, got %zu: %s", rc, got, kvh_error());
+    /* The blocks after the gap are intact. */
+    rc = kvh_get_zc_verify(c, keys + bad + 1, CHAIN - bad - 1, 44, &got);
+    ck_assert_msg(rc == 0 && got == CHAIN - bad - 1, "blocks after the bad one: rc %d, got %zu: %s", rc, got,
+                  kvh_error());
+    ck_assert_int_eq(KVH_STAT(&b, "persist.failures_total.read.corrupt"), 1);
+    rc = kvh_get_zc_verify(c, keys1, CHAIN, 44, &got);
+    ck_assert_msg(rc == 0 && got == 5, "chain with a bad header: rc %d, got %zu: %s", rc, got, kvh_error());
+
+    /* A bad first block: an empty answer (and no lease). */
+    rc = kvh_get_zc_verify(c, keys2, CHAIN, 44, &got);
+    ck_assert_msg(rc == 0 && got == 0, "chain with a bad first block: rc %d, got %zu: %s", rc, got, kvh_error());
+    ck_assert_int_eq(kvh_match(c, keys2, CHAIN), 0);
+    ck_assert_int_eq(KVH_STAT(&b, "leases.read"), 0);
+    /* A missing file: the answer ends before it; a miss, not a failure. */
+    rc = kvh_get_verify(c, keys3, CHAIN, 44, 1, &got);
+    ck_assert_msg(rc == 0 && got == 2, "chain with a removed file: rc %d, got %zu: %s", rc, got, kvh_error());
+    ck_assert_int_eq(kvh_match(c, keys3, CHAIN), 2);
+    st = stats(&b);
+    ck_assert_int_eq(jint(st, "persist.failures_total.read.corrupt"), 2);
+    ck_assert_int_eq(failures(st), 2);
+    ck_assert_int_eq(jint(st, "persist.read_misses_total"), 1);
+    ck_assert_int_eq(jint(st, "persist.promotions_failed_total"), 3);
+    ck_assert_str_eq(jstr(st, "persist.state"), "ok");
+    json_decref(st);
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&b);
+    kvh_destroy(&a);
+}
+END_TEST
+
+/* ---- 5. disk full --------------------------------------------------------------------------- */
+
+START_TEST(full_disk_fails_writes_not_puts)
+{
+    char store[PATH_MAX];
+    kvh_daemon d;
+    new_store(store, sizeof store);
+    start_on(&d, store, NULL);
+    /* Files of at most 32 KiB from now on: the layout record (468 bytes)
+     * fits, a block file (64 KiB + 64) does not. (Set on the running daemon:
+     * before exec the limit would also refuse the 4 MiB memfd of its host
+     * arena.) kvnoded ignores SIGXFSZ: the write fails with EFBIG. */
+    struct rlimit fsize, saved;
+    ck_assert_msg(prlimit(d.pid, RLIMIT_FSIZE, NULL, &saved) == 0, "prlimit: %s", strerror(errno));
+    fsize = saved;
+    fsize.rlim_cur = 32 << 10;   /* the soft limit: raising it again needs no privilege */
+    ck_assert_msg(prlimit(d.pid, RLIMIT_FSIZE, &fsize, NULL) == 0, "prlimit: %s", strerror(errno));
+    kvnode_layout l = kvh_layout("pf-full", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &l, &c);
+    long long cap = capacity_blocks(&d);
+
+    put_chain(c, 0, 55);
+    /* The first failure makes the state degraded (a health probe 2 s later
+     * may find the directory fine again: look at the first snapshot). */
+    uint64_t deadline = kvh_now_ms() + (uint64_t)tmo(10000);
+    json_t *st;
+    for (;;) {
+        st = stats(&d);
+        if (jint(st, "persist.failures_total.write.nospace") > 0)
+            break;
+        json_decref(st);
+        ck_assert_msg(kvh_now_ms() < deadline, "no write failure within the deadline");
+        kvh_sleep_ms(5);
+    }
+    ck_assert_str_eq(jstr(st, "persist.state"), "degraded");
+    const char *why = jstr(st, "persist.last_error");
+    ck_assert_msg(strstr(why, "File too large") != NULL, "last_error: %s", why);
+    json_decref(st);
+    settle(&d);
+    st = stats(&d);
+    ck_assert_int_eq(jint(st, "persist.failures_total.write.nospace"), CHAIN);
+    ck_assert_int_eq(failures(st), CHAIN);
+    ck_assert_int_eq(jint(st, "persist.written_blocks_total"), 0);
+    json_decref(st);
+
+    /* The puts succeeded in memory: served byte-exact. */
+    get_chain(c, 0, 55, ZC);
+    get_chain(c, 0, 55, INLINE);
+    KVH_OK(c, kvnode_ping(c));
+
+    /* More than the tier holds: eviction drops what the store could not take. */
+    const uint64_t nchains = (uint64_t)(cap * 3 / 2) / CHAIN;
+    for (uint64_t ch = 1; ch < nchains; ch++) {
+        put_chain(c, ch, 55);
+        settle(&d);   /* a block is pinned until its (failing) write is back */
+    }
+    st = stats(&d);
+    ck_assert_int_gt(jint(st, "evictions.host.dropped_total"), 0);
+    ck_assert_int_eq(jint(st, "evictions.host.to_store_total"), 0);
+    ck_assert_int_eq(jint(st, "tiers.store.blocks"), 0);
+    ck_assert_int_eq(jint(st, "persist.failures_total.write.nospace"), (long long)nchains * CHAIN);
+    ck_assert_int_eq(jint(st, "persist.written_blocks_total"), 0);
+    json_decref(st);
+    get_chain(c, nchains - 1, 55, ZC);
+    KVH_OK(c, kvnode_ping(c));
+    /* No partial block and no temporary file was left behind. */
+    struct disk dk = scan_disk(store, 0);
+    ck_assert_int_eq((long long)dk.blk, 0);
+    ck_assert_int_eq((long long)dk.tmp, 0);
+    char *log = kvh_read_log(&d);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "degraded") != NULL, "the log does not say the store is degraded:\n%s", log);
+    free(log);
+
+    /* Room again: the next writes land and the store is ok again. */
+    ck_assert_msg(prlimit(d.pid, RLIMIT_FSIZE, &saved, NULL) == 0, "prlimit: %s", strerror(errno));
+    put_chain(c, nchains, 55);
+    settle(&d);
+    st = stats(&d);
+    ck_assert_int_eq(jint(st, "persist.written_blocks_total"), CHAIN);
+    ck_assert_str_eq(jstr(st, "persist.state"), "ok");
+    ck_assert_str_eq(jstr(st, "persist.last_error"), "");
+    json_decref(st);
+    ck_assert_int_eq((long long)scan_disk(store, 0).blk, CHAIN);
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+}
+END_TEST
+
+/* ---- 6. SIGKILL during writes ------------------------------------------------------------------- */
+
+struct writer {
+    const kvh_daemon *d;
+    atomic_ullong chains;         /* chains attempted (the last may be partial) */
+    atomic_bool stop;
+    int last_rc;
+};
+
+static void *writer_main(void *arg)
+{
+    struct writer *w = arg;
+    kvnode_layout l = kvh_layout("pf-kill", BB, 1, 0);
+    kvnode_client *c;
+    if (kvh_connect(w->d, &l, &c) != 0) {
+        w->last_rc = -1;
+        return NULL;
+    }
+    for (uint64_t ch = 0; ch < 100000 && !atomic_load(&w->stop);) {
+        kvnode_key keys[CHAIN];
+        chain_keys(keys, ch);
+        atomic_store(&w->chains, ch + 1);
+        int rc = kvh_put(c, keys, CHAIN, 66);
+        if (rc == -KVNODE_ENOSPC) {   /* every slot waits for its write: retry */
+            kvh_sleep_ms(1);
+            continue;
+        }
+        if (rc != 0) {
+            w->last_rc = rc;
+            break;
+        }
+        ch++;
+    }
+    kvnode_close(c);
+    return NULL;
+}
+
+START_TEST(sigkill_during_writes_leaves_no_torn_block)
+{
+    char store[PATH_MAX];
+    kvh_daemon a, b;
+    new_store(store, sizeof store);
+
+    start_on(&a, store, NULL);
+    struct writer w = { .d = &a };
+    pthread_t tid;
+    ck_assert_int_eq(pthread_create(&tid, NULL, writer_main, &w), 0);
+    long long written = 0;
+    uint64_t deadline = kvh_now_ms() + (uint64_t)tmo(20000);
+    while ((written = kvh_stat(&a, "persist.written_blocks_total")) < 200) {
+        ck_assert_msg(written >= 0, "%s", kvh_error());
+        ck_assert_msg(kvh_now_ms() < deadline, "only %lld blocks written", written);
+        kvh_sleep_ms(2);
+    }
+    int st_kill = kvh_kill(&a, SIGKILL);
+    atomic_store(&w.stop, true);
+    pthread_join(tid, NULL);
+    ck_assert_int_eq(st_kill, KVH_EXIT_SIGNAL_BASE + SIGKILL);
+    uint64_t attempted = atomic_load(&w.chains);
+
+    /* Whatever is on disk is whole: every block file has its full size. */
+    struct disk dk = scan_disk(store, 0);
+    ck_assert_int_ge((long long)dk.blk, written);
+    ck_assert_int_eq((long long)dk.bad_size, 0);
+    fprintf(stderr, "sigkill: %" PRIu64 " chains attempted, %lld blocks written before the kill, %zu block "
+            "files and %zu temporary files on disk\n", attempted, written, dk.blk, dk.tmp);
+    /* Plus a stale temporary file for sure: a whole copy of a block, as a
+     * dead writer would leave just before its rename. */
+    ck_assert_msg(dk.any[0], "no block file under %s", store);
+    size_t blen = 0;
+    char *blk = kvh_read_file(dk.any, &blen);
+    ck_assert_msg(blk != NULL && blen == BLK_FILE_SIZE, "%s", kvh_error());
+    char tmp[PATH_MAX + 64];
+    snprintf(tmp, sizeof tmp, "%s", dk.any);
+    snprintf(strrchr(tmp, '/'), sizeof tmp - (size_t)(strrchr(tmp, '/') - tmp), "/.tmp-00000000deadbeef-0-1");
+    FILE *f = fopen(tmp, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(blk, 1, blen, f), blen);
+    ck_assert_int_eq(fclose(f), 0);
+    free(blk);
+    ck_assert_uint_ge(scan_disk(store, 0).tmp, 1);
+
+    start_on(&b, store, NULL);
+    json_t *st = wait_recovery(&b);
+    long long found = jint(st, "persist.recovery.found");
+    ck_assert_int_eq(found, (long long)dk.blk);
+    ck_assert_int_eq(jint(st, "persist.recovery.indexed"), found);
+    json_decref(st);
+    /* The scan removed the dead daemon's temporary files. */
+    struct disk after = scan_disk(store, 0);
+    ck_assert_int_eq((long long)after.tmp, 0);
+    ck_assert_int_eq((long long)after.blk, (long long)dk.blk);
+
+    /* Every block the new daemon knows is one that was put, and reads back
+     * byte-exact; every chain's matched prefix does too. */
+    kvnode_layout l = kvh_layout("pf-kill", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&b, &l, &c);
+    long long known = 0;
+    for (uint64_t ch = 0; ch < attempted; ch++) {
+        kvnode_key keys[CHAIN];
+        size_t got;
+        chain_keys(keys, ch);
+        long m = kvh_match(c, keys, CHAIN);
+        ck_assert_msg(m >= 0, "%s", kvh_error());
+        if (m > 0) {
+            int rc = kvh_get_zc_verify(c, keys, (size_t)m, 66, &got);
+            ck_assert_msg(rc == 0 && got == (size_t)m, "chain %" PRIu64 " (match %ld): rc %d got %zu: %s", ch, m,
+                          rc, got, kvh_error());
+        }
+        for (size_t i = 0; i < CHAIN; i++) {
+            if (kvh_match(c, &keys[i], 1) != 1)
+                continue;
+            known++;
+            int rc = kvh_get_verify(c, &keys[i], 1, 66, 1, &got);
+            ck_assert_msg(rc == 0 && got == 1, "chain %" PRIu64 " block %zu: rc %d got %zu: %s", ch, i, rc, got,
+                          kvh_error());
+        }
+    }
+    ck_assert_int_eq(known, found);
+    st = stats(&b);
+    ck_assert_int_eq(failures(st), 0);
+    ck_assert_int_eq(jint(st, "persist.promotions_failed_total"), 0);
+    ck_assert_int_eq(jint(st, "persist.wait_timeouts_total"), 0);
+    json_decref(st);
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&b);
+    kvh_destroy(&a);
+}
+END_TEST
+
+/* ---- 7. delete -------------------------------------------------------------------------------- */
+
+START_TEST(delete_removes_the_stored_copy)
+{
+    char store[PATH_MAX];
+    kvh_daemon a, b;
+    new_store(store, sizeof store);
+
+    start_on(&a, store, NULL);
+    kvnode_layout l = kvh_layout("pf-del", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&a, &l, &c);
+    long long cap = capacity_blocks(&a);
+    const uint64_t nchains = (uint64_t)(cap * 5 / 4) / CHAIN;
+    for (uint64_t ch = 0; ch < nchains; ch++) {
+        put_chain(c, ch, 77);
+        settle(&a);
+    }
+    ck_assert_int_eq(KVH_STAT(&a, "persist.written_blocks_total"), (long long)nchains * CHAIN);
+    /* The oldest chain is store-only, the newest in memory: delete both. */
+    kvnode_key k0[CHAIN], kn[CHAIN];
+    chain_keys(k0, 0);
+    chain_keys(kn, nchains - 1);
+    ck_assert_int_eq(tiers_of(c, k0, CHAIN).store, CHAIN);
+    ck_assert_int_eq(tiers_of(c, kn, CHAIN).host, CHAIN);
+    size_t deleted = 0;
+    KVH_OK(c, kvnode_delete(c, k0, CHAIN, &deleted));
+    ck_assert_uint_eq(deleted, CHAIN);
+    KVH_OK(c, kvnode_delete(c, kn, CHAIN, &deleted));
+    ck_assert_uint_eq(deleted, CHAIN);
+    ck_assert_msg(kvh_wait_stat(&a, "persist.deleted_keys_total", 2 * CHAIN, tmo(10000), NULL) == 0, "%s",
+                  kvh_error());
+    ck_assert_int_eq(kvh_match(c, k0, CHAIN), 0);
+    ck_assert_int_eq(kvh_match(c, kn, CHAIN), 0);
+    ck_assert_int_eq((long long)scan_disk(store, 0).blk, (long long)(nchains - 2) * CHAIN);
+    kvnode_close(c);
+    KVH_STOP_OK(&a);
+
+    start_on(&b, store, NULL);
+    json_t *st = wait_recovery(&b);
+    ck_assert_int_eq(jint(st, "persist.recovery.indexed"), (long long)(nchains - 2) * CHAIN);
+    json_decref(st);
+    KVH_CONNECT(&b, &l, &c);
+    ck_assert_int_eq(kvh_match(c, k0, CHAIN), 0);
+    ck_assert_int_eq(kvh_match(c, kn, CHAIN), 0);
+    size_t got = 99;
+    ck_assert_int_eq(kvh_get_zc_verify(c, k0, CHAIN, 77, &got), 0);
+    ck_assert_uint_eq(got, 0);
+    /* The chains that were not deleted are still there. */
+    get_chain(c, 1, 77, ZC);
+    get_chain(c, nchains - 2, 77, INLINE);
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&b);
+    kvh_destroy(&a);
+}
+END_TEST
+
+/* ---- 8. unusable root ------------------------------------------------------------------------- */
+
+static void expect_start_failure(const char *path, const char *what)
+{
+    kvh_daemon d;
+    char *cfg = store_config(path, NULL);
+    int rc = kvh_spawn(&d, cfg);
+    free(cfg);
+    ck_assert_msg(rc == 0, "%s", kvh_error());
+    int st = kvh_wait_exit(&d, tmo(10000));
+    char *log = kvh_read_log(&d);
+    ck_assert_ptr_nonnull(log);
+    /* 1: a start that failed (99 would be valgrind's verdict on that path). */
+    ck_assert_msg(st == 1, "kvnoded with persist.path %s (%s): status %d, expected exit status 1; log:\n%s", path,
+                  what, st, log);
+    ck_assert_msg(strstr(log, path) != NULL, "the log does not name %s:\n%s", path, log);
+    ck_assert_msg(strstr(log, "persist") != NULL, "the log does not name [persist]:\n%s", log);
+    free(log);
+    kvh_destroy(&d);
+}
+
+START_TEST(unusable_store_root_fails_the_start)
+{
+    char dir[PATH_MAX], file[PATH_MAX + 16], below[PATH_MAX + 32];
+    new_store(dir, sizeof dir);
+    snprintf(file, sizeof file, "%s/plain", dir);
+    snprintf(below, sizeof below, "%s/store", file);
+    int fd = open(file, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    expect_start_failure(below, "under a regular file");
+    expect_start_failure(file, "a regular file");
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *const tests[] = {
+        write_through_round_trip_after_eviction,
+        write_back_writes_victims_only,
+        restart_recovers_the_store,
+        corrupt_block_ends_the_answer,
+        full_disk_fails_writes_not_puts,
+        sigkill_during_writes_leaves_no_torn_block,
+        delete_removes_the_stored_copy,
+        unusable_store_root_fails_the_start,
+    };
+    return kvh_run_suite("daemon_persist_file", "persist_file", 30, tests, sizeof tests / sizeof tests[0]);
+}
