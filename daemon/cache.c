@@ -24,6 +24,12 @@
  * neither holds the loop for long. */
 #define EVICT_BATCH 256u
 #define REAP_BATCH 1024u
+/* A block stays pinned while it is written to the store (its slot is read
+ * by a worker), so writes in flight may pin at most this fraction of the
+ * host tier: the rest stays evictable and a burst of puts never fails for
+ * want of room. A write-through block over the budget is written when the
+ * evictor picks it instead (like write_back), and counted. */
+#define WRITE_PIN_FRACTION 0.5
 
 struct cache {
     struct event_base *base;
@@ -44,6 +50,7 @@ struct cache {
     struct persist *persist;    /* NULL: no store */
     uint64_t ghosts;            /* entries only in the store (incl. promoting) */
     uint64_t evicting_bytes;    /* write-back victims whose write is in flight */
+    uint64_t writing_bytes;     /* blocks pinned by any write in flight */
 
     struct event *evict_ev;
     bool evict_scheduled;
@@ -56,6 +63,7 @@ struct cache {
     uint64_t sealed_total;
     uint64_t evicted_to_store;  /* memory freed, the store's copy kept as a ghost */
     uint64_t writeback_started; /* write-back victims handed to the store */
+    uint64_t writes_deferred;   /* write-through writes put off to eviction (pin budget) */
     uint64_t promotions, promotions_ok, promotions_failed;
     uint64_t lookups, lookup_found;
     uint64_t waits, wait_timeouts;
@@ -404,6 +412,13 @@ static void cache_pin(struct cache *c, index_entry *e)
 
 static bool cache_over(const struct cache *c, double watermark);
 
+static void cache_evict_maybe_schedule(struct cache *c);
+
+static bool cache_write_budget(const struct cache *c, uint64_t bytes)
+{
+    return (double)(c->writing_bytes + bytes) <= WRITE_PIN_FRACTION * (double)arena_size(c->host);
+}
+
 static void cache_write_done(void *arg, int rc)
 {
     struct cache_write *w = arg;
@@ -411,8 +426,9 @@ static void cache_write_done(void *arg, int rc)
     index_entry *e = w->e;
     bool detached = e->detached, evict = e->evicting;
 
+    uint64_t bb = w->ns->layout.block_bytes;
+    c->writing_bytes -= c->writing_bytes >= bb ? bb : c->writing_bytes;
     if (evict) {
-        uint64_t bb = w->ns->layout.block_bytes;
         c->evicting_bytes -= c->evicting_bytes >= bb ? bb : c->evicting_bytes;
         e->evicting = 0;
     }
@@ -435,6 +451,8 @@ static void cache_write_done(void *arg, int rc)
         }
     }
     free(w);
+    /* The evictor may have paused for the write budget. */
+    cache_evict_maybe_schedule(c);
 }
 
 /* Hand a SEALED block to the store; the entry is pinned until the write
@@ -462,6 +480,7 @@ static int cache_write_submit(struct cache *c, index_entry *e, bool evicting)
     }
     e->persist = PERSIST_WRITING;
     cache_pin(c, e);
+    c->writing_bytes += ns->layout.block_bytes;
     if (evicting) {
         e->evicting = 1;
         c->evicting_bytes += ns->layout.block_bytes;
@@ -512,9 +531,14 @@ static void cache_evict_cb(evutil_socket_t fd, short what, void *arg)
         index_entry *victim = index_lru_oldest_in_arena(c->index, arena_id(c->host));
         if (!victim)
             return;
-        if (c->persist && c->policy == CONFIG_POLICY_WRITE_BACK && victim->persist == PERSIST_NONE &&
-            cache_write_submit(c, victim, true) == 0)
-            continue;
+        if (c->persist && c->policy != CONFIG_POLICY_OFF && victim->persist == PERSIST_NONE) {
+            /* Over the write budget: wait for writes to land (each one
+             * schedules the evictor again) rather than drop the block. */
+            if (!cache_write_budget(c, ns_block_bytes(c, victim->ns)))
+                return;
+            if (cache_write_submit(c, victim, true) == 0)
+                continue;
+        }
         cache_evict_entry(c, victim);
     }
     if (cache_over_after_writeback(c, c->low_watermark)) {
@@ -1250,8 +1274,9 @@ nospace: {
         struct arena_stats st;
         arena_get_stats(c->host, &st);
         errmsg_set(err, errlen, "host tier full: cannot reserve %zu blocks of %" PRIu64 " bytes "
-             "(%" PRIu64 " of %" PRIu64 " bytes in use, the rest pinned by readers or "
-             "reserved by writers)", need, ns->layout.block_bytes, st.used_bytes, st.capacity);
+             "(%" PRIu64 " of %" PRIu64 " bytes in use, the rest pinned by readers, "
+             "reserved by writers or being written to the persistent store)", need,
+             ns->layout.block_bytes, st.used_bytes, st.capacity);
         rc = -KVNODE_ENOSPC;
     }
 undo:
@@ -1321,8 +1346,12 @@ static uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
             c->sealed_total++;
             count++;
             if (c->persist && c->policy == CONFIG_POLICY_WRITE_THROUGH &&
-                e->persist == PERSIST_NONE)
-                cache_write_submit(c, e, false);
+                e->persist == PERSIST_NONE) {
+                if (cache_write_budget(c, bytes))
+                    cache_write_submit(c, e, false);
+                else
+                    c->writes_deferred++;
+            }
         }
     } else {
         kv_namespace *ns = ns_get(c->namespaces, l->ns);
@@ -1567,6 +1596,7 @@ static void cache_persist_stats_json(struct cache *c, json_t *root)
         json_object_set_new(fail, persist_op_name(op), kinds);
     }
     json_object_set_new(o, "failures_total", fail);
+    json_object_set_new(o, "writes_deferred_total", json_u(c->writes_deferred));
     json_object_set_new(o, "promotions_total", json_u(c->promotions));
     json_object_set_new(o, "promotions_ok_total", json_u(c->promotions_ok));
     json_object_set_new(o, "promotions_failed_total", json_u(c->promotions_failed));
