@@ -51,6 +51,8 @@ struct cache {
     uint64_t ghosts;            /* entries only in the store (incl. promoting) */
     uint64_t evicting_bytes;    /* write-back victims whose write is in flight */
     uint64_t writing_bytes;     /* blocks pinned by any write in flight */
+    /* write-through blocks the budget put off, oldest first */
+    struct cache_deferred *deferred_head, *deferred_tail;
 
     struct event *evict_ev;
     bool evict_scheduled;
@@ -63,12 +65,21 @@ struct cache {
     uint64_t sealed_total;
     uint64_t evicted_to_store;  /* memory freed, the store's copy kept as a ghost */
     uint64_t writeback_started; /* write-back victims handed to the store */
-    uint64_t writes_deferred;   /* write-through writes put off to eviction (pin budget) */
+    uint64_t writes_deferred;   /* write-through writes put off (pin budget) */
     uint64_t promotions, promotions_ok, promotions_failed;
     uint64_t lookups, lookup_found;
     uint64_t waits, wait_timeouts;
     uint64_t recovered, recovery_skipped;
     struct metrics_keys keys;   /* match/get lookups: matched, missed by reason */
+};
+
+/* A write-through block the write budget put off: written as soon as
+ * earlier writes land (or by the evictor, whichever comes first). By key:
+ * the entry may be evicted, deleted or replaced meanwhile. */
+struct cache_deferred {
+    uint32_t ns;
+    int64_t key;
+    struct cache_deferred *next;
 };
 
 /* A MATCH or GET whose answer waits for the store (see cache.h). Built on
@@ -199,6 +210,11 @@ void cache_destroy(struct cache *c)
         event_free(c->evict_ev);
     if (c->reap_ev)
         event_free(c->reap_ev);
+    while (c->deferred_head) {
+        struct cache_deferred *d = c->deferred_head;
+        c->deferred_head = d->next;
+        free(d);
+    }
     if (c->leases)
         lease_table_destroy(c->leases);
     if (c->index)
@@ -419,6 +435,47 @@ static bool cache_write_budget(const struct cache *c, uint64_t bytes)
     return (double)(c->writing_bytes + bytes) <= WRITE_PIN_FRACTION * (double)arena_size(c->host);
 }
 
+static int cache_write_submit(struct cache *c, index_entry *e, bool evicting);
+
+/* Remember a write-through block the budget put off (without memory for
+ * that, only the evictor writes it). */
+static void cache_write_defer(struct cache *c, const index_entry *e)
+{
+    struct cache_deferred *d = malloc(sizeof *d);
+
+    c->writes_deferred++;
+    if (!d)
+        return;
+    d->ns = e->ns;
+    d->key = e->key;
+    d->next = NULL;
+    if (c->deferred_tail)
+        c->deferred_tail->next = d;
+    else
+        c->deferred_head = d;
+    c->deferred_tail = d;
+}
+
+/* Write the put-off blocks the budget has room for now, oldest first; those
+ * that were evicted (and written), deleted or replaced meanwhile are skipped. */
+static void cache_write_deferred(struct cache *c)
+{
+    while (c->deferred_head) {
+        struct cache_deferred *d = c->deferred_head;
+        index_entry *e = index_lookup(c->index, d->ns, d->key);
+        bool want = c->persist && c->policy == CONFIG_POLICY_WRITE_THROUGH && e &&
+                    e->state == ENTRY_SEALED && e->persist == PERSIST_NONE;
+        if (want && !cache_write_budget(c, ns_block_bytes(c, e->ns)))
+            return;   /* the next write to land tries again */
+        c->deferred_head = d->next;
+        if (!c->deferred_head)
+            c->deferred_tail = NULL;
+        free(d);
+        if (want)
+            cache_write_submit(c, e, false);
+    }
+}
+
 static void cache_write_done(void *arg, int rc)
 {
     struct cache_write *w = arg;
@@ -451,7 +508,9 @@ static void cache_write_done(void *arg, int rc)
         }
     }
     free(w);
-    /* The evictor may have paused for the write budget. */
+    /* Put-off write-through blocks go first; the evictor may have paused for
+     * the write budget too. */
+    cache_write_deferred(c);
     cache_evict_maybe_schedule(c);
 }
 
@@ -1350,7 +1409,7 @@ static uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
                 if (cache_write_budget(c, bytes))
                     cache_write_submit(c, e, false);
                 else
-                    c->writes_deferred++;
+                    cache_write_defer(c, e);
             }
         }
     } else {

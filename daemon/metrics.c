@@ -257,8 +257,8 @@ static void render_persist(struct evbuffer *out, json_t *doc)
     sample_u(out, "kvnode_persist_bytes_total", L("op", "write"), doc_u(p, "written_bytes_total", NULL, NULL));
     sample_u(out, "kvnode_persist_bytes_total", L("op", "read"), doc_u(p, "read_bytes_total", NULL, NULL));
     family(out, "kvnode_persist_writes_deferred_total", "counter",
-           "write_through writes put off until eviction because writes in flight already pin half "
-           "of the host tier.");
+           "write_through writes put off (written when earlier writes land, or at eviction) because "
+           "writes in flight already pin half of the host tier.");
     sample_u(out, "kvnode_persist_writes_deferred_total", NULL, doc_u(p, "writes_deferred_total", NULL, NULL));
     family(out, "kvnode_persist_read_misses_total", "counter", "Store reads that found no block.");
     sample_u(out, "kvnode_persist_read_misses_total", NULL, doc_u(p, "read_misses_total", NULL, NULL));

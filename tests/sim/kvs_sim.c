@@ -32,7 +32,10 @@
  *     --in-order.
  *
  * Usage: kvs-sim --socket PATH [--http 127.0.0.1:0] [--arena-bytes N] [--fail-health]
- *                [--delay-ms N] [--garbage] [--max-lease-s S] [--in-order] [--lax-seal]
+ *                [--delay-ms N [--delay-only ROUTE]] [--garbage] [--max-lease-s S]
+ *                [--in-order] [--lax-seal]
+ * --delay-ms holds every control call that long before handling it; with
+ * --delay-only only calls to ROUTE (e.g. /acquire) are held.
  * Prints "http=HOST:PORT" and "socket=PATH" on stdout once both listeners are bound.
  * SIGTERM/SIGINT: clean exit 0. */
 #include <errno.h>
@@ -118,6 +121,7 @@ static struct {
     uint64_t    arena_bytes;
     bool        fail_health, garbage, in_order, lax_seal;
     unsigned    delay_ms;
+    const char *delay_only;      /* NULL: every route is delayed */
     double      max_lease_s;
     /* runtime */
     struct event_base     *base;
@@ -782,7 +786,9 @@ static void delayed_cb(evutil_socket_t fd, short what, void *arg)
 static void http_cb(struct evhttp_request *req, void *arg)
 {
     (void)arg;
-    if (S.delay_ms == 0) {
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+    const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+    if (S.delay_ms == 0 || (S.delay_only && (!path || strcmp(path, S.delay_only) != 0))) {
         handle(req);
         return;
     }
@@ -995,8 +1001,8 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: kvs-sim --socket PATH [--http HOST:PORT] [--arena-bytes N]\n"
-            "               [--fail-health] [--delay-ms N] [--garbage] [--max-lease-s S]\n"
-            "               [--in-order] [--lax-seal]\n");
+            "               [--fail-health] [--delay-ms N [--delay-only ROUTE]] [--garbage]\n"
+            "               [--max-lease-s S] [--in-order] [--lax-seal]\n");
 }
 
 static bool parse_u64(const char *s, uint64_t *out)
@@ -1020,6 +1026,7 @@ static int parse_args(int argc, char **argv)
         { "arena-bytes", required_argument, NULL, 'a' },
         { "fail-health", no_argument,       NULL, 'f' },
         { "delay-ms",    required_argument, NULL, 'd' },
+        { "delay-only",  required_argument, NULL, 'D' },
         { "garbage",     no_argument,       NULL, 'g' },
         { "max-lease-s", required_argument, NULL, 'm' },
         { "in-order",    no_argument,       NULL, 'o' },
@@ -1049,6 +1056,7 @@ static int parse_args(int argc, char **argv)
             }
             S.delay_ms = (unsigned)v;
             break;
+        case 'D': S.delay_only = optarg; break;
         case 'g': S.garbage = true; break;
         case 'm': {
             char *end;

@@ -1,0 +1,965 @@
+/* Integration: a real kvnoded persisting to the v6d backend, against the KVS
+ * protocol simulator (tests/sim/kvs_sim.c, $KVS_SIM, started through
+ * simctl.h), with a small host tier (4 MiB of 1 MiB slabs = 64 blocks of
+ * 64 KiB) so that evictions are easy to cause:
+ *
+ * - write_through and write_back: blocks evicted from memory stay matchable
+ *   (in the store tier) and come back byte-exact through GET (promotions);
+ * - a burst of write-through puts over the write budget: every block is
+ *   written without any eviction, and found after a restart;
+ * - restart: new daemons against the same store find the blocks through
+ *   lookups (MATCH, and GET of keys no MATCH asked about; a 200-key chain
+ *   the store is asked about in chunks); a write_back daemon writes what the
+ *   store lacks when it stops;
+ * - a store that is down at start: puts work in memory, the state is
+ *   degraded, and once the store comes up the state turns ok and new puts
+ *   are written;
+ * - a store that goes down mid-run and comes back empty: writes fail and are
+ *   counted, memory keeps serving, ghosts cannot be read but stay; then
+ *   writes succeed again and the ghosts the store lost are forgotten;
+ * - a slow store: the loop stays responsive (PING), a GET of ghosts and a
+ *   MATCH that needs a lookup answer after server.request_timeout with what
+ *   is ready, a client that gives up while waiting does no harm;
+ * - a store that answers garbage: protocol failures, no wrong bytes, the
+ *   daemon keeps serving;
+ * - a worker stuck in a store call (the simulator holds /acquire 13 s) turns
+ *   /readyz not-ready (naming it) and kvnode_worker_up 0 while /healthz stays
+ *   ok, and ready again once the call returns.
+ *
+ * Runs in about 35 s (the slow store and the stuck worker take 13 s each).
+ * Only built with V6D=1 (the Makefile leaves it out otherwise). */
+#include <check.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvh_http.h"
+#include "../sim/simctl.h"
+
+#define BB          (64u << 10)
+#define SMALL_TIER  "memory.host_bytes=4MiB\nmemory.slab_bytes=1MiB\n"
+#define LONG_CHAIN  200
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+/* A daemon configuration for the simulator s (its URL and socket) plus extra. */
+static void v6d_conf(char *buf, size_t len, const struct simctl *s, const char *extra)
+{
+    int w = snprintf(buf, len,
+                     SMALL_TIER
+                     "persist.backend=v6d\n"
+                     "persist.url=%s\n"
+                     "persist.socket_path=%s\n"
+                     "persist.connect_timeout=500ms\n"
+                     "%s",
+                     s->base, s->sock, extra ? extra : "");
+    ck_assert(w > 0 && (size_t)w < len);
+}
+
+static void sim_start(struct simctl *s, const char *const *extra)
+{
+    struct simctl_opts o = { .dir_prefix = "kvnode-v6d", .extra = extra,
+                             .valgrind = simctl_under_valgrind() };
+    simctl_start(s, &o);
+}
+
+/* Start the simulator again on the same socket path and HTTP address. */
+static void sim_restart(struct simctl *s)
+{
+    char addr[64];
+    snprintf(addr, sizeof addr, "%s", s->http);
+    struct simctl_opts o = { .keep_dir = true, .http_addr = addr,
+                             .valgrind = simctl_under_valgrind() };
+    simctl_start(s, &o);
+    ck_assert_str_eq(s->http, addr);
+}
+
+/* A loopback TCP port nobody listens on (bound, read, closed). */
+static unsigned free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert(fd >= 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t al = sizeof a;
+    ck_assert(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    ck_assert(getsockname(fd, (struct sockaddr *)&a, &al) == 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* One integer of the stats (a function, so assertion messages stay readable). */
+static long long stat_int(const kvh_daemon *d, const char *path)
+{
+    return KVH_STAT(d, path);
+}
+
+static json_t *stats(const kvh_daemon *d)
+{
+    json_t *st = kvh_stats(d);
+    ck_assert_msg(st != NULL, "stats: %s", kvh_error());
+    return st;
+}
+
+/* persist.state ("ok", "degraded", ...), a static copy. */
+static const char *pstate(const kvh_daemon *d)
+{
+    static char buf[32];
+    json_t *st = stats(d);
+    const char *v = json_string_value(kvh_json_get(st, "persist.state"));
+    ck_assert_msg(v != NULL, "stats have no persist.state");
+    snprintf(buf, sizeof buf, "%s", v);
+    json_decref(st);
+    return buf;
+}
+
+static char *plast_error(const kvh_daemon *d)
+{
+    json_t *st = stats(d);
+    const char *v = json_string_value(kvh_json_get(st, "persist.last_error"));
+    ck_assert_msg(v != NULL, "stats have no persist.last_error");
+    char *copy = strdup(v);
+    json_decref(st);
+    return copy;
+}
+
+/* Failures of one op, summed over every kind. */
+static long long pfail_op(const kvh_daemon *d, const char *op)
+{
+    char path[128];
+    snprintf(path, sizeof path, "persist.failures_total.%s", op);
+    json_t *st = stats(d);
+    json_t *kinds = kvh_json_get(st, path);
+    ck_assert_msg(json_is_object(kinds), "stats have no %s", path);
+    long long sum = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(kinds, k, v) {
+        ck_assert_msg(json_is_integer(v), "%s.%s is not an integer", path, k);
+        sum += json_integer_value(v);
+    }
+    json_decref(st);
+    return sum;
+}
+
+/* Poll until the stat at path is >= want; returns the value. */
+static long long wait_ge(const kvh_daemon *d, const char *path, long long want, int timeout_ms)
+{
+    uint64_t deadline = kvh_now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        long long v = stat_int(d, path);
+        if (v >= want)
+            return v;
+        ck_assert_msg(kvh_now_ms() < deadline, "%s = %lld, still below %lld after %d ms", path, v,
+                      want, timeout_ms);
+        kvh_sleep_ms(20);
+    }
+}
+
+static void wait_eq(const kvh_daemon *d, const char *path, long long want, int timeout_ms)
+{
+    long long last = -1;
+    ck_assert_msg(kvh_wait_stat(d, path, want, timeout_ms, &last) == 0,
+                  "%s = %lld, not %lld after %d ms", path, last, want, timeout_ms);
+}
+
+/* Poll until the op's failures (all kinds) are >= want. */
+static long long wait_fail_ge(const kvh_daemon *d, const char *op, long long want, int timeout_ms)
+{
+    uint64_t deadline = kvh_now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        long long v = pfail_op(d, op);
+        if (v >= want)
+            return v;
+        ck_assert_msg(kvh_now_ms() < deadline, "%s failures = %lld, still below %lld after %d ms",
+                      op, v, want, timeout_ms);
+        kvh_sleep_ms(20);
+    }
+}
+
+/* Poll until persist.state is `want`; returns the milliseconds it took. */
+static uint64_t wait_state(const kvh_daemon *d, const char *want, int timeout_ms)
+{
+    uint64_t t0 = kvh_now_ms(), deadline = t0 + (uint64_t)timeout_ms;
+    for (;;) {
+        const char *s = pstate(d);
+        if (strcmp(s, want) == 0)
+            return kvh_now_ms() - t0;
+        ck_assert_msg(kvh_now_ms() < deadline, "persist.state is \"%s\", not \"%s\" after %d ms",
+                      s, want, timeout_ms);
+        kvh_sleep_ms(50);
+    }
+}
+
+/* Every accepted store request came back. */
+static void wait_idle(const kvh_daemon *d, int timeout_ms)
+{
+    wait_eq(d, "persist.queue_depth", 0, timeout_ms);
+}
+
+static kvnode_tiers tiers(kvnode_client *c, const kvnode_key *keys, size_t n)
+{
+    kvnode_tiers t;
+    memset(&t, 0xff, sizeof t);
+    KVH_OK(c, kvnode_match_tiers(c, keys, n, &t));
+    ck_assert_uint_eq(t.matched, t.hbm + t.host + t.store);
+    return t;
+}
+
+static void put_ok(kvnode_client *c, const kvnode_key *keys, size_t n, uint64_t seed)
+{
+    int rc = kvh_put(c, keys, n, seed);
+    ck_assert_msg(rc == 0, "put: %s", kvh_error());
+}
+
+/* GET keys[0..n) and verify the bytes of what came; returns got. */
+static size_t get_verify(kvnode_client *c, const kvnode_key *keys, size_t n, uint64_t seed)
+{
+    size_t got = 0;
+    int rc = kvh_get_verify(c, keys, n, seed, 0, &got);
+    ck_assert_msg(rc == 0, "get: %s", kvh_error());
+    return got;
+}
+
+static long long capacity_blocks(const kvh_daemon *d)
+{
+    long long cap = stat_int(d, "tiers.host.capacity_bytes") / BB;
+    ck_assert_msg(cap >= 48 && cap <= 64, "host tier of %lld blocks for host_bytes=4MiB", cap);
+    return cap;
+}
+
+/* Put filler chains of 4 (seed 99, chain ids from *next) until `want`
+ * blocks left memory for the store (evictions.host.to_store_total), letting
+ * the store catch up after each chain; at most max_blocks fillers. */
+static void fill_until_ghosts(const kvh_daemon *d, kvnode_client *c, long long want,
+                              long long max_blocks, uint64_t *next)
+{
+    kvnode_key k[4];
+    long long put = 0;
+    long long ghosts;
+    while ((ghosts = stat_int(d, "evictions.host.to_store_total")) < want) {
+        ck_assert_msg(put < max_blocks, "%lld filler blocks put, only %lld of %lld evicted to "
+                      "the store", put, ghosts, want);
+        kvh_chain(k, 4, (*next)++);
+        put_ok(c, k, 4, 99);
+        put += 4;
+        wait_idle(d, 10000);
+    }
+}
+
+/* Put `blocks` filler blocks in chains of 4, letting the store catch up. */
+static void fill(const kvh_daemon *d, kvnode_client *c, long long blocks, uint64_t *next)
+{
+    kvnode_key k[4];
+    for (long long done = 0; done < blocks; done += 4) {
+        kvh_chain(k, 4, (*next)++);
+        put_ok(c, k, 4, 99);
+        wait_idle(d, 10000);
+    }
+}
+
+static char *admin_addr(const kvh_daemon *d)
+{
+    json_t *st = stats(d);
+    const char *a = json_string_value(json_object_get(st, "admin"));
+    ck_assert_msg(a != NULL && strncmp(a, "127.0.0.1:", 10) == 0, "no bound admin address");
+    char *copy = strdup(a);
+    json_decref(st);
+    return copy;
+}
+
+/* ---- write_through / write_back round trips ---------------------------------- */
+
+/* A chain of 8 is written, evicted to the store (ghosts: matched in the store
+ * tier, not in memory), then read back byte-exact through promotions. */
+static void round_trip(const char *policy)
+{
+    struct simctl s;
+    kvh_daemon d;
+    char conf[1024], extra[128];
+    bool wb = strcmp(policy, "write_back") == 0;
+
+    sim_start(&s, NULL);
+    snprintf(extra, sizeof extra, "persist.policy=%s\n", policy);
+    v6d_conf(conf, sizeof conf, &s, extra);
+    KVH_START(&d, conf);
+    ck_assert_str_eq(pstate(&d), "ok");
+    long long cap = capacity_blocks(&d);
+
+    kvnode_layout lay = kvh_layout(wb ? "v6d-wb" : "v6d-wt", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &lay, &c);
+    kvnode_key a[8];
+    kvh_chain(a, 8, 1000);
+    put_ok(c, a, 8, 7);
+    kvnode_tiers t = tiers(c, a, 8);
+    ck_assert_uint_eq(t.host, 8);
+    ck_assert_uint_eq(t.store, 0);
+    if (wb) {
+        /* Nothing is written on commit under write_back. */
+        kvh_sleep_ms(200);
+        wait_idle(&d, 5000);
+        ck_assert_int_eq(stat_int(&d, "persist.written_blocks_total"), 0);
+    } else {
+        wait_eq(&d, "persist.written_blocks_total", 8, 5000);
+    }
+
+    /* The oldest blocks leave memory first: the chain becomes ghosts. */
+    uint64_t next = 2000;
+    fill_until_ghosts(&d, c, 8, 2 * cap, &next);
+    ck_assert_int_eq(stat_int(&d, "evictions.host.dropped_total"), 0);
+    ck_assert_int_ge(stat_int(&d, "tiers.store.blocks"), 8);
+    if (wb)
+        ck_assert_int_ge(stat_int(&d, "evictions.host.writeback_total"), 8);
+    ck_assert_int_ge(stat_int(&d, "persist.written_blocks_total"), 8);
+    t = tiers(c, a, 8);
+    ck_assert_msg(t.matched == 8 && t.store == 8 && t.host == 0,
+                  "after eviction: matched %zu, host %zu, store %zu", t.matched, t.host, t.store);
+
+    /* GET promotes them back, byte-exact. */
+    long long reads0 = stat_int(&d, "persist.read_blocks_total");
+    ck_assert_uint_eq(get_verify(c, a, 8, 7), 8);
+    ck_assert_int_eq(stat_int(&d, "persist.read_blocks_total") - reads0, 8);
+    ck_assert_int_ge(stat_int(&d, "persist.promotions_ok_total"), 8);
+    t = tiers(c, a, 8);
+    ck_assert_msg(t.matched == 8 && t.host == 8 && t.store == 0,
+                  "after the get: matched %zu, host %zu, store %zu", t.matched, t.host, t.store);
+    /* Read again from memory: still the same bytes. */
+    ck_assert_uint_eq(get_verify(c, a, 8, 7), 8);
+    ck_assert_int_eq(pfail_op(&d, "write"), 0);
+    ck_assert_int_eq(pfail_op(&d, "read"), 0);
+    ck_assert_str_eq(pstate(&d), "ok");
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    simctl_stop_ok(&s);
+}
+
+START_TEST(test_write_through_round_trip)
+{
+    round_trip("write_through");
+}
+END_TEST
+
+START_TEST(test_write_back_round_trip)
+{
+    round_trip("write_back");
+}
+END_TEST
+
+/* ---- a burst of write-through puts -------------------------------------------------- */
+
+/* Writes in flight may pin only part of the host tier; commits over that
+ * budget are put off — and still written once earlier writes land, without
+ * any eviction: a restart finds every block. */
+START_TEST(test_write_through_burst_all_written)
+{
+    static const char *const slowish[] = { "--delay-ms", "300", "--delay-only", "/acquire", NULL };
+    struct simctl s;
+    kvh_daemon d1, d2;
+    char conf[1024];
+    enum { CHAINS = 5, PER = 8 };
+
+    sim_start(&s, slowish);
+    v6d_conf(conf, sizeof conf, &s, "persist.policy=write_through\npersist.workers=8\n");
+    KVH_START(&d1, conf);
+    kvnode_layout lay = kvh_layout("v6d-burst", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d1, &lay, &c);
+    kvnode_key k[CHAINS][PER];
+    for (int i = 0; i < CHAINS; i++) {
+        kvh_chain(k[i], PER, 3500 + (uint64_t)i);
+        put_ok(c, k[i], PER, 15);
+    }
+    /* 40 blocks committed within a few ms, each write takes 300 ms+: the
+     * budget (half of 64 blocks) put some off. */
+    ck_assert_int_gt(stat_int(&d1, "persist.writes_deferred_total"), 0);
+    ck_assert_int_lt(stat_int(&d1, "persist.written_blocks_total"), CHAINS * PER);
+    wait_eq(&d1, "persist.written_blocks_total", CHAINS * PER, 10000);
+    ck_assert_int_eq(stat_int(&d1, "evictions.host.to_store_total"), 0);
+    ck_assert_int_eq(stat_int(&d1, "evictions.host.writeback_total"), 0);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d1);
+
+    KVH_START(&d2, conf);
+    KVH_CONNECT(&d2, &lay, &c);
+    for (int i = 0; i < CHAINS; i++) {
+        kvnode_tiers t = tiers(c, k[i], PER);
+        ck_assert_msg(t.matched == PER && t.store == PER, "chain %d after restart: matched %zu, "
+                      "store %zu", i, t.matched, t.store);
+    }
+    ck_assert_uint_eq(get_verify(c, k[CHAINS - 1], PER, 15), PER);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d2);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
+/* ---- restart ------------------------------------------------------------------- */
+
+START_TEST(test_restart_finds_blocks_through_lookup)
+{
+    struct simctl s;
+    kvh_daemon d1, d2, d3;
+    char wt[1024], wb[1024];
+
+    sim_start(&s, NULL);
+    v6d_conf(wt, sizeof wt, &s, "persist.policy=write_through\n");
+    v6d_conf(wb, sizeof wb, &s, "persist.policy=write_back\n");
+
+    /* d1 (write_through) writes a[0..8) and b on commit. */
+    KVH_START(&d1, wt);
+    kvnode_layout lay = kvh_layout("v6d-restart", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d1, &lay, &c);
+    kvnode_key a[10], b[4], e[4], never[3];
+    kvh_chain(a, 10, 3000);   /* a[8], a[9]: never put */
+    kvh_chain(b, 4, 3001);
+    kvh_chain(e, 4, 3002);
+    kvh_chain(never, 3, 3003);
+    put_ok(c, a, 8, 11);
+    put_ok(c, b, 4, 12);
+    wait_eq(&d1, "persist.written_blocks_total", 12, 5000);
+    /* A chain longer than the host tier and than one store lookup (128 keys),
+     * written in pieces while the oldest leave memory. */
+    static kvnode_key longc[LONG_CHAIN];
+    kvh_chain(longc, LONG_CHAIN, 3004);
+    for (size_t i = 0; i < LONG_CHAIN; i += 10) {
+        put_ok(c, longc + i, 10, 14);
+        wait_idle(&d1, 10000);
+    }
+    wait_eq(&d1, "persist.written_blocks_total", 12 + LONG_CHAIN, 5000);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d1);
+
+    /* d2 (write_back), same store: its index starts empty. */
+    KVH_START(&d2, wb);
+    ck_assert_int_eq(stat_int(&d2, "tiers.store.blocks"), 0);
+    ck_assert_int_eq(stat_int(&d2, "tiers.host.blocks"), 0);
+    KVH_CONNECT(&d2, &lay, &c);
+    /* MATCH asks the store about the keys it does not know. */
+    kvnode_tiers t = tiers(c, a, 10);
+    ck_assert_msg(t.matched == 8 && t.store == 8 && t.host == 0,
+                  "after restart: matched %zu, host %zu, store %zu", t.matched, t.host, t.store);
+    ck_assert_int_ge(stat_int(&d2, "persist.lookups_total"), 1);
+    ck_assert_int_eq(stat_int(&d2, "persist.lookup_found_total"), 8);
+    ck_assert_int_eq(stat_int(&d2, "tiers.store.blocks"), 8);
+    /* Keys nobody put: looked up, not found. */
+    ck_assert_int_eq(kvh_match(c, never, 3), 0);
+    ck_assert_int_eq(stat_int(&d2, "persist.lookup_found_total"), 8);
+    /* The long chain: one lookup of 200 keys (the store is asked in chunks). */
+    t = tiers(c, longc, LONG_CHAIN);
+    ck_assert_msg(t.matched == LONG_CHAIN && t.store == LONG_CHAIN,
+                  "long chain after restart: matched %zu, store %zu", t.matched, t.store);
+    ck_assert_int_eq(stat_int(&d2, "persist.lookup_found_total"), 8 + LONG_CHAIN);
+    /* Its tail, read back (promotions), byte-exact. */
+    ck_assert_uint_eq(get_verify(c, longc + LONG_CHAIN - 16, 16, 14), 16);
+    /* GET of the ghosts the lookup indexed: promoted, byte-exact. */
+    ck_assert_uint_eq(get_verify(c, a, 10, 11), 8);
+    ck_assert_int_eq(stat_int(&d2, "persist.read_blocks_total"), 16 + 8);
+    t = tiers(c, a, 8);
+    ck_assert_uint_eq(t.host, 8);
+    /* e is only in d2's memory (write_back): written by the flush at exit. */
+    put_ok(c, e, 4, 13);
+    kvh_sleep_ms(100);
+    ck_assert_int_eq(stat_int(&d2, "persist.written_blocks_total"), 0);
+    ck_assert_int_eq(pfail_op(&d2, "read"), 0);
+    ck_assert_int_eq(pfail_op(&d2, "exists"), 0);
+    kvnode_close(c);
+    KVH_STOP_OK(&d2);
+    char *log = kvh_read_log(&d2);
+    ck_assert_msg(log && strstr(log, "write_back flush handed 4 blocks to the store\n"),
+                  "d2 did not write its 4 unwritten blocks at exit:\n%s", log ? log : "");
+    free(log);
+    kvh_destroy(&d2);
+
+    /* d3: b and e, which no MATCH asked about: GET looks them up itself. */
+    KVH_START(&d3, wt);
+    KVH_CONNECT(&d3, &lay, &c);
+    ck_assert_uint_eq(get_verify(c, b, 4, 12), 4);
+    ck_assert_uint_eq(get_verify(c, e, 4, 13), 4);
+    ck_assert_int_eq(stat_int(&d3, "persist.lookup_found_total"), 8);
+    ck_assert_int_eq(stat_int(&d3, "persist.read_blocks_total"), 8);
+    t = tiers(c, e, 4);
+    ck_assert_uint_eq(t.host, 4);
+    t = tiers(c, a, 10);
+    ck_assert_msg(t.matched == 8 && t.store == 8, "d3: a matched %zu, store %zu", t.matched,
+                  t.store);
+    ck_assert_int_eq(pfail_op(&d3, "read"), 0);
+    ck_assert_int_eq(pfail_op(&d3, "exists"), 0);
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d3);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
+/* ---- the store is down at start ---------------------------------------------------- */
+
+START_TEST(test_store_down_at_start)
+{
+    struct simctl s;
+    kvh_daemon d;
+    char conf[1024];
+
+    /* Where the simulator will be: a socket path in a fresh directory, a free port. */
+    memset(&s, 0, sizeof s);
+    simctl_mkdtemp(s.dir, sizeof s.dir, "kvnode-v6d");
+    snprintf(s.sock, sizeof s.sock, "%s/kvs.sock", s.dir);
+    snprintf(s.http, sizeof s.http, "127.0.0.1:%u", free_port());
+    snprintf(s.base, sizeof s.base, "http://%s", s.http);
+    v6d_conf(conf, sizeof conf, &s, "persist.policy=write_through\n");
+
+    KVH_START(&d, conf);
+    ck_assert_str_eq(pstate(&d), "degraded");
+    char *err = plast_error(&d);
+    ck_assert_msg(strlen(err) > 0, "degraded without a last_error");
+    free(err);
+    ck_assert_int_ge(pfail_op(&d, "health"), 1);
+
+    /* Memory serves; the writes fail (the store cannot be reached). */
+    kvnode_layout lay = kvh_layout("v6d-down", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &lay, &c);
+    kvnode_key a[8], b[8];
+    kvh_chain(a, 8, 4000);
+    kvh_chain(b, 8, 4001);
+    put_ok(c, a, 8, 21);
+    ck_assert_uint_eq(get_verify(c, a, 8, 21), 8);
+    wait_fail_ge(&d, "write", 8, 10000);
+    ck_assert_int_eq(stat_int(&d, "persist.failures_total.write.unavailable"), 8);
+    ck_assert_int_eq(stat_int(&d, "persist.written_blocks_total"), 0);
+    ck_assert_str_eq(pstate(&d), "degraded");
+    /* Keys the index does not know: the lookup fails, the answer is 0. */
+    ck_assert_int_eq(kvh_match(c, b, 8), 0);
+    ck_assert_int_ge(stat_int(&d, "persist.failures_total.exists.unavailable"), 1);
+
+    /* The store comes up where the daemon expects it: ok within a few seconds. */
+    sim_restart(&s);
+    uint64_t took = wait_state(&d, "ok", 8000);
+    ck_assert_msg(took <= 5000, "ok only %llu ms after the store came up", (unsigned long long)took);
+    err = plast_error(&d);
+    ck_assert_str_eq(err, "");
+    free(err);
+
+    /* New puts are written. */
+    put_ok(c, b, 8, 22);
+    wait_eq(&d, "persist.written_blocks_total", 8, 5000);
+    ck_assert_uint_eq(get_verify(c, b, 8, 22), 8);
+    ck_assert_uint_eq(get_verify(c, a, 8, 21), 8);
+    ck_assert_str_eq(pstate(&d), "ok");
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
+/* ---- the store goes down mid-run and comes back ------------------------------------- */
+
+START_TEST(test_store_down_and_back)
+{
+    struct simctl s;
+    kvh_daemon d;
+    char conf[1024];
+
+    sim_start(&s, NULL);
+    v6d_conf(conf, sizeof conf, &s, "persist.policy=write_through\nserver.request_timeout=3s\n");
+    KVH_START(&d, conf);
+    long long cap = capacity_blocks(&d);
+    kvnode_layout lay = kvh_layout("v6d-flap", BB, 1, 0);
+    kvnode_client *c, *obs;
+    KVH_CONNECT(&d, &lay, &c);
+    KVH_CONNECT(&d, NULL, &obs);
+    kvnode_key a[8], b[8], e[8];
+    kvh_chain(a, 8, 5000);
+    kvh_chain(b, 8, 5001);
+    kvh_chain(e, 8, 5002);
+    /* a written, then evicted: ghosts. */
+    put_ok(c, a, 8, 31);
+    wait_eq(&d, "persist.written_blocks_total", 8, 5000);
+    uint64_t next = 5100;
+    fill_until_ghosts(&d, c, 8, 2 * cap, &next);
+    ck_assert_str_eq(pstate(&d), "ok");
+    long long written = stat_int(&d, "persist.written_blocks_total");
+    kvnode_tiers t = tiers(c, a, 8);
+    ck_assert_uint_eq(t.store, 8);
+
+    /* Down: the socket goes away, nothing listens on the port. */
+    simctl_stop(&s, false, true);
+    put_ok(c, b, 8, 32);
+    wait_fail_ge(&d, "write", 8, 10000);
+    ck_assert_int_eq(pfail_op(&d, "write"), 8);
+    ck_assert_int_eq(stat_int(&d, "persist.written_blocks_total"), written);
+    ck_assert_str_eq(pstate(&d), "degraded");
+    char *err = plast_error(&d);
+    /* (a health probe may have failed since: it names itself) */
+    ck_assert_msg(strncmp(err, "write: ", 7) == 0 || strncmp(err, "health: ", 8) == 0,
+                  "last_error \"%s\"", err);
+    free(err);
+    /* Memory keeps serving, byte-exact. */
+    ck_assert_uint_eq(get_verify(c, b, 8, 32), 8);
+    KVH_OK(obs, kvnode_ping(obs));
+    /* The ghosts cannot be read: a get answers (at once: the store refuses
+     * connections) with nothing, and they stay ghosts for when it is back. */
+    uint64_t g0 = kvh_now_ms();
+    ck_assert_uint_eq(get_verify(c, a, 8, 31), 0);
+    ck_assert_msg(kvh_now_ms() - g0 < 2000, "a get of ghosts took %llu ms with the store down",
+                  (unsigned long long)(kvh_now_ms() - g0));
+    ck_assert_int_ge(stat_int(&d, "persist.promotions_failed_total"), 1);
+    ck_assert_int_ge(stat_int(&d, "persist.failures_total.read.unavailable"), 1);
+    t = tiers(c, a, 8);
+    ck_assert_msg(t.matched == 8 && t.store == 8, "a: matched %zu, store %zu", t.matched, t.store);
+
+    /* Back (a fresh simulator: what it held is gone): ok again, writes succeed. */
+    sim_restart(&s);
+    wait_state(&d, "ok", 8000);
+    put_ok(c, e, 8, 33);
+    wait_eq(&d, "persist.written_blocks_total", written + 8, 5000);
+    ck_assert_int_eq(pfail_op(&d, "write"), 8);
+    ck_assert_uint_eq(get_verify(c, e, 8, 33), 8);
+    ck_assert_str_eq(pstate(&d), "ok");
+    /* The store lost a: its promotion misses, the ghost is forgotten, and
+     * neither MATCH (which asks the store again) nor GET finds it. */
+    ck_assert_uint_eq(get_verify(c, a, 8, 31), 0);
+    ck_assert_int_ge(stat_int(&d, "persist.read_misses_total"), 1);
+    ck_assert_int_eq(kvh_match(c, a, 8), 0);
+    ck_assert_uint_eq(get_verify(c, a, 8, 31), 0);
+
+    kvnode_close(obs);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
+/* ---- a slow store ---------------------------------------------------------------------- */
+
+/* PING latencies of a loop that does not wait for the store are a fraction
+ * of a millisecond; a ping that waited for one delayed store call would take
+ * 1500 ms. The bounds leave room for a busy test machine's scheduling
+ * (valgrind: ten times more). */
+#define PING_P90_MS 20.0
+#define PING_MAX_MS 250.0
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Ping n (<= 200) times, gap_ms apart; assert the 90th percentile and the
+ * largest latency are within the bounds. */
+static void pings_fast(kvnode_client *obs, int n, unsigned gap_ms, const char *when)
+{
+    double ms[200], scale = simctl_under_valgrind() ? 10 : 1;
+    ck_assert(n > 0 && n <= 200);
+    for (int i = 0; i < n; i++) {
+        uint64_t t0 = kvh_now_ns();
+        KVH_OK(obs, kvnode_ping(obs));
+        ms[i] = (double)(kvh_now_ns() - t0) / 1e6;
+        kvh_sleep_ms(gap_ms);
+    }
+    qsort(ms, (size_t)n, sizeof ms[0], cmp_double);
+    double p90 = ms[(n * 9) / 10], worst = ms[n - 1];
+    if (getenv("PING_DEBUG"))
+        fprintf(stderr, "pings %s: p50 %.2f ms, p90 %.2f ms, max %.2f ms\n", when, ms[n / 2], p90,
+                worst);
+    ck_assert_msg(p90 < PING_P90_MS * scale, "pings %s: 90th percentile %.1f ms", when, p90);
+    ck_assert_msg(worst < PING_MAX_MS * scale, "pings %s: one took %.1f ms", when, worst);
+}
+
+START_TEST(test_slow_store)
+{
+    static const char *const slow[] = { "--delay-ms", "1500", NULL };
+    struct simctl s;
+    kvh_daemon d;
+    char conf[1024];
+
+    sim_start(&s, slow);
+    v6d_conf(conf, sizeof conf, &s,
+             "persist.policy=write_back\npersist.workers=8\npersist.timeout=5s\n"
+             "server.request_timeout=300ms\n"
+             /* the write_back flush at exit would take 30 s at this pace */
+             "server.shutdown_timeout=1s\n");
+    KVH_START(&d, conf);
+    long long cap = capacity_blocks(&d);
+    kvnode_layout lay = kvh_layout("v6d-slow", BB, 1, 0);
+    kvnode_client *c, *obs;
+    KVH_CONNECT(&d, &lay, &c);
+    KVH_CONNECT(&d, NULL, &obs);
+
+    /* a, then fillers up to just over the high watermark (and under the
+     * capacity, so no put has to drop anything): the evictor writes the
+     * oldest blocks (a first) back, 4.5 s per write (3 delayed calls). */
+    kvnode_key a[4], f[2], x[3], probe[5];
+    kvh_chain(a, 4, 6000);
+    kvh_chain(x, 3, 6999);
+    put_ok(c, a, 4, 41);
+    uint64_t next = 7000;
+    for (long long n = 4; n < cap - 2; n += 2) {
+        kvh_chain(f, 2, next++);
+        put_ok(c, f, 2, 99);
+    }
+    ck_assert_int_ge(stat_int(&d, "evictions.host.writeback_total"), 4);
+
+    /* While the writes crawl, the loop answers at once. */
+    uint64_t t0 = kvh_now_ms();
+    pings_fast(obs, 100, 10, "while the store is slow");
+    ck_assert_int_eq(stat_int(&d, "persist.written_blocks_total"), 0);
+    ck_assert_int_gt(stat_int(&d, "persist.queue_depth"), 0);
+    wait_idle(&d, 15000);
+    ck_assert_int_ge(stat_int(&d, "evictions.host.to_store_total"), 4);
+    ck_assert_msg(kvh_now_ms() - t0 >= 1000, "written back faster than the store answers");
+    kvnode_tiers t = tiers(c, a, 4);
+    ck_assert_msg(t.store == 4 && t.host == 0, "a: host %zu, store %zu", t.host, t.store);
+
+    /* GET [last filler (in memory), a...]: the promotions take 3 s, the answer
+     * comes after request_timeout with the ready prefix. */
+    long long to0 = stat_int(&d, "persist.wait_timeouts_total");
+    probe[0] = f[1];
+    memcpy(probe + 1, a, sizeof a);
+    static unsigned char buf[5][BB];
+    void *dst[5] = { buf[0], buf[1], buf[2], buf[3], buf[4] };
+    size_t got = 99;
+    uint64_t g0 = kvh_now_ms();
+    KVH_OK(c, kvnode_get(c, probe, 5, dst, &got));
+    uint64_t took = kvh_now_ms() - g0;
+    ck_assert_msg(got == 1, "the get returned %zu blocks after %llu ms, want the 1 in memory",
+                  got, (unsigned long long)took);
+    ck_assert_msg(kvh_verify(buf[0], BB, probe[0], 99) == 0, "%s", kvh_error());
+    ck_assert_msg(took >= 250 && took < 1400, "the get answered after %llu ms (request_timeout "
+                  "300 ms, promotions take 3 s)", (unsigned long long)took);
+    ck_assert_int_gt(stat_int(&d, "persist.wait_timeouts_total"), to0);
+    ck_assert_int_ge(stat_int(&d, "persist.promotions_total"), 4);
+
+    /* A MATCH that needs a lookup answers after request_timeout too. */
+    g0 = kvh_now_ms();
+    ck_assert_int_eq(kvh_match(c, x, 3), 0);
+    took = kvh_now_ms() - g0;
+    ck_assert_msg(took >= 250 && took < 1400, "the match answered after %llu ms",
+                  (unsigned long long)took);
+    ck_assert_int_gt(stat_int(&d, "persist.wait_timeouts_total"), to0 + 1);
+
+    /* A client that gives up while its MATCH waits (and goes away): the
+     * daemon drops the answer when the lookup completes, and serves on. */
+    kvnode_client *quitter;
+    kvnode_key y[2];
+    kvh_chain(y, 2, 6998);
+    KVH_CONNECT(&d, &lay, &quitter);
+    kvnode_set_timeout(quitter, 100);
+    size_t m = 0;
+    ck_assert_int_eq(kvnode_match(quitter, y, 2, &m), -KVNODE_ETIMEDOUT);
+    kvnode_close(quitter);
+
+    /* Still responsive while promotions and the lookup run. */
+    pings_fast(obs, 50, 10, "during promotions");
+
+    /* The promotions finish in the background: then a is in memory, intact. */
+    wait_ge(&d, "persist.promotions_ok_total", 4, 15000);
+    g0 = kvh_now_ms();
+    ck_assert_uint_eq(get_verify(c, a, 4, 41), 4);
+    ck_assert_msg(kvh_now_ms() - g0 < 250, "a promoted chain was not served from memory");
+    ck_assert_int_eq(pfail_op(&d, "write"), 0);
+    ck_assert_int_eq(pfail_op(&d, "read"), 0);
+    /* Every store request came back, the quitter's lookup too (to nobody). */
+    wait_idle(&d, 10000);
+    ck_assert_int_eq(stat_int(&d, "persist.lookups_total"), 2);
+    KVH_OK(obs, kvnode_ping(obs));
+
+    kvnode_close(obs);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
+/* ---- garbage replies -------------------------------------------------------------------- */
+
+START_TEST(test_garbage_replies)
+{
+    static const char *const garbage[] = { "--garbage", NULL };
+    struct simctl s;
+    kvh_daemon d;
+    char conf[1024];
+
+    sim_start(&s, garbage);
+    v6d_conf(conf, sizeof conf, &s, "persist.policy=write_through\n");
+    KVH_START(&d, conf);
+    long long cap = capacity_blocks(&d);
+    kvnode_layout lay = kvh_layout("v6d-garbage", BB, 1, 0);
+    kvnode_client *c, *obs;
+    KVH_CONNECT(&d, &lay, &c);
+    KVH_CONNECT(&d, NULL, &obs);
+    kvnode_key a[8], n[4];
+    kvh_chain(a, 8, 8000);
+    kvh_chain(n, 4, 8001);
+
+    uint64_t t0 = kvh_now_ms();
+    put_ok(c, a, 8, 51);
+    wait_ge(&d, "persist.failures_total.write.protocol", 8, 10000);
+    ck_assert_int_eq(pfail_op(&d, "write"), 8);
+    ck_assert_int_eq(stat_int(&d, "persist.written_blocks_total"), 0);
+    /* Degraded, until the health probe (2 s later; health answers 200) says ok. */
+    if (kvh_now_ms() - t0 < 1500) {
+        ck_assert_str_eq(pstate(&d), "degraded");
+        char *err = plast_error(&d);
+        ck_assert_msg(strstr(err, "malformed") != NULL, "last_error \"%s\"", err);
+        free(err);
+    }
+    /* Memory serves the right bytes. */
+    ck_assert_uint_eq(get_verify(c, a, 8, 51), 8);
+    KVH_OK(obs, kvnode_ping(obs));
+
+    /* Evicted, a is gone (its writes failed): MATCH and GET ask the store,
+     * get garbage, and find nothing — never wrong bytes. */
+    uint64_t next = 9000;
+    fill(&d, c, cap, &next);
+    ck_assert_int_ge(stat_int(&d, "evictions.host.dropped_total"), 8);
+    ck_assert_int_eq(stat_int(&d, "evictions.host.to_store_total"), 0);
+    long long ex0 = pfail_op(&d, "exists");
+    ck_assert_int_eq(kvh_match(c, a, 8), 0);
+    ck_assert_int_gt(stat_int(&d, "persist.failures_total.exists.protocol"), 0);
+    ck_assert_int_gt(pfail_op(&d, "exists"), ex0);
+    ck_assert_uint_eq(get_verify(c, a, 8, 51), 0);
+    ck_assert_int_eq(stat_int(&d, "persist.lookup_found_total"), 0);
+    ck_assert_int_eq(stat_int(&d, "persist.read_blocks_total"), 0);
+
+    /* Still serving. */
+    put_ok(c, n, 4, 52);
+    ck_assert_uint_eq(get_verify(c, n, 4, 52), 4);
+    KVH_OK(obs, kvnode_ping(obs));
+
+    kvnode_close(obs);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
+/* ---- a stuck worker and /readyz ----------------------------------------------------------- */
+
+/* /metrics has `kvnode_worker_up{worker="NAME"} V`. */
+static bool metrics_worker_up(const char *addr, const char *name, int v)
+{
+    char *page, want[128];
+    ck_assert_int_eq(kvh_http_req(addr, NULL, "/metrics", &page, NULL, 0), 200);
+    snprintf(want, sizeof want, "\nkvnode_worker_up{worker=\"%s\"} %d\n", name, v);
+    bool found = strstr(page, want) != NULL;
+    free(page);
+    return found;
+}
+
+START_TEST(test_stuck_worker_not_ready)
+{
+    /* Only acquire is held: the put's one slow call, 13 s > the 10 s stall bound. */
+    static const char *const stuck[] = { "--delay-ms", "13000", "--delay-only", "/acquire", NULL };
+    struct simctl s;
+    kvh_daemon d;
+    char conf[1024], *body;
+
+    sim_start(&s, stuck);
+    v6d_conf(conf, sizeof conf, &s,
+             "persist.policy=write_through\npersist.workers=1\npersist.timeout=30s\n"
+             "admin.listen=127.0.0.1:0\n");
+    KVH_START(&d, conf);
+    char *addr = admin_addr(&d);
+    ck_assert_int_eq(kvh_http_req(addr, NULL, "/readyz", NULL, NULL, 0), 200);
+    ck_assert(metrics_worker_up(addr, "persist-0", 1));
+
+    kvnode_layout lay = kvh_layout("v6d-stuck", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &lay, &c);
+    kvnode_key a[1];
+    kvh_chain(a, 1, 10000);
+    uint64_t t0 = kvh_now_ms();
+    put_ok(c, a, 1, 61);
+
+    /* Not ready once the worker is silent for more than 10 s. */
+    long code;
+    for (;;) {
+        code = kvh_http_req(addr, NULL, "/readyz", &body, NULL, 0);
+        if (code != 200)
+            break;
+        free(body);
+        ck_assert_msg(kvh_now_ms() - t0 < 12500, "/readyz still 200 %llu ms into a 13 s call",
+                      (unsigned long long)(kvh_now_ms() - t0));
+        kvh_sleep_ms(200);
+    }
+    uint64_t t503 = kvh_now_ms() - t0;
+    ck_assert_int_eq(code, 503);
+    ck_assert_msg(t503 >= 9500, "/readyz not ready after %llu ms, before the 10 s bound",
+                  (unsigned long long)t503);
+    ck_assert_msg(strstr(body, "persist-0") != NULL, "/readyz does not name the worker: %s", body);
+    free(body);
+    ck_assert_int_eq(kvh_http_req(addr, NULL, "/healthz", &body, NULL, 0), 200);
+    ck_assert_str_eq(body, "ok\n");
+    free(body);
+    ck_assert_msg(metrics_worker_up(addr, "persist-0", 0), "kvnode_worker_up{worker=\"persist-0\"} "
+                  "is not 0 while the worker is stuck");
+    /* The daemon itself serves meanwhile. */
+    ck_assert_uint_eq(get_verify(c, a, 1, 61), 1);
+    ck_assert_int_eq(stat_int(&d, "persist.written_blocks_total"), 0);
+
+    /* The call returns (13 s): ready again, the block written. */
+    for (;;) {
+        code = kvh_http_req(addr, NULL, "/readyz", NULL, NULL, 0);
+        if (code == 200)
+            break;
+        ck_assert_msg(kvh_now_ms() - t0 < 20000, "/readyz still %ld %llu ms after the put", code,
+                      (unsigned long long)(kvh_now_ms() - t0));
+        kvh_sleep_ms(200);
+    }
+    uint64_t t200 = kvh_now_ms() - t0;
+    ck_assert_msg(t200 >= 12500, "ready again after %llu ms, before the call returned",
+                  (unsigned long long)t200);
+    wait_eq(&d, "persist.written_blocks_total", 1, 5000);
+    ck_assert(metrics_worker_up(addr, "persist-0", 1));
+    ck_assert_str_eq(pstate(&d), "ok");
+
+    free(addr);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
+int main(void)
+{
+#ifndef KVNODE_HAVE_V6D
+    puts("test_daemon_persist_v6d: built without the v6d backend (V6D=0): skipped");
+    return EXIT_SUCCESS;
+#else
+    /* One test case per test, each with its own bound (seconds). */
+    const struct { const char *name; const TTest *test; double timeout_s; } cases[] = {
+        { "write_through", test_write_through_round_trip, 30 },
+        { "write_back", test_write_back_round_trip, 30 },
+        { "burst", test_write_through_burst_all_written, 30 },
+        { "restart", test_restart_finds_blocks_through_lookup, 30 },
+        { "down_at_start", test_store_down_at_start, 40 },
+        { "down_and_back", test_store_down_and_back, 40 },
+        { "slow", test_slow_store, 60 },
+        { "garbage", test_garbage_replies, 30 },
+        { "stuck_worker", test_stuck_worker_not_ready, 60 },
+    };
+    Suite *suite = suite_create("daemon_persist_v6d");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        /* valgrind (VALGRIND=1) runs everything several times slower. */
+        tcase_set_timeout(tc, cases[i].timeout_s * (simctl_under_valgrind() ? 5 : 1));
+        tcase_add_test(tc, cases[i].test);
+        suite_add_tcase(suite, tc);
+    }
+    SRunner *sr = srunner_create(suite);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+#endif
+}
