@@ -94,6 +94,8 @@ BENCH_BIN := $(BUILD)/kvnode-bench
 BENCH_PERSIST_BIN := $(BUILD)/kvnode-bench-persist
 # KVS protocol simulator (tests/sim/kvs_sim.c) and its own tests (tests/sim/test_*.c).
 SIM_BIN      := $(BUILD)/kvs-sim
+# KVCM (Tair KVCache Manager) HTTP/JSON simulator (tests/sim/kvcm_sim.c).
+KVCM_SIM_BIN := $(BUILD)/kvcm-sim
 SIM_TEST_BIN := $(patsubst tests/sim/%.c,$(BUILD)/tests/%,$(wildcard tests/sim/test_*.c))
 # Fuzz targets (tests/fuzz/fuzz_<t>.c): replayed over tests/fuzz/corpus/<t>/ by
 # `make check`, fuzzed with libFuzzer by `make fuzz`.
@@ -173,7 +175,11 @@ $(SIM_BIN): $(call obj,tests/sim/kvs_sim.c)
 # Integration suites that start the simulator ($KVS_SIM) need it built.
 $(BUILD)/tests/test_daemon_persist_v6d: $(SIM_BIN)
 
-$(BUILD)/tests/%: tests/sim/%.c $(SIM_BIN) $(TEST_HDRS)
+# The KVCM simulator: likewise standalone (libevent + jansson only).
+$(KVCM_SIM_BIN): $(call obj,tests/sim/kvcm_sim.c)
+	$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(call pc_libs,libevent jansson)
+
+$(BUILD)/tests/%: tests/sim/%.c $(SIM_BIN) $(KVCM_SIM_BIN) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
 
@@ -186,7 +192,7 @@ $(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz
 
 SCRIPT_TESTS := tests/install/test_install.sh
 
-check: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN)
+check: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(KVCM_SIM_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN)
 	@BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN) $(SCRIPT_TESTS)
 
 test: deps
@@ -196,7 +202,7 @@ asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 OPT=-O1 check
 
 # The test suite with every test binary and every daemon under valgrind.
-valgrind: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(SIM_TEST_BIN)
+valgrind: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(KVCM_SIM_BIN) $(SIM_TEST_BIN)
 	@VALGRIND=1 BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SIM_TEST_BIN)
 
 # --- fuzzing -------------------------------------------------------------------
