@@ -779,8 +779,8 @@ int persist_create(struct event_base *base, const struct kvn_config *cfg, struct
         log_warn("persist: the %s store (%s, socket %s) does not answer: %s; starting degraded, "
                  "the workers will retry", be->name, p->url, p->sock, e);
         p->c.failures[PERSIST_OP_HEALTH][PERSIST_FAIL_UNAVAILABLE]++;
-        snprintf(p->last_error, sizeof p->last_error, "%s: %s",
-                 persist_op_name(PERSIST_OP_HEALTH), e);
+        errmsg_set(p->last_error, sizeof p->last_error, "%s: %s",
+                   persist_op_name(PERSIST_OP_HEALTH), e);
         p->c.state = PERSIST_STATE_DEGRADED;
     } else {
         p->c.state = PERSIST_STATE_OK;
