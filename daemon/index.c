@@ -48,6 +48,7 @@ struct kv_index {
     /* Per-namespace lists (linked through ns_prev/ns_next), ns_lru_n of them. */
     struct ns_list *ns_lru;
     uint32_t ns_lru_n;
+    unsigned walks;     /* open walks: no rehash step and no growth meanwhile */
 };
 
 static uint64_t index_mix64(uint64_t x)
@@ -94,7 +95,7 @@ static index_entry **index_slot(kv_index *ix, uint64_t h)
 /* Move up to n buckets of t[0] into t[1]; swap tables when done. */
 static void index_rehash_step(kv_index *ix, size_t n)
 {
-    if (!index_rehashing(ix))
+    if (!index_rehashing(ix) || ix->walks > 0)
         return;
     size_t size0 = ix->t[0].mask + 1;
     while (n-- > 0 && ix->rehash_pos < size0) {
@@ -123,7 +124,7 @@ static void index_rehash_step(kv_index *ix, size_t n)
 static void index_maybe_grow(kv_index *ix)
 {
     size_t size0 = ix->t[0].mask + 1;
-    if (index_rehashing(ix) || ix->count < size0 || size0 >= INDEX_MAX_BUCKETS)
+    if (index_rehashing(ix) || ix->walks > 0 || ix->count < size0 || size0 >= INDEX_MAX_BUCKETS)
         return;
     index_entry **b = calloc(size0 * 2, sizeof *b);
     if (!b)
@@ -228,6 +229,50 @@ void index_entry_free(index_entry *e)
 size_t index_count(const kv_index *ix)
 {
     return ix->count;
+}
+
+void index_walk_begin(kv_index *ix, struct index_walk *w)
+{
+    /* Frozen, the entries still in t[0] are at rehash_pos and beyond (all of
+     * it when not rehashing), the moved ones in t[1]. */
+    w->table = 0;
+    w->pos = index_rehashing(ix) ? ix->rehash_pos : 0;
+    w->open = true;
+    ix->walks++;
+}
+
+bool index_walk_step(kv_index *ix, struct index_walk *w, size_t buckets,
+                     void (*fn)(void *arg, index_entry *e), void *arg)
+{
+    if (!w->open)
+        return false;
+    while (buckets > 0 && w->table < 2) {
+        const struct index_table *t = &ix->t[w->table];
+        if (!t->b || w->pos > t->mask) {
+            w->table++;
+            w->pos = 0;
+            continue;
+        }
+        for (index_entry *e = t->b[w->pos], *next; e; e = next) {
+            next = e->hash_next;   /* fn may not unlink, but read it first anyway */
+            fn(arg, e);
+        }
+        w->pos++;
+        buckets--;
+    }
+    if (w->table < 2)
+        return true;
+    index_walk_end(ix, w);
+    return false;
+}
+
+void index_walk_end(kv_index *ix, struct index_walk *w)
+{
+    if (!w->open)
+        return;
+    w->open = false;
+    if (ix->walks > 0)
+        ix->walks--;
 }
 
 void index_get_stats(const kv_index *ix, struct index_stats *st)

@@ -16,6 +16,7 @@
 #ifndef KVNODE_INDEX_H
 #define KVNODE_INDEX_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -90,6 +91,23 @@ void index_get_stats(const kv_index *ix, struct index_stats *st);
  * them. 0 or -KVNODE_ENOMEM. If a touch has to grow the array and cannot,
  * the entry is left off both lists (not evictable) rather than failing. */
 int  index_ns_reserve(kv_index *ix, uint32_t n);
+
+/* Chunked walk of every linked entry (snapshots built without an O(n)
+ * pause). While a walk is open the table neither grows nor rehashes, so an
+ * entry linked for the whole walk is visited exactly once; one linked or
+ * unlinked meanwhile may or may not be. fn must not link or unlink entries.
+ * Close an unfinished walk with index_walk_end (a finished one closes
+ * itself). Several walks may be open at once. */
+struct index_walk {
+    int    table;
+    size_t pos;
+    bool   open;
+};
+void index_walk_begin(kv_index *ix, struct index_walk *w);
+/* Visit up to `buckets` buckets; true while more remain. */
+bool index_walk_step(kv_index *ix, struct index_walk *w, size_t buckets,
+                     void (*fn)(void *arg, index_entry *e), void *arg);
+void index_walk_end(kv_index *ix, struct index_walk *w);
 
 /* Move e to the newest end of the LRU list of (e->arena, e->cls) and of its
  * namespace's list, linking it if needed, and stamp it. If e's arena or

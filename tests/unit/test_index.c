@@ -4,6 +4,7 @@
  * KVNODE_TEST_KEYS (env) sets the size of the big table tests (default
  * 200000); keep it >= 20000 so several growths happen. */
 #include <check.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -742,6 +743,84 @@ START_TEST(test_lru_ns_random)
 }
 END_TEST
 
+
+/* A walk opened in the middle of a rehash visits every entry linked for the
+ * whole walk exactly once, while inserts and unlinks go on between steps. */
+struct walk_seen {
+    uint8_t *count;     /* by key, for keys below n */
+    size_t n;
+};
+
+static void walk_count(void *arg, index_entry *e)
+{
+    struct walk_seen *ws = arg;
+    if (e->key >= 0 && (size_t)e->key < ws->n && ws->count[e->key] < 255)
+        ws->count[e->key]++;
+}
+
+START_TEST(test_walk_during_rehash)
+{
+    kv_index *ix;
+    const size_t n = 5000, extra = 20000;
+    struct walk_seen ws = { calloc(n + extra, 1), n + extra };
+    struct index_walk w;
+    struct index_stats st;
+    size_t inserted = 0;
+
+    ck_assert_ptr_nonnull(ws.count);
+    ck_assert_int_eq(index_create(64, &ix), 0);
+    /* Grow until a rehash is in progress. */
+    for (size_t k = 0; k < n; k++)
+        ck_assert_ptr_nonnull(index_insert(ix, 1, (int64_t)k));
+    index_get_stats(ix, &st);
+    while (st.rehash_buckets == 0) {
+        ck_assert_ptr_nonnull(index_insert(ix, 2, (int64_t)inserted++));
+        index_get_stats(ix, &st);
+    }
+    index_walk_begin(ix, &w);
+    size_t buckets_before = st.buckets, added = 0;
+    /* Keys of ns 1 below n stay linked for the whole walk, except every
+     * tenth, unlinked during it; ns 3 entries come and go. */
+    int steps = 0;
+    while (index_walk_step(ix, &w, 7, walk_count, &ws)) {
+        for (int j = 0; j < 5 && added < extra; j++, added++)
+            ck_assert_ptr_nonnull(index_insert(ix, 3, (int64_t)(n + added)));
+        if (steps % 3 == 0 && (size_t)(steps / 3) * 10 < n) {
+            index_entry *e = index_lookup(ix, 1, (int64_t)((steps / 3) * 10));
+            if (e) {
+                index_unlink(ix, e);
+                index_entry_free(e);
+            }
+        }
+        steps++;
+    }
+    ck_assert_int_gt(steps, 10);
+    for (size_t k = 0; k < n; k++) {
+        bool unlinked = k % 10 == 0 && k / 10 < (size_t)(steps / 3 + 1);
+        if (!unlinked)
+            FAIL_IF_NOT(ws.count[k] == 1, "key %zu seen %u times", k, ws.count[k]);
+        else
+            FAIL_IF_NOT(ws.count[k] <= 1, "unlinked key %zu seen %u times", k, ws.count[k]);
+    }
+    /* Frozen meanwhile; once closed, the rehash goes on and completes. */
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.buckets, buckets_before);
+    for (size_t k = 0; k < 100000 && st.rehash_buckets; k++) {
+        index_lookup(ix, 1, 1);
+        index_get_stats(ix, &st);
+    }
+    ck_assert_uint_eq(st.rehash_buckets, 0);
+    for (size_t k = 0; k < added; k++)
+        FAIL_IF_NOT(index_lookup(ix, 3, (int64_t)(n + k)) != NULL, "ns 3 key %zu lost", k);
+    /* An abandoned walk unfreezes too. */
+    index_walk_begin(ix, &w);
+    index_walk_end(ix, &w);
+    index_walk_end(ix, &w);
+    index_destroy(ix);
+    free(ws.count);
+}
+END_TEST
+
 static Suite *index_suite(void)
 {
     Suite *s = suite_create("index");
@@ -764,6 +843,7 @@ static Suite *index_suite(void)
     tcase_add_test(tc, test_lru_ns_order);
     tcase_add_test(tc, test_lru_ns_remove_and_unlink);
     tcase_add_test(tc, test_lru_ns_random);
+    tcase_add_test(tc, test_walk_during_rehash);
     suite_add_tcase(s, tc);
     return s;
 }
