@@ -48,6 +48,8 @@ struct cache {
     uint32_t request_timeout_ms;
 
     struct persist *persist;    /* NULL: no store */
+    cache_block_fn observer;    /* completeness changes (KVCM), NULL: none */
+    void *observer_arg;
     uint64_t ghosts;            /* entries only in the store (incl. promoting) */
     uint64_t evicting_bytes;    /* write-back victims whose write is in flight */
     uint64_t writing_bytes;     /* blocks pinned by any write in flight */
@@ -331,6 +333,57 @@ static void *cache_slot_ptr(struct cache *c, const index_entry *e)
     return (uint8_t *)arena_base(c->host) + e->offset;
 }
 
+/* --- completeness (a key sealed in memory in every TP rank) ------------------ */
+
+static bool cache_sealed_in(struct cache *c, const kv_namespace *ns, int64_t key)
+{
+    index_entry *e = index_lookup(c->index, ns->id, key);
+    return e && e->state == ENTRY_SEALED;
+}
+
+/* Whether every other rank of ns's deployment holds key sealed in memory
+ * (and every rank has a namespace). O(TP size). */
+static bool cache_others_sealed(struct cache *c, const kv_namespace *ns, int64_t key)
+{
+    if (ns->ranks < ns->layout.tp_size)
+        return false;
+    for (const kv_namespace *o = ns->sibling; o != ns; o = o->sibling)
+        if (!cache_sealed_in(c, o, key))
+            return false;
+    return true;
+}
+
+/* e has just become SEALED in memory: the key may now be complete. */
+static void cache_note_sealed(struct cache *c, const index_entry *e)
+{
+    kv_namespace *ns;
+    if (!c->observer || !(ns = ns_get(c->namespaces, e->ns)))
+        return;
+    if (cache_others_sealed(c, ns, e->key))
+        c->observer(c->observer_arg, ns, e->key, true);
+}
+
+/* e (SEALED) is about to leave memory: a complete key stops being one. */
+static void cache_note_leaving(struct cache *c, const index_entry *e)
+{
+    kv_namespace *ns;
+    if (!c->observer || e->state != ENTRY_SEALED || !(ns = ns_get(c->namespaces, e->ns)))
+        return;
+    if (cache_others_sealed(c, ns, e->key))
+        c->observer(c->observer_arg, ns, e->key, false);
+}
+
+void cache_set_block_observer(struct cache *c, cache_block_fn fn, void *arg)
+{
+    c->observer = fn;
+    c->observer_arg = arg;
+}
+
+bool cache_key_complete(struct cache *c, const kv_namespace *ns, int64_t key)
+{
+    return cache_sealed_in(c, ns, key) && cache_others_sealed(c, ns, key);
+}
+
 /* Forget an entry's accounting (it is leaving the index). */
 static void cache_account_remove(struct cache *c, index_entry *e)
 {
@@ -359,6 +412,7 @@ static void cache_entry_destroy(struct cache *c, index_entry *e)
  * store request), when the last pin goes. */
 static void cache_remove_entry(struct cache *c, index_entry *e)
 {
+    cache_note_leaving(c, e);
     index_unlink(c->index, e);
     cache_account_remove(c, e);
     if (e->pins > 0)
@@ -370,6 +424,7 @@ static void cache_remove_entry(struct cache *c, index_entry *e)
 /* Drop an unpinned SEALED entry from memory and the index. */
 static void cache_drop_entry(struct cache *c, index_entry *e)
 {
+    cache_note_leaving(c, e);
     index_unlink(c->index, e);
     cache_account_remove(c, e);
     cache_entry_destroy(c, e);
@@ -380,6 +435,7 @@ static void cache_drop_entry(struct cache *c, index_entry *e)
 static void cache_to_ghost(struct cache *c, index_entry *e)
 {
     kv_namespace *ns = ns_get(c->namespaces, e->ns);
+    cache_note_leaving(c, e);
     index_lru_remove(c->index, e);
     arena_free(c->host, e->offset);
     if (ns) {
@@ -972,6 +1028,7 @@ static void cache_promo_done(void *arg, int rc)
         ns->blocks++;
         ns->bytes += bb;
         c->promotions_ok++;
+        cache_note_sealed(c, e);
     } else {
         arena_free(c->host, e->offset);
         e->state = ENTRY_GHOST;
@@ -1404,6 +1461,7 @@ static uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
             }
             c->sealed_total++;
             count++;
+            cache_note_sealed(c, e);
             if (c->persist && c->policy == CONFIG_POLICY_WRITE_THROUGH &&
                 e->persist == PERSIST_NONE) {
                 if (cache_write_budget(c, bytes))

@@ -64,6 +64,16 @@ void *cache_arena_base(const struct cache *c, uint32_t arena);
  * may hold blocks the index does not know (persist_lookup_on_miss) MATCH and
  * GET ask it about the keys after the known prefix. */
 void cache_set_persist(struct cache *c, struct persist *p);
+/* Completeness (KVCM): a key is complete when it is sealed in memory in
+ * every TP rank's namespace of its deployment. fn(arg, ns, key, complete)
+ * runs on the loop whenever a key becomes complete (a commit or promotion
+ * completes the last rank) or stops being complete (a rank's copy leaves
+ * memory: evicted, deleted, dropped); ns is the rank whose copy changed.
+ * Duplicate puts and LRU touches change nothing and call nothing. */
+typedef void (*cache_block_fn)(void *arg, const kv_namespace *ns, int64_t key, bool complete);
+void cache_set_block_observer(struct cache *c, cache_block_fn fn, void *arg);
+bool cache_key_complete(struct cache *c, const kv_namespace *ns, int64_t key);
+
 /* Recovery: index blocks a store scan found as ghosts (their namespaces are
  * registered as needed; keys already indexed are left alone). */
 void cache_add_stored(struct cache *c, const struct kvs_found *blocks, size_t n);

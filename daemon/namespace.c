@@ -208,10 +208,12 @@ int ns_bind(ns_registry *r, const struct ns_layout *l, kv_namespace **out, int *
     /* Every namespace with this fingerprint has the same fields and
      * block_bytes (bind refuses anything else), so the first one with the
      * fingerprint decides a conflict. */
+    kv_namespace *sib = NULL;
     for (size_t i = 0; i < r->count; i++) {
         kv_namespace *ns = r->items[i];
         if (ns->fingerprint != fp)
             continue;
+        sib = ns;
         if (!ns_same_deployment(&ns->layout, l)) {
             char mine[NS_DEPLOYMENT_ID_MAX];
             ns_deployment_id(l, fp, mine, sizeof(mine));
@@ -253,6 +255,20 @@ int ns_bind(ns_registry *r, const struct ns_layout *l, kv_namespace **out, int *
     ns->fingerprint = fp;
     ns_deployment_id(l, fp, ns->deployment_id, sizeof(ns->deployment_id));
     ns->cls = UINT32_MAX;   /* no size class until the cache assigns one */
+    /* Join the deployment's ring of ranks. */
+    if (sib) {
+        ns->sibling = sib->sibling;
+        sib->sibling = ns;
+        uint32_t ranks = sib->ranks + 1;
+        kv_namespace *o = ns;
+        do {
+            o->ranks = ranks;
+            o = o->sibling;
+        } while (o != ns);
+    } else {
+        ns->sibling = ns;
+        ns->ranks = 1;
+    }
     r->items[r->count++] = ns;
     if (out)
         *out = ns;

@@ -43,6 +43,9 @@ typedef struct kv_namespace {
     uint64_t stored;                    /* blocks known only in the persistent store
                                            (ghosts, incl. those being promoted) */
     uint32_t clients;                   /* connections bound now */
+    struct kv_namespace *sibling;       /* next namespace (TP rank) of the same deployment:
+                                           a ring, itself when it is the only one */
+    uint32_t ranks;                     /* namespaces in that ring (same in each) */
 } kv_namespace;
 
 /* Canonical layout string (without tp_rank and block_bytes); returns the

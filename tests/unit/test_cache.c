@@ -622,6 +622,62 @@ START_TEST(test_quota_keeps_extended_prefix)
 }
 END_TEST
 
+/* Completeness events: a key is complete when every TP rank holds it. */
+struct block_event { int64_t key; uint32_t rank; bool complete; };
+static struct block_event events[64];
+static size_t nevents;
+
+static void on_block(void *arg, const kv_namespace *n, int64_t key, bool complete)
+{
+    (void)arg;
+    if (nevents < 64)
+        events[nevents++] = (struct block_event){ key, n->layout.tp_rank, complete };
+}
+
+START_TEST(test_completeness_events_tp2)
+{
+    char err[512];
+    struct ns_layout l = { .model = "tp2", .dtype = "bf16", .block_tokens = 16,
+                           .block_bytes = BLOCK, .num_layers = 2, .kv_heads = 2,
+                           .head_dim = 64, .tp_size = 2, .tp_rank = 0 };
+    kv_namespace *r0, *r1;
+    int64_t k[2] = { 500, 501 };
+    uint32_t deleted;
+
+    nevents = 0;
+    cache_set_block_observer(cache, on_block, NULL);
+    ck_assert_int_eq(cache_bind(cache, &l, &r0, err, sizeof err), 0);
+    /* rank 0 alone: nothing is complete (rank 1 has no namespace yet) */
+    ck_assert_int_eq(put_chain_ns(r0, k, 2), 0);
+    ck_assert_uint_eq(nevents, 0);
+    l.tp_rank = 1;
+    ck_assert_int_eq(cache_bind(cache, &l, &r1, err, sizeof err), 0);
+    ck_assert(!cache_key_complete(cache, r0, 500));
+    /* rank 1 puts: both keys become complete, one event each */
+    ck_assert_int_eq(put_chain_ns(r1, k, 2), 0);
+    ck_assert_uint_eq(nevents, 2);
+    for (size_t i = 0; i < 2; i++) {
+        ck_assert(events[i].complete);
+        ck_assert_uint_eq(events[i].rank, 1);
+    }
+    ck_assert(cache_key_complete(cache, r0, 500) && cache_key_complete(cache, r1, 501));
+    /* a duplicate put and a match (LRU touch) send nothing */
+    ck_assert_int_eq(put_chain_ns(r0, k, 2), 0);
+    ck_assert_uint_eq(cache_match(cache, r1, k, 2), 2);
+    ck_assert_uint_eq(nevents, 2);
+    /* one rank deletes a key: it stops being complete, once */
+    ck_assert_int_eq(cache_delete(cache, r0, &k[1], 1, &deleted), 0);
+    ck_assert_uint_eq(nevents, 3);
+    ck_assert(!events[2].complete);
+    ck_assert_int_eq(events[2].key, 501);
+    ck_assert_uint_eq(events[2].rank, 0);
+    /* the other rank deleting it too changes nothing more */
+    ck_assert_int_eq(cache_delete(cache, r1, &k[1], 1, &deleted), 0);
+    ck_assert_uint_eq(nevents, 3);
+    cache_set_block_observer(cache, NULL, NULL);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cache");
@@ -645,6 +701,7 @@ int main(void)
     tcase_add_test(tc, test_quota_zero_unlimited_then_lowered);
     tcase_add_test(tc, test_quota_counts_reserved);
     tcase_add_test(tc, test_quota_keeps_extended_prefix);
+    tcase_add_test(tc, test_completeness_events_tp2);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

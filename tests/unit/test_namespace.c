@@ -354,6 +354,13 @@ START_TEST(test_bind_same_and_other_rank)
     ck_assert_int_eq(created, 1);
     ck_assert_uint_eq(c->id, 3);
     ck_assert_uint_ne(c->fingerprint, a->fingerprint);
+    /* Ranks of one deployment form a ring; another deployment is alone. */
+    ck_assert_ptr_eq(a->sibling, b);
+    ck_assert_ptr_eq(b->sibling, a);
+    ck_assert_uint_eq(a->ranks, 2);
+    ck_assert_uint_eq(b->ranks, 2);
+    ck_assert_ptr_eq(c->sibling, c);
+    ck_assert_uint_eq(c->ranks, 1);
     ns_registry_destroy(r);
 }
 END_TEST
