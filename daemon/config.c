@@ -41,7 +41,7 @@
 /* sun_path holds the socket path including its terminating NUL. */
 #define SUN_PATH_SIZE sizeof(((struct sockaddr_un *)0)->sun_path)
 
-#define PROBLEM_MAX 320   /* one "<problem>" text */
+#define PROBLEM_MAX 400   /* one "<problem>" text */
 #define ERRLINE_MAX 640   /* one error line: location + option + problem */
 #define VALUE_SHOW  80    /* longest value echoed back in a message ... */
 #define SHOWN "%.83s"     /* ... plus "...": the format for it */
@@ -62,6 +62,11 @@ enum opt_type {
     OPT_ENUM,       /* int: index into names[] (case-insensitive) */
     OPT_DIR,        /* char[PATH_MAX], any path shorter than the field, or empty */
     OPT_URL,        /* char[CONFIG_URL_MAX], shorter than the field, or empty */
+    OPT_TEXT,       /* char[]: a name without blanks or control characters (no '#'
+                       when no_hash), shorter than the field, or empty */
+    OPT_TEMPLATE,   /* char[]: like OPT_TEXT, with {placeholders} from the vars mask */
+    OPT_HOSTPORT,   /* char[]: HOST:PORT naming this host uniquely, or empty */
+    OPT_URLLIST,    /* char[]: up to CONFIG_KVCM_ENDPOINTS_MAX http(s) URLs, or empty */
 };
 
 struct opt_def {
@@ -78,6 +83,8 @@ struct opt_def {
     bool empty_ok;      /* OPT_PATH: "" is accepted (config_validate decides when it is needed) */
     const char *const *names;   /* OPT_ENUM: the value i is spelled names[i] ... */
     int nnames;                 /* ... for 0 <= i < nnames */
+    bool no_hash;       /* OPT_TEXT: '#' is refused (KVCM does not accept it there) */
+    unsigned vars;      /* OPT_TEMPLATE: the KV_* placeholders allowed */
 };
 
 #define FIELD(f) .offset = offsetof(struct kvn_config, f), .width = sizeof(((struct kvn_config *)0)->f)
@@ -96,6 +103,20 @@ _Static_assert(KVS_FSYNC_NEVER == 0 && KVS_FSYNC_BATCH == 1 && KVS_FSYNC_ALWAYS 
                "fsync_names and persist_fsync follow KVS_FSYNC_*");
 _Static_assert(CONFIG_LOOKUP_AUTO == 0 && CONFIG_LOOKUP_ON == 1 && CONFIG_LOOKUP_OFF == 2,
                "lookup_names follows CONFIG_LOOKUP_*");
+
+/* [kvcm] enumerations. */
+static const char *const onoff_names[] = { "off", "on" };
+static const char *const storage_names[] = { "ST_EVENT_REPORT_L1P5", "ST_EVENT_REPORT_L2" };
+_Static_assert(CONFIG_KVCM_STORAGE_L1P5 == 0 && CONFIG_KVCM_STORAGE_L2 == 1,
+               "storage_names follows CONFIG_KVCM_STORAGE_*");
+
+/* [kvcm] template placeholders: one bit each, in kvcm_placeholders[] order. */
+enum {
+    KV_MODEL = 1u << 0, KV_DTYPE = 1u << 1, KV_BLOCK_TOKENS = 1u << 2, KV_TP_SIZE = 1u << 3,
+    KV_FINGERPRINT = 1u << 4, KV_HOST_IP_PORT = 1u << 5, KV_MEDIUM = 1u << 6, KV_BLOCK_BYTES = 1u << 7,
+    KV_KEY = 1u << 8,
+};
+#define KV_DEPLOYMENT (KV_MODEL | KV_DTYPE | KV_BLOCK_TOKENS | KV_TP_SIZE | KV_FINGERPRINT)
 
 static const struct opt_def config_options[] = {
     { "server", "socket_path", OPT_PATH, FIELD(socket_path), .restart = true },
@@ -143,12 +164,55 @@ static const struct opt_def config_options[] = {
     { "persist", "timeout", OPT_DURATION, FIELD(persist_timeout_ms), .min = 10, .max = 10 * MS_PER_M,
       .restart = true },
     { "persist", "lookup", OPT_ENUM, FIELD(persist_lookup), NAMES(lookup_names), .restart = true },
+
+    /* Every [kvcm] option is restart-only: the publisher, heartbeat and query
+     * threads take their settings once, at start. */
+    { "kvcm", "enabled", OPT_ENUM, FIELD(kvcm_enabled), NAMES(onoff_names), .restart = true },
+    { "kvcm", "endpoints", OPT_URLLIST, FIELD(kvcm_endpoints), .restart = true },
+    { "kvcm", "instance_group", OPT_TEXT, FIELD(kvcm_instance_group), .restart = true },
+    { "kvcm", "instance_id", OPT_TEMPLATE, FIELD(kvcm_instance_id), .vars = KV_DEPLOYMENT, .restart = true },
+    { "kvcm", "host_ip_port", OPT_HOSTPORT, FIELD(kvcm_host_ip_port), .restart = true },
+    { "kvcm", "storage_type", OPT_ENUM, FIELD(kvcm_storage_type), NAMES(storage_names), .restart = true },
+    { "kvcm", "medium_hbm", OPT_TEXT, FIELD(kvcm_medium_hbm), .no_hash = true, .restart = true },
+    { "kvcm", "medium_host", OPT_TEXT, FIELD(kvcm_medium_host), .no_hash = true, .restart = true },
+    { "kvcm", "spec_name", OPT_TEMPLATE, FIELD(kvcm_spec_name), .vars = KV_DEPLOYMENT | KV_BLOCK_BYTES,
+      .restart = true },
+    { "kvcm", "location_uri", OPT_TEMPLATE, FIELD(kvcm_location_uri),
+      .vars = KV_HOST_IP_PORT | KV_MEDIUM | KV_BLOCK_BYTES | KV_KEY, .restart = true },
+    { "kvcm", "request_timeout", OPT_DURATION, FIELD(kvcm_request_timeout_ms), .min = 10, .max = 10 * MS_PER_M,
+      .restart = true },
+    { "kvcm", "connect_timeout", OPT_DURATION, FIELD(kvcm_connect_timeout_ms), .min = 10, .max = MS_PER_M,
+      .restart = true },
+    { "kvcm", "snapshot_timeout", OPT_DURATION, FIELD(kvcm_snapshot_timeout_ms), .min = 10, .max = 10 * MS_PER_M,
+      .restart = true },
+    { "kvcm", "flush_interval", OPT_DURATION, FIELD(kvcm_flush_interval_ms), .min = 1, .max = 10 * MS_PER_S,
+      .restart = true },
+    { "kvcm", "batch_events", OPT_COUNT, FIELD(kvcm_batch_events), .min = 1, .max = 16384, .restart = true },
+    { "kvcm", "queue_events", OPT_COUNT, FIELD(kvcm_queue_events), .min = 1, .max = 1048576, .restart = true },
+    { "kvcm", "heartbeat_interval", OPT_DURATION, FIELD(kvcm_heartbeat_interval_ms), .min = 10, .max = MS_PER_M,
+      .restart = true },
+    { "kvcm", "retry_base", OPT_DURATION, FIELD(kvcm_retry_base_ms), .min = 1, .max = MS_PER_M, .restart = true },
+    { "kvcm", "retry_max", OPT_DURATION, FIELD(kvcm_retry_max_ms), .min = 1, .max = MS_PER_H, .restart = true },
+    { "kvcm", "snapshot_interval", OPT_DURATION, FIELD(kvcm_snapshot_interval_ms), .min = 100, .max = 24 * MS_PER_H,
+      .restart = true },
+    { "kvcm", "host_down_timeout", OPT_DURATION, FIELD(kvcm_host_down_timeout_ms), .min = 10, .max = MS_PER_M,
+      .restart = true },
+    { "kvcm", "query_deadline", OPT_DURATION, FIELD(kvcm_query_deadline_ms), .min = 1, .max = 10 * MS_PER_S,
+      .restart = true },
+    { "kvcm", "query_max_hosts", OPT_COUNT, FIELD(kvcm_query_max_hosts), .min = 1, .max = 64, .restart = true },
+    { "kvcm", "query_breaker_failures", OPT_COUNT, FIELD(kvcm_query_breaker_failures), .min = 1, .max = 1000,
+      .restart = true },
+    { "kvcm", "query_breaker_open", OPT_DURATION, FIELD(kvcm_query_breaker_open_ms), .min = 10,
+      .max = 10 * MS_PER_M, .restart = true },
+    { "kvcm", "query_negative_ttl", OPT_DURATION, FIELD(kvcm_query_negative_ttl_ms), .min = 1,
+      .max = 10 * MS_PER_M, .restart = true },
 };
 
 #define CONFIG_NOPTIONS (sizeof config_options / sizeof config_options[0])
 
-static const char *const config_sections[] = { "server", "memory", "leases", "log", "admin", "persist" };
-#define SECTIONS_HINT "[server], [memory], [leases], [log], [admin] or [persist]"
+static const char *const config_sections[] = { "server", "memory", "leases", "log", "admin", "persist",
+                                               "kvcm" };
+#define SECTIONS_HINT "[server], [memory], [leases], [log], [admin], [persist] or [kvcm]"
 
 /* Room for a NUL-terminated copy of any string field plus one byte, so a
  * field without a terminator (a struct built by code) loads as too long. */
@@ -202,6 +266,34 @@ void config_defaults(struct kvn_config *cfg)
     cfg->persist_connect_timeout_ms = 1 * MS_PER_S;
     cfg->persist_timeout_ms = 5 * MS_PER_S;
     cfg->persist_lookup = CONFIG_LOOKUP_AUTO;
+
+    /* [kvcm]: off; the timings are the reference publisher's (PROTOCOLS.md §2).
+     * endpoints and host_ip_port have no default: zeroed above. */
+    cfg->kvcm_enabled = 0;
+    snprintf(cfg->kvcm_instance_group, sizeof cfg->kvcm_instance_group, "%s", "default");
+    snprintf(cfg->kvcm_instance_id, sizeof cfg->kvcm_instance_id, "%s", "{model}_{block_tokens}");
+    cfg->kvcm_storage_type = CONFIG_KVCM_STORAGE_L1P5;
+    snprintf(cfg->kvcm_medium_hbm, sizeof cfg->kvcm_medium_hbm, "%s", "hbm");
+    snprintf(cfg->kvcm_medium_host, sizeof cfg->kvcm_medium_host, "%s", "dram");
+    snprintf(cfg->kvcm_spec_name, sizeof cfg->kvcm_spec_name, "%s", "rtp_llm_hbm_{block_tokens}");
+    snprintf(cfg->kvcm_location_uri, sizeof cfg->kvcm_location_uri, "%s",
+             "rtp-llm://{host_ip_port}/hbm?size={block_bytes}");
+    cfg->kvcm_request_timeout_ms = 1500;
+    cfg->kvcm_connect_timeout_ms = 500;
+    cfg->kvcm_snapshot_timeout_ms = 30 * MS_PER_S;
+    cfg->kvcm_flush_interval_ms = 20;
+    cfg->kvcm_batch_events = 1000;
+    cfg->kvcm_queue_events = 100000;
+    cfg->kvcm_heartbeat_interval_ms = 1 * MS_PER_S;
+    cfg->kvcm_retry_base_ms = 500;
+    cfg->kvcm_retry_max_ms = 30 * MS_PER_S;
+    cfg->kvcm_snapshot_interval_ms = 300 * MS_PER_S;
+    cfg->kvcm_host_down_timeout_ms = 500;
+    cfg->kvcm_query_deadline_ms = 20;
+    cfg->kvcm_query_max_hosts = 8;
+    cfg->kvcm_query_breaker_failures = 5;
+    cfg->kvcm_query_breaker_open_ms = 10 * MS_PER_S;
+    cfg->kvcm_query_negative_ttl_ms = 1 * MS_PER_S;
 }
 
 /* ---- lookup ------------------------------------------------------------ */
@@ -561,6 +653,396 @@ int config_parse_listen(const char *text, struct config_listen *out, char *probl
     return 0;
 }
 
+/* ---- [kvcm] values ------------------------------------------------------- */
+
+/* Template placeholders, in KV_* bit order. */
+static const struct {
+    const char *name;
+    unsigned bit;
+} kvcm_placeholders[] = {
+    { "model", KV_MODEL }, { "dtype", KV_DTYPE }, { "block_tokens", KV_BLOCK_TOKENS },
+    { "tp_size", KV_TP_SIZE }, { "fingerprint", KV_FINGERPRINT }, { "host_ip_port", KV_HOST_IP_PORT },
+    { "medium", KV_MEDIUM }, { "block_bytes", KV_BLOCK_BYTES }, { "key", KV_KEY },
+};
+#define KV_NPLACEHOLDERS (sizeof kvcm_placeholders / sizeof kvcm_placeholders[0])
+
+#define HOSTPORT_HINT "expected HOST:PORT with a port 1..65535, e.g. 10.0.0.5:8088, node7.example:8088 " \
+                      "or [fd00::5]:8088"
+#define ENDPOINT_HINT "expected http://HOST:PORT or https://HOST:PORT, e.g. http://10.0.0.7:6382"
+
+const char *config_kvcm_storage_type_name(int storage_type)
+{
+    if (storage_type < 0 || storage_type >= (int)(sizeof storage_names / sizeof storage_names[0]))
+        return "";
+    return storage_names[storage_type];
+}
+
+/* Index of the placeholder spelled s[0..n), or -1. */
+static int kvcm_placeholder(const char *s, size_t n)
+{
+    for (size_t i = 0; i < KV_NPLACEHOLDERS; i++)
+        if (strlen(kvcm_placeholders[i].name) == n && memcmp(kvcm_placeholders[i].name, s, n) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* "{a}, {b} and {c}": the placeholders in mask. */
+static void kvcm_placeholder_list(unsigned mask, char *buf, size_t len)
+{
+    size_t total = 0, k = 0, used = 0;
+    for (size_t i = 0; i < KV_NPLACEHOLDERS; i++)
+        if (mask & kvcm_placeholders[i].bit)
+            total++;
+    buf[0] = '\0';
+    for (size_t i = 0; i < KV_NPLACEHOLDERS && used < len; i++) {
+        if (!(mask & kvcm_placeholders[i].bit))
+            continue;
+        k++;
+        int n = snprintf(buf + used, len - used, "%s{%s}", k == 1 ? "" : k == total ? " and " : ", ",
+                         kvcm_placeholders[i].name);
+        if (n > 0)
+            used += (size_t)n;
+    }
+}
+
+/* A name or template: no blanks or control characters (they could not be
+ * written back into the file unchanged, and no KVCM name has them); '#'
+ * refused where KVCM does not accept it. */
+static int kvcm_check_name(const struct opt_def *o, const char *s, const char *shown, char *problem, size_t len)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (isspace(*p) || iscntrl(*p)) {
+            snprintf(problem, len, "invalid value '" SHOWN "' (blanks and control characters are not allowed)",
+                     shown);
+            return -1;
+        }
+        if (*p == '#' && o->no_hash) {
+            snprintf(problem, len, "invalid value '" SHOWN "' (KVCM does not accept '#' in a medium name)", shown);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Every '{' opens a placeholder the option allows, closed by '}'; no stray '}'. */
+static int kvcm_check_template(const struct opt_def *o, const char *t, char *problem, size_t len)
+{
+    char allowed[192];
+    kvcm_placeholder_list(o->vars, allowed, sizeof allowed);
+    for (const char *p = t; *p; p++) {
+        if (*p == '}') {
+            snprintf(problem, len, "invalid template '%.*s%s': '}' without '{' (%s may use %s)", VALUE_SHOW, t,
+                     strlen(t) > VALUE_SHOW ? "..." : "", o->key, allowed);
+            return -1;
+        }
+        if (*p != '{')
+            continue;
+        const char *end = p + 1 + strcspn(p + 1, "{}");
+        if (*end != '}') {
+            snprintf(problem, len, "invalid template '%.*s%s': '{' without '}' (%s may use %s)", VALUE_SHOW, t,
+                     strlen(t) > VALUE_SHOW ? "..." : "", o->key, allowed);
+            return -1;
+        }
+        size_t n = (size_t)(end - p - 1);
+        int i = kvcm_placeholder(p + 1, n);
+        if (i < 0 || !(o->vars & kvcm_placeholders[i].bit)) {
+            snprintf(problem, len, "%s placeholder '{%.*s}' (%s may use %s)", i < 0 ? "unknown" : "unavailable",
+                     (int)(n < 64 ? n : 64), p + 1, o->key, allowed);
+            return -1;
+        }
+        p = end;
+    }
+    return 0;
+}
+
+/* Loopback, unspecified and "localhost" names: they name every machine. */
+static const char *kvcm_not_unique(const char *host, int family, const void *addr)
+{
+    if (family == AF_INET) {
+        uint32_t a = ntohl(((const struct in_addr *)addr)->s_addr);
+        if (a == 0)
+            return "the unspecified address";
+        if ((a >> 24) == 127)
+            return "a loopback address";
+        return NULL;
+    }
+    if (family == AF_INET6) {
+        const struct in6_addr *a6 = addr;
+        if (IN6_IS_ADDR_UNSPECIFIED(a6))
+            return "the unspecified address";
+        if (IN6_IS_ADDR_LOOPBACK(a6))
+            return "a loopback address";
+        if (IN6_IS_ADDR_V4MAPPED(a6)) {
+            struct in_addr a4;
+            memcpy(&a4.s_addr, &a6->s6_addr[12], 4);
+            return kvcm_not_unique(host, AF_INET, &a4);
+        }
+        return NULL;
+    }
+    static const char *const names[] = { "localhost", "localhost.localdomain", "localhost4",
+                                         "localhost4.localdomain4", "localhost6", "localhost6.localdomain6",
+                                         "ip6-localhost", "ip6-loopback" };
+    size_t n = strlen(host);
+    if (n > 0 && host[n - 1] == '.')
+        n--;   /* "localhost." is the same name */
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strlen(names[i]) == n && strncasecmp(host, names[i], n) == 0)
+            return "a name for loopback";
+    if (n > 10 && strncasecmp(host + n - 10, ".localhost", 10) == 0)
+        return "a name for loopback";
+    return NULL;
+}
+
+/* Host part of an endpoint or host_ip_port, host[0..n): a DNS name, an IPv4
+ * literal, or (bracketed) an IPv6 literal. Returns the address family
+ * (AF_UNSPEC for a name) with the address in addr, or -1. */
+static int kvcm_parse_host(const char *host, size_t n, bool bracketed, char *buf, size_t buflen, void *addr)
+{
+    if (n == 0 || n >= buflen)
+        return -1;
+    memcpy(buf, host, n);
+    buf[n] = '\0';
+    if (bracketed)
+        return inet_pton(AF_INET6, buf, addr) == 1 ? AF_INET6 : -1;
+    if (strspn(buf, "0123456789.") == n)
+        return inet_pton(AF_INET, buf, addr) == 1 ? AF_INET : -1;
+    if (strspn(buf, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") != n || buf[0] == '.' ||
+        buf[0] == '-' || strstr(buf, ".."))
+        return -1;
+    return AF_UNSPEC;
+}
+
+/* DIGITS in 1..65535, s[0..n). */
+static bool kvcm_port_ok(const char *s, size_t n)
+{
+    if (n == 0 || n > 5 || strspn(s, "0123456789") < n)
+        return false;
+    unsigned long v = 0;
+    for (size_t i = 0; i < n; i++)
+        v = v * 10 + (unsigned long)(s[i] - '0');
+    return v >= 1 && v <= 65535;
+}
+
+static int kvcm_check_host_ip_port(const char *s, const char *shown, char *problem, size_t len)
+{
+    char host[CONFIG_KVCM_NAME_MAX];
+    unsigned char addr[sizeof(struct in6_addr)];
+
+    if (strchr(s, '#')) {
+        snprintf(problem, len, "invalid value '" SHOWN "' (KVCM does not accept '#' in host_ip_port)", shown);
+        return -1;
+    }
+    const char *colon = strrchr(s, ':');
+    if (!colon || colon == s || !kvcm_port_ok(colon + 1, strlen(colon + 1))) {
+        snprintf(problem, len, "invalid value '" SHOWN "' (" HOSTPORT_HINT ")", shown);
+        return -1;
+    }
+    const char *h = s, *h_end = colon;
+    bool bracketed = *h == '[';
+    if (bracketed) {
+        if (h_end[-1] != ']' || h_end - h < 3) {
+            snprintf(problem, len, "invalid value '" SHOWN "' (an IPv6 host goes in brackets: [fd00::5]:8088)",
+                     shown);
+            return -1;
+        }
+        h++;
+        h_end--;
+    } else if (memchr(h, ':', (size_t)(h_end - h))) {
+        snprintf(problem, len, "invalid value '" SHOWN "' (an IPv6 host goes in brackets: [fd00::5]:8088)", shown);
+        return -1;
+    }
+    int family = kvcm_parse_host(h, (size_t)(h_end - h), bracketed, host, sizeof host, addr);
+    if (family < 0) {
+        snprintf(problem, len, "invalid value '" SHOWN "' (the host must be a DNS name, an IPv4 address or "
+                 "[IPv6]; " HOSTPORT_HINT ")", shown);
+        return -1;
+    }
+    const char *why = kvcm_not_unique(host, family, addr);
+    if (why) {
+        snprintf(problem, len, "'" SHOWN "' is not unique-looking (%s): KVCM tells reporters apart by "
+                 "host_ip_port, and daemons reporting the same one overwrite each other's blocks and snapshots; "
+                 "use this host's routable address or name and a port unique to this daemon", shown, why);
+        return -1;
+    }
+    return 0;
+}
+
+/* One endpoint, s[0..n): http(s)://AUTHORITY[/PATH] with no query or
+ * fragment. Returns the length without trailing '/' after the authority, or
+ * 0 when invalid. */
+static size_t kvcm_endpoint_shape(const char *s, size_t n)
+{
+    char host[256];
+    unsigned char addr[sizeof(struct in6_addr)];
+    size_t a = n >= 7 && strncasecmp(s, "http://", 7) == 0 ? 7 : n >= 8 && strncasecmp(s, "https://", 8) == 0 ? 8 : 0;
+    if (a == 0 || memchr(s, '?', n) || memchr(s, '#', n))
+        return 0;
+    size_t e = a;
+    while (e < n && s[e] != '/')
+        e++;
+    const char *auth = s + a, *auth_end = s + e;
+    const char *host_end = auth_end, *port = NULL;
+    bool bracketed = *auth == '[';
+    if (bracketed) {
+        const char *close = memchr(auth, ']', (size_t)(auth_end - auth));
+        if (!close)
+            return 0;
+        host_end = close;
+        if (close + 1 < auth_end) {
+            if (close[1] != ':')
+                return 0;
+            port = close + 2;
+        }
+        auth++;
+    } else {
+        const char *colon = memchr(auth, ':', (size_t)(auth_end - auth));
+        if (colon) {
+            host_end = colon;
+            port = colon + 1;
+        }
+    }
+    if (kvcm_parse_host(auth, (size_t)(host_end - auth), bracketed, host, sizeof host, addr) < 0)
+        return 0;
+    if (port && !kvcm_port_ok(port, (size_t)(auth_end - port)))
+        return 0;
+    while (n > e && s[n - 1] == '/')
+        n--;
+    return n;
+}
+
+/* Splits an endpoints list (see config_kvcm_endpoints); out may be NULL to
+ * check only. problem (may be NULL) says what is wrong. */
+static int kvcm_split_endpoints(const char *text, char (*out)[CONFIG_URL_MAX], size_t max, size_t *n,
+                                char *problem, size_t len)
+{
+    struct {
+        const char *s;
+        size_t n;
+    } seen[CONFIG_KVCM_ENDPOINTS_MAX];
+    size_t count = 0;
+    const char *p = text;
+    char scratch[8];
+
+    if (!problem) {
+        problem = scratch;
+        len = sizeof scratch;
+    }
+    *n = 0;
+    for (;;) {
+        p += strspn(p, ", \t");
+        if (!*p)
+            break;
+        const char *start = p;
+        p += strcspn(p, ", \t");
+        size_t elen = (size_t)(p - start);
+        if (count == CONFIG_KVCM_ENDPOINTS_MAX || count == max) {
+            snprintf(problem, len, "too many endpoints (at most %zu)",
+                     max < CONFIG_KVCM_ENDPOINTS_MAX ? max : (size_t)CONFIG_KVCM_ENDPOINTS_MAX);
+            return -1;
+        }
+        size_t ulen = elen;
+        while (ulen > 0 && start[ulen - 1] == '/')
+            ulen--;
+        if (ulen >= CONFIG_URL_MAX) {
+            snprintf(problem, len, "endpoint too long (%zu bytes; at most %d)", ulen, CONFIG_URL_MAX - 1);
+            return -1;
+        }
+        ulen = kvcm_endpoint_shape(start, elen);
+        if (ulen == 0) {
+            snprintf(problem, len, "invalid endpoint '%.*s%s' (" ENDPOINT_HINT ")", (int)(elen < VALUE_SHOW ? elen : VALUE_SHOW),
+                     start, elen > VALUE_SHOW ? "..." : "");
+            return -1;
+        }
+        for (size_t i = 0; i < count; i++) {
+            if (seen[i].n == ulen && strncasecmp(seen[i].s, start, ulen) == 0) {
+                snprintf(problem, len, "endpoint '%.*s%s' listed twice", (int)(ulen < VALUE_SHOW ? ulen : VALUE_SHOW),
+                         start, ulen > VALUE_SHOW ? "..." : "");
+                return -1;
+            }
+        }
+        seen[count].s = start;
+        seen[count].n = ulen;
+        if (out) {
+            memcpy(out[count], start, ulen);
+            out[count][ulen] = '\0';
+        }
+        count++;
+    }
+    *n = count;
+    return 0;
+}
+
+int config_kvcm_endpoints(const struct kvn_config *cfg, char out[][CONFIG_URL_MAX], size_t max, size_t *n)
+{
+    *n = 0;
+    size_t tlen = strnlen(cfg->kvcm_endpoints, sizeof cfg->kvcm_endpoints);
+    if (tlen == sizeof cfg->kvcm_endpoints)
+        return -1;   /* no terminator: a struct built by code */
+    size_t got;
+    if (kvcm_split_endpoints(cfg->kvcm_endpoints, out, max, &got, NULL, 0) < 0)
+        return -1;
+    *n = got;
+    return 0;
+}
+
+/* Appends s[0..n) to out; -1 when it does not fit with its NUL. */
+static int kvcm_append(char *out, size_t len, size_t *used, const char *s, size_t n)
+{
+    if (n >= len - *used)
+        return -1;
+    memcpy(out + *used, s, n);
+    *used += n;
+    out[*used] = '\0';
+    return 0;
+}
+
+int config_kvcm_expand(const char *tmpl, const struct config_kvcm_vars *vars, char *out, size_t len)
+{
+    size_t used = 0;
+    char num[32];
+
+    if (!out || len == 0)
+        return -1;
+    out[0] = '\0';
+    if (!tmpl || !vars || len > INT_MAX)
+        goto fail;
+    for (const char *p = tmpl; *p;) {
+        const char *brace = p + strcspn(p, "{}");
+        if (kvcm_append(out, len, &used, p, (size_t)(brace - p)) < 0)
+            goto fail;
+        if (!*brace)
+            break;
+        if (*brace == '}')
+            goto fail;
+        const char *end = brace + 1 + strcspn(brace + 1, "{}");
+        if (*end != '}')
+            goto fail;
+        int i = kvcm_placeholder(brace + 1, (size_t)(end - brace - 1));
+        if (i < 0)
+            goto fail;
+        const char *val = num;
+        switch (kvcm_placeholders[i].bit) {
+        case KV_MODEL:        val = vars->model; break;
+        case KV_DTYPE:        val = vars->dtype; break;
+        case KV_BLOCK_TOKENS: snprintf(num, sizeof num, "%" PRIu32, vars->block_tokens); break;
+        case KV_TP_SIZE:      snprintf(num, sizeof num, "%" PRIu32, vars->tp_size); break;
+        case KV_FINGERPRINT:  snprintf(num, sizeof num, "%" PRIx64, vars->fingerprint); break;
+        case KV_HOST_IP_PORT: val = vars->host_ip_port; break;
+        case KV_MEDIUM:       val = vars->medium; break;
+        case KV_BLOCK_BYTES:  snprintf(num, sizeof num, "%" PRIu64, vars->block_bytes); break;
+        case KV_KEY:          snprintf(num, sizeof num, "%" PRId64, vars->key); break;
+        default:              goto fail;
+        }
+        if (!val || kvcm_append(out, len, &used, val, strlen(val)) < 0)
+            goto fail;
+        p = end + 1;
+    }
+    return (int)used;
+fail:
+    out[0] = '\0';
+    return -1;
+}
+
 /* ---- per-option parse / check / store ------------------------------------ */
 
 /* The value as the user typed it, cut to a sane length for a message. */
@@ -582,7 +1064,11 @@ static void config_format_value(const struct opt_def *o, const union opt_value *
     case OPT_GROUPS:
     case OPT_GROUP:
     case OPT_DIR:
-    case OPT_URL:      snprintf(buf, len, "%s", v->s); break;
+    case OPT_URL:
+    case OPT_TEXT:
+    case OPT_TEMPLATE:
+    case OPT_HOSTPORT:
+    case OPT_URLLIST:  snprintf(buf, len, "%s", v->s); break;
     case OPT_MODE:     snprintf(buf, len, "%04" PRIo64, v->u); break;
     case OPT_SIZE:     config_format_size(v->u, buf, len); break;
     case OPT_COUNT:    snprintf(buf, len, "%" PRIu64, v->u); break;
@@ -675,6 +1161,25 @@ static int config_check_value(const struct opt_def *o, const union opt_value *v,
             return -1;
         }
         return 0;
+    }
+    case OPT_TEXT:
+    case OPT_TEMPLATE:
+    case OPT_HOSTPORT:
+    case OPT_URLLIST: {
+        size_t n = strlen(v->s);
+        if (n >= o->width) {
+            snprintf(problem, len, "value too long (%zu bytes; at most %zu)", n, o->width - 1);
+            return -1;
+        }
+        if (n == 0)
+            return 0;   /* config_validate decides when it is required */
+        if (o->type == OPT_URLLIST)
+            return kvcm_split_endpoints(v->s, NULL, CONFIG_KVCM_ENDPOINTS_MAX, &n, problem, len);
+        if (o->type == OPT_HOSTPORT)
+            return kvcm_check_host_ip_port(v->s, shown, problem, len);
+        if (kvcm_check_name(o, v->s, shown, problem, len) < 0)
+            return -1;
+        return o->type == OPT_TEMPLATE ? kvcm_check_template(o, v->s, problem, len) : 0;
     }
     case OPT_USERS:
     case OPT_GROUPS: {
@@ -778,6 +1283,10 @@ static int config_parse_value(const struct opt_def *o, const char *text, union o
     case OPT_GROUP:
     case OPT_DIR:
     case OPT_URL:
+    case OPT_TEXT:
+    case OPT_TEMPLATE:
+    case OPT_HOSTPORT:
+    case OPT_URLLIST:
         v->s = text;
         break;
     case OPT_MODE:
@@ -845,6 +1354,10 @@ static void config_store(struct kvn_config *cfg, const struct opt_def *o, const 
     case OPT_GROUP:
     case OPT_DIR:
     case OPT_URL:
+    case OPT_TEXT:
+    case OPT_TEMPLATE:
+    case OPT_HOSTPORT:
+    case OPT_URLLIST:
         /* Checked shorter than the field, so it fits; zero the tail so equal
          * configs stay byte-equal. */
         memset(field, 0, o->width);
@@ -887,7 +1400,11 @@ static void config_load(const struct kvn_config *cfg, const struct opt_def *o, u
     case OPT_GROUPS:
     case OPT_GROUP:
     case OPT_DIR:
-    case OPT_URL: {
+    case OPT_URL:
+    case OPT_TEXT:
+    case OPT_TEMPLATE:
+    case OPT_HOSTPORT:
+    case OPT_URLLIST: {
         size_t n = strnlen(field, o->width);
         if (n >= path_len)
             n = path_len - 1;
@@ -929,6 +1446,10 @@ static bool config_value_equal(const struct opt_def *o, const union opt_value *a
     case OPT_GROUP:
     case OPT_DIR:
     case OPT_URL:
+    case OPT_TEXT:
+    case OPT_TEMPLATE:
+    case OPT_HOSTPORT:
+    case OPT_URLLIST:
         return strcmp(a->s, b->s) == 0;
     case OPT_FRACTION:
         return a->d == b->d;
@@ -1295,6 +1816,45 @@ int config_validate(const struct kvn_config *cfg, char *err, size_t errlen)
         if (cfg->persist_socket[0] == '\0')
             errbuf_add(&errors, "[persist] socket_path: required when backend = v6d (the store's data-plane "
                                 "unix socket)");
+    }
+
+    /* [kvcm]: with enabled = on, every missing field gets its own line, so
+     * one failed start names all of them. Off: nothing is required. */
+    if (cfg->kvcm_enabled == 1) {
+        static const struct {
+            size_t offset;
+            const char *key, *what;
+        } required[] = {
+            { offsetof(struct kvn_config, kvcm_endpoints), "endpoints",
+              "the KVCM servers' base URLs, e.g. http://kvcm-0:6382, http://kvcm-1:6382" },
+            { offsetof(struct kvn_config, kvcm_host_ip_port), "host_ip_port",
+              "HOST:PORT naming this daemon to KVCM, unique per daemon: daemons sharing one overwrite "
+              "each other's blocks" },
+            { offsetof(struct kvn_config, kvcm_instance_group), "instance_group", "e.g. default" },
+            { offsetof(struct kvn_config, kvcm_instance_id), "instance_id", "a template, e.g. {model}_{block_tokens}" },
+            { offsetof(struct kvn_config, kvcm_medium_hbm), "medium_hbm", "the GPU tier's medium name, e.g. hbm" },
+            { offsetof(struct kvn_config, kvcm_medium_host), "medium_host",
+              "the host-memory tier's medium name, e.g. dram" },
+            { offsetof(struct kvn_config, kvcm_spec_name), "spec_name", "a template, e.g. rtp_llm_hbm_{block_tokens}" },
+            { offsetof(struct kvn_config, kvcm_location_uri), "location_uri",
+              "a template, e.g. rtp-llm://{host_ip_port}/hbm?size={block_bytes}" },
+        };
+        for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
+            if (((const char *)cfg)[required[i].offset] == '\0')
+                errbuf_add(&errors, "[kvcm] %s: required when enabled = on (%s)", required[i].key, required[i].what);
+        if (cfg->kvcm_medium_hbm[0] &&
+            strncmp(cfg->kvcm_medium_hbm, cfg->kvcm_medium_host, sizeof cfg->kvcm_medium_hbm) == 0)
+            errbuf_add(&errors, "[kvcm] medium_host: '%.*s' is also medium_hbm; the two tiers need different "
+                                "medium names", CONFIG_KVCM_MEDIUM_MAX - 1, cfg->kvcm_medium_host);
+        if (cfg->kvcm_retry_base_ms > cfg->kvcm_retry_max_ms) {
+            char base[32], max[32];
+            config_format_duration(cfg->kvcm_retry_base_ms, base, sizeof base);
+            config_format_duration(cfg->kvcm_retry_max_ms, max, sizeof max);
+            errbuf_add(&errors, "[kvcm] retry_base: %s exceeds retry_max (%s)", base, max);
+        }
+        if (cfg->kvcm_batch_events > cfg->kvcm_queue_events)
+            errbuf_add(&errors, "[kvcm] batch_events: %" PRIu32 " exceeds queue_events (%" PRIu32 ")",
+                       cfg->kvcm_batch_events, cfg->kvcm_queue_events);
     }
 
     if (errors.count) {

@@ -15,7 +15,12 @@
 #define CONFIG_IDLIST_MAX 512   /* allow_uids / allow_gids text, NUL included */
 #define CONFIG_NAME_MAX   64    /* socket_group text, NUL included */
 #define CONFIG_IDS_MAX    64    /* ids in one allow list */
-#define CONFIG_URL_MAX    512   /* [persist] url text, NUL included */
+#define CONFIG_URL_MAX    512   /* [persist] url text, one [kvcm] endpoint, NUL included */
+#define CONFIG_KVCM_ENDPOINTS_TEXT 1024 /* [kvcm] endpoints text, NUL included */
+#define CONFIG_KVCM_ENDPOINTS_MAX  8    /* URLs in [kvcm] endpoints */
+#define CONFIG_KVCM_NAME_MAX     128    /* [kvcm] instance_group, host_ip_port text, NUL included */
+#define CONFIG_KVCM_MEDIUM_MAX    32    /* [kvcm] medium_hbm / medium_host text, NUL included */
+#define CONFIG_KVCM_TEMPLATE_MAX 256    /* [kvcm] instance_id / spec_name / location_uri, NUL included */
 
 struct kvn_config {
     /* [server] */
@@ -65,6 +70,35 @@ struct kvn_config {
     uint32_t persist_timeout_ms;            /* v6d: bound on one store call (restart) */
     int      persist_lookup;         /* CONFIG_LOOKUP_*: ask the store about keys the index
                                         lacks (auto: only for stores no scan can enumerate) */
+
+    /* [kvcm] (every option restart-only; nothing is sent unless enabled) */
+    int      kvcm_enabled;           /* 0 off (default), 1 on: publish to and query KVCM */
+    char     kvcm_endpoints[CONFIG_KVCM_ENDPOINTS_TEXT]; /* base URLs, comma/blank separated
+                                        (config_kvcm_endpoints splits them) */
+    char     kvcm_instance_group[CONFIG_KVCM_NAME_MAX];  /* registerInstance instance_group */
+    char     kvcm_instance_id[CONFIG_KVCM_TEMPLATE_MAX]; /* template of the instance id, per deployment */
+    char     kvcm_host_ip_port[CONFIG_KVCM_NAME_MAX];    /* this daemon's reporter identity, HOST:PORT */
+    int      kvcm_storage_type;      /* CONFIG_KVCM_STORAGE_*: reportEvent storage_type */
+    char     kvcm_medium_hbm[CONFIG_KVCM_MEDIUM_MAX];    /* medium name of the GPU (HBM) tier */
+    char     kvcm_medium_host[CONFIG_KVCM_MEDIUM_MAX];   /* medium name of the host-memory tier */
+    char     kvcm_spec_name[CONFIG_KVCM_TEMPLATE_MAX];   /* template of the location spec name */
+    char     kvcm_location_uri[CONFIG_KVCM_TEMPLATE_MAX];/* template of a block's location URI */
+    uint32_t kvcm_request_timeout_ms;     /* bound on one KVCM call (snapshots excepted) */
+    uint32_t kvcm_connect_timeout_ms;     /* bound on connecting to KVCM */
+    uint32_t kvcm_snapshot_timeout_ms;    /* bound on one snapshot upload */
+    uint32_t kvcm_flush_interval_ms;      /* longest an event waits before its batch is sent */
+    uint32_t kvcm_batch_events;           /* events per ADD/DELETE request, at most */
+    uint32_t kvcm_queue_events;           /* publisher queue; overflow -> drop + resync snapshot */
+    uint32_t kvcm_heartbeat_interval_ms;  /* heartbeat period (own thread) */
+    uint32_t kvcm_retry_base_ms;          /* first retry delay after a failure ... */
+    uint32_t kvcm_retry_max_ms;           /* ... doubling up to this */
+    uint32_t kvcm_snapshot_interval_ms;   /* periodic full snapshot */
+    uint32_t kvcm_host_down_timeout_ms;   /* bound on HOST_DOWN at stop */
+    uint32_t kvcm_query_deadline_ms;      /* remote prefix query: one deadline per request */
+    uint32_t kvcm_query_max_hosts;        /* peer hosts returned per query, at most */
+    uint32_t kvcm_query_breaker_failures; /* consecutive failures that open the breaker */
+    uint32_t kvcm_query_breaker_open_ms;  /* how long an open breaker answers locally */
+    uint32_t kvcm_query_negative_ttl_ms;  /* how long a failed leader lookup is remembered */
 };
 
 enum { CONFIG_BACKEND_OFF = 0, CONFIG_BACKEND_FILE = 1, CONFIG_BACKEND_V6D = 2 };
@@ -74,6 +108,9 @@ enum { CONFIG_POLICY_WRITE_THROUGH = 0, CONFIG_POLICY_WRITE_BACK = 1, CONFIG_POL
 enum { CONFIG_LOOKUP_AUTO = 0, CONFIG_LOOKUP_ON = 1, CONFIG_LOOKUP_OFF = 2 };
 
 enum { CONFIG_PIN_AUTO = 0, CONFIG_PIN_ON = 1, CONFIG_PIN_OFF = 2 };
+
+/* [kvcm] storage_type, in the order of config_kvcm_storage_type_name(). */
+enum { CONFIG_KVCM_STORAGE_L1P5 = 0, CONFIG_KVCM_STORAGE_L2 = 1 };
 
 /* Embedded defaults (the values conf/kvnode.conf documents). */
 void config_defaults(struct kvn_config *cfg);
@@ -96,7 +133,12 @@ int config_apply_override(struct kvn_config *cfg, const char *assignment, char *
  * checks: low_watermark < high_watermark, slab_bytes <= host_bytes, at most
  * 2^32-1 slabs, socket_path non-empty and shorter than sun_path (108 bytes
  * including the NUL); [persist]: path non-empty when backend = file, url
- * (http:// or https://) and socket_path non-empty when backend = v6d.
+ * (http:// or https://) and socket_path non-empty when backend = v6d;
+ * [kvcm] with enabled = on: every required field (endpoints, host_ip_port,
+ * instance_group, instance_id, medium_hbm, medium_host, spec_name,
+ * location_uri) non-empty, each missing one named on its own line, media
+ * distinct, retry_base <= retry_max, batch_events <= queue_events (with
+ * kvcm off its fields are only range-checked).
  * 0, or -1 with one line per problem in err. */
 int config_validate(const struct kvn_config *cfg, char *err, size_t errlen);
 
@@ -145,5 +187,47 @@ int config_parse_idlist(const char *text, int groups, uint32_t *ids, size_t max,
                         char *problem, size_t len);
 /* Resolve a group name or number. 0, or -1 with problem set. */
 int config_parse_group(const char *text, uint32_t *gid, char *problem, size_t len);
+
+/* ---- [kvcm] helpers ---- */
+
+/* The wire name of a storage type: "ST_EVENT_REPORT_L1P5", "ST_EVENT_REPORT_L2"
+ * ("" for a value out of range). */
+const char *config_kvcm_storage_type_name(int storage_type);
+
+/* Split [kvcm] endpoints into base URLs (commas and/or blanks separate them;
+ * a trailing '/' is dropped, so "<url>/api/<rpc>" can be appended). Each is
+ * http:// or https://, a host (name, IPv4 or [IPv6]), an optional :PORT
+ * (1..65535) and an optional path; no URL twice; at most
+ * CONFIG_KVCM_ENDPOINTS_MAX. 0 with *n set (0 for an empty list), or -1 when
+ * the text is invalid or holds more than max URLs. */
+int config_kvcm_endpoints(const struct kvn_config *cfg, char out[][CONFIG_URL_MAX], size_t max, size_t *n);
+
+/* The values a [kvcm] template may refer to. Which placeholders each option
+ * accepts is checked when it is parsed:
+ *   instance_id:  {model} {dtype} {block_tokens} {tp_size} {fingerprint}
+ *   spec_name:    the same and {block_bytes}
+ *   location_uri: {host_ip_port} {medium} {block_bytes} {key}
+ * Templates have no escapes: '{' always opens a placeholder and a '}' outside
+ * one is an error. */
+struct config_kvcm_vars {
+    const char *model;          /* {model}: the layout's model name, verbatim */
+    const char *dtype;          /* {dtype} */
+    uint32_t    block_tokens;   /* {block_tokens}: tokens per block */
+    uint32_t    tp_size;        /* {tp_size} */
+    uint64_t    fingerprint;    /* {fingerprint}: deployment fingerprint, lowercase hex
+                                   without padding (as in deployment ids) */
+    const char *host_ip_port;   /* {host_ip_port}: the configured identity */
+    const char *medium;         /* {medium}: medium_hbm or medium_host */
+    uint64_t    block_bytes;    /* {block_bytes}: bytes of one block across the
+                                   deployment's TP ranks (block_bytes x tp_size, the
+                                   size registered in location_spec_infos) */
+    int64_t     key;            /* {key}: block key, signed decimal (the wire form) */
+};
+
+/* Expand `tmpl` into out (len bytes, NUL included). Returns the length of
+ * the result, or -1 -- out then holds "" -- when the template has an
+ * unknown placeholder or a stray brace, a string it refers to is NULL, or
+ * the result does not fit. */
+int config_kvcm_expand(const char *tmpl, const struct config_kvcm_vars *vars, char *out, size_t len);
 
 #endif

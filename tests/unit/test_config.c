@@ -137,6 +137,32 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_uint_eq(a->persist_connect_timeout_ms, b->persist_connect_timeout_ms);
     ck_assert_uint_eq(a->persist_timeout_ms, b->persist_timeout_ms);
     ck_assert_int_eq(a->persist_lookup, b->persist_lookup);
+    ck_assert_int_eq(a->kvcm_enabled, b->kvcm_enabled);
+    ck_assert_str_eq(a->kvcm_endpoints, b->kvcm_endpoints);
+    ck_assert_str_eq(a->kvcm_instance_group, b->kvcm_instance_group);
+    ck_assert_str_eq(a->kvcm_instance_id, b->kvcm_instance_id);
+    ck_assert_str_eq(a->kvcm_host_ip_port, b->kvcm_host_ip_port);
+    ck_assert_int_eq(a->kvcm_storage_type, b->kvcm_storage_type);
+    ck_assert_str_eq(a->kvcm_medium_hbm, b->kvcm_medium_hbm);
+    ck_assert_str_eq(a->kvcm_medium_host, b->kvcm_medium_host);
+    ck_assert_str_eq(a->kvcm_spec_name, b->kvcm_spec_name);
+    ck_assert_str_eq(a->kvcm_location_uri, b->kvcm_location_uri);
+    ck_assert_uint_eq(a->kvcm_request_timeout_ms, b->kvcm_request_timeout_ms);
+    ck_assert_uint_eq(a->kvcm_connect_timeout_ms, b->kvcm_connect_timeout_ms);
+    ck_assert_uint_eq(a->kvcm_snapshot_timeout_ms, b->kvcm_snapshot_timeout_ms);
+    ck_assert_uint_eq(a->kvcm_flush_interval_ms, b->kvcm_flush_interval_ms);
+    ck_assert_uint_eq(a->kvcm_batch_events, b->kvcm_batch_events);
+    ck_assert_uint_eq(a->kvcm_queue_events, b->kvcm_queue_events);
+    ck_assert_uint_eq(a->kvcm_heartbeat_interval_ms, b->kvcm_heartbeat_interval_ms);
+    ck_assert_uint_eq(a->kvcm_retry_base_ms, b->kvcm_retry_base_ms);
+    ck_assert_uint_eq(a->kvcm_retry_max_ms, b->kvcm_retry_max_ms);
+    ck_assert_uint_eq(a->kvcm_snapshot_interval_ms, b->kvcm_snapshot_interval_ms);
+    ck_assert_uint_eq(a->kvcm_host_down_timeout_ms, b->kvcm_host_down_timeout_ms);
+    ck_assert_uint_eq(a->kvcm_query_deadline_ms, b->kvcm_query_deadline_ms);
+    ck_assert_uint_eq(a->kvcm_query_max_hosts, b->kvcm_query_max_hosts);
+    ck_assert_uint_eq(a->kvcm_query_breaker_failures, b->kvcm_query_breaker_failures);
+    ck_assert_uint_eq(a->kvcm_query_breaker_open_ms, b->kvcm_query_breaker_open_ms);
+    ck_assert_uint_eq(a->kvcm_query_negative_ttl_ms, b->kvcm_query_negative_ttl_ms);
     /* Both went through config_defaults (zeroed) and the parser (zero-filled
      * path tail), so they are byte-identical too. */
     ck_assert(memcmp(a, b, sizeof *a) == 0);
@@ -167,6 +193,14 @@ static const char *const all_options[][2] = {
     { "persist", "fsync" }, { "persist", "workers" }, { "persist", "queue" }, { "persist", "url" },
     { "persist", "socket_path" }, { "persist", "connect_timeout" }, { "persist", "timeout" },
     { "persist", "lookup" },
+    { "kvcm", "enabled" }, { "kvcm", "endpoints" }, { "kvcm", "instance_group" }, { "kvcm", "instance_id" },
+    { "kvcm", "host_ip_port" }, { "kvcm", "storage_type" }, { "kvcm", "medium_hbm" }, { "kvcm", "medium_host" },
+    { "kvcm", "spec_name" }, { "kvcm", "location_uri" }, { "kvcm", "request_timeout" },
+    { "kvcm", "connect_timeout" }, { "kvcm", "snapshot_timeout" }, { "kvcm", "flush_interval" },
+    { "kvcm", "batch_events" }, { "kvcm", "queue_events" }, { "kvcm", "heartbeat_interval" },
+    { "kvcm", "retry_base" }, { "kvcm", "retry_max" }, { "kvcm", "snapshot_interval" },
+    { "kvcm", "host_down_timeout" }, { "kvcm", "query_deadline" }, { "kvcm", "query_max_hosts" },
+    { "kvcm", "query_breaker_failures" }, { "kvcm", "query_breaker_open" }, { "kvcm", "query_negative_ttl" },
 };
 #define NOPTIONS (sizeof all_options / sizeof all_options[0])
 
@@ -209,6 +243,43 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(c.persist_connect_timeout_ms, 1000);
     ck_assert_uint_eq(c.persist_timeout_ms, 5000);
     ck_assert_int_eq(c.persist_lookup, CONFIG_LOOKUP_AUTO);
+    /* [kvcm]: off, and the reference publisher's timings (PROTOCOLS.md §2). */
+    ck_assert_int_eq(c.kvcm_enabled, 0);
+    ck_assert_str_eq(c.kvcm_endpoints, "");
+    ck_assert_str_eq(c.kvcm_instance_group, "default");
+    ck_assert_str_eq(c.kvcm_instance_id, "{model}_{block_tokens}");
+    ck_assert_str_eq(c.kvcm_host_ip_port, "");
+    ck_assert_int_eq(c.kvcm_storage_type, CONFIG_KVCM_STORAGE_L1P5);
+    ck_assert_str_eq(config_kvcm_storage_type_name(c.kvcm_storage_type), "ST_EVENT_REPORT_L1P5");
+    ck_assert_str_eq(config_kvcm_storage_type_name(CONFIG_KVCM_STORAGE_L2), "ST_EVENT_REPORT_L2");
+    ck_assert_str_eq(config_kvcm_storage_type_name(2), "");
+    ck_assert_str_eq(config_kvcm_storage_type_name(-1), "");
+    ck_assert_str_eq(c.kvcm_medium_hbm, "hbm");
+    ck_assert_str_eq(c.kvcm_medium_host, "dram");
+    ck_assert_str_eq(c.kvcm_spec_name, "rtp_llm_hbm_{block_tokens}");
+    ck_assert_str_eq(c.kvcm_location_uri, "rtp-llm://{host_ip_port}/hbm?size={block_bytes}");
+    ck_assert_uint_eq(c.kvcm_request_timeout_ms, 1500);
+    ck_assert_uint_eq(c.kvcm_connect_timeout_ms, 500);
+    ck_assert_uint_eq(c.kvcm_snapshot_timeout_ms, 30000);
+    ck_assert_uint_eq(c.kvcm_flush_interval_ms, 20);
+    ck_assert_uint_eq(c.kvcm_batch_events, 1000);
+    ck_assert_uint_eq(c.kvcm_queue_events, 100000);
+    ck_assert_uint_eq(c.kvcm_heartbeat_interval_ms, 1000);
+    ck_assert_uint_eq(c.kvcm_retry_base_ms, 500);
+    ck_assert_uint_eq(c.kvcm_retry_max_ms, 30000);
+    ck_assert_uint_eq(c.kvcm_snapshot_interval_ms, 300000);
+    ck_assert_uint_eq(c.kvcm_host_down_timeout_ms, 500);
+    ck_assert_uint_eq(c.kvcm_query_deadline_ms, 20);
+    ck_assert_uint_eq(c.kvcm_query_max_hosts, 8);
+    ck_assert_uint_eq(c.kvcm_query_breaker_failures, 5);
+    ck_assert_uint_eq(c.kvcm_query_breaker_open_ms, 10000);
+    ck_assert_uint_eq(c.kvcm_query_negative_ttl_ms, 1000);
+    for (size_t i = 0; i < sizeof c.kvcm_endpoints; i++)
+        ck_assert_int_eq(c.kvcm_endpoints[i], 0);
+    for (size_t i = 0; i < sizeof c.kvcm_host_ip_port; i++)
+        ck_assert_int_eq(c.kvcm_host_ip_port[i], 0);
+    for (size_t i = strlen(c.kvcm_location_uri); i < sizeof c.kvcm_location_uri; i++)
+        ck_assert_int_eq(c.kvcm_location_uri[i], 0);
     /* The path's tail is zeroed, so equal configs are byte-equal. */
     for (size_t i = strlen(c.socket_path); i < sizeof c.socket_path; i++)
         ck_assert_int_eq(c.socket_path[i], 0);
@@ -331,6 +402,57 @@ static const struct good_case good_cases[] = {
     { "persist", "lookup", "auto", OFF(persist_lookup), F_INT, .u = CONFIG_LOOKUP_AUTO },
     { "persist", "lookup", "on", OFF(persist_lookup), F_INT, .u = CONFIG_LOOKUP_ON },
     { "persist", "lookup", "OFF", OFF(persist_lookup), F_INT, .u = CONFIG_LOOKUP_OFF },
+    { "kvcm", "enabled", "on", OFF(kvcm_enabled), F_INT, .u = 1 },
+    { "kvcm", "enabled", "OFF", OFF(kvcm_enabled), F_INT, .u = 0 },
+    { "kvcm", "endpoints", "http://10.0.0.7:6382", OFF(kvcm_endpoints), F_STR, .s = "http://10.0.0.7:6382" },
+    { "kvcm", "endpoints", "http://kvcm-0:6382, http://kvcm-1:6382 https://[fd00::1]:6382/base/", OFF(kvcm_endpoints),
+      F_STR, .s = "http://kvcm-0:6382, http://kvcm-1:6382 https://[fd00::1]:6382/base/" },
+    { "kvcm", "endpoints", "HTTP://kvcm.example", OFF(kvcm_endpoints), F_STR, .s = "HTTP://kvcm.example" },
+    { "kvcm", "endpoints", "", OFF(kvcm_endpoints), F_STR, .s = "" },
+    { "kvcm", "instance_group", "prod-a", OFF(kvcm_instance_group), F_STR, .s = "prod-a" },
+    { "kvcm", "instance_group", "", OFF(kvcm_instance_group), F_STR, .s = "" },
+    { "kvcm", "instance_id", "{model}-{dtype}-tp{tp_size}-{fingerprint}_{block_tokens}", OFF(kvcm_instance_id), F_STR,
+      .s = "{model}-{dtype}-tp{tp_size}-{fingerprint}_{block_tokens}" },
+    { "kvcm", "instance_id", "fixed_id", OFF(kvcm_instance_id), F_STR, .s = "fixed_id" },
+    { "kvcm", "host_ip_port", "10.0.0.5:8088", OFF(kvcm_host_ip_port), F_STR, .s = "10.0.0.5:8088" },
+    { "kvcm", "host_ip_port", "node7.example.com:1", OFF(kvcm_host_ip_port), F_STR, .s = "node7.example.com:1" },
+    { "kvcm", "host_ip_port", "[fd00::5]:65535", OFF(kvcm_host_ip_port), F_STR, .s = "[fd00::5]:65535" },
+    { "kvcm", "host_ip_port", "kv_node-3:8088", OFF(kvcm_host_ip_port), F_STR, .s = "kv_node-3:8088" },
+    { "kvcm", "host_ip_port", "", OFF(kvcm_host_ip_port), F_STR, .s = "" },
+    { "kvcm", "storage_type", "ST_EVENT_REPORT_L2", OFF(kvcm_storage_type), F_INT, .u = CONFIG_KVCM_STORAGE_L2 },
+    { "kvcm", "storage_type", "st_event_report_l1p5", OFF(kvcm_storage_type), F_INT, .u = CONFIG_KVCM_STORAGE_L1P5 },
+    { "kvcm", "medium_hbm", "gpu", OFF(kvcm_medium_hbm), F_STR, .s = "gpu" },
+    { "kvcm", "medium_host", "host_dram", OFF(kvcm_medium_host), F_STR, .s = "host_dram" },
+    { "kvcm", "spec_name", "kvnode_{model}_{block_bytes}", OFF(kvcm_spec_name), F_STR, .s = "kvnode_{model}_{block_bytes}" },
+    { "kvcm", "location_uri", "kvnode://{host_ip_port}/{medium}/{key}?size={block_bytes}", OFF(kvcm_location_uri),
+      F_STR, .s = "kvnode://{host_ip_port}/{medium}/{key}?size={block_bytes}" },
+    { "kvcm", "request_timeout", "10ms", OFF(kvcm_request_timeout_ms), F_U32, .u = 10 },
+    { "kvcm", "request_timeout", "10m", OFF(kvcm_request_timeout_ms), F_U32, .u = 600000 },
+    { "kvcm", "connect_timeout", "1m", OFF(kvcm_connect_timeout_ms), F_U32, .u = 60000 },
+    { "kvcm", "snapshot_timeout", "2m", OFF(kvcm_snapshot_timeout_ms), F_U32, .u = 120000 },
+    { "kvcm", "flush_interval", "1", OFF(kvcm_flush_interval_ms), F_U32, .u = 1 },
+    { "kvcm", "flush_interval", "10s", OFF(kvcm_flush_interval_ms), F_U32, .u = 10000 },
+    { "kvcm", "batch_events", "1", OFF(kvcm_batch_events), F_U32, .u = 1 },
+    { "kvcm", "batch_events", "16384", OFF(kvcm_batch_events), F_U32, .u = 16384 },
+    { "kvcm", "queue_events", "1", OFF(kvcm_queue_events), F_U32, .u = 1 },
+    { "kvcm", "queue_events", "1048576", OFF(kvcm_queue_events), F_U32, .u = 1048576 },
+    { "kvcm", "heartbeat_interval", "10ms", OFF(kvcm_heartbeat_interval_ms), F_U32, .u = 10 },
+    { "kvcm", "heartbeat_interval", "1m", OFF(kvcm_heartbeat_interval_ms), F_U32, .u = 60000 },
+    { "kvcm", "retry_base", "1ms", OFF(kvcm_retry_base_ms), F_U32, .u = 1 },
+    { "kvcm", "retry_max", "1h", OFF(kvcm_retry_max_ms), F_U32, .u = 3600000 },
+    { "kvcm", "snapshot_interval", "100ms", OFF(kvcm_snapshot_interval_ms), F_U32, .u = 100 },
+    { "kvcm", "snapshot_interval", "24h", OFF(kvcm_snapshot_interval_ms), F_U32, .u = 86400000 },
+    { "kvcm", "host_down_timeout", "10ms", OFF(kvcm_host_down_timeout_ms), F_U32, .u = 10 },
+    { "kvcm", "host_down_timeout", "1m", OFF(kvcm_host_down_timeout_ms), F_U32, .u = 60000 },
+    { "kvcm", "query_deadline", "1ms", OFF(kvcm_query_deadline_ms), F_U32, .u = 1 },
+    { "kvcm", "query_deadline", "10s", OFF(kvcm_query_deadline_ms), F_U32, .u = 10000 },
+    { "kvcm", "query_max_hosts", "1", OFF(kvcm_query_max_hosts), F_U32, .u = 1 },
+    { "kvcm", "query_max_hosts", "64", OFF(kvcm_query_max_hosts), F_U32, .u = 64 },
+    { "kvcm", "query_breaker_failures", "1000", OFF(kvcm_query_breaker_failures), F_U32, .u = 1000 },
+    { "kvcm", "query_breaker_open", "10ms", OFF(kvcm_query_breaker_open_ms), F_U32, .u = 10 },
+    { "kvcm", "query_breaker_open", "10m", OFF(kvcm_query_breaker_open_ms), F_U32, .u = 600000 },
+    { "kvcm", "query_negative_ttl", "1ms", OFF(kvcm_query_negative_ttl_ms), F_U32, .u = 1 },
+    { "kvcm", "query_negative_ttl", "10m", OFF(kvcm_query_negative_ttl_ms), F_U32, .u = 600000 },
 };
 #define NGOOD (sizeof good_cases / sizeof good_cases[0])
 
@@ -496,6 +618,79 @@ static const struct bad_case bad_cases[] = {
     { "persist", "timeout", "0", "out of range (expected 10ms..10m)" },
     { "persist", "timeout", "11m", "'11m'" },
     { "persist", "lookup", "yes", "invalid value 'yes' (expected auto, on or off)" },
+    { "kvcm", "enabled", "yes", "invalid value 'yes' (expected off or on)" },
+    { "kvcm", "enabled", "", "invalid value '' (expected off or on)" },
+    { "kvcm", "endpoints", "kvcm:6382", "invalid endpoint 'kvcm:6382' (expected http://HOST:PORT or https://HOST:PORT" },
+    { "kvcm", "endpoints", "http://a:1, ftp://b:2", "invalid endpoint 'ftp://b:2'" },
+    { "kvcm", "endpoints", "http://a:0", "invalid endpoint 'http://a:0'" },
+    { "kvcm", "endpoints", "http://a:65536", "invalid endpoint 'http://a:65536'" },
+    { "kvcm", "endpoints", "http://", "invalid endpoint 'http://'" },
+    { "kvcm", "endpoints", "http://:6382", "invalid endpoint 'http://:6382'" },
+    { "kvcm", "endpoints", "http://a:1?x=1", "invalid endpoint 'http://a:1?x=1'" },
+    { "kvcm", "endpoints", "http://[::1:6382", "invalid endpoint 'http://[::1:6382'" },
+    { "kvcm", "endpoints", "http://[zz]:6382", "invalid endpoint 'http://[zz]:6382'" },
+    { "kvcm", "endpoints", "http://a:1,http://A:1/", "endpoint 'http://A:1' listed twice" },
+    { "kvcm", "endpoints", "http://h1 http://h2 http://h3 http://h4 http://h5 http://h6 http://h7 http://h8 http://h9",
+      "too many endpoints (at most 8)" },
+    { "kvcm", "instance_group", "a b", "invalid value 'a b' (blanks and control characters are not allowed)" },
+    { "kvcm", "instance_id", "{model}_{rank}", "unknown placeholder '{rank}' (instance_id may use {model}, {dtype}, "
+      "{block_tokens}, {tp_size} and {fingerprint})" },
+    { "kvcm", "instance_id", "{model}_{key}", "unavailable placeholder '{key}' (instance_id may use" },
+    { "kvcm", "instance_id", "{model", "invalid template '{model': '{' without '}'" },
+    { "kvcm", "instance_id", "model}", "invalid template 'model}': '}' without '{'" },
+    { "kvcm", "instance_id", "{}", "unknown placeholder '{}'" },
+    { "kvcm", "instance_id", "{{model}}", "'{' without '}'" },
+    { "kvcm", "spec_name", "spec_{medium}", "unavailable placeholder '{medium}' (spec_name may use {model}, {dtype}, "
+      "{block_tokens}, {tp_size}, {fingerprint} and {block_bytes})" },
+    { "kvcm", "location_uri", "x://{host}/", "unknown placeholder '{host}' (location_uri may use {host_ip_port}, "
+      "{medium}, {block_bytes} and {key})" },
+    { "kvcm", "location_uri", "x://{model}/", "unavailable placeholder '{model}'" },
+    { "kvcm", "host_ip_port", "localhost:8088", "'localhost:8088' is not unique-looking (a name for loopback)" },
+    { "kvcm", "host_ip_port", "127.0.0.1:8088", "not unique-looking (a loopback address)" },
+    { "kvcm", "host_ip_port", "127.8.9.10:1", "not unique-looking (a loopback address)" },
+    { "kvcm", "host_ip_port", "0.0.0.0:8088", "not unique-looking (the unspecified address)" },
+    { "kvcm", "host_ip_port", "[::1]:8088", "not unique-looking (a loopback address)" },
+    { "kvcm", "host_ip_port", "[::]:8088", "not unique-looking (the unspecified address)" },
+    { "kvcm", "host_ip_port", "[::ffff:127.0.0.1]:8088", "not unique-looking (a loopback address)" },
+    { "kvcm", "host_ip_port", "LocalHost.:8088", "not unique-looking (a name for loopback)" },
+    { "kvcm", "host_ip_port", "node.localhost:8088", "not unique-looking (a name for loopback)" },
+    { "kvcm", "host_ip_port", "ip6-localhost:8088", "not unique-looking (a name for loopback)" },
+    { "kvcm", "host_ip_port", "node#1:8088", "invalid value 'node#1:8088' (KVCM does not accept '#' in host_ip_port)" },
+    { "kvcm", "host_ip_port", "10.0.0.5", "invalid value '10.0.0.5' (expected HOST:PORT with a port 1..65535" },
+    { "kvcm", "host_ip_port", "10.0.0.5:", "expected HOST:PORT with a port 1..65535" },
+    { "kvcm", "host_ip_port", "10.0.0.5:0", "expected HOST:PORT with a port 1..65535" },
+    { "kvcm", "host_ip_port", "10.0.0.5:65536", "expected HOST:PORT with a port 1..65535" },
+    { "kvcm", "host_ip_port", "10.0.0.5:http", "expected HOST:PORT with a port 1..65535" },
+    { "kvcm", "host_ip_port", ":8088", "expected HOST:PORT with a port 1..65535" },
+    { "kvcm", "host_ip_port", "fd00::5:8088", "an IPv6 host goes in brackets" },
+    { "kvcm", "host_ip_port", "[fd00::5:8088", "an IPv6 host goes in brackets" },
+    { "kvcm", "host_ip_port", "300.1.1.1:80", "the host must be a DNS name, an IPv4 address or [IPv6]" },
+    { "kvcm", "host_ip_port", "bad host:80", "the host must be a DNS name" },
+    { "kvcm", "host_ip_port", "-node:80", "the host must be a DNS name" },
+    { "kvcm", "storage_type", "L2", "invalid value 'L2' (expected ST_EVENT_REPORT_L1P5 or ST_EVENT_REPORT_L2)" },
+    { "kvcm", "medium_hbm", "hbm#0", "invalid value 'hbm#0' (KVCM does not accept '#' in a medium name)" },
+    { "kvcm", "medium_host", "dr am", "blanks and control characters are not allowed" },
+    { "kvcm", "request_timeout", "9ms", "out of range (expected 10ms..10m)" },
+    { "kvcm", "connect_timeout", "61s", "out of range (expected 10ms..1m)" },
+    { "kvcm", "snapshot_timeout", "11m", "out of range (expected 10ms..10m)" },
+    { "kvcm", "flush_interval", "0", "out of range (expected 1ms..10s)" },
+    { "kvcm", "flush_interval", "20 ms", "invalid duration '20 ms'" },
+    { "kvcm", "batch_events", "0", "invalid value '0' (expected an integer in 1..16384)" },
+    { "kvcm", "batch_events", "16385", "1..16384" },
+    { "kvcm", "queue_events", "1048577", "invalid value '1048577' (expected an integer in 1..1048576)" },
+    { "kvcm", "heartbeat_interval", "2m", "out of range (expected 10ms..1m)" },
+    { "kvcm", "retry_base", "0", "out of range (expected 1ms..1m)" },
+    { "kvcm", "retry_max", "2h", "out of range (expected 1ms..1h)" },
+    { "kvcm", "snapshot_interval", "99ms", "out of range (expected 100ms..24h)" },
+    { "kvcm", "snapshot_interval", "25h", "'25h'" },
+    { "kvcm", "host_down_timeout", "5ms", "out of range (expected 10ms..1m)" },
+    { "kvcm", "query_deadline", "0", "out of range (expected 1ms..10s)" },
+    { "kvcm", "query_deadline", "11s", "'11s'" },
+    { "kvcm", "query_max_hosts", "65", "invalid value '65' (expected an integer in 1..64)" },
+    { "kvcm", "query_max_hosts", "0", "1..64" },
+    { "kvcm", "query_breaker_failures", "1001", "1..1000" },
+    { "kvcm", "query_breaker_open", "9ms", "out of range (expected 10ms..10m)" },
+    { "kvcm", "query_negative_ttl", "0", "out of range (expected 1ms..10m)" },
 };
 #define NBAD (sizeof bad_cases / sizeof bad_cases[0])
 
@@ -1151,6 +1346,337 @@ START_TEST(test_validate_persist)
 }
 END_TEST
 
+
+/* ---- [kvcm] ----------------------------------------------------------------------- */
+
+/* A struct with every [kvcm] field set to a good, non-default value. */
+static void kvcm_fill(struct kvn_config *c)
+{
+    /* Zero the string fields first, as the parser does, so the result
+     * compares byte for byte with a parsed copy. */
+    memset(c->kvcm_endpoints, 0, sizeof c->kvcm_endpoints);
+    memset(c->kvcm_instance_group, 0, sizeof c->kvcm_instance_group);
+    memset(c->kvcm_instance_id, 0, sizeof c->kvcm_instance_id);
+    memset(c->kvcm_host_ip_port, 0, sizeof c->kvcm_host_ip_port);
+    memset(c->kvcm_medium_hbm, 0, sizeof c->kvcm_medium_hbm);
+    memset(c->kvcm_medium_host, 0, sizeof c->kvcm_medium_host);
+    memset(c->kvcm_spec_name, 0, sizeof c->kvcm_spec_name);
+    memset(c->kvcm_location_uri, 0, sizeof c->kvcm_location_uri);
+    c->kvcm_enabled = 1;
+    snprintf(c->kvcm_endpoints, sizeof c->kvcm_endpoints, "http://kvcm-0:6382, https://kvcm-1.example/meta/");
+    snprintf(c->kvcm_instance_group, sizeof c->kvcm_instance_group, "prod-a");
+    snprintf(c->kvcm_instance_id, sizeof c->kvcm_instance_id, "{model}-{fingerprint}_{block_tokens}");
+    snprintf(c->kvcm_host_ip_port, sizeof c->kvcm_host_ip_port, "10.1.2.3:18088");
+    c->kvcm_storage_type = CONFIG_KVCM_STORAGE_L2;
+    snprintf(c->kvcm_medium_hbm, sizeof c->kvcm_medium_hbm, "gpu");
+    snprintf(c->kvcm_medium_host, sizeof c->kvcm_medium_host, "host");
+    snprintf(c->kvcm_spec_name, sizeof c->kvcm_spec_name, "kvnode_{block_tokens}_{block_bytes}");
+    snprintf(c->kvcm_location_uri, sizeof c->kvcm_location_uri, "kvnode://{host_ip_port}/{medium}/{key}");
+    c->kvcm_request_timeout_ms = 2500;
+    c->kvcm_connect_timeout_ms = 250;
+    c->kvcm_snapshot_timeout_ms = 90000;
+    c->kvcm_flush_interval_ms = 5;
+    c->kvcm_batch_events = 64;
+    c->kvcm_queue_events = 128;
+    c->kvcm_heartbeat_interval_ms = 200;
+    c->kvcm_retry_base_ms = 100;
+    c->kvcm_retry_max_ms = 5000;
+    c->kvcm_snapshot_interval_ms = 3600000;
+    c->kvcm_host_down_timeout_ms = 250;
+    c->kvcm_query_deadline_ms = 50;
+    c->kvcm_query_max_hosts = 3;
+    c->kvcm_query_breaker_failures = 2;
+    c->kvcm_query_breaker_open_ms = 1500;
+    c->kvcm_query_negative_ttl_ms = 200;
+}
+
+START_TEST(test_validate_kvcm)
+{
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+
+    /* On with the defaults: the two fields without one are named, one line
+     * each, in one message. */
+    config_defaults(&c);
+    ck_assert_int_eq(config_apply_override(&c, "kvcm.enabled=on", err, sizeof err), 0);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[kvcm] endpoints: required when enabled = on ("), "%s", err);
+    ck_assert_msg(strstr(err, "[kvcm] host_ip_port: required when enabled = on ("), "%s", err);
+    ck_assert_msg(strstr(err, "unique per daemon"), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 2);
+
+    /* Every required field empty: every one named, with unrelated problems too. */
+    const char *required[] = { "endpoints", "host_ip_port", "instance_group", "instance_id", "medium_hbm",
+                               "medium_host", "spec_name", "location_uri" };
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        char assign[64];
+        snprintf(assign, sizeof assign, "kvcm.%s=", required[i]);
+        ck_assert_msg(config_apply_override(&c, assign, err, sizeof err) == 0, "%s: %s", assign, err);
+    }
+    c.max_clients = 0;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        char want[96];
+        snprintf(want, sizeof want, "[kvcm] %s: required when enabled = on", required[i]);
+        ck_assert_msg(strstr(err, want), "'%s' missing from:\n%s", want, err);
+    }
+    ck_assert_msg(strstr(err, "[server] max_clients: "), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 9);
+    ck_assert_msg(!strstr(err, "more errors not shown"), "%s", err);
+
+    /* Off: none of it is required. */
+    c.max_clients = 1;
+    c.kvcm_enabled = 0;
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+
+    /* The same through a file: each value alone is fine. */
+    config_defaults(&c);
+    ck_assert_int_eq(load_text(&c, "[kvcm]\nenabled = on\nendpoints = http://kvcm:6382\n", err, sizeof err, NULL, 0),
+                     0);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[kvcm] host_ip_port: required when enabled = on"), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 1);
+    ck_assert_int_eq(config_apply_override(&c, "kvcm.host_ip_port=10.0.0.5:8088", err, sizeof err), 0);
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+
+    /* Cross-checks, when on. */
+    config_defaults(&c);
+    kvcm_fill(&c);
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    c.kvcm_retry_base_ms = 40000;
+    c.kvcm_retry_max_ms = 30000;
+    c.kvcm_batch_events = 2000;
+    c.kvcm_queue_events = 1000;
+    snprintf(c.kvcm_medium_host, sizeof c.kvcm_medium_host, "gpu");
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[kvcm] retry_base: 40s exceeds retry_max (30s)"), "%s", err);
+    ck_assert_msg(strstr(err, "[kvcm] batch_events: 2000 exceeds queue_events (1000)"), "%s", err);
+    ck_assert_msg(strstr(err, "[kvcm] medium_host: 'gpu' is also medium_hbm"), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 3);
+    c.kvcm_enabled = 0;   /* off: not used, not cross-checked */
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+
+    /* Off, fields are still range-checked (structs edited by code). */
+    config_defaults(&c);
+    c.kvcm_enabled = 2;
+    c.kvcm_storage_type = 2;
+    c.kvcm_query_max_hosts = 65;
+    c.kvcm_batch_events = 0;
+    c.kvcm_flush_interval_ms = 0;
+    snprintf(c.kvcm_host_ip_port, sizeof c.kvcm_host_ip_port, "localhost:8088");
+    snprintf(c.kvcm_endpoints, sizeof c.kvcm_endpoints, "kvcm:6382");
+    snprintf(c.kvcm_instance_id, sizeof c.kvcm_instance_id, "{rank}");
+    snprintf(c.kvcm_medium_hbm, sizeof c.kvcm_medium_hbm, "a#b");
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    const char *expect[] = {
+        "[kvcm] enabled: invalid value '2' (expected off or on)",
+        "[kvcm] storage_type: invalid value '2' (expected ST_EVENT_REPORT_L1P5 or ST_EVENT_REPORT_L2)",
+        "[kvcm] query_max_hosts: invalid value '65'", "[kvcm] batch_events: invalid value '0'",
+        "[kvcm] flush_interval: duration '0s' out of range",
+        "[kvcm] host_ip_port: 'localhost:8088' is not unique-looking", "[kvcm] endpoints: invalid endpoint 'kvcm:6382'",
+        "[kvcm] instance_id: unknown placeholder '{rank}'", "[kvcm] medium_hbm: invalid value 'a#b'",
+    };
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++)
+        ck_assert_msg(strstr(err, expect[i]), "'%s' missing from:\n%s", expect[i], err);
+    ck_assert_uint_eq(count_lines(err), 9);
+
+    /* String fields without a terminator are rejected, never read past. */
+    config_defaults(&c);
+    memset(c.kvcm_endpoints, 'e', sizeof c.kvcm_endpoints);
+    memset(c.kvcm_host_ip_port, 'h', sizeof c.kvcm_host_ip_port);
+    memset(c.kvcm_location_uri, 'u', sizeof c.kvcm_location_uri);
+    memset(c.kvcm_medium_host, 'm', sizeof c.kvcm_medium_host);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[kvcm] endpoints: value too long (1024 bytes; at most 1023)"), "%s", err);
+    ck_assert_msg(strstr(err, "[kvcm] host_ip_port: value too long (128 bytes; at most 127)"), "%s", err);
+    ck_assert_msg(strstr(err, "[kvcm] location_uri: value too long (256 bytes; at most 255)"), "%s", err);
+    ck_assert_msg(strstr(err, "[kvcm] medium_host: value too long (32 bytes; at most 31)"), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 4);
+    size_t n = 99;
+    char urls[CONFIG_KVCM_ENDPOINTS_MAX][CONFIG_URL_MAX];
+    ck_assert_int_eq(config_kvcm_endpoints(&c, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), -1);
+    ck_assert_uint_eq(n, 0);
+
+    /* Longer values than a file line holds come from overrides. */
+    char assign[1200];
+    memset(assign, 0, sizeof assign);
+    snprintf(assign, sizeof assign, "kvcm.endpoints=http://");
+    memset(assign + strlen(assign), 'h', 1100);
+    config_defaults(&c);
+    ck_assert_int_eq(config_apply_override(&c, assign, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "override kvcm.endpoints: value too long (1107 bytes; at most 1023)"), "%s", err);
+    memset(assign, 0, sizeof assign);
+    snprintf(assign, sizeof assign, "kvcm.endpoints=http://");
+    memset(assign + strlen(assign), 'h', 600);
+    ck_assert_int_eq(config_apply_override(&c, assign, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "override kvcm.endpoints: endpoint too long (607 bytes; at most 511)"), "%s", err);
+}
+END_TEST
+
+START_TEST(test_kvcm_host_ip_port)
+{
+    char err[CONFIG_ERR_MAX], assign[256];
+    struct kvn_config c;
+    const char *good[] = { "10.0.0.5:8088", "192.168.7.21:1", "kvnode-3.rack7.example.com:65535", "node7:8088",
+                           "[fd00::5]:8088", "[2001:db8::1]:443", "128.0.0.1:80", "my-localhost-box:1",
+                           "localhost-7:9" };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        config_defaults(&c);
+        snprintf(assign, sizeof assign, "kvcm.host_ip_port=%s", good[i]);
+        ck_assert_msg(config_apply_override(&c, assign, err, sizeof err) == 0, "%s: %s", assign, err);
+        ck_assert_str_eq(c.kvcm_host_ip_port, good[i]);
+        c.kvcm_enabled = 1;
+        snprintf(c.kvcm_endpoints, sizeof c.kvcm_endpoints, "http://kvcm:6382");
+        ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s: %s", good[i], err);
+    }
+
+    /* Refused: and the message says why uniqueness matters. */
+    struct {
+        const char *value, *expect;
+    } bad[] = {
+        { "localhost:8088", "(a name for loopback)" },
+        { "127.0.0.1:8088", "(a loopback address)" },
+        { "[::1]:8088", "(a loopback address)" },
+        { "0.0.0.0:8088", "(the unspecified address)" },
+        { "node#1:8088", "'#'" },
+        { "node7", "expected HOST:PORT with a port 1..65535" },
+        { "node7:", "expected HOST:PORT with a port 1..65535" },
+        { "10.0.0.5:99999", "expected HOST:PORT with a port 1..65535" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        config_defaults(&c);
+        snprintf(assign, sizeof assign, "kvcm.host_ip_port=%s", bad[i].value);
+        ck_assert_msg(config_apply_override(&c, assign, err, sizeof err) == -1, "%s accepted", assign);
+        ck_assert_msg(strstr(err, bad[i].expect), "%s: %s", assign, err);
+        ck_assert_msg(strncmp(err, "override kvcm.host_ip_port: ", 28) == 0, "%s", err);
+        ck_assert_str_eq(c.kvcm_host_ip_port, "");
+        if (strstr(bad[i].expect, "address") || strstr(bad[i].expect, "loopback"))
+            ck_assert_msg(strstr(err, "is not unique-looking") &&
+                          strstr(err, "overwrite each other's blocks and snapshots") &&
+                          strstr(err, "a port unique to this daemon"), "%s", err);
+    }
+}
+END_TEST
+
+START_TEST(test_kvcm_endpoints)
+{
+    char urls[CONFIG_KVCM_ENDPOINTS_MAX][CONFIG_URL_MAX];
+    size_t n = 99;
+    struct kvn_config c;
+
+    /* Default: none. */
+    config_defaults(&c);
+    ck_assert_int_eq(config_kvcm_endpoints(&c, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), 0);
+    ck_assert_uint_eq(n, 0);
+
+    /* Commas and/or blanks separate; trailing slashes go; the rest is kept. */
+    snprintf(c.kvcm_endpoints, sizeof c.kvcm_endpoints,
+             " http://kvcm-0:6382/,https://kvcm-1.example:443/prefix//  http://[fd00::7]:6382 ,,\tHTTP://10.0.0.9 ,");
+    ck_assert_int_eq(config_kvcm_endpoints(&c, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), 0);
+    ck_assert_uint_eq(n, 4);
+    ck_assert_str_eq(urls[0], "http://kvcm-0:6382");
+    ck_assert_str_eq(urls[1], "https://kvcm-1.example:443/prefix");
+    ck_assert_str_eq(urls[2], "http://[fd00::7]:6382");
+    ck_assert_str_eq(urls[3], "HTTP://10.0.0.9");
+    /* Fewer slots than URLs: refused, not cut short. */
+    ck_assert_int_eq(config_kvcm_endpoints(&c, urls, 3, &n), -1);
+    ck_assert_uint_eq(n, 0);
+
+    /* Exactly CONFIG_KVCM_ENDPOINTS_MAX, through the parser; one more is refused. */
+    char list[512] = "", err[CONFIG_ERR_MAX], assign[600];
+    for (int i = 0; i < CONFIG_KVCM_ENDPOINTS_MAX; i++) {
+        size_t used = strlen(list);
+        snprintf(list + used, sizeof list - used, "%shttp://kvcm-%d:6382", i ? "," : "", i);
+    }
+    snprintf(assign, sizeof assign, "kvcm.endpoints=%s", list);
+    config_defaults(&c);
+    ck_assert_msg(config_apply_override(&c, assign, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(config_kvcm_endpoints(&c, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), 0);
+    ck_assert_uint_eq(n, CONFIG_KVCM_ENDPOINTS_MAX);
+    ck_assert_str_eq(urls[7], "http://kvcm-7:6382");
+    snprintf(assign, sizeof assign, "kvcm.endpoints=%s http://kvcm-8:6382", list);
+    ck_assert_int_eq(config_apply_override(&c, assign, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "override kvcm.endpoints: too many endpoints (at most 8)"), "%s", err);
+    snprintf(c.kvcm_endpoints, sizeof c.kvcm_endpoints, "%s http://kvcm-8:6382", list);
+    ck_assert_int_eq(config_kvcm_endpoints(&c, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), -1);
+
+    /* Invalid text (a struct edited by code) is refused by the splitter too. */
+    const char *bad[] = { "kvcm:6382", "http://a:1 http://a:1/", "http://a:1 ftp://b", "http://a b" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(c.kvcm_endpoints, 0, sizeof c.kvcm_endpoints);
+        snprintf(c.kvcm_endpoints, sizeof c.kvcm_endpoints, "%s", bad[i]);
+        ck_assert_msg(config_kvcm_endpoints(&c, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n) == -1, "'%s' accepted", bad[i]);
+    }
+}
+END_TEST
+
+START_TEST(test_kvcm_expand)
+{
+    struct kvn_config c;
+    config_defaults(&c);
+    const struct config_kvcm_vars v = {
+        .model = "qwen2-7b", .dtype = "bf16", .block_tokens = 16, .tp_size = 2, .fingerprint = UINT64_C(0xabc123),
+        .host_ip_port = "10.0.0.5:8088", .medium = "hbm", .block_bytes = 131072, .key = -4211,
+    };
+    char out[256];
+
+    /* The defaults give rtp-llm's names. */
+    ck_assert_int_eq(config_kvcm_expand(c.kvcm_instance_id, &v, out, sizeof out), 11);
+    ck_assert_str_eq(out, "qwen2-7b_16");
+    ck_assert_int_eq(config_kvcm_expand(c.kvcm_spec_name, &v, out, sizeof out), 14);
+    ck_assert_str_eq(out, "rtp_llm_hbm_16");
+    ck_assert_int_eq(config_kvcm_expand(c.kvcm_location_uri, &v, out, sizeof out), 39);
+    ck_assert_str_eq(out, "rtp-llm://10.0.0.5:8088/hbm?size=131072");
+
+    /* Every placeholder, repeated ones, literal text around them. */
+    ck_assert_int_gt(config_kvcm_expand("{model}|{dtype}|{block_tokens}|{tp_size}|{fingerprint}|{host_ip_port}|"
+                                        "{medium}|{block_bytes}|{key}|{model}", &v, out, sizeof out), 0);
+    ck_assert_str_eq(out, "qwen2-7b|bf16|16|2|abc123|10.0.0.5:8088|hbm|131072|-4211|qwen2-7b");
+    struct config_kvcm_vars w = v;
+    w.key = INT64_MIN;
+    w.fingerprint = UINT64_MAX;
+    w.block_bytes = UINT64_MAX;
+    ck_assert_int_gt(config_kvcm_expand("{key}/{fingerprint}/{block_bytes}", &w, out, sizeof out), 0);
+    ck_assert_str_eq(out, "-9223372036854775808/ffffffffffffffff/18446744073709551615");
+    w.fingerprint = 0x1;   /* no padding, as in deployment ids */
+    ck_assert_int_eq(config_kvcm_expand("{fingerprint}", &w, out, sizeof out), 1);
+    ck_assert_str_eq(out, "1");
+    ck_assert_int_eq(config_kvcm_expand("plain", &v, out, sizeof out), 5);
+    ck_assert_str_eq(out, "plain");
+    ck_assert_int_eq(config_kvcm_expand("", &v, out, sizeof out), 0);
+    ck_assert_str_eq(out, "");
+
+    /* Unknown placeholders and stray braces: -1 and an empty result. */
+    const char *bad[] = { "{rank}", "a}", "{model", "{}", "{{model}}", "x{model}{", "{Model}", "{ model}" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(out, 'x', sizeof out);
+        ck_assert_msg(config_kvcm_expand(bad[i], &v, out, sizeof out) == -1, "'%s' expanded to '%s'", bad[i], out);
+        ck_assert_str_eq(out, "");
+    }
+
+    /* Overflow: the result and its NUL must fit. */
+    char small[12];
+    ck_assert_int_eq(config_kvcm_expand("{model}_{block_tokens}", &v, small, 11), -1);
+    ck_assert_str_eq(small, "");
+    ck_assert_int_eq(config_kvcm_expand("{model}_{block_tokens}", &v, small, 12), 11);
+    ck_assert_str_eq(small, "qwen2-7b_16");
+    ck_assert_int_eq(config_kvcm_expand("0123456789ab", &v, small, sizeof small), -1);
+    ck_assert_int_eq(config_kvcm_expand("0123456789a", &v, small, sizeof small), 11);
+    ck_assert_int_eq(config_kvcm_expand("{block_bytes}", &v, small, 6), -1);
+    ck_assert_int_eq(config_kvcm_expand("x", &v, small, 0), -1);
+    ck_assert_int_eq(config_kvcm_expand("x", &v, NULL, 8), -1);
+    ck_assert_int_eq(config_kvcm_expand(NULL, &v, small, sizeof small), -1);
+    ck_assert_int_eq(config_kvcm_expand("x", NULL, small, sizeof small), -1);
+
+    /* A NULL string is an error only where the template uses it. */
+    struct config_kvcm_vars partial = { .host_ip_port = "h:1", .medium = "dram", .block_bytes = 4096, .key = 7 };
+    ck_assert_int_gt(config_kvcm_expand(c.kvcm_location_uri, &partial, out, sizeof out), 0);
+    ck_assert_str_eq(out, "rtp-llm://h:1/hbm?size=4096");
+    ck_assert_int_eq(config_kvcm_expand(c.kvcm_instance_id, &partial, out, sizeof out), -1);
+    ck_assert_int_eq(config_kvcm_expand("{dtype}", &partial, out, sizeof out), -1);
+}
+END_TEST
+
 /* ---- config_write --------------------------------------------------------------- */
 
 static void assert_round_trip(const struct kvn_config *c)
@@ -1170,6 +1696,10 @@ static void assert_round_trip(const struct kvn_config *c)
     back.persist_workers = c->persist_workers == 7 ? 8 : 7;
     snprintf(back.persist_url, sizeof back.persist_url, "http://elsewhere");
     snprintf(back.persist_socket, sizeof back.persist_socket, "/tmp/elsewhere.sock");
+    back.kvcm_enabled = !c->kvcm_enabled;
+    snprintf(back.kvcm_endpoints, sizeof back.kvcm_endpoints, "http://elsewhere:1");
+    snprintf(back.kvcm_host_ip_port, sizeof back.kvcm_host_ip_port, "elsewhere:1");
+    back.kvcm_query_max_hosts = c->kvcm_query_max_hosts == 7 ? 8 : 7;
     int rc = load_text(&back, text, err, sizeof err, NULL, 0);
     ck_assert_msg(rc == 0, "config_write output does not parse: %s\n%s", err, text);
     assert_config_equal(c, &back);
@@ -1199,7 +1729,17 @@ START_TEST(test_write_round_trip_defaults)
                             "level = info\n", "\n[persist]\n", "backend = file\n", "policy = write_through\n",
                             "path = /var/lib/kvnode\n", "capacity = 0\n", "fsync = batch\n", "workers = 2\n",
                             "queue = 4096\n", "\nurl = \n", "connect_timeout = 1s\n", "timeout = 5s\n",
-                            "lookup = auto\n" };
+                            "lookup = auto\n", "\n[kvcm]\nenabled = off\nendpoints = \ninstance_group = default\n"
+                            "instance_id = {model}_{block_tokens}\nhost_ip_port = \n"
+                            "storage_type = ST_EVENT_REPORT_L1P5\nmedium_hbm = hbm\nmedium_host = dram\n"
+                            "spec_name = rtp_llm_hbm_{block_tokens}\n"
+                            "location_uri = rtp-llm://{host_ip_port}/hbm?size={block_bytes}\n"
+                            "request_timeout = 1500ms\nconnect_timeout = 500ms\nsnapshot_timeout = 30s\n"
+                            "flush_interval = 20ms\nbatch_events = 1000\nqueue_events = 100000\n"
+                            "heartbeat_interval = 1s\nretry_base = 500ms\nretry_max = 30s\n"
+                            "snapshot_interval = 5m\nhost_down_timeout = 500ms\nquery_deadline = 20ms\n"
+                            "query_max_hosts = 8\nquery_breaker_failures = 5\nquery_breaker_open = 10s\n"
+                            "query_negative_ttl = 1s\n" };
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
         ck_assert_msg(strstr(text, forms[i]), "config_write lacks '%s':\n%s", forms[i], text);
     /* Exactly one line per option, plus the comment, blanks and headers. */
@@ -1249,6 +1789,7 @@ START_TEST(test_write_round_trip_custom)
     c.persist_connect_timeout_ms = 250;
     c.persist_timeout_ms = 120000;
     c.persist_lookup = CONFIG_LOOKUP_ON;
+    kvcm_fill(&c);
     char err[CONFIG_ERR_MAX];
     ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
     assert_round_trip(&c);
@@ -1260,7 +1801,17 @@ START_TEST(test_write_round_trip_custom)
                             "backend = v6d\n", "policy = write_back\n", "\npath = rel/with space/k=v;x\n",
                             "capacity = 5368709632\n", "fsync = always\n", "workers = 32\n", "queue = 16\n",
                             "url = https://kvs.example:8443/v1?a=b\n", "socket_path = /run/v6d/data.sock\n",
-                            "connect_timeout = 250ms\n", "timeout = 2m\n", "lookup = on\n" };
+                            "connect_timeout = 250ms\n", "timeout = 2m\n", "lookup = on\n",
+                            "\n[kvcm]\nenabled = on\nendpoints = http://kvcm-0:6382, https://kvcm-1.example/meta/\n"
+                            "instance_group = prod-a\ninstance_id = {model}-{fingerprint}_{block_tokens}\n"
+                            "host_ip_port = 10.1.2.3:18088\nstorage_type = ST_EVENT_REPORT_L2\nmedium_hbm = gpu\n"
+                            "medium_host = host\nspec_name = kvnode_{block_tokens}_{block_bytes}\n"
+                            "location_uri = kvnode://{host_ip_port}/{medium}/{key}\nrequest_timeout = 2500ms\n"
+                            "connect_timeout = 250ms\nsnapshot_timeout = 90s\nflush_interval = 5ms\n"
+                            "batch_events = 64\nqueue_events = 128\nheartbeat_interval = 200ms\n"
+                            "retry_base = 100ms\nretry_max = 5s\nsnapshot_interval = 1h\n"
+                            "host_down_timeout = 250ms\nquery_deadline = 50ms\nquery_max_hosts = 3\n"
+                            "query_breaker_failures = 2\nquery_breaker_open = 1500ms\nquery_negative_ttl = 200ms\n" };
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
         ck_assert_msg(strstr(text, forms[i]), "config_write lacks '%s':\n%s", forms[i], text);
     free(text);
@@ -1274,6 +1825,13 @@ START_TEST(test_write_round_trip_custom)
     c.persist_fsync = 0;   /* never */
     c.persist_lookup = CONFIG_LOOKUP_OFF;
     c.persist_capacity = 7 * (GIB << 10);
+    /* kvcm off with its fields still set, and with them empty. */
+    c.kvcm_enabled = 0;
+    assert_round_trip(&c);
+    memset(c.kvcm_endpoints, 0, sizeof c.kvcm_endpoints);
+    memset(c.kvcm_host_ip_port, 0, sizeof c.kvcm_host_ip_port);
+    memset(c.kvcm_instance_group, 0, sizeof c.kvcm_instance_group);
+    c.kvcm_storage_type = CONFIG_KVCM_STORAGE_L1P5;
     assert_round_trip(&c);
 }
 END_TEST
@@ -1395,7 +1953,17 @@ START_TEST(test_restart_required)
                               "memory.slab_bytes", "server.max_namespaces", "memory.pin_host", "admin.listen",
                               "persist.backend", "persist.path", "persist.capacity", "persist.fsync",
                               "persist.workers", "persist.queue", "persist.url", "persist.socket_path",
-                              "persist.connect_timeout", "persist.timeout", "persist.lookup" };
+                              "persist.connect_timeout", "persist.timeout", "persist.lookup",
+                              /* [kvcm]: all of it; its threads read their settings once */
+                              "kvcm.enabled", "kvcm.endpoints", "kvcm.instance_group", "kvcm.instance_id",
+                              "kvcm.host_ip_port", "kvcm.storage_type", "kvcm.medium_hbm", "kvcm.medium_host",
+                              "kvcm.spec_name", "kvcm.location_uri", "kvcm.request_timeout",
+                              "kvcm.connect_timeout", "kvcm.snapshot_timeout", "kvcm.flush_interval",
+                              "kvcm.batch_events", "kvcm.queue_events", "kvcm.heartbeat_interval",
+                              "kvcm.retry_base", "kvcm.retry_max", "kvcm.snapshot_interval",
+                              "kvcm.host_down_timeout", "kvcm.query_deadline", "kvcm.query_max_hosts",
+                              "kvcm.query_breaker_failures", "kvcm.query_breaker_open",
+                              "kvcm.query_negative_ttl" };
     for (size_t i = 0; i < NOPTIONS; i++) {
         bool want_restart = false;
         char name[64];
@@ -1451,6 +2019,24 @@ START_TEST(test_restart_required)
     ck_assert_int_eq(b.persist_backend, CONFIG_BACKEND_FILE);
     ck_assert_str_eq(b.persist_path, a.persist_path);
     ck_assert_int_eq(b.persist_policy, CONFIG_POLICY_WRITE_BACK);
+
+    /* [kvcm]: switching it on, or any of its settings, waits for a restart;
+     * a reload keeps the running values. */
+    b = a;
+    kvcm_fill(&b);
+    b.max_clients = 77;   /* reloadable, applied */
+    char all[1024];
+    ck_assert_int_eq(config_restart_required(&a, &b, all, sizeof all), 26);
+    ck_assert_msg(strncmp(all, "kvcm.enabled, kvcm.endpoints, kvcm.instance_group, ", 51) == 0, "%s", all);
+    ck_assert_msg(strstr(all, ", kvcm.query_breaker_open, kvcm.query_negative_ttl") != NULL, "%s", all);
+    config_keep_restart_only(&b, &a);
+    ck_assert_int_eq(config_restart_required(&a, &b, NULL, 0), 0);
+    ck_assert_int_eq(b.kvcm_enabled, 0);
+    ck_assert_str_eq(b.kvcm_endpoints, "");
+    ck_assert_uint_eq(b.kvcm_flush_interval_ms, 20);
+    ck_assert_uint_eq(b.max_clients, 77);
+    ck_assert(!config_option_reloadable("kvcm", "flush_interval"));
+    ck_assert(!config_option_reloadable("kvcm", "bogus"));
 }
 END_TEST
 
@@ -1667,6 +2253,14 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_validate_socket_path);
     tcase_add_test(tc, test_validate_field_ranges);
     tcase_add_test(tc, test_validate_persist);
+    tcase_add_test(tc, test_validate_kvcm);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("kvcm");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_kvcm_host_ip_port);
+    tcase_add_test(tc, test_kvcm_endpoints);
+    tcase_add_test(tc, test_kvcm_expand);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("write");
