@@ -7,7 +7,7 @@
 #   make valgrind   the test suite under valgrind (tests and daemons)
 #   make bench      build and run the benchmarks (not part of `make test`)
 #   make CUDA=0 ... build without the CUDA toolkit (default: detected)
-#   make V6D=0 ...  build without the rtp-llm KVS backend (and libcurl in kvnoded)
+#   make V6D=0 ...  build without the rtp-llm KVS backend
 #   make fuzz       libFuzzer targets (clang, in build-fuzz/), FUZZ_SECONDS each (default 60)
 
 VERSION   := 0.1.0
@@ -46,11 +46,11 @@ pc_cflags = $(shell $(PKG_CONFIG) --cflags $(1) 2>/dev/null)
 pc_libs   = $(shell $(PKG_CONFIG) --libs $(1) 2>/dev/null)
 
 LIB_PKGS    := libprotobuf-c
-# V6D=0 leaves out the rtp-llm KVS backend and, with it, libcurl.
+# libcurl is always linked into kvnoded (the KVCM client, daemon/kvcm/); V6D=0
+# leaves out only the rtp-llm KVS backend (daemon/kvs/v6d.c).
 V6D       ?= 1
-DAEMON_PKGS := libevent libprotobuf-c jansson inih libsystemd
+DAEMON_PKGS := libevent libprotobuf-c jansson inih libsystemd libcurl
 ifeq ($(V6D),1)
-  DAEMON_PKGS += libcurl
   BASEFLAGS   += -DKVNODE_HAVE_V6D
 endif
 CHECK_PKGS  := check
@@ -70,7 +70,7 @@ PROTO_C      := $(GEN)/kvnode.pb-c.c
 PROTO_H      := $(GEN)/kvnode.pb-c.h
 COMMON_SRC   := lib/wire.c lib/hash.c lib/errors.c
 LIB_SRC      := lib/client.c $(COMMON_SRC)
-DAEMON_SRC   := $(filter-out daemon/main.c $(if $(filter 1,$(V6D)),,daemon/kvs/v6d.c),$(wildcard daemon/*.c daemon/kvs/*.c))
+DAEMON_SRC   := $(filter-out daemon/main.c $(if $(filter 1,$(V6D)),,daemon/kvs/v6d.c),$(wildcard daemon/*.c daemon/kvs/*.c daemon/kvcm/*.c))
 CTL_SRC      := lib/kvnodectl.c
 UNIT_SRC     := $(filter-out $(if $(filter 1,$(V6D)),,tests/unit/test_kvs_v6d.c),$(wildcard tests/unit/test_*.c))
 # The v6d persistence suite drives the KVS simulator against the v6d backend: V6D=1 only.
@@ -178,6 +178,10 @@ $(BUILD)/tests/test_daemon_persist_v6d: $(SIM_BIN)
 # The KVCM simulator: likewise standalone (libevent + jansson only).
 $(KVCM_SIM_BIN): $(call obj,tests/sim/kvcm_sim.c)
 	$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(call pc_libs,libevent jansson)
+
+# Unit suites that start the KVCM simulator (kvcm-sim next to $KVS_SIM) need it built.
+$(BUILD)/tests/test_kvcm_client: $(KVCM_SIM_BIN)
+$(BUILD)/tests/test_daemon_kvcm: $(KVCM_SIM_BIN)
 
 $(BUILD)/tests/%: tests/sim/%.c $(SIM_BIN) $(KVCM_SIM_BIN) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
