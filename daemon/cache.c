@@ -384,6 +384,85 @@ bool cache_key_complete(struct cache *c, const kv_namespace *ns, int64_t key)
     return cache_sealed_in(c, ns, key) && cache_others_sealed(c, ns, key);
 }
 
+/* The ring member that reports a deployment's keys: the lowest id. */
+static const kv_namespace *cache_ring_leader(const kv_namespace *ns)
+{
+    const kv_namespace *best = ns;
+    for (const kv_namespace *o = ns->sibling; o != ns; o = o->sibling)
+        if (o->id < best->id)
+            best = o;
+    return best;
+}
+
+/* A chunked walk over the index reporting every complete key once. */
+#define WALK_BUCKETS_PER_STEP 4096u
+struct cache_walk {
+    struct cache *c;
+    struct index_walk iw;
+    struct event *ev;
+    cache_key_fn fn;
+    void (*done)(void *arg);
+    void *arg;
+};
+
+static void cache_walk_visit(void *arg, index_entry *e)
+{
+    struct cache_walk *w = arg;
+    kv_namespace *ns;
+    if (e->state != ENTRY_SEALED || !(ns = ns_get(w->c->namespaces, e->ns)))
+        return;
+    if (cache_ring_leader(ns) == ns && cache_others_sealed(w->c, ns, e->key))
+        w->fn(w->arg, ns, e->key);
+}
+
+static void cache_walk_step_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache_walk *w = arg;
+    (void)fd;
+    (void)what;
+    /* One step per loop iteration: requests interleave with the walk. */
+    if (index_walk_step(w->c->index, &w->iw, WALK_BUCKETS_PER_STEP, cache_walk_visit, w)) {
+        event_active(w->ev, 0, 0);
+        return;
+    }
+    void (*done)(void *) = w->done;
+    void *darg = w->arg;
+    event_free(w->ev);
+    free(w);
+    done(darg);
+}
+
+int cache_walk_complete(struct cache *c, cache_key_fn fn, void (*done)(void *arg), void *arg,
+                        struct cache_walk **out)
+{
+    struct cache_walk *w = calloc(1, sizeof *w);
+    *out = NULL;
+    if (!w)
+        return -KVNODE_ENOMEM;
+    w->ev = event_new(c->base, -1, 0, cache_walk_step_cb, w);
+    if (!w->ev) {
+        free(w);
+        return -KVNODE_ENOMEM;
+    }
+    w->c = c;
+    w->fn = fn;
+    w->done = done;
+    w->arg = arg;
+    index_walk_begin(c->index, &w->iw);
+    event_active(w->ev, 0, 0);
+    *out = w;
+    return 0;
+}
+
+void cache_walk_cancel(struct cache *c, struct cache_walk *w)
+{
+    if (!w)
+        return;
+    index_walk_end(c->index, &w->iw);
+    event_free(w->ev);
+    free(w);
+}
+
 /* Forget an entry's accounting (it is leaving the index). */
 static void cache_account_remove(struct cache *c, index_entry *e)
 {

@@ -73,6 +73,17 @@ void cache_set_persist(struct cache *c, struct persist *p);
 typedef void (*cache_block_fn)(void *arg, const kv_namespace *ns, int64_t key, bool complete);
 void cache_set_block_observer(struct cache *c, cache_block_fn fn, void *arg);
 bool cache_key_complete(struct cache *c, const kv_namespace *ns, int64_t key);
+/* Every complete key, by a chunked walk of the index that runs a step per
+ * loop iteration (no O(n) pause): fn(arg, ns, key) once per key (ns: the
+ * deployment's lowest-id rank), then done(arg); *out identifies the walk
+ * for cache_walk_cancel (after done() it is gone). A key that changes while
+ * the walk runs may or may not be reported: pair the walk with the
+ * completeness events from its start on. */
+struct cache_walk;
+typedef void (*cache_key_fn)(void *arg, const kv_namespace *ns, int64_t key);
+int  cache_walk_complete(struct cache *c, cache_key_fn fn, void (*done)(void *arg), void *arg,
+                         struct cache_walk **out);
+void cache_walk_cancel(struct cache *c, struct cache_walk *w);
 
 /* Recovery: index blocks a store scan found as ghosts (their namespaces are
  * registered as needed; keys already indexed are left alone). */

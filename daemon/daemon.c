@@ -1,7 +1,14 @@
 /* daemon: see daemon.h. */
 #include "daemon.h"
 
+#include <stdio.h>
+
 #include "admin.h"
+#include "cache.h"
+#include "kvcm/kvcm.h"
+#include "kvcm/query.h"
+#include "log.h"
+#include "server.h"
 
 int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err, size_t errlen)
 {
@@ -25,4 +32,87 @@ void daemon_stats_json(void *arg, json_t *root)
     json_object_set_new(reloads, "failed_total", json_integer((json_int_t)d->reloads_failed));
     json_object_set_new(reloads, "last_error", json_string(d->last_reload_error));
     json_object_set_new(root, "reloads", reloads);
+    kvcm_stats_json(d->kvcm, root);
+    if (d->querier)
+        kvcm_querier_stats_json(d->querier, json_object_get(root, "kvcm"));
+}
+
+static uint64_t daemon_json_u(json_t *root, const char *a, const char *b, const char *c)
+{
+    json_t *v = json_object_get(root, a);
+    if (b)
+        v = json_object_get(v, b);
+    if (c)
+        v = json_object_get(v, c);
+    return json_is_integer(v) && json_integer_value(v) > 0 ? (uint64_t)json_integer_value(v) : 0;
+}
+
+/* What the KVCM heartbeat reports (once per heartbeat interval, on the loop). */
+static void daemon_kvcm_status(void *arg, struct kvcm_node_status *out)
+{
+    struct daemon *d = arg;
+    json_t *root = json_object();
+    if (!root)
+        return;
+    cache_stats_json(d->cache, root);
+    if (d->server)
+        server_stats_json(d->server, root);
+    uint64_t cap = daemon_json_u(root, "tiers", "host", "capacity_bytes");
+    uint64_t used = daemon_json_u(root, "tiers", "host", "used_bytes");
+    out->host_blocks = daemon_json_u(root, "tiers", "host", "blocks");
+    out->host_free_bytes = cap > used ? cap - used : 0;
+    out->store_blocks = daemon_json_u(root, "tiers", "store", "blocks");
+    out->clients = daemon_json_u(root, "clients", "connected", NULL);
+    json_decref(root);
+}
+
+int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen)
+{
+    const struct kvn_config *cfg = d->cfg;
+    char endpoints[CONFIG_KVCM_ENDPOINTS_MAX][CONFIG_URL_MAX];
+    struct kvcm_settings st = {
+        .instance_group = cfg->kvcm_instance_group,
+        .instance_id_template = cfg->kvcm_instance_id,
+        .host_ip_port = cfg->kvcm_host_ip_port,
+        .storage_type = config_kvcm_storage_type_name(cfg->kvcm_storage_type),
+        .medium_host = cfg->kvcm_medium_host,
+        .spec_name_template = cfg->kvcm_spec_name,
+        .location_uri_template = cfg->kvcm_location_uri,
+        .connect_timeout_ms = cfg->kvcm_connect_timeout_ms,
+        .request_timeout_ms = cfg->kvcm_request_timeout_ms,
+        .snapshot_timeout_ms = cfg->kvcm_snapshot_timeout_ms,
+        .flush_interval_ms = cfg->kvcm_flush_interval_ms,
+        .heartbeat_interval_ms = cfg->kvcm_heartbeat_interval_ms,
+        .snapshot_interval_ms = cfg->kvcm_snapshot_interval_ms,
+        .retry_base_ms = cfg->kvcm_retry_base_ms,
+        .retry_max_ms = cfg->kvcm_retry_max_ms,
+        .host_down_timeout_ms = cfg->kvcm_host_down_timeout_ms,
+        .batch_events = cfg->kvcm_batch_events,
+        .queue_events = cfg->kvcm_queue_events,
+    };
+    size_t n = 0;
+
+    if (!cfg->kvcm_enabled) {
+        log_info("kvcm: off ([kvcm] enabled = off): nothing is published to or asked of KVCM");
+        return 0;
+    }
+    if (config_kvcm_endpoints(cfg, endpoints, CONFIG_KVCM_ENDPOINTS_MAX, &n) < 0 || n == 0) {
+        snprintf(err, errlen, "[kvcm] endpoints: no valid endpoint");
+        return -1;
+    }
+    for (size_t i = 0; i < n && i < KVCM_MAX_ENDPOINTS; i++)
+        st.endpoints[st.n_endpoints++] = endpoints[i];
+    if (kvcm_create(d->base, d->cache, &st, daemon_kvcm_status, d, &d->kvcm, err, errlen) < 0)
+        return -1;
+    struct kvcm_query_settings qs = {
+        .endpoints = st.endpoints, .n_endpoints = st.n_endpoints,
+        .host_ip_port = cfg->kvcm_host_ip_port, .instance_id_template = cfg->kvcm_instance_id,
+        .connect_timeout_ms = cfg->kvcm_connect_timeout_ms,
+        .deadline_ms = cfg->kvcm_query_deadline_ms, .max_hosts = cfg->kvcm_query_max_hosts,
+        .breaker_failures = cfg->kvcm_query_breaker_failures,
+        .breaker_open_ms = cfg->kvcm_query_breaker_open_ms,
+        .negative_ttl_ms = cfg->kvcm_query_negative_ttl_ms,
+        .epoch = kvcm_epoch(d->kvcm),
+    };
+    return kvcm_querier_create(d->base, &qs, &d->querier, err, errlen) < 0 ? -1 : 0;
 }

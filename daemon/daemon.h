@@ -20,6 +20,8 @@ struct ops;
 struct server;
 struct admin;
 struct persist;
+struct kvcm;
+struct kvcm_querier;
 
 struct daemon {
     struct event_base *base;
@@ -29,6 +31,8 @@ struct daemon {
     int noverrides;
     struct cache *cache;
     struct persist *persist;                /* NULL when [persist] backend = off */
+    struct kvcm *kvcm;                      /* NULL when [kvcm] enabled = off */
+    struct kvcm_querier *querier;           /* MATCH_REMOTE's KVCM queries; NULL when off */
     struct ops *ops;
     struct server *server;
     struct admin *admin;                    /* NULL when [admin] listen = off */
@@ -41,8 +45,12 @@ struct daemon {
 int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err, size_t errlen);
 
 /* ops stats hook (arg: struct daemon *): adds "admin" (the bound admin
- * address, null when off) and "reloads" {ok_total, failed_total, last_error}
- * to a stats document. */
+ * address, null when off), "reloads" {ok_total, failed_total, last_error}
+ * and "kvcm" (the publisher's state) to a stats document. */
 void daemon_stats_json(void *arg, json_t *root);
+
+/* Start the KVCM publisher when [kvcm] enabled = on (d->kvcm stays NULL
+ * otherwise). 0, or -1 with err set. */
+int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen);
 
 #endif

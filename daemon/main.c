@@ -17,6 +17,8 @@
 #include "daemon.h"
 #include "kvnode.h"
 #include "log.h"
+#include "kvcm/kvcm.h"
+#include "kvcm/query.h"
 #include "ops.h"
 #include "persist.h"
 #include "reload.h"
@@ -171,6 +173,10 @@ int main(int argc, char **argv)
         goto out;
     }
     cache_set_persist(d.cache, d.persist);
+    if (daemon_start_kvcm(&d, err, sizeof err) < 0) {
+        log_error("cannot start the KVCM publisher: %s", err);
+        goto out;
+    }
     if (ops_create(d.cache, d.cfg, &d.ops) < 0) {
         log_error("out of memory");
         goto out;
@@ -189,6 +195,7 @@ int main(int argc, char **argv)
                  strcmp(server_socket_path(d.server), d.cfg->socket_path) == 0 ? "" :
                  "; server.socket_path is not used");
     ops_set_server(d.ops, d.server);
+    ops_set_querier(d.ops, d.querier);
     ops_set_reload(d.ops, daemon_reload_hook, &d);
     ops_set_stats_hook(d.ops, daemon_stats_json, &d);
     if (admin_create(&d, &d.admin, err, sizeof err) < 0) {
@@ -241,6 +248,10 @@ out:
         }
         persist_destroy(d.persist);
     }
+    /* KVCM last: HOST_DOWN tells it everything we held is gone. */
+    kvcm_querier_destroy(d.querier);
+    kvcm_stop(d.kvcm);
+    kvcm_destroy(d.kvcm);
     ops_destroy(d.ops);
     cache_destroy(d.cache);
     for (int i = 0; i < 3; i++)

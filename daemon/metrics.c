@@ -293,6 +293,45 @@ static void render_persist(struct evbuffer *out, json_t *doc)
              json_is_true(json_object_get(json_object_get(p, "recovery"), "complete")));
 }
 
+/* The KVCM publisher and queries, when [kvcm] is on. */
+static void render_kvcm(struct evbuffer *out, json_t *doc)
+{
+    static const char *const states[] = { "STARTING", "REGISTERING", "RESYNCING", "READY",
+                                          "DEGRADED", "STOPPED" };
+    json_t *k = json_object_get(doc, "kvcm"), *q = json_object_get(k, "query");
+    const char *state = json_string_value(json_object_get(k, "state"));
+
+    if (!state || strcmp(state, "DISABLED") == 0)
+        return;
+    family(out, "kvnode_kvcm_state", "gauge", "1 for the KVCM publisher's current state.");
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
+        sample_u(out, "kvnode_kvcm_state", L("state", states[i]), strcmp(state, states[i]) == 0);
+    family(out, "kvnode_kvcm_queue_events", "gauge", "Events queued for the KVCM publisher.");
+    sample_u(out, "kvnode_kvcm_queue_events", NULL, doc_u(k, "queue", NULL, NULL));
+    family(out, "kvnode_kvcm_events_total", "counter",
+           "Block events for KVCM: accepted into the queue, or dropped because it was full "
+           "(a resync snapshot follows).");
+    sample_u(out, "kvnode_kvcm_events_total", L("result", "accepted"), doc_u(k, "accepted_total", NULL, NULL));
+    sample_u(out, "kvnode_kvcm_events_total", L("result", "dropped"), doc_u(k, "dropped_total", NULL, NULL));
+    family(out, "kvnode_kvcm_snapshots_total", "counter", "Full snapshots KVCM accepted.");
+    sample_u(out, "kvnode_kvcm_snapshots_total", NULL, doc_u(k, "snapshots_total", NULL, NULL));
+    family(out, "kvnode_kvcm_heartbeats_total", "counter", "Heartbeats sent to KVCM, by result.");
+    sample_u(out, "kvnode_kvcm_heartbeats_total", L("result", "ok"), doc_u(k, "heartbeats_ok_total", NULL, NULL));
+    sample_u(out, "kvnode_kvcm_heartbeats_total", L("result", "failed"),
+             doc_u(k, "heartbeats_failed_total", NULL, NULL));
+    if (!q)
+        return;
+    family(out, "kvnode_kvcm_queries_total", "counter",
+           "Remote prefix queries (MATCH_REMOTE), by outcome: ok, failed, deadline (answered locally "
+           "at the deadline), local (answered locally at once: breaker open or a recent failure).");
+    sample_u(out, "kvnode_kvcm_queries_total", L("result", "ok"), doc_u(q, "ok_total", NULL, NULL));
+    sample_u(out, "kvnode_kvcm_queries_total", L("result", "failed"), doc_u(q, "failed_total", NULL, NULL));
+    sample_u(out, "kvnode_kvcm_queries_total", L("result", "deadline"), doc_u(q, "deadline_total", NULL, NULL));
+    sample_u(out, "kvnode_kvcm_queries_total", L("result", "local"), doc_u(q, "local_only_total", NULL, NULL));
+    family(out, "kvnode_kvcm_query_breaker_open", "gauge", "1 while the query circuit breaker is open.");
+    sample_u(out, "kvnode_kvcm_query_breaker_open", NULL, json_is_true(json_object_get(q, "breaker_open")));
+}
+
 static void render_server(struct evbuffer *out, json_t *doc)
 {
     family(out, "kvnode_clients", "gauge", "Connected clients.");
@@ -339,6 +378,7 @@ int metrics_render(struct daemon *d, struct evbuffer *out)
     render_cache(out, doc, &keys);
     render_requests(out, ops_request_metrics(d->ops));
     render_persist(out, doc);
+    render_kvcm(out, doc);
     render_server(out, doc);
     render_workers(out);
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "kvcm/query.h"
 #include "kvnode.h"
 #include "log.h"
 #include "metrics.h"
@@ -32,7 +33,13 @@ struct ops {
     bool deferred;                      /* the request being handled answers later */
     ops_stats_fn stats_hook;
     void *stats_hook_arg;
+    struct kvcm_querier *querier;       /* NULL: [kvcm] off */
 };
+
+void ops_set_querier(struct ops *o, struct kvcm_querier *q)
+{
+    o->querier = q;
+}
 
 int ops_create(struct cache *cache, const struct kvn_config *cfg, struct ops **out)
 {
@@ -88,13 +95,18 @@ struct ops_pending {
     int op;                 /* KVNODE__REQUEST__OP_* */
     size_t n;               /* keys asked for */
     double t0;
-    struct cache_wait *wait;
+    struct cache_wait *wait;            /* MATCH / GET waiting for the store */
+    struct kvcm_query *query;           /* MATCH_REMOTE waiting for KVCM */
+    uint32_t local_matched;             /* MATCH_REMOTE: the local answer */
 };
 
 void ops_session_end(struct ops *o, struct session *s)
 {
     if (s->pending) {
-        cache_wait_cancel(o->cache, s->pending->wait);
+        if (s->pending->query)
+            kvcm_query_cancel(o->querier, s->pending->query);
+        else
+            cache_wait_cancel(o->cache, s->pending->wait);
         free(s->pending);
         s->pending = NULL;
     }
@@ -318,6 +330,8 @@ static int ops_defer(struct ops *o, struct conn *conn, struct session *s,
     p->n = n;
     p->t0 = o->request_t0;
     p->wait = wait;
+    p->query = NULL;
+    p->local_matched = 0;
     s->pending = p;
     o->deferred = true;
     server_defer(conn);
@@ -358,6 +372,85 @@ static void ops_match(struct ops *o, struct conn *conn, struct session *s, const
         cache_match_finish(o->cache, wait, &t);
     }
     ops_match_reply(o, conn, req, &t);
+}
+
+/* --- MATCH_REMOTE ------------------------------------------------------------- */
+
+static void ops_match_remote_reply(struct ops *o, struct conn *conn, const Kvnode__Request *req,
+                                   uint32_t matched, const struct kvcm_query_answer *a)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__MatchRemoteReply reply = KVNODE__MATCH_REMOTE_REPLY__INIT;
+    Kvnode__PeerMatch peers[KVCM_QUERY_MAX_HOSTS], *ptrs[KVCM_QUERY_MAX_HOSTS];
+    size_t n = a->ok ? a->n : 0;
+
+    for (size_t i = 0; i < n; i++) {
+        kvnode__peer_match__init(&peers[i]);
+        peers[i].host_ip_port = (char *)a->hosts[i].host_ip_port;
+        peers[i].matched = a->hosts[i].matched > UINT32_MAX ? UINT32_MAX : (uint32_t)a->hosts[i].matched;
+        ptrs[i] = &peers[i];
+    }
+    reply.matched = matched;
+    reply.remote_ok = a->ok;
+    reply.why = a->ok ? (char *)"" : (char *)a->why;
+    reply.n_peers = n;
+    reply.peers = n ? ptrs : NULL;
+    resp.result_case = KVNODE__RESPONSE__RESULT_MATCH_REMOTE;
+    resp.match_remote = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+}
+
+static void ops_query_answer(void *arg, const struct kvcm_query_answer *a)
+{
+    struct conn *conn = arg;
+    struct session *s = server_conn_session(conn);
+    struct ops_pending *p = s->pending;
+    struct ops *o = p->o;
+    Kvnode__Request req = KVNODE__REQUEST__INIT;
+
+    s->pending = NULL;
+    req.id = p->req_id;
+    req.op_case = (Kvnode__Request__OpCase)p->op;
+    o->last_code = 0;
+    ops_match_remote_reply(o, conn, &req, p->local_matched, a);
+    metrics_request_observe(&o->requests, p->op, o->last_code, ops_now_s() - p->t0);
+    free(p);
+    server_resume(conn);
+}
+
+static void ops_match_remote(struct ops *o, struct conn *conn, struct session *s,
+                             const Kvnode__Request *req)
+{
+    const Kvnode__MatchRemoteRequest *m = req->match_remote;
+    struct kvcm_query_answer now;
+    struct kvcm_query *q = NULL;
+    struct cache_tiers t;
+    char err[256];
+    int rc = ops_check_keys(o, s, m->n_keys, err, sizeof err);
+
+    if (rc < 0) {
+        ops_fail(o, conn, req, rc, err);
+        return;
+    }
+    cache_match_tiers(o->cache, s->ns, m->keys, m->n_keys, &t);
+    if (!o->querier) {
+        memset(&now, 0, sizeof now);
+        snprintf(now.why, sizeof now.why, "[kvcm] is off on this node: no peers to ask");
+        ops_match_remote_reply(o, conn, req, (uint32_t)t.matched, &now);
+        return;
+    }
+    if (kvcm_query_start(o->querier, s->ns, m->keys, m->n_keys, m->max_hosts, ops_query_answer,
+                         conn, &now, &q) == 0) {
+        if (ops_defer(o, conn, s, req, m->n_keys, NULL) == 0) {
+            s->pending->query = q;
+            s->pending->local_matched = (uint32_t)t.matched;
+            return;
+        }
+        kvcm_query_cancel(o->querier, q);
+        memset(&now, 0, sizeof now);
+        snprintf(now.why, sizeof now.why, "out of memory");
+    }
+    ops_match_remote_reply(o, conn, req, (uint32_t)t.matched, &now);
 }
 
 /* The GET_BEGIN / PUT_BEGIN reply: the lease and one location per key. */
@@ -827,6 +920,7 @@ static void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, co
     case KVNODE__REQUEST__OP_STATS:      ops_stats(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_PING:       ops_ping(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_RELOAD:     ops_reload(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_MATCH_REMOTE: ops_match_remote(o, conn, s, req); break;
     default:
         ops_fail(o, conn, req, -KVNODE_EINVAL, "the request carries no operation this daemon "
                  "knows (newer client?)");

@@ -50,6 +50,9 @@ struct metrics_requests;
 /* Requests by op and status, with latency histograms (for /metrics). */
 const struct metrics_requests *ops_request_metrics(const struct ops *o);
 void ops_apply_config(struct ops *o, const struct kvn_config *cfg);
+struct kvcm_querier;
+/* Who answers MATCH_REMOTE's peer part (NULL: [kvcm] off, local answer only). */
+void ops_set_querier(struct ops *o, struct kvcm_querier *q);
 
 /* Handle one decoded request; the reply goes out through server_reply. */
 void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);

@@ -942,6 +942,56 @@ int kvnode_match(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *mat
     return client_count_call(c, keys, n, matched, 0, "matched", NULL);
 }
 
+int kvnode_match_remote(kvnode_client *c, const kvnode_key *keys, size_t n, size_t max_hosts,
+                        kvnode_remote_match *out)
+{
+    Kvnode__Request req = KVNODE__REQUEST__INIT;
+    Kvnode__MatchRemoteRequest m = KVNODE__MATCH_REMOTE_REQUEST__INIT;
+    Kvnode__Response *resp;
+    const Kvnode__MatchRemoteReply *r;
+    int rc;
+
+    if (out)
+        memset(out, 0, sizeof *out);
+    if (!c)
+        return -KVNODE_EINVAL;
+    if (!out || (!keys && n > 0)) {
+        client_seterr(c, "match_remote: NULL %s", out ? "keys" : "out");
+        return -KVNODE_EINVAL;
+    }
+    rc = client_check_ns(c, n, "match_remote");
+    if (rc < 0)
+        return rc;
+    m.n_keys = n;
+    m.keys = (int64_t *)(uintptr_t)keys;
+    m.max_hosts = max_hosts > UINT32_MAX ? UINT32_MAX : (uint32_t)max_hosts;
+    req.op_case = KVNODE__REQUEST__OP_MATCH_REMOTE;
+    req.match_remote = &m;
+    rc = client_call(c, &req, KVNODE__RESPONSE__RESULT_MATCH_REMOTE, &resp);
+    if (rc < 0)
+        return rc;
+    r = resp->match_remote;
+    if (r->matched > n || r->n_peers > KVNODE_MAX_PEERS) {
+        client_seterr(c, "protocol: match_remote of %zu keys answered %" PRIu32 " with %zu peers",
+                      n, r->matched, r->n_peers);
+        client_response_free(c, resp);
+        return -KVNODE_EPROTO;
+    }
+    out->matched = r->matched;
+    out->remote_ok = r->remote_ok ? 1 : 0;
+    snprintf(out->why, sizeof out->why, "%s", r->why ? r->why : "");
+    for (size_t i = 0; i < r->n_peers; i++) {
+        const Kvnode__PeerMatch *p = r->peers[i];
+        if (!p || !p->host_ip_port || p->matched > n)
+            continue;
+        snprintf(out->peers[out->npeers].host_ip_port, sizeof out->peers[0].host_ip_port, "%s",
+                 p->host_ip_port);
+        out->peers[out->npeers++].matched = p->matched;
+    }
+    client_response_free(c, resp);
+    return 0;
+}
+
 int kvnode_match_tiers(kvnode_client *c, const kvnode_key *keys, size_t n, kvnode_tiers *out)
 {
     if (out)

@@ -95,6 +95,26 @@ typedef struct kvnode_tiers {
 /* kvnode_match that also tells where the matched blocks are. */
 int  kvnode_match_tiers(kvnode_client *c, const kvnode_key *keys, size_t n, kvnode_tiers *out);
 
+/* Who else holds the prefix: the local answer (as kvnode_match) plus up to
+ * max_hosts peer nodes with their matched counts, asked of the KV Cache
+ * Manager within the daemon's query deadline. KVCM trouble never fails the
+ * call: remote_ok is then 0, why says what happened and only the local
+ * answer is there. max_hosts 0: the daemon's default. */
+#define KVNODE_MAX_PEERS 64
+typedef struct kvnode_peer {
+    char   host_ip_port[128];
+    size_t matched;
+} kvnode_peer;
+typedef struct kvnode_remote_match {
+    size_t matched;                      /* local, every tier */
+    int    remote_ok;                    /* 1: the peers were asked and answered */
+    char   why[192];                     /* when remote_ok is 0 */
+    size_t npeers;
+    kvnode_peer peers[KVNODE_MAX_PEERS]; /* best first; this node is not among them */
+} kvnode_remote_match;
+int  kvnode_match_remote(kvnode_client *c, const kvnode_key *keys, size_t n, size_t max_hosts,
+                         kvnode_remote_match *out);
+
 /* Pin the longest cached prefix under one read lease: locs[0..*got) point at
  * the blocks (read-only by contract) until kvnode_get_end(lease). *lease is 0
  * when *got is 0 (nothing to end). */

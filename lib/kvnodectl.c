@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <strings.h>
 #include <sys/stat.h>
 
@@ -614,6 +615,8 @@ static int cmd_status(const struct ctl *x)
         json_object_set_new(out, "reaped_total", jcopy(leases, "reaped_total"));
         json_object_set_new(out, "admin", jcopy(doc, "admin"));
         json_object_set_new(out, "reloads", jcopy(doc, "reloads"));
+        if (jobj(doc, "kvcm"))
+            json_object_set_new(out, "kvcm", jcopy(doc, "kvcm"));
         json_t *persist = jobj(doc, "persist");
         if (persist) {
             json_t *p = json_object();
@@ -730,6 +733,34 @@ static int cmd_status(const struct ctl *x)
             } else {
                 lines[n++].value = xasprintf("-");
             }
+        }
+    }
+    json_t *kvcm = jobj(doc, "kvcm");
+    if (kvcm) {
+        const char *state = jstr(kvcm, "state"), *lerr = jstr(kvcm, "last_error");
+        lines[n].label = xasprintf("kvcm");
+        if (!state || strcmp(state, "DISABLED") == 0) {
+            lines[n++].value = xasprintf("off");
+        } else {
+            long long q = 0, acc = 0, drop = 0, snaps = 0, last = 0;
+            jint(kvcm, "queue", &q);
+            jint(kvcm, "accepted_total", &acc);
+            jint(kvcm, "dropped_total", &drop);
+            jint(kvcm, "snapshots_total", &snaps);
+            jint(kvcm, "last_snapshot_unix_ms", &last);
+            char when[64] = "never";
+            if (last > 0) {
+                time_t t = (time_t)(last / 1000);
+                struct tm tm;
+                gmtime_r(&t, &tm);
+                strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+            }
+            lines[n++].value = xasprintf("%s as %s; queue %lld; %lld events accepted, %lld dropped; "
+                                         "%lld snapshots, last %s%s%s", state,
+                                         jstr(kvcm, "host_ip_port") ? jstr(kvcm, "host_ip_port") : "-",
+                                         q, acc, drop, snaps, when,
+                                         lerr && *lerr ? "\n    last error: " : "",
+                                         lerr && *lerr ? lerr : "");
         }
     }
     s = jstr(doc, "admin");

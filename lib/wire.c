@@ -150,6 +150,7 @@ const char *wire_op_name(int op_case)
     case KVNODE__REQUEST__OP_STATS:      return "stats";
     case KVNODE__REQUEST__OP_PING:       return "ping";
     case KVNODE__REQUEST__OP_RELOAD:     return "reload";
+    case KVNODE__REQUEST__OP_MATCH_REMOTE: return "match_remote";
     default:                             return "unknown";
     }
 }

@@ -78,7 +78,10 @@
  *   GET  /control    the current fault and leader settings.
  *   POST /control    change them: a JSON object with any of
  *                      delay_ms N            hold matching requests N ms before handling them
- *                      delay_only "rpc"      only this RPC is delayed ("" / null: all)
+ *                      delay_only "rpc"      only this RPC is delayed ("" / null: all);
+ *                                            "snapshot": only reportEvent requests carrying
+ *                                            an EVENT_BLOCK_SNAPSHOT (heartbeats and other
+ *                                            reports pass undelayed)
  *                      fail_status "NAME"    answer matching requests with this code (a name or
  *                                            number) without applying them ("OK" = a lost
  *                                            write); "" / null clears
@@ -104,7 +107,7 @@
  * Usage: kvcm-sim [--http 127.0.0.1:0] [--node-id ID] [--rpc-port N]
  *                 [--leader | --follower-of URL] [--leader-endpoint HOST:HTTPPORT]
  *                 [--snapshot-interval-s S (30)] [--legacy-order] [--record-max N (100000)]
- *                 [--delay-ms N [--delay-only RPC]] [--fail-status NAME [--fail-count N]
+ *                 [--delay-ms N [--delay-only RPC|snapshot]] [--fail-status NAME [--fail-count N]
  *                 [--fail-only RPC]] [--http-status N] [--retry-after-ms N] [--garbage] [--down]
  *                 [--snapshot-required]
  * The node id defaults to HOST:PORT as bound; a follower's leader endpoint comes from
@@ -1514,6 +1517,16 @@ static bool set_rpc_filter(char *dst, size_t cap, json_t *v)
     return true;
 }
 
+/* the delay filter: an RPC filter, or "snapshot" (reportEvent with a snapshot event) */
+static bool set_delay_filter(char *dst, size_t cap, json_t *v)
+{
+    if (json_is_string(v) && strcmp(json_string_value(v), "snapshot") == 0) {
+        snprintf(dst, cap, "snapshot");
+        return true;
+    }
+    return set_rpc_filter(dst, cap, v);
+}
+
 static bool control_apply(json_t *doc, char *err, size_t cap)
 {
     struct faults f = S.f;
@@ -1528,7 +1541,7 @@ static bool control_apply(json_t *doc, char *err, size_t cap)
                 goto bad;
             f.delay_ms = (unsigned)n;
         } else if (strcmp(k, "delay_only") == 0) {
-            if (!set_rpc_filter(f.delay_only, sizeof f.delay_only, v))
+            if (!set_delay_filter(f.delay_only, sizeof f.delay_only, v))
                 goto bad;
         } else if (strcmp(k, "fail_only") == 0) {
             if (!set_rpc_filter(f.fail_only, sizeof f.fail_only, v))
@@ -1776,6 +1789,26 @@ static void delayed_cb(evutil_socket_t fd, short what, void *arg)
     call_free(c);
 }
 
+/* Whether the delay fault applies to this request (see delay_only). */
+static bool delay_matches(const char *rpc, json_t *body)
+{
+    if (!S.f.delay_only[0])
+        return true;
+    if (strcmp(S.f.delay_only, "snapshot") != 0)
+        return strcmp(S.f.delay_only, rpc) == 0;
+    if (strcmp(rpc, "reportEvent") != 0)
+        return false;
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(body, "events"), i, e) {
+        int t = 0;
+        if (enum_parse(EVENT_TYPES, json_object_get(e, "event_type"), &t) &&
+            t == EV_BLOCK_SNAPSHOT)
+            return true;
+    }
+    return false;
+}
+
 static void api_request(struct evhttp_request *req, const char *rpc)
 {
     struct call *c = xcalloc(1, sizeof *c);
@@ -1820,7 +1853,7 @@ static void api_request(struct evhttp_request *req, const char *rpc)
         call_free(c);
         return;
     }
-    if (S.f.delay_ms && (!S.f.delay_only[0] || strcmp(S.f.delay_only, rpc) == 0)) {
+    if (S.f.delay_ms && delay_matches(rpc, c->body)) {
         json_object_set_new(c->rec, "injected", json_string("delay"));
         c->ev = evtimer_new(S.base, delayed_cb, c);
         struct timeval tv = { .tv_sec = S.f.delay_ms / 1000,
@@ -1925,7 +1958,7 @@ static void usage(void)
             "usage: kvcm-sim [--http HOST:PORT] [--node-id ID] [--rpc-port N]\n"
             "                [--leader | --follower-of URL] [--leader-endpoint HOST:HTTPPORT]\n"
             "                [--snapshot-interval-s S] [--legacy-order] [--record-max N]\n"
-            "                [--delay-ms N [--delay-only RPC]] [--fail-status NAME\n"
+            "                [--delay-ms N [--delay-only RPC|snapshot]] [--fail-status NAME\n"
             "                [--fail-count N] [--fail-only RPC]] [--http-status N]\n"
             "                [--retry-after-ms N] [--garbage] [--down] [--snapshot-required]\n");
 }
@@ -2009,8 +2042,8 @@ static int parse_args(int argc, char **argv)
         case 'D':
         case 'O':
             j = json_string(optarg);
-            ok = j && set_rpc_filter(ch == 'D' ? f->delay_only : f->fail_only,
-                                     sizeof f->delay_only, j);
+            ok = j && (ch == 'D' ? set_delay_filter(f->delay_only, sizeof f->delay_only, j)
+                                 : set_rpc_filter(f->fail_only, sizeof f->fail_only, j));
             json_decref(j);
             if (!ok) goto bad;
             break;

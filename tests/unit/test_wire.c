@@ -671,6 +671,7 @@ START_TEST(test_op_names)
         {KVNODE__REQUEST__OP_PUT_INLINE, "put_inline"}, {KVNODE__REQUEST__OP_DELETE, "delete"},
         {KVNODE__REQUEST__OP_STATS, "stats"},           {KVNODE__REQUEST__OP_PING, "ping"},
         {KVNODE__REQUEST__OP_RELOAD, "reload"},
+        { KVNODE__REQUEST__OP_MATCH_REMOTE, "match_remote" },
     };
     size_t i;
 
@@ -678,7 +679,7 @@ START_TEST(test_op_names)
         ck_assert_str_eq(wire_op_name(ops[i].op), ops[i].name);
     ck_assert_str_eq(wire_op_name(KVNODE__REQUEST__OP__NOT_SET), "unknown");
     ck_assert_str_eq(wire_op_name(9), "unknown");
-    ck_assert_str_eq(wire_op_name(23), "unknown");
+    ck_assert_str_eq(wire_op_name(24), "unknown");
     ck_assert_str_eq(wire_op_name(-1), "unknown");
 }
 END_TEST

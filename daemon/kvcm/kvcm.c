@@ -1,0 +1,960 @@
+/* kvcm: publisher and heartbeat threads keeping KVCM's view of this node
+ * current (see kvcm.h). */
+#include "kvcm/kvcm.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "cache.h"
+#include "clock.h"
+#include "config.h"
+#include "errmsg.h"
+#include "kvcm/client.h"
+#include "kvcm/keyset.h"
+#include "kvnode.h"
+#include "log.h"
+
+#define KVCM_MAX_DEPLOYMENTS 256
+#define KVCM_ERR_MAX 512
+
+enum { EV_ADD = 1, EV_DEL = 2, EV_MARKER = 3 };
+
+struct kvcm_ev {
+    uint32_t dep;
+    uint8_t  kind;
+    int64_t  key;
+};
+
+/* One deployment = one KVCM instance. Immutable after creation except where
+ * marked. */
+struct kvcm_dep {
+    uint64_t fingerprint;
+    struct ns_layout layout;
+    char instance_id[CONFIG_KVCM_TEMPLATE_MAX];
+    char spec_name[CONFIG_KVCM_TEMPLATE_MAX];
+    char uri[CONFIG_KVCM_TEMPLATE_MAX];       /* when the template has no {key} */
+    bool uri_per_key;
+    uint64_t spec_bytes;                      /* block_bytes x tp_size */
+    /* publisher thread only */
+    bool instance_ok, node_ok, need_snapshot, failed_terminal;
+    struct keyset mirror;                     /* complete keys (what KVCM should hold) */
+    struct keyset pending;                    /* deltas not sent yet: 1 add, 0 delete */
+    uint64_t last_snapshot_ms, next_try_ms;
+    /* under mu */
+    bool heartbeat_ok;                        /* NODE_REGISTER went through: heartbeat it */
+    bool announced;                           /* KVCM may know us: HOST_DOWN at stop */
+    bool reregister;                          /* the heartbeat learnt KVCM forgot us */
+};
+
+struct kvcm {
+    struct event_base *base;
+    struct cache *cache;
+    struct kvcm_settings st;
+    char endpoints[KVCM_MAX_ENDPOINTS][CONFIG_URL_MAX];
+    char text[8][CONFIG_KVCM_TEMPLATE_MAX];   /* owned copies of the settings' strings */
+    /* "<host_ip_port>-<epoch>-<thread>": unique across restarts and threads */
+    char trace_pub[CONFIG_KVCM_NAME_MAX + 40], trace_hb[CONFIG_KVCM_NAME_MAX + 40],
+         trace_down[CONFIG_KVCM_NAME_MAX + 40];
+    uint64_t epoch;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;                        /* wakes the publisher (its only waiter) */
+    pthread_cond_t hb_cv;                     /* wakes the heartbeat thread (stop only): on a
+                                                 shared cv a signal meant for the publisher
+                                                 could wake the heartbeat instead and be lost */
+    /* --- under mu --- */
+    struct kvcm_ev *ring;
+    size_t cap, head, count;                  /* ring of cap events (one slot kept for markers) */
+    bool stop;
+    atomic_bool cancel;                       /* stop: abandon calls in flight */
+    bool dirty;                               /* an event was dropped: resync */
+    bool walk_wanted;
+    struct kvcm_ev *walk_result;              /* handed over by the loop when a walk ends */
+    size_t walk_n;
+    bool walk_ready;
+    struct kvcm_dep *deps[KVCM_MAX_DEPLOYMENTS];
+    size_t ndeps;
+    struct kvcm_node_status node;
+    int state;
+    char last_error[KVCM_ERR_MAX];
+    uint64_t accepted, dropped, snapshots, generation, last_snapshot_unix_ms;
+    uint64_t heartbeats_ok, heartbeats_failed;
+
+    /* loop thread */
+    int efd;                                  /* publisher -> loop: walk wanted */
+    struct event *efd_ev, *status_ev;
+    struct cache_walk *walk;
+    struct kvcm_ev *walk_buf;
+    size_t walk_len, walk_cap;
+    bool walk_oom;
+    kvcm_status_fn status_fn;
+    void *status_arg;
+
+    /* publisher thread */
+    bool awaiting_walk;
+    struct kvcm_ev *post, *batch;
+    size_t post_n, post_cap;
+    uint32_t backoff_ms;
+
+    /* Not in the liveness registry: a call may rightly block for up to
+     * snapshot_timeout, and KVCM being slow must never stop the watchdog. */
+    pthread_t pub_thread, hb_thread;
+    bool pub_started, hb_started;
+};
+
+const char *kvcm_state_name(int state)
+{
+    static const char *const names[] = { "DISABLED", "STARTING", "REGISTERING", "RESYNCING",
+                                         "READY", "DEGRADED", "STOPPED" };
+    return state >= 0 && state <= KVCM_STATE_STOPPED ? names[state] : "UNKNOWN";
+}
+
+static uint64_t kvcm_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void kvcm_set_error(struct kvcm *k, int state, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void kvcm_set_error(struct kvcm *k, int state, const char *fmt, ...)
+{
+    char msg[KVCM_ERR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&k->mu);
+    bool changed = strcmp(k->last_error, msg) != 0 || k->state != state;
+    memcpy(k->last_error, msg, sizeof msg);
+    k->state = state;
+    pthread_mutex_unlock(&k->mu);
+    if (changed)
+        log_warn("kvcm: %s", msg);
+}
+
+static void kvcm_set_state(struct kvcm *k, int state)
+{
+    pthread_mutex_lock(&k->mu);
+    if (k->state != KVCM_STATE_STOPPED)
+        k->state = state;
+    pthread_mutex_unlock(&k->mu);
+}
+
+/* --- loop side ------------------------------------------------------------------ */
+
+static struct kvcm_dep *kvcm_dep_new(struct kvcm *k, const kv_namespace *ns)
+{
+    struct kvcm_dep *d = calloc(1, sizeof *d);
+    struct config_kvcm_vars v = {
+        .model = ns->layout.model, .dtype = ns->layout.dtype,
+        .block_tokens = ns->layout.block_tokens, .tp_size = ns->layout.tp_size,
+        .fingerprint = ns->fingerprint, .host_ip_port = k->st.host_ip_port,
+        .medium = k->st.medium_host,
+        .block_bytes = ns->layout.block_bytes * ns->layout.tp_size, .key = 0,
+    };
+    if (!d)
+        return NULL;
+    d->fingerprint = ns->fingerprint;
+    d->layout = ns->layout;
+    d->spec_bytes = v.block_bytes;
+    d->uri_per_key = strstr(k->st.location_uri_template, "{key}") != NULL;
+    if (config_kvcm_expand(k->st.instance_id_template, &v, d->instance_id, sizeof d->instance_id) < 0 ||
+        config_kvcm_expand(k->st.spec_name_template, &v, d->spec_name, sizeof d->spec_name) < 0 ||
+        config_kvcm_expand(k->st.location_uri_template, &v, d->uri, sizeof d->uri) < 0) {
+        log_error("kvcm: deployment %s: a template does not expand (too long?); not published",
+                  ns->deployment_id);
+        free(d);
+        return NULL;
+    }
+    keyset_init(&d->mirror);
+    keyset_init(&d->pending);
+    d->need_snapshot = true;
+    return d;
+}
+
+/* The deployment index of ns, registering it on first sight (under mu). */
+static int kvcm_dep_index(struct kvcm *k, const kv_namespace *ns)
+{
+    for (size_t i = 0; i < k->ndeps; i++)
+        if (k->deps[i]->fingerprint == ns->fingerprint)
+            return (int)i;
+    if (k->ndeps >= KVCM_MAX_DEPLOYMENTS)
+        return -1;
+    struct kvcm_dep *d = kvcm_dep_new(k, ns);
+    if (!d)
+        return -1;
+    k->deps[k->ndeps] = d;
+    log_info("kvcm: deployment %s publishes as instance %s (spec %s, %" PRIu64 " bytes per block)",
+             ns->deployment_id, d->instance_id, d->spec_name, d->spec_bytes);
+    return (int)k->ndeps++;
+}
+
+/* Append under mu. Normal events leave the last slot for a marker. */
+static bool kvcm_ring_push(struct kvcm *k, const struct kvcm_ev *ev)
+{
+    size_t limit = ev->kind == EV_MARKER ? k->cap : k->cap - 1;
+    if (k->count >= limit)
+        return false;
+    k->ring[(k->head + k->count) % k->cap] = *ev;
+    k->count++;
+    return true;
+}
+
+void kvcm_block_event(void *arg, const kv_namespace *ns, int64_t key, bool complete)
+{
+    struct kvcm *k = arg;
+    pthread_mutex_lock(&k->mu);
+    int dep = kvcm_dep_index(k, ns);
+    if (dep >= 0) {
+        struct kvcm_ev ev = { .dep = (uint32_t)dep, .kind = complete ? EV_ADD : EV_DEL, .key = key };
+        if (kvcm_ring_push(k, &ev)) {
+            k->accepted++;
+            if (k->count == 1)
+                pthread_cond_signal(&k->cv);
+        } else {
+            k->dropped++;
+            if (!k->dirty) {
+                k->dirty = true;
+                pthread_cond_signal(&k->cv);
+            }
+        }
+    }
+    pthread_mutex_unlock(&k->mu);
+}
+
+static void kvcm_walk_found(void *arg, const kv_namespace *ns, int64_t key)
+{
+    struct kvcm *k = arg;
+    if (k->walk_len == k->walk_cap) {
+        size_t cap = k->walk_cap ? k->walk_cap * 2 : 4096;
+        struct kvcm_ev *b = realloc(k->walk_buf, cap * sizeof *b);
+        if (!b) {
+            k->walk_oom = true;   /* this walk is incomplete: walk again */
+            return;
+        }
+        k->walk_buf = b;
+        k->walk_cap = cap;
+    }
+    pthread_mutex_lock(&k->mu);
+    int dep = kvcm_dep_index(k, ns);
+    pthread_mutex_unlock(&k->mu);
+    if (dep < 0)
+        return;
+    k->walk_buf[k->walk_len++] = (struct kvcm_ev){ .dep = (uint32_t)dep, .kind = EV_ADD, .key = key };
+}
+
+static void kvcm_walk_done(void *arg)
+{
+    struct kvcm *k = arg;
+    k->walk = NULL;
+    pthread_mutex_lock(&k->mu);
+    free(k->walk_result);
+    k->walk_result = k->walk_buf;
+    k->walk_n = k->walk_len;
+    k->walk_ready = true;
+    if (k->walk_oom)
+        k->dirty = true;
+    k->walk_oom = false;
+    pthread_cond_signal(&k->cv);
+    pthread_mutex_unlock(&k->mu);
+    k->walk_buf = NULL;
+    k->walk_len = k->walk_cap = 0;
+}
+
+/* The publisher asked for the truth: mark the queue, walk the index. */
+static void kvcm_efd_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct kvcm *k = arg;
+    uint64_t v;
+    (void)what;
+    if (read(fd, &v, sizeof v) < 0 && errno != EAGAIN)
+        log_warn("kvcm: reading the walk request: %s", strerror(errno));
+    if (k->walk)
+        return;
+    pthread_mutex_lock(&k->mu);
+    bool wanted = k->walk_wanted;
+    k->walk_wanted = false;
+    if (wanted) {
+        struct kvcm_ev marker = { .kind = EV_MARKER };
+        k->dirty = false;
+        kvcm_ring_push(k, &marker);   /* always fits: a slot is kept for it */
+        pthread_cond_signal(&k->cv);
+    }
+    pthread_mutex_unlock(&k->mu);
+    if (wanted && cache_walk_complete(k->cache, kvcm_walk_found, kvcm_walk_done, k, &k->walk) < 0) {
+        log_error("kvcm: cannot start a walk of the index: out of memory");
+        kvcm_walk_done(k);
+    }
+}
+
+static void kvcm_status_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct kvcm *k = arg;
+    struct kvcm_node_status s = { 0 };
+    (void)fd;
+    (void)what;
+    if (k->status_fn)
+        k->status_fn(k->status_arg, &s);
+    pthread_mutex_lock(&k->mu);
+    k->node = s;
+    pthread_mutex_unlock(&k->mu);
+}
+
+/* --- publisher thread --------------------------------------------------------------- */
+
+static uint32_t kvcm_timeout(const struct kvcm *k, bool snapshot)
+{
+    return snapshot ? k->st.snapshot_timeout_ms : k->st.request_timeout_ms;
+}
+
+static void kvcm_apply(struct kvcm_dep *d, const struct kvcm_ev *ev, bool pending)
+{
+    if (ev->kind == EV_ADD)
+        keyset_put(&d->mirror, ev->key, 1);
+    else
+        keyset_del(&d->mirror, ev->key);
+    if (pending && keyset_put(&d->pending, ev->key, ev->kind == EV_ADD) < 0)
+        d->need_snapshot = true;   /* no memory to remember the delta: the snapshot will say it */
+}
+
+/* Send one request; handle what every call can answer. Returns the status. */
+static int kvcm_report(struct kvcm *k, struct kvcm_client *cl, struct kvcm_dep *d, json_t *events,
+                       bool snapshot, struct kvcm_result *r)
+{
+    int st = kvcm_report_events(cl, d->instance_id, k->st.host_ip_port, k->st.storage_type, events,
+                                kvcm_timeout(k, snapshot), r);
+    switch (st) {
+    case KVCM_OK:
+        if (r->snapshot_required)
+            d->need_snapshot = true;
+        break;
+    case KVCM_INSTANCE_NOT_EXIST:
+        d->instance_ok = false;
+        d->node_ok = false;
+        d->need_snapshot = true;
+        break;
+    case KVCM_NODE_NOT_REGISTERED:
+        d->node_ok = false;
+        d->need_snapshot = true;
+        break;
+    case KVCM_SNAPSHOT_REQUIRED:
+        d->need_snapshot = true;
+        break;
+    default:
+        break;
+    }
+    return st;
+}
+
+static bool kvcm_step_failed(struct kvcm *k, struct kvcm_dep *d, const char *what,
+                             const struct kvcm_result *r)
+{
+    uint64_t now = clock_now_ms();
+    uint32_t wait = k->backoff_ms ? k->backoff_ms : k->st.retry_base_ms;
+    if (r->retry_after_ms > wait)
+        wait = r->retry_after_ms > 3600000u ? 3600000u : (uint32_t)r->retry_after_ms;
+    d->next_try_ms = now + wait;
+    k->backoff_ms = wait * 2 > k->st.retry_max_ms ? k->st.retry_max_ms : wait * 2;
+    kvcm_set_error(k, KVCM_STATE_DEGRADED, "%s of instance %s: %s: %s (retrying in %u ms)", what,
+                   d->instance_id, kvcm_status_name(r->status), r->message, wait);
+    return false;
+}
+
+/* Bring one deployment up to date; false when something failed (retry later). */
+static bool kvcm_sync_dep(struct kvcm *k, struct kvcm_client *cl, struct kvcm_dep *d, bool flush)
+{
+    struct kvcm_result r;
+    uint64_t now = clock_now_ms();
+
+    if (d->failed_terminal)
+        return true;
+    if (now < d->next_try_ms)
+        return false;   /* backing off after a failure: an idle pass must neither reset the
+                           backoff nor turn the state READY */
+    if (d->next_try_ms)
+        flush = true;   /* the retry is due: send what waits now, so that only a call that
+                           went through ends the failure (and the backoff) */
+    if (!d->instance_ok) {
+        const char *names[1] = { d->spec_name };
+        uint64_t sizes[1] = { d->spec_bytes };
+        struct kvcm_instance inst = {
+            .instance_group = k->st.instance_group, .instance_id = d->instance_id,
+            .block_size = d->layout.block_tokens, .model_name = d->layout.model,
+            .dtype = d->layout.dtype, .extra = d->layout.extra, .tp_size = d->layout.tp_size,
+            .spec_names = names, .spec_sizes = sizes, .n_specs = 1,
+        };
+        kvcm_set_state(k, KVCM_STATE_REGISTERING);
+        int st = kvcm_register_instance(cl, &inst, 0, &r);
+        if (st == KVCM_DUPLICATE_ENTITY) {
+            d->failed_terminal = true;
+            kvcm_set_error(k, KVCM_STATE_DEGRADED, "instance %s is registered with a different "
+                           "layout; not publishing it (change [kvcm] instance_id): %s",
+                           d->instance_id, r.message);
+            return false;
+        }
+        if (st != KVCM_OK)
+            return kvcm_step_failed(k, d, "registerInstance", &r);
+        d->instance_ok = true;
+    }
+    if (!d->node_ok) {
+        const char *mediums[1] = { k->st.medium_host };
+        json_t *events = json_array();
+        json_array_append_new(events, kvcm_event_node_register(mediums, 1));
+        pthread_mutex_lock(&k->mu);
+        d->announced = true;
+        pthread_mutex_unlock(&k->mu);
+        int st = kvcm_report(k, cl, d, events, false, &r);
+        json_decref(events);
+        if (st != KVCM_OK)
+            return kvcm_step_failed(k, d, "NODE_REGISTER", &r);
+        d->node_ok = true;
+        d->need_snapshot = true;
+        pthread_mutex_lock(&k->mu);
+        d->heartbeat_ok = true;
+        pthread_mutex_unlock(&k->mu);
+    }
+    if (now - d->last_snapshot_ms >= k->st.snapshot_interval_ms && d->last_snapshot_ms)
+        d->need_snapshot = true;
+    if (d->need_snapshot) {
+        if (k->awaiting_walk)
+            return true;   /* the mirror is being rebuilt: snapshot it afterwards */
+        kvcm_set_state(k, KVCM_STATE_RESYNCING);
+        json_t *blocks = json_array(), *events = json_array();
+        size_t pos = 0;
+        int64_t key;
+        while (keyset_next(&d->mirror, &pos, &key, NULL)) {
+            char uri[CONFIG_KVCM_TEMPLATE_MAX];
+            const char *u = d->uri;
+            if (d->uri_per_key) {
+                struct config_kvcm_vars v = { .host_ip_port = k->st.host_ip_port,
+                                              .medium = k->st.medium_host,
+                                              .block_bytes = d->spec_bytes, .key = key };
+                config_kvcm_expand(k->st.location_uri_template, &v, uri, sizeof uri);
+                u = uri;
+            }
+            json_array_append_new(blocks, kvcm_snapshot_block(key, k->st.medium_host, d->spec_name, u));
+        }
+        json_array_append_new(events, kvcm_event_snapshot(blocks));
+        int st = kvcm_report(k, cl, d, events, true, &r);
+        json_decref(events);
+        if (st != KVCM_OK)
+            return kvcm_step_failed(k, d, "snapshot", &r);
+        d->need_snapshot = false;
+        d->last_snapshot_ms = clock_now_ms();
+        keyset_clear(&d->pending);   /* the snapshot said it all */
+        pthread_mutex_lock(&k->mu);
+        k->snapshots++;
+        k->generation++;
+        k->last_snapshot_unix_ms = kvcm_unix_ms();
+        pthread_mutex_unlock(&k->mu);
+        log_info("kvcm: snapshot of instance %s: %zu blocks (%s)", d->instance_id,
+                 keyset_count(&d->mirror), r.snapshot_version);
+    }
+    /* Deltas, coalesced to each key's final state, in batches. */
+    while (keyset_count(&d->pending) > 0 &&
+           (flush || keyset_count(&d->pending) >= k->st.batch_events)) {
+        json_t *events = json_array();
+        size_t pos = 0, n = 0;
+        int64_t key;
+        uint8_t add;
+        while (n < k->st.batch_events && keyset_next(&d->pending, &pos, &key, &add)) {
+            char uri[CONFIG_KVCM_TEMPLATE_MAX];
+            const char *u = d->uri;
+            if (add && d->uri_per_key) {
+                struct config_kvcm_vars v = { .host_ip_port = k->st.host_ip_port,
+                                              .medium = k->st.medium_host,
+                                              .block_bytes = d->spec_bytes, .key = key };
+                config_kvcm_expand(k->st.location_uri_template, &v, uri, sizeof uri);
+                u = uri;
+            }
+            json_array_append_new(events, add ? kvcm_event_block_add(key, k->st.medium_host,
+                                                                     d->spec_name, u)
+                                              : kvcm_event_block_delete(key, k->st.medium_host,
+                                                                        d->spec_name));
+            k->batch[n++] = (struct kvcm_ev){ .key = key };
+        }
+        int st = kvcm_report(k, cl, d, events, false, &r);
+        json_decref(events);
+        if (st != KVCM_OK)
+            return kvcm_step_failed(k, d, "ADD/DELETE", &r);
+        for (size_t i = 0; i < n; i++)
+            keyset_del(&d->pending, k->batch[i].key);
+        flush = keyset_count(&d->pending) > 0 && flush;
+    }
+    /* Too much to remember as deltas: let a snapshot say it. */
+    if (keyset_count(&d->pending) > k->st.queue_events) {
+        keyset_clear(&d->pending);
+        d->need_snapshot = true;
+    }
+    d->next_try_ms = 0;   /* up to date: no failure outstanding */
+    return true;
+}
+
+static void kvcm_take_walk(struct kvcm *k, struct kvcm_ev *res, size_t n, size_t ndeps,
+                           struct kvcm_dep **deps)
+{
+    for (size_t i = 0; i < ndeps; i++) {
+        keyset_clear(&deps[i]->mirror);
+        keyset_clear(&deps[i]->pending);
+        deps[i]->need_snapshot = true;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (res[i].dep < ndeps)
+            kvcm_apply(deps[res[i].dep], &res[i], false);
+    /* What changed since the walk began, in order. */
+    for (size_t i = 0; i < k->post_n; i++)
+        if (k->post[i].dep < ndeps)
+            kvcm_apply(deps[k->post[i].dep], &k->post[i], false);
+    k->post_n = 0;
+    k->awaiting_walk = false;
+}
+
+static void *kvcm_publisher_main(void *arg)
+{
+    struct kvcm *k = arg;
+    struct kvcm_client *cl = NULL;
+    struct kvcm_client_config cc = {
+        .endpoints = (const char *const *)k->st.endpoints, .n_endpoints = k->st.n_endpoints,
+        .connect_timeout_ms = k->st.connect_timeout_ms, .request_timeout_ms = k->st.request_timeout_ms,
+        .max_response_bytes = 1u << 20, .trace_prefix = k->trace_pub,
+    };
+    char err[256];
+    uint64_t next_flush = 0;
+    sigset_t all;
+
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    if (kvcm_client_create(&cc, &cl, err, sizeof err) < 0) {
+        kvcm_set_error(k, KVCM_STATE_DEGRADED, "cannot create the KVCM client: %s", err);
+        return NULL;
+    }
+    kvcm_client_set_cancel(cl, &k->cancel);
+    pthread_mutex_lock(&k->mu);
+    while (!k->stop) {
+        /* Take what the loop queued. */
+        size_t n = 0;
+        struct kvcm_ev *res = NULL;
+        size_t res_n = 0;
+        bool took_walk = false, want_walk = false;
+        struct kvcm_dep *deps[KVCM_MAX_DEPLOYMENTS];
+        size_t ndeps = k->ndeps;
+        memcpy(deps, k->deps, ndeps * sizeof deps[0]);
+        while (k->count > 0 && n < k->st.batch_events) {
+            k->batch[n++] = k->ring[k->head];
+            k->head = (k->head + 1) % k->cap;
+            k->count--;
+        }
+        if (k->walk_ready) {
+            res = k->walk_result;
+            res_n = k->walk_n;
+            k->walk_result = NULL;
+            k->walk_ready = false;
+            took_walk = true;
+        }
+        if (k->dirty && !k->walk_wanted && !k->awaiting_walk) {
+            k->walk_wanted = true;
+            want_walk = true;
+        }
+        for (size_t i = 0; i < ndeps; i++) {
+            if (deps[i]->reregister) {
+                deps[i]->reregister = false;
+                deps[i]->node_ok = false;
+            }
+        }
+        pthread_mutex_unlock(&k->mu);
+
+        if (want_walk) {
+            uint64_t one = 1;
+            if (write(k->efd, &one, sizeof one) < 0)
+                log_warn("kvcm: cannot ask the loop for a walk: %s", strerror(errno));
+        }
+        for (size_t i = 0; i < n; i++) {
+            struct kvcm_ev *ev = &k->batch[i];
+            if (ev->kind == EV_MARKER) {
+                k->awaiting_walk = true;
+                k->post_n = 0;
+            } else if (ev->dep < ndeps) {
+                if (k->awaiting_walk) {
+                    if (k->post_n == k->post_cap) {
+                        /* as many as the queue holds: beyond that, walk again */
+                        pthread_mutex_lock(&k->mu);
+                        k->dirty = true;
+                        pthread_mutex_unlock(&k->mu);
+                        continue;
+                    }
+                    k->post[k->post_n++] = *ev;
+                } else {
+                    kvcm_apply(deps[ev->dep], ev, true);
+                }
+            }
+        }
+        if (took_walk) {
+            kvcm_take_walk(k, res, res_n, ndeps, deps);
+            free(res);
+        }
+        uint64_t now = clock_now_ms();
+        bool flush = now >= next_flush;
+        bool ok = true;
+        for (size_t i = 0; i < ndeps; i++)
+            ok = kvcm_sync_dep(k, cl, deps[i], flush) && ok;
+        if (flush)
+            next_flush = clock_now_ms() + k->st.flush_interval_ms;
+        if (ok) {
+            k->backoff_ms = 0;
+            bool all_ok = ndeps > 0;
+            for (size_t i = 0; i < ndeps; i++)
+                all_ok = all_ok && deps[i]->node_ok && !deps[i]->need_snapshot;
+            if (all_ok && !k->awaiting_walk)
+                kvcm_set_state(k, KVCM_STATE_READY);
+        }
+
+        /* Sleep until more events, the flush deadline, or 1 s (beats). */
+        pthread_mutex_lock(&k->mu);
+        if (!k->stop && k->count == 0 && !k->walk_ready &&
+            !(k->dirty && !k->walk_wanted && !k->awaiting_walk)) {
+            uint64_t wait_ms = 1000, t_now = clock_now_ms();
+            for (size_t i = 0; i < ndeps; i++) {
+                struct kvcm_dep *d = deps[i];
+                if (d->failed_terminal ||
+                    !(keyset_count(&d->pending) > 0 || d->need_snapshot || !d->node_ok))
+                    continue;
+                /* due at the flush deadline, or when its retry is (backing off) */
+                uint64_t due = d->next_try_ms > t_now ? d->next_try_ms - t_now : k->st.flush_interval_ms;
+                if (due < wait_ms)
+                    wait_ms = due;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += (time_t)(wait_ms / 1000u);
+            ts.tv_nsec += (long)(wait_ms % 1000u) * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&k->cv, &k->mu, &ts);
+        }
+    }
+    pthread_mutex_unlock(&k->mu);
+    kvcm_client_destroy(cl);
+    return NULL;
+}
+
+/* --- heartbeat thread --------------------------------------------------------------- */
+
+static void *kvcm_heartbeat_main(void *arg)
+{
+    struct kvcm *k = arg;
+    struct kvcm_client *cl = NULL;
+    struct kvcm_client_config cc = {
+        .endpoints = (const char *const *)k->st.endpoints, .n_endpoints = k->st.n_endpoints,
+        .connect_timeout_ms = k->st.connect_timeout_ms, .request_timeout_ms = k->st.request_timeout_ms,
+        .max_response_bytes = 1u << 20, .trace_prefix = k->trace_hb,
+    };
+    char err[256];
+    sigset_t all;
+
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    if (kvcm_client_create(&cc, &cl, err, sizeof err) < 0) {
+        kvcm_set_error(k, KVCM_STATE_DEGRADED, "cannot create the KVCM heartbeat client: %s", err);
+        return NULL;
+    }
+    kvcm_client_set_cancel(cl, &k->cancel);
+    pthread_mutex_lock(&k->mu);
+    while (!k->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += (time_t)(k->st.heartbeat_interval_ms / 1000u);
+        ts.tv_nsec += (long)(k->st.heartbeat_interval_ms % 1000u) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        while (!k->stop && pthread_cond_timedwait(&k->hb_cv, &k->mu, &ts) != ETIMEDOUT) {}
+        if (k->stop)
+            break;
+        struct kvcm_dep *deps[KVCM_MAX_DEPLOYMENTS];
+        bool ok[KVCM_MAX_DEPLOYMENTS];
+        size_t ndeps = k->ndeps;
+        memcpy(deps, k->deps, ndeps * sizeof deps[0]);
+        for (size_t i = 0; i < ndeps; i++)
+            ok[i] = deps[i]->heartbeat_ok;
+        struct kvcm_node_status node = k->node;
+        uint64_t generation = k->generation, queued = k->count;
+        pthread_mutex_unlock(&k->mu);
+
+        for (size_t i = 0; i < ndeps; i++) {
+            if (!ok[i])
+                continue;
+            char buf[32];
+            json_t *status = json_object(), *events = json_array();
+#define KVCM_STATUS_U(name, v) do { snprintf(buf, sizeof buf, "%" PRIu64, (uint64_t)(v)); \
+                                    json_object_set_new(status, name, json_string(buf)); } while (0)
+            KVCM_STATUS_U("epoch", k->epoch);
+            KVCM_STATUS_U("generation", generation);
+            KVCM_STATUS_U("host_blocks", node.host_blocks);
+            KVCM_STATUS_U("host_free_bytes", node.host_free_bytes);
+            KVCM_STATUS_U("store_blocks", node.store_blocks);
+            KVCM_STATUS_U("clients", node.clients);
+            KVCM_STATUS_U("queue", queued);
+#undef KVCM_STATUS_U
+            json_array_append_new(events, kvcm_event_heartbeat(status));
+            struct kvcm_result r;
+            int st = kvcm_report_events(cl, deps[i]->instance_id, k->st.host_ip_port,
+                                        k->st.storage_type, events, k->st.request_timeout_ms, &r);
+            json_decref(events);
+            pthread_mutex_lock(&k->mu);
+            if (st == KVCM_OK) {
+                k->heartbeats_ok++;
+            } else {
+                k->heartbeats_failed++;
+                if (st == KVCM_NODE_NOT_REGISTERED || st == KVCM_INSTANCE_NOT_EXIST) {
+                    deps[i]->heartbeat_ok = false;
+                    deps[i]->reregister = true;
+                    pthread_cond_broadcast(&k->cv);
+                }
+            }
+            pthread_mutex_unlock(&k->mu);
+        }
+        pthread_mutex_lock(&k->mu);
+    }
+    pthread_mutex_unlock(&k->mu);
+    kvcm_client_destroy(cl);
+    return NULL;
+}
+
+/* --- lifecycle ------------------------------------------------------------------------ */
+
+static const char *kvcm_own(struct kvcm *k, int slot, const char *s)
+{
+    snprintf(k->text[slot], sizeof k->text[slot], "%s", s ? s : "");
+    return k->text[slot];
+}
+
+int kvcm_create(struct event_base *base, struct cache *cache, const struct kvcm_settings *st,
+                kvcm_status_fn status, void *status_arg, struct kvcm **out, char *err, size_t errlen)
+{
+    struct kvcm *k = calloc(1, sizeof *k);
+    struct timeval tv;
+
+    *out = NULL;
+    if (!k) {
+        errmsg_set(err, errlen, "kvcm: out of memory");
+        return -KVNODE_ENOMEM;
+    }
+    k->base = base;
+    k->cache = cache;
+    k->st = *st;
+    k->efd = -1;
+    for (size_t i = 0; i < st->n_endpoints && i < KVCM_MAX_ENDPOINTS; i++) {
+        snprintf(k->endpoints[i], sizeof k->endpoints[i], "%s", st->endpoints[i]);
+        k->st.endpoints[i] = k->endpoints[i];
+    }
+    k->st.instance_group = kvcm_own(k, 0, st->instance_group);
+    k->st.instance_id_template = kvcm_own(k, 1, st->instance_id_template);
+    k->st.host_ip_port = kvcm_own(k, 2, st->host_ip_port);
+    k->st.storage_type = kvcm_own(k, 3, st->storage_type);
+    k->st.medium_host = kvcm_own(k, 4, st->medium_host);
+    k->st.spec_name_template = kvcm_own(k, 5, st->spec_name_template);
+    k->st.location_uri_template = kvcm_own(k, 6, st->location_uri_template);
+    if (k->st.batch_events == 0)
+        k->st.batch_events = 1;
+    /* A per-boot epoch: trace ids of an older incarnation are recognisable. */
+    k->epoch = kvcm_unix_ms();
+    snprintf(k->trace_pub, sizeof k->trace_pub, "%s-%" PRIu64 "-pub", k->st.host_ip_port, k->epoch);
+    snprintf(k->trace_hb, sizeof k->trace_hb, "%s-%" PRIu64 "-hb", k->st.host_ip_port, k->epoch);
+    snprintf(k->trace_down, sizeof k->trace_down, "%s-%" PRIu64 "-down", k->st.host_ip_port, k->epoch);
+    k->cap = (size_t)k->st.queue_events + 1;
+    k->post_cap = k->st.queue_events;
+    k->ring = calloc(k->cap, sizeof *k->ring);
+    k->post = calloc(k->post_cap ? k->post_cap : 1, sizeof *k->post);
+    k->batch = calloc(k->st.batch_events, sizeof *k->batch);
+    k->state = KVCM_STATE_STARTING;
+    pthread_mutex_init(&k->mu, NULL);
+    pthread_cond_init(&k->cv, NULL);
+    pthread_cond_init(&k->hb_cv, NULL);
+    k->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    k->status_fn = status;
+    k->status_arg = status_arg;
+    if (!k->ring || !k->post || !k->batch || k->efd < 0) {
+        errmsg_set(err, errlen, "kvcm: cannot set up the publisher queue: %s",
+                   k->efd < 0 ? strerror(errno) : "out of memory");
+        kvcm_destroy(k);
+        return -KVNODE_ENOMEM;
+    }
+    k->efd_ev = event_new(base, k->efd, EV_READ | EV_PERSIST, kvcm_efd_cb, k);
+    k->status_ev = event_new(base, -1, EV_PERSIST, kvcm_status_cb, k);
+    if (!k->efd_ev || !k->status_ev || event_add(k->efd_ev, NULL) < 0) {
+        errmsg_set(err, errlen, "kvcm: cannot create loop events");
+        kvcm_destroy(k);
+        return -KVNODE_ENOMEM;
+    }
+    tv.tv_sec = (time_t)(k->st.heartbeat_interval_ms / 1000u);
+    tv.tv_usec = (suseconds_t)((k->st.heartbeat_interval_ms % 1000u) * 1000u);
+    evtimer_add(k->status_ev, &tv);
+    kvcm_status_cb(-1, 0, k);
+    if (pthread_create(&k->pub_thread, NULL, kvcm_publisher_main, k) != 0) {
+        errmsg_set(err, errlen, "kvcm: cannot start the publisher thread");
+        kvcm_destroy(k);
+        return -KVNODE_EIO;
+    }
+    k->pub_started = true;
+    if (pthread_create(&k->hb_thread, NULL, kvcm_heartbeat_main, k) != 0) {
+        errmsg_set(err, errlen, "kvcm: cannot start the heartbeat thread");
+        kvcm_destroy(k);
+        return -KVNODE_EIO;
+    }
+    k->hb_started = true;
+    cache_set_block_observer(cache, kvcm_block_event, k);
+    log_info("kvcm: publishing to %s as %s (%s), epoch %" PRIu64, k->st.endpoints[0],
+             k->st.host_ip_port, k->st.storage_type, k->epoch);
+    *out = k;
+    return 0;
+}
+
+static void kvcm_join(struct kvcm *k)
+{
+    pthread_mutex_lock(&k->mu);
+    k->stop = true;
+    atomic_store(&k->cancel, true);   /* calls in flight end now, not at their timeout */
+    pthread_cond_broadcast(&k->cv);
+    pthread_cond_broadcast(&k->hb_cv);
+    pthread_mutex_unlock(&k->mu);
+    if (k->pub_started)
+        pthread_join(k->pub_thread, NULL);
+    if (k->hb_started)
+        pthread_join(k->hb_thread, NULL);
+    k->pub_started = k->hb_started = false;
+}
+
+void kvcm_stop(struct kvcm *k)
+{
+    struct kvcm_client *cl = NULL;
+    char err[256];
+
+    if (!k)
+        return;
+    cache_set_block_observer(k->cache, NULL, NULL);
+    if (k->walk) {
+        cache_walk_cancel(k->cache, k->walk);
+        k->walk = NULL;
+    }
+    kvcm_join(k);
+    /* HOST_DOWN, alone in its request, to every instance KVCM may know
+     * (also when the last call failed), all within host_down_timeout. */
+    uint64_t deadline = clock_now_ms() + k->st.host_down_timeout_ms;
+    struct kvcm_client_config cc = {
+        .endpoints = (const char *const *)k->st.endpoints, .n_endpoints = k->st.n_endpoints,
+        .connect_timeout_ms = k->st.host_down_timeout_ms, .request_timeout_ms = k->st.host_down_timeout_ms,
+        .max_response_bytes = 1u << 20, .trace_prefix = k->trace_down,
+    };
+    if (kvcm_client_create(&cc, &cl, err, sizeof err) == 0) {
+        for (size_t i = 0; i < k->ndeps; i++) {
+            uint64_t now = clock_now_ms();
+            if (!k->deps[i]->announced)
+                continue;
+            if (now >= deadline) {
+                log_warn("kvcm: no time left for HOST_DOWN of instance %s", k->deps[i]->instance_id);
+                continue;
+            }
+            json_t *events = json_array();
+            struct kvcm_result r;
+            json_array_append_new(events, kvcm_event_host_down());
+            int st = kvcm_report_events(cl, k->deps[i]->instance_id, k->st.host_ip_port,
+                                        k->st.storage_type, events, (uint32_t)(deadline - now), &r);
+            json_decref(events);
+            if (st == KVCM_OK)
+                log_info("kvcm: HOST_DOWN sent for instance %s", k->deps[i]->instance_id);
+            else
+                log_warn("kvcm: HOST_DOWN for instance %s failed: %s: %s", k->deps[i]->instance_id,
+                         kvcm_status_name(st), r.message);
+        }
+        kvcm_client_destroy(cl);
+    }
+    pthread_mutex_lock(&k->mu);
+    k->state = KVCM_STATE_STOPPED;
+    pthread_mutex_unlock(&k->mu);
+}
+
+void kvcm_destroy(struct kvcm *k)
+{
+    if (!k)
+        return;
+    if (k->cache)
+        cache_set_block_observer(k->cache, NULL, NULL);
+    if (k->walk)
+        cache_walk_cancel(k->cache, k->walk);
+    kvcm_join(k);
+    if (k->efd_ev)
+        event_free(k->efd_ev);
+    if (k->status_ev)
+        event_free(k->status_ev);
+    if (k->efd >= 0)
+        close(k->efd);
+    for (size_t i = 0; i < k->ndeps; i++) {
+        keyset_free(&k->deps[i]->mirror);
+        keyset_free(&k->deps[i]->pending);
+        free(k->deps[i]);
+    }
+    free(k->walk_buf);
+    free(k->walk_result);
+    free(k->ring);
+    free(k->post);
+    free(k->batch);
+    pthread_cond_destroy(&k->cv);
+    pthread_cond_destroy(&k->hb_cv);
+    pthread_mutex_destroy(&k->mu);
+    free(k);
+}
+
+uint64_t kvcm_epoch(const struct kvcm *k)
+{
+    return k ? k->epoch : 0;
+}
+
+void kvcm_stats_json(struct kvcm *k, json_t *root)
+{
+    json_t *o = json_object();
+    if (!k) {
+        json_object_set_new(o, "state", json_string(kvcm_state_name(KVCM_STATE_DISABLED)));
+        json_object_set_new(root, "kvcm", o);
+        return;
+    }
+    pthread_mutex_lock(&k->mu);
+    json_object_set_new(o, "state", json_string(kvcm_state_name(k->state)));
+    json_object_set_new(o, "epoch", json_integer((json_int_t)k->epoch));
+    json_object_set_new(o, "generation", json_integer((json_int_t)k->generation));
+    json_object_set_new(o, "queue", json_integer((json_int_t)k->count));
+    json_object_set_new(o, "queue_capacity", json_integer((json_int_t)(k->cap - 1)));
+    json_object_set_new(o, "accepted_total", json_integer((json_int_t)k->accepted));
+    json_object_set_new(o, "dropped_total", json_integer((json_int_t)k->dropped));
+    json_object_set_new(o, "snapshots_total", json_integer((json_int_t)k->snapshots));
+    json_object_set_new(o, "heartbeats_ok_total", json_integer((json_int_t)k->heartbeats_ok));
+    json_object_set_new(o, "heartbeats_failed_total", json_integer((json_int_t)k->heartbeats_failed));
+    json_object_set_new(o, "last_snapshot_unix_ms", json_integer((json_int_t)k->last_snapshot_unix_ms));
+    json_object_set_new(o, "last_error", json_string(k->last_error));
+    json_object_set_new(o, "host_ip_port", json_string(k->st.host_ip_port));
+    json_t *deps = json_array();
+    for (size_t i = 0; i < k->ndeps; i++) {
+        json_t *d = json_object();
+        json_object_set_new(d, "instance_id", json_string(k->deps[i]->instance_id));
+        json_object_set_new(d, "registered", json_boolean(k->deps[i]->heartbeat_ok));
+        json_array_append_new(deps, d);
+    }
+    json_object_set_new(o, "deployments", deps);
+    pthread_mutex_unlock(&k->mu);
+    json_object_set_new(root, "kvcm", o);
+}

@@ -1,0 +1,90 @@
+/* kvcm: keeps the KV Cache Manager's view of this node correct and current
+ * (docs/PROTOCOLS.md §2 and §4) without ever slowing an engine down.
+ *
+ * Owns two threads, each with its own kvcm_client:
+ *   publisher  registers each deployment (registerInstance, then
+ *              NODE_REGISTER), sends a full snapshot, then batched ADD/DELETE
+ *              of complete keys, coalesced per key to their final state;
+ *              periodic snapshots; every status handled (re-register,
+ *              retry_after_ms, snapshot_required, backoff with a cap).
+ *   heartbeat  EVENT_HEARTBEAT per registered deployment on its own cadence,
+ *              so it never waits behind a snapshot upload.
+ * The loop feeds the publisher through a bounded queue (a mutex held for
+ * O(1) only; never blocks): when it is full the event is dropped, counted,
+ * and the publisher resynchronises — the loop walks the index in chunks
+ * (cache_walk_complete) and the publisher replaces its mirror of complete
+ * keys with the result plus every event queued since the walk began, then
+ * sends a snapshot. Snapshots are built from that mirror on the publisher
+ * thread and never mixed with deltas.
+ *
+ * Stop: threads end, then HOST_DOWN (alone in its request) for every
+ * deployment KVCM may know, all within host_down_timeout.
+ *
+ * kvcm_create/kvcm_block_event/kvcm_stop/kvcm_destroy/kvcm_stats_json: loop
+ * thread only. */
+#ifndef KVNODE_KVCM_H
+#define KVNODE_KVCM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "namespace.h"
+
+struct event_base;
+struct cache;
+struct kvcm;
+
+#define KVCM_MAX_ENDPOINTS 8
+
+/* What kvcm needs from [kvcm] (filled by the daemon from its config). */
+struct kvcm_settings {
+    const char *endpoints[KVCM_MAX_ENDPOINTS];
+    size_t   n_endpoints;
+    const char *instance_group;
+    const char *instance_id_template;   /* {model} {dtype} {block_tokens} {tp_size} {fingerprint} */
+    const char *host_ip_port;
+    const char *storage_type;           /* ST_EVENT_REPORT_L1P5 | ST_EVENT_REPORT_L2 */
+    const char *medium_host;            /* "dram" */
+    const char *spec_name_template;     /* "rtp_llm_hbm_{block_tokens}" */
+    const char *location_uri_template;  /* "rtp-llm://{host_ip_port}/hbm?size={block_bytes}" */
+    uint32_t connect_timeout_ms, request_timeout_ms, snapshot_timeout_ms;
+    uint32_t flush_interval_ms, heartbeat_interval_ms, snapshot_interval_ms;
+    uint32_t retry_base_ms, retry_max_ms, host_down_timeout_ms;
+    uint32_t batch_events, queue_events;
+};
+
+enum kvcm_state {
+    KVCM_STATE_DISABLED = 0, KVCM_STATE_STARTING, KVCM_STATE_REGISTERING, KVCM_STATE_RESYNCING,
+    KVCM_STATE_READY, KVCM_STATE_DEGRADED, KVCM_STATE_STOPPED,
+};
+const char *kvcm_state_name(int state);
+
+/* What the heartbeat reports about the node (set from the loop). */
+struct kvcm_node_status {
+    uint64_t host_blocks, host_free_bytes, store_blocks;
+    uint64_t clients;
+};
+typedef void (*kvcm_status_fn)(void *arg, struct kvcm_node_status *out);
+
+/* Start the threads (no network call happens on the calling thread). The
+ * status callback runs on the loop once per heartbeat interval. 0, or a
+ * negative KVNODE_E* code with err set. */
+int  kvcm_create(struct event_base *base, struct cache *cache, const struct kvcm_settings *st,
+                 kvcm_status_fn status, void *status_arg, struct kvcm **out,
+                 char *err, size_t errlen);
+/* The cache's completeness observer (cache_set_block_observer). */
+void kvcm_block_event(void *kvcm, const kv_namespace *ns, int64_t key, bool complete);
+/* End the threads and send HOST_DOWN, bounded by host_down_timeout (plus
+ * the call in flight on each thread, which its own timeout bounds). */
+void kvcm_stop(struct kvcm *k);
+void kvcm_destroy(struct kvcm *k);
+/* Add "kvcm" {state, queue, accepted, dropped, last_error, last snapshot,
+ * epoch, generation, deployments} to a stats document. NULL k: disabled. */
+void kvcm_stats_json(struct kvcm *k, json_t *root);
+/* This incarnation's epoch (trace ids carry it). */
+uint64_t kvcm_epoch(const struct kvcm *k);
+
+#endif
