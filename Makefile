@@ -182,6 +182,7 @@ $(KVCM_SIM_BIN): $(call obj,tests/sim/kvcm_sim.c)
 # Unit suites that start the KVCM simulator (kvcm-sim next to $KVS_SIM) need it built.
 $(BUILD)/tests/test_kvcm_client: $(KVCM_SIM_BIN)
 $(BUILD)/tests/test_daemon_kvcm: $(KVCM_SIM_BIN)
+$(BUILD)/tests/test_daemon_kvcm_query: $(KVCM_SIM_BIN)
 
 $(BUILD)/tests/%: tests/sim/%.c $(SIM_BIN) $(KVCM_SIM_BIN) $(TEST_HDRS)
 	@mkdir -p $(dir $@)

@@ -363,6 +363,14 @@ static bool kvcm_step_failed(struct kvcm *k, struct kvcm_dep *d, const char *wha
                              const struct kvcm_result *r)
 {
     uint64_t now = clock_now_ms();
+    /* A snapshot that must wait its turn is not a failure: wait as told,
+     * no backoff, no error. */
+    if (r->status == KVCM_SNAPSHOT_RATE_LIMITED || r->status == KVCM_SNAPSHOT_IN_PROGRESS) {
+        uint64_t wait_ms = r->retry_after_ms ? r->retry_after_ms : k->st.retry_base_ms;
+        d->next_try_ms = now + (wait_ms > 3600000u ? 3600000u : wait_ms);
+        kvcm_set_state(k, KVCM_STATE_RESYNCING);
+        return true;
+    }
     uint32_t wait = k->backoff_ms ? k->backoff_ms : k->st.retry_base_ms;
     if (r->retry_after_ms > wait)
         wait = r->retry_after_ms > 3600000u ? 3600000u : (uint32_t)r->retry_after_ms;
@@ -632,7 +640,8 @@ static void *kvcm_publisher_main(void *arg)
                     !(keyset_count(&d->pending) > 0 || d->need_snapshot || !d->node_ok))
                     continue;
                 /* due at the flush deadline, or when its retry is (backing off) */
-                uint64_t due = d->next_try_ms > t_now ? d->next_try_ms - t_now : k->st.flush_interval_ms;
+                uint64_t due = d->next_try_ms > t_now ? d->next_try_ms - t_now
+                                                      : k->st.flush_interval_ms;
                 if (due < wait_ms)
                     wait_ms = due;
             }

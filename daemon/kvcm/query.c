@@ -189,7 +189,16 @@ static void query_done(struct workq_job *job)
         }
         qq->ans.ok = false;
         qq->ans.n = 0;
-        errmsg_set(qq->ans.why, sizeof qq->ans.why, "KVCM query failed: %s", q->last_error);
+        if (!qq->answered && !qq->cancelled && now + 1 >= qq->deadline_ms) {
+            /* The call gave up at the request's deadline (its timeout is the time left,
+             * libcurl may end it up to 1 ms early) before the deadline timer ran: the two
+             * race, and the deadline is the reason either way. */
+            q->deadline++;
+            errmsg_set(qq->ans.why, sizeof qq->ans.why, "KVCM did not answer within the "
+                       "query deadline (%u ms)", q->st.deadline_ms);
+        } else {
+            errmsg_set(qq->ans.why, sizeof qq->ans.why, "KVCM query failed: %s", q->last_error);
+        }
     }
     query_answer(qq, &qq->ans);
     query_free(qq);

@@ -830,6 +830,16 @@ START_TEST(fault_injection)
     ck_assert_uint_ge(kvcmctl_now_ms() - t0, 390);
     /* a client that gives up early leaves the simulator healthy */
     ck_assert_int_eq(http(&k, "POST", "/api/reportEvent", "{}", 100, NULL), -1);
+    /* delay only snapshots: other reports pass at once */
+    json_decref(kvcmctl_control(&k, "{\"delay_ms\":400,\"delay_only\":\"snapshot\"}"));
+    t0 = kvcmctl_now_ms();
+    expect(&k, "reportEvent", report(HOST_A, L1, json_pack("[o]", ev_hb("a", "b"))), "OK");
+    if (!vg)
+        ck_assert_uint_lt(kvcmctl_now_ms() - t0, 390);
+    const char *const snap0[] = { "9@hbm", NULL };
+    t0 = kvcmctl_now_ms();
+    expect(&k, "reportEvent", report(HOST_A, L1, json_pack("[o]", ev_snap(snap0))), "OK");
+    ck_assert_uint_ge(kvcmctl_now_ms() - t0, 390);
     json_decref(kvcmctl_control(&k, "{\"delay_ms\":0}"));
 
     /* transport status */
@@ -903,7 +913,7 @@ START_TEST(fault_injection)
     }
     ck_assert_uint_eq(n_down, 2);
     ck_assert_uint_eq(n_fail, 3);
-    ck_assert_uint_eq(n_delay, 2);
+    ck_assert_uint_eq(n_delay, 3);
     ck_assert_uint_eq(n_garbage, 1);
     ck_assert_uint_eq(n_http, 1);
     json_decref(rec);
