@@ -1,0 +1,593 @@
+"""Python binding of libkvnode, the client library of kvnoded (node-local KV-cache daemon).
+
+Stdlib only (``ctypes``), no build step: the package loads ``libkvnode.so`` at import
+time, first from the source tree next to the package (``build/`` of the repository),
+then through the system loader.
+
+Typical use from an inference engine::
+
+    import kvnode
+
+    layout = kvnode.Layout(model="qwen2-7b", dtype="bf16", block_tokens=16,
+                           block_bytes=2 * 28 * 4 * 128 * 16 * 2,
+                           num_layers=28, kv_heads=4, head_dim=128)
+    with kvnode.Client("/run/kvnode/kvnode.sock", layout) as c:
+        keys = kvnode.hash_tokens(prompt_token_ids, layout.block_tokens)
+        with c.read(keys) as blocks:          # longest cached prefix, zero-copy
+            for i, view in enumerate(blocks):
+                kv_pages[i] = numpy.frombuffer(view, dtype=numpy.uint8)  # copy out
+        ...
+        with c.write(new_keys) as slots:      # zero-copy slots, None = already stored
+            for slot, page in zip(slots, pages):
+                if slot is not None:
+                    slot[:] = page            # commit on normal exit, abort on exception
+
+The keys of one call form a chain (``keys[i-1]`` is the parent of ``keys[i]``);
+``match``, ``read`` and ``get`` answer with the longest cached prefix.
+
+A :class:`Client` is not thread-safe: use one per thread or serialise calls.
+"""
+
+import ctypes
+import ctypes.util
+import dataclasses
+import json
+import os
+
+__all__ = [
+    "Layout", "Client", "ReadLease", "WriteLease", "hash_tokens", "version", "library_path",
+    "TIER_HOST", "TIER_HBM",
+    "Error", "InvalidArgument", "OutOfMemory", "NoSpace", "NoLease", "LayoutError",
+    "VersionError", "ProtocolError", "TooBig", "TimedOut", "ConnectError", "Closed",
+    "IOFailure", "StateError", "LimitReached", "Denied", "InternalError", "ShuttingDown",
+    "LeaseEnded",
+]
+
+#: Host-memory tier (``KVNODE_TIER_HOST``).
+TIER_HOST = 1
+#: GPU-memory tier (``KVNODE_TIER_HBM``).
+TIER_HBM = 2
+
+
+# ---------------------------------------------------------------- errors
+
+class Error(Exception):
+    """A failed libkvnode call.
+
+    ``code`` is the positive ``KVNODE_E*`` number, ``name`` the library's short
+    description of it (``kvnode_strerror``), ``message`` the daemon's (or
+    library's) message for the failure (``kvnode_last_error``).
+    """
+
+    #: KVNODE_E* code of this class (0 for the base class).
+    CODE = 0
+
+    def __init__(self, code, message="", name=""):
+        self.code = code
+        self.message = message
+        self.name = name
+        text = name or "kvnode error %d" % code
+        if message:
+            text = "%s: %s" % (text, message)
+        super().__init__(text)
+
+
+class InvalidArgument(Error):
+    """KVNODE_EINVAL: invalid argument or request."""
+    CODE = 1
+
+
+class OutOfMemory(Error):
+    """KVNODE_ENOMEM: out of memory (process)."""
+    CODE = 2
+
+
+class NoSpace(Error):
+    """KVNODE_ENOSPC: tier full, nothing evictable."""
+    CODE = 3
+
+
+class NoLease(Error):
+    """KVNODE_ENOLEASE: unknown, expired or foreign lease."""
+    CODE = 4
+
+
+class LayoutError(Error):
+    """KVNODE_ELAYOUT: layout invalid or conflicts with a registered one."""
+    CODE = 5
+
+
+class VersionError(Error):
+    """KVNODE_EVERSION: no common protocol version."""
+    CODE = 6
+
+
+class ProtocolError(Error):
+    """KVNODE_EPROTO: malformed frame or message."""
+    CODE = 7
+
+
+class TooBig(Error):
+    """KVNODE_ETOOBIG: frame, key count or block over a limit."""
+    CODE = 8
+
+
+class TimedOut(Error):
+    """KVNODE_ETIMEDOUT: the call's timeout passed."""
+    CODE = 9
+
+
+class ConnectError(Error):
+    """KVNODE_ECONNECT: cannot connect to the daemon."""
+    CODE = 10
+
+
+class Closed(Error):
+    """KVNODE_ECLOSED: the daemon closed the connection (or the client was closed)."""
+    CODE = 11
+
+
+class IOFailure(Error):
+    """KVNODE_EIO: a system call failed."""
+    CODE = 12
+
+
+class StateError(Error):
+    """KVNODE_ESTATE: operation not valid now."""
+    CODE = 13
+
+
+class LimitReached(Error):
+    """KVNODE_ELIMIT: a per-client limit was reached."""
+    CODE = 14
+
+
+class Denied(Error):
+    """KVNODE_EDENIED: refused by access control."""
+    CODE = 15
+
+
+class InternalError(Error):
+    """KVNODE_EINTERNAL: daemon bug, please report."""
+    CODE = 16
+
+
+class ShuttingDown(Error):
+    """KVNODE_ESHUTDOWN: the daemon is shutting down."""
+    CODE = 17
+
+
+class LeaseEnded(Error):
+    """A view still had a buffer exported directly from it when its lease ended.
+
+    Raised on leaving a ``with`` block when a yielded memoryview could not be
+    released because some object still holds a buffer on it (for example a
+    ``struct.iter_unpack`` iterator). A read lease is ended anyway;
+    a write lease is aborted. Such objects must not be used afterwards.
+
+    Not every wrapper is detected: ``numpy.frombuffer`` takes its own view of
+    the memory, so an array made from a yielded view must be dropped or copied
+    inside the ``with`` block; after it the memory may be reused by the daemon.
+    """
+    CODE = 4
+
+
+_ERRORS = {cls.CODE: cls for cls in (
+    InvalidArgument, OutOfMemory, NoSpace, NoLease, LayoutError, VersionError, ProtocolError,
+    TooBig, TimedOut, ConnectError, Closed, IOFailure, StateError, LimitReached, Denied,
+    InternalError, ShuttingDown)}
+
+
+# ---------------------------------------------------------------- library
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _candidates():
+    """Places to look for libkvnode, in order: the source tree, then the system."""
+    out = []
+    env = os.environ.get("KVNODE_LIBRARY")
+    if env:
+        out.append(env)
+    build = os.path.normpath(os.path.join(_HERE, "..", "..", "build"))
+    for name in ("libkvnode.so.0", "libkvnode.so"):
+        out.append(os.path.join(build, name))
+    found = ctypes.util.find_library("kvnode")
+    if found:
+        out.append(found)
+    out.append("libkvnode.so.0")
+    return out
+
+
+def _load():
+    tried = []
+    for cand in _candidates():
+        if os.sep in cand and not os.path.exists(cand):
+            tried.append("%s (not found)" % cand)
+            continue
+        try:
+            return ctypes.CDLL(cand), cand
+        except OSError as e:
+            tried.append("%s (%s)" % (cand, e))
+    raise ImportError("kvnode: cannot load libkvnode; looked for: " + "; ".join(tried) +
+                      ". Build it with `make all` in the source tree, install it, "
+                      "or set KVNODE_LIBRARY to its path.")
+
+
+_lib, _lib_path = _load()
+
+
+def library_path():
+    """Path (or loader name) of the libkvnode that this package loaded."""
+    return _lib_path
+
+
+class _CLayout(ctypes.Structure):
+    _fields_ = [
+        ("model", ctypes.c_char_p), ("dtype", ctypes.c_char_p),
+        ("block_tokens", ctypes.c_uint32), ("block_bytes", ctypes.c_uint64),
+        ("num_layers", ctypes.c_uint32), ("kv_heads", ctypes.c_uint32),
+        ("head_dim", ctypes.c_uint32), ("tp_size", ctypes.c_uint32),
+        ("tp_rank", ctypes.c_uint32), ("extra", ctypes.c_char_p),
+    ]
+
+
+class _CLoc(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_void_p), ("tier", ctypes.c_int), ("device", ctypes.c_int)]
+
+
+_P = ctypes.c_void_p
+_KEYS = ctypes.POINTER(ctypes.c_int64)
+_SIZE = ctypes.c_size_t
+_LEASE = ctypes.c_uint64
+
+
+def _fn(name, restype, *argtypes):
+    f = getattr(_lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+_connect = _fn("kvnode_connect", ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(_CLayout),
+               ctypes.POINTER(_P))
+_connect_error = _fn("kvnode_connect_error", ctypes.c_char_p)
+_close = _fn("kvnode_close", None, _P)
+_block_bytes = _fn("kvnode_block_bytes", ctypes.c_uint64, _P)
+_match = _fn("kvnode_match", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_SIZE))
+_get_begin = _fn("kvnode_get_begin", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_LEASE),
+                 ctypes.POINTER(_CLoc), ctypes.POINTER(_SIZE))
+_get_end = _fn("kvnode_get_end", ctypes.c_int, _P, _LEASE)
+_put_begin = _fn("kvnode_put_begin", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.c_int,
+                 ctypes.POINTER(_LEASE), ctypes.POINTER(_CLoc))
+_put_commit = _fn("kvnode_put_commit", ctypes.c_int, _P, _LEASE)
+_put_abort = _fn("kvnode_put_abort", ctypes.c_int, _P, _LEASE)
+_get = _fn("kvnode_get", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_P), ctypes.POINTER(_SIZE))
+_put = _fn("kvnode_put", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_P))
+_delete = _fn("kvnode_delete", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_SIZE))
+_stats_json = _fn("kvnode_stats_json", ctypes.c_int, _P, ctypes.POINTER(_P))
+_hash = _fn("kvnode_hash_tokens", _SIZE, _KEYS, _SIZE, ctypes.c_uint32, _KEYS, _SIZE)
+_strerror = _fn("kvnode_strerror", ctypes.c_char_p, ctypes.c_int)
+_last_error = _fn("kvnode_last_error", ctypes.c_char_p, _P)
+_set_timeout = _fn("kvnode_set_timeout", None, _P, ctypes.c_int)
+_version = _fn("kvnode_version", ctypes.c_char_p)
+
+_libc = ctypes.CDLL(None)
+_free = _libc.free
+_free.restype = None
+_free.argtypes = [_P]
+
+_mv_from_memory = ctypes.pythonapi.PyMemoryView_FromMemory
+_mv_from_memory.restype = ctypes.py_object
+_mv_from_memory.argtypes = [_P, ctypes.c_ssize_t, ctypes.c_int]
+_PyBUF_READ, _PyBUF_WRITE = 0x100, 0x200
+
+
+def _view(ptr, n, writable):
+    """A flat unsigned-byte memoryview over n bytes at ptr (no copy)."""
+    return _mv_from_memory(ptr, n, _PyBUF_WRITE if writable else _PyBUF_READ)
+
+
+def _s(b):
+    return b.decode("utf-8", "replace") if b else ""
+
+
+def _raise(rc, message):
+    code = -rc
+    cls = _ERRORS.get(code, Error)
+    raise cls(code, message, _s(_strerror(rc)))
+
+
+def _keys_array(keys):
+    keys = list(keys)
+    arr = (ctypes.c_int64 * max(len(keys), 1))(*keys)
+    return arr, len(keys)
+
+
+def version():
+    """libkvnode's protocol and library version string."""
+    return _s(_version())
+
+
+def hash_tokens(token_ids, block_tokens):
+    """Block keys of a token sequence: the rtp-llm / KVCM chained hash of libkvnode.
+
+    One key (a signed 64-bit int) per *full* block of ``block_tokens`` tokens;
+    a trailing partial block gets no key.
+    """
+    if block_tokens <= 0:
+        raise ValueError("block_tokens must be > 0")
+    toks = list(token_ids)
+    n = len(toks)
+    nkeys = n // block_tokens
+    if nkeys == 0:
+        return []
+    t = (ctypes.c_int64 * n)(*toks)
+    k = (ctypes.c_int64 * nkeys)()
+    got = _hash(t, n, block_tokens, k, nkeys)
+    return list(k[:got])
+
+
+# ---------------------------------------------------------------- layout
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The KV-cache layout of one engine rank (mirrors ``kvnode_layout``).
+
+    Clients with the same layout share a namespace in the daemon.
+    ``block_bytes`` is the size of one block as held by this rank.
+    """
+
+    model: str
+    dtype: str
+    block_tokens: int
+    block_bytes: int
+    num_layers: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    tp_size: int = 1
+    tp_rank: int = 0
+    extra: str = None
+
+    def _to_c(self):
+        return _CLayout(
+            self.model.encode(), self.dtype.encode(), self.block_tokens, self.block_bytes,
+            self.num_layers, self.kv_heads, self.head_dim, self.tp_size, self.tp_rank,
+            self.extra.encode() if self.extra is not None else None)
+
+
+# ---------------------------------------------------------------- leases
+
+class ReadLease:
+    """Context manager returned by :meth:`Client.read`.
+
+    Entering pins the longest cached prefix of the keys and yields a list of
+    read-only ``memoryview`` objects, one per block. Leaving releases the views
+    (using one afterwards raises ``ValueError``) and ends the lease.
+    """
+
+    def __init__(self, client, keys):
+        self._client = client
+        self._keys = keys
+        self._lease = 0
+        self._views = []
+
+    def __enter__(self):
+        c = self._client
+        arr, n = _keys_array(self._keys)
+        locs = (_CLoc * max(n, 1))()
+        lease = _LEASE(0)
+        got = _SIZE(0)
+        c._check(_get_begin(c._handle(), arr, n, ctypes.byref(lease), locs, ctypes.byref(got)))
+        self._lease = lease.value
+        bb = c.block_bytes
+        self._views = [_view(locs[i].ptr, bb, False) for i in range(got.value)]
+        return list(self._views)
+
+    def __exit__(self, exc_type, exc, tb):
+        exported = _release_all(self._views)
+        self._views = []
+        lease, self._lease = self._lease, 0
+        if lease:
+            rc = _get_end(self._client._handle(), lease)
+            if rc != 0 and exc_type is None:
+                self._client._check(rc)
+        if exported and exc_type is None:
+            raise LeaseEnded(LeaseEnded.CODE, "%d view(s) still had a buffer exported when the "
+                             "read lease ended; drop or copy such objects inside the with block"
+                             % exported, "lease ended")
+        return False
+
+
+class WriteLease:
+    """Context manager returned by :meth:`Client.write`.
+
+    Entering reserves a slot per key and yields a list with a writable
+    ``memoryview`` per key, or ``None`` for keys already stored. Leaving
+    normally commits (the blocks become visible); leaving by an exception
+    aborts (nothing becomes visible). The views are released either way.
+    """
+
+    def __init__(self, client, keys, tier):
+        self._client = client
+        self._keys = keys
+        self._tier = tier
+        self._lease = 0
+        self._views = []
+
+    def __enter__(self):
+        c = self._client
+        arr, n = _keys_array(self._keys)
+        locs = (_CLoc * max(n, 1))()
+        lease = _LEASE(0)
+        c._check(_put_begin(c._handle(), arr, n, self._tier, ctypes.byref(lease), locs))
+        self._lease = lease.value
+        bb = c.block_bytes
+        self._views = [_view(locs[i].ptr, bb, True) if locs[i].ptr else None for i in range(n)]
+        return list(self._views)
+
+    def __exit__(self, exc_type, exc, tb):
+        exported = _release_all(self._views)
+        self._views = []
+        lease, self._lease = self._lease, 0
+        if not lease:
+            return False
+        h = self._client._handle()
+        if exc_type is not None or exported:
+            rc = _put_abort(h, lease)
+            if exc_type is None:
+                self._client._check(rc)
+                raise LeaseEnded(LeaseEnded.CODE, "%d slot view(s) were still exported when the "
+                                 "write lease ended; the write was aborted" % exported,
+                                 "lease ended")
+            return False
+        self._client._check(_put_commit(h, lease))
+        return False
+
+
+def _release_all(views):
+    """Release every view; return how many could not be released (still exported)."""
+    exported = 0
+    for v in views:
+        if v is None:
+            continue
+        try:
+            v.release()
+        except BufferError:
+            exported += 1
+    return exported
+
+
+# ---------------------------------------------------------------- client
+
+class Client:
+    """A connection to kvnoded bound to the namespace of ``layout``.
+
+    ``socket_path`` None means ``$KVNODE_SOCKET`` or ``/run/kvnode/kvnode.sock``.
+    ``layout`` None gives an observer client that may only call :meth:`stats`.
+    ``timeout_ms`` sets the per-call timeout (default: libkvnode's, 10 s).
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, socket_path=None, layout=None, timeout_ms=None):
+        self.layout = layout
+        self._c = None
+        self._clayout = layout._to_c() if layout is not None else None
+        h = _P()
+        sp = os.fsencode(socket_path) if socket_path is not None else None
+        rc = _connect(sp, ctypes.byref(self._clayout) if self._clayout is not None else None,
+                      ctypes.byref(h))
+        if rc != 0:
+            _raise(rc, _s(_connect_error()))
+        self._c = h.value
+        if timeout_ms is not None:
+            _set_timeout(self._c, int(timeout_ms))
+
+    def _handle(self):
+        if not self._c:
+            raise Closed(Closed.CODE, "the client was closed", "client closed")
+        return self._c
+
+    def _check(self, rc):
+        if rc != 0:
+            _raise(rc, _s(_last_error(self._c)))
+
+    def close(self):
+        """Disconnect (the daemon ends this client's outstanding leases). Idempotent."""
+        if self._c:
+            _close(self._c)
+            self._c = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def block_bytes(self):
+        """Bytes of one block of this client's namespace (0 for an observer)."""
+        return int(_block_bytes(self._handle()))
+
+    def match(self, keys):
+        """Length of the longest cached prefix of ``keys`` (every tier)."""
+        arr, n = _keys_array(keys)
+        m = _SIZE(0)
+        self._check(_match(self._handle(), arr, n, ctypes.byref(m)))
+        return m.value
+
+    def delete(self, keys):
+        """Remove ``keys``; return how many were deleted."""
+        arr, n = _keys_array(keys)
+        d = _SIZE(0)
+        self._check(_delete(self._handle(), arr, n, ctypes.byref(d)))
+        return d.value
+
+    def stats(self):
+        """The daemon's statistics, parsed from its JSON document."""
+        p = _P()
+        self._check(_stats_json(self._handle(), ctypes.byref(p)))
+        try:
+            return json.loads(ctypes.string_at(p.value).decode("utf-8"))
+        finally:
+            _free(p.value)
+
+    def read(self, keys):
+        """Zero-copy read: ``with client.read(keys) as blocks:``.
+
+        ``blocks`` is a list of read-only memoryviews (format ``'B'``, one per
+        block of the longest cached prefix) over the daemon's shared memory;
+        ``numpy.frombuffer`` / ``torch.frombuffer`` wrap them without a copy.
+        The lease ends when the block exits; a view used afterwards raises
+        ``ValueError``. Arrays wrapping a view (``numpy.frombuffer``) are not
+        invalidated: drop or copy them inside the block (see :class:`LeaseEnded`).
+        """
+        return ReadLease(self, list(keys))
+
+    def write(self, keys, tier=TIER_HOST):
+        """Zero-copy write: ``with client.write(keys) as slots:``.
+
+        ``slots[i]`` is a writable memoryview of :attr:`block_bytes` bytes for
+        ``keys[i]``, or ``None`` when that key is already stored. Fill every
+        slot; a normal exit commits, an exception aborts. ``tier`` is
+        :data:`TIER_HOST` or :data:`TIER_HBM` (falls back to host).
+        """
+        return WriteLease(self, list(keys), tier)
+
+    def get(self, keys):
+        """Copy out the longest cached prefix of ``keys``: a list of ``bytes``."""
+        arr, n = _keys_array(keys)
+        bb = self.block_bytes
+        bufs = [ctypes.create_string_buffer(bb) for _ in range(n)]
+        ptrs = (_P * max(n, 1))(*[ctypes.addressof(b) for b in bufs])
+        got = _SIZE(0)
+        self._check(_get(self._handle(), arr, n, ptrs, ctypes.byref(got)))
+        return [bufs[i].raw for i in range(got.value)]
+
+    def put(self, keys, blocks):
+        """Store ``blocks[i]`` (bytes-like, :attr:`block_bytes` bytes each) under ``keys[i]``.
+
+        Keys already stored are left as they are.
+        """
+        keys = list(keys)
+        blocks = list(blocks)
+        if len(keys) != len(blocks):
+            raise ValueError("put: %d keys but %d blocks" % (len(keys), len(blocks)))
+        bb = self.block_bytes
+        keep = []
+        for i, b in enumerate(blocks):
+            mv = memoryview(b).cast("B")
+            if mv.nbytes != bb:
+                raise ValueError("put: block %d has %d bytes, the layout's block_bytes is %d"
+                                 % (i, mv.nbytes, bb))
+            keep.append(ctypes.create_string_buffer(mv.tobytes(), bb))
+        arr, n = _keys_array(keys)
+        ptrs = (_P * max(n, 1))(*[ctypes.addressof(b) for b in keep])
+        self._check(_put(self._handle(), arr, n, ptrs))
