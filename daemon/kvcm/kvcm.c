@@ -330,6 +330,19 @@ static void kvcm_apply(struct kvcm_dep *d, const struct kvcm_ev *ev, bool pendin
         d->need_snapshot = true;   /* no memory to remember the delta: the snapshot will say it */
 }
 
+/* A block's location URI: the deployment's, or expanded per key when the
+ * template names {key}. */
+static const char *kvcm_uri(const struct kvcm *k, const struct kvcm_dep *d, int64_t key, char *buf,
+                            size_t len)
+{
+    if (!d->uri_per_key)
+        return d->uri;
+    struct config_kvcm_vars v = { .host_ip_port = k->st.host_ip_port, .medium = k->st.medium_host,
+                                  .block_bytes = d->spec_bytes, .key = key };
+    config_kvcm_expand(k->st.location_uri_template, &v, buf, len);
+    return buf;
+}
+
 /* Send one request; handle what every call can answer. Returns the status. */
 static int kvcm_report(struct kvcm *k, struct kvcm_client *cl, struct kvcm_dep *d, json_t *events,
                        bool snapshot, struct kvcm_result *r)
@@ -445,15 +458,8 @@ static bool kvcm_sync_dep(struct kvcm *k, struct kvcm_client *cl, struct kvcm_de
         int64_t key;
         while (keyset_next(&d->mirror, &pos, &key, NULL)) {
             char uri[CONFIG_KVCM_TEMPLATE_MAX];
-            const char *u = d->uri;
-            if (d->uri_per_key) {
-                struct config_kvcm_vars v = { .host_ip_port = k->st.host_ip_port,
-                                              .medium = k->st.medium_host,
-                                              .block_bytes = d->spec_bytes, .key = key };
-                config_kvcm_expand(k->st.location_uri_template, &v, uri, sizeof uri);
-                u = uri;
-            }
-            json_array_append_new(blocks, kvcm_snapshot_block(key, k->st.medium_host, d->spec_name, u));
+            json_array_append_new(blocks, kvcm_snapshot_block(key, k->st.medium_host, d->spec_name,
+                                                              kvcm_uri(k, d, key, uri, sizeof uri)));
         }
         json_array_append_new(events, kvcm_event_snapshot(blocks));
         int st = kvcm_report(k, cl, d, events, true, &r);
@@ -480,16 +486,10 @@ static bool kvcm_sync_dep(struct kvcm *k, struct kvcm_client *cl, struct kvcm_de
         uint8_t add;
         while (n < k->st.batch_events && keyset_next(&d->pending, &pos, &key, &add)) {
             char uri[CONFIG_KVCM_TEMPLATE_MAX];
-            const char *u = d->uri;
-            if (add && d->uri_per_key) {
-                struct config_kvcm_vars v = { .host_ip_port = k->st.host_ip_port,
-                                              .medium = k->st.medium_host,
-                                              .block_bytes = d->spec_bytes, .key = key };
-                config_kvcm_expand(k->st.location_uri_template, &v, uri, sizeof uri);
-                u = uri;
-            }
             json_array_append_new(events, add ? kvcm_event_block_add(key, k->st.medium_host,
-                                                                     d->spec_name, u)
+                                                                     d->spec_name,
+                                                                     kvcm_uri(k, d, key, uri,
+                                                                              sizeof uri))
                                               : kvcm_event_block_delete(key, k->st.medium_host,
                                                                         d->spec_name));
             k->batch[n++] = (struct kvcm_ev){ .key = key };

@@ -50,7 +50,7 @@
 /* valgrind (VALGRIND=1) runs everything several times slower. */
 static double scale(void)
 {
-    return kvcmctl_under_valgrind() ? 5.0 : 1.0;
+    return simctl_under_valgrind() ? 5.0 : 1.0;
 }
 
 static int tmo(int ms)
@@ -77,7 +77,7 @@ static void sim_start(struct kvcmctl *s, const char *const *extra)
     for (; extra && *extra && n < 22; extra++)
         argv[n++] = *extra;
     argv[n] = NULL;
-    struct kvcmctl_opts o = { .extra = argv, .valgrind = kvcmctl_under_valgrind() };
+    struct kvcmctl_opts o = { .extra = argv, .valgrind = simctl_under_valgrind() };
     kvcmctl_start(s, &o);
 }
 
@@ -848,7 +848,7 @@ START_TEST(test_coalescing)
     json_decref(rec);
     if (getenv("PING_DEBUG"))
         fprintf(stderr, "coalescing: %ld ADD/DELETE events for %ld changes\n", sent, changes);
-    ck_assert_msg(sent * (kvcmctl_under_valgrind() ? 1 : 2) < changes,
+    ck_assert_msg(sent * (simctl_under_valgrind() ? 1 : 2) < changes,
                   "%ld ADD/DELETE events for %ld changes: not coalesced", sent, changes);
 
     json_t *rep = reporter(&s, "coal");
@@ -1064,7 +1064,7 @@ static int cmp_double(const void *a, const void *b)
 /* Ping n (<= 200) times, gap_ms apart; assert the 90th percentile and the largest. */
 static void pings_fast(kvnode_client *obs, int n, unsigned gap_ms, const char *when)
 {
-    double ms[200], sc = kvcmctl_under_valgrind() ? 10 : 1;
+    double ms[200], sc = simctl_under_valgrind() ? 10 : 1;
     ck_assert(n > 0 && n <= 200);
     for (int i = 0; i < n; i++) {
         uint64_t t0 = kvh_now_ns();

@@ -59,7 +59,7 @@
 
 static bool slow(void)
 {
-    return kvcmctl_under_valgrind();
+    return simctl_under_valgrind();
 }
 
 /* Sleep until ms after t0 (kvh_now_ms), not at all when that has passed. */
@@ -74,7 +74,7 @@ static void sleep_until(uint64_t t0, unsigned ms)
 
 static void sim_start(struct kvcmctl *k)
 {
-    struct kvcmctl_opts o = { .valgrind = kvcmctl_under_valgrind() };
+    struct kvcmctl_opts o = { .valgrind = simctl_under_valgrind() };
     kvcmctl_start(k, &o);
 }
 

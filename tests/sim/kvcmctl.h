@@ -38,6 +38,8 @@
 
 #include <jansson.h>
 
+#include "simctl.h"   /* clock, sleep, valgrind switch and reaping are shared */
+
 /* How long the simulator has to announce itself, and to exit once signalled. */
 #define KVCMCTL_DEADLINE_MS 20000u
 /* Default deadline of one kvcmctl_http() call. */
@@ -54,26 +56,6 @@ struct kvcmctl_opts {
     bool               valgrind;   /* run the simulator under valgrind (errors -> exit 99) */
     const char *const *extra;      /* NULL-terminated extra arguments, or NULL */
 };
-
-static inline uint64_t kvcmctl_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static inline void kvcmctl_sleep_ms(unsigned ms)
-{
-    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-
-/* VALGRIND=1 in the environment. */
-static inline bool kvcmctl_under_valgrind(void)
-{
-    const char *v = getenv("VALGRIND");
-    return v && strcmp(v, "1") == 0;
-}
 
 /* The simulator binary (see the header comment). */
 static inline const char *kvcmctl_bin(char *buf, size_t cap)
@@ -139,9 +121,9 @@ static inline void kvcmctl_start(struct kvcmctl *k, const struct kvcmctl_opts *o
 
     char buf[1024];
     size_t len = 0;
-    uint64_t deadline = kvcmctl_now_ms() + KVCMCTL_DEADLINE_MS;
+    uint64_t deadline = simctl_now_ms() + KVCMCTL_DEADLINE_MS;
     for (;;) {
-        int left = (int)(deadline - kvcmctl_now_ms());
+        int left = (int)(deadline - simctl_now_ms());
         ck_assert_msg(left > 0 && len < sizeof buf - 1, "kvcm-sim did not announce itself");
         struct pollfd p = { .fd = pfd[0], .events = POLLIN };
         if (poll(&p, 1, left) <= 0)
@@ -160,29 +142,10 @@ static inline void kvcmctl_start(struct kvcmctl *k, const struct kvcmctl_opts *o
     close(pfd[0]);
 }
 
-/* Signal it (SIGTERM, or SIGKILL when hard) and reap it; returns the wait status, -1 when
- * it had to be killed after the deadline or was not running. */
+/* Signal it (SIGTERM, or SIGKILL when hard) and reap it (see simctl_reap_pid). */
 static inline int kvcmctl_reap(struct kvcmctl *k, bool hard)
 {
-    int st = -1;
-    if (k->pid > 0) {
-        kill(k->pid, hard ? SIGKILL : SIGTERM);
-        uint64_t deadline = kvcmctl_now_ms() + KVCMCTL_DEADLINE_MS;
-        for (;;) {
-            pid_t r = waitpid(k->pid, &st, WNOHANG);
-            if (r == k->pid)
-                break;
-            if (kvcmctl_now_ms() > deadline) {
-                kill(k->pid, SIGKILL);
-                waitpid(k->pid, &st, 0);
-                st = -1;
-                break;
-            }
-            kvcmctl_sleep_ms(10);
-        }
-        k->pid = 0;
-    }
-    return st;
+    return simctl_reap_pid(&k->pid, hard);
 }
 
 /* SIGTERM and require exit status 0. */
@@ -214,7 +177,7 @@ static inline int kvcmctl_connect(const struct kvcmctl *k, uint64_t deadline)
     if (fd < 0)
         return -1;
     struct pollfd p = { .fd = fd, .events = POLLOUT };
-    int left = (int)(deadline - kvcmctl_now_ms());
+    int left = (int)(deadline - simctl_now_ms());
     int err = 0;
     socklen_t el = sizeof err;
     if (left <= 0 || poll(&p, 1, left) != 1 ||
@@ -231,7 +194,7 @@ static inline int kvcmctl_connect(const struct kvcmctl *k, uint64_t deadline)
 static inline long kvcmctl_exchange(const struct kvcmctl *k, const char *req, size_t len,
                                     char **resp, unsigned timeout_ms)
 {
-    uint64_t deadline = kvcmctl_now_ms() + timeout_ms;
+    uint64_t deadline = simctl_now_ms() + timeout_ms;
     *resp = NULL;
     int fd = kvcmctl_connect(k, deadline);
     if (fd < 0)
@@ -242,7 +205,7 @@ static inline long kvcmctl_exchange(const struct kvcmctl *k, const char *req, si
     long rc = -1;
     while (off < len) {
         struct pollfd p = { .fd = fd, .events = POLLOUT };
-        int left = (int)(deadline - kvcmctl_now_ms());
+        int left = (int)(deadline - simctl_now_ms());
         if (left <= 0 || poll(&p, 1, left) != 1)
             goto out;
         ssize_t w = send(fd, req + off, len - off, MSG_NOSIGNAL);
@@ -254,7 +217,7 @@ static inline long kvcmctl_exchange(const struct kvcmctl *k, const char *req, si
     }
     for (;;) {
         struct pollfd p = { .fd = fd, .events = POLLIN };
-        int left = (int)(deadline - kvcmctl_now_ms());
+        int left = (int)(deadline - simctl_now_ms());
         if (left <= 0 || poll(&p, 1, left) != 1)
             goto out;
         if (got + 4096 > cap) {

@@ -165,29 +165,35 @@ static inline void simctl_start(struct simctl *s, const struct simctl_opts *o)
     close(pfd[0]);
 }
 
-/* Signal it (SIGTERM, or SIGKILL when hard) and reap it; returns the wait
- * status, -1 when it had to be killed after the deadline or was not running. */
-static inline int simctl_reap(struct simctl *s, bool hard)
+/* Signal the child *pid (SIGTERM, or SIGKILL when hard) and reap it; *pid
+ * becomes 0. Returns the wait status, -1 when it had to be killed after the
+ * deadline or was not running. Shared with kvcmctl.h. */
+static inline int simctl_reap_pid(pid_t *pid, bool hard)
 {
     int st = -1;
-    if (s->pid > 0) {
-        kill(s->pid, hard ? SIGKILL : SIGTERM);
+    if (*pid > 0) {
+        kill(*pid, hard ? SIGKILL : SIGTERM);
         uint64_t deadline = simctl_now_ms() + SIMCTL_DEADLINE_MS;
         for (;;) {
-            pid_t r = waitpid(s->pid, &st, WNOHANG);
-            if (r == s->pid)
+            pid_t r = waitpid(*pid, &st, WNOHANG);
+            if (r == *pid)
                 break;
             if (simctl_now_ms() > deadline) {
-                kill(s->pid, SIGKILL);
-                waitpid(s->pid, &st, 0);
+                kill(*pid, SIGKILL);
+                waitpid(*pid, &st, 0);
                 st = -1;
                 break;
             }
             simctl_sleep_ms(10);
         }
-        s->pid = 0;
+        *pid = 0;
     }
     return st;
+}
+
+static inline int simctl_reap(struct simctl *s, bool hard)
+{
+    return simctl_reap_pid(&s->pid, hard);
 }
 
 /* simctl_reap, then remove the socket, and the directory unless keep_dir. */

@@ -37,7 +37,7 @@
 
 static void sim_start(struct kvcmctl *k, const char *const *extra)
 {
-    kvcmctl_start(k, &(struct kvcmctl_opts){ .valgrind = kvcmctl_under_valgrind(),
+    kvcmctl_start(k, &(struct kvcmctl_opts){ .valgrind = simctl_under_valgrind(),
                                              .extra = extra });
 }
 
@@ -476,7 +476,7 @@ END_TEST
 START_TEST(snapshot_rules)
 {
     struct kvcmctl k;
-    bool vg = kvcmctl_under_valgrind();
+    bool vg = simctl_under_valgrind();
     const char *interval = vg ? "4" : "1";
     sim_start(&k, (const char *const[]){ "--snapshot-interval-s", interval, NULL });
     register_instance(&k);
@@ -527,7 +527,7 @@ START_TEST(snapshot_rules)
     ck_assert_int_eq(ifield(a, "snapshot_rate_limited"), 1);
     json_decref(s);
     /* after retry_after_ms it is accepted; an empty snapshot empties the host */
-    kvcmctl_sleep_ms((unsigned)retry + 50);
+    simctl_sleep_ms((unsigned)retry + 50);
     r = call(&k, "reportEvent", report(HOST_A, L1, json_pack("[o]", ev_snap(snap2))), "OK");
     ck_assert_str_ne(json_string_value(json_object_get(r, "committed_snapshot_version")), v1);
     json_decref(r);
@@ -791,7 +791,7 @@ END_TEST
 START_TEST(fault_injection)
 {
     struct kvcmctl k;
-    bool vg = kvcmctl_under_valgrind();
+    bool vg = simctl_under_valgrind();
     /* from the command line: the first call fails */
     sim_start(&k, (const char *const[]){ "--fail-status", "SERVICE_NOT_READY", "--fail-count",
                                          "1", NULL });
@@ -821,25 +821,25 @@ START_TEST(fault_injection)
 
     /* delay on one RPC */
     json_decref(kvcmctl_control(&k, "{\"delay_ms\":400,\"delay_only\":\"reportEvent\"}"));
-    uint64_t t0 = kvcmctl_now_ms();
+    uint64_t t0 = simctl_now_ms();
     expect(&k, "getClusterInfo", json_object(), "OK");
     if (!vg)
-        ck_assert_uint_lt(kvcmctl_now_ms() - t0, 390);
-    t0 = kvcmctl_now_ms();
+        ck_assert_uint_lt(simctl_now_ms() - t0, 390);
+    t0 = simctl_now_ms();
     expect(&k, "reportEvent", report(HOST_A, L1, json_pack("[o]", ev_hb("a", "b"))), "OK");
-    ck_assert_uint_ge(kvcmctl_now_ms() - t0, 390);
+    ck_assert_uint_ge(simctl_now_ms() - t0, 390);
     /* a client that gives up early leaves the simulator healthy */
     ck_assert_int_eq(http(&k, "POST", "/api/reportEvent", "{}", 100, NULL), -1);
     /* delay only snapshots: other reports pass at once */
     json_decref(kvcmctl_control(&k, "{\"delay_ms\":400,\"delay_only\":\"snapshot\"}"));
-    t0 = kvcmctl_now_ms();
+    t0 = simctl_now_ms();
     expect(&k, "reportEvent", report(HOST_A, L1, json_pack("[o]", ev_hb("a", "b"))), "OK");
     if (!vg)
-        ck_assert_uint_lt(kvcmctl_now_ms() - t0, 390);
+        ck_assert_uint_lt(simctl_now_ms() - t0, 390);
     const char *const snap0[] = { "9@hbm", NULL };
-    t0 = kvcmctl_now_ms();
+    t0 = simctl_now_ms();
     expect(&k, "reportEvent", report(HOST_A, L1, json_pack("[o]", ev_snap(snap0))), "OK");
-    ck_assert_uint_ge(kvcmctl_now_ms() - t0, 390);
+    ck_assert_uint_ge(simctl_now_ms() - t0, 390);
     json_decref(kvcmctl_control(&k, "{\"delay_ms\":0}"));
 
     /* transport status */
@@ -1102,7 +1102,7 @@ static Suite *suite(void)
 {
     Suite *s = suite_create("kvcm_sim");
     TCase *t = tcase_create("protocol");
-    tcase_set_timeout(t, kvcmctl_under_valgrind() ? 300 : 60);
+    tcase_set_timeout(t, simctl_under_valgrind() ? 300 : 60);
     tcase_add_test(t, register_idempotent_and_duplicate);
     tcase_add_test(t, report_unknown_instance);
     tcase_add_test(t, node_register_required);
@@ -1114,7 +1114,7 @@ static Suite *suite(void)
     tcase_add_test(t, host_cache_state_counts);
     suite_add_tcase(s, t);
     TCase *f = tcase_create("sim");
-    tcase_set_timeout(f, kvcmctl_under_valgrind() ? 300 : 60);
+    tcase_set_timeout(f, simctl_under_valgrind() ? 300 : 60);
     tcase_add_test(f, fault_injection);
     tcase_add_test(f, recorded_in_order);
     tcase_add_test(f, record_max_keeps_the_newest);

@@ -48,7 +48,7 @@
 
 static void sim_start(struct kvcmctl *k, const char *const *extra)
 {
-    kvcmctl_start(k, &(struct kvcmctl_opts){ .valgrind = kvcmctl_under_valgrind(),
+    kvcmctl_start(k, &(struct kvcmctl_opts){ .valgrind = simctl_under_valgrind(),
                                              .extra = extra });
 }
 
@@ -728,15 +728,15 @@ START_TEST(transport_connect_refused)
     const char *eps[] = { dead };
     struct kvcm_client *c = client_new(eps, 1, 5000, 0, PREFIX);
     struct kvcm_result r;
-    uint64_t t0 = kvcmctl_now_ms();
+    uint64_t t0 = simctl_now_ms();
     expect_status(kvcm_discover_leader(c, 0, &r), &r, KVCM_TRANSPORT);
-    ck_assert_uint_lt(kvcmctl_now_ms() - t0, MARGIN_MS);
+    ck_assert_uint_lt(simctl_now_ms() - t0, MARGIN_MS);
     ck_assert_int_eq(r.http_status, 0);
     ck_assert_msg(strstr(r.message, dead) != NULL, "message: %s", r.message);
     struct kvcm_instance in = instance(1);
-    t0 = kvcmctl_now_ms();
+    t0 = simctl_now_ms();
     expect_status(kvcm_register_instance(c, &in, 0, &r), &r, KVCM_TRANSPORT);
-    ck_assert_uint_lt(kvcmctl_now_ms() - t0, MARGIN_MS);
+    ck_assert_uint_lt(simctl_now_ms() - t0, MARGIN_MS);
     ck_assert_str_eq(kvcm_leader(c), "");
     kvcm_client_destroy(c);
 
@@ -764,16 +764,16 @@ START_TEST(transport_timeout)
     expect_status(kvcm_discover_leader(c, 10000, &r), &r, KVCM_OK);
     control(&k, "{\"delay_ms\": 4000, \"delay_only\": \"registerInstance\"}");
     struct kvcm_instance in = instance(1);
-    uint64_t t0 = kvcmctl_now_ms();
+    uint64_t t0 = simctl_now_ms();
     expect_status(kvcm_register_instance(c, &in, 0, &r), &r, KVCM_TRANSPORT);
-    uint64_t took = kvcmctl_now_ms() - t0;
+    uint64_t took = simctl_now_ms() - t0;
     ck_assert_msg(took >= 250 && took < 300 + MARGIN_MS, "took %" PRIu64 " ms", took);
     ck_assert_msg(strstr(r.message, "imeout") || strstr(r.message, "timed out"), "message: %s",
                   r.message);
     /* an explicit per-call timeout wins over the default */
-    t0 = kvcmctl_now_ms();
+    t0 = simctl_now_ms();
     expect_status(kvcm_register_instance(c, &in, 100, &r), &r, KVCM_TRANSPORT);
-    took = kvcmctl_now_ms() - t0;
+    took = simctl_now_ms() - t0;
     ck_assert_msg(took < 100 + MARGIN_MS, "took %" PRIu64 " ms", took);
     kvcm_client_destroy(c);
 
@@ -782,17 +782,17 @@ START_TEST(transport_timeout)
     control(&k, "{\"delay_ms\": 4000, \"delay_only\": null}");
     const char *eps2[] = { k.base, k.base };
     c = client_new(eps2, 2, 400, 0, PREFIX);
-    t0 = kvcmctl_now_ms();
+    t0 = simctl_now_ms();
     expect_status(kvcm_register_instance(c, &in, 0, &r), &r, KVCM_TRANSPORT);
-    took = kvcmctl_now_ms() - t0;
+    took = simctl_now_ms() - t0;
     ck_assert_msg(took < 400 + MARGIN_MS, "took %" PRIu64 " ms", took);
-    t0 = kvcmctl_now_ms();
+    t0 = simctl_now_ms();
     expect_status(kvcm_discover_leader(c, 600, &r), &r, KVCM_TRANSPORT);
-    took = kvcmctl_now_ms() - t0;
+    took = simctl_now_ms() - t0;
     ck_assert_msg(took < 600 + MARGIN_MS, "took %" PRIu64 " ms", took);
     kvcm_client_destroy(c);
     control(&k, "{\"delay_ms\": 0}");
-    kvcmctl_sleep_ms(4200);                     /* let the held requests finish */
+    simctl_sleep_ms(4200);                     /* let the held requests finish */
     kvcmctl_stop_ok(&k);
 }
 END_TEST
@@ -1153,7 +1153,7 @@ END_TEST
 static Suite *suite(void)
 {
     Suite *s = suite_create("kvcm_client");
-    unsigned t_s = kvcmctl_under_valgrind() ? 600 : 60;
+    unsigned t_s = simctl_under_valgrind() ? 600 : 60;
     TCase *t = tcase_create("offline");
     tcase_set_timeout(t, t_s);
     tcase_add_test(t, status_names_and_parse);
