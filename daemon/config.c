@@ -67,6 +67,7 @@ enum opt_type {
     OPT_TEMPLATE,   /* char[]: like OPT_TEXT, with {placeholders} from the vars mask */
     OPT_HOSTPORT,   /* char[]: HOST:PORT naming this host uniquely, or empty */
     OPT_URLLIST,    /* char[]: up to CONFIG_KVCM_ENDPOINTS_MAX http(s) URLs, or empty */
+    OPT_DEVICES,    /* char[CONFIG_IDLIST_MAX]: "all" or device ordinals, config_hbm_devices */
 };
 
 struct opt_def {
@@ -104,7 +105,12 @@ _Static_assert(KVS_FSYNC_NEVER == 0 && KVS_FSYNC_BATCH == 1 && KVS_FSYNC_ALWAYS 
 _Static_assert(CONFIG_LOOKUP_AUTO == 0 && CONFIG_LOOKUP_ON == 1 && CONFIG_LOOKUP_OFF == 2,
                "lookup_names follows CONFIG_LOOKUP_*");
 
-/* [kvcm] enumerations. */
+/* [hbm] backend, spelled in the order of CONFIG_HBM_*. */
+static const char *const hbm_backend_names[] = { "auto", "cuda", "sim", "none" };
+_Static_assert(CONFIG_HBM_AUTO == 0 && CONFIG_HBM_CUDA == 1 && CONFIG_HBM_SIM == 2 && CONFIG_HBM_NONE == 3,
+               "hbm_backend_names follows CONFIG_HBM_*");
+
+/* [kvcm] enabled, [hbm] required. */
 static const char *const onoff_names[] = { "off", "on" };
 static const char *const storage_names[] = { "ST_EVENT_REPORT_L1P5", "ST_EVENT_REPORT_L2" };
 _Static_assert(CONFIG_KVCM_STORAGE_L1P5 == 0 && CONFIG_KVCM_STORAGE_L2 == 1,
@@ -140,6 +146,23 @@ static const struct opt_def config_options[] = {
       .dmax_open = true },
     { "memory", "pin_host", OPT_PIN, FIELD(pin_host), .restart = true },
     { "memory", "namespace_quota", OPT_SIZE, FIELD(namespace_quota), .min = 0, .max = UINT64_MAX },
+    /* Whole MiB, so every chunk starts and ends on a page boundary (4KiB to
+     * 64KiB pages): cudaHostRegister cannot register one page twice. */
+    { "memory", "pin_chunk_bytes", OPT_SIZE, FIELD(pin_chunk_bytes), .min = MIB, .max = GIB << 10,
+      .multiple = MIB, .restart = true },
+
+    /* [hbm]: the GPU tier. Its arenas and copy workers are set up once, at
+     * start; only the demotion watermarks change live. */
+    { "hbm", "backend", OPT_ENUM, FIELD(hbm_backend), NAMES(hbm_backend_names), .restart = true },
+    { "hbm", "bytes", OPT_SIZE, FIELD(hbm_bytes), .min = 0, .max = UINT64_MAX, .restart = true },
+    { "hbm", "devices", OPT_DEVICES, FIELD(hbm_devices), .restart = true },
+    { "hbm", "high_watermark", OPT_FRACTION, FIELD(hbm_high_watermark), .dmin = 0.0, .dmax = 1.0,
+      .dmin_open = true },
+    { "hbm", "low_watermark", OPT_FRACTION, FIELD(hbm_low_watermark), .dmin = 0.0, .dmax = 1.0,
+      .dmax_open = true },
+    { "hbm", "required", OPT_ENUM, FIELD(hbm_required), NAMES(onoff_names), .restart = true },
+    { "hbm", "copy_batch_bytes", OPT_SIZE, FIELD(hbm_copy_batch_bytes), .min = MIB, .max = 4 * GIB,
+      .restart = true },
 
     { "leases", "read_ttl", OPT_DURATION, FIELD(read_lease_ttl_ms), .min = 10, .max = MS_PER_H },
     { "leases", "write_ttl", OPT_DURATION, FIELD(write_lease_ttl_ms), .min = 10, .max = MS_PER_H },
@@ -210,9 +233,9 @@ static const struct opt_def config_options[] = {
 
 #define CONFIG_NOPTIONS (sizeof config_options / sizeof config_options[0])
 
-static const char *const config_sections[] = { "server", "memory", "leases", "log", "admin", "persist",
+static const char *const config_sections[] = { "server", "memory", "hbm", "leases", "log", "admin", "persist",
                                                "kvcm" };
-#define SECTIONS_HINT "[server], [memory], [leases], [log], [admin], [persist] or [kvcm]"
+#define SECTIONS_HINT "[server], [memory], [hbm], [leases], [log], [admin], [persist] or [kvcm]"
 
 /* Room for a NUL-terminated copy of any string field plus one byte, so a
  * field without a terminator (a struct built by code) loads as too long. */
@@ -245,6 +268,16 @@ void config_defaults(struct kvn_config *cfg)
     cfg->low_watermark = 0.90;
     cfg->pin_host = CONFIG_PIN_AUTO;
     cfg->namespace_quota = 0;
+    cfg->pin_chunk_bytes = GIB;
+
+    /* [hbm]: no GPU memory unless the operator gives kvnode some. */
+    cfg->hbm_backend = CONFIG_HBM_AUTO;
+    cfg->hbm_bytes = 0;
+    snprintf(cfg->hbm_devices, sizeof cfg->hbm_devices, "%s", "all");
+    cfg->hbm_high_watermark = 0.90;
+    cfg->hbm_low_watermark = 0.80;
+    cfg->hbm_required = 0;
+    cfg->hbm_copy_batch_bytes = 64 * MIB;
 
     cfg->read_lease_ttl_ms = 30 * MS_PER_S;
     cfg->write_lease_ttl_ms = 30 * MS_PER_S;
@@ -577,6 +610,80 @@ int config_parse_idlist(const char *text, int groups, uint32_t *ids, size_t max,
 int config_parse_group(const char *text, uint32_t *gid, char *problem, size_t len)
 {
     return config_resolve_id(text, 1, gid, problem, len);
+}
+
+#define DEVICES_HINT "expected all, or device ordinals 0..%d separated by commas or blanks, e.g. 0,1"
+
+int config_hbm_devices(const char *text, int *out, size_t max, size_t *n, char *problem, size_t len)
+{
+    bool seen[CONFIG_HBM_DEVICES_MAX] = { false };
+    size_t count = 0;
+    char scratch[8];
+
+    if (!problem || len == 0) {
+        problem = scratch;
+        len = sizeof scratch;
+    }
+    if (n)
+        *n = 0;
+    if (!text) {
+        snprintf(problem, len, "no device list");
+        return -1;
+    }
+    const char *p = text + strspn(text, " \t");
+    size_t rest = strlen(p);
+    while (rest > 0 && (p[rest - 1] == ' ' || p[rest - 1] == '\t'))
+        rest--;
+    if (rest == 0 || (rest == 3 && strncasecmp(p, "all", 3) == 0))
+        return 0;   /* every visible device */
+    for (;;) {
+        p += strspn(p, ", \t");
+        if (!*p)
+            break;
+        const char *start = p;
+        p += strcspn(p, ", \t");
+        size_t elen = (size_t)(p - start);
+        int shown = (int)(elen < 32 ? elen : 32);
+        const char *more = elen > 32 ? "..." : "";
+        if (elen == 3 && strncasecmp(start, "all", 3) == 0) {
+            snprintf(problem, len, "'all' cannot be combined with device ordinals (" DEVICES_HINT ")",
+                     CONFIG_HBM_DEVICES_MAX - 1);
+            return -1;
+        }
+        if (strspn(start, "0123456789") < elen) {
+            snprintf(problem, len, "invalid device '%.*s%s' (" DEVICES_HINT ")", shown, start, more,
+                     CONFIG_HBM_DEVICES_MAX - 1);
+            return -1;
+        }
+        unsigned long v = 0;
+        for (size_t i = 0; i < elen && v < CONFIG_HBM_DEVICES_MAX; i++)
+            v = v * 10 + (unsigned long)(start[i] - '0');
+        if (v >= CONFIG_HBM_DEVICES_MAX) {
+            snprintf(problem, len, "device '%.*s%s' out of range (device ordinals are 0..%d)", shown, start, more,
+                     CONFIG_HBM_DEVICES_MAX - 1);
+            return -1;
+        }
+        if (seen[v]) {
+            snprintf(problem, len, "device %lu listed twice", v);
+            return -1;
+        }
+        if (count == max) {
+            snprintf(problem, len, "too many devices (at most %zu)", max);
+            return -1;
+        }
+        seen[v] = true;
+        if (out)
+            out[count] = (int)v;
+        count++;
+    }
+    if (count == 0) {
+        snprintf(problem, len, "no device in '%.*s' (" DEVICES_HINT ")", VALUE_SHOW, text,
+                 CONFIG_HBM_DEVICES_MAX - 1);
+        return -1;
+    }
+    if (n)
+        *n = count;
+    return 0;
 }
 
 #define LISTEN_HINT "expected off, unix:PATH or HOST:PORT, e.g. 127.0.0.1:9180"
@@ -1068,7 +1175,8 @@ static void config_format_value(const struct opt_def *o, const union opt_value *
     case OPT_TEXT:
     case OPT_TEMPLATE:
     case OPT_HOSTPORT:
-    case OPT_URLLIST:  snprintf(buf, len, "%s", v->s); break;
+    case OPT_URLLIST:
+    case OPT_DEVICES:  snprintf(buf, len, "%s", v->s); break;
     case OPT_MODE:     snprintf(buf, len, "%04" PRIo64, v->u); break;
     case OPT_SIZE:     config_format_size(v->u, buf, len); break;
     case OPT_COUNT:    snprintf(buf, len, "%" PRIu64, v->u); break;
@@ -1181,6 +1289,15 @@ static int config_check_value(const struct opt_def *o, const union opt_value *v,
             return -1;
         return o->type == OPT_TEMPLATE ? kvcm_check_template(o, v->s, problem, len) : 0;
     }
+    case OPT_DEVICES: {
+        int devices[CONFIG_HBM_DEVICES_MAX];
+        size_t n;
+        if (strlen(v->s) >= o->width) {
+            snprintf(problem, len, "list too long (at most %zu bytes)", o->width - 1);
+            return -1;
+        }
+        return config_hbm_devices(v->s, devices, CONFIG_HBM_DEVICES_MAX, &n, problem, len);
+    }
     case OPT_USERS:
     case OPT_GROUPS: {
         uint32_t ids[CONFIG_IDS_MAX];
@@ -1287,6 +1404,7 @@ static int config_parse_value(const struct opt_def *o, const char *text, union o
     case OPT_TEMPLATE:
     case OPT_HOSTPORT:
     case OPT_URLLIST:
+    case OPT_DEVICES:
         v->s = text;
         break;
     case OPT_MODE:
@@ -1358,6 +1476,7 @@ static void config_store(struct kvn_config *cfg, const struct opt_def *o, const 
     case OPT_TEMPLATE:
     case OPT_HOSTPORT:
     case OPT_URLLIST:
+    case OPT_DEVICES:
         /* Checked shorter than the field, so it fits; zero the tail so equal
          * configs stay byte-equal. */
         memset(field, 0, o->width);
@@ -1404,7 +1523,8 @@ static void config_load(const struct kvn_config *cfg, const struct opt_def *o, u
     case OPT_TEXT:
     case OPT_TEMPLATE:
     case OPT_HOSTPORT:
-    case OPT_URLLIST: {
+    case OPT_URLLIST:
+    case OPT_DEVICES: {
         size_t n = strnlen(field, o->width);
         if (n >= path_len)
             n = path_len - 1;
@@ -1450,6 +1570,7 @@ static bool config_value_equal(const struct opt_def *o, const union opt_value *a
     case OPT_TEMPLATE:
     case OPT_HOSTPORT:
     case OPT_URLLIST:
+    case OPT_DEVICES:
         return strcmp(a->s, b->s) == 0;
     case OPT_FRACTION:
         return a->d == b->d;
@@ -1795,6 +1916,25 @@ int config_validate(const struct kvn_config *cfg, char *err, size_t errlen)
     } else if (cfg->slab_bytes > 0 && cfg->host_bytes / cfg->slab_bytes > UINT32_MAX) {
         /* The arena counts slabs in 32 bits. */
         errbuf_add(&errors, "[memory] host_bytes: more than %" PRIu32 " slabs of slab_bytes; raise slab_bytes",
+                   UINT32_MAX);
+    }
+
+    /* [hbm]: like [memory]. bytes is rounded down to whole slabs, so a
+     * non-zero size must hold at least one. */
+    if (!(cfg->hbm_low_watermark < cfg->hbm_high_watermark)) {
+        char lo[32], hi[32];
+        config_format_fraction(cfg->hbm_low_watermark, lo, sizeof lo);
+        config_format_fraction(cfg->hbm_high_watermark, hi, sizeof hi);
+        errbuf_add(&errors, "[hbm] low_watermark: %s must be below high_watermark (%s)", lo, hi);
+    }
+    if (cfg->hbm_bytes > 0 && cfg->hbm_bytes < cfg->slab_bytes) {
+        char hbm[32], slab[32];
+        config_format_size(cfg->hbm_bytes, hbm, sizeof hbm);
+        config_format_size(cfg->slab_bytes, slab, sizeof slab);
+        errbuf_add(&errors, "[hbm] bytes: %s is less than [memory] slab_bytes (%s); each device's arena must "
+                            "hold at least one slab (or set bytes = 0 for no HBM tier)", hbm, slab);
+    } else if (cfg->slab_bytes > 0 && cfg->hbm_bytes / cfg->slab_bytes > UINT32_MAX) {
+        errbuf_add(&errors, "[hbm] bytes: more than %" PRIu32 " slabs of [memory] slab_bytes; raise slab_bytes",
                    UINT32_MAX);
     }
 

@@ -43,6 +43,16 @@ struct kvn_config {
     double   low_watermark;          /* eviction stops below this fraction */
     int      pin_host;               /* CONFIG_PIN_{AUTO,ON,OFF}: cudaHostRegister the arena */
     uint64_t namespace_quota;        /* host-tier bytes one namespace may hold (0: no quota) */
+    uint64_t pin_chunk_bytes;        /* pin_host registers the arena in chunks of this (restart) */
+
+    /* [hbm] (restart-only except the watermarks) */
+    int      hbm_backend;            /* CONFIG_HBM_*: auto (cuda when a GPU is visible), cuda, sim, none */
+    uint64_t hbm_bytes;              /* GPU memory owned per device, 0: no HBM tier */
+    char     hbm_devices[CONFIG_IDLIST_MAX]; /* "all", or device ordinals (config_hbm_devices) */
+    double   hbm_high_watermark;     /* fraction of a device's arena that starts demotion (reloadable) */
+    double   hbm_low_watermark;      /* demotion stops below this fraction (reloadable) */
+    int      hbm_required;           /* 1: start fails when HBM is asked for (bytes > 0) and unavailable */
+    uint64_t hbm_copy_batch_bytes;   /* largest demotion batch (one transfer job) */
 
     /* [leases] */
     uint32_t read_lease_ttl_ms;      /* reaper ends read leases older than this */
@@ -108,6 +118,8 @@ enum { CONFIG_POLICY_WRITE_THROUGH = 0, CONFIG_POLICY_WRITE_BACK = 1, CONFIG_POL
 enum { CONFIG_LOOKUP_AUTO = 0, CONFIG_LOOKUP_ON = 1, CONFIG_LOOKUP_OFF = 2 };
 
 enum { CONFIG_PIN_AUTO = 0, CONFIG_PIN_ON = 1, CONFIG_PIN_OFF = 2 };
+enum { CONFIG_HBM_AUTO = 0, CONFIG_HBM_CUDA = 1, CONFIG_HBM_SIM = 2, CONFIG_HBM_NONE = 3 };
+#define CONFIG_HBM_DEVICES_MAX 16
 
 /* [kvcm] storage_type, in the order of config_kvcm_storage_type_name(). */
 enum { CONFIG_KVCM_STORAGE_L1P5 = 0, CONFIG_KVCM_STORAGE_L2 = 1 };
@@ -138,7 +150,9 @@ int config_apply_override(struct kvn_config *cfg, const char *assignment, char *
  * instance_group, instance_id, medium_hbm, medium_host, spec_name,
  * location_uri) non-empty, each missing one named on its own line, media
  * distinct, retry_base <= retry_max, batch_events <= queue_events (with
- * kvcm off its fields are only range-checked).
+ * kvcm off its fields are only range-checked); [hbm]: low_watermark <
+ * high_watermark, bytes 0 or at least memory.slab_bytes (at most 2^32-1
+ * slabs), devices parses (config_hbm_devices).
  * 0, or -1 with one line per problem in err. */
 int config_validate(const struct kvn_config *cfg, char *err, size_t errlen);
 
@@ -187,6 +201,11 @@ int config_parse_idlist(const char *text, int groups, uint32_t *ids, size_t max,
                         char *problem, size_t len);
 /* Resolve a group name or number. 0, or -1 with problem set. */
 int config_parse_group(const char *text, uint32_t *gid, char *problem, size_t len);
+
+/* [hbm] devices: "all" (or empty) gives *n = 0 (every visible device);
+ * otherwise distinct ordinals 0..CONFIG_HBM_DEVICES_MAX-1 separated by
+ * commas and/or blanks. 0, or -1 with problem naming the bad entry. */
+int config_hbm_devices(const char *text, int *out, size_t max, size_t *n, char *problem, size_t len);
 
 /* ---- [kvcm] helpers ---- */
 

@@ -119,6 +119,14 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert(a->low_watermark == b->low_watermark);
     ck_assert_int_eq(a->pin_host, b->pin_host);
     ck_assert_uint_eq(a->namespace_quota, b->namespace_quota);
+    ck_assert_uint_eq(a->pin_chunk_bytes, b->pin_chunk_bytes);
+    ck_assert_int_eq(a->hbm_backend, b->hbm_backend);
+    ck_assert_uint_eq(a->hbm_bytes, b->hbm_bytes);
+    ck_assert_str_eq(a->hbm_devices, b->hbm_devices);
+    ck_assert(a->hbm_high_watermark == b->hbm_high_watermark);
+    ck_assert(a->hbm_low_watermark == b->hbm_low_watermark);
+    ck_assert_int_eq(a->hbm_required, b->hbm_required);
+    ck_assert_uint_eq(a->hbm_copy_batch_bytes, b->hbm_copy_batch_bytes);
     ck_assert_uint_eq(a->read_lease_ttl_ms, b->read_lease_ttl_ms);
     ck_assert_uint_eq(a->write_lease_ttl_ms, b->write_lease_ttl_ms);
     ck_assert_uint_eq(a->reaper_interval_ms, b->reaper_interval_ms);
@@ -185,6 +193,9 @@ static const char *const all_options[][2] = {
     { "server", "request_timeout" }, { "server", "shutdown_timeout" },
     { "memory", "host_bytes" }, { "memory", "slab_bytes" }, { "memory", "high_watermark" },
     { "memory", "low_watermark" }, { "memory", "pin_host" }, { "memory", "namespace_quota" },
+    { "memory", "pin_chunk_bytes" },
+    { "hbm", "backend" }, { "hbm", "bytes" }, { "hbm", "devices" }, { "hbm", "high_watermark" },
+    { "hbm", "low_watermark" }, { "hbm", "required" }, { "hbm", "copy_batch_bytes" },
     { "leases", "read_ttl" }, { "leases", "write_ttl" }, { "leases", "reaper_interval" },
     { "leases", "max_per_client" },
     { "log", "level" },
@@ -225,6 +236,17 @@ START_TEST(test_defaults)
     ck_assert_double_eq(c.low_watermark, 0.90);
     ck_assert_int_eq(c.pin_host, CONFIG_PIN_AUTO);
     ck_assert_uint_eq(c.namespace_quota, 0);
+    ck_assert_uint_eq(c.pin_chunk_bytes, GIB);
+    /* [hbm]: no GPU memory is taken unless the operator gives some. */
+    ck_assert_int_eq(c.hbm_backend, CONFIG_HBM_AUTO);
+    ck_assert_uint_eq(c.hbm_bytes, 0);
+    ck_assert_str_eq(c.hbm_devices, "all");
+    for (size_t i = strlen(c.hbm_devices); i < sizeof c.hbm_devices; i++)
+        ck_assert_int_eq(c.hbm_devices[i], 0);
+    ck_assert_double_eq(c.hbm_high_watermark, 0.90);
+    ck_assert_double_eq(c.hbm_low_watermark, 0.80);
+    ck_assert_int_eq(c.hbm_required, 0);
+    ck_assert_uint_eq(c.hbm_copy_batch_bytes, 64 * MIB);
     ck_assert_uint_eq(c.read_lease_ttl_ms, 30000);
     ck_assert_uint_eq(c.write_lease_ttl_ms, 30000);
     ck_assert_uint_eq(c.reaper_interval_ms, 1000);
@@ -351,6 +373,34 @@ static const struct good_case good_cases[] = {
     { "memory", "namespace_quota", "8MiB", OFF(namespace_quota), F_U64, .u = 8 * MIB },
     { "memory", "namespace_quota", "65537", OFF(namespace_quota), F_U64, .u = 65537 },
     { "memory", "namespace_quota", "2T", OFF(namespace_quota), F_U64, .u = 2 * (GIB << 10) },
+    { "memory", "pin_chunk_bytes", "1MiB", OFF(pin_chunk_bytes), F_U64, .u = MIB },
+    { "memory", "pin_chunk_bytes", "256M", OFF(pin_chunk_bytes), F_U64, .u = 256 * MIB },
+    { "memory", "pin_chunk_bytes", "3145728", OFF(pin_chunk_bytes), F_U64, .u = 3 * MIB },
+    { "memory", "pin_chunk_bytes", "1TiB", OFF(pin_chunk_bytes), F_U64, .u = GIB << 10 },
+    { "hbm", "backend", "auto", OFF(hbm_backend), F_INT, .u = CONFIG_HBM_AUTO },
+    { "hbm", "backend", "cuda", OFF(hbm_backend), F_INT, .u = CONFIG_HBM_CUDA },
+    { "hbm", "backend", "SIM", OFF(hbm_backend), F_INT, .u = CONFIG_HBM_SIM },
+    { "hbm", "backend", "none", OFF(hbm_backend), F_INT, .u = CONFIG_HBM_NONE },
+    { "hbm", "bytes", "0", OFF(hbm_bytes), F_U64, .u = 0 },
+    { "hbm", "bytes", "16GiB", OFF(hbm_bytes), F_U64, .u = 16 * GIB },
+    { "hbm", "bytes", "65537", OFF(hbm_bytes), F_U64, .u = 65537 },   /* whole slabs: validate decides */
+    { "hbm", "bytes", "2T", OFF(hbm_bytes), F_U64, .u = 2 * (GIB << 10) },
+    { "hbm", "devices", "all", OFF(hbm_devices), F_STR, .s = "all" },
+    { "hbm", "devices", "ALL", OFF(hbm_devices), F_STR, .s = "ALL" },
+    { "hbm", "devices", "", OFF(hbm_devices), F_STR, .s = "" },
+    { "hbm", "devices", "0", OFF(hbm_devices), F_STR, .s = "0" },
+    { "hbm", "devices", "0,1 3", OFF(hbm_devices), F_STR, .s = "0,1 3" },
+    { "hbm", "devices", "15, 2,\t7", OFF(hbm_devices), F_STR, .s = "15, 2,\t7" },
+    { "hbm", "devices", "3 ; the big one", OFF(hbm_devices), F_STR, .s = "3" },
+    { "hbm", "high_watermark", "1", OFF(hbm_high_watermark), F_DBL, .d = 1.0 },
+    { "hbm", "high_watermark", "0.75", OFF(hbm_high_watermark), F_DBL, .d = 0.75 },
+    { "hbm", "low_watermark", "0", OFF(hbm_low_watermark), F_DBL, .d = 0.0 },
+    { "hbm", "low_watermark", ".5", OFF(hbm_low_watermark), F_DBL, .d = 0.5 },
+    { "hbm", "required", "on", OFF(hbm_required), F_INT, .u = 1 },
+    { "hbm", "required", "Off", OFF(hbm_required), F_INT, .u = 0 },
+    { "hbm", "copy_batch_bytes", "1MiB", OFF(hbm_copy_batch_bytes), F_U64, .u = MIB },
+    { "hbm", "copy_batch_bytes", "4GiB", OFF(hbm_copy_batch_bytes), F_U64, .u = 4 * GIB },
+    { "hbm", "copy_batch_bytes", "1048577", OFF(hbm_copy_batch_bytes), F_U64, .u = MIB + 1 },
     { "leases", "read_ttl", "1h", OFF(read_lease_ttl_ms), F_U32, .u = 3600000 },
     { "leases", "write_ttl", "10ms", OFF(write_lease_ttl_ms), F_U32, .u = 10 },
     { "leases", "write_ttl", "45s", OFF(write_lease_ttl_ms), F_U32, .u = 45000 },
@@ -579,6 +629,40 @@ static const struct bad_case bad_cases[] = {
     { "memory", "namespace_quota", "-1", "invalid size '-1'" },
     { "memory", "namespace_quota", "20EiB", "too large" },
     { "memory", "namespace_quota", "", "invalid size ''" },
+    { "memory", "pin_chunk_bytes", "512KiB", "size '512KiB' out of range (expected 1MiB..1TiB)" },
+    { "memory", "pin_chunk_bytes", "0", "out of range (expected 1MiB..1TiB)" },
+    { "memory", "pin_chunk_bytes", "2TiB", "'2TiB' out of range" },
+    { "memory", "pin_chunk_bytes", "1048577", "size '1048577' is not a multiple of 1048576 bytes" },
+    { "memory", "pin_chunk_bytes", "1.5G", "invalid size '1.5G'" },
+    { "hbm", "backend", "gpu", "invalid value 'gpu' (expected auto, cuda, sim or none)" },
+    { "hbm", "backend", "", "invalid value '' (expected auto, cuda, sim or none)" },
+    { "hbm", "backend", "off", "expected auto, cuda, sim or none" },
+    { "hbm", "bytes", "-1", "invalid size '-1'" },
+    { "hbm", "bytes", "8 GiB", "invalid size '8 GiB'" },
+    { "hbm", "bytes", "20EiB", "too large" },
+    { "hbm", "bytes", "", "invalid size ''" },
+    { "hbm", "devices", "16", "device '16' out of range (device ordinals are 0..15)" },
+    { "hbm", "devices", "0,1,99999999999999999999999", "device '99999999999999999999999' out of range" },
+    { "hbm", "devices", "0,1,1", "device 1 listed twice" },
+    { "hbm", "devices", "2 02", "device 2 listed twice" },
+    { "hbm", "devices", "0,gpu1", "invalid device 'gpu1' (expected all, or device ordinals 0..15 separated by "
+      "commas or blanks, e.g. 0,1)" },
+    { "hbm", "devices", "-1", "invalid device '-1'" },
+    { "hbm", "devices", "0-3", "invalid device '0-3'" },
+    { "hbm", "devices", "0;1", "invalid device '0;1'" },
+    { "hbm", "devices", "all,0", "'all' cannot be combined with device ordinals" },
+    { "hbm", "devices", "1 all", "'all' cannot be combined with device ordinals" },
+    { "hbm", "devices", ", ,", "no device in ', ,'" },
+    { "hbm", "high_watermark", "0", "invalid value '0' (expected a fraction in (0, 1])" },
+    { "hbm", "high_watermark", "1.01", "(0, 1]" },
+    { "hbm", "high_watermark", "90%", "'90%'" },
+    { "hbm", "low_watermark", "1", "invalid value '1' (expected a fraction in [0, 1))" },
+    { "hbm", "low_watermark", "nan", "'nan'" },
+    { "hbm", "required", "yes", "invalid value 'yes' (expected off or on)" },
+    { "hbm", "required", "auto", "expected off or on" },
+    { "hbm", "copy_batch_bytes", "1023KiB", "size '1023KiB' out of range (expected 1MiB..4GiB)" },
+    { "hbm", "copy_batch_bytes", "4097MiB", "out of range (expected 1MiB..4GiB)" },
+    { "hbm", "copy_batch_bytes", "0", "out of range" },
     { "leases", "read_ttl", "5ms", "out of range (expected 10ms..1h)" },
     { "leases", "read_ttl", "1.5s", "'1.5s'" },
     { "leases", "write_ttl", "2h", "'2h'" },
@@ -1172,6 +1256,61 @@ START_TEST(test_validate_cross_field)
     ck_assert_msg(strstr(err, "[memory] host_bytes: more than 4294967295 slabs"), "%s", err);
     c.host_bytes -= 64 * KIB;
     ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+
+    /* [hbm] watermarks: the same rule as [memory]'s, checked on their own. */
+    config_defaults(&c);
+    c.hbm_low_watermark = 0.95;
+    c.hbm_high_watermark = 0.9;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[hbm] low_watermark: 0.95 must be below high_watermark (0.9)"), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 1);
+    c.hbm_low_watermark = c.hbm_high_watermark;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[hbm] low_watermark: 0.9 must be below high_watermark (0.9)"), "%s", err);
+    /* [memory]'s are not [hbm]'s: each pair is checked against itself. */
+    config_defaults(&c);
+    c.hbm_high_watermark = 0.5;
+    c.hbm_low_watermark = 0.4;
+    c.low_watermark = 0.92;
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    config_defaults(&c);
+    ck_assert_int_eq(load_text(&c, "[hbm]\nhigh_watermark = 0.5\nlow_watermark = 0.6\n", err, sizeof err, NULL, 0),
+                     0);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[hbm] low_watermark: 0.6 must be below high_watermark (0.5)"), "%s", err);
+
+    /* [hbm] bytes: 0 (no tier) or at least one slab; both options named. */
+    config_defaults(&c);
+    c.hbm_bytes = 8 * MIB;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[hbm] bytes: 8MiB is less than [memory] slab_bytes (16MiB)"), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 1);
+    c.hbm_bytes = 16 * MIB;   /* exactly one slab is fine */
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    c.hbm_bytes = 16 * MIB + 1;   /* rounded down to whole slabs, like host_bytes */
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    c.hbm_bytes = 0;
+    c.slab_bytes = GIB;   /* no HBM tier: slab_bytes does not matter to it */
+    c.host_bytes = GIB;
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    c.hbm_bytes = 1;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[hbm] bytes: 1 is less than [memory] slab_bytes (1GiB)"), "%s", err);
+    /* Through a file and an override: each value alone is in range. */
+    config_defaults(&c);
+    ck_assert_int_eq(load_text(&c, "[hbm]\nbytes = 1MiB\n", err, sizeof err, NULL, 0), 0);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[hbm] bytes: 1MiB is less than [memory] slab_bytes (16MiB)"), "%s", err);
+    ck_assert_int_eq(config_apply_override(&c, "memory.slab_bytes=1MiB", err, sizeof err), 0);
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    /* The arena counts slabs in 32 bits, as the host arena does. */
+    config_defaults(&c);
+    c.slab_bytes = 64 * KIB;
+    c.hbm_bytes = (UINT64_C(1) << 32) * 64 * KIB;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[hbm] bytes: more than 4294967295 slabs"), "%s", err);
+    c.hbm_bytes -= 64 * KIB;
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
 }
 END_TEST
 
@@ -1224,6 +1363,150 @@ START_TEST(test_validate_field_ranges)
     for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++)
         ck_assert_msg(strstr(err, expect[i]), "'%s' missing from:\n%s", expect[i], err);
     ck_assert_uint_eq(count_lines(err), 7);
+}
+END_TEST
+
+START_TEST(test_validate_hbm)
+{
+    /* Structs edited by code: every [hbm] field range-checked, all reported. */
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+    config_defaults(&c);
+    c.pin_chunk_bytes = MIB + 4096;
+    c.hbm_backend = 4;
+    snprintf(c.hbm_devices, sizeof c.hbm_devices, "0,0");
+    c.hbm_high_watermark = 0;
+    c.hbm_low_watermark = -0.5;
+    c.hbm_required = 2;
+    c.hbm_copy_batch_bytes = 8 * GIB;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    const char *expect[] = {
+        "[memory] pin_chunk_bytes: size '1028KiB' is not a multiple of 1048576 bytes",
+        "[hbm] backend: invalid value '4' (expected auto, cuda, sim or none)",
+        "[hbm] devices: device 0 listed twice",
+        "[hbm] high_watermark: invalid value '0' (expected a fraction in (0, 1])",
+        "[hbm] low_watermark: invalid value '-0.5' (expected a fraction in [0, 1))",
+        "[hbm] required: invalid value '2' (expected off or on)",
+        "[hbm] copy_batch_bytes: size '8GiB' out of range (expected 1MiB..4GiB)",
+    };
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++)
+        ck_assert_msg(strstr(err, expect[i]), "'%s' missing from:\n%s", expect[i], err);
+    /* -0.5 < 0: the watermark rule holds, so nothing more is reported. */
+    ck_assert_uint_eq(count_lines(err), 7);
+
+    config_defaults(&c);
+    c.pin_chunk_bytes = 0;
+    c.hbm_backend = -1;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[memory] pin_chunk_bytes: size '0' out of range (expected 1MiB..1TiB)"), "%s", err);
+    ck_assert_msg(strstr(err, "[hbm] backend: invalid value '-1'"), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 2);
+
+    /* A devices field without a terminator is rejected, never read past. */
+    config_defaults(&c);
+    memset(c.hbm_devices, '1', sizeof c.hbm_devices);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[hbm] devices: list too long (at most 511 bytes)"), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 1);
+
+    /* Every backend validates with bytes > 0 and required = on: whether the
+     * GPU is there is the daemon's business at start, not the config's. */
+    for (int b = CONFIG_HBM_AUTO; b <= CONFIG_HBM_NONE; b++) {
+        config_defaults(&c);
+        c.hbm_backend = b;
+        c.hbm_bytes = 4 * GIB;
+        c.hbm_required = 1;
+        ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "backend %d: %s", b, err);
+    }
+}
+END_TEST
+
+START_TEST(test_hbm_devices)
+{
+    int dev[CONFIG_HBM_DEVICES_MAX];
+    size_t n = 99;
+    char problem[256];
+
+    /* "all", any case, or empty: every visible device (n = 0). */
+    const char *all[] = { "all", "ALL", "All", "", "  ", " all\t" };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        n = 99;
+        ck_assert_msg(config_hbm_devices(all[i], dev, CONFIG_HBM_DEVICES_MAX, &n, problem, sizeof problem) == 0,
+                      "'%s': %s", all[i], problem);
+        ck_assert_uint_eq(n, 0);
+    }
+
+    /* Commas and/or blanks separate; order is kept. */
+    ck_assert_int_eq(config_hbm_devices("0,1 3", dev, CONFIG_HBM_DEVICES_MAX, &n, problem, sizeof problem), 0);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_int_eq(dev[0], 0);
+    ck_assert_int_eq(dev[1], 1);
+    ck_assert_int_eq(dev[2], 3);
+    ck_assert_int_eq(config_hbm_devices(" ,7,,\t2 , 15,", dev, CONFIG_HBM_DEVICES_MAX, &n, problem, sizeof problem), 0);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_int_eq(dev[0], 7);
+    ck_assert_int_eq(dev[1], 2);
+    ck_assert_int_eq(dev[2], 15);
+    ck_assert_int_eq(config_hbm_devices("007", dev, CONFIG_HBM_DEVICES_MAX, &n, problem, sizeof problem), 0);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_int_eq(dev[0], 7);
+
+    /* Every ordinal once: CONFIG_HBM_DEVICES_MAX of them. */
+    char list[128] = "";
+    for (int i = CONFIG_HBM_DEVICES_MAX - 1; i >= 0; i--) {
+        size_t used = strlen(list);
+        snprintf(list + used, sizeof list - used, "%s%d", used ? " " : "", i);
+    }
+    ck_assert_msg(config_hbm_devices(list, dev, CONFIG_HBM_DEVICES_MAX, &n, problem, sizeof problem) == 0, "%s",
+                  problem);
+    ck_assert_uint_eq(n, CONFIG_HBM_DEVICES_MAX);
+    ck_assert_int_eq(dev[0], CONFIG_HBM_DEVICES_MAX - 1);
+    ck_assert_int_eq(dev[CONFIG_HBM_DEVICES_MAX - 1], 0);
+    /* Fewer slots than devices: refused, not cut short. */
+    n = 99;
+    ck_assert_int_eq(config_hbm_devices("0 1 2", dev, 2, &n, problem, sizeof problem), -1);
+    ck_assert_str_eq(problem, "too many devices (at most 2)");
+    ck_assert_uint_eq(n, 0);
+    /* Check only: no output array. */
+    ck_assert_int_eq(config_hbm_devices("4 5", NULL, CONFIG_HBM_DEVICES_MAX, &n, problem, sizeof problem), 0);
+    ck_assert_uint_eq(n, 2);
+
+    /* Bad lists: -1, *n = 0, and the problem names the bad entry. */
+    struct {
+        const char *text, *expect;
+    } bad[] = {
+        { "16", "device '16' out of range (device ordinals are 0..15)" },
+        { "1,1", "device 1 listed twice" },
+        { "3 03", "device 3 listed twice" },
+        { "0 x", "invalid device 'x' (expected all, or device ordinals 0..15" },
+        { "+1", "invalid device '+1'" },
+        { "1.0", "invalid device '1.0'" },
+        { "cuda:0", "invalid device 'cuda:0'" },
+        { "all 0", "'all' cannot be combined with device ordinals" },
+        { "all,all", "'all' cannot be combined with device ordinals" },
+        { "allx", "invalid device 'allx'" },
+        { ",", "no device in ','" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        n = 99;
+        ck_assert_msg(config_hbm_devices(bad[i].text, dev, CONFIG_HBM_DEVICES_MAX, &n, problem, sizeof problem) == -1,
+                      "'%s' accepted", bad[i].text);
+        ck_assert_msg(strstr(problem, bad[i].expect), "'%s': got '%s', want '%s'", bad[i].text, problem,
+                      bad[i].expect);
+        ck_assert_uint_eq(n, 0);
+    }
+    /* No problem buffer, no text: still an answer, never a crash. */
+    ck_assert_int_eq(config_hbm_devices("zz", dev, CONFIG_HBM_DEVICES_MAX, &n, NULL, 0), -1);
+    ck_assert_int_eq(config_hbm_devices(NULL, dev, CONFIG_HBM_DEVICES_MAX, &n, problem, sizeof problem), -1);
+    char tiny[8];
+    ck_assert_int_eq(config_hbm_devices("0 99", dev, CONFIG_HBM_DEVICES_MAX, &n, tiny, sizeof tiny), -1);
+    ck_assert_uint_eq(strlen(tiny), sizeof tiny - 1);
+
+    /* The defaults' "all", as the daemon reads it. */
+    struct kvn_config c;
+    config_defaults(&c);
+    ck_assert_int_eq(config_hbm_devices(c.hbm_devices, dev, CONFIG_HBM_DEVICES_MAX, &n, problem, sizeof problem), 0);
+    ck_assert_uint_eq(n, 0);
 }
 END_TEST
 
@@ -1700,6 +1983,14 @@ static void assert_round_trip(const struct kvn_config *c)
     snprintf(back.kvcm_endpoints, sizeof back.kvcm_endpoints, "http://elsewhere:1");
     snprintf(back.kvcm_host_ip_port, sizeof back.kvcm_host_ip_port, "elsewhere:1");
     back.kvcm_query_max_hosts = c->kvcm_query_max_hosts == 7 ? 8 : 7;
+    back.pin_chunk_bytes = c->pin_chunk_bytes == 7 * MIB ? 8 * MIB : 7 * MIB;
+    back.hbm_backend = c->hbm_backend == CONFIG_HBM_SIM ? CONFIG_HBM_CUDA : CONFIG_HBM_SIM;
+    back.hbm_bytes = c->hbm_bytes == 3 * GIB ? 5 * GIB : 3 * GIB;
+    snprintf(back.hbm_devices, sizeof back.hbm_devices, "9");
+    back.hbm_high_watermark = 0.44;
+    back.hbm_low_watermark = 0.22;
+    back.hbm_required = !c->hbm_required;
+    back.hbm_copy_batch_bytes = c->hbm_copy_batch_bytes == 3 * MIB ? 5 * MIB : 3 * MIB;
     int rc = load_text(&back, text, err, sizeof err, NULL, 0);
     ck_assert_msg(rc == 0, "config_write output does not parse: %s\n%s", err, text);
     assert_config_equal(c, &back);
@@ -1726,6 +2017,9 @@ START_TEST(test_write_round_trip_defaults)
                             "socket_mode = 0660\n", "max_frame_bytes = 64MiB\n", "request_timeout = 5s\n",
                             "host_bytes = 1GiB\n", "slab_bytes = 16MiB\n", "high_watermark = 0.95\n",
                             "low_watermark = 0.9\n", "pin_host = auto\n", "reaper_interval = 1s\n",
+                            "namespace_quota = 0\npin_chunk_bytes = 1GiB\n\n[hbm]\nbackend = auto\nbytes = 0\n"
+                            "devices = all\nhigh_watermark = 0.9\nlow_watermark = 0.8\nrequired = off\n"
+                            "copy_batch_bytes = 64MiB\n\n[leases]\n",
                             "level = info\n", "\n[persist]\n", "backend = file\n", "policy = write_through\n",
                             "path = /var/lib/kvnode\n", "capacity = 0\n", "fsync = batch\n", "workers = 2\n",
                             "queue = 4096\n", "\nurl = \n", "connect_timeout = 1s\n", "timeout = 5s\n",
@@ -1789,6 +2083,15 @@ START_TEST(test_write_round_trip_custom)
     c.persist_connect_timeout_ms = 250;
     c.persist_timeout_ms = 120000;
     c.persist_lookup = CONFIG_LOOKUP_ON;
+    c.pin_chunk_bytes = 3 * MIB;
+    c.hbm_backend = CONFIG_HBM_SIM;
+    c.hbm_bytes = 2 * GIB + 65536;
+    memset(c.hbm_devices, 0, sizeof c.hbm_devices);
+    snprintf(c.hbm_devices, sizeof c.hbm_devices, "1, 0\t15");
+    c.hbm_high_watermark = 0.875;
+    c.hbm_low_watermark = 0.1 + 0.2 - 0.3;
+    c.hbm_required = 1;
+    c.hbm_copy_batch_bytes = 4 * GIB;
     kvcm_fill(&c);
     char err[CONFIG_ERR_MAX];
     ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
@@ -1802,6 +2105,9 @@ START_TEST(test_write_round_trip_custom)
                             "capacity = 5368709632\n", "fsync = always\n", "workers = 32\n", "queue = 16\n",
                             "url = https://kvs.example:8443/v1?a=b\n", "socket_path = /run/v6d/data.sock\n",
                             "connect_timeout = 250ms\n", "timeout = 2m\n", "lookup = on\n",
+                            "pin_chunk_bytes = 3MiB\n", "\n[hbm]\nbackend = sim\nbytes = 2097216KiB\n"
+                            "devices = 1, 0\t15\nhigh_watermark = 0.875\n",
+                            "\nrequired = on\ncopy_batch_bytes = 4GiB\n\n[leases]\n",
                             "\n[kvcm]\nenabled = on\nendpoints = http://kvcm-0:6382, https://kvcm-1.example/meta/\n"
                             "instance_group = prod-a\ninstance_id = {model}-{fingerprint}_{block_tokens}\n"
                             "host_ip_port = 10.1.2.3:18088\nstorage_type = ST_EVENT_REPORT_L2\nmedium_hbm = gpu\n"
@@ -1825,6 +2131,12 @@ START_TEST(test_write_round_trip_custom)
     c.persist_fsync = 0;   /* never */
     c.persist_lookup = CONFIG_LOOKUP_OFF;
     c.persist_capacity = 7 * (GIB << 10);
+    c.pin_chunk_bytes = GIB << 10;
+    c.hbm_backend = CONFIG_HBM_NONE;
+    c.hbm_bytes = 0;
+    memset(c.hbm_devices, 0, sizeof c.hbm_devices);   /* empty: all devices */
+    c.hbm_required = 0;
+    c.hbm_copy_batch_bytes = MIB;
     /* kvcm off with its fields still set, and with them empty. */
     c.kvcm_enabled = 0;
     assert_round_trip(&c);
@@ -1954,6 +2266,9 @@ START_TEST(test_restart_required)
                               "persist.backend", "persist.path", "persist.capacity", "persist.fsync",
                               "persist.workers", "persist.queue", "persist.url", "persist.socket_path",
                               "persist.connect_timeout", "persist.timeout", "persist.lookup",
+                              "memory.pin_chunk_bytes",
+                              /* [hbm]: all but the demotion watermarks */
+                              "hbm.backend", "hbm.bytes", "hbm.devices", "hbm.required", "hbm.copy_batch_bytes",
                               /* [kvcm]: all of it; its threads read their settings once */
                               "kvcm.enabled", "kvcm.endpoints", "kvcm.instance_group", "kvcm.instance_id",
                               "kvcm.host_ip_port", "kvcm.storage_type", "kvcm.medium_hbm", "kvcm.medium_host",
@@ -2037,6 +2352,37 @@ START_TEST(test_restart_required)
     ck_assert_uint_eq(b.max_clients, 77);
     ck_assert(!config_option_reloadable("kvcm", "flush_interval"));
     ck_assert(!config_option_reloadable("kvcm", "bogus"));
+
+    /* [hbm]: new watermarks apply live; the tier's shape waits for a restart. */
+    ck_assert(config_option_reloadable("hbm", "high_watermark"));
+    ck_assert(config_option_reloadable("hbm", "low_watermark"));
+    ck_assert(!config_option_reloadable("hbm", "bytes"));
+    ck_assert(!config_option_reloadable("hbm", "bogus"));
+    ck_assert(!config_option_reloadable("memory", "pin_chunk_bytes"));
+    b = a;
+    b.hbm_high_watermark = 0.7;
+    b.hbm_low_watermark = 0.6;
+    ck_assert_int_eq(config_restart_required(&a, &b, names, sizeof names), 0);
+    ck_assert_str_eq(names, "");
+    b.pin_chunk_bytes = 2 * MIB;
+    b.hbm_backend = CONFIG_HBM_SIM;
+    b.hbm_bytes = 4 * GIB;
+    snprintf(b.hbm_devices, sizeof b.hbm_devices, "0,1");
+    b.hbm_required = 1;
+    b.hbm_copy_batch_bytes = 16 * MIB;
+    ck_assert_int_eq(config_restart_required(&a, &b, names, sizeof names), 6);
+    ck_assert_str_eq(names, "memory.pin_chunk_bytes, hbm.backend, hbm.bytes, hbm.devices, hbm.required, "
+                            "hbm.copy_batch_bytes");
+    config_keep_restart_only(&b, &a);
+    ck_assert_int_eq(config_restart_required(&a, &b, NULL, 0), 0);
+    ck_assert_uint_eq(b.pin_chunk_bytes, GIB);
+    ck_assert_int_eq(b.hbm_backend, CONFIG_HBM_AUTO);
+    ck_assert_uint_eq(b.hbm_bytes, 0);
+    ck_assert_str_eq(b.hbm_devices, "all");
+    ck_assert_int_eq(b.hbm_required, 0);
+    ck_assert_uint_eq(b.hbm_copy_batch_bytes, 64 * MIB);
+    ck_assert_double_eq(b.hbm_high_watermark, 0.7);   /* reloadable, applied */
+    ck_assert_double_eq(b.hbm_low_watermark, 0.6);
 }
 END_TEST
 
@@ -2252,6 +2598,8 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_validate_cross_field);
     tcase_add_test(tc, test_validate_socket_path);
     tcase_add_test(tc, test_validate_field_ranges);
+    tcase_add_test(tc, test_validate_hbm);
+    tcase_add_test(tc, test_hbm_devices);
     tcase_add_test(tc, test_validate_persist);
     tcase_add_test(tc, test_validate_kvcm);
     suite_add_tcase(s, tc);
