@@ -1,16 +1,96 @@
-/* devmem: what kvnoded needs from the GPU runtime. Today: pinning the host
- * arena (cudaHostRegister) so GPU copies from/to it run at full speed. The
- * HBM tier's device-memory backends will live behind this header too.
- * Built without CUDA (make CUDA=0) every call reports why it cannot work. */
+/* devmem: everything kvnoded asks of a GPU runtime, behind one interface
+ * with three backends, so the rest of the daemon never knows which runs:
+ *
+ *   cuda  the CUDA runtime (devmem_cuda.c; built when the toolkit is found,
+ *         links cudart, needs no nvcc). Regions are cudaMalloc'ed and lent
+ *         through cudaIpcGetMemHandle; copies run on non-blocking streams.
+ *   sim   host memory standing in for device memory (devmem_sim.c): a
+ *         region is a sealed memfd that clients map like the host arena;
+ *         copies are memcpy on the calling thread. For tests and for
+ *         evaluating kvnode without a GPU.
+ *   none  no GPU: every call fails with a reason.
+ *
+ * Threads: open/close/region_alloc/region_free run on the main thread at
+ * start and stop. host_register/unregister run on the pinning thread (and
+ * at start). Streams belong to the thread that created them (the copy
+ * worker); copy_sync may run on any worker thread. Nothing here is for the
+ * loop thread except the accessors, which never call into the runtime.
+ * Calls return 0 or a negative KVNODE_E* code with why set. */
 #ifndef KVNODE_DEVMEM_H
 #define KVNODE_DEVMEM_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
-/* Number of visible GPUs, or 0 with why set (no toolkit, no driver, ...). */
-int  devmem_gpu_count(char *why, size_t whylen);
-/* Page-lock [ptr, ptr+len) for the GPUs. 0, or -1 with why set. */
-int  devmem_pin_host(void *ptr, size_t len, char *why, size_t whylen);
-void devmem_unpin_host(void *ptr);
+enum devmem_kind { DEVMEM_NONE = 0, DEVMEM_SIM = 1, DEVMEM_CUDA = 2 };
+
+#define DEVMEM_MAX_DEVICES 16
+#define DEVMEM_IPC_HANDLE_BYTES 64   /* sizeof(cudaIpcMemHandle_t) */
+#define DEVMEM_SIM_DEVICES 2         /* devices the sim backend pretends to have */
+
+struct devmem;
+
+/* Start a backend. DEVMEM_CUDA fails (with why) when built without CUDA
+ * (-KVNODE_EINVAL) or when no GPU is visible (-KVNODE_EIO); DEVMEM_NONE
+ * always succeeds; DEVMEM_SIM succeeds unless one of its
+ * KVNODE_DEVMEM_SIM_*_DELAY_MS variables is set to something other than
+ * decimal milliseconds 0..60000 (-KVNODE_EINVAL; empty means unset). sim
+ * reads them here, once. devmem_open_auto picks cuda when it works, else
+ * none (why says why cuda was not chosen; "" when cuda was). */
+int  devmem_open(int kind, struct devmem **out, char *why, size_t whylen);
+int  devmem_open_auto(struct devmem **out, char *why, size_t whylen);
+void devmem_close(struct devmem *dm);
+int  devmem_kind(const struct devmem *dm);
+const char *devmem_kind_name(int kind);   /* "cuda", "sim", "none" */
+/* Devices this backend can use (0 for none). */
+int  devmem_device_count(const struct devmem *dm);
+/* True when the backend can page-lock host memory (cuda, sim). */
+bool devmem_can_pin(const struct devmem *dm);
+
+/* Device memory the daemon owns and lends. Every call taking a device
+ * fails with -KVNODE_EINVAL (why says so) for one outside
+ * 0..devmem_device_count()-1, and so for every device with none. A failed
+ * alloc leaves *out empty (base NULL, fd -1); freeing an empty region is a
+ * no-op, and free empties it. */
+struct devmem_region {
+    int      device;
+    void    *base;         /* daemon's address: a device pointer (cuda) or a host mapping (sim) */
+    uint64_t size;
+    int      fd;           /* sim: memfd clients map (owned by the region); cuda: -1 */
+    uint8_t  ipc_handle[DEVMEM_IPC_HANDLE_BYTES];
+    size_t   ipc_len;      /* cuda: DEVMEM_IPC_HANDLE_BYTES; sim: 0 */
+    bool     host_access;  /* base can be dereferenced by the CPU (sim) */
+};
+int  devmem_region_alloc(struct devmem *dm, int device, uint64_t bytes, struct devmem_region *out,
+                         char *why, size_t whylen);
+void devmem_region_free(struct devmem *dm, struct devmem_region *r);
+
+/* Page-lock [ptr, ptr+len) for the devices (cudaHostRegister, portable).
+ * sim: records nothing and succeeds, after KVNODE_DEVMEM_SIM_PIN_DELAY_MS
+ * milliseconds when that is set in the environment (tests use it to see
+ * the daemon ready before pinning finishes). */
+int  devmem_host_register(struct devmem *dm, void *ptr, size_t len, char *why, size_t whylen);
+void devmem_host_unregister(struct devmem *dm, void *ptr);
+
+/* A non-blocking stream on one device, owned by one worker thread.
+ * Copies of 0 bytes are no-ops; NULL pointers with len > 0 are -KVNODE_EINVAL. */
+struct devmem_stream;
+int  devmem_stream_create(struct devmem *dm, int device, struct devmem_stream **out,
+                          char *why, size_t whylen);
+void devmem_stream_destroy(struct devmem_stream *s);
+/* Queue a copy of len bytes (either direction; pointers are unified
+ * addresses: device pointers of this backend's regions or host memory). */
+int  devmem_copy_async(struct devmem_stream *s, void *dst, const void *src, size_t len,
+                       char *why, size_t whylen);
+/* Record an event after everything queued and wait for it (blocks the
+ * calling worker thread, never the loop). sim: sleeps
+ * KVNODE_DEVMEM_SIM_COPY_DELAY_MS when set, so tests can watch a move in
+ * flight. */
+int  devmem_stream_wait(struct devmem_stream *s, char *why, size_t whylen);
+/* A synchronous copy out of device memory into host memory, from any
+ * worker thread (e.g. a persist worker writing an HBM block to the store). */
+int  devmem_copy_to_host(struct devmem *dm, int device, void *dst, const void *src, size_t len,
+                         char *why, size_t whylen);
 
 #endif
