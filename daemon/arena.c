@@ -20,6 +20,7 @@
 #include "arena.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -53,6 +54,9 @@ struct arena_class {
 
 struct arena {
     uint32_t id;
+    int      tier;          /* KVNODE_TIER_* */
+    int      device;        /* -1: host memory */
+    bool     owns_memory;   /* host arena: the memfd and mapping are ours to release */
     int      fd;
     void    *base;
     uint64_t size;          /* slabs_total * slab_bytes */
@@ -93,8 +97,10 @@ static void arena_plan_levels(arena *a, uint64_t max_blocks)
     a->slab_words = off;
 }
 
-int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **out,
-                      char *err, size_t errlen)
+/* The allocator over `bytes` (rounded down to whole slabs) of not yet
+ * attached memory: checks the geometry and builds the metadata. */
+static int arena_new(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **out,
+                     char *err, size_t errlen)
 {
     if (out)
         *out = NULL;
@@ -159,7 +165,28 @@ int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **
         a->free_slabs[i] = a->slabs_total - 1 - i;
     }
     a->nfree_slabs = a->slabs_total;
+    a->tier = KVNODE_TIER_HOST;
+    a->device = -1;
+    *out = a;
+    return 0;
 
+fail:
+    arena_destroy(a);
+    return rc;
+}
+
+int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **out,
+                      char *err, size_t errlen)
+{
+    arena *a;
+    int rc = arena_new(id, bytes, slab_bytes, &a, err, errlen);
+    if (rc < 0) {
+        if (out)
+            *out = NULL;
+        return rc;
+    }
+    uint64_t size = a->size;
+    a->owns_memory = true;
     rc = -KVNODE_EIO;
     a->fd = memfd_create("kvnode-host", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (a->fd < 0) {
@@ -197,17 +224,35 @@ int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **
 
 fail:
     arena_destroy(a);
+    *out = NULL;
     return rc;
+}
+
+int arena_create_over(uint32_t id, int tier, int device, void *base, int fd, uint64_t bytes,
+                      uint64_t slab_bytes, arena **out, char *err, size_t errlen)
+{
+    arena *a;
+    int rc = arena_new(id, bytes, slab_bytes, &a, err, errlen);
+    if (rc < 0)
+        return rc;
+    a->tier = tier;
+    a->device = device;
+    a->base = base;
+    a->fd = fd;
+    *out = a;
+    return 0;
 }
 
 void arena_destroy(arena *a)
 {
     if (!a)
         return;
-    if (a->base != MAP_FAILED)
-        munmap(a->base, (size_t)a->size);
-    if (a->fd >= 0)
-        close(a->fd);
+    if (a->owns_memory) {
+        if (a->base != MAP_FAILED)
+            munmap(a->base, (size_t)a->size);
+        if (a->fd >= 0)
+            close(a->fd);
+    }
     free(a->bits);
     free(a->free_slabs);
     free(a->slabs);
@@ -215,8 +260,8 @@ void arena_destroy(arena *a)
 }
 
 uint32_t arena_id(const arena *a) { return a->id; }
-int      arena_tier(const arena *a) { (void)a; return KVNODE_TIER_HOST; }
-int      arena_device(const arena *a) { (void)a; return -1; }
+int      arena_tier(const arena *a) { return a->tier; }
+int      arena_device(const arena *a) { return a->device; }
 int      arena_fd(const arena *a) { return a->fd; }
 void    *arena_base(const arena *a) { return a->base; }
 uint64_t arena_size(const arena *a) { return a->size; }

@@ -7,6 +7,9 @@
  * the free-slab pool as soon as its last block is freed, so several block
  * sizes share one arena. alloc and free are O(1).
  *
+ * The allocator keeps all its state in daemon memory and never touches the
+ * region, so the same code carves device memory (arena_create_over).
+ *
  * Loop thread only. */
 #ifndef KVNODE_ARENA_H
 #define KVNODE_ARENA_H
@@ -32,6 +35,12 @@ struct arena_stats {
  * KVNODE_TIER_HOST. Returns 0 or a negative KVNODE_E* code with err set. */
 int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **out,
                       char *err, size_t errlen);
+/* An arena over memory someone else owns and releases after arena_destroy
+ * (an HBM region from devmem): base is the daemon's address of it (a device
+ * pointer for real GPUs: never dereferenced here), fd what clients map (-1:
+ * none). bytes is rounded down to whole slabs. */
+int arena_create_over(uint32_t id, int tier, int device, void *base, int fd, uint64_t bytes,
+                      uint64_t slab_bytes, arena **out, char *err, size_t errlen);
 void arena_destroy(arena *a);
 
 uint32_t arena_id(const arena *a);

@@ -10,7 +10,9 @@
 
 #include "arena.h"
 #include "clock.h"
+#include "copier.h"
 #include "devmem.h"
+#include "hostpin.h"
 #include "errmsg.h"
 #include "index.h"
 #include "kvnode.h"
@@ -30,14 +32,54 @@
  * want of room. A write-through block over the budget is written when the
  * evictor picks it instead (like write_back), and counted. */
 #define WRITE_PIN_FRACTION 0.5
+/* Demotion batches in flight per device: one copying while the next is
+ * built keeps the copy engine busy without tying up much host memory. */
+#define DEMOTE_INFLIGHT 2u
+
+/* A device's HBM arena and its demotion state. */
+struct cache_hbm {
+    arena   *a;
+    int      device;
+    bool     host_access;            /* the loop may read its bytes (sim) */
+    uint8_t  ipc[DEVMEM_IPC_HANDLE_BYTES];
+    size_t   ipc_len;
+    uint64_t moving_bytes;           /* strides of blocks being demoted */
+    unsigned inflight;               /* demotion batches submitted, not done */
+    bool     demoting;               /* passed the high watermark, not yet below the low */
+};
+
+/* One block of a demotion batch: where it goes in the host arena. */
+struct demote_rec {
+    index_entry *e;
+    uint64_t host_off;
+    uint32_t host_cls;
+    uint64_t stride;                 /* its stride in the HBM arena */
+};
+struct cache_demote {
+    struct copier_batch b;
+    struct cache *c;
+    unsigned hbm;                    /* index into c->hbm */
+    struct demote_rec *recs;
+};
 
 struct cache {
     struct event_base *base;
     arena *host;
+    /* Arenas by id: [0] the host arena, [1 + i] HBM of hbm[i]. */
+    arena *arenas[INDEX_MAX_ARENAS];
+    uint32_t narenas;
+    struct cache_hbm hbm[DEVMEM_MAX_DEVICES];
+    unsigned nhbm;
+    struct devmem *devmem;           /* the backend HBM arenas come from (NULL: none) */
+    struct copier *copier;           /* NULL: no demotion (HBM blocks stay or are dropped) */
+    struct hostpin *hostpin;         /* NULL: the host arena is not being pinned */
+    double hbm_high, hbm_low;
+    uint64_t hbm_batch_bytes;
+    struct event *demote_ev;
+    bool demote_scheduled;
     kv_index *index;
     ns_registry *namespaces;
     lease_table *leases;
-    bool host_pinned;
 
     /* reloadable limits */
     double high_watermark, low_watermark;
@@ -72,6 +114,11 @@ struct cache {
     uint64_t lookups, lookup_found;
     uint64_t waits, wait_timeouts;
     uint64_t recovered, recovery_skipped;
+    uint64_t hbm_reserved, hbm_fallbacks;   /* HBM puts: slots in HBM, sent to host instead */
+    uint64_t demoted, demoted_bytes;        /* blocks moved HBM -> host */
+    uint64_t demote_aborted;                /* a reader pinned it meanwhile, or it was deleted */
+    uint64_t demote_failed;                 /* the copy failed (the block stays in HBM) */
+    uint64_t demote_dropped;                /* no host room: left memory (ghost or gone) */
     struct metrics_keys keys;   /* match/get lookups: matched, missed by reason */
 };
 
@@ -98,6 +145,7 @@ struct cache_wait {
     size_t next;                /* GET: next key to walk */
     lease *l;                   /* GET: the read lease (NULL: none yet, or reaped) */
     struct lease_list *owner;   /* GET: who the lease is for */
+    uint32_t readable;          /* GET: arenas the answer may point into (bit per id) */
     unsigned outstanding;       /* promotions and lookups not back yet */
     bool on_heap, looked_up, may_wait, nomem;
     bool answered;              /* ready() called (or the answer was immediate) */
@@ -137,6 +185,8 @@ struct cache_lookup {
 
 static void cache_evict_cb(evutil_socket_t fd, short what, void *arg);
 static void cache_reap_cb(evutil_socket_t fd, short what, void *arg);
+static void cache_demote_cb(evutil_socket_t fd, short what, void *arg);
+static void cache_demote_maybe_schedule(struct cache *c);
 
 int cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,
                  char *err, size_t errlen)
@@ -153,6 +203,8 @@ int cache_create(struct event_base *base, const struct kvn_config *cfg, struct c
     rc = arena_create_host(HOST_ARENA_ID, cfg->host_bytes, cfg->slab_bytes, &c->host, err, errlen);
     if (rc < 0)
         goto fail;
+    c->arenas[HOST_ARENA_ID] = c->host;
+    c->narenas = 1;
     /* Size the index for the arena's capacity at the default block size
      * order of magnitude; it grows incrementally beyond that. */
     rc = index_create(cfg->host_bytes / (256u * 1024u), &c->index);
@@ -176,22 +228,10 @@ int cache_create(struct event_base *base, const struct kvn_config *cfg, struct c
         errmsg_set(err, errlen, "cannot create the lease table: out of memory");
         goto fail;
     }
-    if (cfg->pin_host != CONFIG_PIN_OFF) {
-        char why[256] = "";
-        if (devmem_pin_host(arena_base(c->host), arena_size(c->host), why, sizeof why) == 0) {
-            c->host_pinned = true;
-            log_info("host arena pinned for GPU copies (%" PRIu64 " bytes)", arena_size(c->host));
-        } else if (cfg->pin_host == CONFIG_PIN_ON) {
-            errmsg_set(err, errlen, "memory.pin_host = on but the host arena cannot be pinned: %s", why);
-            rc = -KVNODE_EIO;
-            goto fail;
-        } else {
-            log_info("host arena not pinned: %s", why);
-        }
-    }
     c->evict_ev = event_new(base, -1, 0, cache_evict_cb, c);
     c->reap_ev = event_new(base, -1, EV_PERSIST, cache_reap_cb, c);
-    if (!c->evict_ev || !c->reap_ev) {
+    c->demote_ev = event_new(base, -1, 0, cache_demote_cb, c);
+    if (!c->evict_ev || !c->reap_ev || !c->demote_ev) {
         errmsg_set(err, errlen, "cannot create cache events");
         rc = -KVNODE_ENOMEM;
         goto fail;
@@ -212,6 +252,8 @@ void cache_destroy(struct cache *c)
         event_free(c->evict_ev);
     if (c->reap_ev)
         event_free(c->reap_ev);
+    if (c->demote_ev)
+        event_free(c->demote_ev);
     while (c->deferred_head) {
         struct cache_deferred *d = c->deferred_head;
         c->deferred_head = d->next;
@@ -223,11 +265,9 @@ void cache_destroy(struct cache *c)
         index_destroy(c->index);
     if (c->namespaces)
         ns_registry_destroy(c->namespaces);
-    if (c->host) {
-        if (c->host_pinned)
-            devmem_unpin_host(arena_base(c->host));
-        arena_destroy(c->host);
-    }
+    for (unsigned i = 0; i < c->nhbm; i++)
+        arena_destroy(c->hbm[i].a);
+    arena_destroy(c->host);
     free(c);
 }
 
@@ -244,6 +284,11 @@ void cache_apply_config(struct cache *c, const struct kvn_config *cfg)
     c->namespace_quota = cfg->namespace_quota;
     c->policy = cfg->persist_policy;
     c->request_timeout_ms = cfg->request_timeout_ms;
+    c->hbm_high = cfg->hbm_high_watermark;
+    c->hbm_low = cfg->hbm_low_watermark;
+    c->hbm_batch_bytes = cfg->hbm_copy_batch_bytes;
+    if (c->demote_ev)
+        event_active(c->demote_ev, 0, 0);   /* lowered watermarks apply now */
     if (c->reaper_interval_ms != cfg->reaper_interval_ms) {
         c->reaper_interval_ms = cfg->reaper_interval_ms;
         tv.tv_sec = (time_t)(c->reaper_interval_ms / 1000u);
@@ -300,19 +345,86 @@ void cache_unbind(struct cache *c, kv_namespace *ns)
 
 size_t cache_arenas(const struct cache *c, struct cache_arena_info *out, size_t max)
 {
-    if (max < 1)
-        return 0;
-    out[0].id = arena_id(c->host);
-    out[0].tier = arena_tier(c->host);
-    out[0].device = arena_device(c->host);
-    out[0].size = arena_size(c->host);
-    out[0].fd = arena_fd(c->host);
-    return 1;
+    size_t n = 0;
+    for (uint32_t id = 0; id < c->narenas && n < max; id++, n++) {
+        const arena *a = c->arenas[id];
+        const struct cache_hbm *h = id == HOST_ARENA_ID ? NULL : &c->hbm[id - 1];
+        out[n].id = arena_id(a);
+        out[n].tier = arena_tier(a);
+        out[n].device = arena_device(a);
+        out[n].size = arena_size(a);
+        out[n].fd = arena_fd(a);
+        out[n].ipc_handle = h && h->ipc_len ? h->ipc : NULL;
+        out[n].ipc_len = h ? h->ipc_len : 0;
+        out[n].host_access = !h || h->host_access;
+    }
+    return n;
 }
 
 void *cache_arena_base(const struct cache *c, uint32_t arena_no)
 {
-    return arena_no == arena_id(c->host) ? arena_base(c->host) : NULL;
+    if (arena_no >= c->narenas)
+        return NULL;
+    if (arena_no != HOST_ARENA_ID && !c->hbm[arena_no - 1].host_access)
+        return NULL;
+    return arena_base(c->arenas[arena_no]);
+}
+
+int cache_add_hbm(struct cache *c, struct devmem *dm, const struct devmem_region *r,
+                  uint64_t slab_bytes, char *err, size_t errlen)
+{
+    struct cache_hbm *h;
+    uint32_t id = c->narenas;
+    int rc;
+
+    if (c->nhbm >= DEVMEM_MAX_DEVICES || id >= INDEX_MAX_ARENAS) {
+        errmsg_set(err, errlen, "too many HBM arenas (at most %u)", DEVMEM_MAX_DEVICES);
+        return -KVNODE_ELIMIT;
+    }
+    h = &c->hbm[c->nhbm];
+    memset(h, 0, sizeof *h);
+    rc = arena_create_over(id, KVNODE_TIER_HBM, r->device, r->base, r->fd, r->size, slab_bytes,
+                           &h->a, err, errlen);
+    if (rc < 0)
+        return rc;
+    h->device = r->device;
+    h->host_access = r->host_access;
+    h->ipc_len = r->ipc_len <= sizeof h->ipc ? r->ipc_len : 0;
+    memcpy(h->ipc, r->ipc_handle, h->ipc_len);
+    c->arenas[id] = h->a;
+    c->narenas++;
+    c->nhbm++;
+    c->devmem = dm;
+    return 0;
+}
+
+void *cache_host_base(const struct cache *c)
+{
+    return arena_base(c->host);
+}
+
+uint64_t cache_host_size(const struct cache *c)
+{
+    return arena_size(c->host);
+}
+
+void cache_set_copier(struct cache *c, struct copier *cp)
+{
+    c->copier = cp;
+}
+
+void cache_set_hostpin(struct cache *c, struct hostpin *hp)
+{
+    c->hostpin = hp;
+}
+
+uint32_t cache_cpu_arenas(const struct cache *c)
+{
+    uint32_t mask = 1u << HOST_ARENA_ID;
+    for (unsigned i = 0; i < c->nhbm; i++)
+        if (c->hbm[i].host_access)
+            mask |= 1u << (i + 1);
+    return mask;
 }
 
 /* --- entry lifecycle ------------------------------------------------------ */
@@ -328,9 +440,29 @@ static bool entry_has_slot(const index_entry *e)
     return e->state != ENTRY_GHOST;
 }
 
+static arena *cache_arena_of(struct cache *c, const index_entry *e)
+{
+    return e->arena < c->narenas ? c->arenas[e->arena] : NULL;
+}
+
+/* The daemon's address of a block (a device pointer for a real GPU's HBM). */
 static void *cache_slot_ptr(struct cache *c, const index_entry *e)
 {
-    return (uint8_t *)arena_base(c->host) + e->offset;
+    return (uint8_t *)arena_base(cache_arena_of(c, e)) + e->offset;
+}
+
+/* Give back an entry's slot, in whichever arena it is. */
+static void cache_slot_free(struct cache *c, const index_entry *e)
+{
+    arena *a = cache_arena_of(c, e);
+    if (a)
+        arena_free(a, e->offset);
+}
+
+/* The HBM arena record of an entry, or NULL for host memory. */
+static struct cache_hbm *cache_hbm_of(struct cache *c, const index_entry *e)
+{
+    return e->arena != HOST_ARENA_ID && e->arena < c->narenas ? &c->hbm[e->arena - 1] : NULL;
 }
 
 /* --- completeness (a key sealed in memory in every TP rank) ------------------ */
@@ -483,7 +615,7 @@ static void cache_account_remove(struct cache *c, index_entry *e)
 static void cache_entry_destroy(struct cache *c, index_entry *e)
 {
     if (entry_has_slot(e))
-        arena_free(c->host, e->offset);
+        cache_slot_free(c, e);
     index_entry_free(e);
 }
 
@@ -516,7 +648,7 @@ static void cache_to_ghost(struct cache *c, index_entry *e)
     kv_namespace *ns = ns_get(c->namespaces, e->ns);
     cache_note_leaving(c, e);
     index_lru_remove(c->index, e);
-    arena_free(c->host, e->offset);
+    cache_slot_free(c, e);
     if (ns) {
         if (ns->blocks > 0) {
             ns->blocks--;
@@ -665,8 +797,14 @@ static int cache_write_submit(struct cache *c, index_entry *e, bool evicting)
     w->e = e;
     w->ns = ns;
     w->key = e->key;
-    rc = persist_write(c->persist, ns, e->key, cache_slot_ptr(c, e), ns->layout.block_bytes,
-                       cache_write_done, w);
+    /* An HBM block is copied out by the worker, never read by the loop. */
+    struct cache_hbm *h = cache_hbm_of(c, e);
+    if (h && c->devmem)
+        rc = persist_write_device(c->persist, ns, e->key, cache_slot_ptr(c, e),
+                                  ns->layout.block_bytes, c->devmem, h->device, cache_write_done, w);
+    else
+        rc = persist_write(c->persist, ns, e->key, cache_slot_ptr(c, e), ns->layout.block_bytes,
+                           cache_write_done, w);
     if (rc < 0) {
         free(w);
         e->persist = PERSIST_FAILED;
@@ -739,6 +877,187 @@ static void cache_evict_cb(evutil_socket_t fd, short what, void *arg)
         c->evict_scheduled = true;
         event_active(c->evict_ev, 0, 0);
     }
+}
+
+/* --- demotion (HBM -> host) ------------------------------------------------------ */
+
+/* Over the watermark once the blocks being moved out have left. */
+static bool cache_hbm_over(const struct cache_hbm *h, double watermark)
+{
+    struct arena_stats st;
+    arena_get_stats(h->a, &st);
+    uint64_t used = st.used_bytes > h->moving_bytes ? st.used_bytes - h->moving_bytes : 0;
+    return (double)used > watermark * (double)st.capacity;
+}
+
+/* Demotion starts past the high watermark and goes on down to the low one. */
+static bool cache_hbm_wants_batch(const struct cache *c, struct cache_hbm *h)
+{
+    if (cache_hbm_over(h, c->hbm_high))
+        h->demoting = true;
+    else if (!cache_hbm_over(h, c->hbm_low))
+        h->demoting = false;
+    return h->demoting && h->inflight < DEMOTE_INFLIGHT;
+}
+
+static void cache_demote_maybe_schedule(struct cache *c)
+{
+    if (c->demote_scheduled || !c->copier)
+        return;
+    for (unsigned i = 0; i < c->nhbm; i++) {
+        if (cache_hbm_wants_batch(c, &c->hbm[i])) {
+            c->demote_scheduled = true;
+            event_active(c->demote_ev, 0, 0);
+            return;
+        }
+    }
+}
+
+static bool cache_make_room(struct cache *c, uint32_t cls);
+
+/* A batch came back: each block whose copy landed and that nobody pinned
+ * or deleted meanwhile now lives in its host slot; any other keeps its
+ * HBM slot and the host slot goes back. */
+static void cache_demote_done(struct copier_batch *b)
+{
+    struct cache_demote *d = b->arg;
+    struct cache *c = d->c;
+    struct cache_hbm *h = &c->hbm[d->hbm];
+
+    if (b->rc < 0 && b->rc != -KVNODE_ESHUTDOWN)
+        log_warn("demotion of %zu blocks from GPU %d failed: %s (they stay in HBM)", b->n,
+                 h->device, b->why);
+    for (size_t i = 0; i < b->n; i++) {
+        struct demote_rec *r = &d->recs[i];
+        index_entry *e = r->e;
+        h->moving_bytes -= h->moving_bytes >= r->stride ? r->stride : h->moving_bytes;
+        if (b->rc == 0 && !e->detached && e->pins == 1 && e->state == ENTRY_SEALED) {
+            arena_free(h->a, e->offset);
+            e->tier = KVNODE_TIER_HOST;
+            e->arena = arena_id(c->host);
+            e->cls = r->host_cls;
+            e->offset = r->host_off;
+            c->demoted++;
+            c->demoted_bytes += b->items[i].len;
+        } else {
+            arena_free(c->host, r->host_off);
+            if (b->rc < 0)
+                c->demote_failed++;
+            else
+                c->demote_aborted++;
+        }
+        cache_unpin(c, e);
+    }
+    h->inflight--;
+    free(d->recs);
+    free(b->items);
+    free(d);
+    cache_evict_maybe_schedule(c);
+    cache_demote_maybe_schedule(c);
+}
+
+/* Build and submit one batch of h's least recently used unpinned blocks,
+ * up to hbm.copy_batch_bytes or until h is below its low watermark. A
+ * victim the host tier has no room for leaves memory (a ghost when the
+ * store holds it). false when nothing more can be done for h now. */
+static bool cache_demote_batch(struct cache *c, unsigned hi)
+{
+    struct cache_hbm *h = &c->hbm[hi];
+    size_t cap = 64, n = 0;
+    uint64_t bytes = 0;
+    struct cache_demote *d = calloc(1, sizeof *d);
+    struct copier_item *items = malloc(cap * sizeof *items);
+    struct demote_rec *recs = malloc(cap * sizeof *recs);
+
+    if (!d || !items || !recs)
+        goto nomem;
+    while (bytes < c->hbm_batch_bytes && cache_hbm_over(h, c->hbm_low)) {
+        index_entry *e = index_lru_oldest_in_arena(c->index, arena_id(h->a));
+        kv_namespace *ns = e ? ns_get(c->namespaces, e->ns) : NULL;
+        uint64_t off;
+        if (!e)
+            break;
+        if (!ns || !cache_make_room(c, ns->cls) || arena_alloc(c->host, ns->cls, &off) < 0) {
+            cache_evict_entry(c, e);
+            c->demote_dropped++;
+            continue;
+        }
+        if (n == cap) {
+            struct copier_item *ni = realloc(items, 2 * cap * sizeof *items);
+            if (ni)
+                items = ni;
+            struct demote_rec *nr = ni ? realloc(recs, 2 * cap * sizeof *recs) : NULL;
+            if (!nr) {
+                arena_free(c->host, off);
+                break;
+            }
+            recs = nr;
+            cap *= 2;
+        }
+        items[n].dst = (uint8_t *)arena_base(c->host) + off;
+        items[n].src = cache_slot_ptr(c, e);
+        items[n].len = ns->layout.block_bytes;
+        recs[n].e = e;
+        recs[n].host_off = off;
+        recs[n].host_cls = ns->cls;
+        recs[n].stride = arena_class_stride(h->a, e->cls);
+        cache_pin(c, e);   /* off the LRU, alive until the batch is back */
+        h->moving_bytes += recs[n].stride;
+        bytes += items[n].len;
+        n++;
+    }
+    if (n == 0) {
+        free(d);
+        free(items);
+        free(recs);
+        return false;
+    }
+    d->c = c;
+    d->hbm = hi;
+    d->recs = recs;
+    d->b.device = h->device;
+    d->b.n = n;
+    d->b.items = items;
+    d->b.done = cache_demote_done;
+    d->b.arg = d;
+    if (copier_submit(c->copier, &d->b) < 0) {
+        /* The queue is full: put everything back; a finishing batch retries. */
+        for (size_t i = 0; i < n; i++) {
+            h->moving_bytes -= recs[i].stride;
+            arena_free(c->host, recs[i].host_off);
+            cache_unpin(c, recs[i].e);
+        }
+        free(d);
+        free(items);
+        free(recs);
+        return false;
+    }
+    h->inflight++;
+    return true;
+
+nomem:
+    free(d);
+    free(items);
+    free(recs);
+    return false;
+}
+
+static void cache_demote_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache *c = arg;
+    (void)fd;
+    (void)what;
+    c->demote_scheduled = false;
+    if (!c->copier)
+        return;
+    /* One batch per device per call: other events run between batches. */
+    bool more = false;
+    for (unsigned i = 0; i < c->nhbm; i++)
+        if (cache_hbm_wants_batch(c, &c->hbm[i]) && cache_demote_batch(c, i))
+            more = true;
+    cache_evict_maybe_schedule(c);
+    if (more)
+        cache_demote_maybe_schedule(c);
 }
 
 /* Make one slot of class cls allocatable: evict the class's own oldest
@@ -1109,7 +1428,7 @@ static void cache_promo_done(void *arg, int rc)
         c->promotions_ok++;
         cache_note_sealed(c, e);
     } else {
-        arena_free(c->host, e->offset);
+        cache_slot_free(c, e);
         e->state = ENTRY_GHOST;
         if (!e->detached) {
             c->promotions_failed++;
@@ -1214,6 +1533,10 @@ static void cache_get_walk(struct cache *c, struct cache_wait **wp)
         }
         if (e->state == ENTRY_WRITING)
             break;
+        /* In memory the requester has not mapped (another GPU's HBM, or a
+         * real GPU's for a CPU-only reader): the prefix ends here. */
+        if (e->state == ENTRY_SEALED && (e->arena >= 32 || !(w->readable & (1u << e->arena))))
+            break;
         if (e->state == ENTRY_GHOST || e->state == ENTRY_PROMOTING) {
             struct cache_wait *h;
             if (!w->may_wait || !(h = cache_wait_heap(w)))
@@ -1284,6 +1607,7 @@ int cache_get_start(struct cache *c, kv_namespace *ns, struct lease_list *owner,
 {
     struct cache_wait tmp = { .c = c, .kind = WAIT_GET, .ns = ns, .keys = keys, .n = n,
                               .owner = owner, .may_wait = ready != NULL && c->persist != NULL,
+                              .readable = owner->mapped | (1u << HOST_ARENA_ID),
                               .ready = ready, .arg = arg };
     struct cache_wait *w = &tmp;
     index_entry *first;
@@ -1370,7 +1694,14 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
              KVNODE_TIER_HOST, KVNODE_TIER_HBM);
         return -KVNODE_EINVAL;
     }
-    /* No HBM tier yet: every reservation lands in host memory. */
+    /* HBM when asked for and the owner's device has an arena with a free
+     * slot now (demotion keeps room there); host memory otherwise. */
+    arena *ha = NULL;
+    uint32_t hcls = 0;
+    if (tier == KVNODE_TIER_HBM && owner->put_arena != HOST_ARENA_ID &&
+        owner->put_arena < c->narenas &&
+        arena_class_for(c->arenas[owner->put_arena], ns->layout.block_bytes, &hcls) == 0)
+        ha = c->arenas[owner->put_arena];
     for (size_t i = 0; i < n; i++) {
         index_entry *e = index_lookup(c->index, ns->id, keys[i]);
         locs[i].present = !e || e->state == ENTRY_GHOST;
@@ -1411,8 +1742,15 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
         }
         if (!cache_quota_room(c, ns))
             goto overquota;
-        if (!cache_make_room(c, ns->cls) || arena_alloc(c->host, ns->cls, &off) < 0)
+        bool in_hbm = ha && arena_alloc(ha, hcls, &off) == 0;
+        if (!in_hbm && (!cache_make_room(c, ns->cls) || arena_alloc(c->host, ns->cls, &off) < 0))
             goto nospace;
+        if (tier == KVNODE_TIER_HBM) {
+            if (in_hbm)
+                c->hbm_reserved++;
+            else
+                c->hbm_fallbacks++;
+        }
         if (e) {
             /* A ghost: the store holds the block; the put brings it back
              * into memory without writing it to the store again. */
@@ -1421,7 +1759,7 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
         } else {
             e = index_insert(c->index, ns->id, keys[i]);
             if (!e) {
-                arena_free(c->host, off);
+                arena_free(in_hbm ? ha : c->host, off);
                 errmsg_set(err, errlen, "out of memory indexing block %zu", i);
                 rc = -KVNODE_ENOMEM;
                 goto undo;
@@ -1429,9 +1767,9 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
             e->persist = PERSIST_NONE;
         }
         e->state = ENTRY_WRITING;
-        e->tier = KVNODE_TIER_HOST;
-        e->arena = arena_id(c->host);
-        e->cls = ns->cls;
+        e->tier = in_hbm ? KVNODE_TIER_HBM : KVNODE_TIER_HOST;
+        e->arena = in_hbm ? arena_id(ha) : arena_id(c->host);
+        e->cls = in_hbm ? hcls : ns->cls;
         e->offset = off;
         l->entries[i] = e;
         locs[i].arena = e->arena;
@@ -1442,6 +1780,7 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
     cache_put_shield(c, ns, keys, n, locs, false);
     *lease_id = l->id;
     cache_evict_maybe_schedule(c);
+    cache_demote_maybe_schedule(c);
     return 0;
 
 overquota: {
@@ -1495,7 +1834,7 @@ static void cache_unreserve(struct cache *c, kv_namespace *ns, index_entry *e)
     if (ns)
         ns->reserved -= ns->reserved >= bytes ? bytes : ns->reserved;
     if (e->persist == PERSIST_STORED && !e->detached) {
-        arena_free(c->host, e->offset);
+        cache_slot_free(c, e);
         e->state = ENTRY_GHOST;
         if (ns)
             ns->stored++;
@@ -1560,6 +1899,9 @@ static uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
         }
     }
     lease_destroy(c->leases, l);
+    /* Blocks it pinned or sealed may be demotable now: an HBM arena left
+     * over its watermark by pinned blocks drains without waiting for a put. */
+    cache_demote_maybe_schedule(c);
     return count;
 }
 
@@ -1813,6 +2155,62 @@ static void cache_persist_stats_json(struct cache *c, json_t *root)
     json_object_set_new(root, "persist", o);
 }
 
+/* Host-arena pinning: "pinned" (the whole arena is), "pinned_bytes" so
+ * far, "pin_state" (off, running, done, failed, stopped), "pin_error". */
+static void cache_pin_stats_json(struct cache *c, json_t *host)
+{
+    static const char *const states[] = { "running", "done", "failed", "stopped" };
+    struct hostpin_progress pp = { .state = -1 };
+
+    if (c->hostpin)
+        hostpin_progress(c->hostpin, &pp);
+    json_object_set_new(host, "pinned", json_boolean(c->hostpin && pp.state == HOSTPIN_DONE));
+    json_object_set_new(host, "pinned_bytes", json_integer((json_int_t)(c->hostpin ? pp.pinned_bytes : 0)));
+    json_object_set_new(host, "pin_state", json_string(pp.state >= 0 && pp.state < 4 ? states[pp.state]
+                                                                                       : "off"));
+    if (c->hostpin && pp.state == HOSTPIN_FAILED)
+        json_object_set_new(host, "pin_error", json_string(pp.why));
+}
+
+/* "tiers": {"hbm": [per device]} and "demotions". */
+static void cache_hbm_stats_json(struct cache *c, json_t *tiers, json_t *root)
+{
+    json_t *arr = json_array(), *dem = json_object();
+    for (unsigned i = 0; i < c->nhbm; i++) {
+        struct cache_hbm *h = &c->hbm[i];
+        struct arena_stats st;
+        json_t *o = json_object();
+        arena_get_stats(h->a, &st);
+        json_object_set_new(o, "device", json_integer(h->device));
+        json_object_set_new(o, "arena", json_integer(arena_id(h->a)));
+        json_object_set_new(o, "capacity_bytes", json_integer((json_int_t)st.capacity));
+        json_object_set_new(o, "used_bytes", json_integer((json_int_t)st.used_bytes));
+        json_object_set_new(o, "blocks", json_integer((json_int_t)st.blocks));
+        json_object_set_new(o, "moving_bytes", json_integer((json_int_t)h->moving_bytes));
+        json_object_set_new(o, "lent_by", json_string(h->ipc_len ? "cuda_ipc" : "fd"));
+        json_array_append_new(arr, o);
+    }
+    json_object_set_new(tiers, "hbm", arr);
+    json_object_set_new(dem, "high_watermark", json_real(c->hbm_high));
+    json_object_set_new(dem, "low_watermark", json_real(c->hbm_low));
+    json_object_set_new(dem, "blocks_total", json_integer((json_int_t)c->demoted));
+    json_object_set_new(dem, "bytes_total", json_integer((json_int_t)c->demoted_bytes));
+    json_object_set_new(dem, "aborted_total", json_integer((json_int_t)c->demote_aborted));
+    json_object_set_new(dem, "failed_total", json_integer((json_int_t)c->demote_failed));
+    json_object_set_new(dem, "dropped_total", json_integer((json_int_t)c->demote_dropped));
+    json_object_set_new(dem, "hbm_puts_total", json_integer((json_int_t)c->hbm_reserved));
+    json_object_set_new(dem, "hbm_fallbacks_total", json_integer((json_int_t)c->hbm_fallbacks));
+    if (c->copier) {
+        struct copier_stats cs;
+        copier_stats(c->copier, &cs);
+        json_object_set_new(dem, "batches_total", json_integer((json_int_t)cs.batches));
+        json_object_set_new(dem, "transfers_total", json_integer((json_int_t)cs.transfers));
+        json_object_set_new(dem, "copy_seconds_total", json_real((double)cs.busy_ns * 1e-9));
+        json_object_set_new(dem, "batches_pending", json_integer((json_int_t)cs.pending));
+    }
+    json_object_set_new(root, "demotions", dem);
+}
+
 void cache_stats_json(struct cache *c, json_t *root)
 {
     struct arena_stats st;
@@ -1828,8 +2226,9 @@ void cache_stats_json(struct cache *c, json_t *root)
     json_object_set_new(host, "slabs_free", json_integer(st.slabs_free));
     json_object_set_new(host, "high_watermark", json_real(c->high_watermark));
     json_object_set_new(host, "low_watermark", json_real(c->low_watermark));
-    json_object_set_new(host, "pinned", json_boolean(c->host_pinned));
+    cache_pin_stats_json(c, host);
     json_object_set_new(tiers, "host", host);
+    cache_hbm_stats_json(c, tiers, root);
     if (c->persist) {
         json_t *store = json_object();
         json_object_set_new(store, "blocks", json_integer((json_int_t)c->ghosts));

@@ -40,7 +40,10 @@ struct cache_arena_info {
     int      tier;      /* KVNODE_TIER_* */
     int      device;
     uint64_t size;
-    int      fd;
+    int      fd;                  /* to map, -1: none (real GPU memory) */
+    const uint8_t *ipc_handle;    /* CUDA IPC handle (real GPU memory), NULL: none */
+    size_t   ipc_len;
+    bool     host_access;         /* the daemon's CPU can read it (host, simulated HBM) */
 };
 
 int  cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,
@@ -55,7 +58,32 @@ int  cache_bind(struct cache *c, const struct ns_layout *layout, kv_namespace **
                 char *err, size_t errlen);
 void cache_unbind(struct cache *c, kv_namespace *ns);
 size_t cache_arenas(const struct cache *c, struct cache_arena_info *out, size_t max);
+/* The daemon's CPU address of an arena, NULL when the CPU cannot read it
+ * (real GPU memory) or there is no such arena. */
 void *cache_arena_base(const struct cache *c, uint32_t arena);
+/* Bit i set: arena i is readable by the daemon's CPU (for GET_INLINE). */
+uint32_t cache_cpu_arenas(const struct cache *c);
+
+/* HBM tier (before serving). An arena over r, which the caller owns and
+ * frees after cache_destroy; its id is the next free one (1, 2, ...).
+ * Puts that ask for HBM land in the arena of their owner's device
+ * (lease_list.put_arena); past hbm.high_watermark the least recently used
+ * unpinned blocks are demoted to the host tier by the copier (set with
+ * cache_set_copier; without one an over-full HBM arena just stops taking
+ * puts). A block being demoted stays readable in HBM; if a reader pins it
+ * or it is deleted before the copy lands, the move is abandoned. */
+struct devmem_region;
+struct copier;
+struct hostpin;
+struct devmem;
+int  cache_add_hbm(struct cache *c, struct devmem *dm, const struct devmem_region *r,
+                   uint64_t slab_bytes, char *err, size_t errlen);
+void cache_set_copier(struct cache *c, struct copier *cp);
+/* Host-arena pinning progress for stats (NULL: not pinned). */
+void cache_set_hostpin(struct cache *c, struct hostpin *hp);
+/* The host arena's memory, for pinning. */
+void *cache_host_base(const struct cache *c);
+uint64_t cache_host_size(const struct cache *c);
 
 /* Persistence (NULL: none; set once, before serving). With a store:
  * committed blocks are written per [persist] policy, host victims that the
@@ -151,7 +179,8 @@ struct metrics_keys;
  * and missed by reason (see metrics.h). */
 void cache_key_metrics(const struct cache *c, struct metrics_keys *out);
 
-/* Add "tiers", "namespaces", "leases", "evictions", "persist" to a stats document. */
+/* Add "tiers" (host, hbm[], store), "namespaces", "leases", "evictions",
+ * "demotions", "persist" to a stats document. */
 void cache_stats_json(struct cache *c, json_t *root);
 
 #endif

@@ -5,6 +5,7 @@
 
 #include "admin.h"
 #include "cache.h"
+#include "gpu.h"
 #include "kvcm/kvcm.h"
 #include "kvcm/query.h"
 #include "log.h"
@@ -33,6 +34,7 @@ void daemon_stats_json(void *arg, json_t *root)
     json_object_set_new(reloads, "last_error", json_string(d->last_reload_error));
     json_object_set_new(root, "reloads", reloads);
     kvcm_stats_json(d->kvcm, root);
+    gpu_stats_json(d->gpu, root);
     if (d->querier)
         kvcm_querier_stats_json(d->querier, json_object_get(root, "kvcm"));
 }

@@ -22,6 +22,7 @@ struct admin;
 struct persist;
 struct kvcm;
 struct kvcm_querier;
+struct gpu;
 
 struct daemon {
     struct event_base *base;
@@ -30,6 +31,7 @@ struct daemon {
     const char *overrides[DAEMON_MAX_OVERRIDES];
     int noverrides;
     struct cache *cache;
+    struct gpu *gpu;                        /* HBM arenas, host pinning, copy worker */
     struct persist *persist;                /* NULL when [persist] backend = off */
     struct kvcm *kvcm;                      /* NULL when [kvcm] enabled = off */
     struct kvcm_querier *querier;           /* MATCH_REMOTE's KVCM queries; NULL when off */
@@ -46,7 +48,8 @@ int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err
 
 /* ops stats hook (arg: struct daemon *): adds "admin" (the bound admin
  * address, null when off), "reloads" {ok_total, failed_total, last_error}
- * and "kvcm" (the publisher's state) to a stats document. */
+ * "kvcm" (the publisher's state) and "gpu" (backend, HBM arenas) to a stats
+ * document. */
 void daemon_stats_json(void *arg, json_t *root);
 
 /* Start the KVCM publisher when [kvcm] enabled = on (d->kvcm stays NULL

@@ -59,7 +59,7 @@ typedef struct kv_index kv_index;
 
 /* LRU lists exist for arena ids below INDEX_MAX_ARENAS and size classes below
  * ARENA_MAX_CLASSES; an entry outside that range is never listed. */
-#define INDEX_MAX_ARENAS 8u
+#define INDEX_MAX_ARENAS 17u   /* the host arena and one per GPU (DEVMEM_MAX_DEVICES) */
 /* Per-namespace lists exist for namespace ids below INDEX_MAX_NAMESPACES
  * (ids are 1-based and at most server.max_namespaces = 65536); an entry of a
  * larger id is never listed. The array of list heads grows on demand. */

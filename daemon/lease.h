@@ -16,10 +16,14 @@ struct index_entry;
 
 enum lease_kind { LEASE_READ = 1, LEASE_WRITE = 2 };
 
-/* A connection's leases; embedded in the owner (e.g. the connection). */
+/* A connection's leases; embedded in the owner (e.g. the connection),
+ * with what the owner can address: a lease only ever hands out locations
+ * in arenas the owner has mapped. Zeroed: the host arena only. */
 struct lease_list {
     struct lease *head;
     size_t count;
+    uint32_t mapped;       /* bit i: arena id i is mapped by the owner (the host arena always is) */
+    uint32_t put_arena;    /* arena id a put asking for HBM reserves in, 0: none (host) */
 };
 
 typedef struct lease {

@@ -15,6 +15,7 @@
 #include "cache.h"
 #include "config.h"
 #include "daemon.h"
+#include "gpu.h"
 #include "kvnode.h"
 #include "log.h"
 #include "kvcm/kvcm.h"
@@ -168,6 +169,10 @@ int main(int argc, char **argv)
         log_error("cannot create the host tier: %s", err);
         goto out;
     }
+    if (gpu_start(d.base, d.cfg, d.cache, &d.gpu, err, sizeof err) < 0) {
+        log_error("cannot start the GPU tier: %s", err);
+        goto out;
+    }
     if (persist_create(d.base, d.cfg, &d.persist, err, sizeof err) < 0) {
         log_error("cannot start persistence: %s", err);
         goto out;
@@ -253,7 +258,9 @@ out:
     kvcm_stop(d.kvcm);
     kvcm_destroy(d.kvcm);
     ops_destroy(d.ops);
+    gpu_stop(d.gpu, d.cache);
     cache_destroy(d.cache);
+    gpu_destroy(d.gpu);
     for (int i = 0; i < 3; i++)
         if (sigs[i])
             event_free(sigs[i]);

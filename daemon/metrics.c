@@ -174,14 +174,40 @@ static void render_cache(struct evbuffer *out, json_t *doc, const struct metrics
     json_t *ns;
     char rank[16];
 
-    family(out, "kvnode_tier_capacity_bytes", "gauge", "Bytes of memory a tier holds.");
-    sample_u(out, "kvnode_tier_capacity_bytes", L("tier", "host"), doc_u(doc, "tiers", "host", "capacity_bytes"));
-    family(out, "kvnode_tier_used_bytes", "gauge", "Bytes of a tier in use (sealed blocks and reservations).");
-    sample_u(out, "kvnode_tier_used_bytes", L("tier", "host"), doc_u(doc, "tiers", "host", "used_bytes"));
-    family(out, "kvnode_tier_blocks", "gauge", "Blocks allocated in a tier (sealed and being written).");
-    sample_u(out, "kvnode_tier_blocks", L("tier", "host"), doc_u(doc, "tiers", "host", "blocks"));
+    static const char *const tier_fields[][3] = {
+        { "kvnode_tier_capacity_bytes", "Bytes of memory a tier holds (HBM: per device).", "capacity_bytes" },
+        { "kvnode_tier_used_bytes", "Bytes of a tier in use (sealed blocks and reservations).", "used_bytes" },
+        { "kvnode_tier_blocks", "Blocks allocated in a tier (sealed and being written).", "blocks" },
+    };
+    json_t *hbm = json_object_get(json_object_get(doc, "tiers"), "hbm"), *h;
+    char dev[16];
+    for (size_t f = 0; f < 3; f++) {
+        family(out, tier_fields[f][0], "gauge", tier_fields[f][1]);
+        sample_u(out, tier_fields[f][0], L("tier", "host"), doc_u(doc, "tiers", "host", tier_fields[f][2]));
+        json_array_foreach(hbm, i, h) {
+            snprintf(dev, sizeof dev, "%" PRIu64, doc_u(h, "device", NULL, NULL));
+            sample_u(out, tier_fields[f][0], L("tier", "hbm", "device", dev),
+                     doc_u(h, tier_fields[f][2], NULL, NULL));
+        }
+    }
     if (json_object_get(json_object_get(doc, "tiers"), "store"))
         sample_u(out, "kvnode_tier_blocks", L("tier", "store"), doc_u(doc, "tiers", "store", "blocks"));
+    family(out, "kvnode_host_pinned_bytes", "gauge",
+           "Bytes of the host tier registered with the GPU runtime (cudaHostRegister) so far.");
+    sample_u(out, "kvnode_host_pinned_bytes", NULL, doc_u(doc, "tiers", "host", "pinned_bytes"));
+    family(out, "kvnode_demotions_total", "counter",
+           "HBM blocks by what their demotion to host memory came to: moved; aborted (a reader "
+           "pinned it or it was deleted meanwhile); failed (the copy failed); dropped (no host room).");
+    sample_u(out, "kvnode_demotions_total", L("result", "moved"), doc_u(doc, "demotions", "blocks_total", NULL));
+    sample_u(out, "kvnode_demotions_total", L("result", "aborted"), doc_u(doc, "demotions", "aborted_total", NULL));
+    sample_u(out, "kvnode_demotions_total", L("result", "failed"), doc_u(doc, "demotions", "failed_total", NULL));
+    sample_u(out, "kvnode_demotions_total", L("result", "dropped"), doc_u(doc, "demotions", "dropped_total", NULL));
+    family(out, "kvnode_demoted_bytes_total", "counter", "Bytes moved from HBM to host memory.");
+    sample_u(out, "kvnode_demoted_bytes_total", NULL, doc_u(doc, "demotions", "bytes_total", NULL));
+    family(out, "kvnode_hbm_puts_total", "counter",
+           "Blocks put with tier HBM: reserved in HBM, or placed in host memory because HBM had no room.");
+    sample_u(out, "kvnode_hbm_puts_total", L("placed", "hbm"), doc_u(doc, "demotions", "hbm_puts_total", NULL));
+    sample_u(out, "kvnode_hbm_puts_total", L("placed", "host"), doc_u(doc, "demotions", "hbm_fallbacks_total", NULL));
 
     family(out, "kvnode_namespace_blocks", "gauge",
            "Sealed blocks per tier and namespace (deployment id and TP rank).");

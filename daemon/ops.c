@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "index.h"
 #include "kvcm/query.h"
 #include "kvnode.h"
 #include "log.h"
@@ -240,10 +241,10 @@ static void ops_hello(struct ops *o, struct conn *conn, struct session *s, const
     const Kvnode__HelloRequest *h = req->hello;
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
     Kvnode__HelloReply reply = KVNODE__HELLO_REPLY__INIT;
-    struct cache_arena_info arenas[4];
-    Kvnode__Arena arena_msgs[4], *arena_ptrs[4];
-    int fds[4];
-    size_t narenas = 0;
+    struct cache_arena_info arenas[INDEX_MAX_ARENAS];
+    Kvnode__Arena arena_msgs[INDEX_MAX_ARENAS], *arena_ptrs[INDEX_MAX_ARENAS];
+    int fds[INDEX_MAX_ARENAS];
+    size_t narenas = 0, nfds = 0;
     char err[512];
     int rc;
 
@@ -269,22 +270,43 @@ static void ops_hello(struct ops *o, struct conn *conn, struct session *s, const
             ops_fail(o, conn, req, rc, err);
             return;
         }
-        narenas = cache_arenas(o->cache, arenas, 4);
-        for (size_t i = 0; i < narenas; i++) {
-            kvnode__arena__init(&arena_msgs[i]);
-            arena_msgs[i].id = arenas[i].id;
-            arena_msgs[i].tier = (Kvnode__Tier)arenas[i].tier;
-            arena_msgs[i].device = arenas[i].device;
-            arena_msgs[i].size = arenas[i].size;
-            arena_msgs[i].fd_index = (int32_t)i;
-            arena_ptrs[i] = &arena_msgs[i];
-            fds[i] = arenas[i].fd;
+        size_t all = cache_arenas(o->cache, arenas, INDEX_MAX_ARENAS);
+        for (size_t i = 0; i < all; i++) {
+            const struct cache_arena_info *a = &arenas[i];
+            Kvnode__Arena *m = &arena_msgs[narenas];
+            /* A device's HBM goes to the clients on that device only (no
+             * peer mappings to set up or to fail): mapped for simulated
+             * devices, through CUDA IPC when the client has a CUDA runtime. */
+            bool by_fd = a->fd >= 0, by_ipc = !by_fd && a->ipc_handle && h->cuda_ipc;
+            if (a->tier == KVNODE_TIER_HBM && (a->device != h->cuda_device || !(by_fd || by_ipc)))
+                continue;
+            if (!by_fd && !by_ipc)
+                continue;
+            kvnode__arena__init(m);
+            m->id = a->id;
+            m->tier = (Kvnode__Tier)a->tier;
+            m->device = a->device;
+            m->size = a->size;
+            m->fd_index = by_fd ? (int32_t)nfds : -1;
+            if (by_fd)
+                fds[nfds++] = a->fd;
+            if (by_ipc) {
+                m->cuda_ipc_handle.data = (uint8_t *)(uintptr_t)a->ipc_handle;
+                m->cuda_ipc_handle.len = a->ipc_len;
+            }
+            arena_ptrs[narenas++] = m;
+            if (a->id < 32)
+                s->leases.mapped |= 1u << a->id;
+            if (a->tier == KVNODE_TIER_HBM && a->device == h->cuda_device && !s->leases.put_arena)
+                s->leases.put_arena = a->id;
         }
         reply.namespace_id = s->ns->id;
         reply.deployment_id = s->ns->deployment_id;
         reply.block_bytes = s->ns->layout.block_bytes;
-        log_info("client pid %d uid %d (%s) bound to namespace %u (%s rank %u)", (int)s->pid,
-                 (int)s->uid, s->name, s->ns->id, s->ns->deployment_id, s->ns->layout.tp_rank);
+        log_info("client pid %d uid %d (%s) bound to namespace %u (%s rank %u); GPU %d, %s",
+                 (int)s->pid, (int)s->uid, s->name, s->ns->id, s->ns->deployment_id,
+                 s->ns->layout.tp_rank, (int)h->cuda_device,
+                 s->leases.put_arena ? "HBM lent" : "host memory only");
     } else {
         s->observer = true;
     }
@@ -299,7 +321,7 @@ static void ops_hello(struct ops *o, struct conn *conn, struct session *s, const
     reply.write_lease_ttl_ms = o->cfg->write_lease_ttl_ms;
     resp.result_case = KVNODE__RESPONSE__RESULT_HELLO;
     resp.hello = &reply;
-    ops_send(o, conn, req, &resp, fds, narenas);
+    ops_send(o, conn, req, &resp, fds, nfds);
 }
 
 static double ops_now_s(void)
@@ -672,8 +694,13 @@ static void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, 
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
+    /* The loop copies the blocks into the reply: only memory its CPU can
+     * read may answer (a real GPU's HBM ends the prefix). */
+    uint32_t mapped = s->leases.mapped;
+    s->leases.mapped &= cache_cpu_arenas(o->cache);
     rc = cache_get_start(o->cache, s->ns, &s->leases, req->get_inline->keys, n, &lease_id, locs,
                          &got, err, sizeof err, ops_pending_ready, conn, &wait);
+    s->leases.mapped = mapped;
     if (rc == CACHE_WAITING) {
         if (ops_defer(o, conn, s, req, n, wait) == 0) {
             free(locs);

@@ -44,6 +44,7 @@
 #include <event2/event.h>
 
 #include "clock.h"
+#include "devmem.h"
 #include "errmsg.h"
 #include "kvnode.h"
 #include "log.h"
@@ -62,6 +63,8 @@ struct pjob {
     struct kvs_ns    ns;
     int64_t          key;
     const void      *wdata;        /* write: the caller's */
+    struct devmem   *dm;           /* write: wdata is device memory of dm's `device` */
+    int              device;
     void            *rdata;        /* read: the caller's, filled by the worker */
     size_t           len;
     size_t           n;            /* delete/exists */
@@ -93,6 +96,8 @@ struct pscan_job {
 struct pworker {
     struct kvs_store *s;           /* NULL: not open (store down) */
     bool              reopen;      /* the last call failed at the connection level */
+    void             *bounce;      /* host copy of a device block being written */
+    size_t            bounce_len;
 };
 
 /* The scan thread's context: one handle for the whole scan, because a
@@ -241,7 +246,29 @@ static void worker_fini(void *arg, void *ctx)
         return;
     if (w->s)
         p->be->close(w->s);
+    free(w->bounce);
     free(w);
+}
+
+/* A write from device memory: copy the block to the worker's host buffer. */
+static const void *job_write_source(struct pjob *pj, struct pworker *w)
+{
+    if (!pj->dm)
+        return pj->wdata;
+    if (w->bounce_len < pj->len) {
+        void *b = realloc(w->bounce, pj->len);
+        if (!b) {
+            snprintf(pj->err, sizeof pj->err, "out of memory for a %zu-byte copy of an HBM block",
+                     pj->len);
+            return NULL;
+        }
+        w->bounce = b;
+        w->bounce_len = pj->len;
+    }
+    if (devmem_copy_to_host(pj->dm, pj->device, w->bounce, pj->wdata, pj->len, pj->err,
+                            sizeof pj->err) < 0)
+        return NULL;
+    return w->bounce;
 }
 
 static void job_run(struct workq_job *j, void *ctx)
@@ -269,9 +296,12 @@ static void job_run(struct workq_job *j, void *ctx)
         }
     }
     switch (pj->op) {
-    case PERSIST_OP_WRITE:
-        rc = be->put(w->s, &pj->ns, pj->key, pj->wdata, pj->len, pj->err, sizeof pj->err);
+    case PERSIST_OP_WRITE: {
+        const void *src = job_write_source(pj, w);
+        rc = src ? be->put(w->s, &pj->ns, pj->key, src, pj->len, pj->err, sizeof pj->err)
+                 : -KVNODE_EIO;
         break;
+    }
     case PERSIST_OP_READ:
         rc = be->get(w->s, &pj->ns, pj->key, pj->rdata, pj->len, pj->err, sizeof pj->err);
         break;
@@ -449,6 +479,25 @@ int persist_write(struct persist *p, const kv_namespace *ns, int64_t key, const 
     pj->key = key;
     pj->wdata = data;
     pj->len = len;
+    return job_submit(p, pj);
+}
+
+int persist_write_device(struct persist *p, const kv_namespace *ns, int64_t key, const void *data,
+                         size_t len, struct devmem *dm, int device, persist_done_fn done, void *arg)
+{
+    int rc = check_request(p, ns);
+    if (rc < 0)
+        return rc;
+    if (!data || !done || !dm)
+        return -KVNODE_EINVAL;
+    struct pjob *pj = job_new(p, PERSIST_OP_WRITE, ns, 0, done, arg);
+    if (!pj)
+        return -KVNODE_ENOMEM;
+    pj->key = key;
+    pj->wdata = data;
+    pj->len = len;
+    pj->dm = dm;
+    pj->device = device;
     return job_submit(p, pj);
 }
 

@@ -109,6 +109,12 @@ const char *persist_backend_name(const struct persist *p);
  * ns must outlive the request (namespaces live as long as the daemon). */
 int  persist_write(struct persist *p, const kv_namespace *ns, int64_t key, const void *data,
                    size_t len, persist_done_fn done, void *arg);
+/* The same for a block in device memory (dm's `device`): the worker copies
+ * it to host memory (devmem_copy_to_host) before writing it. */
+struct devmem;
+int  persist_write_device(struct persist *p, const kv_namespace *ns, int64_t key, const void *data,
+                          size_t len, struct devmem *dm, int device, persist_done_fn done,
+                          void *arg);
 int  persist_read(struct persist *p, const kv_namespace *ns, int64_t key, void *data, size_t len,
                   persist_done_fn done, void *arg);
 /* keys are copied; done may be NULL. */

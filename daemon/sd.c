@@ -98,6 +98,19 @@ void sdn_status_line(struct daemon *d, char *buf, size_t len)
     bool first = true;
     json_object_foreach(tiers, name, tier) {
         char used[32], cap[32];
+        if (json_is_array(tier)) {
+            /* hbm: one arena per GPU */
+            size_t i;
+            json_t *dev;
+            json_array_foreach(tier, i, dev) {
+                sdn_human_bytes((uint64_t)sdn_json_int(dev, "used_bytes"), used, sizeof used);
+                sdn_human_bytes((uint64_t)sdn_json_int(dev, "capacity_bytes"), cap, sizeof cap);
+                SDN_APPEND("%s %s%lld %s of %s used", first ? "" : ",", name,
+                           sdn_json_int(dev, "device"), used, cap);
+                first = false;
+            }
+            continue;
+        }
         if (!json_object_get(tier, "capacity_bytes")) {
             /* the store tier: blocks known only there */
             SDN_APPEND("%s %s %lld blocks", first ? "" : ",", name, sdn_json_int(tier, "blocks"));

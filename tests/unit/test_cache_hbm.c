@@ -1,0 +1,494 @@
+/* Unit tests of the HBM tier in the cache, on the sim device backend and a
+ * real copier thread: puts that ask for HBM, what a reader may be pointed
+ * at, demotion (bytes kept, hysteresis, pinned blocks never moved, moves
+ * abandoned when a reader pins or a delete comes in between), and writes of
+ * HBM blocks to the store through a device copy. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "cache.h"
+#include "config.h"
+#include "copier.h"
+#include "devmem.h"
+#include "kvnode.h"
+#include "log.h"
+#include "persist.h"
+
+#define BLOCK (16u * 1024u)
+#define SLAB  (256u * 1024u)          /* 16 blocks per slab */
+#define HBM_BYTES (1u << 20)          /* 64 blocks per device */
+
+static struct event_base *base;
+static struct cache *cache;
+static struct devmem *dm;
+static struct devmem_region region[2];
+static struct copier *cp;
+static struct persist *store;
+static struct kvn_config cfg;
+static kv_namespace *ns;
+static struct lease_list gpu0, cpu;
+static char store_dir[64];
+
+static void setup_with(uint64_t host_bytes, bool with_store)
+{
+    char err[512];
+    struct ns_layout l = { .model = "m", .dtype = "bf16", .block_tokens = 16,
+                           .block_bytes = BLOCK, .num_layers = 2, .kv_heads = 2,
+                           .head_dim = 64, .tp_size = 1, .tp_rank = 0 };
+
+    log_set_level(LOG_LEVEL_ERROR);
+    config_defaults(&cfg);
+    cfg.host_bytes = host_bytes;
+    cfg.slab_bytes = SLAB;
+    cfg.high_watermark = 1.0;
+    cfg.low_watermark = 0.9;
+    cfg.pin_host = CONFIG_PIN_OFF;
+    cfg.hbm_high_watermark = 0.75;
+    cfg.hbm_low_watermark = 0.5;
+    cfg.hbm_copy_batch_bytes = 8 * BLOCK;
+    cfg.persist_backend = CONFIG_BACKEND_OFF;
+    base = event_base_new();
+    ck_assert_ptr_nonnull(base);
+    ck_assert_int_eq(cache_create(base, &cfg, &cache, err, sizeof err), 0);
+    ck_assert_int_eq(devmem_open(DEVMEM_SIM, &dm, err, sizeof err), 0);
+    for (int d = 0; d < 2; d++) {
+        ck_assert_int_eq(devmem_region_alloc(dm, d, HBM_BYTES, &region[d], err, sizeof err), 0);
+        ck_assert_msg(cache_add_hbm(cache, dm, &region[d], cfg.slab_bytes, err, sizeof err) == 0,
+                      "%s", err);
+    }
+    ck_assert_int_eq(copier_create(base, dm, 16, &cp, err, sizeof err), 0);
+    cache_set_copier(cache, cp);
+    if (with_store) {
+        snprintf(store_dir, sizeof store_dir, "/tmp/kvnode-cache-hbm-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(store_dir));
+        cfg.persist_backend = CONFIG_BACKEND_FILE;
+        snprintf(cfg.persist_path, sizeof cfg.persist_path, "%s", store_dir);
+        cfg.persist_workers = 1;
+        ck_assert_msg(persist_create(base, &cfg, &store, err, sizeof err) == 0, "%s", err);
+        cache_set_persist(cache, store);
+        cache_apply_config(cache, &cfg);
+    }
+    ck_assert_int_eq(cache_bind(cache, &l, &ns, err, sizeof err), 0);
+    memset(&gpu0, 0, sizeof gpu0);
+    memset(&cpu, 0, sizeof cpu);
+    /* What HELLO gives a client on GPU 0 (sim arenas 1 and 2 mapped). */
+    gpu0.mapped = 0x7;
+    gpu0.put_arena = 1;
+}
+
+static void setup(void) { setup_with(4u << 20, false); }
+
+static void teardown(void)
+{
+    cache_release_owner(cache, &gpu0);
+    cache_release_owner(cache, &cpu);
+    copier_destroy(cp);
+    cache_set_copier(cache, NULL);
+    if (store) {
+        persist_drain(store, 5000);
+        persist_destroy(store);
+        store = NULL;
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", store_dir);
+        ck_assert_int_eq(system(cmd), 0);
+    }
+    cache_destroy(cache);
+    for (int d = 0; d < 2; d++)
+        devmem_region_free(dm, &region[d]);
+    devmem_close(dm);
+    event_base_free(base);
+}
+
+static json_t *stats(void)
+{
+    json_t *root = json_object();
+    cache_stats_json(cache, root);
+    return root;
+}
+
+static json_int_t demote_stat(const char *key)
+{
+    json_t *root = stats();
+    json_t *v = json_object_get(json_object_get(root, "demotions"), key);
+    ck_assert_msg(json_is_integer(v), "demotions.%s missing", key);
+    json_int_t out = json_integer_value(v);
+    json_decref(root);
+    return out;
+}
+
+static json_int_t hbm_used(int dev)
+{
+    json_t *root = stats();
+    json_t *h = json_array_get(json_object_get(json_object_get(root, "tiers"), "hbm"), (size_t)dev);
+    json_int_t out = json_integer_value(json_object_get(h, "used_bytes"));
+    json_decref(root);
+    return out;
+}
+
+static uint8_t *slot(const struct cache_loc *l)
+{
+    uint8_t *b = cache_arena_base(cache, l->arena);
+    ck_assert_ptr_nonnull(b);
+    return b + l->offset;
+}
+
+static void fill(uint8_t *p, int64_t key)
+{
+    for (size_t i = 0; i < BLOCK; i += 8) {
+        uint64_t v = (uint64_t)key * 0x9e3779b97f4a7c15u + i;
+        memcpy(p + i, &v, 8);
+    }
+}
+
+static int check(const uint8_t *p, int64_t key)
+{
+    for (size_t i = 0; i < BLOCK; i += 8) {
+        uint64_t v = (uint64_t)key * 0x9e3779b97f4a7c15u + i, got;
+        memcpy(&got, p + i, 8);
+        if (got != v)
+            return 0;
+    }
+    return 1;
+}
+
+/* Put keys [first, first+n) with tier HBM for `who`; returns how many
+ * landed in HBM (arena != 0). */
+static size_t put_hbm(struct lease_list *who, int64_t first, size_t n)
+{
+    int64_t keys[128];
+    struct cache_loc locs[128];
+    uint64_t lid;
+    uint32_t blocks;
+    char err[512];
+    size_t in_hbm = 0;
+
+    ck_assert_uint_le(n, 128);
+    for (size_t i = 0; i < n; i++)
+        keys[i] = first + (int64_t)i;
+    ck_assert_msg(cache_put_begin(cache, ns, who, keys, n, KVNODE_TIER_HBM, &lid, locs, err,
+                                  sizeof err) == 0, "%s", err);
+    for (size_t i = 0; i < n; i++) {
+        ck_assert(locs[i].present);
+        fill(slot(&locs[i]), keys[i]);
+        in_hbm += locs[i].arena != 0;
+    }
+    ck_assert_int_eq(cache_lease_end(cache, who, lid, LEASE_WRITE, true, &blocks, err, sizeof err), 0);
+    return in_hbm;
+}
+
+/* Run the loop until no demotion is queued or running (bounded). */
+static void settle(void)
+{
+    for (int i = 0; i < 2000; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        struct copier_stats cs;
+        copier_stats(cp, &cs);
+        if (cs.pending == 0) {
+            event_base_loop(base, EVLOOP_NONBLOCK);
+            copier_stats(cp, &cs);
+            if (cs.pending == 0)
+                return;
+        }
+        usleep(1000);
+    }
+    ck_abort_msg("demotions did not settle");
+}
+
+/* get_begin keys [first, first+n) for who; returns got, fills locs. */
+static size_t get(struct lease_list *who, int64_t first, size_t n, struct cache_loc *locs,
+                  uint64_t *lid)
+{
+    int64_t keys[128];
+    size_t got;
+    char err[512];
+    for (size_t i = 0; i < n; i++)
+        keys[i] = first + (int64_t)i;
+    ck_assert_int_eq(cache_get_begin(cache, ns, who, keys, n, lid, locs, &got, err, sizeof err), 0);
+    return got;
+}
+
+static void end_read(struct lease_list *who, uint64_t lid)
+{
+    uint32_t blocks;
+    char err[256];
+    ck_assert_msg(cache_lease_end(cache, who, lid, LEASE_READ, false, &blocks, err, sizeof err) == 0,
+                  "%s", err);
+}
+
+START_TEST(hbm_put_lands_on_the_owners_device)
+{
+    struct cache_loc locs[8];
+    uint64_t lid;
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, 8), 8);
+    ck_assert_uint_eq(get(&gpu0, 1, 8, locs, &lid), 8);
+    for (int i = 0; i < 8; i++) {
+        ck_assert_uint_eq(locs[i].arena, 1);
+        ck_assert(check(slot(&locs[i]), 1 + i));
+    }
+    end_read(&gpu0, lid);
+    ck_assert_int_eq(demote_stat("hbm_puts_total"), 8);
+    /* A client on GPU 1 puts into arena 2. */
+    struct lease_list gpu1 = { .mapped = 0x7, .put_arena = 2 };
+    ck_assert_uint_eq(put_hbm(&gpu1, 100, 4), 4);
+    ck_assert_uint_eq(get(&gpu1, 100, 4, locs, &lid), 4);
+    ck_assert_uint_eq(locs[0].arena, 2);
+    end_read(&gpu1, lid);
+    cache_release_owner(cache, &gpu1);
+    /* A client without a GPU: HBM puts land in host memory. */
+    ck_assert_uint_eq(put_hbm(&cpu, 200, 4), 0);
+    ck_assert_int_eq(demote_stat("hbm_fallbacks_total"), 4);
+}
+END_TEST
+
+START_TEST(reader_without_the_arena_gets_a_shorter_prefix)
+{
+    struct cache_loc locs[8];
+    uint64_t lid;
+    struct cache_tiers t;
+    int64_t keys[8];
+
+    /* Keys 1..4 in host (a CPU client's put), 5..8 in HBM. */
+    ck_assert_uint_eq(put_hbm(&cpu, 1, 4), 0);
+    ck_assert_uint_eq(put_hbm(&gpu0, 5, 4), 4);
+    for (int i = 0; i < 8; i++)
+        keys[i] = 1 + i;
+    cache_match_tiers(cache, ns, keys, 8, &t);
+    ck_assert_uint_eq(t.matched, 8);
+    ck_assert_uint_eq(t.hbm, 4);
+    ck_assert_uint_eq(t.host, 4);
+    ck_assert_uint_eq(get(&cpu, 1, 8, locs, &lid), 4);
+    end_read(&cpu, lid);
+    ck_assert_uint_eq(get(&gpu0, 1, 8, locs, &lid), 8);
+    ck_assert_uint_eq(locs[4].arena, 1);
+    end_read(&gpu0, lid);
+}
+END_TEST
+
+START_TEST(demotion_keeps_every_byte_and_stops_at_the_low_watermark)
+{
+    struct cache_loc locs[128];
+    uint64_t lid;
+
+    /* 48 of 64 slots = 0.75: not over the high watermark yet. */
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, 48), 48);
+    settle();
+    ck_assert_int_eq(demote_stat("blocks_total"), 0);
+    /* One more passes it: demotion runs down to 0.5 (32 blocks). */
+    ck_assert_uint_eq(put_hbm(&gpu0, 49, 1), 1);
+    settle();
+    ck_assert_int_eq(demote_stat("blocks_total"), 17);
+    ck_assert_int_eq(demote_stat("bytes_total"), 17 * BLOCK);
+    ck_assert_int_eq(hbm_used(0), 32 * BLOCK);
+    ck_assert_int_ge(demote_stat("batches_total"), 3);   /* 8 blocks per batch */
+    /* Least recently used first: a chain's leaves are older than its root,
+     * so keys 48 down to 32 went to host; 1..31 and 49 stayed. */
+    ck_assert_uint_eq(get(&gpu0, 1, 49, locs, &lid), 49);
+    for (int i = 0; i < 49; i++) {
+        int64_t key = 1 + i;
+        uint32_t want = key >= 32 && key <= 48 ? 0u : 1u;
+        ck_assert_msg(locs[i].arena == want, "key %d in arena %u", (int)key, locs[i].arena);
+        ck_assert_msg(check(slot(&locs[i]), key), "block %d", (int)key);
+    }
+    end_read(&gpu0, lid);
+}
+END_TEST
+
+START_TEST(pinned_blocks_are_never_demoted)
+{
+    struct cache_loc locs[64], held[16];
+    uint64_t lid, hold;
+
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, 16), 16);
+    ck_assert_uint_eq(get(&gpu0, 1, 16, held, &hold), 16);   /* the oldest, pinned */
+    ck_assert_uint_eq(put_hbm(&gpu0, 17, 40), 40);
+    settle();
+    ck_assert_int_eq(demote_stat("blocks_total"), 24);       /* 56 -> 32, none of 1..16 */
+    ck_assert_uint_eq(get(&gpu0, 1, 16, locs, &lid), 16);
+    for (int i = 0; i < 16; i++) {
+        ck_assert_uint_eq(locs[i].arena, 1);
+        ck_assert_uint_eq(locs[i].offset, held[i].offset);
+        ck_assert(check(slot(&locs[i]), 1 + i));
+    }
+    end_read(&gpu0, lid);
+    end_read(&gpu0, hold);
+    /* Unpinned, they are ordinary blocks: filling HBM again moves them
+     * (32 newer blocks: the 32 older ones, 1..16 among them, go). */
+    ck_assert_uint_eq(put_hbm(&gpu0, 100, 32), 32);
+    settle();
+    ck_assert_uint_eq(get(&gpu0, 1, 16, locs, &lid), 16);
+    for (int i = 0; i < 16; i++) {
+        ck_assert_uint_eq(locs[i].arena, 0);
+        ck_assert(check(slot(&locs[i]), 1 + i));
+    }
+    end_read(&gpu0, lid);
+}
+END_TEST
+
+START_TEST(a_move_is_abandoned_when_a_reader_pins_the_block)
+{
+    struct cache_loc locs[64];
+    uint64_t lid;
+    uint32_t n;
+
+    /* Each batch takes 300 ms, so the loop can act while it is in flight. */
+    teardown();
+    setenv("KVNODE_DEVMEM_SIM_COPY_DELAY_MS", "300", 1);
+    setup_with(4u << 20, false);
+    unsetenv("KVNODE_DEVMEM_SIM_COPY_DELAY_MS");
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, 49), 49);
+    /* Victims are the chain's leaves: batch one is keys 49..42, batch two
+     * 41..34. One loop pass submits both. */
+    event_base_loop(base, EVLOOP_NONBLOCK);
+    ck_assert_int_eq(demote_stat("batches_pending"), 2);
+    ck_assert_int_eq(hbm_used(0), 49 * BLOCK);
+    /* Blocks being moved stay readable where they are. */
+    ck_assert_uint_eq(get(&gpu0, 42, 8, locs, &lid), 8);
+    for (int i = 0; i < 8; i++) {
+        ck_assert_uint_eq(locs[i].arena, 1);
+        ck_assert(check(slot(&locs[i]), 42 + i));
+    }
+    int64_t dk = 41;
+    ck_assert_int_eq(cache_delete(cache, ns, &dk, 1, &n), 0);
+    ck_assert_uint_eq(n, 1);
+    settle();
+    ck_assert_int_eq(demote_stat("aborted_total"), 9);   /* 8 pinned + 1 deleted */
+    for (int i = 0; i < 8; i++)
+        ck_assert(check(slot(&locs[i]), 42 + i));
+    end_read(&gpu0, lid);
+    ck_assert_uint_eq(get(&gpu0, 42, 8, locs, &lid), 8);
+    for (int i = 0; i < 8; i++)
+        ck_assert_uint_eq(locs[i].arena, 1);
+    end_read(&gpu0, lid);
+    /* The deleted block left both tiers: nothing leaked in either arena. */
+    json_t *root = stats();
+    json_int_t host_used = json_integer_value(
+        json_object_get(json_object_get(json_object_get(root, "tiers"), "host"), "used_bytes"));
+    json_decref(root);
+    ck_assert_int_eq(host_used + hbm_used(0), 48 * BLOCK);
+    ck_assert_int_eq(hbm_used(0), 32 * BLOCK);
+}
+END_TEST
+
+START_TEST(a_closing_owner_leaves_no_hbm_behind)
+{
+    struct cache_loc locs[8];
+    uint64_t wl, rl;
+    int64_t keys[8];
+    char err[256];
+    struct lease_list eng = { .mapped = 0x7, .put_arena = 1 };
+
+    ck_assert_uint_eq(put_hbm(&eng, 1, 8), 8);
+    ck_assert_uint_eq(get(&eng, 1, 8, locs, &rl), 8);
+    for (int i = 0; i < 8; i++)
+        keys[i] = 100 + i;
+    ck_assert_int_eq(cache_put_begin(cache, ns, &eng, keys, 8, KVNODE_TIER_HBM, &wl, locs, err,
+                                     sizeof err), 0);
+    ck_assert_int_eq(hbm_used(0), 16 * BLOCK);
+    cache_release_owner(cache, &eng);
+    ck_assert_int_eq(hbm_used(0), 8 * BLOCK);          /* reservations freed */
+    ck_assert_uint_eq(cache_match(cache, ns, keys, 8), 0);
+    /* Unpinned now: pressure demotes them. */
+    ck_assert_uint_eq(put_hbm(&gpu0, 200, 41), 41);
+    settle();
+    ck_assert_uint_eq(get(&gpu0, 1, 8, locs, &rl), 8);
+    for (int i = 0; i < 8; i++) {
+        ck_assert_uint_eq(locs[i].arena, 0);
+        ck_assert(check(slot(&locs[i]), 1 + i));
+    }
+    end_read(&gpu0, rl);
+}
+END_TEST
+
+START_TEST(no_host_room_drops_the_victim)
+{
+    /* Host arena of one slab (16 blocks), all pinned by a reader. */
+    teardown();
+    setup_with(SLAB, false);
+    struct cache_loc held[16], locs[64];
+    uint64_t hold, lid;
+    ck_assert_uint_eq(put_hbm(&cpu, 1000, 16), 0);
+    ck_assert_uint_eq(get(&cpu, 1000, 16, held, &hold), 16);
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, 49), 49);
+    settle();
+    ck_assert_int_eq(demote_stat("blocks_total"), 0);
+    ck_assert_int_eq(demote_stat("dropped_total"), 17);
+    ck_assert_int_eq(hbm_used(0), 32 * BLOCK);
+    /* The chain's 17 leaves (33..49) left memory; 1..32 are intact in HBM. */
+    ck_assert_uint_eq(get(&gpu0, 1, 49, locs, &lid), 32);
+    for (int i = 0; i < 32; i++)
+        ck_assert(check(slot(&locs[i]), 1 + i));
+    end_read(&gpu0, lid);
+    end_read(&cpu, hold);
+}
+END_TEST
+
+/* Run the loop until the store has written `n` blocks (bounded). */
+static int wait_written(json_int_t n)
+{
+    for (int i = 0; i < 3000; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        struct persist_counters pc;
+        persist_get_counters(store, &pc);
+        if ((json_int_t)pc.written_blocks >= n)
+            return 1;
+        usleep(1000);
+    }
+    return 0;
+}
+
+static void read_done(void *arg, int rc)
+{
+    *(int *)arg = rc == 0 ? 1 : -1;
+}
+
+START_TEST(hbm_blocks_are_written_to_the_store_through_a_device_copy)
+{
+    teardown();
+    setup_with(4u << 20, true);
+    static uint8_t buf[BLOCK];
+
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, 8), 8);   /* write-through: 8 writes from HBM */
+    ck_assert_msg(wait_written(8), "the HBM blocks were not written to the store");
+    for (int i = 0; i < 8; i++) {
+        int state = 0;
+        memset(buf, 0, sizeof buf);
+        ck_assert_int_eq(persist_read(store, ns, 1 + i, buf, BLOCK, read_done, &state), 0);
+        for (int t = 0; t < 3000 && state == 0; t++) {
+            event_base_loop(base, EVLOOP_NONBLOCK);
+            usleep(1000);
+        }
+        ck_assert_int_eq(state, 1);
+        ck_assert_msg(check(buf, 1 + i), "store copy of block %d", 1 + i);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("cache_hbm");
+    TCase *tc = tcase_create("hbm");
+    SRunner *sr;
+    int failed;
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, hbm_put_lands_on_the_owners_device);
+    tcase_add_test(tc, reader_without_the_arena_gets_a_shorter_prefix);
+    tcase_add_test(tc, demotion_keeps_every_byte_and_stops_at_the_low_watermark);
+    tcase_add_test(tc, pinned_blocks_are_never_demoted);
+    tcase_add_test(tc, a_move_is_abandoned_when_a_reader_pins_the_block);
+    tcase_add_test(tc, a_closing_owner_leaves_no_hbm_behind);
+    tcase_add_test(tc, no_host_room_drops_the_victim);
+    tcase_add_test(tc, hbm_blocks_are_written_to_the_store_through_a_device_copy);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
