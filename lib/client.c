@@ -6,7 +6,15 @@
  * turned into pointers inside those mappings. Any event that may leave the
  * byte stream out of step (timeout, EOF, oversized or undecodable frame,
  * unexpected response id) marks the client dead: later calls fail with
- * -KVNODE_ECLOSED instead of reading someone else's reply. */
+ * -KVNODE_ECLOSED instead of reading someone else's reply.
+ *
+ * GPU memory (HBM tier): a client that declares a CUDA device looks for a
+ * CUDA runtime at run time (cudart.c, never linked) and tells the daemon
+ * whether it can open CUDA IPC handles. HBM arenas then come either as an
+ * fd to map (the daemon's simulated devices: host memory, used like the
+ * host arena) or as a cudaIpcMemHandle_t opened here into a device pointer.
+ * Device memory is never touched by the CPU: the copying calls move it with
+ * cudaMemcpy. */
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -22,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cudart.h"
 #include "kvnode.h"
 #include "wire.h"
 
@@ -44,7 +53,9 @@ struct client_arena {
     int tier;
     int device;
     uint64_t size;
-    uint8_t *base;      /* NULL when the daemon passed no fd for it */
+    uint8_t *base;      /* NULL when the daemon passed neither fd nor IPC handle */
+    int ipc;            /* base is a device pointer (cudaIpcOpenMemHandle), not a mapping */
+    int pinned;         /* base is registered with cudaHostRegister (kvnode_pin_host) */
 };
 
 /* Memory reused from call to call, so that large replies (inline GET) do
@@ -79,6 +90,10 @@ struct kvnode_client {
     size_t rx_cap, tx_cap;
     struct client_scratch scratch;
     ProtobufCAllocator unpack_alloc;
+    int cuda_device;            /* declared in HELLO; -1: none */
+    int have_rt;                /* rt holds a CUDA runtime */
+    struct cudart rt;
+    char rt_why[256];           /* why there is no runtime (when have_rt is 0) */
 };
 
 /* Largest scratch kept between calls; bigger replies use malloc. */
@@ -528,6 +543,184 @@ static int client_resolve(kvnode_client *c, const Kvnode__Location *l, kvnode_lo
     return 0;
 }
 
+/* --- CUDA ------------------------------------------------------------------ */
+
+/* After a failed runtime call: clear the thread's last CUDA error, so that
+ * the engine's own cudaGetLastError() does not report ours. */
+static void client_cuda_failed(kvnode_client *c)
+{
+    if (c->rt.get_last_error)
+        (void)c->rt.get_last_error();
+}
+
+/* Make the client's CUDA device current on this thread (when it declared
+ * one: IPC mappings and pinned memory belong to that device's context).
+ * *prev is what client_cuda_leave restores (-1: nothing). 0, or the
+ * cudaError_t with *step naming the failed call. */
+static int client_cuda_enter(kvnode_client *c, int *prev, const char **step)
+{
+    int err;
+
+    *prev = -1;
+    if (c->cuda_device < 0)
+        return CUDART_SUCCESS;
+    *step = "cudaGetDevice";
+    err = c->rt.get_device(prev);
+    if (err == CUDART_SUCCESS && *prev != c->cuda_device) {
+        *step = "cudaSetDevice";
+        err = c->rt.set_device(c->cuda_device);
+        if (err == CUDART_SUCCESS)
+            return 0;
+    }
+    *prev = -1;     /* failed, or already current: nothing to restore */
+    if (err != CUDART_SUCCESS)
+        client_cuda_failed(c);
+    return err;
+}
+
+static void client_cuda_leave(kvnode_client *c, int prev)
+{
+    if (prev >= 0 && c->rt.set_device(prev) != CUDART_SUCCESS)
+        client_cuda_failed(c);
+}
+
+/* Open an arena lent as a CUDA IPC handle: base becomes a device pointer. */
+static int client_open_ipc(kvnode_client *c, const Kvnode__Arena *a, struct client_arena *ca)
+{
+    cudart_ipc_handle h;
+    const char *step = "cudaIpcOpenMemHandle";
+    char text[192];
+    void *p = NULL;
+    int prev, err;
+
+    if (!c->have_rt) {
+        client_seterr(c, "protocol: arena %" PRIu32 " (device %" PRId32 ") is lent as CUDA IPC "
+                      "memory, but this client told the daemon it cannot open CUDA IPC handles: %s",
+                      a->id, a->device, c->cuda_device < 0 ? "it declared no CUDA device"
+                                                           : c->rt_why);
+        return -KVNODE_EPROTO;
+    }
+    memcpy(h.reserved, a->cuda_ipc_handle.data, sizeof h.reserved);
+    err = client_cuda_enter(c, &prev, &step);
+    if (err == CUDART_SUCCESS) {
+        step = "cudaIpcOpenMemHandle";
+        err = cudart_ipc_acquire(&c->rt, &h, CUDART_IPC_LAZY_PEER_ACCESS, &p);
+        if (err != CUDART_SUCCESS)
+            client_cuda_failed(c);
+        else if (!p)
+            (void)snprintf(text, sizeof text, "it returned a NULL pointer");
+    }
+    client_cuda_leave(c, prev);
+    if (err != CUDART_SUCCESS || !p) {
+        if (err != CUDART_SUCCESS)
+            cudart_error_text(&c->rt, err, text, sizeof text);
+        client_seterr(c, "cannot open GPU arena %" PRIu32 " (device %" PRId32 ", %" PRIu64
+                      " bytes, CUDA IPC) on CUDA device %d: %s: %s", a->id, a->device, a->size,
+                      c->cuda_device, step, text);
+        return -KVNODE_EIO;
+    }
+    ca->base = p;
+    ca->ipc = 1;
+    return 0;
+}
+
+/* Undo every mapping, IPC opening and host registration of the arenas. */
+static void client_release_arenas(kvnode_client *c)
+{
+    const char *step;
+    int prev = -1, entered = 0;
+    size_t i;
+
+    for (i = 0; i < c->n_arenas; i++) {
+        struct client_arena *a = &c->arenas[i];
+
+        if (!a->base || (!a->ipc && !a->pinned))
+            continue;
+        if (!entered) {
+            entered = 1;
+            (void)client_cuda_enter(c, &prev, &step);   /* best effort */
+        }
+        if ((a->ipc ? cudart_ipc_release(&c->rt, a->base) : c->rt.host_unregister(a->base)) !=
+            CUDART_SUCCESS)
+            client_cuda_failed(c);
+        a->pinned = 0;
+    }
+    if (entered)
+        client_cuda_leave(c, prev);
+    for (i = 0; i < c->n_arenas; i++) {
+        struct client_arena *a = &c->arenas[i];
+
+        if (a->base && !a->ipc)
+            munmap(a->base, (size_t)a->size);
+        a->base = NULL;
+    }
+}
+
+/* The arena whose memory holds p, or NULL. */
+static const struct client_arena *client_arena_at(const kvnode_client *c, const void *p)
+{
+    uintptr_t v = (uintptr_t)p;
+    size_t i;
+
+    for (i = 0; i < c->n_arenas; i++) {
+        const struct client_arena *a = &c->arenas[i];
+
+        if (a->base && v >= (uintptr_t)a->base && v - (uintptr_t)a->base < a->size)
+            return a;
+    }
+    return NULL;
+}
+
+/* Copy one block per slot with a non-NULL ptr, between the slot and user[i]
+ * (to_slots: user -> slot). Mapped memory (host arenas, simulated devices)
+ * is memcpy'ed; device memory goes through cudaMemcpy. `first` numbers the
+ * blocks in messages. */
+static int client_copy_blocks(kvnode_client *c, const kvnode_loc *locs, size_t n,
+                              void *const *user, int to_slots, size_t first, const char *what)
+{
+    const struct client_arena *a = NULL;
+    size_t i, bb = (size_t)c->block_bytes;
+    const char *step = "cudaMemcpy";
+    int prev = -1, entered = 0, err = CUDART_SUCCESS;
+    char text[192];
+
+    for (i = 0; i < n; i++) {
+        void *slot = locs[i].ptr;
+
+        if (!slot)
+            continue;
+        a = client_arena_at(c, slot);
+        if (!a || !a->ipc) {
+            if (to_slots)
+                memcpy(slot, user[i], bb);
+            else
+                memcpy(user[i], slot, bb);
+            continue;
+        }
+        if (!entered) {
+            entered = 1;
+            err = client_cuda_enter(c, &prev, &step);
+            if (err != CUDART_SUCCESS)
+                break;
+        }
+        step = "cudaMemcpy";
+        err = to_slots ? c->rt.copy(slot, user[i], bb, CUDART_MEMCPY_DEFAULT)
+                       : c->rt.copy(user[i], slot, bb, CUDART_MEMCPY_DEFAULT);
+        if (err != CUDART_SUCCESS) {
+            client_cuda_failed(c);
+            break;
+        }
+    }
+    if (entered)
+        client_cuda_leave(c, prev);
+    if (err == CUDART_SUCCESS)
+        return 0;
+    client_seterr(c, "%s: %s of block %zu (GPU arena %" PRIu32 ", device %d) failed: %s", what,
+                  step, first + i, a->id, a->device, cudart_error_text(&c->rt, err, text,
+                                                                       sizeof text));
+    return -KVNODE_EIO;
+}
+
 static int client_lease_op(kvnode_client *c, kvnode_lease lease, int op, const char *what)
 {
     Kvnode__Request req = KVNODE__REQUEST__INIT;
@@ -646,7 +839,8 @@ static int client_validate_layout(kvnode_client *c, const kvnode_layout *l)
     return 0;
 }
 
-/* Check the HELLO reply and map the arenas whose fds came with it. */
+/* Check the HELLO reply, map the arenas whose fds came with it and open
+ * those lent as CUDA IPC handles. On failure client_free undoes it all. */
 static int client_setup(kvnode_client *c, const Kvnode__HelloReply *h, const kvnode_layout *layout)
 {
     size_t i, j, nfd = 0;
@@ -686,6 +880,23 @@ static int client_setup(kvnode_client *c, const Kvnode__HelloReply *h, const kvn
                           c->n_rx_fds);
             return -KVNODE_EPROTO;
         }
+        if (a->tier == KVNODE__TIER__TIER_HBM && a->device < 0) {
+            client_seterr(c, "protocol: GPU arena %" PRIu32 " has device %" PRId32, a->id,
+                          a->device);
+            return -KVNODE_EPROTO;
+        }
+        if (a->cuda_ipc_handle.len > 0) {
+            if (a->cuda_ipc_handle.len != CUDART_IPC_HANDLE_BYTES) {
+                client_seterr(c, "protocol: arena %" PRIu32 " has a cuda_ipc_handle of %zu bytes, "
+                              "not %d", a->id, a->cuda_ipc_handle.len, CUDART_IPC_HANDLE_BYTES);
+                return -KVNODE_EPROTO;
+            }
+            if (a->tier != KVNODE__TIER__TIER_HBM || a->fd_index >= 0) {
+                client_seterr(c, "protocol: arena %" PRIu32 " has a cuda_ipc_handle but %s",
+                              a->id, a->fd_index >= 0 ? "also an fd" : "is host memory");
+                return -KVNODE_EPROTO;
+            }
+        }
         for (j = 0; j < i; j++) {
             if (h->arenas[j]->id == a->id ||
                 (a->fd_index >= 0 && h->arenas[j]->fd_index == a->fd_index)) {
@@ -719,6 +930,12 @@ static int client_setup(kvnode_client *c, const Kvnode__HelloReply *h, const kvn
         ca->tier = (int)a->tier;
         ca->device = a->device;
         ca->size = a->size;
+        if (a->cuda_ipc_handle.len > 0) {
+            int rc = client_open_ipc(c, a, ca);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
         if (a->fd_index < 0)
             continue;
         fd = c->rx_fds[a->fd_index];
@@ -761,7 +978,8 @@ static int client_hello(kvnode_client *c, const kvnode_layout *layout)
     hello.max_version = WIRE_PROTOCOL_VERSION;
     hello.client_name = program_invocation_short_name && *program_invocation_short_name
                             ? program_invocation_short_name : (char *)"libkvnode";
-    hello.cuda_device = -1;
+    hello.cuda_device = c->cuda_device;
+    hello.cuda_ipc = c->have_rt;
     if (layout) {
         lo.model = (char *)(uintptr_t)layout->model;
         lo.dtype = (char *)(uintptr_t)layout->dtype;
@@ -788,12 +1006,8 @@ static int client_hello(kvnode_client *c, const kvnode_layout *layout)
 
 static void client_free(kvnode_client *c)
 {
-    size_t i;
-
     client_drop_fds(c);
-    for (i = 0; i < c->n_arenas; i++)
-        if (c->arenas[i].base)
-            munmap(c->arenas[i].base, (size_t)c->arenas[i].size);
+    client_release_arenas(c);
     free(c->arenas);
     if (c->fd >= 0)
         close(c->fd);
@@ -808,7 +1022,51 @@ const char *kvnode_connect_error(void)
     return client_connect_err;
 }
 
+/* KVNODE_CUDA_DEVICE: unset or empty: -1; "-1": -1; else a decimal ordinal
+ * >= 0 with nothing around it. Anything else is an error. */
+static int client_env_device(int *device)
+{
+    const char *s = getenv("KVNODE_CUDA_DEVICE");
+    long v = 0;
+    size_t i;
+
+    *device = -1;
+    if (!s || !*s || strcmp(s, "-1") == 0)
+        return 0;
+    for (i = 0; s[i]; i++) {
+        if (s[i] < '0' || s[i] > '9' || v > (INT_MAX - (s[i] - '0')) / 10) {
+            v = -1;
+            break;
+        }
+        v = v * 10 + (s[i] - '0');
+    }
+    if (v < 0) {
+        snprintf(client_connect_err, sizeof client_connect_err,
+                 "KVNODE_CUDA_DEVICE=\"%.64s%s\" is not a CUDA device ordinal (an integer >= 0, "
+                 "or -1 for none)", s, strlen(s) > 64 ? "..." : "");
+        return -KVNODE_EINVAL;
+    }
+    *device = (int)v;
+    return 0;
+}
+
 int kvnode_connect(const char *socket_path, const kvnode_layout *layout, kvnode_client **out)
+{
+    int device = -1, rc;
+
+    if (out)
+        *out = NULL;
+    /* Observers lend no memory: the variable is for engines. */
+    if (layout && out) {
+        rc = client_env_device(&device);
+        if (rc < 0)
+            return rc;
+    }
+    return kvnode_connect_device(socket_path, layout, device, out);
+}
+
+int kvnode_connect_device(const char *socket_path, const kvnode_layout *layout, int cuda_device,
+                          kvnode_client **out)
 {
     kvnode_client *c;
     int64_t deadline;
@@ -819,6 +1077,12 @@ int kvnode_connect(const char *socket_path, const kvnode_layout *layout, kvnode_
         return -KVNODE_EINVAL;
     }
     *out = NULL;
+    if (cuda_device < -1) {
+        snprintf(client_connect_err, sizeof client_connect_err,
+                 "kvnode_connect_device: cuda_device %d is not a CUDA device ordinal (>= 0, or -1 "
+                 "for none)", cuda_device);
+        return -KVNODE_EINVAL;
+    }
     c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(client_connect_err, sizeof client_connect_err, "out of memory");
@@ -831,6 +1095,7 @@ int kvnode_connect(const char *socket_path, const kvnode_layout *layout, kvnode_
     c->unpack_alloc.allocator_data = &c->scratch;
     c->timeout_ms = client_env_timeout();
     c->observer = layout == NULL;
+    c->cuda_device = layout ? cuda_device : -1;     /* observers lend no memory */
     c->send_max = CLIENT_PRE_HELLO_MAX;
     c->recv_max = CLIENT_PRE_HELLO_MAX;
     if (!socket_path || !*socket_path) {
@@ -838,6 +1103,10 @@ int kvnode_connect(const char *socket_path, const kvnode_layout *layout, kvnode_
         if (!socket_path || !*socket_path)
             socket_path = CLIENT_DEFAULT_SOCKET;
     }
+    /* A runtime found now decides whether the daemon may lend this client
+     * GPU memory as CUDA IPC handles (else only mapped, simulated devices). */
+    if (c->cuda_device >= 0)
+        c->have_rt = cudart_load(&c->rt, c->rt_why, sizeof c->rt_why) == 0;
     deadline = client_now_ms() + c->timeout_ms;
     rc = layout ? client_validate_layout(c, layout) : 0;
     if (rc == 0)
@@ -862,6 +1131,71 @@ void kvnode_close(kvnode_client *c)
 uint64_t kvnode_block_bytes(const kvnode_client *c)
 {
     return c ? c->block_bytes : 0;
+}
+
+int kvnode_cuda_device(const kvnode_client *c)
+{
+    return c ? c->cuda_device : -1;
+}
+
+int kvnode_pin_host(kvnode_client *c)
+{
+    const struct client_arena *bad = NULL;
+    const char *step = "cudaHostRegister";
+    size_t i, nhost = 0;
+    int prev, err;
+    char text[192];
+
+    if (!c)
+        return -KVNODE_EINVAL;
+    for (i = 0; i < c->n_arenas; i++)
+        if (c->arenas[i].tier == KVNODE_TIER_HOST && c->arenas[i].base)
+            nhost++;
+    if (nhost == 0) {
+        client_seterr(c, "pin_host: the daemon passed this client no host arena");
+        return -KVNODE_ESTATE;
+    }
+    if (!c->have_rt) {
+        if (cudart_load(&c->rt, c->rt_why, sizeof c->rt_why) < 0) {
+            client_seterr(c, "pin_host: %s", c->rt_why);
+            return -KVNODE_ESTATE;
+        }
+        c->have_rt = 1;
+    }
+    err = client_cuda_enter(c, &prev, &step);
+    for (i = 0; err == CUDART_SUCCESS && i < c->n_arenas; i++) {
+        struct client_arena *a = &c->arenas[i];
+
+        if (a->tier != KVNODE_TIER_HOST || !a->base || a->pinned)
+            continue;
+        step = "cudaHostRegister";
+        err = c->rt.host_register(a->base, (size_t)a->size, CUDART_HOST_REGISTER_PORTABLE);
+        if (err == CUDART_SUCCESS)
+            a->pinned = 2;      /* by this call: undone if a later one fails */
+        else
+            bad = a;
+    }
+    if (err != CUDART_SUCCESS)
+        client_cuda_failed(c);
+    for (i = 0; i < c->n_arenas; i++) {
+        struct client_arena *a = &c->arenas[i];
+
+        if (a->pinned == 2 && err != CUDART_SUCCESS &&
+            c->rt.host_unregister(a->base) != CUDART_SUCCESS)
+            client_cuda_failed(c);
+        if (a->pinned == 2)
+            a->pinned = err == CUDART_SUCCESS;
+    }
+    client_cuda_leave(c, prev);
+    if (err == CUDART_SUCCESS)
+        return 0;
+    cudart_error_text(&c->rt, err, text, sizeof text);
+    if (bad)
+        client_seterr(c, "pin_host: %s of host arena %" PRIu32 " (%" PRIu64 " bytes) failed: %s",
+                      step, bad->id, bad->size, text);
+    else
+        client_seterr(c, "pin_host: %s (CUDA device %d) failed: %s", step, c->cuda_device, text);
+    return -KVNODE_EIO;
 }
 
 const char *kvnode_last_error(const kvnode_client *c)
@@ -1229,14 +1563,17 @@ int kvnode_get(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *
     if (!locs)
         return -KVNODE_ENOMEM;
     while (done < n) {
-        size_t chunk = n - done < cap ? n - done : cap, g = 0, i;
+        size_t chunk = n - done < cap ? n - done : cap, g = 0;
         kvnode_lease lease;
 
         rc = kvnode_get_begin(c, keys + done, chunk, &lease, locs, &g);
         if (rc < 0)
             break;
-        for (i = 0; i < g; i++)
-            memcpy(dst[done + i], locs[i].ptr, (size_t)c->block_bytes);
+        rc = client_copy_blocks(c, locs, g, dst + done, 0, done, "get");
+        if (rc < 0) {
+            client_lease_drop(c, lease, KVNODE__REQUEST__OP_GET_END);
+            break;
+        }
         /* The copies are only trustworthy if the pin held until the end. */
         rc = kvnode_get_end(c, lease);
         if (rc < 0)
@@ -1263,16 +1600,19 @@ int kvnode_put(kvnode_client *c, const kvnode_key *keys, size_t n, const void *c
     if (!locs)
         return -KVNODE_ENOMEM;
     while (done < n) {
-        size_t chunk = n - done < cap ? n - done : cap, i;
+        size_t chunk = n - done < cap ? n - done : cap;
         kvnode_lease lease;
 
-        /* Host slots: the copy below is a CPU memcpy. */
+        /* Host slots (CPU copies); client_copy_blocks would cope with others. */
         rc = kvnode_put_begin(c, keys + done, chunk, KVNODE_TIER_HOST, &lease, locs);
         if (rc < 0)
             break;
-        for (i = 0; i < chunk; i++)
-            if (locs[i].ptr)
-                memcpy(locs[i].ptr, src[done + i], (size_t)c->block_bytes);
+        rc = client_copy_blocks(c, locs, chunk, (void *const *)(uintptr_t)(src + done), 1, done,
+                                "put");
+        if (rc < 0) {
+            client_lease_drop(c, lease, KVNODE__REQUEST__OP_PUT_ABORT);
+            break;
+        }
         rc = kvnode_put_commit(c, lease);
         if (rc < 0)
             break;

@@ -45,7 +45,11 @@ typedef struct kvnode_layout {
 
 enum { KVNODE_TIER_HOST = 1, KVNODE_TIER_HBM = 2 };
 
-/* Where a block is, in this process's address space. */
+/* Where a block is, in this process's address space. tier KVNODE_TIER_HOST:
+ * ptr is host memory (device -1). tier KVNODE_TIER_HBM: the block is in the
+ * GPU memory of CUDA device `device`; ptr is a device pointer (GPU memory
+ * lent through CUDA IPC: never dereference it on the CPU, use cudaMemcpy or
+ * kernels) or, when the daemon simulates its GPUs, a host mapping. */
 typedef struct kvnode_loc { void *ptr; int tier; int device; } kvnode_loc;
 
 /* Error codes (negated on return). Stable: they travel on the wire. */
@@ -73,13 +77,34 @@ enum {
 /* Connect to the daemon at socket_path (NULL: $KVNODE_SOCKET or
  * /run/kvnode/kvnode.sock) and bind this client to the namespace of `layout`.
  * layout == NULL gives an observer client that may only call
- * kvnode_stats_json / kvnode_ping / kvnode_reload. On failure *out is NULL. */
+ * kvnode_stats_json / kvnode_ping / kvnode_reload. On failure *out is NULL.
+ * kvnode_connect declares the CUDA device named by $KVNODE_CUDA_DEVICE (a
+ * device ordinal, or -1 for none; unset or empty: none; any other value
+ * fails with -KVNODE_EINVAL), as kvnode_connect_device does. */
 int  kvnode_connect(const char *socket_path, const kvnode_layout *layout, kvnode_client **out);
+/* kvnode_connect declaring the engine's CUDA device (-1: none; ignored for
+ * observers). With a device, the daemon lends this client GPU memory
+ * (KVNODE_TIER_HBM) and puts to KVNODE_TIER_HBM land on that device. Real GPU
+ * memory comes as CUDA IPC handles, which need a CUDA runtime in this process
+ * (libcudart, found at run time: the engine's own when loaded); without one
+ * only simulated GPU memory (host memory) is lent. An IPC handle that cannot
+ * be opened fails the connect with -KVNODE_EIO. */
+int  kvnode_connect_device(const char *socket_path, const kvnode_layout *layout, int cuda_device,
+                           kvnode_client **out);
 /* Message of the last failed kvnode_connect on this thread ("" when none). */
 const char *kvnode_connect_error(void);
 void kvnode_close(kvnode_client *c);
 /* Bytes of one block of this client's namespace (0 for an observer). */
 uint64_t kvnode_block_bytes(const kvnode_client *c);
+/* The CUDA device this client declared (-1: none). */
+int  kvnode_cuda_device(const kvnode_client *c);
+/* Page-lock this process's mapping of the host arena for the GPU
+ * (cudaHostRegister, portable, on the client's CUDA device when it declared
+ * one), so the engine's copies between GPU and host blocks are direct DMA.
+ * Idempotent; kvnode_close unregisters. May take seconds for a large arena.
+ * -KVNODE_ESTATE without a CUDA runtime ("no CUDA runtime (libcudart not
+ * found ...)") or without a host arena; -KVNODE_EIO when CUDA refuses. */
+int  kvnode_pin_host(kvnode_client *c);
 
 /* *matched = length of the longest cached prefix of keys[0..n), counting
  * blocks in every tier (GPU memory, host memory, the persistent store). */
@@ -132,8 +157,9 @@ int  kvnode_put_commit(kvnode_client *c, kvnode_lease lease);
 int  kvnode_put_abort(kvnode_client *c, kvnode_lease lease);
 
 /* Copying conveniences over the zero-copy pairs; each dst[i]/src[i] holds
- * kvnode_block_bytes() bytes. They split n > max_keys into chunks (a get
- * stops at the first short chunk); kvnode_put reserves host-tier slots. */
+ * kvnode_block_bytes() bytes of host memory. They split n > max_keys into
+ * chunks (a get stops at the first short chunk); kvnode_put reserves
+ * host-tier slots. Blocks in GPU memory are copied with cudaMemcpy. */
 int  kvnode_get(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst, size_t *got);
 int  kvnode_put(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src);
 

@@ -510,7 +510,9 @@ static void apply_timeout_env(const struct ctl *x)
 static int ctl_connect(const struct ctl *x, const kvnode_layout *layout, kvnode_client **c)
 {
     apply_timeout_env(x);
-    int rc = kvnode_connect(x->socket, layout, c);
+    /* kvnodectl reads blocks with the CPU: it declares no GPU, whatever
+     * KVNODE_CUDA_DEVICE says, and is never lent HBM. */
+    int rc = kvnode_connect_device(x->socket, layout, -1, c);
     if (rc < 0) {
         *c = NULL;
         return connect_error(rc, x->socket);
@@ -568,6 +570,47 @@ static int fetch_stats(const struct ctl *x, json_t **doc)
 
 struct kv_line { char *label, *value; };
 
+/* One tier's figures for status --json. */
+static json_t *status_tier_json(json_t *tier)
+{
+    json_t *o = json_object();
+    long long v, v2;
+    if (!o)
+        oom();
+    json_object_set_new(o, "used_bytes", jcopy(tier, "used_bytes"));
+    json_object_set_new(o, "capacity_bytes", jcopy(tier, "capacity_bytes"));
+    if (jint(tier, "used_bytes", &v) && jint(tier, "capacity_bytes", &v2) && v2 > 0)
+        json_object_set_new(o, "used_percent",
+                            json_real((double)(long long)(10000.0 * (double)v / (double)v2 + 0.5) / 100.0));
+    else
+        json_object_set_new(o, "used_percent", json_null());
+    json_object_set_new(o, "blocks", jcopy(tier, "blocks"));
+    return o;
+}
+
+/* "U / C used (P%), B blocks" for a tier with memory. */
+static char *status_tier_line(json_t *tier)
+{
+    char b1[32], b2[32], pct[32] = "-";
+    long long v, v2;
+    char *blocks = cell_int(tier, "blocks"), *line;
+    bool have_used = jint(tier, "used_bytes", &v) && v >= 0;
+    bool have_cap = jint(tier, "capacity_bytes", &v2) && v2 >= 0;
+    if (have_used)
+        fmt_bytes((uint64_t)v, b1, sizeof b1);
+    if (have_cap)
+        fmt_bytes((uint64_t)v2, b2, sizeof b2);
+    if (have_used && have_cap && v2 > 0)
+        snprintf(pct, sizeof pct, "%.1f%%", 100.0 * (double)v / (double)v2);
+    if (!have_cap && !have_used)   /* the store tier: blocks known only there */
+        line = xasprintf("%s blocks only in the store", blocks);
+    else
+        line = xasprintf("%s / %s used (%s), %s blocks", have_used ? b1 : "-", have_cap ? b2 : "-",
+                         pct, blocks);
+    free(blocks);
+    return line;
+}
+
 static int cmd_status(const struct ctl *x)
 {
     json_t *doc;
@@ -593,17 +636,24 @@ static int cmd_status(const struct ctl *x)
         const char *name;
         json_t *tier;
         json_object_foreach(tiers, name, tier) {
-            json_t *o = json_object();
-            if (!o)
-                oom();
-            json_object_set_new(o, "used_bytes", jcopy(tier, "used_bytes"));
-            json_object_set_new(o, "capacity_bytes", jcopy(tier, "capacity_bytes"));
-            if (jint(tier, "used_bytes", &v) && jint(tier, "capacity_bytes", &v2) && v2 > 0)
-                json_object_set_new(o, "used_percent",
-                                    json_real((double)(long long)(10000.0 * (double)v / (double)v2 + 0.5) / 100.0));
-            else
-                json_object_set_new(o, "used_percent", json_null());
-            json_object_set_new(o, "blocks", jcopy(tier, "blocks"));
+            if (json_is_array(tier)) {   /* hbm: one per device */
+                json_t *arr = json_array(), *dev;
+                size_t i;
+                if (!arr)
+                    oom();
+                json_array_foreach(tier, i, dev) {
+                    json_t *o = status_tier_json(dev);
+                    json_object_set_new(o, "device", jcopy(dev, "device"));
+                    json_array_append_new(arr, o);
+                }
+                json_object_set_new(jt, name, arr);
+                continue;
+            }
+            json_t *o = status_tier_json(tier);
+            if (json_object_get(tier, "pinned_bytes")) {
+                json_object_set_new(o, "pinned_bytes", jcopy(tier, "pinned_bytes"));
+                json_object_set_new(o, "pin_state", jcopy(tier, "pin_state"));
+            }
             json_object_set_new(jt, name, o);
         }
         json_object_set_new(out, "tiers", jt);
@@ -668,23 +718,28 @@ static int cmd_status(const struct ctl *x)
         if (n + 8 >= sizeof lines / sizeof lines[0])
             break;
         ntiers++;
-        char *blocks = cell_int(tier, "blocks");
-        char pct[32] = "-";
-        bool have_used = jint(tier, "used_bytes", &v) && v >= 0;
-        bool have_cap = jint(tier, "capacity_bytes", &v2) && v2 >= 0;
-        if (have_used)
-            fmt_bytes((uint64_t)v, b1, sizeof b1);
-        if (have_cap)
-            fmt_bytes((uint64_t)v2, b2, sizeof b2);
-        if (have_used && have_cap && v2 > 0)
-            snprintf(pct, sizeof pct, "%.1f%%", 100.0 * (double)v / (double)v2);
+        if (json_is_array(tier)) {   /* hbm: one line per device */
+            json_t *dev;
+            size_t i;
+            json_array_foreach(tier, i, dev) {
+                if (n + 8 >= sizeof lines / sizeof lines[0])
+                    break;
+                lines[n].label = jint(dev, "device", &v) ? xasprintf("tier %s (GPU %lld)", name, v)
+                                                         : xasprintf("tier %s", name);
+                lines[n++].value = status_tier_line(dev);
+            }
+            continue;
+        }
         lines[n].label = xasprintf("tier %s", name);
-        if (!have_cap && !have_used)   /* the store tier: blocks known only there */
-            lines[n++].value = xasprintf("%s blocks only in the store", blocks);
-        else
-            lines[n++].value = xasprintf("%s / %s used (%s), %s blocks", have_used ? b1 : "-",
-                                         have_cap ? b2 : "-", pct, blocks);
-        free(blocks);
+        lines[n++].value = status_tier_line(tier);
+        const char *pin = jstr(tier, "pin_state");
+        if (pin && strcmp(pin, "off") != 0 && jint(tier, "pinned_bytes", &v) &&
+            jint(tier, "capacity_bytes", &v2)) {
+            fmt_bytes((uint64_t)v, b1, sizeof b1);
+            fmt_bytes((uint64_t)v2, b2, sizeof b2);
+            lines[n].label = xasprintf("pinned");
+            lines[n++].value = xasprintf("%s of %s (%s)", b1, b2, pin);
+        }
     }
     if (!ntiers) {
         lines[n].label = xasprintf("tiers");

@@ -249,8 +249,10 @@ def _fn(name, restype, *argtypes):
     return f
 
 
-_connect = _fn("kvnode_connect", ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(_CLayout),
-               ctypes.POINTER(_P))
+# A Python client reads blocks through memoryviews, so it declares no GPU
+# (device -1): it is never lent GPU memory, whatever KVNODE_CUDA_DEVICE says.
+_connect_device = _fn("kvnode_connect_device", ctypes.c_int, ctypes.c_char_p,
+                      ctypes.POINTER(_CLayout), ctypes.c_int, ctypes.POINTER(_P))
 _connect_error = _fn("kvnode_connect_error", ctypes.c_char_p)
 _close = _fn("kvnode_close", None, _P)
 _block_bytes = _fn("kvnode_block_bytes", ctypes.c_uint64, _P)
@@ -475,8 +477,8 @@ class Client:
         self._clayout = layout._to_c() if layout is not None else None
         h = _P()
         sp = os.fsencode(socket_path) if socket_path is not None else None
-        rc = _connect(sp, ctypes.byref(self._clayout) if self._clayout is not None else None,
-                      ctypes.byref(h))
+        rc = _connect_device(sp, ctypes.byref(self._clayout) if self._clayout is not None else None,
+                             -1, ctypes.byref(h))
         if rc != 0:
             _raise(rc, _s(_connect_error()))
         self._c = h.value

@@ -11,7 +11,14 @@
  *     ETIMEDOUT, EOF gives ECLOSED, oversized / undecodable / mismatched
  *     replies give EPROTO, and each of these leaves the client unusable;
  *   - copying and inline calls split into chunks within max_keys and
- *     max_frame_bytes; no fd leaks. */
+ *     max_frame_bytes; no fd leaks;
+ *   - GPU (HBM) arenas: HELLO declares the CUDA device (argument or
+ *     KVNODE_CUDA_DEVICE) and whether a CUDA runtime was found; a simulated
+ *     device's arena (an fd) is mapped; a CUDA IPC handle is checked, opened
+ *     on the client's device through the runtime (a fake one, injected with
+ *     cudart_set_override, since the test machine has no GPU) and fails the
+ *     connect clearly without one; copying calls use cudaMemcpy for device
+ *     memory; kvnode_pin_host registers the host arena. */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
@@ -27,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cudart.h"
 #include "kvnode.h"
 #include "wire.h"
 
@@ -49,6 +57,17 @@ enum {
     KEY_SHORT_BLOB,         /* get_inline blob one byte short */
 };
 
+/* How the fake lends its GPU arena (arena 2, slots index 1). */
+enum hbm_mode {
+    HBM_FD,                 /* a memfd to map: the daemon's simulated device */
+    HBM_IPC,                /* a 64-byte CUDA IPC handle, no fd */
+    HBM_IPC_LEN,            /* a handle of hbm_handle_len bytes */
+    HBM_IPC_AND_FD,         /* a 64-byte handle and an fd */
+};
+
+/* The fake's IPC handle: this magic, then the address of its "device memory". */
+#define FAKE_IPC_MAGIC "kvnode-fake-ipc"
+
 enum hello_mode {
     HM_OK, HM_ERROR, HM_OVERSIZE, HM_FD_MISMATCH, HM_BAD_BLOCK_BYTES, HM_BAD_VERSION,
     HM_REFUSE, HM_SHORT_FILE, HM_COUNT
@@ -67,6 +86,8 @@ struct fake {
     int running;
     /* configuration */
     int hello_mode;
+    int hbm_mode, hbm_device;
+    size_t hbm_handle_len;
     uint64_t block_bytes;
     uint32_t max_frame, max_keys;
     /* arena 1 = host (index 0), arena 2 = hbm on device 0 (index 1); arena 3 has no fd */
@@ -259,7 +280,8 @@ static void fake_hello(struct fake *f, Kvnode__Request *req)
     Kvnode__HelloReply h = KVNODE__HELLO_REPLY__INIT;
     Kvnode__Arena a[3] = {KVNODE__ARENA__INIT, KVNODE__ARENA__INIT, KVNODE__ARENA__INIT};
     Kvnode__Arena *ap[3] = {&a[0], &a[1], &a[2]};
-    uint8_t hdr[WIRE_HEADER_BYTES];
+    uint8_t hdr[WIRE_HEADER_BYTES], handle[128];
+    size_t nfds;
 
     f->hello_seen = 1;
     f->hello_has_layout = req->hello->layout != NULL;
@@ -279,8 +301,19 @@ static void fake_hello(struct fake *f, Kvnode__Request *req)
     }
     a[0].id = 1; a[0].tier = KVNODE__TIER__TIER_HOST; a[0].device = -1;
     a[0].size = f->mem_size; a[0].fd_index = 0;
-    a[1].id = 2; a[1].tier = KVNODE__TIER__TIER_HBM; a[1].device = 0;
+    a[1].id = 2; a[1].tier = KVNODE__TIER__TIER_HBM; a[1].device = f->hbm_device;
     a[1].size = f->mem_size; a[1].fd_index = 1;
+    if (f->hbm_mode != HBM_FD) {
+        uintptr_t addr = (uintptr_t)f->mem[1];
+
+        memset(handle, 0, sizeof handle);
+        memcpy(handle, FAKE_IPC_MAGIC, sizeof FAKE_IPC_MAGIC);
+        memcpy(handle + 32, &addr, sizeof addr);
+        a[1].cuda_ipc_handle.data = handle;
+        a[1].cuda_ipc_handle.len = f->hbm_mode == HBM_IPC_LEN ? f->hbm_handle_len : 64;
+        if (f->hbm_mode != HBM_IPC_AND_FD)
+            a[1].fd_index = -1;
+    }
     a[2].id = 3; a[2].tier = KVNODE__TIER__TIER_HOST; a[2].device = -1;
     a[2].size = f->mem_size; a[2].fd_index = -1;
     if (f->hello_mode == HM_SHORT_FILE)
@@ -299,7 +332,8 @@ static void fake_hello(struct fake *f, Kvnode__Request *req)
     r.id = req->id;
     r.result_case = KVNODE__RESPONSE__RESULT_HELLO;
     r.hello = &h;
-    fake_reply(f, &r, f->memfd, f->hello_mode == HM_FD_MISMATCH ? 0 : 2);
+    nfds = f->hbm_mode == HBM_IPC || f->hbm_mode == HBM_IPC_LEN ? 1 : 2;
+    fake_reply(f, &r, f->memfd, f->hello_mode == HM_FD_MISMATCH ? 0 : nfds);
 }
 
 static void fake_location(struct fake *f, int a, size_t i, Kvnode__Location *l)
@@ -1503,6 +1537,622 @@ START_TEST(test_connect_errors)
 }
 END_TEST
 
+/* --- GPU (HBM) arenas and the CUDA runtime ---------------------------------------------- */
+
+/* A fake CUDA runtime: IPC handles made by the fake daemon open to its own
+ * "device memory" (the memfd mapping behind arena 2); it records every call. */
+static struct {
+    int current;                    /* the current device */
+    int fail_open, fail_copy, fail_register, fail_get_device;
+    unsigned opens, closes, registers, unregisters, copies, sets, last_error_calls;
+    int open_device;                /* current device during ipc_open */
+    unsigned open_flags, register_flags;
+    int copy_kind, register_device;
+    void *opened, *closed, *registered, *unregistered;
+    size_t register_size;
+} frt;
+
+static int frt_ipc_open(void **ptr, cudart_ipc_handle h, unsigned int flags)
+{
+    uintptr_t addr;
+
+    frt.opens++;
+    frt.open_device = frt.current;
+    frt.open_flags = flags;
+    if (frt.fail_open || memcmp(h.reserved, FAKE_IPC_MAGIC, sizeof FAKE_IPC_MAGIC) != 0)
+        return 400;                 /* cudaErrorInvalidResourceHandle */
+    memcpy(&addr, h.reserved + 32, sizeof addr);
+    *ptr = frt.opened = (void *)addr;
+    return 0;
+}
+
+static int frt_ipc_close(void *ptr)
+{
+    frt.closes++;
+    frt.closed = ptr;
+    return 0;
+}
+
+static int frt_host_register(void *ptr, size_t size, unsigned int flags)
+{
+    frt.registers++;
+    frt.register_device = frt.current;
+    frt.register_flags = flags;
+    if (frt.fail_register)
+        return 2;                   /* cudaErrorMemoryAllocation */
+    frt.registered = ptr;
+    frt.register_size = size;
+    return 0;
+}
+
+static int frt_host_unregister(void *ptr)
+{
+    frt.unregisters++;
+    frt.unregistered = ptr;
+    return 0;
+}
+
+static int frt_copy(void *dst, const void *src, size_t n, int kind)
+{
+    frt.copies++;
+    frt.copy_kind = kind;
+    if (frt.fail_copy)
+        return 700;                 /* cudaErrorIllegalAddress */
+    memcpy(dst, src, n);
+    return 0;
+}
+
+static int frt_set_device(int d)
+{
+    frt.sets++;
+    frt.current = d;
+    return 0;
+}
+
+static int frt_get_device(int *d)
+{
+    if (frt.fail_get_device)
+        return 35;                  /* cudaErrorInsufficientDriver */
+    *d = frt.current;
+    return 0;
+}
+
+static const char *frt_error_string(int err)
+{
+    switch (err) {
+    case 2:   return "fake: out of memory";
+    case 35:  return "fake: CUDA driver version is insufficient for CUDA runtime version";
+    case 400: return "fake: invalid resource handle";
+    case 700: return "fake: an illegal memory access was encountered";
+    default:  return "fake: unknown";
+    }
+}
+
+static int frt_get_last_error(void)
+{
+    frt.last_error_calls++;
+    return 0;
+}
+
+static const struct cudart fake_runtime = {
+    .ipc_open = frt_ipc_open, .ipc_close = frt_ipc_close,
+    .host_register = frt_host_register, .host_unregister = frt_host_unregister,
+    .copy = frt_copy, .set_device = frt_set_device, .get_device = frt_get_device,
+    .error_string = frt_error_string, .get_last_error = frt_get_last_error,
+    .lib = "fake-cudart",
+};
+static const struct cudart no_runtime;          /* ipc_open NULL: "not installed" */
+
+/* Every test of this case starts with the fake runtime reset and no
+ * KVNODE_CUDA_DEVICE, and leaves the normal runtime search behind (the
+ * tests may share one process: CK_FORK=no). */
+static void hbm_setup(void)
+{
+    memset(&frt, 0, sizeof frt);
+    unsetenv("KVNODE_CUDA_DEVICE");
+    cudart_set_override(NULL);
+}
+
+static void hbm_teardown(void)
+{
+    cudart_set_override(NULL);
+    unsetenv("KVNODE_CUDA_DEVICE");
+}
+
+static kvnode_client *connect_dev_ok(struct fake *f, const kvnode_layout *layout, int dev)
+{
+    kvnode_client *c = NULL;
+    int rc = kvnode_connect_device(f->path, layout, dev, &c);
+
+    ck_assert_msg(rc == 0, "connect: %s (%s)", kvnode_strerror(rc), kvnode_connect_error());
+    ck_assert_ptr_nonnull(c);
+    return c;
+}
+
+START_TEST(test_hbm_sim_arena_is_mapped)
+{
+    int fds0 = count_fds();
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[2] = {100, 200}, kp[1] = {300};
+    kvnode_loc loc[2];
+    kvnode_lease lease = 0;
+    size_t got = 0, idx;
+    uint8_t buf[2][BB];
+    void *dst[2] = {buf[0], buf[1]};
+    int a;
+
+    cudart_set_override(&no_runtime);
+    f->hbm_device = 3;
+    fake_preload(f, 0, 100);
+    fake_preload(f, 1, 999);        /* slot 0: offsets are not all 0 */
+    fake_preload(f, 1, 200);
+    fake_run(f);
+    c = connect_dev_ok(f, &test_layout, 3);
+    ck_assert_int_eq(kvnode_cuda_device(c), 3);
+    ck_assert_int_eq(kvnode_get_begin(c, k, 2, &lease, loc, &got), 0);
+    ck_assert_uint_eq(got, 2);
+    ck_assert_int_eq(loc[0].tier, KVNODE_TIER_HOST);
+    ck_assert_int_eq(loc[0].device, -1);
+    ck_assert_int_eq(loc[1].tier, KVNODE_TIER_HBM);
+    ck_assert_int_eq(loc[1].device, 3);
+    ck_assert(check_pattern(loc[1].ptr, BB, 200));
+    /* A mapping of the daemon's memory, not a copy: each side sees the other's writes. */
+    ck_assert(loc[1].ptr != (void *)(f->mem[1] + BB));
+    f->mem[1][BB] ^= 0x5a;
+    ck_assert_uint_eq(((uint8_t *)loc[1].ptr)[0], f->mem[1][BB]);
+    ((uint8_t *)loc[1].ptr)[1] ^= 0xa5;
+    ck_assert_uint_eq(f->mem[1][BB + 1], ((uint8_t *)loc[1].ptr)[1]);
+    f->mem[1][BB] ^= 0x5a;
+    ((uint8_t *)loc[1].ptr)[1] ^= 0xa5;
+    ck_assert_int_eq(kvnode_get_end(c, lease), 0);
+    /* the copying get reads a simulated device with memcpy */
+    ck_assert_int_eq(kvnode_get(c, k, 2, dst, &got), 0);
+    ck_assert_uint_eq(got, 2);
+    ck_assert(check_pattern(buf[0], BB, 100) && check_pattern(buf[1], BB, 200));
+    /* a put to the HBM tier lands in the device's arena */
+    ck_assert_int_eq(kvnode_put_begin(c, kp, 1, KVNODE_TIER_HBM, &lease, loc), 0);
+    ck_assert_int_eq(loc[0].tier, KVNODE_TIER_HBM);
+    ck_assert_int_eq(loc[0].device, 3);
+    fill_pattern(loc[0].ptr, BB, 300);
+    ck_assert_int_eq(kvnode_put_commit(c, lease), 0);
+    ck_assert_ptr_nonnull(fake_find(f, 300, 2, &a, &idx));
+    ck_assert_int_eq(a, 1);
+    ck_assert(check_pattern(f->mem[1] + idx * BB, BB, 300));
+    ck_assert_int_eq(kvnode_pin_host(c), -KVNODE_ESTATE);
+    ck_assert_ptr_nonnull(strstr(kvnode_last_error(c), "no CUDA runtime (libcudart not found)"));
+    kvnode_close(c);
+    ck_assert_int_eq(f->hello->hello->cuda_device, 3);
+    ck_assert(!f->hello->hello->cuda_ipc);      /* no runtime: no IPC handles please */
+    fake_stop(f);
+    ck_assert_int_eq(count_fds(), fds0);
+}
+END_TEST
+
+/* Malformed IPC arenas fail the connect before any runtime is asked. */
+static const struct {
+    int mode;
+    size_t len;
+    const char *msg;
+} bad_ipc_cases[] = {
+    {HBM_IPC_LEN, 63, "cuda_ipc_handle of 63 bytes, not 64"},
+    {HBM_IPC_LEN, 65, "cuda_ipc_handle of 65 bytes, not 64"},
+    {HBM_IPC_LEN, 1, "cuda_ipc_handle of 1 bytes, not 64"},
+    {HBM_IPC_AND_FD, 64, "also an fd"},
+};
+
+START_TEST(test_hbm_bad_ipc_handle)
+{
+    int fds0 = count_fds();
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c = (kvnode_client *)&fds0;
+
+    cudart_set_override(&fake_runtime);
+    f->hbm_mode = bad_ipc_cases[_i].mode;
+    f->hbm_handle_len = bad_ipc_cases[_i].len;
+    fake_run(f);
+    ck_assert_int_eq(kvnode_connect_device(f->path, &test_layout, 0, &c), -KVNODE_EPROTO);
+    ck_assert_ptr_null(c);
+    ck_assert_msg(strstr(kvnode_connect_error(), bad_ipc_cases[_i].msg) != NULL,
+                  "connect error '%s' lacks '%s'", kvnode_connect_error(), bad_ipc_cases[_i].msg);
+    ck_assert_ptr_nonnull(strstr(kvnode_connect_error(), "arena 2"));
+    ck_assert_uint_eq(frt.opens, 0);
+    fake_stop(f);
+    ck_assert_int_eq(count_fds(), fds0);
+}
+END_TEST
+
+/* No runtime, yet the daemon lends an IPC handle: a clear protocol error. */
+START_TEST(test_hbm_ipc_without_runtime)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c = NULL;
+    const char *e;
+
+    cudart_set_override(&no_runtime);
+    f->hbm_mode = HBM_IPC;
+    fake_run(f);
+    ck_assert_int_eq(kvnode_connect_device(f->path, &test_layout, 0, &c), -KVNODE_EPROTO);
+    ck_assert_ptr_null(c);
+    e = kvnode_connect_error();
+    ck_assert_msg(strstr(e, "arena 2 (device 0)") && strstr(e, "CUDA IPC") &&
+                  strstr(e, "no CUDA runtime (libcudart not found)"), "error: %s", e);
+    ck_assert_int_eq(f->hello->hello->cuda_device, 0);
+    ck_assert(!f->hello->hello->cuda_ipc);
+    fake_stop(f);
+}
+END_TEST
+
+/* The same with whatever this machine has: no libcudart on the loader path
+ * (no runtime: EPROTO), or a runtime without a GPU/driver, or a GPU that
+ * rejects the fake handle (EIO). Both say which arena. */
+START_TEST(test_hbm_ipc_this_machine)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c = NULL;
+    struct cudart rt;
+    char why[256];
+    int have_rt = cudart_load(&rt, why, sizeof why) == 0, rc;
+
+    f->hbm_mode = HBM_IPC;
+    fake_run(f);
+    rc = kvnode_connect_device(f->path, &test_layout, 0, &c);
+    ck_assert_ptr_null(c);
+    ck_assert_int_eq(f->hello->hello->cuda_device, 0);
+    ck_assert_int_eq(f->hello->hello->cuda_ipc, have_rt);
+    if (have_rt) {
+        ck_assert_int_eq(rc, -KVNODE_EIO);
+        ck_assert_msg(strstr(kvnode_connect_error(), "cannot open GPU arena 2 (device 0") != NULL,
+                      "error: %s", kvnode_connect_error());
+    } else {
+        ck_assert_int_eq(rc, -KVNODE_EPROTO);
+        ck_assert_msg(strstr(kvnode_connect_error(), "libcudart not found") != NULL,
+                      "error: %s", kvnode_connect_error());
+        ck_assert_ptr_nonnull(strstr(why, "libcudart not found"));
+    }
+    fake_stop(f);
+}
+END_TEST
+
+/* IPC arenas through the (fake) runtime: opened on the client's device,
+ * device pointers in the locations, cudaMemcpy in the copying calls, closed
+ * by kvnode_close; the caller's current device is left as it was. */
+START_TEST(test_hbm_ipc_with_runtime)
+{
+    int fds0 = count_fds();
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[3] = {100, 200, 201}, kp[1] = {300}, kh[2] = {400, 401};
+    kvnode_loc loc[3];
+    kvnode_lease lease = 0;
+    size_t got = 0, idx, i;
+    uint8_t buf[3][BB];
+    void *dst[3] = {buf[0], buf[1], buf[2]};
+    const void *src[2] = {buf[0], buf[1]};
+    int a;
+
+    cudart_set_override(&fake_runtime);
+    frt.current = 5;
+    f->hbm_mode = HBM_IPC;
+    f->hbm_device = 1;
+    fake_preload(f, 0, 100);
+    fake_preload(f, 1, 999);
+    fake_preload(f, 1, 200);
+    fake_preload(f, 1, 201);
+    fake_run(f);
+    c = connect_dev_ok(f, &test_layout, 1);
+    ck_assert_int_eq(f->hello->hello->cuda_device, 1);
+    ck_assert(f->hello->hello->cuda_ipc);
+    ck_assert_uint_eq(frt.opens, 1);
+    ck_assert_int_eq(frt.open_device, 1);           /* opened on the client's device */
+    ck_assert_uint_eq(frt.open_flags, 1);           /* cudaIpcMemLazyEnablePeerAccess */
+    ck_assert_int_eq(frt.current, 5);               /* and the caller's device restored */
+    ck_assert_ptr_eq(frt.opened, f->mem[1]);
+
+    ck_assert_int_eq(kvnode_get_begin(c, k, 3, &lease, loc, &got), 0);
+    ck_assert_uint_eq(got, 3);
+    ck_assert_int_eq(loc[0].tier, KVNODE_TIER_HOST);
+    for (i = 1; i < 3; i++) {
+        ck_assert_int_eq(loc[i].tier, KVNODE_TIER_HBM);
+        ck_assert_int_eq(loc[i].device, 1);
+        ck_assert_ptr_nonnull(fake_find(f, k[i], 2, &a, &idx));
+        ck_assert_ptr_eq(loc[i].ptr, f->mem[1] + idx * BB);     /* the "device pointer" */
+    }
+    ck_assert_int_eq(kvnode_get_end(c, lease), 0);
+
+    /* kvnode_get: host blocks by memcpy, device blocks by cudaMemcpy(Default) */
+    memset(buf, 0, sizeof buf);
+    ck_assert_int_eq(kvnode_get(c, k, 3, dst, &got), 0);
+    ck_assert_uint_eq(got, 3);
+    for (i = 0; i < 3; i++)
+        ck_assert_msg(check_pattern(buf[i], BB, k[i]), "block %zu differs", i);
+    ck_assert_uint_eq(frt.copies, 2);
+    ck_assert_int_eq(frt.copy_kind, 4);
+    ck_assert_int_eq(frt.current, 5);
+
+    /* a failed cudaMemcpy fails the get and releases the lease */
+    frt.fail_copy = 1;
+    ck_assert_int_eq(kvnode_get(c, k, 3, dst, &got), -KVNODE_EIO);
+    ck_assert_uint_eq(got, 0);
+    ck_assert_msg(strstr(kvnode_last_error(c), "get: cudaMemcpy of block 1 (GPU arena 2, device 1) "
+                         "failed: fake: an illegal memory access was encountered (cudaError 700)"),
+                  "error: %s", kvnode_last_error(c));
+    ck_assert_uint_ge(frt.last_error_calls, 1);     /* the thread's CUDA error cleared */
+    ck_assert_uint_eq(f->n_get_leases, 0);
+    ck_assert_int_eq(frt.current, 5);
+    frt.fail_copy = 0;
+
+    /* put_begin in the HBM tier: a device pointer; kvnode_put stays on the host */
+    ck_assert_int_eq(kvnode_put_begin(c, kp, 1, KVNODE_TIER_HBM, &lease, loc), 0);
+    ck_assert_int_eq(loc[0].tier, KVNODE_TIER_HBM);
+    ck_assert_int_eq(loc[0].device, 1);
+    ck_assert((uint8_t *)loc[0].ptr >= f->mem[1] && (uint8_t *)loc[0].ptr < f->mem[1] + f->mem_size);
+    ck_assert_int_eq(kvnode_put_abort(c, lease), 0);
+    fill_pattern(buf[0], BB, 400);
+    fill_pattern(buf[1], BB, 401);
+    frt.copies = 0;
+    ck_assert_int_eq(kvnode_put(c, kh, 2, src), 0);
+    ck_assert_uint_eq(frt.copies, 0);
+    for (i = 0; i < 2; i++) {
+        ck_assert_ptr_nonnull(fake_find(f, kh[i], 2, &a, &idx));
+        ck_assert_int_eq(a, 0);
+        ck_assert(check_pattern(f->mem[0] + idx * BB, BB, kh[i]));
+    }
+    kvnode_close(c);
+    ck_assert_uint_eq(frt.closes, 1);
+    ck_assert_ptr_eq(frt.closed, f->mem[1]);
+    ck_assert_uint_eq(frt.unregisters, 0);
+    ck_assert_int_eq(frt.current, 5);
+    fake_stop(f);
+    ck_assert_int_eq(count_fds(), fds0);
+}
+END_TEST
+
+/* Two connections of one process share one opening of a handle. */
+START_TEST(test_hbm_ipc_handle_shared_in_process)
+{
+    static uint8_t devmem[64];
+    uintptr_t addr = (uintptr_t)devmem;
+    cudart_ipc_handle h, other;
+    void *p1 = NULL, *p2 = NULL, *p3 = NULL;
+
+    memset(&h, 0, sizeof h);
+    memcpy(h.reserved, FAKE_IPC_MAGIC, sizeof FAKE_IPC_MAGIC);
+    memcpy(h.reserved + 32, &addr, sizeof addr);
+    ck_assert_int_eq(cudart_ipc_acquire(&fake_runtime, &h, 1, &p1), 0);
+    ck_assert_int_eq(cudart_ipc_acquire(&fake_runtime, &h, 1, &p2), 0);
+    ck_assert_ptr_eq(p1, devmem);
+    ck_assert_ptr_eq(p2, p1);
+    ck_assert_uint_eq(frt.opens, 1);
+    /* A different handle is a different opening (and a bad one fails). */
+    other = h;
+    other.reserved[0] ^= 1;
+    ck_assert_int_eq(cudart_ipc_acquire(&fake_runtime, &other, 1, &p3), 400);
+    ck_assert_ptr_null(p3);
+    ck_assert_uint_eq(frt.opens, 2);
+    ck_assert_int_eq(cudart_ipc_release(&fake_runtime, p1), 0);
+    ck_assert_uint_eq(frt.closes, 0);             /* still used by the second */
+    ck_assert_int_eq(cudart_ipc_release(&fake_runtime, p2), 0);
+    ck_assert_uint_eq(frt.closes, 1);
+    ck_assert_ptr_eq(frt.closed, devmem);
+    /* Open again after the last release: a fresh opening. */
+    ck_assert_int_eq(cudart_ipc_acquire(&fake_runtime, &h, 1, &p1), 0);
+    ck_assert_uint_eq(frt.opens, 3);
+    ck_assert_int_eq(cudart_ipc_release(&fake_runtime, p1), 0);
+    ck_assert_uint_eq(frt.closes, 2);
+}
+END_TEST
+
+START_TEST(test_hbm_ipc_open_fails)
+{
+    int fds0 = count_fds();
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c = NULL;
+    const char *e;
+
+    cudart_set_override(&fake_runtime);
+    frt.current = 0;
+    frt.fail_open = 1;
+    f->hbm_mode = HBM_IPC;
+    f->hbm_device = 1;
+    fake_run(f);
+    ck_assert_int_eq(kvnode_connect_device(f->path, &test_layout, 1, &c), -KVNODE_EIO);
+    ck_assert_ptr_null(c);
+    e = kvnode_connect_error();
+    ck_assert_msg(strstr(e, "cannot open GPU arena 2 (device 1, ") &&
+                  strstr(e, "on CUDA device 1: cudaIpcOpenMemHandle: fake: invalid resource "
+                         "handle (cudaError 400)"), "error: %s", e);
+    ck_assert_uint_eq(frt.last_error_calls, 1);
+    ck_assert_int_eq(frt.current, 0);
+    ck_assert_uint_eq(frt.closes, 0);
+    fake_stop(f);
+
+    /* a runtime without a driver fails at the first call */
+    f = fake_start(HM_OK, BB, MAXF, 64);
+    memset(&frt, 0, sizeof frt);
+    frt.fail_get_device = 1;
+    f->hbm_mode = HBM_IPC;
+    fake_run(f);
+    ck_assert_int_eq(kvnode_connect_device(f->path, &test_layout, 0, &c), -KVNODE_EIO);
+    e = kvnode_connect_error();
+    ck_assert_msg(strstr(e, "cannot open GPU arena 2 (device 0, ") &&
+                  strstr(e, "cudaGetDevice: fake: CUDA driver version is insufficient"),
+                  "error: %s", e);
+    ck_assert_uint_eq(frt.opens, 0);
+    fake_stop(f);
+    ck_assert_int_eq(count_fds(), fds0);
+}
+END_TEST
+
+START_TEST(test_pin_host)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    void *host;
+    kvnode_key k[1] = {100};
+    kvnode_loc loc[1];
+    kvnode_lease lease;
+    size_t got;
+
+    cudart_set_override(&fake_runtime);
+    frt.current = 4;
+    fake_preload(f, 0, 100);
+    fake_run(f);
+    c = connect_dev_ok(f, &test_layout, 2);
+    ck_assert_int_eq(kvnode_get_begin(c, k, 1, &lease, loc, &got), 0);
+    host = (uint8_t *)loc[0].ptr;   /* slot 0 of the host arena: its mapping's start */
+    ck_assert_int_eq(kvnode_get_end(c, lease), 0);
+    ck_assert_int_eq(kvnode_pin_host(c), 0);
+    ck_assert_uint_eq(frt.registers, 1);            /* the host arena only */
+    ck_assert_ptr_eq(frt.registered, host);
+    ck_assert_uint_eq(frt.register_size, f->mem_size);
+    ck_assert_uint_eq(frt.register_flags, 1);       /* cudaHostRegisterPortable */
+    ck_assert_int_eq(frt.register_device, 2);       /* on the client's device */
+    ck_assert_int_eq(frt.current, 4);
+    ck_assert_int_eq(kvnode_pin_host(c), 0);        /* idempotent */
+    ck_assert_uint_eq(frt.registers, 1);
+    ck_assert_uint_eq(frt.unregisters, 0);
+    kvnode_close(c);
+    ck_assert_uint_eq(frt.unregisters, 1);
+    ck_assert_ptr_eq(frt.unregistered, host);
+    ck_assert_int_eq(frt.current, 4);
+    fake_stop(f);
+
+    /* no device declared: the runtime is found on demand, the device left alone */
+    memset(&frt, 0, sizeof frt);
+    frt.current = 6;
+    f = fake_start(HM_OK, BB, MAXF, 64);
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert(!f->hello->hello->cuda_ipc);  /* HELLO went out before */
+    ck_assert_int_eq(kvnode_pin_host(c), 0);
+    ck_assert_int_eq(frt.register_device, 6);
+    ck_assert_uint_eq(frt.sets, 0);
+    kvnode_close(c);
+    ck_assert_uint_eq(frt.unregisters, 1);
+    fake_stop(f);
+
+    /* CUDA refuses: EIO naming the call, nothing left registered */
+    memset(&frt, 0, sizeof frt);
+    frt.fail_register = 1;
+    f = fake_start(HM_OK, BB, MAXF, 64);
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_int_eq(kvnode_pin_host(c), -KVNODE_EIO);
+    ck_assert_msg(strstr(kvnode_last_error(c), "pin_host: cudaHostRegister of host arena 1 (") &&
+                  strstr(kvnode_last_error(c), "fake: out of memory (cudaError 2)"),
+                  "error: %s", kvnode_last_error(c));
+    ck_assert_uint_eq(frt.last_error_calls, 1);
+    ck_assert_int_eq(kvnode_ping(c), 0);    /* the connection is fine */
+    kvnode_close(c);
+    ck_assert_uint_eq(frt.unregisters, 0);
+    fake_stop(f);
+
+    ck_assert_int_eq(kvnode_pin_host(NULL), -KVNODE_EINVAL);
+}
+END_TEST
+
+/* kvnode_pin_host with whatever this machine has: pinned (a GPU), or a
+ * clear error (no runtime: ESTATE; a runtime without a GPU: EIO). */
+START_TEST(test_pin_host_this_machine)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    int rc;
+
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    rc = kvnode_pin_host(c);
+    if (rc == -KVNODE_ESTATE)
+        ck_assert_msg(strstr(kvnode_last_error(c), "no CUDA runtime (libcudart not found") != NULL,
+                      "error: %s", kvnode_last_error(c));
+    else if (rc == -KVNODE_EIO)
+        ck_assert_msg(strstr(kvnode_last_error(c), "pin_host: cuda") != NULL,
+                      "error: %s", kvnode_last_error(c));
+    else
+        ck_assert_int_eq(rc, 0);
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+/* The device HELLO declares: kvnode_connect_device's argument, or
+ * KVNODE_CUDA_DEVICE for kvnode_connect; observers declare none. */
+START_TEST(test_cuda_device_declared)
+{
+    static const struct {
+        const char *env;    /* NULL: unset */
+        int api;            /* -2: kvnode_connect, else kvnode_connect_device(api) */
+        int observer;
+        int want;
+    } cases[] = {
+        {NULL, -2, 0, -1}, {"2", -2, 0, 2}, {"0", -2, 0, 0}, {"-1", -2, 0, -1}, {"", -2, 0, -1},
+        {"17", -2, 0, 17}, {"9", 4, 0, 4}, {NULL, -1, 0, -1}, {"5", -2, 1, -1},
+        {"junk", -2, 1, -1}, {NULL, 3, 1, -1},
+    };
+    size_t i;
+
+    cudart_set_override(&no_runtime);
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+        const kvnode_layout *lay = cases[i].observer ? NULL : &test_layout;
+        kvnode_client *c = NULL;
+        int rc;
+
+        fake_run(f);
+        if (cases[i].env)
+            ck_assert_int_eq(setenv("KVNODE_CUDA_DEVICE", cases[i].env, 1), 0);
+        else
+            unsetenv("KVNODE_CUDA_DEVICE");
+        rc = cases[i].api == -2 ? kvnode_connect(f->path, lay, &c)
+                                : kvnode_connect_device(f->path, lay, cases[i].api, &c);
+        ck_assert_msg(rc == 0, "case %zu: %s", i, kvnode_connect_error());
+        ck_assert_int_eq(kvnode_cuda_device(c), cases[i].want);
+        kvnode_close(c);
+        ck_assert_msg(f->hello->hello->cuda_device == cases[i].want, "case %zu: HELLO said %d", i,
+                      f->hello->hello->cuda_device);
+        ck_assert(!f->hello->hello->cuda_ipc);
+        fake_stop(f);
+    }
+    ck_assert_int_eq(kvnode_cuda_device(NULL), -1);
+}
+END_TEST
+
+START_TEST(test_cuda_device_invalid)
+{
+    static const char *const bad[] = {"abc", "1x", " 1", "1 ", "-2", "+1", "0x1", "2147483648",
+                                      "99999999999999999999", "1.0"};
+    kvnode_client *c = (kvnode_client *)&c;
+    size_t i;
+
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(setenv("KVNODE_CUDA_DEVICE", bad[i], 1), 0);
+        c = (kvnode_client *)&c;
+        /* fails before connecting: no daemon needed */
+        ck_assert_int_eq(kvnode_connect("/nonexistent-kvnode/x.sock", &test_layout, &c),
+                         -KVNODE_EINVAL);
+        ck_assert_ptr_null(c);
+        ck_assert_msg(strstr(kvnode_connect_error(), "KVNODE_CUDA_DEVICE=\"") &&
+                      strstr(kvnode_connect_error(), bad[i]) &&
+                      strstr(kvnode_connect_error(), "not a CUDA device ordinal"),
+                      "'%s': %s", bad[i], kvnode_connect_error());
+        ck_assert_str_eq(kvnode_last_error(NULL), kvnode_connect_error());
+    }
+    unsetenv("KVNODE_CUDA_DEVICE");
+    ck_assert_int_eq(setenv("KVNODE_CUDA_DEVICE", "2147483647", 1), 0);
+    ck_assert_int_eq(kvnode_connect("/nonexistent-kvnode/x.sock", &test_layout, &c),
+                     -KVNODE_ECONNECT);     /* INT_MAX parses */
+    unsetenv("KVNODE_CUDA_DEVICE");
+    c = (kvnode_client *)&c;
+    ck_assert_int_eq(kvnode_connect_device("/nonexistent-kvnode/x.sock", &test_layout, -2, &c),
+                     -KVNODE_EINVAL);
+    ck_assert_ptr_null(c);
+    ck_assert_ptr_nonnull(strstr(kvnode_connect_error(), "cuda_device -2"));
+    ck_assert_int_eq(kvnode_connect_device("/x", &test_layout, 0, NULL), -KVNODE_EINVAL);
+    ck_assert_int_eq(kvnode_connect("/x", &test_layout, NULL), -KVNODE_EINVAL);
+}
+END_TEST
+
 static Suite *client_suite(void)
 {
     Suite *s = suite_create("client_proto");
@@ -1537,6 +2187,23 @@ static Suite *client_suite(void)
     tcase_add_loop_test(tc, test_hello_failures, 0,
                         (int)(sizeof hello_cases / sizeof hello_cases[0]));
     tcase_add_test(tc, test_connect_errors);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("hbm");
+    tcase_set_timeout(tc, 60);
+    tcase_add_checked_fixture(tc, hbm_setup, hbm_teardown);
+    tcase_add_test(tc, test_hbm_sim_arena_is_mapped);
+    tcase_add_loop_test(tc, test_hbm_bad_ipc_handle, 0,
+                        (int)(sizeof bad_ipc_cases / sizeof bad_ipc_cases[0]));
+    tcase_add_test(tc, test_hbm_ipc_without_runtime);
+    tcase_add_test(tc, test_hbm_ipc_this_machine);
+    tcase_add_test(tc, test_hbm_ipc_with_runtime);
+    tcase_add_test(tc, test_hbm_ipc_open_fails);
+    tcase_add_test(tc, test_hbm_ipc_handle_shared_in_process);
+    tcase_add_test(tc, test_pin_host);
+    tcase_add_test(tc, test_pin_host_this_machine);
+    tcase_add_test(tc, test_cuda_device_declared);
+    tcase_add_test(tc, test_cuda_device_invalid);
     suite_add_tcase(s, tc);
     return s;
 }
