@@ -62,14 +62,14 @@ ifeq ($(CUDA),1)
   CUDA_LIBS  := $(CUDA_HOME)/lib64/libcudart_static.a -ldl -lrt
 endif
 DAEMON_LIBS = $(call pc_libs,$(DAEMON_PKGS)) $(CUDA_LIBS) -lpthread -lm
-LIB_LIBS    = $(call pc_libs,$(LIB_PKGS))
+LIB_LIBS    = $(call pc_libs,$(LIB_PKGS)) -ldl -lpthread
 CHECK_LIBS  = $(call pc_libs,$(CHECK_PKGS))
 
 # --- sources -----------------------------------------------------------------
 PROTO_C      := $(GEN)/kvnode.pb-c.c
 PROTO_H      := $(GEN)/kvnode.pb-c.h
 COMMON_SRC   := lib/wire.c lib/hash.c lib/errors.c
-LIB_SRC      := lib/client.c $(COMMON_SRC)
+LIB_SRC      := lib/client.c lib/cudart.c $(COMMON_SRC)
 DAEMON_SRC   := $(filter-out daemon/main.c $(if $(filter 1,$(V6D)),,daemon/kvs/v6d.c),$(wildcard daemon/*.c daemon/kvs/*.c daemon/kvcm/*.c))
 CTL_SRC      := lib/kvnodectl.c
 UNIT_SRC     := $(filter-out $(if $(filter 1,$(V6D)),,tests/unit/test_kvs_v6d.c),$(wildcard tests/unit/test_*.c))
@@ -259,6 +259,17 @@ $(BENCH_BIN): tests/bench/bench.c $(INTEG_HELPER) $(LIBA)
 $(BENCH_PERSIST_BIN): tests/bench/bench_persist.c $(INTEG_HELPER) $(LIBA)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
+
+# The HBM tier seen from a second process (scripts/gpu-check.sh runs it);
+# CUDA=1 links the CUDA runtime for its own copies and timings, CUDA=0 gives
+# a build that runs only --sim. `make check` runs the sim dry run of the
+# script (tests/gpu/run-sim.sh) on the test build.
+GPU_CHECK_BIN := $(BUILD)/kvnode-gpu-check
+$(GPU_CHECK_BIN): tests/bench/gpu_check.c $(LIBA)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(call pc_libs,jansson) $(CUDA_LIBS) -lpthread
+SCRIPT_TESTS += tests/gpu/run-sim.sh
+check: $(GPU_CHECK_BIN)
 
 # `make bench` runs both programs; `make bench-persist` only the second.
 # BENCH_ARGS / BENCH_PERSIST_ARGS pass options (e.g. --quick).
