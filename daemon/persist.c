@@ -465,8 +465,10 @@ static int check_request(const struct persist *p, const kv_namespace *ns)
     return 0;
 }
 
-int persist_write(struct persist *p, const kv_namespace *ns, int64_t key, const void *data,
-                  size_t len, persist_done_fn done, void *arg)
+/* A write from host memory (dm NULL) or from device memory of dm. */
+static int persist_write_from(struct persist *p, const kv_namespace *ns, int64_t key,
+                              const void *data, size_t len, struct devmem *dm, int device,
+                              persist_done_fn done, void *arg)
 {
     int rc = check_request(p, ns);
     if (rc < 0)
@@ -479,26 +481,23 @@ int persist_write(struct persist *p, const kv_namespace *ns, int64_t key, const 
     pj->key = key;
     pj->wdata = data;
     pj->len = len;
+    pj->dm = dm;
+    pj->device = device;
     return job_submit(p, pj);
+}
+
+int persist_write(struct persist *p, const kv_namespace *ns, int64_t key, const void *data,
+                  size_t len, persist_done_fn done, void *arg)
+{
+    return persist_write_from(p, ns, key, data, len, NULL, -1, done, arg);
 }
 
 int persist_write_device(struct persist *p, const kv_namespace *ns, int64_t key, const void *data,
                          size_t len, struct devmem *dm, int device, persist_done_fn done, void *arg)
 {
-    int rc = check_request(p, ns);
-    if (rc < 0)
-        return rc;
-    if (!data || !done || !dm)
+    if (!dm)
         return -KVNODE_EINVAL;
-    struct pjob *pj = job_new(p, PERSIST_OP_WRITE, ns, 0, done, arg);
-    if (!pj)
-        return -KVNODE_ENOMEM;
-    pj->key = key;
-    pj->wdata = data;
-    pj->len = len;
-    pj->dm = dm;
-    pj->device = device;
-    return job_submit(p, pj);
+    return persist_write_from(p, ns, key, data, len, dm, device, done, arg);
 }
 
 int persist_read(struct persist *p, const kv_namespace *ns, int64_t key, void *data, size_t len,

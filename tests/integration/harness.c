@@ -1334,3 +1334,46 @@ int kvh_raw_wait_eof(int fd, int timeout_ms)
         }
     }
 }
+
+pid_t kvh_spawn_holder(const kvh_daemon *d, kvh_hold_fn hold)
+{
+    int pfd[2];
+    char buf[512] = { 0 };
+
+    if (pipe(pfd) != 0) {
+        kvh_set_error("pipe: %s", strerror(errno));
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        kvh_set_error("fork: %s", strerror(errno));
+        close(pfd[0]);
+        close(pfd[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);   /* never outlive a failed test */
+        close(pfd[0]);
+        buf[0] = 'E';
+        if (hold(d, buf + 1, sizeof buf - 1) == 0) {
+            if (write(pfd[1], "R", 1) != 1)
+                _exit(3);
+            for (;;)
+                pause();
+        }
+        if (write(pfd[1], buf, strlen(buf)) < 0)
+            _exit(3);
+        _exit(1);
+    }
+    close(pfd[1]);
+    struct pollfd p = { .fd = pfd[0], .events = POLLIN };
+    int pr = poll(&p, 1, 10000);
+    ssize_t n = pr > 0 ? read(pfd[0], buf, sizeof buf - 1) : -1;
+    close(pfd[0]);
+    if (n == 1 && buf[0] == 'R')
+        return pid;
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    kvh_set_error("the client process did not take its leases: %s", n > 1 ? buf + 1 : "(timeout)");
+    return -1;
+}

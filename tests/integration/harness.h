@@ -50,6 +50,14 @@ typedef struct kvh_daemon {
 /* Message of the last failed harness call in this thread. */
 const char *kvh_error(void);
 
+/* A client process that dies holding leases: hold(d, msg, len) runs in a
+ * forked child (killed with the test process, PR_SET_PDEATHSIG); it takes
+ * its leases and returns 0 to report them held (the child then waits to be
+ * killed), or -1 with msg set. The parent waits up to 10 s for the report.
+ * The child's pid, or -1 with kvh_error() set (the child is reaped). */
+typedef int (*kvh_hold_fn)(const kvh_daemon *d, char *msg, size_t len);
+pid_t kvh_spawn_holder(const kvh_daemon *d, kvh_hold_fn hold);
+
 /* Path of the daemon binary ($KVNODED or "build/kvnoded"). */
 const char *kvh_daemon_path(void);
 

@@ -872,10 +872,9 @@ END_TEST
 
 #define N6 CHUNK
 
-/* The child: read-lease the committed R, reserve W in HBM and write it, report. */
-static void child_hold_hbm_leases(const kvh_daemon *d, int wfd)
+/* In the child (kvh_spawn_holder): read-lease the committed R, reserve W in HBM and write it. */
+static int hold_hbm_leases(const kvh_daemon *d, char *msg, size_t len)
 {
-    char msg[512];
     kvnode_layout l = kvh_layout("hbm-kill", BB, 1, 0);
     kvnode_client *c = NULL;
     kvnode_key r[N6], w[N6];
@@ -886,42 +885,35 @@ static void child_hold_hbm_leases(const kvh_daemon *d, int wfd)
     kvh_chain(w, N6, 2);
     int rc = kvnode_connect_device(d->sock, &l, 0, &c);
     if (rc != 0) {
-        snprintf(msg, sizeof msg, "Econnect_device: %s", kvnode_connect_error());
-        goto fail;
+        snprintf(msg, len, "connect_device: %s", kvnode_connect_error());
+        return -1;
     }
     rc = kvnode_get_begin(c, r, N6, &lr, locs, &got);
     if (rc != 0 || got != N6) {
-        snprintf(msg, sizeof msg, "Eget_begin rc %d got %zu: %s", rc, got, kvnode_last_error(c));
-        goto fail;
+        snprintf(msg, len, "get_begin rc %d got %zu: %s", rc, got, kvnode_last_error(c));
+        return -1;
     }
     for (size_t i = 0; i < N6; i++) {
         if (locs[i].tier != KVNODE_TIER_HBM || locs[i].device != 0 || kvh_verify(locs[i].ptr, BB, r[i], 61) != 0) {
-            snprintf(msg, sizeof msg, "Eget_begin: block %zu in tier %d device %d or wrong bytes", i,
+            snprintf(msg, len, "get_begin: block %zu in tier %d device %d or wrong bytes", i,
                      locs[i].tier, locs[i].device);
-            goto fail;
+            return -1;
         }
     }
     rc = kvnode_put_begin(c, w, N6, KVNODE_TIER_HBM, &lw, locs);
     if (rc != 0) {
-        snprintf(msg, sizeof msg, "Eput_begin rc %d: %s", rc, kvnode_last_error(c));
-        goto fail;
+        snprintf(msg, len, "put_begin rc %d: %s", rc, kvnode_last_error(c));
+        return -1;
     }
     for (size_t i = 0; i < N6; i++) {
         if (!locs[i].ptr || locs[i].tier != KVNODE_TIER_HBM || locs[i].device != 0) {
-            snprintf(msg, sizeof msg, "Eput_begin: slot %zu is %p tier %d device %d", i, locs[i].ptr,
+            snprintf(msg, len, "put_begin: slot %zu is %p tier %d device %d", i, locs[i].ptr,
                      locs[i].tier, locs[i].device);
-            goto fail;
+            return -1;
         }
         kvh_fill(locs[i].ptr, BB, w[i], 62);
     }
-    if (write(wfd, "R", 1) != 1)
-        _exit(3);
-    for (;;)
-        pause();
-fail:
-    if (write(wfd, msg, strlen(msg)) < 0)
-        _exit(3);
-    _exit(1);
+    return 0;
 }
 
 START_TEST(killed_client_leaves_no_hbm_behind)
@@ -936,27 +928,8 @@ START_TEST(killed_client_leaves_no_hbm_behind)
     put_expect(c, r, N6, KVNODE_TIER_HBM, 61, KVNODE_TIER_HBM, 0, NULL);
     ck_assert_int_eq(hbm_stat(&d, 0, "used_bytes"), (long long)N6 * BB);
 
-    int pfd[2];
-    ck_assert_int_eq(pipe(pfd), 0);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);   /* never outlive a failed test */
-        close(pfd[0]);
-        child_hold_hbm_leases(&d, pfd[1]);
-        _exit(2);
-    }
-    close(pfd[1]);
-    struct pollfd pp = { .fd = pfd[0], .events = POLLIN };
-    char buf[512] = { 0 };
-    int pr = poll(&pp, 1, 10000);
-    ssize_t n = pr > 0 ? read(pfd[0], buf, sizeof buf - 1) : -1;
-    close(pfd[0]);
-    if (n != 1 || buf[0] != 'R') {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        ck_abort_msg("client process did not take its HBM leases: %s", n > 1 ? buf + 1 : "(timeout)");
-    }
+    pid_t pid = kvh_spawn_holder(&d, hold_hbm_leases);
+    ck_assert_msg(pid > 0, "%s", kvh_error());
     ck_assert_int_eq(KVH_STAT(&d, "leases.read"), 1);
     ck_assert_int_eq(KVH_STAT(&d, "leases.write"), 1);
     ck_assert_int_eq(hbm_stat(&d, 0, "used_bytes"), 2LL * N6 * BB);

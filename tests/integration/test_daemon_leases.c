@@ -24,47 +24,39 @@
 #define BB 65536
 #define N 8
 
-/* The child: hold a read lease on R and a write lease on W, report, wait. */
-static void child_hold_leases(const kvh_daemon *d, int wfd)
+/* In the child (kvh_spawn_holder): a read lease on R and a write lease on W. */
+static int hold_leases(const kvh_daemon *d, char *msg, size_t len)
 {
-    char msg[512];
     kvnode_layout l = kvh_layout("lease-kill", BB, 1, 0);
     kvnode_client *c;
     kvnode_key r[N], w[N];
     kvh_chain(r, N, 1);
     kvh_chain(w, N, 2);
     if (kvh_connect(d, &l, &c) != 0 || kvh_put(c, r, N, 1) != 0) {
-        snprintf(msg, sizeof msg, "E%s", kvh_error());
-        goto fail;
+        snprintf(msg, len, "%s", kvh_error());
+        return -1;
     }
     kvnode_loc locs[N];
     kvnode_lease lr, lw;
     size_t got;
     int rc = kvnode_get_begin(c, r, N, &lr, locs, &got);
     if (rc != 0 || got != N) {
-        snprintf(msg, sizeof msg, "Eget_begin rc %d got %zu: %s", rc, got, kvnode_last_error(c));
-        goto fail;
+        snprintf(msg, len, "get_begin rc %d got %zu: %s", rc, got, kvnode_last_error(c));
+        return -1;
     }
     rc = kvnode_put_begin(c, w, N, KVNODE_TIER_HOST, &lw, locs);
     if (rc != 0) {
-        snprintf(msg, sizeof msg, "Eput_begin rc %d: %s", rc, kvnode_last_error(c));
-        goto fail;
+        snprintf(msg, len, "put_begin rc %d: %s", rc, kvnode_last_error(c));
+        return -1;
     }
     for (size_t i = 0; i < N; i++) {
         if (!locs[i].ptr) {
-            snprintf(msg, sizeof msg, "Eput_begin: no slot for key %zu", i);
-            goto fail;
+            snprintf(msg, len, "put_begin: no slot for key %zu", i);
+            return -1;
         }
         kvh_fill(locs[i].ptr, BB, w[i], 2);
     }
-    if (write(wfd, "R", 1) != 1)
-        _exit(3);
-    for (;;)
-        pause();
-fail:
-    if (write(wfd, msg, strlen(msg)) < 0)
-        _exit(3);
-    _exit(1);
+    return 0;
 }
 
 START_TEST(killed_client_leaves_nothing_pinned_or_reserved)
@@ -73,27 +65,8 @@ START_TEST(killed_client_leaves_nothing_pinned_or_reserved)
     KVH_START(&d, "memory.host_bytes=8MiB\nmemory.slab_bytes=1MiB\n");
     long long used0 = KVH_STAT(&d, "tiers.host.used_bytes");
 
-    int pfd[2];
-    ck_assert_int_eq(pipe(pfd), 0);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);   /* never outlive a failed test */
-        close(pfd[0]);
-        child_hold_leases(&d, pfd[1]);
-        _exit(2);
-    }
-    close(pfd[1]);
-    struct pollfd p = { .fd = pfd[0], .events = POLLIN };
-    char buf[512] = { 0 };
-    int pr = poll(&p, 1, 10000);
-    ssize_t n = pr > 0 ? read(pfd[0], buf, sizeof buf - 1) : -1;
-    close(pfd[0]);
-    if (n != 1 || buf[0] != 'R') {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        ck_abort_msg("client process did not take its leases: %s", n > 1 ? buf + 1 : "(timeout)");
-    }
+    pid_t pid = kvh_spawn_holder(&d, hold_leases);
+    ck_assert_msg(pid > 0, "%s", kvh_error());
 
     kvnode_key r[N], w[N];
     kvh_chain(r, N, 1);

@@ -13,6 +13,7 @@
 
 #include <event2/event.h>
 
+#include "block_pattern.h"
 #include "cache.h"
 #include "config.h"
 #include "kvnode.h"
@@ -135,24 +136,8 @@ static uint8_t *slot(const struct cache_loc *l)
     return (uint8_t *)cache_arena_base(cache, l->arena) + l->offset;
 }
 
-static void fill(uint8_t *p, int64_t key)
-{
-    for (size_t i = 0; i < BLOCK; i += 8) {
-        uint64_t v = (uint64_t)key * 0x9e3779b97f4a7c15u + i;
-        memcpy(p + i, &v, 8);
-    }
-}
-
-static int check(const uint8_t *p, int64_t key)
-{
-    for (size_t i = 0; i < BLOCK; i += 8) {
-        uint64_t v = (uint64_t)key * 0x9e3779b97f4a7c15u + i, got;
-        memcpy(&got, p + i, 8);
-        if (got != v)
-            return 0;
-    }
-    return 1;
-}
+static void fill(uint8_t *p, int64_t key) { block_fill(p, BLOCK, key); }
+static int check(const uint8_t *p, int64_t key) { return block_check(p, BLOCK, key); }
 
 static void put_chain(const int64_t *keys, size_t n, bool commit)
 {
