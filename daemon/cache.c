@@ -956,90 +956,99 @@ static void cache_demote_done(struct copier_batch *b)
     cache_demote_maybe_schedule(c);
 }
 
+static int demote_rec_by_offset(const void *a, const void *b)
+{
+    uint64_t x = ((const struct demote_rec *)a)->e->offset, y = ((const struct demote_rec *)b)->e->offset;
+    return x < y ? -1 : x > y;
+}
+
 /* Build and submit one batch of h's least recently used unpinned blocks,
- * up to hbm.copy_batch_bytes or until h is below its low watermark. A
- * victim the host tier has no room for leaves memory (a ghost when the
- * store holds it). false when nothing more can be done for h now. */
+ * up to hbm.copy_batch_bytes or until h is below its low watermark. The
+ * victims get host slots in the order of their HBM offsets, so that runs
+ * adjacent in both arenas become one transfer. A victim the host tier has
+ * no room for leaves memory (a ghost when the store holds it). true when
+ * it submitted a batch or dropped victims (call again while over the
+ * watermark), false when nothing more can be done for h now. */
 static bool cache_demote_batch(struct cache *c, unsigned hi)
 {
     struct cache_hbm *h = &c->hbm[hi];
-    size_t cap = 64, n = 0;
+    size_t cap = 64, n = 0, kept = 0;
     uint64_t bytes = 0;
+    bool dropped = false;
     struct cache_demote *d = calloc(1, sizeof *d);
-    struct copier_item *items = malloc(cap * sizeof *items);
     struct demote_rec *recs = malloc(cap * sizeof *recs);
+    struct copier_item *items = NULL;
 
-    if (!d || !items || !recs)
-        goto nomem;
+    if (!d || !recs)
+        goto out;
+    /* The victims, pinned: off the LRU, alive until the batch is back. */
     while (bytes < c->hbm_batch_bytes && cache_hbm_over(h, c->hbm_low)) {
         index_entry *e = index_lru_oldest_in_arena(c->index, arena_id(h->a));
-        kv_namespace *ns = e ? ns_get(c->namespaces, e->ns) : NULL;
-        uint64_t off;
         if (!e)
             break;
-        if (!ns || !cache_make_room(c, ns->cls) || arena_alloc(c->host, ns->cls, &off) < 0) {
-            cache_evict_entry(c, e);
-            c->demote_dropped++;
-            continue;
-        }
         if (n == cap) {
-            struct copier_item *ni = realloc(items, 2 * cap * sizeof *items);
-            if (ni)
-                items = ni;
-            struct demote_rec *nr = ni ? realloc(recs, 2 * cap * sizeof *recs) : NULL;
-            if (!nr) {
-                arena_free(c->host, off);
+            struct demote_rec *nr = realloc(recs, 2 * cap * sizeof *recs);
+            if (!nr)
                 break;
-            }
             recs = nr;
             cap *= 2;
         }
-        items[n].dst = (uint8_t *)arena_base(c->host) + off;
-        items[n].src = cache_slot_ptr(c, e);
-        items[n].len = ns->layout.block_bytes;
         recs[n].e = e;
-        recs[n].host_off = off;
-        recs[n].host_cls = ns->cls;
         recs[n].stride = arena_class_stride(h->a, e->cls);
-        cache_pin(c, e);   /* off the LRU, alive until the batch is back */
+        cache_pin(c, e);
         h->moving_bytes += recs[n].stride;
-        bytes += items[n].len;
+        bytes += ns_block_bytes(c, e->ns);
         n++;
     }
-    if (n == 0) {
-        free(d);
-        free(items);
-        free(recs);
-        return false;
+    qsort(recs, n, sizeof *recs, demote_rec_by_offset);
+    items = malloc((n ? n : 1) * sizeof *items);
+    for (size_t i = 0; i < n; i++) {
+        index_entry *e = recs[i].e;
+        kv_namespace *ns = ns_get(c->namespaces, e->ns);
+        uint64_t off;
+        if (!items || !ns || !cache_make_room(c, ns->cls) || arena_alloc(c->host, ns->cls, &off) < 0) {
+            h->moving_bytes -= recs[i].stride;
+            cache_unpin(c, e);
+            if (items) {
+                cache_evict_entry(c, e);
+                c->demote_dropped++;
+                dropped = true;
+            }
+            continue;
+        }
+        recs[kept] = recs[i];
+        recs[kept].host_off = off;
+        recs[kept].host_cls = ns->cls;
+        items[kept].dst = (uint8_t *)arena_base(c->host) + off;
+        items[kept].src = cache_slot_ptr(c, e);
+        items[kept].len = ns->layout.block_bytes;
+        kept++;
     }
+    if (kept == 0)
+        goto out;   /* dropping victims was progress too: the caller goes on */
     d->c = c;
     d->hbm = hi;
     d->recs = recs;
     d->b.device = h->device;
-    d->b.n = n;
+    d->b.n = kept;
     d->b.items = items;
     d->b.done = cache_demote_done;
     d->b.arg = d;
-    if (copier_submit(c->copier, &d->b) < 0) {
-        /* The queue is full: put everything back; a finishing batch retries. */
-        for (size_t i = 0; i < n; i++) {
-            h->moving_bytes -= recs[i].stride;
-            arena_free(c->host, recs[i].host_off);
-            cache_unpin(c, recs[i].e);
-        }
-        free(d);
-        free(items);
-        free(recs);
-        return false;
+    if (copier_submit(c->copier, &d->b) == 0) {
+        h->inflight++;
+        return true;
     }
-    h->inflight++;
-    return true;
-
-nomem:
+    /* The queue is full: put everything back; a finishing batch retries. */
+    for (size_t i = 0; i < kept; i++) {
+        h->moving_bytes -= recs[i].stride;
+        arena_free(c->host, recs[i].host_off);
+        cache_unpin(c, recs[i].e);
+    }
+out:
     free(d);
     free(items);
     free(recs);
-    return false;
+    return dropped;
 }
 
 static void cache_demote_cb(evutil_socket_t fd, short what, void *arg)

@@ -270,6 +270,8 @@ START_TEST(demotion_keeps_every_byte_and_stops_at_the_low_watermark)
     ck_assert_int_eq(demote_stat("bytes_total"), 17 * BLOCK);
     ck_assert_int_eq(hbm_used(0), 32 * BLOCK);
     ck_assert_int_ge(demote_stat("batches_total"), 3);   /* 8 blocks per batch */
+    /* Victims adjacent in HBM got adjacent host slots: one transfer a batch. */
+    ck_assert_int_eq(demote_stat("transfers_total"), demote_stat("batches_total"));
     /* Least recently used first: a chain's leaves are older than its root,
      * so keys 48 down to 32 went to host; 1..31 and 49 stayed. */
     ck_assert_uint_eq(get(&gpu0, 1, 49, locs, &lid), 49);
