@@ -496,8 +496,14 @@ static bool kvcm_sync_dep(struct kvcm *k, struct kvcm_client *cl, struct kvcm_de
         }
         int st = kvcm_report(k, cl, d, events, false, &r);
         json_decref(events);
-        if (st != KVCM_OK)
+        if (st != KVCM_OK) {
+            /* Without an answer the batch may still be applied, late and out of
+             * order with its retries and later batches: only a snapshot says
+             * for sure what KVCM holds once it answers again. */
+            if (st == KVCM_TRANSPORT)
+                d->need_snapshot = true;
             return kvcm_step_failed(k, d, "ADD/DELETE", &r);
+        }
         for (size_t i = 0; i < n; i++)
             keyset_del(&d->pending, k->batch[i].key);
         flush = keyset_count(&d->pending) > 0 && flush;
