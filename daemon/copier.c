@@ -1,5 +1,5 @@
-/* copier: the copy worker (see copier.h). One workq thread; its context
- * holds one stream per device, created on the first batch for that device
+/* copier: the copy workers (see copier.h). Each workq thread's context
+ * holds its own stream per device, created on the first batch for that device
  * (a daemon with one GPU never opens streams on the others). Stats are
  * kept on the loop, in done(), so reading them takes no lock. */
 #include "copier.h"
@@ -141,8 +141,8 @@ static void batch_done(struct workq_job *job)
     b->done(b);   /* may free b */
 }
 
-int copier_create(struct event_base *loop, struct devmem *dm, size_t queue, struct copier **out,
-                  char *err, size_t errlen)
+int copier_create(struct event_base *loop, struct devmem *dm, unsigned threads, size_t queue,
+                  struct copier **out, char *err, size_t errlen)
 {
     const struct workq_thread_hooks hooks = { ctx_init, ctx_fini, dm };
     struct copier *cp;
@@ -151,9 +151,9 @@ int copier_create(struct event_base *loop, struct devmem *dm, size_t queue, stru
 
     if (out)
         *out = NULL;
-    if (!loop || !dm || !out || queue == 0) {
-        errmsg_set(err, errlen, "copier: needs a loop, a devmem backend, a queue of at least 1 "
-                   "and an output pointer");
+    if (!loop || !dm || !out || queue == 0 || threads == 0 || threads > COPIER_MAX_THREADS) {
+        errmsg_set(err, errlen, "copier: needs a loop, a devmem backend, 1..%u threads, a queue of "
+                   "at least 1 and an output pointer", COPIER_MAX_THREADS);
         return -KVNODE_EINVAL;
     }
     if (devmem_device_count(dm) <= 0) {
@@ -166,7 +166,7 @@ int copier_create(struct event_base *loop, struct devmem *dm, size_t queue, stru
         return -KVNODE_ENOMEM;
     }
     cp->dm = dm;
-    rc = workq_create_hooks(loop, "copier", 1, queue, &hooks, &cp->wq, e, sizeof e);
+    rc = workq_create_hooks(loop, "copier", threads, queue, &hooks, &cp->wq, e, sizeof e);
     if (rc < 0) {
         errmsg_set(err, errlen, "copier: %s", e);
         free(cp);

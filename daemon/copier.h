@@ -1,6 +1,8 @@
-/* copier: the copy worker. One thread (on a workq) that owns a non-blocking
- * devmem stream per device and runs batches of copies between device and
- * host memory for the loop: HBM -> host demotion today. A batch is one job:
+/* copier: the copy workers. Threads on a workq, each owning a non-blocking
+ * devmem stream per device, that run batches of copies between device and
+ * host memory for the loop: HBM -> host demotion today. With a thread per
+ * device, batches of different devices (or two of one device) overlap
+ * instead of queueing behind each other's event wait. A batch is one job:
  * its copies are queued on the device's stream (adjacent source and
  * destination runs merged into one transfer), then one event is waited
  * for; done() runs on the loop with the outcome. The loop never waits for
@@ -53,8 +55,9 @@ struct copier_stats {
 
 /* queue: batches outstanding at most (>= 1). dm must have a device (not
  * none). 0, or a negative code with err set. */
-int  copier_create(struct event_base *loop, struct devmem *dm, size_t queue, struct copier **out,
-                   char *err, size_t errlen);
+#define COPIER_MAX_THREADS 16u
+int  copier_create(struct event_base *loop, struct devmem *dm, unsigned threads, size_t queue,
+                   struct copier **out, char *err, size_t errlen);
 /* 0; -KVNODE_ELIMIT when the queue is full; -KVNODE_EINVAL for a bad batch
  * (why says why): no done(), a device out of devmem_device_count()'s range,
  * items NULL with n > 0, an item with len > 0 and a NULL pointer;

@@ -156,7 +156,8 @@ int gpu_start(struct event_base *base, const struct kvn_config *cfg, struct cach
     if (gpu_start_hbm(cfg, g, cache, backend_why, err, errlen) < 0)
         return -1;
     if (g->nregions > 0) {
-        if (copier_create(base, g->dm, GPU_COPY_QUEUE, &g->copier, err, errlen) < 0)
+        /* A copy thread per device: one device's demotions never wait for another's. */
+        if (copier_create(base, g->dm, g->nregions, GPU_COPY_QUEUE, &g->copier, err, errlen) < 0)
             return -1;
         cache_set_copier(cache, g->copier);
     }

@@ -62,7 +62,7 @@ static void setup_with(uint64_t host_bytes, bool with_store)
         ck_assert_msg(cache_add_hbm(cache, dm, &region[d], cfg.slab_bytes, err, sizeof err) == 0,
                       "%s", err);
     }
-    ck_assert_int_eq(copier_create(base, dm, 16, &cp, err, sizeof err), 0);
+    ck_assert_int_eq(copier_create(base, dm, 2, 16, &cp, err, sizeof err), 0);
     cache_set_copier(cache, cp);
     if (with_store) {
         snprintf(store_dir, sizeof store_dir, "/tmp/kvnode-cache-hbm-XXXXXX");

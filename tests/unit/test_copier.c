@@ -132,7 +132,7 @@ static void fx_open(struct fixture *f, size_t queue, const char *copy_delay_ms)
         rc = devmem_region_alloc(f->dm, d, MiB, &f->r[d], why, sizeof why);
         ck_assert_msg(rc == 0, "region_alloc: %s", why);
     }
-    rc = copier_create(f->base, f->dm, queue, &f->cp, why, sizeof why);
+    rc = copier_create(f->base, f->dm, 1, queue, &f->cp, why, sizeof why);
     ck_assert_msg(rc == 0, "copier_create: %d %s", rc, why);
 }
 
@@ -407,12 +407,15 @@ START_TEST(test_create_args)
     ck_assert_int_eq(devmem_open(DEVMEM_NONE, &none, why, sizeof why), 0);
     ck_assert_int_eq(devmem_open(DEVMEM_SIM, &sim, why, sizeof why), 0);
     why[0] = '\0';
-    ck_assert_int_eq(copier_create(base, none, 4, &cp, why, sizeof why), -KVNODE_EINVAL);
+    ck_assert_int_eq(copier_create(base, none, 1, 4, &cp, why, sizeof why), -KVNODE_EINVAL);
     ck_assert_ptr_null(cp);
     ck_assert_msg(strstr(why, "none") != NULL, "why: %s", why);
-    ck_assert_int_eq(copier_create(base, sim, 0, &cp, why, sizeof why), -KVNODE_EINVAL);
-    ck_assert_int_eq(copier_create(NULL, sim, 4, &cp, why, sizeof why), -KVNODE_EINVAL);
-    ck_assert_int_eq(copier_create(base, NULL, 4, &cp, why, sizeof why), -KVNODE_EINVAL);
+    ck_assert_int_eq(copier_create(base, sim, 1, 0, &cp, why, sizeof why), -KVNODE_EINVAL);
+    ck_assert_int_eq(copier_create(base, sim, 0, 4, &cp, why, sizeof why), -KVNODE_EINVAL);
+    ck_assert_int_eq(copier_create(base, sim, COPIER_MAX_THREADS + 1, 4, &cp, why, sizeof why),
+                     -KVNODE_EINVAL);
+    ck_assert_int_eq(copier_create(NULL, sim, 1, 4, &cp, why, sizeof why), -KVNODE_EINVAL);
+    ck_assert_int_eq(copier_create(base, NULL, 1, 4, &cp, why, sizeof why), -KVNODE_EINVAL);
     copier_destroy(NULL);
     struct copier_stats st;
     copier_stats(NULL, &st);
