@@ -43,6 +43,7 @@ struct cache_hbm {
     bool     host_access;            /* the loop may read its bytes (sim) */
     uint8_t  ipc[DEVMEM_IPC_HANDLE_BYTES];
     size_t   ipc_len;
+    char     pci_bus_id[32];
     uint64_t moving_bytes;           /* strides of blocks being demoted */
     unsigned inflight;               /* demotion batches submitted, not done */
     bool     demoting;               /* passed the high watermark, not yet below the low */
@@ -357,6 +358,7 @@ size_t cache_arenas(const struct cache *c, struct cache_arena_info *out, size_t 
         out[n].ipc_handle = h && h->ipc_len ? h->ipc : NULL;
         out[n].ipc_len = h ? h->ipc_len : 0;
         out[n].host_access = !h || h->host_access;
+        out[n].pci_bus_id = h ? h->pci_bus_id : NULL;
     }
     return n;
 }
@@ -391,6 +393,7 @@ int cache_add_hbm(struct cache *c, struct devmem *dm, const struct devmem_region
     h->host_access = r->host_access;
     h->ipc_len = r->ipc_len <= sizeof h->ipc ? r->ipc_len : 0;
     memcpy(h->ipc, r->ipc_handle, h->ipc_len);
+    snprintf(h->pci_bus_id, sizeof h->pci_bus_id, "%s", r->pci_bus_id);
     c->arenas[id] = h->a;
     c->narenas++;
     c->nhbm++;
@@ -2191,6 +2194,7 @@ static void cache_hbm_stats_json(struct cache *c, json_t *tiers, json_t *root)
         json_t *o = json_object();
         arena_get_stats(h->a, &st);
         json_object_set_new(o, "device", json_integer(h->device));
+        json_object_set_new(o, "pci_bus_id", json_string(h->pci_bus_id));
         json_object_set_new(o, "arena", json_integer(arena_id(h->a)));
         json_object_set_new(o, "capacity_bytes", json_integer((json_int_t)st.capacity));
         json_object_set_new(o, "used_bytes", json_integer((json_int_t)st.used_bytes));

@@ -44,6 +44,7 @@ struct cache_arena_info {
     const uint8_t *ipc_handle;    /* CUDA IPC handle (real GPU memory), NULL: none */
     size_t   ipc_len;
     bool     host_access;         /* the daemon's CPU can read it (host, simulated HBM) */
+    const char *pci_bus_id;       /* HBM: its GPU's PCI bus id ("" when unknown); host: NULL */
 };
 
 int  cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,

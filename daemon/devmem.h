@@ -61,6 +61,7 @@ struct devmem_region {
     uint8_t  ipc_handle[DEVMEM_IPC_HANDLE_BYTES];
     size_t   ipc_len;      /* cuda: DEVMEM_IPC_HANDLE_BYTES; sim: 0 */
     bool     host_access;  /* base can be dereferenced by the CPU (sim) */
+    char     pci_bus_id[32];  /* cudaDeviceGetPCIBusId ("0000:3b:00.0"); sim: "sim:N" */
 };
 int  devmem_region_alloc(struct devmem *dm, int device, uint64_t bytes, struct devmem_region *out,
                          char *why, size_t whylen);

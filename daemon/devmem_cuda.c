@@ -80,6 +80,11 @@ static int cuda_region_alloc(struct devmem *dm, int device, uint64_t bytes, stru
     memcpy(out->ipc_handle, &h, sizeof h);
     out->ipc_len = sizeof h;
     out->host_access = false;
+    /* Matched against the client's: its CUDA_VISIBLE_DEVICES may number the GPU otherwise. */
+    if (cudaDeviceGetPCIBusId(out->pci_bus_id, (int)sizeof out->pci_bus_id, device) != cudaSuccess) {
+        out->pci_bus_id[0] = '\0';
+        (void)cudaGetLastError();
+    }
     return 0;
 }
 

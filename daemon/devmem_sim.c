@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -111,6 +112,7 @@ static int sim_region_alloc(struct devmem *dm, int device, uint64_t bytes, struc
     out->fd = fd;
     out->ipc_len = 0;
     out->host_access = true;
+    snprintf(out->pci_bus_id, sizeof out->pci_bus_id, "sim:%d", device);
     return 0;
 
 fail:

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -236,6 +237,15 @@ static void loc_buf_free(struct loc_buf *b)
 
 /* --- handlers ------------------------------------------------------------- */
 
+bool ops_arena_is_clients_gpu(const struct cache_arena_info *a, int device, const char *bus_id)
+{
+    if (device < 0 || a->tier != KVNODE_TIER_HBM)
+        return false;
+    if (bus_id && *bus_id && a->pci_bus_id && *a->pci_bus_id)
+        return strcasecmp(bus_id, a->pci_bus_id) == 0;
+    return a->device == device;
+}
+
 static void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {
     const Kvnode__HelloRequest *h = req->hello;
@@ -278,14 +288,16 @@ static void ops_hello(struct ops *o, struct conn *conn, struct session *s, const
              * peer mappings to set up or to fail): mapped for simulated
              * devices, through CUDA IPC when the client has a CUDA runtime. */
             bool by_fd = a->fd >= 0, by_ipc = !by_fd && a->ipc_handle && h->cuda_ipc;
-            if (a->tier == KVNODE_TIER_HBM && (a->device != h->cuda_device || !(by_fd || by_ipc)))
+            bool own_gpu = ops_arena_is_clients_gpu(a, h->cuda_device, h->cuda_pci_bus_id);
+            if (a->tier == KVNODE_TIER_HBM && (!own_gpu || !(by_fd || by_ipc)))
                 continue;
             if (!by_fd && !by_ipc)
                 continue;
             kvnode__arena__init(m);
             m->id = a->id;
             m->tier = (Kvnode__Tier)a->tier;
-            m->device = a->device;
+            /* A lent GPU is named as the client numbers it. */
+            m->device = a->tier == KVNODE_TIER_HBM ? h->cuda_device : a->device;
             m->size = a->size;
             m->fd_index = by_fd ? (int32_t)nfds : -1;
             if (by_fd)
@@ -297,15 +309,18 @@ static void ops_hello(struct ops *o, struct conn *conn, struct session *s, const
             arena_ptrs[narenas++] = m;
             if (a->id < 32)
                 s->leases.mapped |= 1u << a->id;
-            if (a->tier == KVNODE_TIER_HBM && a->device == h->cuda_device && !s->leases.put_arena)
+            if (a->tier == KVNODE_TIER_HBM && !s->leases.put_arena)
                 s->leases.put_arena = a->id;
         }
         reply.namespace_id = s->ns->id;
         reply.deployment_id = s->ns->deployment_id;
         reply.block_bytes = s->ns->layout.block_bytes;
-        log_info("client pid %d uid %d (%s) bound to namespace %u (%s rank %u); GPU %d, %s",
+        log_info("client pid %d uid %d (%s) bound to namespace %u (%s rank %u); GPU %d%s%.32s%s, %s",
                  (int)s->pid, (int)s->uid, s->name, s->ns->id, s->ns->deployment_id,
                  s->ns->layout.tp_rank, (int)h->cuda_device,
+                 h->cuda_pci_bus_id && *h->cuda_pci_bus_id ? " (" : "",
+                 h->cuda_pci_bus_id ? h->cuda_pci_bus_id : "",
+                 h->cuda_pci_bus_id && *h->cuda_pci_bus_id ? ")" : "",
                  s->leases.put_arena ? "HBM lent" : "host memory only");
     } else {
         s->observer = true;

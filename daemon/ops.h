@@ -54,6 +54,12 @@ struct kvcm_querier;
 /* Who answers MATCH_REMOTE's peer part (NULL: [kvcm] off, local answer only). */
 void ops_set_querier(struct ops *o, struct kvcm_querier *q);
 
+/* Whether HELLO lends HBM arena a to a client on CUDA device `device`
+ * (its own numbering) whose GPU has PCI bus id `bus_id` ("" or NULL:
+ * unknown): the same GPU by bus id when both sides know it, else by
+ * ordinal. Never for a client without a device or for host arenas. */
+bool ops_arena_is_clients_gpu(const struct cache_arena_info *a, int device, const char *bus_id);
+
 /* Handle one decoded request; the reply goes out through server_reply. */
 void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 /* The connection is gone: end its leases, unbind its namespace. */

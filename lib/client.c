@@ -980,6 +980,16 @@ static int client_hello(kvnode_client *c, const kvnode_layout *layout)
                             ? program_invocation_short_name : (char *)"libkvnode";
     hello.cuda_device = c->cuda_device;
     hello.cuda_ipc = c->have_rt;
+    /* The GPU's bus id lets the daemon find it whatever this process's
+     * CUDA_VISIBLE_DEVICES numbers it as. */
+    char bus[32] = "";
+    if (c->have_rt && c->cuda_device >= 0 && c->rt.pci_bus_id &&
+        c->rt.pci_bus_id(bus, (int)sizeof bus, c->cuda_device) != CUDART_SUCCESS) {
+        bus[0] = '\0';
+        client_cuda_failed(c);
+    }
+    bus[sizeof bus - 1] = '\0';
+    hello.cuda_pci_bus_id = bus;
     if (layout) {
         lo.model = (char *)(uintptr_t)layout->model;
         lo.dtype = (char *)(uintptr_t)layout->dtype;

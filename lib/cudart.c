@@ -50,6 +50,9 @@ static int cudart_bind(void *h, const char *name, struct cudart *rt, char *why, 
     rt->get_device = (int (*)(int *))f[6];
     rt->error_string = (const char *(*)(int))f[7];
     rt->get_last_error = (int (*)(void))f[8];
+    /* Optional: without it the daemon matches the GPU by ordinal. */
+    void *bus = dlsym(h, "cudaDeviceGetPCIBusId");
+    rt->pci_bus_id = bus ? (int (*)(char *, int, int))bus : NULL;
     snprintf(rt->lib, sizeof rt->lib, "%s", name);
     return 0;
 }

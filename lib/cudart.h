@@ -39,6 +39,7 @@ struct cudart {
     int (*get_device)(int *device);
     const char *(*error_string)(int err);
     int (*get_last_error)(void);            /* cudaGetLastError: clears a failed call's error */
+    int (*pci_bus_id)(char *buf, int len, int device);  /* cudaDeviceGetPCIBusId; NULL: absent */
     char lib[32];                           /* the library it came from, for messages */
 };
 

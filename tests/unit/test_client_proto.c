@@ -1628,6 +1628,13 @@ static const char *frt_error_string(int err)
     }
 }
 
+/* A bus id per device, as cudaDeviceGetPCIBusId writes it. */
+static int frt_pci_bus_id(char *buf, int len, int device)
+{
+    snprintf(buf, (size_t)len, "0000:%02X:00.0", 0x10 + device);
+    return 0;
+}
+
 static int frt_get_last_error(void)
 {
     frt.last_error_calls++;
@@ -1639,7 +1646,7 @@ static const struct cudart fake_runtime = {
     .host_register = frt_host_register, .host_unregister = frt_host_unregister,
     .copy = frt_copy, .set_device = frt_set_device, .get_device = frt_get_device,
     .error_string = frt_error_string, .get_last_error = frt_get_last_error,
-    .lib = "fake-cudart",
+    .pci_bus_id = frt_pci_bus_id, .lib = "fake-cudart",
 };
 static const struct cudart no_runtime;          /* ipc_open NULL: "not installed" */
 
@@ -1724,6 +1731,7 @@ START_TEST(test_hbm_sim_arena_is_mapped)
     kvnode_close(c);
     ck_assert_int_eq(f->hello->hello->cuda_device, 3);
     ck_assert(!f->hello->hello->cuda_ipc);      /* no runtime: no IPC handles please */
+    ck_assert_str_eq(f->hello->hello->cuda_pci_bus_id, "");   /* and no bus id */
     fake_stop(f);
     ck_assert_int_eq(count_fds(), fds0);
 }
@@ -1843,6 +1851,8 @@ START_TEST(test_hbm_ipc_with_runtime)
     c = connect_dev_ok(f, &test_layout, 1);
     ck_assert_int_eq(f->hello->hello->cuda_device, 1);
     ck_assert(f->hello->hello->cuda_ipc);
+    /* the GPU's bus id goes along, so the daemon finds it whatever its ordinal here */
+    ck_assert_str_eq(f->hello->hello->cuda_pci_bus_id, "0000:11:00.0");
     ck_assert_uint_eq(frt.opens, 1);
     ck_assert_int_eq(frt.open_device, 1);           /* opened on the client's device */
     ck_assert_uint_eq(frt.open_flags, 1);           /* cudaIpcMemLazyEnablePeerAccess */
