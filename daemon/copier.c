@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "devmem.h"
 #include "errmsg.h"
 #include "kvnode.h"
@@ -25,13 +26,6 @@ struct copier_ctx {
 };
 
 #define batch_of(j) ((struct copier_batch *)((char *)(j) - offsetof(struct copier_batch, job)))
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static int ctx_init(void *arg, unsigned index, void **out)
 {
@@ -81,7 +75,7 @@ static void batch_run(struct workq_job *job, void *ctx)
         c->streams[b->device] = s;
     }
 
-    t0 = now_ns();
+    t0 = clock_now_ns();
     /* Runs where the next item continues both source and destination of
      * the previous one go out as one transfer. */
     for (size_t i = 0; i <= b->n && rc == 0; i++) {
@@ -113,7 +107,7 @@ static void batch_run(struct workq_job *job, void *ctx)
     } else {
         rc = devmem_stream_wait(s, b->why, sizeof b->why);
     }
-    b->elapsed_ns = now_ns() - t0;
+    b->elapsed_ns = clock_now_ns() - t0;
     b->rc = rc;
 }
 

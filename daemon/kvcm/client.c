@@ -28,6 +28,8 @@
 
 #include <curl/curl.h>
 
+#include "clock.h"
+#include "curlinit.h"
 #include "errmsg.h"
 #include "kvnode.h"
 
@@ -70,34 +72,6 @@ static int client_progress(void *arg, curl_off_t dltotal, curl_off_t dlnow, curl
 void kvcm_client_set_cancel(struct kvcm_client *c, const atomic_bool *flag)
 {
     c->cancel = flag;
-}
-
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_init_rc;
-
-static void curl_init(void)
-{
-    curl_init_rc = curl_global_init(CURL_GLOBAL_ALL);
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* Printable, single-line copy of the first bytes of p. */
-static void snippet(const char *p, size_t n, char *out, size_t cap)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < n && k + 4 < cap; i++)
-        out[k++] = (p[i] >= 0x20 && p[i] < 0x7f) ? p[i] : '.';
-    if (n > k && k + 3 < cap) {
-        memcpy(out + k, "...", 3);
-        k += 3;
-    }
-    out[k] = '\0';
 }
 
 /* ---- statuses ------------------------------------------------------------------------ */
@@ -269,7 +243,7 @@ static json_t *post(struct kvcm_client *c, const char *base, const char *rpc, js
     r->message[0] = '\0';
     char url[KVCM_URL_MAX + 64];
     snprintf(url, sizeof url, "%s/api/%s", base, rpc);
-    uint64_t now = now_ms();
+    uint64_t now = clock_now_ms();
     if (now >= deadline) {
         result_fail(r, KVCM_TRANSPORT, "%s: no time left before the request", url);
         return NULL;
@@ -309,10 +283,10 @@ static json_t *post(struct kvcm_client *c, const char *base, const char *rpc, js
             result_fail(r, KVCM_TRANSPORT, "%s: out of memory reading the reply", url);
         else
             result_fail(r, KVCM_TRANSPORT, "%s: %s (after %" PRIu64 " ms)", url,
-                        curl_easy_strerror(cc), now_ms() - now);
+                        curl_easy_strerror(cc), clock_now_ms() - now);
         return NULL;
     }
-    snippet(c->body ? c->body : "", c->body_len, sn, sizeof sn);
+    errmsg_snippet(c->body ? c->body : "", c->body_len, sn, sizeof sn);
     if (r->http_status < 200 || r->http_status > 299) {
         result_fail(r, KVCM_TRANSPORT, "%s: HTTP %d: %s", url, r->http_status, sn);
         return NULL;
@@ -379,7 +353,7 @@ static int discover(struct kvcm_client *c, uint64_t deadline, struct kvcm_result
     result_fail(r, KVCM_TRANSPORT, "no endpoint tried");
     size_t tried = 0;
     for (size_t i = 0; i < c->n_endpoints; i++) {
-        uint64_t now = now_ms();
+        uint64_t now = clock_now_ms();
         if (now >= deadline)
             break;
         const char *ep = c->endpoints[i];
@@ -432,7 +406,7 @@ static int discover(struct kvcm_client *c, uint64_t deadline, struct kvcm_result
 
 static uint64_t deadline_of(const struct kvcm_client *c, uint32_t timeout_ms)
 {
-    return now_ms() + (timeout_ms ? timeout_ms : c->request_timeout_ms);
+    return clock_now_ms() + (timeout_ms ? timeout_ms : c->request_timeout_ms);
 }
 
 int kvcm_discover_leader(struct kvcm_client *c, uint32_t timeout_ms, struct kvcm_result *r)
@@ -557,7 +531,7 @@ int kvcm_client_create(const struct kvcm_client_config *cfg, struct kvcm_client 
             return -KVNODE_EINVAL;
         }
     }
-    pthread_once(&curl_once, curl_init);
+    CURLcode curl_init_rc = curlinit_once();
     if (curl_init_rc != CURLE_OK) {
         errmsg_set(err, errlen, "kvcm: curl_global_init: %s", curl_easy_strerror(curl_init_rc));
         return -KVNODE_EIO;

@@ -22,6 +22,8 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
+#include "clock.h"
+#include "curlinit.h"
 #include "errmsg.h"
 #include "kvnode.h"
 #include "namespace.h"
@@ -47,34 +49,6 @@ struct kvs_store {
 };
 
 static atomic_uint next_handle_id;
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_init_rc;
-
-static void curl_init(void)
-{
-    curl_init_rc = curl_global_init(CURL_GLOBAL_ALL);
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* Printable, single-line copy of the first bytes of p. */
-static void snippet(const char *p, size_t n, char *out, size_t cap)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < n && k + 4 < cap; i++)
-        out[k++] = (p[i] >= 0x20 && p[i] < 0x7f) ? p[i] : '.';
-    if (n > 0 && k + 4 >= cap && k + 3 < cap) {
-        memcpy(out + k, "...", 3);
-        k += 3;
-    }
-    out[k] = '\0';
-}
-
 /* ---- object keys --------------------------------------------------------------- */
 
 static size_t put_part(char *buf, size_t len, size_t at, const char *s)
@@ -158,7 +132,7 @@ static json_t *parse_doc(const char *body, size_t len, char *err, size_t errlen)
         doc = json_loadb(body, len, JSON_DECODE_INT_AS_REAL, &je);   /* e.g. object_id 2^64-1 */
     if (!doc) {
         char s[SNIPPET];
-        snippet(body, len, s, sizeof s);
+        errmsg_snippet(body, len, s, sizeof s);
         errmsg_set(err, errlen, "malformed JSON (%s): %s", je.text, s);
     }
     return doc;
@@ -364,7 +338,7 @@ static int http_expect(struct kvs_store *s, const char *name, const char *json, 
         return rc;
     if (st != want) {
         char sn[SNIPPET];
-        snippet(s->body ? s->body : "", s->body_len, sn, sizeof sn);
+        errmsg_snippet(s->body ? s->body : "", s->body_len, sn, sizeof sn);
         errmsg_set(err, errlen, "%s: HTTP %ld (expected %ld): %s", name, st, want, sn);
         return -KVNODE_EIO;
     }
@@ -429,7 +403,7 @@ static void dp_down(struct kvs_store *s)
 static int wait_fd(int fd, short ev, uint64_t deadline)
 {
     for (;;) {
-        uint64_t now = now_ms();
+        uint64_t now = clock_now_ms();
         if (now >= deadline)
             return -KVNODE_ETIMEDOUT;
         struct pollfd p = { .fd = fd, .events = ev };
@@ -582,7 +556,7 @@ static int dp_connect(struct kvs_store *s, char *err, size_t errlen)
     char *reply = NULL;
     size_t rlen = 0;
     int arena = -1, rc;
-    uint64_t deadline = now_ms() + s->timeout_ms;
+    uint64_t deadline = clock_now_ms() + s->timeout_ms;
 
     dp_down(s);
     if (strlen(s->sock_path) >= sizeof sun.sun_path) {
@@ -622,7 +596,7 @@ static int dp_connect(struct kvs_store *s, char *err, size_t errlen)
         goto fail_e;
     if (!memmem(reply, rlen, "register_reply", 14)) {
         char sn[SNIPPET];
-        snippet(reply, rlen, sn, sizeof sn);
+        errmsg_snippet(reply, rlen, sn, sizeof sn);
         snprintf(e, sizeof e, "register refused: %s", sn);
         rc = -KVNODE_EPROTO;
         goto fail_e;
@@ -643,7 +617,7 @@ static int dp_connect(struct kvs_store *s, char *err, size_t errlen)
     json_decref(doc);
     if (!ok) {
         char sn[SNIPPET];
-        snippet(reply, rlen, sn, sizeof sn);
+        errmsg_snippet(reply, rlen, sn, sizeof sn);
         if (doc || !e[0])
             snprintf(e, sizeof e, "mmap fd reply without a valid size/offset: %s", sn);
         rc = -KVNODE_EPROTO;
@@ -728,7 +702,7 @@ static int v6d_open(const struct kvs_config *cfg, struct kvs_store **out, char *
                    !cfg->socket_path || !*cfg->socket_path ? "socket_path" : "");
         return -KVNODE_EINVAL;
     }
-    pthread_once(&curl_once, curl_init);
+    CURLcode curl_init_rc = curlinit_once();
     if (curl_init_rc != CURLE_OK) {
         errmsg_set(err, errlen, "v6d: curl_global_init: %s", curl_easy_strerror(curl_init_rc));
         return -KVNODE_EIO;
