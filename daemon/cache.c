@@ -35,6 +35,7 @@
 /* Demotion batches in flight per device: one copying while the next is
  * built keeps the copy engine busy without tying up much host memory. */
 #define DEMOTE_INFLIGHT 2u
+_Static_assert(NS_MAX_HBM_ARENAS >= DEVMEM_MAX_DEVICES, "a namespace has a class per HBM arena");
 
 /* A device's HBM arena and its demotion state. */
 struct cache_hbm {
@@ -328,6 +329,11 @@ int cache_bind(struct cache *c, const struct ns_layout *layout, kv_namespace **n
     if (rc < 0)
         return rc;
     n->cls = cls;
+    /* HBM puts need no class lookup: a block size an HBM arena has no class
+     * for (too many sizes) goes to host memory. */
+    for (unsigned i = 0; i < NS_MAX_HBM_ARENAS; i++)
+        if (i >= c->nhbm || arena_class_for(c->hbm[i].a, layout->block_bytes, &n->hbm_cls[i]) < 0)
+            n->hbm_cls[i] = UINT32_MAX;
     n->clients++;
     if (created)
         log_info("namespace %u: deployment %s tp_rank %u/%u block_bytes %" PRIu64,
@@ -1612,14 +1618,14 @@ static void cache_get_fill(struct cache *c, struct cache_wait *w, uint64_t *leas
     *got = m;
 }
 
-int cache_get_start(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+int cache_get_start(struct cache *c, kv_namespace *ns, struct lease_list *owner, uint32_t readable,
                     const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
                     size_t *got, char *err, size_t errlen, cache_ready_fn ready, void *arg,
                     struct cache_wait **wait)
 {
     struct cache_wait tmp = { .c = c, .kind = WAIT_GET, .ns = ns, .keys = keys, .n = n,
                               .owner = owner, .may_wait = ready != NULL && c->persist != NULL,
-                              .readable = owner->mapped | (1u << HOST_ARENA_ID),
+                              .readable = readable | (1u << HOST_ARENA_ID),
                               .ready = ready, .arg = arg };
     struct cache_wait *w = &tmp;
     index_entry *first;
@@ -1667,7 +1673,8 @@ int cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
                     struct cache_loc *locs, size_t *got, char *err, size_t errlen)
 {
     struct cache_wait *w;
-    return cache_get_start(c, ns, owner, keys, n, lease_id, locs, got, err, errlen, NULL, NULL, &w);
+    return cache_get_start(c, ns, owner, owner->mapped, keys, n, lease_id, locs, got, err, errlen,
+                           NULL, NULL, &w);
 }
 
 static void cache_unreserve(struct cache *c, kv_namespace *ns, index_entry *e);
@@ -1712,7 +1719,7 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
     uint32_t hcls = 0;
     if (tier == KVNODE_TIER_HBM && owner->put_arena != HOST_ARENA_ID &&
         owner->put_arena < c->narenas &&
-        arena_class_for(c->arenas[owner->put_arena], ns->layout.block_bytes, &hcls) == 0)
+        (hcls = ns->hbm_cls[owner->put_arena - 1]) != UINT32_MAX)
         ha = c->arenas[owner->put_arena];
     for (size_t i = 0; i < n; i++) {
         index_entry *e = index_lookup(c->index, ns->id, keys[i]);

@@ -151,8 +151,11 @@ int  cache_match_start(struct cache *c, kv_namespace *ns, const int64_t *keys, s
                        struct cache_tiers *out, cache_ready_fn ready, void *arg,
                        struct cache_wait **wait);
 void cache_match_finish(struct cache *c, struct cache_wait *wait, struct cache_tiers *out);
-/* locs has room for n (the key count of the start call). */
-int  cache_get_start(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+/* locs has room for n (the key count of the start call). readable: the
+ * arenas the answer may point into (bit per id; the host arena always) —
+ * the owner's mapped ones, or fewer (GET_INLINE: those the daemon's CPU
+ * reads); the prefix ends at a block in any other. */
+int  cache_get_start(struct cache *c, kv_namespace *ns, struct lease_list *owner, uint32_t readable,
                      const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
                      size_t *got, char *err, size_t errlen, cache_ready_fn ready, void *arg,
                      struct cache_wait **wait);

@@ -29,6 +29,8 @@ struct ns_layout {
     char     extra[NS_EXTRA_MAX];
 };
 
+#define NS_MAX_HBM_ARENAS 16            /* one per GPU (DEVMEM_MAX_DEVICES) */
+
 typedef struct kv_namespace {
     uint32_t id;                        /* 1-based, stable for the daemon's life */
     struct ns_layout layout;
@@ -36,6 +38,8 @@ typedef struct kv_namespace {
     char     deployment_id[NS_DEPLOYMENT_ID_MAX]; /* <model>-<fp lowercase hex> */
     uint32_t cls;                       /* host arena size class (set by the cache;
                                            UINT32_MAX until then) */
+    uint32_t hbm_cls[NS_MAX_HBM_ARENAS]; /* size class in HBM arena i + 1 (set by the
+                                           cache at bind; UINT32_MAX: none) */
     uint64_t blocks;                    /* sealed blocks in memory */
     uint64_t bytes;                     /* their bytes (block_bytes each) */
     uint64_t reserved;                  /* bytes of slots reserved by writers, not

@@ -548,8 +548,8 @@ static void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s,
     }
     if (get) {
         struct cache_wait *wait;
-        rc = cache_get_start(o->cache, s->ns, &s->leases, keys, n, &lease_id, locs, &count,
-                             err, sizeof err, ops_pending_ready, conn, &wait);
+        rc = cache_get_start(o->cache, s->ns, &s->leases, s->leases.mapped, keys, n, &lease_id,
+                             locs, &count, err, sizeof err, ops_pending_ready, conn, &wait);
         if (rc == CACHE_WAITING) {
             if (ops_defer(o, conn, s, req, n, wait) == 0) {
                 free(locs);
@@ -711,11 +711,9 @@ static void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, 
     }
     /* The loop copies the blocks into the reply: only memory its CPU can
      * read may answer (a real GPU's HBM ends the prefix). */
-    uint32_t mapped = s->leases.mapped;
-    s->leases.mapped &= cache_cpu_arenas(o->cache);
-    rc = cache_get_start(o->cache, s->ns, &s->leases, req->get_inline->keys, n, &lease_id, locs,
-                         &got, err, sizeof err, ops_pending_ready, conn, &wait);
-    s->leases.mapped = mapped;
+    rc = cache_get_start(o->cache, s->ns, &s->leases, s->leases.mapped & cache_cpu_arenas(o->cache),
+                         req->get_inline->keys, n, &lease_id, locs, &got, err, sizeof err,
+                         ops_pending_ready, conn, &wait);
     if (rc == CACHE_WAITING) {
         if (ops_defer(o, conn, s, req, n, wait) == 0) {
             free(locs);

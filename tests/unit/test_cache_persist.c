@@ -188,8 +188,8 @@ static struct cache_wait *get_waiting(const int64_t *keys, size_t n, struct cach
     size_t got = 0;
     char err[256];
     ready_flag = false;
-    int rc = cache_get_start(cache, ns, &owner, keys, n, &lid, locs, &got, err, sizeof err,
-                             on_ready, NULL, &w);
+    int rc = cache_get_start(cache, ns, &owner, owner.mapped, keys, n, &lid, locs, &got, err,
+                             sizeof err, on_ready, NULL, &w);
     ck_assert_int_eq(rc, CACHE_WAITING);
     ck_assert_ptr_nonnull(w);
     ck_assert(!ready_flag);   /* never from inside the start call */
