@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "pings.h"
 #include "../sim/kvcmctl.h"
 
 #define HOSTPORT      "10.9.8.7:7000"
@@ -1006,23 +1007,6 @@ END_TEST
 
 #define NLOAD 16
 
-/* PING latencies of a loop that never waits for KVCM are a fraction of a millisecond;
- * the bounds leave room for a busy 2-core test machine (valgrind: ten times more,
- * sanitizers: four times). A loop that waited for KVCM would take the request
- * timeout, seconds. */
-#define PING_P90_MS 20.0
-#define PING_MAX_MS 250.0
-#if defined(__SANITIZE_ADDRESS__)
-#define PING_SAN_SCALE 4
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define PING_SAN_SCALE 4
-#endif
-#endif
-#ifndef PING_SAN_SCALE
-#define PING_SAN_SCALE 1
-#endif
-
 struct load {
     const kvh_daemon *d;
     int idx;
@@ -1067,31 +1051,6 @@ static void *load_main(void *arg)
     return NULL;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Ping n (<= 200) times, gap_ms apart; assert the 90th percentile and the largest. */
-static void pings_fast(kvnode_client *obs, int n, unsigned gap_ms, const char *when)
-{
-    double ms[200], sc = simctl_under_valgrind() ? 10 : PING_SAN_SCALE;
-    ck_assert(n > 0 && n <= 200);
-    for (int i = 0; i < n; i++) {
-        uint64_t t0 = kvh_now_ns();
-        KVH_OK(obs, kvnode_ping(obs));
-        ms[i] = (double)(kvh_now_ns() - t0) / 1e6;
-        kvh_sleep_ms(gap_ms);
-    }
-    qsort(ms, (size_t)n, sizeof ms[0], cmp_double);
-    double p90 = ms[(n * 9) / 10], worst = ms[n - 1];
-    if (getenv("PING_DEBUG"))
-        fprintf(stderr, "pings %s: p50 %.2f ms, p90 %.2f ms, max %.2f ms\n", when, ms[n / 2], p90,
-                worst);
-    ck_assert_msg(p90 < PING_P90_MS * sc, "pings %s: 90th percentile %.1f ms", when, p90);
-    ck_assert_msg(worst < PING_MAX_MS * sc, "pings %s: one took %.1f ms", when, worst);
-}
 
 START_TEST(test_down_or_slow_under_load)
 {

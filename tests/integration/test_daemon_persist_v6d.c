@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "pings.h"
 #include "kvh_http.h"
 #include "../sim/simctl.h"
 
@@ -641,39 +642,6 @@ END_TEST
 
 /* ---- a slow store ---------------------------------------------------------------------- */
 
-/* PING latencies of a loop that does not wait for the store are a fraction
- * of a millisecond; a ping that waited for one delayed store call would take
- * 1500 ms. The bounds leave room for a busy test machine's scheduling
- * (valgrind: ten times more). */
-#define PING_P90_MS 20.0
-#define PING_MAX_MS 250.0
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Ping n (<= 200) times, gap_ms apart; assert the 90th percentile and the
- * largest latency are within the bounds. */
-static void pings_fast(kvnode_client *obs, int n, unsigned gap_ms, const char *when)
-{
-    double ms[200], scale = simctl_under_valgrind() ? 10 : 1;
-    ck_assert(n > 0 && n <= 200);
-    for (int i = 0; i < n; i++) {
-        uint64_t t0 = kvh_now_ns();
-        KVH_OK(obs, kvnode_ping(obs));
-        ms[i] = (double)(kvh_now_ns() - t0) / 1e6;
-        kvh_sleep_ms(gap_ms);
-    }
-    qsort(ms, (size_t)n, sizeof ms[0], cmp_double);
-    double p90 = ms[(n * 9) / 10], worst = ms[n - 1];
-    if (getenv("PING_DEBUG"))
-        fprintf(stderr, "pings %s: p50 %.2f ms, p90 %.2f ms, max %.2f ms\n", when, ms[n / 2], p90,
-                worst);
-    ck_assert_msg(p90 < PING_P90_MS * scale, "pings %s: 90th percentile %.1f ms", when, p90);
-    ck_assert_msg(worst < PING_MAX_MS * scale, "pings %s: one took %.1f ms", when, worst);
-}
 
 START_TEST(test_slow_store)
 {
