@@ -19,35 +19,11 @@
 #include "copier.h"
 #include "devmem.h"
 #include "kvnode.h"
+#include "loop_wait.h"
 #include "workers.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0) {}
-}
-
-static void tick_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd; (void)what; (void)arg;
-}
-
-/* Run the loop until *count reaches want or timeout_ms passes. */
-static void loop_until(struct event_base *base, const size_t *count, size_t want, unsigned timeout_ms)
-{
-    struct timeval tv = { 0, 10000 };
-    struct event *tick = event_new(base, -1, EV_PERSIST, tick_cb, NULL);
-    uint64_t deadline = clock_now_ms() + timeout_ms;
-
-    ck_assert_ptr_nonnull(tick);
-    event_add(tick, &tv);
-    while (*count < want && clock_now_ms() < deadline)
-        event_base_loop(base, EVLOOP_ONCE);
-    event_free(tick);
-}
 
 static void fill(uint8_t *p, size_t n, unsigned seed)
 {
@@ -317,7 +293,7 @@ START_TEST(test_destroy_cancels)
         tb_add(&t[i], b[i], a[i], sizeof a[i]);
         ck_assert_int_eq(copier_submit(f.cp, &t[i].b), 0);
     }
-    sleep_ms(100);   /* the worker is in batch 0's wait */
+    test_sleep_ms(100);   /* the worker is in batch 0's wait */
     g_resubmit_cp = f.cp;
     g_resubmit_rc = 0;
     copier_destroy(f.cp);

@@ -14,34 +14,9 @@
 
 #include "clock.h"
 #include "kvnode.h"
+#include "loop_wait.h"
 #include "workers.h"
 #include "workq.h"
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0) {}
-}
-
-static void tick_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd; (void)what; (void)arg;
-}
-
-/* Run the loop until *count reaches want or timeout_ms passes; a 10 ms tick
- * keeps EVLOOP_ONCE from blocking past the deadline. */
-static void loop_until(struct event_base *base, const size_t *count, size_t want, unsigned timeout_ms)
-{
-    struct timeval tv = { 0, 10000 };
-    struct event *tick = event_new(base, -1, EV_PERSIST, tick_cb, NULL);
-    uint64_t deadline = clock_now_ms() + timeout_ms;
-
-    ck_assert_ptr_nonnull(tick);
-    event_add(tick, &tv);
-    while (*count < want && clock_now_ms() < deadline)
-        event_base_loop(base, EVLOOP_ONCE);
-    event_free(tick);
-}
 
 static struct workq *make_q(struct event_base *base, const char *name, unsigned n, size_t cap)
 {
@@ -83,7 +58,7 @@ static void tjob_run(struct workq_job *j, void *ctx)
     pthread_getname_np(pthread_self(), t->run_name, sizeof t->run_name);
     t->ctx = ctx;
     if (t->sleep_ms)
-        sleep_ms(t->sleep_ms);
+        test_sleep_ms(t->sleep_ms);
     size_t i = atomic_fetch_add(&g_run_idx, 1);
     if (i < 2048)
         g_run_order[i] = t->id;
@@ -258,7 +233,7 @@ START_TEST(test_done_batches)
     }
     uint64_t deadline = clock_now_ms() + 20000;
     do {
-        sleep_ms(2);
+        test_sleep_ms(2);
         workq_stats(q, &st);
     } while (st.finished < N && clock_now_ms() < deadline);
     ck_assert_uint_eq(st.finished, N);
@@ -293,7 +268,7 @@ START_TEST(test_capacity_drops)
     tjob_init(&jobs[0], 0, 300);
     ck_assert_int_eq(workq_submit(q, &jobs[0].job), 0);
     while (!atomic_load(&jobs[0].running))
-        sleep_ms(1);
+        test_sleep_ms(1);
     for (int i = 1; i < 6; i++)
         tjob_init(&jobs[i], i, 0);
     ck_assert_int_eq(workq_submit(q, &jobs[1].job), 0);
@@ -500,7 +475,7 @@ START_TEST(test_destroy_cancels_queued_waits_running)
     g_resubmit_q = q;
     g_resubmit_rc = 0;
     while (!atomic_load(&jobs[0].running))
-        sleep_ms(1);
+        test_sleep_ms(1);
     workq_destroy(q);
     g_resubmit_q = NULL;
 
@@ -537,7 +512,7 @@ START_TEST(test_destroy_delivers_finished)
         ck_assert_int_eq(workq_submit(q, &jobs[i].job), 0);
     }
     do {
-        sleep_ms(1);
+        test_sleep_ms(1);
         workq_stats(q, &st);
     } while (st.finished < 4);
     workq_destroy(q);
@@ -562,14 +537,14 @@ START_TEST(test_long_job_is_a_stalled_worker)
     char stalled[128];
 
     reset_globals();
-    sleep_ms(50);
+    test_sleep_ms(50);
     ck_assert(workers_check(workers_now_ms(), bound, stalled, sizeof stalled));
     tjob_init(&job, 0, bound + 900);
     uint64_t t0 = clock_now_ms();
     ck_assert_int_eq(workq_submit(q, &job.job), 0);
     while (!atomic_load(&job.running))
-        sleep_ms(1);
-    sleep_ms(bound + 200);
+        test_sleep_ms(1);
+    test_sleep_ms(bound + 200);
     ck_assert_msg(atomic_load(&job.runs) == 0, "job ended early (slow host?)");
     ck_assert(!workers_check(workers_now_ms(), bound, stalled, sizeof stalled));
     ck_assert_str_eq(stalled, "stall-0");
@@ -579,7 +554,7 @@ START_TEST(test_long_job_is_a_stalled_worker)
     /* Recovered: it beat after the job and keeps beating while idle. */
     ck_assert(workers_check(workers_now_ms(), bound, stalled, sizeof stalled));
     ck_assert_str_eq(stalled, "");
-    sleep_ms(WORKQ_IDLE_BEAT_MS + 100);
+    test_sleep_ms(WORKQ_IDLE_BEAT_MS + 100);
     ck_assert(workers_check(workers_now_ms(), bound, stalled, sizeof stalled));
     workq_destroy(q);
     event_base_free(base);
