@@ -4,6 +4,7 @@
 #define KVNODE_TEST_LOOP_WAIT_H
 
 #include <check.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <time.h>
 
@@ -22,8 +23,8 @@ static void loop_wait_tick(evutil_socket_t fd, short what, void *arg)
     (void)fd; (void)what; (void)arg;
 }
 
-/* Run the loop until *count reaches want or timeout_ms passes. */
-static inline void loop_until(struct event_base *base, const size_t *count, size_t want,
+/* Run the loop while cond(arg) holds, for at most timeout_ms. */
+static inline void loop_while(struct event_base *base, bool (*cond)(void *), void *arg,
                               unsigned timeout_ms)
 {
     struct timeval tv = { 0, 10000 };
@@ -32,9 +33,28 @@ static inline void loop_until(struct event_base *base, const size_t *count, size
 
     ck_assert_ptr_nonnull(tick);
     event_add(tick, &tv);
-    while (*count < want && clock_now_ms() < deadline)
+    while (cond(arg) && clock_now_ms() < deadline)
         event_base_loop(base, EVLOOP_ONCE);
     event_free(tick);
+}
+
+struct loop_wait_count {
+    const size_t *count;
+    size_t want;
+};
+
+static inline bool loop_wait_short(void *arg)
+{
+    const struct loop_wait_count *w = arg;
+    return *w->count < w->want;
+}
+
+/* Run the loop until *count reaches want or timeout_ms passes. */
+static inline void loop_until(struct event_base *base, const size_t *count, size_t want,
+                              unsigned timeout_ms)
+{
+    struct loop_wait_count w = { count, want };
+    loop_while(base, loop_wait_short, &w, timeout_ms);
 }
 
 #endif

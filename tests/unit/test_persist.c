@@ -33,6 +33,7 @@
 #include "kvs/file.h"
 #include "kvs/kvs.h"
 #include "log.h"
+#include "loop_wait.h"
 #include "namespace.h"
 #include "persist.h"
 #include "workers.h"
@@ -128,27 +129,6 @@ static void on_done(void *arg, int rc)
     r->rc = rc;
     r->calls++;
     g_done++;
-}
-
-static void tick_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd; (void)what; (void)arg;
-}
-
-/* Run the loop until cond(arg) or timeout_ms; a 10 ms tick keeps EVLOOP_ONCE
- * from blocking past the deadline. */
-static void loop_while(struct event_base *base, bool (*cond)(void *), void *arg,
-                       unsigned timeout_ms)
-{
-    struct timeval tv = { 0, 10000 };
-    struct event *tick = event_new(base, -1, EV_PERSIST, tick_cb, NULL);
-    uint64_t deadline = clock_now_ms() + timeout_ms;
-
-    ck_assert_ptr_nonnull(tick);
-    event_add(tick, &tv);
-    while (cond(arg) && clock_now_ms() < deadline)
-        event_base_loop(base, EVLOOP_ONCE);
-    event_free(tick);
 }
 
 static size_t g_want;
