@@ -15,6 +15,7 @@
 #include "hostpin.h"
 #include "errmsg.h"
 #include "index.h"
+#include "keylock.h"
 #include "kvnode.h"
 #include "log.h"
 #include "metrics.h"
@@ -96,9 +97,19 @@ struct cache {
     void *observer_arg;
     uint64_t ghosts;            /* entries only in the store (incl. promoting) */
     uint64_t evicting_bytes;    /* write-back victims whose write is in flight */
-    uint64_t writing_bytes;     /* blocks pinned by any write in flight */
-    /* write-through blocks the budget put off, oldest first */
-    struct cache_deferred *deferred_head, *deferred_tail;
+    uint64_t writing_bytes;     /* blocks pinned by a write (in flight or waiting) */
+    struct keylock *keylocks;   /* store ops in order per key */
+    /* store ops the store's queue refused, sent again in order as it drains */
+    struct cache_storeop *queued_head, *queued_tail;
+    size_t queued_ops;
+    bool draining;
+    /* blocks whose write failed, written again after a backoff */
+    struct cache_retry *retry_head, *retry_tail;
+    size_t retry_pending;
+    uint64_t retry_backoff_ms;  /* 0: the next retry comes after RETRY_FIRST_MS */
+    struct event *retry_ev;
+    /* puts waiting for room that blocks being written hold (back-pressure) */
+    struct cache_wait *put_waiters, *put_waiters_tail;
 
     struct event *evict_ev;
     bool evict_scheduled;
@@ -111,7 +122,10 @@ struct cache {
     uint64_t sealed_total;
     uint64_t evicted_to_store;  /* memory freed, the store's copy kept as a ghost */
     uint64_t writeback_started; /* write-back victims handed to the store */
-    uint64_t writes_deferred;   /* write-through writes put off (pin budget) */
+    uint64_t writes_deferred;   /* writes that waited for room in the store's queue */
+    uint64_t write_retries;     /* failed writes tried again */
+    uint64_t persist_dropped;   /* blocks that left memory unwritten (persistence on) */
+    uint64_t put_waits, put_wait_timeouts;  /* puts that waited for the store / in vain */
     uint64_t promotions, promotions_ok, promotions_failed;
     uint64_t lookups, lookup_found;
     uint64_t waits, wait_timeouts;
@@ -124,20 +138,35 @@ struct cache {
     struct metrics_keys keys;   /* match/get lookups: matched, missed by reason */
 };
 
-/* A write-through block the write budget put off: written as soon as
- * earlier writes land (or by the evictor, whichever comes first). By key:
- * the entry may be evicted, deleted or replaced meanwhile. */
-struct cache_deferred {
+enum { STORE_OP_WRITE = 1, STORE_OP_DELETE = 2 };
+
+/* One write, or a delete of n keys; it holds the keylock of each of its keys
+ * from the time it is sent to the store until its result is back. */
+struct cache_storeop {
+    struct keylock_waiter turn;     /* first: waiting for its (single) key */
+    struct cache *c;
+    int kind;
+    kv_namespace *ns;
+    index_entry *e;                 /* write: the block, pinned until the result */
+    bool evicting;                  /* write: a write-back victim */
+    struct cache_storeop *next;     /* on c->queued_head: the store's queue was full */
+    size_t n;
+    int64_t keys[];                 /* write: the block's key */
+};
+
+/* A block whose write failed: written again after a backoff while it is in
+ * memory. By key: it may be evicted, deleted or replaced meanwhile. */
+struct cache_retry {
     uint32_t ns;
     int64_t key;
-    struct cache_deferred *next;
+    struct cache_retry *next;
 };
 
 /* A MATCH or GET whose answer waits for the store (see cache.h). Built on
  * the stack; moved to the heap the first time the walk has to wait. Freed
  * once the requester is done with it (finished) and no store request it
  * started is outstanding. */
-enum { WAIT_MATCH = 1, WAIT_GET = 2 };
+enum { WAIT_MATCH = 1, WAIT_GET = 2, WAIT_PUT = 3 };
 struct cache_wait {
     struct cache *c;
     int kind;
@@ -155,6 +184,7 @@ struct cache_wait {
     cache_ready_fn ready;
     void *arg;
     struct event *timer;
+    struct cache_wait *put_prev, *put_next;   /* PUT: on c->put_waiters */
 };
 
 /* One store read of a ghost into its reserved slot, and the waits on it. */
@@ -189,6 +219,9 @@ static void cache_evict_cb(evutil_socket_t fd, short what, void *arg);
 static void cache_reap_cb(evutil_socket_t fd, short what, void *arg);
 static void cache_demote_cb(evutil_socket_t fd, short what, void *arg);
 static void cache_demote_maybe_schedule(struct cache *c);
+static void cache_retry_cb(evutil_socket_t fd, short what, void *arg);
+static void cache_unpin(struct cache *c, index_entry *e);
+static void cache_storeop_free(struct cache_storeop *op);
 
 int cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,
                  char *err, size_t errlen)
@@ -233,7 +266,9 @@ int cache_create(struct event_base *base, const struct kvn_config *cfg, struct c
     c->evict_ev = event_new(base, -1, 0, cache_evict_cb, c);
     c->reap_ev = event_new(base, -1, EV_PERSIST, cache_reap_cb, c);
     c->demote_ev = event_new(base, -1, 0, cache_demote_cb, c);
-    if (!c->evict_ev || !c->reap_ev || !c->demote_ev) {
+    c->retry_ev = evtimer_new(base, cache_retry_cb, c);
+    if (!c->evict_ev || !c->reap_ev || !c->demote_ev || !c->retry_ev ||
+        keylock_create(&c->keylocks) < 0) {
         errmsg_set(err, errlen, "cannot create cache events");
         rc = -KVNODE_ENOMEM;
         goto fail;
@@ -256,11 +291,22 @@ void cache_destroy(struct cache *c)
         event_free(c->reap_ev);
     if (c->demote_ev)
         event_free(c->demote_ev);
-    while (c->deferred_head) {
-        struct cache_deferred *d = c->deferred_head;
-        c->deferred_head = d->next;
-        free(d);
+    if (c->retry_ev)
+        event_free(c->retry_ev);
+    while (c->retry_head) {
+        struct cache_retry *r = c->retry_head;
+        c->retry_head = r->next;
+        free(r);
     }
+    /* Ops the store never got (it is gone by now): give back their pins. */
+    while (c->queued_head) {
+        struct cache_storeop *op = c->queued_head;
+        c->queued_head = op->next;
+        if (op->kind == STORE_OP_WRITE)
+            cache_unpin(c, op->e);
+        cache_storeop_free(op);
+    }
+    keylock_destroy(c->keylocks);
     if (c->leases)
         lease_table_destroy(c->leases);
     if (c->index)
@@ -671,12 +717,15 @@ static void cache_to_ghost(struct cache *c, index_entry *e)
     c->evicted_to_store++;
 }
 
+static void cache_count_unwritten(struct cache *c, const index_entry *e);
+
 /* Free a victim's memory: keep it as a ghost when the store holds it. */
 static void cache_evict_entry(struct cache *c, index_entry *e)
 {
     if (c->persist && e->persist == PERSIST_STORED) {
         cache_to_ghost(c, e);
     } else {
+        cache_count_unwritten(c, e);
         cache_drop_entry(c, e);
         c->evicted_dropped++;
     }
@@ -700,77 +749,75 @@ static void cache_pin(struct cache *c, index_entry *e)
         index_lru_remove(c->index, e);
 }
 
-/* --- writes to the store ---------------------------------------------------- */
+/* --- store operations: writes and deletes, in order per key ------------------- */
 
 static bool cache_over(const struct cache *c, double watermark);
-
 static void cache_evict_maybe_schedule(struct cache *c);
+static void cache_put_waiters_wake(struct cache *c);
+static void cache_retry_add(struct cache *c, const index_entry *e);
 
+/* Write-back victims may pin at most this much of the host tier while they
+ * are written (the rest stays evictable). */
 static bool cache_write_budget(const struct cache *c, uint64_t bytes)
 {
     return (double)(c->writing_bytes + bytes) <= WRITE_PIN_FRACTION * (double)arena_size(c->host);
 }
 
-static int cache_write_submit(struct cache *c, index_entry *e, bool evicting);
-
-/* Remember a write-through block the budget put off (without memory for
- * that, only the evictor writes it). */
-static void cache_write_defer(struct cache *c, const index_entry *e)
+/* Whether committed blocks are written to the store at all. */
+static bool cache_persisting(const struct cache *c)
 {
-    struct cache_deferred *d = malloc(sizeof *d);
-
-    c->writes_deferred++;
-    if (!d)
-        return;
-    d->ns = e->ns;
-    d->key = e->key;
-    d->next = NULL;
-    if (c->deferred_tail)
-        c->deferred_tail->next = d;
-    else
-        c->deferred_head = d;
-    c->deferred_tail = d;
+    return c->persist && c->policy != CONFIG_POLICY_OFF;
 }
 
-/* Write the put-off blocks the budget has room for now, oldest first; those
- * that were evicted (and written), deleted or replaced meanwhile are skipped. */
-static void cache_write_deferred(struct cache *c)
+/* A block leaves memory: one the store never got a copy of is lost to
+ * persistence, and counted as such (the README's contract). */
+static void cache_count_unwritten(struct cache *c, const index_entry *e)
 {
-    while (c->deferred_head) {
-        struct cache_deferred *d = c->deferred_head;
-        index_entry *e = index_lookup(c->index, d->ns, d->key);
-        bool want = c->persist && c->policy == CONFIG_POLICY_WRITE_THROUGH && e &&
-                    e->state == ENTRY_SEALED && e->persist == PERSIST_NONE;
-        if (want && !cache_write_budget(c, ns_block_bytes(c, e->ns)))
-            return;   /* the next write to land tries again */
-        c->deferred_head = d->next;
-        if (!c->deferred_head)
-            c->deferred_tail = NULL;
-        free(d);
-        if (want)
-            cache_write_submit(c, e, false);
-    }
+    if (cache_persisting(c) && e->persist != PERSIST_STORED)
+        c->persist_dropped++;
 }
 
-static void cache_write_done(void *arg, int rc)
+static struct cache_storeop *cache_storeop_new(struct cache *c, int kind, kv_namespace *ns,
+                                               size_t n)
 {
-    struct cache_write *w = arg;
-    struct cache *c = w->c;
-    index_entry *e = w->e;
-    bool detached = e->detached, evict = e->evicting;
+    struct cache_storeop *op = calloc(1, sizeof *op + n * sizeof op->keys[0]);
+    if (!op)
+        return NULL;
+    op->c = c;
+    op->kind = kind;
+    op->ns = ns;
+    op->n = n;
+    ns->refs++;
+    return op;
+}
 
-    uint64_t bb = w->ns->layout.block_bytes;
+static void cache_storeop_free(struct cache_storeop *op)
+{
+    op->ns->refs--;
+    free(op);
+}
+
+static void cache_storeops_drain(struct cache *c);
+
+/* A write's result (or its end without one: -KVNODE_ECANCELED-like codes
+ * when the block was deleted before it was sent, or the daemon stops). */
+static void cache_write_finish(struct cache *c, struct cache_storeop *op, int rc)
+{
+    index_entry *e = op->e;
+    uint64_t bb = op->ns->layout.block_bytes;
+    bool detached = e->detached, evict = op->evicting;
+
     c->writing_bytes -= c->writing_bytes >= bb ? bb : c->writing_bytes;
     if (evict) {
         c->evicting_bytes -= c->evicting_bytes >= bb ? bb : c->evicting_bytes;
         e->evicting = 0;
     }
-    if (detached) {
-        /* Deleted while it was being written: the copy just made must go. */
-        if (rc == 0 && c->persist)
-            persist_delete(c->persist, w->ns, &w->key, 1, NULL, NULL);
-    } else {
+    /* The block is marked stored only by its own write: a delete or a
+     * re-put since then has its own entry and its own, later, store op. */
+    if (!detached) {
         e->persist = rc == 0 ? PERSIST_STORED : PERSIST_FAILED;
+        if (rc < 0 && rc != -KVNODE_ESHUTDOWN)
+            cache_retry_add(c, e);
     }
     cache_unpin(c, e);
     /* A write-back victim leaves memory now that its copy landed (or, if the
@@ -779,46 +826,148 @@ static void cache_write_done(void *arg, int rc)
         if (rc == 0) {
             cache_to_ghost(c, e);
         } else if (cache_over(c, c->low_watermark)) {
+            cache_count_unwritten(c, e);
             cache_drop_entry(c, e);
             c->evicted_dropped++;
         }
     }
-    free(w);
-    /* Put-off write-through blocks go first; the evictor may have paused for
-     * the write budget too. */
-    cache_write_deferred(c);
-    cache_evict_maybe_schedule(c);
 }
 
-/* Hand a SEALED block to the store; the entry is pinned until the write
- * lands. 0, or < 0 (queue full, stopping, no memory): marked PERSIST_FAILED. */
-static int cache_write_submit(struct cache *c, index_entry *e, bool evicting)
+/* An op is done with the store (or will never reach it): release its keys
+ * (which starts each key's next op), then let queued ops and waiting puts
+ * go on. */
+static void cache_storeop_finish(struct cache_storeop *op, int rc)
 {
-    kv_namespace *ns = ns_get(c->namespaces, e->ns);
-    struct cache_write *w = ns ? malloc(sizeof *w) : NULL;
+    struct cache *c = op->c;
+
+    if (op->kind == STORE_OP_WRITE) {
+        cache_write_finish(c, op, rc);
+        if (rc == 0)
+            c->retry_backoff_ms = 0;   /* the store takes writes: retry failed ones now */
+    }
+    for (size_t i = 0; i < op->n; i++)
+        keylock_release(c->keylocks, op->ns->id, op->keys[i]);
+    cache_storeop_free(op);
+    cache_storeops_drain(c);
+    cache_evict_maybe_schedule(c);
+    cache_put_waiters_wake(c);
+}
+
+static void cache_storeop_done(void *arg, int rc)
+{
+    cache_storeop_finish(arg, rc);
+}
+
+/* Hand an op whose keys it holds to the store. 0 when sent (or finished:
+ * a write of a block deleted meanwhile is not sent), -KVNODE_ELIMIT when the
+ * store's queue is full (the op keeps its keys; the caller queues it). */
+static int cache_storeop_send(struct cache_storeop *op)
+{
+    struct cache *c = op->c;
     int rc;
 
-    if (!w) {
-        e->persist = PERSIST_FAILED;
-        return -KVNODE_ENOMEM;
+    if (op->kind == STORE_OP_DELETE) {
+        rc = persist_delete(c->persist, op->ns, op->keys, op->n, cache_storeop_done, op);
+    } else if (op->e->detached) {
+        rc = -KVNODE_ESHUTDOWN;   /* deleted before its turn: nothing to write */
+    } else {
+        index_entry *e = op->e;
+        struct cache_hbm *h = cache_hbm_of(c, e);
+        /* An HBM block is copied out by the worker, never read by the loop. */
+        if (h && c->devmem)
+            rc = persist_write_device(c->persist, op->ns, e->key, cache_slot_ptr(c, e),
+                                      op->ns->layout.block_bytes, c->devmem, h->device,
+                                      cache_storeop_done, op);
+        else
+            rc = persist_write(c->persist, op->ns, e->key, cache_slot_ptr(c, e),
+                               op->ns->layout.block_bytes, cache_storeop_done, op);
     }
-    w->c = c;
-    w->e = e;
-    w->ns = ns;
-    w->key = e->key;
-    /* An HBM block is copied out by the worker, never read by the loop. */
-    struct cache_hbm *h = cache_hbm_of(c, e);
-    if (h && c->devmem)
-        rc = persist_write_device(c->persist, ns, e->key, cache_slot_ptr(c, e),
-                                  ns->layout.block_bytes, c->devmem, h->device, cache_write_done, w);
-    else
-        rc = persist_write(c->persist, ns, e->key, cache_slot_ptr(c, e), ns->layout.block_bytes,
-                           cache_write_done, w);
-    if (rc < 0) {
-        free(w);
-        e->persist = PERSIST_FAILED;
+    if (rc == -KVNODE_ELIMIT)
         return rc;
+    if (rc < 0)
+        cache_storeop_finish(op, rc);
+    return 0;
+}
+
+static void cache_storeop_queue(struct cache *c, struct cache_storeop *op)
+{
+    op->next = NULL;
+    if (c->queued_tail)
+        c->queued_tail->next = op;
+    else
+        c->queued_head = op;
+    c->queued_tail = op;
+    c->queued_ops++;
+    if (op->kind == STORE_OP_WRITE)
+        c->writes_deferred++;
+}
+
+/* Send or queue an op that holds its keys. */
+static void cache_storeop_go(struct cache *c, struct cache_storeop *op)
+{
+    /* Behind ops already waiting for the queue: the store sees them first. */
+    if (c->queued_head || cache_storeop_send(op) == -KVNODE_ELIMIT)
+        cache_storeop_queue(c, op);
+}
+
+/* Ops the store's queue refused, sent again, in order, as it drains. */
+static void cache_storeops_drain(struct cache *c)
+{
+    if (c->draining)
+        return;
+    c->draining = true;
+    while (c->queued_head) {
+        struct cache_storeop *op = c->queued_head;
+        c->queued_head = op->next;
+        if (!c->queued_head)
+            c->queued_tail = NULL;
+        c->queued_ops--;
+        if (cache_storeop_send(op) == -KVNODE_ELIMIT) {
+            op->next = c->queued_head;
+            c->queued_head = op;
+            if (!c->queued_tail)
+                c->queued_tail = op;
+            c->queued_ops++;
+            break;
+        }
     }
+    c->draining = false;
+}
+
+/* A waiting op's turn came: it holds its key now. */
+static void cache_storeop_turn(struct keylock_waiter *w)
+{
+    struct cache_storeop *op = (struct cache_storeop *)w;
+    cache_storeop_go(op->c, op);
+}
+
+/* Take op's (single) key and send it, or wait behind the key's earlier ops. */
+static void cache_storeop_start(struct cache *c, struct cache_storeop *op)
+{
+    op->turn.start = cache_storeop_turn;
+    int rc = keylock_acquire(c->keylocks, op->ns->id, op->keys[0], &op->turn);
+    if (rc == 1)
+        cache_storeop_go(c, op);
+    else if (rc < 0)
+        cache_storeop_finish(op, rc);   /* releases a key it does not hold: harmless */
+}
+
+/* Write a SEALED block to the store: it is pinned (in memory, off the LRU)
+ * until the write's result is back, however long it waits for earlier ops
+ * on its key or for room in the store's queue. */
+static void cache_write_start(struct cache *c, index_entry *e, bool evicting)
+{
+    kv_namespace *ns = ns_get(c->namespaces, e->ns);
+    struct cache_storeop *op = ns ? cache_storeop_new(c, STORE_OP_WRITE, ns, 1) : NULL;
+
+    if (!op) {
+        e->persist = PERSIST_FAILED;
+        cache_retry_add(c, e);
+        return;
+    }
+    op->e = e;
+    op->keys[0] = e->key;
+    op->evicting = evicting;
     e->persist = PERSIST_WRITING;
     cache_pin(c, e);
     c->writing_bytes += ns->layout.block_bytes;
@@ -827,7 +976,106 @@ static int cache_write_submit(struct cache *c, index_entry *e, bool evicting)
         c->evicting_bytes += ns->layout.block_bytes;
         c->writeback_started++;
     }
-    return 0;
+    cache_storeop_start(c, op);
+}
+
+/* Delete keys from the store, each after the ops on it that came before:
+ * the keys free now go in one request, the others one by one in turn. */
+static void cache_store_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n)
+{
+    struct cache_storeop *batch = cache_storeop_new(c, STORE_OP_DELETE, ns, n);
+
+    if (!batch) {
+        log_warn("out of memory deleting %zu keys from the store: their copies stay", n);
+        return;
+    }
+    batch->n = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct cache_storeop *one = cache_storeop_new(c, STORE_OP_DELETE, ns, 1);
+        if (!one) {
+            log_warn("out of memory deleting a key from the store: its copy stays");
+            continue;
+        }
+        one->keys[0] = keys[i];
+        one->turn.start = cache_storeop_turn;
+        int rc = keylock_acquire(c->keylocks, ns->id, keys[i], &one->turn);
+        if (rc == 0)
+            continue;   /* waits for its turn */
+        cache_storeop_free(one);
+        if (rc == 1)
+            batch->keys[batch->n++] = keys[i];
+    }
+    if (batch->n == 0)
+        cache_storeop_free(batch);
+    else
+        cache_storeop_go(c, batch);
+}
+
+/* --- retries of failed writes ------------------------------------------------------ */
+
+#define RETRY_FIRST_MS 500u
+#define RETRY_MAX_MS   10000u
+#define RETRY_BATCH    256u
+
+static void cache_retry_arm(struct cache *c)
+{
+    if (!c->retry_ev || evtimer_pending(c->retry_ev, NULL))
+        return;
+    uint64_t ms = c->retry_backoff_ms ? c->retry_backoff_ms : RETRY_FIRST_MS;
+    struct timeval tv = { (time_t)(ms / 1000u), (suseconds_t)((ms % 1000u) * 1000u) };
+    evtimer_add(c->retry_ev, &tv);
+}
+
+static void cache_retry_add(struct cache *c, const index_entry *e)
+{
+    struct cache_retry *r = malloc(sizeof *r);
+    if (!r)
+        return;   /* it stays FAILED: written only if the evictor or a flush picks it */
+    r->ns = e->ns;
+    r->key = e->key;
+    r->next = NULL;
+    if (c->retry_tail)
+        c->retry_tail->next = r;
+    else
+        c->retry_head = r;
+    c->retry_tail = r;
+    c->retry_pending++;
+    cache_retry_arm(c);
+}
+
+/* Write again up to a batch of the blocks whose write failed and that are
+ * still in memory; back off (doubling) while writes keep failing. */
+static void cache_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache *c = arg;
+    unsigned sent = 0;
+    (void)fd;
+    (void)what;
+
+    while (c->retry_head && sent < RETRY_BATCH) {
+        struct cache_retry *r = c->retry_head;
+        c->retry_head = r->next;
+        if (!c->retry_head)
+            c->retry_tail = NULL;
+        c->retry_pending--;
+        index_entry *e = index_lookup(c->index, r->ns, r->key);
+        free(r);
+        if (!e || e->state != ENTRY_SEALED || e->persist != PERSIST_FAILED || !cache_persisting(c))
+            continue;
+        c->write_retries++;
+        cache_write_start(c, e, false);
+        sent++;
+    }
+    if (sent == 0 && !c->retry_head) {
+        /* Nothing failed is left in memory: the store's health is its probe's call. */
+        persist_write_failures_settled(c->persist);
+        c->retry_backoff_ms = 0;
+        return;
+    }
+    uint64_t b = c->retry_backoff_ms ? c->retry_backoff_ms * 2 : RETRY_FIRST_MS;
+    c->retry_backoff_ms = b > RETRY_MAX_MS ? RETRY_MAX_MS : b;
+    if (c->retry_head)
+        cache_retry_arm(c);
 }
 
 /* --- eviction ------------------------------------------------------------- */
@@ -872,13 +1120,14 @@ static void cache_evict_cb(evutil_socket_t fd, short what, void *arg)
         index_entry *victim = index_lru_oldest_in_arena(c->index, arena_id(c->host));
         if (!victim)
             return;
-        if (c->persist && c->policy != CONFIG_POLICY_OFF && victim->persist == PERSIST_NONE) {
-            /* Over the write budget: wait for writes to land (each one
-             * schedules the evictor again) rather than drop the block. */
+        if (cache_persisting(c) && victim->persist != PERSIST_STORED) {
+            /* Written first, leaves memory when the write lands. Over the
+             * write budget: wait for writes to land (each one schedules the
+             * evictor again) rather than drop the block. */
             if (!cache_write_budget(c, ns_block_bytes(c, victim->ns)))
                 return;
-            if (cache_write_submit(c, victim, true) == 0)
-                continue;
+            cache_write_start(c, victim, true);
+            continue;
         }
         cache_evict_entry(c, victim);
     }
@@ -1108,10 +1357,12 @@ static bool cache_quota_room(struct cache *c, kv_namespace *ns)
         index_entry *victim = index_lru_oldest_in_ns(c->index, ns->id);
         if (!victim)
             return false;
-        if (c->persist && victim->persist == PERSIST_STORED)
+        if (c->persist && victim->persist == PERSIST_STORED) {
             cache_to_ghost(c, victim);
-        else
+        } else {
+            cache_count_unwritten(c, victim);
             cache_drop_entry(c, victim);
+        }
         c->evicted_quota++;
     }
     return true;
@@ -1312,11 +1563,14 @@ static void cache_wait_arm(struct cache *c, struct cache_wait *w)
     evtimer_add(w->timer, &tv);
 }
 
+static void cache_put_waiter_unlink(struct cache *c, struct cache_wait *w);
+
 void cache_wait_cancel(struct cache *c, struct cache_wait *w)
 {
-    (void)c;
     if (!w)
         return;
+    if (w->kind == WAIT_PUT)
+        cache_put_waiter_unlink(c, w);
     w->finished = true;
     if (w->timer)
         evtimer_del(w->timer);
@@ -1513,6 +1767,79 @@ static int cache_promo_wait(struct cache_wait *w, index_entry *e)
     p->waiters = wt;
     w->outstanding++;
     return 0;
+}
+
+/* --- puts waiting for the store (back-pressure) ------------------------------ */
+
+static void cache_put_waiter_unlink(struct cache *c, struct cache_wait *w)
+{
+    if (!w->put_prev && c->put_waiters != w)
+        return;   /* not linked (woken already) */
+    if (w->put_prev)
+        w->put_prev->put_next = w->put_next;
+    else
+        c->put_waiters = w->put_next;
+    if (w->put_next)
+        w->put_next->put_prev = w->put_prev;
+    else
+        c->put_waiters_tail = w->put_prev;
+    w->put_prev = w->put_next = NULL;
+}
+
+static void cache_put_wait_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache_wait *w = arg;
+    (void)fd;
+    (void)what;
+    w->c->put_wait_timeouts++;
+    cache_put_waiter_unlink(w->c, w);
+    cache_wait_answer(w);
+}
+
+int cache_put_wait(struct cache *c, unsigned timeout_ms, cache_ready_fn ready, void *arg,
+                   struct cache_wait **wait)
+{
+    struct cache_wait *w = calloc(1, sizeof *w);
+    struct timeval tv = { (time_t)(timeout_ms / 1000u), (suseconds_t)((timeout_ms % 1000u) * 1000u) };
+
+    *wait = NULL;
+    if (!w)
+        return -KVNODE_ENOMEM;
+    w->timer = evtimer_new(c->base, cache_put_wait_timeout_cb, w);
+    if (!w->timer) {
+        free(w);
+        return -KVNODE_ENOMEM;
+    }
+    w->c = c;
+    w->kind = WAIT_PUT;
+    w->on_heap = true;
+    w->ready = ready;
+    w->arg = arg;
+    w->put_prev = c->put_waiters_tail;
+    if (c->put_waiters_tail)
+        c->put_waiters_tail->put_next = w;
+    else
+        c->put_waiters = w;
+    c->put_waiters_tail = w;
+    evtimer_add(w->timer, &tv);
+    c->put_waits++;
+    *wait = w;
+    return 0;
+}
+
+/* A store op finished: blocks it pinned may be evictable now, so every put
+ * waiting for room tries again (those that arrive meanwhile wait for the
+ * next one). */
+static void cache_put_waiters_wake(struct cache *c)
+{
+    struct cache_wait *last = c->put_waiters_tail;
+    while (c->put_waiters) {
+        struct cache_wait *w = c->put_waiters;
+        cache_put_waiter_unlink(c, w);
+        cache_wait_answer(w);
+        if (w == last)
+            break;
+    }
 }
 
 /* --- get ---------------------------------------------------------------------- */
@@ -1826,6 +2153,16 @@ overquota: {
 nospace: {
         struct arena_stats st;
         arena_get_stats(c->host, &st);
+        if (cache_persisting(c) && c->writing_bytes > 0) {
+            /* Blocks waiting for their writes hold the memory: the store is
+             * the bottleneck, and the put may wait for it. */
+            errmsg_set(err, errlen, "host tier full: %" PRIu64 " of %" PRIu64 " bytes are blocks "
+                       "not yet written to the %s store (%zu writes waiting for its queue); "
+                       "the store is the bottleneck", c->writing_bytes, st.capacity,
+                       persist_backend_name(c->persist), c->queued_ops);
+            rc = CACHE_STORE_BOUND;
+            goto undo;
+        }
         errmsg_set(err, errlen, "host tier full: cannot reserve %zu blocks of %" PRIu64 " bytes "
              "(%" PRIu64 " of %" PRIu64 " bytes in use, the rest pinned by readers, "
              "reserved by writers or being written to the persistent store)", need,
@@ -1899,13 +2236,10 @@ static uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
             c->sealed_total++;
             count++;
             cache_note_sealed(c, e);
+            /* write_through: pinned until its write lands (see cache.h). */
             if (c->persist && c->policy == CONFIG_POLICY_WRITE_THROUGH &&
-                e->persist == PERSIST_NONE) {
-                if (cache_write_budget(c, bytes))
-                    cache_write_submit(c, e, false);
-                else
-                    cache_write_defer(c, e);
-            }
+                e->persist == PERSIST_NONE)
+                cache_write_start(c, e, false);
         }
     } else {
         kv_namespace *ns = ns_get(c->namespaces, l->ns);
@@ -1961,10 +2295,10 @@ int cache_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t 
         (*deleted)++;
     }
     /* The store may hold keys the index does not know (shared stores):
-     * every key goes to its delete. A write in flight for a deleted block
-     * deletes its copy when it lands (cache_write_done). */
+     * every key goes to its delete, after any write of the key in flight
+     * and before any later re-put's write (keylock). */
     if (c->persist && n > 0)
-        persist_delete(c->persist, ns, keys, n, NULL, NULL);
+        cache_store_delete(c, ns, keys, n);
     return 0;
 }
 
@@ -1983,8 +2317,7 @@ int cache_persist_flush(struct cache *c, unsigned timeout_ms)
         return 0;
     /* Everything unpinned leaves memory, oldest first: a block the store
      * holds becomes a ghost at once, the others are written first (and
-     * leave when their write lands). When the queue is full, let some of
-     * it finish. */
+     * leave when their write lands). */
     for (;;) {
         index_entry *e = index_lru_oldest_in_arena(c->index, arena_id(c->host));
         if (!e)
@@ -1993,21 +2326,11 @@ int cache_persist_flush(struct cache *c, unsigned timeout_ms)
             cache_to_ghost(c, e);
             continue;
         }
-        if (e->persist != PERSIST_NONE) {
-            cache_drop_entry(c, e);
-            c->evicted_dropped++;
-            continue;
-        }
-        int rc = cache_write_submit(c, e, true);
-        if (rc == 0) {
-            queued++;
-            continue;
-        }
-        e->persist = PERSIST_NONE;
-        uint64_t now = clock_now_ms();
-        if (rc != -KVNODE_ELIMIT || now >= deadline)
-            break;
-        persist_drain(c->persist, (unsigned)(deadline - now < 50 ? deadline - now : 50));
+        /* Not written yet, or its write failed: (again) now. Writes the
+         * store's queue cannot take yet wait in order (pinned) and are sent
+         * as it drains. */
+        cache_write_start(c, e, true);
+        queued++;
     }
     uint64_t now = clock_now_ms();
     int rc = persist_drain(c->persist, now < deadline ? (unsigned)(deadline - now) : 0);
@@ -2145,7 +2468,7 @@ static void cache_persist_stats_json(struct cache *c, json_t *root)
     json_object_set_new(o, "read_bytes_total", json_u(pc.read_bytes));
     json_object_set_new(o, "read_misses_total", json_u(pc.read_misses));
     json_object_set_new(o, "deleted_keys_total", json_u(pc.deleted_keys));
-    json_object_set_new(o, "dropped_total", json_u(pc.dropped_queue_full));
+    json_object_set_new(o, "dropped_total", json_u(c->persist_dropped));
     for (int op = 0; op < PERSIST_OPS; op++) {
         json_t *kinds = json_object();
         for (int k = 0; k < PERSIST_FAIL_KINDS; k++)
@@ -2154,6 +2477,13 @@ static void cache_persist_stats_json(struct cache *c, json_t *root)
     }
     json_object_set_new(o, "failures_total", fail);
     json_object_set_new(o, "writes_deferred_total", json_u(c->writes_deferred));
+    json_object_set_new(o, "queue_refused_total", json_u(pc.refused_queue_full));
+    json_object_set_new(o, "writes_waiting", json_u(c->queued_ops));
+    json_object_set_new(o, "pinned_for_writes_bytes", json_u(c->writing_bytes));
+    json_object_set_new(o, "write_retries_total", json_u(c->write_retries));
+    json_object_set_new(o, "retry_pending", json_u(c->retry_pending));
+    json_object_set_new(o, "put_waits_total", json_u(c->put_waits));
+    json_object_set_new(o, "put_wait_timeouts_total", json_u(c->put_wait_timeouts));
     json_object_set_new(o, "promotions_total", json_u(c->promotions));
     json_object_set_new(o, "promotions_ok_total", json_u(c->promotions_ok));
     json_object_set_new(o, "promotions_failed_total", json_u(c->promotions_failed));

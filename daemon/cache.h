@@ -165,6 +165,17 @@ void cache_wait_cancel(struct cache *c, struct cache_wait *wait);
 int  cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
                      const int64_t *keys, size_t n, int tier, uint64_t *lease_id,
                      struct cache_loc *locs, char *err, size_t errlen);
+/* Back-pressure. With a store, a committed block is not evicted before its
+ * write lands (write_through: from its commit; write_back: once the evictor
+ * picked it) or fails. When no slot can be had because such blocks hold the
+ * memory, cache_put_begin returns CACHE_STORE_BOUND with err saying so; the
+ * caller may wait: cache_put_wait calls ready(arg) on the loop — never from
+ * inside the call — when a store op finishes or after timeout_ms, and the
+ * caller then tries the put again and ends the wait with cache_wait_cancel
+ * (also the way to drop it early). 0 or -KVNODE_ENOMEM. */
+#define CACHE_STORE_BOUND 2
+int  cache_put_wait(struct cache *c, unsigned timeout_ms, cache_ready_fn ready, void *arg,
+                    struct cache_wait **wait);
 /* End a lease of the given kind: LEASE_READ (get_end), LEASE_WRITE with
  * commit=true (seal) or false (abort). *blocks = entries released. */
 int  cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, int kind,

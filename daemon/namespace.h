@@ -47,6 +47,8 @@ typedef struct kv_namespace {
     uint64_t stored;                    /* blocks known only in the persistent store
                                            (ghosts, incl. those being promoted) */
     uint32_t clients;                   /* connections bound now */
+    uint32_t refs;                      /* store requests and waits that point at it
+                                           (the cache's); while > 0 it is not reused */
     struct kv_namespace *sibling;       /* next namespace (TP rank) of the same deployment:
                                            a ring, itself when it is the only one */
     uint32_t ranks;                     /* namespaces in that ring (same in each) */

@@ -32,6 +32,8 @@ struct ops {
     struct metrics_requests requests;   /* by op and status, with latency */
     int last_code;                      /* status of the request being handled */
     double request_t0;                  /* when it arrived (ops_now_s) */
+    double put_deadline;                /* a put retried after waiting for the store:
+                                           when its wait ends for good; 0: first try */
     bool deferred;                      /* the request being handled answers later */
     ops_stats_fn stats_hook;
     void *stats_hook_arg;
@@ -100,6 +102,9 @@ struct ops_pending {
     struct cache_wait *wait;            /* MATCH / GET waiting for the store */
     struct kvcm_query *query;           /* MATCH_REMOTE waiting for KVCM */
     uint32_t local_matched;             /* MATCH_REMOTE: the local answer */
+    uint8_t *packed;                    /* PUT waiting for the store: the request, to retry */
+    size_t packed_len;
+    double put_deadline;                /* ... and when it stops waiting */
 };
 
 void ops_session_end(struct ops *o, struct session *s)
@@ -109,6 +114,7 @@ void ops_session_end(struct ops *o, struct session *s)
             kvcm_query_cancel(o->querier, s->pending->query);
         else
             cache_wait_cancel(o->cache, s->pending->wait);
+        free(s->pending->packed);
         free(s->pending);
         s->pending = NULL;
     }
@@ -369,6 +375,9 @@ static int ops_defer(struct ops *o, struct conn *conn, struct session *s,
     p->wait = wait;
     p->query = NULL;
     p->local_matched = 0;
+    p->packed = NULL;
+    p->packed_len = 0;
+    p->put_deadline = 0;
     s->pending = p;
     o->deferred = true;
     server_defer(conn);
@@ -526,6 +535,84 @@ static void ops_lease_reply(struct ops *o, struct conn *conn, struct session *s,
     loc_buf_free(&lb);
 }
 
+static void ops_put_retry(void *arg);
+
+/* A put found the host tier full of blocks waiting for the store
+ * (CACHE_STORE_BOUND): wait for store writes to land, up to
+ * server.request_timeout from the request's arrival, and try again. true
+ * when it waits; false when its time is up (err then says how long it
+ * waited) or it cannot wait. */
+static bool ops_put_backpressure(struct ops *o, struct conn *conn, struct session *s,
+                                 const Kvnode__Request *req, size_t n, char *err, size_t errlen)
+{
+    double deadline = o->put_deadline > 0 ? o->put_deadline
+                                          : o->request_t0 + o->cfg->request_timeout_ms / 1000.0;
+    double left = deadline - ops_now_s();
+    struct cache_wait *wait;
+    size_t len;
+    uint8_t *packed;
+
+    if (left <= 0.001) {
+        size_t used = strlen(err);
+        snprintf(err + used, errlen - used, "; waited %u ms for it (server.request_timeout)",
+                 o->cfg->request_timeout_ms);
+        return false;
+    }
+    len = kvnode__request__get_packed_size(req);
+    packed = malloc(len ? len : 1);
+    if (!packed)
+        return false;
+    kvnode__request__pack(req, packed);
+    if (cache_put_wait(o->cache, (unsigned)(left * 1000.0) + 1, ops_put_retry, conn, &wait) < 0) {
+        free(packed);
+        return false;
+    }
+    if (ops_defer(o, conn, s, req, n, wait) < 0) {
+        cache_wait_cancel(o->cache, wait);
+        free(packed);
+        return false;
+    }
+    s->pending->packed = packed;
+    s->pending->packed_len = len;
+    s->pending->put_deadline = deadline;
+    return true;
+}
+
+static void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
+
+/* A put waiting for the store may go on: handle it again as it arrived. */
+static void ops_put_retry(void *arg)
+{
+    struct conn *conn = arg;
+    struct session *s = server_conn_session(conn);
+    struct ops_pending *p = s->pending;
+    struct ops *o = p->o;
+    Kvnode__Request *req = kvnode__request__unpack(NULL, p->packed_len, p->packed);
+
+    s->pending = NULL;
+    cache_wait_cancel(o->cache, p->wait);
+    o->last_code = 0;
+    o->deferred = false;
+    o->request_t0 = p->t0;
+    o->put_deadline = p->put_deadline;
+    if (req) {
+        ops_dispatch(o, conn, s, req);
+        kvnode__request__free_unpacked(req, NULL);
+    } else {
+        Kvnode__Request r = KVNODE__REQUEST__INIT;
+        r.id = p->req_id;
+        r.op_case = (Kvnode__Request__OpCase)p->op;
+        ops_fail(o, conn, &r, -KVNODE_ENOMEM, "out of memory retrying a put");
+    }
+    o->put_deadline = 0;
+    if (!o->deferred) {
+        metrics_request_observe(&o->requests, p->op, o->last_code, ops_now_s() - p->t0);
+        server_resume(conn);
+    }
+    free(p->packed);
+    free(p);
+}
+
 /* GET_BEGIN and PUT_BEGIN: one lease, one location per key of the answer
  * (the ready prefix for a get, every key for a put). */
 static void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
@@ -561,6 +648,13 @@ static void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s,
     } else {
         rc = cache_put_begin(o->cache, s->ns, &s->leases, keys, n, (int)req->put_begin->tier,
                              &lease_id, locs, err, sizeof err);
+        if (rc == CACHE_STORE_BOUND) {
+            if (ops_put_backpressure(o, conn, s, req, n, err, sizeof err)) {
+                free(locs);
+                return;
+            }
+            rc = -KVNODE_ENOSPC;
+        }
     }
     if (rc < 0)
         goto fail;
@@ -767,6 +861,13 @@ static void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, 
     }
     rc = cache_put_begin(o->cache, s->ns, &s->leases, p->keys, n, KVNODE_TIER_HOST, &lease_id,
                          locs, err, sizeof err);
+    if (rc == CACHE_STORE_BOUND) {
+        if (ops_put_backpressure(o, conn, s, req, n, err, sizeof err)) {
+            free(locs);
+            return;
+        }
+        rc = -KVNODE_ENOSPC;
+    }
     if (rc < 0)
         goto fail;
     for (size_t i = 0; i < n; i++) {

@@ -22,7 +22,10 @@
  * the open's message; the next job tries again. Nothing else reopens.
  *
  * State. OK after a call that reached the store succeeded (0 or KVS_MISS);
- * DEGRADED after a failure of any kind but CORRUPT (the store answered) —
+ * but after a failed write only a successful write (or the cache saying no
+ * failed write waits for a retry: persist_write_failures_settled) ends
+ * DEGRADED, because a store that answers probes and reads can still refuse
+ * writes (a full disk). DEGRADED after a failure of any kind but CORRUPT (the store answered) —
  * except -KVNODE_EINVAL and -KVNODE_ENOMEM, which are the caller's or this
  * process's problem, not the store's: they are counted (as IO) but leave the
  * state alone. While DEGRADED, a 2 s timer on the loop submits a health job
@@ -132,6 +135,7 @@ struct persist {
     void                     *scan_arg;
 
     bool                      destroying;
+    bool                      writes_failing;  /* the last write failed (see State) */
     struct persist_counters   c;
     char                      last_error[PERSIST_ERR_MAX];
 };
@@ -196,8 +200,12 @@ static void health_arm(struct persist *p)
         event_add(p->health_ev, &tv);
 }
 
-static void state_ok(struct persist *p)
+static void state_ok(struct persist *p, int op)
 {
+    if (op == PERSIST_OP_WRITE)
+        p->writes_failing = false;
+    else if (p->writes_failing)
+        return;   /* the store answers, but the last write it got failed */
     p->last_error[0] = '\0';
     if (p->c.state == PERSIST_STATE_DEGRADED)
         log_info("persist: the %s store answers again", p->be->name);
@@ -212,10 +220,20 @@ static void state_failed(struct persist *p, int op, int rc, int kind, const char
              err && *err ? err : kvnode_strerror(rc));
     if (kind == PERSIST_FAIL_CORRUPT || rc == -KVNODE_EINVAL || rc == -KVNODE_ENOMEM)
         return;   /* not the store's health: see the header comment */
+    if (op == PERSIST_OP_WRITE)
+        p->writes_failing = true;
     if (p->c.state != PERSIST_STATE_DEGRADED)
         log_warn("persist: the %s store is degraded: %s", p->be->name, p->last_error);
     p->c.state = PERSIST_STATE_DEGRADED;
     health_arm(p);
+}
+
+void persist_write_failures_settled(struct persist *p)
+{
+    if (!p || !p->writes_failing)
+        return;
+    p->writes_failing = false;
+    health_arm(p);   /* the next probe decides */
 }
 
 /* --- request workers --------------------------------------------------------------- */
@@ -346,12 +364,12 @@ static void account(struct persist *p, const struct pjob *pj)
             p->c.read_blocks++;
             p->c.read_bytes += pj->len;
         }
-        state_ok(p);
+        state_ok(p, pj->op);
         break;
     case KVS_MISS:
         if (pj->op == PERSIST_OP_READ)
             p->c.read_misses++;
-        state_ok(p);
+        state_ok(p, pj->op);
         break;
     case KVS_CORRUPT:
         /* The store answered (and removed the bad copy): counted, the state stays. */
@@ -448,7 +466,7 @@ static int job_submit(struct persist *p, struct pjob *pj)
 
     if (rc < 0) {
         if (rc == -KVNODE_ELIMIT)
-            p->c.dropped_queue_full++;
+            p->c.refused_queue_full++;
         free(pj);
         return rc;
     }
@@ -670,7 +688,7 @@ static void scan_done(struct workq_job *j)
         scan_finish(p, rc);
         return;
     }
-    state_ok(p);
+    state_ok(p, PERSIST_OP_SCAN);
     if (rc == 1) {
         p->c.scan_complete = true;
         scan_finish(p, 0);

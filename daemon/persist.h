@@ -68,7 +68,8 @@ struct persist_counters {
     uint64_t read_misses;                       /* reads that found no block (KVS_MISS) */
     uint64_t deleted_keys;                      /* keys sent to the store's delete */
     uint64_t failures[PERSIST_OPS][PERSIST_FAIL_KINDS];
-    uint64_t dropped_queue_full;                /* requests refused: queue full */
+    uint64_t refused_queue_full;                /* requests refused: queue full (the cache
+                                                   queues writes again; see cache.h) */
     uint64_t submitted, completed;              /* accepted requests / done callbacks run */
     size_t   queue_depth, queue_capacity;       /* outstanding now / bound */
     unsigned workers;
@@ -105,7 +106,7 @@ const char *persist_backend_name(const struct persist *p);
 
 /* Requests. Each returns 0 when accepted (done runs later, exactly once, on
  * the loop thread), -KVNODE_ELIMIT when the queue is full (counted in
- * dropped_queue_full; done is not called), -KVNODE_ESHUTDOWN while stopping.
+ * refused_queue_full; done is not called), -KVNODE_ESHUTDOWN while stopping.
  * ns must outlive the request (namespaces live as long as the daemon). */
 int  persist_write(struct persist *p, const kv_namespace *ns, int64_t key, const void *data,
                    size_t len, persist_done_fn done, void *arg);
@@ -136,6 +137,9 @@ void persist_get_counters(const struct persist *p, struct persist_counters *out)
 const char *persist_state_name(int state);               /* "off", "ok", "degraded" */
 const char *persist_failure_kind_name(int kind);         /* "timeout", "nospace", ... */
 const char *persist_op_name(int op);                     /* "write", "read", ... */
+/* No write that failed waits for a retry any more (the blocks were written,
+ * deleted or left memory): a successful health probe may end DEGRADED again. */
+void persist_write_failures_settled(struct persist *p);
 /* The last failure's message ("" when none since the last success). */
 const char *persist_last_error(const struct persist *p);
 

@@ -13,6 +13,7 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +30,8 @@
 #define LAYOUT_NAME  "layout"
 #define LOCK_NAME    ".lock"
 #define TMP_PREFIX   ".tmp-"
+/* The health probe calls the store full below this much free space. */
+#define FILE_HEALTH_MIN_FREE (UINT64_C(1) << 20)
 #define DIR_MAX      NS_DEPLOYMENT_ID_MAX   /* sanitized deployment dir name, with NUL */
 
 /* ---- little-endian encoding ---------------------------------------------- */
@@ -841,6 +844,14 @@ static int file_health(struct kvs_store *ks, char *err, size_t errlen)
         int e = errno;
         errmsg_set(err, errlen, "kvs file: root %s is not writable: %s", s->r->path, strerror(e));
         return -KVNODE_EIO;
+    }
+    /* A writable directory on a full disk is not healthy: writes fail. */
+    struct statvfs vfs;
+    if (statvfs(s->r->path, &vfs) == 0 &&
+        (uint64_t)vfs.f_bavail * vfs.f_frsize < FILE_HEALTH_MIN_FREE) {
+        errmsg_set(err, errlen, "kvs file: the file system of %s is full (%" PRIu64 " bytes free)",
+                   s->r->path, (uint64_t)vfs.f_bavail * vfs.f_frsize);
+        return -KVNODE_ENOSPC;
     }
     return 0;
 }

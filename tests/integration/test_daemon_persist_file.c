@@ -14,8 +14,10 @@
  *   wrong bytes), is counted and removed (a bad header already by the
  *   scan); a file removed behind the daemon's back is a miss;
  * - a full disk (RLIMIT_FSIZE set on the running daemon) fails the writes,
- *   not the puts: the store is reported degraded, the daemon keeps serving,
- *   and writes land again once there is room;
+ *   not the puts: the store is reported degraded (and stays so while writes
+ *   fail, whatever the health probe finds), the daemon keeps serving, blocks
+ *   that leave memory unwritten are counted as dropped, and once there is
+ *   room the failed writes of blocks still in memory are retried and land;
  * - SIGKILL in the middle of writes leaves no torn block: everything the
  *   next daemon finds reads back byte-exact, stale temporary files go;
  * - DELETE removes the store's copies too (a restart does not bring them
@@ -628,7 +630,7 @@ END_TEST
 START_TEST(full_disk_fails_writes_not_puts)
 {
     char store[PATH_MAX];
-    kvh_daemon d;
+    kvh_daemon d, d2;
     new_store(store, sizeof store);
     start_on(&d, store, NULL);
     /* Files of at most 32 KiB from now on: the layout record (468 bytes)
@@ -646,13 +648,11 @@ START_TEST(full_disk_fails_writes_not_puts)
     long long cap = capacity_blocks(&d);
 
     put_chain(c, 0, 55);
-    /* The first failure makes the state degraded (a health probe 2 s later
-     * may find the directory fine again: look at the first snapshot). */
     uint64_t deadline = kvh_now_ms() + (uint64_t)tmo(10000);
     json_t *st;
     for (;;) {
         st = stats(&d);
-        if (jint(st, "persist.failures_total.write.nospace") > 0)
+        if (jint(st, "persist.failures_total.write.nospace") >= CHAIN)
             break;
         json_decref(st);
         ck_assert_msg(kvh_now_ms() < deadline, "no write failure within the deadline");
@@ -661,11 +661,16 @@ START_TEST(full_disk_fails_writes_not_puts)
     ck_assert_str_eq(jstr(st, "persist.state"), "degraded");
     const char *why = jstr(st, "persist.last_error");
     ck_assert_msg(strstr(why, "File too large") != NULL, "last_error: %s", why);
+    ck_assert_int_eq(jint(st, "persist.written_blocks_total"), 0);
     json_decref(st);
-    settle(&d);
+    /* The health probe (every 2 s while degraded) finds the directory
+     * writable, but the writes still fail: the state stays degraded, and the
+     * failed writes are tried again. */
+    kvh_sleep_ms((unsigned)tmo(3000));
     st = stats(&d);
-    ck_assert_int_eq(jint(st, "persist.failures_total.write.nospace"), CHAIN);
-    ck_assert_int_eq(failures(st), CHAIN);
+    ck_assert_str_eq(jstr(st, "persist.state"), "degraded");
+    ck_assert_int_gt(jint(st, "persist.write_retries_total"), 0);
+    ck_assert_int_gt(jint(st, "persist.failures_total.write.nospace"), CHAIN);
     ck_assert_int_eq(jint(st, "persist.written_blocks_total"), 0);
     json_decref(st);
 
@@ -674,18 +679,23 @@ START_TEST(full_disk_fails_writes_not_puts)
     get_chain(c, 0, 55, INLINE);
     KVH_OK(c, kvnode_ping(c));
 
-    /* More than the tier holds: eviction drops what the store could not take. */
+    /* More than the tier holds: a block whose write failed may leave memory
+     * (the store cannot take it), and each one that does is counted as lost
+     * to persistence. */
     const uint64_t nchains = (uint64_t)(cap * 3 / 2) / CHAIN;
     for (uint64_t ch = 1; ch < nchains; ch++) {
         put_chain(c, ch, 55);
-        settle(&d);   /* a block is pinned until its (failing) write is back */
+        settle(&d);
     }
     st = stats(&d);
-    ck_assert_int_gt(jint(st, "evictions.host.dropped_total"), 0);
+    long long dropped = jint(st, "evictions.host.dropped_total");
+    ck_assert_int_gt(dropped, 0);
+    ck_assert_int_eq(jint(st, "persist.dropped_total"), dropped);
     ck_assert_int_eq(jint(st, "evictions.host.to_store_total"), 0);
     ck_assert_int_eq(jint(st, "tiers.store.blocks"), 0);
-    ck_assert_int_eq(jint(st, "persist.failures_total.write.nospace"), (long long)nchains * CHAIN);
     ck_assert_int_eq(jint(st, "persist.written_blocks_total"), 0);
+    long long in_memory = jint(st, "tiers.host.blocks");
+    ck_assert_int_eq(in_memory + dropped, (long long)nchains * CHAIN);
     json_decref(st);
     get_chain(c, nchains - 1, 55, ZC);
     KVH_OK(c, kvnode_ping(c));
@@ -698,19 +708,32 @@ START_TEST(full_disk_fails_writes_not_puts)
     ck_assert_msg(strstr(log, "degraded") != NULL, "the log does not say the store is degraded:\n%s", log);
     free(log);
 
-    /* Room again: the next writes land and the store is ok again. */
+    /* Room again: every block still in memory is written by the retries,
+     * with no new put, and the store is ok again. */
     ck_assert_msg(prlimit(d.pid, RLIMIT_FSIZE, &saved, NULL) == 0, "prlimit: %s", strerror(errno));
-    put_chain(c, nchains, 55);
+    ck_assert_msg(kvh_wait_stat(&d, "persist.written_blocks_total", in_memory, tmo(30000), NULL) == 0, "%s",
+                  kvh_error());
     settle(&d);
     st = stats(&d);
-    ck_assert_int_eq(jint(st, "persist.written_blocks_total"), CHAIN);
+    ck_assert_int_eq(jint(st, "persist.written_blocks_total"), in_memory);
     ck_assert_str_eq(jstr(st, "persist.state"), "ok");
     ck_assert_str_eq(jstr(st, "persist.last_error"), "");
+    ck_assert_int_eq(jint(st, "persist.retry_pending"), 0);
     json_decref(st);
-    ck_assert_int_eq((long long)scan_disk(store, 0).blk, CHAIN);
-
+    ck_assert_int_eq((long long)scan_disk(store, 0).blk, in_memory);
     kvnode_close(c);
-    KVH_STOP_DESTROY(&d);
+    KVH_STOP_OK(&d);
+
+    /* A restart finds them all, byte-exact. */
+    start_on(&d2, store, NULL);
+    st = wait_recovery(&d2);
+    ck_assert_int_eq(jint(st, "persist.recovery.indexed"), in_memory);
+    json_decref(st);
+    KVH_CONNECT(&d2, &l, &c);
+    get_chain(c, nchains - 1, 55, COPY);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d2);
+    kvh_destroy(&d);
 }
 END_TEST
 
