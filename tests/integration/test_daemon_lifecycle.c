@@ -4,13 +4,20 @@
  *   on the same path replaces it and serves (stats pid is the new one).
  * - A second daemon started on the socket of a live one refuses to start
  *   (exit status 1, its stderr names the socket path) and the first keeps
- *   serving on that path, for clients connected before and after. */
+ *   serving on that path, for clients connected before and after.
+ * - --check-config refuses a file with a NUL byte (exit 2, naming the line)
+ *   and credentials in persist.url (without echoing them). */
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -99,11 +106,90 @@ START_TEST(second_daemon_on_live_socket_refuses)
 }
 END_TEST
 
+/* Runs `kvnoded --check-config args...` (at most 8 args) with stdout and
+ * stderr into one file; returns its exit status (-1: did not exit within
+ * 10 s, killed) and the output in *out (malloc'd). */
+static int run_check_config(const char *const *args, char **out)
+{
+    char dir[PATH_MAX], log[PATH_MAX + 16];
+    ck_assert_msg(kvh_mkdtemp(dir, sizeof dir) == 0, "%s", kvh_error());
+    snprintf(log, sizeof log, "%s/out", dir);
+    const char *argv[12] = { kvh_daemon_path(), "--check-config" };
+    size_t n = 2;
+    for (; args[n - 2] && n < 11; n++)
+        argv[n] = args[n - 2];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+            _exit(126);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int status = -1;
+    for (int waited = 0; waited < 10000; waited += 10) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            break;
+        kvh_sleep_ms(10);
+        status = -1;
+    }
+    if (status == -1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    *out = kvh_read_file(log, NULL);
+    ck_assert_msg(*out != NULL, "%s", kvh_error());
+    if (status == -1)
+        return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : KVH_EXIT_SIGNAL_BASE + WTERMSIG(status);
+}
+
+START_TEST(check_config_refuses_nul_byte)
+{
+    char dir[PATH_MAX], conf[PATH_MAX + 16], want[PATH_MAX + 64];
+    ck_assert_msg(kvh_mkdtemp(dir, sizeof dir) == 0, "%s", kvh_error());
+    snprintf(conf, sizeof conf, "%s/kvnode.conf", dir);
+    /* A valid file whose last line is binary garbage starting with a NUL. */
+    static const char text[] = "[memory]\nhost_bytes = 64MiB\nhigh_watermark = 0.97\0garbage\n";
+    FILE *f = fopen(conf, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(text, 1, sizeof text - 1, f), sizeof text - 1);
+    ck_assert_int_eq(fclose(f), 0);
+
+    char *out;
+    int st = run_check_config((const char *const[]){ "-c", conf, NULL }, &out);
+    ck_assert_msg(st == 2, "--check-config of a file with a NUL byte: exit status %d, expected 2:\n%s", st, out);
+    snprintf(want, sizeof want, "%s:3: NUL byte in the line", conf);
+    ck_assert_msg(strstr(out, want), "'%s' missing from:\n%s", want, out);
+    ck_assert_msg(!strstr(out, "high_watermark = 0.97"), "an effective config was printed:\n%s", out);
+    free(out);
+}
+END_TEST
+
+START_TEST(check_config_refuses_url_credentials)
+{
+    char *out;
+    int st = run_check_config((const char *const[]){ "--set", "persist.backend=v6d", "--set",
+                                                     "persist.url=http://kvs:s3cret@10.0.0.9:8080", "--set",
+                                                     "persist.socket_path=/run/v6d.sock", NULL }, &out);
+    ck_assert_msg(st == 2, "credentials in persist.url: exit status %d, expected 2:\n%s", st, out);
+    ck_assert_msg(strstr(out, "persist.url: credentials in the URL are not accepted"), "%s", out);
+    ck_assert_msg(!strstr(out, "s3cret"), "the password is shown:\n%s", out);
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const tests[] = {
         restart_over_stale_socket,
         second_daemon_on_live_socket_refuses,
+        check_config_refuses_nul_byte,
+        check_config_refuses_url_credentials,
     };
     return kvh_run_suite("daemon_lifecycle", "lifecycle", 30, tests, sizeof tests / sizeof tests[0]);
 }
