@@ -5,8 +5,11 @@
  * - A second daemon started on the socket of a live one refuses to start
  *   (exit status 1, its stderr names the socket path) and the first keeps
  *   serving on that path, for clients connected before and after.
- * - --check-config refuses a file with a NUL byte (exit 2, naming the line)
- *   and credentials in persist.url (without echoing them). */
+ * - --check-config refuses a file with a NUL byte (exit 2, naming the line),
+ *   credentials in persist.url (without echoing them) and a host tier larger
+ *   than this machine can give (naming both sizes); the daemon itself
+ *   refuses such a tier before reserving it (exit status 1), and announces
+ *   the tier it reserves before reserving it. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -58,6 +61,12 @@ START_TEST(restart_over_stale_socket)
     kvh_daemon a, b;
     KVH_START(&a, NULL);
     assert_serves(&a, "first daemon");
+    /* The host tier is announced before it is reserved (harness: 64MiB). */
+    char *log = kvh_read_log(&a);
+    ck_assert_msg(log != NULL, "%s", kvh_error());
+    ck_assert_msg(strstr(log, "memory: reserving 67108864 bytes (64MiB) of host memory for memory.host_bytes; "),
+                  "no line before reserving the host tier:\n%s", log);
+    free(log);
     int st = kvh_kill(&a, SIGKILL);
     ck_assert_int_eq(st, KVH_EXIT_SIGNAL_BASE + SIGKILL);
     ck_assert_msg(is_socket(a.sock), "SIGKILL should leave the socket file %s behind", a.sock);
@@ -183,6 +192,82 @@ START_TEST(check_config_refuses_url_credentials)
 }
 END_TEST
 
+START_TEST(check_config_refuses_host_bytes_over_machine)
+{
+    /* 100TiB (whole 1GiB slabs) is more than any machine this runs on has:
+     * the check is of the file on this machine, so it fails and names both
+     * sizes. --check-config reserves nothing, so this is safe to run. */
+    char *out;
+    int st = run_check_config((const char *const[]){ "--set", "memory.host_bytes=100TiB", "--set",
+                                                     "memory.slab_bytes=1GiB", NULL }, &out);
+    ck_assert_msg(st == 2, "host_bytes = 100TiB: exit status %d, expected 2:\n%s", st, out);
+    ck_assert_msg(strstr(out, "memory.host_bytes: 100TiB (109951162777600 bytes) exceeds"), "%s", out);
+    ck_assert_msg(strstr(out, "MemAvailable"), "the available memory is not named:\n%s", out);
+    ck_assert_msg(strstr(out, "lower memory.host_bytes"), "no remedy given:\n%s", out);
+    free(out);
+
+    /* A size that fits passes and prints the effective configuration. */
+    st = run_check_config((const char *const[]){ "--set", "memory.host_bytes=64MiB", NULL }, &out);
+    ck_assert_msg(st == 0, "host_bytes = 64MiB: exit status %d:\n%s", st, out);
+    ck_assert_msg(strstr(out, "host_bytes = 64MiB"), "%s", out);
+    free(out);
+}
+END_TEST
+
+/* MemAvailable from /proc/meminfo, in bytes (0 when unreadable). */
+static unsigned long long mem_available(void)
+{
+    char *text = kvh_read_file("/proc/meminfo", NULL);
+    unsigned long long kb = 0;
+    const char *line = text ? strstr(text, "\nMemAvailable:") : NULL;
+    if (!line || sscanf(line + 1, "MemAvailable: %llu kB", &kb) != 1)
+        kb = 0;
+    free(text);
+    return kb * 1024;
+}
+
+START_TEST(start_refuses_host_bytes_over_available)
+{
+    /* Twice what the machine has available: the admission check must refuse
+     * before anything is reserved. A binary without the check would reserve
+     * it and bring in the OOM killer, so --check-config (which reserves
+     * nothing) must refuse it first, or the daemon is not started at all. */
+    unsigned long long avail = mem_available();
+    ck_assert_msg(avail > 0, "cannot read MemAvailable from /proc/meminfo");
+    /* Whole 16MiB slabs (the default slab_bytes): what is reserved is what is asked. */
+    unsigned long long ask_mib = (2 * avail / (1024 * 1024) / 16 + 1) * 16;
+    char set[64], want[96];
+    snprintf(set, sizeof set, "memory.host_bytes=%lluMiB", ask_mib);
+    char *out;
+    int st = run_check_config((const char *const[]){ "--set", set, NULL }, &out);
+    free(out);
+    ck_assert_msg(st == 2, "--check-config accepts %s (exit status %d): this kvnoded has no admission check; "
+                  "not starting it, it would reserve twice the available memory", set, st);
+
+    char cfg[96];
+    snprintf(cfg, sizeof cfg, "%s\n", set);
+    kvh_daemon d;
+    ck_assert_msg(kvh_spawn(&d, cfg) == 0, "%s", kvh_error());
+    st = kvh_wait_exit(&d, 10000);
+    if (st != 1)
+        kvh_print_log(&d, "kvnoded asked for twice MemAvailable");
+    ck_assert_msg(st == 1, "host_bytes = %lluMiB (MemAvailable %llu bytes): exit status %d, expected 1", ask_mib,
+                  avail, st);
+    char *log = kvh_read_log(&d);
+    ck_assert_msg(log != NULL, "%s", kvh_error());
+    snprintf(want, sizeof want, "refusing to start: memory.host_bytes: ");
+    ck_assert_msg(strstr(log, want), "'%s' missing from:\n%s", want, log);
+    snprintf(want, sizeof want, "(%llu bytes) exceeds the host memory this machine can give: MemAvailable is ",
+             ask_mib << 20);
+    ck_assert_msg(strstr(log, want), "'%s' missing from:\n%s", want, log);
+    ck_assert_msg(strstr(log, " bytes, /proc/meminfo)"), "the available figure is not named:\n%s", log);
+    ck_assert_msg(strstr(log, "lower memory.host_bytes to at most "), "no remedy:\n%s", log);
+    ck_assert_msg(!strstr(log, "memory: reserving"), "it went on to reserve:\n%s", log);
+    free(log);
+    kvh_destroy(&d);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const tests[] = {
@@ -190,6 +275,8 @@ int main(void)
         second_daemon_on_live_socket_refuses,
         check_config_refuses_nul_byte,
         check_config_refuses_url_credentials,
+        check_config_refuses_host_bytes_over_machine,
+        start_refuses_host_bytes_over_available,
     };
     return kvh_run_suite("daemon_lifecycle", "lifecycle", 30, tests, sizeof tests / sizeof tests[0]);
 }
