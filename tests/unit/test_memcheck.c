@@ -17,8 +17,9 @@
 #define GIB (UINT64_C(1) << 30)
 #define TIB (UINT64_C(1) << 40)
 
-static char root[256];   /* per-test fake filesystem */
-static char meminfo[300], self_cgroup[300], cgroup_root[300];
+static char base[256];   /* made once, in the runner: removed even after a failed test */
+static char root[300];   /* per-test fake filesystem, under base */
+static char meminfo[340], self_cgroup[340], cgroup_root[340];
 static struct memcheck_sources src;
 
 /* Writes text to root/rel, making the directories on the way. */
@@ -48,10 +49,28 @@ static void put_meminfo(uint64_t total, uint64_t available)
     put("proc/meminfo", text);
 }
 
-static void setup(void)
+static void remove_tree(const char *dir)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static void make_base(void)
 {
     const char *tmp = getenv("TMPDIR");
-    snprintf(root, sizeof root, "%s/kvnode-memcheck-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    snprintf(base, sizeof base, "%s/kvnode-memcheck-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    ck_assert_ptr_nonnull(mkdtemp(base));
+}
+
+static void remove_base(void)
+{
+    remove_tree(base);
+}
+
+static void setup(void)
+{
+    snprintf(root, sizeof root, "%s/t-XXXXXX", base);
     ck_assert_ptr_nonnull(mkdtemp(root));
     snprintf(meminfo, sizeof meminfo, "%s/proc/meminfo", root);
     snprintf(self_cgroup, sizeof self_cgroup, "%s/proc/self/cgroup", root);
@@ -61,9 +80,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    ck_assert_int_eq(system(cmd), 0);
+    remove_tree(root);
 }
 
 /* A config with the given host tier (default 16MiB slabs). */
@@ -283,6 +300,7 @@ int main(void)
     Suite *s = suite_create("memcheck");
     TCase *tc = tcase_create("memcheck");
     tcase_set_timeout(tc, 10);
+    tcase_add_unchecked_fixture(tc, make_base, remove_base);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_margin);
     tcase_add_test(tc, test_meminfo_only);
