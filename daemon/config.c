@@ -974,6 +974,24 @@ static int kvcm_check_host_ip_port(const char *s, const char *shown, char *probl
     return 0;
 }
 
+/* True when the URL s[0..n) carries userinfo ("user:password@") in its
+ * authority: after an optional "scheme://", before the first '/', '?' or
+ * '#'. Such a URL is refused, not stored: /config, --check-config and error
+ * messages print URLs, so a password in one would reach every reader. */
+static bool config_url_has_credentials(const char *s, size_t n)
+{
+    const char *end = s + n;
+    const char *sep = memmem(s, n, "://", 3);
+    const char *auth = sep ? sep + 3 : s;
+    for (const char *p = auth; p < end && *p != '/' && *p != '?' && *p != '#'; p++)
+        if (*p == '@')
+            return true;
+    return false;
+}
+
+#define CREDENTIALS_HINT "not shown here; credentials in a URL would be printed by /config, --check-config " \
+                         "and in logs"
+
 /* One endpoint, s[0..n): http(s)://AUTHORITY[/PATH] with no query or
  * fragment. Returns the length without trailing '/' after the authority, or
  * 0 when invalid. */
@@ -1052,6 +1070,11 @@ static int kvcm_split_endpoints(const char *text, char (*out)[CONFIG_URL_MAX], s
             ulen--;
         if (ulen >= CONFIG_URL_MAX) {
             snprintf(problem, len, "endpoint too long (%zu bytes; at most %d)", ulen, CONFIG_URL_MAX - 1);
+            return -1;
+        }
+        if (config_url_has_credentials(start, elen)) {
+            snprintf(problem, len, "credentials in endpoint %zu are not accepted (%s; KVCM's HTTP API takes "
+                     "none: restrict access to it by network)", count + 1, CREDENTIALS_HINT);
             return -1;
         }
         ulen = kvcm_endpoint_shape(start, elen);
@@ -1266,6 +1289,12 @@ static int config_check_value(const struct opt_def *o, const union opt_value *v,
         size_t n = strlen(v->s);
         if (n >= o->width) {
             snprintf(problem, len, "URL too long (%zu bytes; at most %zu)", n, o->width - 1);
+            return -1;
+        }
+        if (config_url_has_credentials(v->s, n)) {
+            snprintf(problem, len, "credentials in the URL are not accepted (%s; the rtp-llm KVS protocol "
+                     "carries no credentials: restrict access to the store's control plane by network)",
+                     CREDENTIALS_HINT);
             return -1;
         }
         return 0;
@@ -1726,6 +1755,14 @@ static char *config_read_line(char *str, int num, void *stream)
     }
     pc->lineno++;
     char *s = pc->line;
+    /* A NUL would end the line for inih and drop the rest unseen. */
+    const char *nul = memchr(s, '\0', (size_t)n);
+    if (nul) {
+        errbuf_add(pc->errors, "%s:%u: NUL byte in the line (byte %zu); kvnode.conf must be text", pc->path,
+                   pc->lineno, (size_t)(nul - s) + 1);
+        snprintf(str, (size_t)num, "\n");
+        return str;
+    }
     if (pc->lineno == 1 && (size_t)n >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0)
         s += 3;   /* UTF-8 byte order mark */
     while (*s == ' ' || *s == '\t')
@@ -1949,7 +1986,8 @@ int config_validate(const struct kvn_config *cfg, char *err, size_t errlen)
         if (n == 0)
             errbuf_add(&errors, "[persist] url: required when backend = v6d (the store's control-plane "
                                 "URL, e.g. http://127.0.0.1:8080)");
-        else if (n < sizeof cfg->persist_url && (scheme == 0 || url[scheme] == '\0' || url[scheme] == '/'))
+        else if (n < sizeof cfg->persist_url && !config_url_has_credentials(url, n) &&
+                 (scheme == 0 || url[scheme] == '\0' || url[scheme] == '/'))
             errbuf_add(&errors, "[persist] url: invalid URL '%.*s%s' (backend = v6d needs http://HOST[:PORT] "
                                 "or https://HOST[:PORT], optionally with a path)",
                        VALUE_SHOW, url, n > VALUE_SHOW ? "..." : "");

@@ -18,6 +18,7 @@
 #include "gpu.h"
 #include "kvnode.h"
 #include "log.h"
+#include "memcheck.h"
 #include "kvcm/kvcm.h"
 #include "kvcm/query.h"
 #include "ops.h"
@@ -145,6 +146,21 @@ int main(int argc, char **argv)
         free(d.cfg);
         return 2;
     }
+    /* Admission, before anything is reserved: memfd pages being reserved
+     * count toward no process's OOM score, so a tier larger than the
+     * machine would get other processes (the engines) killed first.
+     * --check-config checks the file on this machine too. */
+    struct memcheck_room room;
+    char admission[PATH_MAX + 1024];
+    memcheck_probe(NULL, &room);
+    if (memcheck_admit(d.cfg, &room, admission, sizeof admission) < 0) {
+        if (check_only)
+            fprintf(stderr, "kvnoded: the configuration does not fit this machine:\n%s\n", admission);
+        else
+            log_error("refusing to start: %s", admission);
+        free(d.cfg);
+        return check_only ? 2 : 1;
+    }
     if (check_only) {
         config_write(d.cfg, stdout);
         free(d.cfg);
@@ -165,6 +181,9 @@ int main(int argc, char **argv)
         log_error("cannot create the event loop");
         goto out;
     }
+    if (room.unread[0])
+        log_warn("memory: the admission check could not read everything: %s", room.unread);
+    log_info("%s", admission);
     if (cache_create(d.base, d.cfg, &d.cache, err, sizeof err) < 0) {
         log_error("cannot create the host tier: %s", err);
         goto out;

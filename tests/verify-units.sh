@@ -4,8 +4,13 @@
 # copies whose ExecStart points at the built daemon (argument 1, default
 # build/kvnoded); man pages are not looked up (--man=no: not installed here).
 # Any output from verify counts as a failure. Exit 77 when the tool is absent.
+# The service must also make kvnoded, not an engine, the OOM killer's first
+# victim: OOMScoreAdjust= positive (its memfd arena is not counted as its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+oom=$(sed -n 's/^OOMScoreAdjust=//p' systemd/kvnoded.service)
+[[ $oom =~ ^[0-9]+$ && $oom -ge 1 && $oom -le 1000 ]] ||
+  { echo "verify-units: kvnoded.service needs OOMScoreAdjust=1..1000 (has '${oom}')" >&2; exit 1; }
 bin=$(realpath "${1:-build/kvnoded}")
 command -v systemd-analyze >/dev/null || { echo "verify-units: systemd-analyze not installed"; exit 77; }
 [[ -x $bin ]] || { echo "verify-units: $bin is not executable" >&2; exit 1; }

@@ -22,6 +22,9 @@ done
 [[ -x "$root/usr/sbin/kvnoded" ]] || fail "kvnoded not executable"
 grep -q '^ExecStart=/usr/sbin/kvnoded ' "$root/usr/lib/systemd/system/kvnoded.service" ||
   fail "service ExecStart does not point at /usr/sbin/kvnoded"
+# kvnoded, not an engine, is the OOM killer's victim (kvnoded(8) "OOM score").
+grep -Eq '^OOMScoreAdjust=([1-9][0-9]{0,2}|1000)$' "$root/usr/lib/systemd/system/kvnoded.service" ||
+  fail "service lacks a positive OOMScoreAdjust="
 grep -q '^prefix=/usr$' "$root/usr/lib/pkgconfig/kvnode.pc" || fail "pkg-config prefix is not /usr"
 # The shipped config serves the service's socket and store, and parses.
 grep -q '^socket_path' "$root/etc/kvnode/kvnode.conf" && fail "installed config pins a socket_path"

@@ -4,13 +4,23 @@
  *   on the same path replaces it and serves (stats pid is the new one).
  * - A second daemon started on the socket of a live one refuses to start
  *   (exit status 1, its stderr names the socket path) and the first keeps
- *   serving on that path, for clients connected before and after. */
+ *   serving on that path, for clients connected before and after.
+ * - --check-config refuses a file with a NUL byte (exit 2, naming the line),
+ *   credentials in persist.url (without echoing them) and a host tier larger
+ *   than this machine can give (naming both sizes); the daemon itself
+ *   refuses such a tier before reserving it (exit status 1), and announces
+ *   the tier it reserves before reserving it. */
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -51,6 +61,12 @@ START_TEST(restart_over_stale_socket)
     kvh_daemon a, b;
     KVH_START(&a, NULL);
     assert_serves(&a, "first daemon");
+    /* The host tier is announced before it is reserved (harness: 64MiB). */
+    char *log = kvh_read_log(&a);
+    ck_assert_msg(log != NULL, "%s", kvh_error());
+    ck_assert_msg(strstr(log, "memory: reserving 67108864 bytes (64MiB) of host memory for memory.host_bytes; "),
+                  "no line before reserving the host tier:\n%s", log);
+    free(log);
     int st = kvh_kill(&a, SIGKILL);
     ck_assert_int_eq(st, KVH_EXIT_SIGNAL_BASE + SIGKILL);
     ck_assert_msg(is_socket(a.sock), "SIGKILL should leave the socket file %s behind", a.sock);
@@ -99,11 +115,168 @@ START_TEST(second_daemon_on_live_socket_refuses)
 }
 END_TEST
 
+/* Runs `kvnoded --check-config args...` (at most 8 args) with stdout and
+ * stderr into one file; returns its exit status (-1: did not exit within
+ * 10 s, killed) and the output in *out (malloc'd). */
+static int run_check_config(const char *const *args, char **out)
+{
+    char dir[PATH_MAX], log[PATH_MAX + 16];
+    ck_assert_msg(kvh_mkdtemp(dir, sizeof dir) == 0, "%s", kvh_error());
+    snprintf(log, sizeof log, "%s/out", dir);
+    const char *argv[12] = { kvh_daemon_path(), "--check-config" };
+    size_t n = 2;
+    for (; args[n - 2] && n < 11; n++)
+        argv[n] = args[n - 2];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+            _exit(126);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int status = -1;
+    for (int waited = 0; waited < 10000; waited += 10) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            break;
+        kvh_sleep_ms(10);
+        status = -1;
+    }
+    if (status == -1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    *out = kvh_read_file(log, NULL);
+    ck_assert_msg(*out != NULL, "%s", kvh_error());
+    if (status == -1)
+        return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : KVH_EXIT_SIGNAL_BASE + WTERMSIG(status);
+}
+
+START_TEST(check_config_refuses_nul_byte)
+{
+    char dir[PATH_MAX], conf[PATH_MAX + 16], want[PATH_MAX + 64];
+    ck_assert_msg(kvh_mkdtemp(dir, sizeof dir) == 0, "%s", kvh_error());
+    snprintf(conf, sizeof conf, "%s/kvnode.conf", dir);
+    /* A valid file whose last line is binary garbage starting with a NUL. */
+    static const char text[] = "[memory]\nhost_bytes = 64MiB\nhigh_watermark = 0.97\0garbage\n";
+    FILE *f = fopen(conf, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(text, 1, sizeof text - 1, f), sizeof text - 1);
+    ck_assert_int_eq(fclose(f), 0);
+
+    char *out;
+    int st = run_check_config((const char *const[]){ "-c", conf, NULL }, &out);
+    ck_assert_msg(st == 2, "--check-config of a file with a NUL byte: exit status %d, expected 2:\n%s", st, out);
+    snprintf(want, sizeof want, "%s:3: NUL byte in the line", conf);
+    ck_assert_msg(strstr(out, want), "'%s' missing from:\n%s", want, out);
+    ck_assert_msg(!strstr(out, "high_watermark = 0.97"), "an effective config was printed:\n%s", out);
+    free(out);
+}
+END_TEST
+
+START_TEST(check_config_refuses_url_credentials)
+{
+    char *out;
+    int st = run_check_config((const char *const[]){ "--set", "persist.backend=v6d", "--set",
+                                                     "persist.url=http://kvs:s3cret@10.0.0.9:8080", "--set",
+                                                     "persist.socket_path=/run/v6d.sock", NULL }, &out);
+    ck_assert_msg(st == 2, "credentials in persist.url: exit status %d, expected 2:\n%s", st, out);
+    ck_assert_msg(strstr(out, "persist.url: credentials in the URL are not accepted"), "%s", out);
+    ck_assert_msg(!strstr(out, "s3cret"), "the password is shown:\n%s", out);
+    free(out);
+}
+END_TEST
+
+START_TEST(check_config_refuses_host_bytes_over_machine)
+{
+    /* 100TiB (whole 1GiB slabs) is more than any machine this runs on has:
+     * the check is of the file on this machine, so it fails and names both
+     * sizes. --check-config reserves nothing, so this is safe to run. */
+    char *out;
+    int st = run_check_config((const char *const[]){ "--set", "memory.host_bytes=100TiB", "--set",
+                                                     "memory.slab_bytes=1GiB", NULL }, &out);
+    ck_assert_msg(st == 2, "host_bytes = 100TiB: exit status %d, expected 2:\n%s", st, out);
+    ck_assert_msg(strstr(out, "memory.host_bytes: 100TiB (109951162777600 bytes) exceeds"), "%s", out);
+    ck_assert_msg(strstr(out, "MemAvailable"), "the available memory is not named:\n%s", out);
+    ck_assert_msg(strstr(out, "lower memory.host_bytes"), "no remedy given:\n%s", out);
+    free(out);
+
+    /* A size that fits passes and prints the effective configuration. */
+    st = run_check_config((const char *const[]){ "--set", "memory.host_bytes=64MiB", NULL }, &out);
+    ck_assert_msg(st == 0, "host_bytes = 64MiB: exit status %d:\n%s", st, out);
+    ck_assert_msg(strstr(out, "host_bytes = 64MiB"), "%s", out);
+    free(out);
+}
+END_TEST
+
+/* MemAvailable from /proc/meminfo, in bytes (0 when unreadable). */
+static unsigned long long mem_available(void)
+{
+    char *text = kvh_read_file("/proc/meminfo", NULL);
+    unsigned long long kb = 0;
+    const char *line = text ? strstr(text, "\nMemAvailable:") : NULL;
+    if (!line || sscanf(line + 1, "MemAvailable: %llu kB", &kb) != 1)
+        kb = 0;
+    free(text);
+    return kb * 1024;
+}
+
+START_TEST(start_refuses_host_bytes_over_available)
+{
+    /* Twice what the machine has available: the admission check must refuse
+     * before anything is reserved. A binary without the check would reserve
+     * it and bring in the OOM killer, so --check-config (which reserves
+     * nothing) must refuse it first, or the daemon is not started at all. */
+    unsigned long long avail = mem_available();
+    ck_assert_msg(avail > 0, "cannot read MemAvailable from /proc/meminfo");
+    /* Whole 16MiB slabs (the default slab_bytes): what is reserved is what is asked. */
+    unsigned long long ask_mib = (2 * avail / (1024 * 1024) / 16 + 1) * 16;
+    char set[64], want[96];
+    snprintf(set, sizeof set, "memory.host_bytes=%lluMiB", ask_mib);
+    char *out;
+    int st = run_check_config((const char *const[]){ "--set", set, NULL }, &out);
+    free(out);
+    ck_assert_msg(st == 2, "--check-config accepts %s (exit status %d): this kvnoded has no admission check; "
+                  "not starting it, it would reserve twice the available memory", set, st);
+
+    char cfg[96];
+    snprintf(cfg, sizeof cfg, "%s\n", set);
+    kvh_daemon d;
+    ck_assert_msg(kvh_spawn(&d, cfg) == 0, "%s", kvh_error());
+    st = kvh_wait_exit(&d, 10000);
+    if (st != 1)
+        kvh_print_log(&d, "kvnoded asked for twice MemAvailable");
+    ck_assert_msg(st == 1, "host_bytes = %lluMiB (MemAvailable %llu bytes): exit status %d, expected 1", ask_mib,
+                  avail, st);
+    char *log = kvh_read_log(&d);
+    ck_assert_msg(log != NULL, "%s", kvh_error());
+    snprintf(want, sizeof want, "refusing to start: memory.host_bytes: ");
+    ck_assert_msg(strstr(log, want), "'%s' missing from:\n%s", want, log);
+    snprintf(want, sizeof want, "(%llu bytes) exceeds the host memory this machine can give: MemAvailable is ",
+             ask_mib << 20);
+    ck_assert_msg(strstr(log, want), "'%s' missing from:\n%s", want, log);
+    ck_assert_msg(strstr(log, " bytes, /proc/meminfo)"), "the available figure is not named:\n%s", log);
+    ck_assert_msg(strstr(log, "lower memory.host_bytes to at most "), "no remedy:\n%s", log);
+    ck_assert_msg(!strstr(log, "memory: reserving"), "it went on to reserve:\n%s", log);
+    free(log);
+    kvh_destroy(&d);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const tests[] = {
         restart_over_stale_socket,
         second_daemon_on_live_socket_refuses,
+        check_config_refuses_nul_byte,
+        check_config_refuses_url_credentials,
+        check_config_refuses_host_bytes_over_machine,
+        start_refuses_host_bytes_over_available,
     };
     return kvh_run_suite("daemon_lifecycle", "lifecycle", 30, tests, sizeof tests / sizeof tests[0]);
 }

@@ -50,6 +50,25 @@ static int load_text(struct kvn_config *cfg, const char *text, char *err, size_t
     return rc;
 }
 
+/* Like load_text with n bytes that may hold NUL bytes. */
+static int load_bytes(struct kvn_config *cfg, const char *bytes, size_t n, char *err, size_t errlen, char *path,
+                      size_t pathlen)
+{
+    char tmp[256];
+    const char *dir = getenv("TMPDIR");
+    snprintf(tmp, sizeof tmp, "%s/kvnode-test-XXXXXX", dir && *dir ? dir : "/tmp");
+    int fd = mkstemp(tmp);
+    ck_assert_msg(fd >= 0, "mkstemp: %s", strerror(errno));
+    ssize_t w = write(fd, bytes, n);
+    close(fd);
+    int rc = w == (ssize_t)n ? config_load_file(cfg, tmp, err, errlen) : -2;
+    unlink(tmp);
+    ck_assert_msg(w == (ssize_t)n, "write %s: %s", tmp, strerror(errno));
+    if (path)
+        snprintf(path, pathlen, "%s", tmp);
+    return rc;
+}
+
 /* Whole file into a malloc'd string, or NULL. */
 static char *file_slurp(const char *path)
 {
@@ -1021,6 +1040,47 @@ START_TEST(test_long_line)
 }
 END_TEST
 
+/* A NUL byte ends a C string: inih would see only the text before it and
+ * silently drop the rest of the line. Refused, naming the line. */
+START_TEST(test_nul_byte)
+{
+    char err[CONFIG_ERR_MAX], path[256], want[512];
+    struct kvn_config c, before;
+    config_defaults(&c);
+    before = c;
+    static const char value_nul[] = "[memory]\nhigh_watermark = 0.5\0garbage\nlow_watermark = 0.25\n";
+    ck_assert_int_eq(load_bytes(&c, value_nul, sizeof value_nul - 1, err, sizeof err, path, sizeof path), -1);
+    snprintf(want, sizeof want, "%s:2: NUL byte in the line (byte 21)", path);
+    ck_assert_msg(strstr(err, want), "'%s' missing from:\n%s", want, err);
+    ck_assert_uint_eq(count_lines(err), 1);
+    /* Nothing of the file applies, not even the good line after it. */
+    ck_assert(c.high_watermark == before.high_watermark);
+    ck_assert(c.low_watermark == before.low_watermark);
+
+    /* A good file that ends in binary garbage: the garbage line is named,
+     * even when the NUL is its first byte or the last byte of the file. */
+    static const char tail_garbage[] = "[server]\nmax_clients = 7\n\0\x01\xff\xfe\n\x7f";
+    config_defaults(&c);
+    ck_assert_int_eq(load_bytes(&c, tail_garbage, sizeof tail_garbage - 1, err, sizeof err, path, sizeof path), -1);
+    snprintf(want, sizeof want, "%s:3: NUL byte in the line (byte 1)", path);
+    ck_assert_msg(strstr(err, want), "'%s' missing from:\n%s", want, err);
+    ck_assert_uint_eq(c.max_clients, 1024);
+    static const char last_byte[] = "[server]\nmax_clients = 7\n; comment\0";
+    ck_assert_int_eq(load_bytes(&c, last_byte, sizeof last_byte - 1, err, sizeof err, path, sizeof path), -1);
+    snprintf(want, sizeof want, "%s:3: NUL byte in the line (byte 10)", path);
+    ck_assert_msg(strstr(err, want), "'%s' missing from:\n%s", want, err);
+
+    /* Line counting goes on after the NUL line: later problems keep their lines. */
+    static const char two[] = "[server]\nmax_clients = 7\0\nmax_clients = 0\n";
+    ck_assert_int_eq(load_bytes(&c, two, sizeof two - 1, err, sizeof err, path, sizeof path), -1);
+    snprintf(want, sizeof want, "%s:2: NUL byte in the line", path);
+    ck_assert_msg(strstr(err, want), "'%s' missing from:\n%s", want, err);
+    snprintf(want, sizeof want, "%s:3: [server] max_clients: ", path);
+    ck_assert_msg(strstr(err, want), "'%s' missing from:\n%s", want, err);
+    ck_assert_uint_eq(count_lines(err), 2);
+}
+END_TEST
+
 START_TEST(test_parse_into_fresh_struct)
 {
     /* Loading parses on top of the given struct and touches nothing else:
@@ -1626,6 +1686,79 @@ START_TEST(test_validate_persist)
     memset(assign + strlen(assign), 'd', 600);
     ck_assert_msg(config_apply_override(&c, assign, err, sizeof err) == 0, "%s", err);
     ck_assert_uint_eq(strlen(c.persist_path), 601);
+}
+END_TEST
+
+/* persist.url is printed by /config, --check-config and in store errors:
+ * credentials in it ("user:password@host") are refused, and the error never
+ * echoes them. The same for [kvcm] endpoints. */
+START_TEST(test_url_credentials)
+{
+    char err[CONFIG_ERR_MAX], path[256], want[512];
+    struct kvn_config c;
+
+    const char *with_credentials[] = {
+        "http://alice:s3cret@kvs:8080", "https://alice:s3cret@10.0.0.1/api", "http://s3cret@kvs",
+        "HTTP://alice:s3cret@[fd00::1]:80", "http://:s3cret@kvs", "alice:s3cret@kvs:8080",
+    };
+    for (size_t i = 0; i < sizeof with_credentials / sizeof with_credentials[0]; i++) {
+        char assign[256];
+        snprintf(assign, sizeof assign, "persist.url=%s", with_credentials[i]);
+        config_defaults(&c);
+        ck_assert_msg(config_apply_override(&c, assign, err, sizeof err) == -1, "'%s' accepted", assign);
+        ck_assert_msg(strstr(err, "override persist.url: credentials in the URL are not accepted"), "%s", err);
+        ck_assert_msg(!strstr(err, "s3cret"), "the error shows the password: %s", err);
+        ck_assert_str_eq(c.persist_url, "");
+
+        /* A file line: the same, with file and line. */
+        char text[256];
+        snprintf(text, sizeof text, "[persist]\nbackend = v6d\nurl = %s\nsocket_path = /run/v6d.sock\n",
+                 with_credentials[i]);
+        ck_assert_int_eq(load_text(&c, text, err, sizeof err, path, sizeof path), -1);
+        snprintf(want, sizeof want, "%s:3: [persist] url: credentials in the URL are not accepted", path);
+        ck_assert_msg(strstr(err, want), "'%s' missing from:\n%s", want, err);
+        ck_assert_msg(!strstr(err, "s3cret"), "the error shows the password: %s", err);
+        ck_assert_uint_eq(count_lines(err), 1);
+
+        /* A struct edited by code: config_validate, whatever the backend,
+         * and the v6d URL check does not echo it either. */
+        for (int backend = CONFIG_BACKEND_OFF; backend <= CONFIG_BACKEND_V6D; backend++) {
+            config_defaults(&c);
+            c.persist_backend = backend;
+            snprintf(c.persist_socket, sizeof c.persist_socket, "/run/v6d.sock");
+            snprintf(c.persist_url, sizeof c.persist_url, "%s", with_credentials[i]);
+            ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+            ck_assert_msg(strstr(err, "[persist] url: credentials in the URL are not accepted"), "%s", err);
+            ck_assert_msg(!strstr(err, "s3cret"), "the error shows the password: %s", err);
+            ck_assert_uint_eq(count_lines(err), 1);
+        }
+    }
+    /* The message says where the store's access control belongs instead. */
+    config_defaults(&c);
+    ck_assert_int_eq(config_apply_override(&c, "persist.url=http://u:p@kvs", err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "carries no credentials"), "%s", err);
+
+    /* '@' outside the authority is not userinfo. */
+    const char *fine[] = { "http://kvs:8080/v1/@store", "https://kvs/api?owner=a@b", "http://kvs#x@y" };
+    for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
+        char assign[256];
+        snprintf(assign, sizeof assign, "persist.url=%s", fine[i]);
+        config_defaults(&c);
+        ck_assert_msg(config_apply_override(&c, assign, err, sizeof err) == 0, "'%s': %s", assign, err);
+        ck_assert_str_eq(c.persist_url, fine[i]);
+    }
+
+    /* [kvcm] endpoints: refused as before, now without echoing the password. */
+    config_defaults(&c);
+    ck_assert_int_eq(config_apply_override(&c, "kvcm.endpoints=http://kvcm-0:6382, http://bob:s3cret@kvcm-1:6382",
+                                           err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "override kvcm.endpoints: credentials in endpoint 2 are not accepted"), "%s", err);
+    ck_assert_msg(!strstr(err, "s3cret"), "the error shows the password: %s", err);
+    memset(c.kvcm_endpoints, 0, sizeof c.kvcm_endpoints);
+    snprintf(c.kvcm_endpoints, sizeof c.kvcm_endpoints, "https://bob:s3cret@kvcm-1");
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[kvcm] endpoints: credentials in endpoint 1 are not accepted"), "%s", err);
+    ck_assert_msg(!strstr(err, "s3cret"), "the error shows the password: %s", err);
 }
 END_TEST
 
@@ -2578,6 +2711,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_missing_file);
     tcase_add_test(tc, test_file_syntax_details);
     tcase_add_test(tc, test_long_line);
+    tcase_add_test(tc, test_nul_byte);
     tcase_add_test(tc, test_parse_into_fresh_struct);
     suite_add_tcase(s, tc);
 
@@ -2601,6 +2735,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_validate_hbm);
     tcase_add_test(tc, test_hbm_devices);
     tcase_add_test(tc, test_validate_persist);
+    tcase_add_test(tc, test_url_credentials);
     tcase_add_test(tc, test_validate_kvcm);
     suite_add_tcase(s, tc);
 
