@@ -88,6 +88,7 @@ struct cache {
     double high_watermark, low_watermark;
     uint64_t read_ttl_ms, write_ttl_ms, reaper_interval_ms;
     uint32_t max_leases_per_client;
+    double max_reserved_per_client;  /* share of the host tier */
     uint64_t namespace_quota;   /* host-tier bytes per namespace, 0: none */
     int policy;                 /* CONFIG_POLICY_* */
     uint32_t request_timeout_ms;
@@ -126,6 +127,8 @@ struct cache {
     uint64_t write_retries;     /* failed writes tried again */
     uint64_t persist_dropped;   /* blocks that left memory unwritten (persistence on) */
     uint64_t put_waits, put_wait_timeouts;  /* puts that waited for the store / in vain */
+    uint64_t reservations_refused;  /* puts over leases.max_reserved_per_client */
+    uint64_t namespaces_reclaimed;  /* idle namespaces released at the limit */
     uint64_t promotions, promotions_ok, promotions_failed;
     uint64_t lookups, lookup_found;
     uint64_t waits, wait_timeouts;
@@ -328,6 +331,7 @@ void cache_apply_config(struct cache *c, const struct kvn_config *cfg)
     c->read_ttl_ms = cfg->read_lease_ttl_ms;
     c->write_ttl_ms = cfg->write_lease_ttl_ms;
     c->max_leases_per_client = cfg->max_leases_per_client;
+    c->max_reserved_per_client = cfg->max_reserved_per_client;
     /* A lowered quota is enforced at each namespace's next put, no sweep. */
     c->namespace_quota = cfg->namespace_quota;
     c->policy = cfg->persist_policy;
@@ -346,6 +350,41 @@ void cache_apply_config(struct cache *c, const struct kvn_config *cfg)
 }
 
 /* --- namespaces and arenas --------------------------------------------------- */
+
+static void cache_evict_entry(struct cache *c, index_entry *e);
+
+/* At the namespace limit: free the memory of the idle namespace (no client,
+ * no reservation) with the fewest blocks in memory, if it has at most
+ * RECLAIM_MAX_BLOCKS and all of them are evictable and already in the store
+ * (or persistence is off), so that it stops counting. Bounded work; a
+ * throwaway deployment does not hold its slot for good. */
+#define RECLAIM_MAX_BLOCKS 256u
+static bool cache_reclaim_idle_ns(struct cache *c)
+{
+    kv_namespace *best = NULL;
+    for (size_t i = 0; i < ns_count(c->namespaces); i++) {
+        kv_namespace *ns = ns_at(c->namespaces, i);
+        if (ns->clients || ns->reserved || !ns->blocks || ns->blocks > RECLAIM_MAX_BLOCKS ||
+            index_lru_count_in_ns(c->index, ns->id) < ns->blocks)
+            continue;   /* in use, empty, too big, or some block pinned */
+        if (!best || ns->blocks < best->blocks)
+            best = ns;
+    }
+    if (!best)
+        return false;
+    index_entry *e;
+    while ((e = index_lru_oldest_in_ns(c->index, best->id)) != NULL) {
+        if (c->persist && c->policy != CONFIG_POLICY_OFF && e->persist != PERSIST_STORED)
+            break;   /* not written yet: it stays (and so does the namespace) */
+        cache_evict_entry(c, e);
+    }
+    if (ns_active(best))
+        return false;
+    c->namespaces_reclaimed++;
+    log_info("namespace %u (%s rank %u) released to make room: no client, its blocks left memory",
+             best->id, best->deployment_id, best->layout.tp_rank);
+    return true;
+}
 
 int cache_bind(struct cache *c, const struct ns_layout *layout, kv_namespace **ns,
                char *err, size_t errlen)
@@ -372,6 +411,8 @@ int cache_bind(struct cache *c, const struct ns_layout *layout, kv_namespace **n
         return rc;
     }
     rc = ns_bind(c->namespaces, layout, &n, &created, err, errlen);
+    if (rc == -KVNODE_ELIMIT && cache_reclaim_idle_ns(c))
+        rc = ns_bind(c->namespaces, layout, &n, &created, err, errlen);
     if (rc < 0)
         return rc;
     n->cls = cls;
@@ -1482,6 +1523,8 @@ size_t cache_match(struct cache *c, kv_namespace *ns, const int64_t *keys, size_
 
 static void cache_wait_free(struct cache_wait *w)
 {
+    if (w->on_heap && w->ns)
+        w->ns->refs--;
     if (w->timer)
         event_free(w->timer);
     free((void *)w->keys);
@@ -1542,6 +1585,7 @@ static struct cache_wait *cache_wait_heap(struct cache_wait *w)
     *h = *w;
     h->keys = keys;
     h->on_heap = true;
+    h->ns->refs++;   /* a cancelled wait may outlive its requester's binding */
     if (h->l)
         h->l->waiter = h;
     return h;
@@ -1716,6 +1760,7 @@ static void cache_promo_done(void *arg, int rc)
         cache_wait_progress(w);
     }
     cache_unpin(c, e);
+    ns->refs--;
     free(p);
 }
 
@@ -1738,9 +1783,11 @@ static int cache_promote(struct cache *c, kv_namespace *ns, index_entry *e)
     p->c = c;
     p->e = e;
     p->ns = ns;
+    ns->refs++;
     if (persist_read(c->persist, ns, e->key, (uint8_t *)arena_base(c->host) + off,
                      ns->layout.block_bytes, cache_promo_done, p) < 0) {
         arena_free(c->host, off);
+        ns->refs--;
         free(p);
         return -KVNODE_ELIMIT;
     }
@@ -2062,6 +2109,21 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
     rc = cache_check_lease_room(c, owner, err, errlen);
     if (rc < 0)
         return rc;
+    /* One connection may not reserve the tier away from everyone else. */
+    uint64_t limit = (uint64_t)(c->max_reserved_per_client * (double)arena_size(c->host));
+    uint64_t want = (uint64_t)need * ns->layout.block_bytes;
+    if (owner->reserved_bytes + want > limit) {
+        char lim[32], held[32];
+        cache_format_size(limit, lim, sizeof lim);
+        cache_format_size(owner->reserved_bytes, held, sizeof held);
+        errmsg_set(err, errlen, "this connection would hold more than %s of uncommitted put "
+                   "reservations (leases.max_reserved_per_client = %.3g of the host tier): it holds "
+                   "%s and asks for %zu blocks of %" PRIu64 " bytes; commit or abort puts first, "
+                   "or put fewer blocks at once", lim, c->max_reserved_per_client, held, need,
+                   ns->layout.block_bytes);
+        c->reservations_refused++;
+        return -KVNODE_ELIMIT;
+    }
     l = lease_create(c->leases, LEASE_WRITE, ns->id, owner, clock_now_ms(), c->write_ttl_ms, n);
     if (!l) {
         errmsg_set(err, errlen, "out of memory creating a write lease");
@@ -2121,6 +2183,7 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
         locs[i].arena = e->arena;
         locs[i].offset = off;
         ns->reserved += ns->layout.block_bytes;
+        owner->reserved_bytes += ns->layout.block_bytes;
         reserved++;
     }
     cache_put_shield(c, ns, keys, n, locs, false);
@@ -2175,6 +2238,8 @@ undo:
         if (!e)
             continue;
         cache_unreserve(c, ns, e);
+        owner->reserved_bytes -= owner->reserved_bytes >= ns->layout.block_bytes ? ns->layout.block_bytes
+                                                                                 : owner->reserved_bytes;
     }
     cache_put_shield(c, ns, keys, n, locs, false);
     lease_destroy(c->leases, l);
@@ -2210,6 +2275,13 @@ static uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
         /* Reaped or released under a deferred answer: it answers empty. */
         ((struct cache_wait *)l->waiter)->l = NULL;
         l->waiter = NULL;
+    }
+    if (l->kind == LEASE_WRITE && l->owner) {
+        uint64_t bb = ns_block_bytes(c, l->ns), held = 0;
+        for (size_t i = 0; i < l->n; i++)
+            if (l->entries[i])
+                held += bb;
+        l->owner->reserved_bytes -= l->owner->reserved_bytes >= held ? held : l->owner->reserved_bytes;
     }
     if (l->kind == LEASE_READ) {
         /* Unpin tail-first so the chain's root becomes the newest. */
@@ -2352,7 +2424,7 @@ static kv_namespace *cache_ns_for_found(struct cache *c, const struct kvs_found 
 
     if (arena_class_for(c->host, f->layout.block_bytes, &cls) < 0)
         return NULL;
-    if (ns_bind(c->namespaces, &f->layout, &ns, &created, err, sizeof err) < 0) {
+    if (ns_bind_ex(c->namespaces, &f->layout, false, &ns, &created, err, sizeof err) < 0) {
         log_debug("recovery: skipping a block of %s: %s", f->layout.model, err);
         return NULL;
     }
@@ -2603,15 +2675,21 @@ void cache_stats_json(struct cache *c, json_t *root)
         json_object_set_new(o, "stored_blocks", json_integer((json_int_t)ns->stored));
         json_object_set_new(o, "quota_bytes", json_integer((json_int_t)c->namespace_quota));
         json_object_set_new(o, "clients", json_integer(ns->clients));
+        json_object_set_new(o, "active", json_boolean(ns_active(ns)));
         json_array_append_new(nss, o);
     }
     json_object_set_new(root, "namespaces", nss);
+    json_object_set_new(root, "namespaces_active", json_integer((json_int_t)ns_active_count(c->namespaces)));
+    json_object_set_new(root, "namespaces_reclaimed_total", json_integer((json_int_t)c->namespaces_reclaimed));
 
     json_object_set_new(leases, "read", json_integer((json_int_t)lease_count(c->leases, LEASE_READ)));
     json_object_set_new(leases, "write", json_integer((json_int_t)lease_count(c->leases, LEASE_WRITE)));
     json_object_set_new(leases, "reaped_total", json_integer((json_int_t)(c->reaped_read + c->reaped_write)));
     json_object_set_new(leases, "reaped_read_total", json_integer((json_int_t)c->reaped_read));
     json_object_set_new(leases, "reaped_write_total", json_integer((json_int_t)c->reaped_write));
+    json_object_set_new(leases, "max_reserved_per_client_bytes",
+                        json_integer((json_int_t)(c->max_reserved_per_client * (double)arena_size(c->host))));
+    json_object_set_new(leases, "reservations_refused_total", json_integer((json_int_t)c->reservations_refused));
     json_object_set_new(root, "leases", leases);
 
     json_object_set_new(evh, "to_store_total", json_integer((json_int_t)c->evicted_to_store));

@@ -168,6 +168,8 @@ static const struct opt_def config_options[] = {
     { "leases", "write_ttl", OPT_DURATION, FIELD(write_lease_ttl_ms), .min = 10, .max = MS_PER_H },
     { "leases", "reaper_interval", OPT_DURATION, FIELD(reaper_interval_ms), .min = 10, .max = MS_PER_M },
     { "leases", "max_per_client", OPT_COUNT, FIELD(max_leases_per_client), .min = 1, .max = 1048576 },
+    { "leases", "max_reserved_per_client", OPT_FRACTION, FIELD(max_reserved_per_client), .dmin = 0.0,
+      .dmax = 1.0, .dmin_open = true },
 
     { "log", "level", OPT_LEVEL, FIELD(log_level) },
 
@@ -283,6 +285,7 @@ void config_defaults(struct kvn_config *cfg)
     cfg->write_lease_ttl_ms = 30 * MS_PER_S;
     cfg->reaper_interval_ms = 1 * MS_PER_S;
     cfg->max_leases_per_client = 1024;
+    cfg->max_reserved_per_client = 0.25;
 
     cfg->log_level = LOG_LEVEL_INFO;
 

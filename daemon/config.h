@@ -59,6 +59,8 @@ struct kvn_config {
     uint32_t write_lease_ttl_ms;     /* reaper aborts write leases older than this */
     uint32_t reaper_interval_ms;     /* how often the reaper runs */
     uint32_t max_leases_per_client;  /* open leases per connection */
+    double   max_reserved_per_client; /* share of the host tier one connection may hold
+                                         in uncommitted put reservations */
 
     /* [log] */
     int      log_level;              /* LOG_LEVEL_* */

@@ -17,9 +17,13 @@
  * 0x100000001b3); deployment_id = "<model>-<fingerprint, lowercase hex,
  * no padding>" with '/', ' ', '\t', '\n' in the model replaced by '_'.
  *
- * The registry is an array in creation order; id = index + 1, and namespaces
- * are never removed, so ids and pointers are stable. Lookups are linear: they
- * happen on HELLO only and max_namespaces is small. */
+ * The registry is an array of records; id = index + 1. A record is never
+ * freed while the daemon runs (pointers stay valid), but one that is idle —
+ * no client, nothing in memory, nothing in the store, no request pointing at
+ * it (refs) — is reused for the next new namespace. Only active namespaces
+ * (a client bound, or blocks in memory) count against max_namespaces;
+ * store-only ones do not, and records of both kinds together are bounded by
+ * NS_RECORDS_MAX. Lookups are linear: they happen on HELLO and recovery only. */
 #include "namespace.h"
 
 #include <inttypes.h>
@@ -38,8 +42,8 @@
 
 struct ns_registry {
     kv_namespace **items;
-    size_t count;
-    uint32_t max;
+    size_t count, cap;
+    uint32_t max;       /* active namespaces */
 };
 
 /* The fields are fixed arrays filled from the wire: never read past them
@@ -163,7 +167,8 @@ int ns_registry_create(uint32_t max_namespaces, ns_registry **out)
     ns_registry *r = calloc(1, sizeof(*r));
     if (!r)
         return -KVNODE_ENOMEM;
-    r->items = calloc(max_namespaces, sizeof(*r->items));
+    r->cap = max_namespaces < NS_RECORDS_MAX ? max_namespaces : NS_RECORDS_MAX;
+    r->items = calloc(r->cap, sizeof(*r->items));
     if (!r->items) {
         free(r);
         return -KVNODE_ENOMEM;
@@ -193,8 +198,99 @@ static int ns_same_deployment(const struct ns_layout *a, const struct ns_layout 
            a->kv_heads == b->kv_heads && a->head_dim == b->head_dim && a->tp_size == b->tp_size;
 }
 
+bool ns_active(const kv_namespace *ns)
+{
+    return ns->clients > 0 || ns->blocks > 0 || ns->reserved > 0;
+}
+
+/* Nothing in or about to be in memory or the store, and nothing refers to it. */
+static bool ns_reusable(const kv_namespace *ns)
+{
+    return !ns_active(ns) && ns->stored == 0 && ns->refs == 0;
+}
+
+size_t ns_active_count(const ns_registry *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->count; i++)
+        n += ns_active(r->items[i]);
+    return n;
+}
+
+/* Take ns out of its deployment's ring of ranks. */
+static void ns_ring_leave(kv_namespace *ns)
+{
+    kv_namespace *prev = ns;
+    while (prev->sibling != ns)
+        prev = prev->sibling;
+    if (prev != ns) {
+        prev->sibling = ns->sibling;
+        kv_namespace *o = prev;
+        do {
+            o->ranks--;
+            o = o->sibling;
+        } while (o != prev);
+    }
+    ns->sibling = ns;
+    ns->ranks = 1;
+}
+
+/* A record for a new namespace: an idle one reused, or a new one. */
+static kv_namespace *ns_record(ns_registry *r, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < r->count; i++) {
+        kv_namespace *ns = r->items[i];
+        if (ns_reusable(ns)) {
+            uint32_t id = ns->id;
+            ns_ring_leave(ns);
+            memset(ns, 0, sizeof *ns);
+            ns->id = id;
+            return ns;
+        }
+    }
+    if (r->count >= NS_RECORDS_MAX) {
+        errmsg_set(err, errlen, "namespace records exhausted: %u namespaces known (in use or only in "
+                   "the store); delete the blocks of deployments no longer served", NS_RECORDS_MAX);
+        return NULL;
+    }
+    if (r->count == r->cap) {
+        size_t cap = r->cap * 2 < NS_RECORDS_MAX ? r->cap * 2 : NS_RECORDS_MAX;
+        kv_namespace **items = realloc(r->items, cap * sizeof *items);
+        if (!items) {
+            errmsg_set(err, errlen, "out of memory creating a namespace");
+            return NULL;
+        }
+        r->items = items;
+        r->cap = cap;
+    }
+    kv_namespace *ns = calloc(1, sizeof(*ns));
+    if (!ns) {
+        errmsg_set(err, errlen, "out of memory creating a namespace");
+        return NULL;
+    }
+    ns->id = (uint32_t)(r->count + 1);
+    r->items[r->count++] = ns;
+    return ns;
+}
+
+static int ns_limit_error(const ns_registry *r, char *err, size_t errlen)
+{
+    errmsg_set(err, errlen, "namespace limit reached: %" PRIu32 " namespaces in use "
+               "(server.max_namespaces); a namespace stops counting once no client is bound to it "
+               "and none of its blocks is in memory (blocks only in the store do not count): "
+               "disconnect engines of deployments no longer served or delete their blocks, or raise "
+               "server.max_namespaces (restart)", r->max);
+    return -KVNODE_ELIMIT;
+}
+
 int ns_bind(ns_registry *r, const struct ns_layout *l, kv_namespace **out, int *created,
             char *err, size_t errlen)
+{
+    return ns_bind_ex(r, l, true, out, created, err, errlen);
+}
+
+int ns_bind_ex(ns_registry *r, const struct ns_layout *l, bool counted, kv_namespace **out,
+               int *created, char *err, size_t errlen)
 {
     if (out)
         *out = NULL;
@@ -230,23 +326,25 @@ int ns_bind(ns_registry *r, const struct ns_layout *l, kv_namespace **out, int *
             return -KVNODE_ELAYOUT;
         }
         if (ns->layout.tp_rank == l->tp_rank) {
+            /* Binding a namespace that does not count yet makes it count. */
+            if (counted && !ns_active(ns) && ns_active_count(r) >= r->max)
+                return ns_limit_error(r, err, errlen);
             if (out)
                 *out = ns;
             return 0;
         }
     }
 
-    if (r->count >= r->max) {
-        errmsg_set(err, errlen, "namespace limit reached: %" PRIu32
-                   " namespaces registered (max_namespaces)", r->max);
-        return -KVNODE_ELIMIT;
-    }
-    kv_namespace *ns = calloc(1, sizeof(*ns));
-    if (!ns) {
-        errmsg_set(err, errlen, "out of memory creating a namespace");
-        return -KVNODE_ENOMEM;
-    }
-    ns->id = (uint32_t)(r->count + 1);
+    if (counted && ns_active_count(r) >= r->max)
+        return ns_limit_error(r, err, errlen);
+    kv_namespace *ns = ns_record(r, err, errlen);
+    if (!ns)
+        return r->count >= NS_RECORDS_MAX ? -KVNODE_ELIMIT : -KVNODE_ENOMEM;
+    /* The record may have been the sibling found above: look again. */
+    sib = NULL;
+    for (size_t i = 0; i < r->count && !sib; i++)
+        if (r->items[i] != ns && r->items[i]->fingerprint == fp)
+            sib = r->items[i];
     ns->layout = *l;
     /* Terminate the copies: validation proved they fit. */
     ns->layout.model[NS_MODEL_MAX - 1] = '\0';
@@ -269,7 +367,6 @@ int ns_bind(ns_registry *r, const struct ns_layout *l, kv_namespace **out, int *
         ns->sibling = ns;
         ns->ranks = 1;
     }
-    r->items[r->count++] = ns;
     if (out)
         *out = ns;
     if (created)

@@ -12,6 +12,7 @@
 #ifndef KVNODE_NAMESPACE_H
 #define KVNODE_NAMESPACE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,7 +33,8 @@ struct ns_layout {
 #define NS_MAX_HBM_ARENAS 16            /* one per GPU (DEVMEM_MAX_DEVICES) */
 
 typedef struct kv_namespace {
-    uint32_t id;                        /* 1-based, stable for the daemon's life */
+    uint32_t id;                        /* 1-based; the record of an idle namespace may be
+                                           reused, id and all, for a new one */
     struct ns_layout layout;
     uint64_t fingerprint;               /* deployment fingerprint */
     char     deployment_id[NS_DEPLOYMENT_ID_MAX]; /* <model>-<fp lowercase hex> */
@@ -71,11 +73,25 @@ typedef struct ns_registry ns_registry;
 int  ns_registry_create(uint32_t max_namespaces, ns_registry **out);
 void ns_registry_destroy(ns_registry *r);
 
+/* Records (active and store-only namespaces together): the id space. */
+#define NS_RECORDS_MAX 65536u
+
 /* Find or create the namespace for l. *created says which. Errors:
  * -KVNODE_ELAYOUT (invalid, or same deployment with another block_bytes:
- * the message names both sizes), -KVNODE_ELIMIT (max_namespaces reached). */
+ * the message names both sizes), -KVNODE_ELIMIT (max_namespaces active
+ * namespaces, and l's is not one of them: the message says how to recover;
+ * or NS_RECORDS_MAX records). A new namespace may reuse the record (and id)
+ * of an idle one (see namespace.c). */
 int  ns_bind(ns_registry *r, const struct ns_layout *l, kv_namespace **out, int *created,
              char *err, size_t errlen);
+/* The same; counted = false (recovery: a namespace known only from the
+ * store) skips the max_namespaces check. */
+int  ns_bind_ex(ns_registry *r, const struct ns_layout *l, bool counted, kv_namespace **out,
+                int *created, char *err, size_t errlen);
+/* Whether ns counts against max_namespaces: a client is bound to it, or it
+ * has blocks in memory or reserved. */
+bool ns_active(const kv_namespace *ns);
+size_t ns_active_count(const ns_registry *r);
 kv_namespace *ns_get(ns_registry *r, uint32_t id);
 size_t ns_count(const ns_registry *r);
 /* i in [0, ns_count): namespaces in creation order. */
