@@ -283,13 +283,18 @@ static void render_persist(struct evbuffer *out, json_t *doc)
     sample_u(out, "kvnode_persist_bytes_total", L("op", "write"), doc_u(p, "written_bytes_total", NULL, NULL));
     sample_u(out, "kvnode_persist_bytes_total", L("op", "read"), doc_u(p, "read_bytes_total", NULL, NULL));
     family(out, "kvnode_persist_writes_deferred_total", "counter",
-           "write_through writes put off (written when earlier writes land, or at eviction) because "
-           "writes in flight already pin half of the host tier.");
+           "Writes that waited in the daemon because the store's queue was full (sent as it drains).");
     sample_u(out, "kvnode_persist_writes_deferred_total", NULL, doc_u(p, "writes_deferred_total", NULL, NULL));
+    family(out, "kvnode_persist_write_retries_total", "counter",
+           "Failed writes of blocks still in memory tried again (backoff 0.5 s doubling to 10 s).");
+    sample_u(out, "kvnode_persist_write_retries_total", NULL, doc_u(p, "write_retries_total", NULL, NULL));
+    family(out, "kvnode_persist_put_waits_total", "counter",
+           "Puts that waited for the store: the host tier was full of blocks not yet written.");
+    sample_u(out, "kvnode_persist_put_waits_total", NULL, doc_u(p, "put_waits_total", NULL, NULL));
     family(out, "kvnode_persist_read_misses_total", "counter", "Store reads that found no block.");
     sample_u(out, "kvnode_persist_read_misses_total", NULL, doc_u(p, "read_misses_total", NULL, NULL));
     family(out, "kvnode_persist_dropped_total", "counter",
-           "Store requests refused because the queue was full (writes lost to the store, reads not tried).");
+           "Blocks that left memory without a copy in the store while persistence was on.");
     sample_u(out, "kvnode_persist_dropped_total", NULL, doc_u(p, "dropped_total", NULL, NULL));
     family(out, "kvnode_persist_failures_total", "counter",
            "Store calls that failed, by operation and kind (corrupt: a copy failed its checksum and was removed).");

@@ -217,7 +217,7 @@ START_TEST(test_roundtrip)
     ck_assert_uint_eq(c.submitted, 2 * N + 1);
     ck_assert_uint_eq(c.completed, 2 * N + 1);
     ck_assert_uint_eq(c.queue_depth, 0);
-    ck_assert_uint_eq(c.dropped_queue_full, 0);
+    ck_assert_uint_eq(c.refused_queue_full, 0);
     for (int op = 0; op < PERSIST_OPS; op++)
         for (int k = 0; k < PERSIST_FAIL_KINDS; k++)
             ck_assert_uint_eq(c.failures[op][k], 0);
@@ -381,7 +381,7 @@ START_TEST(test_queue_full)
     ck_assert_int_eq(persist_write(p, &ns, 100, wbuf, BB, on_done, &r[CAP]), -KVNODE_ELIMIT);
     ck_assert_int_eq(persist_read(p, &ns, 100, wbuf, BB, on_done, &r[CAP + 1]), -KVNODE_ELIMIT);
     counters(p, &c);
-    ck_assert_uint_eq(c.dropped_queue_full, 2);
+    ck_assert_uint_eq(c.refused_queue_full, 2);
     ck_assert_uint_eq(c.queue_depth, CAP);
     ck_assert_uint_eq(c.submitted, CAP);
 
