@@ -351,6 +351,16 @@ void cache_apply_config(struct cache *c, const struct kvn_config *cfg)
 
 /* --- namespaces and arenas --------------------------------------------------- */
 
+/* What one connection may hold in uncommitted reservations: its share of
+ * the memory tiers (host and HBM) together. */
+static uint64_t cache_reserve_limit(const struct cache *c)
+{
+    uint64_t total = 0;
+    for (uint32_t id = 0; id < c->narenas; id++)
+        total += arena_size(c->arenas[id]);
+    return (uint64_t)(c->max_reserved_per_client * (double)total);
+}
+
 static void cache_evict_entry(struct cache *c, index_entry *e);
 
 /* At the namespace limit: free the memory of the idle namespace (no client,
@@ -2110,14 +2120,14 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
     if (rc < 0)
         return rc;
     /* One connection may not reserve the tier away from everyone else. */
-    uint64_t limit = (uint64_t)(c->max_reserved_per_client * (double)arena_size(c->host));
+    uint64_t limit = cache_reserve_limit(c);
     uint64_t want = (uint64_t)need * ns->layout.block_bytes;
     if (owner->reserved_bytes + want > limit) {
         char lim[32], held[32];
         cache_format_size(limit, lim, sizeof lim);
         cache_format_size(owner->reserved_bytes, held, sizeof held);
         errmsg_set(err, errlen, "this connection would hold more than %s of uncommitted put "
-                   "reservations (leases.max_reserved_per_client = %.3g of the host tier): it holds "
+                   "reservations (leases.max_reserved_per_client = %.3g of the memory tiers): it holds "
                    "%s and asks for %zu blocks of %" PRIu64 " bytes; commit or abort puts first, "
                    "or put fewer blocks at once", lim, c->max_reserved_per_client, held, need,
                    ns->layout.block_bytes);
@@ -2688,7 +2698,7 @@ void cache_stats_json(struct cache *c, json_t *root)
     json_object_set_new(leases, "reaped_read_total", json_integer((json_int_t)c->reaped_read));
     json_object_set_new(leases, "reaped_write_total", json_integer((json_int_t)c->reaped_write));
     json_object_set_new(leases, "max_reserved_per_client_bytes",
-                        json_integer((json_int_t)(c->max_reserved_per_client * (double)arena_size(c->host))));
+                        json_integer((json_int_t)cache_reserve_limit(c)));
     json_object_set_new(leases, "reservations_refused_total", json_integer((json_int_t)c->reservations_refused));
     json_object_set_new(root, "leases", leases);
 

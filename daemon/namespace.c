@@ -20,7 +20,8 @@
  * The registry is an array of records; id = index + 1. A record is never
  * freed while the daemon runs (pointers stay valid), but one that is idle —
  * no client, nothing in memory, nothing in the store, no request pointing at
- * it (refs) — is reused for the next new namespace. Only active namespaces
+ * it (refs) — is reused for a new namespace once there are max_namespaces
+ * records. Only active namespaces
  * (a client bound, or blocks in memory) count against max_namespaces;
  * store-only ones do not, and records of both kinds together are bounded by
  * NS_RECORDS_MAX. Lookups are linear: they happen on HELLO and recovery only. */
@@ -238,7 +239,9 @@ static void ns_ring_leave(kv_namespace *ns)
 /* A record for a new namespace: an idle one reused, or a new one. */
 static kv_namespace *ns_record(ns_registry *r, char *err, size_t errlen)
 {
-    for (size_t i = 0; i < r->count; i++) {
+    /* Below max_namespaces records ids are handed out fresh (ids stay
+     * stable while there is room); from there on idle records are reused. */
+    for (size_t i = 0; i < r->count && r->count >= r->max; i++) {
         kv_namespace *ns = r->items[i];
         if (ns_reusable(ns)) {
             uint32_t id = ns->id;

@@ -20,7 +20,8 @@
 
 #define BB 65536
 #define SMALL_TIER "memory.host_bytes=8MiB\nmemory.slab_bytes=1MiB\n" \
-                   "memory.high_watermark=0.95\nmemory.low_watermark=0.90\n"
+                   "memory.high_watermark=0.95\nmemory.low_watermark=0.90\n" \
+                   "leases.max_reserved_per_client=1\n"
 
 /* Wait until background eviction has stopped (dropped_total unchanged over
  * two reads 30 ms apart). */

@@ -33,6 +33,7 @@ static void setup_with(uint64_t host_bytes, double high, double low)
     log_set_level(LOG_LEVEL_ERROR);
     config_defaults(&cfg);
     cfg.host_bytes = host_bytes;
+    cfg.max_reserved_per_client = 1.0;   /* these tests reserve whole tiers at once */
     cfg.slab_bytes = 1u << 20;   /* 16 blocks per slab */
     cfg.high_watermark = high;
     cfg.low_watermark = low;

@@ -45,6 +45,7 @@ static void setup_with(uint64_t host_bytes, bool with_store)
     log_set_level(LOG_LEVEL_ERROR);
     config_defaults(&cfg);
     cfg.host_bytes = host_bytes;
+    cfg.max_reserved_per_client = 1.0;   /* these tests reserve whole tiers at once */
     cfg.slab_bytes = SLAB;
     cfg.high_watermark = 1.0;
     cfg.low_watermark = 0.9;

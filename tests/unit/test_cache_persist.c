@@ -44,6 +44,7 @@ static void setup_policy(int policy)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     config_defaults(&cfg);
     cfg.host_bytes = HOST_BLOCKS * BLOCK;
+    cfg.max_reserved_per_client = 1.0;   /* these tests reserve whole tiers at once */
     cfg.slab_bytes = 1u << 20;
     cfg.high_watermark = 1.0;
     cfg.low_watermark = 0.9;

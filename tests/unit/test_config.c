@@ -217,6 +217,7 @@ static const char *const all_options[][2] = {
     { "hbm", "low_watermark" }, { "hbm", "required" }, { "hbm", "copy_batch_bytes" },
     { "leases", "read_ttl" }, { "leases", "write_ttl" }, { "leases", "reaper_interval" },
     { "leases", "max_per_client" },
+    { "leases", "max_reserved_per_client" },
     { "log", "level" },
     { "admin", "listen" },
     { "persist", "backend" }, { "persist", "policy" }, { "persist", "path" }, { "persist", "capacity" },

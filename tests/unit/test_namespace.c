@@ -439,6 +439,58 @@ START_TEST(test_bind_fingerprint_collision)
 }
 END_TEST
 
+/* Only active namespaces count; at the limit of records an idle one's
+ * record is reused for a new namespace. */
+START_TEST(test_idle_namespaces_are_reused)
+{
+    ns_registry *r = NULL;
+    struct ns_layout l = sample_layout();
+    kv_namespace *a, *b, *c;
+    int created;
+    char err[256] = "";
+    ck_assert_int_eq(ns_registry_create(2, &r), 0);
+    l.tp_size = 4;
+    l.tp_rank = 0;
+    ck_assert_int_eq(ns_bind(r, &l, &a, &created, err, sizeof err), 0);
+    l.tp_rank = 1;
+    ck_assert_int_eq(ns_bind(r, &l, &b, &created, err, sizeof err), 0);
+    ck_assert_uint_eq(a->ranks, 2);
+    a->clients = 1;
+    b->stored = 3;            /* store-only: does not count, is not reused */
+    ck_assert_uint_eq(ns_active_count(r), 1);
+    l.tp_rank = 2;
+    ck_assert_int_eq(ns_bind(r, &l, &c, &created, err, sizeof err), 0);   /* b does not count */
+    ck_assert_uint_eq(c->id, 3);
+    ck_assert_uint_eq(a->ranks, 3);
+    c->clients = 1;
+    /* Two active: a new one is refused, with how to recover. */
+    kv_namespace *x;
+    l.tp_rank = 3;
+    ck_assert_int_eq(ns_bind(r, &l, &x, &created, err, sizeof err), -KVNODE_ELIMIT);
+    ck_assert_ptr_nonnull(strstr(err, "server.max_namespaces"));
+    /* b idle (nothing stored any more), c's client gone: a record is reused. */
+    b->stored = 0;
+    c->clients = 0;
+    ck_assert_int_eq(ns_bind(r, &l, &x, &created, err, sizeof err), 0);
+    ck_assert_int_eq(created, 1);
+    ck_assert_ptr_eq(x, b);
+    ck_assert_uint_eq(x->id, 2);
+    ck_assert_uint_eq(x->layout.tp_rank, 3);
+    ck_assert_uint_eq(ns_count(r), 3);
+    ck_assert_uint_eq(a->ranks, 3);   /* rank 1 left the ring, rank 3 joined */
+    ck_assert_uint_eq(x->ranks, 3);
+    /* Recovery registers store-only namespaces past the limit. */
+    a->clients = 0;
+    x->clients = 1;
+    c->clients = 1;
+    l.tp_size = 8;
+    l.tp_rank = 0;
+    ck_assert_int_eq(ns_bind(r, &l, &x, &created, err, sizeof err), -KVNODE_ELIMIT);
+    ck_assert_int_eq(ns_bind_ex(r, &l, false, &x, &created, err, sizeof err), 0);
+    ns_registry_destroy(r);
+}
+END_TEST
+
 START_TEST(test_bind_limit)
 {
     ns_registry *r = NULL;
@@ -454,6 +506,7 @@ START_TEST(test_bind_limit)
         ck_assert_int_eq(ns_bind(r, &l, &ns[i], &created, err, sizeof(err)), 0);
         ck_assert_int_eq(created, 1);
         ck_assert_uint_eq(ns[i]->id, i + 1);
+        ns[i]->clients = 1;   /* bound, as the cache does: it counts */
     }
     l.tp_rank = 3;
     kv_namespace *x = (kv_namespace *)(uintptr_t)1;
@@ -497,6 +550,7 @@ static Suite *namespace_suite(void)
     tcase_add_test(tc, test_bind_block_bytes_conflict);
     tcase_add_test(tc, test_bind_fingerprint_collision);
     tcase_add_test(tc, test_bind_limit);
+    tcase_add_test(tc, test_idle_namespaces_are_reused);
     suite_add_tcase(s, tc);
     return s;
 }
