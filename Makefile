@@ -6,6 +6,8 @@
 #   make asan       the test suite under ASan+UBSan (separate build dir)
 #   make valgrind   the test suite under valgrind (tests and daemons)
 #   make bench      build and run the benchmarks (not part of `make test`)
+#   make soak       mixed traffic with client and daemon kill -9s, then a byte-exact check of
+#                   everything acknowledged; SOAK_SECONDS (default 300), SOAK_ARGS (not in `make test`)
 #   make CUDA=0 ... build without the CUDA toolkit (default: detected)
 #   make V6D=0 ...  build without the rtp-llm KVS backend
 #   make fuzz       libFuzzer targets (clang, in build-fuzz/), FUZZ_SECONDS each (default 60)
@@ -103,14 +105,14 @@ FUZZ_TARGETS    := wire config kvs_file $(if $(filter 1,$(V6D)),v6d_reply)
 FUZZ_REPLAY_BIN := $(patsubst %,$(BUILD)/tests/fuzz_%_replay,$(FUZZ_TARGETS))
 FUZZ_BIN        := $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
-.PHONY: all deps run test check asan valgrind bench bench-persist install uninstall clean help cuda-info \
-        fuzz fuzz-build fuzz-run
+.PHONY: all deps run test check asan valgrind bench bench-persist soak install uninstall clean help \
+        cuda-info fuzz fuzz-build fuzz-run
 .DEFAULT_GOAL := all
 
 all: $(KVNODED) $(LIBSO) $(LIBA) $(LIBPC) $(KVNODECTL)
 
 help:
-	@sed -n '1,12p' Makefile
+	@sed -n '1,14p' Makefile
 
 cuda-info:
 	@echo "CUDA=$(CUDA) CUDA_HOME=$(CUDA_HOME)"
@@ -279,6 +281,22 @@ bench: all $(BENCH_BIN) $(BENCH_PERSIST_BIN)
 
 bench-persist: all $(BENCH_PERSIST_BIN)
 	KVNODED=$(KVNODED) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)
+
+# --- soak ------------------------------------------------------------------------
+# kvnode-soak (tests/soak/soak.c): 8 worker processes of put/get/delete/re-put
+# traffic against a kvnoded on the file store, random SIGKILLs of workers and
+# kill -9 of the daemon, then every acknowledged block read back byte-exact.
+# Not part of `make test`; SOAK_ARGS passes options (kvnode-soak --help).
+SOAK_BIN     := $(BUILD)/kvnode-soak
+SOAK_SECONDS ?= 300
+SOAK_ARGS    ?=
+$(SOAK_BIN): tests/soak/soak.c $(INTEG_HELPER) $(LIBA) $(TEST_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ tests/soak/soak.c $(INTEG_HELPER) \
+	    $(LIBA) $(LIB_LIBS) $(call pc_libs,jansson) -lpthread
+
+soak: all $(SOAK_BIN)
+	KVNODED=$(KVNODED) $(SOAK_BIN) --seconds $(SOAK_SECONDS) $(SOAK_ARGS)
 
 # --- install -------------------------------------------------------------------
 SYSCONFDIR  ?= /etc
