@@ -633,6 +633,7 @@ struct run {
     kvh_daemon d;
     bool up;
     uint32_t epoch;            /* instance number of d */
+    uint64_t started_ns;       /* when d was announced ready */
     uint64_t *kill_ns;         /* [epoch]: when instance epoch was killed -9 (0: it was not) */
     size_t kill_cap;
     unsigned daemon_kills, client_kills, unexpected_daemon_exits, unclean_stops;
@@ -769,6 +770,7 @@ static int daemon_start(struct run *r)
         sleep_ms(20);
     }
     r->epoch++;
+    r->started_ns = kvh_now_ns();
     atomic_store(&sh->epoch, r->epoch);
     atomic_store(&sh->ready, 1);
     return 0;
@@ -777,13 +779,19 @@ static int daemon_start(struct run *r)
 static void daemon_crash(struct run *r, double now_s)
 {
     json_t *st = daemon_stats(r);
-    long long q = st ? jint0(st, "persist.queue_depth") : -1;
-    long long hb = st ? jint0(st, "tiers.host.blocks") : -1;
-    long long ghosts = st ? jint0(st, "tiers.store.blocks") : -1;
+    long long q = -1, hb = -1, ghosts = -1, written = 0, deferred = 0, dropped = 0;
     if (st) {
+        q = jint0(st, "persist.queue_depth");
+        hb = jint0(st, "tiers.host.blocks");
+        ghosts = jint0(st, "tiers.store.blocks");
+        written = jint0(st, "persist.written_blocks_total");
+        deferred = jint0(st, "persist.writes_deferred_total");
+        dropped = jint0(st, "persist.dropped_total");
         add_counters(r, st);
         json_decref(st);
     }
+    uint64_t up_ns = kvh_now_ns() - r->started_ns;
+    double rate = up_ns > 0 ? (double)written / ((double)up_ns / 1e9) : 0.0;
     atomic_store(&sh->ready, 0);
     kvh_kill(&r->d, SIGKILL);
     record_kill(r, kvh_now_ns());   /* after the reaping: every ack was sent before it */
@@ -791,8 +799,9 @@ static void daemon_crash(struct run *r, double now_s)
     harvest_log(r);
     kvh_destroy(&r->d);
     r->up = false;
-    printf("soak: t=%.1fs kill -9 kvnoded #%u (persist queue_depth %lld, host blocks %lld, store-only %lld)\n",
-           now_s, r->epoch, q, hb, ghosts);
+    printf("soak: t=%.1fs kill -9 kvnoded #%u (persist queue_depth %lld, ~%.1f s at its %.0f writes/s; "
+           "writes deferred %lld, dropped %lld; host blocks %lld, store-only %lld)\n",
+           now_s, r->epoch, q, rate > 0 && q > 0 ? (double)q / rate : 0.0, rate, deferred, dropped, hb, ghosts);
     fflush(stdout);
 }
 
@@ -1690,6 +1699,15 @@ cleanup:
         }
         printf("soak: daemon logs and journals kept in %s\n", opt.keep_logs);
     }
+    for (unsigned i = 0; i < MAX_PROCS; i++) {
+        free(a->j[i].recs);
+        free(a->j[i].keys);
+        free(a->j[i].live_exact);
+    }
+    free(a);
+    free(r.kill_ns);
+    free(daemon_config);
+    free(opt.extra_config);
     if (interrupted) {
         fprintf(stderr, "soak: interrupted; processes stopped, temporary files removed\n");
         return 130;
