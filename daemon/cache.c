@@ -111,6 +111,7 @@ struct cache {
     struct event *retry_ev;
     /* puts waiting for room that blocks being written hold (back-pressure) */
     struct cache_wait *put_waiters, *put_waiters_tail;
+    struct event *put_wake_ev;
 
     struct event *evict_ev;
     bool evict_scheduled;
@@ -223,6 +224,7 @@ static void cache_reap_cb(evutil_socket_t fd, short what, void *arg);
 static void cache_demote_cb(evutil_socket_t fd, short what, void *arg);
 static void cache_demote_maybe_schedule(struct cache *c);
 static void cache_retry_cb(evutil_socket_t fd, short what, void *arg);
+static void cache_put_wake_cb(evutil_socket_t fd, short what, void *arg);
 static void cache_unpin(struct cache *c, index_entry *e);
 static void cache_storeop_free(struct cache_storeop *op);
 
@@ -270,7 +272,8 @@ int cache_create(struct event_base *base, const struct kvn_config *cfg, struct c
     c->reap_ev = event_new(base, -1, EV_PERSIST, cache_reap_cb, c);
     c->demote_ev = event_new(base, -1, 0, cache_demote_cb, c);
     c->retry_ev = evtimer_new(base, cache_retry_cb, c);
-    if (!c->evict_ev || !c->reap_ev || !c->demote_ev || !c->retry_ev ||
+    c->put_wake_ev = event_new(base, -1, 0, cache_put_wake_cb, c);
+    if (!c->evict_ev || !c->reap_ev || !c->demote_ev || !c->retry_ev || !c->put_wake_ev ||
         keylock_create(&c->keylocks) < 0) {
         errmsg_set(err, errlen, "cannot create cache events");
         rc = -KVNODE_ENOMEM;
@@ -296,6 +299,8 @@ void cache_destroy(struct cache *c)
         event_free(c->demote_ev);
     if (c->retry_ev)
         event_free(c->retry_ev);
+    if (c->put_wake_ev)
+        event_free(c->put_wake_ev);
     while (c->retry_head) {
         struct cache_retry *r = c->retry_head;
         c->retry_head = r->next;
@@ -343,8 +348,7 @@ void cache_apply_config(struct cache *c, const struct kvn_config *cfg)
         event_active(c->demote_ev, 0, 0);   /* lowered watermarks apply now */
     if (c->reaper_interval_ms != cfg->reaper_interval_ms) {
         c->reaper_interval_ms = cfg->reaper_interval_ms;
-        tv.tv_sec = (time_t)(c->reaper_interval_ms / 1000u);
-        tv.tv_usec = (suseconds_t)((c->reaper_interval_ms % 1000u) * 1000u);
+        tv = clock_tv_ms(c->reaper_interval_ms);
         evtimer_add(c->reap_ev, &tv);
     }
 }
@@ -804,7 +808,6 @@ static void cache_pin(struct cache *c, index_entry *e)
 
 static bool cache_over(const struct cache *c, double watermark);
 static void cache_evict_maybe_schedule(struct cache *c);
-static void cache_put_waiters_wake(struct cache *c);
 static void cache_retry_add(struct cache *c, const index_entry *e);
 
 /* Write-back victims may pin at most this much of the host tier while they
@@ -850,8 +853,8 @@ static void cache_storeop_free(struct cache_storeop *op)
 
 static void cache_storeops_drain(struct cache *c);
 
-/* A write's result (or its end without one: -KVNODE_ECANCELED-like codes
- * when the block was deleted before it was sent, or the daemon stops). */
+/* A write's result, or -KVNODE_ESHUTDOWN when it ends without one (the block
+ * was deleted before its turn, or the daemon stops). */
 static void cache_write_finish(struct cache *c, struct cache_storeop *op, int rc)
 {
     index_entry *e = op->e;
@@ -901,7 +904,10 @@ static void cache_storeop_finish(struct cache_storeop *op, int rc)
     cache_storeop_free(op);
     cache_storeops_drain(c);
     cache_evict_maybe_schedule(c);
-    cache_put_waiters_wake(c);
+    /* Puts waiting for room try again once per loop iteration, however
+     * many ops finish in it. */
+    if (c->put_waiters)
+        event_active(c->put_wake_ev, 0, 0);
 }
 
 static void cache_storeop_done(void *arg, int rc)
@@ -1042,19 +1048,18 @@ static void cache_store_delete(struct cache *c, kv_namespace *ns, const int64_t 
     }
     batch->n = 0;
     for (size_t i = 0; i < n; i++) {
-        struct cache_storeop *one = cache_storeop_new(c, STORE_OP_DELETE, ns, 1);
+        int rc = keylock_acquire(c->keylocks, ns->id, keys[i], NULL);
+        if (rc == 1) {
+            batch->keys[batch->n++] = keys[i];
+            continue;
+        }
+        struct cache_storeop *one = rc == 0 ? cache_storeop_new(c, STORE_OP_DELETE, ns, 1) : NULL;
         if (!one) {
             log_warn("out of memory deleting a key from the store: its copy stays");
             continue;
         }
         one->keys[0] = keys[i];
-        one->turn.start = cache_storeop_turn;
-        int rc = keylock_acquire(c->keylocks, ns->id, keys[i], &one->turn);
-        if (rc == 0)
-            continue;   /* waits for its turn */
-        cache_storeop_free(one);
-        if (rc == 1)
-            batch->keys[batch->n++] = keys[i];
+        cache_storeop_start(c, one);   /* busy: waits for its turn */
     }
     if (batch->n == 0)
         cache_storeop_free(batch);
@@ -1072,8 +1077,7 @@ static void cache_retry_arm(struct cache *c)
 {
     if (!c->retry_ev || evtimer_pending(c->retry_ev, NULL))
         return;
-    uint64_t ms = c->retry_backoff_ms ? c->retry_backoff_ms : RETRY_FIRST_MS;
-    struct timeval tv = { (time_t)(ms / 1000u), (suseconds_t)((ms % 1000u) * 1000u) };
+    struct timeval tv = clock_tv_ms(c->retry_backoff_ms ? c->retry_backoff_ms : RETRY_FIRST_MS);
     evtimer_add(c->retry_ev, &tv);
 }
 
@@ -1612,8 +1616,7 @@ static void cache_wait_arm(struct cache *c, struct cache_wait *w)
         log_warn("cannot arm a deferred answer's timer: it waits for the store's timeouts");
         return;
     }
-    tv.tv_sec = (time_t)(c->request_timeout_ms / 1000u);
-    tv.tv_usec = (suseconds_t)((c->request_timeout_ms % 1000u) * 1000u);
+    tv = clock_tv_ms(c->request_timeout_ms);
     evtimer_add(w->timer, &tv);
 }
 
@@ -1857,7 +1860,7 @@ int cache_put_wait(struct cache *c, unsigned timeout_ms, cache_ready_fn ready, v
                    struct cache_wait **wait)
 {
     struct cache_wait *w = calloc(1, sizeof *w);
-    struct timeval tv = { (time_t)(timeout_ms / 1000u), (suseconds_t)((timeout_ms % 1000u) * 1000u) };
+    struct timeval tv = clock_tv_ms(timeout_ms);
 
     *wait = NULL;
     if (!w)
@@ -1884,17 +1887,21 @@ int cache_put_wait(struct cache *c, unsigned timeout_ms, cache_ready_fn ready, v
     return 0;
 }
 
-/* A store op finished: blocks it pinned may be evictable now, so every put
+/* Store ops finished: blocks they pinned may be evictable now, so every put
  * waiting for room tries again (those that arrive meanwhile wait for the
  * next one). */
-static void cache_put_waiters_wake(struct cache *c)
+static void cache_put_wake_cb(evutil_socket_t fd, short what, void *arg)
 {
+    struct cache *c = arg;
     struct cache_wait *last = c->put_waiters_tail;
+    (void)fd;
+    (void)what;
     while (c->put_waiters) {
         struct cache_wait *w = c->put_waiters;
+        bool was_last = w == last;   /* w may be freed by its answer */
         cache_put_waiter_unlink(c, w);
         cache_wait_answer(w);
-        if (w == last)
+        if (was_last)
             break;
     }
 }
@@ -2061,7 +2068,8 @@ int cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
                            NULL, NULL, &w);
 }
 
-static void cache_unreserve(struct cache *c, kv_namespace *ns, index_entry *e);
+static void cache_unreserve(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+                            index_entry *e);
 
 /* Keys a put reports as already stored are the prefix it extends: shield
  * them (a pin, as a reader's) from the evictions that make room for the
@@ -2247,9 +2255,7 @@ undo:
         index_entry *e = l->entries[i];
         if (!e)
             continue;
-        cache_unreserve(c, ns, e);
-        owner->reserved_bytes -= owner->reserved_bytes >= ns->layout.block_bytes ? ns->layout.block_bytes
-                                                                                 : owner->reserved_bytes;
+        cache_unreserve(c, ns, owner, e);
     }
     cache_put_shield(c, ns, keys, n, locs, false);
     lease_destroy(c->leases, l);
@@ -2259,11 +2265,21 @@ undo:
 
 /* Give back a WRITING entry's slot: a former ghost becomes a ghost again,
  * anything else leaves the index. */
-static void cache_unreserve(struct cache *c, kv_namespace *ns, index_entry *e)
+/* A reserved slot stops being a reservation (committed or given back): both
+ * its namespace's and its connection's counts go down. */
+static void cache_reservation_end(kv_namespace *ns, struct lease_list *owner)
 {
     uint64_t bytes = ns ? ns->layout.block_bytes : 0;
     if (ns)
         ns->reserved -= ns->reserved >= bytes ? bytes : ns->reserved;
+    if (owner)
+        owner->reserved_bytes -= owner->reserved_bytes >= bytes ? bytes : owner->reserved_bytes;
+}
+
+static void cache_unreserve(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+                            index_entry *e)
+{
+    cache_reservation_end(ns, owner);
     if (e->persist == PERSIST_STORED && !e->detached) {
         cache_slot_free(c, e);
         e->state = ENTRY_GHOST;
@@ -2286,13 +2302,6 @@ static uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
         ((struct cache_wait *)l->waiter)->l = NULL;
         l->waiter = NULL;
     }
-    if (l->kind == LEASE_WRITE && l->owner) {
-        uint64_t bb = ns_block_bytes(c, l->ns), held = 0;
-        for (size_t i = 0; i < l->n; i++)
-            if (l->entries[i])
-                held += bb;
-        l->owner->reserved_bytes -= l->owner->reserved_bytes >= held ? held : l->owner->reserved_bytes;
-    }
     if (l->kind == LEASE_READ) {
         /* Unpin tail-first so the chain's root becomes the newest. */
         for (size_t i = l->n; i-- > 0;) {
@@ -2313,8 +2322,8 @@ static uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
             if (ns) {
                 ns->blocks++;
                 ns->bytes += bytes;
-                ns->reserved -= ns->reserved >= bytes ? bytes : ns->reserved;
             }
+            cache_reservation_end(ns, l->owner);
             c->sealed_total++;
             count++;
             cache_note_sealed(c, e);
@@ -2329,7 +2338,7 @@ static uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
             index_entry *e = l->entries[i];
             if (!e)
                 continue;
-            cache_unreserve(c, ns, e);
+            cache_unreserve(c, ns, l->owner, e);
             count++;
         }
     }

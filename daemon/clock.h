@@ -3,6 +3,7 @@
 #define KVNODE_CLOCK_H
 
 #include <stdint.h>
+#include <sys/time.h>
 #include <time.h>
 
 static inline uint64_t clock_now_ms(void)
@@ -24,6 +25,13 @@ static inline uint64_t clock_now_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* A duration in milliseconds as the timeval libevent's timers take. */
+static inline struct timeval clock_tv_ms(uint64_t ms)
+{
+    struct timeval tv = { (time_t)(ms / 1000u), (suseconds_t)((ms % 1000u) * 1000u) };
+    return tv;
 }
 
 #endif

@@ -95,6 +95,8 @@ int keylock_acquire(struct keylock *t, uint32_t ns, int64_t key, struct keylock_
 {
     struct keylock_rec **p = keylock_slot(t, ns, key);
     if (*p) {
+        if (!w)
+            return 0;
         w->next = NULL;
         if ((*p)->tail)
             (*p)->tail->next = w;

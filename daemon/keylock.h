@@ -30,7 +30,8 @@ int  keylock_create(struct keylock **out);
 /* Frees the table; waiters still queued are not started. */
 void keylock_destroy(struct keylock *t);
 /* 1: the key is now held by the caller; 0: w is queued behind the holder
- * (w->start runs when its turn comes); -KVNODE_ENOMEM. */
+ * (w->start runs when its turn comes), or, with w NULL, the key is held by
+ * someone else and nothing was queued; -KVNODE_ENOMEM. */
 int  keylock_acquire(struct keylock *t, uint32_t ns, int64_t key, struct keylock_waiter *w);
 /* The holder is done: the next waiter (if any) now holds the key and is
  * started; otherwise the key is free. */

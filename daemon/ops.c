@@ -1024,8 +1024,6 @@ static void ops_reload(struct ops *o, struct conn *conn, struct session *s, cons
 }
 
 
-static void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
-
 /* Every request is counted by op and status and timed, whatever path it takes. */
 void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {

@@ -81,10 +81,10 @@ static json_t *wait_recovery(const kvh_daemon *d)
     }
 }
 
-/* A cold daemon on `store`: every chain of `chains` (seed[ch]) read back.
- * *lost: blocks missing; *wrong: blocks with other bytes. */
+/* A cold daemon on `store`: every chain ch < nchains (written with seed
+ * seed0 + ch) read back. *lost: blocks missing; *wrong: blocks with other bytes. */
 static void verify_cold(const char *store, const char *extra, const char *model, uint64_t nchains,
-                        const uint64_t *seed, size_t *lost, size_t *wrong)
+                        uint64_t seed0, size_t *lost, size_t *wrong)
 {
     kvh_daemon d;
     kvnode_client *c;
@@ -98,7 +98,7 @@ static void verify_cold(const char *store, const char *extra, const char *model,
         kvh_chain(keys, CHAIN, ch);
         for (size_t i = 0; i < CHAIN; i++) {
             size_t got = 0;
-            int rc = kvh_get_verify(c, &keys[i], 1, seed[ch], 0, &got);
+            int rc = kvh_get_verify(c, &keys[i], 1, seed0 + ch, 0, &got);
             if (rc == KVH_MISMATCH)
                 (*wrong)++;
             else if (rc == 0 && got == 0)
@@ -118,7 +118,6 @@ START_TEST(reput_after_delete_keeps_the_new_copy)
 {
     char store[PATH_MAX];
     const uint64_t nchains = 25;   /* 200 keys */
-    uint64_t seed[25];
     kvh_daemon d;
     kvnode_client *c;
     const char *extra = "memory.host_bytes=64MiB\npersist.workers=4\npersist.fsync=never\n";
@@ -135,7 +134,6 @@ START_TEST(reput_after_delete_keeps_the_new_copy)
         KVH_OK(c, kvnode_delete(c, keys, CHAIN, &deleted));
         ck_assert_uint_eq(deleted, CHAIN);
         ck_assert_msg(kvh_put(c, keys, CHAIN, 2000 + ch) == 0, "%s", kvh_error());
-        seed[ch] = 2000 + ch;
     }
     /* Both puts of every key are written (the first maybe not, if the
      * delete came before its turn); wait for the second. */
@@ -146,38 +144,53 @@ START_TEST(reput_after_delete_keeps_the_new_copy)
     KVH_STOP_OK(&d);
 
     size_t lost, wrong;
-    verify_cold(store, extra, "nl-reput", nchains, seed, &lost, &wrong);
+    verify_cold(store, extra, "nl-reput", nchains, 2000, &lost, &wrong);
     ck_assert_msg(lost == 0 && wrong == 0, "after put/delete/put of %d keys and a restart: %zu lost, %zu wrong",
                   (int)(nchains * CHAIN), lost, wrong);
     kvh_destroy(&d);
 }
 END_TEST
 
-/* ---- a store slower than the puts ---------------------------------------------------------- */
+/* ---- bursts ---------------------------------------------------------------------------------- */
 
-START_TEST(write_through_blocks_wait_for_the_store)
+/* A burst of nch chains (seed seed0 + ch) from one client into a daemon
+ * configured with `extra`, as fast as the daemon acknowledges them; then,
+ * once the store is idle, a clean stop and a cold read-back. Returns the
+ * stats taken when the store was idle. */
+static json_t *burst(const char *extra, const char *model, uint64_t nch, uint64_t seed0, size_t *lost,
+                     size_t *wrong)
 {
     char store[PATH_MAX];
-    enum { NCH = 150 };   /* 1200 blocks of 64 KiB into a tier of 64 */
-    uint64_t seed[NCH];
     kvh_daemon d;
     kvnode_client *c;
-    const char *extra = "memory.host_bytes=4MiB\nmemory.slab_bytes=1MiB\npersist.workers=1\n"
-                        "persist.fsync=always\nserver.request_timeout=60s\n";
 
     ck_assert_msg(kvh_mkdtemp(store, sizeof store) == 0, "%s", kvh_error());
     start_on(&d, store, extra);
-    kvnode_layout l = kvh_layout("nl-slow", BB, 1, 0);
+    kvnode_layout l = kvh_layout(model, BB, 1, 0);
     KVH_CONNECT(&d, &l, &c);
     kvnode_set_timeout(c, tmo(120000));
-    for (uint64_t ch = 0; ch < NCH; ch++) {
+    for (uint64_t ch = 0; ch < nch; ch++) {
         kvnode_key keys[CHAIN];
         kvh_chain(keys, CHAIN, ch);
-        seed[ch] = 3000 + ch;
-        ck_assert_msg(kvh_put(c, keys, CHAIN, seed[ch]) == 0, "put of chain %" PRIu64 ": %s", ch,
+        ck_assert_msg(kvh_put(c, keys, CHAIN, seed0 + ch) == 0, "put of chain %" PRIu64 ": %s", ch,
                       kvh_error());
     }
     json_t *st = wait_idle(&d);
+    kvnode_close(c);
+    KVH_STOP_OK(&d);
+    verify_cold(store, extra, model, nch, seed0, lost, wrong);
+    kvh_destroy(&d);
+    return st;
+}
+
+/* A store slower than the puts: the tier fills with blocks waiting for it. */
+START_TEST(write_through_blocks_wait_for_the_store)
+{
+    enum { NCH = 150 };   /* 1200 blocks of 64 KiB into a tier of 64 */
+    size_t lost, wrong;
+    json_t *st = burst("memory.host_bytes=4MiB\nmemory.slab_bytes=1MiB\npersist.workers=1\n"
+                       "persist.fsync=always\nserver.request_timeout=60s\n", "nl-slow", NCH, 3000, &lost,
+                       &wrong);
     /* Nothing left memory unwritten, and the counters say so. */
     ck_assert_int_eq(kvh_json_int(st, "persist.dropped_total"), 0);
     ck_assert_int_eq(kvh_json_int(st, "evictions.host.dropped_total"), 0);
@@ -186,53 +199,25 @@ START_TEST(write_through_blocks_wait_for_the_store)
     ck_assert_int_gt(kvh_json_int(st, "persist.put_waits_total"), 0);
     ck_assert_int_eq(kvh_json_int(st, "persist.put_wait_timeouts_total"), 0);
     json_decref(st);
-    kvnode_close(c);
-    KVH_STOP_OK(&d);
-
-    size_t lost, wrong;
-    verify_cold(store, extra, "nl-slow", NCH, seed, &lost, &wrong);
     ck_assert_msg(lost == 0 && wrong == 0, "%d blocks acknowledged, after a clean restart %zu lost, %zu wrong",
                   NCH * CHAIN, lost, wrong);
-    kvh_destroy(&d);
 }
 END_TEST
 
-/* ---- more writes than the store's queue holds --------------------------------------------------- */
-
+/* More writes than the store's queue holds. */
 START_TEST(writes_over_the_queue_are_queued_again)
 {
-    char store[PATH_MAX];
     enum { NCH = 100 };   /* 800 blocks, a queue of 16 */
-    uint64_t seed[NCH];
-    kvh_daemon d;
-    kvnode_client *c;
-    const char *extra = "memory.host_bytes=64MiB\npersist.workers=1\npersist.queue=16\n"
-                        "persist.fsync=never\n";
-
-    ck_assert_msg(kvh_mkdtemp(store, sizeof store) == 0, "%s", kvh_error());
-    start_on(&d, store, extra);
-    kvnode_layout l = kvh_layout("nl-queue", BB, 1, 0);
-    KVH_CONNECT(&d, &l, &c);
-    for (uint64_t ch = 0; ch < NCH; ch++) {
-        kvnode_key keys[CHAIN];
-        kvh_chain(keys, CHAIN, ch);
-        seed[ch] = 4000 + ch;
-        ck_assert_msg(kvh_put(c, keys, CHAIN, seed[ch]) == 0, "%s", kvh_error());
-    }
-    json_t *st = wait_idle(&d);
+    size_t lost, wrong;
+    json_t *st = burst("memory.host_bytes=64MiB\npersist.workers=1\npersist.queue=16\npersist.fsync=never\n",
+                       "nl-queue", NCH, 4000, &lost, &wrong);
     ck_assert_int_eq(kvh_json_int(st, "persist.written_blocks_total"), NCH * CHAIN);
     ck_assert_int_eq(kvh_json_int(st, "persist.dropped_total"), 0);
     /* The queue did refuse writes: they waited in the daemon. */
     ck_assert_int_gt(kvh_json_int(st, "persist.writes_deferred_total"), 0);
     json_decref(st);
-    kvnode_close(c);
-    KVH_STOP_OK(&d);
-
-    size_t lost, wrong;
-    verify_cold(store, extra, "nl-queue", NCH, seed, &lost, &wrong);
     ck_assert_msg(lost == 0 && wrong == 0, "%d blocks acknowledged, after a clean restart %zu lost, %zu wrong",
                   NCH * CHAIN, lost, wrong);
-    kvh_destroy(&d);
 }
 END_TEST
 

@@ -32,6 +32,7 @@ START_TEST(test_fifo_per_key)
     ck_assert_int_eq(keylock_acquire(t, 1, 42, &ops[1].w), 0);   /* waits */
     ck_assert_int_eq(keylock_acquire(t, 1, 42, &ops[2].w), 0);   /* waits */
     ck_assert_int_eq(keylock_acquire(t, 2, 42, &ops[3].w), 1);   /* another namespace: free */
+    ck_assert_int_eq(keylock_acquire(t, 1, 42, NULL), 0);        /* busy, nothing queued */
     ck_assert_uint_eq(keylock_held(t), 2);
     ck_assert_int_eq(n, 0);
 
@@ -41,12 +42,15 @@ START_TEST(test_fifo_per_key)
     keylock_release(t, 1, 42);   /* ops[2] */
     ck_assert_int_eq(n, 2);
     ck_assert_int_eq(order[1], 2);
-    keylock_release(t, 1, 42);   /* free */
+    keylock_release(t, 1, 42);   /* free: no waiter was queued by the NULL try */
     ck_assert_int_eq(n, 2);
     ck_assert_uint_eq(keylock_held(t), 1);
     keylock_release(t, 2, 42);
     ck_assert_uint_eq(keylock_held(t), 0);
     keylock_release(t, 2, 42);   /* not held: nothing */
+    ck_assert_uint_eq(keylock_held(t), 0);
+    ck_assert_int_eq(keylock_acquire(t, 1, 42, NULL), 1);        /* a try on a free key takes it */
+    keylock_release(t, 1, 42);
     ck_assert_uint_eq(keylock_held(t), 0);
     keylock_destroy(t);
 }
