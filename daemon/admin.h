@@ -10,12 +10,21 @@
  * Anything else is 404, another method 405. Every answer is built from
  * memory on the loop thread; nothing blocks.
  *
+ * Connections are capped (admin.max_connections; more get a 503 and are
+ * closed), each request must arrive whole within admin.request_timeout of
+ * the connection or the previous reply (bytes trickling in do not extend
+ * it), the last descriptors below RLIMIT_NOFILE are left to the engine
+ * socket, and a listener that cannot accept (EMFILE) rests instead of
+ * spinning.
+ *
  * Owns the evhttp instance, its listener and (unix) the socket file.
  * Loop thread only. */
 #ifndef KVNODE_ADMIN_H
 #define KVNODE_ADMIN_H
 
 #include <stddef.h>
+
+#include <jansson.h>
 
 struct daemon;
 struct admin;
@@ -31,5 +40,9 @@ void admin_destroy(struct admin *a);
 /* The bound address: "127.0.0.1:PORT" (the real port when 0 was asked),
  * "[::1]:PORT" or "unix:PATH". */
 const char *admin_address(const struct admin *a);
+/* Add "admin_connections" to a stats document: open, max, accepted_total,
+ * refused_total (of them refused_reserve_total: short of descriptors),
+ * timed_out_total (admin.request_timeout), accept_pauses_total. */
+void admin_stats_json(const struct admin *a, json_t *root);
 
 #endif

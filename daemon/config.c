@@ -136,6 +136,9 @@ static const struct opt_def config_options[] = {
     { "server", "max_namespaces", OPT_COUNT, FIELD(max_namespaces), .min = 1, .max = 65536, .restart = true },
     { "server", "request_timeout", OPT_DURATION, FIELD(request_timeout_ms), .min = 10, .max = 10 * MS_PER_M },
     { "server", "shutdown_timeout", OPT_DURATION, FIELD(shutdown_timeout_ms), .min = 0, .max = 10 * MS_PER_M },
+    { "server", "frame_timeout", OPT_DURATION, FIELD(frame_timeout_ms), .min = 100, .max = 10 * MS_PER_M },
+    { "server", "max_buffered_input_bytes", OPT_SIZE, FIELD(max_buffered_input_bytes), .min = MIB,
+      .max = GIB << 10 },
 
     { "memory", "host_bytes", OPT_SIZE, FIELD(host_bytes), .min = 64 * KIB, .max = UINT64_MAX, .restart = true },
     { "memory", "slab_bytes", OPT_SIZE, FIELD(slab_bytes), .min = 64 * KIB, .max = GIB, .multiple = 256,
@@ -174,6 +177,8 @@ static const struct opt_def config_options[] = {
     { "log", "level", OPT_LEVEL, FIELD(log_level) },
 
     { "admin", "listen", OPT_LISTEN, FIELD(admin_listen), .restart = true },
+    { "admin", "max_connections", OPT_COUNT, FIELD(admin_max_connections), .min = 1, .max = 4096 },
+    { "admin", "request_timeout", OPT_DURATION, FIELD(admin_request_timeout_ms), .min = 100, .max = 10 * MS_PER_M },
 
     { "persist", "backend", OPT_ENUM, FIELD(persist_backend), NAMES(backend_names), .restart = true },
     { "persist", "policy", OPT_ENUM, FIELD(persist_policy), NAMES(policy_names) },
@@ -263,6 +268,8 @@ void config_defaults(struct kvn_config *cfg)
     cfg->max_namespaces = 256;
     cfg->request_timeout_ms = 5 * MS_PER_S;
     cfg->shutdown_timeout_ms = 10 * MS_PER_S;
+    cfg->frame_timeout_ms = 10 * MS_PER_S;
+    cfg->max_buffered_input_bytes = 256 * MIB;
 
     cfg->host_bytes = GIB;
     cfg->slab_bytes = 16 * MIB;
@@ -290,6 +297,8 @@ void config_defaults(struct kvn_config *cfg)
     cfg->log_level = LOG_LEVEL_INFO;
 
     snprintf(cfg->admin_listen, sizeof cfg->admin_listen, "%s", "127.0.0.1:9180");
+    cfg->admin_max_connections = 64;
+    cfg->admin_request_timeout_ms = 5 * MS_PER_S;
 
     cfg->persist_backend = CONFIG_BACKEND_FILE;
     cfg->persist_policy = CONFIG_POLICY_WRITE_THROUGH;

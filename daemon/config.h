@@ -35,6 +35,8 @@ struct kvn_config {
     uint32_t max_namespaces;         /* distinct (deployment, tp_rank) pairs */
     uint32_t request_timeout_ms;     /* bound on a deferred reply (promotion waits) */
     uint32_t shutdown_timeout_ms;    /* SIGTERM: bound on finishing in-flight work */
+    uint32_t frame_timeout_ms;       /* a frame in progress that stops arriving is dropped */
+    uint64_t max_buffered_input_bytes; /* room for frames being received, all clients together */
 
     /* [memory] */
     uint64_t host_bytes;             /* size of the host-memory tier (memfd arena) */
@@ -67,6 +69,8 @@ struct kvn_config {
 
     /* [admin] */
     char     admin_listen[CONFIG_LISTEN_MAX]; /* "HOST:PORT", "unix:PATH" or "off" */
+    uint32_t admin_max_connections;  /* admin connections beyond this are refused */
+    uint32_t admin_request_timeout_ms; /* a request must arrive whole within this */
 
     /* [persist] */
     int      persist_backend;        /* CONFIG_BACKEND_*: off, file (default), v6d (restart) */

@@ -29,6 +29,8 @@ void daemon_stats_json(void *arg, json_t *root)
     const char *admin = d->admin ? admin_address(d->admin) : NULL;
 
     json_object_set_new(root, "admin", admin ? json_string(admin) : json_null());
+    if (d->admin)
+        admin_stats_json(d->admin, root);
     json_object_set_new(reloads, "ok_total", json_integer((json_int_t)d->reloads_ok));
     json_object_set_new(reloads, "failed_total", json_integer((json_int_t)d->reloads_failed));
     json_object_set_new(reloads, "last_error", json_string(d->last_reload_error));

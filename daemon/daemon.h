@@ -47,7 +47,7 @@ struct daemon {
 int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err, size_t errlen);
 
 /* ops stats hook (arg: struct daemon *): adds "admin" (the bound admin
- * address, null when off), "reloads" {ok_total, failed_total, last_error}
+ * address, null when off), "admin_connections" (admin_stats_json, when on), "reloads" {ok_total, failed_total, last_error}
  * "kvcm" (the publisher's state) and "gpu" (backend, HBM arenas) to a stats
  * document. */
 void daemon_stats_json(void *arg, json_t *root);

@@ -186,3 +186,25 @@ void log_msg(int level, const char *fmt, ...)
     log_write_all(out, used);
     errno = saved_errno;
 }
+
+bool log_limit_pass(struct log_limit *l, uint64_t now_ms, uint64_t interval_ms, uint64_t *suppressed)
+{
+    if (l->passed_once && now_ms - l->last_ms < interval_ms) {
+        l->suppressed++;
+        return false;
+    }
+    if (suppressed)
+        *suppressed = l->suppressed;
+    l->suppressed = 0;
+    l->last_ms = now_ms;
+    l->passed_once = true;
+    return true;
+}
+
+const char *log_limit_note(uint64_t held, const char *what, char *buf, size_t len)
+{
+    if (held == 0 || len == 0)
+        return "";
+    snprintf(buf, len, " (%" PRIu64 " more %s since the last message)", held, what);
+    return buf;
+}

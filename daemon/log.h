@@ -3,6 +3,10 @@
 #ifndef KVNODE_LOG_H
 #define KVNODE_LOG_H
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
 enum log_level { LOG_LEVEL_ERROR = 0, LOG_LEVEL_WARN = 1, LOG_LEVEL_INFO = 2, LOG_LEVEL_DEBUG = 3 };
 
 /* (Re)detect whether stderr is the journal (JOURNAL_STREAM matches stderr's
@@ -23,6 +27,20 @@ const char *log_level_name(int level);   /* "unknown" when out of range */
  * message gets the prefix. Messages above the level are dropped; errno is
  * preserved. */
 void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Rate limit for a message about a condition that may recur many times a
+ * second (a listener out of descriptors, refused connections): the first
+ * occurrence passes, then at most one per interval. Zero-initialise. */
+struct log_limit {
+    uint64_t last_ms;        /* when a message last passed */
+    uint64_t suppressed;     /* occurrences held back since then */
+    bool     passed_once;
+};
+/* true when a message may be written now; *suppressed (may be NULL) then
+ * holds how many occurrences were held back since the last one. */
+bool log_limit_pass(struct log_limit *l, uint64_t now_ms, uint64_t interval_ms, uint64_t *suppressed);
+/* " (N more <what> since the last message)", or "" when held is 0; into buf. */
+const char *log_limit_note(uint64_t held, const char *what, char *buf, size_t len);
 
 #define log_error(...) log_msg(LOG_LEVEL_ERROR, __VA_ARGS__)
 #define log_warn(...)  log_msg(LOG_LEVEL_WARN, __VA_ARGS__)

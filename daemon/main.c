@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -45,6 +46,31 @@ static void usage(FILE *out)
             "Options are documented in kvnode.conf(5); the daemon in kvnoded(8).\n");
 }
 
+
+/* Descriptors the daemon needs besides its connections: listeners, the
+ * event loop, arenas, store files, KVCM sockets, with room to spare. */
+#define DAEMON_OWN_FDS 64u
+
+/* Connections are bounded by server.max_clients and admin.max_connections;
+ * past RLIMIT_NOFILE accepts fail and the listeners pause, so say so at
+ * start rather than when it happens. */
+static void daemon_check_fd_limit(const struct daemon *d)
+{
+    struct rlimit rl;
+    uint64_t need = (uint64_t)d->cfg->max_clients + DAEMON_OWN_FDS;
+    char admin[96] = "";
+
+    if (d->admin) {
+        need += d->cfg->admin_max_connections;
+        snprintf(admin, sizeof admin, " + admin.max_connections (%u)", d->cfg->admin_max_connections);
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || need <= rl.rlim_cur)
+        return;
+    log_warn("server.max_clients (%u)%s + %u descriptors of the daemon's own = %llu exceed RLIMIT_NOFILE "
+             "(%llu): at the limit new connections wait until descriptors free up; raise the limit "
+             "(LimitNOFILE= in the unit, ulimit -n) or lower the options", d->cfg->max_clients, admin,
+             DAEMON_OWN_FDS, (unsigned long long)need, (unsigned long long)rl.rlim_cur);
+}
 
 /* RELOAD requests from kvnodectl go through the same path as SIGHUP. */
 static int daemon_reload_hook(void *arg, char *error, size_t errlen, char *not_applied, size_t nalen)
@@ -226,6 +252,7 @@ int main(int argc, char **argv)
         log_error("%s", err);
         goto out;
     }
+    daemon_check_fd_limit(&d);
     for (int i = 0; i < 3; i++) {
         sigs[i] = evsignal_new(d.base, signums[i], daemon_signal_cb, &d);
         if (!sigs[i] || evsignal_add(sigs[i], NULL) < 0) {

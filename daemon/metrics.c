@@ -378,6 +378,57 @@ static void render_server(struct evbuffer *out, json_t *doc)
     family(out, "kvnode_frames_rejected_total", "counter",
            "Frames rejected (oversized or undecodable); each closes its connection.");
     sample_u(out, "kvnode_frames_rejected_total", NULL, doc_u(doc, "frames", "rejected_total", NULL));
+    family(out, "kvnode_frames_timed_out_total", "counter",
+           "Frames dropped because nothing more of them arrived for server.frame_timeout; each closes its "
+           "connection.");
+    sample_u(out, "kvnode_frames_timed_out_total", NULL, doc_u(doc, "frames", "timed_out_total", NULL));
+    family(out, "kvnode_clients_accept_pauses_total", "counter",
+           "Times the engine listener rested because accept failed (out of descriptors).");
+    sample_u(out, "kvnode_clients_accept_pauses_total", NULL, doc_u(doc, "clients", "accept_pauses_total", NULL));
+    family(out, "kvnode_clients_input_buffered_bytes", "gauge", "Bytes of requests read and not yet handled, "
+           "all clients together.");
+    sample_u(out, "kvnode_clients_input_buffered_bytes", NULL, doc_u(doc, "clients", "input_buffered_bytes", NULL));
+    family(out, "kvnode_clients_input_reserved_bytes", "gauge",
+           "Bytes of server.max_buffered_input_bytes held for frames being received.");
+    sample_u(out, "kvnode_clients_input_reserved_bytes", NULL, doc_u(doc, "clients", "input_reserved_bytes", NULL));
+    family(out, "kvnode_clients_input_waiting", "gauge",
+           "Connections whose next frame waits for room under server.max_buffered_input_bytes.");
+    sample_u(out, "kvnode_clients_input_waiting", NULL, doc_u(doc, "clients", "input_waiting", NULL));
+    family(out, "kvnode_clients_input_waits_total", "counter",
+           "Frames that waited for room under server.max_buffered_input_bytes.");
+    sample_u(out, "kvnode_clients_input_waits_total", NULL, doc_u(doc, "clients", "input_waits_total", NULL));
+    family(out, "kvnode_clients_output_buffered_bytes", "gauge", "Bytes of replies not yet sent, all clients "
+           "together.");
+    sample_u(out, "kvnode_clients_output_buffered_bytes", NULL,
+             doc_u(doc, "clients", "output_buffered_bytes", NULL));
+    family(out, "kvnode_clients_input_paused_total", "counter",
+           "Times a client's requests stopped being handled because its unsent replies passed 64 MiB.");
+    sample_u(out, "kvnode_clients_input_paused_total", NULL, doc_u(doc, "clients", "input_paused_total", NULL));
+}
+
+/* The admin HTTP server's own connections, when it listens. */
+static void render_admin(struct evbuffer *out, json_t *doc)
+{
+    json_t *a = json_object_get(doc, "admin_connections");
+    uint64_t refused = doc_u(a, "refused_total", NULL, NULL), reserve = doc_u(a, "refused_reserve_total", NULL, NULL);
+
+    if (!a)
+        return;
+    family(out, "kvnode_admin_connections", "gauge", "Open admin HTTP connections.");
+    sample_u(out, "kvnode_admin_connections", NULL, doc_u(a, "open", NULL, NULL));
+    family(out, "kvnode_admin_connections_accepted_total", "counter", "Admin HTTP connections accepted.");
+    sample_u(out, "kvnode_admin_connections_accepted_total", NULL, doc_u(a, "accepted_total", NULL, NULL));
+    family(out, "kvnode_admin_connections_refused_total", "counter",
+           "Admin HTTP connections refused with 503: limit (admin.max_connections, or shutting down), "
+           "reserve (the last descriptors are kept for engines).");
+    sample_u(out, "kvnode_admin_connections_refused_total", L("reason", "limit"), refused - reserve);
+    sample_u(out, "kvnode_admin_connections_refused_total", L("reason", "reserve"), reserve);
+    family(out, "kvnode_admin_requests_timed_out_total", "counter",
+           "Admin HTTP connections closed because a request did not arrive whole within admin.request_timeout.");
+    sample_u(out, "kvnode_admin_requests_timed_out_total", NULL, doc_u(a, "timed_out_total", NULL, NULL));
+    family(out, "kvnode_admin_accept_pauses_total", "counter",
+           "Times the admin listener rested because accept failed (out of descriptors).");
+    sample_u(out, "kvnode_admin_accept_pauses_total", NULL, doc_u(a, "accept_pauses_total", NULL, NULL));
 }
 
 static void render_workers(struct evbuffer *out)
@@ -411,6 +462,7 @@ int metrics_render(struct daemon *d, struct evbuffer *out)
     render_persist(out, doc);
     render_kvcm(out, doc);
     render_server(out, doc);
+    render_admin(out, doc);
     render_workers(out);
 
     family(out, "kvnode_reloads_total", "counter", "Configuration reloads (SIGHUP or RELOAD), by result.");

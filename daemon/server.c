@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -21,6 +22,7 @@
 #include <event2/event.h>
 #include <event2/listener.h>
 
+#include "clock.h"
 #include "kvnode.h"
 #include "log.h"
 #include "ops.h"
@@ -28,8 +30,19 @@
 
 #define READ_CHUNK (1u << 20)
 #define MAX_PASSED_FDS 8u
-/* Stop reading from a client whose replies pile up beyond this. */
+/* Stop handling a client's requests while its unsent replies pass this, and
+ * go on once they drop to the low mark (a gap, so a slow reader does not
+ * flip it at every reply). */
 #define OUTPUT_HIGH_WATER (64u << 20)
+#define OUTPUT_LOW_WATER  (32u << 20)
+/* A connection may buffer this much input without room from
+ * server.max_buffered_input_bytes: requests up to this size (all but inline
+ * puts of big blocks) never wait for room. */
+#define INPUT_UNRESERVED  (64u << 10)
+/* accept failing (out of descriptors): the listener rests this long. */
+#define ACCEPT_PAUSE_MS 100u
+/* A recurring warning is written at most once per this. */
+#define LOG_REPEAT_MS 10000u
 
 struct conn {
     struct server *srv;
@@ -39,7 +52,16 @@ struct conn {
     bool closing;            /* close once `out` drains */
     bool reading;
     bool deferred;           /* a request answers later: handle nothing more until then */
+    bool output_full;        /* unsent replies passed OUTPUT_HIGH_WATER: handle nothing more
+                                until they drop to OUTPUT_LOW_WATER */
+    bool input_waiting;      /* on the server's queue for room for its frame */
     struct event *resume_ev; /* handles the input that waited behind a deferred request */
+    struct event *frame_ev;  /* server.frame_timeout: a frame in progress stopped arriving */
+    size_t in_counted, out_counted; /* lengths of `in` / `out` in the server's totals */
+    uint64_t room;           /* bytes of server.max_buffered_input_bytes held for the frame
+                                being received (0: none, it fits in INPUT_UNRESERVED) */
+    uint64_t room_wanted;    /* input_waiting: what it asks for */
+    struct conn *wait_prev, *wait_next; /* input_waiting: the queue */
     uint64_t bytes_sent;     /* stream offset of the next byte to send */
     /* fds to attach to the byte at stream offset fds_at (one batch at a time;
      * HELLO is the only reply that carries fds) */
@@ -63,8 +85,17 @@ struct server {
     size_t nconns;
     bool stopping;
     struct event *stop_timer;
+    /* what every connection buffers, and room held for frames being received */
+    uint64_t in_bytes, out_bytes, in_room;
+    struct conn *wait_head, *wait_tail;   /* frames waiting for room, first come first served */
+    size_t nwaiting;
+    /* accept failed (out of descriptors): the listener rests, then retries */
+    struct event *accept_resume_ev;
+    uint64_t accept_pauses_episode;       /* pauses since accepting last worked */
+    struct log_limit accept_log, refuse_log, timeout_log;
     /* counters */
     uint64_t accepted, refused, frames_rejected, denied;
+    uint64_t accept_pauses, input_waits, input_paused, frames_timed_out;
     /* access lists resolved from cfg (empty: anyone who can open the socket) */
     uint32_t allow_uids[CONFIG_IDS_MAX], allow_gids[CONFIG_IDS_MAX];
     size_t n_allow_uids, n_allow_gids;
@@ -72,6 +103,7 @@ struct server {
 
 static void conn_destroy(struct conn *c);
 static int conn_flush(struct conn *c);
+static void conn_frame_timeout_cb(evutil_socket_t fd, short what, void *arg);
 
 /* --- listener ------------------------------------------------------------- */
 
@@ -256,11 +288,18 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
         server_refuse(fd, -KVNODE_ESHUTDOWN, "kvnoded is shutting down");
         return;
     }
+    if (s->accept_pauses_episode) {
+        log_info("accepting engine connections on %s again after %" PRIu64 " pause%s", s->path,
+                 s->accept_pauses_episode, s->accept_pauses_episode == 1 ? "" : "s");
+        s->accept_pauses_episode = 0;
+    }
     if (s->nconns >= s->cfg->max_clients) {
-        char msg[128];
+        char msg[128], note[64];
+        uint64_t held = 0;
         s->refused++;
         snprintf(msg, sizeof msg, "too many clients (server.max_clients = %u)", s->cfg->max_clients);
-        log_warn("refused a connection: %s", msg);
+        if (log_limit_pass(&s->refuse_log, clock_now_ms(), LOG_REPEAT_MS, &held))
+            log_warn("refused a connection: %s%s", msg, log_limit_note(held, "refused", note, sizeof note));
         server_refuse(fd, -KVNODE_ELIMIT, msg);
         return;
     }
@@ -290,12 +329,14 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
     c->out = evbuffer_new();
     c->rev = event_new(s->base, fd, EV_READ | EV_PERSIST, conn_read_cb, c);
     c->wev = event_new(s->base, fd, EV_WRITE | EV_PERSIST, conn_write_cb, c);
-    if (!c->in || !c->out || !c->rev || !c->wev) {
+    c->frame_ev = evtimer_new(s->base, conn_frame_timeout_cb, c);
+    if (!c->in || !c->out || !c->rev || !c->wev || !c->frame_ev) {
         log_error("out of memory accepting a connection");
         if (c->in) evbuffer_free(c->in);
         if (c->out) evbuffer_free(c->out);
         if (c->rev) event_free(c->rev);
         if (c->wev) event_free(c->wev);
+        if (c->frame_ev) event_free(c->frame_ev);
         free(c);
         close(fd);
         return;
@@ -315,13 +356,39 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
               (int)c->session.uid, (int)c->session.gid);
 }
 
+static void server_accept_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct server *s = arg;
+    (void)fd;
+    (void)what;
+    if (s->listener && !s->stopping)
+        evconnlistener_enable(s->listener);
+}
+
+/* accept failed for a reason retrying at once cannot fix (EMFILE, ENFILE,
+ * ENOBUFS, ...): the connection stays in the backlog and the socket stays
+ * readable, so retrying now would spin. Rest the listener instead; the
+ * clients waiting in the backlog are taken once accept works again. */
 static void server_accept_error_cb(struct evconnlistener *l, void *arg)
 {
-    (void)l;
-    (void)arg;
-    /* EMFILE and friends: log and keep going; libevent retries on the next
-     * readiness. */
-    log_warn("accept failed: %s", strerror(errno));
+    struct server *s = arg;
+    int err = EVUTIL_SOCKET_ERROR();
+    struct timeval tv = { .tv_sec = 0, .tv_usec = ACCEPT_PAUSE_MS * 1000 };
+    struct rlimit rl = { 0 };
+    uint64_t held = 0;
+    char note[64];
+
+    evconnlistener_disable(l);
+    evtimer_add(s->accept_resume_ev, &tv);
+    s->accept_pauses++;
+    s->accept_pauses_episode++;
+    if (!log_limit_pass(&s->accept_log, clock_now_ms(), LOG_REPEAT_MS, &held))
+        return;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    log_warn("cannot accept engine connections on %s: %s; pausing the listener %u ms at a time until "
+             "it works again (%zu clients connected, RLIMIT_NOFILE %llu)%s", s->path, strerror(err),
+             ACCEPT_PAUSE_MS, s->nconns, (unsigned long long)rl.rlim_cur,
+             log_limit_note(held, "pauses", note, sizeof note));
 }
 
 /* An inherited fd must be a listening unix stream socket; learn its path. */
@@ -367,10 +434,17 @@ int server_create(struct event_base *base, const struct kvn_config *cfg, struct 
     s->cfg = cfg;
     s->ops = ops;
     s->lock_fd = -1;
+    s->accept_resume_ev = evtimer_new(base, server_accept_resume_cb, s);
+    if (!s->accept_resume_ev) {
+        snprintf(err, errlen, "out of memory");
+        free(s);
+        return -KVNODE_ENOMEM;
+    }
     server_load_access(s, cfg);
     if (listen_fd >= 0) {
         rc = server_adopt_fd(s, listen_fd, err, errlen);
         if (rc < 0) {
+            event_free(s->accept_resume_ev);
             free(s);
             return rc;
         }
@@ -380,6 +454,7 @@ int server_create(struct event_base *base, const struct kvn_config *cfg, struct 
     if (strlen(cfg->socket_path) >= sizeof s->path) {
         snprintf(err, errlen, "server.socket_path is %zu bytes; a unix socket path must be "
                  "shorter than %zu", strlen(cfg->socket_path), sizeof s->path);
+        event_free(s->accept_resume_ev);
         free(s);
         return -KVNODE_EINVAL;
     }
@@ -409,6 +484,7 @@ listen:
 fail:
     if (s->lock_fd >= 0)
         close(s->lock_fd);
+    event_free(s->accept_resume_ev);
     free(s);
     return rc;
 }
@@ -417,6 +493,7 @@ static void server_stop_listening(struct server *s)
 {
     if (!s->listener)
         return;
+    evtimer_del(s->accept_resume_ev);
     evconnlistener_free(s->listener);
     s->listener = NULL;
     if (!s->inherited)
@@ -437,6 +514,7 @@ void server_destroy(struct server *s)
     server_stop_listening(s);
     if (s->stop_timer)
         event_free(s->stop_timer);
+    event_free(s->accept_resume_ev);
     free(s);
 }
 
@@ -490,18 +568,148 @@ void server_begin_shutdown(struct server *s)
 
 /* --- connections ------------------------------------------------------------- */
 
+/* Bring the server's totals of buffered bytes up to date with c's buffers. */
+static void conn_account(struct conn *c)
+{
+    struct server *s = c->srv;
+    size_t in = evbuffer_get_length(c->in), out = evbuffer_get_length(c->out);
+
+    s->in_bytes = s->in_bytes - c->in_counted + in;
+    s->out_bytes = s->out_bytes - c->out_counted + out;
+    c->in_counted = in;
+    c->out_counted = out;
+}
+
+/* --- room for frames (server.max_buffered_input_bytes) ---
+ *
+ * A frame longer than INPUT_UNRESERVED is read only once its whole length is
+ * held for it, so what every connection buffers stays under the cap (plus
+ * INPUT_UNRESERVED each) and a frame that started is never starved by
+ * others: frames waiting for room queue first come, first served. A frame
+ * larger than the cap gets room when no other frame holds any. */
+
+static bool server_room_fits(const struct server *s, uint64_t n)
+{
+    return s->in_room == 0 || s->in_room + n <= s->cfg->max_buffered_input_bytes;
+}
+
+static void conn_set_reading(struct conn *c, bool on);
+static void conn_update_reading(struct conn *c);
+
+static void conn_leave_wait_queue(struct conn *c)
+{
+    struct server *s = c->srv;
+
+    if (!c->input_waiting)
+        return;
+    if (c->wait_prev)
+        c->wait_prev->wait_next = c->wait_next;
+    else
+        s->wait_head = c->wait_next;
+    if (c->wait_next)
+        c->wait_next->wait_prev = c->wait_prev;
+    else
+        s->wait_tail = c->wait_prev;
+    s->nwaiting--;
+    c->wait_prev = c->wait_next = NULL;
+    c->input_waiting = false;
+    c->room_wanted = 0;
+}
+
+/* Room was released: let queued frames in, oldest first, while they fit. */
+static void server_admit_waiting(struct server *s)
+{
+    while (s->wait_head && server_room_fits(s, s->wait_head->room_wanted)) {
+        struct conn *c = s->wait_head;
+        uint64_t wanted = c->room_wanted;
+        conn_leave_wait_queue(c);
+        c->room = wanted;
+        s->in_room += wanted;
+        conn_update_reading(c);
+    }
+}
+
+static void conn_release_room(struct conn *c)
+{
+    struct server *s = c->srv;
+
+    if (c->room) {
+        s->in_room -= c->room;
+        c->room = 0;
+        server_admit_waiting(s);
+    }
+}
+
+
+/* The first frame in `in` is incomplete: when it is longer than
+ * INPUT_UNRESERVED, hold room for all of it or queue for that room. */
+static void conn_claim_room(struct conn *c)
+{
+    struct server *s = c->srv;
+    uint8_t hdr[WIRE_HEADER_BYTES];
+    uint64_t total;
+
+    if (c->room || c->input_waiting || evbuffer_get_length(c->in) < WIRE_HEADER_BYTES)
+        return;
+    evbuffer_copyout(c->in, hdr, WIRE_HEADER_BYTES);
+    total = WIRE_HEADER_BYTES + ((uint64_t)hdr[0] | (uint64_t)hdr[1] << 8 | (uint64_t)hdr[2] << 16 |
+                                 (uint64_t)hdr[3] << 24);
+    if (total <= INPUT_UNRESERVED)
+        return;
+    if (!s->wait_head && server_room_fits(s, total)) {
+        c->room = total;
+        s->in_room += total;
+        return;
+    }
+    c->input_waiting = true;
+    c->room_wanted = total;
+    c->wait_prev = s->wait_tail;
+    if (s->wait_tail)
+        s->wait_tail->wait_next = c;
+    else
+        s->wait_head = c;
+    s->wait_tail = c;
+    s->nwaiting++;
+    s->input_waits++;
+}
+
+/* How much more c may read now. */
+static size_t conn_read_room(const struct conn *c)
+{
+    uint64_t limit = c->room > INPUT_UNRESERVED ? c->room : INPUT_UNRESERVED;
+    size_t have = evbuffer_get_length(c->in);
+
+    if (have >= limit)
+        return 0;
+    return limit - have < READ_CHUNK ? (size_t)(limit - have) : READ_CHUNK;
+}
+
+/* Nothing more of c's input will be handled: free it now rather than when
+ * the connection ends. */
+static void conn_drop_input(struct conn *c)
+{
+    evbuffer_drain(c->in, evbuffer_get_length(c->in));
+    conn_leave_wait_queue(c);
+    conn_release_room(c);
+    conn_account(c);
+}
+
 static void conn_destroy(struct conn *c)
 {
     struct server *s = c->srv;
 
     ops_session_end(s->ops, &c->session);
+    conn_leave_wait_queue(c);
     event_free(c->rev);
     event_free(c->wev);
+    event_free(c->frame_ev);
     if (c->resume_ev)
         event_free(c->resume_ev);
     evbuffer_free(c->in);
     evbuffer_free(c->out);
     close(c->fd);
+    s->in_bytes -= c->in_counted;
+    s->out_bytes -= c->out_counted;
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -509,19 +717,66 @@ static void conn_destroy(struct conn *c)
     if (c->next)
         c->next->prev = c->prev;
     s->nconns--;
+    if (c->room) {
+        s->in_room -= c->room;
+        c->room = 0;
+    }
     free(c);
+    server_admit_waiting(s);
     server_maybe_finish_stop(s);
+}
+
+/* server.frame_timeout runs while the connection is read and holds part of
+ * a frame; each read that brings bytes (progress) starts it again. */
+static void conn_update_frame_timer(struct conn *c, bool progress)
+{
+    if (c->reading && evbuffer_get_length(c->in) > 0) {
+        if (progress || !evtimer_pending(c->frame_ev, NULL)) {
+            uint32_t ms = c->srv->cfg->frame_timeout_ms;
+            struct timeval tv = { .tv_sec = (time_t)(ms / 1000u), .tv_usec = (suseconds_t)((ms % 1000u) * 1000u) };
+            evtimer_add(c->frame_ev, &tv);
+        }
+    } else if (evtimer_pending(c->frame_ev, NULL)) {
+        evtimer_del(c->frame_ev);
+    }
 }
 
 static void conn_set_reading(struct conn *c, bool on)
 {
-    if (on == c->reading)
-        return;
-    c->reading = on;
-    if (on)
-        event_add(c->rev, NULL);
-    else
-        event_del(c->rev);
+    if (on != c->reading) {
+        c->reading = on;
+        if (on)
+            event_add(c->rev, NULL);
+        else
+            event_del(c->rev);
+    }
+    conn_update_frame_timer(c, false);
+}
+
+/* Read when nothing holds the connection back: not closing, no deferred
+ * answer, replies not piled up, no wait for room. */
+static void conn_update_reading(struct conn *c)
+{
+    conn_set_reading(c, !c->closing && !c->deferred && !c->output_full && !c->input_waiting &&
+                        conn_read_room(c) > 0);
+}
+
+static void conn_schedule_input(struct conn *c);
+
+/* Replies piled up past OUTPUT_HIGH_WATER stop the handling of requests
+ * until they drop to OUTPUT_LOW_WATER. */
+static void conn_check_output(struct conn *c)
+{
+    size_t out = evbuffer_get_length(c->out);
+
+    if (!c->output_full && out >= OUTPUT_HIGH_WATER) {
+        c->output_full = true;
+        c->srv->input_paused++;
+    } else if (c->output_full && out <= OUTPUT_LOW_WATER) {
+        c->output_full = false;
+        if (evbuffer_get_length(c->in) > 0 && !c->closing && !c->deferred)
+            conn_schedule_input(c);
+    }
 }
 
 /* Send the byte at fds_at together with the pending fds. */
@@ -582,6 +837,7 @@ static int conn_flush(struct conn *c)
             break;
         c->bytes_sent += (uint64_t)n;
     }
+    conn_account(c);
     if (evbuffer_get_length(c->out) > 0) {
         event_add(c->wev, NULL);
     } else {
@@ -589,8 +845,8 @@ static int conn_flush(struct conn *c)
         if (c->closing && !c->deferred)
             return -1;
     }
-    if (!c->closing && !c->deferred)
-        conn_set_reading(c, evbuffer_get_length(c->out) < OUTPUT_HIGH_WATER);
+    conn_check_output(c);
+    conn_update_reading(c);
     return 0;
 }
 
@@ -635,6 +891,7 @@ int server_reply(struct conn *c, const Kvnode__Response *resp, const int *fds, s
         free(frame);
         return -KVNODE_ENOMEM;
     }
+    conn_account(c);
     event_add(c->wev, NULL);
     return 0;
 }
@@ -656,16 +913,28 @@ void server_reply_error(struct conn *c, uint64_t id, int code, const char *fmt, 
     server_reply(c, &resp, NULL, 0);
 }
 
-static void conn_process_input(struct conn *c);
+static void conn_handle_input(struct conn *c, bool progress);
 
 static void conn_resume_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct conn *c = arg;
     (void)fd;
     (void)what;
-    conn_process_input(c);
+    conn_handle_input(c, false);
     if (conn_flush(c) < 0)
         conn_destroy(c);
+}
+
+/* Handle the input already buffered, from the loop (never from inside the
+ * handling of c's own requests). */
+static void conn_schedule_input(struct conn *c)
+{
+    if (!c->resume_ev)
+        c->resume_ev = event_new(c->srv->base, -1, 0, conn_resume_cb, c);
+    if (c->resume_ev)
+        event_active(c->resume_ev, 0, 0);
+    else
+        log_error("out of memory resuming the connection of pid %d", (int)c->session.pid);
 }
 
 void server_defer(struct conn *c)
@@ -690,6 +959,7 @@ void server_resume(struct conn *c)
 void server_close_after_flush(struct conn *c)
 {
     c->closing = true;
+    conn_drop_input(c);
     conn_set_reading(c, false);
     event_add(c->wev, NULL);   /* the write callback closes once drained */
 }
@@ -716,7 +986,42 @@ static void conn_reject_frame(struct conn *c, int code, const char *fmt, ...)
     server_close_after_flush(c);
 }
 
-/* Decode and dispatch every complete frame in the input buffer. */
+/* server.frame_timeout passed without a byte of the frame in progress:
+ * drop it, say why (best effort) and close at once; a client that stalls
+ * its frames is not waited for to read its replies either. */
+static void conn_frame_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    struct server *s = c->srv;
+    size_t have = evbuffer_get_length(c->in);
+    uint8_t hdr[WIRE_HEADER_BYTES] = { 0 };
+    char size[48] = "a header";
+    uint64_t held = 0;
+    char note[64];
+    (void)fd;
+    (void)what;
+
+    if (have >= WIRE_HEADER_BYTES) {
+        evbuffer_copyout(c->in, hdr, WIRE_HEADER_BYTES);
+        snprintf(size, sizeof size, "%" PRIu32 " bytes",
+                 (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 | (uint32_t)hdr[3] << 24);
+    }
+    s->frames_timed_out++;
+    if (log_limit_pass(&s->timeout_log, clock_now_ms(), LOG_REPEAT_MS, &held))
+        log_warn("closing connection of pid %d: %zu bytes of a frame of %s arrived, then nothing for %u ms "
+                 "(server.frame_timeout)%s", (int)c->session.pid,
+                 have > WIRE_HEADER_BYTES ? have - WIRE_HEADER_BYTES : 0, size, s->cfg->frame_timeout_ms,
+                 log_limit_note(held, "closed so", note, sizeof note));
+    server_reply_error(c, 0, -KVNODE_ETIMEDOUT, "frame incomplete: %zu bytes of %s arrived, then nothing "
+                       "for %u ms (server.frame_timeout); closing the connection",
+                       have > WIRE_HEADER_BYTES ? have - WIRE_HEADER_BYTES : 0, size, s->cfg->frame_timeout_ms);
+    server_close_after_flush(c);
+    conn_flush(c);
+    conn_destroy(c);
+}
+
+/* Decode and dispatch every complete frame in the input buffer, until the
+ * connection is held back (closing, a deferred answer, replies piled up). */
 static void conn_process_input(struct conn *c)
 {
     uint32_t max = c->srv->cfg->max_frame_bytes;
@@ -730,6 +1035,14 @@ static void conn_process_input(struct conn *c)
         int rc;
 
         if (avail < WIRE_HEADER_BYTES)
+            return;
+        /* Before each request, not after a read: one read may bring
+         * thousands of small requests with big replies. */
+        if (evbuffer_get_length(c->out) >= OUTPUT_HIGH_WATER) {
+            conn_check_output(c);
+            return;
+        }
+        if (c->output_full)
             return;
         evbuffer_copyout(c->in, hdr, WIRE_HEADER_BYTES);
         rc = wire_frame_len(hdr, max, &len);
@@ -749,6 +1062,8 @@ static void conn_process_input(struct conn *c)
         payload = evbuffer_pullup(c->in, (ev_ssize_t)len);
         req = payload ? wire_unpack_request(payload, len) : NULL;
         evbuffer_drain(c->in, len);
+        /* Room held for a frame is the first frame's: this one. */
+        conn_release_room(c);
         if (!req) {
             conn_reject_frame(c, -KVNODE_EPROTO, "undecodable frame of %" PRIu32
                               " bytes: not a kvnode Request message", len);
@@ -759,15 +1074,32 @@ static void conn_process_input(struct conn *c)
     }
 }
 
+/* Handle what is buffered, then decide what reading may go on. */
+static void conn_handle_input(struct conn *c, bool progress)
+{
+    conn_process_input(c);
+    if (!c->closing && !c->deferred && !c->output_full)
+        conn_claim_room(c);
+    conn_account(c);
+    conn_update_reading(c);
+    if (progress)
+        conn_update_frame_timer(c, true);
+}
+
 static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct conn *c = arg;
     struct evbuffer_iovec vec[2];
+    size_t want = conn_read_room(c), left;
     int nvec;
     ssize_t n;
     (void)what;
 
-    nvec = evbuffer_reserve_space(c->in, READ_CHUNK, vec, 2);
+    if (want == 0) {
+        conn_update_reading(c);
+        return;
+    }
+    nvec = evbuffer_reserve_space(c->in, (ev_ssize_t)want, vec, 2);
     if (nvec < 0) {
         log_error("out of memory reading from pid %d", (int)c->session.pid);
         conn_destroy(c);
@@ -775,9 +1107,11 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
     }
     {
         struct iovec iov[2];
+        left = want;
         for (int i = 0; i < nvec; i++) {
             iov[i].iov_base = vec[i].iov_base;
-            iov[i].iov_len = vec[i].iov_len;
+            iov[i].iov_len = vec[i].iov_len < left ? vec[i].iov_len : left;
+            left -= iov[i].iov_len;
         }
         n = readv(fd, iov, nvec);
     }
@@ -797,7 +1131,7 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
         n -= (ssize_t)take;
     }
     evbuffer_commit_space(c->in, vec, nvec);
-    conn_process_input(c);
+    conn_handle_input(c, true);
     if (conn_flush(c) < 0)
         conn_destroy(c);
 }
@@ -812,8 +1146,16 @@ void server_stats_json(struct server *s, json_t *root)
     json_object_set_new(clients, "accepted_total", json_integer((json_int_t)s->accepted));
     json_object_set_new(clients, "refused_total", json_integer((json_int_t)s->refused));
     json_object_set_new(clients, "denied_total", json_integer((json_int_t)s->denied));
+    json_object_set_new(clients, "accept_pauses_total", json_integer((json_int_t)s->accept_pauses));
+    json_object_set_new(clients, "input_buffered_bytes", json_integer((json_int_t)s->in_bytes));
+    json_object_set_new(clients, "input_reserved_bytes", json_integer((json_int_t)s->in_room));
+    json_object_set_new(clients, "input_waiting", json_integer((json_int_t)s->nwaiting));
+    json_object_set_new(clients, "input_waits_total", json_integer((json_int_t)s->input_waits));
+    json_object_set_new(clients, "output_buffered_bytes", json_integer((json_int_t)s->out_bytes));
+    json_object_set_new(clients, "input_paused_total", json_integer((json_int_t)s->input_paused));
     json_object_set_new(root, "clients", clients);
     json_object_set_new(frames, "rejected_total", json_integer((json_int_t)s->frames_rejected));
+    json_object_set_new(frames, "timed_out_total", json_integer((json_int_t)s->frames_timed_out));
     json_object_set_new(root, "frames", frames);
 }
 

@@ -1,7 +1,14 @@
 /* server: the socket side of the loop thread. Owns the unix listener (stale
  * socket replacement, live-daemon detection via a lock file), connections,
  * frame I/O with length checks before allocation, SCM_RIGHTS fd passing,
- * output backpressure, and the orderly stop. Decoded requests go to ops.
+ * and the orderly stop. Decoded requests go to ops.
+ *
+ * What one client can hold is bounded: frames longer than 64 KiB are read
+ * only with room for all of them under server.max_buffered_input_bytes
+ * (daemon-wide, first come first served), a frame that stops arriving is
+ * dropped after server.frame_timeout, and a client's requests are not
+ * handled while its unsent replies pass 64 MiB. A listener whose accept
+ * fails (out of descriptors) rests 100 ms at a time instead of spinning.
  *
  * Loop thread only. */
 #ifndef KVNODE_SERVER_H
@@ -54,7 +61,11 @@ void server_resume(struct conn *c);
 void server_close_after_flush(struct conn *c);
 struct session *server_conn_session(struct conn *c);
 
-/* Add "clients" and "frames" to a stats document. */
+/* Add "clients" (connected, accepted/refused/denied_total,
+ * accept_pauses_total, input_buffered_bytes, input_reserved_bytes,
+ * input_waiting, input_waits_total, output_buffered_bytes,
+ * input_paused_total) and "frames" (rejected_total, timed_out_total) to a
+ * stats document. */
 void server_stats_json(struct server *s, json_t *root);
 const char *server_socket_path(const struct server *s);
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -577,6 +578,13 @@ int kvh_spawn_ex(kvh_daemon *d, const char *config, const kvh_spawn_opts *opts)
             fcntl(3 + i, F_SETFD, 0);
         }
         close_range(3 + (unsigned)(nlfd > 0 ? nlfd : 0), ~0u, 0);
+        if (opts && opts->nofile > 0) {
+            struct rlimit rl = { .rlim_cur = opts->nofile, .rlim_max = opts->nofile };
+            if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+                dprintf(2, "harness: setrlimit(RLIMIT_NOFILE, %lu): %s\n", opts->nofile, strerror(errno));
+                _exit(127);
+            }
+        }
         if (env.envp)
             kvh_env_set_pid(&env, getpid());
         sigset_t none;
@@ -1333,6 +1341,57 @@ int kvh_raw_wait_eof(int fd, int timeout_ms)
             return -1;
         }
     }
+}
+
+long long kvh_proc_status_kib(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    size_t flen = strlen(field);
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        kvh_set_error("open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    while (fgets(line, sizeof line, f)) {
+        long long kib;
+        if (strncmp(line, field, flen) == 0 && line[flen] == ':' &&
+            sscanf(line + flen + 1, "%lld", &kib) == 1) {
+            fclose(f);
+            return kib;
+        }
+    }
+    fclose(f);
+    kvh_set_error("%s has no %s line", path, field);
+    return -1;
+}
+
+long long kvh_proc_cpu_ticks(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        kvh_set_error("open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) {
+        kvh_set_error("read %s: %s", path, n < 0 ? strerror(errno) : "empty");
+        return -1;
+    }
+    buf[n] = '\0';
+    /* The command name may hold blanks and parentheses: fields count from
+     * the last ')'. utime and stime are fields 14 and 15, the 12th and 13th
+     * after the state (field 3). */
+    char *p = strrchr(buf, ')');
+    unsigned long long utime, stime;
+    if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime, &stime) != 2) {
+        kvh_set_error("cannot parse %s", path);
+        return -1;
+    }
+    return (long long)(utime + stime);
 }
 
 pid_t kvh_spawn_holder(const kvh_daemon *d, kvh_hold_fn hold)

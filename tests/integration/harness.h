@@ -74,7 +74,8 @@ int  kvh_start(kvh_daemon *d, const char *config);
 int  kvh_rewrite_config(kvh_daemon *d, const char *config);
 /* Same without waiting for the socket (for daemons expected to fail). */
 int  kvh_spawn(kvh_daemon *d, const char *config);
-/* Extra process setup for kvh_spawn_ex / kvh_start_ex (systemd tests). */
+/* Extra process setup for kvh_spawn_ex / kvh_start_ex (systemd tests,
+ * descriptor limits). */
 typedef struct kvh_spawn_opts {
     const char *const *env;      /* "NAME=VALUE" entries (NULL-terminated; NULL: none) added to
                                   * the daemon's environment, replacing inherited ones */
@@ -83,6 +84,8 @@ typedef struct kvh_spawn_opts {
     int listen_fds;              /* > 0: socket activation. The harness binds and listens on
                                   * d->sock itself and passes that socket at fd 3 (and dups of it
                                   * at 4.. when > 1) with LISTEN_FDS=<n> LISTEN_PID=<daemon pid> */
+    unsigned long nofile;        /* > 0: the daemon's RLIMIT_NOFILE, soft and hard (set in the
+                                  * child before exec), e.g. to run it out of descriptors */
 } kvh_spawn_opts;
 /* kvh_spawn / kvh_start with opts (NULL: same as without). */
 int  kvh_spawn_ex(kvh_daemon *d, const char *config, const kvh_spawn_opts *opts);
@@ -185,6 +188,15 @@ int  kvh_raw_recv_frame(int fd, uint8_t **payload, uint32_t *len, uint32_t max_l
 /* Wait until the peer closes (read returns 0 or ECONNRESET), discarding
  * data. 0 when closed, -1 on timeout. */
 int  kvh_raw_wait_eof(int fd, int timeout_ms);
+
+/* --- the daemon process ------------------------------------------------------ */
+
+/* A "Field:   N kB" line of /proc/<pid>/status (e.g. "VmRSS", "RssAnon") in
+ * KiB; -1 with kvh_error() set when it cannot be read. */
+long long kvh_proc_status_kib(pid_t pid, const char *field);
+/* CPU time the process has used (utime + stime of /proc/<pid>/stat), in
+ * clock ticks (sysconf(_SC_CLK_TCK) per second); -1 with kvh_error() set. */
+long long kvh_proc_cpu_ticks(pid_t pid);
 
 /* --- time ------------------------------------------------------------------- */
 

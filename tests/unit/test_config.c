@@ -132,6 +132,8 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_uint_eq(a->max_namespaces, b->max_namespaces);
     ck_assert_uint_eq(a->request_timeout_ms, b->request_timeout_ms);
     ck_assert_uint_eq(a->shutdown_timeout_ms, b->shutdown_timeout_ms);
+    ck_assert_uint_eq(a->frame_timeout_ms, b->frame_timeout_ms);
+    ck_assert_uint_eq(a->max_buffered_input_bytes, b->max_buffered_input_bytes);
     ck_assert_uint_eq(a->host_bytes, b->host_bytes);
     ck_assert_uint_eq(a->slab_bytes, b->slab_bytes);
     ck_assert(a->high_watermark == b->high_watermark);
@@ -152,6 +154,8 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_uint_eq(a->max_leases_per_client, b->max_leases_per_client);
     ck_assert_int_eq(a->log_level, b->log_level);
     ck_assert_str_eq(a->admin_listen, b->admin_listen);
+    ck_assert_uint_eq(a->admin_max_connections, b->admin_max_connections);
+    ck_assert_uint_eq(a->admin_request_timeout_ms, b->admin_request_timeout_ms);
     ck_assert_int_eq(a->persist_backend, b->persist_backend);
     ck_assert_int_eq(a->persist_policy, b->persist_policy);
     ck_assert_str_eq(a->persist_path, b->persist_path);
@@ -209,7 +213,8 @@ static const char *const all_options[][2] = {
     { "server", "socket_path" }, { "server", "socket_mode" }, { "server", "socket_group" },
     { "server", "allow_uids" }, { "server", "allow_gids" }, { "server", "max_frame_bytes" },
     { "server", "max_keys_per_request" }, { "server", "max_clients" }, { "server", "max_namespaces" },
-    { "server", "request_timeout" }, { "server", "shutdown_timeout" },
+    { "server", "request_timeout" }, { "server", "shutdown_timeout" }, { "server", "frame_timeout" },
+    { "server", "max_buffered_input_bytes" },
     { "memory", "host_bytes" }, { "memory", "slab_bytes" }, { "memory", "high_watermark" },
     { "memory", "low_watermark" }, { "memory", "pin_host" }, { "memory", "namespace_quota" },
     { "memory", "pin_chunk_bytes" },
@@ -219,7 +224,7 @@ static const char *const all_options[][2] = {
     { "leases", "max_per_client" },
     { "leases", "max_reserved_per_client" },
     { "log", "level" },
-    { "admin", "listen" },
+    { "admin", "listen" }, { "admin", "max_connections" }, { "admin", "request_timeout" },
     { "persist", "backend" }, { "persist", "policy" }, { "persist", "path" }, { "persist", "capacity" },
     { "persist", "fsync" }, { "persist", "workers" }, { "persist", "queue" }, { "persist", "url" },
     { "persist", "socket_path" }, { "persist", "connect_timeout" }, { "persist", "timeout" },
@@ -250,6 +255,8 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(c.max_namespaces, 256);
     ck_assert_uint_eq(c.request_timeout_ms, 5000);
     ck_assert_uint_eq(c.shutdown_timeout_ms, 10000);
+    ck_assert_uint_eq(c.frame_timeout_ms, 10000);
+    ck_assert_uint_eq(c.max_buffered_input_bytes, 256 * MIB);
     ck_assert_uint_eq(c.host_bytes, GIB);
     ck_assert_uint_eq(c.slab_bytes, 16 * MIB);
     ck_assert_double_eq(c.high_watermark, 0.95);
@@ -273,6 +280,8 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(c.max_leases_per_client, 1024);
     ck_assert_int_eq(c.log_level, LOG_LEVEL_INFO);
     ck_assert_str_eq(c.admin_listen, "127.0.0.1:9180");
+    ck_assert_uint_eq(c.admin_max_connections, 64);
+    ck_assert_uint_eq(c.admin_request_timeout_ms, 5000);
     ck_assert_int_eq(c.persist_backend, CONFIG_BACKEND_FILE);
     ck_assert_int_eq(c.persist_policy, CONFIG_POLICY_WRITE_THROUGH);
     ck_assert_str_eq(c.persist_path, "/var/lib/kvnode");
@@ -378,6 +387,11 @@ static const struct good_case good_cases[] = {
     { "server", "request_timeout", "250ms", OFF(request_timeout_ms), F_U32, .u = 250 },
     { "server", "request_timeout", "10m", OFF(request_timeout_ms), F_U32, .u = 600000 },
     { "server", "shutdown_timeout", "0", OFF(shutdown_timeout_ms), F_U32, .u = 0 },
+    { "server", "frame_timeout", "100ms", OFF(frame_timeout_ms), F_U32, .u = 100 },
+    { "server", "frame_timeout", "10m", OFF(frame_timeout_ms), F_U32, .u = 600000 },
+    { "server", "max_buffered_input_bytes", "1MiB", OFF(max_buffered_input_bytes), F_U64, .u = MIB },
+    { "server", "max_buffered_input_bytes", "1048577", OFF(max_buffered_input_bytes), F_U64, .u = MIB + 1 },
+    { "server", "max_buffered_input_bytes", "1TiB", OFF(max_buffered_input_bytes), F_U64, .u = GIB << 10 },
     { "memory", "host_bytes", "2GiB", OFF(host_bytes), F_U64, .u = 2 * GIB },
     { "memory", "host_bytes", "3T", OFF(host_bytes), F_U64, .u = 3 * (GIB << 10) },
     { "memory", "slab_bytes", "256KiB", OFF(slab_bytes), F_U64, .u = 256 * KIB },
@@ -435,6 +449,10 @@ static const struct good_case good_cases[] = {
     { "admin", "listen", "localhost:9180", OFF(admin_listen), F_STR, .s = "localhost:9180" },
     { "admin", "listen", "[::1]:9180", OFF(admin_listen), F_STR, .s = "[::1]:9180" },
     { "admin", "listen", "unix:/run/kvnode/admin.sock", OFF(admin_listen), F_STR, .s = "unix:/run/kvnode/admin.sock" },
+    { "admin", "max_connections", "1", OFF(admin_max_connections), F_U32, .u = 1 },
+    { "admin", "max_connections", "4096", OFF(admin_max_connections), F_U32, .u = 4096 },
+    { "admin", "request_timeout", "100ms", OFF(admin_request_timeout_ms), F_U32, .u = 100 },
+    { "admin", "request_timeout", "10m", OFF(admin_request_timeout_ms), F_U32, .u = 600000 },
     { "persist", "backend", "off", OFF(persist_backend), F_INT, .u = CONFIG_BACKEND_OFF },
     { "persist", "backend", "file", OFF(persist_backend), F_INT, .u = CONFIG_BACKEND_FILE },
     { "persist", "backend", "v6d", OFF(persist_backend), F_INT, .u = CONFIG_BACKEND_V6D },
@@ -629,6 +647,12 @@ static const struct bad_case bad_cases[] = {
     { "server", "request_timeout", "5 s", "invalid duration '5 s'" },
     { "server", "shutdown_timeout", "601s", "out of range (expected 0s..10m)" },
     { "server", "shutdown_timeout", "-1", "invalid duration '-1'" },
+    { "server", "frame_timeout", "99ms", "out of range (expected 100ms..10m)" },
+    { "server", "frame_timeout", "11m", "'11m'" },
+    { "server", "frame_timeout", "0", "out of range" },
+    { "server", "max_buffered_input_bytes", "1023KiB", "out of range (expected 1MiB..1TiB)" },
+    { "server", "max_buffered_input_bytes", "2TiB", "out of range (expected 1MiB..1TiB)" },
+    { "server", "max_buffered_input_bytes", "1.5G", "invalid size '1.5G'" },
     { "memory", "host_bytes", "32KiB", "at least 64KiB" },
     { "memory", "host_bytes", "1.5G", "invalid size '1.5G'" },
     { "memory", "host_bytes", "20EiB", "too large" },
@@ -700,6 +724,10 @@ static const struct bad_case bad_cases[] = {
     { "admin", "listen", "[::1:9180", "in brackets" },
     { "admin", "listen", "unix:", "empty socket path" },
     { "admin", "listen", "unix:" PATH107 "a", "it must be shorter than 108 bytes" },
+    { "admin", "max_connections", "0", "invalid value '0' (expected an integer in 1..4096)" },
+    { "admin", "max_connections", "4097", "1..4096" },
+    { "admin", "request_timeout", "50ms", "out of range (expected 100ms..10m)" },
+    { "admin", "request_timeout", "1h", "'1h'" },
     { "persist", "backend", "nfs", "invalid value 'nfs' (expected off, file or v6d)" },
     { "persist", "backend", "", "invalid value '' (expected off, file or v6d)" },
     { "persist", "backend", "1", "expected off, file or v6d" },
@@ -2149,6 +2177,8 @@ START_TEST(test_write_round_trip_defaults)
     }
     const char *forms[] = { "\n[server]\n", "\n[memory]\n", "\n[leases]\n", "\n[log]\n",
                             "socket_mode = 0660\n", "max_frame_bytes = 64MiB\n", "request_timeout = 5s\n",
+                            "shutdown_timeout = 10s\nframe_timeout = 10s\nmax_buffered_input_bytes = 256MiB\n",
+                            "\n[admin]\nlisten = 127.0.0.1:9180\nmax_connections = 64\nrequest_timeout = 5s\n",
                             "host_bytes = 1GiB\n", "slab_bytes = 16MiB\n", "high_watermark = 0.95\n",
                             "low_watermark = 0.9\n", "pin_host = auto\n", "reaper_interval = 1s\n",
                             "namespace_quota = 0\npin_chunk_bytes = 1GiB\n\n[hbm]\nbackend = auto\nbytes = 0\n"
@@ -2191,6 +2221,10 @@ START_TEST(test_write_round_trip_custom)
     c.max_namespaces = 3;
     c.request_timeout_ms = 1500;
     c.shutdown_timeout_ms = 0;
+    c.frame_timeout_ms = 2500;
+    c.max_buffered_input_bytes = 3 * MIB + 1;
+    c.admin_max_connections = 7;
+    c.admin_request_timeout_ms = 90000;
     c.host_bytes = 1536 * MIB + 256;
     c.slab_bytes = 65792;
     c.high_watermark = 0.123456789012345;
@@ -2233,6 +2267,8 @@ START_TEST(test_write_round_trip_custom)
 
     char *text = config_to_text(&c);
     const char *forms[] = { "socket_mode = 0000\n", "max_frame_bytes = 4097\n", "request_timeout = 1500ms\n",
+                            "frame_timeout = 2500ms\nmax_buffered_input_bytes = 3145729\n",
+                            "max_connections = 7\nrequest_timeout = 90s\n",
                             "shutdown_timeout = 0s\n", "read_ttl = 90s\n", "write_ttl = 1h\n",
                             "pin_host = on\n", "level = debug\n", "namespace_quota = 3MiB\n",
                             "backend = v6d\n", "policy = write_back\n", "\npath = rel/with space/k=v;x\n",
