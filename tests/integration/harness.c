@@ -579,8 +579,19 @@ int kvh_spawn_ex(kvh_daemon *d, const char *config, const kvh_spawn_opts *opts)
         }
         close_range(3 + (unsigned)(nlfd > 0 ? nlfd : 0), ~0u, 0);
         if (opts && opts->nofile > 0) {
-            struct rlimit rl = { .rlim_cur = opts->nofile, .rlim_max = opts->nofile };
-            if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+            /* The soft limit only, as systemd's LimitNOFILE=soft:hard would;
+             * valgrind refuses any change of the hard limit. */
+            struct rlimit rl = { 0 };
+            int rc = getrlimit(RLIMIT_NOFILE, &rl);
+            if (rc == 0 && rl.rlim_max != RLIM_INFINITY && rl.rlim_max < opts->nofile) {
+                errno = EINVAL;   /* above the hard limit */
+                rc = -1;
+            }
+            if (rc == 0) {
+                rl.rlim_cur = opts->nofile;
+                rc = setrlimit(RLIMIT_NOFILE, &rl);
+            }
+            if (rc != 0) {
                 dprintf(2, "harness: setrlimit(RLIMIT_NOFILE, %lu): %s\n", opts->nofile, strerror(errno));
                 _exit(127);
             }
