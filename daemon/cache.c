@@ -292,6 +292,15 @@ void cache_destroy(struct cache *c)
 {
     if (!c)
         return;
+    /* Ops the store never got (it is gone by now): give back their pins,
+     * while the events an unpin may activate (demotion) still exist. */
+    while (c->queued_head) {
+        struct cache_storeop *op = c->queued_head;
+        c->queued_head = op->next;
+        if (op->kind == STORE_OP_WRITE)
+            cache_unpin(c, op->e);
+        cache_storeop_free(op);
+    }
     if (c->evict_ev)
         event_free(c->evict_ev);
     if (c->reap_ev)
@@ -306,14 +315,6 @@ void cache_destroy(struct cache *c)
         struct cache_retry *r = c->retry_head;
         c->retry_head = r->next;
         free(r);
-    }
-    /* Ops the store never got (it is gone by now): give back their pins. */
-    while (c->queued_head) {
-        struct cache_storeop *op = c->queued_head;
-        c->queued_head = op->next;
-        if (op->kind == STORE_OP_WRITE)
-            cache_unpin(c, op->e);
-        cache_storeop_free(op);
     }
     keylock_destroy(c->keylocks);
     if (c->leases)
