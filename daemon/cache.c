@@ -789,9 +789,9 @@ static void cache_evict_entry(struct cache *c, index_entry *e)
 }
 
 /* The last pin going (a read lease, a store write landing or failing, a
- * demotion given up) is the one moment an HBM block becomes movable again:
- * an arena whose demotion stopped for want of movable blocks goes on now,
- * not at the next put. */
+ * put's shield, a demotion given up) makes an HBM block movable again: an
+ * arena whose demotion stopped for want of movable blocks goes on now, not
+ * at the next put. (A commit, the other way in, schedules it itself.) */
 static void cache_unpin(struct cache *c, index_entry *e)
 {
     if (e->pins == 0)
