@@ -80,6 +80,7 @@ struct cache {
     uint64_t hbm_batch_bytes;
     struct event *demote_ev;
     bool demote_scheduled;
+    bool demote_building;            /* in cache_demote_cb: blocks it puts back do not reschedule it */
     kv_index *index;
     ns_registry *namespaces;
     lease_table *leases;
@@ -291,6 +292,15 @@ void cache_destroy(struct cache *c)
 {
     if (!c)
         return;
+    /* Ops the store never got (it is gone by now): give back their pins,
+     * while the events an unpin may activate (demotion) still exist. */
+    while (c->queued_head) {
+        struct cache_storeop *op = c->queued_head;
+        c->queued_head = op->next;
+        if (op->kind == STORE_OP_WRITE)
+            cache_unpin(c, op->e);
+        cache_storeop_free(op);
+    }
     if (c->evict_ev)
         event_free(c->evict_ev);
     if (c->reap_ev)
@@ -305,14 +315,6 @@ void cache_destroy(struct cache *c)
         struct cache_retry *r = c->retry_head;
         c->retry_head = r->next;
         free(r);
-    }
-    /* Ops the store never got (it is gone by now): give back their pins. */
-    while (c->queued_head) {
-        struct cache_storeop *op = c->queued_head;
-        c->queued_head = op->next;
-        if (op->kind == STORE_OP_WRITE)
-            cache_unpin(c, op->e);
-        cache_storeop_free(op);
     }
     keylock_destroy(c->keylocks);
     if (c->leases)
@@ -786,16 +788,23 @@ static void cache_evict_entry(struct cache *c, index_entry *e)
     }
 }
 
+/* The last pin going (a read lease, a store write landing or failing, a
+ * put's shield, a demotion given up) makes an HBM block movable again: an
+ * arena whose demotion stopped for want of movable blocks goes on now, not
+ * at the next put. (A commit, the other way in, schedules it itself.) */
 static void cache_unpin(struct cache *c, index_entry *e)
 {
     if (e->pins == 0)
         return;
     if (--e->pins > 0)
         return;
-    if (e->detached)
+    if (e->detached) {
         cache_entry_destroy(c, e);
-    else if (e->state == ENTRY_SEALED)
+    } else if (e->state == ENTRY_SEALED) {
         index_lru_touch(c->index, e);
+        if (cache_hbm_of(c, e) && !c->demote_building)
+            cache_demote_maybe_schedule(c);
+    }
 }
 
 static void cache_pin(struct cache *c, index_entry *e)
@@ -1372,11 +1381,15 @@ static void cache_demote_cb(evutil_socket_t fd, short what, void *arg)
     c->demote_scheduled = false;
     if (!c->copier)
         return;
-    /* One batch per device per call: other events run between batches. */
+    /* One batch per device per call: other events run between batches.
+     * Victims a batch puts back (the copier's queue is full, no memory)
+     * wait for a finishing batch rather than rescheduling this at once. */
     bool more = false;
+    c->demote_building = true;
     for (unsigned i = 0; i < c->nhbm; i++)
         if (cache_hbm_wants_batch(c, &c->hbm[i]) && cache_demote_batch(c, i))
             more = true;
+    c->demote_building = false;
     cache_evict_maybe_schedule(c);
     if (more)
         cache_demote_maybe_schedule(c);

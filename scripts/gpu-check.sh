@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# gpu-check.sh [--sim] [--keep] [--suite]: the GPU (HBM) tier end to end.
+# gpu-check.sh [--sim] [--store] [--keep] [--suite]: the GPU (HBM) tier end to end.
 #
 # On a GPU machine (default): checks nvidia-smi and the CUDA toolkit, builds
 # with CUDA=1 into $BUILD (default build-gpu), starts kvnoded with
 # hbm.backend=cuda, hbm.required=on (the start fails without GPU memory),
 # memory.pin_host=on (the host arena is page-locked by a background thread,
-# chunk by chunk), no persistent store and the admin listener on a unix
-# socket, all in a temporary directory; waits until it is ready (socket,
+# chunk by chunk), no persistent store (--store: a write_through file store)
+# and the admin listener on a unix socket, all in a temporary directory; waits until it is ready (socket,
 # kvnodectl ping, /readyz); runs kvnode-gpu-check (tests/bench/gpu_check.c)
 # as a second process declaring CUDA device $GPU_CHECK_DEVICE: HBM puts land
 # in GPU memory, gets read them back byte-exact through CUDA IPC (also on a
@@ -27,6 +27,12 @@
 # path of libkvnode, the demotion worker and the background pinning thread
 # (each chunk delayed by KVNODE_DEVMEM_SIM_PIN_DELAY_MS so pinning really
 # outlives the start).
+#
+# --store: the same with persist.backend=file, persist.policy=write_through
+# (a store in the temporary directory), where every committed block is
+# pinned until its write lands: demotion must still bring HBM under the
+# high watermark, every block must be written (HBM ones through a device
+# copy) and no write may fail. `make check` runs --sim both ways.
 #
 # --keep keeps the temporary directory (daemon log, stats, checker output).
 # Exit status: 0 all passed; 1 a check failed (the daemon log is printed);
@@ -50,10 +56,11 @@ cd "$(dirname "$0")/.."
 PROG=gpu-check.sh
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 
-sim=0 keep=0 suite=0
+sim=0 keep=0 suite=0 store=0
 for a in "$@"; do
   case $a in
     --sim) sim=1 ;;
+    --store) store=1 ;;
     --keep) keep=1 ;;
     --suite) suite=1 ;;
     -h|--help) usage; exit 0 ;;
@@ -189,7 +196,16 @@ args=(--set "server.socket_path=$sock" --set "admin.listen=unix:$admin"
       --set "hbm.copy_batch_bytes=$COPY_BATCH_BYTES"
       --set memory.pin_host=on --set "memory.host_bytes=$HOST_BYTES"
       --set "memory.pin_chunk_bytes=$PIN_CHUNK_BYTES"
-      --set persist.backend=off --set log.level=info)
+      --set log.level=info)
+if [[ $store == 1 ]]; then
+  mkdir -p "$dir/store"
+  args+=(--set persist.backend=file --set "persist.path=$dir/store"
+         --set persist.policy=write_through --set persist.fsync=never)
+  store_desc="a write_through file store in $dir/store"
+else
+  args+=(--set persist.backend=off)
+  store_desc="no store"
+fi
 denv=()
 if [[ $sim == 1 ]]; then
   # Pinning the sim arena costs nothing: delay each chunk so the background
@@ -198,7 +214,7 @@ if [[ $sim == 1 ]]; then
 else
   args+=(--set "hbm.devices=$DEVICE")
 fi
-say "starting $kvnoded (hbm.backend=$backend, hbm.bytes=$HBM_BYTES per device, host $HOST_BYTES, pin_host=on) in $dir"
+say "starting $kvnoded (hbm.backend=$backend, hbm.bytes=$HBM_BYTES per device, host $HOST_BYTES, pin_host=on, $store_desc) in $dir"
 "${denv[@]}" "$kvnoded" "${args[@]}" >"$log" 2>&1 &
 pid=$!
 t0=$(date +%s.%N)
@@ -270,6 +286,14 @@ dem_bytes=${v[5]} dem_failed=${v[6]}
 [[ $dem_bytes =~ ^[0-9]+$ && $dem_bytes -gt 0 ]] || die "/stats demotions.bytes_total is '$dem_bytes': nothing was demoted"
 [[ $dem_failed == 0 ]] || die "/stats demotions.failed_total is $dem_failed"
 say "/stats: tiers.hbm has $nhbm device(s) lent by $want_lent (device $DEVICE among them); $dem_bytes bytes demoted in ${v[7]} batches, none failed"
+mapfile -t v < <(jvals "$s" persist.backend persist.state persist.written_blocks_total \
+                 tiers.hbm.0.used_bytes tiers.hbm.0.capacity_bytes demotions.high_watermark)
+if [[ $store == 1 ]]; then
+  [[ ${v[0]} == file ]] || die "/stats persist.backend is '${v[0]}', expected 'file' (--store)"
+  [[ ${v[1]} == ok ]] || die "/stats persist.state is '${v[1]}', expected 'ok'"
+  [[ ${v[2]} =~ ^[0-9]+$ && ${v[2]} -gt 0 ]] || die "/stats persist.written_blocks_total is '${v[2]}': nothing was written"
+  say "/stats: the file store is ok, ${v[2]} blocks written; HBM ${v[3]} of ${v[4]} bytes used (high watermark ${v[5]})"
+fi
 
 # The host arena: pinned in the background, eventually whole.
 deadline=$((SECONDS + PIN_TIMEOUT))
@@ -300,4 +324,4 @@ if [[ $suite == 1 ]]; then
   make "${make_args[@]}" check
   make "${make_args[@]}" bench
 fi
-say "PASS ($([[ $sim == 1 ]] && echo "sim dry run: no GPU was used" || echo "CUDA device $DEVICE"))"
+say "PASS ($([[ $sim == 1 ]] && echo "sim dry run: no GPU was used" || echo "CUDA device $DEVICE"), $store_desc)"

@@ -16,10 +16,22 @@
  *       - host-to-device copies out of the pinned host arena (host-tier
  *         blocks, kvnode_pin_host) vs cudaMemcpy from cudaMallocHost memory;
  *       - demotion: enough HBM puts to pass the high watermark, /stats
- *         polled until the demotions settle, demotions.bytes_total /
+ *         polled until the demotions settle (and, with a store, every
+ *         block pinned by its store write has been let go), HBM at or
+ *         under the high watermark, demotions.bytes_total /
  *         copy_seconds_total vs a device-to-host cudaMemcpy into pinned
  *         memory; every block is verified again afterwards (demoted ones
- *         from host memory).
+ *         from host memory);
+ *   (d) with a persistent store (persist.backend not off, as
+ *       `gpu-check.sh --store` runs it): under write_through every block
+ *       put (HBM blocks through a device copy) is written, and no write
+ *       failed;
+ *   (e) with a write_through store, when the HBM arena held none but ours
+ *       at the start: ours deleted, one put takes the arena past its high
+ *       watermark; every block is pinned by its write, so the demotion pass
+ *       the put starts finds nothing to move, and once the writes land
+ *       demotion must bring the arena down to its low watermark with no
+ *       further request (issue 13 defect 6).
  *
  * --sim: the daemon simulates its GPUs (hbm.backend=sim, host memory lent
  * as a mapped memfd): no CUDA call is made here, HBM locations are host
@@ -343,15 +355,18 @@ static kvnode_key *make_keys(size_t n, uint64_t phase)
 
 struct landed { size_t hbm, host; };
 
-/* Put keys[0..n) to `tier`, each block filled with its pattern, and commit. */
-static struct landed put_blocks(kvnode_client *c, const kvnode_key *keys, size_t n, int tier,
-                                const char *what)
+/* Put keys[0..n) to `tier`, per_put keys per put_begin, each block filled
+ * with its pattern, and commit. */
+static struct landed put_blocks_by(kvnode_client *c, const kvnode_key *keys, size_t n, int tier,
+                                   size_t per_put, const char *what)
 {
     struct landed out = { 0, 0 };
-    kvnode_loc locs[CHUNK];
+    kvnode_loc *locs = calloc(per_put, sizeof *locs);
 
-    for (size_t i = 0; i < n; i += CHUNK) {
-        size_t m = n - i < CHUNK ? n - i : CHUNK;
+    if (!locs)
+        fail("out of memory");
+    for (size_t i = 0; i < n; i += per_put) {
+        size_t m = n - i < per_put ? n - i : per_put;
         kvnode_lease lease = 0;
 
         lib_ok(c, kvnode_put_begin(c, keys + i, m, tier, &lease, locs), "kvnode_put_begin");
@@ -376,7 +391,14 @@ static struct landed put_blocks(kvnode_client *c, const kvnode_key *keys, size_t
         }
         lib_ok(c, kvnode_put_commit(c, lease), "kvnode_put_commit");
     }
+    free(locs);
     return out;
+}
+
+static struct landed put_blocks(kvnode_client *c, const kvnode_key *keys, size_t n, int tier,
+                                const char *what)
+{
+    return put_blocks_by(c, keys, n, tier, CHUNK, what);
 }
 
 /* Read leases over keys[0..n): locs[i] for each key, leases[k] per chunk. */
@@ -501,7 +523,34 @@ static json_t *hbm_of(json_t *doc, int dev)
 struct demo_state {
     double cap, used, blocks, moving, high, low;
     double bytes, secs, nblocks, batches, transfers, pending, failed, dropped, aborted;
+    /* the store's ("persist"); all 0 without one */
+    bool store;
+    bool write_through;
+    double writing;                  /* bytes pinned by store writes, in flight or waiting */
+    double written, write_failures;
 };
+
+/* The "persist" figures of doc into s (left 0 when the backend is off). */
+static void store_figures(json_t *doc, struct demo_state *s)
+{
+    json_t *p = json_object_get(doc, "persist");
+    json_t *backend = json_object_get(p, "backend"), *policy = json_object_get(p, "policy");
+    json_t *fails = jpath(p, "failures_total", "write"), *v;
+    const char *k;
+
+    if (!json_is_string(backend) || strcmp(json_string_value(backend), "off") == 0)
+        return;
+    s->store = true;
+    s->write_through = json_is_string(policy) && strcmp(json_string_value(policy), "write_through") == 0;
+    s->writing = jnum(p, "pinned_for_writes_bytes", NULL) + jnum(p, "writes_waiting", NULL);
+    s->written = jnum(p, "written_blocks_total", NULL);
+    if (!json_is_object(fails))
+        fail("stats: persist.failures_total.write is missing");
+    json_object_foreach(fails, k, v) {
+        if (json_is_number(v))
+            s->write_failures += json_number_value(v);
+    }
+}
 
 static struct demo_state demo_state(void)
 {
@@ -524,6 +573,7 @@ static struct demo_state demo_state(void)
         .dropped = jnum(doc, "demotions", "dropped_total"),
         .aborted = jnum(doc, "demotions", "aborted_total"),
     };
+    store_figures(doc, &s);
     json_decref(doc);
     return s;
 }
@@ -726,6 +776,8 @@ int main(int argc, char **argv)
             fail("%zu blocks of %zu bytes do not fit under the HBM high watermark (%.0f of %.0f "
                  "bytes free below it): use fewer or smaller blocks, or more hbm.bytes", n, bb,
                  s.high * s.cap - s.used, s.cap);
+        printf(PROG ": persistent store: %s\n", !s.store ? "none" : s.write_through
+               ? "on, write_through (every block is pinned until its write lands)" : "on");
     }
 
     /* (a) put to HBM */
@@ -823,8 +875,8 @@ int main(int argc, char **argv)
         s = demo_state();
         if (s.failed > s0.failed)
             fail("demotion: %.0f demotion(s) failed (see the daemon's log)", s.failed - s0.failed);
-        if (s.bytes > s0.bytes && s.pending == 0 && s.moving == 0 && s.used <= s.high * s.cap &&
-            s.bytes == prev.bytes && s.nblocks == prev.nblocks) {
+        if (s.bytes > s0.bytes && s.pending == 0 && s.moving == 0 && s.writing == 0 &&
+            s.used <= s.high * s.cap && s.bytes == prev.bytes && s.nblocks == prev.nblocks) {
             settled = true;
             break;
         }
@@ -836,8 +888,9 @@ int main(int argc, char **argv)
     if (!settled)
         fail("demotion did not settle within %u s: HBM %.0f of %.0f bytes used (high watermark "
              "%.2f), %.0f moving, %.0f batches pending, %.0f bytes demoted so far (%zu of %zu "
-             "blocks put landed in HBM)", opt.settle_s, s.used, s.cap, s.high, s.moving,
-             s.pending, s.bytes - s0.bytes, ld.hbm, nd);
+             "blocks put landed in HBM)%s%.0f bytes pinned by store writes", opt.settle_s, s.used,
+             s.cap, s.high, s.moving, s.pending, s.bytes - s0.bytes, ld.hbm, nd,
+             s.store ? ", " : "", s.writing);
     double dbytes = s.bytes - s0.bytes, dsecs = s.secs - s0.secs;
     printf("    demotion: put %zu blocks (%zu to HBM, %zu fell back to host) in %.2f s; %.0f blocks "
            "(%.1f MiB) demoted in %.0f batches / %.0f transfers, %.3f s of copying; HBM now %.0f%% "
@@ -867,12 +920,83 @@ int main(int argc, char **argv)
     printf("    after demotion: %zu + %zu blocks byte-exact (%zu still in HBM, %zu in host memory)\n",
            nd, n, dh + ah, nd + n - dh - ah);
 
+    /* (d) the store: under write_through every block put here was written */
+    if (s.store) {
+        double want = s.write_through ? (double)(n + n + nd) : 0;
+        struct demo_state w = s;
+        deadline = now_s() + opt.settle_s;
+        while ((w.written - s_init.written < want || w.writing > 0) && now_s() < deadline) {
+            sleep_ms(25);
+            w = demo_state();
+        }
+        if (w.write_failures > s_init.write_failures)
+            fail("store: %.0f write(s) failed (see persist.last_error in /stats)",
+                 w.write_failures - s_init.write_failures);
+        if (w.written - s_init.written < want || w.writing > 0)
+            fail("store: %.0f of the %.0f blocks put were written within %u s (%.0f bytes still "
+                 "pinned by writes)", w.written - s_init.written, want, opt.settle_s, w.writing);
+        printf("(d) store: %.0f blocks written (%zu put to HBM, written through a device copy), "
+               "none failed\n", w.written - s_init.written, n + ld.hbm);
+    }
+
     /* the second connection, once the first has closed */
     kvnode_close(g.c1);
     g.c1 = NULL;
     size_t h2 = verify_keys(g.c2, dkeys, nd, "second connection after the first closed");
     printf("(b') second connection after the first closed: %zu blocks byte-exact (%zu in HBM)\n",
            nd, h2);
+
+    /* (e) demotion of an arena where every block is pinned by its write */
+    if (s.store && s.write_through && s_init.blocks == 0) {
+        size_t gone = 0;
+        lib_ok(g.c2, kvnode_delete(g.c2, akeys, n, &gone), "kvnode_delete");
+        lib_ok(g.c2, kvnode_delete(g.c2, dkeys, nd, &gone), "kvnode_delete");
+        struct demo_state e = demo_state();
+        deadline = now_s() + opt.settle_s;
+        while (e.used > 0 && now_s() < deadline) {
+            sleep_ms(25);
+            e = demo_state();
+        }
+        if (e.used > 0)
+            fail("(e): %.0f HBM bytes still used %u s after our blocks were deleted", e.used,
+                 opt.settle_s);
+        size_t ne = (size_t)((e.high + (1.0 - e.high) / 2.0) * e.cap / stride);
+        kvnode_key *ekeys = make_keys(ne, 5);
+        struct landed le = put_blocks_by(g.c2, ekeys, ne, KVNODE_TIER_HBM, ne, "one put past the watermark");
+        if (le.hbm != ne)
+            fail("(e): %zu of the %zu blocks of one put into an empty arena landed in HBM", le.hbm, ne);
+        struct demo_state e0 = e;
+        deadline = now_s() + opt.settle_s;
+        bool done = false;
+        for (;;) {
+            e = demo_state();
+            if (e.failed > e0.failed)
+                fail("(e): %.0f demotion(s) failed", e.failed - e0.failed);
+            if (e.writing == 0 && e.pending == 0 && e.moving == 0 && e.used <= e.low * e.cap) {
+                done = true;
+                break;
+            }
+            if (now_s() > deadline)
+                break;
+            sleep_ms(25);
+        }
+        if (!done)
+            fail("(e): %u s after one put of %zu blocks took the arena to %.0f%% (high watermark "
+                 "%.0f%%), it is at %.0f%% with %.0f bytes pinned by store writes, %.0f moving, "
+                 "%.0f batches pending, %.0f blocks demoted: demotion did not resume when the "
+                 "writes landed", opt.settle_s, ne, 100.0 * (double)ne * stride / e.cap,
+                 100 * e.high, 100 * e.used / e.cap, e.writing, e.moving, e.pending,
+                 e.nblocks - e0.nblocks);
+        if (e.write_failures > s_init.write_failures)
+            fail("(e): %.0f store write(s) failed", e.write_failures - s_init.write_failures);
+        size_t eh = verify_keys(g.c2, ekeys, ne, "get after the writes landed");
+        printf("(e) one put of %zu blocks into an empty arena (%.0f%%, every block pinned by its "
+               "store write): once written, %.0f demoted, HBM at %.0f%% (low watermark %.0f%%); "
+               "%zu byte-exact, %zu in HBM\n", ne, 100.0 * (double)ne * stride / e.cap,
+               e.nblocks - e0.nblocks, 100 * e.used / e.cap, 100 * e.low, ne, eh);
+    } else if (s.store && s.write_through) {
+        printf("(e) skipped: the HBM arena held %.0f blocks not ours at the start\n", s_init.blocks);
+    }
     kvnode_close(g.c2);
     g.c2 = NULL;
     kvnode_close(g.obs);

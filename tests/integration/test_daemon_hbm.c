@@ -38,7 +38,13 @@
  *   (1 MiB chunks of 300 ms each): the daemon answers and is ready while
  *   pin_state is "running", then pinned with pinned_bytes == capacity (and
  *   /metrics kvnode_host_pinned_bytes too); with backend none the start
- *   fails with a message naming memory.pin_host. */
+ *   fails with a message naming memory.pin_host.
+ *
+ * The placement and demotion tests run twice: without a store (tcase hbm)
+ * and with a write_through file store (tcase hbm_store), where every
+ * committed block is pinned until its write lands; there, too, one put that
+ * fills the arena is demoted down to the low watermark once the writes have
+ * landed, with no further put (issue 13 defect 6). */
 #include <check.h>
 #include <errno.h>
 #include <poll.h>
@@ -62,6 +68,27 @@
 
 #define SIM_CONF "memory.host_bytes=8MiB\nmemory.slab_bytes=256KiB\n" \
                  "hbm.backend=sim\nhbm.bytes=1MiB\n"
+#define LOW_WM    0.80
+#define LOW_BLOCKS 51                     /* blocks left once demotion reaches the low watermark */
+
+/* The variant of this test case: true in hbm_store. */
+static bool store_variant;
+static void plain_variant(void) { store_variant = false; }
+static void with_store_variant(void) { store_variant = true; }
+
+/* SIM_CONF; in the hbm_store variant plus a write_through file store in a
+ * fresh directory. */
+static const char *sim_conf(void)
+{
+    static char conf[PATH_MAX + 256];
+    char dir[PATH_MAX];
+    if (!store_variant)
+        return SIM_CONF;
+    ck_assert_msg(kvh_mkdtemp(dir, sizeof dir) == 0, "%s", kvh_error());
+    snprintf(conf, sizeof conf, SIM_CONF "persist.backend=file\npersist.path=%s\n"
+             "persist.policy=write_through\npersist.fsync=never\n", dir);
+    return conf;
+}
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -198,7 +225,18 @@ static long long sum_moving(json_t *st)
     return m;
 }
 
-/* Wait until no demotion batch is pending or moving anything. */
+/* Bytes of blocks pinned by store writes in flight or waiting (0 without a
+ * store): demotion cannot be over while there are any. */
+static long long writes_pinned(json_t *st)
+{
+    long long p = kvh_json_int_or(st, "persist.pinned_for_writes_bytes", 0),
+              w = kvh_json_int_or(st, "persist.writes_waiting", 0);
+    ck_assert_msg(p >= 0 && w >= 0, "stats persist.pinned_for_writes_bytes / writes_waiting: %s", kvh_error());
+    return p + w;
+}
+
+/* Wait until no demotion batch is pending or moving anything and no block
+ * is pinned by a store write. */
 static void drain(const kvh_daemon *d)
 {
     uint64_t deadline = kvh_now_ms() + 10000;
@@ -206,17 +244,19 @@ static void drain(const kvh_daemon *d)
         json_t *st = kvh_stats(d);
         ck_assert_msg(st != NULL, "%s", kvh_error());
         long long pending = jint(st, "demotions.batches_pending"), moving = sum_moving(st);
+        long long writing = writes_pinned(st);
         json_decref(st);
-        if (pending == 0 && moving == 0)
+        if (pending == 0 && moving == 0 && writing == 0)
             return;
         ck_assert_msg(kvh_now_ms() < deadline, "demotion still busy after 10 s: %lld batches pending, "
-                      "%lld bytes moving", pending, moving);
+                      "%lld bytes moving, %lld bytes pinned by store writes", pending, moving, writing);
         kvh_sleep_ms(2);
     }
 }
 
-/* Wait until demotion has stopped: nothing pending or moving and the
- * counters unchanged over two reads 30 ms apart. Returns those stats. */
+/* Wait until demotion has stopped: nothing pending, moving or pinned by a
+ * store write, and the counters unchanged over two reads 30 ms apart.
+ * Returns those stats. */
 static json_t *settle(const kvh_daemon *d)
 {
     uint64_t deadline = kvh_now_ms() + 10000;
@@ -225,15 +265,17 @@ static json_t *settle(const kvh_daemon *d)
         json_t *st = kvh_stats(d);
         ck_assert_msg(st != NULL, "%s", kvh_error());
         long long pending = jint(st, "demotions.batches_pending"), moving = sum_moving(st);
+        long long writing = writes_pinned(st);
         long long sig = jint(st, "demotions.blocks_total") + jint(st, "demotions.aborted_total") +
                         jint(st, "demotions.failed_total") + jint(st, "demotions.dropped_total") +
                         jint(st, "demotions.batches_total");
-        if (pending == 0 && moving == 0 && sig == prev)
+        bool idle = pending == 0 && moving == 0 && writing == 0;
+        if (idle && sig == prev)
             return st;
         json_decref(st);
         ck_assert_msg(kvh_now_ms() < deadline, "demotion did not settle within 10 s (%lld pending, "
-                      "%lld bytes moving)", pending, moving);
-        prev = pending == 0 && moving == 0 ? sig : -1;
+                      "%lld bytes moving, %lld bytes pinned by store writes)", pending, moving, writing);
+        prev = idle ? sig : -1;
         kvh_sleep_ms(30);
     }
 }
@@ -317,7 +359,7 @@ static void check_sim_gpu(const kvh_daemon *d)
 START_TEST(hbm_put_get_by_device)
 {
     kvh_daemon d;
-    KVH_START(&d, SIM_CONF);
+    KVH_START(&d, sim_conf());
     check_sim_gpu(&d);
     kvnode_layout l = kvh_layout("hbm-basic", BB, 1, 0);
     kvnode_client *c0 = connect_dev(&d, &l, 0), *c0b = connect_dev(&d, &l, 0);
@@ -436,7 +478,7 @@ END_TEST
 START_TEST(hbm_of_another_device_ends_the_prefix)
 {
     kvh_daemon d;
-    KVH_START(&d, SIM_CONF);
+    KVH_START(&d, sim_conf());
     kvnode_layout l = kvh_layout("hbm-cross", BB, 1, 0);
     kvnode_client *c0 = connect_dev(&d, &l, 0), *c1 = connect_dev(&d, &l, 1);
     kvnode_key a[CHUNK], b[CHUNK];
@@ -487,7 +529,7 @@ START_TEST(full_pinned_arena_falls_back_to_host)
      * pins the blocks, a 1 s copy lets the pin abort it: the blocks stay. */
     const char *env[] = { "KVNODE_DEVMEM_SIM_COPY_DELAY_MS=1000", NULL };
     kvh_spawn_opts o = { .env = env };
-    ck_assert_msg(kvh_start_ex(&d, SIM_CONF, &o) == 0, "start: %s", kvh_error());
+    ck_assert_msg(kvh_start_ex(&d, sim_conf(), &o) == 0, "start: %s", kvh_error());
     kvnode_layout l = kvh_layout("hbm-fallback", BB, 1, 0);
     kvnode_client *c0 = connect_dev(&d, &l, 0), *c1 = connect_dev(&d, &l, 1);
 
@@ -546,7 +588,7 @@ START_TEST(released_blocks_over_high_watermark_are_demoted)
     kvh_daemon d;
     const char *env[] = { "KVNODE_DEVMEM_SIM_COPY_DELAY_MS=100", NULL };
     kvh_spawn_opts o = { .env = env };
-    ck_assert_msg(kvh_start_ex(&d, SIM_CONF, &o) == 0, "start: %s", kvh_error());
+    ck_assert_msg(kvh_start_ex(&d, sim_conf(), &o) == 0, "start: %s", kvh_error());
     kvnode_layout l = kvh_layout("hbm-release", BB, 1, 0);
     kvnode_client *c0 = connect_dev(&d, &l, 0);
     static kvnode_key full[ARENA_CAP];
@@ -590,6 +632,74 @@ START_TEST(released_blocks_over_high_watermark_are_demoted)
 }
 END_TEST
 
+/* Issue 13 defect 6: with a store, every committed block is pinned until its
+ * write lands, so the demotion pass a put starts finds nothing to move. One
+ * put fills the arena (64 blocks, high watermark 58); once the 64 writes
+ * have landed the blocks are movable again and demotion must bring the arena
+ * down to the low watermark (51 blocks) with no further put or lease end. */
+START_TEST(demotion_resumes_when_store_writes_land)
+{
+    kvh_daemon d;
+    char dir[PATH_MAX], conf[PATH_MAX + 256];
+    ck_assert_msg(kvh_mkdtemp(dir, sizeof dir) == 0, "%s", kvh_error());
+    snprintf(conf, sizeof conf, SIM_CONF "persist.backend=file\npersist.path=%s\n"
+             "persist.policy=write_through\npersist.fsync=never\n", dir);
+    KVH_START(&d, conf);
+    kvnode_layout l = kvh_layout("hbm-store", BB, 1, 0);
+    kvnode_client *c0 = connect_dev(&d, &l, 0);
+    static kvnode_key full[ARENA_CAP];
+    kvh_chain(full, ARENA_CAP, 1);
+    put_expect(c0, full, ARENA_CAP, KVNODE_TIER_HBM, 26, KVNODE_TIER_HBM, 0, NULL);
+
+    long long last;
+    ck_assert_msg(kvh_wait_stat(&d, "persist.written_blocks_total", ARENA_CAP, 10000, &last) == 0,
+                  "%lld of %d blocks written to the store within 10 s", last, ARENA_CAP);
+    ck_assert_msg(kvh_wait_stat(&d, "persist.pinned_for_writes_bytes", 0, 10000, &last) == 0,
+                  "%lld bytes still pinned by store writes", last);
+    /* Nothing else happens from here on: only the landed writes can restart
+     * demotion. (The bound ends a failing test; nothing is timed.) */
+    uint64_t deadline = kvh_now_ms() + 3000;
+    json_t *st;
+    for (;;) {
+        st = kvh_stats(&d);
+        ck_assert_msg(st != NULL, "%s", kvh_error());
+        long long used = jint(hbm_of(st, 0), "used_bytes"), moving = jint(hbm_of(st, 0), "moving_bytes");
+        if (used <= (long long)LOW_BLOCKS * BB && moving == 0 && jint(st, "demotions.batches_pending") == 0)
+            break;
+        ck_assert_msg(kvh_now_ms() < deadline, "3 s after all %d writes landed, device 0's arena holds %lld of "
+                      "%d blocks (high watermark %.2f = %.1f blocks, low %.2f = %d), %lld bytes moving, %lld "
+                      "blocks demoted: demotion did not resume when the writes landed", ARENA_CAP,
+                      used / BB, ARENA_CAP, HIGH_WM, HIGH_WM * ARENA_CAP, LOW_WM, LOW_BLOCKS, moving,
+                      jint(st, "demotions.blocks_total"));
+        json_decref(st);
+        kvh_sleep_ms(20);
+    }
+    json_decref(st);
+    st = settle(&d);
+    ck_assert_int_eq(jint(hbm_of(st, 0), "used_bytes"), (long long)LOW_BLOCKS * BB);
+    ck_assert_int_eq(jint(hbm_of(st, 0), "blocks"), LOW_BLOCKS);
+    ck_assert_int_eq(jint(st, "demotions.blocks_total"), ARENA_CAP - LOW_BLOCKS);
+    ck_assert_int_eq(jint(st, "demotions.dropped_total"), 0);
+    ck_assert_int_eq(jint(st, "demotions.failed_total"), 0);
+    ck_assert_int_eq(jint(st, "tiers.host.blocks"), ARENA_CAP - LOW_BLOCKS);
+    ck_assert_int_eq(jint(st, "persist.written_blocks_total"), ARENA_CAP);
+    json_decref(st);
+    /* Every block byte-exact, the chain's root still in HBM. */
+    kvnode_loc locs[ARENA_CAP];
+    kvnode_lease lease;
+    ck_assert_uint_eq(get_hold(c0, full, ARENA_CAP, 26, &lease, locs), ARENA_CAP);
+    size_t in_hbm = 0;
+    for (size_t i = 0; i < ARENA_CAP; i++)
+        in_hbm += locs[i].tier == KVNODE_TIER_HBM;
+    ck_assert_uint_eq(in_hbm, LOW_BLOCKS);
+    ck_assert_msg(locs[0].tier == KVNODE_TIER_HBM, "the chain's root was demoted before its leaves");
+    KVH_OK(c0, kvnode_get_end(c0, lease));
+
+    kvnode_close(c0);
+    KVH_STOP_DESTROY(&d);
+}
+END_TEST
+
 /* ---- 3. demotion keeps every byte ----------------------------------------------- */
 
 #define P3 CHUNK
@@ -599,7 +709,7 @@ START_TEST(demotion_under_pressure_keeps_every_byte)
 {
     kvh_daemon d;
     char addr[PATH_MAX + 16], conf[2 * PATH_MAX];
-    admin_conf(addr, sizeof addr, conf, sizeof conf, SIM_CONF);
+    admin_conf(addr, sizeof addr, conf, sizeof conf, sim_conf());
     KVH_START(&d, conf);
     kvnode_layout l = kvh_layout("hbm-pressure", BB, 1, 0);
     kvnode_client *c0 = connect_dev(&d, &l, 0), *c1 = connect_dev(&d, &l, 1), *r0 = connect_dev(&d, &l, 0);
@@ -711,7 +821,7 @@ END_TEST
 START_TEST(pinned_hbm_blocks_are_never_demoted)
 {
     kvh_daemon d;
-    KVH_START(&d, SIM_CONF);
+    KVH_START(&d, sim_conf());
     kvnode_layout l = kvh_layout("hbm-pinned", BB, 1, 0);
     kvnode_client *c0 = connect_dev(&d, &l, 0), *other = connect_dev(&d, &l, 0);
 
@@ -772,7 +882,7 @@ START_TEST(block_being_moved_stays_readable)
     kvh_daemon d;
     const char *env[] = { "KVNODE_DEVMEM_SIM_COPY_DELAY_MS=500", NULL };
     kvh_spawn_opts o = { .env = env };
-    ck_assert_msg(kvh_start_ex(&d, SIM_CONF, &o) == 0, "start: %s", kvh_error());
+    ck_assert_msg(kvh_start_ex(&d, sim_conf(), &o) == 0, "start: %s", kvh_error());
     kvnode_layout l = kvh_layout("hbm-moving", BB, 1, 0);
     kvnode_client *c0 = connect_dev(&d, &l, 0), *reader = connect_dev(&d, &l, 0);
 
@@ -919,7 +1029,7 @@ static int hold_hbm_leases(const kvh_daemon *d, char *msg, size_t len)
 START_TEST(killed_client_leaves_no_hbm_behind)
 {
     kvh_daemon d;
-    KVH_START(&d, SIM_CONF);
+    KVH_START(&d, sim_conf());
     kvnode_layout l = kvh_layout("hbm-kill", BB, 1, 0);
     kvnode_client *c = connect_dev(&d, &l, 0);
     kvnode_key r[N6], w[N6];
@@ -1175,19 +1285,38 @@ END_TEST
 
 int main(void)
 {
-    const TTest *const tests[] = {
-        hbm_put_get_by_device,
-        hbm_of_another_device_ends_the_prefix,
-        full_pinned_arena_falls_back_to_host,
-        released_blocks_over_high_watermark_are_demoted,
-        demotion_under_pressure_keeps_every_byte,
-        pinned_hbm_blocks_are_never_demoted,
-        block_being_moved_stays_readable,
-        killed_client_leaves_no_hbm_behind,
-        required_hbm_without_device_fails_start,
-        optional_hbm_without_device_serves_from_host,
-        host_arena_pinned_in_background,
-        pin_host_on_without_backend_fails_start,
-    };
-    return kvh_run_suite("daemon_hbm", "hbm", 30, tests, sizeof tests / sizeof tests[0]);
+    Suite *s = suite_create("daemon_hbm");
+    TCase *tc = tcase_create("hbm"), *ts = tcase_create("hbm_store");
+    tcase_add_checked_fixture(tc, plain_variant, NULL);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, hbm_put_get_by_device);
+    tcase_add_test(tc, hbm_of_another_device_ends_the_prefix);
+    tcase_add_test(tc, full_pinned_arena_falls_back_to_host);
+    tcase_add_test(tc, released_blocks_over_high_watermark_are_demoted);
+    tcase_add_test(tc, demotion_under_pressure_keeps_every_byte);
+    tcase_add_test(tc, pinned_hbm_blocks_are_never_demoted);
+    tcase_add_test(tc, block_being_moved_stays_readable);
+    tcase_add_test(tc, killed_client_leaves_no_hbm_behind);
+    tcase_add_test(tc, required_hbm_without_device_fails_start);
+    tcase_add_test(tc, optional_hbm_without_device_serves_from_host);
+    tcase_add_test(tc, host_arena_pinned_in_background);
+    tcase_add_test(tc, pin_host_on_without_backend_fails_start);
+    suite_add_tcase(s, tc);
+    /* The same placement and demotion tests with a write_through file store. */
+    tcase_add_checked_fixture(ts, with_store_variant, NULL);
+    tcase_set_timeout(ts, 30);
+    tcase_add_test(ts, hbm_put_get_by_device);
+    tcase_add_test(ts, full_pinned_arena_falls_back_to_host);
+    tcase_add_test(ts, released_blocks_over_high_watermark_are_demoted);
+    tcase_add_test(ts, demotion_resumes_when_store_writes_land);
+    tcase_add_test(ts, demotion_under_pressure_keeps_every_byte);
+    tcase_add_test(ts, pinned_hbm_blocks_are_never_demoted);
+    tcase_add_test(ts, block_being_moved_stays_readable);
+    tcase_add_test(ts, killed_client_leaves_no_hbm_behind);
+    suite_add_tcase(s, ts);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
