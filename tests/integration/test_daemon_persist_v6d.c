@@ -275,6 +275,21 @@ static char *admin_addr(const kvh_daemon *d)
     return copy;
 }
 
+/* A counter of the simulator's GET /_sim/state (e.g. "acquire_create_calls"). */
+static long long sim_count(const struct simctl *s, const char *field)
+{
+    char *body = NULL;
+    long code = kvh_http_req(s->http, NULL, "/_sim/state", &body, NULL, 0);
+    ck_assert_msg(code == 200, "GET /_sim/state: HTTP %ld", code);
+    json_t *doc = json_loads(body, 0, NULL);
+    json_t *v = json_object_get(doc, field);
+    ck_assert_msg(json_is_integer(v), "/_sim/state has no %s: %s", field, body);
+    long long n = (long long)json_integer_value(v);
+    json_decref(doc);
+    free(body);
+    return n;
+}
+
 /* ---- write_through / write_back round trips ---------------------------------- */
 
 /* A chain of 8 is written, evicted to the store (ghosts: matched in the store
@@ -898,6 +913,127 @@ START_TEST(test_stuck_worker_not_ready)
 }
 END_TEST
 
+/* ---- DELETE (issue 13, defect 7) ------------------------------------------------------- */
+
+/* The store cannot delete a sealed object (the protocol's discard is for
+ * unsealed ones only), so the daemon keeps a tombstone: DELETE must hold
+ * against the lookup-on-miss, for keys it had in memory and for keys that
+ * were only in the store; a re-put makes a key visible again. */
+START_TEST(test_delete_not_resurrected)
+{
+    struct simctl s;
+    kvh_daemon d1, d2;
+    char conf[1024];
+    size_t deleted = 99;
+
+    sim_start(&s, NULL);
+    v6d_conf(conf, sizeof conf, &s, "persist.policy=write_through\n");
+    KVH_START(&d1, conf);
+    kvnode_layout lay = kvh_layout("v6d-delete", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d1, &lay, &c);
+    kvnode_key a[4], b[4];
+    kvh_chain(a, 4, 5000);
+    kvh_chain(b, 4, 5001);
+    put_ok(c, a, 4, 21);
+    put_ok(c, b, 4, 23);
+    wait_eq(&d1, "persist.written_blocks_total", 8, 5000);
+
+    /* In memory and in the store: DELETE reports 4, and nothing comes back. */
+    KVH_OK(c, kvnode_delete(c, a, 4, &deleted));
+    ck_assert_uint_eq(deleted, 4);
+    wait_idle(&d1, 5000);
+    kvnode_tiers t = tiers(c, a, 4);
+    ck_assert_msg(t.matched == 0, "MATCH after DELETE of 4 found %zu (store tier %zu)",
+                  t.matched, t.store);
+    ck_assert_uint_eq(get_verify(c, a, 4, 21), 0);
+    ck_assert_int_eq(stat_int(&d1, "persist.tombstones"), 4);
+    /* A re-put makes them visible again (served from memory, new bytes). */
+    put_ok(c, a, 4, 22);
+    ck_assert_uint_eq(get_verify(c, a, 4, 22), 4);
+    wait_idle(&d1, 5000);
+    ck_assert_int_eq(stat_int(&d1, "persist.tombstones"), 0);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d1);
+
+    /* A new daemon on the same store: b is only in the store. DELETE finds
+     * nothing in memory (0) but must still hide b from the lookups. */
+    KVH_START(&d2, conf);
+    KVH_CONNECT(&d2, &lay, &c);
+    KVH_OK(c, kvnode_delete(c, b, 4, &deleted));
+    ck_assert_uint_eq(deleted, 0);
+    wait_idle(&d2, 5000);
+    t = tiers(c, b, 4);
+    ck_assert_msg(t.matched == 0, "MATCH of store-only keys after DELETE found %zu", t.matched);
+    ck_assert_uint_eq(get_verify(c, b, 4, 23), 0);
+    ck_assert_int_eq(stat_int(&d2, "persist.lookup_found_total"), 0);
+    /* a, deleted and re-put by d1, is in the store and found. */
+    ck_assert_uint_eq(tiers(c, a, 4).matched, 4);
+    ck_assert_int_eq(pfail_op(&d2, "delete"), 0);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d2);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
+/* ---- batching (issue 13, defect 9) ------------------------------------------------------ */
+
+/* One worker, a store that holds every acquire 200 ms: while the first
+ * write waits, the other 31 queue up and must go under one create lease
+ * (acquire, seal, release), not three calls each; the reads of a GET of 32
+ * store-only blocks likewise under one read lease. */
+START_TEST(test_writes_and_reads_batched)
+{
+    static const char *const slow_acquire[] = { "--delay-ms", "200", "--delay-only", "/acquire",
+                                                NULL };
+    struct simctl s;
+    kvh_daemon d1, d2;
+    char conf[1024];
+
+    sim_start(&s, slow_acquire);
+    v6d_conf(conf, sizeof conf, &s,
+             "persist.policy=write_through\npersist.workers=1\nserver.request_timeout=30s\n");
+    KVH_START(&d1, conf);
+    kvnode_layout lay = kvh_layout("v6d-batch", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d1, &lay, &c);
+    kvnode_key a[32];
+    kvh_chain(a, 32, 6000);
+    put_ok(c, a, 16, 31);          /* a client may reserve 1 MiB = 16 blocks at once */
+    put_ok(c, a + 16, 16, 31);
+    wait_eq(&d1, "persist.written_blocks_total", 32, 20000);
+    long long creates = sim_count(&s, "acquire_create_calls");
+    long long seals = sim_count(&s, "seal_calls"), releases = sim_count(&s, "release_calls");
+    ck_assert_msg(creates >= 1 && creates <= 4, "32 queued writes took %lld create acquires "
+                  "(%lld seals, %lld releases)", creates, seals, releases);
+    ck_assert_int_eq(seals, creates);
+    ck_assert_int_eq(releases, creates);
+    ck_assert_int_eq(sim_count(&s, "discard_calls"), 0);
+    ck_assert_int_eq(pfail_op(&d1, "write"), 0);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d1);
+
+    /* A new daemon: GET of the 32 looks them up (one exists call) and
+     * promotes them; the reads queue behind the first and share a lease. */
+    KVH_START(&d2, conf);
+    KVH_CONNECT(&d2, &lay, &c);
+    long long reads0 = sim_count(&s, "acquire_read_calls");
+    long long rel0 = sim_count(&s, "release_calls");
+    ck_assert_uint_eq(get_verify(c, a, 32, 31), 32);
+    ck_assert_int_eq(stat_int(&d2, "persist.read_blocks_total"), 32);
+    long long reads = sim_count(&s, "acquire_read_calls") - reads0;
+    ck_assert_msg(reads >= 2 && reads <= 5, "GET of 32 store-only blocks took %lld read acquires "
+                  "(1 lookup + reads)", reads);
+    wait_idle(&d2, 5000);
+    ck_assert_int_eq(sim_count(&s, "release_calls") - rel0, reads);
+    ck_assert_int_eq(sim_count(&s, "leases"), 0);
+    ck_assert_int_eq(pfail_op(&d2, "read"), 0);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d2);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
 int main(void)
 {
 #ifndef KVNODE_HAVE_V6D
@@ -915,6 +1051,8 @@ int main(void)
         { "slow", test_slow_store, 60 },
         { "garbage", test_garbage_replies, 30 },
         { "stuck_worker", test_stuck_worker_not_ready, 60 },
+        { "delete", test_delete_not_resurrected, 30 },
+        { "batched", test_writes_and_reads_batched, 60 },
     };
     Suite *suite = suite_create("daemon_persist_v6d");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -134,6 +134,36 @@ START_TEST(test_object_key)
 }
 END_TEST
 
+/* Keys rtp-llm's KVS connector would build (issue 13, defect 8): namespace
+ * rtp_llm, version 1, deployment id "<model>-<hex>" where the hash is
+ * rtp-llm's hashString, FNV-1a style with the offset basis
+ * 1469598103934665603 (not the standard 14695981039346656037). The golden
+ * hex values were computed outside kvnode (Python, the same loop). */
+START_TEST(test_object_key_rtp_llm)
+{
+    struct tns t;
+    char k[512];
+    mkns(&t, "Qwen/Qwen2-7B", 4096, 1);
+    /* kvnode's layout string, hashed with rtp-llm's constant:
+     * "kvnode-layout-v1|model=Qwen/Qwen2-7B|dtype=bf16|block_tokens=16|num_layers=2|
+     *  kv_heads=2|head_dim=64|tp_size=2|extra=" -> f61683ddc19707e6 (with the
+     * standard basis it would be f77577ca5e2bee6c) */
+    v6d_object_key(&t.ns, -42, k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm/v1/Qwen_Qwen2-7B-f61683ddc19707e6/tp-1/group-0/block--42");
+    /* an engine-supplied deployment id (rtp-llm computes its own from the
+     * checkpoint path etc.) is used as given */
+    snprintf(t.l.extra, sizeof t.l.extra, "kvs_deployment_id=qwen2-137b14c70360d078");
+    t.ns.fingerprint = ns_fingerprint(&t.l);
+    ns_deployment_id(&t.l, t.ns.fingerprint, t.id, sizeof t.id);
+    v6d_object_key(&t.ns, 7, k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm/v1/qwen2-137b14c70360d078/tp-1/group-0/block-7");
+    /* among other items of extra */
+    snprintf(t.l.extra, sizeof t.l.extra, "lora=a;kvs_deployment_id=m_x-1f;q=2");
+    v6d_object_key(&t.ns, 7, k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm/v1/m_x-1f/tp-1/group-0/block-7");
+}
+END_TEST
+
 static int parse(const char *body, const char *const *keys, size_t n, char *lease,
                  struct v6d_obj *objs)
 {
@@ -655,21 +685,22 @@ START_TEST(test_fake_put_size_mismatch)
     char k[256];
     v6d_object_key(&t.ns, 1, k, sizeof k);
     char reply[1024];
-    /* the store hands out 4095 bytes for a 4096-byte block: refused, discarded, released */
+    /* the store hands out 4095 bytes for a 4096-byte block: refused and discarded (only:
+     * a discarded lease is gone, as rtp-llm's client assumes) */
     snprintf(reply, sizeof reply, "{\"lease\":{\"lease_id\":\"C1\"},\"objects\":[{\"key\":\"%s\","
              "\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":0,\"data_size\":4095}}]}]}",
              k);
     f.acquire_reply = reply;
     ck_assert_int_eq(put_block(st, &t, 1, 0), -KVNODE_EPROTO);
     ck_assert_msg(strstr(err, "4095") && strstr(err, "refused"), "message: %s", err);
-    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\nPOST /release\n");
+    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\n");
     /* right size, but past the end of the 1 MiB mapping: refused the same way */
     f.log[0] = '\0';
     snprintf(reply, sizeof reply, "{\"lease\":{\"lease_id\":\"C2\"},\"objects\":[{\"key\":\"%s\","
              "\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":1044481,"
              "\"data_size\":4096}}]}]}", k);
     ck_assert_int_eq(put_block(st, &t, 1, 0), -KVNODE_EPROTO);
-    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\nPOST /release\n");
+    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\n");
     /* exactly at the end of the mapping: accepted, sealed, released */
     f.log[0] = '\0';
     snprintf(reply, sizeof reply, "{\"lease\":{\"lease_id\":\"C3\"},\"objects\":[{\"key\":\"%s\","
@@ -684,11 +715,11 @@ START_TEST(test_fake_put_size_mismatch)
              "\"data_size\":4096}}]}]}", k);
     ck_assert_int_eq(check_block(st, &t, 1, 0), -KVNODE_EPROTO);
     ck_assert_str_eq(f.log, "POST /acquire\nPOST /release\n");
-    /* a create reply without our object: discarded and released */
+    /* a create reply without our object: discarded */
     f.log[0] = '\0';
     f.acquire_reply = "{\"lease\":{\"lease_id\":\"C4\"},\"objects\":[null]}";
     ck_assert_int_eq(put_block(st, &t, 1, 0), -KVNODE_EPROTO);
-    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\nPOST /release\n");
+    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\n");
     /* an over-long control-plane reply is aborted */
     f.big_reply = (1u << 20) + 4096;
     ck_assert_int_eq(check_block(st, &t, 1, 0), -KVNODE_ETOOBIG);
@@ -721,6 +752,7 @@ static Suite *kvs_v6d_suite(void)
     tcase_add_checked_fixture(tc, setup, NULL);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_object_key);
+    tcase_add_test(tc, test_object_key_rtp_llm);
     tcase_add_test(tc, test_parse_reply);
     tcase_add_test(tc, test_roundtrip);
     tcase_add_test(tc, test_fail_health);
