@@ -115,22 +115,27 @@ static void setup(void)
 
 START_TEST(test_object_key)
 {
-    struct ns_layout l = { .tp_rank = 3 };
-    struct kvs_ns ns = { .layout = &l, .deployment_id = "m/o del\tx\ny-abc" };
+    /* an engine-supplied id, with every character rtp-llm replaces */
+    struct ns_layout l = { .tp_rank = 3, .extra = "kvs_deployment_id=m/o del\tx\ny-abc" };
+    struct kvs_ns ns = { .layout = &l };
     char k[256];
-    size_t n = v6d_object_key(&ns, -42, k, sizeof k);
+    size_t n = v6d_object_key("kvnode", &ns, -42, k, sizeof k);
     ck_assert_str_eq(k, "kvnode/v1/m_o_del_x_y-abc/tp-3/group-0/block--42");
     ck_assert_uint_eq(n, strlen(k));
     char small[10];
-    ck_assert_uint_eq(v6d_object_key(&ns, -42, small, sizeof small), n);
+    ck_assert_uint_eq(v6d_object_key("kvnode", &ns, -42, small, sizeof small), n);
     ck_assert_str_eq(small, "kvnode/v1");
     l.tp_rank = 0;
-    v6d_object_key(&ns, INT64_MIN, k, sizeof k);
-    ck_assert_str_eq(k, "kvnode/v1/m_o_del_x_y-abc/tp-0/group-0/block--9223372036854775808");
-    v6d_object_key(&ns, INT64_MAX, k, sizeof k);
-    ck_assert_str_eq(k, "kvnode/v1/m_o_del_x_y-abc/tp-0/group-0/block-9223372036854775807");
+    v6d_object_key(NULL, &ns, INT64_MIN, k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm/v1/m_o_del_x_y-abc/tp-0/group-0/block--9223372036854775808");
+    v6d_object_key("", &ns, INT64_MAX, k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm/v1/m_o_del_x_y-abc/tp-0/group-0/block-9223372036854775807");
+    /* the namespace is a part like the others */
+    v6d_object_key("a b/c", &ns, 1, k, sizeof k);
+    ck_assert_str_eq(k, "a_b_c/v1/m_o_del_x_y-abc/tp-0/group-0/block-1");
     ck_assert_ptr_eq(kvs_backend_find("v6d"), &kvs_backend_v6d);
     ck_assert_str_eq(kvs_backend_v6d.name, "v6d");
+    ck_assert(kvs_backend_v6d.keeps_deleted);
 }
 END_TEST
 
@@ -148,19 +153,38 @@ START_TEST(test_object_key_rtp_llm)
      * "kvnode-layout-v1|model=Qwen/Qwen2-7B|dtype=bf16|block_tokens=16|num_layers=2|
      *  kv_heads=2|head_dim=64|tp_size=2|extra=" -> f61683ddc19707e6 (with the
      * standard basis it would be f77577ca5e2bee6c) */
-    v6d_object_key(&t.ns, -42, k, sizeof k);
+    v6d_object_key(V6D_DEFAULT_OBJECT_NS, &t.ns, -42, k, sizeof k);
     ck_assert_str_eq(k, "rtp_llm/v1/Qwen_Qwen2-7B-f61683ddc19707e6/tp-1/group-0/block--42");
+    char canon[512];
+    size_t cl = ns_canonical_string(&t.l, canon, sizeof canon);
+    ck_assert_uint_eq(v6d_rtp_hash_string(canon, cl), UINT64_C(0xf61683ddc19707e6));
+    ck_assert_uint_ne(ns_fnv1a64(canon, cl), UINT64_C(0xf61683ddc19707e6));   /* the standard one */
+    /* the constant itself: the hash of nothing is the offset basis */
+    ck_assert_uint_eq(v6d_rtp_hash_string("", 0), UINT64_C(1469598103934665603));
+    ck_assert_uint_eq(ns_fnv1a64("", 0), UINT64_C(14695981039346656037));
+    /* rtp-llm's own layout string (KVSConnector.cc @85c02327f) */
+    static const char raw[] = "model=qwen2;ckpt=/models/qwen2;dtype=bf16;seq=16;kernel_seq=16;tp=2;"
+                              "fp8=0;int8=0;mla=0;groups=1;typed=0";
+    ck_assert_uint_eq(v6d_rtp_hash_string(raw, sizeof raw - 1), UINT64_C(0x137b14c70360d078));
+    char dep[V6D_DEPLOYMENT_ID_MAX];
+    v6d_deployment_id(&t.l, dep, sizeof dep);
+    ck_assert_str_eq(dep, "Qwen/Qwen2-7B-f61683ddc19707e6");   /* '/' goes in the key */
     /* an engine-supplied deployment id (rtp-llm computes its own from the
      * checkpoint path etc.) is used as given */
     snprintf(t.l.extra, sizeof t.l.extra, "kvs_deployment_id=qwen2-137b14c70360d078");
     t.ns.fingerprint = ns_fingerprint(&t.l);
     ns_deployment_id(&t.l, t.ns.fingerprint, t.id, sizeof t.id);
-    v6d_object_key(&t.ns, 7, k, sizeof k);
+    v6d_object_key(NULL, &t.ns, 7, k, sizeof k);
     ck_assert_str_eq(k, "rtp_llm/v1/qwen2-137b14c70360d078/tp-1/group-0/block-7");
     /* among other items of extra */
     snprintf(t.l.extra, sizeof t.l.extra, "lora=a;kvs_deployment_id=m_x-1f;q=2");
-    v6d_object_key(&t.ns, 7, k, sizeof k);
+    v6d_object_key(NULL, &t.ns, 7, k, sizeof k);
     ck_assert_str_eq(k, "rtp_llm/v1/m_x-1f/tp-1/group-0/block-7");
+    /* an empty one: derived as above */
+    snprintf(t.l.extra, sizeof t.l.extra, "kvs_deployment_id=");
+    v6d_deployment_id(&t.l, dep, sizeof dep);
+    ck_assert_str_ne(dep, "");
+    ck_assert(strncmp(dep, "Qwen/Qwen2-7B-", 14) == 0);
 }
 END_TEST
 
@@ -683,7 +707,7 @@ START_TEST(test_fake_put_size_mismatch)
     struct tns t;
     mkns(&t, "fake", 4096, 0);
     char k[256];
-    v6d_object_key(&t.ns, 1, k, sizeof k);
+    v6d_object_key(NULL, &t.ns, 1, k, sizeof k);
     char reply[1024];
     /* the store hands out 4095 bytes for a 4096-byte block: refused and discarded (only:
      * a discarded lease is gone, as rtp-llm's client assumes) */
