@@ -33,6 +33,19 @@
  * with no traffic. Health probes are not requests: they are not counted in
  * submitted/completed (but occupy a queue slot while outstanding).
  *
+ * Batching. A backend with put_batch / get_batch (v6d) gets a worker's
+ * queued writes (reads) in one call: the worker that takes a write takes
+ * the writes queued right behind it as well (workq_take_more, stopping at
+ * the first job of another kind, so the queue's order holds), up to
+ * PERSIST_BATCH_MAX blocks and PERSIST_BATCH_BYTES; each job keeps its own
+ * result, counters and callback.
+ *
+ * Tombstones. A backend that keeps deleted blocks (keeps_deleted: v6d)
+ * cannot be told to forget a key, so persist_hide remembers deleted keys
+ * (bounded FIFO, struct tombs) and job_done hides them from the results of
+ * lookups and reads, also of those already under way; a write submitted
+ * later (a re-put) forgets the tombstone.
+ *
  * Callbacks (done, found, finished) run from workq's completion handler on
  * the loop: they may submit requests but must not call persist_destroy
  * (workq_destroy cannot run inside a done() of its own queue). */

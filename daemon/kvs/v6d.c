@@ -1055,31 +1055,23 @@ static int v6d_get_batch(struct kvs_store *s, struct kvs_item *it, size_t n, cha
         rc = -KVNODE_ECLOSED;
         goto fail;
     }
-    for (size_t j = 0; j < b.m; j++) {
-        const struct v6d_obj *o = &b.objs[j];
-        struct kvs_item *first = &it[b.first[j]];
+    for (size_t i = 0; i < n; i++) {   /* a key asked twice is copied twice */
+        const struct v6d_obj *o = &b.objs[b.slot[i]];
+        const char *key = b.keys[b.slot[i]];
         if (!o->present) {
-            first->rc = KVS_MISS;
+            it[i].rc = KVS_MISS;
         } else if (o->offset > s->map_size || o->size > s->map_size - o->offset) {
             errmsg_set(err, errlen, "v6d get: object %s at %" PRIu64 "+%" PRIu64
-                       " lies outside the %zu-byte mapping", b.keys[j], o->offset, o->size,
+                       " lies outside the %zu-byte mapping", key, o->offset, o->size,
                        s->map_size);
-            first->rc = -KVNODE_EPROTO;
-        } else if (o->size != first->len) {
+            it[i].rc = -KVNODE_EPROTO;
+        } else if (o->size != it[i].len) {
             errmsg_set(err, errlen, "v6d get: object %s holds %" PRIu64 " bytes, expected %zu: "
-                       "treated as a miss", b.keys[j], o->size, first->len);
-            first->rc = KVS_MISS;
+                       "treated as a miss", key, o->size, it[i].len);
+            it[i].rc = KVS_MISS;
         } else {
-            memcpy(first->dst, s->map + o->offset, first->len);
-            first->rc = 0;
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (b.first[b.slot[i]] != i) {   /* the same key twice: the same bytes */
-            const struct kvs_item *first = &it[b.first[b.slot[i]]];
-            it[i].rc = first->rc;
-            if (first->rc == 0)
-                memcpy(it[i].dst, first->dst, it[i].len);
+            memcpy(it[i].dst, s->map + o->offset, it[i].len);
+            it[i].rc = 0;
         }
     }
     if (lease[0]) {

@@ -26,7 +26,13 @@
  *   /readyz not-ready (naming it) and kvnode_worker_up 0 while /healthz stays
  *   ok, and ready again once the call returns.
  *
- * Runs in about 35 s (the slow store and the stuck worker take 13 s each).
+ * - DELETE holds although the store cannot delete a sealed object (tombstones,
+ *   bounded by persist.tombstones), for keys in memory and keys only in the
+ *   store; a re-put makes a key visible again;
+ * - a worker's queued writes go under one create lease, its queued reads
+ *   under one read lease (the simulator counts the calls).
+ *
+ * Runs in about 40 s (the slow store and the stuck worker take 13 s each).
  * Only built with V6D=1 (the Makefile leaves it out otherwise). */
 #include <check.h>
 
@@ -976,6 +982,42 @@ START_TEST(test_delete_not_resurrected)
 }
 END_TEST
 
+/* The tombstones are bounded (persist.tombstones): the oldest are forgotten
+ * first, counted, and their keys are found in the store again. */
+START_TEST(test_tombstone_bound)
+{
+    struct simctl s;
+    kvh_daemon d;
+    char conf[1024];
+    size_t deleted = 0;
+
+    sim_start(&s, NULL);
+    v6d_conf(conf, sizeof conf, &s, "persist.policy=write_through\npersist.tombstones=2\n");
+    KVH_START(&d, conf);
+    kvnode_layout lay = kvh_layout("v6d-tombs", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &lay, &c);
+    kvnode_key a[4];
+    kvh_chain(a, 4, 5100);
+    put_ok(c, a, 4, 24);
+    wait_eq(&d, "persist.written_blocks_total", 4, 5000);
+    KVH_OK(c, kvnode_delete(c, a, 4, &deleted));
+    ck_assert_uint_eq(deleted, 4);
+    wait_idle(&d, 5000);
+    ck_assert_int_eq(stat_int(&d, "persist.tombstones"), 2);
+    ck_assert_int_eq(stat_int(&d, "persist.tombstones_dropped_total"), 2);
+    /* a[0], a[1] were forgotten: found in the store again; a[2] is hidden */
+    kvnode_tiers t = tiers(c, a, 4);
+    ck_assert_msg(t.matched == 2 && t.store == 2, "matched %zu (store %zu), want 2", t.matched,
+                  t.store);
+    ck_assert_int_ge(stat_int(&d, "persist.tombstone_hits_total"), 1);
+    ck_assert_uint_eq(get_verify(c, a, 4, 24), 2);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
 /* ---- batching (issue 13, defect 9) ------------------------------------------------------ */
 
 /* One worker, a store that holds every acquire 200 ms: while the first
@@ -1052,6 +1094,7 @@ int main(void)
         { "garbage", test_garbage_replies, 30 },
         { "stuck_worker", test_stuck_worker_not_ready, 60 },
         { "delete", test_delete_not_resurrected, 30 },
+        { "tombstone_bound", test_tombstone_bound, 30 },
         { "batched", test_writes_and_reads_batched, 60 },
     };
     Suite *suite = suite_create("daemon_persist_v6d");

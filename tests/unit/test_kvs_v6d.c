@@ -355,6 +355,78 @@ START_TEST(test_roundtrip)
 }
 END_TEST
 
+/* Batches (issue 13, defect 9): one acquire(create) + seal + release for
+ * every block of a put_batch, one acquire(read) + release for a get_batch;
+ * existing objects (omitted from the create reply) and a key twice in one
+ * batch are fine; per-item results. */
+START_TEST(test_batch)
+{
+    struct simctl sim;
+    sim_start(&sim, NULL, false, NULL);
+    struct kvs_store *st = open_store(&sim, 5000);
+    struct tns t;
+    mkns(&t, "model-batch", 4096, 0);
+    ck_assert_msg(put_block(st, &t, 2, 5) == 0, "put: %s", err);   /* key 2 exists already */
+    long long c0 = sim_state(&sim, "acquire_create_calls"), s0 = sim_state(&sim, "seal_calls");
+    long long r0 = sim_state(&sim, "release_calls"), d0 = sim_state(&sim, "discard_calls");
+    enum { N = 5 };
+    static uint8_t src[N][4096];
+    const int64_t keys[N] = { 1, 2, 3, 4, 1 };
+    struct kvs_item it[N];
+    for (int i = 0; i < N; i++) {
+        fill(src[i], sizeof src[i], keys[i], 5);
+        it[i] = (struct kvs_item){ .ns = &t.ns, .key = keys[i], .src = src[i], .len = 4096,
+                                   .rc = -12345 };
+    }
+    ck_assert_msg(be->put_batch(st, it, N, err, sizeof err) == 0, "put_batch: %s", err);
+    for (int i = 0; i < N; i++)
+        ck_assert_msg(it[i].rc == 0, "item %d: rc %d", i, it[i].rc);
+    ck_assert_int_eq(sim_state(&sim, "acquire_create_calls") - c0, 1);
+    ck_assert_int_eq(sim_state(&sim, "seal_calls") - s0, 1);
+    ck_assert_int_eq(sim_state(&sim, "release_calls") - r0, 1);
+    ck_assert_int_eq(sim_state(&sim, "discard_calls") - d0, 0);
+    ck_assert_int_eq(sim_state(&sim, "sealed"), 4);
+    ck_no_leases(&sim);
+
+    /* read them back in one lease; 99 is absent, a 1000-byte item a miss */
+    long long q0 = sim_state(&sim, "acquire_read_calls");
+    r0 = sim_state(&sim, "release_calls");
+    const int64_t rkeys[] = { 4, 99, 1, 2, 3, 3 };
+    enum { M = sizeof rkeys / sizeof rkeys[0] };
+    static uint8_t dst[M][4096];
+    struct kvs_item rt[M];
+    for (int i = 0; i < M; i++) {
+        memset(dst[i], 0xee, sizeof dst[i]);
+        rt[i] = (struct kvs_item){ .ns = &t.ns, .key = rkeys[i], .dst = dst[i],
+                                   .len = i == 5 ? 1000 : 4096, .rc = -12345 };
+    }
+    ck_assert_msg(be->get_batch(st, rt, M, err, sizeof err) == 0, "get_batch: %s", err);
+    ck_assert_int_eq(sim_state(&sim, "acquire_read_calls") - q0, 1);
+    ck_assert_int_eq(sim_state(&sim, "release_calls") - r0, 1);
+    uint8_t want[4096];
+    for (int i = 0; i < M; i++) {
+        if (rkeys[i] == 99 || i == 5) {
+            ck_assert_msg(rt[i].rc == KVS_MISS, "item %d: rc %d", i, rt[i].rc);
+            ck_assert_uint_eq(dst[i][0], 0xee);
+            continue;
+        }
+        ck_assert_msg(rt[i].rc == 0, "item %d: rc %d", i, rt[i].rc);
+        fill(want, sizeof want, rkeys[i], 5);
+        ck_assert_msg(memcmp(dst[i], want, sizeof want) == 0, "item %d: wrong bytes", i);
+    }
+    ck_no_leases(&sim);
+    /* a put batch with a wrong-sized block: refused before any call, every item fails */
+    c0 = sim_state(&sim, "acquire_create_calls");
+    it[1].len = 100;
+    ck_assert_int_eq(be->put_batch(st, it, N, err, sizeof err), -KVNODE_EINVAL);
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(it[i].rc, -KVNODE_EINVAL);
+    ck_assert_int_eq(sim_state(&sim, "acquire_create_calls"), c0);
+    be->close(st);
+    simctl_stop_ok(&sim);
+}
+END_TEST
+
 START_TEST(test_fail_health)
 {
     struct simctl sim;
@@ -779,6 +851,7 @@ static Suite *kvs_v6d_suite(void)
     tcase_add_test(tc, test_object_key_rtp_llm);
     tcase_add_test(tc, test_parse_reply);
     tcase_add_test(tc, test_roundtrip);
+    tcase_add_test(tc, test_batch);
     tcase_add_test(tc, test_fail_health);
     tcase_add_test(tc, test_slow_store);
     tcase_add_test(tc, test_garbage);
