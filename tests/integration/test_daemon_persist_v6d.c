@@ -30,7 +30,8 @@
  *   bounded by persist.tombstones), for keys in memory and keys only in the
  *   store; a re-put makes a key visible again;
  * - a worker's queued writes go under one create lease, its queued reads
- *   under one read lease (the simulator counts the calls).
+ *   under one read lease (the simulator counts the calls), blocks in
+ *   (simulated) HBM included, byte-exact.
  *
  * Runs in about 40 s (the slow store and the stuck worker take 13 s each).
  * Only built with V6D=1 (the Makefile leaves it out otherwise). */
@@ -1078,6 +1079,57 @@ START_TEST(test_writes_and_reads_batched)
 }
 END_TEST
 
+/* Blocks in (simulated) HBM are copied to host memory by the worker, all of
+ * a batch back to back, and written under one lease: the bytes that come
+ * back from the store are the engine's. */
+START_TEST(test_hbm_writes_batched)
+{
+    static const char *const slow_acquire[] = { "--delay-ms", "200", "--delay-only", "/acquire",
+                                                NULL };
+    struct simctl s;
+    kvh_daemon d1, d2;
+    char conf[1024];
+
+    sim_start(&s, slow_acquire);
+    v6d_conf(conf, sizeof conf, &s,
+             "persist.policy=write_through\npersist.workers=1\nserver.request_timeout=30s\n"
+             "hbm.backend=sim\nhbm.bytes=2MiB\n");
+    KVH_START(&d1, conf);
+    kvnode_layout lay = kvh_layout("v6d-hbm", BB, 1, 0);
+    kvnode_client *c = NULL;
+    int rc = kvnode_connect_device(d1.sock, &lay, 0, &c);
+    ck_assert_msg(rc == 0 && c, "kvnode_connect_device: %d %s", rc, kvnode_connect_error());
+    kvnode_key a[12];
+    kvh_chain(a, 12, 6100);
+    for (size_t part = 0; part < 12; part += 4) {   /* 4 blocks = 256 KiB per put */
+        kvnode_loc locs[4];
+        kvnode_lease lease = 0;
+        KVH_OK(c, kvnode_put_begin(c, a + part, 4, KVNODE_TIER_HBM, &lease, locs));
+        for (size_t i = 0; i < 4; i++) {
+            ck_assert_msg(locs[i].ptr && locs[i].tier == KVNODE_TIER_HBM,
+                          "key #%zu: tier %d, not HBM", part + i, locs[i].tier);
+            kvh_fill(locs[i].ptr, BB, a[part + i], 41);
+        }
+        KVH_OK(c, kvnode_put_commit(c, lease));
+    }
+    wait_eq(&d1, "persist.written_blocks_total", 12, 20000);
+    long long creates = sim_count(&s, "acquire_create_calls");
+    ck_assert_msg(creates >= 1 && creates <= 4, "12 HBM writes took %lld create acquires", creates);
+    ck_assert_int_eq(pfail_op(&d1, "write"), 0);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d1);
+
+    /* From the store, in a new daemon: the same bytes. */
+    KVH_START(&d2, conf);
+    KVH_CONNECT(&d2, &lay, &c);
+    ck_assert_uint_eq(get_verify(c, a, 12, 41), 12);
+    ck_assert_int_eq(stat_int(&d2, "persist.read_blocks_total"), 12);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d2);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
 int main(void)
 {
 #ifndef KVNODE_HAVE_V6D
@@ -1098,6 +1150,7 @@ int main(void)
         { "delete", test_delete_not_resurrected, 30 },
         { "tombstone_bound", test_tombstone_bound, 30 },
         { "batched", test_writes_and_reads_batched, 60 },
+        { "hbm_batched", test_hbm_writes_batched, 60 },
     };
     Suite *suite = suite_create("daemon_persist_v6d");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
