@@ -258,9 +258,10 @@ $(BENCH_BIN): tests/bench/bench.c $(INTEG_HELPER) $(LIBA)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
 
+# Part 3 (v6d) starts the KVS simulator and reads its counters over HTTP (libcurl).
 $(BENCH_PERSIST_BIN): tests/bench/bench_persist.c $(INTEG_HELPER) $(LIBA)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
 
 # The HBM tier seen from a second process (scripts/gpu-check.sh runs it);
 # CUDA=1 links the CUDA runtime for its own copies and timings, CUDA=0 gives
@@ -275,12 +276,12 @@ check: $(GPU_CHECK_BIN)
 
 # `make bench` runs both programs; `make bench-persist` only the second.
 # BENCH_ARGS / BENCH_PERSIST_ARGS pass options (e.g. --quick).
-bench: all $(BENCH_BIN) $(BENCH_PERSIST_BIN)
+bench: all $(BENCH_BIN) $(BENCH_PERSIST_BIN) $(if $(filter 1,$(V6D)),$(SIM_BIN))
 	KVNODED=$(KVNODED) $(BENCH_BIN) $(BENCH_ARGS)
-	KVNODED=$(KVNODED) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)
+	KVNODED=$(KVNODED) KVS_SIM=$(SIM_BIN) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)
 
-bench-persist: all $(BENCH_PERSIST_BIN)
-	KVNODED=$(KVNODED) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)
+bench-persist: all $(BENCH_PERSIST_BIN) $(if $(filter 1,$(V6D)),$(SIM_BIN))
+	KVNODED=$(KVNODED) KVS_SIM=$(SIM_BIN) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)
 
 # --- soak ------------------------------------------------------------------------
 # kvnode-soak (tests/soak/soak.c): 8 worker processes of put/get/delete/re-put

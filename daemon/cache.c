@@ -2400,9 +2400,12 @@ int cache_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t 
     }
     /* The store may hold keys the index does not know (shared stores):
      * every key goes to its delete, after any write of the key in flight
-     * and before any later re-put's write (keylock). */
-    if (c->persist && n > 0)
+     * and before any later re-put's write (keylock). A store that cannot
+     * delete (v6d) gets tombstones now, so no lookup brings the keys back. */
+    if (c->persist && n > 0) {
+        persist_hide(c->persist, ns, keys, n);
         cache_store_delete(c, ns, keys, n);
+    }
     return 0;
 }
 
@@ -2572,6 +2575,9 @@ static void cache_persist_stats_json(struct cache *c, json_t *root)
     json_object_set_new(o, "read_bytes_total", json_u(pc.read_bytes));
     json_object_set_new(o, "read_misses_total", json_u(pc.read_misses));
     json_object_set_new(o, "deleted_keys_total", json_u(pc.deleted_keys));
+    json_object_set_new(o, "tombstones", json_u(pc.tombstones));
+    json_object_set_new(o, "tombstones_dropped_total", json_u(pc.tombstones_dropped));
+    json_object_set_new(o, "tombstone_hits_total", json_u(pc.tombstone_hits));
     json_object_set_new(o, "dropped_total", json_u(c->persist_dropped));
     for (int op = 0; op < PERSIST_OPS; op++) {
         json_t *kinds = json_object();

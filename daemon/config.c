@@ -194,6 +194,9 @@ static const struct opt_def config_options[] = {
     { "persist", "timeout", OPT_DURATION, FIELD(persist_timeout_ms), .min = 10, .max = 10 * MS_PER_M,
       .restart = true },
     { "persist", "lookup", OPT_ENUM, FIELD(persist_lookup), NAMES(lookup_names), .restart = true },
+    { "persist", "object_namespace", OPT_TEXT, FIELD(persist_object_namespace), .restart = true },
+    { "persist", "tombstones", OPT_COUNT, FIELD(persist_tombstones), .min = 0, .max = 16777216,
+      .restart = true },
 
     /* Every [kvcm] option is restart-only: the publisher, heartbeat and query
      * threads take their settings once, at start. */
@@ -311,6 +314,8 @@ void config_defaults(struct kvn_config *cfg)
     cfg->persist_connect_timeout_ms = 1 * MS_PER_S;
     cfg->persist_timeout_ms = 5 * MS_PER_S;
     cfg->persist_lookup = CONFIG_LOOKUP_AUTO;
+    snprintf(cfg->persist_object_namespace, sizeof cfg->persist_object_namespace, "%s", "rtp_llm");
+    cfg->persist_tombstones = 65536;
 
     /* [kvcm]: off; the timings are the reference publisher's (PROTOCOLS.md §2).
      * endpoints and host_ip_port have no default: zeroed above. */
@@ -2006,6 +2011,9 @@ int config_validate(const struct kvn_config *cfg, char *err, size_t errlen)
         if (cfg->persist_socket[0] == '\0')
             errbuf_add(&errors, "[persist] socket_path: required when backend = v6d (the store's data-plane "
                                 "unix socket)");
+        if (cfg->persist_object_namespace[0] == '\0')
+            errbuf_add(&errors, "[persist] object_namespace: required when backend = v6d (the first part of "
+                                "every object key; rtp-llm engines use rtp_llm)");
     }
 
     /* [kvcm]: with enabled = on, every missing field gets its own line, so

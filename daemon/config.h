@@ -16,6 +16,7 @@
 #define CONFIG_NAME_MAX   64    /* socket_group text, NUL included */
 #define CONFIG_IDS_MAX    64    /* ids in one allow list */
 #define CONFIG_URL_MAX    512   /* [persist] url text, one [kvcm] endpoint, NUL included */
+#define CONFIG_OBJECT_NS_MAX 128 /* [persist] object_namespace, NUL included (V6D_OBJECT_NS_MAX) */
 #define CONFIG_KVCM_ENDPOINTS_TEXT 1024 /* [kvcm] endpoints text, NUL included */
 #define CONFIG_KVCM_ENDPOINTS_MAX  8    /* URLs in [kvcm] endpoints */
 #define CONFIG_KVCM_NAME_MAX     128    /* [kvcm] instance_group, host_ip_port text, NUL included */
@@ -86,6 +87,10 @@ struct kvn_config {
     uint32_t persist_timeout_ms;            /* v6d: bound on one store call (restart) */
     int      persist_lookup;         /* CONFIG_LOOKUP_*: ask the store about keys the index
                                         lacks (auto: only for stores no scan can enumerate) */
+    char     persist_object_namespace[CONFIG_OBJECT_NS_MAX]; /* v6d: first part of every object
+                                        key, rtp-llm's kvs_object_namespace (restart) */
+    uint32_t persist_tombstones;     /* deleted keys hidden from lookups when the store cannot
+                                        delete them (v6d), oldest forgotten first (restart) */
 
     /* [kvcm] (every option restart-only; nothing is sent unless enabled) */
     int      kvcm_enabled;           /* 0 off (default), 1 on: publish to and query KVCM */

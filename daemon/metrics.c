@@ -293,6 +293,15 @@ static void render_persist(struct evbuffer *out, json_t *doc)
     sample_u(out, "kvnode_persist_put_waits_total", NULL, doc_u(p, "put_waits_total", NULL, NULL));
     family(out, "kvnode_persist_read_misses_total", "counter", "Store reads that found no block.");
     sample_u(out, "kvnode_persist_read_misses_total", NULL, doc_u(p, "read_misses_total", NULL, NULL));
+    family(out, "kvnode_persist_tombstones", "gauge",
+           "Deleted keys hidden from lookups because the store cannot delete them (v6d).");
+    sample_u(out, "kvnode_persist_tombstones", NULL, doc_u(p, "tombstones", NULL, NULL));
+    family(out, "kvnode_persist_tombstones_dropped_total", "counter",
+           "Tombstones forgotten to make room ([persist] tombstones): such keys can be found in the store again.");
+    sample_u(out, "kvnode_persist_tombstones_dropped_total", NULL, doc_u(p, "tombstones_dropped_total", NULL, NULL));
+    family(out, "kvnode_persist_tombstone_hits_total", "counter",
+           "Store lookups and reads of deleted keys that a tombstone hid.");
+    sample_u(out, "kvnode_persist_tombstone_hits_total", NULL, doc_u(p, "tombstone_hits_total", NULL, NULL));
     family(out, "kvnode_persist_dropped_total", "counter",
            "Blocks that left memory without a copy in the store while persistence was on.");
     sample_u(out, "kvnode_persist_dropped_total", NULL, doc_u(p, "dropped_total", NULL, NULL));

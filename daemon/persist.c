@@ -33,6 +33,19 @@
  * with no traffic. Health probes are not requests: they are not counted in
  * submitted/completed (but occupy a queue slot while outstanding).
  *
+ * Batching. A backend with put_batch / get_batch (v6d) gets a worker's
+ * queued writes (reads) in one call: the worker that takes a write takes
+ * the writes queued right behind it as well (workq_take_more, stopping at
+ * the first job of another kind, so the queue's order holds), up to
+ * PERSIST_BATCH_MAX blocks and PERSIST_BATCH_BYTES; each job keeps its own
+ * result, counters and callback.
+ *
+ * Tombstones. A backend that keeps deleted blocks (keeps_deleted: v6d)
+ * cannot be told to forget a key, so persist_hide remembers deleted keys
+ * (bounded FIFO, struct tombs) and job_done hides them from the results of
+ * lookups and reads, also of those already under way; a write submitted
+ * later (a re-put) forgets the tombstone.
+ *
  * Callbacks (done, found, finished) run from workq's completion handler on
  * the loop: they may submit requests but must not call persist_destroy
  * (workq_destroy cannot run inside a done() of its own queue). */
@@ -57,6 +70,8 @@
 #define PERSIST_HEALTH_MS    2000u   /* health probe period while degraded */
 #define PERSIST_SCAN_BUDGET  4096u   /* blocks per scan chunk */
 #define PERSIST_SCAN_QUEUE   2u
+#define PERSIST_BATCH_MAX    64u           /* blocks per batched store call */
+#define PERSIST_BATCH_BYTES  (16u << 20)   /* bytes per batch (a device batch's bounce copy) */
 
 /* One request (or the health probe). */
 struct pjob {
@@ -110,6 +125,26 @@ struct pscan_thread {
     struct kvs_scan  *cursor;
 };
 
+/* Tombstones (loop thread): keys deleted while the store keeps them
+ * (keeps_deleted). An open-addressing table (linear probing, power-of-two
+ * size >= 2 x cap) says whether a key is hidden; a FIFO ring of cap entries
+ * remembers the order they came in, so the oldest is forgotten when a new
+ * one needs room. A re-put removes the key from the table only; its ring
+ * entry stays until its turn and is then skipped (seq differs or absent). */
+struct tomb {
+    uint64_t fp;                   /* deployment fingerprint */
+    int64_t  key;
+    uint64_t seq;                  /* 0: empty slot (table) */
+    uint32_t rank;                 /* tp_rank */
+};
+
+struct tombs {
+    struct tomb *table, *ring;
+    size_t       tsize, cap;       /* table slots (power of two); ring entries (the bound) */
+    size_t       head, count;      /* ring: oldest entry, entries */
+    uint64_t     seq;
+};
+
 struct persist {
     struct event_base        *base;
     const struct kvs_backend *be;
@@ -117,6 +152,7 @@ struct persist {
     char                      path[PATH_MAX];
     char                      url[CONFIG_URL_MAX];
     char                      sock[PATH_MAX];
+    char                      object_ns[CONFIG_OBJECT_NS_MAX];
     int                       lookup;      /* CONFIG_LOOKUP_* */
     unsigned                  workers;
     size_t                    capacity;
@@ -133,6 +169,8 @@ struct persist {
     persist_found_fn          scan_found_fn;
     persist_done_fn           scan_finished_fn;
     void                     *scan_arg;
+
+    struct tombs              tombs;
 
     bool                      destroying;
     bool                      writes_failing;  /* the last write failed (see State) */
@@ -189,6 +227,119 @@ static int failure_kind(int rc)
 static bool needs_reopen(int rc)
 {
     return rc == -KVNODE_ECLOSED || rc == -KVNODE_ECONNECT || rc == -KVNODE_EIO;
+}
+
+/* --- tombstones (loop thread) ------------------------------------------------------- */
+
+static size_t tomb_slot(const struct tombs *t, uint64_t fp, uint32_t rank, int64_t key)
+{
+    uint64_t h = fp ^ ((uint64_t)rank << 32) ^ ((uint64_t)key * UINT64_C(0x9e3779b97f4a7c15));
+    h ^= h >> 33;
+    h *= UINT64_C(0xff51afd7ed558ccd);
+    h ^= h >> 33;
+    return (size_t)h & (t->tsize - 1);
+}
+
+/* The table slot of the key, or SIZE_MAX. */
+static size_t tomb_find(const struct tombs *t, uint64_t fp, uint32_t rank, int64_t key)
+{
+    if (!t->table)
+        return SIZE_MAX;
+    for (size_t i = tomb_slot(t, fp, rank, key);; i = (i + 1) & (t->tsize - 1)) {
+        const struct tomb *e = &t->table[i];
+        if (!e->seq)
+            return SIZE_MAX;
+        if (e->fp == fp && e->rank == rank && e->key == key)
+            return i;
+    }
+}
+
+/* Empty slot i, shifting back the entries of its probe run (no markers). */
+static void tomb_erase(struct tombs *t, size_t i)
+{
+    size_t mask = t->tsize - 1;
+    for (;;) {
+        t->table[i].seq = 0;
+        size_t j = i;
+        for (;;) {
+            j = (j + 1) & mask;
+            if (!t->table[j].seq)
+                return;
+            size_t h = tomb_slot(t, t->table[j].fp, t->table[j].rank, t->table[j].key);
+            /* j stays when its home h lies cyclically in (i, j] */
+            if (i <= j ? (i < h && h <= j) : (i < h || h <= j))
+                continue;
+            t->table[i] = t->table[j];
+            i = j;
+            break;
+        }
+    }
+}
+
+static bool tomb_hidden(const struct persist *p, const struct kvs_ns *ns, int64_t key)
+{
+    return p->c.tombstones &&
+           tomb_find(&p->tombs, ns->fingerprint, ns->layout->tp_rank, key) != SIZE_MAX;
+}
+
+static void tomb_add(struct persist *p, uint64_t fp, uint32_t rank, int64_t key)
+{
+    struct tombs *t = &p->tombs;
+    if (!t->table) {
+        size_t tsize = 16;
+        while (tsize < 2 * t->cap)
+            tsize *= 2;
+        t->table = calloc(tsize, sizeof *t->table);
+        t->ring = calloc(t->cap, sizeof *t->ring);
+        if (!t->table || !t->ring) {
+            free(t->table);
+            free(t->ring);
+            t->table = t->ring = NULL;
+            p->c.tombstones_dropped++;
+            return;
+        }
+        t->tsize = tsize;
+    }
+    if (tomb_find(t, fp, rank, key) != SIZE_MAX)
+        return;
+    if (t->count == t->cap) {   /* forget the oldest */
+        const struct tomb *old = &t->ring[t->head];
+        size_t i = tomb_find(t, old->fp, old->rank, old->key);
+        if (i != SIZE_MAX && t->table[i].seq == old->seq) {
+            tomb_erase(t, i);
+            p->c.tombstones--;
+            p->c.tombstones_dropped++;
+        }
+        t->head = (t->head + 1) % t->cap;
+        t->count--;
+    }
+    struct tomb e = { .fp = fp, .key = key, .seq = ++t->seq, .rank = rank };
+    t->ring[(t->head + t->count) % t->cap] = e;
+    t->count++;
+    size_t i = tomb_slot(t, fp, rank, key);
+    while (t->table[i].seq)
+        i = (i + 1) & (t->tsize - 1);
+    t->table[i] = e;
+    p->c.tombstones++;
+}
+
+static void tomb_remove(struct persist *p, const kv_namespace *ns, int64_t key)
+{
+    if (!p->c.tombstones)
+        return;
+    size_t i = tomb_find(&p->tombs, ns->fingerprint, ns->layout.tp_rank, key);
+    if (i != SIZE_MAX) {
+        tomb_erase(&p->tombs, i);
+        p->c.tombstones--;
+    }
+}
+
+void persist_hide(struct persist *p, const kv_namespace *ns, const int64_t *keys, size_t n)
+{
+    if (!p || !ns || !p->be->keeps_deleted || p->tombs.cap == 0)
+        return;
+    for (size_t i = 0; i < n; i++)
+        tomb_add(p, ns->fingerprint, ns->layout.tp_rank, keys[i]);
 }
 
 /* --- state (loop thread) --------------------------------------------------------- */
@@ -289,6 +440,97 @@ static const void *job_write_source(struct pjob *pj, struct pworker *w)
     return w->bounce;
 }
 
+/* Batching (worker thread): queued jobs of the same kind right behind this
+ * one join it, up to PERSIST_BATCH_MAX blocks and PERSIST_BATCH_BYTES. */
+struct batch_room { size_t bytes; };
+
+static bool batch_accept(const struct workq_job *first, const struct workq_job *cand, void *arg)
+{
+    const struct pjob *a = (const struct pjob *)first, *b = (const struct pjob *)cand;
+    struct batch_room *room = arg;
+    if (b->op != a->op || b->p != a->p || room->bytes + b->len > PERSIST_BATCH_BYTES)
+        return false;
+    room->bytes += b->len;
+    return true;
+}
+
+/* Run a write or read with the queued ones that can join it as one backend
+ * batch (put_batch / get_batch): every job keeps its own result. */
+static void job_run_batch(struct pjob *pj, struct pworker *w)
+{
+    const struct kvs_backend *be = pj->p->be;
+    struct workq_job *more[PERSIST_BATCH_MAX - 1];
+    struct pjob *jobs[PERSIST_BATCH_MAX];
+    struct kvs_item items[PERSIST_BATCH_MAX];
+    struct batch_room room = { pj->len };
+    size_t n = 1 + workq_take_more(&pj->job, batch_accept, &room, more, PERSIST_BATCH_MAX - 1);
+    bool write = pj->op == PERSIST_OP_WRITE;
+    size_t m = 0, bounce_need = 0;
+
+    jobs[0] = pj;
+    for (size_t i = 1; i < n; i++)
+        jobs[i] = (struct pjob *)more[i - 1];
+    for (size_t i = 0; i < n; i++) {
+        jobs[i]->err[0] = '\0';
+        jobs[i]->ndeleted = 0;
+        jobs[i]->kind = -1;
+        if (write && jobs[i]->dm)
+            bounce_need += jobs[i]->len;
+    }
+    /* Device blocks are copied to host memory first, back to back. */
+    if (bounce_need > w->bounce_len) {
+        void *b = realloc(w->bounce, bounce_need);
+        if (b) {
+            w->bounce = b;
+            w->bounce_len = bounce_need;
+        }
+    }
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct pjob *j = jobs[i];
+        const void *src = j->wdata;
+        if (write && j->dm) {
+            if (w->bounce_len < at + j->len) {
+                snprintf(j->err, sizeof j->err, "out of memory for a %zu-byte copy of an HBM block",
+                         j->len);
+                src = NULL;
+            } else if (devmem_copy_to_host(j->dm, j->device, (uint8_t *)w->bounce + at, j->wdata,
+                                           j->len, j->err, sizeof j->err) < 0) {
+                src = NULL;
+            } else {
+                src = (uint8_t *)w->bounce + at;
+                at += j->len;
+            }
+        }
+        if (write && !src) {
+            j->rc = -KVNODE_EIO;
+            j->kind = failure_kind(j->rc);
+            continue;
+        }
+        items[m++] = (struct kvs_item){ .ns = &j->ns, .key = j->key, .src = src, .dst = j->rdata,
+                                        .len = j->len };
+        j->rc = INT_MIN;   /* in the batch: set below */
+    }
+    char err[PERSIST_ERR_MAX] = "";
+    int rc = m == 0 ? 0 : write ? be->put_batch(w->s, items, m, err, sizeof err)
+                                : be->get_batch(w->s, items, m, err, sizeof err);
+    bool reopen = needs_reopen(rc);
+    for (size_t i = 0, k = 0; i < n; i++) {
+        struct pjob *j = jobs[i];
+        if (j->rc != INT_MIN)
+            continue;
+        j->rc = items[k++].rc;
+        if (j->rc < 0) {
+            j->kind = failure_kind(j->rc);
+            snprintf(j->err, sizeof j->err, "%s", err);
+            reopen = reopen || needs_reopen(j->rc);
+        } else if (j->rc == KVS_CORRUPT) {
+            snprintf(j->err, sizeof j->err, "%s", err);
+        }
+    }
+    w->reopen = reopen;
+}
+
 static void job_run(struct workq_job *j, void *ctx)
 {
     struct pjob *pj = (struct pjob *)j;
@@ -313,6 +555,11 @@ static void job_run(struct workq_job *j, void *ctx)
             return;
         }
     }
+    if ((pj->op == PERSIST_OP_WRITE && be->put_batch) ||
+        (pj->op == PERSIST_OP_READ && be->get_batch)) {
+        job_run_batch(pj, w);
+        return;
+    }
     switch (pj->op) {
     case PERSIST_OP_WRITE: {
         const void *src = job_write_source(pj, w);
@@ -325,6 +572,10 @@ static void job_run(struct workq_job *j, void *ctx)
         break;
     case PERSIST_OP_DELETE:
         rc = 0;
+        /* A store that keeps deleted blocks has nothing to be told: the
+         * loop hid the keys when they were deleted (persist_hide). */
+        if (be->keeps_deleted)
+            break;
         /* Stop at the first failure: a store that is down would only make
          * every remaining key wait for its own timeout. */
         for (size_t i = 0; i < pj->n && rc == 0; i++)
@@ -385,6 +636,21 @@ static void job_done(struct workq_job *j)
 {
     struct pjob *pj = (struct pjob *)j;
     struct persist *p = pj->p;
+
+    /* A key deleted since (or before) the store was asked stays deleted,
+     * whatever the store still holds. */
+    if (!j->cancelled && pj->op == PERSIST_OP_READ && pj->rc == 0 &&
+        tomb_hidden(p, &pj->ns, pj->key)) {
+        pj->rc = KVS_MISS;
+        p->c.tombstone_hits++;
+    }
+    if (!j->cancelled && pj->op == PERSIST_OP_EXISTS && pj->rc == 0 && p->c.tombstones)
+        for (size_t i = 0; i < pj->n; i++)
+            if (pj->wpresent[i] && tomb_hidden(p, &pj->ns, pj->keys[i])) {
+                pj->wpresent[i] = 0;
+                p->c.tombstone_hits++;
+            }
+
     int rc = j->cancelled ? -KVNODE_ESHUTDOWN : pj->rc;
 
     if (!j->cancelled)
@@ -493,6 +759,9 @@ static int persist_write_from(struct persist *p, const kv_namespace *ns, int64_t
         return rc;
     if (!data || !done)
         return -KVNODE_EINVAL;
+    /* Put again after a delete: visible again (what the store then holds
+     * under the key is this block, or one written before it, see v6d.h). */
+    tomb_remove(p, ns, key);
     struct pjob *pj = job_new(p, PERSIST_OP_WRITE, ns, 0, done, arg);
     if (!pj)
         return -KVNODE_ENOMEM;
@@ -752,6 +1021,8 @@ int persist_scan_start(struct persist *p, persist_found_fn found, persist_done_f
 
 static void persist_free(struct persist *p)
 {
+    free(p->tombs.table);
+    free(p->tombs.ring);
     if (p->health_ev)
         event_free(p->health_ev);
     if (p->scan_reap_ev)
@@ -812,12 +1083,15 @@ int persist_create(struct event_base *base, const struct kvn_config *cfg, struct
     snprintf(p->path, sizeof p->path, "%s", cfg->persist_path);
     snprintf(p->url, sizeof p->url, "%s", cfg->persist_url);
     snprintf(p->sock, sizeof p->sock, "%s", cfg->persist_socket);
+    snprintf(p->object_ns, sizeof p->object_ns, "%s", cfg->persist_object_namespace);
+    p->tombs.cap = cfg->persist_tombstones;
     p->kcfg.backend = be->name;
     p->kcfg.path = p->path;
     p->kcfg.capacity_bytes = cfg->persist_capacity;
     p->kcfg.fsync_policy = cfg->persist_fsync;
     p->kcfg.url = p->url;
     p->kcfg.socket_path = p->sock;
+    p->kcfg.object_namespace = p->object_ns;
     p->kcfg.connect_timeout_ms = cfg->persist_connect_timeout_ms;
     p->kcfg.timeout_ms = cfg->persist_timeout_ms;
     p->health_ev = event_new(base, -1, EV_PERSIST, health_cb, p);

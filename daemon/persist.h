@@ -67,6 +67,11 @@ struct persist_counters {
     uint64_t read_blocks, read_bytes;           /* successful reads (promotions) */
     uint64_t read_misses;                       /* reads that found no block (KVS_MISS) */
     uint64_t deleted_keys;                      /* keys sent to the store's delete */
+    /* tombstones: keys deleted while the store keeps them (v6d) */
+    uint64_t tombstones;                        /* hidden now ([persist] tombstones bounds it) */
+    uint64_t tombstones_dropped;                /* forgotten to make room (oldest first): such
+                                                   a key can be found in the store again */
+    uint64_t tombstone_hits;                    /* lookups and reads a tombstone hid */
     uint64_t failures[PERSIST_OPS][PERSIST_FAIL_KINDS];
     uint64_t refused_queue_full;                /* requests refused: queue full (the cache
                                                    queues writes again; see cache.h) */
@@ -118,6 +123,16 @@ int  persist_write_device(struct persist *p, const kv_namespace *ns, int64_t key
                           void *arg);
 int  persist_read(struct persist *p, const kv_namespace *ns, int64_t key, void *data, size_t len,
                   persist_done_fn done, void *arg);
+/* keys were deleted: for a store that cannot delete what it holds (v6d:
+ * keeps_deleted) remember each in a bounded FIFO of tombstones, so that
+ * lookups (persist_exists) and reads (persist_read) stop finding it — also
+ * those already under way — until it is put again (persist_write and
+ * persist_write_device forget its tombstone) or until [persist] tombstones
+ * newer deletes push it out (counted in tombstones_dropped). Tombstones
+ * live in memory: a restarted daemon finds the store's copies again. Call
+ * it when the delete happens, before later lookups; a no-op for stores
+ * that delete (file). */
+void persist_hide(struct persist *p, const kv_namespace *ns, const int64_t *keys, size_t n);
 /* keys are copied; done may be NULL. */
 int  persist_delete(struct persist *p, const kv_namespace *ns, const int64_t *keys, size_t n,
                     persist_done_fn done, void *arg);

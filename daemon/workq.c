@@ -30,7 +30,12 @@ struct workq_thread {
     pthread_t     tid;
     struct worker *w;            /* registered by workq_create, unregistered by the thread */
     char          name[WORKER_NAME_MAX];
+    struct workq_job *taken_head, *taken_tail;   /* workq_take_more during this run() */
+    size_t        ntaken;
 };
+
+/* The worker thread's own record (NULL on other threads): workq_take_more. */
+static __thread struct workq_thread *self_thread;
 
 struct workq {
     struct event_base *loop;
@@ -135,6 +140,7 @@ static void *worker_main(void *arg)
     memcpy(tname, t->name, tlen);
     tname[tlen] = '\0';
     pthread_setname_np(pthread_self(), tname);
+    self_thread = t;
 
     if (q->hooks.init) {
         int rc = q->hooks.init(q->hooks.arg, t->index, &ctx);
@@ -169,10 +175,19 @@ static void *worker_main(void *arg)
         job->run(job, ctx);
         worker_heartbeat(w);
 
+        struct workq_job *taken = t->taken_head;
+        size_t ntaken = t->ntaken;
+        t->taken_head = t->taken_tail = NULL;
+        t->ntaken = 0;
         pthread_mutex_lock(&q->lock);
-        q->running--;
+        q->running -= 1 + ntaken;
         pthread_mutex_unlock(&q->lock);
         complete(q, job);
+        while (taken) {
+            struct workq_job *next = taken->wq_next;
+            complete(q, taken);
+            taken = next;
+        }
         pthread_mutex_lock(&q->lock);
     }
     pthread_mutex_unlock(&q->lock);
@@ -181,6 +196,38 @@ static void *worker_main(void *arg)
         q->hooks.fini(q->hooks.arg, ctx);
     worker_unregister(w);
     return NULL;
+}
+
+size_t workq_take_more(struct workq_job *first,
+                       bool (*accept)(const struct workq_job *first,
+                                      const struct workq_job *candidate, void *arg),
+                       void *arg, struct workq_job **out, size_t max)
+{
+    struct workq_thread *t = self_thread;
+    size_t n = 0;
+
+    if (!t || !first || !accept)
+        return 0;
+    struct workq *q = t->q;
+    pthread_mutex_lock(&q->lock);
+    while (n < max && q->head && !q->stopping && accept(first, q->head, arg)) {
+        struct workq_job *job = q->head;
+        q->head = job->wq_next;
+        if (!q->head)
+            q->tail = NULL;
+        q->queued--;
+        q->running++;
+        job->wq_next = NULL;
+        if (t->taken_tail)
+            t->taken_tail->wq_next = job;
+        else
+            t->taken_head = job;
+        t->taken_tail = job;
+        t->ntaken++;
+        out[n++] = job;
+    }
+    pthread_mutex_unlock(&q->lock);
+    return n;
 }
 
 /* --- loop side -------------------------------------------------------------- */

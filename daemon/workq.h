@@ -92,6 +92,20 @@ int  workq_create_hooks(struct event_base *loop, const char *name, unsigned nthr
                         size_t capacity, const struct workq_thread_hooks *hooks,
                         struct workq **out, char *err, size_t errlen);
 
+/* Batching, from inside a run() on a worker thread (and only there): take
+ * up to max further jobs from the head of the queue, in queue order, as
+ * long as accept(first, candidate, arg) says yes — it stops at the first job
+ * refused, so no job is ever taken past one left queued (the queue's order
+ * holds). The taken jobs are the caller's to execute within this run():
+ * their own run() is not called. When the run() returns they complete, in
+ * order, after `first`, each with its own done(). accept runs under the
+ * queue's lock: it must be quick and must not call into the workq. Returns
+ * the number taken (0 outside a worker thread). */
+size_t workq_take_more(struct workq_job *first,
+                       bool (*accept)(const struct workq_job *first,
+                                      const struct workq_job *candidate, void *arg),
+                       void *arg, struct workq_job **out, size_t max);
+
 /* Queue a job; never blocks. 0; -KVNODE_ELIMIT (and dropped_total counts it)
  * when `capacity` jobs are outstanding — queued, running, or finished with
  * done() not yet called; -KVNODE_EINVAL for a job without run/done;

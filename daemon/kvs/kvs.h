@@ -15,6 +15,7 @@
 #ifndef KVNODE_KVS_H
 #define KVNODE_KVS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,6 +38,7 @@ struct kvs_config {
     int fsync_policy;             /* KVS_FSYNC_* */
     const char *url;              /* v6d: control-plane base URL */
     const char *socket_path;      /* v6d: data-plane unix socket */
+    const char *object_namespace; /* v6d: first part of every object key (NULL/"": rtp_llm) */
     uint32_t connect_timeout_ms, timeout_ms;
 };
 
@@ -52,6 +54,16 @@ struct kvs_found {
 
 struct kvs_store;
 struct kvs_scan;
+
+/* One block of a batch (put_batch / get_batch). */
+struct kvs_item {
+    const struct kvs_ns *ns;
+    int64_t key;
+    const void *src;              /* put: the block's bytes */
+    void *dst;                    /* get: where they go */
+    size_t len;                   /* == ns->layout->block_bytes */
+    int rc;                       /* out: what put / get would have returned for it */
+};
 
 struct kvs_backend {
     const char *name;
@@ -78,6 +90,19 @@ struct kvs_backend {
                  void (*found)(void *arg, const struct kvs_found *f), void *arg,
                  char *err, size_t errlen);
     void (*close)(struct kvs_store *s);
+    /* Optional (NULL: the caller calls put / get per block): the same for n
+     * blocks in as few store calls as the backend can make. Every item's rc
+     * is set. Returns 0 when the batch reached the store (items may still
+     * have failed one by one), or < 0 when it failed as a whole (every
+     * item's rc is that code too; err says why). */
+    int  (*put_batch)(struct kvs_store *s, struct kvs_item *items, size_t n, char *err,
+                      size_t errlen);
+    int  (*get_batch)(struct kvs_store *s, struct kvs_item *items, size_t n, char *err,
+                      size_t errlen);
+    /* del cannot remove a stored block (v6d: a sealed object is permanent,
+     * the protocol discards unsealed ones only): the caller must hide deleted
+     * keys itself (persist's tombstones). */
+    bool keeps_deleted;
 };
 
 /* The backends (kvs_backend_find() knows them by name). */

@@ -29,7 +29,7 @@
 #include "namespace.h"
 
 #define LEASE_MAX   256          /* longest lease_id we keep */
-#define KEY_MAX     (sizeof(V6D_KEY_NS) + NS_DEPLOYMENT_ID_MAX + 96)
+#define KEY_MAX     (V6D_OBJECT_NS_MAX + V6D_DEPLOYMENT_ID_MAX + 96)
 #define SNIPPET     160          /* body bytes quoted in error messages */
 
 struct kvs_store {
@@ -37,6 +37,7 @@ struct kvs_store {
     struct curl_slist *hdrs;
     char *base_url;              /* without trailing '/' */
     char *sock_path;
+    char object_ns[V6D_OBJECT_NS_MAX];   /* first part of every object key */
     uint32_t connect_timeout_ms, timeout_ms;
     char *body;                  /* last reply body (NUL-terminated), V6D_MAX_HTTP_BODY cap */
     size_t body_len, body_cap;
@@ -51,6 +52,63 @@ struct kvs_store {
 static atomic_uint next_handle_id;
 /* ---- object keys --------------------------------------------------------------- */
 
+/* rtp-llm's hashString (KVSConnector.cc:26-35 @85c02327f, PR #1154): FNV-1a
+ * over the bytes, prime 1099511628211, but the offset basis its code has is
+ * 1469598103934665603 — one digit short of the standard FNV-1a basis
+ * 14695981039346656037 (namespace.c's ns_fnv1a64 uses that one). It is what
+ * rtp-llm engines put in their object keys, so keys that must be theirs use
+ * it as it is: "fixing" it would make every key differ from rtp-llm's. */
+#define V6D_RTP_HASH_BASIS UINT64_C(1469598103934665603)
+#define V6D_RTP_HASH_PRIME UINT64_C(1099511628211)
+
+uint64_t v6d_rtp_hash_string(const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    uint64_t h = V6D_RTP_HASH_BASIS;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= V6D_RTP_HASH_PRIME;
+    }
+    return h;
+}
+
+/* The value of the extra item "kvs_deployment_id=<id>" (items separated by
+ * ';'): a pointer into extra and its length, or NULL. */
+static const char *engine_deployment_id(const char *extra, size_t extra_max, size_t *len)
+{
+    static const char tag[] = V6D_EXTRA_DEPLOYMENT_ID "=";
+    size_t n = strnlen(extra, extra_max);
+    for (size_t at = 0; at < n;) {
+        const char *item = extra + at;
+        const char *semi = memchr(item, ';', n - at);
+        size_t ilen = semi ? (size_t)(semi - item) : n - at;
+        if (ilen >= sizeof tag - 1 && memcmp(item, tag, sizeof tag - 1) == 0) {
+            *len = ilen - (sizeof tag - 1);
+            return item + sizeof tag - 1;
+        }
+        at += ilen + 1;
+    }
+    return NULL;
+}
+
+size_t v6d_deployment_id(const struct ns_layout *l, char *buf, size_t len)
+{
+    size_t idlen = 0;
+    const char *id = engine_deployment_id(l->extra, sizeof l->extra, &idlen);
+    int n;
+    if (id && idlen > 0) {
+        n = snprintf(buf, len, "%.*s", (int)idlen, id);
+    } else {
+        char canon[NS_MODEL_MAX + NS_DTYPE_MAX + NS_EXTRA_MAX + 256];
+        size_t cl = ns_canonical_string(l, canon, sizeof canon);
+        if (cl >= sizeof canon)
+            cl = sizeof canon - 1;
+        n = snprintf(buf, len, "%.*s-%" PRIx64, (int)strnlen(l->model, sizeof l->model),
+                     l->model, v6d_rtp_hash_string(canon, cl));
+    }
+    return n < 0 ? 0 : (size_t)n;
+}
+
 static size_t put_part(char *buf, size_t len, size_t at, const char *s)
 {
     for (; *s; s++, at++)
@@ -59,15 +117,17 @@ static size_t put_part(char *buf, size_t len, size_t at, const char *s)
     return at;
 }
 
-size_t v6d_object_key(const struct kvs_ns *ns, int64_t key, char *buf, size_t len)
+size_t v6d_object_key(const char *object_ns, const struct kvs_ns *ns, int64_t key, char *buf,
+                      size_t len)
 {
-    char ver[16], rank[32], grp[32], blk[32];
+    char ver[16], dep[V6D_DEPLOYMENT_ID_MAX], rank[32], grp[32], blk[32];
     snprintf(ver, sizeof ver, "v%d", V6D_KEY_VERSION);
+    v6d_deployment_id(ns->layout, dep, sizeof dep);
     snprintf(rank, sizeof rank, "tp-%" PRIu32, ns->layout->tp_rank);
     snprintf(grp, sizeof grp, "group-%d", V6D_KEY_GROUP);
     snprintf(blk, sizeof blk, "block-%" PRId64, key);
-    const char *parts[] = { V6D_KEY_NS, ver, ns->deployment_id ? ns->deployment_id : "", rank,
-                            grp, blk };
+    const char *parts[] = { object_ns && *object_ns ? object_ns : V6D_DEFAULT_OBJECT_NS, ver,
+                            dep, rank, grp, blk };
     size_t at = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         if (i) {
@@ -196,9 +256,11 @@ static int parse_object(json_t *o, size_t idx, const char *const *keys, size_t n
     return 0;
 }
 
-int v6d_parse_acquire_reply(const char *body, size_t len, const char *const *keys, size_t n,
-                            char *lease_id, size_t lease_cap, struct v6d_obj *objs,
-                            char *err, size_t errlen)
+/* create: a create reply, where a null entry or an invalid handle fails the
+ * whole store (rtp-llm's client discards; existing objects must be omitted). */
+static int parse_acquire(const char *body, size_t len, const char *const *keys, size_t n,
+                         char *lease_id, size_t lease_cap, struct v6d_obj *objs, bool create,
+                         char *err, size_t errlen)
 {
     if (lease_cap)
         lease_id[0] = '\0';
@@ -239,13 +301,24 @@ int v6d_parse_acquire_reply(const char *body, size_t len, const char *const *key
     size_t idx;
     json_t *o;
     json_array_foreach(objects, idx, o) {
-        if (json_is_null(o))
+        if (json_is_null(o) && !create)
             continue;
+        if (json_is_null(o)) {
+            errmsg_set(err, errlen, "create reply: objects[%zu] is null (an existing object "
+                       "must be omitted)", idx);
+            rc = -KVNODE_EPROTO;
+            goto out;
+        }
         size_t slot = 0;
         struct v6d_obj tmp;
         rc = parse_object(o, idx, keys, n, &slot, &tmp, err, errlen);
         if (rc < 0)
             goto out;
+        if (create && !tmp.present) {
+            errmsg_set(err, errlen, "create reply: objects[%zu] has an invalid object_id", idx);
+            rc = -KVNODE_EPROTO;
+            goto out;
+        }
         if (seen[slot]) {
             errmsg_set(err, errlen, "objects[%zu]: key \"%.200s\" appears twice", idx, keys[slot]);
             rc = -KVNODE_EPROTO;
@@ -261,6 +334,13 @@ out:
     free(seen);
     json_decref(doc);
     return rc;
+}
+
+int v6d_parse_acquire_reply(const char *body, size_t len, const char *const *keys, size_t n,
+                            char *lease_id, size_t lease_cap, struct v6d_obj *objs,
+                            char *err, size_t errlen)
+{
+    return parse_acquire(body, len, keys, n, lease_id, lease_cap, objs, false, err, errlen);
 }
 
 /* ---- control plane ------------------------------------------------------------- */
@@ -368,9 +448,9 @@ static void next_request_id(struct kvs_store *s, char *buf, size_t len)
 }
 
 /* acquire: POST body, expect 200, parse for keys. rc < 0 with lease_id set
- * means a lease was granted and must still be released. */
+ * means a lease was granted and must still be ended. */
 static int acquire(struct kvs_store *s, json_t *req, const char *const *keys, size_t n,
-                   char *lease_id, struct v6d_obj *objs, char *err, size_t errlen)
+                   bool create, char *lease_id, struct v6d_obj *objs, char *err, size_t errlen)
 {
     lease_id[0] = '\0';
     char *js = json_dumps(req, JSON_COMPACT);
@@ -382,8 +462,8 @@ static int acquire(struct kvs_store *s, json_t *req, const char *const *keys, si
     free(js);
     if (rc < 0)
         return rc;
-    return v6d_parse_acquire_reply(s->body ? s->body : "", s->body_len, keys, n, lease_id,
-                                   LEASE_MAX, objs, err, errlen);
+    return parse_acquire(s->body ? s->body : "", s->body_len, keys, n, lease_id, LEASE_MAX, objs,
+                         create, err, errlen);
 }
 
 /* ---- data plane ------------------------------------------------------------------ */
@@ -717,6 +797,15 @@ static int v6d_open(const struct kvs_config *cfg, struct kvs_store **out, char *
     s->connect_timeout_ms = cfg->connect_timeout_ms ? cfg->connect_timeout_ms
                                                     : V6D_DEFAULT_CONNECT_TIMEOUT_MS;
     s->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : V6D_DEFAULT_TIMEOUT_MS;
+    if (cfg->object_namespace && strlen(cfg->object_namespace) >= sizeof s->object_ns) {
+        errmsg_set(err, errlen, "v6d: object namespace of %zu bytes (at most %zu)",
+                   strlen(cfg->object_namespace), sizeof s->object_ns - 1);
+        free(s);
+        return -KVNODE_EINVAL;
+    }
+    snprintf(s->object_ns, sizeof s->object_ns, "%s",
+             cfg->object_namespace && *cfg->object_namespace ? cfg->object_namespace
+                                                             : V6D_DEFAULT_OBJECT_NS);
     s->base_url = strdup(cfg->url);
     s->sock_path = strdup(cfg->socket_path);
     s->curl = curl_easy_init();
@@ -762,75 +851,160 @@ static int v6d_health(struct kvs_store *s, char *err, size_t errlen)
     return 0;
 }
 
-/* Best-effort end of a lease after a failure (err keeps the first failure). */
+/* Best-effort end of a lease after a failure (err keeps the first failure):
+ * a create lease is discarded — only discarded, as rtp-llm's client does: a
+ * discarded lease is gone — and a read lease released. */
 static void abandon(struct kvs_store *s, const char *lease_id, bool discard)
 {
     char ignore[64];
     if (!lease_id[0])
         return;
-    if (discard)
-        lease_call(s, "discard", lease_id, NULL, ignore, sizeof ignore);
-    lease_call(s, "release", lease_id, NULL, ignore, sizeof ignore);
+    lease_call(s, discard ? "discard" : "release", lease_id, NULL, ignore, sizeof ignore);
 }
 
-static int v6d_put(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, const void *data,
-                   size_t len, char *err, size_t errlen)
+/* The distinct object keys of a batch: keys[0..m) with their strings,
+ * first[j] the first item of key j, slot[i] the key of item i. */
+struct batch {
+    char (*k)[KEY_MAX];
+    const char **keys;
+    size_t *first, *slot;
+    struct v6d_obj *objs;
+    size_t m;
+};
+
+static void batch_free(struct batch *b)
 {
-    char k[KEY_MAX], rid[64], lease[LEASE_MAX];
-    struct v6d_obj obj;
-    const char *keys[1] = { k };
-    if (len == 0 || len != ns->layout->block_bytes) {
-        errmsg_set(err, errlen, "v6d put: %zu bytes for a block of %" PRIu64, len,
-                   ns->layout->block_bytes);
-        return -KVNODE_EINVAL;
-    }
-    if (v6d_object_key(ns, key, k, sizeof k) >= sizeof k) {
-        errmsg_set(err, errlen, "v6d put: object key too long");
-        return -KVNODE_EINVAL;
-    }
-    int rc = dp_ensure(s, err, errlen);
-    if (rc < 0)
-        return rc;
-    next_request_id(s, rid, sizeof rid);
-    json_t *req = json_pack("{s:s, s:[s], s:[{s:I, s:s}], s:i, s:s, s:b}", "scope", "create",
-                            "object_keys", k, "object_metas", "size", (json_int_t)len,
-                            "layout", V6D_LAYOUT, "term", V6D_TERM_S, "request_id", rid,
-                            "ignore_existing", 1);
-    if (!req) {
-        errmsg_set(err, errlen, "v6d put: out of memory");
+    free(b->k);
+    free(b->keys);
+    free(b->first);
+    free(b->slot);
+    free(b->objs);
+}
+
+static void batch_fail(struct kvs_item *it, size_t n, int rc)
+{
+    for (size_t i = 0; i < n; i++)
+        it[i].rc = rc;
+}
+
+/* put: every item must be one whole block (a get's len is only what the
+ * caller expects: an object of another size is a miss). */
+static int batch_make(struct kvs_store *s, struct kvs_item *it, size_t n, struct batch *b,
+                      bool put, char *err, size_t errlen)
+{
+    memset(b, 0, sizeof *b);
+    b->k = malloc(n * sizeof *b->k);
+    b->keys = malloc(n * sizeof *b->keys);
+    b->first = malloc(n * sizeof *b->first);
+    b->slot = malloc(n * sizeof *b->slot);
+    b->objs = malloc(n * sizeof *b->objs);
+    const char *what = put ? "put" : "get";
+    if (!b->k || !b->keys || !b->first || !b->slot || !b->objs) {
+        errmsg_set(err, errlen, "v6d %s: out of memory", what);
         return -KVNODE_ENOMEM;
     }
-    rc = acquire(s, req, keys, 1, lease, &obj, err, errlen);
+    for (size_t i = 0; i < n; i++) {
+        if (it[i].len == 0 || (put && it[i].len != it[i].ns->layout->block_bytes)) {
+            errmsg_set(err, errlen, "v6d %s: %zu bytes for a block of %" PRIu64, what, it[i].len,
+                       it[i].ns->layout->block_bytes);
+            return -KVNODE_EINVAL;
+        }
+        if (v6d_object_key(s->object_ns, it[i].ns, it[i].key, b->k[b->m], KEY_MAX) >= KEY_MAX) {
+            errmsg_set(err, errlen, "v6d %s: object key too long", what);
+            return -KVNODE_EINVAL;
+        }
+        size_t j;
+        for (j = 0; j < b->m; j++)   /* batches are small (PERSIST_BATCH_MAX) */
+            if (strcmp(b->k[j], b->k[b->m]) == 0)
+                break;
+        if (j == b->m) {
+            b->keys[j] = b->k[j];
+            b->first[j] = i;
+            b->m++;
+        }
+        b->slot[i] = j;
+    }
+    return 0;
+}
+
+/* rtp-llm's store (KVSClient::store): one acquire(create, ignore_existing)
+ * for every object, copy, seal, release; on any failure after the acquire
+ * only discard. An empty lease_id means everything exists already; objects
+ * left out of a non-empty lease exist too (their old bytes stay). */
+static int v6d_put_batch(struct kvs_store *s, struct kvs_item *it, size_t n, char *err,
+                         size_t errlen)
+{
+    struct batch b;
+    char rid[64], lease[LEASE_MAX] = "";
+    json_t *req = NULL;
+    int rc = n ? batch_make(s, it, n, &b, true, err, errlen) : 0;
+    if (n == 0)
+        return 0;
+    if (rc < 0)
+        goto fail;
+    if ((rc = dp_ensure(s, err, errlen)) < 0)
+        goto fail;
+    next_request_id(s, rid, sizeof rid);
+    json_t *keys = json_array(), *metas = json_array();
+    for (size_t j = 0; keys && metas && j < b.m; j++)
+        if (json_array_append_new(keys, json_string(b.keys[j])) < 0 ||
+            json_array_append_new(metas, json_pack("{s:I, s:s}", "size",
+                                                   (json_int_t)it[b.first[j]].len,
+                                                   "layout", V6D_LAYOUT)) < 0)
+            break;
+    if (keys && metas && json_array_size(keys) == b.m && json_array_size(metas) == b.m)
+        req = json_pack("{s:s, s:o, s:o, s:i, s:s, s:b}", "scope", "create", "object_keys", keys,
+                        "object_metas", metas, "term", V6D_TERM_S, "request_id", rid,
+                        "ignore_existing", 1);
+    else {
+        json_decref(keys);
+        json_decref(metas);
+    }
+    if (!req) {
+        errmsg_set(err, errlen, "v6d put: out of memory");
+        rc = -KVNODE_ENOMEM;
+        goto fail;
+    }
+    rc = acquire(s, req, b.keys, b.m, true, lease, b.objs, err, errlen);
     json_decref(req);
     if (rc < 0)
         goto fail;
     if (!lease[0])
-        return 0;                                     /* already stored */
-    if (!obj.present) {
-        errmsg_set(err, errlen, "v6d put: acquire granted lease %s without the object %s",
-                   lease, k);
-        rc = -KVNODE_EPROTO;
-        goto fail;
-    }
-    if (obj.size != len || obj.offset > s->map_size || obj.size > s->map_size - obj.offset) {
-        errmsg_set(err, errlen, "v6d put: store gave %" PRIu64 " bytes at offset %" PRIu64
-                   " (block %zu bytes, mapping %zu bytes): refused", obj.size, obj.offset, len,
-                   s->map_size);
-        rc = -KVNODE_EPROTO;
-        goto fail;
+        goto ok;                                      /* everything is stored already */
+    for (size_t j = 0; j < b.m; j++) {
+        const struct v6d_obj *o = &b.objs[j];
+        size_t len = it[b.first[j]].len;
+        if (o->present && (o->size != len || o->offset > s->map_size ||
+                           o->size > s->map_size - o->offset)) {
+            errmsg_set(err, errlen, "v6d put: store gave %" PRIu64 " bytes at offset %" PRIu64
+                       " for %s (block %zu bytes, mapping %zu bytes): refused", o->size,
+                       o->offset, b.keys[j], len, s->map_size);
+            rc = -KVNODE_EPROTO;
+            goto fail;
+        }
     }
     if (!dp_alive(s)) {
         errmsg_set(err, errlen, "v6d put: data-plane connection lost (store restarted?)");
         rc = -KVNODE_ECLOSED;
         goto fail;
     }
-    memcpy(s->map + obj.offset, data, len);
+    for (size_t j = 0; j < b.m; j++)
+        if (b.objs[j].present)
+            memcpy(s->map + b.objs[j].offset, it[b.first[j]].src, it[b.first[j]].len);
     if ((rc = lease_call(s, "seal", lease, rid, err, errlen)) < 0)
         goto fail;
-    return lease_call(s, "release", lease, NULL, err, errlen);
-
+    /* Sealed objects stay after release; a failed release only leaves the
+     * lease to its term (rtp-llm logs it and goes on). */
+    char ignore[64];
+    lease_call(s, "release", lease, NULL, ignore, sizeof ignore);
+ok:
+    batch_fail(it, n, 0);
+    batch_free(&b);
+    return 0;
 fail:
     abandon(s, lease, true);
+    batch_fail(it, n, rc);
+    batch_free(&b);
     return rc;
 }
 
@@ -854,61 +1028,89 @@ static int v6d_read_acquire(struct kvs_store *s, const char *const *keys, size_t
         errmsg_set(err, errlen, "v6d: out of memory");
         return -KVNODE_ENOMEM;
     }
-    int rc = acquire(s, req, keys, n, lease, objs, err, errlen);
+    int rc = acquire(s, req, keys, n, false, lease, objs, err, errlen);
     json_decref(req);
     return rc;
 }
 
-static int v6d_get(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, void *data,
-                   size_t len, char *err, size_t errlen)
+/* One acquire(read) for every object, copy what is there, one release. Per
+ * item: 0, KVS_MISS (absent, or of another size: never read past an
+ * object), -KVNODE_EPROTO (outside the mapping). */
+static int v6d_get_batch(struct kvs_store *s, struct kvs_item *it, size_t n, char *err,
+                         size_t errlen)
 {
-    char k[KEY_MAX], lease[LEASE_MAX];
-    struct v6d_obj obj;
-    const char *keys[1] = { k };
-    if (v6d_object_key(ns, key, k, sizeof k) >= sizeof k) {
-        errmsg_set(err, errlen, "v6d get: object key too long");
-        return -KVNODE_EINVAL;
-    }
-    int rc = dp_ensure(s, err, errlen);
-    if (rc < 0)
-        return rc;
-    rc = v6d_read_acquire(s, keys, 1, lease, &obj, err, errlen);
+    struct batch b;
+    char lease[LEASE_MAX] = "";
+    int rc = n ? batch_make(s, it, n, &b, false, err, errlen) : 0;
+    if (n == 0)
+        return 0;
     if (rc < 0)
         goto fail;
-    if (!obj.present) {
-        rc = KVS_MISS;
+    if ((rc = dp_ensure(s, err, errlen)) < 0)
         goto fail;
-    }
-    if (obj.offset > s->map_size || obj.size > s->map_size - obj.offset) {
-        errmsg_set(err, errlen, "v6d get: object %s at %" PRIu64 "+%" PRIu64
-                   " lies outside the %zu-byte mapping", k, obj.offset, obj.size, s->map_size);
-        rc = -KVNODE_EPROTO;
+    if ((rc = v6d_read_acquire(s, b.keys, b.m, lease, b.objs, err, errlen)) < 0)
         goto fail;
-    }
-    if (obj.size != len) {
-        errmsg_set(err, errlen, "v6d get: object %s holds %" PRIu64 " bytes, expected %zu: "
-                   "treated as a miss", k, obj.size, len);
-        rc = KVS_MISS;
-        goto fail;
-    }
     if (!dp_alive(s)) {
         errmsg_set(err, errlen, "v6d get: data-plane connection lost (store restarted?)");
         rc = -KVNODE_ECLOSED;
         goto fail;
     }
-    memcpy(data, s->map + obj.offset, len);
-    return lease_call(s, "release", lease, NULL, err, errlen);
-
+    for (size_t i = 0; i < n; i++) {   /* a key asked twice is copied twice */
+        const struct v6d_obj *o = &b.objs[b.slot[i]];
+        const char *key = b.keys[b.slot[i]];
+        if (!o->present) {
+            it[i].rc = KVS_MISS;
+        } else if (o->offset > s->map_size || o->size > s->map_size - o->offset) {
+            errmsg_set(err, errlen, "v6d get: object %s at %" PRIu64 "+%" PRIu64
+                       " lies outside the %zu-byte mapping", key, o->offset, o->size,
+                       s->map_size);
+            it[i].rc = -KVNODE_EPROTO;
+        } else if (o->size != it[i].len) {
+            errmsg_set(err, errlen, "v6d get: object %s holds %" PRIu64 " bytes, expected %zu: "
+                       "treated as a miss", key, o->size, it[i].len);
+            it[i].rc = KVS_MISS;
+        } else {
+            memcpy(it[i].dst, s->map + o->offset, it[i].len);
+            it[i].rc = 0;
+        }
+    }
+    if (lease[0]) {
+        char ignore[64];
+        lease_call(s, "release", lease, NULL, ignore, sizeof ignore);
+    }
+    batch_free(&b);
+    return 0;
 fail:
     abandon(s, lease, false);
+    batch_fail(it, n, rc);
+    batch_free(&b);
     return rc;
 }
 
+static int v6d_put(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, const void *data,
+                   size_t len, char *err, size_t errlen)
+{
+    struct kvs_item it = { .ns = ns, .key = key, .src = data, .len = len };
+    v6d_put_batch(s, &it, 1, err, errlen);
+    return it.rc;
+}
+
+static int v6d_get(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, void *data,
+                   size_t len, char *err, size_t errlen)
+{
+    struct kvs_item it = { .ns = ns, .key = key, .dst = data, .len = len };
+    v6d_get_batch(s, &it, 1, err, errlen);
+    return it.rc;
+}
+
+/* No delete in the protocol for a sealed object (discard ends unsealed
+ * create leases only): nothing to send. The backend says so
+ * (keeps_deleted), and persist hides deleted keys with tombstones. */
 static int v6d_del(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, char *err,
                    size_t errlen)
 {
     (void)s; (void)ns; (void)key; (void)err; (void)errlen;
-    return 0;   /* no delete in the protocol: the store ages objects out itself */
+    return 0;
 }
 
 static int v6d_exists(struct kvs_store *s, const struct kvs_ns *ns, const int64_t *keys,
@@ -945,7 +1147,7 @@ static int v6d_exists(struct kvs_store *s, const struct kvs_ns *ns, const int64_
                 dup = keys[j] == keys[i];
             if (dup)
                 continue;
-            if (v6d_object_key(ns, keys[i], k[m], KEY_MAX) >= KEY_MAX) {
+            if (v6d_object_key(s->object_ns, ns, keys[i], k[m], KEY_MAX) >= KEY_MAX) {
                 errmsg_set(err, errlen, "v6d exists: object key too long");
                 rc = -KVNODE_EINVAL;
                 goto out;
@@ -996,4 +1198,7 @@ const struct kvs_backend kvs_backend_v6d = {
     .exists = v6d_exists,
     .scan = v6d_scan,
     .close = v6d_close,
+    .put_batch = v6d_put_batch,
+    .get_batch = v6d_get_batch,
+    .keeps_deleted = true,
 };

@@ -20,21 +20,36 @@
  * acquire and before touching the mapping; a dead socket fails the call
  * (-KVNODE_ECLOSED, leases released) and the next call redoes the handshake.
  *
- * Object keys (rtp-llm v1 format):
+ * Object keys (rtp-llm v1 format, exactly as rtp-llm's KVSConnector builds
+ * them, so that kvnode and rtp-llm engines find each other's objects):
  *   <ns>/v<version>/<deployment_id>/tp-<rank>/group-<g>/block-<key>
  * with '/', ' ', '\t', '\n' in each part replaced by '_' and key in signed
- * decimal; ns = V6D_KEY_NS, version = V6D_KEY_VERSION, group = V6D_KEY_GROUP.
+ * decimal; ns = [persist] object_namespace (default V6D_DEFAULT_OBJECT_NS,
+ * rtp-llm's kvs_object_namespace), version = V6D_KEY_VERSION, group =
+ * V6D_KEY_GROUP. deployment_id: the engine's own when the layout's extra
+ * carries an item "kvs_deployment_id=<id>" (items separated by ';': rtp-llm
+ * hashes its checkpoint path and other settings kvnode never sees, so only
+ * the engine can supply its id), else "<model>-<hex>" with hex =
+ * v6d_rtp_hash_string of kvnode's canonical layout string (namespace.c).
  *
- * put:  acquire(create, ignore_existing) -> (empty lease_id: already stored,
- *       success) -> size/bounds checks -> copy -> seal -> release; any failure
- *       after acquire: discard + release (best effort), error returned.
- * get:  acquire(read, best_effort) -> absent: KVS_MISS; server size != len:
- *       KVS_MISS (never reads past the object); offset+size outside the
- *       mapping: -KVNODE_EPROTO -> copy -> release. Every granted lease is
- *       released on every path. A lease granted after the client gave up
- *       (timeout) cannot be known to it and ends at its term (V6D_TERM_S).
- * del:  the protocol has no delete: returns 0; the store ages objects out on
- *       its own (LRU eviction of unpinned sealed objects).
+ * put:  one block is a batch of one (put_batch).
+ * put_batch: acquire(create, ignore_existing) for every object -> (empty
+ *       lease_id: all stored already, success) -> size/bounds checks -> copy
+ *       each returned object -> seal -> release (a failed release is ignored:
+ *       sealed objects stay). Objects the reply leaves out exist already.
+ *       Any failure after the acquire: discard only (no release: a discarded
+ *       lease is gone), every item fails with the error. A null entry or an
+ *       invalid handle in a create reply is a protocol error (rtp-llm's
+ *       client fails the store on it too).
+ * get / get_batch: acquire(read, best_effort) for every object -> per
+ *       object: absent: KVS_MISS; server size != len: KVS_MISS (never reads
+ *       past the object); offset+size outside the mapping: -KVNODE_EPROTO;
+ *       else copy -> one release. Every granted lease is ended on every
+ *       path. A lease granted after the client gave up (timeout) cannot be
+ *       known to it and ends at its term (V6D_TERM_S).
+ * del:  the protocol cannot delete a sealed object (discard ends unsealed
+ *       create leases only): returns 0 and sends nothing; keeps_deleted is
+ *       set so that persist hides deleted keys (tombstones, persist.h).
  * scan: the store keeps no layouts we could enumerate: returns 1 at once
  *       (complete, nothing found).
  * health: GET health == 200 and the data-plane mapping is present. */
@@ -46,7 +61,10 @@
 
 #include "kvs/kvs.h"
 
-#define V6D_KEY_NS          "kvnode"
+#define V6D_DEFAULT_OBJECT_NS "rtp_llm"    /* rtp-llm's kvs_object_namespace default */
+#define V6D_OBJECT_NS_MAX   128           /* bytes, NUL included */
+#define V6D_EXTRA_DEPLOYMENT_ID "kvs_deployment_id"  /* layout extra item naming the id */
+#define V6D_DEPLOYMENT_ID_MAX NS_EXTRA_MAX
 #define V6D_KEY_VERSION     1
 #define V6D_KEY_GROUP       0
 #define V6D_LAYOUT          "rtp_llm_group_block_v1"
@@ -74,7 +92,15 @@ int v6d_parse_acquire_reply(const char *body, size_t len, const char *const *key
                             char *lease_id, size_t lease_cap, struct v6d_obj *objs,
                             char *err, size_t errlen);
 
-/* The object key of (ns, key); returns the length snprintf would need. */
-size_t v6d_object_key(const struct kvs_ns *ns, int64_t key, char *buf, size_t len);
+/* rtp-llm's hashString: FNV-1a with rtp-llm's offset basis 1469598103934665603
+ * (see v6d.c for why that constant and not the standard one). */
+uint64_t v6d_rtp_hash_string(const void *data, size_t len);
+/* The deployment part of l's object keys (see above); returns the length
+ * snprintf would need. */
+size_t v6d_deployment_id(const struct ns_layout *l, char *buf, size_t len);
+/* The object key of (ns, key) under object_ns (NULL or "":
+ * V6D_DEFAULT_OBJECT_NS); returns the length snprintf would need. */
+size_t v6d_object_key(const char *object_ns, const struct kvs_ns *ns, int64_t key, char *buf,
+                      size_t len);
 
 #endif

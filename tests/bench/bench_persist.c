@@ -33,18 +33,40 @@
  *    with dropped_total. Afterwards every block file is checked (count,
  *    size, header magic) and a sample of payloads is compared byte for byte.
  *
+ * 3. v6d write-behind and read throughput. The KVS protocol simulator
+ *    ($KVS_SIM, default build/kvs-sim: tests/sim/kvs_sim.c, rtp-llm's KVS
+ *    wire protocol, PROTOCOLS.md §3) with an arena holding every block; for
+ *    persist.workers 1 and 4, a fresh simulator and a daemon with
+ *    [persist] backend=v6d, policy=write_through take N 64 KiB blocks
+ *    (--v6d-bytes, default 256 MiB) zero-copy as in part 2, timed until
+ *    persist.written_blocks_total == N (write-behind throughput). That
+ *    daemon stops; a new one on the same simulator (empty index) GETs the N
+ *    keys in chains of 256 (lookups in the store, then promotions: store
+ *    reads) and verifies every byte (read throughput). The simulator's
+ *    control calls are counted (GET /_sim/state) and printed per block:
+ *    acquire(create), seal, release for the writes, acquire(read) and
+ *    release for the reads. Skipped, with the reason, when the simulator is
+ *    not built (V6D=0).
+ *
  * Exits 1 when something fails or data is wrong (a MATCH short of its keys,
  * a block that does not read back, a write failure, a drop although the
  * queue holds every write); there are no performance thresholds.
  *
- * Usage: kvnode-bench-persist [--quick] [--blocks N] [--bytes MiB] [--only recovery|writes]
- *   --quick   20 000 recovery blocks, 256 MiB per write run
- *   --blocks  recovery blocks (default 100000)
- *   --bytes   data per write run in MiB (default 1024)
- *   --only    run one of the two parts */
+ * Usage: kvnode-bench-persist [--quick] [--blocks N] [--bytes MiB] [--v6d-bytes MiB]
+ *                             [--only recovery|writes|v6d]
+ *   --quick      20 000 recovery blocks, 256 MiB per write run, 128 MiB per v6d run
+ *   --blocks     recovery blocks (default 100000)
+ *   --bytes      data per write run in MiB (default 1024)
+ *   --v6d-bytes  data per v6d run in MiB (default 256)
+ *   --only       run one of the three parts */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +75,8 @@
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <curl/curl.h>
 
 #include "harness.h"
 
@@ -757,33 +781,329 @@ static int bench_writes(uint64_t target)
     return bad;
 }
 
+/* --- 3. v6d ------------------------------------------------------------------------ */
+
+struct sim {
+    pid_t pid;
+    char dir[PATH_MAX], sock[PATH_MAX], base[128];
+};
+
+/* Start $KVS_SIM with an arena of arena_bytes; false (why in `why`) when
+ * the simulator cannot be run (not built). */
+static bool sim_start(struct sim *s, uint64_t arena_bytes, char *why, size_t whylen)
+{
+    const char *bin = getenv("KVS_SIM");
+    if (!bin || !*bin)
+        bin = "build/kvs-sim";
+    if (access(bin, X_OK) != 0) {
+        snprintf(why, whylen, "%s: %s (build with V6D=1)", bin, strerror(errno));
+        return false;
+    }
+    make_dir(s->dir, sizeof s->dir, "kvs-sim");
+    int sl = snprintf(s->sock, sizeof s->sock, "%s/kvs.sock", s->dir);
+    if (sl < 0 || (size_t)sl >= sizeof ((struct sockaddr_un *)0)->sun_path)
+        die("kvs-sim socket path too long", s->dir);
+    char arena[32];
+    snprintf(arena, sizeof arena, "%llu", (unsigned long long)arena_bytes);
+    int pfd[2];
+    if (pipe(pfd) != 0)
+        die("pipe", strerror(errno));
+    pid_t parent = getpid();
+    s->pid = fork();
+    if (s->pid < 0)
+        die("fork", strerror(errno));
+    if (s->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        close(pfd[1]);
+        execl(bin, bin, "--http", "127.0.0.1:0", "--socket", s->sock, "--arena-bytes", arena,
+              "--max-lease-s", "600", (char *)NULL);
+        fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
+        _exit(127);
+    }
+    close(pfd[1]);
+    char buf[1024];
+    size_t len = 0;
+    uint64_t deadline = kvh_now_ns() + 20000000000ull;
+    bool have_http = false, have_sock = false;
+    while (!(have_http && have_sock)) {
+        if (kvh_now_ns() > deadline || len >= sizeof buf - 1)
+            die("kvs-sim", "did not announce itself");
+        struct pollfd p = { .fd = pfd[0], .events = POLLIN };
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t r = read(pfd[0], buf + len, sizeof buf - 1 - len);
+        if (r <= 0)
+            die("kvs-sim", "exited before announcing itself");
+        len += (size_t)r;
+        buf[len] = '\0';
+        char *h = strstr(buf, "http=");
+        if (h && strchr(h, '\n')) {
+            snprintf(s->base, sizeof s->base, "http://%.*s", (int)strcspn(h + 5, "\n"), h + 5);
+            have_http = true;
+        }
+        char *so = strstr(buf, "socket=");
+        have_sock = so && strchr(so, '\n');
+    }
+    close(pfd[0]);
+    return true;
+}
+
+static void sim_stop(struct sim *s)
+{
+    if (s->pid > 0) {
+        kill(s->pid, SIGTERM);
+        waitpid(s->pid, NULL, 0);
+        s->pid = 0;
+    }
+    rmtree(s->dir);
+}
+
+static size_t curl_sink(char *p, size_t size, size_t n, void *arg)
+{
+    json_t **doc = arg;
+    json_error_t e;
+    json_decref(*doc);
+    *doc = json_loadb(p, size * n, 0, &e);   /* /_sim/state is one small chunk */
+    return size * n;
+}
+
+/* The simulator's counters (GET /_sim/state). */
+struct sim_calls { long long create, read, seal, release, discard; };
+
+static void sim_calls(const struct sim *s, struct sim_calls *out)
+{
+    char url[256];
+    json_t *doc = NULL;
+    snprintf(url, sizeof url, "%s/_sim/state", s->base);
+    CURL *h = curl_easy_init();
+    if (!h)
+        die("curl", "init");
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, curl_sink);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &doc);
+    CURLcode rc = curl_easy_perform(h);
+    curl_easy_cleanup(h);
+    if (rc != CURLE_OK || !doc)
+        die("GET /_sim/state", rc != CURLE_OK ? curl_easy_strerror(rc) : "no JSON");
+    out->create = kvh_json_int(doc, "acquire_create_calls");
+    out->read = kvh_json_int(doc, "acquire_read_calls");
+    out->seal = kvh_json_int(doc, "seal_calls");
+    out->release = kvh_json_int(doc, "release_calls");
+    out->discard = kvh_json_int(doc, "discard_calls");
+    json_decref(doc);
+}
+
+static const char *v6d_cfg(char *buf, size_t len, const struct sim *s, uint64_t host_bytes,
+                           unsigned workers, size_t queue)
+{
+    int l = snprintf(buf, len,
+                     "memory.host_bytes=%lluMiB\n"
+                     "log.level=warn\n"
+                     "server.request_timeout=120s\n"
+                     "persist.backend=v6d\n"
+                     "persist.url=%s\n"
+                     "persist.socket_path=%s\n"
+                     "persist.policy=write_through\n"
+                     "persist.workers=%u\n"
+                     "persist.queue=%zu\n",
+                     (unsigned long long)((host_bytes + (1u << 20) - 1) >> 20), s->base, s->sock,
+                     workers, queue);
+    if (l < 0 || (size_t)l >= len)
+        die("config", "too long");
+    return buf;
+}
+
+struct vrow {
+    unsigned workers;
+    size_t n;
+    uint64_t write_ns, read_ns;
+    struct sim_calls w, r;    /* calls of the write phase, of the read phase */
+};
+
+static int v6d_run(struct vrow *r, const unsigned char *src, size_t chain, unsigned run,
+                   char *why, size_t whylen)
+{
+    const uint64_t bb = 64 * 1024;
+    size_t n = r->n;
+    kvnode_key *keys = malloc(n * sizeof *keys);
+    kvnode_loc *locs = malloc(chain * sizeof *locs);
+    struct wsrc ws = { src, chain };
+    struct sim sim = { 0 };
+    kvh_daemon d;
+    kvnode_client *c, *obs;
+    char cfg[PATH_MAX + 1024];
+    struct wstate w;
+    int bad = 0;
+
+    if (!keys || !locs)
+        die("malloc", "out of memory");
+    if (!sim_start(&sim, (uint64_t)n * bb + (64ull << 20), why, whylen)) {
+        free(keys);
+        free(locs);
+        return -1;
+    }
+    kvh_chain(keys, n, 0xc000 + run);
+    kvnode_layout l = kvh_layout("bench-v6d", bb, 1, 0);
+    uint64_t host = (uint64_t)n * bb / 90 * 100 + (64ull << 20);
+    v6d_cfg(cfg, sizeof cfg, &sim, host, r->workers, queue_for(n));
+
+    /* write-behind */
+    if (kvh_start(&d, cfg) != 0)
+        die("start kvnoded", kvh_error());
+    if (kvh_connect(&d, &l, &c) != 0 || kvh_connect(&d, NULL, &obs) != 0)
+        die("connect", kvh_error());
+    uint64_t t0 = kvh_now_ns();
+    for (size_t i = 0; i < n; i += chain) {
+        size_t m = n - i < chain ? n - i : chain;
+        put_chain(c, keys + i, m, bb, locs, fill_copy, &ws, i);
+    }
+    uint64_t t_end = wait_written(obs, (long long)n, &w);
+    r->write_ns = t_end - t0;
+    sim_calls(&sim, &r->w);
+    if (w.failed || w.dropped || w.written != (long long)n) {
+        fprintf(stderr, "kvnode-bench-persist: v6d workers=%u: %lld written, %lld failed, %lld dropped "
+                "of %zu\n", r->workers, w.written, w.failed, w.dropped, n);
+        bad = 1;
+    }
+    kvnode_close(c);
+    kvnode_close(obs);
+    stop_daemon(&d);
+
+    /* read: a new daemon knows nothing; GET looks the keys up and promotes them */
+    if (kvh_start(&d, cfg) != 0)
+        die("start kvnoded", kvh_error());
+    if (kvh_connect(&d, &l, &c) != 0)
+        die("connect", kvh_error());
+    t0 = kvh_now_ns();
+    for (size_t i = 0; i < n && !bad; i += chain) {
+        size_t m = n - i < chain ? n - i : chain, got = 0;
+        kvnode_loc *gl = calloc(m, sizeof *gl);
+        kvnode_lease lease = 0;
+        size_t g = 0;
+        int rc = gl ? kvnode_get_begin(c, keys + i, m, &lease, gl, &g) : -KVNODE_ENOMEM;
+        if (rc == 0) {
+            for (size_t k = 0; k < g; k++)
+                if (memcmp(gl[k].ptr, src + ((i + k) % chain) * bb, bb) != 0) {
+                    fprintf(stderr, "kvnode-bench-persist: v6d: block %zu reads back wrong\n", i + k);
+                    bad = 1;
+                    break;
+                }
+            got = g;
+            if (g)
+                kvnode_get_end(c, lease);
+        }
+        if (rc != 0 || got != m) {
+            fprintf(stderr, "kvnode-bench-persist: v6d workers=%u: GET of %zu keys at %zu: rc %d, got %zu "
+                    "(%s)\n", r->workers, m, i, rc, got, rc ? kvnode_last_error(c) : "short");
+            bad = 1;
+        }
+        free(gl);
+    }
+    r->read_ns = kvh_now_ns() - t0;
+    struct sim_calls after;
+    sim_calls(&sim, &after);
+    r->r = (struct sim_calls){ after.create - r->w.create, after.read - r->w.read,
+                               after.seal - r->w.seal, after.release - r->w.release,
+                               after.discard - r->w.discard };
+    kvnode_close(c);
+    stop_daemon(&d);
+    sim_stop(&sim);
+    free(keys);
+    free(locs);
+    return bad;
+}
+
+static void print_vrow(const struct vrow *r, uint64_t bb)
+{
+    double mb = (double)r->n * (double)bb / 1e6, ws = secs(r->write_ns), rs = secs(r->read_ns);
+    double n = (double)r->n;
+    printf("%7u %7zu %8.3f %9.0f %8.1f %8.3f %9.0f %8.1f   %5.3f %5.3f %5.3f   %5.3f %5.3f\n",
+           r->workers, r->n, ws, n / ws, mb / ws, rs, n / rs, mb / rs, (double)r->w.create / n,
+           (double)r->w.seal / n, (double)r->w.release / n, (double)r->r.read / n,
+           (double)r->r.release / n);
+}
+
+static int bench_v6d(uint64_t target)
+{
+    static const unsigned workers[] = { 1, 4 };
+    const uint64_t bb = 64 * 1024;
+    const size_t chain = 256;
+    size_t n = (size_t)(target / bb);
+    struct vrow rows[2];
+    char why[PATH_MAX + 64] = "";
+    int bad = 0;
+
+    n -= n % chain;
+    printf("== 3. v6d: kvs-sim (tests/sim/kvs_sim.c), 64 KiB blocks, %zu blocks (%.2f GiB) per run, "
+           "policy=write_through\n", n, (double)n * (double)bb / (double)(1ull << 30));
+    unsigned char *src = malloc(chain * bb);
+    if (!src)
+        die("malloc", "out of memory");
+    for (size_t i = 0; i < chain; i++)
+        kvh_fill(src + i * bb, bb, (kvnode_key)i, SEED);
+    for (size_t k = 0; k < 2; k++) {
+        rows[k] = (struct vrow){ .workers = workers[k], .n = n };
+        int rc = v6d_run(&rows[k], src, chain, (unsigned)k, why, sizeof why);
+        if (rc < 0) {
+            printf("skipped: %s\n\n", why);
+            free(src);
+            return 0;
+        }
+        bad |= rc;
+        fprintf(stderr, ".");
+    }
+    fprintf(stderr, "\n");
+    free(src);
+    printf("\n%7s %7s %8s %9s %8s %8s %9s %8s   %-17s   %-11s\n", "workers", "blocks", "write s",
+           "blocks/s", "MB/s", "read s", "blocks/s", "MB/s", "create seal rel", "read rel");
+    for (size_t k = 0; k < 2; k++)
+        print_vrow(&rows[k], bb);
+    printf("  write s = first put until persist.written_blocks_total == blocks (write-behind);\n"
+           "  read s = GETs of every block from a new daemon (store lookups + promotions, bytes\n"
+           "  verified); MB/s = 10^6 bytes per second; the last five columns are the simulator's\n"
+           "  control calls per block: acquire(create), seal, release while writing,\n"
+           "  acquire(read) (lookups included) and release while reading.\n\n");
+    return bad;
+}
+
 /* --- main ------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
 {
     size_t rec_blocks = 100000;
-    uint64_t target = 1ull << 30;
+    uint64_t target = 1ull << 30, v6d_target = 256ull << 20;
     const char *only = NULL;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             rec_blocks = 20000;
             target = 256ull << 20;
+            v6d_target = 128ull << 20;
         } else if (strcmp(argv[i], "--blocks") == 0 && i + 1 < argc) {
             rec_blocks = strtoull(argv[++i], NULL, 10);
         } else if (strcmp(argv[i], "--bytes") == 0 && i + 1 < argc) {
             target = strtoull(argv[++i], NULL, 10) << 20;
+        } else if (strcmp(argv[i], "--v6d-bytes") == 0 && i + 1 < argc) {
+            v6d_target = strtoull(argv[++i], NULL, 10) << 20;
         } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc &&
-                   (strcmp(argv[i + 1], "recovery") == 0 || strcmp(argv[i + 1], "writes") == 0)) {
+                   (strcmp(argv[i + 1], "recovery") == 0 || strcmp(argv[i + 1], "writes") == 0 ||
+                    strcmp(argv[i + 1], "v6d") == 0)) {
             only = argv[++i];
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--blocks N] [--bytes MiB] [--only recovery|writes]\n",
-                    argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--blocks N] [--bytes MiB] [--v6d-bytes MiB] "
+                    "[--only recovery|writes|v6d]\n", argv[0]);
             return 2;
         }
     }
-    if (rec_blocks < GET_KEYS || target < (4ull << 20)) {
-        fprintf(stderr, "kvnode-bench-persist: --blocks must be >= %u and --bytes >= 4\n", GET_KEYS);
+    if (rec_blocks < GET_KEYS || target < (4ull << 20) || v6d_target < (16ull << 20)) {
+        fprintf(stderr, "kvnode-bench-persist: --blocks must be >= %u, --bytes >= 4, --v6d-bytes >= 16\n",
+                GET_KEYS);
         return 2;
     }
 
@@ -828,6 +1148,11 @@ int main(int argc, char **argv)
     if (!only || strcmp(only, "recovery") == 0)
         bench_recovery(rec_blocks);
     int bad = !only || strcmp(only, "writes") == 0 ? bench_writes(target) : 0;
+    if (!only || strcmp(only, "v6d") == 0) {
+        if (mem && v6d_target > mem / 4)
+            v6d_target = (mem / 4) & ~((16ull << 20) - 1);
+        bad |= bench_v6d(v6d_target);
+    }
     if (bad) {
         fprintf(stderr, "kvnode-bench-persist: FAILED (see above)\n");
         return 1;

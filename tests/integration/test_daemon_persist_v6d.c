@@ -26,7 +26,14 @@
  *   /readyz not-ready (naming it) and kvnode_worker_up 0 while /healthz stays
  *   ok, and ready again once the call returns.
  *
- * Runs in about 35 s (the slow store and the stuck worker take 13 s each).
+ * - DELETE holds although the store cannot delete a sealed object (tombstones,
+ *   bounded by persist.tombstones), for keys in memory and keys only in the
+ *   store; a re-put makes a key visible again;
+ * - a worker's queued writes go under one create lease, its queued reads
+ *   under one read lease (the simulator counts the calls), blocks in
+ *   (simulated) HBM included, byte-exact.
+ *
+ * Runs in about 40 s (the slow store and the stuck worker take 13 s each).
  * Only built with V6D=1 (the Makefile leaves it out otherwise). */
 #include <check.h>
 
@@ -273,6 +280,21 @@ static char *admin_addr(const kvh_daemon *d)
     char *copy = strdup(a);
     json_decref(st);
     return copy;
+}
+
+/* A counter of the simulator's GET /_sim/state (e.g. "acquire_create_calls"). */
+static long long sim_count(const struct simctl *s, const char *field)
+{
+    char *body = NULL;
+    long code = kvh_http_req(s->http, NULL, "/_sim/state", &body, NULL, 0);
+    ck_assert_msg(code == 200, "GET /_sim/state: HTTP %ld", code);
+    json_t *doc = json_loads(body, 0, NULL);
+    json_t *v = json_object_get(doc, field);
+    ck_assert_msg(json_is_integer(v), "/_sim/state has no %s: %s", field, body);
+    long long n = (long long)json_integer_value(v);
+    json_decref(doc);
+    free(body);
+    return n;
 }
 
 /* ---- write_through / write_back round trips ---------------------------------- */
@@ -549,9 +571,11 @@ START_TEST(test_store_down_at_start)
     ck_assert_str_eq(err, "");
     free(err);
 
-    /* New puts are written. */
+    /* New puts are written, and the 8 failed writes of a are retried now that
+     * a write succeeds: 16 in all (a batched write lands its 8 blocks at
+     * once, so no poll can rely on seeing 8 before the retries land). */
     put_ok(c, b, 8, 22);
-    wait_eq(&d, "persist.written_blocks_total", 8, 5000);
+    wait_eq(&d, "persist.written_blocks_total", 16, 5000);
     ck_assert_uint_eq(get_verify(c, b, 8, 22), 8);
     ck_assert_uint_eq(get_verify(c, a, 8, 21), 8);
     ck_assert_str_eq(pstate(&d), "ok");
@@ -898,6 +922,214 @@ START_TEST(test_stuck_worker_not_ready)
 }
 END_TEST
 
+/* ---- DELETE (issue 13, defect 7) ------------------------------------------------------- */
+
+/* The store cannot delete a sealed object (the protocol's discard is for
+ * unsealed ones only), so the daemon keeps a tombstone: DELETE must hold
+ * against the lookup-on-miss, for keys it had in memory and for keys that
+ * were only in the store; a re-put makes a key visible again. */
+START_TEST(test_delete_not_resurrected)
+{
+    struct simctl s;
+    kvh_daemon d1, d2;
+    char conf[1024];
+    size_t deleted = 99;
+
+    sim_start(&s, NULL);
+    v6d_conf(conf, sizeof conf, &s, "persist.policy=write_through\n");
+    KVH_START(&d1, conf);
+    kvnode_layout lay = kvh_layout("v6d-delete", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d1, &lay, &c);
+    kvnode_key a[4], b[4];
+    kvh_chain(a, 4, 5000);
+    kvh_chain(b, 4, 5001);
+    put_ok(c, a, 4, 21);
+    put_ok(c, b, 4, 23);
+    wait_eq(&d1, "persist.written_blocks_total", 8, 5000);
+
+    /* In memory and in the store: DELETE reports 4, and nothing comes back. */
+    KVH_OK(c, kvnode_delete(c, a, 4, &deleted));
+    ck_assert_uint_eq(deleted, 4);
+    wait_idle(&d1, 5000);
+    kvnode_tiers t = tiers(c, a, 4);
+    ck_assert_msg(t.matched == 0, "MATCH after DELETE of 4 found %zu (store tier %zu)",
+                  t.matched, t.store);
+    ck_assert_uint_eq(get_verify(c, a, 4, 21), 0);
+    ck_assert_int_eq(stat_int(&d1, "persist.tombstones"), 4);
+    /* A re-put makes them visible again (served from memory, new bytes). */
+    put_ok(c, a, 4, 22);
+    ck_assert_uint_eq(get_verify(c, a, 4, 22), 4);
+    wait_idle(&d1, 5000);
+    ck_assert_int_eq(stat_int(&d1, "persist.tombstones"), 0);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d1);
+
+    /* A new daemon on the same store: b is only in the store. DELETE finds
+     * nothing in memory (0) but must still hide b from the lookups. */
+    KVH_START(&d2, conf);
+    KVH_CONNECT(&d2, &lay, &c);
+    KVH_OK(c, kvnode_delete(c, b, 4, &deleted));
+    ck_assert_uint_eq(deleted, 0);
+    wait_idle(&d2, 5000);
+    t = tiers(c, b, 4);
+    ck_assert_msg(t.matched == 0, "MATCH of store-only keys after DELETE found %zu", t.matched);
+    ck_assert_uint_eq(get_verify(c, b, 4, 23), 0);
+    ck_assert_int_eq(stat_int(&d2, "persist.lookup_found_total"), 0);
+    /* a, deleted and re-put by d1, is in the store and found. */
+    ck_assert_uint_eq(tiers(c, a, 4).matched, 4);
+    ck_assert_int_eq(pfail_op(&d2, "delete"), 0);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d2);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
+/* The tombstones are bounded (persist.tombstones): the oldest are forgotten
+ * first, counted, and their keys are found in the store again. */
+START_TEST(test_tombstone_bound)
+{
+    struct simctl s;
+    kvh_daemon d;
+    char conf[1024];
+    size_t deleted = 0;
+
+    sim_start(&s, NULL);
+    v6d_conf(conf, sizeof conf, &s, "persist.policy=write_through\npersist.tombstones=2\n");
+    KVH_START(&d, conf);
+    kvnode_layout lay = kvh_layout("v6d-tombs", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &lay, &c);
+    kvnode_key a[4];
+    kvh_chain(a, 4, 5100);
+    put_ok(c, a, 4, 24);
+    wait_eq(&d, "persist.written_blocks_total", 4, 5000);
+    KVH_OK(c, kvnode_delete(c, a, 4, &deleted));
+    ck_assert_uint_eq(deleted, 4);
+    wait_idle(&d, 5000);
+    ck_assert_int_eq(stat_int(&d, "persist.tombstones"), 2);
+    ck_assert_int_eq(stat_int(&d, "persist.tombstones_dropped_total"), 2);
+    /* a[0], a[1] were forgotten: found in the store again; a[2] is hidden */
+    kvnode_tiers t = tiers(c, a, 4);
+    ck_assert_msg(t.matched == 2 && t.store == 2, "matched %zu (store %zu), want 2", t.matched,
+                  t.store);
+    ck_assert_int_ge(stat_int(&d, "persist.tombstone_hits_total"), 1);
+    ck_assert_uint_eq(get_verify(c, a, 4, 24), 2);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
+/* ---- batching (issue 13, defect 9) ------------------------------------------------------ */
+
+/* One worker, a store that holds every acquire 200 ms: while the first
+ * write waits, the other 31 queue up and must go under one create lease
+ * (acquire, seal, release), not three calls each; the reads of a GET of 32
+ * store-only blocks likewise under one read lease. */
+START_TEST(test_writes_and_reads_batched)
+{
+    static const char *const slow_acquire[] = { "--delay-ms", "200", "--delay-only", "/acquire",
+                                                NULL };
+    struct simctl s;
+    kvh_daemon d1, d2;
+    char conf[1024];
+
+    sim_start(&s, slow_acquire);
+    v6d_conf(conf, sizeof conf, &s,
+             "persist.policy=write_through\npersist.workers=1\nserver.request_timeout=30s\n");
+    KVH_START(&d1, conf);
+    kvnode_layout lay = kvh_layout("v6d-batch", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d1, &lay, &c);
+    kvnode_key a[32];
+    kvh_chain(a, 32, 6000);
+    put_ok(c, a, 16, 31);          /* a client may reserve 1 MiB = 16 blocks at once */
+    put_ok(c, a + 16, 16, 31);
+    wait_eq(&d1, "persist.written_blocks_total", 32, 20000);
+    long long creates = sim_count(&s, "acquire_create_calls");
+    long long seals = sim_count(&s, "seal_calls"), releases = sim_count(&s, "release_calls");
+    ck_assert_msg(creates >= 1 && creates <= 4, "32 queued writes took %lld create acquires "
+                  "(%lld seals, %lld releases)", creates, seals, releases);
+    ck_assert_int_eq(seals, creates);
+    ck_assert_int_eq(releases, creates);
+    ck_assert_int_eq(sim_count(&s, "discard_calls"), 0);
+    ck_assert_int_eq(pfail_op(&d1, "write"), 0);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d1);
+
+    /* A new daemon: GET of the 32 looks them up (one exists call) and
+     * promotes them; the reads queue behind the first and share a lease. */
+    KVH_START(&d2, conf);
+    KVH_CONNECT(&d2, &lay, &c);
+    long long reads0 = sim_count(&s, "acquire_read_calls");
+    long long rel0 = sim_count(&s, "release_calls");
+    ck_assert_uint_eq(get_verify(c, a, 32, 31), 32);
+    ck_assert_int_eq(stat_int(&d2, "persist.read_blocks_total"), 32);
+    long long reads = sim_count(&s, "acquire_read_calls") - reads0;
+    ck_assert_msg(reads >= 2 && reads <= 5, "GET of 32 store-only blocks took %lld read acquires "
+                  "(1 lookup + reads)", reads);
+    wait_idle(&d2, 5000);
+    ck_assert_int_eq(sim_count(&s, "release_calls") - rel0, reads);
+    ck_assert_int_eq(sim_count(&s, "leases"), 0);
+    ck_assert_int_eq(pfail_op(&d2, "read"), 0);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d2);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
+/* Blocks in (simulated) HBM are copied to host memory by the worker, all of
+ * a batch back to back, and written under one lease: the bytes that come
+ * back from the store are the engine's. */
+START_TEST(test_hbm_writes_batched)
+{
+    static const char *const slow_acquire[] = { "--delay-ms", "200", "--delay-only", "/acquire",
+                                                NULL };
+    struct simctl s;
+    kvh_daemon d1, d2;
+    char conf[1024];
+
+    sim_start(&s, slow_acquire);
+    v6d_conf(conf, sizeof conf, &s,
+             "persist.policy=write_through\npersist.workers=1\nserver.request_timeout=30s\n"
+             "hbm.backend=sim\nhbm.bytes=2MiB\n");
+    KVH_START(&d1, conf);
+    kvnode_layout lay = kvh_layout("v6d-hbm", BB, 1, 0);
+    kvnode_client *c = NULL;
+    int rc = kvnode_connect_device(d1.sock, &lay, 0, &c);
+    ck_assert_msg(rc == 0 && c, "kvnode_connect_device: %d %s", rc, kvnode_connect_error());
+    kvnode_key a[12];
+    kvh_chain(a, 12, 6100);
+    for (size_t part = 0; part < 12; part += 4) {   /* 4 blocks = 256 KiB per put */
+        kvnode_loc locs[4];
+        kvnode_lease lease = 0;
+        KVH_OK(c, kvnode_put_begin(c, a + part, 4, KVNODE_TIER_HBM, &lease, locs));
+        for (size_t i = 0; i < 4; i++) {
+            ck_assert_msg(locs[i].ptr && locs[i].tier == KVNODE_TIER_HBM,
+                          "key #%zu: tier %d, not HBM", part + i, locs[i].tier);
+            kvh_fill(locs[i].ptr, BB, a[part + i], 41);
+        }
+        KVH_OK(c, kvnode_put_commit(c, lease));
+    }
+    wait_eq(&d1, "persist.written_blocks_total", 12, 20000);
+    long long creates = sim_count(&s, "acquire_create_calls");
+    ck_assert_msg(creates >= 1 && creates <= 4, "12 HBM writes took %lld create acquires", creates);
+    ck_assert_int_eq(pfail_op(&d1, "write"), 0);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d1);
+
+    /* From the store, in a new daemon: the same bytes. */
+    KVH_START(&d2, conf);
+    KVH_CONNECT(&d2, &lay, &c);
+    ck_assert_uint_eq(get_verify(c, a, 12, 41), 12);
+    ck_assert_int_eq(stat_int(&d2, "persist.read_blocks_total"), 12);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d2);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
 int main(void)
 {
 #ifndef KVNODE_HAVE_V6D
@@ -915,6 +1147,10 @@ int main(void)
         { "slow", test_slow_store, 60 },
         { "garbage", test_garbage_replies, 30 },
         { "stuck_worker", test_stuck_worker_not_ready, 60 },
+        { "delete", test_delete_not_resurrected, 30 },
+        { "tombstone_bound", test_tombstone_bound, 30 },
+        { "batched", test_writes_and_reads_batched, 60 },
+        { "hbm_batched", test_hbm_writes_batched, 60 },
     };
     Suite *suite = suite_create("daemon_persist_v6d");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -17,8 +17,10 @@
  *     string or non-negative integer, create: object_metas (one per key, size an integer > 0,
  *     layout "rtp_llm_group_block_v1") and ignore_existing (bool); read: best_effort (bool),
  *     peer (string), wait_timeout (number >= 0);
- *   - create allocates arena space for keys that do not exist (existing -> null; with
- *     ignore_existing=false any existing key -> 409); when nothing is new the lease_id is "";
+ *   - create allocates arena space for keys that do not exist; existing objects are
+ *     omitted from the reply (never null: rtp-llm's client fails a store on a null entry),
+ *     with ignore_existing=false any existing key -> 409; when nothing is new the lease_id
+ *     is "" and objects is empty;
  *     created objects are invisible to reads until sealed;
  *   - seal: only an unsealed create lease, by the request_id that acquired it
  *     (403 otherwise; 409 for a read lease or an already sealed lease);
@@ -29,7 +31,9 @@
  *   - a full arena evicts least recently used unpinned sealed objects, else 507;
  *   - a timer expires leases past their term (unsealed creates are freed, reads unpinned);
  *   - objects in replies come in reverse request order (clients must match by key) unless
- *     --in-order.
+ *     --in-order;
+ *   - GET /_sim/state counts the control calls by route: acquire_create_calls,
+ *     acquire_read_calls, seal_calls, release_calls, discard_calls (tests count round trips).
  *
  * Usage: kvs-sim --socket PATH [--http 127.0.0.1:0] [--arena-bytes N] [--fail-health]
  *                [--delay-ms N [--delay-only ROUTE]] [--garbage] [--max-lease-s S]
@@ -137,6 +141,8 @@ static struct {
     struct dconn          *dconns;
     uint64_t               next_obj_id, next_lease, used_bytes;
     size_t                 n_objs, n_leases;
+    /* control calls handled, by route (acquire by scope), whatever their outcome */
+    uint64_t               calls_create, calls_read, calls_seal, calls_release, calls_discard;
 } S;
 
 static uint64_t now_ms(void)
@@ -447,13 +453,15 @@ static json_t *obj_json(const struct obj *o)
                      "meta", "size", (json_int_t)o->size);
 }
 
+/* omit_absent: a create reply, which leaves out what it did not create. */
 static void reply_acquire(struct evhttp_request *req, const char *lease_id, json_t **items,
-                          size_t n)
+                          size_t n, bool omit_absent)
 {
     json_t *arr = json_array();
     for (size_t i = 0; i < n; i++) {
         size_t j = S.in_order ? i : n - 1 - i;
-        json_array_append_new(arr, items[j] ? items[j] : json_null());
+        if (items[j] || !omit_absent)
+            json_array_append_new(arr, items[j] ? items[j] : json_null());
     }
     reply_json(req, 200, json_pack("{s:{s:s}, s:o}", "lease", "lease_id", lease_id,
                                    "objects", arr));
@@ -478,8 +486,10 @@ static void do_acquire(struct evhttp_request *req)
     }
     if (strcmp(json_string_value(scope), "create") == 0) {
         create = true;
+        S.calls_create++;
     } else if (strcmp(json_string_value(scope), "read") == 0) {
         create = false;
+        S.calls_read++;
     } else {
         reply_error(req, 400, "scope: must be \"read\" or \"create\"");
         goto out;
@@ -546,7 +556,7 @@ static void do_acquire(struct evhttp_request *req)
             goto out;
         }
         if (fresh == 0) {
-            reply_acquire(req, "", items, n);
+            reply_acquire(req, "", items, n, true);
             goto out;
         }
         struct lease *l = lease_new(true, rid, json_number_value(term));
@@ -570,7 +580,7 @@ static void do_acquire(struct evhttp_request *req)
             l->objs[l->n++] = o;
             items[i] = obj_json(o);
         }
-        reply_acquire(req, l->id, items, n);
+        reply_acquire(req, l->id, items, n, true);
     } else {
         json_t *be = json_object_get(doc, "best_effort");
         json_t *peer = json_object_get(doc, "peer");
@@ -609,7 +619,7 @@ static void do_acquire(struct evhttp_request *req)
             l->objs[l->n++] = o;
             items[i] = obj_json(o);
         }
-        reply_acquire(req, l->id, items, n);
+        reply_acquire(req, l->id, items, n, false);
     }
 out:
     free(items);
@@ -637,6 +647,7 @@ static struct lease *lease_arg(struct evhttp_request *req, json_t *doc)
 
 static void do_seal(struct evhttp_request *req)
 {
+    S.calls_seal++;
     json_t *doc = body_object(req);
     if (!doc)
         return;
@@ -675,6 +686,7 @@ static void do_seal(struct evhttp_request *req)
 
 static void do_release(struct evhttp_request *req)
 {
+    S.calls_release++;
     json_t *doc = body_object(req);
     if (!doc)
         return;
@@ -688,6 +700,7 @@ static void do_release(struct evhttp_request *req)
 
 static void do_discard(struct evhttp_request *req)
 {
+    S.calls_discard++;
     json_t *doc = body_object(req);
     if (!doc)
         return;
@@ -712,13 +725,18 @@ static void do_state(struct evhttp_request *req)
         sealed += o->sealed;
         pinned += o->pins > 0;
     }
-    reply_json(req, 200, json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}",
+    reply_json(req, 200, json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                                    "leases", (json_int_t)S.n_leases,
                                    "objects", (json_int_t)S.n_objs,
                                    "sealed", (json_int_t)sealed,
                                    "pinned", (json_int_t)pinned,
                                    "used_bytes", (json_int_t)S.used_bytes,
-                                   "arena_bytes", (json_int_t)S.arena_bytes));
+                                   "arena_bytes", (json_int_t)S.arena_bytes,
+                                   "acquire_create_calls", (json_int_t)S.calls_create,
+                                   "acquire_read_calls", (json_int_t)S.calls_read,
+                                   "seal_calls", (json_int_t)S.calls_seal,
+                                   "release_calls", (json_int_t)S.calls_release,
+                                   "discard_calls", (json_int_t)S.calls_discard));
 }
 
 static const struct route {

@@ -168,6 +168,8 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_uint_eq(a->persist_connect_timeout_ms, b->persist_connect_timeout_ms);
     ck_assert_uint_eq(a->persist_timeout_ms, b->persist_timeout_ms);
     ck_assert_int_eq(a->persist_lookup, b->persist_lookup);
+    ck_assert_str_eq(a->persist_object_namespace, b->persist_object_namespace);
+    ck_assert_uint_eq(a->persist_tombstones, b->persist_tombstones);
     ck_assert_int_eq(a->kvcm_enabled, b->kvcm_enabled);
     ck_assert_str_eq(a->kvcm_endpoints, b->kvcm_endpoints);
     ck_assert_str_eq(a->kvcm_instance_group, b->kvcm_instance_group);
@@ -228,7 +230,7 @@ static const char *const all_options[][2] = {
     { "persist", "backend" }, { "persist", "policy" }, { "persist", "path" }, { "persist", "capacity" },
     { "persist", "fsync" }, { "persist", "workers" }, { "persist", "queue" }, { "persist", "url" },
     { "persist", "socket_path" }, { "persist", "connect_timeout" }, { "persist", "timeout" },
-    { "persist", "lookup" },
+    { "persist", "lookup" }, { "persist", "object_namespace" }, { "persist", "tombstones" },
     { "kvcm", "enabled" }, { "kvcm", "endpoints" }, { "kvcm", "instance_group" }, { "kvcm", "instance_id" },
     { "kvcm", "host_ip_port" }, { "kvcm", "storage_type" }, { "kvcm", "medium_hbm" }, { "kvcm", "medium_host" },
     { "kvcm", "spec_name" }, { "kvcm", "location_uri" }, { "kvcm", "request_timeout" },
@@ -294,6 +296,8 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(c.persist_connect_timeout_ms, 1000);
     ck_assert_uint_eq(c.persist_timeout_ms, 5000);
     ck_assert_int_eq(c.persist_lookup, CONFIG_LOOKUP_AUTO);
+    ck_assert_str_eq(c.persist_object_namespace, "rtp_llm");   /* rtp-llm's kvs_object_namespace */
+    ck_assert_uint_eq(c.persist_tombstones, 65536);
     /* [kvcm]: off, and the reference publisher's timings (PROTOCOLS.md §2). */
     ck_assert_int_eq(c.kvcm_enabled, 0);
     ck_assert_str_eq(c.kvcm_endpoints, "");
@@ -490,6 +494,10 @@ static const struct good_case good_cases[] = {
     { "persist", "lookup", "auto", OFF(persist_lookup), F_INT, .u = CONFIG_LOOKUP_AUTO },
     { "persist", "lookup", "on", OFF(persist_lookup), F_INT, .u = CONFIG_LOOKUP_ON },
     { "persist", "lookup", "OFF", OFF(persist_lookup), F_INT, .u = CONFIG_LOOKUP_OFF },
+    { "persist", "object_namespace", "kvnode", OFF(persist_object_namespace), F_STR, .s = "kvnode" },
+    { "persist", "object_namespace", "rtp_llm", OFF(persist_object_namespace), F_STR, .s = "rtp_llm" },
+    { "persist", "tombstones", "0", OFF(persist_tombstones), F_U32, .u = 0 },
+    { "persist", "tombstones", "16777216", OFF(persist_tombstones), F_U32, .u = 16777216 },
     { "kvcm", "enabled", "on", OFF(kvcm_enabled), F_INT, .u = 1 },
     { "kvcm", "enabled", "OFF", OFF(kvcm_enabled), F_INT, .u = 0 },
     { "kvcm", "endpoints", "http://10.0.0.7:6382", OFF(kvcm_endpoints), F_STR, .s = "http://10.0.0.7:6382" },
@@ -750,6 +758,8 @@ static const struct bad_case bad_cases[] = {
     { "persist", "timeout", "0", "out of range (expected 10ms..10m)" },
     { "persist", "timeout", "11m", "'11m'" },
     { "persist", "lookup", "yes", "invalid value 'yes' (expected auto, on or off)" },
+    { "persist", "tombstones", "16777217", "0..16777216" },
+    { "persist", "object_namespace", "rtp llm", "blanks and control characters are not allowed" },
     { "kvcm", "enabled", "yes", "invalid value 'yes' (expected off or on)" },
     { "kvcm", "enabled", "", "invalid value '' (expected off or on)" },
     { "kvcm", "endpoints", "kvcm:6382", "invalid endpoint 'kvcm:6382' (expected http://HOST:PORT or https://HOST:PORT" },
@@ -1629,6 +1639,14 @@ START_TEST(test_validate_persist)
     ck_assert_uint_eq(count_lines(err), 1);
     ck_assert_int_eq(config_apply_override(&c, "persist.socket_path=/run/v6d.sock", err, sizeof err), 0);
     ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    /* v6d needs an object namespace (the default is rtp-llm's); blanks are refused. */
+    ck_assert_int_eq(config_apply_override(&c, "persist.object_namespace=", err, sizeof err), 0);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[persist] object_namespace: required when backend = v6d"), "%s", err);
+    ck_assert_int_ne(config_apply_override(&c, "persist.object_namespace=a b", err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "blanks"), "%s", err);
+    ck_assert_int_eq(config_apply_override(&c, "persist.object_namespace=rtp_llm", err, sizeof err), 0);
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
 
     /* v6d needs an http(s) URL with a host. */
     const char *bad_urls[] = { "ftp://kvs:21", "127.0.0.1:8080", "http://", "https:///x", "http:/x" };
@@ -2141,6 +2159,8 @@ static void assert_round_trip(const struct kvn_config *c)
     back.persist_workers = c->persist_workers == 7 ? 8 : 7;
     snprintf(back.persist_url, sizeof back.persist_url, "http://elsewhere");
     snprintf(back.persist_socket, sizeof back.persist_socket, "/tmp/elsewhere.sock");
+    snprintf(back.persist_object_namespace, sizeof back.persist_object_namespace, "elsewhere");
+    back.persist_tombstones = c->persist_tombstones == 7 ? 8 : 7;
     back.kvcm_enabled = !c->kvcm_enabled;
     snprintf(back.kvcm_endpoints, sizeof back.kvcm_endpoints, "http://elsewhere:1");
     snprintf(back.kvcm_host_ip_port, sizeof back.kvcm_host_ip_port, "elsewhere:1");
@@ -2251,6 +2271,8 @@ START_TEST(test_write_round_trip_custom)
     c.persist_connect_timeout_ms = 250;
     c.persist_timeout_ms = 120000;
     c.persist_lookup = CONFIG_LOOKUP_ON;
+    snprintf(c.persist_object_namespace, sizeof c.persist_object_namespace, "team-a.kv");
+    c.persist_tombstones = 1000;
     c.pin_chunk_bytes = 3 * MIB;
     c.hbm_backend = CONFIG_HBM_SIM;
     c.hbm_bytes = 2 * GIB + 65536;
@@ -2436,6 +2458,7 @@ START_TEST(test_restart_required)
                               "persist.backend", "persist.path", "persist.capacity", "persist.fsync",
                               "persist.workers", "persist.queue", "persist.url", "persist.socket_path",
                               "persist.connect_timeout", "persist.timeout", "persist.lookup",
+                              "persist.object_namespace", "persist.tombstones",
                               "memory.pin_chunk_bytes",
                               /* [hbm]: all but the demotion watermarks */
                               "hbm.backend", "hbm.bytes", "hbm.devices", "hbm.required", "hbm.copy_batch_bytes",

@@ -115,22 +115,76 @@ static void setup(void)
 
 START_TEST(test_object_key)
 {
-    struct ns_layout l = { .tp_rank = 3 };
-    struct kvs_ns ns = { .layout = &l, .deployment_id = "m/o del\tx\ny-abc" };
+    /* an engine-supplied id, with every character rtp-llm replaces */
+    struct ns_layout l = { .tp_rank = 3, .extra = "kvs_deployment_id=m/o del\tx\ny-abc" };
+    struct kvs_ns ns = { .layout = &l };
     char k[256];
-    size_t n = v6d_object_key(&ns, -42, k, sizeof k);
+    size_t n = v6d_object_key("kvnode", &ns, -42, k, sizeof k);
     ck_assert_str_eq(k, "kvnode/v1/m_o_del_x_y-abc/tp-3/group-0/block--42");
     ck_assert_uint_eq(n, strlen(k));
     char small[10];
-    ck_assert_uint_eq(v6d_object_key(&ns, -42, small, sizeof small), n);
+    ck_assert_uint_eq(v6d_object_key("kvnode", &ns, -42, small, sizeof small), n);
     ck_assert_str_eq(small, "kvnode/v1");
     l.tp_rank = 0;
-    v6d_object_key(&ns, INT64_MIN, k, sizeof k);
-    ck_assert_str_eq(k, "kvnode/v1/m_o_del_x_y-abc/tp-0/group-0/block--9223372036854775808");
-    v6d_object_key(&ns, INT64_MAX, k, sizeof k);
-    ck_assert_str_eq(k, "kvnode/v1/m_o_del_x_y-abc/tp-0/group-0/block-9223372036854775807");
+    v6d_object_key(NULL, &ns, INT64_MIN, k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm/v1/m_o_del_x_y-abc/tp-0/group-0/block--9223372036854775808");
+    v6d_object_key("", &ns, INT64_MAX, k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm/v1/m_o_del_x_y-abc/tp-0/group-0/block-9223372036854775807");
+    /* the namespace is a part like the others */
+    v6d_object_key("a b/c", &ns, 1, k, sizeof k);
+    ck_assert_str_eq(k, "a_b_c/v1/m_o_del_x_y-abc/tp-0/group-0/block-1");
     ck_assert_ptr_eq(kvs_backend_find("v6d"), &kvs_backend_v6d);
     ck_assert_str_eq(kvs_backend_v6d.name, "v6d");
+    ck_assert(kvs_backend_v6d.keeps_deleted);
+}
+END_TEST
+
+/* Keys rtp-llm's KVS connector would build (issue 13, defect 8): namespace
+ * rtp_llm, version 1, deployment id "<model>-<hex>" where the hash is
+ * rtp-llm's hashString, FNV-1a style with the offset basis
+ * 1469598103934665603 (not the standard 14695981039346656037). The golden
+ * hex values were computed outside kvnode (Python, the same loop). */
+START_TEST(test_object_key_rtp_llm)
+{
+    struct tns t;
+    char k[512];
+    mkns(&t, "Qwen/Qwen2-7B", 4096, 1);
+    /* kvnode's layout string, hashed with rtp-llm's constant:
+     * "kvnode-layout-v1|model=Qwen/Qwen2-7B|dtype=bf16|block_tokens=16|num_layers=2|
+     *  kv_heads=2|head_dim=64|tp_size=2|extra=" -> f61683ddc19707e6 (with the
+     * standard basis it would be f77577ca5e2bee6c) */
+    v6d_object_key(V6D_DEFAULT_OBJECT_NS, &t.ns, -42, k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm/v1/Qwen_Qwen2-7B-f61683ddc19707e6/tp-1/group-0/block--42");
+    char canon[512];
+    size_t cl = ns_canonical_string(&t.l, canon, sizeof canon);
+    ck_assert_uint_eq(v6d_rtp_hash_string(canon, cl), UINT64_C(0xf61683ddc19707e6));
+    ck_assert_uint_ne(ns_fnv1a64(canon, cl), UINT64_C(0xf61683ddc19707e6));   /* the standard one */
+    /* the constant itself: the hash of nothing is the offset basis */
+    ck_assert_uint_eq(v6d_rtp_hash_string("", 0), UINT64_C(1469598103934665603));
+    ck_assert_uint_eq(ns_fnv1a64("", 0), UINT64_C(14695981039346656037));
+    /* rtp-llm's own layout string (KVSConnector.cc @85c02327f) */
+    static const char raw[] = "model=qwen2;ckpt=/models/qwen2;dtype=bf16;seq=16;kernel_seq=16;tp=2;"
+                              "fp8=0;int8=0;mla=0;groups=1;typed=0";
+    ck_assert_uint_eq(v6d_rtp_hash_string(raw, sizeof raw - 1), UINT64_C(0x137b14c70360d078));
+    char dep[V6D_DEPLOYMENT_ID_MAX];
+    v6d_deployment_id(&t.l, dep, sizeof dep);
+    ck_assert_str_eq(dep, "Qwen/Qwen2-7B-f61683ddc19707e6");   /* '/' goes in the key */
+    /* an engine-supplied deployment id (rtp-llm computes its own from the
+     * checkpoint path etc.) is used as given */
+    snprintf(t.l.extra, sizeof t.l.extra, "kvs_deployment_id=qwen2-137b14c70360d078");
+    t.ns.fingerprint = ns_fingerprint(&t.l);
+    ns_deployment_id(&t.l, t.ns.fingerprint, t.id, sizeof t.id);
+    v6d_object_key(NULL, &t.ns, 7, k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm/v1/qwen2-137b14c70360d078/tp-1/group-0/block-7");
+    /* among other items of extra */
+    snprintf(t.l.extra, sizeof t.l.extra, "lora=a;kvs_deployment_id=m_x-1f;q=2");
+    v6d_object_key(NULL, &t.ns, 7, k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm/v1/m_x-1f/tp-1/group-0/block-7");
+    /* an empty one: derived as above */
+    snprintf(t.l.extra, sizeof t.l.extra, "kvs_deployment_id=");
+    v6d_deployment_id(&t.l, dep, sizeof dep);
+    ck_assert_str_ne(dep, "");
+    ck_assert(strncmp(dep, "Qwen/Qwen2-7B-", 14) == 0);
 }
 END_TEST
 
@@ -297,6 +351,78 @@ START_TEST(test_roundtrip)
     be->close(st2);
     be->close(st);
     ck_no_leases(&sim);
+    simctl_stop_ok(&sim);
+}
+END_TEST
+
+/* Batches (issue 13, defect 9): one acquire(create) + seal + release for
+ * every block of a put_batch, one acquire(read) + release for a get_batch;
+ * existing objects (omitted from the create reply) and a key twice in one
+ * batch are fine; per-item results. */
+START_TEST(test_batch)
+{
+    struct simctl sim;
+    sim_start(&sim, NULL, false, NULL);
+    struct kvs_store *st = open_store(&sim, 5000);
+    struct tns t;
+    mkns(&t, "model-batch", 4096, 0);
+    ck_assert_msg(put_block(st, &t, 2, 5) == 0, "put: %s", err);   /* key 2 exists already */
+    long long c0 = sim_state(&sim, "acquire_create_calls"), s0 = sim_state(&sim, "seal_calls");
+    long long r0 = sim_state(&sim, "release_calls"), d0 = sim_state(&sim, "discard_calls");
+    enum { N = 5 };
+    static uint8_t src[N][4096];
+    const int64_t keys[N] = { 1, 2, 3, 4, 1 };
+    struct kvs_item it[N];
+    for (int i = 0; i < N; i++) {
+        fill(src[i], sizeof src[i], keys[i], 5);
+        it[i] = (struct kvs_item){ .ns = &t.ns, .key = keys[i], .src = src[i], .len = 4096,
+                                   .rc = -12345 };
+    }
+    ck_assert_msg(be->put_batch(st, it, N, err, sizeof err) == 0, "put_batch: %s", err);
+    for (int i = 0; i < N; i++)
+        ck_assert_msg(it[i].rc == 0, "item %d: rc %d", i, it[i].rc);
+    ck_assert_int_eq(sim_state(&sim, "acquire_create_calls") - c0, 1);
+    ck_assert_int_eq(sim_state(&sim, "seal_calls") - s0, 1);
+    ck_assert_int_eq(sim_state(&sim, "release_calls") - r0, 1);
+    ck_assert_int_eq(sim_state(&sim, "discard_calls") - d0, 0);
+    ck_assert_int_eq(sim_state(&sim, "sealed"), 4);
+    ck_no_leases(&sim);
+
+    /* read them back in one lease; 99 is absent, a 1000-byte item a miss */
+    long long q0 = sim_state(&sim, "acquire_read_calls");
+    r0 = sim_state(&sim, "release_calls");
+    const int64_t rkeys[] = { 4, 99, 1, 2, 3, 3 };
+    enum { M = sizeof rkeys / sizeof rkeys[0] };
+    static uint8_t dst[M][4096];
+    struct kvs_item rt[M];
+    for (int i = 0; i < M; i++) {
+        memset(dst[i], 0xee, sizeof dst[i]);
+        rt[i] = (struct kvs_item){ .ns = &t.ns, .key = rkeys[i], .dst = dst[i],
+                                   .len = i == 5 ? 1000 : 4096, .rc = -12345 };
+    }
+    ck_assert_msg(be->get_batch(st, rt, M, err, sizeof err) == 0, "get_batch: %s", err);
+    ck_assert_int_eq(sim_state(&sim, "acquire_read_calls") - q0, 1);
+    ck_assert_int_eq(sim_state(&sim, "release_calls") - r0, 1);
+    uint8_t want[4096];
+    for (int i = 0; i < M; i++) {
+        if (rkeys[i] == 99 || i == 5) {
+            ck_assert_msg(rt[i].rc == KVS_MISS, "item %d: rc %d", i, rt[i].rc);
+            ck_assert_uint_eq(dst[i][0], 0xee);
+            continue;
+        }
+        ck_assert_msg(rt[i].rc == 0, "item %d: rc %d", i, rt[i].rc);
+        fill(want, sizeof want, rkeys[i], 5);
+        ck_assert_msg(memcmp(dst[i], want, sizeof want) == 0, "item %d: wrong bytes", i);
+    }
+    ck_no_leases(&sim);
+    /* a put batch with a wrong-sized block: refused before any call, every item fails */
+    c0 = sim_state(&sim, "acquire_create_calls");
+    it[1].len = 100;
+    ck_assert_int_eq(be->put_batch(st, it, N, err, sizeof err), -KVNODE_EINVAL);
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(it[i].rc, -KVNODE_EINVAL);
+    ck_assert_int_eq(sim_state(&sim, "acquire_create_calls"), c0);
+    be->close(st);
     simctl_stop_ok(&sim);
 }
 END_TEST
@@ -653,23 +779,24 @@ START_TEST(test_fake_put_size_mismatch)
     struct tns t;
     mkns(&t, "fake", 4096, 0);
     char k[256];
-    v6d_object_key(&t.ns, 1, k, sizeof k);
+    v6d_object_key(NULL, &t.ns, 1, k, sizeof k);
     char reply[1024];
-    /* the store hands out 4095 bytes for a 4096-byte block: refused, discarded, released */
+    /* the store hands out 4095 bytes for a 4096-byte block: refused and discarded (only:
+     * a discarded lease is gone, as rtp-llm's client assumes) */
     snprintf(reply, sizeof reply, "{\"lease\":{\"lease_id\":\"C1\"},\"objects\":[{\"key\":\"%s\","
              "\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":0,\"data_size\":4095}}]}]}",
              k);
     f.acquire_reply = reply;
     ck_assert_int_eq(put_block(st, &t, 1, 0), -KVNODE_EPROTO);
     ck_assert_msg(strstr(err, "4095") && strstr(err, "refused"), "message: %s", err);
-    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\nPOST /release\n");
+    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\n");
     /* right size, but past the end of the 1 MiB mapping: refused the same way */
     f.log[0] = '\0';
     snprintf(reply, sizeof reply, "{\"lease\":{\"lease_id\":\"C2\"},\"objects\":[{\"key\":\"%s\","
              "\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":1044481,"
              "\"data_size\":4096}}]}]}", k);
     ck_assert_int_eq(put_block(st, &t, 1, 0), -KVNODE_EPROTO);
-    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\nPOST /release\n");
+    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\n");
     /* exactly at the end of the mapping: accepted, sealed, released */
     f.log[0] = '\0';
     snprintf(reply, sizeof reply, "{\"lease\":{\"lease_id\":\"C3\"},\"objects\":[{\"key\":\"%s\","
@@ -684,11 +811,11 @@ START_TEST(test_fake_put_size_mismatch)
              "\"data_size\":4096}}]}]}", k);
     ck_assert_int_eq(check_block(st, &t, 1, 0), -KVNODE_EPROTO);
     ck_assert_str_eq(f.log, "POST /acquire\nPOST /release\n");
-    /* a create reply without our object: discarded and released */
+    /* a create reply without our object: discarded */
     f.log[0] = '\0';
     f.acquire_reply = "{\"lease\":{\"lease_id\":\"C4\"},\"objects\":[null]}";
     ck_assert_int_eq(put_block(st, &t, 1, 0), -KVNODE_EPROTO);
-    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\nPOST /release\n");
+    ck_assert_str_eq(f.log, "POST /acquire\nPOST /discard\n");
     /* an over-long control-plane reply is aborted */
     f.big_reply = (1u << 20) + 4096;
     ck_assert_int_eq(check_block(st, &t, 1, 0), -KVNODE_ETOOBIG);
@@ -721,8 +848,10 @@ static Suite *kvs_v6d_suite(void)
     tcase_add_checked_fixture(tc, setup, NULL);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_object_key);
+    tcase_add_test(tc, test_object_key_rtp_llm);
     tcase_add_test(tc, test_parse_reply);
     tcase_add_test(tc, test_roundtrip);
+    tcase_add_test(tc, test_batch);
     tcase_add_test(tc, test_fail_health);
     tcase_add_test(tc, test_slow_store);
     tcase_add_test(tc, test_garbage);

@@ -217,6 +217,72 @@ START_TEST(test_fifo_single_thread)
 }
 END_TEST
 
+/* ---- workq_take_more: a run() takes the queued jobs behind it ---------------------- */
+
+static _Atomic int g_gate_open;
+static size_t g_taken_first, g_taken_second;
+static int g_taken_ids[16];
+
+static bool take_below_6(const struct workq_job *first, const struct workq_job *cand, void *arg)
+{
+    (void)first;
+    (*(int *)arg)++;
+    return ((const struct tjob *)cand)->id < 6;
+}
+
+static void gate_run(struct workq_job *j, void *ctx)
+{
+    struct workq_job *more[16];
+    int asked = 0;
+    (void)ctx;
+    while (!atomic_load(&g_gate_open))
+        test_sleep_ms(1);
+    g_taken_first = workq_take_more(j, take_below_6, &asked, more, 3);
+    g_taken_second = workq_take_more(j, take_below_6, &asked, more + g_taken_first, 10);
+    for (size_t i = 0; i < g_taken_first + g_taken_second; i++)
+        g_taken_ids[i] = ((struct tjob *)more[i])->id;
+    tjob_run(j, ctx);
+}
+
+START_TEST(test_take_more)
+{
+    enum { N = 10 };
+    struct event_base *base = event_base_new();
+    struct workq *q = make_q(base, "take", 1, N);
+    static struct tjob jobs[N];
+    struct workq_job *out[4];
+
+    reset_globals();
+    atomic_store(&g_gate_open, 0);
+    /* not on a worker thread: nothing taken */
+    tjob_init(&jobs[0], 0, 0);
+    ck_assert_uint_eq(workq_take_more(&jobs[0].job, take_below_6, &(int){ 0 }, out, 4), 0);
+    jobs[0].job.run = gate_run;
+    for (int i = 0; i < N; i++) {
+        if (i)
+            tjob_init(&jobs[i], i, 0);
+        ck_assert_int_eq(workq_submit(q, &jobs[i].job), 0);
+    }
+    atomic_store(&g_gate_open, 1);
+    loop_until(base, &g_done, N, 20000);
+    ck_assert_uint_eq(g_done, N);
+    /* 3 by the first call (its max), 2 by the second: it stops at job 6 */
+    ck_assert_uint_eq(g_taken_first, 3);
+    ck_assert_uint_eq(g_taken_second, 2);
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(g_taken_ids[i], i + 1);
+    /* taken jobs are not run by the workq; every job completes once, in order */
+    for (int i = 0; i < N; i++) {
+        ck_assert_int_eq(g_done_order[i], i);
+        ck_assert_int_eq(jobs[i].dones, 1);
+        ck_assert_int_eq(atomic_load(&jobs[i].runs), i >= 1 && i <= 5 ? 0 : 1);
+    }
+    ck_assert_uint_eq(workq_pending(q), 0);
+    workq_destroy(q);
+    event_base_free(base);
+}
+END_TEST
+
 /* A burst of finished jobs is delivered WORKQ_DONE_BATCH per loop callback. */
 START_TEST(test_done_batches)
 {
@@ -622,6 +688,7 @@ int main(void)
     tcase_add_test(tc, test_args);
     tcase_add_test(tc, test_threads_and_loop_wakeup);
     tcase_add_test(tc, test_fifo_single_thread);
+    tcase_add_test(tc, test_take_more);
     tcase_add_test(tc, test_done_batches);
     tcase_add_test(tc, test_capacity_drops);
     tcase_add_test(tc, test_many_jobs_four_threads);
