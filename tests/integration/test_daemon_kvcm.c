@@ -21,10 +21,21 @@
  * - SIGTERM: HOST_DOWN alone and last, in time; with KVCM down, SIGTERM still exits 0 in
  *   time;
  * - an invalid [kvcm] section is refused at start (exit 2) naming every problem;
- * - kvcm off (the default) with endpoints set: no request reaches KVCM.
+ * - kvcm off (the default) with endpoints set: no request reaches KVCM;
+ * - overflow, 20 rounds (queue_events 64, batch_events 16, KVCM 30 ms late during each
+ *   burst): every round KVCM's view ends equal to the daemon's complete keys, READY;
+ * - liveness: with KVCM holding reports 4 s and stall_timeout 400 ms the state is STALLED,
+ *   /readyz says "KVCM publisher stalled", kvnode_kvcm_stalled is 1; READY again after;
+ * - instance ids: two deployments differing only in layers get two instances, each with
+ *   its own chain; with a template without {fingerprint} the second is refused, named;
+ * - media: with the sim HBM tier, blocks in HBM are reported as hbm and the others as dram
+ *   (NODE_REGISTER names both, the default URI follows the medium); a demotion is a
+ *   DELETE from hbm and an ADD to dram;
+ * - an empty deployment registers and heartbeats once its whole TP group said HELLO;
+ * - after INSTANCE_NOT_EXIST the publisher goes straight to registerInstance.
  *
  * KVCM_TEST_DUMP=FILE writes what the simulator recorded in the HOST_DOWN test (every
- * request kind with its answer) to FILE. Runs in about 16 s. */
+ * request kind with its answer) to FILE. Runs in about 25 s. */
 #include <check.h>
 
 #include <inttypes.h>
@@ -563,7 +574,7 @@ START_TEST(test_lifecycle)
     memcpy(all, a, sizeof a);
     memcpy(all + 6, b, sizeof b);
 
-    /* a: the first deployment's registration and snapshot carry it */
+    /* a: registered at HELLO (an empty snapshot), a goes out as additions */
     KVH_OK(c, kvh_put(c, a, 6, 1));
     wait_blocks(&s, "life", a, 6, tmo(5000));
     /* b: additions */
@@ -606,8 +617,13 @@ START_TEST(test_lifecycle)
     ck_assert_str_eq(json_string_value(json_object_get(k, "last_error")), "");
     json_t *deps = json_object_get(k, "deployments");
     ck_assert_uint_eq(json_array_size(deps), 1);
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(deps, 0), "instance_id")),
-                     "life_16");
+    /* the default instance id: <model>_<block_tokens>_<fingerprint> (the deployment id is
+     * <model>-<fingerprint>) */
+    const char *did = json_string_value(json_object_get(json_array_get(deps, 0), "deployment_id"));
+    ck_assert_msg(did && strncmp(did, "life-", 5) == 0, "deployment id %s", did ? did : "(none)");
+    char inst[128];
+    snprintf(inst, sizeof inst, "life_16_%s", did + 5);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(deps, 0), "instance_id")), inst);
     ck_assert(json_is_true(json_object_get(json_array_get(deps, 0), "registered")));
     long long epoch = json_integer_value(json_object_get(k, "epoch"));
     long long generation = json_integer_value(json_object_get(k, "generation"));
@@ -647,7 +663,7 @@ START_TEST(test_lifecycle)
     ck_assert_msg(only_event(snap, "EVENT_BLOCK_SNAPSHOT"), "the snapshot shares its request");
     /* registerInstance describes the layout */
     json_t *rb = json_object_get(reg, "body");
-    ck_assert_str_eq(json_string_value(json_object_get(rb, "instance_id")), "life_16");
+    ck_assert_str_eq(json_string_value(json_object_get(rb, "instance_id")), inst);
     ck_assert_int_eq(jnum(json_object_get(rb, "block_size")), 16);
     json_t *md = json_object_get(rb, "model_deployment");
     ck_assert_str_eq(json_string_value(json_object_get(md, "model_name")), "life");
@@ -667,7 +683,7 @@ START_TEST(test_lifecycle)
         if (is_rpc(e, "reportEvent")) {
             ck_assert_str_eq(json_string_value(json_object_get(body, "host_ip_port")), HOSTPORT);
             ck_assert_str_eq(json_string_value(json_object_get(body, "storage_type")), STYPE);
-            ck_assert_str_eq(json_string_value(json_object_get(body, "instance_id")), "life_16");
+            ck_assert_str_eq(json_string_value(json_object_get(body, "instance_id")), inst);
         }
     }
     /* each key went out exactly once as it became complete, and once as it stopped */
@@ -1479,7 +1495,7 @@ END_TEST
 /* ---- 12. overflow, again and again: the publisher never wedges ---------------------------- */
 
 #define WEDGE_KEYS   320
-#define WEDGE_ROUNDS 8
+#define WEDGE_ROUNDS 20
 
 /* The keys of k[0..n) that held[] marks, into want; how many. */
 static size_t held_keys(const kvnode_key *k, const bool *held, size_t n, kvnode_key *want)
@@ -1512,6 +1528,7 @@ START_TEST(test_overflow_rounds_never_wedge)
     long long dropped0 = kvcm_int(&d, "dropped_total"), snaps0 = kvcm_int(&d, "snapshots_total");
 
     unsigned seed = 1;
+    int overflowed = 0;
     for (int round = 0; round < WEDGE_ROUNDS; round++) {
         /* KVCM answers each report 30 ms late while a burst of changes comes. */
         control(&s, "{\"delay_ms\":30,\"delay_only\":\"reportEvent\"}");
@@ -1546,6 +1563,7 @@ START_TEST(test_overflow_rounds_never_wedge)
         }
         long long dropped_now = kvcm_int(&d, "dropped_total");
         control(&s, "{\"delay_ms\":0}");
+        overflowed += dropped_now > dropped_before;
         /* KVCM's view ends up equal to the daemon's complete keys, every time. */
         size_t n = held_keys(k, held, WEDGE_KEYS, want);
         ck_assert_int_eq(KVH_STAT(&d, "tiers.host.blocks"), (long long)n);
@@ -1571,6 +1589,11 @@ START_TEST(test_overflow_rounds_never_wedge)
         wait_kvcm_state(&d, "READY", tmo(5000));
     }
     /* the scenario did overflow, and resynchronised by snapshots */
+    if (getenv("PING_DEBUG"))
+        fprintf(stderr, "overflow rounds: %d of %d overflowed, %lld events dropped, %lld snapshots\n",
+                overflowed, WEDGE_ROUNDS, kvcm_int(&d, "dropped_total") - dropped0,
+                kvcm_int(&d, "snapshots_total") - snaps0);
+    ck_assert_int_gt(overflowed, 0);
     ck_assert_int_gt(kvcm_int(&d, "dropped_total"), dropped0);
     ck_assert_int_gt(kvcm_int(&d, "snapshots_total"), snaps0);
     json_t *rep = reporter(&s, "wedge");
@@ -1747,17 +1770,20 @@ START_TEST(test_instance_ids_never_collide)
                       err ? err : "");
         kvh_sleep_ms(20);
     }
-    /* both deployment ids are named */
-    size_t named = 0, i;
+    /* both deployment ids are named; the second one is marked refused */
+    size_t named = 0, refused = 0, i;
     json_t *dep;
     json_array_foreach(json_object_get(ks, "deployments"), i, dep) {
         const char *did = json_string_value(json_object_get(dep, "deployment_id"));
         named += did && strstr(err, did) != NULL;
+        refused += json_is_string(json_object_get(dep, "refused"));
     }
     ck_assert_msg(named == 2, "last_error names %zu of the 2 deployments: %s", named, err);
+    ck_assert_uint_eq(refused, 1);
     json_decref(ks);
     kvh_sleep_ms(300);
     wait_blocks(&s, "twin", a, 4, tmo(1000));   /* the first one's blocks, and only those */
+    ck_assert_str_eq(kvcm_state(&d), "DEGRADED");
 
     kvnode_close(ca);
     kvnode_close(cb);
@@ -1770,7 +1796,7 @@ END_TEST
 
 #define HBM_CONF "memory.host_bytes=8MiB\nmemory.slab_bytes=256KiB\n" \
                  "hbm.backend=sim\nhbm.bytes=1MiB\nhbm.high_watermark=0.75\nhbm.low_watermark=0.5\n"
-#define NMED 48
+#define NMED 60
 
 /* put_begin keys in tier, fill, commit; where each went into tiers (may be NULL). */
 static void put_in_tier(kvnode_client *c, const kvnode_key *keys, size_t n, int tier, int *tiers)
@@ -1872,10 +1898,10 @@ START_TEST(test_media_per_tier)
     ck_assert_str_eq(uri_of(srep, "dram", k[8]), "rtp-llm://" HOSTPORT "/dram?size=16384");
     json_decref(st);
 
-    /* Pressure: 32 more HBM blocks pass the high watermark (0.75 of 64); demotion moves the
-     * oldest to host memory. KVCM follows: DELETE from hbm, ADD to dram. */
+    /* Pressure: 44 more HBM blocks (52 of 64) pass the high watermark (48); demotion moves
+     * the oldest to host memory. KVCM follows: DELETE from hbm, ADD to dram. */
     long long seq0 = recorded_so_far(&s);
-    put_in_tier(c, k + 16, 32, KVNODE_TIER_HBM, NULL);
+    put_in_tier(c, k + 16, NMED - 16, KVNODE_TIER_HBM, NULL);
     deadline = kvh_now_ms() + (uint64_t)tmo(10000);
     for (;;) {
         tiers_now(c, k, NMED, hbm, &nh, host, &nd);
@@ -1885,8 +1911,13 @@ START_TEST(test_media_per_tier)
         json_decref(rp);
         if (eq && nd > 8)
             break;
-        ck_assert_msg(kvh_now_ms() < deadline, "after demotion (daemon: %zu in HBM, %zu in host "
-                      "memory): %s", nh, nd, why);
+        if (eq)
+            snprintf(why, sizeof why, "nothing demoted yet");
+        if (kvh_now_ms() >= deadline) {
+            json_t *ks = kvcm_stats(&d);
+            ck_abort_msg("after demotion (daemon: %zu in HBM, %zu in host memory): %s; the "
+                         "daemon's kvcm stats: %s", nh, nd, why, json_dumps(ks, JSON_COMPACT));
+        }
         kvh_sleep_ms(50);
     }
     ck_assert_int_gt(KVH_STAT(&d, "demotions.blocks_total"), 0);
