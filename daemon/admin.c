@@ -27,6 +27,7 @@
 #include "config.h"
 #include "daemon.h"
 #include "errmsg.h"
+#include "kvcm/kvcm.h"
 #include "log.h"
 #include "metrics.h"
 #include "ops.h"
@@ -120,7 +121,7 @@ static void admin_metrics(struct admin *a, struct evhttp_request *req, struct ev
 
 static void admin_readyz(struct admin *a, struct evhttp_request *req)
 {
-    char stalled[512], msg[640];
+    char stalled[512], msg[1400];
 
     if (a->stopping) {
         admin_reply_text(req, 503, "Service Unavailable", "not ready: shutting down");
@@ -133,19 +134,21 @@ static void admin_readyz(struct admin *a, struct evhttp_request *req)
         admin_reply_text(req, 503, "Service Unavailable", msg);
         return;
     }
-    /* A degraded store costs persistence only: engines are still served
-     * from memory, so the node stays ready and says why it is degraded. */
+    /* A degraded store costs persistence only, a stalled KVCM publisher
+     * only what routers know of this node: engines are still served from
+     * memory, so the node stays ready and says what is wrong. */
+    char kvcm_why[640];
+    size_t used = (size_t)snprintf(msg, sizeof msg, "ready");
     if (a->d->persist) {
         struct persist_counters pc;
         persist_get_counters(a->d->persist, &pc);
-        if (pc.state == PERSIST_STATE_DEGRADED) {
-            snprintf(msg, sizeof msg, "ready; persistent store degraded: %.500s",
-                     persist_last_error(a->d->persist));
-            admin_reply_text(req, HTTP_OK, "OK", msg);
-            return;
-        }
+        if (pc.state == PERSIST_STATE_DEGRADED)
+            used += (size_t)snprintf(msg + used, sizeof msg - used, "; persistent store degraded: %.300s",
+                                     persist_last_error(a->d->persist));
     }
-    admin_reply_text(req, HTTP_OK, "OK", "ready");
+    if (used < sizeof msg && kvcm_stalled(a->d->kvcm, kvcm_why, sizeof kvcm_why))
+        snprintf(msg + used, sizeof msg - used, "; KVCM publisher stalled: %s", kvcm_why);
+    admin_reply_text(req, HTTP_OK, "OK", msg);
 }
 
 static void admin_stats(struct admin *a, struct evhttp_request *req, struct evbuffer *b)

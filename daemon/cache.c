@@ -96,6 +96,7 @@ struct cache {
 
     struct persist *persist;    /* NULL: no store */
     cache_block_fn observer;    /* completeness changes (KVCM), NULL: none */
+    cache_deployment_fn dep_observer;   /* a deployment's TP group connected (KVCM) */
     void *observer_arg;
     uint64_t ghosts;            /* entries only in the store (incl. promoting) */
     uint64_t evicting_bytes;    /* write-back victims whose write is in flight */
@@ -224,6 +225,7 @@ static void cache_evict_cb(evutil_socket_t fd, short what, void *arg);
 static void cache_reap_cb(evutil_socket_t fd, short what, void *arg);
 static void cache_demote_cb(evutil_socket_t fd, short what, void *arg);
 static void cache_demote_maybe_schedule(struct cache *c);
+static void cache_note_bound(struct cache *c, const kv_namespace *ns);
 static void cache_retry_cb(evutil_socket_t fd, short what, void *arg);
 static void cache_put_wake_cb(evutil_socket_t fd, short what, void *arg);
 static void cache_unpin(struct cache *c, index_entry *e);
@@ -442,6 +444,7 @@ int cache_bind(struct cache *c, const struct ns_layout *layout, kv_namespace **n
         log_info("namespace %u: deployment %s tp_rank %u/%u block_bytes %" PRIu64,
                  n->id, n->deployment_id, n->layout.tp_rank, n->layout.tp_size,
                  n->layout.block_bytes);
+    cache_note_bound(c, n);
     *ns = n;
     return 0;
 }
@@ -597,6 +600,25 @@ static bool cache_others_sealed(struct cache *c, const kv_namespace *ns, int64_t
     return true;
 }
 
+/* Whether every other rank of ns's deployment holds key in HBM (the key
+ * complete). O(TP size). */
+static bool cache_others_in_hbm(struct cache *c, const kv_namespace *ns, int64_t key)
+{
+    for (const kv_namespace *o = ns->sibling; o != ns; o = o->sibling) {
+        index_entry *e = index_lookup(c->index, o->id, key);
+        if (!e || e->tier != KVNODE_TIER_HBM)
+            return false;
+    }
+    return true;
+}
+
+/* The medium of a complete key whose copy in ns is e. */
+static int cache_key_medium(struct cache *c, const kv_namespace *ns, const index_entry *e)
+{
+    return e->tier == KVNODE_TIER_HBM && cache_others_in_hbm(c, ns, e->key) ? CACHE_MEDIUM_HBM
+                                                                            : CACHE_MEDIUM_HOST;
+}
+
 /* e has just become SEALED in memory: the key may now be complete. */
 static void cache_note_sealed(struct cache *c, const index_entry *e)
 {
@@ -604,7 +626,7 @@ static void cache_note_sealed(struct cache *c, const index_entry *e)
     if (!c->observer || !(ns = ns_get(c->namespaces, e->ns)))
         return;
     if (cache_others_sealed(c, ns, e->key))
-        c->observer(c->observer_arg, ns, e->key, true);
+        c->observer(c->observer_arg, ns, e->key, cache_key_medium(c, ns, e));
 }
 
 /* e (SEALED) is about to leave memory: a complete key stops being one. */
@@ -614,12 +636,36 @@ static void cache_note_leaving(struct cache *c, const index_entry *e)
     if (!c->observer || e->state != ENTRY_SEALED || !(ns = ns_get(c->namespaces, e->ns)))
         return;
     if (cache_others_sealed(c, ns, e->key))
-        c->observer(c->observer_arg, ns, e->key, false);
+        c->observer(c->observer_arg, ns, e->key, CACHE_MEDIUM_NONE);
 }
 
-void cache_set_block_observer(struct cache *c, cache_block_fn fn, void *arg)
+/* e (SEALED) has just moved from HBM to host memory: a complete key whose
+ * every copy was in HBM changes medium. */
+static void cache_note_demoted(struct cache *c, const index_entry *e)
+{
+    kv_namespace *ns;
+    if (!c->observer || e->state != ENTRY_SEALED || !(ns = ns_get(c->namespaces, e->ns)))
+        return;
+    if (cache_others_sealed(c, ns, e->key) && cache_others_in_hbm(c, ns, e->key))
+        c->observer(c->observer_arg, ns, e->key, CACHE_MEDIUM_HOST);
+}
+
+/* A HELLO bound ns: tell when every rank of its deployment has a client. */
+static void cache_note_bound(struct cache *c, const kv_namespace *ns)
+{
+    if (!c->dep_observer || ns->ranks < ns->layout.tp_size)
+        return;
+    for (const kv_namespace *o = ns->sibling; o != ns; o = o->sibling)
+        if (o->clients == 0)
+            return;
+    c->dep_observer(c->observer_arg, ns);
+}
+
+void cache_set_block_observer(struct cache *c, cache_block_fn fn, cache_deployment_fn dep_fn,
+                              void *arg)
 {
     c->observer = fn;
+    c->dep_observer = dep_fn;
     c->observer_arg = arg;
 }
 
@@ -656,7 +702,7 @@ static void cache_walk_visit(void *arg, index_entry *e)
     if (e->state != ENTRY_SEALED || !(ns = ns_get(w->c->namespaces, e->ns)))
         return;
     if (cache_ring_leader(ns) == ns && cache_others_sealed(w->c, ns, e->key))
-        w->fn(w->arg, ns, e->key);
+        w->fn(w->arg, ns, e->key, cache_key_medium(w->c, ns, e));
 }
 
 static void cache_walk_step_cb(evutil_socket_t fd, short what, void *arg)
@@ -1259,6 +1305,7 @@ static void cache_demote_done(struct copier_batch *b)
             e->arena = arena_id(c->host);
             e->cls = r->host_cls;
             e->offset = r->host_off;
+            cache_note_demoted(c, e);
             c->demoted++;
             c->demoted_bytes += b->items[i].len;
         } else {

@@ -94,22 +94,29 @@ uint64_t cache_host_size(const struct cache *c);
  * GET ask it about the keys after the known prefix. */
 void cache_set_persist(struct cache *c, struct persist *p);
 /* Completeness (KVCM): a key is complete when it is sealed in memory in
- * every TP rank's namespace of its deployment. fn(arg, ns, key, complete)
+ * every TP rank's namespace of its deployment; its medium is HBM when every
+ * rank's copy is in GPU memory, HOST otherwise. fn(arg, ns, key, medium)
  * runs on the loop whenever a key becomes complete (a commit or promotion
- * completes the last rank) or stops being complete (a rank's copy leaves
- * memory: evicted, deleted, dropped); ns is the rank whose copy changed.
- * Duplicate puts and LRU touches change nothing and call nothing. */
-typedef void (*cache_block_fn)(void *arg, const kv_namespace *ns, int64_t key, bool complete);
-void cache_set_block_observer(struct cache *c, cache_block_fn fn, void *arg);
+ * completes the last rank), changes medium while complete (a demotion), or
+ * stops being complete (medium NONE: a rank's copy leaves memory: evicted,
+ * deleted, dropped); ns is the rank whose copy changed. Duplicate puts and
+ * LRU touches change nothing and call nothing. dep_fn(arg, ns) runs when a
+ * HELLO binds a namespace and every TP rank of its deployment then has a
+ * client bound (the deployment is live, even with nothing cached). */
+enum cache_medium { CACHE_MEDIUM_NONE = 0, CACHE_MEDIUM_HBM = 1, CACHE_MEDIUM_HOST = 2 };
+typedef void (*cache_block_fn)(void *arg, const kv_namespace *ns, int64_t key, int medium);
+typedef void (*cache_deployment_fn)(void *arg, const kv_namespace *ns);
+void cache_set_block_observer(struct cache *c, cache_block_fn fn, cache_deployment_fn dep_fn,
+                              void *arg);
 bool cache_key_complete(struct cache *c, const kv_namespace *ns, int64_t key);
 /* Every complete key, by a chunked walk of the index that runs a step per
- * loop iteration (no O(n) pause): fn(arg, ns, key) once per key (ns: the
- * deployment's lowest-id rank), then done(arg); *out identifies the walk
- * for cache_walk_cancel (after done() it is gone). A key that changes while
- * the walk runs may or may not be reported: pair the walk with the
+ * loop iteration (no O(n) pause): fn(arg, ns, key, medium) once per key
+ * (ns: the deployment's lowest-id rank), then done(arg); *out identifies the
+ * walk for cache_walk_cancel (after done() it is gone). A key that changes
+ * while the walk runs may or may not be reported: pair the walk with the
  * completeness events from its start on. */
 struct cache_walk;
-typedef void (*cache_key_fn)(void *arg, const kv_namespace *ns, int64_t key);
+typedef void (*cache_key_fn)(void *arg, const kv_namespace *ns, int64_t key, int medium);
 int  cache_walk_complete(struct cache *c, cache_key_fn fn, void (*done)(void *arg), void *arg,
                          struct cache_walk **out);
 void cache_walk_cancel(struct cache *c, struct cache_walk *w);

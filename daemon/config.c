@@ -230,6 +230,8 @@ static const struct opt_def config_options[] = {
       .restart = true },
     { "kvcm", "host_down_timeout", OPT_DURATION, FIELD(kvcm_host_down_timeout_ms), .min = 10, .max = MS_PER_M,
       .restart = true },
+    { "kvcm", "stall_timeout", OPT_DURATION, FIELD(kvcm_stall_timeout_ms), .min = 100, .max = MS_PER_H,
+      .restart = true },
     { "kvcm", "query_deadline", OPT_DURATION, FIELD(kvcm_query_deadline_ms), .min = 1, .max = 10 * MS_PER_S,
       .restart = true },
     { "kvcm", "query_max_hosts", OPT_COUNT, FIELD(kvcm_query_max_hosts), .min = 1, .max = 64, .restart = true },
@@ -321,13 +323,15 @@ void config_defaults(struct kvn_config *cfg)
      * endpoints and host_ip_port have no default: zeroed above. */
     cfg->kvcm_enabled = 0;
     snprintf(cfg->kvcm_instance_group, sizeof cfg->kvcm_instance_group, "%s", "default");
-    snprintf(cfg->kvcm_instance_id, sizeof cfg->kvcm_instance_id, "%s", "{model}_{block_tokens}");
+    /* The fingerprint keeps deployments that differ only in their shape
+     * (layers, heads, extra) apart: one instance id each. */
+    snprintf(cfg->kvcm_instance_id, sizeof cfg->kvcm_instance_id, "%s", "{model}_{block_tokens}_{fingerprint}");
     cfg->kvcm_storage_type = CONFIG_KVCM_STORAGE_L1P5;
     snprintf(cfg->kvcm_medium_hbm, sizeof cfg->kvcm_medium_hbm, "%s", "hbm");
     snprintf(cfg->kvcm_medium_host, sizeof cfg->kvcm_medium_host, "%s", "dram");
     snprintf(cfg->kvcm_spec_name, sizeof cfg->kvcm_spec_name, "%s", "rtp_llm_hbm_{block_tokens}");
     snprintf(cfg->kvcm_location_uri, sizeof cfg->kvcm_location_uri, "%s",
-             "rtp-llm://{host_ip_port}/hbm?size={block_bytes}");
+             "rtp-llm://{host_ip_port}/{medium}?size={block_bytes}");
     cfg->kvcm_request_timeout_ms = 1500;
     cfg->kvcm_connect_timeout_ms = 500;
     cfg->kvcm_snapshot_timeout_ms = 30 * MS_PER_S;
@@ -339,6 +343,7 @@ void config_defaults(struct kvn_config *cfg)
     cfg->kvcm_retry_max_ms = 30 * MS_PER_S;
     cfg->kvcm_snapshot_interval_ms = 300 * MS_PER_S;
     cfg->kvcm_host_down_timeout_ms = 500;
+    cfg->kvcm_stall_timeout_ms = 60 * MS_PER_S;
     cfg->kvcm_query_deadline_ms = 20;
     cfg->kvcm_query_max_hosts = 8;
     cfg->kvcm_query_breaker_failures = 5;

@@ -115,6 +115,7 @@ struct kvn_config {
     uint32_t kvcm_retry_max_ms;           /* ... doubling up to this */
     uint32_t kvcm_snapshot_interval_ms;   /* periodic full snapshot */
     uint32_t kvcm_host_down_timeout_ms;   /* bound on HOST_DOWN at stop */
+    uint32_t kvcm_stall_timeout_ms;       /* work waiting longer without reaching KVCM: STALLED */
     uint32_t kvcm_query_deadline_ms;      /* remote prefix query: one deadline per request */
     uint32_t kvcm_query_max_hosts;        /* peer hosts returned per query, at most */
     uint32_t kvcm_query_breaker_failures; /* consecutive failures that open the breaker */

@@ -6,8 +6,10 @@
 #include "admin.h"
 #include "cache.h"
 #include "gpu.h"
+#include "index.h"
 #include "kvcm/kvcm.h"
 #include "kvcm/query.h"
+#include "kvnode.h"
 #include "log.h"
 #include "server.h"
 
@@ -79,6 +81,7 @@ int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen)
         .instance_id_template = cfg->kvcm_instance_id,
         .host_ip_port = cfg->kvcm_host_ip_port,
         .storage_type = config_kvcm_storage_type_name(cfg->kvcm_storage_type),
+        .medium_hbm = cfg->kvcm_medium_hbm,
         .medium_host = cfg->kvcm_medium_host,
         .spec_name_template = cfg->kvcm_spec_name,
         .location_uri_template = cfg->kvcm_location_uri,
@@ -93,8 +96,16 @@ int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen)
         .host_down_timeout_ms = cfg->kvcm_host_down_timeout_ms,
         .batch_events = cfg->kvcm_batch_events,
         .queue_events = cfg->kvcm_queue_events,
+        .stall_timeout_ms = cfg->kvcm_stall_timeout_ms,
     };
     size_t n = 0;
+    /* The media this node reports: the GPU tier's when it has one (the GPU
+     * backend is up by now), host memory's always. */
+    struct cache_arena_info arenas[INDEX_MAX_ARENAS];
+    size_t narenas = cache_arenas(d->cache, arenas, INDEX_MAX_ARENAS);
+    for (size_t i = 0; i < narenas; i++)
+        if (arenas[i].tier == KVNODE_TIER_HBM)
+            st.has_hbm = true;
 
     if (!cfg->kvcm_enabled) {
         log_info("kvcm: off ([kvcm] enabled = off): nothing is published to or asked of KVCM");

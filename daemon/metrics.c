@@ -337,7 +337,7 @@ static void render_persist(struct evbuffer *out, json_t *doc)
 static void render_kvcm(struct evbuffer *out, json_t *doc)
 {
     static const char *const states[] = { "STARTING", "REGISTERING", "RESYNCING", "READY",
-                                          "DEGRADED", "STOPPED" };
+                                          "DEGRADED", "STOPPED", "STALLED" };
     json_t *k = json_object_get(doc, "kvcm"), *q = json_object_get(k, "query");
     const char *state = json_string_value(json_object_get(k, "state"));
 
@@ -346,6 +346,12 @@ static void render_kvcm(struct evbuffer *out, json_t *doc)
     family(out, "kvnode_kvcm_state", "gauge", "1 for the KVCM publisher's current state.");
     for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
         sample_u(out, "kvnode_kvcm_state", L("state", states[i]), strcmp(state, states[i]) == 0);
+    family(out, "kvnode_kvcm_stalled", "gauge",
+           "1 while work for KVCM has waited longer than [kvcm] stall_timeout without reaching it.");
+    sample_u(out, "kvnode_kvcm_stalled", NULL, json_is_true(json_object_get(k, "stalled")));
+    family(out, "kvnode_kvcm_waiting_seconds", "gauge",
+           "How long work for KVCM has waited without anything reaching it (0: none waits).");
+    sample_d(out, "kvnode_kvcm_waiting_seconds", NULL, (double)doc_u(k, "stalled_ms", NULL, NULL) / 1000.0);
     family(out, "kvnode_kvcm_queue_events", "gauge", "Events queued for the KVCM publisher.");
     sample_u(out, "kvnode_kvcm_queue_events", NULL, doc_u(k, "queue", NULL, NULL));
     family(out, "kvnode_kvcm_events_total", "counter",

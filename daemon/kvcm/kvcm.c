@@ -28,11 +28,20 @@
 #define KVCM_MAX_DEPLOYMENTS 256
 #define KVCM_ERR_MAX 512
 
-enum { EV_ADD = 1, EV_DEL = 2, EV_MARKER = 3 };
+enum { EV_BLOCK = 1, EV_MARKER = 2 };
+
+/* Media, as enum cache_medium numbers them (0: not complete). */
+enum { MED_NONE = CACHE_MEDIUM_NONE, MED_HBM = CACHE_MEDIUM_HBM, MED_DRAM = CACHE_MEDIUM_HOST,
+       MED_COUNT };
+/* A pending delta (keyset value): the key's medium now in the low bits, plus
+ * the media KVCM may still hold it in and must be told to drop. */
+#define PEND_MEDIUM   0x3u
+#define PEND_DROP(m)  (uint8_t)(0x4u << (m))   /* m = MED_HBM or MED_DRAM */
 
 struct kvcm_ev {
     uint32_t dep;
     uint8_t  kind;
+    uint8_t  medium;                          /* EV_BLOCK: MED_*; MED_NONE: not complete */
     int64_t  key;
 };
 
@@ -41,20 +50,25 @@ struct kvcm_ev {
 struct kvcm_dep {
     uint64_t fingerprint;
     struct ns_layout layout;
+    char deployment_id[NS_DEPLOYMENT_ID_MAX];
     char instance_id[CONFIG_KVCM_TEMPLATE_MAX];
     char spec_name[CONFIG_KVCM_TEMPLATE_MAX];
-    char uri[CONFIG_KVCM_TEMPLATE_MAX];       /* when the template has no {key} */
+    char uri[MED_COUNT][CONFIG_KVCM_TEMPLATE_MAX]; /* per medium, when the template has no {key} */
     bool uri_per_key;
     uint64_t spec_bytes;                      /* block_bytes x tp_size */
+    const char *refused;                      /* why it is never published (its instance id is
+                                                 another deployment's), NULL: it is */
+    char refused_text[2 * KVCM_ERR_MAX];
     /* publisher thread only */
     bool instance_ok, node_ok, need_snapshot, failed_terminal;
-    struct keyset mirror;                     /* complete keys (what KVCM should hold) */
-    struct keyset pending;                    /* deltas not sent yet: 1 add, 0 delete */
+    struct keyset mirror;                     /* complete keys (what KVCM should hold): medium */
+    struct keyset pending;                    /* deltas not sent yet (PEND_*) */
     uint64_t last_snapshot_ms, next_try_ms;
     /* under mu */
     bool heartbeat_ok;                        /* NODE_REGISTER went through: heartbeat it */
     bool announced;                           /* KVCM may know us: HOST_DOWN at stop */
-    bool reregister;                          /* the heartbeat learnt KVCM forgot us */
+    bool reregister;                          /* the heartbeat learnt KVCM forgot our node */
+    bool reinstance;                          /* ... or the whole instance */
 };
 
 struct kvcm {
@@ -62,7 +76,8 @@ struct kvcm {
     struct cache *cache;
     struct kvcm_settings st;
     char endpoints[KVCM_MAX_ENDPOINTS][CONFIG_URL_MAX];
-    char text[8][CONFIG_KVCM_TEMPLATE_MAX];   /* owned copies of the settings' strings */
+    char text[9][CONFIG_KVCM_TEMPLATE_MAX];   /* owned copies of the settings' strings */
+    const char *medium_name[MED_COUNT];       /* wire names, by MED_* */
     /* "<host_ip_port>-<epoch>-<thread>": unique across restarts and threads */
     char trace_pub[CONFIG_KVCM_NAME_MAX + 40], trace_hb[CONFIG_KVCM_NAME_MAX + 40],
          trace_down[CONFIG_KVCM_NAME_MAX + 40];
@@ -75,14 +90,15 @@ struct kvcm {
                                                  could wake the heartbeat instead and be lost */
     /* --- under mu --- */
     struct kvcm_ev *ring;
-    size_t cap, head, count;                  /* ring of cap events (one slot kept for markers) */
+    size_t cap, head, count;                  /* ring of cap events (one slot kept for the marker) */
     bool stop;
     atomic_bool cancel;                       /* stop: abandon calls in flight */
     bool dirty;                               /* an event was dropped: resync */
-    bool walk_wanted;
+    bool walk_wanted;                         /* the publisher asked the loop for a walk */
     struct kvcm_ev *walk_result;              /* handed over by the loop when a walk ends */
     size_t walk_n;
     bool walk_ready;
+    bool deps_added;                          /* a deployment appeared: the publisher registers it */
     struct kvcm_dep *deps[KVCM_MAX_DEPLOYMENTS];
     size_t ndeps;
     struct kvcm_node_status node;
@@ -90,6 +106,10 @@ struct kvcm {
     char last_error[KVCM_ERR_MAX];
     uint64_t accepted, dropped, snapshots, generation, last_snapshot_unix_ms;
     uint64_t heartbeats_ok, heartbeats_failed;
+    /* Liveness: since when work has been waiting (0: none), and when the
+     * publisher last got something to KVCM. Work waiting longer than
+     * stall_timeout without progress is a stall. Monotonic ms. */
+    uint64_t work_since_ms, progress_ms;
 
     /* loop thread */
     int efd;                                  /* publisher -> loop: walk wanted */
@@ -102,7 +122,10 @@ struct kvcm {
     void *status_arg;
 
     /* publisher thread */
-    bool awaiting_walk;
+    bool resyncing;                           /* a walk was asked for and not yet taken: at most
+                                                 one marker is ever in the ring */
+    bool awaiting_walk;                       /* its marker was dequeued: later events wait in
+                                                 post for the walk's result */
     struct kvcm_ev *post, *batch;
     size_t post_n, post_cap;
     uint32_t backoff_ms;
@@ -116,8 +139,8 @@ struct kvcm {
 const char *kvcm_state_name(int state)
 {
     static const char *const names[] = { "DISABLED", "STARTING", "REGISTERING", "RESYNCING",
-                                         "READY", "DEGRADED", "STOPPED" };
-    return state >= 0 && state <= KVCM_STATE_STOPPED ? names[state] : "UNKNOWN";
+                                         "READY", "DEGRADED", "STOPPED", "STALLED" };
+    return state >= 0 && state <= KVCM_STATE_STALLED ? names[state] : "UNKNOWN";
 }
 
 static uint64_t kvcm_unix_ms(void)
@@ -153,6 +176,22 @@ static void kvcm_set_state(struct kvcm *k, int state)
     pthread_mutex_unlock(&k->mu);
 }
 
+/* Work is waiting (under mu): the stall clock starts unless it runs. */
+static void kvcm_work_arrived(struct kvcm *k)
+{
+    if (!k->work_since_ms)
+        k->work_since_ms = clock_now_ms();
+}
+
+/* How long work has waited without progress (under mu); 0: none waits. */
+static uint64_t kvcm_waiting_ms(const struct kvcm *k, uint64_t now)
+{
+    if (!k->work_since_ms)
+        return 0;
+    uint64_t since = k->progress_ms > k->work_since_ms ? k->progress_ms : k->work_since_ms;
+    return now > since ? now - since : 0;
+}
+
 /* --- loop side ------------------------------------------------------------------ */
 
 static struct kvcm_dep *kvcm_dep_new(struct kvcm *k, const kv_namespace *ns)
@@ -162,18 +201,23 @@ static struct kvcm_dep *kvcm_dep_new(struct kvcm *k, const kv_namespace *ns)
         .model = ns->layout.model, .dtype = ns->layout.dtype,
         .block_tokens = ns->layout.block_tokens, .tp_size = ns->layout.tp_size,
         .fingerprint = ns->fingerprint, .host_ip_port = k->st.host_ip_port,
-        .medium = k->st.medium_host,
         .block_bytes = ns->layout.block_bytes * ns->layout.tp_size, .key = 0,
     };
     if (!d)
         return NULL;
     d->fingerprint = ns->fingerprint;
     d->layout = ns->layout;
+    snprintf(d->deployment_id, sizeof d->deployment_id, "%s", ns->deployment_id);
     d->spec_bytes = v.block_bytes;
     d->uri_per_key = strstr(k->st.location_uri_template, "{key}") != NULL;
-    if (config_kvcm_expand(k->st.instance_id_template, &v, d->instance_id, sizeof d->instance_id) < 0 ||
-        config_kvcm_expand(k->st.spec_name_template, &v, d->spec_name, sizeof d->spec_name) < 0 ||
-        config_kvcm_expand(k->st.location_uri_template, &v, d->uri, sizeof d->uri) < 0) {
+    bool ok = config_kvcm_expand(k->st.instance_id_template, &v, d->instance_id,
+                                 sizeof d->instance_id) >= 0 &&
+              config_kvcm_expand(k->st.spec_name_template, &v, d->spec_name, sizeof d->spec_name) >= 0;
+    for (int m = MED_HBM; ok && m < MED_COUNT; m++) {
+        v.medium = k->medium_name[m];
+        ok = config_kvcm_expand(k->st.location_uri_template, &v, d->uri[m], sizeof d->uri[m]) >= 0;
+    }
+    if (!ok) {
         log_error("kvcm: deployment %s: a template does not expand (too long?); not published",
                   ns->deployment_id);
         free(d);
@@ -185,7 +229,10 @@ static struct kvcm_dep *kvcm_dep_new(struct kvcm *k, const kv_namespace *ns)
     return d;
 }
 
-/* The deployment index of ns, registering it on first sight (under mu). */
+/* The deployment index of ns, registering it on first sight (under mu). A
+ * deployment whose instance id another deployment already publishes under
+ * is refused: KVCM would take the two for one reporter, and each snapshot
+ * would erase the other's blocks. */
 static int kvcm_dep_index(struct kvcm *k, const kv_namespace *ns)
 {
     for (size_t i = 0; i < k->ndeps; i++)
@@ -196,13 +243,32 @@ static int kvcm_dep_index(struct kvcm *k, const kv_namespace *ns)
     struct kvcm_dep *d = kvcm_dep_new(k, ns);
     if (!d)
         return -1;
+    for (size_t i = 0; i < k->ndeps && !d->refused; i++) {
+        if (strcmp(k->deps[i]->instance_id, d->instance_id) != 0)
+            continue;
+        snprintf(d->refused_text, sizeof d->refused_text,
+                 "deployment %s maps to instance id %s, already in use by deployment %s: not "
+                 "publishing %s (put {fingerprint} in [kvcm] instance_id)", d->deployment_id,
+                 d->instance_id, k->deps[i]->deployment_id, d->deployment_id);
+        d->refused = d->refused_text;
+        d->failed_terminal = true;   /* before the publisher ever sees it */
+        snprintf(k->last_error, sizeof k->last_error, "%.*s", (int)sizeof k->last_error - 1,
+                 d->refused_text);
+        if (k->state != KVCM_STATE_STOPPED)
+            k->state = KVCM_STATE_DEGRADED;
+        log_error("kvcm: %s", d->refused_text);
+    }
     k->deps[k->ndeps] = d;
-    log_info("kvcm: deployment %s publishes as instance %s (spec %s, %" PRIu64 " bytes per block)",
-             ns->deployment_id, d->instance_id, d->spec_name, d->spec_bytes);
+    if (!d->refused)
+        log_info("kvcm: deployment %s publishes as instance %s (spec %s, %" PRIu64 " bytes per block)",
+                 ns->deployment_id, d->instance_id, d->spec_name, d->spec_bytes);
+    k->deps_added = true;
+    kvcm_work_arrived(k);
+    pthread_cond_signal(&k->cv);
     return (int)k->ndeps++;
 }
 
-/* Append under mu. Normal events leave the last slot for a marker. */
+/* Append under mu. Normal events leave the last slot for the marker. */
 static bool kvcm_ring_push(struct kvcm *k, const struct kvcm_ev *ev)
 {
     size_t limit = ev->kind == EV_MARKER ? k->cap : k->cap - 1;
@@ -213,13 +279,17 @@ static bool kvcm_ring_push(struct kvcm *k, const struct kvcm_ev *ev)
     return true;
 }
 
-void kvcm_block_event(void *arg, const kv_namespace *ns, int64_t key, bool complete)
+void kvcm_block_event(void *arg, const kv_namespace *ns, int64_t key, int medium)
 {
     struct kvcm *k = arg;
     pthread_mutex_lock(&k->mu);
     int dep = kvcm_dep_index(k, ns);
-    if (dep >= 0) {
-        struct kvcm_ev ev = { .dep = (uint32_t)dep, .kind = complete ? EV_ADD : EV_DEL, .key = key };
+    if (dep >= 0 && !k->deps[dep]->refused) {
+        struct kvcm_ev ev = { .dep = (uint32_t)dep, .kind = EV_BLOCK,
+                              .medium = medium == MED_HBM || medium == MED_DRAM ? (uint8_t)medium
+                                                                                : MED_NONE,
+                              .key = key };
+        kvcm_work_arrived(k);
         if (kvcm_ring_push(k, &ev)) {
             k->accepted++;
             if (k->count == 1)
@@ -235,7 +305,15 @@ void kvcm_block_event(void *arg, const kv_namespace *ns, int64_t key, bool compl
     pthread_mutex_unlock(&k->mu);
 }
 
-static void kvcm_walk_found(void *arg, const kv_namespace *ns, int64_t key)
+void kvcm_deployment_event(void *arg, const kv_namespace *ns)
+{
+    struct kvcm *k = arg;
+    pthread_mutex_lock(&k->mu);
+    kvcm_dep_index(k, ns);
+    pthread_mutex_unlock(&k->mu);
+}
+
+static void kvcm_walk_found(void *arg, const kv_namespace *ns, int64_t key, int medium)
 {
     struct kvcm *k = arg;
     if (k->walk_len == k->walk_cap) {
@@ -253,7 +331,10 @@ static void kvcm_walk_found(void *arg, const kv_namespace *ns, int64_t key)
     pthread_mutex_unlock(&k->mu);
     if (dep < 0)
         return;
-    k->walk_buf[k->walk_len++] = (struct kvcm_ev){ .dep = (uint32_t)dep, .kind = EV_ADD, .key = key };
+    k->walk_buf[k->walk_len++] = (struct kvcm_ev){
+        .dep = (uint32_t)dep, .kind = EV_BLOCK, .key = key,
+        .medium = medium == MED_HBM ? MED_HBM : MED_DRAM,
+    };
 }
 
 static void kvcm_walk_done(void *arg)
@@ -268,13 +349,18 @@ static void kvcm_walk_done(void *arg)
     if (k->walk_oom)
         k->dirty = true;
     k->walk_oom = false;
+    bool again = k->walk_wanted;   /* asked while this walk ran (not expected): do not lose it */
     pthread_cond_signal(&k->cv);
     pthread_mutex_unlock(&k->mu);
     k->walk_buf = NULL;
     k->walk_len = k->walk_cap = 0;
+    if (again)
+        event_active(k->efd_ev, EV_READ, 0);
 }
 
-/* The publisher asked for the truth: mark the queue, walk the index. */
+/* The publisher asked for the truth: mark the queue, walk the index. It asks
+ * again only after it took this walk's result, so no walk runs now and the
+ * marker's kept slot is free. */
 static void kvcm_efd_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct kvcm *k = arg;
@@ -282,20 +368,20 @@ static void kvcm_efd_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     if (read(fd, &v, sizeof v) < 0 && errno != EAGAIN)
         log_warn("kvcm: reading the walk request: %s", strerror(errno));
-    if (k->walk)
-        return;
     pthread_mutex_lock(&k->mu);
-    bool wanted = k->walk_wanted;
-    k->walk_wanted = false;
+    bool wanted = k->walk_wanted && !k->walk;
     if (wanted) {
         struct kvcm_ev marker = { .kind = EV_MARKER };
-        k->dirty = false;
-        kvcm_ring_push(k, &marker);   /* always fits: a slot is kept for it */
+        k->walk_wanted = false;
+        k->dirty = false;   /* the walk sees everything dropped so far */
+        if (!kvcm_ring_push(k, &marker))
+            log_error("kvcm: no room for the resync marker (a bug): the walk goes on without it");
         pthread_cond_signal(&k->cv);
     }
     pthread_mutex_unlock(&k->mu);
     if (wanted && cache_walk_complete(k->cache, kvcm_walk_found, kvcm_walk_done, k, &k->walk) < 0) {
         log_error("kvcm: cannot start a walk of the index: out of memory");
+        k->walk_oom = true;
         kvcm_walk_done(k);
     }
 }
@@ -320,27 +406,50 @@ static uint32_t kvcm_timeout(const struct kvcm *k, bool snapshot)
     return snapshot ? k->st.snapshot_timeout_ms : k->st.request_timeout_ms;
 }
 
-static void kvcm_apply(struct kvcm_dep *d, const struct kvcm_ev *ev, bool pending)
+/* A key's new medium (MED_NONE: gone) into the mirror, and, when pending,
+ * into the deltas: coalesced to the final medium plus every medium KVCM may
+ * still hold the key in (a demotion is a DELETE from one medium and an ADD
+ * to the other). */
+static void kvcm_apply(struct kvcm_dep *d, int64_t key, uint8_t medium, bool pending)
 {
-    if (ev->kind == EV_ADD)
-        keyset_put(&d->mirror, ev->key, 1);
-    else
-        keyset_del(&d->mirror, ev->key);
-    if (pending && keyset_put(&d->pending, ev->key, ev->kind == EV_ADD) < 0)
+    uint8_t old = MED_NONE;
+    keyset_get(&d->mirror, key, &old);
+    if (medium != MED_NONE) {
+        if (keyset_put(&d->mirror, key, medium) < 0)
+            d->need_snapshot = true;
+    } else {
+        keyset_del(&d->mirror, key);
+    }
+    if (!pending)
+        return;
+    uint8_t p = 0;
+    keyset_get(&d->pending, key, &p);
+    p = (uint8_t)((p & ~PEND_MEDIUM) | medium);
+    if (old != MED_NONE && old != medium)
+        p |= PEND_DROP(old);
+    if (keyset_put(&d->pending, key, p) < 0)
         d->need_snapshot = true;   /* no memory to remember the delta: the snapshot will say it */
 }
 
-/* A block's location URI: the deployment's, or expanded per key when the
- * template names {key}. */
-static const char *kvcm_uri(const struct kvcm *k, const struct kvcm_dep *d, int64_t key, char *buf,
-                            size_t len)
+/* A block's location URI under medium: the deployment's, or expanded per
+ * key when the template names {key}. */
+static const char *kvcm_uri(const struct kvcm *k, const struct kvcm_dep *d, int64_t key,
+                            uint8_t medium, char *buf, size_t len)
 {
     if (!d->uri_per_key)
-        return d->uri;
-    struct config_kvcm_vars v = { .host_ip_port = k->st.host_ip_port, .medium = k->st.medium_host,
+        return d->uri[medium];
+    struct config_kvcm_vars v = { .host_ip_port = k->st.host_ip_port, .medium = k->medium_name[medium],
                                   .block_bytes = d->spec_bytes, .key = key };
     config_kvcm_expand(k->st.location_uri_template, &v, buf, len);
     return buf;
+}
+
+/* Something reached KVCM: the stall clock restarts. */
+static void kvcm_progress(struct kvcm *k)
+{
+    pthread_mutex_lock(&k->mu);
+    k->progress_ms = clock_now_ms();
+    pthread_mutex_unlock(&k->mu);
 }
 
 /* Send one request; handle what every call can answer. Returns the status. */
@@ -351,6 +460,7 @@ static int kvcm_report(struct kvcm *k, struct kvcm_client *cl, struct kvcm_dep *
                                 kvcm_timeout(k, snapshot), r);
     switch (st) {
     case KVCM_OK:
+        kvcm_progress(k);
         if (r->snapshot_required)
             d->need_snapshot = true;
         break;
@@ -394,11 +504,49 @@ static bool kvcm_step_failed(struct kvcm *k, struct kvcm_dep *d, const char *wha
     return false;
 }
 
+/* KVCM forgot the instance or our node: register again at once (kvcm_report
+ * has already reset what must be redone), without a backoff. */
+static bool kvcm_forgotten(int status)
+{
+    return status == KVCM_INSTANCE_NOT_EXIST || status == KVCM_NODE_NOT_REGISTERED;
+}
+
+/* Up to batch_events ADD/DELETE events of pending deltas into events (the
+ * keys taken into k->batch); how many keys. Every (key, medium) appears once. */
+static size_t kvcm_delta_batch(struct kvcm *k, struct kvcm_dep *d, json_t *events)
+{
+    size_t pos = 0, n = 0, nev = 0;
+    int64_t key;
+    uint8_t p;
+    while (nev < k->st.batch_events && keyset_next(&d->pending, &pos, &key, &p)) {
+        uint8_t now_in = p & PEND_MEDIUM;
+        size_t need = (now_in != MED_NONE);
+        for (uint8_t m = MED_HBM; m < MED_COUNT; m++)
+            need += (p & PEND_DROP(m)) && m != now_in;
+        if (nev > 0 && nev + need > k->st.batch_events)
+            break;
+        for (uint8_t m = MED_HBM; m < MED_COUNT; m++)
+            if ((p & PEND_DROP(m)) && m != now_in)
+                json_array_append_new(events, kvcm_event_block_delete(key, k->medium_name[m],
+                                                                      d->spec_name));
+        if (now_in != MED_NONE) {
+            char uri[CONFIG_KVCM_TEMPLATE_MAX];
+            json_array_append_new(events, kvcm_event_block_add(key, k->medium_name[now_in], d->spec_name,
+                                                               kvcm_uri(k, d, key, now_in, uri,
+                                                                        sizeof uri)));
+        }
+        nev += need;
+        k->batch[n++] = (struct kvcm_ev){ .key = key };
+    }
+    return n;
+}
+
 /* Bring one deployment up to date; false when something failed (retry later). */
 static bool kvcm_sync_dep(struct kvcm *k, struct kvcm_client *cl, struct kvcm_dep *d, bool flush)
 {
     struct kvcm_result r;
     uint64_t now = clock_now_ms();
+    bool again_done = false;
 
     if (d->failed_terminal)
         return true;
@@ -408,6 +556,7 @@ static bool kvcm_sync_dep(struct kvcm *k, struct kvcm_client *cl, struct kvcm_de
     if (d->next_try_ms)
         flush = true;   /* the retry is due: send what waits now, so that only a call that
                            went through ends the failure (and the backoff) */
+again:
     if (!d->instance_ok) {
         const char *names[1] = { d->spec_name };
         uint64_t sizes[1] = { d->spec_bytes };
@@ -428,19 +577,30 @@ static bool kvcm_sync_dep(struct kvcm *k, struct kvcm_client *cl, struct kvcm_de
         }
         if (st != KVCM_OK)
             return kvcm_step_failed(k, d, "registerInstance", &r);
+        kvcm_progress(k);
         d->instance_ok = true;
     }
     if (!d->node_ok) {
-        const char *mediums[1] = { k->st.medium_host };
+        /* every medium this node reports blocks in */
+        const char *mediums[2];
+        size_t nmed = 0;
+        if (k->st.has_hbm)
+            mediums[nmed++] = k->medium_name[MED_HBM];
+        mediums[nmed++] = k->medium_name[MED_DRAM];
         json_t *events = json_array();
-        json_array_append_new(events, kvcm_event_node_register(mediums, 1));
+        json_array_append_new(events, kvcm_event_node_register(mediums, nmed));
         pthread_mutex_lock(&k->mu);
         d->announced = true;
         pthread_mutex_unlock(&k->mu);
         int st = kvcm_report(k, cl, d, events, false, &r);
         json_decref(events);
-        if (st != KVCM_OK)
+        if (st != KVCM_OK) {
+            if (kvcm_forgotten(st) && !again_done) {
+                again_done = true;
+                goto again;
+            }
             return kvcm_step_failed(k, d, "NODE_REGISTER", &r);
+        }
         d->node_ok = true;
         d->need_snapshot = true;
         pthread_mutex_lock(&k->mu);
@@ -450,22 +610,29 @@ static bool kvcm_sync_dep(struct kvcm *k, struct kvcm_client *cl, struct kvcm_de
     if (now - d->last_snapshot_ms >= k->st.snapshot_interval_ms && d->last_snapshot_ms)
         d->need_snapshot = true;
     if (d->need_snapshot) {
-        if (k->awaiting_walk)
+        if (k->resyncing)
             return true;   /* the mirror is being rebuilt: snapshot it afterwards */
         kvcm_set_state(k, KVCM_STATE_RESYNCING);
         json_t *blocks = json_array(), *events = json_array();
         size_t pos = 0;
         int64_t key;
-        while (keyset_next(&d->mirror, &pos, &key, NULL)) {
+        uint8_t medium;
+        while (keyset_next(&d->mirror, &pos, &key, &medium)) {
             char uri[CONFIG_KVCM_TEMPLATE_MAX];
-            json_array_append_new(blocks, kvcm_snapshot_block(key, k->st.medium_host, d->spec_name,
-                                                              kvcm_uri(k, d, key, uri, sizeof uri)));
+            json_array_append_new(blocks, kvcm_snapshot_block(key, k->medium_name[medium], d->spec_name,
+                                                              kvcm_uri(k, d, key, medium, uri,
+                                                                       sizeof uri)));
         }
         json_array_append_new(events, kvcm_event_snapshot(blocks));
         int st = kvcm_report(k, cl, d, events, true, &r);
         json_decref(events);
-        if (st != KVCM_OK)
+        if (st != KVCM_OK) {
+            if (kvcm_forgotten(st) && !again_done) {
+                again_done = true;
+                goto again;
+            }
             return kvcm_step_failed(k, d, "snapshot", &r);
+        }
         d->need_snapshot = false;
         d->last_snapshot_ms = clock_now_ms();
         keyset_clear(&d->pending);   /* the snapshot said it all */
@@ -481,20 +648,8 @@ static bool kvcm_sync_dep(struct kvcm *k, struct kvcm_client *cl, struct kvcm_de
     while (keyset_count(&d->pending) > 0 &&
            (flush || keyset_count(&d->pending) >= k->st.batch_events)) {
         json_t *events = json_array();
-        size_t pos = 0, n = 0;
-        int64_t key;
-        uint8_t add;
-        while (n < k->st.batch_events && keyset_next(&d->pending, &pos, &key, &add)) {
-            char uri[CONFIG_KVCM_TEMPLATE_MAX];
-            json_array_append_new(events, add ? kvcm_event_block_add(key, k->st.medium_host,
-                                                                     d->spec_name,
-                                                                     kvcm_uri(k, d, key, uri,
-                                                                              sizeof uri))
-                                              : kvcm_event_block_delete(key, k->st.medium_host,
-                                                                        d->spec_name));
-            k->batch[n++] = (struct kvcm_ev){ .key = key };
-        }
-        int st = kvcm_report(k, cl, d, events, false, &r);
+        size_t n = kvcm_delta_batch(k, d, events);
+        int st = json_array_size(events) > 0 ? kvcm_report(k, cl, d, events, false, &r) : KVCM_OK;
         json_decref(events);
         if (st != KVCM_OK) {
             /* Without an answer the batch may still be applied, late and out of
@@ -502,6 +657,10 @@ static bool kvcm_sync_dep(struct kvcm *k, struct kvcm_client *cl, struct kvcm_de
              * for sure what KVCM holds once it answers again. */
             if (st == KVCM_TRANSPORT)
                 d->need_snapshot = true;
+            if (kvcm_forgotten(st) && !again_done) {
+                again_done = true;
+                goto again;
+            }
             return kvcm_step_failed(k, d, "ADD/DELETE", &r);
         }
         for (size_t i = 0; i < n; i++)
@@ -517,6 +676,8 @@ static bool kvcm_sync_dep(struct kvcm *k, struct kvcm_client *cl, struct kvcm_de
     return true;
 }
 
+/* The walk's result replaces every mirror; the events dequeued since its
+ * marker (newer than the walk's start) go on top, in order. */
 static void kvcm_take_walk(struct kvcm *k, struct kvcm_ev *res, size_t n, size_t ndeps,
                            struct kvcm_dep **deps)
 {
@@ -526,14 +687,26 @@ static void kvcm_take_walk(struct kvcm *k, struct kvcm_ev *res, size_t n, size_t
         deps[i]->need_snapshot = true;
     }
     for (size_t i = 0; i < n; i++)
-        if (res[i].dep < ndeps)
-            kvcm_apply(deps[res[i].dep], &res[i], false);
-    /* What changed since the walk began, in order. */
+        if (res[i].dep < ndeps && !deps[res[i].dep]->refused)
+            kvcm_apply(deps[res[i].dep], res[i].key, res[i].medium, false);
     for (size_t i = 0; i < k->post_n; i++)
         if (k->post[i].dep < ndeps)
-            kvcm_apply(deps[k->post[i].dep], &k->post[i], false);
+            kvcm_apply(deps[k->post[i].dep], k->post[i].key, k->post[i].medium, false);
     k->post_n = 0;
-    k->awaiting_walk = false;
+}
+
+/* Nothing left to tell KVCM (publisher thread; deps' fields are its own). */
+static bool kvcm_caught_up(const struct kvcm *k, struct kvcm_dep **deps, size_t ndeps)
+{
+    if (k->resyncing)
+        return false;
+    for (size_t i = 0; i < ndeps; i++) {
+        const struct kvcm_dep *d = deps[i];
+        if (!d->failed_terminal && (!d->instance_ok || !d->node_ok || d->need_snapshot ||
+                                    keyset_count(&d->pending) > 0))
+            return false;
+    }
+    return true;
 }
 
 static void *kvcm_publisher_main(void *arg)
@@ -560,9 +733,6 @@ static void *kvcm_publisher_main(void *arg)
     while (!k->stop) {
         /* Take what the loop queued. */
         size_t n = 0;
-        struct kvcm_ev *res = NULL;
-        size_t res_n = 0;
-        bool took_walk = false, want_walk = false;
         struct kvcm_dep *deps[KVCM_MAX_DEPLOYMENTS];
         size_t ndeps = k->ndeps;
         memcpy(deps, k->deps, ndeps * sizeof deps[0]);
@@ -571,34 +741,20 @@ static void *kvcm_publisher_main(void *arg)
             k->head = (k->head + 1) % k->cap;
             k->count--;
         }
-        if (k->walk_ready) {
-            res = k->walk_result;
-            res_n = k->walk_n;
-            k->walk_result = NULL;
-            k->walk_ready = false;
-            took_walk = true;
-        }
-        if (k->dirty && !k->walk_wanted && !k->awaiting_walk) {
-            k->walk_wanted = true;
-            want_walk = true;
-        }
+        k->deps_added = false;
         for (size_t i = 0; i < ndeps; i++) {
-            if (deps[i]->reregister) {
-                deps[i]->reregister = false;
+            if (deps[i]->reinstance)
+                deps[i]->instance_ok = false;   /* straight to registerInstance */
+            if (deps[i]->reregister || deps[i]->reinstance)
                 deps[i]->node_ok = false;
-            }
+            deps[i]->reregister = deps[i]->reinstance = false;
         }
         pthread_mutex_unlock(&k->mu);
 
-        if (want_walk) {
-            uint64_t one = 1;
-            if (write(k->efd, &one, sizeof one) < 0)
-                log_warn("kvcm: cannot ask the loop for a walk: %s", strerror(errno));
-        }
         for (size_t i = 0; i < n; i++) {
             struct kvcm_ev *ev = &k->batch[i];
             if (ev->kind == EV_MARKER) {
-                k->awaiting_walk = true;
+                k->awaiting_walk = true;   /* what follows is newer than the walk's start */
                 k->post_n = 0;
             } else if (ev->dep < ndeps) {
                 if (k->awaiting_walk) {
@@ -611,14 +767,48 @@ static void *kvcm_publisher_main(void *arg)
                     }
                     k->post[k->post_n++] = *ev;
                 } else {
-                    kvcm_apply(deps[ev->dep], ev, true);
+                    kvcm_apply(deps[ev->dep], ev->key, ev->medium, true);
                 }
             }
         }
+        /* A walk's result counts only once its marker has been dequeued: the
+         * events before the marker are older than the walk, which replaces
+         * them; taken earlier, the marker would come after the result and
+         * wait for a walk that never comes. Then, with nothing outstanding,
+         * ask for a walk if events were dropped. */
+        struct kvcm_ev *res = NULL;
+        size_t res_n = 0;
+        bool took_walk = false, want_walk = false;
+        pthread_mutex_lock(&k->mu);
+        if (k->awaiting_walk && k->walk_ready) {
+            res = k->walk_result;
+            res_n = k->walk_n;
+            k->walk_result = NULL;
+            k->walk_ready = false;
+            took_walk = true;
+            ndeps = k->ndeps;   /* the walk may have found new deployments */
+            memcpy(deps, k->deps, ndeps * sizeof deps[0]);
+        }
+        pthread_mutex_unlock(&k->mu);
         if (took_walk) {
             kvcm_take_walk(k, res, res_n, ndeps, deps);
             free(res);
+            k->awaiting_walk = false;
+            k->resyncing = false;
         }
+        pthread_mutex_lock(&k->mu);
+        if (k->dirty && !k->resyncing) {
+            k->resyncing = true;
+            k->walk_wanted = true;
+            want_walk = true;
+        }
+        pthread_mutex_unlock(&k->mu);
+        if (want_walk) {
+            uint64_t one = 1;
+            if (write(k->efd, &one, sizeof one) < 0)
+                log_warn("kvcm: cannot ask the loop for a walk: %s", strerror(errno));
+        }
+
         uint64_t now = clock_now_ms();
         bool flush = now >= next_flush;
         bool ok = true;
@@ -628,22 +818,37 @@ static void *kvcm_publisher_main(void *arg)
             next_flush = clock_now_ms() + k->st.flush_interval_ms;
         if (ok) {
             k->backoff_ms = 0;
-            bool all_ok = ndeps > 0;
-            for (size_t i = 0; i < ndeps; i++)
-                all_ok = all_ok && deps[i]->node_ok && !deps[i]->need_snapshot;
-            if (all_ok && !k->awaiting_walk)
-                kvcm_set_state(k, KVCM_STATE_READY);
+            /* A deployment that is never published (refused, or registered
+             * elsewhere with another layout) keeps the state DEGRADED. */
+            bool all_ok = ndeps > 0, any_terminal = false;
+            for (size_t i = 0; i < ndeps; i++) {
+                if (deps[i]->failed_terminal)
+                    any_terminal = true;
+                else
+                    all_ok = all_ok && deps[i]->node_ok && !deps[i]->need_snapshot;
+            }
+            if (all_ok && !k->resyncing)
+                kvcm_set_state(k, any_terminal ? KVCM_STATE_DEGRADED : KVCM_STATE_READY);
         }
+        bool caught_up = kvcm_caught_up(k, deps, ndeps);
 
         /* Sleep until more events, the flush deadline, or 1 s (beats). */
         pthread_mutex_lock(&k->mu);
-        if (!k->stop && k->count == 0 && !k->walk_ready &&
-            !(k->dirty && !k->walk_wanted && !k->awaiting_walk)) {
+        if (caught_up && k->count == 0 && !k->dirty && !k->deps_added)
+            k->work_since_ms = 0;   /* nothing waits */
+        else
+            kvcm_work_arrived(k);
+        bool told = k->deps_added;
+        for (size_t i = 0; i < k->ndeps && !told; i++)
+            told = k->deps[i]->reregister || k->deps[i]->reinstance;
+        if (!k->stop && k->count == 0 && !told && !(k->awaiting_walk && k->walk_ready) &&
+            !(k->dirty && !k->resyncing)) {
             uint64_t wait_ms = 1000, t_now = clock_now_ms();
             for (size_t i = 0; i < ndeps; i++) {
                 struct kvcm_dep *d = deps[i];
                 if (d->failed_terminal ||
-                    !(keyset_count(&d->pending) > 0 || d->need_snapshot || !d->node_ok))
+                    !(keyset_count(&d->pending) > 0 || d->need_snapshot || !d->node_ok ||
+                      !d->instance_ok))
                     continue;
                 /* due at the flush deadline, or when its retry is (backing off) */
                 uint64_t due = d->next_try_ms > t_now ? d->next_try_ms - t_now
@@ -738,7 +943,10 @@ static void *kvcm_heartbeat_main(void *arg)
                 k->heartbeats_failed++;
                 if (st == KVCM_NODE_NOT_REGISTERED || st == KVCM_INSTANCE_NOT_EXIST) {
                     deps[i]->heartbeat_ok = false;
-                    deps[i]->reregister = true;
+                    if (st == KVCM_INSTANCE_NOT_EXIST)
+                        deps[i]->reinstance = true;   /* NODE_REGISTER would fail the same way */
+                    else
+                        deps[i]->reregister = true;
                     pthread_cond_broadcast(&k->cv);
                 }
             }
@@ -785,6 +993,10 @@ int kvcm_create(struct event_base *base, struct cache *cache, const struct kvcm_
     k->st.medium_host = kvcm_own(k, 4, st->medium_host);
     k->st.spec_name_template = kvcm_own(k, 5, st->spec_name_template);
     k->st.location_uri_template = kvcm_own(k, 6, st->location_uri_template);
+    k->st.medium_hbm = kvcm_own(k, 7, st->medium_hbm);
+    k->medium_name[MED_NONE] = "";
+    k->medium_name[MED_HBM] = k->st.medium_hbm;
+    k->medium_name[MED_DRAM] = k->st.medium_host;
     if (k->st.batch_events == 0)
         k->st.batch_events = 1;
     /* A per-boot epoch: trace ids of an older incarnation are recognisable. */
@@ -833,7 +1045,7 @@ int kvcm_create(struct event_base *base, struct cache *cache, const struct kvcm_
         return -KVNODE_EIO;
     }
     k->hb_started = true;
-    cache_set_block_observer(cache, kvcm_block_event, k);
+    cache_set_block_observer(cache, kvcm_block_event, kvcm_deployment_event, k);
     log_info("kvcm: publishing to %s as %s (%s), epoch %" PRIu64, k->st.endpoints[0],
              k->st.host_ip_port, k->st.storage_type, k->epoch);
     *out = k;
@@ -862,7 +1074,7 @@ void kvcm_stop(struct kvcm *k)
 
     if (!k)
         return;
-    cache_set_block_observer(k->cache, NULL, NULL);
+    cache_set_block_observer(k->cache, NULL, NULL, NULL);
     if (k->walk) {
         cache_walk_cancel(k->cache, k->walk);
         k->walk = NULL;
@@ -909,7 +1121,7 @@ void kvcm_destroy(struct kvcm *k)
     if (!k)
         return;
     if (k->cache)
-        cache_set_block_observer(k->cache, NULL, NULL);
+        cache_set_block_observer(k->cache, NULL, NULL, NULL);
     if (k->walk)
         cache_walk_cancel(k->cache, k->walk);
     kvcm_join(k);
@@ -940,6 +1152,33 @@ uint64_t kvcm_epoch(const struct kvcm *k)
     return k ? k->epoch : 0;
 }
 
+/* The state as reported (under mu): a publisher whose work has waited past
+ * stall_timeout without progress is STALLED, whatever it believes, unless
+ * it already says DEGRADED or STOPPED. */
+static int kvcm_shown_state(const struct kvcm *k, uint64_t waiting_ms)
+{
+    bool stalled = waiting_ms > k->st.stall_timeout_ms;
+    if (stalled && k->state != KVCM_STATE_DEGRADED && k->state != KVCM_STATE_STOPPED)
+        return KVCM_STATE_STALLED;
+    return k->state;
+}
+
+bool kvcm_stalled(struct kvcm *k, char *why, size_t len)
+{
+    if (!k)
+        return false;
+    pthread_mutex_lock(&k->mu);
+    uint64_t waiting = kvcm_waiting_ms(k, clock_now_ms());
+    bool stalled = waiting > k->st.stall_timeout_ms;
+    if (stalled && why)
+        snprintf(why, len, "work has waited %" PRIu64 " ms without reaching KVCM (stall_timeout %"
+                 PRIu32 " ms), state %s, %zu events queued%s%.300s", waiting, k->st.stall_timeout_ms,
+                 kvcm_state_name(k->state), k->count, k->last_error[0] ? ", last error: " : "",
+                 k->last_error);
+    pthread_mutex_unlock(&k->mu);
+    return stalled;
+}
+
 void kvcm_stats_json(struct kvcm *k, json_t *root)
 {
     json_t *o = json_object();
@@ -949,7 +1188,11 @@ void kvcm_stats_json(struct kvcm *k, json_t *root)
         return;
     }
     pthread_mutex_lock(&k->mu);
-    json_object_set_new(o, "state", json_string(kvcm_state_name(k->state)));
+    uint64_t waiting = kvcm_waiting_ms(k, clock_now_ms());
+    json_object_set_new(o, "state", json_string(kvcm_state_name(kvcm_shown_state(k, waiting))));
+    json_object_set_new(o, "stalled", json_boolean(waiting > k->st.stall_timeout_ms));
+    json_object_set_new(o, "stalled_ms", json_integer((json_int_t)waiting));
+    json_object_set_new(o, "stall_timeout_ms", json_integer((json_int_t)k->st.stall_timeout_ms));
     json_object_set_new(o, "epoch", json_integer((json_int_t)k->epoch));
     json_object_set_new(o, "generation", json_integer((json_int_t)k->generation));
     json_object_set_new(o, "queue", json_integer((json_int_t)k->count));
@@ -962,11 +1205,19 @@ void kvcm_stats_json(struct kvcm *k, json_t *root)
     json_object_set_new(o, "last_snapshot_unix_ms", json_integer((json_int_t)k->last_snapshot_unix_ms));
     json_object_set_new(o, "last_error", json_string(k->last_error));
     json_object_set_new(o, "host_ip_port", json_string(k->st.host_ip_port));
+    json_t *media = json_array();
+    if (k->st.has_hbm)
+        json_array_append_new(media, json_string(k->medium_name[MED_HBM]));
+    json_array_append_new(media, json_string(k->medium_name[MED_DRAM]));
+    json_object_set_new(o, "media", media);
     json_t *deps = json_array();
     for (size_t i = 0; i < k->ndeps; i++) {
         json_t *d = json_object();
+        json_object_set_new(d, "deployment_id", json_string(k->deps[i]->deployment_id));
         json_object_set_new(d, "instance_id", json_string(k->deps[i]->instance_id));
         json_object_set_new(d, "registered", json_boolean(k->deps[i]->heartbeat_ok));
+        if (k->deps[i]->refused)
+            json_object_set_new(d, "refused", json_string(k->deps[i]->refused));
         json_array_append_new(deps, d);
     }
     json_object_set_new(o, "deployments", deps);

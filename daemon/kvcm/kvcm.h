@@ -9,13 +9,27 @@
  *              retry_after_ms, snapshot_required, backoff with a cap).
  *   heartbeat  EVENT_HEARTBEAT per registered deployment on its own cadence,
  *              so it never waits behind a snapshot upload.
+ * A deployment registers when the HELLO of its first complete TP group
+ * binds (so an empty one heartbeats too), under an instance id that must be
+ * its own: a deployment whose id another one already uses is refused,
+ * naming both. Each complete key is reported in the medium of its tier
+ * (medium_hbm when every rank's copy is in GPU memory, else medium_host); a
+ * demotion is a DELETE from one medium and an ADD to the other, coalesced
+ * like any change; NODE_REGISTER names every medium the node has.
+ *
  * The loop feeds the publisher through a bounded queue (a mutex held for
  * O(1) only; never blocks): when it is full the event is dropped, counted,
- * and the publisher resynchronises — the loop walks the index in chunks
- * (cache_walk_complete) and the publisher replaces its mirror of complete
- * keys with the result plus every event queued since the walk began, then
- * sends a snapshot. Snapshots are built from that mirror on the publisher
- * thread and never mixed with deltas.
+ * and the publisher resynchronises — the loop queues a marker and walks the
+ * index in chunks (cache_walk_complete); once the publisher has dequeued the
+ * marker and the walk has ended it replaces its mirror of complete keys
+ * with the result plus every event queued after the marker, then sends a
+ * snapshot. One resync at a time. Snapshots are built from that mirror on
+ * the publisher thread and never mixed with deltas.
+ *
+ * Liveness: work (events, deltas, a snapshot, a registration) that has
+ * waited longer than stall_timeout without anything reaching KVCM shows as
+ * state STALLED (unless DEGRADED already says why), in kvcm_stalled() for
+ * /readyz, and in the stats ("stalled", "stalled_ms").
  *
  * Stop: threads end, then HOST_DOWN (alone in its request) for every
  * deployment KVCM may know, all within host_down_timeout.
@@ -47,18 +61,21 @@ struct kvcm_settings {
     const char *instance_id_template;   /* {model} {dtype} {block_tokens} {tp_size} {fingerprint} */
     const char *host_ip_port;
     const char *storage_type;           /* ST_EVENT_REPORT_L1P5 | ST_EVENT_REPORT_L2 */
-    const char *medium_host;            /* "dram" */
+    const char *medium_hbm;             /* "hbm": blocks whose every rank is in GPU memory */
+    const char *medium_host;            /* "dram": the others */
+    bool        has_hbm;                /* the node has an HBM tier: register medium_hbm too */
     const char *spec_name_template;     /* "rtp_llm_hbm_{block_tokens}" */
-    const char *location_uri_template;  /* "rtp-llm://{host_ip_port}/hbm?size={block_bytes}" */
+    const char *location_uri_template;  /* "rtp-llm://{host_ip_port}/{medium}?size={block_bytes}" */
     uint32_t connect_timeout_ms, request_timeout_ms, snapshot_timeout_ms;
     uint32_t flush_interval_ms, heartbeat_interval_ms, snapshot_interval_ms;
     uint32_t retry_base_ms, retry_max_ms, host_down_timeout_ms;
     uint32_t batch_events, queue_events;
+    uint32_t stall_timeout_ms;          /* work waiting longer without progress: STALLED */
 };
 
 enum kvcm_state {
     KVCM_STATE_DISABLED = 0, KVCM_STATE_STARTING, KVCM_STATE_REGISTERING, KVCM_STATE_RESYNCING,
-    KVCM_STATE_READY, KVCM_STATE_DEGRADED, KVCM_STATE_STOPPED,
+    KVCM_STATE_READY, KVCM_STATE_DEGRADED, KVCM_STATE_STOPPED, KVCM_STATE_STALLED,
 };
 const char *kvcm_state_name(int state);
 
@@ -75,15 +92,21 @@ typedef void (*kvcm_status_fn)(void *arg, struct kvcm_node_status *out);
 int  kvcm_create(struct event_base *base, struct cache *cache, const struct kvcm_settings *st,
                  kvcm_status_fn status, void *status_arg, struct kvcm **out,
                  char *err, size_t errlen);
-/* The cache's completeness observer (cache_set_block_observer). */
-void kvcm_block_event(void *kvcm, const kv_namespace *ns, int64_t key, bool complete);
+/* The cache's observers (cache_set_block_observer): a key's completeness and
+ * medium (enum cache_medium), and a deployment whose TP group connected. */
+void kvcm_block_event(void *kvcm, const kv_namespace *ns, int64_t key, int medium);
+void kvcm_deployment_event(void *kvcm, const kv_namespace *ns);
 /* End the threads and send HOST_DOWN, bounded by host_down_timeout (plus
  * the call in flight on each thread, which its own timeout bounds). */
 void kvcm_stop(struct kvcm *k);
 void kvcm_destroy(struct kvcm *k);
-/* Add "kvcm" {state, queue, accepted, dropped, last_error, last snapshot,
- * epoch, generation, deployments} to a stats document. NULL k: disabled. */
+/* Add "kvcm" {state, stalled, stalled_ms, queue, accepted, dropped,
+ * last_error, last snapshot, epoch, generation, media, deployments} to a
+ * stats document. NULL k: disabled. */
 void kvcm_stats_json(struct kvcm *k, json_t *root);
+/* Whether work has waited longer than stall_timeout without reaching KVCM;
+ * why (when not NULL) says how long and what is known. NULL k: false. */
+bool kvcm_stalled(struct kvcm *k, char *why, size_t len);
 /* This incarnation's epoch (trace ids carry it). */
 uint64_t kvcm_epoch(const struct kvcm *k);
 

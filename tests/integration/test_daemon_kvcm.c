@@ -21,10 +21,21 @@
  * - SIGTERM: HOST_DOWN alone and last, in time; with KVCM down, SIGTERM still exits 0 in
  *   time;
  * - an invalid [kvcm] section is refused at start (exit 2) naming every problem;
- * - kvcm off (the default) with endpoints set: no request reaches KVCM.
+ * - kvcm off (the default) with endpoints set: no request reaches KVCM;
+ * - overflow, 20 rounds (queue_events 64, batch_events 16, KVCM 30 ms late during each
+ *   burst): every round KVCM's view ends equal to the daemon's complete keys, READY;
+ * - liveness: with KVCM holding reports 4 s and stall_timeout 400 ms the state is STALLED,
+ *   /readyz says "KVCM publisher stalled", kvnode_kvcm_stalled is 1; READY again after;
+ * - instance ids: two deployments differing only in layers get two instances, each with
+ *   its own chain; with a template without {fingerprint} the second is refused, named;
+ * - media: with the sim HBM tier, blocks in HBM are reported as hbm and the others as dram
+ *   (NODE_REGISTER names both, the default URI follows the medium); a demotion is a
+ *   DELETE from hbm and an ADD to dram;
+ * - an empty deployment registers and heartbeats once its whole TP group said HELLO;
+ * - after INSTANCE_NOT_EXIST the publisher goes straight to registerInstance.
  *
  * KVCM_TEST_DUMP=FILE writes what the simulator recorded in the HOST_DOWN test (every
- * request kind with its answer) to FILE. Runs in about 16 s. */
+ * request kind with its answer) to FILE. Runs in about 25 s. */
 #include <check.h>
 
 #include <inttypes.h>
@@ -39,6 +50,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "kvh_http.h"
 #include "pings.h"
 #include "../sim/kvcmctl.h"
 
@@ -149,15 +161,41 @@ static json_t *sim_recorded(const struct kvcmctl *s, long long since)
 
 /* ---- /state ------------------------------------------------------------------------------ */
 
-/* This daemon's reporter for model (instance "<model>_16"), a new reference or NULL. */
-static json_t *reporter(const struct kvcmctl *s, const char *model)
+/* This daemon's reporter for the instance id inst, a new reference or NULL. */
+static json_t *reporter_of(const struct kvcmctl *s, const char *inst)
 {
-    char inst[128];
-    snprintf(inst, sizeof inst, "%s_16", model);
     json_t *st = sim_state(s);
     json_t *r = json_incref(kvcmctl_reporter(st, inst, STYPE, HOSTPORT));
     json_decref(st);
     return r;
+}
+
+/* Whether instance id inst belongs to model's deployment with 16-token blocks: the
+ * default instance id is "<model>_16_<fingerprint>" ("<model>_16" before it carried the
+ * fingerprint). */
+static bool instance_of(const char *inst, const char *model)
+{
+    char pfx[128];
+    int n = snprintf(pfx, sizeof pfx, "%s_16", model);
+    return inst && strncmp(inst, pfx, (size_t)n) == 0 && (inst[n] == '\0' || inst[n] == '_');
+}
+
+/* This daemon's reporter for model (its only deployment of that model), a new reference
+ * or NULL. */
+static json_t *reporter(const struct kvcmctl *s, const char *model)
+{
+    json_t *st = sim_state(s), *found = NULL, *r;
+    const char *id;
+    json_object_foreach(json_object_get(st, "reporters"), id, r) {
+        const char *host = json_string_value(json_object_get(r, "host_ip_port"));
+        const char *type = json_string_value(json_object_get(r, "storage_type"));
+        if (instance_of(json_string_value(json_object_get(r, "instance_id")), model) && host &&
+            strcmp(host, HOSTPORT) == 0 && type && strcmp(type, STYPE) == 0)
+            found = r;
+    }
+    json_incref(found);
+    json_decref(st);
+    return found;
 }
 
 /* Requests the simulator has recorded so far (the next seq). */
@@ -173,6 +211,39 @@ static int cmp_i64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
+}
+
+/* Whether rep holds exactly keys[0..n) under medium (other media are not looked at); why
+ * otherwise. */
+static bool medium_equal(json_t *rep, const char *medium, const kvnode_key *keys, size_t n,
+                         char *why, size_t wl)
+{
+    if (!rep) {
+        snprintf(why, wl, "no reporter " HOSTPORT " in /state");
+        return false;
+    }
+    json_t *list = json_object_get(json_object_get(rep, "blocks"), medium);
+    size_t m = json_array_size(list);
+    int64_t *got = calloc(m + 1, sizeof *got), *want = calloc(n + 1, sizeof *want);
+    ck_assert(got && want);
+    for (size_t i = 0; i < m; i++)
+        got[i] = strtoll(json_string_value(json_array_get(list, i)), NULL, 10);
+    memcpy(want, keys, n * sizeof *want);
+    qsort(got, m, sizeof *got, cmp_i64);
+    qsort(want, n, sizeof *want, cmp_i64);
+    bool eq = m == n;
+    for (size_t i = 0; eq && i < n; i++) {
+        if (got[i] != want[i]) {
+            eq = false;
+            snprintf(why, wl, "KVCM holds %zu keys under %s as wanted, but key #%zu is %" PRId64
+                     " instead of %" PRId64, n, medium, i, got[i], want[i]);
+        }
+    }
+    if (m != n)
+        snprintf(why, wl, "KVCM holds %zu keys under %s, not %zu", m, medium, n);
+    free(got);
+    free(want);
+    return eq;
 }
 
 /* Whether rep holds exactly keys[0..n) (medium dram, no other medium); why otherwise. */
@@ -191,28 +262,7 @@ static bool blocks_equal(json_t *rep, const kvnode_key *keys, size_t n, char *wh
             return false;
         }
     }
-    list = json_object_get(blocks, "dram");
-    size_t m = json_array_size(list);
-    int64_t *got = calloc(m + 1, sizeof *got), *want = calloc(n + 1, sizeof *want);
-    ck_assert(got && want);
-    for (size_t i = 0; i < m; i++)
-        got[i] = strtoll(json_string_value(json_array_get(list, i)), NULL, 10);
-    memcpy(want, keys, n * sizeof *want);
-    qsort(got, m, sizeof *got, cmp_i64);
-    qsort(want, n, sizeof *want, cmp_i64);
-    bool eq = m == n;
-    for (size_t i = 0; eq && i < n; i++) {
-        if (got[i] != want[i]) {
-            eq = false;
-            snprintf(why, wl, "KVCM holds %zu keys as wanted, but key #%zu is %" PRId64
-                     " instead of %" PRId64, n, i, got[i], want[i]);
-        }
-    }
-    if (m != n)
-        snprintf(why, wl, "KVCM holds %zu keys, not %zu", m, n);
-    free(got);
-    free(want);
-    return eq;
+    return medium_equal(rep, "dram", keys, n, why, wl);
 }
 
 /* Wait until the simulator holds exactly keys for model. */
@@ -524,7 +574,7 @@ START_TEST(test_lifecycle)
     memcpy(all, a, sizeof a);
     memcpy(all + 6, b, sizeof b);
 
-    /* a: the first deployment's registration and snapshot carry it */
+    /* a: registered at HELLO (an empty snapshot), a goes out as additions */
     KVH_OK(c, kvh_put(c, a, 6, 1));
     wait_blocks(&s, "life", a, 6, tmo(5000));
     /* b: additions */
@@ -567,8 +617,13 @@ START_TEST(test_lifecycle)
     ck_assert_str_eq(json_string_value(json_object_get(k, "last_error")), "");
     json_t *deps = json_object_get(k, "deployments");
     ck_assert_uint_eq(json_array_size(deps), 1);
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(deps, 0), "instance_id")),
-                     "life_16");
+    /* the default instance id: <model>_<block_tokens>_<fingerprint> (the deployment id is
+     * <model>-<fingerprint>) */
+    const char *did = json_string_value(json_object_get(json_array_get(deps, 0), "deployment_id"));
+    ck_assert_msg(did && strncmp(did, "life-", 5) == 0, "deployment id %s", did ? did : "(none)");
+    char inst[128];
+    snprintf(inst, sizeof inst, "life_16_%s", did + 5);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(deps, 0), "instance_id")), inst);
     ck_assert(json_is_true(json_object_get(json_array_get(deps, 0), "registered")));
     long long epoch = json_integer_value(json_object_get(k, "epoch"));
     long long generation = json_integer_value(json_object_get(k, "generation"));
@@ -608,7 +663,7 @@ START_TEST(test_lifecycle)
     ck_assert_msg(only_event(snap, "EVENT_BLOCK_SNAPSHOT"), "the snapshot shares its request");
     /* registerInstance describes the layout */
     json_t *rb = json_object_get(reg, "body");
-    ck_assert_str_eq(json_string_value(json_object_get(rb, "instance_id")), "life_16");
+    ck_assert_str_eq(json_string_value(json_object_get(rb, "instance_id")), inst);
     ck_assert_int_eq(jnum(json_object_get(rb, "block_size")), 16);
     json_t *md = json_object_get(rb, "model_deployment");
     ck_assert_str_eq(json_string_value(json_object_get(md, "model_name")), "life");
@@ -628,7 +683,7 @@ START_TEST(test_lifecycle)
         if (is_rpc(e, "reportEvent")) {
             ck_assert_str_eq(json_string_value(json_object_get(body, "host_ip_port")), HOSTPORT);
             ck_assert_str_eq(json_string_value(json_object_get(body, "storage_type")), STYPE);
-            ck_assert_str_eq(json_string_value(json_object_get(body, "instance_id")), "life_16");
+            ck_assert_str_eq(json_string_value(json_object_get(body, "instance_id")), inst);
         }
     }
     /* each key went out exactly once as it became complete, and once as it stopped */
@@ -1437,6 +1492,554 @@ START_TEST(test_off_sends_nothing)
 }
 END_TEST
 
+/* ---- 12. overflow, again and again: the publisher never wedges ---------------------------- */
+
+#define WEDGE_KEYS   320
+#define WEDGE_ROUNDS 20
+
+/* The keys of k[0..n) that held[] marks, into want; how many. */
+static size_t held_keys(const kvnode_key *k, const bool *held, size_t n, kvnode_key *want)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (held[i])
+            want[m++] = k[i];
+    return m;
+}
+
+START_TEST(test_overflow_rounds_never_wedge)
+{
+    struct kvcmctl s;
+    kvh_daemon d;
+    sim_start(&s, NULL);
+    /* Small queue and batches: every burst overflows, and the resync's marker sits behind
+     * more than one batch of events. */
+    daemon_start(&d, s.base, "kvcm.queue_events=64\nkvcm.batch_events=16\nkvcm.request_timeout=5s\n");
+    kvnode_layout l = kvh_layout("wedge", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &l, &c);
+    kvnode_key k[WEDGE_KEYS], want[WEDGE_KEYS];
+    bool held[WEDGE_KEYS] = { false };
+    kvh_chain(k, WEDGE_KEYS, 120);
+    KVH_OK(c, kvh_put(c, k, 1, 1));
+    held[0] = true;
+    wait_blocks(&s, "wedge", k, 1, tmo(5000));
+    wait_kvcm_state(&d, "READY", tmo(3000));
+    long long dropped0 = kvcm_int(&d, "dropped_total"), snaps0 = kvcm_int(&d, "snapshots_total");
+
+    unsigned seed = 1;
+    int overflowed = 0;
+    for (int round = 0; round < WEDGE_ROUNDS; round++) {
+        /* KVCM answers each report 30 ms late while a burst of changes comes. */
+        control(&s, "{\"delay_ms\":30,\"delay_only\":\"reportEvent\"}");
+        long long dropped_before = kvcm_int(&d, "dropped_total");
+        for (int step = 0; step < 24; step++) {
+            /* 8 keys change state per step: put the absent ones, delete the held ones */
+            kvnode_key put[8], del[8];
+            size_t np = 0, nd = 0;
+            for (int j = 0; j < 8; j++) {
+                seed = seed * 1103515245u + 12345u;
+                size_t i = 1 + (seed >> 8) % (WEDGE_KEYS - 1);
+                bool dup = false;
+                for (size_t x = 0; x < np; x++)
+                    dup = dup || put[x] == k[i];
+                for (size_t x = 0; x < nd; x++)
+                    dup = dup || del[x] == k[i];
+                if (dup)
+                    continue;
+                if (held[i])
+                    del[nd++] = k[i];
+                else
+                    put[np++] = k[i];
+                held[i] = !held[i];
+            }
+            size_t deleted = 0;
+            if (np)
+                KVH_OK(c, kvh_put(c, put, np, (uint64_t)round));
+            if (nd) {
+                KVH_OK(c, kvnode_delete(c, del, nd, &deleted));
+                ck_assert_uint_eq(deleted, nd);
+            }
+        }
+        long long dropped_now = kvcm_int(&d, "dropped_total");
+        control(&s, "{\"delay_ms\":0}");
+        overflowed += dropped_now > dropped_before;
+        /* KVCM's view ends up equal to the daemon's complete keys, every time. */
+        size_t n = held_keys(k, held, WEDGE_KEYS, want);
+        ck_assert_int_eq(KVH_STAT(&d, "tiers.host.blocks"), (long long)n);
+        char what[64];
+        snprintf(what, sizeof what, "round %d", round);
+        uint64_t deadline = kvh_now_ms() + (uint64_t)tmo(10000);
+        char why[256] = "";
+        for (;;) {
+            json_t *rep = reporter(&s, "wedge");
+            bool eq = blocks_equal(rep, want, n, why, sizeof why);
+            json_decref(rep);
+            if (eq)
+                break;
+            json_t *ks = kvcm_stats(&d);
+            ck_assert_msg(kvh_now_ms() < deadline,
+                          "%s (%lld events dropped in it): %s after 10 s; daemon holds %zu, "
+                          "kvcm state %s, queue %lld", what, dropped_now - dropped_before, why, n,
+                          json_string_value(json_object_get(ks, "state")),
+                          (long long)json_integer_value(json_object_get(ks, "queue")));
+            json_decref(ks);
+            kvh_sleep_ms(20);
+        }
+        wait_kvcm_state(&d, "READY", tmo(5000));
+    }
+    /* the scenario did overflow, and resynchronised by snapshots */
+    if (getenv("PING_DEBUG"))
+        fprintf(stderr, "overflow rounds: %d of %d overflowed, %lld events dropped, %lld snapshots\n",
+                overflowed, WEDGE_ROUNDS, kvcm_int(&d, "dropped_total") - dropped0,
+                kvcm_int(&d, "snapshots_total") - snaps0);
+    ck_assert_int_gt(overflowed, 0);
+    ck_assert_int_gt(kvcm_int(&d, "dropped_total"), dropped0);
+    ck_assert_int_gt(kvcm_int(&d, "snapshots_total"), snaps0);
+    json_t *rep = reporter(&s, "wedge");
+    ck_assert_int_eq(json_object_size(json_object_get(rep, "rejected")), 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(rep, "uncoalesced_requests")), 0);
+    json_decref(rep);
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    kvcmctl_stop_ok(&s);
+}
+END_TEST
+
+/* ---- 13. a publisher with work pending too long is not READY ------------------------------ */
+
+/* A fresh directory for an admin unix socket: "admin.listen=unix:DIR/a.sock". */
+static void admin_addr(char *addr, size_t alen)
+{
+    char dir[PATH_MAX];
+    ck_assert_msg(kvh_mkdtemp(dir, sizeof dir) == 0, "%s", kvh_error());
+    snprintf(addr, alen, "unix:%s/a.sock", dir);
+}
+
+/* GET path from the admin listener; the status, the body into *body (malloc'd). */
+static long admin_get(const char *addr, const char *path, char **body)
+{
+    return kvh_http_req(addr, NULL, path, body, NULL, 0);
+}
+
+START_TEST(test_stall_is_visible)
+{
+    struct kvcmctl s;
+    kvh_daemon d;
+    char addr[PATH_MAX + 16], extra[PATH_MAX + 256];
+    sim_start(&s, NULL);
+    admin_addr(addr, sizeof addr);
+    snprintf(extra, sizeof extra, "admin.listen=%s\nkvcm.stall_timeout=400ms\n"
+             "kvcm.request_timeout=10s\n", addr);
+    daemon_start(&d, s.base, extra);
+    kvnode_layout l = kvh_layout("stall", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &l, &c);
+    kvnode_key k[2];
+    kvh_chain(k, 2, 130);
+    KVH_OK(c, kvh_put(c, k, 1, 1));
+    wait_blocks(&s, "stall", k, 1, tmo(5000));
+    wait_kvcm_state(&d, "READY", tmo(3000));
+    char *body = NULL;
+    ck_assert_int_eq(admin_get(addr, "/readyz", &body), 200);
+    ck_assert_msg(strstr(body, "stalled") == NULL, "/readyz: %s", body);
+    free(body);
+
+    /* KVCM holds every report 4 s: the ADD waits far longer than the 400 ms bound. */
+    control(&s, "{\"delay_ms\":4000,\"delay_only\":\"reportEvent\"}");
+    KVH_OK(c, kvh_put(c, k + 1, 1, 1));
+    wait_kvcm_state(&d, "STALLED", tmo(3500));
+    json_t *ks = kvcm_stats(&d);
+    ck_assert(json_is_true(json_object_get(ks, "stalled")));
+    ck_assert_int_ge(json_integer_value(json_object_get(ks, "stalled_ms")), 400);
+    json_decref(ks);
+    ck_assert_int_eq(admin_get(addr, "/readyz", &body), 200);
+    ck_assert_msg(strstr(body, "KVCM publisher stalled") != NULL, "/readyz while stalled: %s", body);
+    free(body);
+    ck_assert_int_eq(admin_get(addr, "/metrics", &body), 200);
+    ck_assert_msg(strstr(body, "\nkvnode_kvcm_stalled 1\n") != NULL &&
+                  strstr(body, "kvnode_kvcm_state{state=\"STALLED\"} 1") != NULL,
+                  "/metrics while stalled lacks kvnode_kvcm_stalled 1 / state STALLED");
+    free(body);
+
+    /* KVCM answers again: the change lands, READY again, nothing stalled. */
+    control(&s, "{\"delay_ms\":0}");
+    wait_blocks(&s, "stall", k, 2, tmo(10000));
+    wait_kvcm_state(&d, "READY", tmo(10000));
+    ck_assert_int_eq(admin_get(addr, "/readyz", &body), 200);
+    ck_assert_msg(strstr(body, "stalled") == NULL, "/readyz after: %s", body);
+    free(body);
+    ck_assert_int_eq(admin_get(addr, "/metrics", &body), 200);
+    ck_assert_msg(strstr(body, "\nkvnode_kvcm_stalled 0\n") != NULL, "/metrics after: no kvnode_kvcm_stalled 0");
+    free(body);
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    kvcmctl_stop_ok(&s);
+}
+END_TEST
+
+/* ---- 14. instance ids identify the deployment --------------------------------------------- */
+
+/* The instance ids KVCM has reporters of for model (this host), up to max; how many. */
+static size_t instances_of(const struct kvcmctl *s, const char *model, char ids[][256], size_t max)
+{
+    json_t *st = sim_state(s), *r;
+    const char *key;
+    size_t n = 0;
+    json_object_foreach(json_object_get(st, "reporters"), key, r) {
+        const char *inst = json_string_value(json_object_get(r, "instance_id"));
+        if (n < max && instance_of(inst, model))
+            snprintf(ids[n++], sizeof ids[0], "%s", inst);
+    }
+    json_decref(st);
+    return n;
+}
+
+START_TEST(test_instance_ids_never_collide)
+{
+    struct kvcmctl s;
+    kvh_daemon d;
+    sim_start(&s, NULL);
+    daemon_start(&d, s.base, NULL);
+    /* Same model, dtype, block size and TP size; different layer counts. */
+    kvnode_layout la = kvh_layout("twin", BB, 1, 0), lb = kvh_layout("twin", BB, 1, 0);
+    la.num_layers = 4;
+    lb.num_layers = 8;
+    kvnode_client *ca, *cb;
+    KVH_CONNECT(&d, &la, &ca);
+    KVH_CONNECT(&d, &lb, &cb);
+    kvnode_key a[4], b[3];
+    kvh_chain(a, 4, 140);
+    kvh_chain(b, 3, 141);
+    KVH_OK(ca, kvh_put(ca, a, 4, 1));
+    KVH_OK(cb, kvh_put(cb, b, 3, 1));
+    /* KVCM ends up with two instances, one holding each chain, and they keep them. */
+    char ids[4][256], why[512] = "";
+    size_t n = 0;
+    uint64_t deadline = kvh_now_ms() + (uint64_t)tmo(5000);
+    for (int stable = 0; stable < 5;) {
+        n = instances_of(&s, "twin", ids, 4);
+        bool eq = false;
+        if (n == 2) {
+            json_t *r0 = reporter_of(&s, ids[0]), *r1 = reporter_of(&s, ids[1]);
+            char w1[512];
+            eq = (blocks_equal(r0, a, 4, why, sizeof why) && blocks_equal(r1, b, 3, w1, sizeof w1)) ||
+                 (blocks_equal(r0, b, 3, why, sizeof why) && blocks_equal(r1, a, 4, w1, sizeof w1));
+            json_decref(r0);
+            json_decref(r1);
+        } else if (n == 1) {
+            json_t *r0 = reporter_of(&s, ids[0]);
+            snprintf(why, sizeof why, "both deployments publish as instance %s, which holds %lld "
+                     "keys (chain A 4, chain B 3)", ids[0],
+                     r0 ? (long long)json_integer_value(json_object_get(r0, "block_count")) : -1);
+            json_decref(r0);
+        } else {
+            snprintf(why, sizeof why, "%zu instances for model twin", n);
+        }
+        stable = eq ? stable + 1 : 0;
+        ck_assert_msg(eq || kvh_now_ms() < deadline, "%s", why);
+        kvh_sleep_ms(50);
+    }
+    const char *ida = ids[0], *idb = ids[1];
+    ck_assert_msg(strcmp(ida, idb) != 0, "two deployments publish as one instance id %s", ida);
+    kvnode_close(ca);
+    kvnode_close(cb);
+    KVH_STOP_DESTROY(&d);
+
+    /* A template without {fingerprint}: the second deployment that maps to an id in use is
+     * not published, and the daemon names both. */
+    ck_assert_int_eq(kvcmctl_http(&s, "POST", "/reset", "{}", NULL), 200);
+    daemon_start(&d, s.base, "kvcm.instance_id={model}_{block_tokens}\n");
+    KVH_CONNECT(&d, &la, &ca);
+    KVH_OK(ca, kvh_put(ca, a, 4, 2));
+    wait_blocks(&s, "twin", a, 4, tmo(5000));
+    KVH_CONNECT(&d, &lb, &cb);
+    KVH_OK(cb, kvh_put(cb, b, 3, 2));
+    deadline = kvh_now_ms() + (uint64_t)tmo(3000);
+    const char *err = "";
+    json_t *ks = NULL;
+    for (;;) {
+        json_decref(ks);
+        ks = kvcm_stats(&d);
+        err = json_string_value(json_object_get(ks, "last_error"));
+        if (err && strstr(err, "twin_16") && strstr(err, "already"))
+            break;
+        ck_assert_msg(kvh_now_ms() < deadline, "no error names the clash: last_error \"%s\"",
+                      err ? err : "");
+        kvh_sleep_ms(20);
+    }
+    /* both deployment ids are named; the second one is marked refused */
+    size_t named = 0, refused = 0, i;
+    json_t *dep;
+    json_array_foreach(json_object_get(ks, "deployments"), i, dep) {
+        const char *did = json_string_value(json_object_get(dep, "deployment_id"));
+        named += did && strstr(err, did) != NULL;
+        refused += json_is_string(json_object_get(dep, "refused"));
+    }
+    ck_assert_msg(named == 2, "last_error names %zu of the 2 deployments: %s", named, err);
+    ck_assert_uint_eq(refused, 1);
+    json_decref(ks);
+    kvh_sleep_ms(300);
+    wait_blocks(&s, "twin", a, 4, tmo(1000));   /* the first one's blocks, and only those */
+    ck_assert_str_eq(kvcm_state(&d), "DEGRADED");
+
+    kvnode_close(ca);
+    kvnode_close(cb);
+    KVH_STOP_DESTROY(&d);
+    kvcmctl_stop_ok(&s);
+}
+END_TEST
+
+/* ---- 15. media: hbm and dram ------------------------------------------------------------- */
+
+#define HBM_CONF "memory.host_bytes=8MiB\nmemory.slab_bytes=256KiB\n" \
+                 "hbm.backend=sim\nhbm.bytes=1MiB\nhbm.high_watermark=0.75\nhbm.low_watermark=0.5\n"
+#define NMED 60
+
+/* put_begin keys in tier, fill, commit; where each went into tiers (may be NULL). */
+static void put_in_tier(kvnode_client *c, const kvnode_key *keys, size_t n, int tier, int *tiers)
+{
+    kvnode_loc locs[NMED];
+    kvnode_lease lease = 0;
+    ck_assert(n <= NMED);
+    KVH_OK(c, kvnode_put_begin(c, keys, n, tier, &lease, locs));
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_msg(locs[i].ptr != NULL, "put_begin: no slot for key #%zu", i);
+        kvh_fill(locs[i].ptr, BB, keys[i], 1);
+        if (tiers)
+            tiers[i] = locs[i].tier;
+    }
+    KVH_OK(c, kvnode_put_commit(c, lease));
+}
+
+/* The daemon's truth: which of keys are in HBM / host memory. */
+static void tiers_now(kvnode_client *c, const kvnode_key *keys, size_t n, kvnode_key *hbm,
+                      size_t *nh, kvnode_key *host, size_t *nd)
+{
+    *nh = *nd = 0;
+    for (size_t i = 0; i < n; i++) {
+        kvnode_tiers t;
+        KVH_OK(c, kvnode_match_tiers(c, &keys[i], 1, &t));
+        ck_assert_uint_eq(t.matched, 1);
+        if (t.hbm)
+            hbm[(*nh)++] = keys[i];
+        else
+            host[(*nd)++] = keys[i];
+    }
+}
+
+/* The spec URI KVCM holds for key under medium ("" when none). */
+static const char *uri_of(json_t *state_rep, const char *medium, kvnode_key key)
+{
+    char ks[32];
+    snprintf(ks, sizeof ks, "%" PRId64, key);
+    json_t *specs = json_object_get(json_object_get(json_object_get(state_rep, "block_specs"),
+                                                    medium), ks);
+    const char *name;
+    json_t *uri;
+    json_object_foreach(specs, name, uri)
+        return json_string_value(uri);
+    return "";
+}
+
+START_TEST(test_media_per_tier)
+{
+    struct kvcmctl s;
+    kvh_daemon d;
+    sim_start(&s, NULL);
+    daemon_start(&d, s.base, HBM_CONF);
+    kvnode_layout l = kvh_layout("media", BB, 1, 0);
+    kvnode_client *c = NULL;
+    int rc = kvnode_connect_device(d.sock, &l, 0, &c);
+    ck_assert_msg(rc == 0 && c, "kvnode_connect_device: %d (%s)", rc, kvnode_connect_error());
+    kvnode_key k[NMED], hbm[NMED], host[NMED];
+    size_t nh, nd;
+    kvh_chain(k, NMED, 150);
+    int tiers[NMED];
+    /* 8 blocks in HBM, 8 in host memory. */
+    put_in_tier(c, k, 8, KVNODE_TIER_HBM, tiers);
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(tiers[i], KVNODE_TIER_HBM);
+    put_in_tier(c, k + 8, 8, KVNODE_TIER_HOST, tiers);
+    uint64_t deadline = kvh_now_ms() + (uint64_t)tmo(5000);
+    char why[256] = "";
+    for (;;) {
+        json_t *rep = reporter(&s, "media");
+        bool eq = medium_equal(rep, "hbm", k, 8, why, sizeof why) &&
+                  medium_equal(rep, "dram", k + 8, 8, why, sizeof why);
+        json_decref(rep);
+        if (eq)
+            break;
+        ck_assert_msg(kvh_now_ms() < deadline, "%s", why);
+        kvh_sleep_ms(20);
+    }
+    /* NODE_REGISTER names every medium the node has; the default URI follows the medium */
+    json_t *rep = reporter(&s, "media");
+    json_t *med = json_object_get(rep, "mediums");
+    bool has_hbm = false, has_dram = false;
+    size_t i;
+    json_t *m;
+    json_array_foreach(med, i, m) {
+        has_hbm = has_hbm || strcmp(json_string_value(m), "hbm") == 0;
+        has_dram = has_dram || strcmp(json_string_value(m), "dram") == 0;
+    }
+    ck_assert_msg(has_hbm && has_dram, "NODE_REGISTER registered %s",
+                  json_dumps(med, JSON_COMPACT));
+    json_decref(rep);
+    json_t *st = sim_json(&s, "/state?specs=1");
+    const char *id;
+    json_t *r, *srep = NULL;
+    json_object_foreach(json_object_get(st, "reporters"), id, r)
+        if (instance_of(json_string_value(json_object_get(r, "instance_id")), "media"))
+            srep = r;
+    ck_assert_str_eq(uri_of(srep, "hbm", k[0]), "rtp-llm://" HOSTPORT "/hbm?size=16384");
+    ck_assert_str_eq(uri_of(srep, "dram", k[8]), "rtp-llm://" HOSTPORT "/dram?size=16384");
+    json_decref(st);
+
+    /* Pressure: 44 more HBM blocks (52 of 64) pass the high watermark (48); demotion moves
+     * the oldest to host memory. KVCM follows: DELETE from hbm, ADD to dram. */
+    long long seq0 = recorded_so_far(&s);
+    put_in_tier(c, k + 16, NMED - 16, KVNODE_TIER_HBM, NULL);
+    deadline = kvh_now_ms() + (uint64_t)tmo(10000);
+    for (;;) {
+        tiers_now(c, k, NMED, hbm, &nh, host, &nd);
+        json_t *rp = reporter(&s, "media");
+        bool eq = medium_equal(rp, "hbm", hbm, nh, why, sizeof why) &&
+                  medium_equal(rp, "dram", host, nd, why, sizeof why);
+        json_decref(rp);
+        if (eq && nd > 8)
+            break;
+        if (eq)
+            snprintf(why, sizeof why, "nothing demoted yet");
+        if (kvh_now_ms() >= deadline) {
+            json_t *ks = kvcm_stats(&d);
+            ck_abort_msg("after demotion (daemon: %zu in HBM, %zu in host memory): %s; the "
+                         "daemon's kvcm stats: %s", nh, nd, why, json_dumps(ks, JSON_COMPACT));
+        }
+        kvh_sleep_ms(50);
+    }
+    ck_assert_int_gt(KVH_STAT(&d, "demotions.blocks_total"), 0);
+    json_t *rec = sim_recorded(&s, seq0);
+    /* k[0] was demoted (oldest): a DELETE from hbm and an ADD to dram */
+    bool del_hbm = false, add_dram = false;
+    size_t j;
+    json_t *e, *ev;
+    json_array_foreach(rec, i, e) {
+        if (!is_rpc(e, "reportEvent") || !answered_ok(e))
+            continue;
+        json_array_foreach(events_of(e), j, ev) {
+            json_t *p = json_object_get(ev, "block_delete");
+            if (p && key_is(json_string_value(json_object_get(p, "block_key")), k[0]) &&
+                strcmp(json_string_value(json_object_get(p, "medium")), "hbm") == 0)
+                del_hbm = true;
+            p = json_object_get(ev, "block_add");
+            if (p && key_is(json_string_value(json_object_get(p, "block_key")), k[0]) &&
+                strcmp(json_string_value(json_object_get(p, "medium")), "dram") == 0)
+                add_dram = true;
+        }
+    }
+    json_decref(rec);
+    ck_assert_msg(del_hbm && add_dram, "k[0] demoted: DELETE hbm %s, ADD dram %s",
+                  del_hbm ? "sent" : "missing", add_dram ? "sent" : "missing");
+    rep = reporter(&s, "media");
+    ck_assert_int_eq(json_integer_value(json_object_get(rep, "uncoalesced_requests")), 0);
+    ck_assert_int_eq(json_object_size(json_object_get(rep, "rejected")), 0);
+    json_decref(rep);
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    kvcmctl_stop_ok(&s);
+}
+END_TEST
+
+/* ---- 16. an empty deployment registers at HELLO ------------------------------------------- */
+
+START_TEST(test_register_at_hello)
+{
+    struct kvcmctl s;
+    kvh_daemon d;
+    sim_start(&s, NULL);
+    daemon_start(&d, s.base, NULL);
+    kvnode_layout l0 = kvh_layout("empty", BB, 2, 0), l1 = kvh_layout("empty", BB, 2, 1);
+    kvnode_client *c0, *c1;
+    /* One rank of two: not a complete TP group, nothing registers. */
+    KVH_CONNECT(&d, &l0, &c0);
+    kvh_sleep_ms(HB_MS * 3);
+    json_t *rec = sim_recorded(&s, 0);
+    ck_assert_msg(first_entry(rec, "registerInstance", NULL) == NULL,
+                  "registerInstance with one rank of two connected");
+    json_decref(rec);
+    /* The second rank completes the group: registered, heartbeating, empty. */
+    KVH_CONNECT(&d, &l1, &c1);
+    uint64_t deadline = kvh_now_ms() + (uint64_t)tmo(5000);
+    for (;;) {
+        json_t *rep = reporter(&s, "empty");
+        long long beats = rep ? json_integer_value(json_object_get(rep, "heartbeats")) : -1;
+        bool reg = rep && json_is_true(json_object_get(rep, "registered"));
+        long long blocks = rep ? json_integer_value(json_object_get(rep, "block_count")) : -1;
+        json_decref(rep);
+        if (reg && beats >= 2 && blocks == 0)
+            break;
+        ck_assert_msg(kvh_now_ms() < deadline, "a connected empty deployment: reporter %s, "
+                      "%lld heartbeats, %lld blocks after 5 s", rep ? "present" : "absent", beats,
+                      blocks);
+        kvh_sleep_ms(20);
+    }
+    wait_kvcm_state(&d, "READY", tmo(3000));
+    ck_assert_int_eq(kvcm_int(&d, "accepted_total"), 0);
+
+    kvnode_close(c0);
+    kvnode_close(c1);
+    KVH_STOP_DESTROY(&d);
+    kvcmctl_stop_ok(&s);
+}
+END_TEST
+
+/* ---- 17. INSTANCE_NOT_EXIST: straight to registerInstance --------------------------------- */
+
+START_TEST(test_instance_not_exist_reregisters)
+{
+    struct kvcmctl s;
+    kvh_daemon d;
+    sim_start(&s, NULL);
+    daemon_start(&d, s.base, "kvcm.retry_base=2s\nkvcm.retry_max=4s\n");
+    kvnode_layout l = kvh_layout("forgot", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &l, &c);
+    kvnode_key k[3];
+    kvh_chain(k, 3, 160);
+    KVH_OK(c, kvh_put(c, k, 3, 1));
+    wait_blocks(&s, "forgot", k, 3, tmo(5000));
+    wait_kvcm_state(&d, "READY", tmo(3000));
+
+    /* KVCM restarts and forgets everything (recordings too). */
+    ck_assert_int_eq(kvcmctl_http(&s, "POST", "/reset", "{}", NULL), 200);
+    wait_blocks(&s, "forgot", k, 3, tmo(10000));
+    json_t *rec = sim_recorded(&s, 0);
+    json_t *first = NULL, *e;
+    size_t i;
+    json_array_foreach(rec, i, e) {
+        const char *st = json_string_value(json_object_get(e, "status"));
+        ck_assert_msg(!(has_event(e, "EVENT_NODE_REGISTER") && st &&
+                        strcmp(st, "INSTANCE_NOT_EXIST") == 0),
+                      "NODE_REGISTER sent to an instance KVCM does not know (request #%zu)", i);
+        if (!first && !is_rpc(e, "getClusterInfo") && !only_event(e, "EVENT_HEARTBEAT"))
+            first = e;
+    }
+    ck_assert_msg(first && is_rpc(first, "registerInstance"),
+                  "the publisher's first request after KVCM forgot the instance is %s (%s)",
+                  first ? json_string_value(json_object_get(first, "rpc")) : "none",
+                  first ? json_dumps(json_object_get(first, "body"), JSON_COMPACT) : "");
+    json_decref(rec);
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    kvcmctl_stop_ok(&s);
+}
+END_TEST
+
 int main(void)
 {
     /* One test case per test, each with its own bound (seconds). */
@@ -1452,6 +2055,12 @@ int main(void)
         { "host_down", test_host_down_on_sigterm, 30 },
         { "invalid_config", test_invalid_config_refused, 30 },
         { "off", test_off_sends_nothing, 30 },
+        { "overflow_rounds", test_overflow_rounds_never_wedge, 60 },
+        { "stall", test_stall_is_visible, 40 },
+        { "instance_ids", test_instance_ids_never_collide, 40 },
+        { "media", test_media_per_tier, 40 },
+        { "register_at_hello", test_register_at_hello, 30 },
+        { "instance_not_exist", test_instance_not_exist_reregisters, 30 },
     };
     Suite *suite = suite_create("daemon_kvcm");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -609,15 +609,25 @@ START_TEST(test_quota_keeps_extended_prefix)
 END_TEST
 
 /* Completeness events: a key is complete when every TP rank holds it. */
-struct block_event { int64_t key; uint32_t rank; bool complete; };
+struct block_event { int64_t key; uint32_t rank; bool complete; int medium; };
 static struct block_event events[64];
 static size_t nevents;
+static uint32_t dep_ranks[8];   /* the rank each "TP group connected" call came from */
+static size_t ndeps;
 
-static void on_block(void *arg, const kv_namespace *n, int64_t key, bool complete)
+static void on_block(void *arg, const kv_namespace *n, int64_t key, int medium)
 {
     (void)arg;
     if (nevents < 64)
-        events[nevents++] = (struct block_event){ key, n->layout.tp_rank, complete };
+        events[nevents++] = (struct block_event){ key, n->layout.tp_rank, medium != CACHE_MEDIUM_NONE,
+                                                  medium };
+}
+
+static void on_deployment(void *arg, const kv_namespace *n)
+{
+    (void)arg;
+    if (ndeps < 8)
+        dep_ranks[ndeps++] = n->layout.tp_rank;
 }
 
 START_TEST(test_completeness_events_tp2)
@@ -631,19 +641,26 @@ START_TEST(test_completeness_events_tp2)
     uint32_t deleted;
 
     nevents = 0;
-    cache_set_block_observer(cache, on_block, NULL);
+    ndeps = 0;
+    cache_set_block_observer(cache, on_block, on_deployment, NULL);
     ck_assert_int_eq(cache_bind(cache, &l, &r0, err, sizeof err), 0);
-    /* rank 0 alone: nothing is complete (rank 1 has no namespace yet) */
+    /* rank 0 alone: nothing is complete (rank 1 has no namespace yet), the TP group is
+     * not connected */
     ck_assert_int_eq(put_chain_ns(r0, k, 2), 0);
     ck_assert_uint_eq(nevents, 0);
+    ck_assert_uint_eq(ndeps, 0);
     l.tp_rank = 1;
     ck_assert_int_eq(cache_bind(cache, &l, &r1, err, sizeof err), 0);
+    /* the HELLO of rank 1 completes the group: one call, from rank 1 */
+    ck_assert_uint_eq(ndeps, 1);
+    ck_assert_uint_eq(dep_ranks[0], 1);
     ck_assert(!cache_key_complete(cache, r0, 500));
-    /* rank 1 puts: both keys become complete, one event each */
+    /* rank 1 puts: both keys become complete (in host memory), one event each */
     ck_assert_int_eq(put_chain_ns(r1, k, 2), 0);
     ck_assert_uint_eq(nevents, 2);
     for (size_t i = 0; i < 2; i++) {
         ck_assert(events[i].complete);
+        ck_assert_int_eq(events[i].medium, CACHE_MEDIUM_HOST);
         ck_assert_uint_eq(events[i].rank, 1);
     }
     ck_assert(cache_key_complete(cache, r0, 500) && cache_key_complete(cache, r1, 501));
@@ -660,7 +677,7 @@ START_TEST(test_completeness_events_tp2)
     /* the other rank deleting it too changes nothing more */
     ck_assert_int_eq(cache_delete(cache, r1, &k[1], 1, &deleted), 0);
     ck_assert_uint_eq(nevents, 3);
-    cache_set_block_observer(cache, NULL, NULL);
+    cache_set_block_observer(cache, NULL, NULL, NULL);
 }
 END_TEST
 

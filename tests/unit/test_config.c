@@ -191,6 +191,7 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_uint_eq(a->kvcm_retry_max_ms, b->kvcm_retry_max_ms);
     ck_assert_uint_eq(a->kvcm_snapshot_interval_ms, b->kvcm_snapshot_interval_ms);
     ck_assert_uint_eq(a->kvcm_host_down_timeout_ms, b->kvcm_host_down_timeout_ms);
+    ck_assert_uint_eq(a->kvcm_stall_timeout_ms, b->kvcm_stall_timeout_ms);
     ck_assert_uint_eq(a->kvcm_query_deadline_ms, b->kvcm_query_deadline_ms);
     ck_assert_uint_eq(a->kvcm_query_max_hosts, b->kvcm_query_max_hosts);
     ck_assert_uint_eq(a->kvcm_query_breaker_failures, b->kvcm_query_breaker_failures);
@@ -237,7 +238,8 @@ static const char *const all_options[][2] = {
     { "kvcm", "connect_timeout" }, { "kvcm", "snapshot_timeout" }, { "kvcm", "flush_interval" },
     { "kvcm", "batch_events" }, { "kvcm", "queue_events" }, { "kvcm", "heartbeat_interval" },
     { "kvcm", "retry_base" }, { "kvcm", "retry_max" }, { "kvcm", "snapshot_interval" },
-    { "kvcm", "host_down_timeout" }, { "kvcm", "query_deadline" }, { "kvcm", "query_max_hosts" },
+    { "kvcm", "host_down_timeout" }, { "kvcm", "stall_timeout" }, { "kvcm", "query_deadline" },
+    { "kvcm", "query_max_hosts" },
     { "kvcm", "query_breaker_failures" }, { "kvcm", "query_breaker_open" }, { "kvcm", "query_negative_ttl" },
 };
 #define NOPTIONS (sizeof all_options / sizeof all_options[0])
@@ -302,7 +304,7 @@ START_TEST(test_defaults)
     ck_assert_int_eq(c.kvcm_enabled, 0);
     ck_assert_str_eq(c.kvcm_endpoints, "");
     ck_assert_str_eq(c.kvcm_instance_group, "default");
-    ck_assert_str_eq(c.kvcm_instance_id, "{model}_{block_tokens}");
+    ck_assert_str_eq(c.kvcm_instance_id, "{model}_{block_tokens}_{fingerprint}");
     ck_assert_str_eq(c.kvcm_host_ip_port, "");
     ck_assert_int_eq(c.kvcm_storage_type, CONFIG_KVCM_STORAGE_L1P5);
     ck_assert_str_eq(config_kvcm_storage_type_name(c.kvcm_storage_type), "ST_EVENT_REPORT_L1P5");
@@ -312,7 +314,7 @@ START_TEST(test_defaults)
     ck_assert_str_eq(c.kvcm_medium_hbm, "hbm");
     ck_assert_str_eq(c.kvcm_medium_host, "dram");
     ck_assert_str_eq(c.kvcm_spec_name, "rtp_llm_hbm_{block_tokens}");
-    ck_assert_str_eq(c.kvcm_location_uri, "rtp-llm://{host_ip_port}/hbm?size={block_bytes}");
+    ck_assert_str_eq(c.kvcm_location_uri, "rtp-llm://{host_ip_port}/{medium}?size={block_bytes}");
     ck_assert_uint_eq(c.kvcm_request_timeout_ms, 1500);
     ck_assert_uint_eq(c.kvcm_connect_timeout_ms, 500);
     ck_assert_uint_eq(c.kvcm_snapshot_timeout_ms, 30000);
@@ -324,6 +326,7 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(c.kvcm_retry_max_ms, 30000);
     ck_assert_uint_eq(c.kvcm_snapshot_interval_ms, 300000);
     ck_assert_uint_eq(c.kvcm_host_down_timeout_ms, 500);
+    ck_assert_uint_eq(c.kvcm_stall_timeout_ms, 60000);
     ck_assert_uint_eq(c.kvcm_query_deadline_ms, 20);
     ck_assert_uint_eq(c.kvcm_query_max_hosts, 8);
     ck_assert_uint_eq(c.kvcm_query_breaker_failures, 5);
@@ -540,6 +543,8 @@ static const struct good_case good_cases[] = {
     { "kvcm", "snapshot_interval", "24h", OFF(kvcm_snapshot_interval_ms), F_U32, .u = 86400000 },
     { "kvcm", "host_down_timeout", "10ms", OFF(kvcm_host_down_timeout_ms), F_U32, .u = 10 },
     { "kvcm", "host_down_timeout", "1m", OFF(kvcm_host_down_timeout_ms), F_U32, .u = 60000 },
+    { "kvcm", "stall_timeout", "100ms", OFF(kvcm_stall_timeout_ms), F_U32, .u = 100 },
+    { "kvcm", "stall_timeout", "1h", OFF(kvcm_stall_timeout_ms), F_U32, .u = 3600000 },
     { "kvcm", "query_deadline", "1ms", OFF(kvcm_query_deadline_ms), F_U32, .u = 1 },
     { "kvcm", "query_deadline", "10s", OFF(kvcm_query_deadline_ms), F_U32, .u = 10000 },
     { "kvcm", "query_max_hosts", "1", OFF(kvcm_query_max_hosts), F_U32, .u = 1 },
@@ -826,6 +831,7 @@ static const struct bad_case bad_cases[] = {
     { "kvcm", "snapshot_interval", "99ms", "out of range (expected 100ms..24h)" },
     { "kvcm", "snapshot_interval", "25h", "'25h'" },
     { "kvcm", "host_down_timeout", "5ms", "out of range (expected 10ms..1m)" },
+    { "kvcm", "stall_timeout", "99ms", "out of range (expected 100ms..1h)" },
     { "kvcm", "query_deadline", "0", "out of range (expected 1ms..10s)" },
     { "kvcm", "query_deadline", "11s", "'11s'" },
     { "kvcm", "query_max_hosts", "65", "invalid value '65' (expected an integer in 1..64)" },
@@ -1846,6 +1852,7 @@ static void kvcm_fill(struct kvn_config *c)
     c->kvcm_retry_max_ms = 5000;
     c->kvcm_snapshot_interval_ms = 3600000;
     c->kvcm_host_down_timeout_ms = 250;
+    c->kvcm_stall_timeout_ms = 45000;
     c->kvcm_query_deadline_ms = 50;
     c->kvcm_query_max_hosts = 3;
     c->kvcm_query_breaker_failures = 2;
@@ -2083,13 +2090,18 @@ START_TEST(test_kvcm_expand)
     };
     char out[256];
 
-    /* The defaults give rtp-llm's names. */
-    ck_assert_int_eq(config_kvcm_expand(c.kvcm_instance_id, &v, out, sizeof out), 11);
-    ck_assert_str_eq(out, "qwen2-7b_16");
+    /* The defaults give rtp-llm's names, and an instance id that carries the
+     * deployment's fingerprint; the URI follows the medium. */
+    ck_assert_int_eq(config_kvcm_expand(c.kvcm_instance_id, &v, out, sizeof out), 18);
+    ck_assert_str_eq(out, "qwen2-7b_16_abc123");
     ck_assert_int_eq(config_kvcm_expand(c.kvcm_spec_name, &v, out, sizeof out), 14);
     ck_assert_str_eq(out, "rtp_llm_hbm_16");
     ck_assert_int_eq(config_kvcm_expand(c.kvcm_location_uri, &v, out, sizeof out), 39);
     ck_assert_str_eq(out, "rtp-llm://10.0.0.5:8088/hbm?size=131072");
+    struct config_kvcm_vars dram = v;
+    dram.medium = "dram";
+    ck_assert_int_eq(config_kvcm_expand(c.kvcm_location_uri, &dram, out, sizeof out), 40);
+    ck_assert_str_eq(out, "rtp-llm://10.0.0.5:8088/dram?size=131072");
 
     /* Every placeholder, repeated ones, literal text around them. */
     ck_assert_int_gt(config_kvcm_expand("{model}|{dtype}|{block_tokens}|{tp_size}|{fingerprint}|{host_ip_port}|"
@@ -2134,7 +2146,7 @@ START_TEST(test_kvcm_expand)
     /* A NULL string is an error only where the template uses it. */
     struct config_kvcm_vars partial = { .host_ip_port = "h:1", .medium = "dram", .block_bytes = 4096, .key = 7 };
     ck_assert_int_gt(config_kvcm_expand(c.kvcm_location_uri, &partial, out, sizeof out), 0);
-    ck_assert_str_eq(out, "rtp-llm://h:1/hbm?size=4096");
+    ck_assert_str_eq(out, "rtp-llm://h:1/dram?size=4096");
     ck_assert_int_eq(config_kvcm_expand(c.kvcm_instance_id, &partial, out, sizeof out), -1);
     ck_assert_int_eq(config_kvcm_expand("{dtype}", &partial, out, sizeof out), -1);
 }
@@ -2208,14 +2220,15 @@ START_TEST(test_write_round_trip_defaults)
                             "path = /var/lib/kvnode\n", "capacity = 0\n", "fsync = batch\n", "workers = 2\n",
                             "queue = 4096\n", "\nurl = \n", "connect_timeout = 1s\n", "timeout = 5s\n",
                             "lookup = auto\n", "\n[kvcm]\nenabled = off\nendpoints = \ninstance_group = default\n"
-                            "instance_id = {model}_{block_tokens}\nhost_ip_port = \n"
+                            "instance_id = {model}_{block_tokens}_{fingerprint}\nhost_ip_port = \n"
                             "storage_type = ST_EVENT_REPORT_L1P5\nmedium_hbm = hbm\nmedium_host = dram\n"
                             "spec_name = rtp_llm_hbm_{block_tokens}\n"
-                            "location_uri = rtp-llm://{host_ip_port}/hbm?size={block_bytes}\n"
+                            "location_uri = rtp-llm://{host_ip_port}/{medium}?size={block_bytes}\n"
                             "request_timeout = 1500ms\nconnect_timeout = 500ms\nsnapshot_timeout = 30s\n"
                             "flush_interval = 20ms\nbatch_events = 1000\nqueue_events = 100000\n"
                             "heartbeat_interval = 1s\nretry_base = 500ms\nretry_max = 30s\n"
-                            "snapshot_interval = 5m\nhost_down_timeout = 500ms\nquery_deadline = 20ms\n"
+                            "snapshot_interval = 5m\nhost_down_timeout = 500ms\nstall_timeout = 1m\n"
+                            "query_deadline = 20ms\n"
                             "query_max_hosts = 8\nquery_breaker_failures = 5\nquery_breaker_open = 10s\n"
                             "query_negative_ttl = 1s\n" };
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
@@ -2308,7 +2321,8 @@ START_TEST(test_write_round_trip_custom)
                             "connect_timeout = 250ms\nsnapshot_timeout = 90s\nflush_interval = 5ms\n"
                             "batch_events = 64\nqueue_events = 128\nheartbeat_interval = 200ms\n"
                             "retry_base = 100ms\nretry_max = 5s\nsnapshot_interval = 1h\n"
-                            "host_down_timeout = 250ms\nquery_deadline = 50ms\nquery_max_hosts = 3\n"
+                            "host_down_timeout = 250ms\nstall_timeout = 45s\nquery_deadline = 50ms\n"
+                            "query_max_hosts = 3\n"
                             "query_breaker_failures = 2\nquery_breaker_open = 1500ms\nquery_negative_ttl = 200ms\n" };
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
         ck_assert_msg(strstr(text, forms[i]), "config_write lacks '%s':\n%s", forms[i], text);
@@ -2469,7 +2483,8 @@ START_TEST(test_restart_required)
                               "kvcm.connect_timeout", "kvcm.snapshot_timeout", "kvcm.flush_interval",
                               "kvcm.batch_events", "kvcm.queue_events", "kvcm.heartbeat_interval",
                               "kvcm.retry_base", "kvcm.retry_max", "kvcm.snapshot_interval",
-                              "kvcm.host_down_timeout", "kvcm.query_deadline", "kvcm.query_max_hosts",
+                              "kvcm.host_down_timeout", "kvcm.stall_timeout", "kvcm.query_deadline",
+                              "kvcm.query_max_hosts",
                               "kvcm.query_breaker_failures", "kvcm.query_breaker_open",
                               "kvcm.query_negative_ttl" };
     for (size_t i = 0; i < NOPTIONS; i++) {
@@ -2534,7 +2549,7 @@ START_TEST(test_restart_required)
     kvcm_fill(&b);
     b.max_clients = 77;   /* reloadable, applied */
     char all[1024];
-    ck_assert_int_eq(config_restart_required(&a, &b, all, sizeof all), 26);
+    ck_assert_int_eq(config_restart_required(&a, &b, all, sizeof all), 27);
     ck_assert_msg(strncmp(all, "kvcm.enabled, kvcm.endpoints, kvcm.instance_group, ", 51) == 0, "%s", all);
     ck_assert_msg(strstr(all, ", kvcm.query_breaker_open, kvcm.query_negative_ttl") != NULL, "%s", all);
     config_keep_restart_only(&b, &a);
