@@ -31,6 +31,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <curl/curl.h>
+#include <jansson.h>
+
 /* How long the simulator has to announce itself, and to exit once signalled. */
 #define SIMCTL_DEADLINE_MS 20000u
 
@@ -234,6 +237,34 @@ static inline size_t simctl_body_sink(char *p, size_t size, size_t n, void *arg)
     b->n += add;
     b->p[b->n] = '\0';
     return add;
+}
+
+/* ---- state ------------------------------------------------------------------ */
+
+/* A number from the simulator's GET /_sim/state (-1 on failure). */
+static inline long long simctl_state(const struct simctl *s, const char *field)
+{
+    char url[256];
+    snprintf(url, sizeof url, "%s/_sim/state", s->base);
+    struct simctl_body b = { NULL, 0 };
+    CURL *c = curl_easy_init();
+    ck_assert(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 30000L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, simctl_body_sink);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    long status = -1;
+    if (curl_easy_perform(c) == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(c);
+    long long v = -1;
+    json_t *doc = status == 200 && b.p ? json_loads(b.p, 0, NULL) : NULL;
+    if (json_is_integer(json_object_get(doc, field)))
+        v = (long long)json_integer_value(json_object_get(doc, field));
+    json_decref(doc);
+    free(b.p);
+    return v;
 }
 
 #endif /* KVNODE_TESTS_SIMCTL_H */

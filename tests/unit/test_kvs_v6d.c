@@ -54,33 +54,7 @@ static void sim_start(struct simctl *s, const char *http_addr, bool keep_dir,
                                            .keep_dir = keep_dir, .extra = extra });
 }
 
-/* GET /_sim/state field (-1 on failure). */
-static long long sim_state(const struct simctl *s, const char *field)
-{
-    char url[256];
-    snprintf(url, sizeof url, "%s/_sim/state", s->base);
-    struct simctl_body b = { NULL, 0 };
-    CURL *c = curl_easy_init();
-    ck_assert(c);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 30000L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, simctl_body_sink);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    long status = -1;
-    if (curl_easy_perform(c) == CURLE_OK)
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_cleanup(c);
-    long long v = -1;
-    json_t *doc = status == 200 && b.p ? json_loads(b.p, 0, NULL) : NULL;
-    if (json_is_integer(json_object_get(doc, field)))
-        v = (long long)json_integer_value(json_object_get(doc, field));
-    json_decref(doc);
-    free(b.p);
-    return v;
-}
-
-#define ck_no_leases(s) ck_assert_int_eq(sim_state((s), "leases"), 0)
+#define ck_no_leases(s) ck_assert_int_eq(simctl_state((s), "leases"), 0)
 
 static struct kvs_store *open_store(const struct simctl *s, uint32_t timeout_ms)
 {
@@ -294,8 +268,8 @@ START_TEST(test_roundtrip)
             ck_assert_msg(check_block(st, &t[i], key * 1000003, (uint32_t)i) == 0, "get: %s", err);
             ck_no_leases(&sim);
         }
-    ck_assert_int_eq(sim_state(&sim, "sealed"), 14);
-    ck_assert_int_eq(sim_state(&sim, "pinned"), 0);
+    ck_assert_int_eq(simctl_state(&sim, "sealed"), 14);
+    ck_assert_int_eq(simctl_state(&sim, "pinned"), 0);
 
     /* absent keys: a miss, no lease left */
     ck_assert_int_eq(check_block(st, &t[0], 42, 0), KVS_MISS);
@@ -321,9 +295,9 @@ START_TEST(test_roundtrip)
     ck_no_leases(&sim);
 
     /* second put of an existing key: success via the empty lease id, nothing changes */
-    long long objs = sim_state(&sim, "objects");
+    long long objs = simctl_state(&sim, "objects");
     ck_assert_int_eq(put_block(st, &t[0], 0, 77), 0);
-    ck_assert_int_eq(sim_state(&sim, "objects"), objs);
+    ck_assert_int_eq(simctl_state(&sim, "objects"), objs);
     ck_assert_int_eq(check_block(st, &t[0], 0, 0), 0);
     ck_no_leases(&sim);
 
@@ -367,8 +341,8 @@ START_TEST(test_batch)
     struct tns t;
     mkns(&t, "model-batch", 4096, 0);
     ck_assert_msg(put_block(st, &t, 2, 5) == 0, "put: %s", err);   /* key 2 exists already */
-    long long c0 = sim_state(&sim, "acquire_create_calls"), s0 = sim_state(&sim, "seal_calls");
-    long long r0 = sim_state(&sim, "release_calls"), d0 = sim_state(&sim, "discard_calls");
+    long long c0 = simctl_state(&sim, "acquire_create_calls"), s0 = simctl_state(&sim, "seal_calls");
+    long long r0 = simctl_state(&sim, "release_calls"), d0 = simctl_state(&sim, "discard_calls");
     enum { N = 5 };
     static uint8_t src[N][4096];
     const int64_t keys[N] = { 1, 2, 3, 4, 1 };
@@ -381,16 +355,16 @@ START_TEST(test_batch)
     ck_assert_msg(be->put_batch(st, it, N, err, sizeof err) == 0, "put_batch: %s", err);
     for (int i = 0; i < N; i++)
         ck_assert_msg(it[i].rc == 0, "item %d: rc %d", i, it[i].rc);
-    ck_assert_int_eq(sim_state(&sim, "acquire_create_calls") - c0, 1);
-    ck_assert_int_eq(sim_state(&sim, "seal_calls") - s0, 1);
-    ck_assert_int_eq(sim_state(&sim, "release_calls") - r0, 1);
-    ck_assert_int_eq(sim_state(&sim, "discard_calls") - d0, 0);
-    ck_assert_int_eq(sim_state(&sim, "sealed"), 4);
+    ck_assert_int_eq(simctl_state(&sim, "acquire_create_calls") - c0, 1);
+    ck_assert_int_eq(simctl_state(&sim, "seal_calls") - s0, 1);
+    ck_assert_int_eq(simctl_state(&sim, "release_calls") - r0, 1);
+    ck_assert_int_eq(simctl_state(&sim, "discard_calls") - d0, 0);
+    ck_assert_int_eq(simctl_state(&sim, "sealed"), 4);
     ck_no_leases(&sim);
 
     /* read them back in one lease; 99 is absent, a 1000-byte item a miss */
-    long long q0 = sim_state(&sim, "acquire_read_calls");
-    r0 = sim_state(&sim, "release_calls");
+    long long q0 = simctl_state(&sim, "acquire_read_calls");
+    r0 = simctl_state(&sim, "release_calls");
     const int64_t rkeys[] = { 4, 99, 1, 2, 3, 3 };
     enum { M = sizeof rkeys / sizeof rkeys[0] };
     static uint8_t dst[M][4096];
@@ -401,8 +375,8 @@ START_TEST(test_batch)
                                    .len = i == 5 ? 1000 : 4096, .rc = -12345 };
     }
     ck_assert_msg(be->get_batch(st, rt, M, err, sizeof err) == 0, "get_batch: %s", err);
-    ck_assert_int_eq(sim_state(&sim, "acquire_read_calls") - q0, 1);
-    ck_assert_int_eq(sim_state(&sim, "release_calls") - r0, 1);
+    ck_assert_int_eq(simctl_state(&sim, "acquire_read_calls") - q0, 1);
+    ck_assert_int_eq(simctl_state(&sim, "release_calls") - r0, 1);
     uint8_t want[4096];
     for (int i = 0; i < M; i++) {
         if (rkeys[i] == 99 || i == 5) {
@@ -416,12 +390,12 @@ START_TEST(test_batch)
     }
     ck_no_leases(&sim);
     /* a put batch with a wrong-sized block: refused before any call, every item fails */
-    c0 = sim_state(&sim, "acquire_create_calls");
+    c0 = simctl_state(&sim, "acquire_create_calls");
     it[1].len = 100;
     ck_assert_int_eq(be->put_batch(st, it, N, err, sizeof err), -KVNODE_EINVAL);
     for (int i = 0; i < N; i++)
         ck_assert_int_eq(it[i].rc, -KVNODE_EINVAL);
-    ck_assert_int_eq(sim_state(&sim, "acquire_create_calls"), c0);
+    ck_assert_int_eq(simctl_state(&sim, "acquire_create_calls"), c0);
     be->close(st);
     simctl_stop_ok(&sim);
 }
@@ -465,10 +439,10 @@ START_TEST(test_slow_store)
      * and cannot know them: they end at their term (clamped to 1 s here). */
     uint64_t deadline = simctl_now_ms() + 15000;
     long long n;
-    while ((n = sim_state(&sim, "leases")) != 0 && simctl_now_ms() < deadline)
+    while ((n = simctl_state(&sim, "leases")) != 0 && simctl_now_ms() < deadline)
         simctl_sleep_ms(200);
     ck_assert_int_eq(n, 0);
-    ck_assert_int_eq(sim_state(&sim, "objects"), 0);   /* the unsealed create was freed */
+    ck_assert_int_eq(simctl_state(&sim, "objects"), 0);   /* the unsealed create was freed */
     be->close(st);
     simctl_stop_ok(&sim);
 }
