@@ -84,7 +84,7 @@ typedef struct kvh_spawn_opts {
     int listen_fds;              /* > 0: socket activation. The harness binds and listens on
                                   * d->sock itself and passes that socket at fd 3 (and dups of it
                                   * at 4.. when > 1) with LISTEN_FDS=<n> LISTEN_PID=<daemon pid> */
-    unsigned long nofile;        /* > 0: the daemon's RLIMIT_NOFILE, soft and hard (set in the
+    unsigned long nofile;        /* > 0: the daemon's soft RLIMIT_NOFILE (set in the
                                   * child before exec), e.g. to run it out of descriptors */
 } kvh_spawn_opts;
 /* kvh_spawn / kvh_start with opts (NULL: same as without). */
