@@ -319,7 +319,7 @@ void config_defaults(struct kvn_config *cfg)
     snprintf(cfg->persist_object_namespace, sizeof cfg->persist_object_namespace, "%s", "rtp_llm");
     cfg->persist_tombstones = 65536;
 
-    /* [kvcm]: off; the timings are the reference publisher's (PROTOCOLS.md §2).
+    /* [kvcm]: off; the timings are the reference publisher's (docs/PROTOCOLS.md §2).
      * endpoints and host_ip_port have no default: zeroed above. */
     cfg->kvcm_enabled = 0;
     snprintf(cfg->kvcm_instance_group, sizeof cfg->kvcm_instance_group, "%s", "default");

@@ -35,7 +35,7 @@
 #include "errmsg.h"
 #include "kvnode.h"
 
-/* 14695981039346656037; PROTOCOLS.md §3 prints it without the last digit. */
+/* The standard basis 14695981039346656037, not rtp-llm's (docs/PROTOCOLS.md §4.3). */
 #define NS_FNV_OFFSET UINT64_C(0xcbf29ce484222325)
 #define NS_FNV_PRIME  UINT64_C(0x100000001b3)    /* 1099511628211 */
 /* Fixed text plus 6 numbers of at most 10 digits plus the strings. */

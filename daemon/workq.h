@@ -1,6 +1,6 @@
 /* workq: a bounded pool of worker threads that run jobs for the loop thread
- * (persistence, KVCM publishing, ...), as ARCHITECTURE.md "Process
- * structure" describes: the loop submits jobs through a bounded queue and
+ * (persistence, demotion copies, KVCM queries), as docs/ARCHITECTURE.md
+ * "Threads and who owns what" describes: the loop submits jobs through a bounded queue and
  * never blocks; workers run them; the results come back to the loop, which
  * applies them in each job's done() callback. No lock is ever held by the
  * loop while a job runs.

@@ -1,4 +1,4 @@
-/* hash: the rtp-llm / KVCM chained block-key hash (PROTOCOLS.md §1) and the
+/* hash: the rtp-llm / KVCM chained block-key hash (docs/PROTOCOLS.md §4.1) and the
  * library version string. */
 #include "kvnode.h"
 

@@ -184,7 +184,7 @@ int  kvnode_ping(kvnode_client *c);
  * clients may call it. */
 int  kvnode_reload(kvnode_client *c, char **not_applied);
 
-/* rtp-llm / KVCM chained block hash (see PROTOCOLS.md §1): one key per full
+/* rtp-llm / KVCM chained block hash (see docs/PROTOCOLS.md §4.1): one key per full
  * block of block_tokens tokens, at most max_keys; returns the number written. */
 size_t kvnode_hash_tokens(const int64_t *tokens, size_t ntokens, uint32_t block_tokens,
                           kvnode_key *keys, size_t max_keys); /* rtp-llm/KVCM chained hash */

@@ -21,7 +21,7 @@
 
 #include <jansson.h>
 
-/* header.status.code values (PROTOCOLS.md §2). */
+/* header.status.code values (docs/PROTOCOLS.md §2). */
 enum kvcm_status {
     KVCM_TRANSPORT = -1,              /* no valid answer: connect/timeout/HTTP status/garbage */
     KVCM_UNSPECIFIED = 0, KVCM_OK = 1, KVCM_UNSUPPORTED = 2, KVCM_INTERNAL_ERROR = 3,
@@ -75,7 +75,7 @@ int  kvcm_discover_leader(struct kvcm_client *c, uint32_t timeout_ms, struct kvc
 /* The current leader's base URL ("" before a discovery). */
 const char *kvcm_leader(const struct kvcm_client *c);
 
-/* registerInstance. model_deployment and location specs as PROTOCOLS.md §2;
+/* registerInstance. model_deployment and location specs as docs/PROTOCOLS.md §2;
  * spec sizes are bytes of one block across the ranks it describes. */
 struct kvcm_instance {
     const char *instance_group, *instance_id;

@@ -1,5 +1,5 @@
 /* kvcm: keeps the KV Cache Manager's view of this node correct and current
- * (docs/PROTOCOLS.md §2 and §4) without ever slowing an engine down.
+ * (docs/PROTOCOLS.md §2) without ever slowing an engine down.
  *
  * Owns two threads, each with its own kvcm_client:
  *   publisher  registers each deployment (registerInstance, then

@@ -1,6 +1,6 @@
 /* kvcm/query: "who else holds this prefix" — KVCM's getHostCacheState
  * asked on behalf of engines (MATCH_REMOTE), without ever failing or
- * stalling them (docs/PROTOCOLS.md §4, reference/kvcm-query-review-notes.md).
+ * stalling them (docs/PROTOCOLS.md §2, getHostCacheState).
  *
  * Queries run on one worker thread ("kvcm-query", its own kvcm_client, so
  * leader lookups are single-flight). One deadline per request covers the

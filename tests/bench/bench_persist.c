@@ -35,7 +35,7 @@
  *
  * 3. v6d write-behind and read throughput. The KVS protocol simulator
  *    ($KVS_SIM, default build/kvs-sim: tests/sim/kvs_sim.c, rtp-llm's KVS
- *    wire protocol, PROTOCOLS.md §3) with an arena holding every block; for
+ *    wire protocol, docs/PROTOCOLS.md §3) with an arena holding every block; for
  *    persist.workers 1 and 4, a fresh simulator and a daemon with
  *    [persist] backend=v6d, policy=write_through take N 64 KiB blocks
  *    (--v6d-bytes, default 256 MiB) zero-copy as in part 2, timed until

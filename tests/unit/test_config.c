@@ -300,7 +300,7 @@ START_TEST(test_defaults)
     ck_assert_int_eq(c.persist_lookup, CONFIG_LOOKUP_AUTO);
     ck_assert_str_eq(c.persist_object_namespace, "rtp_llm");   /* rtp-llm's kvs_object_namespace */
     ck_assert_uint_eq(c.persist_tombstones, 65536);
-    /* [kvcm]: off, and the reference publisher's timings (PROTOCOLS.md §2). */
+    /* [kvcm]: off, and the reference publisher's timings (docs/PROTOCOLS.md §2). */
     ck_assert_int_eq(c.kvcm_enabled, 0);
     ck_assert_str_eq(c.kvcm_endpoints, "");
     ck_assert_str_eq(c.kvcm_instance_group, "default");

@@ -1,5 +1,5 @@
 /* Unit tests for lib/hash.c (rtp-llm / KVCM chained block-key hash,
- * PROTOCOLS.md §1) and lib/errors.c (kvnode_strerror).
+ * docs/PROTOCOLS.md §4.1) and lib/errors.c (kvnode_strerror).
  *
  * The hash is checked two ways: against literal golden keys (computed once
  * and cross-checked by hand and by an independent Python implementation),

@@ -364,7 +364,7 @@ START_TEST(register_ok_and_duplicate)
     ck_assert_int_eq(r.http_status, 200);
     ck_assert_msg(strstr(r.message, "model_deployment") != NULL, "message: %s", r.message);
 
-    /* the exact body (PROTOCOLS.md §2) */
+    /* the exact body (docs/PROTOCOLS.md §2) */
     json_t *rec = recorded(&k, "registerInstance");
     ck_assert_int_eq(json_array_size(rec), 3);
     json_t *first = json_array_get(rec, 0);
