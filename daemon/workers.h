@@ -1,5 +1,5 @@
 /* workers: liveness registry of the daemon's threads besides the loop
- * (persistence, KVCM publishing, ...). Each worker registers under a name and
+ * (store workers, copiers, the KVCM query worker). Each worker registers under a name and
  * calls worker_heartbeat() from its own thread whenever it makes progress or
  * wakes up idle (at least every few seconds); workers_check() tells whether
  * every registered worker beat recently. The systemd watchdog pings only
