@@ -1,0 +1,265 @@
+/* cache_impl: what the pieces of the cache share — struct cache, the records
+ * that hang off it, and the functions one piece calls in another. Private to
+ * the files in daemon/cache/; everything else goes through cache.h.
+ *
+ *   core.c      the cache object, namespaces and arenas, an entry's lifecycle
+ *               (pins, ghosts, eviction of one entry, removal), lease end, delete
+ *   read.c      match and get, at once or deferred; the key counters
+ *   put.c       put reservations and giving them back
+ *   deferred.c  answers that wait for the store, and puts waiting for room
+ *   evict.c     host-tier watermarks and eviction, namespace quotas, the reaper
+ *   demote.c    HBM -> host demotion through the copier
+ *   store.c     the store glue: ordered writes and deletes, retries, lookups,
+ *               promotions, the shutdown flush, recovery
+ *   complete.c  completeness (KVCM): observer calls and the chunked walk
+ *   stats.c     the cache's part of the STATS document
+ *
+ * Loop thread only. */
+#ifndef KVNODE_CACHE_IMPL_H
+#define KVNODE_CACHE_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+
+#include "cache.h"
+#include "arena.h"
+#include "devmem.h"
+#include "index.h"
+#include "keylock.h"
+#include "metrics.h"
+
+/* The host arena's id; HBM arenas follow it (1, 2, ...). */
+#define HOST_ARENA_ID 0u
+
+_Static_assert(NS_MAX_HBM_ARENAS >= DEVMEM_MAX_DEVICES, "a namespace has a class per HBM arena");
+
+/* A device's HBM arena and its demotion state. */
+struct cache_hbm {
+    arena   *a;
+    int      device;
+    bool     host_access;            /* the loop may read its bytes (sim) */
+    uint8_t  ipc[DEVMEM_IPC_HANDLE_BYTES];
+    size_t   ipc_len;
+    char     pci_bus_id[32];
+    uint64_t moving_bytes;           /* strides of blocks being demoted */
+    unsigned inflight;               /* demotion batches submitted, not done */
+    bool     demoting;               /* passed the high watermark, not yet below the low */
+};
+
+struct cache {
+    struct event_base *base;
+    arena *host;
+    /* Arenas by id: [0] the host arena, [1 + i] HBM of hbm[i]. */
+    arena *arenas[INDEX_MAX_ARENAS];
+    uint32_t narenas;
+    struct cache_hbm hbm[DEVMEM_MAX_DEVICES];
+    unsigned nhbm;
+    struct devmem *devmem;           /* the backend HBM arenas come from (NULL: none) */
+    struct copier *copier;           /* NULL: no demotion (HBM blocks stay or are dropped) */
+    struct hostpin *hostpin;         /* NULL: the host arena is not being pinned */
+    double hbm_high, hbm_low;
+    uint64_t hbm_batch_bytes;
+    struct event *demote_ev;
+    bool demote_scheduled;
+    bool demote_building;            /* in cache_demote_cb: blocks it puts back do not reschedule it */
+    kv_index *index;
+    ns_registry *namespaces;
+    lease_table *leases;
+
+    /* reloadable limits */
+    double high_watermark, low_watermark;
+    uint64_t read_ttl_ms, write_ttl_ms, reaper_interval_ms;
+    uint32_t max_leases_per_client;
+    double max_reserved_per_client;  /* share of the host tier */
+    uint64_t namespace_quota;   /* host-tier bytes per namespace, 0: none */
+    int policy;                 /* CONFIG_POLICY_* */
+    uint32_t request_timeout_ms;
+
+    struct persist *persist;    /* NULL: no store */
+    cache_block_fn observer;    /* completeness changes (KVCM), NULL: none */
+    cache_deployment_fn dep_observer;   /* a deployment's TP group connected (KVCM) */
+    void *observer_arg;
+    uint64_t ghosts;            /* entries only in the store (incl. promoting) */
+    uint64_t evicting_bytes;    /* write-back victims whose write is in flight */
+    uint64_t writing_bytes;     /* blocks pinned by a write (in flight or waiting) */
+    struct keylock *keylocks;   /* store ops in order per key */
+    /* store ops the store's queue refused, sent again in order as it drains */
+    struct cache_storeop *queued_head, *queued_tail;
+    size_t queued_ops;
+    bool draining;
+    /* blocks whose write failed, written again after a backoff */
+    struct cache_retry *retry_head, *retry_tail;
+    size_t retry_pending;
+    uint64_t retry_backoff_ms;  /* 0: the next retry comes after RETRY_FIRST_MS */
+    struct event *retry_ev;
+    /* puts waiting for room that blocks being written hold (back-pressure) */
+    struct cache_wait *put_waiters, *put_waiters_tail;
+    struct event *put_wake_ev;
+
+    struct event *evict_ev;
+    bool evict_scheduled;
+    struct event *reap_ev;
+
+    /* counters */
+    uint64_t evicted_dropped;
+    uint64_t evicted_quota;     /* a namespace's own blocks, for its quota */
+    uint64_t reaped_read, reaped_write;
+    uint64_t sealed_total;
+    uint64_t evicted_to_store;  /* memory freed, the store's copy kept as a ghost */
+    uint64_t writeback_started; /* write-back victims handed to the store */
+    uint64_t writes_deferred;   /* writes that waited for room in the store's queue */
+    uint64_t write_retries;     /* failed writes tried again */
+    uint64_t persist_dropped;   /* blocks that left memory unwritten (persistence on) */
+    uint64_t put_waits, put_wait_timeouts;  /* puts that waited for the store / in vain */
+    uint64_t reservations_refused;  /* puts over leases.max_reserved_per_client */
+    uint64_t namespaces_reclaimed;  /* idle namespaces released at the limit */
+    uint64_t promotions, promotions_ok, promotions_failed;
+    uint64_t lookups, lookup_found;
+    uint64_t waits, wait_timeouts;
+    uint64_t recovered, recovery_skipped;
+    uint64_t hbm_reserved, hbm_fallbacks;   /* HBM puts: slots in HBM, sent to host instead */
+    uint64_t demoted, demoted_bytes;        /* blocks moved HBM -> host */
+    uint64_t demote_aborted;                /* a reader pinned it meanwhile, or it was deleted */
+    uint64_t demote_failed;                 /* the copy failed (the block stays in HBM) */
+    uint64_t demote_dropped;                /* no host room: left memory (ghost or gone) */
+    struct metrics_keys keys;   /* match/get lookups: matched, missed by reason */
+};
+
+enum { STORE_OP_WRITE = 1, STORE_OP_DELETE = 2 };
+
+/* One write, or a delete of n keys; it holds the keylock of each of its keys
+ * from the time it is sent to the store until its result is back. */
+struct cache_storeop {
+    struct keylock_waiter turn;     /* first: waiting for its (single) key */
+    struct cache *c;
+    int kind;
+    kv_namespace *ns;
+    index_entry *e;                 /* write: the block, pinned until the result */
+    bool evicting;                  /* write: a write-back victim */
+    struct cache_storeop *next;     /* on c->queued_head: the store's queue was full */
+    size_t n;
+    int64_t keys[];                 /* write: the block's key */
+};
+
+/* A block whose write failed: written again after a backoff while it is in
+ * memory. By key: it may be evicted, deleted or replaced meanwhile. */
+struct cache_retry {
+    uint32_t ns;
+    int64_t key;
+    struct cache_retry *next;
+};
+
+/* A MATCH or GET whose answer waits for the store (see cache.h). Built on
+ * the stack; moved to the heap the first time the walk has to wait. Freed
+ * once the requester is done with it (finished) and no store request it
+ * started is outstanding. */
+enum { WAIT_MATCH = 1, WAIT_GET = 2, WAIT_PUT = 3 };
+struct cache_wait {
+    struct cache *c;
+    int kind;
+    kv_namespace *ns;
+    const int64_t *keys;        /* the caller's during start, owned copy once on the heap */
+    size_t n;
+    size_t next;                /* GET: next key to walk */
+    lease *l;                   /* GET: the read lease (NULL: none yet, or reaped) */
+    struct lease_list *owner;   /* GET: who the lease is for */
+    uint32_t readable;          /* GET: arenas the answer may point into (bit per id) */
+    unsigned outstanding;       /* promotions and lookups not back yet */
+    bool on_heap, looked_up, may_wait, nomem;
+    bool answered;              /* ready() called (or the answer was immediate) */
+    bool finished;              /* the requester called finish or cancel */
+    cache_ready_fn ready;
+    void *arg;
+    struct event *timer;
+    struct cache_wait *put_prev, *put_next;   /* PUT: on c->put_waiters */
+};
+
+/* core.c */
+/* What one connection may hold in uncommitted reservations (bytes). */
+uint64_t cache_reserve_limit(const struct cache *c);
+uint64_t cache_ns_block_bytes(struct cache *c, uint32_t ns_id);
+/* An entry's slot: the daemon's address of it, giving it back; the HBM
+ * arena record of an entry (NULL: host memory). */
+void *cache_slot_ptr(struct cache *c, const index_entry *e);
+void cache_slot_free(struct cache *c, const index_entry *e);
+struct cache_hbm *cache_hbm_of(struct cache *c, const index_entry *e);
+/* An entry leaving: freed with its slot; out of the index (freed at the last
+ * pin); an unpinned SEALED one dropped; one the store holds kept as a ghost;
+ * a victim's memory freed (ghost or dropped). */
+void cache_entry_destroy(struct cache *c, index_entry *e);
+void cache_remove_entry(struct cache *c, index_entry *e);
+void cache_drop_entry(struct cache *c, index_entry *e);
+void cache_to_ghost(struct cache *c, index_entry *e);
+void cache_evict_entry(struct cache *c, index_entry *e);
+/* Pins keep an entry in memory and off the LRU. */
+void cache_unpin(struct cache *c, index_entry *e);
+void cache_pin(struct cache *c, index_entry *e);
+/* End a lease's hold on its entries (seal, give back, or unpin); the count. */
+uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit);
+
+/* read.c */
+/* 0, or -KVNODE_ELIMIT with err set when owner holds leases.max_per_client. */
+int cache_check_lease_room(struct cache *c, struct lease_list *owner, char *err, size_t errlen);
+/* Walk a GET's keys on (after a lookup came back); *wp may move to the heap. */
+void cache_get_walk(struct cache *c, struct cache_wait **wp);
+
+/* put.c: a reserved slot stops being one (committed or given back); a
+ * WRITING entry's slot given back. */
+void cache_reservation_end(kv_namespace *ns, struct lease_list *owner);
+void cache_unreserve(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+                     index_entry *e);
+
+/* deferred.c: a wait freed, a store request of it back, moved to the heap,
+ * its timer started; the event that lets waiting puts try again. */
+void cache_wait_free(struct cache_wait *w);
+void cache_wait_progress(struct cache_wait *w);
+struct cache_wait *cache_wait_heap(struct cache_wait *w);
+void cache_wait_arm(struct cache *c, struct cache_wait *w);
+void cache_put_wake_cb(evutil_socket_t fd, short what, void *arg);
+
+/* evict.c: host-tier use over a watermark, the background evictor, one slot
+ * made allocatable, room under a namespace's quota and the bytes of it a
+ * quota eviction cannot free; the reaper's timer. */
+bool cache_over(const struct cache *c, double watermark);
+void cache_evict_maybe_schedule(struct cache *c);
+void cache_evict_cb(evutil_socket_t fd, short what, void *arg);
+bool cache_make_room(struct cache *c, uint32_t cls);
+bool cache_quota_room(struct cache *c, kv_namespace *ns);
+uint64_t cache_quota_stuck(struct cache *c, kv_namespace *ns);
+void cache_reap_cb(evutil_socket_t fd, short what, void *arg);
+
+/* demote.c: demotion scheduled when an HBM arena wants a batch. */
+void cache_demote_maybe_schedule(struct cache *c);
+void cache_demote_cb(evutil_socket_t fd, short what, void *arg);
+
+/* store.c */
+/* Whether write-back victims may pin bytes more; whether committed blocks are
+ * written at all; a block leaving memory unwritten counted. */
+bool cache_write_budget(const struct cache *c, uint64_t bytes);
+bool cache_persisting(const struct cache *c);
+void cache_count_unwritten(struct cache *c, const index_entry *e);
+void cache_storeop_free(struct cache_storeop *op);
+/* A SEALED block written (pinned until its result); keys deleted from the
+ * store, each after the ops on it that came before. */
+void cache_write_start(struct cache *c, index_entry *e, bool evicting);
+void cache_store_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n);
+void cache_retry_cb(evutil_socket_t fd, short what, void *arg);
+/* Whether the store is asked about keys the index does not know; ask it
+ * about w's keys from `from` on (0: submitted, w counts it). */
+bool cache_may_lookup(const struct cache *c);
+int cache_lookup_submit(struct cache *c, struct cache_wait *w, size_t from);
+/* A ghost read back into a host slot (0: on its way); w waits for e's. */
+int cache_promote(struct cache *c, kv_namespace *ns, index_entry *e);
+int cache_promo_wait(struct cache_wait *w, index_entry *e);
+
+/* complete.c: completeness changes, told to the observer — e sealed, e about
+ * to leave memory, e demoted to host memory, ns bound by a HELLO. */
+void cache_note_sealed(struct cache *c, const index_entry *e);
+void cache_note_leaving(struct cache *c, const index_entry *e);
+void cache_note_demoted(struct cache *c, const index_entry *e);
+void cache_note_bound(struct cache *c, const kv_namespace *ns);
+
+#endif

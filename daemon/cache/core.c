@@ -1,0 +1,579 @@
+/* cache core: the cache object (create, destroy, the reloadable settings),
+ * namespaces and arenas, an entry's lifecycle (pins, ghosts, eviction of one
+ * entry, removal), the end of leases and delete (see cache.h). Loop thread
+ * only. */
+#include "cache/cache_impl.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "errmsg.h"
+#include "kvnode.h"
+#include "log.h"
+#include "persist.h"
+
+int cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,
+                 char *err, size_t errlen)
+{
+    struct cache *c = calloc(1, sizeof *c);
+    int rc;
+
+    *out = NULL;
+    if (!c) {
+        errmsg_set(err, errlen, "out of memory");
+        return -KVNODE_ENOMEM;
+    }
+    c->base = base;
+    rc = arena_create_host(HOST_ARENA_ID, cfg->host_bytes, cfg->slab_bytes, &c->host, err, errlen);
+    if (rc < 0)
+        goto fail;
+    c->arenas[HOST_ARENA_ID] = c->host;
+    c->narenas = 1;
+    /* Size the index for the arena's capacity at the default block size
+     * order of magnitude; it grows incrementally beyond that. */
+    rc = index_create(cfg->host_bytes / (256u * 1024u), &c->index);
+    if (rc < 0) {
+        errmsg_set(err, errlen, "cannot create the block index: out of memory");
+        goto fail;
+    }
+    rc = ns_registry_create(cfg->max_namespaces, &c->namespaces);
+    if (rc < 0) {
+        errmsg_set(err, errlen, "cannot create the namespace registry: out of memory");
+        goto fail;
+    }
+    /* Per-namespace LRU heads for every id up front: touches never allocate. */
+    rc = index_ns_reserve(c->index, cfg->max_namespaces + 1u);
+    if (rc < 0) {
+        errmsg_set(err, errlen, "cannot create the block index: out of memory");
+        goto fail;
+    }
+    rc = lease_table_create(&c->leases);
+    if (rc < 0) {
+        errmsg_set(err, errlen, "cannot create the lease table: out of memory");
+        goto fail;
+    }
+    c->evict_ev = event_new(base, -1, 0, cache_evict_cb, c);
+    c->reap_ev = event_new(base, -1, EV_PERSIST, cache_reap_cb, c);
+    c->demote_ev = event_new(base, -1, 0, cache_demote_cb, c);
+    c->retry_ev = evtimer_new(base, cache_retry_cb, c);
+    c->put_wake_ev = event_new(base, -1, 0, cache_put_wake_cb, c);
+    if (!c->evict_ev || !c->reap_ev || !c->demote_ev || !c->retry_ev || !c->put_wake_ev ||
+        keylock_create(&c->keylocks) < 0) {
+        errmsg_set(err, errlen, "cannot create cache events");
+        rc = -KVNODE_ENOMEM;
+        goto fail;
+    }
+    cache_apply_config(c, cfg);
+    *out = c;
+    return 0;
+fail:
+    cache_destroy(c);
+    return rc < 0 ? rc : -KVNODE_ENOMEM;
+}
+
+void cache_destroy(struct cache *c)
+{
+    if (!c)
+        return;
+    /* Ops the store never got (it is gone by now): give back their pins,
+     * while the events an unpin may activate (demotion) still exist. */
+    while (c->queued_head) {
+        struct cache_storeop *op = c->queued_head;
+        c->queued_head = op->next;
+        if (op->kind == STORE_OP_WRITE)
+            cache_unpin(c, op->e);
+        cache_storeop_free(op);
+    }
+    if (c->evict_ev)
+        event_free(c->evict_ev);
+    if (c->reap_ev)
+        event_free(c->reap_ev);
+    if (c->demote_ev)
+        event_free(c->demote_ev);
+    if (c->retry_ev)
+        event_free(c->retry_ev);
+    if (c->put_wake_ev)
+        event_free(c->put_wake_ev);
+    while (c->retry_head) {
+        struct cache_retry *r = c->retry_head;
+        c->retry_head = r->next;
+        free(r);
+    }
+    keylock_destroy(c->keylocks);
+    if (c->leases)
+        lease_table_destroy(c->leases);
+    if (c->index)
+        index_destroy(c->index);
+    if (c->namespaces)
+        ns_registry_destroy(c->namespaces);
+    for (unsigned i = 0; i < c->nhbm; i++)
+        arena_destroy(c->hbm[i].a);
+    arena_destroy(c->host);
+    free(c);
+}
+
+void cache_apply_config(struct cache *c, const struct kvn_config *cfg)
+{
+    struct timeval tv;
+
+    c->high_watermark = cfg->high_watermark;
+    c->low_watermark = cfg->low_watermark;
+    c->read_ttl_ms = cfg->read_lease_ttl_ms;
+    c->write_ttl_ms = cfg->write_lease_ttl_ms;
+    c->max_leases_per_client = cfg->max_leases_per_client;
+    c->max_reserved_per_client = cfg->max_reserved_per_client;
+    /* A lowered quota is enforced at each namespace's next put, no sweep. */
+    c->namespace_quota = cfg->namespace_quota;
+    c->policy = cfg->persist_policy;
+    c->request_timeout_ms = cfg->request_timeout_ms;
+    c->hbm_high = cfg->hbm_high_watermark;
+    c->hbm_low = cfg->hbm_low_watermark;
+    c->hbm_batch_bytes = cfg->hbm_copy_batch_bytes;
+    if (c->demote_ev)
+        event_active(c->demote_ev, 0, 0);   /* lowered watermarks apply now */
+    if (c->reaper_interval_ms != cfg->reaper_interval_ms) {
+        c->reaper_interval_ms = cfg->reaper_interval_ms;
+        tv = clock_tv_ms(c->reaper_interval_ms);
+        evtimer_add(c->reap_ev, &tv);
+    }
+}
+
+/* --- namespaces and arenas --------------------------------------------------- */
+
+/* What one connection may hold in uncommitted reservations: its share of
+ * the memory tiers (host and HBM) together. */
+uint64_t cache_reserve_limit(const struct cache *c)
+{
+    uint64_t total = 0;
+    for (uint32_t id = 0; id < c->narenas; id++)
+        total += arena_size(c->arenas[id]);
+    return (uint64_t)(c->max_reserved_per_client * (double)total);
+}
+
+/* At the namespace limit: free the memory of the idle namespace (no client,
+ * no reservation) with the fewest blocks in memory, if it has at most
+ * RECLAIM_MAX_BLOCKS and all of them are evictable and already in the store
+ * (or persistence is off), so that it stops counting. Bounded work; a
+ * throwaway deployment does not hold its slot for good. */
+#define RECLAIM_MAX_BLOCKS 256u
+static bool cache_reclaim_idle_ns(struct cache *c)
+{
+    kv_namespace *best = NULL;
+    for (size_t i = 0; i < ns_count(c->namespaces); i++) {
+        kv_namespace *ns = ns_at(c->namespaces, i);
+        if (ns->clients || ns->reserved || !ns->blocks || ns->blocks > RECLAIM_MAX_BLOCKS ||
+            index_lru_count_in_ns(c->index, ns->id) < ns->blocks)
+            continue;   /* in use, empty, too big, or some block pinned */
+        if (!best || ns->blocks < best->blocks)
+            best = ns;
+    }
+    if (!best)
+        return false;
+    index_entry *e;
+    while ((e = index_lru_oldest_in_ns(c->index, best->id)) != NULL) {
+        if (c->persist && c->policy != CONFIG_POLICY_OFF && e->persist != PERSIST_STORED)
+            break;   /* not written yet: it stays (and so does the namespace) */
+        cache_evict_entry(c, e);
+    }
+    if (ns_active(best))
+        return false;
+    c->namespaces_reclaimed++;
+    log_info("namespace %u (%s rank %u) released to make room: no client, its blocks left memory",
+             best->id, best->deployment_id, best->layout.tp_rank);
+    return true;
+}
+
+int cache_bind(struct cache *c, const struct ns_layout *layout, kv_namespace **ns,
+               char *err, size_t errlen)
+{
+    kv_namespace *n = NULL;
+    int created = 0, rc;
+    uint32_t cls;
+
+    rc = ns_layout_validate(layout, err, errlen);
+    if (rc < 0)
+        return rc;
+    /* Check the block fits the allocator before registering anything. */
+    rc = arena_class_for(c->host, layout->block_bytes, &cls);
+    if (rc == -KVNODE_ETOOBIG) {
+        struct arena_stats st;
+        arena_get_stats(c->host, &st);
+        errmsg_set(err, errlen, "block_bytes %" PRIu64 " exceeds the allocator's slab size %" PRIu64
+             " (raise memory.slab_bytes)", layout->block_bytes, st.slab_bytes);
+        return -KVNODE_ELAYOUT;
+    }
+    if (rc < 0) {
+        errmsg_set(err, errlen, "too many distinct block sizes in the host arena (at most %u)",
+             ARENA_MAX_CLASSES);
+        return rc;
+    }
+    rc = ns_bind(c->namespaces, layout, &n, &created, err, errlen);
+    if (rc == -KVNODE_ELIMIT && cache_reclaim_idle_ns(c))
+        rc = ns_bind(c->namespaces, layout, &n, &created, err, errlen);
+    if (rc < 0)
+        return rc;
+    n->cls = cls;
+    /* HBM puts need no class lookup: a block size an HBM arena has no class
+     * for (too many sizes) goes to host memory. */
+    for (unsigned i = 0; i < NS_MAX_HBM_ARENAS; i++)
+        if (i >= c->nhbm || arena_class_for(c->hbm[i].a, layout->block_bytes, &n->hbm_cls[i]) < 0)
+            n->hbm_cls[i] = UINT32_MAX;
+    n->clients++;
+    if (created)
+        log_info("namespace %u: deployment %s tp_rank %u/%u block_bytes %" PRIu64,
+                 n->id, n->deployment_id, n->layout.tp_rank, n->layout.tp_size,
+                 n->layout.block_bytes);
+    cache_note_bound(c, n);
+    *ns = n;
+    return 0;
+}
+
+void cache_unbind(struct cache *c, kv_namespace *ns)
+{
+    (void)c;
+    if (ns && ns->clients > 0)
+        ns->clients--;
+}
+
+size_t cache_arenas(const struct cache *c, struct cache_arena_info *out, size_t max)
+{
+    size_t n = 0;
+    for (uint32_t id = 0; id < c->narenas && n < max; id++, n++) {
+        const arena *a = c->arenas[id];
+        const struct cache_hbm *h = id == HOST_ARENA_ID ? NULL : &c->hbm[id - 1];
+        out[n].id = arena_id(a);
+        out[n].tier = arena_tier(a);
+        out[n].device = arena_device(a);
+        out[n].size = arena_size(a);
+        out[n].fd = arena_fd(a);
+        out[n].ipc_handle = h && h->ipc_len ? h->ipc : NULL;
+        out[n].ipc_len = h ? h->ipc_len : 0;
+        out[n].host_access = !h || h->host_access;
+        out[n].pci_bus_id = h ? h->pci_bus_id : NULL;
+    }
+    return n;
+}
+
+void *cache_arena_base(const struct cache *c, uint32_t arena_no)
+{
+    if (arena_no >= c->narenas)
+        return NULL;
+    if (arena_no != HOST_ARENA_ID && !c->hbm[arena_no - 1].host_access)
+        return NULL;
+    return arena_base(c->arenas[arena_no]);
+}
+
+int cache_add_hbm(struct cache *c, struct devmem *dm, const struct devmem_region *r,
+                  uint64_t slab_bytes, char *err, size_t errlen)
+{
+    struct cache_hbm *h;
+    uint32_t id = c->narenas;
+    int rc;
+
+    if (c->nhbm >= DEVMEM_MAX_DEVICES || id >= INDEX_MAX_ARENAS) {
+        errmsg_set(err, errlen, "too many HBM arenas (at most %u)", DEVMEM_MAX_DEVICES);
+        return -KVNODE_ELIMIT;
+    }
+    h = &c->hbm[c->nhbm];
+    memset(h, 0, sizeof *h);
+    rc = arena_create_over(id, KVNODE_TIER_HBM, r->device, r->base, r->fd, r->size, slab_bytes,
+                           &h->a, err, errlen);
+    if (rc < 0)
+        return rc;
+    h->device = r->device;
+    h->host_access = r->host_access;
+    h->ipc_len = r->ipc_len <= sizeof h->ipc ? r->ipc_len : 0;
+    memcpy(h->ipc, r->ipc_handle, h->ipc_len);
+    snprintf(h->pci_bus_id, sizeof h->pci_bus_id, "%s", r->pci_bus_id);
+    c->arenas[id] = h->a;
+    c->narenas++;
+    c->nhbm++;
+    c->devmem = dm;
+    return 0;
+}
+
+void *cache_host_base(const struct cache *c)
+{
+    return arena_base(c->host);
+}
+
+uint64_t cache_host_size(const struct cache *c)
+{
+    return arena_size(c->host);
+}
+
+void cache_set_copier(struct cache *c, struct copier *cp)
+{
+    c->copier = cp;
+}
+
+void cache_set_hostpin(struct cache *c, struct hostpin *hp)
+{
+    c->hostpin = hp;
+}
+
+uint32_t cache_cpu_arenas(const struct cache *c)
+{
+    uint32_t mask = 1u << HOST_ARENA_ID;
+    for (unsigned i = 0; i < c->nhbm; i++)
+        if (c->hbm[i].host_access)
+            mask |= 1u << (i + 1);
+    return mask;
+}
+
+/* --- entry lifecycle ------------------------------------------------------ */
+
+uint64_t cache_ns_block_bytes(struct cache *c, uint32_t ns_id)
+{
+    kv_namespace *ns = ns_get(c->namespaces, ns_id);
+    return ns ? ns->layout.block_bytes : 0;
+}
+
+static bool entry_has_slot(const index_entry *e)
+{
+    return e->state != ENTRY_GHOST;
+}
+
+static arena *cache_arena_of(struct cache *c, const index_entry *e)
+{
+    return e->arena < c->narenas ? c->arenas[e->arena] : NULL;
+}
+
+/* The daemon's address of a block (a device pointer for a real GPU's HBM). */
+void *cache_slot_ptr(struct cache *c, const index_entry *e)
+{
+    return (uint8_t *)arena_base(cache_arena_of(c, e)) + e->offset;
+}
+
+/* Give back an entry's slot, in whichever arena it is. */
+void cache_slot_free(struct cache *c, const index_entry *e)
+{
+    arena *a = cache_arena_of(c, e);
+    if (a)
+        arena_free(a, e->offset);
+}
+
+/* The HBM arena record of an entry, or NULL for host memory. */
+struct cache_hbm *cache_hbm_of(struct cache *c, const index_entry *e)
+{
+    return e->arena != HOST_ARENA_ID && e->arena < c->narenas ? &c->hbm[e->arena - 1] : NULL;
+}
+
+/* Forget an entry's accounting (it is leaving the index). */
+static void cache_account_remove(struct cache *c, index_entry *e)
+{
+    kv_namespace *ns = ns_get(c->namespaces, e->ns);
+    if (!ns)
+        return;
+    if (e->state == ENTRY_SEALED && ns->blocks > 0) {
+        ns->blocks--;
+        ns->bytes -= ns->layout.block_bytes;
+    } else if (e->state == ENTRY_GHOST || e->state == ENTRY_PROMOTING) {
+        if (ns->stored > 0)
+            ns->stored--;
+        if (c->ghosts > 0)
+            c->ghosts--;
+    }
+}
+
+void cache_entry_destroy(struct cache *c, index_entry *e)
+{
+    if (entry_has_slot(e))
+        cache_slot_free(c, e);
+    index_entry_free(e);
+}
+
+/* Take an entry out of the index: freed now, or, while pinned (readers, a
+ * store request), when the last pin goes. */
+void cache_remove_entry(struct cache *c, index_entry *e)
+{
+    cache_note_leaving(c, e);
+    index_unlink(c->index, e);
+    cache_account_remove(c, e);
+    if (e->pins > 0)
+        e->detached = 1;
+    else
+        cache_entry_destroy(c, e);
+}
+
+/* Drop an unpinned SEALED entry from memory and the index. */
+void cache_drop_entry(struct cache *c, index_entry *e)
+{
+    cache_note_leaving(c, e);
+    index_unlink(c->index, e);
+    cache_account_remove(c, e);
+    cache_entry_destroy(c, e);
+}
+
+/* An unpinned SEALED entry the store holds leaves memory and stays indexed
+ * as a ghost. */
+void cache_to_ghost(struct cache *c, index_entry *e)
+{
+    kv_namespace *ns = ns_get(c->namespaces, e->ns);
+    cache_note_leaving(c, e);
+    index_lru_remove(c->index, e);
+    cache_slot_free(c, e);
+    if (ns) {
+        if (ns->blocks > 0) {
+            ns->blocks--;
+            ns->bytes -= ns->layout.block_bytes;
+        }
+        ns->stored++;
+    }
+    c->ghosts++;
+    e->state = ENTRY_GHOST;
+    e->evicting = 0;
+    c->evicted_to_store++;
+}
+
+/* Free a victim's memory: keep it as a ghost when the store holds it. */
+void cache_evict_entry(struct cache *c, index_entry *e)
+{
+    if (c->persist && e->persist == PERSIST_STORED) {
+        cache_to_ghost(c, e);
+    } else {
+        cache_count_unwritten(c, e);
+        cache_drop_entry(c, e);
+        c->evicted_dropped++;
+    }
+}
+
+/* The last pin going (a read lease, a store write landing or failing, a
+ * put's shield, a demotion given up) makes an HBM block movable again: an
+ * arena whose demotion stopped for want of movable blocks goes on now, not
+ * at the next put. (A commit, the other way in, schedules it itself.) */
+void cache_unpin(struct cache *c, index_entry *e)
+{
+    if (e->pins == 0)
+        return;
+    if (--e->pins > 0)
+        return;
+    if (e->detached) {
+        cache_entry_destroy(c, e);
+    } else if (e->state == ENTRY_SEALED) {
+        index_lru_touch(c->index, e);
+        if (cache_hbm_of(c, e) && !c->demote_building)
+            cache_demote_maybe_schedule(c);
+    }
+}
+
+void cache_pin(struct cache *c, index_entry *e)
+{
+    if (e->pins++ == 0)
+        index_lru_remove(c->index, e);
+}
+
+/* --- lease end and delete ----------------------------------------------------- */
+
+/* End a lease's hold on its entries. */
+uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
+{
+    uint32_t count = 0;
+
+    if (l->waiter) {
+        /* Reaped or released under a deferred answer: it answers empty. */
+        ((struct cache_wait *)l->waiter)->l = NULL;
+        l->waiter = NULL;
+    }
+    if (l->kind == LEASE_READ) {
+        /* Unpin tail-first so the chain's root becomes the newest. */
+        for (size_t i = l->n; i-- > 0;) {
+            if (!l->entries[i])
+                continue;
+            cache_unpin(c, l->entries[i]);
+            count++;
+        }
+    } else if (commit) {
+        uint64_t bytes = cache_ns_block_bytes(c, l->ns);
+        kv_namespace *ns = ns_get(c->namespaces, l->ns);
+        for (size_t i = l->n; i-- > 0;) {
+            index_entry *e = l->entries[i];
+            if (!e)
+                continue;
+            e->state = ENTRY_SEALED;
+            index_lru_touch(c->index, e);
+            if (ns) {
+                ns->blocks++;
+                ns->bytes += bytes;
+            }
+            cache_reservation_end(ns, l->owner);
+            c->sealed_total++;
+            count++;
+            cache_note_sealed(c, e);
+            /* write_through: pinned until its write lands (see cache.h). */
+            if (c->persist && c->policy == CONFIG_POLICY_WRITE_THROUGH &&
+                e->persist == PERSIST_NONE)
+                cache_write_start(c, e, false);
+        }
+    } else {
+        kv_namespace *ns = ns_get(c->namespaces, l->ns);
+        for (size_t i = 0; i < l->n; i++) {
+            index_entry *e = l->entries[i];
+            if (!e)
+                continue;
+            cache_unreserve(c, ns, l->owner, e);
+            count++;
+        }
+    }
+    lease_destroy(c->leases, l);
+    /* Blocks it pinned or sealed may be demotable now: an HBM arena left
+     * over its watermark by pinned blocks drains without waiting for a put. */
+    cache_demote_maybe_schedule(c);
+    return count;
+}
+
+int cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, int kind,
+                    bool commit, uint32_t *blocks, char *err, size_t errlen)
+{
+    lease *l = lease_id ? lease_find(c->leases, lease_id) : NULL;
+
+    *blocks = 0;
+    if (!l || l->owner != owner) {
+        errmsg_set(err, errlen, "lease %" PRIu64 " is not held by this connection "
+             "(ended, expired after its TTL, or never granted)", lease_id);
+        return -KVNODE_ENOLEASE;
+    }
+    if (l->kind != kind) {
+        errmsg_set(err, errlen, "lease %" PRIu64 " is a %s lease; end it with %s", lease_id,
+             l->kind == LEASE_READ ? "read" : "write",
+             l->kind == LEASE_READ ? "get_end" : "put_commit or put_abort");
+        return -KVNODE_EINVAL;
+    }
+    *blocks = cache_lease_finish(c, l, commit);
+    if (kind == LEASE_WRITE && commit)
+        cache_evict_maybe_schedule(c);
+    return 0;
+}
+
+int cache_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+                 uint32_t *deleted)
+{
+    *deleted = 0;
+    for (size_t i = 0; i < n; i++) {
+        index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        /* Blocks still being written belong to their writer until commit. */
+        if (!e || e->state == ENTRY_WRITING)
+            continue;
+        /* Pinned (readers, a store request): freed when the last pin goes. */
+        cache_remove_entry(c, e);
+        (*deleted)++;
+    }
+    /* The store may hold keys the index does not know (shared stores):
+     * every key goes to its delete, after any write of the key in flight
+     * and before any later re-put's write (keylock). A store that cannot
+     * delete (v6d) gets tombstones now, so no lookup brings the keys back. */
+    if (c->persist && n > 0) {
+        persist_hide(c->persist, ns, keys, n);
+        cache_store_delete(c, ns, keys, n);
+    }
+    return 0;
+}
+
+void cache_release_owner(struct cache *c, struct lease_list *owner)
+{
+    while (owner->head)
+        cache_lease_finish(c, owner->head, false);
+}

@@ -1,0 +1,150 @@
+/* cache evict: the host tier's watermarks and background evictor, room made
+ * for one slot on demand, namespace quotas, and the reaper of expired leases
+ * (see cache.h). Loop thread only. */
+#include "cache/cache_impl.h"
+
+#include <inttypes.h>
+
+#include "clock.h"
+#include "log.h"
+
+/* Work done per loop iteration by the background evictor and the reaper, so
+ * neither holds the loop for long. */
+#define EVICT_BATCH 256u
+#define REAP_BATCH 1024u
+
+/* --- eviction ------------------------------------------------------------- */
+
+bool cache_over(const struct cache *c, double watermark)
+{
+    struct arena_stats st;
+    arena_get_stats(c->host, &st);
+    return (double)st.used_bytes > watermark * (double)st.capacity;
+}
+
+/* Over the watermark once the write-back victims in flight have left. */
+static bool cache_over_after_writeback(const struct cache *c, double watermark)
+{
+    struct arena_stats st;
+    arena_get_stats(c->host, &st);
+    uint64_t used = st.used_bytes > c->evicting_bytes ? st.used_bytes - c->evicting_bytes : 0;
+    return (double)used > watermark * (double)st.capacity;
+}
+
+void cache_evict_maybe_schedule(struct cache *c)
+{
+    if (!c->evict_scheduled && cache_over_after_writeback(c, c->high_watermark)) {
+        c->evict_scheduled = true;
+        event_active(c->evict_ev, 0, 0);
+    }
+}
+
+/* Background eviction: a batch per loop iteration until below the low
+ * watermark or nothing is evictable. Under write_back a victim the store
+ * does not hold yet is written first and leaves memory when the write lands;
+ * one the queue cannot take is dropped (and counted). */
+void cache_evict_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache *c = arg;
+    (void)fd;
+    (void)what;
+    c->evict_scheduled = false;
+    for (unsigned i = 0; i < EVICT_BATCH; i++) {
+        if (!cache_over_after_writeback(c, c->low_watermark))
+            return;
+        index_entry *victim = index_lru_oldest_in_arena(c->index, arena_id(c->host));
+        if (!victim)
+            return;
+        if (cache_persisting(c) && victim->persist != PERSIST_STORED) {
+            /* Written first, leaves memory when the write lands. Over the
+             * write budget: wait for writes to land (each one schedules the
+             * evictor again) rather than drop the block. */
+            if (!cache_write_budget(c, cache_ns_block_bytes(c, victim->ns)))
+                return;
+            cache_write_start(c, victim, true);
+            continue;
+        }
+        cache_evict_entry(c, victim);
+    }
+    if (cache_over_after_writeback(c, c->low_watermark)) {
+        c->evict_scheduled = true;
+        event_active(c->evict_ev, 0, 0);
+    }
+}
+
+/* --- room on demand and namespace quotas ------------------------------------- */
+
+/* Make one slot of class cls allocatable: evict the class's own oldest
+ * blocks first (frees a slot directly), else the arena's oldest until a
+ * whole slab comes free. A request cannot wait for a write, so victims the
+ * store does not hold are dropped here (the background evictor keeps this
+ * rare by working from the high watermark). */
+bool cache_make_room(struct cache *c, uint32_t cls)
+{
+    while (!arena_can_alloc(c->host, cls)) {
+        index_entry *victim = index_lru_oldest(c->index, arena_id(c->host), cls);
+        if (!victim)
+            victim = index_lru_oldest_in_arena(c->index, arena_id(c->host));
+        if (!victim)
+            return false;
+        cache_evict_entry(c, victim);
+    }
+    return true;
+}
+
+/* Make room under the namespace quota for one more block of ns: evict ns's
+ * own oldest unpinned sealed blocks (leaves first), never another
+ * namespace's. false: still over and nothing of ns left to evict. */
+bool cache_quota_room(struct cache *c, kv_namespace *ns)
+{
+    uint64_t quota = c->namespace_quota, bb = ns->layout.block_bytes;
+    if (quota == 0)
+        return true;
+    while (ns->bytes + ns->reserved + bb > quota) {
+        index_entry *victim = index_lru_oldest_in_ns(c->index, ns->id);
+        if (!victim)
+            return false;
+        if (c->persist && victim->persist == PERSIST_STORED) {
+            cache_to_ghost(c, victim);
+        } else {
+            cache_count_unwritten(c, victim);
+            cache_drop_entry(c, victim);
+        }
+        c->evicted_quota++;
+    }
+    return true;
+}
+
+/* Bytes ns holds that a quota eviction cannot free: pinned (or shielded)
+ * sealed blocks and reserved slots. */
+uint64_t cache_quota_stuck(struct cache *c, kv_namespace *ns)
+{
+    uint64_t evictable = (uint64_t)index_lru_count_in_ns(c->index, ns->id) * ns->layout.block_bytes;
+    uint64_t held = ns->bytes + ns->reserved;
+    return held > evictable ? held - evictable : 0;
+}
+
+/* --- reaper --------------------------------------------------------------- */
+
+void cache_reap_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache *c = arg;
+    uint64_t now = clock_now_ms();
+    lease *l;
+    unsigned n = 0;
+    (void)fd;
+    (void)what;
+
+    while (n < REAP_BATCH && (l = lease_first_expired(c->leases, now)) != NULL) {
+        log_debug("reaper: %s lease %" PRIu64 " expired after %" PRIu64 " ms",
+                  l->kind == LEASE_READ ? "read" : "write", l->id, now - l->created_ms);
+        if (l->kind == LEASE_READ)
+            c->reaped_read++;
+        else
+            c->reaped_write++;
+        cache_lease_finish(c, l, false);
+        n++;
+    }
+    if (n > 0)
+        log_info("reaper: ended %u expired lease%s", n, n == 1 ? "" : "s");
+}

@@ -1,0 +1,631 @@
+/* cache store: the glue to the persistent store — writes and deletes in
+ * order per key (write-behind, the store queue's back-pressure), retries of
+ * failed writes, lookups of keys the index does not know, promotions of
+ * ghosts, the shutdown flush and recovery from a scan (see cache.h). Loop
+ * thread only; the store's calls run on its workers (persist.h). */
+#include "cache/cache_impl.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "clock.h"
+#include "kvnode.h"
+#include "log.h"
+#include "kvs/kvs.h"
+#include "persist.h"
+
+/* A block stays pinned while it is written to the store (its slot is read
+ * by a worker), so writes in flight may pin at most this fraction of the
+ * host tier: the rest stays evictable and a burst of puts never fails for
+ * want of room. A write-through block over the budget is written when the
+ * evictor picks it instead (like write_back), and counted. */
+#define WRITE_PIN_FRACTION 0.5
+
+
+/* --- store operations: writes and deletes, in order per key ------------------- */
+
+static void cache_retry_add(struct cache *c, const index_entry *e);
+
+/* Write-back victims may pin at most this much of the host tier while they
+ * are written (the rest stays evictable). */
+bool cache_write_budget(const struct cache *c, uint64_t bytes)
+{
+    return (double)(c->writing_bytes + bytes) <= WRITE_PIN_FRACTION * (double)arena_size(c->host);
+}
+
+/* Whether committed blocks are written to the store at all. */
+bool cache_persisting(const struct cache *c)
+{
+    return c->persist && c->policy != CONFIG_POLICY_OFF;
+}
+
+/* A block leaves memory: one the store never got a copy of is lost to
+ * persistence, and counted as such (the README's contract). */
+void cache_count_unwritten(struct cache *c, const index_entry *e)
+{
+    if (cache_persisting(c) && e->persist != PERSIST_STORED)
+        c->persist_dropped++;
+}
+
+static struct cache_storeop *cache_storeop_new(struct cache *c, int kind, kv_namespace *ns,
+                                               size_t n)
+{
+    struct cache_storeop *op = calloc(1, sizeof *op + n * sizeof op->keys[0]);
+    if (!op)
+        return NULL;
+    op->c = c;
+    op->kind = kind;
+    op->ns = ns;
+    op->n = n;
+    ns->refs++;
+    return op;
+}
+
+void cache_storeop_free(struct cache_storeop *op)
+{
+    op->ns->refs--;
+    free(op);
+}
+
+static void cache_storeops_drain(struct cache *c);
+
+/* A write's result, or -KVNODE_ESHUTDOWN when it ends without one (the block
+ * was deleted before its turn, or the daemon stops). */
+static void cache_write_finish(struct cache *c, struct cache_storeop *op, int rc)
+{
+    index_entry *e = op->e;
+    uint64_t bb = op->ns->layout.block_bytes;
+    bool detached = e->detached, evict = op->evicting;
+
+    c->writing_bytes -= c->writing_bytes >= bb ? bb : c->writing_bytes;
+    if (evict) {
+        c->evicting_bytes -= c->evicting_bytes >= bb ? bb : c->evicting_bytes;
+        e->evicting = 0;
+    }
+    /* The block is marked stored only by its own write: a delete or a
+     * re-put since then has its own entry and its own, later, store op. */
+    if (!detached) {
+        e->persist = rc == 0 ? PERSIST_STORED : PERSIST_FAILED;
+        if (rc < 0 && rc != -KVNODE_ESHUTDOWN)
+            cache_retry_add(c, e);
+    }
+    cache_unpin(c, e);
+    /* A write-back victim leaves memory now that its copy landed (or, if the
+     * write failed, is dropped while memory is still tight). */
+    if (!detached && evict && e->pins == 0 && e->state == ENTRY_SEALED) {
+        if (rc == 0) {
+            cache_to_ghost(c, e);
+        } else if (cache_over(c, c->low_watermark)) {
+            cache_count_unwritten(c, e);
+            cache_drop_entry(c, e);
+            c->evicted_dropped++;
+        }
+    }
+}
+
+/* An op is done with the store (or will never reach it): release its keys
+ * (which starts each key's next op), then let queued ops and waiting puts
+ * go on. */
+static void cache_storeop_finish(struct cache_storeop *op, int rc)
+{
+    struct cache *c = op->c;
+
+    if (op->kind == STORE_OP_WRITE) {
+        cache_write_finish(c, op, rc);
+        if (rc == 0)
+            c->retry_backoff_ms = 0;   /* the store takes writes: retry failed ones now */
+    }
+    for (size_t i = 0; i < op->n; i++)
+        keylock_release(c->keylocks, op->ns->id, op->keys[i]);
+    cache_storeop_free(op);
+    cache_storeops_drain(c);
+    cache_evict_maybe_schedule(c);
+    /* Puts waiting for room try again once per loop iteration, however
+     * many ops finish in it. */
+    if (c->put_waiters)
+        event_active(c->put_wake_ev, 0, 0);
+}
+
+static void cache_storeop_done(void *arg, int rc)
+{
+    cache_storeop_finish(arg, rc);
+}
+
+/* Hand an op whose keys it holds to the store. 0 when sent (or finished:
+ * a write of a block deleted meanwhile is not sent), -KVNODE_ELIMIT when the
+ * store's queue is full (the op keeps its keys; the caller queues it). */
+static int cache_storeop_send(struct cache_storeop *op)
+{
+    struct cache *c = op->c;
+    int rc;
+
+    if (op->kind == STORE_OP_DELETE) {
+        rc = persist_delete(c->persist, op->ns, op->keys, op->n, cache_storeop_done, op);
+    } else if (op->e->detached) {
+        rc = -KVNODE_ESHUTDOWN;   /* deleted before its turn: nothing to write */
+    } else {
+        index_entry *e = op->e;
+        struct cache_hbm *h = cache_hbm_of(c, e);
+        /* An HBM block is copied out by the worker, never read by the loop. */
+        if (h && c->devmem)
+            rc = persist_write_device(c->persist, op->ns, e->key, cache_slot_ptr(c, e),
+                                      op->ns->layout.block_bytes, c->devmem, h->device,
+                                      cache_storeop_done, op);
+        else
+            rc = persist_write(c->persist, op->ns, e->key, cache_slot_ptr(c, e),
+                               op->ns->layout.block_bytes, cache_storeop_done, op);
+    }
+    if (rc == -KVNODE_ELIMIT)
+        return rc;
+    if (rc < 0)
+        cache_storeop_finish(op, rc);
+    return 0;
+}
+
+static void cache_storeop_queue(struct cache *c, struct cache_storeop *op)
+{
+    op->next = NULL;
+    if (c->queued_tail)
+        c->queued_tail->next = op;
+    else
+        c->queued_head = op;
+    c->queued_tail = op;
+    c->queued_ops++;
+    if (op->kind == STORE_OP_WRITE)
+        c->writes_deferred++;
+}
+
+/* Send or queue an op that holds its keys. */
+static void cache_storeop_go(struct cache *c, struct cache_storeop *op)
+{
+    /* Behind ops already waiting for the queue: the store sees them first. */
+    if (c->queued_head || cache_storeop_send(op) == -KVNODE_ELIMIT)
+        cache_storeop_queue(c, op);
+}
+
+/* Ops the store's queue refused, sent again, in order, as it drains. */
+static void cache_storeops_drain(struct cache *c)
+{
+    if (c->draining)
+        return;
+    c->draining = true;
+    while (c->queued_head) {
+        struct cache_storeop *op = c->queued_head;
+        c->queued_head = op->next;
+        if (!c->queued_head)
+            c->queued_tail = NULL;
+        c->queued_ops--;
+        if (cache_storeop_send(op) == -KVNODE_ELIMIT) {
+            op->next = c->queued_head;
+            c->queued_head = op;
+            if (!c->queued_tail)
+                c->queued_tail = op;
+            c->queued_ops++;
+            break;
+        }
+    }
+    c->draining = false;
+}
+
+/* A waiting op's turn came: it holds its key now. */
+static void cache_storeop_turn(struct keylock_waiter *w)
+{
+    struct cache_storeop *op = (struct cache_storeop *)w;
+    cache_storeop_go(op->c, op);
+}
+
+/* Take op's (single) key and send it, or wait behind the key's earlier ops. */
+static void cache_storeop_start(struct cache *c, struct cache_storeop *op)
+{
+    op->turn.start = cache_storeop_turn;
+    int rc = keylock_acquire(c->keylocks, op->ns->id, op->keys[0], &op->turn);
+    if (rc == 1)
+        cache_storeop_go(c, op);
+    else if (rc < 0)
+        cache_storeop_finish(op, rc);   /* releases a key it does not hold: harmless */
+}
+
+/* Write a SEALED block to the store: it is pinned (in memory, off the LRU)
+ * until the write's result is back, however long it waits for earlier ops
+ * on its key or for room in the store's queue. */
+void cache_write_start(struct cache *c, index_entry *e, bool evicting)
+{
+    kv_namespace *ns = ns_get(c->namespaces, e->ns);
+    struct cache_storeop *op = ns ? cache_storeop_new(c, STORE_OP_WRITE, ns, 1) : NULL;
+
+    if (!op) {
+        e->persist = PERSIST_FAILED;
+        cache_retry_add(c, e);
+        return;
+    }
+    op->e = e;
+    op->keys[0] = e->key;
+    op->evicting = evicting;
+    e->persist = PERSIST_WRITING;
+    cache_pin(c, e);
+    c->writing_bytes += ns->layout.block_bytes;
+    if (evicting) {
+        e->evicting = 1;
+        c->evicting_bytes += ns->layout.block_bytes;
+        c->writeback_started++;
+    }
+    cache_storeop_start(c, op);
+}
+
+/* Delete keys from the store, each after the ops on it that came before:
+ * the keys free now go in one request, the others one by one in turn. */
+void cache_store_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n)
+{
+    struct cache_storeop *batch = cache_storeop_new(c, STORE_OP_DELETE, ns, n);
+
+    if (!batch) {
+        log_warn("out of memory deleting %zu keys from the store: their copies stay", n);
+        return;
+    }
+    batch->n = 0;
+    for (size_t i = 0; i < n; i++) {
+        int rc = keylock_acquire(c->keylocks, ns->id, keys[i], NULL);
+        if (rc == 1) {
+            batch->keys[batch->n++] = keys[i];
+            continue;
+        }
+        struct cache_storeop *one = rc == 0 ? cache_storeop_new(c, STORE_OP_DELETE, ns, 1) : NULL;
+        if (!one) {
+            log_warn("out of memory deleting a key from the store: its copy stays");
+            continue;
+        }
+        one->keys[0] = keys[i];
+        cache_storeop_start(c, one);   /* busy: waits for its turn */
+    }
+    if (batch->n == 0)
+        cache_storeop_free(batch);
+    else
+        cache_storeop_go(c, batch);
+}
+
+/* --- retries of failed writes ------------------------------------------------------ */
+
+#define RETRY_FIRST_MS 500u
+#define RETRY_MAX_MS   10000u
+#define RETRY_BATCH    256u
+
+static void cache_retry_arm(struct cache *c)
+{
+    if (!c->retry_ev || evtimer_pending(c->retry_ev, NULL))
+        return;
+    struct timeval tv = clock_tv_ms(c->retry_backoff_ms ? c->retry_backoff_ms : RETRY_FIRST_MS);
+    evtimer_add(c->retry_ev, &tv);
+}
+
+static void cache_retry_add(struct cache *c, const index_entry *e)
+{
+    struct cache_retry *r = malloc(sizeof *r);
+    if (!r)
+        return;   /* it stays FAILED: written only if the evictor or a flush picks it */
+    r->ns = e->ns;
+    r->key = e->key;
+    r->next = NULL;
+    if (c->retry_tail)
+        c->retry_tail->next = r;
+    else
+        c->retry_head = r;
+    c->retry_tail = r;
+    c->retry_pending++;
+    cache_retry_arm(c);
+}
+
+/* Write again up to a batch of the blocks whose write failed and that are
+ * still in memory; back off (doubling) while writes keep failing. */
+void cache_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache *c = arg;
+    unsigned sent = 0;
+    (void)fd;
+    (void)what;
+
+    while (c->retry_head && sent < RETRY_BATCH) {
+        struct cache_retry *r = c->retry_head;
+        c->retry_head = r->next;
+        if (!c->retry_head)
+            c->retry_tail = NULL;
+        c->retry_pending--;
+        index_entry *e = index_lookup(c->index, r->ns, r->key);
+        free(r);
+        if (!e || e->state != ENTRY_SEALED || e->persist != PERSIST_FAILED || !cache_persisting(c))
+            continue;
+        c->write_retries++;
+        cache_write_start(c, e, false);
+        sent++;
+    }
+    if (sent == 0 && !c->retry_head) {
+        /* Nothing failed is left in memory: the store's health is its probe's call. */
+        persist_write_failures_settled(c->persist);
+        c->retry_backoff_ms = 0;
+        return;
+    }
+    uint64_t b = c->retry_backoff_ms ? c->retry_backoff_ms * 2 : RETRY_FIRST_MS;
+    c->retry_backoff_ms = b > RETRY_MAX_MS ? RETRY_MAX_MS : b;
+    if (c->retry_head)
+        cache_retry_arm(c);
+}
+
+void cache_set_persist(struct cache *c, struct persist *p)
+{
+    c->persist = p;
+}
+
+bool cache_may_lookup(const struct cache *c)
+{
+    return c->persist && persist_lookup_on_miss(c->persist);
+}
+
+/* --- lookups of keys the index does not know ---------------------------------- */
+
+/* A lookup of keys the index does not know. */
+struct cache_lookup {
+    struct cache_wait *w;
+    int64_t *keys;
+    size_t n;
+    uint8_t present[];
+};
+
+/* Index as ghosts the keys the store reported, up to the first it lacks. */
+static size_t cache_index_found(struct cache *c, kv_namespace *ns, const int64_t *keys,
+                                const uint8_t *present, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n && present[i]; i++) {
+        if (index_lookup(c->index, ns->id, keys[i]))
+            continue;
+        index_entry *e = index_insert(c->index, ns->id, keys[i]);
+        if (!e)
+            break;
+        e->state = ENTRY_GHOST;
+        e->tier = KVNODE_TIER_HOST;
+        e->arena = UINT32_MAX;
+        e->persist = PERSIST_STORED;
+        ns->stored++;
+        c->ghosts++;
+    }
+    return i;
+}
+
+static void cache_lookup_done(void *arg, int rc)
+{
+    struct cache_lookup *lk = arg;
+    struct cache_wait *w = lk->w;
+    struct cache *c = w->c;
+
+    if (rc == 0)
+        c->lookup_found += cache_index_found(c, w->ns, lk->keys, lk->present, lk->n);
+    free(lk);
+    /* A GET goes on walking with what the lookup found (promotions). */
+    if (rc == 0 && w->kind == WAIT_GET && !w->answered && !w->finished)
+        cache_get_walk(c, &w);
+    cache_wait_progress(w);
+}
+
+/* Ask the store about keys[from..n). 0 when submitted (w counts it). */
+int cache_lookup_submit(struct cache *c, struct cache_wait *w, size_t from)
+{
+    size_t n = w->n - from;
+    struct cache_lookup *lk = malloc(sizeof *lk + n);
+    if (!lk)
+        return -KVNODE_ENOMEM;
+    lk->w = w;
+    lk->keys = (int64_t *)w->keys + from;
+    lk->n = n;
+    if (persist_exists(c->persist, w->ns, lk->keys, n, lk->present, cache_lookup_done, lk) < 0) {
+        free(lk);
+        return -KVNODE_ELIMIT;
+    }
+    w->looked_up = true;
+    w->outstanding++;
+    c->lookups++;
+    return 0;
+}
+
+/* --- promotions ------------------------------------------------------------- */
+
+/* One store read of a ghost into its reserved slot, and the waits on it. */
+struct promo_waiter {
+    struct cache_wait *w;
+    struct promo_waiter *next;
+};
+struct cache_promo {
+    struct cache *c;
+    index_entry *e;
+    kv_namespace *ns;
+    struct promo_waiter *waiters;
+};
+
+static void cache_promo_done(void *arg, int rc)
+{
+    struct cache_promo *p = arg;
+    struct cache *c = p->c;
+    index_entry *e = p->e;
+    kv_namespace *ns = p->ns;
+    uint64_t bb = ns->layout.block_bytes;
+
+    ns->reserved -= ns->reserved >= bb ? bb : ns->reserved;
+    e->promo = NULL;
+    if (!e->detached && rc == 0) {
+        e->state = ENTRY_SEALED;
+        e->persist = PERSIST_STORED;
+        if (ns->stored > 0)
+            ns->stored--;
+        if (c->ghosts > 0)
+            c->ghosts--;
+        ns->blocks++;
+        ns->bytes += bb;
+        c->promotions_ok++;
+        cache_note_sealed(c, e);
+    } else {
+        cache_slot_free(c, e);
+        e->state = ENTRY_GHOST;
+        if (!e->detached) {
+            c->promotions_failed++;
+            /* The store no longer holds it (absent, or a bad copy it removed). */
+            if (rc == KVS_MISS || rc == KVS_CORRUPT)
+                cache_remove_entry(c, e);
+        }
+    }
+    for (struct promo_waiter *wt = p->waiters, *next; wt; wt = next) {
+        next = wt->next;
+        struct cache_wait *w = wt->w;
+        free(wt);
+        cache_wait_progress(w);
+    }
+    cache_unpin(c, e);
+    ns->refs--;
+    free(p);
+}
+
+/* Read a ghost back into a host slot. 0 when the read is on its way (the
+ * entry is PROMOTING, pinned by the read); < 0 when there is no room or the
+ * store queue refused it (the entry stays a ghost). */
+int cache_promote(struct cache *c, kv_namespace *ns, index_entry *e)
+{
+    struct cache_promo *p;
+    uint64_t off;
+
+    if (!cache_quota_room(c, ns) || !cache_make_room(c, ns->cls) ||
+        arena_alloc(c->host, ns->cls, &off) < 0)
+        return -KVNODE_ENOSPC;
+    p = calloc(1, sizeof *p);
+    if (!p) {
+        arena_free(c->host, off);
+        return -KVNODE_ENOMEM;
+    }
+    p->c = c;
+    p->e = e;
+    p->ns = ns;
+    ns->refs++;
+    if (persist_read(c->persist, ns, e->key, (uint8_t *)arena_base(c->host) + off,
+                     ns->layout.block_bytes, cache_promo_done, p) < 0) {
+        arena_free(c->host, off);
+        ns->refs--;
+        free(p);
+        return -KVNODE_ELIMIT;
+    }
+    e->state = ENTRY_PROMOTING;
+    e->tier = KVNODE_TIER_HOST;
+    e->arena = arena_id(c->host);
+    e->cls = ns->cls;
+    e->offset = off;
+    e->promo = p;
+    e->pins++;
+    ns->reserved += ns->layout.block_bytes;
+    c->promotions++;
+    return 0;
+}
+
+int cache_promo_wait(struct cache_wait *w, index_entry *e)
+{
+    struct cache_promo *p = e->promo;
+    struct promo_waiter *wt = malloc(sizeof *wt);
+    if (!wt)
+        return -KVNODE_ENOMEM;
+    wt->w = w;
+    wt->next = p->waiters;
+    p->waiters = wt;
+    w->outstanding++;
+    return 0;
+}
+
+int cache_persist_flush(struct cache *c, unsigned timeout_ms)
+{
+    uint64_t deadline = clock_now_ms() + timeout_ms;
+    size_t queued = 0;
+
+    if (!c->persist || c->policy != CONFIG_POLICY_WRITE_BACK)
+        return 0;
+    /* Everything unpinned leaves memory, oldest first: a block the store
+     * holds becomes a ghost at once, the others are written first (and
+     * leave when their write lands). */
+    for (;;) {
+        index_entry *e = index_lru_oldest_in_arena(c->index, arena_id(c->host));
+        if (!e)
+            break;
+        if (e->persist == PERSIST_STORED) {
+            cache_to_ghost(c, e);
+            continue;
+        }
+        /* Not written yet, or its write failed: (again) now. Writes the
+         * store's queue cannot take yet wait in order (pinned) and are sent
+         * as it drains. */
+        cache_write_start(c, e, true);
+        queued++;
+    }
+    uint64_t now = clock_now_ms();
+    int rc = persist_drain(c->persist, now < deadline ? (unsigned)(deadline - now) : 0);
+    log_info("shutdown: write_back flush handed %zu blocks to the store%s", queued,
+             rc < 0 ? "; some were not written in time" : "");
+    return rc;
+}
+
+/* --- recovery ------------------------------------------------------------------ */
+
+/* The namespace of a layout found in the store, registered if new. NULL
+ * when it cannot be (invalid, conflicting, too many, block too big). */
+static kv_namespace *cache_ns_for_found(struct cache *c, const struct kvs_found *f)
+{
+    kv_namespace *ns = NULL;
+    int created = 0;
+    uint32_t cls;
+    char err[256];
+
+    if (arena_class_for(c->host, f->layout.block_bytes, &cls) < 0)
+        return NULL;
+    if (ns_bind_ex(c->namespaces, &f->layout, false, &ns, &created, err, sizeof err) < 0) {
+        log_debug("recovery: skipping a block of %s: %s", f->layout.model, err);
+        return NULL;
+    }
+    if (ns->fingerprint != f->fingerprint)
+        return NULL;
+    ns->cls = cls;
+    if (created)
+        log_info("namespace %u: deployment %s tp_rank %u/%u block_bytes %" PRIu64
+                 " (found in the store)", ns->id, ns->deployment_id, ns->layout.tp_rank,
+                 ns->layout.tp_size, ns->layout.block_bytes);
+    return ns;
+}
+
+void cache_add_stored(struct cache *c, const struct kvs_found *blocks, size_t n)
+{
+    kv_namespace *ns = NULL;
+    const struct kvs_found *ns_of = NULL;
+
+    for (size_t i = 0; i < n; i++) {
+        const struct kvs_found *f = &blocks[i];
+        /* Blocks of one namespace come in runs: resolve it once per run. */
+        if (!ns_of || f->fingerprint != ns_of->fingerprint ||
+            f->layout.tp_rank != ns_of->layout.tp_rank) {
+            ns = cache_ns_for_found(c, f);
+            ns_of = f;
+        }
+        if (!ns || f->size != ns->layout.block_bytes) {
+            c->recovery_skipped++;
+            continue;
+        }
+        index_entry *e = index_lookup(c->index, ns->id, f->key);
+        if (e) {
+            /* Put again since the start: the store's copy is the same block. */
+            if (e->state == ENTRY_SEALED && e->persist == PERSIST_NONE)
+                e->persist = PERSIST_STORED;
+            continue;
+        }
+        e = index_insert(c->index, ns->id, f->key);
+        if (!e) {
+            c->recovery_skipped++;
+            continue;
+        }
+        e->state = ENTRY_GHOST;
+        e->tier = KVNODE_TIER_HOST;
+        e->arena = UINT32_MAX;
+        e->persist = PERSIST_STORED;
+        ns->stored++;
+        c->ghosts++;
+        c->recovered++;
+    }
+}
