@@ -542,16 +542,11 @@ static int admin_listen_tcp(struct admin *a, const char *host, uint16_t port, ch
 
 int admin_create(struct daemon *d, struct admin **out, char *err, size_t errlen)
 {
-    struct config_listen l;
-    char problem[320];
+    const struct config_listen *l = &d->cfg->admin_listen_addr;   /* parsed with the config */
     struct admin *a;
 
     *out = NULL;
-    if (config_parse_listen(d->cfg->admin_listen, &l, problem, sizeof problem) < 0) {
-        errmsg_set(err, errlen, "[admin] listen: %s", problem);
-        return -1;
-    }
-    if (l.kind == CONFIG_LISTEN_OFF)
+    if (l->kind == CONFIG_LISTEN_OFF)
         return 0;
     a = calloc(1, sizeof *a);
     if (!a || !(a->http = evhttp_new(d->base))) {
@@ -577,8 +572,8 @@ int admin_create(struct daemon *d, struct admin **out, char *err, size_t errlen)
                                             EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT);
     evhttp_set_gencb(a->http, admin_request_cb, a);
     errno = 0;
-    int rc = l.kind == CONFIG_LISTEN_UNIX ? admin_listen_unix(a, l.path, d->cfg->socket_mode, err, errlen)
-                                          : admin_listen_tcp(a, l.host, l.port, err, errlen);
+    int rc = l->kind == CONFIG_LISTEN_UNIX ? admin_listen_unix(a, l->path, d->cfg->socket_mode, err, errlen)
+                                           : admin_listen_tcp(a, l->host, l->port, err, errlen);
     if (rc < 0) {
         admin_destroy(a);
         return -1;

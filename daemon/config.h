@@ -22,6 +22,32 @@
 #define CONFIG_KVCM_NAME_MAX     128    /* [kvcm] instance_group, host_ip_port text, NUL included */
 #define CONFIG_KVCM_MEDIUM_MAX    32    /* [kvcm] medium_hbm / medium_host text, NUL included */
 #define CONFIG_KVCM_TEMPLATE_MAX 256    /* [kvcm] instance_id / spec_name / location_uri, NUL included */
+#define CONFIG_HBM_DEVICES_MAX 16
+
+/* Parsed forms of the list and address options. config_resolve fills them
+ * from the text options once the configuration is complete (the daemon's
+ * last step after defaults, file and overrides), so the modules use these
+ * and never parse the text again; the text stays what /config prints and
+ * what a reload compares. Until config_resolve they are zero. */
+enum { CONFIG_LISTEN_OFF = 0, CONFIG_LISTEN_TCP = 1, CONFIG_LISTEN_UNIX = 2 };
+struct config_listen {           /* [admin] listen: config_parse_listen */
+    int      kind;               /* CONFIG_LISTEN_* */
+    char     host[64];           /* TCP: without brackets */
+    uint16_t port;               /* TCP */
+    char     path[108];          /* UNIX */
+};
+struct config_idlist {           /* [server] allow_uids / allow_gids: config_parse_idlist */
+    size_t   n;                  /* 0: the list is empty */
+    uint32_t id[CONFIG_IDS_MAX];
+};
+struct config_devices {          /* [hbm] devices: config_hbm_devices */
+    size_t   n;                  /* 0: every visible device ("all") */
+    int      dev[CONFIG_HBM_DEVICES_MAX];
+};
+struct config_urllist {          /* [kvcm] endpoints: config_kvcm_endpoints */
+    size_t   n;
+    char     url[CONFIG_KVCM_ENDPOINTS_MAX][CONFIG_URL_MAX];
+};
 
 struct kvn_config {
     /* [server] */
@@ -30,6 +56,9 @@ struct kvn_config {
     char     socket_group[CONFIG_NAME_MAX]; /* group owning the socket file ("": leave it) */
     char     allow_uids[CONFIG_IDLIST_MAX]; /* users allowed to connect ("": anyone) */
     char     allow_gids[CONFIG_IDLIST_MAX]; /* groups allowed to connect ("": anyone) */
+    uint32_t socket_gid;             /* socket_group resolved (when it is set; config_resolve) */
+    struct config_idlist allow_uid_list; /* allow_uids resolved */
+    struct config_idlist allow_gid_list; /* allow_gids resolved */
     uint32_t max_frame_bytes;        /* largest accepted frame (header excluded) */
     uint32_t max_keys_per_request;   /* largest key chain in one request */
     uint32_t max_clients;            /* connections beyond this are refused */
@@ -52,6 +81,7 @@ struct kvn_config {
     int      hbm_backend;            /* CONFIG_HBM_*: auto (cuda when a GPU is visible), cuda, sim, none */
     uint64_t hbm_bytes;              /* GPU memory owned per device, 0: no HBM tier */
     char     hbm_devices[CONFIG_IDLIST_MAX]; /* "all", or device ordinals (config_hbm_devices) */
+    struct config_devices hbm_device_list;   /* hbm_devices parsed */
     double   hbm_high_watermark;     /* fraction of a device's arena that starts demotion (reloadable) */
     double   hbm_low_watermark;      /* demotion stops below this fraction (reloadable) */
     int      hbm_required;           /* 1: start fails when HBM is asked for (bytes > 0) and unavailable */
@@ -70,6 +100,7 @@ struct kvn_config {
 
     /* [admin] */
     char     admin_listen[CONFIG_LISTEN_MAX]; /* "HOST:PORT", "unix:PATH" or "off" */
+    struct config_listen admin_listen_addr;   /* admin_listen parsed */
     uint32_t admin_max_connections;  /* admin connections beyond this are refused */
     uint32_t admin_request_timeout_ms; /* a request must arrive whole within this */
 
@@ -96,6 +127,7 @@ struct kvn_config {
     int      kvcm_enabled;           /* 0 off (default), 1 on: publish to and query KVCM */
     char     kvcm_endpoints[CONFIG_KVCM_ENDPOINTS_TEXT]; /* base URLs, comma/blank separated
                                         (config_kvcm_endpoints splits them) */
+    struct config_urllist kvcm_endpoint_list; /* kvcm_endpoints split */
     char     kvcm_instance_group[CONFIG_KVCM_NAME_MAX];  /* registerInstance instance_group */
     char     kvcm_instance_id[CONFIG_KVCM_TEMPLATE_MAX]; /* template of the instance id, per deployment */
     char     kvcm_host_ip_port[CONFIG_KVCM_NAME_MAX];    /* this daemon's reporter identity, HOST:PORT */
@@ -131,13 +163,18 @@ enum { CONFIG_LOOKUP_AUTO = 0, CONFIG_LOOKUP_ON = 1, CONFIG_LOOKUP_OFF = 2 };
 
 enum { CONFIG_PIN_AUTO = 0, CONFIG_PIN_ON = 1, CONFIG_PIN_OFF = 2 };
 enum { CONFIG_HBM_AUTO = 0, CONFIG_HBM_CUDA = 1, CONFIG_HBM_SIM = 2, CONFIG_HBM_NONE = 3 };
-#define CONFIG_HBM_DEVICES_MAX 16
 
 /* [kvcm] storage_type, in the order of config_kvcm_storage_type_name(). */
 enum { CONFIG_KVCM_STORAGE_L1P5 = 0, CONFIG_KVCM_STORAGE_L2 = 1 };
 
-/* Embedded defaults (the values conf/kvnode.conf documents). */
+/* Embedded defaults (the values conf/kvnode.conf documents), one per row of
+ * the option table. */
 void config_defaults(struct kvn_config *cfg);
+
+/* The option table, in config_write order: the i-th option's section and
+ * key; false past the last one. For tests and tools that check the
+ * documentation covers every option. */
+bool config_option_at(size_t i, const char **section, const char **key);
 
 /* Parse `path` on top of *cfg. On failure returns -1, leaves *cfg untouched
  * and writes to err one message with one line per problem ("kvnode.conf:12:
@@ -168,6 +205,12 @@ int config_apply_override(struct kvn_config *cfg, const char *assignment, char *
  * 0, or -1 with one line per problem in err. */
 int config_validate(const struct kvn_config *cfg, char *err, size_t errlen);
 
+/* config_validate, then fill the parsed forms (allow_uid_list,
+ * allow_gid_list, socket_gid, admin_listen_addr, hbm_device_list,
+ * kvcm_endpoint_list) from their text options. 0, or -1 with err set as
+ * config_validate sets it and *cfg untouched. */
+int config_resolve(struct kvn_config *cfg, char *err, size_t errlen);
+
 /* Write the effective configuration in kvnode.conf syntax, every option,
  * sizes and durations in the largest exact unit; the output parses back to
  * an identical struct. */
@@ -184,17 +227,11 @@ void config_keep_restart_only(struct kvn_config *next, const struct kvn_config *
 /* true for a known option that may change on reload, false otherwise. */
 bool config_option_reloadable(const char *section, const char *key);
 
-/* An [admin] listen address, parsed: "off"; "unix:PATH" (PATH non-empty and
- * shorter than sun_path); or "HOST:PORT" with HOST an IPv4 literal,
- * "localhost", or a bracketed IPv6 literal ("[::1]:9180"), and PORT 0..65535
- * (0: an ephemeral port chosen at bind time). 0, or -1 with problem set. */
-enum { CONFIG_LISTEN_OFF = 0, CONFIG_LISTEN_TCP = 1, CONFIG_LISTEN_UNIX = 2 };
-struct config_listen {
-    int      kind;               /* CONFIG_LISTEN_* */
-    char     host[64];           /* TCP: without brackets */
-    uint16_t port;               /* TCP */
-    char     path[108];          /* UNIX */
-};
+/* An [admin] listen address, parsed (struct config_listen above): "off";
+ * "unix:PATH" (PATH non-empty and shorter than sun_path); or "HOST:PORT" with
+ * HOST an IPv4 literal, "localhost", or a bracketed IPv6 literal
+ * ("[::1]:9180"), and PORT 0..65535 (0: an ephemeral port chosen at bind
+ * time). 0, or -1 with problem set. */
 int config_parse_listen(const char *text, struct config_listen *out, char *problem, size_t len);
 
 /* Helpers shared with kvnodectl-style parsing; 0 on success, -1 on bad input.
@@ -219,7 +256,7 @@ int config_parse_group(const char *text, uint32_t *gid, char *problem, size_t le
  * commas and/or blanks. 0, or -1 with problem naming the bad entry. */
 int config_hbm_devices(const char *text, int *out, size_t max, size_t *n, char *problem, size_t len);
 
-/* ---- [kvcm] helpers ---- */
+/* ---- [kvcm] helpers (defined in kvcm/kvcm_config.c) ---- */
 
 /* The wire name of a storage type: "ST_EVENT_REPORT_L1P5", "ST_EVENT_REPORT_L2"
  * ("" for a value out of range). */

@@ -21,7 +21,8 @@ int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err
     for (int i = 0; i < d->noverrides; i++)
         if (config_apply_override(cfg, d->overrides[i], err, errlen) < 0)
             return -1;
-    return config_validate(cfg, err, errlen);
+    /* Checks everything and fills the parsed forms the modules read. */
+    return config_resolve(cfg, err, errlen);
 }
 
 void daemon_stats_json(void *arg, json_t *root)
@@ -75,7 +76,6 @@ static void daemon_kvcm_status(void *arg, struct kvcm_node_status *out)
 int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen)
 {
     const struct kvn_config *cfg = d->cfg;
-    char endpoints[CONFIG_KVCM_ENDPOINTS_MAX][CONFIG_URL_MAX];
     struct kvcm_settings st = {
         .instance_group = cfg->kvcm_instance_group,
         .instance_id_template = cfg->kvcm_instance_id,
@@ -98,7 +98,6 @@ int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen)
         .queue_events = cfg->kvcm_queue_events,
         .stall_timeout_ms = cfg->kvcm_stall_timeout_ms,
     };
-    size_t n = 0;
     /* The media this node reports: the GPU tier's when it has one (the GPU
      * backend is up by now), host memory's always. */
     struct cache_arena_info arenas[INDEX_MAX_ARENAS];
@@ -111,12 +110,13 @@ int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen)
         log_info("kvcm: off ([kvcm] enabled = off): nothing is published to or asked of KVCM");
         return 0;
     }
-    if (config_kvcm_endpoints(cfg, endpoints, CONFIG_KVCM_ENDPOINTS_MAX, &n) < 0 || n == 0) {
+    /* [kvcm] endpoints as split when the config was parsed. */
+    if (cfg->kvcm_endpoint_list.n == 0) {
         snprintf(err, errlen, "[kvcm] endpoints: no valid endpoint");
         return -1;
     }
-    for (size_t i = 0; i < n && i < KVCM_MAX_ENDPOINTS; i++)
-        st.endpoints[st.n_endpoints++] = endpoints[i];
+    for (size_t i = 0; i < cfg->kvcm_endpoint_list.n && i < KVCM_MAX_ENDPOINTS; i++)
+        st.endpoints[st.n_endpoints++] = cfg->kvcm_endpoint_list.url[i];
     if (kvcm_create(d->base, d->cache, &st, daemon_kvcm_status, d, &d->kvcm, err, errlen) < 0)
         return -1;
     struct kvcm_query_settings qs = {

@@ -52,7 +52,7 @@ static int gpu_start_hbm(const struct kvn_config *cfg, struct gpu *g, struct cac
 {
     int devs[CONFIG_HBM_DEVICES_MAX];
     size_t ndevs = 0;
-    char problem[256], why[512];
+    char why[512];
     int count = devmem_device_count(g->dm);
 
     if (cfg->hbm_bytes == 0) {
@@ -64,11 +64,9 @@ static int gpu_start_hbm(const struct kvn_config *cfg, struct gpu *g, struct cac
         snprintf(g->why_off, sizeof g->why_off, "%s", backend_why[0] ? backend_why : "no GPU");
         goto unavailable;
     }
-    if (config_hbm_devices(cfg->hbm_devices, devs, CONFIG_HBM_DEVICES_MAX, &ndevs, problem,
-                           sizeof problem) < 0) {
-        errmsg_set(err, errlen, "hbm.devices: %s", problem);
-        return -1;
-    }
+    /* hbm.devices as parsed with the config; none listed: every visible one. */
+    ndevs = cfg->hbm_device_list.n;
+    memcpy(devs, cfg->hbm_device_list.dev, ndevs * sizeof devs[0]);
     if (ndevs == 0)
         for (int d = 0; d < count && d < DEVMEM_MAX_DEVICES; d++)
             devs[ndevs++] = d;

@@ -184,12 +184,10 @@ static int server_bind(struct server *s, char *err, size_t errlen)
         return -1;
     }
     if (s->cfg->socket_group[0]) {
-        uint32_t gid;
-        char problem[256] = "";
-        if (config_parse_group(s->cfg->socket_group, &gid, problem, sizeof problem) < 0 ||
-            chown(s->path, (uid_t)-1, (gid_t)gid) < 0) {
+        /* socket_gid: socket_group as resolved when the config was parsed. */
+        if (chown(s->path, (uid_t)-1, (gid_t)s->cfg->socket_gid) < 0) {
             snprintf(err, errlen, "cannot give %s to group %s: %s", s->path, s->cfg->socket_group,
-                     problem[0] ? problem : strerror(errno));
+                     strerror(errno));
             close(fd);
             unlink(s->path);
             return -1;
@@ -226,23 +224,13 @@ static void server_refuse(int fd, int code, const char *msg)
 static void conn_read_cb(evutil_socket_t fd, short what, void *arg);
 static void conn_write_cb(evutil_socket_t fd, short what, void *arg);
 
-/* Resolve the configured allow lists. Names were checked when the config
- * was parsed; one that vanished since is logged and the list kept as it was. */
+/* Take the configured allow lists, resolved when the config was parsed. */
 static void server_load_access(struct server *s, const struct kvn_config *cfg)
 {
-    uint32_t uids[CONFIG_IDS_MAX], gids[CONFIG_IDS_MAX];
-    size_t nu, ng;
-    char problem[256];
-
-    if (config_parse_idlist(cfg->allow_uids, 0, uids, CONFIG_IDS_MAX, &nu, problem, sizeof problem) < 0 ||
-        config_parse_idlist(cfg->allow_gids, 1, gids, CONFIG_IDS_MAX, &ng, problem, sizeof problem) < 0) {
-        log_error("access lists not changed: %s", problem);
-        return;
-    }
-    memcpy(s->allow_uids, uids, nu * sizeof uids[0]);
-    memcpy(s->allow_gids, gids, ng * sizeof gids[0]);
-    s->n_allow_uids = nu;
-    s->n_allow_gids = ng;
+    memcpy(s->allow_uids, cfg->allow_uid_list.id, cfg->allow_uid_list.n * sizeof s->allow_uids[0]);
+    memcpy(s->allow_gids, cfg->allow_gid_list.id, cfg->allow_gid_list.n * sizeof s->allow_gids[0]);
+    s->n_allow_uids = cfg->allow_uid_list.n;
+    s->n_allow_gids = cfg->allow_gid_list.n;
 }
 
 static bool server_id_listed(const uint32_t *ids, size_t n, uint32_t id)

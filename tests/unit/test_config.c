@@ -2757,6 +2757,123 @@ START_TEST(test_log_threads_whole_lines)
 }
 END_TEST
 
+/* ---- the option table --------------------------------------------------------- */
+
+/* The text between "\n[section]\n" and the next section header in a
+ * kvnode.conf-style file, or NULL. *end receives its end. */
+static const char *conf_section(const char *text, const char *section, const char **end)
+{
+    char hdr[48];
+    snprintf(hdr, sizeof hdr, "\n[%s]\n", section);
+    const char *start = strstr(text, hdr);
+    if (!start)
+        return NULL;
+    const char *next = strstr(start + 1, "\n[");
+    *end = next ? next : start + strlen(start);
+    return start;
+}
+
+START_TEST(test_table_options_documented)
+{
+    /* Every row of the option table -- not a list kept by hand -- appears
+     * in conf/kvnode.conf (as "key =" or "#key =" in its section) and in
+     * kvnode.conf(5) (".B key" under ".SS [section]"). */
+    char cpath[512], mpath[512];
+    char *conf = repo_slurp("conf/kvnode.conf", cpath, sizeof cpath);
+    char *man = repo_slurp("man/kvnode.conf.5", mpath, sizeof mpath);
+    const char *section, *key;
+    size_t n = 0;
+    for (; config_option_at(n, &section, &key); n++) {
+        char plain[80], commented[80];
+        const char *end;
+        const char *s = conf_section(conf, section, &end);
+        ck_assert_msg(s, "%s lacks [%s]", cpath, section);
+        snprintf(plain, sizeof plain, "\n%s =", key);
+        snprintf(commented, sizeof commented, "\n#%s =", key);
+        const char *a = strstr(s, plain), *b = strstr(s, commented);
+        ck_assert_msg((a && a < end) || (b && b < end), "%s lacks %s in [%s]", cpath, key, section);
+
+        char hdr[48], entry[80];
+        snprintf(hdr, sizeof hdr, "\n.SS [%s]\n", section);
+        const char *ms = strstr(man, hdr);
+        ck_assert_msg(ms, "%s lacks a subsection '.SS [%s]'", mpath, section);
+        const char *mnext = strstr(ms + 1, "\n.S");
+        snprintf(entry, sizeof entry, "\n.TP\n.B %s\n", key);
+        const char *e = strstr(ms, entry);
+        ck_assert_msg(e && (!mnext || e < mnext), "%s lacks an entry '.B %s' under [%s]", mpath, key, section);
+
+        /* The hand-kept list the other shipped-file tests walk has it too. */
+        bool listed = false;
+        for (size_t i = 0; i < NOPTIONS && !listed; i++)
+            listed = strcmp(all_options[i][0], section) == 0 && strcmp(all_options[i][1], key) == 0;
+        ck_assert_msg(listed, "all_options lacks %s.%s", section, key);
+    }
+    ck_assert_uint_eq(n, NOPTIONS);
+    ck_assert(!config_option_at(n, &section, &key));
+    free(conf);
+    free(man);
+}
+END_TEST
+
+START_TEST(test_resolve_parsed_forms)
+{
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+    config_defaults(&c);
+    ck_assert_int_eq(config_resolve(&c, err, sizeof err), 0);
+    /* Defaults: "all" devices, the loopback admin port, empty allow lists. */
+    ck_assert_uint_eq(c.hbm_device_list.n, 0);
+    ck_assert_int_eq(c.admin_listen_addr.kind, CONFIG_LISTEN_TCP);
+    ck_assert_str_eq(c.admin_listen_addr.host, "127.0.0.1");
+    ck_assert_uint_eq(c.admin_listen_addr.port, 9180);
+    ck_assert_uint_eq(c.allow_uid_list.n, 0);
+    ck_assert_uint_eq(c.allow_gid_list.n, 0);
+    ck_assert_uint_eq(c.kvcm_endpoint_list.n, 0);
+
+    const char *sets[] = { "server.allow_uids=root, 1000 65534", "server.allow_gids=0,4242",
+                           "server.socket_group=0", "admin.listen=[::1]:0", "hbm.devices=1, 0\t15",
+                           "kvcm.endpoints=http://kvcm-0:6382, https://[fd00::1]:6382/base/" };
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+        ck_assert_msg(config_apply_override(&c, sets[i], err, sizeof err) == 0, "%s: %s", sets[i], err);
+    ck_assert_int_eq(config_resolve(&c, err, sizeof err), 0);
+    ck_assert_uint_eq(c.allow_uid_list.n, 3);
+    ck_assert_uint_eq(c.allow_uid_list.id[0], 0);
+    ck_assert_uint_eq(c.allow_uid_list.id[1], 1000);
+    ck_assert_uint_eq(c.allow_uid_list.id[2], 65534);
+    ck_assert_uint_eq(c.allow_gid_list.n, 2);
+    ck_assert_uint_eq(c.allow_gid_list.id[0], 0);
+    ck_assert_uint_eq(c.allow_gid_list.id[1], 4242);
+    ck_assert_uint_eq(c.socket_gid, 0);
+    ck_assert_int_eq(c.admin_listen_addr.kind, CONFIG_LISTEN_TCP);
+    ck_assert_str_eq(c.admin_listen_addr.host, "::1");
+    ck_assert_uint_eq(c.admin_listen_addr.port, 0);
+    ck_assert_uint_eq(c.hbm_device_list.n, 3);
+    ck_assert_int_eq(c.hbm_device_list.dev[0], 1);
+    ck_assert_int_eq(c.hbm_device_list.dev[1], 0);
+    ck_assert_int_eq(c.hbm_device_list.dev[2], 15);
+    ck_assert_uint_eq(c.kvcm_endpoint_list.n, 2);
+    ck_assert_str_eq(c.kvcm_endpoint_list.url[0], "http://kvcm-0:6382");
+    ck_assert_str_eq(c.kvcm_endpoint_list.url[1], "https://[fd00::1]:6382/base");
+    /* The text is kept as written: /config prints it. */
+    ck_assert_str_eq(c.hbm_devices, "1, 0\t15");
+
+    ck_assert_int_eq(config_apply_override(&c, "admin.listen=unix:/run/kvnode/admin.sock", err, sizeof err), 0);
+    ck_assert_int_eq(config_resolve(&c, err, sizeof err), 0);
+    ck_assert_int_eq(c.admin_listen_addr.kind, CONFIG_LISTEN_UNIX);
+    ck_assert_str_eq(c.admin_listen_addr.path, "/run/kvnode/admin.sock");
+
+    /* A failed resolve says what config_validate says and changes nothing. */
+    char verr[CONFIG_ERR_MAX];
+    snprintf(c.hbm_devices, sizeof c.hbm_devices, "0,0");
+    struct kvn_config before = c;
+    ck_assert_int_eq(config_validate(&c, verr, sizeof verr), -1);
+    ck_assert_int_eq(config_resolve(&c, err, sizeof err), -1);
+    ck_assert_str_eq(err, verr);
+    ck_assert_str_eq(err, "[hbm] devices: device 0 listed twice");
+    ck_assert(memcmp(&c, &before, sizeof c) == 0);
+}
+END_TEST
+
 /* ---- suite ------------------------------------------------------------------------ */
 
 static Suite *config_suite(void)
@@ -2832,6 +2949,12 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_shipped_conf_parses);
     tcase_add_test(tc, test_shipped_conf_documents_defaults);
     tcase_add_test(tc, test_man_page_lists_options);
+    tcase_add_test(tc, test_table_options_documented);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("resolve");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_resolve_parsed_forms);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("reload");
