@@ -1138,25 +1138,16 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
 
 /* --- stats ----------------------------------------------------------------- */
 
-void server_stats_json(struct server *s, json_t *root)
+void server_get_stats(const struct server *s, struct server_stats *out)
 {
-    json_t *clients = json_object(), *frames = json_object();
-
-    json_object_set_new(clients, "connected", json_integer((json_int_t)s->nconns));
-    json_object_set_new(clients, "accepted_total", json_integer((json_int_t)s->accepted));
-    json_object_set_new(clients, "refused_total", json_integer((json_int_t)s->refused));
-    json_object_set_new(clients, "denied_total", json_integer((json_int_t)s->denied));
-    json_object_set_new(clients, "accept_pauses_total", json_integer((json_int_t)s->accept_pauses));
-    json_object_set_new(clients, "input_buffered_bytes", json_integer((json_int_t)s->in_bytes));
-    json_object_set_new(clients, "input_reserved_bytes", json_integer((json_int_t)s->in_room));
-    json_object_set_new(clients, "input_waiting", json_integer((json_int_t)s->nwaiting));
-    json_object_set_new(clients, "input_waits_total", json_integer((json_int_t)s->input_waits));
-    json_object_set_new(clients, "output_buffered_bytes", json_integer((json_int_t)s->out_bytes));
-    json_object_set_new(clients, "input_paused_total", json_integer((json_int_t)s->input_paused));
-    json_object_set_new(root, "clients", clients);
-    json_object_set_new(frames, "rejected_total", json_integer((json_int_t)s->frames_rejected));
-    json_object_set_new(frames, "timed_out_total", json_integer((json_int_t)s->frames_timed_out));
-    json_object_set_new(root, "frames", frames);
+    *out = (struct server_stats){
+        .connected = s->nconns, .accepted = s->accepted, .refused = s->refused, .denied = s->denied,
+        .accept_pauses = s->accept_pauses,
+        .input_buffered_bytes = s->in_bytes, .input_reserved_bytes = s->in_room,
+        .input_waiting = s->nwaiting, .input_waits = s->input_waits,
+        .output_buffered_bytes = s->out_bytes, .input_paused = s->input_paused,
+        .frames_rejected = s->frames_rejected, .frames_timed_out = s->frames_timed_out,
+    };
 }
 
 const char *server_socket_path(const struct server *s)

@@ -17,8 +17,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <jansson.h>
-
 #include "config.h"
 #include "kvnode.pb-c.h"
 
@@ -61,12 +59,15 @@ void server_resume(struct conn *c);
 void server_close_after_flush(struct conn *c);
 struct session *server_conn_session(struct conn *c);
 
-/* Add "clients" (connected, accepted/refused/denied_total,
- * accept_pauses_total, input_buffered_bytes, input_reserved_bytes,
- * input_waiting, input_waits_total, output_buffered_bytes,
- * input_paused_total) and "frames" (rejected_total, timed_out_total) to a
- * stats document. */
-void server_stats_json(struct server *s, json_t *root);
+/* The server's counters: "clients" and "frames" of the stats document. */
+struct server_stats {
+    uint64_t connected, accepted, refused, denied;  /* denied: by access control (of refused) */
+    uint64_t accept_pauses;                         /* the listener rested (out of descriptors) */
+    uint64_t input_buffered_bytes, input_reserved_bytes, input_waiting, input_waits;
+    uint64_t output_buffered_bytes, input_paused;
+    uint64_t frames_rejected, frames_timed_out;
+};
+void server_get_stats(const struct server *s, struct server_stats *out);
 const char *server_socket_path(const struct server *s);
 
 #endif
