@@ -243,7 +243,8 @@ int main(int argc, char **argv)
         log_error("%s", err);
         goto out;
     }
-    if (server_create(d.base, d.cfg, d.ops, listen_fd, &d.server, err, sizeof err) < 0) {
+    struct server_handler handler = ops_server_handler(d.ops);
+    if (server_create(d.base, d.cfg, &handler, listen_fd, &d.server, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
     }

@@ -14,7 +14,6 @@
 #include "kvnode.h"
 #include "log.h"
 #include "counters.h"
-#include "server.h"
 #include "wire.h"
 
 #define OP_SLOTS METRICS_OP_SLOTS   /* request oneof field numbers are < 32 */
@@ -1033,4 +1032,19 @@ static void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, co
                  "knows (newer client?)");
         break;
     }
+}
+
+static void ops_request_cb(void *arg, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    ops_handle(arg, conn, s, req);
+}
+
+static void ops_session_end_cb(void *arg, struct session *s)
+{
+    ops_session_end(arg, s);
+}
+
+struct server_handler ops_server_handler(struct ops *o)
+{
+    return (struct server_handler){ .request = ops_request_cb, .session_end = ops_session_end_cb, .arg = o };
 }

@@ -14,24 +14,13 @@
 #include "counters.h"
 #include "kvnode.pb-c.h"
 #include "lease.h"
+#include "server.h"
+#include "session.h"
 
 struct conn;
 struct server;
 struct ops;
 struct ops_pending;
-
-/* What a connection is bound to; embedded in the server's connection. */
-struct session {
-    bool          hello_done;
-    bool          observer;       /* HELLO without a layout */
-    kv_namespace *ns;
-    struct lease_list leases;
-    struct ops_pending *pending;  /* a request answered later (waits for the store) */
-    pid_t pid;
-    uid_t uid;
-    gid_t gid;
-    char  name[64];
-};
 
 int  ops_create(struct cache *cache, const struct kvn_config *cfg, struct ops **out);
 void ops_destroy(struct ops *o);
@@ -70,5 +59,7 @@ bool ops_arena_is_clients_gpu(const struct cache_arena_info *a, int device, cons
 void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 /* The connection is gone: end its leases, unbind its namespace. */
 void ops_session_end(struct ops *o, struct session *s);
+/* ops_handle and ops_session_end as the server's handler (server_create). */
+struct server_handler ops_server_handler(struct ops *o);
 
 #endif

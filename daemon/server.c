@@ -25,7 +25,7 @@
 #include "clock.h"
 #include "kvnode.h"
 #include "log.h"
-#include "ops.h"
+#include "session.h"
 #include "wire.h"
 
 #define READ_CHUNK (1u << 20)
@@ -75,7 +75,7 @@ struct conn {
 struct server {
     struct event_base *base;
     const struct kvn_config *cfg;
-    struct ops *ops;
+    struct server_handler handler;
     struct evconnlistener *listener;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     int lock_fd;
@@ -419,8 +419,9 @@ static int server_adopt_fd(struct server *s, int fd, char *err, size_t errlen)
     return 0;
 }
 
-int server_create(struct event_base *base, const struct kvn_config *cfg, struct ops *ops,
-                  int listen_fd, struct server **out, char *err, size_t errlen)
+int server_create(struct event_base *base, const struct kvn_config *cfg,
+                  const struct server_handler *handler, int listen_fd, struct server **out,
+                  char *err, size_t errlen)
 {
     struct server *s = calloc(1, sizeof *s);
     int fd, rc;
@@ -432,7 +433,7 @@ int server_create(struct event_base *base, const struct kvn_config *cfg, struct 
     }
     s->base = base;
     s->cfg = cfg;
-    s->ops = ops;
+    s->handler = *handler;
     s->lock_fd = -1;
     s->accept_resume_ev = evtimer_new(base, server_accept_resume_cb, s);
     if (!s->accept_resume_ev) {
@@ -698,7 +699,7 @@ static void conn_destroy(struct conn *c)
 {
     struct server *s = c->srv;
 
-    ops_session_end(s->ops, &c->session);
+    s->handler.session_end(s->handler.arg, &c->session);
     conn_leave_wait_queue(c);
     event_free(c->rev);
     event_free(c->wev);
@@ -1069,7 +1070,7 @@ static void conn_process_input(struct conn *c)
                               " bytes: not a kvnode Request message", len);
             return;
         }
-        ops_handle(c->srv->ops, c, &c->session, req);
+        c->srv->handler.request(c->srv->handler.arg, c, &c->session, req);
         kvnode__request__free_unpacked(req, NULL);
     }
 }
