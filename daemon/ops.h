@@ -9,6 +9,8 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
+#include <jansson.h>
+
 #include "cache.h"
 #include "config.h"
 #include "counters.h"
