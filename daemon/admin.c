@@ -29,8 +29,6 @@
 #include "errmsg.h"
 #include "kvcm/kvcm.h"
 #include "log.h"
-#include "metrics.h"
-#include "ops.h"
 #include "persist.h"
 #include "workers.h"
 
@@ -79,6 +77,7 @@ struct admin {
     uint64_t accept_pauses_episode;      /* pauses since accepting last worked */
     struct log_limit accept_log, refuse_log;
     uint64_t accepted, refused, refused_reserve, timed_out, accept_pauses;
+    struct admin_pages pages;            /* /stats and /metrics (admin_set_pages) */
 };
 
 /* libevent calls the listener's error callback with the evhttp as argument,
@@ -112,7 +111,7 @@ static void admin_reply_text(struct evhttp_request *req, int code, const char *r
 
 static void admin_metrics(struct admin *a, struct evhttp_request *req, struct evbuffer *b)
 {
-    if (metrics_render(a->d, b) < 0) {
+    if (!a->pages.metrics_page || a->pages.metrics_page(a->d, b) < 0) {
         admin_reply_text(req, HTTP_INTERNAL, "Internal Server Error", "cannot build the metrics page");
         return;
     }
@@ -128,7 +127,7 @@ static void admin_readyz(struct admin *a, struct evhttp_request *req)
         return;
     }
     /* Workers report through the registry; the loop is alive if it answers. */
-    if (!workers_check(workers_now_ms(), METRICS_WORKER_STALL_MS, stalled, sizeof stalled)) {
+    if (!workers_check(workers_now_ms(), WORKER_MAX_AGE_MS, stalled, sizeof stalled)) {
         snprintf(msg, sizeof msg, "not ready: worker%s not alive: %s", strchr(stalled, ',') ? "s" : "",
                  stalled);
         admin_reply_text(req, 503, "Service Unavailable", msg);
@@ -153,7 +152,7 @@ static void admin_readyz(struct admin *a, struct evhttp_request *req)
 
 static void admin_stats(struct admin *a, struct evhttp_request *req, struct evbuffer *b)
 {
-    json_t *doc = ops_stats_document(a->d->ops);
+    json_t *doc = a->pages.stats_document ? a->pages.stats_document(a->d) : NULL;
     char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
     json_decref(doc);
     if (!text) {
@@ -621,18 +620,19 @@ void admin_destroy(struct admin *a)
     free(a);
 }
 
-void admin_stats_json(const struct admin *a, json_t *root)
+void admin_set_pages(struct admin *a, const struct admin_pages *pages)
 {
-    json_t *o = json_object();
+    if (a)
+        a->pages = *pages;
+}
 
-    json_object_set_new(o, "open", json_integer((json_int_t)a->nconns));
-    json_object_set_new(o, "max", json_integer((json_int_t)a->d->cfg->admin_max_connections));
-    json_object_set_new(o, "accepted_total", json_integer((json_int_t)a->accepted));
-    json_object_set_new(o, "refused_total", json_integer((json_int_t)a->refused));
-    json_object_set_new(o, "refused_reserve_total", json_integer((json_int_t)a->refused_reserve));
-    json_object_set_new(o, "timed_out_total", json_integer((json_int_t)a->timed_out));
-    json_object_set_new(o, "accept_pauses_total", json_integer((json_int_t)a->accept_pauses));
-    json_object_set_new(root, "admin_connections", o);
+void admin_get_stats(const struct admin *a, struct admin_stats *out)
+{
+    *out = (struct admin_stats){
+        .open = a->nconns, .max = a->d->cfg->admin_max_connections, .accepted = a->accepted,
+        .refused = a->refused, .refused_reserve = a->refused_reserve, .timed_out = a->timed_out,
+        .accept_pauses = a->accept_pauses,
+    };
 }
 
 const char *admin_address(const struct admin *a)

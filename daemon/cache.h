@@ -16,11 +16,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <jansson.h>
-
+#include "arena.h"
 #include "config.h"
+#include "copier.h"
+#include "counters.h"
+#include "devmem.h"
 #include "lease.h"
 #include "namespace.h"
+#include "persist.h"
 
 struct event_base;
 struct cache;
@@ -197,13 +200,80 @@ void cache_release_owner(struct cache *c, struct lease_list *owner);
  * not written in time. Other policies: nothing to do, 0. */
 int  cache_persist_flush(struct cache *c, unsigned timeout_ms);
 
-struct metrics_keys;
 /* Keys looked up by match and get (those that returned a result): matched,
- * and missed by reason (see metrics.h). */
+ * and missed by reason (see counters.h). */
 void cache_key_metrics(const struct cache *c, struct metrics_keys *out);
 
-/* Add "tiers" (host, hbm[], store), "namespaces", "leases", "evictions",
- * "demotions", "persist" to a stats document. */
-void cache_stats_json(struct cache *c, json_t *root);
+/* A typed snapshot of the cache's counters: "tiers", "demotions",
+ * "namespaces_*", "leases", "evictions" and "persist" of the stats document
+ * (stats.c renders it). Strings belong to the cache or the store and stay
+ * valid until the loop runs again; pin_error is a copy. */
+struct cache_hbm_stats {
+    int device;
+    const char *pci_bus_id;
+    uint32_t arena;                  /* arena id */
+    struct arena_stats mem;
+    uint64_t moving_bytes;           /* strides of blocks being demoted */
+    bool lent_by_ipc;                /* lent as a CUDA IPC handle, else as an fd */
+};
+struct cache_persist_stats {
+    bool on;                         /* a store is configured; nothing below is set otherwise */
+    const char *backend, *policy, *last_error;
+    bool lookup_on_miss;
+    struct persist_counters store;   /* the pool's own counters and state */
+    uint64_t dropped;                /* left memory without a copy in the store */
+    uint64_t writes_deferred, writes_waiting, pinned_for_writes_bytes;
+    uint64_t write_retries, retry_pending, put_waits, put_wait_timeouts;
+    uint64_t promotions, promotions_ok, promotions_failed, lookups, lookup_found;
+    uint64_t waits, wait_timeouts;
+    uint64_t recovered, recovery_skipped;  /* blocks the recovery scan indexed / skipped */
+    bool has_recovery_seconds;       /* the scan started: recovery_seconds is set */
+    double recovery_seconds;         /* until it finished, or until now */
+};
+struct cache_stats {
+    struct arena_stats host;
+    double high_watermark, low_watermark;
+    bool pinned;                     /* the whole host arena is registered with the GPU runtime */
+    uint64_t pinned_bytes;
+    const char *pin_state;           /* off, running, done, failed, stopped */
+    bool has_pin_error;
+    char pin_error[256];
+    unsigned nhbm;
+    struct cache_hbm_stats hbm[DEVMEM_MAX_DEVICES];
+    struct {
+        double high_watermark, low_watermark;
+        uint64_t blocks, bytes, aborted, failed, dropped, hbm_puts, hbm_fallbacks;
+        bool has_copier;             /* copier is set */
+        struct copier_stats copier;
+    } demotions;
+    bool has_store;                  /* a store is configured: store_blocks is the "store" tier */
+    uint64_t store_blocks;           /* known only in the store (ghosts) */
+    size_t namespaces, namespaces_active;  /* cache_namespace_stats(0 .. namespaces - 1) */
+    uint64_t namespaces_reclaimed;
+    struct {
+        uint64_t read, write, reaped_read, reaped_write;
+        uint64_t max_reserved_per_client_bytes, reservations_refused;
+    } leases;
+    struct {
+        uint64_t to_store, writeback, dropped, quota;   /* host tier */
+    } evictions;
+    struct cache_persist_stats persist;
+    struct metrics_keys keys;        /* cache_key_metrics */
+};
+void cache_get_stats(struct cache *c, struct cache_stats *out);
+
+/* One entry of "namespaces"; strings belong to the namespace. */
+struct cache_namespace_stats {
+    uint32_t id;
+    const char *deployment_id, *model, *dtype;
+    uint32_t block_tokens;
+    uint64_t block_bytes;
+    uint32_t tp_size, tp_rank;
+    uint64_t blocks, bytes, reserved_bytes, stored_blocks, quota_bytes;
+    uint32_t clients;
+    bool active;
+};
+/* i < cache_stats.namespaces (the registry's order). */
+void cache_namespace_stats(struct cache *c, size_t i, struct cache_namespace_stats *out);
 
 #endif

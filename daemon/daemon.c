@@ -2,10 +2,9 @@
 #include "daemon.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
-#include "admin.h"
 #include "cache.h"
-#include "gpu.h"
 #include "index.h"
 #include "kvcm/kvcm.h"
 #include "kvcm/query.h"
@@ -25,52 +24,23 @@ int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err
     return config_resolve(cfg, err, errlen);
 }
 
-void daemon_stats_json(void *arg, json_t *root)
-{
-    const struct daemon *d = arg;
-    json_t *reloads = json_object();
-    const char *admin = d->admin ? admin_address(d->admin) : NULL;
-
-    json_object_set_new(root, "admin", admin ? json_string(admin) : json_null());
-    if (d->admin)
-        admin_stats_json(d->admin, root);
-    json_object_set_new(reloads, "ok_total", json_integer((json_int_t)d->reloads_ok));
-    json_object_set_new(reloads, "failed_total", json_integer((json_int_t)d->reloads_failed));
-    json_object_set_new(reloads, "last_error", json_string(d->last_reload_error));
-    json_object_set_new(root, "reloads", reloads);
-    kvcm_stats_json(d->kvcm, root);
-    gpu_stats_json(d->gpu, root);
-    if (d->querier)
-        kvcm_querier_stats_json(d->querier, json_object_get(root, "kvcm"));
-}
-
-static uint64_t daemon_json_u(json_t *root, const char *a, const char *b, const char *c)
-{
-    json_t *v = json_object_get(root, a);
-    if (b)
-        v = json_object_get(v, b);
-    if (c)
-        v = json_object_get(v, c);
-    return json_is_integer(v) && json_integer_value(v) > 0 ? (uint64_t)json_integer_value(v) : 0;
-}
-
 /* What the KVCM heartbeat reports (once per heartbeat interval, on the loop). */
 static void daemon_kvcm_status(void *arg, struct kvcm_node_status *out)
 {
     struct daemon *d = arg;
-    json_t *root = json_object();
-    if (!root)
+    struct cache_stats *cs = malloc(sizeof *cs);
+    struct server_stats ss = { 0 };
+
+    if (!cs)
         return;
-    cache_stats_json(d->cache, root);
+    cache_get_stats(d->cache, cs);
     if (d->server)
-        server_stats_json(d->server, root);
-    uint64_t cap = daemon_json_u(root, "tiers", "host", "capacity_bytes");
-    uint64_t used = daemon_json_u(root, "tiers", "host", "used_bytes");
-    out->host_blocks = daemon_json_u(root, "tiers", "host", "blocks");
-    out->host_free_bytes = cap > used ? cap - used : 0;
-    out->store_blocks = daemon_json_u(root, "tiers", "store", "blocks");
-    out->clients = daemon_json_u(root, "clients", "connected", NULL);
-    json_decref(root);
+        server_get_stats(d->server, &ss);
+    out->host_blocks = cs->host.blocks;
+    out->host_free_bytes = cs->host.capacity > cs->host.used_bytes ? cs->host.capacity - cs->host.used_bytes : 0;
+    out->store_blocks = cs->has_store ? cs->store_blocks : 0;
+    out->clients = ss.connected;
+    free(cs);
 }
 
 int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen)

@@ -8,8 +8,6 @@
 
 #include <stdint.h>
 
-#include <jansson.h>
-
 #include "config.h"
 
 #define DAEMON_MAX_OVERRIDES 64
@@ -45,12 +43,6 @@ struct daemon {
 
 /* Defaults + file + overrides, validated. 0, or -1 with err set. */
 int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err, size_t errlen);
-
-/* ops stats hook (arg: struct daemon *): adds "admin" (the bound admin
- * address, null when off), "admin_connections" (admin_stats_json, when on), "reloads" {ok_total, failed_total, last_error}
- * "kvcm" (the publisher's state) and "gpu" (backend, HBM arenas) to a stats
- * document. */
-void daemon_stats_json(void *arg, json_t *root);
 
 /* Start the KVCM publisher when [kvcm] enabled = on (d->kvcm stays NULL
  * otherwise). 0, or -1 with err set. */

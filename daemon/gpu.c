@@ -192,16 +192,12 @@ void gpu_destroy(struct gpu *g)
     free(g);
 }
 
-void gpu_stats_json(const struct gpu *g, json_t *root)
+void gpu_get_stats(const struct gpu *g, struct gpu_stats *out)
 {
-    json_t *o = json_object();
-    if (!g) {
-        json_decref(o);
-        return;
-    }
-    json_object_set_new(o, "backend", json_string(devmem_kind_name(devmem_kind(g->dm))));
-    json_object_set_new(o, "devices_visible", json_integer(devmem_device_count(g->dm)));
-    json_object_set_new(o, "hbm_arenas", json_integer(g->nregions));
-    json_object_set_new(o, "hbm_off_reason", g->nregions ? json_null() : json_string(g->why_off));
-    json_object_set_new(root, "gpu", o);
+    *out = (struct gpu_stats){
+        .backend = devmem_kind_name(devmem_kind(g->dm)),
+        .devices_visible = devmem_device_count(g->dm),
+        .hbm_arenas = g->nregions,
+        .hbm_off_reason = g->nregions ? NULL : g->why_off,
+    };
 }

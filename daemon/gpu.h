@@ -11,7 +11,6 @@
 
 #include <stddef.h>
 
-#include <jansson.h>
 
 #include "config.h"
 
@@ -28,7 +27,13 @@ int  gpu_start(struct event_base *base, const struct kvn_config *cfg, struct cac
 void gpu_stop(struct gpu *g, struct cache *cache);
 /* After cache_destroy: free the HBM regions and close the backend. */
 void gpu_destroy(struct gpu *g);
-/* Add "gpu": {backend, devices, why_off} to a stats document. */
-void gpu_stats_json(const struct gpu *g, json_t *root);
+/* "gpu" of the stats document. Strings belong to g (valid while it lives). */
+struct gpu_stats {
+    const char *backend;         /* devmem backend: "cuda", "sim", ... */
+    int devices_visible;
+    unsigned hbm_arenas;
+    const char *hbm_off_reason;  /* why there is no HBM tier; NULL when there is one */
+};
+void gpu_get_stats(const struct gpu *g, struct gpu_stats *out);
 
 #endif

@@ -20,6 +20,7 @@
 #include "kvnode.h"
 #include "log.h"
 #include "memcheck.h"
+#include "metrics.h"
 #include "kvcm/kvcm.h"
 #include "kvcm/query.h"
 #include "ops.h"
@@ -27,6 +28,7 @@
 #include "reload.h"
 #include "sd.h"
 #include "server.h"
+#include "stats.h"
 
 #define DEFAULT_CONFIG_PATH "/etc/kvnode/kvnode.conf"
 
@@ -81,6 +83,12 @@ static int daemon_reload_hook(void *arg, char *error, size_t errlen, char *not_a
     snprintf(error, errlen, "%s", res.error);
     snprintf(not_applied, nalen, "%s", res.not_applied);
     return rc;
+}
+
+/* The STATS op's document (ops_set_stats_hook). */
+static json_t *daemon_stats_document(void *arg)
+{
+    return stats_document(arg);
 }
 
 static void daemon_signal_cb(evutil_socket_t sig, short what, void *arg)
@@ -235,7 +243,8 @@ int main(int argc, char **argv)
         log_error("%s", err);
         goto out;
     }
-    if (server_create(d.base, d.cfg, d.ops, listen_fd, &d.server, err, sizeof err) < 0) {
+    struct server_handler handler = ops_server_handler(d.ops);
+    if (server_create(d.base, d.cfg, &handler, listen_fd, &d.server, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
     }
@@ -247,11 +256,13 @@ int main(int argc, char **argv)
     ops_set_server(d.ops, d.server);
     ops_set_querier(d.ops, d.querier);
     ops_set_reload(d.ops, daemon_reload_hook, &d);
-    ops_set_stats_hook(d.ops, daemon_stats_json, &d);
+    ops_set_stats_hook(d.ops, daemon_stats_document, &d);
     if (admin_create(&d, &d.admin, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
     }
+    admin_set_pages(d.admin, &(struct admin_pages){ .stats_document = stats_document,
+                                                    .metrics_page = metrics_render });
     daemon_check_fd_limit(&d);
     for (int i = 0; i < 3; i++) {
         sigs[i] = evsignal_new(d.base, signums[i], daemon_signal_cb, &d);

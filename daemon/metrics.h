@@ -1,57 +1,15 @@
-/* metrics: counters and histograms, and their Prometheus text exposition
- * (format 0.0.4). The counters live with the module that counts them (ops:
- * requests by op and status with latency histograms; cache: matched and
- * missed keys by reason; server and cache: the counters of the stats
- * document); metrics_render() reads them all, plus the daemon's reload
- * counters and the worker registry, into one text page. Rendering walks
- * O(namespaces + ops + workers) in-memory values and never blocks.
+/* metrics: the Prometheus text exposition (format 0.0.4) of the daemon's
+ * counters. The counters live with the module that counts them (their
+ * types in counters.h); metrics_render() reads one typed snapshot of them
+ * all (stats.h), plus the worker registry, into one text page. Rendering
+ * walks O(namespaces + ops + workers) in-memory values and never blocks.
  *
  * Loop thread only. */
 #ifndef KVNODE_METRICS_H
 #define KVNODE_METRICS_H
 
-#include <stdint.h>
-
 struct daemon;
 struct evbuffer;
-
-/* A worker whose last heartbeat is older than this is reported down
- * (kvnode_worker_up 0, /readyz 503). */
-#define METRICS_WORKER_STALL_MS 10000u
-
-/* Request latency buckets, in seconds: 10us .. 1s (+Inf is implicit). */
-#define METRICS_LATENCY_NBOUNDS 16
-extern const double metrics_latency_bounds[METRICS_LATENCY_NBOUNDS];
-
-struct metrics_histogram {
-    uint64_t buckets[METRICS_LATENCY_NBOUNDS + 1];  /* per bucket (not cumulative); last: +Inf */
-    uint64_t count;
-    double   sum;
-};
-
-void metrics_histogram_observe(struct metrics_histogram *h, double seconds);
-
-/* Requests by op (the request oneof field number) and status (0: ok, else
- * the KVNODE_E* code, positive), with one latency histogram per op. */
-#define METRICS_OP_SLOTS     32
-#define METRICS_STATUS_SLOTS 32
-struct metrics_requests {
-    uint64_t count[METRICS_OP_SLOTS][METRICS_STATUS_SLOTS];
-    struct metrics_histogram latency[METRICS_OP_SLOTS];
-};
-
-/* code: 0 or a negative KVNODE_E* code. Out-of-range ops/codes land in slot 0. */
-void metrics_request_observe(struct metrics_requests *r, int op, int code, double seconds);
-
-/* Keys looked up by match and get: matched, or missed with the reason. */
-struct metrics_keys {
-    uint64_t matched;
-    uint64_t absent;       /* no entry for the key */
-    uint64_t writing;      /* reserved by a writer, not committed yet */
-    uint64_t unavailable;  /* only in the store and not brought back (no room, store
-                              failed or too slow, or no longer there) */
-    uint64_t beyond_gap;   /* after the first miss of the chain: not looked at */
-};
 
 /* "ok" for 0, else the lowercase code name ("enolease", "einval", ...);
  * "eunknown" for a code this build does not know. code: 0 or negative. */

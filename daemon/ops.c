@@ -13,11 +13,10 @@
 #include "kvcm/query.h"
 #include "kvnode.h"
 #include "log.h"
-#include "metrics.h"
-#include "server.h"
+#include "counters.h"
 #include "wire.h"
 
-#define OP_SLOTS 32   /* request oneof field numbers are < 32 */
+#define OP_SLOTS METRICS_OP_SLOTS   /* request oneof field numbers are < 32 */
 
 struct op_counts { uint64_t ok, error; };
 
@@ -74,9 +73,15 @@ void ops_set_stats_hook(struct ops *o, ops_stats_fn fn, void *arg)
     o->stats_hook_arg = arg;
 }
 
-const struct metrics_requests *ops_request_metrics(const struct ops *o)
+void ops_get_stats(const struct ops *o, struct ops_stats *out)
 {
-    return &o->requests;
+    out->uptime_s = (double)(clock_now_ms() - o->started_ms) / 1000.0;
+    out->socket_path = o->cfg->socket_path;
+    for (int op = 0; op < OP_SLOTS; op++) {
+        out->requests[op].ok = o->counts[op].ok;
+        out->requests[op].error = o->counts[op].error;
+    }
+    out->by_status = &o->requests;
 }
 
 void ops_set_server(struct ops *o, struct server *s)
@@ -910,44 +915,6 @@ static void ops_delete(struct ops *o, struct conn *conn, struct session *s, cons
     ops_send(o, conn, req, &resp, NULL, 0);
 }
 
-json_t *ops_stats_document(struct ops *o)
-{
-    json_t *root = json_object(), *reqs = json_object(), *keys = json_object();
-
-    json_object_set_new(root, "version", json_string(KVNODE_VERSION_STRING));
-    json_object_set_new(root, "protocol", json_integer(WIRE_PROTOCOL_VERSION));
-    json_object_set_new(root, "pid", json_integer(getpid()));
-    json_object_set_new(root, "uptime_s", json_real((double)(clock_now_ms() - o->started_ms) / 1000.0));
-    json_object_set_new(root, "socket", json_string(o->cfg->socket_path));
-    cache_stats_json(o->cache, root);
-    if (o->server)
-        server_stats_json(o->server, root);
-    for (int op = 0; op < OP_SLOTS; op++) {
-        json_t *c;
-        if (!o->counts[op].ok && !o->counts[op].error)
-            continue;
-        c = json_object();
-        json_object_set_new(c, "ok", json_integer((json_int_t)o->counts[op].ok));
-        json_object_set_new(c, "error", json_integer((json_int_t)o->counts[op].error));
-        json_object_set_new(reqs, wire_op_name(op), c);
-    }
-    json_object_set_new(root, "requests", reqs);
-    {
-        struct metrics_keys k;
-        cache_key_metrics(o->cache, &k);
-        json_object_set_new(keys, "matched_total", json_integer((json_int_t)k.matched));
-        json_object_set_new(keys, "missed_total",
-                            json_integer((json_int_t)(k.absent + k.writing + k.beyond_gap)));
-        json_object_set_new(keys, "missed_absent_total", json_integer((json_int_t)k.absent));
-        json_object_set_new(keys, "missed_writing_total", json_integer((json_int_t)k.writing));
-        json_object_set_new(keys, "missed_beyond_gap_total", json_integer((json_int_t)k.beyond_gap));
-    }
-    json_object_set_new(root, "keys", keys);
-    if (o->stats_hook)
-        o->stats_hook(o->stats_hook_arg, root);
-    return root;
-}
-
 static void ops_stats(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
@@ -961,7 +928,7 @@ static void ops_stats(struct ops *o, struct conn *conn, struct session *s, const
     }
     /* Count this request before the document is built, so it shows itself. */
     o->counts[KVNODE__REQUEST__OP_STATS].ok++;
-    doc = ops_stats_document(o);
+    doc = o->stats_hook ? o->stats_hook(o->stats_hook_arg) : NULL;
     text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
     json_decref(doc);
     if (!text) {
@@ -1065,4 +1032,19 @@ static void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, co
                  "knows (newer client?)");
         break;
     }
+}
+
+static void ops_request_cb(void *arg, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    ops_handle(arg, conn, s, req);
+}
+
+static void ops_session_end_cb(void *arg, struct session *s)
+{
+    ops_session_end(arg, s);
+}
+
+struct server_handler ops_server_handler(struct ops *o)
+{
+    return (struct server_handler){ .request = ops_request_cb, .session_end = ops_session_end_cb, .arg = o };
 }

@@ -9,28 +9,20 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
+#include <jansson.h>
+
 #include "cache.h"
 #include "config.h"
+#include "counters.h"
 #include "kvnode.pb-c.h"
 #include "lease.h"
+#include "server.h"
+#include "session.h"
 
 struct conn;
 struct server;
 struct ops;
 struct ops_pending;
-
-/* What a connection is bound to; embedded in the server's connection. */
-struct session {
-    bool          hello_done;
-    bool          observer;       /* HELLO without a layout */
-    kv_namespace *ns;
-    struct lease_list leases;
-    struct ops_pending *pending;  /* a request answered later (waits for the store) */
-    pid_t pid;
-    uid_t uid;
-    gid_t gid;
-    char  name[64];
-};
 
 int  ops_create(struct cache *cache, const struct kvn_config *cfg, struct ops **out);
 void ops_destroy(struct ops *o);
@@ -40,15 +32,20 @@ void ops_set_server(struct ops *o, struct server *s);
 typedef int (*ops_reload_fn)(void *arg, char *error, size_t errlen, char *not_applied,
                              size_t nalen);
 void ops_set_reload(struct ops *o, ops_reload_fn fn, void *arg);
-/* Called at the end of every stats document build (STATS op and /stats),
- * to add what ops does not own (reload outcome, admin address). */
-typedef void (*ops_stats_fn)(void *arg, json_t *root);
+/* Who builds the STATS document (stats_document; main wires it, so that ops,
+ * whose counters it includes, does not include it): a new reference, or
+ * NULL when out of memory. Until set, STATS fails with ENOMEM. */
+typedef json_t *(*ops_stats_fn)(void *arg);
 void ops_set_stats_hook(struct ops *o, ops_stats_fn fn, void *arg);
-/* The stats document (STATS op and the admin /stats), new reference or NULL. */
-json_t *ops_stats_document(struct ops *o);
-struct metrics_requests;
-/* Requests by op and status, with latency histograms (for /metrics). */
-const struct metrics_requests *ops_request_metrics(const struct ops *o);
+/* The counters ops owns: the document's head and "requests", and the
+ * requests by status with latency (for /metrics). */
+struct ops_stats {
+    double uptime_s;
+    const char *socket_path;                    /* the effective config's */
+    struct { uint64_t ok, error; } requests[METRICS_OP_SLOTS];  /* by op (oneof field number) */
+    const struct metrics_requests *by_status;   /* by op and status, with latency; lives with o */
+};
+void ops_get_stats(const struct ops *o, struct ops_stats *out);
 void ops_apply_config(struct ops *o, const struct kvn_config *cfg);
 struct kvcm_querier;
 /* Who answers MATCH_REMOTE's peer part (NULL: [kvcm] off, local answer only). */
@@ -64,5 +61,7 @@ bool ops_arena_is_clients_gpu(const struct cache_arena_info *a, int device, cons
 void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 /* The connection is gone: end its leases, unbind its namespace. */
 void ops_session_end(struct ops *o, struct session *s);
+/* ops_handle and ops_session_end as the server's handler (server_create). */
+struct server_handler ops_server_handler(struct ops *o);
 
 #endif

@@ -10,12 +10,12 @@
 #include <time.h>
 
 #include <event2/event.h>
-#include <jansson.h>
 #include <systemd/sd-daemon.h>
 
 #include "cache.h"
 #include "daemon.h"
 #include "log.h"
+#include "persist.h"
 #include "server.h"
 #include "workers.h"
 
@@ -68,16 +68,18 @@ static void sdn_human_bytes(uint64_t v, char *buf, size_t len)
         snprintf(buf, len, "%.1f %s", x, units[u]);
 }
 
-static long long sdn_json_int(json_t *o, const char *key)
+/* ", " between tiers; the first has only the space. */
+static const char *sdn_sep(bool *first)
 {
-    json_t *v = json_object_get(o, key);
-    return json_is_integer(v) ? (long long)json_integer_value(v) : 0;
+    const char *sep = *first ? "" : ",";
+    *first = false;
+    return sep;
 }
 
 void sdn_status_line(struct daemon *d, char *buf, size_t len)
 {
-    json_t *root = json_object(), *tiers, *tier;
-    const char *name;
+    struct cache_stats *cs;
+    struct server_stats ss;
     size_t off = 0;
     int n;
 
@@ -89,54 +91,37 @@ void sdn_status_line(struct daemon *d, char *buf, size_t len)
     if (!len)
         return;
     buf[0] = '\0';
-    if (!root)
+    if (!(cs = malloc(sizeof *cs)))
         return;
-    cache_stats_json(d->cache, root);
-    server_stats_json(d->server, root);
+    cache_get_stats(d->cache, cs);
+    server_get_stats(d->server, &ss);
     SDN_APPEND("serving on %s:", server_socket_path(d->server));
-    tiers = json_object_get(root, "tiers");
     bool first = true;
-    json_object_foreach(tiers, name, tier) {
-        char used[32], cap[32];
-        if (json_is_array(tier)) {
-            /* hbm: one arena per GPU */
-            size_t i;
-            json_t *dev;
-            json_array_foreach(tier, i, dev) {
-                sdn_human_bytes((uint64_t)sdn_json_int(dev, "used_bytes"), used, sizeof used);
-                sdn_human_bytes((uint64_t)sdn_json_int(dev, "capacity_bytes"), cap, sizeof cap);
-                SDN_APPEND("%s %s%lld %s of %s used", first ? "" : ",", name,
-                           sdn_json_int(dev, "device"), used, cap);
-                first = false;
-            }
-            continue;
-        }
-        if (!json_object_get(tier, "capacity_bytes")) {
-            /* the store tier: blocks known only there */
-            SDN_APPEND("%s %s %lld blocks", first ? "" : ",", name, sdn_json_int(tier, "blocks"));
-            first = false;
-            continue;
-        }
-        sdn_human_bytes((uint64_t)sdn_json_int(tier, "used_bytes"), used, sizeof used);
-        sdn_human_bytes((uint64_t)sdn_json_int(tier, "capacity_bytes"), cap, sizeof cap);
-        SDN_APPEND("%s %s %s of %s used", first ? "" : ",", name, used, cap);
-        first = false;
+    char used[32], cap[32];
+    sdn_human_bytes(cs->host.used_bytes, used, sizeof used);
+    sdn_human_bytes(cs->host.capacity, cap, sizeof cap);
+    SDN_APPEND("%s host %s of %s used", sdn_sep(&first), used, cap);
+    /* hbm: one arena per GPU */
+    for (unsigned i = 0; i < cs->nhbm; i++) {
+        sdn_human_bytes(cs->hbm[i].mem.used_bytes, used, sizeof used);
+        sdn_human_bytes(cs->hbm[i].mem.capacity, cap, sizeof cap);
+        SDN_APPEND("%s hbm%d %s of %s used", sdn_sep(&first), cs->hbm[i].device, used, cap);
     }
-    long long clients = sdn_json_int(json_object_get(root, "clients"), "connected");
-    size_t nss = json_array_size(json_object_get(root, "namespaces"));
-    SDN_APPEND(", %lld client%s, %zu namespace%s", clients, clients == 1 ? "" : "s",
+    /* the store tier: blocks known only there */
+    if (cs->has_store)
+        SDN_APPEND("%s store %llu blocks", sdn_sep(&first), (unsigned long long)cs->store_blocks);
+    unsigned long long clients = ss.connected;
+    size_t nss = cs->namespaces;
+    SDN_APPEND(", %llu client%s, %zu namespace%s", clients, clients == 1 ? "" : "s",
                nss, nss == 1 ? "" : "s");
-    json_t *persist = json_object_get(root, "persist");
-    const char *pstate = json_string_value(json_object_get(persist, "state"));
-    if (pstate && strcmp(pstate, "off") != 0) {
-        const char *perr = json_string_value(json_object_get(persist, "last_error"));
-        json_t *rec = json_object_get(persist, "recovery");
-        SDN_APPEND("; store %s %s, queue %lld",
-                   json_string_value(json_object_get(persist, "backend")), pstate,
-                   sdn_json_int(persist, "queue_depth"));
-        if (json_is_true(json_object_get(rec, "running")))
-            SDN_APPEND(", recovering (%lld found)", sdn_json_int(rec, "found"));
-        if (strcmp(pstate, "degraded") == 0 && perr && *perr)
+    const struct cache_persist_stats *p = &cs->persist;
+    if (p->on && p->store.state != PERSIST_STATE_OFF) {
+        const char *perr = p->last_error;
+        SDN_APPEND("; store %s %s, queue %llu", p->backend, persist_state_name(p->store.state),
+                   (unsigned long long)p->store.queue_depth);
+        if (p->store.scan_running)
+            SDN_APPEND(", recovering (%llu found)", (unsigned long long)p->store.scan_found);
+        if (p->store.state == PERSIST_STATE_DEGRADED && perr && *perr)
             SDN_APPEND(": %.*s", (int)strcspn(perr, "\n") > 160 ? 160 : (int)strcspn(perr, "\n"), perr);
     }
     if (d->last_reload_error[0]) {
@@ -146,7 +131,7 @@ void sdn_status_line(struct daemon *d, char *buf, size_t len)
     }
     if (sdn.watchdog_stalled)
         SDN_APPEND("; workers stalled, watchdog not pinged");
-    json_decref(root);
+    free(cs);
 #undef SDN_APPEND
 }
 
@@ -254,14 +239,10 @@ void sdn_stopping(struct daemon *d)
     if (!sdn.notify || sdn.stopping)
         return;
     sdn.stopping = true;
-    json_t *root = json_object();
-    long long clients = 0;
-    if (root) {
-        server_stats_json(d->server, root);
-        clients = sdn_json_int(json_object_get(root, "clients"), "connected");
-        json_decref(root);
-    }
-    sd_notifyf(0, "STOPPING=1\nSTATUS=stopping: finishing %lld client%s", clients,
+    struct server_stats ss;
+    server_get_stats(d->server, &ss);
+    unsigned long long clients = ss.connected;
+    sd_notifyf(0, "STOPPING=1\nSTATUS=stopping: finishing %llu client%s", clients,
                clients == 1 ? "" : "s");
     /* The status timer would overwrite that line with "serving ...". */
     if (sdn.status_ev) {

@@ -25,7 +25,7 @@
 #include "clock.h"
 #include "kvnode.h"
 #include "log.h"
-#include "ops.h"
+#include "session.h"
 #include "wire.h"
 
 #define READ_CHUNK (1u << 20)
@@ -75,7 +75,7 @@ struct conn {
 struct server {
     struct event_base *base;
     const struct kvn_config *cfg;
-    struct ops *ops;
+    struct server_handler handler;
     struct evconnlistener *listener;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     int lock_fd;
@@ -407,8 +407,9 @@ static int server_adopt_fd(struct server *s, int fd, char *err, size_t errlen)
     return 0;
 }
 
-int server_create(struct event_base *base, const struct kvn_config *cfg, struct ops *ops,
-                  int listen_fd, struct server **out, char *err, size_t errlen)
+int server_create(struct event_base *base, const struct kvn_config *cfg,
+                  const struct server_handler *handler, int listen_fd, struct server **out,
+                  char *err, size_t errlen)
 {
     struct server *s = calloc(1, sizeof *s);
     int fd, rc;
@@ -420,7 +421,7 @@ int server_create(struct event_base *base, const struct kvn_config *cfg, struct 
     }
     s->base = base;
     s->cfg = cfg;
-    s->ops = ops;
+    s->handler = *handler;
     s->lock_fd = -1;
     s->accept_resume_ev = evtimer_new(base, server_accept_resume_cb, s);
     if (!s->accept_resume_ev) {
@@ -686,7 +687,7 @@ static void conn_destroy(struct conn *c)
 {
     struct server *s = c->srv;
 
-    ops_session_end(s->ops, &c->session);
+    s->handler.session_end(s->handler.arg, &c->session);
     conn_leave_wait_queue(c);
     event_free(c->rev);
     event_free(c->wev);
@@ -1057,7 +1058,7 @@ static void conn_process_input(struct conn *c)
                               " bytes: not a kvnode Request message", len);
             return;
         }
-        ops_handle(c->srv->ops, c, &c->session, req);
+        c->srv->handler.request(c->srv->handler.arg, c, &c->session, req);
         kvnode__request__free_unpacked(req, NULL);
     }
 }
@@ -1126,25 +1127,16 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
 
 /* --- stats ----------------------------------------------------------------- */
 
-void server_stats_json(struct server *s, json_t *root)
+void server_get_stats(const struct server *s, struct server_stats *out)
 {
-    json_t *clients = json_object(), *frames = json_object();
-
-    json_object_set_new(clients, "connected", json_integer((json_int_t)s->nconns));
-    json_object_set_new(clients, "accepted_total", json_integer((json_int_t)s->accepted));
-    json_object_set_new(clients, "refused_total", json_integer((json_int_t)s->refused));
-    json_object_set_new(clients, "denied_total", json_integer((json_int_t)s->denied));
-    json_object_set_new(clients, "accept_pauses_total", json_integer((json_int_t)s->accept_pauses));
-    json_object_set_new(clients, "input_buffered_bytes", json_integer((json_int_t)s->in_bytes));
-    json_object_set_new(clients, "input_reserved_bytes", json_integer((json_int_t)s->in_room));
-    json_object_set_new(clients, "input_waiting", json_integer((json_int_t)s->nwaiting));
-    json_object_set_new(clients, "input_waits_total", json_integer((json_int_t)s->input_waits));
-    json_object_set_new(clients, "output_buffered_bytes", json_integer((json_int_t)s->out_bytes));
-    json_object_set_new(clients, "input_paused_total", json_integer((json_int_t)s->input_paused));
-    json_object_set_new(root, "clients", clients);
-    json_object_set_new(frames, "rejected_total", json_integer((json_int_t)s->frames_rejected));
-    json_object_set_new(frames, "timed_out_total", json_integer((json_int_t)s->frames_timed_out));
-    json_object_set_new(root, "frames", frames);
+    *out = (struct server_stats){
+        .connected = s->nconns, .accepted = s->accepted, .refused = s->refused, .denied = s->denied,
+        .accept_pauses = s->accept_pauses,
+        .input_buffered_bytes = s->in_bytes, .input_reserved_bytes = s->in_room,
+        .input_waiting = s->nwaiting, .input_waits = s->input_waits,
+        .output_buffered_bytes = s->out_bytes, .input_paused = s->input_paused,
+        .frames_rejected = s->frames_rejected, .frames_timed_out = s->frames_timed_out,
+    };
 }
 
 const char *server_socket_path(const struct server *s)

@@ -1,7 +1,7 @@
 /* server: the socket side of the loop thread. Owns the unix listener (stale
  * socket replacement, live-daemon detection via a lock file), connections,
  * frame I/O with length checks before allocation, SCM_RIGHTS fd passing,
- * and the orderly stop. Decoded requests go to ops.
+ * and the orderly stop. Decoded requests go to the handler (ops).
  *
  * What one client can hold is bounded: frames longer than 64 KiB are read
  * only with room for all of them under server.max_buffered_input_bytes
@@ -17,24 +17,31 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <jansson.h>
-
 #include "config.h"
 #include "kvnode.pb-c.h"
 
 struct event_base;
-struct ops;
 struct server;
 struct conn;
 struct session;
+
+/* Who handles what the server decodes (ops; main wires it, so that the
+ * server does not call up into ops): each request of a connection, in
+ * order, and the end of a connection (its session is then dropped). */
+struct server_handler {
+    void (*request)(void *arg, struct conn *c, struct session *s, const Kvnode__Request *req);
+    void (*session_end)(void *arg, struct session *s);
+    void *arg;
+};
 
 /* Bind the configured socket (refusing when another daemon serves it) and
  * start accepting; or, when listen_fd >= 0 (socket activation), accept on
  * that already bound and listening unix socket, which the server then owns
  * (but never unlinks: systemd does). 0, or a negative KVNODE_E* code with
  * err set. */
-int  server_create(struct event_base *base, const struct kvn_config *cfg, struct ops *ops,
-                   int listen_fd, struct server **out, char *err, size_t errlen);
+int  server_create(struct event_base *base, const struct kvn_config *cfg,
+                   const struct server_handler *handler, int listen_fd, struct server **out,
+                   char *err, size_t errlen);
 /* Closes every connection (ending their leases) and removes the socket. */
 void server_destroy(struct server *s);
 /* Point at a new effective config (reload). */
@@ -61,12 +68,15 @@ void server_resume(struct conn *c);
 void server_close_after_flush(struct conn *c);
 struct session *server_conn_session(struct conn *c);
 
-/* Add "clients" (connected, accepted/refused/denied_total,
- * accept_pauses_total, input_buffered_bytes, input_reserved_bytes,
- * input_waiting, input_waits_total, output_buffered_bytes,
- * input_paused_total) and "frames" (rejected_total, timed_out_total) to a
- * stats document. */
-void server_stats_json(struct server *s, json_t *root);
+/* The server's counters: "clients" and "frames" of the stats document. */
+struct server_stats {
+    uint64_t connected, accepted, refused, denied;  /* denied: by access control (of refused) */
+    uint64_t accept_pauses;                         /* the listener rested (out of descriptors) */
+    uint64_t input_buffered_bytes, input_reserved_bytes, input_waiting, input_waits;
+    uint64_t output_buffered_bytes, input_paused;
+    uint64_t frames_rejected, frames_timed_out;
+};
+void server_get_stats(const struct server *s, struct server_stats *out);
 const char *server_socket_path(const struct server *s);
 
 #endif

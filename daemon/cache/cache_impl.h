@@ -29,7 +29,7 @@
 #include "devmem.h"
 #include "index.h"
 #include "keylock.h"
-#include "metrics.h"
+#include "counters.h"
 
 /* The host arena's id; HBM arenas follow it (1, 2, ...). */
 #define HOST_ARENA_ID 0u

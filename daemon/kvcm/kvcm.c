@@ -25,8 +25,6 @@
 #include "kvnode.h"
 #include "log.h"
 
-#define KVCM_MAX_DEPLOYMENTS 256
-#define KVCM_ERR_MAX 512
 
 enum { EV_BLOCK = 1, EV_MARKER = 2 };
 
@@ -1179,48 +1177,39 @@ bool kvcm_stalled(struct kvcm *k, char *why, size_t len)
     return stalled;
 }
 
-void kvcm_stats_json(struct kvcm *k, json_t *root)
+void kvcm_get_stats(struct kvcm *k, struct kvcm_stats *out)
 {
-    json_t *o = json_object();
-    if (!k) {
-        json_object_set_new(o, "state", json_string(kvcm_state_name(KVCM_STATE_DISABLED)));
-        json_object_set_new(root, "kvcm", o);
+    out->on = k != NULL;
+    out->state = KVCM_STATE_DISABLED;
+    if (!k)
         return;
-    }
     pthread_mutex_lock(&k->mu);
     uint64_t waiting = kvcm_waiting_ms(k, clock_now_ms());
-    json_object_set_new(o, "state", json_string(kvcm_state_name(kvcm_shown_state(k, waiting))));
-    json_object_set_new(o, "stalled", json_boolean(waiting > k->st.stall_timeout_ms));
-    json_object_set_new(o, "stalled_ms", json_integer((json_int_t)waiting));
-    json_object_set_new(o, "stall_timeout_ms", json_integer((json_int_t)k->st.stall_timeout_ms));
-    json_object_set_new(o, "epoch", json_integer((json_int_t)k->epoch));
-    json_object_set_new(o, "generation", json_integer((json_int_t)k->generation));
-    json_object_set_new(o, "queue", json_integer((json_int_t)k->count));
-    json_object_set_new(o, "queue_capacity", json_integer((json_int_t)(k->cap - 1)));
-    json_object_set_new(o, "accepted_total", json_integer((json_int_t)k->accepted));
-    json_object_set_new(o, "dropped_total", json_integer((json_int_t)k->dropped));
-    json_object_set_new(o, "snapshots_total", json_integer((json_int_t)k->snapshots));
-    json_object_set_new(o, "heartbeats_ok_total", json_integer((json_int_t)k->heartbeats_ok));
-    json_object_set_new(o, "heartbeats_failed_total", json_integer((json_int_t)k->heartbeats_failed));
-    json_object_set_new(o, "last_snapshot_unix_ms", json_integer((json_int_t)k->last_snapshot_unix_ms));
-    json_object_set_new(o, "last_error", json_string(k->last_error));
-    json_object_set_new(o, "host_ip_port", json_string(k->st.host_ip_port));
-    json_t *media = json_array();
+    out->state = kvcm_shown_state(k, waiting);
+    out->stalled = waiting > k->st.stall_timeout_ms;
+    out->stalled_ms = waiting;
+    out->stall_timeout_ms = k->st.stall_timeout_ms;
+    out->epoch = k->epoch;
+    out->generation = k->generation;
+    out->queue = k->count;
+    out->queue_capacity = k->cap - 1;
+    out->accepted = k->accepted;
+    out->dropped = k->dropped;
+    out->snapshots = k->snapshots;
+    out->heartbeats_ok = k->heartbeats_ok;
+    out->heartbeats_failed = k->heartbeats_failed;
+    out->last_snapshot_unix_ms = k->last_snapshot_unix_ms;
+    snprintf(out->last_error, sizeof out->last_error, "%s", k->last_error);
+    out->host_ip_port = k->st.host_ip_port;
+    out->nmedia = 0;
     if (k->st.has_hbm)
-        json_array_append_new(media, json_string(k->medium_name[MED_HBM]));
-    json_array_append_new(media, json_string(k->medium_name[MED_DRAM]));
-    json_object_set_new(o, "media", media);
-    json_t *deps = json_array();
-    for (size_t i = 0; i < k->ndeps; i++) {
-        json_t *d = json_object();
-        json_object_set_new(d, "deployment_id", json_string(k->deps[i]->deployment_id));
-        json_object_set_new(d, "instance_id", json_string(k->deps[i]->instance_id));
-        json_object_set_new(d, "registered", json_boolean(k->deps[i]->heartbeat_ok));
-        if (k->deps[i]->refused)
-            json_object_set_new(d, "refused", json_string(k->deps[i]->refused));
-        json_array_append_new(deps, d);
-    }
-    json_object_set_new(o, "deployments", deps);
+        out->media[out->nmedia++] = k->medium_name[MED_HBM];
+    out->media[out->nmedia++] = k->medium_name[MED_DRAM];
+    out->ndeployments = k->ndeps;
+    for (size_t i = 0; i < k->ndeps; i++)
+        out->deployments[i] = (struct kvcm_deployment_stats){
+            .deployment_id = k->deps[i]->deployment_id, .instance_id = k->deps[i]->instance_id,
+            .registered = k->deps[i]->heartbeat_ok, .refused = k->deps[i]->refused,
+        };
     pthread_mutex_unlock(&k->mu);
-    json_object_set_new(root, "kvcm", o);
 }

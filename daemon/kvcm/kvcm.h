@@ -34,7 +34,7 @@
  * Stop: threads end, then HOST_DOWN (alone in its request) for every
  * deployment KVCM may know, all within host_down_timeout.
  *
- * kvcm_create/kvcm_block_event/kvcm_stop/kvcm_destroy/kvcm_stats_json: loop
+ * kvcm_create/kvcm_block_event/kvcm_stop/kvcm_destroy/kvcm_get_stats: loop
  * thread only. */
 #ifndef KVNODE_KVCM_H
 #define KVNODE_KVCM_H
@@ -100,10 +100,33 @@ void kvcm_deployment_event(void *kvcm, const kv_namespace *ns);
  * the call in flight on each thread, which its own timeout bounds). */
 void kvcm_stop(struct kvcm *k);
 void kvcm_destroy(struct kvcm *k);
-/* Add "kvcm" {state, stalled, stalled_ms, queue, accepted, dropped,
- * last_error, last snapshot, epoch, generation, media, deployments} to a
- * stats document. NULL k: disabled. */
-void kvcm_stats_json(struct kvcm *k, json_t *root);
+/* "kvcm" of the stats document, read under the publisher's lock. Strings
+ * are copies or belong to k (its settings and deployments, which live as
+ * long as k). */
+#define KVCM_MAX_DEPLOYMENTS 256
+#define KVCM_ERR_MAX 512
+struct kvcm_deployment_stats {
+    const char *deployment_id, *instance_id;
+    bool registered;          /* NODE_REGISTER went through: it is heartbeaten */
+    const char *refused;      /* why it is never published; NULL: it is */
+};
+struct kvcm_stats {
+    bool on;                  /* [kvcm] enabled = on; nothing below state is set otherwise */
+    int state;                /* enum kvcm_state as shown (STALLED while stalled) */
+    bool stalled;
+    uint64_t stalled_ms;      /* how long work has waited without reaching KVCM (0: none) */
+    uint64_t stall_timeout_ms, epoch, generation;
+    uint64_t queue, queue_capacity, accepted, dropped, snapshots;
+    uint64_t heartbeats_ok, heartbeats_failed, last_snapshot_unix_ms;
+    char last_error[KVCM_ERR_MAX];
+    const char *host_ip_port;
+    const char *media[2];     /* wire names: the HBM medium (when there is an HBM tier), host */
+    size_t nmedia;
+    struct kvcm_deployment_stats deployments[KVCM_MAX_DEPLOYMENTS];
+    size_t ndeployments;
+};
+/* NULL k: not on, state KVCM_STATE_DISABLED. */
+void kvcm_get_stats(struct kvcm *k, struct kvcm_stats *out);
 /* Whether work has waited longer than stall_timeout without reaching KVCM;
  * why (when not NULL) says how long and what is known. NULL k: false. */
 bool kvcm_stalled(struct kvcm *k, char *why, size_t len);

@@ -350,17 +350,11 @@ void kvcm_querier_destroy(struct kvcm_querier *q)
     free(q);
 }
 
-void kvcm_querier_stats_json(struct kvcm_querier *q, json_t *o)
+void kvcm_querier_get_stats(const struct kvcm_querier *q, struct kvcm_query_stats *out)
 {
-    json_t *s = json_object();
-    uint64_t now = clock_now_ms();
-    json_object_set_new(s, "asked_total", json_integer((json_int_t)q->asked));
-    json_object_set_new(s, "ok_total", json_integer((json_int_t)q->ok));
-    json_object_set_new(s, "failed_total", json_integer((json_int_t)q->failed));
-    json_object_set_new(s, "deadline_total", json_integer((json_int_t)q->deadline));
-    json_object_set_new(s, "local_only_total", json_integer((json_int_t)q->local_only));
-    json_object_set_new(s, "breaker_opened_total", json_integer((json_int_t)q->breaker_opened));
-    json_object_set_new(s, "breaker_open", json_boolean(q->open_until_ms > now));
-    json_object_set_new(s, "last_error", json_string(q->last_error));
-    json_object_set_new(o, "query", s);
+    *out = (struct kvcm_query_stats){
+        .asked = q->asked, .ok = q->ok, .failed = q->failed, .deadline = q->deadline,
+        .local_only = q->local_only, .breaker_opened = q->breaker_opened,
+        .breaker_open = q->open_until_ms > clock_now_ms(), .last_error = q->last_error,
+    };
 }

@@ -66,7 +66,12 @@ int  kvcm_query_start(struct kvcm_querier *q, const kv_namespace *ns, const int6
 /* The requester went away: fn will not be called. */
 void kvcm_query_cancel(struct kvcm_querier *q, struct kvcm_query *qq);
 
-/* Add "query" {asked, ok, failed, deadline, local_only, breaker_open, ...} to o. */
-void kvcm_querier_stats_json(struct kvcm_querier *q, json_t *o);
+/* "kvcm"."query" of the stats document. last_error belongs to q. */
+struct kvcm_query_stats {
+    uint64_t asked, ok, failed, deadline, local_only, breaker_opened;
+    bool breaker_open;
+    const char *last_error;
+};
+void kvcm_querier_get_stats(const struct kvcm_querier *q, struct kvcm_query_stats *out);
 
 #endif

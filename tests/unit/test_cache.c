@@ -14,6 +14,7 @@
 #include "config.h"
 #include "kvnode.h"
 #include "log.h"
+#include "stats.h"
 
 #define BLOCK (64u * 1024u)
 
@@ -63,7 +64,7 @@ static json_int_t stat_int(const char *section, const char *sub, const char *key
 {
     json_t *root = json_object(), *v;
     json_int_t out;
-    cache_stats_json(cache, root);
+    stats_cache_json(cache, root);
     v = json_object_get(root, section);
     if (sub)
         v = json_object_get(v, sub);
@@ -407,7 +408,7 @@ static json_int_t ns_stat(uint32_t id, const char *key)
     json_t *root = json_object(), *arr, *o;
     size_t i;
     json_int_t out = -1;
-    cache_stats_json(cache, root);
+    stats_cache_json(cache, root);
     arr = json_object_get(root, "namespaces");
     json_array_foreach(arr, i, o) {
         if (json_integer_value(json_object_get(o, "id")) == id) {

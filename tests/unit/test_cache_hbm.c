@@ -24,6 +24,7 @@
 #include "kvnode.h"
 #include "log.h"
 #include "persist.h"
+#include "stats.h"
 
 #define BLOCK (16u * 1024u)
 #define SLAB  (256u * 1024u)          /* 16 blocks per slab */
@@ -125,7 +126,7 @@ static void teardown(void)
 static json_t *stats(void)
 {
     json_t *root = json_object();
-    cache_stats_json(cache, root);
+    stats_cache_json(cache, root);
     return root;
 }
 

@@ -20,6 +20,7 @@
 #include "kvs/kvs.h"
 #include "log.h"
 #include "persist.h"
+#include "stats.h"
 
 #define BLOCK (64u * 1024u)
 #define HOST_BLOCKS 32u   /* 2 MiB host tier */
@@ -120,7 +121,7 @@ static json_int_t stat_at(const char *a, const char *b, const char *c)
 {
     json_t *root = json_object(), *v;
     json_int_t out;
-    cache_stats_json(cache, root);
+    stats_cache_json(cache, root);
     v = json_object_get(root, a);
     if (b)
         v = json_object_get(v, b);

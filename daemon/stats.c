@@ -1,0 +1,413 @@
+/* stats: the typed snapshot and the STATS document (see stats.h). */
+#include "stats.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "wire.h"
+
+void stats_collect(struct daemon *d, struct stats_snapshot *s)
+{
+    memset(s, 0, sizeof *s);
+    ops_get_stats(d->ops, &s->ops);
+    s->cache = d->cache;
+    cache_get_stats(d->cache, &s->cache_stats);
+    s->has_server = d->server != NULL;
+    if (d->server)
+        server_get_stats(d->server, &s->server);
+    s->admin_address = d->admin ? admin_address(d->admin) : NULL;
+    if (d->admin)
+        admin_get_stats(d->admin, &s->admin);
+    s->reloads_ok = d->reloads_ok;
+    s->reloads_failed = d->reloads_failed;
+    s->last_reload_error = d->last_reload_error;
+    kvcm_get_stats(d->kvcm, &s->kvcm);
+    s->has_query = d->querier != NULL;
+    if (d->querier)
+        kvcm_querier_get_stats(d->querier, &s->query);
+    s->has_gpu = d->gpu != NULL;
+    if (d->gpu)
+        gpu_get_stats(d->gpu, &s->gpu);
+}
+
+/* ---- the document ------------------------------------------------------------ */
+
+static json_t *ju(uint64_t v)
+{
+    return json_integer((json_int_t)v);
+}
+
+static void set(json_t *o, const char *key, json_t *v)
+{
+    json_object_set_new(o, key, v);
+}
+
+/* Host-arena pinning, into the host tier. */
+static void pin_json(const struct cache_stats *s, json_t *host)
+{
+    set(host, "pinned", json_boolean(s->pinned));
+    set(host, "pinned_bytes", ju(s->pinned_bytes));
+    set(host, "pin_state", json_string(s->pin_state));
+    if (s->has_pin_error)
+        set(host, "pin_error", json_string(s->pin_error));
+}
+
+/* "tiers"."hbm" (one per device) and "demotions". */
+static void hbm_json(const struct cache_stats *s, json_t *tiers, json_t *root)
+{
+    json_t *arr = json_array(), *dem = json_object();
+
+    for (unsigned i = 0; i < s->nhbm; i++) {
+        const struct cache_hbm_stats *h = &s->hbm[i];
+        json_t *o = json_object();
+        set(o, "device", json_integer(h->device));
+        set(o, "pci_bus_id", json_string(h->pci_bus_id));
+        set(o, "arena", json_integer(h->arena));
+        set(o, "capacity_bytes", ju(h->mem.capacity));
+        set(o, "used_bytes", ju(h->mem.used_bytes));
+        set(o, "blocks", ju(h->mem.blocks));
+        set(o, "moving_bytes", ju(h->moving_bytes));
+        set(o, "lent_by", json_string(h->lent_by_ipc ? "cuda_ipc" : "fd"));
+        json_array_append_new(arr, o);
+    }
+    set(tiers, "hbm", arr);
+    set(dem, "high_watermark", json_real(s->demotions.high_watermark));
+    set(dem, "low_watermark", json_real(s->demotions.low_watermark));
+    set(dem, "blocks_total", ju(s->demotions.blocks));
+    set(dem, "bytes_total", ju(s->demotions.bytes));
+    set(dem, "aborted_total", ju(s->demotions.aborted));
+    set(dem, "failed_total", ju(s->demotions.failed));
+    set(dem, "dropped_total", ju(s->demotions.dropped));
+    set(dem, "hbm_puts_total", ju(s->demotions.hbm_puts));
+    set(dem, "hbm_fallbacks_total", ju(s->demotions.hbm_fallbacks));
+    if (s->demotions.has_copier) {
+        const struct copier_stats *cs = &s->demotions.copier;
+        set(dem, "batches_total", ju(cs->batches));
+        set(dem, "transfers_total", ju(cs->transfers));
+        set(dem, "copy_seconds_total", json_real((double)cs->busy_ns * 1e-9));
+        set(dem, "batches_pending", ju(cs->pending));
+    }
+    set(root, "demotions", dem);
+}
+
+/* "persist": the store's state, its queue, what went through it, failures by
+ * op and kind, promotions, lookups, deferred answers and recovery. */
+static void persist_json(const struct cache_persist_stats *p, json_t *root)
+{
+    const struct persist_counters *pc = &p->store;
+    json_t *o = json_object(), *fail, *rec;
+
+    if (!p->on) {
+        set(o, "backend", json_string("off"));
+        set(o, "state", json_string(persist_state_name(PERSIST_STATE_OFF)));
+        set(root, "persist", o);
+        return;
+    }
+    fail = json_object();
+    rec = json_object();
+    set(o, "backend", json_string(p->backend));
+    set(o, "policy", json_string(p->policy));
+    set(o, "state", json_string(persist_state_name(pc->state)));
+    set(o, "last_error", json_string(p->last_error));
+    set(o, "lookup_on_miss", json_boolean(p->lookup_on_miss));
+    set(o, "workers", json_integer(pc->workers));
+    set(o, "queue_depth", ju(pc->queue_depth));
+    set(o, "queue_capacity", ju(pc->queue_capacity));
+    set(o, "written_blocks_total", ju(pc->written_blocks));
+    set(o, "written_bytes_total", ju(pc->written_bytes));
+    set(o, "read_blocks_total", ju(pc->read_blocks));
+    set(o, "read_bytes_total", ju(pc->read_bytes));
+    set(o, "read_misses_total", ju(pc->read_misses));
+    set(o, "deleted_keys_total", ju(pc->deleted_keys));
+    set(o, "tombstones", ju(pc->tombstones));
+    set(o, "tombstones_dropped_total", ju(pc->tombstones_dropped));
+    set(o, "tombstone_hits_total", ju(pc->tombstone_hits));
+    set(o, "dropped_total", ju(p->dropped));
+    for (int op = 0; op < PERSIST_OPS; op++) {
+        json_t *kinds = json_object();
+        for (int k = 0; k < PERSIST_FAIL_KINDS; k++)
+            set(kinds, persist_failure_kind_name(k), ju(pc->failures[op][k]));
+        set(fail, persist_op_name(op), kinds);
+    }
+    set(o, "failures_total", fail);
+    set(o, "writes_deferred_total", ju(p->writes_deferred));
+    set(o, "queue_refused_total", ju(pc->refused_queue_full));
+    set(o, "writes_waiting", ju(p->writes_waiting));
+    set(o, "pinned_for_writes_bytes", ju(p->pinned_for_writes_bytes));
+    set(o, "write_retries_total", ju(p->write_retries));
+    set(o, "retry_pending", ju(p->retry_pending));
+    set(o, "put_waits_total", ju(p->put_waits));
+    set(o, "put_wait_timeouts_total", ju(p->put_wait_timeouts));
+    set(o, "promotions_total", ju(p->promotions));
+    set(o, "promotions_ok_total", ju(p->promotions_ok));
+    set(o, "promotions_failed_total", ju(p->promotions_failed));
+    set(o, "lookups_total", ju(p->lookups));
+    set(o, "lookup_found_total", ju(p->lookup_found));
+    set(o, "waits_total", ju(p->waits));
+    set(o, "wait_timeouts_total", ju(p->wait_timeouts));
+    set(rec, "running", json_boolean(pc->scan_running));
+    set(rec, "complete", json_boolean(pc->scan_complete));
+    set(rec, "found", ju(pc->scan_found));
+    set(rec, "indexed", ju(p->recovered));
+    set(rec, "skipped", ju(p->recovery_skipped));
+    if (p->has_recovery_seconds)
+        set(rec, "seconds", json_real(p->recovery_seconds));
+    set(o, "recovery", rec);
+    set(root, "persist", o);
+}
+
+static void namespaces_json(struct cache *c, size_t n, json_t *root)
+{
+    json_t *nss = json_array();
+
+    for (size_t i = 0; i < n; i++) {
+        struct cache_namespace_stats ns;
+        json_t *o = json_object();
+        cache_namespace_stats(c, i, &ns);
+        set(o, "id", json_integer(ns.id));
+        set(o, "deployment_id", json_string(ns.deployment_id));
+        set(o, "model", json_string(ns.model));
+        set(o, "dtype", json_string(ns.dtype));
+        set(o, "block_tokens", json_integer(ns.block_tokens));
+        set(o, "block_bytes", ju(ns.block_bytes));
+        set(o, "tp_size", json_integer(ns.tp_size));
+        set(o, "tp_rank", json_integer(ns.tp_rank));
+        set(o, "blocks", ju(ns.blocks));
+        set(o, "bytes", ju(ns.bytes));
+        set(o, "reserved_bytes", ju(ns.reserved_bytes));
+        set(o, "stored_blocks", ju(ns.stored_blocks));
+        set(o, "quota_bytes", ju(ns.quota_bytes));
+        set(o, "clients", json_integer(ns.clients));
+        set(o, "active", json_boolean(ns.active));
+        json_array_append_new(nss, o);
+    }
+    set(root, "namespaces", nss);
+}
+
+static void cache_json(const struct cache_stats *s, struct cache *c, json_t *root)
+{
+    json_t *tiers = json_object(), *host = json_object();
+    json_t *leases = json_object(), *ev = json_object(), *evh = json_object();
+
+    set(host, "capacity_bytes", ju(s->host.capacity));
+    set(host, "used_bytes", ju(s->host.used_bytes));
+    set(host, "blocks", ju(s->host.blocks));
+    set(host, "slab_bytes", ju(s->host.slab_bytes));
+    set(host, "slabs_total", json_integer(s->host.slabs_total));
+    set(host, "slabs_free", json_integer(s->host.slabs_free));
+    set(host, "high_watermark", json_real(s->high_watermark));
+    set(host, "low_watermark", json_real(s->low_watermark));
+    pin_json(s, host);
+    set(tiers, "host", host);
+    hbm_json(s, tiers, root);
+    if (s->has_store) {
+        json_t *store = json_object();
+        set(store, "blocks", ju(s->store_blocks));
+        set(tiers, "store", store);
+    }
+    set(root, "tiers", tiers);
+
+    namespaces_json(c, s->namespaces, root);
+    set(root, "namespaces_active", ju(s->namespaces_active));
+    set(root, "namespaces_reclaimed_total", ju(s->namespaces_reclaimed));
+
+    set(leases, "read", ju(s->leases.read));
+    set(leases, "write", ju(s->leases.write));
+    set(leases, "reaped_total", ju(s->leases.reaped_read + s->leases.reaped_write));
+    set(leases, "reaped_read_total", ju(s->leases.reaped_read));
+    set(leases, "reaped_write_total", ju(s->leases.reaped_write));
+    set(leases, "max_reserved_per_client_bytes", ju(s->leases.max_reserved_per_client_bytes));
+    set(leases, "reservations_refused_total", ju(s->leases.reservations_refused));
+    set(root, "leases", leases);
+
+    set(evh, "to_store_total", ju(s->evictions.to_store));
+    set(evh, "writeback_total", ju(s->evictions.writeback));
+    set(evh, "dropped_total", ju(s->evictions.dropped));
+    set(evh, "quota_total", ju(s->evictions.quota));
+    set(ev, "host", evh);
+    set(root, "evictions", ev);
+    persist_json(&s->persist, root);
+}
+
+void stats_cache_json(struct cache *c, json_t *root)
+{
+    struct cache_stats *s = malloc(sizeof *s);
+    if (!s)
+        return;
+    cache_get_stats(c, s);
+    cache_json(s, c, root);
+    free(s);
+}
+
+static void server_json(const struct server_stats *s, json_t *root)
+{
+    json_t *clients = json_object(), *frames = json_object();
+
+    set(clients, "connected", ju(s->connected));
+    set(clients, "accepted_total", ju(s->accepted));
+    set(clients, "refused_total", ju(s->refused));
+    set(clients, "denied_total", ju(s->denied));
+    set(clients, "accept_pauses_total", ju(s->accept_pauses));
+    set(clients, "input_buffered_bytes", ju(s->input_buffered_bytes));
+    set(clients, "input_reserved_bytes", ju(s->input_reserved_bytes));
+    set(clients, "input_waiting", ju(s->input_waiting));
+    set(clients, "input_waits_total", ju(s->input_waits));
+    set(clients, "output_buffered_bytes", ju(s->output_buffered_bytes));
+    set(clients, "input_paused_total", ju(s->input_paused));
+    set(root, "clients", clients);
+    set(frames, "rejected_total", ju(s->frames_rejected));
+    set(frames, "timed_out_total", ju(s->frames_timed_out));
+    set(root, "frames", frames);
+}
+
+/* "requests" (ops with any) and "keys". */
+static void requests_json(const struct ops_stats *o, const struct metrics_keys *k, json_t *root)
+{
+    json_t *reqs = json_object(), *keys = json_object();
+
+    for (int op = 0; op < METRICS_OP_SLOTS; op++) {
+        json_t *c;
+        if (!o->requests[op].ok && !o->requests[op].error)
+            continue;
+        c = json_object();
+        set(c, "ok", ju(o->requests[op].ok));
+        set(c, "error", ju(o->requests[op].error));
+        set(reqs, wire_op_name(op), c);
+    }
+    set(root, "requests", reqs);
+    set(keys, "matched_total", ju(k->matched));
+    set(keys, "missed_total", ju(k->absent + k->writing + k->beyond_gap));
+    set(keys, "missed_absent_total", ju(k->absent));
+    set(keys, "missed_writing_total", ju(k->writing));
+    set(keys, "missed_beyond_gap_total", ju(k->beyond_gap));
+    set(root, "keys", keys);
+}
+
+static void admin_json(const struct stats_snapshot *s, json_t *root)
+{
+    const struct admin_stats *a = &s->admin;
+    json_t *o;
+
+    set(root, "admin", s->admin_address ? json_string(s->admin_address) : json_null());
+    if (!s->admin_address)
+        return;
+    o = json_object();
+    set(o, "open", ju(a->open));
+    set(o, "max", ju(a->max));
+    set(o, "accepted_total", ju(a->accepted));
+    set(o, "refused_total", ju(a->refused));
+    set(o, "refused_reserve_total", ju(a->refused_reserve));
+    set(o, "timed_out_total", ju(a->timed_out));
+    set(o, "accept_pauses_total", ju(a->accept_pauses));
+    set(root, "admin_connections", o);
+}
+
+/* "kvcm", with "query" when remote queries are on. */
+static void kvcm_json(const struct stats_snapshot *s, json_t *root)
+{
+    const struct kvcm_stats *k = &s->kvcm;
+    json_t *o = json_object();
+
+    set(o, "state", json_string(kvcm_state_name(k->state)));
+    if (k->on) {
+        json_t *media = json_array(), *deps = json_array();
+        set(o, "stalled", json_boolean(k->stalled));
+        set(o, "stalled_ms", ju(k->stalled_ms));
+        set(o, "stall_timeout_ms", ju(k->stall_timeout_ms));
+        set(o, "epoch", ju(k->epoch));
+        set(o, "generation", ju(k->generation));
+        set(o, "queue", ju(k->queue));
+        set(o, "queue_capacity", ju(k->queue_capacity));
+        set(o, "accepted_total", ju(k->accepted));
+        set(o, "dropped_total", ju(k->dropped));
+        set(o, "snapshots_total", ju(k->snapshots));
+        set(o, "heartbeats_ok_total", ju(k->heartbeats_ok));
+        set(o, "heartbeats_failed_total", ju(k->heartbeats_failed));
+        set(o, "last_snapshot_unix_ms", ju(k->last_snapshot_unix_ms));
+        set(o, "last_error", json_string(k->last_error));
+        set(o, "host_ip_port", json_string(k->host_ip_port));
+        for (size_t i = 0; i < k->nmedia; i++)
+            json_array_append_new(media, json_string(k->media[i]));
+        set(o, "media", media);
+        for (size_t i = 0; i < k->ndeployments; i++) {
+            const struct kvcm_deployment_stats *d = &k->deployments[i];
+            json_t *dj = json_object();
+            set(dj, "deployment_id", json_string(d->deployment_id));
+            set(dj, "instance_id", json_string(d->instance_id));
+            set(dj, "registered", json_boolean(d->registered));
+            if (d->refused)
+                set(dj, "refused", json_string(d->refused));
+            json_array_append_new(deps, dj);
+        }
+        set(o, "deployments", deps);
+    }
+    set(root, "kvcm", o);
+    if (s->has_query) {
+        const struct kvcm_query_stats *q = &s->query;
+        json_t *qj = json_object();
+        set(qj, "asked_total", ju(q->asked));
+        set(qj, "ok_total", ju(q->ok));
+        set(qj, "failed_total", ju(q->failed));
+        set(qj, "deadline_total", ju(q->deadline));
+        set(qj, "local_only_total", ju(q->local_only));
+        set(qj, "breaker_opened_total", ju(q->breaker_opened));
+        set(qj, "breaker_open", json_boolean(q->breaker_open));
+        set(qj, "last_error", json_string(q->last_error));
+        set(o, "query", qj);
+    }
+}
+
+static void gpu_json(const struct gpu_stats *g, json_t *root)
+{
+    json_t *o = json_object();
+
+    set(o, "backend", json_string(g->backend));
+    set(o, "devices_visible", json_integer(g->devices_visible));
+    set(o, "hbm_arenas", json_integer(g->hbm_arenas));
+    set(o, "hbm_off_reason", g->hbm_off_reason ? json_string(g->hbm_off_reason) : json_null());
+    set(root, "gpu", o);
+}
+
+json_t *stats_json(const struct stats_snapshot *s)
+{
+    json_t *root = json_object(), *reloads = json_object();
+
+    if (!root || !reloads) {
+        json_decref(root);
+        json_decref(reloads);
+        return NULL;
+    }
+    set(root, "version", json_string(KVNODE_VERSION_STRING));
+    set(root, "protocol", json_integer(WIRE_PROTOCOL_VERSION));
+    set(root, "pid", json_integer(getpid()));
+    set(root, "uptime_s", json_real(s->ops.uptime_s));
+    set(root, "socket", json_string(s->ops.socket_path));
+    cache_json(&s->cache_stats, s->cache, root);
+    if (s->has_server)
+        server_json(&s->server, root);
+    requests_json(&s->ops, &s->cache_stats.keys, root);
+    admin_json(s, root);
+    set(reloads, "ok_total", ju(s->reloads_ok));
+    set(reloads, "failed_total", ju(s->reloads_failed));
+    set(reloads, "last_error", json_string(s->last_reload_error));
+    set(root, "reloads", reloads);
+    kvcm_json(s, root);
+    if (s->has_gpu)
+        gpu_json(&s->gpu, root);
+    return root;
+}
+
+json_t *stats_document(struct daemon *d)
+{
+    struct stats_snapshot *s = malloc(sizeof *s);
+    json_t *doc;
+
+    if (!s)
+        return NULL;
+    stats_collect(d, s);
+    doc = stats_json(s);
+    free(s);
+    return doc;
+}
