@@ -22,8 +22,8 @@
 #include "config.h"
 #include "config_internal.h"
 #include "kvcm/kvcm_config.h"
-#include "kvs/kvs.h"
-#include "log.h"
+#include "persist/kvs/kvs.h"
+#include "core/log.h"
 
 #include <ctype.h>
 #include <errno.h>

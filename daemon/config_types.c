@@ -6,7 +6,7 @@
 #include "config.h"
 #include "config_internal.h"
 #include "kvcm/kvcm_config.h"
-#include "log.h"
+#include "core/log.h"
 
 #include <ctype.h>
 #include <errno.h>

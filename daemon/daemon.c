@@ -4,13 +4,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cache.h"
-#include "index.h"
+#include "cache/cache.h"
+#include "mem/index.h"
 #include "kvcm/kvcm.h"
 #include "kvcm/query.h"
 #include "kvnode.h"
-#include "log.h"
-#include "server.h"
+#include "core/log.h"
+#include "net/server.h"
 
 int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err, size_t errlen)
 {

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "devmem.h"
+#include "gpu/devmem.h"
 
 #define MIB (UINT64_C(1) << 20)
 /* cgroup v1 reports "no limit" as a huge page-aligned number

@@ -12,7 +12,7 @@
 #include "kvnode.h"
 #include "stats.h"
 #include "wire.h"
-#include "workers.h"
+#include "core/workers.h"
 
 const char *metrics_status_name(int code)
 {

@@ -5,12 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache.h"
+#include "cache/cache.h"
 #include "daemon.h"
-#include "log.h"
-#include "ops.h"
+#include "core/log.h"
+#include "net/ops.h"
 #include "sd.h"
-#include "server.h"
+#include "net/server.h"
 
 int reload_run(struct daemon *d, struct reload_result *res)
 {

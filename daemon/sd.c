@@ -12,12 +12,12 @@
 #include <event2/event.h>
 #include <systemd/sd-daemon.h>
 
-#include "cache.h"
+#include "cache/cache.h"
 #include "daemon.h"
-#include "log.h"
-#include "persist.h"
-#include "server.h"
-#include "workers.h"
+#include "core/log.h"
+#include "persist/persist.h"
+#include "net/server.h"
+#include "core/workers.h"
 
 #define SDN_STATUS_INTERVAL_MS 5000
 #define SDN_STATUS_MAX 512

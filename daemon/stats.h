@@ -17,13 +17,13 @@
 
 #include <jansson.h>
 
-#include "admin.h"
-#include "cache.h"
-#include "gpu.h"
+#include "net/admin.h"
+#include "cache/cache.h"
+#include "gpu/gpu.h"
 #include "kvcm/kvcm.h"
 #include "kvcm/query.h"
-#include "ops.h"
-#include "server.h"
+#include "net/ops.h"
+#include "net/server.h"
 
 struct daemon;
 

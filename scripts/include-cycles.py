@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Include cycles between the modules of daemon/ and lib/.
 
-A module is a .c/.h pair (daemon/ops.c + daemon/ops.h); a private header
+A module is a .c/.h pair (daemon/net/ops.c + daemon/net/ops.h); a private header
 named <module>_impl.h, _internal.h or _private.h belongs to its module. There
 is an edge x -> y when a file of x includes "y.h". Every strongly connected
 component of more than one module is a cycle; it is printed and the exit

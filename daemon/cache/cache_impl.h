@@ -24,11 +24,11 @@
 
 #include <event2/event.h>
 
-#include "cache.h"
-#include "arena.h"
-#include "devmem.h"
-#include "index.h"
-#include "keylock.h"
+#include "cache/cache.h"
+#include "mem/arena.h"
+#include "gpu/devmem.h"
+#include "mem/index.h"
+#include "mem/keylock.h"
 #include "counters.h"
 
 /* The host arena's id; HBM arenas follow it (1, 2, ...). */

@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "errmsg.h"
+#include "core/clock.h"
+#include "core/errmsg.h"
 #include "kvnode.h"
-#include "log.h"
-#include "persist.h"
+#include "core/log.h"
+#include "persist/persist.h"
 
 int cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,
                  char *err, size_t errlen)

@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
+#include "core/clock.h"
 #include "kvnode.h"
-#include "log.h"
+#include "core/log.h"
 
 /* --- deferred answers -------------------------------------------------------- */
 

@@ -6,9 +6,9 @@
 
 #include <stdlib.h>
 
-#include "copier.h"
+#include "gpu/copier.h"
 #include "kvnode.h"
-#include "log.h"
+#include "core/log.h"
 
 /* Demotion batches in flight per device: one copying while the next is
  * built keeps the copy engine busy without tying up much host memory. */

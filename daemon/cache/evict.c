@@ -5,8 +5,8 @@
 
 #include <inttypes.h>
 
-#include "clock.h"
-#include "log.h"
+#include "core/clock.h"
+#include "core/log.h"
 
 /* Work done per loop iteration by the background evictor and the reaper, so
  * neither holds the loop for long. */

@@ -6,10 +6,10 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "clock.h"
-#include "errmsg.h"
+#include "core/clock.h"
+#include "core/errmsg.h"
 #include "kvnode.h"
-#include "persist.h"
+#include "persist/persist.h"
 
 /* Largest exact binary unit, as kvnode.conf writes sizes ("8MiB", "65537"). */
 static void cache_format_size(uint64_t v, char *buf, size_t len)

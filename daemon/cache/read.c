@@ -4,8 +4,8 @@
 
 #include <string.h>
 
-#include "clock.h"
-#include "errmsg.h"
+#include "core/clock.h"
+#include "core/errmsg.h"
 #include "kvnode.h"
 
 /* --- match -------------------------------------------------------------------- */

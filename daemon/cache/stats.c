@@ -6,10 +6,10 @@
 
 #include <string.h>
 
-#include "clock.h"
-#include "copier.h"
-#include "hostpin.h"
-#include "persist.h"
+#include "core/clock.h"
+#include "gpu/copier.h"
+#include "gpu/hostpin.h"
+#include "persist/persist.h"
 
 /* --- stats ----------------------------------------------------------------- */
 

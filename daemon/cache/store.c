@@ -8,11 +8,11 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
-#include "clock.h"
+#include "core/clock.h"
 #include "kvnode.h"
-#include "log.h"
-#include "kvs/kvs.h"
-#include "persist.h"
+#include "core/log.h"
+#include "persist/kvs/kvs.h"
+#include "persist/persist.h"
 
 /* A block stays pinned while it is written to the store (its slot is read
  * by a worker), so writes in flight may pin at most this fraction of the

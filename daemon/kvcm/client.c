@@ -28,9 +28,9 @@
 
 #include <curl/curl.h>
 
-#include "clock.h"
-#include "curlinit.h"
-#include "errmsg.h"
+#include "core/clock.h"
+#include "core/curlinit.h"
+#include "core/errmsg.h"
 #include "kvnode.h"
 
 #define KVCM_DEFAULT_CONNECT_TIMEOUT_MS 1000u

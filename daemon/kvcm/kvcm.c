@@ -16,14 +16,14 @@
 
 #include <event2/event.h>
 
-#include "cache.h"
-#include "clock.h"
+#include "cache/cache.h"
+#include "core/clock.h"
 #include "config.h"
-#include "errmsg.h"
+#include "core/errmsg.h"
 #include "kvcm/client.h"
 #include "kvcm/keyset.h"
 #include "kvnode.h"
-#include "log.h"
+#include "core/log.h"
 
 
 enum { EV_BLOCK = 1, EV_MARKER = 2 };

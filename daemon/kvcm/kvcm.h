@@ -45,7 +45,7 @@
 
 #include <jansson.h>
 
-#include "namespace.h"
+#include "mem/namespace.h"
 
 struct event_base;
 struct cache;

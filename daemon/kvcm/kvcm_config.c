@@ -1,7 +1,7 @@
 /* kvcm_config: see kvcm_config.h. The [kvcm] option checks moved here from
  * config.c so that what KVCM accepts is decided next to the code that talks
  * to it; config.c's table still owns parsing, storing and printing. */
-#include "kvcm_config.h"
+#include "kvcm/kvcm_config.h"
 
 #include <ctype.h>
 #include <inttypes.h>

@@ -9,12 +9,12 @@
 
 #include <event2/event.h>
 
-#include "clock.h"
+#include "core/clock.h"
 #include "config.h"
-#include "errmsg.h"
+#include "core/errmsg.h"
 #include "kvnode.h"
-#include "log.h"
-#include "workq.h"
+#include "core/log.h"
+#include "core/workq.h"
 
 #define QUERY_QUEUE 64u
 

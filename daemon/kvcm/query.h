@@ -23,7 +23,7 @@
 #include <jansson.h>
 
 #include "kvcm/client.h"
-#include "namespace.h"
+#include "mem/namespace.h"
 
 struct event_base;
 struct kvcm_querier;

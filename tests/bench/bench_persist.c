@@ -85,7 +85,7 @@
 #define MATCH_KEYS    1000u
 #define GET_KEYS      64u
 #define SEED          0x5eedull
-#define HEADER        64u        /* block file header (daemon/kvs/file.h) */
+#define HEADER        64u        /* block file header (daemon/persist/kvs/file.h) */
 #define POLL_NS       5000000ull /* stats polling period */
 #define WAIT_S        900        /* bound on any wait for the daemon */
 

@@ -1,5 +1,5 @@
 /* Fuzz target: what the `file` KV-store backend reads back from disk
- * (daemon/kvs/file.c: block headers, payload checks, layout records, the
+ * (daemon/persist/kvs/file.c: block headers, payload checks, layout records, the
  * recovery scan).
  *
  * Per input, in a fresh store under this process's temporary directory: two
@@ -30,9 +30,9 @@
 #include <unistd.h>
 
 #include "fuzz.h"
-#include "kvs/file.h"
-#include "kvs/kvs.h"
-#include "namespace.h"
+#include "persist/kvs/file.h"
+#include "persist/kvs/kvs.h"
+#include "mem/namespace.h"
 
 #define BB 64u                             /* block_bytes of the namespace */
 #define K_GOOD   ((int64_t)0x1234)

@@ -1,5 +1,5 @@
 /* Fuzz target: the v6d backend's acquire-reply parser
- * (v6d_parse_acquire_reply, daemon/kvs/v6d.h).
+ * (v6d_parse_acquire_reply, daemon/persist/kvs/v6d.h).
  *
  * The bytes are the HTTP body (an exact-size copy, not NUL-terminated), parsed
  * for a fixed list of requested keys with a roomy and with a tight lease_id
@@ -12,7 +12,7 @@
 
 #include "fuzz.h"
 #include "kvnode.h"
-#include "kvs/v6d.h"
+#include "persist/kvs/v6d.h"
 
 static const char *const keys[] = {
     "a", "b", "c",

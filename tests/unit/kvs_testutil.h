@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvs/kvs.h"
-#include "namespace.h"
+#include "persist/kvs/kvs.h"
+#include "mem/namespace.h"
 
 struct tns {
     struct ns_layout l;

@@ -10,7 +10,7 @@
 
 #include <event2/event.h>
 
-#include "clock.h"
+#include "core/clock.h"
 
 static inline void test_sleep_ms(unsigned ms)
 {

@@ -1,4 +1,4 @@
-/* Unit tests for daemon/arena.c: host memfd arena and slab allocator. */
+/* Unit tests for daemon/mem/arena.c: host memfd arena and slab allocator. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "arena.h"
+#include "mem/arena.h"
 #include "kvnode.h"
 
 #define KiB (UINT64_C(1) << 10)

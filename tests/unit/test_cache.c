@@ -10,10 +10,10 @@
 #include <event2/event.h>
 
 #include "block_pattern.h"
-#include "cache.h"
+#include "cache/cache.h"
 #include "config.h"
 #include "kvnode.h"
-#include "log.h"
+#include "core/log.h"
 #include "stats.h"
 
 #define BLOCK (64u * 1024u)

@@ -17,13 +17,13 @@
 #include <event2/event.h>
 
 #include "block_pattern.h"
-#include "cache.h"
+#include "cache/cache.h"
 #include "config.h"
-#include "copier.h"
-#include "devmem.h"
+#include "gpu/copier.h"
+#include "gpu/devmem.h"
 #include "kvnode.h"
-#include "log.h"
-#include "persist.h"
+#include "core/log.h"
+#include "persist/persist.h"
 #include "stats.h"
 
 #define BLOCK (16u * 1024u)

@@ -14,12 +14,12 @@
 #include <event2/event.h>
 
 #include "block_pattern.h"
-#include "cache.h"
+#include "cache/cache.h"
 #include "config.h"
 #include "kvnode.h"
-#include "kvs/kvs.h"
-#include "log.h"
-#include "persist.h"
+#include "persist/kvs/kvs.h"
+#include "core/log.h"
+#include "persist/persist.h"
 #include "stats.h"
 
 #define BLOCK (64u * 1024u)

@@ -3,7 +3,7 @@
  * Run from the repository root (the Makefile does): the shipped
  * conf/kvnode.conf and man/kvnode.conf.5 are checked against the parser. */
 #include "config.h"
-#include "log.h"
+#include "core/log.h"
 
 #include <check.h>
 #include <errno.h>

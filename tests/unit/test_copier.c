@@ -1,4 +1,4 @@
-/* Unit tests for daemon/copier.c: batches of copies on the sim backend,
+/* Unit tests for daemon/gpu/copier.c: batches of copies on the sim backend,
  * with a real event_base driven by the test's thread (the loop thread).
  *
  * Error contract tested here: a batch the copier can reject up front (no
@@ -15,12 +15,12 @@
 
 #include <event2/event.h>
 
-#include "clock.h"
-#include "copier.h"
-#include "devmem.h"
+#include "core/clock.h"
+#include "gpu/copier.h"
+#include "gpu/devmem.h"
 #include "kvnode.h"
 #include "loop_wait.h"
-#include "workers.h"
+#include "core/workers.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)

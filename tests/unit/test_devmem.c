@@ -1,4 +1,4 @@
-/* Unit tests for daemon/devmem*.c: backend choice, the none and sim
+/* Unit tests for daemon/gpu/devmem*.c: backend choice, the none and sim
  * backends, and the cuda backend as far as the machine allows (it fails
  * cleanly without a GPU; with one, it is exercised lightly). */
 #include <check.h>
@@ -11,8 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "devmem.h"
+#include "core/clock.h"
+#include "gpu/devmem.h"
 #include "kvnode.h"
 
 #define KiB (UINT64_C(1) << 10)

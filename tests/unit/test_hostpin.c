@@ -1,4 +1,4 @@
-/* Unit tests for daemon/hostpin.c: chunked background pinning on the sim
+/* Unit tests for daemon/gpu/hostpin.c: chunked background pinning on the sim
  * backend (KVNODE_DEVMEM_SIM_PIN_DELAY_MS slows each chunk down so a test
  * can stop it midway).
  *
@@ -14,11 +14,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "devmem.h"
-#include "hostpin.h"
+#include "core/clock.h"
+#include "gpu/devmem.h"
+#include "gpu/hostpin.h"
 #include "kvnode.h"
-#include "workers.h"
+#include "core/workers.h"
 
 static size_t g_page;
 

@@ -1,4 +1,4 @@
-/* Unit tests for daemon/index.c: hash table (incl. incremental rehash) and
+/* Unit tests for daemon/mem/index.c: hash table (incl. incremental rehash) and
  * per-(arena, class) LRU lists.
  *
  * KVNODE_TEST_KEYS (env) sets the size of the big table tests (default
@@ -9,8 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "arena.h"
-#include "index.h"
+#include "mem/arena.h"
+#include "mem/index.h"
 
 /* Fail only when cond is false: ck_assert on every iteration of a 200k loop
  * costs a pipe write each in fork mode. */

@@ -3,7 +3,7 @@
 
 #include <stdlib.h>
 
-#include "keylock.h"
+#include "mem/keylock.h"
 #include "kvnode.h"
 
 struct op {

@@ -1,4 +1,4 @@
-/* Unit tests of the `file` KV-store backend (daemon/kvs/file.c): round
+/* Unit tests of the `file` KV-store backend (daemon/persist/kvs/file.c): round
  * trips, atomic overwrite, integrity checks (every kind of damage reads as
  * KVS_CORRUPT and removes the file), stale temporary files, the incremental
  * recovery scan, LRU capacity eviction, path sanitizing, disk full, and
@@ -22,10 +22,10 @@
 #include <unistd.h>
 
 #include "kvnode.h"
-#include "kvs/crc32c.h"
-#include "kvs/file.h"
-#include "kvs/kvs.h"
-#include "namespace.h"
+#include "persist/kvs/crc32c.h"
+#include "persist/kvs/file.h"
+#include "persist/kvs/kvs.h"
+#include "mem/namespace.h"
 
 #include "kvs_testutil.h"
 

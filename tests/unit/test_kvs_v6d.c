@@ -1,4 +1,4 @@
-/* Unit tests of the `v6d` KV-store backend (daemon/kvs/v6d.c), the rtp-llm KVS
+/* Unit tests of the `v6d` KV-store backend (daemon/persist/kvs/v6d.c), the rtp-llm KVS
  * protocol. Pure functions (object keys, acquire-reply parsing and validation)
  * are tested on in-memory strings; the client is tested against the protocol-
  * true simulator $KVS_SIM (default build/kvs-sim), started per test on a fresh
@@ -34,9 +34,9 @@
 #include <jansson.h>
 
 #include "kvnode.h"
-#include "kvs/kvs.h"
-#include "kvs/v6d.h"
-#include "namespace.h"
+#include "persist/kvs/kvs.h"
+#include "persist/kvs/v6d.h"
+#include "mem/namespace.h"
 
 #include "../sim/simctl.h"
 #include "kvs_testutil.h"

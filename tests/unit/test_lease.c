@@ -1,10 +1,10 @@
-/* Unit tests for daemon/lease.c: ids, id lookup, expiry heap, owner lists,
+/* Unit tests for daemon/mem/lease.c: ids, id lookup, expiry heap, owner lists,
  * counts. */
 #include <check.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "lease.h"
+#include "mem/lease.h"
 
 /* Fail only when cond is false (cheap in big loops, unlike ck_assert). */
 #define FAIL_IF_NOT(cond, ...)                  \

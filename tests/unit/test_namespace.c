@@ -1,4 +1,4 @@
-/* Unit tests for daemon/namespace.c: fingerprints, validation, registry. */
+/* Unit tests for daemon/mem/namespace.c: fingerprints, validation, registry. */
 #include <check.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "kvnode.h"
-#include "namespace.h"
+#include "mem/namespace.h"
 
 static struct ns_layout sample_layout(void)
 {

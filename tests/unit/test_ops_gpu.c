@@ -5,9 +5,9 @@
 #include <check.h>
 #include <stdlib.h>
 
-#include "cache.h"
+#include "cache/cache.h"
 #include "kvnode.h"
-#include "ops.h"
+#include "net/ops.h"
 
 static struct cache_arena_info hbm(int device, const char *bus)
 {

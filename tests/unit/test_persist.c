@@ -1,4 +1,4 @@
-/* Unit tests of daemon/persist.c, the persistence worker pool, with real
+/* Unit tests of daemon/persist/persist.c, the persistence worker pool, with real
  * worker threads and a real event_base driven by the test's thread (the
  * loop thread). The `file` backend works in a mkdtemp() directory under
  * $TMPDIR (removed afterwards): byte-exact round trips, misses, a corrupted
@@ -27,16 +27,16 @@
 #include <curl/curl.h>
 #endif
 
-#include "clock.h"
+#include "core/clock.h"
 #include "config.h"
 #include "kvnode.h"
-#include "kvs/file.h"
-#include "kvs/kvs.h"
-#include "log.h"
+#include "persist/kvs/file.h"
+#include "persist/kvs/kvs.h"
+#include "core/log.h"
 #include "loop_wait.h"
-#include "namespace.h"
-#include "persist.h"
-#include "workers.h"
+#include "mem/namespace.h"
+#include "persist/persist.h"
+#include "core/workers.h"
 
 #ifdef KVNODE_HAVE_V6D
 #include "../sim/simctl.h"

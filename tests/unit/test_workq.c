@@ -1,4 +1,4 @@
-/* Unit tests for daemon/workq.c: the bounded worker pool, with real threads
+/* Unit tests for daemon/core/workq.c: the bounded worker pool, with real threads
  * and a real event_base driven by the test's thread (the "loop thread").
  * Every test destroys its queue, so the liveness registry (workers.h) is
  * empty between tests even with CK_FORK=no (helgrind). */
@@ -12,11 +12,11 @@
 
 #include <event2/event.h>
 
-#include "clock.h"
+#include "core/clock.h"
 #include "kvnode.h"
 #include "loop_wait.h"
-#include "workers.h"
-#include "workq.h"
+#include "core/workers.h"
+#include "core/workq.h"
 
 static struct workq *make_q(struct event_base *base, const char *name, unsigned n, size_t cap)
 {

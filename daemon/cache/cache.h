@@ -1,0 +1,279 @@
+/* cache: what the cache means, on the loop thread. Owns the host arena, the
+ * index, the namespace registry and the lease table, and implements match,
+ * get/put leases, delete, eviction (watermarks, LRU) and the reaper. It
+ * knows nothing of the wire: ops.c translates messages into these calls.
+ *
+ * Lease owners are `struct lease_list`s embedded in connections: a lease can
+ * only be ended through the list that owns it, and cache_release_owner()
+ * ends them all when the connection goes.
+ *
+ * Implemented by the files in daemon/cache/ (cache/cache_impl.h says which
+ * piece owns what). Loop thread only. */
+#ifndef KVNODE_CACHE_H
+#define KVNODE_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mem/arena.h"
+#include "config.h"
+#include "gpu/copier.h"
+#include "counters.h"
+#include "gpu/devmem.h"
+#include "mem/lease.h"
+#include "mem/namespace.h"
+#include "persist/persist.h"
+
+struct event_base;
+struct cache;
+struct cache_wait;
+struct persist;
+struct kvs_found;
+
+/* A block's place as the wire describes it. */
+struct cache_loc {
+    uint32_t arena;
+    uint64_t offset;
+    bool     present;   /* put_begin: false = already stored, nothing reserved */
+};
+
+/* An arena as clients see it (HELLO). */
+struct cache_arena_info {
+    uint32_t id;
+    int      tier;      /* KVNODE_TIER_* */
+    int      device;
+    uint64_t size;
+    int      fd;                  /* to map, -1: none (real GPU memory) */
+    const uint8_t *ipc_handle;    /* CUDA IPC handle (real GPU memory), NULL: none */
+    size_t   ipc_len;
+    bool     host_access;         /* the daemon's CPU can read it (host, simulated HBM) */
+    const char *pci_bus_id;       /* HBM: its GPU's PCI bus id ("" when unknown); host: NULL */
+};
+
+int  cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,
+                  char *err, size_t errlen);
+void cache_destroy(struct cache *c);
+/* Apply the reloadable subset (watermarks, TTLs, reaper interval, limits,
+ * namespace quota: a lowered quota applies at each namespace's next put). */
+void cache_apply_config(struct cache *c, const struct kvn_config *cfg);
+
+/* Namespaces. bind checks the block size fits the allocator. */
+int  cache_bind(struct cache *c, const struct ns_layout *layout, kv_namespace **ns,
+                char *err, size_t errlen);
+void cache_unbind(struct cache *c, kv_namespace *ns);
+size_t cache_arenas(const struct cache *c, struct cache_arena_info *out, size_t max);
+/* The daemon's CPU address of an arena, NULL when the CPU cannot read it
+ * (real GPU memory) or there is no such arena. */
+void *cache_arena_base(const struct cache *c, uint32_t arena);
+/* Bit i set: arena i is readable by the daemon's CPU (for GET_INLINE). */
+uint32_t cache_cpu_arenas(const struct cache *c);
+
+/* HBM tier (before serving). An arena over r, which the caller owns and
+ * frees after cache_destroy; its id is the next free one (1, 2, ...).
+ * Puts that ask for HBM land in the arena of their owner's device
+ * (lease_list.put_arena); past hbm.high_watermark the least recently used
+ * unpinned blocks are demoted to the host tier by the copier (set with
+ * cache_set_copier; without one an over-full HBM arena just stops taking
+ * puts). A block being demoted stays readable in HBM; if a reader pins it
+ * or it is deleted before the copy lands, the move is abandoned. */
+struct devmem_region;
+struct copier;
+struct hostpin;
+struct devmem;
+int  cache_add_hbm(struct cache *c, struct devmem *dm, const struct devmem_region *r,
+                   uint64_t slab_bytes, char *err, size_t errlen);
+void cache_set_copier(struct cache *c, struct copier *cp);
+/* Host-arena pinning progress for stats (NULL: not pinned). */
+void cache_set_hostpin(struct cache *c, struct hostpin *hp);
+/* The host arena's memory, for pinning. */
+void *cache_host_base(const struct cache *c);
+uint64_t cache_host_size(const struct cache *c);
+
+/* Persistence (NULL: none; set once, before serving). With a store:
+ * committed blocks are written per [persist] policy, host victims that the
+ * store holds stay indexed as ghosts (ENTRY_GHOST), GET promotes ghosts back
+ * into host memory, DELETE also deletes from the store, and when the store
+ * may hold blocks the index does not know (persist_lookup_on_miss) MATCH and
+ * GET ask it about the keys after the known prefix. */
+void cache_set_persist(struct cache *c, struct persist *p);
+/* Completeness (KVCM): a key is complete when it is sealed in memory in
+ * every TP rank's namespace of its deployment; its medium is HBM when every
+ * rank's copy is in GPU memory, HOST otherwise. fn(arg, ns, key, medium)
+ * runs on the loop whenever a key becomes complete (a commit or promotion
+ * completes the last rank), changes medium while complete (a demotion), or
+ * stops being complete (medium NONE: a rank's copy leaves memory: evicted,
+ * deleted, dropped); ns is the rank whose copy changed. Duplicate puts and
+ * LRU touches change nothing and call nothing. dep_fn(arg, ns) runs when a
+ * HELLO binds a namespace and every TP rank of its deployment then has a
+ * client bound (the deployment is live, even with nothing cached). */
+enum cache_medium { CACHE_MEDIUM_NONE = 0, CACHE_MEDIUM_HBM = 1, CACHE_MEDIUM_HOST = 2 };
+typedef void (*cache_block_fn)(void *arg, const kv_namespace *ns, int64_t key, int medium);
+typedef void (*cache_deployment_fn)(void *arg, const kv_namespace *ns);
+void cache_set_block_observer(struct cache *c, cache_block_fn fn, cache_deployment_fn dep_fn,
+                              void *arg);
+bool cache_key_complete(struct cache *c, const kv_namespace *ns, int64_t key);
+/* Every complete key, by a chunked walk of the index that runs a step per
+ * loop iteration (no O(n) pause): fn(arg, ns, key, medium) once per key
+ * (ns: the deployment's lowest-id rank), then done(arg); *out identifies the
+ * walk for cache_walk_cancel (after done() it is gone). A key that changes
+ * while the walk runs may or may not be reported: pair the walk with the
+ * completeness events from its start on. */
+struct cache_walk;
+typedef void (*cache_key_fn)(void *arg, const kv_namespace *ns, int64_t key, int medium);
+int  cache_walk_complete(struct cache *c, cache_key_fn fn, void (*done)(void *arg), void *arg,
+                         struct cache_walk **out);
+void cache_walk_cancel(struct cache *c, struct cache_walk *w);
+
+/* Recovery: index blocks a store scan found as ghosts (their namespaces are
+ * registered as needed; keys already indexed are left alone). */
+void cache_add_stored(struct cache *c, const struct kvs_found *blocks, size_t n);
+
+/* How much of a matched prefix lies in each tier. */
+struct cache_tiers {
+    size_t matched;        /* hbm + host + store */
+    size_t hbm, host;      /* in memory */
+    size_t store;          /* only in the persistent store */
+};
+
+/* Operations. All return 0 or a negative KVNODE_E* code with err set. */
+/* The longest prefix held in any tier (memory or store, as the index knows it). */
+size_t cache_match(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n);
+void cache_match_tiers(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+                       struct cache_tiers *out);
+/* A read of the prefix that is in memory now: ghosts end it (no promotion). */
+int  cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+                     const int64_t *keys, size_t n, uint64_t *lease_id,
+                     struct cache_loc *locs, size_t *got, char *err, size_t errlen);
+
+/* Deferred answers. A MATCH or GET that needs the store (a lookup of keys the
+ * index does not know, or promotions of ghosts) answers later: *_start
+ * returns CACHE_WAITING with *wait set, and ready(arg) runs on the loop —
+ * never from inside *_start — when every promotion and lookup it started
+ * has finished or the [server] request_timeout passed; the caller then calls
+ * *_finish, which fills the answer (the prefix that is ready then) and frees
+ * the wait. cache_wait_cancel() drops a wait whose requester went away: no
+ * ready() after it; the store work it started completes in the background.
+ * *_start returns 0 when the answer is ready at once (filled as by
+ * *_finish), or a negative code with err set. */
+#define CACHE_WAITING 1
+typedef void (*cache_ready_fn)(void *arg);
+int  cache_match_start(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+                       struct cache_tiers *out, cache_ready_fn ready, void *arg,
+                       struct cache_wait **wait);
+void cache_match_finish(struct cache *c, struct cache_wait *wait, struct cache_tiers *out);
+/* locs has room for n (the key count of the start call). readable: the
+ * arenas the answer may point into (bit per id; the host arena always) —
+ * the owner's mapped ones, or fewer (GET_INLINE: those the daemon's CPU
+ * reads); the prefix ends at a block in any other. */
+int  cache_get_start(struct cache *c, kv_namespace *ns, struct lease_list *owner, uint32_t readable,
+                     const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
+                     size_t *got, char *err, size_t errlen, cache_ready_fn ready, void *arg,
+                     struct cache_wait **wait);
+void cache_get_finish(struct cache *c, struct cache_wait *wait, uint64_t *lease_id,
+                      struct cache_loc *locs, size_t *got);
+void cache_wait_cancel(struct cache *c, struct cache_wait *wait);
+int  cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+                     const int64_t *keys, size_t n, int tier, uint64_t *lease_id,
+                     struct cache_loc *locs, char *err, size_t errlen);
+/* Back-pressure. With a store, a committed block is not evicted before its
+ * write lands (write_through: from its commit; write_back: once the evictor
+ * picked it) or fails. When no slot can be had because such blocks hold the
+ * memory, cache_put_begin returns CACHE_STORE_BOUND with err saying so; the
+ * caller may wait: cache_put_wait calls ready(arg) on the loop — never from
+ * inside the call — when a store op finishes or after timeout_ms, and the
+ * caller then tries the put again and ends the wait with cache_wait_cancel
+ * (also the way to drop it early). 0 or -KVNODE_ENOMEM. */
+#define CACHE_STORE_BOUND 2
+int  cache_put_wait(struct cache *c, unsigned timeout_ms, cache_ready_fn ready, void *arg,
+                    struct cache_wait **wait);
+/* End a lease of the given kind: LEASE_READ (get_end), LEASE_WRITE with
+ * commit=true (seal) or false (abort). *blocks = entries released. */
+int  cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, int kind,
+                     bool commit, uint32_t *blocks, char *err, size_t errlen);
+int  cache_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+                  uint32_t *deleted);
+/* End every lease of a closing connection at once. */
+void cache_release_owner(struct cache *c, struct lease_list *owner);
+/* Shutdown under write_back: write every block the store lacks (and let it
+ * leave memory), within timeout_ms. 0, or -KVNODE_ETIMEDOUT when some were
+ * not written in time. Other policies: nothing to do, 0. */
+int  cache_persist_flush(struct cache *c, unsigned timeout_ms);
+
+/* Keys looked up by match and get (those that returned a result): matched,
+ * and missed by reason (see counters.h). */
+void cache_key_metrics(const struct cache *c, struct metrics_keys *out);
+
+/* A typed snapshot of the cache's counters: "tiers", "demotions",
+ * "namespaces_*", "leases", "evictions" and "persist" of the stats document
+ * (stats.c renders it). Strings belong to the cache or the store and stay
+ * valid until the loop runs again; pin_error is a copy. */
+struct cache_hbm_stats {
+    int device;
+    const char *pci_bus_id;
+    uint32_t arena;                  /* arena id */
+    struct arena_stats mem;
+    uint64_t moving_bytes;           /* strides of blocks being demoted */
+    bool lent_by_ipc;                /* lent as a CUDA IPC handle, else as an fd */
+};
+struct cache_persist_stats {
+    bool on;                         /* a store is configured; nothing below is set otherwise */
+    const char *backend, *policy, *last_error;
+    bool lookup_on_miss;
+    struct persist_counters store;   /* the pool's own counters and state */
+    uint64_t dropped;                /* left memory without a copy in the store */
+    uint64_t writes_deferred, writes_waiting, pinned_for_writes_bytes;
+    uint64_t write_retries, retry_pending, put_waits, put_wait_timeouts;
+    uint64_t promotions, promotions_ok, promotions_failed, lookups, lookup_found;
+    uint64_t waits, wait_timeouts;
+    uint64_t recovered, recovery_skipped;  /* blocks the recovery scan indexed / skipped */
+    bool has_recovery_seconds;       /* the scan started: recovery_seconds is set */
+    double recovery_seconds;         /* until it finished, or until now */
+};
+struct cache_stats {
+    struct arena_stats host;
+    double high_watermark, low_watermark;
+    bool pinned;                     /* the whole host arena is registered with the GPU runtime */
+    uint64_t pinned_bytes;
+    const char *pin_state;           /* off, running, done, failed, stopped */
+    bool has_pin_error;
+    char pin_error[256];
+    unsigned nhbm;
+    struct cache_hbm_stats hbm[DEVMEM_MAX_DEVICES];
+    struct {
+        double high_watermark, low_watermark;
+        uint64_t blocks, bytes, aborted, failed, dropped, hbm_puts, hbm_fallbacks;
+        bool has_copier;             /* copier is set */
+        struct copier_stats copier;
+    } demotions;
+    bool has_store;                  /* a store is configured: store_blocks is the "store" tier */
+    uint64_t store_blocks;           /* known only in the store (ghosts) */
+    size_t namespaces, namespaces_active;  /* cache_namespace_stats(0 .. namespaces - 1) */
+    uint64_t namespaces_reclaimed;
+    struct {
+        uint64_t read, write, reaped_read, reaped_write;
+        uint64_t max_reserved_per_client_bytes, reservations_refused;
+    } leases;
+    struct {
+        uint64_t to_store, writeback, dropped, quota;   /* host tier */
+    } evictions;
+    struct cache_persist_stats persist;
+    struct metrics_keys keys;        /* cache_key_metrics */
+};
+void cache_get_stats(struct cache *c, struct cache_stats *out);
+
+/* One entry of "namespaces"; strings belong to the namespace. */
+struct cache_namespace_stats {
+    uint32_t id;
+    const char *deployment_id, *model, *dtype;
+    uint32_t block_tokens;
+    uint64_t block_bytes;
+    uint32_t tp_size, tp_rank;
+    uint64_t blocks, bytes, reserved_bytes, stored_blocks, quota_bytes;
+    uint32_t clients;
+    bool active;
+};
+/* i < cache_stats.namespaces (the registry's order). */
+void cache_namespace_stats(struct cache *c, size_t i, struct cache_namespace_stats *out);
+
+#endif

@@ -1,0 +1,463 @@
+/* arena: host memfd arena and its slab allocator (see arena.h).
+ *
+ * Layout: the region is slabs_total slabs of slab_bytes each. A free slab is
+ * on the free-slab stack; a slab owned by a class holds slab_bytes / stride
+ * blocks of that class's stride. A class keeps its slabs that still have a
+ * free block on a doubly-linked "partial" list; alloc takes a block from the
+ * head slab and pops a free slab only when that list is empty.
+ *
+ * Free blocks inside a slab are tracked by a per-slab hierarchical bitmap
+ * (bit set = allocated; an upper-level bit is set when the 64-bit word below
+ * it is full). Finding the lowest free block is one ctz per level and there
+ * are at most ARENA_MAX_LEVELS levels, so alloc and free are O(1) with no
+ * loop over slabs or blocks. All-zero means all free, so a slab handed back
+ * to the pool needs no reset whatever stride it is given next. The bitmap
+ * also tells free() whether an offset is currently allocated, so a bad or
+ * double free is counted and ignored instead of corrupting anything.
+ *
+ * Allocator state lives in daemon memory only, never in the shared mapping:
+ * clients can write to the arena and must not be able to break the daemon. */
+#include "mem/arena.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core/errmsg.h"
+#include "kvnode.h"
+
+#define ARENA_NONE UINT32_MAX
+/* A slab holds at most 64^ARENA_MAX_LEVELS = 2^30 blocks of the minimum
+ * stride, which bounds slab_bytes to 256 GiB and keeps indices in uint32_t. */
+#define ARENA_MAX_LEVELS 5u
+#define ARENA_MAX_SLAB_BYTES ((UINT64_C(1) << 30) * ARENA_STRIDE_ALIGN)
+
+struct arena_slab {
+    uint32_t cls;           /* owning class or ARENA_NONE */
+    uint32_t used;          /* allocated blocks */
+    uint32_t prev, next;    /* links in the class's partial list */
+};
+
+struct arena_class {
+    uint64_t stride;
+    uint32_t per_slab;      /* blocks per slab */
+    uint32_t partial;       /* head of slabs with a free block, or ARENA_NONE */
+    uint32_t slabs;         /* slabs owned */
+    uint64_t blocks;        /* blocks allocated */
+};
+
+struct arena {
+    uint32_t id;
+    int      tier;          /* KVNODE_TIER_* */
+    int      device;        /* -1: host memory */
+    bool     owns_memory;   /* host arena: the memfd and mapping are ours to release */
+    int      fd;
+    void    *base;
+    uint64_t size;          /* slabs_total * slab_bytes */
+    uint64_t slab_bytes;
+    uint32_t slabs_total;
+
+    struct arena_slab *slabs;
+    uint32_t *free_slabs;   /* stack of free slab indices */
+    uint32_t  nfree_slabs;
+
+    struct arena_class classes[ARENA_MAX_CLASSES];
+    uint32_t nclasses;
+
+    /* Per-slab bitmap: levels[0] is the leaf (one bit per block slot of the
+     * minimum stride), levels[nlevels-1] is a single word. */
+    uint64_t *bits;
+    uint32_t  nlevels;
+    size_t    level_off[ARENA_MAX_LEVELS];
+    size_t    slab_words;   /* words of all levels of one slab */
+
+    uint64_t used_bytes;
+    uint64_t blocks;
+    uint64_t bad_frees;
+};
+
+/* Lay out the bitmap levels for slabs of up to max_blocks blocks. */
+static void arena_plan_levels(arena *a, uint64_t max_blocks)
+{
+    uint64_t n = max_blocks;
+    size_t off = 0;
+    a->nlevels = 0;
+    do {
+        uint64_t words = (n + 63) / 64;
+        a->level_off[a->nlevels++] = off;
+        off += words;
+        n = words;
+    } while (n > 1);
+    a->slab_words = off;
+}
+
+/* The allocator over `bytes` (rounded down to whole slabs) of not yet
+ * attached memory: checks the geometry and builds the metadata. */
+static int arena_new(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **out,
+                     char *err, size_t errlen)
+{
+    if (out)
+        *out = NULL;
+    if (!out) {
+        errmsg_set(err, errlen, "arena: no output pointer");
+        return -KVNODE_EINVAL;
+    }
+    if (slab_bytes == 0 || slab_bytes % ARENA_STRIDE_ALIGN != 0) {
+        errmsg_set(err, errlen, "arena: slab_bytes %" PRIu64 " is not a positive multiple of %u",
+                      slab_bytes, ARENA_STRIDE_ALIGN);
+        return -KVNODE_EINVAL;
+    }
+    if (slab_bytes > ARENA_MAX_SLAB_BYTES) {
+        errmsg_set(err, errlen, "arena: slab_bytes %" PRIu64 " is over the maximum %" PRIu64,
+                      slab_bytes, (uint64_t)ARENA_MAX_SLAB_BYTES);
+        return -KVNODE_EINVAL;
+    }
+    if (bytes < slab_bytes) {
+        errmsg_set(err, errlen, "arena: size %" PRIu64 " bytes is smaller than one slab (%" PRIu64
+                      " bytes)", bytes, slab_bytes);
+        return -KVNODE_EINVAL;
+    }
+    uint64_t nslabs = bytes / slab_bytes;
+    if (nslabs >= ARENA_NONE) {
+        errmsg_set(err, errlen, "arena: size %" PRIu64 " bytes makes %" PRIu64
+                      " slabs of %" PRIu64 " bytes, over the limit of %u slabs",
+                      bytes, nslabs, slab_bytes, ARENA_NONE - 1);
+        return -KVNODE_EINVAL;
+    }
+    uint64_t size = nslabs * slab_bytes;
+    if (size > (uint64_t)SIZE_MAX || size > (uint64_t)INT64_MAX) {
+        errmsg_set(err, errlen, "arena: size %" PRIu64 " bytes cannot be mapped", size);
+        return -KVNODE_EINVAL;
+    }
+
+    arena *a = calloc(1, sizeof(*a));
+    if (!a) {
+        errmsg_set(err, errlen, "arena: out of memory");
+        return -KVNODE_ENOMEM;
+    }
+    a->id = id;
+    a->fd = -1;
+    a->base = MAP_FAILED;
+    a->size = size;
+    a->slab_bytes = slab_bytes;
+    a->slabs_total = (uint32_t)nslabs;
+    arena_plan_levels(a, slab_bytes / ARENA_STRIDE_ALIGN);
+
+    int rc = -KVNODE_ENOMEM;
+    a->slabs = calloc(nslabs, sizeof(*a->slabs));
+    a->free_slabs = calloc(nslabs, sizeof(*a->free_slabs));
+    /* calloc'd zero pages are only materialised where blocks are tracked. */
+    a->bits = calloc(nslabs, a->slab_words * sizeof(uint64_t));
+    if (!a->slabs || !a->free_slabs || !a->bits) {
+        errmsg_set(err, errlen, "arena: out of memory for %" PRIu64 " slabs of metadata", nslabs);
+        goto fail;
+    }
+    /* Stack pops slab 0 first, so a fresh arena fills from its start. */
+    for (uint32_t i = 0; i < a->slabs_total; i++) {
+        a->slabs[i].cls = ARENA_NONE;
+        a->slabs[i].prev = a->slabs[i].next = ARENA_NONE;
+        a->free_slabs[i] = a->slabs_total - 1 - i;
+    }
+    a->nfree_slabs = a->slabs_total;
+    a->tier = KVNODE_TIER_HOST;
+    a->device = -1;
+    *out = a;
+    return 0;
+
+fail:
+    arena_destroy(a);
+    return rc;
+}
+
+int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **out,
+                      char *err, size_t errlen)
+{
+    arena *a;
+    int rc = arena_new(id, bytes, slab_bytes, &a, err, errlen);
+    if (rc < 0) {
+        if (out)
+            *out = NULL;
+        return rc;
+    }
+    uint64_t size = a->size;
+    a->owns_memory = true;
+    rc = -KVNODE_EIO;
+    a->fd = memfd_create("kvnode-host", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (a->fd < 0) {
+        errmsg_set(err, errlen, "arena: memfd_create: %s", strerror(errno));
+        goto fail;
+    }
+    if (ftruncate(a->fd, (off_t)size) != 0) {
+        errmsg_set(err, errlen, "arena: ftruncate memfd to %" PRIu64 " bytes: %s", size,
+                      strerror(errno));
+        goto fail;
+    }
+    /* Reserve every page now: the tier is ours for the daemon's life, a
+     * shortage should fail the start rather than a later put, and blocks
+     * must not pay a zero-fill page fault on first use. */
+    if (fallocate(a->fd, 0, 0, (off_t)size) != 0) {
+        rc = errno == ENOSPC || errno == ENOMEM ? -KVNODE_ENOMEM : -KVNODE_EIO;
+        errmsg_set(err, errlen, "arena: cannot reserve %" PRIu64 " bytes of host memory: %s",
+                      size, strerror(errno));
+        goto fail;
+    }
+    /* Clients map the fd: its size must never change under them. */
+    if (fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        errmsg_set(err, errlen, "arena: sealing memfd: %s", strerror(errno));
+        goto fail;
+    }
+    a->base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, a->fd, 0);
+    if (a->base == MAP_FAILED) {
+        if (errno == ENOMEM)
+            rc = -KVNODE_ENOMEM;
+        errmsg_set(err, errlen, "arena: mmap of %" PRIu64 " bytes: %s", size, strerror(errno));
+        goto fail;
+    }
+    *out = a;
+    return 0;
+
+fail:
+    arena_destroy(a);
+    *out = NULL;
+    return rc;
+}
+
+int arena_create_over(uint32_t id, int tier, int device, void *base, int fd, uint64_t bytes,
+                      uint64_t slab_bytes, arena **out, char *err, size_t errlen)
+{
+    arena *a;
+    int rc = arena_new(id, bytes, slab_bytes, &a, err, errlen);
+    if (rc < 0)
+        return rc;
+    a->tier = tier;
+    a->device = device;
+    a->base = base;
+    a->fd = fd;
+    *out = a;
+    return 0;
+}
+
+void arena_destroy(arena *a)
+{
+    if (!a)
+        return;
+    if (a->owns_memory) {
+        if (a->base != MAP_FAILED)
+            munmap(a->base, (size_t)a->size);
+        if (a->fd >= 0)
+            close(a->fd);
+    }
+    free(a->bits);
+    free(a->free_slabs);
+    free(a->slabs);
+    free(a);
+}
+
+uint32_t arena_id(const arena *a) { return a->id; }
+int      arena_tier(const arena *a) { return a->tier; }
+int      arena_device(const arena *a) { return a->device; }
+int      arena_fd(const arena *a) { return a->fd; }
+void    *arena_base(const arena *a) { return a->base; }
+uint64_t arena_size(const arena *a) { return a->size; }
+
+int arena_class_for(arena *a, uint64_t block_bytes, uint32_t *cls)
+{
+    if (block_bytes == 0 || block_bytes > a->slab_bytes)
+        return -KVNODE_ETOOBIG;
+    uint64_t stride = (block_bytes + ARENA_STRIDE_ALIGN - 1) / ARENA_STRIDE_ALIGN * ARENA_STRIDE_ALIGN;
+    /* At most ARENA_MAX_CLASSES entries, called on HELLO only. */
+    for (uint32_t i = 0; i < a->nclasses; i++) {
+        if (a->classes[i].stride == stride) {
+            if (cls)
+                *cls = i;
+            return 0;
+        }
+    }
+    if (a->nclasses >= ARENA_MAX_CLASSES)
+        return -KVNODE_ELIMIT;
+    struct arena_class *c = &a->classes[a->nclasses];
+    c->stride = stride;
+    c->per_slab = (uint32_t)(a->slab_bytes / stride);
+    c->partial = ARENA_NONE;
+    c->slabs = 0;
+    c->blocks = 0;
+    if (cls)
+        *cls = a->nclasses;
+    a->nclasses++;
+    return 0;
+}
+
+uint64_t arena_class_stride(const arena *a, uint32_t cls)
+{
+    return cls < a->nclasses ? a->classes[cls].stride : 0;
+}
+
+uint32_t arena_class_count(const arena *a) { return a->nclasses; }
+
+uint64_t arena_class_blocks(const arena *a, uint32_t cls)
+{
+    return cls < a->nclasses ? a->classes[cls].blocks : 0;
+}
+
+uint32_t arena_class_slabs(const arena *a, uint32_t cls)
+{
+    return cls < a->nclasses ? a->classes[cls].slabs : 0;
+}
+
+uint32_t arena_class_blocks_per_slab(const arena *a, uint32_t cls)
+{
+    return cls < a->nclasses ? a->classes[cls].per_slab : 0;
+}
+
+static void arena_partial_push(arena *a, struct arena_class *c, uint32_t s)
+{
+    struct arena_slab *sl = &a->slabs[s];
+    sl->prev = ARENA_NONE;
+    sl->next = c->partial;
+    if (c->partial != ARENA_NONE)
+        a->slabs[c->partial].prev = s;
+    c->partial = s;
+}
+
+static void arena_partial_unlink(arena *a, struct arena_class *c, uint32_t s)
+{
+    struct arena_slab *sl = &a->slabs[s];
+    if (sl->prev != ARENA_NONE)
+        a->slabs[sl->prev].next = sl->next;
+    else
+        c->partial = sl->next;
+    if (sl->next != ARENA_NONE)
+        a->slabs[sl->next].prev = sl->prev;
+    sl->prev = sl->next = ARENA_NONE;
+}
+
+/* Lowest free block of slab s; the caller knows one exists. Descends from
+ * the top word, taking the lowest non-full child at each level. */
+static uint32_t arena_bits_take(arena *a, uint32_t s)
+{
+    uint64_t *bm = a->bits + (size_t)s * a->slab_words;
+    uint64_t idx = 0;
+    for (uint32_t lv = a->nlevels; lv-- > 0;) {
+        uint64_t w = bm[a->level_off[lv] + idx];
+        idx = idx * 64 + (uint64_t)__builtin_ctzll(~w);
+    }
+    /* Set the leaf bit; mark a word full upwards while words fill up. */
+    uint64_t i = idx;
+    for (uint32_t lv = 0; lv < a->nlevels; lv++) {
+        uint64_t *w = &bm[a->level_off[lv] + i / 64];
+        *w |= UINT64_C(1) << (i % 64);
+        if (*w != UINT64_MAX)
+            break;
+        i /= 64;
+    }
+    return (uint32_t)idx;
+}
+
+static int arena_bits_test(const arena *a, uint32_t s, uint32_t idx)
+{
+    const uint64_t *bm = a->bits + (size_t)s * a->slab_words;
+    return (bm[idx / 64] >> (idx % 64)) & 1u;
+}
+
+static void arena_bits_clear(arena *a, uint32_t s, uint32_t idx)
+{
+    uint64_t *bm = a->bits + (size_t)s * a->slab_words;
+    uint64_t i = idx;
+    for (uint32_t lv = 0; lv < a->nlevels; lv++) {
+        uint64_t *w = &bm[a->level_off[lv] + i / 64];
+        int was_full = *w == UINT64_MAX;
+        *w &= ~(UINT64_C(1) << (i % 64));
+        if (!was_full)
+            break;
+        i /= 64;
+    }
+}
+
+int arena_alloc(arena *a, uint32_t cls, uint64_t *offset)
+{
+    if (cls >= a->nclasses)
+        return -KVNODE_EINVAL;
+    struct arena_class *c = &a->classes[cls];
+    if (c->partial == ARENA_NONE) {
+        if (a->nfree_slabs == 0)
+            return -KVNODE_ENOSPC;
+        uint32_t s = a->free_slabs[--a->nfree_slabs];
+        a->slabs[s].cls = cls;
+        a->slabs[s].used = 0;
+        c->slabs++;
+        arena_partial_push(a, c, s);
+    }
+    uint32_t s = c->partial;
+    struct arena_slab *sl = &a->slabs[s];
+    uint32_t idx = arena_bits_take(a, s);
+    if (++sl->used == c->per_slab)
+        arena_partial_unlink(a, c, s);
+    c->blocks++;
+    a->blocks++;
+    a->used_bytes += c->stride;
+    *offset = (uint64_t)s * a->slab_bytes + (uint64_t)idx * c->stride;
+    return 0;
+}
+
+void arena_free(arena *a, uint64_t offset)
+{
+    if (offset >= a->size) {
+        a->bad_frees++;
+        return;
+    }
+    uint32_t s = (uint32_t)(offset / a->slab_bytes);
+    uint64_t in_slab = offset % a->slab_bytes;
+    struct arena_slab *sl = &a->slabs[s];
+    if (sl->cls == ARENA_NONE) {
+        a->bad_frees++;
+        return;
+    }
+    struct arena_class *c = &a->classes[sl->cls];
+    uint64_t idx = in_slab / c->stride;
+    if (in_slab % c->stride != 0 || idx >= c->per_slab || !arena_bits_test(a, s, (uint32_t)idx)) {
+        a->bad_frees++;
+        return;
+    }
+    arena_bits_clear(a, s, (uint32_t)idx);
+    int was_full = sl->used == c->per_slab;
+    sl->used--;
+    c->blocks--;
+    a->blocks--;
+    a->used_bytes -= c->stride;
+    if (sl->used == 0) {
+        /* Empty: back to the pool at once so any class can take it. */
+        if (!was_full)
+            arena_partial_unlink(a, c, s);
+        sl->cls = ARENA_NONE;
+        c->slabs--;
+        a->free_slabs[a->nfree_slabs++] = s;
+    } else if (was_full) {
+        arena_partial_push(a, c, s);
+    }
+}
+
+int arena_can_alloc(const arena *a, uint32_t cls)
+{
+    if (cls >= a->nclasses)
+        return 0;
+    return a->classes[cls].partial != ARENA_NONE || a->nfree_slabs > 0;
+}
+
+uint64_t arena_bad_frees(const arena *a) { return a->bad_frees; }
+
+void arena_get_stats(const arena *a, struct arena_stats *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->capacity = a->size;
+    st->used_bytes = a->used_bytes;
+    st->slab_bytes = a->slab_bytes;
+    st->slabs_total = a->slabs_total;
+    st->slabs_free = a->nfree_slabs;
+    st->blocks = a->blocks;
+}

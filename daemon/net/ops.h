@@ -1,0 +1,67 @@
+/* ops: request handlers — the only place that turns protocol messages into
+ * cache calls and cache results into replies. Owns per-connection sessions
+ * (namespace binding, leases, peer identity) and per-op request counters.
+ *
+ * Loop thread only. */
+#ifndef KVNODE_OPS_H
+#define KVNODE_OPS_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include <jansson.h>
+
+#include "cache/cache.h"
+#include "config.h"
+#include "counters.h"
+#include "kvnode.pb-c.h"
+#include "mem/lease.h"
+#include "net/server.h"
+#include "net/session.h"
+
+struct conn;
+struct server;
+struct ops;
+struct ops_pending;
+
+int  ops_create(struct cache *cache, const struct kvn_config *cfg, struct ops **out);
+void ops_destroy(struct ops *o);
+void ops_set_server(struct ops *o, struct server *s);
+/* Who performs RELOAD: returns 0 when the new configuration was applied
+ * (not_applied lists changed restart-only options), -1 with error set. */
+typedef int (*ops_reload_fn)(void *arg, char *error, size_t errlen, char *not_applied,
+                             size_t nalen);
+void ops_set_reload(struct ops *o, ops_reload_fn fn, void *arg);
+/* Who builds the STATS document (stats_document; main wires it, so that ops,
+ * whose counters it includes, does not include it): a new reference, or
+ * NULL when out of memory. Until set, STATS fails with ENOMEM. */
+typedef json_t *(*ops_stats_fn)(void *arg);
+void ops_set_stats_hook(struct ops *o, ops_stats_fn fn, void *arg);
+/* The counters ops owns: the document's head and "requests", and the
+ * requests by status with latency (for /metrics). */
+struct ops_stats {
+    double uptime_s;
+    const char *socket_path;                    /* the effective config's */
+    struct { uint64_t ok, error; } requests[METRICS_OP_SLOTS];  /* by op (oneof field number) */
+    const struct metrics_requests *by_status;   /* by op and status, with latency; lives with o */
+};
+void ops_get_stats(const struct ops *o, struct ops_stats *out);
+void ops_apply_config(struct ops *o, const struct kvn_config *cfg);
+struct kvcm_querier;
+/* Who answers MATCH_REMOTE's peer part (NULL: [kvcm] off, local answer only). */
+void ops_set_querier(struct ops *o, struct kvcm_querier *q);
+
+/* Whether HELLO lends HBM arena a to a client on CUDA device `device`
+ * (its own numbering) whose GPU has PCI bus id `bus_id` ("" or NULL:
+ * unknown): the same GPU by bus id when both sides know it, else by
+ * ordinal. Never for a client without a device or for host arenas. */
+bool ops_arena_is_clients_gpu(const struct cache_arena_info *a, int device, const char *bus_id);
+
+/* Handle one decoded request; the reply goes out through server_reply. */
+void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
+/* The connection is gone: end its leases, unbind its namespace. */
+void ops_session_end(struct ops *o, struct session *s);
+/* ops_handle and ops_session_end as the server's handler (server_create). */
+struct server_handler ops_server_handler(struct ops *o);
+
+#endif

@@ -1,0 +1,115 @@
+/* kvs: the persistent-store interface the persist workers call.
+ *
+ * A backend stores whole blocks under (namespace, key), where a namespace is
+ * a deployment's TP rank (its layout is passed along so a backend can record
+ * it and give it back on recovery). Backends know nothing of the index, the
+ * loop or the leases. Calls block (disk, network) and so run only on worker
+ * threads; one kvs_store handle belongs to one thread at a time (open one per
+ * worker). Every call is bounded in time by the backend's own timeouts.
+ *
+ * Results: 0 on success, KVS_MISS (> 0) when a block is absent, KVS_CORRUPT
+ * (> 0) when a stored copy failed its integrity check (the backend has
+ * already removed it); negative KVNODE_E* codes for failures (-KVNODE_EIO,
+ * -KVNODE_ETIMEDOUT, -KVNODE_ENOSPC, -KVNODE_EINVAL, ...), with err naming
+ * the problem. */
+#ifndef KVNODE_KVS_H
+#define KVNODE_KVS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mem/namespace.h"
+
+enum { KVS_MISS = 1, KVS_CORRUPT = 2 };
+
+/* Which namespace a call is about. */
+struct kvs_ns {
+    const struct ns_layout *layout;   /* full layout incl. tp_rank and block_bytes */
+    uint64_t fingerprint;             /* ns_fingerprint(layout) */
+    const char *deployment_id;        /* <model>-<fingerprint hex> */
+};
+
+/* Backend settings (from [persist] in kvnode.conf). */
+struct kvs_config {
+    const char *backend;          /* "file" | "v6d" */
+    const char *path;             /* file: root directory */
+    uint64_t capacity_bytes;      /* file: evict LRU blocks beyond this (0: no limit) */
+    int fsync_policy;             /* KVS_FSYNC_* */
+    const char *url;              /* v6d: control-plane base URL */
+    const char *socket_path;      /* v6d: data-plane unix socket */
+    const char *object_namespace; /* v6d: first part of every object key (NULL/"": rtp_llm) */
+    uint32_t connect_timeout_ms, timeout_ms;
+};
+
+enum { KVS_FSYNC_NEVER = 0, KVS_FSYNC_BATCH = 1, KVS_FSYNC_ALWAYS = 2 };
+
+/* One block found by a recovery scan. */
+struct kvs_found {
+    struct ns_layout layout;      /* as recorded when the block was stored */
+    uint64_t fingerprint;
+    int64_t key;
+    uint64_t size;
+};
+
+struct kvs_store;
+struct kvs_scan;
+
+/* One block of a batch (put_batch / get_batch). */
+struct kvs_item {
+    const struct kvs_ns *ns;
+    int64_t key;
+    const void *src;              /* put: the block's bytes */
+    void *dst;                    /* get: where they go */
+    size_t len;                   /* == ns->layout->block_bytes */
+    int rc;                       /* out: what put / get would have returned for it */
+};
+
+struct kvs_backend {
+    const char *name;
+    int  (*open)(const struct kvs_config *cfg, struct kvs_store **out, char *err, size_t errlen);
+    /* 0 when the store answers and accepts writes. */
+    int  (*health)(struct kvs_store *s, char *err, size_t errlen);
+    /* Store len bytes (len == layout->block_bytes); replaces an existing copy
+     * atomically: a reader sees the old or the new block, never a mix. */
+    int  (*put)(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, const void *data,
+                size_t len, char *err, size_t errlen);
+    /* Read exactly len bytes into data: 0, KVS_MISS, KVS_CORRUPT or < 0. */
+    int  (*get)(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, void *data,
+                size_t len, char *err, size_t errlen);
+    /* 0 (also when it was absent) or < 0. */
+    int  (*del)(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, char *err, size_t errlen);
+    /* present[i] = 1 when keys[i] is stored. */
+    int  (*exists)(struct kvs_store *s, const struct kvs_ns *ns, const int64_t *keys, size_t n,
+                   uint8_t *present, char *err, size_t errlen);
+    /* Recovery: report up to `budget` stored blocks per call through found();
+     * *cursor starts NULL and is freed by the backend when the scan ends.
+     * Returns 1 when the scan is complete, 0 when more remain, < 0 on error.
+     * budget == 0 abandons a scan: frees *cursor (sets it NULL), returns 1. */
+    int  (*scan)(struct kvs_store *s, struct kvs_scan **cursor, size_t budget,
+                 void (*found)(void *arg, const struct kvs_found *f), void *arg,
+                 char *err, size_t errlen);
+    void (*close)(struct kvs_store *s);
+    /* Optional (NULL: the caller calls put / get per block): the same for n
+     * blocks in as few store calls as the backend can make. Every item's rc
+     * is set. Returns 0 when the batch reached the store (items may still
+     * have failed one by one), or < 0 when it failed as a whole (every
+     * item's rc is that code too; err says why). */
+    int  (*put_batch)(struct kvs_store *s, struct kvs_item *items, size_t n, char *err,
+                      size_t errlen);
+    int  (*get_batch)(struct kvs_store *s, struct kvs_item *items, size_t n, char *err,
+                      size_t errlen);
+    /* del cannot remove a stored block (v6d: a sealed object is permanent,
+     * the protocol discards unsealed ones only): the caller must hide deleted
+     * keys itself (persist's tombstones). */
+    bool keeps_deleted;
+};
+
+/* The backends (kvs_backend_find() knows them by name). */
+extern const struct kvs_backend kvs_backend_file;   /* kvs/file.c; extras in kvs/file.h */
+extern const struct kvs_backend kvs_backend_v6d;    /* kvs/v6d.c; extras in kvs/v6d.h */
+
+/* The backend called `name`, or NULL. */
+const struct kvs_backend *kvs_backend_find(const char *name);
+
+#endif
