@@ -26,7 +26,7 @@
 #include "net/ops.h"
 #include "persist/persist.h"
 #include "reload.h"
-#include "sd.h"
+#include "sdnotify.h"
 #include "net/server.h"
 #include "stats.h"
 

@@ -12,7 +12,7 @@
 #include "kvnode.h"
 #include "stats.h"
 #include "wire.h"
-#include "core/workers.h"
+#include "core/liveness.h"
 
 const char *metrics_status_name(int code)
 {

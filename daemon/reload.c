@@ -9,7 +9,7 @@
 #include "daemon.h"
 #include "core/log.h"
 #include "net/ops.h"
-#include "sd.h"
+#include "sdnotify.h"
 #include "net/server.h"
 
 int reload_run(struct daemon *d, struct reload_result *res)

@@ -2,7 +2,7 @@
  * its own part: cache_get_stats, server_get_stats, ops_get_stats,
  * admin_get_stats, kvcm_get_stats, kvcm_querier_get_stats, gpu_get_stats),
  * and the STATS document built from it (the STATS op and /stats). The
- * /metrics page (metrics.c) and the systemd STATUS line (sd.c) read the
+ * /metrics page (metrics.c) and the systemd STATUS line (sdnotify.c) read the
  * same structs; nothing reads numbers back out of the JSON.
  *
  * A snapshot's strings belong to the modules: use it before the loop runs

@@ -22,7 +22,7 @@
 
 #include "core/clock.h"
 #include "kvnode.h"
-#include "core/workers.h"
+#include "core/liveness.h"
 
 struct workq_thread {
     struct workq *q;

@@ -20,7 +20,7 @@
 #include "core/errmsg.h"
 #include "kvnode.h"
 #include "core/log.h"
-#include "core/workers.h"
+#include "core/liveness.h"
 
 #define HOSTPIN_THREAD_NAME "kvnode-pin"
 

@@ -20,7 +20,7 @@
 #include "core/clock.h"
 #include "config.h"
 #include "core/errmsg.h"
-#include "kvcm/client.h"
+#include "kvcm/kvcm_client.h"
 #include "kvcm/keyset.h"
 #include "kvnode.h"
 #include "core/log.h"

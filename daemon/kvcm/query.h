@@ -22,7 +22,7 @@
 
 #include <jansson.h>
 
-#include "kvcm/client.h"
+#include "kvcm/kvcm_client.h"
 #include "mem/namespace.h"
 
 struct event_base;

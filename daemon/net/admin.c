@@ -30,7 +30,7 @@
 #include "kvcm/kvcm.h"
 #include "core/log.h"
 #include "persist/persist.h"
-#include "core/workers.h"
+#include "core/liveness.h"
 
 /* evhttp's own timeout: a connection where nothing moves for this long
  * (e.g. a client that stops reading its reply) is closed. Receiving a

@@ -20,7 +20,7 @@
 #include "gpu/devmem.h"
 #include "kvnode.h"
 #include "loop_wait.h"
-#include "core/workers.h"
+#include "core/liveness.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)

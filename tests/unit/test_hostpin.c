@@ -18,7 +18,7 @@
 #include "gpu/devmem.h"
 #include "gpu/hostpin.h"
 #include "kvnode.h"
-#include "core/workers.h"
+#include "core/liveness.h"
 
 static size_t g_page;
 

@@ -1,4 +1,4 @@
-/* Unit tests of the KVCM client (daemon/kvcm/client.c).
+/* Unit tests of the KVCM client (daemon/kvcm/kvcm_client.c).
  *
  * Most tests start the protocol-true KVCM simulator (kvcm-sim, see tests/sim/kvcmctl.h for
  * which binary; with VALGRIND=1 it runs under valgrind too) on an ephemeral loopback port and
@@ -28,7 +28,7 @@
 
 #include <jansson.h>
 
-#include "kvcm/client.h"
+#include "kvcm/kvcm_client.h"
 #include "kvnode.h"
 
 #include "../sim/kvcmctl.h"

@@ -36,7 +36,7 @@
 #include "loop_wait.h"
 #include "mem/namespace.h"
 #include "persist/persist.h"
-#include "core/workers.h"
+#include "core/liveness.h"
 
 #ifdef KVNODE_HAVE_V6D
 #include "../sim/simctl.h"

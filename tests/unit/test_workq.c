@@ -1,6 +1,6 @@
 /* Unit tests for daemon/core/workq.c: the bounded worker pool, with real threads
  * and a real event_base driven by the test's thread (the "loop thread").
- * Every test destroys its queue, so the liveness registry (workers.h) is
+ * Every test destroys its queue, so the liveness registry (core/liveness.h) is
  * empty between tests even with CK_FORK=no (helgrind). */
 #include <check.h>
 #include <pthread.h>
@@ -15,7 +15,7 @@
 #include "core/clock.h"
 #include "kvnode.h"
 #include "loop_wait.h"
-#include "core/workers.h"
+#include "core/liveness.h"
 #include "core/workq.h"
 
 static struct workq *make_q(struct event_base *base, const char *name, unsigned n, size_t cap)

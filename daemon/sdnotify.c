@@ -1,5 +1,5 @@
-/* sd: see sd.h. */
-#include "sd.h"
+/* sdnotify: see sdnotify.h. */
+#include "sdnotify.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -17,7 +17,7 @@
 #include "core/log.h"
 #include "persist/persist.h"
 #include "net/server.h"
-#include "core/workers.h"
+#include "core/liveness.h"
 
 #define SDN_STATUS_INTERVAL_MS 5000
 #define SDN_STATUS_MAX 512

@@ -1,4 +1,4 @@
-/* workers: liveness registry of the daemon's threads besides the loop
+/* liveness: the liveness registry of the daemon's threads besides the loop
  * (store workers, copiers, the KVCM query worker). Each worker registers under a name and
  * calls worker_heartbeat() from its own thread whenever it makes progress or
  * wakes up idle (at least every few seconds); workers_check() tells whether
@@ -8,8 +8,8 @@
  * Every function is thread-safe. A handle is valid from worker_register()
  * until worker_unregister(); a worker that dies without unregistering simply
  * stops beating and is reported as stalled. */
-#ifndef KVNODE_WORKERS_H
-#define KVNODE_WORKERS_H
+#ifndef KVNODE_LIVENESS_H
+#define KVNODE_LIVENESS_H
 
 #include <stdbool.h>
 #include <stddef.h>

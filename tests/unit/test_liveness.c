@@ -1,4 +1,4 @@
-/* Unit tests for daemon/core/workers.c: the worker liveness registry behind the
+/* Unit tests for daemon/core/liveness.c: the worker liveness registry behind the
  * systemd watchdog and /readyz, with real threads that beat and one that
  * stops. Every test unregisters what it registered (CK_FORK=no shares the
  * registry between tests, e.g. under helgrind). */
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/workers.h"
+#include "core/liveness.h"
 
 static void sleep_ms(unsigned ms)
 {

@@ -1,4 +1,4 @@
-/* kvcm/client: the KVCM HTTP/JSON client. Protocol and behaviour: see client.h.
+/* kvcm_client: the KVCM HTTP/JSON client. Protocol and behaviour: see kvcm_client.h.
  *
  * Outcome of one POST, exactly: HTTP 2xx with a body that is a JSON object carrying
  * header.status.code (a known name or number) -> that status; anything else (no connection,
@@ -12,7 +12,7 @@
  * discovery splits what is left of its deadline evenly over the endpoints still to try, so
  * one hanging endpoint cannot starve the others. A call that ends without a valid answer
  * (KVCM_TRANSPORT) or with SERVER_NOT_LEADER forgets the leader: the next call rediscovers. */
-#include "kvcm/client.h"
+#include "kvcm/kvcm_client.h"
 
 #include <ctype.h>
 #include <inttypes.h>

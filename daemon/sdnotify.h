@@ -1,4 +1,4 @@
-/* sd: systemd integration — Type=notify readiness and STATUS lines, reload
+/* sdnotify: systemd integration — Type=notify readiness and STATUS lines, reload
  * and stop notifications, the watchdog, and socket activation. Everything is
  * a no-op when the daemon does not run under systemd (NOTIFY_SOCKET,
  * WATCHDOG_USEC or LISTEN_FDS unset), so the daemon behaves the same from a
@@ -6,11 +6,11 @@
  *
  * The watchdog pings (WATCHDOG=1, every half interval) only while the loop
  * thread (the ping timer fires on it) and every registered worker
- * (workers.h) prove they are alive.
+ * (core/liveness.h) prove they are alive.
  *
  * One per process, like NOTIFY_SOCKET itself. Loop thread only. */
-#ifndef KVNODE_SD_H
-#define KVNODE_SD_H
+#ifndef KVNODE_SDNOTIFY_H
+#define KVNODE_SDNOTIFY_H
 
 #include <stddef.h>
 

@@ -1,5 +1,5 @@
-/* workers: see workers.h. */
-#include "core/workers.h"
+/* liveness: see liveness.h. */
+#include "core/liveness.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

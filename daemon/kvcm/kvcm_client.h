@@ -1,4 +1,4 @@
-/* kvcm/client: a client of the KV Cache Manager (KVCM) over HTTP/JSON,
+/* kvcm_client: a client of the KV Cache Manager (KVCM) over HTTP/JSON,
  * exactly as docs/PROTOCOLS.md §2 describes it: POST <leader>/api/<rpc>
  * with the protobuf JSON mapping (snake_case, enums by name, int64 as
  * decimal strings), the outcome in header.status.code. Owns one persistent
