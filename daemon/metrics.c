@@ -385,14 +385,14 @@ static void render_admin(struct evbuffer *out, const struct stats_snapshot *s)
 
 static void render_workers(struct evbuffer *out)
 {
-    struct worker_info w[WORKERS_MAX];
-    size_t n = workers_snapshot(workers_now_ms(), w, WORKERS_MAX);
+    struct liveness_info w[LIVENESS_MAX];
+    size_t n = liveness_snapshot(liveness_now_ms(), w, LIVENESS_MAX);
 
     family(out, "kvnode_worker_up", "gauge",
            "1 while a thread proves it is alive (the loop answering this page; workers by heartbeat).");
     sample_u(out, "kvnode_worker_up", L("worker", "loop"), 1);
-    for (size_t i = 0; i < n && i < WORKERS_MAX; i++)
-        sample_u(out, "kvnode_worker_up", L("worker", w[i].name), w[i].age_ms <= WORKER_MAX_AGE_MS);
+    for (size_t i = 0; i < n && i < LIVENESS_MAX; i++)
+        sample_u(out, "kvnode_worker_up", L("worker", w[i].name), w[i].age_ms <= LIVENESS_MAX_AGE_MS);
 }
 
 int metrics_render(struct daemon *d, struct evbuffer *out)

@@ -7,75 +7,75 @@
 #include <string.h>
 #include <time.h>
 
-struct worker {
-    bool used;                          /* under workers_lock */
-    char name[WORKER_NAME_MAX];         /* under workers_lock */
+struct liveness_entry {
+    bool used;                          /* under liveness_lock */
+    char name[LIVENESS_NAME_MAX];       /* under liveness_lock */
     _Atomic uint64_t last_ms;           /* written by the worker, read by anyone */
 };
 
-static pthread_mutex_t workers_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct worker workers[WORKERS_MAX];
+static pthread_mutex_t liveness_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct liveness_entry entries[LIVENESS_MAX];
 
-uint64_t workers_now_ms(void)
+uint64_t liveness_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-struct worker *worker_register(const char *name)
+struct liveness_entry *liveness_register(const char *name)
 {
-    struct worker *w = NULL;
+    struct liveness_entry *w = NULL;
 
     if (!name || !*name)
         return NULL;
-    pthread_mutex_lock(&workers_lock);
-    for (size_t i = 0; i < WORKERS_MAX; i++) {
-        if (!workers[i].used) {
-            w = &workers[i];
+    pthread_mutex_lock(&liveness_lock);
+    for (size_t i = 0; i < LIVENESS_MAX; i++) {
+        if (!entries[i].used) {
+            w = &entries[i];
             w->used = true;
             snprintf(w->name, sizeof w->name, "%s", name);
-            atomic_store(&w->last_ms, workers_now_ms());
+            atomic_store(&w->last_ms, liveness_now_ms());
             break;
         }
     }
-    pthread_mutex_unlock(&workers_lock);
+    pthread_mutex_unlock(&liveness_lock);
     return w;
 }
 
-void worker_heartbeat(struct worker *w)
+void liveness_heartbeat(struct liveness_entry *w)
 {
     if (w)
-        atomic_store(&w->last_ms, workers_now_ms());
+        atomic_store(&w->last_ms, liveness_now_ms());
 }
 
-void worker_unregister(struct worker *w)
+void liveness_unregister(struct liveness_entry *w)
 {
     if (!w)
         return;
-    pthread_mutex_lock(&workers_lock);
+    pthread_mutex_lock(&liveness_lock);
     w->used = false;
     w->name[0] = '\0';
-    pthread_mutex_unlock(&workers_lock);
+    pthread_mutex_unlock(&liveness_lock);
 }
 
-static uint64_t worker_age(struct worker *w, uint64_t now_ms)
+static uint64_t liveness_age(struct liveness_entry *w, uint64_t now_ms)
 {
     uint64_t last = atomic_load(&w->last_ms);
     return now_ms > last ? now_ms - last : 0;
 }
 
-bool workers_check(uint64_t now_ms, uint64_t max_age_ms, char *stalled, size_t len)
+bool liveness_check(uint64_t now_ms, uint64_t max_age_ms, char *stalled, size_t len)
 {
     bool all = true;
     size_t off = 0;
 
     if (stalled && len)
         stalled[0] = '\0';
-    pthread_mutex_lock(&workers_lock);
-    for (size_t i = 0; i < WORKERS_MAX; i++) {
-        struct worker *w = &workers[i];
-        if (!w->used || worker_age(w, now_ms) <= max_age_ms)
+    pthread_mutex_lock(&liveness_lock);
+    for (size_t i = 0; i < LIVENESS_MAX; i++) {
+        struct liveness_entry *w = &entries[i];
+        if (!w->used || liveness_age(w, now_ms) <= max_age_ms)
             continue;
         all = false;
         if (stalled && off + 1 < len) {
@@ -85,25 +85,25 @@ bool workers_check(uint64_t now_ms, uint64_t max_age_ms, char *stalled, size_t l
                 off = len - 1;   /* cut: snprintf kept it terminated */
         }
     }
-    pthread_mutex_unlock(&workers_lock);
+    pthread_mutex_unlock(&liveness_lock);
     return all;
 }
 
-size_t workers_snapshot(uint64_t now_ms, struct worker_info *out, size_t max)
+size_t liveness_snapshot(uint64_t now_ms, struct liveness_info *out, size_t max)
 {
     size_t n = 0;
 
-    pthread_mutex_lock(&workers_lock);
-    for (size_t i = 0; i < WORKERS_MAX; i++) {
-        struct worker *w = &workers[i];
+    pthread_mutex_lock(&liveness_lock);
+    for (size_t i = 0; i < LIVENESS_MAX; i++) {
+        struct liveness_entry *w = &entries[i];
         if (!w->used)
             continue;
         if (out && n < max) {
             memcpy(out[n].name, w->name, sizeof out[n].name);
-            out[n].age_ms = worker_age(w, now_ms);
+            out[n].age_ms = liveness_age(w, now_ms);
         }
         n++;
     }
-    pthread_mutex_unlock(&workers_lock);
+    pthread_mutex_unlock(&liveness_lock);
     return n;
 }

@@ -28,8 +28,8 @@ struct workq_thread {
     struct workq *q;
     unsigned      index;
     pthread_t     tid;
-    struct worker *w;            /* registered by workq_create, unregistered by the thread */
-    char          name[WORKER_NAME_MAX];
+    struct liveness_entry *w;            /* registered by workq_create, unregistered by the thread */
+    char          name[LIVENESS_NAME_MAX];
     struct workq_job *taken_head, *taken_tail;   /* workq_take_more during this run() */
     size_t        ntaken;
 };
@@ -132,7 +132,7 @@ static void *worker_main(void *arg)
 {
     struct workq_thread *t = arg;
     struct workq *q = t->q;
-    struct worker *w = t->w;
+    struct liveness_entry *w = t->w;
     void *ctx = NULL;
     char tname[16];
 
@@ -145,12 +145,12 @@ static void *worker_main(void *arg)
     if (q->hooks.init) {
         int rc = q->hooks.init(q->hooks.arg, t->index, &ctx);
         if (rc != 0) {
-            worker_unregister(w);
+            liveness_unregister(w);
             startup_report(q, rc < 0 ? rc : -KVNODE_EINTERNAL, "init hook failed", t->name);
             return NULL;
         }
     }
-    worker_heartbeat(w);
+    liveness_heartbeat(w);
     startup_report(q, 0, NULL, NULL);
 
     pthread_mutex_lock(&q->lock);
@@ -159,7 +159,7 @@ static void *worker_main(void *arg)
             struct timespec ts;
             deadline_in(&ts, WORKQ_IDLE_BEAT_MS);
             pthread_cond_timedwait(&q->cond, &q->lock, &ts);
-            worker_heartbeat(w);
+            liveness_heartbeat(w);
         }
         if (q->stopping)
             break;   /* workq_destroy took the queued jobs */
@@ -171,9 +171,9 @@ static void *worker_main(void *arg)
         q->running++;
         pthread_mutex_unlock(&q->lock);
 
-        worker_heartbeat(w);
+        liveness_heartbeat(w);
         job->run(job, ctx);
-        worker_heartbeat(w);
+        liveness_heartbeat(w);
 
         struct workq_job *taken = t->taken_head;
         size_t ntaken = t->ntaken;
@@ -194,7 +194,7 @@ static void *worker_main(void *arg)
 
     if (q->hooks.fini)
         q->hooks.fini(q->hooks.arg, ctx);
-    worker_unregister(w);
+    liveness_unregister(w);
     return NULL;
 }
 
@@ -371,7 +371,7 @@ int workq_create_hooks(struct event_base *loop, const char *name, unsigned nthre
         t->index = i;
         snprintf(t->name, sizeof t->name, "%s-%u", name, i);
         /* Registered here, in index order, so the registry lists them so. */
-        t->w = worker_register(t->name);
+        t->w = liveness_register(t->name);
         if (!t->w) {
             set_err(err, errlen, "workq %s: %s", name, "the worker liveness registry is full");
             rc = -KVNODE_ELIMIT;
@@ -379,7 +379,7 @@ int workq_create_hooks(struct event_base *loop, const char *name, unsigned nthre
         }
         int e = pthread_create(&t->tid, NULL, worker_main, t);
         if (e != 0) {
-            worker_unregister(t->w);
+            liveness_unregister(t->w);
             set_err(err, errlen, "workq %s: cannot start a thread: %s", name, strerror(e));
             rc = -KVNODE_ENOMEM;
             break;

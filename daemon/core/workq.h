@@ -7,7 +7,7 @@
  *
  * Threads. Each of the nthreads workers is named "<name>-<i>" (i from 0):
  * pthread_setname_np gets the name cut to 15 bytes (the kernel's limit), the
- * liveness registry (core/liveness.h) the name cut to WORKER_NAME_MAX - 1 bytes.
+ * liveness registry (core/liveness.h) the name cut to LIVENESS_NAME_MAX - 1 bytes.
  * A worker heartbeats before and after each job and at least every
  * WORKQ_IDLE_BEAT_MS while idle, so a job that runs longer than the
  * registry's stall bound shows up as a stalled worker until it ends — that

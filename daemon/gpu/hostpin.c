@@ -30,7 +30,7 @@ struct hostpin {
     uint64_t       len, chunk;
     uint64_t       nreg;           /* chunks registered (see above) */
     uint64_t       start_ms;
-    struct worker *w;
+    struct liveness_entry *w;
     pthread_t      tid;
     bool           thread;         /* joinable (main thread) */
     atomic_bool    stop;
@@ -71,7 +71,7 @@ static void *pin_main(void *arg)
     char why[sizeof hp->why];
 
     pthread_setname_np(pthread_self(), HOSTPIN_THREAD_NAME);
-    worker_heartbeat(hp->w);
+    liveness_heartbeat(hp->w);
     while (hp->nreg < nchunks) {
         if (atomic_load(&hp->stop)) {
             atomic_store(&hp->state, HOSTPIN_STOPPED);
@@ -88,13 +88,13 @@ static void *pin_main(void *arg)
             atomic_store(&hp->state, HOSTPIN_FAILED);
             break;
         }
-        worker_heartbeat(hp->w);
+        liveness_heartbeat(hp->w);
     }
     if (hp->nreg == nchunks) {
         atomic_store(&hp->state, HOSTPIN_DONE);
         log_done(hp);
     }
-    worker_unregister(hp->w);
+    liveness_unregister(hp->w);
     hp->w = NULL;
     return NULL;
 }
@@ -161,7 +161,7 @@ int hostpin_start(struct devmem *dm, void *base, uint64_t len, uint64_t chunk_by
     }
 
     /* Registered here so it is watched from the start; the thread unregisters. */
-    hp->w = worker_register(HOSTPIN_THREAD_NAME);
+    hp->w = liveness_register(HOSTPIN_THREAD_NAME);
     /* The thread inherits a mask blocking every signal: they are the loop's. */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -169,7 +169,7 @@ int hostpin_start(struct devmem *dm, void *base, uint64_t len, uint64_t chunk_by
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
         errmsg_set(why, whylen, "hostpin: cannot start the pinning thread: %s", strerror(rc));
-        worker_unregister(hp->w);
+        liveness_unregister(hp->w);
         for (uint64_t i = 0; i < hp->nreg; i++)
             devmem_host_unregister(dm, hp->base + i * hp->chunk);
         free(hp);

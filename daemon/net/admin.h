@@ -4,7 +4,7 @@
  *   /metrics  Prometheus text format 0.0.4 (metrics_render, see admin_set_pages)
  *   /healthz  200 "ok" while the process runs
  *   /readyz   200 "ready" while serving (not shutting down) and every worker
- *             is alive (workers_check); 503 with the reason otherwise
+ *             is alive (liveness_check); 503 with the reason otherwise
  *   /stats    the STATS document as JSON (stats_document, see admin_set_pages)
  *   /config   the effective configuration (config_write), text/plain
  * Anything else is 404, another method 405. Every answer is built from

@@ -66,9 +66,9 @@ static struct hostpin_progress wait_end(struct hostpin *hp, unsigned timeout_ms)
 
 static bool pin_worker_registered(void)
 {
-    struct worker_info w[WORKERS_MAX];
-    size_t n = workers_snapshot(workers_now_ms(), w, WORKERS_MAX);
-    for (size_t i = 0; i < n && i < WORKERS_MAX; i++)
+    struct liveness_info w[LIVENESS_MAX];
+    size_t n = liveness_snapshot(liveness_now_ms(), w, LIVENESS_MAX);
+    for (size_t i = 0; i < n && i < LIVENESS_MAX; i++)
         if (strcmp(w[i].name, "kvnode-pin") == 0)
             return true;
     return false;

@@ -173,8 +173,8 @@ START_TEST(test_roundtrip)
     ck_assert_uint_eq(c.workers, 2);
     ck_assert_uint_eq(c.queue_capacity, 64);
     ck_assert_str_eq(persist_last_error(p), "");
-    struct worker_info wi[8];
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), wi, 8), 2);
+    struct liveness_info wi[8];
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), wi, 8), 2);
     ck_assert_str_eq(wi[0].name, "persist-0");
     ck_assert_str_eq(wi[1].name, "persist-1");
 
@@ -230,7 +230,7 @@ START_TEST(test_roundtrip)
     ck_assert_int_eq(persist_write(NULL, &ns, 1, wbuf[0], BB, on_done, &miss), -KVNODE_EINVAL);
 
     persist_destroy(p);
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), NULL, 0), 0);
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 0);
     event_base_free(base);
 }
 END_TEST
@@ -455,9 +455,9 @@ static void store_blocks(const kv_namespace *ns)
 
 static bool scan_thread_present(void)
 {
-    struct worker_info wi[WORKERS_MAX];
-    size_t n = workers_snapshot(workers_now_ms(), wi, WORKERS_MAX);
-    for (size_t i = 0; i < n && i < WORKERS_MAX; i++)
+    struct liveness_info wi[LIVENESS_MAX];
+    size_t n = liveness_snapshot(liveness_now_ms(), wi, LIVENESS_MAX);
+    for (size_t i = 0; i < n && i < LIVENESS_MAX; i++)
         if (strcmp(wi[i].name, "persist-scan-0") == 0)
             return true;
     return false;
@@ -509,7 +509,7 @@ START_TEST(test_scan)
     /* the scan thread goes away once the scan ended */
     loop_while(base, scan_thread_alive, NULL, 5000);
     ck_assert(!scan_thread_present());
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), NULL, 0), 1);
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 1);
 
     /* what the scan found reads back through the pool */
     static uint8_t rb[SCAN_BB], want[SCAN_BB];
@@ -556,7 +556,7 @@ START_TEST(test_destroy_cancels)
         ck_assert_msg(r[i].rc == 0 || r[i].rc == -KVNODE_ESHUTDOWN, "rc %d", r[i].rc);
     }
     ck_assert_uint_eq(g_done, N);
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), NULL, 0), 0);
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 0);
     persist_destroy(NULL);
     free(wbuf);
     event_base_free(base);
@@ -591,7 +591,7 @@ START_TEST(test_destroy_abandons_scan)
     ck_assert_uint_eq(rec->chunks, 1);
     ck_assert_int_eq(rec->finished_calls, 1);
     ck_assert_int_eq(rec->finished_rc, -KVNODE_ESHUTDOWN);
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), NULL, 0), 0);
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 0);
 
     /* destroy right after the start: the first chunk never reaches found() */
     memset(rec, 0, sizeof *rec);
@@ -670,7 +670,7 @@ START_TEST(test_create_errors)
     ck_assert_int_lt(rc, 0);
     ck_assert_ptr_null(p);
     ck_assert_msg(strstr(err, "persist.path") && strstr(err, cfg.persist_path), "err: %s", err);
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), NULL, 0), 0);
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 0);
 
     /* bad pool sizes */
     file_cfg(&cfg, 0, 16);
@@ -747,7 +747,7 @@ START_TEST(test_v6d_down)
     ck_assert_int_eq(c.state, PERSIST_STATE_DEGRADED);
     ck_assert_str_eq(persist_backend_name(p), "v6d");
     ck_assert(persist_lookup_on_miss(p));             /* auto: v6d cannot be enumerated */
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), NULL, 0), 2);   /* started anyway */
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 2);   /* started anyway */
 
     kv_namespace ns;
     mk_kvns(&ns, "down", BB);

@@ -111,15 +111,15 @@ START_TEST(test_args)
     ck_assert(strstr(err, "too many threads"));
 
     /* Registry full: create fails and gives back the slots it took. */
-    struct worker *fill[WORKERS_MAX - 1];
-    for (size_t i = 0; i < WORKERS_MAX - 1; i++)
-        ck_assert_ptr_nonnull(fill[i] = worker_register("filler"));
+    struct liveness_entry *fill[LIVENESS_MAX - 1];
+    for (size_t i = 0; i < LIVENESS_MAX - 1; i++)
+        ck_assert_ptr_nonnull(fill[i] = liveness_register("filler"));
     ck_assert_int_eq(workq_create(base, "full", 2, 4, &q, err, sizeof err), -KVNODE_ELIMIT);
     ck_assert_ptr_null(q);
     ck_assert(strstr(err, "registry is full"));
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), NULL, 0), WORKERS_MAX - 1);
-    for (size_t i = 0; i < WORKERS_MAX - 1; i++)
-        worker_unregister(fill[i]);
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), LIVENESS_MAX - 1);
+    for (size_t i = 0; i < LIVENESS_MAX - 1; i++)
+        liveness_unregister(fill[i]);
 
     q = make_q(base, "args", 1, 4);
     struct workq_job bad = { 0 };
@@ -129,7 +129,7 @@ START_TEST(test_args)
     ck_assert_int_eq(workq_drain(q, 0), 0);       /* nothing pending */
     workq_destroy(q);
     workq_destroy(NULL);
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), NULL, 0), 0);
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 0);
     event_base_free(base);
 }
 END_TEST
@@ -145,8 +145,8 @@ START_TEST(test_threads_and_loop_wakeup)
     pthread_t loop_thread = pthread_self();
 
     reset_globals();
-    struct worker_info wi[8];
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), wi, 8), 2);
+    struct liveness_info wi[8];
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), wi, 8), 2);
     ck_assert_str_eq(wi[0].name, "tq-0");
     ck_assert_str_eq(wi[1].name, "tq-1");
 
@@ -188,7 +188,7 @@ START_TEST(test_threads_and_loop_wakeup)
     ck_assert_uint_eq(st.cancelled_total, 0);
     ck_assert_uint_eq(st.threads, 2);
     workq_destroy(q);
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), NULL, 0), 0);
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 0);
     event_base_free(base);
 }
 END_TEST
@@ -390,7 +390,7 @@ START_TEST(test_many_jobs_four_threads)
     ck_assert_uint_eq(st.pending, 0);
     ck_assert_uint_eq(st.threads, 4);
     workq_destroy(q);
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), NULL, 0), 0);
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 0);
     free(jobs);
     event_base_free(base);
 }
@@ -501,7 +501,7 @@ START_TEST(test_thread_hooks)
     ck_assert_int_eq(hs.inits, T);
     ck_assert_int_eq(hs.finis, T - 1);
     ck_assert(hs.fini_thread_ok);
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), NULL, 0), 0);
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 0);
     pthread_mutex_destroy(&hs.lock);
     event_base_free(base);
 }
@@ -559,7 +559,7 @@ START_TEST(test_destroy_cancels_queued_waits_running)
         ck_assert_int_eq(g_done_order[i], i);
     ck_assert_int_eq(g_resubmit_rc, -KVNODE_ESHUTDOWN);
     ck_assert_int_eq(g_resubmit_job.dones, 0);
-    ck_assert_uint_eq(workers_snapshot(workers_now_ms(), NULL, 0), 0);
+    ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 0);
     event_base_free(base);
 }
 END_TEST
@@ -604,7 +604,7 @@ START_TEST(test_long_job_is_a_stalled_worker)
 
     reset_globals();
     test_sleep_ms(50);
-    ck_assert(workers_check(workers_now_ms(), bound, stalled, sizeof stalled));
+    ck_assert(liveness_check(liveness_now_ms(), bound, stalled, sizeof stalled));
     tjob_init(&job, 0, bound + 900);
     uint64_t t0 = clock_now_ms();
     ck_assert_int_eq(workq_submit(q, &job.job), 0);
@@ -612,16 +612,16 @@ START_TEST(test_long_job_is_a_stalled_worker)
         test_sleep_ms(1);
     test_sleep_ms(bound + 200);
     ck_assert_msg(atomic_load(&job.runs) == 0, "job ended early (slow host?)");
-    ck_assert(!workers_check(workers_now_ms(), bound, stalled, sizeof stalled));
+    ck_assert(!liveness_check(liveness_now_ms(), bound, stalled, sizeof stalled));
     ck_assert_str_eq(stalled, "stall-0");
 
     ck_assert_int_eq(workq_drain(q, 20000), 0);
     ck_assert_uint_ge(clock_now_ms() - t0, bound + 900);
     /* Recovered: it beat after the job and keeps beating while idle. */
-    ck_assert(workers_check(workers_now_ms(), bound, stalled, sizeof stalled));
+    ck_assert(liveness_check(liveness_now_ms(), bound, stalled, sizeof stalled));
     ck_assert_str_eq(stalled, "");
     test_sleep_ms(WORKQ_IDLE_BEAT_MS + 100);
-    ck_assert(workers_check(workers_now_ms(), bound, stalled, sizeof stalled));
+    ck_assert(liveness_check(liveness_now_ms(), bound, stalled, sizeof stalled));
     workq_destroy(q);
     event_base_free(base);
 }
