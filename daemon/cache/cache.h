@@ -59,9 +59,9 @@ void cache_destroy(struct cache *c);
 void cache_apply_config(struct cache *c, const struct kvn_config *cfg);
 
 /* Namespaces. bind checks the block size fits the allocator. */
-int  cache_bind(struct cache *c, const struct ns_layout *layout, kv_namespace **ns,
+int  cache_bind(struct cache *c, const struct ns_layout *layout, struct kv_namespace **ns,
                 char *err, size_t errlen);
-void cache_unbind(struct cache *c, kv_namespace *ns);
+void cache_unbind(struct cache *c, struct kv_namespace *ns);
 size_t cache_arenas(const struct cache *c, struct cache_arena_info *out, size_t max);
 /* The daemon's CPU address of an arena, NULL when the CPU cannot read it
  * (real GPU memory) or there is no such arena. */
@@ -108,11 +108,11 @@ void cache_set_persist(struct cache *c, struct persist *p);
  * HELLO binds a namespace and every TP rank of its deployment then has a
  * client bound (the deployment is live, even with nothing cached). */
 enum cache_medium { CACHE_MEDIUM_NONE = 0, CACHE_MEDIUM_HBM = 1, CACHE_MEDIUM_HOST = 2 };
-typedef void (*cache_block_fn)(void *arg, const kv_namespace *ns, int64_t key, int medium);
-typedef void (*cache_deployment_fn)(void *arg, const kv_namespace *ns);
+typedef void (*cache_block_fn)(void *arg, const struct kv_namespace *ns, int64_t key, int medium);
+typedef void (*cache_deployment_fn)(void *arg, const struct kv_namespace *ns);
 void cache_set_block_observer(struct cache *c, cache_block_fn fn, cache_deployment_fn dep_fn,
                               void *arg);
-bool cache_key_complete(struct cache *c, const kv_namespace *ns, int64_t key);
+bool cache_key_complete(struct cache *c, const struct kv_namespace *ns, int64_t key);
 /* Every complete key, by a chunked walk of the index that runs a step per
  * loop iteration (no O(n) pause): fn(arg, ns, key, medium) once per key
  * (ns: the deployment's lowest-id rank), then done(arg); *out identifies the
@@ -120,7 +120,7 @@ bool cache_key_complete(struct cache *c, const kv_namespace *ns, int64_t key);
  * while the walk runs may or may not be reported: pair the walk with the
  * completeness events from its start on. */
 struct cache_walk;
-typedef void (*cache_key_fn)(void *arg, const kv_namespace *ns, int64_t key, int medium);
+typedef void (*cache_key_fn)(void *arg, const struct kv_namespace *ns, int64_t key, int medium);
 int  cache_walk_complete(struct cache *c, cache_key_fn fn, void (*done)(void *arg), void *arg,
                          struct cache_walk **out);
 void cache_walk_cancel(struct cache *c, struct cache_walk *w);
@@ -138,11 +138,11 @@ struct cache_tiers {
 
 /* Operations. All return 0 or a negative KVNODE_E* code with err set. */
 /* The longest prefix held in any tier (memory or store, as the index knows it). */
-size_t cache_match(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n);
-void cache_match_tiers(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+size_t cache_match(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n);
+void cache_match_tiers(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
                        struct cache_tiers *out);
 /* A read of the prefix that is in memory now: ghosts end it (no promotion). */
-int  cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+int  cache_get_begin(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
                      const int64_t *keys, size_t n, uint64_t *lease_id,
                      struct cache_loc *locs, size_t *got, char *err, size_t errlen);
 
@@ -158,7 +158,7 @@ int  cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner
  * *_finish), or a negative code with err set. */
 #define CACHE_WAITING 1
 typedef void (*cache_ready_fn)(void *arg);
-int  cache_match_start(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+int  cache_match_start(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
                        struct cache_tiers *out, cache_ready_fn ready, void *arg,
                        struct cache_wait **wait);
 void cache_match_finish(struct cache *c, struct cache_wait *wait, struct cache_tiers *out);
@@ -166,14 +166,14 @@ void cache_match_finish(struct cache *c, struct cache_wait *wait, struct cache_t
  * arenas the answer may point into (bit per id; the host arena always) —
  * the owner's mapped ones, or fewer (GET_INLINE: those the daemon's CPU
  * reads); the prefix ends at a block in any other. */
-int  cache_get_start(struct cache *c, kv_namespace *ns, struct lease_list *owner, uint32_t readable,
+int  cache_get_start(struct cache *c, struct kv_namespace *ns, struct lease_list *owner, uint32_t readable,
                      const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
                      size_t *got, char *err, size_t errlen, cache_ready_fn ready, void *arg,
                      struct cache_wait **wait);
 void cache_get_finish(struct cache *c, struct cache_wait *wait, uint64_t *lease_id,
                       struct cache_loc *locs, size_t *got);
 void cache_wait_cancel(struct cache *c, struct cache_wait *wait);
-int  cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+int  cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
                      const int64_t *keys, size_t n, int tier, uint64_t *lease_id,
                      struct cache_loc *locs, char *err, size_t errlen);
 /* Back-pressure. With a store, a committed block is not evicted before its
@@ -191,7 +191,7 @@ int  cache_put_wait(struct cache *c, unsigned timeout_ms, cache_ready_fn ready, 
  * commit=true (seal) or false (abort). *blocks = entries released. */
 int  cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, int kind,
                      bool commit, uint32_t *blocks, char *err, size_t errlen);
-int  cache_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+int  cache_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
                   uint32_t *deleted);
 /* End every lease of a closing connection at once. */
 void cache_release_owner(struct cache *c, struct lease_list *owner);

@@ -38,7 +38,7 @@ _Static_assert(NS_MAX_HBM_ARENAS >= DEVMEM_MAX_DEVICES, "a namespace has a class
 
 /* A device's HBM arena and its demotion state. */
 struct cache_hbm {
-    arena   *a;
+    struct arena   *a;
     int      device;
     bool     host_access;            /* the loop may read its bytes (sim) */
     uint8_t  ipc[DEVMEM_IPC_HANDLE_BYTES];
@@ -51,9 +51,9 @@ struct cache_hbm {
 
 struct cache {
     struct event_base *base;
-    arena *host;
+    struct arena *host;
     /* Arenas by id: [0] the host arena, [1 + i] HBM of hbm[i]. */
-    arena *arenas[INDEX_MAX_ARENAS];
+    struct arena *arenas[INDEX_MAX_ARENAS];
     uint32_t narenas;
     struct cache_hbm hbm[DEVMEM_MAX_DEVICES];
     unsigned nhbm;
@@ -65,9 +65,9 @@ struct cache {
     struct event *demote_ev;
     bool demote_scheduled;
     bool demote_building;            /* in cache_demote_cb: blocks it puts back do not reschedule it */
-    kv_index *index;
-    ns_registry *namespaces;
-    lease_table *leases;
+    struct kv_index *index;
+    struct ns_registry *namespaces;
+    struct lease_table *leases;
 
     /* reloadable limits */
     double high_watermark, low_watermark;
@@ -136,8 +136,8 @@ struct cache_storeop {
     struct keylock_waiter turn;     /* first: waiting for its (single) key */
     struct cache *c;
     int kind;
-    kv_namespace *ns;
-    index_entry *e;                 /* write: the block, pinned until the result */
+    struct kv_namespace *ns;
+    struct index_entry *e;          /* write: the block, pinned until the result */
     bool evicting;                  /* write: a write-back victim */
     struct cache_storeop *next;     /* on c->queued_head: the store's queue was full */
     size_t n;
@@ -160,11 +160,11 @@ enum { WAIT_MATCH = 1, WAIT_GET = 2, WAIT_PUT = 3 };
 struct cache_wait {
     struct cache *c;
     int kind;
-    kv_namespace *ns;
+    struct kv_namespace *ns;
     const int64_t *keys;        /* the caller's during start, owned copy once on the heap */
     size_t n;
     size_t next;                /* GET: next key to walk */
-    lease *l;                   /* GET: the read lease (NULL: none yet, or reaped) */
+    struct lease *l;            /* GET: the read lease (NULL: none yet, or reaped) */
     struct lease_list *owner;   /* GET: who the lease is for */
     uint32_t readable;          /* GET: arenas the answer may point into (bit per id) */
     unsigned outstanding;       /* promotions and lookups not back yet */
@@ -183,22 +183,22 @@ uint64_t cache_reserve_limit(const struct cache *c);
 uint64_t cache_ns_block_bytes(struct cache *c, uint32_t ns_id);
 /* An entry's slot: the daemon's address of it, giving it back; the HBM
  * arena record of an entry (NULL: host memory). */
-void *cache_slot_ptr(struct cache *c, const index_entry *e);
-void cache_slot_free(struct cache *c, const index_entry *e);
-struct cache_hbm *cache_hbm_of(struct cache *c, const index_entry *e);
+void *cache_slot_ptr(struct cache *c, const struct index_entry *e);
+void cache_slot_free(struct cache *c, const struct index_entry *e);
+struct cache_hbm *cache_hbm_of(struct cache *c, const struct index_entry *e);
 /* An entry leaving: freed with its slot; out of the index (freed at the last
  * pin); an unpinned SEALED one dropped; one the store holds kept as a ghost;
  * a victim's memory freed (ghost or dropped). */
-void cache_entry_destroy(struct cache *c, index_entry *e);
-void cache_remove_entry(struct cache *c, index_entry *e);
-void cache_drop_entry(struct cache *c, index_entry *e);
-void cache_to_ghost(struct cache *c, index_entry *e);
-void cache_evict_entry(struct cache *c, index_entry *e);
+void cache_entry_destroy(struct cache *c, struct index_entry *e);
+void cache_remove_entry(struct cache *c, struct index_entry *e);
+void cache_drop_entry(struct cache *c, struct index_entry *e);
+void cache_to_ghost(struct cache *c, struct index_entry *e);
+void cache_evict_entry(struct cache *c, struct index_entry *e);
 /* Pins keep an entry in memory and off the LRU. */
-void cache_unpin(struct cache *c, index_entry *e);
-void cache_pin(struct cache *c, index_entry *e);
+void cache_unpin(struct cache *c, struct index_entry *e);
+void cache_pin(struct cache *c, struct index_entry *e);
 /* End a lease's hold on its entries (seal, give back, or unpin); the count. */
-uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit);
+uint32_t cache_lease_finish(struct cache *c, struct lease *l, bool commit);
 
 /* read.c */
 /* 0, or -KVNODE_ELIMIT with err set when owner holds leases.max_per_client. */
@@ -208,9 +208,9 @@ void cache_get_walk(struct cache *c, struct cache_wait **wp);
 
 /* put.c: a reserved slot stops being one (committed or given back); a
  * WRITING entry's slot given back. */
-void cache_reservation_end(kv_namespace *ns, struct lease_list *owner);
-void cache_unreserve(struct cache *c, kv_namespace *ns, struct lease_list *owner,
-                     index_entry *e);
+void cache_reservation_end(struct kv_namespace *ns, struct lease_list *owner);
+void cache_unreserve(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
+                     struct index_entry *e);
 
 /* deferred.c: a wait freed, a store request of it back, moved to the heap,
  * its timer started; the event that lets waiting puts try again. */
@@ -227,8 +227,8 @@ bool cache_over(const struct cache *c, double watermark);
 void cache_evict_maybe_schedule(struct cache *c);
 void cache_evict_cb(evutil_socket_t fd, short what, void *arg);
 bool cache_make_room(struct cache *c, uint32_t cls);
-bool cache_quota_room(struct cache *c, kv_namespace *ns);
-uint64_t cache_quota_stuck(struct cache *c, kv_namespace *ns);
+bool cache_quota_room(struct cache *c, struct kv_namespace *ns);
+uint64_t cache_quota_stuck(struct cache *c, struct kv_namespace *ns);
 void cache_reap_cb(evutil_socket_t fd, short what, void *arg);
 
 /* demote.c: demotion scheduled when an HBM arena wants a batch. */
@@ -240,26 +240,26 @@ void cache_demote_cb(evutil_socket_t fd, short what, void *arg);
  * written at all; a block leaving memory unwritten counted. */
 bool cache_write_budget(const struct cache *c, uint64_t bytes);
 bool cache_persisting(const struct cache *c);
-void cache_count_unwritten(struct cache *c, const index_entry *e);
+void cache_count_unwritten(struct cache *c, const struct index_entry *e);
 void cache_storeop_free(struct cache_storeop *op);
 /* A SEALED block written (pinned until its result); keys deleted from the
  * store, each after the ops on it that came before. */
-void cache_write_start(struct cache *c, index_entry *e, bool evicting);
-void cache_store_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n);
+void cache_write_start(struct cache *c, struct index_entry *e, bool evicting);
+void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n);
 void cache_retry_cb(evutil_socket_t fd, short what, void *arg);
 /* Whether the store is asked about keys the index does not know; ask it
  * about w's keys from `from` on (0: submitted, w counts it). */
 bool cache_may_lookup(const struct cache *c);
 int cache_lookup_submit(struct cache *c, struct cache_wait *w, size_t from);
 /* A ghost read back into a host slot (0: on its way); w waits for e's. */
-int cache_promote(struct cache *c, kv_namespace *ns, index_entry *e);
-int cache_promo_wait(struct cache_wait *w, index_entry *e);
+int cache_promote(struct cache *c, struct kv_namespace *ns, struct index_entry *e);
+int cache_promo_wait(struct cache_wait *w, struct index_entry *e);
 
 /* complete.c: completeness changes, told to the observer — e sealed, e about
  * to leave memory, e demoted to host memory, ns bound by a HELLO. */
-void cache_note_sealed(struct cache *c, const index_entry *e);
-void cache_note_leaving(struct cache *c, const index_entry *e);
-void cache_note_demoted(struct cache *c, const index_entry *e);
-void cache_note_bound(struct cache *c, const kv_namespace *ns);
+void cache_note_sealed(struct cache *c, const struct index_entry *e);
+void cache_note_leaving(struct cache *c, const struct index_entry *e);
+void cache_note_demoted(struct cache *c, const struct index_entry *e);
+void cache_note_bound(struct cache *c, const struct kv_namespace *ns);
 
 #endif

@@ -9,19 +9,19 @@
 
 /* --- completeness (a key sealed in memory in every TP rank) ------------------ */
 
-static bool cache_sealed_in(struct cache *c, const kv_namespace *ns, int64_t key)
+static bool cache_sealed_in(struct cache *c, const struct kv_namespace *ns, int64_t key)
 {
-    index_entry *e = index_lookup(c->index, ns->id, key);
+    struct index_entry *e = index_lookup(c->index, ns->id, key);
     return e && e->state == ENTRY_SEALED;
 }
 
 /* Whether every other rank of ns's deployment holds key sealed in memory
  * (and every rank has a namespace). O(TP size). */
-static bool cache_others_sealed(struct cache *c, const kv_namespace *ns, int64_t key)
+static bool cache_others_sealed(struct cache *c, const struct kv_namespace *ns, int64_t key)
 {
     if (ns->ranks < ns->layout.tp_size)
         return false;
-    for (const kv_namespace *o = ns->sibling; o != ns; o = o->sibling)
+    for (const struct kv_namespace *o = ns->sibling; o != ns; o = o->sibling)
         if (!cache_sealed_in(c, o, key))
             return false;
     return true;
@@ -29,10 +29,10 @@ static bool cache_others_sealed(struct cache *c, const kv_namespace *ns, int64_t
 
 /* Whether every other rank of ns's deployment holds key in HBM (the key
  * complete). O(TP size). */
-static bool cache_others_in_hbm(struct cache *c, const kv_namespace *ns, int64_t key)
+static bool cache_others_in_hbm(struct cache *c, const struct kv_namespace *ns, int64_t key)
 {
-    for (const kv_namespace *o = ns->sibling; o != ns; o = o->sibling) {
-        index_entry *e = index_lookup(c->index, o->id, key);
+    for (const struct kv_namespace *o = ns->sibling; o != ns; o = o->sibling) {
+        struct index_entry *e = index_lookup(c->index, o->id, key);
         if (!e || e->tier != KVNODE_TIER_HBM)
             return false;
     }
@@ -40,16 +40,16 @@ static bool cache_others_in_hbm(struct cache *c, const kv_namespace *ns, int64_t
 }
 
 /* The medium of a complete key whose copy in ns is e. */
-static int cache_key_medium(struct cache *c, const kv_namespace *ns, const index_entry *e)
+static int cache_key_medium(struct cache *c, const struct kv_namespace *ns, const struct index_entry *e)
 {
     return e->tier == KVNODE_TIER_HBM && cache_others_in_hbm(c, ns, e->key) ? CACHE_MEDIUM_HBM
                                                                             : CACHE_MEDIUM_HOST;
 }
 
 /* e has just become SEALED in memory: the key may now be complete. */
-void cache_note_sealed(struct cache *c, const index_entry *e)
+void cache_note_sealed(struct cache *c, const struct index_entry *e)
 {
-    kv_namespace *ns;
+    struct kv_namespace *ns;
     if (!c->observer || !(ns = ns_get(c->namespaces, e->ns)))
         return;
     if (cache_others_sealed(c, ns, e->key))
@@ -57,9 +57,9 @@ void cache_note_sealed(struct cache *c, const index_entry *e)
 }
 
 /* e (SEALED) is about to leave memory: a complete key stops being one. */
-void cache_note_leaving(struct cache *c, const index_entry *e)
+void cache_note_leaving(struct cache *c, const struct index_entry *e)
 {
-    kv_namespace *ns;
+    struct kv_namespace *ns;
     if (!c->observer || e->state != ENTRY_SEALED || !(ns = ns_get(c->namespaces, e->ns)))
         return;
     if (cache_others_sealed(c, ns, e->key))
@@ -68,9 +68,9 @@ void cache_note_leaving(struct cache *c, const index_entry *e)
 
 /* e (SEALED) has just moved from HBM to host memory: a complete key whose
  * every copy was in HBM changes medium. */
-void cache_note_demoted(struct cache *c, const index_entry *e)
+void cache_note_demoted(struct cache *c, const struct index_entry *e)
 {
-    kv_namespace *ns;
+    struct kv_namespace *ns;
     if (!c->observer || e->state != ENTRY_SEALED || !(ns = ns_get(c->namespaces, e->ns)))
         return;
     if (cache_others_sealed(c, ns, e->key) && cache_others_in_hbm(c, ns, e->key))
@@ -78,11 +78,11 @@ void cache_note_demoted(struct cache *c, const index_entry *e)
 }
 
 /* A HELLO bound ns: tell when every rank of its deployment has a client. */
-void cache_note_bound(struct cache *c, const kv_namespace *ns)
+void cache_note_bound(struct cache *c, const struct kv_namespace *ns)
 {
     if (!c->dep_observer || ns->ranks < ns->layout.tp_size)
         return;
-    for (const kv_namespace *o = ns->sibling; o != ns; o = o->sibling)
+    for (const struct kv_namespace *o = ns->sibling; o != ns; o = o->sibling)
         if (o->clients == 0)
             return;
     c->dep_observer(c->observer_arg, ns);
@@ -96,16 +96,16 @@ void cache_set_block_observer(struct cache *c, cache_block_fn fn, cache_deployme
     c->observer_arg = arg;
 }
 
-bool cache_key_complete(struct cache *c, const kv_namespace *ns, int64_t key)
+bool cache_key_complete(struct cache *c, const struct kv_namespace *ns, int64_t key)
 {
     return cache_sealed_in(c, ns, key) && cache_others_sealed(c, ns, key);
 }
 
 /* The ring member that reports a deployment's keys: the lowest id. */
-static const kv_namespace *cache_ring_leader(const kv_namespace *ns)
+static const struct kv_namespace *cache_ring_leader(const struct kv_namespace *ns)
 {
-    const kv_namespace *best = ns;
-    for (const kv_namespace *o = ns->sibling; o != ns; o = o->sibling)
+    const struct kv_namespace *best = ns;
+    for (const struct kv_namespace *o = ns->sibling; o != ns; o = o->sibling)
         if (o->id < best->id)
             best = o;
     return best;
@@ -122,10 +122,10 @@ struct cache_walk {
     void *arg;
 };
 
-static void cache_walk_visit(void *arg, index_entry *e)
+static void cache_walk_visit(void *arg, struct index_entry *e)
 {
     struct cache_walk *w = arg;
-    kv_namespace *ns;
+    struct kv_namespace *ns;
     if (e->state != ENTRY_SEALED || !(ns = ns_get(w->c->namespaces, e->ns)))
         return;
     if (cache_ring_leader(ns) == ns && cache_others_sealed(w->c, ns, e->key))

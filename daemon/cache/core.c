@@ -161,9 +161,9 @@ uint64_t cache_reserve_limit(const struct cache *c)
 #define RECLAIM_MAX_BLOCKS 256u
 static bool cache_reclaim_idle_ns(struct cache *c)
 {
-    kv_namespace *best = NULL;
+    struct kv_namespace *best = NULL;
     for (size_t i = 0; i < ns_count(c->namespaces); i++) {
-        kv_namespace *ns = ns_at(c->namespaces, i);
+        struct kv_namespace *ns = ns_at(c->namespaces, i);
         if (ns->clients || ns->reserved || !ns->blocks || ns->blocks > RECLAIM_MAX_BLOCKS ||
             index_lru_count_in_ns(c->index, ns->id) < ns->blocks)
             continue;   /* in use, empty, too big, or some block pinned */
@@ -172,7 +172,7 @@ static bool cache_reclaim_idle_ns(struct cache *c)
     }
     if (!best)
         return false;
-    index_entry *e;
+    struct index_entry *e;
     while ((e = index_lru_oldest_in_ns(c->index, best->id)) != NULL) {
         if (c->persist && c->policy != CONFIG_POLICY_OFF && e->persist != PERSIST_STORED)
             break;   /* not written yet: it stays (and so does the namespace) */
@@ -186,10 +186,10 @@ static bool cache_reclaim_idle_ns(struct cache *c)
     return true;
 }
 
-int cache_bind(struct cache *c, const struct ns_layout *layout, kv_namespace **ns,
+int cache_bind(struct cache *c, const struct ns_layout *layout, struct kv_namespace **ns,
                char *err, size_t errlen)
 {
-    kv_namespace *n = NULL;
+    struct kv_namespace *n = NULL;
     int created = 0, rc;
     uint32_t cls;
 
@@ -231,7 +231,7 @@ int cache_bind(struct cache *c, const struct ns_layout *layout, kv_namespace **n
     return 0;
 }
 
-void cache_unbind(struct cache *c, kv_namespace *ns)
+void cache_unbind(struct cache *c, struct kv_namespace *ns)
 {
     (void)c;
     if (ns && ns->clients > 0)
@@ -242,7 +242,7 @@ size_t cache_arenas(const struct cache *c, struct cache_arena_info *out, size_t 
 {
     size_t n = 0;
     for (uint32_t id = 0; id < c->narenas && n < max; id++, n++) {
-        const arena *a = c->arenas[id];
+        const struct arena *a = c->arenas[id];
         const struct cache_hbm *h = id == HOST_ARENA_ID ? NULL : &c->hbm[id - 1];
         out[n].id = arena_id(a);
         out[n].tier = arena_tier(a);
@@ -328,44 +328,44 @@ uint32_t cache_cpu_arenas(const struct cache *c)
 
 uint64_t cache_ns_block_bytes(struct cache *c, uint32_t ns_id)
 {
-    kv_namespace *ns = ns_get(c->namespaces, ns_id);
+    struct kv_namespace *ns = ns_get(c->namespaces, ns_id);
     return ns ? ns->layout.block_bytes : 0;
 }
 
-static bool entry_has_slot(const index_entry *e)
+static bool entry_has_slot(const struct index_entry *e)
 {
     return e->state != ENTRY_GHOST;
 }
 
-static arena *cache_arena_of(struct cache *c, const index_entry *e)
+static struct arena *cache_arena_of(struct cache *c, const struct index_entry *e)
 {
     return e->arena < c->narenas ? c->arenas[e->arena] : NULL;
 }
 
 /* The daemon's address of a block (a device pointer for a real GPU's HBM). */
-void *cache_slot_ptr(struct cache *c, const index_entry *e)
+void *cache_slot_ptr(struct cache *c, const struct index_entry *e)
 {
     return (uint8_t *)arena_base(cache_arena_of(c, e)) + e->offset;
 }
 
 /* Give back an entry's slot, in whichever arena it is. */
-void cache_slot_free(struct cache *c, const index_entry *e)
+void cache_slot_free(struct cache *c, const struct index_entry *e)
 {
-    arena *a = cache_arena_of(c, e);
+    struct arena *a = cache_arena_of(c, e);
     if (a)
         arena_free(a, e->offset);
 }
 
 /* The HBM arena record of an entry, or NULL for host memory. */
-struct cache_hbm *cache_hbm_of(struct cache *c, const index_entry *e)
+struct cache_hbm *cache_hbm_of(struct cache *c, const struct index_entry *e)
 {
     return e->arena != HOST_ARENA_ID && e->arena < c->narenas ? &c->hbm[e->arena - 1] : NULL;
 }
 
 /* Forget an entry's accounting (it is leaving the index). */
-static void cache_account_remove(struct cache *c, index_entry *e)
+static void cache_account_remove(struct cache *c, struct index_entry *e)
 {
-    kv_namespace *ns = ns_get(c->namespaces, e->ns);
+    struct kv_namespace *ns = ns_get(c->namespaces, e->ns);
     if (!ns)
         return;
     if (e->state == ENTRY_SEALED && ns->blocks > 0) {
@@ -379,7 +379,7 @@ static void cache_account_remove(struct cache *c, index_entry *e)
     }
 }
 
-void cache_entry_destroy(struct cache *c, index_entry *e)
+void cache_entry_destroy(struct cache *c, struct index_entry *e)
 {
     if (entry_has_slot(e))
         cache_slot_free(c, e);
@@ -388,7 +388,7 @@ void cache_entry_destroy(struct cache *c, index_entry *e)
 
 /* Take an entry out of the index: freed now, or, while pinned (readers, a
  * store request), when the last pin goes. */
-void cache_remove_entry(struct cache *c, index_entry *e)
+void cache_remove_entry(struct cache *c, struct index_entry *e)
 {
     cache_note_leaving(c, e);
     index_unlink(c->index, e);
@@ -400,7 +400,7 @@ void cache_remove_entry(struct cache *c, index_entry *e)
 }
 
 /* Drop an unpinned SEALED entry from memory and the index. */
-void cache_drop_entry(struct cache *c, index_entry *e)
+void cache_drop_entry(struct cache *c, struct index_entry *e)
 {
     cache_note_leaving(c, e);
     index_unlink(c->index, e);
@@ -410,9 +410,9 @@ void cache_drop_entry(struct cache *c, index_entry *e)
 
 /* An unpinned SEALED entry the store holds leaves memory and stays indexed
  * as a ghost. */
-void cache_to_ghost(struct cache *c, index_entry *e)
+void cache_to_ghost(struct cache *c, struct index_entry *e)
 {
-    kv_namespace *ns = ns_get(c->namespaces, e->ns);
+    struct kv_namespace *ns = ns_get(c->namespaces, e->ns);
     cache_note_leaving(c, e);
     index_lru_remove(c->index, e);
     cache_slot_free(c, e);
@@ -430,7 +430,7 @@ void cache_to_ghost(struct cache *c, index_entry *e)
 }
 
 /* Free a victim's memory: keep it as a ghost when the store holds it. */
-void cache_evict_entry(struct cache *c, index_entry *e)
+void cache_evict_entry(struct cache *c, struct index_entry *e)
 {
     if (c->persist && e->persist == PERSIST_STORED) {
         cache_to_ghost(c, e);
@@ -445,7 +445,7 @@ void cache_evict_entry(struct cache *c, index_entry *e)
  * put's shield, a demotion given up) makes an HBM block movable again: an
  * arena whose demotion stopped for want of movable blocks goes on now, not
  * at the next put. (A commit, the other way in, schedules it itself.) */
-void cache_unpin(struct cache *c, index_entry *e)
+void cache_unpin(struct cache *c, struct index_entry *e)
 {
     if (e->pins == 0)
         return;
@@ -460,7 +460,7 @@ void cache_unpin(struct cache *c, index_entry *e)
     }
 }
 
-void cache_pin(struct cache *c, index_entry *e)
+void cache_pin(struct cache *c, struct index_entry *e)
 {
     if (e->pins++ == 0)
         index_lru_remove(c->index, e);
@@ -469,7 +469,7 @@ void cache_pin(struct cache *c, index_entry *e)
 /* --- lease end and delete ----------------------------------------------------- */
 
 /* End a lease's hold on its entries. */
-uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
+uint32_t cache_lease_finish(struct cache *c, struct lease *l, bool commit)
 {
     uint32_t count = 0;
 
@@ -488,9 +488,9 @@ uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
         }
     } else if (commit) {
         uint64_t bytes = cache_ns_block_bytes(c, l->ns);
-        kv_namespace *ns = ns_get(c->namespaces, l->ns);
+        struct kv_namespace *ns = ns_get(c->namespaces, l->ns);
         for (size_t i = l->n; i-- > 0;) {
-            index_entry *e = l->entries[i];
+            struct index_entry *e = l->entries[i];
             if (!e)
                 continue;
             e->state = ENTRY_SEALED;
@@ -509,9 +509,9 @@ uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
                 cache_write_start(c, e, false);
         }
     } else {
-        kv_namespace *ns = ns_get(c->namespaces, l->ns);
+        struct kv_namespace *ns = ns_get(c->namespaces, l->ns);
         for (size_t i = 0; i < l->n; i++) {
-            index_entry *e = l->entries[i];
+            struct index_entry *e = l->entries[i];
             if (!e)
                 continue;
             cache_unreserve(c, ns, l->owner, e);
@@ -528,7 +528,7 @@ uint32_t cache_lease_finish(struct cache *c, lease *l, bool commit)
 int cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, int kind,
                     bool commit, uint32_t *blocks, char *err, size_t errlen)
 {
-    lease *l = lease_id ? lease_find(c->leases, lease_id) : NULL;
+    struct lease *l = lease_id ? lease_find(c->leases, lease_id) : NULL;
 
     *blocks = 0;
     if (!l || l->owner != owner) {
@@ -548,12 +548,12 @@ int cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id
     return 0;
 }
 
-int cache_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+int cache_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
                  uint32_t *deleted)
 {
     *deleted = 0;
     for (size_t i = 0; i < n; i++) {
-        index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
         /* Blocks still being written belong to their writer until commit. */
         if (!e || e->state == ENTRY_WRITING)
             continue;

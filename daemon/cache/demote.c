@@ -16,7 +16,7 @@
 
 /* One block of a demotion batch: where it goes in the host arena. */
 struct demote_rec {
-    index_entry *e;
+    struct index_entry *e;
     uint64_t host_off;
     uint32_t host_cls;
     uint64_t stride;                 /* its stride in the HBM arena */
@@ -76,7 +76,7 @@ static void cache_demote_done(struct copier_batch *b)
                  h->device, b->why);
     for (size_t i = 0; i < b->n; i++) {
         struct demote_rec *r = &d->recs[i];
-        index_entry *e = r->e;
+        struct index_entry *e = r->e;
         h->moving_bytes -= h->moving_bytes >= r->stride ? r->stride : h->moving_bytes;
         if (b->rc == 0 && !e->detached && e->pins == 1 && e->state == ENTRY_SEALED) {
             arena_free(h->a, e->offset);
@@ -131,7 +131,7 @@ static bool cache_demote_batch(struct cache *c, unsigned hi)
         goto out;
     /* The victims, pinned: off the LRU, alive until the batch is back. */
     while (bytes < c->hbm_batch_bytes && cache_hbm_over(h, c->hbm_low)) {
-        index_entry *e = index_lru_oldest_in_arena(c->index, arena_id(h->a));
+        struct index_entry *e = index_lru_oldest_in_arena(c->index, arena_id(h->a));
         if (!e)
             break;
         if (n == cap) {
@@ -151,8 +151,8 @@ static bool cache_demote_batch(struct cache *c, unsigned hi)
     qsort(recs, n, sizeof *recs, demote_rec_by_offset);
     items = malloc((n ? n : 1) * sizeof *items);
     for (size_t i = 0; i < n; i++) {
-        index_entry *e = recs[i].e;
-        kv_namespace *ns = ns_get(c->namespaces, e->ns);
+        struct index_entry *e = recs[i].e;
+        struct kv_namespace *ns = ns_get(c->namespaces, e->ns);
         uint64_t off;
         if (!items || !ns || !cache_make_room(c, ns->cls) || arena_alloc(c->host, ns->cls, &off) < 0) {
             h->moving_bytes -= recs[i].stride;

@@ -52,7 +52,7 @@ void cache_evict_cb(evutil_socket_t fd, short what, void *arg)
     for (unsigned i = 0; i < EVICT_BATCH; i++) {
         if (!cache_over_after_writeback(c, c->low_watermark))
             return;
-        index_entry *victim = index_lru_oldest_in_arena(c->index, arena_id(c->host));
+        struct index_entry *victim = index_lru_oldest_in_arena(c->index, arena_id(c->host));
         if (!victim)
             return;
         if (cache_persisting(c) && victim->persist != PERSIST_STORED) {
@@ -82,7 +82,7 @@ void cache_evict_cb(evutil_socket_t fd, short what, void *arg)
 bool cache_make_room(struct cache *c, uint32_t cls)
 {
     while (!arena_can_alloc(c->host, cls)) {
-        index_entry *victim = index_lru_oldest(c->index, arena_id(c->host), cls);
+        struct index_entry *victim = index_lru_oldest(c->index, arena_id(c->host), cls);
         if (!victim)
             victim = index_lru_oldest_in_arena(c->index, arena_id(c->host));
         if (!victim)
@@ -95,13 +95,13 @@ bool cache_make_room(struct cache *c, uint32_t cls)
 /* Make room under the namespace quota for one more block of ns: evict ns's
  * own oldest unpinned sealed blocks (leaves first), never another
  * namespace's. false: still over and nothing of ns left to evict. */
-bool cache_quota_room(struct cache *c, kv_namespace *ns)
+bool cache_quota_room(struct cache *c, struct kv_namespace *ns)
 {
     uint64_t quota = c->namespace_quota, bb = ns->layout.block_bytes;
     if (quota == 0)
         return true;
     while (ns->bytes + ns->reserved + bb > quota) {
-        index_entry *victim = index_lru_oldest_in_ns(c->index, ns->id);
+        struct index_entry *victim = index_lru_oldest_in_ns(c->index, ns->id);
         if (!victim)
             return false;
         if (c->persist && victim->persist == PERSIST_STORED) {
@@ -117,7 +117,7 @@ bool cache_quota_room(struct cache *c, kv_namespace *ns)
 
 /* Bytes ns holds that a quota eviction cannot free: pinned (or shielded)
  * sealed blocks and reserved slots. */
-uint64_t cache_quota_stuck(struct cache *c, kv_namespace *ns)
+uint64_t cache_quota_stuck(struct cache *c, struct kv_namespace *ns)
 {
     uint64_t evictable = (uint64_t)index_lru_count_in_ns(c->index, ns->id) * ns->layout.block_bytes;
     uint64_t held = ns->bytes + ns->reserved;
@@ -130,7 +130,7 @@ void cache_reap_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct cache *c = arg;
     uint64_t now = clock_now_ms();
-    lease *l;
+    struct lease *l;
     unsigned n = 0;
     (void)fd;
     (void)what;

@@ -28,14 +28,14 @@ static void cache_format_size(uint64_t v, char *buf, size_t len)
 /* Keys a put reports as already stored are the prefix it extends: shield
  * them (a pin, as a reader's) from the evictions that make room for the
  * rest, and release them tail-first after, which refreshes them like a hit. */
-static void cache_put_shield(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+static void cache_put_shield(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
                              const struct cache_loc *locs, bool on)
 {
     for (size_t j = 0; j < n; j++) {
         size_t i = on ? j : n - 1 - j;
         if (locs[i].present)
             continue;
-        index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
         if (!e || e->state != ENTRY_SEALED)
             continue;
         if (!on)
@@ -45,12 +45,12 @@ static void cache_put_shield(struct cache *c, kv_namespace *ns, const int64_t *k
     }
 }
 
-int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
                     const int64_t *keys, size_t n, int tier, uint64_t *lease_id,
                     struct cache_loc *locs, char *err, size_t errlen)
 {
     size_t need = 0, reserved = 0;
-    lease *l;
+    struct lease *l;
     int rc;
 
     *lease_id = 0;
@@ -61,14 +61,14 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
     }
     /* HBM when asked for and the owner's device has an arena with a free
      * slot now (demotion keeps room there); host memory otherwise. */
-    arena *ha = NULL;
+    struct arena *ha = NULL;
     uint32_t hcls = 0;
     if (tier == KVNODE_TIER_HBM && owner->put_arena != HOST_ARENA_ID &&
         owner->put_arena < c->narenas &&
         (hcls = ns->hbm_cls[owner->put_arena - 1]) != UINT32_MAX)
         ha = c->arenas[owner->put_arena];
     for (size_t i = 0; i < n; i++) {
-        index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
         locs[i].present = !e || e->state == ENTRY_GHOST;
         locs[i].arena = 0;
         locs[i].offset = 0;
@@ -110,7 +110,7 @@ int cache_put_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
         cache_quota_stuck(c, ns) + (uint64_t)need * ns->layout.block_bytes > c->namespace_quota)
         goto overquota;
     for (size_t i = 0; i < n; i++) {
-        index_entry *e;
+        struct index_entry *e;
         uint64_t off;
 
         if (!locs[i].present)
@@ -206,7 +206,7 @@ nospace: {
     }
 undo:
     for (size_t i = 0; i < n; i++) {
-        index_entry *e = l->entries[i];
+        struct index_entry *e = l->entries[i];
         if (!e)
             continue;
         cache_unreserve(c, ns, owner, e);
@@ -219,7 +219,7 @@ undo:
 
 /* A reserved slot stops being a reservation (committed or given back): both
  * its namespace's and its connection's counts go down. */
-void cache_reservation_end(kv_namespace *ns, struct lease_list *owner)
+void cache_reservation_end(struct kv_namespace *ns, struct lease_list *owner)
 {
     uint64_t bytes = ns ? ns->layout.block_bytes : 0;
     if (ns)
@@ -230,8 +230,8 @@ void cache_reservation_end(kv_namespace *ns, struct lease_list *owner)
 
 /* Give back a WRITING entry's slot: a former ghost becomes a ghost again,
  * anything else leaves the index. */
-void cache_unreserve(struct cache *c, kv_namespace *ns, struct lease_list *owner,
-                     index_entry *e)
+void cache_unreserve(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
+                     struct index_entry *e)
 {
     cache_reservation_end(ns, owner);
     if (e->persist == PERSIST_STORED && !e->detached) {

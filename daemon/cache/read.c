@@ -12,7 +12,7 @@
 
 /* Count a lookup of n keys that matched the first m; the first miss (if
  * any) was entry e (NULL: absent), the keys after it were not looked at. */
-static void cache_count_keys(struct cache *c, size_t n, size_t m, const index_entry *e)
+static void cache_count_keys(struct cache *c, size_t n, size_t m, const struct index_entry *e)
 {
     c->keys.matched += m;
     if (m == n)
@@ -33,14 +33,14 @@ void cache_key_metrics(const struct cache *c, struct metrics_keys *out)
 
 /* The prefix held in some tier, tallied per tier; *miss = the entry that
  * ended it (NULL: absent or the end). */
-static size_t cache_match_scan(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
-                               struct cache_tiers *t, index_entry **miss)
+static size_t cache_match_scan(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
+                               struct cache_tiers *t, struct index_entry **miss)
 {
     size_t i;
     memset(t, 0, sizeof *t);
     *miss = NULL;
     for (i = 0; i < n; i++) {
-        index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
         if (!e || e->state == ENTRY_WRITING) {
             *miss = e;
             break;
@@ -60,36 +60,36 @@ static size_t cache_match_scan(struct cache *c, kv_namespace *ns, const int64_t 
 
 /* A matched prefix is about to be read: refresh what of it is in memory,
  * tail-first (the lookups hit the lines the scan just loaded). */
-static void cache_match_touch(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t m)
+static void cache_match_touch(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t m)
 {
     for (size_t j = m; j-- > 0;) {
-        index_entry *e = index_lookup(c->index, ns->id, keys[j]);
+        struct index_entry *e = index_lookup(c->index, ns->id, keys[j]);
         if (e && e->state == ENTRY_SEALED && e->pins == 0)
             index_lru_touch(c->index, e);
     }
 }
 
-void cache_match_tiers(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+void cache_match_tiers(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
                        struct cache_tiers *out)
 {
-    index_entry *miss;
+    struct index_entry *miss;
     size_t m = cache_match_scan(c, ns, keys, n, out, &miss);
     cache_count_keys(c, n, m, miss);
     cache_match_touch(c, ns, keys, m);
 }
 
-size_t cache_match(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n)
+size_t cache_match(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n)
 {
     struct cache_tiers t;
     cache_match_tiers(c, ns, keys, n, &t);
     return t.matched;
 }
 
-int cache_match_start(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n,
+int cache_match_start(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
                       struct cache_tiers *out, cache_ready_fn ready, void *arg,
                       struct cache_wait **wait)
 {
-    index_entry *miss;
+    struct index_entry *miss;
     size_t m = cache_match_scan(c, ns, keys, n, out, &miss);
 
     *wait = NULL;
@@ -112,7 +112,7 @@ int cache_match_start(struct cache *c, kv_namespace *ns, const int64_t *keys, si
 
 void cache_match_finish(struct cache *c, struct cache_wait *w, struct cache_tiers *out)
 {
-    index_entry *miss;
+    struct index_entry *miss;
     size_t m = cache_match_scan(c, w->ns, w->keys, w->n, out, &miss);
     cache_count_keys(c, w->n, m, miss);
     cache_match_touch(c, w->ns, w->keys, m);
@@ -140,7 +140,7 @@ void cache_get_walk(struct cache *c, struct cache_wait **wp)
 
     while (w->next < w->n) {
         size_t i = w->next;
-        index_entry *e = index_lookup(c->index, w->ns->id, w->keys[i]);
+        struct index_entry *e = index_lookup(c->index, w->ns->id, w->keys[i]);
 
         if (!e) {
             if (w->may_wait && !w->looked_up && cache_may_lookup(c)) {
@@ -189,7 +189,7 @@ void cache_get_walk(struct cache *c, struct cache_wait **wp)
 static void cache_get_fill(struct cache *c, struct cache_wait *w, uint64_t *lease_id,
                            struct cache_loc *locs, size_t *got)
 {
-    lease *l = w->l;
+    struct lease *l = w->l;
     size_t m = 0;
 
     *lease_id = 0;
@@ -222,7 +222,7 @@ static void cache_get_fill(struct cache *c, struct cache_wait *w, uint64_t *leas
     *got = m;
 }
 
-int cache_get_start(struct cache *c, kv_namespace *ns, struct lease_list *owner, uint32_t readable,
+int cache_get_start(struct cache *c, struct kv_namespace *ns, struct lease_list *owner, uint32_t readable,
                     const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
                     size_t *got, char *err, size_t errlen, cache_ready_fn ready, void *arg,
                     struct cache_wait **wait)
@@ -232,7 +232,7 @@ int cache_get_start(struct cache *c, kv_namespace *ns, struct lease_list *owner,
                               .readable = readable | (1u << HOST_ARENA_ID),
                               .ready = ready, .arg = arg };
     struct cache_wait *w = &tmp;
-    index_entry *first;
+    struct index_entry *first;
     int rc;
 
     *lease_id = 0;
@@ -272,7 +272,7 @@ void cache_get_finish(struct cache *c, struct cache_wait *w, uint64_t *lease_id,
     cache_wait_cancel(c, w);
 }
 
-int cache_get_begin(struct cache *c, kv_namespace *ns, struct lease_list *owner,
+int cache_get_begin(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
                     const int64_t *keys, size_t n, uint64_t *lease_id,
                     struct cache_loc *locs, size_t *got, char *err, size_t errlen)
 {

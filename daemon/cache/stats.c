@@ -126,7 +126,7 @@ void cache_get_stats(struct cache *c, struct cache_stats *out)
 
 void cache_namespace_stats(struct cache *c, size_t i, struct cache_namespace_stats *out)
 {
-    kv_namespace *ns = ns_at(c->namespaces, i);
+    struct kv_namespace *ns = ns_at(c->namespaces, i);
 
     *out = (struct cache_namespace_stats){
         .id = ns->id, .deployment_id = ns->deployment_id,

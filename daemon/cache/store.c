@@ -24,7 +24,7 @@
 
 /* --- store operations: writes and deletes, in order per key ------------------- */
 
-static void cache_retry_add(struct cache *c, const index_entry *e);
+static void cache_retry_add(struct cache *c, const struct index_entry *e);
 
 /* Write-back victims may pin at most this much of the host tier while they
  * are written (the rest stays evictable). */
@@ -41,13 +41,13 @@ bool cache_persisting(const struct cache *c)
 
 /* A block leaves memory: one the store never got a copy of is lost to
  * persistence, and counted as such (the README's contract). */
-void cache_count_unwritten(struct cache *c, const index_entry *e)
+void cache_count_unwritten(struct cache *c, const struct index_entry *e)
 {
     if (cache_persisting(c) && e->persist != PERSIST_STORED)
         c->persist_dropped++;
 }
 
-static struct cache_storeop *cache_storeop_new(struct cache *c, int kind, kv_namespace *ns,
+static struct cache_storeop *cache_storeop_new(struct cache *c, int kind, struct kv_namespace *ns,
                                                size_t n)
 {
     struct cache_storeop *op = calloc(1, sizeof *op + n * sizeof op->keys[0]);
@@ -73,7 +73,7 @@ static void cache_storeops_drain(struct cache *c);
  * was deleted before its turn, or the daemon stops). */
 static void cache_write_finish(struct cache *c, struct cache_storeop *op, int rc)
 {
-    index_entry *e = op->e;
+    struct index_entry *e = op->e;
     uint64_t bb = op->ns->layout.block_bytes;
     bool detached = e->detached, evict = op->evicting;
 
@@ -144,7 +144,7 @@ static int cache_storeop_send(struct cache_storeop *op)
     } else if (op->e->detached) {
         rc = -KVNODE_ESHUTDOWN;   /* deleted before its turn: nothing to write */
     } else {
-        index_entry *e = op->e;
+        struct index_entry *e = op->e;
         struct cache_hbm *h = cache_hbm_of(c, e);
         /* An HBM block is copied out by the worker, never read by the loop. */
         if (h && c->devmem)
@@ -228,9 +228,9 @@ static void cache_storeop_start(struct cache *c, struct cache_storeop *op)
 /* Write a SEALED block to the store: it is pinned (in memory, off the LRU)
  * until the write's result is back, however long it waits for earlier ops
  * on its key or for room in the store's queue. */
-void cache_write_start(struct cache *c, index_entry *e, bool evicting)
+void cache_write_start(struct cache *c, struct index_entry *e, bool evicting)
 {
-    kv_namespace *ns = ns_get(c->namespaces, e->ns);
+    struct kv_namespace *ns = ns_get(c->namespaces, e->ns);
     struct cache_storeop *op = ns ? cache_storeop_new(c, STORE_OP_WRITE, ns, 1) : NULL;
 
     if (!op) {
@@ -254,7 +254,7 @@ void cache_write_start(struct cache *c, index_entry *e, bool evicting)
 
 /* Delete keys from the store, each after the ops on it that came before:
  * the keys free now go in one request, the others one by one in turn. */
-void cache_store_delete(struct cache *c, kv_namespace *ns, const int64_t *keys, size_t n)
+void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n)
 {
     struct cache_storeop *batch = cache_storeop_new(c, STORE_OP_DELETE, ns, n);
 
@@ -297,7 +297,7 @@ static void cache_retry_arm(struct cache *c)
     evtimer_add(c->retry_ev, &tv);
 }
 
-static void cache_retry_add(struct cache *c, const index_entry *e)
+static void cache_retry_add(struct cache *c, const struct index_entry *e)
 {
     struct cache_retry *r = malloc(sizeof *r);
     if (!r)
@@ -329,7 +329,7 @@ void cache_retry_cb(evutil_socket_t fd, short what, void *arg)
         if (!c->retry_head)
             c->retry_tail = NULL;
         c->retry_pending--;
-        index_entry *e = index_lookup(c->index, r->ns, r->key);
+        struct index_entry *e = index_lookup(c->index, r->ns, r->key);
         free(r);
         if (!e || e->state != ENTRY_SEALED || e->persist != PERSIST_FAILED || !cache_persisting(c))
             continue;
@@ -370,14 +370,14 @@ struct cache_lookup {
 };
 
 /* Index as ghosts the keys the store reported, up to the first it lacks. */
-static size_t cache_index_found(struct cache *c, kv_namespace *ns, const int64_t *keys,
+static size_t cache_index_found(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
                                 const uint8_t *present, size_t n)
 {
     size_t i;
     for (i = 0; i < n && present[i]; i++) {
         if (index_lookup(c->index, ns->id, keys[i]))
             continue;
-        index_entry *e = index_insert(c->index, ns->id, keys[i]);
+        struct index_entry *e = index_insert(c->index, ns->id, keys[i]);
         if (!e)
             break;
         e->state = ENTRY_GHOST;
@@ -434,8 +434,8 @@ struct promo_waiter {
 };
 struct cache_promo {
     struct cache *c;
-    index_entry *e;
-    kv_namespace *ns;
+    struct index_entry *e;
+    struct kv_namespace *ns;
     struct promo_waiter *waiters;
 };
 
@@ -443,8 +443,8 @@ static void cache_promo_done(void *arg, int rc)
 {
     struct cache_promo *p = arg;
     struct cache *c = p->c;
-    index_entry *e = p->e;
-    kv_namespace *ns = p->ns;
+    struct index_entry *e = p->e;
+    struct kv_namespace *ns = p->ns;
     uint64_t bb = ns->layout.block_bytes;
 
     ns->reserved -= ns->reserved >= bb ? bb : ns->reserved;
@@ -484,7 +484,7 @@ static void cache_promo_done(void *arg, int rc)
 /* Read a ghost back into a host slot. 0 when the read is on its way (the
  * entry is PROMOTING, pinned by the read); < 0 when there is no room or the
  * store queue refused it (the entry stays a ghost). */
-int cache_promote(struct cache *c, kv_namespace *ns, index_entry *e)
+int cache_promote(struct cache *c, struct kv_namespace *ns, struct index_entry *e)
 {
     struct cache_promo *p;
     uint64_t off;
@@ -520,7 +520,7 @@ int cache_promote(struct cache *c, kv_namespace *ns, index_entry *e)
     return 0;
 }
 
-int cache_promo_wait(struct cache_wait *w, index_entry *e)
+int cache_promo_wait(struct cache_wait *w, struct index_entry *e)
 {
     struct cache_promo *p = e->promo;
     struct promo_waiter *wt = malloc(sizeof *wt);
@@ -544,7 +544,7 @@ int cache_persist_flush(struct cache *c, unsigned timeout_ms)
      * holds becomes a ghost at once, the others are written first (and
      * leave when their write lands). */
     for (;;) {
-        index_entry *e = index_lru_oldest_in_arena(c->index, arena_id(c->host));
+        struct index_entry *e = index_lru_oldest_in_arena(c->index, arena_id(c->host));
         if (!e)
             break;
         if (e->persist == PERSIST_STORED) {
@@ -568,9 +568,9 @@ int cache_persist_flush(struct cache *c, unsigned timeout_ms)
 
 /* The namespace of a layout found in the store, registered if new. NULL
  * when it cannot be (invalid, conflicting, too many, block too big). */
-static kv_namespace *cache_ns_for_found(struct cache *c, const struct kvs_found *f)
+static struct kv_namespace *cache_ns_for_found(struct cache *c, const struct kvs_found *f)
 {
-    kv_namespace *ns = NULL;
+    struct kv_namespace *ns = NULL;
     int created = 0;
     uint32_t cls;
     char err[256];
@@ -593,7 +593,7 @@ static kv_namespace *cache_ns_for_found(struct cache *c, const struct kvs_found 
 
 void cache_add_stored(struct cache *c, const struct kvs_found *blocks, size_t n)
 {
-    kv_namespace *ns = NULL;
+    struct kv_namespace *ns = NULL;
     const struct kvs_found *ns_of = NULL;
 
     for (size_t i = 0; i < n; i++) {
@@ -608,7 +608,7 @@ void cache_add_stored(struct cache *c, const struct kvs_found *blocks, size_t n)
             c->recovery_skipped++;
             continue;
         }
-        index_entry *e = index_lookup(c->index, ns->id, f->key);
+        struct index_entry *e = index_lookup(c->index, ns->id, f->key);
         if (e) {
             /* Put again since the start: the store's copy is the same block. */
             if (e->state == ENTRY_SEALED && e->persist == PERSIST_NONE)

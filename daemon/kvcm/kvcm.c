@@ -192,7 +192,7 @@ static uint64_t kvcm_waiting_ms(const struct kvcm *k, uint64_t now)
 
 /* --- loop side ------------------------------------------------------------------ */
 
-static struct kvcm_dep *kvcm_dep_new(struct kvcm *k, const kv_namespace *ns)
+static struct kvcm_dep *kvcm_dep_new(struct kvcm *k, const struct kv_namespace *ns)
 {
     struct kvcm_dep *d = calloc(1, sizeof *d);
     struct config_kvcm_vars v = {
@@ -231,7 +231,7 @@ static struct kvcm_dep *kvcm_dep_new(struct kvcm *k, const kv_namespace *ns)
  * deployment whose instance id another deployment already publishes under
  * is refused: KVCM would take the two for one reporter, and each snapshot
  * would erase the other's blocks. */
-static int kvcm_dep_index(struct kvcm *k, const kv_namespace *ns)
+static int kvcm_dep_index(struct kvcm *k, const struct kv_namespace *ns)
 {
     for (size_t i = 0; i < k->ndeps; i++)
         if (k->deps[i]->fingerprint == ns->fingerprint)
@@ -277,7 +277,7 @@ static bool kvcm_ring_push(struct kvcm *k, const struct kvcm_ev *ev)
     return true;
 }
 
-void kvcm_block_event(void *arg, const kv_namespace *ns, int64_t key, int medium)
+void kvcm_block_event(void *arg, const struct kv_namespace *ns, int64_t key, int medium)
 {
     struct kvcm *k = arg;
     pthread_mutex_lock(&k->mu);
@@ -303,7 +303,7 @@ void kvcm_block_event(void *arg, const kv_namespace *ns, int64_t key, int medium
     pthread_mutex_unlock(&k->mu);
 }
 
-void kvcm_deployment_event(void *arg, const kv_namespace *ns)
+void kvcm_deployment_event(void *arg, const struct kv_namespace *ns)
 {
     struct kvcm *k = arg;
     pthread_mutex_lock(&k->mu);
@@ -311,7 +311,7 @@ void kvcm_deployment_event(void *arg, const kv_namespace *ns)
     pthread_mutex_unlock(&k->mu);
 }
 
-static void kvcm_walk_found(void *arg, const kv_namespace *ns, int64_t key, int medium)
+static void kvcm_walk_found(void *arg, const struct kv_namespace *ns, int64_t key, int medium)
 {
     struct kvcm *k = arg;
     if (k->walk_len == k->walk_cap) {

@@ -94,8 +94,8 @@ int  kvcm_create(struct event_base *base, struct cache *cache, const struct kvcm
                  char *err, size_t errlen);
 /* The cache's observers (cache_set_block_observer): a key's completeness and
  * medium (enum cache_medium), and a deployment whose TP group connected. */
-void kvcm_block_event(void *kvcm, const kv_namespace *ns, int64_t key, int medium);
-void kvcm_deployment_event(void *kvcm, const kv_namespace *ns);
+void kvcm_block_event(void *kvcm, const struct kv_namespace *ns, int64_t key, int medium);
+void kvcm_deployment_event(void *kvcm, const struct kv_namespace *ns);
 /* End the threads and send HOST_DOWN, bounded by host_down_timeout (plus
  * the call in flight on each thread, which its own timeout bounds). */
 void kvcm_stop(struct kvcm *k);

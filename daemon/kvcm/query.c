@@ -216,7 +216,7 @@ static void query_deadline_cb(evutil_socket_t fd, short what, void *arg)
     query_answer(qq, &a);   /* the call goes on; its result only feeds the breaker */
 }
 
-int kvcm_query_start(struct kvcm_querier *q, const kv_namespace *ns, const int64_t *keys,
+int kvcm_query_start(struct kvcm_querier *q, const struct kv_namespace *ns, const int64_t *keys,
                      size_t n, uint32_t max_hosts, kvcm_answer_fn fn, void *arg,
                      struct kvcm_query_answer *now_ans, struct kvcm_query **out)
 {

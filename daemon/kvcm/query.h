@@ -60,7 +60,7 @@ void kvcm_querier_destroy(struct kvcm_querier *q);
  * fn(arg, answer) runs later on the loop (never from inside this call), at
  * the latest at the deadline; or 1: answered at once into *now (breaker
  * open, a recent failure, queue full), *out NULL and fn not called. */
-int  kvcm_query_start(struct kvcm_querier *q, const kv_namespace *ns, const int64_t *keys,
+int  kvcm_query_start(struct kvcm_querier *q, const struct kv_namespace *ns, const int64_t *keys,
                       size_t n, uint32_t max_hosts, kvcm_answer_fn fn, void *arg,
                       struct kvcm_query_answer *now, struct kvcm_query **out);
 /* The requester went away: fn will not be called. */

@@ -83,7 +83,7 @@ struct arena {
 };
 
 /* Lay out the bitmap levels for slabs of up to max_blocks blocks. */
-static void arena_plan_levels(arena *a, uint64_t max_blocks)
+static void arena_plan_levels(struct arena *a, uint64_t max_blocks)
 {
     uint64_t n = max_blocks;
     size_t off = 0;
@@ -99,7 +99,7 @@ static void arena_plan_levels(arena *a, uint64_t max_blocks)
 
 /* The allocator over `bytes` (rounded down to whole slabs) of not yet
  * attached memory: checks the geometry and builds the metadata. */
-static int arena_new(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **out,
+static int arena_new(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct arena **out,
                      char *err, size_t errlen)
 {
     if (out)
@@ -136,7 +136,7 @@ static int arena_new(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **o
         return -KVNODE_EINVAL;
     }
 
-    arena *a = calloc(1, sizeof(*a));
+    struct arena *a = calloc(1, sizeof(*a));
     if (!a) {
         errmsg_set(err, errlen, "arena: out of memory");
         return -KVNODE_ENOMEM;
@@ -175,10 +175,10 @@ fail:
     return rc;
 }
 
-int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **out,
+int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct arena **out,
                       char *err, size_t errlen)
 {
-    arena *a;
+    struct arena *a;
     int rc = arena_new(id, bytes, slab_bytes, &a, err, errlen);
     if (rc < 0) {
         if (out)
@@ -229,9 +229,9 @@ fail:
 }
 
 int arena_create_over(uint32_t id, int tier, int device, void *base, int fd, uint64_t bytes,
-                      uint64_t slab_bytes, arena **out, char *err, size_t errlen)
+                      uint64_t slab_bytes, struct arena **out, char *err, size_t errlen)
 {
-    arena *a;
+    struct arena *a;
     int rc = arena_new(id, bytes, slab_bytes, &a, err, errlen);
     if (rc < 0)
         return rc;
@@ -243,7 +243,7 @@ int arena_create_over(uint32_t id, int tier, int device, void *base, int fd, uin
     return 0;
 }
 
-void arena_destroy(arena *a)
+void arena_destroy(struct arena *a)
 {
     if (!a)
         return;
@@ -259,14 +259,14 @@ void arena_destroy(arena *a)
     free(a);
 }
 
-uint32_t arena_id(const arena *a) { return a->id; }
-int      arena_tier(const arena *a) { return a->tier; }
-int      arena_device(const arena *a) { return a->device; }
-int      arena_fd(const arena *a) { return a->fd; }
-void    *arena_base(const arena *a) { return a->base; }
-uint64_t arena_size(const arena *a) { return a->size; }
+uint32_t arena_id(const struct arena *a) { return a->id; }
+int      arena_tier(const struct arena *a) { return a->tier; }
+int      arena_device(const struct arena *a) { return a->device; }
+int      arena_fd(const struct arena *a) { return a->fd; }
+void    *arena_base(const struct arena *a) { return a->base; }
+uint64_t arena_size(const struct arena *a) { return a->size; }
 
-int arena_class_for(arena *a, uint64_t block_bytes, uint32_t *cls)
+int arena_class_for(struct arena *a, uint64_t block_bytes, uint32_t *cls)
 {
     if (block_bytes == 0 || block_bytes > a->slab_bytes)
         return -KVNODE_ETOOBIG;
@@ -293,29 +293,29 @@ int arena_class_for(arena *a, uint64_t block_bytes, uint32_t *cls)
     return 0;
 }
 
-uint64_t arena_class_stride(const arena *a, uint32_t cls)
+uint64_t arena_class_stride(const struct arena *a, uint32_t cls)
 {
     return cls < a->nclasses ? a->classes[cls].stride : 0;
 }
 
-uint32_t arena_class_count(const arena *a) { return a->nclasses; }
+uint32_t arena_class_count(const struct arena *a) { return a->nclasses; }
 
-uint64_t arena_class_blocks(const arena *a, uint32_t cls)
+uint64_t arena_class_blocks(const struct arena *a, uint32_t cls)
 {
     return cls < a->nclasses ? a->classes[cls].blocks : 0;
 }
 
-uint32_t arena_class_slabs(const arena *a, uint32_t cls)
+uint32_t arena_class_slabs(const struct arena *a, uint32_t cls)
 {
     return cls < a->nclasses ? a->classes[cls].slabs : 0;
 }
 
-uint32_t arena_class_blocks_per_slab(const arena *a, uint32_t cls)
+uint32_t arena_class_blocks_per_slab(const struct arena *a, uint32_t cls)
 {
     return cls < a->nclasses ? a->classes[cls].per_slab : 0;
 }
 
-static void arena_partial_push(arena *a, struct arena_class *c, uint32_t s)
+static void arena_partial_push(struct arena *a, struct arena_class *c, uint32_t s)
 {
     struct arena_slab *sl = &a->slabs[s];
     sl->prev = ARENA_NONE;
@@ -325,7 +325,7 @@ static void arena_partial_push(arena *a, struct arena_class *c, uint32_t s)
     c->partial = s;
 }
 
-static void arena_partial_unlink(arena *a, struct arena_class *c, uint32_t s)
+static void arena_partial_unlink(struct arena *a, struct arena_class *c, uint32_t s)
 {
     struct arena_slab *sl = &a->slabs[s];
     if (sl->prev != ARENA_NONE)
@@ -339,7 +339,7 @@ static void arena_partial_unlink(arena *a, struct arena_class *c, uint32_t s)
 
 /* Lowest free block of slab s; the caller knows one exists. Descends from
  * the top word, taking the lowest non-full child at each level. */
-static uint32_t arena_bits_take(arena *a, uint32_t s)
+static uint32_t arena_bits_take(struct arena *a, uint32_t s)
 {
     uint64_t *bm = a->bits + (size_t)s * a->slab_words;
     uint64_t idx = 0;
@@ -359,13 +359,13 @@ static uint32_t arena_bits_take(arena *a, uint32_t s)
     return (uint32_t)idx;
 }
 
-static int arena_bits_test(const arena *a, uint32_t s, uint32_t idx)
+static int arena_bits_test(const struct arena *a, uint32_t s, uint32_t idx)
 {
     const uint64_t *bm = a->bits + (size_t)s * a->slab_words;
     return (bm[idx / 64] >> (idx % 64)) & 1u;
 }
 
-static void arena_bits_clear(arena *a, uint32_t s, uint32_t idx)
+static void arena_bits_clear(struct arena *a, uint32_t s, uint32_t idx)
 {
     uint64_t *bm = a->bits + (size_t)s * a->slab_words;
     uint64_t i = idx;
@@ -379,7 +379,7 @@ static void arena_bits_clear(arena *a, uint32_t s, uint32_t idx)
     }
 }
 
-int arena_alloc(arena *a, uint32_t cls, uint64_t *offset)
+int arena_alloc(struct arena *a, uint32_t cls, uint64_t *offset)
 {
     if (cls >= a->nclasses)
         return -KVNODE_EINVAL;
@@ -405,7 +405,7 @@ int arena_alloc(arena *a, uint32_t cls, uint64_t *offset)
     return 0;
 }
 
-void arena_free(arena *a, uint64_t offset)
+void arena_free(struct arena *a, uint64_t offset)
 {
     if (offset >= a->size) {
         a->bad_frees++;
@@ -442,16 +442,16 @@ void arena_free(arena *a, uint64_t offset)
     }
 }
 
-int arena_can_alloc(const arena *a, uint32_t cls)
+int arena_can_alloc(const struct arena *a, uint32_t cls)
 {
     if (cls >= a->nclasses)
         return 0;
     return a->classes[cls].partial != ARENA_NONE || a->nfree_slabs > 0;
 }
 
-uint64_t arena_bad_frees(const arena *a) { return a->bad_frees; }
+uint64_t arena_bad_frees(const struct arena *a) { return a->bad_frees; }
 
-void arena_get_stats(const arena *a, struct arena_stats *st)
+void arena_get_stats(const struct arena *a, struct arena_stats *st)
 {
     memset(st, 0, sizeof(*st));
     st->capacity = a->size;

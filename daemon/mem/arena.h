@@ -20,7 +20,7 @@
 #define ARENA_MAX_CLASSES 64u
 #define ARENA_STRIDE_ALIGN 256u   /* block strides are multiples of this */
 
-typedef struct arena arena;
+struct arena;
 
 struct arena_stats {
     uint64_t capacity;      /* bytes usable for blocks (slabs_total * slab_bytes) */
@@ -33,45 +33,45 @@ struct arena_stats {
 
 /* Create a host arena of `bytes` (rounded down to whole slabs). tier is
  * KVNODE_TIER_HOST. Returns 0 or a negative KVNODE_E* code with err set. */
-int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, arena **out,
+int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct arena **out,
                       char *err, size_t errlen);
 /* An arena over memory someone else owns and releases after arena_destroy
  * (an HBM region from devmem): base is the daemon's address of it (a device
  * pointer for real GPUs: never dereferenced here), fd what clients map (-1:
  * none). bytes is rounded down to whole slabs. */
 int arena_create_over(uint32_t id, int tier, int device, void *base, int fd, uint64_t bytes,
-                      uint64_t slab_bytes, arena **out, char *err, size_t errlen);
-void arena_destroy(arena *a);
+                      uint64_t slab_bytes, struct arena **out, char *err, size_t errlen);
+void arena_destroy(struct arena *a);
 
-uint32_t arena_id(const arena *a);
-int      arena_tier(const arena *a);     /* KVNODE_TIER_* */
-int      arena_device(const arena *a);   /* -1 for host memory */
-int      arena_fd(const arena *a);       /* memfd passed to clients */
-void    *arena_base(const arena *a);     /* daemon's mapping */
-uint64_t arena_size(const arena *a);     /* bytes clients map */
+uint32_t arena_id(const struct arena *a);
+int      arena_tier(const struct arena *a);     /* KVNODE_TIER_* */
+int      arena_device(const struct arena *a);   /* -1 for host memory */
+int      arena_fd(const struct arena *a);       /* memfd passed to clients */
+void    *arena_base(const struct arena *a);     /* daemon's mapping */
+uint64_t arena_size(const struct arena *a);     /* bytes clients map */
 
 /* Find or create the size class for blocks of block_bytes. Returns 0,
  * -KVNODE_ETOOBIG when block_bytes > slab_bytes (or 0), -KVNODE_ELIMIT when
  * ARENA_MAX_CLASSES distinct strides exist. */
-int      arena_class_for(arena *a, uint64_t block_bytes, uint32_t *cls);
-uint64_t arena_class_stride(const arena *a, uint32_t cls);
-uint32_t arena_class_count(const arena *a);
+int      arena_class_for(struct arena *a, uint64_t block_bytes, uint32_t *cls);
+uint64_t arena_class_stride(const struct arena *a, uint32_t cls);
+uint32_t arena_class_count(const struct arena *a);
 /* Blocks allocated in / slabs owned by a class. */
-uint64_t arena_class_blocks(const arena *a, uint32_t cls);
-uint32_t arena_class_slabs(const arena *a, uint32_t cls);
+uint64_t arena_class_blocks(const struct arena *a, uint32_t cls);
+uint32_t arena_class_slabs(const struct arena *a, uint32_t cls);
 /* Blocks one slab of the class holds (slab_bytes / stride). */
-uint32_t arena_class_blocks_per_slab(const arena *a, uint32_t cls);
+uint32_t arena_class_blocks_per_slab(const struct arena *a, uint32_t cls);
 
 /* O(1). 0 and *offset, or -KVNODE_ENOSPC when the class has no free slot
  * and no free slab is left (-KVNODE_EINVAL for an unknown class). */
-int      arena_alloc(arena *a, uint32_t cls, uint64_t *offset);
+int      arena_alloc(struct arena *a, uint32_t cls, uint64_t *offset);
 /* O(1). offset must come from arena_alloc and not be freed twice; an offset
  * that is not currently allocated is ignored and counted (arena_bad_frees). */
-void     arena_free(arena *a, uint64_t offset);
-uint64_t arena_bad_frees(const arena *a);
+void     arena_free(struct arena *a, uint64_t offset);
+uint64_t arena_bad_frees(const struct arena *a);
 /* True when arena_alloc(cls) would succeed right now. */
-int      arena_can_alloc(const arena *a, uint32_t cls);
+int      arena_can_alloc(const struct arena *a, uint32_t cls);
 
-void     arena_get_stats(const arena *a, struct arena_stats *st);
+void     arena_get_stats(const struct arena *a, struct arena_stats *st);
 
 #endif

@@ -22,16 +22,16 @@ _Static_assert(INDEX_MAX_ARENAS <= 256 && ARENA_MAX_CLASSES <= 256,
                "LRU list array would be unreasonably large");
 
 struct index_table {
-    index_entry **b;
+    struct index_entry **b;
     size_t mask;        /* buckets - 1; b == NULL when the table is unused */
 };
 
 struct lru_list {
-    index_entry *head, *tail;   /* oldest at head */
+    struct index_entry *head, *tail;   /* oldest at head */
 };
 
 struct ns_list {
-    index_entry *head, *tail;   /* oldest at head */
+    struct index_entry *head, *tail;   /* oldest at head */
     size_t count;
 };
 
@@ -60,7 +60,7 @@ static uint64_t index_mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-static uint64_t index_hash(const kv_index *ix, uint32_t ns, int64_t key)
+static uint64_t index_hash(const struct kv_index *ix, uint32_t ns, int64_t key)
 {
     /* Keys come from clients: a per-table seed keeps collisions unpredictable
      * (the mixer alone is invertible). */
@@ -78,13 +78,13 @@ static uint64_t index_random_seed(void)
                        ((uint64_t)getpid() << 40));
 }
 
-static int index_rehashing(const kv_index *ix)
+static int index_rehashing(const struct kv_index *ix)
 {
     return ix->t[1].b != NULL;
 }
 
 /* The chain (ns, key) with hash h lives in, given how far a rehash got. */
-static index_entry **index_slot(kv_index *ix, uint64_t h)
+static struct index_entry **index_slot(struct kv_index *ix, uint64_t h)
 {
     size_t i = (size_t)h & ix->t[0].mask;
     if (index_rehashing(ix) && i < ix->rehash_pos)
@@ -93,17 +93,17 @@ static index_entry **index_slot(kv_index *ix, uint64_t h)
 }
 
 /* Move up to n buckets of t[0] into t[1]; swap tables when done. */
-static void index_rehash_step(kv_index *ix, size_t n)
+static void index_rehash_step(struct kv_index *ix, size_t n)
 {
     if (!index_rehashing(ix) || ix->walks > 0)
         return;
     size_t size0 = ix->t[0].mask + 1;
     while (n-- > 0 && ix->rehash_pos < size0) {
-        index_entry *e = ix->t[0].b[ix->rehash_pos];
+        struct index_entry *e = ix->t[0].b[ix->rehash_pos];
         ix->t[0].b[ix->rehash_pos] = NULL;
         while (e) {
-            index_entry *next = e->hash_next;
-            index_entry **dst = &ix->t[1].b[(size_t)index_hash(ix, e->ns, e->key) & ix->t[1].mask];
+            struct index_entry *next = e->hash_next;
+            struct index_entry **dst = &ix->t[1].b[(size_t)index_hash(ix, e->ns, e->key) & ix->t[1].mask];
             e->hash_next = *dst;
             *dst = e;
             e = next;
@@ -121,12 +121,12 @@ static void index_rehash_step(kv_index *ix, size_t n)
 
 /* Start growing to twice the size once the load factor reaches 1. If the
  * allocation fails the table just stays denser; the next insert retries. */
-static void index_maybe_grow(kv_index *ix)
+static void index_maybe_grow(struct kv_index *ix)
 {
     size_t size0 = ix->t[0].mask + 1;
     if (index_rehashing(ix) || ix->walks > 0 || ix->count < size0 || size0 >= INDEX_MAX_BUCKETS)
         return;
-    index_entry **b = calloc(size0 * 2, sizeof *b);
+    struct index_entry **b = calloc(size0 * 2, sizeof *b);
     if (!b)
         return;
     ix->t[1].b = b;
@@ -134,14 +134,14 @@ static void index_maybe_grow(kv_index *ix)
     ix->rehash_pos = 0;
 }
 
-int index_create(size_t initial_buckets, kv_index **out)
+int index_create(size_t initial_buckets, struct kv_index **out)
 {
     size_t n = INDEX_MIN_BUCKETS;
     if (initial_buckets > INDEX_MAX_BUCKETS)
         initial_buckets = INDEX_MAX_BUCKETS;
     while (n < initial_buckets)
         n <<= 1;
-    kv_index *ix = calloc(1, sizeof *ix);
+    struct kv_index *ix = calloc(1, sizeof *ix);
     if (!ix)
         return -KVNODE_ENOMEM;
     ix->t[0].b = calloc(n, sizeof *ix->t[0].b);
@@ -160,9 +160,9 @@ static void index_free_table(struct index_table *t)
     if (!t->b)
         return;
     for (size_t i = 0; i <= t->mask; i++) {
-        index_entry *e = t->b[i];
+        struct index_entry *e = t->b[i];
         while (e) {
-            index_entry *next = e->hash_next;
+            struct index_entry *next = e->hash_next;
             free(e);
             e = next;
         }
@@ -171,7 +171,7 @@ static void index_free_table(struct index_table *t)
     t->b = NULL;
 }
 
-void index_destroy(kv_index *ix)
+void index_destroy(struct kv_index *ix)
 {
     if (!ix)
         return;
@@ -182,36 +182,36 @@ void index_destroy(kv_index *ix)
     free(ix);
 }
 
-index_entry *index_lookup(kv_index *ix, uint32_t ns, int64_t key)
+struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key)
 {
     index_rehash_step(ix, INDEX_REHASH_OTHER);
-    for (index_entry *e = *index_slot(ix, index_hash(ix, ns, key)); e; e = e->hash_next)
+    for (struct index_entry *e = *index_slot(ix, index_hash(ix, ns, key)); e; e = e->hash_next)
         if (e->key == key && e->ns == ns)
             return e;
     return NULL;
 }
 
-index_entry *index_insert(kv_index *ix, uint32_t ns, int64_t key)
+struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key)
 {
-    index_entry *e = calloc(1, sizeof *e);
+    struct index_entry *e = calloc(1, sizeof *e);
     if (!e)
         return NULL;
     e->ns = ns;
     e->key = key;
     index_maybe_grow(ix);
     index_rehash_step(ix, INDEX_REHASH_INSERT);
-    index_entry **slot = index_slot(ix, index_hash(ix, ns, key));
+    struct index_entry **slot = index_slot(ix, index_hash(ix, ns, key));
     e->hash_next = *slot;
     *slot = e;
     ix->count++;
     return e;
 }
 
-void index_unlink(kv_index *ix, index_entry *e)
+void index_unlink(struct kv_index *ix, struct index_entry *e)
 {
     index_lru_remove(ix, e);
     index_rehash_step(ix, INDEX_REHASH_OTHER);
-    for (index_entry **p = index_slot(ix, index_hash(ix, e->ns, e->key)); *p; p = &(*p)->hash_next) {
+    for (struct index_entry **p = index_slot(ix, index_hash(ix, e->ns, e->key)); *p; p = &(*p)->hash_next) {
         if (*p == e) {
             *p = e->hash_next;
             e->hash_next = NULL;
@@ -221,17 +221,17 @@ void index_unlink(kv_index *ix, index_entry *e)
     }
 }
 
-void index_entry_free(index_entry *e)
+void index_entry_free(struct index_entry *e)
 {
     free(e);
 }
 
-size_t index_count(const kv_index *ix)
+size_t index_count(const struct kv_index *ix)
 {
     return ix->count;
 }
 
-void index_walk_begin(kv_index *ix, struct index_walk *w)
+void index_walk_begin(struct kv_index *ix, struct index_walk *w)
 {
     /* Frozen, the entries still in t[0] are at rehash_pos and beyond (all of
      * it when not rehashing), the moved ones in t[1]. */
@@ -241,8 +241,8 @@ void index_walk_begin(kv_index *ix, struct index_walk *w)
     ix->walks++;
 }
 
-bool index_walk_step(kv_index *ix, struct index_walk *w, size_t buckets,
-                     void (*fn)(void *arg, index_entry *e), void *arg)
+bool index_walk_step(struct kv_index *ix, struct index_walk *w, size_t buckets,
+                     void (*fn)(void *arg, struct index_entry *e), void *arg)
 {
     if (!w->open)
         return false;
@@ -253,7 +253,7 @@ bool index_walk_step(kv_index *ix, struct index_walk *w, size_t buckets,
             w->pos = 0;
             continue;
         }
-        for (index_entry *e = t->b[w->pos], *next; e; e = next) {
+        for (struct index_entry *e = t->b[w->pos], *next; e; e = next) {
             next = e->hash_next;   /* fn may not unlink, but read it first anyway */
             fn(arg, e);
         }
@@ -266,7 +266,7 @@ bool index_walk_step(kv_index *ix, struct index_walk *w, size_t buckets,
     return false;
 }
 
-void index_walk_end(kv_index *ix, struct index_walk *w)
+void index_walk_end(struct kv_index *ix, struct index_walk *w)
 {
     if (!w->open)
         return;
@@ -275,7 +275,7 @@ void index_walk_end(kv_index *ix, struct index_walk *w)
         ix->walks--;
 }
 
-void index_get_stats(const kv_index *ix, struct index_stats *st)
+void index_get_stats(const struct kv_index *ix, struct index_stats *st)
 {
     st->entries = ix->count;
     st->buckets = ix->t[0].mask + 1;
@@ -285,7 +285,7 @@ void index_get_stats(const kv_index *ix, struct index_stats *st)
 
 /* --- LRU ---------------------------------------------------------------- */
 
-static struct lru_list *index_lru_list(kv_index *ix, uint32_t arena_id, uint32_t cls)
+static struct lru_list *index_lru_list(struct kv_index *ix, uint32_t arena_id, uint32_t cls)
 {
     if (arena_id >= INDEX_MAX_ARENAS || cls >= ARENA_MAX_CLASSES)
         return NULL;
@@ -293,7 +293,7 @@ static struct lru_list *index_lru_list(kv_index *ix, uint32_t arena_id, uint32_t
 }
 
 /* Grow the namespace list heads to cover ids below n (doubling, capped). */
-static int index_ns_grow(kv_index *ix, uint32_t n)
+static int index_ns_grow(struct kv_index *ix, uint32_t n)
 {
     if (n > INDEX_MAX_NAMESPACES)
         n = INDEX_MAX_NAMESPACES;
@@ -314,14 +314,14 @@ static int index_ns_grow(kv_index *ix, uint32_t n)
     return 0;
 }
 
-int index_ns_reserve(kv_index *ix, uint32_t n)
+int index_ns_reserve(struct kv_index *ix, uint32_t n)
 {
     return index_ns_grow(ix, n);
 }
 
 /* The list of namespace ns; grows the array when `grow`. NULL: out of
  * range, or growing failed. */
-static struct ns_list *index_ns_list(kv_index *ix, uint32_t ns, int grow)
+static struct ns_list *index_ns_list(struct kv_index *ix, uint32_t ns, int grow)
 {
     if (ns < ix->ns_lru_n)
         return &ix->ns_lru[ns];
@@ -333,7 +333,7 @@ static struct ns_list *index_ns_list(kv_index *ix, uint32_t ns, int grow)
 /* The list whose head (want_head) or tail e is. Normally e's own list; if the
  * caller changed e->arena/cls while e was listed, find it by scanning every
  * list head, which is bounded by the (small, fixed) number of lists. */
-static struct lru_list *index_lru_end_owner(kv_index *ix, index_entry *e, int want_head)
+static struct lru_list *index_lru_end_owner(struct kv_index *ix, struct index_entry *e, int want_head)
 {
     struct lru_list *l = index_lru_list(ix, e->arena, e->cls);
     if (l && (want_head ? l->head : l->tail) == e)
@@ -345,7 +345,7 @@ static struct lru_list *index_lru_end_owner(kv_index *ix, index_entry *e, int wa
     return NULL;
 }
 
-void index_lru_remove(kv_index *ix, index_entry *e)
+void index_lru_remove(struct kv_index *ix, struct index_entry *e)
 {
     if (!e->on_lru)
         return;
@@ -381,7 +381,7 @@ void index_lru_remove(kv_index *ix, index_entry *e)
     ix->lru_count--;
 }
 
-void index_lru_touch(kv_index *ix, index_entry *e)
+void index_lru_touch(struct kv_index *ix, struct index_entry *e)
 {
     struct lru_list *l = index_lru_list(ix, e->arena, e->cls);
     struct ns_list *nl = l ? index_ns_list(ix, e->ns, 1) : NULL;
@@ -412,32 +412,32 @@ void index_lru_touch(kv_index *ix, index_entry *e)
     ix->lru_count++;
 }
 
-index_entry *index_lru_oldest(kv_index *ix, uint32_t arena_id, uint32_t cls)
+struct index_entry *index_lru_oldest(struct kv_index *ix, uint32_t arena_id, uint32_t cls)
 {
     struct lru_list *l = index_lru_list(ix, arena_id, cls);
     return l ? l->head : NULL;
 }
 
-index_entry *index_lru_oldest_in_arena(kv_index *ix, uint32_t arena_id)
+struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t arena_id)
 {
     if (arena_id >= INDEX_MAX_ARENAS)
         return NULL;
-    index_entry *best = NULL;
+    struct index_entry *best = NULL;
     for (uint32_t c = 0; c < ARENA_MAX_CLASSES; c++) {
-        index_entry *h = ix->lru[arena_id][c].head;
+        struct index_entry *h = ix->lru[arena_id][c].head;
         if (h && (!best || h->lru_stamp < best->lru_stamp))
             best = h;
     }
     return best;
 }
 
-index_entry *index_lru_oldest_in_ns(kv_index *ix, uint32_t ns)
+struct index_entry *index_lru_oldest_in_ns(struct kv_index *ix, uint32_t ns)
 {
     struct ns_list *l = index_ns_list(ix, ns, 0);
     return l ? l->head : NULL;
 }
 
-size_t index_lru_count_in_ns(kv_index *ix, uint32_t ns)
+size_t index_lru_count_in_ns(struct kv_index *ix, uint32_t ns)
 {
     struct ns_list *l = index_ns_list(ix, ns, 0);
     return l ? l->count : 0;

@@ -35,7 +35,7 @@ enum entry_persist {
     PERSIST_FAILED  = 3,  /* the write failed or was dropped: do not retry */
 };
 
-typedef struct index_entry {
+struct index_entry {
     uint32_t ns;            /* namespace id */
     int64_t  key;
     uint8_t  state;         /* enum entry_state */
@@ -53,9 +53,9 @@ typedef struct index_entry {
     struct index_entry *hash_next;
     struct index_entry *lru_prev, *lru_next;   /* (arena, class) list */
     struct index_entry *ns_prev, *ns_next;     /* namespace list */
-} index_entry;
+};
 
-typedef struct kv_index kv_index;
+struct kv_index;
 
 /* LRU lists exist for arena ids below INDEX_MAX_ARENAS and size classes below
  * ARENA_MAX_CLASSES; an entry outside that range is never listed. */
@@ -73,24 +73,24 @@ struct index_stats {
 };
 
 /* initial_buckets is rounded up to a power of two (minimum 64). */
-int  index_create(size_t initial_buckets, kv_index **out);
+int  index_create(size_t initial_buckets, struct kv_index **out);
 /* Frees the table and every linked entry (not the arena slots). */
-void index_destroy(kv_index *ix);
+void index_destroy(struct kv_index *ix);
 
-index_entry *index_lookup(kv_index *ix, uint32_t ns, int64_t key);
+struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key);
 /* Insert a new zeroed entry for (ns, key) (caller checked it is absent) and
  * return it, or NULL when out of memory. */
-index_entry *index_insert(kv_index *ix, uint32_t ns, int64_t key);
+struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key);
 /* Remove from the table and its LRU list; the caller now owns e. */
-void index_unlink(kv_index *ix, index_entry *e);
-void index_entry_free(index_entry *e);
-size_t index_count(const kv_index *ix);
-void index_get_stats(const kv_index *ix, struct index_stats *st);
+void index_unlink(struct kv_index *ix, struct index_entry *e);
+void index_entry_free(struct index_entry *e);
+size_t index_count(const struct kv_index *ix);
+void index_get_stats(const struct kv_index *ix, struct index_stats *st);
 /* Make room for the list heads of namespace ids below n (capped at
  * INDEX_MAX_NAMESPACES) now, so index_lru_touch never has to allocate for
  * them. 0 or -KVNODE_ENOMEM. If a touch has to grow the array and cannot,
  * the entry is left off both lists (not evictable) rather than failing. */
-int  index_ns_reserve(kv_index *ix, uint32_t n);
+int  index_ns_reserve(struct kv_index *ix, uint32_t n);
 
 /* Chunked walk of every linked entry (snapshots built without an O(n)
  * pause). While a walk is open the table neither grows nor rehashes, so an
@@ -103,27 +103,27 @@ struct index_walk {
     size_t pos;
     bool   open;
 };
-void index_walk_begin(kv_index *ix, struct index_walk *w);
+void index_walk_begin(struct kv_index *ix, struct index_walk *w);
 /* Visit up to `buckets` buckets; true while more remain. */
-bool index_walk_step(kv_index *ix, struct index_walk *w, size_t buckets,
-                     void (*fn)(void *arg, index_entry *e), void *arg);
-void index_walk_end(kv_index *ix, struct index_walk *w);
+bool index_walk_step(struct kv_index *ix, struct index_walk *w, size_t buckets,
+                     void (*fn)(void *arg, struct index_entry *e), void *arg);
+void index_walk_end(struct kv_index *ix, struct index_walk *w);
 
 /* Move e to the newest end of the LRU list of (e->arena, e->cls) and of its
  * namespace's list, linking it if needed, and stamp it. If e's arena or
  * class changed while it was listed, it moves to the new list (e->ns never
  * changes). An entry with an out-of-range arena, class or namespace is
  * stamped but not listed. */
-void index_lru_touch(kv_index *ix, index_entry *e);
+void index_lru_touch(struct kv_index *ix, struct index_entry *e);
 /* Take e off its LRU lists (pinned, being written, being evicted). */
-void index_lru_remove(kv_index *ix, index_entry *e);
+void index_lru_remove(struct kv_index *ix, struct index_entry *e);
 /* Oldest listed entry of one class, or NULL. */
-index_entry *index_lru_oldest(kv_index *ix, uint32_t arena, uint32_t cls);
+struct index_entry *index_lru_oldest(struct kv_index *ix, uint32_t arena, uint32_t cls);
 /* Oldest listed entry over every class of an arena, or NULL. O(classes). */
-index_entry *index_lru_oldest_in_arena(kv_index *ix, uint32_t arena);
+struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t arena);
 /* Oldest listed entry of one namespace (any arena, any class), or NULL. O(1). */
-index_entry *index_lru_oldest_in_ns(kv_index *ix, uint32_t ns);
+struct index_entry *index_lru_oldest_in_ns(struct kv_index *ix, uint32_t ns);
 /* Entries on a namespace's list (its evictable ones). O(1). */
-size_t index_lru_count_in_ns(kv_index *ix, uint32_t ns);
+size_t index_lru_count_in_ns(struct kv_index *ix, uint32_t ns);
 
 #endif

@@ -17,7 +17,7 @@
 #define LEASE_REHASH_OTHER  1u
 
 struct lease_bucket_table {
-    lease **b;
+    struct lease **b;
     size_t mask;        /* buckets - 1; b == NULL when unused */
 };
 
@@ -27,7 +27,7 @@ struct lease_table {
     struct lease_bucket_table t[2];
     size_t rehash_pos;
     /* min-heap on expires_ms; lease->heap_pos is its slot */
-    lease **heap;
+    struct lease **heap;
     size_t heap_len, heap_cap;
     size_t by_kind[3];      /* [0] all, [LEASE_READ], [LEASE_WRITE] */
     uint64_t id_high;       /* random high 32 bits of every id */
@@ -55,12 +55,12 @@ static uint32_t lease_random32(void)
 
 /* --- id table --------------------------------------------------------------- */
 
-static int lease_rehashing(const lease_table *t)
+static int lease_rehashing(const struct lease_table *t)
 {
     return t->t[1].b != NULL;
 }
 
-static lease **lease_slot(lease_table *t, uint64_t id)
+static struct lease **lease_slot(struct lease_table *t, uint64_t id)
 {
     uint64_t h = lease_mix64(id);
     size_t i = (size_t)h & t->t[0].mask;
@@ -69,17 +69,17 @@ static lease **lease_slot(lease_table *t, uint64_t id)
     return &t->t[0].b[i];
 }
 
-static void lease_rehash_step(lease_table *t, size_t n)
+static void lease_rehash_step(struct lease_table *t, size_t n)
 {
     if (!lease_rehashing(t))
         return;
     size_t size0 = t->t[0].mask + 1;
     while (n-- > 0 && t->rehash_pos < size0) {
-        lease *l = t->t[0].b[t->rehash_pos];
+        struct lease *l = t->t[0].b[t->rehash_pos];
         t->t[0].b[t->rehash_pos] = NULL;
         while (l) {
-            lease *next = l->hash_next;
-            lease **dst = &t->t[1].b[(size_t)lease_mix64(l->id) & t->t[1].mask];
+            struct lease *next = l->hash_next;
+            struct lease **dst = &t->t[1].b[(size_t)lease_mix64(l->id) & t->t[1].mask];
             l->hash_next = *dst;
             *dst = l;
             l = next;
@@ -96,12 +96,12 @@ static void lease_rehash_step(lease_table *t, size_t n)
 }
 
 /* Grow at load factor 1; on allocation failure the table just gets denser. */
-static void lease_maybe_grow(lease_table *t)
+static void lease_maybe_grow(struct lease_table *t)
 {
     size_t size0 = t->t[0].mask + 1;
     if (lease_rehashing(t) || t->by_kind[0] < size0)
         return;
-    lease **b = calloc(size0 * 2, sizeof *b);
+    struct lease **b = calloc(size0 * 2, sizeof *b);
     if (!b)
         return;
     t->t[1].b = b;
@@ -109,15 +109,15 @@ static void lease_maybe_grow(lease_table *t)
     t->rehash_pos = 0;
 }
 
-static lease *lease_lookup(lease_table *t, uint64_t id)
+static struct lease *lease_lookup(struct lease_table *t, uint64_t id)
 {
-    for (lease *l = *lease_slot(t, id); l; l = l->hash_next)
+    for (struct lease *l = *lease_slot(t, id); l; l = l->hash_next)
         if (l->id == id)
             return l;
     return NULL;
 }
 
-static uint64_t lease_next_id(lease_table *t)
+static uint64_t lease_next_id(struct lease_table *t)
 {
     for (;;) {
         if (++t->id_counter == 0)       /* wrapped: new high part, fresh space */
@@ -130,15 +130,15 @@ static uint64_t lease_next_id(lease_table *t)
 
 /* --- expiry heap ---------------------------------------------------------- */
 
-static void lease_heap_set(lease_table *t, size_t i, lease *l)
+static void lease_heap_set(struct lease_table *t, size_t i, struct lease *l)
 {
     t->heap[i] = l;
     l->heap_pos = i;
 }
 
-static void lease_heap_up(lease_table *t, size_t i)
+static void lease_heap_up(struct lease_table *t, size_t i)
 {
-    lease *l = t->heap[i];
+    struct lease *l = t->heap[i];
     while (i > 0) {
         size_t p = (i - 1) / 2;
         if (t->heap[p]->expires_ms <= l->expires_ms)
@@ -149,9 +149,9 @@ static void lease_heap_up(lease_table *t, size_t i)
     lease_heap_set(t, i, l);
 }
 
-static void lease_heap_down(lease_table *t, size_t i)
+static void lease_heap_down(struct lease_table *t, size_t i)
 {
-    lease *l = t->heap[i];
+    struct lease *l = t->heap[i];
     for (;;) {
         size_t c = 2 * i + 1;
         if (c >= t->heap_len)
@@ -166,14 +166,14 @@ static void lease_heap_down(lease_table *t, size_t i)
     lease_heap_set(t, i, l);
 }
 
-static int lease_heap_reserve(lease_table *t)
+static int lease_heap_reserve(struct lease_table *t)
 {
     if (t->heap_len < t->heap_cap)
         return 0;
     size_t cap = t->heap_cap ? t->heap_cap * 2 : LEASE_MIN_HEAP;
     if (cap > SIZE_MAX / sizeof *t->heap)
         return -KVNODE_ENOMEM;
-    lease **h = realloc(t->heap, cap * sizeof *h);
+    struct lease **h = realloc(t->heap, cap * sizeof *h);
     if (!h)
         return -KVNODE_ENOMEM;
     t->heap = h;
@@ -181,10 +181,10 @@ static int lease_heap_reserve(lease_table *t)
     return 0;
 }
 
-static void lease_heap_remove(lease_table *t, lease *l)
+static void lease_heap_remove(struct lease_table *t, struct lease *l)
 {
     size_t i = l->heap_pos;
-    lease *last = t->heap[--t->heap_len];
+    struct lease *last = t->heap[--t->heap_len];
     if (last == l)
         return;
     lease_heap_set(t, i, last);
@@ -197,9 +197,9 @@ static void lease_heap_remove(lease_table *t, lease *l)
 
 /* --- public ---------------------------------------------------------------- */
 
-int lease_table_create(lease_table **out)
+int lease_table_create(struct lease_table **out)
 {
-    lease_table *t = calloc(1, sizeof *t);
+    struct lease_table *t = calloc(1, sizeof *t);
     if (!t)
         return -KVNODE_ENOMEM;
     t->t[0].b = calloc(LEASE_MIN_BUCKETS, sizeof *t->t[0].b);
@@ -213,13 +213,13 @@ int lease_table_create(lease_table **out)
     return 0;
 }
 
-static void lease_free(lease *l)
+static void lease_free(struct lease *l)
 {
     free(l->entries);
     free(l);
 }
 
-void lease_table_destroy(lease_table *t)
+void lease_table_destroy(struct lease_table *t)
 {
     if (!t)
         return;
@@ -232,14 +232,14 @@ void lease_table_destroy(lease_table *t)
     free(t);
 }
 
-lease *lease_create(lease_table *t, int kind, uint32_t ns, struct lease_list *owner,
+struct lease *lease_create(struct lease_table *t, int kind, uint32_t ns, struct lease_list *owner,
                     uint64_t now_ms, uint64_t ttl_ms, size_t n)
 {
     if (kind != LEASE_READ && kind != LEASE_WRITE)
         return NULL;
     if (lease_heap_reserve(t) != 0)
         return NULL;
-    lease *l = calloc(1, sizeof *l);
+    struct lease *l = calloc(1, sizeof *l);
     if (!l)
         return NULL;
     if (n > 0) {
@@ -258,7 +258,7 @@ lease *lease_create(lease_table *t, int kind, uint32_t ns, struct lease_list *ow
     lease_maybe_grow(t);
     lease_rehash_step(t, LEASE_REHASH_CREATE);
     l->id = lease_next_id(t);
-    lease **slot = lease_slot(t, l->id);
+    struct lease **slot = lease_slot(t, l->id);
     l->hash_next = *slot;
     *slot = l;
 
@@ -279,7 +279,7 @@ lease *lease_create(lease_table *t, int kind, uint32_t ns, struct lease_list *ow
     return l;
 }
 
-lease *lease_find(lease_table *t, uint64_t id)
+struct lease *lease_find(struct lease_table *t, uint64_t id)
 {
     if (id == 0)
         return NULL;
@@ -287,10 +287,10 @@ lease *lease_find(lease_table *t, uint64_t id)
     return lease_lookup(t, id);
 }
 
-void lease_destroy(lease_table *t, lease *l)
+void lease_destroy(struct lease_table *t, struct lease *l)
 {
     lease_rehash_step(t, LEASE_REHASH_OTHER);
-    for (lease **p = lease_slot(t, l->id); *p; p = &(*p)->hash_next) {
+    for (struct lease **p = lease_slot(t, l->id); *p; p = &(*p)->hash_next) {
         if (*p == l) {
             *p = l->hash_next;
             break;
@@ -311,14 +311,14 @@ void lease_destroy(lease_table *t, lease *l)
     lease_free(l);
 }
 
-lease *lease_first_expired(lease_table *t, uint64_t now_ms)
+struct lease *lease_first_expired(struct lease_table *t, uint64_t now_ms)
 {
     if (t->heap_len == 0 || t->heap[0]->expires_ms > now_ms)
         return NULL;
     return t->heap[0];
 }
 
-size_t lease_count(const lease_table *t, int kind)
+size_t lease_count(const struct lease_table *t, int kind)
 {
     if (kind == 0 || kind == LEASE_READ || kind == LEASE_WRITE)
         return t->by_kind[kind];

@@ -27,7 +27,7 @@ struct lease_list {
     uint64_t reserved_bytes; /* slots its write leases hold, not yet committed (the cache's) */
 };
 
-typedef struct lease {
+struct lease {
     uint64_t id;
     int      kind;                 /* enum lease_kind */
     uint32_t ns;                   /* namespace the blocks belong to */
@@ -40,27 +40,27 @@ typedef struct lease {
     struct lease *owner_prev, *owner_next;
     struct lease *hash_next;
     size_t heap_pos;
-} lease;
+};
 
-typedef struct lease_table lease_table;
+struct lease_table;
 
-int  lease_table_create(lease_table **out);
+int  lease_table_create(struct lease_table **out);
 /* Frees every remaining lease record (not the entries they point to). Owner
  * lists are not touched (their owners may be gone already). */
-void lease_table_destroy(lease_table *t);
+void lease_table_destroy(struct lease_table *t);
 
 /* New lease with room for n entries (entries[] zeroed), linked into owner's
  * list (owner may be NULL), the id table and the expiry heap; expires_ms
  * saturates at UINT64_MAX. NULL when out of memory or kind is not
  * LEASE_READ/LEASE_WRITE. */
-lease *lease_create(lease_table *t, int kind, uint32_t ns, struct lease_list *owner,
+struct lease *lease_create(struct lease_table *t, int kind, uint32_t ns, struct lease_list *owner,
                     uint64_t now_ms, uint64_t ttl_ms, size_t n);
 /* The lease with this id, or NULL. */
-lease *lease_find(lease_table *t, uint64_t id);
+struct lease *lease_find(struct lease_table *t, uint64_t id);
 /* Unlink from table, heap and owner list, and free the record. */
-void lease_destroy(lease_table *t, lease *l);
+void lease_destroy(struct lease_table *t, struct lease *l);
 /* Earliest-expiring lease if it expired at now_ms, else NULL (O(1)). */
-lease *lease_first_expired(lease_table *t, uint64_t now_ms);
-size_t lease_count(const lease_table *t, int kind);  /* kind 0: all */
+struct lease *lease_first_expired(struct lease_table *t, uint64_t now_ms);
+size_t lease_count(const struct lease_table *t, int kind);  /* kind 0: all */
 
 #endif

@@ -42,7 +42,7 @@
 #define NS_CANON_MAX (NS_MODEL_MAX + NS_DTYPE_MAX + NS_EXTRA_MAX + 256)
 
 struct ns_registry {
-    kv_namespace **items;
+    struct kv_namespace **items;
     size_t count, cap;
     uint32_t max;       /* active namespaces */
 };
@@ -160,12 +160,12 @@ int ns_layout_validate(const struct ns_layout *l, char *err, size_t errlen)
     return 0;
 }
 
-int ns_registry_create(uint32_t max_namespaces, ns_registry **out)
+int ns_registry_create(uint32_t max_namespaces, struct ns_registry **out)
 {
     *out = NULL;
     if (max_namespaces == 0)
         return -KVNODE_EINVAL;
-    ns_registry *r = calloc(1, sizeof(*r));
+    struct ns_registry *r = calloc(1, sizeof(*r));
     if (!r)
         return -KVNODE_ENOMEM;
     r->cap = max_namespaces < NS_RECORDS_MAX ? max_namespaces : NS_RECORDS_MAX;
@@ -179,7 +179,7 @@ int ns_registry_create(uint32_t max_namespaces, ns_registry **out)
     return 0;
 }
 
-void ns_registry_destroy(ns_registry *r)
+void ns_registry_destroy(struct ns_registry *r)
 {
     if (!r)
         return;
@@ -199,18 +199,18 @@ static int ns_same_deployment(const struct ns_layout *a, const struct ns_layout 
            a->kv_heads == b->kv_heads && a->head_dim == b->head_dim && a->tp_size == b->tp_size;
 }
 
-bool ns_active(const kv_namespace *ns)
+bool ns_active(const struct kv_namespace *ns)
 {
     return ns->clients > 0 || ns->blocks > 0 || ns->reserved > 0;
 }
 
 /* Nothing in or about to be in memory or the store, and nothing refers to it. */
-static bool ns_reusable(const kv_namespace *ns)
+static bool ns_reusable(const struct kv_namespace *ns)
 {
     return !ns_active(ns) && ns->stored == 0 && ns->refs == 0;
 }
 
-size_t ns_active_count(const ns_registry *r)
+size_t ns_active_count(const struct ns_registry *r)
 {
     size_t n = 0;
     for (size_t i = 0; i < r->count; i++)
@@ -219,14 +219,14 @@ size_t ns_active_count(const ns_registry *r)
 }
 
 /* Take ns out of its deployment's ring of ranks. */
-static void ns_ring_leave(kv_namespace *ns)
+static void ns_ring_leave(struct kv_namespace *ns)
 {
-    kv_namespace *prev = ns;
+    struct kv_namespace *prev = ns;
     while (prev->sibling != ns)
         prev = prev->sibling;
     if (prev != ns) {
         prev->sibling = ns->sibling;
-        kv_namespace *o = prev;
+        struct kv_namespace *o = prev;
         do {
             o->ranks--;
             o = o->sibling;
@@ -237,12 +237,12 @@ static void ns_ring_leave(kv_namespace *ns)
 }
 
 /* A record for a new namespace: an idle one reused, or a new one. */
-static kv_namespace *ns_record(ns_registry *r, char *err, size_t errlen)
+static struct kv_namespace *ns_record(struct ns_registry *r, char *err, size_t errlen)
 {
     /* Below max_namespaces records ids are handed out fresh (ids stay
      * stable while there is room); from there on idle records are reused. */
     for (size_t i = 0; i < r->count && r->count >= r->max; i++) {
-        kv_namespace *ns = r->items[i];
+        struct kv_namespace *ns = r->items[i];
         if (ns_reusable(ns)) {
             uint32_t id = ns->id;
             ns_ring_leave(ns);
@@ -258,7 +258,7 @@ static kv_namespace *ns_record(ns_registry *r, char *err, size_t errlen)
     }
     if (r->count == r->cap) {
         size_t cap = r->cap * 2 < NS_RECORDS_MAX ? r->cap * 2 : NS_RECORDS_MAX;
-        kv_namespace **items = realloc(r->items, cap * sizeof *items);
+        struct kv_namespace **items = realloc(r->items, cap * sizeof *items);
         if (!items) {
             errmsg_set(err, errlen, "out of memory creating a namespace");
             return NULL;
@@ -266,7 +266,7 @@ static kv_namespace *ns_record(ns_registry *r, char *err, size_t errlen)
         r->items = items;
         r->cap = cap;
     }
-    kv_namespace *ns = calloc(1, sizeof(*ns));
+    struct kv_namespace *ns = calloc(1, sizeof(*ns));
     if (!ns) {
         errmsg_set(err, errlen, "out of memory creating a namespace");
         return NULL;
@@ -276,7 +276,7 @@ static kv_namespace *ns_record(ns_registry *r, char *err, size_t errlen)
     return ns;
 }
 
-static int ns_limit_error(const ns_registry *r, char *err, size_t errlen)
+static int ns_limit_error(const struct ns_registry *r, char *err, size_t errlen)
 {
     errmsg_set(err, errlen, "namespace limit reached: %" PRIu32 " namespaces in use "
                "(server.max_namespaces); a namespace stops counting once no client is bound to it "
@@ -286,13 +286,13 @@ static int ns_limit_error(const ns_registry *r, char *err, size_t errlen)
     return -KVNODE_ELIMIT;
 }
 
-int ns_bind(ns_registry *r, const struct ns_layout *l, kv_namespace **out, int *created,
+int ns_bind(struct ns_registry *r, const struct ns_layout *l, struct kv_namespace **out, int *created,
             char *err, size_t errlen)
 {
     return ns_bind_ex(r, l, true, out, created, err, errlen);
 }
 
-int ns_bind_ex(ns_registry *r, const struct ns_layout *l, bool counted, kv_namespace **out,
+int ns_bind_ex(struct ns_registry *r, const struct ns_layout *l, bool counted, struct kv_namespace **out,
                int *created, char *err, size_t errlen)
 {
     if (out)
@@ -307,9 +307,9 @@ int ns_bind_ex(ns_registry *r, const struct ns_layout *l, bool counted, kv_names
     /* Every namespace with this fingerprint has the same fields and
      * block_bytes (bind refuses anything else), so the first one with the
      * fingerprint decides a conflict. */
-    kv_namespace *sib = NULL;
+    struct kv_namespace *sib = NULL;
     for (size_t i = 0; i < r->count; i++) {
-        kv_namespace *ns = r->items[i];
+        struct kv_namespace *ns = r->items[i];
         if (ns->fingerprint != fp)
             continue;
         sib = ns;
@@ -340,7 +340,7 @@ int ns_bind_ex(ns_registry *r, const struct ns_layout *l, bool counted, kv_names
 
     if (counted && ns_active_count(r) >= r->max)
         return ns_limit_error(r, err, errlen);
-    kv_namespace *ns = ns_record(r, err, errlen);
+    struct kv_namespace *ns = ns_record(r, err, errlen);
     if (!ns)
         return r->count >= NS_RECORDS_MAX ? -KVNODE_ELIMIT : -KVNODE_ENOMEM;
     /* The record may have been the sibling found above: look again. */
@@ -361,7 +361,7 @@ int ns_bind_ex(ns_registry *r, const struct ns_layout *l, bool counted, kv_names
         ns->sibling = sib->sibling;
         sib->sibling = ns;
         uint32_t ranks = sib->ranks + 1;
-        kv_namespace *o = ns;
+        struct kv_namespace *o = ns;
         do {
             o->ranks = ranks;
             o = o->sibling;
@@ -377,16 +377,16 @@ int ns_bind_ex(ns_registry *r, const struct ns_layout *l, bool counted, kv_names
     return 0;
 }
 
-kv_namespace *ns_get(ns_registry *r, uint32_t id)
+struct kv_namespace *ns_get(struct ns_registry *r, uint32_t id)
 {
     if (id == 0 || id > r->count)
         return NULL;
     return r->items[id - 1];
 }
 
-size_t ns_count(const ns_registry *r) { return r->count; }
+size_t ns_count(const struct ns_registry *r) { return r->count; }
 
-kv_namespace *ns_at(ns_registry *r, size_t i)
+struct kv_namespace *ns_at(struct ns_registry *r, size_t i)
 {
     return i < r->count ? r->items[i] : NULL;
 }

@@ -32,7 +32,7 @@ struct ns_layout {
 
 #define NS_MAX_HBM_ARENAS 16            /* one per GPU (DEVMEM_MAX_DEVICES) */
 
-typedef struct kv_namespace {
+struct kv_namespace {
     uint32_t id;                        /* 1-based; the record of an idle namespace may be
                                            reused, id and all, for a new one */
     struct ns_layout layout;
@@ -54,7 +54,7 @@ typedef struct kv_namespace {
     struct kv_namespace *sibling;       /* next namespace (TP rank) of the same deployment:
                                            a ring, itself when it is the only one */
     uint32_t ranks;                     /* namespaces in that ring (same in each) */
-} kv_namespace;
+};
 
 /* Canonical layout string (without tp_rank and block_bytes); returns the
  * length snprintf would need. Strings are included verbatim. */
@@ -68,10 +68,10 @@ size_t ns_deployment_id(const struct ns_layout *l, uint64_t fingerprint, char *b
  * tp_rank < tp_size, ...). 0 or -KVNODE_ELAYOUT with err naming the field. */
 int ns_layout_validate(const struct ns_layout *l, char *err, size_t errlen);
 
-typedef struct ns_registry ns_registry;
+struct ns_registry;
 
-int  ns_registry_create(uint32_t max_namespaces, ns_registry **out);
-void ns_registry_destroy(ns_registry *r);
+int  ns_registry_create(uint32_t max_namespaces, struct ns_registry **out);
+void ns_registry_destroy(struct ns_registry *r);
 
 /* Records (active and store-only namespaces together): the id space. */
 #define NS_RECORDS_MAX 65536u
@@ -82,19 +82,19 @@ void ns_registry_destroy(ns_registry *r);
  * namespaces, and l's is not one of them: the message says how to recover;
  * or NS_RECORDS_MAX records). A new namespace may reuse the record (and id)
  * of an idle one (see namespace.c). */
-int  ns_bind(ns_registry *r, const struct ns_layout *l, kv_namespace **out, int *created,
+int  ns_bind(struct ns_registry *r, const struct ns_layout *l, struct kv_namespace **out, int *created,
              char *err, size_t errlen);
 /* The same; counted = false (recovery: a namespace known only from the
  * store) skips the max_namespaces check. */
-int  ns_bind_ex(ns_registry *r, const struct ns_layout *l, bool counted, kv_namespace **out,
+int  ns_bind_ex(struct ns_registry *r, const struct ns_layout *l, bool counted, struct kv_namespace **out,
                 int *created, char *err, size_t errlen);
 /* Whether ns counts against max_namespaces: a client is bound to it, or it
  * has blocks in memory or reserved. */
-bool ns_active(const kv_namespace *ns);
-size_t ns_active_count(const ns_registry *r);
-kv_namespace *ns_get(ns_registry *r, uint32_t id);
-size_t ns_count(const ns_registry *r);
+bool ns_active(const struct kv_namespace *ns);
+size_t ns_active_count(const struct ns_registry *r);
+struct kv_namespace *ns_get(struct ns_registry *r, uint32_t id);
+size_t ns_count(const struct ns_registry *r);
 /* i in [0, ns_count): namespaces in creation order. */
-kv_namespace *ns_at(ns_registry *r, size_t i);
+struct kv_namespace *ns_at(struct ns_registry *r, size_t i);
 
 #endif

@@ -18,7 +18,7 @@ struct ops_pending;
 struct session {
     bool          hello_done;
     bool          observer;       /* HELLO without a layout */
-    kv_namespace *ns;
+    struct kv_namespace *ns;
     struct lease_list leases;
     struct ops_pending *pending;  /* a request answered later (waits for the store) */
     pid_t pid;

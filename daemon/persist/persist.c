@@ -323,7 +323,7 @@ static void tomb_add(struct persist *p, uint64_t fp, uint32_t rank, int64_t key)
     p->c.tombstones++;
 }
 
-static void tomb_remove(struct persist *p, const kv_namespace *ns, int64_t key)
+static void tomb_remove(struct persist *p, const struct kv_namespace *ns, int64_t key)
 {
     if (!p->c.tombstones)
         return;
@@ -334,7 +334,7 @@ static void tomb_remove(struct persist *p, const kv_namespace *ns, int64_t key)
     }
 }
 
-void persist_hide(struct persist *p, const kv_namespace *ns, const int64_t *keys, size_t n)
+void persist_hide(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n)
 {
     if (!p || !ns || !p->be->keeps_deleted || p->tombs.cap == 0)
         return;
@@ -698,7 +698,7 @@ static void health_cb(evutil_socket_t fd, short what, void *arg)
 /* --- requests (loop thread) ---------------------------------------------------------- */
 
 /* A zeroed job with room for n keys (and n presence bytes when exists). */
-static struct pjob *job_new(struct persist *p, int op, const kv_namespace *ns, size_t n,
+static struct pjob *job_new(struct persist *p, int op, const struct kv_namespace *ns, size_t n,
                             persist_done_fn done, void *arg)
 {
     size_t extra = n * sizeof(int64_t) + (op == PERSIST_OP_EXISTS ? n : 0);
@@ -740,7 +740,7 @@ static int job_submit(struct persist *p, struct pjob *pj)
     return 0;
 }
 
-static int check_request(const struct persist *p, const kv_namespace *ns)
+static int check_request(const struct persist *p, const struct kv_namespace *ns)
 {
     if (!p || !ns)
         return -KVNODE_EINVAL;
@@ -750,7 +750,7 @@ static int check_request(const struct persist *p, const kv_namespace *ns)
 }
 
 /* A write from host memory (dm NULL) or from device memory of dm. */
-static int persist_write_from(struct persist *p, const kv_namespace *ns, int64_t key,
+static int persist_write_from(struct persist *p, const struct kv_namespace *ns, int64_t key,
                               const void *data, size_t len, struct devmem *dm, int device,
                               persist_done_fn done, void *arg)
 {
@@ -773,13 +773,13 @@ static int persist_write_from(struct persist *p, const kv_namespace *ns, int64_t
     return job_submit(p, pj);
 }
 
-int persist_write(struct persist *p, const kv_namespace *ns, int64_t key, const void *data,
+int persist_write(struct persist *p, const struct kv_namespace *ns, int64_t key, const void *data,
                   size_t len, persist_done_fn done, void *arg)
 {
     return persist_write_from(p, ns, key, data, len, NULL, -1, done, arg);
 }
 
-int persist_write_device(struct persist *p, const kv_namespace *ns, int64_t key, const void *data,
+int persist_write_device(struct persist *p, const struct kv_namespace *ns, int64_t key, const void *data,
                          size_t len, struct devmem *dm, int device, persist_done_fn done, void *arg)
 {
     if (!dm)
@@ -787,7 +787,7 @@ int persist_write_device(struct persist *p, const kv_namespace *ns, int64_t key,
     return persist_write_from(p, ns, key, data, len, dm, device, done, arg);
 }
 
-int persist_read(struct persist *p, const kv_namespace *ns, int64_t key, void *data, size_t len,
+int persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key, void *data, size_t len,
                  persist_done_fn done, void *arg)
 {
     int rc = check_request(p, ns);
@@ -804,7 +804,7 @@ int persist_read(struct persist *p, const kv_namespace *ns, int64_t key, void *d
     return job_submit(p, pj);
 }
 
-int persist_delete(struct persist *p, const kv_namespace *ns, const int64_t *keys, size_t n,
+int persist_delete(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n,
                    persist_done_fn done, void *arg)
 {
     int rc = check_request(p, ns);
@@ -819,7 +819,7 @@ int persist_delete(struct persist *p, const kv_namespace *ns, const int64_t *key
     return job_submit(p, pj);
 }
 
-int persist_exists(struct persist *p, const kv_namespace *ns, const int64_t *keys, size_t n,
+int persist_exists(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n,
                    uint8_t *present, persist_done_fn done, void *arg)
 {
     int rc = check_request(p, ns);

@@ -113,15 +113,15 @@ const char *persist_backend_name(const struct persist *p);
  * the loop thread), -KVNODE_ELIMIT when the queue is full (counted in
  * refused_queue_full; done is not called), -KVNODE_ESHUTDOWN while stopping.
  * ns must outlive the request (namespaces live as long as the daemon). */
-int  persist_write(struct persist *p, const kv_namespace *ns, int64_t key, const void *data,
+int  persist_write(struct persist *p, const struct kv_namespace *ns, int64_t key, const void *data,
                    size_t len, persist_done_fn done, void *arg);
 /* The same for a block in device memory (dm's `device`): the worker copies
  * it to host memory (devmem_copy_to_host) before writing it. */
 struct devmem;
-int  persist_write_device(struct persist *p, const kv_namespace *ns, int64_t key, const void *data,
+int  persist_write_device(struct persist *p, const struct kv_namespace *ns, int64_t key, const void *data,
                           size_t len, struct devmem *dm, int device, persist_done_fn done,
                           void *arg);
-int  persist_read(struct persist *p, const kv_namespace *ns, int64_t key, void *data, size_t len,
+int  persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key, void *data, size_t len,
                   persist_done_fn done, void *arg);
 /* keys were deleted: for a store that cannot delete what it holds (v6d:
  * keeps_deleted) remember each in a bounded FIFO of tombstones, so that
@@ -132,12 +132,12 @@ int  persist_read(struct persist *p, const kv_namespace *ns, int64_t key, void *
  * live in memory: a restarted daemon finds the store's copies again. Call
  * it when the delete happens, before later lookups; a no-op for stores
  * that delete (file). */
-void persist_hide(struct persist *p, const kv_namespace *ns, const int64_t *keys, size_t n);
+void persist_hide(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n);
 /* keys are copied; done may be NULL. */
-int  persist_delete(struct persist *p, const kv_namespace *ns, const int64_t *keys, size_t n,
+int  persist_delete(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n,
                     persist_done_fn done, void *arg);
 /* keys are copied; present[i] (caller's, n bytes) is filled before done. */
-int  persist_exists(struct persist *p, const kv_namespace *ns, const int64_t *keys, size_t n,
+int  persist_exists(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n,
                     uint8_t *present, persist_done_fn done, void *arg);
 
 /* Recovery: scan the store in chunks on the scan thread. found() runs on the

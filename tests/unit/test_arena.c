@@ -24,9 +24,9 @@
             ck_abort_msg("line %d: " fmt " [%s]", __VA_ARGS__, #cond);       \
     } while (0)
 
-static arena *make_arena(uint64_t bytes, uint64_t slab)
+static struct arena *make_arena(uint64_t bytes, uint64_t slab)
 {
-    arena *a = NULL;
+    struct arena *a = NULL;
     char err[256] = "";
     int rc = arena_create_host(7, bytes, slab, &a, err, sizeof(err));
     ck_assert_msg(rc == 0, "arena_create_host(%llu, %llu): %d %s", (unsigned long long)bytes,
@@ -35,7 +35,7 @@ static arena *make_arena(uint64_t bytes, uint64_t slab)
     return a;
 }
 
-static uint32_t class_for(arena *a, uint64_t block_bytes)
+static uint32_t class_for(struct arena *a, uint64_t block_bytes)
 {
     uint32_t cls = UINT32_MAX;
     int rc = arena_class_for(a, block_bytes, &cls);
@@ -55,7 +55,7 @@ START_TEST(test_create_basic)
 {
     /* 5.5 slabs: rounded down to 5 whole slabs. */
     uint64_t slab = 2 * MiB;
-    arena *a = make_arena(5 * slab + slab / 2, slab);
+    struct arena *a = make_arena(5 * slab + slab / 2, slab);
     struct arena_stats st;
     arena_get_stats(a, &st);
     ck_assert_uint_eq(st.slabs_total, 5);
@@ -79,7 +79,7 @@ END_TEST
 
 static void expect_create_error(uint64_t bytes, uint64_t slab, int code, const char *needle)
 {
-    arena *a = (arena *)(uintptr_t)1;
+    struct arena *a = (struct arena *)(uintptr_t)1;
     char err[256] = "";
     int rc = arena_create_host(1, bytes, slab, &a, err, sizeof(err));
     ck_assert_int_eq(rc, -code);
@@ -95,7 +95,7 @@ START_TEST(test_create_errors)
     expect_create_error(64 * MiB, 1000, KVNODE_EINVAL, "slab_bytes 1000");
     expect_create_error(64 * MiB, 2 * MiB + 1, KVNODE_EINVAL, "2097153");
     /* err may be NULL. */
-    arena *a = NULL;
+    struct arena *a = NULL;
     ck_assert_int_eq(arena_create_host(1, 0, 2 * MiB, &a, NULL, 0), -KVNODE_EINVAL);
     ck_assert_ptr_null(a);
 }
@@ -106,7 +106,7 @@ END_TEST
 START_TEST(test_memfd_sealed_cloexec_shared)
 {
     uint64_t slab = 1 * MiB;
-    arena *a = make_arena(4 * slab, slab);
+    struct arena *a = make_arena(4 * slab, slab);
     int fd = arena_fd(a);
 
     int seals = fcntl(fd, F_GET_SEALS);
@@ -158,7 +158,7 @@ END_TEST
 START_TEST(test_class_for)
 {
     uint64_t slab = 2 * MiB;
-    arena *a = make_arena(4 * slab, slab);
+    struct arena *a = make_arena(4 * slab, slab);
     uint32_t cls = 99;
 
     ck_assert_int_eq(arena_class_for(a, 0, &cls), -KVNODE_ETOOBIG);
@@ -187,7 +187,7 @@ END_TEST
 START_TEST(test_class_limit)
 {
     uint64_t slab = 1 * MiB;
-    arena *a = make_arena(2 * slab, slab);
+    struct arena *a = make_arena(2 * slab, slab);
     for (uint32_t i = 0; i < ARENA_MAX_CLASSES; i++) {
         uint32_t cls = UINT32_MAX;
         ck_assert_int_eq(arena_class_for(a, (uint64_t)(i + 1) * ARENA_STRIDE_ALIGN, &cls), 0);
@@ -236,7 +236,7 @@ static uint64_t pattern_word(uint64_t off, uint64_t i)
 }
 
 /* Fill each block's block_bytes with a pattern unique to the block. */
-static void blocks_write(arena *a, const struct blk *b, size_t n)
+static void blocks_write(struct arena *a, const struct blk *b, size_t n)
 {
     unsigned char *base = arena_base(a);
     for (size_t k = 0; k < n; k++) {
@@ -248,7 +248,7 @@ static void blocks_write(arena *a, const struct blk *b, size_t n)
     }
 }
 
-static void blocks_verify(arena *a, const struct blk *b, size_t n)
+static void blocks_verify(struct arena *a, const struct blk *b, size_t n)
 {
     const unsigned char *base = arena_base(a);
     for (size_t k = 0; k < n; k++) {
@@ -265,7 +265,7 @@ static void blocks_verify(arena *a, const struct blk *b, size_t n)
 
 /* Offsets in range, aligned, inside one slab, at a stride boundary of their
  * slab, pairwise non-overlapping (sorted check). Sorts b. */
-static void blocks_check_layout(arena *a, struct blk *b, size_t n)
+static void blocks_check_layout(struct arena *a, struct blk *b, size_t n)
 {
     struct arena_stats st;
     arena_get_stats(a, &st);
@@ -290,7 +290,7 @@ static void fill_one_class(uint64_t block_bytes)
 {
     uint64_t slab = 2 * MiB;
     uint32_t nslabs = 6;
-    arena *a = make_arena(nslabs * slab, slab);
+    struct arena *a = make_arena(nslabs * slab, slab);
     uint32_t cls = class_for(a, block_bytes);
     uint64_t stride = round_stride(block_bytes);
     uint64_t expect = nslabs * (slab / stride);
@@ -349,7 +349,7 @@ START_TEST(test_multi_class_fill)
 {
     uint64_t slab = 2 * MiB;
     uint32_t nslabs = 12;
-    arena *a = make_arena(nslabs * slab, slab);
+    struct arena *a = make_arena(nslabs * slab, slab);
     const uint64_t sizes[3] = {64 * KiB, 1 * MiB, 100000};
     uint32_t cls[3];
     for (int c = 0; c < 3; c++)
@@ -448,7 +448,7 @@ END_TEST
 START_TEST(test_slab_reused_by_other_class)
 {
     uint64_t slab = 1 * MiB;
-    arena *a = make_arena(2 * slab, slab);
+    struct arena *a = make_arena(2 * slab, slab);
     uint32_t small = class_for(a, 64 * KiB);
     uint32_t big = class_for(a, 512 * KiB);
 
@@ -491,7 +491,7 @@ END_TEST
 START_TEST(test_free_slot_reused)
 {
     uint64_t slab = 1 * MiB;
-    arena *a = make_arena(4 * slab, slab);
+    struct arena *a = make_arena(4 * slab, slab);
     uint32_t cls = class_for(a, 4096);
     uint64_t off[10];
     for (int i = 0; i < 10; i++)
@@ -513,7 +513,7 @@ START_TEST(test_bad_free_ignored)
 {
     uint64_t slab = 1 * MiB;
     uint32_t nslabs = 3;
-    arena *a = make_arena(nslabs * slab, slab);
+    struct arena *a = make_arena(nslabs * slab, slab);
     uint32_t cls = class_for(a, 100000);
     uint64_t stride = arena_class_stride(a, cls);
     uint64_t o1, o2;
@@ -566,7 +566,7 @@ START_TEST(test_random_against_model)
 {
     uint64_t slab = 256 * KiB;
     uint32_t nslabs = 16;
-    arena *a = make_arena(nslabs * slab, slab);
+    struct arena *a = make_arena(nslabs * slab, slab);
     const uint64_t sizes[4] = {256, 4096, 100000, 256 * KiB};
     uint32_t cls[4];
     for (int c = 0; c < 4; c++)
@@ -649,7 +649,7 @@ END_TEST
 START_TEST(test_deep_bitmap)
 {
     uint64_t slab = 4 * MiB;
-    arena *a = make_arena(2 * slab, slab);
+    struct arena *a = make_arena(2 * slab, slab);
     uint32_t cls = class_for(a, 256);
     size_t per = slab / 256, n = 2 * per;
     uint64_t *off = calloc(n, sizeof(*off));

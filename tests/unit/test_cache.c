@@ -21,7 +21,7 @@
 static struct event_base *base;
 static struct cache *cache;
 static struct kvn_config cfg;
-static kv_namespace *ns;
+static struct kv_namespace *ns;
 static struct lease_list owner, other;
 
 static void setup_with(uint64_t host_bytes, double high, double low)
@@ -85,7 +85,7 @@ static int check(const uint8_t *p, int64_t key) { return block_check(p, BLOCK, k
 
 /* Put a whole chain into namespace `into` (written and committed). Returns
  * the put_begin rc. */
-static int put_chain_ns(kv_namespace *into, const int64_t *keys, size_t n)
+static int put_chain_ns(struct kv_namespace *into, const int64_t *keys, size_t n)
 {
     struct cache_loc locs[256];
     uint64_t lid;
@@ -356,7 +356,7 @@ START_TEST(test_several_block_sizes)
                             .block_bytes = 100000, .num_layers = 2, .kv_heads = 2,
                             .head_dim = 64, .tp_size = 2, .tp_rank = 1 };
     struct ns_layout big = l2;
-    kv_namespace *ns2;
+    struct kv_namespace *ns2;
     int64_t k[4] = { 1, 2, 3, 4 };
     struct cache_loc locs[4];
     uint64_t lid;
@@ -385,10 +385,10 @@ END_TEST
 /* ---- namespace quota --------------------------------------------------------- */
 
 /* A second namespace with the same block size (so the same size class). */
-static kv_namespace *bind_other(const char *model)
+static struct kv_namespace *bind_other(const char *model)
 {
     char err[512];
-    kv_namespace *out;
+    struct kv_namespace *out;
     struct ns_layout l = { .dtype = "bf16", .block_tokens = 16, .block_bytes = BLOCK, .num_layers = 2,
                            .kv_heads = 2, .head_dim = 64, .tp_size = 1, .tp_rank = 0 };
     snprintf(l.model, sizeof l.model, "%s", model);
@@ -426,7 +426,7 @@ static json_int_t ns_stat(uint32_t id, const char *key)
  * even though B's blocks are older. */
 START_TEST(test_quota_evicts_own_leaf_first)
 {
-    kv_namespace *b = bind_other("b");
+    struct kv_namespace *b = bind_other("b");
     int64_t kb[12], ka[10], ka2[10];
     chain(kb, 12, 500);
     chain(ka, 10, 1000);
@@ -454,7 +454,7 @@ END_TEST
  * quota, B still puts; once A's reader lets go A puts again. */
 START_TEST(test_quota_pinned_enospc)
 {
-    kv_namespace *b = bind_other("b");
+    struct kv_namespace *b = bind_other("b");
     int64_t ka[8], kb[8], more[2] = { 7001, 7002 }, big[9];
     struct cache_loc locs[9], rlocs[8];
     uint64_t rlease, wlease = 99;
@@ -504,7 +504,7 @@ END_TEST
  * of the namespace, not before. */
 START_TEST(test_quota_zero_unlimited_then_lowered)
 {
-    kv_namespace *b = bind_other("b");
+    struct kv_namespace *b = bind_other("b");
     int64_t ka[100], kb[10], one = 424242, two = 434343;
     chain(ka, 100, 1);
     chain(kb, 10, 1);
@@ -616,7 +616,7 @@ static size_t nevents;
 static uint32_t dep_ranks[8];   /* the rank each "TP group connected" call came from */
 static size_t ndeps;
 
-static void on_block(void *arg, const kv_namespace *n, int64_t key, int medium)
+static void on_block(void *arg, const struct kv_namespace *n, int64_t key, int medium)
 {
     (void)arg;
     if (nevents < 64)
@@ -624,7 +624,7 @@ static void on_block(void *arg, const kv_namespace *n, int64_t key, int medium)
                                                   medium };
 }
 
-static void on_deployment(void *arg, const kv_namespace *n)
+static void on_deployment(void *arg, const struct kv_namespace *n)
 {
     (void)arg;
     if (ndeps < 8)
@@ -637,7 +637,7 @@ START_TEST(test_completeness_events_tp2)
     struct ns_layout l = { .model = "tp2", .dtype = "bf16", .block_tokens = 16,
                            .block_bytes = BLOCK, .num_layers = 2, .kv_heads = 2,
                            .head_dim = 64, .tp_size = 2, .tp_rank = 0 };
-    kv_namespace *r0, *r1;
+    struct kv_namespace *r0, *r1;
     int64_t k[2] = { 500, 501 };
     uint32_t deleted;
 

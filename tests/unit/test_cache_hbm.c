@@ -37,7 +37,7 @@ static struct devmem_region region[2];
 static struct copier *cp;
 static struct persist *store;
 static struct kvn_config cfg;
-static kv_namespace *ns;
+static struct kv_namespace *ns;
 static struct lease_list gpu0, cpu;
 static char store_dir[64];
 static bool store_variant;            /* this tcase's variant: a write_through file store */

@@ -29,7 +29,7 @@ static struct event_base *base;
 static struct cache *cache;
 static struct persist *store;
 static struct kvn_config cfg;
-static kv_namespace *ns;
+static struct kv_namespace *ns;
 static struct lease_list owner;
 static char dir[64];
 

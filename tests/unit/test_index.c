@@ -88,16 +88,16 @@ static int64_t *test_make_keys(size_t n)
 
 /* Every (ns, key) with ents[i] != NULL must look up to exactly ents[i];
  * returns how many lookups ran while a rehash was in progress. */
-static size_t test_verify(kv_index *ix, const int64_t *keys, index_entry **ents, size_t nkeys)
+static size_t test_verify(struct kv_index *ix, const int64_t *keys, struct index_entry **ents, size_t nkeys)
 {
     size_t during = 0;
     for (size_t i = 0; i < nkeys; i++) {
         for (size_t j = 0; j < TEST_NNS; j++) {
-            index_entry *want = ents[i * TEST_NNS + j];
+            struct index_entry *want = ents[i * TEST_NNS + j];
             struct index_stats st;
             index_get_stats(ix, &st);
             during += st.rehash_buckets != 0;
-            index_entry *got = index_lookup(ix, test_ns[j], keys[i]);
+            struct index_entry *got = index_lookup(ix, test_ns[j], keys[i]);
             FAIL_IF_NOT(got == want, "lookup ns=%u key=%lld: got %p want %p", (unsigned)test_ns[j],
                         (long long)keys[i], (void *)got, (void *)want);
             if (got)
@@ -109,7 +109,7 @@ static size_t test_verify(kv_index *ix, const int64_t *keys, index_entry **ents,
 
 START_TEST(test_create_rounding)
 {
-    kv_index *ix = NULL;
+    struct kv_index *ix = NULL;
     struct index_stats st;
     ck_assert_int_eq(index_create(0, &ix), 0);
     index_get_stats(ix, &st);
@@ -137,10 +137,10 @@ START_TEST(test_insert_lookup_many)
     size_t total = test_keys_total();
     size_t nkeys = total / TEST_NNS;
     int64_t *keys = test_make_keys(nkeys);
-    index_entry **ents = calloc(nkeys * TEST_NNS, sizeof *ents);
+    struct index_entry **ents = calloc(nkeys * TEST_NNS, sizeof *ents);
     ck_assert_ptr_nonnull(ents);
 
-    kv_index *ix = NULL;
+    struct kv_index *ix = NULL;
     ck_assert_int_eq(index_create(64, &ix), 0);
 
     size_t growths = 0, growths_seen_mid = 0, lookups_mid = 0;
@@ -149,7 +149,7 @@ START_TEST(test_insert_lookup_many)
         for (size_t j = 0; j < TEST_NNS; j++) {
             struct index_stats before, after;
             index_get_stats(ix, &before);
-            index_entry *e = index_insert(ix, test_ns[j], keys[i]);
+            struct index_entry *e = index_insert(ix, test_ns[j], keys[i]);
             FAIL_IF_NOT(e != NULL, "insert failed");
             FAIL_IF_NOT(e->ns == test_ns[j] && e->key == keys[i], "insert set wrong ns/key");
             FAIL_IF_NOT(e->state == 0 && e->pins == 0 && e->on_lru == 0 && e->lru_stamp == 0 &&
@@ -209,7 +209,7 @@ START_TEST(test_insert_lookup_many)
     test_shuffle(order, n);
     for (size_t k = 0; k < n; k++) {
         size_t i = order[k];
-        index_entry *e = ents[i];
+        struct index_entry *e = ents[i];
         FAIL_IF_NOT(index_lookup(ix, e->ns, e->key) == e, "entry lost before unlink");
         index_unlink(ix, e);
         FAIL_IF_NOT(e->hash_next == NULL, "unlinked entry still chained");
@@ -236,9 +236,9 @@ START_TEST(test_unlink_during_rehash)
 {
     size_t nkeys = 5000;
     int64_t *keys = test_make_keys(nkeys);
-    index_entry **ents = calloc(nkeys * TEST_NNS, sizeof *ents);
+    struct index_entry **ents = calloc(nkeys * TEST_NNS, sizeof *ents);
     ck_assert_ptr_nonnull(ents);
-    kv_index *ix = NULL;
+    struct kv_index *ix = NULL;
     ck_assert_int_eq(index_create(16384, &ix), 0);
 
     /* Fill to just past the growth trigger (load factor 1). */
@@ -281,7 +281,7 @@ START_TEST(test_unlink_during_rehash)
     test_verify(ix, keys, ents, used_keys);
 
     /* Double unlink is harmless and does not change the count. */
-    index_entry *e = ents[1];
+    struct index_entry *e = ents[1];
     index_unlink(ix, e);
     size_t c = index_count(ix);
     index_unlink(ix, e);
@@ -291,7 +291,7 @@ START_TEST(test_unlink_during_rehash)
     test_verify(ix, keys, ents, used_keys);
 
     /* Re-insert an unlinked key: found again, a new entry. */
-    index_entry *n = index_insert(ix, test_ns[0], keys[0]);
+    struct index_entry *n = index_insert(ix, test_ns[0], keys[0]);
     ck_assert_ptr_nonnull(n);
     ck_assert_ptr_eq(index_lookup(ix, test_ns[0], keys[0]), n);
     ents[0] = n;
@@ -306,11 +306,11 @@ END_TEST
 /* index_destroy in the middle of a growth frees entries in both tables. */
 START_TEST(test_destroy_mid_rehash)
 {
-    kv_index *ix = NULL;
+    struct kv_index *ix = NULL;
     ck_assert_int_eq(index_create(1024, &ix), 0);
     struct index_stats st = {0};
     for (int64_t k = 0; k < 1025; k++) {
-        index_entry *e = index_insert(ix, (uint32_t)(k & 3), -k);
+        struct index_entry *e = index_insert(ix, (uint32_t)(k & 3), -k);
         ck_assert_ptr_nonnull(e);
         e->arena = (uint32_t)(k & 1);
         e->cls = (uint32_t)(k % 5);
@@ -325,9 +325,9 @@ START_TEST(test_destroy_mid_rehash)
 }
 END_TEST
 
-static index_entry *test_new(kv_index *ix, uint32_t ns, int64_t key, uint32_t arena_id, uint32_t cls)
+static struct index_entry *test_new(struct kv_index *ix, uint32_t ns, int64_t key, uint32_t arena_id, uint32_t cls)
 {
-    index_entry *e = index_insert(ix, ns, key);
+    struct index_entry *e = index_insert(ix, ns, key);
     ck_assert_ptr_nonnull(e);
     e->arena = arena_id;
     e->cls = cls;
@@ -335,11 +335,11 @@ static index_entry *test_new(kv_index *ix, uint32_t ns, int64_t key, uint32_t ar
 }
 
 /* Pop the oldest of (arena, cls) n times; it must be want[0..n-1]. */
-static void test_expect_oldest_order(kv_index *ix, uint32_t arena_id, uint32_t cls,
-                                     index_entry **want, size_t n)
+static void test_expect_oldest_order(struct kv_index *ix, uint32_t arena_id, uint32_t cls,
+                                     struct index_entry **want, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        index_entry *o = index_lru_oldest(ix, arena_id, cls);
+        struct index_entry *o = index_lru_oldest(ix, arena_id, cls);
         ck_assert_msg(o == want[i], "oldest #%zu: got key %lld, want key %lld", i,
                       o ? (long long)o->key : -999LL, (long long)want[i]->key);
         index_lru_remove(ix, o);
@@ -350,10 +350,10 @@ static void test_expect_oldest_order(kv_index *ix, uint32_t arena_id, uint32_t c
 
 START_TEST(test_lru_chain_leaf_first)
 {
-    kv_index *ix = NULL;
+    struct kv_index *ix = NULL;
     ck_assert_int_eq(index_create(0, &ix), 0);
     enum { N = 32 };
-    index_entry *chain[N], *want[N];
+    struct index_entry *chain[N], *want[N];
     for (int i = 0; i < N; i++)
         chain[i] = test_new(ix, 5, 1000 + i, 2, 3);     /* chain[0] is the root */
 
@@ -393,12 +393,12 @@ END_TEST
 
 START_TEST(test_lru_retouch_moves_to_tail)
 {
-    kv_index *ix = NULL;
+    struct kv_index *ix = NULL;
     ck_assert_int_eq(index_create(0, &ix), 0);
-    index_entry *a = test_new(ix, 1, 1, 0, 0);
-    index_entry *b = test_new(ix, 1, 2, 0, 0);
-    index_entry *c = test_new(ix, 1, 3, 0, 0);
-    index_entry *d = test_new(ix, 1, 4, 0, 0);
+    struct index_entry *a = test_new(ix, 1, 1, 0, 0);
+    struct index_entry *b = test_new(ix, 1, 2, 0, 0);
+    struct index_entry *c = test_new(ix, 1, 3, 0, 0);
+    struct index_entry *d = test_new(ix, 1, 4, 0, 0);
     index_lru_touch(ix, a);
     index_lru_touch(ix, b);
     index_lru_touch(ix, c);
@@ -417,7 +417,7 @@ START_TEST(test_lru_retouch_moves_to_tail)
     ck_assert_ptr_eq(a->lru_next, c);
     ck_assert_ptr_eq(c->lru_next, NULL);
     ck_assert_ptr_eq(c->lru_prev, a);
-    index_entry *want[] = {b, d, a, c};
+    struct index_entry *want[] = {b, d, a, c};
     test_expect_oldest_order(ix, 0, 0, want, 4);
     index_destroy(ix);
 }
@@ -425,9 +425,9 @@ END_TEST
 
 START_TEST(test_lru_remove)
 {
-    kv_index *ix = NULL;
+    struct kv_index *ix = NULL;
     ck_assert_int_eq(index_create(0, &ix), 0);
-    index_entry *e[5];
+    struct index_entry *e[5];
     for (int i = 0; i < 5; i++) {
         e[i] = test_new(ix, 0, i, 1, 7);
         index_lru_touch(ix, e[i]);
@@ -453,7 +453,7 @@ START_TEST(test_lru_remove)
 
     /* Removed entries come back as newest when touched again. */
     index_lru_touch(ix, e[0]);
-    index_entry *want[] = {e[3], e[0]};
+    struct index_entry *want[] = {e[3], e[0]};
     test_expect_oldest_order(ix, 1, 7, want, 2);
     index_destroy(ix);
 }
@@ -461,15 +461,15 @@ END_TEST
 
 START_TEST(test_lru_oldest_in_arena)
 {
-    kv_index *ix = NULL;
+    struct kv_index *ix = NULL;
     ck_assert_int_eq(index_create(0, &ix), 0);
     const uint32_t classes[] = {0, 5, ARENA_MAX_CLASSES - 1, 17};
     enum { PER = 6, NCLS = 4 };
-    index_entry *e[NCLS * PER];
+    struct index_entry *e[NCLS * PER];
     /* Interleave touches over classes so the global order crosses lists;
      * an arena-0 and an arena-7 entry are touched in between as noise. */
-    index_entry *noise0 = test_new(ix, 9, -1, 0, 5);
-    index_entry *noise7 = test_new(ix, 9, -2, INDEX_MAX_ARENAS - 1, 5);
+    struct index_entry *noise0 = test_new(ix, 9, -1, 0, 5);
+    struct index_entry *noise7 = test_new(ix, 9, -2, INDEX_MAX_ARENAS - 1, 5);
     index_lru_touch(ix, noise0);
     for (int k = 0; k < NCLS * PER; k++) {
         uint32_t cls = classes[(k * 7 + k / 3) % NCLS];
@@ -481,7 +481,7 @@ START_TEST(test_lru_oldest_in_arena)
     /* Re-touch two early ones: they become the newest. */
     index_lru_touch(ix, e[0]);
     index_lru_touch(ix, e[2]);
-    index_entry *want[NCLS * PER];
+    struct index_entry *want[NCLS * PER];
     int w = 0;
     for (int k = 0; k < NCLS * PER; k++)
         if (k != 0 && k != 2)
@@ -490,7 +490,7 @@ START_TEST(test_lru_oldest_in_arena)
     want[w++] = e[2];
 
     for (int i = 0; i < w; i++) {
-        index_entry *o = index_lru_oldest_in_arena(ix, 4);
+        struct index_entry *o = index_lru_oldest_in_arena(ix, 4);
         ck_assert_msg(o == want[i], "step %d: got key %lld want %lld", i,
                       o ? (long long)o->key : -999LL, (long long)want[i]->key);
         ck_assert_ptr_eq(index_lru_oldest(ix, 4, o->cls), o);
@@ -510,10 +510,10 @@ END_TEST
  * out-of-range ids are never listed. */
 START_TEST(test_lru_class_change)
 {
-    kv_index *ix = NULL;
+    struct kv_index *ix = NULL;
     ck_assert_int_eq(index_create(0, &ix), 0);
-    index_entry *a = test_new(ix, 0, 1, 0, 1);
-    index_entry *b = test_new(ix, 0, 2, 0, 1);
+    struct index_entry *a = test_new(ix, 0, 1, 0, 1);
+    struct index_entry *b = test_new(ix, 0, 2, 0, 1);
     index_lru_touch(ix, a);
     index_lru_touch(ix, b);
     a->arena = 1;                       /* a is the head of (0,1) */
@@ -527,11 +527,11 @@ START_TEST(test_lru_class_change)
     ck_assert_ptr_null(index_lru_oldest(ix, 0, 1));
     ck_assert_ptr_null(index_lru_oldest(ix, 0, 3));
 
-    index_entry *c = test_new(ix, 0, 3, INDEX_MAX_ARENAS, 0);
+    struct index_entry *c = test_new(ix, 0, 3, INDEX_MAX_ARENAS, 0);
     index_lru_touch(ix, c);
     ck_assert_uint_eq(c->on_lru, 0);
     ck_assert_uint_ne(c->lru_stamp, 0);
-    index_entry *d = test_new(ix, 0, 4, 0, ARENA_MAX_CLASSES);
+    struct index_entry *d = test_new(ix, 0, 4, 0, ARENA_MAX_CLASSES);
     index_lru_touch(ix, d);
     ck_assert_uint_eq(d->on_lru, 0);
     a->cls = ARENA_MAX_CLASSES + 5;     /* listed entry moved out of range */
@@ -549,10 +549,10 @@ END_TEST
  * oldest_in_arena yields strictly increasing stamps and every listed entry. */
 START_TEST(test_lru_random_drain)
 {
-    kv_index *ix = NULL;
+    struct kv_index *ix = NULL;
     ck_assert_int_eq(index_create(0, &ix), 0);
     enum { N = 3000 };
-    index_entry **e = malloc(N * sizeof *e);
+    struct index_entry **e = malloc(N * sizeof *e);
     ck_assert_ptr_nonnull(e);
     for (int i = 0; i < N; i++)
         e[i] = test_new(ix, 0, i, 6, (uint32_t)(test_rand() % ARENA_MAX_CLASSES));
@@ -568,7 +568,7 @@ START_TEST(test_lru_random_drain)
     ck_assert_uint_eq(st.lru_entries, listed);
     uint64_t last = 0;
     size_t drained = 0;
-    index_entry *o;
+    struct index_entry *o;
     while ((o = index_lru_oldest_in_arena(ix, 6)) != NULL) {
         FAIL_IF_NOT(o->lru_stamp > last, "stamps not increasing");
         last = o->lru_stamp;
@@ -585,10 +585,10 @@ END_TEST
  * in touch order; namespaces interleaved in time stay separate. */
 START_TEST(test_lru_ns_order)
 {
-    kv_index *ix = NULL;
+    struct kv_index *ix = NULL;
     ck_assert_int_eq(index_create(0, &ix), 0);
     enum { N = 24 };
-    index_entry *a[N], *b[N];
+    struct index_entry *a[N], *b[N];
     /* Interleave two namespaces over two arenas and several classes. */
     for (int i = 0; i < N; i++) {
         a[i] = test_new(ix, 1, 100 + i, (uint32_t)(i % 2), (uint32_t)(i % 3));
@@ -613,7 +613,7 @@ START_TEST(test_lru_ns_order)
      * class lists keep exactly namespace 2's entries. */
     uint64_t last = 0;
     size_t drained = 0;
-    index_entry *o;
+    struct index_entry *o;
     while ((o = index_lru_oldest_in_ns(ix, 1)) != NULL) {
         ck_assert_uint_eq(o->ns, 1);
         ck_assert_uint_gt(o->lru_stamp, last);
@@ -644,9 +644,9 @@ END_TEST
 /* Removal and unlink take an entry off both lists: head, middle, tail. */
 START_TEST(test_lru_ns_remove_and_unlink)
 {
-    kv_index *ix = NULL;
+    struct kv_index *ix = NULL;
     ck_assert_int_eq(index_create(0, &ix), 0);
-    index_entry *e[6], *x = test_new(ix, 4, 99, 0, 2);
+    struct index_entry *e[6], *x = test_new(ix, 4, 99, 0, 2);
     for (int i = 0; i < 6; i++) {
         e[i] = test_new(ix, 3, i, 0, (uint32_t)(i % 2));
         index_lru_touch(ix, e[i]);
@@ -671,9 +671,9 @@ START_TEST(test_lru_ns_remove_and_unlink)
     index_lru_touch(ix, e[1]);
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 3), e[2]);
     ck_assert_ptr_eq(e[4]->ns_next, e[1]);
-    index_entry *want[] = { e[2], e[4], e[1] };
+    struct index_entry *want[] = { e[2], e[4], e[1] };
     for (int i = 0; i < 3; i++) {
-        index_entry *o = index_lru_oldest_in_ns(ix, 3);
+        struct index_entry *o = index_lru_oldest_in_ns(ix, 3);
         ck_assert_ptr_eq(o, want[i]);
         index_lru_remove(ix, o);
     }
@@ -682,13 +682,13 @@ START_TEST(test_lru_ns_remove_and_unlink)
     ck_assert_ptr_null(index_lru_oldest(ix, 0, 1));
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 4), x);
     /* A namespace id beyond the lists' range is on neither list. */
-    index_entry *far = test_new(ix, INDEX_MAX_NAMESPACES, 1, 0, 0);
+    struct index_entry *far = test_new(ix, INDEX_MAX_NAMESPACES, 1, 0, 0);
     index_lru_touch(ix, far);
     ck_assert_uint_eq(far->on_lru, 0);
     ck_assert_ptr_null(index_lru_oldest(ix, 0, 0));
     /* A large id inside the range grows the heads on demand. */
     ck_assert_int_eq(index_ns_reserve(ix, 8), 0);
-    index_entry *big = test_new(ix, INDEX_MAX_NAMESPACES - 1, 1, 0, 0);
+    struct index_entry *big = test_new(ix, INDEX_MAX_NAMESPACES - 1, 1, 0, 0);
     index_lru_touch(ix, big);
     ck_assert_uint_eq(big->on_lru, 1);
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, INDEX_MAX_NAMESPACES - 1), big);
@@ -704,16 +704,16 @@ END_TEST
  * holds exactly the listed entries of that namespace, oldest first. */
 START_TEST(test_lru_ns_random)
 {
-    kv_index *ix = NULL;
+    struct kv_index *ix = NULL;
     ck_assert_int_eq(index_create(0, &ix), 0);
     enum { N = 2000, NNS = 9 };
-    index_entry **e = malloc(N * sizeof *e);
+    struct index_entry **e = malloc(N * sizeof *e);
     ck_assert_ptr_nonnull(e);
     for (int i = 0; i < N; i++)
         e[i] = test_new(ix, 1 + (uint32_t)(test_rand() % NNS), i, (uint32_t)(test_rand() % 2),
                         (uint32_t)(test_rand() % 4));
     for (int r = 0; r < 4 * N; r++) {
-        index_entry *t = e[test_rand() % N];
+        struct index_entry *t = e[test_rand() % N];
         if (test_rand() % 5 == 0)
             index_lru_remove(ix, t);
         else
@@ -726,7 +726,7 @@ START_TEST(test_lru_ns_random)
     for (uint32_t ns = 1; ns <= NNS; ns++) {
         uint64_t last = 0;
         size_t here = 0;
-        for (index_entry *o = index_lru_oldest_in_ns(ix, ns); o; o = o->ns_next) {
+        for (struct index_entry *o = index_lru_oldest_in_ns(ix, ns); o; o = o->ns_next) {
             FAIL_IF_NOT(o->ns == ns && o->on_lru, "wrong entry on a namespace list");
             FAIL_IF_NOT(o->lru_stamp > last, "namespace list not oldest first");
             last = o->lru_stamp;
@@ -751,7 +751,7 @@ struct walk_seen {
     size_t n;
 };
 
-static void walk_count(void *arg, index_entry *e)
+static void walk_count(void *arg, struct index_entry *e)
 {
     struct walk_seen *ws = arg;
     if (e->key >= 0 && (size_t)e->key < ws->n && ws->count[e->key] < 255)
@@ -760,7 +760,7 @@ static void walk_count(void *arg, index_entry *e)
 
 START_TEST(test_walk_during_rehash)
 {
-    kv_index *ix;
+    struct kv_index *ix;
     const size_t n = 5000, extra = 20000;
     struct walk_seen ws = { calloc(n + extra, 1), n + extra };
     struct index_walk w;
@@ -786,7 +786,7 @@ START_TEST(test_walk_during_rehash)
         for (int j = 0; j < 5 && added < extra; j++, added++)
             ck_assert_ptr_nonnull(index_insert(ix, 3, (int64_t)(n + added)));
         if (steps % 3 == 0 && (size_t)(steps / 3) * 10 < n) {
-            index_entry *e = index_lookup(ix, 1, (int64_t)((steps / 3) * 10));
+            struct index_entry *e = index_lookup(ix, 1, (int64_t)((steps / 3) * 10));
             if (e) {
                 index_unlink(ix, e);
                 index_entry_free(e);

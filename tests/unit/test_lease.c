@@ -25,11 +25,11 @@ static uint64_t test_rand(void)
     return x;
 }
 
-static void test_shuffle(lease **a, size_t n)
+static void test_shuffle(struct lease **a, size_t n)
 {
     for (size_t i = n; i > 1; i--) {
         size_t j = (size_t)(test_rand() % i);
-        lease *t = a[i - 1];
+        struct lease *t = a[i - 1];
         a[i - 1] = a[j];
         a[j] = t;
     }
@@ -43,11 +43,11 @@ static int test_cmp_u64(const void *a, const void *b)
 
 /* Take every expired lease at now_ms in heap order, checking expiry never
  * goes down; returns how many were drained. */
-static size_t test_drain(lease_table *t, uint64_t now_ms)
+static size_t test_drain(struct lease_table *t, uint64_t now_ms)
 {
     size_t n = 0;
     uint64_t last = 0;
-    lease *l;
+    struct lease *l;
     while ((l = lease_first_expired(t, now_ms)) != NULL) {
         FAIL_IF_NOT(l->expires_ms <= now_ms, "returned an unexpired lease");
         FAIL_IF_NOT(l->expires_ms >= last, "expiry order broken: %llu after %llu",
@@ -61,13 +61,13 @@ static size_t test_drain(lease_table *t, uint64_t now_ms)
 
 START_TEST(test_create_fields)
 {
-    lease_table *t = NULL;
+    struct lease_table *t = NULL;
     ck_assert_int_eq(lease_table_create(&t), 0);
     ck_assert_uint_eq(lease_count(t, 0), 0);
     ck_assert_ptr_null(lease_first_expired(t, UINT64_MAX));
 
     struct lease_list owner = {0};
-    lease *l = lease_create(t, LEASE_WRITE, 42, &owner, 1000, 250, 5);
+    struct lease *l = lease_create(t, LEASE_WRITE, 42, &owner, 1000, 250, 5);
     ck_assert_ptr_nonnull(l);
     ck_assert_uint_ne(l->id, 0);
     ck_assert_int_eq(l->kind, LEASE_WRITE);
@@ -83,13 +83,13 @@ START_TEST(test_create_fields)
     ck_assert_uint_eq(owner.count, 1);
 
     /* n == 0 and no owner (internal lease). */
-    lease *z = lease_create(t, LEASE_READ, 0, NULL, 0, 10, 0);
+    struct lease *z = lease_create(t, LEASE_READ, 0, NULL, 0, 10, 0);
     ck_assert_ptr_nonnull(z);
     ck_assert_uint_eq(z->n, 0);
     ck_assert_uint_eq(owner.count, 1);
 
     /* TTL saturates instead of wrapping into the past. */
-    lease *s = lease_create(t, LEASE_READ, 0, NULL, 100, UINT64_MAX, 1);
+    struct lease *s = lease_create(t, LEASE_READ, 0, NULL, 100, UINT64_MAX, 1);
     ck_assert_ptr_nonnull(s);
     ck_assert_uint_eq(s->expires_ms, UINT64_MAX);
 
@@ -117,13 +117,13 @@ END_TEST
 
 START_TEST(test_expiry_order)
 {
-    lease_table *t = NULL;
+    struct lease_table *t = NULL;
     ck_assert_int_eq(lease_table_create(&t), 0);
     enum { N = 20000 };
     uint64_t now = 5000, maxexp = 0;
     for (size_t i = 0; i < N; i++) {
         uint64_t ttl = test_rand() % 100000;     /* duplicates included */
-        lease *l = lease_create(t, (i & 1) ? LEASE_READ : LEASE_WRITE, 1, NULL, now, ttl, i % 3);
+        struct lease *l = lease_create(t, (i & 1) ? LEASE_READ : LEASE_WRITE, 1, NULL, now, ttl, i % 3);
         FAIL_IF_NOT(l != NULL, "create failed");
         if (l->expires_ms > maxexp)
             maxexp = l->expires_ms;
@@ -144,10 +144,10 @@ END_TEST
 /* Random destroys from the middle of the heap keep it valid. */
 START_TEST(test_destroy_middle)
 {
-    lease_table *t = NULL;
+    struct lease_table *t = NULL;
     ck_assert_int_eq(lease_table_create(&t), 0);
     enum { N = 20000 };
-    lease **ls = malloc(N * sizeof *ls);
+    struct lease **ls = malloc(N * sizeof *ls);
     uint64_t *ids = malloc(N * sizeof *ids);
     ck_assert_ptr_nonnull(ls);
     ck_assert_ptr_nonnull(ids);
@@ -180,7 +180,7 @@ START_TEST(test_destroy_middle)
     /* Drain: sorted, and exactly the survivors plus the extras. */
     size_t drained = 0, survivors_seen = 0;
     uint64_t last = 0;
-    lease *l;
+    struct lease *l;
     qsort(ids, k, sizeof *ids, test_cmp_u64);
     while ((l = lease_first_expired(t, UINT64_MAX)) != NULL) {
         FAIL_IF_NOT(l->expires_ms >= last, "expiry order broken after middle destroys");
@@ -200,10 +200,10 @@ END_TEST
 
 START_TEST(test_ids_find)
 {
-    lease_table *t = NULL;
+    struct lease_table *t = NULL;
     ck_assert_int_eq(lease_table_create(&t), 0);
     enum { N = 50000 };
-    lease **ls = malloc(N * sizeof *ls);
+    struct lease **ls = malloc(N * sizeof *ls);
     uint64_t *ids = malloc(N * sizeof *ids);
     ck_assert_ptr_nonnull(ls);
     ck_assert_ptr_nonnull(ids);
@@ -241,7 +241,7 @@ START_TEST(test_ids_find)
             FAIL_IF_NOT(lease_find(t, ls[i]->id) == ls[i], "survivor lost");
     /* New leases never reuse a live id. */
     for (size_t i = 0; i < 1000; i++) {
-        lease *n = lease_create(t, LEASE_WRITE, 0, NULL, 0, 1, 0);
+        struct lease *n = lease_create(t, LEASE_WRITE, 0, NULL, 0, 1, 0);
         ck_assert_ptr_nonnull(n);
         FAIL_IF_NOT(lease_find(t, n->id) == n, "new id collides");
     }
@@ -254,16 +254,16 @@ END_TEST
 /* Two tables draw different random high halves. */
 START_TEST(test_ids_random_per_table)
 {
-    lease_table *a = NULL, *b = NULL;
+    struct lease_table *a = NULL, *b = NULL;
     ck_assert_int_eq(lease_table_create(&a), 0);
     ck_assert_int_eq(lease_table_create(&b), 0);
-    lease *la = lease_create(a, LEASE_READ, 0, NULL, 0, 1, 0);
-    lease *lb = lease_create(b, LEASE_READ, 0, NULL, 0, 1, 0);
+    struct lease *la = lease_create(a, LEASE_READ, 0, NULL, 0, 1, 0);
+    struct lease *lb = lease_create(b, LEASE_READ, 0, NULL, 0, 1, 0);
     ck_assert_ptr_nonnull(la);
     ck_assert_ptr_nonnull(lb);
     /* 1 in 2^32 chance of a false failure with getrandom. */
     ck_assert_uint_ne(la->id >> 32, lb->id >> 32);
-    lease *la2 = lease_create(a, LEASE_READ, 0, NULL, 0, 1, 0);
+    struct lease *la2 = lease_create(a, LEASE_READ, 0, NULL, 0, 1, 0);
     ck_assert_ptr_nonnull(la2);
     ck_assert_uint_eq(la2->id >> 32, la->id >> 32);
     ck_assert_uint_ne(la2->id, la->id);
@@ -273,11 +273,11 @@ START_TEST(test_ids_random_per_table)
 END_TEST
 
 /* Walk an owner's list: every lease once, count matches, links consistent. */
-static size_t test_walk_owner(struct lease_list *o, lease **want, size_t nwant)
+static size_t test_walk_owner(struct lease_list *o, struct lease **want, size_t nwant)
 {
     size_t n = 0;
-    lease *prev = NULL;
-    for (lease *l = o->head; l; l = l->owner_next) {
+    struct lease *prev = NULL;
+    for (struct lease *l = o->head; l; l = l->owner_next) {
         FAIL_IF_NOT(l->owner == o, "lease in wrong owner's list");
         FAIL_IF_NOT(l->owner_prev == prev, "owner_prev broken");
         int found = 0;
@@ -293,11 +293,11 @@ static size_t test_walk_owner(struct lease_list *o, lease **want, size_t nwant)
 
 START_TEST(test_owner_lists)
 {
-    lease_table *t = NULL;
+    struct lease_table *t = NULL;
     ck_assert_int_eq(lease_table_create(&t), 0);
     struct lease_list a = {0}, b = {0};
     enum { NA = 50, NB = 30, NI = 7 };
-    lease *la[NA], *lb[NB], *li[NI];
+    struct lease *la[NA], *lb[NB], *li[NI];
     for (int i = 0; i < NA; i++)
         ck_assert_ptr_nonnull(la[i] = lease_create(t, i % 4 ? LEASE_READ : LEASE_WRITE, 1, &a,
                                                    0, 100 + (uint64_t)i, 1));
@@ -311,10 +311,10 @@ START_TEST(test_owner_lists)
     ck_assert_uint_eq(test_walk_owner(&b, lb, NB), NB);
 
     /* Destroy from head, middle and tail of a's list. */
-    lease *head = a.head, *tail = a.head, *mid = a.head->owner_next->owner_next;
+    struct lease *head = a.head, *tail = a.head, *mid = a.head->owner_next->owner_next;
     while (tail->owner_next)
         tail = tail->owner_next;
-    lease *gone[] = {head, mid, tail};
+    struct lease *gone[] = {head, mid, tail};
     for (int g = 0; g < 3; g++) {
         lease_destroy(t, gone[g]);
         for (int i = 0; i < NA; i++)
@@ -322,7 +322,7 @@ START_TEST(test_owner_lists)
                 la[i] = NULL;
     }
     ck_assert_uint_eq(a.count, NA - 3);
-    lease *rest[NA];
+    struct lease *rest[NA];
     size_t nrest = 0;
     for (int i = 0; i < NA; i++)
         if (la[i])
@@ -333,7 +333,7 @@ START_TEST(test_owner_lists)
     /* A connection closing: destroy everything it owns through its head. */
     size_t writes_in_a = 0, nids = 0;
     uint64_t a_ids[NA];
-    for (lease *l = a.head; l; l = l->owner_next) {
+    for (struct lease *l = a.head; l; l = l->owner_next) {
         writes_in_a += l->kind == LEASE_WRITE;
         a_ids[nids++] = l->id;
     }
@@ -364,10 +364,10 @@ END_TEST
 
 START_TEST(test_counts_by_kind)
 {
-    lease_table *t = NULL;
+    struct lease_table *t = NULL;
     ck_assert_int_eq(lease_table_create(&t), 0);
     struct lease_list o = {0};
-    lease *r[10], *w[4];
+    struct lease *r[10], *w[4];
     for (int i = 0; i < 10; i++)
         ck_assert_ptr_nonnull(r[i] = lease_create(t, LEASE_READ, 0, &o, 0, 5, 0));
     for (int i = 0; i < 4; i++)

@@ -144,9 +144,9 @@ START_TEST(test_fingerprint_depends_on_field)
     snprintf(key, sizeof(key), "|%s=", mutators[_i].field);
     ck_assert_ptr_nonnull(strstr(buf, key));
     /* the mutated layout binds a different deployment */
-    ns_registry *r = NULL;
+    struct ns_registry *r = NULL;
     ck_assert_int_eq(ns_registry_create(4, &r), 0);
-    kv_namespace *a = NULL, *b = NULL;
+    struct kv_namespace *a = NULL, *b = NULL;
     int created = 0;
     char err[256] = "";
     ck_assert_int_eq(ns_bind(r, &l, &a, &created, err, sizeof(err)), 0);
@@ -188,9 +188,9 @@ START_TEST(test_deployment_id)
     /* The registry uses the same id. */
     struct ns_layout k = sample_layout();
     snprintf(k.model, sizeof(k.model), "org/m 1");
-    ns_registry *r = NULL;
+    struct ns_registry *r = NULL;
     ck_assert_int_eq(ns_registry_create(2, &r), 0);
-    kv_namespace *ns = NULL;
+    struct kv_namespace *ns = NULL;
     ck_assert_int_eq(ns_bind(r, &k, &ns, NULL, NULL, 0), 0);
     snprintf(expect, sizeof(expect), "org_m_1-%" PRIx64, ns_fingerprint(&k));
     ck_assert_str_eq(ns->deployment_id, expect);
@@ -243,9 +243,9 @@ START_TEST(test_validate_rejects)
     /* NULL err is fine. */
     ck_assert_int_eq(ns_layout_validate(&l, NULL, 0), -KVNODE_ELAYOUT);
     /* bind refuses it the same way and registers nothing */
-    ns_registry *r = NULL;
+    struct ns_registry *r = NULL;
     ck_assert_int_eq(ns_registry_create(4, &r), 0);
-    kv_namespace *ns = (kv_namespace *)(uintptr_t)1;
+    struct kv_namespace *ns = (struct kv_namespace *)(uintptr_t)1;
     int created = 7;
     err[0] = '\0';
     ck_assert_int_eq(ns_bind(r, &l, &ns, &created, err, sizeof(err)), -KVNODE_ELAYOUT);
@@ -281,7 +281,7 @@ END_TEST
 
 START_TEST(test_bind_same_and_other_rank)
 {
-    ns_registry *r = NULL;
+    struct ns_registry *r = NULL;
     ck_assert_int_eq(ns_registry_create(16, &r), 0);
     ck_assert_uint_eq(ns_count(r), 0);
     ck_assert_ptr_null(ns_get(r, 0));
@@ -289,7 +289,7 @@ START_TEST(test_bind_same_and_other_rank)
     ck_assert_ptr_null(ns_at(r, 0));
 
     struct ns_layout l = sample_layout();
-    kv_namespace *a = NULL, *again = NULL, *b = NULL;
+    struct kv_namespace *a = NULL, *again = NULL, *b = NULL;
     int created = -1;
     char err[256] = "";
     ck_assert_int_eq(ns_bind(r, &l, &a, &created, err, sizeof(err)), 0);
@@ -349,7 +349,7 @@ START_TEST(test_bind_same_and_other_rank)
     /* A different deployment gets id 3. */
     struct ns_layout o = l;
     snprintf(o.dtype, sizeof(o.dtype), "fp16");
-    kv_namespace *c = NULL;
+    struct kv_namespace *c = NULL;
     ck_assert_int_eq(ns_bind(r, &o, &c, &created, err, sizeof(err)), 0);
     ck_assert_int_eq(created, 1);
     ck_assert_uint_eq(c->id, 3);
@@ -367,10 +367,10 @@ END_TEST
 
 START_TEST(test_bind_block_bytes_conflict)
 {
-    ns_registry *r = NULL;
+    struct ns_registry *r = NULL;
     ck_assert_int_eq(ns_registry_create(16, &r), 0);
     struct ns_layout l = sample_layout();
-    kv_namespace *a = NULL, *ns = NULL;
+    struct kv_namespace *a = NULL, *ns = NULL;
     int created;
     char err[256] = "";
     ck_assert_int_eq(ns_bind(r, &l, &a, &created, err, sizeof(err)), 0);
@@ -378,7 +378,7 @@ START_TEST(test_bind_block_bytes_conflict)
     /* Same rank, other block size. */
     struct ns_layout m = l;
     m.block_bytes = 131072;
-    ns = (kv_namespace *)(uintptr_t)1;
+    ns = (struct kv_namespace *)(uintptr_t)1;
     ck_assert_int_eq(ns_bind(r, &m, &ns, &created, err, sizeof(err)), -KVNODE_ELAYOUT);
     ck_assert_ptr_null(ns);
     ck_assert_int_eq(created, 0);
@@ -418,9 +418,9 @@ START_TEST(test_bind_fingerprint_collision)
     snprintf(b.dtype, sizeof(b.dtype), "x|dtype=y");
     ck_assert_uint_eq(ns_fingerprint(&a), ns_fingerprint(&b));
 
-    ns_registry *r = NULL;
+    struct ns_registry *r = NULL;
     ck_assert_int_eq(ns_registry_create(16, &r), 0);
-    kv_namespace *ns = NULL;
+    struct kv_namespace *ns = NULL;
     int created;
     char err[256] = "";
     ck_assert_int_eq(ns_bind(r, &a, &ns, &created, err, sizeof(err)), 0);
@@ -443,9 +443,9 @@ END_TEST
  * record is reused for a new namespace. */
 START_TEST(test_idle_namespaces_are_reused)
 {
-    ns_registry *r = NULL;
+    struct ns_registry *r = NULL;
     struct ns_layout l = sample_layout();
-    kv_namespace *a, *b, *c;
+    struct kv_namespace *a, *b, *c;
     int created;
     char err[256] = "";
     ck_assert_int_eq(ns_registry_create(2, &r), 0);
@@ -464,7 +464,7 @@ START_TEST(test_idle_namespaces_are_reused)
     ck_assert_uint_eq(a->ranks, 3);
     c->clients = 1;
     /* Two active: a new one is refused, with how to recover. */
-    kv_namespace *x;
+    struct kv_namespace *x;
     l.tp_rank = 3;
     ck_assert_int_eq(ns_bind(r, &l, &x, &created, err, sizeof err), -KVNODE_ELIMIT);
     ck_assert_ptr_nonnull(strstr(err, "server.max_namespaces"));
@@ -493,12 +493,12 @@ END_TEST
 
 START_TEST(test_bind_limit)
 {
-    ns_registry *r = NULL;
+    struct ns_registry *r = NULL;
     ck_assert_int_eq(ns_registry_create(0, &r), -KVNODE_EINVAL);
     ck_assert_ptr_null(r);
     ck_assert_int_eq(ns_registry_create(3, &r), 0);
     struct ns_layout l = sample_layout();
-    kv_namespace *ns[3];
+    struct kv_namespace *ns[3];
     int created;
     char err[256] = "";
     for (uint32_t i = 0; i < 3; i++) {
@@ -509,7 +509,7 @@ START_TEST(test_bind_limit)
         ns[i]->clients = 1;   /* bound, as the cache does: it counts */
     }
     l.tp_rank = 3;
-    kv_namespace *x = (kv_namespace *)(uintptr_t)1;
+    struct kv_namespace *x = (struct kv_namespace *)(uintptr_t)1;
     ck_assert_int_eq(ns_bind(r, &l, &x, &created, err, sizeof(err)), -KVNODE_ELIMIT);
     ck_assert_ptr_null(x);
     ck_assert_int_eq(created, 0);

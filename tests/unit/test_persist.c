@@ -97,7 +97,7 @@ static struct persist *make_persist(struct event_base *base, const struct kvn_co
 }
 
 /* A namespace as the registry would hold it. */
-static void mk_kvns(kv_namespace *ns, const char *model, uint64_t block_bytes)
+static void mk_kvns(struct kv_namespace *ns, const char *model, uint64_t block_bytes)
 {
     struct tns t;
     mkns(&t, model, block_bytes, 0);
@@ -109,7 +109,7 @@ static void mk_kvns(kv_namespace *ns, const char *model, uint64_t block_bytes)
     ns->cls = UINT32_MAX;
 }
 
-static struct kvs_ns kns_of(const kv_namespace *ns)
+static struct kvs_ns kns_of(const struct kv_namespace *ns)
 {
     return (struct kvs_ns){ .layout = &ns->layout, .fingerprint = ns->fingerprint,
                             .deployment_id = ns->deployment_id };
@@ -160,7 +160,7 @@ START_TEST(test_roundtrip)
     struct kvn_config cfg;
     file_cfg(&cfg, 2, 64);
     struct persist *p = make_persist(base, &cfg);
-    kv_namespace ns;
+    struct kv_namespace ns;
     mk_kvns(&ns, "rt", BB);
     static uint8_t wbuf[N][BB], rbuf[N][BB];
     struct res wr[N], rd[N], miss = { 99, 0 };
@@ -242,7 +242,7 @@ START_TEST(test_corrupt)
     struct kvn_config cfg;
     file_cfg(&cfg, 1, 16);
     struct persist *p = make_persist(base, &cfg);
-    kv_namespace ns;
+    struct kv_namespace ns;
     mk_kvns(&ns, "corrupt", BB);
     static uint8_t wbuf[BB], rbuf[BB];
     struct res r = { 0, 0 };
@@ -304,7 +304,7 @@ START_TEST(test_delete_exists)
     struct kvn_config cfg;
     file_cfg(&cfg, 2, 16);
     struct persist *p = make_persist(base, &cfg);
-    kv_namespace ns;
+    struct kv_namespace ns;
     mk_kvns(&ns, "delex", BB);
     static uint8_t wbuf[4][BB], rbuf[BB];
     struct res r[8];
@@ -366,7 +366,7 @@ START_TEST(test_queue_full)
     struct kvn_config cfg;
     file_cfg(&cfg, 1, CAP);
     struct persist *p = make_persist(base, &cfg);
-    kv_namespace ns;
+    struct kv_namespace ns;
     mk_kvns(&ns, "full", BB);
     static uint8_t wbuf[BB];
     struct res r[CAP + 2];
@@ -438,7 +438,7 @@ static bool scan_not_finished(void *arg)
 }
 
 /* SCAN_N blocks straight through the backend (faster than through the pool). */
-static void store_blocks(const kv_namespace *ns)
+static void store_blocks(const struct kv_namespace *ns)
 {
     struct kvs_config kc = { .backend = "file", .path = root, .fsync_policy = KVS_FSYNC_NEVER };
     struct kvs_store *s = NULL;
@@ -472,7 +472,7 @@ static bool scan_thread_alive(void *arg)
 START_TEST(test_scan)
 {
     struct event_base *base = event_base_new();
-    kv_namespace ns;
+    struct kv_namespace ns;
     mk_kvns(&ns, "scan", SCAN_BB);
     store_blocks(&ns);
 
@@ -536,7 +536,7 @@ START_TEST(test_destroy_cancels)
 {
     enum { N = 24, BB = 1u << 20 };
     struct event_base *base = event_base_new();
-    kv_namespace ns;
+    struct kv_namespace ns;
     mk_kvns(&ns, "cancel", BB);
     struct kvn_config cfg;
     file_cfg(&cfg, 1, 64);
@@ -574,7 +574,7 @@ static bool no_chunk_yet(void *arg)
 START_TEST(test_destroy_abandons_scan)
 {
     struct event_base *base = event_base_new();
-    kv_namespace ns;
+    struct kv_namespace ns;
     mk_kvns(&ns, "scan", SCAN_BB);
     store_blocks(&ns);
     struct kvn_config cfg;
@@ -614,7 +614,7 @@ START_TEST(test_drain)
     struct kvn_config cfg;
     file_cfg(&cfg, 3, 64);
     struct persist *p = make_persist(base, &cfg);
-    kv_namespace ns;
+    struct kv_namespace ns;
     mk_kvns(&ns, "drain", BB);
     static uint8_t wbuf[BB];
     struct res r[N];
@@ -749,7 +749,7 @@ START_TEST(test_v6d_down)
     ck_assert(persist_lookup_on_miss(p));             /* auto: v6d cannot be enumerated */
     ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 2);   /* started anyway */
 
-    kv_namespace ns;
+    struct kv_namespace ns;
     mk_kvns(&ns, "down", BB);
     static uint8_t wbuf[BB];
     struct res r = { 0, 0 };
@@ -809,7 +809,7 @@ START_TEST(test_v6d_comes_back)
                   persist_last_error(p));
     ck_assert_str_eq(persist_last_error(p), "");
 
-    kv_namespace ns;
+    struct kv_namespace ns;
     mk_kvns(&ns, "back", BB);
     static uint8_t wbuf[BB], rbuf[BB];
     fill(wbuf, BB, 77, 1);
@@ -849,7 +849,7 @@ START_TEST(test_v6d_destroy_cancels)
     cfg.persist_workers = 1;
     cfg.persist_timeout_ms = 10000;
     struct persist *p = make_persist(base, &cfg);
-    kv_namespace ns;
+    struct kv_namespace ns;
     mk_kvns(&ns, "cancel", BB);
     static uint8_t wbuf[BB];
     struct res r[N];
