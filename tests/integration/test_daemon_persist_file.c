@@ -45,7 +45,7 @@
 
 #define BB    65536
 #define CHAIN 8
-#define BLK_FILE_SIZE (64 + BB)   /* header + payload (kvs/file.h) */
+#define BLK_FILE_SIZE (64 + BB)   /* header + payload (daemon/persist/kvs/file.h) */
 /* 64 blocks of 64 KiB; deferred GETs may wait long (a timeout is a failure here). */
 #define TIER  "memory.host_bytes=4MiB\nmemory.slab_bytes=1MiB\nserver.request_timeout=30s\n"
 
