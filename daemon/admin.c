@@ -128,7 +128,7 @@ static void admin_readyz(struct admin *a, struct evhttp_request *req)
         return;
     }
     /* Workers report through the registry; the loop is alive if it answers. */
-    if (!workers_check(workers_now_ms(), METRICS_WORKER_STALL_MS, stalled, sizeof stalled)) {
+    if (!workers_check(workers_now_ms(), a->d->cfg->worker_stall_timeout_ms, stalled, sizeof stalled)) {
         snprintf(msg, sizeof msg, "not ready: worker%s not alive: %s", strchr(stalled, ',') ? "s" : "",
                  stalled);
         admin_reply_text(req, 503, "Service Unavailable", msg);

@@ -139,6 +139,9 @@ static const struct opt_def config_options[] = {
     { "server", "frame_timeout", OPT_DURATION, FIELD(frame_timeout_ms), .min = 100, .max = 10 * MS_PER_M },
     { "server", "max_buffered_input_bytes", OPT_SIZE, FIELD(max_buffered_input_bytes), .min = MIB,
       .max = GIB << 10 },
+    /* Above twice the idle workers' 1 s heartbeat, so an idle one is never taken for stalled. */
+    { "server", "worker_stall_timeout", OPT_DURATION, FIELD(worker_stall_timeout_ms), .min = 2 * MS_PER_S,
+      .max = 10 * MS_PER_M },
 
     { "memory", "host_bytes", OPT_SIZE, FIELD(host_bytes), .min = 64 * KIB, .max = UINT64_MAX, .restart = true },
     { "memory", "slab_bytes", OPT_SIZE, FIELD(slab_bytes), .min = 64 * KIB, .max = GIB, .multiple = 256,
@@ -275,6 +278,7 @@ void config_defaults(struct kvn_config *cfg)
     cfg->shutdown_timeout_ms = 10 * MS_PER_S;
     cfg->frame_timeout_ms = 10 * MS_PER_S;
     cfg->max_buffered_input_bytes = 256 * MIB;
+    cfg->worker_stall_timeout_ms = 10 * MS_PER_S;
 
     cfg->host_bytes = GIB;
     cfg->slab_bytes = 16 * MIB;

@@ -446,7 +446,7 @@ static void render_admin(struct evbuffer *out, json_t *doc)
     sample_u(out, "kvnode_admin_accept_pauses_total", NULL, doc_u(a, "accept_pauses_total", NULL, NULL));
 }
 
-static void render_workers(struct evbuffer *out)
+static void render_workers(struct evbuffer *out, uint32_t stall_timeout_ms)
 {
     struct worker_info w[WORKERS_MAX];
     size_t n = workers_snapshot(workers_now_ms(), w, WORKERS_MAX);
@@ -455,7 +455,7 @@ static void render_workers(struct evbuffer *out)
            "1 while a thread proves it is alive (the loop answering this page; workers by heartbeat).");
     sample_u(out, "kvnode_worker_up", L("worker", "loop"), 1);
     for (size_t i = 0; i < n && i < WORKERS_MAX; i++)
-        sample_u(out, "kvnode_worker_up", L("worker", w[i].name), w[i].age_ms <= METRICS_WORKER_STALL_MS);
+        sample_u(out, "kvnode_worker_up", L("worker", w[i].name), w[i].age_ms <= stall_timeout_ms);
 }
 
 int metrics_render(struct daemon *d, struct evbuffer *out)
@@ -478,7 +478,7 @@ int metrics_render(struct daemon *d, struct evbuffer *out)
     render_kvcm(out, doc);
     render_server(out, doc);
     render_admin(out, doc);
-    render_workers(out);
+    render_workers(out, d->cfg->worker_stall_timeout_ms);
 
     family(out, "kvnode_reloads_total", "counter", "Configuration reloads (SIGHUP or RELOAD), by result.");
     sample_u(out, "kvnode_reloads_total", L("result", "ok"), d->reloads_ok);

@@ -15,10 +15,6 @@
 struct daemon;
 struct evbuffer;
 
-/* A worker whose last heartbeat is older than this is reported down
- * (kvnode_worker_up 0, /readyz 503). */
-#define METRICS_WORKER_STALL_MS 10000u
-
 /* Request latency buckets, in seconds: 10us .. 1s (+Inf is implicit). */
 #define METRICS_LATENCY_NBOUNDS 16
 extern const double metrics_latency_bounds[METRICS_LATENCY_NBOUNDS];
