@@ -30,16 +30,20 @@ fi
 # Seconds each suite took in a full run on a 2-core machine (longest first);
 # used until the first run here has recorded its own figures.
 static_durations="
-test_daemon_persist_v6d 30
 test_daemon_kvcm 25
-test_daemon_concurrency 20
-test_persist 20
-test_daemon_lifecycle 15
-test_daemon_shutdown 15
-test_daemon_persist_file 15
-test_daemon_dos 12
-test_python 10
-test_install 8
+test_daemon_persist_v6d 25
+test_persist 13
+test_daemon_dos 11
+test_daemon_hbm 11
+test_daemon_kvcm_query 10
+test_daemon_systemd 8
+test_daemon_persist_file 7
+test_daemon_nolost 6
+test_kvcm_client 6
+test_kvs_v6d 6
+test_workq 6
+test_kvs_sim 4
+test_cache_hbm 3
 "
 durations_file="$BUILD/tests/durations"
 declare -A expected=()
