@@ -123,8 +123,9 @@ while [[ ${#running[@]} -gt 0 ]]; do
   finish "$done_pid"
 done
 
-# Record the durations for the next run's order (suites not run keep theirs).
-if [[ -d $BUILD/tests ]]; then
+# Record the durations for the next run's order (suites not run keep theirs;
+# valgrind's would mislead a normal run).
+if [[ -d $BUILD/tests && ${VALGRIND:-0} != 1 ]]; then
   for f in "$logdir"/*.secs; do
     [[ -e $f ]] || continue
     n=${f##*/}; expected[${n%.secs}]=$(cat "$f")
