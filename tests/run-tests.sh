@@ -92,7 +92,7 @@ run_one() {
 }
 
 passed=0 failed=0 failed_names=()
-declare -A running=()   # pid -> suite name
+declare -A running=() launched=()   # pid -> suite name; names started
 
 # finish PID: prints the suite's output in one piece and counts it.
 finish() {
@@ -115,6 +115,8 @@ for t in "${ordered[@]}"; do
     finish "$done_pid"
   done
   name=$(suite_name "$t")
+  [[ -n ${launched[$name]:-} ]] && name="$name-${#launched[@]}"   # two scripts in one folder
+  launched[$name]=1
   run_one "$name" "$t" &
   running[$!]=$name
 done
