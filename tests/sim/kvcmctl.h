@@ -8,9 +8,10 @@
  * else kvcm-sim next to $KVS_SIM (tests/run-tests.sh exports that), else $BUILD/kvcm-sim,
  * else build/kvcm-sim.
  *
- * kvcmctl_http() is a dependency-free HTTP/1.1 client (one connection per call, a deadline
- * on everything) for the simulator's own endpoints; kvcmctl_state(), kvcmctl_recorded(),
- * kvcmctl_control() and kvcmctl_reporter() wrap GET /state, GET /recorded, POST /control.
+ * kvcmctl_http() asks the simulator's own endpoints through kvh_http_try (kvh_http.h, the
+ * tests' one HTTP helper); kvcmctl_state(), kvcmctl_recorded(), kvcmctl_control() and
+ * kvcmctl_reporter() wrap GET /state, GET /recorded, POST /control. kvcmctl_exchange()
+ * sends raw bytes (requests no client library would send).
  *
  * Everything is static inline; failures are Check assertions. Needs jansson. */
 #ifndef KVNODE_TESTS_KVCMCTL_H
@@ -202,34 +203,12 @@ out:
     return rc;
 }
 
-/* One request; returns the HTTP status (-1: no answer) and the body in *out (malloc'd,
- * NUL-terminated; may be NULL when out is NULL). */
+/* One request (JSON body; GETs carry an empty one); returns the HTTP status (-1: no
+ * answer) and the body in *out (malloc'd, NUL-terminated; may be NULL when out is NULL). */
 static inline int kvcmctl_http(const struct kvcmctl *k, const char *method, const char *path,
                                const char *body, char **out)
 {
-    size_t blen = body ? strlen(body) : 0;
-    size_t cap = strlen(path) + blen + 256;
-    char *req = malloc(cap);
-    ck_assert(req);
-    int n = snprintf(req, cap,
-                     "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                     method, path, k->http, blen);
-    ck_assert(n > 0 && (size_t)n + blen < cap);
-    memcpy(req + n, body ? body : "", blen);
-    char *resp = NULL;
-    long got = kvcmctl_exchange(k, req, (size_t)n + blen, &resp, KVCMCTL_HTTP_MS);
-    free(req);
-    int status = -1;
-    if (got > 0 && sscanf(resp, "HTTP/1.%*d %d", &status) != 1)
-        status = -1;
-    if (out) {
-        const char *b = resp ? strstr(resp, "\r\n\r\n") : NULL;
-        *out = strdup(b ? b + 4 : "");
-        ck_assert(*out);
-    }
-    free(resp);
-    return status;
+    return (int)kvh_http_try(k->http, method, path, body ? body : "", out, NULL, 0, KVCMCTL_HTTP_MS, NULL);
 }
 
 /* GET a simulator endpoint, require 200 and a JSON document. */
