@@ -2,7 +2,7 @@
 #
 #   make            build kvnoded, libkvnode (.so/.a/.pc) and kvnodectl into $(BUILD)
 #   make run        deps + build + kvnoded in the foreground with conf/kvnode.conf
-#   make test       deps + build + every test suite
+#   make test       deps + build + every test suite (TEST_JOBS=N at once; default 2 x CPUs)
 #   make asan       the test suite under ASan+UBSan (separate build dir)
 #   make valgrind   the test suite under valgrind (tests and daemons)
 #   make bench      build and run the benchmarks (not part of `make test`)
@@ -157,9 +157,18 @@ $(KVNODECTL): $(call obj,$(CTL_SRC)) $(LIBA)
 # Test programs compile in one step; they depend on every test helper header.
 TEST_HDRS := $(wildcard tests/unit/*.h tests/sim/*.h tests/integration/*.h tests/fuzz/*.h)
 
-$(BUILD)/tests/%: tests/unit/%.c $(DAEMON_OBJ) $(COMMON_OBJ) $(PROTO_H) $(TEST_HDRS)
+# The daemon's objects as one archive for the unit tests and fuzz targets: the
+# linker takes only the members a program needs (a test of the arena does not
+# carry the server, KVCM and store code).
+DAEMON_LIBA := $(BUILD)/tests/libkvnoded-test.a
+$(DAEMON_LIBA): $(DAEMON_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(DAEMON_OBJ) $(COMMON_OBJ) $(DAEMON_LIBS) $(CHECK_LIBS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/tests/%: tests/unit/%.c $(DAEMON_LIBA) $(PROTO_H) $(TEST_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(DAEMON_LIBA) $(DAEMON_LIBS) $(CHECK_LIBS)
 
 # Client-library tests (fake server in-process) link libkvnode, not the daemon.
 $(BUILD)/tests/test_client_%: tests/unit/test_client_%.c $(LIBA) $(PROTO_H) $(TEST_HDRS)
@@ -192,10 +201,10 @@ $(BUILD)/tests/%: tests/sim/%.c $(SIM_BIN) $(KVCM_SIM_BIN) $(TEST_HDRS)
 
 # A fuzz target with the replay driver: the normal toolchain, no libFuzzer.
 $(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz.h \
-                              $(DAEMON_OBJ) $(COMMON_OBJ) $(PROTO_H)
+                              $(DAEMON_LIBA) $(PROTO_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/fuzz -DFUZZ_NAME='"fuzz_$*"' -DFUZZ_CORPUS='"tests/fuzz/corpus/$*"' \
-	    $(LDSAN) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c $(DAEMON_OBJ) $(COMMON_OBJ) $(DAEMON_LIBS)
+	    $(LDSAN) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c $(DAEMON_LIBA) $(DAEMON_LIBS)
 
 SCRIPT_TESTS := tests/install/test_install.sh tests/python/run.sh
 

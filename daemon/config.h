@@ -67,6 +67,7 @@ struct kvn_config {
     uint32_t shutdown_timeout_ms;    /* SIGTERM: bound on finishing in-flight work */
     uint32_t frame_timeout_ms;       /* a frame in progress that stops arriving is dropped */
     uint64_t max_buffered_input_bytes; /* room for frames being received, all clients together */
+    uint32_t worker_stall_timeout_ms; /* a worker silent this long is stalled (/readyz, watchdog) */
 
     /* [memory] */
     uint64_t host_bytes;             /* size of the host-memory tier (memfd arena) */

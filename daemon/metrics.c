@@ -383,7 +383,7 @@ static void render_admin(struct evbuffer *out, const struct stats_snapshot *s)
     sample_u(out, "kvnode_admin_accept_pauses_total", NULL, a->accept_pauses);
 }
 
-static void render_workers(struct evbuffer *out)
+static void render_workers(struct evbuffer *out, uint32_t stall_timeout_ms)
 {
     struct liveness_info w[LIVENESS_MAX];
     size_t n = liveness_snapshot(liveness_now_ms(), w, LIVENESS_MAX);
@@ -392,7 +392,7 @@ static void render_workers(struct evbuffer *out)
            "1 while a thread proves it is alive (the loop answering this page; workers by heartbeat).");
     sample_u(out, "kvnode_worker_up", L("worker", "loop"), 1);
     for (size_t i = 0; i < n && i < LIVENESS_MAX; i++)
-        sample_u(out, "kvnode_worker_up", L("worker", w[i].name), w[i].age_ms <= LIVENESS_MAX_AGE_MS);
+        sample_u(out, "kvnode_worker_up", L("worker", w[i].name), w[i].age_ms <= stall_timeout_ms);
 }
 
 int metrics_render(struct daemon *d, struct evbuffer *out)
@@ -414,7 +414,7 @@ int metrics_render(struct daemon *d, struct evbuffer *out)
     render_kvcm(out, s);
     render_server(out, &s->server);
     render_admin(out, s);
-    render_workers(out);
+    render_workers(out, s->worker_stall_timeout_ms);
 
     family(out, "kvnode_reloads_total", "counter", "Configuration reloads (SIGHUP or RELOAD), by result.");
     sample_u(out, "kvnode_reloads_total", L("result", "ok"), s->reloads_ok);

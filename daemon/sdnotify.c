@@ -156,13 +156,13 @@ static void sdn_status_cb(evutil_socket_t fd, short what, void *arg)
 
 static void sdn_watchdog_cb(evutil_socket_t fd, short what, void *arg)
 {
+    const struct daemon *d = arg;
     char stalled[256];
     (void)fd;
     (void)what;
-    (void)arg;
     /* Firing at all proves the loop thread runs; the workers prove
      * themselves with their heartbeats. */
-    if (liveness_check(liveness_now_ms(), LIVENESS_MAX_AGE_MS, stalled, sizeof stalled)) {
+    if (liveness_check(liveness_now_ms(), d->cfg->worker_stall_timeout_ms, stalled, sizeof stalled)) {
         if (sdn.watchdog_stalled)
             log_info("watchdog: every worker is alive again; pinging systemd");
         sdn.watchdog_stalled = false;
@@ -171,7 +171,7 @@ static void sdn_watchdog_cb(evutil_socket_t fd, short what, void *arg)
     }
     if (!sdn.watchdog_stalled)
         log_error("watchdog: worker%s %s stalled (no heartbeat for %u ms); not pinging systemd",
-                  strchr(stalled, ',') ? "s" : "", stalled, (unsigned)LIVENESS_MAX_AGE_MS);
+                  strchr(stalled, ',') ? "s" : "", stalled, (unsigned)d->cfg->worker_stall_timeout_ms);
     sdn.watchdog_stalled = true;
 }
 

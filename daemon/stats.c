@@ -22,6 +22,7 @@ void stats_collect(struct daemon *d, struct stats_snapshot *s)
         admin_get_stats(d->admin, &s->admin);
     s->reloads_ok = d->reloads_ok;
     s->reloads_failed = d->reloads_failed;
+    s->worker_stall_timeout_ms = d->cfg->worker_stall_timeout_ms;
     s->last_reload_error = d->last_reload_error;
     kvcm_get_stats(d->kvcm, &s->kvcm);
     s->has_query = d->querier != NULL;

@@ -36,6 +36,7 @@ struct stats_snapshot {
     const char *admin_address;       /* "admin"; NULL: [admin] listen = off */
     struct admin_stats admin;        /* "admin_connections", when admin_address */
     uint64_t reloads_ok, reloads_failed;
+    uint32_t worker_stall_timeout_ms; /* kvnode_worker_up: a worker silent longer is down */
     const char *last_reload_error;   /* "" after a successful reload */
     struct kvcm_stats kvcm;
     bool has_query;

@@ -17,9 +17,9 @@
 
 #define LIVENESS_MAX      64
 #define LIVENESS_NAME_MAX  32   /* bytes, with the terminating NUL; longer names are cut */
-/* A worker silent for longer is stalled (systemd watchdog, /readyz): beat at
- * least every few seconds, idle or not. */
-#define LIVENESS_MAX_AGE_MS 10000u
+/* A worker silent for longer than [server] worker_stall_timeout (at least 2 s)
+ * is stalled (systemd watchdog, /readyz): beat at least every second, idle or
+ * not. */
 
 struct liveness_entry;
 

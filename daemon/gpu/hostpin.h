@@ -35,7 +35,7 @@ struct hostpin_progress {
  * first chunk is registered before returning and its failure is returned
  * (-KVNODE_EIO, why set; nothing left running); the rest always runs on the
  * thread ("kvnode-pin", in the liveness registry: a chunk should take well
- * under LIVENESS_MAX_AGE_MS). A backend that cannot pin (none,
+ * under [server] worker_stall_timeout). A backend that cannot pin (none,
  * devmem_can_pin false) fails here with -KVNODE_EINVAL, whatever
  * first_sync. 0, or a negative code with why set. */
 int  hostpin_start(struct devmem *dm, void *base, uint64_t len, uint64_t chunk_bytes,

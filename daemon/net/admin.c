@@ -127,7 +127,7 @@ static void admin_readyz(struct admin *a, struct evhttp_request *req)
         return;
     }
     /* Workers report through the registry; the loop is alive if it answers. */
-    if (!liveness_check(liveness_now_ms(), LIVENESS_MAX_AGE_MS, stalled, sizeof stalled)) {
+    if (!liveness_check(liveness_now_ms(), a->d->cfg->worker_stall_timeout_ms, stalled, sizeof stalled)) {
         snprintf(msg, sizeof msg, "not ready: worker%s not alive: %s", strchr(stalled, ',') ? "s" : "",
                  stalled);
         admin_reply_text(req, 503, "Service Unavailable", msg);

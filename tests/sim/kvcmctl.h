@@ -8,9 +8,10 @@
  * else kvcm-sim next to $KVS_SIM (tests/run-tests.sh exports that), else $BUILD/kvcm-sim,
  * else build/kvcm-sim.
  *
- * kvcmctl_http() is a dependency-free HTTP/1.1 client (one connection per call, a deadline
- * on everything) for the simulator's own endpoints; kvcmctl_state(), kvcmctl_recorded(),
- * kvcmctl_control() and kvcmctl_reporter() wrap GET /state, GET /recorded, POST /control.
+ * kvcmctl_http() asks the simulator's own endpoints through kvh_http_try (kvh_http.h, the
+ * tests' one HTTP helper); kvcmctl_state(), kvcmctl_recorded(), kvcmctl_control() and
+ * kvcmctl_reporter() wrap GET /state, GET /recorded, POST /control. kvcmctl_exchange()
+ * sends raw bytes (requests no client library would send).
  *
  * Everything is static inline; failures are Check assertions. Needs jansson. */
 #ifndef KVNODE_TESTS_KVCMCTL_H
@@ -38,10 +39,8 @@
 
 #include <jansson.h>
 
-#include "simctl.h"   /* clock, sleep, valgrind switch and reaping are shared */
+#include "simctl.h"   /* the launcher, clock, sleep, valgrind switch and reaping are shared */
 
-/* How long the simulator has to announce itself, and to exit once signalled. */
-#define KVCMCTL_DEADLINE_MS 20000u
 /* Default deadline of one kvcmctl_http() call. */
 #define KVCMCTL_HTTP_MS     30000u
 
@@ -83,63 +82,20 @@ static inline void kvcmctl_start(struct kvcmctl *k, const struct kvcmctl_opts *o
         o = &defaults;
     memset(k, 0, sizeof *k);
     char binbuf[512];
-    const char *bin = kvcmctl_bin(binbuf, sizeof binbuf);
     const char *argv[48];
     int n = 0;
-    if (o->valgrind) {
-        argv[n++] = "valgrind";
-        argv[n++] = "-q";
-        argv[n++] = "--error-exitcode=99";
-        argv[n++] = "--leak-check=full";
-        argv[n++] = "--errors-for-leak-kinds=definite,indirect";
-        argv[n++] = "--show-leak-kinds=definite,indirect";
-    }
-    argv[n++] = bin;
+    argv[n++] = kvcmctl_bin(binbuf, sizeof binbuf);
     argv[n++] = "--http";
     argv[n++] = o->http_addr ? o->http_addr : "127.0.0.1:0";
     for (const char *const *e = o->extra; e && *e && n < 46; e++)
         argv[n++] = *e;
     argv[n] = NULL;
 
-    int pfd[2];
-    ck_assert(pipe(pfd) == 0);
-    pid_t parent = getpid();
-    k->pid = fork();
-    ck_assert(k->pid >= 0);
-    if (k->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        close(pfd[1]);
-        execvp(argv[0], (char *const *)argv);
-        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    close(pfd[1]);
-
-    char buf[1024];
-    size_t len = 0;
-    uint64_t deadline = simctl_now_ms() + KVCMCTL_DEADLINE_MS;
-    for (;;) {
-        int left = (int)(deadline - simctl_now_ms());
-        ck_assert_msg(left > 0 && len < sizeof buf - 1, "kvcm-sim did not announce itself");
-        struct pollfd p = { .fd = pfd[0], .events = POLLIN };
-        if (poll(&p, 1, left) <= 0)
-            continue;
-        ssize_t r = read(pfd[0], buf + len, sizeof buf - 1 - len);
-        ck_assert_msg(r > 0, "kvcm-sim exited before announcing itself (%s)", bin);
-        len += (size_t)r;
-        buf[len] = '\0';
-        char *h = strstr(buf, "http=");
-        if (h && strchr(h, '\n')) {
-            snprintf(k->http, sizeof k->http, "%.*s", (int)strcspn(h + 5, "\n"), h + 5);
-            snprintf(k->base, sizeof k->base, "http://%s", k->http);
-            break;
-        }
-    }
-    close(pfd[0]);
+    static const char *const announce[] = { "http=", NULL };
+    char out[1024];
+    k->pid = simctl_spawn(argv, o->valgrind, announce, out, sizeof out, "kvcm-sim");
+    simctl_announced(out, "http=", k->http, sizeof k->http);
+    snprintf(k->base, sizeof k->base, "http://%s", k->http);
 }
 
 /* Signal it (SIGTERM, or SIGKILL when hard) and reap it (see simctl_reap_pid). */
@@ -247,34 +203,12 @@ out:
     return rc;
 }
 
-/* One request; returns the HTTP status (-1: no answer) and the body in *out (malloc'd,
- * NUL-terminated; may be NULL when out is NULL). */
+/* One request (JSON body; GETs carry an empty one); returns the HTTP status (-1: no
+ * answer) and the body in *out (malloc'd, NUL-terminated; may be NULL when out is NULL). */
 static inline int kvcmctl_http(const struct kvcmctl *k, const char *method, const char *path,
                                const char *body, char **out)
 {
-    size_t blen = body ? strlen(body) : 0;
-    size_t cap = strlen(path) + blen + 256;
-    char *req = malloc(cap);
-    ck_assert(req);
-    int n = snprintf(req, cap,
-                     "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                     method, path, k->http, blen);
-    ck_assert(n > 0 && (size_t)n + blen < cap);
-    memcpy(req + n, body ? body : "", blen);
-    char *resp = NULL;
-    long got = kvcmctl_exchange(k, req, (size_t)n + blen, &resp, KVCMCTL_HTTP_MS);
-    free(req);
-    int status = -1;
-    if (got > 0 && sscanf(resp, "HTTP/1.%*d %d", &status) != 1)
-        status = -1;
-    if (out) {
-        const char *b = resp ? strstr(resp, "\r\n\r\n") : NULL;
-        *out = strdup(b ? b + 4 : "");
-        ck_assert(*out);
-    }
-    free(resp);
-    return status;
+    return (int)kvh_http_try(k->http, method, path, body ? body : "", out, NULL, 0, KVCMCTL_HTTP_MS, NULL);
 }
 
 /* GET a simulator endpoint, require 200 and a JSON document. */

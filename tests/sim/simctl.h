@@ -8,7 +8,9 @@
  * under valgrind, and reads its "http=" / "socket=" announcement with a
  * deadline. simctl_stop() sends SIGTERM (or SIGKILL), reaps it with a
  * deadline and removes the socket and, unless kept, the directory.
- * simctl_stop_ok() requires a clean exit 0 on SIGTERM.
+ * simctl_stop_ok() requires a clean exit 0 on SIGTERM. simctl_spawn() is the
+ * launcher both simulators' helpers use (kvcmctl.h too); simctl_state() asks
+ * through kvh_http.h, the tests' one libcurl helper.
  *
  * Everything is static inline; failures are Check assertions. */
 #ifndef KVNODE_TESTS_SIMCTL_H
@@ -31,8 +33,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <curl/curl.h>
 #include <jansson.h>
+
+#include "../integration/kvh_http.h"   /* the one HTTP request helper */
 
 /* How long the simulator has to announce itself, and to exit once signalled. */
 #define SIMCTL_DEADLINE_MS 20000u
@@ -85,6 +88,79 @@ static inline void simctl_mkdtemp(char *dir, size_t size, const char *prefix)
 }
 
 /* Start the simulator as described by o (NULL: all defaults). */
+/* The tests' one launcher of a simulator: runs argv (under valgrind when
+ * asked; errors or definite leaks make it exit 99) as a child that dies with
+ * the test, its stdout on a pipe, and reads that until each of the announce
+ * keys (e.g. "http=") has a whole line or the deadline passes. Returns the pid;
+ * what it printed, NUL-terminated, is in out. Shared with kvcmctl.h. */
+static inline pid_t simctl_spawn(const char *const *argv, bool valgrind, const char *const *announce, char *out,
+                                 size_t cap, const char *what)
+{
+    const char *full[64];
+    int n = 0;
+    if (valgrind) {
+        static const char *const vg[] = { "valgrind", "-q", "--error-exitcode=99", "--leak-check=full",
+                                          "--errors-for-leak-kinds=definite,indirect",
+                                          "--show-leak-kinds=definite,indirect" };
+        for (size_t i = 0; i < sizeof vg / sizeof vg[0]; i++)
+            full[n++] = vg[i];
+    }
+    for (const char *const *a = argv; *a && n < 63; a++)
+        full[n++] = *a;
+    full[n] = NULL;
+
+    int pfd[2];
+    ck_assert(pipe(pfd) == 0);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        close(pfd[1]);
+        execvp(full[0], (char *const *)full);
+        fprintf(stderr, "exec %s: %s\n", full[0], strerror(errno));
+        _exit(127);
+    }
+    close(pfd[1]);
+
+    size_t len = 0;
+    out[0] = '\0';
+    uint64_t deadline = simctl_now_ms() + SIMCTL_DEADLINE_MS;
+    for (;;) {
+        bool all = true;
+        for (const char *const *k = announce; *k && all; k++) {
+            const char *at = strstr(out, *k);
+            all = at && strchr(at, '\n');
+        }
+        if (all)
+            break;
+        int left = (int)(deadline - simctl_now_ms());
+        ck_assert_msg(left > 0 && len < cap - 1, "%s did not announce itself", what);
+        struct pollfd p = { .fd = pfd[0], .events = POLLIN };
+        if (poll(&p, 1, left) <= 0)
+            continue;
+        ssize_t r = read(pfd[0], out + len, cap - 1 - len);
+        ck_assert_msg(r > 0, "%s exited before announcing itself (%s)", what, argv[0]);
+        len += (size_t)r;
+        out[len] = '\0';
+    }
+    close(pfd[0]);
+    return pid;
+}
+
+/* The value of "key=VALUE\n" in an announcement, into buf. */
+static inline void simctl_announced(const char *out, const char *key, char *buf, size_t len)
+{
+    const char *at = strstr(out, key);
+    ck_assert_msg(at, "no %s in the announcement", key);
+    at += strlen(key);
+    snprintf(buf, len, "%.*s", (int)strcspn(at, "\n"), at);
+}
+
 static inline void simctl_start(struct simctl *s, const struct simctl_opts *o)
 {
     static const struct simctl_opts defaults = { 0 };
@@ -99,73 +175,24 @@ static inline void simctl_start(struct simctl *s, const struct simctl_opts *o)
     const char *bin = getenv("KVS_SIM");
     if (!bin || !*bin)
         bin = "build/kvs-sim";
-    char addr[64];
-    snprintf(addr, sizeof addr, "%s", o->http_addr ? o->http_addr : "127.0.0.1:0");
     const char *argv[40];
     int n = 0;
-    if (o->valgrind) {
-        argv[n++] = "valgrind";
-        argv[n++] = "-q";
-        argv[n++] = "--error-exitcode=99";
-        argv[n++] = "--leak-check=full";
-        argv[n++] = "--errors-for-leak-kinds=definite,indirect";
-        argv[n++] = "--show-leak-kinds=definite,indirect";
-    }
     argv[n++] = bin;
     argv[n++] = "--http";
-    argv[n++] = addr;
+    argv[n++] = o->http_addr ? o->http_addr : "127.0.0.1:0";
     argv[n++] = "--socket";
     argv[n++] = s->sock;
     for (const char *const *e = o->extra; e && *e && n < 38; e++)
         argv[n++] = *e;
     argv[n] = NULL;
 
-    int pfd[2];
-    ck_assert(pipe(pfd) == 0);
-    pid_t parent = getpid();
-    s->pid = fork();
-    ck_assert(s->pid >= 0);
-    if (s->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        close(pfd[1]);
-        execvp(argv[0], (char *const *)argv);
-        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    close(pfd[1]);
-
-    /* Read "http=..." and "socket=..." with a deadline. */
-    char buf[1024];
-    size_t len = 0;
-    bool have_http = false, have_sock = false;
-    uint64_t deadline = simctl_now_ms() + SIMCTL_DEADLINE_MS;
-    while (!(have_http && have_sock)) {
-        int left = (int)(deadline - simctl_now_ms());
-        ck_assert_msg(left > 0 && len < sizeof buf - 1, "simulator did not announce itself");
-        struct pollfd p = { .fd = pfd[0], .events = POLLIN };
-        if (poll(&p, 1, left) <= 0)
-            continue;
-        ssize_t r = read(pfd[0], buf + len, sizeof buf - 1 - len);
-        ck_assert_msg(r > 0, "simulator exited before announcing itself");
-        len += (size_t)r;
-        buf[len] = '\0';
-        char *h = strstr(buf, "http=");
-        if (h && strchr(h, '\n')) {
-            snprintf(s->http, sizeof s->http, "%.*s", (int)strcspn(h + 5, "\n"), h + 5);
-            snprintf(s->base, sizeof s->base, "http://%s", s->http);
-            have_http = true;
-        }
-        char *so = strstr(buf, "socket=");
-        if (so && strchr(so, '\n')) {
-            ck_assert(strncmp(so + 7, s->sock, strlen(s->sock)) == 0);
-            have_sock = true;
-        }
-    }
-    close(pfd[0]);
+    static const char *const announce[] = { "http=", "socket=", NULL };
+    char out[1024], sock[sizeof s->sock + 8];
+    s->pid = simctl_spawn(argv, o->valgrind, announce, out, sizeof out, "simulator");
+    simctl_announced(out, "http=", s->http, sizeof s->http);
+    snprintf(s->base, sizeof s->base, "http://%s", s->http);
+    simctl_announced(out, "socket=", sock, sizeof sock);
+    ck_assert_str_eq(sock, s->sock);
 }
 
 /* Signal the child *pid (SIGTERM, or SIGKILL when hard) and reap it; *pid
@@ -220,50 +247,19 @@ static inline void simctl_stop_ok(struct simctl *s)
     ck_assert_msg(!left, "the simulator left its socket behind");
 }
 
-/* ---- libcurl body collector --------------------------------------------------- */
-
-struct simctl_body { char *p; size_t n; };
-
-/* CURLOPT_WRITEFUNCTION: append to a struct simctl_body, NUL-terminated. */
-static inline size_t simctl_body_sink(char *p, size_t size, size_t n, void *arg)
-{
-    struct simctl_body *b = arg;
-    size_t add = size * n;
-    char *q = realloc(b->p, b->n + add + 1);
-    if (!q)
-        return 0;
-    memcpy(q + b->n, p, add);
-    b->p = q;
-    b->n += add;
-    b->p[b->n] = '\0';
-    return add;
-}
-
 /* ---- state ------------------------------------------------------------------ */
 
 /* A number from the simulator's GET /_sim/state (-1 on failure). */
 static inline long long simctl_state(const struct simctl *s, const char *field)
 {
-    char url[256];
-    snprintf(url, sizeof url, "%s/_sim/state", s->base);
-    struct simctl_body b = { NULL, 0 };
-    CURL *c = curl_easy_init();
-    ck_assert(c);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 30000L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, simctl_body_sink);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    long status = -1;
-    if (curl_easy_perform(c) == CURLE_OK)
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_cleanup(c);
+    char *body = NULL;
+    long status = kvh_http_try(s->http, NULL, "/_sim/state", NULL, &body, NULL, 0, 30000L, NULL);
     long long v = -1;
-    json_t *doc = status == 200 && b.p ? json_loads(b.p, 0, NULL) : NULL;
+    json_t *doc = status == 200 && body ? json_loads(body, 0, NULL) : NULL;
     if (json_is_integer(json_object_get(doc, field)))
         v = (long long)json_integer_value(json_object_get(doc, field));
     json_decref(doc);
-    free(b.p);
+    free(body);
     return v;
 }
 

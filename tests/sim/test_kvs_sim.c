@@ -50,33 +50,7 @@ static void sim_start(struct simctl *s, const char *const *extra)
 static long http(const struct simctl *s, const char *method, const char *path, const char *body,
                  char **out)
 {
-    char url[256];
-    snprintf(url, sizeof url, "%s%s", s->base, path);
-    struct simctl_body b = { NULL, 0 };
-    CURL *c = curl_easy_init();
-    ck_assert(c);
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 30000L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, simctl_body_sink);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    if (body) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    }
-    long status = -1;
-    if (curl_easy_perform(c) == CURLE_OK)
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    if (out)
-        *out = b.p ? b.p : calloc(1, 1);
-    else
-        free(b.p);
-    return status;
+    return kvh_http_try(s->http, method, path, body, out, NULL, 0, 30000L, NULL);
 }
 
 /* POST a jansson document (stolen); returns status, parsed reply in *reply (may be NULL). */

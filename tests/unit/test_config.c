@@ -134,6 +134,7 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_uint_eq(a->shutdown_timeout_ms, b->shutdown_timeout_ms);
     ck_assert_uint_eq(a->frame_timeout_ms, b->frame_timeout_ms);
     ck_assert_uint_eq(a->max_buffered_input_bytes, b->max_buffered_input_bytes);
+    ck_assert_uint_eq(a->worker_stall_timeout_ms, b->worker_stall_timeout_ms);
     ck_assert_uint_eq(a->host_bytes, b->host_bytes);
     ck_assert_uint_eq(a->slab_bytes, b->slab_bytes);
     ck_assert(a->high_watermark == b->high_watermark);
@@ -217,7 +218,7 @@ static const char *const all_options[][2] = {
     { "server", "allow_uids" }, { "server", "allow_gids" }, { "server", "max_frame_bytes" },
     { "server", "max_keys_per_request" }, { "server", "max_clients" }, { "server", "max_namespaces" },
     { "server", "request_timeout" }, { "server", "shutdown_timeout" }, { "server", "frame_timeout" },
-    { "server", "max_buffered_input_bytes" },
+    { "server", "max_buffered_input_bytes" }, { "server", "worker_stall_timeout" },
     { "memory", "host_bytes" }, { "memory", "slab_bytes" }, { "memory", "high_watermark" },
     { "memory", "low_watermark" }, { "memory", "pin_host" }, { "memory", "namespace_quota" },
     { "memory", "pin_chunk_bytes" },
@@ -261,6 +262,7 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(c.shutdown_timeout_ms, 10000);
     ck_assert_uint_eq(c.frame_timeout_ms, 10000);
     ck_assert_uint_eq(c.max_buffered_input_bytes, 256 * MIB);
+    ck_assert_uint_eq(c.worker_stall_timeout_ms, 10000);
     ck_assert_uint_eq(c.host_bytes, GIB);
     ck_assert_uint_eq(c.slab_bytes, 16 * MIB);
     ck_assert_double_eq(c.high_watermark, 0.95);
@@ -399,6 +401,8 @@ static const struct good_case good_cases[] = {
     { "server", "max_buffered_input_bytes", "1MiB", OFF(max_buffered_input_bytes), F_U64, .u = MIB },
     { "server", "max_buffered_input_bytes", "1048577", OFF(max_buffered_input_bytes), F_U64, .u = MIB + 1 },
     { "server", "max_buffered_input_bytes", "1TiB", OFF(max_buffered_input_bytes), F_U64, .u = GIB << 10 },
+    { "server", "worker_stall_timeout", "2s", OFF(worker_stall_timeout_ms), F_U32, .u = 2000 },
+    { "server", "worker_stall_timeout", "10m", OFF(worker_stall_timeout_ms), F_U32, .u = 600000 },
     { "memory", "host_bytes", "2GiB", OFF(host_bytes), F_U64, .u = 2 * GIB },
     { "memory", "host_bytes", "3T", OFF(host_bytes), F_U64, .u = 3 * (GIB << 10) },
     { "memory", "slab_bytes", "256KiB", OFF(slab_bytes), F_U64, .u = 256 * KIB },
@@ -666,6 +670,9 @@ static const struct bad_case bad_cases[] = {
     { "server", "max_buffered_input_bytes", "1023KiB", "out of range (expected 1MiB..1TiB)" },
     { "server", "max_buffered_input_bytes", "2TiB", "out of range (expected 1MiB..1TiB)" },
     { "server", "max_buffered_input_bytes", "1.5G", "invalid size '1.5G'" },
+    { "server", "worker_stall_timeout", "1999ms", "out of range (expected 2s..10m)" },
+    { "server", "worker_stall_timeout", "11m", "out of range (expected 2s..10m)" },
+    { "server", "worker_stall_timeout", "0", "out of range" },
     { "memory", "host_bytes", "32KiB", "at least 64KiB" },
     { "memory", "host_bytes", "1.5G", "invalid size '1.5G'" },
     { "memory", "host_bytes", "20EiB", "too large" },
@@ -2209,7 +2216,8 @@ START_TEST(test_write_round_trip_defaults)
     }
     const char *forms[] = { "\n[server]\n", "\n[memory]\n", "\n[leases]\n", "\n[log]\n",
                             "socket_mode = 0660\n", "max_frame_bytes = 64MiB\n", "request_timeout = 5s\n",
-                            "shutdown_timeout = 10s\nframe_timeout = 10s\nmax_buffered_input_bytes = 256MiB\n",
+                            "shutdown_timeout = 10s\nframe_timeout = 10s\nmax_buffered_input_bytes = 256MiB\n"
+                            "worker_stall_timeout = 10s\n",
                             "\n[admin]\nlisten = 127.0.0.1:9180\nmax_connections = 64\nrequest_timeout = 5s\n",
                             "host_bytes = 1GiB\n", "slab_bytes = 16MiB\n", "high_watermark = 0.95\n",
                             "low_watermark = 0.9\n", "pin_host = auto\n", "reaper_interval = 1s\n",
@@ -2256,6 +2264,7 @@ START_TEST(test_write_round_trip_custom)
     c.shutdown_timeout_ms = 0;
     c.frame_timeout_ms = 2500;
     c.max_buffered_input_bytes = 3 * MIB + 1;
+    c.worker_stall_timeout_ms = 2500;
     c.admin_max_connections = 7;
     c.admin_request_timeout_ms = 90000;
     c.host_bytes = 1536 * MIB + 256;
@@ -2302,7 +2311,7 @@ START_TEST(test_write_round_trip_custom)
 
     char *text = config_to_text(&c);
     const char *forms[] = { "socket_mode = 0000\n", "max_frame_bytes = 4097\n", "request_timeout = 1500ms\n",
-                            "frame_timeout = 2500ms\nmax_buffered_input_bytes = 3145729\n",
+                            "frame_timeout = 2500ms\nmax_buffered_input_bytes = 3145729\nworker_stall_timeout = 2500ms\n",
                             "max_connections = 7\nrequest_timeout = 90s\n",
                             "shutdown_timeout = 0s\n", "read_ttl = 90s\n", "write_ttl = 1h\n",
                             "pin_host = on\n", "level = debug\n", "namespace_quota = 3MiB\n",

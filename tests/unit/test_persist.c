@@ -833,16 +833,18 @@ START_TEST(test_v6d_comes_back)
 }
 END_TEST
 
-/* The simulator answers every control call after 400 ms and one worker
- * runs: the first write holds the worker (acquire, seal, release: 1.2 s),
- * the others are queued once it has started, so it cannot take them into
- * its batch, and get -KVNODE_ESHUTDOWN from persist_destroy. */
+/* One worker runs and the simulator holds /release 3 s: the first write
+ * holds the worker in its release once its seal was answered; the others
+ * are queued only then, so it cannot take them into its batch, and get
+ * -KVNODE_ESHUTDOWN from persist_destroy. (Delaying every call, the state
+ * query too, left the worker idle again before the others were queued on
+ * a loaded machine.) */
 START_TEST(test_v6d_destroy_cancels)
 {
     enum { N = 6, BB = 8192 };
     struct event_base *base = event_base_new();
     struct simctl sim;
-    const char *extra[] = { "--delay-ms", "400", NULL };
+    const char *extra[] = { "--delay-ms", "3000", "--delay-only", "/release", NULL };
     simctl_start(&sim, &(struct simctl_opts){ .dir_prefix = "persist-v6d", .extra = extra });
     struct kvn_config cfg;
     v6d_cfg(&cfg, sim.base, sim.sock);
@@ -857,10 +859,11 @@ START_TEST(test_v6d_destroy_cancels)
 
     g_done = 0;
     ck_assert_int_eq(persist_write(p, &ns, 0, wbuf, BB, on_done, &r[0]), 0);
-    /* the worker's acquire was answered: it is busy with write 0 alone */
+    /* the worker's seal was answered: it is in the held release of write 0 alone */
     uint64_t until = clock_now_ms() + 20000;
-    while (simctl_state(&sim, "acquire_create_calls") < 1 && clock_now_ms() < until)
+    while (simctl_state(&sim, "seal_calls") < 1 && clock_now_ms() < until)
         simctl_sleep_ms(20);
+    ck_assert_int_eq(simctl_state(&sim, "seal_calls"), 1);
     ck_assert_int_eq(simctl_state(&sim, "acquire_create_calls"), 1);
     for (int i = 1; i < N; i++)
         ck_assert_int_eq(persist_write(p, &ns, i, wbuf, BB, on_done, &r[i]), 0);
