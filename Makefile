@@ -2,7 +2,8 @@
 #
 #   make            build kvnoded, libkvnode (.so/.a/.pc) and kvnodectl into $(BUILD)
 #   make run        deps + build + kvnoded in the foreground with conf/kvnode.conf
-#   make test       deps + build + every test suite (TEST_JOBS=N at once; default 2 x CPUs)
+#   make test       deps + build (BUILD_JOBS compilers at once; default: the CPU count) + every
+#                   test suite (TEST_JOBS=N at once; default 2 x CPUs)
 #   make asan       the test suite under ASan+UBSan (separate build dir)
 #   make valgrind   the test suite under valgrind (tests and daemons)
 #   make bench      build and run the benchmarks (not part of `make test`)
@@ -20,6 +21,8 @@ GEN       := $(BUILD)/gen
 PREFIX    ?= /usr/local
 DESTDIR   ?=
 CC        ?= cc
+# Compilers `make test` and `make asan` run at once (a plain `make` honours -j as given).
+BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PKG_CONFIG ?= pkg-config
 
 # --- CUDA detection ---------------------------------------------------------
@@ -212,10 +215,10 @@ check: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(KVCM_SIM_BIN) $(SIM_TEST_BIN) $
 	@BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN) $(SCRIPT_TESTS)
 
 test: deps
-	@$(MAKE) --no-print-directory check
+	@$(MAKE) --no-print-directory -j$(BUILD_JOBS) check
 
 asan: deps
-	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 OPT=-O1 check
+	@$(MAKE) --no-print-directory -j$(BUILD_JOBS) BUILD=build-asan SAN=1 OPT=-O1 check
 
 # The test suite with every test binary and every daemon under valgrind.
 valgrind: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(KVCM_SIM_BIN) $(SIM_TEST_BIN)
