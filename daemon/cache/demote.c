@@ -39,14 +39,19 @@ static bool cache_hbm_over(const struct cache_hbm *h, double watermark)
     return (double)used > watermark * (double)st.capacity;
 }
 
-/* Demotion starts past the high watermark and goes on down to the low one. */
+/* Demotion starts past the high watermark and goes on down to the low one.
+ * It ends only with no batch in flight: under the low watermark counts the
+ * blocks being moved as gone, and a move a reader or a delete abandons
+ * brings them back (which could leave HBM between the watermarks). */
 static bool cache_hbm_wants_batch(const struct cache *c, struct cache_hbm *h)
 {
+    bool over_low = cache_hbm_over(h, c->hbm_low);
+
     if (cache_hbm_over(h, c->hbm_high))
         h->demoting = true;
-    else if (!cache_hbm_over(h, c->hbm_low))
+    else if (!over_low && h->inflight == 0)
         h->demoting = false;
-    return h->demoting && h->inflight < DEMOTE_INFLIGHT;
+    return h->demoting && over_low && h->inflight < DEMOTE_INFLIGHT;
 }
 
 void cache_demote_maybe_schedule(struct cache *c)

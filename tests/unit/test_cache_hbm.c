@@ -41,6 +41,7 @@ static struct kv_namespace *ns;
 static struct lease_list gpu0, cpu;
 static char store_dir[64];
 static bool store_variant;            /* this tcase's variant: a write_through file store */
+static unsigned copy_workers = 2;     /* copier threads; 1 finishes batches in submission order */
 
 static void setup_with(uint64_t host_bytes, bool with_store)
 {
@@ -70,7 +71,7 @@ static void setup_with(uint64_t host_bytes, bool with_store)
         ck_assert_msg(cache_add_hbm(cache, dm, &region[d], cfg.slab_bytes, err, sizeof err) == 0,
                       "%s", err);
     }
-    ck_assert_int_eq(copier_create(base, dm, 2, 16, &cp, err, sizeof err), 0);
+    ck_assert_int_eq(copier_create(base, dm, copy_workers, 16, &cp, err, sizeof err), 0);
     cache_set_copier(cache, cp);
     if (with_store) {
         snprintf(store_dir, sizeof store_dir, "/tmp/kvnode-cache-hbm-XXXXXX");
@@ -396,6 +397,40 @@ START_TEST(a_move_is_abandoned_when_a_reader_pins_the_block)
 }
 END_TEST
 
+START_TEST(demotion_resumes_after_an_abandoned_batch)
+{
+    struct cache_loc locs[8];
+    uint64_t lid;
+
+    /* One copy thread: batch one (keys 49..42) lands before batch two
+     * (41..34). The loop builds a third batch after batch one; it brings the
+     * estimate (used minus bytes being moved) down to the low watermark while
+     * batch two is in flight. Batch two is then abandoned (a reader pins its
+     * blocks), which leaves HBM between the watermarks: demotion must go on
+     * down to the low watermark, not wait for the high one. */
+    teardown();
+    setenv("KVNODE_DEVMEM_SIM_COPY_DELAY_MS", "300", 1);
+    copy_workers = 1;
+    setup_with(4u << 20, false);
+    copy_workers = 2;
+    unsetenv("KVNODE_DEVMEM_SIM_COPY_DELAY_MS");
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, 49), 49);
+    event_base_loop(base, EVLOOP_NONBLOCK);
+    ck_assert_int_eq(demote_stat("batches_pending"), 2);
+    ck_assert_uint_eq(get(&gpu0, 34, 8, locs, &lid), 8);
+    settle();
+    ck_assert_int_eq(demote_stat("aborted_total"), 8);
+    ck_assert_int_eq(hbm_used(0), 32 * BLOCK);
+    for (int i = 0; i < 8; i++) {
+        ck_assert_uint_eq(locs[i].arena, 1);
+        ck_assert(check(slot(&locs[i]), 34 + i));
+    }
+    end_read(&gpu0, lid);
+    settle();
+    ck_assert_int_eq(hbm_used(0), 32 * BLOCK);
+}
+END_TEST
+
 START_TEST(a_closing_owner_leaves_no_hbm_behind)
 {
     struct cache_loc locs[8];
@@ -608,6 +643,7 @@ int main(void)
     tcase_add_test(tc, demotion_keeps_every_byte_and_stops_at_the_low_watermark);
     tcase_add_test(tc, pinned_blocks_are_never_demoted);
     tcase_add_test(tc, a_move_is_abandoned_when_a_reader_pins_the_block);
+    tcase_add_test(tc, demotion_resumes_after_an_abandoned_batch);
     tcase_add_test(tc, a_closing_owner_leaves_no_hbm_behind);
     tcase_add_test(tc, no_host_room_drops_the_victim);
     tcase_add_test(tc, hbm_blocks_are_written_to_the_store_through_a_device_copy);
