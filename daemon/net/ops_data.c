@@ -1,0 +1,431 @@
+/* ops data: the block requests — MATCH, MATCH_REMOTE, GET_BEGIN and
+ * PUT_BEGIN (one lease, one location per key), GET_END / PUT_COMMIT /
+ * PUT_ABORT, GET_INLINE and PUT_INLINE (bytes in the frames), DELETE — and
+ * their replies (see ops.h). A request that must wait is handed to
+ * ops_deferred.c. Loop thread only. */
+#include "net/ops_internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvcm/query.h"
+#include "kvnode.h"
+
+/* Location messages for a reply: one array of structs, one of pointers. */
+struct loc_buf {
+    Kvnode__Location *items;
+    Kvnode__Location **ptrs;
+};
+
+static int loc_buf_fill(struct loc_buf *b, const struct cache_loc *locs, size_t n)
+{
+    b->items = calloc(n ? n : 1, sizeof *b->items);
+    b->ptrs = calloc(n ? n : 1, sizeof *b->ptrs);
+    if (!b->items || !b->ptrs)
+        return -KVNODE_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        kvnode__location__init(&b->items[i]);
+        b->items[i].arena = locs[i].arena;
+        b->items[i].offset = locs[i].offset;
+        b->items[i].present = locs[i].present;
+        b->ptrs[i] = &b->items[i];
+    }
+    return 0;
+}
+
+static void loc_buf_free(struct loc_buf *b)
+{
+    free(b->items);
+    free(b->ptrs);
+}
+
+void ops_match_reply(struct ops *o, struct conn *conn, const Kvnode__Request *req,
+                     const struct cache_tiers *t)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__MatchReply reply = KVNODE__MATCH_REPLY__INIT;
+
+    reply.matched = (uint32_t)t->matched;
+    reply.hbm = (uint32_t)t->hbm;
+    reply.host = (uint32_t)t->host;
+    reply.store = (uint32_t)t->store;
+    resp.result_case = KVNODE__RESPONSE__RESULT_MATCH;
+    resp.match = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+}
+
+void ops_match(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    size_t n = req->match->n_keys;
+    struct cache_tiers t;
+    struct cache_wait *wait;
+    char err[256];
+    int rc = ops_check_keys(o, s, n, err, sizeof err);
+
+    if (rc < 0) {
+        ops_fail(o, conn, req, rc, err);
+        return;
+    }
+    rc = cache_match_start(o->cache, s->ns, req->match->keys, n, &t, ops_pending_ready, conn, &wait);
+    if (rc == CACHE_WAITING) {
+        if (ops_defer(o, conn, s, req, n, wait) == 0)
+            return;
+        cache_match_finish(o->cache, wait, &t);
+    }
+    ops_match_reply(o, conn, req, &t);
+}
+
+/* --- MATCH_REMOTE ------------------------------------------------------------- */
+
+void ops_match_remote_reply(struct ops *o, struct conn *conn, const Kvnode__Request *req,
+                            uint32_t matched, const struct kvcm_query_answer *a)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__MatchRemoteReply reply = KVNODE__MATCH_REMOTE_REPLY__INIT;
+    Kvnode__PeerMatch peers[KVCM_QUERY_MAX_HOSTS], *ptrs[KVCM_QUERY_MAX_HOSTS];
+    size_t n = a->ok ? a->n : 0;
+
+    for (size_t i = 0; i < n; i++) {
+        kvnode__peer_match__init(&peers[i]);
+        peers[i].host_ip_port = (char *)a->hosts[i].host_ip_port;
+        peers[i].matched = a->hosts[i].matched > UINT32_MAX ? UINT32_MAX : (uint32_t)a->hosts[i].matched;
+        ptrs[i] = &peers[i];
+    }
+    reply.matched = matched;
+    reply.remote_ok = a->ok;
+    reply.why = a->ok ? (char *)"" : (char *)a->why;
+    reply.n_peers = n;
+    reply.peers = n ? ptrs : NULL;
+    resp.result_case = KVNODE__RESPONSE__RESULT_MATCH_REMOTE;
+    resp.match_remote = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+}
+
+void ops_match_remote(struct ops *o, struct conn *conn, struct session *s,
+                      const Kvnode__Request *req)
+{
+    const Kvnode__MatchRemoteRequest *m = req->match_remote;
+    struct kvcm_query_answer now;
+    struct kvcm_query *q = NULL;
+    struct cache_tiers t;
+    char err[256];
+    int rc = ops_check_keys(o, s, m->n_keys, err, sizeof err);
+
+    if (rc < 0) {
+        ops_fail(o, conn, req, rc, err);
+        return;
+    }
+    cache_match_tiers(o->cache, s->ns, m->keys, m->n_keys, &t);
+    if (!o->querier) {
+        memset(&now, 0, sizeof now);
+        snprintf(now.why, sizeof now.why, "[kvcm] is off on this node: no peers to ask");
+        ops_match_remote_reply(o, conn, req, (uint32_t)t.matched, &now);
+        return;
+    }
+    if (kvcm_query_start(o->querier, s->ns, m->keys, m->n_keys, m->max_hosts, ops_query_answer,
+                         conn, &now, &q) == 0) {
+        if (ops_defer(o, conn, s, req, m->n_keys, NULL) == 0) {
+            s->pending->query = q;
+            s->pending->local_matched = (uint32_t)t.matched;
+            return;
+        }
+        kvcm_query_cancel(o->querier, q);
+        memset(&now, 0, sizeof now);
+        snprintf(now.why, sizeof now.why, "out of memory");
+    }
+    ops_match_remote_reply(o, conn, req, (uint32_t)t.matched, &now);
+}
+
+/* The GET_BEGIN / PUT_BEGIN reply: the lease and one location per key. */
+void ops_lease_reply(struct ops *o, struct conn *conn, struct session *s,
+                     const Kvnode__Request *req, bool get, uint64_t lease_id,
+                     const struct cache_loc *locs, size_t count)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__GetBeginReply get_reply = KVNODE__GET_BEGIN_REPLY__INIT;
+    Kvnode__PutBeginReply put_reply = KVNODE__PUT_BEGIN_REPLY__INIT;
+    struct loc_buf lb = { 0 };
+
+    if (loc_buf_fill(&lb, locs, count) < 0) {
+        uint32_t ignored;
+        loc_buf_free(&lb);
+        if (lease_id)
+            cache_lease_end(o->cache, &s->leases, lease_id, get ? LEASE_READ : LEASE_WRITE, false,
+                            &ignored, NULL, 0);
+        ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
+        return;
+    }
+    if (get) {
+        get_reply.lease = lease_id;
+        get_reply.n_locations = count;
+        get_reply.locations = lb.ptrs;
+        resp.result_case = KVNODE__RESPONSE__RESULT_GET_BEGIN;
+        resp.get_begin = &get_reply;
+    } else {
+        put_reply.lease = lease_id;
+        put_reply.n_locations = count;
+        put_reply.locations = lb.ptrs;
+        resp.result_case = KVNODE__RESPONSE__RESULT_PUT_BEGIN;
+        resp.put_begin = &put_reply;
+    }
+    ops_send(o, conn, req, &resp, NULL, 0);
+    loc_buf_free(&lb);
+}
+
+/* GET_BEGIN and PUT_BEGIN: one lease, one location per key of the answer
+ * (the ready prefix for a get, every key for a put). */
+void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    bool get = req->op_case == KVNODE__REQUEST__OP_GET_BEGIN;
+    const int64_t *keys = get ? req->get_begin->keys : req->put_begin->keys;
+    size_t n = get ? req->get_begin->n_keys : req->put_begin->n_keys, count = n;
+    struct cache_loc *locs = NULL;
+    uint64_t lease_id = 0;
+    char err[512];
+    int rc = ops_check_keys(o, s, n, err, sizeof err);
+
+    if (rc < 0)
+        goto fail;
+    locs = calloc(n ? n : 1, sizeof *locs);
+    if (!locs) {
+        rc = -KVNODE_ENOMEM;
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    if (get) {
+        struct cache_wait *wait;
+        rc = cache_get_start(o->cache, s->ns, &s->leases, s->leases.mapped, keys, n, &lease_id,
+                             locs, &count, err, sizeof err, ops_pending_ready, conn, &wait);
+        if (rc == CACHE_WAITING) {
+            if (ops_defer(o, conn, s, req, n, wait) == 0) {
+                free(locs);
+                return;
+            }
+            cache_get_finish(o->cache, wait, &lease_id, locs, &count);
+            rc = 0;
+        }
+    } else {
+        rc = cache_put_begin(o->cache, s->ns, &s->leases, keys, n, (int)req->put_begin->tier,
+                             &lease_id, locs, err, sizeof err);
+        if (rc == CACHE_STORE_BOUND) {
+            if (ops_put_backpressure(o, conn, s, req, n, err, sizeof err)) {
+                free(locs);
+                return;
+            }
+            rc = -KVNODE_ENOSPC;
+        }
+    }
+    if (rc < 0)
+        goto fail;
+    ops_lease_reply(o, conn, s, req, get, lease_id, locs, count);
+    free(locs);
+    return;
+fail:
+    free(locs);
+    ops_fail(o, conn, req, rc, err);
+}
+
+/* GET_END, PUT_COMMIT, PUT_ABORT */
+void ops_lease_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__LeaseReply reply = KVNODE__LEASE_REPLY__INIT;
+    const Kvnode__LeaseRequest *lr;
+    int kind = LEASE_WRITE;
+    bool commit = false;
+    uint32_t blocks = 0;
+    char err[512];
+    int rc = ops_check_keys(o, s, 0, err, sizeof err);
+
+    switch (req->op_case) {
+    case KVNODE__REQUEST__OP_GET_END:
+        lr = req->get_end;
+        kind = LEASE_READ;
+        resp.result_case = KVNODE__RESPONSE__RESULT_GET_END;
+        resp.get_end = &reply;
+        break;
+    case KVNODE__REQUEST__OP_PUT_COMMIT:
+        lr = req->put_commit;
+        commit = true;
+        resp.result_case = KVNODE__RESPONSE__RESULT_PUT_COMMIT;
+        resp.put_commit = &reply;
+        break;
+    default:
+        lr = req->put_abort;
+        resp.result_case = KVNODE__RESPONSE__RESULT_PUT_ABORT;
+        resp.put_abort = &reply;
+        break;
+    }
+    if (rc == 0)
+        rc = cache_lease_end(o->cache, &s->leases, lr->lease, kind, commit, &blocks, err, sizeof err);
+    if (rc < 0) {
+        ops_fail(o, conn, req, rc, err);
+        return;
+    }
+    reply.blocks = blocks;
+    ops_send(o, conn, req, &resp, NULL, 0);
+}
+
+/* Copy the ready prefix into the reply, then end the read lease. */
+void ops_get_inline_reply(struct ops *o, struct conn *conn, struct session *s,
+                          const Kvnode__Request *req, uint64_t lease_id,
+                          const struct cache_loc *locs, size_t got)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__GetInlineReply reply = KVNODE__GET_INLINE_REPLY__INIT;
+    ProtobufCBinaryData *blocks = calloc(got ? got : 1, sizeof *blocks);
+    uint32_t ignored;
+
+    if (!blocks) {
+        if (lease_id)
+            cache_lease_end(o->cache, &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
+        ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < got; i++) {
+        blocks[i].data = (uint8_t *)cache_arena_base(o->cache, locs[i].arena) + locs[i].offset;
+        blocks[i].len = s->ns->layout.block_bytes;
+    }
+    reply.n_blocks = got;
+    reply.blocks = blocks;
+    resp.result_case = KVNODE__RESPONSE__RESULT_GET_INLINE;
+    resp.get_inline = &reply;
+    /* The reply is packed (copied) before this returns; then unpin. */
+    ops_send(o, conn, req, &resp, NULL, 0);
+    if (lease_id)
+        cache_lease_end(o->cache, &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
+    free(blocks);
+}
+
+void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    size_t n = req->get_inline->n_keys, got = 0;
+    struct cache_loc *locs = NULL;
+    struct cache_wait *wait;
+    uint64_t lease_id = 0;
+    char err[512];
+    int rc = ops_check_keys(o, s, n, err, sizeof err);
+
+    if (rc < 0)
+        goto fail;
+    if ((uint64_t)n * s->ns->layout.block_bytes + 4096u > o->cfg->max_frame_bytes) {
+        rc = -KVNODE_ETOOBIG;
+        snprintf(err, sizeof err, "%zu blocks of %" PRIu64 " bytes do not fit in one reply "
+                 "(server.max_frame_bytes %u); ask for fewer keys", n, s->ns->layout.block_bytes,
+                 o->cfg->max_frame_bytes);
+        goto fail;
+    }
+    locs = calloc(n ? n : 1, sizeof *locs);
+    if (!locs) {
+        rc = -KVNODE_ENOMEM;
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    /* The loop copies the blocks into the reply: only memory its CPU can
+     * read may answer (a real GPU's HBM ends the prefix). */
+    rc = cache_get_start(o->cache, s->ns, &s->leases, s->leases.mapped & cache_cpu_arenas(o->cache),
+                         req->get_inline->keys, n, &lease_id, locs, &got, err, sizeof err,
+                         ops_pending_ready, conn, &wait);
+    if (rc == CACHE_WAITING) {
+        if (ops_defer(o, conn, s, req, n, wait) == 0) {
+            free(locs);
+            return;
+        }
+        cache_get_finish(o->cache, wait, &lease_id, locs, &got);
+        rc = 0;
+    }
+    if (rc < 0)
+        goto fail;
+    ops_get_inline_reply(o, conn, s, req, lease_id, locs, got);
+    free(locs);
+    return;
+fail:
+    free(locs);
+    ops_fail(o, conn, req, rc, err);
+}
+
+void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    const Kvnode__PutInlineRequest *p = req->put_inline;
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__PutInlineReply reply = KVNODE__PUT_INLINE_REPLY__INIT;
+    size_t n = p->n_keys, stored = 0;
+    struct cache_loc *locs = NULL;
+    uint64_t lease_id = 0;
+    uint32_t ignored;
+    char err[512];
+    int rc = ops_check_keys(o, s, n, err, sizeof err);
+
+    if (rc < 0)
+        goto fail;
+    if (p->n_blocks != n) {
+        rc = -KVNODE_EINVAL;
+        snprintf(err, sizeof err, "put_inline carries %zu keys but %zu blocks", n, p->n_blocks);
+        goto fail;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (p->blocks[i].len != s->ns->layout.block_bytes) {
+            rc = -KVNODE_EINVAL;
+            snprintf(err, sizeof err, "block %zu is %zu bytes; this namespace's blocks are %" PRIu64,
+                     i, p->blocks[i].len, s->ns->layout.block_bytes);
+            goto fail;
+        }
+    }
+    locs = calloc(n ? n : 1, sizeof *locs);
+    if (!locs) {
+        rc = -KVNODE_ENOMEM;
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    rc = cache_put_begin(o->cache, s->ns, &s->leases, p->keys, n, KVNODE_TIER_HOST, &lease_id,
+                         locs, err, sizeof err);
+    if (rc == CACHE_STORE_BOUND) {
+        if (ops_put_backpressure(o, conn, s, req, n, err, sizeof err)) {
+            free(locs);
+            return;
+        }
+        rc = -KVNODE_ENOSPC;
+    }
+    if (rc < 0)
+        goto fail;
+    for (size_t i = 0; i < n; i++) {
+        if (!locs[i].present)
+            continue;
+        memcpy((uint8_t *)cache_arena_base(o->cache, locs[i].arena) + locs[i].offset,
+               p->blocks[i].data, p->blocks[i].len);
+        stored++;
+    }
+    if (lease_id)
+        cache_lease_end(o->cache, &s->leases, lease_id, LEASE_WRITE, true, &ignored, NULL, 0);
+    reply.stored = (uint32_t)stored;
+    reply.existing = (uint32_t)(n - stored);
+    resp.result_case = KVNODE__RESPONSE__RESULT_PUT_INLINE;
+    resp.put_inline = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+    free(locs);
+    return;
+fail:
+    free(locs);
+    ops_fail(o, conn, req, rc, err);
+}
+
+void ops_delete(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__DeleteReply reply = KVNODE__DELETE_REPLY__INIT;
+    uint32_t deleted = 0;
+    char err[256];
+    int rc = ops_check_keys(o, s, req->delete_->n_keys, err, sizeof err);
+
+    if (rc < 0) {
+        ops_fail(o, conn, req, rc, err);
+        return;
+    }
+    cache_delete(o->cache, s->ns, req->delete_->keys, req->delete_->n_keys, &deleted);
+    reply.deleted = deleted;
+    resp.result_case = KVNODE__RESPONSE__RESULT_DELETE;
+    resp.delete_ = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+}
