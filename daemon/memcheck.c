@@ -234,17 +234,15 @@ uint64_t memcheck_margin(uint64_t total)
     return share > MEMCHECK_MARGIN_MIN ? share : MEMCHECK_MARGIN_MIN;
 }
 
+/* [hbm] devices as config_resolve parsed it (hbm_device_list), as gpu.c reads it. */
 static unsigned sim_devices(const struct kvn_config *cfg)
 {
-    int devs[CONFIG_HBM_DEVICES_MAX];
-    size_t n = 0;
+    const struct config_devices *devs = &cfg->hbm_device_list;
     unsigned count = 0;
-    if (config_hbm_devices(cfg->hbm_devices, devs, CONFIG_HBM_DEVICES_MAX, &n, NULL, 0) < 0)
-        return 0;   /* config_validate refuses it; nothing is reserved */
-    if (n == 0)
+    if (devs->n == 0)
         return DEVMEM_SIM_DEVICES;
-    for (size_t i = 0; i < n; i++)
-        if (devs[i] < DEVMEM_SIM_DEVICES)   /* others are left out at start */
+    for (size_t i = 0; i < devs->n && i < CONFIG_HBM_DEVICES_MAX; i++)
+        if (devs->dev[i] < DEVMEM_SIM_DEVICES)   /* others are left out at start */
             count++;
     return count;
 }

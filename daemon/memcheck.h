@@ -59,7 +59,8 @@ uint64_t memcheck_margin(uint64_t total);
 
 /* Bytes of host memory the configuration reserves at start: the host arena
  * (memory.host_bytes in whole slabs) and, with [hbm] backend = sim, each
- * simulated device's region (hbm.bytes each). `what` (may be NULL) names
+ * simulated device's region (hbm.bytes each; the devices as config_resolve
+ * parsed [hbm] devices into hbm_device_list). `what` (may be NULL) names
  * the options it comes from, e.g. "memory.host_bytes". Saturates at
  * UINT64_MAX. */
 uint64_t memcheck_demand(const struct kvn_config *cfg, char *what, size_t whatlen);

@@ -260,6 +260,10 @@ START_TEST(test_demand)
     ck_assert_uint_eq(memcheck_demand(&c, what, sizeof what), GIB + 2 * 512 * MIB);   /* "all": 2 devices */
     ck_assert_msg(strstr(what, "memory.host_bytes + hbm.bytes x 2"), "%s", what);
     snprintf(c.hbm_devices, sizeof c.hbm_devices, "1, 7");   /* 7 is not simulated: left out at start */
+    /* memcheck reads the parsed list (hbm_device_list), which config_resolve
+     * fills before main.c asks for admission. */
+    char problem[CONFIG_ERR_MAX];
+    ck_assert_msg(config_resolve(&c, problem, sizeof problem) == 0, "%s", problem);
     ck_assert_uint_eq(memcheck_demand(&c, what, sizeof what), GIB + 512 * MIB);
     c.hbm_backend = CONFIG_HBM_CUDA;   /* device memory is not host memory */
     ck_assert_uint_eq(memcheck_demand(&c, what, sizeof what), GIB);

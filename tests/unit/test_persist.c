@@ -1,4 +1,4 @@
-/* Unit tests of daemon/persist/persist.c, the persistence worker pool, with real
+/* Unit tests of daemon/persist/ (persist.h), the persistence worker pool, with real
  * worker threads and a real event_base driven by the test's thread (the
  * loop thread). The `file` backend works in a mkdtemp() directory under
  * $TMPDIR (removed afterwards): byte-exact round trips, misses, a corrupted

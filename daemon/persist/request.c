@@ -1,0 +1,150 @@
+/* persist request: the requests the loop submits — write (from host or
+ * device memory), read, delete, exists — each a job on the "persist" queue
+ * (see persist.h for the contract, worker.c for how they run). Loop thread
+ * only. */
+#include "persist/persist_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvnode.h"
+
+/* --- requests (loop thread) ---------------------------------------------------------- */
+
+/* A zeroed job with room for n keys (and n presence bytes when exists). */
+static struct pjob *job_new(struct persist *p, int op, const struct kv_namespace *ns, size_t n,
+                            persist_done_fn done, void *arg)
+{
+    size_t extra = n * sizeof(int64_t) + (op == PERSIST_OP_EXISTS ? n : 0);
+    struct pjob *pj = calloc(1, sizeof *pj + extra);
+
+    if (!pj)
+        return NULL;
+    pj->job.run = persist_job_run;
+    pj->job.done = persist_job_done;
+    pj->p = p;
+    pj->op = op;
+    /* The worker reads only layout and deployment_id, which never change
+     * once the namespace exists; its counters are the loop's. */
+    pj->ns.layout = &ns->layout;
+    pj->ns.fingerprint = ns->fingerprint;
+    pj->ns.deployment_id = ns->deployment_id;
+    pj->n = n;
+    if (n) {
+        pj->keys = (int64_t *)(pj + 1);
+        if (op == PERSIST_OP_EXISTS)
+            pj->wpresent = (uint8_t *)(pj->keys + n);
+    }
+    pj->done = done;
+    pj->arg = arg;
+    return pj;
+}
+
+static int job_submit(struct persist *p, struct pjob *pj)
+{
+    int rc = workq_submit(p->q, &pj->job);
+
+    if (rc < 0) {
+        if (rc == -KVNODE_ELIMIT)
+            p->c.refused_queue_full++;
+        free(pj);
+        return rc;
+    }
+    p->c.submitted++;
+    return 0;
+}
+
+static int check_request(const struct persist *p, const struct kv_namespace *ns)
+{
+    if (!p || !ns)
+        return -KVNODE_EINVAL;
+    if (p->destroying)
+        return -KVNODE_ESHUTDOWN;
+    return 0;
+}
+
+/* A write from host memory (dm NULL) or from device memory of dm. */
+static int persist_write_from(struct persist *p, const struct kv_namespace *ns, int64_t key,
+                              const void *data, size_t len, struct devmem *dm, int device,
+                              persist_done_fn done, void *arg)
+{
+    int rc = check_request(p, ns);
+    if (rc < 0)
+        return rc;
+    if (!data || !done)
+        return -KVNODE_EINVAL;
+    /* Put again after a delete: visible again (what the store then holds
+     * under the key is this block, or one written before it, see v6d.h). */
+    persist_tomb_remove(p, ns, key);
+    struct pjob *pj = job_new(p, PERSIST_OP_WRITE, ns, 0, done, arg);
+    if (!pj)
+        return -KVNODE_ENOMEM;
+    pj->key = key;
+    pj->wdata = data;
+    pj->len = len;
+    pj->dm = dm;
+    pj->device = device;
+    return job_submit(p, pj);
+}
+
+int persist_write(struct persist *p, const struct kv_namespace *ns, int64_t key, const void *data,
+                  size_t len, persist_done_fn done, void *arg)
+{
+    return persist_write_from(p, ns, key, data, len, NULL, -1, done, arg);
+}
+
+int persist_write_device(struct persist *p, const struct kv_namespace *ns, int64_t key, const void *data,
+                         size_t len, struct devmem *dm, int device, persist_done_fn done, void *arg)
+{
+    if (!dm)
+        return -KVNODE_EINVAL;
+    return persist_write_from(p, ns, key, data, len, dm, device, done, arg);
+}
+
+int persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key, void *data, size_t len,
+                 persist_done_fn done, void *arg)
+{
+    int rc = check_request(p, ns);
+    if (rc < 0)
+        return rc;
+    if (!data || !done)
+        return -KVNODE_EINVAL;
+    struct pjob *pj = job_new(p, PERSIST_OP_READ, ns, 0, done, arg);
+    if (!pj)
+        return -KVNODE_ENOMEM;
+    pj->key = key;
+    pj->rdata = data;
+    pj->len = len;
+    return job_submit(p, pj);
+}
+
+int persist_delete(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n,
+                   persist_done_fn done, void *arg)
+{
+    int rc = check_request(p, ns);
+    if (rc < 0)
+        return rc;
+    if (!keys || n == 0 || n > SIZE_MAX / 16)
+        return -KVNODE_EINVAL;
+    struct pjob *pj = job_new(p, PERSIST_OP_DELETE, ns, n, done, arg);
+    if (!pj)
+        return -KVNODE_ENOMEM;
+    memcpy(pj->keys, keys, n * sizeof *keys);
+    return job_submit(p, pj);
+}
+
+int persist_exists(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n,
+                   uint8_t *present, persist_done_fn done, void *arg)
+{
+    int rc = check_request(p, ns);
+    if (rc < 0)
+        return rc;
+    if (!keys || !present || !done || n == 0 || n > SIZE_MAX / 16)
+        return -KVNODE_EINVAL;
+    struct pjob *pj = job_new(p, PERSIST_OP_EXISTS, ns, n, done, arg);
+    if (!pj)
+        return -KVNODE_ENOMEM;
+    memcpy(pj->keys, keys, n * sizeof *keys);
+    pj->present = present;
+    return job_submit(p, pj);
+}
