@@ -52,7 +52,7 @@ pc_libs   = $(shell $(PKG_CONFIG) --libs $(1) 2>/dev/null)
 
 LIB_PKGS    := libprotobuf-c
 # libcurl is always linked into kvnoded (the KVCM client, daemon/kvcm/); V6D=0
-# leaves out only the rtp-llm KVS backend (daemon/persist/kvs/v6d.c).
+# leaves out only the rtp-llm KVS backend (daemon/persist/kvs/v6d.c and v6d_*.c).
 V6D       ?= 1
 DAEMON_PKGS := libevent libprotobuf-c jansson inih libsystemd libcurl
 ifeq ($(V6D),1)
@@ -75,7 +75,7 @@ PROTO_C      := $(GEN)/kvnode.pb-c.c
 PROTO_H      := $(GEN)/kvnode.pb-c.h
 COMMON_SRC   := lib/wire.c lib/hash.c lib/errors.c
 LIB_SRC      := lib/client.c lib/cudart.c $(COMMON_SRC)
-DAEMON_SRC   := $(filter-out daemon/main.c $(if $(filter 1,$(V6D)),,daemon/persist/kvs/v6d.c),$(wildcard daemon/*.c daemon/*/*.c daemon/persist/kvs/*.c))
+DAEMON_SRC   := $(filter-out daemon/main.c $(if $(filter 1,$(V6D)),,daemon/persist/kvs/v6d%.c),$(wildcard daemon/*.c daemon/*/*.c daemon/persist/kvs/*.c))
 CTL_SRC      := $(wildcard ctl/*.c)
 UNIT_SRC     := $(filter-out $(if $(filter 1,$(V6D)),,tests/unit/test_kvs_v6d.c),$(wildcard tests/unit/test_*.c))
 # The v6d persistence suite drives the KVS simulator against the v6d backend: V6D=1 only.

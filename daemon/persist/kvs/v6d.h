@@ -93,7 +93,7 @@ int v6d_parse_acquire_reply(const char *body, size_t len, const char *const *key
                             char *err, size_t errlen);
 
 /* rtp-llm's hashString: FNV-1a with rtp-llm's offset basis 1469598103934665603
- * (see v6d.c for why that constant and not the standard one). */
+ * (see v6d_keys.c for why that constant and not the standard one). */
 uint64_t v6d_rtp_hash_string(const void *data, size_t len);
 /* The deployment part of l's object keys (see above); returns the length
  * snprintf would need. */
