@@ -7,7 +7,7 @@
  * only be ended through the list that owns it, and cache_release_owner()
  * ends them all when the connection goes.
  *
- * Implemented by the files in daemon/cache/ (cache/cache_impl.h says which
+ * Implemented by the files in daemon/cache/ (cache/cache_internal.h says which
  * piece owns what). Loop thread only. */
 #ifndef KVNODE_CACHE_H
 #define KVNODE_CACHE_H

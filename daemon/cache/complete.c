@@ -1,7 +1,7 @@
 /* cache complete: completeness for KVCM — a key sealed in memory in every TP
  * rank of its deployment —, the observer calls when it changes, and the
  * chunked walk over every complete key (see cache.h). Loop thread only. */
-#include "cache/cache_impl.h"
+#include "cache/cache_internal.h"
 
 #include <stdlib.h>
 

@@ -2,7 +2,7 @@
  * namespaces and arenas, an entry's lifecycle (pins, ghosts, eviction of one
  * entry, removal), the end of leases and delete (see cache.h). Loop thread
  * only. */
-#include "cache/cache_impl.h"
+#include "cache/cache_internal.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* cache deferred: answers that wait for the store — a MATCH or GET's wait
  * (timer, progress, cancel) and the puts waiting for room that blocks being
  * written hold (back-pressure; see cache.h). Loop thread only. */
-#include "cache/cache_impl.h"
+#include "cache/cache_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * least recently used unpinned blocks are moved to host slots in batches by
  * the copier, down to the low watermark (see cache.h). Loop thread only; the
  * copies run on the copier's workers. */
-#include "cache/cache_impl.h"
+#include "cache/cache_internal.h"
 
 #include <stdlib.h>
 

@@ -1,7 +1,7 @@
 /* cache evict: the host tier's watermarks and background evictor, room made
  * for one slot on demand, namespace quotas, and the reaper of expired leases
  * (see cache.h). Loop thread only. */
-#include "cache/cache_impl.h"
+#include "cache/cache_internal.h"
 
 #include <inttypes.h>
 

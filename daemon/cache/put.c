@@ -1,7 +1,7 @@
 /* cache put: put reservations (tier choice, the per-connection and
  * namespace-quota limits, room made by eviction) and giving reservations
  * back (see cache.h). Loop thread only. */
-#include "cache/cache_impl.h"
+#include "cache/cache_internal.h"
 
 #include <inttypes.h>
 #include <stdio.h>

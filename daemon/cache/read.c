@@ -1,6 +1,6 @@
 /* cache read: match and get, answered at once or deferred while the store is
  * asked (see cache.h), and the key counters they keep. Loop thread only. */
-#include "cache/cache_impl.h"
+#include "cache/cache_internal.h"
 
 #include <string.h>
 

@@ -2,7 +2,7 @@
  * cache.h) — tiers, namespaces, leases, evictions, demotions and
  * persistence — from which daemon/stats.c builds the STATS document and
  * metrics.c the Prometheus page. Loop thread only. */
-#include "cache/cache_impl.h"
+#include "cache/cache_internal.h"
 
 #include <string.h>
 

@@ -3,7 +3,7 @@
  * failed writes, lookups of keys the index does not know, promotions of
  * ghosts, the shutdown flush and recovery from a scan (see cache.h). Loop
  * thread only; the store's calls run on its workers (persist.h). */
-#include "cache/cache_impl.h"
+#include "cache/cache_internal.h"
 
 #include <inttypes.h>
 #include <stdlib.h>

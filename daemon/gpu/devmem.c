@@ -1,6 +1,6 @@
 /* devmem: backend choice, argument checks and dispatch (see devmem.h), and
  * the none backend. Backends live in devmem_sim.c and devmem_cuda.c. */
-#include "gpu/devmem_impl.h"
+#include "gpu/devmem_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -6,7 +6,7 @@
  * have used another device last. */
 #ifdef KVNODE_HAVE_CUDA
 
-#include "gpu/devmem_impl.h"
+#include "gpu/devmem_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  *
  * The delay variables are read once, at open: the workers that sleep on
  * them never call getenv, which races with setenv in tests. */
-#include "gpu/devmem_impl.h"
+#include "gpu/devmem_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -15,8 +15,8 @@
  *   stats.c     the cache's part of the STATS document
  *
  * Loop thread only. */
-#ifndef KVNODE_CACHE_IMPL_H
-#define KVNODE_CACHE_IMPL_H
+#ifndef KVNODE_CACHE_INTERNAL_H
+#define KVNODE_CACHE_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>

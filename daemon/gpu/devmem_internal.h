@@ -4,8 +4,8 @@
  * devmem.c checks every argument the API can check without the runtime
  * (device in range, non-NULL pointers, sizes) before calling a backend, so
  * a backend op only ever sees a valid device and non-empty copies. */
-#ifndef KVNODE_DEVMEM_IMPL_H
-#define KVNODE_DEVMEM_IMPL_H
+#ifndef KVNODE_DEVMEM_INTERNAL_H
+#define KVNODE_DEVMEM_INTERNAL_H
 
 #include "gpu/devmem.h"
 
