@@ -1,4 +1,4 @@
-/* cache_impl: what the pieces of the cache share — struct cache, the records
+/* cache_internal: what the pieces of the cache share — struct cache, the records
  * that hang off it, and the functions one piece calls in another. Private to
  * the files in daemon/cache/; everything else goes through cache.h.
  *

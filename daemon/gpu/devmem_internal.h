@@ -1,4 +1,4 @@
-/* devmem_impl: what the devmem backends (devmem_sim.c, devmem_cuda.c) share
+/* devmem_internal: what the devmem backends (devmem_sim.c, devmem_cuda.c) share
  * with the dispatcher (devmem.c). Private to those files.
  *
  * devmem.c checks every argument the API can check without the runtime
