@@ -18,7 +18,7 @@
 
 #include "cache/cache.h"
 #include "core/clock.h"
-#include "config.h"
+#include "kvcm/kvcm_config.h"
 #include "core/errmsg.h"
 #include "kvcm/kvcm_client.h"
 #include "kvcm/keyset.h"
