@@ -28,7 +28,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +36,6 @@
 #include <ini.h>
 
 #define PROBLEM_MAX 400   /* one "<problem>" text */
-#define ERRLINE_MAX 640   /* one error line: location + option + problem */
 
 #define FIELD(f) .offset = offsetof(struct kvn_config, f), .width = sizeof(((struct kvn_config *)0)->f)
 #define PARSED(f) .parsed_offset = offsetof(struct kvn_config, f), \
@@ -155,55 +153,55 @@ static const struct opt_def config_options[] = {
      * (docs/PROTOCOLS.md §2); endpoints and host_ip_port have no default. Every
      * [kvcm] option is restart-only: the publisher, heartbeat and query
      * threads take their settings once, at start. */
-    { "kvcm", "enabled", &T_ENUM, "off", FIELD(kvcm_enabled), NAMES(onoff_names), .restart = true },
-    { "kvcm", "endpoints", &T_URLLIST, "", FIELD(kvcm_endpoints), PARSED(kvcm_endpoint_list), .restart = true },
-    { "kvcm", "instance_group", &T_TEXT, "default", FIELD(kvcm_instance_group), .restart = true },
+    { "kvcm", "enabled", &T_ENUM, "off", FIELD(kvcm.enabled), NAMES(onoff_names), .restart = true },
+    { "kvcm", "endpoints", &T_URLLIST, "", FIELD(kvcm.endpoints), PARSED(kvcm.endpoint_list), .restart = true },
+    { "kvcm", "instance_group", &T_TEXT, "default", FIELD(kvcm.instance_group), .restart = true },
     /* The fingerprint keeps deployments that differ only in their shape
      * (layers, heads, extra) apart: one instance id each. */
-    { "kvcm", "instance_id", &T_TEMPLATE, "{model}_{block_tokens}_{fingerprint}", FIELD(kvcm_instance_id),
+    { "kvcm", "instance_id", &T_TEMPLATE, "{model}_{block_tokens}_{fingerprint}", FIELD(kvcm.instance_id),
       .vars = KVCM_VARS_DEPLOYMENT, .restart = true },
-    { "kvcm", "host_ip_port", &T_HOSTPORT, "", FIELD(kvcm_host_ip_port), .restart = true },
-    { "kvcm", "storage_type", &T_ENUM, "ST_EVENT_REPORT_L1P5", FIELD(kvcm_storage_type),
+    { "kvcm", "host_ip_port", &T_HOSTPORT, "", FIELD(kvcm.host_ip_port), .restart = true },
+    { "kvcm", "storage_type", &T_ENUM, "ST_EVENT_REPORT_L1P5", FIELD(kvcm.storage_type),
       NAMES(kvcm_config_storage_names), .restart = true },
-    { "kvcm", "medium_hbm", &T_TEXT, "hbm", FIELD(kvcm_medium_hbm), .no_hash = true, .restart = true },
-    { "kvcm", "medium_host", &T_TEXT, "dram", FIELD(kvcm_medium_host), .no_hash = true, .restart = true },
-    { "kvcm", "spec_name", &T_TEMPLATE, "rtp_llm_hbm_{block_tokens}", FIELD(kvcm_spec_name),
+    { "kvcm", "medium_hbm", &T_TEXT, "hbm", FIELD(kvcm.medium_hbm), .no_hash = true, .restart = true },
+    { "kvcm", "medium_host", &T_TEXT, "dram", FIELD(kvcm.medium_host), .no_hash = true, .restart = true },
+    { "kvcm", "spec_name", &T_TEMPLATE, "rtp_llm_hbm_{block_tokens}", FIELD(kvcm.spec_name),
       .vars = KVCM_VARS_DEPLOYMENT | KVCM_VAR_BLOCK_BYTES, .restart = true },
     { "kvcm", "location_uri", &T_TEMPLATE, "rtp-llm://{host_ip_port}/{medium}?size={block_bytes}",
-      FIELD(kvcm_location_uri), .vars = KVCM_VAR_HOST_IP_PORT | KVCM_VAR_MEDIUM | KVCM_VAR_BLOCK_BYTES | KVCM_VAR_KEY,
+      FIELD(kvcm.location_uri), .vars = KVCM_VAR_HOST_IP_PORT | KVCM_VAR_MEDIUM | KVCM_VAR_BLOCK_BYTES | KVCM_VAR_KEY,
       .restart = true },
-    { "kvcm", "request_timeout", &T_DURATION, "1500ms", FIELD(kvcm_request_timeout_ms), .min = 10,
+    { "kvcm", "request_timeout", &T_DURATION, "1500ms", FIELD(kvcm.request_timeout_ms), .min = 10,
       .max = 10 * MS_PER_M, .restart = true },
-    { "kvcm", "connect_timeout", &T_DURATION, "500ms", FIELD(kvcm_connect_timeout_ms), .min = 10, .max = MS_PER_M,
+    { "kvcm", "connect_timeout", &T_DURATION, "500ms", FIELD(kvcm.connect_timeout_ms), .min = 10, .max = MS_PER_M,
       .restart = true },
-    { "kvcm", "snapshot_timeout", &T_DURATION, "30s", FIELD(kvcm_snapshot_timeout_ms), .min = 10,
+    { "kvcm", "snapshot_timeout", &T_DURATION, "30s", FIELD(kvcm.snapshot_timeout_ms), .min = 10,
       .max = 10 * MS_PER_M, .restart = true },
-    { "kvcm", "flush_interval", &T_DURATION, "20ms", FIELD(kvcm_flush_interval_ms), .min = 1, .max = 10 * MS_PER_S,
+    { "kvcm", "flush_interval", &T_DURATION, "20ms", FIELD(kvcm.flush_interval_ms), .min = 1, .max = 10 * MS_PER_S,
       .restart = true },
-    { "kvcm", "batch_events", &T_COUNT, "1000", FIELD(kvcm_batch_events), .min = 1, .max = 16384, .restart = true },
-    { "kvcm", "queue_events", &T_COUNT, "100000", FIELD(kvcm_queue_events), .min = 1, .max = 1048576,
+    { "kvcm", "batch_events", &T_COUNT, "1000", FIELD(kvcm.batch_events), .min = 1, .max = 16384, .restart = true },
+    { "kvcm", "queue_events", &T_COUNT, "100000", FIELD(kvcm.queue_events), .min = 1, .max = 1048576,
       .restart = true },
-    { "kvcm", "heartbeat_interval", &T_DURATION, "1s", FIELD(kvcm_heartbeat_interval_ms), .min = 10,
+    { "kvcm", "heartbeat_interval", &T_DURATION, "1s", FIELD(kvcm.heartbeat_interval_ms), .min = 10,
       .max = MS_PER_M, .restart = true },
-    { "kvcm", "retry_base", &T_DURATION, "500ms", FIELD(kvcm_retry_base_ms), .min = 1, .max = MS_PER_M,
+    { "kvcm", "retry_base", &T_DURATION, "500ms", FIELD(kvcm.retry_base_ms), .min = 1, .max = MS_PER_M,
       .restart = true },
-    { "kvcm", "retry_max", &T_DURATION, "30s", FIELD(kvcm_retry_max_ms), .min = 1, .max = MS_PER_H,
+    { "kvcm", "retry_max", &T_DURATION, "30s", FIELD(kvcm.retry_max_ms), .min = 1, .max = MS_PER_H,
       .restart = true },
-    { "kvcm", "snapshot_interval", &T_DURATION, "5m", FIELD(kvcm_snapshot_interval_ms), .min = 100,
+    { "kvcm", "snapshot_interval", &T_DURATION, "5m", FIELD(kvcm.snapshot_interval_ms), .min = 100,
       .max = 24 * MS_PER_H, .restart = true },
-    { "kvcm", "host_down_timeout", &T_DURATION, "500ms", FIELD(kvcm_host_down_timeout_ms), .min = 10,
+    { "kvcm", "host_down_timeout", &T_DURATION, "500ms", FIELD(kvcm.host_down_timeout_ms), .min = 10,
       .max = MS_PER_M, .restart = true },
-    { "kvcm", "stall_timeout", &T_DURATION, "1m", FIELD(kvcm_stall_timeout_ms), .min = 100, .max = MS_PER_H,
+    { "kvcm", "stall_timeout", &T_DURATION, "1m", FIELD(kvcm.stall_timeout_ms), .min = 100, .max = MS_PER_H,
       .restart = true },
-    { "kvcm", "query_deadline", &T_DURATION, "20ms", FIELD(kvcm_query_deadline_ms), .min = 1,
+    { "kvcm", "query_deadline", &T_DURATION, "20ms", FIELD(kvcm.query_deadline_ms), .min = 1,
       .max = 10 * MS_PER_S, .restart = true },
-    { "kvcm", "query_max_hosts", &T_COUNT, "8", FIELD(kvcm_query_max_hosts), .min = 1, .max = 64,
+    { "kvcm", "query_max_hosts", &T_COUNT, "8", FIELD(kvcm.query_max_hosts), .min = 1, .max = 64,
       .restart = true },
-    { "kvcm", "query_breaker_failures", &T_COUNT, "5", FIELD(kvcm_query_breaker_failures), .min = 1, .max = 1000,
+    { "kvcm", "query_breaker_failures", &T_COUNT, "5", FIELD(kvcm.query_breaker_failures), .min = 1, .max = 1000,
       .restart = true },
-    { "kvcm", "query_breaker_open", &T_DURATION, "10s", FIELD(kvcm_query_breaker_open_ms), .min = 10,
+    { "kvcm", "query_breaker_open", &T_DURATION, "10s", FIELD(kvcm.query_breaker_open_ms), .min = 10,
       .max = 10 * MS_PER_M, .restart = true },
-    { "kvcm", "query_negative_ttl", &T_DURATION, "1s", FIELD(kvcm_query_negative_ttl_ms), .min = 1,
+    { "kvcm", "query_negative_ttl", &T_DURATION, "1s", FIELD(kvcm.query_negative_ttl_ms), .min = 1,
       .max = 10 * MS_PER_M, .restart = true },
 };
 
@@ -276,49 +274,6 @@ bool config_option_at(size_t i, const char **section, const char **key)
     *section = config_options[i].section;
     *key = config_options[i].key;
     return true;
-}
-
-/* ---- error collection ---------------------------------------------------- */
-
-#define ERRBUF_RESERVE 40
-
-static void errbuf_init(struct errbuf *eb, char *buf, size_t cap)
-{
-    *eb = (struct errbuf){ .buf = buf, .cap = buf ? cap : 0 };
-    if (eb->cap)
-        buf[0] = '\0';
-}
-
-void config_errbuf_add(struct errbuf *eb, const char *fmt, ...)
-{
-    char line[ERRLINE_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-
-    eb->count++;
-    if (eb->cap == 0)
-        return;
-    size_t need = (eb->len ? 1 : 0) + strlen(line);
-    if (eb->dropped == 0 && eb->len + need + ERRBUF_RESERVE < eb->cap) {
-        if (eb->len)
-            eb->buf[eb->len++] = '\n';
-        memcpy(eb->buf + eb->len, line, strlen(line) + 1);
-        eb->len += strlen(line);
-    } else if (eb->len == 0) {
-        /* A tiny buffer still gets (the start of) the first error. */
-        snprintf(eb->buf, eb->cap, "%s", line);
-        eb->len = strlen(eb->buf);
-    } else {
-        eb->dropped++;
-    }
-}
-
-static void errbuf_finish(struct errbuf *eb)
-{
-    if (eb->dropped && eb->cap > eb->len)
-        snprintf(eb->buf + eb->len, eb->cap - eb->len, "\n(%u more errors not shown)", eb->dropped);
 }
 
 /* ---- file parsing -------------------------------------------------------- */
@@ -466,12 +421,12 @@ static int config_handle_entry(void *user, const char *section, const char *name
 int config_load_file(struct kvn_config *cfg, const char *path, char *err, size_t errlen)
 {
     struct errbuf errors;
-    errbuf_init(&errors, err, errlen);
+    config_errbuf_init(&errors, err, errlen);
 
     FILE *f = fopen(path, "re");
     if (!f) {
         config_errbuf_add(&errors, "%s: cannot open: %s", path, strerror(errno));
-        errbuf_finish(&errors);
+        config_errbuf_finish(&errors);
         return -1;
     }
     struct kvn_config scratch = *cfg;
@@ -489,7 +444,7 @@ int config_load_file(struct kvn_config *cfg, const char *path, char *err, size_t
         config_errbuf_add(&errors, "%s:%d: syntax error", path, rc);
 
     if (errors.count) {
-        errbuf_finish(&errors);
+        config_errbuf_finish(&errors);
         return -1;
     }
     *cfg = scratch;
@@ -509,7 +464,7 @@ static void config_trim(const char **start, const char **end)
 int config_apply_override(struct kvn_config *cfg, const char *assignment, char *err, size_t errlen)
 {
     struct errbuf errors;
-    errbuf_init(&errors, err, errlen);
+    config_errbuf_init(&errors, err, errlen);
     char problem[PROBLEM_MAX];
     const char *shown = assignment ? assignment : "";
 
@@ -570,7 +525,7 @@ int config_apply_override(struct kvn_config *cfg, const char *assignment, char *
     return 0;
 
 fail:
-    errbuf_finish(&errors);
+    config_errbuf_finish(&errors);
     return -1;
 }
 
@@ -647,7 +602,7 @@ static void config_validate_cross(const struct kvn_config *cfg, struct errbuf *e
 static int config_check_all(const struct kvn_config *cfg, struct kvn_config *resolved, char *err, size_t errlen)
 {
     struct errbuf errors;
-    errbuf_init(&errors, err, errlen);
+    config_errbuf_init(&errors, err, errlen);
     char problem[PROBLEM_MAX], text[VALUE_MAX];
 
     /* Field checks again: a struct built or edited by code skipped the parser. */
@@ -661,10 +616,10 @@ static int config_check_all(const struct kvn_config *cfg, struct kvn_config *res
             memcpy((char *)resolved + o->parsed_offset, &v.parsed, o->parsed_width);
     }
     config_validate_cross(cfg, &errors);
-    kvcm_config_validate(cfg, &errors);
+    kvcm_config_validate(&cfg->kvcm, &errors);
 
     if (errors.count) {
-        errbuf_finish(&errors);
+        config_errbuf_finish(&errors);
         return -1;
     }
     return 0;

@@ -1,8 +1,9 @@
 /* config_internal: what the pieces of the config module share and nothing
  * else includes -- config.c (the option table, file and override parsing,
- * validation, output, reload), config_types.c (one table of functions per
- * option type), config_values.c (values as text and back) and
- * kvcm/kvcm_config.c (the [kvcm] checks). */
+ * validation, output, reload) and config_types.c (one table of functions per
+ * option type). Both build on config_values.h (values as text and back, the
+ * error collector) and config_text.h (units, how messages show a value);
+ * the [kvcm] checks are kvcm/kvcm_config.h's. */
 #ifndef KVNODE_CONFIG_INTERNAL_H
 #define KVNODE_CONFIG_INTERNAL_H
 
@@ -10,20 +11,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/un.h>
 
 #include "config.h"
-
-#define KIB (UINT64_C(1) << 10)
-#define MIB (UINT64_C(1) << 20)
-#define GIB (UINT64_C(1) << 30)
-
-#define MS_PER_S UINT64_C(1000)
-#define MS_PER_M (60 * MS_PER_S)
-#define MS_PER_H (60 * MS_PER_M)
-
-/* sun_path holds the socket path including its terminating NUL. */
-#define SUN_PATH_SIZE sizeof(((struct sockaddr_un *)0)->sun_path)
+#include "config_text.h"
+#include "config_values.h"
 
 /* Room for a NUL-terminated copy of any string field plus one byte, so a
  * field without a terminator (a struct built by code) loads as too long. */
@@ -104,60 +95,6 @@ extern const struct opt_type T_TEMPLATE;  /* like T_TEXT, with {placeholders} fr
 extern const struct opt_type T_HOSTPORT;  /* HOST:PORT naming this host uniquely, or empty */
 extern const struct opt_type T_URLLIST;   /* http(s) URLs, or empty; parsed: struct config_urllist */
 extern const struct opt_type T_DEVICES;   /* "all" or device ordinals; parsed: struct config_devices */
-
-/* ---- messages ---- */
-
-#define VALUE_SHOW  80    /* longest value echoed back in a message ... */
-#define SHOWN "%.83s"     /* ... plus "...": the format for it */
-
-#define CREDENTIALS_HINT "not shown here; credentials in a URL would be printed by /config, --check-config " \
-                         "and in logs"
-
-/* The value as the user typed it, cut to VALUE_SHOW characters plus "..."
- * (into buf when cut). */
-const char *config_show(const char *text, char *buf, size_t len);
-
-/* Collects one error per line into the caller's buffer. Room for a final
- * "(N more errors not shown)" line is always kept free. */
-struct errbuf {
-    char *buf;
-    size_t cap, len;
-    unsigned count, dropped;
-};
-
-__attribute__((format(printf, 2, 3)))
-void config_errbuf_add(struct errbuf *eb, const char *fmt, ...);
-
-/* ---- values (config_values.c) ---- */
-
-/* DIGITS[UNIT] as config_parse_size / config_parse_duration_ms read it, the
- * result in bytes / ms without their range limits. 0, -EINVAL for malformed
- * text, -ERANGE when it overflows 64 bits. */
-int config_scan_size(const char *text, uint64_t *out);
-int config_scan_duration(const char *text, uint64_t *out);
-/* Plain digits; -1 otherwise. */
-int config_parse_count(const char *text, uint64_t *out);
-/* Octal digits, at most 6; -1 otherwise. */
-int config_parse_mode(const char *text, uint64_t *out);
-/* A finite decimal number (no inf, nan, hex or blanks); -1 otherwise. */
-int config_parse_fraction(const char *text, double *out);
-
-/* The largest exact unit ("64MiB", "1500ms", "0s"); shortest %g that reads
- * back as exactly d. */
-void config_format_size(uint64_t v, char *buf, size_t len);
-void config_format_duration(uint64_t ms, char *buf, size_t len);
-void config_format_fraction(double d, char *buf, size_t len);
-
-/* The next item of a list whose items are separated by commas and/or
- * blanks: *start and *len receive it and *p moves past it; false (nothing
- * set) when only separators are left. */
-bool config_list_next(const char **p, const char **start, size_t *len);
-
-/* True when the URL s[0..n) carries userinfo ("user:password@") in its
- * authority: after an optional "scheme://", before the first '/', '?' or
- * '#'. Such a URL is refused, not stored: /config, --check-config and error
- * messages print URLs, so a password in one would reach every reader. */
-bool config_url_has_credentials(const char *s, size_t n);
 
 /* ---- through the type (config_types.c) ---- */
 

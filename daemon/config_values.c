@@ -1,15 +1,16 @@
 /* config_values: kvnode.conf values as text and back -- sizes, durations,
  * fractions, modes, counts, user and group lists, device lists, listen
- * addresses. The public parsers are declared in config.h, the rest in
- * config_internal.h for the option types (config_types.c). Pure functions
- * (the id lists ask the user/group database), any thread. */
-#include "config.h"
-#include "config_internal.h"
+ * addresses -- and the error collector; see config_values.h. Below the
+ * option table: nothing here knows struct kvn_config. Pure functions (the
+ * id lists ask the user/group database), any thread. */
+#include "config_values.h"
+#include "config_text.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -417,4 +418,48 @@ bool config_url_has_credentials(const char *s, size_t n)
         if (*p == '@')
             return true;
     return false;
+}
+
+/* ---- error collection ---------------------------------------------------- */
+
+#define ERRBUF_RESERVE 40
+#define ERRLINE_MAX 640   /* one error line: location + option + problem */
+
+void config_errbuf_init(struct errbuf *eb, char *buf, size_t cap)
+{
+    *eb = (struct errbuf){ .buf = buf, .cap = buf ? cap : 0 };
+    if (eb->cap)
+        buf[0] = '\0';
+}
+
+void config_errbuf_add(struct errbuf *eb, const char *fmt, ...)
+{
+    char line[ERRLINE_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+
+    eb->count++;
+    if (eb->cap == 0)
+        return;
+    size_t need = (eb->len ? 1 : 0) + strlen(line);
+    if (eb->dropped == 0 && eb->len + need + ERRBUF_RESERVE < eb->cap) {
+        if (eb->len)
+            eb->buf[eb->len++] = '\n';
+        memcpy(eb->buf + eb->len, line, strlen(line) + 1);
+        eb->len += strlen(line);
+    } else if (eb->len == 0) {
+        /* A tiny buffer still gets (the start of) the first error. */
+        snprintf(eb->buf, eb->cap, "%s", line);
+        eb->len = strlen(eb->buf);
+    } else {
+        eb->dropped++;
+    }
+}
+
+void config_errbuf_finish(struct errbuf *eb)
+{
+    if (eb->dropped && eb->cap > eb->len)
+        snprintf(eb->buf + eb->len, eb->cap - eb->len, "\n(%u more errors not shown)", eb->dropped);
 }

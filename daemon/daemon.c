@@ -47,26 +47,26 @@ int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen)
 {
     const struct kvn_config *cfg = d->cfg;
     struct kvcm_settings st = {
-        .instance_group = cfg->kvcm_instance_group,
-        .instance_id_template = cfg->kvcm_instance_id,
-        .host_ip_port = cfg->kvcm_host_ip_port,
-        .storage_type = config_kvcm_storage_type_name(cfg->kvcm_storage_type),
-        .medium_hbm = cfg->kvcm_medium_hbm,
-        .medium_host = cfg->kvcm_medium_host,
-        .spec_name_template = cfg->kvcm_spec_name,
-        .location_uri_template = cfg->kvcm_location_uri,
-        .connect_timeout_ms = cfg->kvcm_connect_timeout_ms,
-        .request_timeout_ms = cfg->kvcm_request_timeout_ms,
-        .snapshot_timeout_ms = cfg->kvcm_snapshot_timeout_ms,
-        .flush_interval_ms = cfg->kvcm_flush_interval_ms,
-        .heartbeat_interval_ms = cfg->kvcm_heartbeat_interval_ms,
-        .snapshot_interval_ms = cfg->kvcm_snapshot_interval_ms,
-        .retry_base_ms = cfg->kvcm_retry_base_ms,
-        .retry_max_ms = cfg->kvcm_retry_max_ms,
-        .host_down_timeout_ms = cfg->kvcm_host_down_timeout_ms,
-        .batch_events = cfg->kvcm_batch_events,
-        .queue_events = cfg->kvcm_queue_events,
-        .stall_timeout_ms = cfg->kvcm_stall_timeout_ms,
+        .instance_group = cfg->kvcm.instance_group,
+        .instance_id_template = cfg->kvcm.instance_id,
+        .host_ip_port = cfg->kvcm.host_ip_port,
+        .storage_type = config_kvcm_storage_type_name(cfg->kvcm.storage_type),
+        .medium_hbm = cfg->kvcm.medium_hbm,
+        .medium_host = cfg->kvcm.medium_host,
+        .spec_name_template = cfg->kvcm.spec_name,
+        .location_uri_template = cfg->kvcm.location_uri,
+        .connect_timeout_ms = cfg->kvcm.connect_timeout_ms,
+        .request_timeout_ms = cfg->kvcm.request_timeout_ms,
+        .snapshot_timeout_ms = cfg->kvcm.snapshot_timeout_ms,
+        .flush_interval_ms = cfg->kvcm.flush_interval_ms,
+        .heartbeat_interval_ms = cfg->kvcm.heartbeat_interval_ms,
+        .snapshot_interval_ms = cfg->kvcm.snapshot_interval_ms,
+        .retry_base_ms = cfg->kvcm.retry_base_ms,
+        .retry_max_ms = cfg->kvcm.retry_max_ms,
+        .host_down_timeout_ms = cfg->kvcm.host_down_timeout_ms,
+        .batch_events = cfg->kvcm.batch_events,
+        .queue_events = cfg->kvcm.queue_events,
+        .stall_timeout_ms = cfg->kvcm.stall_timeout_ms,
     };
     /* The media this node reports: the GPU tier's when it has one (the GPU
      * backend is up by now), host memory's always. */
@@ -76,27 +76,27 @@ int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen)
         if (arenas[i].tier == KVNODE_TIER_HBM)
             st.has_hbm = true;
 
-    if (!cfg->kvcm_enabled) {
+    if (!cfg->kvcm.enabled) {
         log_info("kvcm: off ([kvcm] enabled = off): nothing is published to or asked of KVCM");
         return 0;
     }
     /* [kvcm] endpoints as split when the config was parsed. */
-    if (cfg->kvcm_endpoint_list.n == 0) {
+    if (cfg->kvcm.endpoint_list.n == 0) {
         snprintf(err, errlen, "[kvcm] endpoints: no valid endpoint");
         return -1;
     }
-    for (size_t i = 0; i < cfg->kvcm_endpoint_list.n && i < KVCM_MAX_ENDPOINTS; i++)
-        st.endpoints[st.n_endpoints++] = cfg->kvcm_endpoint_list.url[i];
+    for (size_t i = 0; i < cfg->kvcm.endpoint_list.n && i < KVCM_MAX_ENDPOINTS; i++)
+        st.endpoints[st.n_endpoints++] = cfg->kvcm.endpoint_list.url[i];
     if (kvcm_create(d->base, d->cache, &st, daemon_kvcm_status, d, &d->kvcm, err, errlen) < 0)
         return -1;
     struct kvcm_query_settings qs = {
         .endpoints = st.endpoints, .n_endpoints = st.n_endpoints,
-        .host_ip_port = cfg->kvcm_host_ip_port, .instance_id_template = cfg->kvcm_instance_id,
-        .connect_timeout_ms = cfg->kvcm_connect_timeout_ms,
-        .deadline_ms = cfg->kvcm_query_deadline_ms, .max_hosts = cfg->kvcm_query_max_hosts,
-        .breaker_failures = cfg->kvcm_query_breaker_failures,
-        .breaker_open_ms = cfg->kvcm_query_breaker_open_ms,
-        .negative_ttl_ms = cfg->kvcm_query_negative_ttl_ms,
+        .host_ip_port = cfg->kvcm.host_ip_port, .instance_id_template = cfg->kvcm.instance_id,
+        .connect_timeout_ms = cfg->kvcm.connect_timeout_ms,
+        .deadline_ms = cfg->kvcm.query_deadline_ms, .max_hosts = cfg->kvcm.query_max_hosts,
+        .breaker_failures = cfg->kvcm.query_breaker_failures,
+        .breaker_open_ms = cfg->kvcm.query_breaker_open_ms,
+        .negative_ttl_ms = cfg->kvcm.query_negative_ttl_ms,
         .epoch = kvcm_epoch(d->kvcm),
     };
     return kvcm_querier_create(d->base, &qs, &d->querier, err, errlen) < 0 ? -1 : 0;

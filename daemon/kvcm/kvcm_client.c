@@ -1,4 +1,6 @@
 /* kvcm_client: the KVCM HTTP/JSON client. Protocol and behaviour: see kvcm_client.h.
+ * This file: the client object, statuses, results, the HTTP POST and leader discovery;
+ * the RPCs and the EventItem builders are kvcm_client_rpc.c's (kvcm_client_internal.h).
  *
  * Outcome of one POST, exactly: HTTP 2xx with a body that is a JSON object carrying
  * header.status.code (a known name or number) -> that status; anything else (no connection,
@@ -13,6 +15,7 @@
  * one hanging endpoint cannot starve the others. A call that ends without a valid answer
  * (KVCM_TRANSPORT) or with SERVER_NOT_LEADER forgets the leader: the next call rediscovers. */
 #include "kvcm/kvcm_client.h"
+#include "kvcm/kvcm_client_internal.h"
 
 #include <ctype.h>
 #include <inttypes.h>
@@ -133,9 +136,7 @@ int kvcm_status_parse(json_t *code)
 
 /* ---- reply field parsing ----------------------------------------------------------- */
 
-/* A non-negative int64/uint64 as the protobuf JSON mapping sends it: a decimal string or a
- * JSON integer. *out untouched on failure. */
-static bool get_u64(json_t *v, uint64_t *out)
+bool kvcm_json_u64(json_t *v, uint64_t *out)
 {
     if (json_is_integer(v)) {
         if (json_integer_value(v) < 0)
@@ -160,24 +161,15 @@ static bool get_u64(json_t *v, uint64_t *out)
     return true;
 }
 
-/* Absent or JSON null: the field's default (protobuf JSON mapping). */
-static bool absent(json_t *v)
-{
-    return !v || json_is_null(v);
-}
-
 /* ---- results ------------------------------------------------------------------------- */
 
-static void result_reset(struct kvcm_result *r)
+void kvcm_result_reset(struct kvcm_result *r)
 {
     memset(r, 0, sizeof *r);
     r->status = KVCM_TRANSPORT;
 }
 
-static void result_fail(struct kvcm_result *r, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void result_fail(struct kvcm_result *r, int status, const char *fmt, ...)
+void kvcm_result_fail(struct kvcm_result *r, int status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -200,9 +192,6 @@ static void message_prefix(struct kvcm_result *r, const char *pfx)
     tmp[pl + ml] = '\0';
     memcpy(r->message, tmp, pl + ml + 1);
 }
-
-/* Argument errors the client refuses on its own. */
-#define BAD_ARG(r, ...) result_fail((r), KVCM_INVALID_ARGUMENT, "client: " __VA_ARGS__)
 
 /* ---- HTTP ---------------------------------------------------------------------------- */
 
@@ -245,7 +234,7 @@ static json_t *post(struct kvcm_client *c, const char *base, const char *rpc, js
     snprintf(url, sizeof url, "%s/api/%s", base, rpc);
     uint64_t now = clock_now_ms();
     if (now >= deadline) {
-        result_fail(r, KVCM_TRANSPORT, "%s: no time left before the request", url);
+        kvcm_result_fail(r, KVCM_TRANSPORT, "%s: no time left before the request", url);
         return NULL;
     }
     uint64_t left = deadline - now;
@@ -253,7 +242,7 @@ static json_t *post(struct kvcm_client *c, const char *base, const char *rpc, js
     char *js = NULL;
     if (json_object_set_new(doc, "trace_id", json_string(r->trace_id)) != 0 ||
         !(js = json_dumps(doc, JSON_COMPACT))) {
-        result_fail(r, KVCM_TRANSPORT, "%s: out of memory building the request", url);
+        kvcm_result_fail(r, KVCM_TRANSPORT, "%s: out of memory building the request", url);
         return NULL;
     }
     c->body_len = 0;
@@ -277,39 +266,39 @@ static json_t *post(struct kvcm_client *c, const char *base, const char *rpc, js
     char sn[SNIPPET];
     if (cc != CURLE_OK) {
         if (c->body_overflow)
-            result_fail(r, KVCM_TRANSPORT, "%s: reply body over %zu bytes refused (HTTP %d)",
-                        url, c->max_response, r->http_status);
+            kvcm_result_fail(r, KVCM_TRANSPORT, "%s: reply body over %zu bytes refused (HTTP %d)",
+                             url, c->max_response, r->http_status);
         else if (c->body_oom)
-            result_fail(r, KVCM_TRANSPORT, "%s: out of memory reading the reply", url);
+            kvcm_result_fail(r, KVCM_TRANSPORT, "%s: out of memory reading the reply", url);
         else
-            result_fail(r, KVCM_TRANSPORT, "%s: %s (after %" PRIu64 " ms)", url,
-                        curl_easy_strerror(cc), clock_now_ms() - now);
+            kvcm_result_fail(r, KVCM_TRANSPORT, "%s: %s (after %" PRIu64 " ms)", url,
+                             curl_easy_strerror(cc), clock_now_ms() - now);
         return NULL;
     }
     errmsg_snippet(c->body ? c->body : "", c->body_len, sn, sizeof sn);
     if (r->http_status < 200 || r->http_status > 299) {
-        result_fail(r, KVCM_TRANSPORT, "%s: HTTP %d: %s", url, r->http_status, sn);
+        kvcm_result_fail(r, KVCM_TRANSPORT, "%s: HTTP %d: %s", url, r->http_status, sn);
         return NULL;
     }
     json_error_t je;
     json_t *reply = c->body_len ? json_loadb(c->body, c->body_len, 0, &je) : NULL;
     if (!reply) {
-        result_fail(r, KVCM_TRANSPORT, "%s: HTTP %d: reply is not JSON (%s): %s", url,
-                    r->http_status, c->body_len ? je.text : "empty body", sn);
+        kvcm_result_fail(r, KVCM_TRANSPORT, "%s: HTTP %d: reply is not JSON (%s): %s", url,
+                         r->http_status, c->body_len ? je.text : "empty body", sn);
         return NULL;
     }
     json_t *st = json_object_get(json_object_get(reply, "header"), "status");
     json_t *code = json_object_get(st, "code");
     if (!json_is_object(reply) || !json_is_object(st) || !code) {
-        result_fail(r, KVCM_TRANSPORT, "%s: HTTP %d: reply without header.status.code: %s",
-                    url, r->http_status, sn);
+        kvcm_result_fail(r, KVCM_TRANSPORT, "%s: HTTP %d: reply without header.status.code: %s",
+                         url, r->http_status, sn);
         json_decref(reply);
         return NULL;
     }
     int status = kvcm_status_parse(code);
     if (status < KVCM_UNSPECIFIED) {
-        result_fail(r, KVCM_TRANSPORT, "%s: HTTP %d: unknown header.status.code: %s", url,
-                    r->http_status, sn);
+        kvcm_result_fail(r, KVCM_TRANSPORT, "%s: HTTP %d: unknown header.status.code: %s", url,
+                         r->http_status, sn);
         json_decref(reply);
         return NULL;
     }
@@ -328,7 +317,7 @@ static bool leader_url(json_t *ep, char *out, size_t cap)
     json_t *host = json_object_get(ep, "host");
     uint64_t port;
     if (!json_is_object(ep) || !json_is_string(host) ||
-        !get_u64(json_object_get(ep, "meta_http_port"), &port) || port == 0 || port > 65535)
+        !kvcm_json_u64(json_object_get(ep, "meta_http_port"), &port) || port == 0 || port > 65535)
         return false;
     const char *h = json_string_value(host);
     size_t n = json_string_length(host);
@@ -350,7 +339,7 @@ static bool leader_url(json_t *ep, char *out, size_t cap)
 static int discover(struct kvcm_client *c, uint64_t deadline, struct kvcm_result *r)
 {
     c->leader[0] = '\0';
-    result_fail(r, KVCM_TRANSPORT, "no endpoint tried");
+    kvcm_result_fail(r, KVCM_TRANSPORT, "no endpoint tried");
     size_t tried = 0;
     for (size_t i = 0; i < c->n_endpoints; i++) {
         uint64_t now = clock_now_ms();
@@ -360,7 +349,7 @@ static int discover(struct kvcm_client *c, uint64_t deadline, struct kvcm_result
         uint64_t share = (deadline - now) / (c->n_endpoints - i);
         json_t *doc = json_pack("{s:s}", "instance_id", "");
         if (!doc) {
-            result_fail(r, KVCM_TRANSPORT, "out of memory");
+            kvcm_result_fail(r, KVCM_TRANSPORT, "out of memory");
             return r->status;
         }
         tried++;
@@ -384,9 +373,9 @@ static int discover(struct kvcm_client *c, uint64_t deadline, struct kvcm_result
                 json_equal(self, lead)) {
                 snprintf(url, sizeof url, "%s", ep);          /* it says it is the leader */
             } else {
-                result_fail(r, KVCM_TRANSPORT, "%s/api/getClusterInfo: no usable "
-                            "leader_endpoint {host, meta_http_port} and not the leader itself",
-                            ep);
+                kvcm_result_fail(r, KVCM_TRANSPORT, "%s/api/getClusterInfo: no usable "
+                                 "leader_endpoint {host, meta_http_port} and not the leader itself",
+                                 ep);
                 json_decref(reply);
                 continue;
             }
@@ -414,7 +403,7 @@ int kvcm_discover_leader(struct kvcm_client *c, uint32_t timeout_ms, struct kvcm
     struct kvcm_result scratch;
     if (!r)
         r = &scratch;
-    result_reset(r);
+    kvcm_result_reset(r);
     return discover(c, deadline_of(c, timeout_ms), r);
 }
 
@@ -424,8 +413,8 @@ const char *kvcm_leader(const struct kvcm_client *c)
 }
 
 /* One RPC with leader handling; returns the reply (any status) or NULL (r says why). */
-static json_t *call(struct kvcm_client *c, const char *rpc, json_t *doc, uint32_t timeout_ms,
-                    struct kvcm_result *r)
+json_t *kvcm_call(struct kvcm_client *c, const char *rpc, json_t *doc, uint32_t timeout_ms,
+                  struct kvcm_result *r)
 {
     uint64_t deadline = deadline_of(c, timeout_ms);
     if (!c->leader[0] && discover(c, deadline, r) != KVCM_OK)
@@ -595,394 +584,4 @@ int kvcm_client_create(const struct kvcm_client_config *cfg, struct kvcm_client 
 #endif
     *out = c;
     return 0;
-}
-
-/* ---- RPCs -------------------------------------------------------------------------------- */
-
-static json_t *jstr_i64(int64_t v)
-{
-    char b[24];
-    snprintf(b, sizeof b, "%" PRId64, v);
-    return json_string(b);
-}
-
-static json_t *jstr_u64(uint64_t v)
-{
-    char b[24];
-    snprintf(b, sizeof b, "%" PRIu64, v);
-    return json_string(b);
-}
-
-/* Set a new reference; on failure remember it (the value is freed by jansson). */
-static void put(json_t *o, const char *k, json_t *v, bool *ok)
-{
-    if (!v || json_object_set_new(o, k, v) != 0)
-        *ok = false;
-}
-
-static bool nonempty(const char *s)
-{
-    return s && *s;
-}
-
-int kvcm_register_instance(struct kvcm_client *c, const struct kvcm_instance *inst,
-                           uint32_t timeout_ms, struct kvcm_result *r)
-{
-    struct kvcm_result scratch;
-    if (!r)
-        r = &scratch;
-    result_reset(r);
-    if (!inst || !nonempty(inst->instance_id) || !inst->instance_group || !inst->model_name ||
-        !inst->dtype) {
-        BAD_ARG(r, "registerInstance needs instance_id (non-empty), instance_group, model_name "
-                "and dtype");
-        return r->status;
-    }
-    if (inst->block_size == 0 || inst->block_size > INT32_MAX || inst->tp_size == 0 ||
-        inst->tp_size > INT32_MAX) {
-        BAD_ARG(r, "registerInstance: block_size and tp_size must be in 1..%d", INT32_MAX);
-        return r->status;
-    }
-    if (inst->n_specs == 0 || !inst->spec_names || !inst->spec_sizes) {
-        BAD_ARG(r, "registerInstance: at least one location spec required");
-        return r->status;
-    }
-    for (size_t i = 0; i < inst->n_specs; i++)
-        if (!nonempty(inst->spec_names[i]) || inst->spec_sizes[i] == 0) {
-            BAD_ARG(r, "registerInstance: spec %zu needs a non-empty name and a size > 0", i);
-            return r->status;
-        }
-    bool ok = true;
-    json_t *doc = json_object(), *md = json_object(), *infos = json_array(),
-           *names = json_array(), *group = json_object(), *groups = json_array();
-    if (!doc || !md || !infos || !names || !group || !groups) {
-        json_decref(doc);
-        json_decref(md);
-        json_decref(infos);
-        json_decref(names);
-        json_decref(group);
-        json_decref(groups);
-        result_fail(r, KVCM_TRANSPORT, "registerInstance: out of memory");
-        return r->status;
-    }
-    for (size_t i = 0; i < inst->n_specs; i++) {
-        json_t *si = json_object();
-        if (!si) {
-            ok = false;
-            break;
-        }
-        put(si, "name", json_string(inst->spec_names[i]), &ok);
-        put(si, "size", jstr_u64(inst->spec_sizes[i]), &ok);
-        if (json_array_append_new(infos, si) != 0 ||
-            json_array_append_new(names, json_string(inst->spec_names[i])) != 0)
-            ok = false;
-    }
-    put(md, "model_name", json_string(inst->model_name), &ok);
-    put(md, "dtype", json_string(inst->dtype), &ok);
-    put(md, "use_mla", json_false(), &ok);
-    put(md, "tp_size", json_integer(inst->tp_size), &ok);
-    put(md, "dp_size", json_integer(1), &ok);
-    put(md, "pp_size", json_integer(1), &ok);
-    put(md, "lora_name", json_string(""), &ok);
-    put(md, "extra", json_string(inst->extra ? inst->extra : ""), &ok);
-    put(md, "user_data", json_string(""), &ok);
-    put(group, "name", json_string("default"), &ok);
-    put(group, "spec_names", names, &ok);
-    if (json_array_append_new(groups, group) != 0)
-        ok = false;
-    put(doc, "instance_group", json_string(inst->instance_group), &ok);
-    put(doc, "instance_id", json_string(inst->instance_id), &ok);
-    put(doc, "block_size", json_integer(inst->block_size), &ok);
-    put(doc, "model_deployment", md, &ok);
-    put(doc, "location_spec_infos", infos, &ok);
-    put(doc, "location_spec_groups", groups, &ok);
-    if (!ok) {
-        json_decref(doc);
-        result_fail(r, KVCM_TRANSPORT, "registerInstance: out of memory (or a string that is "
-                    "not UTF-8)");
-        return r->status;
-    }
-    json_t *reply = call(c, "registerInstance", doc, timeout_ms, r);
-    json_decref(doc);
-    json_decref(reply);
-    return r->status;
-}
-
-/* retry_after_ms, snapshot_required, committed_snapshot_version of a reportEvent reply. */
-static void report_fields(json_t *reply, struct kvcm_result *r)
-{
-    json_t *ra = json_object_get(reply, "retry_after_ms");
-    json_t *sr = json_object_get(reply, "snapshot_required");
-    json_t *sv = json_object_get(reply, "committed_snapshot_version");
-    const char *bad = NULL;
-    if (!absent(ra) && !get_u64(ra, &r->retry_after_ms))
-        bad = "retry_after_ms (not a non-negative int64)";
-    else if (!absent(sr) && !json_is_boolean(sr))
-        bad = "snapshot_required (not a bool)";
-    else if (!absent(sv) && (!json_is_string(sv) ||
-                             json_string_length(sv) >= sizeof r->snapshot_version ||
-                             strlen(json_string_value(sv)) != json_string_length(sv)))
-        bad = "committed_snapshot_version (not a string under 64 bytes)";
-    if (bad) {
-        int was = r->status;
-        r->retry_after_ms = 0;
-        r->snapshot_version[0] = '\0';
-        result_fail(r, KVCM_TRANSPORT, "reportEvent: %s reply with a malformed %s",
-                    kvcm_status_name(was), bad);
-        return;
-    }
-    r->snapshot_required = json_is_true(sr);
-    if (json_is_string(sv))
-        snprintf(r->snapshot_version, sizeof r->snapshot_version, "%s", json_string_value(sv));
-}
-
-int kvcm_report_events(struct kvcm_client *c, const char *instance_id, const char *host_ip_port,
-                       const char *storage_type, json_t *events, uint32_t timeout_ms,
-                       struct kvcm_result *r)
-{
-    struct kvcm_result scratch;
-    if (!r)
-        r = &scratch;
-    result_reset(r);
-    if (!nonempty(instance_id) || !nonempty(host_ip_port) || !nonempty(storage_type) ||
-        !json_is_array(events)) {
-        BAD_ARG(r, "reportEvent needs instance_id, host_ip_port, storage_type (non-empty) and "
-                "an events array");
-        return r->status;
-    }
-    json_t *doc = json_pack("{s:s, s:s, s:s, s:O}", "instance_id", instance_id, "host_ip_port",
-                            host_ip_port, "storage_type", storage_type, "events", events);
-    if (!doc) {
-        result_fail(r, KVCM_TRANSPORT, "reportEvent: out of memory (or a string that is not "
-                    "UTF-8)");
-        return r->status;
-    }
-    json_t *reply = call(c, "reportEvent", doc, timeout_ms, r);
-    json_decref(doc);
-    if (reply)
-        report_fields(reply, r);
-    json_decref(reply);
-    return r->status;
-}
-
-int kvcm_host_cache_state(struct kvcm_client *c, const char *instance_id, const int64_t *keys,
-                          size_t n, uint32_t timeout_ms, struct kvcm_host_match *hosts,
-                          size_t max, size_t *nhosts, struct kvcm_result *r)
-{
-    struct kvcm_result scratch;
-    size_t nh_scratch;
-    if (!r)
-        r = &scratch;
-    if (!nhosts)
-        nhosts = &nh_scratch;
-    result_reset(r);
-    *nhosts = 0;
-    if (!nonempty(instance_id) || (n && !keys) || (max && !hosts)) {
-        BAD_ARG(r, "getHostCacheState needs instance_id (non-empty), keys and a hosts array");
-        return r->status;
-    }
-    bool ok = true;
-    json_t *doc = json_object(), *ks = json_array();
-    if (!doc || !ks) {
-        json_decref(doc);
-        json_decref(ks);
-        result_fail(r, KVCM_TRANSPORT, "getHostCacheState: out of memory");
-        return r->status;
-    }
-    for (size_t i = 0; ok && i < n; i++)
-        if (json_array_append_new(ks, jstr_i64(keys[i])) != 0)
-            ok = false;
-    put(doc, "instance_id", json_string(instance_id), &ok);
-    put(doc, "query_type", json_string("QT_PREFIX_MATCH"), &ok);
-    put(doc, "block_cache_keys", ks, &ok);
-    put(doc, "medium", json_array(), &ok);
-    if (!ok) {
-        json_decref(doc);
-        result_fail(r, KVCM_TRANSPORT, "getHostCacheState: out of memory (or an instance_id "
-                    "that is not UTF-8)");
-        return r->status;
-    }
-    json_t *reply = call(c, "getHostCacheState", doc, timeout_ms, r);
-    json_decref(doc);
-    if (reply && r->status == KVCM_OK) {
-        json_t *hv = json_object_get(reply, "hosts");
-        if (!absent(hv) && !json_is_array(hv)) {
-            result_fail(r, KVCM_TRANSPORT, "getHostCacheState: OK reply whose hosts is not an "
-                        "array");
-        } else {
-            size_t i;
-            json_t *e;
-            json_array_foreach(hv, i, e) {
-                if (*nhosts >= max)
-                    break;
-                json_t *hip = json_object_get(e, "host_ip_port");
-                uint64_t local;
-                /* malformed entries are skipped: a count past the keys asked is garbage too */
-                if (!json_is_object(e) || !json_is_string(hip) || json_string_length(hip) == 0 ||
-                    json_string_length(hip) >= sizeof hosts->host_ip_port ||
-                    strlen(json_string_value(hip)) != json_string_length(hip) ||
-                    !get_u64(json_object_get(e, "local"), &local) || local > n)
-                    continue;
-                struct kvcm_host_match *m = &hosts[(*nhosts)++];
-                snprintf(m->host_ip_port, sizeof m->host_ip_port, "%s", json_string_value(hip));
-                m->matched = local;
-            }
-        }
-    }
-    json_decref(reply);
-    return r->status;
-}
-
-/* ---- EventItem builders ------------------------------------------------------------------ */
-
-/* {event_type: type, <payload_name>: payload} (payload stolen). */
-static json_t *event(const char *type, const char *payload_name, json_t *payload)
-{
-    json_t *e = payload ? json_object() : NULL;
-    bool ok = e != NULL;
-    if (e) {
-        put(e, "event_type", json_string(type), &ok);
-        put(e, payload_name, payload, &ok);
-        payload = NULL;
-    }
-    json_decref(payload);
-    if (!ok) {
-        json_decref(e);
-        return NULL;
-    }
-    return e;
-}
-
-/* [{name: spec, uri: uri}] */
-static json_t *specs_of(const char *spec_name, const char *uri)
-{
-    json_t *sp = json_object(), *a = json_array();
-    bool ok = sp && a && spec_name && uri;
-    if (ok) {
-        put(sp, "name", json_string(spec_name), &ok);
-        put(sp, "uri", json_string(uri), &ok);
-        if (json_array_append(a, sp) != 0)
-            ok = false;
-    }
-    json_decref(sp);
-    if (!ok) {
-        json_decref(a);
-        return NULL;
-    }
-    return a;
-}
-
-/* {block_key, medium, specs:[{name, uri}]}: block_add's payload and a snapshot block. */
-static json_t *block_of(int64_t key, const char *medium, const char *spec_name, const char *uri)
-{
-    json_t *b = medium ? json_object() : NULL;
-    bool ok = b != NULL;
-    if (b) {
-        put(b, "block_key", jstr_i64(key), &ok);
-        put(b, "medium", json_string(medium), &ok);
-        put(b, "specs", specs_of(spec_name, uri), &ok);
-    }
-    if (!ok) {
-        json_decref(b);
-        return NULL;
-    }
-    return b;
-}
-
-json_t *kvcm_event_node_register(const char *const *mediums, size_t n)
-{
-    json_t *p = json_object(), *a = json_array();
-    bool ok = p && a && (mediums || n == 0);
-    for (size_t i = 0; ok && i < n; i++)
-        if (!mediums[i] || json_array_append_new(a, json_string(mediums[i])) != 0)
-            ok = false;
-    if (ok) {
-        put(p, "mediums", a, &ok);
-        a = NULL;
-    }
-    json_decref(a);
-    if (!ok) {
-        json_decref(p);
-        return NULL;
-    }
-    return event("EVENT_NODE_REGISTER", "node_register", p);
-}
-
-json_t *kvcm_event_block_add(int64_t key, const char *medium, const char *spec_name,
-                             const char *uri)
-{
-    return event("EVENT_BLOCK_ADD", "block_add", block_of(key, medium, spec_name, uri));
-}
-
-json_t *kvcm_event_block_delete(int64_t key, const char *medium, const char *spec_name)
-{
-    json_t *p = medium && spec_name ? json_object() : NULL;
-    bool ok = p != NULL;
-    if (p) {
-        json_t *names = json_array();
-        if (!names || json_array_append_new(names, json_string(spec_name)) != 0)
-            ok = false;
-        put(p, "block_key", jstr_i64(key), &ok);
-        put(p, "medium", json_string(medium), &ok);
-        if (ok)
-            put(p, "spec_names", names, &ok);
-        else
-            json_decref(names);
-    }
-    if (!ok) {
-        json_decref(p);
-        return NULL;
-    }
-    return event("EVENT_BLOCK_DELETE", "block_delete", p);
-}
-
-json_t *kvcm_event_heartbeat(json_t *system_status)
-{
-    if (!system_status)
-        system_status = json_object();
-    if (!json_is_object(system_status)) {
-        json_decref(system_status);
-        return NULL;
-    }
-    json_t *p = json_object();
-    bool ok = p != NULL;
-    if (p)
-        put(p, "system_status", system_status, &ok);
-    else
-        json_decref(system_status);
-    if (!ok) {
-        json_decref(p);
-        return NULL;
-    }
-    return event("EVENT_HEARTBEAT", "heartbeat", p);
-}
-
-json_t *kvcm_event_host_down(void)
-{
-    return event("EVENT_HOST_DOWN", "host_down", json_object());
-}
-
-json_t *kvcm_event_snapshot(json_t *blocks)
-{
-    if (!json_is_array(blocks)) {
-        json_decref(blocks);
-        return NULL;
-    }
-    json_t *p = json_object();
-    bool ok = p != NULL;
-    if (p)
-        put(p, "blocks", blocks, &ok);
-    else
-        json_decref(blocks);
-    if (!ok) {
-        json_decref(p);
-        return NULL;
-    }
-    return event("EVENT_BLOCK_SNAPSHOT", "block_snapshot", p);
-}
-
-json_t *kvcm_snapshot_block(int64_t key, const char *medium, const char *spec_name,
-                            const char *uri)
-{
-    return block_of(key, medium, spec_name, uri);
 }

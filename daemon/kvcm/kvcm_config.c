@@ -1,10 +1,12 @@
 /* kvcm_config: see kvcm_config.h. The [kvcm] option checks moved here from
  * config.c so that what KVCM accepts is decided next to the code that talks
- * to it; config.c's table still owns parsing, storing and printing. */
+ * to it; config.c's table still owns parsing, storing and printing. Built on
+ * config_values (lists, URLs, durations, the error collector) only. */
 #include "kvcm/kvcm_config.h"
 
 #include <ctype.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -13,7 +15,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
-#include "config_internal.h"
+#include "config_text.h"
+#include "config_values.h"
 
 const char *const kvcm_config_storage_names[2] = { "ST_EVENT_REPORT_L1P5", "ST_EVENT_REPORT_L2" };
 _Static_assert(CONFIG_KVCM_STORAGE_L1P5 == 0 && CONFIG_KVCM_STORAGE_L2 == 1,
@@ -313,14 +316,14 @@ int kvcm_config_split_endpoints(const char *text, struct config_urllist *list, s
     return 0;
 }
 
-int config_kvcm_endpoints(const struct kvn_config *cfg, char out[][CONFIG_URL_MAX], size_t max, size_t *n)
+int config_kvcm_endpoints(const struct kvcm_config *kc, char out[][CONFIG_URL_MAX], size_t max, size_t *n)
 {
     struct config_urllist list;
     *n = 0;
-    size_t tlen = strnlen(cfg->kvcm_endpoints, sizeof cfg->kvcm_endpoints);
-    if (tlen == sizeof cfg->kvcm_endpoints)
+    size_t tlen = strnlen(kc->endpoints, sizeof kc->endpoints);
+    if (tlen == sizeof kc->endpoints)
         return -1;   /* no terminator: a struct built by code */
-    if (kvcm_config_split_endpoints(cfg->kvcm_endpoints, &list, max, NULL, 0) < 0)
+    if (kvcm_config_split_endpoints(kc->endpoints, &list, max, NULL, 0) < 0)
         return -1;
     for (size_t i = 0; i < list.n; i++)
         memcpy(out[i], list.url[i], sizeof list.url[i]);
@@ -386,45 +389,45 @@ fail:
     return -1;
 }
 
-void kvcm_config_validate(const struct kvn_config *cfg, struct errbuf *errors)
+void kvcm_config_validate(const struct kvcm_config *kc, struct errbuf *errors)
 {
     /* Every missing field gets its own line, so one failed start names all
      * of them. Off: nothing is required. */
-    if (cfg->kvcm_enabled != 1)
+    if (kc->enabled != 1)
         return;
     static const struct {
         size_t offset;
         const char *key, *what;
     } required[] = {
-        { offsetof(struct kvn_config, kvcm_endpoints), "endpoints",
+        { offsetof(struct kvcm_config, endpoints), "endpoints",
           "the KVCM servers' base URLs, e.g. http://kvcm-0:6382, http://kvcm-1:6382" },
-        { offsetof(struct kvn_config, kvcm_host_ip_port), "host_ip_port",
+        { offsetof(struct kvcm_config, host_ip_port), "host_ip_port",
           "HOST:PORT naming this daemon to KVCM, unique per daemon: daemons sharing one overwrite "
           "each other's blocks" },
-        { offsetof(struct kvn_config, kvcm_instance_group), "instance_group", "e.g. default" },
-        { offsetof(struct kvn_config, kvcm_instance_id), "instance_id", "a template, e.g. {model}_{block_tokens}" },
-        { offsetof(struct kvn_config, kvcm_medium_hbm), "medium_hbm", "the GPU tier's medium name, e.g. hbm" },
-        { offsetof(struct kvn_config, kvcm_medium_host), "medium_host",
+        { offsetof(struct kvcm_config, instance_group), "instance_group", "e.g. default" },
+        { offsetof(struct kvcm_config, instance_id), "instance_id", "a template, e.g. {model}_{block_tokens}" },
+        { offsetof(struct kvcm_config, medium_hbm), "medium_hbm", "the GPU tier's medium name, e.g. hbm" },
+        { offsetof(struct kvcm_config, medium_host), "medium_host",
           "the host-memory tier's medium name, e.g. dram" },
-        { offsetof(struct kvn_config, kvcm_spec_name), "spec_name", "a template, e.g. rtp_llm_hbm_{block_tokens}" },
-        { offsetof(struct kvn_config, kvcm_location_uri), "location_uri",
+        { offsetof(struct kvcm_config, spec_name), "spec_name", "a template, e.g. rtp_llm_hbm_{block_tokens}" },
+        { offsetof(struct kvcm_config, location_uri), "location_uri",
           "a template, e.g. rtp-llm://{host_ip_port}/hbm?size={block_bytes}" },
     };
     for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
-        if (((const char *)cfg)[required[i].offset] == '\0')
+        if (((const char *)kc)[required[i].offset] == '\0')
             config_errbuf_add(errors, "[kvcm] %s: required when enabled = on (%s)", required[i].key,
                               required[i].what);
-    if (cfg->kvcm_medium_hbm[0] &&
-        strncmp(cfg->kvcm_medium_hbm, cfg->kvcm_medium_host, sizeof cfg->kvcm_medium_hbm) == 0)
+    if (kc->medium_hbm[0] &&
+        strncmp(kc->medium_hbm, kc->medium_host, sizeof kc->medium_hbm) == 0)
         config_errbuf_add(errors, "[kvcm] medium_host: '%.*s' is also medium_hbm; the two tiers need different "
-                                  "medium names", CONFIG_KVCM_MEDIUM_MAX - 1, cfg->kvcm_medium_host);
-    if (cfg->kvcm_retry_base_ms > cfg->kvcm_retry_max_ms) {
+                                  "medium names", CONFIG_KVCM_MEDIUM_MAX - 1, kc->medium_host);
+    if (kc->retry_base_ms > kc->retry_max_ms) {
         char base[32], max[32];
-        config_format_duration(cfg->kvcm_retry_base_ms, base, sizeof base);
-        config_format_duration(cfg->kvcm_retry_max_ms, max, sizeof max);
+        config_format_duration(kc->retry_base_ms, base, sizeof base);
+        config_format_duration(kc->retry_max_ms, max, sizeof max);
         config_errbuf_add(errors, "[kvcm] retry_base: %s exceeds retry_max (%s)", base, max);
     }
-    if (cfg->kvcm_batch_events > cfg->kvcm_queue_events)
+    if (kc->batch_events > kc->queue_events)
         config_errbuf_add(errors, "[kvcm] batch_events: %" PRIu32 " exceeds queue_events (%" PRIu32 ")",
-                          cfg->kvcm_batch_events, cfg->kvcm_queue_events);
+                          kc->batch_events, kc->queue_events);
 }

@@ -171,33 +171,33 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_int_eq(a->persist_lookup, b->persist_lookup);
     ck_assert_str_eq(a->persist_object_namespace, b->persist_object_namespace);
     ck_assert_uint_eq(a->persist_tombstones, b->persist_tombstones);
-    ck_assert_int_eq(a->kvcm_enabled, b->kvcm_enabled);
-    ck_assert_str_eq(a->kvcm_endpoints, b->kvcm_endpoints);
-    ck_assert_str_eq(a->kvcm_instance_group, b->kvcm_instance_group);
-    ck_assert_str_eq(a->kvcm_instance_id, b->kvcm_instance_id);
-    ck_assert_str_eq(a->kvcm_host_ip_port, b->kvcm_host_ip_port);
-    ck_assert_int_eq(a->kvcm_storage_type, b->kvcm_storage_type);
-    ck_assert_str_eq(a->kvcm_medium_hbm, b->kvcm_medium_hbm);
-    ck_assert_str_eq(a->kvcm_medium_host, b->kvcm_medium_host);
-    ck_assert_str_eq(a->kvcm_spec_name, b->kvcm_spec_name);
-    ck_assert_str_eq(a->kvcm_location_uri, b->kvcm_location_uri);
-    ck_assert_uint_eq(a->kvcm_request_timeout_ms, b->kvcm_request_timeout_ms);
-    ck_assert_uint_eq(a->kvcm_connect_timeout_ms, b->kvcm_connect_timeout_ms);
-    ck_assert_uint_eq(a->kvcm_snapshot_timeout_ms, b->kvcm_snapshot_timeout_ms);
-    ck_assert_uint_eq(a->kvcm_flush_interval_ms, b->kvcm_flush_interval_ms);
-    ck_assert_uint_eq(a->kvcm_batch_events, b->kvcm_batch_events);
-    ck_assert_uint_eq(a->kvcm_queue_events, b->kvcm_queue_events);
-    ck_assert_uint_eq(a->kvcm_heartbeat_interval_ms, b->kvcm_heartbeat_interval_ms);
-    ck_assert_uint_eq(a->kvcm_retry_base_ms, b->kvcm_retry_base_ms);
-    ck_assert_uint_eq(a->kvcm_retry_max_ms, b->kvcm_retry_max_ms);
-    ck_assert_uint_eq(a->kvcm_snapshot_interval_ms, b->kvcm_snapshot_interval_ms);
-    ck_assert_uint_eq(a->kvcm_host_down_timeout_ms, b->kvcm_host_down_timeout_ms);
-    ck_assert_uint_eq(a->kvcm_stall_timeout_ms, b->kvcm_stall_timeout_ms);
-    ck_assert_uint_eq(a->kvcm_query_deadline_ms, b->kvcm_query_deadline_ms);
-    ck_assert_uint_eq(a->kvcm_query_max_hosts, b->kvcm_query_max_hosts);
-    ck_assert_uint_eq(a->kvcm_query_breaker_failures, b->kvcm_query_breaker_failures);
-    ck_assert_uint_eq(a->kvcm_query_breaker_open_ms, b->kvcm_query_breaker_open_ms);
-    ck_assert_uint_eq(a->kvcm_query_negative_ttl_ms, b->kvcm_query_negative_ttl_ms);
+    ck_assert_int_eq(a->kvcm.enabled, b->kvcm.enabled);
+    ck_assert_str_eq(a->kvcm.endpoints, b->kvcm.endpoints);
+    ck_assert_str_eq(a->kvcm.instance_group, b->kvcm.instance_group);
+    ck_assert_str_eq(a->kvcm.instance_id, b->kvcm.instance_id);
+    ck_assert_str_eq(a->kvcm.host_ip_port, b->kvcm.host_ip_port);
+    ck_assert_int_eq(a->kvcm.storage_type, b->kvcm.storage_type);
+    ck_assert_str_eq(a->kvcm.medium_hbm, b->kvcm.medium_hbm);
+    ck_assert_str_eq(a->kvcm.medium_host, b->kvcm.medium_host);
+    ck_assert_str_eq(a->kvcm.spec_name, b->kvcm.spec_name);
+    ck_assert_str_eq(a->kvcm.location_uri, b->kvcm.location_uri);
+    ck_assert_uint_eq(a->kvcm.request_timeout_ms, b->kvcm.request_timeout_ms);
+    ck_assert_uint_eq(a->kvcm.connect_timeout_ms, b->kvcm.connect_timeout_ms);
+    ck_assert_uint_eq(a->kvcm.snapshot_timeout_ms, b->kvcm.snapshot_timeout_ms);
+    ck_assert_uint_eq(a->kvcm.flush_interval_ms, b->kvcm.flush_interval_ms);
+    ck_assert_uint_eq(a->kvcm.batch_events, b->kvcm.batch_events);
+    ck_assert_uint_eq(a->kvcm.queue_events, b->kvcm.queue_events);
+    ck_assert_uint_eq(a->kvcm.heartbeat_interval_ms, b->kvcm.heartbeat_interval_ms);
+    ck_assert_uint_eq(a->kvcm.retry_base_ms, b->kvcm.retry_base_ms);
+    ck_assert_uint_eq(a->kvcm.retry_max_ms, b->kvcm.retry_max_ms);
+    ck_assert_uint_eq(a->kvcm.snapshot_interval_ms, b->kvcm.snapshot_interval_ms);
+    ck_assert_uint_eq(a->kvcm.host_down_timeout_ms, b->kvcm.host_down_timeout_ms);
+    ck_assert_uint_eq(a->kvcm.stall_timeout_ms, b->kvcm.stall_timeout_ms);
+    ck_assert_uint_eq(a->kvcm.query_deadline_ms, b->kvcm.query_deadline_ms);
+    ck_assert_uint_eq(a->kvcm.query_max_hosts, b->kvcm.query_max_hosts);
+    ck_assert_uint_eq(a->kvcm.query_breaker_failures, b->kvcm.query_breaker_failures);
+    ck_assert_uint_eq(a->kvcm.query_breaker_open_ms, b->kvcm.query_breaker_open_ms);
+    ck_assert_uint_eq(a->kvcm.query_negative_ttl_ms, b->kvcm.query_negative_ttl_ms);
     /* Both went through config_defaults (zeroed) and the parser (zero-filled
      * path tail), so they are byte-identical too. */
     ck_assert(memcmp(a, b, sizeof *a) == 0);
@@ -303,43 +303,43 @@ START_TEST(test_defaults)
     ck_assert_str_eq(c.persist_object_namespace, "rtp_llm");   /* rtp-llm's kvs_object_namespace */
     ck_assert_uint_eq(c.persist_tombstones, 65536);
     /* [kvcm]: off, and the reference publisher's timings (docs/PROTOCOLS.md §2). */
-    ck_assert_int_eq(c.kvcm_enabled, 0);
-    ck_assert_str_eq(c.kvcm_endpoints, "");
-    ck_assert_str_eq(c.kvcm_instance_group, "default");
-    ck_assert_str_eq(c.kvcm_instance_id, "{model}_{block_tokens}_{fingerprint}");
-    ck_assert_str_eq(c.kvcm_host_ip_port, "");
-    ck_assert_int_eq(c.kvcm_storage_type, CONFIG_KVCM_STORAGE_L1P5);
-    ck_assert_str_eq(config_kvcm_storage_type_name(c.kvcm_storage_type), "ST_EVENT_REPORT_L1P5");
+    ck_assert_int_eq(c.kvcm.enabled, 0);
+    ck_assert_str_eq(c.kvcm.endpoints, "");
+    ck_assert_str_eq(c.kvcm.instance_group, "default");
+    ck_assert_str_eq(c.kvcm.instance_id, "{model}_{block_tokens}_{fingerprint}");
+    ck_assert_str_eq(c.kvcm.host_ip_port, "");
+    ck_assert_int_eq(c.kvcm.storage_type, CONFIG_KVCM_STORAGE_L1P5);
+    ck_assert_str_eq(config_kvcm_storage_type_name(c.kvcm.storage_type), "ST_EVENT_REPORT_L1P5");
     ck_assert_str_eq(config_kvcm_storage_type_name(CONFIG_KVCM_STORAGE_L2), "ST_EVENT_REPORT_L2");
     ck_assert_str_eq(config_kvcm_storage_type_name(2), "");
     ck_assert_str_eq(config_kvcm_storage_type_name(-1), "");
-    ck_assert_str_eq(c.kvcm_medium_hbm, "hbm");
-    ck_assert_str_eq(c.kvcm_medium_host, "dram");
-    ck_assert_str_eq(c.kvcm_spec_name, "rtp_llm_hbm_{block_tokens}");
-    ck_assert_str_eq(c.kvcm_location_uri, "rtp-llm://{host_ip_port}/{medium}?size={block_bytes}");
-    ck_assert_uint_eq(c.kvcm_request_timeout_ms, 1500);
-    ck_assert_uint_eq(c.kvcm_connect_timeout_ms, 500);
-    ck_assert_uint_eq(c.kvcm_snapshot_timeout_ms, 30000);
-    ck_assert_uint_eq(c.kvcm_flush_interval_ms, 20);
-    ck_assert_uint_eq(c.kvcm_batch_events, 1000);
-    ck_assert_uint_eq(c.kvcm_queue_events, 100000);
-    ck_assert_uint_eq(c.kvcm_heartbeat_interval_ms, 1000);
-    ck_assert_uint_eq(c.kvcm_retry_base_ms, 500);
-    ck_assert_uint_eq(c.kvcm_retry_max_ms, 30000);
-    ck_assert_uint_eq(c.kvcm_snapshot_interval_ms, 300000);
-    ck_assert_uint_eq(c.kvcm_host_down_timeout_ms, 500);
-    ck_assert_uint_eq(c.kvcm_stall_timeout_ms, 60000);
-    ck_assert_uint_eq(c.kvcm_query_deadline_ms, 20);
-    ck_assert_uint_eq(c.kvcm_query_max_hosts, 8);
-    ck_assert_uint_eq(c.kvcm_query_breaker_failures, 5);
-    ck_assert_uint_eq(c.kvcm_query_breaker_open_ms, 10000);
-    ck_assert_uint_eq(c.kvcm_query_negative_ttl_ms, 1000);
-    for (size_t i = 0; i < sizeof c.kvcm_endpoints; i++)
-        ck_assert_int_eq(c.kvcm_endpoints[i], 0);
-    for (size_t i = 0; i < sizeof c.kvcm_host_ip_port; i++)
-        ck_assert_int_eq(c.kvcm_host_ip_port[i], 0);
-    for (size_t i = strlen(c.kvcm_location_uri); i < sizeof c.kvcm_location_uri; i++)
-        ck_assert_int_eq(c.kvcm_location_uri[i], 0);
+    ck_assert_str_eq(c.kvcm.medium_hbm, "hbm");
+    ck_assert_str_eq(c.kvcm.medium_host, "dram");
+    ck_assert_str_eq(c.kvcm.spec_name, "rtp_llm_hbm_{block_tokens}");
+    ck_assert_str_eq(c.kvcm.location_uri, "rtp-llm://{host_ip_port}/{medium}?size={block_bytes}");
+    ck_assert_uint_eq(c.kvcm.request_timeout_ms, 1500);
+    ck_assert_uint_eq(c.kvcm.connect_timeout_ms, 500);
+    ck_assert_uint_eq(c.kvcm.snapshot_timeout_ms, 30000);
+    ck_assert_uint_eq(c.kvcm.flush_interval_ms, 20);
+    ck_assert_uint_eq(c.kvcm.batch_events, 1000);
+    ck_assert_uint_eq(c.kvcm.queue_events, 100000);
+    ck_assert_uint_eq(c.kvcm.heartbeat_interval_ms, 1000);
+    ck_assert_uint_eq(c.kvcm.retry_base_ms, 500);
+    ck_assert_uint_eq(c.kvcm.retry_max_ms, 30000);
+    ck_assert_uint_eq(c.kvcm.snapshot_interval_ms, 300000);
+    ck_assert_uint_eq(c.kvcm.host_down_timeout_ms, 500);
+    ck_assert_uint_eq(c.kvcm.stall_timeout_ms, 60000);
+    ck_assert_uint_eq(c.kvcm.query_deadline_ms, 20);
+    ck_assert_uint_eq(c.kvcm.query_max_hosts, 8);
+    ck_assert_uint_eq(c.kvcm.query_breaker_failures, 5);
+    ck_assert_uint_eq(c.kvcm.query_breaker_open_ms, 10000);
+    ck_assert_uint_eq(c.kvcm.query_negative_ttl_ms, 1000);
+    for (size_t i = 0; i < sizeof c.kvcm.endpoints; i++)
+        ck_assert_int_eq(c.kvcm.endpoints[i], 0);
+    for (size_t i = 0; i < sizeof c.kvcm.host_ip_port; i++)
+        ck_assert_int_eq(c.kvcm.host_ip_port[i], 0);
+    for (size_t i = strlen(c.kvcm.location_uri); i < sizeof c.kvcm.location_uri; i++)
+        ck_assert_int_eq(c.kvcm.location_uri[i], 0);
     /* The path's tail is zeroed, so equal configs are byte-equal. */
     for (size_t i = strlen(c.socket_path); i < sizeof c.socket_path; i++)
         ck_assert_int_eq(c.socket_path[i], 0);
@@ -505,59 +505,59 @@ static const struct good_case good_cases[] = {
     { "persist", "object_namespace", "rtp_llm", OFF(persist_object_namespace), F_STR, .s = "rtp_llm" },
     { "persist", "tombstones", "0", OFF(persist_tombstones), F_U32, .u = 0 },
     { "persist", "tombstones", "16777216", OFF(persist_tombstones), F_U32, .u = 16777216 },
-    { "kvcm", "enabled", "on", OFF(kvcm_enabled), F_INT, .u = 1 },
-    { "kvcm", "enabled", "OFF", OFF(kvcm_enabled), F_INT, .u = 0 },
-    { "kvcm", "endpoints", "http://10.0.0.7:6382", OFF(kvcm_endpoints), F_STR, .s = "http://10.0.0.7:6382" },
-    { "kvcm", "endpoints", "http://kvcm-0:6382, http://kvcm-1:6382 https://[fd00::1]:6382/base/", OFF(kvcm_endpoints),
+    { "kvcm", "enabled", "on", OFF(kvcm.enabled), F_INT, .u = 1 },
+    { "kvcm", "enabled", "OFF", OFF(kvcm.enabled), F_INT, .u = 0 },
+    { "kvcm", "endpoints", "http://10.0.0.7:6382", OFF(kvcm.endpoints), F_STR, .s = "http://10.0.0.7:6382" },
+    { "kvcm", "endpoints", "http://kvcm-0:6382, http://kvcm-1:6382 https://[fd00::1]:6382/base/", OFF(kvcm.endpoints),
       F_STR, .s = "http://kvcm-0:6382, http://kvcm-1:6382 https://[fd00::1]:6382/base/" },
-    { "kvcm", "endpoints", "HTTP://kvcm.example", OFF(kvcm_endpoints), F_STR, .s = "HTTP://kvcm.example" },
-    { "kvcm", "endpoints", "", OFF(kvcm_endpoints), F_STR, .s = "" },
-    { "kvcm", "instance_group", "prod-a", OFF(kvcm_instance_group), F_STR, .s = "prod-a" },
-    { "kvcm", "instance_group", "", OFF(kvcm_instance_group), F_STR, .s = "" },
-    { "kvcm", "instance_id", "{model}-{dtype}-tp{tp_size}-{fingerprint}_{block_tokens}", OFF(kvcm_instance_id), F_STR,
+    { "kvcm", "endpoints", "HTTP://kvcm.example", OFF(kvcm.endpoints), F_STR, .s = "HTTP://kvcm.example" },
+    { "kvcm", "endpoints", "", OFF(kvcm.endpoints), F_STR, .s = "" },
+    { "kvcm", "instance_group", "prod-a", OFF(kvcm.instance_group), F_STR, .s = "prod-a" },
+    { "kvcm", "instance_group", "", OFF(kvcm.instance_group), F_STR, .s = "" },
+    { "kvcm", "instance_id", "{model}-{dtype}-tp{tp_size}-{fingerprint}_{block_tokens}", OFF(kvcm.instance_id), F_STR,
       .s = "{model}-{dtype}-tp{tp_size}-{fingerprint}_{block_tokens}" },
-    { "kvcm", "instance_id", "fixed_id", OFF(kvcm_instance_id), F_STR, .s = "fixed_id" },
-    { "kvcm", "host_ip_port", "10.0.0.5:8088", OFF(kvcm_host_ip_port), F_STR, .s = "10.0.0.5:8088" },
-    { "kvcm", "host_ip_port", "node7.example.com:1", OFF(kvcm_host_ip_port), F_STR, .s = "node7.example.com:1" },
-    { "kvcm", "host_ip_port", "[fd00::5]:65535", OFF(kvcm_host_ip_port), F_STR, .s = "[fd00::5]:65535" },
-    { "kvcm", "host_ip_port", "kv_node-3:8088", OFF(kvcm_host_ip_port), F_STR, .s = "kv_node-3:8088" },
-    { "kvcm", "host_ip_port", "", OFF(kvcm_host_ip_port), F_STR, .s = "" },
-    { "kvcm", "storage_type", "ST_EVENT_REPORT_L2", OFF(kvcm_storage_type), F_INT, .u = CONFIG_KVCM_STORAGE_L2 },
-    { "kvcm", "storage_type", "st_event_report_l1p5", OFF(kvcm_storage_type), F_INT, .u = CONFIG_KVCM_STORAGE_L1P5 },
-    { "kvcm", "medium_hbm", "gpu", OFF(kvcm_medium_hbm), F_STR, .s = "gpu" },
-    { "kvcm", "medium_host", "host_dram", OFF(kvcm_medium_host), F_STR, .s = "host_dram" },
-    { "kvcm", "spec_name", "kvnode_{model}_{block_bytes}", OFF(kvcm_spec_name), F_STR, .s = "kvnode_{model}_{block_bytes}" },
-    { "kvcm", "location_uri", "kvnode://{host_ip_port}/{medium}/{key}?size={block_bytes}", OFF(kvcm_location_uri),
+    { "kvcm", "instance_id", "fixed_id", OFF(kvcm.instance_id), F_STR, .s = "fixed_id" },
+    { "kvcm", "host_ip_port", "10.0.0.5:8088", OFF(kvcm.host_ip_port), F_STR, .s = "10.0.0.5:8088" },
+    { "kvcm", "host_ip_port", "node7.example.com:1", OFF(kvcm.host_ip_port), F_STR, .s = "node7.example.com:1" },
+    { "kvcm", "host_ip_port", "[fd00::5]:65535", OFF(kvcm.host_ip_port), F_STR, .s = "[fd00::5]:65535" },
+    { "kvcm", "host_ip_port", "kv_node-3:8088", OFF(kvcm.host_ip_port), F_STR, .s = "kv_node-3:8088" },
+    { "kvcm", "host_ip_port", "", OFF(kvcm.host_ip_port), F_STR, .s = "" },
+    { "kvcm", "storage_type", "ST_EVENT_REPORT_L2", OFF(kvcm.storage_type), F_INT, .u = CONFIG_KVCM_STORAGE_L2 },
+    { "kvcm", "storage_type", "st_event_report_l1p5", OFF(kvcm.storage_type), F_INT, .u = CONFIG_KVCM_STORAGE_L1P5 },
+    { "kvcm", "medium_hbm", "gpu", OFF(kvcm.medium_hbm), F_STR, .s = "gpu" },
+    { "kvcm", "medium_host", "host_dram", OFF(kvcm.medium_host), F_STR, .s = "host_dram" },
+    { "kvcm", "spec_name", "kvnode_{model}_{block_bytes}", OFF(kvcm.spec_name), F_STR, .s = "kvnode_{model}_{block_bytes}" },
+    { "kvcm", "location_uri", "kvnode://{host_ip_port}/{medium}/{key}?size={block_bytes}", OFF(kvcm.location_uri),
       F_STR, .s = "kvnode://{host_ip_port}/{medium}/{key}?size={block_bytes}" },
-    { "kvcm", "request_timeout", "10ms", OFF(kvcm_request_timeout_ms), F_U32, .u = 10 },
-    { "kvcm", "request_timeout", "10m", OFF(kvcm_request_timeout_ms), F_U32, .u = 600000 },
-    { "kvcm", "connect_timeout", "1m", OFF(kvcm_connect_timeout_ms), F_U32, .u = 60000 },
-    { "kvcm", "snapshot_timeout", "2m", OFF(kvcm_snapshot_timeout_ms), F_U32, .u = 120000 },
-    { "kvcm", "flush_interval", "1", OFF(kvcm_flush_interval_ms), F_U32, .u = 1 },
-    { "kvcm", "flush_interval", "10s", OFF(kvcm_flush_interval_ms), F_U32, .u = 10000 },
-    { "kvcm", "batch_events", "1", OFF(kvcm_batch_events), F_U32, .u = 1 },
-    { "kvcm", "batch_events", "16384", OFF(kvcm_batch_events), F_U32, .u = 16384 },
-    { "kvcm", "queue_events", "1", OFF(kvcm_queue_events), F_U32, .u = 1 },
-    { "kvcm", "queue_events", "1048576", OFF(kvcm_queue_events), F_U32, .u = 1048576 },
-    { "kvcm", "heartbeat_interval", "10ms", OFF(kvcm_heartbeat_interval_ms), F_U32, .u = 10 },
-    { "kvcm", "heartbeat_interval", "1m", OFF(kvcm_heartbeat_interval_ms), F_U32, .u = 60000 },
-    { "kvcm", "retry_base", "1ms", OFF(kvcm_retry_base_ms), F_U32, .u = 1 },
-    { "kvcm", "retry_max", "1h", OFF(kvcm_retry_max_ms), F_U32, .u = 3600000 },
-    { "kvcm", "snapshot_interval", "100ms", OFF(kvcm_snapshot_interval_ms), F_U32, .u = 100 },
-    { "kvcm", "snapshot_interval", "24h", OFF(kvcm_snapshot_interval_ms), F_U32, .u = 86400000 },
-    { "kvcm", "host_down_timeout", "10ms", OFF(kvcm_host_down_timeout_ms), F_U32, .u = 10 },
-    { "kvcm", "host_down_timeout", "1m", OFF(kvcm_host_down_timeout_ms), F_U32, .u = 60000 },
-    { "kvcm", "stall_timeout", "100ms", OFF(kvcm_stall_timeout_ms), F_U32, .u = 100 },
-    { "kvcm", "stall_timeout", "1h", OFF(kvcm_stall_timeout_ms), F_U32, .u = 3600000 },
-    { "kvcm", "query_deadline", "1ms", OFF(kvcm_query_deadline_ms), F_U32, .u = 1 },
-    { "kvcm", "query_deadline", "10s", OFF(kvcm_query_deadline_ms), F_U32, .u = 10000 },
-    { "kvcm", "query_max_hosts", "1", OFF(kvcm_query_max_hosts), F_U32, .u = 1 },
-    { "kvcm", "query_max_hosts", "64", OFF(kvcm_query_max_hosts), F_U32, .u = 64 },
-    { "kvcm", "query_breaker_failures", "1000", OFF(kvcm_query_breaker_failures), F_U32, .u = 1000 },
-    { "kvcm", "query_breaker_open", "10ms", OFF(kvcm_query_breaker_open_ms), F_U32, .u = 10 },
-    { "kvcm", "query_breaker_open", "10m", OFF(kvcm_query_breaker_open_ms), F_U32, .u = 600000 },
-    { "kvcm", "query_negative_ttl", "1ms", OFF(kvcm_query_negative_ttl_ms), F_U32, .u = 1 },
-    { "kvcm", "query_negative_ttl", "10m", OFF(kvcm_query_negative_ttl_ms), F_U32, .u = 600000 },
+    { "kvcm", "request_timeout", "10ms", OFF(kvcm.request_timeout_ms), F_U32, .u = 10 },
+    { "kvcm", "request_timeout", "10m", OFF(kvcm.request_timeout_ms), F_U32, .u = 600000 },
+    { "kvcm", "connect_timeout", "1m", OFF(kvcm.connect_timeout_ms), F_U32, .u = 60000 },
+    { "kvcm", "snapshot_timeout", "2m", OFF(kvcm.snapshot_timeout_ms), F_U32, .u = 120000 },
+    { "kvcm", "flush_interval", "1", OFF(kvcm.flush_interval_ms), F_U32, .u = 1 },
+    { "kvcm", "flush_interval", "10s", OFF(kvcm.flush_interval_ms), F_U32, .u = 10000 },
+    { "kvcm", "batch_events", "1", OFF(kvcm.batch_events), F_U32, .u = 1 },
+    { "kvcm", "batch_events", "16384", OFF(kvcm.batch_events), F_U32, .u = 16384 },
+    { "kvcm", "queue_events", "1", OFF(kvcm.queue_events), F_U32, .u = 1 },
+    { "kvcm", "queue_events", "1048576", OFF(kvcm.queue_events), F_U32, .u = 1048576 },
+    { "kvcm", "heartbeat_interval", "10ms", OFF(kvcm.heartbeat_interval_ms), F_U32, .u = 10 },
+    { "kvcm", "heartbeat_interval", "1m", OFF(kvcm.heartbeat_interval_ms), F_U32, .u = 60000 },
+    { "kvcm", "retry_base", "1ms", OFF(kvcm.retry_base_ms), F_U32, .u = 1 },
+    { "kvcm", "retry_max", "1h", OFF(kvcm.retry_max_ms), F_U32, .u = 3600000 },
+    { "kvcm", "snapshot_interval", "100ms", OFF(kvcm.snapshot_interval_ms), F_U32, .u = 100 },
+    { "kvcm", "snapshot_interval", "24h", OFF(kvcm.snapshot_interval_ms), F_U32, .u = 86400000 },
+    { "kvcm", "host_down_timeout", "10ms", OFF(kvcm.host_down_timeout_ms), F_U32, .u = 10 },
+    { "kvcm", "host_down_timeout", "1m", OFF(kvcm.host_down_timeout_ms), F_U32, .u = 60000 },
+    { "kvcm", "stall_timeout", "100ms", OFF(kvcm.stall_timeout_ms), F_U32, .u = 100 },
+    { "kvcm", "stall_timeout", "1h", OFF(kvcm.stall_timeout_ms), F_U32, .u = 3600000 },
+    { "kvcm", "query_deadline", "1ms", OFF(kvcm.query_deadline_ms), F_U32, .u = 1 },
+    { "kvcm", "query_deadline", "10s", OFF(kvcm.query_deadline_ms), F_U32, .u = 10000 },
+    { "kvcm", "query_max_hosts", "1", OFF(kvcm.query_max_hosts), F_U32, .u = 1 },
+    { "kvcm", "query_max_hosts", "64", OFF(kvcm.query_max_hosts), F_U32, .u = 64 },
+    { "kvcm", "query_breaker_failures", "1000", OFF(kvcm.query_breaker_failures), F_U32, .u = 1000 },
+    { "kvcm", "query_breaker_open", "10ms", OFF(kvcm.query_breaker_open_ms), F_U32, .u = 10 },
+    { "kvcm", "query_breaker_open", "10m", OFF(kvcm.query_breaker_open_ms), F_U32, .u = 600000 },
+    { "kvcm", "query_negative_ttl", "1ms", OFF(kvcm.query_negative_ttl_ms), F_U32, .u = 1 },
+    { "kvcm", "query_negative_ttl", "10m", OFF(kvcm.query_negative_ttl_ms), F_U32, .u = 600000 },
 };
 #define NGOOD (sizeof good_cases / sizeof good_cases[0])
 
@@ -1814,8 +1814,8 @@ START_TEST(test_url_credentials)
                                            err, sizeof err), -1);
     ck_assert_msg(strstr(err, "override kvcm.endpoints: credentials in endpoint 2 are not accepted"), "%s", err);
     ck_assert_msg(!strstr(err, "s3cret"), "the error shows the password: %s", err);
-    memset(c.kvcm_endpoints, 0, sizeof c.kvcm_endpoints);
-    snprintf(c.kvcm_endpoints, sizeof c.kvcm_endpoints, "https://bob:s3cret@kvcm-1");
+    memset(c.kvcm.endpoints, 0, sizeof c.kvcm.endpoints);
+    snprintf(c.kvcm.endpoints, sizeof c.kvcm.endpoints, "https://bob:s3cret@kvcm-1");
     ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "[kvcm] endpoints: credentials in endpoint 1 are not accepted"), "%s", err);
     ck_assert_msg(!strstr(err, "s3cret"), "the error shows the password: %s", err);
@@ -1830,41 +1830,41 @@ static void kvcm_fill(struct kvn_config *c)
 {
     /* Zero the string fields first, as the parser does, so the result
      * compares byte for byte with a parsed copy. */
-    memset(c->kvcm_endpoints, 0, sizeof c->kvcm_endpoints);
-    memset(c->kvcm_instance_group, 0, sizeof c->kvcm_instance_group);
-    memset(c->kvcm_instance_id, 0, sizeof c->kvcm_instance_id);
-    memset(c->kvcm_host_ip_port, 0, sizeof c->kvcm_host_ip_port);
-    memset(c->kvcm_medium_hbm, 0, sizeof c->kvcm_medium_hbm);
-    memset(c->kvcm_medium_host, 0, sizeof c->kvcm_medium_host);
-    memset(c->kvcm_spec_name, 0, sizeof c->kvcm_spec_name);
-    memset(c->kvcm_location_uri, 0, sizeof c->kvcm_location_uri);
-    c->kvcm_enabled = 1;
-    snprintf(c->kvcm_endpoints, sizeof c->kvcm_endpoints, "http://kvcm-0:6382, https://kvcm-1.example/meta/");
-    snprintf(c->kvcm_instance_group, sizeof c->kvcm_instance_group, "prod-a");
-    snprintf(c->kvcm_instance_id, sizeof c->kvcm_instance_id, "{model}-{fingerprint}_{block_tokens}");
-    snprintf(c->kvcm_host_ip_port, sizeof c->kvcm_host_ip_port, "10.1.2.3:18088");
-    c->kvcm_storage_type = CONFIG_KVCM_STORAGE_L2;
-    snprintf(c->kvcm_medium_hbm, sizeof c->kvcm_medium_hbm, "gpu");
-    snprintf(c->kvcm_medium_host, sizeof c->kvcm_medium_host, "host");
-    snprintf(c->kvcm_spec_name, sizeof c->kvcm_spec_name, "kvnode_{block_tokens}_{block_bytes}");
-    snprintf(c->kvcm_location_uri, sizeof c->kvcm_location_uri, "kvnode://{host_ip_port}/{medium}/{key}");
-    c->kvcm_request_timeout_ms = 2500;
-    c->kvcm_connect_timeout_ms = 250;
-    c->kvcm_snapshot_timeout_ms = 90000;
-    c->kvcm_flush_interval_ms = 5;
-    c->kvcm_batch_events = 64;
-    c->kvcm_queue_events = 128;
-    c->kvcm_heartbeat_interval_ms = 200;
-    c->kvcm_retry_base_ms = 100;
-    c->kvcm_retry_max_ms = 5000;
-    c->kvcm_snapshot_interval_ms = 3600000;
-    c->kvcm_host_down_timeout_ms = 250;
-    c->kvcm_stall_timeout_ms = 45000;
-    c->kvcm_query_deadline_ms = 50;
-    c->kvcm_query_max_hosts = 3;
-    c->kvcm_query_breaker_failures = 2;
-    c->kvcm_query_breaker_open_ms = 1500;
-    c->kvcm_query_negative_ttl_ms = 200;
+    memset(c->kvcm.endpoints, 0, sizeof c->kvcm.endpoints);
+    memset(c->kvcm.instance_group, 0, sizeof c->kvcm.instance_group);
+    memset(c->kvcm.instance_id, 0, sizeof c->kvcm.instance_id);
+    memset(c->kvcm.host_ip_port, 0, sizeof c->kvcm.host_ip_port);
+    memset(c->kvcm.medium_hbm, 0, sizeof c->kvcm.medium_hbm);
+    memset(c->kvcm.medium_host, 0, sizeof c->kvcm.medium_host);
+    memset(c->kvcm.spec_name, 0, sizeof c->kvcm.spec_name);
+    memset(c->kvcm.location_uri, 0, sizeof c->kvcm.location_uri);
+    c->kvcm.enabled = 1;
+    snprintf(c->kvcm.endpoints, sizeof c->kvcm.endpoints, "http://kvcm-0:6382, https://kvcm-1.example/meta/");
+    snprintf(c->kvcm.instance_group, sizeof c->kvcm.instance_group, "prod-a");
+    snprintf(c->kvcm.instance_id, sizeof c->kvcm.instance_id, "{model}-{fingerprint}_{block_tokens}");
+    snprintf(c->kvcm.host_ip_port, sizeof c->kvcm.host_ip_port, "10.1.2.3:18088");
+    c->kvcm.storage_type = CONFIG_KVCM_STORAGE_L2;
+    snprintf(c->kvcm.medium_hbm, sizeof c->kvcm.medium_hbm, "gpu");
+    snprintf(c->kvcm.medium_host, sizeof c->kvcm.medium_host, "host");
+    snprintf(c->kvcm.spec_name, sizeof c->kvcm.spec_name, "kvnode_{block_tokens}_{block_bytes}");
+    snprintf(c->kvcm.location_uri, sizeof c->kvcm.location_uri, "kvnode://{host_ip_port}/{medium}/{key}");
+    c->kvcm.request_timeout_ms = 2500;
+    c->kvcm.connect_timeout_ms = 250;
+    c->kvcm.snapshot_timeout_ms = 90000;
+    c->kvcm.flush_interval_ms = 5;
+    c->kvcm.batch_events = 64;
+    c->kvcm.queue_events = 128;
+    c->kvcm.heartbeat_interval_ms = 200;
+    c->kvcm.retry_base_ms = 100;
+    c->kvcm.retry_max_ms = 5000;
+    c->kvcm.snapshot_interval_ms = 3600000;
+    c->kvcm.host_down_timeout_ms = 250;
+    c->kvcm.stall_timeout_ms = 45000;
+    c->kvcm.query_deadline_ms = 50;
+    c->kvcm.query_max_hosts = 3;
+    c->kvcm.query_breaker_failures = 2;
+    c->kvcm.query_breaker_open_ms = 1500;
+    c->kvcm.query_negative_ttl_ms = 200;
 }
 
 START_TEST(test_validate_kvcm)
@@ -1903,7 +1903,7 @@ START_TEST(test_validate_kvcm)
 
     /* Off: none of it is required. */
     c.max_clients = 1;
-    c.kvcm_enabled = 0;
+    c.kvcm.enabled = 0;
     ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
 
     /* The same through a file: each value alone is fine. */
@@ -1920,30 +1920,30 @@ START_TEST(test_validate_kvcm)
     config_defaults(&c);
     kvcm_fill(&c);
     ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
-    c.kvcm_retry_base_ms = 40000;
-    c.kvcm_retry_max_ms = 30000;
-    c.kvcm_batch_events = 2000;
-    c.kvcm_queue_events = 1000;
-    snprintf(c.kvcm_medium_host, sizeof c.kvcm_medium_host, "gpu");
+    c.kvcm.retry_base_ms = 40000;
+    c.kvcm.retry_max_ms = 30000;
+    c.kvcm.batch_events = 2000;
+    c.kvcm.queue_events = 1000;
+    snprintf(c.kvcm.medium_host, sizeof c.kvcm.medium_host, "gpu");
     ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "[kvcm] retry_base: 40s exceeds retry_max (30s)"), "%s", err);
     ck_assert_msg(strstr(err, "[kvcm] batch_events: 2000 exceeds queue_events (1000)"), "%s", err);
     ck_assert_msg(strstr(err, "[kvcm] medium_host: 'gpu' is also medium_hbm"), "%s", err);
     ck_assert_uint_eq(count_lines(err), 3);
-    c.kvcm_enabled = 0;   /* off: not used, not cross-checked */
+    c.kvcm.enabled = 0;   /* off: not used, not cross-checked */
     ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
 
     /* Off, fields are still range-checked (structs edited by code). */
     config_defaults(&c);
-    c.kvcm_enabled = 2;
-    c.kvcm_storage_type = 2;
-    c.kvcm_query_max_hosts = 65;
-    c.kvcm_batch_events = 0;
-    c.kvcm_flush_interval_ms = 0;
-    snprintf(c.kvcm_host_ip_port, sizeof c.kvcm_host_ip_port, "localhost:8088");
-    snprintf(c.kvcm_endpoints, sizeof c.kvcm_endpoints, "kvcm:6382");
-    snprintf(c.kvcm_instance_id, sizeof c.kvcm_instance_id, "{rank}");
-    snprintf(c.kvcm_medium_hbm, sizeof c.kvcm_medium_hbm, "a#b");
+    c.kvcm.enabled = 2;
+    c.kvcm.storage_type = 2;
+    c.kvcm.query_max_hosts = 65;
+    c.kvcm.batch_events = 0;
+    c.kvcm.flush_interval_ms = 0;
+    snprintf(c.kvcm.host_ip_port, sizeof c.kvcm.host_ip_port, "localhost:8088");
+    snprintf(c.kvcm.endpoints, sizeof c.kvcm.endpoints, "kvcm:6382");
+    snprintf(c.kvcm.instance_id, sizeof c.kvcm.instance_id, "{rank}");
+    snprintf(c.kvcm.medium_hbm, sizeof c.kvcm.medium_hbm, "a#b");
     ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
     const char *expect[] = {
         "[kvcm] enabled: invalid value '2' (expected off or on)",
@@ -1959,10 +1959,10 @@ START_TEST(test_validate_kvcm)
 
     /* String fields without a terminator are rejected, never read past. */
     config_defaults(&c);
-    memset(c.kvcm_endpoints, 'e', sizeof c.kvcm_endpoints);
-    memset(c.kvcm_host_ip_port, 'h', sizeof c.kvcm_host_ip_port);
-    memset(c.kvcm_location_uri, 'u', sizeof c.kvcm_location_uri);
-    memset(c.kvcm_medium_host, 'm', sizeof c.kvcm_medium_host);
+    memset(c.kvcm.endpoints, 'e', sizeof c.kvcm.endpoints);
+    memset(c.kvcm.host_ip_port, 'h', sizeof c.kvcm.host_ip_port);
+    memset(c.kvcm.location_uri, 'u', sizeof c.kvcm.location_uri);
+    memset(c.kvcm.medium_host, 'm', sizeof c.kvcm.medium_host);
     ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "[kvcm] endpoints: value too long (1024 bytes; at most 1023)"), "%s", err);
     ck_assert_msg(strstr(err, "[kvcm] host_ip_port: value too long (128 bytes; at most 127)"), "%s", err);
@@ -1971,7 +1971,7 @@ START_TEST(test_validate_kvcm)
     ck_assert_uint_eq(count_lines(err), 4);
     size_t n = 99;
     char urls[CONFIG_KVCM_ENDPOINTS_MAX][CONFIG_URL_MAX];
-    ck_assert_int_eq(config_kvcm_endpoints(&c, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), -1);
+    ck_assert_int_eq(config_kvcm_endpoints(&c.kvcm, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), -1);
     ck_assert_uint_eq(n, 0);
 
     /* Longer values than a file line holds come from overrides. */
@@ -2001,9 +2001,9 @@ START_TEST(test_kvcm_host_ip_port)
         config_defaults(&c);
         snprintf(assign, sizeof assign, "kvcm.host_ip_port=%s", good[i]);
         ck_assert_msg(config_apply_override(&c, assign, err, sizeof err) == 0, "%s: %s", assign, err);
-        ck_assert_str_eq(c.kvcm_host_ip_port, good[i]);
-        c.kvcm_enabled = 1;
-        snprintf(c.kvcm_endpoints, sizeof c.kvcm_endpoints, "http://kvcm:6382");
+        ck_assert_str_eq(c.kvcm.host_ip_port, good[i]);
+        c.kvcm.enabled = 1;
+        snprintf(c.kvcm.endpoints, sizeof c.kvcm.endpoints, "http://kvcm:6382");
         ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s: %s", good[i], err);
     }
 
@@ -2026,7 +2026,7 @@ START_TEST(test_kvcm_host_ip_port)
         ck_assert_msg(config_apply_override(&c, assign, err, sizeof err) == -1, "%s accepted", assign);
         ck_assert_msg(strstr(err, bad[i].expect), "%s: %s", assign, err);
         ck_assert_msg(strncmp(err, "override kvcm.host_ip_port: ", 28) == 0, "%s", err);
-        ck_assert_str_eq(c.kvcm_host_ip_port, "");
+        ck_assert_str_eq(c.kvcm.host_ip_port, "");
         if (strstr(bad[i].expect, "address") || strstr(bad[i].expect, "loopback"))
             ck_assert_msg(strstr(err, "is not unique-looking") &&
                           strstr(err, "overwrite each other's blocks and snapshots") &&
@@ -2043,20 +2043,20 @@ START_TEST(test_kvcm_endpoints)
 
     /* Default: none. */
     config_defaults(&c);
-    ck_assert_int_eq(config_kvcm_endpoints(&c, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), 0);
+    ck_assert_int_eq(config_kvcm_endpoints(&c.kvcm, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), 0);
     ck_assert_uint_eq(n, 0);
 
     /* Commas and/or blanks separate; trailing slashes go; the rest is kept. */
-    snprintf(c.kvcm_endpoints, sizeof c.kvcm_endpoints,
+    snprintf(c.kvcm.endpoints, sizeof c.kvcm.endpoints,
              " http://kvcm-0:6382/,https://kvcm-1.example:443/prefix//  http://[fd00::7]:6382 ,,\tHTTP://10.0.0.9 ,");
-    ck_assert_int_eq(config_kvcm_endpoints(&c, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), 0);
+    ck_assert_int_eq(config_kvcm_endpoints(&c.kvcm, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), 0);
     ck_assert_uint_eq(n, 4);
     ck_assert_str_eq(urls[0], "http://kvcm-0:6382");
     ck_assert_str_eq(urls[1], "https://kvcm-1.example:443/prefix");
     ck_assert_str_eq(urls[2], "http://[fd00::7]:6382");
     ck_assert_str_eq(urls[3], "HTTP://10.0.0.9");
     /* Fewer slots than URLs: refused, not cut short. */
-    ck_assert_int_eq(config_kvcm_endpoints(&c, urls, 3, &n), -1);
+    ck_assert_int_eq(config_kvcm_endpoints(&c.kvcm, urls, 3, &n), -1);
     ck_assert_uint_eq(n, 0);
 
     /* Exactly CONFIG_KVCM_ENDPOINTS_MAX, through the parser; one more is refused. */
@@ -2068,21 +2068,21 @@ START_TEST(test_kvcm_endpoints)
     snprintf(assign, sizeof assign, "kvcm.endpoints=%s", list);
     config_defaults(&c);
     ck_assert_msg(config_apply_override(&c, assign, err, sizeof err) == 0, "%s", err);
-    ck_assert_int_eq(config_kvcm_endpoints(&c, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), 0);
+    ck_assert_int_eq(config_kvcm_endpoints(&c.kvcm, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), 0);
     ck_assert_uint_eq(n, CONFIG_KVCM_ENDPOINTS_MAX);
     ck_assert_str_eq(urls[7], "http://kvcm-7:6382");
     snprintf(assign, sizeof assign, "kvcm.endpoints=%s http://kvcm-8:6382", list);
     ck_assert_int_eq(config_apply_override(&c, assign, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "override kvcm.endpoints: too many endpoints (at most 8)"), "%s", err);
-    snprintf(c.kvcm_endpoints, sizeof c.kvcm_endpoints, "%s http://kvcm-8:6382", list);
-    ck_assert_int_eq(config_kvcm_endpoints(&c, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), -1);
+    snprintf(c.kvcm.endpoints, sizeof c.kvcm.endpoints, "%s http://kvcm-8:6382", list);
+    ck_assert_int_eq(config_kvcm_endpoints(&c.kvcm, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n), -1);
 
     /* Invalid text (a struct edited by code) is refused by the splitter too. */
     const char *bad[] = { "kvcm:6382", "http://a:1 http://a:1/", "http://a:1 ftp://b", "http://a b" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        memset(c.kvcm_endpoints, 0, sizeof c.kvcm_endpoints);
-        snprintf(c.kvcm_endpoints, sizeof c.kvcm_endpoints, "%s", bad[i]);
-        ck_assert_msg(config_kvcm_endpoints(&c, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n) == -1, "'%s' accepted", bad[i]);
+        memset(c.kvcm.endpoints, 0, sizeof c.kvcm.endpoints);
+        snprintf(c.kvcm.endpoints, sizeof c.kvcm.endpoints, "%s", bad[i]);
+        ck_assert_msg(config_kvcm_endpoints(&c.kvcm, urls, CONFIG_KVCM_ENDPOINTS_MAX, &n) == -1, "'%s' accepted", bad[i]);
     }
 }
 END_TEST
@@ -2099,15 +2099,15 @@ START_TEST(test_kvcm_expand)
 
     /* The defaults give rtp-llm's names, and an instance id that carries the
      * deployment's fingerprint; the URI follows the medium. */
-    ck_assert_int_eq(config_kvcm_expand(c.kvcm_instance_id, &v, out, sizeof out), 18);
+    ck_assert_int_eq(config_kvcm_expand(c.kvcm.instance_id, &v, out, sizeof out), 18);
     ck_assert_str_eq(out, "qwen2-7b_16_abc123");
-    ck_assert_int_eq(config_kvcm_expand(c.kvcm_spec_name, &v, out, sizeof out), 14);
+    ck_assert_int_eq(config_kvcm_expand(c.kvcm.spec_name, &v, out, sizeof out), 14);
     ck_assert_str_eq(out, "rtp_llm_hbm_16");
-    ck_assert_int_eq(config_kvcm_expand(c.kvcm_location_uri, &v, out, sizeof out), 39);
+    ck_assert_int_eq(config_kvcm_expand(c.kvcm.location_uri, &v, out, sizeof out), 39);
     ck_assert_str_eq(out, "rtp-llm://10.0.0.5:8088/hbm?size=131072");
     struct config_kvcm_vars dram = v;
     dram.medium = "dram";
-    ck_assert_int_eq(config_kvcm_expand(c.kvcm_location_uri, &dram, out, sizeof out), 40);
+    ck_assert_int_eq(config_kvcm_expand(c.kvcm.location_uri, &dram, out, sizeof out), 40);
     ck_assert_str_eq(out, "rtp-llm://10.0.0.5:8088/dram?size=131072");
 
     /* Every placeholder, repeated ones, literal text around them. */
@@ -2152,9 +2152,9 @@ START_TEST(test_kvcm_expand)
 
     /* A NULL string is an error only where the template uses it. */
     struct config_kvcm_vars partial = { .host_ip_port = "h:1", .medium = "dram", .block_bytes = 4096, .key = 7 };
-    ck_assert_int_gt(config_kvcm_expand(c.kvcm_location_uri, &partial, out, sizeof out), 0);
+    ck_assert_int_gt(config_kvcm_expand(c.kvcm.location_uri, &partial, out, sizeof out), 0);
     ck_assert_str_eq(out, "rtp-llm://h:1/dram?size=4096");
-    ck_assert_int_eq(config_kvcm_expand(c.kvcm_instance_id, &partial, out, sizeof out), -1);
+    ck_assert_int_eq(config_kvcm_expand(c.kvcm.instance_id, &partial, out, sizeof out), -1);
     ck_assert_int_eq(config_kvcm_expand("{dtype}", &partial, out, sizeof out), -1);
 }
 END_TEST
@@ -2180,10 +2180,10 @@ static void assert_round_trip(const struct kvn_config *c)
     snprintf(back.persist_socket, sizeof back.persist_socket, "/tmp/elsewhere.sock");
     snprintf(back.persist_object_namespace, sizeof back.persist_object_namespace, "elsewhere");
     back.persist_tombstones = c->persist_tombstones == 7 ? 8 : 7;
-    back.kvcm_enabled = !c->kvcm_enabled;
-    snprintf(back.kvcm_endpoints, sizeof back.kvcm_endpoints, "http://elsewhere:1");
-    snprintf(back.kvcm_host_ip_port, sizeof back.kvcm_host_ip_port, "elsewhere:1");
-    back.kvcm_query_max_hosts = c->kvcm_query_max_hosts == 7 ? 8 : 7;
+    back.kvcm.enabled = !c->kvcm.enabled;
+    snprintf(back.kvcm.endpoints, sizeof back.kvcm.endpoints, "http://elsewhere:1");
+    snprintf(back.kvcm.host_ip_port, sizeof back.kvcm.host_ip_port, "elsewhere:1");
+    back.kvcm.query_max_hosts = c->kvcm.query_max_hosts == 7 ? 8 : 7;
     back.pin_chunk_bytes = c->pin_chunk_bytes == 7 * MIB ? 8 * MIB : 7 * MIB;
     back.hbm_backend = c->hbm_backend == CONFIG_HBM_SIM ? CONFIG_HBM_CUDA : CONFIG_HBM_SIM;
     back.hbm_bytes = c->hbm_bytes == 3 * GIB ? 5 * GIB : 3 * GIB;
@@ -2353,12 +2353,12 @@ START_TEST(test_write_round_trip_custom)
     c.hbm_required = 0;
     c.hbm_copy_batch_bytes = MIB;
     /* kvcm off with its fields still set, and with them empty. */
-    c.kvcm_enabled = 0;
+    c.kvcm.enabled = 0;
     assert_round_trip(&c);
-    memset(c.kvcm_endpoints, 0, sizeof c.kvcm_endpoints);
-    memset(c.kvcm_host_ip_port, 0, sizeof c.kvcm_host_ip_port);
-    memset(c.kvcm_instance_group, 0, sizeof c.kvcm_instance_group);
-    c.kvcm_storage_type = CONFIG_KVCM_STORAGE_L1P5;
+    memset(c.kvcm.endpoints, 0, sizeof c.kvcm.endpoints);
+    memset(c.kvcm.host_ip_port, 0, sizeof c.kvcm.host_ip_port);
+    memset(c.kvcm.instance_group, 0, sizeof c.kvcm.instance_group);
+    c.kvcm.storage_type = CONFIG_KVCM_STORAGE_L1P5;
     assert_round_trip(&c);
 }
 END_TEST
@@ -2563,9 +2563,9 @@ START_TEST(test_restart_required)
     ck_assert_msg(strstr(all, ", kvcm.query_breaker_open, kvcm.query_negative_ttl") != NULL, "%s", all);
     config_keep_restart_only(&b, &a);
     ck_assert_int_eq(config_restart_required(&a, &b, NULL, 0), 0);
-    ck_assert_int_eq(b.kvcm_enabled, 0);
-    ck_assert_str_eq(b.kvcm_endpoints, "");
-    ck_assert_uint_eq(b.kvcm_flush_interval_ms, 20);
+    ck_assert_int_eq(b.kvcm.enabled, 0);
+    ck_assert_str_eq(b.kvcm.endpoints, "");
+    ck_assert_uint_eq(b.kvcm.flush_interval_ms, 20);
     ck_assert_uint_eq(b.max_clients, 77);
     ck_assert(!config_option_reloadable("kvcm", "flush_interval"));
     ck_assert(!config_option_reloadable("kvcm", "bogus"));
@@ -2837,7 +2837,7 @@ START_TEST(test_resolve_parsed_forms)
     ck_assert_uint_eq(c.admin_listen_addr.port, 9180);
     ck_assert_uint_eq(c.allow_uid_list.n, 0);
     ck_assert_uint_eq(c.allow_gid_list.n, 0);
-    ck_assert_uint_eq(c.kvcm_endpoint_list.n, 0);
+    ck_assert_uint_eq(c.kvcm.endpoint_list.n, 0);
 
     const char *sets[] = { "server.allow_uids=root, 1000 65534", "server.allow_gids=0,4242",
                            "server.socket_group=0", "admin.listen=[::1]:0", "hbm.devices=1, 0\t15",
@@ -2860,9 +2860,9 @@ START_TEST(test_resolve_parsed_forms)
     ck_assert_int_eq(c.hbm_device_list.dev[0], 1);
     ck_assert_int_eq(c.hbm_device_list.dev[1], 0);
     ck_assert_int_eq(c.hbm_device_list.dev[2], 15);
-    ck_assert_uint_eq(c.kvcm_endpoint_list.n, 2);
-    ck_assert_str_eq(c.kvcm_endpoint_list.url[0], "http://kvcm-0:6382");
-    ck_assert_str_eq(c.kvcm_endpoint_list.url[1], "https://[fd00::1]:6382/base");
+    ck_assert_uint_eq(c.kvcm.endpoint_list.n, 2);
+    ck_assert_str_eq(c.kvcm.endpoint_list.url[0], "http://kvcm-0:6382");
+    ck_assert_str_eq(c.kvcm.endpoint_list.url[1], "https://[fd00::1]:6382/base");
     /* The text is kept as written: /config prints it. */
     ck_assert_str_eq(c.hbm_devices, "1, 0\t15");
 
