@@ -209,7 +209,7 @@ $(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz
 	$(CC) $(ALL_CFLAGS) -Itests/fuzz -DFUZZ_NAME='"fuzz_$*"' -DFUZZ_CORPUS='"tests/fuzz/corpus/$*"' \
 	    $(LDSAN) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c $(DAEMON_LIBA) $(DAEMON_LIBS)
 
-SCRIPT_TESTS := tests/install/test_install.sh tests/python/run.sh
+SCRIPT_TESTS := tests/install/test_install.sh tests/python/run.sh tests/layout/run.sh
 
 check: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(KVCM_SIM_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN)
 	@BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN) $(SCRIPT_TESTS)
