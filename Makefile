@@ -87,6 +87,9 @@ PROTO_OBJ  := $(BUILD)/obj/gen/kvnode.pb-c.o
 COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(PROTO_OBJ)
 LIB_OBJ    := $(call obj,$(LIB_SRC)) $(PROTO_OBJ)
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
+# The tests' one launcher of child processes (tests/common/proc.c), linked into the unit,
+# integration and simulator tests, the benchmarks and the soak.
+TEST_PROC_OBJ := $(call obj,tests/common/proc.c)
 
 KVNODED   := $(BUILD)/kvnoded
 KVNODECTL := $(BUILD)/kvnodectl
@@ -158,7 +161,7 @@ $(KVNODECTL): $(call obj,$(CTL_SRC)) $(LIBA)
 
 # --- tests -------------------------------------------------------------------
 # Test programs compile in one step; they depend on every test helper header.
-TEST_HDRS := $(wildcard tests/unit/*.h tests/sim/*.h tests/integration/*.h tests/fuzz/*.h)
+TEST_HDRS := $(wildcard tests/common/*.h tests/unit/*.h tests/sim/*.h tests/integration/*.h tests/fuzz/*.h)
 
 # The daemon's objects as one archive for the unit tests and fuzz targets: the
 # linker takes only the members a program needs (a test of the arena does not
@@ -169,18 +172,18 @@ $(DAEMON_LIBA): $(DAEMON_OBJ) $(COMMON_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/tests/%: tests/unit/%.c $(DAEMON_LIBA) $(PROTO_H) $(TEST_HDRS)
+$(BUILD)/tests/%: tests/unit/%.c $(DAEMON_LIBA) $(TEST_PROC_OBJ) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(DAEMON_LIBA) $(DAEMON_LIBS) $(CHECK_LIBS)
+	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(DAEMON_LIBA) $(TEST_PROC_OBJ) $(DAEMON_LIBS) $(CHECK_LIBS)
 
 # Client-library tests (fake server in-process) link libkvnode, not the daemon.
 $(BUILD)/tests/test_client_%: tests/unit/test_client_%.c $(LIBA) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) -lpthread
 
-$(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(LIBA) $(PROTO_H) $(TEST_HDRS)
+$(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
 
 # The KVS simulator: a standalone process the tests start (libevent + jansson only).
 $(SIM_BIN): $(call obj,tests/sim/kvs_sim.c)
@@ -198,9 +201,9 @@ $(BUILD)/tests/test_kvcm_client: $(KVCM_SIM_BIN)
 $(BUILD)/tests/test_daemon_kvcm: $(KVCM_SIM_BIN)
 $(BUILD)/tests/test_daemon_kvcm_query: $(KVCM_SIM_BIN)
 
-$(BUILD)/tests/%: tests/sim/%.c $(SIM_BIN) $(KVCM_SIM_BIN) $(TEST_HDRS)
+$(BUILD)/tests/%: tests/sim/%.c $(SIM_BIN) $(KVCM_SIM_BIN) $(TEST_PROC_OBJ) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
+	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(TEST_PROC_OBJ) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
 
 # A fuzz target with the replay driver: the normal toolchain, no libFuzzer.
 $(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz.h \
@@ -266,14 +269,14 @@ run: deps
 	@mkdir -p run
 	$(KVNODED) --config conf/kvnode.conf
 
-$(BENCH_BIN): tests/bench/bench.c $(INTEG_HELPER) $(LIBA)
+$(BENCH_BIN): tests/bench/bench.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
 
 # Part 3 (v6d) starts the KVS simulator and reads its counters over HTTP (libcurl).
-$(BENCH_PERSIST_BIN): tests/bench/bench_persist.c $(INTEG_HELPER) $(LIBA)
+$(BENCH_PERSIST_BIN): tests/bench/bench_persist.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
 
 # The HBM tier seen from a second process (scripts/gpu-check.sh runs it);
 # CUDA=1 links the CUDA runtime for its own copies and timings, CUDA=0 gives
@@ -303,9 +306,9 @@ bench-persist: all $(BENCH_PERSIST_BIN) $(if $(filter 1,$(V6D)),$(SIM_BIN))
 SOAK_BIN     := $(BUILD)/kvnode-soak
 SOAK_SECONDS ?= 300
 SOAK_ARGS    ?=
-$(SOAK_BIN): tests/soak/soak.c $(INTEG_HELPER) $(LIBA) $(TEST_HDRS)
+$(SOAK_BIN): tests/soak/soak.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ tests/soak/soak.c $(INTEG_HELPER) \
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ tests/soak/soak.c $(INTEG_HELPER) $(TEST_PROC_OBJ) \
 	    $(LIBA) $(LIB_LIBS) $(call pc_libs,jansson) -lpthread
 
 soak: all $(SOAK_BIN)

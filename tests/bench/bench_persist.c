@@ -62,11 +62,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,9 +73,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <curl/curl.h>
-
 #include "harness.h"
+#include "../common/kvh_http.h"
 
 #define REC_BB        4096u      /* recovery blocks */
 #define REC_CHAIN     1000u      /* keys per put while populating */
@@ -785,7 +781,7 @@ static int bench_writes(uint64_t target)
 
 struct sim {
     pid_t pid;
-    char dir[PATH_MAX], sock[PATH_MAX], base[128];
+    char dir[PATH_MAX], sock[PATH_MAX], http[64], base[128];   /* http: HOST:PORT; base: http://HOST:PORT */
 };
 
 /* Start $KVS_SIM with an arena of arena_bytes; false (why in `why`) when
@@ -805,70 +801,29 @@ static bool sim_start(struct sim *s, uint64_t arena_bytes, char *why, size_t why
         die("kvs-sim socket path too long", s->dir);
     char arena[32];
     snprintf(arena, sizeof arena, "%llu", (unsigned long long)arena_bytes);
-    int pfd[2];
-    if (pipe(pfd) != 0)
-        die("pipe", strerror(errno));
-    pid_t parent = getpid();
-    s->pid = fork();
+    const char *const argv[] = { bin, "--http", "127.0.0.1:0", "--socket", s->sock, "--arena-bytes", arena,
+                                 "--max-lease-s", "600", NULL };
+    static const char *const announce[] = { "http=", "socket=", NULL };
+    struct proc_pipes pipes;
+    s->pid = proc_spawn(&(struct proc_opts){ .argv = argv, .out = PROC_PIPE }, &pipes);
     if (s->pid < 0)
-        die("fork", strerror(errno));
-    if (s->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        close(pfd[1]);
-        execl(bin, bin, "--http", "127.0.0.1:0", "--socket", s->sock, "--arena-bytes", arena,
-              "--max-lease-s", "600", (char *)NULL);
-        fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
-        _exit(127);
-    }
-    close(pfd[1]);
+        die("kvs-sim", proc_error());
     char buf[1024];
-    size_t len = 0;
-    uint64_t deadline = kvh_now_ns() + 20000000000ull;
-    bool have_http = false, have_sock = false;
-    while (!(have_http && have_sock)) {
-        if (kvh_now_ns() > deadline || len >= sizeof buf - 1)
-            die("kvs-sim", "did not announce itself");
-        struct pollfd p = { .fd = pfd[0], .events = POLLIN };
-        if (poll(&p, 1, 100) <= 0)
-            continue;
-        ssize_t r = read(pfd[0], buf + len, sizeof buf - 1 - len);
-        if (r <= 0)
-            die("kvs-sim", "exited before announcing itself");
-        len += (size_t)r;
-        buf[len] = '\0';
-        char *h = strstr(buf, "http=");
-        if (h && strchr(h, '\n')) {
-            snprintf(s->base, sizeof s->base, "http://%.*s", (int)strcspn(h + 5, "\n"), h + 5);
-            have_http = true;
-        }
-        char *so = strstr(buf, "socket=");
-        have_sock = so && strchr(so, '\n');
-    }
-    close(pfd[0]);
+    int rc = proc_read_announce(pipes.out, announce, buf, sizeof buf, 20000);
+    close(pipes.out);
+    if (rc != 0)
+        die("kvs-sim", proc_error());
+    const char *h = strstr(buf, "http=") + 5;
+    snprintf(s->http, sizeof s->http, "%.*s", (int)strcspn(h, "\n"), h);
+    snprintf(s->base, sizeof s->base, "http://%s", s->http);
     return true;
 }
 
 static void sim_stop(struct sim *s)
 {
-    if (s->pid > 0) {
-        kill(s->pid, SIGTERM);
-        waitpid(s->pid, NULL, 0);
-        s->pid = 0;
-    }
+    if (s->pid > 0)
+        proc_stop(&s->pid, SIGTERM, 20000);
     rmtree(s->dir);
-}
-
-static size_t curl_sink(char *p, size_t size, size_t n, void *arg)
-{
-    json_t **doc = arg;
-    json_error_t e;
-    json_decref(*doc);
-    *doc = json_loadb(p, size * n, 0, &e);   /* /_sim/state is one small chunk */
-    return size * n;
 }
 
 /* The simulator's counters (GET /_sim/state). */
@@ -876,19 +831,11 @@ struct sim_calls { long long create, read, seal, release, discard; };
 
 static void sim_calls(const struct sim *s, struct sim_calls *out)
 {
-    char url[256];
-    json_t *doc = NULL;
-    snprintf(url, sizeof url, "%s/_sim/state", s->base);
-    CURL *h = curl_easy_init();
-    if (!h)
-        die("curl", "init");
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, curl_sink);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &doc);
-    CURLcode rc = curl_easy_perform(h);
-    curl_easy_cleanup(h);
+    char *body = NULL;
+    CURLcode rc = CURLE_OK;
+    kvh_http_try(s->http, NULL, "/_sim/state", NULL, &body, NULL, 0, 10000L, &rc);
+    json_t *doc = rc == CURLE_OK && body ? json_loads(body, 0, NULL) : NULL;
+    free(body);
     if (rc != CURLE_OK || !doc)
         die("GET /_sim/state", rc != CURLE_OK ? curl_easy_strerror(rc) : "no JSON");
     out->create = kvh_json_int(doc, "acquire_create_calls");

@@ -12,8 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -172,8 +170,7 @@ static void kvh_cleanup_at_exit(void)
             continue;
         if (r->pid > 0) {
             kvh_print_file(r->log, "kvnoded still running at exit (killed)");
-            kill(r->pid, SIGKILL);
-            waitpid(r->pid, NULL, 0);
+            proc_stop(&r->pid, SIGKILL, KVH_STOP_TIMEOUT_MS);
             r->pid = 0;
         }
         kvh_rmtree(r->dir);
@@ -358,109 +355,6 @@ const char *kvh_daemon_path(void)
     return (p && *p) ? p : "build/kvnoded";
 }
 
-static int kvh_decode_status(int wstatus)
-{
-    if (WIFEXITED(wstatus))
-        return WEXITSTATUS(wstatus);
-    if (WIFSIGNALED(wstatus))
-        return KVH_EXIT_SIGNAL_BASE + WTERMSIG(wstatus);
-    return -1;
-}
-
-/* The environment of a kvh_spawn_ex daemon, built before fork (the child
- * only writes its pid into the pid slots: no allocation after fork). */
-#define KVH_MAX_PID_ENV 8
-struct kvh_env {
-    char **envp;                       /* NULL: inherit environ */
-    char *pid_slot[KVH_MAX_PID_ENV];   /* "NAME=" + room for digits, in envp */
-    size_t npid;
-};
-
-static void kvh_env_free(struct kvh_env *e)
-{
-    if (e->envp) {
-        for (size_t i = 0; e->envp[i]; i++)
-            free(e->envp[i]);
-        free(e->envp);
-    }
-    memset(e, 0, sizeof *e);
-}
-
-static int kvh_env_overridden(const char *entry, const char *const *names, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        size_t l = strcspn(names[i], "=");
-        if (strncmp(entry, names[i], l) == 0 && entry[l] == '=')
-            return 1;
-    }
-    return 0;
-}
-
-static int kvh_env_build(const kvh_spawn_opts *o, struct kvh_env *e)
-{
-    extern char **environ;
-    const char *names[64];
-    char listen_fds[32];
-    size_t nn = 0, n = 0, cap;
-
-    memset(e, 0, sizeof *e);
-    for (size_t i = 0; o->env && o->env[i] && nn < 60; i++)
-        names[nn++] = o->env[i];
-    for (size_t i = 0; o->pid_env && o->pid_env[i] && nn < 60; i++)
-        names[nn++] = o->pid_env[i];
-    snprintf(listen_fds, sizeof listen_fds, "LISTEN_FDS=%d", o->listen_fds);
-    if (o->listen_fds > 0) {
-        names[nn++] = listen_fds;
-        names[nn++] = "LISTEN_PID";
-    }
-    for (cap = 0; environ[cap]; cap++) {}
-    cap += nn + 1;
-    e->envp = calloc(cap, sizeof *e->envp);
-    if (!e->envp)
-        goto oom;
-    for (size_t i = 0; environ[i]; i++)
-        if (!kvh_env_overridden(environ[i], names, nn) && !(e->envp[n++] = strdup(environ[i])))
-            goto oom;
-    for (size_t i = 0; i < nn; i++) {
-        int is_pid = !strchr(names[i], '=');
-        size_t l = strlen(names[i]) + (is_pid ? 24 : 1);
-        if (!(e->envp[n] = malloc(l)))
-            goto oom;
-        snprintf(e->envp[n], l, "%s%s", names[i], is_pid ? "=" : "");
-        if (is_pid) {
-            if (e->npid == KVH_MAX_PID_ENV) {
-                kvh_set_error("too many pid_env names");
-                kvh_env_free(e);
-                return -1;
-            }
-            e->pid_slot[e->npid++] = e->envp[n];
-        }
-        n++;
-    }
-    return 0;
-oom:
-    kvh_set_error("out of memory");
-    kvh_env_free(e);
-    return -1;
-}
-
-/* After fork: write the child's pid into the pid slots (async-signal-safe). */
-static void kvh_env_set_pid(struct kvh_env *e, pid_t pid)
-{
-    for (size_t i = 0; i < e->npid; i++) {
-        char digits[24], *p = e->pid_slot[i] + strlen(e->pid_slot[i]);
-        int nd = 0;
-        unsigned long v = (unsigned long)pid;
-        do {
-            digits[nd++] = (char)('0' + v % 10);
-            v /= 10;
-        } while (v);
-        while (nd)
-            *p++ = digits[--nd];
-        *p = '\0';
-    }
-}
-
 /* Socket activation: bind and listen on d->sock as systemd would. */
 static int kvh_listen_socket(const kvh_daemon *d)
 {
@@ -489,9 +383,11 @@ int kvh_spawn(kvh_daemon *d, const char *config)
 
 int kvh_spawn_ex(kvh_daemon *d, const char *config, const kvh_spawn_opts *opts)
 {
-    struct kvh_env env = { 0 };
-    int lfd = -1, nlfd = opts ? opts->listen_fds : 0;
+    static const kvh_spawn_opts plain = { 0 };
+    int lfd = -1;
 
+    if (!opts)
+        opts = &plain;
     memset(d, 0, sizeof *d);
     d->status = -1;
     d->reg = -1;
@@ -532,90 +428,51 @@ int kvh_spawn_ex(kvh_daemon *d, const char *config, const kvh_spawn_opts *opts)
         return -1;
     }
 
-    if (opts && (kvh_env_build(opts, &env) != 0 ||
-                 (nlfd > 0 && (lfd = kvh_listen_socket(d)) < 0))) {
-        kvh_env_free(&env);
-        kvh_rmtree(d->dir);
-        return -1;
-    }
-    int logfd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-    if (logfd < 0) {
-        kvh_set_error("open %s: %s", d->log, strerror(errno));
-        kvh_env_free(&env);
-        if (lfd >= 0)
-            close(lfd);
-        kvh_rmtree(d->dir);
-        return -1;
-    }
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0) {
-        kvh_set_error("fork: %s", strerror(errno));
-        close(logfd);
-        kvh_env_free(&env);
-        if (lfd >= 0)
-            close(lfd);
-        kvh_rmtree(d->dir);
-        return -1;
-    }
-    if (pid == 0) {
-        /* Child: the daemon dies with the test process, whatever happens. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        int devnull = open("/dev/null", O_RDONLY);
-        if (devnull >= 0) {
-            dup2(devnull, 0);
-            if (devnull != 0)
-                close(devnull);
+    /* Socket activation adds LISTEN_FDS=<n> and LISTEN_PID=<the daemon's pid>
+     * to the caller's entries. */
+    const char *env[64], *pid_env[16];
+    char listen_fds[32];
+    size_t ne = 0, np = 0;
+    for (size_t i = 0; opts->env && opts->env[i] && ne < 60; i++)
+        env[ne++] = opts->env[i];
+    for (size_t i = 0; opts->pid_env && opts->pid_env[i] && np < 12; i++)
+        pid_env[np++] = opts->pid_env[i];
+    if (opts->listen_fds > 0) {
+        snprintf(listen_fds, sizeof listen_fds, "LISTEN_FDS=%d", opts->listen_fds);
+        env[ne++] = listen_fds;
+        pid_env[np++] = "LISTEN_PID";
+        if ((lfd = kvh_listen_socket(d)) < 0) {
+            kvh_rmtree(d->dir);
+            return -1;
         }
-        dup2(logfd, 1);
-        dup2(logfd, 2);
-        /* Inherited sockets at 3.. (logfd may be 3: no longer needed). */
-        for (int i = 0; i < nlfd; i++) {
-            if (lfd != 3 + i && dup2(lfd, 3 + i) < 0)
-                _exit(127);
-            fcntl(3 + i, F_SETFD, 0);
-        }
-        close_range(3 + (unsigned)(nlfd > 0 ? nlfd : 0), ~0u, 0);
-        if (opts && opts->nofile > 0) {
-            /* The soft limit only, as systemd's LimitNOFILE=soft:hard would;
-             * valgrind refuses any change of the hard limit. */
-            struct rlimit rl = { 0 };
-            int rc = getrlimit(RLIMIT_NOFILE, &rl);
-            if (rc == 0 && rl.rlim_max != RLIM_INFINITY && rl.rlim_max < opts->nofile) {
-                errno = EINVAL;   /* above the hard limit */
-                rc = -1;
-            }
-            if (rc == 0) {
-                rl.rlim_cur = opts->nofile;
-                rc = setrlimit(RLIMIT_NOFILE, &rl);
-            }
-            if (rc != 0) {
-                dprintf(2, "harness: setrlimit(RLIMIT_NOFILE, %lu): %s\n", opts->nofile, strerror(errno));
-                _exit(127);
-            }
-        }
-        if (env.envp)
-            kvh_env_set_pid(&env, getpid());
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        signal(SIGPIPE, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-        signal(SIGINT, SIG_DFL);
-        char *argv[] = { (char *)bin, (char *)"--config", d->conf, NULL };
-        if (env.envp)
-            execve(bin, argv, env.envp);
-        else
-            execv(bin, argv);
-        dprintf(2, "harness: exec %s: %s\n", bin, strerror(errno));
-        _exit(127);
     }
-    close(logfd);
-    kvh_env_free(&env);
+    env[ne] = NULL;
+    pid_env[np] = NULL;
+
+    /* stdin /dev/null, stdout and stderr into the log, inherited sockets at
+     * 3.., nothing else. */
+    const char *argv[] = { bin, "--config", d->conf, NULL };
+    struct proc_opts po = {
+        .argv = argv,
+        .env = ne ? env : NULL,
+        .pid_env = np ? pid_env : NULL,
+        .in = PROC_NULL,
+        .out = PROC_FILE,
+        .out_path = d->log,
+        .err = PROC_TO_STDOUT,
+        .pass_fd = lfd,
+        .pass_count = lfd >= 0 ? opts->listen_fds : 0,
+        .close_fds = true,
+        .nofile = opts->nofile,
+    };
+    pid_t pid = proc_spawn(&po, NULL);
     if (lfd >= 0)
         close(lfd);
+    if (pid < 0) {
+        kvh_set_error("cannot start %s: %s", bin, proc_error());
+        kvh_rmtree(d->dir);
+        return -1;
+    }
     d->pid = pid;
     kvh_reg_add(d);
     return 0;
@@ -651,29 +508,17 @@ int kvh_wait_exit(kvh_daemon *d, int timeout_ms)
 {
     if (d->pid <= 0)
         return d->status;
-    uint64_t deadline = kvh_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
-    for (;;) {
-        int ws;
-        pid_t r = waitpid(d->pid, &ws, WNOHANG);
-        if (r == d->pid) {
-            d->status = kvh_decode_status(ws);
-            d->pid = 0;
-            kvh_reg_update(d, 0);
-            return d->status;
-        }
-        if (r < 0 && errno != EINTR) {
-            kvh_set_error("waitpid %d: %s", (int)d->pid, strerror(errno));
-            d->pid = 0;
-            d->status = -1;
-            kvh_reg_update(d, 0);
-            return -1;
-        }
-        if (kvh_now_ms() >= deadline) {
-            kvh_set_error("kvnoded (pid %d) did not exit within %d ms", (int)d->pid, timeout_ms);
-            return KVH_EXIT_TIMEOUT;
-        }
-        kvh_sleep_ms(5);
+    pid_t pid = d->pid;
+    int ws = proc_wait(&d->pid, timeout_ms);
+    if (ws == PROC_TIMEOUT) {
+        kvh_set_error("kvnoded (pid %d) did not exit within %d ms", (int)pid, timeout_ms);
+        return KVH_EXIT_TIMEOUT;
     }
+    if (ws < 0)
+        kvh_set_error("%s", proc_error());
+    d->status = proc_exit_code(ws);
+    kvh_reg_update(d, 0);
+    return d->status;
 }
 
 int kvh_wait_ready(kvh_daemon *d, int timeout_ms)
@@ -722,18 +567,19 @@ int kvh_start_ex(kvh_daemon *d, const char *config, const kvh_spawn_opts *opts)
     return 0;
 }
 
+/* d's end after proc_stop returned ws. */
+static int kvh_stopped(kvh_daemon *d, int ws)
+{
+    d->status = ws == PROC_TIMEOUT ? KVH_EXIT_TIMEOUT : proc_exit_code(ws);
+    kvh_reg_update(d, 0);
+    return d->status;
+}
+
 int kvh_kill(kvh_daemon *d, int sig)
 {
     if (d->pid <= 0)
         return d->status;
-    kill(d->pid, sig);
-    int st = kvh_wait_exit(d, KVH_STOP_TIMEOUT_MS);
-    if (st == KVH_EXIT_TIMEOUT && sig != SIGKILL) {
-        kill(d->pid, SIGKILL);
-        kvh_wait_exit(d, KVH_STOP_TIMEOUT_MS);
-        d->status = KVH_EXIT_TIMEOUT;
-    }
-    return d->status;
+    return kvh_stopped(d, proc_stop(&d->pid, sig, KVH_STOP_TIMEOUT_MS));
 }
 
 int kvh_stop(kvh_daemon *d, int timeout_ms)
@@ -742,16 +588,10 @@ int kvh_stop(kvh_daemon *d, int timeout_ms)
         return d->status;
     if (timeout_ms <= 0)
         timeout_ms = KVH_STOP_TIMEOUT_MS;
-    kill(d->pid, SIGTERM);
-    int st = kvh_wait_exit(d, timeout_ms);
-    if (st == KVH_EXIT_TIMEOUT) {
-        fprintf(stderr, "harness: kvnoded (pid %d) ignored SIGTERM for %d ms: SIGKILL\n",
-                (int)d->pid, timeout_ms);
-        kill(d->pid, SIGKILL);
-        kvh_wait_exit(d, KVH_STOP_TIMEOUT_MS);
-        d->status = KVH_EXIT_TIMEOUT;
-        st = d->status;
-    }
+    pid_t pid = d->pid;
+    int st = kvh_stopped(d, proc_stop(&d->pid, SIGTERM, timeout_ms));
+    if (st == KVH_EXIT_TIMEOUT)
+        fprintf(stderr, "harness: kvnoded (pid %d) ignored SIGTERM for %d ms: SIGKILL\n", (int)pid, timeout_ms);
     if (st != 0) {
         char why[128];
         snprintf(why, sizeof why, "kvnoded stop: status %d", st);
@@ -762,10 +602,8 @@ int kvh_stop(kvh_daemon *d, int timeout_ms)
 
 void kvh_destroy(kvh_daemon *d)
 {
-    if (d->pid > 0) {
-        kill(d->pid, SIGKILL);
-        kvh_wait_exit(d, KVH_STOP_TIMEOUT_MS);
-    }
+    if (d->pid > 0)
+        kvh_kill(d, SIGKILL);
     kvh_reg_update(d, 1);
     kvh_rmtree(d->dir);
     d->dir[0] = '\0';
@@ -1405,45 +1243,53 @@ long long kvh_proc_cpu_ticks(pid_t pid)
     return (long long)(utime + stime);
 }
 
+/* The holder's child: take the leases, report on the pipe, wait to be killed. */
+struct kvh_holder {
+    const kvh_daemon *d;
+    kvh_hold_fn hold;
+    int report;            /* write end of the pipe the parent reads */
+};
+
+static int kvh_holder_main(void *arg)
+{
+    const struct kvh_holder *h = arg;
+    char buf[512] = { 0 };
+    buf[0] = 'E';
+    if (h->hold(h->d, buf + 1, sizeof buf - 1) == 0) {
+        if (write(h->report, "R", 1) != 1)
+            return 3;
+        for (;;)
+            pause();
+    }
+    if (write(h->report, buf, strlen(buf)) < 0)
+        return 3;
+    return 1;
+}
+
 pid_t kvh_spawn_holder(const kvh_daemon *d, kvh_hold_fn hold)
 {
     int pfd[2];
     char buf[512] = { 0 };
 
-    if (pipe(pfd) != 0) {
+    if (pipe2(pfd, O_CLOEXEC) != 0) {
         kvh_set_error("pipe: %s", strerror(errno));
         return -1;
     }
-    pid_t pid = fork();
+    struct kvh_holder h = { d, hold, pfd[1] };
+    pid_t pid = proc_spawn(&(struct proc_opts){ .fn = kvh_holder_main, .arg = &h }, NULL);
+    close(pfd[1]);
     if (pid < 0) {
-        kvh_set_error("fork: %s", strerror(errno));
+        kvh_set_error("the client process: %s", proc_error());
         close(pfd[0]);
-        close(pfd[1]);
         return -1;
     }
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);   /* never outlive a failed test */
-        close(pfd[0]);
-        buf[0] = 'E';
-        if (hold(d, buf + 1, sizeof buf - 1) == 0) {
-            if (write(pfd[1], "R", 1) != 1)
-                _exit(3);
-            for (;;)
-                pause();
-        }
-        if (write(pfd[1], buf, strlen(buf)) < 0)
-            _exit(3);
-        _exit(1);
-    }
-    close(pfd[1]);
     struct pollfd p = { .fd = pfd[0], .events = POLLIN };
     int pr = poll(&p, 1, 10000);
     ssize_t n = pr > 0 ? read(pfd[0], buf, sizeof buf - 1) : -1;
     close(pfd[0]);
     if (n == 1 && buf[0] == 'R')
         return pid;
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
+    proc_stop(&pid, SIGKILL, KVH_STOP_TIMEOUT_MS);
     kvh_set_error("the client process did not take its leases: %s", n > 1 ? buf + 1 : "(timeout)");
     return -1;
 }

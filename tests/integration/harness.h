@@ -14,6 +14,9 @@
  * when the program exits it prints the log of every daemon directory a
  * failed test left and removes the root.
  *
+ * The daemon, and every other child a test runs, is started through
+ * tests/common/proc.h (included here), the tests' one launcher.
+ *
  * Every wait here has a deadline. Functions return 0 / a value >= 0 on
  * success and -1 on failure with a message in kvh_error() (thread-local).
  * Nothing here depends on Check; tests wrap calls with ck_assert. */
@@ -30,11 +33,13 @@
 
 #include "kvnode.h"
 
+#include "../common/proc.h"
+
 #define KVH_READY_TIMEOUT_MS 10000
 #define KVH_STOP_TIMEOUT_MS  10000
 
 /* Exit status codes reported by kvh_stop / kvh_wait_exit besides 0..255. */
-#define KVH_EXIT_SIGNAL_BASE 128      /* 128 + signal number when killed */
+#define KVH_EXIT_SIGNAL_BASE PROC_EXIT_SIGNAL_BASE   /* 128 + signal number when killed */
 #define KVH_EXIT_TIMEOUT     (-2)     /* did not exit before the deadline */
 
 typedef struct kvh_daemon {

@@ -2,7 +2,6 @@
  * accept with SO_PEERCRED), refusals are explained and counted, the lists
  * reload, and socket_group owns the socket file. */
 #include <check.h>
-#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,33 +23,43 @@ static void open_dirs(const kvh_daemon *d)
     ck_assert_int_eq(chmod(d->dir, 0755), 0);
 }
 
+struct try_as_arg {
+    const kvh_daemon *d;
+    uid_t uid;
+};
+
+/* The child of try_as: connect with a layout and put one block. */
+static int connect_and_put(void *arg)
+{
+    const struct try_as_arg *a = arg;
+    kvnode_layout l = kvh_layout("access", 4096, 1, 0);
+    kvnode_client *c;
+    int rc = kvnode_connect(a->d->sock, &l, &c);
+    if (rc == -KVNODE_EDENIED) {
+        char want[32];
+        snprintf(want, sizeof want, "uid %d", (int)a->uid);
+        return strstr(kvnode_connect_error(), want) ? 1 : 11;
+    }
+    if (rc != 0)
+        return 12;
+    kvnode_key k = 1;
+    rc = kvh_put(c, &k, 1, 7);
+    kvnode_close(c);
+    return rc == 0 ? 0 : 13;
+}
+
 /* In a child running as uid/gid (no supplementary groups), connect with a
  * layout and put one block. Exit 0: served; 1: refused with EDENIED and a
  * message naming the uid; anything else: unexpected. */
 static int try_as(const kvh_daemon *d, uid_t uid, gid_t gid)
 {
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
-            _exit(10);
-        kvnode_layout l = kvh_layout("access", 4096, 1, 0);
-        kvnode_client *c;
-        int rc = kvnode_connect(d->sock, &l, &c);
-        if (rc == -KVNODE_EDENIED) {
-            char want[32];
-            snprintf(want, sizeof want, "uid %d", (int)uid);
-            _exit(strstr(kvnode_connect_error(), want) ? 1 : 11);
-        }
-        if (rc != 0)
-            _exit(12);
-        kvnode_key k = 1;
-        rc = kvh_put(c, &k, 1, 7);
-        kvnode_close(c);
-        _exit(rc == 0 ? 0 : 13);
-    }
-    int st;
-    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    struct try_as_arg a = { d, uid };
+    pid_t pid = proc_spawn(&(struct proc_opts){ .fn = connect_and_put, .arg = &a, .as_user = true, .uid = uid,
+                                                .gid = gid },
+                           NULL);
+    ck_assert_msg(pid > 0, "%s", proc_error());
+    int st = proc_wait(&pid, 10000);
+    ck_assert_msg(st >= 0, "child: %s", proc_error());
     ck_assert_msg(WIFEXITED(st), "child died: status %d", st);
     return WEXITSTATUS(st);
 }

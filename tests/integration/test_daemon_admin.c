@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "kvh_http.h"
+#include "../common/kvh_http.h"
 
 #define BLOCK (64u << 10)
 
@@ -40,21 +40,22 @@ static const char *python(void)
 /* The page parsed by the reference parser: {"families": ..., "samples": ...}. */
 static json_t *parse_metrics(const kvh_daemon *d, const char *text)
 {
-    char in[PATH_MAX + 16], cmd[3 * PATH_MAX];
+    char in[PATH_MAX + 16], script[PATH_MAX];
     snprintf(in, sizeof in, "%s/metrics.txt", d->dir);
     FILE *f = fopen(in, "w");
     ck_assert_ptr_nonnull(f);
     ck_assert_uint_eq(fwrite(text, 1, strlen(text), f), strlen(text));
     ck_assert_int_eq(fclose(f), 0);
     const char *srcdir = getenv("KVNODE_SRCDIR");
-    snprintf(cmd, sizeof cmd, "%s %s/tests/integration/parse_metrics.py < %s", python(),
-             srcdir && *srcdir ? srcdir : ".", in);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
+    snprintf(script, sizeof script, "%s/tests/integration/parse_metrics.py", srcdir && *srcdir ? srcdir : ".");
+    const char *argv[] = { python(), script, NULL };
+    char *out = NULL;
+    int st = proc_run(&(struct proc_opts){ .argv = argv, .in = PROC_FILE, .in_path = in }, 30000, &out, NULL);
+    ck_assert_msg(st == 0, "%s %s < %s failed (status %d%s%s): the page does not parse", argv[0], script, in, st,
+                  st < 0 ? ": " : "", st < 0 ? proc_error() : "");
     json_error_t err;
-    json_t *doc = json_loadf(p, 0, &err);
-    int st = pclose(p);
-    ck_assert_msg(st == 0, "%s failed (status %d): the page does not parse", cmd, st);
+    json_t *doc = json_loads(out, 0, &err);
+    free(out);
     ck_assert_msg(doc != NULL, "parser output is not JSON: %s", err.text);
     return doc;
 }
@@ -273,25 +274,24 @@ START_TEST(test_unix_listener_and_kvnodectl)
     /* kvnodectl metrics finds the address in the stats and prints the page. */
     const char *ctl = getenv("KVNODECTL");
     if (ctl && access(ctl, X_OK) == 0) {
-        snprintf(cmd, sizeof cmd, "%s -S %s metrics", ctl, d.sock);
-        FILE *p = popen(cmd, "r");
-        ck_assert_ptr_nonnull(p);
-        char buf[1 << 16];
-        size_t n = fread(buf, 1, sizeof buf - 1, p);
-        buf[n] = '\0';
-        ck_assert_int_eq(pclose(p), 0);
+        const char *m_argv[] = { ctl, "-S", d.sock, "metrics", NULL };
+        char *buf = NULL;
+        ck_assert_int_eq(proc_run(&(struct proc_opts){ .argv = m_argv }, 10000, &buf, NULL), 0);
         ck_assert_msg(strstr(buf, "# TYPE kvnode_requests_total counter\n") &&
                       strstr(buf, "# TYPE kvnode_request_duration_seconds histogram\n") &&
                       strstr(buf, "kvnode_worker_up{worker=\"loop\"} 1\n"), "kvnodectl metrics printed:\n%s", buf);
-        /* --admin given explicitly, and a wrong one fails with exit 4. */
-        snprintf(cmd, sizeof cmd, "%s -S %s metrics --admin %s | grep -c '^# TYPE '", ctl, d.sock, addr);
-        p = popen(cmd, "r");
-        n = fread(buf, 1, sizeof buf - 1, p);
-        buf[n] = '\0';
-        ck_assert_int_eq(pclose(p), 0);
-        ck_assert_msg(atoi(buf) >= 16, "kvnodectl metrics --admin: %s families", buf);
-        snprintf(cmd, sizeof cmd, "%s -S %s metrics --admin unix:%s/nothing.sock 2>/dev/null", ctl, d.sock, dir);
-        int st = system(cmd);
+        free(buf);
+        /* --admin given explicitly (its "# TYPE " lines counted), and a wrong one fails with exit 4. */
+        const char *a_argv[] = { ctl, "-S", d.sock, "metrics", "--admin", addr, NULL };
+        ck_assert_int_eq(proc_run(&(struct proc_opts){ .argv = a_argv }, 10000, &buf, NULL), 0);
+        int families = 0;
+        for (const char *l = buf; l; l = strchr(l, '\n'), l = l ? l + 1 : NULL)
+            families += strncmp(l, "# TYPE ", 7) == 0;
+        free(buf);
+        ck_assert_msg(families >= 16, "kvnodectl metrics --admin: %d families", families);
+        snprintf(cmd, sizeof cmd, "unix:%s/nothing.sock", dir);
+        const char *w_argv[] = { ctl, "-S", d.sock, "metrics", "--admin", cmd, NULL };
+        int st = proc_run(&(struct proc_opts){ .argv = w_argv, .err = PROC_NULL }, 10000, NULL, NULL);
         ck_assert_int_eq(WEXITSTATUS(st), 4);
     } else {
         fprintf(stderr, "test_daemon_admin: kvnodectl part SKIPPED: $KVNODECTL is not an executable\n");

@@ -34,7 +34,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "kvh_http.h"
+#include "../common/kvh_http.h"
 #include "kvnode.pb-c.h"
 #include "../sim/simctl.h"
 

@@ -58,7 +58,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "kvh_http.h"
+#include "../common/kvh_http.h"
 
 #define BB        (16u << 10)             /* block bytes */
 #define CHUNK     8                       /* keys per put */
@@ -1044,9 +1044,8 @@ START_TEST(killed_client_leaves_no_hbm_behind)
     ck_assert_int_eq(KVH_STAT(&d, "leases.write"), 1);
     ck_assert_int_eq(hbm_stat(&d, 0, "used_bytes"), 2LL * N6 * BB);
 
-    ck_assert_int_eq(kill(pid, SIGKILL), 0);
-    int ws;
-    ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+    int ws = proc_stop(&pid, SIGKILL, KVH_STOP_TIMEOUT_MS);
+    ck_assert_msg(ws >= 0, "%s", proc_error());
     ck_assert(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL);
 
     long long last;

@@ -50,7 +50,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "kvh_http.h"
+#include "../common/kvh_http.h"
 #include "pings.h"
 #include "../sim/kvcmctl.h"
 

@@ -38,7 +38,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "kvh_http.h"
+#include "../common/kvh_http.h"
 #include "../sim/kvcmctl.h"
 
 #define HOSTPORT  "10.9.8.7:7000"

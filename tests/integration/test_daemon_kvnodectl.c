@@ -7,14 +7,9 @@
  *   byte, through shared memory and with --inline;
  * - `namespaces --json` prints a JSON array that has the namespace used. */
 #include <check.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -27,53 +22,16 @@ static const char *ctl_path(void)
     return (p && *p && access(p, X_OK) == 0) ? p : NULL;
 }
 
-/* Run argv with stdout to out_path (stderr to err_path); exit status, or -1
- * when it did not finish within 10 s (it is killed). */
-static int run(char *const argv[], const char *out_path, const char *err_path)
+/* Run argv (within 10 s, else it is killed) and assert exit 0, printing
+ * stderr otherwise; returns stdout (free it). */
+static char *run_ok(char *const argv[], const char *what)
 {
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (o < 0 || e < 0)
-            _exit(126);
-        dup2(o, 1);
-        dup2(e, 2);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    uint64_t deadline = kvh_now_ms() + 10000;
-    for (;;) {
-        int ws;
-        pid_t r = waitpid(pid, &ws, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-        if (kvh_now_ms() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, NULL, 0);
-            return -1;
-        }
-        kvh_sleep_ms(5);
-    }
-}
-
-/* Run and assert exit 0, printing stderr otherwise; returns stdout (free it). */
-static char *run_ok(const kvh_daemon *d, char *const argv[], const char *what)
-{
-    char out[PATH_MAX + 16], err[PATH_MAX + 16];
-    snprintf(out, sizeof out, "%s/ctl.out", d->dir);
-    snprintf(err, sizeof err, "%s/ctl.err", d->dir);
-    int st = run(argv, out, err);
-    char *errtext = kvh_read_file(err, NULL);
-    ck_assert_msg(st == 0, "kvnodectl %s: exit status %d: %s", what, st, errtext ? errtext : "");
+    char *text = NULL, *errtext = NULL;
+    int st = proc_exit_code(proc_run(&(struct proc_opts){ .argv = (const char *const *)argv }, 10000, &text,
+                                     &errtext));
+    ck_assert_msg(st == 0, "kvnodectl %s: exit status %d: %s", what, st, st < 0 ? proc_error() : errtext);
     free(errtext);
-    char *text = kvh_read_file(out, NULL);
-    ck_assert_msg(text != NULL, "kvnodectl %s: no output file", what);
+    ck_assert_msg(text != NULL, "kvnodectl %s: no output", what);
     return text;
 }
 
@@ -91,7 +49,7 @@ START_TEST(kvnodectl_status_put_get_namespaces)
 
     /* status */
     char *const st_argv[] = { (char *)ctl, (char *)"-S", sock, (char *)"status", NULL };
-    char *text = run_ok(&d, st_argv, "status");
+    char *text = run_ok(st_argv, "status");
     ck_assert_msg(strstr(text, sock) != NULL, "status does not show the socket %s:\n%s", sock, text);
     free(text);
 
@@ -121,7 +79,7 @@ START_TEST(kvnodectl_status_put_get_namespaces)
         char *const put_argv[] = { (char *)ctl, (char *)"-S", sock, (char *)"put", (char *)"--model",
                                    (char *)model, (char *)"--block-bytes", (char *)"64KiB",
                                    inl ? (char *)"--inline" : data, inl ? data : NULL, NULL };
-        text = run_ok(&d, put_argv, "put");
+        text = run_ok(put_argv, "put");
         /* One decimal key per line, one line per block. */
         int lines = 0;
         for (char *p = text; *p; p++)
@@ -138,7 +96,7 @@ START_TEST(kvnodectl_status_put_get_namespaces)
                                    (char *)model, (char *)"--block-bytes", (char *)"64KiB",
                                    (char *)"--keys-file", keys, (char *)"-o", back, (char *)"--size", size_arg,
                                    inl ? (char *)"--inline" : NULL, NULL };
-        text = run_ok(&d, get_argv, "get");
+        text = run_ok(get_argv, "get");
         free(text);
         size_t blen = 0;
         char *got = kvh_read_file(back, &blen);
@@ -152,7 +110,7 @@ START_TEST(kvnodectl_status_put_get_namespaces)
 
     /* namespaces --json */
     char *const ns_argv[] = { (char *)ctl, (char *)"-S", sock, (char *)"--json", (char *)"namespaces", NULL };
-    text = run_ok(&d, ns_argv, "--json namespaces");
+    text = run_ok(ns_argv, "--json namespaces");
     json_error_t jerr;
     json_t *arr = json_loads(text, 0, &jerr);
     ck_assert_msg(arr != NULL, "namespaces --json is not JSON (%s):\n%s", jerr.text, text);

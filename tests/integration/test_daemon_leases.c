@@ -88,9 +88,8 @@ START_TEST(killed_client_leaves_nothing_pinned_or_reserved)
     if (lease)
         KVH_OK(c, kvnode_put_abort(c, lease));
 
-    ck_assert_int_eq(kill(pid, SIGKILL), 0);
-    int ws;
-    ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+    int ws = proc_stop(&pid, SIGKILL, KVH_STOP_TIMEOUT_MS);
+    ck_assert_msg(ws >= 0, "%s", proc_error());
     ck_assert(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL);
 
     long long last;

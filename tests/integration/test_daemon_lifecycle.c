@@ -11,15 +11,11 @@
  *   refuses such a tier before reserving it (exit status 1), and announces
  *   the tier it reserves before reserving it. */
 #include <check.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -116,45 +112,21 @@ START_TEST(second_daemon_on_live_socket_refuses)
 END_TEST
 
 /* Runs `kvnoded --check-config args...` (at most 8 args) with stdout and
- * stderr into one file; returns its exit status (-1: did not exit within
+ * stderr into one buffer; returns its exit status (-1: did not exit within
  * 10 s, killed) and the output in *out (malloc'd). */
 static int run_check_config(const char *const *args, char **out)
 {
-    char dir[PATH_MAX], log[PATH_MAX + 16];
-    ck_assert_msg(kvh_mkdtemp(dir, sizeof dir) == 0, "%s", kvh_error());
-    snprintf(log, sizeof log, "%s/out", dir);
     const char *argv[12] = { kvh_daemon_path(), "--check-config" };
     size_t n = 2;
     for (; args[n - 2] && n < 11; n++)
         argv[n] = args[n - 2];
     argv[n] = NULL;
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
-            _exit(126);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int status = -1;
-    for (int waited = 0; waited < 10000; waited += 10) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
-            break;
-        kvh_sleep_ms(10);
-        status = -1;
-    }
-    if (status == -1) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
-    *out = kvh_read_file(log, NULL);
-    ck_assert_msg(*out != NULL, "%s", kvh_error());
-    if (status == -1)
+    int status = proc_run(&(struct proc_opts){ .argv = argv, .err = PROC_TO_STDOUT }, 10000, out, NULL);
+    ck_assert_msg(status != -1, "%s", proc_error());
+    ck_assert_msg(*out != NULL, "no output captured");
+    if (status == PROC_TIMEOUT)
         return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : KVH_EXIT_SIGNAL_BASE + WTERMSIG(status);
+    return proc_exit_code(status);
 }
 
 START_TEST(check_config_refuses_nul_byte)

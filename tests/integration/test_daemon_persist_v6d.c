@@ -49,7 +49,7 @@
 
 #include "harness.h"
 #include "pings.h"
-#include "kvh_http.h"
+#include "../common/kvh_http.h"
 #include "../sim/simctl.h"
 
 #define BB          (64u << 10)

@@ -19,7 +19,7 @@
 #include <curl/curl.h>
 
 #include "harness.h"
-#include "kvh_http.h"
+#include "../common/kvh_http.h"
 
 #define BB 65536
 #define SMALL_TIER "memory.host_bytes=8MiB\nmemory.slab_bytes=1MiB\nadmin.listen=127.0.0.1:0\n"

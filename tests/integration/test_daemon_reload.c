@@ -98,6 +98,20 @@ START_TEST(valid_invalid_and_restart_only_changes)
 }
 END_TEST
 
+/* The child of only_root_or_the_daemon_user_may_reload, as uid 65534: 0
+ * when its RELOAD is refused naming that uid. */
+static int reload_denied(void *arg)
+{
+    const kvh_daemon *d = arg;
+    kvnode_client *c;
+    if (kvnode_connect(d->sock, NULL, &c) != 0)
+        return 11;
+    int rc = kvnode_reload(c, NULL);
+    int denied = rc == -KVNODE_EDENIED && strstr(kvnode_last_error(c), "uid 65534") != NULL;
+    kvnode_close(c);
+    return denied ? 0 : 12;
+}
+
 START_TEST(only_root_or_the_daemon_user_may_reload)
 {
     kvh_daemon d;
@@ -117,21 +131,12 @@ START_TEST(only_root_or_the_daemon_user_may_reload)
     *strrchr(parent, '/') = '\0';
     ck_assert_int_eq(chmod(parent, 0755), 0);
     ck_assert_int_eq(chmod(d.dir, 0755), 0);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        if (setgid(65534) != 0 || setuid(65534) != 0)
-            _exit(10);
-        kvnode_client *c;
-        if (kvnode_connect(d.sock, NULL, &c) != 0)
-            _exit(11);
-        int rc = kvnode_reload(c, NULL);
-        int denied = rc == -KVNODE_EDENIED && strstr(kvnode_last_error(c), "uid 65534") != NULL;
-        kvnode_close(c);
-        _exit(denied ? 0 : 12);
-    }
-    int st;
-    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    pid_t pid = proc_spawn(&(struct proc_opts){ .fn = reload_denied, .arg = &d, .as_user = true, .uid = 65534,
+                                                .gid = 65534 },
+                           NULL);
+    ck_assert_msg(pid > 0, "%s", proc_error());
+    int st = proc_wait(&pid, 10000);
+    ck_assert_msg(st >= 0, "child: %s", proc_error());
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %d", st);
     KVH_STOP_DESTROY(&d);
 }

@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "kvh_http.h"
+#include "../common/kvh_http.h"
 
 #define BB    (16u << 10)   /* block bytes */
 #define CHAIN 16            /* keys per chain */

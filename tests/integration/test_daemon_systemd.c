@@ -359,8 +359,9 @@ START_TEST(test_units_verify)
     if (!bin || !*bin)
         bin = kvh_daemon_path();
     snprintf(cmd, sizeof cmd, "tests/verify-units.sh '%s'", bin);
-    int rc = system(cmd);
-    ck_assert_msg(rc != -1 && WIFEXITED(rc), "cannot run %s", cmd);
+    const char *argv[] = { "tests/verify-units.sh", bin, NULL };
+    int rc = proc_run(&(struct proc_opts){ .argv = argv }, 50000, NULL, NULL);
+    ck_assert_msg(rc >= 0 && WIFEXITED(rc), "cannot run %s: %s", cmd, proc_error());
     if (WEXITSTATUS(rc) == 77) {
         fprintf(stderr, "test_units_verify: SKIPPED: systemd-analyze is not installed\n");
         return;

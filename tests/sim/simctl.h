@@ -9,8 +9,9 @@
  * deadline. simctl_stop() sends SIGTERM (or SIGKILL), reaps it with a
  * deadline and removes the socket and, unless kept, the directory.
  * simctl_stop_ok() requires a clean exit 0 on SIGTERM. simctl_spawn() is the
- * launcher both simulators' helpers use (kvcmctl.h too); simctl_state() asks
- * through kvh_http.h, the tests' one libcurl helper.
+ * launcher both simulators' helpers use (kvcmctl.h too), on top of
+ * tests/common/proc.h, the tests' one way to run a child; simctl_state()
+ * asks through kvh_http.h, the tests' one libcurl helper.
  *
  * Everything is static inline; failures are Check assertions. */
 #ifndef KVNODE_TESTS_SIMCTL_H
@@ -19,7 +20,6 @@
 #include <check.h>
 
 #include <errno.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -35,7 +34,8 @@
 
 #include <jansson.h>
 
-#include "../integration/kvh_http.h"   /* the one HTTP request helper */
+#include "../common/kvh_http.h"   /* the one HTTP request helper */
+#include "../common/proc.h"       /* the one child-process launcher */
 
 /* How long the simulator has to announce itself, and to exit once signalled. */
 #define SIMCTL_DEADLINE_MS 20000u
@@ -87,12 +87,12 @@ static inline void simctl_mkdtemp(char *dir, size_t size, const char *prefix)
     ck_assert_msg(mkdtemp(dir) != NULL, "mkdtemp: %s", strerror(errno));
 }
 
-/* Start the simulator as described by o (NULL: all defaults). */
 /* The tests' one launcher of a simulator: runs argv (under valgrind when
- * asked; errors or definite leaks make it exit 99) as a child that dies with
- * the test, its stdout on a pipe, and reads that until each of the announce
- * keys (e.g. "http=") has a whole line or the deadline passes. Returns the pid;
- * what it printed, NUL-terminated, is in out. Shared with kvcmctl.h. */
+ * asked; errors or definite leaks make it exit 99) through proc_spawn (a
+ * child that dies with the test), its stdout on a pipe, and reads that until
+ * each of the announce keys (e.g. "http=") has a whole line or the deadline
+ * passes. Returns the pid; what it printed, NUL-terminated, is in out.
+ * Shared with kvcmctl.h. */
 static inline pid_t simctl_spawn(const char *const *argv, bool valgrind, const char *const *announce, char *out,
                                  size_t cap, const char *what)
 {
@@ -109,46 +109,12 @@ static inline pid_t simctl_spawn(const char *const *argv, bool valgrind, const c
         full[n++] = *a;
     full[n] = NULL;
 
-    int pfd[2];
-    ck_assert(pipe(pfd) == 0);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    ck_assert(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        close(pfd[1]);
-        execvp(full[0], (char *const *)full);
-        fprintf(stderr, "exec %s: %s\n", full[0], strerror(errno));
-        _exit(127);
-    }
-    close(pfd[1]);
-
-    size_t len = 0;
-    out[0] = '\0';
-    uint64_t deadline = simctl_now_ms() + SIMCTL_DEADLINE_MS;
-    for (;;) {
-        bool all = true;
-        for (const char *const *k = announce; *k && all; k++) {
-            const char *at = strstr(out, *k);
-            all = at && strchr(at, '\n');
-        }
-        if (all)
-            break;
-        int left = (int)(deadline - simctl_now_ms());
-        ck_assert_msg(left > 0 && len < cap - 1, "%s did not announce itself", what);
-        struct pollfd p = { .fd = pfd[0], .events = POLLIN };
-        if (poll(&p, 1, left) <= 0)
-            continue;
-        ssize_t r = read(pfd[0], out + len, cap - 1 - len);
-        ck_assert_msg(r > 0, "%s exited before announcing itself (%s)", what, argv[0]);
-        len += (size_t)r;
-        out[len] = '\0';
-    }
-    close(pfd[0]);
+    struct proc_pipes pipes;
+    pid_t pid = proc_spawn(&(struct proc_opts){ .argv = full, .out = PROC_PIPE }, &pipes);
+    ck_assert_msg(pid > 0, "%s: %s", what, proc_error());
+    int rc = proc_read_announce(pipes.out, announce, out, cap, (int)SIMCTL_DEADLINE_MS);
+    close(pipes.out);
+    ck_assert_msg(rc == 0, "%s (%s) %s", what, argv[0], proc_error());
     return pid;
 }
 
@@ -200,25 +166,11 @@ static inline void simctl_start(struct simctl *s, const struct simctl_opts *o)
  * deadline or was not running. Shared with kvcmctl.h. */
 static inline int simctl_reap_pid(pid_t *pid, bool hard)
 {
-    int st = -1;
-    if (*pid > 0) {
-        kill(*pid, hard ? SIGKILL : SIGTERM);
-        uint64_t deadline = simctl_now_ms() + SIMCTL_DEADLINE_MS;
-        for (;;) {
-            pid_t r = waitpid(*pid, &st, WNOHANG);
-            if (r == *pid)
-                break;
-            if (simctl_now_ms() > deadline) {
-                kill(*pid, SIGKILL);
-                waitpid(*pid, &st, 0);
-                st = -1;
-                break;
-            }
-            simctl_sleep_ms(10);
-        }
-        *pid = 0;
-    }
-    return st;
+    if (*pid <= 0)
+        return -1;
+    int st = proc_stop(pid, hard ? SIGKILL : SIGTERM, (int)SIMCTL_DEADLINE_MS);
+    *pid = 0;
+    return st < 0 ? -1 : st;
 }
 
 static inline int simctl_reap(struct simctl *s, bool hard)

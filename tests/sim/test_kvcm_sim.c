@@ -12,7 +12,6 @@
 #include <check.h>
 
 #include <curl/curl.h>
-#include <fcntl.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -43,53 +42,12 @@ static void sim_start(struct kvcmctl *k, const char *const *extra)
 
 /* ---- HTTP (libcurl) ------------------------------------------------------------------------- */
 
-struct body { char *p; size_t n; };
-
-static size_t body_sink(char *p, size_t size, size_t n, void *arg)
-{
-    struct body *b = arg;
-    size_t add = size * n;
-    char *q = realloc(b->p, b->n + add + 1);
-    if (!q)
-        return 0;
-    memcpy(q + b->n, p, add);
-    b->p = q;
-    b->n += add;
-    b->p[b->n] = '\0';
-    return add;
-}
-
-/* One request; returns the HTTP status (-1 on a transport failure), body in *out. */
+/* One request through kvh_http_try (kvh_http.h); returns the HTTP status (-1 on a transport
+ * failure), body in *out. */
 static long http(const struct kvcmctl *k, const char *method, const char *path, const char *body,
                  long timeout_ms, char **out)
 {
-    char url[256];
-    snprintf(url, sizeof url, "%s%s", k->base, path);
-    struct body b = { NULL, 0 };
-    CURL *c = curl_easy_init();
-    ck_assert(c);
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, body_sink);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    if (body) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    }
-    long status = -1;
-    if (curl_easy_perform(c) == CURLE_OK)
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    if (out)
-        *out = b.p ? b.p : calloc(1, 1);
-    else
-        free(b.p);
-    return status;
+    return kvh_http_try(k->http, method, path, body, out, NULL, 0, timeout_ms, NULL);
 }
 
 /* POST /api/<rpc> with a document (stolen); returns the HTTP status, reply in *reply. */
@@ -1082,17 +1040,9 @@ START_TEST(bad_arguments_exit_2)
         { bin, "stray", NULL },
     };
     for (size_t i = 0; i < sizeof argvs / sizeof argvs[0]; i++) {
-        pid_t pid = fork();
-        ck_assert(pid >= 0);
-        if (pid == 0) {
-            int dn = open("/dev/null", O_WRONLY);
-            dup2(dn, 1);
-            dup2(dn, 2);
-            execv(bin, (char *const *)argvs[i]);
-            _exit(127);
-        }
-        int st;
-        ck_assert(waitpid(pid, &st, 0) == pid);
+        int st = proc_run(&(struct proc_opts){ .argv = argvs[i], .out = PROC_NULL, .err = PROC_NULL },
+                          (int)SIMCTL_DEADLINE_MS, NULL, NULL);
+        ck_assert_msg(st >= 0, "argv set %zu: %s", i, proc_error());
         ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 2, "argv set %zu: status 0x%x", i, st);
     }
 }

@@ -79,7 +79,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -509,9 +508,7 @@ static void worker_reput(struct worker *w, uint32_t idx)
 static void worker_main(unsigned id, unsigned incarnation) __attribute__((noreturn));
 static void worker_main(unsigned id, unsigned incarnation)
 {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent_pid)
-        _exit(4);
+    /* proc_spawn made it die with the parent */
     signal(SIGINT, SIG_IGN);    /* the parent stops the workers */
     signal(SIGTERM, SIG_DFL);
     signal(SIGPIPE, SIG_IGN);
@@ -559,39 +556,35 @@ struct proc {
 
 static struct proc procs[MAX_PROCS];
 
+struct worker_start {
+    unsigned id, incarnation;
+};
+
+/* A worker process's entry (proc_spawn runs it in the child). */
+static int worker_entry(void *arg)
+{
+    const struct worker_start *ws = arg;
+    worker_main(ws->id, ws->incarnation);
+}
+
 static int spawn_worker(unsigned id)
 {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
+    struct worker_start ws = { id, procs[id].incarnations };
+    pid_t pid = proc_spawn(&(struct proc_opts){ .fn = worker_entry, .arg = &ws }, NULL);
     if (pid < 0) {
-        fprintf(stderr, "soak: fork: %s\n", strerror(errno));
+        fprintf(stderr, "soak: worker %u: %s\n", id, proc_error());
         return -1;
     }
-    if (pid == 0)
-        worker_main(id, procs[id].incarnations);
     procs[id].pid = pid;
     procs[id].incarnations++;
     return 0;
 }
 
-/* Wait for a worker that was signalled; SIGKILL after timeout_ms. */
+/* Wait for a worker that was told to stop; SIGKILL after timeout_ms. */
 static void reap_worker(unsigned id, int timeout_ms)
 {
-    uint64_t deadline = kvh_now_ms() + (uint64_t)timeout_ms;
-    while (procs[id].pid > 0) {
-        int ws;
-        pid_t r = waitpid(procs[id].pid, &ws, WNOHANG);
-        if (r == procs[id].pid || (r < 0 && errno != EINTR)) {
-            procs[id].pid = 0;
-            break;
-        }
-        if (kvh_now_ms() >= deadline) {
-            kill(procs[id].pid, SIGKILL);
-            deadline = kvh_now_ms() + 10000;
-        }
-        sleep_ms(5);
-    }
+    if (procs[id].pid > 0 && proc_wait(&procs[id].pid, timeout_ms) == PROC_TIMEOUT)
+        proc_stop(&procs[id].pid, SIGKILL, 10000);
 }
 
 static void stop_workers(void)
@@ -609,10 +602,9 @@ static int check_workers(bool restart)
 {
     int died = 0;
     for (unsigned i = 0; i < opt.procs; i++) {
-        int ws;
-        if (procs[i].pid <= 0 || waitpid(procs[i].pid, &ws, WNOHANG) != procs[i].pid)
+        int ws = procs[i].pid > 0 ? proc_wait(&procs[i].pid, 0) : -1;
+        if (ws < 0)   /* still running, or not started */
             continue;
-        procs[i].pid = 0;
         procs[i].unexpected++;
         died++;
         fprintf(stderr, "soak: worker %u exited by itself (%s %d)\n", i,
@@ -1563,8 +1555,7 @@ int main(int argc, char **argv)
         if (now >= next_ckill) {
             unsigned id = (unsigned)(splitmix64(&rng) % opt.procs);
             if (procs[id].pid > 0) {
-                kill(procs[id].pid, SIGKILL);
-                reap_worker(id, 10000);
+                proc_stop(&procs[id].pid, SIGKILL, 10000);
                 r.client_kills++;
                 if (opt.verbose)
                     printf("soak: t=%.1fs SIGKILL worker %u\n", rel_s(now, r.t0), id);
@@ -1681,10 +1672,8 @@ int main(int argc, char **argv)
 cleanup:
     atomic_store(&sh->stop, 1);
     for (unsigned i = 0; i < opt.procs; i++)
-        if (procs[i].pid > 0) {
-            kill(procs[i].pid, SIGKILL);
-            reap_worker(i, 10000);
-        }
+        if (procs[i].pid > 0)
+            proc_stop(&procs[i].pid, SIGKILL, 10000);
     if (r.d.pid > 0 || r.d.dir[0]) {
         if (r.d.pid > 0)
             kvh_stop(&r.d, 10000);

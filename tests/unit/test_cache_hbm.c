@@ -17,6 +17,7 @@
 #include <event2/event.h>
 
 #include "block_pattern.h"
+#include "../common/proc.h"
 #include "cache/cache.h"
 #include "config.h"
 #include "gpu/copier.h"
@@ -113,9 +114,8 @@ static void teardown(void)
         persist_drain(store, 5000);
         persist_destroy(store);
         store = NULL;
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", store_dir);
-        ck_assert_int_eq(system(cmd), 0);
+        const char *rm[] = { "rm", "-rf", store_dir, NULL };
+        ck_assert_int_eq(proc_run(&(struct proc_opts){ .argv = rm }, 20000, NULL, NULL), 0);
     }
     cache_destroy(cache);
     for (int d = 0; d < 2; d++)

@@ -14,6 +14,7 @@
 #include <event2/event.h>
 
 #include "block_pattern.h"
+#include "../common/proc.h"
 #include "cache/cache.h"
 #include "config.h"
 #include "kvnode.h"
@@ -77,14 +78,13 @@ static void setup_wb(void)
 
 static void teardown(void)
 {
-    char cmd[128];
     cache_release_owner(cache, &owner);
     persist_drain(store, 5000);
     persist_destroy(store);
     cache_destroy(cache);
     event_base_free(base);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    const char *rm[] = { "rm", "-rf", dir, NULL };
+    ck_assert_int_eq(proc_run(&(struct proc_opts){ .argv = rm }, 20000, NULL, NULL), 0);
 }
 
 /* Run the loop until *flag is set or 5 s pass. */

@@ -28,6 +28,7 @@
 #include "mem/namespace.h"
 
 #include "kvs_testutil.h"
+#include "../common/proc.h"
 
 static const struct kvs_backend *be;
 static char tmpdir[1024];       /* the test's own directory */
@@ -434,8 +435,8 @@ START_TEST(test_scan)
     snprintf(nolayout, sizeof(nolayout), "%s/ghost-1/tp-0/00", root);
     {
         char cmd[PATH_MAX + 32];
-        snprintf(cmd, sizeof(cmd), "mkdir -p '%s'", nolayout);
-        ck_assert_int_eq(system(cmd), 0);
+        const char *mkdir_p[] = { "mkdir", "-p", nolayout, NULL };
+        ck_assert_int_eq(proc_run(&(struct proc_opts){ .argv = mkdir_p }, 20000, NULL, NULL), 0);
         snprintf(cmd, sizeof(cmd), "%s/0000000000000001.blk", nolayout);
         ck_assert_int_eq(close(open(cmd, O_CREAT | O_WRONLY, 0644)), 0);
         snprintf(cmd, sizeof(cmd), "%s/README", root);

@@ -3,6 +3,7 @@
  * v1) in a temporary directory. Nothing here reserves memory. */
 #include "config.h"
 #include "memcheck.h"
+#include "../common/proc.h"
 
 #include <check.h>
 #include <errno.h>
@@ -51,9 +52,8 @@ static void put_meminfo(uint64_t total, uint64_t available)
 
 static void remove_tree(const char *dir)
 {
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    const char *rm[] = { "rm", "-rf", dir, NULL };
+    ck_assert_int_eq(proc_run(&(struct proc_opts){ .argv = rm }, 5000, NULL, NULL), 0);
 }
 
 static void make_base(void)
