@@ -17,6 +17,28 @@
 #define CONFIG_LISTEN_MAX 160   /* [admin] listen text, NUL included */
 #define CONFIG_IDLIST_MAX 512   /* allow_uids / allow_gids text, NUL included */
 #define CONFIG_OBJECT_NS_MAX 128 /* [persist] object_namespace, NUL included (V6D_OBJECT_NS_MAX) */
+#define CONFIG_TENANTS_MAX      16 /* [tenant.NAME] sections */
+#define CONFIG_TENANT_NAME_MAX  32 /* NAME: 1..31 of [A-Za-z0-9_-], NUL included */
+#define CONFIG_TENANT_DEFAULT "default" /* the tenant of clients no [tenant.NAME] lists */
+
+/* [tenant.NAME]: engines that trust each other, named by peer credentials,
+ * with memory of their own (issue 15). Clients whose uid is in uid_list or
+ * whose gid is in gid_list belong to it; a client in no section belongs to
+ * the tenant "default", which gets what the sections leave of
+ * memory.host_bytes and hbm.bytes. No section at all: one tenant, "default",
+ * with everything (a single-tenant node, as before tenants existed). */
+struct config_tenant {
+    char     name[CONFIG_TENANT_NAME_MAX];
+    char     uids[CONFIG_IDLIST_MAX];    /* users (names or numbers) (reloadable: new connections) */
+    char     gids[CONFIG_IDLIST_MAX];    /* groups (reloadable: new connections) */
+    struct config_idlist uid_list;       /* uids resolved */
+    struct config_idlist gid_list;       /* gids resolved */
+    uint64_t host_bytes;                 /* its host tier, carved out of memory.host_bytes (restart) */
+    uint64_t hbm_bytes;                  /* its HBM per device, out of hbm.bytes; 0: none (restart) */
+    uint32_t max_namespaces;             /* namespaces it may hold active (reloadable) */
+    uint32_t max_clients;                /* connections at once (reloadable) */
+    double   max_reserved_per_client;    /* share of its memory one connection may reserve (reloadable) */
+};
 
 struct kvn_config {
     /* [server] */
@@ -96,6 +118,10 @@ struct kvn_config {
     /* [kvcm] (every option restart-only; nothing is sent unless enabled):
        struct kvcm_config, kvcm/kvcm_config.h */
     struct kvcm_config kvcm;
+
+    /* [tenant.NAME] sections, in file order (0: a single-tenant node) */
+    uint32_t ntenants;
+    struct config_tenant tenants[CONFIG_TENANTS_MAX];
 };
 
 enum { CONFIG_BACKEND_OFF = 0, CONFIG_BACKEND_FILE = 1, CONFIG_BACKEND_V6D = 2 };
