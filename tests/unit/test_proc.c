@@ -203,7 +203,11 @@ START_TEST(passed_descriptors_and_nothing_else)
                                                            .close_fds = true, .nofile = 77 },
                                       RUN_MS, &out, NULL)),
                      0);
-    ck_assert_str_eq(out, "77\n");
+    /* valgrind only emulates RLIMIT_NOFILE for the process it runs: a
+     * program exec'd from it gets valgrind's own limit, not the one set. */
+    const char *vg = getenv("VALGRIND");
+    if (!(vg && strcmp(vg, "1") == 0))
+        ck_assert_str_eq(out, "77\n");
     free(out);
     close(p[1]);
     char got[32] = "";
