@@ -5,12 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/cache.h"
 #include "daemon.h"
 #include "core/log.h"
 #include "net/ops.h"
 #include "sdnotify.h"
 #include "net/server.h"
+#include "tenants.h"
 
 int reload_run(struct daemon *d, struct reload_result *res)
 {
@@ -29,7 +29,7 @@ int reload_run(struct daemon *d, struct reload_result *res)
         }
         d->cfg = next;
         log_set_level(next->log_level);
-        cache_apply_config(d->cache, next);
+        tenants_apply_config(d->tenants, next);
         ops_apply_config(d->ops, next);
         server_apply_config(d->server, next);
         free(old);

@@ -300,6 +300,11 @@ void *cache_host_base(const struct cache *c)
     return arena_base(c->host);
 }
 
+void cache_host_stats(const struct cache *c, struct arena_stats *out)
+{
+    arena_get_stats(c->host, out);
+}
+
 uint64_t cache_host_size(const struct cache *c)
 {
     return arena_size(c->host);
