@@ -437,14 +437,14 @@ void config_tenant_check(const struct kvn_config *cfg, struct kvn_config *resolv
     if (host_sum > cfg->host_bytes) {
         config_format_size(host_sum, sum, sizeof sum);
         config_format_size(cfg->host_bytes, total, sizeof total);
-        config_errbuf_add(errors, "[tenant.NAME] host_bytes: the %zu tenants together take %s, more than [memory] "
-                          "host_bytes (%s); lower their host_bytes or raise memory.host_bytes", n, sum, total);
+        config_errbuf_add(errors, "[tenant.NAME] host_bytes: the tenants take %s together, more than [memory] "
+                          "host_bytes (%s); lower their host_bytes or raise memory.host_bytes", sum, total);
     }
     if (hbm_sum > cfg->hbm_bytes) {
         config_format_size(hbm_sum, sum, sizeof sum);
         config_format_size(cfg->hbm_bytes, total, sizeof total);
-        config_errbuf_add(errors, "[tenant.NAME] hbm_bytes: the %zu tenants together take %s per device, more than "
-                          "[hbm] bytes (%s); lower their hbm_bytes or raise hbm.bytes", n, sum, total);
+        config_errbuf_add(errors, "[tenant.NAME] hbm_bytes: the tenants take %s per device together, more than "
+                          "[hbm] bytes (%s); lower their hbm_bytes or raise hbm.bytes", sum, total);
     }
     tenant_check_unique(cfg, ids, n, false, errors);
     tenant_check_unique(cfg, ids, n, true, errors);
