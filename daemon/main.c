@@ -53,6 +53,7 @@ static void usage(FILE *out)
 /* Descriptors the daemon needs besides its connections: listeners, the
  * event loop, arenas, store files, KVCM sockets, with room to spare. */
 #define DAEMON_OWN_FDS 64u
+#define DAEMON_TENANT_FDS 8u
 
 /* Connections are bounded by server.max_clients and admin.max_connections;
  * past RLIMIT_NOFILE accepts fail and the listeners pause, so say so at
@@ -60,7 +61,10 @@ static void usage(FILE *out)
 static void daemon_check_fd_limit(const struct daemon *d)
 {
     struct rlimit rl;
-    uint64_t need = (uint64_t)d->cfg->max_clients + DAEMON_OWN_FDS;
+    /* Each tenant besides "default" brings its memfd, its store's root and
+     * queue descriptors: a few each, counted as DAEMON_TENANT_FDS. */
+    uint64_t need = (uint64_t)d->cfg->max_clients + DAEMON_OWN_FDS +
+                    (uint64_t)(tenants_count(d->tenants) - 1) * DAEMON_TENANT_FDS;
     char admin[96] = "";
 
     if (d->admin) {

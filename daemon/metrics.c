@@ -229,6 +229,7 @@ static void render_tenants(struct evbuffer *out, const struct stats_snapshot *s)
         { "kvnode_tenant_clients", "gauge", "Connections of a tenant now." },
         { "kvnode_tenant_refused_total", "counter", "Connections of a tenant refused at its max_clients." },
         { "kvnode_tenant_evictions_total", "counter", "Host blocks a tenant's own load evicted." },
+        { "kvnode_tenant_keys_total", "counter", "Keys a tenant's match and get looked up, matched or missed." },
     };
 
     if (!s->has_tenants)
@@ -256,7 +257,11 @@ static void render_tenants(struct evbuffer *out, const struct stats_snapshot *s)
                 break;
             case 4: sample_u(out, fams[f].name, L("tenant", t->name), t->clients); break;
             case 5: sample_u(out, fams[f].name, L("tenant", t->name), t->refused); break;
-            default: sample_u(out, fams[f].name, L("tenant", t->name), t->evictions); break;
+            case 6: sample_u(out, fams[f].name, L("tenant", t->name), t->evictions); break;
+            default:
+                sample_u(out, fams[f].name, L("tenant", t->name, "result", "matched"), t->keys_matched);
+                sample_u(out, fams[f].name, L("tenant", t->name, "result", "missed"), t->keys_missed);
+                break;
             }
         }
     }

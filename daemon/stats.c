@@ -50,6 +50,8 @@ static void stats_collect_tenants(struct daemon *d, const struct stats_view *vie
         st->namespaces_active = cs->namespaces_active;
         st->store_blocks = cs->store_blocks;
         st->evictions = cs->evictions.to_store + cs->evictions.dropped + cs->evictions.quota;
+        st->keys_matched = cs->keys.matched;
+        st->keys_missed = cs->keys.absent + cs->keys.writing + cs->keys.beyond_gap;   /* as "keys" counts them */
         if (view->layouts && (!view->only || view->only == t))
             s->ns[s->nns++] = (struct stats_ns_source){
                 .cache = t->cache, .tenant = s->has_tenants ? t->name : NULL, .n = cs->namespaces };
@@ -259,6 +261,8 @@ static void tenants_json(const struct stats_snapshot *s, json_t *root)
         set(o, "blocks", ju(t->blocks));
         set(o, "store_blocks", ju(t->store_blocks));
         set(o, "evictions_total", ju(t->evictions));
+        set(o, "keys_matched_total", ju(t->keys_matched));
+        set(o, "keys_missed_total", ju(t->keys_missed));
         json_array_append_new(arr, o);
     }
     set(root, "tenants", arr);

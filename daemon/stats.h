@@ -50,6 +50,7 @@ struct stats_tenant {
     uint64_t blocks;                 /* in memory (host and HBM) */
     uint64_t store_blocks;           /* only in its store */
     uint64_t evictions;              /* host blocks evicted (to the store, dropped, quota) */
+    uint64_t keys_matched, keys_missed;   /* its match and get lookups: its hit rate */
 };
 
 /* A cache whose namespaces the document lists. */

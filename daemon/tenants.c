@@ -11,10 +11,14 @@
 #include "core/errmsg.h"
 #include "core/log.h"
 #include "gpu/gpu.h"
+#include "kvcm/kvcm.h"
+#include "mem/namespace.h"
 #include "kvnode.h"
 #include "persist/persist.h"
 
 _Static_assert(TENANTS_MAX <= GPU_MAX_CACHES, "the GPU side serves every tenant's cache");
+_Static_assert(TENANTS_MAX <= KVCM_MAX_CACHES, "KVCM observes every tenant's cache");
+_Static_assert(CONFIG_TENANT_NAME_MAX <= NS_TENANT_MAX, "a tenant's name fits a namespace's identity");
 
 struct tenants {
     const struct kvn_config *cfg;           /* the effective config (tenants_apply_config) */
@@ -112,9 +116,8 @@ static int tenants_layout(struct tenants *ts, const struct kvn_config *cfg, char
         hbm_left -= sec->hbm_bytes;
         ts->by_section[i] = t;
     }
-    /* Less than one slab cannot hold a block: no memory at all then. */
-    def->host_bytes = host_left >= cfg->slab_bytes ? host_left : 0;
-    def->hbm_bytes = hbm_left >= cfg->slab_bytes ? hbm_left : 0;
+    /* What is left, the config's way (less than one slab: none at all). */
+    config_tenant_default_bytes(cfg, &def->host_bytes, &def->hbm_bytes);
     if (ts->configured && host_left > 0 && def->host_bytes == 0)
         log_info("tenant default: the %" PRIu64 " bytes of memory.host_bytes the sections leave "
                  "are less than a slab; clients of no section are refused", host_left);
@@ -150,7 +153,7 @@ int tenants_create(struct event_base *base, const struct kvn_config *cfg, struct
             free(view);
             return -1;
         }
-        if (cache_create(base, view, &t->cache, e, sizeof e) < 0) {
+        if (cache_create_tenant(base, view, t->named ? t->name : NULL, &t->cache, e, sizeof e) < 0) {
             errmsg_set(err, errlen, "%s%s", tenant_who(t, who, sizeof who), e);
             free(view);
             return -1;
@@ -197,7 +200,7 @@ int tenants_start_persist(struct tenants *ts, struct event_base *base, const str
             free(view);
             return -1;
         }
-        if (persist_create(base, view, &t->persist, e, sizeof e) < 0) {
+        if (persist_create_tenant(base, view, t->named ? t->name : NULL, &t->persist, e, sizeof e) < 0) {
             errmsg_set(err, errlen, "%s%s", tenant_who(t, who, sizeof who), e);
             free(view);
             return -1;

@@ -53,6 +53,11 @@ struct cache_arena_info {
 
 int  cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,
                   char *err, size_t errlen);
+/* The cache of a named tenant (NULL: "default", as cache_create): its
+ * namespaces' identity includes the name (ns_fingerprint_tenant) and its
+ * limit messages name [tenant.NAME] options. */
+int  cache_create_tenant(struct event_base *base, const struct kvn_config *cfg, const char *tenant,
+                         struct cache **out, char *err, size_t errlen);
 void cache_destroy(struct cache *c);
 /* Apply the reloadable subset (watermarks, TTLs, reaper interval, limits,
  * namespace quota: a lowered quota applies at each namespace's next put). */
