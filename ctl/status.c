@@ -261,6 +261,8 @@ int cmd_status(const struct ctl *x)
         json_object_set_new(out, "tiers", jt);
         json_object_set_new(out, "namespaces",
                             json_is_array(nss) ? json_integer((json_int_t)json_array_size(nss)) : json_null());
+        if (json_is_array(json_object_get(doc, "tenants")))
+            json_object_set_new(out, "tenants", jcopy(doc, "tenants"));
         json_object_set_new(out, "clients_connected", jcopy(clients, "connected"));
         json_object_set_new(out, "leases_read", jcopy(leases, "read"));
         json_object_set_new(out, "leases_write", jcopy(leases, "write"));
@@ -290,7 +292,7 @@ int cmd_status(const struct ctl *x)
         return EXIT_OK;
     }
 
-    struct kv_line lines[64];
+    struct kv_line lines[64 + 17];   /* a line per tenant (at most 17) besides the rest */
     size_t n = 0;
     char b1[32], b2[32];
     const char *s = jstr(doc, "version");
@@ -349,6 +351,25 @@ int cmd_status(const struct ctl *x)
     }
     lines[n].label = xasprintf("namespaces");
     lines[n++].value = json_is_array(nss) ? xasprintf("%zu", json_array_size(nss)) : xasprintf("-");
+    /* A node with [tenant.NAME] sections: each tenant's memory and load. */
+    json_t *tenants = json_object_get(doc, "tenants"), *tn;
+    size_t ti;
+    json_array_foreach(tenants, ti, tn) {
+        long long blocks = 0, nsc = 0, cl = 0, ev = 0, hu = 0, hc = 0;
+        jint(tn, "host_used_bytes", &hu);
+        jint(tn, "host_capacity_bytes", &hc);
+        jint(tn, "blocks", &blocks);
+        jint(tn, "namespaces", &nsc);
+        jint(tn, "clients", &cl);
+        jint(tn, "evictions_total", &ev);
+        fmt_bytes((uint64_t)hu, b1, sizeof b1);
+        fmt_bytes((uint64_t)hc, b2, sizeof b2);
+        lines[n].label = xasprintf("tenant %s", jstr(tn, "name") ? jstr(tn, "name") : "-");
+        lines[n++].value = xasprintf("host %s / %s used, %lld blocks, %lld namespaces, %lld clients, "
+                                     "%lld evicted", b1, b2, blocks, nsc, cl, ev);
+        if (ti >= 16)
+            break;
+    }
     long long rd, wr;
     lines[n].label = xasprintf("clients");
     lines[n++].value = jint(clients, "connected", &v) ? xasprintf("%lld connected", v) : xasprintf("-");

@@ -35,8 +35,6 @@
 
 #include <ini.h>
 
-#define PROBLEM_MAX 400   /* one "<problem>" text */
-
 #define FIELD(f) .offset = offsetof(struct kvn_config, f), .width = sizeof(((struct kvn_config *)0)->f)
 #define PARSED(f) .parsed_offset = offsetof(struct kvn_config, f), \
                   .parsed_width = sizeof(((struct kvn_config *)0)->f)
@@ -209,7 +207,7 @@ static const struct opt_def config_options[] = {
 
 static const char *const config_sections[] = { "server", "memory", "hbm", "leases", "log", "admin", "persist",
                                                "kvcm" };
-#define SECTIONS_HINT "[server], [memory], [hbm], [leases], [log], [admin], [persist] or [kvcm]"
+#define SECTIONS_HINT "[server], [memory], [hbm], [leases], [log], [admin], [persist], [kvcm] or [tenant.NAME]"
 
 /* ---- lookup ------------------------------------------------------------ */
 
@@ -221,7 +219,7 @@ static bool config_section_known(const char *name, size_t len)
     return false;
 }
 
-static const struct opt_def *config_find_option(const char *section, const char *key)
+const struct opt_def *config_find_option(const char *section, const char *key)
 {
     for (size_t i = 0; i < CONFIG_NOPTIONS; i++)
         if (strcmp(config_options[i].section, section) == 0 && strcmp(config_options[i].key, key) == 0)
@@ -235,7 +233,7 @@ static const char *config_home_section(const char *key)
     for (size_t i = 0; i < CONFIG_NOPTIONS; i++)
         if (strcmp(config_options[i].key, key) == 0)
             return config_options[i].section;
-    return NULL;
+    return config_tenant_key_known(key) ? "tenant.NAME" : NULL;
 }
 
 static void config_unknown_key_problem(const char *key, char *buf, size_t len)
@@ -334,9 +332,20 @@ static const char *config_check_line(struct parse_ctx *pc, char *s, size_t maxle
             return "[!]";
         }
         size_t len = (size_t)(end - (s + 1));
-        if (!config_section_known(s + 1, len))
+        int shown = (int)(len < VALUE_SHOW ? len : VALUE_SHOW);
+        if (config_tenant_section(s + 1, len)) {
+            /* Added here, so a section without keys is one too (and is told
+             * what it lacks); a repeated one is the same section. */
+            char problem[PROBLEM_MAX];
+            if (config_tenant_find_or_add(pc->cfg, s + 1 + TENANT_PREFIX_LEN, len - TENANT_PREFIX_LEN, problem,
+                                          sizeof problem) < 0) {
+                config_errbuf_add(pc->errors, "%s:%u: [%.*s]: %s", pc->path, pc->lineno, shown, s + 1, problem);
+                return "[!]";
+            }
+        } else if (!config_section_known(s + 1, len)) {
             config_errbuf_add(pc->errors, "%s:%u: [%.*s]: unknown section (expected " SECTIONS_HINT ")", pc->path,
-                       pc->lineno, (int)(len < VALUE_SHOW ? len : VALUE_SHOW), s + 1);
+                       pc->lineno, shown, s + 1);
+        }
         return s;
     }
     const char *sep = config_ini_scan(s, "=:");
@@ -394,14 +403,29 @@ static int config_handle_entry(void *user, const char *section, const char *name
                    pc->path, pc->lineno, name);
         return 1;
     }
-    if (!config_section_known(section, strlen(section)))
-        return 1;   /* the section header was reported once, at its line */
-
-    const struct opt_def *o = config_find_option(section, name);
-    if (!o) {
-        config_unknown_key_problem(name, problem, sizeof problem);
-        config_errbuf_add(pc->errors, "%s:%u: [%s] %s: %s", pc->path, pc->lineno, section, name, problem);
-        return 1;
+    struct opt_def tenant_row;
+    const struct opt_def *o;
+    if (config_tenant_section(section, strlen(section))) {
+        /* Added by config_check_line at its header; not there: the header
+         * was refused and reported. */
+        int t = config_tenant_find(pc->cfg, section + TENANT_PREFIX_LEN);
+        if (t < 0)
+            return 1;
+        if (!config_tenant_option(name, (size_t)t, &tenant_row)) {
+            config_errbuf_add(pc->errors, "%s:%u: [%s] %s: unknown key (a tenant section takes %s)", pc->path,
+                              pc->lineno, section, name, config_tenant_keys_hint());
+            return 1;
+        }
+        o = &tenant_row;
+    } else {
+        if (!config_section_known(section, strlen(section)))
+            return 1;   /* the section header was reported once, at its line */
+        o = config_find_option(section, name);
+        if (!o) {
+            config_unknown_key_problem(name, problem, sizeof problem);
+            config_errbuf_add(pc->errors, "%s:%u: [%s] %s: %s", pc->path, pc->lineno, section, name, problem);
+            return 1;
+        }
     }
     struct opt_value v = { 0 };
     if (config_parse_value(o, value, &v, problem, sizeof problem) < 0) {
@@ -479,30 +503,53 @@ int config_apply_override(struct kvn_config *cfg, const char *assignment, char *
     const char *key = dot + 1, *key_end = eq;
     const char *val = eq + 1, *val_end = eq + 1 + strlen(eq + 1);
     config_trim(&sec, &sec_end);
+    /* tenant.NAME.key: the section runs to the last dot (keys have none). */
+    const char *last = memrchr(dot + 1, '.', (size_t)(eq - dot - 1));
+    if (last && (size_t)(sec_end - sec) == TENANT_PREFIX_LEN - 1 &&
+        memcmp(sec, TENANT_PREFIX, TENANT_PREFIX_LEN - 1) == 0) {
+        sec_end = last;
+        key = last + 1;
+    }
     config_trim(&key, &key_end);
     config_trim(&val, &val_end);
 
-    char section[32], name[64], value[PATH_MAX];
+    char section[TENANT_PREFIX_LEN + CONFIG_TENANT_NAME_MAX], name[64], value[PATH_MAX];
     if (sec == sec_end || key == key_end) {
         config_errbuf_add(&errors, "override '%.*s': empty %s (expected SECTION.KEY=VALUE)", VALUE_SHOW, shown,
                    sec == sec_end ? "section" : "key");
         goto fail;
     }
-    if ((size_t)(sec_end - sec) >= sizeof section || !config_section_known(sec, (size_t)(sec_end - sec))) {
-        config_errbuf_add(&errors, "override '%.*s': unknown section [%.*s] (expected " SECTIONS_HINT ")", VALUE_SHOW,
-                   shown, (int)(sec_end - sec), sec);
+    size_t seclen = (size_t)(sec_end - sec);
+    bool tenant = config_tenant_section(sec, seclen);
+    if (tenant && seclen >= sizeof section) {
+        config_errbuf_add(&errors, "override '%.*s': invalid tenant name '%.*s' (1 to %d letters, digits, '_' or "
+                          "'-')", VALUE_SHOW, shown, (int)(seclen - TENANT_PREFIX_LEN < VALUE_SHOW ?
+                          seclen - TENANT_PREFIX_LEN : VALUE_SHOW), sec + TENANT_PREFIX_LEN,
+                          CONFIG_TENANT_NAME_MAX - 1);
         goto fail;
     }
-    memcpy(section, sec, (size_t)(sec_end - sec));
-    section[sec_end - sec] = '\0';
+    if (!tenant && (seclen >= sizeof section || !config_section_known(sec, seclen))) {
+        config_errbuf_add(&errors, "override '%.*s': unknown section [%.*s] (expected " SECTIONS_HINT ")", VALUE_SHOW,
+                   shown, (int)seclen, sec);
+        goto fail;
+    }
+    memcpy(section, sec, seclen);
+    section[seclen] = '\0';
     const struct opt_def *o = NULL;
+    struct opt_def tenant_row;
     if ((size_t)(key_end - key) < sizeof name) {
         memcpy(name, key, (size_t)(key_end - key));
         name[key_end - key] = '\0';
-        o = config_find_option(section, name);
+        /* Parsing does not depend on which tenant: the row of the first. */
+        if (tenant)
+            o = config_tenant_option(name, 0, &tenant_row) ? &tenant_row : NULL;
+        else
+            o = config_find_option(section, name);
     }
     if (!o) {
-        if ((size_t)(key_end - key) < sizeof name)
+        if (tenant)
+            snprintf(problem, sizeof problem, "unknown key (a tenant section takes %s)", config_tenant_keys_hint());
+        else if ((size_t)(key_end - key) < sizeof name)
             config_unknown_key_problem(name, problem, sizeof problem);
         else
             snprintf(problem, sizeof problem, "unknown key");
@@ -520,6 +567,15 @@ int config_apply_override(struct kvn_config *cfg, const char *assignment, char *
     if (config_parse_value(o, value, &v, problem, sizeof problem) < 0) {
         config_errbuf_add(&errors, "override %s.%s: %s", section, name, problem);
         goto fail;
+    }
+    if (tenant) {
+        int t = config_tenant_find_or_add(cfg, section + TENANT_PREFIX_LEN, seclen - TENANT_PREFIX_LEN, problem,
+                                          sizeof problem);
+        if (t < 0) {
+            config_errbuf_add(&errors, "override %s.%s: [%s]: %s", section, name, section, problem);
+            goto fail;
+        }
+        config_tenant_option(name, (size_t)t, &tenant_row);
     }
     o->type->store(cfg, o, &v);
     return 0;
@@ -617,6 +673,7 @@ static int config_check_all(const struct kvn_config *cfg, struct kvn_config *res
     }
     config_validate_cross(cfg, &errors);
     kvcm_config_validate(&cfg->kvcm, &errors);
+    config_tenant_check(cfg, resolved, &errors);
 
     if (errors.count) {
         config_errbuf_finish(&errors);
@@ -655,6 +712,7 @@ void config_write(const struct kvn_config *cfg, FILE *out)
         o->type->format(o, &v, text, sizeof text);
         fprintf(out, "%s = %s\n", o->key, text);
     }
+    config_tenant_write(cfg, out);
 }
 
 int config_restart_required(const struct kvn_config *running, const struct kvn_config *next, char *buf,
@@ -681,7 +739,7 @@ int config_restart_required(const struct kvn_config *running, const struct kvn_c
                 used += (size_t)n;
         }
     }
-    return changed;
+    return changed + config_tenant_restart_required(running, next, buf, buflen, &used);
 }
 
 void config_keep_restart_only(struct kvn_config *next, const struct kvn_config *running)
@@ -694,10 +752,16 @@ void config_keep_restart_only(struct kvn_config *next, const struct kvn_config *
         if (o->parsed_width)
             memcpy((char *)next + o->parsed_offset, (const char *)running + o->parsed_offset, o->parsed_width);
     }
+    config_tenant_keep_restart_only(next, running);
 }
 
 bool config_option_reloadable(const char *section, const char *key)
 {
-    const struct opt_def *o = config_find_option(section, key);
+    struct opt_def tenant_row;
+    const struct opt_def *o;
+    if (strcmp(section, "tenant") == 0 || config_tenant_section(section, strlen(section)))
+        o = config_tenant_option(key, 0, &tenant_row) ? &tenant_row : NULL;
+    else
+        o = config_find_option(section, key);
     return o && !o->restart;
 }

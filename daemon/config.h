@@ -38,7 +38,22 @@ struct config_tenant {
     uint32_t max_namespaces;             /* namespaces it may hold active (reloadable) */
     uint32_t max_clients;                /* connections at once (reloadable) */
     double   max_reserved_per_client;    /* share of its memory one connection may reserve (reloadable) */
+    /* host_bytes / hbm_bytes written "N%": N (1..100) of memory.host_bytes /
+     * hbm.bytes; 0: written as a size. config_resolve turns a share into
+     * bytes (rounded down to whole 64KiB) in host_bytes / hbm_bytes; the
+     * share is kept so /config prints what was written. */
+    uint32_t host_share;
+    uint32_t hbm_share;
+    /* CONFIG_TENANT_INHERIT_* bits: the limits the section leaves unset,
+     * which config_resolve copies from [server] max_namespaces, [server]
+     * max_clients and [leases] max_reserved_per_client (and copies again on
+     * every resolve, so they follow those options). Before config_resolve
+     * an unset limit is 0. */
+    uint32_t inherited;
 };
+#define CONFIG_TENANT_INHERIT_MAX_NAMESPACES 1u
+#define CONFIG_TENANT_INHERIT_MAX_CLIENTS    2u
+#define CONFIG_TENANT_INHERIT_MAX_RESERVED   4u
 
 struct kvn_config {
     /* [server] */
@@ -142,6 +157,19 @@ void config_defaults(struct kvn_config *cfg);
  * documentation covers every option. */
 bool config_option_at(size_t i, const char **section, const char **key);
 
+/* The keys of a [tenant.NAME] section, in config_write order: the i-th
+ * key; false past the last one. For the documentation checks, like
+ * config_option_at. */
+bool config_tenant_option_at(size_t i, const char **key);
+
+/* What the tenant "default" gets of a resolved configuration once the
+ * [tenant.NAME] sections have taken theirs: *host of memory.host_bytes,
+ * *hbm of hbm.bytes (per device). 0 when what is left does not hold one
+ * memory.slab_bytes slab: the default tenant then has no memory in that
+ * tier. Without sections: memory.host_bytes and hbm.bytes. Either pointer
+ * may be NULL. */
+void config_tenant_default_bytes(const struct kvn_config *cfg, uint64_t *host, uint64_t *hbm);
+
 /* Parse `path` on top of *cfg. On failure returns -1, leaves *cfg untouched
  * and writes to err one message with one line per problem ("kvnode.conf:12:
  * [memory] host_bytes: invalid size 'abc' (...)"), including syntax errors,
@@ -152,8 +180,10 @@ bool config_option_at(size_t i, const char **section, const char **key);
 int config_load_file(struct kvn_config *cfg, const char *path, char *err, size_t errlen);
 
 /* Apply one "section.key=value" override (command line; blanks around the
- * parts are ignored). Same value checks; errors name the option
- * ("override memory.host_bytes: invalid size ..."). *cfg untouched on -1. */
+ * parts are ignored); "tenant.NAME.key=value" sets a tenant's key, adding
+ * the tenant when the configuration has none of that name. Same value
+ * checks; errors name the option ("override memory.host_bytes: invalid
+ * size ..."). *cfg untouched on -1. */
 int config_apply_override(struct kvn_config *cfg, const char *assignment, char *err, size_t errlen);
 
 /* Every field's range again (for structs built by code) plus cross-field
@@ -167,13 +197,22 @@ int config_apply_override(struct kvn_config *cfg, const char *assignment, char *
  * distinct, retry_base <= retry_max, batch_events <= queue_events (with
  * kvcm off its fields are only range-checked); [hbm]: low_watermark <
  * high_watermark, bytes 0 or at least memory.slab_bytes (at most 2^32-1
- * slabs), devices parses (config_hbm_devices).
+ * slabs), devices parses (config_hbm_devices). [tenant.NAME] sections:
+ * at most CONFIG_TENANTS_MAX, names valid and distinct, each with uids or
+ * gids and a host_bytes of at least memory.slab_bytes, hbm_bytes 0 or at
+ * least slab_bytes; a uid (gid) in one section at most; host_bytes
+ * together at most memory.host_bytes, hbm_bytes together at most
+ * hbm.bytes; with [server] allow_uids or allow_gids set, every tenant uid
+ * admitted by them (listed, root, the daemon's own user, or one of its
+ * groups in allow_gids).
  * 0, or -1 with one line per problem in err. */
 int config_validate(const struct kvn_config *cfg, char *err, size_t errlen);
 
 /* config_validate, then fill the parsed forms (allow_uid_list,
  * allow_gid_list, socket_gid, admin_listen_addr, hbm_device_list,
- * kvcm.endpoint_list) from their text options. 0, or -1 with err set as
+ * kvcm.endpoint_list; each tenant's uid_list and gid_list, its host_bytes
+ * and hbm_bytes from a share, its unset limits from [server] and
+ * [leases]) from their text options. 0, or -1 with err set as
  * config_validate sets it and *cfg untouched. */
 int config_resolve(struct kvn_config *cfg, char *err, size_t errlen);
 
@@ -184,13 +223,22 @@ void config_write(const struct kvn_config *cfg, FILE *out);
 
 /* Reload support: how many restart-only options differ between the running
  * and the next config (0: the whole change can be applied live); their
- * "section.key" names go comma-separated into buf (may be NULL). */
+ * "section.key" names go comma-separated into buf (may be NULL). Tenants:
+ * one added or removed is "tenant.NAME", a changed size
+ * "tenant.NAME.host_bytes" / "tenant.NAME.hbm_bytes" (compared in bytes,
+ * a share as it resolves), sections in another order "tenant.order". */
 int config_restart_required(const struct kvn_config *running, const struct kvn_config *next,
                             char *buf, size_t buflen);
 /* Copy every restart-only option of `running` into `next`, so a reload
- * leaves them as they run. */
+ * leaves them as they run. Tenants: next keeps running's sections, in
+ * running's order, with running's host_bytes and hbm_bytes; a section both
+ * have takes next's uids, gids and limits; one only running has stays as
+ * it is, one only next has is left out. The result may break a rule
+ * between tenants (a uid moved into a tenant from one kept until restart):
+ * config_resolve it again before using it. */
 void config_keep_restart_only(struct kvn_config *next, const struct kvn_config *running);
-/* true for a known option that may change on reload, false otherwise. */
+/* true for a known option that may change on reload, false otherwise.
+ * section "tenant" or "tenant.NAME": the keys of a tenant section. */
 bool config_option_reloadable(const char *section, const char *key);
 
 /* The value parsers (config_parse_size, config_parse_listen, ...) are

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "config.h"
 #include "config_text.h"
@@ -73,6 +74,15 @@ struct opt_def {
     int nnames;                 /* ... for 0 <= i < nnames */
     bool no_hash;       /* text: '#' is refused (KVCM does not accept it there) */
     unsigned vars;      /* template: the KVCM_VAR_* placeholders allowed */
+    /* share: the uint32_t field that takes N of "N%" (0: a size), and the
+     * option N% is a share of ("memory.host_bytes"), for messages */
+    size_t share_offset;
+    const char *share_of;
+    /* [tenant.NAME] limits: unset (0), they take the option of this section
+     * and the same key, whose type and range they share; inherit_bit is the
+     * CONFIG_TENANT_INHERIT_* bit that records it */
+    const char *inherit;
+    unsigned inherit_bit;
 };
 
 /* The types (config_types.c). */
@@ -95,6 +105,7 @@ extern const struct opt_type T_TEMPLATE;  /* like T_TEXT, with {placeholders} fr
 extern const struct opt_type T_HOSTPORT;  /* HOST:PORT naming this host uniquely, or empty */
 extern const struct opt_type T_URLLIST;   /* http(s) URLs, or empty; parsed: struct config_urllist */
 extern const struct opt_type T_DEVICES;   /* "all" or device ordinals; parsed: struct config_devices */
+extern const struct opt_type T_SHARE;     /* a size (uint64_t field) or "N%" (N into share_offset) */
 
 /* ---- through the type (config_types.c) ---- */
 
@@ -103,5 +114,45 @@ extern const struct opt_type T_DEVICES;   /* "all" or device ordinals; parsed: s
 int config_check_value(const struct opt_def *o, struct opt_value *v, const char *shown, char *problem, size_t len);
 /* Text -> value, then the same checks as config_validate. */
 int config_parse_value(const struct opt_def *o, const char *text, struct opt_value *v, char *problem, size_t len);
+
+/* ---- the option table (config.c) ---- */
+
+#define PROBLEM_MAX 400   /* one "<problem>" text */
+
+/* The row of [section] key, or NULL. */
+const struct opt_def *config_find_option(const char *section, const char *key);
+
+/* ---- [tenant.NAME] sections (config_tenant.c) ---- */
+
+#define TENANT_PREFIX "tenant."
+#define TENANT_PREFIX_LEN (sizeof TENANT_PREFIX - 1)
+
+/* Whether the section name s[0..len) is "tenant." followed by anything. */
+bool config_tenant_section(const char *s, size_t len);
+/* The index of the tenant NAME (s[0..len), the part after "tenant.") in
+ * cfg, added with every key unset when cfg has none of that name. -1 with
+ * problem set when NAME is invalid or CONFIG_TENANTS_MAX are there. */
+int config_tenant_find_or_add(struct kvn_config *cfg, const char *s, size_t len, char *problem, size_t plen);
+/* The index of the tenant NAME, or -1. */
+int config_tenant_find(const struct kvn_config *cfg, const char *name);
+/* The row of a tenant section's key as it applies to tenant i (offsets
+ * into cfg->tenants[i], the inherited type and range); false for an unknown
+ * key. */
+bool config_tenant_option(const char *key, size_t i, struct opt_def *out);
+/* Whether some tenant row has this key (for "it belongs in" hints). */
+bool config_tenant_key_known(const char *key);
+/* "uids, gids, ... or max_reserved_per_client", for messages. */
+const char *config_tenant_keys_hint(void);
+/* The [tenant.NAME] checks of config_validate (field by field and between
+ * sections); with `resolved`, the tenants' parsed forms go into it. */
+void config_tenant_check(const struct kvn_config *cfg, struct kvn_config *resolved, struct errbuf *errors);
+/* config_write's [tenant.NAME] sections. */
+void config_tenant_write(const struct kvn_config *cfg, FILE *out);
+/* The tenants' part of config_restart_required: the count, names appended
+ * to buf at *used. */
+int config_tenant_restart_required(const struct kvn_config *running, const struct kvn_config *next, char *buf,
+                                   size_t buflen, size_t *used);
+/* The tenants' part of config_keep_restart_only. */
+void config_tenant_keep_restart_only(struct kvn_config *next, const struct kvn_config *running);
 
 #endif

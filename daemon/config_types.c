@@ -379,6 +379,80 @@ static void size_format(const struct opt_def *o, const struct opt_value *v, char
 }
 const struct opt_type T_SIZE = UINT_TYPE(size_parse, size_check, size_format);
 
+/* -- size or share: "N%" of another option (o->share_of), N into the
+ * uint32_t at o->share_offset (v->i; 0 there: a size, in the uint64_t
+ * field as T_SIZE keeps it) -- */
+
+static int share_parse(const struct opt_def *o, const char *text, const char *shown, struct opt_value *v,
+                       char *problem, size_t len)
+{
+    size_t n = strlen(text);
+    v->i = 0;
+    if (n == 0 || text[n - 1] != '%')
+        return size_parse(o, text, shown, v, problem, len);
+    char digits[24];
+    uint64_t pct = 0;
+    bool ok = n - 1 < sizeof digits;
+    if (ok) {
+        memcpy(digits, text, n - 1);
+        digits[n - 1] = '\0';
+        ok = config_parse_count(digits, &pct) == 0;
+    }
+    if (!ok) {
+        snprintf(problem, len, "invalid share '" SHOWN "' (expected a whole percentage of %s from 1%% to 100%%, "
+                 "e.g. 25%%, or a size)", shown, o->share_of);
+        return -1;
+    }
+    v->u = 0;
+    v->i = pct == 0 ? -1 : pct > 100 ? 101 : (int)pct;   /* out of range: reported by the check */
+    return 0;
+}
+
+static int share_check(const struct opt_def *o, struct opt_value *v, const char *shown, char *problem, size_t len)
+{
+    if (v->i == 0)
+        return size_check(o, v, shown, problem, len);
+    if (v->i < 1 || v->i > 100) {
+        snprintf(problem, len, "share '" SHOWN "' out of range (expected 1%% to 100%% of %s)", shown, o->share_of);
+        return -1;
+    }
+    return 0;
+}
+
+static void share_store(struct kvn_config *cfg, const struct opt_def *o, const struct opt_value *v)
+{
+    uint64_t bytes = v->i ? 0 : v->u;   /* a share's bytes: config_resolve's */
+    uint32_t pct = (uint32_t)v->i;
+    memcpy((char *)cfg + o->offset, &bytes, sizeof bytes);
+    memcpy((char *)cfg + o->share_offset, &pct, sizeof pct);
+}
+
+static void share_load(const struct kvn_config *cfg, const struct opt_def *o, struct opt_value *v, char *buf,
+                       size_t len)
+{
+    (void)buf, (void)len;
+    uint32_t pct;
+    memcpy(&v->u, (const char *)cfg + o->offset, sizeof v->u);
+    memcpy(&pct, (const char *)cfg + o->share_offset, sizeof pct);
+    v->i = pct > INT_MAX ? INT_MAX : (int)pct;   /* out of range: reported by the check */
+}
+
+static void share_format(const struct opt_def *o, const struct opt_value *v, char *buf, size_t len)
+{
+    if (v->i)
+        snprintf(buf, len, "%d%%", v->i);
+    else
+        size_format(o, v, buf, len);
+}
+
+static bool share_equal(const struct opt_value *a, const struct opt_value *b)
+{
+    return a->i == b->i && (a->i != 0 || a->u == b->u);
+}
+
+const struct opt_type T_SHARE = { .parse = share_parse, .check = share_check, .store = share_store,
+                                  .load = share_load, .format = share_format, .equal = share_equal };
+
 static int duration_parse(const struct opt_def *o, const char *text, const char *shown, struct opt_value *v,
                           char *problem, size_t len)
 {

@@ -11,6 +11,7 @@
 #include "kvnode.h"
 #include "core/log.h"
 #include "net/server.h"
+#include "tenants.h"
 
 int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err, size_t errlen)
 {
@@ -33,7 +34,7 @@ static void daemon_kvcm_status(void *arg, struct kvcm_node_status *out)
 
     if (!cs)
         return;
-    cache_get_stats(d->cache, cs);
+    tenants_cache_totals(d->tenants, cs);
     if (d->server)
         server_get_stats(d->server, &ss);
     out->host_blocks = cs->host.blocks;
@@ -71,10 +72,14 @@ int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen)
     /* The media this node reports: the GPU tier's when it has one (the GPU
      * backend is up by now), host memory's always. */
     struct cache_arena_info arenas[INDEX_MAX_ARENAS];
-    size_t narenas = cache_arenas(d->cache, arenas, INDEX_MAX_ARENAS);
-    for (size_t i = 0; i < narenas; i++)
-        if (arenas[i].tier == KVNODE_TIER_HBM)
-            st.has_hbm = true;
+    struct cache *caches[KVCM_MAX_CACHES];
+    size_t ncaches = tenants_caches(d->tenants, caches, KVCM_MAX_CACHES);
+    for (size_t c = 0; c < ncaches; c++) {
+        size_t narenas = cache_arenas(caches[c], arenas, INDEX_MAX_ARENAS);
+        for (size_t i = 0; i < narenas; i++)
+            if (arenas[i].tier == KVNODE_TIER_HBM)
+                st.has_hbm = true;
+    }
 
     if (!cfg->kvcm.enabled) {
         log_info("kvcm: off ([kvcm] enabled = off): nothing is published to or asked of KVCM");
@@ -87,7 +92,7 @@ int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen)
     }
     for (size_t i = 0; i < cfg->kvcm.endpoint_list.n && i < KVCM_MAX_ENDPOINTS; i++)
         st.endpoints[st.n_endpoints++] = cfg->kvcm.endpoint_list.url[i];
-    if (kvcm_create(d->base, d->cache, &st, daemon_kvcm_status, d, &d->kvcm, err, errlen) < 0)
+    if (kvcm_create(d->base, caches, ncaches, &st, daemon_kvcm_status, d, &d->kvcm, err, errlen) < 0)
         return -1;
     struct kvcm_query_settings qs = {
         .endpoints = st.endpoints, .n_endpoints = st.n_endpoints,

@@ -13,7 +13,7 @@
 #define DAEMON_MAX_OVERRIDES 64
 
 struct event_base;
-struct cache;
+struct tenants;
 struct ops;
 struct server;
 struct admin;
@@ -28,9 +28,9 @@ struct daemon {
     const char *config_path;                /* NULL: built-in defaults only */
     const char *overrides[DAEMON_MAX_OVERRIDES];
     int noverrides;
-    struct cache *cache;
-    struct gpu *gpu;                        /* HBM arenas, host pinning, copy worker */
-    struct persist *persist;                /* NULL when [persist] backend = off */
+    struct tenants *tenants;                /* each tenant's cache and store ("default" alone
+                                               on a node without [tenant.NAME] sections) */
+    struct gpu *gpu;                        /* HBM arenas, host pinning, copy workers */
     struct kvcm *kvcm;                      /* NULL when [kvcm] enabled = off */
     struct kvcm_querier *querier;           /* MATCH_REMOTE's KVCM queries; NULL when off */
     struct ops *ops;

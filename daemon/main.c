@@ -29,6 +29,7 @@
 #include "sdnotify.h"
 #include "net/server.h"
 #include "stats.h"
+#include "tenants.h"
 
 #define DEFAULT_CONFIG_PATH "/etc/kvnode/kvnode.conf"
 
@@ -52,6 +53,7 @@ static void usage(FILE *out)
 /* Descriptors the daemon needs besides its connections: listeners, the
  * event loop, arenas, store files, KVCM sockets, with room to spare. */
 #define DAEMON_OWN_FDS 64u
+#define DAEMON_TENANT_FDS 8u
 
 /* Connections are bounded by server.max_clients and admin.max_connections;
  * past RLIMIT_NOFILE accepts fail and the listeners pause, so say so at
@@ -59,7 +61,10 @@ static void usage(FILE *out)
 static void daemon_check_fd_limit(const struct daemon *d)
 {
     struct rlimit rl;
-    uint64_t need = (uint64_t)d->cfg->max_clients + DAEMON_OWN_FDS;
+    /* Each tenant besides "default" brings its memfd, its store's root and
+     * queue descriptors: a few each, counted as DAEMON_TENANT_FDS. */
+    uint64_t need = (uint64_t)d->cfg->max_clients + DAEMON_OWN_FDS +
+                    (uint64_t)(tenants_count(d->tenants) - 1) * DAEMON_TENANT_FDS;
     char admin[96] = "";
 
     if (d->admin) {
@@ -85,10 +90,12 @@ static int daemon_reload_hook(void *arg, char *error, size_t errlen, char *not_a
     return rc;
 }
 
-/* The STATS op's document (ops_set_stats_hook). */
-static json_t *daemon_stats_document(void *arg)
+/* The STATS op's document (ops_set_stats_hook), as its client may see it. */
+static json_t *daemon_stats_document(void *arg, const struct session *viewer)
 {
-    return stats_document(arg);
+    struct daemon *d = arg;
+    struct stats_view view = stats_client_view(d, viewer->tenant, viewer->uid);
+    return stats_document_for(d, &view);
 }
 
 static void daemon_signal_cb(evutil_socket_t sig, short what, void *arg)
@@ -104,29 +111,6 @@ static void daemon_signal_cb(evutil_socket_t sig, short what, void *arg)
     sdn_stopping(d);
     admin_begin_shutdown(d->admin);
     server_begin_shutdown(d->server);
-}
-
-/* Recovery: what the store scan finds becomes ghost entries, chunk by chunk,
- * while the daemon serves. */
-static void daemon_recovery_found(void *arg, const struct kvs_found *blocks, size_t n)
-{
-    struct daemon *d = arg;
-    cache_add_stored(d->cache, blocks, n);
-}
-
-static void daemon_recovery_finished(void *arg, int rc)
-{
-    struct daemon *d = arg;
-    struct persist_counters pc;
-    persist_get_counters(d->persist, &pc);
-    if (rc == 0)
-        log_info("recovery: the store scan found %llu blocks in %.1f s",
-                 (unsigned long long)pc.scan_found,
-                 (double)(pc.scan_finished_ms - pc.scan_started_ms) / 1000.0);
-    else if (rc != -KVNODE_ESHUTDOWN)
-        log_warn("recovery: the store scan stopped after %llu blocks: %s (%s)",
-                 (unsigned long long)pc.scan_found, kvnode_strerror(rc),
-                 persist_last_error(d->persist));
 }
 
 int main(int argc, char **argv)
@@ -218,24 +202,23 @@ int main(int argc, char **argv)
     if (room.unread[0])
         log_warn("memory: the admission check could not read everything: %s", room.unread);
     log_info("%s", admission);
-    if (cache_create(d.base, d.cfg, &d.cache, err, sizeof err) < 0) {
+    if (tenants_create(d.base, d.cfg, &d.tenants, err, sizeof err) < 0) {
         log_error("cannot create the host tier: %s", err);
         goto out;
     }
-    if (gpu_start(d.base, d.cfg, d.cache, &d.gpu, err, sizeof err) < 0) {
+    if (tenants_start_gpu(d.tenants, d.base, d.cfg, &d.gpu, err, sizeof err) < 0) {
         log_error("cannot start the GPU tier: %s", err);
         goto out;
     }
-    if (persist_create(d.base, d.cfg, &d.persist, err, sizeof err) < 0) {
+    if (tenants_start_persist(d.tenants, d.base, d.cfg, err, sizeof err) < 0) {
         log_error("cannot start persistence: %s", err);
         goto out;
     }
-    cache_set_persist(d.cache, d.persist);
     if (daemon_start_kvcm(&d, err, sizeof err) < 0) {
         log_error("cannot start the KVCM publisher: %s", err);
         goto out;
     }
-    if (ops_create(d.cache, d.cfg, &d.ops) < 0) {
+    if (ops_create(d.tenants, d.cfg, &d.ops) < 0) {
         log_error("out of memory");
         goto out;
     }
@@ -277,9 +260,7 @@ int main(int argc, char **argv)
              (unsigned long long)(d.cfg->host_bytes >> 20),
              (unsigned long long)(d.cfg->slab_bytes >> 10));
     /* Serve while the store is scanned: MATCH sees what was found so far. */
-    if (d.persist && persist_enumerable(d.persist) && persist_scan_start(d.persist, daemon_recovery_found, daemon_recovery_finished,
-                                        &d) < 0)
-        log_warn("recovery: cannot start the store scan; blocks on disk are found by GET only");
+    tenants_start_recovery(d.tenants);
     /* Listeners and arenas are usable: tell systemd (no-op outside it). */
     if (sdn_start(&d) < 0) {
         log_error("cannot create the systemd status/watchdog timers");
@@ -296,27 +277,15 @@ out:
      * store (bounded), then the cache they all point into. */
     admin_destroy(d.admin);
     server_destroy(d.server);
-    if (d.persist) {
-        struct persist_counters pc;
-        persist_get_counters(d.persist, &pc);
-        if (pc.queue_depth > 0)
-            log_info("shutdown: finishing %zu store requests (at most %u ms)", pc.queue_depth,
-                     d.cfg->shutdown_timeout_ms);
-        if (cache_persist_flush(d.cache, d.cfg->shutdown_timeout_ms) < 0 ||
-            persist_drain(d.persist, d.cfg->shutdown_timeout_ms) < 0) {
-            persist_get_counters(d.persist, &pc);
-            log_warn("shutdown: %zu store requests not finished after %u ms; abandoning them",
-                     pc.queue_depth, d.cfg->shutdown_timeout_ms);
-        }
-        persist_destroy(d.persist);
-    }
+    if (d.tenants)
+        tenants_stop_persist(d.tenants, d.cfg->shutdown_timeout_ms);
     /* KVCM last: HOST_DOWN tells it everything we held is gone. */
     kvcm_querier_destroy(d.querier);
     kvcm_stop(d.kvcm);
     kvcm_destroy(d.kvcm);
     ops_destroy(d.ops);
-    gpu_stop(d.gpu, d.cache);
-    cache_destroy(d.cache);
+    gpu_stop(d.gpu);
+    tenants_destroy(d.tenants);
     gpu_destroy(d.gpu);
     for (int i = 0; i < 3; i++)
         if (sigs[i])

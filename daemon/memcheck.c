@@ -247,6 +247,9 @@ static unsigned sim_devices(const struct kvn_config *cfg)
     return count;
 }
 
+/* With [tenant.NAME] sections the tenants' arenas split memory.host_bytes
+ * and hbm.bytes (each rounded down to its own slabs): the totals below
+ * bound them all. */
 uint64_t memcheck_demand(const struct kvn_config *cfg, char *what, size_t whatlen)
 {
     uint64_t host = cfg->slab_bytes ? cfg->host_bytes / cfg->slab_bytes * cfg->slab_bytes : cfg->host_bytes;

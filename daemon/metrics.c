@@ -161,26 +161,35 @@ static void render_cache(struct evbuffer *out, const struct stats_snapshot *snap
     sample_u(out, "kvnode_hbm_puts_total", L("placed", "hbm"), s->demotions.hbm_puts);
     sample_u(out, "kvnode_hbm_puts_total", L("placed", "host"), s->demotions.hbm_fallbacks);
 
-    family(out, "kvnode_namespace_blocks", "gauge",
-           "Sealed blocks per tier and namespace (deployment id and TP rank).");
-    for (size_t i = 0; i < s->namespaces; i++) {
-        struct cache_namespace_stats ns;
-        cache_namespace_stats(snap->cache, i, &ns);
-        snprintf(rank, sizeof rank, "%" PRIu32, ns.tp_rank);
-        sample_u(out, "kvnode_namespace_blocks", L("tier", "host", "namespace", ns.deployment_id, "tp_rank", rank),
-                 ns.blocks);
-        if (s->has_store)
-            sample_u(out, "kvnode_namespace_blocks",
-                     L("tier", "store", "namespace", ns.deployment_id, "tp_rank", rank), ns.stored_blocks);
-    }
-    family(out, "kvnode_namespace_bytes", "gauge",
-           "Bytes of sealed blocks per tier and namespace (deployment id and TP rank).");
-    for (size_t i = 0; i < s->namespaces; i++) {
-        struct cache_namespace_stats ns;
-        cache_namespace_stats(snap->cache, i, &ns);
-        snprintf(rank, sizeof rank, "%" PRIu32, ns.tp_rank);
-        sample_u(out, "kvnode_namespace_bytes", L("tier", "host", "namespace", ns.deployment_id, "tp_rank", rank),
-                 ns.bytes);
+    /* Per namespace only where the reader may see layouts (a node without
+     * [tenant.NAME] sections); with sections, per tenant instead. */
+    if (snap->nns > 0 || !snap->has_tenants) {
+        family(out, "kvnode_namespace_blocks", "gauge",
+               "Sealed blocks per tier and namespace (deployment id and TP rank).");
+        for (size_t src = 0; src < snap->nns; src++) {
+            for (size_t i = 0; i < snap->ns[src].n; i++) {
+                struct cache_namespace_stats ns;
+                cache_namespace_stats(snap->ns[src].cache, i, &ns);
+                snprintf(rank, sizeof rank, "%" PRIu32, ns.tp_rank);
+                sample_u(out, "kvnode_namespace_blocks",
+                         L("tier", "host", "namespace", ns.deployment_id, "tp_rank", rank), ns.blocks);
+                if (s->has_store)
+                    sample_u(out, "kvnode_namespace_blocks",
+                             L("tier", "store", "namespace", ns.deployment_id, "tp_rank", rank),
+                             ns.stored_blocks);
+            }
+        }
+        family(out, "kvnode_namespace_bytes", "gauge",
+               "Bytes of sealed blocks per tier and namespace (deployment id and TP rank).");
+        for (size_t src = 0; src < snap->nns; src++) {
+            for (size_t i = 0; i < snap->ns[src].n; i++) {
+                struct cache_namespace_stats ns;
+                cache_namespace_stats(snap->ns[src].cache, i, &ns);
+                snprintf(rank, sizeof rank, "%" PRIu32, ns.tp_rank);
+                sample_u(out, "kvnode_namespace_bytes",
+                         L("tier", "host", "namespace", ns.deployment_id, "tp_rank", rank), ns.bytes);
+            }
+        }
     }
 
     family(out, "kvnode_keys_total", "counter",
@@ -206,6 +215,56 @@ static void render_cache(struct evbuffer *out, const struct stats_snapshot *snap
     family(out, "kvnode_leases_reaped_total", "counter", "Leases ended by the reaper after their TTL, by kind.");
     sample_u(out, "kvnode_leases_reaped_total", L("kind", "read"), s->leases.reaped_read);
     sample_u(out, "kvnode_leases_reaped_total", L("kind", "write"), s->leases.reaped_write);
+}
+
+/* Per tenant, on a node with [tenant.NAME] sections: memory, blocks,
+ * namespaces, clients and evictions by tenant name (never by model). */
+static void render_tenants(struct evbuffer *out, const struct stats_snapshot *s)
+{
+    static const struct { const char *name, *type, *help; } fams[] = {
+        { "kvnode_tenant_capacity_bytes", "gauge", "Bytes of memory a tenant owns, by tier (HBM: all devices)." },
+        { "kvnode_tenant_used_bytes", "gauge", "Bytes of a tenant's memory in use, by tier." },
+        { "kvnode_tenant_blocks", "gauge", "Blocks a tenant holds in memory (host and HBM) or only in its store." },
+        { "kvnode_tenant_namespaces", "gauge", "A tenant's namespaces, and those of them active." },
+        { "kvnode_tenant_clients", "gauge", "Connections of a tenant now." },
+        { "kvnode_tenant_refused_total", "counter", "Connections of a tenant refused at its max_clients." },
+        { "kvnode_tenant_evictions_total", "counter", "Host blocks a tenant's own load evicted." },
+        { "kvnode_tenant_keys_total", "counter", "Keys a tenant's match and get looked up, matched or missed." },
+    };
+
+    if (!s->has_tenants)
+        return;
+    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
+        family(out, fams[f].name, fams[f].type, fams[f].help);
+        for (size_t i = 0; i < s->ntenants; i++) {
+            const struct stats_tenant *t = &s->tenants[i];
+            switch (f) {
+            case 0:
+                sample_u(out, fams[f].name, L("tenant", t->name, "tier", "host"), t->host_capacity);
+                sample_u(out, fams[f].name, L("tenant", t->name, "tier", "hbm"), t->hbm_capacity);
+                break;
+            case 1:
+                sample_u(out, fams[f].name, L("tenant", t->name, "tier", "host"), t->host_used);
+                sample_u(out, fams[f].name, L("tenant", t->name, "tier", "hbm"), t->hbm_used);
+                break;
+            case 2:
+                sample_u(out, fams[f].name, L("tenant", t->name, "tier", "memory"), t->blocks);
+                sample_u(out, fams[f].name, L("tenant", t->name, "tier", "store"), t->store_blocks);
+                break;
+            case 3:
+                sample_u(out, fams[f].name, L("tenant", t->name, "state", "all"), t->namespaces);
+                sample_u(out, fams[f].name, L("tenant", t->name, "state", "active"), t->namespaces_active);
+                break;
+            case 4: sample_u(out, fams[f].name, L("tenant", t->name), t->clients); break;
+            case 5: sample_u(out, fams[f].name, L("tenant", t->name), t->refused); break;
+            case 6: sample_u(out, fams[f].name, L("tenant", t->name), t->evictions); break;
+            default:
+                sample_u(out, fams[f].name, L("tenant", t->name, "result", "matched"), t->keys_matched);
+                sample_u(out, fams[f].name, L("tenant", t->name, "result", "missed"), t->keys_missed);
+                break;
+            }
+        }
+    }
 }
 
 /* The persistent store, when one is configured. */
@@ -401,7 +460,8 @@ int metrics_render(struct daemon *d, struct evbuffer *out)
 
     if (!s)
         return -1;
-    stats_collect(d, s);
+    struct stats_view view = stats_admin_view(d);
+    stats_collect(d, &view, s);
 
     family(out, "kvnode_build_info", "gauge", "Always 1; the version label names the build.");
     sample_u(out, "kvnode_build_info", L("version", KVNODE_VERSION_STRING), 1);
@@ -409,6 +469,7 @@ int metrics_render(struct daemon *d, struct evbuffer *out)
     sample_d(out, "kvnode_uptime_seconds", NULL, s->ops.uptime_s);
 
     render_cache(out, s);
+    render_tenants(out, s);
     render_requests(out, s->ops.by_status);
     render_persist(out, &s->cache_stats.persist);
     render_kvcm(out, s);

@@ -5,12 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/cache.h"
 #include "daemon.h"
 #include "core/log.h"
 #include "net/ops.h"
 #include "sdnotify.h"
 #include "net/server.h"
+#include "tenants.h"
 
 int reload_run(struct daemon *d, struct reload_result *res)
 {
@@ -26,10 +26,21 @@ int reload_run(struct daemon *d, struct reload_result *res)
                      res->not_applied, strchr(res->not_applied, ',') ? "" : "s",
                      strchr(res->not_applied, ',') ? "s" : "");
             config_keep_restart_only(next, old);
+            /* What is kept and what is new must still agree (a uid moved
+             * into a tenant from one that stays until the restart). The
+             * message goes after its preamble; cleared when all is well. */
+            int n = snprintf(res->error, sizeof res->error, "with %.400s kept as running until a restart, the "
+                             "configuration is invalid:\n", res->not_applied);
+            size_t at = n > 0 && (size_t)n < sizeof res->error ? (size_t)n : 0;
+            if (config_resolve(next, res->error + at, sizeof res->error - at) < 0) {
+                res->not_applied[0] = '\0';
+                goto fail;
+            }
+            res->error[0] = '\0';
         }
         d->cfg = next;
         log_set_level(next->log_level);
-        cache_apply_config(d->cache, next);
+        tenants_apply_config(d->tenants, next);
         ops_apply_config(d->ops, next);
         server_apply_config(d->server, next);
         free(old);
@@ -40,6 +51,7 @@ int reload_run(struct daemon *d, struct reload_result *res)
         sdn_ready(d);
         return 0;
     }
+fail:
     free(next);
     d->reloads_failed++;
     snprintf(d->last_reload_error, sizeof d->last_reload_error, "%s", res->error);

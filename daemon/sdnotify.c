@@ -14,13 +14,14 @@
 
 #include "cache/cache.h"
 #include "daemon.h"
+#include "tenants.h"
 #include "core/log.h"
 #include "persist/persist.h"
 #include "net/server.h"
 #include "core/liveness.h"
 
 #define SDN_STATUS_INTERVAL_MS 5000
-#define SDN_STATUS_MAX 512
+#define SDN_STATUS_MAX 2048   /* a line per tenant fits (17 of them) */
 
 static struct {
     struct daemon *d;
@@ -93,7 +94,7 @@ void sdn_status_line(struct daemon *d, char *buf, size_t len)
     buf[0] = '\0';
     if (!(cs = malloc(sizeof *cs)))
         return;
-    cache_get_stats(d->cache, cs);
+    tenants_cache_totals(d->tenants, cs);
     server_get_stats(d->server, &ss);
     SDN_APPEND("serving on %s:", server_socket_path(d->server));
     bool first = true;
@@ -123,6 +124,19 @@ void sdn_status_line(struct daemon *d, char *buf, size_t len)
             SDN_APPEND(", recovering (%llu found)", (unsigned long long)p->store.scan_found);
         if (p->store.state == PERSIST_STATE_DEGRADED && perr && *perr)
             SDN_APPEND(": %.*s", (int)strcspn(perr, "\n") > 160 ? 160 : (int)strcspn(perr, "\n"), perr);
+    }
+    if (tenants_configured(d->tenants)) {
+        /* Per tenant: its host memory and its clients (names only, no models). */
+        for (size_t i = 0; i < tenants_count(d->tenants); i++) {
+            const struct tenant *t = tenants_at(d->tenants, i);
+            struct arena_stats hs = { 0 };
+            if (t->cache)
+                cache_host_stats(t->cache, &hs);
+            sdn_human_bytes(hs.used_bytes, used, sizeof used);
+            sdn_human_bytes(hs.capacity, cap, sizeof cap);
+            SDN_APPEND("%s %s %s of %s, %u client%s", i ? "," : "; tenants", t->name, used, cap,
+                       t->clients, t->clients == 1 ? "" : "s");
+        }
     }
     if (d->last_reload_error[0]) {
         /* First line of the error only: STATUS is one line. */

@@ -6,14 +6,64 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "tenants.h"
 #include "wire.h"
 
-void stats_collect(struct daemon *d, struct stats_snapshot *s)
+struct stats_view stats_admin_view(const struct daemon *d)
+{
+    return (struct stats_view){ .layouts = !tenants_configured(d->tenants), .only = NULL };
+}
+
+struct stats_view stats_client_view(const struct daemon *d, const struct tenant *t, uid_t uid)
+{
+    bool all = !tenants_configured(d->tenants) || uid == 0 || uid == geteuid();
+    return (struct stats_view){ .layouts = true, .only = all ? NULL : t };
+}
+
+/* Each tenant's line, the node totals, and the namespaces view lets through. */
+static void stats_collect_tenants(struct daemon *d, const struct stats_view *view,
+                                  struct stats_snapshot *s)
+{
+    struct cache_stats *cs = malloc(sizeof *cs);
+    bool first = true;
+
+    s->has_tenants = tenants_configured(d->tenants);
+    s->show_deployments = view->layouts && (!s->has_tenants || !view->only);
+    for (size_t i = 0; i < tenants_count(d->tenants); i++) {
+        const struct tenant *t = tenants_at(d->tenants, i);
+        struct stats_tenant *st = &s->tenants[s->ntenants++];
+        *st = (struct stats_tenant){ .name = t->name, .clients = t->clients, .refused = t->refused };
+        if (!t->cache || !cs)
+            continue;
+        cache_get_stats(t->cache, cs);
+        cache_stats_add(&s->cache_stats, cs, first);
+        first = false;
+        st->host_capacity = cs->host.capacity;
+        st->host_used = cs->host.used_bytes;
+        st->blocks = cs->host.blocks;
+        for (unsigned h = 0; h < cs->nhbm; h++) {
+            st->hbm_capacity += cs->hbm[h].mem.capacity;
+            st->hbm_used += cs->hbm[h].mem.used_bytes;
+            st->blocks += cs->hbm[h].mem.blocks;
+        }
+        st->namespaces = cs->namespaces;
+        st->namespaces_active = cs->namespaces_active;
+        st->store_blocks = cs->store_blocks;
+        st->evictions = cs->evictions.to_store + cs->evictions.dropped + cs->evictions.quota;
+        st->keys_matched = cs->keys.matched;
+        st->keys_missed = cs->keys.absent + cs->keys.writing + cs->keys.beyond_gap;   /* as "keys" counts them */
+        if (view->layouts && (!view->only || view->only == t))
+            s->ns[s->nns++] = (struct stats_ns_source){
+                .cache = t->cache, .tenant = s->has_tenants ? t->name : NULL, .n = cs->namespaces };
+    }
+    free(cs);
+}
+
+void stats_collect(struct daemon *d, const struct stats_view *view, struct stats_snapshot *s)
 {
     memset(s, 0, sizeof *s);
     ops_get_stats(d->ops, &s->ops);
-    s->cache = d->cache;
-    cache_get_stats(d->cache, &s->cache_stats);
+    stats_collect_tenants(d, view, s);
     s->has_server = d->server != NULL;
     if (d->server)
         server_get_stats(d->server, &s->server);
@@ -159,35 +209,67 @@ static void persist_json(const struct cache_persist_stats *p, json_t *root)
     set(root, "persist", o);
 }
 
-static void namespaces_json(struct cache *c, size_t n, json_t *root)
+static void namespaces_json(const struct stats_ns_source *src, size_t nsrc, json_t *root)
 {
     json_t *nss = json_array();
 
-    for (size_t i = 0; i < n; i++) {
-        struct cache_namespace_stats ns;
-        json_t *o = json_object();
-        cache_namespace_stats(c, i, &ns);
-        set(o, "id", json_integer(ns.id));
-        set(o, "deployment_id", json_string(ns.deployment_id));
-        set(o, "model", json_string(ns.model));
-        set(o, "dtype", json_string(ns.dtype));
-        set(o, "block_tokens", json_integer(ns.block_tokens));
-        set(o, "block_bytes", ju(ns.block_bytes));
-        set(o, "tp_size", json_integer(ns.tp_size));
-        set(o, "tp_rank", json_integer(ns.tp_rank));
-        set(o, "blocks", ju(ns.blocks));
-        set(o, "bytes", ju(ns.bytes));
-        set(o, "reserved_bytes", ju(ns.reserved_bytes));
-        set(o, "stored_blocks", ju(ns.stored_blocks));
-        set(o, "quota_bytes", ju(ns.quota_bytes));
-        set(o, "clients", json_integer(ns.clients));
-        set(o, "active", json_boolean(ns.active));
-        json_array_append_new(nss, o);
+    for (size_t k = 0; k < nsrc; k++) {
+        for (size_t i = 0; i < src[k].n; i++) {
+            struct cache_namespace_stats ns;
+            json_t *o = json_object();
+            cache_namespace_stats(src[k].cache, i, &ns);
+            if (src[k].tenant)
+                set(o, "tenant", json_string(src[k].tenant));
+            set(o, "id", json_integer(ns.id));
+            set(o, "deployment_id", json_string(ns.deployment_id));
+            set(o, "model", json_string(ns.model));
+            set(o, "dtype", json_string(ns.dtype));
+            set(o, "block_tokens", json_integer(ns.block_tokens));
+            set(o, "block_bytes", ju(ns.block_bytes));
+            set(o, "tp_size", json_integer(ns.tp_size));
+            set(o, "tp_rank", json_integer(ns.tp_rank));
+            set(o, "blocks", ju(ns.blocks));
+            set(o, "bytes", ju(ns.bytes));
+            set(o, "reserved_bytes", ju(ns.reserved_bytes));
+            set(o, "stored_blocks", ju(ns.stored_blocks));
+            set(o, "quota_bytes", ju(ns.quota_bytes));
+            set(o, "clients", json_integer(ns.clients));
+            set(o, "active", json_boolean(ns.active));
+            json_array_append_new(nss, o);
+        }
     }
     set(root, "namespaces", nss);
 }
 
-static void cache_json(const struct cache_stats *s, struct cache *c, json_t *root)
+/* "tenants": each tenant by name and counts (never its models). */
+static void tenants_json(const struct stats_snapshot *s, json_t *root)
+{
+    json_t *arr = json_array();
+
+    for (size_t i = 0; i < s->ntenants; i++) {
+        const struct stats_tenant *t = &s->tenants[i];
+        json_t *o = json_object();
+        set(o, "name", json_string(t->name));
+        set(o, "clients", json_integer(t->clients));
+        set(o, "refused_total", ju(t->refused));
+        set(o, "host_capacity_bytes", ju(t->host_capacity));
+        set(o, "host_used_bytes", ju(t->host_used));
+        set(o, "hbm_capacity_bytes", ju(t->hbm_capacity));
+        set(o, "hbm_used_bytes", ju(t->hbm_used));
+        set(o, "namespaces", ju(t->namespaces));
+        set(o, "namespaces_active", ju(t->namespaces_active));
+        set(o, "blocks", ju(t->blocks));
+        set(o, "store_blocks", ju(t->store_blocks));
+        set(o, "evictions_total", ju(t->evictions));
+        set(o, "keys_matched_total", ju(t->keys_matched));
+        set(o, "keys_missed_total", ju(t->keys_missed));
+        json_array_append_new(arr, o);
+    }
+    set(root, "tenants", arr);
+}
+
+static void cache_json(const struct cache_stats *s, const struct stats_ns_source *src, size_t nsrc,
+                       json_t *root)
 {
     json_t *tiers = json_object(), *host = json_object();
     json_t *leases = json_object(), *ev = json_object(), *evh = json_object();
@@ -210,7 +292,7 @@ static void cache_json(const struct cache_stats *s, struct cache *c, json_t *roo
     }
     set(root, "tiers", tiers);
 
-    namespaces_json(c, s->namespaces, root);
+    namespaces_json(src, nsrc, root);
     set(root, "namespaces_active", ju(s->namespaces_active));
     set(root, "namespaces_reclaimed_total", ju(s->namespaces_reclaimed));
 
@@ -238,7 +320,8 @@ void stats_cache_json(struct cache *c, json_t *root)
     if (!s)
         return;
     cache_get_stats(c, s);
-    cache_json(s, c, root);
+    struct stats_ns_source src = { .cache = c, .n = s->namespaces };
+    cache_json(s, &src, 1, root);
     free(s);
 }
 
@@ -332,7 +415,7 @@ static void kvcm_json(const struct stats_snapshot *s, json_t *root)
         for (size_t i = 0; i < k->nmedia; i++)
             json_array_append_new(media, json_string(k->media[i]));
         set(o, "media", media);
-        for (size_t i = 0; i < k->ndeployments; i++) {
+        for (size_t i = 0; s->show_deployments && i < k->ndeployments; i++) {
             const struct kvcm_deployment_stats *d = &k->deployments[i];
             json_t *dj = json_object();
             set(dj, "deployment_id", json_string(d->deployment_id));
@@ -385,7 +468,9 @@ json_t *stats_json(const struct stats_snapshot *s)
     set(root, "pid", json_integer(getpid()));
     set(root, "uptime_s", json_real(s->ops.uptime_s));
     set(root, "socket", json_string(s->ops.socket_path));
-    cache_json(&s->cache_stats, s->cache, root);
+    cache_json(&s->cache_stats, s->ns, s->nns, root);
+    if (s->has_tenants)
+        tenants_json(s, root);
     if (s->has_server)
         server_json(&s->server, root);
     requests_json(&s->ops, &s->cache_stats.keys, root);
@@ -400,15 +485,21 @@ json_t *stats_json(const struct stats_snapshot *s)
     return root;
 }
 
-json_t *stats_document(struct daemon *d)
+json_t *stats_document_for(struct daemon *d, const struct stats_view *view)
 {
     struct stats_snapshot *s = malloc(sizeof *s);
     json_t *doc;
 
     if (!s)
         return NULL;
-    stats_collect(d, s);
+    stats_collect(d, view, s);
     doc = stats_json(s);
     free(s);
     return doc;
+}
+
+json_t *stats_document(struct daemon *d)
+{
+    struct stats_view view = stats_admin_view(d);
+    return stats_document_for(d, &view);
 }

@@ -53,6 +53,11 @@ struct cache_arena_info {
 
 int  cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,
                   char *err, size_t errlen);
+/* The cache of a named tenant (NULL: "default", as cache_create): its
+ * namespaces' identity includes the name (ns_fingerprint_tenant) and its
+ * limit messages name [tenant.NAME] options. */
+int  cache_create_tenant(struct event_base *base, const struct kvn_config *cfg, const char *tenant,
+                         struct cache **out, char *err, size_t errlen);
 void cache_destroy(struct cache *c);
 /* Apply the reloadable subset (watermarks, TTLs, reaper interval, limits,
  * namespace quota: a lowered quota applies at each namespace's next put). */
@@ -86,6 +91,8 @@ int  cache_add_hbm(struct cache *c, struct devmem *dm, const struct devmem_regio
 void cache_set_copier(struct cache *c, struct copier *cp);
 /* Host-arena pinning progress for stats (NULL: not pinned). */
 void cache_set_hostpin(struct cache *c, struct hostpin *hp);
+/* The host arena's figures alone (cheap: no walk). */
+void cache_host_stats(const struct cache *c, struct arena_stats *out);
 /* The host arena's memory, for pinning. */
 void *cache_host_base(const struct cache *c);
 uint64_t cache_host_size(const struct cache *c);
@@ -261,6 +268,11 @@ struct cache_stats {
     struct metrics_keys keys;        /* cache_key_metrics */
 };
 void cache_get_stats(struct cache *c, struct cache_stats *out);
+/* Node totals over several caches (one per tenant): first copies x into
+ * sum; later calls add x's counters and bytes (HBM merged by device; the
+ * shared copier's counters taken once; max_reserved_per_client_bytes the
+ * largest; pin state the worst; the first error kept). */
+void cache_stats_add(struct cache_stats *sum, const struct cache_stats *x, bool first);
 
 /* One entry of "namespaces"; strings belong to the namespace. */
 struct cache_namespace_stats {

@@ -18,6 +18,12 @@
 int cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,
                  char *err, size_t errlen)
 {
+    return cache_create_tenant(base, cfg, NULL, out, err, errlen);
+}
+
+int cache_create_tenant(struct event_base *base, const struct kvn_config *cfg, const char *tenant,
+                        struct cache **out, char *err, size_t errlen)
+{
     struct cache *c = calloc(1, sizeof *c);
     int rc;
 
@@ -39,7 +45,7 @@ int cache_create(struct event_base *base, const struct kvn_config *cfg, struct c
         errmsg_set(err, errlen, "cannot create the block index: out of memory");
         goto fail;
     }
-    rc = ns_registry_create(cfg->max_namespaces, &c->namespaces);
+    rc = ns_registry_create_tenant(cfg->max_namespaces, tenant, &c->namespaces);
     if (rc < 0) {
         errmsg_set(err, errlen, "cannot create the namespace registry: out of memory");
         goto fail;
@@ -127,6 +133,10 @@ void cache_apply_config(struct cache *c, const struct kvn_config *cfg)
     c->max_reserved_per_client = cfg->max_reserved_per_client;
     /* A lowered quota is enforced at each namespace's next put, no sweep. */
     c->namespace_quota = cfg->namespace_quota;
+    /* A tenant's namespace limit is reloadable (the LRU heads grow on
+     * demand when the early reservation fails). */
+    if (c->namespaces && ns_registry_set_max(c->namespaces, cfg->max_namespaces) == 0 && c->index)
+        (void)index_ns_reserve(c->index, cfg->max_namespaces + 1u);
     c->policy = cfg->persist_policy;
     c->request_timeout_ms = cfg->request_timeout_ms;
     c->hbm_high = cfg->hbm_high_watermark;
@@ -298,6 +308,11 @@ int cache_add_hbm(struct cache *c, struct devmem *dm, const struct devmem_region
 void *cache_host_base(const struct cache *c)
 {
     return arena_base(c->host);
+}
+
+void cache_host_stats(const struct cache *c, struct arena_stats *out)
+{
+    arena_get_stats(c->host, out);
 }
 
 uint64_t cache_host_size(const struct cache *c)

@@ -85,13 +85,18 @@ int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
     uint64_t limit = cache_reserve_limit(c);
     uint64_t want = (uint64_t)need * ns->layout.block_bytes;
     if (owner->reserved_bytes + want > limit) {
-        char lim[32], held[32];
+        char lim[32], held[32], option[NS_TENANT_MAX + 40];
+        const char *tenant = ns_registry_tenant(c->namespaces);
         cache_format_size(limit, lim, sizeof lim);
         cache_format_size(owner->reserved_bytes, held, sizeof held);
+        if (*tenant)
+            snprintf(option, sizeof option, "[tenant.%s] max_reserved_per_client", tenant);
+        else
+            snprintf(option, sizeof option, "leases.max_reserved_per_client");
         errmsg_set(err, errlen, "this connection would hold more than %s of uncommitted put "
-                   "reservations (leases.max_reserved_per_client = %.3g of the memory tiers): it holds "
+                   "reservations (%s = %.3g of the memory tiers): it holds "
                    "%s and asks for %zu blocks of %" PRIu64 " bytes; commit or abort puts first, "
-                   "or put fewer blocks at once", lim, c->max_reserved_per_client, held, need,
+                   "or put fewer blocks at once", lim, option, c->max_reserved_per_client, held, need,
                    ns->layout.block_bytes);
         c->reservations_refused++;
         return -KVNODE_ELIMIT;

@@ -138,3 +138,155 @@ void cache_namespace_stats(struct cache *c, size_t i, struct cache_namespace_sta
         .clients = ns->clients, .active = ns_active(ns),
     };
 }
+
+/* The worse of two pin states, for a node total: failed, running, stopped,
+ * done, off. */
+static const char *cache_pin_worse(const char *a, const char *b)
+{
+    static const char *const order[] = { "failed", "running", "stopped", "done", "off" };
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+        if (strcmp(a, order[i]) == 0 || strcmp(b, order[i]) == 0)
+            return order[i];
+    return a;
+}
+
+static void cache_arena_stats_add(struct arena_stats *sum, const struct arena_stats *x)
+{
+    sum->capacity += x->capacity;
+    sum->used_bytes += x->used_bytes;
+    sum->slabs_total += x->slabs_total;
+    sum->slabs_free += x->slabs_free;
+    sum->blocks += x->blocks;
+    if (!sum->slab_bytes)
+        sum->slab_bytes = x->slab_bytes;
+}
+
+static void cache_persist_stats_add(struct cache_persist_stats *sum, const struct cache_persist_stats *x)
+{
+    struct persist_counters *s = &sum->store;
+    const struct persist_counters *c = &x->store;
+
+    if (!x->on)
+        return;
+    if (!sum->on) {
+        *sum = *x;
+        return;
+    }
+    if ((!sum->last_error || !*sum->last_error) && x->last_error)
+        sum->last_error = x->last_error;
+    s->written_blocks += c->written_blocks;
+    s->written_bytes += c->written_bytes;
+    s->read_blocks += c->read_blocks;
+    s->read_bytes += c->read_bytes;
+    s->read_misses += c->read_misses;
+    s->deleted_keys += c->deleted_keys;
+    s->tombstones += c->tombstones;
+    s->tombstones_dropped += c->tombstones_dropped;
+    s->tombstone_hits += c->tombstone_hits;
+    for (int op = 0; op < PERSIST_OPS; op++)
+        for (int k = 0; k < PERSIST_FAIL_KINDS; k++)
+            s->failures[op][k] += c->failures[op][k];
+    s->refused_queue_full += c->refused_queue_full;
+    s->submitted += c->submitted;
+    s->completed += c->completed;
+    s->queue_depth += c->queue_depth;
+    s->queue_capacity += c->queue_capacity;
+    s->workers += c->workers;
+    s->scan_running = s->scan_running || c->scan_running;
+    s->scan_complete = s->scan_complete && c->scan_complete;
+    s->scan_found += c->scan_found;
+    if (c->scan_started_ms && (!s->scan_started_ms || c->scan_started_ms < s->scan_started_ms))
+        s->scan_started_ms = c->scan_started_ms;
+    s->scan_finished_ms = !s->scan_finished_ms || !c->scan_finished_ms ? 0
+                          : c->scan_finished_ms > s->scan_finished_ms ? c->scan_finished_ms
+                          : s->scan_finished_ms;
+    if (c->state == PERSIST_STATE_DEGRADED)
+        s->state = PERSIST_STATE_DEGRADED;
+    sum->dropped += x->dropped;
+    sum->writes_deferred += x->writes_deferred;
+    sum->writes_waiting += x->writes_waiting;
+    sum->pinned_for_writes_bytes += x->pinned_for_writes_bytes;
+    sum->write_retries += x->write_retries;
+    sum->retry_pending += x->retry_pending;
+    sum->put_waits += x->put_waits;
+    sum->put_wait_timeouts += x->put_wait_timeouts;
+    sum->promotions += x->promotions;
+    sum->promotions_ok += x->promotions_ok;
+    sum->promotions_failed += x->promotions_failed;
+    sum->lookups += x->lookups;
+    sum->lookup_found += x->lookup_found;
+    sum->waits += x->waits;
+    sum->wait_timeouts += x->wait_timeouts;
+    sum->recovered += x->recovered;
+    sum->recovery_skipped += x->recovery_skipped;
+    if (x->has_recovery_seconds) {
+        if (!sum->has_recovery_seconds || x->recovery_seconds > sum->recovery_seconds)
+            sum->recovery_seconds = x->recovery_seconds;
+        sum->has_recovery_seconds = true;
+    }
+}
+
+void cache_stats_add(struct cache_stats *sum, const struct cache_stats *x, bool first)
+{
+    if (first) {
+        *sum = *x;
+        return;
+    }
+    cache_arena_stats_add(&sum->host, &x->host);
+    sum->pinned = sum->pinned && x->pinned;
+    sum->pinned_bytes += x->pinned_bytes;
+    sum->pin_state = cache_pin_worse(sum->pin_state, x->pin_state);
+    if (!sum->has_pin_error && x->has_pin_error) {
+        sum->has_pin_error = true;
+        memcpy(sum->pin_error, x->pin_error, sizeof sum->pin_error);
+    }
+    /* HBM: one entry per device, whoever's region it is. */
+    for (unsigned i = 0; i < x->nhbm; i++) {
+        unsigned j = 0;
+        while (j < sum->nhbm && sum->hbm[j].device != x->hbm[i].device)
+            j++;
+        if (j == sum->nhbm) {
+            if (sum->nhbm == DEVMEM_MAX_DEVICES)
+                continue;
+            sum->hbm[sum->nhbm++] = x->hbm[i];
+            continue;
+        }
+        cache_arena_stats_add(&sum->hbm[j].mem, &x->hbm[i].mem);
+        sum->hbm[j].moving_bytes += x->hbm[i].moving_bytes;
+    }
+    sum->demotions.blocks += x->demotions.blocks;
+    sum->demotions.bytes += x->demotions.bytes;
+    sum->demotions.aborted += x->demotions.aborted;
+    sum->demotions.failed += x->demotions.failed;
+    sum->demotions.dropped += x->demotions.dropped;
+    sum->demotions.hbm_puts += x->demotions.hbm_puts;
+    sum->demotions.hbm_fallbacks += x->demotions.hbm_fallbacks;
+    /* The copier is shared: its counters are the node's already. */
+    if (!sum->demotions.has_copier && x->demotions.has_copier) {
+        sum->demotions.has_copier = true;
+        sum->demotions.copier = x->demotions.copier;
+    }
+    sum->has_store = sum->has_store || x->has_store;
+    sum->store_blocks += x->store_blocks;
+    sum->namespaces += x->namespaces;
+    sum->namespaces_active += x->namespaces_active;
+    sum->namespaces_reclaimed += x->namespaces_reclaimed;
+    sum->leases.read += x->leases.read;
+    sum->leases.write += x->leases.write;
+    sum->leases.reaped_read += x->leases.reaped_read;
+    sum->leases.reaped_write += x->leases.reaped_write;
+    /* Per connection: the largest any tenant allows. */
+    if (x->leases.max_reserved_per_client_bytes > sum->leases.max_reserved_per_client_bytes)
+        sum->leases.max_reserved_per_client_bytes = x->leases.max_reserved_per_client_bytes;
+    sum->leases.reservations_refused += x->leases.reservations_refused;
+    sum->evictions.to_store += x->evictions.to_store;
+    sum->evictions.writeback += x->evictions.writeback;
+    sum->evictions.dropped += x->evictions.dropped;
+    sum->evictions.quota += x->evictions.quota;
+    cache_persist_stats_add(&sum->persist, &x->persist);
+    sum->keys.matched += x->keys.matched;
+    sum->keys.absent += x->keys.absent;
+    sum->keys.writing += x->keys.writing;
+    sum->keys.unavailable += x->keys.unavailable;
+    sum->keys.beyond_gap += x->keys.beyond_gap;
+}

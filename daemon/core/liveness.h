@@ -15,7 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define LIVENESS_MAX      64
+/* Every worker of every tenant's store (up to 17 x (32 + 1)), the copiers,
+ * the pinning threads and the query worker. */
+#define LIVENESS_MAX      640
 #define LIVENESS_NAME_MAX  32   /* bytes, with the terminating NUL; longer names are cut */
 /* A worker silent for longer than [server] worker_stall_timeout (at least 2 s)
  * is stalled (systemd watchdog, /readyz): beat at least every second, idle or

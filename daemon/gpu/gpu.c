@@ -18,12 +18,23 @@
 
 struct gpu {
     struct devmem *dm;
-    struct devmem_region regions[DEVMEM_MAX_DEVICES];
+    struct gpu_cache caches[GPU_MAX_CACHES];
+    size_t ncaches;
+    struct devmem_region *regions;      /* GPU_MAX_CACHES * DEVMEM_MAX_DEVICES */
     unsigned nregions;
     struct copier *copier;
-    struct hostpin *hostpin;
+    struct hostpin *hostpins[GPU_MAX_CACHES];   /* by cache; NULL: not pinned */
     char why_off[256];          /* why there is no HBM tier ("" when there is one) */
 };
+
+/* "tenant X: " before a log line about a named cache, nothing otherwise. */
+static const char *gpu_who(const struct gpu_cache *gc, char *buf, size_t len)
+{
+    if (!gc->name)
+        return "";
+    snprintf(buf, len, "tenant %s: ", gc->name);
+    return buf;
+}
 
 /* The backend [hbm] backend names; falls back to none (why set) when an
  * explicitly named cuda cannot start. */
@@ -45,17 +56,21 @@ static int gpu_open_backend(const struct kvn_config *cfg, struct gpu *g, char *w
     }
 }
 
-/* HBM arenas on the configured devices. 0, or -1 (err set) when the start
- * must fail; without required, what could not be had is logged. */
-static int gpu_start_hbm(const struct kvn_config *cfg, struct gpu *g, struct cache *cache,
-                         const char *backend_why, char *err, size_t errlen)
+/* HBM arenas on the configured devices, for each cache that asks for some.
+ * 0, or -1 (err set) when the start must fail; without required, what
+ * could not be had is logged. */
+static int gpu_start_hbm(const struct kvn_config *cfg, struct gpu *g, const char *backend_why,
+                         char *err, size_t errlen)
 {
     int devs[CONFIG_HBM_DEVICES_MAX];
     size_t ndevs = 0;
-    char why[512];
+    char why[512], who[CONFIG_TENANT_NAME_MAX + 16];
     int count = devmem_device_count(g->dm);
+    bool wanted = false;
 
-    if (cfg->hbm_bytes == 0) {
+    for (size_t t = 0; t < g->ncaches; t++)
+        wanted |= g->caches[t].hbm_bytes > 0;
+    if (!wanted) {
         snprintf(g->why_off, sizeof g->why_off, "hbm.bytes = 0");
         log_info("HBM tier off: hbm.bytes = 0 (GPU memory stays the engines')");
         return 0;
@@ -70,26 +85,32 @@ static int gpu_start_hbm(const struct kvn_config *cfg, struct gpu *g, struct cac
     if (ndevs == 0)
         for (int d = 0; d < count && d < DEVMEM_MAX_DEVICES; d++)
             devs[ndevs++] = d;
-    for (size_t i = 0; i < ndevs; i++) {
-        struct devmem_region *r = &g->regions[g->nregions];
-        if (devs[i] >= count) {
-            snprintf(why, sizeof why, "GPU %d is not visible (%d visible to the %s backend)",
-                     devs[i], count, devmem_kind_name(devmem_kind(g->dm)));
-        } else if (devmem_region_alloc(g->dm, devs[i], cfg->hbm_bytes, r, why, sizeof why) == 0) {
-            g->nregions++;
-            if (cache_add_hbm(cache, g->dm, r, cfg->slab_bytes, why, sizeof why) == 0) {
-                log_info("HBM tier: GPU %d, %" PRIu64 " MiB (%s backend, lent through %s)",
-                         devs[i], r->size >> 20, devmem_kind_name(devmem_kind(g->dm)),
-                         r->ipc_len ? "CUDA IPC" : "a mapped memfd");
-                continue;
+    for (size_t t = 0; t < g->ncaches; t++) {
+        const struct gpu_cache *gc = &g->caches[t];
+        if (gc->hbm_bytes == 0)
+            continue;
+        gpu_who(gc, who, sizeof who);
+        for (size_t i = 0; i < ndevs && i < DEVMEM_MAX_DEVICES; i++) {
+            struct devmem_region *r = &g->regions[g->nregions];
+            if (devs[i] >= count) {
+                snprintf(why, sizeof why, "GPU %d is not visible (%d visible to the %s backend)",
+                         devs[i], count, devmem_kind_name(devmem_kind(g->dm)));
+            } else if (devmem_region_alloc(g->dm, devs[i], gc->hbm_bytes, r, why, sizeof why) == 0) {
+                g->nregions++;
+                if (cache_add_hbm(gc->cache, g->dm, r, cfg->slab_bytes, why, sizeof why) == 0) {
+                    log_info("%sHBM tier: GPU %d, %" PRIu64 " MiB (%s backend, lent through %s)",
+                             who, devs[i], r->size >> 20, devmem_kind_name(devmem_kind(g->dm)),
+                             r->ipc_len ? "CUDA IPC" : "a mapped memfd");
+                    continue;
+                }
             }
+            if (cfg->hbm_required) {
+                errmsg_set(err, errlen, "hbm.required = on but the %sHBM tier on GPU %d is unavailable: %s",
+                           who, devs[i], why);
+                return -1;
+            }
+            log_warn("%sHBM tier: GPU %d left out: %s", who, devs[i], why);
         }
-        if (cfg->hbm_required) {
-            errmsg_set(err, errlen, "hbm.required = on but the HBM tier on GPU %d is unavailable: %s",
-                       devs[i], why);
-            return -1;
-        }
-        log_warn("HBM tier: GPU %d left out: %s", devs[i], why);
     }
     if (g->nregions > 0)
         return 0;
@@ -103,10 +124,10 @@ unavailable:
     return 0;
 }
 
-static int gpu_start_pinning(const struct kvn_config *cfg, struct gpu *g, struct cache *cache,
-                             const char *backend_why, char *err, size_t errlen)
+static int gpu_start_pinning(const struct kvn_config *cfg, struct gpu *g, const char *backend_why,
+                             char *err, size_t errlen)
 {
-    char why[256];
+    char why[256], who[CONFIG_TENANT_NAME_MAX + 16];
 
     if (cfg->pin_host == CONFIG_PIN_OFF)
         return 0;
@@ -119,64 +140,78 @@ static int gpu_start_pinning(const struct kvn_config *cfg, struct gpu *g, struct
         log_info("host arena not pinned: %s", backend_why[0] ? backend_why : "no GPU backend");
         return 0;
     }
-    if (hostpin_start(g->dm, cache_host_base(cache), cache_host_size(cache), cfg->pin_chunk_bytes,
-                      cfg->pin_host == CONFIG_PIN_ON, &g->hostpin, why, sizeof why) < 0) {
-        g->hostpin = NULL;
-        if (cfg->pin_host == CONFIG_PIN_ON) {
-            errmsg_set(err, errlen, "memory.pin_host = on but the host arena cannot be pinned: %s",
-                       why);
-            return -1;
+    for (size_t t = 0; t < g->ncaches; t++) {
+        const struct gpu_cache *gc = &g->caches[t];
+        gpu_who(gc, who, sizeof who);
+        if (hostpin_start(g->dm, cache_host_base(gc->cache), cache_host_size(gc->cache),
+                          cfg->pin_chunk_bytes, cfg->pin_host == CONFIG_PIN_ON, &g->hostpins[t], why,
+                          sizeof why) < 0) {
+            g->hostpins[t] = NULL;
+            if (cfg->pin_host == CONFIG_PIN_ON) {
+                errmsg_set(err, errlen, "memory.pin_host = on but the %shost arena cannot be pinned: %s",
+                           who, why);
+                return -1;
+            }
+            log_info("%shost arena not pinned: %s", who, why);
+            continue;
         }
-        log_info("host arena not pinned: %s", why);
-        return 0;
+        cache_set_hostpin(gc->cache, g->hostpins[t]);
     }
-    cache_set_hostpin(cache, g->hostpin);
     return 0;
 }
 
-int gpu_start(struct event_base *base, const struct kvn_config *cfg, struct cache *cache,
-              struct gpu **out, char *err, size_t errlen)
+int gpu_start(struct event_base *base, const struct kvn_config *cfg, const struct gpu_cache *caches,
+              size_t n, struct gpu **out, char *err, size_t errlen)
 {
     struct gpu *g = calloc(1, sizeof *g);
     char backend_why[256] = "";
 
     *out = g;
-    if (!g) {
-        errmsg_set(err, errlen, "out of memory");
+    if (!g || n > GPU_MAX_CACHES ||
+        !(g->regions = calloc((size_t)GPU_MAX_CACHES * DEVMEM_MAX_DEVICES, sizeof *g->regions))) {
+        errmsg_set(err, errlen, g && n > GPU_MAX_CACHES ? "more caches than the GPU side serves"
+                                                        : "out of memory");
         return -1;
     }
+    memcpy(g->caches, caches, n * sizeof *caches);
+    g->ncaches = n;
     if (gpu_open_backend(cfg, g, backend_why, sizeof backend_why) < 0) {
         errmsg_set(err, errlen, "GPU backend: %s", backend_why);
         return -1;
     }
     if (devmem_kind(g->dm) != DEVMEM_NONE)
         backend_why[0] = '\0';
-    if (gpu_start_hbm(cfg, g, cache, backend_why, err, errlen) < 0)
+    if (gpu_start_hbm(cfg, g, backend_why, err, errlen) < 0)
         return -1;
     if (g->nregions > 0) {
-        /* A copy thread per device: one device's demotions never wait for another's. */
-        if (copier_create(base, g->dm, g->nregions, GPU_COPY_QUEUE, &g->copier, err, errlen) < 0)
+        /* A copy thread per region (device and tenant), up to the copier's
+         * bound: one device's demotions never wait for another's. */
+        unsigned threads = g->nregions < COPIER_MAX_THREADS ? g->nregions : COPIER_MAX_THREADS;
+        if (copier_create(base, g->dm, threads, GPU_COPY_QUEUE, &g->copier, err, errlen) < 0)
             return -1;
-        cache_set_copier(cache, g->copier);
+        for (size_t t = 0; t < g->ncaches; t++)
+            if (g->caches[t].hbm_bytes > 0)
+                cache_set_copier(g->caches[t].cache, g->copier);
     }
-    return gpu_start_pinning(cfg, g, cache, backend_why, err, errlen);
+    return gpu_start_pinning(cfg, g, backend_why, err, errlen);
 }
 
-void gpu_stop(struct gpu *g, struct cache *cache)
+void gpu_stop(struct gpu *g)
 {
     if (!g)
         return;
     if (g->copier) {
         copier_destroy(g->copier);   /* demotions in flight come back first */
         g->copier = NULL;
-        if (cache)
-            cache_set_copier(cache, NULL);
+        for (size_t t = 0; t < g->ncaches; t++)
+            cache_set_copier(g->caches[t].cache, NULL);
     }
-    if (g->hostpin) {
-        hostpin_stop(g->hostpin);
-        g->hostpin = NULL;
-        if (cache)
-            cache_set_hostpin(cache, NULL);
+    for (size_t t = 0; t < g->ncaches; t++) {
+        if (!g->hostpins[t])
+            continue;
+        hostpin_stop(g->hostpins[t]);
+        g->hostpins[t] = NULL;
+        cache_set_hostpin(g->caches[t].cache, NULL);
     }
 }
 
@@ -184,11 +219,16 @@ void gpu_destroy(struct gpu *g)
 {
     if (!g)
         return;
-    gpu_stop(g, NULL);
+    /* The caches are gone by now: only the threads are stopped here. */
+    if (g->copier)
+        copier_destroy(g->copier);
+    for (size_t t = 0; t < g->ncaches; t++)
+        hostpin_stop(g->hostpins[t]);
     for (unsigned i = 0; i < g->nregions; i++)
         devmem_region_free(g->dm, &g->regions[i]);
     if (g->dm)
         devmem_close(g->dm);
+    free(g->regions);
     free(g);
 }
 

@@ -1,7 +1,8 @@
 /* gpu: the daemon's GPU side, wired from [hbm] and [memory] pin_host. Opens
- * the devmem backend, gives the cache one HBM arena per configured device,
- * starts pinning the host arena in the background and runs the copy worker
- * that demotes HBM blocks. Decides what "required" means: when HBM is
+ * the devmem backend, gives each cache it is handed (one per tenant) its own
+ * HBM region on every configured device, starts pinning each cache's host
+ * arena in the background and runs the copy workers that demote HBM blocks
+ * (shared: a batch carries its own memory and completion). Decides what "required" means: when HBM is
  * asked for (hbm.bytes > 0) and cannot be had, start fails under
  * required = on and otherwise one log line says HBM is off and why.
  *
@@ -18,13 +19,23 @@ struct event_base;
 struct cache;
 struct gpu;
 
-/* 0, or -1 with err set (the start must fail). *out is set either way
- * (gpu_stop/gpu_destroy accept it). */
-int  gpu_start(struct event_base *base, const struct kvn_config *cfg, struct cache *cache,
-               struct gpu **out, char *err, size_t errlen);
+/* A cache the GPU side serves: its HBM bytes per device (0: none) and a
+ * name for log lines (NULL: the single-tenant node's cache, logged as before
+ * tenants). */
+#define GPU_MAX_CACHES 17
+struct gpu_cache {
+    struct cache *cache;
+    uint64_t hbm_bytes;
+    const char *name;
+};
+
+/* For n (<= GPU_MAX_CACHES) caches. 0, or -1 with err set (the start must
+ * fail). *out is set either way (gpu_stop/gpu_destroy accept it). */
+int  gpu_start(struct event_base *base, const struct kvn_config *cfg, const struct gpu_cache *caches,
+               size_t n, struct gpu **out, char *err, size_t errlen);
 /* Before cache_destroy: finish or cancel demotions, stop pinning (the host
- * arena is unregistered). NULL is ignored. */
-void gpu_stop(struct gpu *g, struct cache *cache);
+ * arenas are unregistered), and detach them from the caches. NULL is ignored. */
+void gpu_stop(struct gpu *g);
 /* After cache_destroy: free the HBM regions and close the backend. */
 void gpu_destroy(struct gpu *g);
 /* "gpu" of the stats document. Strings belong to g (valid while it lives). */

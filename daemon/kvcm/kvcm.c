@@ -88,19 +88,22 @@ static const char *kvcm_own(struct kvcm *k, int slot, const char *s)
     return k->text[slot];
 }
 
-int kvcm_create(struct event_base *base, struct cache *cache, const struct kvcm_settings *st,
-                kvcm_status_fn status, void *status_arg, struct kvcm **out, char *err, size_t errlen)
+int kvcm_create(struct event_base *base, struct cache *const *caches, size_t n,
+                const struct kvcm_settings *st, kvcm_status_fn status, void *status_arg,
+                struct kvcm **out, char *err, size_t errlen)
 {
     struct kvcm *k = calloc(1, sizeof *k);
     struct timeval tv;
 
     *out = NULL;
-    if (!k) {
-        errmsg_set(err, errlen, "kvcm: out of memory");
+    if (!k || n > KVCM_MAX_CACHES) {
+        free(k);
+        errmsg_set(err, errlen, k ? "kvcm: more caches than it serves" : "kvcm: out of memory");
         return -KVNODE_ENOMEM;
     }
     k->base = base;
-    k->cache = cache;
+    memcpy(k->caches, caches, n * sizeof *caches);
+    k->ncaches = n;
     k->st = *st;
     k->efd = -1;
     for (size_t i = 0; i < st->n_endpoints && i < KVCM_MAX_ENDPOINTS; i++) {
@@ -166,7 +169,8 @@ int kvcm_create(struct event_base *base, struct cache *cache, const struct kvcm_
         return -KVNODE_EIO;
     }
     k->hb_started = true;
-    cache_set_block_observer(cache, kvcm_block_event, kvcm_deployment_event, k);
+    for (size_t i = 0; i < k->ncaches; i++)
+        cache_set_block_observer(k->caches[i], kvcm_block_event, kvcm_deployment_event, k);
     log_info("kvcm: publishing to %s as %s (%s), epoch %" PRIu64, k->st.endpoints[0],
              k->st.host_ip_port, k->st.storage_type, k->epoch);
     *out = k;
@@ -195,9 +199,10 @@ void kvcm_stop(struct kvcm *k)
 
     if (!k)
         return;
-    cache_set_block_observer(k->cache, NULL, NULL, NULL);
+    for (size_t i = 0; i < k->ncaches; i++)
+        cache_set_block_observer(k->caches[i], NULL, NULL, NULL);
     if (k->walk) {
-        cache_walk_cancel(k->cache, k->walk);
+        cache_walk_cancel(k->caches[k->walk_cache], k->walk);
         k->walk = NULL;
     }
     kvcm_join(k);
@@ -241,10 +246,10 @@ void kvcm_destroy(struct kvcm *k)
 {
     if (!k)
         return;
-    if (k->cache)
-        cache_set_block_observer(k->cache, NULL, NULL, NULL);
+    for (size_t i = 0; i < k->ncaches; i++)
+        cache_set_block_observer(k->caches[i], NULL, NULL, NULL);
     if (k->walk)
-        cache_walk_cancel(k->cache, k->walk);
+        cache_walk_cancel(k->caches[k->walk_cache], k->walk);
     kvcm_join(k);
     if (k->efd_ev)
         event_free(k->efd_ev);

@@ -86,12 +86,16 @@ struct kvcm_node_status {
 };
 typedef void (*kvcm_status_fn)(void *arg, struct kvcm_node_status *out);
 
-/* Start the threads (no network call happens on the calling thread). The
- * status callback runs on the loop once per heartbeat interval. 0, or a
- * negative KVNODE_E* code with err set. */
-int  kvcm_create(struct event_base *base, struct cache *cache, const struct kvcm_settings *st,
-                 kvcm_status_fn status, void *status_arg, struct kvcm **out,
-                 char *err, size_t errlen);
+/* Start the threads (no network call happens on the calling thread) for
+ * the deployments of n caches (one per tenant; at most KVCM_MAX_CACHES):
+ * each gets the block observers, and a resync walks them one after the
+ * other. Tenants' deployments differ by fingerprint, so they never merge.
+ * The status callback runs on the loop once per heartbeat interval. 0, or
+ * a negative KVNODE_E* code with err set. */
+#define KVCM_MAX_CACHES 17
+int  kvcm_create(struct event_base *base, struct cache *const *caches, size_t n,
+                 const struct kvcm_settings *st, kvcm_status_fn status, void *status_arg,
+                 struct kvcm **out, char *err, size_t errlen);
 /* The cache's observers (cache_set_block_observer): a key's completeness and
  * medium (enum cache_medium), and a deployment whose TP group connected. */
 void kvcm_block_event(void *kvcm, const struct kv_namespace *ns, int64_t key, int medium);

@@ -168,6 +168,15 @@ static void kvcm_walk_done(void *arg)
 {
     struct kvcm *k = arg;
     k->walk = NULL;
+    /* The next tenant's cache, until every one was walked. */
+    while (!k->walk_oom && ++k->walk_cache < k->ncaches) {
+        if (cache_walk_complete(k->caches[k->walk_cache], kvcm_walk_found, kvcm_walk_done, k,
+                                &k->walk) == 0)
+            return;
+        log_error("kvcm: cannot start a walk of the index: out of memory");
+        k->walk_oom = true;
+    }
+    k->walk_cache = 0;
     pthread_mutex_lock(&k->mu);
     free(k->walk_result);
     k->walk_result = k->walk_buf;
@@ -206,7 +215,12 @@ void kvcm_efd_cb(evutil_socket_t fd, short what, void *arg)
         pthread_cond_signal(&k->cv);
     }
     pthread_mutex_unlock(&k->mu);
-    if (wanted && cache_walk_complete(k->cache, kvcm_walk_found, kvcm_walk_done, k, &k->walk) < 0) {
+    k->walk_cache = 0;
+    if (wanted && k->ncaches == 0) {
+        kvcm_walk_done(k);
+        return;
+    }
+    if (wanted && cache_walk_complete(k->caches[0], kvcm_walk_found, kvcm_walk_done, k, &k->walk) < 0) {
         log_error("kvcm: cannot start a walk of the index: out of memory");
         k->walk_oom = true;
         kvcm_walk_done(k);

@@ -72,7 +72,8 @@ struct kvcm_dep {
 
 struct kvcm {
     struct event_base *base;
-    struct cache *cache;
+    struct cache *caches[KVCM_MAX_CACHES];    /* one per tenant; walked one after another */
+    size_t ncaches;
     struct kvcm_settings st;
     char endpoints[KVCM_MAX_ENDPOINTS][CONFIG_URL_MAX];
     char text[9][CONFIG_KVCM_TEMPLATE_MAX];   /* owned copies of the settings' strings */
@@ -114,6 +115,7 @@ struct kvcm {
     int efd;                                  /* publisher -> loop: walk wanted */
     struct event *efd_ev, *status_ev;
     struct cache_walk *walk;
+    size_t walk_cache;                        /* caches[walk_cache] is being walked */
     struct kvcm_ev *walk_buf;
     size_t walk_len, walk_cap;
     bool walk_oom;

@@ -45,6 +45,7 @@ struct ns_registry {
     struct kv_namespace **items;
     size_t count, cap;
     uint32_t max;       /* active namespaces */
+    char tenant[NS_TENANT_MAX];   /* "": "default" (fingerprints as before tenants) */
 };
 
 /* The fields are fixed arrays filled from the wire: never read past them
@@ -85,6 +86,22 @@ uint64_t ns_fingerprint(const struct ns_layout *l)
     /* Cannot happen with the bounded fields above; hash what fits anyway. */
     if (n >= sizeof(buf))
         n = sizeof(buf) - 1;
+    return ns_fnv1a64(buf, n);
+}
+
+uint64_t ns_fingerprint_tenant(const struct ns_layout *l, const char *tenant)
+{
+    char buf[NS_CANON_MAX + NS_TENANT_MAX + 16];
+    size_t n;
+
+    if (!tenant || !*tenant)
+        return ns_fingerprint(l);
+    n = ns_canonical_string(l, buf, sizeof(buf));
+    if (n >= sizeof(buf))
+        n = sizeof(buf) - 1;
+    int m = snprintf(buf + n, sizeof(buf) - n, "|tenant=%.*s", ns_field_len(tenant, NS_TENANT_MAX), tenant);
+    if (m > 0)
+        n += (size_t)m < sizeof(buf) - n ? (size_t)m : sizeof(buf) - n - 1;
     return ns_fnv1a64(buf, n);
 }
 
@@ -162,6 +179,24 @@ int ns_layout_validate(const struct ns_layout *l, char *err, size_t errlen)
 
 int ns_registry_create(uint32_t max_namespaces, struct ns_registry **out)
 {
+    return ns_registry_create_tenant(max_namespaces, NULL, out);
+}
+
+int ns_registry_set_max(struct ns_registry *r, uint32_t max_namespaces)
+{
+    if (max_namespaces == 0)
+        return -KVNODE_EINVAL;
+    r->max = max_namespaces;
+    return 0;
+}
+
+const char *ns_registry_tenant(const struct ns_registry *r)
+{
+    return r->tenant;
+}
+
+int ns_registry_create_tenant(uint32_t max_namespaces, const char *tenant, struct ns_registry **out)
+{
     *out = NULL;
     if (max_namespaces == 0)
         return -KVNODE_EINVAL;
@@ -175,6 +210,8 @@ int ns_registry_create(uint32_t max_namespaces, struct ns_registry **out)
         return -KVNODE_ENOMEM;
     }
     r->max = max_namespaces;
+    if (tenant)
+        snprintf(r->tenant, sizeof r->tenant, "%s", tenant);
     *out = r;
     return 0;
 }
@@ -278,11 +315,16 @@ static struct kv_namespace *ns_record(struct ns_registry *r, char *err, size_t e
 
 static int ns_limit_error(const struct ns_registry *r, char *err, size_t errlen)
 {
+    char option[NS_TENANT_MAX + 32];
+    if (r->tenant[0])
+        snprintf(option, sizeof option, "[tenant.%s] max_namespaces", r->tenant);
+    else
+        snprintf(option, sizeof option, "server.max_namespaces");
     errmsg_set(err, errlen, "namespace limit reached: %" PRIu32 " namespaces in use "
-               "(server.max_namespaces); a namespace stops counting once no client is bound to it "
+               "(%s); a namespace stops counting once no client is bound to it "
                "and none of its blocks is in memory (blocks only in the store do not count): "
                "disconnect engines of deployments no longer served or delete their blocks, or raise "
-               "server.max_namespaces (restart)", r->max);
+               "%s (%s)", r->max, option, option, r->tenant[0] ? "reload" : "restart");
     return -KVNODE_ELIMIT;
 }
 
@@ -302,7 +344,7 @@ int ns_bind_ex(struct ns_registry *r, const struct ns_layout *l, bool counted, s
     int rc = ns_layout_validate(l, err, errlen);
     if (rc != 0)
         return rc;
-    uint64_t fp = ns_fingerprint(l);
+    uint64_t fp = ns_fingerprint_tenant(l, r->tenant);
 
     /* Every namespace with this fingerprint has the same fields and
      * block_bytes (bind refuses anything else), so the first one with the

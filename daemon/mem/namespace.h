@@ -61,6 +61,13 @@ struct kv_namespace {
 size_t ns_canonical_string(const struct ns_layout *l, char *buf, size_t len);
 uint64_t ns_fnv1a64(const void *data, size_t len);
 uint64_t ns_fingerprint(const struct ns_layout *l);
+/* A namespace's identity includes its tenant (issue 15): for a named tenant
+ * the fingerprint is FNV-1a 64 of the canonical string followed by
+ * "|tenant=<name>", so the same layout in two tenants is two deployments
+ * (other deployment ids, store keys and KVCM instances). tenant NULL or ""
+ * (the tenant "default"): ns_fingerprint, as before tenants. */
+#define NS_TENANT_MAX 32                /* tenant names, NUL included */
+uint64_t ns_fingerprint_tenant(const struct ns_layout *l, const char *tenant);
 /* "<model>-<fingerprint lowercase hex>", '/', ' ', '\t', '\n' in the model
  * replaced by '_'; returns the length snprintf would need. */
 size_t ns_deployment_id(const struct ns_layout *l, uint64_t fingerprint, char *buf, size_t len);
@@ -71,6 +78,15 @@ int ns_layout_validate(const struct ns_layout *l, char *err, size_t errlen);
 struct ns_registry;
 
 int  ns_registry_create(uint32_t max_namespaces, struct ns_registry **out);
+/* The same for a tenant's namespaces (NULL or "": "default"): their
+ * fingerprints are ns_fingerprint_tenant(l, tenant), and the limit message
+ * names [tenant.NAME] max_namespaces. */
+int  ns_registry_create_tenant(uint32_t max_namespaces, const char *tenant, struct ns_registry **out);
+/* A new max_namespaces (reload): namespaces already active stay; new ones
+ * are refused while the active ones reach it. 0, or -KVNODE_EINVAL for 0. */
+int  ns_registry_set_max(struct ns_registry *r, uint32_t max_namespaces);
+/* The tenant the registry was created for ("" for "default"). */
+const char *ns_registry_tenant(const struct ns_registry *r);
 void ns_registry_destroy(struct ns_registry *r);
 
 /* Records (active and store-only namespaces together): the id space. */

@@ -31,6 +31,7 @@
 #include "core/log.h"
 #include "persist/persist.h"
 #include "core/liveness.h"
+#include "tenants.h"
 
 /* evhttp's own timeout: a connection where nothing moves for this long
  * (e.g. a client that stops reading its reply) is closed. Receiving a
@@ -138,12 +139,16 @@ static void admin_readyz(struct admin *a, struct evhttp_request *req)
      * memory, so the node stays ready and says what is wrong. */
     char kvcm_why[640];
     size_t used = (size_t)snprintf(msg, sizeof msg, "ready");
-    if (a->d->persist) {
+    for (size_t i = 0; i < tenants_count(a->d->tenants) && used < sizeof msg; i++) {
+        const struct tenant *t = tenants_at(a->d->tenants, i);
         struct persist_counters pc;
-        persist_get_counters(a->d->persist, &pc);
+        if (!t->persist)
+            continue;
+        persist_get_counters(t->persist, &pc);
         if (pc.state == PERSIST_STATE_DEGRADED)
-            used += (size_t)snprintf(msg + used, sizeof msg - used, "; persistent store degraded: %.300s",
-                                     persist_last_error(a->d->persist));
+            used += (size_t)snprintf(msg + used, sizeof msg - used, "; %s%s%spersistent store degraded: %.300s",
+                                     t->named ? "tenant " : "", t->named ? t->name : "", t->named ? ": " : "",
+                                     persist_last_error(t->persist));
     }
     if (used < sizeof msg && kvcm_stalled(a->d->kvcm, kvcm_why, sizeof kvcm_why))
         snprintf(msg + used, sizeof msg - used, "; KVCM publisher stalled: %s", kvcm_why);

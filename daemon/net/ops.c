@@ -21,12 +21,12 @@ void ops_set_querier(struct ops *o, struct kvcm_querier *q)
     o->querier = q;
 }
 
-int ops_create(struct cache *cache, const struct kvn_config *cfg, struct ops **out)
+int ops_create(struct tenants *tenants, const struct kvn_config *cfg, struct ops **out)
 {
     struct ops *o = calloc(1, sizeof *o);
     if (!o)
         return -KVNODE_ENOMEM;
-    o->cache = cache;
+    o->tenants = tenants;
     o->cfg = cfg;
     o->started_ms = clock_now_ms();
     *out = o;
@@ -71,22 +71,45 @@ void ops_apply_config(struct ops *o, const struct kvn_config *cfg)
     o->cfg = cfg;
 }
 
+int ops_admit(struct ops *o, struct session *s, char *msg, size_t msglen)
+{
+    struct tenant *t = tenants_for_peer(o->tenants, s->uid, s->gid);
+
+    /* "default" is bounded by server.max_clients, which the server checks. */
+    if (t->named && t->clients >= t->max_clients) {
+        t->refused++;
+        snprintf(msg, msglen, "too many clients of tenant %s ([tenant.%s] max_clients = %u)",
+                 t->name, t->name, t->max_clients);
+        return -KVNODE_ELIMIT;
+    }
+    s->tenant = t;
+    t->clients++;
+    return 0;
+}
+
 void ops_session_end(struct ops *o, struct session *s)
 {
+    struct cache *c = ops_cache(s);
+
     if (s->pending) {
         if (s->pending->query)
             kvcm_query_cancel(o->querier, s->pending->query);
-        else
-            cache_wait_cancel(o->cache, s->pending->wait);
+        else if (c)
+            cache_wait_cancel(c, s->pending->wait);
         free(s->pending->packed);
         free(s->pending);
         s->pending = NULL;
     }
-    cache_release_owner(o->cache, &s->leases);
+    if (c)
+        cache_release_owner(c, &s->leases);
     if (s->ns) {
         log_debug("client pid %d (%s) left namespace %u", (int)s->pid, s->name, s->ns->id);
-        cache_unbind(o->cache, s->ns);
+        cache_unbind(c, s->ns);
         s->ns = NULL;
+    }
+    if (s->tenant) {
+        s->tenant->clients--;
+        s->tenant = NULL;
     }
 }
 
@@ -199,7 +222,13 @@ static void ops_session_end_cb(void *arg, struct session *s)
     ops_session_end(arg, s);
 }
 
+static int ops_admit_cb(void *arg, struct session *s, char *msg, size_t msglen)
+{
+    return ops_admit(arg, s, msg, msglen);
+}
+
 struct server_handler ops_server_handler(struct ops *o)
 {
-    return (struct server_handler){ .request = ops_request_cb, .session_end = ops_session_end_cb, .arg = o };
+    return (struct server_handler){ .admit = ops_admit_cb, .request = ops_request_cb,
+                                    .session_end = ops_session_end_cb, .arg = o };
 }

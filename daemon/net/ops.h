@@ -1,6 +1,9 @@
 /* ops: request handlers — the only place that turns protocol messages into
  * cache calls and cache results into replies. Owns per-connection sessions
- * (namespace binding, leases, peer identity) and per-op request counters.
+ * (tenant, namespace binding, leases, peer identity) and per-op request
+ * counters. A session's tenant is decided at accept (ops_server_handler's
+ * admit: tenants_for_peer, the tenant's max_clients) and every request of
+ * it goes to that tenant's cache.
  *
  * Loop thread only. */
 #ifndef KVNODE_OPS_H
@@ -23,8 +26,9 @@ struct conn;
 struct server;
 struct ops;
 struct ops_pending;
+struct tenants;
 
-int  ops_create(struct cache *cache, const struct kvn_config *cfg, struct ops **out);
+int  ops_create(struct tenants *tenants, const struct kvn_config *cfg, struct ops **out);
 void ops_destroy(struct ops *o);
 void ops_set_server(struct ops *o, struct server *s);
 /* Who performs RELOAD: returns 0 when the new configuration was applied
@@ -33,9 +37,10 @@ typedef int (*ops_reload_fn)(void *arg, char *error, size_t errlen, char *not_ap
                              size_t nalen);
 void ops_set_reload(struct ops *o, ops_reload_fn fn, void *arg);
 /* Who builds the STATS document (stats_document; main wires it, so that ops,
- * whose counters it includes, does not include it): a new reference, or
- * NULL when out of memory. Until set, STATS fails with ENOMEM. */
-typedef json_t *(*ops_stats_fn)(void *arg);
+ * whose counters it includes, does not include it) for the client of
+ * session `viewer` (what it may see depends on who it is): a new reference,
+ * or NULL when out of memory. Until set, STATS fails with ENOMEM. */
+typedef json_t *(*ops_stats_fn)(void *arg, const struct session *viewer);
 void ops_set_stats_hook(struct ops *o, ops_stats_fn fn, void *arg);
 /* The counters ops owns: the document's head and "requests", and the
  * requests by status with latency (for /metrics). */
@@ -61,7 +66,10 @@ bool ops_arena_is_clients_gpu(const struct cache_arena_info *a, int device, cons
 void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 /* The connection is gone: end its leases, unbind its namespace. */
 void ops_session_end(struct ops *o, struct session *s);
-/* ops_handle and ops_session_end as the server's handler (server_create). */
+/* The tenant of a new connection (tenants_for_peer) into s->tenant, or
+ * -KVNODE_ELIMIT with msg set when that tenant has max_clients connections. */
+int  ops_admit(struct ops *o, struct session *s, char *msg, size_t msglen);
+/* ops_admit, ops_handle and ops_session_end as the server's handler (server_create). */
 struct server_handler ops_server_handler(struct ops *o);
 
 #endif

@@ -80,17 +80,28 @@ void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode
         return;
     }
     snprintf(s->name, sizeof s->name, "%s", h->client_name && *h->client_name ? h->client_name : "?");
+    if (h->layout && !ops_cache(s)) {
+        /* Only a tenant without memory has no cache: "default" when the
+         * sections take all of memory.host_bytes. */
+        snprintf(err, sizeof err, "uid %d belongs to no [tenant.NAME] section, and tenant %s has no "
+                 "host memory (the sections take all of memory.host_bytes): add uid %d to the uids "
+                 "of a [tenant.NAME] section, or leave memory for tenant %s", (int)s->uid,
+                 s->tenant->name, (int)s->uid, s->tenant->name);
+        log_warn("refused HELLO from pid %d (%s): %s", (int)s->pid, s->name, err);
+        ops_fail(o, conn, req, -KVNODE_EDENIED, err);
+        return;
+    }
     if (h->layout) {
         struct ns_layout layout;
         rc = ops_layout_from_wire(h->layout, &layout, err, sizeof err);
         if (rc == 0)
-            rc = cache_bind(o->cache, &layout, &s->ns, err, sizeof err);
+            rc = cache_bind(ops_cache(s), &layout, &s->ns, err, sizeof err);
         if (rc < 0) {
             log_warn("refused HELLO from pid %d (%s): %s", (int)s->pid, s->name, err);
             ops_fail(o, conn, req, rc, err);
             return;
         }
-        size_t all = cache_arenas(o->cache, arenas, INDEX_MAX_ARENAS);
+        size_t all = cache_arenas(ops_cache(s), arenas, INDEX_MAX_ARENAS);
         for (size_t i = 0; i < all; i++) {
             const struct cache_arena_info *a = &arenas[i];
             Kvnode__Arena *m = &arena_msgs[narenas];
@@ -162,7 +173,7 @@ void ops_stats(struct ops *o, struct conn *conn, struct session *s, const Kvnode
     }
     /* Count this request before the document is built, so it shows itself. */
     o->counts[KVNODE__REQUEST__OP_STATS].ok++;
-    doc = o->stats_hook ? o->stats_hook(o->stats_hook_arg) : NULL;
+    doc = o->stats_hook ? o->stats_hook(o->stats_hook_arg, s) : NULL;
     text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
     json_decref(doc);
     if (!text) {

@@ -68,11 +68,11 @@ void ops_match(struct ops *o, struct conn *conn, struct session *s, const Kvnode
         ops_fail(o, conn, req, rc, err);
         return;
     }
-    rc = cache_match_start(o->cache, s->ns, req->match->keys, n, &t, ops_pending_ready, conn, &wait);
+    rc = cache_match_start(ops_cache(s), s->ns, req->match->keys, n, &t, ops_pending_ready, conn, &wait);
     if (rc == CACHE_WAITING) {
         if (ops_defer(o, conn, s, req, n, wait) == 0)
             return;
-        cache_match_finish(o->cache, wait, &t);
+        cache_match_finish(ops_cache(s), wait, &t);
     }
     ops_match_reply(o, conn, req, &t);
 }
@@ -117,7 +117,7 @@ void ops_match_remote(struct ops *o, struct conn *conn, struct session *s,
         ops_fail(o, conn, req, rc, err);
         return;
     }
-    cache_match_tiers(o->cache, s->ns, m->keys, m->n_keys, &t);
+    cache_match_tiers(ops_cache(s), s->ns, m->keys, m->n_keys, &t);
     if (!o->querier) {
         memset(&now, 0, sizeof now);
         snprintf(now.why, sizeof now.why, "[kvcm] is off on this node: no peers to ask");
@@ -152,7 +152,7 @@ void ops_lease_reply(struct ops *o, struct conn *conn, struct session *s,
         uint32_t ignored;
         loc_buf_free(&lb);
         if (lease_id)
-            cache_lease_end(o->cache, &s->leases, lease_id, get ? LEASE_READ : LEASE_WRITE, false,
+            cache_lease_end(ops_cache(s), &s->leases, lease_id, get ? LEASE_READ : LEASE_WRITE, false,
                             &ignored, NULL, 0);
         ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
         return;
@@ -196,18 +196,18 @@ void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s, const 
     }
     if (get) {
         struct cache_wait *wait;
-        rc = cache_get_start(o->cache, s->ns, &s->leases, s->leases.mapped, keys, n, &lease_id,
+        rc = cache_get_start(ops_cache(s), s->ns, &s->leases, s->leases.mapped, keys, n, &lease_id,
                              locs, &count, err, sizeof err, ops_pending_ready, conn, &wait);
         if (rc == CACHE_WAITING) {
             if (ops_defer(o, conn, s, req, n, wait) == 0) {
                 free(locs);
                 return;
             }
-            cache_get_finish(o->cache, wait, &lease_id, locs, &count);
+            cache_get_finish(ops_cache(s), wait, &lease_id, locs, &count);
             rc = 0;
         }
     } else {
-        rc = cache_put_begin(o->cache, s->ns, &s->leases, keys, n, (int)req->put_begin->tier,
+        rc = cache_put_begin(ops_cache(s), s->ns, &s->leases, keys, n, (int)req->put_begin->tier,
                              &lease_id, locs, err, sizeof err);
         if (rc == CACHE_STORE_BOUND) {
             if (ops_put_backpressure(o, conn, s, req, n, err, sizeof err)) {
@@ -259,7 +259,7 @@ void ops_lease_end(struct ops *o, struct conn *conn, struct session *s, const Kv
         break;
     }
     if (rc == 0)
-        rc = cache_lease_end(o->cache, &s->leases, lr->lease, kind, commit, &blocks, err, sizeof err);
+        rc = cache_lease_end(ops_cache(s), &s->leases, lr->lease, kind, commit, &blocks, err, sizeof err);
     if (rc < 0) {
         ops_fail(o, conn, req, rc, err);
         return;
@@ -280,12 +280,12 @@ void ops_get_inline_reply(struct ops *o, struct conn *conn, struct session *s,
 
     if (!blocks) {
         if (lease_id)
-            cache_lease_end(o->cache, &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
+            cache_lease_end(ops_cache(s), &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
         ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
         return;
     }
     for (size_t i = 0; i < got; i++) {
-        blocks[i].data = (uint8_t *)cache_arena_base(o->cache, locs[i].arena) + locs[i].offset;
+        blocks[i].data = (uint8_t *)cache_arena_base(ops_cache(s), locs[i].arena) + locs[i].offset;
         blocks[i].len = s->ns->layout.block_bytes;
     }
     reply.n_blocks = got;
@@ -295,7 +295,7 @@ void ops_get_inline_reply(struct ops *o, struct conn *conn, struct session *s,
     /* The reply is packed (copied) before this returns; then unpin. */
     ops_send(o, conn, req, &resp, NULL, 0);
     if (lease_id)
-        cache_lease_end(o->cache, &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
+        cache_lease_end(ops_cache(s), &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
     free(blocks);
 }
 
@@ -325,7 +325,7 @@ void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const K
     }
     /* The loop copies the blocks into the reply: only memory its CPU can
      * read may answer (a real GPU's HBM ends the prefix). */
-    rc = cache_get_start(o->cache, s->ns, &s->leases, s->leases.mapped & cache_cpu_arenas(o->cache),
+    rc = cache_get_start(ops_cache(s), s->ns, &s->leases, s->leases.mapped & cache_cpu_arenas(ops_cache(s)),
                          req->get_inline->keys, n, &lease_id, locs, &got, err, sizeof err,
                          ops_pending_ready, conn, &wait);
     if (rc == CACHE_WAITING) {
@@ -333,7 +333,7 @@ void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const K
             free(locs);
             return;
         }
-        cache_get_finish(o->cache, wait, &lease_id, locs, &got);
+        cache_get_finish(ops_cache(s), wait, &lease_id, locs, &got);
         rc = 0;
     }
     if (rc < 0)
@@ -379,7 +379,7 @@ void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, const K
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
-    rc = cache_put_begin(o->cache, s->ns, &s->leases, p->keys, n, KVNODE_TIER_HOST, &lease_id,
+    rc = cache_put_begin(ops_cache(s), s->ns, &s->leases, p->keys, n, KVNODE_TIER_HOST, &lease_id,
                          locs, err, sizeof err);
     if (rc == CACHE_STORE_BOUND) {
         if (ops_put_backpressure(o, conn, s, req, n, err, sizeof err)) {
@@ -393,12 +393,12 @@ void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, const K
     for (size_t i = 0; i < n; i++) {
         if (!locs[i].present)
             continue;
-        memcpy((uint8_t *)cache_arena_base(o->cache, locs[i].arena) + locs[i].offset,
+        memcpy((uint8_t *)cache_arena_base(ops_cache(s), locs[i].arena) + locs[i].offset,
                p->blocks[i].data, p->blocks[i].len);
         stored++;
     }
     if (lease_id)
-        cache_lease_end(o->cache, &s->leases, lease_id, LEASE_WRITE, true, &ignored, NULL, 0);
+        cache_lease_end(ops_cache(s), &s->leases, lease_id, LEASE_WRITE, true, &ignored, NULL, 0);
     reply.stored = (uint32_t)stored;
     reply.existing = (uint32_t)(n - stored);
     resp.result_case = KVNODE__RESPONSE__RESULT_PUT_INLINE;
@@ -423,7 +423,7 @@ void ops_delete(struct ops *o, struct conn *conn, struct session *s, const Kvnod
         ops_fail(o, conn, req, rc, err);
         return;
     }
-    cache_delete(o->cache, s->ns, req->delete_->keys, req->delete_->n_keys, &deleted);
+    cache_delete(ops_cache(s), s->ns, req->delete_->keys, req->delete_->n_keys, &deleted);
     reply.deleted = deleted;
     resp.result_case = KVNODE__RESPONSE__RESULT_DELETE;
     resp.delete_ = &reply;

@@ -84,12 +84,12 @@ bool ops_put_backpressure(struct ops *o, struct conn *conn, struct session *s,
     if (!packed)
         return false;
     kvnode__request__pack(req, packed);
-    if (cache_put_wait(o->cache, (unsigned)(left * 1000.0) + 1, ops_put_retry, conn, &wait) < 0) {
+    if (cache_put_wait(ops_cache(s), (unsigned)(left * 1000.0) + 1, ops_put_retry, conn, &wait) < 0) {
         free(packed);
         return false;
     }
     if (ops_defer(o, conn, s, req, n, wait) < 0) {
-        cache_wait_cancel(o->cache, wait);
+        cache_wait_cancel(ops_cache(s), wait);
         free(packed);
         return false;
     }
@@ -109,7 +109,7 @@ static void ops_put_retry(void *arg)
     Kvnode__Request *req = kvnode__request__unpack(NULL, p->packed_len, p->packed);
 
     s->pending = NULL;
-    cache_wait_cancel(o->cache, p->wait);
+    cache_wait_cancel(ops_cache(s), p->wait);
     o->last_code = 0;
     o->deferred = false;
     o->request_t0 = p->t0;
@@ -151,16 +151,16 @@ void ops_pending_ready(void *arg)
     o->last_code = 0;
     if (p->op == KVNODE__REQUEST__OP_MATCH) {
         struct cache_tiers t;
-        cache_match_finish(o->cache, p->wait, &t);
+        cache_match_finish(ops_cache(s), p->wait, &t);
         ops_match_reply(o, conn, &req, &t);
     } else {
         locs = calloc(p->n ? p->n : 1, sizeof *locs);
         if (!locs) {
             /* Nothing to put the answer in: give everything back. */
-            cache_get_finish(o->cache, p->wait, &lease_id, NULL, &got);
+            cache_get_finish(ops_cache(s), p->wait, &lease_id, NULL, &got);
             ops_fail(o, conn, &req, -KVNODE_ENOMEM, "out of memory");
         } else {
-            cache_get_finish(o->cache, p->wait, &lease_id, locs, &got);
+            cache_get_finish(ops_cache(s), p->wait, &lease_id, locs, &got);
             if (p->op == KVNODE__REQUEST__OP_GET_INLINE)
                 ops_get_inline_reply(o, conn, s, &req, lease_id, locs, got);
             else

@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "net/ops.h"
+#include "tenants.h"
 
 struct kvcm_query;
 struct kvcm_query_answer;
@@ -32,7 +33,7 @@ struct kvcm_query_answer;
 struct op_counts { uint64_t ok, error; };
 
 struct ops {
-    struct cache *cache;
+    struct tenants *tenants;            /* each session is served from its tenant's cache */
     const struct kvn_config *cfg;
     struct server *server;
     ops_reload_fn reload;
@@ -67,6 +68,13 @@ struct ops_pending {
     size_t packed_len;
     double put_deadline;                /* ... and when it stops waiting */
 };
+
+/* The cache a session's requests go to: its tenant's (NULL: the tenant has
+ * no memory; only observers are served then). */
+static inline struct cache *ops_cache(const struct session *s)
+{
+    return s->tenant ? s->tenant->cache : NULL;
+}
 
 static inline double ops_now_s(void)
 {

@@ -182,6 +182,17 @@ static bool server_peer_allowed(const struct server *s, int fd, const struct ucr
     return false;
 }
 
+/* A connection that was never served: its parts, not its fd. */
+static void server_conn_discard(struct conn *c)
+{
+    if (c->in) evbuffer_free(c->in);
+    if (c->out) evbuffer_free(c->out);
+    if (c->rev) event_free(c->rev);
+    if (c->wev) event_free(c->wev);
+    if (c->frame_ev) event_free(c->frame_ev);
+    free(c);
+}
+
 static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
                              int salen, void *arg)
 {
@@ -241,18 +252,28 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
     c->frame_ev = evtimer_new(s->base, conn_frame_timeout_cb, c);
     if (!c->in || !c->out || !c->rev || !c->wev || !c->frame_ev) {
         log_error("out of memory accepting a connection");
-        if (c->in) evbuffer_free(c->in);
-        if (c->out) evbuffer_free(c->out);
-        if (c->rev) event_free(c->rev);
-        if (c->wev) event_free(c->wev);
-        if (c->frame_ev) event_free(c->frame_ev);
-        free(c);
+        server_conn_discard(c);
         close(fd);
         return;
     }
     c->session.pid = cred.pid;
     c->session.uid = cred.uid;
     c->session.gid = cred.gid;
+    if (s->handler.admit) {
+        char msg[256] = "";
+        int rc = s->handler.admit(s->handler.arg, &c->session, msg, sizeof msg);
+        if (rc < 0) {
+            char note[64];
+            uint64_t held = 0;
+            s->refused++;
+            if (log_limit_pass(&s->refuse_log, clock_now_ms(), LOG_REPEAT_MS, &held))
+                log_warn("refused pid %d uid %d: %s%s", (int)cred.pid, (int)cred.uid, msg,
+                         log_limit_note(held, "refused", note, sizeof note));
+            server_conn_discard(c);
+            server_refuse(fd, rc, msg);
+            return;
+        }
+    }
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;

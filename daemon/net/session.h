@@ -1,5 +1,6 @@
 /* session: what one engine connection is bound to — its peer identity
- * (filled by the server at accept), its namespace and leases (ops). The
+ * (filled by the server at accept), its tenant (decided once, at accept, by
+ * the handler's admit), its namespace and leases (ops). The
  * server embeds one in each connection and hands it to its handler (ops),
  * which owns everything in it but the identity.
  *
@@ -14,10 +15,12 @@
 #include "mem/namespace.h"
 
 struct ops_pending;
+struct tenant;
 
 struct session {
     bool          hello_done;
     bool          observer;       /* HELLO without a layout */
+    struct tenant *tenant;        /* whose memory it is served from; never changes */
     struct kv_namespace *ns;
     struct lease_list leases;
     struct ops_pending *pending;  /* a request answered later (waits for the store) */

@@ -62,6 +62,12 @@ static void persist_free(struct persist *p)
 int persist_create(struct event_base *base, const struct kvn_config *cfg, struct persist **out,
                    char *err, size_t errlen)
 {
+    return persist_create_tenant(base, cfg, NULL, out, err, errlen);
+}
+
+int persist_create_tenant(struct event_base *base, const struct kvn_config *cfg, const char *tenant,
+                          struct persist **out, char *err, size_t errlen)
+{
     const char *name;
     char e[PERSIST_ERR_MAX] = "";
     struct kvs_store *probe = NULL;
@@ -113,6 +119,15 @@ int persist_create(struct event_base *base, const struct kvn_config *cfg, struct
     snprintf(p->sock, sizeof p->sock, "%s", cfg->persist_socket);
     snprintf(p->object_ns, sizeof p->object_ns, "%s", cfg->persist_object_namespace);
     p->tombs.cap = cfg->persist_tombstones;
+    if (tenant && *tenant) {
+        snprintf(p->tenant, sizeof p->tenant, "%s", tenant);
+        snprintf(p->qname, sizeof p->qname, "persist.%s", tenant);
+        snprintf(p->scan_qname, sizeof p->scan_qname, "persist-scan.%s", tenant);
+    } else {
+        snprintf(p->qname, sizeof p->qname, "persist");
+        snprintf(p->scan_qname, sizeof p->scan_qname, "persist-scan");
+    }
+    p->kcfg.tenant = p->tenant;
     p->kcfg.backend = be->name;
     p->kcfg.path = p->path;
     p->kcfg.capacity_bytes = cfg->persist_capacity;
@@ -155,7 +170,7 @@ int persist_create(struct event_base *base, const struct kvn_config *cfg, struct
     }
 
     const struct workq_thread_hooks hooks = { persist_worker_init, persist_worker_fini, p };
-    rc = workq_create_hooks(base, "persist", p->workers, p->capacity, &hooks, &p->q, e, sizeof e);
+    rc = workq_create_hooks(base, p->qname, p->workers, p->capacity, &hooks, &p->q, e, sizeof e);
     /* Closed only now that the workers hold their own handles, so a file
      * root stays held (locked, one LRU) from the probe on. */
     if (probe)
@@ -167,7 +182,8 @@ int persist_create(struct event_base *base, const struct kvn_config *cfg, struct
     }
     if (p->c.state == PERSIST_STATE_DEGRADED)
         persist_health_arm(p);
-    log_info("persist: %s store, %u workers, queue %zu%s", be->name, p->workers, p->capacity,
+    log_info("%s%s%spersist: %s store, %u workers, queue %zu%s", p->tenant[0] ? "tenant " : "",
+             p->tenant, p->tenant[0] ? ": " : "", be->name, p->workers, p->capacity,
              p->c.state == PERSIST_STATE_DEGRADED ? " (degraded)" : "");
     *out = p;
     return 0;

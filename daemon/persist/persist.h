@@ -93,6 +93,12 @@ struct persist_counters {
  * DEGRADED and the workers retry. 0, or a negative KVNODE_E* code. */
 int  persist_create(struct event_base *base, const struct kvn_config *cfg, struct persist **out,
                     char *err, size_t errlen);
+/* The same for a named tenant's store (NULL: "default", as persist_create):
+ * the backend checks its records against the tenant's fingerprints
+ * (kvs_config.tenant), and its threads are named "persist.<tenant>-<i>"
+ * and "persist-scan.<tenant>-0". */
+int  persist_create_tenant(struct event_base *base, const struct kvn_config *cfg, const char *tenant,
+                           struct persist **out, char *err, size_t errlen);
 /* Stop the scan and the workers; requests not run yet get their callback
  * with -KVNODE_ESHUTDOWN. Call persist_drain first to bound the wait. NULL ok. */
 void persist_destroy(struct persist *p);

@@ -178,7 +178,7 @@ int persist_scan_start(struct persist *p, persist_found_fn found, persist_done_f
         return -KVNODE_ESHUTDOWN;
     if (p->scan_started)
         return -KVNODE_ESTATE;
-    rc = workq_create_hooks(p->base, "persist-scan", 1, PERSIST_SCAN_QUEUE, &hooks, &p->scan_q,
+    rc = workq_create_hooks(p->base, p->scan_qname, 1, PERSIST_SCAN_QUEUE, &hooks, &p->scan_q,
                             e, sizeof e);
     if (rc < 0) {
         log_error("persist: cannot start the recovery scan: %s", e);

@@ -7,7 +7,8 @@
  *    (a non-empty, terminated message);
  *  - config_validate answers 0, or -1 with a message;
  *  - whatever parsed is written by config_write as text that parses back,
- *    on fresh defaults, to an equal struct (every field). */
+ *    on fresh defaults, to an equal struct (every field, [tenant.NAME]
+ *    sections included). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,6 +113,22 @@ static void check_equal(const struct kvn_config *a, const struct kvn_config *b)
     FUZZ_CHECK(a->kvcm.query_breaker_failures == b->kvcm.query_breaker_failures);
     FUZZ_CHECK(a->kvcm.query_breaker_open_ms == b->kvcm.query_breaker_open_ms);
     FUZZ_CHECK(a->kvcm.query_negative_ttl_ms == b->kvcm.query_negative_ttl_ms);
+    FUZZ_CHECK(a->ntenants == b->ntenants);
+    FUZZ_CHECK(a->ntenants <= CONFIG_TENANTS_MAX);
+    for (uint32_t i = 0; i < a->ntenants; i++) {
+        const struct config_tenant *ta = &a->tenants[i], *tb = &b->tenants[i];
+        FUZZ_CHECK(strcmp(ta->name, tb->name) == 0);
+        FUZZ_CHECK(strcmp(ta->uids, tb->uids) == 0);
+        FUZZ_CHECK(strcmp(ta->gids, tb->gids) == 0);
+        FUZZ_CHECK(ta->host_bytes == tb->host_bytes);
+        FUZZ_CHECK(ta->host_share == tb->host_share);
+        FUZZ_CHECK(ta->hbm_bytes == tb->hbm_bytes);
+        FUZZ_CHECK(ta->hbm_share == tb->hbm_share);
+        FUZZ_CHECK(ta->max_namespaces == tb->max_namespaces);
+        FUZZ_CHECK(ta->max_clients == tb->max_clients);
+        FUZZ_CHECK(ta->max_reserved_per_client == tb->max_reserved_per_client);
+        FUZZ_CHECK(ta->inherited == tb->inherited);
+    }
 }
 
 /* cfg parsed: validate it, write it, parse the text back, compare. */

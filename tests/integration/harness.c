@@ -251,8 +251,9 @@ static int kvh_parse_assignments(const char *config, struct kvh_kv *kv, int *n, 
         if (!*s || *s == '#' || *s == ';')
             continue;
         char *eq = strchr(s, '=');
-        char *dot = strchr(s, '.');
-        if (!eq || !dot || dot > eq) {
+        /* The last dot before '=': tenant.NAME.key is [tenant.NAME] key. */
+        char *dot = eq ? memrchr(s, '.', (size_t)(eq - s)) : NULL;
+        if (!eq || !dot) {
             kvh_set_error("config line '%s' is not section.key=value", s);
             return -1;
         }

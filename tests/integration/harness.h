@@ -66,7 +66,8 @@ pid_t kvh_spawn_holder(const kvh_daemon *d, kvh_hold_fn hold);
 /* Path of the daemon binary ($KVNODED or "build/kvnoded"). */
 const char *kvh_daemon_path(void);
 
-/* Start a daemon. `config` holds "section.key=value" lines separated by
+/* Start a daemon. `config` holds "section.key=value" lines
+ * ("tenant.NAME.key=value" for a [tenant.NAME] section) separated by
  * newlines (blank lines and lines starting with '#' or ';' are ignored); they
  * override the harness defaults (a small host tier, pin_host=off, log level
  * info, admin.listen=off: tests opt in to an admin listener). kvh_start waits until the socket is connectable; on failure the

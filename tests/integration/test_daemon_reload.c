@@ -1,7 +1,9 @@
 /* Reload: a valid change is applied, an invalid file keeps the running
  * configuration with its errors reported, a restart-only change is reported
  * and not applied; SIGHUP and kvnodectl's RELOAD take the same path; only
- * root or the daemon's user may reload. */
+ * root or the daemon's user may reload. Tenants: users and limits apply,
+ * sizes and the set of tenants wait for a restart, a conflict between what
+ * is kept and what is new refuses the reload. */
 #include <check.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "../common/kvh_http.h"
 
 static double stat_real(const kvh_daemon *d, const char *path)
 {
@@ -142,11 +145,88 @@ START_TEST(only_root_or_the_daemon_user_may_reload)
 }
 END_TEST
 
+/* The effective configuration, from the admin listener's /config. */
+static char *effective_config(const kvh_daemon *d)
+{
+    json_t *st = kvh_stats(d);
+    ck_assert_msg(st != NULL, "stats: %s", kvh_error());
+    const char *addr = json_string_value(json_object_get(st, "admin"));
+    ck_assert_msg(addr != NULL, "stats has no \"admin\" address");
+    char *text;
+    ck_assert_int_eq(kvh_http_req(addr, NULL, "/config", &text, NULL, 0), 200);
+    json_decref(st);
+    return text;
+}
+
+/* The [tenant.NAME] section of a config_write text, cut at the next one. */
+static char *tenant_section(const char *text, const char *name)
+{
+    char hdr[64];
+    snprintf(hdr, sizeof hdr, "\n[tenant.%s]\n", name);
+    const char *s = strstr(text, hdr);
+    ck_assert_msg(s != NULL, "no [tenant.%s] in:\n%s", name, text);
+    const char *end = strstr(s + 1, "\n[");
+    return strndup(s, end ? (size_t)(end - s) : strlen(s));
+}
+
+START_TEST(tenant_changes)
+{
+    /* Tenants a (uid 4242) and b (uid 4343), 16MiB each of the harness's
+     * 64MiB; the test's own client is in neither. */
+    static const char two[] = "admin.listen=127.0.0.1:0\n"
+                              "tenant.a.uids=4242\ntenant.a.host_bytes=16MiB\n"
+                              "tenant.b.uids=4343\ntenant.b.host_bytes=25%\n";
+    kvh_daemon d;
+    KVH_START(&d, two);
+    kvnode_client *c = observer(&d);
+    char *not_applied = (char *)1;
+
+    /* Users and limits apply; a size, a new tenant, a removed one wait for
+     * the restart and are named. */
+    ck_assert_int_eq(kvh_rewrite_config(&d, "admin.listen=127.0.0.1:0\n"
+                                            "tenant.a.uids=4242 4244\ntenant.a.host_bytes=32MiB\n"
+                                            "tenant.a.max_clients=5\n"
+                                            "tenant.c.uids=4545\ntenant.c.host_bytes=16MiB\n"), 0);
+    KVH_OK(c, kvnode_reload(c, &not_applied));
+    ck_assert_ptr_nonnull(not_applied);
+    ck_assert_str_eq(not_applied, "tenant.a.host_bytes, tenant.b, tenant.c");
+    free(not_applied);
+    char *text = effective_config(&d);
+    char *a = tenant_section(text, "a"), *b = tenant_section(text, "b");
+    ck_assert_msg(strstr(a, "\nuids = 4242 4244\n") && strstr(a, "\nhost_bytes = 16MiB\n") &&
+                  strstr(a, "\nmax_clients = 5\n"), "%s", a);
+    ck_assert_msg(strstr(b, "\nuids = 4343\n") && strstr(b, "\nhost_bytes = 25%\n"), "%s", b);
+    ck_assert_msg(!strstr(text, "[tenant.c]"), "%s", text);
+    free(a);
+    free(b);
+    free(text);
+
+    /* A uid moved into a from b, whose removal waits for the restart: the
+     * two would overlap, so the reload is refused and nothing changes. */
+    ck_assert_int_eq(kvh_rewrite_config(&d, "admin.listen=127.0.0.1:0\n"
+                                            "tenant.a.uids=4242 4343\ntenant.a.host_bytes=16MiB\n"
+                                            "tenant.a.max_clients=6\n"), 0);
+    ck_assert_int_eq(kvnode_reload(c, &not_applied), -KVNODE_EINVAL);
+    const char *why = kvnode_last_error(c);
+    ck_assert_msg(strstr(why, "with tenant.b kept as running until a restart, the configuration is invalid") &&
+                  strstr(why, "[tenant.b] uids: uid 4343 is also in [tenant.a]"), "%s", why);
+    text = effective_config(&d);
+    a = tenant_section(text, "a");
+    ck_assert_msg(strstr(a, "\nuids = 4242 4244\n") && strstr(a, "\nmax_clients = 5\n"), "%s", a);
+    free(a);
+    free(text);
+
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const tests[] = {
         valid_invalid_and_restart_only_changes,
         only_root_or_the_daemon_user_may_reload,
+        tenant_changes,
     };
     return kvh_run_suite("daemon_reload", "reload", 30, tests, sizeof tests / sizeof tests[0]);
 }

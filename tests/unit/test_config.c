@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <regex.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -2396,8 +2397,10 @@ START_TEST(test_shipped_conf_documents_defaults)
     ck_assert_int_eq(regcomp(&commented, "^#[a-z_]+ =( |$)", REG_EXTENDED | REG_NOSUB), 0);
     char *save = NULL;
     unsigned uncommented = 0;
+    bool tenant_example = false;   /* an example, not defaults: test_tenant_conf_example's */
     for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        if (regexec(&commented, line, 0, NULL, 0) == 0) {
+        tenant_example |= strncmp(line, "#[tenant.", 9) == 0;
+        if (!tenant_example && regexec(&commented, line, 0, NULL, 0) == 0) {
             line++;
             uncommented++;
         }
@@ -2819,6 +2822,32 @@ START_TEST(test_table_options_documented)
     }
     ck_assert_uint_eq(n, NOPTIONS);
     ck_assert(!config_option_at(n, &section, &key));
+
+    /* The keys of [tenant.NAME]: "#key =" in the example of conf/kvnode.conf,
+     * ".B key" in the TENANTS section of kvnode.conf(5), marked restart
+     * required there exactly when the code says so. */
+    const char *example = strstr(conf, "\n#[tenant.");
+    ck_assert_msg(example, "%s has no commented-out [tenant.NAME] example", cpath);
+    const char *tenants = strstr(man, "\n.SH TENANTS\n");
+    ck_assert_msg(tenants, "%s lacks a section '.SH TENANTS'", mpath);
+    const char *tenants_end = strstr(tenants + 1, "\n.SH ");
+    size_t k = 0;
+    for (; config_tenant_option_at(k, &key); k++) {
+        char commented[80], entry[80];
+        snprintf(commented, sizeof commented, "\n#%s =", key);
+        ck_assert_msg(strstr(example, commented), "%s: the tenant example lacks %s", cpath, key);
+        snprintf(entry, sizeof entry, "\n.TP\n.B %s\n", key);
+        const char *e = strstr(tenants, entry);
+        ck_assert_msg(e && (!tenants_end || e < tenants_end), "%s lacks an entry '.B %s' under TENANTS", mpath, key);
+        const char *e_end = tenants_end ? tenants_end : e + strlen(e);
+        const char *stop = strstr(e + 1, "\n.TP");
+        if (stop && stop < e_end)
+            e_end = stop;
+        const char *mark = strstr(e, "restart required");
+        ck_assert_msg((mark && mark < e_end) == !config_option_reloadable("tenant", key),
+                      "%s: tenant %s restart marking disagrees with the code", mpath, key);
+    }
+    ck_assert_uint_eq(k, 7);
     free(conf);
     free(man);
 }
@@ -2880,6 +2909,528 @@ START_TEST(test_resolve_parsed_forms)
     ck_assert_str_eq(err, verr);
     ck_assert_str_eq(err, "[hbm] devices: device 0 listed twice");
     ck_assert(memcmp(&c, &before, sizeof c) == 0);
+}
+END_TEST
+
+/* ---- [tenant.NAME] sections ---------------------------------------------------- */
+
+/* Two tenants on 1GiB of host memory and 2GiB of HBM per device. */
+static const char two_tenants[] =
+    "[server]\n"
+    "max_clients = 100\n"
+    "[memory]\n"
+    "host_bytes = 1GiB\n"
+    "[hbm]\n"
+    "backend = sim\n"
+    "bytes = 2GiB\n"
+    "[tenant.team-a]\n"
+    "uids = root, 1001 1002\n"
+    "host_bytes = 33%\n"
+    "hbm_bytes = 50%\n"
+    "max_namespaces = 8\n"
+    "[tenant.Team_B]\n"
+    "gids = 4242, 0\n"
+    "host_bytes = 512MiB\n"
+    "max_clients = 7\n"
+    "max_reserved_per_client = 0.5\n"
+    "[leases]\n"
+    "max_reserved_per_client = 0.125\n"
+    "[tenant.team-a]\n"            /* the same section again: keys merge, the last wins */
+    "max_namespaces = 9\n";
+
+/* two_tenants parsed and resolved into *c. */
+static void load_two_tenants(struct kvn_config *c)
+{
+    char err[CONFIG_ERR_MAX];
+    config_defaults(c);
+    ck_assert_msg(load_text(c, two_tenants, err, sizeof err, NULL, 0) == 0, "%s", err);
+    ck_assert_msg(config_resolve(c, err, sizeof err) == 0, "%s", err);
+}
+
+START_TEST(test_tenant_parse)
+{
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+    config_defaults(&c);
+    ck_assert_msg(load_text(&c, two_tenants, err, sizeof err, NULL, 0) == 0, "%s", err);
+    /* Parsed, not resolved: a share is a share, unset limits are 0. */
+    ck_assert_uint_eq(c.ntenants, 2);
+    ck_assert_str_eq(c.tenants[0].name, "team-a");
+    ck_assert_str_eq(c.tenants[1].name, "Team_B");
+    ck_assert_uint_eq(c.tenants[0].host_share, 33);
+    ck_assert_uint_eq(c.tenants[0].host_bytes, 0);
+    ck_assert_uint_eq(c.tenants[0].max_clients, 0);
+    ck_assert_uint_eq(c.tenants[0].uid_list.n, 0);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), 0);
+
+    ck_assert_msg(config_resolve(&c, err, sizeof err) == 0, "%s", err);
+    const struct config_tenant *a = &c.tenants[0], *b = &c.tenants[1];
+    ck_assert_str_eq(a->uids, "root, 1001 1002");
+    ck_assert_uint_eq(a->uid_list.n, 3);
+    ck_assert_uint_eq(a->uid_list.id[0], 0);
+    ck_assert_uint_eq(a->uid_list.id[1], 1001);
+    ck_assert_uint_eq(a->uid_list.id[2], 1002);
+    ck_assert_uint_eq(a->gid_list.n, 0);
+    /* 33% of 1GiB = 354334801.92 bytes, down to whole 64KiB: 5406 x 64KiB. */
+    ck_assert_uint_eq(a->host_bytes, UINT64_C(5406) * 64 * KIB);
+    ck_assert_uint_eq(a->host_share, 33);
+    ck_assert_uint_eq(a->hbm_bytes, GIB);   /* 50% of 2GiB */
+    ck_assert_uint_eq(a->hbm_share, 50);
+    ck_assert_uint_eq(a->max_namespaces, 9);  /* the repeated section's value */
+    ck_assert_uint_eq(a->max_clients, 100);   /* [server] max_clients */
+    ck_assert_double_eq(a->max_reserved_per_client, 0.125);   /* [leases], set after the section */
+    ck_assert_uint_eq(a->inherited, CONFIG_TENANT_INHERIT_MAX_CLIENTS | CONFIG_TENANT_INHERIT_MAX_RESERVED);
+
+    ck_assert_uint_eq(b->uid_list.n, 0);
+    ck_assert_uint_eq(b->gid_list.n, 2);
+    ck_assert_uint_eq(b->gid_list.id[0], 4242);
+    ck_assert_uint_eq(b->gid_list.id[1], 0);
+    ck_assert_uint_eq(b->host_bytes, 512 * MIB);
+    ck_assert_uint_eq(b->host_share, 0);
+    ck_assert_uint_eq(b->hbm_bytes, 0);        /* default: no HBM */
+    ck_assert_uint_eq(b->max_namespaces, 256); /* [server] max_namespaces default */
+    ck_assert_uint_eq(b->max_clients, 7);
+    ck_assert_double_eq(b->max_reserved_per_client, 0.5);
+    ck_assert_uint_eq(b->inherited, CONFIG_TENANT_INHERIT_MAX_NAMESPACES);
+
+    /* What "default" gets: the rest, per tier. */
+    uint64_t host, hbm;
+    config_tenant_default_bytes(&c, &host, &hbm);
+    ck_assert_uint_eq(host, GIB - UINT64_C(5406) * 64 * KIB - 512 * MIB);
+    ck_assert_uint_eq(hbm, GIB);
+
+    /* Resolving again changes nothing; the inherited limits follow their
+     * option, the explicit ones stay. */
+    struct kvn_config again = c;
+    ck_assert_int_eq(config_resolve(&again, err, sizeof err), 0);
+    ck_assert(memcmp(&again, &c, sizeof c) == 0);
+    again.max_clients = 55;
+    again.max_namespaces = 300;
+    ck_assert_int_eq(config_resolve(&again, err, sizeof err), 0);
+    ck_assert_uint_eq(again.tenants[0].max_clients, 55);
+    ck_assert_uint_eq(again.tenants[0].max_namespaces, 9);
+    ck_assert_uint_eq(again.tenants[1].max_clients, 7);
+    ck_assert_uint_eq(again.tenants[1].max_namespaces, 300);
+
+    /* No sections: "default" has everything; less than a slab left is none. */
+    config_defaults(&c);
+    config_tenant_default_bytes(&c, &host, NULL);
+    ck_assert_uint_eq(host, GIB);
+    ck_assert_msg(load_text(&c, "[tenant.x]\nuids = 1\nhost_bytes = 1016MiB\n", err, sizeof err, NULL, 0) == 0,
+                  "%s", err);
+    ck_assert_int_eq(config_resolve(&c, err, sizeof err), 0);
+    config_tenant_default_bytes(&c, &host, &hbm);
+    ck_assert_uint_eq(host, 0);   /* 8MiB left, below slab_bytes (16MiB) */
+    ck_assert_uint_eq(hbm, 0);
+}
+END_TEST
+
+struct tenant_bad_case {
+    const char *text;     /* appended to a valid base */
+    const char *expect;   /* in the error */
+};
+
+/* Base: 1GiB host, 1GiB HBM, slab 16MiB, tenant a with uid 1001 and 256MiB. */
+#define TENANT_BASE "[memory]\nhost_bytes = 1GiB\n[hbm]\nbytes = 1GiB\n" \
+                    "[tenant.a]\nuids = 1001\nhost_bytes = 256MiB\ngids = 5000\n"
+
+static const struct tenant_bad_case tenant_bad_cases[] = {
+    /* names and sections */
+    { "[tenant.a.b]\nuids = 7\nhost_bytes = 64MiB\n", ":9: [tenant.a.b]: invalid tenant name 'a.b' (1 to 31 letters, "
+                                                      "digits, '_' or '-')" },
+    { "[tenant.]\n", ":9: [tenant.]: invalid tenant name ''" },
+    { "[tenant.a b]\n", "invalid tenant name 'a b'" },
+    { "[tenant.abcdefghijklmnopqrstuvwxyz012345]\n", "invalid tenant name 'abcdefghijklmnopqrstuvwxyz012345'" },
+    { "[tenant.default]\nuids = 7\n", ":9: [tenant.default]: 'default' is reserved" },
+    { "[tenant.DEFAULT]\n", "'DEFAULT' is reserved" },
+    { "[tenant]\n", ":9: [tenant]: unknown section (expected [server], [memory], [hbm], [leases], [log], [admin], "
+                    "[persist], [kvcm] or [tenant.NAME])" },
+    { "[tenant.b]\nuids = 7\nhost_bytes = 64MiB\nbogus = 1\n",
+      ":12: [tenant.b] bogus: unknown key (a tenant section takes uids, gids, host_bytes, hbm_bytes, "
+      "max_namespaces, max_clients or max_reserved_per_client)" },
+    { "[server]\nuids = 7\n", ":10: [server] uids: unknown key (it belongs in [tenant.NAME])" },
+    /* users */
+    { "[tenant.b]\nhost_bytes = 64MiB\n", "[tenant.b] uids: neither uids nor gids lists anyone" },
+    { "[tenant.b]\nuids = ,\ngids = \nhost_bytes = 64MiB\n", "[tenant.b] uids: neither uids nor gids lists anyone" },
+    { "[tenant.b]\nuids = no-such-user-kvnode\nhost_bytes = 64MiB\n",
+      ":10: [tenant.b] uids: unknown user 'no-such-user-kvnode'" },
+    { "[tenant.b]\ngids = no-such-group-kvnode\nhost_bytes = 64MiB\n",
+      ":10: [tenant.b] gids: unknown group 'no-such-group-kvnode'" },
+    { "[tenant.b]\nuids = 7, 1001\nhost_bytes = 64MiB\n",
+      "[tenant.b] uids: uid 1001 is also in [tenant.a]; a user belongs to one tenant at most" },
+    { "[tenant.b]\ngids = 5000\nhost_bytes = 64MiB\n",
+      "[tenant.b] gids: gid 5000 is also in [tenant.a]; a group belongs to one tenant at most" },
+    { "[server]\nallow_uids = 7\n",
+      "[tenant.a] uids: uid 1001 is not admitted by [server] allow_uids (7): its clients would be refused; add "
+      "it to allow_uids or remove it from the tenant" },
+    { "[server]\nallow_uids = 7\nallow_gids = 5000\n",
+      "[tenant.a] uids: uid 1001 is not admitted by [server] allow_uids (7) nor, through its groups, by "
+      "allow_gids (5000)" },
+    { "[server]\nallow_gids = 5000\n", "[tenant.a] uids: uid 1001 is not admitted by [server] allow_uids (empty) "
+                                       "nor, through its groups, by allow_gids (5000)" },
+    /* sizes */
+    { "[tenant.b]\nuids = 7\n", "[tenant.b] host_bytes: required (a size of at least 64KiB, e.g. 4GiB, or a share "
+                                "of memory.host_bytes, e.g. 25%)" },
+    { "[tenant.b]\nuids = 7\nhost_bytes = 0%\n", ":11: [tenant.b] host_bytes: share '0%' out of range (expected "
+                                                 "1% to 100% of memory.host_bytes)" },
+    { "[tenant.b]\nuids = 7\nhost_bytes = 101%\n", "share '101%' out of range" },
+    { "[tenant.b]\nuids = 7\nhost_bytes = 99999999999999999999999%\n", "invalid share" },
+    { "[tenant.b]\nuids = 7\nhost_bytes = 12.5%\n", "invalid share '12.5%' (expected a whole percentage of "
+                                                    "memory.host_bytes from 1% to 100%, e.g. 25%, or a size)" },
+    { "[tenant.b]\nuids = 7\nhost_bytes = %\n", "invalid share '%'" },
+    { "[tenant.b]\nuids = 7\nhost_bytes = 0\n", "host_bytes: size '0' out of range (expected at least 64KiB)" },
+    { "[tenant.b]\nuids = 7\nhost_bytes = 1MiB\n", "[tenant.b] host_bytes: 1MiB is less than [memory] slab_bytes "
+                                                   "(16MiB); its arena must hold at least one slab" },
+    { "[tenant.b]\nuids = 7\nhost_bytes = 1%\n", "[tenant.b] host_bytes: 10432KiB is less than [memory] slab_bytes" },
+    { "[tenant.b]\nuids = 7\nhost_bytes = 64MiB\nhbm_bytes = 1MiB\n",
+      "[tenant.b] hbm_bytes: 1MiB is less than [memory] slab_bytes (16MiB)" },
+    { "[tenant.b]\nuids = 7\nhost_bytes = 64MiB\nhbm_bytes = 1G B\n", "[tenant.b] hbm_bytes: invalid size '1G B'" },
+    { "[tenant.b]\nuids = 7\nhost_bytes = 1GiB\n", "[tenant.NAME] host_bytes: the tenants take 1280MiB together, "
+                                                   "more than [memory] host_bytes (1GiB)" },
+    { "[tenant.b]\nuids = 7\nhost_bytes = 76%\n", "the tenants take 1059008KiB together, more than [memory] "
+                                                  "host_bytes (1GiB)" },
+    { "[tenant.a]\nhbm_bytes = 768MiB\n[tenant.b]\nuids = 7\nhost_bytes = 64MiB\nhbm_bytes = 50%\n",
+      "[tenant.NAME] hbm_bytes: the tenants take 1280MiB per device together, more than [hbm] bytes (1GiB)" },
+    { "[hbm]\nbytes = 0\n[tenant.a]\nhbm_bytes = 16MiB\n",
+      "the tenants take 16MiB per device together, more than [hbm] bytes (0)" },
+    /* limits: the ranges of the options they default to */
+    { "[tenant.a]\nmax_clients = 0\n", ":10: [tenant.a] max_clients: invalid value '0' (expected an integer in "
+                                       "1..65536)" },
+    { "[tenant.a]\nmax_namespaces = 65537\n", "[tenant.a] max_namespaces: invalid value '65537' (expected an "
+                                              "integer in 1..65536)" },
+    { "[tenant.a]\nmax_reserved_per_client = 1.5\n", "[tenant.a] max_reserved_per_client: invalid value '1.5' "
+                                                     "(expected a fraction in (0, 1])" },
+    { "[tenant.a]\nmax_reserved_per_client = 0\n", "expected a fraction in (0, 1]" },
+};
+#define NTENANT_BAD (sizeof tenant_bad_cases / sizeof tenant_bad_cases[0])
+
+START_TEST(test_tenant_rules)
+{
+    const struct tenant_bad_case *b = &tenant_bad_cases[_i];
+    char text[1024], err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+    /* The base is valid. */
+    config_defaults(&c);
+    ck_assert_msg(load_text(&c, TENANT_BASE, err, sizeof err, NULL, 0) == 0, "%s", err);
+    ck_assert_msg(config_resolve(&c, err, sizeof err) == 0, "%s", err);
+
+    snprintf(text, sizeof text, "%s%s", TENANT_BASE, b->text);
+    config_defaults(&c);
+    struct kvn_config before = c;
+    int rc = load_text(&c, text, err, sizeof err, NULL, 0);
+    if (rc == 0) {
+        /* A rule between options: config_validate's, and config_resolve's. */
+        before = c;
+        ck_assert_msg(config_validate(&c, err, sizeof err) == -1, "accepted:\n%s", text);
+        char rerr[CONFIG_ERR_MAX];
+        ck_assert_int_eq(config_resolve(&c, rerr, sizeof rerr), -1);
+        ck_assert_str_eq(rerr, err);
+    }
+    ck_assert(memcmp(&c, &before, sizeof c) == 0);
+    ck_assert_msg(strstr(err, b->expect), "got:\n%s\nwant: %s", err, b->expect);
+}
+END_TEST
+
+START_TEST(test_tenant_limit)
+{
+    /* CONFIG_TENANTS_MAX sections are fine; one more is refused at its
+     * header, naming the limit, and only once however many keys follow. */
+    char text[8192], err[CONFIG_ERR_MAX], path[256], want[512];
+    size_t used = (size_t)snprintf(text, sizeof text, "[memory]\nhost_bytes = 1GiB\n");
+    for (int i = 0; i < CONFIG_TENANTS_MAX; i++)
+        used += (size_t)snprintf(text + used, sizeof text - used, "[tenant.t%d]\nuids = %d\nhost_bytes = 16MiB\n",
+                                 i, 2000 + i);
+    struct kvn_config c;
+    config_defaults(&c);
+    ck_assert_msg(load_text(&c, text, err, sizeof err, NULL, 0) == 0, "%s", err);
+    ck_assert_msg(config_resolve(&c, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(c.ntenants, CONFIG_TENANTS_MAX);
+    ck_assert_str_eq(c.tenants[15].name, "t15");
+    ck_assert_uint_eq(c.tenants[15].uid_list.id[0], 2015);
+
+    /* Line 2 + 3 x 16 + 1 = 51: the 17th header. */
+    snprintf(text + used, sizeof text - used, "[tenant.t16]\nuids = 3000\nhost_bytes = 16MiB\n[tenant.t0]\n");
+    config_defaults(&c);
+    ck_assert_int_eq(load_text(&c, text, err, sizeof err, path, sizeof path), -1);
+    snprintf(want, sizeof want, "%s:51: [tenant.t16]: more than 16 tenant sections (at most 16, CONFIG_TENANTS_MAX)",
+             path);
+    ck_assert_msg(strstr(err, want), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 1);
+
+    /* The same through overrides. */
+    config_defaults(&c);
+    for (int i = 0; i < CONFIG_TENANTS_MAX; i++) {
+        char set[64];
+        snprintf(set, sizeof set, "tenant.o%d.uids=%d", i, 2000 + i);
+        ck_assert_msg(config_apply_override(&c, set, err, sizeof err) == 0, "%s", err);
+    }
+    struct kvn_config before = c;
+    ck_assert_int_eq(config_apply_override(&c, "tenant.o16.uids=1", err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "override tenant.o16.uids: [tenant.o16]: more than 16 tenant sections"), "%s", err);
+    ck_assert(memcmp(&c, &before, sizeof c) == 0);
+    ck_assert_int_eq(config_apply_override(&c, "tenant.o3.uids=77", err, sizeof err), 0);   /* one of them */
+    ck_assert_str_eq(c.tenants[3].uids, "77");
+
+    /* A struct built by code: too many, a bad name, a name twice. */
+    config_defaults(&c);
+    c.ntenants = CONFIG_TENANTS_MAX + 1;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[tenant.NAME]: 17 sections, more than 16 (CONFIG_TENANTS_MAX)"), "%s", err);
+    config_defaults(&c);
+    ck_assert_msg(load_text(&c, TENANT_BASE "[tenant.b]\nuids = 7\nhost_bytes = 64MiB\n", err, sizeof err, NULL,
+                            0) == 0, "%s", err);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), 0);
+    snprintf(c.tenants[1].name, sizeof c.tenants[1].name, "a");
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[tenant.a]: two tenants of this name"), "%s", err);
+    snprintf(c.tenants[1].name, sizeof c.tenants[1].name, "x/y");
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[tenant.x/y]: invalid tenant name 'x/y'"), "%s", err);
+}
+END_TEST
+
+static const struct override_case tenant_override_errors[] = {
+    { "tenant.uids=1", "override 'tenant.uids=1': unknown section [tenant]" },
+    { "tenant.a.bogus=1", "override tenant.a.bogus: unknown key (a tenant section takes uids, gids" },
+    { "tenant.a.host_bytes=0%", "override tenant.a.host_bytes: share '0%' out of range" },
+    { "tenant.a.max_clients=0", "override tenant.a.max_clients: invalid value '0' (expected an integer in 1..65536)" },
+    { "tenant.default.uids=1", "override tenant.default.uids: [tenant.default]: 'default' is reserved" },
+    { "tenant.a/b.uids=1", "override tenant.a/b.uids: [tenant.a/b]: invalid tenant name 'a/b'" },
+    { "tenant..uids=1", "override tenant..uids: [tenant.]: invalid tenant name ''" },
+    { "tenant.abcdefghijklmnopqrstuvwxyz0123456789.uids=1",
+      "override 'tenant.abcdefghijklmnopqrstuvwxyz0123456789.uids=1': invalid tenant name "
+      "'abcdefghijklmnopqrstuvwxyz0123456789'" },
+};
+
+START_TEST(test_tenant_override)
+{
+    char err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+    config_defaults(&c);
+    const char *sets[] = { " tenant.a.uids = 1001 ", "tenant.a.host_bytes=25%", "tenant.b.gids=7",
+                           "tenant.b.host_bytes=64MiB", "tenant.a.max_clients=3", "tenant.b.hbm_bytes=0" };
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+        ck_assert_msg(config_apply_override(&c, sets[i], err, sizeof err) == 0, "%s: %s", sets[i], err);
+    ck_assert_msg(config_resolve(&c, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(c.ntenants, 2);
+    ck_assert_str_eq(c.tenants[0].name, "a");
+    ck_assert_uint_eq(c.tenants[0].uid_list.id[0], 1001);
+    ck_assert_uint_eq(c.tenants[0].host_bytes, 256 * MIB);
+    ck_assert_uint_eq(c.tenants[0].max_clients, 3);
+    ck_assert_str_eq(c.tenants[1].name, "b");
+    ck_assert_uint_eq(c.tenants[1].gid_list.id[0], 7);
+    ck_assert_uint_eq(c.tenants[1].host_bytes, 64 * MIB);
+
+    for (size_t i = 0; i < sizeof tenant_override_errors / sizeof tenant_override_errors[0]; i++) {
+        const struct override_case *o = &tenant_override_errors[i];
+        struct kvn_config before = c;
+        ck_assert_msg(config_apply_override(&c, o->assignment, err, sizeof err) == -1, "'%s' accepted",
+                      o->assignment);
+        ck_assert_msg(strstr(err, o->expect), "'%s': got '%s', want '%s'", o->assignment, err, o->expect);
+        ck_assert(memcmp(&c, &before, sizeof c) == 0);
+    }
+}
+END_TEST
+
+START_TEST(test_tenant_admission_by_group)
+{
+    /* allow_gids admits a tenant user through its primary group (from the
+     * user database), as the server does on accept. */
+    struct passwd *pw = getpwnam("nobody");
+    if (!pw)
+        return;   /* no such user here: nothing to look up */
+    char text[512], err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+    snprintf(text, sizeof text, "[server]\nallow_uids = 7\nallow_gids = %u\n[tenant.n]\nuids = nobody\n"
+             "host_bytes = 64MiB\n", (unsigned)pw->pw_gid);
+    config_defaults(&c);
+    ck_assert_msg(load_text(&c, text, err, sizeof err, NULL, 0) == 0, "%s", err);
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    /* Without its group listed it is refused. */
+    snprintf(text, sizeof text, "[server]\nallow_uids = 7\nallow_gids = %u\n[tenant.n]\nuids = nobody\n"
+             "host_bytes = 64MiB\n", (unsigned)pw->pw_gid + 1);
+    config_defaults(&c);
+    ck_assert_msg(load_text(&c, text, err, sizeof err, NULL, 0) == 0, "%s", err);
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "is not admitted by [server] allow_uids (7)"), "%s", err);
+    /* root is always admitted. */
+    config_defaults(&c);
+    ck_assert_int_eq(load_text(&c, "[server]\nallow_uids = 7\n[tenant.r]\nuids = 0\nhost_bytes = 64MiB\n", err,
+                               sizeof err, NULL, 0), 0);
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+}
+END_TEST
+
+START_TEST(test_tenant_round_trip)
+{
+    struct kvn_config c, back;
+    char err[CONFIG_ERR_MAX];
+    load_two_tenants(&c);
+    char *text = config_to_text(&c);
+    const char *forms[] = {
+        "\n\n[tenant.team-a]\nuids = root, 1001 1002\ngids = \nhost_bytes = 33%\n"
+        "; host_bytes: 345984KiB, 33% of memory.host_bytes\nhbm_bytes = 50%\n"
+        "; hbm_bytes: 1GiB, 50% of hbm.bytes\nmax_namespaces = 9\n"
+        "; max_clients: 100, from [server] max_clients\n"
+        "; max_reserved_per_client: 0.125, from [leases] max_reserved_per_client\n",
+        "\n\n[tenant.Team_B]\nuids = \ngids = 4242, 0\nhost_bytes = 512MiB\nhbm_bytes = 0\n"
+        "; max_namespaces: 256, from [server] max_namespaces\nmax_clients = 7\nmax_reserved_per_client = 0.5\n",
+    };
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
+        ck_assert_msg(strstr(text, forms[i]), "config_write lacks '%s':\n%s", forms[i], text);
+    /* After [kvcm], team-a first. */
+    const char *kvcm = strstr(text, "\n[kvcm]\n"), *ta = strstr(text, "\n[tenant.team-a]\n");
+    const char *tb = strstr(text, "\n[tenant.Team_B]\n");
+    ck_assert(kvcm && ta && tb && kvcm < ta && ta < tb);
+
+    /* Parsed back and resolved: the same struct, byte for byte, and the same text. */
+    config_defaults(&back);
+    ck_assert_msg(load_text(&back, text, err, sizeof err, NULL, 0) == 0, "%s\n%s", err, text);
+    ck_assert_msg(config_resolve(&back, err, sizeof err) == 0, "%s", err);
+    assert_config_equal(&c, &back);
+    char *again = config_to_text(&back);
+    ck_assert_str_eq(text, again);
+    free(again);
+    free(text);
+
+    /* Unresolved (as parsed) round-trips too, an unset host_bytes included. */
+    config_defaults(&c);
+    ck_assert_int_eq(load_text(&c, "[tenant.u]\nuids = 1\n", err, sizeof err, NULL, 0), 0);
+    text = config_to_text(&c);
+    ck_assert_msg(strstr(text, "\n[tenant.u]\nuids = 1\ngids = \n; host_bytes: not set (required)\nhbm_bytes = 0\n"),
+                  "%s", text);
+    config_defaults(&back);
+    ck_assert_msg(load_text(&back, text, err, sizeof err, NULL, 0) == 0, "%s", err);
+    ck_assert(memcmp(&c, &back, sizeof c) == 0);
+    free(text);
+}
+END_TEST
+
+START_TEST(test_tenant_reload)
+{
+    /* Reloadable: uids, gids and the limits; restart-only: the sizes and
+     * the set of tenants. */
+    const char *reloadable[] = { "uids", "gids", "max_namespaces", "max_clients", "max_reserved_per_client" };
+    const char *restart[] = { "host_bytes", "hbm_bytes" };
+    for (size_t i = 0; i < sizeof reloadable / sizeof reloadable[0]; i++) {
+        ck_assert_msg(config_option_reloadable("tenant", reloadable[i]), "%s", reloadable[i]);
+        ck_assert_msg(config_option_reloadable("tenant.a", reloadable[i]), "%s", reloadable[i]);
+    }
+    for (size_t i = 0; i < sizeof restart / sizeof restart[0]; i++)
+        ck_assert_msg(!config_option_reloadable("tenant.a", restart[i]), "%s", restart[i]);
+    ck_assert(!config_option_reloadable("tenant", "bogus"));
+
+    struct kvn_config running, next;
+    char names[512], err[CONFIG_ERR_MAX];
+    load_two_tenants(&running);
+    next = running;
+    ck_assert_int_eq(config_restart_required(&running, &next, names, sizeof names), 0);
+
+    /* team-a: new users, limits and host share; Team_B gone; team-c new. */
+    config_defaults(&next);
+    ck_assert_msg(load_text(&next,
+                            "[server]\nmax_clients = 100\nmax_namespaces = 512\n[memory]\nhost_bytes = 1GiB\n"
+                            "[hbm]\nbackend = sim\nbytes = 2GiB\n"
+                            "[tenant.team-c]\nuids = 3000\nhost_bytes = 64MiB\n"
+                            "[tenant.team-a]\nuids = 1001, 4242\nhost_bytes = 40%\nhbm_bytes = 1GiB\n"
+                            "max_clients = 5\n",
+                            err, sizeof err, NULL, 0) == 0, "%s", err);
+    ck_assert_msg(config_resolve(&next, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(config_restart_required(&running, &next, names, sizeof names), 4);
+    ck_assert_str_eq(names, "server.max_namespaces, tenant.team-a.host_bytes, tenant.Team_B, tenant.team-c");
+    /* hbm_bytes 50% of 2GiB and 1GiB are the same bytes: no change. */
+
+    config_keep_restart_only(&next, &running);
+    ck_assert_msg(config_resolve(&next, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(config_restart_required(&running, &next, NULL, 0), 0);
+    ck_assert_uint_eq(next.ntenants, 2);
+    const struct config_tenant *a = &next.tenants[0], *b = &next.tenants[1];
+    ck_assert_str_eq(a->name, "team-a");
+    ck_assert_str_eq(a->uids, "1001, 4242");          /* applied */
+    ck_assert_uint_eq(a->uid_list.n, 2);
+    ck_assert_uint_eq(a->uid_list.id[1], 4242);
+    ck_assert_uint_eq(a->max_clients, 5);
+    ck_assert_uint_eq(a->host_bytes, running.tenants[0].host_bytes);   /* kept: 33% */
+    ck_assert_uint_eq(a->host_share, 33);
+    ck_assert_uint_eq(a->hbm_share, 50);
+    /* Unset in the new section: inherited again, from the running
+     * max_namespaces (restart-only, kept at 256). */
+    ck_assert_uint_eq(next.max_namespaces, 256);
+    ck_assert_uint_eq(a->max_namespaces, 256);
+    ck_assert_str_eq(b->name, "Team_B");               /* removal waits for the restart */
+    ck_assert_str_eq(b->gids, "4242, 0");
+    ck_assert_uint_eq(b->max_namespaces, 256);
+    ck_assert_uint_eq(b->max_clients, 7);
+
+    /* Sections in another order: gid precedence would change; kept. */
+    config_defaults(&next);
+    ck_assert_int_eq(load_text(&next, two_tenants, err, sizeof err, NULL, 0), 0);
+    struct config_tenant swap = next.tenants[0];
+    next.tenants[0] = next.tenants[1];
+    next.tenants[1] = swap;
+    ck_assert_int_eq(config_resolve(&next, err, sizeof err), 0);
+    ck_assert_int_eq(config_restart_required(&running, &next, names, sizeof names), 1);
+    ck_assert_str_eq(names, "tenant.order");
+    config_keep_restart_only(&next, &running);
+    ck_assert_str_eq(next.tenants[0].name, "team-a");
+
+    /* A uid moved from a removed tenant into a kept one: the merge breaks the
+     * one-tenant-per-uid rule, which resolving it again reports. */
+    config_defaults(&next);
+    ck_assert_int_eq(load_text(&next, "[server]\nmax_clients = 100\n[memory]\nhost_bytes = 1GiB\n"
+                                      "[hbm]\nbackend = sim\nbytes = 2GiB\n"
+                                      "[tenant.team-a]\nuids = 1001\ngids = 4242\nhost_bytes = 33%\n"
+                                      "hbm_bytes = 50%\n", err, sizeof err, NULL, 0), 0);
+    ck_assert_msg(config_resolve(&next, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(config_restart_required(&running, &next, names, sizeof names), 1);
+    ck_assert_str_eq(names, "tenant.Team_B");
+    config_keep_restart_only(&next, &running);
+    ck_assert_int_eq(config_resolve(&next, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[tenant.Team_B] gids: gid 4242 is also in [tenant.team-a]"), "%s", err);
+}
+END_TEST
+
+START_TEST(test_tenant_conf_example)
+{
+    /* The commented-out example in conf/kvnode.conf: uncommented, it is two
+     * valid tenants on the file's own settings. */
+    char path[512], err[CONFIG_ERR_MAX];
+    char *text = repo_slurp("conf/kvnode.conf", path, sizeof path);
+    char *out = NULL;
+    size_t outlen = 0;
+    FILE *mem = open_memstream(&out, &outlen);
+    regex_t example;
+    ck_assert_int_eq(regcomp(&example, "^#(\\[tenant\\.[A-Za-z0-9_-]+\\]|[a-z_]+ =( .*)?)$", REG_EXTENDED | REG_NOSUB),
+                     0);
+    bool in_example = false;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, "#[tenant.", 9) == 0)
+            in_example = true;
+        if (in_example && regexec(&example, line, 0, NULL, 0) == 0)
+            line++;
+        fprintf(mem, "%s\n", line);
+    }
+    fclose(mem);
+    regfree(&example);
+    free(text);
+    ck_assert_msg(in_example, "%s has no [tenant.NAME] example", path);
+    struct kvn_config c;
+    config_defaults(&c);
+    ck_assert_msg(load_text(&c, out, err, sizeof err, NULL, 0) == 0, "uncommented example: %s", err);
+    ck_assert_msg(config_resolve(&c, err, sizeof err) == 0, "uncommented example: %s", err);
+    /* As its comment says: half, 256MiB, and 256MiB left for "default". */
+    ck_assert_uint_eq(c.ntenants, 2);
+    ck_assert_str_eq(c.tenants[0].name, "team-a");
+    ck_assert_uint_eq(c.tenants[0].uid_list.n, 2);
+    ck_assert_uint_eq(c.tenants[0].host_bytes, 512 * MIB);
+    ck_assert_str_eq(c.tenants[1].name, "team-b");
+    ck_assert_uint_eq(c.tenants[1].gid_list.id[0], 2001);
+    ck_assert_uint_eq(c.tenants[1].host_bytes, 256 * MIB);
+    uint64_t rest;
+    config_tenant_default_bytes(&c, &rest, NULL);
+    ck_assert_uint_eq(rest, 256 * MIB);
+    free(out);
 }
 END_TEST
 
@@ -2969,6 +3520,18 @@ static Suite *config_suite(void)
     tc = tcase_create("reload");
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, test_restart_required);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("tenants");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_tenant_parse);
+    tcase_add_loop_test(tc, test_tenant_rules, 0, NTENANT_BAD);
+    tcase_add_test(tc, test_tenant_limit);
+    tcase_add_test(tc, test_tenant_override);
+    tcase_add_test(tc, test_tenant_admission_by_group);
+    tcase_add_test(tc, test_tenant_round_trip);
+    tcase_add_test(tc, test_tenant_reload);
+    tcase_add_test(tc, test_tenant_conf_example);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("log");

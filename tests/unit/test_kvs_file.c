@@ -484,6 +484,58 @@ START_TEST(test_scan)
 }
 END_TEST
 
+/* Tenants (issue 15): a named tenant's root lives in <default root>/tenants/
+ * <NAME>; its records carry the tenant's fingerprint. Each scan finds its
+ * own tenant's blocks only, the same layout and key in both included. */
+static struct kvs_store *open_tenant_store(const char *path, const char *tenant)
+{
+    struct kvs_config cfg = { .backend = "file", .path = path, .fsync_policy = KVS_FSYNC_NEVER,
+                              .tenant = tenant };
+    struct kvs_store *s = NULL;
+    int rc = be->open(&cfg, &s, err, sizeof(err));
+    ck_assert_msg(rc == 0, "open %s: %d %s", path, rc, err);
+    return s;
+}
+
+START_TEST(test_tenant_roots)
+{
+    char troot[PATH_MAX];
+    struct tns d, a;
+    struct seen *sn = calloc(1, sizeof(*sn));
+    int calls;
+
+    snprintf(troot, sizeof troot, "%s/tenants/alpha", root);
+    struct kvs_store *sd = open_tenant_store(root, NULL), *sa = open_tenant_store(troot, "alpha");
+    mkns(&d, "same-model", 1024, 0);
+    mkns(&a, "same-model", 1024, 0);
+    a.ns.fingerprint = ns_fingerprint_tenant(&a.l, "alpha");
+    ns_deployment_id(&a.l, a.ns.fingerprint, a.id, sizeof(a.id));
+    ck_assert_int_eq(put_block(sd, &d, 7, 1), 0);
+    ck_assert_int_eq(put_block(sa, &a, 7, 2), 0);
+    ck_assert_int_eq(check_block(sd, &d, 7, 1), 0);
+    ck_assert_int_eq(check_block(sa, &a, 7, 2), 0);
+
+    /* The default root's scan leaves tenants/ alone. */
+    ck_assert_int_eq(scan_all(sd, 16, sn, &calls), 1);
+    ck_assert_int_eq(sn->n, 1);
+    ck_assert_uint_eq(sn->f[0].fingerprint, ns_fingerprint(&d.l));
+    memset(sn, 0, sizeof(*sn));
+    ck_assert_int_eq(scan_all(sa, 16, sn, &calls), 1);
+    ck_assert_int_eq(sn->n, 1);
+    ck_assert_uint_eq(sn->f[0].fingerprint, ns_fingerprint_tenant(&a.l, "alpha"));
+    be->close(sa);
+
+    /* The same root opened for another tenant finds nothing of alpha's. */
+    struct kvs_store *sb = open_tenant_store(troot, "beta");
+    memset(sn, 0, sizeof(*sn));
+    ck_assert_int_eq(scan_all(sb, 16, sn, &calls), 1);
+    ck_assert_int_eq(sn->n, 0);
+    be->close(sb);
+    be->close(sd);
+    free(sn);
+}
+END_TEST
+
 START_TEST(test_scan_temps)
 {
     struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
@@ -821,6 +873,7 @@ static Suite *kvs_file_suite(void)
     tcase_add_loop_test(tc, test_corrupt, 0, 8);
     tcase_add_test(tc, test_scan);
     tcase_add_test(tc, test_scan_temps);
+    tcase_add_test(tc, test_tenant_roots);
     tcase_add_test(tc, test_capacity_lru);
     tcase_add_test(tc, test_sanitize);
     tcase_add_test(tc, test_open_errors);

@@ -529,6 +529,64 @@ START_TEST(test_bind_limit)
 }
 END_TEST
 
+/* --- tenants (issue 15) ------------------------------------------------ */
+
+/* "default" keeps the fingerprint of a node without tenants; a named
+ * tenant's is FNV-1a of the canonical string + "|tenant=<name>". */
+START_TEST(test_fingerprint_tenant)
+{
+    struct ns_layout l = sample_layout();
+    char buf[1024];
+    size_t n = ns_canonical_string(&l, buf, sizeof(buf));
+
+    ck_assert_uint_eq(ns_fingerprint_tenant(&l, NULL), ns_fingerprint(&l));
+    ck_assert_uint_eq(ns_fingerprint_tenant(&l, ""), ns_fingerprint(&l));
+    snprintf(buf + n, sizeof(buf) - n, "|tenant=alpha");
+    ck_assert_uint_eq(ns_fingerprint_tenant(&l, "alpha"), ns_fnv1a64(buf, strlen(buf)));
+    ck_assert_uint_ne(ns_fingerprint_tenant(&l, "alpha"), ns_fingerprint(&l));
+    ck_assert_uint_ne(ns_fingerprint_tenant(&l, "alpha"), ns_fingerprint_tenant(&l, "beta"));
+    /* Ranks of one deployment still share it within a tenant. */
+    struct ns_layout m = l;
+    m.tp_rank = 3;
+    ck_assert_uint_eq(ns_fingerprint_tenant(&m, "alpha"), ns_fingerprint_tenant(&l, "alpha"));
+}
+END_TEST
+
+/* A tenant's registry: the same layout is another deployment (id and
+ * fingerprint), and its limit message names the tenant's option. */
+START_TEST(test_registry_tenant)
+{
+    struct ns_registry *d, *a;
+    struct kv_namespace *nd, *na, *x;
+    struct ns_layout l = sample_layout();
+    char err[512];
+    int created;
+
+    ck_assert_int_eq(ns_registry_create(1, &d), 0);
+    ck_assert_int_eq(ns_registry_create_tenant(1, "alpha", &a), 0);
+    ck_assert_str_eq(ns_registry_tenant(d), "");
+    ck_assert_str_eq(ns_registry_tenant(a), "alpha");
+    ck_assert_int_eq(ns_bind(d, &l, &nd, &created, err, sizeof(err)), 0);
+    ck_assert_int_eq(ns_bind(a, &l, &na, &created, err, sizeof(err)), 0);
+    ck_assert_uint_eq(nd->fingerprint, ns_fingerprint(&l));
+    ck_assert_uint_eq(na->fingerprint, ns_fingerprint_tenant(&l, "alpha"));
+    ck_assert_str_ne(nd->deployment_id, na->deployment_id);
+    nd->clients = na->clients = 1;
+    l.tp_rank = 1;
+    ck_assert_int_eq(ns_bind(a, &l, &x, &created, err, sizeof(err)), -KVNODE_ELIMIT);
+    ck_assert_msg(strstr(err, "([tenant.alpha] max_namespaces)") && strstr(err, "(reload)"), "%s", err);
+    ck_assert_int_eq(ns_bind(d, &l, &x, &created, err, sizeof(err)), -KVNODE_ELIMIT);
+    ck_assert_msg(strstr(err, "(server.max_namespaces)") && strstr(err, "(restart)"), "%s", err);
+    /* A raised limit (reload) lets the next one in. */
+    ck_assert_int_eq(ns_registry_set_max(a, 2), 0);
+    ck_assert_int_eq(ns_registry_set_max(a, 0), -KVNODE_EINVAL);
+    ck_assert_int_eq(ns_bind(a, &l, &x, &created, err, sizeof(err)), 0);
+    ck_assert_int_eq(created, 1);
+    ns_registry_destroy(d);
+    ns_registry_destroy(a);
+}
+END_TEST
+
 static Suite *namespace_suite(void)
 {
     Suite *s = suite_create("namespace");
@@ -551,6 +609,12 @@ static Suite *namespace_suite(void)
     tcase_add_test(tc, test_bind_fingerprint_collision);
     tcase_add_test(tc, test_bind_limit);
     tcase_add_test(tc, test_idle_namespaces_are_reused);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("tenants");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_fingerprint_tenant);
+    tcase_add_test(tc, test_registry_tenant);
     suite_add_tcase(s, tc);
     return s;
 }

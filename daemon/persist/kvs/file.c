@@ -64,6 +64,8 @@ static int file_open(const struct kvs_config *cfg, struct kvs_store **out, char 
         errmsg_set(err, errlen, "kvs file: out of memory");
         return -KVNODE_ENOMEM;
     }
+    if (cfg->tenant)
+        snprintf(s->tenant, sizeof s->tenant, "%s", cfg->tenant);
     pthread_mutex_lock(&roots_mu);
     struct froot *r;
     for (r = roots; r; r = r->next)

@@ -116,7 +116,8 @@ static int get_str(const uint8_t **p, char *out, size_t max)
     return 0;
 }
 
-const char *file_layout_decode(const uint8_t *b, size_t n, struct ns_layout *l, uint64_t *fp)
+const char *file_layout_decode(const uint8_t *b, size_t n, const char *tenant, struct ns_layout *l,
+                               uint64_t *fp)
 {
     char verr[128];
     const uint8_t *p = b + 48;
@@ -144,8 +145,8 @@ const char *file_layout_decode(const uint8_t *b, size_t n, struct ns_layout *l, 
         return "unterminated string";
     if (ns_layout_validate(l, verr, sizeof(verr)) != 0)
         return "invalid layout";
-    if (ns_fingerprint(l) != *fp)
-        return "fingerprint does not match the layout";
+    if (ns_fingerprint_tenant(l, tenant) != *fp)
+        return "fingerprint does not match the layout (or the record is another tenant's)";
     return NULL;
 }
 

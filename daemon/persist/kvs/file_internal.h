@@ -47,8 +47,11 @@ void file_hdr_encode(uint8_t b[HDR_SIZE], const struct blk_hdr *h);
 /* NULL when the header is well formed, else why not. */
 const char *file_hdr_decode(const uint8_t b[HDR_SIZE], struct blk_hdr *h);
 void file_layout_encode(uint8_t b[LAYOUT_SIZE], const struct ns_layout *l, uint64_t fp);
-/* NULL when b[0..n) is a valid layout record (into l, fp), else why not. */
-const char *file_layout_decode(const uint8_t *b, size_t n, struct ns_layout *l, uint64_t *fp);
+/* NULL when b[0..n) is a valid layout record (into l, fp) of tenant's
+ * store (NULL/"": "default"; the fingerprint must be
+ * ns_fingerprint_tenant(l, tenant)), else why not. */
+const char *file_layout_decode(const uint8_t *b, size_t n, const char *tenant, struct ns_layout *l,
+                               uint64_t *fp);
 int file_layout_equal(const struct ns_layout *a, const struct ns_layout *b);
 
 /* ---- process-wide state per root (file_root.c) -------------------------------- */
@@ -86,8 +89,13 @@ struct froot {
     struct kvs_file_stats st;
 };
 
+/* The default root's subdirectory holding the named tenants' roots, which
+ * its recovery scan leaves alone. */
+#define TENANTS_DIR  "tenants"
+
 struct file_store {
     struct froot *r;
+    char tenant[NS_TENANT_MAX];    /* "": "default" */
     int fsync_policy;
     uint32_t id;
     uint64_t seq;

@@ -245,7 +245,8 @@ int file_resolve_ns(struct file_store *s, const struct kvs_ns *ns, struct fns **
 }
 
 /* 0 when path holds a valid layout record equal to l (fingerprint fp). */
-static int layout_file_matches(const char *path, const struct ns_layout *l, uint64_t fp)
+static int layout_file_matches(const char *path, const char *tenant, const struct ns_layout *l,
+                               uint64_t fp)
 {
     uint8_t b[LAYOUT_SIZE + 1];
     struct ns_layout got;
@@ -255,7 +256,7 @@ static int layout_file_matches(const char *path, const struct ns_layout *l, uint
         return -1;
     ssize_t n = file_read_full(fd, b, sizeof(b));
     close(fd);
-    if (n < 0 || file_layout_decode(b, (size_t)n, &got, &gfp) != NULL)
+    if (n < 0 || file_layout_decode(b, (size_t)n, tenant, &got, &gfp) != NULL)
         return -1;
     return (gfp == fp && file_layout_equal(&got, l)) ? 0 : -1;
 }
@@ -278,7 +279,7 @@ int file_ensure_layout(struct file_store *s, struct fns *f, const struct kvs_ns 
         errmsg_set(err, errlen, "kvs file: path too long under %s", f->path);
         return -KVNODE_EINVAL;
     }
-    if (layout_file_matches(path, ns->layout, ns->fingerprint) != 0) {
+    if (layout_file_matches(path, s->tenant, ns->layout, ns->fingerprint) != 0) {
         uint8_t rec[LAYOUT_SIZE];
         if (file_mkdir_p(f->path, 0755) < 0) {
             int e = errno;

@@ -21,6 +21,7 @@
 
 struct kvs_scan {
     DIR *d_root, *d_dep, *d_ns, *d_bkt;
+    const char *tenant;            /* the store's (its handle outlives the scan) */
     char dep[DIR_MAX];
     struct fns *f;                 /* namespace being walked (d_ns) */
     struct ns_layout layout;
@@ -95,7 +96,7 @@ static int scan_layout(struct kvs_scan *c, const char *name, uint32_t rank)
         return -1;
     ssize_t n = file_read_full(fd, b, sizeof(b));
     close(fd);
-    if (n < 0 || file_layout_decode(b, (size_t)n, &c->layout, &c->fp) != NULL ||
+    if (n < 0 || file_layout_decode(b, (size_t)n, c->tenant, &c->layout, &c->fp) != NULL ||
         c->layout.tp_rank != rank)
         return -1;
     return 0;
@@ -170,6 +171,7 @@ int file_scan(struct kvs_store *ks, struct kvs_scan **cursor, size_t budget,
             errmsg_set(err, errlen, "kvs file: out of memory");
             return -KVNODE_ENOMEM;
         }
+        c->tenant = s->tenant;
         c->d_root = opendir(r->path);
         if (!c->d_root) {
             int e = errno;
@@ -231,7 +233,9 @@ int file_scan(struct kvs_store *ks, struct kvs_scan **cursor, size_t budget,
                 *cursor = NULL;
                 return 1;
             }
-            if (de->d_name[0] == '.' || strlen(de->d_name) >= sizeof(c->dep))
+            /* Named tenants' roots live below the default's: theirs to scan. */
+            if (de->d_name[0] == '.' || strlen(de->d_name) >= sizeof(c->dep) ||
+                strcmp(de->d_name, TENANTS_DIR) == 0)
                 continue;
             memcpy(c->dep, de->d_name, strlen(de->d_name) + 1);
             c->d_dep = open_sub(c->d_root, de->d_name);

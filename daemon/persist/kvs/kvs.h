@@ -26,7 +26,7 @@ enum { KVS_MISS = 1, KVS_CORRUPT = 2 };
 /* Which namespace a call is about. */
 struct kvs_ns {
     const struct ns_layout *layout;   /* full layout incl. tp_rank and block_bytes */
-    uint64_t fingerprint;             /* ns_fingerprint(layout) */
+    uint64_t fingerprint;             /* ns_fingerprint_tenant(layout, the store's tenant) */
     const char *deployment_id;        /* <model>-<fingerprint hex> */
 };
 
@@ -39,6 +39,8 @@ struct kvs_config {
     const char *url;              /* v6d: control-plane base URL */
     const char *socket_path;      /* v6d: data-plane unix socket */
     const char *object_namespace; /* v6d: first part of every object key (NULL/"": rtp_llm) */
+    const char *tenant;           /* whose store this is (NULL/"": "default"): file checks the
+                                     layout records' fingerprints as ns_fingerprint_tenant */
     uint32_t connect_timeout_ms, timeout_ms;
 };
 

@@ -1,0 +1,199 @@
+/* Unit tests of daemon/tenants.c (issue 15) on a private libevent loop, with
+ * configurations built in code: without sections one tenant "default" with
+ * everything; with sections each tenant its own cache (own memfd, own
+ * namespaces: the same layout is another deployment), "default" what is
+ * left (none: no cache); a peer's tenant (a uid listed wins over a gid,
+ * else "default"); reload moves uids and limits, and a section added by a
+ * reload is not served until a restart. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "cache/cache.h"
+#include "config.h"
+#include "core/log.h"
+#include "mem/index.h"
+#include "tenants.h"
+
+static struct event_base *base;
+
+static void setup(void)
+{
+    log_set_level(LOG_LEVEL_ERROR);
+    base = event_base_new();
+    ck_assert_ptr_nonnull(base);
+}
+
+static void teardown(void)
+{
+    event_base_free(base);
+}
+
+/* Defaults, a small host tier, then "section.key=value" overrides, resolved. */
+static struct kvn_config *config_with(const char *const *overrides)
+{
+    struct kvn_config *cfg = malloc(sizeof *cfg);
+    char err[CONFIG_ERR_MAX];
+    ck_assert_ptr_nonnull(cfg);
+    config_defaults(cfg);
+    cfg->host_bytes = 8u << 20;
+    cfg->slab_bytes = 1u << 20;
+    cfg->pin_host = CONFIG_PIN_OFF;
+    cfg->persist_backend = CONFIG_BACKEND_OFF;
+    for (size_t i = 0; overrides && overrides[i]; i++)
+        ck_assert_msg(config_apply_override(cfg, overrides[i], err, sizeof err) == 0, "%s: %s",
+                      overrides[i], err);
+    ck_assert_msg(config_resolve(cfg, err, sizeof err) == 0, "%s", err);
+    return cfg;
+}
+
+static int host_fd(struct cache *c)
+{
+    struct cache_arena_info a[INDEX_MAX_ARENAS];
+    ck_assert_uint_ge(cache_arenas(c, a, INDEX_MAX_ARENAS), 1);
+    return a[0].fd;
+}
+
+START_TEST(no_sections_one_default_tenant_with_everything)
+{
+    struct kvn_config *cfg = config_with(NULL);
+    struct tenants *ts;
+    char err[512];
+
+    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    ck_assert(!tenants_configured(ts));
+    ck_assert_uint_eq(tenants_count(ts), 1);
+    struct tenant *t = tenants_default(ts);
+    ck_assert_str_eq(t->name, "default");
+    ck_assert(!t->named);
+    ck_assert_uint_eq(t->host_bytes, 8u << 20);
+    ck_assert_uint_eq(cache_host_size(t->cache), 8u << 20);
+    ck_assert_uint_eq(t->max_clients, cfg->max_clients);
+    ck_assert_uint_eq(t->max_namespaces, cfg->max_namespaces);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 0, 0), t);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 4242, 4242), t);
+    struct cache *caches[4];
+    ck_assert_uint_eq(tenants_caches(ts, caches, 4), 1);
+    ck_assert_ptr_eq(caches[0], t->cache);
+    tenants_destroy(ts);
+    free(cfg);
+}
+END_TEST
+
+START_TEST(sections_get_their_own_caches)
+{
+    const char *const o[] = { "memory.host_bytes=16MiB", "tenant.a.uids=100", "tenant.a.host_bytes=4MiB",
+                              "tenant.b.gids=200", "tenant.b.host_bytes=6MiB", "tenant.b.max_clients=3",
+                              NULL };
+    struct kvn_config *cfg = config_with(o);
+    struct tenants *ts;
+    char err[512];
+
+    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    ck_assert(tenants_configured(ts));
+    ck_assert_uint_eq(tenants_count(ts), 3);
+    struct tenant *d = tenants_at(ts, 0), *a = tenants_at(ts, 1), *b = tenants_at(ts, 2);
+    ck_assert_str_eq(a->name, "a");
+    ck_assert_str_eq(b->name, "b");
+    ck_assert_uint_eq(cache_host_size(a->cache), 4u << 20);
+    ck_assert_uint_eq(cache_host_size(b->cache), 6u << 20);
+    ck_assert_uint_eq(cache_host_size(d->cache), 6u << 20);   /* what is left */
+    ck_assert_uint_eq(b->max_clients, 3);
+    ck_assert_uint_eq(a->max_clients, cfg->max_clients);     /* inherited */
+    /* Three memfds: nothing of one tenant's in another's mapping. */
+    ck_assert_int_ne(host_fd(a->cache), host_fd(b->cache));
+    ck_assert_int_ne(host_fd(a->cache), host_fd(d->cache));
+
+    /* The same layout bound in two tenants: two deployments. */
+    struct ns_layout l = { .model = "m", .dtype = "bf16", .block_tokens = 16, .block_bytes = 65536,
+                           .num_layers = 2, .kv_heads = 2, .head_dim = 64, .tp_size = 1 };
+    struct kv_namespace *nd, *na, *nb;
+    ck_assert_int_eq(cache_bind(d->cache, &l, &nd, err, sizeof err), 0);
+    ck_assert_int_eq(cache_bind(a->cache, &l, &na, err, sizeof err), 0);
+    ck_assert_int_eq(cache_bind(b->cache, &l, &nb, err, sizeof err), 0);
+    ck_assert_uint_eq(nd->fingerprint, ns_fingerprint(&l));
+    ck_assert_uint_eq(na->fingerprint, ns_fingerprint_tenant(&l, "a"));
+    ck_assert_str_ne(na->deployment_id, nb->deployment_id);
+    ck_assert_str_ne(na->deployment_id, nd->deployment_id);
+    cache_unbind(d->cache, nd);
+    cache_unbind(a->cache, na);
+    cache_unbind(b->cache, nb);
+
+    /* A listed uid wins over a listed gid; neither: "default". */
+    ck_assert_ptr_eq(tenants_for_peer(ts, 100, 200), a);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 7, 200), b);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 7, 7), d);
+    struct cache *caches[4];
+    ck_assert_uint_eq(tenants_caches(ts, caches, 4), 3);
+    tenants_destroy(ts);
+    free(cfg);
+}
+END_TEST
+
+START_TEST(default_without_memory_has_no_cache)
+{
+    const char *const o[] = { "tenant.a.uids=100", "tenant.a.host_bytes=4MiB",
+                              "tenant.b.uids=101", "tenant.b.host_bytes=4MiB", NULL };
+    struct kvn_config *cfg = config_with(o);
+    struct tenants *ts;
+    char err[512];
+
+    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    ck_assert_uint_eq(tenants_default(ts)->host_bytes, 0);
+    ck_assert_ptr_null(tenants_default(ts)->cache);
+    struct cache *caches[4];
+    ck_assert_uint_eq(tenants_caches(ts, caches, 4), 2);
+    tenants_destroy(ts);
+    free(cfg);
+}
+END_TEST
+
+START_TEST(reload_moves_uids_and_limits)
+{
+    const char *const o[] = { "memory.host_bytes=16MiB", "tenant.a.uids=100", "tenant.a.host_bytes=4MiB",
+                              "tenant.b.uids=101", "tenant.b.host_bytes=4MiB", NULL };
+    const char *const o2[] = { "memory.host_bytes=16MiB", "tenant.a.uids=100 101", "tenant.a.host_bytes=4MiB",
+                               "tenant.a.max_clients=2", "tenant.a.max_namespaces=7",
+                               "tenant.b.uids=102", "tenant.b.host_bytes=4MiB",
+                               "tenant.c.uids=103", "tenant.c.host_bytes=4MiB", NULL };
+    struct kvn_config *cfg = config_with(o), *next = config_with(o2);
+    struct tenants *ts;
+    char err[512];
+
+    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    struct tenant *d = tenants_at(ts, 0), *a = tenants_at(ts, 1), *b = tenants_at(ts, 2);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 101, 0), b);
+    tenants_apply_config(ts, next);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 101, 0), a);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 102, 0), b);
+    /* c came with the reload: not served until a restart. */
+    ck_assert_ptr_eq(tenants_for_peer(ts, 103, 0), d);
+    ck_assert_uint_eq(tenants_count(ts), 3);
+    ck_assert_uint_eq(a->max_clients, 2);
+    ck_assert_uint_eq(a->max_namespaces, 7);
+    tenants_destroy(ts);
+    free(cfg);
+    free(next);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("tenants");
+    TCase *tc = tcase_create("tenants");
+    tcase_set_timeout(tc, 30);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, no_sections_one_default_tenant_with_everything);
+    tcase_add_test(tc, sections_get_their_own_caches);
+    tcase_add_test(tc, default_without_memory_has_no_cache);
+    tcase_add_test(tc, reload_moves_uids_and_limits);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
