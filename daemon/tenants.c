@@ -33,9 +33,7 @@ struct tenants {
 /* A tenant's part of a log line: "tenant NAME: " for a named one. */
 static const char *tenant_who(const struct tenant *t, char *buf, size_t len)
 {
-    if (!t->named)
-        return "";
-    snprintf(buf, len, "tenant %s: ", t->name);
+    snprintf(buf, len, "%s%s%s", t->named ? "tenant " : "", t->named ? t->name : "", t->named ? ": " : "");
     return buf;
 }
 
