@@ -120,11 +120,32 @@ static void render_requests(struct evbuffer *out, const struct metrics_requests 
     }
 }
 
+/* One sample per namespace of every tenant the snapshot lists: its sealed
+ * bytes, or blocks (in memory, and in the store with_store). */
+static void render_namespaces(struct evbuffer *out, const struct stats_snapshot *snap, const char *name,
+                              bool bytes, bool with_store)
+{
+    char rank[16];
+
+    for (size_t src = 0; src < snap->nns; src++) {
+        for (size_t i = 0; i < snap->ns[src].n; i++) {
+            struct cache_namespace_stats ns;
+            cache_namespace_stats(snap->ns[src].cache, i, &ns);
+            snprintf(rank, sizeof rank, "%" PRIu32, ns.tp_rank);
+            sample_u(out, name, L("tier", "host", "namespace", ns.deployment_id, "tp_rank", rank),
+                     bytes ? ns.bytes : ns.blocks);
+            if (with_store)
+                sample_u(out, name, L("tier", "store", "namespace", ns.deployment_id, "tp_rank", rank),
+                         ns.stored_blocks);
+        }
+    }
+}
+
 static void render_cache(struct evbuffer *out, const struct stats_snapshot *snap)
 {
     const struct cache_stats *s = &snap->cache_stats;
     const struct metrics_keys *k = &s->keys;
-    char rank[16], dev[16];
+    char dev[16];
 
     static const char *const tier_fields[][2] = {
         { "kvnode_tier_capacity_bytes", "Bytes of memory a tier holds (HBM: per device)." },
@@ -166,30 +187,10 @@ static void render_cache(struct evbuffer *out, const struct stats_snapshot *snap
     if (snap->nns > 0 || !snap->has_tenants) {
         family(out, "kvnode_namespace_blocks", "gauge",
                "Sealed blocks per tier and namespace (deployment id and TP rank).");
-        for (size_t src = 0; src < snap->nns; src++) {
-            for (size_t i = 0; i < snap->ns[src].n; i++) {
-                struct cache_namespace_stats ns;
-                cache_namespace_stats(snap->ns[src].cache, i, &ns);
-                snprintf(rank, sizeof rank, "%" PRIu32, ns.tp_rank);
-                sample_u(out, "kvnode_namespace_blocks",
-                         L("tier", "host", "namespace", ns.deployment_id, "tp_rank", rank), ns.blocks);
-                if (s->has_store)
-                    sample_u(out, "kvnode_namespace_blocks",
-                             L("tier", "store", "namespace", ns.deployment_id, "tp_rank", rank),
-                             ns.stored_blocks);
-            }
-        }
+        render_namespaces(out, snap, "kvnode_namespace_blocks", false, s->has_store);
         family(out, "kvnode_namespace_bytes", "gauge",
                "Bytes of sealed blocks per tier and namespace (deployment id and TP rank).");
-        for (size_t src = 0; src < snap->nns; src++) {
-            for (size_t i = 0; i < snap->ns[src].n; i++) {
-                struct cache_namespace_stats ns;
-                cache_namespace_stats(snap->ns[src].cache, i, &ns);
-                snprintf(rank, sizeof rank, "%" PRIu32, ns.tp_rank);
-                sample_u(out, "kvnode_namespace_bytes",
-                         L("tier", "host", "namespace", ns.deployment_id, "tp_rank", rank), ns.bytes);
-            }
-        }
+        render_namespaces(out, snap, "kvnode_namespace_bytes", true, false);
     }
 
     family(out, "kvnode_keys_total", "counter",
