@@ -34,6 +34,14 @@
  *   under one read lease (the simulator counts the calls), blocks in
  *   (simulated) HBM included, byte-exact.
  *
+ * - tenants (issue 15): alpha and beta, the same layout and the same keys
+ *   with other bytes, write through to one store: each tenant's objects are
+ *   under an object namespace of its own (<object_namespace>.tenant-<NAME>),
+ *   also when the engines name the same kvs_deployment_id; each tenant reads
+ *   its own bytes back
+ *   through lookups after a cold restart, and beta's DELETE hides nothing
+ *   of alpha's (as root only: the tenants are other users).
+ *
  * Runs in about 30 s (the slow store takes 13 s, the stuck worker 5 s).
  * Only built with V6D=1 (the Makefile leaves it out otherwise). */
 #include <check.h>
@@ -45,6 +53,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -1140,6 +1150,246 @@ START_TEST(test_hbm_writes_batched)
 }
 END_TEST
 
+/* ---- tenants (issue 15) ------------------------------------------------------------------ */
+
+#define T_ALPHA 65534
+#define T_BETA  65533
+#define T_KEYS  16
+#define T_CHAIN 7100u
+
+/* What a tenant's client does, in a child running as that tenant's user. */
+enum t_op { T_PUT, T_READ, T_DELETE, T_MISS };
+
+struct t_job {
+    const kvh_daemon *d;
+    const char *extra;        /* the layout's extra (NULL: none) */
+    enum t_op op;
+    uint64_t seed;
+};
+
+/* Exit codes of a tenant's child. */
+enum { T_OK = 0, T_CONNECT = 10, T_FAILED, T_COUNT, T_BYTES };
+
+static int t_job_main(void *arg)
+{
+    const struct t_job *j = arg;
+    kvnode_layout l = kvh_layout("v6d-tenants", BB, 1, 0);
+    kvnode_key keys[T_KEYS];
+    kvnode_tiers t;
+    kvnode_client *c;
+    size_t got = 0, deleted = 99;
+    int rc = T_OK;
+
+    l.extra = j->extra;
+    kvh_chain(keys, T_KEYS, T_CHAIN);
+    if (kvnode_connect(j->d->sock, &l, &c) != 0) {
+        fprintf(stderr, "uid %d: connect: %s\n", (int)getuid(), kvnode_connect_error());
+        return T_CONNECT;
+    }
+    switch (j->op) {
+    case T_PUT:
+        rc = kvh_put(c, keys, T_KEYS, j->seed) == 0 ? T_OK : T_FAILED;
+        break;
+    case T_READ:   /* every key found (memory or a lookup in the store), its bytes this tenant's */
+        if (kvnode_match_tiers(c, keys, T_KEYS, &t) != 0 || t.matched != T_KEYS) {
+            fprintf(stderr, "uid %d: matched %zu of %u\n", (int)getuid(), t.matched, T_KEYS);
+            rc = T_COUNT;
+        } else if (kvh_get_verify(c, keys, T_KEYS, j->seed, 0, &got) != 0 || got != T_KEYS) {
+            fprintf(stderr, "uid %d: got %zu of %u: %s\n", (int)getuid(), got, T_KEYS, kvh_error());
+            rc = T_BYTES;
+        }
+        break;
+    case T_DELETE:
+        if (kvnode_delete(c, keys, T_KEYS, &deleted) != 0 || deleted != T_KEYS) {
+            fprintf(stderr, "uid %d: deleted %zu of %u\n", (int)getuid(), deleted, T_KEYS);
+            rc = T_COUNT;
+        }
+        break;
+    case T_MISS:   /* nothing found, not even in the store */
+        if (kvnode_match_tiers(c, keys, T_KEYS, &t) != 0 || t.matched != 0 ||
+            kvh_get_verify(c, keys, T_KEYS, j->seed, 0, &got) != 0 || got != 0) {
+            fprintf(stderr, "uid %d: matched %zu, got %zu of deleted keys\n", (int)getuid(), t.matched, got);
+            rc = T_COUNT;
+        }
+        break;
+    }
+    kvnode_close(c);
+    return rc;
+}
+
+/* j as user uid (its own gid); the child's exit code. */
+static int t_run(uid_t uid, const struct t_job *j)
+{
+    pid_t pid = proc_spawn(&(struct proc_opts){ .fn = t_job_main, .arg = (void *)j, .as_user = true,
+                                                .uid = uid, .gid = uid }, NULL);
+    ck_assert_msg(pid > 0, "%s", proc_error());
+    int st = proc_wait(&pid, 30000);
+    ck_assert_msg(st >= 0 && WIFEXITED(st), "child uid %d: status %d", (int)uid, st);
+    return WEXITSTATUS(st);
+}
+
+/* The tenants' users reach the socket through the daemon's directories. */
+static void t_open_dirs(const kvh_daemon *d)
+{
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", d->dir);
+    *strrchr(parent, '/') = '\0';
+    ck_assert_int_eq(chmod(parent, 0755), 0);
+    ck_assert_int_eq(chmod(d->dir, 0755), 0);
+}
+
+/* The store's sealed objects by their object namespace, the first part of
+ * <ns>/v1/<deployment>/tp-0/group-0/block-<key>: at most 4 namespaces,
+ * each with how many objects, the sum of their block keys and the
+ * deployment part of its first object (*mixed set when they differ). */
+struct t_spaces {
+    size_t n;
+    char ns[4][160], dep[4][256];
+    long long objects[4];
+    unsigned long long key_sum[4];   /* wrapping: the keys are any int64 */
+    bool mixed[4];
+};
+
+static struct t_spaces sim_spaces(const struct simctl *s)
+{
+    struct t_spaces sp = { 0 };
+    char *body = NULL;
+    ck_assert_int_eq(kvh_http_req(s->http, NULL, "/_sim/objects", &body, NULL, 0), 200);
+    json_t *doc = json_loads(body, 0, NULL), *o;
+    size_t i;
+    ck_assert_msg(json_is_array(json_object_get(doc, "objects")), "/_sim/objects: %s", body);
+    json_array_foreach(json_object_get(doc, "objects"), i, o) {
+        const char *key = json_string_value(json_object_get(o, "key"));
+        char ns[160], dep[256], rank[32], grp[32];
+        long long blk;
+        ck_assert_msg(key && sscanf(key, "%159[^/]/v1/%255[^/]/%31[^/]/%31[^/]/block-%lld", ns, dep, rank, grp,
+                                    &blk) == 5, "object key %s", key ? key : "(none)");
+        if (!json_is_true(json_object_get(o, "sealed")))
+            continue;
+        size_t k = 0;
+        while (k < sp.n && strcmp(sp.ns[k], ns) != 0)
+            k++;
+        if (k == sp.n) {
+            ck_assert_msg(sp.n < 4, "more than 4 object namespaces in the store");
+            snprintf(sp.ns[k], sizeof sp.ns[k], "%s", ns);
+            snprintf(sp.dep[k], sizeof sp.dep[k], "%s", dep);
+            sp.n++;
+        }
+        sp.mixed[k] |= strcmp(sp.dep[k], dep) != 0;
+        sp.objects[k]++;
+        sp.key_sum[k] += (unsigned long long)blk;
+    }
+    json_decref(doc);
+    free(body);
+    return sp;
+}
+
+/* The index of namespace ns in sp (asserted present). */
+static size_t space_of(const struct t_spaces *sp, const char *ns)
+{
+    for (size_t k = 0; k < sp->n; k++)
+        if (strcmp(sp->ns[k], ns) == 0)
+            return k;
+    ck_abort_msg("no object in the store under %s/ (%zu namespaces, the first %s)", ns, sp->n,
+                 sp->n ? sp->ns[0] : "-");
+    return 0;
+}
+
+/* Two tenants, the same layout (extra: the layout's extra, e.g. an engine's
+ * own kvs_deployment_id), the same keys, other bytes, one v6d store. */
+static void tenants_share_a_store(const char *extra)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "v6d tenants: acting as other users needs root; checked as root in CI\n");
+        return;
+    }
+    struct simctl s;
+    kvh_daemon d;
+    char conf[1024];
+    struct t_job put_a = { &d, extra, T_PUT, 71 }, put_b = { &d, extra, T_PUT, 72 };
+    struct t_job read_a = { &d, extra, T_READ, 71 }, read_b = { &d, extra, T_READ, 72 };
+    struct t_job del_b = { &d, extra, T_DELETE, 72 }, miss_b = { &d, extra, T_MISS, 72 };
+
+    sim_start(&s, NULL);
+    int w = snprintf(conf, sizeof conf,
+                     "server.socket_mode=0666\nmemory.host_bytes=12MiB\nmemory.slab_bytes=1MiB\n"
+                     "tenant.alpha.uids=%d\ntenant.alpha.host_bytes=4MiB\n"
+                     "tenant.beta.uids=%d\ntenant.beta.host_bytes=4MiB\n"
+                     "persist.backend=v6d\npersist.url=%s\npersist.socket_path=%s\n"
+                     "persist.connect_timeout=500ms\npersist.policy=write_through\n",
+                     T_ALPHA, T_BETA, s.base, s.sock);
+    ck_assert(w > 0 && (size_t)w < sizeof conf);
+
+    KVH_START(&d, conf);
+    t_open_dirs(&d);
+    ck_assert_int_eq(t_run(T_ALPHA, &put_a), T_OK);
+    ck_assert_int_eq(t_run(T_BETA, &put_b), T_OK);
+    wait_eq(&d, "persist.written_blocks_total", 2 * T_KEYS, 10000);
+    ck_assert_int_eq(pfail_op(&d, "write"), 0);
+    KVH_STOP_DESTROY(&d);
+
+    /* Cold: memory empty; each tenant's lookups find its own objects. beta
+     * reads its keys back, then deletes them (tombstones: the store keeps
+     * sealed objects); alpha's, only in the store, are still found and
+     * byte-exact, beta's are hidden. */
+    KVH_START(&d, conf);
+    t_open_dirs(&d);
+    ck_assert_int_eq(stat_int(&d, "tiers.store.blocks"), 0);
+    ck_assert_int_eq(t_run(T_BETA, &read_b), T_OK);
+    ck_assert_int_eq(t_run(T_BETA, &del_b), T_OK);
+    wait_idle(&d, 5000);
+    ck_assert_int_eq(stat_int(&d, "persist.tombstones"), T_KEYS);
+    ck_assert_int_eq(t_run(T_ALPHA, &read_a), T_OK);
+    ck_assert_int_eq(t_run(T_BETA, &miss_b), T_OK);
+    ck_assert_int_eq(stat_int(&d, "persist.lookup_found_total"), 2 * T_KEYS);
+    ck_assert_int_eq(stat_int(&d, "persist.read_blocks_total"), 2 * T_KEYS);
+    ck_assert_int_eq(pfail_op(&d, "delete"), 0);
+
+    /* In the store: each tenant's objects under an object namespace of its
+     * own, the same deployment and the same 16 keys in each. */
+    struct t_spaces sp = sim_spaces(&s);
+    ck_assert_msg(sp.n == 2, "%zu object namespaces in the store (the first %s, deployment %s, %lld objects), "
+                  "not one per tenant", sp.n, sp.n ? sp.ns[0] : "-", sp.n ? sp.dep[0] : "-",
+                  sp.n ? sp.objects[0] : 0);
+    size_t a = space_of(&sp, "rtp_llm.tenant-alpha"), b = space_of(&sp, "rtp_llm.tenant-beta");
+    ck_assert_int_eq(sp.objects[a], T_KEYS);
+    ck_assert_int_eq(sp.objects[b], T_KEYS);
+    ck_assert_uint_eq(sp.key_sum[a], sp.key_sum[b]);
+    ck_assert(!sp.mixed[a] && !sp.mixed[b]);
+    ck_assert_str_eq(sp.dep[a], sp.dep[b]);
+    if (extra)
+        ck_assert_str_eq(sp.dep[a], extra + strlen("kvs_deployment_id="));
+    else
+        ck_assert_msg(strncmp(sp.dep[a], "v6d-tenants-", 12) == 0, "deployment %s", sp.dep[a]);
+    KVH_STOP_DESTROY(&d);
+
+    /* A new daemon: alpha's objects are still in the store, byte-exact. */
+    KVH_START(&d, conf);
+    t_open_dirs(&d);
+    ck_assert_int_eq(t_run(T_ALPHA, &read_a), T_OK);
+    ck_assert_int_eq(stat_int(&d, "persist.lookup_found_total"), T_KEYS);
+    struct t_spaces after = sim_spaces(&s);
+    ck_assert_int_eq(after.n, 2);
+    ck_assert_int_eq(after.objects[space_of(&after, "rtp_llm.tenant-alpha")], T_KEYS);
+    ck_assert_int_eq(after.objects[space_of(&after, "rtp_llm.tenant-beta")], T_KEYS);
+    KVH_STOP_DESTROY(&d);
+    simctl_stop_ok(&s);
+}
+
+START_TEST(test_tenants_keep_their_objects_apart)
+{
+    tenants_share_a_store(NULL);
+}
+END_TEST
+
+/* The engines name the same deployment id of their own (rtp-llm's
+ * kvs_deployment_id): still one per tenant in the store. */
+START_TEST(test_tenants_apart_with_the_engines_deployment_id)
+{
+    tenants_share_a_store("kvs_deployment_id=engine-dep-7");
+}
+END_TEST
+
 int main(void)
 {
 #ifndef KVNODE_HAVE_V6D
@@ -1161,6 +1411,8 @@ int main(void)
         { "tombstone_bound", test_tombstone_bound, 30 },
         { "batched", test_writes_and_reads_batched, 60 },
         { "hbm_batched", test_hbm_writes_batched, 60 },
+        { "tenants", test_tenants_keep_their_objects_apart, 60 },
+        { "tenants_engine_id", test_tenants_apart_with_the_engines_deployment_id, 60 },
     };
     Suite *suite = suite_create("daemon_persist_v6d");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -15,7 +15,12 @@
  *   tenants and counts, not models; STATS over the socket shows a client
  *   its own tenant's namespaces, root all of them;
  * - a client of no section when "default" has no memory is refused at
- *   HELLO naming its uid and the fix; a tenant's max_clients holds.
+ *   HELLO naming its uid and the fix; a tenant's max_clients holds;
+ * - HBM on the sim backend: beta finds, matches and deletes nothing of
+ *   alpha's HBM blocks; beta's pressure demotes and evicts only beta's
+ *   blocks, alpha's own pressure demotes alpha's into alpha's host arena;
+ *   blocks written from HBM to the file store come back to their tenant
+ *   after a restart.
  *
  * Acting as other users needs root (as test_daemon_access): run as root in
  * CI; elsewhere each test says so and passes without checking. */
@@ -597,6 +602,271 @@ START_TEST(tenant_max_clients_holds)
 }
 END_TEST
 
+/* --- HBM on the sim backend: the neighbour, pressure and demotion ---------- */
+
+#define HBM_CONF TENANTS_CONF "hbm.backend=sim\nhbm.bytes=8MiB\ntenant.alpha.hbm_bytes=4MiB\n" \
+                 "tenant.beta.hbm_bytes=4MiB\n"
+#define ARENA_BLOCKS 64u            /* a tenant's 4 MiB device arena of 64 KiB blocks */
+#define HOST_BLOCKS  256u           /* a tenant's 16 MiB host arena */
+#define MAXK   512u                 /* keys of one job */
+#define PUT_AT 16u                  /* keys per put: well inside a client's reservation share */
+#define CHAIN_A2 1002u
+#define CHAIN_B  9100u
+
+/* n keys of j's chain put with tier HBM on j's device, PUT_AT at a time,
+ * written in place wherever each slot landed (a full arena falls back to
+ * host memory). */
+static int put_hbm_many(const struct job *j, kvnode_client *c)
+{
+    static kvnode_key keys[MAXK];
+    if (j->n > MAXK)
+        return JOB_PUT;
+    kvh_chain(keys, j->n, j->chain);
+    for (size_t at = 0; at < j->n; at += PUT_AT) {
+        size_t m = j->n - at < PUT_AT ? j->n - at : PUT_AT;
+        kvnode_loc locs[PUT_AT];
+        kvnode_lease lease;
+        if (kvnode_put_begin(c, keys + at, m, KVNODE_TIER_HBM, &lease, locs) != 0) {
+            fprintf(stderr, "put_begin at %zu: %s\n", at, kvnode_last_error(c));
+            return JOB_PUT;
+        }
+        for (size_t i = 0; i < m; i++) {
+            if (!locs[i].ptr)
+                return JOB_PUT;
+            kvh_fill(locs[i].ptr, BLOCK, keys[at + i], j->seed);
+        }
+        if (kvnode_put_commit(c, lease) != 0)
+            return JOB_PUT;
+    }
+    return JOB_OK;
+}
+
+/* All n keys matched and read back byte-exact, copied and in place, in
+ * whichever tier each is. */
+static int read_many(const struct job *j, kvnode_client *c)
+{
+    static kvnode_key keys[MAXK];
+    size_t got = 0;
+    if (j->n > MAXK)
+        return JOB_MATCH;
+    kvh_chain(keys, j->n, j->chain);
+    long m = kvh_match(c, keys, j->n);
+    if (m != (long)j->n) {
+        fprintf(stderr, "match: %ld of %zu\n", m, j->n);
+        return JOB_MATCH;
+    }
+    for (size_t at = 0; at < j->n; at += PUT_AT) {
+        size_t k = j->n - at < PUT_AT ? j->n - at : PUT_AT;
+        if (kvh_get_verify(c, keys + at, k, j->seed, 0, &got) != 0 || got != k ||
+            kvh_get_zc_verify(c, keys + at, k, j->seed, &got) != 0 || got != k) {
+            fprintf(stderr, "read back at %zu: got %zu of %zu: %s\n", at, got, k, kvh_error());
+            return JOB_VERIFY;
+        }
+    }
+    return JOB_OK;
+}
+
+/* beta on alpha's device with alpha's layout: alpha's HBM blocks are in no
+ * arena it was lent (its host arena and its device region: 16 + 4 MiB),
+ * alpha's keys match nothing in any tier, deleting them deletes nothing. */
+static int hbm_neighbour_probe(const struct job *j, kvnode_client *c)
+{
+    kvnode_key keys[NA];
+    kvnode_tiers t;
+    uint64_t scanned;
+    size_t deleted = 99, found = scan_for(j, &scanned);
+
+    if (found > 0 || scanned < (20u << 20)) {
+        fprintf(stderr, "beta found %zu of alpha's %zu blocks in %" PRIu64 " mapped bytes\n", found, j->n,
+                scanned);
+        return found > 0 ? JOB_SCAN_FOUND : JOB_SCAN_EMPTY;
+    }
+    kvh_chain(keys, j->n, CHAIN_A);
+    memset(&t, 0xff, sizeof t);
+    if (kvnode_match_tiers(c, keys, j->n, &t) != 0 || t.matched != 0 || t.hbm != 0 || t.host != 0 ||
+        t.store != 0) {
+        fprintf(stderr, "beta matched %zu of alpha's keys (hbm %zu, host %zu, store %zu)\n", t.matched, t.hbm,
+                t.host, t.store);
+        return JOB_MATCH;
+    }
+    if (kvnode_delete(c, keys, j->n, &deleted) != 0 || deleted != 0) {
+        fprintf(stderr, "beta deleted %zu of alpha's keys\n", deleted);
+        return JOB_DELETE;
+    }
+    return JOB_OK;
+}
+
+/* Stats once the demotions are over: no batch pending, no byte moving, and
+ * the demotion counters the same in two reads 30 ms apart (10 s bound). */
+static json_t *demotion_settled(const kvh_daemon *d)
+{
+    uint64_t deadline = kvh_now_ms() + 10000;
+    long long prev = -1;
+    for (;;) {
+        json_t *st = kvh_stats(d), *h;
+        ck_assert_msg(st != NULL, "%s", kvh_error());
+        long long pending = kvh_json_int(st, "demotions.batches_pending"), moving = 0;
+        size_t i;
+        json_array_foreach(kvh_json_get(st, "tiers.hbm"), i, h)
+            moving += kvh_json_int(h, "moving_bytes");
+        long long sig = kvh_json_int(st, "demotions.blocks_total") + kvh_json_int(st, "demotions.batches_total") +
+                        kvh_json_int(st, "demotions.dropped_total") + kvh_json_int(st, "demotions.aborted_total");
+        bool idle = pending == 0 && moving == 0;
+        if (idle && sig == prev)
+            return st;
+        json_decref(st);
+        ck_assert_msg(kvh_now_ms() < deadline, "demotion did not settle within 10 s (%lld batches pending, "
+                      "%lld bytes moving)", pending, moving);
+        prev = idle ? sig : -1;
+        kvh_sleep_ms(30);
+    }
+}
+
+/* One tenant's figures, as /stats has them. */
+struct tenant_fig {
+    long long hbm_used, host_used, blocks, evictions;
+};
+
+static struct tenant_fig tenant_figs(json_t *st, const char *name)
+{
+    json_t *t = tenant_stats(st, name);
+    return (struct tenant_fig){ kvh_json_int(t, "hbm_used_bytes"), kvh_json_int(t, "host_used_bytes"),
+                                kvh_json_int(t, "blocks"), kvh_json_int(t, "evictions_total") };
+}
+
+/* The hostile neighbour on device arenas, then each tenant's pressure: beta
+ * finds, matches and deletes nothing of alpha's HBM blocks; beta overfills
+ * its HBM (demotion into its host arena) and its host arena (eviction):
+ * alpha's blocks stay in HBM, none demoted or evicted, byte-exact; then
+ * alpha overfills its own HBM: its blocks go to its own host arena, beta's
+ * figures do not move. */
+START_TEST(hbm_pressure_demotes_and_evicts_in_its_own_tenant)
+{
+    NEEDS_ROOT("the HBM pressure test");
+    kvh_daemon d;
+    KVH_START(&d, HBM_CONF);
+    open_dirs(&d);
+    const size_t na = 32, na2 = 48, nb = 512;
+    struct job put_a = { &d, put_hbm, na, CHAIN_A, SEED_A, 1 };
+    struct job read_a = { &d, read_hbm, na, CHAIN_A, SEED_A, 1 };
+    struct job probe_b = { &d, hbm_neighbour_probe, na, 0, 0, 1 };
+    struct job fill_b = { &d, put_hbm_many, nb, CHAIN_B, SEED_B, 1 };
+    struct job put_a2 = { &d, put_hbm_many, na2, CHAIN_A2, SEED_A, 1 };
+    struct job read_a1 = { &d, read_many, na, CHAIN_A, SEED_A, 1 };
+    struct job read_a2 = { &d, read_many, na2, CHAIN_A2, SEED_A, 1 };
+
+    ck_assert_int_eq(run_as(ALPHA, &put_a), JOB_OK);
+    ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
+    json_t *st = demotion_settled(&d);
+    struct tenant_fig a0 = tenant_figs(st, "alpha");
+    ck_assert_int_eq(a0.hbm_used, (long long)na * BLOCK);
+    ck_assert_int_eq(a0.host_used, 0);
+    ck_assert_int_eq(a0.blocks, na);
+    ck_assert_int_eq(kvh_json_int(st, "demotions.blocks_total"), 0);
+    json_decref(st);
+
+    /* beta: scan, match, delete: nothing of alpha's. */
+    ck_assert_int_eq(run_as(BETA, &probe_b), JOB_OK);
+    ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
+
+    /* beta puts 512 blocks into its 64-block arena and 256-block host arena. */
+    ck_assert_int_eq(run_as(BETA, &fill_b), JOB_OK);
+    st = demotion_settled(&d);
+    struct tenant_fig a1 = tenant_figs(st, "alpha"), b1 = tenant_figs(st, "beta");
+    long long demoted1 = kvh_json_int(st, "demotions.blocks_total");
+    long long fallbacks1 = kvh_json_int(st, "demotions.hbm_fallbacks_total");
+    json_decref(st);
+    ck_assert_msg(demoted1 > 0, "beta's 512 HBM puts demoted nothing");
+    ck_assert_msg(b1.evictions >= (long long)(nb - HOST_BLOCKS - ARENA_BLOCKS),
+                  "beta evicted %lld blocks; %zu do not fit its %u + %u", b1.evictions, nb, HOST_BLOCKS,
+                  ARENA_BLOCKS);
+    ck_assert_int_le(b1.hbm_used, (long long)(0.9 * (4 << 20)));
+    ck_assert_int_gt(b1.hbm_used, 0);
+    ck_assert_int_le(b1.host_used, 16 << 20);
+    ck_assert_int_eq(b1.blocks, (long long)nb - b1.evictions);
+    /* alpha: not a block moved, evicted or lost. */
+    ck_assert_int_eq(a1.hbm_used, a0.hbm_used);
+    ck_assert_int_eq(a1.host_used, 0);
+    ck_assert_int_eq(a1.blocks, na);
+    ck_assert_int_eq(a1.evictions, 0);
+    ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
+
+    /* alpha puts 48 more: 80 blocks in a 64-block arena, demoted into
+     * alpha's own host arena. */
+    ck_assert_int_eq(run_as(ALPHA, &put_a2), JOB_OK);
+    st = demotion_settled(&d);
+    struct tenant_fig a2 = tenant_figs(st, "alpha"), b2 = tenant_figs(st, "beta");
+    long long demoted2 = kvh_json_int(st, "demotions.blocks_total");
+    long long fallbacks2 = kvh_json_int(st, "demotions.hbm_fallbacks_total");
+    json_decref(st);
+    ck_assert_msg(demoted2 > demoted1, "alpha's arena of %zu blocks demoted nothing", na + na2);
+    ck_assert_int_gt(a2.host_used, 0);
+    ck_assert_int_le(a2.hbm_used, (long long)(0.9 * (4 << 20)));
+    ck_assert_int_eq(a2.hbm_used + a2.host_used, (long long)(na + na2) * BLOCK);
+    /* every block in alpha's host arena came there by alpha's demotion or fallback */
+    ck_assert_int_eq((demoted2 - demoted1) + (fallbacks2 - fallbacks1), a2.host_used / BLOCK);
+    ck_assert_int_eq(a2.blocks, (long long)(na + na2));
+    ck_assert_int_eq(a2.evictions, 0);
+    /* beta: not a byte more or less. */
+    ck_assert_int_eq(b2.hbm_used, b1.hbm_used);
+    ck_assert_int_eq(b2.host_used, b1.host_used);
+    ck_assert_int_eq(b2.blocks, b1.blocks);
+    ck_assert_int_eq(b2.evictions, b1.evictions);
+    ck_assert_int_eq(run_as(ALPHA, &read_a1), JOB_OK);
+    ck_assert_int_eq(run_as(ALPHA, &read_a2), JOB_OK);
+    KVH_STOP_DESTROY(&d);
+}
+END_TEST
+
+/* Both tenants put the same keys of the same layout into their HBM (other
+ * bytes); write_through takes them from HBM to each tenant's file store.
+ * After a restart (memory empty) each tenant's recovery finds its own
+ * blocks only, and each tenant reads back its own bytes, never the other's. */
+START_TEST(restart_brings_hbm_blocks_back_to_their_tenant)
+{
+    NEEDS_ROOT("the HBM restart test");
+    char store[PATH_MAX], conf[PATH_MAX + 512];
+    ck_assert_int_eq(kvh_mkdtemp(store, sizeof store), 0);
+    snprintf(conf, sizeof conf, HBM_CONF "persist.backend=file\npersist.path=%s\npersist.policy=write_through\n",
+             store);
+    const size_t n = 48;
+    struct job put_a = { NULL, put_hbm_many, n, CHAIN_A, SEED_A, 1 };
+    struct job put_b = { NULL, put_hbm_many, n, CHAIN_A, SEED_B, 1 };
+    struct job read_a = { NULL, read_many, n, CHAIN_A, SEED_A, 1 };
+    struct job read_b = { NULL, read_many, n, CHAIN_A, SEED_B, 1 };
+
+    kvh_daemon d;
+    KVH_START(&d, conf);
+    open_dirs(&d);
+    put_a.d = put_b.d = read_a.d = read_b.d = &d;
+    ck_assert_int_eq(run_as(ALPHA, &put_a), JOB_OK);
+    ck_assert_int_eq(run_as(BETA, &put_b), JOB_OK);
+    ck_assert_int_eq(kvh_wait_stat(&d, "persist.written_blocks_total", 2 * (long long)n, 10000, NULL), 0);
+    /* They were written from HBM: every one of them is still there. */
+    ck_assert_int_eq(tenant_stat(&d, "alpha", "hbm_used_bytes"), (long long)n * BLOCK);
+    ck_assert_int_eq(tenant_stat(&d, "beta", "hbm_used_bytes"), (long long)n * BLOCK);
+    ck_assert_int_eq(tenant_stat(&d, "alpha", "host_used_bytes"), 0);
+    ck_assert_int_eq(KVH_STAT(&d, "demotions.hbm_puts_total"), 2 * (long long)n);
+    KVH_STOP_DESTROY(&d);
+
+    KVH_START(&d, conf);
+    open_dirs(&d);
+    ck_assert_int_eq(kvh_wait_stat(&d, "persist.recovery.indexed", 2 * (long long)n, 10000, NULL), 0);
+    ck_assert_int_eq(tenant_stat(&d, "alpha", "store_blocks"), n);
+    ck_assert_int_eq(tenant_stat(&d, "beta", "store_blocks"), n);
+    ck_assert_int_eq(tenant_stat(&d, "default", "store_blocks"), 0);
+    ck_assert_int_eq(tenant_stat(&d, "alpha", "blocks"), 0);
+    ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
+    ck_assert_int_eq(run_as(BETA, &read_b), JOB_OK);
+    ck_assert_int_eq(KVH_STAT(&d, "persist.promotions_ok_total"), 2 * (long long)n);
+    ck_assert_int_eq(KVH_STAT(&d, "persist.promotions_failed_total"), 0);
+    ck_assert_int_eq(tenant_stat(&d, "alpha", "blocks"), n);
+    ck_assert_int_eq(tenant_stat(&d, "beta", "blocks"), n);
+    ck_assert_int_eq(tenant_stat(&d, "alpha", "store_blocks"), 0);
+    KVH_STOP_DESTROY(&d);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const tests[] = {
@@ -607,6 +877,8 @@ int main(void)
         default_without_memory_refuses_at_hello,
         tenant_max_clients_holds,
         hbm_regions_are_the_tenants_own,
+        hbm_pressure_demotes_and_evicts_in_its_own_tenant,
+        restart_brings_hbm_blocks_back_to_their_tenant,
     };
     return kvh_run_suite("daemon_tenants", "tenants", 120, tests, sizeof tests / sizeof tests[0]);
 }

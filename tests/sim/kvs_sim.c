@@ -4,7 +4,7 @@
  *
  *   control plane (evhttp):  GET /health, POST /acquire (scope read|create),
  *                            POST /seal, POST /release, POST /discard;
- *                            GET /_sim/state (simulator-only, for tests).
+ *                            GET /_sim/state, GET /_sim/objects (simulator-only, for tests).
  *   data plane (unix stream socket): 8-byte little-endian length + JSON;
  *                            register_request -> register_reply;
  *                            get_vineyard_mmap_fd_request -> reply {size, offset}
@@ -33,7 +33,9 @@
  *   - objects in replies come in reverse request order (clients must match by key) unless
  *     --in-order;
  *   - GET /_sim/state counts the control calls by route: acquire_create_calls,
- *     acquire_read_calls, seal_calls, release_calls, discard_calls (tests count round trips).
+ *     acquire_read_calls, seal_calls, release_calls, discard_calls (tests count round trips);
+ *   - GET /_sim/objects lists every object, least recently used first:
+ *     {"objects": [{"key", "sealed", "size", "pins"}]} (tests see which keys a client made).
  *
  * Usage: kvs-sim --socket PATH [--http 127.0.0.1:0] [--arena-bytes N] [--fail-health]
  *                [--delay-ms N [--delay-only ROUTE]] [--garbage] [--max-lease-s S]
@@ -739,6 +741,15 @@ static void do_state(struct evhttp_request *req)
                                    "discard_calls", (json_int_t)S.calls_discard));
 }
 
+static void do_objects(struct evhttp_request *req)
+{
+    json_t *arr = json_array();
+    for (struct obj *o = S.lru_head; o; o = o->next)
+        json_array_append_new(arr, json_pack("{s:s, s:b, s:I, s:I}", "key", o->key, "sealed", o->sealed,
+                                             "size", (json_int_t)o->size, "pins", (json_int_t)o->pins));
+    reply_json(req, 200, json_pack("{s:o}", "objects", arr));
+}
+
 static const struct route {
     const char *path;
     enum evhttp_cmd_type method;
@@ -749,6 +760,7 @@ static const struct route {
     { "/release",    EVHTTP_REQ_POST, do_release },
     { "/discard",    EVHTTP_REQ_POST, do_discard },
     { "/_sim/state", EVHTTP_REQ_GET,  do_state },
+    { "/_sim/objects", EVHTTP_REQ_GET, do_objects },
 };
 
 static void handle(struct evhttp_request *req)

@@ -478,6 +478,24 @@ START_TEST(create_write_seal_read_roundtrip)
     ck_assert_int_eq(state_field(&s, "leases"), 0);
     ck_assert_int_eq(state_field(&s, "pinned"), 0);
     ck_assert_int_eq(state_field(&s, "sealed"), 3);
+    /* /_sim/objects lists each object by key, sealed, with its size */
+    char *out = NULL;
+    ck_assert_int_eq(http(&s, "GET", "/_sim/objects", NULL, &out), 200);
+    json_t *doc = json_loads(out, 0, NULL), *objs = json_object_get(doc, "objects"), *o;
+    free(out);
+    ck_assert_uint_eq(json_array_size(objs), 3);
+    size_t i;
+    int seen = 0;
+    json_array_foreach(objs, i, o)
+        for (int k = 0; k < 3; k++)
+            if (strcmp(json_string_value(json_object_get(o, "key")), keys[k]) == 0) {
+                ck_assert(json_is_true(json_object_get(o, "sealed")));
+                ck_assert_int_eq(json_integer_value(json_object_get(o, "size")), (json_int_t)sizes[k]);
+                ck_assert_int_eq(json_integer_value(json_object_get(o, "pins")), 0);
+                seen |= 1 << k;
+            }
+    ck_assert_int_eq(seen, 7);
+    json_decref(doc);
     munmap(m, msize);
     simctl_stop_ok(&s);
 }

@@ -162,6 +162,39 @@ START_TEST(test_object_key_rtp_llm)
 }
 END_TEST
 
+/* A named tenant's objects are under a namespace of its own (issue 15);
+ * "default" keeps the configured one, so stores written before tenants stay
+ * found. */
+START_TEST(test_tenant_object_namespace)
+{
+    char ns[V6D_STORE_NS_MAX], k[512];
+    ck_assert_uint_eq(v6d_tenant_object_ns("rtp_llm", "alpha", ns, sizeof ns), strlen("rtp_llm.tenant-alpha"));
+    ck_assert_str_eq(ns, "rtp_llm.tenant-alpha");
+    v6d_tenant_object_ns(NULL, "team-b_2", ns, sizeof ns);
+    ck_assert_str_eq(ns, "rtp_llm.tenant-team-b_2");
+    v6d_tenant_object_ns("kv", NULL, ns, sizeof ns);
+    ck_assert_str_eq(ns, "kv");
+    v6d_tenant_object_ns("", "", ns, sizeof ns);
+    ck_assert_str_eq(ns, V6D_DEFAULT_OBJECT_NS);
+    /* the longest namespace and tenant name fit */
+    char longest[V6D_OBJECT_NS_MAX], name[NS_TENANT_MAX];
+    memset(longest, 'n', sizeof longest - 1);
+    longest[sizeof longest - 1] = '\0';
+    memset(name, 't', sizeof name - 1);
+    name[sizeof name - 1] = '\0';
+    ck_assert_uint_lt(v6d_tenant_object_ns(longest, name, ns, sizeof ns), sizeof ns);
+    /* the same engine-chosen deployment id in two tenants: two keys */
+    struct ns_layout l = { .extra = "kvs_deployment_id=shared" };
+    struct kvs_ns kns = { .layout = &l };
+    v6d_tenant_object_ns(NULL, "alpha", ns, sizeof ns);
+    v6d_object_key(ns, &kns, 5, k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm.tenant-alpha/v1/shared/tp-0/group-0/block-5");
+    v6d_tenant_object_ns(NULL, "beta", ns, sizeof ns);
+    v6d_object_key(ns, &kns, 5, k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm.tenant-beta/v1/shared/tp-0/group-0/block-5");
+}
+END_TEST
+
 static int parse(const char *body, const char *const *keys, size_t n, char *lease,
                  struct v6d_obj *objs)
 {
@@ -823,6 +856,7 @@ static Suite *kvs_v6d_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_object_key);
     tcase_add_test(tc, test_object_key_rtp_llm);
+    tcase_add_test(tc, test_tenant_object_namespace);
     tcase_add_test(tc, test_parse_reply);
     tcase_add_test(tc, test_roundtrip);
     tcase_add_test(tc, test_batch);

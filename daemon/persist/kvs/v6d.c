@@ -15,7 +15,7 @@
 #include "core/errmsg.h"
 #include "kvnode.h"
 
-#define KEY_MAX     (V6D_OBJECT_NS_MAX + V6D_DEPLOYMENT_ID_MAX + 96)
+#define KEY_MAX     (V6D_STORE_NS_MAX + V6D_DEPLOYMENT_ID_MAX + 96)
 
 static atomic_uint next_handle_id;
 
@@ -61,15 +61,16 @@ static int v6d_open(const struct kvs_config *cfg, struct kvs_store **out, char *
     s->connect_timeout_ms = cfg->connect_timeout_ms ? cfg->connect_timeout_ms
                                                     : V6D_DEFAULT_CONNECT_TIMEOUT_MS;
     s->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : V6D_DEFAULT_TIMEOUT_MS;
-    if (cfg->object_namespace && strlen(cfg->object_namespace) >= sizeof s->object_ns) {
-        errmsg_set(err, errlen, "v6d: object namespace of %zu bytes (at most %zu)",
-                   strlen(cfg->object_namespace), sizeof s->object_ns - 1);
+    if ((cfg->object_namespace && strlen(cfg->object_namespace) >= V6D_OBJECT_NS_MAX) ||
+        (cfg->tenant && strlen(cfg->tenant) >= NS_TENANT_MAX)) {
+        errmsg_set(err, errlen, "v6d: object namespace of %zu bytes (at most %d) or tenant name of %zu "
+                   "(at most %d)", cfg->object_namespace ? strlen(cfg->object_namespace) : 0,
+                   V6D_OBJECT_NS_MAX - 1, cfg->tenant ? strlen(cfg->tenant) : 0, NS_TENANT_MAX - 1);
         free(s);
         return -KVNODE_EINVAL;
     }
-    snprintf(s->object_ns, sizeof s->object_ns, "%s",
-             cfg->object_namespace && *cfg->object_namespace ? cfg->object_namespace
-                                                             : V6D_DEFAULT_OBJECT_NS);
+    /* A named tenant's objects live under a namespace of its own. */
+    v6d_tenant_object_ns(cfg->object_namespace, cfg->tenant, s->object_ns, sizeof s->object_ns);
     s->base_url = strdup(cfg->url);
     s->sock_path = strdup(cfg->socket_path);
     s->curl = curl_easy_init();

@@ -25,12 +25,20 @@
  *   <ns>/v<version>/<deployment_id>/tp-<rank>/group-<g>/block-<key>
  * with '/', ' ', '\t', '\n' in each part replaced by '_' and key in signed
  * decimal; ns = [persist] object_namespace (default V6D_DEFAULT_OBJECT_NS,
- * rtp-llm's kvs_object_namespace), version = V6D_KEY_VERSION, group =
- * V6D_KEY_GROUP. deployment_id: the engine's own when the layout's extra
+ * rtp-llm's kvs_object_namespace), for a named tenant's store followed by
+ * V6D_TENANT_NS_SEP and the tenant's name (v6d_tenant_object_ns), version =
+ * V6D_KEY_VERSION, group = V6D_KEY_GROUP. deployment_id: the engine's own when the layout's extra
  * carries an item "kvs_deployment_id=<id>" (items separated by ';': rtp-llm
  * hashes its checkpoint path and other settings kvnode never sees, so only
  * the engine can supply its id), else "<model>-<hex>" with hex =
  * v6d_rtp_hash_string of kvnode's canonical layout string (namespace.c).
+ * Tenants (issue 15) are kept apart by the namespace part, which only the
+ * operator sets, not by the deployment part, which engines choose (their
+ * kvs_deployment_id, their layout): two tenants' objects can never share a
+ * key whatever the engines send, and an rtp-llm engine shares a tenant's
+ * objects by using that tenant's namespace as its kvs_object_namespace.
+ * The tenant "default" keeps object_namespace as it is (what a node wrote
+ * before tenants stays found).
  *
  * put:  one block is a batch of one (put_batch).
  * put_batch: acquire(create, ignore_existing) for every object -> (empty
@@ -63,6 +71,9 @@
 
 #define V6D_DEFAULT_OBJECT_NS "rtp_llm"    /* rtp-llm's kvs_object_namespace default */
 #define V6D_OBJECT_NS_MAX   128           /* bytes, NUL included */
+#define V6D_TENANT_NS_SEP   ".tenant-"    /* <object_namespace>.tenant-<NAME>: a named tenant's */
+/* A store's namespace part: object_namespace plus a tenant's suffix. */
+#define V6D_STORE_NS_MAX    (V6D_OBJECT_NS_MAX + sizeof V6D_TENANT_NS_SEP + NS_TENANT_MAX)
 #define V6D_EXTRA_DEPLOYMENT_ID "kvs_deployment_id"  /* layout extra item naming the id */
 #define V6D_DEPLOYMENT_ID_MAX NS_EXTRA_MAX
 #define V6D_KEY_VERSION     1
@@ -98,6 +109,11 @@ uint64_t v6d_rtp_hash_string(const void *data, size_t len);
 /* The deployment part of l's object keys (see above); returns the length
  * snprintf would need. */
 size_t v6d_deployment_id(const struct ns_layout *l, char *buf, size_t len);
+/* The namespace part of the object keys of tenant's store: object_ns
+ * (NULL or "": V6D_DEFAULT_OBJECT_NS) for "default" (tenant NULL or ""),
+ * else object_ns V6D_TENANT_NS_SEP tenant. Returns the length snprintf
+ * would need. */
+size_t v6d_tenant_object_ns(const char *object_ns, const char *tenant, char *buf, size_t len);
 /* The object key of (ns, key) under object_ns (NULL or "":
  * V6D_DEFAULT_OBJECT_NS); returns the length snprintf would need. */
 size_t v6d_object_key(const char *object_ns, const struct kvs_ns *ns, int64_t key, char *buf,

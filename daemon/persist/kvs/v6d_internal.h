@@ -32,7 +32,7 @@ struct kvs_store {
     struct curl_slist *hdrs;
     char *base_url;              /* without trailing '/' */
     char *sock_path;
-    char object_ns[V6D_OBJECT_NS_MAX];   /* first part of every object key */
+    char object_ns[V6D_STORE_NS_MAX];    /* first part of every object key (the tenant's) */
     uint32_t connect_timeout_ms, timeout_ms;
     char *body;                  /* last reply body (NUL-terminated), V6D_MAX_HTTP_BODY cap */
     size_t body_len, body_cap;

@@ -68,6 +68,14 @@ size_t v6d_deployment_id(const struct ns_layout *l, char *buf, size_t len)
     return n < 0 ? 0 : (size_t)n;
 }
 
+size_t v6d_tenant_object_ns(const char *object_ns, const char *tenant, char *buf, size_t len)
+{
+    const char *ns = object_ns && *object_ns ? object_ns : V6D_DEFAULT_OBJECT_NS;
+    int n = tenant && *tenant ? snprintf(buf, len, "%s" V6D_TENANT_NS_SEP "%s", ns, tenant)
+                              : snprintf(buf, len, "%s", ns);
+    return n < 0 ? 0 : (size_t)n;
+}
+
 static size_t put_part(char *buf, size_t len, size_t at, const char *s)
 {
     for (; *s; s++, at++)
