@@ -6,9 +6,15 @@
  *   in it); beta's max_clients lowered from 2 to 1 refuses the next
  *   connection naming [tenant.beta] max_clients; alpha's max_namespaces
  *   raised from 1 to 2 lets a second layout bind; a changed host_bytes is
- *   reported as not applied and changes nothing.
+ *   reported as not applied and changes nothing;
+ * - what outsiders see: with tenants, the admin /stats and /metrics carry no
+ *   model name or deployment id anywhere, not even in the error texts of
+ *   KVCM (kvcm.last_error names the instance) and of the store
+ *   (persist.last_error names the deployment's directory); root's STATS over
+ *   the socket still has them.
  *
- * It acts as other users and needs root (tenants_util.h). */
+ * The first acts as other users and needs root (tenants_util.h); the second
+ * runs as anyone. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +30,8 @@
 
 #include "harness.h"
 #include "tenants_util.h"
+#include "../common/kvh_http.h"
+#include "../sim/kvcmctl.h"
 
 #define MOVER   65534                /* in alpha, then moved to beta */
 #define BETA    65533
@@ -373,10 +381,104 @@ START_TEST(reload_moves_a_uid_and_changes_limits)
 }
 END_TEST
 
+/* --- what outsiders see ------------------------------------------------------------------ */
+
+/* GET path from the admin listener at addr: the body (malloc'd). */
+static char *admin_get(const char *addr, const char *path)
+{
+    char *text = NULL, ctype[64];
+    ck_assert_int_eq(kvh_http_req(addr, NULL, path, &text, ctype, sizeof ctype), 200);
+    return text;
+}
+
+/* The string at path of root's STATS, polled (10 s) until it holds want. */
+static char *wait_text(const kvh_daemon *d, const char *path, const char *want)
+{
+    for (int i = 0; i < 1000; i++) {
+        json_t *st = kvh_stats(d);
+        const char *s = st ? json_string_value(kvh_json_get(st, path)) : NULL;
+        char *out = s && strstr(s, want) ? strdup(s) : NULL;
+        json_decref(st);
+        if (out)
+            return out;
+        kvh_sleep_ms(10);
+    }
+    ck_abort_msg("root's STATS: %s never named %s", path, want);
+    return NULL;
+}
+
+START_TEST(admin_pages_name_no_model_even_in_errors)
+{
+    struct kvcmctl sim;
+    const char *const sim_args[] = { "--snapshot-interval-s", "0", "--fail-status", "INTERNAL_ERROR",
+                                     "--fail-only", "registerInstance", NULL };
+    kvcmctl_start(&sim, &(struct kvcmctl_opts){ .extra = sim_args, .valgrind = simctl_under_valgrind() });
+    char store[PATH_MAX], addr[PATH_MAX + 16], conf[4 * PATH_MAX];
+    ck_assert_int_eq(kvh_mkdtemp(store, sizeof store), 0);
+    ck_assert_int_eq(kvh_mkdtemp(addr, sizeof addr), 0);
+    snprintf(conf, sizeof conf, BASE_CONF "tenant.alpha.uids=65534\ntenant.beta.uids=65533\n"
+             "admin.listen=unix:%s/admin.sock\npersist.backend=file\npersist.path=%s\n"
+             "kvcm.enabled=on\nkvcm.endpoints=%s\nkvcm.host_ip_port=10.9.8.7:7000\n"
+             "kvcm.retry_base=50ms\nkvcm.retry_max=200ms\n", addr, store, sim.base);
+    memmove(addr + 5, addr, strlen(addr) + 1);
+    memcpy(addr, "unix:", 5);
+    strcat(addr, "/admin.sock");
+    kvh_daemon d;
+    KVH_START(&d, conf);
+
+    /* Root's client is "default"'s: its deployment directory is a file, so
+     * the store's writes fail naming it; KVCM refuses its instance. */
+    kvnode_layout l = layout_of(MODEL);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &l, &c);
+    json_t *st = kvh_stats(&d);
+    const char *dep = json_string_value(kvh_json_get(st, "namespaces.0.deployment_id"));
+    ck_assert_ptr_nonnull(dep);
+    char deployment[128], path[PATH_MAX + 160];
+    snprintf(deployment, sizeof deployment, "%s", dep);
+    json_decref(st);
+    snprintf(path, sizeof path, "%s/%s", store, deployment);
+    int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    kvnode_key keys[4];
+    kvh_chain(keys, 4, 7);
+    KVH_OK(c, kvh_put(c, keys, 4, 1));
+
+    /* Root sees both errors, and they name the deployment. */
+    free(wait_text(&d, "kvcm.last_error", MODEL));
+    free(wait_text(&d, "persist.last_error", deployment));
+
+    /* The admin pages: neither the model nor the deployment id, anywhere. */
+    static const char *const pages[] = { "/stats", "/metrics" };
+    for (size_t i = 0; i < 2; i++) {
+        char *text = admin_get(addr, pages[i]);
+        const char *hit = strstr(text, MODEL);
+        ck_assert_msg(!hit, "%s names %s: ...%.200s", pages[i], MODEL, hit - (hit - text > 100 ? 100 : hit - text));
+        ck_assert_msg(!strstr(text, deployment), "%s names %s", pages[i], deployment);
+        if (i == 0) {
+            /* The error texts are there, hidden, and say where to look. */
+            json_t *doc = json_loads(text, 0, NULL);
+            ck_assert_ptr_nonnull(doc);
+            ck_assert_str_eq(json_string_value(kvh_json_get(doc, "kvcm.state")), "DEGRADED");
+            ck_assert_msg(strstr(json_string_value(kvh_json_get(doc, "kvcm.last_error")), "hidden"), "%s", text);
+            ck_assert_msg(strstr(json_string_value(kvh_json_get(doc, "persist.last_error")), "hidden"), "%s",
+                          text);
+            json_decref(doc);
+        }
+        free(text);
+    }
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    kvcmctl_stop_ok(&sim);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const tests[] = {
         reload_moves_a_uid_and_changes_limits,
+        admin_pages_name_no_model_even_in_errors,
     };
     return kvh_run_suite("daemon_tenants_reload", "tenants", 120, tests, sizeof tests / sizeof tests[0]);
 }
