@@ -7,13 +7,15 @@
  *   connection naming [tenant.beta] max_clients; alpha's max_namespaces
  *   raised from 1 to 2 lets a second layout bind; a changed host_bytes is
  *   reported as not applied and changes nothing;
+ * - a client's tenant follows the groups admission checks: its primary and
+ *   its supplementary groups (SO_PEERGROUPS), a listed uid first;
  * - what outsiders see: with tenants, the admin /stats and /metrics carry no
  *   model name or deployment id anywhere, not even in the error texts of
  *   KVCM (kvcm.last_error names the instance) and of the store
  *   (persist.last_error names the deployment's directory); root's STATS over
  *   the socket still has them.
  *
- * The first acts as other users and needs root (tenants_util.h); the second
+ * The first two act as other users and need root (tenants_util.h); the third
  * runs as anyone. */
 #include <check.h>
 #include <errno.h>
@@ -381,6 +383,63 @@ START_TEST(reload_moves_a_uid_and_changes_limits)
 }
 END_TEST
 
+/* --- groups ------------------------------------------------------------------------ */
+
+#define GROUP_B 4711                 /* beta's group; admission's too */
+
+/* Connect as this child is and report where it landed: 0 beta, 1 alpha,
+ * 2 default, 3 refused by admission (EDENIED), else 10+. */
+static int where_main(void *arg)
+{
+    const kvh_daemon *d = arg;
+    kvnode_layout l = layout_of(MODEL);
+    kvnode_client *c;
+    char tenant[64], dep[128];
+    int rc = kvnode_connect(d->sock, &l, &c);
+    if (rc == -KVNODE_EDENIED)
+        return 3;
+    if (rc != 0) {
+        fprintf(stderr, "uid %d: %s\n", (int)getuid(), kvnode_connect_error());
+        return 10;
+    }
+    rc = own_namespace(c, tenant, dep, sizeof tenant) != 0 ? 11
+         : strcmp(tenant, "beta") == 0 ? 0 : strcmp(tenant, "alpha") == 0 ? 1 : strcmp(tenant, "default") == 0 ? 2
+         : 12;
+    kvnode_close(c);
+    return rc;
+}
+
+START_TEST(a_tenants_groups_are_the_groups_admission_checks)
+{
+    TENANTS_NEEDS_ROOT("the tenant groups test");
+    kvh_daemon d;
+    KVH_START(&d, BASE_CONF "server.allow_uids=65534\nserver.allow_gids=4711\n"
+                            "tenant.alpha.uids=65534\ntenant.beta.gids=4711\n");
+    tenants_open_dirs(&d);
+    const gid_t supplementary[] = { 4000, GROUP_B };
+
+    /* In beta's group as a supplementary group: admitted by it, and beta's. */
+    ck_assert_int_eq(tenants_run_as(where_main, &d, 4242, 4242, supplementary, 2), 0);
+    /* ... as the primary group: the same. */
+    ck_assert_int_eq(tenants_run_as(where_main, &d, 4243, GROUP_B, NULL, 0), 0);
+    /* ... among many groups (more than the daemon's first buffer holds). */
+    gid_t many[100];
+    for (size_t i = 0; i < 99; i++)
+        many[i] = (gid_t)(5000 + i);
+    many[99] = GROUP_B;
+    ck_assert_int_eq(tenants_run_as(where_main, &d, 4245, 4245, many, 100), 0);
+    /* A listed uid wins over its groups. */
+    ck_assert_int_eq(tenants_run_as(where_main, &d, MOVER, MOVER, supplementary, 2), 1);
+    /* Neither: refused by admission, before any tenant is looked at. */
+    ck_assert_int_eq(tenants_run_as(where_main, &d, 4244, 4244, supplementary, 1), 3);
+    ck_assert_int_eq(tenants_stat(&d, "beta", "namespaces"), 1);
+    ck_assert_int_eq(tenants_stat(&d, "default", "namespaces"), 0);
+    ck_assert_int_eq(tenants_stat(&d, "beta", "clients"), 0);
+    ck_assert_int_eq(KVH_STAT(&d, "clients.denied_total"), 1);
+    KVH_STOP_DESTROY(&d);
+}
+END_TEST
+
 /* --- what outsiders see ------------------------------------------------------------------ */
 
 /* GET path from the admin listener at addr: the body (malloc'd). */
@@ -478,6 +537,7 @@ int main(void)
 {
     const TTest *const tests[] = {
         reload_moves_a_uid_and_changes_limits,
+        a_tenants_groups_are_the_groups_admission_checks,
         admin_pages_name_no_model_even_in_errors,
     };
     return kvh_run_suite("daemon_tenants_reload", "tenants", 120, tests, sizeof tests / sizeof tests[0]);
