@@ -204,7 +204,9 @@ int config_apply_override(struct kvn_config *cfg, const char *assignment, char *
  * together at most memory.host_bytes, hbm_bytes together at most
  * hbm.bytes; with [server] allow_uids or allow_gids set, every tenant uid
  * admitted by them (listed, root, the daemon's own user, or one of its
- * groups in allow_gids).
+ * groups in allow_gids); with [kvcm] enabled = on, {fingerprint} in
+ * [kvcm] instance_id (two tenants' deployments of one layout differ only
+ * in it).
  * 0, or -1 with one line per problem in err. */
 int config_validate(const struct kvn_config *cfg, char *err, size_t errlen);
 

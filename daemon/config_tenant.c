@@ -449,6 +449,19 @@ void config_tenant_check(const struct kvn_config *cfg, struct kvn_config *resolv
     tenant_check_unique(cfg, ids, n, false, errors);
     tenant_check_unique(cfg, ids, n, true, errors);
 
+    /* KVCM takes everything under one instance id as one reporter, and the
+     * same layout in two tenants differs only in its fingerprint (which
+     * mixes in the tenant): without {fingerprint} their instance ids are one. */
+    if (cfg->kvcm.enabled == 1 && cfg->kvcm.instance_id[0] &&
+        !(kvcm_config_template_vars(cfg->kvcm.instance_id) & KVCM_VAR_FINGERPRINT)) {
+        char shown[VALUE_SHOW + 8];
+        config_errbuf_add(errors, "[kvcm] instance_id: '%s' has no {fingerprint}, and the node has [tenant.NAME] "
+                          "sections: two tenants serving the same layout would publish as one KVCM instance (their "
+                          "deployments differ only in the fingerprint, which includes the tenant); add {fingerprint}, "
+                          "e.g. {model}_{block_tokens}_{fingerprint}",
+                          config_show(cfg->kvcm.instance_id, shown, sizeof shown));
+    }
+
     /* A tenant's users must be able to connect at all. */
     struct config_idlist allow_uids, allow_gids;
     if (allow_list(cfg, "allow_uids", &allow_uids) && allow_list(cfg, "allow_gids", &allow_gids)) {

@@ -122,7 +122,8 @@ void sdn_status_line(struct daemon *d, char *buf, size_t len)
                    (unsigned long long)p->store.queue_depth);
         if (p->store.scan_running)
             SDN_APPEND(", recovering (%llu found)", (unsigned long long)p->store.scan_found);
-        if (p->store.state == PERSIST_STATE_DEGRADED && perr && *perr)
+        /* Anyone may read STATUS; the store's error may name a deployment. */
+        if (p->store.state == PERSIST_STATE_DEGRADED && perr && *perr && !tenants_configured(d->tenants))
             SDN_APPEND(": %.*s", (int)strcspn(perr, "\n") > 160 ? 160 : (int)strcspn(perr, "\n"), perr);
     }
     if (tenants_configured(d->tenants)) {

@@ -1,6 +1,7 @@
 /* stats: the typed snapshot and the STATS document (see stats.h). */
 #include "stats.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -18,6 +19,24 @@ struct stats_view stats_client_view(const struct daemon *d, const struct tenant 
 {
     bool all = !tenants_configured(d->tenants) || uid == 0 || uid == geteuid();
     return (struct stats_view){ .layouts = true, .only = all ? NULL : t };
+}
+
+/* An error text where models may not be shown. The store's and KVCM's
+ * messages can name a deployment (a store directory, an object key, an
+ * instance id, or whatever KVCM echoes back), so they are not filtered but
+ * replaced; "" (no error) stays "". */
+static const char stats_hidden_text[] =
+    "hidden: on a node with tenants an error text may name a model; kvnodectl stats as root shows it";
+
+static void stats_hide_error_texts(struct stats_snapshot *s)
+{
+    struct cache_persist_stats *p = &s->cache_stats.persist;
+    if (p->last_error && *p->last_error)
+        p->last_error = stats_hidden_text;
+    if (s->kvcm.last_error[0])
+        snprintf(s->kvcm.last_error, sizeof s->kvcm.last_error, "%s", stats_hidden_text);
+    if (s->has_query && s->query.last_error && *s->query.last_error)
+        s->query.last_error = stats_hidden_text;
 }
 
 /* Each tenant's line, the node totals, and the namespaces view lets through. */
@@ -81,6 +100,10 @@ void stats_collect(struct daemon *d, const struct stats_view *view, struct stats
     s->has_gpu = d->gpu != NULL;
     if (d->gpu)
         gpu_get_stats(d->gpu, &s->gpu);
+    /* Whoever may not see every deployment does not see the error texts
+     * either: they may name one (of any tenant). */
+    if (s->has_tenants && !s->show_deployments)
+        stats_hide_error_texts(s);
 }
 
 /* ---- the document ------------------------------------------------------------ */

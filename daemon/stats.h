@@ -33,8 +33,11 @@ struct tenant;
 /* What a reader may see. On a node with [tenant.NAME] sections namespaces
  * (their layouts, models, deployment ids) are shown only to root and the
  * daemon's user in full, to another client only its own tenant's, and on
- * the admin pages not at all (tenants by name and counts). Without
- * sections everybody sees everything, as before tenants. */
+ * the admin pages not at all (tenants by name and counts); the error texts
+ * that may name a deployment (persist.last_error, kvcm.last_error,
+ * kvcm.query.last_error) only to root and the daemon's user (the others
+ * read a note that they are hidden). Without sections everybody sees
+ * everything, as before tenants. */
 struct stats_view {
     bool layouts;                    /* namespaces and KVCM deployments may be shown */
     const struct tenant *only;       /* only this tenant's namespaces (NULL: every tenant's) */

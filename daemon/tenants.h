@@ -74,8 +74,10 @@ void tenants_destroy(struct tenants *ts);
 void tenants_apply_config(struct tenants *ts, const struct kvn_config *cfg);
 
 /* The tenant of a peer: a tenant listing uid wins; else the first section
- * (file order) listing gid; else "default". Never NULL. */
-struct tenant *tenants_for_peer(struct tenants *ts, uid_t uid, gid_t gid);
+ * (file order) listing its primary group gid or one of its ngroups
+ * supplementary groups (sorted ascending: the groups admission checked);
+ * else "default". Never NULL. */
+struct tenant *tenants_for_peer(struct tenants *ts, uid_t uid, gid_t gid, const gid_t *groups, size_t ngroups);
 /* Whether cfg had [tenant.NAME] sections (a multi-tenant node). */
 bool tenants_configured(const struct tenants *ts);
 /* Iteration: 0 is "default", then the sections in file order. */

@@ -103,6 +103,18 @@ int kvcm_config_check_template(const char *key, unsigned vars, const char *t, ch
     return 0;
 }
 
+unsigned kvcm_config_template_vars(const char *t)
+{
+    unsigned vars = 0;
+    for (const char *p = strchr(t, '{'); p; p = strchr(p + 1, '{')) {
+        size_t n = strcspn(p + 1, "{}");
+        int i = p[1 + n] == '}' ? kvcm_placeholder(p + 1, n) : -1;
+        if (i >= 0)
+            vars |= kvcm_placeholders[i].bit;
+    }
+    return vars;
+}
+
 /* Loopback, unspecified and "localhost" names: they name every machine. */
 static const char *kvcm_not_unique(const char *host, int family, const void *addr)
 {

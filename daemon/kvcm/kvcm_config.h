@@ -81,6 +81,10 @@ extern const char *const kvcm_config_storage_names[2];
  * closed by '}'; no stray '}'. 0, or -1 with problem set. */
 int kvcm_config_check_template(const char *key, unsigned vars, const char *t, char *problem, size_t len);
 
+/* The KVCM_VAR_* placeholders template t uses (placeholders it does not
+ * know, and braces out of place, count as none). */
+unsigned kvcm_config_template_vars(const char *t);
+
 /* host_ip_port s (non-empty): HOST:PORT, port 1..65535, naming this host
  * uniquely (no loopback, unspecified or localhost names). `shown` is s as
  * messages print it. 0, or -1 with problem set. */

@@ -71,9 +71,9 @@ void ops_apply_config(struct ops *o, const struct kvn_config *cfg)
     o->cfg = cfg;
 }
 
-int ops_admit(struct ops *o, struct session *s, char *msg, size_t msglen)
+int ops_admit(struct ops *o, struct session *s, const gid_t *groups, size_t ngroups, char *msg, size_t msglen)
 {
-    struct tenant *t = tenants_for_peer(o->tenants, s->uid, s->gid);
+    struct tenant *t = tenants_for_peer(o->tenants, s->uid, s->gid, groups, ngroups);
 
     /* "default" is bounded by server.max_clients, which the server checks. */
     if (t->named && t->clients >= t->max_clients) {
@@ -222,9 +222,10 @@ static void ops_session_end_cb(void *arg, struct session *s)
     ops_session_end(arg, s);
 }
 
-static int ops_admit_cb(void *arg, struct session *s, char *msg, size_t msglen)
+static int ops_admit_cb(void *arg, struct session *s, const gid_t *groups, size_t ngroups, char *msg,
+                        size_t msglen)
 {
-    return ops_admit(arg, s, msg, msglen);
+    return ops_admit(arg, s, groups, ngroups, msg, msglen);
 }
 
 struct server_handler ops_server_handler(struct ops *o)

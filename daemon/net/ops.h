@@ -66,9 +66,10 @@ bool ops_arena_is_clients_gpu(const struct cache_arena_info *a, int device, cons
 void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 /* The connection is gone: end its leases, unbind its namespace. */
 void ops_session_end(struct ops *o, struct session *s);
-/* The tenant of a new connection (tenants_for_peer) into s->tenant, or
- * -KVNODE_ELIMIT with msg set when that tenant has max_clients connections. */
-int  ops_admit(struct ops *o, struct session *s, char *msg, size_t msglen);
+/* The tenant of a new connection (tenants_for_peer of its uid, gid and its
+ * ngroups supplementary groups, sorted) into s->tenant, or -KVNODE_ELIMIT
+ * with msg set when that tenant has max_clients connections. */
+int  ops_admit(struct ops *o, struct session *s, const gid_t *groups, size_t ngroups, char *msg, size_t msglen);
 /* ops_admit, ops_handle and ops_session_end as the server's handler (server_create). */
 struct server_handler ops_server_handler(struct ops *o);
 

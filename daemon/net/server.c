@@ -162,23 +162,52 @@ static bool server_id_listed(const uint32_t *ids, size_t n, uint32_t id)
     return false;
 }
 
-/* May this peer connect? root and the daemon's own user always may. */
-static bool server_peer_allowed(const struct server *s, int fd, const struct ucred *cred)
+static int server_gid_cmp(const void *a, const void *b)
 {
-    gid_t groups[256];
-    socklen_t glen = sizeof groups;
+    gid_t x = *(const gid_t *)a, y = *(const gid_t *)b;
+    return x < y ? -1 : x > y;
+}
 
+/* The peer's supplementary groups (SO_PEERGROUPS, Linux 4.13+), sorted:
+ * into buf (cap entries), or, when it has more, into *heap (malloc'd; the
+ * caller frees it). Admission and the tenant of the connection both look
+ * at these, so they agree. *n = 0 when the kernel cannot say. */
+static const gid_t *server_peer_groups(int fd, gid_t *buf, size_t cap, gid_t **heap, size_t *n)
+{
+    socklen_t len = (socklen_t)(cap * sizeof *buf);
+    gid_t *g = buf;
+
+    *heap = NULL;
+    *n = 0;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, buf, &len) != 0) {
+        /* ERANGE: len says how much it takes. */
+        if (errno != ERANGE || len == 0 || !(*heap = malloc(len)) ||
+            getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, *heap, &len) != 0)
+            return buf;
+        g = *heap;
+    }
+    *n = len / sizeof *g;
+    qsort(g, *n, sizeof *g, server_gid_cmp);
+    return g;
+}
+
+/* May this peer connect? root and the daemon's own user always may; else
+ * its uid, its primary group or one of its (sorted) supplementary groups
+ * listed. */
+static bool server_peer_allowed(const struct server *s, const struct ucred *cred, const gid_t *groups,
+                                size_t ngroups)
+{
     if (s->n_allow_uids == 0 && s->n_allow_gids == 0)
         return true;
     if (cred->uid == 0 || cred->uid == geteuid() ||
         server_id_listed(s->allow_uids, s->n_allow_uids, cred->uid) ||
         server_id_listed(s->allow_gids, s->n_allow_gids, cred->gid))
         return true;
-    /* Supplementary groups of the peer (Linux 4.13+). */
-    if (s->n_allow_gids > 0 && getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0)
-        for (size_t i = 0; i < glen / sizeof groups[0]; i++)
-            if (server_id_listed(s->allow_gids, s->n_allow_gids, groups[i]))
-                return true;
+    for (size_t i = 0; i < s->n_allow_gids; i++) {
+        gid_t g = (gid_t)s->allow_gids[i];
+        if (bsearch(&g, groups, ngroups, sizeof *groups, server_gid_cmp))
+            return true;
+    }
     return false;
 }
 
@@ -200,6 +229,8 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
     struct conn *c;
     struct ucred cred;
     socklen_t credlen = sizeof cred;
+    gid_t group_buf[64], *group_heap;
+    size_t ngroups;
     (void)l;
     (void)sa;
     (void)salen;
@@ -228,9 +259,12 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
         cred.uid = (uid_t)-1;
         cred.gid = (gid_t)-1;
     }
-    if (!server_peer_allowed(s, fd, &cred)) {
+    const gid_t *groups = server_peer_groups(fd, group_buf, sizeof group_buf / sizeof group_buf[0],
+                                             &group_heap, &ngroups);
+    if (!server_peer_allowed(s, &cred, groups, ngroups)) {
         char msg[160];
         s->denied++;
+        free(group_heap);
         snprintf(msg, sizeof msg, "access denied: uid %d (gid %d) is not in server.allow_uids or "
                  "server.allow_gids", (int)cred.uid, (int)cred.gid);
         log_warn("refused pid %d: %s", (int)cred.pid, msg);
@@ -239,6 +273,7 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
     }
     c = calloc(1, sizeof *c);
     if (!c) {
+        free(group_heap);
         log_error("out of memory accepting a connection");
         close(fd);
         return;
@@ -251,6 +286,7 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
     c->wev = event_new(s->base, fd, EV_WRITE | EV_PERSIST, conn_write_cb, c);
     c->frame_ev = evtimer_new(s->base, conn_frame_timeout_cb, c);
     if (!c->in || !c->out || !c->rev || !c->wev || !c->frame_ev) {
+        free(group_heap);
         log_error("out of memory accepting a connection");
         server_conn_discard(c);
         close(fd);
@@ -259,20 +295,20 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
     c->session.pid = cred.pid;
     c->session.uid = cred.uid;
     c->session.gid = cred.gid;
-    if (s->handler.admit) {
-        char msg[256] = "";
-        int rc = s->handler.admit(s->handler.arg, &c->session, msg, sizeof msg);
-        if (rc < 0) {
-            char note[64];
-            uint64_t held = 0;
-            s->refused++;
-            if (log_limit_pass(&s->refuse_log, clock_now_ms(), LOG_REPEAT_MS, &held))
-                log_warn("refused pid %d uid %d: %s%s", (int)cred.pid, (int)cred.uid, msg,
-                         log_limit_note(held, "refused", note, sizeof note));
-            server_conn_discard(c);
-            server_refuse(fd, rc, msg);
-            return;
-        }
+    char msg[256] = "";
+    int rc = s->handler.admit ? s->handler.admit(s->handler.arg, &c->session, groups, ngroups, msg, sizeof msg)
+                              : 0;
+    free(group_heap);
+    if (rc < 0) {
+        char note[64];
+        uint64_t held = 0;
+        s->refused++;
+        if (log_limit_pass(&s->refuse_log, clock_now_ms(), LOG_REPEAT_MS, &held))
+            log_warn("refused pid %d uid %d: %s%s", (int)cred.pid, (int)cred.uid, msg,
+                     log_limit_note(held, "refused", note, sizeof note));
+        server_conn_discard(c);
+        server_refuse(fd, rc, msg);
+        return;
     }
     c->next = s->conns;
     if (s->conns)

@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "config.h"
 #include "kvnode.pb-c.h"
@@ -27,13 +28,15 @@ struct session;
 
 /* Who handles what the server decodes (ops; main wires it, so that the
  * server does not call up into ops): a connection that passed the allow
- * lists (admit: its session's pid, uid and gid are set; 0 serves it and
- * session_end follows it one day, a negative KVNODE_E* code refuses it with
- * msg as its one error frame; NULL: every one is served), each request of a
- * connection, in order, and the end of a connection (its session is then
- * dropped). */
+ * lists (admit: its session's pid, uid and gid are set, and groups holds the
+ * peer's ngroups supplementary groups (SO_PEERGROUPS), sorted ascending, the
+ * ones the allow lists were checked against, valid during the call; 0
+ * serves it and session_end follows it one day, a negative KVNODE_E* code
+ * refuses it with msg as its one error frame; NULL: every one is served),
+ * each request of a connection, in order, and the end of a connection (its
+ * session is then dropped). */
 struct server_handler {
-    int  (*admit)(void *arg, struct session *s, char *msg, size_t msglen);
+    int  (*admit)(void *arg, struct session *s, const gid_t *groups, size_t ngroups, char *msg, size_t msglen);
     void (*request)(void *arg, struct conn *c, struct session *s, const Kvnode__Request *req);
     void (*session_end)(void *arg, struct session *s);
     void *arg;

@@ -253,7 +253,7 @@ static void proc_child(const struct proc_opts *o, struct proc_child_fds *f, stru
             proc_child_fail(f->report, PROC_STAGE_NOFILE);
     }
     if (o->as_user) {
-        if (setgroups(0, NULL) != 0)
+        if (setgroups(o->groups ? o->ngroups : 0, o->groups) != 0)
             proc_child_fail(f->report, PROC_STAGE_SETGROUPS);
         if (setresgid(o->gid, o->gid, o->gid) != 0)
             proc_child_fail(f->report, PROC_STAGE_SETGID);

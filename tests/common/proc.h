@@ -45,10 +45,12 @@ struct proc_opts {
                                   * environment, replacing inherited ones */
     const char *const *pid_env;  /* names (NULL-terminated) set to the child's own pid, e.g.
                                   * "WATCHDOG_PID" */
-    bool as_user;                /* become uid/gid (real, effective and saved), no supplementary
-                                  * groups: needs root */
+    bool as_user;                /* become uid/gid (real, effective and saved), with the
+                                  * supplementary groups below (none by default): needs root */
     uid_t uid;
     gid_t gid;
+    const gid_t *groups;         /* with as_user: ngroups supplementary groups (NULL / 0: none) */
+    size_t ngroups;
     enum proc_io in, out, err;   /* default PROC_INHERIT */
     const char *in_path, *out_path, *err_path;
     int pass_fd;                 /* with pass_count > 0: pass_fd at descriptor 3 and dups of it at

@@ -3101,6 +3101,11 @@ static const struct tenant_bad_case tenant_bad_cases[] = {
     { "[tenant.a]\nmax_reserved_per_client = 1.5\n", "[tenant.a] max_reserved_per_client: invalid value '1.5' "
                                                      "(expected a fraction in (0, 1])" },
     { "[tenant.a]\nmax_reserved_per_client = 0\n", "expected a fraction in (0, 1]" },
+    /* KVCM: the same layout in two tenants differs only in its fingerprint */
+    { "[kvcm]\nenabled = on\nendpoints = http://10.0.0.7:6382\nhost_ip_port = 10.0.0.5:7000\n"
+      "instance_id = {model}_{block_tokens}\n",
+      "[kvcm] instance_id: '{model}_{block_tokens}' has no {fingerprint}, and the node has [tenant.NAME] sections: "
+      "two tenants serving the same layout would publish as one KVCM instance" },
 };
 #define NTENANT_BAD (sizeof tenant_bad_cases / sizeof tenant_bad_cases[0])
 
@@ -3229,6 +3234,46 @@ START_TEST(test_tenant_override)
         ck_assert_msg(strstr(err, o->expect), "'%s': got '%s', want '%s'", o->assignment, err, o->expect);
         ck_assert(memcmp(&c, &before, sizeof c) == 0);
     }
+}
+END_TEST
+
+/* With KVCM on, tenants need {fingerprint} in [kvcm] instance_id (the one
+ * refusal is test_tenant_rules'): the default has it and is accepted, and
+ * so is any template with it; without tenants a template without it stays
+ * valid (a clash is refused at run time, naming both deployments). */
+START_TEST(test_tenant_kvcm_instance_id)
+{
+    static const char kvcm_on[] = "[kvcm]\nenabled = on\nendpoints = http://10.0.0.7:6382\n"
+                                  "host_ip_port = 10.0.0.5:7000\n";
+    static const struct {
+        const char *text;
+        int valid;
+    } cases[] = {
+        { TENANT_BASE, 1 },                                              /* the default template */
+        { TENANT_BASE "[kvcm]\ninstance_id = {fingerprint}\n", 1 },
+        { TENANT_BASE "[kvcm]\ninstance_id = x_{tp_size}_{fingerprint}_{model}\n", 1 },
+        { TENANT_BASE "[kvcm]\ninstance_id = {model}_{tp_size}\n", 0 },
+        { TENANT_BASE "[kvcm]\ninstance_id = fingerprint\n", 0 },      /* a word, not the placeholder */
+        { "[kvcm]\ninstance_id = {model}_{block_tokens}\n", 1 },          /* no tenants */
+    };
+    char text[1024], err[CONFIG_ERR_MAX];
+    struct kvn_config c;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(text, sizeof text, "%s%s", kvcm_on, cases[i].text);
+        config_defaults(&c);
+        ck_assert_msg(load_text(&c, text, err, sizeof err, NULL, 0) == 0, "%s", err);
+        int rc = config_validate(&c, err, sizeof err);
+        ck_assert_msg(rc == (cases[i].valid ? 0 : -1), "case %zu: %d: %s", i, rc, err);
+        if (!cases[i].valid) {
+            ck_assert_msg(strstr(err, "has no {fingerprint}") && strstr(err, "add {fingerprint}"), "%s", err);
+            ck_assert_uint_eq(count_lines(err), 1);
+        }
+    }
+    /* KVCM off: nothing is published, the template does not matter. */
+    snprintf(text, sizeof text, "%s[kvcm]\ninstance_id = {model}\n", TENANT_BASE);
+    config_defaults(&c);
+    ck_assert_msg(load_text(&c, text, err, sizeof err, NULL, 0) == 0, "%s", err);
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
 }
 END_TEST
 
@@ -3529,6 +3574,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_tenant_limit);
     tcase_add_test(tc, test_tenant_override);
     tcase_add_test(tc, test_tenant_admission_by_group);
+    tcase_add_test(tc, test_tenant_kvcm_instance_id);
     tcase_add_test(tc, test_tenant_round_trip);
     tcase_add_test(tc, test_tenant_reload);
     tcase_add_test(tc, test_tenant_conf_example);

@@ -3,8 +3,8 @@
  * everything; with sections each tenant its own cache (own memfd, own
  * namespaces: the same layout is another deployment), "default" what is
  * left (none: no cache); a peer's tenant (a uid listed wins over a gid,
- * else "default"); reload moves uids and limits, and a section added by a
- * reload is not served until a restart. */
+ * primary or supplementary, else "default"); reload moves uids and limits,
+ * and a section added by a reload is not served until a restart. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,8 +73,8 @@ START_TEST(no_sections_one_default_tenant_with_everything)
     ck_assert_uint_eq(cache_host_size(t->cache), 8u << 20);
     ck_assert_uint_eq(t->max_clients, cfg->max_clients);
     ck_assert_uint_eq(t->max_namespaces, cfg->max_namespaces);
-    ck_assert_ptr_eq(tenants_for_peer(ts, 0, 0), t);
-    ck_assert_ptr_eq(tenants_for_peer(ts, 4242, 4242), t);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 0, 0, NULL, 0), t);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 4242, 4242, NULL, 0), t);
     struct cache *caches[4];
     ck_assert_uint_eq(tenants_caches(ts, caches, 4), 1);
     ck_assert_ptr_eq(caches[0], t->cache);
@@ -123,9 +123,9 @@ START_TEST(sections_get_their_own_caches)
     cache_unbind(b->cache, nb);
 
     /* A listed uid wins over a listed gid; neither: "default". */
-    ck_assert_ptr_eq(tenants_for_peer(ts, 100, 200), a);
-    ck_assert_ptr_eq(tenants_for_peer(ts, 7, 200), b);
-    ck_assert_ptr_eq(tenants_for_peer(ts, 7, 7), d);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 100, 200, NULL, 0), a);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 7, 200, NULL, 0), b);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 7, 7, NULL, 0), d);
     struct cache *caches[4];
     ck_assert_uint_eq(tenants_caches(ts, caches, 4), 3);
     tenants_destroy(ts);
@@ -165,18 +165,47 @@ START_TEST(reload_moves_uids_and_limits)
 
     ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
     struct tenant *d = tenants_at(ts, 0), *a = tenants_at(ts, 1), *b = tenants_at(ts, 2);
-    ck_assert_ptr_eq(tenants_for_peer(ts, 101, 0), b);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 101, 0, NULL, 0), b);
     tenants_apply_config(ts, next);
-    ck_assert_ptr_eq(tenants_for_peer(ts, 101, 0), a);
-    ck_assert_ptr_eq(tenants_for_peer(ts, 102, 0), b);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 101, 0, NULL, 0), a);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 102, 0, NULL, 0), b);
     /* c came with the reload: not served until a restart. */
-    ck_assert_ptr_eq(tenants_for_peer(ts, 103, 0), d);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 103, 0, NULL, 0), d);
     ck_assert_uint_eq(tenants_count(ts), 3);
     ck_assert_uint_eq(a->max_clients, 2);
     ck_assert_uint_eq(a->max_namespaces, 7);
     tenants_destroy(ts);
     free(cfg);
     free(next);
+}
+END_TEST
+
+/* A peer's groups are its primary and its supplementary ones, as admission
+ * (server.c) counts them: a supplementary group listed by a section makes
+ * the peer that tenant's; a uid listed still wins; among group matches the
+ * first section in file order wins, whichever of the peer's groups matched. */
+START_TEST(supplementary_groups_count_as_admission_counts_them)
+{
+    const char *const o[] = { "memory.host_bytes=16MiB", "tenant.a.uids=100", "tenant.a.gids=300",
+                              "tenant.a.host_bytes=4MiB", "tenant.b.gids=200 250", "tenant.b.host_bytes=4MiB",
+                              NULL };
+    struct kvn_config *cfg = config_with(o);
+    struct tenants *ts;
+    char err[512];
+
+    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    struct tenant *d = tenants_at(ts, 0), *a = tenants_at(ts, 1), *b = tenants_at(ts, 2);
+    const gid_t in_b[] = { 7, 250, 900 }, in_a_and_b[] = { 200, 300 }, in_none[] = { 1, 2, 3 };
+    ck_assert_ptr_eq(tenants_for_peer(ts, 7, 7, in_b, 3), b);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 7, 7, in_b + 1, 1), b);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 7, 7, in_b, 1), d);          /* 7 alone: no section */
+    ck_assert_ptr_eq(tenants_for_peer(ts, 100, 7, in_b, 3), a);        /* the uid wins */
+    ck_assert_ptr_eq(tenants_for_peer(ts, 7, 7, in_a_and_b, 2), a);    /* a comes first in the file */
+    ck_assert_ptr_eq(tenants_for_peer(ts, 7, 200, in_a_and_b + 1, 1), a);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 7, 7, in_none, 3), d);
+    ck_assert_ptr_eq(tenants_for_peer(ts, 7, 7, NULL, 0), d);
+    tenants_destroy(ts);
+    free(cfg);
 }
 END_TEST
 
@@ -190,6 +219,7 @@ int main(void)
     tcase_add_test(tc, sections_get_their_own_caches);
     tcase_add_test(tc, default_without_memory_has_no_cache);
     tcase_add_test(tc, reload_moves_uids_and_limits);
+    tcase_add_test(tc, supplementary_groups_count_as_admission_counts_them);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
