@@ -15,7 +15,7 @@
 int cmd_ping(const struct ctl *x)
 {
     kvnode_client *c;
-    int ex = ctl_connect(x, NULL, &c);
+    int ex = ctl_connect(x, NULL, false, &c);
     if (ex)
         return ex;
     int rc = kvnode_ping(c);
@@ -42,7 +42,7 @@ int cmd_reload(const struct ctl *x)
 {
     kvnode_client *c;
     char *not_applied = NULL;
-    int ex = ctl_connect(x, NULL, &c);
+    int ex = ctl_connect(x, NULL, false, &c);
     if (ex)
         return ex;
     int rc = kvnode_reload(c, &not_applied);

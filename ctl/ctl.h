@@ -68,8 +68,10 @@ int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int io_error(const char *what);
 /* A failed call on a connected client; returns EXIT_ERR. */
 int lib_error(int rc, const kvnode_client *c);
-/* layout NULL: an observer connection. Returns an exit code; *c NULL on failure. */
-int ctl_connect(const struct ctl *x, const kvnode_layout *layout, kvnode_client **c);
+/* layout NULL: an observer connection. reader: the commands that only read
+ * (match, get) connect as readers (KVNODE_CONNECT_READER: memory lent
+ * read-only). Returns an exit code; *c NULL on failure. */
+int ctl_connect(const struct ctl *x, const kvnode_layout *layout, bool reader, kvnode_client **c);
 /* The stats document (a JSON object) of an observer connection. Returns an exit code. */
 int fetch_stats(const struct ctl *x, json_t **doc);
 int print_json(json_t *doc, size_t flags);

@@ -147,7 +147,7 @@ static int match_or_delete(const struct ctl *x, char **args, int nargs, bool del
         return ex;
     }
     kvnode_client *c;
-    if ((ex = ctl_connect(x, &x->layout, &c))) {
+    if ((ex = ctl_connect(x, &x->layout, !del, &c))) {
         free(kv.v);
         return ex;
     }
@@ -266,7 +266,7 @@ int cmd_put(const struct ctl *x, char **args, int nargs)
         ex = io_error(x->keys_out);
         goto out;
     }
-    if ((ex = ctl_connect(x, l, &c)))
+    if ((ex = ctl_connect(x, l, false, &c)))
         goto out;
 
     /* Pass 1: one digest per block. Input that cannot be read twice (a pipe)
@@ -418,7 +418,7 @@ int cmd_get(const struct ctl *x, char **args, int nargs)
     size_t got_total = 0;
     uint64_t written = 0, limit = (x->given & F_SIZE) ? x->size : UINT64_MAX;
 
-    if ((ex = ctl_connect(x, l, &c)))
+    if ((ex = ctl_connect(x, l, true, &c)))
         goto done;
     out = to_stdout ? stdout : fopen(x->output, "wb");
     if (!out) {

@@ -97,12 +97,12 @@ static void apply_timeout_env(const struct ctl *x)
     }
 }
 
-int ctl_connect(const struct ctl *x, const kvnode_layout *layout, kvnode_client **c)
+int ctl_connect(const struct ctl *x, const kvnode_layout *layout, bool reader, kvnode_client **c)
 {
     apply_timeout_env(x);
     /* kvnodectl reads blocks with the CPU: it declares no GPU, whatever
      * KVNODE_CUDA_DEVICE says, and is never lent HBM. */
-    int rc = kvnode_connect_device(x->socket, layout, -1, c);
+    int rc = kvnode_connect_flags(x->socket, layout, -1, reader ? KVNODE_CONNECT_READER : 0, c);
     if (rc < 0) {
         *c = NULL;
         return connect_error(rc, x->socket);
@@ -126,7 +126,7 @@ int ctl_connect(const struct ctl *x, const kvnode_layout *layout, kvnode_client 
 int fetch_stats(const struct ctl *x, json_t **doc)
 {
     kvnode_client *c;
-    int ex = ctl_connect(x, NULL, &c);
+    int ex = ctl_connect(x, NULL, false, &c);
     if (ex)
         return ex;
     char *text = NULL;

@@ -61,8 +61,9 @@ static void usage(FILE *out)
 static void daemon_check_fd_limit(const struct daemon *d)
 {
     struct rlimit rl;
-    /* Each tenant besides "default" brings its memfd, its store's root and
-     * queue descriptors: a few each, counted as DAEMON_TENANT_FDS. */
+    /* Each tenant besides "default" brings its memfd and the memfd's
+     * read-only reopen (for readers), its store's root and queue
+     * descriptors: a few each, counted as DAEMON_TENANT_FDS. */
     uint64_t need = (uint64_t)d->cfg->max_clients + DAEMON_OWN_FDS +
                     (uint64_t)(tenants_count(d->tenants) - 1) * DAEMON_TENANT_FDS;
     char admin[96] = "";

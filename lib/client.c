@@ -6,7 +6,9 @@
  * turned into pointers inside those mappings. Any event that may leave the
  * byte stream out of step (timeout, EOF, oversized or undecodable frame,
  * unexpected response id) marks the client dead: later calls fail with
- * -KVNODE_ECLOSED instead of reading someone else's reply.
+ * -KVNODE_ECLOSED instead of reading someone else's reply. A reader
+ * (KVNODE_CONNECT_READER, confirmed by the HELLO reply) is passed read-only
+ * fds and maps them PROT_READ.
  *
  * GPU memory (HBM tier): a client that declares a CUDA device looks for a
  * CUDA runtime at run time (cudart.c, never linked) and tells the daemon
@@ -91,6 +93,8 @@ struct kvnode_client {
     struct client_scratch scratch;
     ProtobufCAllocator unpack_alloc;
     int cuda_device;            /* declared in HELLO; -1: none */
+    int reader_asked;           /* HELLO declared the client a reader (KVNODE_CONNECT_READER) */
+    int reader;                 /* the daemon confirmed it: arenas are mapped PROT_READ */
     int have_rt;                /* rt holds a CUDA runtime */
     struct cudart rt;
     char rt_why[256];           /* why there is no runtime (when have_rt is 0) */
@@ -855,6 +859,12 @@ static int client_setup(kvnode_client *c, const Kvnode__HelloReply *h, const kvn
                       h->max_frame_bytes);
         return -KVNODE_EPROTO;
     }
+    if (h->reader && !c->reader_asked) {
+        client_seterr(c, "protocol: the daemon holds this client to reading, which it did not ask for");
+        return -KVNODE_EPROTO;
+    }
+    /* A reader's fds are read-only: a writable mapping of them fails. */
+    c->reader = h->reader && layout;
     if (layout) {
         if (h->block_bytes != layout->block_bytes) {
             client_seterr(c, "protocol: daemon block_bytes %" PRIu64 " differs from the layout's %"
@@ -949,7 +959,8 @@ static int client_setup(kvnode_client *c, const Kvnode__HelloReply *h, const kvn
                           "has %jd", a->id, a->size, (intmax_t)st.st_size);
             return -KVNODE_EPROTO;
         }
-        p = mmap(NULL, (size_t)a->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        p = mmap(NULL, (size_t)a->size, c->reader ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED,
+                 fd, 0);
         if (p == MAP_FAILED) {
             client_seterr(c, "mmap of arena %" PRIu32 " (%" PRIu64 " bytes): %s", a->id, a->size,
                           strerror(errno));
@@ -980,6 +991,7 @@ static int client_hello(kvnode_client *c, const kvnode_layout *layout)
                             ? program_invocation_short_name : (char *)"libkvnode";
     hello.cuda_device = c->cuda_device;
     hello.cuda_ipc = c->have_rt;
+    hello.reader = c->reader_asked;
     /* The GPU's bus id lets the daemon find it whatever this process's
      * CUDA_VISIBLE_DEVICES numbers it as. */
     char bus[32] = "";
@@ -1078,6 +1090,12 @@ int kvnode_connect(const char *socket_path, const kvnode_layout *layout, kvnode_
 int kvnode_connect_device(const char *socket_path, const kvnode_layout *layout, int cuda_device,
                           kvnode_client **out)
 {
+    return kvnode_connect_flags(socket_path, layout, cuda_device, 0, out);
+}
+
+int kvnode_connect_flags(const char *socket_path, const kvnode_layout *layout, int cuda_device,
+                         unsigned flags, kvnode_client **out)
+{
     kvnode_client *c;
     int64_t deadline;
     int rc;
@@ -1093,6 +1111,13 @@ int kvnode_connect_device(const char *socket_path, const kvnode_layout *layout, 
                  "for none)", cuda_device);
         return -KVNODE_EINVAL;
     }
+    if (flags & ~(unsigned)KVNODE_CONNECT_READER) {
+        snprintf(client_connect_err, sizeof client_connect_err,
+                 "kvnode_connect_flags: unknown flags 0x%x (this libkvnode knows 0x%x: "
+                 "KVNODE_CONNECT_READER)", flags & ~(unsigned)KVNODE_CONNECT_READER,
+                 (unsigned)KVNODE_CONNECT_READER);
+        return -KVNODE_EINVAL;
+    }
     c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(client_connect_err, sizeof client_connect_err, "out of memory");
@@ -1106,6 +1131,7 @@ int kvnode_connect_device(const char *socket_path, const kvnode_layout *layout, 
     c->timeout_ms = client_env_timeout();
     c->observer = layout == NULL;
     c->cuda_device = layout ? cuda_device : -1;     /* observers lend no memory */
+    c->reader_asked = layout && (flags & KVNODE_CONNECT_READER);
     c->send_max = CLIENT_PRE_HELLO_MAX;
     c->recv_max = CLIENT_PRE_HELLO_MAX;
     if (!socket_path || !*socket_path) {
@@ -1146,6 +1172,11 @@ uint64_t kvnode_block_bytes(const kvnode_client *c)
 int kvnode_cuda_device(const kvnode_client *c)
 {
     return c ? c->cuda_device : -1;
+}
+
+int kvnode_is_reader(const kvnode_client *c)
+{
+    return c ? c->reader : 0;
 }
 
 int kvnode_pin_host(kvnode_client *c)

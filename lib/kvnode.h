@@ -91,6 +91,29 @@ int  kvnode_connect(const char *socket_path, const kvnode_layout *layout, kvnode
  * be opened fails the connect with -KVNODE_EIO. */
 int  kvnode_connect_device(const char *socket_path, const kvnode_layout *layout, int cuda_device,
                            kvnode_client **out);
+/* Flags of kvnode_connect_flags. */
+enum {
+    /* The client only reads (match, get). The daemon lends it host memory
+     * (and simulated GPU memory) through read-only descriptors, mapped
+     * PROT_READ here: a write to a lent block faults (SIGSEGV) and the
+     * mapping cannot be made writable (mprotect fails with EACCES). Its
+     * put_begin, put_inline, put and delete fail with -KVNODE_EDENIED. Real
+     * GPU memory lent through CUDA IPC has no read-only form: a reader with a
+     * CUDA device gets it read-write, as every client of its tenant does.
+     * Ignored for observers. */
+    KVNODE_CONNECT_READER = 1u << 0,
+};
+/* kvnode_connect_device with flags (KVNODE_CONNECT_*; 0: as
+ * kvnode_connect_device). Unknown flags fail with -KVNODE_EINVAL. A daemon
+ * older than a flag ignores it: kvnode_is_reader() says whether
+ * KVNODE_CONNECT_READER was granted. A reader is refused with -KVNODE_EIO
+ * when the daemon could not make a read-only descriptor of its memory at
+ * start (its log says why). */
+int  kvnode_connect_flags(const char *socket_path, const kvnode_layout *layout, int cuda_device,
+                          unsigned flags, kvnode_client **out);
+/* 1 when the daemon holds this client to reading (KVNODE_CONNECT_READER was
+ * asked for and granted), else 0. */
+int  kvnode_is_reader(const kvnode_client *c);
 /* Message of the last failed kvnode_connect on this thread ("" when none). */
 const char *kvnode_connect_error(void);
 void kvnode_close(kvnode_client *c);

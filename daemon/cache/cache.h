@@ -45,6 +45,8 @@ struct cache_arena_info {
     int      device;
     uint64_t size;
     int      fd;                  /* to map, -1: none (real GPU memory) */
+    int      ro_fd;               /* the same, read-only (readers); -1: none */
+    const char *ro_why;           /* why ro_fd is -1 while fd is not ("" otherwise) */
     const uint8_t *ipc_handle;    /* CUDA IPC handle (real GPU memory), NULL: none */
     size_t   ipc_len;
     bool     host_access;         /* the daemon's CPU can read it (host, simulated HBM) */

@@ -38,6 +38,10 @@ int cache_create_tenant(struct event_base *base, const struct kvn_config *cfg, c
         goto fail;
     c->arenas[HOST_ARENA_ID] = c->host;
     c->narenas = 1;
+    if (arena_fd_readonly(c->host) < 0)
+        log_warn("%s%s%shost memory cannot be lent read-only: %s; clients that declare themselves "
+                 "readers will be refused", tenant ? "tenant " : "", tenant ? tenant : "",
+                 tenant ? ": " : "", arena_fd_readonly_why(c->host));
     /* Size the index for the arena's capacity at the default block size
      * order of magnitude; it grows incrementally beyond that. */
     rc = index_create(cfg->host_bytes / (256u * 1024u), &c->index);
@@ -259,6 +263,8 @@ size_t cache_arenas(const struct cache *c, struct cache_arena_info *out, size_t 
         out[n].device = arena_device(a);
         out[n].size = arena_size(a);
         out[n].fd = arena_fd(a);
+        out[n].ro_fd = arena_fd_readonly(a);
+        out[n].ro_why = arena_fd_readonly_why(a);
         out[n].ipc_handle = h && h->ipc_len ? h->ipc : NULL;
         out[n].ipc_len = h ? h->ipc_len : 0;
         out[n].host_access = !h || h->host_access;
@@ -293,6 +299,9 @@ int cache_add_hbm(struct cache *c, struct devmem *dm, const struct devmem_region
                            &h->a, err, errlen);
     if (rc < 0)
         return rc;
+    if (r->fd >= 0 && arena_fd_readonly(h->a) < 0)
+        log_warn("HBM of device %d cannot be lent read-only: %s; clients that declare themselves "
+                 "readers are not lent it", r->device, arena_fd_readonly_why(h->a));
     h->device = r->device;
     h->host_access = r->host_access;
     h->ipc_len = r->ipc_len <= sizeof h->ipc ? r->ipc_len : 0;

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/errmsg.h"
@@ -58,6 +59,8 @@ struct arena {
     int      device;        /* -1: host memory */
     bool     owns_memory;   /* host arena: the memfd and mapping are ours to release */
     int      fd;
+    int      ro_fd;         /* fd reopened O_RDONLY, lent to readers (owned); -1: none */
+    char     ro_why[192];   /* why there is no ro_fd */
     void    *base;
     uint64_t size;          /* slabs_total * slab_bytes */
     uint64_t slab_bytes;
@@ -143,6 +146,8 @@ static int arena_new(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct ar
     }
     a->id = id;
     a->fd = -1;
+    a->ro_fd = -1;
+    snprintf(a->ro_why, sizeof a->ro_why, "the arena has no descriptor to map");
     a->base = MAP_FAILED;
     a->size = size;
     a->slab_bytes = slab_bytes;
@@ -173,6 +178,33 @@ static int arena_new(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct ar
 fail:
     arena_destroy(a);
     return rc;
+}
+
+/* The memfd reopened read-only through /proc/self/fd: a new open file of the
+ * same memory whose mappings can never be made writable (mmap PROT_WRITE and
+ * mprotect fail with EACCES), one per arena whatever the number of readers.
+ * The memfd's mode then becomes 0400: a memfd is created 0777, so a process
+ * of another user holding the read-only descriptor could otherwise open
+ * /proc/self/fd/N again for writing. Open descriptors keep their access. A
+ * failure leaves ro_fd -1 and says why (readers are then refused). */
+static void arena_open_readonly(struct arena *a, int fd)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int ro = open(path, O_RDONLY | O_CLOEXEC);
+    if (ro < 0) {
+        snprintf(a->ro_why, sizeof a->ro_why, "cannot reopen the memfd read-only through %s: %s",
+                 path, strerror(errno));
+        return;
+    }
+    if (fchmod(fd, S_IRUSR) != 0) {
+        snprintf(a->ro_why, sizeof a->ro_why, "cannot restrict the memfd's mode to 0400: %s",
+                 strerror(errno));
+        close(ro);
+        return;
+    }
+    a->ro_fd = ro;
+    a->ro_why[0] = '\0';
 }
 
 int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct arena **out,
@@ -212,6 +244,7 @@ int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct a
         errmsg_set(err, errlen, "arena: sealing memfd: %s", strerror(errno));
         goto fail;
     }
+    arena_open_readonly(a, a->fd);
     a->base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, a->fd, 0);
     if (a->base == MAP_FAILED) {
         if (errno == ENOMEM)
@@ -239,6 +272,8 @@ int arena_create_over(uint32_t id, int tier, int device, void *base, int fd, uin
     a->device = device;
     a->base = base;
     a->fd = fd;
+    if (fd >= 0)
+        arena_open_readonly(a, fd);
     *out = a;
     return 0;
 }
@@ -253,6 +288,8 @@ void arena_destroy(struct arena *a)
         if (a->fd >= 0)
             close(a->fd);
     }
+    if (a->ro_fd >= 0)
+        close(a->ro_fd);
     free(a->bits);
     free(a->free_slabs);
     free(a->slabs);
@@ -263,6 +300,8 @@ uint32_t arena_id(const struct arena *a) { return a->id; }
 int      arena_tier(const struct arena *a) { return a->tier; }
 int      arena_device(const struct arena *a) { return a->device; }
 int      arena_fd(const struct arena *a) { return a->fd; }
+int      arena_fd_readonly(const struct arena *a) { return a->ro_fd; }
+const char *arena_fd_readonly_why(const struct arena *a) { return a->ro_fd >= 0 ? "" : a->ro_why; }
 void    *arena_base(const struct arena *a) { return a->base; }
 uint64_t arena_size(const struct arena *a) { return a->size; }
 

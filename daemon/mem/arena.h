@@ -1,7 +1,8 @@
 /* arena: the memory regions blocks live in and the allocator that carves them.
  *
  * A host arena is one memfd (close-on-exec, sealed against shrinking and
- * growing) mapped MAP_SHARED by the daemon and, after HELLO, by every client.
+ * growing) mapped MAP_SHARED by the daemon and, after HELLO, by every client
+ * (read-write, or through a read-only reopen for clients that only read).
  * The allocator divides the region into fixed-size slabs; a slab is given to
  * one size class (block stride) when that class needs room and handed back to
  * the free-slab pool as soon as its last block is freed, so several block
@@ -38,7 +39,8 @@ int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct a
 /* An arena over memory someone else owns and releases after arena_destroy
  * (an HBM region from devmem): base is the daemon's address of it (a device
  * pointer for real GPUs: never dereferenced here), fd what clients map (-1:
- * none). bytes is rounded down to whole slabs. */
+ * none; the arena reopens it read-only for readers, as a host arena's, and
+ * closes only that copy). bytes is rounded down to whole slabs. */
 int arena_create_over(uint32_t id, int tier, int device, void *base, int fd, uint64_t bytes,
                       uint64_t slab_bytes, struct arena **out, char *err, size_t errlen);
 void arena_destroy(struct arena *a);
@@ -47,6 +49,12 @@ uint32_t arena_id(const struct arena *a);
 int      arena_tier(const struct arena *a);     /* KVNODE_TIER_* */
 int      arena_device(const struct arena *a);   /* -1 for host memory */
 int      arena_fd(const struct arena *a);       /* memfd passed to clients */
+/* The memfd reopened O_RDONLY at creation, lent to clients that only read
+ * (its mappings can only be PROT_READ): one per arena, owned by it, and the
+ * memfd's mode is 0400 from then on (see arena.c). -1 when there is none:
+ * arena_fd_readonly_why() then says why ("" when there is one). */
+int      arena_fd_readonly(const struct arena *a);
+const char *arena_fd_readonly_why(const struct arena *a);
 void    *arena_base(const struct arena *a);     /* daemon's mapping */
 uint64_t arena_size(const struct arena *a);     /* bytes clients map */
 

@@ -190,6 +190,16 @@ void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, const Kvn
                  "to a namespace");
         return;
     }
+    if (s->reader && (req->op_case == KVNODE__REQUEST__OP_PUT_BEGIN ||
+                      req->op_case == KVNODE__REQUEST__OP_PUT_INLINE ||
+                      req->op_case == KVNODE__REQUEST__OP_DELETE)) {
+        char err[256];
+        snprintf(err, sizeof err, "this connection declared itself a reader at HELLO "
+                 "(KVNODE_CONNECT_READER): it may not %s; connect without the reader flag to write",
+                 req->op_case == KVNODE__REQUEST__OP_DELETE ? "delete" : "put");
+        ops_fail(o, conn, req, -KVNODE_EDENIED, err);
+        return;
+    }
     switch (req->op_case) {
     case KVNODE__REQUEST__OP_HELLO:      ops_hello(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_MATCH:      ops_match(o, conn, s, req); break;

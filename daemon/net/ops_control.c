@@ -45,6 +45,23 @@ static int ops_layout_from_wire(const Kvnode__Layout *w, struct ns_layout *l, ch
     return 0;
 }
 
+/* A reader's HELLO: the host arena must have its read-only descriptor (an
+ * arena without one would be lent read-write or not at all; neither is what
+ * the client asked for). */
+static int ops_reader_check(const struct cache_arena_info *arenas, size_t n, char *err,
+                            size_t errlen)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (arenas[i].tier == KVNODE_TIER_HOST && arenas[i].fd >= 0 && arenas[i].ro_fd < 0) {
+            snprintf(err, errlen, "this connection declared itself a reader, but kvnoded cannot "
+                     "lend its host memory read-only (%s); connect without the reader flag",
+                     arenas[i].ro_why);
+            return -KVNODE_EIO;
+        }
+    }
+    return 0;
+}
+
 /* --- handlers ------------------------------------------------------------- */
 
 bool ops_arena_is_clients_gpu(const struct cache_arena_info *a, int device, const char *bus_id)
@@ -93,6 +110,13 @@ void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode
     }
     if (h->layout) {
         struct ns_layout layout;
+        size_t all = cache_arenas(ops_cache(s), arenas, INDEX_MAX_ARENAS);
+        /* A reader is lent host memory read-only or not served at all. */
+        if (h->reader && (rc = ops_reader_check(arenas, all, err, sizeof err)) < 0) {
+            log_warn("refused HELLO from pid %d (%s): %s", (int)s->pid, s->name, err);
+            ops_fail(o, conn, req, rc, err);
+            return;
+        }
         rc = ops_layout_from_wire(h->layout, &layout, err, sizeof err);
         if (rc == 0)
             rc = cache_bind(ops_cache(s), &layout, &s->ns, err, sizeof err);
@@ -101,14 +125,17 @@ void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode
             ops_fail(o, conn, req, rc, err);
             return;
         }
-        size_t all = cache_arenas(ops_cache(s), arenas, INDEX_MAX_ARENAS);
+        s->reader = h->reader;
         for (size_t i = 0; i < all; i++) {
             const struct cache_arena_info *a = &arenas[i];
             Kvnode__Arena *m = &arena_msgs[narenas];
             /* A device's HBM goes to the clients on that device only (no
              * peer mappings to set up or to fail): mapped for simulated
-             * devices, through CUDA IPC when the client has a CUDA runtime. */
-            bool by_fd = a->fd >= 0, by_ipc = !by_fd && a->ipc_handle && h->cuda_ipc;
+             * devices, through CUDA IPC when the client has a CUDA runtime.
+             * A reader gets the read-only reopen of each memfd; CUDA IPC has
+             * no read-only form, so real HBM is lent to it as to anyone. */
+            int fd = s->reader ? a->ro_fd : a->fd;
+            bool by_fd = fd >= 0, by_ipc = a->fd < 0 && a->ipc_handle && h->cuda_ipc;
             bool own_gpu = ops_arena_is_clients_gpu(a, h->cuda_device, h->cuda_pci_bus_id);
             if (a->tier == KVNODE_TIER_HBM && (!own_gpu || !(by_fd || by_ipc)))
                 continue;
@@ -122,7 +149,7 @@ void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode
             m->size = a->size;
             m->fd_index = by_fd ? (int32_t)nfds : -1;
             if (by_fd)
-                fds[nfds++] = a->fd;
+                fds[nfds++] = fd;
             if (by_ipc) {
                 m->cuda_ipc_handle.data = (uint8_t *)(uintptr_t)a->ipc_handle;
                 m->cuda_ipc_handle.len = a->ipc_len;
@@ -136,17 +163,19 @@ void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode
         reply.namespace_id = s->ns->id;
         reply.deployment_id = s->ns->deployment_id;
         reply.block_bytes = s->ns->layout.block_bytes;
-        log_info("client pid %d uid %d (%s) bound to namespace %u (%s rank %u); GPU %d%s%.32s%s, %s",
+        log_info("client pid %d uid %d (%s) bound to namespace %u (%s rank %u); GPU %d%s%.32s%s, %s%s",
                  (int)s->pid, (int)s->uid, s->name, s->ns->id, s->ns->deployment_id,
                  s->ns->layout.tp_rank, (int)h->cuda_device,
                  h->cuda_pci_bus_id && *h->cuda_pci_bus_id ? " (" : "",
                  h->cuda_pci_bus_id ? h->cuda_pci_bus_id : "",
                  h->cuda_pci_bus_id && *h->cuda_pci_bus_id ? ")" : "",
-                 s->leases.put_arena ? "HBM lent" : "host memory only");
+                 s->leases.put_arena ? "HBM lent" : "host memory only",
+                 s->reader ? ", reader (memory lent read-only)" : "");
     } else {
         s->observer = true;
     }
     s->hello_done = true;
+    reply.reader = s->reader;
     reply.version = WIRE_PROTOCOL_VERSION;
     reply.server_version = (char *)KVNODE_VERSION_STRING;
     reply.n_arenas = narenas;

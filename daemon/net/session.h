@@ -20,6 +20,7 @@ struct tenant;
 struct session {
     bool          hello_done;
     bool          observer;       /* HELLO without a layout */
+    bool          reader;         /* declared at HELLO: lent memory read-only, may not write */
     struct tenant *tenant;        /* whose memory it is served from; never changes */
     struct kv_namespace *ns;
     struct lease_list leases;

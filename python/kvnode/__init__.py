@@ -253,6 +253,14 @@ def _fn(name, restype, *argtypes):
 # (device -1): it is never lent GPU memory, whatever KVNODE_CUDA_DEVICE says.
 _connect_device = _fn("kvnode_connect_device", ctypes.c_int, ctypes.c_char_p,
                       ctypes.POINTER(_CLayout), ctypes.c_int, ctypes.POINTER(_P))
+# Readers (KVNODE_CONNECT_READER) came with libkvnode's KVNODE_0.1 symbols; an
+# older library still loads, and only Client(reader=True) then fails.
+_connect_flags = (_fn("kvnode_connect_flags", ctypes.c_int, ctypes.c_char_p,
+                      ctypes.POINTER(_CLayout), ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_P))
+                  if hasattr(_lib, "kvnode_connect_flags") else None)
+_is_reader = (_fn("kvnode_is_reader", ctypes.c_int, _P)
+              if hasattr(_lib, "kvnode_is_reader") else None)
+_CONNECT_READER = 1
 _connect_error = _fn("kvnode_connect_error", ctypes.c_char_p)
 _close = _fn("kvnode_close", None, _P)
 _block_bytes = _fn("kvnode_block_bytes", ctypes.c_uint64, _P)
@@ -468,17 +476,29 @@ class Client:
     ``socket_path`` None means ``$KVNODE_SOCKET`` or ``/run/kvnode/kvnode.sock``.
     ``layout`` None gives an observer client that may only call :meth:`stats`.
     ``timeout_ms`` sets the per-call timeout (default: libkvnode's, 10 s).
+    ``reader`` True declares a client that only reads (``KVNODE_CONNECT_READER``):
+    the daemon lends it memory read-only (a write through a view of
+    :meth:`read` cannot happen: the views are read-only and the mapping
+    faults), and :meth:`write`, :meth:`put` and :meth:`delete` raise
+    :class:`Denied`. :attr:`reader` says whether the daemon granted it.
     Use as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, socket_path=None, layout=None, timeout_ms=None):
+    def __init__(self, socket_path=None, layout=None, timeout_ms=None, reader=False):
         self.layout = layout
         self._c = None
         self._clayout = layout._to_c() if layout is not None else None
         h = _P()
         sp = os.fsencode(socket_path) if socket_path is not None else None
-        rc = _connect_device(sp, ctypes.byref(self._clayout) if self._clayout is not None else None,
-                             -1, ctypes.byref(h))
+        lp = ctypes.byref(self._clayout) if self._clayout is not None else None
+        if reader:
+            if _connect_flags is None:
+                raise InvalidArgument(InvalidArgument.CODE, "reader=True needs a libkvnode with "
+                                      "kvnode_connect_flags; %s has none" % _lib_path,
+                                      "invalid argument")
+            rc = _connect_flags(sp, lp, -1, _CONNECT_READER, ctypes.byref(h))
+        else:
+            rc = _connect_device(sp, lp, -1, ctypes.byref(h))
         if rc != 0:
             _raise(rc, _s(_connect_error()))
         self._c = h.value
@@ -512,6 +532,12 @@ class Client:
             self.close()
         except Exception:
             pass
+
+    @property
+    def reader(self):
+        """True when the daemon holds this client to reading (``reader=True`` was granted)."""
+        h = self._handle()
+        return bool(_is_reader(h)) if _is_reader is not None else False
 
     @property
     def block_bytes(self):

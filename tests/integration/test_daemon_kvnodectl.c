@@ -4,7 +4,8 @@
  * - `status` exits 0 and shows the socket path;
  * - `put` of a random file (not a whole number of blocks) prints one key per
  *   block, and `get` of those keys with --size gives the file back byte for
- *   byte, through shared memory and with --inline;
+ *   byte, through shared memory and with --inline; both gets connect as
+ *   readers (memory lent read-only, the daemon's log says so), the puts not;
  * - `namespaces --json` prints a JSON array that has the namespace used. */
 #include <check.h>
 #include <stdio.h>
@@ -107,6 +108,13 @@ START_TEST(kvnodectl_status_put_get_namespaces)
         free(got);
     }
     free(orig);
+    char *log = kvh_read_log(&d);
+    ck_assert_ptr_nonnull(log);
+    int readers = 0;
+    for (const char *p = log; (p = strstr(p, "reader (memory lent read-only)")) != NULL; p++)
+        readers++;
+    ck_assert_msg(readers == 2, "%d connections declared themselves readers, not the 2 gets", readers);
+    free(log);
 
     /* namespaces --json */
     char *const ns_argv[] = { (char *)ctl, (char *)"-S", sock, (char *)"--json", (char *)"namespaces", NULL };

@@ -184,6 +184,28 @@ def test_delete_and_stats(client):
     assert client.match(keys) == 1
 
 
+def test_reader_reads_and_may_not_write(daemon):
+    lo = layout()
+    keys = chain(40, 3)
+    data = [payload(40, i) for i in range(3)]
+    with kvnode.Client(daemon, lo) as writer, kvnode.Client(daemon, lo, reader=True) as reader:
+        assert writer.reader is False and reader.reader is True
+        writer.put(keys, data)
+        assert reader.match(keys) == 3
+        assert reader.get(keys) == data
+        with reader.read(keys) as blocks:
+            assert [b.tobytes() for b in blocks] == data
+        for attempt in (lambda: reader.put(keys, data), lambda: reader.delete(keys)):
+            with pytest.raises(kvnode.Denied) as ei:
+                attempt()
+            assert "declared itself a reader" in ei.value.message
+        with pytest.raises(kvnode.Denied):
+            with reader.write(chain(41, 1)):
+                pass
+        assert writer.match(keys) == 3
+        assert writer.delete(keys[2:]) == 1
+
+
 def test_numpy_frombuffer_zero_copy(client):
     np = pytest.importorskip("numpy")
     keys = chain(5, 2)

@@ -153,6 +153,68 @@ START_TEST(test_memfd_sealed_cloexec_shared)
 }
 END_TEST
 
+/* The read-only reopen lent to readers: O_RDONLY and close-on-exec, the same
+ * memory, never mappable for writing; the memfd's mode is 0400 so no other
+ * user can reopen it for writing through /proc. */
+static void expect_readonly_twin(int fd, int ro, unsigned char *base, uint64_t size)
+{
+    ck_assert_int_ge(ro, 0);
+    ck_assert_int_ne(ro, fd);
+    ck_assert_int_eq(fcntl(ro, F_GETFL) & O_ACCMODE, O_RDONLY);
+    ck_assert_int_ne(fcntl(ro, F_GETFD) & FD_CLOEXEC, 0);
+    struct stat sa, sb;
+    ck_assert_int_eq(fstat(fd, &sa), 0);
+    ck_assert_int_eq(fstat(ro, &sb), 0);
+    ck_assert_msg(sa.st_ino == sb.st_ino && sa.st_dev == sb.st_dev, "not the same memory");
+    ck_assert_uint_eq(sb.st_mode & 07777, 0400);
+    errno = 0;
+    ck_assert_ptr_eq(mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0), MAP_FAILED);
+    ck_assert_int_eq(errno, EACCES);
+    unsigned char *view = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, ro, 0);
+    ck_assert_ptr_ne(view, MAP_FAILED);
+    base[size - 1] = 0x77;
+    ck_assert_uint_eq(view[size - 1], 0x77);
+    errno = 0;
+    ck_assert_int_eq(mprotect(view, (size_t)size, PROT_READ | PROT_WRITE), -1);
+    ck_assert_int_eq(errno, EACCES);
+    ck_assert_int_eq(munmap(view, (size_t)size), 0);
+}
+
+START_TEST(test_memfd_readonly_twin)
+{
+    uint64_t slab = 1 * MiB;
+    struct arena *a = make_arena(4 * slab, slab);
+    ck_assert_str_eq(arena_fd_readonly_why(a), "");
+    expect_readonly_twin(arena_fd(a), arena_fd_readonly(a), arena_base(a), arena_size(a));
+    arena_destroy(a);
+
+    /* An arena over someone else's memfd (simulated HBM) reopens it too and
+     * closes only its own copy. */
+    int fd = memfd_create("test-over", MFD_CLOEXEC);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(ftruncate(fd, (off_t)(2 * slab)), 0);
+    unsigned char *base = mmap(NULL, (size_t)(2 * slab), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ck_assert_ptr_ne(base, MAP_FAILED);
+    char err[256] = "";
+    ck_assert_int_eq(arena_create_over(1, KVNODE_TIER_HBM, 0, base, fd, 2 * slab, slab, &a, err,
+                                       sizeof err), 0);
+    int ro = arena_fd_readonly(a);
+    expect_readonly_twin(fd, ro, base, 2 * slab);
+    arena_destroy(a);
+    ck_assert_int_eq(fcntl(ro, F_GETFD), -1);       /* the reopen is closed */
+    ck_assert_int_ge(fcntl(fd, F_GETFD), 0);        /* the owner's memfd is not */
+    munmap(base, (size_t)(2 * slab));
+    close(fd);
+
+    /* No fd: no reopen, and the reason says so. */
+    ck_assert_int_eq(arena_create_over(2, KVNODE_TIER_HBM, 0, (void *)(uintptr_t)4096, -1, slab,
+                                       slab, &a, err, sizeof err), 0);
+    ck_assert_int_eq(arena_fd_readonly(a), -1);
+    ck_assert_msg(strstr(arena_fd_readonly_why(a), "no descriptor"), "%s", arena_fd_readonly_why(a));
+    arena_destroy(a);
+}
+END_TEST
+
 /* --- size classes ------------------------------------------------------- */
 
 START_TEST(test_class_for)
@@ -694,6 +756,7 @@ static Suite *arena_suite(void)
     tcase_add_test(tc, test_create_basic);
     tcase_add_test(tc, test_create_errors);
     tcase_add_test(tc, test_memfd_sealed_cloexec_shared);
+    tcase_add_test(tc, test_memfd_readonly_twin);
     tcase_add_test(tc, test_class_for);
     tcase_add_test(tc, test_class_limit);
     tcase_add_loop_test(tc, test_fill_single_class, 0, 6);

@@ -12,6 +12,10 @@
  *     replies give EPROTO, and each of these leaves the client unusable;
  *   - copying and inline calls split into chunks within max_keys and
  *     max_frame_bytes; no fd leaks;
+ *   - readers (KVNODE_CONNECT_READER): HELLO carries the flag, a confirmed
+ *     reader maps its arenas PROT_READ (a write faults), an older daemon's
+ *     silence leaves an ordinary client, a reply claiming reader unasked or
+ *     an unknown flag fails the connect;
  *   - GPU (HBM) arenas: HELLO declares the CUDA device (argument or
  *     KVNODE_CUDA_DEVICE) and whether a CUDA runtime was found; a simulated
  *     device's arena (an fd) is mapped; a CUDA IPC handle is checked, opened
@@ -28,9 +32,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -87,6 +94,7 @@ struct fake {
     /* configuration */
     int hello_mode;
     int hbm_mode, hbm_device;
+    int reply_reader;       /* 0: echo HELLO's reader; 1: always say reader; -1: never (older daemon) */
     size_t hbm_handle_len;
     uint64_t block_bytes;
     uint32_t max_frame, max_keys;
@@ -329,6 +337,7 @@ static void fake_hello(struct fake *f, Kvnode__Request *req)
     h.arenas = ap;
     h.max_frame_bytes = f->max_frame;
     h.max_keys = f->max_keys;
+    h.reader = f->reply_reader > 0 || (f->reply_reader == 0 && req->hello->reader);
     r.id = req->id;
     r.result_case = KVNODE__RESPONSE__RESULT_HELLO;
     r.hello = &h;
@@ -1509,6 +1518,106 @@ START_TEST(test_hello_failures)
 }
 END_TEST
 
+/* What a forked child writing one byte at p ends with: its exit code, or
+ * 128 + the signal that killed it. */
+static int child_write(void *p)
+{
+    pid_t pid = fork();
+    int st;
+
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct rlimit none = { 0, 0 };
+        setrlimit(RLIMIT_CORE, &none);      /* meant to fault: no core file */
+        *(volatile uint8_t *)p ^= 0xff;
+        _exit(0);
+    }
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+}
+
+START_TEST(test_reader_maps_read_only)
+{
+    int fds0 = count_fds();
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c = NULL;
+    kvnode_key k = 100;
+    kvnode_loc loc;
+    kvnode_lease lease = 0;
+    size_t got = 0;
+
+    fake_preload(f, 0, 100);
+    fake_run(f);
+    ck_assert_int_eq(kvnode_connect_flags(f->path, &test_layout, -1, KVNODE_CONNECT_READER, &c), 0);
+    ck_assert_int_eq(kvnode_is_reader(c), 1);
+    ck_assert_int_eq(kvnode_get_begin(c, &k, 1, &lease, &loc, &got), 0);
+    ck_assert_uint_eq(got, 1);
+    ck_assert(check_pattern(loc.ptr, BB, k));
+    /* PROT_READ, even over this fake's writable memfd. */
+    ck_assert_int_eq(child_write(loc.ptr), 128 + SIGSEGV);
+    ck_assert(check_pattern(loc.ptr, BB, k));
+    ck_assert_int_eq(kvnode_get_end(c, lease), 0);
+    kvnode_close(c);
+    ck_assert(f->hello->hello->reader);
+    fake_stop(f);
+    ck_assert_int_eq(count_fds(), fds0);
+
+    /* An observer sends no reader flag and is no reader. */
+    f = fake_start(HM_OK, BB, MAXF, 64);
+    fake_run(f);
+    ck_assert_int_eq(kvnode_connect_flags(f->path, NULL, -1, KVNODE_CONNECT_READER, &c), 0);
+    ck_assert_int_eq(kvnode_is_reader(c), 0);
+    kvnode_close(c);
+    ck_assert(!f->hello->hello->reader);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(test_reader_flag_not_granted_or_unasked)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c = NULL;
+    kvnode_key k = 100;
+    kvnode_loc loc;
+    kvnode_lease lease = 0;
+    size_t got = 0;
+
+    /* A daemon that predates readers ignores the flag: an ordinary client. */
+    f->reply_reader = -1;
+    fake_preload(f, 0, 100);
+    fake_run(f);
+    ck_assert_int_eq(kvnode_connect_flags(f->path, &test_layout, -1, KVNODE_CONNECT_READER, &c), 0);
+    ck_assert_int_eq(kvnode_is_reader(c), 0);
+    ck_assert_int_eq(kvnode_get_begin(c, &k, 1, &lease, &loc, &got), 0);
+    ck_assert_uint_eq(got, 1);
+    ck_assert_int_eq(child_write(loc.ptr), 0);
+    ck_assert(!check_pattern(loc.ptr, BB, k));      /* the write landed */
+    ((uint8_t *)loc.ptr)[0] ^= 0xff;
+    ck_assert(check_pattern(loc.ptr, BB, k));
+    ck_assert_int_eq(kvnode_get_end(c, lease), 0);
+    kvnode_close(c);
+    fake_stop(f);
+
+    /* A reply that holds an ordinary client to reading is a protocol error. */
+    f = fake_start(HM_OK, BB, MAXF, 64);
+    f->reply_reader = 1;
+    fake_run(f);
+    c = (kvnode_client *)&got;
+    ck_assert_int_eq(kvnode_connect(f->path, &test_layout, &c), -KVNODE_EPROTO);
+    ck_assert_ptr_null(c);
+    ck_assert_msg(strstr(kvnode_connect_error(), "did not ask"), "%s", kvnode_connect_error());
+    fake_stop(f);
+
+    /* Flags this library does not know. */
+    c = (kvnode_client *)&got;
+    ck_assert_int_eq(kvnode_connect_flags("/nonexistent/kvnode.sock", &test_layout, -1, 0x6u, &c),
+                     -KVNODE_EINVAL);
+    ck_assert_ptr_null(c);
+    ck_assert_msg(strstr(kvnode_connect_error(), "unknown flags 0x6"), "%s", kvnode_connect_error());
+    ck_assert_int_eq(kvnode_is_reader(NULL), 0);
+}
+END_TEST
+
 START_TEST(test_connect_errors)
 {
     kvnode_client *c = NULL;
@@ -2197,6 +2306,8 @@ static Suite *client_suite(void)
     tcase_add_loop_test(tc, test_hello_failures, 0,
                         (int)(sizeof hello_cases / sizeof hello_cases[0]));
     tcase_add_test(tc, test_connect_errors);
+    tcase_add_test(tc, test_reader_maps_read_only);
+    tcase_add_test(tc, test_reader_flag_not_granted_or_unasked);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("hbm");
