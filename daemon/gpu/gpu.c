@@ -30,9 +30,7 @@ struct gpu {
 /* "tenant X: " before a log line about a named cache, nothing otherwise. */
 static const char *gpu_who(const struct gpu_cache *gc, char *buf, size_t len)
 {
-    if (!gc->name)
-        return "";
-    snprintf(buf, len, "tenant %s: ", gc->name);
+    snprintf(buf, len, "%s%s%s", gc->name ? "tenant " : "", gc->name ? gc->name : "", gc->name ? ": " : "");
     return buf;
 }
 
