@@ -10,18 +10,9 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "tenants_util.h"
 
 #define NOBODY 65534
-
-/* Let another user reach the socket through the temporary directories. */
-static void open_dirs(const kvh_daemon *d)
-{
-    char parent[PATH_MAX];
-    snprintf(parent, sizeof parent, "%s", d->dir);
-    *strrchr(parent, '/') = '\0';
-    ck_assert_int_eq(chmod(parent, 0755), 0);
-    ck_assert_int_eq(chmod(d->dir, 0755), 0);
-}
 
 struct try_as_arg {
     const kvh_daemon *d;
@@ -54,10 +45,7 @@ static int connect_and_put(void *arg)
 static int try_as(const kvh_daemon *d, uid_t uid, gid_t gid)
 {
     struct try_as_arg a = { d, uid };
-    pid_t pid = proc_spawn(&(struct proc_opts){ .fn = connect_and_put, .arg = &a, .as_user = true, .uid = uid,
-                                                .gid = gid },
-                           NULL);
-    ck_assert_msg(pid > 0, "%s", proc_error());
+    pid_t pid = tenants_spawn_as(connect_and_put, &a, uid, gid, NULL, 0);
     int st = proc_wait(&pid, 10000);
     ck_assert_msg(st >= 0, "child: %s", proc_error());
     ck_assert_msg(WIFEXITED(st), "child died: status %d", st);
@@ -66,13 +54,9 @@ static int try_as(const kvh_daemon *d, uid_t uid, gid_t gid)
 
 START_TEST(allow_lists_decide_who_is_served)
 {
-    if (geteuid() != 0) {
-        fprintf(stderr, "access: needs root to act as other users; checked as root in CI\n");
-        return;
-    }
+    TENANTS_NEEDS_ROOT("access: the allow-list test");
     kvh_daemon d;
-    KVH_START(&d, "server.socket_mode=0666\nserver.allow_uids=root\n");
-    open_dirs(&d);
+    tenants_start(&d, "server.socket_mode=0666\nserver.allow_uids=root\n");
 
     /* Not listed: refused, explained, counted; root still served. */
     ck_assert_int_eq(try_as(&d, NOBODY, NOBODY), 1);

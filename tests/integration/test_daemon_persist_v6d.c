@@ -59,6 +59,7 @@
 
 #include "harness.h"
 #include "pings.h"
+#include "tenants_util.h"
 #include "../common/kvh_http.h"
 #include "../sim/simctl.h"
 
@@ -1220,22 +1221,9 @@ static int t_job_main(void *arg)
 /* j as user uid (its own gid); the child's exit code. */
 static int t_run(uid_t uid, const struct t_job *j)
 {
-    pid_t pid = proc_spawn(&(struct proc_opts){ .fn = t_job_main, .arg = (void *)j, .as_user = true,
-                                                .uid = uid, .gid = uid }, NULL);
-    ck_assert_msg(pid > 0, "%s", proc_error());
-    int st = proc_wait(&pid, 30000);
+    int st = tenants_status_as(t_job_main, (void *)j, uid, 30000);
     ck_assert_msg(st >= 0 && WIFEXITED(st), "child uid %d: status %d", (int)uid, st);
     return WEXITSTATUS(st);
-}
-
-/* The tenants' users reach the socket through the daemon's directories. */
-static void t_open_dirs(const kvh_daemon *d)
-{
-    char parent[PATH_MAX];
-    snprintf(parent, sizeof parent, "%s", d->dir);
-    *strrchr(parent, '/') = '\0';
-    ck_assert_int_eq(chmod(parent, 0755), 0);
-    ck_assert_int_eq(chmod(d->dir, 0755), 0);
 }
 
 /* The store's sealed objects by their object namespace, the first part of
@@ -1299,10 +1287,7 @@ static size_t space_of(const struct t_spaces *sp, const char *ns)
  * own kvs_deployment_id), the same keys, other bytes, one v6d store. */
 static void tenants_share_a_store(const char *extra)
 {
-    if (geteuid() != 0) {
-        fprintf(stderr, "v6d tenants: acting as other users needs root; checked as root in CI\n");
-        return;
-    }
+    TENANTS_NEEDS_ROOT("v6d tenants: the shared store test");
     struct simctl s;
     kvh_daemon d;
     char conf[1024];
@@ -1320,8 +1305,7 @@ static void tenants_share_a_store(const char *extra)
                      T_ALPHA, T_BETA, s.base, s.sock);
     ck_assert(w > 0 && (size_t)w < sizeof conf);
 
-    KVH_START(&d, conf);
-    t_open_dirs(&d);
+    tenants_start(&d, conf);
     ck_assert_int_eq(t_run(T_ALPHA, &put_a), T_OK);
     ck_assert_int_eq(t_run(T_BETA, &put_b), T_OK);
     wait_eq(&d, "persist.written_blocks_total", 2 * T_KEYS, 10000);
@@ -1332,8 +1316,7 @@ static void tenants_share_a_store(const char *extra)
      * reads its keys back, then deletes them (tombstones: the store keeps
      * sealed objects); alpha's, only in the store, are still found and
      * byte-exact, beta's are hidden. */
-    KVH_START(&d, conf);
-    t_open_dirs(&d);
+    tenants_start(&d, conf);
     ck_assert_int_eq(stat_int(&d, "tiers.store.blocks"), 0);
     ck_assert_int_eq(t_run(T_BETA, &read_b), T_OK);
     ck_assert_int_eq(t_run(T_BETA, &del_b), T_OK);
@@ -1364,8 +1347,7 @@ static void tenants_share_a_store(const char *extra)
     KVH_STOP_DESTROY(&d);
 
     /* A new daemon: alpha's objects are still in the store, byte-exact. */
-    KVH_START(&d, conf);
-    t_open_dirs(&d);
+    tenants_start(&d, conf);
     ck_assert_int_eq(t_run(T_ALPHA, &read_a), T_OK);
     ck_assert_int_eq(stat_int(&d, "persist.lookup_found_total"), T_KEYS);
     struct t_spaces after = sim_spaces(&s);

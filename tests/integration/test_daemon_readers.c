@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "tenants_util.h"
 #include "kvnode.pb-c.h"
 #include "wire.h"
 
@@ -63,6 +64,31 @@ static kvnode_client *connect_reader(const kvh_daemon *d, const kvnode_layout *l
                   kvnode_connect_error());
     ck_assert_int_eq(kvnode_is_reader(c), 1);
     return c;
+}
+
+/* A daemon (CONF) and a writer connected to it with *l = reader_layout(). */
+static kvnode_client *start_with_writer(kvh_daemon *d, kvnode_layout *l)
+{
+    kvnode_client *w;
+    KVH_START(d, CONF);
+    *l = reader_layout();
+    KVH_CONNECT(d, l, &w);
+    return w;
+}
+
+/* n keys of chain put by the writer. */
+static void writer_puts(kvnode_client *w, kvnode_key *keys, size_t n, uint64_t chain)
+{
+    kvh_chain(keys, n, chain);
+    ck_assert_msg(kvh_put(w, keys, n, SEED) == 0, "writer put: %s", kvh_error());
+}
+
+/* The end of a test: reader and writer closed, the daemon stopped. */
+static void close_and_stop(kvh_daemon *d, kvnode_client *r, kvnode_client *w)
+{
+    kvnode_close(r);
+    kvnode_close(w);
+    KVH_STOP_DESTROY(d);
 }
 
 /* --- a write in a forked child ---------------------------------------------- */
@@ -235,14 +261,11 @@ static struct fd_count daemon_fds(pid_t pid)
 START_TEST(reader_maps_read_only)
 {
     kvh_daemon d;
-    KVH_START(&d, CONF);
-    kvnode_layout l = reader_layout();
-    kvnode_client *w, *r;
-    KVH_CONNECT(&d, &l, &w);
+    kvnode_layout l;
+    kvnode_client *w = start_with_writer(&d, &l), *r;
     ck_assert_int_eq(kvnode_is_reader(w), 0);
     kvnode_key keys[NKEYS];
-    kvh_chain(keys, NKEYS, 1);
-    ck_assert_msg(kvh_put(w, keys, NKEYS, SEED) == 0, "writer put: %s", kvh_error());
+    writer_puts(w, keys, NKEYS, 1);
     r = connect_reader(&d, &l, -1);
 
     /* The reader reads back byte-exact what the writer put, every way. */
@@ -288,24 +311,18 @@ START_TEST(reader_maps_read_only)
     ck_assert_msg(kvh_verify(rloc[0].ptr, BLOCK, keys[0], SEED) == 0, "%s", kvh_error());
     KVH_OK(r, kvnode_get_end(r, rl));
     KVH_OK(w, kvnode_get_end(w, lease));
-
-    kvnode_close(r);
-    kvnode_close(w);
-    KVH_STOP_DESTROY(&d);
+    close_and_stop(&d, r, w);
 }
 END_TEST
 
 START_TEST(reader_writes_refused)
 {
     kvh_daemon d;
-    KVH_START(&d, CONF);
-    kvnode_layout l = reader_layout();
-    kvnode_client *w, *r;
-    KVH_CONNECT(&d, &l, &w);
+    kvnode_layout l;
+    kvnode_client *w = start_with_writer(&d, &l), *r;
     kvnode_key keys[NKEYS], more[NKEYS];
-    kvh_chain(keys, NKEYS, 2);
+    writer_puts(w, keys, NKEYS, 2);
     kvh_chain(more, NKEYS, 3);
-    ck_assert_msg(kvh_put(w, keys, NKEYS, SEED) == 0, "writer put: %s", kvh_error());
     r = connect_reader(&d, &l, -1);
 
     kvnode_lease lease = 77;
@@ -334,10 +351,7 @@ START_TEST(reader_writes_refused)
     KVH_OK(w, kvnode_delete(w, more, NKEYS, &deleted));
     ck_assert_uint_eq(deleted, NKEYS);
     ck_assert_int_eq(kvh_match(r, more, NKEYS), 0);
-
-    kvnode_close(r);
-    kvnode_close(w);
-    KVH_STOP_DESTROY(&d);
+    close_and_stop(&d, r, w);
 }
 END_TEST
 
@@ -411,21 +425,10 @@ static int reopen_main(void *arg)
 
 START_TEST(reader_of_other_uid_cannot_reopen_for_writing)
 {
-    if (geteuid() != 0) {
-        fprintf(stderr, "readers: acting as another user needs root; checked as root in CI\n");
-        return;
-    }
+    TENANTS_NEEDS_ROOT("readers: the reopen test");
     kvh_daemon d;
-    KVH_START(&d, CONF);
-    char parent[PATH_MAX];
-    snprintf(parent, sizeof parent, "%s", d.dir);
-    *strrchr(parent, '/') = '\0';
-    ck_assert_int_eq(chmod(parent, 0755), 0);
-    ck_assert_int_eq(chmod(d.dir, 0755), 0);
-    pid_t pid = proc_spawn(&(struct proc_opts){ .fn = reopen_main, .arg = &d, .as_user = true,
-                                                .uid = OTHER_UID, .gid = OTHER_UID }, NULL);
-    ck_assert_msg(pid > 0, "%s", proc_error());
-    int st = proc_wait(&pid, 20000);
+    tenants_start(&d, CONF);
+    int st = tenants_status_as(reopen_main, &d, OTHER_UID, 20000);
     ck_assert_msg(st >= 0 && WIFEXITED(st), "child: status %d %s", st, proc_error());
     ck_assert_msg(WEXITSTATUS(st) == REOPEN_DENIED, "child uid %d: exit %d (%d: reopened for writing)",
                   OTHER_UID, WEXITSTATUS(st), REOPEN_WRITABLE);
@@ -436,10 +439,8 @@ END_TEST
 START_TEST(reader_descriptors_bounded)
 {
     kvh_daemon d;
-    KVH_START(&d, CONF);
-    kvnode_layout l = reader_layout();
-    kvnode_client *w, *r[READERS];
-    KVH_CONNECT(&d, &l, &w);
+    kvnode_layout l;
+    kvnode_client *w = start_with_writer(&d, &l), *r[READERS];
     struct fd_count before = daemon_fds(d.pid);
     /* One memfd, one read-only reopen of it, opened at start. */
     ck_assert_int_eq(before.memfd_rw, 1);
@@ -498,9 +499,7 @@ START_TEST(reader_sim_hbm_read_only)
     KVH_OK(r, kvnode_get_end(r, lease));
     rc = kvnode_put_begin(r, keys, NKEYS, KVNODE_TIER_HBM, &lease, locs);
     ck_assert_int_eq(rc, -KVNODE_EDENIED);
-    kvnode_close(r);
-    kvnode_close(w);
-    KVH_STOP_DESTROY(&d);
+    close_and_stop(&d, r, w);
 }
 END_TEST
 

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "tenants_util.h"
 #include "../common/kvh_http.h"
 
 #define ALPHA 65534
@@ -54,23 +55,9 @@
     "tenant.alpha.host_bytes=16MiB\n" \
     "tenant.beta.uids=65533\n" \
     "tenant.beta.host_bytes=16MiB\n"
-
-#define NEEDS_ROOT(what) do { \
-        if (geteuid() != 0) { \
-            fprintf(stderr, "tenants: %s needs root to act as other users; checked as root in CI\n", what); \
-            return; \
-        } \
-    } while (0)
-
-/* Let the tenants' users reach the socket through the temporary directories. */
-static void open_dirs(const kvh_daemon *d)
-{
-    char parent[PATH_MAX];
-    snprintf(parent, sizeof parent, "%s", d->dir);
-    *strrchr(parent, '/') = '\0';
-    ck_assert_int_eq(chmod(parent, 0755), 0);
-    ck_assert_int_eq(chmod(d->dir, 0755), 0);
-}
+/* ... and HBM on the sim backend: 4 MiB per device each, "default" none. */
+#define HBM_CONF TENANTS_CONF "hbm.backend=sim\nhbm.bytes=8MiB\ntenant.alpha.hbm_bytes=4MiB\n" \
+                 "tenant.beta.hbm_bytes=4MiB\n"
 
 /* Every tenant uses this layout: the same model, dtype and shape. */
 static kvnode_layout shared_layout(void)
@@ -112,13 +99,7 @@ static int job_main(void *arg)
 /* Run j in a child as uid (its own gid); its exit code. */
 static int run_as(uid_t uid, const struct job *j)
 {
-    pid_t pid = proc_spawn(&(struct proc_opts){ .fn = job_main, .arg = (void *)j, .as_user = true,
-                                                .uid = uid, .gid = uid }, NULL);
-    ck_assert_msg(pid > 0, "%s", proc_error());
-    int st = proc_wait(&pid, 60000);
-    ck_assert_msg(st >= 0, "child: %s", proc_error());
-    ck_assert_msg(WIFEXITED(st), "child uid %d died: status %d", (int)uid, st);
-    return WEXITSTATUS(st);
+    return tenants_run_as(job_main, (void *)j, uid, uid, NULL, 0);
 }
 
 static int put_chain(const struct job *j, kvnode_client *c)
@@ -289,25 +270,36 @@ static int neighbour_fill(const struct job *j, kvnode_client *c)
     return JOB_OK;
 }
 
-/* The stats of tenant `name` (a reference into st). */
-static json_t *tenant_stats(json_t *st, const char *name)
+/* alpha puts n keys of CHAIN_A (its bytes: SEED_A) with put on device, and
+ * reads them back with read; returns the reading job, for later rounds. */
+static struct job alpha_puts(const kvh_daemon *d, int (*put)(const struct job *j, kvnode_client *c),
+                             int (*read)(const struct job *j, kvnode_client *c), size_t n, int device)
 {
-    json_t *arr = kvh_json_get(st, "tenants"), *t;
-    size_t i;
-    json_array_foreach(arr, i, t)
-        if (strcmp(json_string_value(json_object_get(t, "name")), name) == 0)
-            return t;
-    ck_abort_msg("no tenant %s in /stats", name);
-    return NULL;
+    struct job put_a = { d, put, n, CHAIN_A, SEED_A, device }, read_a = put_a;
+    read_a.fn = read;
+    ck_assert_int_eq(run_as(ALPHA, &put_a), JOB_OK);
+    ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
+    return read_a;
 }
 
-static long long tenant_stat(const kvh_daemon *d, const char *name, const char *key)
+/* Both tenants run fn on the same n keys (CHAIN_A) of the same layout, each
+ * with its own bytes (alpha SEED_A, beta SEED_B), on the job's device. */
+static void run_in_both(const kvh_daemon *d, int (*fn)(const struct job *j, kvnode_client *c), size_t n,
+                        int device)
 {
-    json_t *st = kvh_stats(d);
-    ck_assert_ptr_nonnull(st);
-    long long v = kvh_json_int(tenant_stats(st, name), key);
-    json_decref(st);
-    return v;
+    struct job a = { d, fn, n, CHAIN_A, SEED_A, device }, b = { d, fn, n, CHAIN_A, SEED_B, device };
+    ck_assert_int_eq(run_as(ALPHA, &a), JOB_OK);
+    ck_assert_int_eq(run_as(BETA, &b), JOB_OK);
+}
+
+/* After a restart: recovery indexed n blocks of each named tenant, each in
+ * its own tenant's store, none in "default"'s. */
+static void expect_recovered(const kvh_daemon *d, long long n)
+{
+    ck_assert_int_eq(kvh_wait_stat(d, "persist.recovery.indexed", 2 * n, 10000, NULL), 0);
+    ck_assert_int_eq(tenants_stat(d, "alpha", "store_blocks"), n);
+    ck_assert_int_eq(tenants_stat(d, "beta", "store_blocks"), n);
+    ck_assert_int_eq(tenants_stat(d, "default", "store_blocks"), 0);
 }
 
 /* --- tests ------------------------------------------------------------------ */
@@ -316,24 +308,19 @@ static long long tenant_stat(const kvh_daemon *d, const char *name, const char *
  * memfd), so the hostile neighbour finds nothing there either. */
 START_TEST(hbm_regions_are_the_tenants_own)
 {
-    NEEDS_ROOT("the HBM isolation test");
+    TENANTS_NEEDS_ROOT("tenants: the HBM isolation test");
     kvh_daemon d;
-    KVH_START(&d, TENANTS_CONF "hbm.backend=sim\nhbm.bytes=8MiB\ntenant.alpha.hbm_bytes=4MiB\n"
-                  "tenant.beta.hbm_bytes=4MiB\n");
-    open_dirs(&d);
-    struct job put_a = { &d, put_hbm, 16, CHAIN_A, SEED_A, 1 };
-    struct job read_a = { &d, read_hbm, 16, CHAIN_A, SEED_A, 1 };
+    tenants_start(&d, HBM_CONF);
     struct job probe_b = { &d, hbm_probe_and_fill, 16, 0, 0, 1 };
 
-    ck_assert_int_eq(run_as(ALPHA, &put_a), JOB_OK);
-    ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
+    struct job read_a = alpha_puts(&d, put_hbm, read_hbm, 16, 1);
     ck_assert_int_eq(run_as(BETA, &probe_b), JOB_OK);
     ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
     /* Two devices of 4 MiB each per tenant, "default" none (what is left is 0). */
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "hbm_capacity_bytes"), 8 << 20);
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "hbm_used_bytes"), 16 * BLOCK);
-    ck_assert_int_eq(tenant_stat(&d, "beta", "hbm_used_bytes"), 16 * BLOCK);
-    ck_assert_int_eq(tenant_stat(&d, "default", "hbm_capacity_bytes"), 0);
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "hbm_capacity_bytes"), 8 << 20);
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "hbm_used_bytes"), 16 * BLOCK);
+    ck_assert_int_eq(tenants_stat(&d, "beta", "hbm_used_bytes"), 16 * BLOCK);
+    ck_assert_int_eq(tenants_stat(&d, "default", "hbm_capacity_bytes"), 0);
     ck_assert_int_eq(KVH_STAT(&d, "gpu.hbm_arenas"), 4);
     KVH_STOP_DESTROY(&d);
 }
@@ -341,18 +328,14 @@ END_TEST
 
 START_TEST(hostile_neighbour_finds_and_touches_nothing)
 {
-    NEEDS_ROOT("the hostile-neighbour test");
+    TENANTS_NEEDS_ROOT("tenants: the hostile-neighbour test");
     kvh_daemon d;
-    KVH_START(&d, TENANTS_CONF);
-    open_dirs(&d);
-    struct job put_a = { &d, put_chain, NA, CHAIN_A, SEED_A, 0 };
-    struct job read_a = { &d, read_back, NA, CHAIN_A, SEED_A, 0 };
+    tenants_start(&d, TENANTS_CONF);
     struct job probe_b = { &d, neighbour_probe, NA, 0, 0, 0 };
     struct job fill_b = { &d, neighbour_fill, 768, 5000, SEED_B, 0 };
 
-    ck_assert_int_eq(run_as(ALPHA, &put_a), JOB_OK);
-    ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "blocks"), NA);
+    struct job read_a = alpha_puts(&d, put_chain, read_back, NA, 0);
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "blocks"), NA);
 
     /* beta: scan, bind alpha's layout, match, delete, see its own stats. */
     ck_assert_int_eq(run_as(BETA, &probe_b), JOB_OK);
@@ -361,11 +344,11 @@ START_TEST(hostile_neighbour_finds_and_touches_nothing)
     /* beta fills its memory three times over: only its blocks go. */
     ck_assert_int_eq(run_as(BETA, &fill_b), JOB_OK);
     ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "blocks"), NA);
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "evictions_total"), 0);
-    long long evicted = tenant_stat(&d, "beta", "evictions_total");
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "blocks"), NA);
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "evictions_total"), 0);
+    long long evicted = tenants_stat(&d, "beta", "evictions_total");
     ck_assert_msg(evicted >= 768 - 256, "beta evicted %lld of its 768 blocks (16 MiB hold 256)", evicted);
-    ck_assert_int_le(tenant_stat(&d, "beta", "host_used_bytes"), 16 << 20);
+    ck_assert_int_le(tenants_stat(&d, "beta", "host_used_bytes"), 16 << 20);
 
     /* The same layout is two deployments: two namespaces, two ids. */
     json_t *st = kvh_stats(&d);
@@ -383,54 +366,41 @@ END_TEST
  * keeps every hit, beta's load evicts beta's blocks only. */
 START_TEST(quota_isolation_keeps_alphas_hit_rate)
 {
-    NEEDS_ROOT("the quota isolation test");
+    TENANTS_NEEDS_ROOT("tenants: the quota isolation test");
     kvh_daemon d;
-    KVH_START(&d, TENANTS_CONF);
-    open_dirs(&d);
-    struct job put_a = { &d, put_chain, NA, CHAIN_A, SEED_A, 0 };
-    struct job read_a = { &d, read_back, NA, CHAIN_A, SEED_A, 0 };
+    tenants_start(&d, TENANTS_CONF);
     struct job fill_b = { &d, neighbour_fill, 512, 7000, SEED_B, 0 };
 
-    ck_assert_int_eq(run_as(ALPHA, &put_a), JOB_OK);
-    ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
-    long long hits0 = tenant_stat(&d, "alpha", "keys_matched_total");
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "keys_missed_total"), 0);
+    struct job read_a = alpha_puts(&d, put_chain, read_back, NA, 0);
+    long long hits0 = tenants_stat(&d, "alpha", "keys_matched_total");
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "keys_missed_total"), 0);
     for (int round = 0; round < 3; round++) {
         fill_b.chain = 7000 + 100 * (uint64_t)round;
         ck_assert_int_eq(run_as(BETA, &fill_b), JOB_OK);
         ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
     }
     /* Every one of alpha's lookups hit: the same count per round, no miss. */
-    long long hits = tenant_stat(&d, "alpha", "keys_matched_total");
+    long long hits = tenants_stat(&d, "alpha", "keys_matched_total");
     ck_assert_int_eq(hits - hits0, 3 * hits0);
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "keys_missed_total"), 0);
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "evictions_total"), 0);
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "blocks"), NA);
-    ck_assert_int_ge(tenant_stat(&d, "beta", "evictions_total"), 3 * 512 - 256);
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "keys_missed_total"), 0);
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "evictions_total"), 0);
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "blocks"), NA);
+    ck_assert_int_ge(tenants_stat(&d, "beta", "evictions_total"), 3 * 512 - 256);
     /* The node totals are the tenants' sums. */
-    ck_assert_int_eq(KVH_STAT(&d, "evictions.host.dropped_total"), tenant_stat(&d, "beta", "evictions_total"));
+    ck_assert_int_eq(KVH_STAT(&d, "evictions.host.dropped_total"), tenants_stat(&d, "beta", "evictions_total"));
     KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
 START_TEST(restart_brings_each_tenants_blocks_back_to_it)
 {
-    NEEDS_ROOT("the restart test");
+    TENANTS_NEEDS_ROOT("tenants: the restart test");
     char store[PATH_MAX], conf[PATH_MAX + 512], path[PATH_MAX + 64];
     ck_assert_int_eq(kvh_mkdtemp(store, sizeof store), 0);
     snprintf(conf, sizeof conf, TENANTS_CONF "persist.backend=file\npersist.path=%s\n", store);
-    /* The same layout and the same keys in both tenants, other bytes. */
-    struct job put_a = { NULL, put_chain, NA, CHAIN_A, SEED_A, 0 };
-    struct job put_b = { NULL, put_chain, NA, CHAIN_A, SEED_B, 0 };
-    struct job read_a = { NULL, read_back, NA, CHAIN_A, SEED_A, 0 };
-    struct job read_b = { NULL, read_back, NA, CHAIN_A, SEED_B, 0 };
-
     kvh_daemon d;
-    KVH_START(&d, conf);
-    open_dirs(&d);
-    put_a.d = put_b.d = read_a.d = read_b.d = &d;
-    ck_assert_int_eq(run_as(ALPHA, &put_a), JOB_OK);
-    ck_assert_int_eq(run_as(BETA, &put_b), JOB_OK);
+    tenants_start(&d, conf);
+    run_in_both(&d, put_chain, NA, 0);
     ck_assert_int_eq(kvh_wait_stat(&d, "persist.written_blocks_total", 2 * NA, 10000, NULL), 0);
     KVH_STOP_DESTROY(&d);
 
@@ -441,14 +411,9 @@ START_TEST(restart_brings_each_tenants_blocks_back_to_it)
     snprintf(path, sizeof path, "%s/tenants/beta", store);
     ck_assert_int_eq(stat(path, &sb), 0);
 
-    KVH_START(&d, conf);
-    open_dirs(&d);
-    ck_assert_int_eq(kvh_wait_stat(&d, "persist.recovery.indexed", 2 * NA, 10000, NULL), 0);
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "store_blocks"), NA);
-    ck_assert_int_eq(tenant_stat(&d, "beta", "store_blocks"), NA);
-    ck_assert_int_eq(tenant_stat(&d, "default", "store_blocks"), 0);
-    ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
-    ck_assert_int_eq(run_as(BETA, &read_b), JOB_OK);
+    tenants_start(&d, conf);
+    expect_recovered(&d, NA);
+    run_in_both(&d, read_back, NA, 0);
     ck_assert_int_eq(KVH_STAT(&d, "persist.promotions_ok_total"), 2 * NA);
     KVH_STOP_DESTROY(&d);
 }
@@ -458,7 +423,7 @@ END_TEST
  * socket shows root every namespace, each with its tenant. */
 START_TEST(outsiders_see_tenants_not_models)
 {
-    NEEDS_ROOT("the stats view test");
+    TENANTS_NEEDS_ROOT("tenants: the stats view test");
     kvh_daemon d;
     char conf[PATH_MAX + 512], addr[PATH_MAX + 16], *text = NULL, ctype[64];
     ck_assert_int_eq(kvh_mkdtemp(addr, sizeof addr), 0);
@@ -466,12 +431,8 @@ START_TEST(outsiders_see_tenants_not_models)
     snprintf(addr + strlen(addr), sizeof addr - strlen(addr), "/admin.sock");
     memmove(addr + 5, addr, strlen(addr) + 1);
     memcpy(addr, "unix:", 5);
-    KVH_START(&d, conf);
-    open_dirs(&d);
-    struct job put_a = { &d, put_chain, 4, CHAIN_A, SEED_A, 0 };
-    struct job put_b = { &d, put_chain, 4, CHAIN_A, SEED_B, 0 };
-    ck_assert_int_eq(run_as(ALPHA, &put_a), JOB_OK);
-    ck_assert_int_eq(run_as(BETA, &put_b), JOB_OK);
+    tenants_start(&d, conf);
+    run_in_both(&d, put_chain, 4, 0);
 
     ck_assert_int_eq(kvh_http_req(addr, NULL, "/stats", &text, ctype, sizeof ctype), 200);
     ck_assert_msg(!strstr(text, "shared-model-7b"), "/stats names a model: %s", text);
@@ -479,11 +440,11 @@ START_TEST(outsiders_see_tenants_not_models)
     ck_assert_ptr_nonnull(st);
     ck_assert_int_eq(json_array_size(kvh_json_get(st, "namespaces")), 0);
     ck_assert_int_eq(json_array_size(kvh_json_get(st, "tenants")), 3);
-    json_t *a = tenant_stats(st, "alpha");
+    json_t *a = tenants_line(st, "alpha");
     ck_assert_int_eq(kvh_json_int(a, "blocks"), 4);
     ck_assert_int_eq(kvh_json_int(a, "namespaces"), 1);
     ck_assert_int_eq(kvh_json_int(a, "host_capacity_bytes"), 16 << 20);
-    ck_assert_int_eq(kvh_json_int(tenant_stats(st, "default"), "host_capacity_bytes"), 16 << 20);
+    ck_assert_int_eq(kvh_json_int(tenants_line(st, "default"), "host_capacity_bytes"), 16 << 20);
     ck_assert_int_eq(kvh_json_int(st, "tiers.host.capacity_bytes"), 48 << 20);
     ck_assert_int_eq(kvh_json_int(st, "tiers.host.blocks"), 8);
     json_decref(st);
@@ -542,28 +503,21 @@ static int connect_refused(void *arg)
 
 START_TEST(default_without_memory_refuses_at_hello)
 {
-    NEEDS_ROOT("the default-tenant refusal test");
+    TENANTS_NEEDS_ROOT("tenants: the default-tenant refusal test");
     kvh_daemon d;
-    KVH_START(&d, "server.socket_mode=0666\nmemory.host_bytes=32MiB\nmemory.slab_bytes=1MiB\n"
-                  "tenant.alpha.uids=65534\ntenant.alpha.host_bytes=16MiB\n"
-                  "tenant.beta.uids=65533\ntenant.beta.host_bytes=16MiB\n"
-                  "tenant.beta.max_clients=1\n");
-    open_dirs(&d);
+    tenants_start(&d, "server.socket_mode=0666\nmemory.host_bytes=32MiB\nmemory.slab_bytes=1MiB\n"
+                      "tenant.alpha.uids=65534\ntenant.alpha.host_bytes=16MiB\n"
+                      "tenant.beta.uids=65533\ntenant.beta.host_bytes=16MiB\n"
+                      "tenant.beta.max_clients=1\n");
     struct connect_arg other = { &d, 4242 }, alpha = { &d, ALPHA };
-    pid_t pid = proc_spawn(&(struct proc_opts){ .fn = connect_refused, .arg = &other, .as_user = true,
-                                                .uid = 4242, .gid = 4242 }, NULL);
-    ck_assert_int_gt(pid, 0);
-    int st = proc_wait(&pid, 10000);
+    int st = tenants_status_as(connect_refused, &other, 4242, 10000);
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "uid 4242: status %d", st);
-    pid = proc_spawn(&(struct proc_opts){ .fn = connect_refused, .arg = &alpha, .as_user = true,
-                                          .uid = ALPHA, .gid = ALPHA }, NULL);
-    ck_assert_int_gt(pid, 0);
-    st = proc_wait(&pid, 10000);
+    st = tenants_status_as(connect_refused, &alpha, ALPHA, 10000);
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "alpha: status %d", st);
     /* root is "default" too: it may still observe. */
     json_t *s = kvh_stats(&d);
     ck_assert_ptr_nonnull(s);
-    ck_assert_int_eq(kvh_json_int(tenant_stats(s, "default"), "host_capacity_bytes"), 0);
+    ck_assert_int_eq(kvh_json_int(tenants_line(s, "default"), "host_capacity_bytes"), 0);
     json_decref(s);
     KVH_STOP_DESTROY(&d);
 }
@@ -587,25 +541,19 @@ static int hold_two(void *arg)
 
 START_TEST(tenant_max_clients_holds)
 {
-    NEEDS_ROOT("the max_clients test");
+    TENANTS_NEEDS_ROOT("tenants: the max_clients test");
     kvh_daemon d;
-    KVH_START(&d, TENANTS_CONF "tenant.beta.max_clients=1\n");
-    open_dirs(&d);
-    pid_t pid = proc_spawn(&(struct proc_opts){ .fn = hold_two, .arg = &d, .as_user = true, .uid = BETA,
-                                                .gid = BETA }, NULL);
-    ck_assert_int_gt(pid, 0);
-    int st = proc_wait(&pid, 10000);
+    tenants_start(&d, TENANTS_CONF "tenant.beta.max_clients=1\n");
+    int st = tenants_status_as(hold_two, &d, BETA, 10000);
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "beta: status %d", st);
-    ck_assert_int_eq(tenant_stat(&d, "beta", "refused_total"), 1);
-    ck_assert_int_eq(tenant_stat(&d, "beta", "clients"), 0);
+    ck_assert_int_eq(tenants_stat(&d, "beta", "refused_total"), 1);
+    ck_assert_int_eq(tenants_stat(&d, "beta", "clients"), 0);
     KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
 /* --- HBM on the sim backend: the neighbour, pressure and demotion ---------- */
 
-#define HBM_CONF TENANTS_CONF "hbm.backend=sim\nhbm.bytes=8MiB\ntenant.alpha.hbm_bytes=4MiB\n" \
-                 "tenant.beta.hbm_bytes=4MiB\n"
 #define ARENA_BLOCKS 64u            /* a tenant's 4 MiB device arena of 64 KiB blocks */
 #define HOST_BLOCKS  256u           /* a tenant's 16 MiB host arena */
 #define MAXK   512u                 /* keys of one job */
@@ -729,9 +677,27 @@ struct tenant_fig {
 
 static struct tenant_fig tenant_figs(json_t *st, const char *name)
 {
-    json_t *t = tenant_stats(st, name);
+    json_t *t = tenants_line(st, name);
     return (struct tenant_fig){ kvh_json_int(t, "hbm_used_bytes"), kvh_json_int(t, "host_used_bytes"),
                                 kvh_json_int(t, "blocks"), kvh_json_int(t, "evictions_total") };
+}
+
+/* What a job as uid leaves once demotion settled: both tenants' figures and
+ * the node's demotion counters. */
+struct settled {
+    struct tenant_fig alpha, beta;
+    long long demoted, fallbacks;
+};
+
+static struct settled settled_after(uid_t uid, const struct job *j)
+{
+    ck_assert_int_eq(run_as(uid, j), JOB_OK);
+    json_t *st = demotion_settled(j->d);
+    struct settled s = { tenant_figs(st, "alpha"), tenant_figs(st, "beta"),
+                         kvh_json_int(st, "demotions.blocks_total"),
+                         kvh_json_int(st, "demotions.hbm_fallbacks_total") };
+    json_decref(st);
+    return s;
 }
 
 /* The hostile neighbour on device arenas, then each tenant's pressure: beta
@@ -742,21 +708,17 @@ static struct tenant_fig tenant_figs(json_t *st, const char *name)
  * figures do not move. */
 START_TEST(hbm_pressure_demotes_and_evicts_in_its_own_tenant)
 {
-    NEEDS_ROOT("the HBM pressure test");
-    kvh_daemon d;
-    KVH_START(&d, HBM_CONF);
-    open_dirs(&d);
+    TENANTS_NEEDS_ROOT("tenants: the HBM pressure test");
     const size_t na = 32, na2 = 48, nb = 512;
-    struct job put_a = { &d, put_hbm, na, CHAIN_A, SEED_A, 1 };
-    struct job read_a = { &d, read_hbm, na, CHAIN_A, SEED_A, 1 };
+    kvh_daemon d;
+    tenants_start(&d, HBM_CONF);
     struct job probe_b = { &d, hbm_neighbour_probe, na, 0, 0, 1 };
     struct job fill_b = { &d, put_hbm_many, nb, CHAIN_B, SEED_B, 1 };
     struct job put_a2 = { &d, put_hbm_many, na2, CHAIN_A2, SEED_A, 1 };
     struct job read_a1 = { &d, read_many, na, CHAIN_A, SEED_A, 1 };
     struct job read_a2 = { &d, read_many, na2, CHAIN_A2, SEED_A, 1 };
 
-    ck_assert_int_eq(run_as(ALPHA, &put_a), JOB_OK);
-    ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
+    struct job read_a = alpha_puts(&d, put_hbm, read_hbm, na, 1);
     json_t *st = demotion_settled(&d);
     struct tenant_fig a0 = tenant_figs(st, "alpha");
     ck_assert_int_eq(a0.hbm_used, (long long)na * BLOCK);
@@ -770,12 +732,9 @@ START_TEST(hbm_pressure_demotes_and_evicts_in_its_own_tenant)
     ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
 
     /* beta puts 512 blocks into its 64-block arena and 256-block host arena. */
-    ck_assert_int_eq(run_as(BETA, &fill_b), JOB_OK);
-    st = demotion_settled(&d);
-    struct tenant_fig a1 = tenant_figs(st, "alpha"), b1 = tenant_figs(st, "beta");
-    long long demoted1 = kvh_json_int(st, "demotions.blocks_total");
-    long long fallbacks1 = kvh_json_int(st, "demotions.hbm_fallbacks_total");
-    json_decref(st);
+    struct settled s1 = settled_after(BETA, &fill_b);
+    struct tenant_fig a1 = s1.alpha, b1 = s1.beta;
+    long long demoted1 = s1.demoted, fallbacks1 = s1.fallbacks;
     ck_assert_msg(demoted1 > 0, "beta's 512 HBM puts demoted nothing");
     ck_assert_msg(b1.evictions >= (long long)(nb - HOST_BLOCKS - ARENA_BLOCKS),
                   "beta evicted %lld blocks; %zu do not fit its %u + %u", b1.evictions, nb, HOST_BLOCKS,
@@ -793,12 +752,9 @@ START_TEST(hbm_pressure_demotes_and_evicts_in_its_own_tenant)
 
     /* alpha puts 48 more: 80 blocks in a 64-block arena, demoted into
      * alpha's own host arena. */
-    ck_assert_int_eq(run_as(ALPHA, &put_a2), JOB_OK);
-    st = demotion_settled(&d);
-    struct tenant_fig a2 = tenant_figs(st, "alpha"), b2 = tenant_figs(st, "beta");
-    long long demoted2 = kvh_json_int(st, "demotions.blocks_total");
-    long long fallbacks2 = kvh_json_int(st, "demotions.hbm_fallbacks_total");
-    json_decref(st);
+    struct settled s2 = settled_after(ALPHA, &put_a2);
+    struct tenant_fig a2 = s2.alpha, b2 = s2.beta;
+    long long demoted2 = s2.demoted, fallbacks2 = s2.fallbacks;
     ck_assert_msg(demoted2 > demoted1, "alpha's arena of %zu blocks demoted nothing", na + na2);
     ck_assert_int_gt(a2.host_used, 0);
     ck_assert_int_le(a2.hbm_used, (long long)(0.9 * (4 << 20)));
@@ -824,45 +780,32 @@ END_TEST
  * blocks only, and each tenant reads back its own bytes, never the other's. */
 START_TEST(restart_brings_hbm_blocks_back_to_their_tenant)
 {
-    NEEDS_ROOT("the HBM restart test");
+    TENANTS_NEEDS_ROOT("tenants: the HBM restart test");
     char store[PATH_MAX], conf[PATH_MAX + 512];
     ck_assert_int_eq(kvh_mkdtemp(store, sizeof store), 0);
     snprintf(conf, sizeof conf, HBM_CONF "persist.backend=file\npersist.path=%s\npersist.policy=write_through\n",
              store);
     const size_t n = 48;
-    struct job put_a = { NULL, put_hbm_many, n, CHAIN_A, SEED_A, 1 };
-    struct job put_b = { NULL, put_hbm_many, n, CHAIN_A, SEED_B, 1 };
-    struct job read_a = { NULL, read_many, n, CHAIN_A, SEED_A, 1 };
-    struct job read_b = { NULL, read_many, n, CHAIN_A, SEED_B, 1 };
-
     kvh_daemon d;
-    KVH_START(&d, conf);
-    open_dirs(&d);
-    put_a.d = put_b.d = read_a.d = read_b.d = &d;
-    ck_assert_int_eq(run_as(ALPHA, &put_a), JOB_OK);
-    ck_assert_int_eq(run_as(BETA, &put_b), JOB_OK);
+    tenants_start(&d, conf);
+    run_in_both(&d, put_hbm_many, n, 1);
     ck_assert_int_eq(kvh_wait_stat(&d, "persist.written_blocks_total", 2 * (long long)n, 10000, NULL), 0);
     /* They were written from HBM: every one of them is still there. */
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "hbm_used_bytes"), (long long)n * BLOCK);
-    ck_assert_int_eq(tenant_stat(&d, "beta", "hbm_used_bytes"), (long long)n * BLOCK);
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "host_used_bytes"), 0);
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "hbm_used_bytes"), (long long)n * BLOCK);
+    ck_assert_int_eq(tenants_stat(&d, "beta", "hbm_used_bytes"), (long long)n * BLOCK);
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "host_used_bytes"), 0);
     ck_assert_int_eq(KVH_STAT(&d, "demotions.hbm_puts_total"), 2 * (long long)n);
     KVH_STOP_DESTROY(&d);
 
-    KVH_START(&d, conf);
-    open_dirs(&d);
-    ck_assert_int_eq(kvh_wait_stat(&d, "persist.recovery.indexed", 2 * (long long)n, 10000, NULL), 0);
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "store_blocks"), n);
-    ck_assert_int_eq(tenant_stat(&d, "beta", "store_blocks"), n);
-    ck_assert_int_eq(tenant_stat(&d, "default", "store_blocks"), 0);
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "blocks"), 0);
-    ck_assert_int_eq(run_as(ALPHA, &read_a), JOB_OK);
-    ck_assert_int_eq(run_as(BETA, &read_b), JOB_OK);
+    tenants_start(&d, conf);
+    expect_recovered(&d, (long long)n);
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "blocks"), 0);
+    run_in_both(&d, read_many, n, 1);
     ck_assert_int_eq(KVH_STAT(&d, "persist.promotions_ok_total"), 2 * (long long)n);
     ck_assert_int_eq(KVH_STAT(&d, "persist.promotions_failed_total"), 0);
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "blocks"), n);
-    ck_assert_int_eq(tenant_stat(&d, "beta", "blocks"), n);
-    ck_assert_int_eq(tenant_stat(&d, "alpha", "store_blocks"), 0);
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "blocks"), n);
+    ck_assert_int_eq(tenants_stat(&d, "beta", "blocks"), n);
+    ck_assert_int_eq(tenants_stat(&d, "alpha", "store_blocks"), 0);
     KVH_STOP_DESTROY(&d);
 }
 END_TEST

@@ -298,17 +298,14 @@ static char *reload(const kvh_daemon *d, const char *conf)
 
 START_TEST(reload_moves_a_uid_and_changes_limits)
 {
-    TENANTS_NEEDS_ROOT("the tenant reload test");
+    TENANTS_NEEDS_ROOT("tenants: the tenant reload test");
     kvh_daemon d;
-    KVH_START(&d, BEFORE_CONF);
-    tenants_open_dirs(&d);
+    tenants_start(&d, BEFORE_CONF);
     int report[2], go[2];
     ck_assert_int_eq(pipe2(report, O_CLOEXEC), 0);
     ck_assert_int_eq(pipe2(go, O_CLOEXEC), 0);
     struct mover m = { &d, report[1], go[0] };
-    pid_t mover = proc_spawn(&(struct proc_opts){ .fn = mover_main, .arg = &m, .as_user = true, .uid = MOVER,
-                                                  .gid = MOVER }, NULL);
-    ck_assert_msg(mover > 0, "%s", proc_error());
+    pid_t mover = tenants_spawn_as(mover_main, &m, MOVER, MOVER, NULL, 0);
     close(report[1]);
     close(go[0]);
 
@@ -411,11 +408,10 @@ static int where_main(void *arg)
 
 START_TEST(a_tenants_groups_are_the_groups_admission_checks)
 {
-    TENANTS_NEEDS_ROOT("the tenant groups test");
+    TENANTS_NEEDS_ROOT("tenants: the tenant groups test");
     kvh_daemon d;
-    KVH_START(&d, BASE_CONF "server.allow_uids=65534\nserver.allow_gids=4711\n"
-                            "tenant.alpha.uids=65534\ntenant.beta.gids=4711\n");
-    tenants_open_dirs(&d);
+    tenants_start(&d, BASE_CONF "server.allow_uids=65534\nserver.allow_gids=4711\n"
+                                "tenant.alpha.uids=65534\ntenant.beta.gids=4711\n");
     const gid_t supplementary[] = { 4000, GROUP_B };
 
     /* In beta's group as a supplementary group: admitted by it, and beta's. */
