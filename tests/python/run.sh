@@ -11,7 +11,9 @@ build=${BUILD:-build}
 export KVNODED=${KVNODED:-$PWD/$build/kvnoded}
 export KVNODE_LIBRARY=${KVNODE_LIBRARY:-$PWD/$build/libkvnode.so.0}
 preload=
-if ldd "$KVNODE_LIBRARY" 2>/dev/null | grep -q libasan; then
+# grep reads all of ldd's output (no -q): under pipefail, ldd killed by
+# SIGPIPE after an early match would make the test read "no ASan".
+if ldd "$KVNODE_LIBRARY" 2>/dev/null | grep libasan >/dev/null; then
   preload=$(${CC:-cc} -print-file-name=libasan.so)
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 fi
