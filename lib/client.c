@@ -34,6 +34,7 @@
 
 #include "cudart.h"
 #include "kvnode.h"
+#include "prefault.h"
 #include "wire.h"
 
 #define CLIENT_DEFAULT_SOCKET   "/run/kvnode/kvnode.sock"
@@ -98,6 +99,7 @@ struct kvnode_client {
     int have_rt;                /* rt holds a CUDA runtime */
     struct cudart rt;
     char rt_why[256];           /* why there is no runtime (when have_rt is 0) */
+    struct prefault *prefault;  /* kvnode_prefault's walk; stopped before the unmap */
 };
 
 /* Largest scratch kept between calls; bigger replies use malloc. */
@@ -1028,6 +1030,7 @@ static int client_hello(kvnode_client *c, const kvnode_layout *layout)
 
 static void client_free(kvnode_client *c)
 {
+    prefault_stop(c->prefault);     /* before the mappings it walks go */
     client_drop_fds(c);
     client_release_arenas(c);
     free(c->arenas);
@@ -1093,6 +1096,10 @@ int kvnode_connect_device(const char *socket_path, const kvnode_layout *layout, 
     return kvnode_connect_flags(socket_path, layout, cuda_device, 0, out);
 }
 
+#define CLIENT_CONNECT_KNOWN (KVNODE_CONNECT_READER | KVNODE_CONNECT_PREFAULT)
+
+static size_t client_host_arenas(const kvnode_client *c);
+
 int kvnode_connect_flags(const char *socket_path, const kvnode_layout *layout, int cuda_device,
                          unsigned flags, kvnode_client **out)
 {
@@ -1111,11 +1118,11 @@ int kvnode_connect_flags(const char *socket_path, const kvnode_layout *layout, i
                  "for none)", cuda_device);
         return -KVNODE_EINVAL;
     }
-    if (flags & ~(unsigned)KVNODE_CONNECT_READER) {
+    if (flags & ~(unsigned)CLIENT_CONNECT_KNOWN) {
         snprintf(client_connect_err, sizeof client_connect_err,
                  "kvnode_connect_flags: unknown flags 0x%x (this libkvnode knows 0x%x: "
-                 "KVNODE_CONNECT_READER)", flags & ~(unsigned)KVNODE_CONNECT_READER,
-                 (unsigned)KVNODE_CONNECT_READER);
+                 "KVNODE_CONNECT_READER, KVNODE_CONNECT_PREFAULT)",
+                 flags & ~(unsigned)CLIENT_CONNECT_KNOWN, (unsigned)CLIENT_CONNECT_KNOWN);
         return -KVNODE_EINVAL;
     }
     c = calloc(1, sizeof *c);
@@ -1154,6 +1161,13 @@ int kvnode_connect_flags(const char *socket_path, const kvnode_layout *layout, i
         client_free(c);
         return rc;
     }
+    /* Best effort: a client without a host arena has nothing to populate. */
+    if ((flags & KVNODE_CONNECT_PREFAULT) && client_host_arenas(c) > 0 &&
+        kvnode_prefault(c, 0) < 0) {
+        snprintf(client_connect_err, sizeof client_connect_err, "%s", c->err);
+        client_free(c);
+        return -KVNODE_EIO;
+    }
     *out = c;
     return 0;
 }
@@ -1177,6 +1191,78 @@ int kvnode_cuda_device(const kvnode_client *c)
 int kvnode_is_reader(const kvnode_client *c)
 {
     return c ? c->reader : 0;
+}
+
+static size_t client_host_arenas(const kvnode_client *c)
+{
+    size_t i, n = 0;
+
+    for (i = 0; i < c->n_arenas; i++)
+        if (c->arenas[i].tier == KVNODE_TIER_HOST && c->arenas[i].base && !c->arenas[i].ipc)
+            n++;
+    return n;
+}
+
+int kvnode_prefault(kvnode_client *c, unsigned flags)
+{
+    struct prefault_range ranges[CLIENT_MAX_FDS];
+    size_t i, n = 0;
+    int state;
+
+    if (!c)
+        return -KVNODE_EINVAL;
+    if (flags & ~(unsigned)KVNODE_PREFAULT_WAIT) {
+        client_seterr(c, "prefault: unknown flags 0x%x (this libkvnode knows 0x%x: "
+                      "KVNODE_PREFAULT_WAIT)", flags & ~(unsigned)KVNODE_PREFAULT_WAIT,
+                      (unsigned)KVNODE_PREFAULT_WAIT);
+        return -KVNODE_EINVAL;
+    }
+    if (!c->prefault) {
+        /* GPU arenas are left alone: IPC memory is not the CPU's to touch,
+         * and simulated devices stand in for it. */
+        for (i = 0; i < c->n_arenas && n < CLIENT_MAX_FDS; i++) {
+            const struct client_arena *a = &c->arenas[i];
+
+            if (a->tier == KVNODE_TIER_HOST && a->base && !a->ipc) {
+                ranges[n].base = a->base;
+                ranges[n].size = a->size;
+                n++;
+            }
+        }
+        if (n == 0) {
+            client_seterr(c, "prefault: the daemon passed this client no host arena to map (an "
+                          "observer, or a client that only uses the inline calls)");
+            return -KVNODE_ESTATE;
+        }
+        c->prefault = prefault_start(ranges, n, !c->reader, (flags & KVNODE_PREFAULT_WAIT) != 0);
+        if (!c->prefault) {
+            client_seterr(c, "prefault: cannot start its thread: %s", strerror(errno));
+            return -KVNODE_EIO;
+        }
+    } else if (flags & KVNODE_PREFAULT_WAIT) {
+        /* A background walk runs or ran: wait for it by finishing it here. */
+        prefault_join(c->prefault);
+    }
+    state = prefault_state(c->prefault, NULL, NULL);
+    if (state < 0) {
+        client_seterr(c, "%s", prefault_error(c->prefault));
+        return -KVNODE_EIO;
+    }
+    return 0;
+}
+
+int kvnode_prefault_progress(const kvnode_client *c, uint64_t *done, uint64_t *total)
+{
+    int state;
+
+    if (done)
+        *done = 0;
+    if (total)
+        *total = 0;
+    if (!c || !c->prefault)
+        return 0;
+    state = prefault_state(c->prefault, done, total);
+    return state < 0 ? -KVNODE_EIO : state;
 }
 
 int kvnode_pin_host(kvnode_client *c)

@@ -102,6 +102,8 @@ enum {
      * CUDA device gets it read-write, as every client of its tenant does.
      * Ignored for observers. */
     KVNODE_CONNECT_READER = 1u << 0,
+    /* Start kvnode_prefault(c, 0) when the connect succeeds (see there). */
+    KVNODE_CONNECT_PREFAULT = 1u << 1,
 };
 /* kvnode_connect_device with flags (KVNODE_CONNECT_*; 0: as
  * kvnode_connect_device). Unknown flags fail with -KVNODE_EINVAL. A daemon
@@ -128,6 +130,33 @@ int  kvnode_cuda_device(const kvnode_client *c);
  * -KVNODE_ESTATE without a CUDA runtime ("no CUDA runtime (libcudart not
  * found ...)") or without a host arena; -KVNODE_EIO when CUDA refuses. */
 int  kvnode_pin_host(kvnode_client *c);
+
+/* Flags of kvnode_prefault. */
+enum {
+    /* Return only when the population has ended (else it runs on a
+     * background thread and kvnode_prefault returns at once). */
+    KVNODE_PREFAULT_WAIT = 1u << 0,
+};
+/* Populate this process's page tables for its mapping of the host arena, so
+ * that the engine's first gets and puts over it take no page faults: a
+ * thread owned by the client walks the arena in chunks with
+ * MADV_POPULATE_WRITE (MADV_POPULATE_READ for a reader), or touches one byte
+ * per page where the kernel lacks them (before Linux 5.14). Costs the RSS of
+ * the whole mapping and a core for the walk (about a second per few GiB).
+ * GPU memory (KVNODE_TIER_HBM) is not populated. kvnode_close stops the walk
+ * between chunks. Starting it again while it runs, or after it ended, is a
+ * no-op returning 0. May be called from any thread with the client's other
+ * calls serialised as usual; the walk itself touches no client state but
+ * the mappings. -KVNODE_ESTATE without a host arena (observer, or inline-only
+ * client); -KVNODE_EINVAL for unknown flags; -KVNODE_EIO when the thread
+ * cannot be started or (with KVNODE_PREFAULT_WAIT) the walk failed. */
+int  kvnode_prefault(kvnode_client *c, unsigned flags);
+/* Progress of kvnode_prefault: *done and *total bytes (either may be NULL).
+ * Returns 1 when the walk has ended (done == total), 0 while it runs or when
+ * it was never started (total is then 0), -KVNODE_EIO when it stopped on an
+ * error (kvnode_last_error is not touched: the message is given by
+ * kvnode_prefault with KVNODE_PREFAULT_WAIT). */
+int  kvnode_prefault_progress(const kvnode_client *c, uint64_t *done, uint64_t *total);
 
 /* *matched = length of the longest cached prefix of keys[0..n), counting
  * blocks in every tier (GPU memory, host memory, the persistent store). */
