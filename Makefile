@@ -101,6 +101,7 @@ INTEG_BIN := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(INTEG_SRC))
 BENCH_BIN := $(BUILD)/kvnode-bench
 BENCH_PERSIST_BIN := $(BUILD)/kvnode-bench-persist
 BENCH_TENANTS_BIN := $(BUILD)/kvnode-bench-tenants
+BENCH_PREFAULT_BIN := $(BUILD)/kvnode-bench-prefault
 # KVS protocol simulator (tests/sim/kvs_sim.c) and its own tests (tests/sim/test_*.c).
 SIM_BIN      := $(BUILD)/kvs-sim
 # KVCM (Tair KVCache Manager) HTTP/JSON simulator (tests/sim/kvcm_sim.c).
@@ -112,7 +113,7 @@ FUZZ_TARGETS    := wire config kvs_file $(if $(filter 1,$(V6D)),v6d_reply)
 FUZZ_REPLAY_BIN := $(patsubst %,$(BUILD)/tests/fuzz_%_replay,$(FUZZ_TARGETS))
 FUZZ_BIN        := $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
-.PHONY: all deps run test check asan valgrind bench bench-persist bench-tenants soak install uninstall clean help \
+.PHONY: all deps run test check asan valgrind bench bench-persist bench-tenants bench-prefault soak install uninstall clean help \
         cuda-info fuzz fuzz-build fuzz-run
 .DEFAULT_GOAL := all
 
@@ -275,6 +276,10 @@ $(BENCH_BIN): tests/bench/bench.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(TES
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
 
+$(BENCH_PREFAULT_BIN): tests/bench/bench_prefault.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(TEST_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
+
 $(BENCH_TENANTS_BIN): tests/bench/bench_tenants.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
@@ -295,13 +300,18 @@ $(GPU_CHECK_BIN): tests/bench/gpu_check.c $(LIBA)
 SCRIPT_TESTS += tests/gpu/run-sim.sh
 check: $(GPU_CHECK_BIN)
 
-# `make bench` runs the three programs; `make bench-persist` and
-# `make bench-tenants` one each. BENCH_ARGS / BENCH_PERSIST_ARGS /
+# `make bench` runs the four programs; `make bench-persist`,
+# `make bench-tenants` and `make bench-prefault` one each. BENCH_ARGS /
+# BENCH_PERSIST_ARGS / BENCH_PREFAULT_ARGS /
 # BENCH_TENANTS_ARGS pass options (e.g. --quick).
-bench: all $(BENCH_BIN) $(BENCH_PERSIST_BIN) $(BENCH_TENANTS_BIN) $(if $(filter 1,$(V6D)),$(SIM_BIN))
+bench: all $(BENCH_BIN) $(BENCH_PERSIST_BIN) $(BENCH_TENANTS_BIN) $(BENCH_PREFAULT_BIN) $(if $(filter 1,$(V6D)),$(SIM_BIN))
 	KVNODED=$(KVNODED) $(BENCH_BIN) $(BENCH_ARGS)
 	KVNODED=$(KVNODED) KVS_SIM=$(SIM_BIN) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)
 	KVNODED=$(KVNODED) $(BENCH_TENANTS_BIN) $(BENCH_TENANTS_ARGS)
+	KVNODED=$(KVNODED) $(BENCH_PREFAULT_BIN) $(BENCH_PREFAULT_ARGS)
+
+bench-prefault: all $(BENCH_PREFAULT_BIN)
+	KVNODED=$(KVNODED) $(BENCH_PREFAULT_BIN) $(BENCH_PREFAULT_ARGS)
 
 bench-tenants: all $(BENCH_TENANTS_BIN)
 	KVNODED=$(KVNODED) $(BENCH_TENANTS_BIN) $(BENCH_TENANTS_ARGS)
