@@ -155,7 +155,9 @@ int  kvnode_prefault(kvnode_client *c, unsigned flags);
  * Returns 1 when the walk has ended (done == total), 0 while it runs or when
  * it was never started (total is then 0), -KVNODE_EIO when it stopped on an
  * error (kvnode_last_error is not touched: the message is given by
- * kvnode_prefault with KVNODE_PREFAULT_WAIT). */
+ * kvnode_prefault with KVNODE_PREFAULT_WAIT). Talks to no daemon: may run on
+ * another thread beside the client's calls, except kvnode_prefault and
+ * kvnode_close. */
 int  kvnode_prefault_progress(const kvnode_client *c, uint64_t *done, uint64_t *total);
 
 /* *matched = length of the longest cached prefix of keys[0..n), counting

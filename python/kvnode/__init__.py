@@ -261,6 +261,13 @@ _connect_flags = (_fn("kvnode_connect_flags", ctypes.c_int, ctypes.c_char_p,
 _is_reader = (_fn("kvnode_is_reader", ctypes.c_int, _P)
               if hasattr(_lib, "kvnode_is_reader") else None)
 _CONNECT_READER = 1
+# kvnode_prefault came with KVNODE_0.2; Client.prefault needs it.
+_prefault = (_fn("kvnode_prefault", ctypes.c_int, _P, ctypes.c_uint)
+             if hasattr(_lib, "kvnode_prefault") else None)
+_prefault_progress = (_fn("kvnode_prefault_progress", ctypes.c_int, _P,
+                          ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64))
+                      if hasattr(_lib, "kvnode_prefault") else None)
+_PREFAULT_WAIT = 1
 _connect_error = _fn("kvnode_connect_error", ctypes.c_char_p)
 _close = _fn("kvnode_close", None, _P)
 _block_bytes = _fn("kvnode_block_bytes", ctypes.c_uint64, _P)
@@ -538,6 +545,31 @@ class Client:
         """True when the daemon holds this client to reading (``reader=True`` was granted)."""
         h = self._handle()
         return bool(_is_reader(h)) if _is_reader is not None else False
+
+    def _need_prefault(self):
+        if _prefault is None:
+            raise InvalidArgument(InvalidArgument.CODE, "prefault needs a libkvnode with "
+                                  "kvnode_prefault; %s has none" % _lib_path, "invalid argument")
+
+    def prefault(self, wait=False):
+        """Populate this process's mapping of the host tier (``kvnode_prefault``), so
+        that the first reads and writes over it take no page faults.
+
+        Runs on a background thread owned by the client (stopped by :meth:`close`);
+        ``wait`` True returns when it has ended. See libkvnode(3) for when it pays.
+        """
+        self._need_prefault()
+        self._check(_prefault(self._handle(), _PREFAULT_WAIT if wait else 0))
+
+    def prefault_progress(self):
+        """``(done_bytes, total_bytes, ended)`` of :meth:`prefault` (``(0, 0, False)``
+        before it was called); raises :class:`IOFailure` when the walk failed."""
+        self._need_prefault()
+        done, total = ctypes.c_uint64(0), ctypes.c_uint64(0)
+        rc = _prefault_progress(self._handle(), ctypes.byref(done), ctypes.byref(total))
+        if rc < 0:
+            _raise(rc, "prefault stopped on an error; prefault(wait=True) names it")
+        return done.value, total.value, rc == 1
 
     @property
     def block_bytes(self):

@@ -206,6 +206,27 @@ def test_reader_reads_and_may_not_write(daemon):
         assert writer.delete(keys[2:]) == 1
 
 
+def test_prefault(daemon):
+    lo = layout()
+    with kvnode.Client(daemon, lo) as writer, kvnode.Client(daemon, lo, reader=True) as reader:
+        keys, data = chain(51, 2), [payload(51, i) for i in range(2)]
+        writer.put(keys, data)
+        assert writer.prefault_progress() == (0, 0, False)
+        writer.prefault(wait=True)
+        done, total, ended = writer.prefault_progress()
+        assert ended and total > 0 and done == total
+        reader.prefault()
+        for _ in range(2000):
+            if reader.prefault_progress()[2]:
+                break
+            time.sleep(0.005)
+        assert reader.prefault_progress() == (total, total, True)
+        assert reader.get(keys) == data
+    with kvnode.Client(daemon, None) as observer:
+        with pytest.raises(kvnode.StateError):
+            observer.prefault()
+
+
 def test_numpy_frombuffer_zero_copy(client):
     np = pytest.importorskip("numpy")
     keys = chain(5, 2)
