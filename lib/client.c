@@ -1234,7 +1234,8 @@ int kvnode_prefault(kvnode_client *c, unsigned flags)
                           "observer, or a client that only uses the inline calls)");
             return -KVNODE_ESTATE;
         }
-        c->prefault = prefault_start(ranges, n, !c->reader, (flags & KVNODE_PREFAULT_WAIT) != 0);
+        c->prefault = prefault_start(ranges, n, (c->reader ? 0u : (unsigned)PREFAULT_WRITE) |
+                                     ((flags & KVNODE_PREFAULT_WAIT) ? (unsigned)PREFAULT_WAIT : 0u));
         if (!c->prefault) {
             client_seterr(c, "prefault: cannot start its thread: %s", strerror(errno));
             return -KVNODE_EIO;

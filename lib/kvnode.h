@@ -140,7 +140,7 @@ enum {
 /* Populate this process's page tables for its mapping of the host arena, so
  * that the engine's first gets and puts over it take no page faults: a
  * thread owned by the client walks the arena in chunks with
- * MADV_POPULATE_WRITE (MADV_POPULATE_READ for a reader), or touches one byte
+ * MADV_POPULATE_WRITE (MADV_POPULATE_READ for a reader), or reads one byte
  * per page where the kernel lacks them (before Linux 5.14). Costs the RSS of
  * the whole mapping and a core for the walk (about a second per few GiB).
  * GPU memory (KVNODE_TIER_HBM) is not populated. kvnode_close stops the walk

@@ -2,7 +2,7 @@
  * (kvnode_close) waits for at most one chunk: CHUNK bytes of populate, a few
  * milliseconds. MADV_POPULATE_READ/WRITE (Linux 5.14) fault the pages in
  * without touching them and report errors instead of raising SIGBUS; older
- * kernels answer EINVAL and get one access per page instead. */
+ * kernels do not know them and get one access per page instead. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -28,6 +28,7 @@ struct prefault {
     struct prefault_range *ranges;
     size_t n;
     int write;
+    int touch;                  /* MADV_POPULATE_* not used */
     int threaded;               /* thread must be joined */
     pthread_t thread;
     uint64_t total;
@@ -37,19 +38,16 @@ struct prefault {
     char err[256];              /* written before state becomes -1 */
 };
 
-/* One access per page: a read for readers; a writer's atomic add of 0 makes
- * the page writable in its page table without changing a byte that another
- * process may be writing. */
-static void prefault_touch(uint8_t *p, size_t len, int write, size_t page)
+/* One read per page, for writers too: the arenas are shared memory (shmem,
+ * hugetlbfs), which needs no write notification, so a read fault maps the
+ * page writable in a PROT_WRITE mapping already. (An atomic add of 0 would
+ * not do: compilers may turn an idempotent RMW into a fence and a load.) */
+static void prefault_touch(const uint8_t *p, size_t len, size_t page)
 {
     size_t off;
 
-    for (off = 0; off < len; off += page) {
-        if (write)
-            __atomic_fetch_add(p + off, (uint8_t)0, __ATOMIC_RELAXED);
-        else
-            (void)*(volatile const uint8_t *)(p + off);
-    }
+    for (off = 0; off < len; off += page)
+        (void)*(volatile const uint8_t *)(p + off);
 }
 
 static void *prefault_walk(void *arg)
@@ -57,8 +55,13 @@ static void *prefault_walk(void *arg)
     struct prefault *p = arg;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     int advice = p->write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
-    int madvise_works = 1;
+    int madvise_works;
     size_t i;
+
+    /* An unknown advice fails with EINVAL before the range is looked at; a
+     * known one over no bytes succeeds. So EINVAL on a real chunk later is
+     * a real error (the mapping does not allow it), not an old kernel. */
+    madvise_works = !p->touch && p->n > 0 && madvise(p->ranges[0].base, 0, advice) == 0;
 
     for (i = 0; i < p->n; i++) {
         uint8_t *base = p->ranges[i].base;
@@ -71,17 +74,14 @@ static void *prefault_walk(void *arg)
             if (atomic_load(&p->stop))
                 return NULL;
             if (madvise_works && madvise(base + off, len, advice) != 0) {
-                if (errno != EINVAL) {
-                    snprintf(p->err, sizeof p->err, "prefault: %s of %zu bytes at offset %" PRIu64
-                             " failed: %s", p->write ? "MADV_POPULATE_WRITE" : "MADV_POPULATE_READ",
-                             len, off, strerror(errno));
-                    atomic_store(&p->state, -1);
-                    return NULL;
-                }
-                madvise_works = 0;      /* kernel before 5.14 */
+                snprintf(p->err, sizeof p->err, "prefault: %s of %zu bytes at offset %" PRIu64
+                         " failed: %s", p->write ? "MADV_POPULATE_WRITE" : "MADV_POPULATE_READ",
+                         len, off, strerror(errno));
+                atomic_store(&p->state, -1);
+                return NULL;
             }
             if (!madvise_works)
-                prefault_touch(base + off, len, p->write, page);
+                prefault_touch(base + off, len, page);
             atomic_fetch_add(&p->done, len);
         }
     }
@@ -89,7 +89,7 @@ static void *prefault_walk(void *arg)
     return NULL;
 }
 
-struct prefault *prefault_start(const struct prefault_range *ranges, size_t n, int write, int wait)
+struct prefault *prefault_start(const struct prefault_range *ranges, size_t n, unsigned flags)
 {
     struct prefault *p = calloc(1, sizeof *p);
     size_t i;
@@ -102,13 +102,14 @@ struct prefault *prefault_start(const struct prefault_range *ranges, size_t n, i
     }
     memcpy(p->ranges, ranges, n * sizeof *ranges);
     p->n = n;
-    p->write = write;
+    p->write = (flags & PREFAULT_WRITE) != 0;
+    p->touch = (flags & PREFAULT_TOUCH) != 0;
     for (i = 0; i < n; i++)
         p->total += ranges[i].size;
     atomic_init(&p->done, 0);
     atomic_init(&p->state, 0);
     atomic_init(&p->stop, 0);
-    if (wait) {
+    if (flags & PREFAULT_WAIT) {
         prefault_walk(p);
         return p;
     }

@@ -14,10 +14,14 @@ struct prefault_range {
     uint64_t size;
 };
 
-/* Start the walk over ranges[0..n) (copied); write: populate writable (the
- * mapping must be PROT_WRITE), else readable. wait: walk on this thread and
- * return when done. NULL with errno set when the thread cannot be made. */
-struct prefault *prefault_start(const struct prefault_range *ranges, size_t n, int write, int wait);
+enum {
+    PREFAULT_WRITE = 1u << 0,   /* populate writable (the mapping must be PROT_WRITE) */
+    PREFAULT_WAIT  = 1u << 1,   /* walk on the calling thread, return when done */
+    PREFAULT_TOUCH = 1u << 2,   /* touch pages even where MADV_POPULATE_* exists (tests) */
+};
+/* Start the walk over ranges[0..n) (copied) with PREFAULT_* flags. NULL with
+ * errno set when the thread cannot be made. */
+struct prefault *prefault_start(const struct prefault_range *ranges, size_t n, unsigned flags);
 /* 1: ended, 0: running, -1: stopped on an error (prefault_error says which). */
 int prefault_state(const struct prefault *p, uint64_t *done, uint64_t *total);
 const char *prefault_error(const struct prefault *p);
