@@ -229,6 +229,35 @@ START_TEST(test_hugetlb_pool)
 }
 END_TEST
 
+/* Each tenant's arena comes from the pool too: three of 16MiB, 8 pages each. */
+START_TEST(test_hugetlb_pool_tenants)
+{
+    if (pool_skip[0]) {
+        fprintf(stderr, "SKIP test_hugetlb_pool_tenants: %s\n", pool_skip);
+        return;
+    }
+    long long free_before = meminfo_field("HugePages_Free:");
+    kvh_daemon d;
+    ck_assert_msg(kvh_start(&d, "memory.huge_pages=on\nmemory.host_bytes=48MiB\nmemory.slab_bytes=1MiB\n"
+                                "tenant.alpha.uids=65534\ntenant.alpha.host_bytes=16MiB\n"
+                                "tenant.beta.uids=65533\ntenant.beta.host_bytes=16MiB\n") == 0,
+                  "start: %s", kvh_error());
+    long long free_during = meminfo_field("HugePages_Free:");
+    ck_assert_msg(free_before - free_during == 24, "HugePages_Free %lld before, %lld while the daemon runs: "
+                  "expected 3 arenas x 8 pages = 24", free_before, free_during);
+    char *log = kvh_read_log(&d);
+    ck_assert_msg(log && strstr(log, "tenant alpha: host memory: hugetlb 2MiB pages") &&
+                  strstr(log, "tenant beta: host memory: hugetlb 2MiB pages"), "log:\n%s", log ? log : "");
+    free(log);
+    json_t *s = kvh_stats(&d);
+    ck_assert_msg(s, "stats: %s", kvh_error());
+    ck_assert_str_eq(json_string_value(kvh_json_get(s, "tiers.host.huge_pages")), "hugetlb 2MiB");
+    json_decref(s);
+    KVH_STOP_DESTROY(&d);
+    ck_assert_int_eq(meminfo_field("HugePages_Free:"), free_before);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("daemon_huge_pages");
@@ -242,6 +271,7 @@ int main(void)
     tcase_set_timeout(pool, 30);
     tcase_add_unchecked_fixture(pool, pool_reserve, pool_restore);
     tcase_add_test(pool, test_hugetlb_pool);
+    tcase_add_test(pool, test_hugetlb_pool_tenants);
     suite_add_tcase(s, pool);
 
     SRunner *sr = srunner_create(s);
