@@ -110,6 +110,15 @@ static void probe_meminfo(const char *path, struct memcheck_room *room)
         room->mem_available = avail_kb * 1024;
     else
         note_unread(room, "%s: %s", path, "no MemAvailable line");
+    /* The default-size hugetlb pool: its pages are not in MemAvailable. */
+    uint64_t free_pages, rsvd_pages = 0, page_kb;
+    if (find_field(buf, "HugePages_Free:", &free_pages) == 0 && find_field(buf, "Hugepagesize:", &page_kb) == 0 &&
+        page_kb <= UINT64_MAX / 1024) {
+        (void)find_field(buf, "HugePages_Rsvd:", &rsvd_pages);
+        room->hugetlb_page = page_kb * 1024;
+        uint64_t pages = free_pages > rsvd_pages ? free_pages - rsvd_pages : 0;
+        room->hugetlb_free = pages <= UINT64_MAX / room->hugetlb_page ? pages * room->hugetlb_page : UINT64_MAX;
+    }
 }
 
 /* One cgroup directory's limit and unreclaimable usage. 1 with a limit,
@@ -288,6 +297,20 @@ int memcheck_admit(const struct kvn_config *cfg, const struct memcheck_room *roo
 {
     char what[160], want[32], avail[32], margin[32], allowed_s[32], limit[32], usage[32];
     uint64_t demand = memcheck_demand(cfg, what, sizeof what);
+    /* memory.huge_pages != off and the pool holds the host arena: the arena
+     * (kvnoded tries the pool first) takes pool pages, which MemAvailable
+     * does not count; only the rest of the demand is checked against it. */
+    char pool[160] = "";
+    uint64_t host = cfg->slab_bytes ? cfg->host_bytes / cfg->slab_bytes * cfg->slab_bytes : cfg->host_bytes;
+    uint64_t host_pages = room->hugetlb_page ? (host + room->hugetlb_page - 1) / room->hugetlb_page : 0;
+    if (cfg->huge_pages != CONFIG_HUGE_OFF && room->hugetlb_page && room->hugetlb_free != MEMCHECK_UNKNOWN &&
+        host_pages * room->hugetlb_page <= room->hugetlb_free) {
+        char pool_free[32];
+        memcheck_format_size(room->hugetlb_free, pool_free, sizeof pool_free);
+        snprintf(pool, sizeof pool, "; memory.host_bytes comes from the hugetlb pool (%s free), not MemAvailable",
+                 pool_free);
+        demand -= host;
+    }
     memcheck_format_size(demand, want, sizeof want);
 
     uint64_t by_mem = MEMCHECK_UNKNOWN, by_cgroup = MEMCHECK_UNKNOWN;
@@ -336,8 +359,8 @@ int memcheck_admit(const struct kvn_config *cfg, const struct memcheck_room *roo
     }
     memcheck_format_size(room->mem_available, avail, sizeof avail);
     snprintf(msg, msglen, "memory: reserving %" PRIu64 " bytes (%s) of host memory for %s; %s may be reserved "
-             "(MemAvailable %s, %s; a margin is kept free)%s%s",
-             demand, want, what, allowed == MEMCHECK_UNKNOWN ? "an unknown amount" : allowed_s, avail, cg,
+             "(MemAvailable %s, %s; a margin is kept free)%s%s%s",
+             demand, want, what, allowed == MEMCHECK_UNKNOWN ? "an unknown amount" : allowed_s, avail, cg, pool,
              room->unread[0] ? "; not checked: " : "", room->unread);
     return 0;
 }

@@ -12,8 +12,11 @@
  *     (cgroup v2 memory.max, or v1 memory.limit_in_bytes), less what each
  *     already holds apart from reclaimable page cache,
  * each less a margin (memcheck_margin) kept free for the kernel, kvnoded's
- * own index and buffers and other processes. The host arena uses ordinary
- * shared-memory pages, never hugetlb pages, so hugetlb pools play no part.
+ * own index and buffers and other processes. With memory.huge_pages auto
+ * or on, when the default-size hugetlb pool (Hugepagesize) has free pages
+ * for the whole host arena, the arena takes them (see arena.c) and only the
+ * rest of the demand is held against MemAvailable: pool pages are not in it.
+ * A 1GiB pool is not counted (the check stays the stricter one).
  *
  * No state; any thread; reads a few small files. */
 #ifndef KVNODE_MEMCHECK_H
@@ -44,6 +47,8 @@ struct memcheck_room {
     uint64_t cgroup_limit;     /* the binding cgroup's limit (MEMCHECK_UNKNOWN: no limit) */
     uint64_t cgroup_usage;     /* what that cgroup holds, less reclaimable page cache */
     char     cgroup_file[PATH_MAX + 32];   /* the binding limit's file ("" without one) */
+    uint64_t hugetlb_page;     /* Hugepagesize in bytes (0: not read) */
+    uint64_t hugetlb_free;     /* that pool's free, unreserved pages in bytes (0: none) */
     char     unread[256];      /* what could not be read and why ("" when everything was) */
 };
 

@@ -165,6 +165,10 @@ static void render_cache(struct evbuffer *out, const struct stats_snapshot *snap
     }
     if (s->has_store)
         sample_u(out, "kvnode_tier_blocks", L("tier", "store"), s->store_blocks);
+    family(out, "kvnode_host_page_bytes", "gauge",
+           "Size of the pages backing the host tier: 4096 for ordinary pages, 2097152 or 1073741824 for "
+           "huge pages (memory.huge_pages).");
+    sample_u(out, "kvnode_host_page_bytes", NULL, s->host_page_size);
     family(out, "kvnode_host_pinned_bytes", "gauge",
            "Bytes of the host tier registered with the GPU runtime (cudaHostRegister) so far.");
     sample_u(out, "kvnode_host_pinned_bytes", NULL, s->pinned_bytes);

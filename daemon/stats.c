@@ -301,6 +301,8 @@ static void cache_json(const struct cache_stats *s, const struct stats_ns_source
     set(host, "used_bytes", ju(s->host.used_bytes));
     set(host, "blocks", ju(s->host.blocks));
     set(host, "slab_bytes", ju(s->host.slab_bytes));
+    set(host, "page_size", ju(s->host_page_size));
+    set(host, "huge_pages", json_string(s->huge_pages ? s->huge_pages : "off"));
     set(host, "slabs_total", json_integer(s->host.slabs_total));
     set(host, "slabs_free", json_integer(s->host.slabs_free));
     set(host, "high_watermark", json_real(s->high_watermark));

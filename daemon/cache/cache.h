@@ -245,6 +245,8 @@ struct cache_stats {
     bool pinned;                     /* the whole host arena is registered with the GPU runtime */
     uint64_t pinned_bytes;
     const char *pin_state;           /* off, running, done, failed, stopped */
+    uint64_t host_page_size;         /* pages backing the host arena (smallest over tenants) */
+    const char *huge_pages;          /* "hugetlb 2MiB" / "hugetlb 1GiB" / "thp" / "off" ("mixed" over tenants) */
     bool has_pin_error;
     char pin_error[256];
     unsigned nhbm;

@@ -33,9 +33,16 @@ int cache_create_tenant(struct event_base *base, const struct kvn_config *cfg, c
         return -KVNODE_ENOMEM;
     }
     c->base = base;
-    rc = arena_create_host(HOST_ARENA_ID, cfg->host_bytes, cfg->slab_bytes, &c->host, err, errlen);
+    _Static_assert((int)CONFIG_HUGE_OFF == (int)ARENA_HUGE_OFF && (int)CONFIG_HUGE_AUTO == (int)ARENA_HUGE_AUTO &&
+                   (int)CONFIG_HUGE_ON == (int)ARENA_HUGE_ON, "CONFIG_HUGE_* follows ARENA_HUGE_*");
+    rc = arena_create_host(HOST_ARENA_ID, cfg->host_bytes, cfg->slab_bytes, cfg->huge_pages, &c->host, err,
+                           errlen);
     if (rc < 0)
         goto fail;
+    log_info("%s%s%shost memory: %s pages (%" PRIu64 " bytes each): %s", tenant ? "tenant " : "",
+             tenant ? tenant : "", tenant ? ": " : "",
+             strcmp(arena_huge_pages(c->host), "off") == 0 ? "ordinary" : arena_huge_pages(c->host),
+             arena_page_size(c->host), arena_huge_pages_why(c->host));
     c->arenas[HOST_ARENA_ID] = c->host;
     c->narenas = 1;
     if (arena_fd_readonly(c->host) < 0)

@@ -101,6 +101,8 @@ void cache_get_stats(struct cache *c, struct cache_stats *out)
 {
     memset(out, 0, sizeof *out);
     arena_get_stats(c->host, &out->host);
+    out->host_page_size = arena_page_size(c->host);
+    out->huge_pages = arena_huge_pages(c->host);
     out->high_watermark = c->high_watermark;
     out->low_watermark = c->low_watermark;
     cache_pin_stats(c, out);
@@ -236,6 +238,10 @@ void cache_stats_add(struct cache_stats *sum, const struct cache_stats *x, bool 
     sum->pinned = sum->pinned && x->pinned;
     sum->pinned_bytes += x->pinned_bytes;
     sum->pin_state = cache_pin_worse(sum->pin_state, x->pin_state);
+    if (x->host_page_size < sum->host_page_size)
+        sum->host_page_size = x->host_page_size;
+    if (strcmp(sum->huge_pages, x->huge_pages) != 0)
+        sum->huge_pages = "mixed";
     if (!sum->has_pin_error && x->has_pin_error) {
         sum->has_pin_error = true;
         memcpy(sum->pin_error, x->pin_error, sizeof sum->pin_error);

@@ -33,6 +33,9 @@
 #include "core/errmsg.h"
 #include "kvnode.h"
 
+/* What a host arena has without huge pages. */
+#define ARENA_SMALL_PAGE ((uint64_t)sysconf(_SC_PAGESIZE))
+
 #define ARENA_NONE UINT32_MAX
 /* A slab holds at most 64^ARENA_MAX_LEVELS = 2^30 blocks of the minimum
  * stride, which bounds slab_bytes to 256 GiB and keeps indices in uint32_t. */
@@ -61,6 +64,9 @@ struct arena {
     int      fd;
     int      ro_fd;         /* fd reopened O_RDONLY, lent to readers (owned); -1: none */
     char     ro_why[192];   /* why there is no ro_fd */
+    uint64_t page_size;     /* host arena: the pages backing it */
+    char     huge_pages[24]; /* host arena: "hugetlb 2MiB", "thp" or "off" */
+    char     huge_why[320]; /* host arena: why that choice (for the log) */
     void    *base;
     uint64_t size;          /* slabs_total * slab_bytes */
     uint64_t slab_bytes;
@@ -148,6 +154,8 @@ static int arena_new(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct ar
     a->fd = -1;
     a->ro_fd = -1;
     snprintf(a->ro_why, sizeof a->ro_why, "the arena has no descriptor to map");
+    a->page_size = ARENA_SMALL_PAGE;
+    snprintf(a->huge_pages, sizeof a->huge_pages, "off");
     a->base = MAP_FAILED;
     a->size = size;
     a->slab_bytes = slab_bytes;
@@ -207,7 +215,123 @@ static void arena_open_readonly(struct arena *a, int fd)
     a->ro_why[0] = '\0';
 }
 
-int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct arena **out,
+#ifndef MFD_HUGETLB
+#define MFD_HUGETLB 0x0004U
+#endif
+#ifndef MFD_HUGE_SHIFT
+#define MFD_HUGE_SHIFT 26
+#endif
+#ifndef MADV_HUGEPAGE
+#define MADV_HUGEPAGE 14
+#endif
+
+/* One unsigned figure from a small sysfs file; UINT64_MAX when unreadable. */
+static uint64_t arena_read_u64(const char *path)
+{
+    FILE *f = fopen(path, "re");
+    unsigned long long v;
+    int n = f ? fscanf(f, "%llu", &v) : 0;
+    if (f)
+        fclose(f);
+    return n == 1 ? (uint64_t)v : UINT64_MAX;
+}
+
+/* Free (unreserved) pages of one hugetlb pool, 0 when there is none. */
+static uint64_t arena_hugetlb_free(uint64_t page_kib)
+{
+    char path[96];
+    snprintf(path, sizeof path, "/sys/kernel/mm/hugepages/hugepages-%" PRIu64 "kB/free_hugepages", page_kib);
+    uint64_t free_pages = arena_read_u64(path);
+    snprintf(path, sizeof path, "/sys/kernel/mm/hugepages/hugepages-%" PRIu64 "kB/resv_hugepages", page_kib);
+    uint64_t resv = arena_read_u64(path);
+    if (free_pages == UINT64_MAX)
+        return 0;
+    if (resv == UINT64_MAX)
+        resv = 0;
+    return free_pages > resv ? free_pages - resv : 0;
+}
+
+/* The selected word of shmem_enabled ("[never]" -> "never"), "" unreadable. */
+static void arena_shmem_thp(char *out, size_t len)
+{
+    char buf[160] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+    if (f) {
+        if (!fgets(buf, sizeof buf, f))
+            buf[0] = '\0';
+        fclose(f);
+    }
+    char *l = strchr(buf, '['), *r = l ? strchr(l, ']') : NULL;
+    if (!l || !r) {
+        snprintf(out, len, "%s", "");
+        return;
+    }
+    snprintf(out, len, "%.*s", (int)(r - l - 1), l + 1);
+}
+
+/* How the host arena of *size bytes is backed under memory.huge_pages
+ * (ARENA_HUGE_*): the memfd flags, the page size (*size is rounded up to a
+ * whole page: hugetlb files have whole huge pages only) and whether the
+ * mapping wants MADV_HUGEPAGE (shmem_enabled = advise). Records the choice
+ * and the reason in a. -KVNODE_ENOMEM with err when huge = ON finds
+ * neither a hugetlb pool with room nor shmem THP. */
+static int arena_choose_pages(struct arena *a, int huge, uint64_t *size, unsigned *mfd_flags,
+                              bool *madvise_huge, char *err, size_t errlen)
+{
+    static const struct { uint64_t kib; unsigned log2; const char *name; } pools[] = {
+        { UINT64_C(1048576), 30, "1GiB" }, { 2048, 21, "2MiB" },
+    };
+    *mfd_flags = 0;
+    *madvise_huge = false;
+    a->page_size = ARENA_SMALL_PAGE;
+    snprintf(a->huge_pages, sizeof a->huge_pages, "off");
+    if (huge == ARENA_HUGE_OFF) {
+        snprintf(a->huge_why, sizeof a->huge_why, "memory.huge_pages = off");
+        return 0;
+    }
+    char pool_why[160] = "";
+    for (size_t i = 0; i < sizeof pools / sizeof pools[0]; i++) {
+        uint64_t page = pools[i].kib * 1024;
+        /* A 1GiB page only where the size is whole GiB: rounding up would waste up to 1GiB. */
+        if (page > UINT64_C(2) << 20 && *size % page != 0)
+            continue;
+        uint64_t need = (*size + page - 1) / page, free_pages = arena_hugetlb_free(pools[i].kib);
+        if (free_pages >= need) {
+            *mfd_flags = MFD_HUGETLB | (pools[i].log2 << MFD_HUGE_SHIFT);
+            *size = need * page;
+            a->page_size = page;
+            snprintf(a->huge_pages, sizeof a->huge_pages, "hugetlb %s", pools[i].name);
+            snprintf(a->huge_why, sizeof a->huge_why, "%" PRIu64 " of the %" PRIu64 " free %s pages of the "
+                     "hugetlb pool", need, free_pages, pools[i].name);
+            return 0;
+        }
+        if (pool_why[0] == '\0')
+            snprintf(pool_why, sizeof pool_why, "the hugetlb pool has %" PRIu64 " free %s pages, %" PRIu64
+                     " needed (vm.nr_hugepages)", free_pages, pools[i].name, need);
+    }
+    char thp[32];
+    arena_shmem_thp(thp, sizeof thp);
+    bool advise = strcmp(thp, "advise") == 0;
+    if (advise || strcmp(thp, "always") == 0 || strcmp(thp, "within_size") == 0 || strcmp(thp, "force") == 0) {
+        *madvise_huge = advise;
+        a->page_size = UINT64_C(2) << 20;
+        snprintf(a->huge_pages, sizeof a->huge_pages, "thp");
+        snprintf(a->huge_why, sizeof a->huge_why, "transparent huge pages for shmem (shmem_enabled = %s%s); %s",
+                 thp, advise ? ", MADV_HUGEPAGE" : "", pool_why);
+        return 0;
+    }
+    snprintf(a->huge_why, sizeof a->huge_why, "no huge pages: %s, and transparent huge pages for shmem are "
+             "off (/sys/kernel/mm/transparent_hugepage/shmem_enabled is '%s', needs always, within_size or "
+             "advise)", pool_why, thp[0] ? thp : "unreadable");
+    if (huge == ARENA_HUGE_ON) {
+        errmsg_set(err, errlen, "arena: memory.huge_pages = on but %s; reserve the pool (vm.nr_hugepages) or "
+                   "set memory.huge_pages = auto", a->huge_why);
+        return -KVNODE_ENOMEM;
+    }
+    return 0;
+}
+
+int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, int huge, struct arena **out,
                       char *err, size_t errlen)
 {
     struct arena *a;
@@ -219,8 +343,14 @@ int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct a
     }
     uint64_t size = a->size;
     a->owns_memory = true;
+    unsigned mfd_huge;
+    bool madvise_huge;
+    rc = arena_choose_pages(a, huge, &size, &mfd_huge, &madvise_huge, err, errlen);
+    if (rc < 0)
+        goto fail;
+    a->size = size;
     rc = -KVNODE_EIO;
-    a->fd = memfd_create("kvnode-host", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    a->fd = memfd_create("kvnode-host", MFD_CLOEXEC | MFD_ALLOW_SEALING | mfd_huge);
     if (a->fd < 0) {
         errmsg_set(err, errlen, "arena: memfd_create: %s", strerror(errno));
         goto fail;
@@ -252,6 +382,11 @@ int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct a
         errmsg_set(err, errlen, "arena: mmap of %" PRIu64 " bytes: %s", size, strerror(errno));
         goto fail;
     }
+    /* shmem_enabled = advise: huge pages for faults from here on; the pages
+     * fallocate gave are collapsed by khugepaged. */
+    if (madvise_huge && madvise(a->base, (size_t)size, MADV_HUGEPAGE) != 0)
+        snprintf(a->huge_why + strlen(a->huge_why), sizeof a->huge_why - strlen(a->huge_why),
+                 " (madvise MADV_HUGEPAGE failed: %s)", strerror(errno));
     *out = a;
     return 0;
 
@@ -304,6 +439,9 @@ int      arena_fd_readonly(const struct arena *a) { return a->ro_fd; }
 const char *arena_fd_readonly_why(const struct arena *a) { return a->ro_fd >= 0 ? "" : a->ro_why; }
 void    *arena_base(const struct arena *a) { return a->base; }
 uint64_t arena_size(const struct arena *a) { return a->size; }
+uint64_t arena_page_size(const struct arena *a) { return a->page_size; }
+const char *arena_huge_pages(const struct arena *a) { return a->huge_pages; }
+const char *arena_huge_pages_why(const struct arena *a) { return a->huge_why; }
 
 int arena_class_for(struct arena *a, uint64_t block_bytes, uint32_t *cls)
 {

@@ -32,9 +32,16 @@ struct arena_stats {
     uint64_t blocks;        /* allocated blocks */
 };
 
+/* memory.huge_pages, in the order of CONFIG_HUGE_*. */
+enum { ARENA_HUGE_OFF = 0, ARENA_HUGE_AUTO = 1, ARENA_HUGE_ON = 2 };
+
 /* Create a host arena of `bytes` (rounded down to whole slabs). tier is
- * KVNODE_TIER_HOST. Returns 0 or a negative KVNODE_E* code with err set. */
-int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct arena **out,
+ * KVNODE_TIER_HOST. huge (ARENA_HUGE_*): back it with the hugetlb pool
+ * (the mapping is then rounded up to whole huge pages; 1GiB pages only for
+ * whole-GiB sizes), else shmem transparent huge pages where shmem_enabled
+ * allows them, else (AUTO, OFF) ordinary pages; ON fails with the reason.
+ * Returns 0 or a negative KVNODE_E* code with err set. */
+int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, int huge, struct arena **out,
                       char *err, size_t errlen);
 /* An arena over memory someone else owns and releases after arena_destroy
  * (an HBM region from devmem): base is the daemon's address of it (a device
@@ -57,6 +64,11 @@ int      arena_fd_readonly(const struct arena *a);
 const char *arena_fd_readonly_why(const struct arena *a);
 void    *arena_base(const struct arena *a);     /* daemon's mapping */
 uint64_t arena_size(const struct arena *a);     /* bytes clients map */
+/* Pages backing a host arena: their size (4096 unless huge), "hugetlb 2MiB"
+ * (or 1GiB), "thp" or "off", and why that choice (for the log). */
+uint64_t arena_page_size(const struct arena *a);
+const char *arena_huge_pages(const struct arena *a);
+const char *arena_huge_pages_why(const struct arena *a);
 
 /* Find or create the size class for blocks of block_bytes. Returns 0,
  * -KVNODE_ETOOBIG when block_bytes > slab_bytes (or 0), -KVNODE_ELIMIT when

@@ -302,6 +302,8 @@ static int kvh_write_config(kvh_daemon *d, const char *config)
              "server.socket_path=%s/kvnode.sock\n"
              "memory.host_bytes=64MiB\n"
              "memory.pin_host=off\n"
+             /* The same pages whatever the machine offers; huge-page tests opt in. */
+             "memory.huge_pages=off\n"
              "log.level=info\n"
              "admin.listen=off\n"
              /* No store unless a test opts in with persist.* assignments. */

@@ -28,7 +28,7 @@ static struct arena *make_arena(uint64_t bytes, uint64_t slab)
 {
     struct arena *a = NULL;
     char err[256] = "";
-    int rc = arena_create_host(7, bytes, slab, &a, err, sizeof(err));
+    int rc = arena_create_host(7, bytes, slab, ARENA_HUGE_OFF, &a, err, sizeof(err));
     ck_assert_msg(rc == 0, "arena_create_host(%llu, %llu): %d %s", (unsigned long long)bytes,
                   (unsigned long long)slab, rc, err);
     ck_assert_ptr_nonnull(a);
@@ -81,7 +81,7 @@ static void expect_create_error(uint64_t bytes, uint64_t slab, int code, const c
 {
     struct arena *a = (struct arena *)(uintptr_t)1;
     char err[256] = "";
-    int rc = arena_create_host(1, bytes, slab, &a, err, sizeof(err));
+    int rc = arena_create_host(1, bytes, slab, ARENA_HUGE_OFF, &a, err, sizeof(err));
     ck_assert_int_eq(rc, -code);
     ck_assert_ptr_null(a);
     ck_assert_msg(strstr(err, needle) != NULL, "message '%s' lacks '%s'", err, needle);
@@ -96,7 +96,7 @@ START_TEST(test_create_errors)
     expect_create_error(64 * MiB, 2 * MiB + 1, KVNODE_EINVAL, "2097153");
     /* err may be NULL. */
     struct arena *a = NULL;
-    ck_assert_int_eq(arena_create_host(1, 0, 2 * MiB, &a, NULL, 0), -KVNODE_EINVAL);
+    ck_assert_int_eq(arena_create_host(1, 0, 2 * MiB, ARENA_HUGE_OFF, &a, NULL, 0), -KVNODE_EINVAL);
     ck_assert_ptr_null(a);
 }
 END_TEST

@@ -143,6 +143,7 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_int_eq(a->pin_host, b->pin_host);
     ck_assert_uint_eq(a->namespace_quota, b->namespace_quota);
     ck_assert_uint_eq(a->pin_chunk_bytes, b->pin_chunk_bytes);
+    ck_assert_int_eq(a->huge_pages, b->huge_pages);
     ck_assert_int_eq(a->hbm_backend, b->hbm_backend);
     ck_assert_uint_eq(a->hbm_bytes, b->hbm_bytes);
     ck_assert_str_eq(a->hbm_devices, b->hbm_devices);
@@ -222,7 +223,7 @@ static const char *const all_options[][2] = {
     { "server", "max_buffered_input_bytes" }, { "server", "worker_stall_timeout" },
     { "memory", "host_bytes" }, { "memory", "slab_bytes" }, { "memory", "high_watermark" },
     { "memory", "low_watermark" }, { "memory", "pin_host" }, { "memory", "namespace_quota" },
-    { "memory", "pin_chunk_bytes" },
+    { "memory", "pin_chunk_bytes" }, { "memory", "huge_pages" },
     { "hbm", "backend" }, { "hbm", "bytes" }, { "hbm", "devices" }, { "hbm", "high_watermark" },
     { "hbm", "low_watermark" }, { "hbm", "required" }, { "hbm", "copy_batch_bytes" },
     { "leases", "read_ttl" }, { "leases", "write_ttl" }, { "leases", "reaper_interval" },
@@ -271,6 +272,7 @@ START_TEST(test_defaults)
     ck_assert_int_eq(c.pin_host, CONFIG_PIN_AUTO);
     ck_assert_uint_eq(c.namespace_quota, 0);
     ck_assert_uint_eq(c.pin_chunk_bytes, GIB);
+    ck_assert_int_eq(c.huge_pages, CONFIG_HUGE_AUTO);
     /* [hbm]: no GPU memory is taken unless the operator gives some. */
     ck_assert_int_eq(c.hbm_backend, CONFIG_HBM_AUTO);
     ck_assert_uint_eq(c.hbm_bytes, 0);
@@ -419,6 +421,9 @@ static const struct good_case good_cases[] = {
     { "memory", "namespace_quota", "8MiB", OFF(namespace_quota), F_U64, .u = 8 * MIB },
     { "memory", "namespace_quota", "65537", OFF(namespace_quota), F_U64, .u = 65537 },
     { "memory", "namespace_quota", "2T", OFF(namespace_quota), F_U64, .u = 2 * (GIB << 10) },
+    { "memory", "huge_pages", "off", OFF(huge_pages), F_INT, .u = CONFIG_HUGE_OFF },
+    { "memory", "huge_pages", "On", OFF(huge_pages), F_INT, .u = CONFIG_HUGE_ON },
+    { "memory", "huge_pages", "auto", OFF(huge_pages), F_INT, .u = CONFIG_HUGE_AUTO },
     { "memory", "pin_chunk_bytes", "1MiB", OFF(pin_chunk_bytes), F_U64, .u = MIB },
     { "memory", "pin_chunk_bytes", "256M", OFF(pin_chunk_bytes), F_U64, .u = 256 * MIB },
     { "memory", "pin_chunk_bytes", "3145728", OFF(pin_chunk_bytes), F_U64, .u = 3 * MIB },
@@ -690,6 +695,7 @@ static const struct bad_case bad_cases[] = {
     { "memory", "low_watermark", "-0.1", "'-0.1'" },
     { "memory", "low_watermark", "0.5 # half", "'#' starts a comment only at the beginning" },
     { "memory", "pin_host", "yes", "expected auto, on or off" },
+    { "memory", "huge_pages", "2MiB", "expected off, auto or on" },
     { "memory", "namespace_quota", "1.5G", "invalid size '1.5G'" },
     { "memory", "namespace_quota", "-1", "invalid size '-1'" },
     { "memory", "namespace_quota", "20EiB", "too large" },
@@ -2485,7 +2491,7 @@ START_TEST(test_restart_required)
                               "persist.workers", "persist.queue", "persist.url", "persist.socket_path",
                               "persist.connect_timeout", "persist.timeout", "persist.lookup",
                               "persist.object_namespace", "persist.tombstones",
-                              "memory.pin_chunk_bytes",
+                              "memory.pin_chunk_bytes", "memory.huge_pages",
                               /* [hbm]: all but the demotion watermarks */
                               "hbm.backend", "hbm.bytes", "hbm.devices", "hbm.required", "hbm.copy_batch_bytes",
                               /* [kvcm]: all of it; its threads read their settings once */

@@ -283,6 +283,41 @@ START_TEST(test_demand)
 }
 END_TEST
 
+/* With memory.huge_pages auto or on, a host arena the hugetlb pool can hold
+ * is held against the pool (its pages are not in MemAvailable). */
+START_TEST(test_hugetlb_pool)
+{
+    char text[512], msg[2048];
+    struct memcheck_room room;
+    /* 4GiB available; 8192 free 2MiB pages (16GiB), 1024 of them reserved by someone: 14GiB usable. */
+    snprintf(text, sizeof text, "MemTotal:       %" PRIu64 " kB\nMemAvailable:   %" PRIu64 " kB\n"
+             "HugePages_Total:    8192\nHugePages_Free:     8192\nHugePages_Rsvd:     1024\n"
+             "Hugepagesize:       2048 kB\n", 32 * GIB / 1024, 4 * GIB / 1024);
+    put("proc/meminfo", text);
+    put("proc/self/cgroup", "0::/\n");
+    memcheck_probe(&src, &room);
+    ck_assert_uint_eq(room.hugetlb_page, 2 * MIB);
+    ck_assert_uint_eq(room.hugetlb_free, 14 * GIB);
+
+    struct kvn_config c = host_tier(12 * GIB);
+    c.huge_pages = CONFIG_HUGE_AUTO;
+    ck_assert_msg(memcheck_admit(&c, &room, msg, sizeof msg) == 0, "%s", msg);
+    ck_assert_msg(strstr(msg, "memory.host_bytes comes from the hugetlb pool (14GiB free), not MemAvailable"),
+                  "%s", msg);
+    c.huge_pages = CONFIG_HUGE_ON;
+    ck_assert_msg(memcheck_admit(&c, &room, msg, sizeof msg) == 0, "%s", msg);
+    /* off: ordinary pages, held against MemAvailable. */
+    c.huge_pages = CONFIG_HUGE_OFF;
+    ck_assert_int_eq(memcheck_admit(&c, &room, msg, sizeof msg), -1);
+    ck_assert_msg(strstr(msg, "exceeds the host memory this machine can give: MemAvailable is 4GiB"), "%s", msg);
+    /* More than the pool holds: the arena would get ordinary pages, so MemAvailable decides. */
+    c = host_tier(15 * GIB);
+    c.huge_pages = CONFIG_HUGE_AUTO;
+    ck_assert_int_eq(memcheck_admit(&c, &room, msg, sizeof msg), -1);
+    ck_assert_msg(strstr(msg, "memory.host_bytes: 15GiB"), "%s", msg);
+}
+END_TEST
+
 START_TEST(test_format_size)
 {
     char buf[32];
@@ -312,6 +347,7 @@ int main(void)
     tcase_add_test(tc, test_cgroup_ancestor_and_v1);
     tcase_add_test(tc, test_unreadable);
     tcase_add_test(tc, test_demand);
+    tcase_add_test(tc, test_hugetlb_pool);
     tcase_add_test(tc, test_format_size);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
