@@ -165,6 +165,10 @@ static void render_cache(struct evbuffer *out, const struct stats_snapshot *snap
     }
     if (s->has_store)
         sample_u(out, "kvnode_tier_blocks", L("tier", "store"), s->store_blocks);
+    family(out, "kvnode_host_reserved_bytes", "gauge",
+           "Bytes of the host tier reserved and populated so far (blocks are placed only there; "
+           "equals the capacity once start-up population is done).");
+    sample_u(out, "kvnode_host_reserved_bytes", NULL, s->host.reserved_bytes);
     family(out, "kvnode_host_pinned_bytes", "gauge",
            "Bytes of the host tier registered with the GPU runtime (cudaHostRegister) so far.");
     sample_u(out, "kvnode_host_pinned_bytes", NULL, s->pinned_bytes);
