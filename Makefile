@@ -6,7 +6,8 @@
 #                   test suite (TEST_JOBS=N at once; default 2 x CPUs)
 #   make asan       the test suite under ASan+UBSan (separate build dir)
 #   make valgrind   the test suite under valgrind (tests and daemons)
-#   make bench      build and run the benchmarks (not part of `make test`)
+#   make bench      build and run the benchmarks (not part of `make test`); make bench-startup:
+#                   first PING and population time of 1, 4 and 8 GiB host tiers
 #   make soak       mixed traffic with client and daemon kill -9s, then a byte-exact check of
 #                   everything acknowledged; SOAK_SECONDS (default 300), SOAK_ARGS (not in `make test`)
 #   make CUDA=0 ... build without the CUDA toolkit (default: detected)
@@ -102,6 +103,7 @@ BENCH_BIN := $(BUILD)/kvnode-bench
 BENCH_PERSIST_BIN := $(BUILD)/kvnode-bench-persist
 BENCH_TENANTS_BIN := $(BUILD)/kvnode-bench-tenants
 BENCH_PREFAULT_BIN := $(BUILD)/kvnode-bench-prefault
+BENCH_STARTUP_BIN := $(BUILD)/kvnode-bench-startup
 # KVS protocol simulator (tests/sim/kvs_sim.c) and its own tests (tests/sim/test_*.c).
 SIM_BIN      := $(BUILD)/kvs-sim
 # KVCM (Tair KVCache Manager) HTTP/JSON simulator (tests/sim/kvcm_sim.c).
@@ -113,7 +115,7 @@ FUZZ_TARGETS    := wire config kvs_file $(if $(filter 1,$(V6D)),v6d_reply)
 FUZZ_REPLAY_BIN := $(patsubst %,$(BUILD)/tests/fuzz_%_replay,$(FUZZ_TARGETS))
 FUZZ_BIN        := $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
-.PHONY: all deps run test check asan valgrind bench bench-persist bench-tenants bench-prefault soak install uninstall clean help \
+.PHONY: all deps run test check asan valgrind bench bench-persist bench-tenants bench-prefault bench-startup soak install uninstall clean help \
         cuda-info fuzz fuzz-build fuzz-run
 .DEFAULT_GOAL := all
 
@@ -284,6 +286,10 @@ $(BENCH_TENANTS_BIN): tests/bench/bench_tenants.c $(INTEG_HELPER) $(TEST_PROC_OB
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
 
+$(BENCH_STARTUP_BIN): tests/bench/bench_startup.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(TEST_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
+
 # Part 3 (v6d) starts the KVS simulator and reads its counters over HTTP (libcurl).
 $(BENCH_PERSIST_BIN): tests/bench/bench_persist.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
@@ -315,6 +321,11 @@ bench-prefault: all $(BENCH_PREFAULT_BIN)
 
 bench-tenants: all $(BENCH_TENANTS_BIN)
 	KVNODED=$(KVNODED) $(BENCH_TENANTS_BIN) $(BENCH_TENANTS_ARGS)
+
+# Start-up of 1, 4 and 8 GiB host tiers (reserves up to 8 GiB twice in a
+# row, one at a time); BENCH_STARTUP_ARGS="--sizes 1,4" for smaller machines.
+bench-startup: all $(BENCH_STARTUP_BIN)
+	KVNODED=$(KVNODED) $(BENCH_STARTUP_BIN) $(BENCH_STARTUP_ARGS)
 
 bench-persist: all $(BENCH_PERSIST_BIN) $(if $(filter 1,$(V6D)),$(SIM_BIN))
 	KVNODED=$(KVNODED) KVS_SIM=$(SIM_BIN) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)

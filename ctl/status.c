@@ -252,6 +252,12 @@ int cmd_status(const struct ctl *x)
                 continue;
             }
             json_t *o = status_tier_json(tier);
+            if (json_object_get(tier, "reserved_bytes")) {
+                json_object_set_new(o, "reserved_bytes", jcopy(tier, "reserved_bytes"));
+                json_object_set_new(o, "populate_state", jcopy(tier, "populate_state"));
+                if (json_object_get(tier, "populate_error"))
+                    json_object_set_new(o, "populate_error", jcopy(tier, "populate_error"));
+            }
             if (json_object_get(tier, "pinned_bytes")) {
                 json_object_set_new(o, "pinned_bytes", jcopy(tier, "pinned_bytes"));
                 json_object_set_new(o, "pin_state", jcopy(tier, "pin_state"));
@@ -336,6 +342,15 @@ int cmd_status(const struct ctl *x)
         }
         lines[n].label = xasprintf("tier %s", name);
         lines[n++].value = status_tier_line(tier);
+        const char *pop = jstr(tier, "populate_state");
+        if (pop && jint(tier, "reserved_bytes", &v) && jint(tier, "capacity_bytes", &v2)) {
+            const char *perr = jstr(tier, "populate_error");
+            fmt_bytes((uint64_t)v, b1, sizeof b1);
+            fmt_bytes((uint64_t)v2, b2, sizeof b2);
+            lines[n].label = xasprintf("reserved");
+            lines[n++].value = perr ? xasprintf("%s of %s (%s: %s)", b1, b2, pop, perr)
+                                    : xasprintf("%s of %s (%s)", b1, b2, pop);
+        }
         const char *pin = jstr(tier, "pin_state");
         if (pin && strcmp(pin, "off") != 0 && jint(tier, "pinned_bytes", &v) &&
             jint(tier, "capacity_bytes", &v2)) {

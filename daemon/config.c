@@ -57,6 +57,9 @@ _Static_assert(CONFIG_LOOKUP_AUTO == 0 && CONFIG_LOOKUP_ON == 1 && CONFIG_LOOKUP
 /* [memory] pin_host, spelled in the order of CONFIG_PIN_*. */
 static const char *const pin_names[] = { "auto", "on", "off" };
 static const char *const huge_pages_names[] = { "off", "auto", "on" };
+/* [memory] numa, spelled in the order of CONFIG_NUMA_*. */
+static const char *const numa_names[] = { "auto", "off" };
+_Static_assert(CONFIG_NUMA_AUTO == 0 && CONFIG_NUMA_OFF == 1, "numa_names follows CONFIG_NUMA_*");
 _Static_assert(CONFIG_PIN_AUTO == 0 && CONFIG_PIN_ON == 1 && CONFIG_PIN_OFF == 2, "pin_names follows CONFIG_PIN_*");
 
 /* [hbm] backend, spelled in the order of CONFIG_HBM_*. */
@@ -97,6 +100,7 @@ static const struct opt_def config_options[] = {
     { "memory", "pin_host", &T_ENUM, "auto", FIELD(pin_host), NAMES(pin_names), .restart = true },
     /* Restart-only: the arena's memfd is created once, at start. */
     { "memory", "huge_pages", &T_ENUM, "auto", FIELD(huge_pages), NAMES(huge_pages_names), .restart = true },
+    { "memory", "numa", &T_ENUM, "auto", FIELD(numa), NAMES(numa_names), .restart = true },
     { "memory", "namespace_quota", &T_SIZE, "0", FIELD(namespace_quota), .min = 0, .max = UINT64_MAX },
     /* Whole MiB, so every chunk starts and ends on a page boundary (4KiB to
      * 64KiB pages): cudaHostRegister cannot register one page twice. */

@@ -81,6 +81,7 @@ struct kvn_config {
     double   high_watermark;         /* fraction of host_bytes that starts eviction */
     double   low_watermark;          /* eviction stops below this fraction */
     int      pin_host;               /* CONFIG_PIN_{AUTO,ON,OFF}: cudaHostRegister the arena */
+    int      numa;                   /* CONFIG_NUMA_{AUTO,OFF}: host memory placement (restart) */
     uint64_t namespace_quota;        /* host-tier bytes one namespace may hold (0: no quota) */
     int      huge_pages;             /* CONFIG_HUGE_{OFF,AUTO,ON}: back the host arena with huge pages (restart) */
     uint64_t pin_chunk_bytes;        /* pin_host registers the arena in chunks of this (restart) */
@@ -148,6 +149,7 @@ enum { CONFIG_LOOKUP_AUTO = 0, CONFIG_LOOKUP_ON = 1, CONFIG_LOOKUP_OFF = 2 };
 
 enum { CONFIG_PIN_AUTO = 0, CONFIG_PIN_ON = 1, CONFIG_PIN_OFF = 2 };
 enum { CONFIG_HUGE_OFF = 0, CONFIG_HUGE_AUTO = 1, CONFIG_HUGE_ON = 2 };
+enum { CONFIG_NUMA_AUTO = 0, CONFIG_NUMA_OFF = 1 };
 enum { CONFIG_HBM_AUTO = 0, CONFIG_HBM_CUDA = 1, CONFIG_HBM_SIM = 2, CONFIG_HBM_NONE = 3 };
 
 /* Embedded defaults (the values conf/kvnode.conf documents), one per row of

@@ -169,6 +169,10 @@ static void render_cache(struct evbuffer *out, const struct stats_snapshot *snap
            "Size of the pages backing the host tier: 4096 for ordinary pages, 2097152 or 1073741824 for "
            "huge pages (memory.huge_pages).");
     sample_u(out, "kvnode_host_page_bytes", NULL, s->host_page_size);
+    family(out, "kvnode_host_reserved_bytes", "gauge",
+           "Bytes of the host tier reserved and populated so far (blocks are placed only there; "
+           "equals the capacity once start-up population is done).");
+    sample_u(out, "kvnode_host_reserved_bytes", NULL, s->host.reserved_bytes);
     family(out, "kvnode_host_pinned_bytes", "gauge",
            "Bytes of the host tier registered with the GPU runtime (cudaHostRegister) so far.");
     sample_u(out, "kvnode_host_pinned_bytes", NULL, s->pinned_bytes);

@@ -102,6 +102,13 @@ void sdn_status_line(struct daemon *d, char *buf, size_t len)
     sdn_human_bytes(cs->host.used_bytes, used, sizeof used);
     sdn_human_bytes(cs->host.capacity, cap, sizeof cap);
     SDN_APPEND("%s host %s of %s used", sdn_sep(&first), used, cap);
+    /* Start-up reservation still running, or stopped short. */
+    if (cs->populate_state && strcmp(cs->populate_state, "done") != 0) {
+        char res[32];
+        sdn_human_bytes(cs->host.reserved_bytes, res, sizeof res);
+        SDN_APPEND(" (%s reserved, %s)", res,
+                   strcmp(cs->populate_state, "running") == 0 ? "populating" : cs->populate_state);
+    }
     /* hbm: one arena per GPU */
     for (unsigned i = 0; i < cs->nhbm; i++) {
         sdn_human_bytes(cs->hbm[i].mem.used_bytes, used, sizeof used);

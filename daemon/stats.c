@@ -307,6 +307,11 @@ static void cache_json(const struct cache_stats *s, const struct stats_ns_source
     set(host, "slabs_free", json_integer(s->host.slabs_free));
     set(host, "high_watermark", json_real(s->high_watermark));
     set(host, "low_watermark", json_real(s->low_watermark));
+    set(host, "reserved_bytes", ju(s->host.reserved_bytes));
+    set(host, "populate_state", json_string(s->populate_state));
+    set(host, "populate_seconds", json_real(s->populate_seconds));
+    if (s->has_populate_error)
+        set(host, "populate_error", json_string(s->populate_error));
     pin_json(s, host);
     set(tiers, "host", host);
     hbm_json(s, tiers, root);

@@ -95,6 +95,9 @@ void cache_set_copier(struct cache *c, struct copier *cp);
 void cache_set_hostpin(struct cache *c, struct hostpin *hp);
 /* The host arena's figures alone (cheap: no walk). */
 void cache_host_stats(const struct cache *c, struct arena_stats *out);
+/* Background reservation of the host arena: an enum populate_state
+ * (POPULATE_DONE when it was reserved at creation); why is set when FAILED. */
+int cache_populate_state(struct cache *c, char *why, size_t whylen);
 /* The host arena's memory, for pinning. */
 void *cache_host_base(const struct cache *c);
 uint64_t cache_host_size(const struct cache *c);
@@ -188,7 +191,9 @@ int  cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list
 /* Back-pressure. With a store, a committed block is not evicted before its
  * write lands (write_through: from its commit; write_back: once the evictor
  * picked it) or fails. When no slot can be had because such blocks hold the
- * memory, cache_put_begin returns CACHE_STORE_BOUND with err saying so; the
+ * memory, cache_put_begin returns CACHE_STORE_BOUND with err saying so (the
+ * same while the host arena is still being reserved at start-up and the
+ * reserved part is full: waiters are woken as it grows); the
  * caller may wait: cache_put_wait calls ready(arg) on the loop — never from
  * inside the call — when a store op finishes or after timeout_ms, and the
  * caller then tries the put again and ends the wait with cache_wait_cancel
@@ -249,6 +254,11 @@ struct cache_stats {
     const char *huge_pages;          /* "hugetlb 2MiB" / "hugetlb 1GiB" / "thp" / "off" ("mixed" over tenants) */
     bool has_pin_error;
     char pin_error[256];
+    /* Background reservation of the host arena (host.reserved_bytes so far). */
+    const char *populate_state;      /* running, done, failed, stopped */
+    double populate_seconds;         /* until done/failed, or until now */
+    bool has_populate_error;
+    char populate_error[256];
     unsigned nhbm;
     struct cache_hbm_stats hbm[DEVMEM_MAX_DEVICES];
     struct {

@@ -60,6 +60,9 @@ struct cache {
     struct devmem *devmem;           /* the backend HBM arenas come from (NULL: none) */
     struct copier *copier;           /* NULL: no demotion (HBM blocks stay or are dropped) */
     struct hostpin *hostpin;         /* NULL: the host arena is not being pinned */
+    struct populate *populate;       /* NULL: the host arena was reserved at creation */
+    struct event *populate_ev;       /* polls the reserved part while populate runs */
+    uint64_t populate_seen;          /* reserved bytes at the last poll */
     double hbm_high, hbm_low;
     uint64_t hbm_batch_bytes;
     struct event *demote_ev;
@@ -219,6 +222,8 @@ void cache_wait_progress(struct cache_wait *w);
 struct cache_wait *cache_wait_heap(struct cache_wait *w);
 void cache_wait_arm(struct cache *c, struct cache_wait *w);
 void cache_put_wake_cb(evutil_socket_t fd, short what, void *arg);
+/* The host arena is still being reserved in the background. */
+bool cache_populating(struct cache *c);
 
 /* evict.c: host-tier use over a watermark, the background evictor, one slot
  * made allocatable, room under a namespace's quota and the bytes of it a

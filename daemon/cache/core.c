@@ -13,16 +13,79 @@
 #include "core/errmsg.h"
 #include "kvnode.h"
 #include "core/log.h"
+#include "mem/populate.h"
 #include "persist/persist.h"
 
+static int cache_create_as(struct event_base *base, const struct kvn_config *cfg,
+                           const char *tenant, bool deferred, struct cache **out, char *err,
+                           size_t errlen);
+
+/* Host memory reserved at once: for embedders and tests. */
 int cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,
                  char *err, size_t errlen)
 {
-    return cache_create_tenant(base, cfg, NULL, out, err, errlen);
+    return cache_create_as(base, cfg, NULL, false, out, err, errlen);
 }
 
+/* The daemon's: host memory reserved and populated in the background. */
 int cache_create_tenant(struct event_base *base, const struct kvn_config *cfg, const char *tenant,
                         struct cache **out, char *err, size_t errlen)
+{
+    return cache_create_as(base, cfg, tenant, true, out, err, errlen);
+}
+
+#define CACHE_POPULATE_POLL_MS 20
+
+/* While the host arena is being reserved: puts waiting for room
+ * (cache_put_begin's CACHE_STORE_BOUND) try again whenever the reserved
+ * part grew, and once more when population ended (they then evict or fail
+ * like in a full tier). The threads cannot wake the loop themselves. */
+static void cache_populate_poll_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache *c = arg;
+    uint64_t reserved = arena_reserved(c->host);
+    bool running = cache_populating(c);
+    (void)fd;
+    (void)what;
+    if (reserved != c->populate_seen || !running) {
+        c->populate_seen = reserved;
+        event_active(c->put_wake_ev, 0, 0);
+    }
+    if (running) {
+        struct timeval tv = clock_tv_ms(CACHE_POPULATE_POLL_MS);
+        evtimer_add(c->populate_ev, &tv);
+    }
+}
+
+bool cache_populating(struct cache *c)
+{
+    return c->populate && cache_populate_state(c, NULL, 0) == POPULATE_RUNNING;
+}
+
+/* Reserve and populate the host arena in the background (mem/populate.h). */
+static int cache_start_populate(struct cache *c, const struct kvn_config *cfg, const char *tenant,
+                                char *err, size_t errlen)
+{
+    char label[80];
+    struct timeval tv = clock_tv_ms(CACHE_POPULATE_POLL_MS);
+    int rc;
+
+    snprintf(label, sizeof label, "%s%s", tenant ? "tenant " : "", tenant ? tenant : "the");
+    if (!(c->populate_ev = evtimer_new(c->base, cache_populate_poll_cb, c))) {
+        errmsg_set(err, errlen, "cannot create cache events");
+        return -KVNODE_ENOMEM;
+    }
+    populate_place_numa(arena_base(c->host), arena_size(c->host), cfg->numa == CONFIG_NUMA_AUTO,
+                        label);
+    rc = populate_start(c->host, populate_default_threads(), label, &c->populate, err, errlen);
+    if (rc == 0)
+        evtimer_add(c->populate_ev, &tv);
+    return rc;
+}
+
+static int cache_create_as(struct event_base *base, const struct kvn_config *cfg,
+                           const char *tenant, bool deferred, struct cache **out, char *err,
+                           size_t errlen)
 {
     struct cache *c = calloc(1, sizeof *c);
     int rc;
@@ -35,8 +98,10 @@ int cache_create_tenant(struct event_base *base, const struct kvn_config *cfg, c
     c->base = base;
     _Static_assert((int)CONFIG_HUGE_OFF == (int)ARENA_HUGE_OFF && (int)CONFIG_HUGE_AUTO == (int)ARENA_HUGE_AUTO &&
                    (int)CONFIG_HUGE_ON == (int)ARENA_HUGE_ON, "CONFIG_HUGE_* follows ARENA_HUGE_*");
-    rc = arena_create_host(HOST_ARENA_ID, cfg->host_bytes, cfg->slab_bytes, cfg->huge_pages, &c->host, err,
-                           errlen);
+    rc = deferred ? arena_create_host_deferred(HOST_ARENA_ID, cfg->host_bytes, cfg->slab_bytes, cfg->huge_pages,
+                                               &c->host, err, errlen)
+                  : arena_create_host(HOST_ARENA_ID, cfg->host_bytes, cfg->slab_bytes, cfg->huge_pages, &c->host,
+                                      err, errlen);
     if (rc < 0)
         goto fail;
     log_info("%s%s%shost memory: %s pages (%" PRIu64 " bytes each): %s", tenant ? "tenant " : "",
@@ -84,6 +149,8 @@ int cache_create_tenant(struct event_base *base, const struct kvn_config *cfg, c
         goto fail;
     }
     cache_apply_config(c, cfg);
+    if (deferred && (rc = cache_start_populate(c, cfg, tenant, err, errlen)) < 0)
+        goto fail;
     *out = c;
     return 0;
 fail:
@@ -95,6 +162,9 @@ void cache_destroy(struct cache *c)
 {
     if (!c)
         return;
+    populate_stop(c->populate);   /* its threads write the arena */
+    if (c->populate_ev)
+        event_free(c->populate_ev);
     /* Ops the store never got (it is gone by now): give back their pins,
      * while the events an unpin may activate (demotion) still exist. */
     while (c->queued_head) {

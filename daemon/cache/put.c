@@ -128,6 +128,9 @@ int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
         if (!cache_quota_room(c, ns))
             goto overquota;
         bool in_hbm = ha && arena_alloc(ha, hcls, &off) == 0;
+        /* Room is on its way: wait for it rather than evict. */
+        if (!in_hbm && !arena_can_alloc(c->host, ns->cls) && cache_populating(c))
+            goto populating;
         if (!in_hbm && (!cache_make_room(c, ns->cls) || arena_alloc(c->host, ns->cls, &off) < 0))
             goto nospace;
         if (tier == KVNODE_TIER_HBM) {
@@ -187,6 +190,17 @@ overquota: {
                  "%s held (%s pinned or reserved); cannot reserve %zu blocks of %s until its leases end",
                  ns->deployment_id, ns->layout.tp_rank, quota, held, stuck, need, block);
         rc = -KVNODE_ENOSPC;
+        goto undo;
+    }
+
+populating: {
+        struct arena_stats st;
+        arena_get_stats(c->host, &st);
+        errmsg_set(err, errlen, "host tier still being reserved at start-up: %" PRIu64 " of %"
+                   PRIu64 " bytes so far, %" PRIu64 " in use; cannot reserve %zu blocks of %"
+                   PRIu64 " bytes yet", st.reserved_bytes, st.capacity, st.used_bytes, need,
+                   ns->layout.block_bytes);
+        rc = CACHE_STORE_BOUND;
         goto undo;
     }
 

@@ -9,6 +9,7 @@
 #include "core/clock.h"
 #include "gpu/copier.h"
 #include "gpu/hostpin.h"
+#include "mem/populate.h"
 #include "persist/persist.h"
 
 /* --- stats ----------------------------------------------------------------- */
@@ -69,6 +70,30 @@ static void cache_pin_stats(struct cache *c, struct cache_stats *out)
         snprintf(out->pin_error, sizeof out->pin_error, "%s", pp.why);
 }
 
+/* Background reservation of the host arena: populate_state, _seconds, _error. */
+static void cache_populate_stats(struct cache *c, struct cache_stats *out)
+{
+    static const char *const states[] = { "running", "done", "failed", "stopped" };
+    struct populate_progress pp;
+
+    populate_progress(c->populate, &pp);
+    out->populate_state = pp.state >= 0 && pp.state < 4 ? states[pp.state] : "done";
+    out->populate_seconds = c->populate ? pp.seconds : 0.0;
+    out->has_populate_error = pp.state == POPULATE_FAILED;
+    if (out->has_populate_error)
+        snprintf(out->populate_error, sizeof out->populate_error, "%s", pp.why);
+}
+
+int cache_populate_state(struct cache *c, char *why, size_t whylen)
+{
+    struct populate_progress pp;
+
+    populate_progress(c->populate, &pp);
+    if (pp.state == POPULATE_FAILED && why && whylen)
+        snprintf(why, whylen, "%s", pp.why);
+    return pp.state;
+}
+
 /* The HBM tier per device and "demotions". */
 static void cache_hbm_stats(struct cache *c, struct cache_stats *out)
 {
@@ -106,6 +131,7 @@ void cache_get_stats(struct cache *c, struct cache_stats *out)
     out->high_watermark = c->high_watermark;
     out->low_watermark = c->low_watermark;
     cache_pin_stats(c, out);
+    cache_populate_stats(c, out);
     cache_hbm_stats(c, out);
     out->has_store = c->persist != NULL;
     out->store_blocks = c->ghosts;
@@ -158,6 +184,7 @@ static void cache_arena_stats_add(struct arena_stats *sum, const struct arena_st
     sum->used_bytes += x->used_bytes;
     sum->slabs_total += x->slabs_total;
     sum->slabs_free += x->slabs_free;
+    sum->reserved_bytes += x->reserved_bytes;
     sum->blocks += x->blocks;
     if (!sum->slab_bytes)
         sum->slab_bytes = x->slab_bytes;
@@ -242,6 +269,13 @@ void cache_stats_add(struct cache_stats *sum, const struct cache_stats *x, bool 
         sum->host_page_size = x->host_page_size;
     if (strcmp(sum->huge_pages, x->huge_pages) != 0)
         sum->huge_pages = "mixed";
+    sum->populate_state = cache_pin_worse(sum->populate_state, x->populate_state);
+    if (x->populate_seconds > sum->populate_seconds)
+        sum->populate_seconds = x->populate_seconds;
+    if (!sum->has_populate_error && x->has_populate_error) {
+        sum->has_populate_error = true;
+        memcpy(sum->populate_error, x->populate_error, sizeof sum->populate_error);
+    }
     if (!sum->has_pin_error && x->has_pin_error) {
         sum->has_pin_error = true;
         memcpy(sum->pin_error, x->pin_error, sizeof sum->pin_error);

@@ -20,6 +20,7 @@
 #include "mem/arena.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -71,6 +72,12 @@ struct arena {
     uint64_t size;          /* slabs_total * slab_bytes */
     uint64_t slab_bytes;
     uint32_t slabs_total;
+    /* Only slabs below slabs_usable are handed out: the memory reserved so
+     * far (a deferred host arena is reserved in the background, populate.c).
+     * reserved is written by the populate threads; the loop reloads it only
+     * when the next free slab is beyond slabs_usable. */
+    uint32_t slabs_usable;
+    _Atomic uint64_t reserved;
 
     struct arena_slab *slabs;
     uint32_t *free_slabs;   /* stack of free slab indices */
@@ -160,6 +167,8 @@ static int arena_new(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct ar
     a->size = size;
     a->slab_bytes = slab_bytes;
     a->slabs_total = (uint32_t)nslabs;
+    a->slabs_usable = (uint32_t)nslabs;
+    atomic_init(&a->reserved, size);
     arena_plan_levels(a, slab_bytes / ARENA_STRIDE_ALIGN);
 
     int rc = -KVNODE_ENOMEM;
@@ -331,8 +340,8 @@ static int arena_choose_pages(struct arena *a, int huge, uint64_t *size, unsigne
     return 0;
 }
 
-int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, int huge, struct arena **out,
-                      char *err, size_t errlen)
+static int arena_create_host_as(uint32_t id, uint64_t bytes, uint64_t slab_bytes, int huge, bool deferred,
+                                struct arena **out, char *err, size_t errlen)
 {
     struct arena *a;
     int rc = arena_new(id, bytes, slab_bytes, &a, err, errlen);
@@ -360,10 +369,14 @@ int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, int huge
                       strerror(errno));
         goto fail;
     }
-    /* Reserve every page now: the tier is ours for the daemon's life, a
-     * shortage should fail the start rather than a later put, and blocks
-     * must not pay a zero-fill page fault on first use. */
-    if (fallocate(a->fd, 0, 0, (off_t)size) != 0) {
+    /* Reserve every page now (deferred: populate.c does it in chunks after
+     * the daemon serves, and nothing is usable until it has): the tier is
+     * ours for the daemon's life and blocks must not pay a zero-fill page
+     * fault on first use. */
+    if (deferred) {
+        a->slabs_usable = 0;
+        atomic_store(&a->reserved, 0);
+    } else if (fallocate(a->fd, 0, 0, (off_t)size) != 0) {
         rc = errno == ENOSPC || errno == ENOMEM ? -KVNODE_ENOMEM : -KVNODE_EIO;
         errmsg_set(err, errlen, "arena: cannot reserve %" PRIu64 " bytes of host memory: %s",
                       size, strerror(errno));
@@ -375,7 +388,8 @@ int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, int huge
         goto fail;
     }
     arena_open_readonly(a, a->fd);
-    a->base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, a->fd, 0);
+    a->base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | (deferred ? 0 : MAP_POPULATE), a->fd, 0);
     if (a->base == MAP_FAILED) {
         if (errno == ENOMEM)
             rc = -KVNODE_ENOMEM;
@@ -394,6 +408,34 @@ fail:
     arena_destroy(a);
     *out = NULL;
     return rc;
+}
+
+int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, int huge, struct arena **out,
+                      char *err, size_t errlen)
+{
+    return arena_create_host_as(id, bytes, slab_bytes, huge, false, out, err, errlen);
+}
+
+int arena_create_host_deferred(uint32_t id, uint64_t bytes, uint64_t slab_bytes, int huge,
+                               struct arena **out, char *err, size_t errlen)
+{
+    return arena_create_host_as(id, bytes, slab_bytes, huge, true, out, err, errlen);
+}
+
+void arena_mark_reserved(struct arena *a, uint64_t bytes)
+{
+    atomic_store_explicit(&a->reserved, bytes < a->size ? bytes : a->size, memory_order_release);
+}
+
+uint64_t arena_reserved(const struct arena *a)
+{
+    return atomic_load_explicit(&((struct arena *)a)->reserved, memory_order_acquire);
+}
+
+/* Slabs wholly inside the reserved part. */
+static uint32_t arena_reserved_slabs(const struct arena *a)
+{
+    return (uint32_t)(arena_reserved(a) / a->slab_bytes);
 }
 
 int arena_create_over(uint32_t id, int tier, int device, void *base, int fd, uint64_t bytes,
@@ -564,6 +606,11 @@ int arena_alloc(struct arena *a, uint32_t cls, uint64_t *offset)
     if (c->partial == ARENA_NONE) {
         if (a->nfree_slabs == 0)
             return -KVNODE_ENOSPC;
+        /* Freed slabs sit above the never-used ones, which pop in ascending
+         * order: a top beyond the reserved part means no usable slab. */
+        uint32_t top = a->free_slabs[a->nfree_slabs - 1];
+        if (top >= a->slabs_usable && top >= (a->slabs_usable = arena_reserved_slabs(a)))
+            return -KVNODE_ENOSPC;
         uint32_t s = a->free_slabs[--a->nfree_slabs];
         a->slabs[s].cls = cls;
         a->slabs[s].used = 0;
@@ -623,7 +670,12 @@ int arena_can_alloc(const struct arena *a, uint32_t cls)
 {
     if (cls >= a->nclasses)
         return 0;
-    return a->classes[cls].partial != ARENA_NONE || a->nfree_slabs > 0;
+    if (a->classes[cls].partial != ARENA_NONE)
+        return 1;
+    if (a->nfree_slabs == 0)
+        return 0;
+    uint32_t top = a->free_slabs[a->nfree_slabs - 1];
+    return top < a->slabs_usable || top < arena_reserved_slabs(a);
 }
 
 uint64_t arena_bad_frees(const struct arena *a) { return a->bad_frees; }
@@ -635,6 +687,9 @@ void arena_get_stats(const struct arena *a, struct arena_stats *st)
     st->used_bytes = a->used_bytes;
     st->slab_bytes = a->slab_bytes;
     st->slabs_total = a->slabs_total;
-    st->slabs_free = a->nfree_slabs;
+    uint32_t usable = arena_reserved_slabs(a);
+    st->reserved_bytes = arena_reserved(a);
+    /* Free slabs inside the reserved part: every slab beyond it is free. */
+    st->slabs_free = a->nfree_slabs - (a->slabs_total - usable);
     st->blocks = a->blocks;
 }

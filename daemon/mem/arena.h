@@ -11,7 +11,7 @@
  * The allocator keeps all its state in daemon memory and never touches the
  * region, so the same code carves device memory (arena_create_over).
  *
- * Loop thread only. */
+ * Loop thread only, except arena_mark_reserved / arena_reserved. */
 #ifndef KVNODE_ARENA_H
 #define KVNODE_ARENA_H
 
@@ -30,6 +30,7 @@ struct arena_stats {
     uint32_t slabs_total;
     uint32_t slabs_free;    /* slabs owned by no class */
     uint64_t blocks;        /* allocated blocks */
+    uint64_t reserved_bytes; /* reserved so far: blocks are placed only below it */
 };
 
 /* memory.huge_pages, in the order of CONFIG_HUGE_*. */
@@ -43,6 +44,15 @@ enum { ARENA_HUGE_OFF = 0, ARENA_HUGE_AUTO = 1, ARENA_HUGE_ON = 2 };
  * Returns 0 or a negative KVNODE_E* code with err set. */
 int arena_create_host(uint32_t id, uint64_t bytes, uint64_t slab_bytes, int huge, struct arena **out,
                       char *err, size_t errlen);
+/* The same (huge alike) with its full size but nothing reserved or
+ * populated: no block is placed until arena_mark_reserved() raises the
+ * reserved part (see mem/populate.h, which reserves in whole pages). */
+int arena_create_host_deferred(uint32_t id, uint64_t bytes, uint64_t slab_bytes, int huge,
+                               struct arena **out, char *err, size_t errlen);
+/* [0, bytes) is reserved and populated. Any thread (an atomic store); the
+ * loop sees it at its next alloc that needs a slab beyond the old bound. */
+void arena_mark_reserved(struct arena *a, uint64_t bytes);
+uint64_t arena_reserved(const struct arena *a);
 /* An arena over memory someone else owns and releases after arena_destroy
  * (an HBM region from devmem): base is the daemon's address of it (a device
  * pointer for real GPUs: never dereferenced here), fd what clients map (-1:

@@ -23,11 +23,14 @@
 #include <event2/listener.h>
 #include <jansson.h>
 
+#include "cache/cache.h"
 #include "core/clock.h"
 #include "config.h"
 #include "daemon.h"
 #include "core/errmsg.h"
 #include "kvcm/kvcm.h"
+#include "mem/arena.h"
+#include "mem/populate.h"
 #include "core/log.h"
 #include "persist/persist.h"
 #include "core/liveness.h"
@@ -142,6 +145,19 @@ static void admin_readyz(struct admin *a, struct evhttp_request *req)
     for (size_t i = 0; i < tenants_count(a->d->tenants) && used < sizeof msg; i++) {
         const struct tenant *t = tenants_at(a->d->tenants, i);
         struct persist_counters pc;
+        char pwhy[256];
+        /* Short host memory is served from what was reserved: ready, and why. */
+        if (t->cache && cache_populate_state(t->cache, pwhy, sizeof pwhy) == POPULATE_FAILED) {
+            struct arena_stats hs;
+            cache_host_stats(t->cache, &hs);
+            used += (size_t)snprintf(msg + used, sizeof msg - used,
+                                     "; %s%s%shost memory stays at %llu of %llu bytes: %.200s",
+                                     t->named ? "tenant " : "", t->named ? t->name : "",
+                                     t->named ? ": " : "", (unsigned long long)hs.reserved_bytes,
+                                     (unsigned long long)hs.capacity, pwhy);
+            if (used >= sizeof msg)
+                break;
+        }
         if (!t->persist)
             continue;
         persist_get_counters(t->persist, &pc);

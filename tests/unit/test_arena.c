@@ -748,6 +748,51 @@ START_TEST(test_deep_bitmap)
 }
 END_TEST
 
+/* A deferred arena places nothing until reserved; then only slabs wholly
+ * inside the reserved part, and a freed slab is reused before the bound. */
+START_TEST(test_deferred_reserved_bound)
+{
+    struct arena *a;
+    char err[256];
+    uint32_t cls;
+    uint64_t off, offs[8];
+    struct arena_stats st;
+
+    ck_assert_int_eq(arena_create_host_deferred(3, 8 * MiB, MiB, ARENA_HUGE_OFF, &a, err, sizeof err), 0);
+    ck_assert_int_eq(arena_class_for(a, MiB, &cls), 0);
+    ck_assert_int_eq(arena_reserved(a), 0);
+    ck_assert(!arena_can_alloc(a, cls));
+    ck_assert_int_eq(arena_alloc(a, cls, &off), -KVNODE_ENOSPC);
+    arena_get_stats(a, &st);
+    ck_assert_uint_eq(st.capacity, 8 * MiB);
+    ck_assert_uint_eq(st.reserved_bytes, 0);
+    ck_assert_uint_eq(st.slabs_free, 0);
+
+    arena_mark_reserved(a, 2 * MiB + MiB / 2);    /* 2 whole slabs */
+    ck_assert(arena_can_alloc(a, cls));
+    ck_assert_int_eq(arena_alloc(a, cls, &offs[0]), 0);
+    ck_assert_int_eq(arena_alloc(a, cls, &offs[1]), 0);
+    ck_assert_uint_eq(offs[0], 0);
+    ck_assert_uint_eq(offs[1], MiB);
+    ck_assert(!arena_can_alloc(a, cls));
+    ck_assert_int_eq(arena_alloc(a, cls, &off), -KVNODE_ENOSPC);
+    arena_free(a, offs[0]);
+    ck_assert_int_eq(arena_alloc(a, cls, &off), 0);
+    ck_assert_uint_eq(off, 0);
+
+    arena_mark_reserved(a, UINT64_MAX);            /* clamped to the size */
+    for (int i = 2; i < 8; i++) {
+        ck_assert_int_eq(arena_alloc(a, cls, &offs[i]), 0);
+        ck_assert_uint_eq(offs[i], (uint64_t)i * MiB);
+    }
+    ck_assert_int_eq(arena_alloc(a, cls, &off), -KVNODE_ENOSPC);
+    arena_get_stats(a, &st);
+    ck_assert_uint_eq(st.reserved_bytes, 8 * MiB);
+    ck_assert_uint_eq(st.slabs_free, 0);
+    arena_destroy(a);
+}
+END_TEST
+
 static Suite *arena_suite(void)
 {
     Suite *s = suite_create("arena");
@@ -766,6 +811,7 @@ static Suite *arena_suite(void)
     tcase_add_test(tc, test_bad_free_ignored);
     tcase_add_test(tc, test_random_against_model);
     tcase_add_test(tc, test_deep_bitmap);
+    tcase_add_test(tc, test_deferred_reserved_bound);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -141,6 +141,7 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert(a->high_watermark == b->high_watermark);
     ck_assert(a->low_watermark == b->low_watermark);
     ck_assert_int_eq(a->pin_host, b->pin_host);
+    ck_assert_int_eq(a->numa, b->numa);
     ck_assert_uint_eq(a->namespace_quota, b->namespace_quota);
     ck_assert_uint_eq(a->pin_chunk_bytes, b->pin_chunk_bytes);
     ck_assert_int_eq(a->huge_pages, b->huge_pages);
@@ -223,7 +224,7 @@ static const char *const all_options[][2] = {
     { "server", "max_buffered_input_bytes" }, { "server", "worker_stall_timeout" },
     { "memory", "host_bytes" }, { "memory", "slab_bytes" }, { "memory", "high_watermark" },
     { "memory", "low_watermark" }, { "memory", "pin_host" }, { "memory", "namespace_quota" },
-    { "memory", "pin_chunk_bytes" }, { "memory", "huge_pages" },
+    { "memory", "pin_chunk_bytes" }, { "memory", "huge_pages" }, { "memory", "numa" },
     { "hbm", "backend" }, { "hbm", "bytes" }, { "hbm", "devices" }, { "hbm", "high_watermark" },
     { "hbm", "low_watermark" }, { "hbm", "required" }, { "hbm", "copy_batch_bytes" },
     { "leases", "read_ttl" }, { "leases", "write_ttl" }, { "leases", "reaper_interval" },
@@ -270,6 +271,7 @@ START_TEST(test_defaults)
     ck_assert_double_eq(c.high_watermark, 0.95);
     ck_assert_double_eq(c.low_watermark, 0.90);
     ck_assert_int_eq(c.pin_host, CONFIG_PIN_AUTO);
+    ck_assert_int_eq(c.numa, CONFIG_NUMA_AUTO);
     ck_assert_uint_eq(c.namespace_quota, 0);
     ck_assert_uint_eq(c.pin_chunk_bytes, GIB);
     ck_assert_int_eq(c.huge_pages, CONFIG_HUGE_AUTO);
@@ -417,6 +419,8 @@ static const struct good_case good_cases[] = {
     { "memory", "pin_host", "off", OFF(pin_host), F_INT, .u = CONFIG_PIN_OFF },
     { "memory", "pin_host", "ON", OFF(pin_host), F_INT, .u = CONFIG_PIN_ON },
     { "memory", "pin_host", "auto", OFF(pin_host), F_INT, .u = CONFIG_PIN_AUTO },
+    { "memory", "numa", "off", OFF(numa), F_INT, .u = CONFIG_NUMA_OFF },
+    { "memory", "numa", "auto", OFF(numa), F_INT, .u = CONFIG_NUMA_AUTO },
     { "memory", "namespace_quota", "0", OFF(namespace_quota), F_U64, .u = 0 },
     { "memory", "namespace_quota", "8MiB", OFF(namespace_quota), F_U64, .u = 8 * MIB },
     { "memory", "namespace_quota", "65537", OFF(namespace_quota), F_U64, .u = 65537 },
@@ -696,6 +700,7 @@ static const struct bad_case bad_cases[] = {
     { "memory", "low_watermark", "0.5 # half", "'#' starts a comment only at the beginning" },
     { "memory", "pin_host", "yes", "expected auto, on or off" },
     { "memory", "huge_pages", "2MiB", "expected off, auto or on" },
+    { "memory", "numa", "interleave", "expected auto or off" },
     { "memory", "namespace_quota", "1.5G", "invalid size '1.5G'" },
     { "memory", "namespace_quota", "-1", "invalid size '-1'" },
     { "memory", "namespace_quota", "20EiB", "too large" },
@@ -2491,7 +2496,7 @@ START_TEST(test_restart_required)
                               "persist.workers", "persist.queue", "persist.url", "persist.socket_path",
                               "persist.connect_timeout", "persist.timeout", "persist.lookup",
                               "persist.object_namespace", "persist.tombstones",
-                              "memory.pin_chunk_bytes", "memory.huge_pages",
+                              "memory.pin_chunk_bytes", "memory.huge_pages", "memory.numa",
                               /* [hbm]: all but the demotion watermarks */
                               "hbm.backend", "hbm.bytes", "hbm.devices", "hbm.required", "hbm.copy_batch_bytes",
                               /* [kvcm]: all of it; its threads read their settings once */
