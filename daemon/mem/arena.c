@@ -67,7 +67,7 @@ struct arena {
     char     ro_why[192];   /* why there is no ro_fd */
     uint64_t page_size;     /* host arena: the pages backing it */
     char     huge_pages[24]; /* host arena: "hugetlb 2MiB", "thp" or "off" */
-    char     huge_why[320]; /* host arena: why that choice (for the log) */
+    char     huge_why[512]; /* host arena: why that choice (for the log) */
     void    *base;
     uint64_t size;          /* slabs_total * slab_bytes */
     uint64_t slab_bytes;
