@@ -33,8 +33,7 @@ struct tenants {
 /* A tenant's part of a log line: "tenant NAME: " for a named one. */
 static const char *tenant_who(const struct tenant *t, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s%s%s", t->named ? "tenant " : "", t->named ? t->name : "", t->named ? ": " : "");
-    return buf;
+    return log_tenant_prefix(t->named ? t->name : NULL, buf, len);
 }
 
 /* The section called name in cfg, or NULL. */

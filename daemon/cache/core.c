@@ -88,6 +88,7 @@ static int cache_create_as(struct event_base *base, const struct kvn_config *cfg
                            size_t errlen)
 {
     struct cache *c = calloc(1, sizeof *c);
+    char who[LOG_TENANT_PREFIX_MAX];
     int rc;
 
     *out = NULL;
@@ -104,16 +105,15 @@ static int cache_create_as(struct event_base *base, const struct kvn_config *cfg
                                       err, errlen);
     if (rc < 0)
         goto fail;
-    log_info("%s%s%shost memory: %s pages (%" PRIu64 " bytes each): %s", tenant ? "tenant " : "",
-             tenant ? tenant : "", tenant ? ": " : "",
+    log_info("%shost memory: %s pages (%" PRIu64 " bytes each): %s", log_tenant_prefix(tenant, who, sizeof who),
              strcmp(arena_huge_pages(c->host), "off") == 0 ? "ordinary" : arena_huge_pages(c->host),
              arena_page_size(c->host), arena_huge_pages_why(c->host));
     c->arenas[HOST_ARENA_ID] = c->host;
     c->narenas = 1;
     if (arena_fd_readonly(c->host) < 0)
-        log_warn("%s%s%shost memory cannot be lent read-only: %s; clients that declare themselves "
-                 "readers will be refused", tenant ? "tenant " : "", tenant ? tenant : "",
-                 tenant ? ": " : "", arena_fd_readonly_why(c->host));
+        log_warn("%shost memory cannot be lent read-only: %s; clients that declare themselves "
+                 "readers will be refused", log_tenant_prefix(tenant, who, sizeof who),
+                 arena_fd_readonly_why(c->host));
     /* Size the index for the arena's capacity at the default block size
      * order of magnitude; it grows incrementally beyond that. */
     rc = index_create(cfg->host_bytes / (256u * 1024u), &c->index);

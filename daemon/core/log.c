@@ -201,6 +201,13 @@ bool log_limit_pass(struct log_limit *l, uint64_t now_ms, uint64_t interval_ms, 
     return true;
 }
 
+const char *log_tenant_prefix(const char *tenant, char *buf, size_t len)
+{
+    bool named = tenant && *tenant;
+    snprintf(buf, len, "%s%s%s", named ? "tenant " : "", named ? tenant : "", named ? ": " : "");
+    return buf;
+}
+
 const char *log_limit_note(uint64_t held, const char *what, char *buf, size_t len)
 {
     if (held == 0 || len == 0)

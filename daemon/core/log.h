@@ -41,6 +41,10 @@ struct log_limit {
 bool log_limit_pass(struct log_limit *l, uint64_t now_ms, uint64_t interval_ms, uint64_t *suppressed);
 /* " (N more <what> since the last message)", or "" when held is 0; into buf. */
 const char *log_limit_note(uint64_t held, const char *what, char *buf, size_t len);
+/* "tenant NAME: " for a named tenant, "" for NULL or "" (the default tenant);
+ * always written into buf, which it returns. */
+#define LOG_TENANT_PREFIX_MAX 48
+const char *log_tenant_prefix(const char *tenant, char *buf, size_t len);
 
 #define log_error(...) log_msg(LOG_LEVEL_ERROR, __VA_ARGS__)
 #define log_warn(...)  log_msg(LOG_LEVEL_WARN, __VA_ARGS__)

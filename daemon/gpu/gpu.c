@@ -30,8 +30,7 @@ struct gpu {
 /* "tenant X: " before a log line about a named cache, nothing otherwise. */
 static const char *gpu_who(const struct gpu_cache *gc, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s%s%s", gc->name ? "tenant " : "", gc->name ? gc->name : "", gc->name ? ": " : "");
-    return buf;
+    return log_tenant_prefix(gc->name, buf, len);
 }
 
 /* The backend [hbm] backend names; falls back to none (why set) when an

@@ -124,7 +124,7 @@ static void admin_metrics(struct admin *a, struct evhttp_request *req, struct ev
 
 static void admin_readyz(struct admin *a, struct evhttp_request *req)
 {
-    char stalled[512], msg[1400];
+    char stalled[512], msg[1400], who[LOG_TENANT_PREFIX_MAX];
 
     if (a->stopping) {
         admin_reply_text(req, 503, "Service Unavailable", "not ready: shutting down");
@@ -151,9 +151,9 @@ static void admin_readyz(struct admin *a, struct evhttp_request *req)
             struct arena_stats hs;
             cache_host_stats(t->cache, &hs);
             used += (size_t)snprintf(msg + used, sizeof msg - used,
-                                     "; %s%s%shost memory stays at %llu of %llu bytes: %.200s",
-                                     t->named ? "tenant " : "", t->named ? t->name : "",
-                                     t->named ? ": " : "", (unsigned long long)hs.reserved_bytes,
+                                     "; %shost memory stays at %llu of %llu bytes: %.200s",
+                                     log_tenant_prefix(t->named ? t->name : NULL, who, sizeof who),
+                                     (unsigned long long)hs.reserved_bytes,
                                      (unsigned long long)hs.capacity, pwhy);
             if (used >= sizeof msg)
                 break;
@@ -162,8 +162,8 @@ static void admin_readyz(struct admin *a, struct evhttp_request *req)
             continue;
         persist_get_counters(t->persist, &pc);
         if (pc.state == PERSIST_STATE_DEGRADED)
-            used += (size_t)snprintf(msg + used, sizeof msg - used, "; %s%s%spersistent store degraded: %.300s",
-                                     t->named ? "tenant " : "", t->named ? t->name : "", t->named ? ": " : "",
+            used += (size_t)snprintf(msg + used, sizeof msg - used, "; %spersistent store degraded: %.300s",
+                                     log_tenant_prefix(t->named ? t->name : NULL, who, sizeof who),
                                      persist_last_error(t->persist));
     }
     if (used < sizeof msg && kvcm_stalled(a->d->kvcm, kvcm_why, sizeof kvcm_why))

@@ -182,8 +182,8 @@ int persist_create_tenant(struct event_base *base, const struct kvn_config *cfg,
     }
     if (p->c.state == PERSIST_STATE_DEGRADED)
         persist_health_arm(p);
-    log_info("%s%s%spersist: %s store, %u workers, queue %zu%s", p->tenant[0] ? "tenant " : "",
-             p->tenant, p->tenant[0] ? ": " : "", be->name, p->workers, p->capacity,
+    char who[LOG_TENANT_PREFIX_MAX];
+    log_info("%spersist: %s store, %u workers, queue %zu%s", log_tenant_prefix(p->tenant, who, sizeof who), be->name, p->workers, p->capacity,
              p->c.state == PERSIST_STATE_DEGRADED ? " (degraded)" : "");
     *out = p;
     return 0;
