@@ -165,7 +165,7 @@ $(KVNODECTL): $(call obj,$(CTL_SRC)) $(LIBA)
 
 # --- tests -------------------------------------------------------------------
 # Test programs compile in one step; they depend on every test helper header.
-TEST_HDRS := $(wildcard tests/common/*.h tests/unit/*.h tests/sim/*.h tests/integration/*.h tests/fuzz/*.h)
+TEST_HDRS := $(wildcard tests/common/*.h tests/unit/*.h tests/sim/*.h tests/integration/*.h tests/fuzz/*.h tests/bench/*.h)
 
 # The daemon's objects as one archive for the unit tests and fuzz targets: the
 # linker takes only the members a program needs (a test of the arena does not

@@ -23,26 +23,15 @@
 
 #include "harness.h"
 
+#define BENCH_NAME "kvnode-bench"
+#include "bench_util.h"
+
 #define CHAIN        256
 #define MATCH_CALLS  2000
 #define MATCH_WARMUP 200
 
 static uint64_t total_target = 2ull << 30;   /* bytes moved per measurement */
 
-static void die(const char *what, const char *detail)
-{
-    fprintf(stderr, "kvnode-bench: %s: %s\n", what, detail);
-    exit(1);
-}
-
-static void check(kvnode_client *c, int rc, const char *what)
-{
-    if (rc != 0) {
-        char m[512];
-        snprintf(m, sizeof m, "%d (%s): %s", rc, kvnode_strerror(rc), kvnode_last_error(c));
-        die(what, m);
-    }
-}
 
 static int cmp_u64(const void *a, const void *b)
 {

@@ -76,6 +76,9 @@
 #include "harness.h"
 #include "../common/kvh_http.h"
 
+#define BENCH_NAME "kvnode-bench-persist"
+#include "bench_util.h"
+
 #define REC_BB        4096u      /* recovery blocks */
 #define REC_CHAIN     1000u      /* keys per put while populating */
 #define MATCH_KEYS    1000u
@@ -90,20 +93,6 @@ static pid_t tmp_owner;
 
 /* --- helpers ---------------------------------------------------------------- */
 
-static void die(const char *what, const char *detail)
-{
-    fprintf(stderr, "kvnode-bench-persist: %s: %s\n", what, detail);
-    exit(1);
-}
-
-static void check(kvnode_client *c, int rc, const char *what)
-{
-    if (rc != 0) {
-        char m[512];
-        snprintf(m, sizeof m, "%d (%s): %s", rc, kvnode_strerror(rc), kvnode_last_error(c));
-        die(what, m);
-    }
-}
 
 static void sleep_ns(uint64_t ns)
 {

@@ -26,6 +26,9 @@
 
 #include "harness.h"
 
+#define BENCH_NAME "kvnode-bench-prefault"
+#include "bench_util.h"
+
 #define BLOCK  (1ull << 20)
 #define CHAIN  64
 #define ROUNDS 3
@@ -33,20 +36,6 @@
 static uint64_t data_bytes = 1ull << 30;
 static volatile uint64_t sink;      /* keeps the sums alive */
 
-static void die(const char *what, const char *detail)
-{
-    fprintf(stderr, "kvnode-bench-prefault: %s: %s\n", what, detail);
-    exit(1);
-}
-
-static void check(kvnode_client *c, int rc, const char *what)
-{
-    if (rc != 0) {
-        char m[512];
-        snprintf(m, sizeof m, "%d (%s): %s", rc, kvnode_strerror(rc), kvnode_last_error(c));
-        die(what, m);
-    }
-}
 
 static uint64_t now_ns(void)
 {
