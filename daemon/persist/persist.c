@@ -132,6 +132,8 @@ int persist_create_tenant(struct event_base *base, const struct kvn_config *cfg,
     p->kcfg.path = p->path;
     p->kcfg.capacity_bytes = cfg->persist_capacity;
     p->kcfg.fsync_policy = cfg->persist_fsync;
+    p->kcfg.segment_bytes = cfg->persist_segment_bytes;
+    p->kcfg.direct_io = cfg->persist_direct_io;
     p->kcfg.url = p->url;
     p->kcfg.socket_path = p->sock;
     p->kcfg.object_namespace = p->object_ns;
