@@ -27,13 +27,19 @@ struct pending {                   /* a record in the buffer, applied after the 
     uint32_t crc;
 };
 
-static int write_full(int fd, const uint8_t *p, size_t len, uint64_t off)
+static int write_full(int fd, const uint8_t *p, size_t len, uint64_t off, bool direct)
 {
     while (len > 0) {
         ssize_t n = pwrite(fd, p, len, (off_t)off);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
+            return -1;
+        }
+        if (direct && (size_t)n < len) {
+            /* The file could not grow by all of it (disk full, RLIMIT_FSIZE);
+             * the rest would be unaligned for O_DIRECT. */
+            errno = ENOSPC;
             return -1;
         }
         if (n == 0) {
@@ -107,7 +113,7 @@ void seg_hint_write(struct seg_root *r, uint64_t id, uint64_t seg_len, struct se
     snprintf(tmp, sizeof tmp, "%s.tmp", fin);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0) {
-        bool ok = write_full(fd, b, len, 0) == 0 && (!sync || fdatasync(fd) == 0);
+        bool ok = write_full(fd, b, len, 0, false) == 0 && (!sync || fdatasync(fd) == 0);
         close(fd);
         if (!ok || rename(tmp, fin) < 0)
             unlink(tmp);
@@ -228,6 +234,30 @@ static int writer_note_ns(struct seg_writer *w, struct seg_ns *ns)
     return 0;
 }
 
+/* The buffer to the open segment. A direct write the kernel refuses
+ * (EINVAL: e.g. cut short by RLIMIT_FSIZE) is tried once more through the
+ * page cache, which reports the real cause or succeeds. */
+static int write_seg(struct file_store *s)
+{
+    struct seg_writer *w = &s->w;
+    if (write_full(w->fd, s->buf, s->buflen, s->buf_off, w->direct) == 0)
+        return 0;
+    if (!w->direct || errno != EINVAL)
+        return -1;
+    char path[PATH_MAX];
+    seg_path(s->r, w->seg->id, false, path, sizeof path);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = write_full(fd, s->buf, s->buflen, s->buf_off, false);
+    int e = errno;
+    if (rc == 0 && s->fsync_policy != KVS_FSYNC_NEVER)
+        rc = fdatasync(fd);
+    close(fd);
+    errno = e;
+    return rc;
+}
+
 /* Write the buffer, then make its records visible. Every item of the batch
  * gets rc (0 or the failure). */
 static int flush(struct file_store *s, struct batch *b, struct kvs_item *items, char *err,
@@ -255,7 +285,7 @@ static int flush(struct file_store *s, struct batch *b, struct kvs_item *items, 
                    " bytes) and no closed segment is left to drop; raise persist.capacity or "
                    "lower persist.segment_bytes", s->buflen, r->path, r->capacity);
         rc = -KVNODE_ENOSPC;
-    } else if (write_full(w->fd, s->buf, s->buflen, s->buf_off) < 0 ||
+    } else if (write_seg(s) < 0 ||
                (s->fsync_policy != KVS_FSYNC_NEVER && fdatasync(w->fd) < 0)) {
         int e = errno;
         errmsg_set(err, errlen, "kvs file: write of %zu bytes to segment %016" PRIx64 " in %s "

@@ -89,9 +89,8 @@ static void remove_v1_tree(const struct seg_root *r)
 
 /* One budget of old blocks: read (with every check of file_v1), appended
  * and synced, then the old files removed. 1: migration over. */
-static int migrate_step(struct file_store *s, struct kvs_scan *c, size_t budget,
-                        void (*found)(void *arg, const struct kvs_found *f), void *arg,
-                        char *err, size_t errlen)
+static int migrate_step(struct file_store *s, struct kvs_scan *c, size_t budget, char *err,
+                        size_t errlen)
 {
     struct seg_root *r = s->r;
     char e[256];
@@ -144,12 +143,8 @@ static int migrate_step(struct file_store *s, struct kvs_scan *c, size_t budget,
     s->fsync_policy = policy;
     for (size_t i = 0; i < m; i++) {
         if (items[i].rc == 0) {
+            /* Reported with the rest of the keydir once recovery is over. */
             kvs_file_v1_backend.del(c->v1, items[i].ns, items[i].key, e, sizeof e);
-            struct kvs_found f = { .layout = *items[i].ns->layout,
-                                   .fingerprint = items[i].ns->fingerprint, .key = items[i].key,
-                                   .size = items[i].len };
-            if (found)
-                found(arg, &f);
             pthread_mutex_lock(&r->mu);
             r->st.migrated++;
             pthread_mutex_unlock(&r->mu);
@@ -353,7 +348,7 @@ static long load_records(struct seg_root *r, struct seg *sg)
     if (bad)
         count(r, &r->st.corrupt, bad);
     /* Closed from now on: index it so the next start reads the hint. */
-    if (nents == (size_t)n && sg->len)
+    if (bad == 0 && nents == (size_t)n && sg->len)
         seg_hint_write(r, sg->id, sg->len, nss, nnss, ents, nents, true);
     free(ents);
     return n;
@@ -419,24 +414,27 @@ static int report_step(struct seg_root *r, struct kvs_scan *c, size_t budget,
     pthread_mutex_lock(&r->mu);
     do {
         uint64_t m = r->mask;
+        size_t want = 0;
         for (struct kd_ent *e = r->tab[c->cursor & m], *nx; e; e = nx) {
             nx = e->next;
-            if (e->seg->dropped || e->kind == KD_TOMB) {
+            if (e->seg->dropped || e->kind == KD_TOMB)
                 seg_kd_remove(r, e);   /* stale, or a tombstone whose work is done */
-                continue;
-            }
-            if (n < budget * 2 && e->ns->layout_known) {
-                if (n == budget) {
-                    struct kvs_found *w = realloc(v, budget * 2 * sizeof(*v));
-                    if (!w)
-                        break;
-                    v = w;
-                }
+            else if (e->ns->layout_known)
+                want++;
+        }
+        if (n > 0 && n + want > budget)
+            break;                 /* this bucket next time: never more than budget */
+        if (n + want > budget) {   /* one chain longer than the budget: all of it */
+            struct kvs_found *w = realloc(v, (n + want) * sizeof(*v));
+            if (!w)
+                break;
+            v = w;
+        }
+        for (struct kd_ent *e = r->tab[c->cursor & m]; e; e = e->next)
+            if (e->ns->layout_known)
                 v[n++] = (struct kvs_found){ .layout = e->ns->layout,
                                              .fingerprint = e->ns->fingerprint, .key = e->key,
                                              .size = e->size };
-            }
-        }
         c->cursor |= ~m;
         c->cursor = rev64(c->cursor);
         c->cursor++;
@@ -489,7 +487,7 @@ int seg_scan(struct kvs_store *ks, struct kvs_scan **cursor, size_t budget,
         *cursor = c;
     }
     if (c->phase == PH_MIGRATE) {
-        int rc = migrate_step(s, c, budget, found, arg, err, errlen);
+        int rc = migrate_step(s, c, budget, err, errlen);
         if (rc < 0)
             goto fail;
         if (rc == 1) {
@@ -507,9 +505,9 @@ int seg_scan(struct kvs_store *ks, struct kvs_scan **cursor, size_t budget,
         pthread_mutex_lock(&r->mu);
         bool over = r->recovered;
         pthread_mutex_unlock(&r->mu);
-        if (over)
-            c->phase = PH_REPORT;
-        return 0;                  /* another scan may still be loading: asked again */
+        if (!over)
+            return 0;              /* more to load, or another scan still loading */
+        c->phase = PH_REPORT;
     }
     int rc = report_step(r, c, budget, found, arg);
     if (rc < 0)
