@@ -50,9 +50,11 @@
  * every block read with its checks, appended, fsynced, then its file
  * removed; bad copies are removed and counted, never migrated); then each
  * segment found at open is loaded from its hint file, or, when that is
- * missing or fails a check, by reading its records: the scan stops at the
- * first record whose header or payload fails, and the segment is truncated
- * there (a torn tail after kill -9; counted in torn_tails / torn_bytes).
+ * missing or fails a check, by reading its record headers (payloads are
+ * checked by the get that reads them): a bad header is skipped to the next
+ * good one (counted in corrupt), and what follows the last good record is
+ * cut (a torn tail after kill -9; counted in torn_tails / torn_bytes). The
+ * segment then gets a hint file when nothing in it was bad.
  * Then the keydir is reported in budgets. Writes and reads go on meanwhile.
  *
  * fsync policy, per batch (put_batch / put / del):

@@ -37,9 +37,10 @@ static int write_full(int fd, const uint8_t *p, size_t len, uint64_t off, bool d
             return -1;
         }
         if (direct && (size_t)n < len) {
-            /* The file could not grow by all of it (disk full, RLIMIT_FSIZE);
-             * the rest would be unaligned for O_DIRECT. */
-            errno = ENOSPC;
+            /* The file could not grow by all of it (disk full, RLIMIT_FSIZE):
+             * the rest would be unaligned for O_DIRECT; write_seg() asks the
+             * page cache for the real cause. */
+            errno = EINVAL;
             return -1;
         }
         if (n == 0) {
@@ -235,8 +236,9 @@ static int writer_note_ns(struct seg_writer *w, struct seg_ns *ns)
 }
 
 /* The buffer to the open segment. A direct write the kernel refuses
- * (EINVAL: e.g. cut short by RLIMIT_FSIZE) is tried once more through the
- * page cache, which reports the real cause or succeeds. */
+ * (EINVAL, or a short write: e.g. cut by RLIMIT_FSIZE or a full disk) is
+ * tried once more through the page cache, which reports the real cause
+ * (ENOSPC, EFBIG) or succeeds. */
 static int write_seg(struct file_store *s)
 {
     struct seg_writer *w = &s->w;

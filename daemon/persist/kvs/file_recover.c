@@ -257,7 +257,9 @@ static long load_hint(struct seg_root *r, struct seg *sg)
     return (long)ne;
 }
 
-/* Record by record: the number of records, a torn tail cut. */
+/* Record by record, headers only: the number of records; a bad header is
+ * skipped to the next good one, and what follows the last good record (a
+ * torn tail) is cut. */
 static long load_records(struct seg_root *r, struct seg *sg)
 {
     char p[PATH_MAX];
@@ -283,9 +285,8 @@ static long load_records(struct seg_root *r, struct seg *sg)
         uint64_t rl = why ? 0 : seg_rec_len(h.size);
         if (!why && pos + rl > len)
             why = "record runs past the end";
-        if (!why && h.type != SEG_REC_PAD && h.type != SEG_REC_TOMB &&
-            crc32c(0, m + pos + SEG_REC_HDR, h.size) != h.crc)
-            why = "payload checksum mismatch";
+        /* Headers only: a payload is checked by the get that reads it. A
+         * layout record's payload carries its own CRC (seg_layout_decode). */
         if (why) {
             /* Resynchronise on the next valid header; none: a torn tail. */
             uint64_t q = pos + SEG_REC_ALIGN;
