@@ -244,9 +244,20 @@ static int file_put_batch(struct kvs_store *ks, struct kvs_item *items, size_t n
     }
     rc = m ? seg_append(s, ok, kinds, m, false, err, errlen) : 0;
     bool any = false;
+    const struct kvs_item *failed = NULL;
     for (size_t k = 0; k < m; k++) {
         items[back[k]].rc = ok[k].rc;
         any = any || ok[k].rc == 0;
+        if (ok[k].rc < 0 && !failed)
+            failed = &ok[k];
+    }
+    if (failed && err && errlen) {
+        /* Which namespace's writes failed, for the operator. */
+        char why[512];
+        snprintf(why, sizeof why, "%s", err);
+        errmsg_set(err, errlen, "%s (deployment %s, tp_rank %u)", why,
+                   failed->ns->deployment_id ? failed->ns->deployment_id : "?",
+                   failed->ns->layout->tp_rank);
     }
     free(ok), free(kinds), free(back);
     /* Items carry their own results; the call failed as a whole only when
