@@ -57,8 +57,6 @@ static void collect(void *arg, const struct kvs_found *f)
 static int rm_v1_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st;
-    if (ftw->level == 0)
-        return 0;
     if (flag == FTW_DP)
         rmdir(path);               /* fails, harmlessly, where something else is left */
     else if (flag == FTW_F && strcmp(path + ftw->base, LAYOUT_NAME) == 0)
