@@ -406,6 +406,11 @@ START_TEST(test_migration)
     ck_assert_int_eq(pwrite(fd, "X", 1, 64 + 100), 1);
     close(fd);
 
+    /* a directory that is not the old layout's is left alone */
+    char other[PATH_MAX];
+    snprintf(other, sizeof other, "%s/lost+found", root);
+    ck_assert_int_eq(mkdir(other, 0700), 0);
+
     struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
     ck_assert_int_eq(scan_count(s, 16), 79);
     struct kvs_file_stats st;
@@ -421,12 +426,14 @@ START_TEST(test_migration)
     struct dirent *de;
     int dirs = 0;
     while ((de = readdir(d)) != NULL)
-        if (de->d_type == DT_DIR && de->d_name[0] != '.') {
+        if (de->d_type == DT_DIR && de->d_name[0] != '.' && strcmp(de->d_name, "lost+found") != 0) {
             fprintf(stderr, "left: %s\n", de->d_name);
             dirs++;
         }
     closedir(d);
     ck_assert_int_eq(dirs, 0);
+    struct stat ost;
+    ck_assert_int_eq(stat(other, &ost), 0);
     /* writes of the new log win over migrated copies */
     ck_assert_int_eq(put_block(s, &a, 1, 9), 0);
     be->close(s);

@@ -169,6 +169,9 @@ static inline struct file_store *FS(struct kvs_store *s) { return (struct file_s
 struct seg_root *seg_root_create(const char *path, const char *tenant, int direct_io, char *err,
                                  size_t errlen, int *rc);
 void seg_root_free(struct seg_root *r);
+/* A deployment directory of the file_v1 layout (it holds tp-<rank>
+ * directories): what migration converts and removes, nothing else. */
+bool seg_is_v1_dir(int dirfd, const char *name);
 /* All below: r->mu held unless said otherwise. */
 struct seg_ns *seg_ns_get(struct seg_root *r, uint64_t fp, uint32_t rank);
 struct kd_ent *seg_kd_find(struct seg_root *r, const struct seg_ns *ns, int64_t key);

@@ -75,7 +75,7 @@ static void remove_v1_tree(const struct seg_root *r)
         return;
     while ((de = readdir(d)) != NULL) {
         if (de->d_name[0] == '.' || strcmp(de->d_name, SEG_TENANTS_DIR) == 0 ||
-            strncmp(de->d_name, "seg-", 4) == 0)
+            !seg_is_v1_dir(dirfd(d), de->d_name))
             continue;
         snprintf(p, sizeof p, "%s/%s", r->path, de->d_name);
         nftw(p, rm_v1_entry, 16, FTW_DEPTH | FTW_PHYS);

@@ -389,13 +389,8 @@ static int list_segments(struct seg_root *r, char *err, size_t errlen)
             unlinkat(dirfd(d), n, 0);
             continue;
         }
-        if (strcmp(n, SEG_TENANTS_DIR) != 0 && de->d_type == DT_DIR)
+        if (strcmp(n, SEG_TENANTS_DIR) != 0 && seg_is_v1_dir(dirfd(d), n))
             r->v1_pending = true;          /* a deployment directory of file_v1 */
-        else if (strcmp(n, SEG_TENANTS_DIR) != 0 && de->d_type == DT_UNKNOWN) {
-            struct stat st;
-            if (fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
-                r->v1_pending = true;
-        }
     }
     closedir(d);
     if (r->nsegs > 1)
@@ -405,6 +400,24 @@ static int list_segments(struct seg_root *r, char *err, size_t errlen)
     r->epoch = max_id + 1;
     r->recovered = r->nsegs == 0 && !r->v1_pending;
     return 0;
+}
+
+bool seg_is_v1_dir(int dirfd, const char *name)
+{
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    DIR *d = fdopendir(fd);
+    struct dirent *de;
+    bool v1 = false;
+    if (!d) {
+        close(fd);
+        return false;
+    }
+    while (!v1 && (de = readdir(d)) != NULL)
+        v1 = strncmp(de->d_name, "tp-", 3) == 0;
+    closedir(d);
+    return v1;
 }
 
 /* roots_mu held. */
