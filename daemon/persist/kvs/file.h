@@ -79,7 +79,10 @@
  * Capacity (capacity_bytes > 0) counts segment bytes on disk. A batch that
  * would pass it first drops whole closed segments, least recently written
  * first (Bitcask-style: no copying; their blocks become misses, counted in
- * evicted). A segment whose blocks are all overwritten or deleted is removed
+ * evicted). Segments holding tombstones are passed over while an older
+ * segment is left, unless nothing else makes room: only then can a delete
+ * be undone by capacity (the key's older block comes back after a
+ * restart; its bytes are still that key's). A segment whose blocks are all overwritten or deleted is removed
  * at once (one with tombstones only when it is the oldest left, so a
  * tombstone never goes before the record it hides). No
  * work is done on the loop thread. */

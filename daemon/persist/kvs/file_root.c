@@ -281,15 +281,21 @@ bool seg_make_room(struct seg_root *r, uint64_t need)
 {
     if (!r->capacity)
         return true;
-    for (size_t i = 0; i < r->nsegs && r->st.disk_bytes + need > r->capacity; i++) {
-        struct seg *sg = r->segs[i];
-        if (sg->dropped || sg->open || sg->loading)
-            continue;
-        r->st.evicted += sg->live_count;
-        r->st.evicted_bytes += sg->live_bytes;
-        r->st.segments_dropped++;
-        seg_mark_dropped(r, sg);
-    }
+    /* Oldest first. A segment holding tombstones goes in the first pass
+     * only when it is the oldest left (its tombstones could hide records in
+     * an older one, an open one say); in the second, if still short, any. */
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < r->nsegs && r->st.disk_bytes + need > r->capacity; i++) {
+            struct seg *sg = r->segs[i];
+            if (sg->dropped || sg->open || sg->loading)
+                continue;
+            if (pass == 0 && sg->tombs && !is_oldest(r, sg))
+                continue;
+            r->st.evicted += sg->live_count;
+            r->st.evicted_bytes += sg->live_bytes;
+            r->st.segments_dropped++;
+            seg_mark_dropped(r, sg);
+        }
     return r->st.disk_bytes + need <= r->capacity;
 }
 
