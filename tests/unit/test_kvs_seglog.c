@@ -225,6 +225,36 @@ START_TEST(test_generations)
 }
 END_TEST
 
+/* Capacity never drops a segment whose tombstone hides a record in an
+ * older segment while others can go: a deleted key stays deleted after a
+ * restart. */
+START_TEST(test_capacity_keeps_tombstones)
+{
+    const uint64_t cap = 64 * 1024;
+    struct kvs_store *a = open_store(cap, KVS_FSYNC_NEVER), *b = open_store(cap, KVS_FSYNC_NEVER);
+    struct tns t;
+    struct kvs_file_stats st;
+    mkns(&t, "captomb", 1024, 0);
+    ck_assert_int_eq(put_block(a, &t, 1, 1), 0);        /* in a's segment, which stays open */
+    ck_assert_int_eq(put_block(a, &t, 2, 1), 0);        /* and keeps it alive */
+    ck_assert_int_eq(be->del(b, &t.ns, 1, err, sizeof err), 0);   /* a tombstone in b's */
+    for (int64_t k = 100; k < 400; k++)                 /* b's segments fill, close, get dropped */
+        ck_assert_int_eq(put_block(b, &t, k, 2), 0);
+    kvs_file_stats(b, &st);
+    ck_assert_uint_gt(st.segments_dropped, 10);
+    ck_assert_uint_le(st.disk_bytes, cap);
+    be->close(b);
+    be->close(a);
+    struct kvs_store *s = open_store(cap, KVS_FSYNC_NEVER);
+    int n = scan_count(s, 64);
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_eq(check_block(s, &t, 1, 1), KVS_MISS);
+    ck_assert_int_eq(check_block(s, &t, 2, 1), 0);
+    ck_assert_int_eq(check_block(s, &t, 399, 2), 0);
+    be->close(s);
+}
+END_TEST
+
 /* ---- torn tails --------------------------------------------------------------------------- */
 
 START_TEST(test_torn_tail)
@@ -456,6 +486,7 @@ static Suite *seglog_suite(void)
     tcase_add_test(tc, test_record_codec);
     tcase_add_test(tc, test_generations);
     tcase_add_test(tc, test_torn_tail);
+    tcase_add_test(tc, test_capacity_keeps_tombstones);
     tcase_add_loop_test(tc, test_kill_during_writes, 0, 3);
     tcase_add_loop_test(tc, test_kill_during_compaction, 0, 3);
     tcase_add_test(tc, test_migration);
