@@ -1,8 +1,8 @@
 /* populate: reserves and populates a host arena's memory on background
  * threads after the daemon already serves (issue 16). The arena is created
  * with its full size but nothing reserved (arena_create_host_deferred); the
- * threads fallocate and populate (MADV_POPULATE_WRITE, else one write per
- * page) chunks in order from the start and raise the arena's reserved
+ * threads reserve chunks (fallocate; by faulting them in for THP arenas,
+ * see populate.c for why) in order from the start and raise the arena's reserved
  * prefix (arena_mark_reserved) as chunks complete, so the allocator only
  * ever hands out reserved memory. A chunk that cannot be had stops the job:
  * the tier keeps what was reserved, progress says why.
