@@ -312,6 +312,20 @@ static void cache_json(const struct cache_stats *s, const struct stats_ns_source
     set(host, "populate_seconds", json_real(s->populate_seconds));
     if (s->has_populate_error)
         set(host, "populate_error", json_string(s->populate_error));
+    set(host, "numa", json_string(s->numa ? s->numa : "off"));
+    if (s->numa_regions) {
+        json_t *regions = json_array();
+        for (unsigned r = 0; r < s->numa_regions; r++) {
+            json_t *o = json_object();
+            set(o, "node", json_integer(s->numa_region[r].node));
+            set(o, "gpus", json_integer(s->numa_region[r].gpus));
+            set(o, "placed", json_boolean(s->numa_region[r].placed));
+            set(o, "capacity_bytes", ju(s->numa_region[r].capacity_bytes));
+            set(o, "used_bytes", ju(s->numa_region[r].used_bytes));
+            json_array_append_new(regions, o);
+        }
+        set(host, "numa_regions", regions);
+    }
     pin_json(s, host);
     set(tiers, "host", host);
     hbm_json(s, tiers, root);

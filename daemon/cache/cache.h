@@ -98,6 +98,11 @@ void cache_host_stats(const struct cache *c, struct arena_stats *out);
 /* Background reservation of the host arena: an enum populate_state
  * (POPULATE_DONE when it was reserved at creation); why is set when FAILED. */
 int cache_populate_state(struct cache *c, char *why, size_t whylen);
+/* The region of the host arena where blocks of a client on this GPU (CUDA
+ * ordinal, PCI bus id or NULL) should live: its NUMA node's share under
+ * memory.numa (mem/numa.h); ARENA_ANY_REGION when there is no per-GPU
+ * placement or the GPU is not known. For lease_list.host_region. */
+uint32_t cache_host_region(const struct cache *c, int cuda_device, const char *pci_bus_id);
 /* The host arena's memory, for pinning. */
 void *cache_host_base(const struct cache *c);
 uint64_t cache_host_size(const struct cache *c);
@@ -259,6 +264,16 @@ struct cache_stats {
     double populate_seconds;         /* until done/failed, or until now */
     bool has_populate_error;
     char populate_error[256];
+    /* memory.numa: numa_mode_name(), and the per-GPU regions (summed by
+     * index over tenants, whose plans split the same nodes). */
+    const char *numa;
+    unsigned numa_regions;
+    struct cache_numa_region {
+        int node;
+        unsigned gpus;
+        bool placed;                 /* bound to its node */
+        uint64_t capacity_bytes, used_bytes;
+    } numa_region[ARENA_MAX_REGIONS];
     unsigned nhbm;
     struct cache_hbm_stats hbm[DEVMEM_MAX_DEVICES];
     struct {

@@ -131,7 +131,9 @@ int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
         /* Room is on its way: wait for it rather than evict. */
         if (!in_hbm && !arena_can_alloc(c->host, ns->cls) && cache_populating(c))
             goto populating;
-        if (!in_hbm && (!cache_make_room(c, ns->cls) || arena_alloc(c->host, ns->cls, &off) < 0))
+        if (!in_hbm && (!cache_make_room(c, ns->cls) ||
+                        arena_alloc_near(c->host, ns->cls, owner->host_region ? owner->host_region - 1
+                                                                              : ARENA_ANY_REGION, &off) < 0))
             goto nospace;
         if (tier == KVNODE_TIER_HBM) {
             if (in_hbm)

@@ -22,7 +22,6 @@
  * fallocate (EOPNOTSUPP). */
 #include "mem/populate.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -33,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,6 +41,7 @@
 #include "core/log.h"
 #include "kvnode.h"
 #include "mem/arena.h"
+#include "mem/numa.h"
 
 #define POPULATE_THREAD_NAME "kvnode-populate"
 #define POPULATE_MAX_THREADS 8u
@@ -50,14 +49,12 @@
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
-#ifndef MPOL_INTERLEAVE
-#define MPOL_INTERLEAVE 3
-#endif
 
 struct populate_worker {
     struct populate       *p;
     struct liveness_entry *w;
     pthread_t              tid;
+    int                    policy;    /* numa_thread_policy's memory */
 };
 
 struct populate {
@@ -70,6 +67,7 @@ struct populate {
     uint64_t         fail_at;         /* test-only: chunks from this offset fail (0: none) */
     uint64_t         start_ms;
     bool             by_fault;        /* THP: populate by faulting, not fallocate */
+    struct numa_plan plan;            /* where each range goes (numa_thread_policy) */
     char             label[80];
     _Atomic uint64_t next;            /* next chunk to hand out */
     atomic_bool     *done;            /* per chunk */
@@ -177,26 +175,47 @@ static void chunk_failed(struct populate *p, uint64_t off, uint64_t len, int err
     pthread_mutex_unlock(&p->mu);
 }
 
-/* Reserve and populate chunk i; 0, or -1 when it cannot be had (the job
- * is then FAILED). pw: the worker that beats and is slowed (NULL: the
- * synchronous first chunk). */
+/* Reserve [off, off+len), on the NUMA node the plan gives it (hugetlbfs
+ * allocates by the thread's policy). 0 or errno. */
+static int reserve_range(struct populate *p, int *policy, uint64_t off, uint64_t len)
+{
+    while (len > 0) {
+        uint64_t end = numa_region_end(&p->plan, off);
+        uint64_t part = end - off < len ? end - off : len;
+        int err = numa_thread_policy(&p->plan, off, policy);
+        if (err)
+            log_warn("populate: %s host memory at offset %llu: cannot set the thread's NUMA "
+                     "policy (%s); the kernel's default applies", p->label,
+                     (unsigned long long)off, strerror(err));
+        if (p->by_fault || fallocate(p->fd, 0, (off_t)off, (off_t)part) != 0) {
+            if (!p->by_fault && errno != EOPNOTSUPP)
+                return errno;
+            if ((err = populate_pages(p->base + off, part)) != 0)
+                return err;
+        }
+        off += part;
+        len -= part;
+    }
+    return 0;
+}
+
+/* Reserve chunk i; 0, or -1 when it cannot be had (the job is then
+ * FAILED). pw: the worker that beats and is slowed (NULL: the synchronous
+ * first chunk, on the caller's thread, whose policy is put back). */
 static int do_chunk(struct populate *p, struct populate_worker *pw, uint64_t i)
 {
     uint64_t off = chunk_start(p, i), len = chunk_end(p, i) - off;
+    int own_policy = NUMA_THREAD_UNSET;
     if (p->fail_at && off + len > p->fail_at) {
         chunk_failed(p, off, len, ENOSPC);
         return -1;
     }
-    if (p->by_fault || fallocate(p->fd, 0, (off_t)off, (off_t)len) != 0) {
-        if (!p->by_fault && errno != EOPNOTSUPP) {
-            chunk_failed(p, off, len, errno);
-            return -1;
-        }
-        int err = populate_pages(p->base + off, len);
-        if (err) {
-            chunk_failed(p, off, len, err);
-            return -1;
-        }
+    int err = reserve_range(p, pw ? &pw->policy : &own_policy, off, len);
+    if (!pw && own_policy != NUMA_THREAD_UNSET && own_policy != NUMA_THREAD_DEFAULT)
+        numa_thread_policy(NULL, 0, &own_policy);
+    if (err) {
+        chunk_failed(p, off, len, err);
+        return -1;
     }
     if (pw) {
         liveness_heartbeat(pw->w);
@@ -224,53 +243,8 @@ static void *populate_main(void *arg)
     return NULL;
 }
 
-/* NUMA nodes of this machine (directories node<N> in sysfs); 1 when unknown. */
-static unsigned numa_nodes(unsigned long *mask)
-{
-    DIR *d = opendir("/sys/devices/system/node");
-    struct dirent *e;
-    unsigned n = 0;
-    *mask = 0;
-    if (!d)
-        return 1;
-    while ((e = readdir(d))) {
-        unsigned id;
-        char tail;
-        if (sscanf(e->d_name, "node%u%c", &id, &tail) == 1) {
-            n++;
-            if (id < 8 * sizeof *mask)
-                *mask |= 1ul << id;
-        }
-    }
-    closedir(d);
-    return n ? n : 1;
-}
-
-void populate_place_numa(void *base, uint64_t size, bool numa_auto, const char *label)
-{
-    unsigned long mask;
-    unsigned nodes = numa_nodes(&mask);
-
-    if (!numa_auto) {
-        log_info("memory.numa=off: %s host memory placed by the kernel's default policy", label);
-        return;
-    }
-    if (nodes <= 1) {
-        log_info("memory.numa=auto: one NUMA node, %s host memory needs no placement", label);
-        return;
-    }
-    /* Host memory is not split per GPU yet: interleave the whole arena. */
-    if (syscall(SYS_mbind, base, (unsigned long)size, MPOL_INTERLEAVE, &mask,
-                (unsigned long)(8 * sizeof mask), 0u) != 0)
-        log_warn("memory.numa=auto: cannot interleave %s host memory across %u NUMA nodes "
-                 "(mbind: %s); the kernel's default policy applies", label, nodes, strerror(errno));
-    else
-        log_info("memory.numa=auto: %s host memory interleaved across %u NUMA nodes", label,
-                 nodes);
-}
-
-int populate_start(struct arena *a, unsigned threads, const char *label, struct populate **out,
-                   char *why, size_t whylen)
+int populate_start(struct arena *a, const struct numa_plan *plan, unsigned threads, const char *label,
+                   struct populate **out, char *why, size_t whylen)
 {
     long page = sysconf(_SC_PAGESIZE);
     struct populate *p;
@@ -306,6 +280,8 @@ int populate_start(struct arena *a, unsigned threads, const char *label, struct 
     p->nchunks = 1 + (p->size - p->first + p->chunk - 1) / p->chunk;
     p->start_ms = clock_now_ms();
     p->by_fault = strcmp(arena_huge_pages(a), "thp") == 0;
+    if (plan)
+        p->plan = *plan;
     snprintf(p->label, sizeof p->label, "%s", label);
     p->nthreads = threads < 1 ? 1 : threads > POPULATE_MAX_THREADS ? POPULATE_MAX_THREADS : threads;
     if (p->nthreads > p->nchunks - 1 && p->nchunks > 1)
@@ -340,6 +316,7 @@ int populate_start(struct arena *a, unsigned threads, const char *label, struct 
     for (; started < p->nthreads; started++) {
         struct populate_worker *pw = &p->workers[started];
         pw->p = p;
+        pw->policy = NUMA_THREAD_UNSET;
         pw->w = liveness_register(POPULATE_THREAD_NAME);
         int rc = pthread_create(&pw->tid, NULL, populate_main, pw);
         if (rc != 0) {

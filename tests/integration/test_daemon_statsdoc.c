@@ -34,7 +34,9 @@
  * from run to run. */
 static const char *const stats_volatile[] = {
     "admin", "socket", "pid", "version", "uptime_s", "*.last_error", "*seconds*",
-    "admin_connections.accepted_total", NULL,
+    "admin_connections.accepted_total",
+    "tiers.host.numa",   /* "one node" here, "interleaved" on a machine of several */
+    NULL,
 };
 
 /* /metrics series (fnmatch patterns over the series name with its labels)
