@@ -114,7 +114,7 @@ void numa_read_topology(const char *root, struct numa_topology *out)
             !(out->node_mask & (UINT64_C(1) << node)))
             node = -1;
         struct numa_gpu *g = &out->gpus[out->ngpus++];
-        snprintf(g->bus_id, sizeof g->bus_id, "%s", e->d_name);
+        memcpy(g->bus_id, e->d_name, strlen(e->d_name) + 1);   /* length checked above */
         g->node = (int)node;
     }
     closedir(d);
