@@ -183,10 +183,20 @@ void numa_plan_make(const struct numa_topology *t, bool numa_auto, uint64_t size
     }
 }
 
-static long sys_mbind(void *addr, uint64_t len, int mode, const uint64_t *mask)
+/* Node masks as the system calls take them: maxnode is one more than the
+ * bits they read (the kernel subtracts one), so a mask of NUMA_MAX_NODES
+ * bits is passed as two words with maxnode NUMA_MAX_NODES + 1. */
+static long sys_mbind(void *addr, uint64_t len, int mode, uint64_t mask)
 {
-    return syscall(SYS_mbind, addr, (unsigned long)len, mode, mask, (unsigned long)NUMA_MAX_NODES + 1,
+    uint64_t words[2] = { mask, 0 };
+    return syscall(SYS_mbind, addr, (unsigned long)len, mode, words, (unsigned long)NUMA_MAX_NODES + 1,
                    0u);
+}
+
+static long sys_set_mempolicy(int mode, uint64_t mask)
+{
+    uint64_t words[2] = { mask, 0 };
+    return syscall(SYS_set_mempolicy, mode, words, (unsigned long)NUMA_MAX_NODES + 1);
 }
 
 void numa_plan_apply(struct numa_plan *p, void *base, uint64_t size, const char *label)
@@ -199,7 +209,7 @@ void numa_plan_apply(struct numa_plan *p, void *base, uint64_t size, const char 
         log_info("memory.numa=auto: one NUMA node, %s host memory needs no placement", label);
         return;
     case NUMA_MODE_INTERLEAVE:
-        if (sys_mbind(base, size, MPOL_INTERLEAVE, &p->node_mask) != 0) {
+        if (sys_mbind(base, size, MPOL_INTERLEAVE, p->node_mask) != 0) {
             errmsg_set(p->why, sizeof p->why, "mbind MPOL_INTERLEAVE: %s", strerror(errno));
             log_warn("memory.numa=auto: cannot interleave %s host memory across %u NUMA nodes (%s); "
                      "the kernel's default policy applies", label, p->nodes, p->why);
@@ -214,8 +224,8 @@ void numa_plan_apply(struct numa_plan *p, void *base, uint64_t size, const char 
     }
     for (size_t r = 0; r < p->nregions; r++) {
         struct numa_region *g = &p->regions[r];
-        uint64_t mask = UINT64_C(1) << g->node;
-        if (sys_mbind((char *)base + g->start, g->end - g->start, MPOL_PREFERRED, &mask) != 0) {
+        if (sys_mbind((char *)base + g->start, g->end - g->start, MPOL_PREFERRED,
+                      UINT64_C(1) << g->node) != 0) {
             errmsg_set(g->why, sizeof g->why, "mbind MPOL_PREFERRED node %d: %s", g->node,
                        strerror(errno));
             log_warn("memory.numa=auto: %s host memory for the %u GPU%s of NUMA node %d "
@@ -277,10 +287,12 @@ int numa_thread_policy(const struct numa_plan *p, uint64_t offset, int *last)
             mode = MPOL_PREFERRED;
             mask = UINT64_C(1) << want;
         }
-    if (want == *last)
+    /* A thread starts with the default policy: nothing to set. */
+    if (want == *last || (want == NUMA_THREAD_DEFAULT && *last == NUMA_THREAD_UNSET)) {
+        *last = want;
         return 0;
-    if (syscall(SYS_set_mempolicy, mode, mode == MPOL_DEFAULT ? NULL : &mask,
-                (unsigned long)NUMA_MAX_NODES + 1) != 0)
+    }
+    if (sys_set_mempolicy(mode, mask) != 0)
         return errno;
     *last = want;
     return 0;
