@@ -351,7 +351,13 @@ SYSCONFDIR  ?= /etc
 UNITDIR     ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+# The Python package goes where Debian's python3 finds it: /usr/lib/python3/dist-packages
+# for PREFIX=/usr, <prefix>/lib/python3.X/dist-packages otherwise.
+PYTHON_VERSION := $(shell python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+PYTHONDIR   ?= $(if $(filter /usr,$(PREFIX)),$(PREFIX)/lib/python3/dist-packages,$(PREFIX)/lib/python$(or $(PYTHON_VERSION),3)/dist-packages)
+PYTHON_FILES := $(notdir $(wildcard python/kvnode/*.py))
 INSTALLED_FILES = $(PREFIX)/sbin/kvnoded $(PREFIX)/bin/kvnodectl \
+    $(addprefix $(PYTHONDIR)/kvnode/,$(PYTHON_FILES)) \
     $(PREFIX)/lib/libkvnode.so.$(SOVERSION) $(PREFIX)/lib/libkvnode.so $(PREFIX)/lib/libkvnode.a \
     $(PREFIX)/lib/pkgconfig/kvnode.pc $(PREFIX)/include/kvnode.h \
     $(PREFIX)/share/man/man1/kvnodectl.1 $(PREFIX)/share/man/man3/libkvnode.3 \
@@ -365,8 +371,9 @@ install: all
 	    $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man3 \
 	    $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man8 \
 	    $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) \
-	    $(DESTDIR)$(SYSCONFDIR)/kvnode
+	    $(DESTDIR)$(SYSCONFDIR)/kvnode $(DESTDIR)$(PYTHONDIR)/kvnode
 	install -m 0755 $(KVNODED) $(DESTDIR)$(PREFIX)/sbin/kvnoded
+	install -m 0644 $(addprefix python/kvnode/,$(PYTHON_FILES)) $(DESTDIR)$(PYTHONDIR)/kvnode/
 	install -m 0755 $(KVNODECTL) $(DESTDIR)$(PREFIX)/bin/kvnodectl
 	install -m 0755 $(LIBSO) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libkvnode.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libkvnode.so
@@ -399,6 +406,8 @@ install: all
 # Removes what install put there, except the operator's configuration.
 uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED_FILES))
+	rm -rf $(DESTDIR)$(PYTHONDIR)/kvnode/__pycache__
+	-rmdir $(DESTDIR)$(PYTHONDIR)/kvnode 2>/dev/null
 	@echo "kept $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf (remove it by hand if unwanted)"
 
 clean:
