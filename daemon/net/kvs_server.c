@@ -71,6 +71,22 @@ struct kvs_server {
     struct kvs_server_stats st;
 };
 
+/* A create that waits for room (the host tier still being reserved at start-up,
+ * or full of blocks not yet written to the store): retried when the cache
+ * says room may have come, answered 503 past [server] request_timeout. */
+struct kvs_pending {
+    struct kvs_server *k;
+    struct evhttp_request *req;
+    struct evhttp_connection *conn;
+    struct tenant *t;
+    json_t *body;
+    struct cache_wait *wait;
+    uint64_t deadline_ms;
+};
+
+static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, struct tenant *t, json_t *body,
+                            struct kvs_pending *p);
+
 /* --- lease table ---------------------------------------------------------------- */
 
 static struct kvs_lease **kvs_bucket(struct kvs_server *k, uint64_t id)
@@ -398,10 +414,64 @@ static json_t *kvs_object(const char *key, uint64_t offset, uint64_t size)
                      (json_int_t)offset, "meta", "size", (json_int_t)size);
 }
 
+/* The client went away while its create waited: drop the wait. */
+static void kvs_pending_closed(struct evhttp_connection *conn, void *arg)
+{
+    struct kvs_pending *p = arg;
+    (void)conn;
+    cache_wait_cancel(p->t->cache, p->wait);
+    json_decref(p->body);
+    free(p);
+}
+
+static void kvs_pending_ready(void *arg)
+{
+    struct kvs_pending *p = arg;
+    cache_wait_cancel(p->t->cache, p->wait);
+    p->wait = NULL;
+    evhttp_connection_set_closecb(p->conn, NULL, NULL);
+    kvs_acquire_run(p->k, p->req, p->t, p->body, p);
+}
+
+/* Wait for room; false when the deadline passed or the wait cannot be set
+ * up (p is then freed, body not). */
+static bool kvs_pending_wait(struct kvs_server *k, struct evhttp_request *req, struct tenant *t, json_t *body,
+                             struct kvs_pending **pp)
+{
+    struct kvs_pending *p = *pp;
+    uint64_t now = clock_now_ms();
+    if (!p) {
+        p = calloc(1, sizeof *p);
+        if (!p)
+            return false;
+        *p = (struct kvs_pending){ .k = k, .req = req, .t = t, .body = body,
+                                   .conn = evhttp_request_get_connection(req),
+                                   .deadline_ms = now + k->d->cfg->request_timeout_ms };
+    }
+    if (now >= p->deadline_ms || !p->conn ||
+        cache_put_wait(t->cache, (unsigned)(p->deadline_ms - now) + 1, kvs_pending_ready, p, &p->wait) < 0) {
+        free(p);
+        *pp = NULL;
+        return false;
+    }
+    evhttp_connection_set_closecb(p->conn, kvs_pending_closed, p);
+    *pp = p;
+    return true;
+}
+
 static void kvs_acquire(struct kvs_server *k, struct evhttp_request *req, struct tenant *t)
 {
+    json_t *body = kvs_request_json(k, req);
+    if (body)
+        kvs_acquire_run(k, req, t, body, NULL);
+}
+
+/* Owns body (kept while waiting) and p (NULL: not a retry). */
+static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, struct tenant *t, json_t *body,
+                            struct kvs_pending *p)
+{
     const struct kvn_config *cfg = k->d->cfg;
-    json_t *body = kvs_request_json(k, req), *keys, *metas, *term, *objects = NULL;
+    json_t *keys, *metas, *term, *objects = NULL;
     struct kvs_group *g = NULL;
     struct kvs_lease *l = NULL;
     size_t ng = 0;
@@ -410,8 +480,6 @@ static void kvs_acquire(struct kvs_server *k, struct evhttp_request *req, struct
     int status = 400;
     bool create;
 
-    if (!body)
-        return;
     const char *scope = json_string_value(json_object_get(body, "scope"));
     keys = json_object_get(body, "object_keys");
     metas = json_object_get(body, "object_metas");
@@ -459,7 +527,9 @@ static void kvs_acquire(struct kvs_server *k, struct evhttp_request *req, struct
     l = kvs_lease_new(k, t, create ? LEASE_WRITE : LEASE_READ, term_ms);
     if (!objects || !l)
         goto fail;
-    if (create)
+    if (p)
+        ;   /* counted when it arrived */
+    else if (create)
         k->st.acquire_create++;
     else
         k->st.acquire_read++;
@@ -489,6 +559,22 @@ static void kvs_acquire(struct kvs_server *k, struct evhttp_request *req, struct
             rc = x->ns ? cache_get_each(t->cache, x->ns, &l->owner, x->keys, x->n, &lease_id, x->locs, &got, msg,
                                         sizeof msg)
                        : 0;
+        }
+        if (rc == CACHE_STORE_BOUND) {
+            /* Give back what this request holds and wait for room. */
+            kvs_lease_free(k, l);
+            l = NULL;
+            json_decref(objects);
+            objects = NULL;
+            kvs_groups_free(g, ng);
+            g = NULL;
+            if (kvs_pending_wait(k, req, t, body, &p))
+                return;
+            size_t used = strlen(msg);
+            snprintf(msg + used, sizeof msg - used, "; waited up to [server] request_timeout (%u ms)",
+                     cfg->request_timeout_ms);
+            status = 503;
+            goto fail;
         }
         if (rc != 0) {
             status = kvs_status_of(rc);
@@ -520,6 +606,7 @@ static void kvs_acquire(struct kvs_server *k, struct evhttp_request *req, struct
     kvs_reply(req, 200, json_pack("{s:{s:s}, s:o}", "lease", "lease_id", id, "objects", objects));
     kvs_groups_free(g, ng);
     json_decref(body);
+    free(p);
     return;
 fail:
     if (l)
@@ -528,6 +615,7 @@ fail:
     if (g)
         kvs_groups_free(g, ng);
     json_decref(body);
+    free(p);
     kvs_fail(k, req, status, msg);
 }
 

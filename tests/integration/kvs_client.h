@@ -157,10 +157,14 @@ static inline int kvsc_open(kvsc *c, const char *url, const char *sock, char *wh
     memset(c, 0, sizeof *c);
     c->fd = -1;
     snprintf(c->url, sizeof c->url, "%s", url);
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
+    if (strlen(sock) >= sizeof sa.sun_path) {
+        snprintf(why, whylen, "socket path too long");
+        return -1;
+    }
+    memcpy(sa.sun_path, sock, strlen(sock) + 1);
     c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
-        snprintf(why, whylen, "connect %s: %s", sock, strerror(errno));
+        snprintf(why, whylen, "connect %.100s: %s", sock, strerror(errno));
         return -1;
     }
     json_t *j;
