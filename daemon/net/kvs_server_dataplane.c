@@ -35,7 +35,7 @@
 #include "net/server.h"
 #include "tenants.h"
 
-#define KVS_DP_MAX_FRAME (64u << 10)   /* the client's requests are under 200 bytes */
+#define KVS_DP_MAX_FRAME 4096u   /* the client's requests are under 200 bytes */
 
 struct kvs_dp_conn {
     struct kvs_dataplane *dp;
