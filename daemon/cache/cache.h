@@ -161,7 +161,9 @@ int  cache_get_begin(struct cache *c, struct kv_namespace *ns, struct lease_list
 /* A best-effort read of any of the keys (the KVS front end's acquire(read)):
  * every key sealed in the host arena is pinned under one read lease (TTL
  * owner->ttl_ms, else [leases] read_ttl), whatever the keys around it; the
- * others are misses (locs[i].present false; ghosts are not promoted). *got
+ * others are misses (locs[i].present false). Blocks only in the store
+ * (ghosts) are misses too, but up to 256 of them start their way back into
+ * host memory (as GET promotes them), so a later read finds them. *got
  * = hits; *lease_id 0 when there are none. 0 or a negative code, err set. */
 int  cache_get_each(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
                     const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,

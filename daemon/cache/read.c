@@ -283,11 +283,14 @@ int cache_get_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
 
 /* --- any-key read (the KVS front end) ------------------------------------------ */
 
+/* Store reads one best-effort read may start (the rest wait for the next). */
+#define CACHE_EACH_PROMOTE_MAX 256
+
 int cache_get_each(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
                    const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
                    size_t *got, char *err, size_t errlen)
 {
-    size_t hits = 0;
+    size_t hits = 0, promoted = 0;
     struct lease *l;
     int rc;
 
@@ -303,6 +306,9 @@ int cache_get_each(struct cache *c, struct kv_namespace *ns, struct lease_list *
             hits++;
         else if (!e)
             c->keys.absent++;
+        else if (e->state == ENTRY_GHOST && c->persist && ns->cls != UINT32_MAX && promoted < CACHE_EACH_PROMOTE_MAX &&
+                 cache_promote(c, ns, e) == 0)
+            promoted++;   /* only in the store: on its way back for the next read */
         else if (e->state == ENTRY_WRITING)
             c->keys.writing++;
         else

@@ -556,6 +556,11 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
         } else {
             k->st.read_keys += x->n;
             x->ns = cache_find_ns(t->cache, &layout);
+            /* Known only from the store (recovery): bind it once so that it
+             * has its size class and its blocks can come back into memory. */
+            if (x->ns && x->ns->cls == UINT32_MAX &&
+                cache_bind(t->cache, &x->ns->layout, &x->ns, msg, sizeof msg) == 0)
+                cache_unbind(t->cache, x->ns);
             rc = x->ns ? cache_get_each(t->cache, x->ns, &l->owner, x->keys, x->n, &lease_id, x->locs, &got, msg,
                                         sizeof msg)
                        : 0;

@@ -663,6 +663,58 @@ START_TEST(group_tenant_over_tcp_is_refused)
 }
 END_TEST
 
+/* ---- persistence: the engine's blocks outlive the daemon ----------------------------- */
+
+START_TEST(blocks_written_through_the_front_end_survive_a_restart)
+{
+    enum { N = 8 };
+    kvs_env e;
+    kvsc c;
+    char store[PATH_MAX], conf[PATH_MAX + 256], names[N][128];
+    const char *keys[N];
+    uint8_t *bufs[N], *outs[N];
+
+    ck_assert_msg(kvh_mkdtemp(store, sizeof store) == 0, "%s", kvh_error());
+    snprintf(conf, sizeof conf, "persist.backend=file\npersist.path=%s\npersist.policy=write_through\n"
+             "persist.fsync=never\n", store);
+    env_start(&e, conf);
+    kvsc_open_ok(&c, &e);
+    for (int i = 0; i < N; i++) {
+        okey(names[i], sizeof names[i], DEP, 700 + i);
+        keys[i] = names[i];
+        bufs[i] = malloc(BLOCK);
+        outs[i] = malloc(BLOCK);
+        bfill(bufs[i], BLOCK, 700 + i, 4);
+    }
+    ck_assert_int_eq(kvsc_store(&c, keys, N, (const uint8_t *const *)bufs, BLOCK, 60), 0);
+    long long last = -1;
+    ck_assert_msg(kvh_wait_stat(&e.d, "persist.written_blocks_total", N, 10000, &last) == 0, "written %lld", last);
+    kvsc_close(&c);
+    KVH_STOP_OK(&e.d);
+    kvh_destroy(&e.d);
+
+    /* A new daemon on the same store: the blocks are found by its recovery
+     * scan; the first read starts bringing them back, a later one has them. */
+    env_start(&e, conf);
+    kvsc_open_ok(&c, &e);
+    size_t hits = 0;
+    for (int i = 0; i < 100 && hits < N; i++) {
+        ck_assert_int_eq(kvsc_read(&c, keys, N, outs, BLOCK, 60, &hits, NULL), 0);
+        if (hits < N)
+            kvh_sleep_ms(50);
+    }
+    ck_assert_uint_eq(hits, N);
+    for (int i = 0; i < N; i++) {
+        ck_assert_msg(memcmp(outs[i], bufs[i], BLOCK) == 0, "block %d differs after the restart", i);
+        free(bufs[i]);
+        free(outs[i]);
+    }
+    ck_assert_int_ge(kvh_stat(&e.d, "persist.promotions_ok_total"), N);
+    kvsc_close(&c);
+    KVH_STOP_DESTROY(&e.d);
+}
+END_TEST
+
 static Suite *kvs_server_suite(void)
 {
     Suite *s = suite_create("kvs_server");
@@ -674,6 +726,7 @@ static Suite *kvs_server_suite(void)
     tcase_add_test(tc, eight_threads_share_one_client);
     tcase_add_test(tc, four_processes_create_the_same_keys);
     tcase_add_test(tc, both_doors_reach_the_same_blocks);
+    tcase_add_test(tc, blocks_written_through_the_front_end_survive_a_restart);
     tcase_add_test(tc, tenants_see_only_their_own_arena);
     tcase_add_test(tc, group_tenant_over_tcp_is_refused);
     suite_add_tcase(s, tc);
