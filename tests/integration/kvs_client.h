@@ -79,7 +79,13 @@ static inline int kvsc_call(const char *url, const char *route, const char *body
     memset(r, 0, sizeof *r);
     if (!h)
         return -1;
-    snprintf(full, sizeof full, "%s/%s", url, route);
+    /* "unix:PATH": HTTP over that unix socket ([kvs_server] listen = unix:PATH). */
+    if (strncmp(url, "unix:", 5) == 0) {
+        curl_easy_setopt(h, CURLOPT_UNIX_SOCKET_PATH, url + 5);
+        snprintf(full, sizeof full, "http://localhost/%s", route);
+    } else {
+        snprintf(full, sizeof full, "%s/%s", url, route);
+    }
     curl_easy_setopt(h, CURLOPT_URL, full);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 12000L);   /* rtp-llm's kvs_timeout_ms */
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);

@@ -30,7 +30,7 @@ typedef struct kvs_env {
     kvh_daemon d;
     char dir[PATH_MAX];
     char kvs_sock[PATH_MAX + 16];
-    char url[128];
+    char url[PATH_MAX + 16];
 } kvs_env;
 
 /* Start a daemon serving KVS; extra: more assignments (may be ""). */
@@ -715,6 +715,61 @@ START_TEST(blocks_written_through_the_front_end_survive_a_restart)
 }
 END_TEST
 
+/* Over a unix listen address the peer's groups are known: a tenant chosen by
+ * group is served (its own arena), where over TCP it is refused. */
+static int beta_unix_client(void *arg)
+{
+    const char *key = arg;
+    kvsc c;
+    char why[256];
+    size_t hits;
+    uint8_t blk[BLOCK];
+    const uint8_t *blocks[1] = { blk };
+    if (kvsc_open(&c, tenant_env->url, tenant_env->kvs_sock, why, sizeof why) != 0 || c.size != (8u << 20))
+        return 30;
+    bfill(blk, BLOCK, 2, 8);
+    if (kvsc_store(&c, &key, 1, blocks, BLOCK, 60) != 0)
+        return 31;
+    if (kvsc_read(&c, &key, 1, NULL, BLOCK, 60, &hits, NULL) != 0 || hits != 1)
+        return 32;
+    return 0;
+}
+
+START_TEST(unix_listen_knows_the_groups)
+{
+    TENANTS_NEEDS_ROOT("kvs_server: unix_listen_knows_the_groups");
+    kvs_env e;
+    char conf[3 * PATH_MAX], key[128];
+
+    memset(&e, 0, sizeof e);
+    ck_assert_msg(kvh_mkdtemp(e.dir, sizeof e.dir) == 0, "%s", kvh_error());
+    snprintf(e.kvs_sock, sizeof e.kvs_sock, "%s/kvs.sock", e.dir);
+    snprintf(e.url, sizeof e.url, "unix:%s/http.sock", e.dir);
+    snprintf(conf, sizeof conf, "kvs_server.enabled=on\nkvs_server.listen=%s\nkvs_server.socket_path=%s\n"
+             "server.socket_mode=0666\nmemory.host_bytes=72MiB\nmemory.slab_bytes=1MiB\n"
+             "tenant.beta.gids=65531\ntenant.beta.host_bytes=8MiB\n", e.url, e.kvs_sock);
+    KVH_START(&e.d, conf);
+    tenants_open_dirs(&e.d);
+    ck_assert_int_eq(chmod(e.dir, 0755), 0);
+    tenant_env = &e;
+    okey(key, sizeof key, DEP, 2);
+    gid_t beta_groups[1] = { BETA_GID };
+    ck_assert_int_eq(tenants_run_as(beta_unix_client, key, BETA_UID, BETA_GID, beta_groups, 1), 0);
+    ck_assert_int_eq(kvs_stat(&e, "requests.denied_total"), 0);
+    /* The block is beta's: the default tenant (root) does not see it. */
+    kvsc c;
+    char why[256];
+    size_t hits;
+    const char *k1[1] = { key };
+    ck_assert_msg(kvsc_open(&c, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
+    ck_assert_uint_eq(c.size, 64u << 20);
+    ck_assert_int_eq(kvsc_read(&c, k1, 1, NULL, BLOCK, 60, &hits, NULL), 0);
+    ck_assert_uint_eq(hits, 0);
+    kvsc_close(&c);
+    KVH_STOP_DESTROY(&e.d);
+}
+END_TEST
+
 static Suite *kvs_server_suite(void)
 {
     Suite *s = suite_create("kvs_server");
@@ -729,6 +784,7 @@ static Suite *kvs_server_suite(void)
     tcase_add_test(tc, blocks_written_through_the_front_end_survive_a_restart);
     tcase_add_test(tc, tenants_see_only_their_own_arena);
     tcase_add_test(tc, group_tenant_over_tcp_is_refused);
+    tcase_add_test(tc, unix_listen_knows_the_groups);
     suite_add_tcase(s, tc);
     return s;
 }
