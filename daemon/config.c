@@ -170,6 +170,9 @@ static const struct opt_def config_options[] = {
     { "kvs_server", "max_term", &T_DURATION, "10m", FIELD(kvs_max_term_ms), .min = MS_PER_S, .max = MS_PER_H,
       .restart = true },
     { "kvs_server", "tp_size", &T_COUNT, "1", FIELD(kvs_tp_size), .min = 1, .max = 1024, .restart = true },
+    { "kvs_server", "max_connections", &T_COUNT, "1024", FIELD(kvs_max_connections), .min = 1, .max = 65536 },
+    { "kvs_server", "request_timeout", &T_DURATION, "10s", FIELD(kvs_request_timeout_ms), .min = 100,
+      .max = MS_PER_H },
 
     /* [kvcm]: off by default; the timings are the reference publisher's
      * (docs/PROTOCOLS.md §2); endpoints and host_ip_port have no default. Every

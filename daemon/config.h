@@ -132,7 +132,7 @@ struct kvn_config {
     uint32_t persist_tombstones;     /* deleted keys hidden from lookups when the store cannot
                                         delete them (v6d), oldest forgotten first (restart) */
 
-    /* [kvs_server] (every option restart-only; off by default): the rtp-llm
+    /* [kvs_server] (restart-only but max_connections, request_timeout; off by default): the rtp-llm
        KVS protocol served to engines (daemon/net/kvs_server.h) */
     int      kvs_enabled;            /* 0 off, 1 on */
     char     kvs_listen[CONFIG_LISTEN_MAX];   /* HTTP control plane: loopback "HOST:PORT" or "unix:PATH" */
@@ -144,6 +144,8 @@ struct kvn_config {
     uint32_t kvs_default_term_ms;    /* lease term when a request names none */
     uint32_t kvs_max_term_ms;        /* longest term a request may ask for */
     uint32_t kvs_tp_size;            /* TP size of the engines served (namespace identity) */
+    uint32_t kvs_max_connections;    /* HTTP connections open at once (reloadable) */
+    uint32_t kvs_request_timeout_ms; /* an HTTP request must arrive whole within this (reloadable) */
 
     /* [kvcm] (every option restart-only; nothing is sent unless enabled):
        struct kvcm_config, kvcm/kvcm_config.h */

@@ -485,6 +485,14 @@ static void render_kvs(struct evbuffer *out, const struct stats_snapshot *s)
     sample_u(out, "kvnode_kvs_dataplane_connections", NULL, k->dataplane_open);
     family(out, "kvnode_kvs_fds_lent_total", "counter", "Host-memory fds handed out on the KVS data plane.");
     sample_u(out, "kvnode_kvs_fds_lent_total", NULL, k->fds_lent);
+    family(out, "kvnode_kvs_http_connections", "gauge", "KVS control-plane HTTP connections open.");
+    sample_u(out, "kvnode_kvs_http_connections", NULL, k->http_open);
+    family(out, "kvnode_kvs_http_connections_refused_total", "counter",
+           "KVS HTTP connections refused with 503 (kvs_server.max_connections, or the descriptors kept for engines).");
+    sample_u(out, "kvnode_kvs_http_connections_refused_total", NULL, k->http_refused);
+    family(out, "kvnode_kvs_http_requests_timed_out_total", "counter",
+           "KVS HTTP connections closed because a request did not arrive whole within kvs_server.request_timeout.");
+    sample_u(out, "kvnode_kvs_http_requests_timed_out_total", NULL, k->http_timed_out);
 }
 
 static void render_workers(struct evbuffer *out, uint32_t stall_timeout_ms)

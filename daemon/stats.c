@@ -450,6 +450,13 @@ static void kvs_json(const struct stats_snapshot *s, json_t *root)
     set(o, "dataplane_accepted_total", ju(k->dataplane_accepted));
     set(o, "dataplane_refused_total", ju(k->dataplane_refused));
     set(o, "fds_lent_total", ju(k->fds_lent));
+    r = json_object();
+    set(r, "open", ju(k->http_open));
+    set(r, "max", ju(k->http_max));
+    set(r, "accepted_total", ju(k->http_accepted));
+    set(r, "refused_total", ju(k->http_refused));
+    set(r, "timed_out_total", ju(k->http_timed_out));
+    set(o, "http_connections", r);
     set(root, "kvs_server", o);
 }
 

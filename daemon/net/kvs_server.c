@@ -20,9 +20,6 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -36,6 +33,7 @@
 #include "core/log.h"
 #include "daemon.h"
 #include "kvnode.h"
+#include "net/httpd.h"
 #include "net/server.h"
 #include "tenants.h"
 
@@ -58,12 +56,9 @@ struct kvs_lease {
 
 struct kvs_server {
     struct daemon *d;
-    struct evhttp *http;
-    struct evhttp_bound_socket *bound;
+    struct httpd *httpd;                /* the listener, connection cap, request deadline */
     struct event *sweep_ev;
     struct kvs_dataplane *dp;
-    char address[160], unix_path[108];
-    bool unix_listen;
     struct kvs_lease **buckets;
     size_t nbuckets;
     struct kvs_lease *head, *tail, *cursor;
@@ -225,7 +220,7 @@ static struct tenant *kvs_request_tenant(struct kvs_server *k, struct evhttp_req
     char why[512] = "the connection has no socket";
     struct tenant *t = NULL;
 
-    if (fd >= 0 && k->unix_listen) {
+    if (fd >= 0 && k->d->cfg->kvs_listen_addr.kind == CONFIG_LISTEN_UNIX) {
         struct ucred cred = { .pid = -1, .uid = (uid_t)-1, .gid = (gid_t)-1 };
         socklen_t len = sizeof cred;
         gid_t buf[64], *heap = NULL;
@@ -687,6 +682,7 @@ static void kvs_http_cb(struct evhttp_request *req, void *arg)
     enum evhttp_cmd_type method = evhttp_request_get_command(req);
     struct tenant *t;
 
+    httpd_request_arrived(k->httpd, req);
     if (!path || *path != '/') {
         kvs_fail(k, req, 404, "unknown route (expected /health, /acquire, /seal, /release or /discard)");
         return;
@@ -718,59 +714,21 @@ static void kvs_http_cb(struct evhttp_request *req, void *arg)
         kvs_lease_call(k, req, t, path);
 }
 
-/* --- listeners ----------------------------------------------------------------------- */
+/* --- server ------------------------------------------------------------------------ */
 
-static int kvs_listen(struct kvs_server *k, char *err, size_t errlen)
+static void kvs_limits(void *arg, struct httpd_limits *out)
 {
-    const struct config_listen *l = &k->d->cfg->kvs_listen_addr;
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-
-    if (l->kind == CONFIG_LISTEN_UNIX) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        struct stat st;
-        int fd;
-        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", l->path);
-        if (lstat(l->path, &st) == 0) {
-            if (!S_ISSOCK(st.st_mode)) {
-                errmsg_set(err, errlen, "[kvs_server] listen unix:%s: exists and is not a socket", l->path);
-                return -1;
-            }
-            unlink(l->path);
-        }
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || chmod(l->path, k->d->cfg->socket_mode) < 0 ||
-            listen(fd, 128) < 0 || !(k->bound = evhttp_accept_socket_with_handle(k->http, fd))) {
-            errmsg_set(err, errlen, "[kvs_server] listen unix:%s: %s", l->path, strerror(errno));
-            if (fd >= 0)
-                close(fd);
-            return -1;
-        }
-        k->unix_listen = true;
-        snprintf(k->unix_path, sizeof k->unix_path, "%s", l->path);
-        snprintf(k->address, sizeof k->address, "unix:%s", l->path);
-        return 0;
-    }
-    errno = 0;
-    k->bound = evhttp_bind_socket_with_handle(k->http, l->host, l->port);
-    if (!k->bound) {
-        errmsg_set(err, errlen, "[kvs_server] listen %s:%u: cannot bind (%s)", l->host, (unsigned)l->port,
-                   errno ? strerror(errno) : "address in use or unavailable");
-        return -1;
-    }
-    if (getsockname(evhttp_bound_socket_get_fd(k->bound), (struct sockaddr *)&ss, &sl) == 0) {
-        uint16_t port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-                                                 : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        snprintf(k->address, sizeof k->address, ss.ss_family == AF_INET6 ? "[%s]:%u" : "%s:%u", l->host,
-                 (unsigned)port);
-    }
-    return 0;
+    const struct kvs_server *k = arg;
+    out->max_connections = k->d->cfg->kvs_max_connections;
+    out->request_timeout_ms = k->d->cfg->kvs_request_timeout_ms;
+    out->max_connections_option = "kvs_server.max_connections";
 }
 
 int kvs_server_create(struct daemon *d, struct kvs_server **out, char *err, size_t errlen)
 {
     const struct kvn_config *cfg = d->cfg;
     struct kvs_server *k;
+    struct evhttp *http;
     struct timeval tv = { .tv_sec = 0, .tv_usec = KVS_SWEEP_MS * 1000 };
 
     *out = NULL;
@@ -788,29 +746,34 @@ int kvs_server_create(struct daemon *d, struct kvs_server **out, char *err, size
         k->id_base = clock_now_ms() * 0x9e3779b97f4a7c15ull;
     k->id_base &= ~0xffffffffull;   /* random high bits, a counter below */
     k->buckets = calloc(k->nbuckets, sizeof *k->buckets);
-    k->http = evhttp_new(d->base);
     k->sweep_ev = event_new(d->base, -1, EV_PERSIST, kvs_sweep_cb, k);
-    if (!k->buckets || !k->http || !k->sweep_ev || event_add(k->sweep_ev, &tv) < 0) {
+    if (!k->buckets || !k->sweep_ev || event_add(k->sweep_ev, &tv) < 0) {
         kvs_server_destroy(k);
         errmsg_set(err, errlen, "kvs front end: out of memory");
         return -1;
     }
-    evhttp_set_timeout(k->http, KVS_HTTP_TIMEOUT_S);
-    evhttp_set_max_headers_size(k->http, 64 << 10);
-    /* Bodies up to the limit are read; with Expect: 100-continue evhttp
-     * answers 100 Continue at once (417 above the limit), so libcurl does
-     * not wait its 1 s for it. */
-    evhttp_set_max_body_size(k->http, cfg->kvs_max_body_bytes);
-    evhttp_set_allowed_methods(k->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
-                                            EVHTTP_REQ_DELETE);
-    evhttp_set_gencb(k->http, kvs_http_cb, k);
-    if (kvs_listen(k, err, errlen) < 0 || kvs_dataplane_create(d, &k->dp, err, errlen) < 0) {
+    if (httpd_create(d->base, "KVS front end", "[kvs_server] listen", &cfg->kvs_listen_addr, cfg->socket_mode,
+                     kvs_limits, k, &k->httpd, err, errlen) < 0) {
         kvs_server_destroy(k);
         return -1;
     }
-    k->st.http_address = k->address;
+    http = httpd_evhttp(k->httpd);
+    evhttp_set_timeout(http, KVS_HTTP_TIMEOUT_S);
+    evhttp_set_max_headers_size(http, 64 << 10);
+    /* Bodies up to the limit are read; with Expect: 100-continue evhttp
+     * answers 100 Continue at once (417 above the limit), so libcurl does
+     * not wait its 1 s for it. */
+    evhttp_set_max_body_size(http, cfg->kvs_max_body_bytes);
+    evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
+                                         EVHTTP_REQ_DELETE);
+    evhttp_set_gencb(http, kvs_http_cb, k);
+    if (kvs_dataplane_create(d, &k->dp, err, errlen) < 0) {
+        kvs_server_destroy(k);
+        return -1;
+    }
+    k->st.http_address = httpd_address(k->httpd);
     log_info("KVS front end (rtp-llm's KVS protocol): HTTP on %s, data plane on %s, tp_size %u, terms %u..%u s",
-             k->address, cfg->kvs_socket_path, cfg->kvs_tp_size, 1u, cfg->kvs_max_term_ms / 1000);
+             httpd_address(k->httpd), cfg->kvs_socket_path, cfg->kvs_tp_size, 1u, cfg->kvs_max_term_ms / 1000);
     *out = k;
     return 0;
 }
@@ -819,10 +782,7 @@ void kvs_server_begin_shutdown(struct kvs_server *k)
 {
     if (!k)
         return;
-    if (k->bound) {
-        evhttp_del_accept_socket(k->http, k->bound);
-        k->bound = NULL;
-    }
+    httpd_begin_shutdown(k->httpd);
     kvs_dataplane_stop(k->dp);
 }
 
@@ -830,22 +790,26 @@ void kvs_server_destroy(struct kvs_server *k)
 {
     if (!k)
         return;
-    if (k->http)
-        evhttp_free(k->http);
+    httpd_destroy(k->httpd);
     if (k->sweep_ev)
         event_free(k->sweep_ev);
     while (k->head)
         kvs_lease_free(k, k->head);
     kvs_dataplane_destroy(k->dp);
-    if (k->unix_listen)
-        unlink(k->unix_path);
     free(k->buckets);
     free(k);
 }
 
 void kvs_server_get_stats(const struct kvs_server *k, struct kvs_server_stats *out)
 {
+    struct httpd_stats h;
     *out = k->st;
+    httpd_get_stats(k->httpd, &h);
+    out->http_open = h.open;
+    out->http_max = h.max;
+    out->http_accepted = h.accepted;
+    out->http_refused = h.refused;
+    out->http_timed_out = h.timed_out;
     if (k->dp)
         kvs_dataplane_stats(k->dp, out);
 }

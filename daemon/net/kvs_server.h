@@ -78,6 +78,9 @@ struct kvs_server_stats {
     uint64_t read_keys, read_hits, create_keys, create_existing;
     uint64_t leases_open, leases_expired;
     uint64_t dataplane_open, dataplane_accepted, dataplane_refused, fds_lent;
+    uint64_t http_open, http_max, http_accepted;
+    uint64_t http_refused;            /* 503 at connect: kvs_server.max_connections or descriptors */
+    uint64_t http_timed_out;          /* kvs_server.request_timeout */
 };
 
 /* Start both planes when [kvs_server] enabled = on (*out NULL otherwise).

@@ -12,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -770,6 +773,56 @@ START_TEST(unix_listen_knows_the_groups)
 }
 END_TEST
 
+/* The HTTP control plane is bounded like the admin endpoints (net/httpd.h):
+ * past kvs_server.max_connections a connection gets 503 naming the option,
+ * and a connection whose request does not arrive within
+ * kvs_server.request_timeout is closed (an idle one too). */
+static int tcp_connect_url(const char *url)
+{
+    unsigned port = 0;
+    ck_assert_msg(sscanf(url, "http://127.0.0.1:%u", &port) == 1, "url %s", url);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    return fd;
+}
+
+START_TEST(http_connections_capped_and_slow_requests_closed)
+{
+    kvs_env e;
+    env_start(&e, "kvs_server.max_connections=2\nkvs_server.request_timeout=1s\n");
+    int a = tcp_connect_url(e.url), b = tcp_connect_url(e.url);
+    uint64_t t0 = kvh_now_ms();
+    while (kvs_stat(&e, "http_connections.open") < 2 && kvh_now_ms() - t0 < 5000)
+        kvh_sleep_ms(10);
+    ck_assert_int_eq(kvs_stat(&e, "http_connections.open"), 2);
+    ck_assert_int_eq(kvs_stat(&e, "http_connections.max"), 2);
+
+    kvsc_reply r;
+    ck_assert_int_eq(kvsc_call(e.url, "health", NULL, &r), 0);
+    ck_assert_int_eq(r.status, 503);
+    kvsc_reply_free(&r);
+    ck_assert_int_eq(kvs_stat(&e, "http_connections.refused_total"), 1);
+
+    /* Idle past the request timeout: both closed by the daemon. */
+    char c;
+    struct timeval tv = { .tv_sec = 5, .tv_usec = 0 };
+    setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(b, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ck_assert_int_eq(recv(a, &c, 1, 0), 0);
+    ck_assert_int_eq(recv(b, &c, 1, 0), 0);
+    close(a);
+    close(b);
+    ck_assert_int_eq(kvs_stat(&e, "http_connections.timed_out_total"), 2);
+    ck_assert_int_eq(kvsc_call(e.url, "health", NULL, &r), 0);
+    ck_assert_int_eq(r.status, 200);
+    kvsc_reply_free(&r);
+    KVH_STOP_DESTROY(&e.d);
+}
+END_TEST
+
 static Suite *kvs_server_suite(void)
 {
     Suite *s = suite_create("kvs_server");
@@ -785,6 +838,7 @@ static Suite *kvs_server_suite(void)
     tcase_add_test(tc, tenants_see_only_their_own_arena);
     tcase_add_test(tc, group_tenant_over_tcp_is_refused);
     tcase_add_test(tc, unix_listen_knows_the_groups);
+    tcase_add_test(tc, http_connections_capped_and_slow_requests_closed);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -239,6 +239,7 @@ static const char *const all_options[][2] = {
     { "kvs_server", "enabled" }, { "kvs_server", "listen" }, { "kvs_server", "socket_path" },
     { "kvs_server", "max_body_bytes" }, { "kvs_server", "max_keys" }, { "kvs_server", "max_leases" },
     { "kvs_server", "default_term" }, { "kvs_server", "max_term" }, { "kvs_server", "tp_size" },
+    { "kvs_server", "max_connections" }, { "kvs_server", "request_timeout" },
     { "kvcm", "enabled" }, { "kvcm", "endpoints" }, { "kvcm", "instance_group" }, { "kvcm", "instance_id" },
     { "kvcm", "host_ip_port" }, { "kvcm", "storage_type" }, { "kvcm", "medium_hbm" }, { "kvcm", "medium_host" },
     { "kvcm", "spec_name" }, { "kvcm", "location_uri" }, { "kvcm", "request_timeout" },
@@ -320,6 +321,8 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(c.kvs_default_term_ms, 60000);
     ck_assert_uint_eq(c.kvs_max_term_ms, 600000);
     ck_assert_uint_eq(c.kvs_tp_size, 1);
+    ck_assert_uint_eq(c.kvs_max_connections, 1024);
+    ck_assert_uint_eq(c.kvs_request_timeout_ms, 10000);
     /* [kvcm]: off, and the reference publisher's timings (docs/PROTOCOLS.md §2). */
     ck_assert_int_eq(c.kvcm.enabled, 0);
     ck_assert_str_eq(c.kvcm.endpoints, "");
@@ -2379,6 +2382,8 @@ START_TEST(test_write_round_trip_custom)
     c.kvs_default_term_ms = 1500;
     c.kvs_max_term_ms = 3600000;
     c.kvs_tp_size = 8;
+    c.kvs_max_connections = 3;
+    c.kvs_request_timeout_ms = 250;
     char err[CONFIG_ERR_MAX];
     ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
     assert_round_trip(&c);
@@ -2558,7 +2563,7 @@ START_TEST(test_restart_required)
                               "persist.workers", "persist.queue", "persist.url", "persist.socket_path",
                               "persist.connect_timeout", "persist.timeout", "persist.lookup",
                               "persist.object_namespace", "persist.tombstones",
-                              /* [kvs_server]: all of it; its listeners are set up once */
+                              /* [kvs_server]: all but the connection limits; its listeners are set up once */
                               "kvs_server.enabled", "kvs_server.listen", "kvs_server.socket_path",
                               "kvs_server.max_body_bytes", "kvs_server.max_keys", "kvs_server.max_leases",
                               "kvs_server.default_term", "kvs_server.max_term", "kvs_server.tp_size",
