@@ -160,6 +160,26 @@ static const struct opt_def config_options[] = {
     { "persist", "tombstones", &T_COUNT, "65536", FIELD(persist_tombstones), .min = 0, .max = 16777216,
       .restart = true },
 
+    /* [kvs_server]: rtp-llm's KVS protocol served (issue 18); off by default,
+     * restart-only (the listeners are set up once, at start). */
+    { "kvs_server", "enabled", &T_ENUM, "off", FIELD(kvs_enabled), NAMES(onoff_names), .restart = true },
+    { "kvs_server", "listen", &T_LISTEN, "127.0.0.1:8080", FIELD(kvs_listen), PARSED(kvs_listen_addr),
+      .restart = true },
+    { "kvs_server", "socket_path", &T_PATH, "/run/kvnode/kvs.sock", FIELD(kvs_socket_path), .restart = true },
+    { "kvs_server", "max_body_bytes", &T_SIZE, "16MiB", FIELD(kvs_max_body_bytes), .min = 4 * KIB, .max = GIB,
+      .restart = true },
+    { "kvs_server", "max_keys", &T_COUNT, "65536", FIELD(kvs_max_keys), .min = 1, .max = 1048576, .restart = true },
+    { "kvs_server", "max_leases", &T_COUNT, "4096", FIELD(kvs_max_leases), .min = 1, .max = 1048576,
+      .restart = true },
+    { "kvs_server", "default_term", &T_DURATION, "60s", FIELD(kvs_default_term_ms), .min = MS_PER_S,
+      .max = MS_PER_H, .restart = true },
+    { "kvs_server", "max_term", &T_DURATION, "10m", FIELD(kvs_max_term_ms), .min = MS_PER_S, .max = MS_PER_H,
+      .restart = true },
+    { "kvs_server", "tp_size", &T_COUNT, "1", FIELD(kvs_tp_size), .min = 1, .max = 1024, .restart = true },
+    { "kvs_server", "max_connections", &T_COUNT, "1024", FIELD(kvs_max_connections), .min = 1, .max = 65536 },
+    { "kvs_server", "request_timeout", &T_DURATION, "10s", FIELD(kvs_request_timeout_ms), .min = 100,
+      .max = MS_PER_H },
+
     /* [kvcm]: off by default; the timings are the reference publisher's
      * (docs/PROTOCOLS.md §2); endpoints and host_ip_port have no default. Every
      * [kvcm] option is restart-only: the publisher, heartbeat and query
@@ -219,8 +239,9 @@ static const struct opt_def config_options[] = {
 #define CONFIG_NOPTIONS (sizeof config_options / sizeof config_options[0])
 
 static const char *const config_sections[] = { "server", "memory", "hbm", "leases", "log", "admin", "persist",
-                                               "kvcm" };
-#define SECTIONS_HINT "[server], [memory], [hbm], [leases], [log], [admin], [persist], [kvcm] or [tenant.NAME]"
+                                               "kvs_server", "kvcm" };
+#define SECTIONS_HINT "[server], [memory], [hbm], [leases], [log], [admin], [persist], [kvs_server], [kvcm] or " \
+    "[tenant.NAME]"
 
 /* ---- lookup ------------------------------------------------------------ */
 
@@ -663,6 +684,35 @@ static void config_validate_cross(const struct kvn_config *cfg, struct errbuf *e
         if (cfg->persist_object_namespace[0] == '\0')
             config_errbuf_add(errors, "[persist] object_namespace: required when backend = v6d (the first part of "
                                       "every object key; rtp-llm engines use rtp_llm)");
+    }
+
+    /* [kvs_server]: the control plane finds its client's tenant through the
+     * kernel's socket table, which only a loopback peer is in; the two
+     * sockets must be distinct from the engines' and the admin socket. */
+    struct config_listen kvs_listen = { 0 };
+    char kvs_problem[PROBLEM_MAX];
+    /* Parsed here: the parsed fields are filled only once every check passed. */
+    if (cfg->kvs_enabled && config_parse_listen(cfg->kvs_listen, &kvs_listen, kvs_problem, sizeof kvs_problem) == 0) {
+        const struct config_listen *l = &kvs_listen;
+        if (l->kind == CONFIG_LISTEN_OFF)
+            config_errbuf_add(errors, "[kvs_server] listen: required when enabled = on (e.g. 127.0.0.1:8080, "
+                                      "the KVS_V6D_URL engines are given)");
+        else if (l->kind == CONFIG_LISTEN_TCP && strcmp(l->host, "127.0.0.1") != 0 &&
+                 strcmp(l->host, "localhost") != 0 && strcmp(l->host, "::1") != 0)
+            config_errbuf_add(errors, "[kvs_server] listen: %s is not a loopback address; the KVS front end "
+                                      "serves engines on this node only (use 127.0.0.1:PORT, [::1]:PORT or "
+                                      "unix:PATH)", l->host);
+        if (cfg->kvs_socket_path[0] == '\0')
+            config_errbuf_add(errors, "[kvs_server] socket_path: required when enabled = on (the "
+                                      "KVS_V6D_SOCKET_PATH engines are given)");
+        else if (strcmp(cfg->kvs_socket_path, cfg->socket_path) == 0 ||
+                 (l->kind == CONFIG_LISTEN_UNIX && strcmp(cfg->kvs_socket_path, l->path) == 0))
+            config_errbuf_add(errors, "[kvs_server] socket_path: %s is already [server] socket_path or "
+                                      "[kvs_server] listen; give the data plane a path of its own",
+                              cfg->kvs_socket_path);
+        if (cfg->kvs_default_term_ms > cfg->kvs_max_term_ms)
+            config_errbuf_add(errors, "[kvs_server] default_term: %" PRIu32 "ms is above max_term (%" PRIu32
+                                      "ms)", cfg->kvs_default_term_ms, cfg->kvs_max_term_ms);
     }
 }
 

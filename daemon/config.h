@@ -134,6 +134,21 @@ struct kvn_config {
     uint32_t persist_tombstones;     /* deleted keys hidden from lookups when the store cannot
                                         delete them (v6d), oldest forgotten first (restart) */
 
+    /* [kvs_server] (restart-only but max_connections, request_timeout; off by default): the rtp-llm
+       KVS protocol served to engines (daemon/net/kvs_server.h) */
+    int      kvs_enabled;            /* 0 off, 1 on */
+    char     kvs_listen[CONFIG_LISTEN_MAX];   /* HTTP control plane: loopback "HOST:PORT" or "unix:PATH" */
+    struct config_listen kvs_listen_addr;     /* kvs_listen parsed */
+    char     kvs_socket_path[PATH_MAX];       /* data plane (vineyard handshake) unix socket */
+    uint32_t kvs_max_body_bytes;     /* largest HTTP request body */
+    uint32_t kvs_max_keys;           /* object keys in one acquire */
+    uint32_t kvs_max_leases;         /* HTTP leases alive at once (all tenants) */
+    uint32_t kvs_default_term_ms;    /* lease term when a request names none */
+    uint32_t kvs_max_term_ms;        /* longest term a request may ask for */
+    uint32_t kvs_tp_size;            /* TP size of the engines served (namespace identity) */
+    uint32_t kvs_max_connections;    /* HTTP connections open at once (reloadable) */
+    uint32_t kvs_request_timeout_ms; /* an HTTP request must arrive whole within this (reloadable) */
+
     /* [kvcm] (every option restart-only; nothing is sent unless enabled):
        struct kvcm_config, kvcm/kvcm_config.h */
     struct kvcm_config kvcm;

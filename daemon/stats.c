@@ -89,6 +89,9 @@ void stats_collect(struct daemon *d, const struct stats_view *view, struct stats
     s->admin_address = d->admin ? admin_address(d->admin) : NULL;
     if (d->admin)
         admin_get_stats(d->admin, &s->admin);
+    s->has_kvs = d->kvs != NULL;
+    if (d->kvs)
+        kvs_server_get_stats(d->kvs, &s->kvs);
     s->reloads_ok = d->reloads_ok;
     s->reloads_failed = d->reloads_failed;
     s->worker_stall_timeout_ms = d->cfg->worker_stall_timeout_ms;
@@ -334,6 +337,20 @@ static void cache_json(const struct cache_stats *s, const struct stats_ns_source
     set(host, "populate_seconds", json_real(s->populate_seconds));
     if (s->has_populate_error)
         set(host, "populate_error", json_string(s->populate_error));
+    set(host, "numa", json_string(s->numa ? s->numa : "off"));
+    if (s->numa_regions) {
+        json_t *regions = json_array();
+        for (unsigned r = 0; r < s->numa_regions; r++) {
+            json_t *o = json_object();
+            set(o, "node", json_integer(s->numa_region[r].node));
+            set(o, "gpus", json_integer(s->numa_region[r].gpus));
+            set(o, "placed", json_boolean(s->numa_region[r].placed));
+            set(o, "capacity_bytes", ju(s->numa_region[r].capacity_bytes));
+            set(o, "used_bytes", ju(s->numa_region[r].used_bytes));
+            json_array_append_new(regions, o);
+        }
+        set(host, "numa_regions", regions);
+    }
     pin_json(s, host);
     set(tiers, "host", host);
     hbm_json(s, tiers, root);
@@ -419,6 +436,50 @@ static void requests_json(const struct ops_stats *o, const struct metrics_keys *
     set(keys, "missed_writing_total", ju(k->writing));
     set(keys, "missed_beyond_gap_total", ju(k->beyond_gap));
     set(root, "keys", keys);
+}
+
+/* The KVS front end (issue 18): its addresses, requests by route, keys and leases. */
+static void kvs_json(const struct stats_snapshot *s, json_t *root)
+{
+    const struct kvs_server_stats *k = &s->kvs;
+    json_t *o, *r;
+
+    if (!s->has_kvs) {
+        set(root, "kvs_server", json_null());
+        return;
+    }
+    o = json_object();
+    r = json_object();
+    set(o, "http_address", json_string(k->http_address ? k->http_address : ""));
+    set(o, "socket_path", json_string(k->socket_path ? k->socket_path : ""));
+    set(r, "health_total", ju(k->health));
+    set(r, "acquire_read_total", ju(k->acquire_read));
+    set(r, "acquire_create_total", ju(k->acquire_create));
+    set(r, "seal_total", ju(k->seal));
+    set(r, "release_total", ju(k->release));
+    set(r, "discard_total", ju(k->discard));
+    set(r, "bad_total", ju(k->bad_requests));
+    set(r, "denied_total", ju(k->denied));
+    set(r, "failed_total", ju(k->failed));
+    set(o, "requests", r);
+    set(o, "read_keys_total", ju(k->read_keys));
+    set(o, "read_hits_total", ju(k->read_hits));
+    set(o, "create_keys_total", ju(k->create_keys));
+    set(o, "create_existing_total", ju(k->create_existing));
+    set(o, "leases_open", ju(k->leases_open));
+    set(o, "leases_expired_total", ju(k->leases_expired));
+    set(o, "dataplane_open", ju(k->dataplane_open));
+    set(o, "dataplane_accepted_total", ju(k->dataplane_accepted));
+    set(o, "dataplane_refused_total", ju(k->dataplane_refused));
+    set(o, "fds_lent_total", ju(k->fds_lent));
+    r = json_object();
+    set(r, "open", ju(k->http_open));
+    set(r, "max", ju(k->http_max));
+    set(r, "accepted_total", ju(k->http_accepted));
+    set(r, "refused_total", ju(k->http_refused));
+    set(r, "timed_out_total", ju(k->http_timed_out));
+    set(o, "http_connections", r);
+    set(root, "kvs_server", o);
 }
 
 static void admin_json(const struct stats_snapshot *s, json_t *root)
@@ -527,6 +588,7 @@ json_t *stats_json(const struct stats_snapshot *s)
         server_json(&s->server, root);
     requests_json(&s->ops, &s->cache_stats.keys, root);
     admin_json(s, root);
+    kvs_json(s, root);
     set(reloads, "ok_total", ju(s->reloads_ok));
     set(reloads, "failed_total", ju(s->reloads_failed));
     set(reloads, "last_error", json_string(s->last_reload_error));

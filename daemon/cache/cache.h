@@ -98,6 +98,11 @@ void cache_host_stats(const struct cache *c, struct arena_stats *out);
 /* Background reservation of the host arena: an enum populate_state
  * (POPULATE_DONE when it was reserved at creation); why is set when FAILED. */
 int cache_populate_state(struct cache *c, char *why, size_t whylen);
+/* The region of the host arena where blocks of a client on this GPU (CUDA
+ * ordinal, PCI bus id or NULL) should live: its NUMA node's share under
+ * memory.numa (mem/numa.h); ARENA_ANY_REGION when there is no per-GPU
+ * placement or the GPU is not known. For lease_list.host_region. */
+uint32_t cache_host_region(const struct cache *c, int cuda_device, const char *pci_bus_id);
 /* The host arena's memory, for pinning. */
 void *cache_host_base(const struct cache *c);
 uint64_t cache_host_size(const struct cache *c);
@@ -157,6 +162,21 @@ void cache_match_tiers(struct cache *c, struct kv_namespace *ns, const int64_t *
 int  cache_get_begin(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
                      const int64_t *keys, size_t n, uint64_t *lease_id,
                      struct cache_loc *locs, size_t *got, char *err, size_t errlen);
+
+/* A best-effort read of any of the keys (the KVS front end's acquire(read)):
+ * every key sealed in the host arena is pinned under one read lease (TTL
+ * owner->ttl_ms, else [leases] read_ttl), whatever the keys around it; the
+ * others are misses (locs[i].present false). Blocks only in the store
+ * (ghosts) are misses too, but up to 256 of them start their way back into
+ * host memory (as GET promotes them), so a later read finds them. *got
+ * = hits; *lease_id 0 when there are none. 0 or a negative code, err set. */
+int  cache_get_each(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
+                    const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
+                    size_t *got, char *err, size_t errlen);
+/* The namespace of l's deployment and tp_rank, whatever its block_bytes
+ * (ignored), or NULL when there is none: for readers that do not know the
+ * block size (the KVS front end). */
+struct kv_namespace *cache_find_ns(struct cache *c, const struct ns_layout *l);
 
 /* Deferred answers. A MATCH or GET that needs the store (a lookup of keys the
  * index does not know, or promotions of ghosts) answers later: *_start
@@ -259,6 +279,16 @@ struct cache_stats {
     double populate_seconds;         /* until done/failed, or until now */
     bool has_populate_error;
     char populate_error[256];
+    /* memory.numa: numa_mode_name(), and the per-GPU regions (summed by
+     * index over tenants, whose plans split the same nodes). */
+    const char *numa;
+    unsigned numa_regions;
+    struct cache_numa_region {
+        int node;
+        unsigned gpus;
+        bool placed;                 /* bound to its node */
+        uint64_t capacity_bytes, used_bytes;
+    } numa_region[ARENA_MAX_REGIONS];
     unsigned nhbm;
     struct cache_hbm_stats hbm[DEVMEM_MAX_DEVICES];
     struct {

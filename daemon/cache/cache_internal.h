@@ -29,6 +29,7 @@
 #include "gpu/devmem.h"
 #include "mem/index.h"
 #include "mem/keylock.h"
+#include "mem/numa.h"
 #include "counters.h"
 
 /* The host arena's id; HBM arenas follow it (1, 2, ...). */
@@ -44,6 +45,7 @@ struct cache_hbm {
     uint8_t  ipc[DEVMEM_IPC_HANDLE_BYTES];
     size_t   ipc_len;
     char     pci_bus_id[32];
+    uint32_t host_region;            /* where its demoted blocks go (cache_host_region) */
     uint64_t moving_bytes;           /* strides of blocks being demoted */
     unsigned inflight;               /* demotion batches submitted, not done */
     bool     demoting;               /* passed the high watermark, not yet below the low */
@@ -61,6 +63,8 @@ struct cache {
     struct copier *copier;           /* NULL: no demotion (HBM blocks stay or are dropped) */
     struct hostpin *hostpin;         /* NULL: the host arena is not being pinned */
     struct populate *populate;       /* NULL: the host arena was reserved at creation */
+    struct numa_topology numa_topo;  /* the machine's NUMA nodes and GPUs */
+    struct numa_plan numa;           /* where the host arena lives (memory.numa) */
     struct event *populate_ev;       /* polls the reserved part while populate runs */
     uint64_t populate_seen;          /* reserved bytes at the last poll */
     double hbm_high, hbm_low;

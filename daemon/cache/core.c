@@ -13,6 +13,7 @@
 #include "core/errmsg.h"
 #include "kvnode.h"
 #include "core/log.h"
+#include "mem/numa.h"
 #include "mem/populate.h"
 #include "persist/persist.h"
 
@@ -63,8 +64,7 @@ bool cache_populating(struct cache *c)
 }
 
 /* Reserve and populate the host arena in the background (mem/populate.h). */
-static int cache_start_populate(struct cache *c, const struct kvn_config *cfg, const char *tenant,
-                                char *err, size_t errlen)
+static int cache_start_populate(struct cache *c, const char *tenant, char *err, size_t errlen)
 {
     char label[80];
     struct timeval tv = clock_tv_ms(CACHE_POPULATE_POLL_MS);
@@ -75,12 +75,43 @@ static int cache_start_populate(struct cache *c, const struct kvn_config *cfg, c
         errmsg_set(err, errlen, "cannot create cache events");
         return -KVNODE_ENOMEM;
     }
-    populate_place_numa(arena_base(c->host), arena_size(c->host), cfg->numa == CONFIG_NUMA_AUTO,
-                        label);
-    rc = populate_start(c->host, populate_default_threads(), label, &c->populate, err, errlen);
+    rc = populate_start(c->host, &c->numa, populate_default_threads(), label, &c->populate, err,
+                        errlen);
     if (rc == 0)
         evtimer_add(c->populate_ev, &tv);
     return rc;
+}
+
+/* memory.numa (mem/numa.h): plan where the host arena lives, split it into
+ * the plan's regions and bind them, before any of it is reserved. */
+static int cache_place_host(struct cache *c, const struct kvn_config *cfg, const char *tenant,
+                            char *err, size_t errlen)
+{
+    char label[80];
+    uint64_t ends[NUMA_MAX_REGIONS];
+    struct arena_stats st;
+
+    _Static_assert(NUMA_MAX_REGIONS == ARENA_MAX_REGIONS, "a NUMA region is an arena region");
+    snprintf(label, sizeof label, "%s%s", tenant ? "tenant " : "", tenant ? tenant : "the");
+    arena_get_stats(c->host, &st);
+    numa_read_topology(NULL, &c->numa_topo);
+    numa_plan_make(&c->numa_topo, cfg->numa == CONFIG_NUMA_AUTO, arena_size(c->host), st.slab_bytes,
+                   &c->numa);
+    if (c->numa.mode == NUMA_MODE_PER_GPU) {
+        for (size_t r = 0; r < c->numa.nregions; r++)
+            ends[r] = c->numa.regions[r].end;
+        int rc = arena_set_regions(c->host, (uint32_t)c->numa.nregions, ends, err, errlen);
+        if (rc < 0)
+            return rc;
+    }
+    numa_plan_apply(&c->numa, arena_base(c->host), arena_size(c->host), label);
+    return 0;
+}
+
+uint32_t cache_host_region(const struct cache *c, int cuda_device, const char *pci_bus_id)
+{
+    int r = numa_region_of_gpu(&c->numa, &c->numa_topo, pci_bus_id, cuda_device);
+    return r < 0 ? ARENA_ANY_REGION : (uint32_t)r;
 }
 
 static int cache_create_as(struct event_base *base, const struct kvn_config *cfg,
@@ -149,7 +180,9 @@ static int cache_create_as(struct event_base *base, const struct kvn_config *cfg
         goto fail;
     }
     cache_apply_config(c, cfg);
-    if (deferred && (rc = cache_start_populate(c, cfg, tenant, err, errlen)) < 0)
+    if ((rc = cache_place_host(c, cfg, tenant, err, errlen)) < 0)
+        goto fail;
+    if (deferred && (rc = cache_start_populate(c, tenant, err, errlen)) < 0)
         goto fail;
     *out = c;
     return 0;
@@ -384,6 +417,7 @@ int cache_add_hbm(struct cache *c, struct devmem *dm, const struct devmem_region
     h->ipc_len = r->ipc_len <= sizeof h->ipc ? r->ipc_len : 0;
     memcpy(h->ipc, r->ipc_handle, h->ipc_len);
     snprintf(h->pci_bus_id, sizeof h->pci_bus_id, "%s", r->pci_bus_id);
+    h->host_region = cache_host_region(c, r->device, r->pci_bus_id);
     c->arenas[id] = h->a;
     c->narenas++;
     c->nhbm++;
@@ -677,4 +711,17 @@ void cache_release_owner(struct cache *c, struct lease_list *owner)
 {
     while (owner->head)
         cache_lease_finish(c, owner->head, false);
+}
+
+struct kv_namespace *cache_find_ns(struct cache *c, const struct ns_layout *l)
+{
+    uint64_t fp = ns_fingerprint_tenant(l, ns_registry_tenant(c->namespaces));
+
+    /* Bounded by the registry's records, as ns_bind's own walk is. */
+    for (size_t i = 0; i < ns_count(c->namespaces); i++) {
+        struct kv_namespace *ns = ns_at(c->namespaces, i);
+        if (ns->fingerprint == fp && ns->layout.tp_rank == l->tp_rank)
+            return ns;
+    }
+    return NULL;
 }

@@ -159,7 +159,8 @@ static bool cache_demote_batch(struct cache *c, unsigned hi)
         struct index_entry *e = recs[i].e;
         struct kv_namespace *ns = ns_get(c->namespaces, e->ns);
         uint64_t off;
-        if (!items || !ns || !cache_make_room(c, ns->cls) || arena_alloc(c->host, ns->cls, &off) < 0) {
+        if (!items || !ns || !cache_make_room(c, ns->cls) ||
+            arena_alloc_near(c->host, ns->cls, h->host_region, &off) < 0) {
             h->moving_bytes -= recs[i].stride;
             cache_unpin(c, e);
             if (items) {

@@ -101,7 +101,8 @@ int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
         c->reservations_refused++;
         return -KVNODE_ELIMIT;
     }
-    l = lease_create(c->leases, LEASE_WRITE, ns->id, owner, clock_now_ms(), c->write_ttl_ms, n);
+    l = lease_create(c->leases, LEASE_WRITE, ns->id, owner, clock_now_ms(),
+                     owner->ttl_ms ? owner->ttl_ms : c->write_ttl_ms, n);
     if (!l) {
         errmsg_set(err, errlen, "out of memory creating a write lease");
         return -KVNODE_ENOMEM;
@@ -131,7 +132,9 @@ int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
         /* Room is on its way: wait for it rather than evict. */
         if (!in_hbm && !arena_can_alloc(c->host, ns->cls) && cache_populating(c))
             goto populating;
-        if (!in_hbm && (!cache_make_room(c, ns->cls) || arena_alloc(c->host, ns->cls, &off) < 0))
+        if (!in_hbm && (!cache_make_room(c, ns->cls) ||
+                        arena_alloc_near(c->host, ns->cls, owner->host_region ? owner->host_region - 1
+                                                                              : ARENA_ANY_REGION, &off) < 0))
             goto nospace;
         if (tier == KVNODE_TIER_HBM) {
             if (in_hbm)

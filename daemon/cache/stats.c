@@ -122,6 +122,21 @@ static void cache_hbm_stats(struct cache *c, struct cache_stats *out)
         copier_stats(c->copier, &out->demotions.copier);
 }
 
+static void cache_numa_stats(const struct cache *c, struct cache_stats *out)
+{
+    out->numa = numa_mode_name(c->numa.mode);
+    out->numa_regions = c->numa.mode == NUMA_MODE_PER_GPU ? (unsigned)c->numa.nregions : 0;
+    for (unsigned r = 0; r < out->numa_regions; r++) {
+        struct arena_region_stats st;
+        arena_get_region_stats(c->host, r, &st);
+        out->numa_region[r].node = c->numa.regions[r].node;
+        out->numa_region[r].gpus = c->numa.regions[r].gpus;
+        out->numa_region[r].placed = c->numa.regions[r].placed;
+        out->numa_region[r].capacity_bytes = st.end - st.start;
+        out->numa_region[r].used_bytes = st.used_bytes;
+    }
+}
+
 void cache_get_stats(struct cache *c, struct cache_stats *out)
 {
     memset(out, 0, sizeof *out);
@@ -132,6 +147,7 @@ void cache_get_stats(struct cache *c, struct cache_stats *out)
     out->low_watermark = c->low_watermark;
     cache_pin_stats(c, out);
     cache_populate_stats(c, out);
+    cache_numa_stats(c, out);
     cache_hbm_stats(c, out);
     out->has_store = c->persist != NULL;
     out->store_blocks = c->ghosts;
@@ -272,6 +288,11 @@ void cache_stats_add(struct cache_stats *sum, const struct cache_stats *x, bool 
     sum->populate_state = cache_pin_worse(sum->populate_state, x->populate_state);
     if (x->populate_seconds > sum->populate_seconds)
         sum->populate_seconds = x->populate_seconds;
+    for (unsigned r = 0; r < sum->numa_regions && r < x->numa_regions; r++) {
+        sum->numa_region[r].placed = sum->numa_region[r].placed && x->numa_region[r].placed;
+        sum->numa_region[r].capacity_bytes += x->numa_region[r].capacity_bytes;
+        sum->numa_region[r].used_bytes += x->numa_region[r].used_bytes;
+    }
     if (!sum->has_populate_error && x->has_populate_error) {
         sum->has_populate_error = true;
         memcpy(sum->populate_error, x->populate_error, sizeof sum->populate_error);

@@ -6,6 +6,14 @@
  * free block on a doubly-linked "partial" list; alloc takes a block from the
  * head slab and pops a free slab only when that list is empty.
  *
+ * Regions (arena_set_regions): the slabs may be split into up to
+ * ARENA_MAX_REGIONS contiguous regions (the host memory of each NUMA node
+ * that has GPUs, mem/numa.h). Each region has its own free-slab stack (its
+ * part of free_slabs) and each class one partial list per region, so
+ * arena_alloc_near() takes a block from the wanted region in O(1) and falls
+ * back to the others in O(regions). One region (the default) is the plain
+ * allocator.
+ *
  * Free blocks inside a slab are tracked by a per-slab hierarchical bitmap
  * (bit set = allocated; an upper-level bit is set when the 64-bit word below
  * it is full). Finding the lowest free block is one ctz per level and there
@@ -52,7 +60,7 @@ struct arena_slab {
 struct arena_class {
     uint64_t stride;
     uint32_t per_slab;      /* blocks per slab */
-    uint32_t partial;       /* head of slabs with a free block, or ARENA_NONE */
+    uint32_t partial[ARENA_MAX_REGIONS];  /* per region: head of slabs with a free block, or ARENA_NONE */
     uint32_t slabs;         /* slabs owned */
     uint64_t blocks;        /* blocks allocated */
 };
@@ -80,8 +88,15 @@ struct arena {
     _Atomic uint64_t reserved;
 
     struct arena_slab *slabs;
-    uint32_t *free_slabs;   /* stack of free slab indices */
-    uint32_t  nfree_slabs;
+    /* Free slab indices: region r's stack is free_slabs[first .. first + nfree). */
+    uint32_t *free_slabs;
+    uint32_t  nfree_slabs;  /* all regions */
+    struct arena_region {
+        uint32_t first, end;    /* slabs [first, end) */
+        uint32_t nfree;
+        uint64_t used_bytes;
+    } regions[ARENA_MAX_REGIONS];
+    uint32_t nregions;
 
     struct arena_class classes[ARENA_MAX_CLASSES];
     uint32_t nclasses;
@@ -180,13 +195,12 @@ static int arena_new(uint32_t id, uint64_t bytes, uint64_t slab_bytes, struct ar
         errmsg_set(err, errlen, "arena: out of memory for %" PRIu64 " slabs of metadata", nslabs);
         goto fail;
     }
-    /* Stack pops slab 0 first, so a fresh arena fills from its start. */
     for (uint32_t i = 0; i < a->slabs_total; i++) {
         a->slabs[i].cls = ARENA_NONE;
         a->slabs[i].prev = a->slabs[i].next = ARENA_NONE;
-        a->free_slabs[i] = a->slabs_total - 1 - i;
     }
-    a->nfree_slabs = a->slabs_total;
+    uint64_t all = a->size;
+    arena_set_regions(a, 1, &all, NULL, 0);
     a->tier = KVNODE_TIER_HOST;
     a->device = -1;
     *out = a;
@@ -485,6 +499,79 @@ uint64_t arena_page_size(const struct arena *a) { return a->page_size; }
 const char *arena_huge_pages(const struct arena *a) { return a->huge_pages; }
 const char *arena_huge_pages_why(const struct arena *a) { return a->huge_why; }
 
+int arena_set_regions(struct arena *a, uint32_t n, const uint64_t *ends, char *err, size_t errlen)
+{
+    if (n == 0 || n > ARENA_MAX_REGIONS) {
+        errmsg_set(err, errlen, "arena: %u regions (1 to %u)", n, ARENA_MAX_REGIONS);
+        return -KVNODE_EINVAL;
+    }
+    if (a->nregions && (a->blocks != 0 || a->nfree_slabs != a->slabs_total)) {
+        errmsg_set(err, errlen, "arena: regions are set before any block is placed");
+        return -KVNODE_EINVAL;
+    }
+    uint32_t first = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        uint64_t end = ends[r] / a->slab_bytes;
+        if (ends[r] % a->slab_bytes != 0 || end <= first || end > a->slabs_total ||
+            (r == n - 1 && end != a->slabs_total)) {
+            errmsg_set(err, errlen, "arena: region %u ends at byte %" PRIu64 ": regions must be "
+                       "whole slabs of %" PRIu64 " bytes, ascending, and end at %" PRIu64, r, ends[r],
+                       a->slab_bytes, a->size);
+            return -KVNODE_EINVAL;
+        }
+        first = (uint32_t)end;
+    }
+    first = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        struct arena_region *g = &a->regions[r];
+        g->first = first;
+        g->end = (uint32_t)(ends[r] / a->slab_bytes);
+        g->used_bytes = 0;
+        /* The stack pops the region's lowest slab first, so a fresh region
+         * fills from its start (and the reserved prefix covers it in order). */
+        g->nfree = g->end - g->first;
+        for (uint32_t i = 0; i < g->nfree; i++)
+            a->free_slabs[g->first + i] = g->end - 1 - i;
+        first = g->end;
+    }
+    a->nregions = n;
+    a->nfree_slabs = a->slabs_total;
+    for (uint32_t c = 0; c < ARENA_MAX_CLASSES; c++)
+        for (uint32_t r = 0; r < ARENA_MAX_REGIONS; r++)
+            a->classes[c].partial[r] = ARENA_NONE;
+    return 0;
+}
+
+uint32_t arena_region_count(const struct arena *a) { return a->nregions; }
+
+static uint32_t arena_slab_region(const struct arena *a, uint32_t s)
+{
+    uint32_t r = 0;
+    while (r + 1 < a->nregions && s >= a->regions[r].end)
+        r++;
+    return r;
+}
+
+uint32_t arena_region_of(const struct arena *a, uint64_t offset)
+{
+    return arena_slab_region(a, (uint32_t)(offset / a->slab_bytes));
+}
+
+void arena_get_region_stats(const struct arena *a, uint32_t r, struct arena_region_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (r >= a->nregions)
+        return;
+    const struct arena_region *g = &a->regions[r];
+    out->start = (uint64_t)g->first * a->slab_bytes;
+    out->end = (uint64_t)g->end * a->slab_bytes;
+    out->used_bytes = g->used_bytes;
+    /* Free slabs inside the reserved part, as arena_get_stats counts them. */
+    uint32_t usable = arena_reserved_slabs(a);
+    uint32_t unreserved = g->end > usable ? g->end - (usable > g->first ? usable : g->first) : 0;
+    out->slabs_free = g->nfree - unreserved;
+}
+
 int arena_class_for(struct arena *a, uint64_t block_bytes, uint32_t *cls)
 {
     if (block_bytes == 0 || block_bytes > a->slab_bytes)
@@ -501,9 +588,10 @@ int arena_class_for(struct arena *a, uint64_t block_bytes, uint32_t *cls)
     if (a->nclasses >= ARENA_MAX_CLASSES)
         return -KVNODE_ELIMIT;
     struct arena_class *c = &a->classes[a->nclasses];
+    for (uint32_t r = 0; r < ARENA_MAX_REGIONS; r++)
+        c->partial[r] = ARENA_NONE;
     c->stride = stride;
     c->per_slab = (uint32_t)(a->slab_bytes / stride);
-    c->partial = ARENA_NONE;
     c->slabs = 0;
     c->blocks = 0;
     if (cls)
@@ -537,11 +625,12 @@ uint32_t arena_class_blocks_per_slab(const struct arena *a, uint32_t cls)
 static void arena_partial_push(struct arena *a, struct arena_class *c, uint32_t s)
 {
     struct arena_slab *sl = &a->slabs[s];
+    uint32_t *head = &c->partial[arena_slab_region(a, s)];
     sl->prev = ARENA_NONE;
-    sl->next = c->partial;
-    if (c->partial != ARENA_NONE)
-        a->slabs[c->partial].prev = s;
-    c->partial = s;
+    sl->next = *head;
+    if (*head != ARENA_NONE)
+        a->slabs[*head].prev = s;
+    *head = s;
 }
 
 static void arena_partial_unlink(struct arena *a, struct arena_class *c, uint32_t s)
@@ -550,7 +639,7 @@ static void arena_partial_unlink(struct arena *a, struct arena_class *c, uint32_
     if (sl->prev != ARENA_NONE)
         a->slabs[sl->prev].next = sl->next;
     else
-        c->partial = sl->next;
+        c->partial[arena_slab_region(a, s)] = sl->next;
     if (sl->next != ARENA_NONE)
         a->slabs[sl->next].prev = sl->prev;
     sl->prev = sl->next = ARENA_NONE;
@@ -598,26 +687,63 @@ static void arena_bits_clear(struct arena *a, uint32_t s, uint32_t idx)
     }
 }
 
-int arena_alloc(struct arena *a, uint32_t cls, uint64_t *offset)
+/* True when region r's next free slab is inside the reserved part. Never-
+ * used slabs pop in ascending order and freed ones sit above them (and are
+ * reserved), so a top beyond the reserved part means no usable slab. */
+static bool arena_region_has_slab(struct arena *a, uint32_t r)
+{
+    const struct arena_region *g = &a->regions[r];
+    if (g->nfree == 0)
+        return false;
+    uint32_t top = a->free_slabs[g->first + g->nfree - 1];
+    return top < a->slabs_usable || top < (a->slabs_usable = arena_reserved_slabs(a));
+}
+
+/* Give the next free slab of region r to class cls (the caller checked
+ * arena_region_has_slab). */
+static uint32_t arena_take_slab(struct arena *a, uint32_t cls, uint32_t r)
+{
+    struct arena_region *g = &a->regions[r];
+    uint32_t s = a->free_slabs[g->first + --g->nfree];
+    a->nfree_slabs--;
+    a->slabs[s].cls = cls;
+    a->slabs[s].used = 0;
+    a->classes[cls].slabs++;
+    arena_partial_push(a, &a->classes[cls], s);
+    return s;
+}
+
+/* The slab to place a block of cls in, preferring region want: a partly
+ * used slab of that region, a free one of it, then any other region's
+ * partly used slab, then the free slab of the region with the most.
+ * ARENA_NONE when there is none. O(regions). */
+static uint32_t arena_pick_slab(struct arena *a, uint32_t cls, uint32_t want)
+{
+    struct arena_class *c = &a->classes[cls];
+    if (want < a->nregions) {
+        if (c->partial[want] != ARENA_NONE)
+            return c->partial[want];
+        if (arena_region_has_slab(a, want))
+            return arena_take_slab(a, cls, want);
+    }
+    for (uint32_t r = 0; r < a->nregions; r++)
+        if (c->partial[r] != ARENA_NONE)
+            return c->partial[r];
+    uint32_t best = ARENA_NONE;
+    for (uint32_t r = 0; r < a->nregions; r++)
+        if (arena_region_has_slab(a, r) && (best == ARENA_NONE || a->regions[r].nfree > a->regions[best].nfree))
+            best = r;
+    return best == ARENA_NONE ? ARENA_NONE : arena_take_slab(a, cls, best);
+}
+
+int arena_alloc_near(struct arena *a, uint32_t cls, uint32_t region, uint64_t *offset)
 {
     if (cls >= a->nclasses)
         return -KVNODE_EINVAL;
     struct arena_class *c = &a->classes[cls];
-    if (c->partial == ARENA_NONE) {
-        if (a->nfree_slabs == 0)
-            return -KVNODE_ENOSPC;
-        /* Freed slabs sit above the never-used ones, which pop in ascending
-         * order: a top beyond the reserved part means no usable slab. */
-        uint32_t top = a->free_slabs[a->nfree_slabs - 1];
-        if (top >= a->slabs_usable && top >= (a->slabs_usable = arena_reserved_slabs(a)))
-            return -KVNODE_ENOSPC;
-        uint32_t s = a->free_slabs[--a->nfree_slabs];
-        a->slabs[s].cls = cls;
-        a->slabs[s].used = 0;
-        c->slabs++;
-        arena_partial_push(a, c, s);
-    }
-    uint32_t s = c->partial;
+    uint32_t s = arena_pick_slab(a, cls, region);
+    if (s == ARENA_NONE)
+        return -KVNODE_ENOSPC;
     struct arena_slab *sl = &a->slabs[s];
     uint32_t idx = arena_bits_take(a, s);
     if (++sl->used == c->per_slab)
@@ -625,8 +751,14 @@ int arena_alloc(struct arena *a, uint32_t cls, uint64_t *offset)
     c->blocks++;
     a->blocks++;
     a->used_bytes += c->stride;
+    a->regions[arena_slab_region(a, s)].used_bytes += c->stride;
     *offset = (uint64_t)s * a->slab_bytes + (uint64_t)idx * c->stride;
     return 0;
+}
+
+int arena_alloc(struct arena *a, uint32_t cls, uint64_t *offset)
+{
+    return arena_alloc_near(a, cls, ARENA_ANY_REGION, offset);
 }
 
 void arena_free(struct arena *a, uint64_t offset)
@@ -650,17 +782,20 @@ void arena_free(struct arena *a, uint64_t offset)
     }
     arena_bits_clear(a, s, (uint32_t)idx);
     int was_full = sl->used == c->per_slab;
+    struct arena_region *g = &a->regions[arena_slab_region(a, s)];
     sl->used--;
     c->blocks--;
     a->blocks--;
     a->used_bytes -= c->stride;
+    g->used_bytes -= c->stride;
     if (sl->used == 0) {
-        /* Empty: back to the pool at once so any class can take it. */
+        /* Empty: back to its region's pool at once so any class can take it. */
         if (!was_full)
             arena_partial_unlink(a, c, s);
         sl->cls = ARENA_NONE;
         c->slabs--;
-        a->free_slabs[a->nfree_slabs++] = s;
+        a->free_slabs[g->first + g->nfree++] = s;
+        a->nfree_slabs++;
     } else if (was_full) {
         arena_partial_push(a, c, s);
     }
@@ -670,12 +805,18 @@ int arena_can_alloc(const struct arena *a, uint32_t cls)
 {
     if (cls >= a->nclasses)
         return 0;
-    if (a->classes[cls].partial != ARENA_NONE)
-        return 1;
-    if (a->nfree_slabs == 0)
-        return 0;
-    uint32_t top = a->free_slabs[a->nfree_slabs - 1];
-    return top < a->slabs_usable || top < arena_reserved_slabs(a);
+    uint32_t usable = a->slabs_usable;
+    for (uint32_t r = 0; r < a->nregions; r++) {
+        const struct arena_region *g = &a->regions[r];
+        if (a->classes[cls].partial[r] != ARENA_NONE)
+            return 1;
+        if (g->nfree == 0)
+            continue;
+        uint32_t top = a->free_slabs[g->first + g->nfree - 1];
+        if (top < usable || top < arena_reserved_slabs(a))
+            return 1;
+    }
+    return 0;
 }
 
 uint64_t arena_bad_frees(const struct arena *a) { return a->bad_frees; }

@@ -19,6 +19,8 @@
 #include <stdint.h>
 
 #define ARENA_MAX_CLASSES 64u
+#define ARENA_MAX_REGIONS 8u
+#define ARENA_ANY_REGION UINT32_MAX   /* arena_alloc_near: no preference */
 #define ARENA_STRIDE_ALIGN 256u   /* block strides are multiples of this */
 
 struct arena;
@@ -95,6 +97,24 @@ uint32_t arena_class_blocks_per_slab(const struct arena *a, uint32_t cls);
 /* O(1). 0 and *offset, or -KVNODE_ENOSPC when the class has no free slot
  * and no free slab is left (-KVNODE_EINVAL for an unknown class). */
 int      arena_alloc(struct arena *a, uint32_t cls, uint64_t *offset);
+/* The same, placing the block in region `region` when it has room there
+ * (a free slot of the class or a free slab), else wherever there is room
+ * (ARENA_ANY_REGION: no preference). O(regions). */
+int      arena_alloc_near(struct arena *a, uint32_t cls, uint32_t region, uint64_t *offset);
+
+/* Regions: split the arena into n (1..ARENA_MAX_REGIONS) contiguous regions
+ * ending at ends[0] < ends[1] < ... = arena_size, each a whole number of
+ * slabs (mem/numa.h places each on a NUMA node). Only before the first
+ * block is placed. A new arena is one region. 0 or -KVNODE_EINVAL. */
+int      arena_set_regions(struct arena *a, uint32_t n, const uint64_t *ends, char *err, size_t errlen);
+uint32_t arena_region_count(const struct arena *a);
+uint32_t arena_region_of(const struct arena *a, uint64_t offset);
+struct arena_region_stats {
+    uint64_t start, end;     /* bytes [start, end) of the arena */
+    uint64_t used_bytes;     /* strides of the blocks placed there */
+    uint32_t slabs_free;     /* free slabs inside the reserved part */
+};
+void     arena_get_region_stats(const struct arena *a, uint32_t r, struct arena_region_stats *out);
 /* O(1). offset must come from arena_alloc and not be freed twice; an offset
  * that is not currently allocated is ignored and counted (arena_bad_frees). */
 void     arena_free(struct arena *a, uint64_t offset);

@@ -1,8 +1,8 @@
 /* populate: reserves and populates a host arena's memory on background
  * threads after the daemon already serves (issue 16). The arena is created
  * with its full size but nothing reserved (arena_create_host_deferred); the
- * threads fallocate and populate (MADV_POPULATE_WRITE, else one write per
- * page) chunks in order from the start and raise the arena's reserved
+ * threads reserve chunks (fallocate; by faulting them in for THP arenas,
+ * see populate.c for why) in order from the start and raise the arena's reserved
  * prefix (arena_mark_reserved) as chunks complete, so the allocator only
  * ever hands out reserved memory. A chunk that cannot be had stops the job:
  * the tier keeps what was reserved, progress says why.
@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 struct arena;
+struct numa_plan;
 struct populate;
 
 enum populate_state {
@@ -38,7 +39,8 @@ struct populate_progress {
 /* Threads for this machine: min(online cores / 4, 8), at least 1. */
 unsigned populate_default_threads(void);
 
-/* Populate arena a (a deferred host arena): its first chunk (64 MiB, or
+/* Populate arena a (a deferred host arena), each range on the NUMA node
+ * plan puts it (NULL: the default policy; the plan is copied): its first chunk (64 MiB, or
  * the chunk size if smaller) before returning, the rest on `threads` threads
  * (in the liveness registry as "kvnode-populate"). label names it in the log
  * ("host" or "tenant NAME"). Test-only environment knobs:
@@ -47,14 +49,9 @@ unsigned populate_default_threads(void);
  * KVNODE_POPULATE_SIM_FAIL_AT_BYTES (a chunk reaching past this offset fails
  * as if fallocate had said ENOSPC). 0, or a
  * negative KVNODE_E* code with why set (nothing left running). */
-int  populate_start(struct arena *a, unsigned threads, const char *label, struct populate **out,
-                    char *why, size_t whylen);
+int  populate_start(struct arena *a, const struct numa_plan *plan, unsigned threads, const char *label,
+                    struct populate **out, char *why, size_t whylen);
 void populate_progress(struct populate *p, struct populate_progress *out);
-/* memory.numa: with numa_auto on a machine of several NUMA nodes, bind
- * [base, base+size) interleaved across all nodes (mbind MPOL_INTERLEAVE,
- * before any page is populated); on one node, or off, only says so in the
- * log. Host memory is not split per GPU, so there is no per-GPU node yet. */
-void populate_place_numa(void *base, uint64_t size, bool numa_auto, const char *label);
 /* Stop the threads (joins; a chunk in progress finishes) and free. NULL ok. */
 void populate_stop(struct populate *p);
 

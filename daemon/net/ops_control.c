@@ -160,6 +160,8 @@ void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode
             if (a->tier == KVNODE_TIER_HBM && !s->leases.put_arena)
                 s->leases.put_arena = a->id;
         }
+        uint32_t region = cache_host_region(ops_cache(s), h->cuda_device, h->cuda_pci_bus_id);
+        s->leases.host_region = region == ARENA_ANY_REGION ? 0 : region + 1;
         reply.namespace_id = s->ns->id;
         reply.deployment_id = s->ns->deployment_id;
         reply.block_bytes = s->ns->layout.block_bytes;

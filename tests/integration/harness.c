@@ -1296,3 +1296,24 @@ pid_t kvh_spawn_holder(const kvh_daemon *d, kvh_hold_fn hold)
     kvh_set_error("the client process did not take its leases: %s", n > 1 ? buf + 1 : "(timeout)");
     return -1;
 }
+
+uint64_t kvh_host_offset(const void *p)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    uint64_t off = UINT64_MAX;
+    if (!f)
+        return off;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long lo, hi, foff;
+        if (!strstr(line, "kvnode-host") ||
+            sscanf(line, "%llx-%llx %*s %llx", &lo, &hi, &foff) != 3)
+            continue;
+        if ((uintptr_t)p >= lo && (uintptr_t)p < hi) {
+            off = (uint64_t)((uintptr_t)p - lo) + foff;
+            break;
+        }
+    }
+    fclose(f);
+    return off;
+}

@@ -158,6 +158,9 @@ long kvh_match(kvnode_client *c, const kvnode_key *keys, size_t n);
 /* --- stats ------------------------------------------------------------------ */
 
 /* The daemon's stats (observer connection opened and closed here). */
+/* Offset of p in this process's mapping of the daemon's host memfd (from
+ * /proc/self/maps); UINT64_MAX when p is in none. */
+uint64_t kvh_host_offset(const void *p);
 json_t *kvh_stats(const kvh_daemon *d);
 /* Same over an existing client. */
 json_t *kvh_stats_client(kvnode_client *c);

@@ -35,21 +35,7 @@
 /* Offset of p in this process's mapping of the daemon's host memfd. */
 static uint64_t map_offset(const void *p)
 {
-    FILE *f = fopen("/proc/self/maps", "r");
-    char line[512];
-    uint64_t off = UINT64_MAX;
-    ck_assert_msg(f != NULL, "cannot open /proc/self/maps");
-    while (fgets(line, sizeof line, f)) {
-        unsigned long long lo, hi, foff;
-        if (!strstr(line, "kvnode-host") ||
-            sscanf(line, "%llx-%llx %*s %llx", &lo, &hi, &foff) != 3)
-            continue;
-        if ((uintptr_t)p >= lo && (uintptr_t)p < hi) {
-            off = (uint64_t)((uintptr_t)p - lo) + foff;
-            break;
-        }
-    }
-    fclose(f);
+    uint64_t off = kvh_host_offset(p);
     ck_assert_msg(off != UINT64_MAX, "block %p is in no mapping of the host memfd", p);
     return off;
 }

@@ -793,6 +793,93 @@ START_TEST(test_deferred_reserved_bound)
 }
 END_TEST
 
+/* Regions: validation, placement in the wanted region, fallback to the
+ * others when it is full, a freed slab going back to its own region. */
+START_TEST(test_regions_place_and_fall_back)
+{
+    struct arena *a = make_arena(8 * MiB, MiB);
+    uint32_t cls = class_for(a, MiB / 2);
+    uint64_t bad[2] = { 3 * MiB + 1, 8 * MiB }, short_end[2] = { 3 * MiB, 7 * MiB };
+    uint64_t ends[2] = { 6 * MiB, 8 * MiB }, off, offs[4];
+    struct arena_region_stats rs;
+    char err[256];
+
+    ck_assert_uint_eq(arena_region_count(a), 1);
+    ck_assert_int_eq(arena_set_regions(a, 0, ends, err, sizeof err), -KVNODE_EINVAL);
+    ck_assert_int_eq(arena_set_regions(a, ARENA_MAX_REGIONS + 1, ends, err, sizeof err), -KVNODE_EINVAL);
+    ck_assert_int_eq(arena_set_regions(a, 2, bad, err, sizeof err), -KVNODE_EINVAL);
+    ck_assert_msg(strstr(err, "whole slabs") != NULL, "err: %s", err);
+    ck_assert_int_eq(arena_set_regions(a, 2, short_end, err, sizeof err), -KVNODE_EINVAL);
+    ck_assert_int_eq(arena_set_regions(a, 2, ends, err, sizeof err), 0);
+    ck_assert_uint_eq(arena_region_count(a), 2);
+    ck_assert_uint_eq(arena_region_of(a, 6 * MiB - 1), 0);
+    ck_assert_uint_eq(arena_region_of(a, 6 * MiB), 1);
+
+    /* Region 1 (slabs 6, 7) first, in order, then region 0. */
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(arena_alloc_near(a, cls, 1, &offs[i]), 0);
+        ck_assert_uint_eq(offs[i], 6 * MiB + (uint64_t)i * (MiB / 2));
+    }
+    arena_get_region_stats(a, 1, &rs);
+    ck_assert_uint_eq(rs.start, 6 * MiB);
+    ck_assert_uint_eq(rs.end, 8 * MiB);
+    ck_assert_uint_eq(rs.used_bytes, 2 * MiB);
+    ck_assert_uint_eq(rs.slabs_free, 0);
+    ck_assert_int_eq(arena_alloc_near(a, cls, 1, &off), 0);
+    ck_assert_uint_eq(arena_region_of(a, off), 0);
+    arena_get_region_stats(a, 0, &rs);
+    ck_assert_uint_eq(rs.used_bytes, MiB / 2);
+    ck_assert_uint_eq(rs.slabs_free, 5);
+    /* Once placed, regions are fixed. */
+    ck_assert_int_eq(arena_set_regions(a, 2, ends, err, sizeof err), -KVNODE_EINVAL);
+
+    /* A slab emptied in region 1 goes back to region 1. */
+    arena_free(a, offs[2]);
+    arena_free(a, offs[3]);
+    arena_get_region_stats(a, 1, &rs);
+    ck_assert_uint_eq(rs.slabs_free, 1);
+    ck_assert_int_eq(arena_alloc_near(a, cls, 1, &off), 0);
+    ck_assert_uint_eq(off, 7 * MiB);
+    /* No preference: a partly used slab (region 0's comes first), never a
+     * new slab while one has room. */
+    ck_assert_int_eq(arena_alloc(a, cls, &off), 0);
+    ck_assert_uint_eq(off, MiB / 2);
+    arena_get_region_stats(a, 0, &rs);
+    ck_assert_uint_eq(rs.slabs_free, 5);
+    ck_assert_uint_eq(arena_bad_frees(a), 0);
+    arena_destroy(a);
+}
+END_TEST
+
+/* ANY takes a new slab from the region with the most free ones; the
+ * reserved prefix holds per region (region 1 waits for population). */
+START_TEST(test_regions_reserved_and_any)
+{
+    struct arena *a;
+    char err[256];
+    uint32_t cls;
+    uint64_t ends[2] = { 2 * MiB, 8 * MiB }, off;
+
+    ck_assert_int_eq(arena_create_host_deferred(3, 8 * MiB, MiB, ARENA_HUGE_OFF, &a, err, sizeof err), 0);
+    ck_assert_int_eq(arena_set_regions(a, 2, ends, err, sizeof err), 0);
+    ck_assert_int_eq(arena_class_for(a, MiB, &cls), 0);
+    arena_mark_reserved(a, 3 * MiB);              /* region 0 and one slab of region 1 */
+    ck_assert_int_eq(arena_alloc(a, cls, &off), 0);
+    ck_assert_uint_eq(off, 2 * MiB);              /* region 1 has more free slabs */
+    ck_assert_int_eq(arena_alloc_near(a, cls, 1, &off), 0);
+    ck_assert_uint_eq(arena_region_of(a, off), 0); /* region 1's next slab is not reserved */
+    ck_assert_int_eq(arena_alloc_near(a, cls, 1, &off), 0);
+    ck_assert_uint_eq(arena_region_of(a, off), 0);
+    ck_assert_int_eq(arena_alloc_near(a, cls, 0, &off), -KVNODE_ENOSPC);
+    ck_assert(!arena_can_alloc(a, cls));
+    arena_mark_reserved(a, 8 * MiB);
+    ck_assert(arena_can_alloc(a, cls));
+    ck_assert_int_eq(arena_alloc_near(a, cls, 0, &off), 0);
+    ck_assert_uint_eq(off, 3 * MiB);              /* region 0 full: region 1 */
+    arena_destroy(a);
+}
+END_TEST
+
 static Suite *arena_suite(void)
 {
     Suite *s = suite_create("arena");
@@ -812,6 +899,8 @@ static Suite *arena_suite(void)
     tcase_add_test(tc, test_random_against_model);
     tcase_add_test(tc, test_deep_bitmap);
     tcase_add_test(tc, test_deferred_reserved_bound);
+    tcase_add_test(tc, test_regions_place_and_fall_back);
+    tcase_add_test(tc, test_regions_reserved_and_any);
     suite_add_tcase(s, tc);
     return s;
 }
