@@ -45,12 +45,15 @@ static const char *const backend_names[] = { "off", "file", "v6d" };
 static const char *const policy_names[] = { "write_through", "write_back", "off" };
 static const char *const fsync_names[] = { "never", "batch", "always" };
 static const char *const lookup_names[] = { "auto", "on", "off" };
+static const char *const direct_io_names[] = { "auto", "on", "off" };
 _Static_assert(CONFIG_BACKEND_OFF == 0 && CONFIG_BACKEND_FILE == 1 && CONFIG_BACKEND_V6D == 2,
                "backend_names follows CONFIG_BACKEND_*");
 _Static_assert(CONFIG_POLICY_WRITE_THROUGH == 0 && CONFIG_POLICY_WRITE_BACK == 1 && CONFIG_POLICY_OFF == 2,
                "policy_names follows CONFIG_POLICY_*");
 _Static_assert(KVS_FSYNC_NEVER == 0 && KVS_FSYNC_BATCH == 1 && KVS_FSYNC_ALWAYS == 2,
                "fsync_names and persist_fsync follow KVS_FSYNC_*");
+_Static_assert(KVS_DIRECT_AUTO == 0 && KVS_DIRECT_ON == 1 && KVS_DIRECT_OFF == 2,
+               "direct_io_names and persist_direct_io follow KVS_DIRECT_*");
 _Static_assert(CONFIG_LOOKUP_AUTO == 0 && CONFIG_LOOKUP_ON == 1 && CONFIG_LOOKUP_OFF == 2,
                "lookup_names follows CONFIG_LOOKUP_*");
 
@@ -141,6 +144,9 @@ static const struct opt_def config_options[] = {
     { "persist", "path", &T_DIR, "/var/lib/kvnode", FIELD(persist_path), .restart = true },
     { "persist", "capacity", &T_SIZE, "0", FIELD(persist_capacity), .min = 0, .max = UINT64_MAX, .restart = true },
     { "persist", "fsync", &T_ENUM, "batch", FIELD(persist_fsync), NAMES(fsync_names), .restart = true },
+    { "persist", "segment_bytes", &T_SIZE, "256MiB", FIELD(persist_segment_bytes), .min = 1 << 20,
+      .max = UINT64_C(1) << 40, .restart = true },
+    { "persist", "direct_io", &T_ENUM, "auto", FIELD(persist_direct_io), NAMES(direct_io_names), .restart = true },
     { "persist", "workers", &T_COUNT, "2", FIELD(persist_workers), .min = 1, .max = 32, .restart = true },
     { "persist", "queue", &T_COUNT, "4096", FIELD(persist_queue), .min = 16, .max = 1048576, .restart = true },
     { "persist", "url", &T_URL, "", FIELD(persist_url), .restart = true },

@@ -117,8 +117,10 @@ struct kvn_config {
     int      persist_backend;        /* CONFIG_BACKEND_*: off, file (default), v6d (restart) */
     int      persist_policy;         /* CONFIG_POLICY_*: when blocks are written (reloadable) */
     char     persist_path[PATH_MAX]; /* file: root directory (restart) */
-    uint64_t persist_capacity;       /* file: bytes on disk before LRU eviction, 0: none (restart) */
+    uint64_t persist_capacity;       /* file: segment bytes on disk before the oldest are dropped, 0: none (restart) */
     int      persist_fsync;          /* KVS_FSYNC_* values: never, batch, always (restart) */
+    uint64_t persist_segment_bytes;  /* file: a segment closes at this size (restart) */
+    int      persist_direct_io;      /* file: KVS_DIRECT_* values: auto, on, off (restart) */
     uint32_t persist_workers;        /* worker threads (restart) */
     uint32_t persist_queue;          /* outstanding store jobs before drops (restart) */
     char     persist_url[CONFIG_URL_MAX];   /* v6d: control-plane base URL (restart) */

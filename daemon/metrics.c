@@ -319,6 +319,41 @@ static void render_persist(struct evbuffer *out, const struct cache_persist_stat
     family(out, "kvnode_persist_dropped_total", "counter",
            "Blocks that left memory without a copy in the store while persistence was on.");
     sample_u(out, "kvnode_persist_dropped_total", NULL, p->dropped);
+    if (pc->file_on) {
+        const struct kvs_file_stats *fs = &pc->file;
+        family(out, "kvnode_persist_file_segments", "gauge", "Segment files of the file store on disk.");
+        sample_u(out, "kvnode_persist_file_segments", NULL, fs->segments);
+        family(out, "kvnode_persist_file_bytes", "gauge",
+               "File store bytes: on disk (kind=disk) and in live blocks' records (kind=live).");
+        sample_u(out, "kvnode_persist_file_bytes", L("kind", "disk"), fs->disk_bytes);
+        sample_u(out, "kvnode_persist_file_bytes", L("kind", "live"), fs->bytes);
+        family(out, "kvnode_persist_file_live_blocks", "gauge", "Blocks the file store's keydir holds.");
+        sample_u(out, "kvnode_persist_file_live_blocks", NULL, fs->blocks);
+        family(out, "kvnode_persist_file_segments_removed_total", "counter",
+               "Segments removed: dropped by capacity (reason=capacity) or with nothing live (reason=reclaimed).");
+        sample_u(out, "kvnode_persist_file_segments_removed_total", L("reason", "capacity"), fs->segments_dropped);
+        sample_u(out, "kvnode_persist_file_segments_removed_total", L("reason", "reclaimed"), fs->segments_reclaimed);
+        family(out, "kvnode_persist_file_evicted_blocks_total", "counter",
+               "Live blocks lost with segments dropped by [persist] capacity.");
+        sample_u(out, "kvnode_persist_file_evicted_blocks_total", NULL, fs->evicted);
+        family(out, "kvnode_persist_file_corrupt_total", "counter",
+               "Records of the file store found bad (checksum) by reads and recovery, never served.");
+        sample_u(out, "kvnode_persist_file_corrupt_total", NULL, fs->corrupt);
+        family(out, "kvnode_persist_file_torn_tails_total", "counter",
+               "Segment tails cut by recovery (a write cut short by a crash).");
+        sample_u(out, "kvnode_persist_file_torn_tails_total", NULL, fs->torn_tails);
+        family(out, "kvnode_persist_file_torn_bytes_total", "counter", "Bytes of the torn tails cut.");
+        sample_u(out, "kvnode_persist_file_torn_bytes_total", NULL, fs->torn_bytes);
+        family(out, "kvnode_persist_file_recovered_segments_total", "counter",
+               "Segments recovered from their hint file (from=hint) or by reading their records (from=records).");
+        sample_u(out, "kvnode_persist_file_recovered_segments_total", L("from", "hint"), fs->hints_loaded);
+        sample_u(out, "kvnode_persist_file_recovered_segments_total", L("from", "records"), fs->hints_bad);
+        family(out, "kvnode_persist_file_migrated_blocks_total", "counter",
+               "Blocks moved from the file-per-block layout of earlier versions into the segment log.");
+        sample_u(out, "kvnode_persist_file_migrated_blocks_total", NULL, fs->migrated);
+        family(out, "kvnode_persist_file_direct_io", "gauge", "1 when segments are written with O_DIRECT.");
+        sample_u(out, "kvnode_persist_file_direct_io", NULL, fs->direct_io);
+    }
     family(out, "kvnode_persist_failures_total", "counter",
            "Store calls that failed, by operation and kind (corrupt: a copy failed its checksum and was removed).");
     for (int op = 0; op < PERSIST_OPS; op++)

@@ -202,6 +202,28 @@ static void persist_json(const struct cache_persist_stats *p, json_t *root)
     set(o, "tombstones_dropped_total", ju(pc->tombstones_dropped));
     set(o, "tombstone_hits_total", ju(pc->tombstone_hits));
     set(o, "dropped_total", ju(p->dropped));
+    if (pc->file_on) {
+        const struct kvs_file_stats *fs = &pc->file;
+        json_t *f = json_object();
+        set(f, "segments", ju(fs->segments));
+        set(f, "disk_bytes", ju(fs->disk_bytes));
+        set(f, "live_blocks", ju(fs->blocks));
+        set(f, "live_bytes", ju(fs->bytes));
+        set(f, "capacity_bytes", ju(fs->capacity_bytes));
+        set(f, "direct_io", json_boolean(fs->direct_io != 0));
+        set(f, "evicted_blocks_total", ju(fs->evicted));
+        set(f, "evicted_bytes_total", ju(fs->evicted_bytes));
+        set(f, "segments_dropped_total", ju(fs->segments_dropped));
+        set(f, "segments_reclaimed_total", ju(fs->segments_reclaimed));
+        set(f, "corrupt_total", ju(fs->corrupt));
+        set(f, "torn_tails_total", ju(fs->torn_tails));
+        set(f, "torn_bytes_total", ju(fs->torn_bytes));
+        set(f, "hints_loaded_total", ju(fs->hints_loaded));
+        set(f, "hints_bad_total", ju(fs->hints_bad));
+        set(f, "migrated_blocks_total", ju(fs->migrated));
+        set(f, "migrate_bad_total", ju(fs->migrate_bad));
+        set(o, "file", f);
+    }
     for (int op = 0; op < PERSIST_OPS; op++) {
         json_t *kinds = json_object();
         for (int k = 0; k < PERSIST_FAIL_KINDS; k++)

@@ -36,6 +36,8 @@ static const char *const stats_volatile[] = {
     "admin", "socket", "pid", "version", "uptime_s", "*.last_error", "*seconds*",
     "admin_connections.accepted_total", "kvs_server.http_address", "kvs_server.socket_path",
     "tiers.host.numa",   /* "one node" here, "interleaved" on a machine of several */
+    /* the file store: O_DIRECT where the file system takes it (padding) */
+    "persist.file.direct_io", "persist.file.disk_bytes",
     NULL,
 };
 
@@ -43,7 +45,8 @@ static const char *const stats_volatile[] = {
  * whose values vary from run to run. */
 static const char *const metrics_volatile[] = {
     "kvnode_build_info*", "kvnode_uptime_seconds*", "kvnode_start_time_seconds*", "*_seconds_bucket*",
-    "*_seconds_sum*", "process_*", "kvnode_admin_connections_accepted_total*", NULL,
+    "*_seconds_sum*", "process_*", "kvnode_admin_connections_accepted_total*",
+    "kvnode_persist_file_direct_io*", "kvnode_persist_file_bytes{kind=\"disk\"}*", NULL,
 };
 
 static bool matches_any(const char *const *pats, const char *s)

@@ -165,6 +165,8 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_str_eq(a->persist_path, b->persist_path);
     ck_assert_uint_eq(a->persist_capacity, b->persist_capacity);
     ck_assert_int_eq(a->persist_fsync, b->persist_fsync);
+    ck_assert_uint_eq(a->persist_segment_bytes, b->persist_segment_bytes);
+    ck_assert_int_eq(a->persist_direct_io, b->persist_direct_io);
     ck_assert_uint_eq(a->persist_workers, b->persist_workers);
     ck_assert_uint_eq(a->persist_queue, b->persist_queue);
     ck_assert_str_eq(a->persist_url, b->persist_url);
@@ -233,7 +235,8 @@ static const char *const all_options[][2] = {
     { "log", "level" },
     { "admin", "listen" }, { "admin", "max_connections" }, { "admin", "request_timeout" },
     { "persist", "backend" }, { "persist", "policy" }, { "persist", "path" }, { "persist", "capacity" },
-    { "persist", "fsync" }, { "persist", "workers" }, { "persist", "queue" }, { "persist", "url" },
+    { "persist", "fsync" }, { "persist", "segment_bytes" }, { "persist", "direct_io" },
+    { "persist", "workers" }, { "persist", "queue" }, { "persist", "url" },
     { "persist", "socket_path" }, { "persist", "connect_timeout" }, { "persist", "timeout" },
     { "persist", "lookup" }, { "persist", "object_namespace" }, { "persist", "tombstones" },
     { "kvs_server", "enabled" }, { "kvs_server", "listen" }, { "kvs_server", "socket_path" },
@@ -302,6 +305,8 @@ START_TEST(test_defaults)
     ck_assert_str_eq(c.persist_path, "/var/lib/kvnode");
     ck_assert_uint_eq(c.persist_capacity, 0);
     ck_assert_int_eq(c.persist_fsync, 1);   /* KVS_FSYNC_BATCH */
+    ck_assert_uint_eq(c.persist_segment_bytes, 256u << 20);
+    ck_assert_int_eq(c.persist_direct_io, 0);   /* KVS_DIRECT_AUTO */
     ck_assert_uint_eq(c.persist_workers, 2);
     ck_assert_uint_eq(c.persist_queue, 4096);
     ck_assert_str_eq(c.persist_url, "");
@@ -509,6 +514,11 @@ static const struct good_case good_cases[] = {
     { "persist", "fsync", "never", OFF(persist_fsync), F_INT, .u = 0 },
     { "persist", "fsync", "batch", OFF(persist_fsync), F_INT, .u = 1 },
     { "persist", "fsync", "ALWAYS", OFF(persist_fsync), F_INT, .u = 2 },
+    { "persist", "segment_bytes", "1MiB", OFF(persist_segment_bytes), F_U64, .u = 1u << 20 },
+    { "persist", "segment_bytes", "1GiB", OFF(persist_segment_bytes), F_U64, .u = GIB },
+    { "persist", "direct_io", "auto", OFF(persist_direct_io), F_INT, .u = 0 },
+    { "persist", "direct_io", "on", OFF(persist_direct_io), F_INT, .u = 1 },
+    { "persist", "direct_io", "OFF", OFF(persist_direct_io), F_INT, .u = 2 },
     { "persist", "workers", "1", OFF(persist_workers), F_U32, .u = 1 },
     { "persist", "workers", "32", OFF(persist_workers), F_U32, .u = 32 },
     { "persist", "queue", "16", OFF(persist_queue), F_U32, .u = 16 },
@@ -783,6 +793,8 @@ static const struct bad_case bad_cases[] = {
     { "persist", "policy", "lazy", "expected write_through, write_back or off" },
     { "persist", "fsync", "sometimes", "invalid value 'sometimes' (expected never, batch or always)" },
     { "persist", "fsync", "2", "expected never, batch or always" },
+    { "persist", "segment_bytes", "64KiB", "out of range" },
+    { "persist", "direct_io", "maybe", "invalid value 'maybe' (expected auto, on or off)" },
     { "persist", "workers", "0", "invalid value '0' (expected an integer in 1..32)" },
     { "persist", "workers", "33", "1..32" },
     { "persist", "workers", "two", "'two'" },
@@ -2560,6 +2572,7 @@ START_TEST(test_restart_required)
     const char *restart[] = { "server.socket_path", "server.socket_mode", "server.socket_group", "memory.host_bytes",
                               "memory.slab_bytes", "server.max_namespaces", "memory.pin_host", "admin.listen",
                               "persist.backend", "persist.path", "persist.capacity", "persist.fsync",
+                              "persist.segment_bytes", "persist.direct_io",
                               "persist.workers", "persist.queue", "persist.url", "persist.socket_path",
                               "persist.connect_timeout", "persist.timeout", "persist.lookup",
                               "persist.object_namespace", "persist.tombstones",
