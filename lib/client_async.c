@@ -722,13 +722,14 @@ static int client_submit_count(kvnode_client *c, const kvnode_key *keys, size_t 
     struct client_slot *s;
     int rc;
 
+    if (ticket)
+        *ticket = 0;
     if (!c)
         return -KVNODE_EINVAL;
     if (!ticket || (!keys && n > 0)) {
         client_seterr(c, "%s: NULL %s", what, ticket ? "keys" : "ticket");
         return -KVNODE_EINVAL;
     }
-    *ticket = 0;
     rc = client_check_ns(c, n, what);
     if (rc < 0)
         return rc;
@@ -847,13 +848,14 @@ static int client_submit_copy(kvnode_client *c, const kvnode_key *keys, size_t n
     size_t i;
     int rc;
 
+    if (ticket)
+        *ticket = 0;
     if (!c)
         return -KVNODE_EINVAL;
     if (!ticket || (!keys && n > 0) || (!pages && n > 0)) {
         client_seterr(c, "%s: NULL %s", what, !ticket ? "ticket" : !keys ? "keys" : "page array");
         return -KVNODE_EINVAL;
     }
-    *ticket = 0;
     if (flags & ~(unsigned)KVNODE_BATCH_DEVICE) {
         client_seterr(c, "%s: unknown flags 0x%x (this libkvnode knows 0x%x: KVNODE_BATCH_DEVICE)",
                       what, flags & ~(unsigned)KVNODE_BATCH_DEVICE, (unsigned)KVNODE_BATCH_DEVICE);
