@@ -18,7 +18,7 @@
  * with other calls on that client. kvnode_last_error gives each thread the
  * message of its own last failed call. A client runs one I/O thread of its
  * own (and one more for asynchronous GET/PUT batches once one is submitted);
- * they block every signal.
+ * they block every signal. After fork(), only the parent may use a client.
  *
  * Asynchronous calls: kvnode_submit_* send a batch and return at once with a
  * ticket; its completion is collected with kvnode_drain, without blocking,
@@ -325,8 +325,9 @@ size_t kvnode_hash_tokens(const int64_t *tokens, size_t ntokens, uint32_t block_
                           kvnode_key *keys, size_t max_keys); /* rtp-llm/KVCM chained hash */
 
 const char *kvnode_strerror(int rc);
-/* Message of the last failed call on c ("" when none). Valid until the next call.
- * c == NULL gives kvnode_connect_error(). */
+/* Message of the last failed call on c made by this thread ("" when none;
+ * a thread without one gets the last of any thread). Valid until this
+ * thread's next call on c. c == NULL gives kvnode_connect_error(). */
 const char *kvnode_last_error(const kvnode_client *c);
 /* Per-call timeout in milliseconds (> 0). */
 void kvnode_set_timeout(kvnode_client *c, int timeout_ms);

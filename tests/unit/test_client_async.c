@@ -48,7 +48,9 @@ struct fake {
     uint64_t ids[MAX_REQ];          /* in arrival order */
     uint32_t nkeys[MAX_REQ];
     size_t got;
-    int done;                       /* the fake thread finished its script */
+    int done;                       /* [mu] the fake thread finished its script */
+    int joined;
+    pthread_mutex_t mu;
     char bad[128];
 };
 
@@ -180,7 +182,9 @@ static void *fake_main(void *arg)
         break;
     }
 out:
-    __atomic_store_n(&f->done, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&f->mu);
+    f->done = 1;
+    pthread_mutex_unlock(&f->mu);
     return NULL;
 }
 
@@ -193,6 +197,7 @@ static struct fake *fake_start(int mode, size_t expect)
     f->mode = mode;
     f->expect = expect;
     f->cfd = -1;
+    pthread_mutex_init(&f->mu, NULL);
     snprintf(f->dir, sizeof f->dir, "/tmp/kvn-async-XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(f->dir));
     snprintf(f->path, sizeof f->path, "%s/s", f->dir);
@@ -205,9 +210,28 @@ static struct fake *fake_start(int mode, size_t expect)
     return f;
 }
 
+static int fake_done(struct fake *f)
+{
+    int d;
+
+    pthread_mutex_lock(&f->mu);
+    d = f->done;
+    pthread_mutex_unlock(&f->mu);
+    return d;
+}
+
+/* After this the fake's fields may be read without a race. */
+static void fake_join(struct fake *f)
+{
+    if (!f->joined)
+        pthread_join(f->thr, NULL);
+    f->joined = 1;
+}
+
 static void fake_stop(struct fake *f)
 {
-    pthread_join(f->thr, NULL);
+    fake_join(f);
+    pthread_mutex_destroy(&f->mu);
     if (f->cfd >= 0)
         close(f->cfd);
     close(f->lfd);
@@ -280,12 +304,14 @@ START_TEST(test_reverse_replies_complete_by_id)
         ck_assert_ptr_eq(comp[i].user, (void *)(uintptr_t)(100 + req));
     }
     /* the ids went out in submission order */
+    fake_join(f);
     for (size_t i = 1; i < N; i++)
         ck_assert_uint_eq(f->ids[i], f->ids[i - 1] + 1);
     ck_assert_int_eq(event_ready(c, 0), 0);        /* drained: not readable */
     ck_assert_uint_eq(kvnode_pending(c), 0);
     ck_assert_uint_eq(kvnode_drain(c, comp, N), 0);
     kvnode_close(c);
+    fake_join(f);
     ck_assert_str_eq(f->bad, "");
     fake_stop(f);
 }
@@ -329,6 +355,7 @@ START_TEST(test_sync_threads_get_their_own_reply)
         ck_assert_uint_eq(a[i].matched, i + 1);
     }
     kvnode_close(c);
+    fake_join(f);
     ck_assert_str_eq(f->bad, "");
     fake_stop(f);
 }
@@ -393,7 +420,7 @@ START_TEST(test_cancel_completes_every_ticket)
     kvnode_key k = 1;
 
     submit_matches(c, N, t);
-    while (!__atomic_load_n(&f->done, __ATOMIC_ACQUIRE))
+    while (!fake_done(f))
         usleep(1000);                       /* all N reached the fake */
     ck_assert_uint_eq(kvnode_pending(c), N);
     ck_assert_int_eq(event_ready(c, 0), 0); /* silent: nothing completed */
@@ -421,7 +448,7 @@ START_TEST(test_close_with_tickets_in_flight)
 
     kvnode_set_timeout(c, 60000);
     submit_matches(c, N, t);
-    while (!__atomic_load_n(&f->done, __ATOMIC_ACQUIRE))
+    while (!fake_done(f))
         usleep(1000);
     ck_assert_uint_eq(kvnode_pending(c), N);
     kvnode_close(c);
