@@ -43,11 +43,19 @@
 
 static _Thread_local char client_connect_err[CLIENT_MSG_MAX];
 
-/* This thread's last message and the client it is about. */
+/* This thread's last message and the client it is about (its serial too:
+ * a new client may get the address of a closed one). */
 static _Thread_local struct {
     const kvnode_client *owner;
+    uint64_t serial;
     char msg[CLIENT_MSG_MAX];
 } client_thread_err;
+static uint64_t client_serials;
+
+static int client_thread_err_is(const kvnode_client *c)
+{
+    return client_thread_err.owner == c && client_thread_err.serial == c->serial;
+}
 
 void client_seterr(kvnode_client *c, const char *fmt, ...)
 {
@@ -57,6 +65,7 @@ void client_seterr(kvnode_client *c, const char *fmt, ...)
     vsnprintf(client_thread_err.msg, sizeof client_thread_err.msg, fmt, ap);
     va_end(ap);
     client_thread_err.owner = c;
+    client_thread_err.serial = c->serial;
     if (c->lock_ready)
         pthread_mutex_lock(&c->lock);
     memcpy(c->err, client_thread_err.msg, sizeof c->err);
@@ -66,14 +75,13 @@ void client_seterr(kvnode_client *c, const char *fmt, ...)
 
 const char *client_errmsg(const kvnode_client *c)
 {
-    return client_thread_err.owner == c ? client_thread_err.msg : "";
+    return client_thread_err_is(c) ? client_thread_err.msg : "";
 }
 
-/* A client starts with no message on this thread (an earlier client at the
- * same address may have left one). */
+/* Forget this thread's message about c (connected, or being freed). */
 static void client_clear_thread_err(const kvnode_client *c)
 {
-    if (client_thread_err.owner == c) {
+    if (client_thread_err_is(c)) {
         client_thread_err.owner = NULL;
         client_thread_err.msg[0] = '\0';
     }
@@ -556,6 +564,7 @@ int kvnode_connect_flags(const char *socket_path, const kvnode_layout *layout, i
         snprintf(client_connect_err, sizeof client_connect_err, "out of memory");
         return -KVNODE_ENOMEM;
     }
+    c->serial = __atomic_add_fetch(&client_serials, 1, __ATOMIC_RELAXED);
     c->fd = -1;
     c->next_id = 1;
     c->event_fd = -1;
@@ -761,7 +770,7 @@ const char *kvnode_last_error(const kvnode_client *c)
     if (!c)
         return client_connect_err;
     /* This thread's own last failure on c; else the last of any thread. */
-    return client_thread_err.owner == c ? client_thread_err.msg : c->err;
+    return client_thread_err_is(c) ? client_thread_err.msg : c->err;
 }
 
 void kvnode_set_timeout(kvnode_client *c, int timeout_ms)

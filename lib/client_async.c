@@ -5,17 +5,21 @@
  * the bytes queued for sending, the completion queue and its eventfd, and the
  * worker that runs asynchronous GET/PUT batches.
  *
- * Design: one I/O thread per client reads every reply and hands it to the
- * request with its id; requests are sent by the threads that make them (under
- * the client's lock, without blocking: what the socket does not take is
- * queued and the I/O thread sends it when the socket is writable). Why a
- * thread rather than "whoever waits drives the socket": an asynchronous user
- * only polls the eventfd and never calls into the library until it is
- * readable, so someone else must read the replies that make it readable. The
- * thread sleeps in poll() (socket + a wake eventfd, timeout = the earliest
- * request deadline): no busy loop. The daemon answers a connection's
- * requests in order today, but nothing here relies on it: replies are
- * matched by id, so completions may come in any order.
+ * Design, "whoever waits drives the socket" until an asynchronous request
+ * needs a thread: requests are sent by the threads that make them (under the
+ * client's lock, without blocking: what the socket does not take is queued).
+ * A synchronous caller waiting for its reply reads the socket itself when
+ * nobody else does (c->driving: one at a time; it hands every reply to the
+ * request with its id, then lets another waiter take over), so a client used
+ * synchronously has no thread of its own and no thread hop per call. The
+ * first asynchronous MATCH/DELETE starts the I/O thread, which from then on
+ * does all the reading: an asynchronous user only polls the eventfd and does
+ * not call in until it is readable, so someone else must read the replies
+ * that make it readable. Whoever reads sleeps in poll() on the socket and a
+ * wake eventfd, its timeout the earliest request deadline (a new request
+ * with an earlier one wakes it): no busy loop. The daemon answers a
+ * connection's requests in order today, but nothing here relies on it:
+ * replies are matched by id, so completions may come in any order.
  *
  * Requests finish exactly once, under the lock: with their reply, or when
  * the connection ends (client_kill_locked fails all of them at once with the
@@ -306,6 +310,9 @@ static int client_submit_locked(kvnode_client *c, Kvnode__Request *req, struct c
     c->slots = s;
     c->n_slots++;
     client_send_locked(c, c->tx_buf, frame_len);
+    /* Whoever sleeps in poll() computed its timeout without this request. */
+    if (s->deadline < c->poll_deadline)
+        client_wake_io(c);
     return 0;
 }
 
@@ -444,65 +451,80 @@ static int client_read_some(kvnode_client *c)
     return 0;
 }
 
+/* One round of socket I/O: wait (poll) until the socket can be read or
+ * written, the wake eventfd fires or the earliest deadline of the requests
+ * in flight comes; then read the replies, send what is queued and end the
+ * connection if a deadline passed. Run by the I/O thread, or by one waiting
+ * synchronous caller at a time (c->driving) while there is none. 0, or -1
+ * when the client is dead or stopping. */
+static int client_io_step(kvnode_client *c)
+{
+    struct pollfd p[2];
+    int64_t first = INT64_MAX, now;
+    int timeout, broken, dead;
+
+    pthread_mutex_lock(&c->lock);
+    if (c->dead || c->stopping) {
+        pthread_mutex_unlock(&c->lock);
+        return -1;
+    }
+    for (struct client_slot *s = c->slots; s; s = s->next)
+        if (s->deadline < first)
+            first = s->deadline;
+    /* A request with an earlier deadline submitted from now on wakes us. */
+    c->poll_deadline = first;
+    p[0] = (struct pollfd){ .fd = c->fd, .events = (short)(POLLIN | (c->tx_head ? POLLOUT : 0)) };
+    broken = c->tx_broken;
+    pthread_mutex_unlock(&c->lock);
+    p[1] = (struct pollfd){ .fd = c->wake_fd, .events = POLLIN };
+    timeout = first == INT64_MAX ? -1 : client_remaining_ms(first);
+    if (broken)
+        timeout = 0;
+    if (poll(p, 2, timeout) < 0 && errno != EINTR) {
+        client_kill(c, -KVNODE_EIO, "poll: %s", strerror(errno));
+        return -1;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->poll_deadline = INT64_MIN;   /* not asleep: nobody needs waking */
+    pthread_mutex_unlock(&c->lock);
+    if (p[1].revents & POLLIN) {
+        uint64_t v;
+        if (read(c->wake_fd, &v, sizeof v) < 0) {
+            /* EAGAIN: another read took it */
+        }
+    }
+    /* Replies first: a daemon that closes may have said why. */
+    if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && client_read_some(c) < 0)
+        return -1;
+    pthread_mutex_lock(&c->lock);
+    if (c->tx_broken && !c->dead)
+        client_kill_locked(c, -KVNODE_ECLOSED, "daemon closed the connection");
+    while (!c->dead && c->tx_head) {
+        struct client_tx *tx = c->tx_head;
+
+        if (client_send_some_locked(c, tx->data, tx->len, &tx->off) != 0)
+            break;
+        c->tx_head = tx->next;
+        if (!c->tx_head)
+            c->tx_tail = NULL;
+        free(tx);
+    }
+    now = client_now_ms();
+    for (struct client_slot *s = c->slots; s && !c->dead; s = s->next)
+        if (s->deadline <= now)
+            client_kill_locked(c, -KVNODE_ETIMEDOUT, "timed out after %d ms waiting to "
+                               "receive a reply", s->timeout_ms);
+    dead = c->dead || c->stopping;
+    pthread_mutex_unlock(&c->lock);
+    return dead ? -1 : 0;
+}
+
 static void *client_io_main(void *arg)
 {
     kvnode_client *c = arg;
 
-    for (;;) {
-        struct pollfd p[2];
-        int64_t first = INT64_MAX, now;
-        int timeout, broken;
-
-        pthread_mutex_lock(&c->lock);
-        if (c->dead || c->stopping) {
-            pthread_mutex_unlock(&c->lock);
-            break;
-        }
-        for (struct client_slot *s = c->slots; s; s = s->next)
-            if (s->deadline < first)
-                first = s->deadline;
-        p[0] = (struct pollfd){ .fd = c->fd,
-                                .events = (short)(POLLIN | (c->tx_head ? POLLOUT : 0)) };
-        broken = c->tx_broken;
-        pthread_mutex_unlock(&c->lock);
-        p[1] = (struct pollfd){ .fd = c->wake_fd, .events = POLLIN };
-        timeout = first == INT64_MAX ? -1 : client_remaining_ms(first);
-        if (broken)
-            timeout = 0;
-        if (poll(p, 2, timeout) < 0 && errno != EINTR) {
-            client_kill(c, -KVNODE_EIO, "poll: %s", strerror(errno));
-            break;
-        }
-        if (p[1].revents & POLLIN) {
-            uint64_t v;
-            if (read(c->wake_fd, &v, sizeof v) < 0) {
-                /* EAGAIN: another read took it */
-            }
-        }
-        /* Replies first: a daemon that closes may have said why. */
-        if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && client_read_some(c) < 0)
-            break;
-        pthread_mutex_lock(&c->lock);
-        if (c->tx_broken && !c->dead)
-            client_kill_locked(c, -KVNODE_ECLOSED, "daemon closed the connection");
-        while (!c->dead && c->tx_head) {
-            struct client_tx *t = c->tx_head;
-
-            if (client_send_some_locked(c, t->data, t->len, &t->off) != 0)
-                break;
-            c->tx_head = t->next;
-            if (!c->tx_head)
-                c->tx_tail = NULL;
-            free(t);
-        }
-        now = client_now_ms();
-        for (struct client_slot *s = c->slots; s && !c->dead; s = s->next)
-            if (s->deadline <= now)
-                client_kill_locked(c, -KVNODE_ETIMEDOUT, "timed out after %d ms waiting to "
-                                   "receive a reply", s->timeout_ms);
-        pthread_mutex_unlock(&c->lock);
-    }
-    client_drop_fds(c);
+    while (client_io_step(c) == 0)
+        ;
     return NULL;
 }
 
@@ -558,14 +580,29 @@ static int client_thread_start(pthread_t *t, void *(*fn)(void *), kvnode_client 
 
 int client_async_start(kvnode_client *c)
 {
-    int err = client_thread_start(&c->io_thread, client_io_main, c);
-
-    if (err != 0) {
-        client_seterr(c, "cannot start the client's I/O thread: %s", strerror(err));
-        return -KVNODE_EIO;
-    }
-    c->io_running = 1;
+    /* The I/O thread starts with the first asynchronous MATCH or DELETE;
+     * until then synchronous callers drive the socket themselves. */
+    c->poll_deadline = INT64_MIN;
     return 0;
+}
+
+/* Start the I/O thread (asynchronous completions must be signalled without
+ * a caller inside the library) once no caller is driving the socket. 0, or
+ * the error of pthread_create. */
+static int client_ensure_io_locked(kvnode_client *c)
+{
+    int err;
+
+    if (c->io_running)
+        return 0;
+    while (c->driving)
+        pthread_cond_wait(&c->cond, &c->lock);
+    if (c->io_running)
+        return 0;
+    err = client_thread_start(&c->io_thread, client_io_main, c);
+    if (err == 0)
+        c->io_running = 1;
+    return err;
 }
 
 void client_async_stop(kvnode_client *c)
@@ -662,6 +699,18 @@ int client_call(kvnode_client *c, Kvnode__Request *req, int expect, Kvnode__Resp
     }
     while (!s.done) {
         int64_t until = s.deadline + CLIENT_WAIT_GRACE_MS;
+
+        if (!c->io_running && !c->driving) {
+            /* Nobody reads the socket: this caller does, one round at a
+             * time, for every request in flight (its own among them). */
+            c->driving = 1;
+            pthread_mutex_unlock(&c->lock);
+            (void)client_io_step(c);    /* a dead client has finished s */
+            pthread_mutex_lock(&c->lock);
+            c->driving = 0;
+            pthread_cond_broadcast(&c->cond);
+            continue;
+        }
         struct timespec ts = { .tv_sec = (time_t)(until / 1000),
                                .tv_nsec = (long)(until % 1000) * 1000000L };
 
@@ -758,6 +807,14 @@ static int client_submit_count(kvnode_client *c, const kvnode_key *keys, size_t 
         free(done);
         free(s);
         return client_check_alive(c);
+    }
+    rc = n > 0 ? client_ensure_io_locked(c) : 0;
+    if (rc != 0) {
+        pthread_mutex_unlock(&c->lock);
+        free(done);
+        free(s);
+        client_seterr(c, "%s: cannot start the client's I/O thread: %s", what, strerror(rc));
+        return -KVNODE_EIO;
     }
     client_new_ticket_locked(c, done, del ? KVNODE_OP_DELETE : KVNODE_OP_MATCH, user);
     if (n == 0) {       /* nothing to ask: done at once, as the synchronous calls */

@@ -50,6 +50,7 @@ struct client_done;     /* a completion waiting for kvnode_drain */
 struct client_job;      /* a GET/PUT batch waiting for the worker */
 
 struct kvnode_client {
+    uint64_t serial;            /* unique per client in this process (thread-local messages) */
     int fd;
     int timeout_ms;
     uint64_t next_id;           /* [lock] after HELLO */
@@ -86,7 +87,10 @@ struct kvnode_client {
     int event_fd;               /* eventfd: readable while completions wait to be drained */
     int wake_fd;                /* eventfd: wakes the I/O thread (bytes to send, stop) */
     pthread_t io_thread, worker;
-    int io_running, worker_running;
+    int io_running, worker_running;     /* [lock] */
+    int driving;                /* [lock] a synchronous caller runs client_io_step */
+    int64_t poll_deadline;      /* [lock] the deadline whoever is in poll() sleeps until
+                                 * (INT64_MAX: none; INT64_MIN: nobody in poll) */
     int stopping;               /* [lock] kvnode_close: threads leave */
     int tx_broken;              /* [lock] send saw EPIPE: the I/O thread reads what is left */
     struct client_slot *slots;  /* [lock] requests in flight */

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kvnode.h"
@@ -505,6 +506,38 @@ START_TEST(test_argument_errors)
 }
 END_TEST
 
+/* A ticket whose reply does not come within the client's timeout completes
+ * with -KVNODE_ETIMEDOUT at about that time (the I/O thread was asleep with
+ * no deadline when it was submitted), and so does a blocking call. */
+START_TEST(test_timeout_completes_ticket)
+{
+    enum { N = 3 };
+    struct fake *f = fake_start(FM_SILENT, N);
+    kvnode_client *c = connect_ok(f);
+    kvnode_ticket t[N];
+    kvnode_completion comp[N];
+    struct timespec t0, t1;
+    long ms;
+
+    kvnode_set_timeout(c, 200);
+    usleep(50000);                  /* whoever reads the socket is asleep in poll() */
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    submit_matches(c, N, t);
+    ck_assert_uint_eq(drain_all(c, comp, N), N);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+    for (size_t i = 0; i < N; i++) {
+        ck_assert_int_eq(comp[i].rc, -KVNODE_ETIMEDOUT);
+        ck_assert_msg(strstr(comp[i].error, "timed out after 200 ms") != NULL, "error: %s",
+                      comp[i].error);
+    }
+    ck_assert_int_ge(ms, 150);
+    ck_assert_int_lt(ms, 1000);     /* the deadline, not a fallback long after it */
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
 static Suite *async_suite(void)
 {
     Suite *s = suite_create("client_async");
@@ -518,6 +551,7 @@ static Suite *async_suite(void)
     tcase_add_test(tc, test_cancel_completes_every_ticket);
     tcase_add_test(tc, test_close_with_tickets_in_flight);
     tcase_add_test(tc, test_argument_errors);
+    tcase_add_test(tc, test_timeout_completes_ticket);
     suite_add_tcase(s, tc);
     return s;
 }
