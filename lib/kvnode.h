@@ -16,9 +16,11 @@
  * connection and matched to their replies by id), except kvnode_close,
  * kvnode_prefault and kvnode_pin_host, which the caller must not overlap
  * with other calls on that client. kvnode_last_error gives each thread the
- * message of its own last failed call. A client runs one I/O thread of its
- * own (and one more for asynchronous GET/PUT batches once one is submitted);
- * they block every signal. After fork(), only the parent may use a client.
+ * message of its own last failed call. A client used only synchronously has
+ * no thread of its own (a waiting caller reads the socket); the first
+ * asynchronous MATCH/DELETE starts its I/O thread and the first asynchronous
+ * GET/PUT its batch thread; they block every signal. After fork(), only the
+ * parent may use a client.
  *
  * Asynchronous calls: kvnode_submit_* send a batch and return at once with a
  * ticket; its completion is collected with kvnode_drain, without blocking,
