@@ -510,10 +510,14 @@ static int client_io_step(kvnode_client *c)
         free(tx);
     }
     now = client_now_ms();
-    for (struct client_slot *s = c->slots; s && !c->dead; s = s->next)
-        if (s->deadline <= now)
+    for (struct client_slot *s = c->slots; s && !c->dead; s = s->next) {
+        if (s->deadline <= now) {
+            /* The kill frees s (and every other request): stop walking. */
             client_kill_locked(c, -KVNODE_ETIMEDOUT, "timed out after %d ms waiting to "
                                "receive a reply", s->timeout_ms);
+            break;
+        }
+    }
     dead = c->dead || c->stopping;
     pthread_mutex_unlock(&c->lock);
     return dead ? -1 : 0;
