@@ -599,13 +599,16 @@ static int client_ensure_io_locked(kvnode_client *c)
 
     if (c->io_running)
         return 0;
+    c->io_wanted++;     /* no caller takes up driving meanwhile */
     while (c->driving)
         pthread_cond_wait(&c->cond, &c->lock);
+    c->io_wanted--;
     if (c->io_running)
         return 0;
     err = client_thread_start(&c->io_thread, client_io_main, c);
     if (err == 0)
         c->io_running = 1;
+    pthread_cond_broadcast(&c->cond);   /* callers waiting to drive: the thread reads now */
     return err;
 }
 
@@ -704,7 +707,7 @@ int client_call(kvnode_client *c, Kvnode__Request *req, int expect, Kvnode__Resp
     while (!s.done) {
         int64_t until = s.deadline + CLIENT_WAIT_GRACE_MS;
 
-        if (!c->io_running && !c->driving) {
+        if (!c->io_running && !c->driving && !c->io_wanted) {
             /* Nobody reads the socket: this caller does, one round at a
              * time, for every request in flight (its own among them). */
             c->driving = 1;

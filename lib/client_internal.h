@@ -89,6 +89,7 @@ struct kvnode_client {
     pthread_t io_thread, worker;
     int io_running, worker_running;     /* [lock] */
     int driving;                /* [lock] a synchronous caller runs client_io_step */
+    int io_wanted;              /* [lock] callers waiting to start the I/O thread */
     int64_t poll_deadline;      /* [lock] the deadline whoever is in poll() sleeps until
                                  * (INT64_MAX: none; INT64_MIN: nobody in poll) */
     int stopping;               /* [lock] kvnode_close: threads leave */
