@@ -3,9 +3,11 @@
  *   client.c        connect, HELLO, arena mappings, CUDA, prefault, pin_host, close
  *   client_io.c     blocking frame I/O on the socket: the HELLO exchange before
  *                   the I/O thread runs, and the fd-passing helpers it reuses
- *   client_async.c  the submit/complete machinery: the I/O thread, requests in
- *                   flight by id, the completion queue and its eventfd, the
- *                   GET/PUT worker, cancel
+ *   client_async.c  the submit/complete machinery: reading the socket (a waiting
+ *                   caller, or the I/O thread), requests in flight by id,
+ *                   the completion queue and its eventfd
+ *   client_submit.c the public asynchronous calls: submit, the GET/PUT
+ *                   worker, drain, pending, cancel
  *   client_ops.c    the synchronous calls, each one request through client_call
  *
  * Locking: c->lock guards every field marked [lock]; fields set during
@@ -132,7 +134,47 @@ int client_call_direct(kvnode_client *c, Kvnode__Request *req, int expect,
 void client_kill_direct(kvnode_client *c, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/* asynchronous machinery (client_async.c) */
+/* What client_async.c and client_submit.c share. */
+struct client_done {
+    struct client_done *next;
+    kvnode_completion comp;
+};
+
+struct client_slot {
+    struct client_slot *next;
+    uint64_t id;
+    int64_t deadline;
+    int timeout_ms;
+    int done, rc;
+    Kvnode__Response *resp;         /* synchronous: the reply */
+    char err[CLIENT_MSG_MAX];
+    struct client_done *async;      /* asynchronous: the completion to fill */
+    size_t n;                       /* keys of the asynchronous request */
+};
+
+struct client_tx {
+    struct client_tx *next;
+    size_t len, off;
+    uint8_t data[];
+};
+
+struct client_job {
+    struct client_job *next;
+    struct client_done *done;
+    unsigned flags;
+    size_t n;
+    kvnode_key *keys;
+    void **pages;
+};
+
+/* asynchronous machinery (client_async.c); *_locked: c->lock held */
+void client_push_done_locked(kvnode_client *c, struct client_done *d);
+/* Pack req under a fresh id and send it as the request of s. */
+int client_submit_locked(kvnode_client *c, Kvnode__Request *req, struct client_slot *s);
+void client_kill_locked(kvnode_client *c, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int client_thread_start(pthread_t *t, void *(*fn)(void *), kvnode_client *c);
+int client_ensure_io_locked(kvnode_client *c);
 int client_async_init(kvnode_client *c);
 int client_async_start(kvnode_client *c);      /* after HELLO: the I/O thread */
 void client_async_stop(kvnode_client *c);      /* fail what is in flight, join threads, free */
