@@ -373,8 +373,11 @@ static inline long kvsc_read(const kvsc *c, const char *const *keys, size_t n, u
     char lease[64];
     snprintf(lease, sizeof lease, "%s", kvsc_lease_id(&r));
     kvsc_reply_free(&r);
-    if (*lease && kvsc_lease_call(c, "release", lease) != 204)
+    long st = *lease ? kvsc_lease_call(c, "release", lease) : 204;
+    if (st != 204) {
+        fprintf(stderr, "kvsc_read: release of lease %s answered %ld\n", lease, st);
         return -3;
+    }
     return 0;
 }
 

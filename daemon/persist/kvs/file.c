@@ -332,13 +332,21 @@ static int get_one(struct file_store *s, struct kvs_item *it, char *err, size_t 
             char path[PATH_MAX];
             seg_path(r, sg->id, false, path, sizeof path);
             int nfd = open(path, O_RDONLY | O_CLOEXEC);
+            int open_errno = errno;
             pthread_mutex_lock(&r->mu);
             if (nfd >= 0 && sg->rfd < 0)
                 sg->rfd = nfd;
             else if (nfd >= 0)
                 close(nfd);
             fd = sg->rfd;
+            /* Dropped (capacity) since the lookup and already unlinked: the
+             * block left the store, a miss like any evicted one. */
+            bool gone = fd < 0 && open_errno == ENOENT && sg->dropped;
+            if (gone)
+                seg_unref(r, sg);
             pthread_mutex_unlock(&r->mu);
+            if (gone)
+                return KVS_MISS;
         }
         if (fd < 0) {
             why = "segment file cannot be opened";

@@ -278,8 +278,12 @@ static int flush(struct file_store *s, struct batch *b, struct kvs_item *items, 
         seg_rec_encode(s->buf + s->buflen, &h);
         s->buflen += pad;
     }
+    /* Room is taken under the same lock that found it, so writers racing
+     * each other cannot all pass the capacity; a failed write gives it back. */
     pthread_mutex_lock(&r->mu);
     bool room = seg_make_room(r, s->buflen);
+    if (room)
+        r->st.disk_bytes += s->buflen;
     pthread_mutex_unlock(&r->mu);
     seg_drain_unlinks(r);
     if (!room) {
@@ -297,7 +301,6 @@ static int flush(struct file_store *s, struct batch *b, struct kvs_item *items, 
     if (rc == 0) {
         pthread_mutex_lock(&r->mu);
         w->seg->len = s->buf_off + s->buflen;
-        r->st.disk_bytes += s->buflen;
         pthread_mutex_unlock(&r->mu);
         for (size_t i = 0; i < b->n; i++) {
             struct pending *p = &b->v[i];
@@ -316,6 +319,11 @@ static int flush(struct file_store *s, struct batch *b, struct kvs_item *items, 
         seg_drain_unlinks(r);
         s->buf_off += s->buflen;
     } else {
+        if (room) {
+            pthread_mutex_lock(&r->mu);
+            r->st.disk_bytes -= s->buflen;
+            pthread_mutex_unlock(&r->mu);
+        }
         for (size_t i = 0; i < b->n; i++)
             if (b->v[i].item != SIZE_MAX)
                 items[b->v[i].item].rc = rc;
