@@ -37,13 +37,13 @@ struct rctl {
 
 static char rctl_err[512];
 
-static void rctl_sleep_ms(unsigned ms)
+static inline void rctl_sleep_ms(unsigned ms)
 {
     struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
     nanosleep(&ts, NULL);
 }
 
-static bool rctl_port_free(int port)
+static inline bool rctl_port_free(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0)
@@ -58,7 +58,7 @@ static bool rctl_port_free(int port)
 }
 
 /* A port p with p and p + 10000 (the cluster bus) free, below the ephemeral range. */
-static int rctl_pick_port(void)
+static inline int rctl_pick_port(void)
 {
     static unsigned seed;
     if (!seed)
@@ -73,7 +73,7 @@ static int rctl_pick_port(void)
 
 /* redis-cli against server i with the arguments (NULL-terminated); *out
  * (malloc'd) gets its stdout. Returns the exit code or -1. */
-static int rctl_cli_argv(const struct rctl *r, int i, char **out, const char *const *args)
+static inline int rctl_cli_argv(const struct rctl *r, int i, char **out, const char *const *args)
 {
     const char *argv[48];
     char port[16];
@@ -103,7 +103,7 @@ static int rctl_cli_argv(const struct rctl *r, int i, char **out, const char *co
 }
 
 /* redis-cli with arguments as varargs (NULL-terminated). */
-static int rctl_cli(const struct rctl *r, int i, char **out, ...)
+static inline int rctl_cli(const struct rctl *r, int i, char **out, ...)
 {
     const char *args[40];
     int k = 0;
@@ -117,7 +117,7 @@ static int rctl_cli(const struct rctl *r, int i, char **out, ...)
     return rctl_cli_argv(r, i, out, args);
 }
 
-static bool rctl_cli_has(const struct rctl *r, int i, const char *want, ...)
+static inline bool rctl_cli_has(const struct rctl *r, int i, const char *want, ...)
 {
     const char *args[40];
     int k = 0;
@@ -134,7 +134,7 @@ static bool rctl_cli_has(const struct rctl *r, int i, const char *want, ...)
     return ok;
 }
 
-static int rctl_start_server(struct rctl *r, int i, const char *const *extra)
+static inline int rctl_start_server(struct rctl *r, int i, const char *const *extra)
 {
     char port[16], conf[320], logf[320];
     snprintf(port, sizeof port, "%d", r->ports[i]);
@@ -182,7 +182,7 @@ static int rctl_start_server(struct rctl *r, int i, const char *const *extra)
 }
 
 /* Every server's CLUSTER INFO says ok and the slots are covered. */
-static int rctl_wait_ok(const struct rctl *r, int timeout_ms)
+static inline int rctl_wait_ok(const struct rctl *r, int timeout_ms)
 {
     if (!r->cluster)
         return 0;
@@ -203,7 +203,7 @@ static int rctl_wait_ok(const struct rctl *r, int timeout_ms)
 
 /* Start masters * (1 + replicas) servers; masters == 0: one plain server.
  * password NULL/"": none. extra: more redis-server arguments for each. */
-static int rctl_start(struct rctl *r, int masters, int replicas, const char *password,
+static inline int rctl_start(struct rctl *r, int masters, int replicas, const char *password,
                       const char *const *extra)
 {
     memset(r, 0, sizeof *r);
@@ -257,14 +257,14 @@ static int rctl_start(struct rctl *r, int masters, int replicas, const char *pas
 }
 
 /* kill -9 server i. */
-static void rctl_kill(struct rctl *r, int i)
+static inline void rctl_kill(struct rctl *r, int i)
 {
     if (r->pids[i] > 0)
         proc_stop(&r->pids[i], SIGKILL, 5000);
     r->pids[i] = 0;
 }
 
-static void rctl_stop(struct rctl *r)
+static inline void rctl_stop(struct rctl *r)
 {
     for (int i = 0; i < r->n; i++)
         if (r->pids[i] > 0)
@@ -279,7 +279,7 @@ static void rctl_stop(struct rctl *r)
 }
 
 /* The index of the server at port, or -1. */
-static int rctl_index(const struct rctl *r, int port)
+static inline int rctl_index(const struct rctl *r, int port)
 {
     for (int i = 0; i < r->n; i++)
         if (r->ports[i] == port)
@@ -289,7 +289,7 @@ static int rctl_index(const struct rctl *r, int port)
 
 /* The index of the master serving key (CLUSTER KEYSLOT, then CLUSTER NODES:
  * "id host:port@cport flags master ping pong epoch link slot-ranges..."). */
-static int rctl_master_of(const struct rctl *r, const char *key)
+static inline int rctl_master_of(const struct rctl *r, const char *key)
 {
     int live = -1;
     for (int i = 0; i < r->n && live < 0; i++)
