@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "../common/kvh_http.h"
 #include "../common/redisctl.h"
 
 #define BB          (64u << 10)
@@ -49,6 +50,7 @@ static void redis_conf(char *buf, size_t len, const char *nodes, const char *ext
                      "persist.nodes=%s\n"
                      "persist.connect_timeout=300ms\n"
                      "persist.timeout=5s\n"
+                     "admin.listen=127.0.0.1:0\n"
                      "%s",
                      nodes, extra ? extra : "");
     ck_assert(w > 0 && (size_t)w < len);
@@ -169,6 +171,19 @@ START_TEST(test_two_nodes_share)
     kvh_chain(none, 4, 101);
     ck_assert_int_eq(kvh_match(cb, none, 4), 0);
     ck_assert_int_eq(stat_int(&b, "persist.written_blocks_total"), 0);
+    /* The routing counters: maps fetched (each worker's handle, at least), no redirect. */
+    ck_assert_int_ge(stat_int(&b, "persist.redis.map_refreshes_total"), 1);
+    ck_assert_int_eq(stat_int(&b, "persist.redis.moved_total"), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.redis.ask_total"), 0);
+    json_t *st = kvh_stats(&b);
+    const char *admin = json_string_value(json_object_get(st, "admin"));
+    ck_assert_ptr_nonnull(admin);
+    char *body = NULL;
+    ck_assert_int_eq(kvh_http_req(admin, NULL, "/metrics", &body, NULL, 0), 200);
+    ck_assert_msg(strstr(body, "kvnode_persist_redis_redirects_total{kind=\"moved\"} 0\n") &&
+                  strstr(body, "kvnode_persist_redis_map_refreshes_total "), "metrics lack the redis counters");
+    free(body);
+    json_decref(st);
 
     kvnode_close(ca);
     kvnode_close(cb);

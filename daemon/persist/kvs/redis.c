@@ -250,10 +250,11 @@ static int redis_put_batch(struct kvs_store *s, struct kvs_item *it, size_t n, c
                            size_t errlen)
 {
     struct keys b = { 0 };
-    uint8_t **vals = calloc(n ? n : 1, sizeof *vals);
+    char **vals = calloc(n ? n : 1, sizeof *vals);
+    struct iovec (*iov)[3] = malloc((n ? n : 1) * sizeof *iov);
     size_t hlen = redis_header_len(s->tenant);
-    int rc = vals ? keys_make(s, it, n, &b, "SET", err, errlen) : -KVNODE_ENOMEM;
-    if (!vals)
+    int rc = vals && iov ? keys_make(s, it, n, &b, "SET", err, errlen) : -KVNODE_ENOMEM;
+    if (!vals || !iov)
         errmsg_set(err, errlen, "redis SET: out of memory");
     for (size_t i = 0; rc == 0 && i < n; i++) {
         if (it[i].len != it[i].ns->layout->block_bytes) {
@@ -262,17 +263,25 @@ static int redis_put_batch(struct kvs_store *s, struct kvs_item *it, size_t n, c
             rc = -KVNODE_EINVAL;
             break;
         }
-        /* One value = header + payload (hiredis takes it as one argument). */
-        if (!(vals[i] = malloc(hlen + it[i].len))) {
+        /* SET <key> <header + payload> in RESP, sent with writev: the
+         * prefix and header from here, the payload from where it is. */
+        size_t kl = b.cmds[i].argvlen[1], vl = hlen + it[i].len;
+        char *f = vals[i] = malloc(96 + kl + hlen);
+        if (!f) {
             errmsg_set(err, errlen, "redis SET: out of memory");
             rc = -KVNODE_ENOMEM;
             break;
         }
-        redis_header_make(s->tenant, it[i].ns, it[i].key, it[i].src, it[i].len, vals[i]);
-        memcpy(vals[i] + hlen, it[i].src, it[i].len);
-        b.cmds[i].argc = 3;
-        b.cmds[i].argv[2] = (const char *)vals[i];
-        b.cmds[i].argvlen[2] = hlen + it[i].len;
+        int pl = snprintf(f, 64, "*3\r\n$3\r\nSET\r\n$%zu\r\n", kl);
+        memcpy(f + pl, b.k[i], kl);
+        int vh = snprintf(f + pl + kl, 32, "\r\n$%zu\r\n", vl);
+        uint8_t *hdr = (uint8_t *)f + pl + kl + vh;
+        redis_header_make(s->tenant, it[i].ns, it[i].key, it[i].src, it[i].len, hdr);
+        iov[i][0] = (struct iovec){ .iov_base = f, .iov_len = (size_t)pl + kl + (size_t)vh + hlen };
+        iov[i][1] = (struct iovec){ .iov_base = (void *)it[i].src, .iov_len = it[i].len };
+        iov[i][2] = (struct iovec){ .iov_base = (void *)"\r\n", .iov_len = 2 };
+        b.cmds[i].iov = iov[i];
+        b.cmds[i].iovcnt = 3;
     }
     if (rc == 0) {
         rc = rcl_run(s->cl, b.cmds, n, err, errlen);
@@ -300,6 +309,7 @@ static int redis_put_batch(struct kvs_store *s, struct kvs_item *it, size_t n, c
     for (size_t i = 0; vals && i < n; i++)
         free(vals[i]);
     free(vals);
+    free(iov);
     keys_free(&b, n);
     return rc;
 }

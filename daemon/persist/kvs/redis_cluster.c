@@ -3,10 +3,12 @@
 #include "persist/kvs/redis_cluster.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "core/errmsg.h"
@@ -31,6 +33,21 @@ struct rcl {
     uint32_t connect_timeout_ms, timeout_ms;
     struct rcl_counters c;
 };
+
+/* Every handle's counters summed, for /stats and /metrics (process-wide). */
+static _Atomic uint64_t total_moved, total_ask, total_tryagain, total_clusterdown, total_reconnects,
+    total_map_refreshes;
+#define COUNT(c, f) ((c)->c.f++, atomic_fetch_add_explicit(&total_##f, 1, memory_order_relaxed))
+
+void rcl_get_totals(struct rcl_counters *out)
+{
+    out->moved = atomic_load_explicit(&total_moved, memory_order_relaxed);
+    out->ask = atomic_load_explicit(&total_ask, memory_order_relaxed);
+    out->tryagain = atomic_load_explicit(&total_tryagain, memory_order_relaxed);
+    out->clusterdown = atomic_load_explicit(&total_clusterdown, memory_order_relaxed);
+    out->reconnects = atomic_load_explicit(&total_reconnects, memory_order_relaxed);
+    out->map_refreshes = atomic_load_explicit(&total_map_refreshes, memory_order_relaxed);
+}
 
 /* ---- slots and parsing -------------------------------------------------------------- */
 
@@ -174,29 +191,36 @@ static void node_drop(struct rcl *c, struct rcl_node *nd)
     if (nd->ctx) {
         redisFree(nd->ctx);
         nd->ctx = NULL;
-        c->c.reconnects++;
+        COUNT(c, reconnects);
     }
 }
 
+/* The index of host:port, added when new; -1 when the table is full (a
+ * refresh starts it over, never a call in flight). */
 static int node_find(struct rcl *c, const char *host, int port)
 {
     for (size_t i = 0; i < c->nnodes; i++)
         if (c->nodes[i].port == port && strcmp(c->nodes[i].host, host) == 0)
             return (int)i;
-    if (c->nnodes == RCL_NODES_MAX) {   /* a map of stale nodes: start over */
-        for (size_t i = 0; i < c->nnodes; i++)
-            if (c->nodes[i].ctx)
-                redisFree(c->nodes[i].ctx);
-        c->nnodes = 0;
-        for (size_t s = 0; s < RCL_SLOTS; s++)
-            c->slot_node[s] = -1;
-        c->map_ok = false;
-    }
+    if (c->nnodes == RCL_NODES_MAX)
+        return -1;
     struct rcl_node *nd = &c->nodes[c->nnodes];
     snprintf(nd->host, sizeof nd->host, "%s", host);
     nd->port = port;
     nd->ctx = NULL;
     return (int)c->nnodes++;
+}
+
+/* Forget every node (a table filled by nodes that came and went). */
+static void nodes_reset(struct rcl *c)
+{
+    for (size_t i = 0; i < c->nnodes; i++)
+        if (c->nodes[i].ctx)
+            redisFree(c->nodes[i].ctx);
+    c->nnodes = 0;
+    for (size_t s = 0; s < RCL_SLOTS; s++)
+        c->slot_node[s] = -1;
+    c->map_ok = false;
 }
 
 static int node_connect(struct rcl *c, struct rcl_node *nd, char *err, size_t errlen)
@@ -280,6 +304,11 @@ static int map_apply(struct rcl *c, int from, const redisReply *r, char *err, si
         if (!*h || strcmp(h, "?") == 0)
             h = from_host;
         int nd = node_find(c, h, (int)port);
+        if (nd < 0) {
+            free(map);
+            errmsg_set(err, errlen, "redis: CLUSTER SLOTS: more than %d nodes", RCL_NODES_MAX);
+            return -KVNODE_EPROTO;
+        }
         if (!seen[nd]) {
             seen[nd] = true;
             masters++;
@@ -329,14 +358,16 @@ static int refresh_from(struct rcl *c, int nd, char *err, size_t errlen)
 int rcl_refresh(struct rcl *c, char *err, size_t errlen)
 {
     int rc = -KVNODE_EIO;
-    c->c.map_refreshes++;
+    COUNT(c, map_refreshes);
+    if (c->nnodes == RCL_NODES_MAX)
+        nodes_reset(c);
     /* Known nodes first (they know the newest map), then the seeds. */
     for (size_t i = 0; i < c->nnodes; i++)
         if ((rc = refresh_from(c, (int)i, err, errlen)) == 0)
             return 0;
     for (size_t i = 0; i < c->nseeds; i++) {
         int nd = node_find(c, c->seed_host[i], c->seed_port[i]);
-        if ((rc = refresh_from(c, nd, err, errlen)) == 0)
+        if (nd >= 0 && (rc = refresh_from(c, nd, err, errlen)) == 0)
             return 0;
     }
     c->map_ok = false;
@@ -402,9 +433,65 @@ static bool err_is(const redisReply *r, const char *word)
            (r->len == n || r->str[n] == ' ');
 }
 
-/* Send every pending command of node nd and read their replies. Returns true
- * when a retry needs a backoff first (TRYAGAIN, CLUSTERDOWN, a lost node). */
-static bool run_node(struct rcl *c, int nd, struct rcl_cmd *cmds, size_t n, int *last_rc,
+static int flush(redisContext *ctx)
+{
+    int done = 0;
+    while (!done)
+        if (redisBufferWrite(ctx, &done) != REDIS_OK)
+            return -1;
+    return 0;
+}
+
+/* Write every byte of iov to the (blocking, send-timeout) socket. */
+static int writev_all(redisContext *ctx, const struct iovec *iov_in, int iovcnt)
+{
+    struct iovec iov[8];
+    if (iovcnt > 8)
+        return -1;
+    memcpy(iov, iov_in, (size_t)iovcnt * sizeof *iov);
+    struct iovec *v = iov;
+    while (iovcnt > 0) {
+        struct msghdr mh = { .msg_iov = v, .msg_iovlen = (size_t)iovcnt };
+        ssize_t w = sendmsg(ctx->fd, &mh, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            snprintf(ctx->errstr, sizeof ctx->errstr, "writev: %s",
+                     errno == EAGAIN ? "timed out" : strerror(errno));
+            ctx->err = REDIS_ERR_IO;
+            return -1;
+        }
+        size_t left = (size_t)w;
+        while (iovcnt > 0 && left >= v->iov_len) {
+            left -= v->iov_len;
+            v++;
+            iovcnt--;
+        }
+        if (iovcnt > 0) {
+            v->iov_base = (char *)v->iov_base + left;
+            v->iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+/* Node nd is gone: its pending commands go again (after a fetch of the map). */
+static void node_lost(struct rcl *c, int nd, struct rcl_cmd *cmds, size_t n, int *last_rc,
+                      char *err, size_t errlen)
+{
+    struct rcl_node *node = &c->nodes[nd];
+    errmsg_set(err, errlen, "redis %s:%d: %s", node->host, node->port,
+               node->ctx && node->ctx->errstr[0] ? node->ctx->errstr : "connection lost");
+    *last_rc = -KVNODE_EIO;   /* hiredis 0.14 reports a timeout as an I/O error (EAGAIN) */
+    node_drop(c, node);
+    for (size_t i = 0; i < n; i++)
+        if (!cmds[i].reply && cmds[i].node == nd)
+            cmds[i].node = -1;
+    c->map_ok = false;
+}
+
+/* Send every pending command of node nd: 0, or -1 when the node is lost. */
+static int send_node(struct rcl *c, int nd, struct rcl_cmd *cmds, size_t n, int *last_rc,
                      char *err, size_t errlen)
 {
     struct rcl_node *node = &c->nodes[nd];
@@ -412,19 +499,39 @@ static bool run_node(struct rcl *c, int nd, struct rcl_cmd *cmds, size_t n, int 
     if (rc < 0) {
         *last_rc = rc;
         c->map_ok = false;
-        return true;
+        for (size_t i = 0; i < n; i++)
+            if (!cmds[i].reply && cmds[i].node == nd)
+                cmds[i].node = -1;
+        return -1;
     }
     for (size_t i = 0; i < n; i++) {
         if (cmds[i].reply || cmds[i].node != nd)
             continue;
-        if ((cmds[i].ask_node >= 0 && redisAppendCommand(node->ctx, "ASKING") != REDIS_OK) ||
-            redisAppendCommandArgv(node->ctx, cmds[i].argc, cmds[i].argv, cmds[i].argvlen) != REDIS_OK)
+        if (cmds[i].ask_node >= 0 && redisAppendCommand(node->ctx, "ASKING") != REDIS_OK)
             goto lost;
+        if (cmds[i].iovcnt > 0) {
+            /* What hiredis holds goes first, then these bytes straight to the socket. */
+            if (flush(node->ctx) < 0 || writev_all(node->ctx, cmds[i].iov, cmds[i].iovcnt) < 0)
+                goto lost;
+        } else if (redisAppendCommandArgv(node->ctx, cmds[i].argc, cmds[i].argv,
+                                          cmds[i].argvlen) != REDIS_OK) {
+            goto lost;
+        }
     }
-    int done = 0;
-    while (!done)
-        if (redisBufferWrite(node->ctx, &done) != REDIS_OK)
-            goto lost;
+    if (flush(node->ctx) < 0)
+        goto lost;
+    return 0;
+lost:
+    node_lost(c, nd, cmds, n, last_rc, err, errlen);
+    return -1;
+}
+
+/* Read the replies of node nd's commands. Returns true when a retry needs a
+ * backoff first (TRYAGAIN, CLUSTERDOWN, a lost node). */
+static bool recv_node(struct rcl *c, int nd, struct rcl_cmd *cmds, size_t n, int *last_rc,
+                      char *err, size_t errlen)
+{
+    struct rcl_node *node = &c->nodes[nd];
     bool backoff = false;
     for (size_t i = 0; i < n; i++) {
         struct rcl_cmd *cmd = &cmds[i];
@@ -448,26 +555,30 @@ static bool run_node(struct rcl *c, int nd, struct rcl_cmd *cmds, size_t n, int 
             int port;
             int kind = rcl_parse_redirect(r->str, r->len, &slot, host, sizeof host, &port);
             if (kind == 1) {
-                c->c.moved++;
-                c->slot_node[slot] = (int16_t)node_find(c, host, port);
+                COUNT(c, moved);
+                int to = node_find(c, host, port);
+                if (to >= 0)
+                    c->slot_node[slot] = (int16_t)to;
                 c->map_ok = false;     /* more slots have probably moved: fetch the map */
                 freeReplyObject(r);
                 continue;
             }
             if (kind == 2) {
-                c->c.ask++;
+                COUNT(c, ask);
                 cmd->ask_node = node_find(c, host, port);
+                if (cmd->ask_node < 0)
+                    c->map_ok = false;
                 freeReplyObject(r);
                 continue;
             }
             if (err_is(r, "TRYAGAIN") || err_is(r, "CLUSTERDOWN") || err_is(r, "LOADING") ||
                 err_is(r, "MASTERDOWN") || err_is(r, "READONLY")) {
-                if (err_is(r, "TRYAGAIN"))
-                    c->c.tryagain++;
-                else
-                    c->c.clusterdown++;
-                if (!err_is(r, "TRYAGAIN"))
+                if (err_is(r, "TRYAGAIN")) {
+                    COUNT(c, tryagain);
+                } else {
+                    COUNT(c, clusterdown);
                     c->map_ok = false;
+                }
                 errmsg_set(err, errlen, "redis %s:%d: %.160s", node->host, node->port, r->str);
                 *last_rc = -KVNODE_EIO;
                 backoff = true;
@@ -481,14 +592,7 @@ static bool run_node(struct rcl *c, int nd, struct rcl_cmd *cmds, size_t n, int 
     return backoff;
 
 lost:
-    errmsg_set(err, errlen, "redis %s:%d: %s", node->host, node->port,
-               node->ctx && node->ctx->errstr[0] ? node->ctx->errstr : "connection lost");
-    *last_rc = -KVNODE_EIO;   /* hiredis 0.14 reports a timeout as an I/O error (EAGAIN) */
-    node_drop(c, node);
-    for (size_t i = 0; i < n; i++)
-        if (!cmds[i].reply && cmds[i].node == nd)
-            cmds[i].node = -1;
-    c->map_ok = false;
+    node_lost(c, nd, cmds, n, last_rc, err, errlen);
     return true;
 }
 
@@ -524,13 +628,22 @@ int rcl_run(struct rcl *c, struct rcl_cmd *cmds, size_t n, char *err, size_t err
         bool backoff = c->nnodes == 0;
         if (now_ms() >= deadline)
             break;
-        for (int nd = 0; (size_t)nd < c->nnodes; nd++) {
+        /* Every shard's commands go out before any reply is read, so the
+         * shards work on them at the same time. */
+        bool sent[RCL_NODES_MAX] = { false };
+        size_t nodes = c->nnodes;
+        for (int nd = 0; (size_t)nd < nodes; nd++) {
             bool any = false;
             for (size_t i = 0; i < n && !any; i++)
                 any = !cmds[i].reply && cmds[i].node == nd;
-            if (any && run_node(c, nd, cmds, n, &last_rc, e, sizeof e))
+            if (any && send_node(c, nd, cmds, n, &last_rc, e, sizeof e) == 0)
+                sent[nd] = true;
+            else if (any)
                 backoff = true;
         }
+        for (int nd = 0; (size_t)nd < nodes; nd++)
+            if (sent[nd] && recv_node(c, nd, cmds, n, &last_rc, e, sizeof e))
+                backoff = true;
         if (backoff) {
             uint64_t t = now_ms();
             if (t >= deadline)

@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <sys/uio.h>
+
 #include <hiredis.h>
 
 #define RCL_SLOTS          16384
@@ -33,18 +35,24 @@ struct rcl_config {
     uint32_t connect_timeout_ms, timeout_ms;
 };
 
-/* Counters of one handle (monotonic). */
+/* Counters of one handle (monotonic): MOVED and ASK redirects followed,
+ * TRYAGAIN and CLUSTERDOWN (with LOADING, MASTERDOWN, READONLY) answers
+ * retried, connections dropped (lost nodes), slot maps fetched. */
 struct rcl_counters {
     uint64_t moved, ask, tryagain, clusterdown, reconnects, map_refreshes;
 };
 
 /* One command of a batch: argv[0..argc) (argv[1] is the key, which routes
- * it). reply is set on success (the caller frees it with freeReplyObject);
+ * it), or, when iovcnt > 0, the bytes of iov as they are (the command in
+ * RESP, written with writev: a large value is sent from where it is, never
+ * copied; argv[1] still routes). reply is set on success (the caller frees it with freeReplyObject);
  * rc is 0, or < 0 when it could not be run within the deadline. */
 struct rcl_cmd {
     int argc;
     const char *argv[3];
     size_t argvlen[3];
+    const struct iovec *iov;
+    int iovcnt;
     redisReply *reply;
     int rc;
     /* private */
@@ -86,5 +94,7 @@ bool rcl_is_cluster(const struct rcl *c);
 /* Masters in the current map. */
 size_t rcl_masters(const struct rcl *c);
 void rcl_get_counters(const struct rcl *c, struct rcl_counters *out);
+/* Every handle's counters summed over the process (thread-safe). */
+void rcl_get_totals(struct rcl_counters *out);
 
 #endif
