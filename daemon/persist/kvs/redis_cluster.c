@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <limits.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -32,6 +33,7 @@ struct rcl {
     char *user, *password;
     uint32_t connect_timeout_ms, timeout_ms;
     struct rcl_counters c;
+    char *rbuf;                       /* RCL_READ_CHUNK bytes for get_reply */
 };
 
 /* Every handle's counters summed, for /stats and /metrics (process-wide). */
@@ -391,6 +393,11 @@ int rcl_create(const struct rcl_config *cfg, struct rcl **out, char *err, size_t
     }
     for (size_t s = 0; s < RCL_SLOTS; s++)
         c->slot_node[s] = -1;
+    if (!(c->rbuf = malloc(RCL_READ_CHUNK))) {
+        free(c);
+        errmsg_set(err, errlen, "redis: out of memory");
+        return -KVNODE_ENOMEM;
+    }
     c->connect_timeout_ms = cfg->connect_timeout_ms ? cfg->connect_timeout_ms : 1000;
     c->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 5000;
     if ((cfg->user && !(c->user = strdup(cfg->user))) ||
@@ -417,6 +424,7 @@ void rcl_destroy(struct rcl *c)
     }
     free(c->password);
     free(c->user);
+    free(c->rbuf);
     free(c);
 }
 
@@ -433,46 +441,62 @@ static bool err_is(const redisReply *r, const char *word)
            (r->len == n || r->str[n] == ' ');
 }
 
-static int flush(redisContext *ctx)
+/* Write every byte of iov[0..n) to the (blocking, send-timeout) socket, up
+ * to IOV_MAX at a time; iov is consumed. 0, or -1 with ctx's error set. */
+static int send_all(redisContext *ctx, struct iovec *v, size_t n)
 {
-    int done = 0;
-    while (!done)
-        if (redisBufferWrite(ctx, &done) != REDIS_OK)
-            return -1;
-    return 0;
-}
-
-/* Write every byte of iov to the (blocking, send-timeout) socket. */
-static int writev_all(redisContext *ctx, const struct iovec *iov_in, int iovcnt)
-{
-    struct iovec iov[8];
-    if (iovcnt > 8)
-        return -1;
-    memcpy(iov, iov_in, (size_t)iovcnt * sizeof *iov);
-    struct iovec *v = iov;
-    while (iovcnt > 0) {
-        struct msghdr mh = { .msg_iov = v, .msg_iovlen = (size_t)iovcnt };
+    while (n > 0) {
+        struct msghdr mh = { .msg_iov = v, .msg_iovlen = n < IOV_MAX ? n : IOV_MAX };
         ssize_t w = sendmsg(ctx->fd, &mh, MSG_NOSIGNAL);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
-            snprintf(ctx->errstr, sizeof ctx->errstr, "writev: %s",
+            snprintf(ctx->errstr, sizeof ctx->errstr, "send: %s",
                      errno == EAGAIN ? "timed out" : strerror(errno));
             ctx->err = REDIS_ERR_IO;
             return -1;
         }
         size_t left = (size_t)w;
-        while (iovcnt > 0 && left >= v->iov_len) {
+        while (n > 0 && left >= v->iov_len) {
             left -= v->iov_len;
             v++;
-            iovcnt--;
+            n--;
         }
-        if (iovcnt > 0) {
+        if (n > 0) {
             v->iov_base = (char *)v->iov_base + left;
             v->iov_len -= left;
         }
     }
     return 0;
+}
+
+/* The next reply on ctx, read in chunks of RCL_READ_CHUNK (hiredis's own
+ * loop reads 16 KiB at a time: four calls for one 64 KiB block). */
+static int get_reply(struct rcl *c, redisContext *ctx, void **reply)
+{
+    *reply = NULL;
+    if (redisReaderGetReply(ctx->reader, reply) != REDIS_OK)
+        goto proto;
+    while (!*reply) {
+        ssize_t r = recv(ctx->fd, c->rbuf, RCL_READ_CHUNK, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            snprintf(ctx->errstr, sizeof ctx->errstr, "%s",
+                     r == 0 ? "connection closed by the server"
+                            : errno == EAGAIN ? "timed out" : strerror(errno));
+            ctx->err = r == 0 ? REDIS_ERR_EOF : REDIS_ERR_IO;
+            return -1;
+        }
+        if (redisReaderFeed(ctx->reader, c->rbuf, (size_t)r) != REDIS_OK ||
+            redisReaderGetReply(ctx->reader, reply) != REDIS_OK)
+            goto proto;
+    }
+    return 0;
+proto:
+    snprintf(ctx->errstr, sizeof ctx->errstr, "protocol error: %.100s", ctx->reader->errstr);
+    ctx->err = REDIS_ERR_PROTOCOL;
+    return -1;
 }
 
 /* Node nd is gone: its pending commands go again (after a fetch of the map). */
@@ -490,10 +514,13 @@ static void node_lost(struct rcl *c, int nd, struct rcl_cmd *cmds, size_t n, int
     c->map_ok = false;
 }
 
-/* Send every pending command of node nd: 0, or -1 when the node is lost. */
+/* Send every pending command of node nd in one gathered write (commands
+ * in argv form are formatted here; iov ones go from where they are): 0, or
+ * -1 when the node is lost. */
 static int send_node(struct rcl *c, int nd, struct rcl_cmd *cmds, size_t n, int *last_rc,
                      char *err, size_t errlen)
 {
+    static const char asking[] = "*1\r\n$6\r\nASKING\r\n";
     struct rcl_node *node = &c->nodes[nd];
     int rc = node_connect(c, node, err, errlen);
     if (rc < 0) {
@@ -504,24 +531,48 @@ static int send_node(struct rcl *c, int nd, struct rcl_cmd *cmds, size_t n, int 
                 cmds[i].node = -1;
         return -1;
     }
+    size_t cap = 0, m = 0, nowned = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!cmds[i].reply && cmds[i].node == nd)
+            cap += 1 + (cmds[i].iovcnt > 0 ? (size_t)cmds[i].iovcnt : 1);
+    struct iovec *v = malloc(cap * sizeof *v);
+    char **owned = malloc(cap * sizeof *owned);
+    if (!v || !owned) {
+        free(v);
+        free(owned);
+        errmsg_set(err, errlen, "redis: out of memory");
+        *last_rc = -KVNODE_ENOMEM;
+        return -1;
+    }
     for (size_t i = 0; i < n; i++) {
         if (cmds[i].reply || cmds[i].node != nd)
             continue;
-        if (cmds[i].ask_node >= 0 && redisAppendCommand(node->ctx, "ASKING") != REDIS_OK)
-            goto lost;
+        if (cmds[i].ask_node >= 0)
+            v[m++] = (struct iovec){ .iov_base = (void *)asking, .iov_len = sizeof asking - 1 };
         if (cmds[i].iovcnt > 0) {
-            /* What hiredis holds goes first, then these bytes straight to the socket. */
-            if (flush(node->ctx) < 0 || writev_all(node->ctx, cmds[i].iov, cmds[i].iovcnt) < 0)
-                goto lost;
-        } else if (redisAppendCommandArgv(node->ctx, cmds[i].argc, cmds[i].argv,
-                                          cmds[i].argvlen) != REDIS_OK) {
-            goto lost;
+            for (int j = 0; j < cmds[i].iovcnt; j++)
+                v[m++] = cmds[i].iov[j];
+        } else {
+            char *f = NULL;
+            int len = redisFormatCommandArgv(&f, cmds[i].argc, cmds[i].argv, cmds[i].argvlen);
+            if (len < 0 || !f) {
+                rc = -1;
+                break;
+            }
+            owned[nowned++] = f;
+            v[m++] = (struct iovec){ .iov_base = f, .iov_len = (size_t)len };
         }
     }
-    if (flush(node->ctx) < 0)
-        goto lost;
-    return 0;
-lost:
+    if (rc == 0)
+        rc = send_all(node->ctx, v, m);
+    else
+        errmsg_set(err, errlen, "redis: out of memory");
+    for (size_t i = 0; i < nowned; i++)
+        free(owned[i]);
+    free(owned);
+    free(v);
+    if (rc == 0)
+        return 0;
     node_lost(c, nd, cmds, n, last_rc, err, errlen);
     return -1;
 }
@@ -539,13 +590,13 @@ static bool recv_node(struct rcl *c, int nd, struct rcl_cmd *cmds, size_t n, int
             continue;
         void *v = NULL;
         if (cmd->ask_node >= 0) {
-            if (redisGetReply(node->ctx, &v) != REDIS_OK)
+            if (get_reply(c, node->ctx, &v) < 0)
                 goto lost;
             freeReplyObject(v);
             cmd->ask_node = -1;
             v = NULL;
         }
-        if (redisGetReply(node->ctx, &v) != REDIS_OK)
+        if (get_reply(c, node->ctx, &v) < 0)
             goto lost;
         redisReply *r = v;
         cmd->node = -1;

@@ -27,6 +27,7 @@
 #define RCL_SEEDS_MAX      16
 #define RCL_BACKOFF_MIN_MS 20u         /* first wait after TRYAGAIN / CLUSTERDOWN / a lost node */
 #define RCL_BACKOFF_MAX_MS 500u
+#define RCL_READ_CHUNK     (256u << 10) /* bytes one recv may take */
 
 struct rcl_config {
     const char *seeds;             /* "host:port[,host:port...]" */
