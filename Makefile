@@ -7,7 +7,8 @@
 #   make asan       the test suite under ASan+UBSan (separate build dir)
 #   make valgrind   the test suite under valgrind (tests and daemons)
 #   make bench      build and run the benchmarks (not part of `make test`); make bench-startup:
-#                   first PING and population time of 1, 4 and 8 GiB host tiers
+#                   first PING and population time of 1, 4 and 8 GiB host tiers; make bench-kvs:
+#                   the KVS front end (rtp-llm's protocol) next to libkvnode, 64/256 blocks of 64 KiB
 #   make soak       mixed traffic with client and daemon kill -9s, then a byte-exact check of
 #                   everything acknowledged; SOAK_SECONDS (default 300), SOAK_ARGS (not in `make test`)
 #   make CUDA=0 ... build without the CUDA toolkit (default: detected)
@@ -80,9 +81,10 @@ COMMON_SRC   := lib/wire.c lib/hash.c lib/errors.c
 LIB_SRC      := lib/client.c lib/cudart.c lib/prefault.c $(COMMON_SRC)
 DAEMON_SRC   := $(filter-out daemon/main.c $(if $(filter 1,$(V6D)),,daemon/persist/kvs/v6d%.c),$(wildcard daemon/*.c daemon/*/*.c daemon/persist/kvs/*.c))
 CTL_SRC      := $(wildcard ctl/*.c)
-UNIT_SRC     := $(filter-out $(if $(filter 1,$(V6D)),,tests/unit/test_kvs_v6d.c),$(wildcard tests/unit/test_*.c))
+# The KVS front end's suites use the v6d backend's key and hash helpers as the client side: V6D=1 only.
+UNIT_SRC     := $(filter-out $(if $(filter 1,$(V6D)),,tests/unit/test_kvs_v6d.c tests/unit/test_kvs_server_keys.c),$(wildcard tests/unit/test_*.c))
 # The v6d persistence suite drives the KVS simulator against the v6d backend: V6D=1 only.
-INTEG_SRC    := $(filter-out $(if $(filter 1,$(V6D)),,tests/integration/test_daemon_persist_v6d.c),$(wildcard tests/integration/test_*.c))
+INTEG_SRC    := $(filter-out $(if $(filter 1,$(V6D)),,tests/integration/test_daemon_persist_v6d.c tests/integration/test_kvs_server.c),$(wildcard tests/integration/test_*.c))
 INTEG_HELPER := tests/integration/harness.c
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
@@ -106,6 +108,7 @@ BENCH_PERSIST_BIN := $(BUILD)/kvnode-bench-persist
 BENCH_TENANTS_BIN := $(BUILD)/kvnode-bench-tenants
 BENCH_PREFAULT_BIN := $(BUILD)/kvnode-bench-prefault
 BENCH_STARTUP_BIN := $(BUILD)/kvnode-bench-startup
+BENCH_KVS_BIN := $(BUILD)/kvnode-bench-kvs
 # KVS protocol simulator (tests/sim/kvs_sim.c) and its own tests (tests/sim/test_*.c).
 SIM_BIN      := $(BUILD)/kvs-sim
 # KVCM (Tair KVCache Manager) HTTP/JSON simulator (tests/sim/kvcm_sim.c).
@@ -117,7 +120,7 @@ FUZZ_TARGETS    := wire config kvs_file $(if $(filter 1,$(V6D)),v6d_reply)
 FUZZ_REPLAY_BIN := $(patsubst %,$(BUILD)/tests/fuzz_%_replay,$(FUZZ_TARGETS))
 FUZZ_BIN        := $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
-.PHONY: all deps run test check asan valgrind bench bench-persist bench-tenants bench-prefault bench-startup soak install uninstall clean help \
+.PHONY: all deps run test check asan valgrind bench bench-persist bench-tenants bench-prefault bench-startup bench-kvs soak install uninstall clean help \
         cuda-info fuzz fuzz-build fuzz-run
 .DEFAULT_GOAL := all
 
@@ -190,6 +193,13 @@ $(BUILD)/tests/test_client_%: tests/unit/test_client_%.c $(LIBA) $(PROTO_H) $(TE
 $(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
+
+# The KVS front end's suite drives it with the daemon's own v6d backend too.
+$(BUILD)/tests/test_kvs_server: tests/integration/test_kvs_server.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) \
+                                $(DAEMON_LIBA) $(PROTO_H) $(TEST_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(TEST_PROC_OBJ) \
+	    $(DAEMON_LIBA) $(LIBA) $(DAEMON_LIBS) $(LIB_LIBS) $(CHECK_LIBS) -lpthread
 
 # The KVS simulator: a standalone process the tests start (libevent + jansson only).
 $(SIM_BIN): $(call obj,tests/sim/kvs_sim.c)
@@ -292,6 +302,11 @@ $(BENCH_STARTUP_BIN): tests/bench/bench_startup.c $(INTEG_HELPER) $(TEST_PROC_OB
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson) -lpthread
 
+# The KVS front end against libkvnode (libcurl for the HTTP calls).
+$(BENCH_KVS_BIN): tests/bench/bench_kvs.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(TEST_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
+
 # Part 3 (v6d) starts the KVS simulator and reads its counters over HTTP (libcurl).
 $(BENCH_PERSIST_BIN): tests/bench/bench_persist.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
@@ -329,6 +344,10 @@ bench-tenants: all $(BENCH_TENANTS_BIN)
 bench-startup: all $(BENCH_STARTUP_BIN)
 	KVNODED=$(KVNODED) $(BENCH_STARTUP_BIN) $(BENCH_STARTUP_ARGS)
 
+# BENCH_KVS_ARGS: --rounds N (default 20) or --quick.
+bench-kvs: all $(BENCH_KVS_BIN)
+	KVNODED=$(KVNODED) $(BENCH_KVS_BIN) $(BENCH_KVS_ARGS)
+
 bench-persist: all $(BENCH_PERSIST_BIN) $(if $(filter 1,$(V6D)),$(SIM_BIN))
 	KVNODED=$(KVNODED) KVS_SIM=$(SIM_BIN) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)
 
@@ -353,7 +372,13 @@ SYSCONFDIR  ?= /etc
 UNITDIR     ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+# The Python package goes where Debian's python3 finds it: /usr/lib/python3/dist-packages
+# for PREFIX=/usr, <prefix>/lib/python3.X/dist-packages otherwise.
+PYTHON_VERSION := $(shell python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+PYTHONDIR   ?= $(if $(filter /usr,$(PREFIX)),$(PREFIX)/lib/python3/dist-packages,$(PREFIX)/lib/python$(or $(PYTHON_VERSION),3)/dist-packages)
+PYTHON_FILES := $(notdir $(wildcard python/kvnode/*.py))
 INSTALLED_FILES = $(PREFIX)/sbin/kvnoded $(PREFIX)/bin/kvnodectl \
+    $(addprefix $(PYTHONDIR)/kvnode/,$(PYTHON_FILES)) \
     $(PREFIX)/lib/libkvnode.so.$(SOVERSION) $(PREFIX)/lib/libkvnode.so $(PREFIX)/lib/libkvnode.a \
     $(PREFIX)/lib/pkgconfig/kvnode.pc $(PREFIX)/include/kvnode.h \
     $(PREFIX)/share/man/man1/kvnodectl.1 $(PREFIX)/share/man/man3/libkvnode.3 \
@@ -367,8 +392,9 @@ install: all
 	    $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man3 \
 	    $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man8 \
 	    $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) \
-	    $(DESTDIR)$(SYSCONFDIR)/kvnode
+	    $(DESTDIR)$(SYSCONFDIR)/kvnode $(DESTDIR)$(PYTHONDIR)/kvnode
 	install -m 0755 $(KVNODED) $(DESTDIR)$(PREFIX)/sbin/kvnoded
+	install -m 0644 $(addprefix python/kvnode/,$(PYTHON_FILES)) $(DESTDIR)$(PYTHONDIR)/kvnode/
 	install -m 0755 $(KVNODECTL) $(DESTDIR)$(PREFIX)/bin/kvnodectl
 	install -m 0755 $(LIBSO) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libkvnode.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libkvnode.so
@@ -401,6 +427,8 @@ install: all
 # Removes what install put there, except the operator's configuration.
 uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED_FILES))
+	rm -rf $(DESTDIR)$(PYTHONDIR)/kvnode/__pycache__
+	-rmdir $(DESTDIR)$(PYTHONDIR)/kvnode 2>/dev/null
 	@echo "kept $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf (remove it by hand if unwanted)"
 
 clean:

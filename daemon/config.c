@@ -46,6 +46,7 @@ static const char *const backend_names[] = { "off", "file", "v6d", "redis" };
 static const char *const policy_names[] = { "write_through", "write_back", "off" };
 static const char *const fsync_names[] = { "never", "batch", "always" };
 static const char *const lookup_names[] = { "auto", "on", "off" };
+static const char *const direct_io_names[] = { "auto", "on", "off" };
 _Static_assert(CONFIG_BACKEND_OFF == 0 && CONFIG_BACKEND_FILE == 1 && CONFIG_BACKEND_V6D == 2 &&
                CONFIG_BACKEND_REDIS == 3,
                "backend_names follows CONFIG_BACKEND_*");
@@ -53,6 +54,8 @@ _Static_assert(CONFIG_POLICY_WRITE_THROUGH == 0 && CONFIG_POLICY_WRITE_BACK == 1
                "policy_names follows CONFIG_POLICY_*");
 _Static_assert(KVS_FSYNC_NEVER == 0 && KVS_FSYNC_BATCH == 1 && KVS_FSYNC_ALWAYS == 2,
                "fsync_names and persist_fsync follow KVS_FSYNC_*");
+_Static_assert(KVS_DIRECT_AUTO == 0 && KVS_DIRECT_ON == 1 && KVS_DIRECT_OFF == 2,
+               "direct_io_names and persist_direct_io follow KVS_DIRECT_*");
 _Static_assert(CONFIG_LOOKUP_AUTO == 0 && CONFIG_LOOKUP_ON == 1 && CONFIG_LOOKUP_OFF == 2,
                "lookup_names follows CONFIG_LOOKUP_*");
 
@@ -143,6 +146,9 @@ static const struct opt_def config_options[] = {
     { "persist", "path", &T_DIR, "/var/lib/kvnode", FIELD(persist_path), .restart = true },
     { "persist", "capacity", &T_SIZE, "0", FIELD(persist_capacity), .min = 0, .max = UINT64_MAX, .restart = true },
     { "persist", "fsync", &T_ENUM, "batch", FIELD(persist_fsync), NAMES(fsync_names), .restart = true },
+    { "persist", "segment_bytes", &T_SIZE, "256MiB", FIELD(persist_segment_bytes), .min = 1 << 20,
+      .max = UINT64_C(1) << 40, .restart = true },
+    { "persist", "direct_io", &T_ENUM, "auto", FIELD(persist_direct_io), NAMES(direct_io_names), .restart = true },
     { "persist", "workers", &T_COUNT, "2", FIELD(persist_workers), .min = 1, .max = 32, .restart = true },
     { "persist", "queue", &T_COUNT, "4096", FIELD(persist_queue), .min = 16, .max = 1048576, .restart = true },
     { "persist", "url", &T_URL, "", FIELD(persist_url), .restart = true },
@@ -159,6 +165,26 @@ static const struct opt_def config_options[] = {
     { "persist", "user", &T_TEXT, "", FIELD(persist_user), .restart = true },
     { "persist", "password_file", &T_PATH, "", FIELD(persist_password_file), .empty_ok = true,
       .restart = true },
+
+    /* [kvs_server]: rtp-llm's KVS protocol served (issue 18); off by default,
+     * restart-only (the listeners are set up once, at start). */
+    { "kvs_server", "enabled", &T_ENUM, "off", FIELD(kvs_enabled), NAMES(onoff_names), .restart = true },
+    { "kvs_server", "listen", &T_LISTEN, "127.0.0.1:8080", FIELD(kvs_listen), PARSED(kvs_listen_addr),
+      .restart = true },
+    { "kvs_server", "socket_path", &T_PATH, "/run/kvnode/kvs.sock", FIELD(kvs_socket_path), .restart = true },
+    { "kvs_server", "max_body_bytes", &T_SIZE, "16MiB", FIELD(kvs_max_body_bytes), .min = 4 * KIB, .max = GIB,
+      .restart = true },
+    { "kvs_server", "max_keys", &T_COUNT, "65536", FIELD(kvs_max_keys), .min = 1, .max = 1048576, .restart = true },
+    { "kvs_server", "max_leases", &T_COUNT, "4096", FIELD(kvs_max_leases), .min = 1, .max = 1048576,
+      .restart = true },
+    { "kvs_server", "default_term", &T_DURATION, "60s", FIELD(kvs_default_term_ms), .min = MS_PER_S,
+      .max = MS_PER_H, .restart = true },
+    { "kvs_server", "max_term", &T_DURATION, "10m", FIELD(kvs_max_term_ms), .min = MS_PER_S, .max = MS_PER_H,
+      .restart = true },
+    { "kvs_server", "tp_size", &T_COUNT, "1", FIELD(kvs_tp_size), .min = 1, .max = 1024, .restart = true },
+    { "kvs_server", "max_connections", &T_COUNT, "1024", FIELD(kvs_max_connections), .min = 1, .max = 65536 },
+    { "kvs_server", "request_timeout", &T_DURATION, "10s", FIELD(kvs_request_timeout_ms), .min = 100,
+      .max = MS_PER_H },
 
     /* [kvcm]: off by default; the timings are the reference publisher's
      * (docs/PROTOCOLS.md §2); endpoints and host_ip_port have no default. Every
@@ -219,8 +245,9 @@ static const struct opt_def config_options[] = {
 #define CONFIG_NOPTIONS (sizeof config_options / sizeof config_options[0])
 
 static const char *const config_sections[] = { "server", "memory", "hbm", "leases", "log", "admin", "persist",
-                                               "kvcm" };
-#define SECTIONS_HINT "[server], [memory], [hbm], [leases], [log], [admin], [persist], [kvcm] or [tenant.NAME]"
+                                               "kvs_server", "kvcm" };
+#define SECTIONS_HINT "[server], [memory], [hbm], [leases], [log], [admin], [persist], [kvs_server], [kvcm] or " \
+    "[tenant.NAME]"
 
 /* ---- lookup ------------------------------------------------------------ */
 
@@ -675,6 +702,35 @@ static void config_validate_cross(const struct kvn_config *cfg, struct errbuf *e
             config_errbuf_add(errors, "[persist] nodes: %s; backend = redis needs the cluster's seed nodes "
                                       "(or one plain server), e.g. nodes = 10.0.0.1:6379,10.0.0.2:6379", why);
         free(hosts);
+    }
+
+    /* [kvs_server]: the control plane finds its client's tenant through the
+     * kernel's socket table, which only a loopback peer is in; the two
+     * sockets must be distinct from the engines' and the admin socket. */
+    struct config_listen kvs_listen = { 0 };
+    char kvs_problem[PROBLEM_MAX];
+    /* Parsed here: the parsed fields are filled only once every check passed. */
+    if (cfg->kvs_enabled && config_parse_listen(cfg->kvs_listen, &kvs_listen, kvs_problem, sizeof kvs_problem) == 0) {
+        const struct config_listen *l = &kvs_listen;
+        if (l->kind == CONFIG_LISTEN_OFF)
+            config_errbuf_add(errors, "[kvs_server] listen: required when enabled = on (e.g. 127.0.0.1:8080, "
+                                      "the KVS_V6D_URL engines are given)");
+        else if (l->kind == CONFIG_LISTEN_TCP && strcmp(l->host, "127.0.0.1") != 0 &&
+                 strcmp(l->host, "localhost") != 0 && strcmp(l->host, "::1") != 0)
+            config_errbuf_add(errors, "[kvs_server] listen: %s is not a loopback address; the KVS front end "
+                                      "serves engines on this node only (use 127.0.0.1:PORT, [::1]:PORT or "
+                                      "unix:PATH)", l->host);
+        if (cfg->kvs_socket_path[0] == '\0')
+            config_errbuf_add(errors, "[kvs_server] socket_path: required when enabled = on (the "
+                                      "KVS_V6D_SOCKET_PATH engines are given)");
+        else if (strcmp(cfg->kvs_socket_path, cfg->socket_path) == 0 ||
+                 (l->kind == CONFIG_LISTEN_UNIX && strcmp(cfg->kvs_socket_path, l->path) == 0))
+            config_errbuf_add(errors, "[kvs_server] socket_path: %s is already [server] socket_path or "
+                                      "[kvs_server] listen; give the data plane a path of its own",
+                              cfg->kvs_socket_path);
+        if (cfg->kvs_default_term_ms > cfg->kvs_max_term_ms)
+            config_errbuf_add(errors, "[kvs_server] default_term: %" PRIu32 "ms is above max_term (%" PRIu32
+                                      "ms)", cfg->kvs_default_term_ms, cfg->kvs_max_term_ms);
     }
 }
 

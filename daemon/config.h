@@ -119,8 +119,10 @@ struct kvn_config {
     int      persist_backend;        /* CONFIG_BACKEND_*: off, file (default), v6d, redis (restart) */
     int      persist_policy;         /* CONFIG_POLICY_*: when blocks are written (reloadable) */
     char     persist_path[PATH_MAX]; /* file: root directory (restart) */
-    uint64_t persist_capacity;       /* file: bytes on disk before LRU eviction, 0: none (restart) */
+    uint64_t persist_capacity;       /* file: segment bytes on disk before the oldest are dropped, 0: none (restart) */
     int      persist_fsync;          /* KVS_FSYNC_* values: never, batch, always (restart) */
+    uint64_t persist_segment_bytes;  /* file: a segment closes at this size (restart) */
+    int      persist_direct_io;      /* file: KVS_DIRECT_* values: auto, on, off (restart) */
     uint32_t persist_workers;        /* worker threads (restart) */
     uint32_t persist_queue;          /* outstanding store jobs before drops (restart) */
     char     persist_url[CONFIG_URL_MAX];   /* v6d: control-plane base URL (restart) */
@@ -137,6 +139,21 @@ struct kvn_config {
     char     persist_user[CONFIG_REDIS_USER_MAX];   /* redis: ACL user, "": none (restart) */
     char     persist_password_file[PATH_MAX];       /* redis: file with the password, "": the
                                         environment's KVNODE_REDIS_PASSWORD, if any (restart) */
+
+    /* [kvs_server] (restart-only but max_connections, request_timeout; off by default): the rtp-llm
+       KVS protocol served to engines (daemon/net/kvs_server.h) */
+    int      kvs_enabled;            /* 0 off, 1 on */
+    char     kvs_listen[CONFIG_LISTEN_MAX];   /* HTTP control plane: loopback "HOST:PORT" or "unix:PATH" */
+    struct config_listen kvs_listen_addr;     /* kvs_listen parsed */
+    char     kvs_socket_path[PATH_MAX];       /* data plane (vineyard handshake) unix socket */
+    uint32_t kvs_max_body_bytes;     /* largest HTTP request body */
+    uint32_t kvs_max_keys;           /* object keys in one acquire */
+    uint32_t kvs_max_leases;         /* HTTP leases alive at once (all tenants) */
+    uint32_t kvs_default_term_ms;    /* lease term when a request names none */
+    uint32_t kvs_max_term_ms;        /* longest term a request may ask for */
+    uint32_t kvs_tp_size;            /* TP size of the engines served (namespace identity) */
+    uint32_t kvs_max_connections;    /* HTTP connections open at once (reloadable) */
+    uint32_t kvs_request_timeout_ms; /* an HTTP request must arrive whole within this (reloadable) */
 
     /* [kvcm] (every option restart-only; nothing is sent unless enabled):
        struct kvcm_config, kvcm/kvcm_config.h */

@@ -17,6 +17,7 @@ struct tenants;
 struct ops;
 struct server;
 struct admin;
+struct kvs_server;
 struct persist;
 struct kvcm;
 struct kvcm_querier;
@@ -36,6 +37,7 @@ struct daemon {
     struct ops *ops;
     struct server *server;
     struct admin *admin;                    /* NULL when [admin] listen = off */
+    struct kvs_server *kvs;                 /* NULL when [kvs_server] enabled = off */
     /* reload outcome, shown in stats */
     uint64_t reloads_ok, reloads_failed;
     char last_reload_error[CONFIG_ERR_MAX];  /* "" after a successful reload */

@@ -13,6 +13,7 @@
 #include <event2/event.h>
 
 #include "net/admin.h"
+#include "net/kvs_server.h"
 #include "cache/cache.h"
 #include "config.h"
 #include "daemon.h"
@@ -111,6 +112,7 @@ static void daemon_signal_cb(evutil_socket_t sig, short what, void *arg)
     log_info("received %s: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     sdn_stopping(d);
     admin_begin_shutdown(d->admin);
+    kvs_server_begin_shutdown(d->kvs);
     server_begin_shutdown(d->server);
 }
 
@@ -247,6 +249,10 @@ int main(int argc, char **argv)
     }
     admin_set_pages(d.admin, &(struct admin_pages){ .stats_document = stats_document,
                                                     .metrics_page = metrics_render });
+    if (kvs_server_create(&d, &d.kvs, err, sizeof err) < 0) {
+        log_error("%s", err);
+        goto out;
+    }
     daemon_check_fd_limit(&d);
     for (int i = 0; i < 3; i++) {
         sigs[i] = evsignal_new(d.base, signums[i], daemon_signal_cb, &d);
@@ -277,6 +283,7 @@ out:
     /* Connections first (their leases), then what is still queued for the
      * store (bounded), then the cache they all point into. */
     admin_destroy(d.admin);
+    kvs_server_destroy(d.kvs);   /* its HTTP leases, before the caches */
     server_destroy(d.server);
     if (d.tenants)
         tenants_stop_persist(d.tenants, d.cfg->shutdown_timeout_ms);

@@ -320,6 +320,41 @@ static void render_persist(struct evbuffer *out, const struct cache_persist_stat
     family(out, "kvnode_persist_dropped_total", "counter",
            "Blocks that left memory without a copy in the store while persistence was on.");
     sample_u(out, "kvnode_persist_dropped_total", NULL, p->dropped);
+    if (pc->file_on) {
+        const struct kvs_file_stats *fs = &pc->file;
+        family(out, "kvnode_persist_file_segments", "gauge", "Segment files of the file store on disk.");
+        sample_u(out, "kvnode_persist_file_segments", NULL, fs->segments);
+        family(out, "kvnode_persist_file_bytes", "gauge",
+               "File store bytes: on disk (kind=disk) and in live blocks' records (kind=live).");
+        sample_u(out, "kvnode_persist_file_bytes", L("kind", "disk"), fs->disk_bytes);
+        sample_u(out, "kvnode_persist_file_bytes", L("kind", "live"), fs->bytes);
+        family(out, "kvnode_persist_file_live_blocks", "gauge", "Blocks the file store's keydir holds.");
+        sample_u(out, "kvnode_persist_file_live_blocks", NULL, fs->blocks);
+        family(out, "kvnode_persist_file_segments_removed_total", "counter",
+               "Segments removed: dropped by capacity (reason=capacity) or with nothing live (reason=reclaimed).");
+        sample_u(out, "kvnode_persist_file_segments_removed_total", L("reason", "capacity"), fs->segments_dropped);
+        sample_u(out, "kvnode_persist_file_segments_removed_total", L("reason", "reclaimed"), fs->segments_reclaimed);
+        family(out, "kvnode_persist_file_evicted_blocks_total", "counter",
+               "Live blocks lost with segments dropped by [persist] capacity.");
+        sample_u(out, "kvnode_persist_file_evicted_blocks_total", NULL, fs->evicted);
+        family(out, "kvnode_persist_file_corrupt_total", "counter",
+               "Records of the file store found bad (checksum) by reads and recovery, never served.");
+        sample_u(out, "kvnode_persist_file_corrupt_total", NULL, fs->corrupt);
+        family(out, "kvnode_persist_file_torn_tails_total", "counter",
+               "Segment tails cut by recovery (a write cut short by a crash).");
+        sample_u(out, "kvnode_persist_file_torn_tails_total", NULL, fs->torn_tails);
+        family(out, "kvnode_persist_file_torn_bytes_total", "counter", "Bytes of the torn tails cut.");
+        sample_u(out, "kvnode_persist_file_torn_bytes_total", NULL, fs->torn_bytes);
+        family(out, "kvnode_persist_file_recovered_segments_total", "counter",
+               "Segments recovered from their hint file (from=hint) or by reading their records (from=records).");
+        sample_u(out, "kvnode_persist_file_recovered_segments_total", L("from", "hint"), fs->hints_loaded);
+        sample_u(out, "kvnode_persist_file_recovered_segments_total", L("from", "records"), fs->hints_bad);
+        family(out, "kvnode_persist_file_migrated_blocks_total", "counter",
+               "Blocks moved from the file-per-block layout of earlier versions into the segment log.");
+        sample_u(out, "kvnode_persist_file_migrated_blocks_total", NULL, fs->migrated);
+        family(out, "kvnode_persist_file_direct_io", "gauge", "1 when segments are written with O_DIRECT.");
+        sample_u(out, "kvnode_persist_file_direct_io", NULL, fs->direct_io);
+    }
     family(out, "kvnode_persist_failures_total", "counter",
            "Store calls that failed, by operation and kind (corrupt: a copy failed its checksum and was removed).");
     for (int op = 0; op < PERSIST_OPS; op++)
@@ -471,6 +506,50 @@ static void render_admin(struct evbuffer *out, const struct stats_snapshot *s)
     sample_u(out, "kvnode_admin_accept_pauses_total", NULL, a->accept_pauses);
 }
 
+/* The KVS front end, when it is on. */
+static void render_kvs(struct evbuffer *out, const struct stats_snapshot *s)
+{
+    const struct kvs_server_stats *k = &s->kvs;
+
+    if (!s->has_kvs)
+        return;
+    family(out, "kvnode_kvs_requests_total", "counter",
+           "KVS front-end requests answered, by route (acquire by scope).");
+    sample_u(out, "kvnode_kvs_requests_total", L("route", "health"), k->health);
+    sample_u(out, "kvnode_kvs_requests_total", L("route", "acquire_read"), k->acquire_read);
+    sample_u(out, "kvnode_kvs_requests_total", L("route", "acquire_create"), k->acquire_create);
+    sample_u(out, "kvnode_kvs_requests_total", L("route", "seal"), k->seal);
+    sample_u(out, "kvnode_kvs_requests_total", L("route", "release"), k->release);
+    sample_u(out, "kvnode_kvs_requests_total", L("route", "discard"), k->discard);
+    family(out, "kvnode_kvs_request_errors_total", "counter",
+           "KVS front-end requests refused: bad (4xx), denied (403: no tenant for the peer), failed (5xx).");
+    sample_u(out, "kvnode_kvs_request_errors_total", L("reason", "bad"), k->bad_requests);
+    sample_u(out, "kvnode_kvs_request_errors_total", L("reason", "denied"), k->denied);
+    sample_u(out, "kvnode_kvs_request_errors_total", L("reason", "failed"), k->failed);
+    family(out, "kvnode_kvs_keys_total", "counter",
+           "Object keys in KVS acquires: read (asked), read_hit (found), create (asked), create_existing (left out).");
+    sample_u(out, "kvnode_kvs_keys_total", L("kind", "read"), k->read_keys);
+    sample_u(out, "kvnode_kvs_keys_total", L("kind", "read_hit"), k->read_hits);
+    sample_u(out, "kvnode_kvs_keys_total", L("kind", "create"), k->create_keys);
+    sample_u(out, "kvnode_kvs_keys_total", L("kind", "create_existing"), k->create_existing);
+    family(out, "kvnode_kvs_leases", "gauge", "KVS leases open.");
+    sample_u(out, "kvnode_kvs_leases", NULL, k->leases_open);
+    family(out, "kvnode_kvs_leases_expired_total", "counter", "KVS leases ended by their term.");
+    sample_u(out, "kvnode_kvs_leases_expired_total", NULL, k->leases_expired);
+    family(out, "kvnode_kvs_dataplane_connections", "gauge", "KVS data-plane connections open.");
+    sample_u(out, "kvnode_kvs_dataplane_connections", NULL, k->dataplane_open);
+    family(out, "kvnode_kvs_fds_lent_total", "counter", "Host-memory fds handed out on the KVS data plane.");
+    sample_u(out, "kvnode_kvs_fds_lent_total", NULL, k->fds_lent);
+    family(out, "kvnode_kvs_http_connections", "gauge", "KVS control-plane HTTP connections open.");
+    sample_u(out, "kvnode_kvs_http_connections", NULL, k->http_open);
+    family(out, "kvnode_kvs_http_connections_refused_total", "counter",
+           "KVS HTTP connections refused with 503 (kvs_server.max_connections, or the descriptors kept for engines).");
+    sample_u(out, "kvnode_kvs_http_connections_refused_total", NULL, k->http_refused);
+    family(out, "kvnode_kvs_http_requests_timed_out_total", "counter",
+           "KVS HTTP connections closed because a request did not arrive whole within kvs_server.request_timeout.");
+    sample_u(out, "kvnode_kvs_http_requests_timed_out_total", NULL, k->http_timed_out);
+}
+
 static void render_workers(struct evbuffer *out, uint32_t stall_timeout_ms)
 {
     struct liveness_info w[LIVENESS_MAX];
@@ -504,6 +583,7 @@ int metrics_render(struct daemon *d, struct evbuffer *out)
     render_kvcm(out, s);
     render_server(out, &s->server);
     render_admin(out, s);
+    render_kvs(out, s);
     render_workers(out, s->worker_stall_timeout_ms);
 
     family(out, "kvnode_reloads_total", "counter", "Configuration reloads (SIGHUP or RELOAD), by result.");

@@ -90,6 +90,9 @@ void stats_collect(struct daemon *d, const struct stats_view *view, struct stats
     s->admin_address = d->admin ? admin_address(d->admin) : NULL;
     if (d->admin)
         admin_get_stats(d->admin, &s->admin);
+    s->has_kvs = d->kvs != NULL;
+    if (d->kvs)
+        kvs_server_get_stats(d->kvs, &s->kvs);
     s->reloads_ok = d->reloads_ok;
     s->reloads_failed = d->reloads_failed;
     s->worker_stall_timeout_ms = d->cfg->worker_stall_timeout_ms;
@@ -200,6 +203,28 @@ static void persist_json(const struct cache_persist_stats *p, json_t *root)
     set(o, "tombstones_dropped_total", ju(pc->tombstones_dropped));
     set(o, "tombstone_hits_total", ju(pc->tombstone_hits));
     set(o, "dropped_total", ju(p->dropped));
+    if (pc->file_on) {
+        const struct kvs_file_stats *fs = &pc->file;
+        json_t *f = json_object();
+        set(f, "segments", ju(fs->segments));
+        set(f, "disk_bytes", ju(fs->disk_bytes));
+        set(f, "live_blocks", ju(fs->blocks));
+        set(f, "live_bytes", ju(fs->bytes));
+        set(f, "capacity_bytes", ju(fs->capacity_bytes));
+        set(f, "direct_io", json_boolean(fs->direct_io != 0));
+        set(f, "evicted_blocks_total", ju(fs->evicted));
+        set(f, "evicted_bytes_total", ju(fs->evicted_bytes));
+        set(f, "segments_dropped_total", ju(fs->segments_dropped));
+        set(f, "segments_reclaimed_total", ju(fs->segments_reclaimed));
+        set(f, "corrupt_total", ju(fs->corrupt));
+        set(f, "torn_tails_total", ju(fs->torn_tails));
+        set(f, "torn_bytes_total", ju(fs->torn_bytes));
+        set(f, "hints_loaded_total", ju(fs->hints_loaded));
+        set(f, "hints_bad_total", ju(fs->hints_bad));
+        set(f, "migrated_blocks_total", ju(fs->migrated));
+        set(f, "migrate_bad_total", ju(fs->migrate_bad));
+        set(o, "file", f);
+    }
     for (int op = 0; op < PERSIST_OPS; op++) {
         json_t *kinds = json_object();
         for (int k = 0; k < PERSIST_FAIL_KINDS; k++)
@@ -427,6 +452,50 @@ static void requests_json(const struct ops_stats *o, const struct metrics_keys *
     set(root, "keys", keys);
 }
 
+/* The KVS front end (issue 18): its addresses, requests by route, keys and leases. */
+static void kvs_json(const struct stats_snapshot *s, json_t *root)
+{
+    const struct kvs_server_stats *k = &s->kvs;
+    json_t *o, *r;
+
+    if (!s->has_kvs) {
+        set(root, "kvs_server", json_null());
+        return;
+    }
+    o = json_object();
+    r = json_object();
+    set(o, "http_address", json_string(k->http_address ? k->http_address : ""));
+    set(o, "socket_path", json_string(k->socket_path ? k->socket_path : ""));
+    set(r, "health_total", ju(k->health));
+    set(r, "acquire_read_total", ju(k->acquire_read));
+    set(r, "acquire_create_total", ju(k->acquire_create));
+    set(r, "seal_total", ju(k->seal));
+    set(r, "release_total", ju(k->release));
+    set(r, "discard_total", ju(k->discard));
+    set(r, "bad_total", ju(k->bad_requests));
+    set(r, "denied_total", ju(k->denied));
+    set(r, "failed_total", ju(k->failed));
+    set(o, "requests", r);
+    set(o, "read_keys_total", ju(k->read_keys));
+    set(o, "read_hits_total", ju(k->read_hits));
+    set(o, "create_keys_total", ju(k->create_keys));
+    set(o, "create_existing_total", ju(k->create_existing));
+    set(o, "leases_open", ju(k->leases_open));
+    set(o, "leases_expired_total", ju(k->leases_expired));
+    set(o, "dataplane_open", ju(k->dataplane_open));
+    set(o, "dataplane_accepted_total", ju(k->dataplane_accepted));
+    set(o, "dataplane_refused_total", ju(k->dataplane_refused));
+    set(o, "fds_lent_total", ju(k->fds_lent));
+    r = json_object();
+    set(r, "open", ju(k->http_open));
+    set(r, "max", ju(k->http_max));
+    set(r, "accepted_total", ju(k->http_accepted));
+    set(r, "refused_total", ju(k->http_refused));
+    set(r, "timed_out_total", ju(k->http_timed_out));
+    set(o, "http_connections", r);
+    set(root, "kvs_server", o);
+}
+
 static void admin_json(const struct stats_snapshot *s, json_t *root)
 {
     const struct admin_stats *a = &s->admin;
@@ -533,6 +602,7 @@ json_t *stats_json(const struct stats_snapshot *s)
         server_json(&s->server, root);
     requests_json(&s->ops, &s->cache_stats.keys, root);
     admin_json(s, root);
+    kvs_json(s, root);
     set(reloads, "ok_total", ju(s->reloads_ok));
     set(reloads, "failed_total", ju(s->reloads_failed));
     set(reloads, "last_error", json_string(s->last_reload_error));

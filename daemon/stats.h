@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "net/admin.h"
+#include "net/kvs_server.h"
 #include "cache/cache.h"
 #include "gpu/gpu.h"
 #include "kvcm/kvcm.h"
@@ -76,6 +77,8 @@ struct stats_snapshot {
     struct server_stats server;      /* "clients", "frames" */
     const char *admin_address;       /* "admin"; NULL: [admin] listen = off */
     struct admin_stats admin;        /* "admin_connections", when admin_address */
+    bool has_kvs;                    /* "kvs_server" (null when [kvs_server] enabled = off) */
+    struct kvs_server_stats kvs;
     uint64_t reloads_ok, reloads_failed;
     uint32_t worker_stall_timeout_ms; /* kvnode_worker_up: a worker silent longer is down */
     const char *last_reload_error;   /* "" after a successful reload */

@@ -163,6 +163,21 @@ int  cache_get_begin(struct cache *c, struct kv_namespace *ns, struct lease_list
                      const int64_t *keys, size_t n, uint64_t *lease_id,
                      struct cache_loc *locs, size_t *got, char *err, size_t errlen);
 
+/* A best-effort read of any of the keys (the KVS front end's acquire(read)):
+ * every key sealed in the host arena is pinned under one read lease (TTL
+ * owner->ttl_ms, else [leases] read_ttl), whatever the keys around it; the
+ * others are misses (locs[i].present false). Blocks only in the store
+ * (ghosts) are misses too, but up to 256 of them start their way back into
+ * host memory (as GET promotes them), so a later read finds them. *got
+ * = hits; *lease_id 0 when there are none. 0 or a negative code, err set. */
+int  cache_get_each(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
+                    const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
+                    size_t *got, char *err, size_t errlen);
+/* The namespace of l's deployment and tp_rank, whatever its block_bytes
+ * (ignored), or NULL when there is none: for readers that do not know the
+ * block size (the KVS front end). */
+struct kv_namespace *cache_find_ns(struct cache *c, const struct ns_layout *l);
+
 /* Deferred answers. A MATCH or GET that needs the store (a lookup of keys the
  * index does not know, or promotions of ghosts) answers later: *_start
  * returns CACHE_WAITING with *wait set, and ready(arg) runs on the loop —

@@ -712,3 +712,16 @@ void cache_release_owner(struct cache *c, struct lease_list *owner)
     while (owner->head)
         cache_lease_finish(c, owner->head, false);
 }
+
+struct kv_namespace *cache_find_ns(struct cache *c, const struct ns_layout *l)
+{
+    uint64_t fp = ns_fingerprint_tenant(l, ns_registry_tenant(c->namespaces));
+
+    /* Bounded by the registry's records, as ns_bind's own walk is. */
+    for (size_t i = 0; i < ns_count(c->namespaces); i++) {
+        struct kv_namespace *ns = ns_at(c->namespaces, i);
+        if (ns->fingerprint == fp && ns->layout.tp_rank == l->tp_rank)
+            return ns;
+    }
+    return NULL;
+}

@@ -101,7 +101,8 @@ int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
         c->reservations_refused++;
         return -KVNODE_ELIMIT;
     }
-    l = lease_create(c->leases, LEASE_WRITE, ns->id, owner, clock_now_ms(), c->write_ttl_ms, n);
+    l = lease_create(c->leases, LEASE_WRITE, ns->id, owner, clock_now_ms(),
+                     owner->ttl_ms ? owner->ttl_ms : c->write_ttl_ms, n);
     if (!l) {
         errmsg_set(err, errlen, "out of memory creating a write lease");
         return -KVNODE_ENOMEM;

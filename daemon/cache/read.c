@@ -171,7 +171,7 @@ void cache_get_walk(struct cache *c, struct cache_wait **wp)
         }
         if (!w->l) {
             w->l = lease_create(c->leases, LEASE_READ, w->ns->id, w->owner, clock_now_ms(),
-                                c->read_ttl_ms, w->n);
+                                w->owner && w->owner->ttl_ms ? w->owner->ttl_ms : c->read_ttl_ms, w->n);
             if (!w->l) {
                 w->nomem = true;
                 break;
@@ -279,4 +279,63 @@ int cache_get_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
     struct cache_wait *w;
     return cache_get_start(c, ns, owner, owner->mapped, keys, n, lease_id, locs, got, err, errlen,
                            NULL, NULL, &w);
+}
+
+/* --- any-key read (the KVS front end) ------------------------------------------ */
+
+/* Store reads one best-effort read may start (the rest wait for the next). */
+#define CACHE_EACH_PROMOTE_MAX 256
+
+int cache_get_each(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
+                   const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
+                   size_t *got, char *err, size_t errlen)
+{
+    size_t hits = 0, promoted = 0;
+    struct lease *l;
+    int rc;
+
+    *lease_id = 0;
+    *got = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        /* Only sealed blocks in the host arena: that is the memory lent. */
+        locs[i].present = e && e->state == ENTRY_SEALED && e->arena == HOST_ARENA_ID;
+        locs[i].arena = 0;
+        locs[i].offset = 0;
+        if (locs[i].present)
+            hits++;
+        else if (!e)
+            c->keys.absent++;
+        else if (e->state == ENTRY_GHOST && c->persist && ns->cls != UINT32_MAX && promoted < CACHE_EACH_PROMOTE_MAX &&
+                 cache_promote(c, ns, e) == 0)
+            promoted++;   /* only in the store: on its way back for the next read */
+        else if (e->state == ENTRY_WRITING)
+            c->keys.writing++;
+        else
+            c->keys.unavailable++;
+    }
+    if (hits == 0)
+        return 0;
+    rc = cache_check_lease_room(c, owner, err, errlen);
+    if (rc < 0)
+        return rc;
+    l = lease_create(c->leases, LEASE_READ, ns->id, owner, clock_now_ms(),
+                     owner->ttl_ms ? owner->ttl_ms : c->read_ttl_ms, n);
+    if (!l) {
+        errmsg_set(err, errlen, "out of memory creating a read lease");
+        return -KVNODE_ENOMEM;
+    }
+    /* Pinned last to first: the LRU refresh is tail-first, as for get. */
+    for (size_t i = n; i-- > 0;) {
+        if (!locs[i].present)
+            continue;
+        struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        cache_pin(c, e);
+        l->entries[i] = e;
+        locs[i].offset = e->offset;
+    }
+    c->keys.matched += hits;
+    *lease_id = l->id;
+    *got = hits;
+    return 0;
 }

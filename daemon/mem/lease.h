@@ -26,6 +26,8 @@ struct lease_list {
     uint32_t put_arena;    /* arena id a put asking for HBM reserves in, 0: none (host) */
     uint32_t host_region;  /* 1 + the host-arena region its puts prefer (its GPU's NUMA node), 0: none */
     uint64_t reserved_bytes; /* slots its write leases hold, not yet committed (the cache's) */
+    uint64_t ttl_ms;       /* TTL of its next leases, 0: the cache's [leases] read_ttl / write_ttl
+                              (the KVS front end sets each request's term here) */
 };
 
 struct lease {

@@ -172,7 +172,7 @@ static int server_gid_cmp(const void *a, const void *b)
  * into buf (cap entries), or, when it has more, into *heap (malloc'd; the
  * caller frees it). Admission and the tenant of the connection both look
  * at these, so they agree. *n = 0 when the kernel cannot say. */
-static const gid_t *server_peer_groups(int fd, gid_t *buf, size_t cap, gid_t **heap, size_t *n)
+const gid_t *server_peer_groups(int fd, gid_t *buf, size_t cap, gid_t **heap, size_t *n)
 {
     socklen_t len = (socklen_t)(cap * sizeof *buf);
     gid_t *g = buf;

@@ -75,6 +75,11 @@ void server_resume(struct conn *c);
 /* Close the connection once its queued replies are written. */
 void server_close_after_flush(struct conn *c);
 struct session *server_conn_session(struct conn *c);
+/* The supplementary groups of the unix-socket peer fd (SO_PEERGROUPS), sorted
+ * ascending: into buf (cap entries), or when it has more into *heap (the
+ * caller frees it); *n = 0 when the kernel cannot say. The engine socket and
+ * the KVS data plane place peers by these. */
+const gid_t *server_peer_groups(int fd, gid_t *buf, size_t cap, gid_t **heap, size_t *n);
 
 /* The server's counters: "clients" and "frames" of the stats document. */
 struct server_stats {

@@ -50,6 +50,8 @@ const char *persist_op_name(int op)
 
 static void persist_free(struct persist *p)
 {
+    if (p->file_stats)             /* after the workers: the root's last handle may go here */
+        p->be->close(p->file_stats);
     free(p->tombs.table);
     free(p->tombs.ring);
     if (p->health_ev)
@@ -144,6 +146,8 @@ int persist_create_tenant(struct event_base *base, const struct kvn_config *cfg,
     p->kcfg.path = p->path;
     p->kcfg.capacity_bytes = cfg->persist_capacity;
     p->kcfg.fsync_policy = cfg->persist_fsync;
+    p->kcfg.segment_bytes = cfg->persist_segment_bytes;
+    p->kcfg.direct_io = cfg->persist_direct_io;
     p->kcfg.url = p->url;
     p->kcfg.socket_path = p->sock;
     p->kcfg.object_namespace = p->object_ns;
@@ -192,7 +196,9 @@ int persist_create_tenant(struct event_base *base, const struct kvn_config *cfg,
     rc = workq_create_hooks(base, p->qname, p->workers, p->capacity, &hooks, &p->q, e, sizeof e);
     /* Closed only now that the workers hold their own handles, so a file
      * root stays held (locked, one LRU) from the probe on. */
-    if (probe)
+    if (probe && be == &kvs_backend_file)
+        p->file_stats = probe;
+    else if (probe)
         be->close(probe);
     if (rc < 0) {
         errmsg_set(err, errlen, "persist: %s", e);
@@ -267,6 +273,9 @@ void persist_get_counters(const struct persist *p, struct persist_counters *out)
     out->queue_depth = workq_pending(p->q);
     out->queue_capacity = p->capacity;
     out->workers = p->workers;
+    out->file_on = p->file_stats != NULL;
+    if (p->file_stats)
+        kvs_file_stats(p->file_stats, &out->file);
 }
 
 const char *persist_last_error(const struct persist *p)

@@ -30,6 +30,7 @@
 #include <jansson.h>
 
 #include "config.h"
+#include "persist/kvs/file.h"
 #include "persist/kvs/kvs.h"
 #include "mem/namespace.h"
 
@@ -83,6 +84,9 @@ struct persist_counters {
     uint64_t scan_found;                        /* blocks reported to the loop so far */
     uint64_t scan_started_ms, scan_finished_ms; /* clock_now_ms(); 0 when not yet */
     int      state;                             /* enum persist_state */
+    /* the embedded file store (segment log), when it is the backend */
+    bool     file_on;
+    struct kvs_file_stats file;
 };
 
 /* Start the pool for cfg->persist_backend. With CONFIG_BACKEND_OFF: returns

@@ -133,6 +133,8 @@ struct persist {
     void                     *scan_arg;
 
     struct tombs              tombs;
+    struct kvs_store         *file_stats;  /* file backend: the probe handle, kept open for
+                                              kvs_file_stats (a mutex held for a copy) */
 
     bool                      destroying;
     bool                      writes_failing;  /* the last write failed (see State) */

@@ -1,11 +1,14 @@
 """Python binding of libkvnode, the client library of kvnoded (node-local KV-cache daemon).
 
-Stdlib only (``ctypes``), no build step: the package loads ``libkvnode.so`` at import
-time, first from the source tree next to the package (``build/`` of the repository),
-then through the system loader.
+Stdlib only (``ctypes``), no build step: the package loads ``libkvnode.so.0`` at import
+time: ``$KVNODE_LIBRARY``, else the source tree next to the package (``build/`` of the
+repository), else the ``lib/`` that ``make install`` put it beside, else the system loader.
+``pip install ./python`` installs it as a package.
 
-Typical use from an inference engine::
+Typical use from an inference engine (``kv_pages``: its host copies of the KV pages, one
+numpy array of ``block_bytes`` bytes per block)::
 
+    import numpy
     import kvnode
 
     layout = kvnode.Layout(model="qwen2-7b", dtype="bf16", block_tokens=16,
@@ -15,12 +18,13 @@ Typical use from an inference engine::
         keys = kvnode.hash_tokens(prompt_token_ids, layout.block_tokens)
         with c.read(keys) as blocks:          # longest cached prefix, zero-copy
             for i, view in enumerate(blocks):
-                kv_pages[i] = numpy.frombuffer(view, dtype=numpy.uint8)  # copy out
+                kv_pages[i][:] = numpy.frombuffer(view, dtype=kv_pages[i].dtype)  # copy out
         ...
         with c.write(new_keys) as slots:      # zero-copy slots, None = already stored
-            for slot, page in zip(slots, pages):
-                if slot is not None:
-                    slot[:] = page            # commit on normal exit, abort on exception
+            for slot, page in zip(slots, new_pages):
+                if slot is not None:          # a slot is bytes: view it as the page's dtype
+                    numpy.frombuffer(slot, dtype=page.dtype)[:] = page
+                                              # commit on normal exit, abort on exception
 
 The keys of one call form a chain (``keys[i-1]`` is the parent of ``keys[i]``);
 ``match``, ``read`` and ``get`` answer with the longest cached prefix.
@@ -34,8 +38,12 @@ import dataclasses
 import json
 import os
 
+#: Version of this package; equals the kvnode release it belongs to (Makefile VERSION).
+__version__ = "0.1.0"
+
 __all__ = [
     "Layout", "Client", "ReadLease", "WriteLease", "hash_tokens", "version", "library_path",
+    "__version__",
     "TIER_HOST", "TIER_HBM",
     "Error", "InvalidArgument", "OutOfMemory", "NoSpace", "NoLease", "LayoutError",
     "VersionError", "ProtocolError", "TooBig", "TimedOut", "ConnectError", "Closed",
@@ -184,7 +192,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _candidates():
-    """Places to look for libkvnode, in order: the source tree, then the system."""
+    """Places to look for libkvnode, in order: $KVNODE_LIBRARY, the source tree,
+    the lib/ of the prefix `make install` put this package under, then the system."""
     out = []
     env = os.environ.get("KVNODE_LIBRARY")
     if env:
@@ -192,6 +201,9 @@ def _candidates():
     build = os.path.normpath(os.path.join(_HERE, "..", "..", "build"))
     for name in ("libkvnode.so.0", "libkvnode.so"):
         out.append(os.path.join(build, name))
+    # <prefix>/lib/python3/dist-packages/kvnode -> <prefix>/lib (/usr/local/lib is not
+    # in the loader's default path before ldconfig has run).
+    out.append(os.path.normpath(os.path.join(_HERE, "..", "..", "..", "libkvnode.so.0")))
     found = ctypes.util.find_library("kvnode")
     if found:
         out.append(found)

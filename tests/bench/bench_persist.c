@@ -1,15 +1,20 @@
-/* kvnode-bench-persist: figures for kvnoded's persistence (file backend);
- * not part of `make test`.
+/* kvnode-bench-persist: figures for kvnoded's persistence (the file backend,
+ * an append-only segment log, and v6d); not part of `make test`.
  *
  * Every daemon is a real kvnoded started through the harness ($KVNODED,
  * default build/kvnoded) with [persist] backend=file on a store directory
  * under a private temporary directory ($TMPDIR, default /tmp), removed at
  * the end.
  *
- * 1. Recovery. A daemon with policy=write_through (fsync=never) takes N
- *    (default 100 000) zero-copy puts of 4 KiB blocks, in chains of 1000
- *    keys, and is stopped once persist.written_blocks_total == N. A new
- *    daemon is then started on the same store and timed:
+ * 0. The disk. Its own sequential write bandwidth in the same run: the
+ *    write-run size in 8 MiB aligned writes (O_DIRECT where the file system
+ *    takes it) to one new file, then fdatasync; GB/s (10^9 bytes per
+ *    second). The write-behind rows below are given as a ratio to it.
+ * 1. Recovery. For N blocks (default 100 000 and 1 000 000) of 1 KiB: a
+ *    daemon with policy=write_through (fsync=never) takes N zero-copy puts
+ *    in chains of 1000 keys and is stopped once persist.written_blocks_total
+ *    == N (its segments close with hint files). A new daemon is then
+ *    started on the same store and timed:
  *      - time-to-ready: spawn until an observer connection answers PING;
  *      - time-to-full-recovery: spawn until persist.recovery.complete;
  *      - the scan's own duration (persist.recovery.seconds) and its rate;
@@ -22,16 +27,19 @@
  *    `sync; echo 3 > /proc/sys/vm/drop_caches` when that is permitted
  *    (skipped, with the reason, when it is not).
  * 2. Write-behind throughput. For 64 KiB and 1 MiB blocks, persist.workers
- *    1, 2, 4 and persist.fsync never, batch: a fresh daemon and store with
- *    policy=write_through, a host tier holding every block and a queue
- *    holding every write; N blocks (about 1 GiB, less when the disk or
- *    memory is small) are put zero-copy (put_begin + memcpy + commit) and
- *    the wall time from the first put until persist.written_blocks_total
- *    reaches N is taken. Blocks/s and GB/s (10^9 bytes per second) are
- *    printed next to the single-thread memcpy bandwidth of the same bytes
- *    (chain-sized copies, as tests/bench/bench.c measures its reference),
- *    with dropped_total. Afterwards every block file is checked (count,
- *    size, header magic) and a sample of payloads is compared byte for byte.
+ *    1, 2, 4 and persist.fsync never, batch, always: a fresh daemon and
+ *    store with policy=write_through, a host tier holding every block and a
+ *    queue holding every write; N blocks (about 1 GiB, less when the disk
+ *    or memory is small) are put zero-copy (put_begin + memcpy + commit)
+ *    and the wall time from the first put until
+ *    persist.written_blocks_total reaches N is taken. Blocks/s, GB/s and
+ *    the ratio to the disk's bandwidth (part 0) are printed, with the
+ *    single-thread memcpy bandwidth of the same bytes and dropped_total.
+ *    Afterwards the segments are read (live block records counted, a sample
+ *    of payloads compared byte for byte).
+ *    Then page-cache growth: 64 KiB blocks, fsync=batch, 2 workers, with
+ *    persist.direct_io = on and off: /proc/meminfo Cached before the first
+ *    put and at its highest while the run is written.
  *
  * 3. v6d write-behind and read throughput. The KVS protocol simulator
  *    ($KVS_SIM, default build/kvs-sim: tests/sim/kvs_sim.c, rtp-llm's KVS
@@ -66,11 +74,12 @@
  * Usage: kvnode-bench-persist [--quick] [--blocks N] [--bytes MiB] [--v6d-bytes MiB]
  *                             [--redis-bytes MiB] [--only recovery|writes|v6d|redis]
  *   --quick      20 000 recovery blocks, 256 MiB per write run, 128 MiB per v6d run
- *   --blocks     recovery blocks (default 100000)
+ *   --blocks     recovery blocks (one run of N instead of 100 000 and 1 000 000)
  *   --bytes      data per write run in MiB (default 1024)
  *   --v6d-bytes  data per v6d run in MiB (default 256)
  *   --redis-bytes data per redis run in MiB (default 256; --quick: 128)
- *   --only       run one of the four parts */
+ *   --only       run one of the four parts (writes includes the disk's bandwidth) */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -92,12 +101,12 @@
 #define BENCH_NAME "kvnode-bench-persist"
 #include "bench_util.h"
 
-#define REC_BB        4096u      /* recovery blocks */
+#define REC_BB        1024u      /* recovery blocks */
 #define REC_CHAIN     1000u      /* keys per put while populating */
 #define MATCH_KEYS    1000u
 #define GET_KEYS      64u
 #define SEED          0x5eedull
-#define HEADER        64u        /* block file header (daemon/persist/kvs/file.h) */
+#define HEADER        64u        /* record header (daemon/persist/kvs/file.h) */
 #define POLL_NS       5000000ull /* stats polling period */
 #define WAIT_S        900        /* bound on any wait for the daemon */
 
@@ -185,10 +194,13 @@ static long long failures(json_t *root, const char *op)
     return sum;
 }
 
+static const char *direct_io = "auto";   /* persist.direct_io of the next daemons */
+
 static const char *persist_cfg(char *buf, size_t len, const char *store, uint64_t host_bytes,
                                unsigned workers, size_t queue, const char *fsync_policy)
 {
     int l = snprintf(buf, len,
+                     "persist.direct_io=%s\n"
                      "memory.host_bytes=%lluMiB\n"
                      "log.level=warn\n"
                      "persist.backend=file\n"
@@ -196,7 +208,7 @@ static const char *persist_cfg(char *buf, size_t len, const char *store, uint64_
                      "persist.policy=write_through\n"
                      "persist.workers=%u\n"
                      "persist.queue=%zu\n"
-                     "persist.fsync=%s\n",
+                     "persist.fsync=%s\n", direct_io,
                      (unsigned long long)((host_bytes + (1u << 20) - 1) >> 20), store, workers, queue,
                      fsync_policy);
     if (l < 0 || (size_t)l >= len)
@@ -284,11 +296,12 @@ static void stop_daemon(kvh_daemon *d)
     kvh_destroy(d);
 }
 
-/* --- block files on disk ------------------------------------------------------- */
+/* --- the segment log on disk ------------------------------------------------------- */
 
 struct scan_ctx {
     uint64_t files, bytes, disk_bytes, bad;
-    uint64_t expect_size;
+    uint64_t blocks;              /* live block records (the newest record of each key) */
+    uint64_t expect_size;         /* payload bytes of every block */
     /* payload sample */
     const kvnode_key *keys;
     size_t nkeys;
@@ -296,9 +309,7 @@ struct scan_ctx {
     size_t chain;
     uint64_t bb;
     unsigned sampled, sample_max, sample_bad;
-    unsigned char *buf;
 };
-static struct scan_ctx *scan_cur;
 
 static uint64_t le64(const unsigned char *p)
 {
@@ -308,60 +319,79 @@ static uint64_t le64(const unsigned char *p)
     return v;
 }
 
-static void sample_block(struct scan_ctx *s, const char *path)
+struct srec { kvnode_key key; uint64_t seq; int type; };
+
+static int srec_cmp(const void *a, const void *b)
 {
-    FILE *f = fopen(path, "rb");
-    size_t want = HEADER + s->bb;
-    if (!f || fread(s->buf, 1, want, f) != want) {
-        s->sample_bad++;
-        if (f)
-            fclose(f);
-        return;
-    }
-    fclose(f);
-    kvnode_key key = (kvnode_key)le64(s->buf + 16);
-    size_t i;
-    for (i = 0; i < s->nkeys && s->keys[i] != key; i++) {}
-    if (i == s->nkeys || memcmp(s->buf + HEADER, s->src + (i % s->chain) * s->bb, s->bb) != 0)
-        s->sample_bad++;
-    s->sampled++;
+    const struct srec *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
-static int scan_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    struct scan_ctx *s = scan_cur;
-    size_t l = strlen(path);
-    (void)ftw;
-    if (flag != FTW_F || l < 4 || strcmp(path + l - 4, ".blk") != 0)
-        return 0;
-    s->files++;
-    s->bytes += (uint64_t)sb->st_size;
-    s->disk_bytes += (uint64_t)sb->st_blocks * 512u;
-    if ((uint64_t)sb->st_size != s->expect_size) {
-        s->bad++;
-        return 0;
-    }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    char magic[4];
-    if (fd < 0 || read(fd, magic, 4) != 4 || memcmp(magic, "KVNB", 4) != 0)
-        s->bad++;
-    if (fd >= 0)
-        close(fd);
-    if (s->keys && s->sampled < s->sample_max)
-        sample_block(s, path);
-    return 0;
-}
-
+/* Read every segment's record headers (file.h); count live blocks, check
+ * payload sizes, compare a sample of payloads with what was put. */
 static void scan_store(const char *store, struct scan_ctx *s)
 {
-    scan_cur = s;
-    if (s->keys && !(s->buf = malloc(HEADER + s->bb)))
-        die("malloc", "out of memory");
-    if (nftw(store, scan_one, 32, FTW_PHYS) != 0)
-        die("walk the store", strerror(errno));
-    free(s->buf);
-    s->buf = NULL;
-    scan_cur = NULL;
+    DIR *d = opendir(store);
+    struct dirent *de;
+    size_t nrec = 0, cap = 1u << 16;
+    struct srec *recs = malloc(cap * sizeof *recs);
+    unsigned char *buf = malloc(1u << 20), *pay = malloc(s->bb ? s->bb : 1);
+    if (!d || !recs || !buf || !pay)
+        die("scan the store", strerror(errno));
+    while ((de = readdir(d)) != NULL) {
+        size_t l = strlen(de->d_name);
+        char path[PATH_MAX + 300];
+        struct stat sb;
+        if (strncmp(de->d_name, "seg-", 4) != 0 || l < 8 || strcmp(de->d_name + l - 4, ".log") != 0)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", store, de->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || fstat(fd, &sb) < 0)
+            die("open a segment", strerror(errno));
+        s->files++;
+        s->bytes += (uint64_t)sb.st_size;
+        s->disk_bytes += (uint64_t)sb.st_blocks * 512u;
+        uint64_t pos = 0;
+        unsigned char h[HEADER];
+        while (pos + HEADER <= (uint64_t)sb.st_size && pread(fd, h, HEADER, (off_t)pos) == HEADER) {
+            if (memcmp(h, "KVSR", 4) != 0)
+                break;
+            uint64_t size = le64(h + 24), rl = HEADER + ((size + 63) & ~(uint64_t)63);
+            int type = h[6];
+            if (type == 1 || type == 2) {
+                if (nrec == cap) {
+                    cap *= 2;
+                    if (!(recs = realloc(recs, cap * sizeof *recs)))
+                        die("scan the store", "out of memory");
+                }
+                recs[nrec++] = (struct srec){ (kvnode_key)le64(h + 16), le64(h + 32), type };
+                if (type == 1 && size != s->expect_size)
+                    s->bad++;
+                if (type == 1 && s->keys && s->sampled < s->sample_max && size == s->bb &&
+                    (nrec % 97) == 1) {
+                    kvnode_key key = (kvnode_key)le64(h + 16);
+                    size_t i;
+                    for (i = 0; i < s->nkeys && s->keys[i] != key; i++) {}
+                    if (i == s->nkeys || pread(fd, pay, s->bb, (off_t)(pos + HEADER)) != (ssize_t)s->bb ||
+                        memcmp(pay, s->src + (i % s->chain) * s->bb, s->bb) != 0)
+                        s->sample_bad++;
+                    s->sampled++;
+                }
+            }
+            pos += rl;
+        }
+        close(fd);
+    }
+    closedir(d);
+    qsort(recs, nrec, sizeof *recs, srec_cmp);
+    for (size_t i = 0; i < nrec; i++)
+        if ((i + 1 == nrec || recs[i + 1].key != recs[i].key) && recs[i].type == 1)
+            s->blocks++;
+    free(recs);
+    free(buf);
+    free(pay);
 }
 
 /* --- 1. recovery ---------------------------------------------------------------- */
@@ -403,7 +433,7 @@ static void populate(const char *store, const kvnode_key *keys, size_t n)
                  w.failed, n);
         die("populate", m);
     }
-    printf("populate: %zu blocks of 4 KiB put (zero-copy, chains of %u) in %.2f s, all written in "
+    printf("populate: %zu blocks of 1 KiB put (zero-copy, chains of %u) in %.2f s, all written in "
            "%.2f s = %.0f blocks/s (write_through, fsync=never, 2 workers%s)\n",
            n, REC_CHAIN, secs(t_put - t0), secs(t_end - t0), (double)n / secs(t_end - t0),
            stalls ? ", host tier stalls" : "");
@@ -412,16 +442,17 @@ static void populate(const char *store, const kvnode_key *keys, size_t n)
     stop_daemon(&d);
     free(locs);
 
-    struct scan_ctx s = { .expect_size = HEADER + REC_BB };
+    struct scan_ctx s = { .expect_size = REC_BB };
     scan_store(store, &s);
-    if (s.files != n || s.bad) {
+    if (s.blocks != n || s.bad) {
         char m[128];
-        snprintf(m, sizeof m, "%llu block files (%llu bad) instead of %zu", (unsigned long long)s.files,
+        snprintf(m, sizeof m, "%llu blocks (%llu bad) instead of %zu", (unsigned long long)s.blocks,
                  (unsigned long long)s.bad, n);
         die("store after populate", m);
     }
-    printf("store: %llu block files, %.1f MiB (%.1f MiB allocated on disk)\n", (unsigned long long)s.files,
-           (double)s.bytes / 1048576.0, (double)s.disk_bytes / 1048576.0);
+    printf("store: %llu blocks in %llu segments, %.1f MiB (%.1f MiB allocated on disk)\n",
+           (unsigned long long)s.blocks, (unsigned long long)s.files, (double)s.bytes / 1048576.0,
+           (double)s.disk_bytes / 1048576.0);
 }
 
 struct rec_result {
@@ -577,7 +608,7 @@ static void bench_recovery(size_t n)
     kvh_chain(keys, n, 0x7ec0);
     make_dir(store, sizeof store, "store-recovery");
 
-    printf("== 1. recovery: %zu blocks of 4 KiB on disk (file backend)\n", n);
+    printf("== 1. recovery: %zu blocks of 1 KiB on disk (file backend, segment log)\n", n);
     populate(store, keys, n);
 
     struct rec_result warm, cold;
@@ -626,14 +657,61 @@ struct wrow {
     uint64_t put_ns, ns;
     long long dropped;
     unsigned stalls;
+    uint64_t cached_peak, cached_growth;   /* /proc/meminfo Cached: highest, growth over the run */
 };
+
+/* /proc/meminfo Cached in bytes (0 when unreadable). */
+static uint64_t meminfo_cached(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Cached: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024u;
+}
+
+static double disk_gbs;   /* part 0 */
+
+/* The disk's sequential write bandwidth: total bytes in 8 MiB aligned
+ * writes (O_DIRECT where taken) to a new file under dir, then fdatasync. */
+static double disk_seq_gbs(const char *dir, uint64_t total, bool *direct)
+{
+    char path[PATH_MAX + 32];
+    const size_t chunk = 8u << 20;
+    void *b = NULL;
+    snprintf(path, sizeof path, "%s/disk-seq", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+    *direct = fd >= 0;
+    if (fd < 0)
+        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || posix_memalign(&b, 4096, chunk) != 0)
+        die("disk bandwidth", strerror(errno));
+    for (size_t i = 0; i < chunk; i++)
+        ((unsigned char *)b)[i] = (unsigned char)(i * 131u);
+    uint64_t t0 = kvh_now_ns();
+    for (uint64_t at = 0; at < total; at += chunk)
+        if (pwrite(fd, b, chunk, (off_t)at) != (ssize_t)chunk)
+            die("disk bandwidth: write", strerror(errno));
+    if (fdatasync(fd) != 0)
+        die("disk bandwidth: fdatasync", strerror(errno));
+    uint64_t ns = kvh_now_ns() - t0;
+    close(fd);
+    unlink(path);
+    free(b);
+    return (double)total / 1e9 / secs(ns);
+}
 
 static void print_wrow(const struct wrow *r, double memcpy_gbs)
 {
     double s = secs(r->ns), gbs = (double)r->n * (double)r->bb / 1e9 / s;
-    printf("%-6s %-6s %7u %7zu %8.2f %8.3f %9.3f %10.0f %8.2f %8.2f %8.3fx %8lld%s\n", r->label,
+    printf("%-6s %-6s %7u %7zu %8.2f %8.3f %9.3f %10.0f %8.2f %8.2fx %8.2f %8lld%s\n", r->label,
            r->fsync_policy, r->workers, r->n, (double)r->n * (double)r->bb / (double)(1ull << 30),
-           secs(r->put_ns), s, (double)r->n / s, gbs, memcpy_gbs, memcpy_gbs > 0 ? gbs / memcpy_gbs : 0.0,
+           secs(r->put_ns), s, (double)r->n / s, gbs, disk_gbs > 0 ? gbs / disk_gbs : 0.0, memcpy_gbs,
            r->dropped, r->stalls ? "  (host tier stalls)" : "");
 }
 
@@ -664,14 +742,23 @@ static int write_run(struct wrow *r, const unsigned char *src, size_t chain, uns
     if (kvh_connect(&d, &l, &c) != 0 || kvh_connect(&d, NULL, &obs) != 0)
         die("connect", kvh_error());
 
+    uint64_t cached0 = meminfo_cached();
+    r->cached_peak = cached0;
     uint64_t t0 = kvh_now_ns();
     r->stalls = 0;
     for (size_t i = 0; i < n; i += chain) {
         size_t m = n - i < chain ? n - i : chain;
         r->stalls += put_chain(c, keys + i, m, bb, locs, fill_copy, &ws, i);
+        uint64_t ca = meminfo_cached();
+        if (ca > r->cached_peak)
+            r->cached_peak = ca;
     }
     uint64_t t_put = kvh_now_ns();
     uint64_t t_end = wait_written(obs, (long long)n, &w);
+    uint64_t ca = meminfo_cached();
+    if (ca > r->cached_peak)
+        r->cached_peak = ca;
+    r->cached_growth = r->cached_peak > cached0 ? r->cached_peak - cached0 : 0;
     r->put_ns = t_put - t0;
     r->ns = t_end - t0;
     r->dropped = w.dropped;
@@ -695,13 +782,13 @@ static int write_run(struct wrow *r, const unsigned char *src, size_t chain, uns
     kvnode_close(obs);
     stop_daemon(&d);
 
-    struct scan_ctx s = { .expect_size = HEADER + bb, .keys = keys, .nkeys = n, .src = src,
+    struct scan_ctx s = { .expect_size = bb, .keys = keys, .nkeys = n, .src = src,
                           .chain = chain, .bb = bb, .sample_max = 8 };
     scan_store(store, &s);
-    if (s.files != (uint64_t)w.written || s.bad || s.sample_bad || s.sampled == 0) {
-        fprintf(stderr, "kvnode-bench-persist: %s fsync=%s workers=%u: %llu block files for %lld written, "
+    if (s.blocks != (uint64_t)w.written || s.bad || s.sample_bad || s.sampled == 0) {
+        fprintf(stderr, "kvnode-bench-persist: %s fsync=%s workers=%u: %llu blocks for %lld written, "
                 "%llu bad, %u of %u sampled payloads differ\n", r->label, r->fsync_policy, r->workers,
-                (unsigned long long)s.files, w.written, (unsigned long long)s.bad, s.sample_bad, s.sampled);
+                (unsigned long long)s.blocks, w.written, (unsigned long long)s.bad, s.sample_bad, s.sampled);
         bad = 1;
     }
     rmtree(store);
@@ -735,12 +822,18 @@ static int bench_writes(uint64_t target)
     static const struct { uint64_t bb; const char *label; size_t chain; } sizes[] = {
         { 64 * 1024, "64KiB", 256 }, { 1024 * 1024, "1MiB", 64 },
     };
-    static const char *const fsyncs[] = { "never", "batch" };
+    static const char *const fsyncs[] = { "never", "batch", "always" };
     static const unsigned workers[] = { 1, 2, 4 };
     int bad = 0;
     unsigned run = 0;
-    struct wrow rows[2][2 * 3];
+    struct wrow rows[2][3 * 3];
     double ref[2];
+    bool dio;
+
+    sync();
+    disk_gbs = disk_seq_gbs(tmp_root, target, &dio);
+    printf("== 0. the disk: %.2f GiB written sequentially in 8 MiB %s writes + fdatasync: %.2f GB/s\n\n",
+           (double)target / (double)(1ull << 30), dio ? "O_DIRECT" : "buffered (no O_DIRECT here)", disk_gbs);
 
     printf("== 2. write-behind: policy=write_through, zero-copy puts, %.2f GiB per run, host tier and "
            "queue hold every block\n", (double)target / (double)(1ull << 30));
@@ -755,7 +848,7 @@ static int bench_writes(uint64_t target)
         memset(dst, 0, chain * bb);
         ref[si] = memcpy_gbs(src, dst, chain * bb, (uint64_t)n * bb);
         int k = 0;
-        for (size_t fi = 0; fi < 2; fi++) {
+        for (size_t fi = 0; fi < 3; fi++) {
             for (size_t wi = 0; wi < 3; wi++, k++) {
                 struct wrow *r = &rows[si][k];
                 *r = (struct wrow){ .label = sizes[si].label, .fsync_policy = fsyncs[fi],
@@ -768,14 +861,46 @@ static int bench_writes(uint64_t target)
         free(dst);
     }
     fprintf(stderr, "\n");
-    printf("\n%-6s %-6s %7s %7s %8s %8s %9s %10s %8s %8s %9s %8s\n", "block", "fsync", "workers", "blocks",
-           "GiB", "put s", "written s", "blocks/s", "GB/s", "memcpy", "vs memcpy", "dropped");
+    printf("\n%-6s %-6s %7s %7s %8s %8s %9s %10s %8s %9s %8s %8s\n", "block", "fsync", "workers", "blocks",
+           "GiB", "put s", "written s", "blocks/s", "GB/s", "vs disk", "memcpy", "dropped");
     for (size_t si = 0; si < 2; si++)
-        for (int k = 0; k < 6; k++)
+        for (int k = 0; k < 9; k++)
             print_wrow(&rows[si][k], ref[si]);
     printf("  put s = first put_begin until the last commit; written s = first put until\n"
-           "  persist.written_blocks_total == blocks (GB/s and blocks/s from it); memcpy = single-thread\n"
-           "  memcpy GB/s of the same bytes in this run. fsync=never leaves the data in the page cache.\n");
+           "  persist.written_blocks_total == blocks (GB/s and blocks/s from it); vs disk = GB/s over\n"
+           "  the disk's own sequential bandwidth (part 0); memcpy = single-thread memcpy GB/s of the same\n"
+           "  bytes in this run. persist.direct_io=auto (O_DIRECT where the file system takes it).\n");
+
+    /* Page-cache growth with and without O_DIRECT. */
+    {
+        uint64_t bb = sizes[0].bb;
+        size_t chain = sizes[0].chain, n = (size_t)(target / bb);
+        unsigned char *src = malloc(chain * bb);
+        struct wrow pc[2];
+        static const char *const modes[] = { "on", "off" };
+        if (!src)
+            die("malloc", "out of memory");
+        for (size_t i = 0; i < chain; i++)
+            kvh_fill(src + i * bb, bb, (kvnode_key)i, SEED);
+        for (int m = 0; m < 2; m++) {
+            char why[256];
+            direct_io = modes[m];
+            if (drop_caches(why, sizeof why) != 0)
+                sync();
+            pc[m] = (struct wrow){ .label = "64KiB", .fsync_policy = "batch",
+                                   .workers = 2, .n = n, .bb = bb };
+            bad |= write_run(&pc[m], src, chain, run++);
+        }
+        direct_io = "auto";
+        free(src);
+        printf("\npage cache during a %.2f GiB write-behind run (64 KiB blocks, fsync=batch, 2 workers):\n",
+               (double)target / (double)(1ull << 30));
+        for (int m = 0; m < 2; m++)
+            printf("  direct_io=%-3s  Cached grew by %8.1f MiB (peak %.1f MiB), %.2f GB/s\n", modes[m],
+                   (double)pc[m].cached_growth / 1048576.0, (double)pc[m].cached_peak / 1048576.0,
+                   (double)pc[m].n * (double)pc[m].bb / 1e9 / secs(pc[m].ns));
+        printf("  (the host tier's own memfd pages count as Cached too: both rows include them)\n");
+    }
     return bad;
 }
 
@@ -1216,12 +1341,15 @@ static int bench_redis(uint64_t target)
 int main(int argc, char **argv)
 {
     size_t rec_blocks = 100000;
+    static const size_t rec_default[2] = { 100000, 1000000 };
+    bool rec_list = true;          /* 100 000 and 1 000 000 unless told */
     uint64_t target = 1ull << 30, v6d_target = 256ull << 20, redis_target = 256ull << 20;
     const char *only = NULL;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             rec_blocks = 20000;
+            rec_list = false;
             target = 256ull << 20;
             v6d_target = 128ull << 20;
             redis_target = 128ull << 20;
@@ -1229,6 +1357,7 @@ int main(int argc, char **argv)
             redis_target = strtoull(argv[++i], NULL, 10) << 20;
         } else if (strcmp(argv[i], "--blocks") == 0 && i + 1 < argc) {
             rec_blocks = strtoull(argv[++i], NULL, 10);
+            rec_list = false;
         } else if (strcmp(argv[i], "--bytes") == 0 && i + 1 < argc) {
             target = strtoull(argv[++i], NULL, 10) << 20;
         } else if (strcmp(argv[i], "--v6d-bytes") == 0 && i + 1 < argc) {
@@ -1273,7 +1402,7 @@ int main(int argc, char **argv)
     if (mem && target > (mem > (1ull << 30) ? (mem - (1ull << 29)) / 2 : mem / 4))
         target = mem > (1ull << 30) ? (mem - (1ull << 29)) / 2 : mem / 4;
     target &= ~((64ull << 20) - 1);   /* whole chains of both block sizes */
-    uint64_t rec_disk = (uint64_t)rec_blocks * 8192u;
+    uint64_t rec_disk = (uint64_t)(rec_list ? rec_default[1] : rec_blocks) * 2048u;
     if (target < (64ull << 20) || (disk && rec_disk > disk / 2)) {
         fprintf(stderr, "kvnode-bench-persist: not enough room in %s (%.1f GiB disk free, %.1f GiB memory "
                 "available)\n", tmp, (double)disk / (double)(1ull << 30), (double)mem / (double)(1ull << 30));
@@ -1287,8 +1416,13 @@ int main(int argc, char **argv)
                (double)target / (double)(1ull << 30));
     printf("\n");
 
-    if (!only || strcmp(only, "recovery") == 0)
-        bench_recovery(rec_blocks);
+    if (!only || strcmp(only, "recovery") == 0) {
+        if (rec_list)
+            for (size_t i = 0; i < 2; i++)
+                bench_recovery(rec_default[i]);
+        else
+            bench_recovery(rec_blocks);
+    }
     int bad = !only || strcmp(only, "writes") == 0 ? bench_writes(target) : 0;
     if (!only || strcmp(only, "v6d") == 0) {
         if (mem && v6d_target > mem / 4)

@@ -16,7 +16,8 @@ for f in usr/sbin/kvnoded usr/bin/kvnodectl usr/lib/libkvnode.so.0 usr/lib/libkv
          usr/lib/pkgconfig/kvnode.pc usr/include/kvnode.h usr/share/man/man1/kvnodectl.1 \
          usr/share/man/man3/libkvnode.3 usr/share/man/man5/kvnode.conf.5 usr/share/man/man8/kvnoded.8 \
          usr/lib/systemd/system/kvnoded.service usr/lib/systemd/system/kvnoded.socket \
-         usr/lib/sysusers.d/kvnode.conf usr/lib/tmpfiles.d/kvnode.conf etc/kvnode/kvnode.conf; do
+         usr/lib/sysusers.d/kvnode.conf usr/lib/tmpfiles.d/kvnode.conf etc/kvnode/kvnode.conf \
+         usr/lib/python3/dist-packages/kvnode/__init__.py; do
   [[ -e "$root/$f" ]] || fail "missing $f"
 done
 [[ -x "$root/usr/sbin/kvnoded" ]] || fail "kvnoded not executable"
@@ -36,6 +37,14 @@ effective=$("$root/usr/sbin/kvnoded" --check-config -c "$root/etc/kvnode/kvnode.
 grep -q '^socket_path = /run/kvnode/kvnode.sock' <<<"$effective" ||
   fail "installed config does not parse to the service socket"
 grep -qx 'path = /var/lib/kvnode' <<<"$effective" || fail "installed config does not parse to the service store"
+# The installed Python package is found by Debian's python3 there and loads the
+# libkvnode installed beside it (no KVNODE_LIBRARY, not run from the tree).
+loaded=$(cd "$root" && env -u KVNODE_LIBRARY PYTHONPATH="$root/usr/lib/python3/dist-packages" \
+         /usr/bin/python3 -c 'import kvnode; print(kvnode.__file__); print(kvnode.library_path())' 2>&1) ||
+  fail "installed Python package does not import: $loaded"
+[[ "$loaded" == "$root/usr/lib/python3/dist-packages/kvnode/__init__.py"$'\n'"$root/usr/lib/libkvnode.so.0" ]] ||
+  fail "installed Python package: unexpected module or library: $loaded"
+rm -rf "$root/usr/lib/python3/dist-packages/kvnode/__pycache__"
 # An operator's config survives a reinstall.
 echo "# edited by the operator" >>"$root/etc/kvnode/kvnode.conf"
 make --no-print-directory -s BUILD="$BUILD" install DESTDIR="$root" PREFIX=/usr >/dev/null 2>&1 || fail "reinstall"

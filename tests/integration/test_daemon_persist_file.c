@@ -26,6 +26,7 @@
  *   naming the path. */
 #include <check.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -204,47 +205,131 @@ static long long capacity_blocks(const kvh_daemon *d)
 
 /* ---- the store on disk ------------------------------------------------------------ */
 
+/* What the segment log (daemon/persist/kvs/file.h) holds, read the way
+ * recovery reads a segment without its hint: headers only (a bad one is
+ * skipped to the next good one; what follows the last good record is a
+ * torn tail), the newest record of a key deciding whether it is live. */
 struct disk {
-    size_t blk, tmp, other;       /* *.blk files, .tmp-* files, other files (.lock, layout) */
-    size_t bad_size;              /* *.blk files whose size is not header + block */
+    size_t blk, tmp, other;       /* live blocks, *.tmp files, other files (.lock, hints) */
+    size_t segs;                  /* seg-*.log files */
+    size_t bad_size;              /* live block records whose payload is not a block */
+    uint64_t tail;                /* bytes after the last good record, all segments */
     int64_t find_key;             /* in: key to look for */
-    char found[PATH_MAX];         /* out: its file ("" when absent) */
-    char any[PATH_MAX];           /* out: some block file ("" when none) */
+    char found[PATH_MAX];         /* out: the segment of its newest record ("" when absent) */
+    uint64_t found_off;           /* out: that record's offset (its payload is 64 bytes on) */
+    char any[PATH_MAX];           /* out: some segment with a live block ("" when none) */
+    uint64_t any_off;             /* out: that block record's offset */
 };
-static _Thread_local struct disk *disk_cur;
 
-static int disk_visit(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+struct drec {
+    int64_t key;
+    uint64_t seq, off, size;
+    int type, seg;
+};
+
+static uint32_t crc32c_bitwise(const uint8_t *p, size_t n)
 {
-    const char *name = path + ftw->base;
-    size_t n = strlen(name);
-    char want[32];
-    if (flag != FTW_F)
-        return 0;
-    if (strncmp(name, ".tmp-", 5) == 0) {
-        disk_cur->tmp++;
-    } else if (n == 20 && strcmp(name + 16, ".blk") == 0) {
-        disk_cur->blk++;
-        if (!disk_cur->any[0])
-            snprintf(disk_cur->any, sizeof disk_cur->any, "%s", path);
-        if (sb->st_size != BLK_FILE_SIZE)
-            disk_cur->bad_size++;
-        snprintf(want, sizeof want, "%016" PRIx64 ".blk", (uint64_t)disk_cur->find_key);
-        if (strcmp(name, want) == 0)
-            snprintf(disk_cur->found, sizeof disk_cur->found, "%s", path);
-    } else {
-        disk_cur->other++;
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
     }
-    return 0;
+    return ~c;
+}
+
+static uint64_t le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint32_t le32(const uint8_t *p) { return (uint32_t)le64(p) & 0xFFFFFFFFu; }
+
+static int drec_cmp(const void *a, const void *b)
+{
+    const struct drec *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
 static struct disk scan_disk(const char *store, int64_t key)
 {
     struct disk dk;
+    static char names[256][PATH_MAX];
+    size_t nrec = 0, caprec = 1024;
+    struct drec *recs = malloc(caprec * sizeof *recs);
     memset(&dk, 0, sizeof dk);
     dk.find_key = key;
-    disk_cur = &dk;
-    ck_assert_int_eq(nftw(store, disk_visit, 16, FTW_PHYS), 0);
-    disk_cur = NULL;
+    DIR *d = opendir(store);
+    ck_assert_msg(d != NULL, "opendir %s: %s", store, strerror(errno));
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *n = de->d_name;
+        size_t l = strlen(n);
+        if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0 || strcmp(n, "tenants") == 0)
+            continue;
+        if (l > 4 && strcmp(n + l - 4, ".tmp") == 0) {
+            dk.tmp++;
+            continue;
+        }
+        if (!(strncmp(n, "seg-", 4) == 0 && l > 4 && strcmp(n + l - 4, ".log") == 0) || dk.segs == 256) {
+            dk.other++;
+            continue;
+        }
+        int si = (int)dk.segs++;
+        snprintf(names[si], PATH_MAX, "%s/%s", store, n);
+        size_t len = 0;
+        uint8_t *b = (uint8_t *)kvh_read_file(names[si], &len);
+        ck_assert_msg(b != NULL || len == 0, "%s", kvh_error());
+        uint64_t pos = 0, end = 0;
+        while (b && pos + 64 <= len) {
+            const uint8_t *h = b + pos;
+            uint64_t size = le64(h + 24), rl = 64 + ((size + 63) & ~(uint64_t)63);
+            if (memcmp(h, "KVSR", 4) != 0 || le32(h + 60) != crc32c_bitwise(h, 60) || pos + rl > len) {
+                pos += 64;         /* resynchronise on the next good header */
+                continue;
+            }
+            int type = h[6];
+            if (type == 1 || type == 2) {
+                if (nrec == caprec) {
+                    caprec *= 2;
+                    recs = realloc(recs, caprec * sizeof *recs);
+                    ck_assert_ptr_nonnull(recs);
+                }
+                recs[nrec++] = (struct drec){ .key = (int64_t)le64(h + 16), .seq = le64(h + 32), .off = pos,
+                                              .size = size, .type = type, .seg = si };
+            }
+            pos += rl;
+            end = pos;
+        }
+        pos = end;
+        dk.tail += len - pos;
+        free(b);
+    }
+    closedir(d);
+    qsort(recs, nrec, sizeof *recs, drec_cmp);
+    for (size_t i = 0; i < nrec; i++) {
+        if (i + 1 < nrec && recs[i + 1].key == recs[i].key)
+            continue;              /* an older record of the key */
+        if (recs[i].key == key) {
+            snprintf(dk.found, sizeof dk.found, "%s", names[recs[i].seg]);
+            dk.found_off = recs[i].off;
+        }
+        if (recs[i].type != 1)
+            continue;
+        dk.blk++;
+        if (recs[i].size != BB)
+            dk.bad_size++;
+        if (!dk.any[0]) {
+            snprintf(dk.any, sizeof dk.any, "%s", names[recs[i].seg]);
+            dk.any_off = recs[i].off;
+        }
+    }
+    free(recs);
     return dk;
 }
 
@@ -538,7 +623,8 @@ START_TEST(corrupt_block_ends_the_answer)
     KVH_STOP_OK(&a);
 
     /* Flip one payload byte of chain 0's fourth block and of chain 2's
-     * first, and one header byte (the key) of chain 1's sixth. */
+     * last, and one header byte (the key) of chain 1's sixth with the hint
+     * file of its segment removed (so the scan reads that segment). */
     kvnode_key keys[CHAIN], keys1[CHAIN], keys2[CHAIN], keys3[CHAIN];
     chain_keys(keys, 0);
     chain_keys(keys1, 1);
@@ -547,27 +633,25 @@ START_TEST(corrupt_block_ends_the_answer)
     struct disk dk = scan_disk(store, keys[bad]);
     ck_assert_int_eq((long long)dk.blk, 4 * CHAIN);
     ck_assert_msg(dk.found[0], "no block file for key %016" PRIx64 " under %s", (uint64_t)keys[bad], store);
-    flip_byte(dk.found, 64 + 12345);
+    flip_byte(dk.found, (off_t)(dk.found_off + 64 + 12345));
     struct disk dk1 = scan_disk(store, keys1[5]);
     ck_assert_msg(dk1.found[0], "no block file for key %016" PRIx64 " under %s", (uint64_t)keys1[5], store);
-    flip_byte(dk1.found, 20);
+    flip_byte(dk1.found, (off_t)dk1.found_off + 20);
+    {
+        char hint[PATH_MAX];
+        snprintf(hint, sizeof hint, "%.*s.hint", (int)(strlen(dk1.found) - 4), dk1.found);
+        ck_assert_msg(unlink(hint) == 0, "unlink %s: %s", hint, strerror(errno));
+    }
     struct disk dk2 = scan_disk(store, keys2[0]);
     ck_assert_msg(dk2.found[0], "no block file for key %016" PRIx64 " under %s", (uint64_t)keys2[0], store);
-    flip_byte(dk2.found, 64 + BB - 1);
+    flip_byte(dk2.found, (off_t)(dk2.found_off + 64 + BB - 1));
 
     start_on(&b, store, NULL);
     json_t *st = wait_recovery(&b);
-    /* The scan checks headers only: it drops (and removes) the second file,
-     * the first is found by the read. */
+    /* The scan of the segment without a hint skips the record with a bad
+     * header; payload damage is found by the read. */
     ck_assert_int_eq(jint(st, "persist.recovery.indexed"), 4 * CHAIN - 1);
     json_decref(st);
-    struct stat sb;
-    ck_assert_msg(stat(dk1.found, &sb) < 0 && errno == ENOENT, "the file with a bad header %s is still there",
-                  dk1.found);
-    /* And one block file of chain 3 goes behind the daemon's back. */
-    struct disk dk3 = scan_disk(store, keys3[2]);
-    ck_assert_msg(dk3.found[0] && unlink(dk3.found) == 0, "cannot remove the file of key %016" PRIx64,
-                  (uint64_t)keys3[2]);
     KVH_CONNECT(&b, &l, &c);
     ck_assert_int_eq(kvh_match(c, keys, CHAIN), CHAIN);
     ck_assert_int_eq(kvh_match(c, keys1, CHAIN), 5);
@@ -587,8 +671,10 @@ START_TEST(corrupt_block_ends_the_answer)
     /* Corruption is the copy's problem, not the store's health. */
     ck_assert_str_eq(jstr(st, "persist.state"), "ok");
     json_decref(st);
-    ck_assert_msg(stat(dk.found, &sb) < 0 && errno == ENOENT, "the corrupt file %s is still there", dk.found);
-    ck_assert_int_eq((long long)scan_disk(store, 0).blk, 4 * CHAIN - 3);
+    /* On disk the records stay (segments are never rewritten in place);
+     * a payload flip does not make a record unreadable to a scan, the
+     * header flip does. */
+    ck_assert_int_eq((long long)scan_disk(store, 0).blk, 4 * CHAIN - 1);
 
     /* The bad block is gone from the index: the chain ends before it now. */
     ck_assert_int_eq(kvh_match(c, keys, CHAIN), (long)bad);
@@ -607,15 +693,14 @@ START_TEST(corrupt_block_ends_the_answer)
     ck_assert_msg(rc == 0 && got == 0, "chain with a bad first block: rc %d, got %zu: %s", rc, got, kvh_error());
     ck_assert_int_eq(kvh_match(c, keys2, CHAIN), 0);
     ck_assert_int_eq(KVH_STAT(&b, "leases.read"), 0);
-    /* A missing file: the answer ends before it; a miss, not a failure. */
+    /* An untouched chain: whole. */
     rc = kvh_get_verify(c, keys3, CHAIN, 44, 1, &got);
-    ck_assert_msg(rc == 0 && got == 2, "chain with a removed file: rc %d, got %zu: %s", rc, got, kvh_error());
-    ck_assert_int_eq(kvh_match(c, keys3, CHAIN), 2);
+    ck_assert_msg(rc == 0 && got == CHAIN, "untouched chain: rc %d, got %zu: %s", rc, got, kvh_error());
     st = stats(&b);
     ck_assert_int_eq(jint(st, "persist.failures_total.read.corrupt"), 2);
     ck_assert_int_eq(failures(st), 2);
-    ck_assert_int_eq(jint(st, "persist.read_misses_total"), 1);
-    ck_assert_int_eq(jint(st, "persist.promotions_failed_total"), 3);
+    ck_assert_int_eq(jint(st, "persist.read_misses_total"), 0);
+    ck_assert_int_eq(jint(st, "persist.promotions_failed_total"), 2);
     ck_assert_str_eq(jstr(st, "persist.state"), "ok");
     json_decref(st);
 
@@ -699,7 +784,8 @@ START_TEST(full_disk_fails_writes_not_puts)
     json_decref(st);
     get_chain(c, nchains - 1, 55, ZC);
     KVH_OK(c, kvnode_ping(c));
-    /* No partial block and no temporary file was left behind. */
+    /* No block made it to disk (a cut record is no block) and no temporary
+     * file was left behind. */
     struct disk dk = scan_disk(store, 0);
     ck_assert_int_eq((long long)dk.blk, 0);
     ck_assert_int_eq((long long)dk.tmp, 0);
@@ -797,27 +883,25 @@ START_TEST(sigkill_during_writes_leaves_no_torn_block)
     ck_assert_int_eq(st_kill, KVH_EXIT_SIGNAL_BASE + SIGKILL);
     uint64_t attempted = atomic_load(&w.chains);
 
-    /* Whatever is on disk is whole: every block file has its full size. */
+    /* Every acknowledged block is on disk whole. */
     struct disk dk = scan_disk(store, 0);
     ck_assert_int_ge((long long)dk.blk, written);
     ck_assert_int_eq((long long)dk.bad_size, 0);
-    fprintf(stderr, "sigkill: %" PRIu64 " chains attempted, %lld blocks written before the kill, %zu block "
-            "files and %zu temporary files on disk\n", attempted, written, dk.blk, dk.tmp);
-    /* Plus a stale temporary file for sure: a whole copy of a block, as a
-     * dead writer would leave just before its rename. */
-    ck_assert_msg(dk.any[0], "no block file under %s", store);
+    fprintf(stderr, "sigkill: %" PRIu64 " chains attempted, %lld blocks written before the kill, %zu blocks "
+            "in %zu segments on disk, %" PRIu64 " bytes of torn tails\n", attempted, written, dk.blk, dk.segs,
+            dk.tail);
+    /* Plus a torn tail for sure: the first half of a block record, as a
+     * writer killed in the middle of its write would leave. */
+    ck_assert_msg(dk.any[0], "no block record under %s", store);
     size_t blen = 0;
-    char *blk = kvh_read_file(dk.any, &blen);
-    ck_assert_msg(blk != NULL && blen == BLK_FILE_SIZE, "%s", kvh_error());
-    char tmp[PATH_MAX + 64];
-    snprintf(tmp, sizeof tmp, "%s", dk.any);
-    snprintf(strrchr(tmp, '/'), sizeof tmp - (size_t)(strrchr(tmp, '/') - tmp), "/.tmp-00000000deadbeef-0-1");
-    FILE *f = fopen(tmp, "wb");
+    char *seg = kvh_read_file(dk.any, &blen);
+    ck_assert_msg(seg != NULL && blen >= dk.any_off + BLK_FILE_SIZE, "%s", kvh_error());
+    FILE *f = fopen(dk.any, "ab");
     ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(blk, 1, blen, f), blen);
+    ck_assert_uint_eq(fwrite(seg + dk.any_off, 1, BLK_FILE_SIZE / 2, f), BLK_FILE_SIZE / 2);
     ck_assert_int_eq(fclose(f), 0);
-    free(blk);
-    ck_assert_uint_ge(scan_disk(store, 0).tmp, 1);
+    free(seg);
+    ck_assert_uint_ge(scan_disk(store, 0).tail, BLK_FILE_SIZE / 2);
 
     start_on(&b, store, NULL);
     json_t *st = wait_recovery(&b);
@@ -825,9 +909,9 @@ START_TEST(sigkill_during_writes_leaves_no_torn_block)
     ck_assert_int_eq(found, (long long)dk.blk);
     ck_assert_int_eq(jint(st, "persist.recovery.indexed"), found);
     json_decref(st);
-    /* The scan removed the dead daemon's temporary files. */
+    /* The scan cut every torn tail. */
     struct disk after = scan_disk(store, 0);
-    ck_assert_int_eq((long long)after.tmp, 0);
+    ck_assert_uint_eq(after.tail, 0);
     ck_assert_int_eq((long long)after.blk, (long long)dk.blk);
 
     /* Every block the new daemon knows is one that was put, and reads back

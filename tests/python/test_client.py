@@ -1,24 +1,19 @@
 """pytest suite of the Python binding (python/kvnode) against a real kvnoded.
 
-The fixture starts its own daemon in a temporary directory (KVNODED names the
-binary; default build/kvnoded) and stops it at the end. Every test runs under
-a SIGALRM timeout so a hang fails instead of blocking `make check`.
+The fixture starts its own daemon in a temporary directory (conftest.py;
+KVNODED names the binary, default build/kvnoded) and stops it at the end.
 """
 import ctypes
 import os
-import signal
-import socket
 import struct
-import subprocess
 import tempfile
 import time
 
 import pytest
 
 import kvnode
+from conftest import running_daemon
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TEST_TIMEOUT_S = 60
 BLOCK_BYTES = 4096
 MAX_KEYS = 64
 
@@ -27,54 +22,12 @@ GOLDEN_0_15 = [455111276453135508, 6713779586671547074, -1712794477054135035,
                6556265598806870907]
 
 
-@pytest.fixture(autouse=True)
-def _timeout():
-    def on_alarm(signum, frame):
-        raise TimeoutError("test exceeded %d s" % TEST_TIMEOUT_S)
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(TEST_TIMEOUT_S)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
 @pytest.fixture(scope="module")
 def daemon():
-    binary = os.environ.get("KVNODED") or os.path.join(ROOT, "build", "kvnoded")
     with tempfile.TemporaryDirectory(prefix="kvnode-py-") as d:
-        sock = os.path.join(d, "kvnode.sock")
-        log = open(os.path.join(d, "kvnoded.log"), "w+")
-        opts = ["server.socket_path=" + sock, "memory.host_bytes=64MiB", "memory.pin_host=off",
-                "persist.backend=off", "admin.listen=off", "log.level=info",
-                "server.max_keys_per_request=%d" % MAX_KEYS]
-        argv = [binary]
-        for o in opts:
-            argv += ["-s", o]
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 20
-            while True:
-                if proc.poll() is not None:
-                    log.seek(0)
-                    pytest.fail("kvnoded exited with %d:\n%s" % (proc.returncode, log.read()))
-                try:
-                    s = socket.socket(socket.AF_UNIX)
-                    s.connect(sock)
-                    s.close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        pytest.fail("kvnoded socket %s not connectable in 20 s" % sock)
-                    time.sleep(0.05)
+        with running_daemon(d, os.path.join(d, "kvnode.sock"),
+                            "server.max_keys_per_request=%d" % MAX_KEYS) as sock:
             yield sock
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
 
 
 _ns = [0]

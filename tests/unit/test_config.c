@@ -165,6 +165,8 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_str_eq(a->persist_path, b->persist_path);
     ck_assert_uint_eq(a->persist_capacity, b->persist_capacity);
     ck_assert_int_eq(a->persist_fsync, b->persist_fsync);
+    ck_assert_uint_eq(a->persist_segment_bytes, b->persist_segment_bytes);
+    ck_assert_int_eq(a->persist_direct_io, b->persist_direct_io);
     ck_assert_uint_eq(a->persist_workers, b->persist_workers);
     ck_assert_uint_eq(a->persist_queue, b->persist_queue);
     ck_assert_str_eq(a->persist_url, b->persist_url);
@@ -233,10 +235,15 @@ static const char *const all_options[][2] = {
     { "log", "level" },
     { "admin", "listen" }, { "admin", "max_connections" }, { "admin", "request_timeout" },
     { "persist", "backend" }, { "persist", "policy" }, { "persist", "path" }, { "persist", "capacity" },
-    { "persist", "fsync" }, { "persist", "workers" }, { "persist", "queue" }, { "persist", "url" },
+    { "persist", "fsync" }, { "persist", "segment_bytes" }, { "persist", "direct_io" },
+    { "persist", "workers" }, { "persist", "queue" }, { "persist", "url" },
     { "persist", "socket_path" }, { "persist", "connect_timeout" }, { "persist", "timeout" },
     { "persist", "lookup" }, { "persist", "object_namespace" }, { "persist", "tombstones" },
     { "persist", "nodes" }, { "persist", "user" }, { "persist", "password_file" },
+    { "kvs_server", "enabled" }, { "kvs_server", "listen" }, { "kvs_server", "socket_path" },
+    { "kvs_server", "max_body_bytes" }, { "kvs_server", "max_keys" }, { "kvs_server", "max_leases" },
+    { "kvs_server", "default_term" }, { "kvs_server", "max_term" }, { "kvs_server", "tp_size" },
+    { "kvs_server", "max_connections" }, { "kvs_server", "request_timeout" },
     { "kvcm", "enabled" }, { "kvcm", "endpoints" }, { "kvcm", "instance_group" }, { "kvcm", "instance_id" },
     { "kvcm", "host_ip_port" }, { "kvcm", "storage_type" }, { "kvcm", "medium_hbm" }, { "kvcm", "medium_host" },
     { "kvcm", "spec_name" }, { "kvcm", "location_uri" }, { "kvcm", "request_timeout" },
@@ -299,6 +306,8 @@ START_TEST(test_defaults)
     ck_assert_str_eq(c.persist_path, "/var/lib/kvnode");
     ck_assert_uint_eq(c.persist_capacity, 0);
     ck_assert_int_eq(c.persist_fsync, 1);   /* KVS_FSYNC_BATCH */
+    ck_assert_uint_eq(c.persist_segment_bytes, 256u << 20);
+    ck_assert_int_eq(c.persist_direct_io, 0);   /* KVS_DIRECT_AUTO */
     ck_assert_uint_eq(c.persist_workers, 2);
     ck_assert_uint_eq(c.persist_queue, 4096);
     ck_assert_str_eq(c.persist_url, "");
@@ -308,6 +317,18 @@ START_TEST(test_defaults)
     ck_assert_int_eq(c.persist_lookup, CONFIG_LOOKUP_AUTO);
     ck_assert_str_eq(c.persist_object_namespace, "rtp_llm");   /* rtp-llm's kvs_object_namespace */
     ck_assert_uint_eq(c.persist_tombstones, 65536);
+    /* [kvs_server]: off; rtp-llm's default KVS_V6D_URL port and lease term. */
+    ck_assert_int_eq(c.kvs_enabled, 0);
+    ck_assert_str_eq(c.kvs_listen, "127.0.0.1:8080");
+    ck_assert_str_eq(c.kvs_socket_path, "/run/kvnode/kvs.sock");
+    ck_assert_uint_eq(c.kvs_max_body_bytes, 16 * MIB);
+    ck_assert_uint_eq(c.kvs_max_keys, 65536);
+    ck_assert_uint_eq(c.kvs_max_leases, 4096);
+    ck_assert_uint_eq(c.kvs_default_term_ms, 60000);
+    ck_assert_uint_eq(c.kvs_max_term_ms, 600000);
+    ck_assert_uint_eq(c.kvs_tp_size, 1);
+    ck_assert_uint_eq(c.kvs_max_connections, 1024);
+    ck_assert_uint_eq(c.kvs_request_timeout_ms, 10000);
     /* [kvcm]: off, and the reference publisher's timings (docs/PROTOCOLS.md §2). */
     ck_assert_int_eq(c.kvcm.enabled, 0);
     ck_assert_str_eq(c.kvcm.endpoints, "");
@@ -494,6 +515,11 @@ static const struct good_case good_cases[] = {
     { "persist", "fsync", "never", OFF(persist_fsync), F_INT, .u = 0 },
     { "persist", "fsync", "batch", OFF(persist_fsync), F_INT, .u = 1 },
     { "persist", "fsync", "ALWAYS", OFF(persist_fsync), F_INT, .u = 2 },
+    { "persist", "segment_bytes", "1MiB", OFF(persist_segment_bytes), F_U64, .u = 1u << 20 },
+    { "persist", "segment_bytes", "1GiB", OFF(persist_segment_bytes), F_U64, .u = GIB },
+    { "persist", "direct_io", "auto", OFF(persist_direct_io), F_INT, .u = 0 },
+    { "persist", "direct_io", "on", OFF(persist_direct_io), F_INT, .u = 1 },
+    { "persist", "direct_io", "OFF", OFF(persist_direct_io), F_INT, .u = 2 },
     { "persist", "workers", "1", OFF(persist_workers), F_U32, .u = 1 },
     { "persist", "workers", "32", OFF(persist_workers), F_U32, .u = 32 },
     { "persist", "queue", "16", OFF(persist_queue), F_U32, .u = 16 },
@@ -775,6 +801,8 @@ static const struct bad_case bad_cases[] = {
     { "persist", "policy", "lazy", "expected write_through, write_back or off" },
     { "persist", "fsync", "sometimes", "invalid value 'sometimes' (expected never, batch or always)" },
     { "persist", "fsync", "2", "expected never, batch or always" },
+    { "persist", "segment_bytes", "64KiB", "out of range" },
+    { "persist", "direct_io", "maybe", "invalid value 'maybe' (expected auto, on or off)" },
     { "persist", "workers", "0", "invalid value '0' (expected an integer in 1..32)" },
     { "persist", "workers", "33", "1..32" },
     { "persist", "workers", "two", "'two'" },
@@ -1854,6 +1882,45 @@ START_TEST(test_url_credentials)
 END_TEST
 
 
+/* ---- [kvs_server] ------------------------------------------------------------------- */
+
+START_TEST(test_validate_kvs_server)
+{
+    struct kvn_config c;
+    char err[CONFIG_ERR_MAX];
+
+    /* Off: nothing is checked. */
+    config_defaults(&c);
+    snprintf(c.kvs_listen, sizeof c.kvs_listen, "10.0.0.1:8080");
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    /* On: loopback only, a data-plane path of its own, default_term <= max_term. */
+    c.kvs_enabled = 1;
+    snprintf(c.socket_path, sizeof c.socket_path, "/tmp/x.sock");
+    snprintf(c.kvs_socket_path, sizeof c.kvs_socket_path, "/tmp/x.sock");
+    c.kvs_default_term_ms = 120000;
+    c.kvs_max_term_ms = 60000;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[kvs_server] listen: 10.0.0.1 is not a loopback address"), "%s", err);
+    ck_assert_msg(strstr(err, "[kvs_server] socket_path: /tmp/x.sock is already [server] socket_path"), "%s", err);
+    ck_assert_msg(strstr(err, "[kvs_server] default_term: 120000ms is above max_term (60000ms)"), "%s", err);
+    config_defaults(&c);
+    c.kvs_enabled = 1;
+    snprintf(c.kvs_listen, sizeof c.kvs_listen, "off");
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[kvs_server] listen: required when enabled = on"), "%s", err);
+    ck_assert_int_eq(load_text(&c, "[kvs_server]\ntp_size = 0\n", err, sizeof err, NULL, 0), -1);
+    ck_assert_msg(strstr(err, "tp_size"), "%s", err);
+    config_defaults(&c);
+    ck_assert_int_eq(load_text(&c, "[kvs_server]\nenabled = on\nlisten = [::1]:0\nsocket_path = /tmp/k.sock\n"
+                                   "tp_size = 4\n", err, sizeof err, NULL, 0), 0);
+    ck_assert_msg(config_resolve(&c, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(c.kvs_enabled, 1);
+    ck_assert_uint_eq(c.kvs_tp_size, 4);
+    ck_assert_int_eq(c.kvs_listen_addr.kind, CONFIG_LISTEN_TCP);
+    ck_assert_str_eq(c.kvs_listen_addr.host, "::1");
+}
+END_TEST
+
 /* ---- [kvcm] ----------------------------------------------------------------------- */
 
 /* A struct with every [kvcm] field set to a good, non-default value. */
@@ -2336,6 +2403,18 @@ START_TEST(test_write_round_trip_custom)
     c.hbm_required = 1;
     c.hbm_copy_batch_bytes = 4 * GIB;
     kvcm_fill(&c);
+    c.kvs_enabled = 1;
+    memset(c.kvs_listen, 0, sizeof c.kvs_listen);
+    snprintf(c.kvs_listen, sizeof c.kvs_listen, "unix:/run/kvnode/kvs http.sock");
+    snprintf(c.kvs_socket_path, sizeof c.kvs_socket_path, "/run/kvnode/kvs data.sock");
+    c.kvs_max_body_bytes = 4097;
+    c.kvs_max_keys = 12000;
+    c.kvs_max_leases = 1;
+    c.kvs_default_term_ms = 1500;
+    c.kvs_max_term_ms = 3600000;
+    c.kvs_tp_size = 8;
+    c.kvs_max_connections = 3;
+    c.kvs_request_timeout_ms = 250;
     char err[CONFIG_ERR_MAX];
     ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
     assert_round_trip(&c);
@@ -2512,10 +2591,15 @@ START_TEST(test_restart_required)
     const char *restart[] = { "server.socket_path", "server.socket_mode", "server.socket_group", "memory.host_bytes",
                               "memory.slab_bytes", "server.max_namespaces", "memory.pin_host", "admin.listen",
                               "persist.backend", "persist.path", "persist.capacity", "persist.fsync",
+                              "persist.segment_bytes", "persist.direct_io",
                               "persist.workers", "persist.queue", "persist.url", "persist.socket_path",
                               "persist.connect_timeout", "persist.timeout", "persist.lookup",
                               "persist.object_namespace", "persist.tombstones", "persist.nodes",
                               "persist.user", "persist.password_file",
+                              /* [kvs_server]: all but the connection limits; its listeners are set up once */
+                              "kvs_server.enabled", "kvs_server.listen", "kvs_server.socket_path",
+                              "kvs_server.max_body_bytes", "kvs_server.max_keys", "kvs_server.max_leases",
+                              "kvs_server.default_term", "kvs_server.max_term", "kvs_server.tp_size",
                               "memory.pin_chunk_bytes", "memory.huge_pages", "memory.numa",
                               /* [hbm]: all but the demotion watermarks */
                               "hbm.backend", "hbm.bytes", "hbm.devices", "hbm.required", "hbm.copy_batch_bytes",
@@ -3075,7 +3159,7 @@ static const struct tenant_bad_case tenant_bad_cases[] = {
     { "[tenant.default]\nuids = 7\n", ":9: [tenant.default]: 'default' is reserved" },
     { "[tenant.DEFAULT]\n", "'DEFAULT' is reserved" },
     { "[tenant]\n", ":9: [tenant]: unknown section (expected [server], [memory], [hbm], [leases], [log], [admin], "
-                    "[persist], [kvcm] or [tenant.NAME])" },
+                    "[persist], [kvs_server], [kvcm] or [tenant.NAME])" },
     { "[tenant.b]\nuids = 7\nhost_bytes = 64MiB\nbogus = 1\n",
       ":12: [tenant.b] bogus: unknown key (a tenant section takes uids, gids, host_bytes, hbm_bytes, "
       "max_namespaces, max_clients or max_reserved_per_client)" },
@@ -3565,6 +3649,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_validate_persist);
     tcase_add_test(tc, test_url_credentials);
     tcase_add_test(tc, test_validate_kvcm);
+    tcase_add_test(tc, test_validate_kvs_server);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("kvcm");

@@ -1,6 +1,7 @@
-/* kvs/file: the embedded file backend — open and close (the roots in use
- * by this process), health, put, get, del, exists, and the extras of file.h.
- * Format and policies: see file.h; what the pieces share: file_internal.h. */
+/* kvs/file: the embedded segment-log backend — open and close (the roots in
+ * use by this process), health, put and put_batch, get and get_batch, del,
+ * exists, and the extras of file.h. Format and policies: file.h; what the
+ * pieces share: file_internal.h. */
 #include "persist/kvs/file_internal.h"
 
 #include <errno.h>
@@ -23,9 +24,31 @@
 #define FILE_HEALTH_MIN_FREE (UINT64_C(1) << 20)
 
 static pthread_mutex_t roots_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct froot *roots;
+static struct seg_root *roots;
 
-/* ---- the backend ------------------------------------------------------------------ */
+static int mkdir_p(const char *path, mode_t mode)
+{
+    char tmp[PATH_MAX];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof(tmp)) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(tmp, path, n + 1);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(tmp, mode) < 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(tmp, mode) < 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+/* ---- open, close, health ---------------------------------------------------------------- */
 
 static int file_open(const struct kvs_config *cfg, struct kvs_store **out, char *err,
                      size_t errlen)
@@ -43,11 +66,20 @@ static int file_open(const struct kvs_config *cfg, struct kvs_store **out, char 
         errmsg_set(err, errlen, "kvs file: invalid fsync policy %d", cfg->fsync_policy);
         return -KVNODE_EINVAL;
     }
-    if (file_mkdir_p(cfg->path, 0755) < 0) {
+    if (cfg->direct_io < KVS_DIRECT_AUTO || cfg->direct_io > KVS_DIRECT_OFF) {
+        errmsg_set(err, errlen, "kvs file: invalid direct_io setting %d", cfg->direct_io);
+        return -KVNODE_EINVAL;
+    }
+    if (cfg->segment_bytes && cfg->segment_bytes < KVS_FILE_SEGMENT_BYTES_MIN) {
+        errmsg_set(err, errlen, "kvs file: segment size %" PRIu64 " is below the minimum of %"
+                   PRIu64 " bytes", cfg->segment_bytes, KVS_FILE_SEGMENT_BYTES_MIN);
+        return -KVNODE_EINVAL;
+    }
+    if (mkdir_p(cfg->path, 0755) < 0) {
         int e = errno;
         errmsg_set(err, errlen, "kvs file: cannot create root directory %s: %s", cfg->path,
                    strerror(e));
-        return file_errno_code(e);
+        return seg_errno_code(e);
     }
     if (!realpath(cfg->path, real) || stat(real, &st) < 0 || !S_ISDIR(st.st_mode)) {
         errmsg_set(err, errlen, "kvs file: root %s is not a directory", cfg->path);
@@ -64,15 +96,14 @@ static int file_open(const struct kvs_config *cfg, struct kvs_store **out, char 
         errmsg_set(err, errlen, "kvs file: out of memory");
         return -KVNODE_ENOMEM;
     }
-    if (cfg->tenant)
-        snprintf(s->tenant, sizeof s->tenant, "%s", cfg->tenant);
+    s->w.fd = -1;
     pthread_mutex_lock(&roots_mu);
-    struct froot *r;
+    struct seg_root *r;
     for (r = roots; r; r = r->next)
         if (strcmp(r->path, real) == 0)
             break;
     if (!r) {
-        r = file_root_create(real, err, errlen, &rc);
+        r = seg_root_create(real, cfg->tenant, cfg->direct_io, err, errlen, &rc);
         if (!r) {
             pthread_mutex_unlock(&roots_mu);
             free(s);
@@ -82,11 +113,15 @@ static int file_open(const struct kvs_config *cfg, struct kvs_store **out, char 
         roots = r;
     }
     r->refs++;
-    s->id = r->next_handle++;
     pthread_mutex_unlock(&roots_mu);
 
     pthread_mutex_lock(&r->mu);
     r->capacity = cfg->capacity_bytes;
+    r->direct_io = cfg->direct_io;
+    r->segment_bytes = cfg->segment_bytes ? cfg->segment_bytes : KVS_FILE_SEGMENT_BYTES_DEFAULT;
+    /* Capacity drops whole segments: keep several of them under it. */
+    if (r->capacity && r->segment_bytes > r->capacity / 8)
+        r->segment_bytes = r->capacity / 8 > 4096 ? r->capacity / 8 : 4096;
     pthread_mutex_unlock(&r->mu);
     s->r = r;
     s->fsync_policy = cfg->fsync_policy;
@@ -99,13 +134,17 @@ static void file_close(struct kvs_store *ks)
     struct file_store *s = FS(ks);
     if (!s)
         return;
+    seg_writer_close(s);
+    free(s->w.nss);
+    free(s->w.ents);
+    free(s->buf);
     pthread_mutex_lock(&roots_mu);
     if (--s->r->refs == 0) {
-        struct froot **pp = &roots;
+        struct seg_root **pp = &roots;
         while (*pp != s->r)
             pp = &(*pp)->next;
         *pp = s->r->next;
-        file_root_free(s->r);
+        seg_root_free(s->r);
     }
     pthread_mutex_unlock(&roots_mu);
     free(s);
@@ -135,214 +174,262 @@ static int file_health(struct kvs_store *ks, char *err, size_t errlen)
     return 0;
 }
 
-static int check_len(const struct kvs_ns *ns, const void *data, size_t len, char *err,
-                     size_t errlen)
+/* ---- checks ---------------------------------------------------------------------------- */
+
+static int check_ns(const struct kvs_ns *ns, char *err, size_t errlen)
 {
-    if (!data || len == 0 || len != ns->layout->block_bytes) {
-        errmsg_set(err, errlen, "kvs file: block of %zu bytes, layout says %" PRIu64, len,
-                   ns->layout->block_bytes);
+    if (!ns || !ns->layout) {
+        errmsg_set(err, errlen, "kvs file: call without a namespace");
         return -KVNODE_EINVAL;
     }
     return 0;
+}
+
+static int check_item(const struct kvs_item *it, bool write, char *err, size_t errlen)
+{
+    int rc = check_ns(it->ns, err, errlen);
+    if (rc)
+        return rc;
+    if ((write ? !it->src : !it->dst) || it->len == 0 || it->len != it->ns->layout->block_bytes) {
+        errmsg_set(err, errlen, "kvs file: block of %zu bytes, layout says %" PRIu64, it->len,
+                   it->ns->layout->block_bytes);
+        return -KVNODE_EINVAL;
+    }
+    return 0;
+}
+
+/* The namespace of a call, if this root has seen it. */
+static struct seg_ns *find_ns(struct seg_root *r, const struct kvs_ns *ns)
+{
+    for (struct seg_ns *n = r->nss; n; n = n->next)
+        if (n->fingerprint == ns->fingerprint && n->rank == ns->layout->tp_rank)
+            return n;
+    return NULL;
+}
+
+/* ---- put ----------------------------------------------------------------------------------- */
+
+static int file_put_batch(struct kvs_store *ks, struct kvs_item *items, size_t n, char *err,
+                          size_t errlen)
+{
+    struct file_store *s = FS(ks);
+    struct kvs_item *ok = malloc((n ? n : 1) * sizeof(*ok));
+    uint8_t *kinds = malloc(n ? n : 1);
+    size_t *back = malloc((n ? n : 1) * sizeof(*back));
+    size_t m = 0;
+    int rc;
+
+    if (!ok || !kinds || !back) {
+        free(ok), free(kinds), free(back);
+        for (size_t i = 0; i < n; i++)
+            items[i].rc = -KVNODE_ENOMEM;
+        errmsg_set(err, errlen, "kvs file: out of memory");
+        return -KVNODE_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if ((items[i].rc = check_item(&items[i], true, err, errlen)) != 0)
+            continue;
+        pthread_mutex_lock(&s->r->mu);
+        bool too_big = s->r->capacity && seg_rec_len(items[i].len) > s->r->capacity;
+        pthread_mutex_unlock(&s->r->mu);
+        if (too_big) {
+            errmsg_set(err, errlen, "kvs file: block of %zu bytes exceeds the capacity of %s",
+                       items[i].len, s->r->path);
+            items[i].rc = -KVNODE_ENOSPC;
+            continue;
+        }
+        ok[m] = items[i];
+        kinds[m] = KD_BLOCK;
+        back[m++] = i;
+    }
+    rc = m ? seg_append(s, ok, kinds, m, false, err, errlen) : 0;
+    bool any = false;
+    const struct kvs_item *failed = NULL;
+    for (size_t k = 0; k < m; k++) {
+        items[back[k]].rc = ok[k].rc;
+        any = any || ok[k].rc == 0;
+        if (ok[k].rc < 0 && !failed)
+            failed = &ok[k];
+    }
+    if (failed && err && errlen) {
+        /* Which namespace's writes failed, for the operator. */
+        char why[512];
+        snprintf(why, sizeof why, "%s", err);
+        errmsg_set(err, errlen, "%s (deployment %s, tp_rank %u)", why,
+                   failed->ns->deployment_id ? failed->ns->deployment_id : "?",
+                   failed->ns->layout->tp_rank);
+    }
+    free(ok), free(kinds), free(back);
+    /* Items carry their own results; the call failed as a whole only when
+     * nothing reached the store. */
+    if (any || m == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (items[i].rc == 0)
+            items[i].rc = rc;
+    return rc;
 }
 
 static int file_put(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, const void *data,
                     size_t len, char *err, size_t errlen)
 {
-    struct file_store *s = FS(ks);
-    struct froot *r = s->r;
-    struct fns *f;
-    char path[PATH_MAX], dir[PATH_MAX];
-    int rc;
-
-    if ((rc = file_check_ns(ns, err, errlen)) || (rc = check_len(ns, data, len, err, errlen)) ||
-        (rc = file_resolve_ns(s, ns, &f, err, errlen)) ||
-        (rc = file_ensure_layout(s, f, ns, err, errlen)))
+    struct kvs_item it = { .ns = ns, .key = key, .src = data, .len = len };
+    int rc = check_item(&it, true, err, errlen);
+    if (rc)
         return rc;
-    if (file_block_path(f, key, path, sizeof(path))) {
-        errmsg_set(err, errlen, "kvs file: path too long under %s", f->path);
-        return -KVNODE_EINVAL;
-    }
-    file_parent_of(path, dir, sizeof(dir));
+    rc = file_put_batch(ks, &it, 1, err, errlen);
+    return rc < 0 ? rc : it.rc;
+}
 
-    /* Make room: take victims off the LRU under the lock, unlink them after. */
-    uint64_t need = HDR_SIZE + (uint64_t)len;
-    struct lru_ent *victims = NULL;
-    pthread_mutex_lock(&r->mu);
-    if (r->capacity && need > r->capacity) {
-        pthread_mutex_unlock(&r->mu);
-        errmsg_set(err, errlen, "kvs file: block of %" PRIu64 " bytes exceeds the capacity of %s"
-                   " (%" PRIu64 " bytes)", need, r->path, r->capacity);
-        return -KVNODE_ENOSPC;
+/* Record a migrated block (file_recover.c). */
+int seg_put_migrated(struct kvs_store *ks, struct kvs_item *items, size_t n, char *err,
+                     size_t errlen)
+{
+    uint8_t kinds[64];
+    int rc = 0;
+    for (size_t at = 0; at < n; at += 64) {
+        size_t m = n - at < 64 ? n - at : 64;
+        memset(kinds, KD_BLOCK, m);
+        int r2 = seg_append(FS(ks), items + at, kinds, m, true, err, errlen);
+        if (r2 < 0 && !rc)
+            rc = r2;
     }
-    struct lru_ent *own = file_lru_find(r, f, key);
-    if (own) {                     /* replaced in place: never its own victim */
-        file_list_unlink(own);
-        file_list_push_front(r, own);
-    }
-    uint64_t old = own ? own->size : 0;
-    while (r->capacity && r->used - old + r->pending + need > r->capacity &&
-           r->head.prev != &r->head && r->head.prev != own) {
-        struct lru_ent *v = r->head.prev;
-        file_lru_detach(r, v);
-        r->st.evicted++;
-        r->st.evicted_bytes += v->size;
-        v->hnext = victims;
-        victims = v;
-    }
-    r->pending += need;
-    pthread_mutex_unlock(&r->mu);
-
-    while (victims) {
-        struct lru_ent *v = victims;
-        char vpath[PATH_MAX];
-        victims = v->hnext;
-        if (file_block_path(v->ns, v->key, vpath, sizeof(vpath)) == 0)
-            unlink(vpath);
-        free(v);
-    }
-
-    uint8_t hdr[HDR_SIZE];
-    struct blk_hdr h = { .fingerprint = ns->fingerprint, .key = key, .size = len,
-                         .rank = ns->layout->tp_rank, .crc = crc32c(0, data, len) };
-    file_hdr_encode(hdr, &h);
-    rc = file_write_atomic(s, dir, path, hdr, sizeof(hdr), data, len, err, errlen);
-
-    pthread_mutex_lock(&r->mu);
-    r->pending -= need;
-    if (rc == 0)
-        file_lru_note(r, f, key, need, 1);
-    pthread_mutex_unlock(&r->mu);
     return rc;
 }
 
-/* Remove the bad copy open as fd (only if path still names that file). */
-static void remove_bad(struct froot *r, struct fns *f, int64_t key, const char *path, int fd)
+/* ---- get ------------------------------------------------------------------------------------ */
+
+static int get_one(struct file_store *s, struct kvs_item *it, char *err, size_t errlen)
 {
-    struct stat a, b;
-    if (fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev)
-        unlink(path);
+    struct seg_root *r = s->r;
+    int rc = check_item(it, false, err, errlen);
+    if (rc)
+        return rc;
     pthread_mutex_lock(&r->mu);
-    file_lru_drop(r, f, key);
-    r->st.corrupt++;
+    struct seg_ns *ns = find_ns(r, it->ns);
+    struct kd_ent *e = ns ? seg_kd_find(r, ns, it->key) : NULL;
+    if (e && (e->kind != KD_BLOCK || e->seg->dropped)) {
+        if (e->seg->dropped || r->recovered)
+            seg_kd_remove(r, e);
+        e = NULL;
+    }
+    if (!e) {
+        pthread_mutex_unlock(&r->mu);
+        return KVS_MISS;
+    }
+    struct seg *sg = e->seg;
+    uint64_t off = e->off, size = e->size, seq = e->seq;
+    uint32_t crc = e->crc;
+    sg->refs++;
+    int fd = sg->rfd;
     pthread_mutex_unlock(&r->mu);
+
+    const char *why = NULL;
+    if (size != it->len) {
+        why = "stored payload size differs from the block size";
+    } else {
+        if (fd < 0) {
+            char path[PATH_MAX];
+            seg_path(r, sg->id, false, path, sizeof path);
+            int nfd = open(path, O_RDONLY | O_CLOEXEC);
+            pthread_mutex_lock(&r->mu);
+            if (nfd >= 0 && sg->rfd < 0)
+                sg->rfd = nfd;
+            else if (nfd >= 0)
+                close(nfd);
+            fd = sg->rfd;
+            pthread_mutex_unlock(&r->mu);
+        }
+        if (fd < 0) {
+            why = "segment file cannot be opened";
+        } else {
+            size_t got = 0;
+            while (got < size) {
+                ssize_t k = pread(fd, (uint8_t *)it->dst + got, size - got,
+                                  (off_t)(off + SEG_REC_HDR + got));
+                if (k < 0 && errno == EINTR)
+                    continue;
+                if (k < 0) {
+                    int e2 = errno;
+                    pthread_mutex_lock(&r->mu);
+                    seg_unref(r, sg);
+                    pthread_mutex_unlock(&r->mu);
+                    errmsg_set(err, errlen, "kvs file: read of segment %016" PRIx64 " in %s "
+                               "failed: %s", sg->id, r->path, strerror(e2));
+                    return seg_errno_code(e2);
+                }
+                if (k == 0)
+                    break;
+                got += (size_t)k;
+            }
+            if (got != size)
+                why = "short payload (segment cut)";
+            else if (crc32c(0, it->dst, size) != crc)
+                why = "payload checksum mismatch";
+        }
+    }
+    pthread_mutex_lock(&r->mu);
+    seg_unref(r, sg);
+    if (why) {
+        struct kd_ent *cur = seg_kd_find(r, ns, it->key);
+        if (cur && cur->seq == seq)
+            seg_kd_remove(r, cur);
+        r->st.corrupt++;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (why) {
+        char path[PATH_MAX];
+        seg_drain_unlinks(r);
+        seg_path(r, sg->id, false, path, sizeof path);
+        errmsg_set(err, errlen, "kvs file: key %" PRId64 " in %s at offset %" PRIu64 ": %s "
+                   "(dropped from the index)", it->key, path, off, why);
+        return KVS_CORRUPT;
+    }
+    return 0;
 }
 
 static int file_get(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, void *data,
                     size_t len, char *err, size_t errlen)
 {
-    struct file_store *s = FS(ks);
-    struct froot *r = s->r;
-    struct fns *f;
-    char path[PATH_MAX];
-    uint8_t hb[HDR_SIZE];
-    struct blk_hdr h;
-    struct stat st;
-    const char *why = NULL;
-    int rc;
-
-    if ((rc = file_check_ns(ns, err, errlen)) || (rc = check_len(ns, data, len, err, errlen)) ||
-        (rc = file_resolve_ns(s, ns, &f, err, errlen)))
-        return rc;
-    if (file_block_path(f, key, path, sizeof(path))) {
-        errmsg_set(err, errlen, "kvs file: path too long under %s", f->path);
-        return -KVNODE_EINVAL;
-    }
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
-        int e = errno;
-        if (e == ENOENT || e == ENOTDIR) {
-            pthread_mutex_lock(&r->mu);
-            file_lru_drop(r, f, key);
-            pthread_mutex_unlock(&r->mu);
-            return KVS_MISS;
-        }
-        errmsg_set(err, errlen, "kvs file: cannot open %s: %s", path, strerror(e));
-        return file_errno_code(e);
-    }
-    if (fstat(fd, &st) < 0) {
-        int e = errno;
-        close(fd);
-        errmsg_set(err, errlen, "kvs file: cannot stat %s: %s", path, strerror(e));
-        return file_errno_code(e);
-    }
-    ssize_t n = file_read_full(fd, hb, sizeof(hb));
-    if (n < 0)
-        goto ioerr;
-    if (n != (ssize_t)sizeof(hb))
-        why = "short header";
-    else if ((why = file_hdr_decode(hb, &h)) != NULL)
-        ;
-    else if (h.fingerprint != ns->fingerprint)
-        why = "foreign deployment fingerprint";
-    else if (h.rank != ns->layout->tp_rank)
-        why = "foreign tp rank";
-    else if (h.key != key)
-        why = "foreign key";
-    else if (h.size != len)
-        why = "payload size differs from the block size";
-    else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != HDR_SIZE + (uint64_t)len)
-        why = "file size does not match the header";
-    if (!why) {
-        n = file_read_full(fd, data, len);
-        if (n < 0)
-            goto ioerr;
-        if ((size_t)n != len)
-            why = "short payload";
-        else if (crc32c(0, data, len) != h.crc)
-            why = "payload checksum mismatch";
-    }
-    if (why) {
-        remove_bad(r, f, key, path, fd);
-        close(fd);
-        errmsg_set(err, errlen, "kvs file: %s: %s (removed)", path, why);
-        return KVS_CORRUPT;
-    }
-    close(fd);
-    pthread_mutex_lock(&r->mu);
-    file_lru_note(r, f, key, (uint64_t)st.st_size, 1);
-    pthread_mutex_unlock(&r->mu);
-    return 0;
-ioerr:
-    {
-        int e = errno;
-        close(fd);
-        errmsg_set(err, errlen, "kvs file: read of %s failed: %s", path, strerror(e));
-        return file_errno_code(e);
-    }
+    struct kvs_item it = { .ns = ns, .key = key, .dst = data, .len = len };
+    return get_one(FS(ks), &it, err, errlen);
 }
+
+static int file_get_batch(struct kvs_store *ks, struct kvs_item *items, size_t n, char *err,
+                          size_t errlen)
+{
+    for (size_t i = 0; i < n; i++)
+        items[i].rc = get_one(FS(ks), &items[i], err, errlen);
+    return 0;
+}
+
+/* ---- del, exists ------------------------------------------------------------------------------ */
 
 static int file_del(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, char *err,
                     size_t errlen)
 {
     struct file_store *s = FS(ks);
-    struct fns *f;
-    char path[PATH_MAX];
-    int rc = file_resolve_ns(s, ns, &f, err, errlen);
+    int rc = check_ns(ns, err, errlen);
     if (rc)
         return rc;
-    if (file_block_path(f, key, path, sizeof(path))) {
-        errmsg_set(err, errlen, "kvs file: path too long under %s", f->path);
-        return -KVNODE_EINVAL;
-    }
     pthread_mutex_lock(&s->r->mu);
-    file_lru_drop(s->r, f, key);
+    struct seg_ns *sn = find_ns(s->r, ns);
+    struct kd_ent *e = sn ? seg_kd_find(s->r, sn, key) : NULL;
+    bool needed = e || !s->r->recovered;   /* an older copy may still be on disk */
     pthread_mutex_unlock(&s->r->mu);
-    if (unlink(path) < 0 && errno != ENOENT && errno != ENOTDIR) {
-        int e = errno;
-        errmsg_set(err, errlen, "kvs file: cannot remove %s: %s", path, strerror(e));
-        return file_errno_code(e);
-    }
-    return 0;
+    if (!needed)
+        return 0;
+    struct kvs_item it = { .ns = ns, .key = key };
+    uint8_t kind = KD_TOMB;
+    rc = seg_append(s, &it, &kind, 1, false, err, errlen);
+    return rc < 0 ? rc : it.rc;
 }
 
 static int file_exists(struct kvs_store *ks, const struct kvs_ns *ns, const int64_t *keys,
                        size_t n, uint8_t *present, char *err, size_t errlen)
 {
-    struct file_store *s = FS(ks);
-    struct fns *f;
-    char path[PATH_MAX];
-    int rc = file_resolve_ns(s, ns, &f, err, errlen);
+    struct seg_root *r = FS(ks)->r;
+    int rc = check_ns(ns, err, errlen);
     if (rc)
         return rc;
     if (n && (!keys || !present)) {
@@ -350,42 +437,60 @@ static int file_exists(struct kvs_store *ks, const struct kvs_ns *ns, const int6
         return -KVNODE_EINVAL;
     }
     for (size_t i = 0; i < n; i++) {
-        struct stat st;
-        present[i] = 0;
-        if (file_block_path(f, keys[i], path, sizeof(path)))
-            continue;
-        if (stat(path, &st) == 0) {
-            present[i] = S_ISREG(st.st_mode) && (uint64_t)st.st_size > HDR_SIZE;
-        } else if (errno != ENOENT && errno != ENOTDIR) {
-            int e = errno;
-            errmsg_set(err, errlen, "kvs file: cannot stat %s: %s", path, strerror(e));
-            return file_errno_code(e);
-        }
+        pthread_mutex_lock(&r->mu);
+        struct seg_ns *sn = find_ns(r, ns);
+        struct kd_ent *e = sn ? seg_kd_find(r, sn, keys[i]) : NULL;
+        present[i] = e && e->kind == KD_BLOCK && !e->seg->dropped;
+        pthread_mutex_unlock(&r->mu);
     }
     return 0;
 }
 
-/* ---- extras (file.h) ------------------------------------------------------------------ */
+/* ---- extras (file.h) ---------------------------------------------------------------------------- */
 
 void kvs_file_stats(struct kvs_store *ks, struct kvs_file_stats *out)
 {
-    struct froot *r = FS(ks)->r;
+    struct seg_root *r = FS(ks)->r;
     pthread_mutex_lock(&r->mu);
     *out = r->st;
-    out->blocks = r->count;
-    out->bytes = r->used;
     out->capacity_bytes = r->capacity;
+    out->direct_io = r->direct_ok && r->direct_io != KVS_DIRECT_OFF;
     pthread_mutex_unlock(&r->mu);
 }
 
-int kvs_file_block_path(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, char *buf,
-                        size_t len)
+static int locate(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, bool hint,
+                  char *path, size_t len, uint64_t *offset)
 {
-    struct fns *f;
-    int rc = file_resolve_ns(FS(ks), ns, &f, NULL, 0);
-    if (rc)
-        return rc;
-    return file_block_path(f, key, buf, len);
+    struct seg_root *r = FS(ks)->r;
+    pthread_mutex_lock(&r->mu);
+    struct seg_ns *sn = find_ns(r, ns);
+    struct kd_ent *e = sn ? seg_kd_find(r, sn, key) : NULL;
+    if (!e || e->kind != KD_BLOCK || e->seg->dropped) {
+        pthread_mutex_unlock(&r->mu);
+        return KVS_MISS;
+    }
+    uint64_t id = e->seg->id;
+    if (offset)
+        *offset = e->off;
+    pthread_mutex_unlock(&r->mu);
+    char p[PATH_MAX];
+    seg_path(r, id, hint, p, sizeof p);
+    if (strlen(p) >= len)
+        return -KVNODE_EINVAL;
+    memcpy(path, p, strlen(p) + 1);
+    return 0;
+}
+
+int kvs_file_locate(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, char *path,
+                    size_t len, uint64_t *offset)
+{
+    return locate(ks, ns, key, false, path, len, offset);
+}
+
+int kvs_file_locate_hint(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, char *path,
+                         size_t len)
+{
+    return locate(ks, ns, key, true, path, len, NULL);
 }
 
 const struct kvs_backend kvs_backend_file = {
@@ -396,6 +501,8 @@ const struct kvs_backend kvs_backend_file = {
     .get = file_get,
     .del = file_del,
     .exists = file_exists,
-    .scan = file_scan,
+    .scan = seg_scan,
     .close = file_close,
+    .put_batch = file_put_batch,
+    .get_batch = file_get_batch,
 };

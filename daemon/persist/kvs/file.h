@@ -1,70 +1,91 @@
-/* kvs/file: the embedded `file` backend (kvs_backend_file, see kvs.h) and
- * what it offers beyond the interface: counters and the path of a block
- * (tests, diagnostics).
+/* kvs/file: the embedded `file` backend (kvs_backend_file, see kvs.h), an
+ * append-only segment log after Bitcask, and what it offers beyond the
+ * interface: counters and where a block's record is (tests, diagnostics).
  *
  * On disk, under the configured root:
  *
- *   <root>/.lock                                   flock()ed by the process using the root
- *   <root>/<deployment dir>/tp-<rank>/layout       the namespace's layout (written once)
- *   <root>/<deployment dir>/tp-<rank>/<bb>/<key>.blk   one block
+ *   <root>/.lock                      flock()ed by the process using the root
+ *   <root>/seg-<id>.log               a segment: records, appended only
+ *   <root>/seg-<id>.hint              a closed segment's index (optional)
+ *   <root>/tenants/<NAME>/...         named tenants' roots (their own logs)
  *
- * <deployment dir> is the namespace's deployment_id with every byte outside
- * [A-Za-z0-9._+=,@-] replaced by '_' and a leading '.' replaced by '_', so a
- * model name can never leave the root ("../x" -> "_._x"). <bb> is one of 256
- * buckets, two lowercase hex digits of a hash of the key; <key> is the key as
- * 16 lowercase hex digits of its two's-complement value. Temporary files are
- * named ".tmp-<instance>-<handle>-<seq>" next to their final name.
+ * <id> is 16 lowercase hex digits; a segment is never rewritten in place.
+ * Each store handle (one per persist worker) appends to its own open
+ * segment without a lock; the handles of one root share one keydir (a hash
+ * from (namespace, key) to segment, offset, size, CRC, sequence), guarded by
+ * a mutex held for O(1) bookkeeping only. A segment closes when the next
+ * batch would take it past persist.segment_bytes; its hint file is then
+ * written (temporary name, renamed).
  *
- * Block file: a 64-byte header, then the payload (block_bytes bytes). All
- * integers little-endian:
+ * Record: a 64-byte header, the payload, zero padding to a multiple of 64.
+ * Integers little-endian:
  *
- *   0  "KVNB"  4  u16 format version (1)  6  u16 header size (64)
- *   8  u64 deployment fingerprint  16  i64 key  24  u64 payload size
- *   32 u32 tp_rank  36  u32 CRC-32C of the payload  40..59  zero
- *   60 u32 CRC-32C of bytes 0..59
+ *   0  "KVSR"  4  u16 version (1)  6  u8 type (1 block, 2 tombstone,
+ *   3 layout, 4 padding)  7  zero  8  u64 deployment fingerprint  16  i64 key
+ *   24 u64 payload size  32  u64 sequence  40  u32 tp_rank
+ *   44 u32 CRC-32C of the payload  48..59 zero  60  u32 CRC-32C of 0..59
  *
- * Layout file (468 bytes): "KVNL", u16 version (1), u16 size (468), u64
- * fingerprint, u64 block_bytes, u32 block_tokens, num_layers, kv_heads,
- * head_dim, tp_size, tp_rank, model[128], dtype[32], extra[256] (NUL-padded,
- * each must hold its terminator), u32 CRC-32C of everything before it. It
- * must pass ns_layout_validate(), hash to its fingerprint and name the rank
- * of its directory.
+ * A layout record (payload: the 468-byte layout of file_v1.h, with its own
+ * CRC) precedes a namespace's first block in every segment, so each segment
+ * names the namespaces of its blocks by itself: no single small file can
+ * hide a namespace. Padding records fill a batch to a multiple of 4096
+ * bytes when the segment is written with O_DIRECT.
  *
- * CRC-32C (Castagnoli) was chosen over FNV-1a 64 for the checksums: it
- * detects every burst error up to 32 bits and runs at memory speed with the
- * SSE4.2 instruction (software slice-by-8 elsewhere), see crc32c.h.
+ * Sequence numbers order writes across handles and restarts: epoch << 40 |
+ * counter, where the epoch is one more than the highest segment id found at
+ * open (every run's epoch exceeds that of any run whose records survive).
+ * The keydir keeps, per key, the record with the highest sequence; a
+ * tombstone (delete) is a record too, so an older write never shadows a
+ * newer write or delete after a restart. Blocks migrated from file_v1 take
+ * sequences of epoch 0: any write of the new log wins over them.
  *
- * Writes go to a temporary file (O_CREAT|O_EXCL) in the block's directory,
- * are written in full, then rename()d over the final name, so a reader sees
- * the old or the new block, never a mix, and a crash leaves at most a
- * temporary file, which a scan removes (temporary files of this process's
- * own instance are left alone: they are in flight). fsync policy:
- *   KVS_FSYNC_ALWAYS  fsync the file before the rename and its directory
- *                     after it (and new directories' parents): a put that
- *                     returned 0 survives a power loss.
- *   KVS_FSYNC_BATCH   fsync the file before the rename only: after a power
- *                     loss a recent put may be missing (the rename was not
- *                     durable) but never torn.
- *   KVS_FSYNC_NEVER   no fsync: the page cache decides; a block torn by a
- *                     power loss fails its checksums and reads as KVS_CORRUPT.
+ * Hint file: a 40-byte header ("KVSH", u16 version, u16 header size, u64
+ * segment id, u64 segment length, u32 layouts, u32 entries, zero, u32 CRC of
+ * 0..35), the layouts (468 bytes each), the entries (56 bytes: type, rank,
+ * fingerprint, key, payload size, sequence, record offset, payload CRC),
+ * then a CRC-32C of everything before it.
  *
- * get validates everything (magic, version, header size, header checksum,
- * fingerprint, rank, key, payload size, file size, payload checksum); any
- * failure or short read removes the file and returns KVS_CORRUPT. A get
- * whose len differs from layout->block_bytes is a caller bug and returns
- * -KVNODE_EINVAL without touching the file; a stored payload size that
- * differs from block_bytes (the deployment changed its block size) is
- * KVS_CORRUPT.
+ * Recovery (the scan callback, on the persist-scan thread): first a root in
+ * the file-per-block layout of earlier versions is migrated (file_v1.h:
+ * every block read with its checks, appended, fsynced, then its file
+ * removed; bad copies are removed and counted, never migrated); then each
+ * segment found at open is loaded from its hint file, or, when that is
+ * missing or fails a check, by reading its record headers (payloads are
+ * checked by the get that reads them): a bad header is skipped to the next
+ * good one (counted in corrupt), and what follows the last good record is
+ * cut (a torn tail after kill -9; counted in torn_tails / torn_bytes). The
+ * segment then gets a hint file when nothing in it was bad.
+ * Then the keydir is reported in budgets. Writes and reads go on meanwhile.
  *
- * Capacity (capacity_bytes > 0) counts whole files (header + payload) that
- * this process knows of: those it stored or read, and those a scan found.
- * Blocks on disk that no scan has reached yet are not counted. A put that
- * would exceed it first removes least-recently-used blocks (get and put
- * refresh, a scan adds what it finds as least recent). Every handle opened
- * on the same root (by realpath) in this process shares one LRU and one set
- * of counters, guarded by a mutex held for O(1) bookkeeping only, never
- * across I/O; the capacity of the latest open applies. Another process
- * cannot open a root in use (the .lock file). */
+ * fsync policy, per batch (put_batch / put / del):
+ *   KVS_FSYNC_ALWAYS  fdatasync before returning, and the directory when a
+ *                     segment is created: an acknowledged write survives a
+ *                     power loss.
+ *   KVS_FSYNC_BATCH   fdatasync before returning (one per batch).
+ *   KVS_FSYNC_NEVER   none: the page cache decides; a torn tail is cut at
+ *                     the next start.
+ * persist.direct_io = auto (default) writes with O_DIRECT from an aligned
+ * buffer where the file system takes it (probed at open; else buffered, one
+ * log line), on requires it (the open fails otherwise), off never uses it.
+ * Reads are buffered positioned reads (payloads sit 64 bytes after their
+ * header, so they are not aligned for O_DIRECT).
+ *
+ * get: one pread of the payload into the caller's buffer, then its CRC is
+ * checked against the keydir before 0 is returned; a mismatch or short read
+ * drops the key from the keydir (counted in corrupt) and returns
+ * KVS_CORRUPT. A get whose len differs from layout->block_bytes is
+ * -KVNODE_EINVAL; a stored payload of another size is KVS_CORRUPT.
+ *
+ * Capacity (capacity_bytes > 0) counts segment bytes on disk. A batch that
+ * would pass it first drops whole closed segments, least recently written
+ * first (Bitcask-style: no copying; their blocks become misses, counted in
+ * evicted). Segments holding tombstones are passed over while an older
+ * segment is left, unless nothing else makes room: only then can a delete
+ * be undone by capacity (the key's older block comes back after a
+ * restart; its bytes are still that key's). A segment whose blocks are all overwritten or deleted is removed
+ * at once (one with tombstones only when it is the oldest left, so a
+ * tombstone never goes before the record it hides). No
+ * work is done on the loop thread. */
 #ifndef KVNODE_KVS_FILE_H
 #define KVNODE_KVS_FILE_H
 
@@ -73,22 +94,34 @@
 
 #include "persist/kvs/kvs.h"
 
-#define KVS_FILE_HEADER_SIZE 64u
+#define KVS_FILE_SEGMENT_BYTES_DEFAULT (UINT64_C(256) << 20)
+#define KVS_FILE_SEGMENT_BYTES_MIN     (UINT64_C(1) << 20)
 
 struct kvs_file_stats {
-    uint64_t blocks, bytes;       /* known to the LRU (header + payload) */
+    uint64_t blocks, bytes;       /* live blocks and their record bytes */
     uint64_t capacity_bytes;      /* 0: no limit */
-    uint64_t evicted, evicted_bytes;
-    uint64_t corrupt;             /* bad copies found by get (removed) */
-    uint64_t scan_bad;            /* block files with a bad header found by scans (removed) */
-    uint64_t scan_bad_layout;     /* namespace directories skipped: no valid layout file */
-    uint64_t temps_removed;       /* stale temporary files removed by scans */
+    uint64_t disk_bytes;          /* segment bytes on disk */
+    uint64_t segments;            /* segments on disk */
+    uint64_t evicted, evicted_bytes;   /* blocks dropped with their segment by capacity */
+    uint64_t segments_dropped;    /* by capacity */
+    uint64_t segments_reclaimed;  /* removed because nothing in them was live */
+    uint64_t corrupt;             /* bad copies found by get (dropped from the keydir) */
+    uint64_t torn_tails, torn_bytes;   /* segment tails cut by recovery */
+    uint64_t hints_loaded;        /* segments recovered from their hint file */
+    uint64_t hints_bad;           /* hint files missing or failing a check (segment read) */
+    uint64_t migrated, migrate_bad;    /* file_v1 blocks moved into the log / found bad */
+    uint64_t direct_io;           /* 1 when segments are written with O_DIRECT */
 };
 
 /* The counters of s's root (shared by every handle on that root). */
 void kvs_file_stats(struct kvs_store *s, struct kvs_file_stats *out);
-/* The path of (ns, key)'s block file; 0 or -KVNODE_EINVAL (too long). */
-int kvs_file_block_path(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, char *buf,
-                        size_t len);
+/* Where (ns, key)'s record is: the segment file's path and the offset of the
+ * record's header (the payload follows 64 bytes later). 0, KVS_MISS, or
+ * -KVNODE_EINVAL (path too long). */
+int kvs_file_locate(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, char *path,
+                    size_t len, uint64_t *offset);
+/* The hint file path of the segment holding (ns, key); same results. */
+int kvs_file_locate_hint(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, char *path,
+                         size_t len);
 
 #endif

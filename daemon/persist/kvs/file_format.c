@@ -1,16 +1,18 @@
-/* kvs/file format: the on-disk records of the file backend — the 64-byte
- * block header and the layout file — encoded and decoded, little-endian
- * (format: see file.h). Pure functions, any thread. */
+/* kvs/file format: the segment log's record header and hint file pieces,
+ * encoded and decoded, little-endian (format: see file.h). The layout
+ * record's payload is the file_v1 layout file, byte for byte (one codec).
+ * Pure functions, any thread. */
 #include "persist/kvs/file_internal.h"
 
 #include <string.h>
 
 #include "persist/kvs/crc32c.h"
+#include "persist/kvs/file_v1.h"
 
-/* ---- little-endian encoding ---------------------------------------------- */
+_Static_assert(SEG_LAYOUT_SIZE == LAYOUT_SIZE, "one layout record for both formats");
 
 static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static void put32(uint8_t *p, uint32_t v)
+void seg_put32(uint8_t *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++)
         p[i] = (uint8_t)(v >> (8 * i));
@@ -21,7 +23,7 @@ static void put64(uint8_t *p, uint64_t v)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static uint32_t get32(const uint8_t *p)
+uint32_t seg_get32(const uint8_t *p)
 {
     uint32_t v = 0;
     for (int i = 3; i >= 0; i--)
@@ -36,126 +38,109 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-/* ---- block header ---------------------------------------------------------- */
-
-void file_hdr_encode(uint8_t b[HDR_SIZE], const struct blk_hdr *h)
+void seg_rec_encode(uint8_t b[SEG_REC_HDR], const struct seg_rec *r)
 {
-    memset(b, 0, HDR_SIZE);
-    memcpy(b, "KVNB", 4);
-    put16(b + 4, HDR_VERSION);
-    put16(b + 6, HDR_SIZE);
-    put64(b + 8, h->fingerprint);
-    put64(b + 16, (uint64_t)h->key);
-    put64(b + 24, h->size);
-    put32(b + 32, h->rank);
-    put32(b + 36, h->crc);
-    put32(b + 60, crc32c(0, b, 60));
+    memset(b, 0, SEG_REC_HDR);
+    memcpy(b, "KVSR", 4);
+    put16(b + 4, SEG_VERSION);
+    b[6] = r->type;
+    put64(b + 8, r->fingerprint);
+    put64(b + 16, (uint64_t)r->key);
+    put64(b + 24, r->size);
+    put64(b + 32, r->seq);
+    seg_put32(b + 40, r->rank);
+    seg_put32(b + 44, r->crc);
+    seg_put32(b + 60, crc32c(0, b, 60));
 }
 
-/* NULL when the header is well formed, else why not. */
-const char *file_hdr_decode(const uint8_t b[HDR_SIZE], struct blk_hdr *h)
+const char *seg_rec_decode(const uint8_t b[SEG_REC_HDR], struct seg_rec *r)
 {
-    if (memcmp(b, "KVNB", 4) != 0)
-        return "bad magic";
-    if (get16(b + 4) != HDR_VERSION)
-        return "unknown format version";
-    if (get16(b + 6) != HDR_SIZE)
-        return "bad header size";
-    if (get32(b + 60) != crc32c(0, b, 60))
-        return "header checksum mismatch";
-    for (int i = 40; i < 60; i++)
-        if (b[i])
-            return "reserved header bytes set";
-    h->fingerprint = get64(b + 8);
-    h->key = (int64_t)get64(b + 16);
-    h->size = get64(b + 24);
-    h->rank = get32(b + 32);
-    h->crc = get32(b + 36);
+    if (memcmp(b, "KVSR", 4) != 0)
+        return "bad record magic";
+    if (seg_get32(b + 60) != crc32c(0, b, 60))
+        return "record header checksum mismatch";
+    if (get16(b + 4) != SEG_VERSION)
+        return "unknown record version";
+    r->type = b[6];
+    if (r->type < SEG_REC_BLOCK || r->type > SEG_REC_PAD || b[7] != 0)
+        return "unknown record type";
+    r->fingerprint = get64(b + 8);
+    r->key = (int64_t)get64(b + 16);
+    r->size = get64(b + 24);
+    r->seq = get64(b + 32);
+    r->rank = seg_get32(b + 40);
+    r->crc = seg_get32(b + 44);
+    if (r->size > (UINT64_C(1) << 40))
+        return "record payload size out of range";
+    if (r->type == SEG_REC_TOMB && r->size != 0)
+        return "tombstone with a payload";
+    if (r->type == SEG_REC_LAYOUT && r->size != SEG_LAYOUT_SIZE)
+        return "layout record of the wrong size";
     return NULL;
 }
 
-/* ---- layout record ----------------------------------------------------------- */
-
-static void put_str(uint8_t **p, const char *s, size_t max)
+void seg_layout_encode(uint8_t b[SEG_LAYOUT_SIZE], const struct ns_layout *l, uint64_t fp)
 {
-    size_t n = strnlen(s, max);
-    if (n == max)
-        n = max - 1;
-    memset(*p, 0, max);
-    memcpy(*p, s, n);
-    *p += max;
+    file_layout_encode(b, l, fp);
 }
 
-void file_layout_encode(uint8_t b[LAYOUT_SIZE], const struct ns_layout *l, uint64_t fp)
+const char *seg_layout_decode(const uint8_t *b, size_t n, const char *tenant, struct ns_layout *l,
+                              uint64_t *fp)
 {
-    uint8_t *p = b;
-    memcpy(p, "KVNL", 4);
-    put16(p + 4, LAYOUT_VERSION);
-    put16(p + 6, LAYOUT_SIZE);
-    put64(p + 8, fp);
-    put64(p + 16, l->block_bytes);
-    put32(p + 24, l->block_tokens);
-    put32(p + 28, l->num_layers);
-    put32(p + 32, l->kv_heads);
-    put32(p + 36, l->head_dim);
-    put32(p + 40, l->tp_size);
-    put32(p + 44, l->tp_rank);
-    p += 48;
-    put_str(&p, l->model, NS_MODEL_MAX);
-    put_str(&p, l->dtype, NS_DTYPE_MAX);
-    put_str(&p, l->extra, NS_EXTRA_MAX);
-    put32(p, crc32c(0, b, (size_t)(p - b)));
+    return file_layout_decode(b, n, tenant, l, fp);
 }
 
-static int get_str(const uint8_t **p, char *out, size_t max)
+void seg_hint_ent_encode(uint8_t b[SEG_HINT_ENT], const struct seg_hint_ent *e)
 {
-    if (memchr(*p, 0, max) == NULL)
-        return -1;
-    memcpy(out, *p, max);
-    *p += max;
-    return 0;
+    memset(b, 0, SEG_HINT_ENT);
+    b[0] = e->type;
+    seg_put32(b + 4, e->rank);
+    put64(b + 8, e->fingerprint);
+    put64(b + 16, (uint64_t)e->key);
+    put64(b + 24, e->size);
+    put64(b + 32, e->seq);
+    put64(b + 40, e->off);
+    seg_put32(b + 48, e->crc);
 }
 
-const char *file_layout_decode(const uint8_t *b, size_t n, const char *tenant, struct ns_layout *l,
-                               uint64_t *fp)
+void seg_hint_ent_decode(const uint8_t b[SEG_HINT_ENT], struct seg_hint_ent *e)
 {
-    char verr[128];
-    const uint8_t *p = b + 48;
-    if (n != LAYOUT_SIZE)
-        return "bad size";
-    if (memcmp(b, "KVNL", 4) != 0)
-        return "bad magic";
-    if (get16(b + 4) != LAYOUT_VERSION)
-        return "unknown format version";
-    if (get16(b + 6) != LAYOUT_SIZE)
-        return "bad record size";
-    if (get32(b + LAYOUT_SIZE - 4) != crc32c(0, b, LAYOUT_SIZE - 4))
-        return "checksum mismatch";
-    memset(l, 0, sizeof(*l));
-    *fp = get64(b + 8);
-    l->block_bytes = get64(b + 16);
-    l->block_tokens = get32(b + 24);
-    l->num_layers = get32(b + 28);
-    l->kv_heads = get32(b + 32);
-    l->head_dim = get32(b + 36);
-    l->tp_size = get32(b + 40);
-    l->tp_rank = get32(b + 44);
-    if (get_str(&p, l->model, NS_MODEL_MAX) || get_str(&p, l->dtype, NS_DTYPE_MAX) ||
-        get_str(&p, l->extra, NS_EXTRA_MAX))
-        return "unterminated string";
-    if (ns_layout_validate(l, verr, sizeof(verr)) != 0)
-        return "invalid layout";
-    if (ns_fingerprint_tenant(l, tenant) != *fp)
-        return "fingerprint does not match the layout (or the record is another tenant's)";
+    e->type = b[0];
+    e->rank = seg_get32(b + 4);
+    e->fingerprint = get64(b + 8);
+    e->key = (int64_t)get64(b + 16);
+    e->size = get64(b + 24);
+    e->seq = get64(b + 32);
+    e->off = get64(b + 40);
+    e->crc = seg_get32(b + 48);
+}
+
+void seg_hint_hdr_encode(uint8_t b[SEG_HINT_HDR], uint64_t id, uint64_t seg_len,
+                         uint32_t nlayouts, uint32_t nents)
+{
+    memset(b, 0, SEG_HINT_HDR);
+    memcpy(b, "KVSH", 4);
+    put16(b + 4, SEG_VERSION);
+    put16(b + 6, SEG_HINT_HDR);
+    put64(b + 8, id);
+    put64(b + 16, seg_len);
+    seg_put32(b + 24, nlayouts);
+    seg_put32(b + 28, nents);
+    seg_put32(b + 36, crc32c(0, b, 36));
+}
+
+const char *seg_hint_hdr_decode(const uint8_t b[SEG_HINT_HDR], uint64_t *id, uint64_t *seg_len,
+                                uint32_t *nlayouts, uint32_t *nents)
+{
+    if (memcmp(b, "KVSH", 4) != 0)
+        return "bad hint magic";
+    if (seg_get32(b + 36) != crc32c(0, b, 36))
+        return "hint header checksum mismatch";
+    if (get16(b + 4) != SEG_VERSION || get16(b + 6) != SEG_HINT_HDR)
+        return "unknown hint version";
+    *id = get64(b + 8);
+    *seg_len = get64(b + 16);
+    *nlayouts = seg_get32(b + 24);
+    *nents = seg_get32(b + 28);
     return NULL;
-}
-
-int file_layout_equal(const struct ns_layout *a, const struct ns_layout *b)
-{
-    return a->block_tokens == b->block_tokens && a->block_bytes == b->block_bytes &&
-           a->num_layers == b->num_layers && a->kv_heads == b->kv_heads &&
-           a->head_dim == b->head_dim && a->tp_size == b->tp_size && a->tp_rank == b->tp_rank &&
-           strncmp(a->model, b->model, NS_MODEL_MAX) == 0 &&
-           strncmp(a->dtype, b->dtype, NS_DTYPE_MAX) == 0 &&
-           strncmp(a->extra, b->extra, NS_EXTRA_MAX) == 0;
 }

@@ -1,21 +1,25 @@
-/* kvs/file internals: what the pieces of the file backend share — the
- * on-disk format's constants and records, a root's process-wide state, a
- * store handle, and the functions one piece calls in another. Private to
- * daemon/persist/kvs/file*.c; everybody else goes through file.h and kvs.h.
+/* kvs/file internals: what the pieces of the segment-log backend share —
+ * the record and hint formats, a root's process-wide state (keydir,
+ * segments), a store handle, and the functions one piece calls in another.
+ * Private to daemon/persist/kvs/file*.c; everybody else goes through
+ * file.h and kvs.h. Format and policies: file.h.
  *
- *   file.c         the backend: open and close (the roots in use), health, put,
- *                  get, del, exists; the extras of file.h
- *   file_format.c  the block header and the layout record, encoded and decoded
- *   file_root.c    a root: creation (the .lock) and end, the LRU, namespace dirs
- *   file_io.c      paths, small I/O helpers, the atomic write, a call's
- *                  namespace directory and its layout file
- *   file_scan.c    the recovery scan
+ *   file.c          the backend: open, close, health, put/get (batches), del,
+ *                   exists; the extras of file.h
+ *   file_format.c   records and hint files, encoded and decoded
+ *   file_root.c     a root: .lock, segment list, keydir, direct-I/O probe,
+ *                   capacity (dropping whole segments)
+ *   file_log.c      appending: a handle's open segment, batches, rotation,
+ *                   hint files
+ *   file_recover.c  the recovery scan: migration of a file_v1 root, loading
+ *                   segments (hint or record scan, torn tails cut), reporting
  *
  * Worker threads; a root's mutex guards O(1) bookkeeping, never I/O. */
 #ifndef KVNODE_KVS_FILE_INTERNAL_H
 #define KVNODE_KVS_FILE_INTERNAL_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -24,143 +28,197 @@
 #include "persist/kvs/file.h"
 #include "persist/kvs/kvs.h"
 
-#define HDR_SIZE     KVS_FILE_HEADER_SIZE
-#define HDR_VERSION  1u
-#define LAYOUT_VERSION 1u
-#define LAYOUT_SIZE  (4 + 2 + 2 + 8 + 8 + 6 * 4 + NS_MODEL_MAX + NS_DTYPE_MAX + NS_EXTRA_MAX + 4)
-#define LAYOUT_NAME  "layout"
-#define LOCK_NAME    ".lock"
-#define TMP_PREFIX   ".tmp-"
-#define DIR_MAX      NS_DEPLOYMENT_ID_MAX   /* sanitized deployment dir name, with NUL */
+/* ---- formats (file_format.c) --------------------------------------------------- */
 
-/* ---- on-disk records (file_format.c) ------------------------------------------ */
+#define SEG_REC_HDR      64u          /* record header bytes */
+#define SEG_REC_ALIGN    64u          /* records start at multiples of this */
+#define SEG_DIO_ALIGN    4096u        /* direct-I/O writes: offset and length multiples */
+#define SEG_VERSION      1u
+#define SEG_LAYOUT_SIZE  (4 + 2 + 2 + 8 + 8 + 6 * 4 + NS_MODEL_MAX + NS_DTYPE_MAX + NS_EXTRA_MAX + 4)
+#define SEG_HINT_HDR     40u
+#define SEG_HINT_ENT     56u
+#define SEG_LOCK_NAME    ".lock"
+#define SEG_TENANTS_DIR  "tenants"
+#define SEG_NAME_FMT     "seg-%016" PRIx64 ".log"
+#define SEG_HINT_FMT     "seg-%016" PRIx64 ".hint"
+#define SEG_EPOCH_SHIFT  40           /* seq = epoch << 40 | counter (see file.h) */
 
-struct blk_hdr {
+enum { SEG_REC_BLOCK = 1, SEG_REC_TOMB = 2, SEG_REC_LAYOUT = 3, SEG_REC_PAD = 4 };
+
+struct seg_rec {                   /* a record header, decoded */
+    uint8_t  type;
+    uint32_t rank;
     uint64_t fingerprint;
     int64_t  key;
-    uint64_t size;
+    uint64_t size;                 /* payload bytes */
+    uint64_t seq;
+    uint32_t crc;                  /* CRC-32C of the payload */
+};
+
+static inline uint64_t seg_rec_len(uint64_t payload)
+{
+    return SEG_REC_HDR + ((payload + SEG_REC_ALIGN - 1) & ~(uint64_t)(SEG_REC_ALIGN - 1));
+}
+
+void seg_rec_encode(uint8_t b[SEG_REC_HDR], const struct seg_rec *r);
+/* NULL when b holds a well-formed header, else why not. */
+const char *seg_rec_decode(const uint8_t b[SEG_REC_HDR], struct seg_rec *r);
+/* The layout record's payload (the file_v1 layout file, same bytes). */
+void seg_layout_encode(uint8_t b[SEG_LAYOUT_SIZE], const struct ns_layout *l, uint64_t fp);
+const char *seg_layout_decode(const uint8_t *b, size_t n, const char *tenant, struct ns_layout *l,
+                              uint64_t *fp);
+
+struct seg_hint_ent {              /* one record of a closed segment */
+    uint8_t  type;                 /* SEG_REC_BLOCK or SEG_REC_TOMB */
+    uint32_t rank, crc;
+    uint64_t fingerprint, size, seq, off;   /* off: the record's header */
+    int64_t  key;
+};
+void seg_hint_ent_encode(uint8_t b[SEG_HINT_ENT], const struct seg_hint_ent *e);
+void seg_hint_ent_decode(const uint8_t b[SEG_HINT_ENT], struct seg_hint_ent *e);
+/* Hint file: header (magic "KVSH", u16 version, u16 header size, u64 segment
+ * id, u64 segment length, u32 layouts, u32 entries, u32 zero, u32 CRC of
+ * 0..35), layouts, entries, u32 CRC-32C of everything before it. */
+void seg_hint_hdr_encode(uint8_t b[SEG_HINT_HDR], uint64_t id, uint64_t seg_len,
+                         uint32_t nlayouts, uint32_t nents);
+const char *seg_hint_hdr_decode(const uint8_t b[SEG_HINT_HDR], uint64_t *id, uint64_t *seg_len,
+                                uint32_t *nlayouts, uint32_t *nents);
+uint32_t seg_get32(const uint8_t *p);
+void seg_put32(uint8_t *p, uint32_t v);
+
+/* ---- a root (file_root.c) -------------------------------------------------------- */
+
+struct seg_ns {                    /* a namespace seen in this root */
+    struct seg_ns *next;
+    uint64_t fingerprint;
     uint32_t rank;
-    uint32_t crc;
+    bool layout_known;             /* under mu */
+    struct ns_layout layout;       /* under mu once known; immutable after */
 };
 
-void file_hdr_encode(uint8_t b[HDR_SIZE], const struct blk_hdr *h);
-/* NULL when the header is well formed, else why not. */
-const char *file_hdr_decode(const uint8_t b[HDR_SIZE], struct blk_hdr *h);
-void file_layout_encode(uint8_t b[LAYOUT_SIZE], const struct ns_layout *l, uint64_t fp);
-/* NULL when b[0..n) is a valid layout record (into l, fp) of tenant's
- * store (NULL/"": "default"; the fingerprint must be
- * ns_fingerprint_tenant(l, tenant)), else why not. */
-const char *file_layout_decode(const uint8_t *b, size_t n, const char *tenant, struct ns_layout *l,
-                               uint64_t *fp);
-int file_layout_equal(const struct ns_layout *a, const struct ns_layout *b);
-
-/* ---- process-wide state per root (file_root.c) -------------------------------- */
-
-struct fns {                       /* a namespace directory */
-    struct fns *next;
-    char dir[DIR_MAX];             /* sanitized deployment dir name (immutable) */
-    uint32_t rank;                 /* immutable */
-    char *path;                    /* <root>/<dir>/tp-<rank> (immutable) */
-    int layout_known;              /* under mu: layout is what the layout file holds */
-    struct ns_layout layout;       /* under mu */
+struct seg {
+    uint64_t id;                   /* immutable */
+    uint64_t len;                  /* bytes written (the open one's: its writer's) */
+    uint64_t live_bytes, live_count, tombs;   /* under mu */
+    int rfd;                       /* read fd (lazily opened), under mu */
+    int refs;                      /* readers in pread, under mu */
+    bool open;                     /* a handle appends to it */
+    bool dropped;                  /* files removed; keydir entries on it are stale */
+    bool loading;                  /* pre-existing, not yet loaded by recovery */
 };
 
-struct lru_ent {
-    struct lru_ent *hnext;         /* hash chain (victim list once detached) */
-    struct lru_ent *prev, *next;   /* LRU list: root.head.next is the most recent */
-    struct fns *ns;
+enum { KD_BLOCK = 0, KD_TOMB = 1 };
+
+struct kd_ent {                    /* a keydir entry */
+    struct kd_ent *next;
+    struct seg_ns *ns;
+    struct seg *seg;
     int64_t key;
-    uint64_t size;
+    uint64_t seq, off, size;       /* off: the record's header */
+    uint32_t crc;
+    uint8_t kind;
 };
 
-struct froot {
-    struct froot *next;            /* under roots_mu */
+struct seg_root {
+    struct seg_root *next;         /* under roots_mu */
     int refs;                      /* under roots_mu */
-    uint32_t next_handle;          /* under roots_mu */
     char *path;                    /* realpath (immutable) */
+    char tenant[NS_TENANT_MAX];
     int lockfd;
-    uint64_t instance;             /* names this process's temporary files */
+    bool direct_ok;                /* O_DIRECT accepted by the file system (probed) */
     pthread_mutex_t mu;            /* everything below */
-    struct fns *nss;
-    struct lru_ent **tab;
-    size_t nbuckets, count;
-    struct lru_ent head;
-    uint64_t used, pending, capacity;
+    struct seg_ns *nss;
+    struct kd_ent **tab;
+    size_t mask, count;            /* buckets - 1; entries (incl. tombstones) */
+    struct seg **segs;             /* by id order */
+    size_t nsegs, capsegs;
+    uint64_t next_id, epoch, counter, migrate_counter;
+    size_t load_next;              /* recovery: index of the next segment to load */
+    size_t nloading;               /* segments found at open (the first nloading of segs) */
+    int load_busy;                 /* scans loading a segment now */
+    bool recovered, v1_pending;
+    uint64_t *unlink_ids;          /* dropped segments whose files are still to remove */
+    size_t nunlink, capunlink;
+    int direct_io;                 /* KVS_DIRECT_* of the latest open */
+    uint64_t capacity, segment_bytes;
     struct kvs_file_stats st;
 };
 
-/* The default root's subdirectory holding the named tenants' roots, which
- * its recovery scan leaves alone. */
-#define TENANTS_DIR  "tenants"
+struct seg_writer {                /* a handle's open segment */
+    struct seg *seg;
+    int fd;
+    bool direct;
+    struct seg_ns **nss;           /* namespaces whose layout record it holds */
+    size_t nnss, capnss;
+    struct seg_hint_ent *ents;     /* for its hint file */
+    size_t nents, capents;
+};
 
 struct file_store {
-    struct froot *r;
-    char tenant[NS_TENANT_MAX];    /* "": "default" */
+    struct seg_root *r;
     int fsync_policy;
-    uint32_t id;
-    uint64_t seq;
-    struct fns *last_ns;           /* the namespace of the previous call */
+    struct seg_writer w;
+    uint8_t *buf;                  /* aligned batch buffer */
+    size_t buflen, bufcap;
+    uint64_t buf_off;              /* segment offset of buf[0] */
 };
 
 static inline struct file_store *FS(struct kvs_store *s) { return (struct file_store *)s; }
 
-static inline uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= UINT64_C(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    x *= UINT64_C(0xc4ceb9fe1a85ec53);
-    x ^= x >> 33;
-    return x;
-}
+/* roots_mu (file.c) held: the root at realpath `path`; NULL with err, *rc. */
+struct seg_root *seg_root_create(const char *path, const char *tenant, int direct_io, char *err,
+                                 size_t errlen, int *rc);
+void seg_root_free(struct seg_root *r);
+/* A deployment directory of the file_v1 layout (it holds tp-<rank>
+ * directories): what migration converts and removes, nothing else. */
+bool seg_is_v1_dir(int dirfd, const char *name);
+/* All below: r->mu held unless said otherwise. */
+struct seg_ns *seg_ns_get(struct seg_root *r, uint64_t fp, uint32_t rank);
+struct kd_ent *seg_kd_find(struct seg_root *r, const struct seg_ns *ns, int64_t key);
+/* Apply a record at (seg, off) to the keydir when seq is newer than what it
+ * holds; returns true when applied. */
+bool seg_kd_apply(struct seg_root *r, struct seg_ns *ns, int64_t key, uint8_t kind, struct seg *sg,
+                  uint64_t off, uint64_t size, uint32_t crc, uint64_t seq);
+/* Remove e (a stale or corrupt entry). */
+void seg_kd_remove(struct seg_root *r, struct kd_ent *e);
+struct seg *seg_add(struct seg_root *r, uint64_t id);
+/* Drop sg (closed) now: keydir entries on it become stale; its files are
+ * queued for seg_drain_unlinks. */
+void seg_mark_dropped(struct seg_root *r, struct seg *sg);
+/* Without r->mu: remove the files of the dropped segments queued so far. */
+void seg_drain_unlinks(struct seg_root *r);
+/* Release one reader ref; closes the fd of a dropped segment. */
+void seg_unref(struct seg_root *r, struct seg *sg);
+/* Segments whose records are all dead: dropped (files removed outside). */
+void seg_reclaim_if_dead(struct seg_root *r, struct seg *sg);
+/* Unlink a dropped segment's files (no lock needed). */
+void seg_unlink_files(const struct seg_root *r, uint64_t id);
+/* Make room for `need` more bytes under the capacity: drops the least
+ * recently written closed segments; false when that cannot be done. */
+bool seg_make_room(struct seg_root *r, uint64_t need);
+int seg_errno_code(int e);
+void seg_path(const struct seg_root *r, uint64_t id, bool hint, char *buf, size_t len);
 
-/* ---- a root (file_root.c) ------------------------------------------------------ */
+/* ---- appending (file_log.c) ------------------------------------------------------------ */
 
-/* roots_mu (file.c) held: a root at realpath `path`, its .lock taken; NULL
- * with err and *rc set. */
-struct froot *file_root_create(const char *path, char *err, size_t errlen, int *rc);
-void file_root_free(struct froot *r);
-/* All lru_* and fns_* functions: r->mu held. */
-struct lru_ent *file_lru_find(struct froot *r, const struct fns *f, int64_t key);
-void file_list_unlink(struct lru_ent *e);
-void file_list_push_front(struct froot *r, struct lru_ent *e);
-/* Detach e from the hash and the list and drop its bytes; the caller frees it. */
-void file_lru_detach(struct froot *r, struct lru_ent *e);
-void file_lru_drop(struct froot *r, const struct fns *f, int64_t key);
-/* Record (f, key) of `size` bytes: as most recent (front != 0) or, for what
- * a scan finds, as least recent. */
-void file_lru_note(struct froot *r, struct fns *f, int64_t key, uint64_t size, int front);
-/* The namespace directory (dir, rank) of r, made on first use; NULL: no memory. */
-struct fns *file_fns_get(struct froot *r, const char *dir, uint32_t rank);
+/* Append n records (block puts or tombstones) as few large writes; items'
+ * rc set. kinds[i] is SEG_REC_BLOCK or SEG_REC_TOMB. migrated: the records
+ * take sequence numbers below every write of this store (see file.h). */
+int seg_append(struct file_store *s, struct kvs_item *items, const uint8_t *kinds, size_t n,
+               bool migrated, char *err, size_t errlen);
+/* Write the hint file of segment id (temporary name, renamed). */
+void seg_hint_write(struct seg_root *r, uint64_t id, uint64_t seg_len, struct seg_ns *const *nss,
+                    size_t nnss, const struct seg_hint_ent *ents, size_t nents, bool sync);
+/* Migrated blocks (file.c): appended with epoch-0 sequences. */
+int seg_put_migrated(struct kvs_store *ks, struct kvs_item *items, size_t n, char *err,
+                     size_t errlen);
+/* Close the handle's open segment (hint file written). */
+void seg_writer_close(struct file_store *s);
 
-/* ---- paths, I/O, namespaces (file_io.c) ------------------------------------------ */
+/* ---- recovery (file_recover.c) ---------------------------------------------------------- */
 
-/* The path of f's block `key`: 0 or -KVNODE_EINVAL (too long). */
-int file_block_path(const struct fns *f, int64_t key, char *buf, size_t len);
-/* An errno as a -KVNODE_E* code. */
-int file_errno_code(int e);
-/* Bytes read (< len only at end of file) or -1. */
-ssize_t file_read_full(int fd, void *buf, size_t len);
-int file_mkdir_p(const char *path, mode_t mode);
-/* The parent directory of path (into buf). */
-void file_parent_of(const char *path, char *buf, size_t len);
-/* Write a + b to `final` atomically (see file_io.c). */
-int file_write_atomic(struct file_store *s, const char *dir, const char *final, const void *a,
-                      size_t alen, const void *b, size_t blen, char *err, size_t errlen);
-/* 0, or -KVNODE_EINVAL when a call names no namespace. */
-int file_check_ns(const struct kvs_ns *ns, char *err, size_t errlen);
-/* The namespace directory of a call (cached per handle). */
-int file_resolve_ns(struct file_store *s, const struct kvs_ns *ns, struct fns **out, char *err,
-                    size_t errlen);
-/* Make f's directory and its layout file (once per process unless the
- * layout changes). */
-int file_ensure_layout(struct file_store *s, struct fns *f, const struct kvs_ns *ns, char *err,
-                       size_t errlen);
-
-/* ---- the recovery scan (file_scan.c) --------------------------------------------- */
-
-int file_scan(struct kvs_store *ks, struct kvs_scan **cursor, size_t budget,
-              void (*found)(void *arg, const struct kvs_found *f), void *arg, char *err,
-              size_t errlen);
+int seg_scan(struct kvs_store *ks, struct kvs_scan **cursor, size_t budget,
+             void (*found)(void *arg, const struct kvs_found *f), void *arg, char *err,
+             size_t errlen);
 
 #endif

@@ -34,7 +34,9 @@ struct kvs_ns {
 struct kvs_config {
     const char *backend;          /* "file" | "v6d" | "redis" */
     const char *path;             /* file: root directory */
-    uint64_t capacity_bytes;      /* file: evict LRU blocks beyond this (0: no limit) */
+    uint64_t capacity_bytes;      /* file: drop the oldest segments beyond this (0: no limit) */
+    uint64_t segment_bytes;       /* file: a segment closes at this size (0: the default) */
+    int direct_io;                /* file: KVS_DIRECT_* */
     int fsync_policy;             /* KVS_FSYNC_* */
     const char *url;              /* v6d: control-plane base URL */
     const char *socket_path;      /* v6d: data-plane unix socket */
@@ -48,6 +50,7 @@ struct kvs_config {
 };
 
 enum { KVS_FSYNC_NEVER = 0, KVS_FSYNC_BATCH = 1, KVS_FSYNC_ALWAYS = 2 };
+enum { KVS_DIRECT_AUTO = 0, KVS_DIRECT_ON = 1, KVS_DIRECT_OFF = 2 };
 
 /* One block found by a recovery scan. */
 struct kvs_found {

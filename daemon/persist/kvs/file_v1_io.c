@@ -2,7 +2,7 @@
  * helpers, the atomic write (temporary file, fsync per policy, rename), and
  * resolving a call's namespace to its directory and layout file. Worker
  * threads; no lock held across I/O. */
-#include "persist/kvs/file_internal.h"
+#include "persist/kvs/file_v1.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -143,7 +143,7 @@ void file_parent_of(const char *path, char *buf, size_t len)
 /* Write a + b to `final` atomically: a unique temporary file in `dir` (made
  * when missing), fsync per policy, rename. The temporary file never
  * survives a failure. */
-int file_write_atomic(struct file_store *s, const char *dir, const char *final, const void *a,
+int file_write_atomic(struct file_v1_store *s, const char *dir, const char *final, const void *a,
                       size_t alen, const void *b, size_t blen, char *err, size_t errlen)
 {
     char tmp[PATH_MAX];
@@ -215,7 +215,7 @@ int file_check_ns(const struct kvs_ns *ns, char *err, size_t errlen)
     return 0;
 }
 
-int file_resolve_ns(struct file_store *s, const struct kvs_ns *ns, struct fns **out, char *err,
+int file_resolve_ns(struct file_v1_store *s, const struct kvs_ns *ns, struct fns **out, char *err,
                     size_t errlen)
 {
     char idbuf[NS_DEPLOYMENT_ID_MAX + 32], dir[DIR_MAX];
@@ -263,7 +263,7 @@ static int layout_file_matches(const char *path, const char *tenant, const struc
 
 /* Make f's directory and its layout file (once per process unless the
  * layout changes, e.g. a new block size for the deployment). */
-int file_ensure_layout(struct file_store *s, struct fns *f, const struct kvs_ns *ns, char *err,
+int file_ensure_layout(struct file_v1_store *s, struct fns *f, const struct kvs_ns *ns, char *err,
                        size_t errlen)
 {
     struct froot *r = s->r;

@@ -2,7 +2,7 @@
  * bucket directories a budget at a time, reports valid blocks (and adds them
  * to the LRU as least recent), removes bad block files and stale temporary
  * files, skips namespaces without a valid layout file. */
-#include "persist/kvs/file_internal.h"
+#include "persist/kvs/file_v1.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -148,7 +148,7 @@ int file_scan(struct kvs_store *ks, struct kvs_scan **cursor, size_t budget,
               void (*found)(void *arg, const struct kvs_found *f), void *arg, char *err,
               size_t errlen)
 {
-    struct file_store *s = FS(ks);
+    struct file_v1_store *s = FS1(ks);
     struct froot *r = s->r;
     struct kvs_scan *c = *cursor;
     struct dirent *de;

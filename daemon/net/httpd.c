@@ -1,0 +1,489 @@
+/* httpd: an evhttp server with the bounds evhttp lacks (see httpd.h). */
+#include "net/httpd.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/listener.h>
+
+#include "core/clock.h"
+#include "core/errmsg.h"
+#include "core/log.h"
+
+/* accept failing (out of descriptors): the listener rests this long. */
+#define HTTPD_ACCEPT_PAUSE_MS 100u
+/* Descriptors connections leave to the engine socket: a connection whose
+ * descriptor is within this many of RLIMIT_NOFILE is refused (a quarter of
+ * the limit when that is smaller). */
+#define HTTPD_FD_RESERVE     64u
+#define HTTPD_LOG_REPEAT_MS  10000u
+#define HTTPD_BUCKETS        1024u    /* connection lookup by evhttp_connection */
+#define HTTPD_MAX_SERVERS    8
+
+/* One connection, from the moment evhttp accepted it. evhttp 2.1 has no
+ * connection limit and no hook on accept, so: evhttp asks us for each new
+ * connection's bufferevent (evhttp_set_bevcb), we queue it as fresh and,
+ * from the loop right after evhttp's accept callback returns, count the
+ * connection or refuse it (httpd_adopt). The bufferevent's callback
+ * argument is its evhttp_connection. */
+struct httpd_conn {
+    struct httpd *h;
+    struct bufferevent *bev;          /* fresh: our reference, until adopted */
+    struct evhttp_connection *evcon;  /* adopted */
+    struct event *deadline;           /* for the request being received */
+    struct httpd_conn *next;          /* fresh queue, then its bucket's chain */
+};
+
+struct httpd {
+    struct event_base *base;
+    struct evhttp *http;
+    struct evhttp_bound_socket *bound;   /* NULL once shutdown began */
+    bool stopping;
+    bool unix_owned;                     /* we created path: unlink it */
+    char name[32];
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    char address[CONFIG_LISTEN_MAX + 16];
+    httpd_limits_fn limits;
+    void *limits_arg;
+    struct httpd_conn *fresh, *fresh_tail; /* accepted by evhttp, not yet adopted, oldest first */
+    struct event *adopt_ev;
+    struct httpd_conn *buckets[HTTPD_BUCKETS]; /* adopted and open, by evcon */
+    size_t nconns;
+    struct event *accept_resume_ev;      /* the paused listener tries again */
+    uint64_t accept_pauses_episode;      /* pauses since accepting last worked */
+    struct log_limit accept_log, refuse_log;
+    uint64_t accepted, refused, refused_reserve, timed_out, accept_pauses;
+};
+
+/* libevent calls a listener's error callback with the evhttp as argument,
+ * not with ours: the servers by their evhttp. */
+static struct httpd *httpd_servers[HTTPD_MAX_SERVERS];
+
+static struct httpd_limits httpd_limits_now(const struct httpd *h)
+{
+    struct httpd_limits l = { 0 };
+    h->limits(h->limits_arg, &l);
+    return l;
+}
+
+static struct httpd_conn **httpd_bucket(struct httpd *h, const struct evhttp_connection *evcon)
+{
+    uintptr_t x = (uintptr_t)evcon;
+    return &h->buckets[((x >> 4) * 0x9e3779b97f4a7c15ull) >> 54 & (HTTPD_BUCKETS - 1)];
+}
+
+/* ---- connections: cap, descriptor reserve, request deadline ------------------ */
+
+static void httpd_arm_deadline(struct httpd_conn *hc)
+{
+    uint32_t ms = httpd_limits_now(hc->h).request_timeout_ms;
+    struct timeval tv = { .tv_sec = (time_t)(ms / 1000u), .tv_usec = (suseconds_t)((ms % 1000u) * 1000u) };
+    evtimer_add(hc->deadline, &tv);
+}
+
+static void httpd_reply_sent_cb(struct evhttp_request *req, void *arg)
+{
+    (void)req;
+    httpd_arm_deadline(arg);   /* the next request on this connection */
+}
+
+void httpd_request_arrived(struct httpd *h, struct evhttp_request *req)
+{
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+
+    for (struct httpd_conn *hc = *httpd_bucket(h, evcon); hc; hc = hc->next) {
+        if (hc->evcon == evcon) {
+            evtimer_del(hc->deadline);
+            evhttp_request_set_on_complete_cb(req, httpd_reply_sent_cb, hc);
+            return;
+        }
+    }
+}
+
+/* evhttp frees the connection (any reason, our deadline included). */
+static void httpd_conn_closed_cb(struct evhttp_connection *evcon, void *arg)
+{
+    struct httpd_conn *hc = arg;
+    struct httpd *h = hc->h;
+
+    evhttp_connection_set_closecb(evcon, NULL, NULL);
+    for (struct httpd_conn **p = httpd_bucket(h, evcon); *p; p = &(*p)->next) {
+        if (*p == hc) {
+            *p = hc->next;
+            break;
+        }
+    }
+    h->nconns--;
+    event_free(hc->deadline);
+    free(hc);
+}
+
+/* The request deadline passed before the request was complete: however
+ * steadily its bytes trickle in, the connection is closed. */
+static void httpd_deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct httpd_conn *hc = arg;
+    (void)fd;
+    (void)what;
+    hc->h->timed_out++;
+    log_debug("%s: closing a connection whose request did not arrive within %u ms", hc->h->name,
+              httpd_limits_now(hc->h).request_timeout_ms);
+    evhttp_connection_free(hc->evcon);   /* httpd_conn_closed_cb frees hc */
+}
+
+/* Why a new connection on descriptor fd cannot be served, or NULL. */
+static const char *httpd_refusal(struct httpd *h, int fd, bool *reserve, char *why, size_t len)
+{
+    struct httpd_limits lim = httpd_limits_now(h);
+    struct rlimit rl;
+
+    *reserve = false;
+    if (h->stopping)
+        return "kvnoded is shutting down";
+    if (h->nconns >= lim.max_connections) {
+        snprintf(why, len, "too many %s connections (%s = %u); try again later", h->name,
+                 lim.max_connections_option ? lim.max_connections_option : "max_connections",
+                 lim.max_connections);
+        return why;
+    }
+    /* Descriptors are handed out lowest first, so a descriptor this high
+     * means nearly all below it are taken. */
+    if (fd >= 0 && getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        rlim_t keep = rl.rlim_cur / 4 < HTTPD_FD_RESERVE ? rl.rlim_cur / 4 : HTTPD_FD_RESERVE;
+        if ((rlim_t)fd + keep >= rl.rlim_cur) {
+            *reserve = true;
+            snprintf(why, len, "kvnoded is short of descriptors (RLIMIT_NOFILE %llu; the last %llu are kept "
+                     "for engines); try again later", (unsigned long long)rl.rlim_cur, (unsigned long long)keep);
+            return why;
+        }
+    }
+    return NULL;
+}
+
+/* Answer 503 on the raw socket (best effort). What the client sent is read
+ * first, so that closing sends FIN, not a reset that may discard the
+ * answer. */
+static void httpd_send_503(int fd, const char *why)
+{
+    char drop[4096], head[256];
+    int n;
+
+    for (int i = 0; i < 4 && recv(fd, drop, sizeof drop, MSG_DONTWAIT) > 0; i++) {}
+    n = snprintf(head, sizeof head, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                 "Cache-Control: no-store\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n", strlen(why) + 1);
+    if (n > 0 && send(fd, head, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) == n) {
+        ssize_t w = send(fd, why, strlen(why), MSG_NOSIGNAL | MSG_DONTWAIT);
+        w = send(fd, "\n", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)w;
+    }
+}
+
+static void httpd_adopt(struct httpd *h, struct httpd_conn *hc)
+{
+    struct bufferevent *bev = hc->bev;
+    void *evcon = NULL;
+    char buf[256], note[64];
+    const char *why;
+    bool reserve;
+    int fd = (int)bufferevent_getfd(bev);
+    uint64_t held = 0;
+
+    hc->bev = NULL;
+    bufferevent_getcb(bev, NULL, NULL, NULL, &evcon);
+    if (!evcon) {   /* evhttp gave up on it already (and cleared its callbacks) */
+        bufferevent_decref(bev);
+        free(hc);
+        return;
+    }
+    hc->evcon = evcon;
+    if (h->accept_pauses_episode) {
+        log_info("accepting %s connections on %s again after %llu pause%s", h->name, h->address,
+                 (unsigned long long)h->accept_pauses_episode, h->accept_pauses_episode == 1 ? "" : "s");
+        h->accept_pauses_episode = 0;
+    }
+    why = httpd_refusal(h, fd, &reserve, buf, sizeof buf);
+    if (!why && !(hc->deadline = evtimer_new(h->base, httpd_deadline_cb, hc)))
+        why = "out of memory";
+    if (why) {
+        h->refused++;
+        h->refused_reserve += reserve;
+        if (log_limit_pass(&h->refuse_log, clock_now_ms(), HTTPD_LOG_REPEAT_MS, &held))
+            log_warn("%s: refused a connection: %s%s", h->name, why,
+                     log_limit_note(held, "refused", note, sizeof note));
+        if (fd >= 0)
+            httpd_send_503(fd, why);
+        evhttp_connection_free(hc->evcon);
+        bufferevent_decref(bev);   /* the last reference: closes fd */
+        free(hc);
+        return;
+    }
+    struct httpd_conn **b = httpd_bucket(h, hc->evcon);
+    hc->next = *b;
+    *b = hc;
+    h->nconns++;
+    h->accepted++;
+    evhttp_connection_set_closecb(hc->evcon, httpd_conn_closed_cb, hc);
+    httpd_arm_deadline(hc);
+    bufferevent_decref(bev);
+}
+
+static void httpd_adopt_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct httpd *h = arg;
+    struct httpd_conn *hc;
+    (void)fd;
+    (void)what;
+    while ((hc = h->fresh) != NULL) {
+        h->fresh = hc->next;
+        if (!h->fresh)
+            h->fresh_tail = NULL;
+        hc->next = NULL;
+        httpd_adopt(h, hc);
+    }
+}
+
+/* evhttp accepted a connection and wants its bufferevent. */
+static struct bufferevent *httpd_new_bev_cb(struct event_base *base, void *arg)
+{
+    struct httpd *h = arg;
+    struct httpd_conn *hc = calloc(1, sizeof *hc);
+    struct bufferevent *bev = hc ? bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE) : NULL;
+
+    if (!bev) {
+        free(hc);
+        return NULL;
+    }
+    bufferevent_incref(bev);   /* evhttp may free it before we adopt it */
+    hc->h = h;
+    hc->bev = bev;
+    if (h->fresh_tail)
+        h->fresh_tail->next = hc;
+    else
+        h->fresh = hc;
+    h->fresh_tail = hc;
+    event_active(h->adopt_ev, 0, 0);
+    return bev;
+}
+
+static void httpd_accept_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct httpd *h = arg;
+    (void)fd;
+    (void)what;
+    if (h->bound && !h->stopping)
+        evconnlistener_enable(evhttp_bound_socket_get_listener(h->bound));
+}
+
+/* accept failed (EMFILE and the like): the connection stays in the backlog
+ * and the socket readable, so retrying at once would spin. Rest instead. */
+static void httpd_accept_error_cb(struct evconnlistener *l, void *arg)
+{
+    struct httpd *h = NULL;
+    int err = EVUTIL_SOCKET_ERROR();
+    struct timeval tv = { .tv_sec = 0, .tv_usec = HTTPD_ACCEPT_PAUSE_MS * 1000 };
+    struct rlimit rl = { 0 };
+    uint64_t held = 0;
+    char note[64];
+
+    evconnlistener_disable(l);
+    for (size_t i = 0; i < HTTPD_MAX_SERVERS && !h; i++)
+        if (httpd_servers[i] && (void *)httpd_servers[i]->http == arg)
+            h = httpd_servers[i];
+    if (!h)
+        return;
+    evtimer_add(h->accept_resume_ev, &tv);
+    h->accept_pauses++;
+    h->accept_pauses_episode++;
+    if (!log_limit_pass(&h->accept_log, clock_now_ms(), HTTPD_LOG_REPEAT_MS, &held))
+        return;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    log_warn("%s: cannot accept connections on %s: %s; pausing the listener %u ms at a time until it works "
+             "again (RLIMIT_NOFILE %llu)%s", h->name, h->address, strerror(err), HTTPD_ACCEPT_PAUSE_MS,
+             (unsigned long long)rl.rlim_cur, log_limit_note(held, "pauses", note, sizeof note));
+}
+
+/* ---- listeners --------------------------------------------------------------- */
+
+/* A unix socket at path, replacing a stale file but never a live listener. */
+static int httpd_listen_unix(struct httpd *h, const char *what, const char *path, unsigned mode, char *err,
+                             size_t errlen)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    struct stat st;
+    int fd;
+
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) {
+            errmsg_set(err, errlen, "%s unix:%s: exists and is not a socket", what, path);
+            return -1;
+        }
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+            close(fd);
+            errmsg_set(err, errlen, "%s unix:%s: another process is listening there", what, path);
+            return -1;
+        }
+        if (fd >= 0)
+            close(fd);
+        unlink(path);
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        errmsg_set(err, errlen, "%s unix:%s: socket: %s", what, path, strerror(errno));
+        return -1;
+    }
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        errmsg_set(err, errlen, "%s unix:%s: bind: %s", what, path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    snprintf(h->path, sizeof h->path, "%s", path);
+    h->unix_owned = true;
+    if (chmod(path, mode) < 0 || listen(fd, 128) < 0) {
+        errmsg_set(err, errlen, "%s unix:%s: %s", what, path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    h->bound = evhttp_accept_socket_with_handle(h->http, fd);
+    if (!h->bound) {
+        errmsg_set(err, errlen, "%s unix:%s: cannot accept on it", what, path);
+        close(fd);
+        return -1;
+    }
+    snprintf(h->address, sizeof h->address, "unix:%s", path);
+    return 0;
+}
+
+static int httpd_listen_tcp(struct httpd *h, const char *what, const char *host, uint16_t port, char *err,
+                            size_t errlen)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char ip[INET6_ADDRSTRLEN];
+    int fd;
+
+    errno = 0;
+    h->bound = evhttp_bind_socket_with_handle(h->http, host, port);
+    if (!h->bound) {
+        errmsg_set(err, errlen, "%s %s:%u: cannot bind (%s)", what, host, (unsigned)port,
+                   errno ? strerror(errno) : "address in use or unavailable");
+        return -1;
+    }
+    fd = evhttp_bound_socket_get_fd(h->bound);
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
+        errmsg_set(err, errlen, "%s: getsockname: %s", what, strerror(errno));
+        return -1;
+    }
+    if (ss.ss_family == AF_INET6) {
+        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+        inet_ntop(AF_INET6, &s6->sin6_addr, ip, sizeof ip);
+        snprintf(h->address, sizeof h->address, "[%s]:%u", ip, (unsigned)ntohs(s6->sin6_port));
+    } else {
+        struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+        inet_ntop(AF_INET, &s4->sin_addr, ip, sizeof ip);
+        snprintf(h->address, sizeof h->address, "%s:%u", ip, (unsigned)ntohs(s4->sin_port));
+    }
+    return 0;
+}
+
+int httpd_create(struct event_base *base, const char *name, const char *what, const struct config_listen *l,
+                 unsigned socket_mode, httpd_limits_fn limits, void *limits_arg, struct httpd **out,
+                 char *err, size_t errlen)
+{
+    struct httpd *h = calloc(1, sizeof *h);
+    size_t slot = 0;
+
+    *out = NULL;
+    while (slot < HTTPD_MAX_SERVERS && httpd_servers[slot])
+        slot++;
+    if (!h || slot == HTTPD_MAX_SERVERS || !(h->http = evhttp_new(base))) {
+        free(h);
+        errmsg_set(err, errlen, "%s: out of memory", name);
+        return -1;
+    }
+    h->base = base;
+    h->limits = limits;
+    h->limits_arg = limits_arg;
+    snprintf(h->name, sizeof h->name, "%s", name);
+    h->adopt_ev = event_new(base, -1, 0, httpd_adopt_cb, h);
+    h->accept_resume_ev = evtimer_new(base, httpd_accept_resume_cb, h);
+    if (!h->adopt_ev || !h->accept_resume_ev) {
+        httpd_destroy(h);
+        errmsg_set(err, errlen, "%s: out of memory", name);
+        return -1;
+    }
+    evhttp_set_bevcb(h->http, httpd_new_bev_cb, h);
+    int rc = l->kind == CONFIG_LISTEN_UNIX ? httpd_listen_unix(h, what, l->path, socket_mode, err, errlen)
+                                           : httpd_listen_tcp(h, what, l->host, l->port, err, errlen);
+    if (rc < 0) {
+        httpd_destroy(h);
+        return -1;
+    }
+    httpd_servers[slot] = h;
+    evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(h->bound), httpd_accept_error_cb);
+    *out = h;
+    return 0;
+}
+
+struct evhttp *httpd_evhttp(struct httpd *h) { return h->http; }
+const char *httpd_address(const struct httpd *h) { return h->address; }
+bool httpd_stopping(const struct httpd *h) { return h->stopping; }
+
+void httpd_begin_shutdown(struct httpd *h)
+{
+    if (!h || h->stopping)
+        return;
+    h->stopping = true;
+    if (h->bound) {
+        evtimer_del(h->accept_resume_ev);
+        evhttp_del_accept_socket(h->http, h->bound);
+        h->bound = NULL;
+    }
+}
+
+void httpd_destroy(struct httpd *h)
+{
+    struct httpd_conn *hc;
+
+    if (!h)
+        return;
+    if (h->http)
+        evhttp_free(h->http);   /* closes listeners and connections (httpd_conn_closed_cb) */
+    while ((hc = h->fresh) != NULL) {
+        h->fresh = hc->next;
+        bufferevent_decref(hc->bev);
+        free(hc);
+    }
+    if (h->adopt_ev)
+        event_free(h->adopt_ev);
+    if (h->accept_resume_ev)
+        event_free(h->accept_resume_ev);
+    if (h->unix_owned)
+        unlink(h->path);
+    for (size_t i = 0; i < HTTPD_MAX_SERVERS; i++)
+        if (httpd_servers[i] == h)
+            httpd_servers[i] = NULL;
+    free(h);
+}
+
+void httpd_get_stats(const struct httpd *h, struct httpd_stats *out)
+{
+    *out = (struct httpd_stats){
+        .open = h->nconns, .max = httpd_limits_now(h).max_connections, .accepted = h->accepted,
+        .refused = h->refused, .refused_reserve = h->refused_reserve, .timed_out = h->timed_out,
+        .accept_pauses = h->accept_pauses,
+    };
+}

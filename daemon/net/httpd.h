@@ -1,0 +1,66 @@
+/* httpd: an HTTP server of the daemon on the loop (libevent evhttp) — the
+ * admin endpoints and the KVS front end each run one. Owns the evhttp
+ * instance, its listener (a TCP address, or a unix socket file it creates
+ * and removes) and the bounds every such server needs, which evhttp 2.1
+ * does not have:
+ *   - a connection cap (more get a 503 and are closed);
+ *   - the last descriptors below RLIMIT_NOFILE left to the engine socket;
+ *   - each request must arrive whole within a deadline of the connection
+ *     or of the previous reply (bytes trickling in do not extend it);
+ *   - a listener that cannot accept (EMFILE) rests instead of spinning.
+ * The limits are asked for through a callback at each use, so a reload
+ * applies to the next connection or request.
+ *
+ * The owner sets its request callback, body and header limits on
+ * httpd_evhttp() and calls httpd_request_arrived() first in its request
+ * callback. Loop thread only. */
+#ifndef KVNODE_HTTPD_H
+#define KVNODE_HTTPD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+struct event_base;
+struct evhttp;
+struct evhttp_request;
+struct httpd;
+
+struct httpd_limits {
+    uint32_t max_connections;
+    uint32_t request_timeout_ms;
+    const char *max_connections_option;   /* named in refusals: "admin.max_connections" */
+};
+typedef void (*httpd_limits_fn)(void *arg, struct httpd_limits *out);
+
+/* Listen on l (CONFIG_LISTEN_TCP or _UNIX; a unix socket file gets mode
+ * socket_mode, replaces a stale file but never a live listener). name is how
+ * the log and refusals call the server ("admin"); what how listen errors name
+ * the option ("admin listen"). 0, or -1 with err set. */
+int  httpd_create(struct event_base *base, const char *name, const char *what, const struct config_listen *l,
+                  unsigned socket_mode, httpd_limits_fn limits, void *limits_arg, struct httpd **out,
+                  char *err, size_t errlen);
+struct evhttp *httpd_evhttp(struct httpd *h);
+/* "127.0.0.1:PORT" (the real port when 0 was asked), "[::1]:PORT" or "unix:PATH". */
+const char *httpd_address(const struct httpd *h);
+/* req arrived whole: its connection's deadline stops, and the next request's
+ * starts once the reply has been sent. O(1). */
+void httpd_request_arrived(struct httpd *h, struct evhttp_request *req);
+/* Close the listener (no new connections); open ones stay. NULL ignored. */
+void httpd_begin_shutdown(struct httpd *h);
+bool httpd_stopping(const struct httpd *h);
+/* Close everything, remove the unix socket file. NULL ignored. */
+void httpd_destroy(struct httpd *h);
+
+struct httpd_stats {
+    uint64_t open, max, accepted;
+    uint64_t refused;          /* with 503: limit or descriptor reserve */
+    uint64_t refused_reserve;  /* of them: the last descriptors are kept for engines */
+    uint64_t timed_out;        /* the request deadline passed */
+    uint64_t accept_pauses;    /* the listener rested (out of descriptors) */
+};
+void httpd_get_stats(const struct httpd *h, struct httpd_stats *out);
+
+#endif

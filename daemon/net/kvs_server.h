@@ -1,0 +1,112 @@
+/* kvs_server: rtp-llm's KVS protocol served by kvnoded (issue 18), so that an
+ * rtp-llm engine with the KVS connector (ENABLE_KVS_CACHE) is a kvnode client
+ * with no change. docs/PROTOCOLS.md §3 and
+ * shared/docs/reference/rtp-llm-kvs-client.md describe the wire.
+ *
+ *  - Control plane (kvs_server.c): HTTP on the loop (evhttp) at
+ *    [kvs_server] listen: GET /health, POST /acquire (scope read | create),
+ *    /seal, /release, /discard. One HTTP lease is one kvnode lease per
+ *    namespace it touches, owned by the HTTP lease itself (not by a TCP
+ *    connection: the client opens one per request), with TTL = the request's
+ *    term; the cache's reaper ends them at term, a sweep frees the records.
+ *  - Data plane (kvs_server_dataplane.c): the vineyard handshake on the unix
+ *    socket [kvs_server] socket_path; the fd handed out is the host arena of
+ *    the connecting uid's tenant (SO_PEERCRED), so offsets are offsets there.
+ *  - Keys and peers (kvs_server_keys.c): the object-key parser, the layout a
+ *    key's namespace has (kvs_key_layout: the same namespace a libkvnode
+ *    client reaches by declaring that layout), and the uid of a loopback TCP
+ *    peer (the kernel's socket table, NETLINK_SOCK_DIAG).
+ *
+ * Loop thread only. */
+#ifndef KVNODE_KVS_SERVER_H
+#define KVNODE_KVS_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "mem/namespace.h"
+
+struct daemon;
+struct kvs_server;
+struct tenants;
+struct tenant;
+struct kvn_config;
+
+#define KVS_LAYOUT_NAME     "rtp_llm_group_block_v1"  /* object_metas layout; the namespace's dtype */
+#define KVS_KEY_FORMAT      "<ns>/v<version>/<deployment_id>/tp-<rank>/group-<g>/block-<int64>"
+#define KVS_KEY_MAX         512       /* bytes of one object key */
+#define KVS_PART_MAX        128       /* bytes of its ns and deployment_id parts, NUL included */
+
+/* An object key, parsed. */
+struct kvs_key {
+    char     object_ns[KVS_PART_MAX];
+    uint32_t version;
+    char     deployment_id[KVS_PART_MAX];
+    uint32_t tp_rank;
+    uint32_t group;
+    int64_t  block;
+};
+
+/* Parse key (len bytes, not NUL-terminated) as KVS_KEY_FORMAT. 0, or -1 with
+ * err naming the problem and the expected format. */
+int kvs_key_parse(const char *key, size_t len, struct kvs_key *out, char *err, size_t errlen);
+
+/* The layout of k's namespace (block_bytes as given): model = the
+ * deployment id, dtype = KVS_LAYOUT_NAME, block_tokens = num_layers =
+ * kv_heads = head_dim = 1, tp_size, tp_rank = k's rank, extra =
+ * "kvs_deployment_id=<id>;kvs_object_ns=<ns>;kvs_version=<v>;kvs_group=<g>".
+ * A libkvnode client that declares exactly this layout binds the same
+ * namespace (its blocks are the objects' blocks, key = block). 0, or -1 with
+ * err when a part does not fit a layout field or the rank is not below tp_size. */
+int kvs_key_layout(const struct kvs_key *k, uint32_t tp_size, uint64_t block_bytes, struct ns_layout *out,
+                   char *err, size_t errlen);
+
+/* The uid owning the other end of the loopback TCP connection fd (its
+ * 4-tuple looked up in the kernel's socket table, NETLINK_SOCK_DIAG). 0, or
+ * -1 with err (peer not on loopback, socket gone, no answer). */
+int kvs_peer_tcp_uid(int fd, uid_t *uid, char *err, size_t errlen);
+
+/* Counters ("kvs_server" in /stats, kvnode_kvs_server_* in /metrics). */
+struct kvs_server_stats {
+    const char *http_address, *socket_path;
+    uint64_t health, acquire_read, acquire_create, seal, release, discard;
+    uint64_t bad_requests;            /* 4xx other than 403 */
+    uint64_t denied;                  /* 403: no tenant for the peer */
+    uint64_t failed;                  /* 5xx */
+    uint64_t read_keys, read_hits, create_keys, create_existing;
+    uint64_t leases_open, leases_expired;
+    uint64_t dataplane_open, dataplane_accepted, dataplane_refused, fds_lent;
+    uint64_t http_open, http_max, http_accepted;
+    uint64_t http_refused;            /* 503 at connect: kvs_server.max_connections or descriptors */
+    uint64_t http_timed_out;          /* kvs_server.request_timeout */
+};
+
+/* Start both planes when [kvs_server] enabled = on (*out NULL otherwise).
+ * 0, or -1 with err. */
+int  kvs_server_create(struct daemon *d, struct kvs_server **out, char *err, size_t errlen);
+/* Stop listening (shutdown). */
+void kvs_server_begin_shutdown(struct kvs_server *k);
+/* End every HTTP lease (before the caches go) and free everything. NULL ok. */
+void kvs_server_destroy(struct kvs_server *k);
+void kvs_server_get_stats(const struct kvs_server *k, struct kvs_server_stats *out);
+
+/* --- shared by the files of the front end ------------------------------- */
+
+/* The tenant of a peer for the front end: [server] allow lists applied as
+ * the engine socket applies them, then tenants_for_peer. groups NULL (a TCP
+ * peer: only its uid is known): a uid that no [tenant.NAME] lists by uid
+ * while some section or allow list names groups cannot be placed soundly
+ * and is refused. NULL with why set when refused. */
+struct tenant *kvs_server_tenant(const struct kvn_config *cfg, struct tenants *ts, uid_t uid, gid_t gid,
+                                 const gid_t *groups, size_t ngroups, bool groups_known, char *why,
+                                 size_t whylen);
+
+struct kvs_dataplane;
+int  kvs_dataplane_create(struct daemon *d, struct kvs_dataplane **out, char *err, size_t errlen);
+void kvs_dataplane_stop(struct kvs_dataplane *dp);
+void kvs_dataplane_destroy(struct kvs_dataplane *dp);
+void kvs_dataplane_stats(const struct kvs_dataplane *dp, struct kvs_server_stats *out);
+
+#endif

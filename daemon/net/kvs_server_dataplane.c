@@ -1,0 +1,344 @@
+/* kvs_server dataplane: the vineyard-style handshake of rtp-llm's KVS client
+ * on [kvs_server] socket_path (see kvs_server.h). Messages both ways are an
+ * 8-byte little-endian length and that many bytes of JSON. register_request
+ * -> register_reply; get_vineyard_mmap_fd_request -> {"size":N,...}, then
+ * the host arena's fd of the peer's tenant by SCM_RIGHTS with a 1-byte
+ * payload in a sendmsg of its own (attached to the JSON, the client's plain
+ * recv would drop it). The socket then stays open, idle, until the client
+ * closes it. Owns the listener and the connections.
+ *
+ * Bounded: requests over KVS_DP_MAX_FRAME close the connection; at most
+ * [server] max_clients connections; replies are a few dozen bytes, written
+ * with non-blocking sends (a peer that does not read them is closed). Loop
+ * thread only. */
+#include "net/kvs_server.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <jansson.h>
+
+#include "cache/cache.h"
+#include "core/errmsg.h"
+#include "core/log.h"
+#include "daemon.h"
+#include "kvnode.h"
+#include "net/server.h"
+#include "tenants.h"
+
+#define KVS_DP_MAX_FRAME 4096u   /* the client's requests are under 200 bytes */
+
+struct kvs_dp_conn {
+    struct kvs_dataplane *dp;
+    int fd;
+    struct event *ev;
+    struct tenant *tenant;    /* NULL: refused (why says why) */
+    char why[384];
+    uid_t uid;
+    pid_t pid;
+    uint8_t *buf;             /* the frame being read: header, then body */
+    size_t have, want;        /* bytes in buf, bytes wanted (8: header) */
+    struct kvs_dp_conn *prev, *next;
+};
+
+struct kvs_dataplane {
+    struct daemon *d;
+    struct evconnlistener *listener;
+    char path[108];
+    bool owned;
+    struct kvs_dp_conn *conns;
+    uint64_t open, accepted, refused, fds_lent;
+};
+
+static void kvs_dp_close(struct kvs_dp_conn *c)
+{
+    struct kvs_dataplane *dp = c->dp;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        dp->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    dp->open--;
+    event_free(c->ev);
+    close(c->fd);
+    free(c->buf);
+    free(c);
+}
+
+/* One framed JSON message, whole or not at all (non-blocking). */
+static int kvs_dp_send_json(struct kvs_dp_conn *c, json_t *msg)
+{
+    char *text = json_dumps(msg, JSON_COMPACT);
+    json_decref(msg);
+    if (!text)
+        return -1;
+    uint64_t len = strlen(text);
+    uint8_t hdr[8];
+    for (int i = 0; i < 8; i++)
+        hdr[i] = (uint8_t)(len >> (8 * i));
+    struct iovec iov[2] = { { hdr, 8 }, { text, (size_t)len } };
+    struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
+    ssize_t n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    free(text);
+    return n == (ssize_t)(8 + len) ? 0 : -1;
+}
+
+static int kvs_dp_send_fd(struct kvs_dp_conn *c, int fd)
+{
+    char byte = 0;
+    struct iovec iov = { &byte, 1 };
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf };
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+
+    memset(ctl.buf, 0, sizeof ctl.buf);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    return sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) == 1 ? 0 : -1;
+}
+
+/* The host arena of the connection's tenant (the only memory it is lent). */
+static int kvs_dp_host_arena(struct kvs_dp_conn *c, uint64_t *size)
+{
+    struct cache_arena_info arenas[8];
+    size_t n = cache_arenas(c->tenant->cache, arenas, 8);
+    for (size_t i = 0; i < n; i++) {
+        if (arenas[i].tier == KVNODE_TIER_HOST && arenas[i].fd >= 0) {
+            *size = arenas[i].size;
+            return arenas[i].fd;
+        }
+    }
+    return -1;
+}
+
+/* 0: keep the connection, -1: close it. */
+static int kvs_dp_handle(struct kvs_dp_conn *c, const char *body, size_t len)
+{
+    json_error_t jerr;
+    json_t *req = json_loadb(body, len, 0, &jerr);
+    const char *type = req ? json_string_value(json_object_get(req, "type")) : NULL;
+    int rc = -1;
+
+    if (!type) {
+        log_warn("kvs data plane: pid %d uid %d sent a message that is not a JSON object with a \"type\"; "
+                 "closing", (int)c->pid, (int)c->uid);
+    } else if (strcmp(type, "register_request") == 0) {
+        rc = kvs_dp_send_json(c, json_pack("{s:s, s:s, s:i, s:i, s:s}", "type", "register_reply", "version",
+                                           "0.0.0", "code", 0, "session_id", 0, "message", ""));
+    } else if (strcmp(type, "get_vineyard_mmap_fd_request") == 0) {
+        uint64_t size = 0;
+        int fd = c->tenant ? kvs_dp_host_arena(c, &size) : -1;
+        if (fd < 0) {
+            const char *why = c->tenant ? "this daemon's host memory cannot be lent as an fd" : c->why;
+            log_warn("kvs data plane: refused pid %d uid %d: %s", (int)c->pid, (int)c->uid, why);
+            kvs_dp_send_json(c, json_pack("{s:s, s:i, s:s}", "type", "get_vineyard_mmap_fd_reply", "code", 403,
+                                          "message", why));
+            c->dp->refused++;
+        } else if (kvs_dp_send_json(c, json_pack("{s:s, s:i, s:I, s:i}", "type", "get_vineyard_mmap_fd_reply",
+                                                 "code", 0, "size", (json_int_t)size, "offset", 0)) == 0 &&
+                   kvs_dp_send_fd(c, fd) == 0) {
+            c->dp->fds_lent++;
+            log_info("kvs data plane: lent the host memory of tenant %s (%" PRIu64 " bytes) to pid %d uid %d",
+                     c->tenant->name, size, (int)c->pid, (int)c->uid);
+            rc = 0;
+        }
+    } else {
+        log_warn("kvs data plane: pid %d uid %d sent an unknown message type '%.64s' (expected "
+                 "register_request or get_vineyard_mmap_fd_request); closing", (int)c->pid, (int)c->uid, type);
+    }
+    json_decref(req);
+    return rc;
+}
+
+static void kvs_dp_read_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct kvs_dp_conn *c = arg;
+    (void)what;
+
+    for (;;) {
+        ssize_t n = recv(fd, c->buf + c->have, c->want - c->have, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            kvs_dp_close(c);
+            return;
+        }
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return;
+        }
+        c->have += (size_t)n;
+        if (c->have < c->want)
+            continue;
+        if (c->want == 8) {
+            uint64_t len = 0;
+            for (int i = 7; i >= 0; i--)
+                len = (len << 8) | c->buf[i];
+            if (len == 0 || len > KVS_DP_MAX_FRAME) {
+                log_warn("kvs data plane: pid %d sent a frame of %" PRIu64 " bytes (1..%u allowed); closing",
+                         (int)c->pid, len, KVS_DP_MAX_FRAME);
+                kvs_dp_close(c);
+                return;
+            }
+            c->want = 8 + (size_t)len;
+            continue;
+        }
+        if (kvs_dp_handle(c, (const char *)c->buf + 8, c->want - 8) < 0) {
+            kvs_dp_close(c);
+            return;
+        }
+        c->have = 0;
+        c->want = 8;
+    }
+}
+
+static void kvs_dp_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
+{
+    struct kvs_dataplane *dp = arg;
+    struct ucred cred = { .pid = -1, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+    socklen_t credlen = sizeof cred;
+    gid_t group_buf[64], *group_heap = NULL;
+    size_t ngroups = 0;
+    struct kvs_dp_conn *c;
+    (void)l;
+    (void)sa;
+    (void)salen;
+
+    if (dp->open >= dp->d->cfg->max_clients) {
+        log_warn("kvs data plane: refused a connection: %" PRIu64 " open ([server] max_clients)", dp->open);
+        dp->refused++;
+        close(fd);
+        return;
+    }
+    c = calloc(1, sizeof *c);
+    if (!c || !(c->buf = malloc(8 + KVS_DP_MAX_FRAME))) {
+        free(c);
+        close(fd);
+        return;
+    }
+    c->dp = dp;
+    c->fd = fd;
+    c->want = 8;
+    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credlen);
+    c->uid = cred.uid;
+    c->pid = cred.pid;
+    const gid_t *groups = server_peer_groups(fd, group_buf, sizeof group_buf / sizeof group_buf[0], &group_heap,
+                                             &ngroups);
+    c->tenant = kvs_server_tenant(dp->d->cfg, dp->d->tenants, cred.uid, cred.gid, groups, ngroups, true, c->why,
+                                  sizeof c->why);
+    free(group_heap);
+    c->ev = event_new(dp->d->base, fd, EV_READ | EV_PERSIST, kvs_dp_read_cb, c);
+    if (!c->ev || event_add(c->ev, NULL) < 0) {
+        if (c->ev)
+            event_free(c->ev);
+        free(c->buf);
+        free(c);
+        close(fd);
+        return;
+    }
+    c->next = dp->conns;
+    if (dp->conns)
+        dp->conns->prev = c;
+    dp->conns = c;
+    dp->open++;
+    dp->accepted++;
+}
+
+int kvs_dataplane_create(struct daemon *d, struct kvs_dataplane **out, char *err, size_t errlen)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    const char *path = d->cfg->kvs_socket_path;
+    struct kvs_dataplane *dp;
+    struct stat st;
+    int fd;
+
+    *out = NULL;
+    if (strlen(path) >= sizeof sa.sun_path) {
+        errmsg_set(err, errlen, "[kvs_server] socket_path %s: longer than %zu bytes", path, sizeof sa.sun_path - 1);
+        return -1;
+    }
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) {
+            errmsg_set(err, errlen, "[kvs_server] socket_path %s: exists and is not a socket", path);
+            return -1;
+        }
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+            close(fd);
+            errmsg_set(err, errlen, "[kvs_server] socket_path %s: another process is listening there", path);
+            return -1;
+        }
+        if (fd >= 0)
+            close(fd);
+        unlink(path);
+    }
+    dp = calloc(1, sizeof *dp);
+    if (!dp) {
+        errmsg_set(err, errlen, "kvs data plane: out of memory");
+        return -1;
+    }
+    dp->d = d;
+    snprintf(dp->path, sizeof dp->path, "%s", path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        errmsg_set(err, errlen, "[kvs_server] socket_path %s: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        free(dp);
+        return -1;
+    }
+    dp->owned = true;
+    if (chmod(path, d->cfg->socket_mode) < 0 ||
+        !(dp->listener = evconnlistener_new(d->base, kvs_dp_accept_cb, dp, LEV_OPT_CLOSE_ON_FREE, 64, fd))) {
+        errmsg_set(err, errlen, "[kvs_server] socket_path %s: cannot listen: %s", path, strerror(errno));
+        close(fd);
+        kvs_dataplane_destroy(dp);
+        return -1;
+    }
+    *out = dp;
+    return 0;
+}
+
+void kvs_dataplane_stop(struct kvs_dataplane *dp)
+{
+    if (dp && dp->listener) {
+        evconnlistener_free(dp->listener);
+        dp->listener = NULL;
+    }
+}
+
+void kvs_dataplane_destroy(struct kvs_dataplane *dp)
+{
+    if (!dp)
+        return;
+    kvs_dataplane_stop(dp);
+    while (dp->conns)
+        kvs_dp_close(dp->conns);
+    if (dp->owned)
+        unlink(dp->path);
+    free(dp);
+}
+
+void kvs_dataplane_stats(const struct kvs_dataplane *dp, struct kvs_server_stats *out)
+{
+    out->socket_path = dp->path;
+    out->dataplane_open = dp->open;
+    out->dataplane_accepted = dp->accepted;
+    out->dataplane_refused = dp->refused;
+    out->fds_lent = dp->fds_lent;
+}

@@ -1,0 +1,303 @@
+/* kvs_server keys: the KVS front end's object-key parser, the namespace
+ * layout of a key, the uid of a loopback TCP peer (NETLINK_SOCK_DIAG) and the
+ * tenant of a peer (see kvs_server.h). Loop thread only; nothing here blocks
+ * (the netlink query is answered by the kernel from its socket table). */
+#include "net/kvs_server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "core/errmsg.h"
+#include "tenants.h"
+
+/* --- object keys ------------------------------------------------------------- */
+
+static int kvs_key_fail(char *err, size_t errlen, const char *key, size_t len, const char *why)
+{
+    errmsg_set(err, errlen, "object key '%.*s%s': %s; expected " KVS_KEY_FORMAT " (rtp-llm's v1 keys)",
+               (int)(len > 96 ? 96 : len), key, len > 96 ? "..." : "", why);
+    return -1;
+}
+
+/* Decimal digits only, no sign, fits uint32. */
+static bool kvs_parse_u32(const char *s, size_t len, uint32_t *out)
+{
+    uint64_t v = 0;
+    if (len == 0 || len > 10)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+        v = v * 10 + (uint64_t)(s[i] - '0');
+    }
+    if (v > UINT32_MAX)
+        return false;
+    *out = (uint32_t)v;
+    return true;
+}
+
+/* Signed decimal int64, as rtp-llm prints cache keys (std::to_string). */
+static bool kvs_parse_i64(const char *s, size_t len, int64_t *out)
+{
+    bool neg = len > 0 && s[0] == '-';
+    uint64_t v = 0, lim = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    size_t i = neg ? 1 : 0;
+    if (len == i || len - i > 19)
+        return false;
+    for (; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (v > (lim - d) / 10)
+            return false;
+        v = v * 10 + d;
+    }
+    *out = neg ? (v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v) : (int64_t)v;
+    return true;
+}
+
+static bool kvs_prefixed(const char *s, size_t len, const char *prefix, const char **rest, size_t *restlen)
+{
+    size_t p = strlen(prefix);
+    if (len < p || memcmp(s, prefix, p) != 0)
+        return false;
+    *rest = s + p;
+    *restlen = len - p;
+    return true;
+}
+
+int kvs_key_parse(const char *key, size_t len, struct kvs_key *out, char *err, size_t errlen)
+{
+    const char *part[6], *rest;
+    size_t plen[6], np = 0, start = 0, restlen;
+
+    memset(out, 0, sizeof *out);
+    if (len == 0 || len > KVS_KEY_MAX)
+        return kvs_key_fail(err, errlen, key, len, len ? "longer than 512 bytes" : "empty");
+    if (memchr(key, '\0', len))
+        return kvs_key_fail(err, errlen, key, len, "contains a NUL byte");
+    for (size_t i = 0; i <= len; i++) {
+        if (i < len && key[i] != '/')
+            continue;
+        if (np == 6)
+            return kvs_key_fail(err, errlen, key, len, "more than 6 parts separated by '/'");
+        part[np] = key + start;
+        plen[np++] = i - start;
+        start = i + 1;
+    }
+    if (np != 6)
+        return kvs_key_fail(err, errlen, key, len, "fewer than 6 parts separated by '/'");
+    if (plen[0] == 0 || plen[0] >= KVS_PART_MAX)
+        return kvs_key_fail(err, errlen, key, len, "the namespace part is empty or longer than 127 bytes");
+    if (!kvs_prefixed(part[1], plen[1], "v", &rest, &restlen) || !kvs_parse_u32(rest, restlen, &out->version))
+        return kvs_key_fail(err, errlen, key, len, "the second part is not v<version>");
+    if (plen[2] == 0 || plen[2] >= KVS_PART_MAX)
+        return kvs_key_fail(err, errlen, key, len, "the deployment id is empty or longer than 127 bytes");
+    if (!kvs_prefixed(part[3], plen[3], "tp-", &rest, &restlen) || !kvs_parse_u32(rest, restlen, &out->tp_rank))
+        return kvs_key_fail(err, errlen, key, len, "the fourth part is not tp-<rank>");
+    if (!kvs_prefixed(part[4], plen[4], "group-", &rest, &restlen) || !kvs_parse_u32(rest, restlen, &out->group))
+        return kvs_key_fail(err, errlen, key, len, "the fifth part is not group-<g>");
+    if (!kvs_prefixed(part[5], plen[5], "block-", &rest, &restlen) || !kvs_parse_i64(rest, restlen, &out->block))
+        return kvs_key_fail(err, errlen, key, len, "the last part is not block-<signed 64-bit decimal>");
+    for (size_t i = 0; i < plen[0]; i++)
+        if ((unsigned char)part[0][i] < 0x20 || part[0][i] == ';')
+            return kvs_key_fail(err, errlen, key, len, "the namespace part has a control character or ';'");
+    for (size_t i = 0; i < plen[2]; i++)
+        if ((unsigned char)part[2][i] < 0x20 || part[2][i] == ';')
+            return kvs_key_fail(err, errlen, key, len, "the deployment id has a control character or ';'");
+    memcpy(out->object_ns, part[0], plen[0]);
+    memcpy(out->deployment_id, part[2], plen[2]);
+    return 0;
+}
+
+int kvs_key_layout(const struct kvs_key *k, uint32_t tp_size, uint64_t block_bytes, struct ns_layout *out,
+                   char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (k->tp_rank >= tp_size) {
+        errmsg_set(err, errlen, "object key rank tp-%u is not below [kvs_server] tp_size = %u; set tp_size to "
+                   "the engines' tensor-parallel size", k->tp_rank, tp_size);
+        return -1;
+    }
+    int n = snprintf(out->extra, sizeof out->extra, "kvs_deployment_id=%s;kvs_object_ns=%s;kvs_version=%u;"
+                     "kvs_group=%u", k->deployment_id, k->object_ns, k->version, k->group);
+    if (n < 0 || (size_t)n >= sizeof out->extra ||
+        snprintf(out->model, sizeof out->model, "%s", k->deployment_id) >= (int)sizeof out->model) {
+        errmsg_set(err, errlen, "object key parts too long: deployment id '%s' and namespace '%s' must "
+                   "fit a layout (model < %d bytes, extra < %d bytes)", k->deployment_id, k->object_ns,
+                   NS_MODEL_MAX, NS_EXTRA_MAX);
+        return -1;
+    }
+    snprintf(out->dtype, sizeof out->dtype, "%s", KVS_LAYOUT_NAME);
+    out->block_tokens = 1;
+    out->block_bytes = block_bytes;
+    out->num_layers = 1;
+    out->kv_heads = 1;
+    out->head_dim = 1;
+    out->tp_size = tp_size;
+    out->tp_rank = k->tp_rank;
+    return 0;
+}
+
+/* --- the uid of a loopback TCP peer ------------------------------------------ */
+
+static bool kvs_addr_loopback(const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+    if (ss->ss_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return false;
+}
+
+int kvs_peer_tcp_uid(int fd, uid_t *uid, char *err, size_t errlen)
+{
+    struct sockaddr_storage local, peer;
+    socklen_t ll = sizeof local, pl = sizeof peer;
+    struct {
+        struct nlmsghdr nlh;
+        struct inet_diag_req_v2 r;
+    } req;
+    struct sockaddr_nl nladdr = { .nl_family = AF_NETLINK };
+    union {
+        char buf[8192];
+        struct nlmsghdr align;
+    } ans;
+    int nl;
+    ssize_t got;
+
+    if (getsockname(fd, (struct sockaddr *)&local, &ll) < 0 || getpeername(fd, (struct sockaddr *)&peer, &pl) < 0) {
+        errmsg_set(err, errlen, "cannot name the connection's ends: %s", strerror(errno));
+        return -1;
+    }
+    if (peer.ss_family != local.ss_family || !kvs_addr_loopback(&peer)) {
+        errmsg_set(err, errlen, "the peer is not on loopback; the KVS front end serves engines on this node only");
+        return -1;
+    }
+    memset(&req, 0, sizeof req);
+    req.nlh.nlmsg_len = sizeof req;
+    req.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    req.nlh.nlmsg_flags = NLM_F_REQUEST;
+    req.r.sdiag_family = (uint8_t)peer.ss_family;
+    req.r.sdiag_protocol = IPPROTO_TCP;
+    req.r.idiag_states = ~0u;
+    /* The client's socket: its source is our peer, its destination us. */
+    if (peer.ss_family == AF_INET) {
+        const struct sockaddr_in *p = (const struct sockaddr_in *)&peer, *l = (const struct sockaddr_in *)&local;
+        req.r.id.idiag_sport = p->sin_port;
+        req.r.id.idiag_dport = l->sin_port;
+        memcpy(req.r.id.idiag_src, &p->sin_addr, 4);
+        memcpy(req.r.id.idiag_dst, &l->sin_addr, 4);
+    } else {
+        const struct sockaddr_in6 *p = (const struct sockaddr_in6 *)&peer, *l = (const struct sockaddr_in6 *)&local;
+        req.r.id.idiag_sport = p->sin6_port;
+        req.r.id.idiag_dport = l->sin6_port;
+        memcpy(req.r.id.idiag_src, &p->sin6_addr, 16);
+        memcpy(req.r.id.idiag_dst, &l->sin6_addr, 16);
+    }
+    req.r.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
+    req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+
+    nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (nl < 0) {
+        errmsg_set(err, errlen, "NETLINK_SOCK_DIAG socket: %s", strerror(errno));
+        return -1;
+    }
+    if (sendto(nl, &req, sizeof req, 0, (struct sockaddr *)&nladdr, sizeof nladdr) != (ssize_t)sizeof req) {
+        errmsg_set(err, errlen, "NETLINK_SOCK_DIAG query: %s", strerror(errno));
+        close(nl);
+        return -1;
+    }
+    got = recv(nl, ans.buf, sizeof ans.buf, 0);
+    close(nl);
+    if (got < 0) {
+        errmsg_set(err, errlen, "NETLINK_SOCK_DIAG answer: %s", strerror(errno));
+        return -1;
+    }
+    for (struct nlmsghdr *h = &ans.align; NLMSG_OK(h, (size_t)got); h = NLMSG_NEXT(h, got)) {
+        if (h->nlmsg_type == NLMSG_ERROR) {
+            const struct nlmsgerr *e = NLMSG_DATA(h);
+            errmsg_set(err, errlen, "the kernel does not know the peer's socket: %s", strerror(-e->error));
+            return -1;
+        }
+        if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY || h->nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
+            continue;
+        const struct inet_diag_msg *m = NLMSG_DATA(h);
+        if (m->id.idiag_sport != req.r.id.idiag_sport || m->id.idiag_dport != req.r.id.idiag_dport)
+            continue;
+        *uid = (uid_t)m->idiag_uid;
+        return 0;
+    }
+    errmsg_set(err, errlen, "the kernel's socket table has no entry for the peer");
+    return -1;
+}
+
+/* --- tenants ------------------------------------------------------------------- */
+
+static bool kvs_listed(const struct config_idlist *l, uint32_t id)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (l->id[i] == id)
+            return true;
+    return false;
+}
+
+static bool kvs_group_listed(const struct config_idlist *l, gid_t gid, const gid_t *groups, size_t ngroups)
+{
+    if (kvs_listed(l, (uint32_t)gid))
+        return true;
+    for (size_t i = 0; i < ngroups; i++)
+        if (kvs_listed(l, (uint32_t)groups[i]))
+            return true;
+    return false;
+}
+
+struct tenant *kvs_server_tenant(const struct kvn_config *cfg, struct tenants *ts, uid_t uid, gid_t gid,
+                                 const gid_t *groups, size_t ngroups, bool groups_known, char *why,
+                                 size_t whylen)
+{
+    bool uid_named = false, groups_matter = cfg->allow_gid_list.n > 0;
+    uint32_t nt = cfg->ntenants < CONFIG_TENANTS_MAX ? cfg->ntenants : CONFIG_TENANTS_MAX;
+
+    for (uint32_t i = 0; i < nt; i++) {
+        uid_named = uid_named || kvs_listed(&cfg->tenants[i].uid_list, (uint32_t)uid);
+        groups_matter = groups_matter || cfg->tenants[i].gid_list.n > 0;
+    }
+    /* Admission, as the engine socket does it. */
+    if ((cfg->allow_uid_list.n || cfg->allow_gid_list.n) && uid != 0 && uid != geteuid() &&
+        !kvs_listed(&cfg->allow_uid_list, (uint32_t)uid) &&
+        !(groups_known && kvs_group_listed(&cfg->allow_gid_list, gid, groups, ngroups))) {
+        errmsg_set(why, whylen, "uid %d is not in [server] allow_uids%s", (int)uid,
+                   groups_known ? " and none of its groups is in allow_gids"
+                                : " (over TCP only the uid is known: list it in allow_uids, or use a unix "
+                                  "listen address)");
+        return NULL;
+    }
+    if (!groups_known && !uid_named && groups_matter) {
+        errmsg_set(why, whylen, "uid %d is named by no [tenant.NAME] uids, and tenants are also chosen by "
+                   "group, which a TCP peer does not reveal: add uid %d to its tenant's uids, or set "
+                   "[kvs_server] listen = unix:PATH", (int)uid, (int)uid);
+        return NULL;
+    }
+    struct tenant *t = tenants_for_peer(ts, uid, groups_known ? gid : (gid_t)-1, groups_known ? groups : NULL,
+                                        groups_known ? ngroups : 0);
+    if (!t->cache) {
+        errmsg_set(why, whylen, "uid %d belongs to tenant %s, which has no host memory: add uid %d to a "
+                   "[tenant.NAME] section, or leave memory for tenant %s", (int)uid, t->name, (int)uid, t->name);
+        return NULL;
+    }
+    return t;
+}

@@ -1,0 +1,524 @@
+/* kvs/file recovery: the scan callback — migration of a root in the
+ * file_v1 layout, then loading every segment found at open (its hint file,
+ * else its records, a torn tail cut), then reporting the keydir in budgets.
+ * On the persist-scan thread; writes and reads go on meanwhile. */
+#include "persist/kvs/file_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/errmsg.h"
+#include "core/log.h"
+#include "kvnode.h"
+#include "persist/kvs/crc32c.h"
+#include "persist/kvs/file_v1.h"
+
+enum { PH_MIGRATE, PH_LOAD, PH_REPORT };
+
+struct kvs_scan {
+    int phase;
+    struct kvs_store *v1;          /* migration: the old backend on the same root */
+    struct kvs_scan *v1_cursor;
+    uint64_t cursor;               /* report: reverse-binary bucket cursor */
+    bool cursor_started;
+};
+
+/* ---- migration from file_v1 ------------------------------------------------------------ */
+
+struct found_list {
+    struct kvs_found *v;
+    size_t n, cap;
+};
+
+static void collect(void *arg, const struct kvs_found *f)
+{
+    struct found_list *l = arg;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        struct kvs_found *v = realloc(l->v, cap * sizeof(*v));
+        if (!v)
+            return;                /* left in the old layout; the next start migrates it */
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = *f;
+}
+
+static int rm_v1_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    if (flag == FTW_DP)
+        rmdir(path);               /* fails, harmlessly, where something else is left */
+    else if (flag == FTW_F && strcmp(path + ftw->base, LAYOUT_NAME) == 0)
+        unlink(path);
+    return 0;
+}
+
+/* The old directories, emptied of blocks: their layout files and
+ * directories go (anything else there stays). */
+static void remove_v1_tree(const struct seg_root *r)
+{
+    DIR *d = opendir(r->path);
+    struct dirent *de;
+    char p[PATH_MAX];
+    if (!d)
+        return;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.' || strcmp(de->d_name, SEG_TENANTS_DIR) == 0 ||
+            !seg_is_v1_dir(dirfd(d), de->d_name))
+            continue;
+        snprintf(p, sizeof p, "%s/%s", r->path, de->d_name);
+        nftw(p, rm_v1_entry, 16, FTW_DEPTH | FTW_PHYS);
+    }
+    closedir(d);
+    snprintf(p, sizeof p, "%s/" LOCK_NAME, r->path);
+    unlink(p);
+}
+
+/* One budget of old blocks: read (with every check of file_v1), appended
+ * and synced, then the old files removed. 1: migration over. */
+static int migrate_step(struct file_store *s, struct kvs_scan *c, size_t budget, char *err,
+                        size_t errlen)
+{
+    struct seg_root *r = s->r;
+    char e[256];
+    if (!c->v1) {
+        struct kvs_config kc = { .backend = "file-v1", .path = r->path, .tenant = r->tenant,
+                                 .fsync_policy = KVS_FSYNC_NEVER };
+        if (kvs_file_v1_backend.open(&kc, &c->v1, e, sizeof e) < 0) {
+            log_warn("kvs file: cannot open the old layout of %s for migration: %s; its blocks "
+                     "stay where they are", r->path, e);
+            return 1;
+        }
+    }
+    struct found_list l = { 0 };
+    int done = kvs_file_v1_backend.scan(c->v1, &c->v1_cursor, budget, collect, &l, e, sizeof e);
+    struct kvs_item *items = calloc(l.n ? l.n : 1, sizeof(*items));
+    struct kvs_ns *nss = calloc(l.n ? l.n : 1, sizeof(*nss));
+    char (*ids)[NS_DEPLOYMENT_ID_MAX] = calloc(l.n ? l.n : 1, sizeof(*ids));
+    size_t m = 0;
+    if (!items || !nss || !ids) {
+        free(items), free(nss), free(ids), free(l.v);
+        errmsg_set(err, errlen, "kvs file: out of memory migrating %s", r->path);
+        return -KVNODE_ENOMEM;
+    }
+    for (size_t i = 0; i < l.n; i++) {
+        struct kvs_found *f = &l.v[i];
+        ns_deployment_id(&f->layout, f->fingerprint, ids[i], sizeof ids[i]);
+        nss[i] = (struct kvs_ns){ .layout = &f->layout, .fingerprint = f->fingerprint,
+                                  .deployment_id = ids[i] };
+        void *buf = malloc(f->size ? f->size : 1);
+        if (!buf)
+            continue;
+        int rc = kvs_file_v1_backend.get(c->v1, &nss[i], f->key, buf, f->size, e, sizeof e);
+        if (rc != 0) {
+            free(buf);
+            if (rc == KVS_CORRUPT) {
+                pthread_mutex_lock(&r->mu);
+                r->st.migrate_bad++;
+                pthread_mutex_unlock(&r->mu);
+            }
+            continue;
+        }
+        items[m++] = (struct kvs_item){ .ns = &nss[i], .key = f->key, .src = buf,
+                                        .len = f->size };
+    }
+    /* Synced before the old copies go, whatever the fsync policy. */
+    int policy = s->fsync_policy;
+    s->fsync_policy = KVS_FSYNC_BATCH;
+    if (m)
+        seg_put_migrated((struct kvs_store *)s, items, m, e, sizeof e);
+    s->fsync_policy = policy;
+    for (size_t i = 0; i < m; i++) {
+        if (items[i].rc == 0) {
+            /* Reported with the rest of the keydir once recovery is over. */
+            kvs_file_v1_backend.del(c->v1, items[i].ns, items[i].key, e, sizeof e);
+            pthread_mutex_lock(&r->mu);
+            r->st.migrated++;
+            pthread_mutex_unlock(&r->mu);
+        }
+        free((void *)items[i].src);
+    }
+    free(items), free(nss), free(ids), free(l.v);
+    if (done == 0)
+        return 0;
+    if (done < 0)
+        log_warn("kvs file: migration of %s stopped: %s", r->path, e);
+    else
+        log_info("kvs file: %s: the old file-per-block layout is migrated into the segment log",
+                 r->path);
+    kvs_file_v1_backend.close(c->v1);
+    c->v1 = NULL;
+    c->v1_cursor = NULL;
+    remove_v1_tree(r);
+    return 1;
+}
+
+/* ---- loading a segment ---------------------------------------------------------------------- */
+
+static void count(struct seg_root *r, uint64_t *ctr, uint64_t by)
+{
+    pthread_mutex_lock(&r->mu);
+    *ctr += by;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void apply(struct seg_root *r, struct seg_ns *ns, const struct seg_hint_ent *e,
+                  struct seg *sg)
+{
+    pthread_mutex_lock(&r->mu);
+    if (e->type == SEG_REC_TOMB)
+        sg->tombs++;
+    seg_kd_apply(r, ns, e->key, e->type == SEG_REC_TOMB ? KD_TOMB : KD_BLOCK, sg, e->off,
+                 e->size, e->crc, e->seq);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static struct seg_ns *ns_of(struct seg_ns **v, size_t n, uint64_t fp, uint32_t rank)
+{
+    for (size_t i = 0; i < n; i++)
+        if (v[i]->fingerprint == fp && v[i]->rank == rank)
+            return v[i];
+    return NULL;
+}
+
+static struct seg_ns *ns_learn(struct seg_root *r, const struct ns_layout *l, uint64_t fp)
+{
+    pthread_mutex_lock(&r->mu);
+    struct seg_ns *ns = seg_ns_get(r, fp, l->tp_rank);
+    if (ns && !ns->layout_known) {
+        ns->layout = *l;
+        ns->layout_known = true;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return ns;
+}
+
+/* From the hint file: the number of entries, or -1 (missing or bad). */
+static long load_hint(struct seg_root *r, struct seg *sg)
+{
+    char p[PATH_MAX];
+    struct stat st;
+    seg_path(r, sg->id, true, p, sizeof p);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    if (fstat(fd, &st) < 0 || st.st_size < (off_t)(SEG_HINT_HDR + 4)) {
+        close(fd);
+        return -1;
+    }
+    size_t len = (size_t)st.st_size;
+    uint8_t *b = malloc(len);
+    ssize_t got = b ? pread(fd, b, len, 0) : -1;
+    close(fd);
+    uint64_t id, seg_len;
+    uint32_t nl, ne;
+    if (got != (ssize_t)len || seg_hint_hdr_decode(b, &id, &seg_len, &nl, &ne) != NULL ||
+        id != sg->id || seg_len != sg->len ||
+        (uint64_t)SEG_HINT_HDR + (uint64_t)nl * SEG_LAYOUT_SIZE + (uint64_t)ne * SEG_HINT_ENT + 4
+            != len ||
+        seg_get32(b + len - 4) != crc32c(0, b, len - 4) || nl > 4096) {
+        free(b);
+        return -1;
+    }
+    struct seg_ns *nss[4096];
+    const uint8_t *q = b + SEG_HINT_HDR;
+    for (uint32_t i = 0; i < nl; i++, q += SEG_LAYOUT_SIZE) {
+        struct ns_layout l;
+        uint64_t fp;
+        if (seg_layout_decode(q, SEG_LAYOUT_SIZE, r->tenant, &l, &fp) != NULL ||
+            !(nss[i] = ns_learn(r, &l, fp))) {
+            free(b);
+            return -1;
+        }
+    }
+    for (uint32_t i = 0; i < ne; i++, q += SEG_HINT_ENT) {
+        struct seg_hint_ent e;
+        seg_hint_ent_decode(q, &e);
+        struct seg_ns *ns = ns_of(nss, nl, e.fingerprint, e.rank);
+        if (!ns || (e.type != SEG_REC_BLOCK && e.type != SEG_REC_TOMB) ||
+            e.off + seg_rec_len(e.size) > seg_len)
+            continue;              /* cannot be: the CRC held */
+        apply(r, ns, &e, sg);
+    }
+    free(b);
+    return (long)ne;
+}
+
+/* Record by record, headers only: the number of records; a bad header is
+ * skipped to the next good one, and what follows the last good record (a
+ * torn tail) is cut. */
+static long load_records(struct seg_root *r, struct seg *sg)
+{
+    char p[PATH_MAX];
+    seg_path(r, sg->id, false, p, sizeof p);
+    int fd = open(p, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    uint64_t len = sg->len, pos = 0, good_end = 0, bad = 0;
+    const uint8_t *m = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+    if (m == MAP_FAILED) {
+        close(fd);
+        return 0;
+    }
+    if (m)
+        madvise((void *)m, len, MADV_SEQUENTIAL);
+    struct seg_ns *nss[256];
+    size_t nnss = 0, nents = 0, capents = 0;
+    struct seg_hint_ent *ents = NULL;
+    long n = 0;
+    while (pos + SEG_REC_HDR <= len) {
+        struct seg_rec h;
+        const char *why = seg_rec_decode(m + pos, &h);
+        uint64_t rl = why ? 0 : seg_rec_len(h.size);
+        if (!why && pos + rl > len)
+            why = "record runs past the end";
+        /* Headers only: a payload is checked by the get that reads it. A
+         * layout record's payload carries its own CRC (seg_layout_decode). */
+        if (why) {
+            /* Resynchronise on the next valid header; none: a torn tail. */
+            uint64_t q = pos + SEG_REC_ALIGN;
+            struct seg_rec h2;
+            while (q + SEG_REC_HDR <= len && seg_rec_decode(m + q, &h2) != NULL)
+                q += SEG_REC_ALIGN;
+            if (q + SEG_REC_HDR > len)
+                break;
+            bad++;
+            pos = q;
+            continue;
+        }
+        if (h.type == SEG_REC_LAYOUT) {
+            struct ns_layout l;
+            uint64_t fp;
+            struct seg_ns *ns;
+            if (seg_layout_decode(m + pos + SEG_REC_HDR, h.size, r->tenant, &l, &fp) == NULL &&
+                (ns = ns_learn(r, &l, fp)) && !ns_of(nss, nnss, fp, l.tp_rank) && nnss < 256)
+                nss[nnss++] = ns;
+        } else if (h.type != SEG_REC_PAD) {
+            struct seg_ns *ns = ns_of(nss, nnss, h.fingerprint, h.rank);
+            struct seg_hint_ent e = { .type = h.type, .rank = h.rank, .crc = h.crc,
+                                      .fingerprint = h.fingerprint, .size = h.size, .seq = h.seq,
+                                      .off = pos, .key = h.key };
+            if (ns) {
+                apply(r, ns, &e, sg);
+                n++;
+                if (nents == capents) {
+                    size_t cap = capents ? capents * 2 : 1024;
+                    struct seg_hint_ent *v = realloc(ents, cap * sizeof(*v));
+                    if (v) {
+                        ents = v;
+                        capents = cap;
+                    }
+                }
+                if (nents < capents)
+                    ents[nents++] = e;
+            } else {
+                bad++;             /* no layout record names its namespace */
+            }
+        }
+        pos += rl;
+        good_end = pos;
+    }
+    if (m)
+        munmap((void *)m, len);
+    if (good_end < len) {
+        if (ftruncate(fd, (off_t)good_end) == 0) {
+            pthread_mutex_lock(&r->mu);
+            r->st.torn_tails++;
+            r->st.torn_bytes += len - good_end;
+            r->st.disk_bytes -= len - good_end;
+            sg->len = good_end;
+            pthread_mutex_unlock(&r->mu);
+            log_info("kvs file: segment %s: cut a torn tail of %" PRIu64 " bytes", p,
+                     len - good_end);
+        }
+    }
+    close(fd);
+    if (bad)
+        count(r, &r->st.corrupt, bad);
+    /* Closed from now on: index it so the next start reads the hint. */
+    if (bad == 0 && nents == (size_t)n && sg->len)
+        seg_hint_write(r, sg->id, sg->len, nss, nnss, ents, nents, true);
+    free(ents);
+    return n;
+}
+
+static size_t load_step(struct seg_root *r, size_t budget)
+{
+    size_t done = 0;
+    while (done < budget) {
+        pthread_mutex_lock(&r->mu);
+        if (r->load_next >= r->nloading) {
+            pthread_mutex_unlock(&r->mu);
+            break;
+        }
+        struct seg *sg = r->segs[r->load_next++];
+        r->load_busy++;
+        pthread_mutex_unlock(&r->mu);
+        long n = load_hint(r, sg);
+        if (n >= 0) {
+            count(r, &r->st.hints_loaded, 1);
+        } else {
+            count(r, &r->st.hints_bad, 1);
+            n = load_records(r, sg);
+        }
+        pthread_mutex_lock(&r->mu);
+        sg->loading = false;
+        r->load_busy--;
+        if (r->load_next >= r->nloading && r->load_busy == 0 && !r->v1_pending) {
+            r->recovered = true;
+            for (size_t i = 0; i < r->nloading; i++)
+                seg_reclaim_if_dead(r, r->segs[i]);
+        }
+        pthread_mutex_unlock(&r->mu);
+        seg_drain_unlinks(r);
+        done += (size_t)n + 1;
+    }
+    return done;
+}
+
+/* ---- reporting ------------------------------------------------------------------------------ */
+
+static uint64_t rev64(uint64_t v)
+{
+    v = ((v >> 1) & UINT64_C(0x5555555555555555)) | ((v & UINT64_C(0x5555555555555555)) << 1);
+    v = ((v >> 2) & UINT64_C(0x3333333333333333)) | ((v & UINT64_C(0x3333333333333333)) << 2);
+    v = ((v >> 4) & UINT64_C(0x0f0f0f0f0f0f0f0f)) | ((v & UINT64_C(0x0f0f0f0f0f0f0f0f)) << 4);
+    v = ((v >> 8) & UINT64_C(0x00ff00ff00ff00ff)) | ((v & UINT64_C(0x00ff00ff00ff00ff)) << 8);
+    v = ((v >> 16) & UINT64_C(0x0000ffff0000ffff)) | ((v & UINT64_C(0x0000ffff0000ffff)) << 16);
+    return (v >> 32) | (v << 32);
+}
+
+/* One budget of keydir entries; 1 when every bucket was visited. The
+ * reverse-binary cursor visits every entry present throughout, even when
+ * the table doubles between calls (an entry may come twice). */
+static int report_step(struct seg_root *r, struct kvs_scan *c, size_t budget,
+                       void (*found)(void *arg, const struct kvs_found *f), void *arg)
+{
+    struct kvs_found *v = malloc(budget * sizeof(*v));
+    size_t n = 0;
+    int done = 0;
+    if (!v)
+        return -KVNODE_ENOMEM;
+    pthread_mutex_lock(&r->mu);
+    do {
+        uint64_t m = r->mask;
+        size_t want = 0;
+        for (struct kd_ent *e = r->tab[c->cursor & m], *nx; e; e = nx) {
+            nx = e->next;
+            if (e->seg->dropped || e->kind == KD_TOMB)
+                seg_kd_remove(r, e);   /* stale, or a tombstone whose work is done */
+            else if (e->ns->layout_known)
+                want++;
+        }
+        if (n > 0 && n + want > budget)
+            break;                 /* this bucket next time: never more than budget */
+        if (n + want > budget) {   /* one chain longer than the budget: all of it */
+            struct kvs_found *w = realloc(v, (n + want) * sizeof(*v));
+            if (!w)
+                break;
+            v = w;
+        }
+        for (struct kd_ent *e = r->tab[c->cursor & m]; e; e = e->next)
+            if (e->ns->layout_known)
+                v[n++] = (struct kvs_found){ .layout = e->ns->layout,
+                                             .fingerprint = e->ns->fingerprint, .key = e->key,
+                                             .size = e->size };
+        c->cursor |= ~m;
+        c->cursor = rev64(c->cursor);
+        c->cursor++;
+        c->cursor = rev64(c->cursor);
+        if (c->cursor == 0)
+            done = 1;
+    } while (!done && n < budget);
+    pthread_mutex_unlock(&r->mu);
+    seg_drain_unlinks(r);
+    for (size_t i = 0; i < n && found; i++)
+        found(arg, &v[i]);
+    free(v);
+    return done;
+}
+
+/* ---- the scan callback ------------------------------------------------------------------------ */
+
+static void scan_free(struct kvs_scan *c)
+{
+    if (c->v1) {
+        if (c->v1_cursor)
+            kvs_file_v1_backend.scan(c->v1, &c->v1_cursor, 0, NULL, NULL, NULL, 0);
+        kvs_file_v1_backend.close(c->v1);
+    }
+    free(c);
+}
+
+int seg_scan(struct kvs_store *ks, struct kvs_scan **cursor, size_t budget,
+             void (*found)(void *arg, const struct kvs_found *f), void *arg, char *err,
+             size_t errlen)
+{
+    struct file_store *s = FS(ks);
+    struct seg_root *r = s->r;
+    struct kvs_scan *c = *cursor;
+
+    if (budget == 0) {
+        if (c)
+            scan_free(c);
+        *cursor = NULL;
+        return 1;
+    }
+    if (!c) {
+        if (!(c = calloc(1, sizeof(*c)))) {
+            errmsg_set(err, errlen, "kvs file: out of memory");
+            return -KVNODE_ENOMEM;
+        }
+        pthread_mutex_lock(&r->mu);
+        c->phase = r->v1_pending ? PH_MIGRATE : PH_LOAD;
+        pthread_mutex_unlock(&r->mu);
+        *cursor = c;
+    }
+    if (c->phase == PH_MIGRATE) {
+        int rc = migrate_step(s, c, budget, err, errlen);
+        if (rc < 0)
+            goto fail;
+        if (rc == 1) {
+            pthread_mutex_lock(&r->mu);
+            r->v1_pending = false;
+            if (r->load_next >= r->nloading && r->load_busy == 0)
+                r->recovered = true;
+            pthread_mutex_unlock(&r->mu);
+            c->phase = PH_LOAD;
+        }
+        return 0;
+    }
+    if (c->phase == PH_LOAD) {
+        load_step(r, budget);
+        pthread_mutex_lock(&r->mu);
+        bool over = r->recovered;
+        pthread_mutex_unlock(&r->mu);
+        if (!over)
+            return 0;              /* more to load, or another scan still loading */
+        c->phase = PH_REPORT;
+    }
+    int rc = report_step(r, c, budget, found, arg);
+    if (rc < 0)
+        goto fail;
+    if (rc == 1) {
+        scan_free(c);
+        *cursor = NULL;
+    }
+    return rc;
+fail:
+    errmsg_set(err, errlen, "kvs file: recovery scan of %s: out of memory", r->path);
+    scan_free(c);
+    *cursor = NULL;
+    return -KVNODE_ENOMEM;
+}

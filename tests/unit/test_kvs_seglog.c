@@ -1,0 +1,504 @@
+/* Unit tests of the segment log's own rules (daemon/persist/kvs/file*.c,
+ * format in file.h): the record and hint codecs, the generation rule across
+ * handles and restarts (an older write or a delete never loses to an older
+ * record), torn tails, kill -9 of a writing process and of one whose
+ * capacity drops and reclaims segments all the time (every acknowledged
+ * block byte-exact or, under capacity, a miss; never other bytes), and the
+ * migration of a root written by the file-per-block layout (file_v1). */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kvnode.h"
+#include "persist/kvs/file.h"
+#include "persist/kvs/file_internal.h"
+#include "persist/kvs/file_v1.h"
+#include "persist/kvs/kvs.h"
+
+#include "kvs_testutil.h"
+
+static const struct kvs_backend *be;
+static char tmpdir[1024];
+static char root[2048];
+static char err[512];
+
+static struct kvs_store *open_at(const struct kvs_backend *b, uint64_t capacity, int fsync_policy)
+{
+    struct kvs_config cfg = { .backend = b->name, .path = root, .capacity_bytes = capacity,
+                              .fsync_policy = fsync_policy };
+    struct kvs_store *s = NULL;
+    int rc = b->open(&cfg, &s, err, sizeof(err));
+    ck_assert_msg(rc == 0, "open: %d %s", rc, err);
+    return s;
+}
+
+static struct kvs_store *open_store(uint64_t capacity, int fsync_policy)
+{
+    return open_at(be, capacity, fsync_policy);
+}
+
+static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)st; (void)flag; (void)f;
+    remove(p);
+    return 0;
+}
+
+static void setup(void)
+{
+    const char *t = getenv("TMPDIR");
+    snprintf(tmpdir, sizeof(tmpdir), "%s/kvs-seglog-XXXXXX", t && *t ? t : "/tmp");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    snprintf(root, sizeof(root), "%s/root", tmpdir);
+    be = kvs_backend_find("file");
+    ck_assert_ptr_nonnull(be);
+}
+
+static void teardown(void)
+{
+    nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static int put_block(struct kvs_store *s, struct tns *t, int64_t key, uint32_t salt)
+{
+    return kvs_test_put_block(be, s, t, key, salt, err, sizeof(err));
+}
+
+static int check_block(struct kvs_store *s, struct tns *t, int64_t key, uint32_t salt)
+{
+    return kvs_test_check_block(be, s, t, key, salt, err, sizeof(err));
+}
+
+static void on_found(void *arg, const struct kvs_found *f)
+{
+    (void)f;
+    (*(int *)arg)++;
+}
+
+/* Scan to the end; the number of blocks reported. */
+static int scan_count(struct kvs_store *s, size_t budget)
+{
+    struct kvs_scan *cur = NULL;
+    int n = 0, rc, calls = 0;
+    do {
+        rc = be->scan(s, &cur, budget, on_found, &n, err, sizeof(err));
+        ck_assert_int_lt(++calls, 1000000);
+    } while (rc == 0);
+    ck_assert_int_eq(rc, 1);
+    return n;
+}
+
+/* ---- formats ---------------------------------------------------------------------- */
+
+START_TEST(test_record_codec)
+{
+    uint8_t b[SEG_REC_HDR];
+    struct seg_rec in = { .type = SEG_REC_BLOCK, .rank = 3, .fingerprint = 0x1122334455667788ull,
+                          .key = -5, .size = 65536, .seq = (7ull << 40) | 9, .crc = 0xdeadbeef },
+                   out;
+    seg_rec_encode(b, &in);
+    ck_assert_ptr_null(seg_rec_decode(b, &out));
+    ck_assert_uint_eq(out.type, in.type);
+    ck_assert_uint_eq(out.rank, 3);
+    ck_assert_uint_eq(out.fingerprint, in.fingerprint);
+    ck_assert_int_eq(out.key, -5);
+    ck_assert_uint_eq(out.size, 65536);
+    ck_assert_uint_eq(out.seq, in.seq);
+    ck_assert_uint_eq(out.crc, 0xdeadbeef);
+    ck_assert_uint_eq(seg_rec_len(65536), 64 + 65536);
+    ck_assert_uint_eq(seg_rec_len(1), 128);
+    ck_assert_uint_eq(seg_rec_len(0), 64);
+    /* every single-bit flip anywhere in the header is caught */
+    int caught = 0;
+    for (size_t i = 0; i < SEG_REC_HDR; i++)
+        for (int bit = 0; bit < 8; bit++) {
+            b[i] ^= (uint8_t)(1u << bit);
+            caught += seg_rec_decode(b, &out) != NULL;
+            b[i] ^= (uint8_t)(1u << bit);
+        }
+    ck_assert_int_eq(caught, SEG_REC_HDR * 8);
+    /* well-formed but meaningless: refused too */
+    struct seg_rec tomb = { .type = SEG_REC_TOMB, .size = 5 };
+    seg_rec_encode(b, &tomb);
+    ck_assert_ptr_nonnull(seg_rec_decode(b, &out));
+    struct seg_rec lay = { .type = SEG_REC_LAYOUT, .size = 10 };
+    seg_rec_encode(b, &lay);
+    ck_assert_ptr_nonnull(seg_rec_decode(b, &out));
+    struct seg_rec bad = { .type = 9 };
+    seg_rec_encode(b, &bad);
+    ck_assert_ptr_nonnull(seg_rec_decode(b, &out));
+
+    uint8_t h[SEG_HINT_HDR];
+    uint64_t id, len;
+    uint32_t nl, ne;
+    seg_hint_hdr_encode(h, 42, 1u << 20, 2, 1000);
+    ck_assert_ptr_null(seg_hint_hdr_decode(h, &id, &len, &nl, &ne));
+    ck_assert_uint_eq(id, 42);
+    ck_assert_uint_eq(len, 1u << 20);
+    ck_assert_uint_eq(nl, 2);
+    ck_assert_uint_eq(ne, 1000);
+    h[9] ^= 1;
+    ck_assert_ptr_nonnull(seg_hint_hdr_decode(h, &id, &len, &nl, &ne));
+    struct seg_hint_ent e = { .type = SEG_REC_TOMB, .rank = 1, .crc = 7, .fingerprint = 8,
+                              .size = 0, .seq = 99, .off = 4096, .key = INT64_MIN }, e2;
+    uint8_t eb[SEG_HINT_ENT];
+    seg_hint_ent_encode(eb, &e);
+    seg_hint_ent_decode(eb, &e2);
+    ck_assert_uint_eq(e2.type, e.type);
+    ck_assert_uint_eq(e2.rank, e.rank);
+    ck_assert_uint_eq(e2.crc, e.crc);
+    ck_assert_uint_eq(e2.fingerprint, e.fingerprint);
+    ck_assert_uint_eq(e2.size, e.size);
+    ck_assert_uint_eq(e2.seq, e.seq);
+    ck_assert_uint_eq(e2.off, e.off);
+    ck_assert_int_eq(e2.key, e.key);
+}
+END_TEST
+
+/* ---- generations ------------------------------------------------------------------------ */
+
+START_TEST(test_generations)
+{
+    /* Handle a's open segment has the lower id; b writes k first, then a
+     * overwrites it: a's record is the newer one, after a restart too. */
+    struct kvs_store *a = open_store(0, KVS_FSYNC_NEVER), *b = open_store(0, KVS_FSYNC_NEVER);
+    struct tns t;
+    char pa[PATH_MAX], pb[PATH_MAX];
+    mkns(&t, "gen", 4096, 0);
+    ck_assert_int_eq(put_block(a, &t, 1, 0), 0);
+    ck_assert_int_eq(kvs_file_locate(a, &t.ns, 1, pa, sizeof pa, NULL), 0);
+    ck_assert_int_eq(put_block(b, &t, 77, 1), 0);
+    ck_assert_int_eq(kvs_file_locate(b, &t.ns, 77, pb, sizeof pb, NULL), 0);
+    ck_assert_int_lt(strcmp(pa, pb), 0);               /* a's segment sorts (and is numbered) first */
+    ck_assert_int_eq(put_block(a, &t, 77, 2), 0);
+    ck_assert_int_eq(check_block(b, &t, 77, 2), 0);
+    /* a delete through b, then a write of another key, a delete of it
+     * through a, and its write again through b */
+    ck_assert_int_eq(put_block(a, &t, 5, 1), 0);
+    ck_assert_int_eq(be->del(b, &t.ns, 5, err, sizeof err), 0);
+    ck_assert_int_eq(put_block(b, &t, 6, 1), 0);
+    ck_assert_int_eq(be->del(a, &t.ns, 6, err, sizeof err), 0);
+    ck_assert_int_eq(put_block(b, &t, 6, 3), 0);
+    be->close(a);
+    be->close(b);
+
+    for (int round = 0; round < 2; round++) {
+        struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+        ck_assert_int_eq(scan_count(s, 2), 3);         /* 1, 77, 6 */
+        ck_assert_int_eq(check_block(s, &t, 77, 2), 0);
+        ck_assert_int_eq(check_block(s, &t, 5, 1), KVS_MISS);
+        ck_assert_int_eq(check_block(s, &t, 6, 3), 0);
+        ck_assert_int_eq(check_block(s, &t, 1, 0), 0);
+        be->close(s);
+        /* and once more with every hint gone: the records alone say the same */
+        DIR *d = opendir(root);
+        struct dirent *de;
+        while ((de = readdir(d)) != NULL)
+            if (strstr(de->d_name, ".hint")) {
+                char p[PATH_MAX + 300];
+                snprintf(p, sizeof p, "%s/%s", root, de->d_name);
+                unlink(p);
+            }
+        closedir(d);
+    }
+    /* Writes of a later run win over every record of an earlier one, even
+     * when the later run's first segment comes after many. */
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_count(s, 100), 3);
+    ck_assert_int_eq(put_block(s, &t, 77, 9), 0);
+    be->close(s);
+    s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_count(s, 100), 3);
+    ck_assert_int_eq(check_block(s, &t, 77, 9), 0);
+    be->close(s);
+}
+END_TEST
+
+/* Capacity never drops a segment whose tombstone hides a record in an
+ * older segment while others can go: a deleted key stays deleted after a
+ * restart. */
+START_TEST(test_capacity_keeps_tombstones)
+{
+    const uint64_t cap = 64 * 1024;
+    struct kvs_store *a = open_store(cap, KVS_FSYNC_NEVER), *b = open_store(cap, KVS_FSYNC_NEVER);
+    struct tns t;
+    struct kvs_file_stats st;
+    mkns(&t, "captomb", 1024, 0);
+    ck_assert_int_eq(put_block(a, &t, 1, 1), 0);        /* in a's segment, which stays open */
+    ck_assert_int_eq(put_block(a, &t, 2, 1), 0);        /* and keeps it alive */
+    ck_assert_int_eq(be->del(b, &t.ns, 1, err, sizeof err), 0);   /* a tombstone in b's */
+    for (int64_t k = 100; k < 400; k++)                 /* b's segments fill, close, get dropped */
+        ck_assert_int_eq(put_block(b, &t, k, 2), 0);
+    kvs_file_stats(b, &st);
+    ck_assert_uint_gt(st.segments_dropped, 10);
+    ck_assert_uint_le(st.disk_bytes, cap);
+    be->close(b);
+    be->close(a);
+    struct kvs_store *s = open_store(cap, KVS_FSYNC_NEVER);
+    int n = scan_count(s, 64);
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_eq(check_block(s, &t, 1, 1), KVS_MISS);
+    ck_assert_int_eq(check_block(s, &t, 2, 1), 0);
+    ck_assert_int_eq(check_block(s, &t, 399, 2), 0);
+    be->close(s);
+}
+END_TEST
+
+/* ---- torn tails --------------------------------------------------------------------------- */
+
+START_TEST(test_torn_tail)
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    struct tns t;
+    struct kvs_file_stats st;
+    char seg[PATH_MAX], hint[PATH_MAX];
+    uint64_t off9;
+    mkns(&t, "torn", 8192, 0);
+    for (int64_t k = 0; k < 10; k++)
+        ck_assert_int_eq(put_block(s, &t, k, 1), 0);
+    ck_assert_int_eq(kvs_file_locate(s, &t.ns, 9, seg, sizeof seg, &off9), 0);
+    ck_assert_int_eq(kvs_file_locate_hint(s, &t.ns, 9, hint, sizeof hint), 0);
+    be->close(s);
+    /* as a crash leaves it: no hint, the last record cut in its payload,
+     * then some garbage */
+    ck_assert_int_eq(unlink(hint), 0);
+    ck_assert_int_eq(truncate(seg, (off_t)(off9 + 64 + 5000)), 0);
+    FILE *f = fopen(seg, "ab");
+    ck_assert_int_eq(fwrite("garbage!", 1, 8, f), 8);
+    fclose(f);
+
+    s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_count(s, 4), 9);
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.torn_tails, 1);
+    ck_assert_uint_eq(st.torn_bytes, 64 + 5000 + 8);
+    struct stat sb;
+    ck_assert_int_eq(stat(seg, &sb), 0);
+    ck_assert_int_eq(sb.st_size, (off_t)off9);          /* cut at the last whole record */
+    for (int64_t k = 0; k < 9; k++)
+        ck_assert_int_eq(check_block(s, &t, k, 1), 0);
+    ck_assert_int_eq(check_block(s, &t, 9, 1), KVS_MISS);
+    /* the store goes on: new writes land after the cut, in a new segment */
+    ck_assert_int_eq(put_block(s, &t, 9, 2), 0);
+    ck_assert_int_eq(check_block(s, &t, 9, 2), 0);
+    be->close(s);
+    s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_count(s, 4), 10);
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.torn_tails, 0);
+    ck_assert_int_eq(check_block(s, &t, 9, 2), 0);
+    be->close(s);
+}
+END_TEST
+
+/* ---- kill -9 ------------------------------------------------------------------------------- */
+
+#define KB 4096u
+
+struct ack {
+    int64_t key;
+    uint32_t salt;
+};
+
+/* The child: writes (key, salt) blocks over NKEYS keys and reports each
+ * acknowledged write on fd; runs until killed. */
+static void child_writer(int fd, uint64_t capacity, int nkeys)
+{
+    struct kvs_config cfg = { .backend = "file", .path = root, .capacity_bytes = capacity,
+                              .fsync_policy = KVS_FSYNC_NEVER };
+    struct kvs_store *s = NULL;
+    char e[256];
+    if (be->open(&cfg, &s, e, sizeof e) != 0)
+        _exit(2);
+    struct tns t;
+    mkns(&t, "kill", KB, 0);
+    uint8_t *b = malloc(KB);
+    for (uint32_t salt = 1;; salt++)
+        for (int64_t k = 0; k < nkeys; k++) {
+            fill(b, KB, k, salt);
+            if (be->put(s, &t.ns, k, b, KB, e, sizeof e) != 0)
+                _exit(3);
+            struct ack a = { k, salt };
+            if (write(fd, &a, sizeof a) != (ssize_t)sizeof a)
+                _exit(4);
+        }
+}
+
+static void kill_case(uint64_t capacity, int nkeys, int acks_before_kill)
+{
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(p[0]);
+        child_writer(p[1], capacity, nkeys);
+        _exit(0);
+    }
+    close(p[1]);
+    uint32_t *last = calloc((size_t)nkeys, sizeof *last);
+    int acks = 0;
+    struct ack a;
+    while (acks < acks_before_kill && read(p[0], &a, sizeof a) == (ssize_t)sizeof a) {
+        last[a.key] = a.salt;
+        acks++;
+    }
+    ck_assert_int_eq(kill(pid, SIGKILL), 0);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFSIGNALED(status));
+    while (read(p[0], &a, sizeof a) == (ssize_t)sizeof a) {   /* acks still in the pipe */
+        last[a.key] = a.salt;
+        acks++;
+    }
+    close(p[0]);
+    ck_assert_int_ge(acks, acks_before_kill);
+
+    struct kvs_store *s = open_store(capacity, KVS_FSYNC_NEVER);
+    struct tns t;
+    mkns(&t, "kill", KB, 0);
+    int found = scan_count(s, 64);
+    int wrong = 0, present = 0, missing = 0;
+    uint8_t *got = malloc(KB), *want = malloc(KB);
+    for (int64_t k = 0; k < nkeys; k++) {
+        int rc = be->get(s, &t.ns, k, got, KB, err, sizeof err);
+        if (rc == KVS_MISS) {
+            missing += last[k] != 0;
+            continue;
+        }
+        ck_assert_msg(rc == 0, "key %lld: %d %s", (long long)k, rc, err);
+        present++;
+        /* the last acknowledged version, or the one in flight at the kill */
+        fill(want, KB, k, last[k]);
+        if (memcmp(got, want, KB) != 0) {
+            fill(want, KB, k, last[k] + 1);
+            wrong += memcmp(got, want, KB) != 0;
+        }
+    }
+    ck_assert_int_eq(wrong, 0);
+    ck_assert_int_eq(found, present);
+    if (!capacity) {
+        ck_assert_int_eq(missing, 0);                   /* every acknowledged block is there */
+    } else {
+        struct kvs_file_stats st;
+        kvs_file_stats(s, &st);
+        ck_assert_uint_le(st.disk_bytes, capacity);
+        ck_assert_int_gt(present, 0);
+    }
+    free(got);
+    free(want);
+    free(last);
+    be->close(s);
+}
+
+START_TEST(test_kill_during_writes)
+{
+    kill_case(0, 300, 600 + 211 * _i);
+}
+END_TEST
+
+START_TEST(test_kill_during_compaction)
+{
+    /* 64 KiB of capacity for 200 blocks of 4 KiB: segments are dropped
+     * (capacity) and reclaimed (overwritten) all the time. */
+    kill_case(64 * 1024, 200, 500 + 137 * _i);
+}
+END_TEST
+
+/* ---- migration from the file-per-block layout ------------------------------------------ */
+
+START_TEST(test_migration)
+{
+    struct kvs_store *old = open_at(&kvs_file_v1_backend, 0, KVS_FSYNC_NEVER);
+    struct tns a, b;
+    char bad[PATH_MAX];
+    mkns(&a, "mig", 2048, 0);
+    mkns(&b, "mig", 2048, 1);
+    for (int64_t k = 0; k < 40; k++) {
+        ck_assert_int_eq(kvs_test_put_block(&kvs_file_v1_backend, old, &a, k, 3, err, sizeof err), 0);
+        ck_assert_int_eq(kvs_test_put_block(&kvs_file_v1_backend, old, &b, -k, 4, err, sizeof err), 0);
+    }
+    /* one old copy is bad: it is not migrated (and is counted) */
+    ck_assert_int_eq(kvs_file_v1_block_path(old, &a.ns, 7, bad, sizeof bad), 0);
+    kvs_file_v1_backend.close(old);
+    int fd = open(bad, O_RDWR);
+    ck_assert_int_eq(pwrite(fd, "X", 1, 64 + 100), 1);
+    close(fd);
+
+    /* a directory that is not the old layout's is left alone */
+    char other[PATH_MAX];
+    snprintf(other, sizeof other, "%s/lost+found", root);
+    ck_assert_int_eq(mkdir(other, 0700), 0);
+
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_count(s, 16), 79);
+    struct kvs_file_stats st;
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.migrated, 79);
+    ck_assert_uint_eq(st.migrate_bad, 1);
+    for (int64_t k = 0; k < 40; k++) {
+        ck_assert_int_eq(check_block(s, &a, k, 3), k == 7 ? KVS_MISS : 0);
+        ck_assert_int_eq(check_block(s, &b, -k, 4), 0);
+    }
+    /* the old tree is gone: only segments (and the lock) under the root */
+    DIR *d = opendir(root);
+    struct dirent *de;
+    int dirs = 0;
+    while ((de = readdir(d)) != NULL)
+        if (de->d_type == DT_DIR && de->d_name[0] != '.' && strcmp(de->d_name, "lost+found") != 0) {
+            fprintf(stderr, "left: %s\n", de->d_name);
+            dirs++;
+        }
+    closedir(d);
+    ck_assert_int_eq(dirs, 0);
+    struct stat ost;
+    ck_assert_int_eq(stat(other, &ost), 0);
+    /* writes of the new log win over migrated copies */
+    ck_assert_int_eq(put_block(s, &a, 1, 9), 0);
+    be->close(s);
+    s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_count(s, 16), 79);
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.migrated, 0);
+    ck_assert_int_eq(check_block(s, &a, 1, 9), 0);
+    ck_assert_int_eq(check_block(s, &b, -39, 4), 0);
+    be->close(s);
+}
+END_TEST
+
+static Suite *seglog_suite(void)
+{
+    Suite *s = suite_create("kvs_seglog");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_record_codec);
+    tcase_add_test(tc, test_generations);
+    tcase_add_test(tc, test_torn_tail);
+    tcase_add_test(tc, test_capacity_keeps_tombstones);
+    tcase_add_loop_test(tc, test_kill_during_writes, 0, 3);
+    tcase_add_loop_test(tc, test_kill_during_compaction, 0, 3);
+    tcase_add_test(tc, test_migration);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(seglog_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
