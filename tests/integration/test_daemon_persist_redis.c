@@ -13,6 +13,9 @@
  * - a store that hangs (SIGSTOP): the loop stays responsive (PING), a MATCH
  *   that needs a lookup answers at server.request_timeout with what is
  *   ready (0) and is counted; after SIGCONT the blocks are found and read;
+ * - a password-protected server: the password from password_file or from
+ *   KVNODE_REDIS_PASSWORD works; a wrong one fails the start with a message
+ *   that names the refusal and not the password; no log line shows it;
  * - a master killed with kill -9 while a daemon writes a burst: its replica
  *   is promoted, the daemon fetches the map again (counted) and writes on,
  *   its loop answers PINGs throughout, and a second daemon reads every
@@ -363,6 +366,67 @@ START_TEST(test_hung_store_does_not_stall_the_loop)
 }
 END_TEST
 
+/* ---- a password ------------------------------------------------------------------------------ */
+
+START_TEST(test_password_file_and_environment)
+{
+    static const char pw[] = "kvnode-s3cret-pw";
+    struct rctl one;
+    ck_assert_msg(rctl_start(&one, 0, 0, pw, NULL) == 0, "server: %s", rctl_err);
+    char path[] = "/tmp/kvnode-redis-pwfile-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, pw, strlen(pw)), (ssize_t)strlen(pw));
+    ck_assert_int_eq(write(fd, "\n", 1), 1);
+    close(fd);
+    char extra[256], conf[1024];
+    kvnode_layout lay = kvh_layout("rd-pw", BB, 1, 0);
+    kvnode_key k[4];
+    kvh_chain(k, 4, 800);
+
+    /* From the file. */
+    snprintf(extra, sizeof extra, "persist.password_file=%s\n", path);
+    redis_conf(conf, sizeof conf, one.seeds, extra);
+    kvh_daemon d;
+    KVH_START(&d, conf);
+    ck_assert_str_eq(pstate(&d), "ok");
+    kvnode_client *c;
+    KVH_CONNECT(&d, &lay, &c);
+    put_ok(c, k, 4, 9);
+    wait_ge(&d, "persist.written_blocks_total", 4, 10000);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    ck_assert(rctl_cli_has(&one, 0, "4", "dbsize", (const char *)NULL));
+
+    /* From the environment: another daemon finds the blocks. */
+    char env[64];
+    snprintf(env, sizeof env, "KVNODE_REDIS_PASSWORD=%s", pw);
+    const char *const envs[] = { env, NULL };
+    const kvh_spawn_opts opts = { .env = envs };
+    redis_conf(conf, sizeof conf, one.seeds, NULL);
+    ck_assert_msg(kvh_start_ex(&d, conf, &opts) == 0, "start: %s", kvh_error());
+    KVH_CONNECT(&d, &lay, &c);
+    ck_assert_uint_eq(get_verify(c, k, 4, 9), 4);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+
+    /* A wrong password: the start fails naming the refusal, never the password. */
+    const char *const wrong[] = { "KVNODE_REDIS_PASSWORD=not-the-password", NULL };
+    const kvh_spawn_opts wopts = { .env = wrong };
+    ck_assert_int_eq(kvh_spawn_ex(&d, conf, &wopts), 0);
+    int st = kvh_wait_exit(&d, 10000);
+    ck_assert_msg(st != KVH_EXIT_TIMEOUT && st != 0, "a refused password must fail the start (status %d)", st);
+    char *log = kvh_read_log(&d);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "AUTH") && strstr(log, "WRONGPASS"), "log: %s", log);
+    ck_assert_msg(!strstr(log, "not-the-password") && !strstr(log, pw), "the log shows a password");
+    free(log);
+    kvh_destroy(&d);
+    unlink(path);
+    rctl_stop(&one);
+}
+END_TEST
+
 /* ---- a master killed in a write burst ---------------------------------------------------------- */
 
 START_TEST(test_master_killed_during_write_burst)
@@ -439,6 +503,7 @@ int main(void)
     tc = tcase_create("faults");
     tcase_add_test(tc, test_store_down_at_start);
     tcase_add_test(tc, test_hung_store_does_not_stall_the_loop);
+    tcase_add_test(tc, test_password_file_and_environment);
     tcase_add_test(tc, test_master_killed_during_write_burst);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
