@@ -11,9 +11,20 @@
  * The keys of one call form a chain: keys[i-1] is the parent of keys[i].
  * match and get answer with the longest cached prefix.
  *
- * Threading: a kvnode_client is not thread-safe. Use one client object per
- * thread, or serialise every call on a client yourself. Different clients may
- * be used concurrently from different threads.
+ * Threading: every call on a client may be made from any number of threads
+ * at once (requests from different threads are pipelined over the one
+ * connection and matched to their replies by id), except kvnode_close,
+ * kvnode_prefault and kvnode_pin_host, which the caller must not overlap
+ * with other calls on that client. kvnode_last_error gives each thread the
+ * message of its own last failed call. A client used only synchronously has
+ * no thread of its own (a waiting caller reads the socket); the first
+ * asynchronous MATCH/DELETE starts its I/O thread and the first asynchronous
+ * GET/PUT its batch thread; they block every signal. After fork(), only the
+ * parent may use a client.
+ *
+ * Asynchronous calls: kvnode_submit_* send a batch and return at once with a
+ * ticket; its completion is collected with kvnode_drain, without blocking,
+ * when kvnode_event_fd polls readable (see "Asynchronous calls" below).
  *
  * Errors: every function returning int returns 0 on success or a negative
  * KVNODE_E* code; kvnode_strerror() names the code and kvnode_last_error()
@@ -238,14 +249,87 @@ int  kvnode_ping(kvnode_client *c);
  * clients may call it. */
 int  kvnode_reload(kvnode_client *c, char **not_applied);
 
+/* --- batched copies (KVNODE_0.3) ------------------------------------------ */
+
+/* Flags of kvnode_get_batch / kvnode_put_batch / kvnode_submit_get / _put. */
+enum {
+    /* dst[i] / src[i] are GPU memory of the client's CUDA device (device
+     * pointers): every block is moved with cudaMemcpy. Needs a client that
+     * declared a CUDA device and found a CUDA runtime (else -KVNODE_ESTATE). */
+    KVNODE_BATCH_DEVICE = 1u << 0,
+};
+/* kvnode_get / kvnode_put with flags: n blocks between the cache and the
+ * caller's pages in one call (split into chunks of max_keys as those are;
+ * one lease per chunk, held only while its blocks are copied). 0 flags:
+ * exactly kvnode_get / kvnode_put. Unknown flags: -KVNODE_EINVAL. */
+int  kvnode_get_batch(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
+                      unsigned flags, size_t *got);
+int  kvnode_put_batch(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src,
+                      unsigned flags);
+
+/* --- asynchronous calls (KVNODE_0.3) ----------------------------------------
+ *
+ * kvnode_submit_* check their arguments, send the request and return a
+ * ticket (> 0) without waiting. Each ticket completes exactly once, with a
+ * kvnode_completion collected by kvnode_drain; kvnode_event_fd is readable
+ * while completions wait. Completions come in the order requests finish,
+ * not the order they were submitted. The keys are copied at submit; the
+ * page arrays' pointers are copied too, but the pages they point to must
+ * stay valid (and untouched) until the ticket completes.
+ *
+ * MATCH and DELETE batches are one request each, pipelined with every other
+ * request of the client. GET and PUT batches run one after another on a
+ * thread of the client (kvnode_get_batch / kvnode_put_batch there), whose
+ * requests are pipelined in turn. Each request has the client's timeout; one
+ * that passes it ends the connection as in the synchronous calls.
+ *
+ * When the connection ends (daemon died, protocol error, timeout,
+ * kvnode_cancel) every ticket still in flight completes with the error
+ * (-KVNODE_ECLOSED, -KVNODE_ETIMEDOUT, ...) and a message; nothing hangs.
+ * kvnode_close completes and frees whatever was not drained. */
+typedef uint64_t kvnode_ticket;
+enum { KVNODE_OP_MATCH = 1, KVNODE_OP_GET = 2, KVNODE_OP_PUT = 3, KVNODE_OP_DELETE = 4 };
+typedef struct kvnode_completion {
+    kvnode_ticket ticket;
+    int    op;          /* KVNODE_OP_* */
+    int    rc;          /* 0 or a negative KVNODE_E* code */
+    size_t count;       /* MATCH: prefix matched; GET: blocks copied (a prefix); PUT: blocks
+                         * stored (n on success); DELETE: keys deleted */
+    void  *user;        /* as given to the submit call */
+    char   error[256];  /* rc < 0: what went wrong (as kvnode_last_error would say) */
+} kvnode_completion;
+
+/* The completion eventfd (EFD_NONBLOCK | EFD_CLOEXEC, owned by the client:
+ * do not read or close it): readable while kvnode_drain has something. */
+int  kvnode_event_fd(const kvnode_client *c);
+int  kvnode_submit_match(kvnode_client *c, const kvnode_key *keys, size_t n, void *user,
+                         kvnode_ticket *ticket);
+int  kvnode_submit_delete(kvnode_client *c, const kvnode_key *keys, size_t n, void *user,
+                          kvnode_ticket *ticket);
+int  kvnode_submit_get(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
+                       unsigned flags, void *user, kvnode_ticket *ticket);
+int  kvnode_submit_put(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src,
+                       unsigned flags, void *user, kvnode_ticket *ticket);
+/* Move up to max finished completions into out; never blocks. Returns how
+ * many (0 when none is waiting, or c is NULL). */
+size_t kvnode_drain(kvnode_client *c, kvnode_completion *out, size_t max);
+/* Tickets submitted and not yet drained. */
+size_t kvnode_pending(kvnode_client *c);
+/* End the connection now: every ticket in flight completes with
+ * -KVNODE_ECLOSED ("cancelled ..."), threads waiting in synchronous calls
+ * return it, later calls fail with it. The completions can still be drained;
+ * kvnode_close is still needed. */
+void kvnode_cancel(kvnode_client *c);
+
 /* rtp-llm / KVCM chained block hash (see docs/PROTOCOLS.md §4.1): one key per full
  * block of block_tokens tokens, at most max_keys; returns the number written. */
 size_t kvnode_hash_tokens(const int64_t *tokens, size_t ntokens, uint32_t block_tokens,
                           kvnode_key *keys, size_t max_keys); /* rtp-llm/KVCM chained hash */
 
 const char *kvnode_strerror(int rc);
-/* Message of the last failed call on c ("" when none). Valid until the next call.
- * c == NULL gives kvnode_connect_error(). */
+/* Message of the last failed call on c made by this thread ("" when none;
+ * a thread without one gets the last of any thread). Valid until this
+ * thread's next call on c. c == NULL gives kvnode_connect_error(). */
 const char *kvnode_last_error(const kvnode_client *c);
 /* Per-call timeout in milliseconds (> 0). */
 void kvnode_set_timeout(kvnode_client *c, int timeout_ms);

@@ -8,8 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -21,6 +19,7 @@
 #include "core/clock.h"
 #include "core/errmsg.h"
 #include "core/log.h"
+#include "net/unix_listen.h"
 
 /* accept failing (out of descriptors): the listener rests this long. */
 #define HTTPD_ACCEPT_PAUSE_MS 100u
@@ -320,46 +319,17 @@ static void httpd_accept_error_cb(struct evconnlistener *l, void *arg)
 static int httpd_listen_unix(struct httpd *h, const char *what, const char *path, unsigned mode, char *err,
                              size_t errlen)
 {
-    struct sockaddr_un sa = { .sun_family = AF_UNIX };
-    struct stat st;
+    char label[CONFIG_LISTEN_MAX + 64];
     int fd;
 
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-    if (lstat(path, &st) == 0) {
-        if (!S_ISSOCK(st.st_mode)) {
-            errmsg_set(err, errlen, "%s unix:%s: exists and is not a socket", what, path);
-            return -1;
-        }
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
-            close(fd);
-            errmsg_set(err, errlen, "%s unix:%s: another process is listening there", what, path);
-            return -1;
-        }
-        if (fd >= 0)
-            close(fd);
-        unlink(path);
-    }
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-        errmsg_set(err, errlen, "%s unix:%s: socket: %s", what, path, strerror(errno));
+    snprintf(label, sizeof label, "%s unix:%s", what, path);
+    if ((fd = unix_listen(path, mode, 128, label, err, errlen)) < 0)
         return -1;
-    }
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
-        errmsg_set(err, errlen, "%s unix:%s: bind: %s", what, path, strerror(errno));
-        close(fd);
-        return -1;
-    }
     snprintf(h->path, sizeof h->path, "%s", path);
     h->unix_owned = true;
-    if (chmod(path, mode) < 0 || listen(fd, 128) < 0) {
-        errmsg_set(err, errlen, "%s unix:%s: %s", what, path, strerror(errno));
-        close(fd);
-        return -1;
-    }
     h->bound = evhttp_accept_socket_with_handle(h->http, fd);
     if (!h->bound) {
-        errmsg_set(err, errlen, "%s unix:%s: cannot accept on it", what, path);
+        errmsg_set(err, errlen, "%s: cannot accept on it", label);
         close(fd);
         return -1;
     }

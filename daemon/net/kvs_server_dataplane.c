@@ -15,12 +15,11 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -33,6 +32,7 @@
 #include "daemon.h"
 #include "kvnode.h"
 #include "net/server.h"
+#include "net/unix_listen.h"
 #include "tenants.h"
 
 #define KVS_DP_MAX_FRAME 4096u   /* the client's requests are under 200 bytes */
@@ -260,52 +260,29 @@ static void kvs_dp_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
 
 int kvs_dataplane_create(struct daemon *d, struct kvs_dataplane **out, char *err, size_t errlen)
 {
-    struct sockaddr_un sa = { .sun_family = AF_UNIX };
     const char *path = d->cfg->kvs_socket_path;
+    char label[PATH_MAX + 32];
     struct kvs_dataplane *dp;
-    struct stat st;
     int fd;
 
     *out = NULL;
-    if (strlen(path) >= sizeof sa.sun_path) {
-        errmsg_set(err, errlen, "[kvs_server] socket_path %s: longer than %zu bytes", path, sizeof sa.sun_path - 1);
-        return -1;
-    }
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-    if (lstat(path, &st) == 0) {
-        if (!S_ISSOCK(st.st_mode)) {
-            errmsg_set(err, errlen, "[kvs_server] socket_path %s: exists and is not a socket", path);
-            return -1;
-        }
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
-            close(fd);
-            errmsg_set(err, errlen, "[kvs_server] socket_path %s: another process is listening there", path);
-            return -1;
-        }
-        if (fd >= 0)
-            close(fd);
-        unlink(path);
-    }
+    snprintf(label, sizeof label, "[kvs_server] socket_path %s", path);
     dp = calloc(1, sizeof *dp);
     if (!dp) {
         errmsg_set(err, errlen, "kvs data plane: out of memory");
         return -1;
     }
     dp->d = d;
-    snprintf(dp->path, sizeof dp->path, "%s", path);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
-        errmsg_set(err, errlen, "[kvs_server] socket_path %s: %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
+    if (strlen(path) >= sizeof dp->path || (fd = unix_listen(path, d->cfg->socket_mode, 64, label, err, errlen)) < 0) {
+        if (strlen(path) >= sizeof dp->path)
+            errmsg_set(err, errlen, "%s: longer than %zu bytes", label, sizeof dp->path - 1);
         free(dp);
         return -1;
     }
+    memcpy(dp->path, path, strlen(path) + 1);
     dp->owned = true;
-    if (chmod(path, d->cfg->socket_mode) < 0 ||
-        !(dp->listener = evconnlistener_new(d->base, kvs_dp_accept_cb, dp, LEV_OPT_CLOSE_ON_FREE, 64, fd))) {
-        errmsg_set(err, errlen, "[kvs_server] socket_path %s: cannot listen: %s", path, strerror(errno));
+    if (!(dp->listener = evconnlistener_new(d->base, kvs_dp_accept_cb, dp, LEV_OPT_CLOSE_ON_FREE, 0, fd))) {
+        errmsg_set(err, errlen, "%s: cannot listen: %s", label, strerror(errno));
         close(fd);
         kvs_dataplane_destroy(dp);
         return -1;

@@ -575,8 +575,10 @@ static int alpha_client(void *arg)
     size_t hits;
     uint8_t blk[BLOCK];
     const uint8_t *blocks[1] = { blk };
-    if (kvsc_open(&c, tenant_env->url, tenant_env->kvs_sock, why, sizeof why) != 0)
+    if (kvsc_open(&c, tenant_env->url, tenant_env->kvs_sock, why, sizeof why) != 0) {
+        fprintf(stderr, "alpha_client: kvsc_open: %s\n", why);
         return 10;
+    }
     if (c.size != (16u << 20))
         return 11;
     if (kvsc_read(&c, &key, 1, NULL, BLOCK, 60, &hits, NULL) != 0 || hits != 0)
@@ -603,8 +605,12 @@ static int beta_client(void *arg)
     if (!msg || !strstr(msg, "cannot establish the tenant"))
         return 21;
     kvsc_reply_free(&r);
-    if (kvsc_open(&c, tenant_env->url, tenant_env->kvs_sock, why, sizeof why) != 0 || c.size != (8u << 20))
+    if (kvsc_open(&c, tenant_env->url, tenant_env->kvs_sock, why, sizeof why) != 0) {
+        fprintf(stderr, "beta_client: kvsc_open: %s\n", why);
         return 22;
+    }
+    if (c.size != (8u << 20))
+        return 23;
     return 0;
 }
 
@@ -728,8 +734,14 @@ static int beta_unix_client(void *arg)
     size_t hits;
     uint8_t blk[BLOCK];
     const uint8_t *blocks[1] = { blk };
-    if (kvsc_open(&c, tenant_env->url, tenant_env->kvs_sock, why, sizeof why) != 0 || c.size != (8u << 20))
+    if (kvsc_open(&c, tenant_env->url, tenant_env->kvs_sock, why, sizeof why) != 0) {
+        fprintf(stderr, "beta_unix_client: kvsc_open: %s\n", why);
         return 30;
+    }
+    if (c.size != (8u << 20)) {
+        fprintf(stderr, "beta_unix_client: lent %llu bytes, not beta's 8 MiB\n", (unsigned long long)c.size);
+        return 33;
+    }
     bfill(blk, BLOCK, 2, 8);
     if (kvsc_store(&c, &key, 1, blocks, BLOCK, 60) != 0)
         return 31;

@@ -22,7 +22,8 @@
  *     on the client's device through the runtime (a fake one, injected with
  *     cudart_set_override, since the test machine has no GPU) and fails the
  *     connect clearly without one; copying calls use cudaMemcpy for device
- *     memory; kvnode_pin_host registers the host arena. */
+ *     memory (and for every block with KVNODE_BATCH_DEVICE); kvnode_pin_host
+ *     registers the host arena. */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
@@ -1932,6 +1933,61 @@ START_TEST(test_hbm_ipc_this_machine)
 }
 END_TEST
 
+/* KVNODE_BATCH_DEVICE: the caller's pages are GPU memory, so every block,
+ * host-tier ones included, moves with cudaMemcpy(Default); without the flag
+ * host blocks are memcpy'ed. A failed copy names the caller's memory. */
+START_TEST(test_batch_device_pointers)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[2] = {100, 101}, kn[2] = {500, 501};
+    uint8_t buf[2][BB];
+    void *dst[2] = {buf[0], buf[1]};
+    const void *src[2] = {buf[0], buf[1]};
+    size_t got = 0, i;
+
+    cudart_set_override(&fake_runtime);
+    frt.current = 5;
+    f->hbm_mode = HBM_IPC;
+    f->hbm_device = 1;
+    fake_preload(f, 0, 100);
+    fake_preload(f, 0, 101);
+    fake_run(f);
+    c = connect_dev_ok(f, &test_layout, 1);
+
+    memset(buf, 0, sizeof buf);
+    ck_assert_int_eq(kvnode_get_batch(c, k, 2, dst, KVNODE_BATCH_DEVICE, &got), 0);
+    ck_assert_uint_eq(got, 2);
+    for (i = 0; i < 2; i++)
+        ck_assert_msg(check_pattern(buf[i], BB, k[i]), "block %zu differs", i);
+    ck_assert_uint_eq(frt.copies, 2);               /* both host blocks by cudaMemcpy */
+    ck_assert_int_eq(frt.copy_kind, 4);
+    ck_assert_int_eq(frt.current, 5);               /* the caller's device restored */
+
+    /* put from "device" pages, read back with plain memcpy */
+    for (i = 0; i < 2; i++)
+        fill_pattern(buf[i], BB, kn[i]);
+    ck_assert_int_eq(kvnode_put_batch(c, kn, 2, src, KVNODE_BATCH_DEVICE), 0);
+    ck_assert_uint_eq(frt.copies, 4);
+    memset(buf, 0, sizeof buf);
+    ck_assert_int_eq(kvnode_get_batch(c, kn, 2, dst, 0, &got), 0);
+    ck_assert_uint_eq(got, 2);
+    ck_assert_uint_eq(frt.copies, 4);               /* host to host: memcpy */
+    for (i = 0; i < 2; i++)
+        ck_assert_msg(check_pattern(buf[i], BB, kn[i]), "block %zu differs", i);
+
+    frt.fail_copy = 1;
+    ck_assert_int_eq(kvnode_get_batch(c, k, 2, dst, KVNODE_BATCH_DEVICE, &got), -KVNODE_EIO);
+    ck_assert_uint_eq(got, 0);
+    ck_assert_msg(strstr(kvnode_last_error(c), "get: cudaMemcpy of block 0 (to or from the "
+                         "caller's GPU memory, device 1) failed") != NULL,
+                  "error: %s", kvnode_last_error(c));
+    ck_assert_uint_eq(f->n_get_leases, 0);          /* the lease was ended */
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
 /* IPC arenas through the (fake) runtime: opened on the client's device,
  * device pointers in the locations, cudaMemcpy in the copying calls, closed
  * by kvnode_close; the caller's current device is left as it was. */
@@ -2320,6 +2376,7 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_hbm_ipc_without_runtime);
     tcase_add_test(tc, test_hbm_ipc_this_machine);
     tcase_add_test(tc, test_hbm_ipc_with_runtime);
+    tcase_add_test(tc, test_batch_device_pointers);
     tcase_add_test(tc, test_hbm_ipc_open_fails);
     tcase_add_test(tc, test_hbm_ipc_handle_shared_in_process);
     tcase_add_test(tc, test_pin_host);

@@ -1,0 +1,714 @@
+/* client_async: the submit/complete machinery of libkvnode (see kvnode.h,
+ * "Asynchronous calls", and client_internal.h for the other files).
+ *
+ * Owns, after HELLO: the socket, the requests in flight (by wire request id),
+ * the bytes queued for sending, and the completion queue and its eventfd
+ * (the public submit/drain calls on top of them are in client_submit.c).
+ *
+ * Design, "whoever waits drives the socket" until an asynchronous request
+ * needs a thread: requests are sent by the threads that make them (under the
+ * client's lock, without blocking: what the socket does not take is queued).
+ * A synchronous caller waiting for its reply reads the socket itself when
+ * nobody else does (c->driving: one at a time; it hands every reply to the
+ * request with its id, then lets another waiter take over), so a client used
+ * synchronously has no thread of its own and no thread hop per call. The
+ * first asynchronous MATCH/DELETE starts the I/O thread, which from then on
+ * does all the reading: an asynchronous user only polls the eventfd and does
+ * not call in until it is readable, so someone else must read the replies
+ * that make it readable. Whoever reads sleeps in poll() on the socket and a
+ * wake eventfd, its timeout the earliest request deadline (a new request
+ * with an earlier one wakes it): no busy loop. The daemon answers a
+ * connection's requests in order today, but nothing here relies on it:
+ * replies are matched by id, so completions may come in any order.
+ *
+ * Requests finish exactly once, under the lock: with their reply, or when
+ * the connection ends (client_kill_locked fails all of them at once with the
+ * reason). A synchronous caller's request lives on its stack and is woken
+ * through c->cond; an asynchronous one becomes a kvnode_completion whose
+ * memory was allocated at submit, so finishing cannot fail.
+ *
+ * GET/PUT batches need several round trips and copies between the arenas
+ * and the caller's pages; the worker thread runs them with the synchronous
+ * code (client_get_batch / client_put_batch), one batch after another. */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+
+/* A waiter that sees its deadline pass by this much without the I/O thread
+ * having ended its request ends the connection itself (belt and braces). */
+#define CLIENT_WAIT_GRACE_MS 1000
+/* Frames read per wakeup before the I/O thread looks at its other duties. */
+#define CLIENT_READ_BURST 64
+
+/* --- completions --------------------------------------------------------- */
+
+static void client_event_signal(kvnode_client *c)
+{
+    uint64_t one = 1;
+
+    /* Fails only when the counter would overflow: it stays readable. */
+    if (write(c->event_fd, &one, sizeof one) < 0) {
+        /* nothing to do */
+    }
+}
+
+static void client_wake_io(kvnode_client *c)
+{
+    uint64_t one = 1;
+
+    if (c->wake_fd >= 0 && write(c->wake_fd, &one, sizeof one) < 0) {
+        /* already awake */
+    }
+}
+
+void client_push_done_locked(kvnode_client *c, struct client_done *d)
+{
+    d->next = NULL;
+    if (c->done_tail)
+        c->done_tail->next = d;
+    else
+        c->done_head = d;
+    c->done_tail = d;
+    c->n_done++;
+    client_event_signal(c);
+}
+
+static void client_unlink_slot_locked(kvnode_client *c, struct client_slot *s)
+{
+    struct client_slot **pp;
+
+    for (pp = &c->slots; *pp; pp = &(*pp)->next) {
+        if (*pp == s) {
+            *pp = s->next;
+            c->n_slots--;
+            return;
+        }
+    }
+}
+
+/* The reply of an asynchronous MATCH or DELETE, turned into its completion. */
+static void client_finish_async_reply(struct client_slot *s, const Kvnode__Response *resp)
+{
+    kvnode_completion *comp = &s->async->comp;
+    int del = comp->op == KVNODE_OP_DELETE;
+    int expect = del ? KVNODE__RESPONSE__RESULT_DELETE : KVNODE__RESPONSE__RESULT_MATCH;
+    uint32_t answered;
+
+    if (resp->error) {
+        comp->rc = client_error_code(resp->error);
+        snprintf(comp->error, sizeof comp->error, "%s",
+                 resp->error->message && resp->error->message[0] ? resp->error->message
+                                                                 : kvnode_strerror(comp->rc));
+        return;
+    }
+    if ((int)resp->result_case != expect) {
+        comp->rc = -KVNODE_EPROTO;
+        snprintf(comp->error, sizeof comp->error, "protocol: %s reply carries result %d",
+                 del ? "delete" : "match", (int)resp->result_case);
+        return;
+    }
+    answered = del ? resp->delete_->deleted : resp->match->matched;
+    if (answered > s->n) {
+        comp->rc = -KVNODE_EPROTO;
+        snprintf(comp->error, sizeof comp->error, "protocol: %s of %zu keys answered %" PRIu32,
+                 del ? "delete" : "match", s->n, answered);
+        return;
+    }
+    comp->count = answered;
+}
+
+/* End a request (already unlinked): resp is its reply, or NULL with rc/msg
+ * saying why there is none. Takes resp. */
+static void client_finish_slot_locked(kvnode_client *c, struct client_slot *s,
+                                      Kvnode__Response *resp, int rc, const char *msg)
+{
+    if (s->async) {
+        struct client_done *d = s->async;
+
+        if (resp) {
+            client_finish_async_reply(s, resp);
+            kvnode__response__free_unpacked(resp, NULL);
+        } else {
+            d->comp.rc = rc;
+            snprintf(d->comp.error, sizeof d->comp.error, "%s", msg);
+        }
+        client_push_done_locked(c, d);
+        free(s);
+        return;
+    }
+    s->resp = resp;
+    s->rc = rc;
+    if (!resp)
+        snprintf(s->err, sizeof s->err, "%s", msg);
+    s->done = 1;
+    pthread_cond_broadcast(&c->cond);
+}
+
+/* The stream is unusable: remember why, fail every request in flight with
+ * rc and the reason, drop unsent bytes, and make the I/O thread leave. */
+void client_kill_locked(kvnode_client *c, int rc, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (c->dead)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(c->dead_msg, sizeof c->dead_msg, fmt, ap);
+    va_end(ap);
+    c->dead = 1;
+    c->dead_rc = rc;
+    while (c->slots) {
+        struct client_slot *s = c->slots;
+
+        c->slots = s->next;
+        c->n_slots--;
+        client_finish_slot_locked(c, s, NULL, rc, c->dead_msg);
+    }
+    while (c->tx_head) {
+        struct client_tx *t = c->tx_head;
+
+        c->tx_head = t->next;
+        free(t);
+    }
+    c->tx_tail = NULL;
+    /* The daemon ends this connection's leases at once. */
+    if (c->fd >= 0)
+        shutdown(c->fd, SHUT_RDWR);
+    pthread_cond_broadcast(&c->job_cond);
+    client_wake_io(c);
+}
+
+/* --- sending ------------------------------------------------------------- */
+
+/* Send what the socket takes now, without blocking. 0 when all of it went,
+ * 1 when some is left (*off advanced), -1 when the connection is broken
+ * (c->tx_broken set or the client killed). */
+static int client_send_some_locked(kvnode_client *c, const uint8_t *buf, size_t len, size_t *off)
+{
+    while (*off < len) {
+        ssize_t n = send(c->fd, buf + *off, len - *off, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+        if (n > 0) {
+            *off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 1;
+        if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+            /* The daemon may have said why before closing: the I/O thread
+             * reads what is left, then ends the connection. */
+            c->tx_broken = 1;
+            client_wake_io(c);
+            return -1;
+        }
+        client_kill_locked(c, -KVNODE_EIO, "send: %s", n < 0 ? strerror(errno) : "wrote nothing");
+        return -1;
+    }
+    return 0;
+}
+
+/* Send a frame, or queue what the socket does not take now. */
+static void client_send_locked(kvnode_client *c, const uint8_t *frame, size_t len)
+{
+    size_t off = 0;
+    struct client_tx *t;
+
+    if (c->tx_broken)
+        return;     /* the I/O thread is about to end the connection */
+    if (!c->tx_head && client_send_some_locked(c, frame, len, &off) != 1)
+        return;
+    t = malloc(sizeof *t + (len - off));
+    if (!t) {
+        client_kill_locked(c, -KVNODE_ENOMEM, "out of memory queueing a request of %zu bytes",
+                           len - off);
+        return;
+    }
+    memcpy(t->data, frame + off, len - off);
+    t->len = len - off;
+    t->off = 0;
+    t->next = NULL;
+    if (c->tx_tail)
+        c->tx_tail->next = t;
+    else
+        c->tx_head = t;
+    c->tx_tail = t;
+    client_wake_io(c);
+}
+
+/* Pack req under a fresh id and send it as the request of s (linked into
+ * the requests in flight). 0, or a negative code with nothing sent. */
+int client_submit_locked(kvnode_client *c, Kvnode__Request *req, struct client_slot *s)
+{
+    const char *op = wire_op_name((int)req->op_case);
+    size_t frame_len;
+    int rc;
+
+    req->id = c->next_id++;
+    rc = wire_pack_reuse(&req->base, c->send_max, &c->tx_buf, &c->tx_cap, &frame_len);
+    if (rc < 0) {
+        c->next_id--;   /* nothing was sent: keep the ids the daemon sees dense */
+        if (rc == -KVNODE_ETOOBIG)
+            snprintf(s->err, sizeof s->err, "%s request of %zu bytes exceeds the frame limit of %"
+                     PRIu32 " bytes", op, protobuf_c_message_get_packed_size(&req->base),
+                     c->send_max);
+        else
+            snprintf(s->err, sizeof s->err, "cannot pack a %s request: %s", op,
+                     kvnode_strerror(rc));
+        return rc;
+    }
+    s->id = req->id;
+    s->timeout_ms = c->timeout_ms;
+    s->deadline = client_now_ms() + c->timeout_ms;
+    s->next = c->slots;
+    c->slots = s;
+    c->n_slots++;
+    client_send_locked(c, c->tx_buf, frame_len);
+    /* Whoever sleeps in poll() computed its timeout without this request. */
+    if (s->deadline < c->poll_deadline)
+        client_wake_io(c);
+    return 0;
+}
+
+/* --- the I/O thread ------------------------------------------------------ */
+
+/* A whole reply frame is in c->rx_buf: give it to its request. */
+static void client_dispatch(kvnode_client *c, size_t len)
+{
+    Kvnode__Response *resp = wire_unpack_response(c->rx_buf, len);
+    int ctrunc = c->rx_ctrunc;
+    struct client_slot *s;
+
+    client_drop_fds(c);     /* only HELLO may pass fds */
+    pthread_mutex_lock(&c->lock);
+    if (!resp) {
+        client_kill_locked(c, -KVNODE_EPROTO, "protocol: undecodable reply frame of %zu bytes",
+                           len);
+    } else if (ctrunc) {
+        client_kill_locked(c, -KVNODE_EPROTO, "protocol: more passed fds than the library "
+                           "accepts (%d)", CLIENT_MAX_FDS);
+    } else {
+        for (s = c->slots; s && s->id != resp->id; s = s->next)
+            ;
+        if (s) {
+            client_unlink_slot_locked(c, s);
+            client_finish_slot_locked(c, s, resp, 0, "");
+            resp = NULL;
+        } else if (resp->id == 0 && resp->error) {
+            /* id 0: the daemon ends the connection and says why. */
+            client_kill_locked(c, client_error_code(resp->error), "daemon: %s",
+                               resp->error->message ? resp->error->message : "");
+        } else {
+            client_kill_locked(c, -KVNODE_EPROTO, "protocol: reply id %" PRIu64 " matches no "
+                               "request in flight", resp->id);
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (resp)
+        kvnode__response__free_unpacked(resp, NULL);
+}
+
+static void client_kill(kvnode_client *c, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void client_kill(kvnode_client *c, int rc, const char *fmt, ...)
+{
+    char msg[CLIENT_MSG_MAX];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&c->lock);
+    client_kill_locked(c, rc, "%s", msg);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Read what the socket has, frame by frame. 0 at EAGAIN; -1 when the
+ * connection ended (the client is killed). */
+static int client_read_some(kvnode_client *c)
+{
+    for (int burst = 0; burst < CLIENT_READ_BURST; burst++) {
+        union {
+            char buf[CMSG_SPACE(sizeof(int) * CLIENT_MAX_FDS)];
+            struct cmsghdr align;
+        } cbuf;
+        struct iovec iov;
+        struct msghdr mh = { 0 };
+        ssize_t n;
+
+        if (!c->rx_in_payload) {
+            iov.iov_base = c->rx_hdr + c->rx_hdr_got;
+            iov.iov_len = WIRE_HEADER_BYTES - c->rx_hdr_got;
+        } else {
+            iov.iov_base = c->rx_buf + c->rx_got;
+            iov.iov_len = c->rx_want - c->rx_got;
+        }
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = cbuf.buf;
+        mh.msg_controllen = sizeof cbuf.buf;
+        n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (n == 0 || (n < 0 && errno == ECONNRESET)) {
+            client_kill(c, -KVNODE_ECLOSED, "daemon closed the connection");
+            return -1;
+        }
+        if (n < 0) {
+            client_kill(c, -KVNODE_EIO, "recvmsg: %s", strerror(errno));
+            return -1;
+        }
+        client_take_fds(c, &mh);
+        if (!c->rx_in_payload) {
+            uint32_t len;
+            int rc;
+
+            c->rx_hdr_got += (size_t)n;
+            if (c->rx_hdr_got < WIRE_HEADER_BYTES)
+                continue;
+            rc = wire_frame_len(c->rx_hdr, c->recv_max, &len);
+            if (rc == -KVNODE_ETOOBIG) {
+                uint32_t claimed = (uint32_t)c->rx_hdr[0] | (uint32_t)c->rx_hdr[1] << 8 |
+                                   (uint32_t)c->rx_hdr[2] << 16 | (uint32_t)c->rx_hdr[3] << 24;
+                client_kill(c, -KVNODE_EPROTO, "protocol: reply frame of %" PRIu32 " bytes "
+                            "exceeds the limit of %" PRIu32, claimed, c->recv_max);
+                return -1;
+            }
+            if (rc < 0) {
+                client_kill(c, -KVNODE_EPROTO, "protocol: empty reply frame");
+                return -1;
+            }
+            if (len > c->rx_cap) {
+                uint8_t *nb = realloc(c->rx_buf, len);
+                if (!nb) {
+                    client_kill(c, -KVNODE_ENOMEM, "out of memory for a reply of %" PRIu32
+                                " bytes", len);
+                    return -1;
+                }
+                c->rx_buf = nb;
+                c->rx_cap = len;
+            }
+            c->rx_in_payload = 1;
+            c->rx_want = len;
+            c->rx_got = 0;
+            continue;
+        }
+        c->rx_got += (size_t)n;
+        if (c->rx_got < c->rx_want)
+            continue;
+        c->rx_in_payload = 0;
+        c->rx_hdr_got = 0;
+        client_dispatch(c, c->rx_want);
+    }
+    return 0;
+}
+
+/* One round of socket I/O: wait (poll) until the socket can be read or
+ * written, the wake eventfd fires or the earliest deadline of the requests
+ * in flight comes; then read the replies, send what is queued and end the
+ * connection if a deadline passed. Run by the I/O thread, or by one waiting
+ * synchronous caller at a time (c->driving) while there is none. 0, or -1
+ * when the client is dead or stopping. */
+static int client_io_step(kvnode_client *c)
+{
+    struct pollfd p[2];
+    int64_t first = INT64_MAX, now;
+    int timeout, broken, dead;
+
+    pthread_mutex_lock(&c->lock);
+    if (c->dead || c->stopping) {
+        pthread_mutex_unlock(&c->lock);
+        return -1;
+    }
+    for (struct client_slot *s = c->slots; s; s = s->next)
+        if (s->deadline < first)
+            first = s->deadline;
+    /* A request with an earlier deadline submitted from now on wakes us. */
+    c->poll_deadline = first;
+    p[0] = (struct pollfd){ .fd = c->fd, .events = (short)(POLLIN | (c->tx_head ? POLLOUT : 0)) };
+    broken = c->tx_broken;
+    pthread_mutex_unlock(&c->lock);
+    p[1] = (struct pollfd){ .fd = c->wake_fd, .events = POLLIN };
+    timeout = first == INT64_MAX ? -1 : client_remaining_ms(first);
+    if (broken)
+        timeout = 0;
+    if (poll(p, 2, timeout) < 0 && errno != EINTR) {
+        client_kill(c, -KVNODE_EIO, "poll: %s", strerror(errno));
+        return -1;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->poll_deadline = INT64_MIN;   /* not asleep: nobody needs waking */
+    pthread_mutex_unlock(&c->lock);
+    if (p[1].revents & POLLIN) {
+        uint64_t v;
+        if (read(c->wake_fd, &v, sizeof v) < 0) {
+            /* EAGAIN: another read took it */
+        }
+    }
+    /* Replies first: a daemon that closes may have said why. */
+    if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && client_read_some(c) < 0)
+        return -1;
+    pthread_mutex_lock(&c->lock);
+    if (c->tx_broken && !c->dead)
+        client_kill_locked(c, -KVNODE_ECLOSED, "daemon closed the connection");
+    while (!c->dead && c->tx_head) {
+        struct client_tx *tx = c->tx_head;
+
+        if (client_send_some_locked(c, tx->data, tx->len, &tx->off) != 0)
+            break;
+        c->tx_head = tx->next;
+        if (!c->tx_head)
+            c->tx_tail = NULL;
+        free(tx);
+    }
+    now = client_now_ms();
+    for (struct client_slot *s = c->slots; s && !c->dead; s = s->next) {
+        if (s->deadline <= now) {
+            /* The kill frees s (and every other request): stop walking. */
+            client_kill_locked(c, -KVNODE_ETIMEDOUT, "timed out after %d ms waiting to "
+                               "receive a reply", s->timeout_ms);
+            break;
+        }
+    }
+    dead = c->dead || c->stopping;
+    pthread_mutex_unlock(&c->lock);
+    return dead ? -1 : 0;
+}
+
+static void *client_io_main(void *arg)
+{
+    kvnode_client *c = arg;
+
+    while (client_io_step(c) == 0)
+        ;
+    return NULL;
+}
+
+/* --- setup and teardown -------------------------------------------------- */
+
+int client_async_init(kvnode_client *c)
+{
+    pthread_condattr_t ca;
+
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
+        client_seterr(c, "pthread_mutex_init failed");
+        return -KVNODE_EIO;
+    }
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (pthread_cond_init(&c->cond, &ca) != 0) {
+        pthread_condattr_destroy(&ca);
+        pthread_mutex_destroy(&c->lock);
+        client_seterr(c, "pthread_cond_init failed");
+        return -KVNODE_EIO;
+    }
+    if (pthread_cond_init(&c->job_cond, NULL) != 0) {
+        pthread_condattr_destroy(&ca);
+        pthread_cond_destroy(&c->cond);
+        pthread_mutex_destroy(&c->lock);
+        client_seterr(c, "pthread_cond_init failed");
+        return -KVNODE_EIO;
+    }
+    pthread_condattr_destroy(&ca);
+    c->lock_ready = 1;
+    c->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (c->event_fd < 0 || c->wake_fd < 0) {
+        client_seterr(c, "eventfd: %s (raise the open-files limit?)", strerror(errno));
+        return -KVNODE_EIO;
+    }
+    return 0;
+}
+
+/* Start a thread with every signal blocked: the engine's handlers run on its
+ * own threads, never on the library's. */
+int client_thread_start(pthread_t *t, void *(*fn)(void *), kvnode_client *c)
+{
+    sigset_t all, old;
+    int err;
+
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    err = pthread_create(t, NULL, fn, c);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return err;
+}
+
+int client_async_start(kvnode_client *c)
+{
+    /* The I/O thread starts with the first asynchronous MATCH or DELETE;
+     * until then synchronous callers drive the socket themselves. */
+    c->poll_deadline = INT64_MIN;
+    return 0;
+}
+
+/* Start the I/O thread (asynchronous completions must be signalled without
+ * a caller inside the library) once no caller is driving the socket. 0, or
+ * the error of pthread_create. */
+int client_ensure_io_locked(kvnode_client *c)
+{
+    int err;
+
+    if (c->io_running)
+        return 0;
+    c->io_wanted++;     /* no caller takes up driving meanwhile */
+    while (c->driving)
+        pthread_cond_wait(&c->cond, &c->lock);
+    c->io_wanted--;
+    if (c->io_running)
+        return 0;
+    err = client_thread_start(&c->io_thread, client_io_main, c);
+    if (err == 0)
+        c->io_running = 1;
+    pthread_cond_broadcast(&c->cond);   /* callers waiting to drive: the thread reads now */
+    return err;
+}
+
+void client_async_stop(kvnode_client *c)
+{
+    if (!c->lock_ready) {
+        if (c->event_fd >= 0)
+            close(c->event_fd);
+        if (c->wake_fd >= 0)
+            close(c->wake_fd);
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->stopping = 1;
+    client_kill_locked(c, -KVNODE_ECLOSED, "cancelled: the client was closed (kvnode_close)");
+    pthread_cond_broadcast(&c->job_cond);
+    pthread_mutex_unlock(&c->lock);
+    if (c->io_running)
+        pthread_join(c->io_thread, NULL);
+    if (c->worker_running)
+        pthread_join(c->worker, NULL);
+    c->io_running = c->worker_running = 0;
+    while (c->done_head) {
+        struct client_done *d = c->done_head;
+
+        c->done_head = d->next;
+        free(d);
+    }
+    c->done_tail = NULL;
+    c->lock_ready = 0;
+    pthread_cond_destroy(&c->job_cond);
+    pthread_cond_destroy(&c->cond);
+    pthread_mutex_destroy(&c->lock);
+    if (c->event_fd >= 0)
+        close(c->event_fd);
+    if (c->wake_fd >= 0)
+        close(c->wake_fd);
+    c->event_fd = c->wake_fd = -1;
+}
+
+/* --- synchronous requests ------------------------------------------------ */
+
+int client_check_alive(kvnode_client *c)
+{
+    char msg[CLIENT_MSG_MAX];
+
+    pthread_mutex_lock(&c->lock);
+    if (!c->dead) {
+        pthread_mutex_unlock(&c->lock);
+        return 0;
+    }
+    memcpy(msg, c->dead_msg, sizeof msg);
+    pthread_mutex_unlock(&c->lock);
+    client_seterr(c, "connection unusable: %s", msg);
+    return -KVNODE_ECLOSED;
+}
+
+uint64_t client_peek_id(kvnode_client *c)
+{
+    uint64_t id;
+
+    pthread_mutex_lock(&c->lock);
+    id = c->next_id;
+    pthread_mutex_unlock(&c->lock);
+    return id;
+}
+
+void client_response_free(kvnode_client *c, Kvnode__Response *resp)
+{
+    (void)c;
+    if (resp)
+        kvnode__response__free_unpacked(resp, NULL);
+}
+
+int client_call(kvnode_client *c, Kvnode__Request *req, int expect, Kvnode__Response **out)
+{
+    const char *op = wire_op_name((int)req->op_case);
+    struct client_slot s = { 0 };
+    Kvnode__Response *resp;
+    int rc;
+
+    *out = NULL;
+    if (client_check_alive(c) < 0)
+        return -KVNODE_ECLOSED;
+    pthread_mutex_lock(&c->lock);
+    if (c->dead) {
+        pthread_mutex_unlock(&c->lock);
+        return client_check_alive(c);
+    }
+    rc = client_submit_locked(c, req, &s);
+    if (rc < 0) {
+        pthread_mutex_unlock(&c->lock);
+        client_seterr(c, "%s", s.err);
+        return rc;
+    }
+    while (!s.done) {
+        int64_t until = s.deadline + CLIENT_WAIT_GRACE_MS;
+
+        if (!c->io_running && !c->driving && !c->io_wanted) {
+            /* Nobody reads the socket: this caller does, one round at a
+             * time, for every request in flight (its own among them). */
+            c->driving = 1;
+            pthread_mutex_unlock(&c->lock);
+            (void)client_io_step(c);    /* a dead client has finished s */
+            pthread_mutex_lock(&c->lock);
+            c->driving = 0;
+            pthread_cond_broadcast(&c->cond);
+            continue;
+        }
+        struct timespec ts = { .tv_sec = (time_t)(until / 1000),
+                               .tv_nsec = (long)(until % 1000) * 1000000L };
+
+        if (pthread_cond_timedwait(&c->cond, &c->lock, &ts) == ETIMEDOUT && !s.done)
+            client_kill_locked(c, -KVNODE_ETIMEDOUT, "timed out after %d ms waiting to receive "
+                               "a reply", s.timeout_ms);
+    }
+    pthread_mutex_unlock(&c->lock);
+    resp = s.resp;
+    if (!resp) {
+        client_seterr(c, "%s", s.err);
+        return s.rc;
+    }
+    if (resp->error) {
+        rc = client_error_code(resp->error);
+        client_seterr(c, "%s", resp->error->message && resp->error->message[0]
+                                   ? resp->error->message : kvnode_strerror(rc));
+        kvnode__response__free_unpacked(resp, NULL);
+        return rc;
+    }
+    if ((int)resp->result_case != expect) {
+        client_seterr(c, "protocol: %s reply carries result %d", op, (int)resp->result_case);
+        kvnode__response__free_unpacked(resp, NULL);
+        return -KVNODE_EPROTO;
+    }
+    *out = resp;
+    return 0;
+}

@@ -1,0 +1,197 @@
+/* client_internal: what the files of libkvnode's client share (not installed).
+ *
+ *   client.c        connect, HELLO, arena mappings, CUDA, prefault, pin_host, close
+ *   client_io.c     blocking frame I/O on the socket: the HELLO exchange before
+ *                   the I/O thread runs, and the fd-passing helpers it reuses
+ *   client_async.c  the submit/complete machinery: reading the socket (a waiting
+ *                   caller, or the I/O thread), requests in flight by id,
+ *                   the completion queue and its eventfd
+ *   client_submit.c the public asynchronous calls: submit, the GET/PUT
+ *                   worker, drain, pending, cancel
+ *   client_ops.c    the synchronous calls, each one request through client_call
+ *
+ * Locking: c->lock guards every field marked [lock]; fields set during
+ * connect and never changed afterwards (arenas, limits, rt) are read freely. */
+#ifndef KVNODE_CLIENT_INTERNAL_H
+#define KVNODE_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "cudart.h"
+#include "kvnode.h"
+#include "wire.h"
+
+#define CLIENT_DEFAULT_SOCKET   "/run/kvnode/kvnode.sock"
+#define CLIENT_DEFAULT_TIMEOUT  10000
+#define CLIENT_PRE_HELLO_MAX    (1u << 20)   /* receive/send limit until HELLO says more */
+#define CLIENT_RECV_HEADROOM    4096u        /* reply envelope beyond max_frame_bytes */
+#define CLIENT_MAX_FDS          16
+#define CLIENT_MSG_MAX          512
+/* Conservative framing overheads used to size inline chunks. */
+#define CLIENT_INLINE_OVERHEAD  64u          /* id, oneof tag/length, field headers */
+#define CLIENT_INLINE_PER_BLOCK 24u          /* key varint + blob tag + blob length */
+/* Inline frames aim at this size even when the daemon allows more. */
+#define CLIENT_INLINE_TARGET    (4u << 20)
+
+struct client_arena {
+    uint32_t id;
+    int tier;
+    int device;
+    uint64_t size;
+    uint8_t *base;      /* NULL when the daemon passed neither fd nor IPC handle */
+    int ipc;            /* base is a device pointer (cudaIpcOpenMemHandle), not a mapping */
+    int pinned;         /* base is registered with cudaHostRegister (kvnode_pin_host) */
+};
+
+struct client_slot;     /* a request in flight (client_async.c) */
+struct client_tx;       /* bytes queued for the socket */
+struct client_done;     /* a completion waiting for kvnode_drain */
+struct client_job;      /* a GET/PUT batch waiting for the worker */
+
+struct kvnode_client {
+    uint64_t serial;            /* unique per client in this process (thread-local messages) */
+    int fd;
+    int timeout_ms;
+    uint64_t next_id;           /* [lock] after HELLO */
+    int observer;
+    int dead;                   /* [lock] stream unusable: every call -> ECLOSED */
+    int dead_rc;                /* [lock] the code requests in flight failed with */
+    uint64_t block_bytes;
+    uint32_t send_max;          /* daemon's max_frame_bytes */
+    uint32_t recv_max;          /* send_max + headroom */
+    uint32_t max_keys;
+    uint32_t namespace_id;
+    struct client_arena *arenas;
+    size_t n_arenas;
+    int rx_fds[CLIENT_MAX_FDS]; /* fds received with the current frame (HELLO, or I/O thread) */
+    size_t n_rx_fds;
+    int rx_ctrunc;              /* the kernel dropped some passed fds */
+    char dead_msg[CLIENT_MSG_MAX];  /* [lock] */
+    char err[CLIENT_MSG_MAX];   /* [lock] last error of any thread (see kvnode_last_error) */
+    uint8_t *rx_buf, *tx_buf;   /* frame buffers reused: rx by the I/O thread, tx under lock */
+    size_t rx_cap, tx_cap;
+    int cuda_device;            /* declared in HELLO; -1: none */
+    int reader_asked;           /* HELLO declared the client a reader (KVNODE_CONNECT_READER) */
+    int reader;                 /* the daemon confirmed it: arenas are mapped PROT_READ */
+    int have_rt;                /* rt holds a CUDA runtime */
+    struct cudart rt;
+    char rt_why[256];           /* why there is no runtime (when have_rt is 0) */
+    struct prefault *prefault;  /* kvnode_prefault's walk; stopped before the unmap */
+
+    /* asynchronous machinery (client_async.c) */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;        /* a request finished */
+    pthread_cond_t job_cond;    /* a job came for the worker, or it must leave */
+    int lock_ready;             /* lock and cond are initialised */
+    int event_fd;               /* eventfd: readable while completions wait to be drained */
+    int wake_fd;                /* eventfd: wakes the I/O thread (bytes to send, stop) */
+    pthread_t io_thread, worker;
+    int io_running, worker_running;     /* [lock] */
+    int driving;                /* [lock] a synchronous caller runs client_io_step */
+    int io_wanted;              /* [lock] callers waiting to start the I/O thread */
+    int64_t poll_deadline;      /* [lock] the deadline whoever is in poll() sleeps until
+                                 * (INT64_MAX: none; INT64_MIN: nobody in poll) */
+    int stopping;               /* [lock] kvnode_close: threads leave */
+    int tx_broken;              /* [lock] send saw EPIPE: the I/O thread reads what is left */
+    struct client_slot *slots;  /* [lock] requests in flight */
+    size_t n_slots;             /* [lock] */
+    struct client_tx *tx_head, *tx_tail;    /* [lock] */
+    struct client_done *done_head, *done_tail;  /* [lock] */
+    size_t n_done;              /* [lock] */
+    struct client_job *job_head, *job_tail; /* [lock] */
+    uint64_t next_ticket;       /* [lock] */
+    size_t tickets_open;        /* [lock] submitted, not yet drained */
+    /* I/O thread's receive state */
+    uint8_t rx_hdr[WIRE_HEADER_BYTES];
+    size_t rx_hdr_got, rx_want, rx_got;
+    int rx_in_payload;
+};
+
+/* errors (client.c) */
+void client_seterr(kvnode_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* This thread's last message for c (what kvnode_last_error(c) gives it). */
+const char *client_errmsg(const kvnode_client *c);
+int64_t client_now_ms(void);
+int client_remaining_ms(int64_t deadline);
+
+/* CUDA helpers (client.c) */
+void client_cuda_failed(kvnode_client *c);
+int client_cuda_enter(kvnode_client *c, int *prev, const char **step);
+void client_cuda_leave(kvnode_client *c, int prev);
+
+/* blocking frame I/O, only before the I/O thread runs (client_io.c) */
+int client_wait(kvnode_client *c, short events, int64_t deadline, const char *what);
+void client_take_fds(kvnode_client *c, struct msghdr *mh);
+void client_drop_fds(kvnode_client *c);
+int client_error_code(const Kvnode__Error *e);
+/* Send req and wait for its reply, doing the I/O on this thread (HELLO). */
+int client_call_direct(kvnode_client *c, Kvnode__Request *req, int expect,
+                       Kvnode__Response **out);
+/* Mark the stream unusable from the HELLO path (no thread runs yet). */
+void client_kill_direct(kvnode_client *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* What client_async.c and client_submit.c share. */
+struct client_done {
+    struct client_done *next;
+    kvnode_completion comp;
+};
+
+struct client_slot {
+    struct client_slot *next;
+    uint64_t id;
+    int64_t deadline;
+    int timeout_ms;
+    int done, rc;
+    Kvnode__Response *resp;         /* synchronous: the reply */
+    char err[CLIENT_MSG_MAX];
+    struct client_done *async;      /* asynchronous: the completion to fill */
+    size_t n;                       /* keys of the asynchronous request */
+};
+
+struct client_tx {
+    struct client_tx *next;
+    size_t len, off;
+    uint8_t data[];
+};
+
+struct client_job {
+    struct client_job *next;
+    struct client_done *done;
+    unsigned flags;
+    size_t n;
+    kvnode_key *keys;
+    void **pages;
+};
+
+/* asynchronous machinery (client_async.c); *_locked: c->lock held */
+void client_push_done_locked(kvnode_client *c, struct client_done *d);
+/* Pack req under a fresh id and send it as the request of s. */
+int client_submit_locked(kvnode_client *c, Kvnode__Request *req, struct client_slot *s);
+void client_kill_locked(kvnode_client *c, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int client_thread_start(pthread_t *t, void *(*fn)(void *), kvnode_client *c);
+int client_ensure_io_locked(kvnode_client *c);
+int client_async_init(kvnode_client *c);
+int client_async_start(kvnode_client *c);      /* after HELLO: the I/O thread */
+void client_async_stop(kvnode_client *c);      /* fail what is in flight, join threads, free */
+/* Send req (its id is set here) and wait until its reply, an error or the
+ * end of the connection. Thread-safe. *out is the reply (free with
+ * client_response_free). */
+int client_call(kvnode_client *c, Kvnode__Request *req, int expect, Kvnode__Response **out);
+void client_response_free(kvnode_client *c, Kvnode__Response *resp);
+/* 0, or -KVNODE_ECLOSED with the error set when the stream is unusable. */
+int client_check_alive(kvnode_client *c);
+uint64_t client_peek_id(kvnode_client *c);
+
+/* shared by the synchronous calls and the GET/PUT worker (client_ops.c) */
+int client_get_batch(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
+                     unsigned flags, size_t *got);
+int client_put_batch(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src,
+                     unsigned flags, size_t *stored);
+int client_check_ns(kvnode_client *c, size_t n, const char *what);
+
+#endif
