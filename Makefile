@@ -56,7 +56,9 @@ LIB_PKGS    := libprotobuf-c
 # libcurl is always linked into kvnoded (the KVCM client, daemon/kvcm/); V6D=0
 # leaves out only the rtp-llm KVS backend (daemon/persist/kvs/v6d.c and v6d_*.c).
 V6D       ?= 1
-DAEMON_PKGS := libevent libprotobuf-c jansson inih libsystemd libcurl
+# hiredis: the redis store backend (daemon/persist/kvs/redis*.c); required like the
+# other libraries (make deps installs it), not optional like CUDA and V6D.
+DAEMON_PKGS := libevent libprotobuf-c jansson inih libsystemd libcurl hiredis
 ifeq ($(V6D),1)
   BASEFLAGS   += -DKVNODE_HAVE_V6D
 endif

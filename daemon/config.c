@@ -23,6 +23,7 @@
 #include "config_internal.h"
 #include "kvcm/kvcm_config.h"
 #include "persist/kvs/kvs.h"
+#include "persist/kvs/redis_cluster.h"
 #include "core/log.h"
 
 #include <ctype.h>
@@ -41,12 +42,13 @@
 #define NAMES(a) .names = a, .nnames = (int)(sizeof a / sizeof a[0])
 
 /* [persist] enumerations, spelled in the order of their values. */
-static const char *const backend_names[] = { "off", "file", "v6d" };
+static const char *const backend_names[] = { "off", "file", "v6d", "redis" };
 static const char *const policy_names[] = { "write_through", "write_back", "off" };
 static const char *const fsync_names[] = { "never", "batch", "always" };
 static const char *const lookup_names[] = { "auto", "on", "off" };
 static const char *const direct_io_names[] = { "auto", "on", "off" };
-_Static_assert(CONFIG_BACKEND_OFF == 0 && CONFIG_BACKEND_FILE == 1 && CONFIG_BACKEND_V6D == 2,
+_Static_assert(CONFIG_BACKEND_OFF == 0 && CONFIG_BACKEND_FILE == 1 && CONFIG_BACKEND_V6D == 2 &&
+               CONFIG_BACKEND_REDIS == 3,
                "backend_names follows CONFIG_BACKEND_*");
 _Static_assert(CONFIG_POLICY_WRITE_THROUGH == 0 && CONFIG_POLICY_WRITE_BACK == 1 && CONFIG_POLICY_OFF == 2,
                "policy_names follows CONFIG_POLICY_*");
@@ -158,6 +160,10 @@ static const struct opt_def config_options[] = {
     { "persist", "lookup", &T_ENUM, "auto", FIELD(persist_lookup), NAMES(lookup_names), .restart = true },
     { "persist", "object_namespace", &T_TEXT, "rtp_llm", FIELD(persist_object_namespace), .restart = true },
     { "persist", "tombstones", &T_COUNT, "65536", FIELD(persist_tombstones), .min = 0, .max = 16777216,
+      .restart = true },
+    { "persist", "nodes", &T_TEXT, "", FIELD(persist_nodes), .restart = true },
+    { "persist", "user", &T_TEXT, "", FIELD(persist_user), .restart = true },
+    { "persist", "password_file", &T_PATH, "", FIELD(persist_password_file), .empty_ok = true,
       .restart = true },
 
     /* [kvs_server]: rtp-llm's KVS protocol served (issue 18); off by default,
@@ -684,6 +690,18 @@ static void config_validate_cross(const struct kvn_config *cfg, struct errbuf *e
         if (cfg->persist_object_namespace[0] == '\0')
             config_errbuf_add(errors, "[persist] object_namespace: required when backend = v6d (the first part of "
                                       "every object key; rtp-llm engines use rtp_llm)");
+    }
+    if (cfg->persist_backend == CONFIG_BACKEND_REDIS) {
+        char (*hosts)[RCL_HOST_MAX] = malloc(RCL_SEEDS_MAX * sizeof *hosts);
+        int ports[RCL_SEEDS_MAX];
+        size_t n;
+        char why[160];
+        if (!hosts)
+            config_errbuf_add(errors, "[persist] nodes: out of memory");
+        else if (rcl_parse_seeds(cfg->persist_nodes, hosts, ports, &n, why, sizeof why) < 0)
+            config_errbuf_add(errors, "[persist] nodes: %s; backend = redis needs the cluster's seed nodes "
+                                      "(or one plain server), e.g. nodes = 10.0.0.1:6379,10.0.0.2:6379", why);
+        free(hosts);
     }
 
     /* [kvs_server]: the control plane finds its client's tenant through the

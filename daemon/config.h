@@ -17,6 +17,8 @@
 #define CONFIG_LISTEN_MAX 160   /* [admin] listen text, NUL included */
 #define CONFIG_IDLIST_MAX 512   /* allow_uids / allow_gids text, NUL included */
 #define CONFIG_OBJECT_NS_MAX 128 /* [persist] object_namespace, NUL included (V6D_OBJECT_NS_MAX) */
+#define CONFIG_REDIS_NODES_MAX 1024 /* [persist] nodes, NUL included */
+#define CONFIG_REDIS_USER_MAX  128  /* [persist] user, NUL included */
 #define CONFIG_TENANTS_MAX      16 /* [tenant.NAME] sections */
 #define CONFIG_TENANT_NAME_MAX  32 /* NAME: 1..31 of [A-Za-z0-9_-], NUL included */
 #define CONFIG_TENANT_DEFAULT "default" /* the tenant of clients no [tenant.NAME] lists */
@@ -114,7 +116,7 @@ struct kvn_config {
     uint32_t admin_request_timeout_ms; /* a request must arrive whole within this */
 
     /* [persist] */
-    int      persist_backend;        /* CONFIG_BACKEND_*: off, file (default), v6d (restart) */
+    int      persist_backend;        /* CONFIG_BACKEND_*: off, file (default), v6d, redis (restart) */
     int      persist_policy;         /* CONFIG_POLICY_*: when blocks are written (reloadable) */
     char     persist_path[PATH_MAX]; /* file: root directory (restart) */
     uint64_t persist_capacity;       /* file: segment bytes on disk before the oldest are dropped, 0: none (restart) */
@@ -133,6 +135,10 @@ struct kvn_config {
                                         key, rtp-llm's kvs_object_namespace (restart) */
     uint32_t persist_tombstones;     /* deleted keys hidden from lookups when the store cannot
                                         delete them (v6d), oldest forgotten first (restart) */
+    char     persist_nodes[CONFIG_REDIS_NODES_MAX]; /* redis: seed nodes HOST:PORT,... (restart) */
+    char     persist_user[CONFIG_REDIS_USER_MAX];   /* redis: ACL user, "": none (restart) */
+    char     persist_password_file[PATH_MAX];       /* redis: file with the password, "": the
+                                        environment's KVNODE_REDIS_PASSWORD, if any (restart) */
 
     /* [kvs_server] (restart-only but max_connections, request_timeout; off by default): the rtp-llm
        KVS protocol served to engines (daemon/net/kvs_server.h) */
@@ -158,7 +164,7 @@ struct kvn_config {
     struct config_tenant tenants[CONFIG_TENANTS_MAX];
 };
 
-enum { CONFIG_BACKEND_OFF = 0, CONFIG_BACKEND_FILE = 1, CONFIG_BACKEND_V6D = 2 };
+enum { CONFIG_BACKEND_OFF = 0, CONFIG_BACKEND_FILE = 1, CONFIG_BACKEND_V6D = 2, CONFIG_BACKEND_REDIS = 3 };
 /* write_through: persist on commit; write_back: persist when a block leaves
  * memory; off: write nothing (the store still serves reads and deletes). */
 enum { CONFIG_POLICY_WRITE_THROUGH = 0, CONFIG_POLICY_WRITE_BACK = 1, CONFIG_POLICY_OFF = 2 };

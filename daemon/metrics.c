@@ -13,6 +13,7 @@
 #include "stats.h"
 #include "wire.h"
 #include "core/liveness.h"
+#include "persist/kvs/redis_cluster.h"
 
 const char *metrics_status_name(int code)
 {
@@ -376,6 +377,25 @@ static void render_persist(struct evbuffer *out, const struct cache_persist_stat
     sample_u(out, "kvnode_persist_recovery_blocks", NULL, pc->scan_found);
     family(out, "kvnode_persist_recovery_complete", "gauge", "1 once the start-up scan of the store has finished.");
     sample_u(out, "kvnode_persist_recovery_complete", NULL, pc->scan_complete);
+    if (p->backend && strcmp(p->backend, "redis") == 0) {
+        struct rcl_counters rc;
+        rcl_get_totals(&rc);
+        family(out, "kvnode_persist_redis_redirects_total", "counter",
+               "Cluster redirects the redis store followed, by kind (moved: the slot's owner changed).");
+        sample_u(out, "kvnode_persist_redis_redirects_total", L("kind", "moved"), rc.moved);
+        sample_u(out, "kvnode_persist_redis_redirects_total", L("kind", "ask"), rc.ask);
+        family(out, "kvnode_persist_redis_retries_total", "counter",
+               "Cluster answers the redis store retried after a backoff, by reason (clusterdown includes "
+               "LOADING, MASTERDOWN and READONLY).");
+        sample_u(out, "kvnode_persist_redis_retries_total", L("reason", "tryagain"), rc.tryagain);
+        sample_u(out, "kvnode_persist_redis_retries_total", L("reason", "clusterdown"), rc.clusterdown);
+        family(out, "kvnode_persist_redis_reconnects_total", "counter",
+               "Connections to cluster nodes the redis store dropped (node lost, timed out).");
+        sample_u(out, "kvnode_persist_redis_reconnects_total", NULL, rc.reconnects);
+        family(out, "kvnode_persist_redis_map_refreshes_total", "counter",
+               "Slot maps the redis store fetched (CLUSTER SLOTS): at start, after redirects and failures.");
+        sample_u(out, "kvnode_persist_redis_map_refreshes_total", NULL, rc.map_refreshes);
+    }
 }
 
 /* The KVCM publisher and queries, when [kvcm] is on. */

@@ -9,6 +9,7 @@
 #include "daemon.h"
 #include "tenants.h"
 #include "wire.h"
+#include "persist/kvs/redis_cluster.h"
 
 struct stats_view stats_admin_view(const struct daemon *d)
 {
@@ -254,6 +255,19 @@ static void persist_json(const struct cache_persist_stats *p, json_t *root)
     if (p->has_recovery_seconds)
         set(rec, "seconds", json_real(p->recovery_seconds));
     set(o, "recovery", rec);
+    if (strcmp(p->backend, "redis") == 0) {
+        /* The cluster client's routing, over every tenant's store. */
+        struct rcl_counters rc;
+        json_t *r = json_object();
+        rcl_get_totals(&rc);
+        set(r, "moved_total", ju(rc.moved));
+        set(r, "ask_total", ju(rc.ask));
+        set(r, "tryagain_total", ju(rc.tryagain));
+        set(r, "clusterdown_total", ju(rc.clusterdown));
+        set(r, "reconnects_total", ju(rc.reconnects));
+        set(r, "map_refreshes_total", ju(rc.map_refreshes));
+        set(o, "redis", r);
+    }
     set(root, "persist", o);
 }
 

@@ -12,6 +12,7 @@
 #include "core/errmsg.h"
 #include "kvnode.h"
 #include "core/log.h"
+#include "persist/kvs/redis.h"
 
 /* --- names --------------------------------------------------------------------- */
 
@@ -58,6 +59,7 @@ static void persist_free(struct persist *p)
     if (p->scan_reap_ev)
         event_free(p->scan_reap_ev);
     free(p->scan.v);
+    explicit_bzero(p->redis_password, sizeof p->redis_password);
     free(p);
 }
 
@@ -86,6 +88,7 @@ int persist_create_tenant(struct event_base *base, const struct kvn_config *cfg,
     case CONFIG_BACKEND_OFF: return 0;
     case CONFIG_BACKEND_FILE: name = "file"; break;
     case CONFIG_BACKEND_V6D: name = "v6d"; break;
+    case CONFIG_BACKEND_REDIS: name = "redis"; break;
     default:
         errmsg_set(err, errlen, "persist.backend: unknown backend %d", cfg->persist_backend);
         return -KVNODE_EINVAL;
@@ -120,6 +123,15 @@ int persist_create_tenant(struct event_base *base, const struct kvn_config *cfg,
     snprintf(p->url, sizeof p->url, "%s", cfg->persist_url);
     snprintf(p->sock, sizeof p->sock, "%s", cfg->persist_socket);
     snprintf(p->object_ns, sizeof p->object_ns, "%s", cfg->persist_object_namespace);
+    snprintf(p->redis_nodes, sizeof p->redis_nodes, "%s", cfg->persist_nodes);
+    snprintf(p->redis_user, sizeof p->redis_user, "%s", cfg->persist_user);
+    if (cfg->persist_backend == CONFIG_BACKEND_REDIS &&
+        (rc = redis_password_load(cfg->persist_password_file, p->redis_password,
+                                  sizeof p->redis_password, e, sizeof e)) < 0) {
+        errmsg_set(err, errlen, "persist.%s", e);
+        persist_free(p);
+        return rc;
+    }
     p->tombs.cap = cfg->persist_tombstones;
     if (tenant && *tenant) {
         snprintf(p->tenant, sizeof p->tenant, "%s", tenant);
@@ -139,6 +151,9 @@ int persist_create_tenant(struct event_base *base, const struct kvn_config *cfg,
     p->kcfg.url = p->url;
     p->kcfg.socket_path = p->sock;
     p->kcfg.object_namespace = p->object_ns;
+    p->kcfg.redis_nodes = p->redis_nodes;
+    p->kcfg.redis_user = p->redis_user;
+    p->kcfg.redis_password = p->redis_password;
     p->kcfg.connect_timeout_ms = cfg->persist_connect_timeout_ms;
     p->kcfg.timeout_ms = cfg->persist_timeout_ms;
     p->health_ev = event_new(base, -1, EV_PERSIST, persist_health_cb, p);
@@ -163,8 +178,12 @@ int persist_create_tenant(struct event_base *base, const struct kvn_config *cfg,
             persist_free(p);
             return rc;
         }
-        log_warn("persist: the %s store (%s, socket %s) does not answer: %s; starting degraded, "
-                 "the workers will retry", be->name, p->url, p->sock, e);
+        if (cfg->persist_backend == CONFIG_BACKEND_REDIS)
+            log_warn("persist: the redis store (nodes %s) does not answer: %s; starting degraded, "
+                     "the workers will retry", p->redis_nodes, e);
+        else
+            log_warn("persist: the %s store (%s, socket %s) does not answer: %s; starting degraded, "
+                     "the workers will retry", be->name, p->url, p->sock, e);
         p->c.failures[PERSIST_OP_HEALTH][PERSIST_FAIL_UNAVAILABLE]++;
         errmsg_set(p->last_error, sizeof p->last_error, "%s: %s",
                    persist_op_name(PERSIST_OP_HEALTH), e);
@@ -223,8 +242,8 @@ int persist_drain(struct persist *p, unsigned timeout_ms)
 
 bool persist_enumerable(const struct persist *p)
 {
-    /* v6d keeps no layouts: its scan finds nothing */
-    return p && strcmp(p->be->name, "v6d") != 0;
+    /* v6d keeps no layouts and a Redis cluster is not listed: their scans find nothing */
+    return p && strcmp(p->be->name, "v6d") != 0 && strcmp(p->be->name, "redis") != 0;
 }
 
 bool persist_lookup_on_miss(const struct persist *p)

@@ -109,6 +109,9 @@ struct persist {
     char                      url[CONFIG_URL_MAX];
     char                      sock[PATH_MAX];
     char                      object_ns[CONFIG_OBJECT_NS_MAX];
+    char                      redis_nodes[CONFIG_REDIS_NODES_MAX];
+    char                      redis_user[CONFIG_REDIS_USER_MAX];
+    char                      redis_password[512];   /* REDIS_PASSWORD_MAX; zeroed when freed */
     char                      tenant[CONFIG_TENANT_NAME_MAX];  /* "": "default" */
     char                      qname[CONFIG_TENANT_NAME_MAX + 16];      /* "persist[.<tenant>]" */
     char                      scan_qname[CONFIG_TENANT_NAME_MAX + 16]; /* "persist-scan[.<tenant>]" */

@@ -56,17 +56,29 @@
  *    release for the reads. Skipped, with the reason, when the simulator is
  *    not built (V6D=0).
  *
+ * 4. redis write-behind and read throughput against a real cluster: three
+ *    redis-server masters on loopback (tests/common/redisctl.h; skipped with
+ *    the reason when redis-server is missing). For 64 KiB and 1 MiB blocks
+ *    (--redis-bytes per run, default 256 MiB): a daemon with [persist]
+ *    backend=redis, policy=write_through, 4 workers is timed as in part 3
+ *    (write-behind until written == N; then a new daemon GETs every key
+ *    through lookups and promotions, bytes verified). The same cluster,
+ *    flushed, is then measured raw with redis-benchmark --cluster (SET and
+ *    GET of values of the same size, -c 4 -P 16, four times as many requests) and the
+ *    ratios kvnode / raw printed.
+ *
  * Exits 1 when something fails or data is wrong (a MATCH short of its keys,
  * a block that does not read back, a write failure, a drop although the
  * queue holds every write); there are no performance thresholds.
  *
  * Usage: kvnode-bench-persist [--quick] [--blocks N] [--bytes MiB] [--v6d-bytes MiB]
- *                             [--only recovery|writes|v6d]
+ *                             [--redis-bytes MiB] [--only recovery|writes|v6d|redis]
  *   --quick      20 000 recovery blocks, 256 MiB per write run, 128 MiB per v6d run
  *   --blocks     recovery blocks (one run of N instead of 100 000 and 1 000 000)
  *   --bytes      data per write run in MiB (default 1024)
  *   --v6d-bytes  data per v6d run in MiB (default 256)
- *   --only       run one of the three parts (writes includes the disk's bandwidth) */
+ *   --redis-bytes data per redis run in MiB (default 256; --quick: 128)
+ *   --only       run one of the four parts (writes includes the disk's bandwidth) */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -84,6 +96,7 @@
 
 #include "harness.h"
 #include "../common/kvh_http.h"
+#include "../common/redisctl.h"
 
 #define BENCH_NAME "kvnode-bench-persist"
 #include "bench_util.h"
@@ -1133,6 +1146,196 @@ static int bench_v6d(uint64_t target)
     return bad;
 }
 
+
+/* --- 4. redis ------------------------------------------------------------------------ */
+
+struct rrow {
+    uint64_t bb;
+    size_t n;
+    uint64_t write_ns, read_ns;
+    double raw_set, raw_get;     /* redis-benchmark requests per second */
+};
+
+/* redis-benchmark --cluster against r: SET then GET rps for values of bb bytes. */
+static int raw_bench(const struct rctl *r, uint64_t bb, size_t n, double *set_rps, double *get_rps,
+                     char *why, size_t whylen)
+{
+    char port[16], size[32], reqs[32];
+    snprintf(port, sizeof port, "%d", r->ports[0]);
+    snprintf(size, sizeof size, "%llu", (unsigned long long)bb);
+    /* Enough requests for a second or more (its clock counts milliseconds). */
+    snprintf(reqs, sizeof reqs, "%zu", n * 4);
+    const char *argv[] = { "redis-benchmark", "--cluster", "-h", "127.0.0.1", "-p", port, "-t", "set,get",
+                           "-d", size, "-n", reqs, "-c", "4", "-P", "16", "--csv", NULL };
+    struct proc_opts o = { .argv = argv, .in = PROC_NULL };
+    char *out = NULL, *err = NULL;
+    int st = proc_run(&o, WAIT_S * 1000, &out, &err);
+    *set_rps = *get_rps = 0;
+    if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || !out) {
+        snprintf(why, whylen, "redis-benchmark: status %d: %.200s", st, err ? err : proc_error());
+        free(out);
+        free(err);
+        return -1;
+    }
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "\"SET\",\"", 7) == 0)
+            *set_rps = strtod(line + 7, NULL);
+        else if (strncmp(line, "\"GET\",\"", 7) == 0)
+            *get_rps = strtod(line + 7, NULL);
+    }
+    free(out);
+    free(err);
+    if (*set_rps <= 0 || *get_rps <= 0) {
+        snprintf(why, whylen, "redis-benchmark printed no SET/GET figures");
+        return -1;
+    }
+    return 0;
+}
+
+static void redis_flush(const struct rctl *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        char *out = NULL;
+        rctl_cli(r, i, &out, "flushall", (const char *)NULL);
+        free(out);
+    }
+}
+
+static int redis_run(struct rrow *rw, const struct rctl *r, unsigned run)
+{
+    const uint64_t bb = rw->bb;
+    const size_t chain = bb >= (1u << 20) ? 16 : 256;
+    size_t n = rw->n;
+    kvnode_key *keys = malloc(n * sizeof *keys);
+    kvnode_loc *locs = malloc(chain * sizeof *locs);
+    unsigned char *src = malloc(chain * bb);
+    if (!keys || !locs || !src)
+        die("malloc", "out of memory");
+    for (size_t i = 0; i < chain; i++)
+        kvh_fill(src + i * bb, bb, (kvnode_key)i, SEED);
+    struct wsrc ws = { src, chain };
+    kvh_chain(keys, n, 0xd000 + run);
+    kvnode_layout l = kvh_layout("bench-redis", bb, 1, 0);
+    uint64_t host = (uint64_t)n * bb / 90 * 100 + (64ull << 20);
+    char cfg[2048];
+    int w = snprintf(cfg, sizeof cfg,
+                     "memory.host_bytes=%lluMiB\n"
+                     "log.level=warn\n"
+                     "server.request_timeout=120s\n"
+                     "persist.backend=redis\n"
+                     "persist.nodes=%s\n"
+                     "persist.policy=write_through\n"
+                     "persist.workers=4\n"
+                     "persist.queue=%zu\n",
+                     (unsigned long long)((host + (1u << 20) - 1) >> 20), r->seeds, queue_for(n));
+    if (w < 0 || (size_t)w >= sizeof cfg)
+        die("config", "too long");
+    kvh_daemon d;
+    kvnode_client *c, *obs;
+    struct wstate ws_state;
+    int bad = 0;
+
+    if (kvh_start(&d, cfg) != 0)
+        die("start kvnoded", kvh_error());
+    if (kvh_connect(&d, &l, &c) != 0 || kvh_connect(&d, NULL, &obs) != 0)
+        die("connect", kvh_error());
+    uint64_t t0 = kvh_now_ns();
+    for (size_t i = 0; i < n; i += chain) {
+        size_t m = n - i < chain ? n - i : chain;
+        put_chain(c, keys + i, m, bb, locs, fill_copy, &ws, i);
+    }
+    uint64_t t_end = wait_written(obs, (long long)n, &ws_state);
+    rw->write_ns = t_end - t0;
+    if (ws_state.failed || ws_state.dropped || ws_state.written != (long long)n) {
+        fprintf(stderr, "kvnode-bench-persist: redis %llu: %lld written, %lld failed, %lld dropped of %zu\n",
+                (unsigned long long)bb, ws_state.written, ws_state.failed, ws_state.dropped, n);
+        bad = 1;
+    }
+    kvnode_close(c);
+    kvnode_close(obs);
+    stop_daemon(&d);
+
+    if (kvh_start(&d, cfg) != 0)
+        die("start kvnoded", kvh_error());
+    if (kvh_connect(&d, &l, &c) != 0)
+        die("connect", kvh_error());
+    t0 = kvh_now_ns();
+    for (size_t i = 0; i < n && !bad; i += chain) {
+        size_t m = n - i < chain ? n - i : chain, g = 0;
+        kvnode_loc *gl = calloc(m, sizeof *gl);
+        kvnode_lease lease = 0;
+        int rc = gl ? kvnode_get_begin(c, keys + i, m, &lease, gl, &g) : -KVNODE_ENOMEM;
+        if (rc == 0) {
+            for (size_t k = 0; k < g; k++)
+                if (memcmp(gl[k].ptr, src + ((i + k) % chain) * bb, bb) != 0) {
+                    fprintf(stderr, "kvnode-bench-persist: redis: block %zu reads back wrong\n", i + k);
+                    bad = 1;
+                    break;
+                }
+            if (g)
+                kvnode_get_end(c, lease);
+        }
+        if (rc != 0 || g != m) {
+            fprintf(stderr, "kvnode-bench-persist: redis: GET of %zu keys at %zu: rc %d, got %zu (%s)\n", m, i,
+                    rc, g, rc ? kvnode_last_error(c) : "short");
+            bad = 1;
+        }
+        free(gl);
+    }
+    rw->read_ns = kvh_now_ns() - t0;
+    kvnode_close(c);
+    stop_daemon(&d);
+    free(keys);
+    free(locs);
+    free(src);
+    return bad;
+}
+
+static int bench_redis(uint64_t target)
+{
+    static const uint64_t sizes[] = { 64u << 10, 1u << 20 };
+    struct rrow rows[2];
+    struct rctl r;
+    char why[512] = "";
+    int bad = 0;
+
+    printf("== 4. redis: a cluster of 3 redis-server masters on loopback, %.0f MiB per run, "
+           "policy=write_through, 4 workers\n", (double)target / (double)(1u << 20));
+    if (rctl_start(&r, 3, 0, NULL, NULL) < 0) {
+        printf("skipped: %s\n\n", rctl_err);
+        rctl_stop(&r);
+        return 0;
+    }
+    for (size_t k = 0; k < 2; k++) {
+        rows[k] = (struct rrow){ .bb = sizes[k], .n = (size_t)(target / sizes[k]) };
+        bad |= redis_run(&rows[k], &r, (unsigned)k);
+        redis_flush(&r);
+        if (raw_bench(&r, sizes[k], rows[k].n, &rows[k].raw_set, &rows[k].raw_get, why, sizeof why) < 0) {
+            printf("raw figures skipped: %s\n", why);
+            rows[k].raw_set = rows[k].raw_get = 0;
+        }
+        redis_flush(&r);
+        fprintf(stderr, ".");
+    }
+    fprintf(stderr, "\n");
+    rctl_stop(&r);
+    printf("\n%8s %7s %10s %8s %10s %8s   %10s %10s   %6s %6s\n", "block", "blocks", "write/s", "MB/s",
+           "read/s", "MB/s", "raw SET/s", "raw GET/s", "write", "read");
+    for (size_t k = 0; k < 2; k++) {
+        double n = (double)rows[k].n, mb = n * (double)rows[k].bb / 1e6;
+        double ws = secs(rows[k].write_ns), rs = secs(rows[k].read_ns);
+        printf("%7lluK %7zu %10.0f %8.1f %10.0f %8.1f   %10.0f %10.0f   %5.2fx %5.2fx\n",
+               (unsigned long long)(rows[k].bb >> 10), rows[k].n, n / ws, mb / ws, n / rs, mb / rs,
+               rows[k].raw_set, rows[k].raw_get, rows[k].raw_set > 0 ? n / ws / rows[k].raw_set : 0,
+               rows[k].raw_get > 0 ? n / rs / rows[k].raw_get : 0);
+    }
+    printf("  write/s = blocks per second from the first put until persist.written_blocks_total == blocks\n"
+           "  (write-behind); read/s = GETs from a new daemon (lookups + promotions, bytes verified);\n"
+           "  raw = redis-benchmark --cluster -t set,get -d <block> -c 4 -P 16 -n 4*blocks on the same cluster in\n"
+           "  the same run; the last two columns are kvnode / raw.\n\n");
+    return bad;
+}
+
 /* --- main ------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -1140,7 +1343,7 @@ int main(int argc, char **argv)
     size_t rec_blocks = 100000;
     static const size_t rec_default[2] = { 100000, 1000000 };
     bool rec_list = true;          /* 100 000 and 1 000 000 unless told */
-    uint64_t target = 1ull << 30, v6d_target = 256ull << 20;
+    uint64_t target = 1ull << 30, v6d_target = 256ull << 20, redis_target = 256ull << 20;
     const char *only = NULL;
 
     for (int i = 1; i < argc; i++) {
@@ -1149,6 +1352,9 @@ int main(int argc, char **argv)
             rec_list = false;
             target = 256ull << 20;
             v6d_target = 128ull << 20;
+            redis_target = 128ull << 20;
+        } else if (strcmp(argv[i], "--redis-bytes") == 0 && i + 1 < argc) {
+            redis_target = strtoull(argv[++i], NULL, 10) << 20;
         } else if (strcmp(argv[i], "--blocks") == 0 && i + 1 < argc) {
             rec_blocks = strtoull(argv[++i], NULL, 10);
             rec_list = false;
@@ -1158,11 +1364,11 @@ int main(int argc, char **argv)
             v6d_target = strtoull(argv[++i], NULL, 10) << 20;
         } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc &&
                    (strcmp(argv[i + 1], "recovery") == 0 || strcmp(argv[i + 1], "writes") == 0 ||
-                    strcmp(argv[i + 1], "v6d") == 0)) {
+                    strcmp(argv[i + 1], "v6d") == 0 || strcmp(argv[i + 1], "redis") == 0)) {
             only = argv[++i];
         } else {
             fprintf(stderr, "usage: %s [--quick] [--blocks N] [--bytes MiB] [--v6d-bytes MiB] "
-                    "[--only recovery|writes|v6d]\n", argv[0]);
+                    "[--redis-bytes MiB] [--only recovery|writes|v6d|redis]\n", argv[0]);
             return 2;
         }
     }
@@ -1222,6 +1428,13 @@ int main(int argc, char **argv)
         if (mem && v6d_target > mem / 4)
             v6d_target = (mem / 4) & ~((16ull << 20) - 1);
         bad |= bench_v6d(v6d_target);
+    }
+    if (!only || strcmp(only, "redis") == 0) {
+        if (redis_target < (16ull << 20))
+            redis_target = 16ull << 20;
+        if (mem && redis_target > mem / 6)
+            redis_target = (mem / 6) & ~((16ull << 20) - 1);
+        bad |= bench_redis(redis_target);
     }
     if (bad) {
         fprintf(stderr, "kvnode-bench-persist: FAILED (see above)\n");

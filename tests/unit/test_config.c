@@ -239,6 +239,7 @@ static const char *const all_options[][2] = {
     { "persist", "workers" }, { "persist", "queue" }, { "persist", "url" },
     { "persist", "socket_path" }, { "persist", "connect_timeout" }, { "persist", "timeout" },
     { "persist", "lookup" }, { "persist", "object_namespace" }, { "persist", "tombstones" },
+    { "persist", "nodes" }, { "persist", "user" }, { "persist", "password_file" },
     { "kvs_server", "enabled" }, { "kvs_server", "listen" }, { "kvs_server", "socket_path" },
     { "kvs_server", "max_body_bytes" }, { "kvs_server", "max_keys" }, { "kvs_server", "max_leases" },
     { "kvs_server", "default_term" }, { "kvs_server", "max_term" }, { "kvs_server", "tp_size" },
@@ -541,6 +542,12 @@ static const struct good_case good_cases[] = {
     { "persist", "object_namespace", "rtp_llm", OFF(persist_object_namespace), F_STR, .s = "rtp_llm" },
     { "persist", "tombstones", "0", OFF(persist_tombstones), F_U32, .u = 0 },
     { "persist", "tombstones", "16777216", OFF(persist_tombstones), F_U32, .u = 16777216 },
+    { "persist", "backend", "redis", OFF(persist_backend), F_INT, .u = CONFIG_BACKEND_REDIS },
+    { "persist", "nodes", "10.0.0.1:6379,10.0.0.2:6380", OFF(persist_nodes), F_STR,
+      .s = "10.0.0.1:6379,10.0.0.2:6380" },
+    { "persist", "user", "kvnode", OFF(persist_user), F_STR, .s = "kvnode" },
+    { "persist", "password_file", "/etc/kvnode/redis.pw", OFF(persist_password_file), F_STR,
+      .s = "/etc/kvnode/redis.pw" },
     { "kvcm", "enabled", "on", OFF(kvcm.enabled), F_INT, .u = 1 },
     { "kvcm", "enabled", "OFF", OFF(kvcm.enabled), F_INT, .u = 0 },
     { "kvcm", "endpoints", "http://10.0.0.7:6382", OFF(kvcm.endpoints), F_STR, .s = "http://10.0.0.7:6382" },
@@ -786,9 +793,10 @@ static const struct bad_case bad_cases[] = {
     { "admin", "max_connections", "4097", "1..4096" },
     { "admin", "request_timeout", "50ms", "out of range (expected 100ms..10m)" },
     { "admin", "request_timeout", "1h", "'1h'" },
-    { "persist", "backend", "nfs", "invalid value 'nfs' (expected off, file or v6d)" },
-    { "persist", "backend", "", "invalid value '' (expected off, file or v6d)" },
-    { "persist", "backend", "1", "expected off, file or v6d" },
+    { "persist", "backend", "nfs", "invalid value 'nfs' (expected off, file, v6d or redis)" },
+    { "persist", "backend", "", "invalid value '' (expected off, file, v6d or redis)" },
+    { "persist", "backend", "1", "expected off, file, v6d or redis" },
+    { "persist", "nodes", "a:1 b:2", "blanks and control characters are not allowed" },
     { "persist", "policy", "write-through", "invalid value 'write-through' (expected write_through, write_back or off)" },
     { "persist", "policy", "lazy", "expected write_through, write_back or off" },
     { "persist", "fsync", "sometimes", "invalid value 'sometimes' (expected never, batch or always)" },
@@ -1735,10 +1743,21 @@ START_TEST(test_validate_persist)
     ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
     ck_assert_uint_eq(count_lines(err), 2);   /* url, socket_path; path is not needed */
     ck_assert_msg(!strstr(err, "[persist] path"), "%s", err);
+    /* redis: the seed nodes are required and each is HOST:PORT. */
+    c.persist_backend = CONFIG_BACKEND_REDIS;
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[persist] nodes: no seed nodes") && strstr(err, "backend = redis"), "%s", err);
+    ck_assert_uint_eq(count_lines(err), 1);
+    snprintf(c.persist_nodes, sizeof c.persist_nodes, "10.0.0.1:6379,10.0.0.2");
+    ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "[persist] nodes: seed node '10.0.0.2' is not HOST:PORT"), "%s", err);
+    snprintf(c.persist_nodes, sizeof c.persist_nodes, "10.0.0.1:6379,10.0.0.2:7000");
+    ck_assert_msg(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    c.persist_nodes[0] = '\0';
 
     /* Field ranges of structs edited by code. */
     config_defaults(&c);
-    c.persist_backend = 3;
+    c.persist_backend = 4;
     c.persist_policy = -1;
     c.persist_fsync = 7;
     c.persist_lookup = 3;
@@ -1748,7 +1767,7 @@ START_TEST(test_validate_persist)
     c.persist_timeout_ms = 9;
     ck_assert_int_eq(config_validate(&c, err, sizeof err), -1);
     const char *expect[] = {
-        "[persist] backend: invalid value '3' (expected off, file or v6d)",
+        "[persist] backend: invalid value '4' (expected off, file, v6d or redis)",
         "[persist] policy: invalid value '-1' (expected write_through, write_back or off)",
         "[persist] fsync: invalid value '7' (expected never, batch or always)",
         "[persist] lookup: invalid value '3' (expected auto, on or off)",
@@ -2575,7 +2594,8 @@ START_TEST(test_restart_required)
                               "persist.segment_bytes", "persist.direct_io",
                               "persist.workers", "persist.queue", "persist.url", "persist.socket_path",
                               "persist.connect_timeout", "persist.timeout", "persist.lookup",
-                              "persist.object_namespace", "persist.tombstones",
+                              "persist.object_namespace", "persist.tombstones", "persist.nodes",
+                              "persist.user", "persist.password_file",
                               /* [kvs_server]: all but the connection limits; its listeners are set up once */
                               "kvs_server.enabled", "kvs_server.listen", "kvs_server.socket_path",
                               "kvs_server.max_body_bytes", "kvs_server.max_keys", "kvs_server.max_leases",

@@ -8,6 +8,7 @@ static const struct kvs_backend *const kvs_backends[] = {
 #ifdef KVNODE_HAVE_V6D
     &kvs_backend_v6d,
 #endif
+    &kvs_backend_redis,
 };
 
 const struct kvs_backend *kvs_backend_find(const char *name)

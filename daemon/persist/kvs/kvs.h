@@ -32,7 +32,7 @@ struct kvs_ns {
 
 /* Backend settings (from [persist] in kvnode.conf). */
 struct kvs_config {
-    const char *backend;          /* "file" | "v6d" */
+    const char *backend;          /* "file" | "v6d" | "redis" */
     const char *path;             /* file: root directory */
     uint64_t capacity_bytes;      /* file: drop the oldest segments beyond this (0: no limit) */
     uint64_t segment_bytes;       /* file: a segment closes at this size (0: the default) */
@@ -44,6 +44,9 @@ struct kvs_config {
     const char *tenant;           /* whose store this is (NULL/"": "default"): file checks the
                                      layout records' fingerprints as ns_fingerprint_tenant */
     uint32_t connect_timeout_ms, timeout_ms;
+    const char *redis_nodes;      /* redis: seed nodes HOST:PORT,... */
+    const char *redis_user;       /* redis: ACL user (NULL/"": none) */
+    const char *redis_password;   /* redis: NULL/"": no AUTH; never logged */
 };
 
 enum { KVS_FSYNC_NEVER = 0, KVS_FSYNC_BATCH = 1, KVS_FSYNC_ALWAYS = 2 };
@@ -113,6 +116,7 @@ struct kvs_backend {
 /* The backends (kvs_backend_find() knows them by name). */
 extern const struct kvs_backend kvs_backend_file;   /* kvs/file.c; extras in kvs/file.h */
 extern const struct kvs_backend kvs_backend_v6d;    /* kvs/v6d.c; extras in kvs/v6d.h */
+extern const struct kvs_backend kvs_backend_redis;  /* kvs/redis.c; extras in kvs/redis.h */
 
 /* The backend called `name`, or NULL. */
 const struct kvs_backend *kvs_backend_find(const char *name);

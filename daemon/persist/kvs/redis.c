@@ -1,0 +1,481 @@
+/* kvs/redis: the Redis Cluster backend (see redis.h): keys, values and their
+ * checks, and the kvs_backend calls as pipelined batches over rcl_run. */
+#include "persist/kvs/redis.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/errmsg.h"
+#include "kvnode.h"
+#include "persist/kvs/crc32c.h"
+#include "persist/kvs/redis_cluster.h"
+
+#define KEY_MAX (32 + NS_TENANT_MAX + NS_EXTRA_MAX + 160)
+
+struct kvs_store {
+    struct rcl *cl;
+    char tenant[NS_TENANT_MAX];
+};
+
+static const char *tenant_or_default(const char *t)
+{
+    return t && *t ? t : "default";
+}
+
+size_t redis_block_key(const char *tenant, const struct kvs_ns *ns, int64_t key, char *buf,
+                       size_t len)
+{
+    int w = snprintf(buf, len, REDIS_KEY_PREFIX "/%s/%s/%" PRIu32 "/%" PRId64,
+                     tenant_or_default(tenant), ns->deployment_id ? ns->deployment_id : "",
+                     ns->layout->tp_rank, key);
+    return w < 0 ? len : (size_t)w;
+}
+
+size_t redis_header_len(const char *tenant)
+{
+    return REDIS_HDR_FIXED + strlen(tenant_or_default(tenant));
+}
+
+static void put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put_u32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put_u64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
+
+enum { OFF_VERSION = 4, OFF_HLEN = 6, OFF_FP = 8, OFF_KEY = 16, OFF_SIZE = 24, OFF_RANK = 32,
+       OFF_TLEN = 36, OFF_CRC = 40 };
+
+/* CRC of a value: header with its CRC field as 0, tenant, payload. */
+static uint32_t value_crc(const uint8_t *hdr, size_t hlen, const void *payload, size_t len)
+{
+    uint8_t fixed[REDIS_HDR_FIXED];
+    memcpy(fixed, hdr, REDIS_HDR_FIXED);
+    put_u32(fixed + OFF_CRC, 0);
+    uint32_t crc = crc32c(0, fixed, REDIS_HDR_FIXED);
+    crc = crc32c(crc, hdr + REDIS_HDR_FIXED, hlen - REDIS_HDR_FIXED);
+    return crc32c(crc, payload, len);
+}
+
+void redis_header_make(const char *tenant, const struct kvs_ns *ns, int64_t key,
+                       const void *payload, size_t len, uint8_t *hdr)
+{
+    const char *t = tenant_or_default(tenant);
+    size_t tl = strlen(t), hlen = REDIS_HDR_FIXED + tl;
+    memset(hdr, 0, REDIS_HDR_FIXED);
+    memcpy(hdr, REDIS_MAGIC, 4);
+    put_u16(hdr + OFF_VERSION, REDIS_VERSION);
+    put_u16(hdr + OFF_HLEN, (uint16_t)hlen);
+    put_u64(hdr + OFF_FP, ns->fingerprint);
+    put_u64(hdr + OFF_KEY, (uint64_t)key);
+    put_u64(hdr + OFF_SIZE, len);
+    put_u32(hdr + OFF_RANK, ns->layout->tp_rank);
+    put_u16(hdr + OFF_TLEN, (uint16_t)tl);
+    memcpy(hdr + REDIS_HDR_FIXED, t, tl);
+    put_u32(hdr + OFF_CRC, value_crc(hdr, hlen, payload, len));
+}
+
+int redis_value_check(const char *tenant, const struct kvs_ns *ns, int64_t key, size_t len,
+                      const void *value, size_t vlen, char *err, size_t errlen)
+{
+    const char *t = tenant_or_default(tenant);
+    size_t tl = strlen(t), hlen = REDIS_HDR_FIXED + tl;
+    const uint8_t *h = value;
+    const char *bad = NULL;
+    if (vlen < REDIS_HDR_FIXED || memcmp(h, REDIS_MAGIC, 4) != 0)
+        bad = "no kvnode header";
+    else if (get_u16(h + OFF_VERSION) != REDIS_VERSION)
+        bad = "header version";
+    else if (get_u16(h + OFF_HLEN) != hlen || get_u16(h + OFF_TLEN) != tl ||
+             vlen < hlen || memcmp(h + REDIS_HDR_FIXED, t, tl) != 0)
+        bad = "tenant";
+    else if (get_u64(h + OFF_FP) != ns->fingerprint || get_u32(h + OFF_RANK) != ns->layout->tp_rank)
+        bad = "deployment or rank";
+    else if ((int64_t)get_u64(h + OFF_KEY) != key)
+        bad = "block key";
+    else if (get_u64(h + OFF_SIZE) != len || vlen - hlen != len)
+        bad = "size";
+    else if (get_u32(h + OFF_CRC) != value_crc(h, hlen, h + hlen, len))
+        bad = "CRC-32C";
+    if (!bad)
+        return 0;
+    errmsg_set(err, errlen, "redis: stored value of key %" PRId64 " (%zu bytes): %s does not match; "
+               "deleted", key, vlen, bad);
+    return KVS_CORRUPT;
+}
+
+int redis_password_load(const char *path, char *buf, size_t len, char *err, size_t errlen)
+{
+    buf[0] = '\0';
+    if (!path || !*path) {
+        const char *env = getenv(REDIS_PASSWORD_ENV);
+        if (env && strlen(env) >= len) {
+            errmsg_set(err, errlen, "$%s: longer than %zu bytes", REDIS_PASSWORD_ENV, len - 1);
+            return -KVNODE_EINVAL;
+        }
+        snprintf(buf, len, "%s", env ? env : "");
+        return 0;
+    }
+    FILE *f = fopen(path, "re");
+    if (!f) {
+        errmsg_set(err, errlen, "password_file %s: %s (make it readable by kvnoded, mode 0600)",
+                   path, strerror(errno));
+        return -KVNODE_EINVAL;
+    }
+    size_t n = fread(buf, 1, len - 1, f);
+    int bad = ferror(f) || (n == len - 1 && fgetc(f) != EOF);
+    fclose(f);
+    buf[n] = '\0';
+    buf[strcspn(buf, "\r\n")] = '\0';
+    if (bad || buf[0] == '\0') {
+        memset(buf, 0, len);
+        errmsg_set(err, errlen, "password_file %s: %s", path,
+                   bad ? "unreadable or longer than the limit" : "empty first line");
+        return -KVNODE_EINVAL;
+    }
+    return 0;
+}
+
+/* ---- backend -------------------------------------------------------------------------- */
+
+static void redis_close(struct kvs_store *s)
+{
+    if (!s)
+        return;
+    rcl_destroy(s->cl);
+    free(s);
+}
+
+static int redis_open(const struct kvs_config *cfg, struct kvs_store **out, char *err,
+                      size_t errlen)
+{
+    *out = NULL;
+    if (cfg->tenant && strlen(cfg->tenant) >= NS_TENANT_MAX) {
+        errmsg_set(err, errlen, "redis: tenant name of %zu bytes (at most %d)", strlen(cfg->tenant),
+                   NS_TENANT_MAX - 1);
+        return -KVNODE_EINVAL;
+    }
+    struct kvs_store *s = calloc(1, sizeof *s);
+    if (!s) {
+        errmsg_set(err, errlen, "redis: out of memory");
+        return -KVNODE_ENOMEM;
+    }
+    snprintf(s->tenant, sizeof s->tenant, "%s", cfg->tenant ? cfg->tenant : "");
+    const struct rcl_config rc = { .seeds = cfg->redis_nodes, .user = cfg->redis_user,
+                                   .password = cfg->redis_password,
+                                   .connect_timeout_ms = cfg->connect_timeout_ms,
+                                   .timeout_ms = cfg->timeout_ms };
+    char e[200];
+    int r = rcl_create(&rc, &s->cl, e, sizeof e);
+    if (r < 0) {
+        errmsg_set(err, errlen, "redis: nodes: %s", e);
+        free(s);
+        return r;
+    }
+    /* A cluster that does not answer yet is no configuration error (the
+     * caller starts degraded and opens again later); a refused password is. */
+    if ((r = rcl_refresh(s->cl, err, errlen)) < 0) {
+        redis_close(s);
+        return r == -KVNODE_EDENIED ? -KVNODE_EINVAL : r;
+    }
+    *out = s;
+    return 0;
+}
+
+static int redis_health(struct kvs_store *s, char *err, size_t errlen)
+{
+    return rcl_refresh(s->cl, err, errlen);
+}
+
+/* Run cmds, then fill each item's rc from its reply with fn. */
+static void free_replies(struct rcl_cmd *cmds, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (cmds[i].reply) {
+            freeReplyObject(cmds[i].reply);
+            cmds[i].reply = NULL;
+        }
+}
+
+struct keys {
+    char (*k)[KEY_MAX];
+    struct rcl_cmd *cmds;
+};
+
+static int keys_make(struct kvs_store *s, struct kvs_item *it, size_t n, struct keys *b,
+                     const char *verb, char *err, size_t errlen)
+{
+    b->k = malloc(n * sizeof *b->k);
+    b->cmds = calloc(n, sizeof *b->cmds);
+    if (!b->k || !b->cmds) {
+        errmsg_set(err, errlen, "redis %s: out of memory", verb);
+        return -KVNODE_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t kl = redis_block_key(s->tenant, it[i].ns, it[i].key, b->k[i], KEY_MAX);
+        if (kl >= KEY_MAX) {
+            errmsg_set(err, errlen, "redis %s: key too long", verb);
+            return -KVNODE_EINVAL;
+        }
+        b->cmds[i].argc = 2;
+        b->cmds[i].argv[0] = verb;
+        b->cmds[i].argvlen[0] = strlen(verb);
+        b->cmds[i].argv[1] = b->k[i];
+        b->cmds[i].argvlen[1] = kl;
+    }
+    return 0;
+}
+
+static void keys_free(struct keys *b, size_t n)
+{
+    if (b->cmds)
+        free_replies(b->cmds, n);
+    free(b->k);
+    free(b->cmds);
+}
+
+static void items_fail(struct kvs_item *it, size_t n, int rc)
+{
+    for (size_t i = 0; i < n; i++)
+        it[i].rc = rc;
+}
+
+static int redis_put_batch(struct kvs_store *s, struct kvs_item *it, size_t n, char *err,
+                           size_t errlen)
+{
+    struct keys b = { 0 };
+    char **vals = calloc(n ? n : 1, sizeof *vals);
+    struct iovec (*iov)[3] = malloc((n ? n : 1) * sizeof *iov);
+    size_t hlen = redis_header_len(s->tenant);
+    int rc = vals && iov ? keys_make(s, it, n, &b, "SET", err, errlen) : -KVNODE_ENOMEM;
+    if (!vals || !iov)
+        errmsg_set(err, errlen, "redis SET: out of memory");
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        if (it[i].len != it[i].ns->layout->block_bytes) {
+            errmsg_set(err, errlen, "redis SET: %zu bytes for a block of %" PRIu64, it[i].len,
+                       it[i].ns->layout->block_bytes);
+            rc = -KVNODE_EINVAL;
+            break;
+        }
+        /* SET <key> <header + payload> in RESP, sent with writev: the
+         * prefix and header from here, the payload from where it is. */
+        size_t kl = b.cmds[i].argvlen[1], vl = hlen + it[i].len;
+        char *f = vals[i] = malloc(96 + kl + hlen);
+        if (!f) {
+            errmsg_set(err, errlen, "redis SET: out of memory");
+            rc = -KVNODE_ENOMEM;
+            break;
+        }
+        int pl = snprintf(f, 64, "*3\r\n$3\r\nSET\r\n$%zu\r\n", kl);
+        memcpy(f + pl, b.k[i], kl);
+        int vh = snprintf(f + pl + kl, 32, "\r\n$%zu\r\n", vl);
+        uint8_t *hdr = (uint8_t *)f + pl + kl + vh;
+        redis_header_make(s->tenant, it[i].ns, it[i].key, it[i].src, it[i].len, hdr);
+        iov[i][0] = (struct iovec){ .iov_base = f, .iov_len = (size_t)pl + kl + (size_t)vh + hlen };
+        iov[i][1] = (struct iovec){ .iov_base = (void *)it[i].src, .iov_len = it[i].len };
+        iov[i][2] = (struct iovec){ .iov_base = (void *)"\r\n", .iov_len = 2 };
+        b.cmds[i].iov = iov[i];
+        b.cmds[i].iovcnt = 3;
+    }
+    if (rc == 0) {
+        rc = rcl_run(s->cl, b.cmds, n, err, errlen);
+        bool any_ok = false;
+        for (size_t i = 0; i < n; i++) {
+            redisReply *r = b.cmds[i].reply;
+            if (!r) {
+                it[i].rc = b.cmds[i].rc;
+            } else if (r->type == REDIS_REPLY_ERROR) {
+                /* OOM: maxmemory with noeviction; the store is full. */
+                errmsg_set(err, errlen, "redis SET: %.160s", r->str);
+                it[i].rc = strncmp(r->str, "OOM", 3) == 0 ? -KVNODE_ENOSPC : -KVNODE_EIO;
+            } else {
+                it[i].rc = 0;
+                any_ok = true;
+            }
+        }
+        if (rc == 0 || any_ok)
+            rc = 0;
+        else
+            items_fail(it, n, rc);
+    } else {
+        items_fail(it, n, rc);
+    }
+    for (size_t i = 0; vals && i < n; i++)
+        free(vals[i]);
+    free(vals);
+    free(iov);
+    keys_free(&b, n);
+    return rc;
+}
+
+/* Delete the values that failed their check (best effort: a failure leaves
+ * them to be found corrupt again). */
+static void delete_corrupt(struct kvs_store *s, struct keys *b, const struct kvs_item *it,
+                           size_t n)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (it[i].rc == KVS_CORRUPT)
+            m++;
+    struct rcl_cmd *dels = m ? calloc(m, sizeof *dels) : NULL;
+    if (!dels)
+        return;
+    m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (it[i].rc == KVS_CORRUPT) {
+            dels[m].argc = 2;
+            dels[m].argv[0] = "DEL";
+            dels[m].argvlen[0] = 3;
+            dels[m].argv[1] = b->cmds[i].argv[1];
+            dels[m].argvlen[1] = b->cmds[i].argvlen[1];
+            m++;
+        }
+    char ignore[64];
+    rcl_run(s->cl, dels, m, ignore, sizeof ignore);
+    free_replies(dels, m);
+    free(dels);
+}
+
+static int redis_get_batch(struct kvs_store *s, struct kvs_item *it, size_t n, char *err,
+                           size_t errlen)
+{
+    struct keys b = { 0 };
+    size_t hlen = redis_header_len(s->tenant);
+    int rc = keys_make(s, it, n, &b, "GET", err, errlen);
+    if (rc == 0)
+        rc = rcl_run(s->cl, b.cmds, n, err, errlen);
+    if (rc < 0 && !b.cmds) {
+        items_fail(it, n, rc);
+        keys_free(&b, n);
+        return rc;
+    }
+    bool any_ok = false, corrupt = false;
+    for (size_t i = 0; i < n; i++) {
+        redisReply *r = b.cmds[i].reply;
+        if (!r) {
+            it[i].rc = b.cmds[i].rc < 0 ? b.cmds[i].rc : rc;
+            continue;
+        }
+        any_ok = true;
+        if (r->type == REDIS_REPLY_NIL) {
+            it[i].rc = KVS_MISS;        /* never written, deleted or evicted by the cluster */
+        } else if (r->type != REDIS_REPLY_STRING) {
+            errmsg_set(err, errlen, "redis GET: %.160s", r->type == REDIS_REPLY_ERROR ? r->str
+                                                                               : "not a string");
+            it[i].rc = -KVNODE_EIO;
+            if (r->type != REDIS_REPLY_ERROR) {   /* another type under our key: remove it */
+                it[i].rc = KVS_CORRUPT;
+                corrupt = true;
+            }
+        } else if ((it[i].rc = redis_value_check(s->tenant, it[i].ns, it[i].key, it[i].len,
+                                                 r->str, r->len, err, errlen)) == 0) {
+            memcpy(it[i].dst, r->str + hlen, it[i].len);
+        } else {
+            corrupt = true;
+        }
+    }
+    if (corrupt)
+        delete_corrupt(s, &b, it, n);
+    keys_free(&b, n);
+    return any_ok ? 0 : rc;
+}
+
+static int redis_put(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, const void *data,
+                     size_t len, char *err, size_t errlen)
+{
+    struct kvs_item it = { .ns = ns, .key = key, .src = data, .len = len };
+    int rc = redis_put_batch(s, &it, 1, err, errlen);
+    return rc < 0 ? rc : it.rc;
+}
+
+static int redis_get(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, void *data,
+                     size_t len, char *err, size_t errlen)
+{
+    struct kvs_item it = { .ns = ns, .key = key, .dst = data, .len = len };
+    int rc = redis_get_batch(s, &it, 1, err, errlen);
+    return rc < 0 ? rc : it.rc;
+}
+
+static int redis_del(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, char *err,
+                     size_t errlen)
+{
+    struct kvs_item it = { .ns = ns, .key = key };
+    struct keys b = { 0 };
+    int rc = keys_make(s, &it, 1, &b, "DEL", err, errlen);
+    if (rc == 0 && (rc = rcl_run(s->cl, b.cmds, 1, err, errlen)) == 0 &&
+        b.cmds[0].reply->type == REDIS_REPLY_ERROR) {
+        errmsg_set(err, errlen, "redis DEL: %.160s", b.cmds[0].reply->str);
+        rc = -KVNODE_EIO;
+    }
+    keys_free(&b, 1);
+    return rc;
+}
+
+static int redis_exists(struct kvs_store *s, const struct kvs_ns *ns, const int64_t *keys,
+                        size_t n, uint8_t *present, char *err, size_t errlen)
+{
+    if (n == 0)
+        return 0;
+    struct kvs_item *it = calloc(n, sizeof *it);
+    struct keys b = { 0 };
+    if (!it) {
+        errmsg_set(err, errlen, "redis EXISTS: out of memory");
+        return -KVNODE_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        it[i].ns = ns;
+        it[i].key = keys[i];
+    }
+    /* EXISTS of several keys would need them in one slot: one per key, pipelined. */
+    int rc = keys_make(s, it, n, &b, "EXISTS", err, errlen);
+    if (rc == 0)
+        rc = rcl_run(s->cl, b.cmds, n, err, errlen);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        redisReply *r = b.cmds[i].reply;
+        if (r->type != REDIS_REPLY_INTEGER) {
+            errmsg_set(err, errlen, "redis EXISTS: %.160s",
+                       r->type == REDIS_REPLY_ERROR ? r->str : "not an integer");
+            rc = -KVNODE_EIO;
+            break;
+        }
+        present[i] = r->integer > 0;
+    }
+    keys_free(&b, n);
+    free(it);
+    return rc;
+}
+
+static int redis_scan(struct kvs_store *s, struct kvs_scan **cursor, size_t budget,
+                      void (*found)(void *arg, const struct kvs_found *f), void *arg, char *err,
+                      size_t errlen)
+{
+    (void)s; (void)budget; (void)found; (void)arg; (void)err; (void)errlen;
+    *cursor = NULL;    /* not listable: lookups find blocks instead */
+    return 1;
+}
+
+void redis_get_counters(struct kvs_store *s, struct rcl_counters *out)
+{
+    rcl_get_counters(s->cl, out);
+}
+
+const struct kvs_backend kvs_backend_redis = {
+    .name = "redis",
+    .open = redis_open,
+    .health = redis_health,
+    .put = redis_put,
+    .get = redis_get,
+    .del = redis_del,
+    .exists = redis_exists,
+    .scan = redis_scan,
+    .close = redis_close,
+    .put_batch = redis_put_batch,
+    .get_batch = redis_get_batch,
+    .keeps_deleted = false,
+};
