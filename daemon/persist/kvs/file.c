@@ -12,41 +12,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "core/errmsg.h"
 #include "kvnode.h"
 #include "persist/kvs/crc32c.h"
+#include "persist/kvs/file_fs.h"
 
 /* The health probe calls the store full below this much free space. */
-#define FILE_HEALTH_MIN_FREE (UINT64_C(1) << 20)
 
 static pthread_mutex_t roots_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct seg_root *roots;
-
-static int mkdir_p(const char *path, mode_t mode)
-{
-    char tmp[PATH_MAX];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof(tmp)) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    memcpy(tmp, path, n + 1);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(tmp, mode) < 0 && errno != EEXIST)
-            return -1;
-        *p = '/';
-    }
-    if (mkdir(tmp, mode) < 0 && errno != EEXIST)
-        return -1;
-    return 0;
-}
 
 /* ---- open, close, health ---------------------------------------------------------------- */
 
@@ -54,7 +30,6 @@ static int file_open(const struct kvs_config *cfg, struct kvs_store **out, char 
                      size_t errlen)
 {
     char real[PATH_MAX];
-    struct stat st;
     int rc;
 
     *out = NULL;
@@ -75,22 +50,8 @@ static int file_open(const struct kvs_config *cfg, struct kvs_store **out, char 
                    PRIu64 " bytes", cfg->segment_bytes, KVS_FILE_SEGMENT_BYTES_MIN);
         return -KVNODE_EINVAL;
     }
-    if (mkdir_p(cfg->path, 0755) < 0) {
-        int e = errno;
-        errmsg_set(err, errlen, "kvs file: cannot create root directory %s: %s", cfg->path,
-                   strerror(e));
-        return seg_errno_code(e);
-    }
-    if (!realpath(cfg->path, real) || stat(real, &st) < 0 || !S_ISDIR(st.st_mode)) {
-        errmsg_set(err, errlen, "kvs file: root %s is not a directory", cfg->path);
-        return -KVNODE_EIO;
-    }
-    if (access(real, W_OK | X_OK) < 0) {
-        int e = errno;
-        errmsg_set(err, errlen, "kvs file: root directory %s is not writable: %s", real,
-                   strerror(e));
-        return -KVNODE_EIO;
-    }
+    if ((rc = kvs_fs_root(cfg->path, real, err, errlen)) < 0)
+        return rc;
     struct file_store *s = calloc(1, sizeof(*s));
     if (!s) {
         errmsg_set(err, errlen, "kvs file: out of memory");
@@ -152,26 +113,7 @@ static void file_close(struct kvs_store *ks)
 
 static int file_health(struct kvs_store *ks, char *err, size_t errlen)
 {
-    struct file_store *s = FS(ks);
-    struct stat st;
-    if (stat(s->r->path, &st) < 0 || !S_ISDIR(st.st_mode)) {
-        errmsg_set(err, errlen, "kvs file: root %s is gone or not a directory", s->r->path);
-        return -KVNODE_EIO;
-    }
-    if (access(s->r->path, W_OK | X_OK) < 0) {
-        int e = errno;
-        errmsg_set(err, errlen, "kvs file: root %s is not writable: %s", s->r->path, strerror(e));
-        return -KVNODE_EIO;
-    }
-    /* A writable directory on a full disk is not healthy: writes fail. */
-    struct statvfs vfs;
-    if (statvfs(s->r->path, &vfs) == 0 &&
-        (uint64_t)vfs.f_bavail * vfs.f_frsize < FILE_HEALTH_MIN_FREE) {
-        errmsg_set(err, errlen, "kvs file: the file system of %s is full (%" PRIu64 " bytes free)",
-                   s->r->path, (uint64_t)vfs.f_bavail * vfs.f_frsize);
-        return -KVNODE_ENOSPC;
-    }
-    return 0;
+    return kvs_fs_dir_health(FS(ks)->r->path, err, errlen);
 }
 
 /* ---- checks ---------------------------------------------------------------------------- */
@@ -364,7 +306,7 @@ static int get_one(struct file_store *s, struct kvs_item *it, char *err, size_t 
                     pthread_mutex_unlock(&r->mu);
                     errmsg_set(err, errlen, "kvs file: read of segment %016" PRIx64 " in %s "
                                "failed: %s", sg->id, r->path, strerror(e2));
-                    return seg_errno_code(e2);
+                    return kvs_fs_errno_code(e2);
                 }
                 if (k == 0)
                     break;

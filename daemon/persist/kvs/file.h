@@ -115,6 +115,7 @@ struct kvs_file_stats {
 
 /* The counters of s's root (shared by every handle on that root). */
 void kvs_file_stats(struct kvs_store *s, struct kvs_file_stats *out);
+
 /* Where (ns, key)'s record is: the segment file's path and the offset of the
  * record's header (the payload follows 64 bytes later). 0, KVS_MISS, or
  * -KVNODE_EINVAL (path too long). */

@@ -196,7 +196,6 @@ void seg_unlink_files(const struct seg_root *r, uint64_t id);
 /* Make room for `need` more bytes under the capacity: drops the least
  * recently written closed segments; false when that cannot be done. */
 bool seg_make_room(struct seg_root *r, uint64_t need);
-int seg_errno_code(int e);
 void seg_path(const struct seg_root *r, uint64_t id, bool hint, char *buf, size_t len);
 
 /* ---- appending (file_log.c) ------------------------------------------------------------ */

@@ -3,6 +3,7 @@
  * takes it), fsync per policy, the keydir updated after the write, segment
  * rotation and hint files. Worker threads; r->mu only for bookkeeping. */
 #include "persist/kvs/file_internal.h"
+#include "persist/kvs/file_fs.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -173,7 +174,7 @@ static int writer_open(struct file_store *s, char *err, size_t errlen)
         pthread_mutex_unlock(&r->mu);
         seg_drain_unlinks(r);
         errmsg_set(err, errlen, "kvs file: cannot create segment %s: %s", path, strerror(e));
-        return seg_errno_code(e);
+        return kvs_fs_errno_code(e);
     }
     if (s->fsync_policy == KVS_FSYNC_ALWAYS) {
         int dfd = open(r->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -296,7 +297,7 @@ static int flush(struct file_store *s, struct batch *b, struct kvs_item *items, 
         int e = errno;
         errmsg_set(err, errlen, "kvs file: write of %zu bytes to segment %016" PRIx64 " in %s "
                    "failed: %s", s->buflen, w->seg->id, r->path, strerror(e));
-        rc = seg_errno_code(e);
+        rc = kvs_fs_errno_code(e);
     }
     if (rc == 0) {
         pthread_mutex_lock(&r->mu);

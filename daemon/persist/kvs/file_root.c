@@ -3,6 +3,7 @@
  * direct-I/O probe — and the capacity policy (whole least-recently-written
  * segments dropped). r->mu guards O(1) bookkeeping, never I/O. */
 #include "persist/kvs/file_internal.h"
+#include "persist/kvs/file_fs.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -21,20 +22,6 @@
 #include "kvnode.h"
 
 #define KD_MIN_BUCKETS ((size_t)1 << 14)
-
-int seg_errno_code(int e)
-{
-    switch (e) {
-    case ENOSPC:
-    case EDQUOT:
-    case EFBIG:
-        return -KVNODE_ENOSPC;
-    case ENOMEM:
-        return -KVNODE_ENOMEM;
-    default:
-        return -KVNODE_EIO;
-    }
-}
 
 void seg_path(const struct seg_root *r, uint64_t id, bool hint, char *buf, size_t len)
 {
@@ -365,7 +352,7 @@ static int list_segments(struct seg_root *r, char *err, size_t errlen)
     if (!d) {
         int e = errno;
         errmsg_set(err, errlen, "kvs file: cannot list %s: %s", r->path, strerror(e));
-        return seg_errno_code(e);
+        return kvs_fs_errno_code(e);
     }
     while ((de = readdir(d)) != NULL) {
         const char *n = de->d_name;
@@ -455,7 +442,7 @@ struct seg_root *seg_root_create(const char *path, const char *tenant, int direc
     if (r->lockfd < 0) {
         int e = errno;
         errmsg_set(err, errlen, "kvs file: cannot open %s: %s", lock, strerror(e));
-        *rc = seg_errno_code(e);
+        *rc = kvs_fs_errno_code(e);
         seg_root_free(r);
         return NULL;
     }

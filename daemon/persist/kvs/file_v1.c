@@ -12,15 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "core/errmsg.h"
 #include "kvnode.h"
 #include "persist/kvs/crc32c.h"
+#include "persist/kvs/file_fs.h"
 
 /* The health probe calls the store full below this much free space. */
-#define FILE_HEALTH_MIN_FREE (UINT64_C(1) << 20)
 
 static pthread_mutex_t roots_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct froot *roots;
@@ -31,7 +30,6 @@ static int file_open(const struct kvs_config *cfg, struct kvs_store **out, char 
                      size_t errlen)
 {
     char real[PATH_MAX];
-    struct stat st;
     int rc;
 
     *out = NULL;
@@ -43,22 +41,8 @@ static int file_open(const struct kvs_config *cfg, struct kvs_store **out, char 
         errmsg_set(err, errlen, "kvs file: invalid fsync policy %d", cfg->fsync_policy);
         return -KVNODE_EINVAL;
     }
-    if (file_mkdir_p(cfg->path, 0755) < 0) {
-        int e = errno;
-        errmsg_set(err, errlen, "kvs file: cannot create root directory %s: %s", cfg->path,
-                   strerror(e));
-        return file_errno_code(e);
-    }
-    if (!realpath(cfg->path, real) || stat(real, &st) < 0 || !S_ISDIR(st.st_mode)) {
-        errmsg_set(err, errlen, "kvs file: root %s is not a directory", cfg->path);
-        return -KVNODE_EIO;
-    }
-    if (access(real, W_OK | X_OK) < 0) {
-        int e = errno;
-        errmsg_set(err, errlen, "kvs file: root directory %s is not writable: %s", real,
-                   strerror(e));
-        return -KVNODE_EIO;
-    }
+    if ((rc = kvs_fs_root(cfg->path, real, err, errlen)) < 0)
+        return rc;
     struct file_v1_store *s = calloc(1, sizeof(*s));
     if (!s) {
         errmsg_set(err, errlen, "kvs file: out of memory");
@@ -113,26 +97,7 @@ static void file_close(struct kvs_store *ks)
 
 static int file_health(struct kvs_store *ks, char *err, size_t errlen)
 {
-    struct file_v1_store *s = FS1(ks);
-    struct stat st;
-    if (stat(s->r->path, &st) < 0 || !S_ISDIR(st.st_mode)) {
-        errmsg_set(err, errlen, "kvs file: root %s is gone or not a directory", s->r->path);
-        return -KVNODE_EIO;
-    }
-    if (access(s->r->path, W_OK | X_OK) < 0) {
-        int e = errno;
-        errmsg_set(err, errlen, "kvs file: root %s is not writable: %s", s->r->path, strerror(e));
-        return -KVNODE_EIO;
-    }
-    /* A writable directory on a full disk is not healthy: writes fail. */
-    struct statvfs vfs;
-    if (statvfs(s->r->path, &vfs) == 0 &&
-        (uint64_t)vfs.f_bavail * vfs.f_frsize < FILE_HEALTH_MIN_FREE) {
-        errmsg_set(err, errlen, "kvs file: the file system of %s is full (%" PRIu64 " bytes free)",
-                   s->r->path, (uint64_t)vfs.f_bavail * vfs.f_frsize);
-        return -KVNODE_ENOSPC;
-    }
-    return 0;
+    return kvs_fs_dir_health(FS1(ks)->r->path, err, errlen);
 }
 
 static int check_len(const struct kvs_ns *ns, const void *data, size_t len, char *err,
@@ -258,13 +223,13 @@ static int file_get(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, 
             return KVS_MISS;
         }
         errmsg_set(err, errlen, "kvs file: cannot open %s: %s", path, strerror(e));
-        return file_errno_code(e);
+        return kvs_fs_errno_code(e);
     }
     if (fstat(fd, &st) < 0) {
         int e = errno;
         close(fd);
         errmsg_set(err, errlen, "kvs file: cannot stat %s: %s", path, strerror(e));
-        return file_errno_code(e);
+        return kvs_fs_errno_code(e);
     }
     ssize_t n = file_read_full(fd, hb, sizeof(hb));
     if (n < 0)
@@ -308,7 +273,7 @@ ioerr:
         int e = errno;
         close(fd);
         errmsg_set(err, errlen, "kvs file: read of %s failed: %s", path, strerror(e));
-        return file_errno_code(e);
+        return kvs_fs_errno_code(e);
     }
 }
 
@@ -331,7 +296,7 @@ static int file_del(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, 
     if (unlink(path) < 0 && errno != ENOENT && errno != ENOTDIR) {
         int e = errno;
         errmsg_set(err, errlen, "kvs file: cannot remove %s: %s", path, strerror(e));
-        return file_errno_code(e);
+        return kvs_fs_errno_code(e);
     }
     return 0;
 }
@@ -359,7 +324,7 @@ static int file_exists(struct kvs_store *ks, const struct kvs_ns *ns, const int6
         } else if (errno != ENOENT && errno != ENOTDIR) {
             int e = errno;
             errmsg_set(err, errlen, "kvs file: cannot stat %s: %s", path, strerror(e));
-            return file_errno_code(e);
+            return kvs_fs_errno_code(e);
         }
     }
     return 0;

@@ -166,10 +166,8 @@ struct fns *file_fns_get(struct froot *r, const char *dir, uint32_t rank);
 /* The path of f's block `key`: 0 or -KVNODE_EINVAL (too long). */
 int file_block_path(const struct fns *f, int64_t key, char *buf, size_t len);
 /* An errno as a -KVNODE_E* code. */
-int file_errno_code(int e);
 /* Bytes read (< len only at end of file) or -1. */
 ssize_t file_read_full(int fd, void *buf, size_t len);
-int file_mkdir_p(const char *path, mode_t mode);
 /* The parent directory of path (into buf). */
 void file_parent_of(const char *path, char *buf, size_t len);
 /* Write a + b to `final` atomically (see file_io.c). */

@@ -3,6 +3,7 @@
  * resolving a call's namespace to its directory and layout file. Worker
  * threads; no lock held across I/O. */
 #include "persist/kvs/file_v1.h"
+#include "persist/kvs/file_fs.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,7 +11,6 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/errmsg.h"
@@ -42,20 +42,6 @@ int file_block_path(const struct fns *f, int64_t key, char *buf, size_t len)
     int n = snprintf(buf, len, "%s/%02x/%016" PRIx64 ".blk", f->path, key_bucket(key),
                      (uint64_t)key);
     return (n < 0 || (size_t)n >= len) ? -KVNODE_EINVAL : 0;
-}
-
-int file_errno_code(int e)
-{
-    switch (e) {
-    case ENOSPC:
-    case EDQUOT:
-    case EFBIG:
-        return -KVNODE_ENOSPC;
-    case ENOMEM:
-        return -KVNODE_ENOMEM;
-    default:
-        return -KVNODE_EIO;
-    }
 }
 
 static int write_all(int fd, const void *buf, size_t len)
@@ -109,28 +95,6 @@ static int fsync_dir(const char *path)
     return rc;
 }
 
-int file_mkdir_p(const char *path, mode_t mode)
-{
-    char buf[PATH_MAX];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof(buf)) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    memcpy(buf, path, n + 1);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(buf, mode) < 0 && errno != EEXIST)
-            return -1;
-        *p = '/';
-    }
-    if (mkdir(buf, mode) < 0 && errno != EEXIST)
-        return -1;
-    return 0;
-}
-
 /* The parent directory of path (into buf). */
 void file_parent_of(const char *path, char *buf, size_t len)
 {
@@ -155,10 +119,10 @@ int file_write_atomic(struct file_v1_store *s, const char *dir, const char *fina
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0 && errno == ENOENT) {
-        if (file_mkdir_p(dir, 0755) < 0) {
+        if (kvs_fs_mkdir_p(dir, 0755) < 0) {
             int e = errno;
             errmsg_set(err, errlen, "kvs file: cannot create directory %s: %s", dir, strerror(e));
-            return file_errno_code(e);
+            return kvs_fs_errno_code(e);
         }
         if (s->fsync_policy == KVS_FSYNC_ALWAYS) {
             char parent[PATH_MAX];
@@ -170,7 +134,7 @@ int file_write_atomic(struct file_v1_store *s, const char *dir, const char *fina
     if (fd < 0) {
         int e = errno;
         errmsg_set(err, errlen, "kvs file: cannot create %s: %s", tmp, strerror(e));
-        return file_errno_code(e);
+        return kvs_fs_errno_code(e);
     }
     const char *what = "write";
     int rc = write_all(fd, a, alen);
@@ -194,12 +158,12 @@ int file_write_atomic(struct file_v1_store *s, const char *dir, const char *fina
     if (rc < 0) {
         unlink(tmp);
         errmsg_set(err, errlen, "kvs file: %s of %s failed: %s", what, final, strerror(e));
-        return file_errno_code(e);
+        return kvs_fs_errno_code(e);
     }
     if (s->fsync_policy == KVS_FSYNC_ALWAYS && fsync_dir(dir) < 0) {
         e = errno;
         errmsg_set(err, errlen, "kvs file: fsync of directory %s failed: %s", dir, strerror(e));
-        return file_errno_code(e);
+        return kvs_fs_errno_code(e);
     }
     return 0;
 }
@@ -281,11 +245,11 @@ int file_ensure_layout(struct file_v1_store *s, struct fns *f, const struct kvs_
     }
     if (layout_file_matches(path, s->tenant, ns->layout, ns->fingerprint) != 0) {
         uint8_t rec[LAYOUT_SIZE];
-        if (file_mkdir_p(f->path, 0755) < 0) {
+        if (kvs_fs_mkdir_p(f->path, 0755) < 0) {
             int e = errno;
             errmsg_set(err, errlen, "kvs file: cannot create directory %s: %s", f->path,
                        strerror(e));
-            return file_errno_code(e);
+            return kvs_fs_errno_code(e);
         }
         if (s->fsync_policy == KVS_FSYNC_ALWAYS) {
             char parent[PATH_MAX];

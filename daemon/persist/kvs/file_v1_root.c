@@ -3,6 +3,7 @@
  * known block files with their bytes, and the namespace directories. All
  * lru_* and fns_* functions run with the root's mutex held. */
 #include "persist/kvs/file_v1.h"
+#include "persist/kvs/file_fs.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -211,7 +212,7 @@ struct froot *file_root_create(const char *path, char *err, size_t errlen, int *
     if (r->lockfd < 0) {
         int e = errno;
         errmsg_set(err, errlen, "kvs file: cannot open %s: %s", lock, strerror(e));
-        *rc = file_errno_code(e);
+        *rc = kvs_fs_errno_code(e);
         file_root_free(r);
         return NULL;
     }

@@ -3,6 +3,7 @@
  * to the LRU as least recent), removes bad block files and stale temporary
  * files, skips namespaces without a valid layout file. */
 #include "persist/kvs/file_v1.h"
+#include "persist/kvs/file_fs.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -177,7 +178,7 @@ int file_scan(struct kvs_store *ks, struct kvs_scan **cursor, size_t budget,
             int e = errno;
             free(c);
             errmsg_set(err, errlen, "kvs file: cannot read %s: %s", r->path, strerror(e));
-            return file_errno_code(e);
+            return kvs_fs_errno_code(e);
         }
         *cursor = c;
     }
