@@ -117,6 +117,13 @@ int persist_create_tenant(struct event_base *base, const struct kvn_config *cfg,
     p->be = be;
     p->lookup = cfg->persist_lookup;
     p->workers = cfg->persist_workers;
+    /* Test-only: a store slower than the puts, whatever the disk (0..10000 ms). */
+    const char *delay = getenv("KVNODE_PERSIST_SIM_WRITE_DELAY_MS");
+    if (delay && *delay) {
+        char *end;
+        unsigned long ms = strtoul(delay, &end, 10);
+        p->sim_write_delay_ms = *end == '\0' && ms <= 10000 ? (uint32_t)ms : 0;
+    }
     p->capacity = cfg->persist_queue;
     /* Own copies: the config may be replaced by a reload while we run. */
     snprintf(p->path, sizeof p->path, "%s", cfg->persist_path);

@@ -117,6 +117,7 @@ struct persist {
     char                      scan_qname[CONFIG_TENANT_NAME_MAX + 16]; /* "persist-scan[.<tenant>]" */
     int                       lookup;      /* CONFIG_LOOKUP_* */
     unsigned                  workers;
+    uint32_t                  sim_write_delay_ms; /* tests: KVNODE_PERSIST_SIM_WRITE_DELAY_MS */
     size_t                    capacity;
 
     struct workq             *q;

@@ -22,11 +22,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gpu/devmem.h"
 #include "kvnode.h"
 
-#define PERSIST_BATCH_MAX    64u           /* blocks per batched store call */
+#define PERSIST_BATCH_MAX    256u          /* blocks per batched store call */
 #define PERSIST_BATCH_BYTES  (16u << 20)   /* bytes per batch (a device batch's bounce copy) */
 
 /* A request worker's context. */
@@ -168,6 +169,11 @@ static void job_run_batch(struct pjob *pj, struct pworker *w)
         j->rc = INT_MIN;   /* in the batch: set below */
     }
     char err[PERSIST_ERR_MAX] = "";
+    if (write && m > 0 && pj->p->sim_write_delay_ms) {
+        struct timespec ts = { .tv_sec = pj->p->sim_write_delay_ms / 1000,
+                               .tv_nsec = (long)(pj->p->sim_write_delay_ms % 1000) * 1000000L };
+        nanosleep(&ts, NULL);
+    }
     int rc = m == 0 ? 0 : write ? be->put_batch(w->s, items, m, err, sizeof err)
                                 : be->get_batch(w->s, items, m, err, sizeof err);
     bool reopen = needs_reopen(rc);

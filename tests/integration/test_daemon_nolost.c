@@ -188,9 +188,11 @@ START_TEST(write_through_blocks_wait_for_the_store)
 {
     enum { NCH = 150 };   /* 1200 blocks of 64 KiB into a tier of 64 */
     size_t lost, wrong;
+    setenv("KVNODE_PERSIST_SIM_WRITE_DELAY_MS", "5", 1);   /* slower than the puts, whatever the disk */
     json_t *st = burst("memory.host_bytes=4MiB\nmemory.slab_bytes=1MiB\npersist.workers=1\n"
                        "persist.fsync=always\nserver.request_timeout=60s\n", "nl-slow", NCH, 3000, &lost,
                        &wrong);
+    unsetenv("KVNODE_PERSIST_SIM_WRITE_DELAY_MS");
     /* Nothing left memory unwritten, and the counters say so. */
     ck_assert_int_eq(kvh_json_int(st, "persist.dropped_total"), 0);
     ck_assert_int_eq(kvh_json_int(st, "evictions.host.dropped_total"), 0);
@@ -209,11 +211,13 @@ START_TEST(writes_over_the_queue_are_queued_again)
 {
     enum { NCH = 100 };   /* 800 blocks, a queue of 16 */
     size_t lost, wrong;
-    /* fsync=always: each of the worker's batches waits for the disk, so the
-     * puts outrun it (with fsync=never the segment log can keep up with one
-     * client's puts and the queue may never fill). */
+    /* A store slower than the puts whatever the disk: each batch the worker
+     * writes waits 20 ms first (the segment log alone keeps up with one
+     * client's puts, and the queue would never fill). */
+    setenv("KVNODE_PERSIST_SIM_WRITE_DELAY_MS", "20", 1);
     json_t *st = burst("memory.host_bytes=64MiB\npersist.workers=1\npersist.queue=16\npersist.fsync=always\n",
                        "nl-queue", NCH, 4000, &lost, &wrong);
+    unsetenv("KVNODE_PERSIST_SIM_WRITE_DELAY_MS");
     ck_assert_int_eq(kvh_json_int(st, "persist.written_blocks_total"), NCH * CHAIN);
     ck_assert_int_eq(kvh_json_int(st, "persist.dropped_total"), 0);
     /* The queue did refuse writes: they waited in the daemon. */
