@@ -27,7 +27,7 @@
 #include "gpu/devmem.h"
 #include "kvnode.h"
 
-#define PERSIST_BATCH_MAX    256u          /* blocks per batched store call */
+#define PERSIST_BATCH_MAX    64u           /* blocks per batched store call */
 #define PERSIST_BATCH_BYTES  (16u << 20)   /* bytes per batch (a device batch's bounce copy) */
 
 /* A request worker's context. */
