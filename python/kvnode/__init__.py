@@ -29,7 +29,19 @@ numpy array of ``block_bytes`` bytes per block)::
 The keys of one call form a chain (``keys[i-1]`` is the parent of ``keys[i]``);
 ``match``, ``read`` and ``get`` answer with the longest cached prefix.
 
-A :class:`Client` is not thread-safe: use one per thread or serialise calls.
+A :class:`Client` may be used from several threads at once (libkvnode pipelines
+their requests over the one connection), except :meth:`Client.close`,
+:meth:`Client.prefault` and the ``with`` blocks' lease bookkeeping of one lease.
+
+Asynchronous calls (``submit_match``, ``submit_get``, ``submit_put``,
+``submit_delete``) return a ticket at once; :meth:`Client.drain` collects the
+:class:`Completion` of finished ones without blocking, and :attr:`Client.event_fd`
+polls readable while some wait::
+
+    t = c.submit_get(keys, pages)             # pages: writable buffers or addresses
+    select.select([c.event_fd], [], [])
+    for done in c.drain():
+        ...                                   # done.ticket, done.count, done.error
 """
 
 import ctypes
@@ -37,6 +49,7 @@ import ctypes.util
 import dataclasses
 import json
 import os
+import threading
 
 #: Version of this package; equals the kvnode release it belongs to (Makefile VERSION).
 __version__ = "0.1.0"
@@ -48,7 +61,8 @@ __all__ = [
     "Error", "InvalidArgument", "OutOfMemory", "NoSpace", "NoLease", "LayoutError",
     "VersionError", "ProtocolError", "TooBig", "TimedOut", "ConnectError", "Closed",
     "IOFailure", "StateError", "LimitReached", "Denied", "InternalError", "ShuttingDown",
-    "LeaseEnded",
+    "LeaseEnded", "Completion", "Tiers", "RemoteMatch",
+    "OP_MATCH", "OP_GET", "OP_PUT", "OP_DELETE",
 ]
 
 #: Host-memory tier (``KVNODE_TIER_HOST``).
@@ -301,6 +315,55 @@ _last_error = _fn("kvnode_last_error", ctypes.c_char_p, _P)
 _set_timeout = _fn("kvnode_set_timeout", None, _P, ctypes.c_int)
 _version = _fn("kvnode_version", ctypes.c_char_p)
 
+_TICKET = ctypes.c_uint64
+
+
+class _CCompletion(ctypes.Structure):
+    _fields_ = [("ticket", _TICKET), ("op", ctypes.c_int), ("rc", ctypes.c_int),
+                ("count", _SIZE), ("user", _P), ("error", ctypes.c_char * 256)]
+
+
+class _CTiers(ctypes.Structure):
+    _fields_ = [("matched", _SIZE), ("hbm", _SIZE), ("host", _SIZE), ("store", _SIZE)]
+
+
+class _CPeer(ctypes.Structure):
+    _fields_ = [("host_ip_port", ctypes.c_char * 128), ("matched", _SIZE)]
+
+
+class _CRemoteMatch(ctypes.Structure):
+    _fields_ = [("matched", _SIZE), ("remote_ok", ctypes.c_int), ("why", ctypes.c_char * 192),
+                ("npeers", _SIZE), ("peers", _CPeer * 64)]
+
+
+_PTRS = ctypes.POINTER(_P)
+# The batched and asynchronous calls came with KVNODE_0.3; an older library
+# still loads, and only those methods then fail (naming the library).
+_HAVE_ASYNC = hasattr(_lib, "kvnode_submit_get")
+if _HAVE_ASYNC:
+    _match_tiers = _fn("kvnode_match_tiers", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_CTiers))
+    _match_remote = _fn("kvnode_match_remote", ctypes.c_int, _P, _KEYS, _SIZE, _SIZE,
+                        ctypes.POINTER(_CRemoteMatch))
+    _get_batch = _fn("kvnode_get_batch", ctypes.c_int, _P, _KEYS, _SIZE, _PTRS, ctypes.c_uint,
+                     ctypes.POINTER(_SIZE))
+    _put_batch = _fn("kvnode_put_batch", ctypes.c_int, _P, _KEYS, _SIZE, _PTRS, ctypes.c_uint)
+    _event_fd = _fn("kvnode_event_fd", ctypes.c_int, _P)
+    _submit_match = _fn("kvnode_submit_match", ctypes.c_int, _P, _KEYS, _SIZE, _P,
+                        ctypes.POINTER(_TICKET))
+    _submit_delete = _fn("kvnode_submit_delete", ctypes.c_int, _P, _KEYS, _SIZE, _P,
+                         ctypes.POINTER(_TICKET))
+    _submit_get = _fn("kvnode_submit_get", ctypes.c_int, _P, _KEYS, _SIZE, _PTRS, ctypes.c_uint,
+                      _P, ctypes.POINTER(_TICKET))
+    _submit_put = _fn("kvnode_submit_put", ctypes.c_int, _P, _KEYS, _SIZE, _PTRS, ctypes.c_uint,
+                      _P, ctypes.POINTER(_TICKET))
+    _drain = _fn("kvnode_drain", _SIZE, _P, ctypes.POINTER(_CCompletion), _SIZE)
+    _pending = _fn("kvnode_pending", _SIZE, _P)
+    _cancel = _fn("kvnode_cancel", None, _P)
+_BATCH_DEVICE = 1
+
+#: Operation of a :class:`Completion` (``KVNODE_OP_*``).
+OP_MATCH, OP_GET, OP_PUT, OP_DELETE = 1, 2, 3, 4
+
 _libc = ctypes.CDLL(None)
 _free = _libc.free
 _free.restype = None
@@ -487,6 +550,124 @@ def _release_all(views):
     return exported
 
 
+# ---------------------------------------------------------------- pages by address
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [("buf", _P), ("obj", _P), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p), ("shape", _P),
+                ("strides", _P), ("suboffsets", _P), ("internal", _P)]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.restype = ctypes.c_int
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.restype = None
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_PyBUF_SIMPLE, _PyBUF_WRITABLE = 0, 1
+
+
+class _Pages:
+    """The addresses of a batch's pages, with the buffers exported from the
+    caller's objects held (so they cannot be resized or freed) until release().
+
+    A page is an int (an address: the caller keeps the memory valid), an
+    object with ``data_ptr()`` (a torch tensor: its storage must be contiguous
+    and stay alive), or any C-contiguous buffer (bytes, bytearray, memoryview,
+    numpy array) of at least ``block_bytes`` bytes, writable when ``writable``.
+    """
+
+    def __init__(self, pages, n, block_bytes, writable, device):
+        pages = list(pages)
+        if len(pages) != n:
+            raise ValueError("%d keys but %d pages: give one page per key" % (n, len(pages)))
+        self._held = []
+        self.objects = pages
+        self.array = (_P * max(n, 1))()
+        try:
+            for i, page in enumerate(pages):
+                self.array[i] = self._address(i, page, block_bytes, writable, device)
+        except BaseException:
+            self.release()
+            raise
+
+    def _address(self, i, page, block_bytes, writable, device):
+        if isinstance(page, int):
+            if page <= 0:
+                raise ValueError("page %d: address %d is not a pointer" % (i, page))
+            return page
+        data_ptr = getattr(page, "data_ptr", None)
+        if callable(data_ptr):
+            nbytes = page.numel() * page.element_size() if hasattr(page, "numel") else None
+            if nbytes is not None and nbytes < block_bytes:
+                raise ValueError("page %d has %d bytes, a block is %d" % (i, nbytes, block_bytes))
+            return int(data_ptr())
+        if device:
+            raise ValueError("page %d: device=True takes device addresses (int) or tensors with "
+                             "data_ptr(), not %s" % (i, type(page).__name__))
+        view = _PyBuffer()
+        flags = _PyBUF_WRITABLE if writable else _PyBUF_SIMPLE
+        try:
+            _get_buffer(page, ctypes.byref(view), flags)
+        except (BufferError, TypeError) as e:
+            raise ValueError("page %d (%s) is not a %scontiguous buffer: %s"
+                             % (i, type(page).__name__, "writable " if writable else "", e)) from None
+        self._held.append(view)
+        if view.len < block_bytes:
+            raise ValueError("page %d has %d bytes, a block is %d" % (i, view.len, block_bytes))
+        return view.buf
+
+    def release(self):
+        held, self._held = self._held, []
+        for view in held:
+            _release_buffer(ctypes.byref(view))
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """A finished asynchronous call, as :meth:`Client.drain` returns it.
+
+    ``count``: MATCH the prefix matched, GET the blocks copied (a prefix), PUT
+    the blocks stored, DELETE the keys deleted. ``error`` is None on success,
+    else the :class:`Error` (subclass) the call would have raised.
+    """
+
+    ticket: int
+    op: int
+    count: int
+    error: Error = None
+
+    @property
+    def ok(self):
+        return self.error is None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiers:
+    """Where a matched prefix is (:meth:`Client.match_tiers`)."""
+
+    matched: int
+    hbm: int
+    host: int
+    store: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteMatch:
+    """:meth:`Client.match_remote`: the local prefix and peers' (host:port, matched), best first.
+    ``remote_ok`` False means the KV Cache Manager was not asked or did not answer (``why``)."""
+
+    matched: int
+    remote_ok: bool
+    why: str
+    peers: list
+
+
+def _error(rc, message):
+    return _ERRORS.get(-rc, Error)(-rc, message, _s(_strerror(rc)))
+
+
 # ---------------------------------------------------------------- client
 
 class Client:
@@ -506,6 +687,9 @@ class Client:
     def __init__(self, socket_path=None, layout=None, timeout_ms=None, reader=False):
         self.layout = layout
         self._c = None
+        # ticket -> (keys array, _Pages or None): what libkvnode points at until completion.
+        self._inflight = {}
+        self._inflight_lock = threading.Lock()
         self._clayout = layout._to_c() if layout is not None else None
         h = _P()
         sp = os.fsencode(socket_path) if socket_path is not None else None
@@ -534,10 +718,18 @@ class Client:
             _raise(rc, _s(_last_error(self._c)))
 
     def close(self):
-        """Disconnect (the daemon ends this client's outstanding leases). Idempotent."""
+        """Disconnect (the daemon ends this client's outstanding leases). Idempotent.
+
+        Tickets not yet drained complete and are dropped; their pages are released."""
         if self._c:
             _close(self._c)
             self._c = None
+        inflight = getattr(self, "_inflight", None)
+        if inflight:
+            for _, pages in list(inflight.values()):
+                if pages is not None:
+                    pages.release()
+            inflight.clear()
 
     def __enter__(self):
         return self
@@ -663,3 +855,127 @@ class Client:
         arr, n = _keys_array(keys)
         ptrs = (_P * max(n, 1))(*[ctypes.addressof(b) for b in keep])
         self._check(_put(self._handle(), arr, n, ptrs))
+
+    # ------------------------------------------------------------ batched, asynchronous
+
+    def _need_async(self, what):
+        if not _HAVE_ASYNC:
+            raise InvalidArgument(InvalidArgument.CODE, "%s needs a libkvnode with the KVNODE_0.3 "
+                                  "calls; %s has none" % (what, _lib_path), "invalid argument")
+        return self._handle()
+
+    def match_tiers(self, keys):
+        """:meth:`match` that also says where the matched blocks are: a :class:`Tiers`."""
+        h = self._need_async("match_tiers")
+        arr, n = _keys_array(keys)
+        t = _CTiers()
+        self._check(_match_tiers(h, arr, n, ctypes.byref(t)))
+        return Tiers(t.matched, t.hbm, t.host, t.store)
+
+    def match_remote(self, keys, max_hosts=0):
+        """The local prefix and which peer nodes hold how much of it (asked of the KV Cache
+        Manager): a :class:`RemoteMatch`. KVCM trouble never raises (``remote_ok`` False)."""
+        h = self._need_async("match_remote")
+        arr, n = _keys_array(keys)
+        r = _CRemoteMatch()
+        self._check(_match_remote(h, arr, n, int(max_hosts), ctypes.byref(r)))
+        peers = [(_s(r.peers[i].host_ip_port), r.peers[i].matched)
+                 for i in range(min(r.npeers, 64))]
+        return RemoteMatch(r.matched, bool(r.remote_ok), _s(r.why), peers)
+
+    def get_batch(self, keys, pages, device=False):
+        """Copy the longest cached prefix of ``keys`` into ``pages`` (one per key: a writable
+        buffer, an address, or a tensor) in one call; return how many were copied.
+        ``device`` True: the pages are GPU memory of this client's CUDA device."""
+        h = self._need_async("get_batch")
+        arr, n = _keys_array(keys)
+        pg = _Pages(pages, n, self.block_bytes, True, device)
+        try:
+            got = _SIZE(0)
+            self._check(_get_batch(h, arr, n, pg.array, _BATCH_DEVICE if device else 0,
+                                   ctypes.byref(got)))
+            return got.value
+        finally:
+            pg.release()
+
+    def put_batch(self, keys, pages, device=False):
+        """Store ``pages[i]`` (a buffer, an address or a tensor of :attr:`block_bytes` bytes)
+        under ``keys[i]`` in one call; keys already stored are left as they are."""
+        h = self._need_async("put_batch")
+        arr, n = _keys_array(keys)
+        pg = _Pages(pages, n, self.block_bytes, False, device)
+        try:
+            self._check(_put_batch(h, arr, n, pg.array, _BATCH_DEVICE if device else 0))
+        finally:
+            pg.release()
+
+    @property
+    def event_fd(self):
+        """The completion eventfd: readable while :meth:`drain` has something (poll it;
+        do not read or close it)."""
+        return _event_fd(self._need_async("event_fd"))
+
+    def _submit(self, fn, what, keys, pages=None, writable=False, device=False):
+        h = self._need_async(what)
+        arr, n = _keys_array(keys)
+        pg = None
+        if pages is not None:
+            pg = _Pages(pages, n, self.block_bytes, writable, device)
+        t = _TICKET(0)
+        with self._inflight_lock:
+            if pg is None:
+                rc = fn(h, arr, n, None, ctypes.byref(t))
+            else:
+                rc = fn(h, arr, n, pg.array, _BATCH_DEVICE if device else 0, None, ctypes.byref(t))
+            if rc == 0:
+                self._inflight[t.value] = (arr, pg)
+        if rc != 0:
+            if pg is not None:
+                pg.release()
+            self._check(rc)
+        return t.value
+
+    def submit_match(self, keys):
+        """Start a :meth:`match`; return its ticket (the count is the prefix matched)."""
+        return self._submit(_submit_match, "submit_match", keys)
+
+    def submit_delete(self, keys):
+        """Start a :meth:`delete`; return its ticket (the count is the keys deleted)."""
+        return self._submit(_submit_delete, "submit_delete", keys)
+
+    def submit_get(self, keys, pages, device=False):
+        """Start a :meth:`get_batch` into ``pages``; return its ticket. The pages must stay
+        valid and untouched until the ticket is drained (buffers are held till then)."""
+        return self._submit(_submit_get, "submit_get", keys, pages, True, device)
+
+    def submit_put(self, keys, pages, device=False):
+        """Start a :meth:`put_batch` from ``pages``; return its ticket (pages held as for
+        :meth:`submit_get`)."""
+        return self._submit(_submit_put, "submit_put", keys, pages, False, device)
+
+    def drain(self, max_completions=64):
+        """The finished tickets, as a list of :class:`Completion`; never blocks (empty
+        when none is waiting). The pages of a drained GET/PUT are free to reuse."""
+        h = self._need_async("drain")
+        out = (_CCompletion * max(int(max_completions), 1))()
+        got = _drain(h, out, max(int(max_completions), 1))
+        done = []
+        for i in range(got):
+            c = out[i]
+            with self._inflight_lock:
+                entry = self._inflight.pop(c.ticket, None)
+            if entry is not None and entry[1] is not None:
+                entry[1].release()
+            err = _error(c.rc, _s(c.error)) if c.rc != 0 else None
+            done.append(Completion(c.ticket, c.op, c.count, err))
+        return done
+
+    @property
+    def pending(self):
+        """Tickets submitted and not yet drained."""
+        return int(_pending(self._need_async("pending")))
+
+    def cancel(self):
+        """End the connection now: every ticket in flight completes with :class:`Closed`
+        (drain them), and later calls raise it. :meth:`close` is still needed."""
+        _cancel(self._need_async("cancel"))
