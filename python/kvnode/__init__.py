@@ -47,6 +47,7 @@ polls readable while some wait::
 import ctypes
 import ctypes.util
 import dataclasses
+import hashlib
 import json
 import os
 import threading
@@ -55,7 +56,7 @@ import threading
 __version__ = "0.1.0"
 
 __all__ = [
-    "Layout", "Client", "ReadLease", "WriteLease", "hash_tokens", "version", "library_path",
+    "Layout", "Client", "ReadLease", "WriteLease", "hash_tokens", "fold_key", "version", "library_path",
     "__version__",
     "TIER_HOST", "TIER_HBM",
     "Error", "InvalidArgument", "OutOfMemory", "NoSpace", "NoLease", "LayoutError",
@@ -394,6 +395,25 @@ def _keys_array(keys):
     keys = list(keys)
     arr = (ctypes.c_int64 * max(len(keys), 1))(*keys)
     return arr, len(keys)
+
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def fold_key(key):
+    """kvnode's 64-bit key for a foreign key (an engine's digest string or bytes):
+    deterministic across processes and machines. A hex digest (at least 16 hex
+    digits, as SGLang's chained SHA-256 keys) gives its first 64 bits; any other
+    string or bytes the first 64 bits of its SHA-256. Two keys whose 64 bits agree
+    would read each other's block: with random digests about n**2 / 2**65 for n
+    stored blocks (kvnode's per-key check word, issue 19 item 2, is not built yet)."""
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        digest = hashlib.sha256(bytes(key)).digest()
+    elif len(key) >= 16 and len(key) % 2 == 0 and _HEX.issuperset(key):
+        digest = bytes.fromhex(key[:16])
+    else:
+        digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 def version():

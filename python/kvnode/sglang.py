@@ -44,7 +44,6 @@ libkvnode's 10 s), ``reconnect_interval_s`` (default 1.0), ``model`` (default th
 config's ``model_name``), ``dtype`` (a layout discriminator, default ``"sglang"``).
 """
 
-import hashlib
 import logging
 import os
 import threading
@@ -63,20 +62,7 @@ logger = logging.getLogger(__name__)
 
 _DISCONNECTED = (kvnode.Closed, kvnode.ConnectError, kvnode.TimedOut, kvnode.ShuttingDown,
                  kvnode.IOFailure, kvnode.ProtocolError)
-_HEX = frozenset("0123456789abcdefABCDEF")
-
-
-def fold_key(key):
-    """kvnode's 64-bit key of an SGLang storage key (deterministic, process-independent):
-    the first 8 bytes (big-endian, signed) of the key's digest. See the module's note on
-    collisions."""
-    if isinstance(key, (bytes, bytearray)):
-        digest = hashlib.sha256(key).digest()
-    elif len(key) >= 16 and len(key) % 2 == 0 and _HEX.issuperset(key):
-        digest = bytes.fromhex(key[:16])
-    else:
-        digest = hashlib.sha256(key.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+fold_key = kvnode.fold_key
 
 
 class _Indices(list):
