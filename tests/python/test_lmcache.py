@@ -2,7 +2,6 @@
 adapter drives it: built from adapter_params, a poll loop on event_fd, memoryviews, against a
 real kvnoded: round trips, exists, delete, a daemon restart, concurrent submitters."""
 import importlib
-import os
 import select
 import threading
 import time
