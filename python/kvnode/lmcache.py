@@ -72,19 +72,22 @@ class KvnodeL2Connector:
         self._tickets = {}                     # (client id, ticket) -> (future id, op, n)
         self._retry_at = 0.0
         self._warned = False
-        self._done = []
+        self._done = []                        # completions made here (failed submits)
         self._done_lock = threading.Lock()
+        self._drain_lock = threading.Lock()
+        # event_fd() is an epoll set: readable while the local eventfd or the event fd of
+        # a kvnode client (current or retiring) is. It stays the same across reconnects,
+        # and no thread stands between libkvnode's completions and LMCache's poll loop.
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._epoll = select.epoll()
+        self._epoll.register(self._efd, select.EPOLLIN)
         self._closing = False
-        self._thread = threading.Thread(target=self._forward, name="kvnode-lmcache", daemon=True)
-        self._thread.start()
 
     # ------------------------------------------------------------ LMCache's interface
 
     def event_fd(self):
         """Readable while drain_completions() has something (the same fd for the adapter's life)."""
-        return self._efd
+        return self._epoll.fileno()
 
     def submit_batch_get(self, keys, memoryviews):
         return self._submit(_GET, keys, memoryviews)
@@ -100,27 +103,30 @@ class KvnodeL2Connector:
 
     def drain_completions(self):
         """Finished batches: [(future_id, ok, error, per_key or None)]; never blocks."""
-        try:
-            os.eventfd_read(self._efd)
-        except BlockingIOError:
-            pass
-        with self._done_lock:
-            done, self._done = self._done, []
-        return done
+        with self._drain_lock:
+            try:
+                os.eventfd_read(self._efd)
+            except BlockingIOError:
+                pass
+            with self._lock:
+                clients = ([self._client] if self._client else []) + list(self._retiring)
+            for c in clients:
+                self._drain_client(c)
+            with self._done_lock:
+                done, self._done = self._done, []
+            return done
 
     def close(self):
-        """Stop the forwarding thread and disconnect (batches in flight are dropped)."""
+        """Disconnect (batches in flight are dropped)."""
         if self._closing:
             return
         self._closing = True
-        os.eventfd_write(self._wake, 1)
-        self._thread.join()
-        with self._lock:
+        with self._drain_lock, self._lock:
             clients = [self._client] + self._retiring if self._client else list(self._retiring)
             self._client, self._retiring = None, []
         for c in clients:
             c.close()
-        os.close(self._wake)
+        self._epoll.close()
         os.close(self._efd)
 
     # ------------------------------------------------------------ inside
@@ -158,7 +164,7 @@ class KvnodeL2Connector:
         if self._warned:
             logger.warning("kvnode.lmcache: reconnected to kvnoded")
         self._warned = False
-        os.eventfd_write(self._wake, 1)        # the forwarder polls the new client's fd
+        self._epoll.register(self._client.event_fd, select.EPOLLIN)
         return self._client
 
     def _retire(self, client):
@@ -190,7 +196,7 @@ class KvnodeL2Connector:
         if n == 0:
             self._complete(fid, True, "", [] if op in (_GET, _EXISTS) else None)
             return fid
-        folded = [kvnode.fold_key(k) for k in keys]
+        folded = kvnode.fold_keys(keys)
         with self._lock:
             try:
                 c = self._connected(nbytes)
@@ -225,26 +231,8 @@ class KvnodeL2Connector:
             self._tickets[(id(c), t)] = (fid, op, n)
         return fid
 
-    def _forward(self):
-        """Move kvnode completions to LMCache's queue and eventfd; close retired clients."""
-        while not self._closing:
-            with self._lock:
-                clients = ([self._client] if self._client else []) + list(self._retiring)
-            fds = [self._wake]
-            for c in clients:
-                try:
-                    fds.append(c.event_fd)
-                except kvnode.Error:
-                    pass
-            select.select(fds, [], [], 0.5)
-            try:
-                os.eventfd_read(self._wake)
-            except BlockingIOError:
-                pass
-            for c in clients:
-                self._drain_client(c)
-
     def _drain_client(self, c):
+        """Turn c's kvnode completions into LMCache's; close c once retired and drained."""
         try:
             done = c.drain()
         except kvnode.Error:
@@ -258,12 +246,15 @@ class KvnodeL2Connector:
                 continue
             if comp.error is not None:
                 self._warn(str(comp.error))
-                self._complete(fid, False, "%s: %s" % (type(comp.error).__name__, comp.error), None)
+                item = (fid, False, "%s: %s" % (type(comp.error).__name__, comp.error), None)
             elif op in (_GET, _EXISTS):
-                self._complete(fid, True, "", [i < comp.count for i in range(n)])
+                item = (fid, True, "", [i < comp.count for i in range(n)])
             else:
-                self._complete(fid, True, "", None)
+                item = (fid, True, "", None)
+            with self._done_lock:
+                self._done.append(item)
         with self._lock:
             if c in self._retiring and c.pending == 0:
                 self._retiring.remove(c)
+                self._epoll.unregister(c.event_fd)
                 c.close()

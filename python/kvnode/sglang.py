@@ -223,7 +223,7 @@ class KvnodeHiCacheStorage(_Base):
         """Length of the cached prefix of ``keys`` (every component present)."""
         if not keys:
             return 0
-        folded = [fold_key(k) for k in keys]
+        folded = kvnode.fold_keys(keys)
 
         def match(conn):
             hit = len(folded)
@@ -253,7 +253,7 @@ class KvnodeHiCacheStorage(_Base):
         n = len(keys)
         if n == 0:
             return []
-        folded = [fold_key(k) for k in keys]
+        folded = kvnode.fold_keys(keys)
 
         def get(conn):
             per_comp = self._page_pointers(keys, host_indices)
@@ -270,7 +270,7 @@ class KvnodeHiCacheStorage(_Base):
         n = len(keys)
         if n == 0:
             return []
-        folded = [fold_key(k) for k in keys]
+        folded = kvnode.fold_keys(keys)
 
         def put(conn):
             for c, ptrs in zip(conn.clients, self._page_pointers(keys, host_indices)):
@@ -306,7 +306,7 @@ class KvnodeHiCacheStorage(_Base):
         if target_locations is None:
             target_locations = [bytearray(sum(self.component_bytes)) for _ in range(n)]
         targets = list(target_locations)
-        folded = [fold_key(k) for k in keys]
+        folded = kvnode.fold_keys(keys)
 
         def get(conn):
             pieces = [self._components(t) for t in targets]
@@ -334,7 +334,7 @@ class KvnodeHiCacheStorage(_Base):
             return False
         if not keys:
             return True
-        folded = [fold_key(k) for k in keys]
+        folded = kvnode.fold_keys(keys)
 
         def put(conn):
             pieces = [self._components(p) for p in pages]
