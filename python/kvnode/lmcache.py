@@ -245,7 +245,8 @@ class KvnodeL2Connector:
             if fid is None:
                 continue
             if comp.error is not None:
-                self._warn(str(comp.error))
+                if isinstance(comp.error, _DISCONNECTED):
+                    self._warn(str(comp.error))
                 item = (fid, False, "%s: %s" % (type(comp.error).__name__, comp.error), None)
             elif op in (_GET, _EXISTS):
                 item = (fid, True, "", [i < comp.count for i in range(n)])

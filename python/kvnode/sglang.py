@@ -121,6 +121,7 @@ class KvnodeHiCacheStorage(_Base):
         self._conn = None
         self._retry_at = 0.0
         self._warned = False
+        self._next_error_log = 0.0
 
     # ------------------------------------------------------------ pool and connection
 
@@ -184,8 +185,15 @@ class KvnodeHiCacheStorage(_Base):
                     except kvnode.Error:
                         pass
             close = conn.retired and conn.users == 0
-        if error is not None:
+        if isinstance(error, _DISCONNECTED):
             self._warn("%s: %s" % (type(error).__name__, error))
+        elif error is not None:     # e.g. NoSpace: this call failed, the connection is fine
+            now = time.monotonic()
+            if now >= self._next_error_log:
+                self._next_error_log = now + 10.0
+                logger.warning("kvnode.sglang: a call failed (%s: %s); it answered 'not cached' "
+                               "/ 'not stored' (logged at most every 10 s)",
+                               type(error).__name__, error)
         if close:
             conn.close()
 

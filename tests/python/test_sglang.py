@@ -205,3 +205,24 @@ def test_threads(daemon):
         th.join()
     assert errors == []
     store.close()
+
+
+def test_refused_put_fails_the_call_not_the_engine(tmp_path, caplog):
+    """A put the daemon refuses (16 pages of 1 MiB at once: over leases.max_reserved_per_client,
+    a quarter of a 16 MiB tier) answers [False]*n, keeps the connection, logs the reason."""
+    with running_daemon(str(tmp_path), str(tmp_path / "n.sock"), "memory.host_bytes=16MiB") as sock:
+        pool = HostPool(8, page_size=16, layers=1, heads=1, head_dim=65536, mla=True,
+                        dtype="uint8")
+        assert pool.page_size * pool.token_bytes == 1024 * 1024
+        store = backend(sock, mla=True, model="sgl-full")
+        store.register_mem_pool_host(pool)
+        keys = chained_keys(tokens(7, 8), PAGE)
+        with caplog.at_level(logging.WARNING, logger="kvnode.sglang"):
+            small = [store.batch_set_v1(keys[i:i + 2], host_indices(i, 2, PAGE)) for i in (0, 2)]
+            big = store.batch_set_v1(chained_keys(tokens(8, 16), PAGE),
+                                     host_indices(0, 16, PAGE) % (8 * PAGE))
+        assert small == [[True, True]] * 2
+        assert big == [False] * 16
+        assert any("LimitReached" in r.getMessage() for r in caplog.records), caplog.text
+        assert store.batch_exists(keys) == 4        # the connection is still there
+        store.close()
