@@ -556,12 +556,23 @@ class Client:
     :meth:`read` cannot happen: the views are read-only and the mapping
     faults), and :meth:`write`, :meth:`put` and :meth:`delete` raise
     :class:`Denied`. :attr:`reader` says whether the daemon granted it.
+    ``cuda_device`` (an ordinal; default -1, none) declares the engine's GPU: the daemon
+    may then lend it GPU memory, and ``get_batch`` / ``put_batch`` / ``submit_get`` /
+    ``submit_put`` with ``device=True`` copy to and from device pointers (needs a CUDA
+    runtime in the process). Such a client's blocks may be device memory, which a
+    memoryview cannot show: :meth:`read` and :meth:`write` raise :class:`StateError` on it.
     Use as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, socket_path=None, layout=None, timeout_ms=None, reader=False):
+    def __init__(self, socket_path=None, layout=None, timeout_ms=None, reader=False,
+                 cuda_device=-1):
         self.layout = layout
         self._c = None
+        if not isinstance(cuda_device, int) or cuda_device < -1:
+            raise ValueError("cuda_device must be a CUDA device ordinal or -1 (none), not %r"
+                             % (cuda_device,))
+        #: The CUDA device this client declared (-1: none); see the class docstring.
+        self.cuda_device = cuda_device
         # ticket -> (keys array, _Pages or None): what libkvnode points at until completion.
         self._inflight = {}
         self._inflight_lock = threading.Lock()
@@ -574,9 +585,9 @@ class Client:
                 raise InvalidArgument(InvalidArgument.CODE, "reader=True needs a libkvnode with "
                                       "kvnode_connect_flags; %s has none" % _lib_path,
                                       "invalid argument")
-            rc = _connect_flags(sp, lp, -1, _CONNECT_READER, ctypes.byref(h))
+            rc = _connect_flags(sp, lp, cuda_device, _CONNECT_READER, ctypes.byref(h))
         else:
-            rc = _connect_device(sp, lp, -1, ctypes.byref(h))
+            rc = _connect_device(sp, lp, cuda_device, ctypes.byref(h))
         if rc != 0:
             _raise(rc, _s(_connect_error()))
         self._c = h.value
@@ -678,6 +689,13 @@ class Client:
         finally:
             _free(p.value)
 
+    def _need_host_views(self, what):
+        if self.cuda_device >= 0:
+            raise StateError(StateError.CODE, "%s gives memoryviews, and a client that declared "
+                             "CUDA device %d may be lent GPU memory; use get_batch/put_batch "
+                             "(device=True for device pages) or a client without cuda_device"
+                             % (what, self.cuda_device), "operation not valid now")
+
     def read(self, keys):
         """Zero-copy read: ``with client.read(keys) as blocks:``.
 
@@ -688,6 +706,7 @@ class Client:
         ``ValueError``. Arrays wrapping a view (``numpy.frombuffer``) are not
         invalidated: drop or copy them inside the block (see :class:`LeaseEnded`).
         """
+        self._need_host_views("read")
         return ReadLease(self, list(keys))
 
     def write(self, keys, tier=TIER_HOST):
@@ -698,6 +717,7 @@ class Client:
         slot; a normal exit commits, an exception aborts. ``tier`` is
         :data:`TIER_HOST` or :data:`TIER_HBM` (falls back to host).
         """
+        self._need_host_views("write")
         return WriteLease(self, list(keys), tier)
 
     def get(self, keys):

@@ -170,3 +170,24 @@ def test_closed_client_raises(daemon):
         c.event_fd
     with pytest.raises(kvnode.Closed):
         c.get_batch([1], [bytearray(BLOCK)])
+
+
+def test_cuda_device_client(daemon):
+    """A client that declares a CUDA device: no memoryview leases (its blocks may be device
+    memory); device=True batches need a working CUDA runtime and driver: on a machine without
+    a GPU they fail with the library's reason (ESTATE: no runtime, EIO: CUDA's error)."""
+    lay = kvnode.Layout(model="pyasync-cuda", dtype="bf16", block_tokens=4, block_bytes=BLOCK)
+    with pytest.raises(ValueError, match="cuda_device"):
+        kvnode.Client(daemon, lay, cuda_device=-2)
+    with kvnode.Client(daemon, lay, cuda_device=0) as c:
+        assert c.cuda_device == 0
+        with pytest.raises(kvnode.StateError, match="get_batch/put_batch"):
+            c.read([1])
+        with pytest.raises(kvnode.StateError, match="get_batch/put_batch"):
+            c.write([1])
+        c.put_batch([1, 2], pages(6, 2))                # host pages still work
+        out = [bytearray(BLOCK) for _ in range(2)]
+        assert c.get_batch([1, 2], out) == 2 and out[1] == pages(6, 2)[1].tobytes()
+        if not os.path.exists("/dev/nvidia0"):
+            with pytest.raises((kvnode.StateError, kvnode.IOFailure), match="CUDA"):
+                c.get_batch([1], [ctypes.addressof((ctypes.c_char * BLOCK)())], device=True)
