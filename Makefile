@@ -352,7 +352,7 @@ bench-kvs: all $(BENCH_KVS_BIN)
 # kvnode.sglang / kvnode.lmcache against libkvnode's batched calls in one run (Python 3,
 # numpy); BENCH_ADAPTERS_ARGS: --rounds N (default 30).
 bench-adapters: all
-	KVNODED=$(KVNODED) KVNODE_LIBRARY=$(CURDIR)/$(LIBSO) /usr/bin/python3 tests/bench/bench_adapters.py $(BENCH_ADAPTERS_ARGS)
+	KVNODED=$(abspath $(KVNODED)) KVNODE_LIBRARY=$(abspath $(LIBSO)) /usr/bin/python3 tests/bench/bench_adapters.py $(BENCH_ADAPTERS_ARGS)
 
 bench-persist: all $(BENCH_PERSIST_BIN) $(if $(filter 1,$(V6D)),$(SIM_BIN))
 	KVNODED=$(KVNODED) KVS_SIM=$(SIM_BIN) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)

@@ -33,22 +33,6 @@ PAGES, PAGE_BYTES, EXIST_KEYS = 64, 64 * 1024, 256
 _lib = kvnode._lib._lib
 
 
-def median_s(fn, rounds, cleanup=None):
-    """Median seconds of fn(r); cleanup(r) (untimed) after each, e.g. deleting what a put
-    stored, so that every put lands in memory the daemon has already touched."""
-    fn(0)
-    if cleanup:
-        cleanup(0)
-    times = []
-    for r in range(rounds):
-        t0 = time.perf_counter()
-        fn(r)
-        times.append(time.perf_counter() - t0)
-        if cleanup:
-            cleanup(r)
-    return statistics.median(times)
-
-
 class CApi:
     """kvnode_put_batch / kvnode_get_batch / kvnode_match with prepared arrays."""
 
@@ -78,93 +62,156 @@ class CApi:
                                  ctypes.byref(self.got)) == 0
 
 
-def bench_c(sock, rounds, parts=1):
+class Path:
+    """One way through: put(r) stores fresh keys of round r (forget(r) deletes them again,
+    untimed, so every put lands in memory the daemon has touched), get() reads 64 stored
+    pages, exists() asks about 256 keys, check() verifies the bytes read, close()."""
+
+    def forget(self, r):
+        pass
+
+    def check(self):
+        pass
+
+
+class CPath(Path):
     """The C API moving the same bytes: parts=2 is K and V as two batches of half pages
     (as the SGLang MHA path does)."""
-    cs = [CApi(sock, PAGE_BYTES // parts, "-%d" % i) for i in range(parts)]
-    fresh = [cs[0].keys(10_000_000 + r * PAGES) for r in range(rounds)]
 
-    def put(r):
-        for c in cs:
-            c.put(fresh[r])
-    put_s = median_s(put, rounds, cleanup=lambda r: [c.client.delete(fresh[r]) for c in cs])
-    k = cs[0].keys(1)
-    for c in cs:
-        c.put(k)
+    def __init__(self, sock, rounds, parts=1):
+        self.cs = [CApi(sock, PAGE_BYTES // parts, "-%d" % i) for i in range(parts)]
+        self.fresh = [self.cs[0].keys(10_000_000 + r * PAGES) for r in range(rounds)]
+        self.stored = self.cs[0].keys(1)
+        self.ek = self.cs[0].keys(1, EXIST_KEYS)
+        for c in self.cs:
+            c.put(self.stored)
 
-    def get(r):
-        for c in cs:
-            c.get(k)
-    get_s = median_s(get, rounds)
-    assert all(numpy.array_equal(c.pages, c.out) for c in cs)
-    ek = cs[0].keys(1, EXIST_KEYS)
+    def put(self, r):
+        for c in self.cs:
+            c.put(self.fresh[r])
 
-    def match(r):
-        for c in cs:
-            c.match(ek)
-    exists_s = median_s(match, rounds)
-    for c in cs:
-        c.client.close()
-    return put_s, get_s, exists_s
+    def forget(self, r):
+        for c in self.cs:
+            c.client.delete(list(self.fresh[r]))
+
+    def get(self):
+        for c in self.cs:
+            c.get(self.stored)
+
+    def exists(self):
+        for c in self.cs:
+            c.match(self.ek)
+
+    def check(self):
+        assert all(numpy.array_equal(c.pages, c.out) for c in self.cs)
+
+    def close(self):
+        for c in self.cs:
+            c.client.close()
 
 
-def bench_sglang(sock, rounds, mla):
-    comp = PAGE_BYTES if mla else PAGE_BYTES // 2
-    pool = HostPool(2 * PAGES, page_size=16, layers=1, heads=1, head_dim=comp // 16 // 2,
-                    mla=mla)
-    assert pool.page_size * pool.token_bytes == comp
-    for p in range(PAGES):
-        pool.fill(p * 16, seed=p)
-    store = kvnode.sglang.KvnodeHiCacheStorage(StorageConfig(
-        is_mla_model=mla, model_name="bench-sgl-%s" % ("mla" if mla else "mha"),
-        extra_config=dict(socket_path=sock)), {})
-    store.register_mem_pool_host(pool)
-    src, dst = host_indices(0, PAGES, 16), host_indices(PAGES, PAGES, 16)
-    fresh = [[hashlib.sha256(b"%d-%d" % (r, i)).hexdigest() for i in range(PAGES)] for r in range(rounds)]
-    fold = [kvnode.fold_keys(f) for f in fresh]
+class SGLangPath(Path):
+    def __init__(self, sock, rounds, mla):
+        comp = PAGE_BYTES if mla else PAGE_BYTES // 2
+        self.pool = HostPool(2 * PAGES, page_size=16, layers=1, heads=1,
+                             head_dim=comp // 16 // 2, mla=mla)
+        assert self.pool.page_size * self.pool.token_bytes == comp
+        for p in range(PAGES):
+            self.pool.fill(p * 16, seed=p)
+        self.store = kvnode.sglang.KvnodeHiCacheStorage(StorageConfig(
+            is_mla_model=mla, model_name="bench-sgl-%s" % ("mla" if mla else "mha"),
+            extra_config=dict(socket_path=sock)), {})
+        self.store.register_mem_pool_host(self.pool)
+        self.src, self.dst = host_indices(0, PAGES, 16), host_indices(PAGES, PAGES, 16)
+        self.fresh = [[hashlib.sha256(b"%d-%d" % (r, i)).hexdigest() for i in range(PAGES)]
+                      for r in range(rounds)]
+        self.keys = [hashlib.sha256(b"exists-%d" % i).hexdigest() for i in range(EXIST_KEYS)]
+        assert self.store.batch_set_v1(self.keys[:PAGES], self.src) == [True] * PAGES
 
-    def forget(r):
-        conn = store._acquire()
+    def put(self, r):
+        assert self.store.batch_set_v1(self.fresh[r], self.src) == [True] * PAGES
+
+    def forget(self, r):
+        conn = self.store._acquire()
         for c in conn.clients:
-            c.delete(fold[r])
-        store._release(conn)
-    put = median_s(lambda r: store.batch_set_v1(fresh[r], src), rounds, forget)
-    keys = [hashlib.sha256(b"exists-%d" % i).hexdigest() for i in range(EXIST_KEYS)]
-    assert store.batch_set_v1(keys[:PAGES], src) == [True] * PAGES
-    get = median_s(lambda r: store.batch_get_v1(keys[:PAGES], dst), rounds)
-    assert pool.page(PAGES * 16) == pool.page(0)
-    exists = median_s(lambda r: store.batch_exists(keys), rounds)
-    store.close()
-    return put, get, exists
+            c.delete(kvnode.fold_keys(self.fresh[r]))
+        self.store._release(conn)
+
+    def get(self):
+        assert self.store.batch_get_v1(self.keys[:PAGES], self.dst) == [True] * PAGES
+
+    def exists(self):
+        assert self.store.batch_exists(self.keys) == PAGES
+
+    def check(self):
+        assert all(self.pool.page((PAGES + p) * 16) == self.pool.page(p * 16) for p in range(PAGES))
+
+    def close(self):
+        self.store.close()
 
 
-def bench_lmcache(sock, rounds):
-    conn = kvnode.lmcache.KvnodeL2Connector(socket_path=sock, model="bench-lmc",
-                                            block_bytes=PAGE_BYTES)
-    fd = conn.event_fd()
-    pages = numpy.random.default_rng(2).integers(0, 255, (PAGES, PAGE_BYTES), numpy.uint8)
-    out = numpy.zeros_like(pages)
-    src = [memoryview(pages[i]) for i in range(PAGES)]
-    dst = [memoryview(out[i]) for i in range(PAGES)]
+class LMCachePath(Path):
+    def __init__(self, sock, rounds):
+        self.conn = kvnode.lmcache.KvnodeL2Connector(socket_path=sock, model="bench-lmc",
+                                                     block_bytes=PAGE_BYTES)
+        self.fd = self.conn.event_fd()
+        self.pages = numpy.random.default_rng(2).integers(0, 255, (PAGES, PAGE_BYTES), numpy.uint8)
+        self.out = numpy.zeros_like(self.pages)
+        self.src = [memoryview(self.pages[i]) for i in range(PAGES)]
+        self.dst = [memoryview(self.out[i]) for i in range(PAGES)]
+        self.fresh = [["bench-%d-%d" % (r, i) for i in range(PAGES)] for r in range(rounds)]
+        self.keys = ["bench-exists-%d" % i for i in range(EXIST_KEYS)]
+        self.wait(self.conn.submit_batch_set(self.keys[:PAGES], self.src))
 
-    def wait(fid):
+    def wait(self, fid):
+        """LMCache's side: poll event_fd, drain until fid completed."""
         while True:
-            select.select([fd], [], [], 10)
-            for f, ok, err, _ in conn.drain_completions():
+            select.select([self.fd], [], [], 10)
+            for f, ok, err, per_key in self.conn.drain_completions():
                 assert ok, err
                 if f == fid:
-                    return
+                    return per_key
 
-    fresh = [["bench-%d-%d" % (r, i) for i in range(PAGES)] for r in range(rounds)]
-    put = median_s(lambda r: wait(conn.submit_batch_set(fresh[r], src)), rounds,
-                   lambda r: wait(conn.submit_batch_delete(fresh[r])))
-    keys = ["bench-exists-%d" % i for i in range(EXIST_KEYS)]
-    wait(conn.submit_batch_set(keys[:PAGES], src))
-    get = median_s(lambda r: wait(conn.submit_batch_get(keys[:PAGES], dst)), rounds)
-    assert numpy.array_equal(pages, out)
-    exists = median_s(lambda r: wait(conn.submit_batch_exists(keys)), rounds)
-    conn.close()
-    return put, get, exists
+    def put(self, r):
+        self.wait(self.conn.submit_batch_set(self.fresh[r], self.src))
+
+    def forget(self, r):
+        self.wait(self.conn.submit_batch_delete(self.fresh[r]))
+
+    def get(self):
+        assert self.wait(self.conn.submit_batch_get(self.keys[:PAGES], self.dst)) == [True] * PAGES
+
+    def exists(self):
+        self.wait(self.conn.submit_batch_exists(self.keys))
+
+    def check(self):
+        assert numpy.array_equal(self.pages, self.out)
+
+    def close(self):
+        self.conn.close()
+
+
+def measure(paths, rounds):
+    """Median seconds of each operation of each path; the paths take turns within every
+    round (in a rotating order), so a busy machine slows them alike."""
+    times = {name: {"put": [], "get": [], "exists": []} for name in paths}
+    names = list(paths)
+    for r in range(-1, rounds):          # round -1 warms up, untimed
+        order = names[r % len(names):] + names[:r % len(names)]
+        for op in ("put", "get", "exists"):
+            for name in order:
+                p = paths[name]
+                t0 = time.perf_counter()
+                p.put(max(r, 0)) if op == "put" else getattr(p, op)()
+                dt = time.perf_counter() - t0
+                if op == "put":
+                    p.forget(max(r, 0))
+                if r >= 0:
+                    times[name][op].append(dt)
+    for p in paths.values():
+        p.check()
+    return {name: tuple(statistics.median(t[op]) for op in ("put", "get", "exists"))
+            for name, t in times.items()}
 
 
 def main():
@@ -174,13 +221,16 @@ def main():
     mib = PAGES * PAGE_BYTES / 2 ** 20
     with tempfile.TemporaryDirectory(prefix="kvnode-bench-adapters-") as d:
         with running_daemon(d, os.path.join(d, "s.sock"), "memory.host_bytes=1GiB") as sock:
-            c1 = bench_c(sock, args.rounds)
-            c2 = bench_c(sock, args.rounds, parts=2)
-            rows = [("C API, 64 KiB blocks", c1, c1),
-                    ("sglang MLA (1 x 64 KiB)", bench_sglang(sock, args.rounds, True), c1),
-                    ("lmcache (64 KiB chunks)", bench_lmcache(sock, args.rounds), c1),
-                    ("C API, 2 x 32 KiB blocks", c2, c2),
-                    ("sglang MHA (K+V 32 KiB)", bench_sglang(sock, args.rounds, False), c2)]
+            paths = {"C API, 64 KiB blocks": CPath(sock, args.rounds),
+                     "sglang MLA (1 x 64 KiB)": SGLangPath(sock, args.rounds, True),
+                     "lmcache (64 KiB chunks)": LMCachePath(sock, args.rounds),
+                     "C API, 2 x 32 KiB blocks": CPath(sock, args.rounds, parts=2),
+                     "sglang MHA (K+V 32 KiB)": SGLangPath(sock, args.rounds, False)}
+            got = measure(paths, args.rounds)
+            for p in paths.values():
+                p.close()
+    c1, c2 = got["C API, 64 KiB blocks"], got["C API, 2 x 32 KiB blocks"]
+    rows = [(name, got[name], c1 if i < 3 else c2) for i, name in enumerate(paths)]
     print("%d pages of %d KiB (%.0f MiB) per batch, batch_exists of %d keys; medians of %d rounds"
           % (PAGES, PAGE_BYTES // 1024, mib, EXIST_KEYS, args.rounds))
     print("%-28s %11s %11s %13s   %s" % ("path", "put MiB/s", "get MiB/s", "exists us",

@@ -43,6 +43,14 @@ def test_fold_key_deterministic():
     assert kvnode.sglang.fold_key(h) == int.from_bytes(bytes.fromhex(h[:16]), "big", signed=True)
     assert kvnode.sglang.fold_key("not-hex") == kvnode.sglang.fold_key("not-hex")
     assert kvnode.sglang.fold_key("ff" * 32) == -1
+    # the batch form agrees with the single one on every kind of key
+    mixed = chained_keys(tokens(9, 40), PAGE) + ["lmc@m@0@%d" % i for i in range(5)] + \
+        ["0x" + "ab" * 31, "ab" * 8, "abcdefgh" * 2 + "-x", "é" * 20, b"raw", "AB" * 32]
+    assert kvnode.fold_keys(mixed) == [kvnode.fold_key(k) for k in mixed]
+    hexes = chained_keys(tokens(9, 40), PAGE)
+    assert kvnode.fold_keys(hexes) == [int(h[:16], 16) - (1 << 64) * (int(h[:16], 16) >> 63)
+                                       for h in hexes]
+    assert len(set(kvnode.fold_keys(hexes))) == 40
 
 
 @pytest.mark.parametrize("mla", [False, True])
