@@ -8,7 +8,8 @@
 #   make valgrind   the test suite under valgrind (tests and daemons)
 #   make bench      build and run the benchmarks (not part of `make test`); make bench-startup:
 #                   first PING and population time of 1, 4 and 8 GiB host tiers; make bench-kvs:
-#                   the KVS front end (rtp-llm's protocol) next to libkvnode, 64/256 blocks of 64 KiB
+#                   the KVS front end (rtp-llm's protocol) next to libkvnode, 64/256 blocks of 64 KiB;
+#                   make bench-adapters: the Python SGLang / LMCache adapters next to the C API
 #   make soak       mixed traffic with client and daemon kill -9s, then a byte-exact check of
 #                   everything acknowledged; SOAK_SECONDS (default 300), SOAK_ARGS (not in `make test`)
 #   make CUDA=0 ... build without the CUDA toolkit (default: detected)
@@ -120,14 +121,14 @@ FUZZ_TARGETS    := wire config kvs_file $(if $(filter 1,$(V6D)),v6d_reply)
 FUZZ_REPLAY_BIN := $(patsubst %,$(BUILD)/tests/fuzz_%_replay,$(FUZZ_TARGETS))
 FUZZ_BIN        := $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
-.PHONY: all deps run test check asan valgrind bench bench-persist bench-tenants bench-prefault bench-startup bench-kvs soak install uninstall clean help \
+.PHONY: all deps run test check asan valgrind bench bench-persist bench-tenants bench-prefault bench-startup bench-kvs bench-adapters soak install uninstall clean help \
         cuda-info fuzz fuzz-build fuzz-run
 .DEFAULT_GOAL := all
 
 all: $(KVNODED) $(LIBSO) $(LIBA) $(LIBPC) $(KVNODECTL)
 
 help:
-	@sed -n '1,14p' Makefile
+	@sed -n '1,15p' Makefile
 
 cuda-info:
 	@echo "CUDA=$(CUDA) CUDA_HOME=$(CUDA_HOME)"
@@ -347,6 +348,11 @@ bench-startup: all $(BENCH_STARTUP_BIN)
 # BENCH_KVS_ARGS: --rounds N (default 20) or --quick.
 bench-kvs: all $(BENCH_KVS_BIN)
 	KVNODED=$(KVNODED) $(BENCH_KVS_BIN) $(BENCH_KVS_ARGS)
+
+# kvnode.sglang / kvnode.lmcache against libkvnode's batched calls in one run (Python 3,
+# numpy); BENCH_ADAPTERS_ARGS: --rounds N (default 30).
+bench-adapters: all
+	KVNODED=$(abspath $(KVNODED)) KVNODE_LIBRARY=$(abspath $(LIBSO)) /usr/bin/python3 tests/bench/bench_adapters.py $(BENCH_ADAPTERS_ARGS)
 
 bench-persist: all $(BENCH_PERSIST_BIN) $(if $(filter 1,$(V6D)),$(SIM_BIN))
 	KVNODED=$(KVNODED) KVS_SIM=$(SIM_BIN) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)

@@ -55,6 +55,12 @@ Start a daemon (``make run``; it listens on ``run/kvnode.sock``), then::
 
     PYTHONPATH=python python3 examples/prefix_cache_demo.py [--socket run/kvnode.sock] [--small]
 
+``--via sglang`` goes through kvnode's SGLang HiCache storage backend instead
+(``kvnode.sglang.KvnodeHiCacheStorage``, built as SGLang's ``dynamic`` factory builds it): the
+page pool stands in for SGLang's host KV pool (``get_page_buffer_meta``: K and V pointer of
+each page), keys are SGLang's chained SHA-256 strings, and the calls are the cache
+controller's: ``batch_exists`` (prefix), ``batch_set_v1`` / ``batch_get_v1`` (zero-copy pages).
+
 Request A never looks the prefix up (it plays the cold engine), so rerunning the demo against
 a daemon that still holds the blocks gives the same result; its ``write`` just gets ``None`` slots.
 """
@@ -215,11 +221,89 @@ def save_pages(client, keys, kv_pages, table):
     return written
 
 
+# ----------------------------------------------------------------------------- through SGLang's backend
+
+
+class DemoHostPool:
+    """The demo's page pool as SGLang's host KV pool shows itself to a storage backend."""
+
+    def __init__(self, kv_pages, block_tokens):
+        self.kv_pages = kv_pages
+        self.page_size = block_tokens
+
+    def get_page_buffer_meta(self, indices):
+        """Per page (token indices, page_size per page): K pointer, V pointer; their sizes."""
+        indices = list(indices.tolist())
+        base = self.kv_pages.ctypes.data
+        page_bytes = self.kv_pages[0].nbytes
+        ptrs = []
+        for i in range(0, len(indices), self.page_size):
+            k = base + (indices[i] // self.page_size) * page_bytes
+            ptrs += [k, k + page_bytes // 2]
+        return ptrs, [page_bytes // 2] * len(ptrs)
+
+
+def sglang_keys(tokens, block_tokens):
+    """SGLang's storage keys: chained SHA-256 over each page's token ids."""
+    import hashlib
+    keys, prior = [], None
+    for i in range(0, len(tokens) - len(tokens) % block_tokens, block_tokens):
+        h = hashlib.sha256()
+        if prior:
+            h.update(bytes.fromhex(prior))
+        for t in tokens[i:i + block_tokens]:
+            h.update(int(t).to_bytes(4, "little", signed=False))
+        prior = h.hexdigest()
+        keys.append(prior)
+    return keys
+
+
+class SGLangConnector:
+    """match / load / save of the demo through kvnode.sglang.KvnodeHiCacheStorage."""
+
+    def __init__(self, socket_path, model_name, kv_pages, block_tokens):
+        from kvnode.sglang import KvnodeHiCacheStorage
+        self.bt = block_tokens
+        config = dict(tp_rank=0, tp_size=1, is_mla_model=False, model_name=model_name,
+                      extra_config=dict(backend_name="kvnode", module_path="kvnode.sglang",
+                                        class_name="KvnodeHiCacheStorage", interface_v1=1,
+                                        socket_path=socket_path))
+        self.store = KvnodeHiCacheStorage(config, {})
+        self.store.register_mem_pool_host(DemoHostPool(kv_pages, block_tokens))
+
+    def _indices(self, table):
+        return np.concatenate([np.arange(p * self.bt, (p + 1) * self.bt) for p in table])
+
+    def keys(self, tokens):
+        return sglang_keys(tokens, self.bt)
+
+    def match(self, keys):
+        return self.store.batch_exists(keys)
+
+    def load(self, keys, table):
+        return sum(self.store.batch_get_v1(keys, self._indices(table[:len(keys)])))
+
+    def save(self, keys, table):
+        return sum(self.store.batch_set_v1(keys, self._indices(table[:len(keys)])))
+
+    def close(self):
+        self.store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
 # ----------------------------------------------------------------------------- the demo
 
 
-def run_demo(socket_path, small=False):
+def run_demo(socket_path, small=False, via="client"):
     """Serve two requests sharing a prefix through kvnode; return timings and the logits check.
+
+    ``via`` "client": kvnode.Client's zero-copy leases; "sglang": the SGLang HiCache backend.
 
     Returns a dict: prefill_a_s, prefill_b_s (seconds; B's includes hash + match + read),
     save_a_s, prefix_tokens, prompt_b_tokens, matched_blocks, loaded_blocks, computed_tokens_b,
@@ -252,15 +336,28 @@ def run_demo(socket_path, small=False):
     def alloc(ntokens):
         return [free.pop() for _ in range((ntokens + bt - 1) // bt)]
 
-    with kvnode.Client(socket_path, layout) as client:
+    if via == "sglang":
+        conn = SGLangConnector(socket_path, layout.model + "-sglang", kv_pages, bt)
+    elif via == "client":
+        conn = None
+    else:
+        raise ValueError("via must be 'client' or 'sglang', not %r" % via)
+
+    def hash_keys(tokens):
+        return conn.keys(tokens) if conn else kvnode.hash_tokens(tokens, bt)
+
+    with (kvnode.Client(socket_path, layout) if conn is None else conn) as client:
         # ---- request A: cold prefill, then save its full blocks
         table_a = alloc(len(prompt_a))
         t0 = time.perf_counter()
         model.prefill(prompt_a, kv_pages, table_a)
         prefill_a = time.perf_counter() - t0
         t0 = time.perf_counter()
-        keys_a = kvnode.hash_tokens(prompt_a, bt)
-        save_pages(client, keys_a, kv_pages, table_a)
+        keys_a = hash_keys(prompt_a)
+        if conn:
+            conn.save(keys_a, table_a)
+        else:
+            save_pages(client, keys_a, kv_pages, table_a)
         save_a = time.perf_counter() - t0
         free.extend(table_a)                 # request A finished: its pages go back to the pool
 
@@ -268,9 +365,14 @@ def run_demo(socket_path, small=False):
         kv_pages[:] = np.float32(np.nan)      # so a page that was not loaded cannot pass silently
         table_b = alloc(len(prompt_b))
         t0 = time.perf_counter()
-        keys_b = kvnode.hash_tokens(prompt_b, bt)
+        keys_b = hash_keys(prompt_b)
         matched = cached_prefix_blocks(client, keys_b, len(prompt_b), bt)
-        loaded = load_pages(client, keys_b[:matched], kv_pages, table_b, cfg.page_shape) if matched else 0
+        if not matched:
+            loaded = 0
+        elif conn:
+            loaded = conn.load(keys_b[:matched], table_b)
+        else:
+            loaded = load_pages(client, keys_b[:matched], kv_pages, table_b, cfg.page_shape)
         start = loaded * bt
         logits_b = model.prefill(prompt_b, kv_pages, table_b, start=start)
         prefill_b = time.perf_counter() - t0
@@ -307,8 +409,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--socket", default="run/kvnode.sock", help="kvnoded socket (default: %(default)s)")
     ap.add_argument("--small", action="store_true", help="smaller model and prefix")
+    ap.add_argument("--via", choices=("client", "sglang"), default="client",
+                    help="kvnode.Client leases, or the SGLang HiCache backend (default: %(default)s)")
     args = ap.parse_args(argv)
-    r = run_demo(args.socket, small=args.small)
+    r = run_demo(args.socket, small=args.small, via=args.via)
     print("request A: prefill %4d tokens  %8.2f ms  (then saved its blocks in %.2f ms)"
           % (r["prompt_a_tokens"], r["prefill_a_s"] * 1e3, r["save_a_s"] * 1e3))
     print("request B: matched %d blocks (%d tokens), loaded %d, computed %d tokens  %8.2f ms"

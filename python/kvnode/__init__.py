@@ -29,26 +29,41 @@ numpy array of ``block_bytes`` bytes per block)::
 The keys of one call form a chain (``keys[i-1]`` is the parent of ``keys[i]``);
 ``match``, ``read`` and ``get`` answer with the longest cached prefix.
 
-A :class:`Client` is not thread-safe: use one per thread or serialise calls.
+A :class:`Client` may be used from several threads at once (libkvnode pipelines
+their requests over the one connection), except :meth:`Client.close`,
+:meth:`Client.prefault` and the ``with`` blocks' lease bookkeeping of one lease.
+
+Asynchronous calls (``submit_match``, ``submit_get``, ``submit_put``,
+``submit_delete``) return a ticket at once; :meth:`Client.drain` collects the
+:class:`Completion` of finished ones without blocking, and :attr:`Client.event_fd`
+polls readable while some wait::
+
+    t = c.submit_get(keys, pages)             # pages: writable buffers or addresses
+    select.select([c.event_fd], [], [])
+    for done in c.drain():
+        ...                                   # done.ticket, done.count, done.error
 """
 
 import ctypes
-import ctypes.util
 import dataclasses
+import hashlib
 import json
 import os
+import struct
+import threading
 
 #: Version of this package; equals the kvnode release it belongs to (Makefile VERSION).
 __version__ = "0.1.0"
 
 __all__ = [
-    "Layout", "Client", "ReadLease", "WriteLease", "hash_tokens", "version", "library_path",
+    "Layout", "Client", "ReadLease", "WriteLease", "hash_tokens", "fold_key", "fold_keys", "version", "library_path",
     "__version__",
     "TIER_HOST", "TIER_HBM",
     "Error", "InvalidArgument", "OutOfMemory", "NoSpace", "NoLease", "LayoutError",
     "VersionError", "ProtocolError", "TooBig", "TimedOut", "ConnectError", "Closed",
     "IOFailure", "StateError", "LimitReached", "Denied", "InternalError", "ShuttingDown",
-    "LeaseEnded",
+    "LeaseEnded", "Completion", "Tiers", "RemoteMatch",
+    "OP_MATCH", "OP_GET", "OP_PUT", "OP_DELETE",
 ]
 
 #: Host-memory tier (``KVNODE_TIER_HOST``).
@@ -186,136 +201,17 @@ _ERRORS = {cls.CODE: cls for cls in (
     InternalError, ShuttingDown)}
 
 
-# ---------------------------------------------------------------- library
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _candidates():
-    """Places to look for libkvnode, in order: $KVNODE_LIBRARY, the source tree,
-    the lib/ of the prefix `make install` put this package under, then the system."""
-    out = []
-    env = os.environ.get("KVNODE_LIBRARY")
-    if env:
-        out.append(env)
-    build = os.path.normpath(os.path.join(_HERE, "..", "..", "build"))
-    for name in ("libkvnode.so.0", "libkvnode.so"):
-        out.append(os.path.join(build, name))
-    # <prefix>/lib/python3/dist-packages/kvnode -> <prefix>/lib (/usr/local/lib is not
-    # in the loader's default path before ldconfig has run).
-    out.append(os.path.normpath(os.path.join(_HERE, "..", "..", "..", "libkvnode.so.0")))
-    found = ctypes.util.find_library("kvnode")
-    if found:
-        out.append(found)
-    out.append("libkvnode.so.0")
-    return out
-
-
-def _load():
-    tried = []
-    for cand in _candidates():
-        if os.sep in cand and not os.path.exists(cand):
-            tried.append("%s (not found)" % cand)
-            continue
-        try:
-            return ctypes.CDLL(cand), cand
-        except OSError as e:
-            tried.append("%s (%s)" % (cand, e))
-    raise ImportError("kvnode: cannot load libkvnode; looked for: " + "; ".join(tried) +
-                      ". Build it with `make all` in the source tree, install it, "
-                      "or set KVNODE_LIBRARY to its path.")
-
-
-_lib, _lib_path = _load()
-
-
-def library_path():
-    """Path (or loader name) of the libkvnode that this package loaded."""
-    return _lib_path
-
-
-class _CLayout(ctypes.Structure):
-    _fields_ = [
-        ("model", ctypes.c_char_p), ("dtype", ctypes.c_char_p),
-        ("block_tokens", ctypes.c_uint32), ("block_bytes", ctypes.c_uint64),
-        ("num_layers", ctypes.c_uint32), ("kv_heads", ctypes.c_uint32),
-        ("head_dim", ctypes.c_uint32), ("tp_size", ctypes.c_uint32),
-        ("tp_rank", ctypes.c_uint32), ("extra", ctypes.c_char_p),
-    ]
-
-
-class _CLoc(ctypes.Structure):
-    _fields_ = [("ptr", ctypes.c_void_p), ("tier", ctypes.c_int), ("device", ctypes.c_int)]
-
-
-_P = ctypes.c_void_p
-_KEYS = ctypes.POINTER(ctypes.c_int64)
-_SIZE = ctypes.c_size_t
-_LEASE = ctypes.c_uint64
-
-
-def _fn(name, restype, *argtypes):
-    f = getattr(_lib, name)
-    f.restype = restype
-    f.argtypes = list(argtypes)
-    return f
-
-
-# A Python client reads blocks through memoryviews, so it declares no GPU
-# (device -1): it is never lent GPU memory, whatever KVNODE_CUDA_DEVICE says.
-_connect_device = _fn("kvnode_connect_device", ctypes.c_int, ctypes.c_char_p,
-                      ctypes.POINTER(_CLayout), ctypes.c_int, ctypes.POINTER(_P))
-# Readers (KVNODE_CONNECT_READER) came with libkvnode's KVNODE_0.1 symbols; an
-# older library still loads, and only Client(reader=True) then fails.
-_connect_flags = (_fn("kvnode_connect_flags", ctypes.c_int, ctypes.c_char_p,
-                      ctypes.POINTER(_CLayout), ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_P))
-                  if hasattr(_lib, "kvnode_connect_flags") else None)
-_is_reader = (_fn("kvnode_is_reader", ctypes.c_int, _P)
-              if hasattr(_lib, "kvnode_is_reader") else None)
-_CONNECT_READER = 1
-# kvnode_prefault came with KVNODE_0.2; Client.prefault needs it.
-_prefault = (_fn("kvnode_prefault", ctypes.c_int, _P, ctypes.c_uint)
-             if hasattr(_lib, "kvnode_prefault") else None)
-_prefault_progress = (_fn("kvnode_prefault_progress", ctypes.c_int, _P,
-                          ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64))
-                      if hasattr(_lib, "kvnode_prefault") else None)
-_PREFAULT_WAIT = 1
-_connect_error = _fn("kvnode_connect_error", ctypes.c_char_p)
-_close = _fn("kvnode_close", None, _P)
-_block_bytes = _fn("kvnode_block_bytes", ctypes.c_uint64, _P)
-_match = _fn("kvnode_match", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_SIZE))
-_get_begin = _fn("kvnode_get_begin", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_LEASE),
-                 ctypes.POINTER(_CLoc), ctypes.POINTER(_SIZE))
-_get_end = _fn("kvnode_get_end", ctypes.c_int, _P, _LEASE)
-_put_begin = _fn("kvnode_put_begin", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.c_int,
-                 ctypes.POINTER(_LEASE), ctypes.POINTER(_CLoc))
-_put_commit = _fn("kvnode_put_commit", ctypes.c_int, _P, _LEASE)
-_put_abort = _fn("kvnode_put_abort", ctypes.c_int, _P, _LEASE)
-_get = _fn("kvnode_get", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_P), ctypes.POINTER(_SIZE))
-_put = _fn("kvnode_put", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_P))
-_delete = _fn("kvnode_delete", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_SIZE))
-_stats_json = _fn("kvnode_stats_json", ctypes.c_int, _P, ctypes.POINTER(_P))
-_hash = _fn("kvnode_hash_tokens", _SIZE, _KEYS, _SIZE, ctypes.c_uint32, _KEYS, _SIZE)
-_strerror = _fn("kvnode_strerror", ctypes.c_char_p, ctypes.c_int)
-_last_error = _fn("kvnode_last_error", ctypes.c_char_p, _P)
-_set_timeout = _fn("kvnode_set_timeout", None, _P, ctypes.c_int)
-_version = _fn("kvnode_version", ctypes.c_char_p)
-
-_libc = ctypes.CDLL(None)
-_free = _libc.free
-_free.restype = None
-_free.argtypes = [_P]
-
-_mv_from_memory = ctypes.pythonapi.PyMemoryView_FromMemory
-_mv_from_memory.restype = ctypes.py_object
-_mv_from_memory.argtypes = [_P, ctypes.c_ssize_t, ctypes.c_int]
-_PyBUF_READ, _PyBUF_WRITE = 0x100, 0x200
-
-
-def _view(ptr, n, writable):
-    """A flat unsigned-byte memoryview over n bytes at ptr (no copy)."""
-    return _mv_from_memory(ptr, n, _PyBUF_WRITE if writable else _PyBUF_READ)
-
+from ._lib import (  # the ctypes layer (kvnode/_lib.py)
+    OP_DELETE, OP_GET, OP_MATCH, OP_PUT, _BATCH_DEVICE, _CCompletion, _CLayout, _CLoc,
+    _CONNECT_READER, _CRemoteMatch, _CTiers, _HAVE_ASYNC, _LEASE, _P,
+    _PREFAULT_WAIT, _SIZE, _TICKET, _block_bytes, _cancel,
+    _close, _connect_device, _connect_error, _connect_flags, _delete, _drain,
+    _event_fd, _free, _get, _get_batch, _get_begin, _get_end, _hash, _is_reader,
+    _last_error, _lib_path, _match, _match_remote, _match_tiers,
+    _pending, _prefault, _prefault_progress, _put, _put_abort, _put_batch,
+    _put_begin, _put_commit, _set_timeout, _stats_json, _strerror, _submit_delete, _submit_get,
+    _submit_match, _submit_put, _version, _view, library_path,
+)
 
 def _s(b):
     return b.decode("utf-8", "replace") if b else ""
@@ -331,6 +227,54 @@ def _keys_array(keys):
     keys = list(keys)
     arr = (ctypes.c_int64 * max(len(keys), 1))(*keys)
     return arr, len(keys)
+
+
+def fold_key(key):
+    """kvnode's 64-bit key for a foreign key (an engine's digest string or bytes):
+    deterministic across processes and machines. A hex digest (at least 16 hex
+    digits, as SGLang's chained SHA-256 keys) gives its first 64 bits; any other
+    string or bytes the first 64 bits of its SHA-256. Two keys whose 64 bits agree
+    would read each other's block: with random digests about n**2 / 2**65 for n
+    stored blocks (kvnode's per-key check word, issue 19 item 2, is not built yet)."""
+    if isinstance(key, str):
+        # isascii + isalnum leave int() only hex digits to accept (or reject), bar "0x"
+        if (len(key) >= 16 and len(key) % 2 == 0 and key.isascii() and key.isalnum()
+                and key[1] not in "xX"):
+            try:
+                value = int(key, 16) >> (4 * (len(key) - 16))
+                return value - (1 << 64) if value >= (1 << 63) else value
+            except ValueError:
+                pass
+        key = key.encode("utf-8")
+    digest = hashlib.sha256(bytes(key)).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+_FOLD64 = {}
+
+
+def fold_keys(keys):
+    """``[fold_key(k) for k in keys]``, faster for the common batch of SHA-256 hex digests
+    (one hex decode and one unpack for the whole batch)."""
+    keys = list(keys)
+    n = len(keys)
+    if n and all(type(k) is str and len(k) == 64 for k in keys):
+        try:
+            raw = bytes.fromhex("".join(keys))
+        except ValueError:
+            raw = b""
+        if len(raw) == 32 * n and all(k[1] not in "xX" for k in keys):
+            fmt = _FOLD64.get(n)
+            if fmt is None:
+                fmt = _FOLD64[n] = struct.Struct(">" + "q24x" * n)
+            return list(fmt.unpack(raw))
+    sha256, from_bytes, out = hashlib.sha256, int.from_bytes, []
+    for k in keys:      # fold_key inlined for plain strings (LMCache's keys): half the time
+        if type(k) is str and not (len(k) >= 16 and k.isascii() and k.isalnum()):
+            out.append(from_bytes(sha256(k.encode("utf-8")).digest()[:8], "big", signed=True))
+        else:
+            out.append(fold_key(k))
+    return out
 
 
 def version():
@@ -487,6 +431,124 @@ def _release_all(views):
     return exported
 
 
+# ---------------------------------------------------------------- pages by address
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [("buf", _P), ("obj", _P), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p), ("shape", _P),
+                ("strides", _P), ("suboffsets", _P), ("internal", _P)]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.restype = ctypes.c_int
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.restype = None
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_PyBUF_SIMPLE, _PyBUF_WRITABLE = 0, 1
+
+
+class _Pages:
+    """The addresses of a batch's pages, with the buffers exported from the
+    caller's objects held (so they cannot be resized or freed) until release().
+
+    A page is an int (an address: the caller keeps the memory valid), an
+    object with ``data_ptr()`` (a torch tensor: its storage must be contiguous
+    and stay alive), or any C-contiguous buffer (bytes, bytearray, memoryview,
+    numpy array) of at least ``block_bytes`` bytes, writable when ``writable``.
+    """
+
+    def __init__(self, pages, n, block_bytes, writable, device):
+        pages = list(pages)
+        if len(pages) != n:
+            raise ValueError("%d keys but %d pages: give one page per key" % (n, len(pages)))
+        self._held = []
+        self.objects = pages
+        self.array = (_P * max(n, 1))()
+        try:
+            for i, page in enumerate(pages):
+                self.array[i] = self._address(i, page, block_bytes, writable, device)
+        except BaseException:
+            self.release()
+            raise
+
+    def _address(self, i, page, block_bytes, writable, device):
+        if isinstance(page, int):
+            if page <= 0:
+                raise ValueError("page %d: address %d is not a pointer" % (i, page))
+            return page
+        data_ptr = getattr(page, "data_ptr", None)
+        if callable(data_ptr):
+            nbytes = page.numel() * page.element_size() if hasattr(page, "numel") else None
+            if nbytes is not None and nbytes < block_bytes:
+                raise ValueError("page %d has %d bytes, a block is %d" % (i, nbytes, block_bytes))
+            return int(data_ptr())
+        if device:
+            raise ValueError("page %d: device=True takes device addresses (int) or tensors with "
+                             "data_ptr(), not %s" % (i, type(page).__name__))
+        view = _PyBuffer()
+        flags = _PyBUF_WRITABLE if writable else _PyBUF_SIMPLE
+        try:
+            _get_buffer(page, ctypes.byref(view), flags)
+        except (BufferError, TypeError) as e:
+            raise ValueError("page %d (%s) is not a %scontiguous buffer: %s"
+                             % (i, type(page).__name__, "writable " if writable else "", e)) from None
+        self._held.append(view)
+        if view.len < block_bytes:
+            raise ValueError("page %d has %d bytes, a block is %d" % (i, view.len, block_bytes))
+        return view.buf
+
+    def release(self):
+        held, self._held = self._held, []
+        for view in held:
+            _release_buffer(ctypes.byref(view))
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """A finished asynchronous call, as :meth:`Client.drain` returns it.
+
+    ``count``: MATCH the prefix matched, GET the blocks copied (a prefix), PUT
+    the blocks stored, DELETE the keys deleted. ``error`` is None on success,
+    else the :class:`Error` (subclass) the call would have raised.
+    """
+
+    ticket: int
+    op: int
+    count: int
+    error: Error = None
+
+    @property
+    def ok(self):
+        return self.error is None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiers:
+    """Where a matched prefix is (:meth:`Client.match_tiers`)."""
+
+    matched: int
+    hbm: int
+    host: int
+    store: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteMatch:
+    """:meth:`Client.match_remote`: the local prefix and peers' (host:port, matched), best first.
+    ``remote_ok`` False means the KV Cache Manager was not asked or did not answer (``why``)."""
+
+    matched: int
+    remote_ok: bool
+    why: str
+    peers: list
+
+
+def _error(rc, message):
+    return _ERRORS.get(-rc, Error)(-rc, message, _s(_strerror(rc)))
+
+
 # ---------------------------------------------------------------- client
 
 class Client:
@@ -500,12 +562,26 @@ class Client:
     :meth:`read` cannot happen: the views are read-only and the mapping
     faults), and :meth:`write`, :meth:`put` and :meth:`delete` raise
     :class:`Denied`. :attr:`reader` says whether the daemon granted it.
+    ``cuda_device`` (an ordinal; default -1, none) declares the engine's GPU: the daemon
+    may then lend it GPU memory, and ``get_batch`` / ``put_batch`` / ``submit_get`` /
+    ``submit_put`` with ``device=True`` copy to and from device pointers (needs a CUDA
+    runtime in the process). Such a client's blocks may be device memory, which a
+    memoryview cannot show: :meth:`read` and :meth:`write` raise :class:`StateError` on it.
     Use as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, socket_path=None, layout=None, timeout_ms=None, reader=False):
+    def __init__(self, socket_path=None, layout=None, timeout_ms=None, reader=False,
+                 cuda_device=-1):
         self.layout = layout
         self._c = None
+        if not isinstance(cuda_device, int) or cuda_device < -1:
+            raise ValueError("cuda_device must be a CUDA device ordinal or -1 (none), not %r"
+                             % (cuda_device,))
+        #: The CUDA device this client declared (-1: none); see the class docstring.
+        self.cuda_device = cuda_device
+        # ticket -> (keys array, _Pages or None): what libkvnode points at until completion.
+        self._inflight = {}
+        self._inflight_lock = threading.Lock()
         self._clayout = layout._to_c() if layout is not None else None
         h = _P()
         sp = os.fsencode(socket_path) if socket_path is not None else None
@@ -515,9 +591,9 @@ class Client:
                 raise InvalidArgument(InvalidArgument.CODE, "reader=True needs a libkvnode with "
                                       "kvnode_connect_flags; %s has none" % _lib_path,
                                       "invalid argument")
-            rc = _connect_flags(sp, lp, -1, _CONNECT_READER, ctypes.byref(h))
+            rc = _connect_flags(sp, lp, cuda_device, _CONNECT_READER, ctypes.byref(h))
         else:
-            rc = _connect_device(sp, lp, -1, ctypes.byref(h))
+            rc = _connect_device(sp, lp, cuda_device, ctypes.byref(h))
         if rc != 0:
             _raise(rc, _s(_connect_error()))
         self._c = h.value
@@ -534,10 +610,18 @@ class Client:
             _raise(rc, _s(_last_error(self._c)))
 
     def close(self):
-        """Disconnect (the daemon ends this client's outstanding leases). Idempotent."""
+        """Disconnect (the daemon ends this client's outstanding leases). Idempotent.
+
+        Tickets not yet drained complete and are dropped; their pages are released."""
         if self._c:
             _close(self._c)
             self._c = None
+        inflight = getattr(self, "_inflight", None)
+        if inflight:
+            for _, pages in list(inflight.values()):
+                if pages is not None:
+                    pages.release()
+            inflight.clear()
 
     def __enter__(self):
         return self
@@ -611,6 +695,13 @@ class Client:
         finally:
             _free(p.value)
 
+    def _need_host_views(self, what):
+        if self.cuda_device >= 0:
+            raise StateError(StateError.CODE, "%s gives memoryviews, and a client that declared "
+                             "CUDA device %d may be lent GPU memory; use get_batch/put_batch "
+                             "(device=True for device pages) or a client without cuda_device"
+                             % (what, self.cuda_device), "operation not valid now")
+
     def read(self, keys):
         """Zero-copy read: ``with client.read(keys) as blocks:``.
 
@@ -621,6 +712,7 @@ class Client:
         ``ValueError``. Arrays wrapping a view (``numpy.frombuffer``) are not
         invalidated: drop or copy them inside the block (see :class:`LeaseEnded`).
         """
+        self._need_host_views("read")
         return ReadLease(self, list(keys))
 
     def write(self, keys, tier=TIER_HOST):
@@ -631,6 +723,7 @@ class Client:
         slot; a normal exit commits, an exception aborts. ``tier`` is
         :data:`TIER_HOST` or :data:`TIER_HBM` (falls back to host).
         """
+        self._need_host_views("write")
         return WriteLease(self, list(keys), tier)
 
     def get(self, keys):
@@ -663,3 +756,127 @@ class Client:
         arr, n = _keys_array(keys)
         ptrs = (_P * max(n, 1))(*[ctypes.addressof(b) for b in keep])
         self._check(_put(self._handle(), arr, n, ptrs))
+
+    # ------------------------------------------------------------ batched, asynchronous
+
+    def _need_async(self, what):
+        if not _HAVE_ASYNC:
+            raise InvalidArgument(InvalidArgument.CODE, "%s needs a libkvnode with the KVNODE_0.3 "
+                                  "calls; %s has none" % (what, _lib_path), "invalid argument")
+        return self._handle()
+
+    def match_tiers(self, keys):
+        """:meth:`match` that also says where the matched blocks are: a :class:`Tiers`."""
+        h = self._need_async("match_tiers")
+        arr, n = _keys_array(keys)
+        t = _CTiers()
+        self._check(_match_tiers(h, arr, n, ctypes.byref(t)))
+        return Tiers(t.matched, t.hbm, t.host, t.store)
+
+    def match_remote(self, keys, max_hosts=0):
+        """The local prefix and which peer nodes hold how much of it (asked of the KV Cache
+        Manager): a :class:`RemoteMatch`. KVCM trouble never raises (``remote_ok`` False)."""
+        h = self._need_async("match_remote")
+        arr, n = _keys_array(keys)
+        r = _CRemoteMatch()
+        self._check(_match_remote(h, arr, n, int(max_hosts), ctypes.byref(r)))
+        peers = [(_s(r.peers[i].host_ip_port), r.peers[i].matched)
+                 for i in range(min(r.npeers, 64))]
+        return RemoteMatch(r.matched, bool(r.remote_ok), _s(r.why), peers)
+
+    def get_batch(self, keys, pages, device=False):
+        """Copy the longest cached prefix of ``keys`` into ``pages`` (one per key: a writable
+        buffer, an address, or a tensor) in one call; return how many were copied.
+        ``device`` True: the pages are GPU memory of this client's CUDA device."""
+        h = self._need_async("get_batch")
+        arr, n = _keys_array(keys)
+        pg = _Pages(pages, n, self.block_bytes, True, device)
+        try:
+            got = _SIZE(0)
+            self._check(_get_batch(h, arr, n, pg.array, _BATCH_DEVICE if device else 0,
+                                   ctypes.byref(got)))
+            return got.value
+        finally:
+            pg.release()
+
+    def put_batch(self, keys, pages, device=False):
+        """Store ``pages[i]`` (a buffer, an address or a tensor of :attr:`block_bytes` bytes)
+        under ``keys[i]`` in one call; keys already stored are left as they are."""
+        h = self._need_async("put_batch")
+        arr, n = _keys_array(keys)
+        pg = _Pages(pages, n, self.block_bytes, False, device)
+        try:
+            self._check(_put_batch(h, arr, n, pg.array, _BATCH_DEVICE if device else 0))
+        finally:
+            pg.release()
+
+    @property
+    def event_fd(self):
+        """The completion eventfd: readable while :meth:`drain` has something (poll it;
+        do not read or close it)."""
+        return _event_fd(self._need_async("event_fd"))
+
+    def _submit(self, fn, what, keys, pages=None, writable=False, device=False):
+        h = self._need_async(what)
+        arr, n = _keys_array(keys)
+        pg = None
+        if pages is not None:
+            pg = _Pages(pages, n, self.block_bytes, writable, device)
+        t = _TICKET(0)
+        with self._inflight_lock:
+            if pg is None:
+                rc = fn(h, arr, n, None, ctypes.byref(t))
+            else:
+                rc = fn(h, arr, n, pg.array, _BATCH_DEVICE if device else 0, None, ctypes.byref(t))
+            if rc == 0:
+                self._inflight[t.value] = (arr, pg)
+        if rc != 0:
+            if pg is not None:
+                pg.release()
+            self._check(rc)
+        return t.value
+
+    def submit_match(self, keys):
+        """Start a :meth:`match`; return its ticket (the count is the prefix matched)."""
+        return self._submit(_submit_match, "submit_match", keys)
+
+    def submit_delete(self, keys):
+        """Start a :meth:`delete`; return its ticket (the count is the keys deleted)."""
+        return self._submit(_submit_delete, "submit_delete", keys)
+
+    def submit_get(self, keys, pages, device=False):
+        """Start a :meth:`get_batch` into ``pages``; return its ticket. The pages must stay
+        valid and untouched until the ticket is drained (buffers are held till then)."""
+        return self._submit(_submit_get, "submit_get", keys, pages, True, device)
+
+    def submit_put(self, keys, pages, device=False):
+        """Start a :meth:`put_batch` from ``pages``; return its ticket (pages held as for
+        :meth:`submit_get`)."""
+        return self._submit(_submit_put, "submit_put", keys, pages, False, device)
+
+    def drain(self, max_completions=64):
+        """The finished tickets, as a list of :class:`Completion`; never blocks (empty
+        when none is waiting). The pages of a drained GET/PUT are free to reuse."""
+        h = self._need_async("drain")
+        out = (_CCompletion * max(int(max_completions), 1))()
+        got = _drain(h, out, max(int(max_completions), 1))
+        done = []
+        for i in range(got):
+            c = out[i]
+            with self._inflight_lock:
+                entry = self._inflight.pop(c.ticket, None)
+            if entry is not None and entry[1] is not None:
+                entry[1].release()
+            err = _error(c.rc, _s(c.error)) if c.rc != 0 else None
+            done.append(Completion(c.ticket, c.op, c.count, err))
+        return done
+
+    @property
+    def pending(self):
+        """Tickets submitted and not yet drained."""
+        return int(_pending(self._need_async("pending")))
+
+    def cancel(self):
+        """End the connection now: every ticket in flight completes with :class:`Closed`
+        (drain them), and later calls raise it. :meth:`close` is still needed."""
+        _cancel(self._need_async("cancel"))

@@ -17,7 +17,8 @@ for f in usr/sbin/kvnoded usr/bin/kvnodectl usr/lib/libkvnode.so.0 usr/lib/libkv
          usr/share/man/man3/libkvnode.3 usr/share/man/man5/kvnode.conf.5 usr/share/man/man8/kvnoded.8 \
          usr/lib/systemd/system/kvnoded.service usr/lib/systemd/system/kvnoded.socket \
          usr/lib/sysusers.d/kvnode.conf usr/lib/tmpfiles.d/kvnode.conf etc/kvnode/kvnode.conf \
-         usr/lib/python3/dist-packages/kvnode/__init__.py; do
+         usr/lib/python3/dist-packages/kvnode/__init__.py usr/lib/python3/dist-packages/kvnode/_lib.py \
+         usr/lib/python3/dist-packages/kvnode/sglang.py usr/lib/python3/dist-packages/kvnode/lmcache.py; do
   [[ -e "$root/$f" ]] || fail "missing $f"
 done
 [[ -x "$root/usr/sbin/kvnoded" ]] || fail "kvnoded not executable"

@@ -18,10 +18,11 @@ def daemon(tmp_path):
         yield sock
 
 
-def test_demo_reuses_prefix(daemon):
+@pytest.mark.parametrize("via", ["client", "sglang"])
+def test_demo_reuses_prefix(daemon, via):
     import prefix_cache_demo
 
-    r = prefix_cache_demo.run_demo(daemon, small=True)
+    r = prefix_cache_demo.run_demo(daemon, small=True, via=via)
     print(r)
     assert r["matched_blocks"] == r["prefix_tokens"] // r["block_tokens"]
     assert r["loaded_blocks"] == r["matched_blocks"]

@@ -9,8 +9,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
-
 from conftest import ROOT, running_daemon
 
 PIP_TIMEOUT_S = 50
@@ -37,7 +35,7 @@ def test_pip_install_into_a_venv(tmp_path):
                        env=env, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
     assert r.returncode == 0, "pip install failed:\n%s%s" % (r.stdout, r.stderr)
 
-    probe = ("import sys, kvnode\n"
+    probe = ("import sys, kvnode, kvnode.sglang, kvnode.lmcache\n"
              "print(kvnode.__file__)\n"
              "print(kvnode.__version__)\n"
              "lay = kvnode.Layout(model='pkg', dtype='u8', block_tokens=4, block_bytes=4096,\n"
@@ -47,6 +45,7 @@ def test_pip_install_into_a_venv(tmp_path):
              "    c.put(keys, [bytes([i + 1]) * 4096 for i in range(2)])\n"
              "    got = c.get(keys)\n"
              "    assert [bytes(g) for g in got] == [bytes([i + 1]) * 4096 for i in range(2)], got\n"
+             "assert all(m.__file__.startswith(sys.prefix) for m in (kvnode.sglang, kvnode.lmcache))\n"
              "print('round trip ok')\n")
     with running_daemon(str(tmp_path), str(tmp_path / "kvnode.sock")) as sock:
         r = subprocess.run([py, "-c", probe, sock], cwd=str(tmp_path), env=env,
