@@ -406,6 +406,7 @@ static int client_setup(kvnode_client *c, const Kvnode__HelloReply *h, const kvn
     c->send_max = h->max_frame_bytes;
     c->recv_max = h->max_frame_bytes + CLIENT_RECV_HEADROOM;
     c->max_keys = h->max_keys;
+    c->max_reserved = h->max_reserved_bytes;
     c->namespace_id = h->namespace_id;
     c->block_bytes = layout ? h->block_bytes : 0;
     return 0;

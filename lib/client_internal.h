@@ -63,6 +63,7 @@ struct kvnode_client {
     uint32_t send_max;          /* daemon's max_frame_bytes */
     uint32_t recv_max;          /* send_max + headroom */
     uint32_t max_keys;
+    uint64_t max_reserved;      /* daemon's max_reserved_bytes (0: not said) */
     uint32_t namespace_id;
     struct client_arena *arenas;
     size_t n_arenas;

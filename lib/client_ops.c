@@ -463,6 +463,17 @@ static size_t client_inline_chunk(const kvnode_client *c)
     return k < c->max_keys ? (size_t)k : c->max_keys;
 }
 
+/* At most as many keys as the daemon lets one connection hold in
+ * uncommitted put reservations (each chunk of a copying put is reserved
+ * whole before it is committed; the daemon refuses it otherwise). */
+static size_t client_reserve_cap(const kvnode_client *c, size_t cap)
+{
+    uint64_t k = c->max_reserved && c->block_bytes ? c->max_reserved / c->block_bytes : cap;
+    if (k < 1)
+        k = 1;
+    return k < cap ? (size_t)k : cap;
+}
+
 /* Common entry of the copying calls: argument and state checks without the
  * max_keys limit (they split into chunks). When n > 0 and all is well, *cap
  * is the most keys one chunk may have (at most n): max_keys, or with
@@ -590,6 +601,7 @@ int client_put_batch(kvnode_client *c, const kvnode_key *keys, size_t n, const v
         rc = client_batch_flags(c, flags, "put");
     if (rc < 0 || n == 0)
         return rc;
+    cap = client_reserve_cap(c, cap);
     locs = client_malloc(c, cap * sizeof *locs);
     if (!locs)
         return -KVNODE_ENOMEM;
@@ -702,6 +714,7 @@ int kvnode_put_inline(kvnode_client *c, const kvnode_key *keys, size_t n, const 
     rc = client_copy_entry(c, keys, n, src, 1, &cap, "put_inline");
     if (rc < 0 || n == 0)
         return rc;
+    cap = client_reserve_cap(c, cap);
     blobs = client_malloc(c, cap * sizeof *blobs);
     if (!blobs)
         return -KVNODE_ENOMEM;

@@ -103,6 +103,9 @@ int cache_populate_state(struct cache *c, char *why, size_t whylen);
  * memory.numa (mem/numa.h); ARENA_ANY_REGION when there is no per-GPU
  * placement or the GPU is not known. For lease_list.host_region. */
 uint32_t cache_host_region(const struct cache *c, int cuda_device, const char *pci_bus_id);
+/* What one connection may hold in uncommitted put reservations now, in
+ * bytes (leases.max_reserved_per_client of the tiers; told to clients at HELLO). */
+uint64_t cache_reserve_limit(const struct cache *c);
 /* The host arena's memory, for pinning. */
 void *cache_host_base(const struct cache *c);
 uint64_t cache_host_size(const struct cache *c);

@@ -185,8 +185,6 @@ struct cache_wait {
 };
 
 /* core.c */
-/* What one connection may hold in uncommitted reservations (bytes). */
-uint64_t cache_reserve_limit(const struct cache *c);
 uint64_t cache_ns_block_bytes(struct cache *c, uint32_t ns_id);
 /* An entry's slot: the daemon's address of it, giving it back; the HBM
  * arena record of an entry (NULL: host memory). */

@@ -162,6 +162,7 @@ void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode
         }
         uint32_t region = cache_host_region(ops_cache(s), h->cuda_device, h->cuda_pci_bus_id);
         s->leases.host_region = region == ARENA_ANY_REGION ? 0 : region + 1;
+        reply.max_reserved_bytes = cache_reserve_limit(ops_cache(s));
         reply.namespace_id = s->ns->id;
         reply.deployment_id = s->ns->deployment_id;
         reply.block_bytes = s->ns->layout.block_bytes;

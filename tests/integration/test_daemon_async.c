@@ -378,6 +378,38 @@ START_TEST(cancel_then_close_frees_leases)
 }
 END_TEST
 
+/* A batch larger than what one connection may hold in uncommitted put
+ * reservations (leases.max_reserved_per_client: a quarter of a 16 MiB tier,
+ * 4 blocks of 1 MiB) is put in chunks under that limit, not refused whole
+ * (found by the SGLang/LMCache adapters: a put of 12 pages of 1 MiB failed
+ * with KVNODE_ELIMIT). */
+START_TEST(put_batch_stays_under_the_reservation_limit)
+{
+    enum { N = 12, BIG = 1u << 20 };
+    kvh_daemon d;
+    KVH_START(&d, "memory.host_bytes=16MiB\nmemory.slab_bytes=1MiB\n");
+    kvnode_layout l = kvh_layout("async-big", BIG, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &l, &c);
+    kvnode_key keys[N];
+    kvh_chain(keys, N, 77);
+    void **src = alloc_pages(N, BIG), **dst = alloc_pages(N, BIG);
+    for (size_t i = 0; i < N; i++)
+        kvh_fill(src[i], BIG, keys[i], 5);
+    KVH_OK(c, kvnode_put_batch(c, keys, N, (const void *const *)src, 0));
+    size_t got = 0;
+    KVH_OK(c, kvnode_get_batch(c, keys, N, dst, 0, &got));
+    ck_assert_uint_eq(got, N);
+    for (size_t i = 0; i < N; i++)
+        ck_assert_msg(kvh_verify(dst[i], BIG, keys[i], 5) == 0, "block %zu differs", i);
+    ck_assert_int_eq(KVH_STAT(&d, "leases.reservations_refused_total"), 0);
+    free_pages(src, N);
+    free_pages(dst, N);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const tests[] = {
@@ -385,6 +417,7 @@ int main(void)
         many_threads_one_client,
         daemon_death_mid_flight,
         cancel_then_close_frees_leases,
+        put_batch_stays_under_the_reservation_limit,
     };
     return kvh_run_suite("daemon_async", "async", 60, tests, sizeof tests / sizeof tests[0]);
 }
