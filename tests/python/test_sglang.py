@@ -216,9 +216,11 @@ def test_threads(daemon):
 
 
 def test_refused_put_fails_the_call_not_the_engine(tmp_path, caplog):
-    """A put the daemon refuses (16 pages of 1 MiB at once: over leases.max_reserved_per_client,
-    a quarter of a 16 MiB tier) answers [False]*n, keeps the connection, logs the reason."""
-    with running_daemon(str(tmp_path), str(tmp_path / "n.sock"), "memory.host_bytes=16MiB") as sock:
+    """A put the daemon refuses (16 pages of 1 MiB, sent in chunks of 4 under the connection's
+    reservation limit, each over memory.namespace_quota = 2 MiB) answers [False]*n, keeps the
+    connection, logs the reason."""
+    with running_daemon(str(tmp_path), str(tmp_path / "n.sock"), "memory.host_bytes=16MiB",
+                        "memory.namespace_quota=2MiB") as sock:
         pool = HostPool(8, page_size=16, layers=1, heads=1, head_dim=65536, mla=True,
                         dtype="uint8")
         assert pool.page_size * pool.token_bytes == 1024 * 1024
@@ -226,11 +228,11 @@ def test_refused_put_fails_the_call_not_the_engine(tmp_path, caplog):
         store.register_mem_pool_host(pool)
         keys = chained_keys(tokens(7, 8), PAGE)
         with caplog.at_level(logging.WARNING, logger="kvnode.sglang"):
-            small = [store.batch_set_v1(keys[i:i + 2], host_indices(i, 2, PAGE)) for i in (0, 2)]
+            small = [store.batch_set_v1(keys[0:2], host_indices(0, 2, PAGE))]
             big = store.batch_set_v1(chained_keys(tokens(8, 16), PAGE),
                                      host_indices(0, 16, PAGE) % (8 * PAGE))
-        assert small == [[True, True]] * 2
+        assert small == [[True, True]]
         assert big == [False] * 16
-        assert any("LimitReached" in r.getMessage() for r in caplog.records), caplog.text
-        assert store.batch_exists(keys) == 4        # the connection is still there
+        assert any("namespace_quota" in r.getMessage() for r in caplog.records), caplog.text
+        assert store.batch_exists(keys) == 2        # the connection is still there
         store.close()
