@@ -237,14 +237,6 @@ static bool tenant_inherits(const struct config_tenant *t, const struct opt_def 
     return zero || (t->inherited & o->inherit_bit);
 }
 
-static bool id_listed(const struct config_idlist *l, uint32_t id)
-{
-    for (size_t i = 0; i < l->n; i++)
-        if (l->id[i] == id)
-            return true;
-    return false;
-}
-
 /* What [server] allow_uids/allow_gids do with a client running as uid
  * (net/server.c): empty lists admit everyone; root and the daemon's own user
  * always; else the uid listed, or its primary or a supplementary group (from
@@ -254,7 +246,7 @@ static bool tenant_uid_admitted(uint32_t uid, const struct config_idlist *allow_
 {
     if (allow_uids->n == 0 && allow_gids->n == 0)
         return true;
-    if (uid == 0 || uid == (uint32_t)geteuid() || id_listed(allow_uids, uid))
+    if (uid == 0 || uid == (uint32_t)geteuid() || config_idlist_has(allow_uids, uid))
         return true;
     if (allow_gids->n == 0)
         return false;
@@ -262,7 +254,7 @@ static bool tenant_uid_admitted(uint32_t uid, const struct config_idlist *allow_
     char buf[4096];
     if (getpwuid_r((uid_t)uid, &pw, buf, sizeof buf, &res) != 0 || !res)
         return false;
-    if (id_listed(allow_gids, (uint32_t)pw.pw_gid))
+    if (config_idlist_has(allow_gids, (uint32_t)pw.pw_gid))
         return true;
     int n = 64;
     gid_t *groups = NULL;
@@ -275,7 +267,7 @@ static bool tenant_uid_admitted(uint32_t uid, const struct config_idlist *allow_
         int want = n;
         if (getgrouplist(pw.pw_name, pw.pw_gid, groups, &want) >= 0) {
             for (int i = 0; i < want && !admitted; i++)
-                admitted = id_listed(allow_gids, (uint32_t)groups[i]);
+                admitted = config_idlist_has(allow_gids, (uint32_t)groups[i]);
             break;
         }
         n = want > n ? want : n * 2;   /* too small: want says how many */
@@ -392,7 +384,7 @@ static void tenant_check_unique(const struct kvn_config *cfg, const struct tenan
             for (size_t m = 0; m < k && !again; m++)
                 again = l->id[m] == l->id[k];
             for (size_t j = 0; j < i && !again; j++) {
-                if (!id_listed(groups ? &ids[j].gids : &ids[j].uids, l->id[k]))
+                if (!config_idlist_has(groups ? &ids[j].gids : &ids[j].uids, l->id[k]))
                     continue;
                 config_errbuf_add(errors, "[tenant.%.*s] %s: %s %" PRIu32 " is also in [tenant.%.*s]; a %s belongs "
                                   "to one tenant at most", (int)strnlen(cfg->tenants[i].name, CONFIG_TENANT_NAME_MAX),

@@ -18,6 +18,7 @@
 #include <grp.h>
 #include <pwd.h>
 #include <sys/types.h>
+#include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
@@ -462,4 +463,39 @@ void config_errbuf_finish(struct errbuf *eb)
 {
     if (eb->dropped && eb->cap > eb->len)
         snprintf(eb->buf + eb->len, eb->cap - eb->len, "\n(%u more errors not shown)", eb->dropped);
+}
+
+/* ---- id lists --------------------------------------------------------------------- */
+
+bool config_idlist_has(const struct config_idlist *l, uint32_t id)
+{
+    for (size_t i = 0; i < l->n && i < CONFIG_IDS_MAX; i++)
+        if (l->id[i] == id)
+            return true;
+    return false;
+}
+
+static int config_gid_cmp(const void *a, const void *b)
+{
+    gid_t x = *(const gid_t *)a, y = *(const gid_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+bool config_idlist_has_group(const struct config_idlist *l, gid_t gid, const gid_t *groups, size_t ngroups)
+{
+    for (size_t i = 0; i < l->n && i < CONFIG_IDS_MAX; i++) {
+        gid_t g = (gid_t)l->id[i];
+        if (g == gid || (ngroups && bsearch(&g, groups, ngroups, sizeof *groups, config_gid_cmp)))
+            return true;
+    }
+    return false;
+}
+
+bool config_peer_admitted(const struct config_idlist *uids, const struct config_idlist *gids, uid_t uid, gid_t gid,
+                          const gid_t *groups, size_t ngroups)
+{
+    if (uids->n == 0 && gids->n == 0)
+        return true;
+    return uid == 0 || uid == geteuid() || config_idlist_has(uids, (uint32_t)uid) ||
+           config_idlist_has_group(gids, gid, groups, ngroups);
 }

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define CONFIG_NAME_MAX   64    /* socket_group text, NUL included */
 #define CONFIG_IDS_MAX    64    /* ids in one allow list */
@@ -59,6 +60,18 @@ int config_parse_duration_ms(const char *text, uint32_t *out); /* "30s", "500ms"
 
 /* Resolve an allow list ("alice, 1001 bob", names or numbers; groups when
  * `groups`) into ids. 0, or -1 with problem naming the bad entry. */
+/* Whether l lists id. */
+bool config_idlist_has(const struct config_idlist *l, uint32_t id);
+/* Whether l lists gid or one of groups (sorted ascending: a binary search
+ * per listed id, since a peer may have thousands of groups). */
+bool config_idlist_has_group(const struct config_idlist *l, gid_t gid, const gid_t *groups, size_t ngroups);
+/* [server] allow_uids / allow_gids applied to a peer: empty lists admit
+ * everyone; root and the daemon's own user always; else its uid listed, or
+ * its primary group or one of its (sorted) supplementary groups. The engine
+ * socket and the KVS front end admit peers by this. */
+bool config_peer_admitted(const struct config_idlist *uids, const struct config_idlist *gids, uid_t uid, gid_t gid,
+                          const gid_t *groups, size_t ngroups);
+
 int config_parse_idlist(const char *text, int groups, uint32_t *ids, size_t max, size_t *n,
                         char *problem, size_t len);
 /* Resolve a group name or number. 0, or -1 with problem set. */

@@ -319,43 +319,17 @@ void tenants_apply_config(struct tenants *ts, const struct kvn_config *cfg)
 
 /* --- lookups ---------------------------------------------------------------------- */
 
-static bool tenants_listed(const struct config_idlist *l, uint32_t id)
-{
-    for (size_t i = 0; i < l->n && i < CONFIG_IDS_MAX; i++)
-        if (l->id[i] == id)
-            return true;
-    return false;
-}
-
-static int tenants_gid_cmp(const void *a, const void *b)
-{
-    gid_t x = *(const gid_t *)a, y = *(const gid_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Whether l lists gid or one of the sorted groups (a binary search per
- * listed id: a peer may have thousands of groups). */
-static bool tenants_lists_group(const struct config_idlist *l, gid_t gid, const gid_t *groups, size_t ngroups)
-{
-    for (size_t i = 0; i < l->n && i < CONFIG_IDS_MAX; i++) {
-        gid_t g = (gid_t)l->id[i];
-        if (g == gid || (ngroups && bsearch(&g, groups, ngroups, sizeof *groups, tenants_gid_cmp)))
-            return true;
-    }
-    return false;
-}
-
 struct tenant *tenants_for_peer(struct tenants *ts, uid_t uid, gid_t gid, const gid_t *groups, size_t ngroups)
 {
     const struct kvn_config *cfg = ts->cfg;
     uint32_t n = cfg->ntenants < CONFIG_TENANTS_MAX ? cfg->ntenants : CONFIG_TENANTS_MAX;
 
     for (uint32_t i = 0; i < n; i++)
-        if (ts->by_section[i] && tenants_listed(&cfg->tenants[i].uid_list, (uint32_t)uid))
+        if (ts->by_section[i] && config_idlist_has(&cfg->tenants[i].uid_list, (uint32_t)uid))
             return ts->by_section[i];
     /* The groups admission looks at: primary and supplementary alike. */
     for (uint32_t i = 0; i < n; i++)
-        if (ts->by_section[i] && tenants_lists_group(&cfg->tenants[i].gid_list, gid, groups, ngroups))
+        if (ts->by_section[i] && config_idlist_has_group(&cfg->tenants[i].gid_list, gid, groups, ngroups))
             return ts->by_section[i];
     return &ts->t[0];
 }

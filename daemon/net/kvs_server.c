@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <sys/socket.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -34,7 +33,6 @@
 #include "daemon.h"
 #include "kvnode.h"
 #include "net/httpd.h"
-#include "net/server.h"
 #include "tenants.h"
 
 #define KVS_MAX_NS          64      /* namespaces one request may touch */
@@ -221,17 +219,8 @@ static struct tenant *kvs_request_tenant(struct kvs_server *k, struct evhttp_req
     struct tenant *t = NULL;
 
     if (fd >= 0 && k->d->cfg->kvs_listen_addr.kind == CONFIG_LISTEN_UNIX) {
-        struct ucred cred = { .pid = -1, .uid = (uid_t)-1, .gid = (gid_t)-1 };
-        socklen_t len = sizeof cred;
-        gid_t buf[64], *heap = NULL;
-        size_t n = 0;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-            const gid_t *groups = server_peer_groups(fd, buf, 64, &heap, &n);
-            t = kvs_server_tenant(k->d->cfg, k->d->tenants, cred.uid, cred.gid, groups, n, true, why, sizeof why);
-            free(heap);
-        } else {
-            snprintf(why, sizeof why, "SO_PEERCRED: %s", strerror(errno));
-        }
+        struct ucred cred;
+        t = kvs_server_unix_tenant(k->d->cfg, k->d->tenants, fd, &cred, why, sizeof why);
     } else if (fd >= 0) {
         uid_t uid;
         if (kvs_peer_tcp_uid(fd, &uid, why, sizeof why) == 0)

@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include "mem/namespace.h"
@@ -102,6 +103,12 @@ void kvs_server_get_stats(const struct kvs_server *k, struct kvs_server_stats *o
 struct tenant *kvs_server_tenant(const struct kvn_config *cfg, struct tenants *ts, uid_t uid, gid_t gid,
                                  const gid_t *groups, size_t ngroups, bool groups_known, char *why,
                                  size_t whylen);
+
+/* kvs_server_tenant for the peer of a unix socket fd (SO_PEERCRED and its
+ * groups); *cred gets its credentials (pid -1, uid and gid -1 when the
+ * kernel cannot say). NULL with why set when refused. */
+struct tenant *kvs_server_unix_tenant(const struct kvn_config *cfg, struct tenants *ts, int fd, struct ucred *cred,
+                                      char *why, size_t whylen);
 
 struct kvs_dataplane;
 int  kvs_dataplane_create(struct daemon *d, struct kvs_dataplane **out, char *err, size_t errlen);

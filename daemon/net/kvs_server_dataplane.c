@@ -31,7 +31,6 @@
 #include "core/log.h"
 #include "daemon.h"
 #include "kvnode.h"
-#include "net/server.h"
 #include "net/unix_listen.h"
 #include "tenants.h"
 
@@ -209,10 +208,7 @@ static void kvs_dp_read_cb(evutil_socket_t fd, short what, void *arg)
 static void kvs_dp_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
     struct kvs_dataplane *dp = arg;
-    struct ucred cred = { .pid = -1, .uid = (uid_t)-1, .gid = (gid_t)-1 };
-    socklen_t credlen = sizeof cred;
-    gid_t group_buf[64], *group_heap = NULL;
-    size_t ngroups = 0;
+    struct ucred cred;
     struct kvs_dp_conn *c;
     (void)l;
     (void)sa;
@@ -233,14 +229,9 @@ static void kvs_dp_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
     c->dp = dp;
     c->fd = fd;
     c->want = 8;
-    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &credlen);
+    c->tenant = kvs_server_unix_tenant(dp->d->cfg, dp->d->tenants, fd, &cred, c->why, sizeof c->why);
     c->uid = cred.uid;
     c->pid = cred.pid;
-    const gid_t *groups = server_peer_groups(fd, group_buf, sizeof group_buf / sizeof group_buf[0], &group_heap,
-                                             &ngroups);
-    c->tenant = kvs_server_tenant(dp->d->cfg, dp->d->tenants, cred.uid, cred.gid, groups, ngroups, true, c->why,
-                                  sizeof c->why);
-    free(group_heap);
     c->ev = event_new(dp->d->base, fd, EV_READ | EV_PERSIST, kvs_dp_read_cb, c);
     if (!c->ev || event_add(c->ev, NULL) < 0) {
         if (c->ev)

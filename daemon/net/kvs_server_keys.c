@@ -19,6 +19,7 @@
 
 #include "config.h"
 #include "core/errmsg.h"
+#include "net/server.h"
 #include "tenants.h"
 
 /* --- object keys ------------------------------------------------------------- */
@@ -247,24 +248,6 @@ int kvs_peer_tcp_uid(int fd, uid_t *uid, char *err, size_t errlen)
 
 /* --- tenants ------------------------------------------------------------------- */
 
-static bool kvs_listed(const struct config_idlist *l, uint32_t id)
-{
-    for (size_t i = 0; i < l->n; i++)
-        if (l->id[i] == id)
-            return true;
-    return false;
-}
-
-static bool kvs_group_listed(const struct config_idlist *l, gid_t gid, const gid_t *groups, size_t ngroups)
-{
-    if (kvs_listed(l, (uint32_t)gid))
-        return true;
-    for (size_t i = 0; i < ngroups; i++)
-        if (kvs_listed(l, (uint32_t)groups[i]))
-            return true;
-    return false;
-}
-
 struct tenant *kvs_server_tenant(const struct kvn_config *cfg, struct tenants *ts, uid_t uid, gid_t gid,
                                  const gid_t *groups, size_t ngroups, bool groups_known, char *why,
                                  size_t whylen)
@@ -273,13 +256,12 @@ struct tenant *kvs_server_tenant(const struct kvn_config *cfg, struct tenants *t
     uint32_t nt = cfg->ntenants < CONFIG_TENANTS_MAX ? cfg->ntenants : CONFIG_TENANTS_MAX;
 
     for (uint32_t i = 0; i < nt; i++) {
-        uid_named = uid_named || kvs_listed(&cfg->tenants[i].uid_list, (uint32_t)uid);
+        uid_named = uid_named || config_idlist_has(&cfg->tenants[i].uid_list, (uint32_t)uid);
         groups_matter = groups_matter || cfg->tenants[i].gid_list.n > 0;
     }
     /* Admission, as the engine socket does it. */
-    if ((cfg->allow_uid_list.n || cfg->allow_gid_list.n) && uid != 0 && uid != geteuid() &&
-        !kvs_listed(&cfg->allow_uid_list, (uint32_t)uid) &&
-        !(groups_known && kvs_group_listed(&cfg->allow_gid_list, gid, groups, ngroups))) {
+    if (!config_peer_admitted(&cfg->allow_uid_list, &cfg->allow_gid_list, uid, groups_known ? gid : (gid_t)-1,
+                              groups, groups_known ? ngroups : 0)) {
         errmsg_set(why, whylen, "uid %d is not in [server] allow_uids%s", (int)uid,
                    groups_known ? " and none of its groups is in allow_gids"
                                 : " (over TCP only the uid is known: list it in allow_uids, or use a unix "
@@ -299,5 +281,23 @@ struct tenant *kvs_server_tenant(const struct kvn_config *cfg, struct tenants *t
                    "[tenant.NAME] section, or leave memory for tenant %s", (int)uid, t->name, (int)uid, t->name);
         return NULL;
     }
+    return t;
+}
+
+struct tenant *kvs_server_unix_tenant(const struct kvn_config *cfg, struct tenants *ts, int fd, struct ucred *cred,
+                                      char *why, size_t whylen)
+{
+    socklen_t len = sizeof *cred;
+    gid_t buf[64], *heap = NULL;
+    size_t n = 0;
+
+    *cred = (struct ucred){ .pid = -1, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, &len) != 0) {
+        errmsg_set(why, whylen, "SO_PEERCRED: %s", strerror(errno));
+        return NULL;
+    }
+    const gid_t *groups = server_peer_groups(fd, buf, sizeof buf / sizeof buf[0], &heap, &n);
+    struct tenant *t = kvs_server_tenant(cfg, ts, cred->uid, cred->gid, groups, n, true, why, whylen);
+    free(heap);
     return t;
 }

@@ -148,18 +148,8 @@ static void server_refuse(int fd, int code, const char *msg)
 /* Take the configured allow lists, resolved when the config was parsed. */
 static void server_load_access(struct server *s, const struct kvn_config *cfg)
 {
-    memcpy(s->allow_uids, cfg->allow_uid_list.id, cfg->allow_uid_list.n * sizeof s->allow_uids[0]);
-    memcpy(s->allow_gids, cfg->allow_gid_list.id, cfg->allow_gid_list.n * sizeof s->allow_gids[0]);
-    s->n_allow_uids = cfg->allow_uid_list.n;
-    s->n_allow_gids = cfg->allow_gid_list.n;
-}
-
-static bool server_id_listed(const uint32_t *ids, size_t n, uint32_t id)
-{
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] == id)
-            return true;
-    return false;
+    s->allow_uids = cfg->allow_uid_list;
+    s->allow_gids = cfg->allow_gid_list;
 }
 
 static int server_gid_cmp(const void *a, const void *b)
@@ -189,26 +179,6 @@ const gid_t *server_peer_groups(int fd, gid_t *buf, size_t cap, gid_t **heap, si
     *n = len / sizeof *g;
     qsort(g, *n, sizeof *g, server_gid_cmp);
     return g;
-}
-
-/* May this peer connect? root and the daemon's own user always may; else
- * its uid, its primary group or one of its (sorted) supplementary groups
- * listed. */
-static bool server_peer_allowed(const struct server *s, const struct ucred *cred, const gid_t *groups,
-                                size_t ngroups)
-{
-    if (s->n_allow_uids == 0 && s->n_allow_gids == 0)
-        return true;
-    if (cred->uid == 0 || cred->uid == geteuid() ||
-        server_id_listed(s->allow_uids, s->n_allow_uids, cred->uid) ||
-        server_id_listed(s->allow_gids, s->n_allow_gids, cred->gid))
-        return true;
-    for (size_t i = 0; i < s->n_allow_gids; i++) {
-        gid_t g = (gid_t)s->allow_gids[i];
-        if (bsearch(&g, groups, ngroups, sizeof *groups, server_gid_cmp))
-            return true;
-    }
-    return false;
 }
 
 /* A connection that was never served: its parts, not its fd. */
@@ -261,7 +231,7 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
     }
     const gid_t *groups = server_peer_groups(fd, group_buf, sizeof group_buf / sizeof group_buf[0],
                                              &group_heap, &ngroups);
-    if (!server_peer_allowed(s, &cred, groups, ngroups)) {
+    if (!config_peer_admitted(&s->allow_uids, &s->allow_gids, cred.uid, cred.gid, groups, ngroups)) {
         char msg[160];
         s->denied++;
         free(group_heap);

@@ -98,8 +98,7 @@ struct server {
     uint64_t accepted, refused, frames_rejected, denied;
     uint64_t accept_pauses, input_waits, input_paused, frames_timed_out;
     /* access lists resolved from cfg (empty: anyone who can open the socket) */
-    uint32_t allow_uids[CONFIG_IDS_MAX], allow_gids[CONFIG_IDS_MAX];
-    size_t n_allow_uids, n_allow_gids;
+    struct config_idlist allow_uids, allow_gids;
 };
 
 /* server_conn.c */
