@@ -82,7 +82,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <signal.h>
 #include <sys/un.h>
 #include <stdbool.h>
@@ -94,6 +93,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/rmtree.h"
 #include "harness.h"
 #include "../common/kvh_http.h"
 #include "../common/redisctl.h"
@@ -124,24 +124,11 @@ static void sleep_ns(uint64_t ns)
 
 static double secs(uint64_t ns) { return (double)ns / 1e9; }
 
-static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb; (void)flag; (void)ftw;
-    remove(path);
-    return 0;
-}
-
-static void rmtree(const char *dir)
-{
-    if (dir[0])
-        nftw(dir, rm_one, 32, FTW_DEPTH | FTW_PHYS);
-}
-
 /* Runs after the harness killed any daemon still running (registered first). */
 static void tmp_cleanup(void)
 {
     if (getpid() == tmp_owner && tmp_root[0]) {
-        rmtree(tmp_root);
+        test_rmtree(tmp_root);
         tmp_root[0] = '\0';
     }
 }
@@ -635,7 +622,7 @@ static void bench_recovery(size_t n)
            "  warm: page cache kept from populating (synced, nothing dropped)%s.\n\n",
            REC_HOST >> 20, MATCH_KEYS, GET_KEYS,
            have_cold ? "; cold: after sync; echo 3 > /proc/sys/vm/drop_caches" : "");
-    rmtree(store);
+    test_rmtree(store);
     free(keys);
 }
 
@@ -791,7 +778,7 @@ static int write_run(struct wrow *r, const unsigned char *src, size_t chain, uns
                 (unsigned long long)s.blocks, w.written, (unsigned long long)s.bad, s.sample_bad, s.sampled);
         bad = 1;
     }
-    rmtree(store);
+    test_rmtree(store);
     sync();   /* the next run starts without this one's dirty pages */
     free(keys);
     free(locs);
@@ -950,7 +937,7 @@ static void sim_stop(struct sim *s)
 {
     if (s->pid > 0)
         proc_stop(&s->pid, SIGTERM, 20000);
-    rmtree(s->dir);
+    test_rmtree(s->dir);
 }
 
 /* The simulator's counters (GET /_sim/state). */

@@ -5,12 +5,13 @@
 #ifndef KVNODE_TEST_FAKE_SYSFS_H
 #define KVNODE_TEST_FAKE_SYSFS_H
 
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "rmtree.h"
 
 static inline int fake_sysfs_mkdirs(const char *path)
 {
@@ -64,17 +65,10 @@ static inline int fake_sysfs_pci(const char *root, const char *bus_id, const cha
     return 0;
 }
 
-static inline int fake_sysfs_unlink(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
-
-/* Remove the tree (rm -r, not following links). */
+/* Remove the tree. */
 static inline void fake_sysfs_remove(const char *root)
 {
-    if (root && *root && nftw(root, fake_sysfs_unlink, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        fprintf(stderr, "could not remove %s\n", root);
+    test_rmtree(root);
 }
 
 #endif

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "proc.h"
+#include "rmtree.h"
 
 #define RCTL_MAX_SERVERS 8
 #define RCTL_NODE_TIMEOUT_MS 1000   /* cluster-node-timeout: a killed master fails over in ~2 s */
@@ -269,12 +270,7 @@ static inline void rctl_stop(struct rctl *r)
     for (int i = 0; i < r->n; i++)
         if (r->pids[i] > 0)
             proc_stop(&r->pids[i], SIGKILL, 5000);
-    if (r->dir[0]) {
-        char cmd[320];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", r->dir);
-        if (system(cmd) != 0)
-            fprintf(stderr, "redisctl: could not remove %s\n", r->dir);
-    }
+    test_rmtree(r->dir);
     memset(r, 0, sizeof *r);
 }
 

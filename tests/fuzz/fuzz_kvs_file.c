@@ -21,7 +21,6 @@
  * the real segment and hint files there (how the seed corpus was made). */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/rmtree.h"
 #include "fuzz.h"
 #include "core/log.h"
 #include "persist/kvs/file.h"
@@ -47,24 +47,10 @@ static struct ns_layout layout;
 static struct kvs_ns ns;
 static char depid[NS_DEPLOYMENT_ID_MAX];
 
-static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st;
-    (void)flag;
-    (void)f;
-    remove(p);
-    return 0;
-}
-
-static void rm_tree(const char *path)
-{
-    nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
-
 static void cleanup(void)
 {
     if (tmpdir[0])
-        rm_tree(tmpdir);
+        test_rmtree(tmpdir);
 }
 
 static void init_once(void)
@@ -246,6 +232,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_blocks(s);
     kvs_backend_file.close(s);
 
-    rm_tree(root);
+    test_rmtree(root);
     return 0;
 }

@@ -1,10 +1,10 @@
 /* harness: see harness.h. */
+#include "../common/rmtree.h"
 #include "harness.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -76,19 +76,6 @@ static struct kvh_reg kvh_regs[KVH_MAX_DAEMONS];
 static pid_t kvh_reg_owner;    /* process that registered (children must not clean up) */
 static int kvh_reg_atexit;
 
-static int kvh_rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb; (void)flag; (void)ftw;
-    remove(path);
-    return 0;
-}
-
-static void kvh_rmtree(const char *dir)
-{
-    if (dir[0])
-        nftw(dir, kvh_rm_one, 16, FTW_DEPTH | FTW_PHYS);
-}
-
 static void kvh_print_file(const char *path, const char *why)
 {
     fprintf(stderr, "----- %s: %s -----\n", why, path);
@@ -141,7 +128,7 @@ static void kvh_root_cleanup(void)
         }
         closedir(dir);
     }
-    kvh_rmtree(kvh_root);
+    test_rmtree(kvh_root);
     kvh_root[0] = '\0';
 }
 
@@ -173,7 +160,7 @@ static void kvh_cleanup_at_exit(void)
             proc_stop(&r->pid, SIGKILL, KVH_STOP_TIMEOUT_MS);
             r->pid = 0;
         }
-        kvh_rmtree(r->dir);
+        test_rmtree(r->dir);
         r->used = 0;
     }
     pthread_mutex_unlock(&kvh_reg_lock);
@@ -416,18 +403,18 @@ int kvh_spawn_ex(kvh_daemon *d, const char *config, const kvh_spawn_opts *opts)
     int l2 = snprintf(d->log, sizeof d->log, "%s/kvnoded.log", d->dir);
     if (l1 < 0 || (size_t)l1 >= sizeof d->conf || l2 < 0 || (size_t)l2 >= sizeof d->log) {
         kvh_set_error("temporary directory path too long: %s", d->dir);
-        kvh_rmtree(d->dir);
+        test_rmtree(d->dir);
         return -1;
     }
     if (kvh_write_config(d, config) != 0) {
-        kvh_rmtree(d->dir);
+        test_rmtree(d->dir);
         return -1;
     }
 
     const char *bin = kvh_daemon_path();
     if (access(bin, X_OK) != 0) {
         kvh_set_error("daemon binary %s not executable (%s); set KVNODED", bin, strerror(errno));
-        kvh_rmtree(d->dir);
+        test_rmtree(d->dir);
         return -1;
     }
 
@@ -445,7 +432,7 @@ int kvh_spawn_ex(kvh_daemon *d, const char *config, const kvh_spawn_opts *opts)
         env[ne++] = listen_fds;
         pid_env[np++] = "LISTEN_PID";
         if ((lfd = kvh_listen_socket(d)) < 0) {
-            kvh_rmtree(d->dir);
+            test_rmtree(d->dir);
             return -1;
         }
     }
@@ -473,7 +460,7 @@ int kvh_spawn_ex(kvh_daemon *d, const char *config, const kvh_spawn_opts *opts)
         close(lfd);
     if (pid < 0) {
         kvh_set_error("cannot start %s: %s", bin, proc_error());
-        kvh_rmtree(d->dir);
+        test_rmtree(d->dir);
         return -1;
     }
     d->pid = pid;
@@ -608,7 +595,7 @@ void kvh_destroy(kvh_daemon *d)
     if (d->pid > 0)
         kvh_kill(d, SIGKILL);
     kvh_reg_update(d, 1);
-    kvh_rmtree(d->dir);
+    test_rmtree(d->dir);
     d->dir[0] = '\0';
 }
 

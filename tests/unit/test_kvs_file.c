@@ -10,7 +10,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -23,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/rmtree.h"
 #include "kvnode.h"
 #include "persist/kvs/crc32c.h"
 #include "persist/kvs/file.h"
@@ -47,13 +47,6 @@ static struct kvs_store *open_store(uint64_t capacity, int fsync_policy)
     return s;
 }
 
-static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st; (void)flag; (void)f;
-    remove(p);
-    return 0;
-}
-
 static void setup(void)
 {
     const char *t = getenv("TMPDIR");
@@ -66,7 +59,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    test_rmtree(tmpdir);
 }
 
 static int put_block(struct kvs_store *s, struct tns *t, int64_t key, uint32_t salt)
@@ -765,7 +758,7 @@ START_TEST(test_open_errors)
     close(fd);
     /* health notices a vanished root */
     s = open_store(0, KVS_FSYNC_NEVER);
-    nftw(root, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    test_rmtree(root);
     ck_assert_int_lt(be->health(s, err, sizeof(err)), 0);
     be->close(s);
 }

@@ -9,7 +9,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -20,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../common/rmtree.h"
 #include "kvnode.h"
 #include "persist/kvs/file.h"
 #include "persist/kvs/file_internal.h"
@@ -48,13 +48,6 @@ static struct kvs_store *open_store(uint64_t capacity, int fsync_policy)
     return open_at(be, capacity, fsync_policy);
 }
 
-static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st; (void)flag; (void)f;
-    remove(p);
-    return 0;
-}
-
 static void setup(void)
 {
     const char *t = getenv("TMPDIR");
@@ -67,7 +60,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    test_rmtree(tmpdir);
 }
 
 static int put_block(struct kvs_store *s, struct tns *t, int64_t key, uint32_t salt)

@@ -11,7 +11,6 @@
  * registry is empty between tests even with CK_FORK=no (valgrind). */
 #include <check.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -27,6 +26,7 @@
 #include <curl/curl.h>
 #endif
 
+#include "../common/rmtree.h"
 #include "core/clock.h"
 #include "config.h"
 #include "kvnode.h"
@@ -48,13 +48,6 @@ static char root[2048];         /* the file store's root, inside it */
 
 /* ---- helpers ------------------------------------------------------------------------ */
 
-static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st; (void)flag; (void)f;
-    remove(p);
-    return 0;
-}
-
 static void setup(void)
 {
     const char *t = getenv("TMPDIR");
@@ -65,7 +58,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    test_rmtree(tmpdir);
 }
 
 /* config_defaults, then the [persist] fields set here (their parsing may not
