@@ -26,6 +26,7 @@
 #include <event2/listener.h>
 #include <jansson.h>
 
+#include "core/le.h"
 #include "cache/cache.h"
 #include "core/errmsg.h"
 #include "core/log.h"
@@ -83,8 +84,7 @@ static int kvs_dp_send_json(struct kvs_dp_conn *c, json_t *msg)
         return -1;
     uint64_t len = strlen(text);
     uint8_t hdr[8];
-    for (int i = 0; i < 8; i++)
-        hdr[i] = (uint8_t)(len >> (8 * i));
+    le_put64(hdr, len);
     struct iovec iov[2] = { { hdr, 8 }, { text, (size_t)len } };
     struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
     ssize_t n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -184,9 +184,7 @@ static void kvs_dp_read_cb(evutil_socket_t fd, short what, void *arg)
         if (c->have < c->want)
             continue;
         if (c->want == 8) {
-            uint64_t len = 0;
-            for (int i = 7; i >= 0; i--)
-                len = (len << 8) | c->buf[i];
+            uint64_t len = le_get64(c->buf);
             if (len == 0 || len > KVS_DP_MAX_FRAME) {
                 log_warn("kvs data plane: pid %d sent a frame of %" PRIu64 " bytes (1..%u allowed); closing",
                          (int)c->pid, len, KVS_DP_MAX_FRAME);

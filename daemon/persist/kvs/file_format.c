@@ -6,70 +6,45 @@
 
 #include <string.h>
 
+#include "core/le.h"
 #include "persist/kvs/crc32c.h"
 #include "persist/kvs/file_v1.h"
 
 _Static_assert(SEG_LAYOUT_SIZE == LAYOUT_SIZE, "one layout record for both formats");
 
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-void seg_put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-uint32_t seg_get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
 
 void seg_rec_encode(uint8_t b[SEG_REC_HDR], const struct seg_rec *r)
 {
     memset(b, 0, SEG_REC_HDR);
     memcpy(b, "KVSR", 4);
-    put16(b + 4, SEG_VERSION);
+    le_put16(b + 4, SEG_VERSION);
     b[6] = r->type;
-    put64(b + 8, r->fingerprint);
-    put64(b + 16, (uint64_t)r->key);
-    put64(b + 24, r->size);
-    put64(b + 32, r->seq);
-    seg_put32(b + 40, r->rank);
-    seg_put32(b + 44, r->crc);
-    seg_put32(b + 60, crc32c(0, b, 60));
+    le_put64(b + 8, r->fingerprint);
+    le_put64(b + 16, (uint64_t)r->key);
+    le_put64(b + 24, r->size);
+    le_put64(b + 32, r->seq);
+    le_put32(b + 40, r->rank);
+    le_put32(b + 44, r->crc);
+    le_put32(b + 60, crc32c(0, b, 60));
 }
 
 const char *seg_rec_decode(const uint8_t b[SEG_REC_HDR], struct seg_rec *r)
 {
     if (memcmp(b, "KVSR", 4) != 0)
         return "bad record magic";
-    if (seg_get32(b + 60) != crc32c(0, b, 60))
+    if (le_get32(b + 60) != crc32c(0, b, 60))
         return "record header checksum mismatch";
-    if (get16(b + 4) != SEG_VERSION)
+    if (le_get16(b + 4) != SEG_VERSION)
         return "unknown record version";
     r->type = b[6];
     if (r->type < SEG_REC_BLOCK || r->type > SEG_REC_PAD || b[7] != 0)
         return "unknown record type";
-    r->fingerprint = get64(b + 8);
-    r->key = (int64_t)get64(b + 16);
-    r->size = get64(b + 24);
-    r->seq = get64(b + 32);
-    r->rank = seg_get32(b + 40);
-    r->crc = seg_get32(b + 44);
+    r->fingerprint = le_get64(b + 8);
+    r->key = (int64_t)le_get64(b + 16);
+    r->size = le_get64(b + 24);
+    r->seq = le_get64(b + 32);
+    r->rank = le_get32(b + 40);
+    r->crc = le_get32(b + 44);
     if (r->size > (UINT64_C(1) << 40))
         return "record payload size out of range";
     if (r->type == SEG_REC_TOMB && r->size != 0)
@@ -94,25 +69,25 @@ void seg_hint_ent_encode(uint8_t b[SEG_HINT_ENT], const struct seg_hint_ent *e)
 {
     memset(b, 0, SEG_HINT_ENT);
     b[0] = e->type;
-    seg_put32(b + 4, e->rank);
-    put64(b + 8, e->fingerprint);
-    put64(b + 16, (uint64_t)e->key);
-    put64(b + 24, e->size);
-    put64(b + 32, e->seq);
-    put64(b + 40, e->off);
-    seg_put32(b + 48, e->crc);
+    le_put32(b + 4, e->rank);
+    le_put64(b + 8, e->fingerprint);
+    le_put64(b + 16, (uint64_t)e->key);
+    le_put64(b + 24, e->size);
+    le_put64(b + 32, e->seq);
+    le_put64(b + 40, e->off);
+    le_put32(b + 48, e->crc);
 }
 
 void seg_hint_ent_decode(const uint8_t b[SEG_HINT_ENT], struct seg_hint_ent *e)
 {
     e->type = b[0];
-    e->rank = seg_get32(b + 4);
-    e->fingerprint = get64(b + 8);
-    e->key = (int64_t)get64(b + 16);
-    e->size = get64(b + 24);
-    e->seq = get64(b + 32);
-    e->off = get64(b + 40);
-    e->crc = seg_get32(b + 48);
+    e->rank = le_get32(b + 4);
+    e->fingerprint = le_get64(b + 8);
+    e->key = (int64_t)le_get64(b + 16);
+    e->size = le_get64(b + 24);
+    e->seq = le_get64(b + 32);
+    e->off = le_get64(b + 40);
+    e->crc = le_get32(b + 48);
 }
 
 void seg_hint_hdr_encode(uint8_t b[SEG_HINT_HDR], uint64_t id, uint64_t seg_len,
@@ -120,13 +95,13 @@ void seg_hint_hdr_encode(uint8_t b[SEG_HINT_HDR], uint64_t id, uint64_t seg_len,
 {
     memset(b, 0, SEG_HINT_HDR);
     memcpy(b, "KVSH", 4);
-    put16(b + 4, SEG_VERSION);
-    put16(b + 6, SEG_HINT_HDR);
-    put64(b + 8, id);
-    put64(b + 16, seg_len);
-    seg_put32(b + 24, nlayouts);
-    seg_put32(b + 28, nents);
-    seg_put32(b + 36, crc32c(0, b, 36));
+    le_put16(b + 4, SEG_VERSION);
+    le_put16(b + 6, SEG_HINT_HDR);
+    le_put64(b + 8, id);
+    le_put64(b + 16, seg_len);
+    le_put32(b + 24, nlayouts);
+    le_put32(b + 28, nents);
+    le_put32(b + 36, crc32c(0, b, 36));
 }
 
 const char *seg_hint_hdr_decode(const uint8_t b[SEG_HINT_HDR], uint64_t *id, uint64_t *seg_len,
@@ -134,13 +109,13 @@ const char *seg_hint_hdr_decode(const uint8_t b[SEG_HINT_HDR], uint64_t *id, uin
 {
     if (memcmp(b, "KVSH", 4) != 0)
         return "bad hint magic";
-    if (seg_get32(b + 36) != crc32c(0, b, 36))
+    if (le_get32(b + 36) != crc32c(0, b, 36))
         return "hint header checksum mismatch";
-    if (get16(b + 4) != SEG_VERSION || get16(b + 6) != SEG_HINT_HDR)
+    if (le_get16(b + 4) != SEG_VERSION || le_get16(b + 6) != SEG_HINT_HDR)
         return "unknown hint version";
-    *id = get64(b + 8);
-    *seg_len = get64(b + 16);
-    *nlayouts = seg_get32(b + 24);
-    *nents = seg_get32(b + 28);
+    *id = le_get64(b + 8);
+    *seg_len = le_get64(b + 16);
+    *nlayouts = le_get32(b + 24);
+    *nents = le_get32(b + 28);
     return NULL;
 }

@@ -83,8 +83,6 @@ void seg_hint_hdr_encode(uint8_t b[SEG_HINT_HDR], uint64_t id, uint64_t seg_len,
                          uint32_t nlayouts, uint32_t nents);
 const char *seg_hint_hdr_decode(const uint8_t b[SEG_HINT_HDR], uint64_t *id, uint64_t *seg_len,
                                 uint32_t *nlayouts, uint32_t *nents);
-uint32_t seg_get32(const uint8_t *p);
-void seg_put32(uint8_t *p, uint32_t v);
 
 /* ---- a root (file_root.c) -------------------------------------------------------- */
 

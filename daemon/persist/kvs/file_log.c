@@ -3,6 +3,7 @@
  * takes it), fsync per policy, the keydir updated after the write, segment
  * rotation and hint files. Worker threads; r->mu only for bookkeeping. */
 #include "persist/kvs/file_internal.h"
+#include "core/le.h"
 #include "persist/kvs/file_fs.h"
 
 #include <errno.h>
@@ -110,7 +111,7 @@ void seg_hint_write(struct seg_root *r, uint64_t id, uint64_t seg_len, struct se
     pthread_mutex_unlock(&r->mu);
     for (size_t i = 0; i < nents; i++, p += SEG_HINT_ENT)
         seg_hint_ent_encode(p, &ents[i]);
-    seg_put32(p, crc32c(0, b, (size_t)(p - b)));
+    le_put32(p, crc32c(0, b, (size_t)(p - b)));
     seg_path(r, id, true, fin, sizeof fin);
     snprintf(tmp, sizeof tmp, "%s.tmp", fin);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/le.h"
 #include "core/errmsg.h"
 #include "core/log.h"
 #include "kvnode.h"
@@ -227,7 +228,7 @@ static long load_hint(struct seg_root *r, struct seg *sg)
         id != sg->id || seg_len != sg->len ||
         (uint64_t)SEG_HINT_HDR + (uint64_t)nl * SEG_LAYOUT_SIZE + (uint64_t)ne * SEG_HINT_ENT + 4
             != len ||
-        seg_get32(b + len - 4) != crc32c(0, b, len - 4) || nl > 4096) {
+        le_get32(b + len - 4) != crc32c(0, b, len - 4) || nl > 4096) {
         free(b);
         return -1;
     }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/le.h"
 #include "core/errmsg.h"
 #include "kvnode.h"
 #include "persist/kvs/crc32c.h"
@@ -39,15 +40,6 @@ size_t redis_header_len(const char *tenant)
     return REDIS_HDR_FIXED + strlen(tenant_or_default(tenant));
 }
 
-static void put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static void put_u32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static void put_u64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t get_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
 
 enum { OFF_VERSION = 4, OFF_HLEN = 6, OFF_FP = 8, OFF_KEY = 16, OFF_SIZE = 24, OFF_RANK = 32,
        OFF_TLEN = 36, OFF_CRC = 40 };
@@ -57,7 +49,7 @@ static uint32_t value_crc(const uint8_t *hdr, size_t hlen, const void *payload, 
 {
     uint8_t fixed[REDIS_HDR_FIXED];
     memcpy(fixed, hdr, REDIS_HDR_FIXED);
-    put_u32(fixed + OFF_CRC, 0);
+    le_put32(fixed + OFF_CRC, 0);
     uint32_t crc = crc32c(0, fixed, REDIS_HDR_FIXED);
     crc = crc32c(crc, hdr + REDIS_HDR_FIXED, hlen - REDIS_HDR_FIXED);
     return crc32c(crc, payload, len);
@@ -70,15 +62,15 @@ void redis_header_make(const char *tenant, const struct kvs_ns *ns, int64_t key,
     size_t tl = strlen(t), hlen = REDIS_HDR_FIXED + tl;
     memset(hdr, 0, REDIS_HDR_FIXED);
     memcpy(hdr, REDIS_MAGIC, 4);
-    put_u16(hdr + OFF_VERSION, REDIS_VERSION);
-    put_u16(hdr + OFF_HLEN, (uint16_t)hlen);
-    put_u64(hdr + OFF_FP, ns->fingerprint);
-    put_u64(hdr + OFF_KEY, (uint64_t)key);
-    put_u64(hdr + OFF_SIZE, len);
-    put_u32(hdr + OFF_RANK, ns->layout->tp_rank);
-    put_u16(hdr + OFF_TLEN, (uint16_t)tl);
+    le_put16(hdr + OFF_VERSION, REDIS_VERSION);
+    le_put16(hdr + OFF_HLEN, (uint16_t)hlen);
+    le_put64(hdr + OFF_FP, ns->fingerprint);
+    le_put64(hdr + OFF_KEY, (uint64_t)key);
+    le_put64(hdr + OFF_SIZE, len);
+    le_put32(hdr + OFF_RANK, ns->layout->tp_rank);
+    le_put16(hdr + OFF_TLEN, (uint16_t)tl);
     memcpy(hdr + REDIS_HDR_FIXED, t, tl);
-    put_u32(hdr + OFF_CRC, value_crc(hdr, hlen, payload, len));
+    le_put32(hdr + OFF_CRC, value_crc(hdr, hlen, payload, len));
 }
 
 int redis_value_check(const char *tenant, const struct kvs_ns *ns, int64_t key, size_t len,
@@ -90,18 +82,18 @@ int redis_value_check(const char *tenant, const struct kvs_ns *ns, int64_t key, 
     const char *bad = NULL;
     if (vlen < REDIS_HDR_FIXED || memcmp(h, REDIS_MAGIC, 4) != 0)
         bad = "no kvnode header";
-    else if (get_u16(h + OFF_VERSION) != REDIS_VERSION)
+    else if (le_get16(h + OFF_VERSION) != REDIS_VERSION)
         bad = "header version";
-    else if (get_u16(h + OFF_HLEN) != hlen || get_u16(h + OFF_TLEN) != tl ||
+    else if (le_get16(h + OFF_HLEN) != hlen || le_get16(h + OFF_TLEN) != tl ||
              vlen < hlen || memcmp(h + REDIS_HDR_FIXED, t, tl) != 0)
         bad = "tenant";
-    else if (get_u64(h + OFF_FP) != ns->fingerprint || get_u32(h + OFF_RANK) != ns->layout->tp_rank)
+    else if (le_get64(h + OFF_FP) != ns->fingerprint || le_get32(h + OFF_RANK) != ns->layout->tp_rank)
         bad = "deployment or rank";
-    else if ((int64_t)get_u64(h + OFF_KEY) != key)
+    else if ((int64_t)le_get64(h + OFF_KEY) != key)
         bad = "block key";
-    else if (get_u64(h + OFF_SIZE) != len || vlen - hlen != len)
+    else if (le_get64(h + OFF_SIZE) != len || vlen - hlen != len)
         bad = "size";
-    else if (get_u32(h + OFF_CRC) != value_crc(h, hlen, h + hlen, len))
+    else if (le_get32(h + OFF_CRC) != value_crc(h, hlen, h + hlen, len))
         bad = "CRC-32C";
     if (!bad)
         return 0;

@@ -16,6 +16,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "core/le.h"
 #include "core/clock.h"
 #include "core/errmsg.h"
 #include "kvnode.h"
@@ -92,8 +93,7 @@ static int send_frame(int fd, const char *json, uint64_t deadline)
 {
     uint8_t hdr[8];
     uint64_t len = strlen(json);
-    for (int i = 0; i < 8; i++)
-        hdr[i] = (uint8_t)(len >> (8 * i));
+    le_put64(hdr, len);
     int rc = send_all(fd, hdr, sizeof hdr, deadline);
     return rc < 0 ? rc : send_all(fd, json, len, deadline);
 }
@@ -109,9 +109,7 @@ static int recv_frame(int fd, char **out, size_t *outlen, uint64_t deadline, cha
                    rc == -KVNODE_ETIMEDOUT ? "timed out" : "connection closed");
         return rc;
     }
-    uint64_t len = 0;
-    for (int i = 7; i >= 0; i--)
-        len = (len << 8) | hdr[i];
+    uint64_t len = le_get64(hdr);
     if (len > V6D_MAX_FRAME) {
         errmsg_set(err, errlen, "reply of %" PRIu64 " bytes refused (limit %u)", len,
                    V6D_MAX_FRAME);
