@@ -183,6 +183,24 @@ void client_async_stop(kvnode_client *c);      /* fail what is in flight, join t
  * end of the connection. Thread-safe. *out is the reply (free with
  * client_response_free). */
 int client_call(kvnode_client *c, Kvnode__Request *req, int expect, Kvnode__Response **out);
+
+/* A MATCH (del false) or DELETE request of keys[0..n) in req, its body in
+ * *m or *d (the caller's, which must outlive req). */
+static inline void client_keys_request(Kvnode__Request *req, Kvnode__MatchRequest *m, Kvnode__DeleteRequest *d,
+                                       int del, const kvnode_key *keys, size_t n)
+{
+    if (del) {
+        d->n_keys = n;
+        d->keys = (int64_t *)(uintptr_t)keys;
+        req->op_case = KVNODE__REQUEST__OP_DELETE;
+        req->delete_ = d;
+    } else {
+        m->n_keys = n;
+        m->keys = (int64_t *)(uintptr_t)keys;
+        req->op_case = KVNODE__REQUEST__OP_MATCH;
+        req->match = m;
+    }
+}
 void client_response_free(kvnode_client *c, Kvnode__Response *resp);
 /* 0, or -KVNODE_ECLOSED with the error set when the stream is unusable. */
 int client_check_alive(kvnode_client *c);

@@ -203,17 +203,7 @@ static int client_count_call(kvnode_client *c, const kvnode_key *keys, size_t n,
     rc = client_check_ns(c, n, what);
     if (rc < 0 || n == 0)
         return rc;
-    if (del) {
-        d.n_keys = n;
-        d.keys = (int64_t *)(uintptr_t)keys;
-        req.op_case = KVNODE__REQUEST__OP_DELETE;
-        req.delete_ = &d;
-    } else {
-        m.n_keys = n;
-        m.keys = (int64_t *)(uintptr_t)keys;
-        req.op_case = KVNODE__REQUEST__OP_MATCH;
-        req.match = &m;
-    }
+    client_keys_request(&req, &m, &d, del, keys, n);
     rc = client_call(c, &req, del ? KVNODE__RESPONSE__RESULT_DELETE : KVNODE__RESPONSE__RESULT_MATCH,
                      &resp);
     if (rc < 0)

@@ -62,17 +62,7 @@ static int client_submit_count(kvnode_client *c, const kvnode_key *keys, size_t 
         client_seterr(c, "%s: out of memory", what);
         return -KVNODE_ENOMEM;
     }
-    if (del) {
-        d.n_keys = n;
-        d.keys = (int64_t *)(uintptr_t)keys;
-        req.op_case = KVNODE__REQUEST__OP_DELETE;
-        req.delete_ = &d;
-    } else {
-        m.n_keys = n;
-        m.keys = (int64_t *)(uintptr_t)keys;
-        req.op_case = KVNODE__REQUEST__OP_MATCH;
-        req.match = &m;
-    }
+    client_keys_request(&req, &m, &d, del, keys, n);
     pthread_mutex_lock(&c->lock);
     if (c->dead) {
         pthread_mutex_unlock(&c->lock);
