@@ -987,6 +987,49 @@ struct vrow {
     struct sim_calls w, r;    /* calls of the write phase, of the read phase */
 };
 
+/* Read keys[0..n) back through a new daemon on cfg (it knows nothing: GET
+ * looks the keys up in the store and promotes them), chain keys per GET,
+ * checking every block against src (block i holds src block i % chain).
+ * Leaves the daemon running in *d; its time in *read_ns. 0, or 1 when a GET
+ * failed, came short or read back wrong. */
+static int read_back(kvh_daemon *d, const char *cfg, const kvnode_layout *l, const kvnode_key *keys, size_t n,
+                     size_t chain, const unsigned char *src, uint64_t bb, const char *label, uint64_t *read_ns)
+{
+    kvnode_client *c;
+    int bad = 0;
+
+    if (kvh_start(d, cfg) != 0)
+        die("start kvnoded", kvh_error());
+    if (kvh_connect(d, l, &c) != 0)
+        die("connect", kvh_error());
+    uint64_t t0 = kvh_now_ns();
+    for (size_t i = 0; i < n && !bad; i += chain) {
+        size_t m = n - i < chain ? n - i : chain, g = 0;
+        kvnode_loc *gl = calloc(m, sizeof *gl);
+        kvnode_lease lease = 0;
+        int rc = gl ? kvnode_get_begin(c, keys + i, m, &lease, gl, &g) : -KVNODE_ENOMEM;
+        if (rc == 0) {
+            for (size_t k = 0; k < g; k++)
+                if (memcmp(gl[k].ptr, src + ((i + k) % chain) * bb, bb) != 0) {
+                    fprintf(stderr, "kvnode-bench-persist: %s: block %zu reads back wrong\n", label, i + k);
+                    bad = 1;
+                    break;
+                }
+            if (g)
+                kvnode_get_end(c, lease);
+        }
+        if (rc != 0 || g != m) {
+            fprintf(stderr, "kvnode-bench-persist: %s: GET of %zu keys at %zu: rc %d, got %zu (%s)\n", label, m,
+                    i, rc, g, rc ? kvnode_last_error(c) : "short");
+            bad = 1;
+        }
+        free(gl);
+    }
+    *read_ns = kvh_now_ns() - t0;
+    kvnode_close(c);
+    return bad;
+}
+
 static int v6d_run(struct vrow *r, const unsigned char *src, size_t chain, unsigned run,
                    char *why, size_t whylen)
 {
@@ -1037,42 +1080,15 @@ static int v6d_run(struct vrow *r, const unsigned char *src, size_t chain, unsig
     stop_daemon(&d);
 
     /* read: a new daemon knows nothing; GET looks the keys up and promotes them */
-    if (kvh_start(&d, cfg) != 0)
-        die("start kvnoded", kvh_error());
-    if (kvh_connect(&d, &l, &c) != 0)
-        die("connect", kvh_error());
-    t0 = kvh_now_ns();
-    for (size_t i = 0; i < n && !bad; i += chain) {
-        size_t m = n - i < chain ? n - i : chain, got = 0;
-        kvnode_loc *gl = calloc(m, sizeof *gl);
-        kvnode_lease lease = 0;
-        size_t g = 0;
-        int rc = gl ? kvnode_get_begin(c, keys + i, m, &lease, gl, &g) : -KVNODE_ENOMEM;
-        if (rc == 0) {
-            for (size_t k = 0; k < g; k++)
-                if (memcmp(gl[k].ptr, src + ((i + k) % chain) * bb, bb) != 0) {
-                    fprintf(stderr, "kvnode-bench-persist: v6d: block %zu reads back wrong\n", i + k);
-                    bad = 1;
-                    break;
-                }
-            got = g;
-            if (g)
-                kvnode_get_end(c, lease);
-        }
-        if (rc != 0 || got != m) {
-            fprintf(stderr, "kvnode-bench-persist: v6d workers=%u: GET of %zu keys at %zu: rc %d, got %zu "
-                    "(%s)\n", r->workers, m, i, rc, got, rc ? kvnode_last_error(c) : "short");
-            bad = 1;
-        }
-        free(gl);
-    }
-    r->read_ns = kvh_now_ns() - t0;
+    char label[32];
+    snprintf(label, sizeof label, "v6d workers=%u", r->workers);
+    if (read_back(&d, cfg, &l, keys, n, chain, src, bb, label, &r->read_ns) != 0)
+        bad = 1;
     struct sim_calls after;
     sim_calls(&sim, &after);
     r->r = (struct sim_calls){ after.create - r->w.create, after.read - r->w.read,
                                after.seal - r->w.seal, after.release - r->w.release,
                                after.discard - r->w.discard };
-    kvnode_close(c);
     stop_daemon(&d);
     sim_stop(&sim);
     free(keys);
@@ -1242,35 +1258,8 @@ static int redis_run(struct rrow *rw, const struct rctl *r, unsigned run)
     kvnode_close(obs);
     stop_daemon(&d);
 
-    if (kvh_start(&d, cfg) != 0)
-        die("start kvnoded", kvh_error());
-    if (kvh_connect(&d, &l, &c) != 0)
-        die("connect", kvh_error());
-    t0 = kvh_now_ns();
-    for (size_t i = 0; i < n && !bad; i += chain) {
-        size_t m = n - i < chain ? n - i : chain, g = 0;
-        kvnode_loc *gl = calloc(m, sizeof *gl);
-        kvnode_lease lease = 0;
-        int rc = gl ? kvnode_get_begin(c, keys + i, m, &lease, gl, &g) : -KVNODE_ENOMEM;
-        if (rc == 0) {
-            for (size_t k = 0; k < g; k++)
-                if (memcmp(gl[k].ptr, src + ((i + k) % chain) * bb, bb) != 0) {
-                    fprintf(stderr, "kvnode-bench-persist: redis: block %zu reads back wrong\n", i + k);
-                    bad = 1;
-                    break;
-                }
-            if (g)
-                kvnode_get_end(c, lease);
-        }
-        if (rc != 0 || g != m) {
-            fprintf(stderr, "kvnode-bench-persist: redis: GET of %zu keys at %zu: rc %d, got %zu (%s)\n", m, i,
-                    rc, g, rc ? kvnode_last_error(c) : "short");
-            bad = 1;
-        }
-        free(gl);
-    }
-    rw->read_ns = kvh_now_ns() - t0;
-    kvnode_close(c);
+    if (!bad && read_back(&d, cfg, &l, keys, n, chain, src, bb, "redis", &rw->read_ns) != 0)
+        bad = 1;
     stop_daemon(&d);
     free(keys);
     free(locs);
