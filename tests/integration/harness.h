@@ -241,6 +241,28 @@ void     kvh_sleep_ms(unsigned ms);
         ck_assert_msg(kvh_v_ >= 0, "stat %s: %s", (path), kvh_error()); \
         kvh_v_; })
 
+/* kvh_put, asserting it succeeded. */
+#define KVH_PUT_OK(c, keys, n, seed) do { \
+        int kvh_rc_ = kvh_put((c), (keys), (n), (seed)); \
+        ck_assert_msg(kvh_rc_ == 0, "put: %s", kvh_error()); \
+    } while (0)
+/* GET keys[0..n) and verify the bytes of what came (kvh_get_verify, not
+ * inline), asserting the call succeeded: how many came. */
+#define KVH_GET_VERIFIED(c, keys, n, seed) ({ \
+        size_t kvh_got_ = 0; \
+        int kvh_rc_ = kvh_get_verify((c), (keys), (n), (seed), 0, &kvh_got_); \
+        ck_assert_msg(kvh_rc_ == 0, "get: %s", kvh_error()); \
+        kvh_got_; })
+/* kvnode_match_tiers, asserting it succeeded and its figures add up. */
+#define KVH_TIERS(c, keys, n) ({ \
+        kvnode_tiers kvh_t_; \
+        memset(&kvh_t_, 0xff, sizeof kvh_t_); \
+        KVH_OK((c), kvnode_match_tiers((c), (keys), (n), &kvh_t_)); \
+        ck_assert_msg(kvh_t_.matched == kvh_t_.hbm + kvh_t_.host + kvh_t_.store && kvh_t_.matched <= (n), \
+                      "match_tiers: matched %zu = hbm %zu + host %zu + store %zu?", kvh_t_.matched, \
+                      kvh_t_.hbm, kvh_t_.host, kvh_t_.store); \
+        kvh_t_; })
+
 /* A test program's main(): one suite `suite` holding one test case `tcase`
  * (timeout_s seconds per test) with the n tests (START_TEST names), run with
  * CK_NORMAL output. Returns EXIT_SUCCESS when none failed, else EXIT_FAILURE. */

@@ -161,17 +161,6 @@ static void chain_keys(kvnode_key *keys, uint64_t chain)
     kvh_chain(keys, CHAIN, chain);
 }
 
-static kvnode_tiers tiers_of(kvnode_client *c, const kvnode_key *keys, size_t n)
-{
-    kvnode_tiers t;
-    memset(&t, 0xff, sizeof t);
-    KVH_OK(c, kvnode_match_tiers(c, keys, n, &t));
-    ck_assert_msg(t.matched == t.hbm + t.host + t.store && t.matched <= n,
-                  "match_tiers: matched %zu = hbm %zu + host %zu + store %zu?", t.matched, t.hbm, t.host,
-                  t.store);
-    return t;
-}
-
 /* How a test reads: kvnode_get_begin in place, kvnode_get_inline, kvnode_get (copies). */
 enum { ZC = 0, INLINE = 1, COPY = 2 };
 static const char *const how_name[] = { "zero-copy", "inline", "copying" };
@@ -394,11 +383,11 @@ START_TEST(write_through_round_trip_after_eviction)
     /* The oldest chain is store-only; a fresh one is in memory. */
     kvnode_key keys[CHAIN];
     chain_keys(keys, 0);
-    kvnode_tiers t = tiers_of(c, keys, CHAIN);
+    kvnode_tiers t = KVH_TIERS(c, keys, CHAIN);
     ck_assert_msg(t.matched == CHAIN && t.store == CHAIN && t.host == 0,
                   "oldest chain: matched %zu, host %zu, store %zu", t.matched, t.host, t.store);
     chain_keys(keys, nchains - 1);
-    t = tiers_of(c, keys, CHAIN);
+    t = KVH_TIERS(c, keys, CHAIN);
     ck_assert_msg(t.matched == CHAIN && t.host == CHAIN, "newest chain: matched %zu, host %zu, store %zu",
                   t.matched, t.host, t.store);
 
@@ -485,7 +474,7 @@ START_TEST(write_back_writes_victims_only)
 
     kvnode_key keys[CHAIN];
     chain_keys(keys, 0);
-    kvnode_tiers t = tiers_of(c, keys, CHAIN);
+    kvnode_tiers t = KVH_TIERS(c, keys, CHAIN);
     ck_assert_msg(t.matched == CHAIN && t.store == CHAIN, "oldest chain: matched %zu, host %zu, store %zu",
                   t.matched, t.host, t.store);
 
@@ -572,7 +561,7 @@ START_TEST(restart_recovers_the_store)
     kvnode_key keys[CHAIN];
     for (uint64_t ch = 0; ch < nchains; ch++) {
         chain_keys(keys, ch);
-        kvnode_tiers t = tiers_of(c, keys, CHAIN);
+        kvnode_tiers t = KVH_TIERS(c, keys, CHAIN);
         ck_assert_msg(t.matched == CHAIN && t.store == CHAIN,
                       "chain %" PRIu64 " after restart: matched %zu, store %zu", ch, t.matched, t.store);
     }
@@ -976,8 +965,8 @@ START_TEST(delete_removes_the_stored_copy)
     kvnode_key k0[CHAIN], kn[CHAIN];
     chain_keys(k0, 0);
     chain_keys(kn, nchains - 1);
-    ck_assert_int_eq(tiers_of(c, k0, CHAIN).store, CHAIN);
-    ck_assert_int_eq(tiers_of(c, kn, CHAIN).host, CHAIN);
+    ck_assert_int_eq(KVH_TIERS(c, k0, CHAIN).store, CHAIN);
+    ck_assert_int_eq(KVH_TIERS(c, kn, CHAIN).host, CHAIN);
     size_t deleted = 0;
     KVH_OK(c, kvnode_delete(c, k0, CHAIN, &deleted));
     ck_assert_uint_eq(deleted, CHAIN);

@@ -116,28 +116,6 @@ static void wait_idle(const kvh_daemon *d, int timeout_ms)
                   "persist.queue_depth = %lld after %d ms", last, timeout_ms);
 }
 
-static void put_ok(kvnode_client *c, const kvnode_key *keys, size_t n, uint64_t seed)
-{
-    int rc = kvh_put(c, keys, n, seed);
-    ck_assert_msg(rc == 0, "put: %s", kvh_error());
-}
-
-static size_t get_verify(kvnode_client *c, const kvnode_key *keys, size_t n, uint64_t seed)
-{
-    size_t got = 0;
-    int rc = kvh_get_verify(c, keys, n, seed, 0, &got);
-    ck_assert_msg(rc == 0, "get: %s", kvh_error());
-    return got;
-}
-
-static kvnode_tiers tiers(kvnode_client *c, const kvnode_key *keys, size_t n)
-{
-    kvnode_tiers t;
-    memset(&t, 0xff, sizeof t);
-    KVH_OK(c, kvnode_match_tiers(c, keys, n, &t));
-    return t;
-}
-
 /* The Redis key of block `key` of model's rank 0 on daemon d. */
 static void block_key(const kvh_daemon *d, const char *model, kvnode_key key, char *buf, size_t len)
 {
@@ -168,16 +146,16 @@ START_TEST(test_two_nodes_share)
     KVH_CONNECT(&b, &lay, &cb);
     kvnode_key k[8];
     kvh_chain(k, 8, 100);
-    put_ok(ca, k, 8, 7);
+    KVH_PUT_OK(ca, k, 8, 7);
     wait_ge(&a, "persist.written_blocks_total", 8, 10000);
 
     /* B has never seen these keys: MATCH finds them in the cluster. */
     long long lookups0 = stat_int(&b, "persist.lookups_total");
-    kvnode_tiers t = tiers(cb, k, 8);
+    kvnode_tiers t = KVH_TIERS(cb, k, 8);
     ck_assert_msg(t.matched == 8 && t.store == 8, "B matched %zu (store %zu)", t.matched, t.store);
     ck_assert_int_gt(stat_int(&b, "persist.lookups_total"), lookups0);
     ck_assert_int_ge(stat_int(&b, "persist.lookup_found_total"), 8);
-    ck_assert_uint_eq(get_verify(cb, k, 8, 7), 8);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(cb, k, 8, 7), 8);
     ck_assert_int_eq(stat_int(&b, "persist.read_blocks_total"), 8);
     /* A chain nobody wrote: no match on B. */
     kvnode_key none[4];
@@ -218,20 +196,20 @@ START_TEST(test_round_trip_after_eviction)
     KVH_CONNECT(&d, &lay, &c);
     kvnode_key a[8];
     kvh_chain(a, 8, 200);
-    put_ok(c, a, 8, 3);
+    KVH_PUT_OK(c, a, 8, 3);
     wait_ge(&d, "persist.written_blocks_total", 8, 10000);
     /* Fill the 64-block tier twice over: the chain leaves memory. */
     kvnode_key f[4];
     for (uint64_t i = 0; i < 40 && stat_int(&d, "evictions.host.to_store_total") < 8; i++) {
         kvh_chain(f, 4, 300 + i);
-        put_ok(c, f, 4, 99);
+        KVH_PUT_OK(c, f, 4, 99);
         wait_idle(&d, 10000);
     }
-    kvnode_tiers t = tiers(c, a, 8);
+    kvnode_tiers t = KVH_TIERS(c, a, 8);
     ck_assert_msg(t.matched == 8 && t.store == 8 && t.host == 0,
                   "after eviction: matched %zu, host %zu, store %zu", t.matched, t.host, t.store);
     long long reads0 = stat_int(&d, "persist.read_blocks_total");
-    ck_assert_uint_eq(get_verify(c, a, 8, 3), 8);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 8, 3), 8);
     ck_assert_int_eq(stat_int(&d, "persist.read_blocks_total") - reads0, 8);
     ck_assert_int_eq(stat_int(&d, "persist.failures_total.write.unavailable"), 0);
     ck_assert_int_eq(stat_int(&d, "persist.failures_total.read.corrupt"), 0);
@@ -253,7 +231,7 @@ START_TEST(test_corrupt_value_counted)
     KVH_CONNECT(&a, &lay, &ca);
     kvnode_key k[4];
     kvh_chain(k, 4, 400);
-    put_ok(ca, k, 4, 5);
+    KVH_PUT_OK(ca, k, 4, 5);
     wait_ge(&a, "persist.written_blocks_total", 4, 10000);
     char key[512];
     block_key(&a, "rd-corrupt", k[2], key, sizeof key);
@@ -267,7 +245,7 @@ START_TEST(test_corrupt_value_counted)
     KVH_CONNECT(&b, &lay, &cb);
     ck_assert_int_eq(kvh_match(cb, k, 4), 4);
     /* The third block is bad: the GET stops before it; counted, deleted. */
-    ck_assert_uint_eq(get_verify(cb, k, 4, 5), 2);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(cb, k, 4, 5), 2);
     ck_assert_int_eq(wait_ge(&b, "persist.failures_total.read.corrupt", 1, 5000), 1);
     ck_assert_msg(rctl_cli_has(&cl, m, "0", "exists", key, (const char *)NULL), "%s not deleted", key);
     ck_assert_str_eq(pstate(&b), "ok");   /* the store answered: not degraded */
@@ -302,14 +280,14 @@ START_TEST(test_store_down_at_start)
     kvnode_key a[8], b[8];
     kvh_chain(a, 8, 500);
     kvh_chain(b, 8, 501);
-    put_ok(c, a, 8, 1);
-    ck_assert_uint_eq(get_verify(c, a, 8, 1), 8);       /* memory serves */
+    KVH_PUT_OK(c, a, 8, 1);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 8, 1), 8);       /* memory serves */
     wait_ge(&d, "persist.failures_total.write.unavailable", 1, 10000);
     ck_assert_int_eq(stat_int(&d, "persist.written_blocks_total"), 0);
 
     ck_assert_msg(rctl_start_server(&one, 0, NULL) == 0, "server: %s", rctl_err);
     wait_state(&d, "ok", 10000);
-    put_ok(c, b, 8, 2);
+    KVH_PUT_OK(c, b, 8, 2);
     wait_ge(&d, "persist.written_blocks_total", 8, 10000);
     char *out = NULL;
     ck_assert_int_eq(rctl_cli(&one, 0, &out, "dbsize", (const char *)NULL), 0);
@@ -339,7 +317,7 @@ START_TEST(test_hung_store_does_not_stall_the_loop)
     KVH_CONNECT(&b, NULL, &obs);
     kvnode_key k[8];
     kvh_chain(k, 8, 600);
-    put_ok(ca, k, 8, 6);
+    KVH_PUT_OK(ca, k, 8, 6);
     wait_ge(&a, "persist.written_blocks_total", 8, 10000);
 
     ck_assert_int_eq(kill(one.pids[0], SIGSTOP), 0);
@@ -356,7 +334,7 @@ START_TEST(test_hung_store_does_not_stall_the_loop)
     while ((m = kvh_match(cb, k, 8)) != 8 && kvh_now_ms() < deadline)
         kvh_sleep_ms(100);
     ck_assert_int_eq(m, 8);
-    ck_assert_uint_eq(get_verify(cb, k, 8, 6), 8);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(cb, k, 8, 6), 8);
     kvnode_close(ca);
     kvnode_close(cb);
     kvnode_close(obs);
@@ -392,7 +370,7 @@ START_TEST(test_password_file_and_environment)
     ck_assert_str_eq(pstate(&d), "ok");
     kvnode_client *c;
     KVH_CONNECT(&d, &lay, &c);
-    put_ok(c, k, 4, 9);
+    KVH_PUT_OK(c, k, 4, 9);
     wait_ge(&d, "persist.written_blocks_total", 4, 10000);
     kvnode_close(c);
     KVH_STOP_DESTROY(&d);
@@ -406,7 +384,7 @@ START_TEST(test_password_file_and_environment)
     redis_conf(conf, sizeof conf, one.seeds, NULL);
     ck_assert_msg(kvh_start_ex(&d, conf, &opts) == 0, "start: %s", kvh_error());
     KVH_CONNECT(&d, &lay, &c);
-    ck_assert_uint_eq(get_verify(c, k, 4, 9), 4);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, k, 4, 9), 4);
     kvnode_close(c);
     KVH_STOP_DESTROY(&d);
 
@@ -448,7 +426,7 @@ START_TEST(test_master_killed_during_write_burst)
     long long refreshes0 = 0;
     for (int i = 0; i < CHAINS; i++) {
         kvh_chain(k[i], LEN, 700 + (uint64_t)i);
-        put_ok(ca, k[i], LEN, 8);
+        KVH_PUT_OK(ca, k[i], LEN, 8);
         if (i == 2) {
             wait_ge(&a, "persist.written_blocks_total", 3 * LEN, 10000);
             refreshes0 = stat_int(&a, "persist.redis.map_refreshes_total");
@@ -457,7 +435,7 @@ START_TEST(test_master_killed_during_write_burst)
             ck_assert_int_ge(victim, 0);
             rctl_kill(&f, victim);
             /* Memory serves, and the loop answers, while the shard is down. */
-            ck_assert_uint_eq(get_verify(ca, k[0], LEN, 8), LEN);
+            ck_assert_uint_eq(KVH_GET_VERIFIED(ca, k[0], LEN, 8), LEN);
             pings_fast(obs, 20, 10, "while a master is down");
         }
     }
@@ -474,7 +452,7 @@ START_TEST(test_master_killed_during_write_burst)
     KVH_CONNECT(&b, &lay, &cb);
     size_t got_all = 0;
     for (int i = 0; i < CHAINS; i++) {
-        size_t got = get_verify(cb, k[i], LEN, 8);
+        size_t got = KVH_GET_VERIFIED(cb, k[i], LEN, 8);
         if (i >= 3)
             ck_assert_msg(got == LEN, "chain %d: %zu of %d read back", i, got, LEN);
         got_all += got;

@@ -223,30 +223,6 @@ static void wait_idle(const kvh_daemon *d, int timeout_ms)
     wait_eq(d, "persist.queue_depth", 0, timeout_ms);
 }
 
-static kvnode_tiers tiers(kvnode_client *c, const kvnode_key *keys, size_t n)
-{
-    kvnode_tiers t;
-    memset(&t, 0xff, sizeof t);
-    KVH_OK(c, kvnode_match_tiers(c, keys, n, &t));
-    ck_assert_uint_eq(t.matched, t.hbm + t.host + t.store);
-    return t;
-}
-
-static void put_ok(kvnode_client *c, const kvnode_key *keys, size_t n, uint64_t seed)
-{
-    int rc = kvh_put(c, keys, n, seed);
-    ck_assert_msg(rc == 0, "put: %s", kvh_error());
-}
-
-/* GET keys[0..n) and verify the bytes of what came; returns got. */
-static size_t get_verify(kvnode_client *c, const kvnode_key *keys, size_t n, uint64_t seed)
-{
-    size_t got = 0;
-    int rc = kvh_get_verify(c, keys, n, seed, 0, &got);
-    ck_assert_msg(rc == 0, "get: %s", kvh_error());
-    return got;
-}
-
 static long long capacity_blocks(const kvh_daemon *d)
 {
     long long cap = stat_int(d, "tiers.host.capacity_bytes") / BB;
@@ -267,7 +243,7 @@ static void fill_until_ghosts(const kvh_daemon *d, kvnode_client *c, long long w
         ck_assert_msg(put < max_blocks, "%lld filler blocks put, only %lld of %lld evicted to "
                       "the store", put, ghosts, want);
         kvh_chain(k, 4, (*next)++);
-        put_ok(c, k, 4, 99);
+        KVH_PUT_OK(c, k, 4, 99);
         put += 4;
         wait_idle(d, 10000);
     }
@@ -279,7 +255,7 @@ static void fill(const kvh_daemon *d, kvnode_client *c, long long blocks, uint64
     kvnode_key k[4];
     for (long long done = 0; done < blocks; done += 4) {
         kvh_chain(k, 4, (*next)++);
-        put_ok(c, k, 4, 99);
+        KVH_PUT_OK(c, k, 4, 99);
         wait_idle(d, 10000);
     }
 }
@@ -332,8 +308,8 @@ static void round_trip(const char *policy)
     KVH_CONNECT(&d, &lay, &c);
     kvnode_key a[8];
     kvh_chain(a, 8, 1000);
-    put_ok(c, a, 8, 7);
-    kvnode_tiers t = tiers(c, a, 8);
+    KVH_PUT_OK(c, a, 8, 7);
+    kvnode_tiers t = KVH_TIERS(c, a, 8);
     ck_assert_uint_eq(t.host, 8);
     ck_assert_uint_eq(t.store, 0);
     if (wb) {
@@ -353,20 +329,20 @@ static void round_trip(const char *policy)
     if (wb)
         ck_assert_int_ge(stat_int(&d, "evictions.host.writeback_total"), 8);
     ck_assert_int_ge(stat_int(&d, "persist.written_blocks_total"), 8);
-    t = tiers(c, a, 8);
+    t = KVH_TIERS(c, a, 8);
     ck_assert_msg(t.matched == 8 && t.store == 8 && t.host == 0,
                   "after eviction: matched %zu, host %zu, store %zu", t.matched, t.host, t.store);
 
     /* GET promotes them back, byte-exact. */
     long long reads0 = stat_int(&d, "persist.read_blocks_total");
-    ck_assert_uint_eq(get_verify(c, a, 8, 7), 8);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 8, 7), 8);
     ck_assert_int_eq(stat_int(&d, "persist.read_blocks_total") - reads0, 8);
     ck_assert_int_ge(stat_int(&d, "persist.promotions_ok_total"), 8);
-    t = tiers(c, a, 8);
+    t = KVH_TIERS(c, a, 8);
     ck_assert_msg(t.matched == 8 && t.host == 8 && t.store == 0,
                   "after the get: matched %zu, host %zu, store %zu", t.matched, t.host, t.store);
     /* Read again from memory: still the same bytes. */
-    ck_assert_uint_eq(get_verify(c, a, 8, 7), 8);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 8, 7), 8);
     ck_assert_int_eq(pfail_op(&d, "write"), 0);
     ck_assert_int_eq(pfail_op(&d, "read"), 0);
     ck_assert_str_eq(pstate(&d), "ok");
@@ -410,7 +386,7 @@ START_TEST(test_write_through_burst_all_written)
     kvnode_key k[CHAINS][PER];
     for (int i = 0; i < CHAINS; i++) {
         kvh_chain(k[i], PER, 3500 + (uint64_t)i);
-        put_ok(c, k[i], PER, 15);
+        KVH_PUT_OK(c, k[i], PER, 15);
     }
     /* 40 blocks committed within a few ms, each write takes 300 ms+: they
      * are pinned while they wait. */
@@ -425,11 +401,11 @@ START_TEST(test_write_through_burst_all_written)
     KVH_START(&d2, conf);
     KVH_CONNECT(&d2, &lay, &c);
     for (int i = 0; i < CHAINS; i++) {
-        kvnode_tiers t = tiers(c, k[i], PER);
+        kvnode_tiers t = KVH_TIERS(c, k[i], PER);
         ck_assert_msg(t.matched == PER && t.store == PER, "chain %d after restart: matched %zu, "
                       "store %zu", i, t.matched, t.store);
     }
-    ck_assert_uint_eq(get_verify(c, k[CHAINS - 1], PER, 15), PER);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, k[CHAINS - 1], PER, 15), PER);
     kvnode_close(c);
     KVH_STOP_DESTROY(&d2);
     simctl_stop_ok(&s);
@@ -458,15 +434,15 @@ START_TEST(test_restart_finds_blocks_through_lookup)
     kvh_chain(b, 4, 3001);
     kvh_chain(e, 4, 3002);
     kvh_chain(never, 3, 3003);
-    put_ok(c, a, 8, 11);
-    put_ok(c, b, 4, 12);
+    KVH_PUT_OK(c, a, 8, 11);
+    KVH_PUT_OK(c, b, 4, 12);
     wait_eq(&d1, "persist.written_blocks_total", 12, 5000);
     /* A chain longer than the host tier and than one store lookup (128 keys),
      * written in pieces while the oldest leave memory. */
     static kvnode_key longc[LONG_CHAIN];
     kvh_chain(longc, LONG_CHAIN, 3004);
     for (size_t i = 0; i < LONG_CHAIN; i += 10) {
-        put_ok(c, longc + i, 10, 14);
+        KVH_PUT_OK(c, longc + i, 10, 14);
         wait_idle(&d1, 10000);
     }
     wait_eq(&d1, "persist.written_blocks_total", 12 + LONG_CHAIN, 5000);
@@ -479,7 +455,7 @@ START_TEST(test_restart_finds_blocks_through_lookup)
     ck_assert_int_eq(stat_int(&d2, "tiers.host.blocks"), 0);
     KVH_CONNECT(&d2, &lay, &c);
     /* MATCH asks the store about the keys it does not know. */
-    kvnode_tiers t = tiers(c, a, 10);
+    kvnode_tiers t = KVH_TIERS(c, a, 10);
     ck_assert_msg(t.matched == 8 && t.store == 8 && t.host == 0,
                   "after restart: matched %zu, host %zu, store %zu", t.matched, t.host, t.store);
     ck_assert_int_ge(stat_int(&d2, "persist.lookups_total"), 1);
@@ -489,19 +465,19 @@ START_TEST(test_restart_finds_blocks_through_lookup)
     ck_assert_int_eq(kvh_match(c, never, 3), 0);
     ck_assert_int_eq(stat_int(&d2, "persist.lookup_found_total"), 8);
     /* The long chain: one lookup of 200 keys (the store is asked in chunks). */
-    t = tiers(c, longc, LONG_CHAIN);
+    t = KVH_TIERS(c, longc, LONG_CHAIN);
     ck_assert_msg(t.matched == LONG_CHAIN && t.store == LONG_CHAIN,
                   "long chain after restart: matched %zu, store %zu", t.matched, t.store);
     ck_assert_int_eq(stat_int(&d2, "persist.lookup_found_total"), 8 + LONG_CHAIN);
     /* Its tail, read back (promotions), byte-exact. */
-    ck_assert_uint_eq(get_verify(c, longc + LONG_CHAIN - 16, 16, 14), 16);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, longc + LONG_CHAIN - 16, 16, 14), 16);
     /* GET of the ghosts the lookup indexed: promoted, byte-exact. */
-    ck_assert_uint_eq(get_verify(c, a, 10, 11), 8);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 10, 11), 8);
     ck_assert_int_eq(stat_int(&d2, "persist.read_blocks_total"), 16 + 8);
-    t = tiers(c, a, 8);
+    t = KVH_TIERS(c, a, 8);
     ck_assert_uint_eq(t.host, 8);
     /* e is only in d2's memory (write_back): written by the flush at exit. */
-    put_ok(c, e, 4, 13);
+    KVH_PUT_OK(c, e, 4, 13);
     kvh_sleep_ms(100);
     ck_assert_int_eq(stat_int(&d2, "persist.written_blocks_total"), 0);
     ck_assert_int_eq(pfail_op(&d2, "read"), 0);
@@ -517,13 +493,13 @@ START_TEST(test_restart_finds_blocks_through_lookup)
     /* d3: b and e, which no MATCH asked about: GET looks them up itself. */
     KVH_START(&d3, wt);
     KVH_CONNECT(&d3, &lay, &c);
-    ck_assert_uint_eq(get_verify(c, b, 4, 12), 4);
-    ck_assert_uint_eq(get_verify(c, e, 4, 13), 4);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, b, 4, 12), 4);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, e, 4, 13), 4);
     ck_assert_int_eq(stat_int(&d3, "persist.lookup_found_total"), 8);
     ck_assert_int_eq(stat_int(&d3, "persist.read_blocks_total"), 8);
-    t = tiers(c, e, 4);
+    t = KVH_TIERS(c, e, 4);
     ck_assert_uint_eq(t.host, 4);
-    t = tiers(c, a, 10);
+    t = KVH_TIERS(c, a, 10);
     ck_assert_msg(t.matched == 8 && t.store == 8, "d3: a matched %zu, store %zu", t.matched,
                   t.store);
     ck_assert_int_eq(pfail_op(&d3, "read"), 0);
@@ -565,8 +541,8 @@ START_TEST(test_store_down_at_start)
     kvnode_key a[8], b[8];
     kvh_chain(a, 8, 4000);
     kvh_chain(b, 8, 4001);
-    put_ok(c, a, 8, 21);
-    ck_assert_uint_eq(get_verify(c, a, 8, 21), 8);
+    KVH_PUT_OK(c, a, 8, 21);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 8, 21), 8);
     wait_fail_ge(&d, "write", 8, 10000);
     ck_assert_int_eq(stat_int(&d, "persist.failures_total.write.unavailable"), 8);
     ck_assert_int_eq(stat_int(&d, "persist.written_blocks_total"), 0);
@@ -586,10 +562,10 @@ START_TEST(test_store_down_at_start)
     /* New puts are written, and the 8 failed writes of a are retried now that
      * a write succeeds: 16 in all (a batched write lands its 8 blocks at
      * once, so no poll can rely on seeing 8 before the retries land). */
-    put_ok(c, b, 8, 22);
+    KVH_PUT_OK(c, b, 8, 22);
     wait_eq(&d, "persist.written_blocks_total", 16, 5000);
-    ck_assert_uint_eq(get_verify(c, b, 8, 22), 8);
-    ck_assert_uint_eq(get_verify(c, a, 8, 21), 8);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, b, 8, 22), 8);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 8, 21), 8);
     ck_assert_str_eq(pstate(&d), "ok");
 
     kvnode_close(c);
@@ -619,19 +595,19 @@ START_TEST(test_store_down_and_back)
     kvh_chain(b, 8, 5001);
     kvh_chain(e, 8, 5002);
     /* a written, then evicted: ghosts. */
-    put_ok(c, a, 8, 31);
+    KVH_PUT_OK(c, a, 8, 31);
     wait_eq(&d, "persist.written_blocks_total", 8, 5000);
     uint64_t next = 5100;
     fill_until_ghosts(&d, c, 8, 2 * cap, &next);
     ck_assert_str_eq(pstate(&d), "ok");
     long long written = stat_int(&d, "persist.written_blocks_total");
     long long dropped = stat_int(&d, "persist.dropped_total");
-    kvnode_tiers t = tiers(c, a, 8);
+    kvnode_tiers t = KVH_TIERS(c, a, 8);
     ck_assert_uint_eq(t.store, 8);
 
     /* Down: the socket goes away, nothing listens on the port. */
     simctl_stop(&s, false, true);
-    put_ok(c, b, 8, 32);
+    KVH_PUT_OK(c, b, 8, 32);
     wait_fail_ge(&d, "write", 8, 10000);
     ck_assert_int_eq(pfail_op(&d, "write"), 8);
     ck_assert_int_eq(stat_int(&d, "persist.written_blocks_total"), written);
@@ -642,17 +618,17 @@ START_TEST(test_store_down_and_back)
                   "last_error \"%s\"", err);
     free(err);
     /* Memory keeps serving, byte-exact. */
-    ck_assert_uint_eq(get_verify(c, b, 8, 32), 8);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, b, 8, 32), 8);
     KVH_OK(obs, kvnode_ping(obs));
     /* The ghosts cannot be read: a get answers (at once: the store refuses
      * connections) with nothing, and they stay ghosts for when it is back. */
     uint64_t g0 = kvh_now_ms();
-    ck_assert_uint_eq(get_verify(c, a, 8, 31), 0);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 8, 31), 0);
     ck_assert_msg(kvh_now_ms() - g0 < 2000, "a get of ghosts took %llu ms with the store down",
                   (unsigned long long)(kvh_now_ms() - g0));
     ck_assert_int_ge(stat_int(&d, "persist.promotions_failed_total"), 1);
     ck_assert_int_ge(stat_int(&d, "persist.failures_total.read.unavailable"), 1);
-    t = tiers(c, a, 8);
+    t = KVH_TIERS(c, a, 8);
     ck_assert_msg(t.matched == 8 && t.store == 8, "a: matched %zu, store %zu", t.matched, t.store);
 
     /* Back (a fresh simulator: what it held is gone): ok again, writes succeed. */
@@ -662,21 +638,21 @@ START_TEST(test_store_down_and_back)
      * than 8 on a slow machine, e.g. under valgrind); none fails from now. */
     long long failed_while_down = pfail_op(&d, "write");
     ck_assert_int_ge(failed_while_down, 8);
-    put_ok(c, e, 8, 33);
+    KVH_PUT_OK(c, e, 8, 33);
     /* e's 8 and b's failed writes, retried once the store takes writes again
      * (those of b that left memory meanwhile are counted dropped instead). */
     wait_eq(&d, "persist.retry_pending", 0, 15000);
     wait_eq(&d, "persist.written_blocks_total",
             written + 8 + 8 - (stat_int(&d, "persist.dropped_total") - dropped), 5000);
     ck_assert_int_eq(pfail_op(&d, "write"), failed_while_down);
-    ck_assert_uint_eq(get_verify(c, e, 8, 33), 8);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, e, 8, 33), 8);
     ck_assert_str_eq(pstate(&d), "ok");
     /* The store lost a: its promotion misses, the ghost is forgotten, and
      * neither MATCH (which asks the store again) nor GET finds it. */
-    ck_assert_uint_eq(get_verify(c, a, 8, 31), 0);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 8, 31), 0);
     ck_assert_int_ge(stat_int(&d, "persist.read_misses_total"), 1);
     ck_assert_int_eq(kvh_match(c, a, 8), 0);
-    ck_assert_uint_eq(get_verify(c, a, 8, 31), 0);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 8, 31), 0);
 
     kvnode_close(obs);
     kvnode_close(c);
@@ -714,11 +690,11 @@ START_TEST(test_slow_store)
     kvnode_key a[4], f[2], x[3], probe[5];
     kvh_chain(a, 4, 6000);
     kvh_chain(x, 3, 6999);
-    put_ok(c, a, 4, 41);
+    KVH_PUT_OK(c, a, 4, 41);
     uint64_t next = 7000;
     for (long long n = 4; n < cap - 2; n += 2) {
         kvh_chain(f, 2, next++);
-        put_ok(c, f, 2, 99);
+        KVH_PUT_OK(c, f, 2, 99);
     }
     ck_assert_int_ge(stat_int(&d, "evictions.host.writeback_total"), 4);
 
@@ -730,7 +706,7 @@ START_TEST(test_slow_store)
     wait_idle(&d, 15000);
     ck_assert_int_ge(stat_int(&d, "evictions.host.to_store_total"), 4);
     ck_assert_msg(kvh_now_ms() - t0 >= 1000, "written back faster than the store answers");
-    kvnode_tiers t = tiers(c, a, 4);
+    kvnode_tiers t = KVH_TIERS(c, a, 4);
     ck_assert_msg(t.store == 4 && t.host == 0, "a: host %zu, store %zu", t.host, t.store);
 
     /* GET [last filler (in memory), a...]: the promotions take 3 s, the answer
@@ -777,7 +753,7 @@ START_TEST(test_slow_store)
     /* The promotions finish in the background: then a is in memory, intact. */
     wait_ge(&d, "persist.promotions_ok_total", 4, 15000);
     g0 = kvh_now_ms();
-    ck_assert_uint_eq(get_verify(c, a, 4, 41), 4);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 4, 41), 4);
     ck_assert_msg(kvh_now_ms() - g0 < 250, "a promoted chain was not served from memory");
     ck_assert_int_eq(pfail_op(&d, "write"), 0);
     ck_assert_int_eq(pfail_op(&d, "read"), 0);
@@ -815,7 +791,7 @@ START_TEST(test_garbage_replies)
     kvh_chain(n, 4, 8001);
 
     uint64_t t0 = kvh_now_ms();
-    put_ok(c, a, 8, 51);
+    KVH_PUT_OK(c, a, 8, 51);
     wait_ge(&d, "persist.failures_total.write.protocol", 8, 10000);
     ck_assert_int_eq(pfail_op(&d, "write"), 8);
     ck_assert_int_eq(stat_int(&d, "persist.written_blocks_total"), 0);
@@ -827,7 +803,7 @@ START_TEST(test_garbage_replies)
         free(err);
     }
     /* Memory serves the right bytes. */
-    ck_assert_uint_eq(get_verify(c, a, 8, 51), 8);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 8, 51), 8);
     KVH_OK(obs, kvnode_ping(obs));
 
     /* Evicted, a is gone (its writes failed): MATCH and GET ask the store,
@@ -840,13 +816,13 @@ START_TEST(test_garbage_replies)
     ck_assert_int_eq(kvh_match(c, a, 8), 0);
     ck_assert_int_gt(stat_int(&d, "persist.failures_total.exists.protocol"), 0);
     ck_assert_int_gt(pfail_op(&d, "exists"), ex0);
-    ck_assert_uint_eq(get_verify(c, a, 8, 51), 0);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 8, 51), 0);
     ck_assert_int_eq(stat_int(&d, "persist.lookup_found_total"), 0);
     ck_assert_int_eq(stat_int(&d, "persist.read_blocks_total"), 0);
 
     /* Still serving. */
-    put_ok(c, n, 4, 52);
-    ck_assert_uint_eq(get_verify(c, n, 4, 52), 4);
+    KVH_PUT_OK(c, n, 4, 52);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, n, 4, 52), 4);
     KVH_OK(obs, kvnode_ping(obs));
 
     kvnode_close(obs);
@@ -892,7 +868,7 @@ START_TEST(test_stuck_worker_not_ready)
     kvnode_key a[1];
     kvh_chain(a, 1, 10000);
     uint64_t t0 = kvh_now_ms();
-    put_ok(c, a, 1, 61);
+    KVH_PUT_OK(c, a, 1, 61);
 
     /* Not ready once the worker is silent for more than 2 s. */
     long code;
@@ -917,7 +893,7 @@ START_TEST(test_stuck_worker_not_ready)
     ck_assert_msg(metrics_worker_up(addr, "persist-0", 0), "kvnode_worker_up{worker=\"persist-0\"} "
                   "is not 0 while the worker is stuck");
     /* The daemon itself serves meanwhile. */
-    ck_assert_uint_eq(get_verify(c, a, 1, 61), 1);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 1, 61), 1);
     ck_assert_int_eq(stat_int(&d, "persist.written_blocks_total"), 0);
 
     /* The call returns (5 s): ready again, the block written. */
@@ -965,22 +941,22 @@ START_TEST(test_delete_not_resurrected)
     kvnode_key a[4], b[4];
     kvh_chain(a, 4, 5000);
     kvh_chain(b, 4, 5001);
-    put_ok(c, a, 4, 21);
-    put_ok(c, b, 4, 23);
+    KVH_PUT_OK(c, a, 4, 21);
+    KVH_PUT_OK(c, b, 4, 23);
     wait_eq(&d1, "persist.written_blocks_total", 8, 5000);
 
     /* In memory and in the store: DELETE reports 4, and nothing comes back. */
     KVH_OK(c, kvnode_delete(c, a, 4, &deleted));
     ck_assert_uint_eq(deleted, 4);
     wait_idle(&d1, 5000);
-    kvnode_tiers t = tiers(c, a, 4);
+    kvnode_tiers t = KVH_TIERS(c, a, 4);
     ck_assert_msg(t.matched == 0, "MATCH after DELETE of 4 found %zu (store tier %zu)",
                   t.matched, t.store);
-    ck_assert_uint_eq(get_verify(c, a, 4, 21), 0);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 4, 21), 0);
     ck_assert_int_eq(stat_int(&d1, "persist.tombstones"), 4);
     /* A re-put makes them visible again (served from memory, new bytes). */
-    put_ok(c, a, 4, 22);
-    ck_assert_uint_eq(get_verify(c, a, 4, 22), 4);
+    KVH_PUT_OK(c, a, 4, 22);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 4, 22), 4);
     wait_idle(&d1, 5000);
     ck_assert_int_eq(stat_int(&d1, "persist.tombstones"), 0);
     kvnode_close(c);
@@ -993,12 +969,12 @@ START_TEST(test_delete_not_resurrected)
     KVH_OK(c, kvnode_delete(c, b, 4, &deleted));
     ck_assert_uint_eq(deleted, 0);
     wait_idle(&d2, 5000);
-    t = tiers(c, b, 4);
+    t = KVH_TIERS(c, b, 4);
     ck_assert_msg(t.matched == 0, "MATCH of store-only keys after DELETE found %zu", t.matched);
-    ck_assert_uint_eq(get_verify(c, b, 4, 23), 0);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, b, 4, 23), 0);
     ck_assert_int_eq(stat_int(&d2, "persist.lookup_found_total"), 0);
     /* a, deleted and re-put by d1, is in the store and found. */
-    ck_assert_uint_eq(tiers(c, a, 4).matched, 4);
+    ck_assert_uint_eq(KVH_TIERS(c, a, 4).matched, 4);
     ck_assert_int_eq(pfail_op(&d2, "delete"), 0);
     kvnode_close(c);
     KVH_STOP_DESTROY(&d2);
@@ -1023,7 +999,7 @@ START_TEST(test_tombstone_bound)
     KVH_CONNECT(&d, &lay, &c);
     kvnode_key a[4];
     kvh_chain(a, 4, 5100);
-    put_ok(c, a, 4, 24);
+    KVH_PUT_OK(c, a, 4, 24);
     wait_eq(&d, "persist.written_blocks_total", 4, 5000);
     KVH_OK(c, kvnode_delete(c, a, 4, &deleted));
     ck_assert_uint_eq(deleted, 4);
@@ -1031,11 +1007,11 @@ START_TEST(test_tombstone_bound)
     ck_assert_int_eq(stat_int(&d, "persist.tombstones"), 2);
     ck_assert_int_eq(stat_int(&d, "persist.tombstones_dropped_total"), 2);
     /* a[0], a[1] were forgotten: found in the store again; a[2] is hidden */
-    kvnode_tiers t = tiers(c, a, 4);
+    kvnode_tiers t = KVH_TIERS(c, a, 4);
     ck_assert_msg(t.matched == 2 && t.store == 2, "matched %zu (store %zu), want 2", t.matched,
                   t.store);
     ck_assert_int_ge(stat_int(&d, "persist.tombstone_hits_total"), 1);
-    ck_assert_uint_eq(get_verify(c, a, 4, 24), 2);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 4, 24), 2);
     kvnode_close(c);
     KVH_STOP_DESTROY(&d);
     simctl_stop_ok(&s);
@@ -1065,8 +1041,8 @@ START_TEST(test_writes_and_reads_batched)
     KVH_CONNECT(&d1, &lay, &c);
     kvnode_key a[32];
     kvh_chain(a, 32, 6000);
-    put_ok(c, a, 16, 31);          /* a client may reserve 1 MiB = 16 blocks at once */
-    put_ok(c, a + 16, 16, 31);
+    KVH_PUT_OK(c, a, 16, 31);          /* a client may reserve 1 MiB = 16 blocks at once */
+    KVH_PUT_OK(c, a + 16, 16, 31);
     wait_eq(&d1, "persist.written_blocks_total", 32, 20000);
     long long creates = sim_count(&s, "acquire_create_calls");
     long long seals = sim_count(&s, "seal_calls"), releases = sim_count(&s, "release_calls");
@@ -1085,7 +1061,7 @@ START_TEST(test_writes_and_reads_batched)
     KVH_CONNECT(&d2, &lay, &c);
     long long reads0 = sim_count(&s, "acquire_read_calls");
     long long rel0 = sim_count(&s, "release_calls");
-    ck_assert_uint_eq(get_verify(c, a, 32, 31), 32);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 32, 31), 32);
     ck_assert_int_eq(stat_int(&d2, "persist.read_blocks_total"), 32);
     long long reads = sim_count(&s, "acquire_read_calls") - reads0;
     ck_assert_msg(reads >= 2 && reads <= 5, "GET of 32 store-only blocks took %lld read acquires "
@@ -1143,7 +1119,7 @@ START_TEST(test_hbm_writes_batched)
     /* From the store, in a new daemon: the same bytes. */
     KVH_START(&d2, conf);
     KVH_CONNECT(&d2, &lay, &c);
-    ck_assert_uint_eq(get_verify(c, a, 12, 41), 12);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(c, a, 12, 41), 12);
     ck_assert_int_eq(stat_int(&d2, "persist.read_blocks_total"), 12);
     kvnode_close(c);
     KVH_STOP_DESTROY(&d2);
