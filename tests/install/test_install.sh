@@ -40,11 +40,8 @@ grep -q '^socket_path = /run/kvnode/kvnode.sock' <<<"$effective" ||
 grep -qx 'path = /var/lib/kvnode' <<<"$effective" || fail "installed config does not parse to the service store"
 # The installed Python package is found by Debian's python3 there and loads the
 # libkvnode installed beside it (no KVNODE_LIBRARY, not run from the tree).
-# (A sanitizer build's library needs its runtime loaded first, as tests/python/run.sh does.)
-preload=
-if ldd "$root/usr/lib/libkvnode.so.0" 2>/dev/null | grep libasan >/dev/null; then
-  preload=$(${CC:-cc} -print-file-name=libasan.so)
-fi
+. "$(dirname "$0")/../common/asan_preload.sh"
+preload=$(asan_preload "$root/usr/lib/libkvnode.so.0")
 loaded=$(cd "$root" && env -u KVNODE_LIBRARY PYTHONPATH="$root/usr/lib/python3/dist-packages" \
          ${preload:+LD_PRELOAD="$preload"} ASAN_OPTIONS=detect_leaks=0 \
          /usr/bin/python3 -c 'import kvnode; print(kvnode.__file__); print(kvnode.library_path())' 2>&1) ||

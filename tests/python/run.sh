@@ -10,12 +10,8 @@ cd "$(dirname "$0")/../.."
 build=${BUILD:-build}
 export KVNODED=${KVNODED:-$PWD/$build/kvnoded}
 export KVNODE_LIBRARY=${KVNODE_LIBRARY:-$PWD/$build/libkvnode.so.0}
-preload=
-# grep reads all of ldd's output (no -q): under pipefail, ldd killed by
-# SIGPIPE after an early match would make the test read "no ASan".
-if ldd "$KVNODE_LIBRARY" 2>/dev/null | grep libasan >/dev/null; then
-  preload=$(${CC:-cc} -print-file-name=libasan.so)
-  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
-fi
+. tests/common/asan_preload.sh
+preload=$(asan_preload "$KVNODE_LIBRARY")
+[[ -n "$preload" ]] && export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}
 exec env ${preload:+LD_PRELOAD="$preload"} PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
