@@ -1,4 +1,5 @@
-/* hash: the rtp-llm / KVCM chained block-key hash (docs/PROTOCOLS.md §4.1) and the
+/* hash: the rtp-llm / KVCM chained block-key hash (docs/PROTOCOLS.md §4.1), the fold of
+ * foreign digests into keys and check words, and the
  * library version string. */
 #include "kvnode.h"
 
@@ -45,4 +46,29 @@ size_t kvnode_hash_tokens(const int64_t *tokens, size_t ntokens, uint32_t block_
 const char *kvnode_version(void)
 {
     return KVNODE_VERSION_STRING;
+}
+
+static uint64_t hash_be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+size_t kvnode_fold_digests(const void *digests, size_t n, size_t digest_len, kvnode_key *keys,
+                           uint64_t *checks)
+{
+    const unsigned char *d = digests;
+
+    if (!digests || !keys || !checks || digest_len < 16)
+        return 0;
+    for (size_t i = 0; i < n; i++, d += digest_len) {
+        uint64_t k = hash_be64(d), w = hash_be64(d + 8);
+
+        keys[i] = k >> 63 ? -(kvnode_key)(~k) - 1 : (kvnode_key)k;
+        checks[i] = w ? w : 1;   /* 0 means "no word" */
+    }
+    return n;
 }

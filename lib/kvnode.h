@@ -321,6 +321,56 @@ size_t kvnode_pending(kvnode_client *c);
  * kvnode_close is still needed. */
 void kvnode_cancel(kvnode_client *c);
 
+/* --- check words for foreign keys (KVNODE_0.4) -------------------------------
+ *
+ * An engine whose keys are longer than 64 bits (SGLang's and LMCache's
+ * SHA-256 digests) folds each to a kvnode_key, and may attach to each a
+ * second 64-bit check word (more bits of the same digest). A block is stored
+ * with its word; a call whose word differs from the stored one does not see
+ * the block (a miss, counted by the daemon as a check mismatch), cannot
+ * overwrite it and cannot delete it. Word 0 is "no word": the plain calls
+ * send none, so rtp-llm / KVCM keys work as before. The words stay on this
+ * node and in its store; KVCM sees the keys only.
+ *
+ * The _checked calls are the plain calls with `checks` (n words, or NULL for
+ * none) beside `keys`. They fail with -KVNODE_EVERSION when checks is not
+ * NULL and the daemon does not honour check words (it predates them). */
+
+/* Fold n digests of digest_len (>= 16) bytes each, laid end to end, into
+ * keys (the first 8 bytes, big-endian, as a signed key) and checks (the next
+ * 8 bytes, big-endian; 0 becomes 1, so every word is a real one). Returns n,
+ * or 0 when an argument is invalid (NULL array, digest_len < 16). */
+size_t kvnode_fold_digests(const void *digests, size_t n, size_t digest_len, kvnode_key *keys,
+                           uint64_t *checks);
+/* 1 when the daemon honours check words, else 0. */
+int  kvnode_has_check_words(const kvnode_client *c);
+int  kvnode_match_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                          size_t n, kvnode_tiers *out);
+int  kvnode_get_begin_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, kvnode_lease *lease, kvnode_loc *locs, size_t *got);
+int  kvnode_put_begin_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, int tier, kvnode_lease *lease, kvnode_loc *locs);
+int  kvnode_get_batch_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, void *const *dst, unsigned flags, size_t *got);
+int  kvnode_put_batch_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, const void *const *src, unsigned flags);
+int  kvnode_get_inline_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                               size_t n, void *const *dst, size_t *got);
+int  kvnode_put_inline_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                               size_t n, const void *const *src);
+int  kvnode_delete_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                           size_t n, size_t *deleted);
+int  kvnode_submit_match_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                                 size_t n, void *user, kvnode_ticket *ticket);
+int  kvnode_submit_delete_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                                  size_t n, void *user, kvnode_ticket *ticket);
+int  kvnode_submit_get_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                               size_t n, void *const *dst, unsigned flags, void *user,
+                               kvnode_ticket *ticket);
+int  kvnode_submit_put_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                               size_t n, const void *const *src, unsigned flags, void *user,
+                               kvnode_ticket *ticket);
+
 /* rtp-llm / KVCM chained block hash (see docs/PROTOCOLS.md §4.1): one key per full
  * block of block_tokens tokens, at most max_keys; returns the number written. */
 size_t kvnode_hash_tokens(const int64_t *tokens, size_t ntokens, uint32_t block_tokens,
