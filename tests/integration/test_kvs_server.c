@@ -134,7 +134,7 @@ static int v6d_check(struct kvs_store *st, struct v6d_ns *t, const int64_t *keys
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
         bfill(want, BLOCK, keys[i], salt);
-        rc = be->get(st, &t->ns, keys[i], b, BLOCK, err, sizeof err);
+        rc = be->get(st, &t->ns, keys[i], 0, b, BLOCK, err, sizeof err);
         if (rc == 0 && memcmp(b, want, BLOCK) != 0)
             rc = -999;
     }
@@ -180,7 +180,7 @@ START_TEST(v6d_backend_round_trips_and_second_process)
     int64_t ex[65];
     memcpy(ex, keys, sizeof keys);
     ex[64] = 12345;
-    ck_assert_int_eq(be->exists(st, &t.ns, ex, 65, present, err, sizeof err), 0);
+    ck_assert_int_eq(be->exists(st, &t.ns, ex, NULL, 65, present, err, sizeof err), 0);
     for (int i = 0; i < 64; i++)
         ck_assert(present[i]);
     ck_assert(!present[64]);
@@ -546,13 +546,13 @@ START_TEST(both_doors_reach_the_same_blocks)
     struct kvs_store *st = v6d_open(&e);
     for (int i = 0; i < 16; i++) {
         kvh_fill(want, BLOCK, lib_keys[i], 77);
-        ck_assert_int_eq(be->get(st, &t.ns, lib_keys[i], b, BLOCK, err, sizeof err), 0);
+        ck_assert_int_eq(be->get(st, &t.ns, lib_keys[i], 0, b, BLOCK, err, sizeof err), 0);
         ck_assert_msg(memcmp(b, want, BLOCK) == 0, "block %d differs through the front end", i);
     }
     /* The front end writes, libkvnode reads (match and zero-copy get). */
     for (int i = 0; i < 16; i++) {
         kvh_fill(want, BLOCK, kvs_keys[i], 78);
-        ck_assert_int_eq(be->put(st, &t.ns, kvs_keys[i], want, BLOCK, err, sizeof err), 0);
+        ck_assert_int_eq(be->put(st, &t.ns, kvs_keys[i], 0, want, BLOCK, err, sizeof err), 0);
     }
     ck_assert_int_eq(kvh_match(cl, kvs_keys, 16), 16);
     size_t got = 0;

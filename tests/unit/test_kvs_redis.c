@@ -202,15 +202,16 @@ START_TEST(test_value_header)
     ck_assert_uint_eq(hl, REDIS_HDR_FIXED + 5);
     uint8_t *v = malloc(hl + BB);
     fill(v + hl, BB, 42, 1);
-    redis_header_make("alpha", &t.ns, 42, v + hl, BB, v);
+    redis_header_make("alpha", &t.ns, 42, 0, v + hl, BB, v);
     char err[200];
-    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, BB, v, hl + BB, err, sizeof err), 0);
-    ck_assert_int_eq(redis_value_check("beta", &t.ns, 42, BB, v, hl + BB, err, sizeof err), KVS_CORRUPT);
-    ck_assert_int_eq(redis_value_check("alpha", &other.ns, 42, BB, v, hl + BB, err, sizeof err), KVS_CORRUPT);
-    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 43, BB, v, hl + BB, err, sizeof err), KVS_CORRUPT);
-    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, BB, v, hl + BB - 1, err, sizeof err), KVS_CORRUPT);
+    size_t at = 0;
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, 0, BB, v, hl + BB, &at, err, sizeof err), 0);
+    ck_assert_int_eq(redis_value_check("beta", &t.ns, 42, 0, BB, v, hl + BB, &at, err, sizeof err), KVS_CORRUPT);
+    ck_assert_int_eq(redis_value_check("alpha", &other.ns, 42, 0, BB, v, hl + BB, &at, err, sizeof err), KVS_CORRUPT);
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 43, 0, BB, v, hl + BB, &at, err, sizeof err), KVS_CORRUPT);
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, 0, BB, v, hl + BB - 1, &at, err, sizeof err), KVS_CORRUPT);
     v[hl + 1000] ^= 0x10;
-    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, BB, v, hl + BB, err, sizeof err), KVS_CORRUPT);
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, 0, BB, v, hl + BB, &at, err, sizeof err), KVS_CORRUPT);
     ck_assert_msg(strstr(err, "CRC-32C"), "message: %s", err);
     free(v);
 }
@@ -290,9 +291,9 @@ START_TEST(test_cluster_round_trip)
     int64_t keys[4] = { 1000, 1047, 999, 5000 };
     uint8_t present[4];
     char err[256];
-    ck_assert_int_eq(kvs_backend_redis.exists(s, &t.ns, keys, 4, present, err, sizeof err), 0);
+    ck_assert_int_eq(kvs_backend_redis.exists(s, &t.ns, keys, NULL, 4, present, err, sizeof err), 0);
     ck_assert(present[0] && present[1] && !present[2] && !present[3]);
-    ck_assert_int_eq(kvs_backend_redis.del(s, &t.ns, 1000, err, sizeof err), 0);
+    ck_assert_int_eq(kvs_backend_redis.del(s, &t.ns, 1000, 0, err, sizeof err), 0);
     ck_assert_uint_eq(get_n(s, &t.ns, 1000, 2, 1, rcs), 1);
     ck_assert_int_eq(rcs[0], KVS_MISS);
     /* Another rank or tenant is another key. */
