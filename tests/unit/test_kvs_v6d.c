@@ -107,6 +107,13 @@ START_TEST(test_object_key)
     /* the namespace is a part like the others */
     v6d_object_key("a b/c", &ns, 1, 0, k, sizeof k);
     ck_assert_str_eq(k, "a_b_c/v1/m_o_del_x_y-abc/tp-0/group-0/block-1");
+    /* a check word (issue 19) names another object, which rtp-llm never
+     * reads; word 0 is rtp-llm's key exactly (above) */
+    v6d_object_key(NULL, &ns, -42, UINT64_C(0x00ab00cd00ef0012), k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm/v1/m_o_del_x_y-abc/tp-0/group-0/block--42-check-00ab00cd00ef0012");
+    char k2[256];
+    v6d_object_key(NULL, &ns, -42, UINT64_C(0x00ab00cd00ef0013), k2, sizeof k2);
+    ck_assert_str_ne(k, k2);
     ck_assert_ptr_eq(kvs_backend_find("v6d"), &kvs_backend_v6d);
     ck_assert_str_eq(kvs_backend_v6d.name, "v6d");
     ck_assert(kvs_backend_v6d.keeps_deleted);
