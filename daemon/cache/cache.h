@@ -180,7 +180,9 @@ int  cache_get_begin(struct cache *c, struct kv_namespace *ns, struct lease_list
  * others are misses (locs[i].present false). Blocks only in the store
  * (ghosts) are misses too, but up to 256 of them start their way back into
  * host memory (as GET promotes them), so a later read finds them. *got
- * = hits; *lease_id 0 when there are none. 0 or a negative code, err set. */
+ * = hits; *lease_id 0 when there are none. 0 or a negative code, err set.
+ * Lookups are with check word 0 (rtp-llm sends none): a block put with a
+ * word is a miss, counted in keys.check_mismatches. */
 int  cache_get_each(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
                     const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
                     size_t *got, char *err, size_t errlen);
@@ -202,17 +204,17 @@ struct kv_namespace *cache_find_ns(struct cache *c, const struct ns_layout *l);
 #define CACHE_WAITING 1
 typedef void (*cache_ready_fn)(void *arg);
 int  cache_match_start(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
-                       const uint64_t *checks, size_t n, struct cache_tiers *out, cache_ready_fn ready, void *arg,
-                       struct cache_wait **wait);
+                       const uint64_t *checks, size_t n, struct cache_tiers *out,
+                       cache_ready_fn ready, void *arg, struct cache_wait **wait);
 void cache_match_finish(struct cache *c, struct cache_wait *wait, struct cache_tiers *out);
 /* locs has room for n (the key count of the start call). readable: the
  * arenas the answer may point into (bit per id; the host arena always) —
  * the owner's mapped ones, or fewer (GET_INLINE: those the daemon's CPU
  * reads); the prefix ends at a block in any other. */
 int  cache_get_start(struct cache *c, struct kv_namespace *ns, struct lease_list *owner, uint32_t readable,
-                     const int64_t *keys, const uint64_t *checks, size_t n, uint64_t *lease_id, struct cache_loc *locs,
-                     size_t *got, char *err, size_t errlen, cache_ready_fn ready, void *arg,
-                     struct cache_wait **wait);
+                     const int64_t *keys, const uint64_t *checks, size_t n, uint64_t *lease_id,
+                     struct cache_loc *locs, size_t *got, char *err, size_t errlen,
+                     cache_ready_fn ready, void *arg, struct cache_wait **wait);
 void cache_get_finish(struct cache *c, struct cache_wait *wait, uint64_t *lease_id,
                       struct cache_loc *locs, size_t *got);
 void cache_wait_cancel(struct cache *c, struct cache_wait *wait);

@@ -22,8 +22,9 @@
  * put_batch / get_batch: one pipelined round trip per shard (SET / GET per
  * key); exists: GETRANGE of the header (its check word) per key; del:
  * GETRANGE of the header, then DEL of the keys whose word is the caller's
- * (two round trips: a put of another word between them is deleted too). scan finds nothing (a cluster cannot be
- * listed cheaply): MATCH and GET look unknown keys up (lookup = auto).
+ * (two round trips: a put of another word between them is deleted too).
+ * scan finds nothing (a cluster cannot be listed cheaply): MATCH and GET
+ * look unknown keys up (lookup = auto).
  * keeps_deleted is false: DEL removes. Passwords: from [persist]
  * password_file or the environment (KVNODE_REDIS_PASSWORD), for AUTH only.
  * hiredis 0.14 (Debian bookworm) has no TLS: use a private network or a TLS
