@@ -73,12 +73,15 @@ void redis_header_make(const char *tenant, const struct kvs_ns *ns, int64_t key,
     le_put32(hdr + OFF_CRC, value_crc(hdr, hlen, payload, len));
 }
 
-int redis_value_check(const char *tenant, const struct kvs_ns *ns, int64_t key, size_t len,
-                      const void *value, size_t vlen, char *err, size_t errlen)
+/* The checks of redis_value_check on a value of vlen bytes whose first
+ * min(vlen, hlen) bytes are at h and whose payload (read only when the
+ * header says it is len bytes) is at payload. */
+static int value_check_parts(const char *tenant, const struct kvs_ns *ns, int64_t key, size_t len,
+                             const uint8_t *h, const void *payload, size_t vlen, char *err,
+                             size_t errlen)
 {
     const char *t = tenant_or_default(tenant);
     size_t tl = strlen(t), hlen = REDIS_HDR_FIXED + tl;
-    const uint8_t *h = value;
     const char *bad = NULL;
     if (vlen < REDIS_HDR_FIXED || memcmp(h, REDIS_MAGIC, 4) != 0)
         bad = "no kvnode header";
@@ -93,13 +96,21 @@ int redis_value_check(const char *tenant, const struct kvs_ns *ns, int64_t key, 
         bad = "block key";
     else if (le_get64(h + OFF_SIZE) != len || vlen - hlen != len)
         bad = "size";
-    else if (le_get32(h + OFF_CRC) != value_crc(h, hlen, h + hlen, len))
+    else if (le_get32(h + OFF_CRC) != value_crc(h, hlen, payload, len))
         bad = "CRC-32C";
     if (!bad)
         return 0;
     errmsg_set(err, errlen, "redis: stored value of key %" PRId64 " (%zu bytes): %s does not match; "
                "deleted", key, vlen, bad);
     return KVS_CORRUPT;
+}
+
+int redis_value_check(const char *tenant, const struct kvs_ns *ns, int64_t key, size_t len,
+                      const void *value, size_t vlen, char *err, size_t errlen)
+{
+    size_t hlen = redis_header_len(tenant);
+    return value_check_parts(tenant, ns, key, len, value,
+                             vlen >= hlen ? (const uint8_t *)value + hlen : NULL, vlen, err, errlen);
 }
 
 int redis_password_load(const char *path, char *buf, size_t len, char *err, size_t errlen)
@@ -334,17 +345,31 @@ static void delete_corrupt(struct kvs_store *s, struct keys *b, const struct kvs
     free(dels);
 }
 
+/* GET: each value is read from the socket straight into its header buffer
+ * and the item's dst (rcl_cmd sink), then checked there; a value that fails
+ * its check leaves dst with its bytes (the caller does not use dst unless
+ * the item's rc is 0). */
 static int redis_get_batch(struct kvs_store *s, struct kvs_item *it, size_t n, char *err,
                            size_t errlen)
 {
     struct keys b = { 0 };
     size_t hlen = redis_header_len(s->tenant);
-    int rc = keys_make(s, it, n, &b, "GET", err, errlen);
+    uint8_t (*hdrs)[REDIS_HDR_FIXED + NS_TENANT_MAX] = malloc((n ? n : 1) * sizeof *hdrs);
+    int rc = hdrs ? keys_make(s, it, n, &b, "GET", err, errlen) : -KVNODE_ENOMEM;
+    if (!hdrs)
+        errmsg_set(err, errlen, "redis GET: out of memory");
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        b.cmds[i].sink[0] = (struct iovec){ .iov_base = hdrs[i], .iov_len = hlen };
+        b.cmds[i].sink[1] = (struct iovec){ .iov_base = it[i].dst, .iov_len = it[i].len };
+        b.cmds[i].sinkcnt = 2;
+        b.cmds[i].sink_len = hlen + it[i].len;
+    }
     if (rc == 0)
         rc = rcl_run(s->cl, b.cmds, n, err, errlen);
     if (rc < 0 && !b.cmds) {
         items_fail(it, n, rc);
         keys_free(&b, n);
+        free(hdrs);
         return rc;
     }
     bool any_ok = false, corrupt = false;
@@ -355,7 +380,11 @@ static int redis_get_batch(struct kvs_store *s, struct kvs_item *it, size_t n, c
             continue;
         }
         any_ok = true;
-        if (r->type == REDIS_REPLY_NIL) {
+        if (b.cmds[i].sunk) {
+            if ((it[i].rc = value_check_parts(s->tenant, it[i].ns, it[i].key, it[i].len, hdrs[i],
+                                              it[i].dst, r->len, err, errlen)) != 0)
+                corrupt = true;
+        } else if (r->type == REDIS_REPLY_NIL) {
             it[i].rc = KVS_MISS;        /* never written, deleted or evicted by the cluster */
         } else if (r->type != REDIS_REPLY_STRING) {
             errmsg_set(err, errlen, "redis GET: %.160s", r->type == REDIS_REPLY_ERROR ? r->str
@@ -375,6 +404,7 @@ static int redis_get_batch(struct kvs_store *s, struct kvs_item *it, size_t n, c
     if (corrupt)
         delete_corrupt(s, &b, it, n);
     keys_free(&b, n);
+    free(hdrs);
     return any_ok ? 0 : rc;
 }
 
