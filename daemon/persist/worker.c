@@ -28,7 +28,9 @@
 #include "kvnode.h"
 
 #define PERSIST_BATCH_MAX    64u           /* blocks per batched store call */
-#define PERSIST_BATCH_BYTES  (16u << 20)   /* bytes per batch (a device batch's bounce copy) */
+/* Bytes per batch: a device batch's bounce copy; and a chain of large blocks
+ * is shared among the workers (16 x 1 MiB: four batches, not one worker's). */
+#define PERSIST_BATCH_BYTES  (4u << 20)
 
 /* A request worker's context. */
 struct pworker {

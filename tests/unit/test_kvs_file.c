@@ -136,6 +136,19 @@ START_TEST(test_find_and_crc)
             ck_assert_uint_eq(crc32c(0, buf + off, n), crc32c_sw(0, buf + off, n));
     /* incremental == one shot */
     ck_assert_uint_eq(crc32c(crc32c(0, buf, 100), buf + 100, 900), crc32c(0, buf, 1000));
+    /* Long buffers (the hardware path's three interleaved streams and their
+     * combination), at odd offsets and lengths around its stripe sizes. */
+    size_t big_len = (1u << 20) + 64;
+    uint8_t *big = malloc(big_len);
+    ck_assert_ptr_nonnull(big);
+    fill(big, big_len, 11, 3);
+    static const size_t lens[] = { 767, 768, 769, 3 * 256 * 5 + 17, 12287, 12288, 12289, 24576 + 5,
+                                   65536, 65536 + 48 + 7, 1u << 20 };
+    for (size_t off = 0; off < 3; off++)
+        for (size_t i = 0; i < sizeof lens / sizeof *lens; i++)
+            ck_assert_msg(crc32c(5, big + off, lens[i]) == crc32c_sw(5, big + off, lens[i]),
+                          "offset %zu length %zu", off, lens[i]);
+    free(big);
 }
 END_TEST
 

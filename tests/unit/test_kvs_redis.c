@@ -333,7 +333,14 @@ START_TEST(test_cluster_round_trip)
     struct kvs_store *s = open_store(cl.seeds, NULL, NULL);
     put_n(s, &t.ns, 1000, 48, 1);
     int rcs[48];
+    struct rcl_counters c0, c1;
+    redis_get_counters(s, &c0);
     ck_assert_uint_eq(get_n(s, &t.ns, 1000, 48, 1, rcs), 48);
+    /* The values went from the socket straight into the caller's buffers
+     * (a length line that arrives split goes the buffered way: most, not all). */
+    redis_get_counters(s, &c1);
+    ck_assert_msg(c1.sunk - c0.sunk >= 24 && c1.sunk - c0.sunk <= 48, "%llu of 48 read directly",
+                  (unsigned long long)(c1.sunk - c0.sunk));
     /* Spread over all three masters (no hash tag). */
     int masters = 0;
     for (int i = 0; i < cl.n; i++) {
@@ -547,7 +554,101 @@ START_TEST(test_cluster_corrupt_values)
 }
 END_TEST
 
+/* One batch mixing values read straight into the caller's buffers with
+ * every other reply — nil, a value of another length, one of the right
+ * length with a bad CRC, an error (WRONGTYPE) — on the same connections: each item
+ * gets its own result, the good ones byte-exact, whichever way the reply
+ * before it was read (a reply read the buffered way may take the next
+ * ones' bytes into hiredis's buffer). */
+START_TEST(test_cluster_mixed_batch)
+{
+    enum { N = 60 };
+    struct tns t;
+    tns_init(&t, "mix", 0);
+    struct kvs_store *s = open_store(cl.seeds, NULL, NULL);
+    put_n(s, &t.ns, 0, N, 4);
+    char err[256];
+    for (int64_t k = 0; k < N; k++) {
+        char key[512], off[16], *out = NULL;
+        redis_key(NULL, &t.ns, k, key, sizeof key);
+        int m = rctl_master_of(&cl, key);
+        ck_assert_int_ge(m, 0);
+        switch (k % 6) {
+        case 1:
+            ck_assert_int_eq(kvs_backend_redis.del(s, &t.ns, k, 0, err, sizeof err), 0);
+            break;
+        case 2:
+            ck_assert_int_eq(rctl_cli(&cl, m, &out, "set", key, "short", (const char *)NULL), 0);
+            break;
+        case 3:
+            snprintf(off, sizeof off, "%zu", redis_header_len(NULL) + 100);
+            ck_assert_int_eq(rctl_cli(&cl, m, &out, "setrange", key, off, "X", (const char *)NULL), 0);
+            break;
+        case 4:
+            ck_assert_int_eq(rctl_cli(&cl, m, &out, "del", key, (const char *)NULL), 0);
+            free(out);
+            out = NULL;
+            ck_assert_int_eq(rctl_cli(&cl, m, &out, "rpush", key, "a", (const char *)NULL), 0);
+            break;
+        default:
+            break;
+        }
+        free(out);
+    }
+    int rcs[N];
+    ck_assert_uint_eq(get_n(s, &t.ns, 0, N, 4, rcs), N / 3);   /* k % 6 == 0 or 5 */
+    for (int k = 0; k < N; k++) {
+        /* A list under the key: GET answers WRONGTYPE, an error reply (kept). */
+        int want = k % 6 == 1 ? KVS_MISS : k % 6 == 2 || k % 6 == 3 ? KVS_CORRUPT
+                 : k % 6 == 4 ? -KVNODE_EIO : 0;
+        ck_assert_msg(rcs[k] == want, "key %d: rc %d, want %d", k, rcs[k], want);
+    }
+    /* The bad values were deleted: misses now, the good ones still read. */
+    ck_assert_uint_eq(get_n(s, &t.ns, 0, N, 4, rcs), N / 3);
+    for (int k = 0; k < N; k++)
+        ck_assert_int_eq(rcs[k], k % 6 == 0 || k % 6 == 5 ? 0 : k % 6 == 4 ? -KVNODE_EIO : KVS_MISS);
+    kvs_backend_redis.close(s);
+}
+END_TEST
+
 /* ---- failover ------------------------------------------------------------------------------ */
+
+/* Blocks stored under one check word and read (straight into the caller's
+ * buffers) under another: each a KVS_MISMATCH, the values kept (not deleted
+ * as corrupt), and read byte-exact under their own word afterwards. */
+START_TEST(test_cluster_words_read_direct)
+{
+    enum { N = 24 };
+    const uint64_t word = UINT64_C(0x5eed0000cafe0001);
+    struct tns t;
+    tns_init(&t, "words", 0);
+    struct kvs_store *s = open_store(cl.seeds, NULL, NULL);
+    struct kvs_item it[N];
+    uint8_t *buf = malloc((size_t)N * BB);
+    char err[256] = "";
+    for (int i = 0; i < N; i++) {
+        fill(buf + (size_t)i * BB, BB, i, 7);
+        it[i] = (struct kvs_item){ .ns = &t.ns, .key = i, .check = word,
+                                   .src = buf + (size_t)i * BB, .len = BB };
+    }
+    ck_assert_int_eq(kvs_backend_redis.put_batch(s, it, N, err, sizeof err), 0);
+    for (int pass = 0; pass < 2; pass++) {
+        memset(buf, 0, (size_t)N * BB);
+        for (int i = 0; i < N; i++)
+            it[i] = (struct kvs_item){ .ns = &t.ns, .key = i, .check = pass ? word : word + 1,
+                                       .dst = buf + (size_t)i * BB, .len = BB };
+        ck_assert_int_eq(kvs_backend_redis.get_batch(s, it, N, err, sizeof err), 0);
+        for (int i = 0; i < N; i++) {
+            ck_assert_msg(it[i].rc == (pass ? 0 : KVS_MISMATCH), "pass %d item %d: rc %d (%s)",
+                          pass, i, it[i].rc, err);
+            if (pass)
+                ck_assert_msg(same(buf + (size_t)i * BB, BB, i, 7), "block %d: wrong bytes", i);
+        }
+    }
+    free(buf);
+    kvs_backend_redis.close(s);
+}
+END_TEST
 
 START_TEST(test_cluster_master_killed_in_write_burst)
 {
@@ -698,6 +799,8 @@ static Suite *kvs_redis_suite(void)
     tcase_add_test(tc, test_cluster_round_trip);
     tcase_add_test(tc, test_cluster_moved_and_ask);
     tcase_add_test(tc, test_cluster_corrupt_values);
+    tcase_add_test(tc, test_cluster_mixed_batch);
+    tcase_add_test(tc, test_cluster_words_read_direct);
     tcase_add_test(tc, test_cluster_reads_during_reshard);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);

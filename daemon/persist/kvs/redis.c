@@ -98,13 +98,16 @@ void redis_header_make(const char *tenant, const struct kvs_ns *ns, int64_t key,
     le_put32(hdr + OFF_CRC, value_crc(hdr, REDIS_HDR_FIXED, hlen, payload, len));
 }
 
-int redis_value_check(const char *tenant, const struct kvs_ns *ns, int64_t key, uint64_t check,
-                      size_t len, const void *value, size_t vlen, size_t *payload_at, char *err,
-                      size_t errlen)
+/* The checks of a value of vlen bytes whose header (its first min(vlen,
+ * header length) bytes) is at h and whose payload is at payload, or right
+ * after the header in h when payload is NULL. *payload_at: where the payload
+ * starts in the value. */
+static int value_check_parts(const char *tenant, const struct kvs_ns *ns, int64_t key,
+                             uint64_t check, size_t len, const uint8_t *h, const void *payload,
+                             size_t vlen, size_t *payload_at, char *err, size_t errlen)
 {
     const char *t = tenant_or_default(tenant);
     size_t tl = strlen(t), fixed = 0, hlen = 0;
-    const uint8_t *h = value;
     const char *bad = NULL;
     if (vlen < REDIS_HDR_FIXED_V1 || memcmp(h, REDIS_MAGIC, 4) != 0)
         bad = "no kvnode header";
@@ -119,7 +122,7 @@ int redis_value_check(const char *tenant, const struct kvs_ns *ns, int64_t key, 
         bad = "block key";
     else if (le_get64(h + OFF_SIZE) != len || vlen - hlen != len)
         bad = "size";
-    else if (le_get32(h + OFF_CRC) != value_crc(h, fixed, hlen, h + hlen, len))
+    else if (le_get32(h + OFF_CRC) != value_crc(h, fixed, hlen, payload ? payload : h + hlen, len))
         bad = "CRC-32C";
     if (!bad) {
         *payload_at = hlen;
@@ -135,6 +138,14 @@ int redis_value_check(const char *tenant, const struct kvs_ns *ns, int64_t key, 
     errmsg_set(err, errlen, "redis: stored value of key %" PRId64 " (%zu bytes): %s does not match; "
                "deleted", key, vlen, bad);
     return KVS_CORRUPT;
+}
+
+int redis_value_check(const char *tenant, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                      size_t len, const void *value, size_t vlen, size_t *payload_at, char *err,
+                      size_t errlen)
+{
+    return value_check_parts(tenant, ns, key, check, len, value, NULL, vlen, payload_at, err,
+                             errlen);
 }
 
 int redis_password_load(const char *path, char *buf, size_t len, char *err, size_t errlen)
@@ -369,16 +380,31 @@ static void delete_corrupt(struct kvs_store *s, struct keys *b, const struct kvs
     free(dels);
 }
 
+/* GET: each value is read from the socket straight into its header buffer
+ * and the item's dst (rcl_cmd sink), then checked there; a value that fails
+ * its check leaves dst with its bytes (the caller does not use dst unless
+ * the item's rc is 0). */
 static int redis_get_batch(struct kvs_store *s, struct kvs_item *it, size_t n, char *err,
                            size_t errlen)
 {
     struct keys b = { 0 };
-    int rc = keys_make(s, it, n, &b, "GET", err, errlen);
+    size_t hlen = redis_header_len(s->tenant);
+    uint8_t (*hdrs)[REDIS_HDR_FIXED + NS_TENANT_MAX] = malloc((n ? n : 1) * sizeof *hdrs);
+    int rc = hdrs ? keys_make(s, it, n, &b, "GET", err, errlen) : -KVNODE_ENOMEM;
+    if (!hdrs)
+        errmsg_set(err, errlen, "redis GET: out of memory");
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        b.cmds[i].sink[0] = (struct iovec){ .iov_base = hdrs[i], .iov_len = hlen };
+        b.cmds[i].sink[1] = (struct iovec){ .iov_base = it[i].dst, .iov_len = it[i].len };
+        b.cmds[i].sinkcnt = 2;
+        b.cmds[i].sink_len = hlen + it[i].len;
+    }
     if (rc == 0)
         rc = rcl_run(s->cl, b.cmds, n, err, errlen);
     if (rc < 0 && !b.cmds) {
         items_fail(it, n, rc);
         keys_free(&b, n);
+        free(hdrs);
         return rc;
     }
     bool any_ok = false, corrupt = false;
@@ -389,7 +415,13 @@ static int redis_get_batch(struct kvs_store *s, struct kvs_item *it, size_t n, c
             continue;
         }
         any_ok = true;
-        if (r->type == REDIS_REPLY_NIL) {
+        if (b.cmds[i].sunk) {
+            size_t at = 0;
+            it[i].rc = value_check_parts(s->tenant, it[i].ns, it[i].key, it[i].check, it[i].len,
+                                         hdrs[i], it[i].dst, r->len, &at, err, errlen);
+            if (it[i].rc == KVS_CORRUPT)
+                corrupt = true;   /* a mismatched word is another prefix's: not deleted */
+        } else if (r->type == REDIS_REPLY_NIL) {
             it[i].rc = KVS_MISS;        /* never written, deleted or evicted by the cluster */
         } else if (r->type != REDIS_REPLY_STRING) {
             errmsg_set(err, errlen, "redis GET: %.160s", r->type == REDIS_REPLY_ERROR ? r->str
@@ -412,6 +444,7 @@ static int redis_get_batch(struct kvs_store *s, struct kvs_item *it, size_t n, c
     if (corrupt)
         delete_corrupt(s, &b, it, n);
     keys_free(&b, n);
+    free(hdrs);
     return any_ok ? 0 : rc;
 }
 

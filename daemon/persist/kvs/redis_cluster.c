@@ -38,7 +38,7 @@ struct rcl {
 
 /* Every handle's counters summed, for /stats and /metrics (process-wide). */
 static _Atomic uint64_t total_moved, total_ask, total_tryagain, total_clusterdown, total_reconnects,
-    total_map_refreshes;
+    total_map_refreshes, total_sunk;
 #define COUNT(c, f) ((c)->c.f++, atomic_fetch_add_explicit(&total_##f, 1, memory_order_relaxed))
 
 void rcl_get_totals(struct rcl_counters *out)
@@ -49,6 +49,7 @@ void rcl_get_totals(struct rcl_counters *out)
     out->clusterdown = atomic_load_explicit(&total_clusterdown, memory_order_relaxed);
     out->reconnects = atomic_load_explicit(&total_reconnects, memory_order_relaxed);
     out->map_refreshes = atomic_load_explicit(&total_map_refreshes, memory_order_relaxed);
+    out->sunk = atomic_load_explicit(&total_sunk, memory_order_relaxed);
 }
 
 /* ---- slots and parsing -------------------------------------------------------------- */
@@ -499,6 +500,104 @@ proto:
     return -1;
 }
 
+/* ctx failed: its error set from a recv/readv result r (0 or < 0, errno). */
+static int recv_failed(redisContext *ctx, ssize_t r)
+{
+    snprintf(ctx->errstr, sizeof ctx->errstr, "%s",
+             r == 0 ? "connection closed by the server"
+                    : errno == EAGAIN ? "timed out" : strerror(errno));
+    ctx->err = r == 0 ? REDIS_ERR_EOF : REDIS_ERR_IO;
+    return -1;
+}
+
+/* Fill iov[0..n) from the (blocking, receive-timeout) socket; iov is
+ * consumed. 0, or -1 with ctx's error set. */
+static int recv_all(redisContext *ctx, struct iovec *v, size_t n)
+{
+    while (n > 0) {
+        ssize_t r = readv(ctx->fd, v, (int)n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return recv_failed(ctx, r);
+        size_t left = (size_t)r;
+        while (n > 0 && left >= v->iov_len) {
+            left -= v->iov_len;
+            v++;
+            n--;
+        }
+        if (n > 0) {
+            v->iov_base = (char *)v->iov_base + left;
+            v->iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+/* cmd's reply read into its sink (see struct rcl_cmd) when it is a bulk
+ * string of sink_len bytes, or made here when it is nil: 1 with *reply
+ * set. 0 when it is anything else, or when the reader already holds bytes
+ * (from an earlier read of get_reply) or the length line has not fully
+ * arrived: nothing consumed, get_reply reads it. -1 when the connection
+ * failed (ctx's error set). The length line is peeked at, then read with
+ * the value and its CRLF in one readv. */
+static int sink_reply(struct rcl *c, redisContext *ctx, struct rcl_cmd *cmd, void **reply)
+{
+    char line[40];
+    ssize_t n;
+    *reply = NULL;
+    if (ctx->reader->len != ctx->reader->pos)
+        return 0;
+    do
+        n = recv(ctx->fd, line, sizeof line, MSG_PEEK);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0)
+        return recv_failed(ctx, n);
+    const char *nl = memchr(line, '\n', (size_t)n);
+    if (line[0] != '$' || !nl || nl - line < 3 || nl[-1] != '\r')
+        return 0;
+    size_t ll = (size_t)(nl - line) + 1;
+    char *end;
+    long long v = strtoll(line + 1, &end, 10);
+    if (end != nl - 1 || (v != -1 && (v < 0 || (unsigned long long)v != cmd->sink_len)))
+        return 0;
+    redisReply *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(ctx->errstr, sizeof ctx->errstr, "out of memory");
+        ctx->err = REDIS_ERR_OOM;
+        return -1;
+    }
+    char crlf[2];
+    struct iovec iov[RCL_SINK_MAX + 2];
+    size_t k = 0;
+    iov[k++] = (struct iovec){ .iov_base = line, .iov_len = ll };
+    if (v >= 0) {
+        for (int i = 0; i < cmd->sinkcnt; i++)
+            iov[k++] = cmd->sink[i];
+        iov[k++] = (struct iovec){ .iov_base = crlf, .iov_len = 2 };
+    }
+    if (recv_all(ctx, iov, k) < 0) {
+        free(r);
+        return -1;
+    }
+    if (v >= 0 && (crlf[0] != '\r' || crlf[1] != '\n')) {
+        free(r);
+        snprintf(ctx->errstr, sizeof ctx->errstr, "protocol error: a bulk string without CRLF");
+        ctx->err = REDIS_ERR_PROTOCOL;
+        return -1;
+    }
+    if (v < 0) {
+        r->type = REDIS_REPLY_NIL;
+    } else {
+        r->type = REDIS_REPLY_STRING;
+        r->len = (size_t)v;
+        cmd->sunk = true;
+        COUNT(c, sunk);
+    }
+    *reply = r;
+    return 1;
+}
+
 /* Node nd is gone: its pending commands go again (after a fetch of the map). */
 static void node_lost(struct rcl *c, int nd, struct rcl_cmd *cmds, size_t n, int *last_rc,
                       char *err, size_t errlen)
@@ -596,7 +695,8 @@ static bool recv_node(struct rcl *c, int nd, struct rcl_cmd *cmds, size_t n, int
             cmd->ask_node = -1;
             v = NULL;
         }
-        if (get_reply(c, node->ctx, &v) < 0)
+        int sunk = cmd->sinkcnt > 0 ? sink_reply(c, node->ctx, cmd, &v) : 0;
+        if (sunk < 0 || (sunk == 0 && get_reply(c, node->ctx, &v) < 0))
             goto lost;
         redisReply *r = v;
         cmd->node = -1;
@@ -655,6 +755,7 @@ int rcl_run(struct rcl *c, struct rcl_cmd *cmds, size_t n, char *err, size_t err
     char e[256] = "";
     for (size_t i = 0; i < n; i++) {
         cmds[i].reply = NULL;
+        cmds[i].sunk = false;
         cmds[i].rc = -KVNODE_EIO;
         cmds[i].node = -1;
         cmds[i].ask_node = -1;

@@ -38,22 +38,37 @@ struct rcl_config {
 
 /* Counters of one handle (monotonic): MOVED and ASK redirects followed,
  * TRYAGAIN and CLUSTERDOWN (with LOADING, MASTERDOWN, READONLY) answers
- * retried, connections dropped (lost nodes), slot maps fetched. */
+ * retried, connections dropped (lost nodes), slot maps fetched, replies
+ * read straight into a command's sink (struct rcl_cmd). */
 struct rcl_counters {
-    uint64_t moved, ask, tryagain, clusterdown, reconnects, map_refreshes;
+    uint64_t moved, ask, tryagain, clusterdown, reconnects, map_refreshes, sunk;
 };
+
+#define RCL_SINK_MAX       2           /* segments of a reply sink */
 
 /* One command of a batch: argv[0..argc) (argv[1] is the key, which routes
  * it), or, when iovcnt > 0, the bytes of iov as they are (the command in
  * RESP, written with writev: a large value is sent from where it is, never
  * copied; argv[1] still routes). reply is set on success (the caller frees it with freeReplyObject);
- * rc is 0, or < 0 when it could not be run within the deadline. */
+ * rc is 0, or < 0 when it could not be run within the deadline.
+ *
+ * sink (optional, sinkcnt > 0): where a bulk-string reply of exactly
+ * sink_len bytes (the sum of the segments) goes, read from the socket
+ * straight into the segments in order (a GET's value: the kernel's copy is
+ * the only one). Such a reply sets sunk, and reply is then a
+ * REDIS_REPLY_STRING of that len with no str. Every other reply (nil, an
+ * error, a redirect, another length) arrives in reply as usual, and the
+ * segments may then hold any bytes. */
 struct rcl_cmd {
     int argc;
     const char *argv[3];
     size_t argvlen[3];
     const struct iovec *iov;
     int iovcnt;
+    struct iovec sink[RCL_SINK_MAX];
+    int sinkcnt;
+    size_t sink_len;
+    bool sunk;
     redisReply *reply;
     int rc;
     /* private */
