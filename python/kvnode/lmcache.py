@@ -33,6 +33,7 @@ discriminators), ``tp_rank``/``tp_size`` (default 0/1).
 
 import itertools
 import logging
+import operator
 import os
 import select
 import threading
@@ -47,6 +48,16 @@ logger = logging.getLogger(__name__)
 _DISCONNECTED = (kvnode.Closed, kvnode.ConnectError, kvnode.TimedOut, kvnode.ShuttingDown,
                  kvnode.IOFailure, kvnode.ProtocolError)
 _GET, _SET, _EXISTS, _DELETE = "get", "set", "exists", "delete"
+
+
+_nbytes = operator.attrgetter("nbytes")
+
+
+def _sizes(views):
+    """The set of the byte sizes of views (memoryviews, or buffers)."""
+    if set(map(type, views)) == {memoryview}:
+        return set(map(_nbytes, views))
+    return {memoryview(v).nbytes for v in views}
 
 
 class KvnodeL2Connector:
@@ -68,6 +79,7 @@ class KvnodeL2Connector:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()          # client swaps, submits, ticket map
         self._client = None
+        self._checks_on = False                # the daemon of _client honours check words
         self._retiring = []                    # cancelled clients still completing tickets
         self._tickets = {}                     # (client id, ticket) -> (future id, op, n)
         self._retry_at = 0.0
@@ -164,6 +176,7 @@ class KvnodeL2Connector:
         if self._warned:
             logger.warning("kvnode.lmcache: reconnected to kvnoded")
         self._warned = False
+        self._checks_on = self._client.has_check_words
         self._epoll.register(self._client.event_fd, select.EPOLLIN)
         return self._client
 
@@ -196,7 +209,7 @@ class KvnodeL2Connector:
         if n == 0:
             self._complete(fid, True, "", [] if op in (_GET, _EXISTS) else None)
             return fid
-        folded = kvnode.fold_keys(keys)
+        folded, checks = kvnode.fold_digests(keys)
         with self._lock:
             try:
                 c = self._connected(nbytes)
@@ -209,20 +222,22 @@ class KvnodeL2Connector:
                 else:
                     self._complete(fid, False, "kvnoded unreachable (retrying)", None)
                 return fid
-            if views is not None and any(memoryview(v).nbytes != self.block_bytes for v in views):
+            if views is not None and _sizes(views) != {self.block_bytes}:
                 self._complete(fid, False, "kvnode.lmcache: memoryviews must have block_bytes=%d "
                                "bytes each (set adapter_params.block_bytes to LMCache's chunk "
                                "size)" % self.block_bytes, None)
                 return fid
+            if not self._checks_on:
+                checks = None
             try:
                 if op == _GET:
-                    t = c.submit_get(folded, views)
+                    t = c.submit_get(folded, views, checks=checks)
                 elif op == _SET:
-                    t = c.submit_put(folded, views)
+                    t = c.submit_put(folded, views, checks=checks)
                 elif op == _EXISTS:
-                    t = c.submit_match(folded)
+                    t = c.submit_match(folded, checks)
                 else:
-                    t = c.submit_delete(folded)
+                    t = c.submit_delete(folded, checks)
             except Exception as e:  # noqa: BLE001 - reported through the completion
                 if isinstance(e, _DISCONNECTED):
                     self._retire(c)
@@ -249,7 +264,8 @@ class KvnodeL2Connector:
                     self._warn(str(comp.error))
                 item = (fid, False, "%s: %s" % (type(comp.error).__name__, comp.error), None)
             elif op in (_GET, _EXISTS):
-                item = (fid, True, "", [i < comp.count for i in range(n)])
+                hit = min(comp.count, n)
+                item = (fid, True, "", [True] * hit + [False] * (n - hit))
             else:
                 item = (fid, True, "", None)
             with self._done_lock:
