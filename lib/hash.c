@@ -1,7 +1,11 @@
 /* hash: the rtp-llm / KVCM chained block-key hash (docs/PROTOCOLS.md §4.1), the fold of
- * foreign digests into keys and check words, and the
+ * foreign digests and keys into keys and check words, and the
  * library version string. */
 #include "kvnode.h"
+
+#include <string.h>
+
+#include "sha256.h"
 
 #ifndef KVNODE_VERSION_STRING
 #error "KVNODE_VERSION_STRING must be defined by the build (see Makefile)"
@@ -69,6 +73,73 @@ size_t kvnode_fold_digests(const void *digests, size_t n, size_t digest_len, kvn
 
         keys[i] = k >> 63 ? -(kvnode_key)(~k) - 1 : (kvnode_key)k;
         checks[i] = w ? w : 1;   /* 0 means "no word" */
+    }
+    return n;
+}
+
+/* hash_hex[c]: the value of hex digit c, 0x10 for any other byte (so that ORing the
+ * entries of a string tests every byte at once). */
+static const unsigned char hash_hex[256] = {
+#define X16 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, \
+            0x10, 0x10
+    X16, X16, X16,
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10,      /* '0'-'9' */
+    0x10, 10, 11, 12, 13, 14, 15, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10,
+    X16,
+    0x10, 10, 11, 12, 13, 14, 15, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10,
+    X16,
+    X16, X16, X16, X16, X16, X16, X16, X16,
+#undef X16
+};
+
+/* The key and check word of one foreign key given as text (kvnode_fold_text). */
+static void hash_fold_one(const unsigned char *s, size_t len, kvnode_key *key, uint64_t *check)
+{
+    unsigned char digest[32];
+    uint64_t k = 0, w = 0;
+    unsigned bad = 0;
+    int hex = len >= 16 && len % 2 == 0;
+
+    if (hex) {      /* key and word in two independent chains, every byte tested */
+        size_t i = 0;
+
+        for (; i < 16; i++) {
+            unsigned v = hash_hex[s[i]], u = i + 16 < len ? hash_hex[s[i + 16]] : 0;
+
+            bad |= v | u;
+            k = k << 4 | (v & 0xf);
+            w = w << 4 | (u & 0xf);
+        }
+        for (i = 32; i < len; i++)
+            bad |= hash_hex[s[i]];
+        hex = !(bad & 0x10);
+    }
+    if (!hex) {
+        sha256(s, len, digest);
+        k = hash_be64(digest);
+        w = hash_be64(digest + 8);
+    } else if (len < 32) {  /* a short hex digest: its own key, a word from its SHA-256 */
+        sha256(s, len, digest);
+        w = hash_be64(digest + 8);
+    }
+    *key = k >> 63 ? -(kvnode_key)(~k) - 1 : (kvnode_key)k;
+    *check = w ? w : 1;
+}
+
+size_t kvnode_fold_text(const char *text, size_t len, size_t n, kvnode_key *keys,
+                        uint64_t *checks)
+{
+    const unsigned char *p = (const unsigned char *)text, *end = p + len;
+
+    if (!text || !keys || !checks || n == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char *nul = i + 1 < n ? memchr(p, 0, (size_t)(end - p)) : end;
+
+        if (!nul || (i + 1 == n && memchr(p, 0, (size_t)(end - p))))
+            return 0;   /* fewer separators than n - 1, or more */
+        hash_fold_one(p, (size_t)(nul - p), &keys[i], &checks[i]);
+        p = nul + (nul < end);
     }
     return n;
 }

@@ -211,7 +211,7 @@ from ._lib import (  # the ctypes layer (kvnode/_lib.py)
     _pending, _prefault, _prefault_progress, _put, _put_abort, _put_batch,
     _put_begin, _put_commit, _set_timeout, _stats_json, _strerror, _submit_delete, _submit_get,
     _submit_match, _submit_put, _version, _view, library_path,
-    _fold_digests, _has_check_words, _match_checked, _get_begin_checked, _put_begin_checked,
+    _fold_digests, _fold_text, _has_check_words, _match_checked, _get_begin_checked, _put_begin_checked,
     _get_batch_checked, _put_batch_checked, _get_inline, _put_inline, _get_inline_checked,
     _put_inline_checked, _delete_checked, _submit_match_checked, _submit_delete_checked,
     _submit_get_checked, _submit_put_checked,
@@ -336,7 +336,8 @@ def fold_digests(keys):
     digest's first 8 bytes, big-endian, signed (what :func:`fold_key` gives, so blocks stored
     under folded keys before check words existed are still found by their key); the check
     word is the next 8 bytes (0 becomes 1: 0 means "no word"). A batch of 64-hex-digit
-    strings is decoded at once and folded by libkvnode's ``kvnode_fold_digests`` in one call.
+    strings (any strings, with a libkvnode that has ``kvnode_fold_text``) is folded in one
+    call into libkvnode, without per-key work in Python.
 
     With a daemon that honours check words (:attr:`Client.has_check_words`), pass the words
     as ``checks``: two keys whose 64-bit keys collide then miss each other's block instead
@@ -346,6 +347,16 @@ def fold_digests(keys):
     karr, carr = (ctypes.c_int64 * n)(), (ctypes.c_uint64 * n)()
     if n == 0:
         return karr, carr
+    if _fold_text is not None:
+        # Strings (SGLang's and LMCache's keys): one call folds them all, SHA-256 included.
+        try:
+            joined = "\0".join(keys)
+        except TypeError:           # not all strings
+            joined = None
+        if joined is not None:      # (0 back: a key holds a NUL, which the C side counts)
+            text = joined.encode("utf-8")
+            if _fold_text(text, len(text), n, karr, carr) == n:
+                return karr, carr
     raw, dlen = _digests(keys)
     if _fold_digests is not None:
         _fold_digests(raw, n, dlen, karr, carr)

@@ -173,6 +173,9 @@ _CHECKS = ctypes.POINTER(ctypes.c_uint64)
 # kvnode_fold_digests came with KVNODE_0.4; without it the package folds keys in Python.
 _fold_digests = (_fn("kvnode_fold_digests", _SIZE, ctypes.c_char_p, _SIZE, _SIZE, _KEYS, _CHECKS)
                  if hasattr(_lib, "kvnode_fold_digests") else None)
+# kvnode_fold_text (KVNODE_0.4): a batch of key strings folded in C (hex digits, SHA-256).
+_fold_text = (_fn("kvnode_fold_text", _SIZE, ctypes.c_char_p, _SIZE, _SIZE, _KEYS, _CHECKS)
+              if hasattr(_lib, "kvnode_fold_text") else None)
 # The _checked calls (check words beside keys) and kvnode_has_check_words came with KVNODE_0.4
 # too; without them a call given check words fails, naming the library.
 _HAVE_CHECKED = hasattr(_lib, "kvnode_match_checked")

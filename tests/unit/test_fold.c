@@ -1,0 +1,189 @@
+/* Unit tests for lib/sha256.c (FIPS 180-4 vectors, the SHA-extension and the
+ * portable compression against each other) and kvnode_fold_text (lib/hash.c):
+ * the keys and check words of foreign keys, against values computed by the
+ * Python binding's fold (hashlib), and its argument checks. */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvnode.h"
+#include "sha256.h"
+
+static void hex32(const unsigned char d[32], char out[65])
+{
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
+static void check_vectors(void)
+{
+    static const struct { const char *msg, *hex; } v[] = {
+        {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+        {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+        {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
+         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
+        {"abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqr"
+         "lmnopqrsmnopqrstnopqrstu",
+         "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1"},
+    };
+    unsigned char d[32];
+    char hex[65];
+
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        sha256(v[i].msg, strlen(v[i].msg), d);
+        hex32(d, hex);
+        ck_assert_str_eq(hex, v[i].hex);
+    }
+    /* A million 'a's: many blocks in one call. */
+    char *a = malloc(1000000);
+    ck_assert_ptr_nonnull(a);
+    memset(a, 'a', 1000000);
+    sha256(a, 1000000, d);
+    free(a);
+    hex32(d, hex);
+    ck_assert_str_eq(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+START_TEST(test_sha256_vectors)
+{
+    check_vectors();                /* with the SHA extensions where the CPU has them */
+    sha256_use_shani(0);
+    ck_assert_int_eq(sha256_shani(), 0);
+    check_vectors();                /* portable */
+    sha256_use_shani(1);
+}
+END_TEST
+
+/* Both compressions agree on every length around the padding edges (55/56/64 bytes
+ * and multiples) of a pseudo-random message. */
+START_TEST(test_sha256_paths_agree)
+{
+    unsigned char msg[300], a[32], b[32];
+    uint32_t x = 12345;
+
+    for (size_t i = 0; i < sizeof msg; i++) {
+        x = x * 1103515245u + 12345u;
+        msg[i] = (unsigned char)(x >> 16);
+    }
+    for (size_t len = 0; len <= sizeof msg; len++) {
+        sha256_use_shani(1);
+        sha256(msg, len, a);
+        sha256_use_shani(0);
+        sha256(msg, len, b);
+        ck_assert_msg(memcmp(a, b, 32) == 0, "length %zu: the two compressions differ", len);
+    }
+    sha256_use_shani(1);
+}
+END_TEST
+
+/* Values of the Python binding's fold (hashlib's SHA-256). */
+static const struct {
+    const char *text;
+    kvnode_key key;
+    uint64_t check;
+} golden[] = {
+    /* SGLang: a 64-hex-digit SHA-256: its own bytes */
+    {"6c87e5496f592f3c5af16c684e6edae23fd291553049e83f6f85afb74530495c",
+     INT64_C(7820471381515644732), UINT64_C(0x5af16c684e6edae2)},
+    /* LMCache's "model@rank@hash": its SHA-256 */
+    {"Qwen/Qwen3-8B@00000000@6c87f68371b28954707ebb92afee7ccffb74c6f71ec8fea8a98cf6104289585b",
+     INT64_C(5749922848879300330), UINT64_C(0xe27277ac7eeb8a63)},
+    /* 24 hex digits (either case): key from the digits, check word from the SHA-256 */
+    {"0123456789ABCDEFfedcba98", INT64_C(81985529216486895), UINT64_C(0x63a63b33d29be9cb)},
+    {"", INT64_C(-2039914840885289964), UINT64_C(0x9afbf4c8996fb924)},
+    {"ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff", INT64_C(-1),
+     UINT64_C(0xffffffffffffffff)},
+};
+#define NGOLDEN (sizeof golden / sizeof golden[0])
+
+START_TEST(test_fold_text_golden)
+{
+    char text[1024];
+    size_t len = 0;
+    kvnode_key keys[NGOLDEN];
+    uint64_t checks[NGOLDEN];
+
+    for (size_t i = 0; i < NGOLDEN; i++) {
+        size_t l = strlen(golden[i].text);
+
+        memcpy(text + len, golden[i].text, l);
+        len += l;
+        if (i + 1 < NGOLDEN)
+            text[len++] = '\0';
+    }
+    ck_assert_uint_eq(kvnode_fold_text(text, len, NGOLDEN, keys, checks), NGOLDEN);
+    for (size_t i = 0; i < NGOLDEN; i++) {
+        ck_assert_msg(keys[i] == golden[i].key && checks[i] == golden[i].check,
+                      "%s: key %lld check %llx, expected %lld %llx", golden[i].text,
+                      (long long)keys[i], (unsigned long long)checks[i],
+                      (long long)golden[i].key, (unsigned long long)golden[i].check);
+    }
+    /* The SGLang key agrees with kvnode_fold_digests on its 32 bytes. */
+    unsigned char raw[32];
+    kvnode_key k;
+    uint64_t w;
+
+    for (int i = 0; i < 32; i++) {
+        unsigned v;
+
+        ck_assert_int_eq(sscanf(golden[0].text + 2 * i, "%2x", &v), 1);
+        raw[i] = (unsigned char)v;
+    }
+    ck_assert_uint_eq(kvnode_fold_digests(raw, 1, 32, &k, &w), 1);
+    ck_assert(k == keys[0] && w == checks[0]);
+}
+END_TEST
+
+START_TEST(test_fold_text_args)
+{
+    const char two[] = "abc\0def";     /* two keys, one separator */
+    kvnode_key keys[3];
+    uint64_t checks[3];
+
+    ck_assert_uint_eq(kvnode_fold_text(two, sizeof two - 1, 2, keys, checks), 2);
+    ck_assert_uint_eq(kvnode_fold_text(two, sizeof two - 1, 1, keys, checks), 0); /* 1 too many */
+    ck_assert_uint_eq(kvnode_fold_text(two, sizeof two - 1, 3, keys, checks), 0); /* 1 missing */
+    ck_assert_uint_eq(kvnode_fold_text(two, sizeof two, 2, keys, checks), 0);     /* trailing NUL */
+    ck_assert_uint_eq(kvnode_fold_text(two, sizeof two, 3, keys, checks), 3);     /* "" last */
+    ck_assert_uint_eq(kvnode_fold_text(NULL, 0, 1, keys, checks), 0);
+    ck_assert_uint_eq(kvnode_fold_text(two, sizeof two - 1, 2, NULL, checks), 0);
+    ck_assert_uint_eq(kvnode_fold_text(two, sizeof two - 1, 2, keys, NULL), 0);
+    ck_assert_uint_eq(kvnode_fold_text(two, sizeof two - 1, 0, keys, checks), 0);
+    /* "abc" alone and as the first of two fold alike. */
+    kvnode_key k;
+    uint64_t w;
+
+    ck_assert_uint_eq(kvnode_fold_text("abc", 3, 1, &k, &w), 1);
+    ck_assert(k == keys[0] && w == checks[0]);
+}
+END_TEST
+
+static Suite *fold_suite(void)
+{
+    Suite *s = suite_create("fold");
+    TCase *tc = tcase_create("sha256");
+
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_sha256_vectors);
+    tcase_add_test(tc, test_sha256_paths_agree);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("fold_text");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_fold_text_golden);
+    tcase_add_test(tc, test_fold_text_args);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(fold_suite());
+    int failed;
+
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
