@@ -4,6 +4,9 @@
 #include "kvnode.h"
 
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "sha256.h"
 
@@ -92,6 +95,33 @@ static const unsigned char hash_hex[256] = {
 #undef X16
 };
 
+#ifdef __SSE2__
+/* The 16 hex digits at p as a big-endian 64-bit value, 16 bytes at once (SGLang's
+ * keys are 64 digits: four of these); *ok cleared when one is not a hex digit. */
+static uint64_t hash_hex16(const unsigned char *p, int *ok)
+{
+    const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)p);
+    const __m128i l = _mm_or_si128(x, _mm_set1_epi8(0x20));     /* 'A'-'F' -> 'a'-'f' */
+    const __m128i dig = _mm_and_si128(_mm_cmpgt_epi8(x, _mm_set1_epi8('0' - 1)),
+                                      _mm_cmplt_epi8(x, _mm_set1_epi8('9' + 1)));
+    const __m128i alp = _mm_and_si128(_mm_cmpgt_epi8(l, _mm_set1_epi8('a' - 1)),
+                                      _mm_cmplt_epi8(l, _mm_set1_epi8('f' + 1)));
+    __m128i v, b;
+    uint64_t r;
+
+    if (_mm_movemask_epi8(_mm_or_si128(dig, alp)) != 0xffff)
+        *ok = 0;
+    v = _mm_or_si128(_mm_and_si128(dig, _mm_sub_epi8(x, _mm_set1_epi8('0'))),
+                     _mm_andnot_si128(dig, _mm_sub_epi8(l, _mm_set1_epi8('a' - 10))));
+    /* pairs of nibbles (first digit high) into bytes, in order */
+    b = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0xff)), 4),
+                     _mm_srli_epi16(v, 8));
+    b = _mm_packus_epi16(b, b);
+    _mm_storel_epi64((__m128i *)(void *)&r, b);
+    return hash_be64((const unsigned char *)&r);
+}
+#endif
+
 /* The key and check word of one foreign key given as text (kvnode_fold_text). */
 static void hash_fold_one(const unsigned char *s, size_t len, kvnode_key *key, uint64_t *check)
 {
@@ -99,10 +129,20 @@ static void hash_fold_one(const unsigned char *s, size_t len, kvnode_key *key, u
     uint64_t k = 0, w = 0;
     unsigned bad = 0;
     int hex = len >= 16 && len % 2 == 0;
+    size_t i = 0;
 
+#ifdef __SSE2__
+    if (hex && len >= 32) {
+        int ok = 1;
+
+        k = hash_hex16(s, &ok);
+        w = hash_hex16(s + 16, &ok);
+        for (i = 32; i + 16 <= len; i += 16)
+            (void)hash_hex16(s + i, &ok);
+        bad = ok ? 0 : 0x10;
+    } else
+#endif
     if (hex) {      /* key and word in two independent chains, every byte tested */
-        size_t i = 0;
-
         for (; i < 16; i++) {
             unsigned v = hash_hex[s[i]], u = i + 16 < len ? hash_hex[s[i + 16]] : 0;
 
@@ -110,10 +150,11 @@ static void hash_fold_one(const unsigned char *s, size_t len, kvnode_key *key, u
             k = k << 4 | (v & 0xf);
             w = w << 4 | (u & 0xf);
         }
-        for (i = 32; i < len; i++)
-            bad |= hash_hex[s[i]];
-        hex = !(bad & 0x10);
+        i = 32;
     }
+    for (; hex && i < len; i++)
+        bad |= hash_hex[s[i]];
+    hex = hex && !(bad & 0x10);
     if (!hex) {
         sha256(s, len, digest);
         k = hash_be64(digest);

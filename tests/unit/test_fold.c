@@ -160,6 +160,57 @@ START_TEST(test_fold_text_args)
 }
 END_TEST
 
+static uint64_t be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* One byte that is not a hex digit anywhere in a hex key (the 16-byte blocks and the
+ * tail) makes it text: folded from its SHA-256; all digits (either case) its own bits. */
+START_TEST(test_fold_text_hex_positions)
+{
+    static const size_t lens[] = {16, 20, 32, 46, 64, 70};
+    static const char bad[] = {'g', 'G', ' ', '@', '/', ':', '`', 'x', '\x80'};
+
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        char text[80];
+        size_t len = lens[li];
+        kvnode_key k;
+        uint64_t w;
+
+        for (size_t i = 0; i < len; i++)
+            text[i] = "0123456789abcdefABCDEF"[(i * 7 + 3) % 22];
+        ck_assert_uint_eq(kvnode_fold_text(text, len, 1, &k, &w), 1);
+        {   /* all digits: the key is the first 16 of them */
+            char first[17];
+
+            memcpy(first, text, 16);
+            first[16] = '\0';
+            ck_assert_msg((uint64_t)k == strtoull(first, NULL, 16), "length %zu: key %llx", len,
+                          (unsigned long long)k);
+        }
+        for (size_t pos = 0; pos < len; pos++) {
+            for (size_t b = 0; b < sizeof bad; b++) {
+                char t2[80];
+                unsigned char d[32];
+
+                memcpy(t2, text, len);
+                t2[pos] = bad[b];
+                ck_assert_uint_eq(kvnode_fold_text(t2, len, 1, &k, &w), 1);
+                sha256(t2, len, d);
+                ck_assert_msg((uint64_t)k == be64(d) && w == (be64(d + 8) ? be64(d + 8) : 1),
+                              "length %zu, byte %zu = 0x%02x: not folded as text", len, pos,
+                              (unsigned char)bad[b]);
+            }
+        }
+    }
+}
+END_TEST
+
 static Suite *fold_suite(void)
 {
     Suite *s = suite_create("fold");
@@ -173,6 +224,7 @@ static Suite *fold_suite(void)
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, test_fold_text_golden);
     tcase_add_test(tc, test_fold_text_args);
+    tcase_add_test(tc, test_fold_text_hex_positions);
     suite_add_tcase(s, tc);
     return s;
 }
