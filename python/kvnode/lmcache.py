@@ -31,7 +31,12 @@ all-missing). A memoryview of another size fails its batch (ok False, the error 
 
 Keys are folded to kvnode's 64-bit keys by :func:`kvnode.fold_digests` (the whole batch in one
 call into libkvnode: an LMCache key ``model@rank@hash`` is folded from its SHA-256, as
-:func:`kvnode.fold_key` does); see below for check words.
+:func:`kvnode.fold_key` does). The next 64 bits of the digest are the key's check word, sent
+beside it whenever kvnoded honours check words (``kvnode.Client.has_check_words``): a chunk
+stored under another key whose 64-bit fold collides is then a miss (counted by the daemon in
+``keys.check_mismatches_total``), never served in its place. Against an older daemon only the
+keys are sent, with the collision chance of ``kvnode.sglang``'s docstring (about n²/2⁶⁵ for n
+stored chunks).
 
 When kvnoded goes away, the batches in flight complete with ok False and the error; new
 ones fail at once (never raise) until it is back; the connector reconnects by itself (at

@@ -26,11 +26,16 @@ config); MLA models, whose ranks hold the same KV, share rank 0's. A page counts
 when every component holds it.
 
 Keys. SGLang's keys are chained SHA-256 hex strings; kvnode keys are signed 64-bit
-integers. :func:`fold_key` takes the first 64 bits of the digest (of the key's SHA-256 when
-the key is not 64 hex digits). Two different prefixes whose digests share 64 bits would be
-served each other's KV without notice: with random digests the chance is about n²/2⁶⁵ for
-n stored pages (one in 10⁷ at 2·10⁶ pages). kvnode's per-key check word (issue 19 item 2)
-will remove it; it is not built yet.
+integers. :func:`kvnode.fold_digests` folds a batch in one call into libkvnode: the key is the
+first 64 bits of the digest (what :func:`fold_key` gives; of the key's SHA-256 when the key is
+not hex), the check word the next 64. With a kvnoded that honours check words (every current
+one: ``kvnode.Client.has_check_words``) each call sends the words beside the keys, and a page
+stored under another digest that shares the first 64 bits is a miss (counted by the daemon in
+``keys.check_mismatches_total``), never the other prefix's KV. Against an older daemon the
+backend sends keys only, and two prefixes whose digests share 64 bits would be served each
+other's KV without notice: with random digests about n²/2⁶⁵ for n stored pages (one in 10⁷
+at 2·10⁶ pages). Pages stored without words (by an older daemon or backend) are misses once
+words are sent, and age out of the cache.
 
 Failures never raise into the engine. While the daemon is down (or restarting) every call
 answers "not cached" / "not stored" (``batch_exists`` 0, ``get`` None, ``set`` False,
