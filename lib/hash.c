@@ -156,11 +156,11 @@ static void hash_fold_one(const unsigned char *s, size_t len, kvnode_key *key, u
         bad |= hash_hex[s[i]];
     hex = hex && !(bad & 0x10);
     if (!hex) {
-        sha256(s, len, digest);
+        sha256_digest(s, len, digest);
         k = hash_be64(digest);
         w = hash_be64(digest + 8);
     } else if (len < 32) {  /* a short hex digest: its own key, a word from its SHA-256 */
-        sha256(s, len, digest);
+        sha256_digest(s, len, digest);
         w = hash_be64(digest + 8);
     }
     *key = k >> 63 ? -(kvnode_key)(~k) - 1 : (kvnode_key)k;

@@ -160,7 +160,7 @@ static void sha256_blocks(uint32_t st[8], const unsigned char *p, size_t nblocks
     sha256_blocks_c(st, p, nblocks);
 }
 
-void sha256(const void *msg, size_t len, unsigned char digest[32])
+void sha256_digest(const void *msg, size_t len, unsigned char digest[32])
 {
     uint32_t st[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                       0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 /* digest = SHA-256 of len bytes at msg (msg may be NULL when len is 0). */
-void sha256(const void *msg, size_t len, unsigned char digest[32]);
+void sha256_digest(const void *msg, size_t len, unsigned char digest[32]);
 
 /* Which compression sha256 uses: 1 the SHA extensions, 0 portable C. Tests
  * call sha256_use_shani(0) to check the portable one on any CPU (and (1) to
