@@ -42,6 +42,10 @@ struct metrics_keys {
     uint64_t unavailable;  /* only in the store and not brought back (no room, store
                               failed or too slow, or no longer there) */
     uint64_t beyond_gap;   /* after the first miss of the chain: not looked at */
+    /* Lookups (match, get, put, delete, and the store's) that found the key
+     * held under another check word: a miss for that request (also counted
+     * as absent above when it ended a match or get). */
+    uint64_t check_mismatches;
 };
 
 #endif

@@ -210,6 +210,10 @@ static void render_cache(struct evbuffer *out, const struct stats_snapshot *snap
     sample_u(out, "kvnode_keys_total", L("result", "missed", "reason", "writing"), k->writing);
     sample_u(out, "kvnode_keys_total", L("result", "missed", "reason", "unavailable"), k->unavailable);
     sample_u(out, "kvnode_keys_total", L("result", "missed", "reason", "beyond_gap"), k->beyond_gap);
+    family(out, "kvnode_keys_check_mismatches_total", "counter",
+           "Lookups (match, get, put, delete, and the store's) that found the key held under another "
+           "check word: a miss for that request, the block kept.");
+    sample_u(out, "kvnode_keys_check_mismatches_total", NULL, k->check_mismatches);
 
     family(out, "kvnode_evictions_total", "counter",
            "Blocks evicted, by tier and action (drop: watermarks or a full tier, no copy kept; to_store: "
@@ -240,6 +244,8 @@ static void render_tenants(struct evbuffer *out, const struct stats_snapshot *s)
         { "kvnode_tenant_refused_total", "counter", "Connections of a tenant refused at its max_clients." },
         { "kvnode_tenant_evictions_total", "counter", "Host blocks a tenant's own load evicted." },
         { "kvnode_tenant_keys_total", "counter", "Keys a tenant's match and get looked up, matched or missed." },
+        { "kvnode_tenant_check_mismatches_total", "counter",
+          "A tenant's lookups that found the key held under another check word." },
     };
 
     if (!s->has_tenants)
@@ -268,6 +274,7 @@ static void render_tenants(struct evbuffer *out, const struct stats_snapshot *s)
             case 4: sample_u(out, fams[f].name, L("tenant", t->name), t->clients); break;
             case 5: sample_u(out, fams[f].name, L("tenant", t->name), t->refused); break;
             case 6: sample_u(out, fams[f].name, L("tenant", t->name), t->evictions); break;
+            case 8: sample_u(out, fams[f].name, L("tenant", t->name), t->check_mismatches); break;
             default:
                 sample_u(out, fams[f].name, L("tenant", t->name, "result", "matched"), t->keys_matched);
                 sample_u(out, fams[f].name, L("tenant", t->name, "result", "missed"), t->keys_missed);
@@ -317,6 +324,9 @@ static void render_persist(struct evbuffer *out, const struct cache_persist_stat
     family(out, "kvnode_persist_tombstone_hits_total", "counter",
            "Store lookups and reads of deleted keys that a tombstone hid.");
     sample_u(out, "kvnode_persist_tombstone_hits_total", NULL, pc->tombstone_hits);
+    family(out, "kvnode_persist_check_mismatches_total", "counter",
+           "Store lookups and reads that found the key under another check word (a miss; the block kept).");
+    sample_u(out, "kvnode_persist_check_mismatches_total", NULL, pc->check_mismatches);
     family(out, "kvnode_persist_dropped_total", "counter",
            "Blocks that left memory without a copy in the store while persistence was on.");
     sample_u(out, "kvnode_persist_dropped_total", NULL, p->dropped);

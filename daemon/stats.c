@@ -72,6 +72,7 @@ static void stats_collect_tenants(struct daemon *d, const struct stats_view *vie
         st->evictions = cs->evictions.to_store + cs->evictions.dropped + cs->evictions.quota;
         st->keys_matched = cs->keys.matched;
         st->keys_missed = cs->keys.absent + cs->keys.writing + cs->keys.beyond_gap;   /* as "keys" counts them */
+        st->check_mismatches = cs->keys.check_mismatches;
         if (view->layouts && (!view->only || view->only == t))
             s->ns[s->nns++] = (struct stats_ns_source){
                 .cache = t->cache, .tenant = s->has_tenants ? t->name : NULL, .n = cs->namespaces };
@@ -202,6 +203,7 @@ static void persist_json(const struct cache_persist_stats *p, json_t *root)
     set(o, "tombstones", ju(pc->tombstones));
     set(o, "tombstones_dropped_total", ju(pc->tombstones_dropped));
     set(o, "tombstone_hits_total", ju(pc->tombstone_hits));
+    set(o, "check_mismatches_total", ju(pc->check_mismatches));
     set(o, "dropped_total", ju(p->dropped));
     if (pc->file_on) {
         const struct kvs_file_stats *fs = &pc->file;
@@ -325,6 +327,7 @@ static void tenants_json(const struct stats_snapshot *s, json_t *root)
         set(o, "evictions_total", ju(t->evictions));
         set(o, "keys_matched_total", ju(t->keys_matched));
         set(o, "keys_missed_total", ju(t->keys_missed));
+        set(o, "check_mismatches_total", ju(t->check_mismatches));
         json_array_append_new(arr, o);
     }
     set(root, "tenants", arr);
@@ -449,6 +452,7 @@ static void requests_json(const struct ops_stats *o, const struct metrics_keys *
     set(keys, "missed_absent_total", ju(k->absent));
     set(keys, "missed_writing_total", ju(k->writing));
     set(keys, "missed_beyond_gap_total", ju(k->beyond_gap));
+    set(keys, "check_mismatches_total", ju(k->check_mismatches));
     set(root, "keys", keys);
 }
 

@@ -55,6 +55,7 @@ struct stats_tenant {
     uint64_t store_blocks;           /* only in its store */
     uint64_t evictions;              /* host blocks evicted (to the store, dropped, quota) */
     uint64_t keys_matched, keys_missed;   /* its match and get lookups: its hit rate */
+    uint64_t check_mismatches;            /* its lookups that met another check word */
 };
 
 /* A cache whose namespaces the document lists. */

@@ -407,6 +407,7 @@ static int client_setup(kvnode_client *c, const Kvnode__HelloReply *h, const kvn
     c->recv_max = h->max_frame_bytes + CLIENT_RECV_HEADROOM;
     c->max_keys = h->max_keys;
     c->max_reserved = h->max_reserved_bytes;
+    c->check_words = h->check_words ? 1 : 0;
     c->namespace_id = h->namespace_id;
     c->block_bytes = layout ? h->block_bytes : 0;
     return 0;
@@ -631,6 +632,11 @@ int kvnode_cuda_device(const kvnode_client *c)
 int kvnode_is_reader(const kvnode_client *c)
 {
     return c ? c->reader : 0;
+}
+
+int kvnode_has_check_words(const kvnode_client *c)
+{
+    return c ? c->check_words : 0;
 }
 
 static size_t client_host_arenas(const kvnode_client *c)

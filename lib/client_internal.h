@@ -64,6 +64,7 @@ struct kvnode_client {
     uint32_t recv_max;          /* send_max + headroom */
     uint32_t max_keys;
     uint64_t max_reserved;      /* daemon's max_reserved_bytes (0: not said) */
+    int check_words;            /* the daemon honours check words (HelloReply.check_words) */
     uint32_t namespace_id;
     struct client_arena *arenas;
     size_t n_arenas;
@@ -165,6 +166,7 @@ struct client_job {
     unsigned flags;
     size_t n;
     kvnode_key *keys;
+    uint64_t *checks;           /* NULL: no check words */
     void **pages;
 };
 
@@ -184,19 +186,25 @@ void client_async_stop(kvnode_client *c);      /* fail what is in flight, join t
  * client_response_free). */
 int client_call(kvnode_client *c, Kvnode__Request *req, int expect, Kvnode__Response **out);
 
-/* A MATCH (del false) or DELETE request of keys[0..n) in req, its body in
- * *m or *d (the caller's, which must outlive req). */
+/* A MATCH (del false) or DELETE request of keys[0..n) and their check words
+ * (checks NULL: none) in req, its body in *m or *d (the caller's, which must
+ * outlive req). */
 static inline void client_keys_request(Kvnode__Request *req, Kvnode__MatchRequest *m, Kvnode__DeleteRequest *d,
-                                       int del, const kvnode_key *keys, size_t n)
+                                       int del, const kvnode_key *keys, const uint64_t *checks,
+                                       size_t n)
 {
     if (del) {
         d->n_keys = n;
         d->keys = (int64_t *)(uintptr_t)keys;
+        d->n_checks = checks ? n : 0;
+        d->checks = (uint64_t *)(uintptr_t)checks;
         req->op_case = KVNODE__REQUEST__OP_DELETE;
         req->delete_ = d;
     } else {
         m->n_keys = n;
         m->keys = (int64_t *)(uintptr_t)keys;
+        m->n_checks = checks ? n : 0;
+        m->checks = (uint64_t *)(uintptr_t)checks;
         req->op_case = KVNODE__REQUEST__OP_MATCH;
         req->match = m;
     }
@@ -207,10 +215,13 @@ int client_check_alive(kvnode_client *c);
 uint64_t client_peek_id(kvnode_client *c);
 
 /* shared by the synchronous calls and the GET/PUT worker (client_ops.c) */
-int client_get_batch(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
-                     unsigned flags, size_t *got);
-int client_put_batch(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src,
-                     unsigned flags, size_t *stored);
+int client_get_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
+                     void *const *dst, unsigned flags, size_t *got);
+int client_put_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
+                     const void *const *src, unsigned flags, size_t *stored);
 int client_check_ns(kvnode_client *c, size_t n, const char *what);
+/* 0, or -KVNODE_EVERSION with the error set when checks is not NULL and the
+ * daemon does not honour check words. */
+int client_check_words(kvnode_client *c, const uint64_t *checks, const char *what);
 
 #endif

@@ -13,6 +13,16 @@
 
 /* --- helpers for the calls ---------------------------------------------------- */
 
+int client_check_words(kvnode_client *c, const uint64_t *checks, const char *what)
+{
+    if (checks && !c->check_words) {
+        client_seterr(c, "%s: the daemon is too old to honour check words (its HELLO does not "
+                      "offer them); upgrade kvnoded, or call without check words", what);
+        return -KVNODE_EVERSION;
+    }
+    return 0;
+}
+
 /* Common entry checks for the namespace calls. */
 int client_check_ns(kvnode_client *c, size_t n, const char *what)
 {
@@ -182,8 +192,9 @@ static void client_lease_drop(kvnode_client *c, kvnode_lease lease, int op)
 
 /* match and delete: n keys in, a count of at most n out (*count). `del`
  * picks the op; `out_name` names the output argument in errors. */
-static int client_count_call(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *count,
-                             int del, const char *out_name, kvnode_tiers *tiers)
+static int client_count_call(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                             size_t n, size_t *count, int del, const char *out_name,
+                             kvnode_tiers *tiers)
 {
     Kvnode__Request req = KVNODE__REQUEST__INIT;
     Kvnode__MatchRequest m = KVNODE__MATCH_REQUEST__INIT;
@@ -201,9 +212,11 @@ static int client_count_call(kvnode_client *c, const kvnode_key *keys, size_t n,
     }
     *count = 0;
     rc = client_check_ns(c, n, what);
+    if (rc == 0)
+        rc = client_check_words(c, checks, what);
     if (rc < 0 || n == 0)
         return rc;
-    client_keys_request(&req, &m, &d, del, keys, n);
+    client_keys_request(&req, &m, &d, del, keys, checks, n);
     rc = client_call(c, &req, del ? KVNODE__RESPONSE__RESULT_DELETE : KVNODE__RESPONSE__RESULT_MATCH,
                      &resp);
     if (rc < 0)
@@ -232,7 +245,7 @@ static int client_count_call(kvnode_client *c, const kvnode_key *keys, size_t n,
 
 int kvnode_match(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *matched)
 {
-    return client_count_call(c, keys, n, matched, 0, "matched", NULL);
+    return client_count_call(c, keys, NULL, n, matched, 0, "matched", NULL);
 }
 
 int kvnode_match_remote(kvnode_client *c, const kvnode_key *keys, size_t n, size_t max_hosts,
@@ -285,19 +298,31 @@ int kvnode_match_remote(kvnode_client *c, const kvnode_key *keys, size_t n, size
     return 0;
 }
 
-int kvnode_match_tiers(kvnode_client *c, const kvnode_key *keys, size_t n, kvnode_tiers *out)
+int kvnode_match_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                         size_t n, kvnode_tiers *out)
 {
     if (out)
         memset(out, 0, sizeof *out);
     if (c && !out) {
-        client_seterr(c, "match_tiers: NULL out");
+        client_seterr(c, "match: NULL out");
         return -KVNODE_EINVAL;
     }
-    return client_count_call(c, keys, n, out ? &out->matched : NULL, 0, "matched", out);
+    return client_count_call(c, keys, checks, n, out ? &out->matched : NULL, 0, "matched", out);
+}
+
+int kvnode_match_tiers(kvnode_client *c, const kvnode_key *keys, size_t n, kvnode_tiers *out)
+{
+    return kvnode_match_checked(c, keys, NULL, n, out);
 }
 
 int kvnode_get_begin(kvnode_client *c, const kvnode_key *keys, size_t n,
                      kvnode_lease *lease, kvnode_loc *locs, size_t *got)
+{
+    return kvnode_get_begin_checked(c, keys, NULL, n, lease, locs, got);
+}
+
+int kvnode_get_begin_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                             size_t n, kvnode_lease *lease, kvnode_loc *locs, size_t *got)
 {
     Kvnode__Request req = KVNODE__REQUEST__INIT;
     Kvnode__GetBeginRequest g = KVNODE__GET_BEGIN_REQUEST__INIT;
@@ -315,10 +340,14 @@ int kvnode_get_begin(kvnode_client *c, const kvnode_key *keys, size_t n,
     *lease = 0;
     *got = 0;
     rc = client_check_ns(c, n, "get_begin");
+    if (rc == 0)
+        rc = client_check_words(c, checks, "get_begin");
     if (rc < 0 || n == 0)
         return rc;
     g.n_keys = n;
     g.keys = (int64_t *)(uintptr_t)keys;
+    g.n_checks = checks ? n : 0;
+    g.checks = (uint64_t *)(uintptr_t)checks;
     req.op_case = KVNODE__REQUEST__OP_GET_BEGIN;
     req.get_begin = &g;
     rc = client_call(c, &req, KVNODE__RESPONSE__RESULT_GET_BEGIN, &resp);
@@ -351,6 +380,12 @@ int kvnode_get_end(kvnode_client *c, kvnode_lease lease)
 int kvnode_put_begin(kvnode_client *c, const kvnode_key *keys, size_t n, int tier,
                      kvnode_lease *lease, kvnode_loc *locs)
 {
+    return kvnode_put_begin_checked(c, keys, NULL, n, tier, lease, locs);
+}
+
+int kvnode_put_begin_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                             size_t n, int tier, kvnode_lease *lease, kvnode_loc *locs)
+{
     Kvnode__Request req = KVNODE__REQUEST__INIT;
     Kvnode__PutBeginRequest p = KVNODE__PUT_BEGIN_REQUEST__INIT;
     Kvnode__Response *resp;
@@ -371,10 +406,14 @@ int kvnode_put_begin(kvnode_client *c, const kvnode_key *keys, size_t n, int tie
         return -KVNODE_EINVAL;
     }
     rc = client_check_ns(c, n, "put_begin");
+    if (rc == 0)
+        rc = client_check_words(c, checks, "put_begin");
     if (rc < 0 || n == 0)
         return rc;
     p.n_keys = n;
     p.keys = (int64_t *)(uintptr_t)keys;
+    p.n_checks = checks ? n : 0;
+    p.checks = (uint64_t *)(uintptr_t)checks;
     p.tier = (Kvnode__Tier)tier;
     req.op_case = KVNODE__REQUEST__OP_PUT_BEGIN;
     req.put_begin = &p;
@@ -468,8 +507,8 @@ static size_t client_reserve_cap(const kvnode_client *c, size_t cap)
  * max_keys limit (they split into chunks). When n > 0 and all is well, *cap
  * is the most keys one chunk may have (at most n): max_keys, or with
  * inline_ as many blocks as fit in a frame. */
-static int client_copy_entry(kvnode_client *c, const kvnode_key *keys, size_t n,
-                             const void *const *blocks, int inline_, size_t *cap,
+static int client_copy_entry(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                             size_t n, const void *const *blocks, int inline_, size_t *cap,
                              const char *what)
 {
     int rc;
@@ -483,6 +522,8 @@ static int client_copy_entry(kvnode_client *c, const kvnode_key *keys, size_t n,
     rc = client_check_blocks(c, blocks, n, what);
     if (rc == 0)
         rc = client_check_ns(c, 0, what);
+    if (rc == 0)
+        rc = client_check_words(c, checks, what);
     if (rc < 0 || n == 0)
         return rc;
     *cap = inline_ ? client_inline_chunk(c) : c->max_keys;
@@ -497,8 +538,9 @@ static int client_copy_entry(kvnode_client *c, const kvnode_key *keys, size_t n,
 }
 
 /* client_copy_entry for the gets, which also zero *got. */
-static int client_get_entry(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
-                            size_t *got, int inline_, size_t *cap, const char *what)
+static int client_get_entry(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                            size_t n, void *const *dst, size_t *got, int inline_, size_t *cap,
+                            const char *what)
 {
     if (!c)
         return -KVNODE_EINVAL;
@@ -507,7 +549,7 @@ static int client_get_entry(kvnode_client *c, const kvnode_key *keys, size_t n, 
         return -KVNODE_EINVAL;
     }
     *got = 0;
-    return client_copy_entry(c, keys, n, (const void *const *)dst, inline_, cap, what);
+    return client_copy_entry(c, keys, checks, n, (const void *const *)dst, inline_, cap, what);
 }
 
 /* malloc that names the failure in c's error message. */
@@ -537,14 +579,14 @@ static int client_batch_flags(kvnode_client *c, unsigned flags, const char *what
     return 0;
 }
 
-int client_get_batch(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
-                     unsigned flags, size_t *got)
+int client_get_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
+                     void *const *dst, unsigned flags, size_t *got)
 {
     kvnode_loc *locs;
     size_t done = 0, cap;
     int rc;
 
-    rc = client_get_entry(c, keys, n, dst, got, 0, &cap, "get");
+    rc = client_get_entry(c, keys, checks, n, dst, got, 0, &cap, "get");
     if (rc == 0)
         rc = client_batch_flags(c, flags, "get");
     if (rc < 0 || n == 0)
@@ -556,7 +598,8 @@ int client_get_batch(kvnode_client *c, const kvnode_key *keys, size_t n, void *c
         size_t chunk = n - done < cap ? n - done : cap, g = 0;
         kvnode_lease lease;
 
-        rc = kvnode_get_begin(c, keys + done, chunk, &lease, locs, &g);
+        rc = kvnode_get_begin_checked(c, keys + done, checks ? checks + done : NULL, chunk, &lease,
+                                      locs, &g);
         if (rc < 0)
             break;
         rc = client_copy_blocks(c, locs, g, dst + done, 0, (flags & KVNODE_BATCH_DEVICE) != 0,
@@ -578,15 +621,15 @@ int client_get_batch(kvnode_client *c, const kvnode_key *keys, size_t n, void *c
     return rc;
 }
 
-int client_put_batch(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src,
-                     unsigned flags, size_t *stored)
+int client_put_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
+                     const void *const *src, unsigned flags, size_t *stored)
 {
     kvnode_loc *locs;
     size_t done = 0, cap;
     int rc;
 
     *stored = 0;
-    rc = client_copy_entry(c, keys, n, src, 0, &cap, "put");
+    rc = client_copy_entry(c, keys, checks, n, src, 0, &cap, "put");
     if (rc == 0)
         rc = client_batch_flags(c, flags, "put");
     if (rc < 0 || n == 0)
@@ -600,7 +643,8 @@ int client_put_batch(kvnode_client *c, const kvnode_key *keys, size_t n, const v
         kvnode_lease lease;
 
         /* Host slots (CPU copies); client_copy_blocks would cope with others. */
-        rc = kvnode_put_begin(c, keys + done, chunk, KVNODE_TIER_HOST, &lease, locs);
+        rc = kvnode_put_begin_checked(c, keys + done, checks ? checks + done : NULL, chunk,
+                                      KVNODE_TIER_HOST, &lease, locs);
         if (rc < 0)
             break;
         rc = client_copy_blocks(c, locs, chunk, (void *const *)(uintptr_t)(src + done), 1,
@@ -621,20 +665,20 @@ int client_put_batch(kvnode_client *c, const kvnode_key *keys, size_t n, const v
 
 int kvnode_get(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst, size_t *got)
 {
-    return client_get_batch(c, keys, n, dst, 0, got);
+    return client_get_batch(c, keys, NULL, n, dst, 0, got);
 }
 
 int kvnode_put(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src)
 {
     size_t stored;
 
-    return client_put_batch(c, keys, n, src, 0, &stored);
+    return client_put_batch(c, keys, NULL, n, src, 0, &stored);
 }
 
 int kvnode_get_batch(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
                      unsigned flags, size_t *got)
 {
-    return client_get_batch(c, keys, n, dst, flags, got);
+    return client_get_batch(c, keys, NULL, n, dst, flags, got);
 }
 
 int kvnode_put_batch(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src,
@@ -642,16 +686,36 @@ int kvnode_put_batch(kvnode_client *c, const kvnode_key *keys, size_t n, const v
 {
     size_t stored;
 
-    return client_put_batch(c, keys, n, src, flags, &stored);
+    return client_put_batch(c, keys, NULL, n, src, flags, &stored);
+}
+
+int kvnode_get_batch_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                             size_t n, void *const *dst, unsigned flags, size_t *got)
+{
+    return client_get_batch(c, keys, checks, n, dst, flags, got);
+}
+
+int kvnode_put_batch_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                             size_t n, const void *const *src, unsigned flags)
+{
+    size_t stored;
+
+    return client_put_batch(c, keys, checks, n, src, flags, &stored);
 }
 
 int kvnode_get_inline(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
                       size_t *got)
 {
+    return kvnode_get_inline_checked(c, keys, NULL, n, dst, got);
+}
+
+int kvnode_get_inline_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, void *const *dst, size_t *got)
+{
     size_t done = 0, cap;
     int rc;
 
-    rc = client_get_entry(c, keys, n, dst, got, 1, &cap, "get_inline");
+    rc = client_get_entry(c, keys, checks, n, dst, got, 1, &cap, "get_inline");
     if (rc < 0 || n == 0)
         return rc;
     while (done < n) {
@@ -663,6 +727,8 @@ int kvnode_get_inline(kvnode_client *c, const kvnode_key *keys, size_t n, void *
 
         g.n_keys = chunk;
         g.keys = (int64_t *)(uintptr_t)(keys + done);
+        g.n_checks = checks ? chunk : 0;
+        g.checks = checks ? (uint64_t *)(uintptr_t)(checks + done) : NULL;
         req.op_case = KVNODE__REQUEST__OP_GET_INLINE;
         req.get_inline = &g;
         rc = client_call(c, &req, KVNODE__RESPONSE__RESULT_GET_INLINE, &resp);
@@ -697,11 +763,17 @@ int kvnode_get_inline(kvnode_client *c, const kvnode_key *keys, size_t n, void *
 
 int kvnode_put_inline(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src)
 {
+    return kvnode_put_inline_checked(c, keys, NULL, n, src);
+}
+
+int kvnode_put_inline_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, const void *const *src)
+{
     ProtobufCBinaryData *blobs;
     size_t done = 0, cap;
     int rc;
 
-    rc = client_copy_entry(c, keys, n, src, 1, &cap, "put_inline");
+    rc = client_copy_entry(c, keys, checks, n, src, 1, &cap, "put_inline");
     if (rc < 0 || n == 0)
         return rc;
     cap = client_reserve_cap(c, cap);
@@ -721,6 +793,8 @@ int kvnode_put_inline(kvnode_client *c, const kvnode_key *keys, size_t n, const 
         }
         p.n_keys = chunk;
         p.keys = (int64_t *)(uintptr_t)(keys + done);
+        p.n_checks = checks ? chunk : 0;
+        p.checks = checks ? (uint64_t *)(uintptr_t)(checks + done) : NULL;
         p.n_blocks = chunk;
         p.blocks = blobs;
         req.op_case = KVNODE__REQUEST__OP_PUT_INLINE;
@@ -739,7 +813,13 @@ int kvnode_put_inline(kvnode_client *c, const kvnode_key *keys, size_t n, const 
 
 int kvnode_delete(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *deleted)
 {
-    return client_count_call(c, keys, n, deleted, 1, "deleted", NULL);
+    return client_count_call(c, keys, NULL, n, deleted, 1, "deleted", NULL);
+}
+
+int kvnode_delete_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                          size_t n, size_t *deleted)
+{
+    return client_count_call(c, keys, checks, n, deleted, 1, "deleted", NULL);
 }
 
 int kvnode_stats_json(kvnode_client *c, char **json)

@@ -32,8 +32,8 @@ static struct client_done *client_new_ticket_locked(kvnode_client *c, struct cli
 }
 
 /* MATCH and DELETE: one request, finished by the I/O thread. */
-static int client_submit_count(kvnode_client *c, const kvnode_key *keys, size_t n, int del,
-                               void *user, kvnode_ticket *ticket)
+static int client_submit_count(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                               size_t n, int del, void *user, kvnode_ticket *ticket)
 {
     const char *what = del ? "submit_delete" : "submit_match";
     Kvnode__Request req = KVNODE__REQUEST__INIT;
@@ -52,6 +52,8 @@ static int client_submit_count(kvnode_client *c, const kvnode_key *keys, size_t 
         return -KVNODE_EINVAL;
     }
     rc = client_check_ns(c, n, what);
+    if (rc == 0)
+        rc = client_check_words(c, checks, what);
     if (rc < 0)
         return rc;
     done = malloc(sizeof *done);
@@ -62,7 +64,7 @@ static int client_submit_count(kvnode_client *c, const kvnode_key *keys, size_t 
         client_seterr(c, "%s: out of memory", what);
         return -KVNODE_ENOMEM;
     }
-    client_keys_request(&req, &m, &d, del, keys, n);
+    client_keys_request(&req, &m, &d, del, keys, checks, n);
     pthread_mutex_lock(&c->lock);
     if (c->dead) {
         pthread_mutex_unlock(&c->lock);
@@ -108,13 +110,38 @@ static int client_submit_count(kvnode_client *c, const kvnode_key *keys, size_t 
 int kvnode_submit_match(kvnode_client *c, const kvnode_key *keys, size_t n, void *user,
                         kvnode_ticket *ticket)
 {
-    return client_submit_count(c, keys, n, 0, user, ticket);
+    return client_submit_count(c, keys, NULL, n, 0, user, ticket);
+}
+
+int kvnode_submit_match_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                                size_t n, void *user, kvnode_ticket *ticket)
+{
+    return client_submit_count(c, keys, checks, n, 0, user, ticket);
 }
 
 int kvnode_submit_delete(kvnode_client *c, const kvnode_key *keys, size_t n, void *user,
                          kvnode_ticket *ticket)
 {
-    return client_submit_count(c, keys, n, 1, user, ticket);
+    return client_submit_count(c, keys, NULL, n, 1, user, ticket);
+}
+
+int kvnode_submit_delete_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                                 size_t n, void *user, kvnode_ticket *ticket)
+{
+    return client_submit_count(c, keys, checks, n, 1, user, ticket);
+}
+
+/* A job and its copies (with_done: its completion record too, never handed out). */
+static void client_job_free(struct client_job *j, int with_done)
+{
+    if (!j)
+        return;
+    if (with_done)
+        free(j->done);
+    free(j->keys);
+    free(j->checks);
+    free(j->pages);
+    free(j);
 }
 
 static void *client_worker_main(void *arg)
@@ -139,28 +166,26 @@ static void *client_worker_main(void *arg)
         /* On a dead client these fail at once with ECLOSED: queued jobs
          * drain quickly on close. */
         if (j->done->comp.op == KVNODE_OP_GET)
-            rc = client_get_batch(c, j->keys, j->n, j->pages, j->flags, &count);
+            rc = client_get_batch(c, j->keys, j->checks, j->n, j->pages, j->flags, &count);
         else
-            rc = client_put_batch(c, j->keys, j->n, (const void *const *)j->pages, j->flags,
-                                  &count);
+            rc = client_put_batch(c, j->keys, j->checks, j->n, (const void *const *)j->pages,
+                                  j->flags, &count);
         j->done->comp.rc = rc;
         j->done->comp.count = count;
         if (rc < 0)
             snprintf(j->done->comp.error, sizeof j->done->comp.error, "%s", client_errmsg(c));
         pthread_mutex_lock(&c->lock);
         client_push_done_locked(c, j->done);
-        free(j->keys);
-        free(j->pages);
-        free(j);
+        client_job_free(j, 0);
     }
     pthread_mutex_unlock(&c->lock);
     return NULL;
 }
 
 /* GET and PUT: a job for the worker, which copies into/out of the pages. */
-static int client_submit_copy(kvnode_client *c, const kvnode_key *keys, size_t n,
-                              const void *const *pages, unsigned flags, int op, void *user,
-                              kvnode_ticket *ticket)
+static int client_submit_copy(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, const void *const *pages, unsigned flags, int op,
+                              void *user, kvnode_ticket *ticket)
 {
     const char *what = op == KVNODE_OP_GET ? "submit_get" : "submit_put";
     struct client_job *j;
@@ -187,6 +212,8 @@ static int client_submit_copy(kvnode_client *c, const kvnode_key *keys, size_t n
         }
     }
     rc = client_check_ns(c, 0, what);   /* chunks of max_keys: any n */
+    if (rc == 0)
+        rc = client_check_words(c, checks, what);
     if (rc < 0)
         return rc;
     j = calloc(1, sizeof *j);
@@ -194,40 +221,33 @@ static int client_submit_copy(kvnode_client *c, const kvnode_key *keys, size_t n
         j->done = malloc(sizeof *j->done);
         j->keys = malloc((n ? n : 1) * sizeof *j->keys);
         j->pages = malloc((n ? n : 1) * sizeof *j->pages);
+        /* The caller's arrays may go as soon as this returns: copy the words too. */
+        j->checks = checks ? malloc((n ? n : 1) * sizeof *j->checks) : NULL;
     }
-    if (!j || !j->done || !j->keys || !j->pages) {
-        if (j) {
-            free(j->done);
-            free(j->keys);
-            free(j->pages);
-        }
-        free(j);
+    if (!j || !j->done || !j->keys || !j->pages || (checks && !j->checks)) {
+        client_job_free(j, 1);
         client_seterr(c, "%s: out of memory", what);
         return -KVNODE_ENOMEM;
     }
     if (n > 0) {
         memcpy(j->keys, keys, n * sizeof *keys);
         memcpy(j->pages, pages, n * sizeof *pages);
+        if (checks)
+            memcpy(j->checks, checks, n * sizeof *checks);
     }
     j->n = n;
     j->flags = flags;
     pthread_mutex_lock(&c->lock);
     if (c->dead) {
         pthread_mutex_unlock(&c->lock);
-        free(j->done);
-        free(j->keys);
-        free(j->pages);
-        free(j);
+        client_job_free(j, 1);
         return client_check_alive(c);
     }
     if (!c->worker_running) {
         int err = client_thread_start(&c->worker, client_worker_main, c);
         if (err != 0) {
             pthread_mutex_unlock(&c->lock);
-            free(j->done);
-            free(j->keys);
-            free(j->pages);
-            free(j);
+            client_job_free(j, 1);
             client_seterr(c, "%s: cannot start the client's batch thread: %s", what,
                           strerror(err));
             return -KVNODE_EIO;
@@ -249,14 +269,29 @@ static int client_submit_copy(kvnode_client *c, const kvnode_key *keys, size_t n
 int kvnode_submit_get(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
                       unsigned flags, void *user, kvnode_ticket *ticket)
 {
-    return client_submit_copy(c, keys, n, (const void *const *)dst, flags, KVNODE_OP_GET, user,
-                              ticket);
+    return client_submit_copy(c, keys, NULL, n, (const void *const *)dst, flags, KVNODE_OP_GET,
+                              user, ticket);
+}
+
+int kvnode_submit_get_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, void *const *dst, unsigned flags, void *user,
+                              kvnode_ticket *ticket)
+{
+    return client_submit_copy(c, keys, checks, n, (const void *const *)dst, flags, KVNODE_OP_GET,
+                              user, ticket);
 }
 
 int kvnode_submit_put(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src,
                       unsigned flags, void *user, kvnode_ticket *ticket)
 {
-    return client_submit_copy(c, keys, n, src, flags, KVNODE_OP_PUT, user, ticket);
+    return client_submit_copy(c, keys, NULL, n, src, flags, KVNODE_OP_PUT, user, ticket);
+}
+
+int kvnode_submit_put_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, const void *const *src, unsigned flags, void *user,
+                              kvnode_ticket *ticket)
+{
+    return client_submit_copy(c, keys, checks, n, src, flags, KVNODE_OP_PUT, user, ticket);
 }
 
 size_t kvnode_drain(kvnode_client *c, kvnode_completion *out, size_t max)

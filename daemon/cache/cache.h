@@ -156,7 +156,15 @@ struct cache_tiers {
     size_t store;          /* only in the persistent store */
 };
 
-/* Operations. All return 0 or a negative KVNODE_E* code with err set. */
+/* Operations. All return 0 or a negative KVNODE_E* code with err set.
+ *
+ * Check words (issue 19): a block is stored with its key's check word
+ * (index_entry.check, 0: none). The calls that take `checks` (n words, or
+ * NULL: every word 0) see a key held under another word as absent: MATCH
+ * and GET end their prefix there, DELETE leaves it, PUT neither reserves
+ * nor overwrites it (its location says "already stored", so the writer's
+ * next GET misses); each such lookup is counted (keys.check_mismatches).
+ * The calls without `checks` look up with word 0. */
 /* The longest prefix held in any tier (memory or store, as the index knows it). */
 size_t cache_match(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n);
 void cache_match_tiers(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
@@ -172,7 +180,9 @@ int  cache_get_begin(struct cache *c, struct kv_namespace *ns, struct lease_list
  * others are misses (locs[i].present false). Blocks only in the store
  * (ghosts) are misses too, but up to 256 of them start their way back into
  * host memory (as GET promotes them), so a later read finds them. *got
- * = hits; *lease_id 0 when there are none. 0 or a negative code, err set. */
+ * = hits; *lease_id 0 when there are none. 0 or a negative code, err set.
+ * Lookups are with check word 0 (rtp-llm sends none): a block put with a
+ * word is a miss, counted in keys.check_mismatches. */
 int  cache_get_each(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
                     const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
                     size_t *got, char *err, size_t errlen);
@@ -193,23 +203,23 @@ struct kv_namespace *cache_find_ns(struct cache *c, const struct ns_layout *l);
  * *_finish), or a negative code with err set. */
 #define CACHE_WAITING 1
 typedef void (*cache_ready_fn)(void *arg);
-int  cache_match_start(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
-                       struct cache_tiers *out, cache_ready_fn ready, void *arg,
-                       struct cache_wait **wait);
+int  cache_match_start(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
+                       const uint64_t *checks, size_t n, struct cache_tiers *out,
+                       cache_ready_fn ready, void *arg, struct cache_wait **wait);
 void cache_match_finish(struct cache *c, struct cache_wait *wait, struct cache_tiers *out);
 /* locs has room for n (the key count of the start call). readable: the
  * arenas the answer may point into (bit per id; the host arena always) —
  * the owner's mapped ones, or fewer (GET_INLINE: those the daemon's CPU
  * reads); the prefix ends at a block in any other. */
 int  cache_get_start(struct cache *c, struct kv_namespace *ns, struct lease_list *owner, uint32_t readable,
-                     const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
-                     size_t *got, char *err, size_t errlen, cache_ready_fn ready, void *arg,
-                     struct cache_wait **wait);
+                     const int64_t *keys, const uint64_t *checks, size_t n, uint64_t *lease_id,
+                     struct cache_loc *locs, size_t *got, char *err, size_t errlen,
+                     cache_ready_fn ready, void *arg, struct cache_wait **wait);
 void cache_get_finish(struct cache *c, struct cache_wait *wait, uint64_t *lease_id,
                       struct cache_loc *locs, size_t *got);
 void cache_wait_cancel(struct cache *c, struct cache_wait *wait);
 int  cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
-                     const int64_t *keys, size_t n, int tier, uint64_t *lease_id,
+                     const int64_t *keys, const uint64_t *checks, size_t n, int tier, uint64_t *lease_id,
                      struct cache_loc *locs, char *err, size_t errlen);
 /* Back-pressure. With a store, a committed block is not evicted before its
  * write lands (write_through: from its commit; write_back: once the evictor
@@ -228,8 +238,8 @@ int  cache_put_wait(struct cache *c, unsigned timeout_ms, cache_ready_fn ready, 
  * commit=true (seal) or false (abort). *blocks = entries released. */
 int  cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, int kind,
                      bool commit, uint32_t *blocks, char *err, size_t errlen);
-int  cache_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
-                  uint32_t *deleted);
+int  cache_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
+                  const uint64_t *checks, size_t n, uint32_t *deleted);
 /* End every lease of a closing connection at once. */
 void cache_release_owner(struct cache *c, struct lease_list *owner);
 /* Shutdown under write_back: write every block the store lacks (and let it

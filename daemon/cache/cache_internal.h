@@ -148,6 +148,7 @@ struct cache_storeop {
     bool evicting;                  /* write: a write-back victim */
     struct cache_storeop *next;     /* on c->queued_head: the store's queue was full */
     size_t n;
+    uint64_t *checks;               /* delete: the keys' check words (allocated with the op) */
     int64_t keys[];                 /* write: the block's key */
 };
 
@@ -169,6 +170,7 @@ struct cache_wait {
     int kind;
     struct kv_namespace *ns;
     const int64_t *keys;        /* the caller's during start, owned copy once on the heap */
+    const uint64_t *checks;     /* the keys' check words (NULL: all 0), as keys */
     size_t n;
     size_t next;                /* GET: next key to walk */
     struct lease *l;            /* GET: the read lease (NULL: none yet, or reaped) */
@@ -186,6 +188,15 @@ struct cache_wait {
 
 /* core.c */
 uint64_t cache_ns_block_bytes(struct cache *c, uint32_t ns_id);
+/* Check words: a request's word for its key i (checks NULL: every word 0);
+ * the entry of (ns, key) as a request with `check` sees it: NULL when absent
+ * or held under another word (then *mismatch is set, when not NULL). */
+static inline uint64_t cache_check_at(const uint64_t *checks, size_t i)
+{
+    return checks ? checks[i] : 0;
+}
+struct index_entry *cache_entry_for(struct cache *c, uint32_t ns, int64_t key, uint64_t check,
+                                    bool *mismatch);
 /* An entry's slot: the daemon's address of it, giving it back; the HBM
  * arena record of an entry (NULL: host memory). */
 void *cache_slot_ptr(struct cache *c, const struct index_entry *e);
@@ -252,7 +263,8 @@ void cache_storeop_free(struct cache_storeop *op);
 /* A SEALED block written (pinned until its result); keys deleted from the
  * store, each after the ops on it that came before. */
 void cache_write_start(struct cache *c, struct index_entry *e, bool evicting);
-void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n);
+void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
+                        const uint64_t *checks, size_t n);
 void cache_retry_cb(evutil_socket_t fd, short what, void *arg);
 /* Whether the store is asked about keys the index does not know; ask it
  * about w's keys from `from` on (0: submitted, w counts it). */

@@ -467,6 +467,19 @@ uint64_t cache_ns_block_bytes(struct cache *c, uint32_t ns_id)
     return ns ? ns->layout.block_bytes : 0;
 }
 
+struct index_entry *cache_entry_for(struct cache *c, uint32_t ns, int64_t key, uint64_t check,
+                                    bool *mismatch)
+{
+    struct index_entry *e = index_lookup(c->index, ns, key);
+
+    if (e && e->check != check) {
+        if (mismatch)
+            *mismatch = true;
+        return NULL;
+    }
+    return e;
+}
+
 static bool entry_has_slot(const struct index_entry *e)
 {
     return e->state != ENTRY_GHOST;
@@ -683,12 +696,16 @@ int cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id
     return 0;
 }
 
-int cache_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
-                 uint32_t *deleted)
+int cache_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
+                 const uint64_t *checks, size_t n, uint32_t *deleted)
 {
     *deleted = 0;
     for (size_t i = 0; i < n; i++) {
-        struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        bool mismatch = false;
+        struct index_entry *e = cache_entry_for(c, ns->id, keys[i], cache_check_at(checks, i),
+                                                &mismatch);
+        /* Another word's block is not this caller's to delete. */
+        c->keys.check_mismatches += mismatch;
         /* Blocks still being written belong to their writer until commit. */
         if (!e || e->state == ENTRY_WRITING)
             continue;
@@ -701,8 +718,8 @@ int cache_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys, 
      * and before any later re-put's write (keylock). A store that cannot
      * delete (v6d) gets tombstones now, so no lookup brings the keys back. */
     if (c->persist && n > 0) {
-        persist_hide(c->persist, ns, keys, n);
-        cache_store_delete(c, ns, keys, n);
+        persist_hide(c->persist, ns, keys, checks, n);
+        cache_store_delete(c, ns, keys, checks, n);
     }
     return 0;
 }

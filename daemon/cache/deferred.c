@@ -19,6 +19,7 @@ void cache_wait_free(struct cache_wait *w)
     if (w->timer)
         event_free(w->timer);
     free((void *)w->keys);
+    free((void *)w->checks);
     free(w);
 }
 
@@ -62,19 +63,26 @@ struct cache_wait *cache_wait_heap(struct cache_wait *w)
 {
     struct cache_wait *h;
     int64_t *keys;
+    uint64_t *checks = NULL;
 
     if (w->on_heap)
         return w;
     h = malloc(sizeof *h);
     keys = malloc((w->n ? w->n : 1) * sizeof *keys);
-    if (!h || !keys) {
+    if (w->checks)
+        checks = malloc((w->n ? w->n : 1) * sizeof *checks);
+    if (!h || !keys || (w->checks && !checks)) {
         free(h);
         free(keys);
+        free(checks);
         return NULL;
     }
     memcpy(keys, w->keys, w->n * sizeof *keys);
+    if (checks)
+        memcpy(checks, w->checks, w->n * sizeof *checks);
     *h = *w;
     h->keys = keys;
+    h->checks = checks;
     h->on_heap = true;
     h->ns->refs++;   /* a cancelled wait may outlive its requester's binding */
     if (h->l)

@@ -28,14 +28,15 @@ static void cache_format_size(uint64_t v, char *buf, size_t len)
 /* Keys a put reports as already stored are the prefix it extends: shield
  * them (a pin, as a reader's) from the evictions that make room for the
  * rest, and release them tail-first after, which refreshes them like a hit. */
-static void cache_put_shield(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
-                             const struct cache_loc *locs, bool on)
+static void cache_put_shield(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
+                             const uint64_t *checks, size_t n, const struct cache_loc *locs, bool on)
 {
     for (size_t j = 0; j < n; j++) {
         size_t i = on ? j : n - 1 - j;
         if (locs[i].present)
             continue;
-        struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        /* Another word's block is not this put's prefix. */
+        struct index_entry *e = cache_entry_for(c, ns->id, keys[i], cache_check_at(checks, i), NULL);
         if (!e || e->state != ENTRY_SEALED)
             continue;
         if (!on)
@@ -46,8 +47,8 @@ static void cache_put_shield(struct cache *c, struct kv_namespace *ns, const int
 }
 
 int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
-                    const int64_t *keys, size_t n, int tier, uint64_t *lease_id,
-                    struct cache_loc *locs, char *err, size_t errlen)
+                    const int64_t *keys, const uint64_t *checks, size_t n, int tier,
+                    uint64_t *lease_id, struct cache_loc *locs, char *err, size_t errlen)
 {
     size_t need = 0, reserved = 0;
     struct lease *l;
@@ -69,6 +70,14 @@ int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
         ha = c->arenas[owner->put_arena];
     for (size_t i = 0; i < n; i++) {
         struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        /* Held under another check word (in memory or only in the store):
+         * that prefix's block stays; this put reports it as stored, and
+         * its writer's next get misses (counted). */
+        if (e && e->check != cache_check_at(checks, i)) {
+            c->keys.check_mismatches++;
+            locs[i] = (struct cache_loc){ .present = false };
+            continue;
+        }
         locs[i].present = !e || e->state == ENTRY_GHOST;
         locs[i].arena = 0;
         locs[i].offset = 0;
@@ -107,7 +116,7 @@ int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
         errmsg_set(err, errlen, "out of memory creating a write lease");
         return -KVNODE_ENOMEM;
     }
-    cache_put_shield(c, ns, keys, n, locs, true);
+    cache_put_shield(c, ns, keys, checks, n, locs, true);
     /* Under a quota, decide before evicting anything: a put that cannot fit
      * even after evicting every evictable block of its namespace must not
      * evict them. (need counts a key repeated within the request each time,
@@ -122,7 +131,7 @@ int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
         if (!locs[i].present)
             continue;
         e = index_lookup(c->index, ns->id, keys[i]);
-        if (e && e->state != ENTRY_GHOST) {
+        if (e && (e->state != ENTRY_GHOST || e->check != cache_check_at(checks, i))) {
             locs[i].present = false;  /* duplicate key earlier in this request */
             continue;
         }
@@ -156,6 +165,7 @@ int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
                 goto undo;
             }
             e->persist = PERSIST_NONE;
+            e->check = cache_check_at(checks, i);
         }
         e->state = ENTRY_WRITING;
         e->tier = in_hbm ? KVNODE_TIER_HBM : KVNODE_TIER_HOST;
@@ -169,7 +179,7 @@ int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
         owner->reserved_bytes += ns->layout.block_bytes;
         reserved++;
     }
-    cache_put_shield(c, ns, keys, n, locs, false);
+    cache_put_shield(c, ns, keys, checks, n, locs, false);
     *lease_id = l->id;
     cache_evict_maybe_schedule(c);
     cache_demote_maybe_schedule(c);
@@ -233,7 +243,7 @@ undo:
             continue;
         cache_unreserve(c, ns, owner, e);
     }
-    cache_put_shield(c, ns, keys, n, locs, false);
+    cache_put_shield(c, ns, keys, checks, n, locs, false);
     lease_destroy(c->leases, l);
     (void)reserved;
     return rc;

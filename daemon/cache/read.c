@@ -11,12 +11,15 @@
 /* --- match -------------------------------------------------------------------- */
 
 /* Count a lookup of n keys that matched the first m; the first miss (if
- * any) was entry e (NULL: absent), the keys after it were not looked at. */
-static void cache_count_keys(struct cache *c, size_t n, size_t m, const struct index_entry *e)
+ * any) was entry e (NULL: absent, or held under another check word:
+ * mismatch), the keys after it were not looked at. */
+static void cache_count_keys(struct cache *c, size_t n, size_t m, const struct index_entry *e,
+                             bool mismatch)
 {
     c->keys.matched += m;
     if (m == n)
         return;
+    c->keys.check_mismatches += mismatch;
     if (!e)
         c->keys.absent++;
     else if (e->state == ENTRY_WRITING)
@@ -32,15 +35,19 @@ void cache_key_metrics(const struct cache *c, struct metrics_keys *out)
 }
 
 /* The prefix held in some tier, tallied per tier; *miss = the entry that
- * ended it (NULL: absent or the end). */
-static size_t cache_match_scan(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
-                               struct cache_tiers *t, struct index_entry **miss)
+ * ended it (NULL: absent, held under another check word (*mismatch), or
+ * the end). */
+static size_t cache_match_scan(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
+                               const uint64_t *checks, size_t n, struct cache_tiers *t,
+                               struct index_entry **miss, bool *mismatch)
 {
     size_t i;
     memset(t, 0, sizeof *t);
     *miss = NULL;
+    *mismatch = false;
     for (i = 0; i < n; i++) {
-        struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        struct index_entry *e = cache_entry_for(c, ns->id, keys[i], cache_check_at(checks, i),
+                                                mismatch);
         if (!e || e->state == ENTRY_WRITING) {
             *miss = e;
             break;
@@ -73,8 +80,9 @@ void cache_match_tiers(struct cache *c, struct kv_namespace *ns, const int64_t *
                        struct cache_tiers *out)
 {
     struct index_entry *miss;
-    size_t m = cache_match_scan(c, ns, keys, n, out, &miss);
-    cache_count_keys(c, n, m, miss);
+    bool mismatch;
+    size_t m = cache_match_scan(c, ns, keys, NULL, n, out, &miss, &mismatch);
+    cache_count_keys(c, n, m, miss, mismatch);
     cache_match_touch(c, ns, keys, m);
 }
 
@@ -85,17 +93,19 @@ size_t cache_match(struct cache *c, struct kv_namespace *ns, const int64_t *keys
     return t.matched;
 }
 
-int cache_match_start(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
-                      struct cache_tiers *out, cache_ready_fn ready, void *arg,
-                      struct cache_wait **wait)
+int cache_match_start(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
+                      const uint64_t *checks, size_t n, struct cache_tiers *out,
+                      cache_ready_fn ready, void *arg, struct cache_wait **wait)
 {
     struct index_entry *miss;
-    size_t m = cache_match_scan(c, ns, keys, n, out, &miss);
+    bool mismatch;
+    size_t m = cache_match_scan(c, ns, keys, checks, n, out, &miss, &mismatch);
 
     *wait = NULL;
-    if (m < n && !miss && ready && cache_may_lookup(c)) {
-        struct cache_wait tmp = { .c = c, .kind = WAIT_MATCH, .ns = ns, .keys = keys, .n = n,
-                                  .ready = ready, .arg = arg };
+    /* A key the index holds under another word is not the store's to find. */
+    if (m < n && !miss && !mismatch && ready && cache_may_lookup(c)) {
+        struct cache_wait tmp = { .c = c, .kind = WAIT_MATCH, .ns = ns, .keys = keys,
+                                  .checks = checks, .n = n, .ready = ready, .arg = arg };
         struct cache_wait *w = cache_wait_heap(&tmp);
         if (w && cache_lookup_submit(c, w, m) == 0) {
             cache_wait_arm(c, w);
@@ -105,7 +115,7 @@ int cache_match_start(struct cache *c, struct kv_namespace *ns, const int64_t *k
         if (w)
             cache_wait_free(w);
     }
-    cache_count_keys(c, n, m, miss);
+    cache_count_keys(c, n, m, miss, mismatch);
     cache_match_touch(c, ns, keys, m);
     return 0;
 }
@@ -113,8 +123,9 @@ int cache_match_start(struct cache *c, struct kv_namespace *ns, const int64_t *k
 void cache_match_finish(struct cache *c, struct cache_wait *w, struct cache_tiers *out)
 {
     struct index_entry *miss;
-    size_t m = cache_match_scan(c, w->ns, w->keys, w->n, out, &miss);
-    cache_count_keys(c, w->n, m, miss);
+    bool mismatch;
+    size_t m = cache_match_scan(c, w->ns, w->keys, w->checks, w->n, out, &miss, &mismatch);
+    cache_count_keys(c, w->n, m, miss, mismatch);
     cache_match_touch(c, w->ns, w->keys, m);
     cache_wait_cancel(c, w);
 }
@@ -140,9 +151,14 @@ void cache_get_walk(struct cache *c, struct cache_wait **wp)
 
     while (w->next < w->n) {
         size_t i = w->next;
-        struct index_entry *e = index_lookup(c->index, w->ns->id, w->keys[i]);
+        bool mismatch = false;
+        struct index_entry *e = cache_entry_for(c, w->ns->id, w->keys[i],
+                                                cache_check_at(w->checks, i), &mismatch);
 
         if (!e) {
+            /* Held under another word: the prefix ends (counted at the fill). */
+            if (mismatch)
+                break;
             if (w->may_wait && !w->looked_up && cache_may_lookup(c)) {
                 struct cache_wait *h = cache_wait_heap(w);
                 if (h) {
@@ -204,7 +220,11 @@ static void cache_get_fill(struct cache *c, struct cache_wait *w, uint64_t *leas
             }
         }
     }
-    cache_count_keys(c, w->n, m, m < w->n ? index_lookup(c->index, w->ns->id, w->keys[m]) : NULL);
+    bool mismatch = false;
+    const struct index_entry *miss =
+        m < w->n ? cache_entry_for(c, w->ns->id, w->keys[m], cache_check_at(w->checks, m), &mismatch)
+                 : NULL;
+    cache_count_keys(c, w->n, m, miss, mismatch);
     if (!l)
         return;
     l->waiter = NULL;
@@ -223,26 +243,28 @@ static void cache_get_fill(struct cache *c, struct cache_wait *w, uint64_t *leas
 }
 
 int cache_get_start(struct cache *c, struct kv_namespace *ns, struct lease_list *owner, uint32_t readable,
-                    const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
-                    size_t *got, char *err, size_t errlen, cache_ready_fn ready, void *arg,
-                    struct cache_wait **wait)
+                    const int64_t *keys, const uint64_t *checks, size_t n, uint64_t *lease_id,
+                    struct cache_loc *locs, size_t *got, char *err, size_t errlen,
+                    cache_ready_fn ready, void *arg, struct cache_wait **wait)
 {
-    struct cache_wait tmp = { .c = c, .kind = WAIT_GET, .ns = ns, .keys = keys, .n = n,
+    struct cache_wait tmp = { .c = c, .kind = WAIT_GET, .ns = ns, .keys = keys,
+                              .checks = checks, .n = n,
                               .owner = owner, .may_wait = ready != NULL && c->persist != NULL,
                               .readable = readable | (1u << HOST_ARENA_ID),
                               .ready = ready, .arg = arg };
     struct cache_wait *w = &tmp;
     struct index_entry *first;
+    bool mismatch = false;
     int rc;
 
     *lease_id = 0;
     *got = 0;
     *wait = NULL;
-    first = n ? index_lookup(c->index, ns->id, keys[0]) : NULL;
-    if (n == 0 || (first && first->state == ENTRY_WRITING) ||
+    first = n ? cache_entry_for(c, ns->id, keys[0], cache_check_at(checks, 0), &mismatch) : NULL;
+    if (n == 0 || mismatch || (first && first->state == ENTRY_WRITING) ||
         (!first && !(tmp.may_wait && cache_may_lookup(c))) ||
         (first && first->state != ENTRY_SEALED && !tmp.may_wait)) {
-        cache_count_keys(c, n, 0, first);
+        cache_count_keys(c, n, 0, first, mismatch);
         return 0;
     }
     rc = cache_check_lease_room(c, owner, err, errlen);
@@ -277,8 +299,8 @@ int cache_get_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
                     struct cache_loc *locs, size_t *got, char *err, size_t errlen)
 {
     struct cache_wait *w;
-    return cache_get_start(c, ns, owner, owner->mapped, keys, n, lease_id, locs, got, err, errlen,
-                           NULL, NULL, &w);
+    return cache_get_start(c, ns, owner, owner->mapped, keys, NULL, n, lease_id, locs, got, err,
+                           errlen, NULL, NULL, &w);
 }
 
 /* --- any-key read (the KVS front end) ------------------------------------------ */
@@ -297,7 +319,11 @@ int cache_get_each(struct cache *c, struct kv_namespace *ns, struct lease_list *
     *lease_id = 0;
     *got = 0;
     for (size_t i = 0; i < n; i++) {
-        struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        /* rtp-llm sends no check words: a block put with one is another
+         * prefix's, a miss (counted). */
+        bool mismatch = false;
+        struct index_entry *e = cache_entry_for(c, ns->id, keys[i], 0, &mismatch);
+        c->keys.check_mismatches += mismatch;
         /* Only sealed blocks in the host arena: that is the memory lent. */
         locs[i].present = e && e->state == ENTRY_SEALED && e->arena == HOST_ARENA_ID;
         locs[i].arena = 0;

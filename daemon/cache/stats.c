@@ -166,6 +166,9 @@ void cache_get_stats(struct cache *c, struct cache_stats *out)
     out->evictions.quota = c->evicted_quota;
     cache_persist_stats(c, &out->persist);
     cache_key_metrics(c, &out->keys);
+    /* The store's lookups and reads are lookups too. */
+    if (out->persist.on)
+        out->keys.check_mismatches += out->persist.store.check_mismatches;
 }
 
 void cache_namespace_stats(struct cache *c, size_t i, struct cache_namespace_stats *out)
@@ -228,6 +231,7 @@ static void cache_persist_stats_add(struct cache_persist_stats *sum, const struc
     s->tombstones += c->tombstones;
     s->tombstones_dropped += c->tombstones_dropped;
     s->tombstone_hits += c->tombstone_hits;
+    s->check_mismatches += c->check_mismatches;
     for (int op = 0; op < PERSIST_OPS; op++)
         for (int k = 0; k < PERSIST_FAIL_KINDS; k++)
             s->failures[op][k] += c->failures[op][k];
@@ -350,4 +354,5 @@ void cache_stats_add(struct cache_stats *sum, const struct cache_stats *x, bool 
     sum->keys.writing += x->keys.writing;
     sum->keys.unavailable += x->keys.unavailable;
     sum->keys.beyond_gap += x->keys.beyond_gap;
+    sum->keys.check_mismatches += x->keys.check_mismatches;
 }

@@ -50,9 +50,10 @@ void cache_count_unwritten(struct cache *c, const struct index_entry *e)
 static struct cache_storeop *cache_storeop_new(struct cache *c, int kind, struct kv_namespace *ns,
                                                size_t n)
 {
-    struct cache_storeop *op = calloc(1, sizeof *op + n * sizeof op->keys[0]);
+    struct cache_storeop *op = calloc(1, sizeof *op + n * (sizeof op->keys[0] + sizeof *op->checks));
     if (!op)
         return NULL;
+    op->checks = (uint64_t *)(op->keys + n);
     op->c = c;
     op->kind = kind;
     op->ns = ns;
@@ -140,7 +141,7 @@ static int cache_storeop_send(struct cache_storeop *op)
     int rc;
 
     if (op->kind == STORE_OP_DELETE) {
-        rc = persist_delete(c->persist, op->ns, op->keys, op->n, cache_storeop_done, op);
+        rc = persist_delete(c->persist, op->ns, op->keys, op->checks, op->n, cache_storeop_done, op);
     } else if (op->e->detached) {
         rc = -KVNODE_ESHUTDOWN;   /* deleted before its turn: nothing to write */
     } else {
@@ -148,11 +149,11 @@ static int cache_storeop_send(struct cache_storeop *op)
         struct cache_hbm *h = cache_hbm_of(c, e);
         /* An HBM block is copied out by the worker, never read by the loop. */
         if (h && c->devmem)
-            rc = persist_write_device(c->persist, op->ns, e->key, cache_slot_ptr(c, e),
+            rc = persist_write_device(c->persist, op->ns, e->key, e->check, cache_slot_ptr(c, e),
                                       op->ns->layout.block_bytes, c->devmem, h->device,
                                       cache_storeop_done, op);
         else
-            rc = persist_write(c->persist, op->ns, e->key, cache_slot_ptr(c, e),
+            rc = persist_write(c->persist, op->ns, e->key, e->check, cache_slot_ptr(c, e),
                                op->ns->layout.block_bytes, cache_storeop_done, op);
     }
     if (rc == -KVNODE_ELIMIT)
@@ -254,7 +255,8 @@ void cache_write_start(struct cache *c, struct index_entry *e, bool evicting)
 
 /* Delete keys from the store, each after the ops on it that came before:
  * the keys free now go in one request, the others one by one in turn. */
-void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n)
+void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
+                        const uint64_t *checks, size_t n)
 {
     struct cache_storeop *batch = cache_storeop_new(c, STORE_OP_DELETE, ns, n);
 
@@ -266,6 +268,7 @@ void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t 
     for (size_t i = 0; i < n; i++) {
         int rc = keylock_acquire(c->keylocks, ns->id, keys[i], NULL);
         if (rc == 1) {
+            batch->checks[batch->n] = cache_check_at(checks, i);
             batch->keys[batch->n++] = keys[i];
             continue;
         }
@@ -275,6 +278,7 @@ void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t 
             continue;
         }
         one->keys[0] = keys[i];
+        one->checks[0] = cache_check_at(checks, i);
         cache_storeop_start(c, one);   /* busy: waits for its turn */
     }
     if (batch->n == 0)
@@ -365,13 +369,15 @@ bool cache_may_lookup(const struct cache *c)
 struct cache_lookup {
     struct cache_wait *w;
     int64_t *keys;
+    const uint64_t *checks;     /* NULL: every word 0 */
     size_t n;
     uint8_t present[];
 };
 
-/* Index as ghosts the keys the store reported, up to the first it lacks. */
+/* Index as ghosts the keys the store reported (under the words asked
+ * about), up to the first it lacks. */
 static size_t cache_index_found(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
-                                const uint8_t *present, size_t n)
+                                const uint64_t *checks, const uint8_t *present, size_t n)
 {
     size_t i;
     for (i = 0; i < n && present[i]; i++) {
@@ -380,6 +386,7 @@ static size_t cache_index_found(struct cache *c, struct kv_namespace *ns, const 
         struct index_entry *e = index_insert(c->index, ns->id, keys[i]);
         if (!e)
             break;
+        e->check = cache_check_at(checks, i);
         e->state = ENTRY_GHOST;
         e->tier = KVNODE_TIER_HOST;
         e->arena = UINT32_MAX;
@@ -397,7 +404,7 @@ static void cache_lookup_done(void *arg, int rc)
     struct cache *c = w->c;
 
     if (rc == 0)
-        c->lookup_found += cache_index_found(c, w->ns, lk->keys, lk->present, lk->n);
+        c->lookup_found += cache_index_found(c, w->ns, lk->keys, lk->checks, lk->present, lk->n);
     free(lk);
     /* A GET goes on walking with what the lookup found (promotions). */
     if (rc == 0 && w->kind == WAIT_GET && !w->answered && !w->finished)
@@ -414,8 +421,10 @@ int cache_lookup_submit(struct cache *c, struct cache_wait *w, size_t from)
         return -KVNODE_ENOMEM;
     lk->w = w;
     lk->keys = (int64_t *)w->keys + from;
+    lk->checks = w->checks ? w->checks + from : NULL;
     lk->n = n;
-    if (persist_exists(c->persist, w->ns, lk->keys, n, lk->present, cache_lookup_done, lk) < 0) {
+    if (persist_exists(c->persist, w->ns, lk->keys, lk->checks, n, lk->present, cache_lookup_done,
+                       lk) < 0) {
         free(lk);
         return -KVNODE_ELIMIT;
     }
@@ -501,7 +510,7 @@ int cache_promote(struct cache *c, struct kv_namespace *ns, struct index_entry *
     p->e = e;
     p->ns = ns;
     ns->refs++;
-    if (persist_read(c->persist, ns, e->key, (uint8_t *)arena_base(c->host) + off,
+    if (persist_read(c->persist, ns, e->key, e->check, (uint8_t *)arena_base(c->host) + off,
                      ns->layout.block_bytes, cache_promo_done, p) < 0) {
         arena_free(c->host, off);
         ns->refs--;
@@ -610,8 +619,9 @@ void cache_add_stored(struct cache *c, const struct kvs_found *blocks, size_t n)
         }
         struct index_entry *e = index_lookup(c->index, ns->id, f->key);
         if (e) {
-            /* Put again since the start: the store's copy is the same block. */
-            if (e->state == ENTRY_SEALED && e->persist == PERSIST_NONE)
+            /* Put again since the start: the store's copy is the same block
+             * (unless another word's put took the key meanwhile). */
+            if (e->state == ENTRY_SEALED && e->persist == PERSIST_NONE && e->check == f->check)
                 e->persist = PERSIST_STORED;
             continue;
         }
@@ -620,6 +630,7 @@ void cache_add_stored(struct cache *c, const struct kvs_found *blocks, size_t n)
             c->recovery_skipped++;
             continue;
         }
+        e->check = f->check;
         e->state = ENTRY_GHOST;
         e->tier = KVNODE_TIER_HOST;
         e->arena = UINT32_MAX;

@@ -38,6 +38,8 @@ enum entry_persist {
 struct index_entry {
     uint32_t ns;            /* namespace id */
     int64_t  key;
+    uint64_t check;         /* the block's check word (0: none): a request with another
+                               word does not see the block (cache_entry_for) */
     uint8_t  state;         /* enum entry_state */
     uint8_t  tier;          /* KVNODE_TIER_* of the bytes */
     uint8_t  detached;      /* unlinked from the index, freed when pins reach 0 */

@@ -535,8 +535,9 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
                 goto fail;
             }
             cache_unbind(t->cache, x->ns);   /* kept by its reservations and blocks, not by a client */
-            rc = cache_put_begin(t->cache, x->ns, &l->owner, x->keys, x->n, KVNODE_TIER_HOST, &lease_id, x->locs,
-                                 msg, sizeof msg);
+            /* rtp-llm sends no check words: word 0 (NULL) */
+            rc = cache_put_begin(t->cache, x->ns, &l->owner, x->keys, NULL, x->n, KVNODE_TIER_HOST,
+                                 &lease_id, x->locs, msg, sizeof msg);
         } else {
             k->st.read_keys += x->n;
             x->ns = cache_find_ns(t->cache, &layout);

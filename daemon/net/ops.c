@@ -169,6 +169,21 @@ int ops_check_keys(struct ops *o, const struct session *s, size_t n, char *err, 
     return 0;
 }
 
+int ops_check_words(size_t nkeys, size_t nchecks, const uint64_t *checks, const uint64_t **out,
+                    char *err, size_t errlen)
+{
+    *out = NULL;
+    if (nchecks == 0)
+        return 0;
+    if (nchecks != nkeys) {
+        snprintf(err, errlen, "%zu check words for %zu keys: send none (no words) or exactly one "
+                 "per key", nchecks, nkeys);
+        return -KVNODE_EINVAL;
+    }
+    *out = checks;
+    return 0;
+}
+
 /* Every request is counted by op and status and timed, whatever path it takes. */
 void ops_handle(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {

@@ -59,16 +59,20 @@ void ops_match_reply(struct ops *o, struct conn *conn, const Kvnode__Request *re
 void ops_match(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {
     size_t n = req->match->n_keys;
+    const uint64_t *checks;
     struct cache_tiers t;
     struct cache_wait *wait;
     char err[256];
     int rc = ops_check_keys(o, s, n, err, sizeof err);
 
+    if (rc == 0)
+        rc = ops_check_words(n, req->match->n_checks, req->match->checks, &checks, err, sizeof err);
     if (rc < 0) {
         ops_fail(o, conn, req, rc, err);
         return;
     }
-    rc = cache_match_start(ops_cache(s), s->ns, req->match->keys, n, &t, ops_pending_ready, conn, &wait);
+    rc = cache_match_start(ops_cache(s), s->ns, req->match->keys, checks, n, &t, ops_pending_ready, conn,
+                           &wait);
     if (rc == CACHE_WAITING) {
         if (ops_defer(o, conn, s, req, n, wait) == 0)
             return;
@@ -181,11 +185,17 @@ void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s, const 
     bool get = req->op_case == KVNODE__REQUEST__OP_GET_BEGIN;
     const int64_t *keys = get ? req->get_begin->keys : req->put_begin->keys;
     size_t n = get ? req->get_begin->n_keys : req->put_begin->n_keys, count = n;
+    const uint64_t *checks;
     struct cache_loc *locs = NULL;
     uint64_t lease_id = 0;
     char err[512];
     int rc = ops_check_keys(o, s, n, err, sizeof err);
 
+    if (rc == 0)
+        rc = get ? ops_check_words(n, req->get_begin->n_checks, req->get_begin->checks, &checks,
+                                   err, sizeof err)
+                 : ops_check_words(n, req->put_begin->n_checks, req->put_begin->checks, &checks,
+                                   err, sizeof err);
     if (rc < 0)
         goto fail;
     locs = calloc(n ? n : 1, sizeof *locs);
@@ -196,8 +206,8 @@ void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s, const 
     }
     if (get) {
         struct cache_wait *wait;
-        rc = cache_get_start(ops_cache(s), s->ns, &s->leases, s->leases.mapped, keys, n, &lease_id,
-                             locs, &count, err, sizeof err, ops_pending_ready, conn, &wait);
+        rc = cache_get_start(ops_cache(s), s->ns, &s->leases, s->leases.mapped, keys, checks, n,
+                             &lease_id, locs, &count, err, sizeof err, ops_pending_ready, conn, &wait);
         if (rc == CACHE_WAITING) {
             if (ops_defer(o, conn, s, req, n, wait) == 0) {
                 free(locs);
@@ -207,8 +217,8 @@ void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s, const 
             rc = 0;
         }
     } else {
-        rc = cache_put_begin(ops_cache(s), s->ns, &s->leases, keys, n, (int)req->put_begin->tier,
-                             &lease_id, locs, err, sizeof err);
+        rc = cache_put_begin(ops_cache(s), s->ns, &s->leases, keys, checks, n,
+                             (int)req->put_begin->tier, &lease_id, locs, err, sizeof err);
         if (rc == CACHE_STORE_BOUND) {
             if (ops_put_backpressure(o, conn, s, req, n, err, sizeof err)) {
                 free(locs);
@@ -302,12 +312,16 @@ void ops_get_inline_reply(struct ops *o, struct conn *conn, struct session *s,
 void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {
     size_t n = req->get_inline->n_keys, got = 0;
+    const uint64_t *checks;
     struct cache_loc *locs = NULL;
     struct cache_wait *wait;
     uint64_t lease_id = 0;
     char err[512];
     int rc = ops_check_keys(o, s, n, err, sizeof err);
 
+    if (rc == 0)
+        rc = ops_check_words(n, req->get_inline->n_checks, req->get_inline->checks, &checks, err,
+                             sizeof err);
     if (rc < 0)
         goto fail;
     if ((uint64_t)n * s->ns->layout.block_bytes + 4096u > o->cfg->max_frame_bytes) {
@@ -326,7 +340,7 @@ void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const K
     /* The loop copies the blocks into the reply: only memory its CPU can
      * read may answer (a real GPU's HBM ends the prefix). */
     rc = cache_get_start(ops_cache(s), s->ns, &s->leases, s->leases.mapped & cache_cpu_arenas(ops_cache(s)),
-                         req->get_inline->keys, n, &lease_id, locs, &got, err, sizeof err,
+                         req->get_inline->keys, checks, n, &lease_id, locs, &got, err, sizeof err,
                          ops_pending_ready, conn, &wait);
     if (rc == CACHE_WAITING) {
         if (ops_defer(o, conn, s, req, n, wait) == 0) {
@@ -352,12 +366,15 @@ void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, const K
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
     Kvnode__PutInlineReply reply = KVNODE__PUT_INLINE_REPLY__INIT;
     size_t n = p->n_keys, stored = 0;
+    const uint64_t *checks;
     struct cache_loc *locs = NULL;
     uint64_t lease_id = 0;
     uint32_t ignored;
     char err[512];
     int rc = ops_check_keys(o, s, n, err, sizeof err);
 
+    if (rc == 0)
+        rc = ops_check_words(n, p->n_checks, p->checks, &checks, err, sizeof err);
     if (rc < 0)
         goto fail;
     if (p->n_blocks != n) {
@@ -379,8 +396,8 @@ void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, const K
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
-    rc = cache_put_begin(ops_cache(s), s->ns, &s->leases, p->keys, n, KVNODE_TIER_HOST, &lease_id,
-                         locs, err, sizeof err);
+    rc = cache_put_begin(ops_cache(s), s->ns, &s->leases, p->keys, checks, n, KVNODE_TIER_HOST,
+                         &lease_id, locs, err, sizeof err);
     if (rc == CACHE_STORE_BOUND) {
         if (ops_put_backpressure(o, conn, s, req, n, err, sizeof err)) {
             free(locs);
@@ -415,15 +432,19 @@ void ops_delete(struct ops *o, struct conn *conn, struct session *s, const Kvnod
 {
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
     Kvnode__DeleteReply reply = KVNODE__DELETE_REPLY__INIT;
+    const uint64_t *checks;
     uint32_t deleted = 0;
     char err[256];
     int rc = ops_check_keys(o, s, req->delete_->n_keys, err, sizeof err);
 
+    if (rc == 0)
+        rc = ops_check_words(req->delete_->n_keys, req->delete_->n_checks, req->delete_->checks,
+                             &checks, err, sizeof err);
     if (rc < 0) {
         ops_fail(o, conn, req, rc, err);
         return;
     }
-    cache_delete(ops_cache(s), s->ns, req->delete_->keys, req->delete_->n_keys, &deleted);
+    cache_delete(ops_cache(s), s->ns, req->delete_->keys, checks, req->delete_->n_keys, &deleted);
     reply.deleted = deleted;
     resp.result_case = KVNODE__RESPONSE__RESULT_DELETE;
     resp.delete_ = &reply;

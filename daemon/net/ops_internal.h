@@ -89,6 +89,10 @@ void ops_fail(struct ops *o, struct conn *conn, const Kvnode__Request *req, int 
 void ops_send(struct ops *o, struct conn *conn, const Kvnode__Request *req,
               Kvnode__Response *resp, const int *fds, size_t nfds);
 int  ops_check_keys(struct ops *o, const struct session *s, size_t n, char *err, size_t errlen);
+/* A request's check words: 0 with *out NULL (none) or checks (one per key);
+ * -KVNODE_EINVAL with err naming both counts otherwise. */
+int  ops_check_words(size_t nkeys, size_t nchecks, const uint64_t *checks, const uint64_t **out,
+                     char *err, size_t errlen);
 void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 
 /* ops_control.c */

@@ -73,6 +73,8 @@ struct persist_counters {
     uint64_t tombstones_dropped;                /* forgotten to make room (oldest first): such
                                                    a key can be found in the store again */
     uint64_t tombstone_hits;                    /* lookups and reads a tombstone hid */
+    uint64_t check_mismatches;                  /* lookups and reads that found the key
+                                                   under another check word (a miss) */
     uint64_t failures[PERSIST_OPS][PERSIST_FAIL_KINDS];
     uint64_t refused_queue_full;                /* requests refused: queue full (the cache
                                                    queues writes again; see cache.h) */
@@ -123,16 +125,19 @@ const char *persist_backend_name(const struct persist *p);
  * the loop thread), -KVNODE_ELIMIT when the queue is full (counted in
  * refused_queue_full; done is not called), -KVNODE_ESHUTDOWN while stopping.
  * ns must outlive the request (namespaces live as long as the daemon). */
-int  persist_write(struct persist *p, const struct kv_namespace *ns, int64_t key, const void *data,
-                   size_t len, persist_done_fn done, void *arg);
+/* check: the block's check word (0: none), stored with it; a read or
+ * lookup with another word finds nothing there (KVS_MISS / absent) and is
+ * counted in check_mismatches. */
+int  persist_write(struct persist *p, const struct kv_namespace *ns, int64_t key, uint64_t check,
+                   const void *data, size_t len, persist_done_fn done, void *arg);
 /* The same for a block in device memory (dm's `device`): the worker copies
  * it to host memory (devmem_copy_to_host) before writing it. */
 struct devmem;
-int  persist_write_device(struct persist *p, const struct kv_namespace *ns, int64_t key, const void *data,
-                          size_t len, struct devmem *dm, int device, persist_done_fn done,
-                          void *arg);
-int  persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key, void *data, size_t len,
-                  persist_done_fn done, void *arg);
+int  persist_write_device(struct persist *p, const struct kv_namespace *ns, int64_t key,
+                          uint64_t check, const void *data, size_t len, struct devmem *dm,
+                          int device, persist_done_fn done, void *arg);
+int  persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key, uint64_t check,
+                  void *data, size_t len, persist_done_fn done, void *arg);
 /* keys were deleted: for a store that cannot delete what it holds (v6d:
  * keeps_deleted) remember each in a bounded FIFO of tombstones, so that
  * lookups (persist_exists) and reads (persist_read) stop finding it — also
@@ -142,13 +147,19 @@ int  persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key,
  * live in memory: a restarted daemon finds the store's copies again. Call
  * it when the delete happens, before later lookups; a no-op for stores
  * that delete (file). */
-void persist_hide(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n);
-/* keys are copied; done may be NULL. */
-int  persist_delete(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n,
-                    persist_done_fn done, void *arg);
-/* keys are copied; present[i] (caller's, n bytes) is filled before done. */
-int  persist_exists(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n,
-                    uint8_t *present, persist_done_fn done, void *arg);
+/* checks: the keys' check words (NULL: every word 0), here and below; a
+ * tombstone hides (key, word). */
+void persist_hide(struct persist *p, const struct kv_namespace *ns, const int64_t *keys,
+                  const uint64_t *checks, size_t n);
+/* keys and checks are copied; done may be NULL. A key the store holds under
+ * another word is left alone. */
+int  persist_delete(struct persist *p, const struct kv_namespace *ns, const int64_t *keys,
+                    const uint64_t *checks, size_t n, persist_done_fn done, void *arg);
+/* keys and checks are copied; present[i] (caller's, n bytes) is filled
+ * before done: 1 when the store holds keys[i] under checks[i]. */
+int  persist_exists(struct persist *p, const struct kv_namespace *ns, const int64_t *keys,
+                    const uint64_t *checks, size_t n, uint8_t *present, persist_done_fn done,
+                    void *arg);
 
 /* Recovery: scan the store in chunks on the scan thread. found() runs on the
  * loop for each chunk (blocks valid during the call only); finished() once at

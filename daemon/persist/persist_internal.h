@@ -51,6 +51,7 @@ struct pjob {
     int              op;           /* enum persist_op */
     struct kvs_ns    ns;
     int64_t          key;
+    uint64_t         check;        /* write/read: the key's check word (0: none) */
     const void      *wdata;        /* write: the caller's */
     struct devmem   *dm;           /* write: wdata is device memory of dm's `device` */
     int              device;
@@ -58,6 +59,7 @@ struct pjob {
     size_t           len;
     size_t           n;            /* delete/exists */
     int64_t         *keys;         /* copies, allocated with the job */
+    uint64_t        *checks;       /* delete/exists: the keys' words, allocated with the job */
     uint8_t         *present;      /* exists: the caller's, filled on the loop in done() */
     uint8_t         *wpresent;     /* exists: the worker's, allocated with the job */
     persist_done_fn  done;
@@ -90,6 +92,7 @@ struct pscan_job {
 struct tomb {
     uint64_t fp;                   /* deployment fingerprint */
     int64_t  key;
+    uint64_t check;                /* the key's check word: (key, word) is what is hidden */
     uint64_t seq;                  /* 0: empty slot (table) */
     uint32_t rank;                 /* tp_rank */
 };
@@ -171,9 +174,11 @@ void persist_job_done(struct workq_job *j);
 /* --- tombs.c ----------------------------------------------------------------------- */
 
 /* Whether a tombstone hides (ns, key). */
-bool persist_tomb_hidden(const struct persist *p, const struct kvs_ns *ns, int64_t key);
+bool persist_tomb_hidden(const struct persist *p, const struct kvs_ns *ns, int64_t key,
+                         uint64_t check);
 /* Forget the key's tombstone, if any (a re-put). */
-void persist_tomb_remove(struct persist *p, const struct kv_namespace *ns, int64_t key);
+void persist_tomb_remove(struct persist *p, const struct kv_namespace *ns, int64_t key,
+                         uint64_t check);
 
 /* --- scan.c ------------------------------------------------------------------------ */
 

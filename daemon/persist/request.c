@@ -15,7 +15,7 @@
 static struct pjob *job_new(struct persist *p, int op, const struct kv_namespace *ns, size_t n,
                             persist_done_fn done, void *arg)
 {
-    size_t extra = n * sizeof(int64_t) + (op == PERSIST_OP_EXISTS ? n : 0);
+    size_t extra = n * (sizeof(int64_t) + sizeof(uint64_t)) + (op == PERSIST_OP_EXISTS ? n : 0);
     struct pjob *pj = calloc(1, sizeof *pj + extra);
 
     if (!pj)
@@ -32,12 +32,20 @@ static struct pjob *job_new(struct persist *p, int op, const struct kv_namespace
     pj->n = n;
     if (n) {
         pj->keys = (int64_t *)(pj + 1);
+        pj->checks = (uint64_t *)(pj->keys + n);
         if (op == PERSIST_OP_EXISTS)
-            pj->wpresent = (uint8_t *)(pj->keys + n);
+            pj->wpresent = (uint8_t *)(pj->checks + n);
     }
     pj->done = done;
     pj->arg = arg;
     return pj;
+}
+
+/* The keys' check words into the job (NULL: every word 0; the job is zeroed). */
+static void job_copy_checks(struct pjob *pj, const uint64_t *checks)
+{
+    if (checks)
+        memcpy(pj->checks, checks, pj->n * sizeof *checks);
 }
 
 static int job_submit(struct persist *p, struct pjob *pj)
@@ -65,7 +73,7 @@ static int check_request(const struct persist *p, const struct kv_namespace *ns)
 
 /* A write from host memory (dm NULL) or from device memory of dm. */
 static int persist_write_from(struct persist *p, const struct kv_namespace *ns, int64_t key,
-                              const void *data, size_t len, struct devmem *dm, int device,
+                              uint64_t check, const void *data, size_t len, struct devmem *dm, int device,
                               persist_done_fn done, void *arg)
 {
     int rc = check_request(p, ns);
@@ -75,11 +83,12 @@ static int persist_write_from(struct persist *p, const struct kv_namespace *ns, 
         return -KVNODE_EINVAL;
     /* Put again after a delete: visible again (what the store then holds
      * under the key is this block, or one written before it, see v6d.h). */
-    persist_tomb_remove(p, ns, key);
+    persist_tomb_remove(p, ns, key, check);
     struct pjob *pj = job_new(p, PERSIST_OP_WRITE, ns, 0, done, arg);
     if (!pj)
         return -KVNODE_ENOMEM;
     pj->key = key;
+    pj->check = check;
     pj->wdata = data;
     pj->len = len;
     pj->dm = dm;
@@ -87,22 +96,23 @@ static int persist_write_from(struct persist *p, const struct kv_namespace *ns, 
     return job_submit(p, pj);
 }
 
-int persist_write(struct persist *p, const struct kv_namespace *ns, int64_t key, const void *data,
-                  size_t len, persist_done_fn done, void *arg)
+int persist_write(struct persist *p, const struct kv_namespace *ns, int64_t key, uint64_t check,
+                  const void *data, size_t len, persist_done_fn done, void *arg)
 {
-    return persist_write_from(p, ns, key, data, len, NULL, -1, done, arg);
+    return persist_write_from(p, ns, key, check, data, len, NULL, -1, done, arg);
 }
 
-int persist_write_device(struct persist *p, const struct kv_namespace *ns, int64_t key, const void *data,
-                         size_t len, struct devmem *dm, int device, persist_done_fn done, void *arg)
+int persist_write_device(struct persist *p, const struct kv_namespace *ns, int64_t key,
+                         uint64_t check, const void *data, size_t len, struct devmem *dm,
+                         int device, persist_done_fn done, void *arg)
 {
     if (!dm)
         return -KVNODE_EINVAL;
-    return persist_write_from(p, ns, key, data, len, dm, device, done, arg);
+    return persist_write_from(p, ns, key, check, data, len, dm, device, done, arg);
 }
 
-int persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key, void *data, size_t len,
-                 persist_done_fn done, void *arg)
+int persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key, uint64_t check,
+                 void *data, size_t len, persist_done_fn done, void *arg)
 {
     int rc = check_request(p, ns);
     if (rc < 0)
@@ -113,13 +123,14 @@ int persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key, 
     if (!pj)
         return -KVNODE_ENOMEM;
     pj->key = key;
+    pj->check = check;
     pj->rdata = data;
     pj->len = len;
     return job_submit(p, pj);
 }
 
-int persist_delete(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n,
-                   persist_done_fn done, void *arg)
+int persist_delete(struct persist *p, const struct kv_namespace *ns, const int64_t *keys,
+                   const uint64_t *checks, size_t n, persist_done_fn done, void *arg)
 {
     int rc = check_request(p, ns);
     if (rc < 0)
@@ -130,11 +141,13 @@ int persist_delete(struct persist *p, const struct kv_namespace *ns, const int64
     if (!pj)
         return -KVNODE_ENOMEM;
     memcpy(pj->keys, keys, n * sizeof *keys);
+    job_copy_checks(pj, checks);
     return job_submit(p, pj);
 }
 
-int persist_exists(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n,
-                   uint8_t *present, persist_done_fn done, void *arg)
+int persist_exists(struct persist *p, const struct kv_namespace *ns, const int64_t *keys,
+                   const uint64_t *checks, size_t n, uint8_t *present, persist_done_fn done,
+                   void *arg)
 {
     int rc = check_request(p, ns);
     if (rc < 0)
@@ -145,6 +158,7 @@ int persist_exists(struct persist *p, const struct kv_namespace *ns, const int64
     if (!pj)
         return -KVNODE_ENOMEM;
     memcpy(pj->keys, keys, n * sizeof *keys);
+    job_copy_checks(pj, checks);
     pj->present = present;
     return job_submit(p, pj);
 }

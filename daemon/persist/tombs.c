@@ -22,7 +22,8 @@ static size_t tomb_slot(const struct tombs *t, uint64_t fp, uint32_t rank, int64
 }
 
 /* The table slot of the key, or SIZE_MAX. */
-static size_t tomb_find(const struct tombs *t, uint64_t fp, uint32_t rank, int64_t key)
+static size_t tomb_find(const struct tombs *t, uint64_t fp, uint32_t rank, int64_t key,
+                        uint64_t check)
 {
     if (!t->table)
         return SIZE_MAX;
@@ -30,7 +31,7 @@ static size_t tomb_find(const struct tombs *t, uint64_t fp, uint32_t rank, int64
         const struct tomb *e = &t->table[i];
         if (!e->seq)
             return SIZE_MAX;
-        if (e->fp == fp && e->rank == rank && e->key == key)
+        if (e->fp == fp && e->rank == rank && e->key == key && e->check == check)
             return i;
     }
 }
@@ -57,13 +58,14 @@ static void tomb_erase(struct tombs *t, size_t i)
     }
 }
 
-bool persist_tomb_hidden(const struct persist *p, const struct kvs_ns *ns, int64_t key)
+bool persist_tomb_hidden(const struct persist *p, const struct kvs_ns *ns, int64_t key,
+                         uint64_t check)
 {
     return p->c.tombstones &&
-           tomb_find(&p->tombs, ns->fingerprint, ns->layout->tp_rank, key) != SIZE_MAX;
+           tomb_find(&p->tombs, ns->fingerprint, ns->layout->tp_rank, key, check) != SIZE_MAX;
 }
 
-static void tomb_add(struct persist *p, uint64_t fp, uint32_t rank, int64_t key)
+static void tomb_add(struct persist *p, uint64_t fp, uint32_t rank, int64_t key, uint64_t check)
 {
     struct tombs *t = &p->tombs;
     if (!t->table) {
@@ -81,11 +83,11 @@ static void tomb_add(struct persist *p, uint64_t fp, uint32_t rank, int64_t key)
         }
         t->tsize = tsize;
     }
-    if (tomb_find(t, fp, rank, key) != SIZE_MAX)
+    if (tomb_find(t, fp, rank, key, check) != SIZE_MAX)
         return;
     if (t->count == t->cap) {   /* forget the oldest */
         const struct tomb *old = &t->ring[t->head];
-        size_t i = tomb_find(t, old->fp, old->rank, old->key);
+        size_t i = tomb_find(t, old->fp, old->rank, old->key, old->check);
         if (i != SIZE_MAX && t->table[i].seq == old->seq) {
             tomb_erase(t, i);
             p->c.tombstones--;
@@ -94,7 +96,7 @@ static void tomb_add(struct persist *p, uint64_t fp, uint32_t rank, int64_t key)
         t->head = (t->head + 1) % t->cap;
         t->count--;
     }
-    struct tomb e = { .fp = fp, .key = key, .seq = ++t->seq, .rank = rank };
+    struct tomb e = { .fp = fp, .key = key, .check = check, .seq = ++t->seq, .rank = rank };
     t->ring[(t->head + t->count) % t->cap] = e;
     t->count++;
     size_t i = tomb_slot(t, fp, rank, key);
@@ -104,21 +106,23 @@ static void tomb_add(struct persist *p, uint64_t fp, uint32_t rank, int64_t key)
     p->c.tombstones++;
 }
 
-void persist_tomb_remove(struct persist *p, const struct kv_namespace *ns, int64_t key)
+void persist_tomb_remove(struct persist *p, const struct kv_namespace *ns, int64_t key,
+                         uint64_t check)
 {
     if (!p->c.tombstones)
         return;
-    size_t i = tomb_find(&p->tombs, ns->fingerprint, ns->layout.tp_rank, key);
+    size_t i = tomb_find(&p->tombs, ns->fingerprint, ns->layout.tp_rank, key, check);
     if (i != SIZE_MAX) {
         tomb_erase(&p->tombs, i);
         p->c.tombstones--;
     }
 }
 
-void persist_hide(struct persist *p, const struct kv_namespace *ns, const int64_t *keys, size_t n)
+void persist_hide(struct persist *p, const struct kv_namespace *ns, const int64_t *keys,
+                  const uint64_t *checks, size_t n)
 {
     if (!p || !ns || !p->be->keeps_deleted || p->tombs.cap == 0)
         return;
     for (size_t i = 0; i < n; i++)
-        tomb_add(p, ns->fingerprint, ns->layout.tp_rank, keys[i]);
+        tomb_add(p, ns->fingerprint, ns->layout.tp_rank, keys[i], checks ? checks[i] : 0);
 }

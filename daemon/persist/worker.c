@@ -164,8 +164,8 @@ static void job_run_batch(struct pjob *pj, struct pworker *w)
             j->kind = persist_failure_kind(j->rc);
             continue;
         }
-        items[m++] = (struct kvs_item){ .ns = &j->ns, .key = j->key, .src = src, .dst = j->rdata,
-                                        .len = j->len };
+        items[m++] = (struct kvs_item){ .ns = &j->ns, .key = j->key, .check = j->check, .src = src,
+                                        .dst = j->rdata, .len = j->len };
         j->rc = INT_MIN;   /* in the batch: set below */
     }
     char err[PERSIST_ERR_MAX] = "";
@@ -225,12 +225,12 @@ void persist_job_run(struct workq_job *j, void *ctx)
     switch (pj->op) {
     case PERSIST_OP_WRITE: {
         const void *src = job_write_source(pj, w);
-        rc = src ? be->put(w->s, &pj->ns, pj->key, src, pj->len, pj->err, sizeof pj->err)
+        rc = src ? be->put(w->s, &pj->ns, pj->key, pj->check, src, pj->len, pj->err, sizeof pj->err)
                  : -KVNODE_EIO;
         break;
     }
     case PERSIST_OP_READ:
-        rc = be->get(w->s, &pj->ns, pj->key, pj->rdata, pj->len, pj->err, sizeof pj->err);
+        rc = be->get(w->s, &pj->ns, pj->key, pj->check, pj->rdata, pj->len, pj->err, sizeof pj->err);
         break;
     case PERSIST_OP_DELETE:
         rc = 0;
@@ -241,11 +241,12 @@ void persist_job_run(struct workq_job *j, void *ctx)
         /* Stop at the first failure: a store that is down would only make
          * every remaining key wait for its own timeout. */
         for (size_t i = 0; i < pj->n && rc == 0; i++)
-            if ((rc = be->del(w->s, &pj->ns, pj->keys[i], pj->err, sizeof pj->err)) == 0)
+            if ((rc = be->del(w->s, &pj->ns, pj->keys[i], pj->checks[i], pj->err, sizeof pj->err)) == 0)
                 pj->ndeleted++;
         break;
     case PERSIST_OP_EXISTS:
-        rc = be->exists(w->s, &pj->ns, pj->keys, pj->n, pj->wpresent, pj->err, sizeof pj->err);
+        rc = be->exists(w->s, &pj->ns, pj->keys, pj->checks, pj->n, pj->wpresent, pj->err,
+                        sizeof pj->err);
         break;
     case PERSIST_OP_HEALTH:
         rc = be->health(w->s, pj->err, sizeof pj->err);
@@ -299,16 +300,27 @@ void persist_job_done(struct workq_job *j)
     struct pjob *pj = (struct pjob *)j;
     struct persist *p = pj->p;
 
+    /* Another check word's block is another prefix's: a miss for this one. */
+    if (!j->cancelled && pj->op == PERSIST_OP_READ && pj->rc == KVS_MISMATCH) {
+        pj->rc = KVS_MISS;
+        p->c.check_mismatches++;
+    }
+    if (!j->cancelled && pj->op == PERSIST_OP_EXISTS && pj->rc == 0)
+        for (size_t i = 0; i < pj->n; i++)
+            if (pj->wpresent[i] == KVS_PRESENT_OTHER_WORD) {
+                pj->wpresent[i] = KVS_ABSENT;
+                p->c.check_mismatches++;
+            }
     /* A key deleted since (or before) the store was asked stays deleted,
      * whatever the store still holds. */
     if (!j->cancelled && pj->op == PERSIST_OP_READ && pj->rc == 0 &&
-        persist_tomb_hidden(p, &pj->ns, pj->key)) {
+        persist_tomb_hidden(p, &pj->ns, pj->key, pj->check)) {
         pj->rc = KVS_MISS;
         p->c.tombstone_hits++;
     }
     if (!j->cancelled && pj->op == PERSIST_OP_EXISTS && pj->rc == 0 && p->c.tombstones)
         for (size_t i = 0; i < pj->n; i++)
-            if (pj->wpresent[i] && persist_tomb_hidden(p, &pj->ns, pj->keys[i])) {
+            if (pj->wpresent[i] && persist_tomb_hidden(p, &pj->ns, pj->keys[i], pj->checks[i])) {
                 pj->wpresent[i] = 0;
                 p->c.tombstone_hits++;
             }

@@ -132,7 +132,7 @@ static size_t g_size;
 static int get(struct kvs_store *s, int64_t key, uint8_t *out)
 {
     char err[512];
-    int rc = kvs_backend_file.get(s, &ns, key, out, BB, err, sizeof err);
+    int rc = kvs_backend_file.get(s, &ns, key, 0, out, BB, err, sizeof err);
     FUZZ_CHECK(rc == 0 || rc == KVS_MISS || rc == KVS_CORRUPT);
     if (rc == 0) {
         uint8_t want[BB];
@@ -195,9 +195,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fprintf(stderr, "open %s: %s\n", root, err);
     FUZZ_CHECK(rc == 0);
     pattern(pat, K_GOOD);
-    FUZZ_CHECK(kvs_backend_file.put(s, &ns, K_GOOD, pat, BB, err, sizeof err) == 0);
+    FUZZ_CHECK(kvs_backend_file.put(s, &ns, K_GOOD, 0, pat, BB, err, sizeof err) == 0);
     pattern(pat, K_VICTIM);
-    FUZZ_CHECK(kvs_backend_file.put(s, &ns, K_VICTIM, pat, BB, err, sizeof err) == 0);
+    FUZZ_CHECK(kvs_backend_file.put(s, &ns, K_VICTIM, 0, pat, BB, err, sizeof err) == 0);
     FUZZ_CHECK(kvs_file_locate(s, &ns, K_VICTIM, seg, sizeof seg, NULL) == 0);
     FUZZ_CHECK(kvs_file_locate_hint(s, &ns, K_VICTIM, hint, sizeof hint) == 0);
     kvs_backend_file.close(s);       /* the segment closes: its hint is written */

@@ -8,6 +8,9 @@
  * - blocks evicted from memory come back byte-exact from the cluster;
  * - a value overwritten with redis-cli is a counted corrupt read, the GET
  *   returns the prefix before it, and the value is deleted;
+ * - check words go with the values: another node finds a block under its
+ *   word only; another word's lookups miss (counted as check mismatches,
+ *   not as corruption) and neither they nor its delete remove the value;
  * - a store down at start: the daemon starts degraded, serves from memory,
  *   and turns ok and writes once the (plain, single) server comes up;
  * - a store that hangs (SIGSTOP): the loop stays responsive (PING), a MATCH
@@ -257,6 +260,95 @@ START_TEST(test_corrupt_value_counted)
 }
 END_TEST
 
+/* ---- check words (issue 19) ---------------------------------------------------------------- */
+
+/* get_batch_checked of keys under checks: how many came, each byte-exact. */
+static size_t get_words(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
+                        uint64_t seed)
+{
+    void *bufs[8];
+    size_t got = 99;
+    ck_assert(n <= 8);
+    for (size_t i = 0; i < n; i++)
+        bufs[i] = calloc(1, BB);
+    KVH_OK(c, kvnode_get_batch_checked(c, keys, checks, n, bufs, 0, &got));
+    for (size_t i = 0; i < got; i++)
+        ck_assert_msg(kvh_verify(bufs[i], BB, keys[i], seed) == 0, "block #%zu: %s", i, kvh_error());
+    for (size_t i = 0; i < n; i++)
+        free(bufs[i]);
+    return got;
+}
+
+/* A's blocks carry their words through the cluster to B; C, asking with
+ * another word, finds nothing (counted as check mismatches, not as corrupt
+ * values) and the values stay for the word they belong to. */
+START_TEST(test_check_words_across_nodes)
+{
+    kvh_daemon a, b, c3;
+    char conf[1024];
+    redis_conf(conf, sizeof conf, cl.seeds, NULL);
+    KVH_START(&a, conf);
+    KVH_START(&b, conf);
+    KVH_START(&c3, conf);
+    kvnode_layout lay = kvh_layout("rd-words", BB, 1, 0);
+    kvnode_client *ca, *cb, *cc;
+    KVH_CONNECT(&a, &lay, &ca);
+    KVH_CONNECT(&b, &lay, &cb);
+    KVH_CONNECT(&c3, &lay, &cc);
+    kvnode_key k[8];
+    uint64_t wa[8], wb[8];
+    void *src[8];
+    kvh_chain(k, 8, 700);
+    for (size_t i = 0; i < 8; i++) {
+        wa[i] = 0xa000000000000000ull + i;
+        wb[i] = 0xb000000000000000ull + i;
+        src[i] = malloc(BB);
+        kvh_fill(src[i], BB, k[i], 11);
+    }
+    KVH_OK(ca, kvnode_put_batch_checked(ca, k, wa, 8, (const void *const *)src, 0));
+    for (size_t i = 0; i < 8; i++)
+        free(src[i]);
+    wait_ge(&a, "persist.written_blocks_total", 8, 10000);
+
+    /* B finds them under their words only, and reads them byte-exact */
+    kvnode_tiers t;
+    KVH_OK(cb, kvnode_match_checked(cb, k, wb, 8, &t));
+    ck_assert_uint_eq(t.matched, 0);
+    ck_assert_int_ge(stat_int(&b, "persist.check_mismatches_total"), 1);
+    ck_assert_int_ge(stat_int(&b, "keys.check_mismatches_total"), 1);
+    KVH_OK(cb, kvnode_match_checked(cb, k, wa, 8, &t));
+    ck_assert_msg(t.matched == 8 && t.store == 8, "B matched %zu (store %zu)", t.matched, t.store);
+    ck_assert_uint_eq(get_words(cb, k, wa, 8, 11), 8);
+    ck_assert_int_eq(stat_int(&b, "persist.read_blocks_total"), 8);
+
+    /* C asks with another word, then with none: misses, counted; not corrupt */
+    ck_assert_uint_eq(get_words(cc, k, wb, 8, 11), 0);
+    ck_assert_uint_eq(get_words(cc, k, NULL, 8, 11), 0);
+    ck_assert_int_ge(stat_int(&c3, "persist.check_mismatches_total"), 2);
+    ck_assert_int_eq(stat_int(&c3, "persist.failures_total.read.corrupt"), 0);
+    ck_assert_int_eq(stat_int(&c3, "persist.read_blocks_total"), 0);
+    char key[512];
+    block_key(&a, "rd-words", k[0], key, sizeof key);
+    int m = rctl_master_of(&cl, key);
+    ck_assert_int_ge(m, 0);
+    ck_assert_msg(rctl_cli_has(&cl, m, "1", "exists", key, (const char *)NULL), "%s was deleted", key);
+    /* a delete with another word leaves the cluster's copy too */
+    size_t deleted = 99;
+    KVH_OK(cc, kvnode_delete_checked(cc, k, wb, 8, &deleted));
+    wait_idle(&c3, 10000);
+    ck_assert_msg(rctl_cli_has(&cl, m, "1", "exists", key, (const char *)NULL), "%s was deleted", key);
+    /* and the word's owner still reads them */
+    ck_assert_uint_eq(get_words(cc, k, wa, 8, 11), 8);
+
+    kvnode_close(ca);
+    kvnode_close(cb);
+    kvnode_close(cc);
+    KVH_STOP_DESTROY(&a);
+    KVH_STOP_DESTROY(&b);
+    KVH_STOP_DESTROY(&c3);
+}
+END_TEST
+
 /* ---- down at start ------------------------------------------------------------------------ */
 
 START_TEST(test_store_down_at_start)
@@ -476,6 +568,7 @@ int main(void)
     tcase_add_test(tc, test_two_nodes_share);
     tcase_add_test(tc, test_round_trip_after_eviction);
     tcase_add_test(tc, test_corrupt_value_counted);
+    tcase_add_test(tc, test_check_words_across_nodes);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     tc = tcase_create("faults");

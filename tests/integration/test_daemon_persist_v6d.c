@@ -27,6 +27,9 @@
  *   kvnode_worker_up 0 while /healthz stays ok, and ready again once the call
  *   returns.
  *
+ * - check words (issue 19): a block with a word is stored under rtp-llm's
+ *   object key with a -check-<word> part (word 0: rtp-llm's key exactly) and
+ *   found by a new daemon under its word only;
  * - DELETE holds although the store cannot delete a sealed object (tombstones,
  *   bounded by persist.tombstones), for keys in memory and keys only in the
  *   store; a re-put makes a key visible again;
@@ -48,6 +51,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1340,6 +1344,80 @@ START_TEST(test_tenants_keep_their_objects_apart)
 }
 END_TEST
 
+/* Check words (issue 19): a block with a word is stored under rtp-llm's
+ * object key plus a -check-<word> part, so rtp-llm (no words) never reads it
+ * and another word never finds it; word-0 blocks keep rtp-llm's key. */
+START_TEST(test_check_words_object_keys)
+{
+    struct simctl s;
+    kvh_daemon d1, d2;
+    char conf[1024];
+    sim_start(&s, NULL);
+    v6d_conf(conf, sizeof conf, &s, "persist.policy=write_through\n");
+    KVH_START(&d1, conf);
+    kvnode_layout lay = kvh_layout("v6d-words", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d1, &lay, &c);
+    kvnode_key k[4], plain[4];
+    uint64_t wa[4], wb[4];
+    void *bufs[4];
+    kvh_chain(k, 4, 5000);
+    kvh_chain(plain, 4, 5001);
+    for (size_t i = 0; i < 4; i++) {
+        wa[i] = 0xabcdef0000000000ull + i;
+        wb[i] = 0xbbbb000000000000ull + i;
+        bufs[i] = malloc(BB);
+        kvh_fill(bufs[i], BB, k[i], 21);
+    }
+    KVH_OK(c, kvnode_put_batch_checked(c, k, wa, 4, (const void *const *)bufs, 0));
+    KVH_PUT_OK(c, plain, 4, 22);
+    wait_eq(&d1, "persist.written_blocks_total", 8, 5000);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d1);
+
+    /* the store's objects: 4 with the word in their key, 4 with rtp-llm's */
+    char *body = NULL;
+    ck_assert_int_eq(kvh_http_req(s.http, NULL, "/_sim/objects", &body, NULL, 0), 200);
+    size_t worded = 0, bare = 0;
+    for (size_t i = 0; i < 4; i++) {
+        char part[96];
+        snprintf(part, sizeof part, "/block-%" PRId64 "-check-%016" PRIx64 "\"", k[i], wa[i]);
+        worded += strstr(body, part) != NULL;
+        snprintf(part, sizeof part, "/block-%" PRId64 "\"", plain[i]);
+        bare += strstr(body, part) != NULL;
+        snprintf(part, sizeof part, "/block-%" PRId64 "\"", k[i]);
+        ck_assert_msg(strstr(body, part) == NULL, "a worded block under rtp-llm's key %s", part);
+    }
+    free(body);
+    ck_assert_uint_eq(worded, 4);
+    ck_assert_uint_eq(bare, 4);
+
+    /* a new daemon finds them through lookups under their words only */
+    KVH_START(&d2, conf);
+    KVH_CONNECT(&d2, &lay, &c);
+    kvnode_tiers t;
+    KVH_OK(c, kvnode_match_checked(c, k, NULL, 4, &t));
+    ck_assert_uint_eq(t.matched, 0);
+    KVH_OK(c, kvnode_match_checked(c, k, wb, 4, &t));
+    ck_assert_uint_eq(t.matched, 0);
+    KVH_OK(c, kvnode_match_checked(c, k, wa, 4, &t));
+    ck_assert_msg(t.matched == 4 && t.store == 4, "matched %zu, store %zu", t.matched, t.store);
+    size_t got = 99;
+    for (size_t i = 0; i < 4; i++)
+        memset(bufs[i], 0, BB);
+    KVH_OK(c, kvnode_get_batch_checked(c, k, wa, 4, bufs, 0, &got));
+    ck_assert_uint_eq(got, 4);
+    for (size_t i = 0; i < 4; i++) {
+        ck_assert_msg(kvh_verify(bufs[i], BB, k[i], 21) == 0, "%s", kvh_error());
+        free(bufs[i]);
+    }
+    ck_assert_int_eq(kvh_match(c, plain, 4), 4);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d2);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
 /* The engines name the same deployment id of their own (rtp-llm's
  * kvs_deployment_id): still one per tenant in the store. */
 START_TEST(test_tenants_apart_with_the_engines_deployment_id)
@@ -1371,6 +1449,7 @@ int main(void)
         { "hbm_batched", test_hbm_writes_batched, 60 },
         { "tenants", test_tenants_keep_their_objects_apart, 60 },
         { "tenants_engine_id", test_tenants_apart_with_the_engines_deployment_id, 60 },
+        { "check_words", test_check_words_object_keys, 30 },
     };
     Suite *suite = suite_create("daemon_persist_v6d");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

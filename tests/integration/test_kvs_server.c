@@ -3,7 +3,9 @@
  * (daemon/persist/kvs/v6d.c, pointed at the front end instead of the
  * simulator), by an rtp-llm-style client (kvs_client.h: a fresh curl handle
  * per call, one mapping) and by libkvnode (the other door). Every test
- * asserts on bytes, statuses and the daemon's counters. */
+ * asserts on bytes, statuses and the daemon's counters. Blocks libkvnode
+ * put with check words are never served through the front end (its clients
+ * send none: word 0). */
 #include <check.h>
 
 #include <inttypes.h>
@@ -134,7 +136,7 @@ static int v6d_check(struct kvs_store *st, struct v6d_ns *t, const int64_t *keys
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
         bfill(want, BLOCK, keys[i], salt);
-        rc = be->get(st, &t->ns, keys[i], b, BLOCK, err, sizeof err);
+        rc = be->get(st, &t->ns, keys[i], 0, b, BLOCK, err, sizeof err);
         if (rc == 0 && memcmp(b, want, BLOCK) != 0)
             rc = -999;
     }
@@ -180,7 +182,7 @@ START_TEST(v6d_backend_round_trips_and_second_process)
     int64_t ex[65];
     memcpy(ex, keys, sizeof keys);
     ex[64] = 12345;
-    ck_assert_int_eq(be->exists(st, &t.ns, ex, 65, present, err, sizeof err), 0);
+    ck_assert_int_eq(be->exists(st, &t.ns, ex, NULL, 65, present, err, sizeof err), 0);
     for (int i = 0; i < 64; i++)
         ck_assert(present[i]);
     ck_assert(!present[64]);
@@ -546,13 +548,13 @@ START_TEST(both_doors_reach_the_same_blocks)
     struct kvs_store *st = v6d_open(&e);
     for (int i = 0; i < 16; i++) {
         kvh_fill(want, BLOCK, lib_keys[i], 77);
-        ck_assert_int_eq(be->get(st, &t.ns, lib_keys[i], b, BLOCK, err, sizeof err), 0);
+        ck_assert_int_eq(be->get(st, &t.ns, lib_keys[i], 0, b, BLOCK, err, sizeof err), 0);
         ck_assert_msg(memcmp(b, want, BLOCK) == 0, "block %d differs through the front end", i);
     }
     /* The front end writes, libkvnode reads (match and zero-copy get). */
     for (int i = 0; i < 16; i++) {
         kvh_fill(want, BLOCK, kvs_keys[i], 78);
-        ck_assert_int_eq(be->put(st, &t.ns, kvs_keys[i], want, BLOCK, err, sizeof err), 0);
+        ck_assert_int_eq(be->put(st, &t.ns, kvs_keys[i], 0, want, BLOCK, err, sizeof err), 0);
     }
     ck_assert_int_eq(kvh_match(cl, kvs_keys, 16), 16);
     size_t got = 0;
@@ -560,6 +562,30 @@ START_TEST(both_doors_reach_the_same_blocks)
     ck_assert_uint_eq(got, 16);
     /* One namespace: the libkvnode client's and the front end's. */
     ck_assert_int_eq(kvh_stat(&e.d, "namespaces_active"), 1);
+    /* Blocks put with check words (issue 19) are another prefix's: the front
+     * end, whose rtp-llm clients send no words, never serves them. */
+    kvnode_key worded[4];
+    uint64_t words[4];
+    void *src[4];
+    kvh_chain(worded, 4, 43);
+    for (int i = 0; i < 4; i++) {
+        words[i] = 0x5eed000000000000ull + (uint64_t)i;
+        src[i] = malloc(BLOCK);
+        kvh_fill(src[i], BLOCK, worded[i], 79);
+    }
+    ck_assert_int_eq(kvnode_put_batch_checked(cl, worded, words, 4, (const void *const *)src, 0), 0);
+    long long m0 = kvh_stat(&e.d, "keys.check_mismatches_total");
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(be->get(st, &t.ns, worded[i], 0, b, BLOCK, err, sizeof err), KVS_MISS);
+    ck_assert_int_eq(kvh_stat(&e.d, "keys.check_mismatches_total"), m0 + 4);
+    for (int i = 0; i < 4; i++)
+        memset(src[i], 0, BLOCK);
+    ck_assert_int_eq(kvnode_get_batch_checked(cl, worded, words, 4, src, 0, &got), 0);
+    ck_assert_uint_eq(got, 4);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_msg(kvh_verify(src[i], BLOCK, worded[i], 79) == 0, "%s", kvh_error());
+        free(src[i]);
+    }
     be->close(st);
     kvnode_close(cl);
     KVH_STOP_DESTROY(&e.d);

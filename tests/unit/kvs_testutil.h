@@ -59,7 +59,7 @@ static inline int kvs_test_put_block(const struct kvs_backend *be, struct kvs_st
     size_t len = t->l.block_bytes;
     uint8_t *b = malloc(len);
     fill(b, len, key, salt);
-    int rc = be->put(s, &t->ns, key, b, len, err, errlen);
+    int rc = be->put(s, &t->ns, key, 0, b, len, err, errlen);
     free(b);
     return rc;
 }
@@ -73,7 +73,7 @@ static inline int kvs_test_check_block(const struct kvs_backend *be, struct kvs_
     uint8_t *b = malloc(len), *want = malloc(len);
     fill(want, len, key, salt);
     memset(b, 0xee, len);
-    int rc = be->get(s, &t->ns, key, b, len, err, errlen);
+    int rc = be->get(s, &t->ns, key, 0, b, len, err, errlen);
     if (rc == 0 && memcmp(b, want, len) != 0)
         rc = -999;
     free(b);

@@ -174,7 +174,7 @@ static size_t put_hbm(struct lease_list *who, int64_t first, size_t n)
     ck_assert_uint_le(n, 128);
     for (size_t i = 0; i < n; i++)
         keys[i] = first + (int64_t)i;
-    ck_assert_msg(cache_put_begin(cache, ns, who, keys, n, KVNODE_TIER_HBM, &lid, locs, err,
+    ck_assert_msg(cache_put_begin(cache, ns, who, keys, NULL, n, KVNODE_TIER_HBM, &lid, locs, err,
                                   sizeof err) == 0, "%s", err);
     for (size_t i = 0; i < n; i++) {
         ck_assert(locs[i].present);
@@ -376,7 +376,7 @@ START_TEST(a_move_is_abandoned_when_a_reader_pins_the_block)
         ck_assert(check(slot(&locs[i]), 42 + i));
     }
     int64_t dk = 41;
-    ck_assert_int_eq(cache_delete(cache, ns, &dk, 1, &n), 0);
+    ck_assert_int_eq(cache_delete(cache, ns, &dk, NULL, 1, &n), 0);
     ck_assert_uint_eq(n, 1);
     settle();
     ck_assert_int_eq(demote_stat("aborted_total"), 9);   /* 8 pinned + 1 deleted */
@@ -443,7 +443,7 @@ START_TEST(a_closing_owner_leaves_no_hbm_behind)
     ck_assert_uint_eq(get(&eng, 1, 8, locs, &rl), 8);
     for (int i = 0; i < 8; i++)
         keys[i] = 100 + i;
-    ck_assert_int_eq(cache_put_begin(cache, ns, &eng, keys, 8, KVNODE_TIER_HBM, &wl, locs, err,
+    ck_assert_int_eq(cache_put_begin(cache, ns, &eng, keys, NULL, 8, KVNODE_TIER_HBM, &wl, locs, err,
                                      sizeof err), 0);
     ck_assert_int_eq(hbm_used(0), 16 * BLOCK);
     cache_release_owner(cache, &eng);
@@ -514,7 +514,7 @@ START_TEST(hbm_blocks_are_written_to_the_store_through_a_device_copy)
     for (int i = 0; i < 8; i++) {
         int state = 0;
         memset(buf, 0, sizeof buf);
-        ck_assert_int_eq(persist_read(store, ns, 1 + i, buf, BLOCK, read_done, &state), 0);
+        ck_assert_int_eq(persist_read(store, ns, 1 + i, 0, buf, BLOCK, read_done, &state), 0);
         for (int t = 0; t < 3000 && state == 0; t++) {
             event_base_loop(base, EVLOOP_NONBLOCK);
             usleep(1000);

@@ -147,7 +147,7 @@ static void put_chain(const int64_t *keys, size_t n, bool commit)
     uint64_t lid;
     uint32_t blocks;
     char err[512];
-    ck_assert_msg(cache_put_begin(cache, ns, &owner, keys, n, KVNODE_TIER_HOST, &lid, locs, err,
+    ck_assert_msg(cache_put_begin(cache, ns, &owner, keys, NULL, n, KVNODE_TIER_HOST, &lid, locs, err,
                                   sizeof err) == 0, "%s", err);
     for (size_t i = 0; i < n; i++)
         if (locs[i].present)
@@ -190,7 +190,7 @@ static struct cache_wait *get_waiting(const int64_t *keys, size_t n, struct cach
     size_t got = 0;
     char err[256];
     ready_flag = false;
-    int rc = cache_get_start(cache, ns, &owner, owner.mapped, keys, n, &lid, locs, &got, err,
+    int rc = cache_get_start(cache, ns, &owner, owner.mapped, keys, NULL, n, &lid, locs, &got, err,
                              sizeof err, on_ready, NULL, &w);
     ck_assert_int_eq(rc, CACHE_WAITING);
     ck_assert_ptr_nonnull(w);
@@ -259,7 +259,7 @@ START_TEST(test_delete_during_promotion)
     struct cache_wait *w = get_waiting(k, 4, locs);
     /* (the promotions' slots pushed as many other blocks out, as ghosts) */
     uint64_t stored = ns->stored;
-    ck_assert_int_eq(cache_delete(cache, ns, k, 4, &deleted), 0);
+    ck_assert_int_eq(cache_delete(cache, ns, k, NULL, 4, &deleted), 0);
     ck_assert_uint_eq(deleted, 4);
     ck_assert_uint_eq(ns->stored, stored - 4);
     ck_assert_int_eq(stat_at("tiers", "store", "blocks"), (json_int_t)ns->stored);
@@ -378,7 +378,7 @@ START_TEST(test_burst_beyond_memory_waits_for_the_store)
         char err[512];
         int rc;
         chain(k, 8, 20000 + b * 8);
-        while ((rc = cache_put_begin(cache, ns, &owner, k, 8, KVNODE_TIER_HOST, &lid, locs, err,
+        while ((rc = cache_put_begin(cache, ns, &owner, k, NULL, 8, KVNODE_TIER_HOST, &lid, locs, err,
                                      sizeof err)) == CACHE_STORE_BOUND) {
             struct cache_wait *w;
             int woken = 0;

@@ -945,6 +945,55 @@ START_TEST(test_hello_fields_and_basic_calls)
 }
 END_TEST
 
+/* A daemon from before check words (its HELLO does not offer them, as this
+ * fake's): every _checked call with words fails with EVERSION before anything
+ * is sent, saying why; without words (NULL) they are the plain calls. */
+START_TEST(test_checked_calls_need_a_daemon_with_check_words)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[2] = {100, 101};
+    uint64_t w[2] = {7, 8};
+    kvnode_tiers t;
+    kvnode_lease lease = 1;
+    kvnode_loc loc[2];
+    kvnode_ticket ticket = 9;
+    size_t got = 9;
+    uint8_t b0[BB], b1[BB];
+    void *dst[2] = {b0, b1};
+    const void *src[2] = {b0, b1};
+
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_int_eq(kvnode_has_check_words(c), 0);
+    ck_assert_int_eq(kvnode_match_checked(c, k, w, 2, &t), -KVNODE_EVERSION);
+    ck_assert_msg(strstr(kvnode_last_error(c), "too old to honour check words"), "message: %s",
+                  kvnode_last_error(c));
+    ck_assert_int_eq(kvnode_get_begin_checked(c, k, w, 2, &lease, loc, &got), -KVNODE_EVERSION);
+    ck_assert(lease == 0 && got == 0);
+    ck_assert_int_eq(kvnode_put_begin_checked(c, k, w, 2, KVNODE_TIER_HOST, &lease, loc),
+                     -KVNODE_EVERSION);
+    ck_assert_int_eq(kvnode_get_batch_checked(c, k, w, 2, dst, 0, &got), -KVNODE_EVERSION);
+    ck_assert_int_eq(kvnode_put_batch_checked(c, k, w, 2, src, 0), -KVNODE_EVERSION);
+    ck_assert_int_eq(kvnode_get_inline_checked(c, k, w, 2, dst, &got), -KVNODE_EVERSION);
+    ck_assert_int_eq(kvnode_put_inline_checked(c, k, w, 2, src), -KVNODE_EVERSION);
+    ck_assert_int_eq(kvnode_delete_checked(c, k, w, 2, &got), -KVNODE_EVERSION);
+    ck_assert_int_eq(kvnode_submit_match_checked(c, k, w, 2, NULL, &ticket), -KVNODE_EVERSION);
+    ck_assert_int_eq(kvnode_submit_delete_checked(c, k, w, 2, NULL, &ticket), -KVNODE_EVERSION);
+    ck_assert_int_eq(kvnode_submit_get_checked(c, k, w, 2, dst, 0, NULL, &ticket), -KVNODE_EVERSION);
+    ck_assert_int_eq(kvnode_submit_put_checked(c, k, w, 2, src, 0, NULL, &ticket), -KVNODE_EVERSION);
+    ck_assert_uint_eq(ticket, 0);
+    ck_assert_uint_eq(kvnode_pending(c), 0);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_MATCH] + f->ops[KVNODE__REQUEST__OP_GET_BEGIN] +
+                      f->ops[KVNODE__REQUEST__OP_PUT_BEGIN] + f->ops[KVNODE__REQUEST__OP_DELETE], 0);
+    /* without words: the plain request goes out */
+    ck_assert_int_eq(kvnode_match_checked(c, k, NULL, 2, &t), 0);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_MATCH], 1);
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
 START_TEST(test_observer_client)
 {
     struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
@@ -2337,6 +2386,7 @@ static Suite *client_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_hello_fields_and_basic_calls);
     tcase_add_test(tc, test_observer_client);
+    tcase_add_test(tc, test_checked_calls_need_a_daemon_with_check_words);
     tcase_add_test(tc, test_get_begin_points_into_shared_arenas);
     tcase_add_test(tc, test_put_begin_writes_reach_daemon);
     tcase_add_test(tc, test_copying_get_put_split_by_max_keys);

@@ -242,6 +242,41 @@ END_TEST
 
 /* --- errors ------------------------------------------------------------------ */
 
+/* kvnode_fold_digests: the first 8 bytes big-endian as the signed key, the
+ * next 8 as the check word, 0 made 1; bad arguments fold nothing. */
+START_TEST(test_fold_digests)
+{
+    unsigned char d[3][32];
+    kvnode_key keys[3];
+    uint64_t checks[3];
+
+    for (int i = 0; i < 32; i++) {
+        d[0][i] = (unsigned char)i;            /* 00 01 02 ... */
+        d[1][i] = (unsigned char)(0xff - i);   /* ff fe fd ... */
+        d[2][i] = 0;
+    }
+    d[2][7] = 5;                               /* key 5, word 0 -> 1 */
+    ck_assert_uint_eq(kvnode_fold_digests(d, 3, 32, keys, checks), 3);
+    ck_assert_int_eq(keys[0], INT64_C(0x0001020304050607));
+    ck_assert_uint_eq(checks[0], UINT64_C(0x08090a0b0c0d0e0f));
+    ck_assert_int_eq(keys[1], (kvnode_key)UINT64_C(0xfffefdfcfbfaf9f8));   /* negative */
+    ck_assert_int_lt(keys[1], 0);
+    ck_assert_uint_eq(checks[1], UINT64_C(0xf7f6f5f4f3f2f1f0));
+    ck_assert_int_eq(keys[2], 5);
+    ck_assert_uint_eq(checks[2], 1);
+    /* 16-byte digests laid end to end: the same words from the same bytes */
+    unsigned char s[2][16];
+    memcpy(s[0], d[0], 16);
+    memcpy(s[1], d[1], 16);
+    ck_assert_uint_eq(kvnode_fold_digests(s, 2, 16, keys, checks), 2);
+    ck_assert_uint_eq(checks[1], UINT64_C(0xf7f6f5f4f3f2f1f0));
+    ck_assert_uint_eq(kvnode_fold_digests(d, 3, 15, keys, checks), 0);
+    ck_assert_uint_eq(kvnode_fold_digests(NULL, 3, 32, keys, checks), 0);
+    ck_assert_uint_eq(kvnode_fold_digests(d, 3, 32, NULL, checks), 0);
+    ck_assert_uint_eq(kvnode_fold_digests(d, 3, 32, keys, NULL), 0);
+}
+END_TEST
+
 START_TEST(test_strerror_every_code)
 {
     static const int codes[] = {
@@ -298,6 +333,7 @@ static Suite *hash_suite(void)
     tc = tcase_create("errors");
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, test_strerror_every_code);
+    tcase_add_test(tc, test_fold_digests);
     tcase_add_test(tc, test_version_string);
     suite_add_tcase(s, tc);
     return s;

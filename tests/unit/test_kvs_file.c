@@ -195,7 +195,7 @@ START_TEST(test_namespaces_independent)
     ck_assert_int_eq(check_block(s, &a, 5, 1), 0);
     ck_assert_int_eq(check_block(s, &b, 5, 2), 0);
     ck_assert_int_eq(check_block(s, &a1, 5, 3), 0);
-    ck_assert_int_eq(be->del(s, &a.ns, 5, err, sizeof(err)), 0);
+    ck_assert_int_eq(be->del(s, &a.ns, 5, 0, err, sizeof(err)), 0);
     ck_assert_int_eq(check_block(s, &a, 5, 1), KVS_MISS);
     ck_assert_int_eq(check_block(s, &b, 5, 2), 0);
     ck_assert_int_eq(check_block(s, &a1, 5, 3), 0);
@@ -210,20 +210,20 @@ START_TEST(test_exists_del)
     int64_t keys[] = { 1, 2, 3, -4 };
     uint8_t present[4];
     mkns(&a, "m", 512, 0);
-    ck_assert_int_eq(be->exists(s, &a.ns, keys, 4, present, err, sizeof(err)), 0);
+    ck_assert_int_eq(be->exists(s, &a.ns, keys, NULL, 4, present, err, sizeof(err)), 0);
     for (int i = 0; i < 4; i++)
         ck_assert_int_eq(present[i], 0);
     ck_assert_int_eq(put_block(s, &a, 2, 0), 0);
     ck_assert_int_eq(put_block(s, &a, -4, 0), 0);
-    ck_assert_int_eq(be->exists(s, &a.ns, keys, 4, present, err, sizeof(err)), 0);
+    ck_assert_int_eq(be->exists(s, &a.ns, keys, NULL, 4, present, err, sizeof(err)), 0);
     ck_assert_int_eq(present[0], 0);
     ck_assert_int_eq(present[1], 1);
     ck_assert_int_eq(present[2], 0);
     ck_assert_int_eq(present[3], 1);
-    ck_assert_int_eq(be->del(s, &a.ns, 2, err, sizeof(err)), 0);
-    ck_assert_int_eq(be->del(s, &a.ns, 2, err, sizeof(err)), 0);     /* absent: fine */
-    ck_assert_int_eq(be->del(s, &a.ns, 999, err, sizeof(err)), 0);
-    ck_assert_int_eq(be->exists(s, &a.ns, keys, 4, present, err, sizeof(err)), 0);
+    ck_assert_int_eq(be->del(s, &a.ns, 2, 0, err, sizeof(err)), 0);
+    ck_assert_int_eq(be->del(s, &a.ns, 2, 0, err, sizeof(err)), 0);     /* absent: fine */
+    ck_assert_int_eq(be->del(s, &a.ns, 999, 0, err, sizeof(err)), 0);
+    ck_assert_int_eq(be->exists(s, &a.ns, keys, NULL, 4, present, err, sizeof(err)), 0);
     ck_assert_int_eq(present[1], 0);
     ck_assert_int_eq(present[3], 1);
     be->close(s);
@@ -247,7 +247,7 @@ static void *ow_reader(void *p)
     fill(v1, len, 77, 1);
     fill(v2, len, 77, 2);
     for (int i = 0; i < 200; i++) {
-        int rc = be->get(a->s, &a->t->ns, 77, b, len, e, sizeof(e));
+        int rc = be->get(a->s, &a->t->ns, 77, 0, b, len, e, sizeof(e));
         if (rc != 0 || (memcmp(b, v1, len) != 0 && memcmp(b, v2, len) != 0))
             a->bad++;
         a->reads++;
@@ -297,12 +297,12 @@ START_TEST(test_size_mismatch)
     ck_assert_int_eq(put_block(s, &a, 1, 0), 0);
     ck_assert_int_eq(locate(s, &a, 1, p, &off), 0);
     /* len != layout block_bytes: a caller bug, the copy stays */
-    ck_assert_int_eq(be->get(s, &a.ns, 1, buf, 100, err, sizeof(err)), -KVNODE_EINVAL);
-    ck_assert_int_eq(be->put(s, &a.ns, 1, buf, 100, err, sizeof(err)), -KVNODE_EINVAL);
+    ck_assert_int_eq(be->get(s, &a.ns, 1, 0, buf, 100, err, sizeof(err)), -KVNODE_EINVAL);
+    ck_assert_int_eq(be->put(s, &a.ns, 1, 0, buf, 100, err, sizeof(err)), -KVNODE_EINVAL);
     ck_assert_int_eq(locate(s, &a, 1, p, &off), 0);
     ck_assert_int_eq(check_block(s, &a, 1, 0), 0);
     /* stored size != the (new) block size: corrupt, dropped from the index */
-    ck_assert_int_eq(be->get(s, &big.ns, 1, buf, 8192, err, sizeof(err)), KVS_CORRUPT);
+    ck_assert_int_eq(be->get(s, &big.ns, 1, 0, buf, 8192, err, sizeof(err)), KVS_CORRUPT);
     ck_assert_int_eq(locate(s, &a, 1, p, &off), KVS_MISS);
     ck_assert_int_eq(check_block(s, &a, 1, 0), KVS_MISS);
     be->close(s);
@@ -570,7 +570,7 @@ static void hint_case(int how)
     mkns(&a, "hint", 1024, 0);
     for (int64_t k = 0; k < 30; k++)
         ck_assert_int_eq(put_block(s, &a, k, 4), 0);
-    ck_assert_int_eq(be->del(s, &a.ns, 7, err, sizeof(err)), 0);
+    ck_assert_int_eq(be->del(s, &a.ns, 7, 0, err, sizeof(err)), 0);
     ck_assert_int_eq(kvs_file_locate_hint(s, &a.ns, 3, hint, sizeof(hint)), 0);
     be->close(s);
     ck_assert(path_exists(hint));
@@ -865,10 +865,10 @@ static void *mt_worker(void *p)
         int op = rand_r(&a->seed) % 10;
         if (op < 4) {
             mt_fill(b, key, (uint32_t)rand_r(&a->seed));
-            if (be->put(s, &a->t->ns, key, b, MT_BLOCK, e, sizeof(e)) != 0)
+            if (be->put(s, &a->t->ns, key, 0, b, MT_BLOCK, e, sizeof(e)) != 0)
                 a->errors++;
         } else if (op < 9) {
-            int rc = be->get(s, &a->t->ns, key, b, MT_BLOCK, e, sizeof(e));
+            int rc = be->get(s, &a->t->ns, key, 0, b, MT_BLOCK, e, sizeof(e));
             if (rc == KVS_MISS) {
                 a->miss++;
             } else if (rc != 0) {
@@ -885,7 +885,7 @@ static void *mt_worker(void *p)
                     a->ok++;
             }
         } else {
-            if (be->del(s, &a->t->ns, key, e, sizeof(e)) != 0)
+            if (be->del(s, &a->t->ns, key, 0, e, sizeof(e)) != 0)
                 a->errors++;
         }
     }

@@ -22,8 +22,10 @@
 
 #include <hiredis.h>
 
+#include "core/le.h"
 #include "kvnode.h"
 #include "mem/namespace.h"
+#include "persist/kvs/crc32c.h"
 #include "persist/kvs/kvs.h"
 #include "persist/kvs/redis.h"
 #include "persist/kvs/redis_cluster.h"
@@ -202,17 +204,75 @@ START_TEST(test_value_header)
     ck_assert_uint_eq(hl, REDIS_HDR_FIXED + 5);
     uint8_t *v = malloc(hl + BB);
     fill(v + hl, BB, 42, 1);
-    redis_header_make("alpha", &t.ns, 42, v + hl, BB, v);
+    redis_header_make("alpha", &t.ns, 42, 0, v + hl, BB, v);
     char err[200];
-    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, BB, v, hl + BB, err, sizeof err), 0);
-    ck_assert_int_eq(redis_value_check("beta", &t.ns, 42, BB, v, hl + BB, err, sizeof err), KVS_CORRUPT);
-    ck_assert_int_eq(redis_value_check("alpha", &other.ns, 42, BB, v, hl + BB, err, sizeof err), KVS_CORRUPT);
-    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 43, BB, v, hl + BB, err, sizeof err), KVS_CORRUPT);
-    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, BB, v, hl + BB - 1, err, sizeof err), KVS_CORRUPT);
+    size_t at = 0;
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, 0, BB, v, hl + BB, &at, err, sizeof err), 0);
+    ck_assert_int_eq(redis_value_check("beta", &t.ns, 42, 0, BB, v, hl + BB, &at, err, sizeof err), KVS_CORRUPT);
+    ck_assert_int_eq(redis_value_check("alpha", &other.ns, 42, 0, BB, v, hl + BB, &at, err, sizeof err), KVS_CORRUPT);
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 43, 0, BB, v, hl + BB, &at, err, sizeof err), KVS_CORRUPT);
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, 0, BB, v, hl + BB - 1, &at, err, sizeof err), KVS_CORRUPT);
     v[hl + 1000] ^= 0x10;
-    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, BB, v, hl + BB, err, sizeof err), KVS_CORRUPT);
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, 0, BB, v, hl + BB, &at, err, sizeof err), KVS_CORRUPT);
     ck_assert_msg(strstr(err, "CRC-32C"), "message: %s", err);
     free(v);
+}
+END_TEST
+
+/* Check words (issue 19): a version-2 value carries its word; a version-1
+ * value (before words) reads as word 0. A value that is the asked block but
+ * for its word is KVS_MISMATCH (kept), not KVS_CORRUPT (deleted). */
+START_TEST(test_value_versions_and_words)
+{
+    struct tns t;
+    tns_init(&t, "m", 1);
+    const uint64_t w = 0x0123456789abcdefull;
+    size_t hl = redis_header_len("alpha"), at = 0;
+    uint8_t *v = malloc(hl + BB);
+    uint64_t word = 99;
+    char err[200];
+    fill(v + hl, BB, 42, 1);
+    redis_header_make("alpha", &t.ns, 42, w, v + hl, BB, v);
+    ck_assert_uint_eq(le_get16(v + 4), REDIS_VERSION);
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, w, BB, v, hl + BB, &at, err, sizeof err), 0);
+    ck_assert_uint_eq(at, hl);
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, 0, BB, v, hl + BB, &at, err, sizeof err),
+                     KVS_MISMATCH);
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, w + 1, BB, v, hl + BB, &at, err, sizeof err),
+                     KVS_MISMATCH);
+    ck_assert_int_eq(redis_header_word(v, hl, &word), 0);
+    ck_assert_uint_eq(word, w);
+    ck_assert_int_eq(redis_header_word(v, 0, &word), KVS_MISS);
+    ck_assert_int_eq(redis_header_word((const uint8_t *)"junk", 4, &word), KVS_CORRUPT);
+    /* the word is under the CRC: a flipped word bit is corruption, not another word */
+    v[48] ^= 1;
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, w, BB, v, hl + BB, &at, err, sizeof err),
+                     KVS_CORRUPT);
+    free(v);
+
+    /* version 1, as written before check words: 48 fixed bytes, no word */
+    size_t h1 = REDIS_HDR_FIXED_V1 + 5;
+    uint8_t *o = calloc(1, h1 + BB);
+    memcpy(o, REDIS_MAGIC, 4);
+    le_put16(o + 4, REDIS_VERSION_V1);
+    le_put16(o + 6, (uint16_t)h1);
+    le_put64(o + 8, t.ns.fingerprint);
+    le_put64(o + 16, 42);
+    le_put64(o + 24, BB);
+    le_put32(o + 32, t.ns.layout->tp_rank);
+    le_put16(o + 36, 5);
+    memcpy(o + REDIS_HDR_FIXED_V1, "alpha", 5);
+    fill(o + h1, BB, 42, 1);
+    uint32_t crc = crc32c(0, o, REDIS_HDR_FIXED_V1);
+    crc = crc32c(crc, o + REDIS_HDR_FIXED_V1, h1 - REDIS_HDR_FIXED_V1 + BB);
+    le_put32(o + 40, crc);
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, 0, BB, o, h1 + BB, &at, err, sizeof err), 0);
+    ck_assert_uint_eq(at, h1);
+    ck_assert_int_eq(redis_value_check("alpha", &t.ns, 42, w, BB, o, h1 + BB, &at, err, sizeof err),
+                     KVS_MISMATCH);
+    ck_assert_int_eq(redis_header_word(o, h1, &word), 0);
+    ck_assert_uint_eq(word, 0);
+    free(o);
 }
 END_TEST
 
@@ -290,9 +350,9 @@ START_TEST(test_cluster_round_trip)
     int64_t keys[4] = { 1000, 1047, 999, 5000 };
     uint8_t present[4];
     char err[256];
-    ck_assert_int_eq(kvs_backend_redis.exists(s, &t.ns, keys, 4, present, err, sizeof err), 0);
+    ck_assert_int_eq(kvs_backend_redis.exists(s, &t.ns, keys, NULL, 4, present, err, sizeof err), 0);
     ck_assert(present[0] && present[1] && !present[2] && !present[3]);
-    ck_assert_int_eq(kvs_backend_redis.del(s, &t.ns, 1000, err, sizeof err), 0);
+    ck_assert_int_eq(kvs_backend_redis.del(s, &t.ns, 1000, 0, err, sizeof err), 0);
     ck_assert_uint_eq(get_n(s, &t.ns, 1000, 2, 1, rcs), 1);
     ck_assert_int_eq(rcs[0], KVS_MISS);
     /* Another rank or tenant is another key. */
@@ -628,6 +688,7 @@ static Suite *kvs_redis_suite(void)
     tcase_add_test(tc, test_crc16_and_slots);
     tcase_add_test(tc, test_parse_redirect_and_seeds);
     tcase_add_test(tc, test_value_header);
+    tcase_add_test(tc, test_value_versions_and_words);
     tcase_add_test(tc, test_password_sources);
     tcase_set_timeout(tc, 10);
     suite_add_tcase(s, tc);

@@ -25,6 +25,8 @@
 #include "persist/kvs/file_internal.h"
 #include "persist/kvs/file_v1.h"
 #include "persist/kvs/kvs.h"
+#include "persist/kvs/crc32c.h"
+#include "core/le.h"
 
 #include "kvs_testutil.h"
 
@@ -98,7 +100,8 @@ START_TEST(test_record_codec)
 {
     uint8_t b[SEG_REC_HDR];
     struct seg_rec in = { .type = SEG_REC_BLOCK, .rank = 3, .fingerprint = 0x1122334455667788ull,
-                          .key = -5, .size = 65536, .seq = (7ull << 40) | 9, .crc = 0xdeadbeef },
+                          .key = -5, .check = 0xfeedfacecafebeefull, .size = 65536,
+                          .seq = (7ull << 40) | 9, .crc = 0xdeadbeef },
                    out;
     seg_rec_encode(b, &in);
     ck_assert_ptr_null(seg_rec_decode(b, &out));
@@ -109,6 +112,8 @@ START_TEST(test_record_codec)
     ck_assert_uint_eq(out.size, 65536);
     ck_assert_uint_eq(out.seq, in.seq);
     ck_assert_uint_eq(out.crc, 0xdeadbeef);
+    ck_assert_uint_eq(out.check, 0xfeedfacecafebeefull);
+    ck_assert_uint_eq(le_get16(b + 4), SEG_VERSION);
     ck_assert_uint_eq(seg_rec_len(65536), 64 + 65536);
     ck_assert_uint_eq(seg_rec_len(1), 128);
     ck_assert_uint_eq(seg_rec_len(0), 64);
@@ -135,19 +140,28 @@ START_TEST(test_record_codec)
     uint8_t h[SEG_HINT_HDR];
     uint64_t id, len;
     uint32_t nl, ne;
+    unsigned version = 0;
     seg_hint_hdr_encode(h, 42, 1u << 20, 2, 1000);
-    ck_assert_ptr_null(seg_hint_hdr_decode(h, &id, &len, &nl, &ne));
+    ck_assert_ptr_null(seg_hint_hdr_decode(h, &id, &len, &nl, &ne, &version));
+    ck_assert_uint_eq(version, SEG_VERSION);
     ck_assert_uint_eq(id, 42);
     ck_assert_uint_eq(len, 1u << 20);
     ck_assert_uint_eq(nl, 2);
     ck_assert_uint_eq(ne, 1000);
     h[9] ^= 1;
-    ck_assert_ptr_nonnull(seg_hint_hdr_decode(h, &id, &len, &nl, &ne));
+    ck_assert_ptr_nonnull(seg_hint_hdr_decode(h, &id, &len, &nl, &ne, &version));
     struct seg_hint_ent e = { .type = SEG_REC_TOMB, .rank = 1, .crc = 7, .fingerprint = 8,
-                              .size = 0, .seq = 99, .off = 4096, .key = INT64_MIN }, e2;
+                              .size = 0, .seq = 99, .off = 4096, .key = INT64_MIN,
+                              .check = 0x0123456789abcdefull }, e2;
     uint8_t eb[SEG_HINT_ENT];
     seg_hint_ent_encode(eb, &e);
-    seg_hint_ent_decode(eb, &e2);
+    seg_hint_ent_decode(eb, SEG_VERSION, &e2);
+    ck_assert_uint_eq(e2.check, e.check);
+    /* a version-1 entry (56 bytes) has no word: 0, whatever follows it */
+    seg_hint_ent_decode(eb, SEG_VERSION_V1, &e2);
+    ck_assert_uint_eq(e2.check, 0);
+    ck_assert_int_eq(e2.key, e.key);
+    seg_hint_ent_decode(eb, SEG_VERSION, &e2);
     ck_assert_uint_eq(e2.type, e.type);
     ck_assert_uint_eq(e2.rank, e.rank);
     ck_assert_uint_eq(e2.crc, e.crc);
@@ -156,6 +170,180 @@ START_TEST(test_record_codec)
     ck_assert_uint_eq(e2.seq, e.seq);
     ck_assert_uint_eq(e2.off, e.off);
     ck_assert_int_eq(e2.key, e.key);
+}
+END_TEST
+
+/* ---- check words (issue 19) and the version-1 format ------------------------------------ */
+
+/* Rewrite every record header of the segment files in root as version 1
+ * (no check word), and the hint files as version 1 (56-byte entries), as a
+ * kvnode from before check words wrote them. Returns the hint files. */
+static int downgrade_root_to_v1(void)
+{
+    int hints = 0;
+    DIR *d = opendir(root);
+    struct dirent *de;
+    ck_assert_ptr_nonnull(d);
+    while ((de = readdir(d)) != NULL) {
+        char p[PATH_MAX + 300];
+        bool hint = strstr(de->d_name, ".hint") != NULL, log = strstr(de->d_name, ".log") != NULL;
+        if (!hint && !log)
+            continue;
+        snprintf(p, sizeof p, "%s/%s", root, de->d_name);
+        int fd = open(p, O_RDWR);
+        ck_assert_int_ge(fd, 0);
+        struct stat st;
+        ck_assert_int_eq(fstat(fd, &st), 0);
+        size_t len = (size_t)st.st_size, out = 0;
+        uint8_t *b = malloc(len ? len : 1);
+        ck_assert_int_eq(pread(fd, b, len, 0), (ssize_t)len);
+        if (log) {
+            struct seg_rec r;
+            for (size_t at = 0; at + SEG_REC_HDR <= len;) {
+                ck_assert_ptr_null(seg_rec_decode(b + at, &r));
+                ck_assert_uint_eq(r.check, 0);      /* words of 0 only: v1 has none */
+                le_put16(b + at + 4, SEG_VERSION_V1);
+                memset(b + at + 48, 0, 12);
+                le_put32(b + at + 60, crc32c(0, b + at, 60));
+                at += seg_rec_len(r.size);
+            }
+            out = len;
+        } else {
+            uint64_t id, sl;
+            uint32_t nl, ne;
+            unsigned v;
+            ck_assert_ptr_null(seg_hint_hdr_decode(b, &id, &sl, &nl, &ne, &v));
+            ck_assert_uint_eq(v, SEG_VERSION);
+            le_put16(b + 4, SEG_VERSION_V1);
+            le_put32(b + 36, crc32c(0, b, 36));
+            out = SEG_HINT_HDR + (size_t)nl * SEG_LAYOUT_SIZE;
+            for (uint32_t i = 0; i < ne; i++, out += SEG_HINT_ENT_V1)
+                memmove(b + out, b + SEG_HINT_HDR + (size_t)nl * SEG_LAYOUT_SIZE +
+                                     (size_t)i * SEG_HINT_ENT, SEG_HINT_ENT_V1);
+            le_put32(b + out, crc32c(0, b, out));
+            out += 4;
+            hints++;
+        }
+        ck_assert_int_eq(pwrite(fd, b, out, 0), (ssize_t)out);
+        ck_assert_int_eq(ftruncate(fd, (off_t)out), 0);
+        close(fd);
+        free(b);
+    }
+    closedir(d);
+    return hints;
+}
+
+static void remove_hints(void)
+{
+    DIR *d = opendir(root);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        if (strstr(de->d_name, ".hint")) {
+            char p[PATH_MAX + 300];
+            snprintf(p, sizeof p, "%s/%s", root, de->d_name);
+            unlink(p);
+        }
+    closedir(d);
+}
+
+static void on_found_check(void *arg, const struct kvs_found *f)
+{
+    uint64_t *sum = arg;
+    *sum += f->check;
+}
+
+/* The sum of the check words a full scan reports. */
+static uint64_t scan_checks(struct kvs_store *s)
+{
+    struct kvs_scan *cur = NULL;
+    uint64_t sum = 0;
+    int rc;
+    while ((rc = be->scan(s, &cur, 64, on_found_check, &sum, err, sizeof err)) == 0)
+        ;
+    ck_assert_int_eq(rc, 1);
+    return sum;
+}
+
+/* A block's word goes to disk with it and comes back (from the hint file,
+ * then from the records alone); a get, exists or delete with another word
+ * does not see it. */
+START_TEST(test_check_words_persist)
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    struct tns t;
+    const uint64_t wa = 0xa1a2a3a4a5a6a7a8ull;
+    mkns(&t, "words", 4096, 0);
+    uint8_t *b = malloc(4096), *got = malloc(4096);
+    fill(b, 4096, 11, 5);
+    ck_assert_int_eq(be->put(s, &t.ns, 11, wa, b, 4096, err, sizeof err), 0);
+    ck_assert_int_eq(put_block(s, &t, 12, 1), 0);                       /* word 0 */
+    be->close(s);
+    for (int round = 0; round < 2; round++) {
+        s = open_store(0, KVS_FSYNC_NEVER);
+        ck_assert_uint_eq(scan_checks(s), wa);
+        memset(got, 0, 4096);
+        ck_assert_int_eq(be->get(s, &t.ns, 11, wa, got, 4096, err, sizeof err), 0);
+        ck_assert_int_eq(memcmp(got, b, 4096), 0);
+        ck_assert_int_eq(be->get(s, &t.ns, 11, 0, got, 4096, err, sizeof err), KVS_MISMATCH);
+        ck_assert_int_eq(be->get(s, &t.ns, 11, wa + 1, got, 4096, err, sizeof err), KVS_MISMATCH);
+        ck_assert_int_eq(check_block(s, &t, 12, 1), 0);
+        int64_t keys[3] = { 11, 11, 12 };
+        uint64_t checks[3] = { wa, 7, 0 };
+        uint8_t present[3];
+        ck_assert_int_eq(be->exists(s, &t.ns, keys, checks, 3, present, err, sizeof err), 0);
+        ck_assert_uint_eq(present[0], KVS_PRESENT);
+        ck_assert_uint_eq(present[1], KVS_PRESENT_OTHER_WORD);
+        ck_assert_uint_eq(present[2], KVS_PRESENT);
+        /* a delete with another word leaves the block */
+        ck_assert_int_eq(be->del(s, &t.ns, 11, 7, err, sizeof err), 0);
+        ck_assert_int_eq(be->get(s, &t.ns, 11, wa, got, 4096, err, sizeof err), 0);
+        be->close(s);
+        remove_hints();
+    }
+    s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_count(s, 64), 2);
+    ck_assert_int_eq(be->del(s, &t.ns, 11, wa, err, sizeof err), 0);
+    ck_assert_int_eq(be->get(s, &t.ns, 11, wa, got, 4096, err, sizeof err), KVS_MISS);
+    be->close(s);
+    free(b);
+    free(got);
+}
+END_TEST
+
+/* A root written before check words (version-1 records and hint files)
+ * still loads, every block with word 0. */
+START_TEST(test_v1_segments_load)
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    struct tns t;
+    mkns(&t, "oldfmt", 4096, 1);
+    for (int64_t k = 1; k <= 5; k++)
+        ck_assert_int_eq(put_block(s, &t, k, 3), 0);
+    be->close(s);
+    ck_assert_int_ge(downgrade_root_to_v1(), 1);
+    for (int round = 0; round < 2; round++) {   /* from the v1 hints, then from v1 records */
+        s = open_store(0, KVS_FSYNC_NEVER);
+        ck_assert_int_eq(scan_count(s, 64), 5);
+        for (int64_t k = 1; k <= 5; k++)
+            ck_assert_int_eq(check_block(s, &t, k, 3), 0);
+        uint8_t *got = malloc(4096);
+        ck_assert_int_eq(be->get(s, &t.ns, 3, 9, got, 4096, err, sizeof err), KVS_MISMATCH);
+        free(got);
+        be->close(s);
+        remove_hints();
+    }
+    /* and the store writes on over them, in the new format */
+    s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_count(s, 64), 5);
+    uint8_t *b = malloc(4096);
+    fill(b, 4096, 6, 4);
+    ck_assert_int_eq(be->put(s, &t.ns, 6, 42, b, 4096, err, sizeof err), 0);
+    be->close(s);
+    s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_uint_eq(scan_checks(s), 42);
+    ck_assert_int_eq(check_block(s, &t, 2, 3), 0);
+    be->close(s);
+    free(b);
 }
 END_TEST
 
@@ -179,9 +367,9 @@ START_TEST(test_generations)
     /* a delete through b, then a write of another key, a delete of it
      * through a, and its write again through b */
     ck_assert_int_eq(put_block(a, &t, 5, 1), 0);
-    ck_assert_int_eq(be->del(b, &t.ns, 5, err, sizeof err), 0);
+    ck_assert_int_eq(be->del(b, &t.ns, 5, 0, err, sizeof err), 0);
     ck_assert_int_eq(put_block(b, &t, 6, 1), 0);
-    ck_assert_int_eq(be->del(a, &t.ns, 6, err, sizeof err), 0);
+    ck_assert_int_eq(be->del(a, &t.ns, 6, 0, err, sizeof err), 0);
     ck_assert_int_eq(put_block(b, &t, 6, 3), 0);
     be->close(a);
     be->close(b);
@@ -230,7 +418,7 @@ START_TEST(test_capacity_keeps_tombstones)
     mkns(&t, "captomb", 1024, 0);
     ck_assert_int_eq(put_block(a, &t, 1, 1), 0);        /* in a's segment, which stays open */
     ck_assert_int_eq(put_block(a, &t, 2, 1), 0);        /* and keeps it alive */
-    ck_assert_int_eq(be->del(b, &t.ns, 1, err, sizeof err), 0);   /* a tombstone in b's */
+    ck_assert_int_eq(be->del(b, &t.ns, 1, 0, err, sizeof err), 0);   /* a tombstone in b's */
     for (int64_t k = 100; k < 400; k++)                 /* b's segments fill, close, get dropped */
         ck_assert_int_eq(put_block(b, &t, k, 2), 0);
     kvs_file_stats(b, &st);
@@ -320,7 +508,7 @@ static void child_writer(int fd, uint64_t capacity, int nkeys)
     for (uint32_t salt = 1;; salt++)
         for (int64_t k = 0; k < nkeys; k++) {
             fill(b, KB, k, salt);
-            if (be->put(s, &t.ns, k, b, KB, e, sizeof e) != 0)
+            if (be->put(s, &t.ns, k, 0, b, KB, e, sizeof e) != 0)
                 _exit(3);
             struct ack a = { k, salt };
             if (write(fd, &a, sizeof a) != (ssize_t)sizeof a)
@@ -365,7 +553,7 @@ static void kill_case(uint64_t capacity, int nkeys, int acks_before_kill)
     int wrong = 0, present = 0, missing = 0;
     uint8_t *got = malloc(KB), *want = malloc(KB);
     for (int64_t k = 0; k < nkeys; k++) {
-        int rc = be->get(s, &t.ns, k, got, KB, err, sizeof err);
+        int rc = be->get(s, &t.ns, k, 0, got, KB, err, sizeof err);
         if (rc == KVS_MISS) {
             missing += last[k] != 0;
             continue;
@@ -477,6 +665,8 @@ static Suite *seglog_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_record_codec);
+    tcase_add_test(tc, test_check_words_persist);
+    tcase_add_test(tc, test_v1_segments_load);
     tcase_add_test(tc, test_generations);
     tcase_add_test(tc, test_torn_tail);
     tcase_add_test(tc, test_capacity_keeps_tombstones);

@@ -83,7 +83,7 @@ START_TEST(test_v6d_backend_keys_parse)
     struct kvs_ns ns = { .layout = &l };
     char key[256], err[512];
     struct kvs_key k;
-    v6d_object_key("rtp_llm", &ns, -17, key, sizeof key);
+    v6d_object_key("rtp_llm", &ns, -17, 0, key, sizeof key);
     ck_assert_int_eq(kvs_key_parse(key, strlen(key), &k, err, sizeof err), 0);
     ck_assert_str_eq(k.deployment_id, "eng-42");
     ck_assert_uint_eq(k.tp_rank, 3);

@@ -93,20 +93,27 @@ START_TEST(test_object_key)
     struct ns_layout l = { .tp_rank = 3, .extra = "kvs_deployment_id=m/o del\tx\ny-abc" };
     struct kvs_ns ns = { .layout = &l };
     char k[256];
-    size_t n = v6d_object_key("kvnode", &ns, -42, k, sizeof k);
+    size_t n = v6d_object_key("kvnode", &ns, -42, 0, k, sizeof k);
     ck_assert_str_eq(k, "kvnode/v1/m_o_del_x_y-abc/tp-3/group-0/block--42");
     ck_assert_uint_eq(n, strlen(k));
     char small[10];
-    ck_assert_uint_eq(v6d_object_key("kvnode", &ns, -42, small, sizeof small), n);
+    ck_assert_uint_eq(v6d_object_key("kvnode", &ns, -42, 0, small, sizeof small), n);
     ck_assert_str_eq(small, "kvnode/v1");
     l.tp_rank = 0;
-    v6d_object_key(NULL, &ns, INT64_MIN, k, sizeof k);
+    v6d_object_key(NULL, &ns, INT64_MIN, 0, k, sizeof k);
     ck_assert_str_eq(k, "rtp_llm/v1/m_o_del_x_y-abc/tp-0/group-0/block--9223372036854775808");
-    v6d_object_key("", &ns, INT64_MAX, k, sizeof k);
+    v6d_object_key("", &ns, INT64_MAX, 0, k, sizeof k);
     ck_assert_str_eq(k, "rtp_llm/v1/m_o_del_x_y-abc/tp-0/group-0/block-9223372036854775807");
     /* the namespace is a part like the others */
-    v6d_object_key("a b/c", &ns, 1, k, sizeof k);
+    v6d_object_key("a b/c", &ns, 1, 0, k, sizeof k);
     ck_assert_str_eq(k, "a_b_c/v1/m_o_del_x_y-abc/tp-0/group-0/block-1");
+    /* a check word (issue 19) names another object, which rtp-llm never
+     * reads; word 0 is rtp-llm's key exactly (above) */
+    v6d_object_key(NULL, &ns, -42, UINT64_C(0x00ab00cd00ef0012), k, sizeof k);
+    ck_assert_str_eq(k, "rtp_llm/v1/m_o_del_x_y-abc/tp-0/group-0/block--42-check-00ab00cd00ef0012");
+    char k2[256];
+    v6d_object_key(NULL, &ns, -42, UINT64_C(0x00ab00cd00ef0013), k2, sizeof k2);
+    ck_assert_str_ne(k, k2);
     ck_assert_ptr_eq(kvs_backend_find("v6d"), &kvs_backend_v6d);
     ck_assert_str_eq(kvs_backend_v6d.name, "v6d");
     ck_assert(kvs_backend_v6d.keeps_deleted);
@@ -127,7 +134,7 @@ START_TEST(test_object_key_rtp_llm)
      * "kvnode-layout-v1|model=Qwen/Qwen2-7B|dtype=bf16|block_tokens=16|num_layers=2|
      *  kv_heads=2|head_dim=64|tp_size=2|extra=" -> f61683ddc19707e6 (with the
      * standard basis it would be f77577ca5e2bee6c) */
-    v6d_object_key(V6D_DEFAULT_OBJECT_NS, &t.ns, -42, k, sizeof k);
+    v6d_object_key(V6D_DEFAULT_OBJECT_NS, &t.ns, -42, 0, k, sizeof k);
     ck_assert_str_eq(k, "rtp_llm/v1/Qwen_Qwen2-7B-f61683ddc19707e6/tp-1/group-0/block--42");
     char canon[512];
     size_t cl = ns_canonical_string(&t.l, canon, sizeof canon);
@@ -148,11 +155,11 @@ START_TEST(test_object_key_rtp_llm)
     snprintf(t.l.extra, sizeof t.l.extra, "kvs_deployment_id=qwen2-137b14c70360d078");
     t.ns.fingerprint = ns_fingerprint(&t.l);
     ns_deployment_id(&t.l, t.ns.fingerprint, t.id, sizeof t.id);
-    v6d_object_key(NULL, &t.ns, 7, k, sizeof k);
+    v6d_object_key(NULL, &t.ns, 7, 0, k, sizeof k);
     ck_assert_str_eq(k, "rtp_llm/v1/qwen2-137b14c70360d078/tp-1/group-0/block-7");
     /* among other items of extra */
     snprintf(t.l.extra, sizeof t.l.extra, "lora=a;kvs_deployment_id=m_x-1f;q=2");
-    v6d_object_key(NULL, &t.ns, 7, k, sizeof k);
+    v6d_object_key(NULL, &t.ns, 7, 0, k, sizeof k);
     ck_assert_str_eq(k, "rtp_llm/v1/m_x-1f/tp-1/group-0/block-7");
     /* an empty one: derived as above */
     snprintf(t.l.extra, sizeof t.l.extra, "kvs_deployment_id=");
@@ -187,10 +194,10 @@ START_TEST(test_tenant_object_namespace)
     struct ns_layout l = { .extra = "kvs_deployment_id=shared" };
     struct kvs_ns kns = { .layout = &l };
     v6d_tenant_object_ns(NULL, "alpha", ns, sizeof ns);
-    v6d_object_key(ns, &kns, 5, k, sizeof k);
+    v6d_object_key(ns, &kns, 5, 0, k, sizeof k);
     ck_assert_str_eq(k, "rtp_llm.tenant-alpha/v1/shared/tp-0/group-0/block-5");
     v6d_tenant_object_ns(NULL, "beta", ns, sizeof ns);
-    v6d_object_key(ns, &kns, 5, k, sizeof k);
+    v6d_object_key(ns, &kns, 5, 0, k, sizeof k);
     ck_assert_str_eq(k, "rtp_llm.tenant-beta/v1/shared/tp-0/group-0/block-5");
 }
 END_TEST
@@ -317,14 +324,14 @@ START_TEST(test_roundtrip)
     for (size_t i = 0; i < nk; i++)
         keys[i] = (int64_t)(i % 9) * 1000003 - 3 * 1000003;   /* -3..5 (x1000003) */
     keys[nk - 1] = 999;
-    ck_assert_int_eq(be->exists(st, &t[0].ns, keys, nk, present, err, sizeof err), 0);
+    ck_assert_int_eq(be->exists(st, &t[0].ns, keys, NULL, nk, present, err, sizeof err), 0);
     for (size_t i = 0; i < nk; i++) {
         int64_t k = keys[i] / 1000003;
         int want = keys[i] != 999 && k >= -3 && k <= 3;
         ck_assert_msg(present[i] == want, "present[%zu] (key %" PRId64 ") = %d", i, keys[i],
                       present[i]);
     }
-    ck_assert_int_eq(be->exists(st, &t[0].ns, keys, 0, present, err, sizeof err), 0);
+    ck_assert_int_eq(be->exists(st, &t[0].ns, keys, NULL, 0, present, err, sizeof err), 0);
     ck_no_leases(&sim);
 
     /* second put of an existing key: success via the empty lease id, nothing changes */
@@ -337,17 +344,17 @@ START_TEST(test_roundtrip)
     /* a get whose expected size differs from the server's: a miss, never a short/long copy */
     uint8_t small[1024];
     memset(small, 0xab, sizeof small);
-    ck_assert_int_eq(be->get(st, &t[0].ns, 0, small, sizeof small, err, sizeof err), KVS_MISS);
+    ck_assert_int_eq(be->get(st, &t[0].ns, 0, 0, small, sizeof small, err, sizeof err), KVS_MISS);
     ck_assert_ptr_nonnull(strstr(err, "expected 1024"));
     for (size_t i = 0; i < sizeof small; i++)
         ck_assert_uint_eq(small[i], 0xab);
     ck_no_leases(&sim);
     /* a put with a length that is not the block size is refused before any call */
-    ck_assert_int_eq(be->put(st, &t[0].ns, 5, small, sizeof small, err, sizeof err),
+    ck_assert_int_eq(be->put(st, &t[0].ns, 5, 0, small, sizeof small, err, sizeof err),
                      -KVNODE_EINVAL);
 
     /* del: no delete in the protocol (0, object stays); scan: complete, nothing */
-    ck_assert_int_eq(be->del(st, &t[0].ns, 1, err, sizeof err), 0);
+    ck_assert_int_eq(be->del(st, &t[0].ns, 1, 0, err, sizeof err), 0);
     struct kvs_scan *cur = NULL;
     ck_assert_int_eq(be->scan(st, &cur, 100, NULL, NULL, err, sizeof err), 1);
     ck_assert_ptr_null(cur);
@@ -494,7 +501,7 @@ START_TEST(test_garbage)
     ck_assert_int_eq(check_block(st, &t, 1, 0), -KVNODE_EPROTO);
     int64_t keys[2] = { 1, 2 };
     uint8_t present[2] = { 9, 9 };
-    ck_assert_int_eq(be->exists(st, &t.ns, keys, 2, present, err, sizeof err), -KVNODE_EPROTO);
+    ck_assert_int_eq(be->exists(st, &t.ns, keys, NULL, 2, present, err, sizeof err), -KVNODE_EPROTO);
     ck_assert(present[0] == 0 && present[1] == 0);
     be->close(st);
     simctl_stop_ok(&sim);
@@ -521,7 +528,7 @@ START_TEST(test_store_restart)
     ck_assert_int_lt(be->health(st, err, sizeof err), 0);
     int64_t k = 1;
     uint8_t p = 9;
-    ck_assert_int_lt(be->exists(st, &t.ns, &k, 1, &p, err, sizeof err), 0);
+    ck_assert_int_lt(be->exists(st, &t.ns, &k, NULL, 1, &p, err, sizeof err), 0);
     ck_assert_uint_eq(p, 0);
     ck_assert_msg(simctl_now_ms() - t0 < 3000, "errors took %" PRIu64 " ms", simctl_now_ms() - t0);
 
@@ -786,7 +793,7 @@ START_TEST(test_fake_put_size_mismatch)
     struct tns t;
     mkns(&t, "fake", 4096, 0);
     char k[256];
-    v6d_object_key(NULL, &t.ns, 1, k, sizeof k);
+    v6d_object_key(NULL, &t.ns, 1, 0, k, sizeof k);
     char reply[1024];
     /* the store hands out 4095 bytes for a 4096-byte block: refused and discarded (only:
      * a discarded lease is gone, as rtp-llm's client assumes) */

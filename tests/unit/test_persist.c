@@ -176,7 +176,7 @@ START_TEST(test_roundtrip)
     for (int i = 0; i < N; i++) {
         fill(wbuf[i], BB, i - 3, 7);
         wr[i].rc = 99;
-        ck_assert_int_eq(persist_write(p, &ns, i - 3, wbuf[i], BB, on_done, &wr[i]), 0);
+        ck_assert_int_eq(persist_write(p, &ns, i - 3, 0, wbuf[i], BB, on_done, &wr[i]), 0);
     }
     counters(p, &c);
     ck_assert_uint_eq(c.submitted, N);
@@ -190,8 +190,8 @@ START_TEST(test_roundtrip)
     memset(rd, 0, sizeof rd);
     memset(rbuf, 0xee, sizeof rbuf);
     for (int i = 0; i < N; i++)
-        ck_assert_int_eq(persist_read(p, &ns, i - 3, rbuf[i], BB, on_done, &rd[i]), 0);
-    ck_assert_int_eq(persist_read(p, &ns, 424242, rbuf[0] , BB, on_done, &miss), 0);
+        ck_assert_int_eq(persist_read(p, &ns, i - 3, 0, rbuf[i], BB, on_done, &rd[i]), 0);
+    ck_assert_int_eq(persist_read(p, &ns, 424242, 0, rbuf[0] , BB, on_done, &miss), 0);
     wait_done(base, N + 1, 10000);
     for (int i = 0; i < N; i++) {
         ck_assert_int_eq(rd[i].calls, 1);
@@ -218,9 +218,9 @@ START_TEST(test_roundtrip)
     ck_assert(!c.scan_running && !c.scan_complete);
 
     /* argument checks: refused at once, no callback */
-    ck_assert_int_eq(persist_write(p, NULL, 1, wbuf[0], BB, on_done, &miss), -KVNODE_EINVAL);
-    ck_assert_int_eq(persist_delete(p, &ns, NULL, 0, NULL, NULL), -KVNODE_EINVAL);
-    ck_assert_int_eq(persist_write(NULL, &ns, 1, wbuf[0], BB, on_done, &miss), -KVNODE_EINVAL);
+    ck_assert_int_eq(persist_write(p, NULL, 1, 0, wbuf[0], BB, on_done, &miss), -KVNODE_EINVAL);
+    ck_assert_int_eq(persist_delete(p, &ns, NULL, NULL, 0, NULL, NULL), -KVNODE_EINVAL);
+    ck_assert_int_eq(persist_write(NULL, &ns, 1, 0, wbuf[0], BB, on_done, &miss), -KVNODE_EINVAL);
 
     persist_destroy(p);
     ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 0);
@@ -243,7 +243,7 @@ START_TEST(test_corrupt)
 
     fill(wbuf, BB, 5, 1);
     g_done = 0;
-    ck_assert_int_eq(persist_write(p, &ns, 5, wbuf, BB, on_done, &r), 0);
+    ck_assert_int_eq(persist_write(p, &ns, 5, 0, wbuf, BB, on_done, &r), 0);
     wait_done(base, 1, 10000);
     ck_assert_int_eq(r.rc, 0);
 
@@ -267,7 +267,7 @@ START_TEST(test_corrupt)
 
     g_done = 0;
     r.calls = 0;
-    ck_assert_int_eq(persist_read(p, &ns, 5, rbuf, BB, on_done, &r), 0);
+    ck_assert_int_eq(persist_read(p, &ns, 5, 0, rbuf, BB, on_done, &r), 0);
     wait_done(base, 1, 10000);
     ck_assert_int_eq(r.rc, KVS_CORRUPT);
     /* the bad copy left the index (its segment stays: other blocks live there) */
@@ -282,7 +282,7 @@ START_TEST(test_corrupt)
 
     /* gone now: a miss, and a success clears the last error */
     g_done = 0;
-    ck_assert_int_eq(persist_read(p, &ns, 5, rbuf, BB, on_done, &r), 0);
+    ck_assert_int_eq(persist_read(p, &ns, 5, 0, rbuf, BB, on_done, &r), 0);
     wait_done(base, 1, 10000);
     ck_assert_int_eq(r.rc, KVS_MISS);
     counters(p, &c);
@@ -311,7 +311,7 @@ START_TEST(test_delete_exists)
     g_done = 0;
     for (int i = 0; i < 4; i++) {
         fill(wbuf[i], BB, i + 1, 0);
-        ck_assert_int_eq(persist_write(p, &ns, i + 1, wbuf[i], BB, on_done, &r[i]), 0);
+        ck_assert_int_eq(persist_write(p, &ns, i + 1, 0, wbuf[i], BB, on_done, &r[i]), 0);
     }
     wait_done(base, 4, 10000);
 
@@ -319,7 +319,7 @@ START_TEST(test_delete_exists)
     uint8_t present[6];
     memset(present, 7, sizeof present);
     g_done = 0;
-    ck_assert_int_eq(persist_exists(p, &ns, keys, 6, present, on_done, &r[4]), 0);
+    ck_assert_int_eq(persist_exists(p, &ns, keys, NULL, 6, present, on_done, &r[4]), 0);
     keys[0] = -1;                                       /* copied: changing it is harmless */
     wait_done(base, 1, 10000);
     ck_assert_int_eq(r[4].rc, 0);
@@ -328,9 +328,9 @@ START_TEST(test_delete_exists)
 
     int64_t del[3] = { 2, 3, 99 };
     g_done = 0;
-    ck_assert_int_eq(persist_delete(p, &ns, del, 3, on_done, &r[5]), 0);
-    ck_assert_int_eq(persist_delete(p, &ns, del, 1, NULL, NULL), 0);   /* no callback wanted */
-    ck_assert_int_eq(persist_read(p, &ns, 2, rbuf, BB, on_done, &r[6]), 0);
+    ck_assert_int_eq(persist_delete(p, &ns, del, NULL, 3, on_done, &r[5]), 0);
+    ck_assert_int_eq(persist_delete(p, &ns, del, NULL, 1, NULL, NULL), 0);   /* no callback wanted */
+    ck_assert_int_eq(persist_read(p, &ns, 2, 0, rbuf, BB, on_done, &r[6]), 0);
     /* the callback-less delete counts as completed but calls nothing */
     g_want = 2;
     loop_while(base, done_short, NULL, 10000);
@@ -340,8 +340,8 @@ START_TEST(test_delete_exists)
 
     int64_t keys2[4] = { 1, 2, 3, 4 };
     g_done = 0;
-    ck_assert_int_eq(persist_exists(p, &ns, keys2, 4, present, on_done, &r[7]), 0);
-    ck_assert_int_eq(persist_read(p, &ns, 3, rbuf, BB, on_done, &r[6]), 0);
+    ck_assert_int_eq(persist_exists(p, &ns, keys2, NULL, 4, present, on_done, &r[7]), 0);
+    ck_assert_int_eq(persist_read(p, &ns, 3, 0, rbuf, BB, on_done, &r[6]), 0);
     wait_done(base, 2, 10000);
     static const uint8_t want2[4] = { 1, 0, 0, 1 };
     ck_assert(memcmp(present, want2, 4) == 0);
@@ -374,9 +374,9 @@ START_TEST(test_queue_full)
     g_done = 0;
     /* The loop does not run, so no done() runs: CAP requests stay outstanding. */
     for (int i = 0; i < CAP; i++)
-        ck_assert_int_eq(persist_write(p, &ns, i, wbuf, BB, on_done, &r[i]), 0);
-    ck_assert_int_eq(persist_write(p, &ns, 100, wbuf, BB, on_done, &r[CAP]), -KVNODE_ELIMIT);
-    ck_assert_int_eq(persist_read(p, &ns, 100, wbuf, BB, on_done, &r[CAP + 1]), -KVNODE_ELIMIT);
+        ck_assert_int_eq(persist_write(p, &ns, i, 0, wbuf, BB, on_done, &r[i]), 0);
+    ck_assert_int_eq(persist_write(p, &ns, 100, 0, wbuf, BB, on_done, &r[CAP]), -KVNODE_ELIMIT);
+    ck_assert_int_eq(persist_read(p, &ns, 100, 0, wbuf, BB, on_done, &r[CAP + 1]), -KVNODE_ELIMIT);
     counters(p, &c);
     ck_assert_uint_eq(c.refused_queue_full, 2);
     ck_assert_uint_eq(c.queue_depth, CAP);
@@ -445,7 +445,7 @@ static void store_blocks(const struct kv_namespace *ns)
     ck_assert_int_eq(kvs_backend_file.open(&kc, &s, err, sizeof err), 0);
     for (int64_t k = 0; k < SCAN_N; k++) {
         fill(b, SCAN_BB, k, 3);
-        ck_assert_int_eq(kvs_backend_file.put(s, &kn, k, b, SCAN_BB, err, sizeof err), 0);
+        ck_assert_int_eq(kvs_backend_file.put(s, &kn, k, 0, b, SCAN_BB, err, sizeof err), 0);
     }
     kvs_backend_file.close(s);
 }
@@ -512,7 +512,7 @@ START_TEST(test_scan)
     static uint8_t rb[SCAN_BB], want[SCAN_BB];
     struct res r = { 0, 0 };
     g_done = 0;
-    ck_assert_int_eq(persist_read(p, &ns, SCAN_N - 1, rb, SCAN_BB, on_done, &r), 0);
+    ck_assert_int_eq(persist_read(p, &ns, SCAN_N - 1, 0, rb, SCAN_BB, on_done, &r), 0);
     wait_done(base, 1, 10000);
     fill(want, SCAN_BB, SCAN_N - 1, 3);
     ck_assert_int_eq(r.rc, 0);
@@ -546,7 +546,7 @@ START_TEST(test_destroy_cancels)
 
     g_done = 0;
     for (int i = 0; i < N; i++)
-        ck_assert_int_eq(persist_write(p, &ns, i, wbuf, BB, on_done, &r[i]), 0);
+        ck_assert_int_eq(persist_write(p, &ns, i, 0, wbuf, BB, on_done, &r[i]), 0);
     persist_destroy(p);                                /* the loop never ran */
     for (int i = 0; i < N; i++) {
         ck_assert_int_eq(r[i].calls, 1);
@@ -620,7 +620,7 @@ START_TEST(test_drain)
 
     g_done = 0;
     for (int i = 0; i < N; i++)
-        ck_assert_int_eq(persist_write(p, &ns, i, wbuf, BB, on_done, &r[i]), 0);
+        ck_assert_int_eq(persist_write(p, &ns, i, 0, wbuf, BB, on_done, &r[i]), 0);
     ck_assert_int_eq(persist_drain(p, 30000), 0);      /* without running the loop */
     ck_assert_uint_eq(g_done, N);
     for (int i = 0; i < N; i++)
@@ -751,7 +751,7 @@ START_TEST(test_v6d_down)
     static uint8_t wbuf[BB];
     struct res r = { 0, 0 };
     g_done = 0;
-    ck_assert_int_eq(persist_write(p, &ns, 1, wbuf, BB, on_done, &r), 0);
+    ck_assert_int_eq(persist_write(p, &ns, 1, 0, wbuf, BB, on_done, &r), 0);
     wait_done(base, 1, 10000);
     ck_assert_int_lt(r.rc, 0);
     counters(p, &c);
@@ -812,10 +812,10 @@ START_TEST(test_v6d_comes_back)
     fill(wbuf, BB, 77, 1);
     struct res r1 = { 0, 0 }, r2 = { 0, 0 };
     g_done = 0;
-    ck_assert_int_eq(persist_write(p, &ns, 77, wbuf, BB, on_done, &r1), 0);
+    ck_assert_int_eq(persist_write(p, &ns, 77, 0, wbuf, BB, on_done, &r1), 0);
     wait_done(base, 1, 10000);
     ck_assert_msg(r1.rc == 0, "write: %d %s", r1.rc, persist_last_error(p));
-    ck_assert_int_eq(persist_read(p, &ns, 77, rbuf, BB, on_done, &r2), 0);
+    ck_assert_int_eq(persist_read(p, &ns, 77, 0, rbuf, BB, on_done, &r2), 0);
     wait_done(base, 2, 10000);
     ck_assert_msg(r2.rc == 0, "read: %d %s", r2.rc, persist_last_error(p));
     ck_assert(memcmp(wbuf, rbuf, BB) == 0);
@@ -855,7 +855,7 @@ START_TEST(test_v6d_destroy_cancels)
     memset(r, 0, sizeof r);
 
     g_done = 0;
-    ck_assert_int_eq(persist_write(p, &ns, 0, wbuf, BB, on_done, &r[0]), 0);
+    ck_assert_int_eq(persist_write(p, &ns, 0, 0, wbuf, BB, on_done, &r[0]), 0);
     /* the worker's seal was answered: it is in the held release of write 0 alone */
     uint64_t until = clock_now_ms() + 20000;
     while (simctl_state(&sim, "seal_calls") < 1 && clock_now_ms() < until)
@@ -863,7 +863,7 @@ START_TEST(test_v6d_destroy_cancels)
     ck_assert_int_eq(simctl_state(&sim, "seal_calls"), 1);
     ck_assert_int_eq(simctl_state(&sim, "acquire_create_calls"), 1);
     for (int i = 1; i < N; i++)
-        ck_assert_int_eq(persist_write(p, &ns, i, wbuf, BB, on_done, &r[i]), 0);
+        ck_assert_int_eq(persist_write(p, &ns, i, 0, wbuf, BB, on_done, &r[i]), 0);
     persist_destroy(p);
     size_t shut = 0;
     for (int i = 0; i < N; i++) {

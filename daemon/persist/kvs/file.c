@@ -212,10 +212,10 @@ static int file_put_batch(struct kvs_store *ks, struct kvs_item *items, size_t n
     return rc;
 }
 
-static int file_put(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, const void *data,
-                    size_t len, char *err, size_t errlen)
+static int file_put(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                    const void *data, size_t len, char *err, size_t errlen)
 {
-    struct kvs_item it = { .ns = ns, .key = key, .src = data, .len = len };
+    struct kvs_item it = { .ns = ns, .key = key, .check = check, .src = data, .len = len };
     int rc = check_item(&it, true, err, errlen);
     if (rc)
         return rc;
@@ -258,6 +258,10 @@ static int get_one(struct file_store *s, struct kvs_item *it, char *err, size_t 
     if (!e) {
         pthread_mutex_unlock(&r->mu);
         return KVS_MISS;
+    }
+    if (e->check != it->check) {   /* another prefix's block: kept */
+        pthread_mutex_unlock(&r->mu);
+        return KVS_MISMATCH;
     }
     struct seg *sg = e->seg;
     uint64_t off = e->off, size = e->size, seq = e->seq;
@@ -338,10 +342,10 @@ static int get_one(struct file_store *s, struct kvs_item *it, char *err, size_t 
     return 0;
 }
 
-static int file_get(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, void *data,
-                    size_t len, char *err, size_t errlen)
+static int file_get(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                    void *data, size_t len, char *err, size_t errlen)
 {
-    struct kvs_item it = { .ns = ns, .key = key, .dst = data, .len = len };
+    struct kvs_item it = { .ns = ns, .key = key, .check = check, .dst = data, .len = len };
     return get_one(FS(ks), &it, err, errlen);
 }
 
@@ -355,8 +359,8 @@ static int file_get_batch(struct kvs_store *ks, struct kvs_item *items, size_t n
 
 /* ---- del, exists ------------------------------------------------------------------------------ */
 
-static int file_del(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, char *err,
-                    size_t errlen)
+static int file_del(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                    char *err, size_t errlen)
 {
     struct file_store *s = FS(ks);
     int rc = check_ns(ns, err, errlen);
@@ -365,18 +369,20 @@ static int file_del(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, 
     pthread_mutex_lock(&s->r->mu);
     struct seg_ns *sn = find_ns(s->r, ns);
     struct kd_ent *e = sn ? seg_kd_find(s->r, sn, key) : NULL;
-    bool needed = e || !s->r->recovered;   /* an older copy may still be on disk */
+    /* An older copy may still be on disk; another word's block is kept. */
+    bool needed = (e || !s->r->recovered) && !(e && e->kind == KD_BLOCK && e->check != check);
     pthread_mutex_unlock(&s->r->mu);
     if (!needed)
         return 0;
-    struct kvs_item it = { .ns = ns, .key = key };
+    struct kvs_item it = { .ns = ns, .key = key, .check = check };
     uint8_t kind = KD_TOMB;
     rc = seg_append(s, &it, &kind, 1, false, err, errlen);
     return rc < 0 ? rc : it.rc;
 }
 
 static int file_exists(struct kvs_store *ks, const struct kvs_ns *ns, const int64_t *keys,
-                       size_t n, uint8_t *present, char *err, size_t errlen)
+                       const uint64_t *checks, size_t n, uint8_t *present, char *err,
+                       size_t errlen)
 {
     struct seg_root *r = FS(ks)->r;
     int rc = check_ns(ns, err, errlen);
@@ -390,7 +396,9 @@ static int file_exists(struct kvs_store *ks, const struct kvs_ns *ns, const int6
         pthread_mutex_lock(&r->mu);
         struct seg_ns *sn = find_ns(r, ns);
         struct kd_ent *e = sn ? seg_kd_find(r, sn, keys[i]) : NULL;
-        present[i] = e && e->kind == KD_BLOCK && !e->seg->dropped;
+        bool held = e && e->kind == KD_BLOCK && !e->seg->dropped;
+        present[i] = !held ? KVS_ABSENT
+                     : e->check == (checks ? checks[i] : 0) ? KVS_PRESENT : KVS_PRESENT_OTHER_WORD;
         pthread_mutex_unlock(&r->mu);
     }
     return 0;

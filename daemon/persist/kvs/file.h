@@ -20,10 +20,14 @@
  * Record: a 64-byte header, the payload, zero padding to a multiple of 64.
  * Integers little-endian:
  *
- *   0  "KVSR"  4  u16 version (1)  6  u8 type (1 block, 2 tombstone,
+ *   0  "KVSR"  4  u16 version (2)  6  u8 type (1 block, 2 tombstone,
  *   3 layout, 4 padding)  7  zero  8  u64 deployment fingerprint  16  i64 key
  *   24 u64 payload size  32  u64 sequence  40  u32 tp_rank
- *   44 u32 CRC-32C of the payload  48..59 zero  60  u32 CRC-32C of 0..59
+ *   44 u32 CRC-32C of the payload  48 u64 the key's check word (0: none)
+ *   56..59 zero  60  u32 CRC-32C of 0..59
+ *
+ * Version 1 (before check words, issue 19) had zeros at 48..59: its records
+ * still load, as word 0; new records are version 2.
  *
  * A layout record (payload: the 468-byte layout of file_v1.h, with its own
  * CRC) precedes a namespace's first block in every segment, so each segment
@@ -39,11 +43,16 @@
  * newer write or delete after a restart. Blocks migrated from file_v1 take
  * sequences of epoch 0: any write of the new log wins over them.
  *
- * Hint file: a 40-byte header ("KVSH", u16 version, u16 header size, u64
+ * Hint file: a 40-byte header ("KVSH", u16 version (2), u16 header size, u64
  * segment id, u64 segment length, u32 layouts, u32 entries, zero, u32 CRC of
- * 0..35), the layouts (468 bytes each), the entries (56 bytes: type, rank,
- * fingerprint, key, payload size, sequence, record offset, payload CRC),
- * then a CRC-32C of everything before it.
+ * 0..35), the layouts (468 bytes each), the entries (64 bytes: type, rank,
+ * fingerprint, key, payload size, sequence, record offset, payload CRC,
+ * check word; version 1: 56 bytes, no word, read as 0), then a CRC-32C of
+ * everything before it.
+ *
+ * Check words: the keydir keeps each block's word; get of another word is
+ * KVS_MISMATCH (the block stays), exists says KVS_PRESENT_OTHER_WORD, del
+ * of another word leaves it.
  *
  * Recovery (the scan callback, on the persist-scan thread): first a root in
  * the file-per-block layout of earlier versions is migrated (file_v1.h:

@@ -25,6 +25,7 @@ void seg_rec_encode(uint8_t b[SEG_REC_HDR], const struct seg_rec *r)
     le_put64(b + 32, r->seq);
     le_put32(b + 40, r->rank);
     le_put32(b + 44, r->crc);
+    le_put64(b + 48, r->check);
     le_put32(b + 60, crc32c(0, b, 60));
 }
 
@@ -34,7 +35,8 @@ const char *seg_rec_decode(const uint8_t b[SEG_REC_HDR], struct seg_rec *r)
         return "bad record magic";
     if (le_get32(b + 60) != crc32c(0, b, 60))
         return "record header checksum mismatch";
-    if (le_get16(b + 4) != SEG_VERSION)
+    unsigned version = le_get16(b + 4);
+    if (version != SEG_VERSION && version != SEG_VERSION_V1)
         return "unknown record version";
     r->type = b[6];
     if (r->type < SEG_REC_BLOCK || r->type > SEG_REC_PAD || b[7] != 0)
@@ -45,6 +47,8 @@ const char *seg_rec_decode(const uint8_t b[SEG_REC_HDR], struct seg_rec *r)
     r->seq = le_get64(b + 32);
     r->rank = le_get32(b + 40);
     r->crc = le_get32(b + 44);
+    /* Version 1 records predate check words: their blocks have none. */
+    r->check = version == SEG_VERSION_V1 ? 0 : le_get64(b + 48);
     if (r->size > (UINT64_C(1) << 40))
         return "record payload size out of range";
     if (r->type == SEG_REC_TOMB && r->size != 0)
@@ -76,9 +80,10 @@ void seg_hint_ent_encode(uint8_t b[SEG_HINT_ENT], const struct seg_hint_ent *e)
     le_put64(b + 32, e->seq);
     le_put64(b + 40, e->off);
     le_put32(b + 48, e->crc);
+    le_put64(b + 56, e->check);
 }
 
-void seg_hint_ent_decode(const uint8_t b[SEG_HINT_ENT], struct seg_hint_ent *e)
+void seg_hint_ent_decode(const uint8_t *b, unsigned version, struct seg_hint_ent *e)
 {
     e->type = b[0];
     e->rank = le_get32(b + 4);
@@ -88,6 +93,7 @@ void seg_hint_ent_decode(const uint8_t b[SEG_HINT_ENT], struct seg_hint_ent *e)
     e->seq = le_get64(b + 32);
     e->off = le_get64(b + 40);
     e->crc = le_get32(b + 48);
+    e->check = version == SEG_VERSION_V1 ? 0 : le_get64(b + 56);
 }
 
 void seg_hint_hdr_encode(uint8_t b[SEG_HINT_HDR], uint64_t id, uint64_t seg_len,
@@ -105,13 +111,14 @@ void seg_hint_hdr_encode(uint8_t b[SEG_HINT_HDR], uint64_t id, uint64_t seg_len,
 }
 
 const char *seg_hint_hdr_decode(const uint8_t b[SEG_HINT_HDR], uint64_t *id, uint64_t *seg_len,
-                                uint32_t *nlayouts, uint32_t *nents)
+                                uint32_t *nlayouts, uint32_t *nents, unsigned *version)
 {
     if (memcmp(b, "KVSH", 4) != 0)
         return "bad hint magic";
     if (le_get32(b + 36) != crc32c(0, b, 36))
         return "hint header checksum mismatch";
-    if (le_get16(b + 4) != SEG_VERSION || le_get16(b + 6) != SEG_HINT_HDR)
+    *version = le_get16(b + 4);
+    if ((*version != SEG_VERSION && *version != SEG_VERSION_V1) || le_get16(b + 6) != SEG_HINT_HDR)
         return "unknown hint version";
     *id = le_get64(b + 8);
     *seg_len = le_get64(b + 16);

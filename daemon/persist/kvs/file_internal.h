@@ -33,10 +33,12 @@
 #define SEG_REC_HDR      64u          /* record header bytes */
 #define SEG_REC_ALIGN    64u          /* records start at multiples of this */
 #define SEG_DIO_ALIGN    4096u        /* direct-I/O writes: offset and length multiples */
-#define SEG_VERSION      1u
+#define SEG_VERSION      2u           /* records and hint files written now */
+#define SEG_VERSION_V1   1u           /* before check words: read, as word 0 */
 #define SEG_LAYOUT_SIZE  (4 + 2 + 2 + 8 + 8 + 6 * 4 + NS_MODEL_MAX + NS_DTYPE_MAX + NS_EXTRA_MAX + 4)
 #define SEG_HINT_HDR     40u
-#define SEG_HINT_ENT     56u
+#define SEG_HINT_ENT     64u          /* a version-2 hint entry */
+#define SEG_HINT_ENT_V1  56u          /* a version-1 one (no check word) */
 #define SEG_LOCK_NAME    ".lock"
 #define SEG_TENANTS_DIR  "tenants"
 #define SEG_NAME_FMT     "seg-%016" PRIx64 ".log"
@@ -50,6 +52,7 @@ struct seg_rec {                   /* a record header, decoded */
     uint32_t rank;
     uint64_t fingerprint;
     int64_t  key;
+    uint64_t check;                /* the key's check word (version 1: 0) */
     uint64_t size;                 /* payload bytes */
     uint64_t seq;
     uint32_t crc;                  /* CRC-32C of the payload */
@@ -73,16 +76,23 @@ struct seg_hint_ent {              /* one record of a closed segment */
     uint32_t rank, crc;
     uint64_t fingerprint, size, seq, off;   /* off: the record's header */
     int64_t  key;
+    uint64_t check;                /* the key's check word (version 1: 0) */
 };
 void seg_hint_ent_encode(uint8_t b[SEG_HINT_ENT], const struct seg_hint_ent *e);
-void seg_hint_ent_decode(const uint8_t b[SEG_HINT_ENT], struct seg_hint_ent *e);
+/* An entry of a hint file of `version` (SEG_HINT_ENT_V1 bytes for version 1). */
+void seg_hint_ent_decode(const uint8_t *b, unsigned version, struct seg_hint_ent *e);
+/* Bytes of one entry in a hint file of `version`. */
+static inline size_t seg_hint_ent_size(unsigned version)
+{
+    return version == SEG_VERSION_V1 ? SEG_HINT_ENT_V1 : SEG_HINT_ENT;
+}
 /* Hint file: header (magic "KVSH", u16 version, u16 header size, u64 segment
  * id, u64 segment length, u32 layouts, u32 entries, u32 zero, u32 CRC of
  * 0..35), layouts, entries, u32 CRC-32C of everything before it. */
 void seg_hint_hdr_encode(uint8_t b[SEG_HINT_HDR], uint64_t id, uint64_t seg_len,
                          uint32_t nlayouts, uint32_t nents);
 const char *seg_hint_hdr_decode(const uint8_t b[SEG_HINT_HDR], uint64_t *id, uint64_t *seg_len,
-                                uint32_t *nlayouts, uint32_t *nents);
+                                uint32_t *nlayouts, uint32_t *nents, unsigned *version);
 
 /* ---- a root (file_root.c) -------------------------------------------------------- */
 
@@ -112,6 +122,7 @@ struct kd_ent {                    /* a keydir entry */
     struct seg_ns *ns;
     struct seg *seg;
     int64_t key;
+    uint64_t check;                /* the block's check word (0: none) */
     uint64_t seq, off, size;       /* off: the record's header */
     uint32_t crc;
     uint8_t kind;
@@ -175,8 +186,8 @@ struct seg_ns *seg_ns_get(struct seg_root *r, uint64_t fp, uint32_t rank);
 struct kd_ent *seg_kd_find(struct seg_root *r, const struct seg_ns *ns, int64_t key);
 /* Apply a record at (seg, off) to the keydir when seq is newer than what it
  * holds; returns true when applied. */
-bool seg_kd_apply(struct seg_root *r, struct seg_ns *ns, int64_t key, uint8_t kind, struct seg *sg,
-                  uint64_t off, uint64_t size, uint32_t crc, uint64_t seq);
+bool seg_kd_apply(struct seg_root *r, struct seg_ns *ns, int64_t key, uint64_t check, uint8_t kind,
+                  struct seg *sg, uint64_t off, uint64_t size, uint32_t crc, uint64_t seq);
 /* Remove e (a stale or corrupt entry). */
 void seg_kd_remove(struct seg_root *r, struct kd_ent *e);
 struct seg *seg_add(struct seg_root *r, uint64_t id);

@@ -89,7 +89,7 @@ static int hint_note(struct seg_writer *w, const struct pending *p)
                                                  .rank = p->ns->rank, .crc = p->crc,
                                                  .fingerprint = p->ns->fingerprint,
                                                  .size = p->size, .seq = p->seq, .off = p->off,
-                                                 .key = 0 };
+                                                 .key = 0, .check = 0 };
     return 0;
 }
 
@@ -311,11 +311,13 @@ static int flush(struct file_store *s, struct batch *b, struct kvs_item *items, 
             pthread_mutex_lock(&r->mu);
             if (p->kind == KD_TOMB)
                 w->seg->tombs++;
-            seg_kd_apply(r, p->ns, items[p->item].key, p->kind, w->seg, p->off, p->size, p->crc,
-                         p->seq);
+            seg_kd_apply(r, p->ns, items[p->item].key, items[p->item].check, p->kind, w->seg,
+                         p->off, p->size, p->crc, p->seq);
             pthread_mutex_unlock(&r->mu);
-            if (hint_note(w, p) == 0)
+            if (hint_note(w, p) == 0) {
                 w->ents[w->nents - 1].key = items[p->item].key;
+                w->ents[w->nents - 1].check = items[p->item].check;
+            }
             items[p->item].rc = 0;
         }
         seg_drain_unlinks(r);
@@ -408,7 +410,7 @@ int seg_append(struct file_store *s, struct kvs_item *items, const uint8_t *kind
         uint8_t *p = s->buf + s->buflen;
         struct seg_rec h = { .type = kinds[i] == KD_TOMB ? SEG_REC_TOMB : SEG_REC_BLOCK,
                              .fingerprint = ns->fingerprint, .rank = ns->rank, .key = it->key,
-                             .size = psize, .seq = seq0 + i,
+                             .check = it->check, .size = psize, .seq = seq0 + i,
                              .crc = psize ? crc32c(0, it->src, psize) : 0 };
         uint64_t rl = seg_rec_len(psize);
         if (psize) {

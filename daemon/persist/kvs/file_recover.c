@@ -121,7 +121,7 @@ static int migrate_step(struct file_store *s, struct kvs_scan *c, size_t budget,
         void *buf = malloc(f->size ? f->size : 1);
         if (!buf)
             continue;
-        int rc = kvs_file_v1_backend.get(c->v1, &nss[i], f->key, buf, f->size, e, sizeof e);
+        int rc = kvs_file_v1_backend.get(c->v1, &nss[i], f->key, 0, buf, f->size, e, sizeof e);
         if (rc != 0) {
             free(buf);
             if (rc == KVS_CORRUPT) {
@@ -143,7 +143,7 @@ static int migrate_step(struct file_store *s, struct kvs_scan *c, size_t budget,
     for (size_t i = 0; i < m; i++) {
         if (items[i].rc == 0) {
             /* Reported with the rest of the keydir once recovery is over. */
-            kvs_file_v1_backend.del(c->v1, items[i].ns, items[i].key, e, sizeof e);
+            kvs_file_v1_backend.del(c->v1, items[i].ns, items[i].key, 0, e, sizeof e);
             pthread_mutex_lock(&r->mu);
             r->st.migrated++;
             pthread_mutex_unlock(&r->mu);
@@ -180,8 +180,8 @@ static void apply(struct seg_root *r, struct seg_ns *ns, const struct seg_hint_e
     pthread_mutex_lock(&r->mu);
     if (e->type == SEG_REC_TOMB)
         sg->tombs++;
-    seg_kd_apply(r, ns, e->key, e->type == SEG_REC_TOMB ? KD_TOMB : KD_BLOCK, sg, e->off,
-                 e->size, e->crc, e->seq);
+    seg_kd_apply(r, ns, e->key, e->check, e->type == SEG_REC_TOMB ? KD_TOMB : KD_BLOCK, sg,
+                 e->off, e->size, e->crc, e->seq);
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -224,10 +224,11 @@ static long load_hint(struct seg_root *r, struct seg *sg)
     close(fd);
     uint64_t id, seg_len;
     uint32_t nl, ne;
-    if (got != (ssize_t)len || seg_hint_hdr_decode(b, &id, &seg_len, &nl, &ne) != NULL ||
+    unsigned version = 0;
+    if (got != (ssize_t)len || seg_hint_hdr_decode(b, &id, &seg_len, &nl, &ne, &version) != NULL ||
         id != sg->id || seg_len != sg->len ||
-        (uint64_t)SEG_HINT_HDR + (uint64_t)nl * SEG_LAYOUT_SIZE + (uint64_t)ne * SEG_HINT_ENT + 4
-            != len ||
+        (uint64_t)SEG_HINT_HDR + (uint64_t)nl * SEG_LAYOUT_SIZE +
+            (uint64_t)ne * seg_hint_ent_size(version) + 4 != len ||
         le_get32(b + len - 4) != crc32c(0, b, len - 4) || nl > 4096) {
         free(b);
         return -1;
@@ -243,9 +244,9 @@ static long load_hint(struct seg_root *r, struct seg *sg)
             return -1;
         }
     }
-    for (uint32_t i = 0; i < ne; i++, q += SEG_HINT_ENT) {
+    for (uint32_t i = 0; i < ne; i++, q += seg_hint_ent_size(version)) {
         struct seg_hint_ent e;
-        seg_hint_ent_decode(q, &e);
+        seg_hint_ent_decode(q, version, &e);
         struct seg_ns *ns = ns_of(nss, nl, e.fingerprint, e.rank);
         if (!ns || (e.type != SEG_REC_BLOCK && e.type != SEG_REC_TOMB) ||
             e.off + seg_rec_len(e.size) > seg_len)
@@ -309,7 +310,7 @@ static long load_records(struct seg_root *r, struct seg *sg)
             struct seg_ns *ns = ns_of(nss, nnss, h.fingerprint, h.rank);
             struct seg_hint_ent e = { .type = h.type, .rank = h.rank, .crc = h.crc,
                                       .fingerprint = h.fingerprint, .size = h.size, .seq = h.seq,
-                                      .off = pos, .key = h.key };
+                                      .off = pos, .key = h.key, .check = h.check };
             if (ns) {
                 apply(r, ns, &e, sg);
                 n++;
@@ -434,7 +435,7 @@ static int report_step(struct seg_root *r, struct kvs_scan *c, size_t budget,
             if (e->ns->layout_known)
                 v[n++] = (struct kvs_found){ .layout = e->ns->layout,
                                              .fingerprint = e->ns->fingerprint, .key = e->key,
-                                             .size = e->size };
+                                             .check = e->check, .size = e->size };
         c->cursor |= ~m;
         c->cursor = rev64(c->cursor);
         c->cursor++;

@@ -117,8 +117,8 @@ void seg_kd_remove(struct seg_root *r, struct kd_ent *e)
     free(e);
 }
 
-bool seg_kd_apply(struct seg_root *r, struct seg_ns *ns, int64_t key, uint8_t kind, struct seg *sg,
-                  uint64_t off, uint64_t size, uint32_t crc, uint64_t seq)
+bool seg_kd_apply(struct seg_root *r, struct seg_ns *ns, int64_t key, uint64_t check, uint8_t kind,
+                  struct seg *sg, uint64_t off, uint64_t size, uint32_t crc, uint64_t seq)
 {
     struct kd_ent *e = seg_kd_find(r, ns, key);
     if (e && e->seq >= seq && !e->seg->dropped)
@@ -146,6 +146,7 @@ bool seg_kd_apply(struct seg_root *r, struct seg_ns *ns, int64_t key, uint8_t ki
         r->count++;
     }
     e->kind = kind;
+    e->check = check;
     e->seg = sg;
     e->off = off;
     e->size = size;

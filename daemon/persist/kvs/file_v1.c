@@ -111,8 +111,8 @@ static int check_len(const struct kvs_ns *ns, const void *data, size_t len, char
     return 0;
 }
 
-static int file_put(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, const void *data,
-                    size_t len, char *err, size_t errlen)
+static int file_put(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                    const void *data, size_t len, char *err, size_t errlen)
 {
     struct file_v1_store *s = FS1(ks);
     struct froot *r = s->r;
@@ -120,6 +120,11 @@ static int file_put(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, 
     char path[PATH_MAX], dir[PATH_MAX];
     int rc;
 
+    /* This format predates check words: its blocks all have word 0. */
+    if (check != 0) {
+        errmsg_set(err, errlen, "kvs file_v1: the file-per-block format has no check words");
+        return -KVNODE_EINVAL;
+    }
     if ((rc = file_check_ns(ns, err, errlen)) || (rc = check_len(ns, data, len, err, errlen)) ||
         (rc = file_resolve_ns(s, ns, &f, err, errlen)) ||
         (rc = file_ensure_layout(s, f, ns, err, errlen)))
@@ -193,8 +198,8 @@ static void remove_bad(struct froot *r, struct fns *f, int64_t key, const char *
     pthread_mutex_unlock(&r->mu);
 }
 
-static int file_get(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, void *data,
-                    size_t len, char *err, size_t errlen)
+static int file_get(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                    void *data, size_t len, char *err, size_t errlen)
 {
     struct file_v1_store *s = FS1(ks);
     struct froot *r = s->r;
@@ -209,6 +214,8 @@ static int file_get(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, 
     if ((rc = file_check_ns(ns, err, errlen)) || (rc = check_len(ns, data, len, err, errlen)) ||
         (rc = file_resolve_ns(s, ns, &f, err, errlen)))
         return rc;
+    if (check != 0)
+        return KVS_MISS;           /* word-0 blocks only */
     if (file_block_path(f, key, path, sizeof(path))) {
         errmsg_set(err, errlen, "kvs file: path too long under %s", f->path);
         return -KVNODE_EINVAL;
@@ -277,15 +284,15 @@ ioerr:
     }
 }
 
-static int file_del(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, char *err,
-                    size_t errlen)
+static int file_del(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                    char *err, size_t errlen)
 {
     struct file_v1_store *s = FS1(ks);
     struct fns *f;
     char path[PATH_MAX];
     int rc = file_resolve_ns(s, ns, &f, err, errlen);
-    if (rc)
-        return rc;
+    if (rc || check != 0)
+        return rc;                 /* word-0 blocks only: nothing of another word's here */
     if (file_block_path(f, key, path, sizeof(path))) {
         errmsg_set(err, errlen, "kvs file: path too long under %s", f->path);
         return -KVNODE_EINVAL;
@@ -302,7 +309,8 @@ static int file_del(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, 
 }
 
 static int file_exists(struct kvs_store *ks, const struct kvs_ns *ns, const int64_t *keys,
-                       size_t n, uint8_t *present, char *err, size_t errlen)
+                       const uint64_t *checks, size_t n, uint8_t *present, char *err,
+                       size_t errlen)
 {
     struct file_v1_store *s = FS1(ks);
     struct fns *f;
@@ -320,7 +328,9 @@ static int file_exists(struct kvs_store *ks, const struct kvs_ns *ns, const int6
         if (file_block_path(f, keys[i], path, sizeof(path)))
             continue;
         if (stat(path, &st) == 0) {
-            present[i] = S_ISREG(st.st_mode) && (uint64_t)st.st_size > HDR_SIZE;
+            bool held = S_ISREG(st.st_mode) && (uint64_t)st.st_size > HDR_SIZE;
+            present[i] = !held ? KVS_ABSENT
+                         : checks && checks[i] ? KVS_PRESENT_OTHER_WORD : KVS_PRESENT;
         } else if (errno != ENOENT && errno != ENOTDIR) {
             int e = errno;
             errmsg_set(err, errlen, "kvs file: cannot stat %s: %s", path, strerror(e));

@@ -9,9 +9,14 @@
  *
  * Results: 0 on success, KVS_MISS (> 0) when a block is absent, KVS_CORRUPT
  * (> 0) when a stored copy failed its integrity check (the backend has
- * already removed it); negative KVNODE_E* codes for failures (-KVNODE_EIO,
- * -KVNODE_ETIMEDOUT, -KVNODE_ENOSPC, -KVNODE_EINVAL, ...), with err naming
- * the problem. */
+ * already removed it), KVS_MISMATCH (> 0, get) when the key is stored under
+ * another check word (the block is kept: it belongs to another prefix);
+ * negative KVNODE_E* codes for failures (-KVNODE_EIO, -KVNODE_ETIMEDOUT,
+ * -KVNODE_ENOSPC, -KVNODE_EINVAL, ...), with err naming the problem.
+ *
+ * Check words (issue 19): every block is stored with its key's 64-bit check
+ * word (0: none, as rtp-llm's blocks), and the calls that find a block by
+ * its key compare it: a block under another word is not the caller's. */
 #ifndef KVNODE_KVS_H
 #define KVNODE_KVS_H
 
@@ -21,7 +26,9 @@
 
 #include "mem/namespace.h"
 
-enum { KVS_MISS = 1, KVS_CORRUPT = 2 };
+enum { KVS_MISS = 1, KVS_CORRUPT = 2, KVS_MISMATCH = 3 };
+/* exists: present[i] values. */
+enum { KVS_ABSENT = 0, KVS_PRESENT = 1, KVS_PRESENT_OTHER_WORD = 2 };
 
 /* Which namespace a call is about. */
 struct kvs_ns {
@@ -57,6 +64,7 @@ struct kvs_found {
     struct ns_layout layout;      /* as recorded when the block was stored */
     uint64_t fingerprint;
     int64_t key;
+    uint64_t check;               /* the block's check word (0: none) */
     uint64_t size;
 };
 
@@ -67,6 +75,7 @@ struct kvs_scan;
 struct kvs_item {
     const struct kvs_ns *ns;
     int64_t key;
+    uint64_t check;               /* the block's check word (0: none) */
     const void *src;              /* put: the block's bytes */
     void *dst;                    /* get: where they go */
     size_t len;                   /* == ns->layout->block_bytes */
@@ -80,16 +89,18 @@ struct kvs_backend {
     int  (*health)(struct kvs_store *s, char *err, size_t errlen);
     /* Store len bytes (len == layout->block_bytes); replaces an existing copy
      * atomically: a reader sees the old or the new block, never a mix. */
-    int  (*put)(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, const void *data,
-                size_t len, char *err, size_t errlen);
-    /* Read exactly len bytes into data: 0, KVS_MISS, KVS_CORRUPT or < 0. */
-    int  (*get)(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, void *data,
-                size_t len, char *err, size_t errlen);
-    /* 0 (also when it was absent) or < 0. */
-    int  (*del)(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, char *err, size_t errlen);
-    /* present[i] = 1 when keys[i] is stored. */
-    int  (*exists)(struct kvs_store *s, const struct kvs_ns *ns, const int64_t *keys, size_t n,
-                   uint8_t *present, char *err, size_t errlen);
+    int  (*put)(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                const void *data, size_t len, char *err, size_t errlen);
+    /* Read exactly len bytes into data: 0, KVS_MISS, KVS_CORRUPT, KVS_MISMATCH or < 0. */
+    int  (*get)(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                void *data, size_t len, char *err, size_t errlen);
+    /* 0 (also when it was absent, or stored under another word: kept) or < 0. */
+    int  (*del)(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                char *err, size_t errlen);
+    /* present[i] = KVS_PRESENT when keys[i] is stored under checks[i] (NULL:
+     * every word 0), KVS_PRESENT_OTHER_WORD under another word, else KVS_ABSENT. */
+    int  (*exists)(struct kvs_store *s, const struct kvs_ns *ns, const int64_t *keys,
+                   const uint64_t *checks, size_t n, uint8_t *present, char *err, size_t errlen);
     /* Recovery: report up to `budget` stored blocks per call through found();
      * *cursor starts NULL and is freed by the backend when the scan ends.
      * Returns 1 when the scan is complete, 0 when more remain, < 0 on error.

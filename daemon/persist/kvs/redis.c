@@ -42,20 +42,44 @@ size_t redis_header_len(const char *tenant)
 
 
 enum { OFF_VERSION = 4, OFF_HLEN = 6, OFF_FP = 8, OFF_KEY = 16, OFF_SIZE = 24, OFF_RANK = 32,
-       OFF_TLEN = 36, OFF_CRC = 40 };
+       OFF_TLEN = 36, OFF_CRC = 40, OFF_CHECK = 48 };
 
-/* CRC of a value: header with its CRC field as 0, tenant, payload. */
-static uint32_t value_crc(const uint8_t *hdr, size_t hlen, const void *payload, size_t len)
+/* CRC of a value: header (fixed bytes of its version) with its CRC field as
+ * 0, tenant, payload. */
+static uint32_t value_crc(const uint8_t *hdr, size_t fixed_len, size_t hlen, const void *payload,
+                          size_t len)
 {
     uint8_t fixed[REDIS_HDR_FIXED];
-    memcpy(fixed, hdr, REDIS_HDR_FIXED);
+    memcpy(fixed, hdr, fixed_len);
     le_put32(fixed + OFF_CRC, 0);
-    uint32_t crc = crc32c(0, fixed, REDIS_HDR_FIXED);
-    crc = crc32c(crc, hdr + REDIS_HDR_FIXED, hlen - REDIS_HDR_FIXED);
+    uint32_t crc = crc32c(0, fixed, fixed_len);
+    crc = crc32c(crc, hdr + fixed_len, hlen - fixed_len);
     return crc32c(crc, payload, len);
 }
 
-void redis_header_make(const char *tenant, const struct kvs_ns *ns, int64_t key,
+/* The fixed header bytes of a value version (0: unknown version). */
+static size_t fixed_len_of(unsigned version)
+{
+    return version == REDIS_VERSION ? REDIS_HDR_FIXED
+           : version == REDIS_VERSION_V1 ? REDIS_HDR_FIXED_V1 : 0;
+}
+
+int redis_header_word(const uint8_t *hdr, size_t hlen, uint64_t *word)
+{
+    *word = 0;
+    if (hlen == 0)
+        return KVS_MISS;
+    if (hlen < REDIS_HDR_FIXED_V1 || memcmp(hdr, REDIS_MAGIC, 4) != 0)
+        return KVS_CORRUPT;
+    size_t fixed = fixed_len_of(le_get16(hdr + OFF_VERSION));
+    if (fixed == 0 || hlen < fixed)
+        return KVS_CORRUPT;
+    if (fixed == REDIS_HDR_FIXED)
+        *word = le_get64(hdr + OFF_CHECK);
+    return 0;
+}
+
+void redis_header_make(const char *tenant, const struct kvs_ns *ns, int64_t key, uint64_t check,
                        const void *payload, size_t len, uint8_t *hdr)
 {
     const char *t = tenant_or_default(tenant);
@@ -69,23 +93,25 @@ void redis_header_make(const char *tenant, const struct kvs_ns *ns, int64_t key,
     le_put64(hdr + OFF_SIZE, len);
     le_put32(hdr + OFF_RANK, ns->layout->tp_rank);
     le_put16(hdr + OFF_TLEN, (uint16_t)tl);
+    le_put64(hdr + OFF_CHECK, check);
     memcpy(hdr + REDIS_HDR_FIXED, t, tl);
-    le_put32(hdr + OFF_CRC, value_crc(hdr, hlen, payload, len));
+    le_put32(hdr + OFF_CRC, value_crc(hdr, REDIS_HDR_FIXED, hlen, payload, len));
 }
 
-int redis_value_check(const char *tenant, const struct kvs_ns *ns, int64_t key, size_t len,
-                      const void *value, size_t vlen, char *err, size_t errlen)
+int redis_value_check(const char *tenant, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                      size_t len, const void *value, size_t vlen, size_t *payload_at, char *err,
+                      size_t errlen)
 {
     const char *t = tenant_or_default(tenant);
-    size_t tl = strlen(t), hlen = REDIS_HDR_FIXED + tl;
+    size_t tl = strlen(t), fixed = 0, hlen = 0;
     const uint8_t *h = value;
     const char *bad = NULL;
-    if (vlen < REDIS_HDR_FIXED || memcmp(h, REDIS_MAGIC, 4) != 0)
+    if (vlen < REDIS_HDR_FIXED_V1 || memcmp(h, REDIS_MAGIC, 4) != 0)
         bad = "no kvnode header";
-    else if (le_get16(h + OFF_VERSION) != REDIS_VERSION)
+    else if ((fixed = fixed_len_of(le_get16(h + OFF_VERSION))) == 0 || vlen < fixed)
         bad = "header version";
-    else if (le_get16(h + OFF_HLEN) != hlen || le_get16(h + OFF_TLEN) != tl ||
-             vlen < hlen || memcmp(h + REDIS_HDR_FIXED, t, tl) != 0)
+    else if (le_get16(h + OFF_HLEN) != (hlen = fixed + tl) || le_get16(h + OFF_TLEN) != tl ||
+             vlen < hlen || memcmp(h + fixed, t, tl) != 0)
         bad = "tenant";
     else if (le_get64(h + OFF_FP) != ns->fingerprint || le_get32(h + OFF_RANK) != ns->layout->tp_rank)
         bad = "deployment or rank";
@@ -93,10 +119,19 @@ int redis_value_check(const char *tenant, const struct kvs_ns *ns, int64_t key, 
         bad = "block key";
     else if (le_get64(h + OFF_SIZE) != len || vlen - hlen != len)
         bad = "size";
-    else if (le_get32(h + OFF_CRC) != value_crc(h, hlen, h + hlen, len))
+    else if (le_get32(h + OFF_CRC) != value_crc(h, fixed, hlen, h + hlen, len))
         bad = "CRC-32C";
-    if (!bad)
+    if (!bad) {
+        *payload_at = hlen;
+        /* Version 1 values predate check words: word 0. */
+        uint64_t word = fixed == REDIS_HDR_FIXED ? le_get64(h + OFF_CHECK) : 0;
+        if (word != check) {
+            errmsg_set(err, errlen, "redis: key %" PRId64 " is stored under another check word "
+                       "(another prefix's block: kept)", key);
+            return KVS_MISMATCH;
+        }
         return 0;
+    }
     errmsg_set(err, errlen, "redis: stored value of key %" PRId64 " (%zu bytes): %s does not match; "
                "deleted", key, vlen, bad);
     return KVS_CORRUPT;
@@ -268,7 +303,7 @@ static int redis_put_batch(struct kvs_store *s, struct kvs_item *it, size_t n, c
         memcpy(f + pl, b.k[i], kl);
         int vh = snprintf(f + pl + kl, 32, "\r\n$%zu\r\n", vl);
         uint8_t *hdr = (uint8_t *)f + pl + kl + vh;
-        redis_header_make(s->tenant, it[i].ns, it[i].key, it[i].src, it[i].len, hdr);
+        redis_header_make(s->tenant, it[i].ns, it[i].key, it[i].check, it[i].src, it[i].len, hdr);
         iov[i][0] = (struct iovec){ .iov_base = f, .iov_len = (size_t)pl + kl + (size_t)vh + hlen };
         iov[i][1] = (struct iovec){ .iov_base = (void *)it[i].src, .iov_len = it[i].len };
         iov[i][2] = (struct iovec){ .iov_base = (void *)"\r\n", .iov_len = 2 };
@@ -338,7 +373,6 @@ static int redis_get_batch(struct kvs_store *s, struct kvs_item *it, size_t n, c
                            size_t errlen)
 {
     struct keys b = { 0 };
-    size_t hlen = redis_header_len(s->tenant);
     int rc = keys_make(s, it, n, &b, "GET", err, errlen);
     if (rc == 0)
         rc = rcl_run(s->cl, b.cmds, n, err, errlen);
@@ -365,11 +399,14 @@ static int redis_get_batch(struct kvs_store *s, struct kvs_item *it, size_t n, c
                 it[i].rc = KVS_CORRUPT;
                 corrupt = true;
             }
-        } else if ((it[i].rc = redis_value_check(s->tenant, it[i].ns, it[i].key, it[i].len,
-                                                 r->str, r->len, err, errlen)) == 0) {
-            memcpy(it[i].dst, r->str + hlen, it[i].len);
         } else {
-            corrupt = true;
+            size_t at = 0;
+            it[i].rc = redis_value_check(s->tenant, it[i].ns, it[i].key, it[i].check, it[i].len,
+                                         r->str, r->len, &at, err, errlen);
+            if (it[i].rc == 0)
+                memcpy(it[i].dst, r->str + at, it[i].len);
+            else if (it[i].rc == KVS_CORRUPT)
+                corrupt = true;   /* a mismatched word is another prefix's: not deleted */
         }
     }
     if (corrupt)
@@ -378,28 +415,79 @@ static int redis_get_batch(struct kvs_store *s, struct kvs_item *it, size_t n, c
     return any_ok ? 0 : rc;
 }
 
-static int redis_put(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, const void *data,
-                     size_t len, char *err, size_t errlen)
+static int redis_put(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                     const void *data, size_t len, char *err, size_t errlen)
 {
-    struct kvs_item it = { .ns = ns, .key = key, .src = data, .len = len };
+    struct kvs_item it = { .ns = ns, .key = key, .check = check, .src = data, .len = len };
     int rc = redis_put_batch(s, &it, 1, err, errlen);
     return rc < 0 ? rc : it.rc;
 }
 
-static int redis_get(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, void *data,
-                     size_t len, char *err, size_t errlen)
+static int redis_get(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                     void *data, size_t len, char *err, size_t errlen)
 {
-    struct kvs_item it = { .ns = ns, .key = key, .dst = data, .len = len };
+    struct kvs_item it = { .ns = ns, .key = key, .check = check, .dst = data, .len = len };
     int rc = redis_get_batch(s, &it, 1, err, errlen);
     return rc < 0 ? rc : it.rc;
 }
 
-static int redis_del(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, char *err,
-                     size_t errlen)
+/* What redis_words found under a key. */
+enum { WORD_NONE = 0, WORD_SET = 1, WORD_BAD = 2 };
+
+/* The check word of each item's stored value: GETRANGE of its header (a
+ * header-sized prefix, never the block), pipelined. held[i]: WORD_SET with
+ * words[i] set, WORD_NONE (no value), or WORD_BAD (not a kvnode value: its
+ * GET finds it corrupt and removes it). */
+static int redis_words(struct kvs_store *s, struct kvs_item *it, size_t n, uint64_t *words,
+                       uint8_t *held, char *err, size_t errlen)
 {
-    struct kvs_item it = { .ns = ns, .key = key };
     struct keys b = { 0 };
-    int rc = keys_make(s, &it, 1, &b, "DEL", err, errlen);
+    char (*frames)[64 + KEY_MAX] = malloc((n ? n : 1) * sizeof *frames);
+    struct iovec *iov = malloc((n ? n : 1) * sizeof *iov);
+    char end[24];
+    int el = snprintf(end, sizeof end, "%zu", redis_header_len(s->tenant) - 1);
+    int rc = frames && iov ? keys_make(s, it, n, &b, "GETRANGE", err, errlen) : -KVNODE_ENOMEM;
+    if (!frames || !iov)
+        errmsg_set(err, errlen, "redis GETRANGE: out of memory");
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        /* GETRANGE <key> 0 <header length - 1> in RESP (four arguments). */
+        size_t kl = b.cmds[i].argvlen[1];
+        int fl = snprintf(frames[i], sizeof frames[i], "*4\r\n$8\r\nGETRANGE\r\n$%zu\r\n%.*s\r\n"
+                          "$1\r\n0\r\n$%d\r\n%s\r\n", kl, (int)kl, b.k[i], el, end);
+        iov[i] = (struct iovec){ .iov_base = frames[i], .iov_len = (size_t)fl };
+        b.cmds[i].iov = &iov[i];
+        b.cmds[i].iovcnt = 1;
+    }
+    if (rc == 0)
+        rc = rcl_run(s->cl, b.cmds, n, err, errlen);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        redisReply *r = b.cmds[i].reply;
+        if (r->type != REDIS_REPLY_STRING) {
+            errmsg_set(err, errlen, "redis GETRANGE: %.160s",
+                       r->type == REDIS_REPLY_ERROR ? r->str : "not a string");
+            rc = -KVNODE_EIO;
+            break;
+        }
+        int w = redis_header_word((const uint8_t *)r->str, r->len, &words[i]);
+        held[i] = w == 0 ? WORD_SET : w == KVS_MISS ? WORD_NONE : WORD_BAD;
+    }
+    keys_free(&b, n);
+    free(frames);
+    free(iov);
+    return rc;
+}
+
+static int redis_del(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                     char *err, size_t errlen)
+{
+    struct kvs_item it = { .ns = ns, .key = key, .check = check };
+    struct keys b = { 0 };
+    uint64_t word = 0;
+    uint8_t held = 0;
+    int rc = redis_words(s, &it, 1, &word, &held, err, errlen);
+    if (rc < 0 || (held == WORD_SET && word != check))
+        return rc;                 /* another prefix's block: kept */
+    rc = keys_make(s, &it, 1, &b, "DEL", err, errlen);
     if (rc == 0 && (rc = rcl_run(s->cl, b.cmds, 1, err, errlen)) == 0 &&
         b.cmds[0].reply->type == REDIS_REPLY_ERROR) {
         errmsg_set(err, errlen, "redis DEL: %.160s", b.cmds[0].reply->str);
@@ -410,35 +498,30 @@ static int redis_del(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, 
 }
 
 static int redis_exists(struct kvs_store *s, const struct kvs_ns *ns, const int64_t *keys,
-                        size_t n, uint8_t *present, char *err, size_t errlen)
+                        const uint64_t *checks, size_t n, uint8_t *present, char *err,
+                        size_t errlen)
 {
     if (n == 0)
         return 0;
     struct kvs_item *it = calloc(n, sizeof *it);
-    struct keys b = { 0 };
-    if (!it) {
-        errmsg_set(err, errlen, "redis EXISTS: out of memory");
+    uint64_t *words = calloc(n, sizeof *words);
+    if (!it || !words) {
+        free(it);
+        free(words);
+        errmsg_set(err, errlen, "redis GETRANGE: out of memory");
         return -KVNODE_ENOMEM;
     }
     for (size_t i = 0; i < n; i++) {
         it[i].ns = ns;
         it[i].key = keys[i];
     }
-    /* EXISTS of several keys would need them in one slot: one per key, pipelined. */
-    int rc = keys_make(s, it, n, &b, "EXISTS", err, errlen);
-    if (rc == 0)
-        rc = rcl_run(s->cl, b.cmds, n, err, errlen);
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        redisReply *r = b.cmds[i].reply;
-        if (r->type != REDIS_REPLY_INTEGER) {
-            errmsg_set(err, errlen, "redis EXISTS: %.160s",
-                       r->type == REDIS_REPLY_ERROR ? r->str : "not an integer");
-            rc = -KVNODE_EIO;
-            break;
-        }
-        present[i] = r->integer > 0;
-    }
-    keys_free(&b, n);
+    /* One GETRANGE per key, pipelined: the word decides, not the key alone. */
+    int rc = redis_words(s, it, n, words, present, err, errlen);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        present[i] = present[i] == WORD_NONE ? KVS_ABSENT
+                     : present[i] == WORD_BAD || words[i] == (checks ? checks[i] : 0)
+                         ? KVS_PRESENT : KVS_PRESENT_OTHER_WORD;
+    free(words);
     free(it);
     return rc;
 }

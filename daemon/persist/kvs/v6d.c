@@ -174,7 +174,8 @@ static int batch_make(struct kvs_store *s, struct kvs_item *it, size_t n, struct
                        it[i].ns->layout->block_bytes);
             return -KVNODE_EINVAL;
         }
-        if (v6d_object_key(s->object_ns, it[i].ns, it[i].key, b->k[b->m], KEY_MAX) >= KEY_MAX) {
+        if (v6d_object_key(s->object_ns, it[i].ns, it[i].key, it[i].check, b->k[b->m],
+                           KEY_MAX) >= KEY_MAX) {
             errmsg_set(err, errlen, "v6d %s: object key too long", what);
             return -KVNODE_EINVAL;
         }
@@ -352,18 +353,18 @@ fail:
     return rc;
 }
 
-static int v6d_put(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, const void *data,
-                   size_t len, char *err, size_t errlen)
+static int v6d_put(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                   const void *data, size_t len, char *err, size_t errlen)
 {
-    struct kvs_item it = { .ns = ns, .key = key, .src = data, .len = len };
+    struct kvs_item it = { .ns = ns, .key = key, .check = check, .src = data, .len = len };
     v6d_put_batch(s, &it, 1, err, errlen);
     return it.rc;
 }
 
-static int v6d_get(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, void *data,
-                   size_t len, char *err, size_t errlen)
+static int v6d_get(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                   void *data, size_t len, char *err, size_t errlen)
 {
-    struct kvs_item it = { .ns = ns, .key = key, .dst = data, .len = len };
+    struct kvs_item it = { .ns = ns, .key = key, .check = check, .dst = data, .len = len };
     v6d_get_batch(s, &it, 1, err, errlen);
     return it.rc;
 }
@@ -371,15 +372,17 @@ static int v6d_get(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, vo
 /* No delete in the protocol for a sealed object (discard ends unsealed
  * create leases only): nothing to send. The backend says so
  * (keeps_deleted), and persist hides deleted keys with tombstones. */
-static int v6d_del(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, char *err,
-                   size_t errlen)
+static int v6d_del(struct kvs_store *s, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                   char *err, size_t errlen)
 {
-    (void)s; (void)ns; (void)key; (void)err; (void)errlen;
+    (void)s; (void)ns; (void)key; (void)check; (void)err; (void)errlen;
     return 0;
 }
 
+#define CHECK_AT(checks, i) ((checks) ? (checks)[i] : 0)
+
 static int v6d_exists(struct kvs_store *s, const struct kvs_ns *ns, const int64_t *keys,
-                      size_t n, uint8_t *present, char *err, size_t errlen)
+                      const uint64_t *checks, size_t n, uint8_t *present, char *err, size_t errlen)
 {
     char (*k)[KEY_MAX] = NULL;
     const char **kp = NULL;
@@ -409,10 +412,13 @@ static int v6d_exists(struct kvs_store *s, const struct kvs_ns *ns, const int64_
         for (i = at; i < n && m < chunk; i++) {
             bool dup = false;
             for (size_t j = at; j < i && !dup; j++)
-                dup = keys[j] == keys[i];
+                dup = keys[j] == keys[i] && CHECK_AT(checks, j) == CHECK_AT(checks, i);
             if (dup)
                 continue;
-            if (v6d_object_key(s->object_ns, ns, keys[i], k[m], KEY_MAX) >= KEY_MAX) {
+            /* A word is part of the object key: another word's block is
+             * another object, absent here (never KVS_PRESENT_OTHER_WORD). */
+            if (v6d_object_key(s->object_ns, ns, keys[i], CHECK_AT(checks, i), k[m],
+                               KEY_MAX) >= KEY_MAX) {
                 errmsg_set(err, errlen, "v6d exists: object key too long");
                 rc = -KVNODE_EINVAL;
                 goto out;
@@ -428,7 +434,7 @@ static int v6d_exists(struct kvs_store *s, const struct kvs_ns *ns, const int64_
         for (size_t j = 0; j < m; j++)
             if (objs[j].present)
                 for (size_t q = at; q < i; q++)
-                    if (keys[q] == keys[map[j]])
+                    if (keys[q] == keys[map[j]] && CHECK_AT(checks, q) == CHECK_AT(checks, map[j]))
                         present[q] = 1;
         if (lease[0] && (rc = v6d_lease_call(s, "release", lease, NULL, err, errlen)) < 0)
             goto out;

@@ -115,8 +115,13 @@ size_t v6d_deployment_id(const struct ns_layout *l, char *buf, size_t len);
  * would need. */
 size_t v6d_tenant_object_ns(const char *object_ns, const char *tenant, char *buf, size_t len);
 /* The object key of (ns, key) under object_ns (NULL or "":
- * V6D_DEFAULT_OBJECT_NS); returns the length snprintf would need. */
-size_t v6d_object_key(const char *object_ns, const struct kvs_ns *ns, int64_t key, char *buf,
-                      size_t len);
+ * V6D_DEFAULT_OBJECT_NS); returns the length snprintf would need. A block
+ * with a check word (check != 0, issue 19) has the word in its key's last
+ * part, "block-<key>" V6D_CHECK_SEP "<word, 16 hex digits>": rtp-llm, which
+ * has no words, never reads it, and two words never share an object; word
+ * 0 is rtp-llm's key exactly. */
+#define V6D_CHECK_SEP "-check-"
+size_t v6d_object_key(const char *object_ns, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                      char *buf, size_t len);
 
 #endif

@@ -84,15 +84,18 @@ static size_t put_part(char *buf, size_t len, size_t at, const char *s)
     return at;
 }
 
-size_t v6d_object_key(const char *object_ns, const struct kvs_ns *ns, int64_t key, char *buf,
-                      size_t len)
+size_t v6d_object_key(const char *object_ns, const struct kvs_ns *ns, int64_t key, uint64_t check,
+                      char *buf, size_t len)
 {
-    char ver[16], dep[V6D_DEPLOYMENT_ID_MAX], rank[32], grp[32], blk[32];
+    char ver[16], dep[V6D_DEPLOYMENT_ID_MAX], rank[32], grp[32], blk[64];
     snprintf(ver, sizeof ver, "v%d", V6D_KEY_VERSION);
     v6d_deployment_id(ns->layout, dep, sizeof dep);
     snprintf(rank, sizeof rank, "tp-%" PRIu32, ns->layout->tp_rank);
     snprintf(grp, sizeof grp, "group-%d", V6D_KEY_GROUP);
-    snprintf(blk, sizeof blk, "block-%" PRId64, key);
+    if (check)
+        snprintf(blk, sizeof blk, "block-%" PRId64 V6D_CHECK_SEP "%016" PRIx64, key, check);
+    else
+        snprintf(blk, sizeof blk, "block-%" PRId64, key);
     const char *parts[] = { object_ns && *object_ns ? object_ns : V6D_DEFAULT_OBJECT_NS, ver,
                             dep, rank, grp, blk };
     size_t at = 0;
