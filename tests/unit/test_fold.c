@@ -211,6 +211,56 @@ START_TEST(test_fold_text_hex_positions)
 }
 END_TEST
 
+/* A batch of 64-digit keys (SGLang's: folded 16 digits at a time, the separators where
+ * they must be) folds as each key does in a batch of mixed keys; a key that is not hex, or
+ * keys of other lengths that happen to fill the same bytes, take the general way. */
+START_TEST(test_fold_text_hex64_batch)
+{
+    enum { N = 9 };
+    char text[N * 65], one[66];
+    kvnode_key keys[N], k[2];
+    uint64_t checks[N], w[2];
+    uint32_t x = 777;
+
+    for (size_t i = 0; i < N; i++) {
+        for (size_t j = 0; j < 64; j++) {
+            x = x * 1103515245u + 12345u;
+            text[i * 65 + j] = "0123456789abcdefABCDEF"[(x >> 16) % 22];
+        }
+        text[i * 65 + 64] = '\0';
+    }
+    ck_assert_uint_eq(kvnode_fold_text(text, sizeof text - 1, N, keys, checks), N);
+    for (size_t i = 0; i < N; i++) {
+        memcpy(one, text + i * 65, 64);
+        one[64] = '\0';
+        one[65] = 'x';      /* the same key, then a non-hex one: the general way */
+        ck_assert_uint_eq(kvnode_fold_text(one, 66, 2, k, w), 2);
+        ck_assert_msg(k[0] == keys[i] && w[0] == checks[i], "key %zu folds differently", i);
+    }
+    /* key 4 not hex (a 'g' in its third block): it alone is folded as text */
+    text[4 * 65 + 40] = 'g';
+    ck_assert_uint_eq(kvnode_fold_text(text, sizeof text - 1, N, keys, checks), N);
+    {
+        unsigned char d[32];
+
+        sha256_digest(text + 4 * 65, 64, d);
+        ck_assert((uint64_t)keys[4] == be64(d) && checks[4] == be64(d + 8));
+    }
+    /* 63 + 65 digits fill the bytes of two 64-digit keys, the NUL one byte early */
+    memset(text, 'a', 129);
+    text[63] = '\0';
+    ck_assert_uint_eq(kvnode_fold_text(text, 129, 2, keys, checks), 2);
+    {
+        unsigned char d[32];
+
+        sha256_digest(text, 63, d);     /* odd lengths: both folded as text */
+        ck_assert((uint64_t)keys[0] == be64(d) && checks[0] == be64(d + 8));
+        sha256_digest(text + 64, 65, d);
+        ck_assert((uint64_t)keys[1] == be64(d) && checks[1] == be64(d + 8));
+    }
+}
+END_TEST
+
 static Suite *fold_suite(void)
 {
     Suite *s = suite_create("fold");
@@ -225,6 +275,7 @@ static Suite *fold_suite(void)
     tcase_add_test(tc, test_fold_text_golden);
     tcase_add_test(tc, test_fold_text_args);
     tcase_add_test(tc, test_fold_text_hex_positions);
+    tcase_add_test(tc, test_fold_text_hex64_batch);
     suite_add_tcase(s, tc);
     return s;
 }
