@@ -84,23 +84,40 @@ static void sha256_blocks_shani(uint32_t st[8], const unsigned char *p, size_t n
 
     s1 = _mm_blend_epi16(s1, tmp, 0xF0);                                              /* CDGH */
     for (; nblocks > 0; nblocks--, p += 64) {
-        __m128i w[4], abef = s0, cdgh = s1;
+        __m128i abef = s0, cdgh = s1, m;
+        __m128i w0 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(const void *)p), bswap);
+        __m128i w1 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)),
+                                      bswap);
+        __m128i w2 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 32)),
+                                      bswap);
+        __m128i w3 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 48)),
+                                      bswap);
 
-        for (int i = 0; i < 16; i++) {
-            __m128i m;
-
-            if (i < 4) {
-                w[i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * i)), bswap);
-            } else {   /* w[i % 4] holds words 4i-16..4i-13; make them 4i..4i+3 */
-                __m128i x = _mm_sha256msg1_epu32(w[i % 4], w[(i + 1) % 4]);
-
-                x = _mm_add_epi32(x, _mm_alignr_epi8(w[(i + 3) % 4], w[(i + 2) % 4], 4));
-                w[i % 4] = _mm_sha256msg2_epu32(x, w[(i + 3) % 4]);
-            }
-            m = _mm_add_epi32(w[i % 4], _mm_loadu_si128((const __m128i *)&sha256_k[4 * i]));
-            s1 = _mm_sha256rnds2_epu32(s1, s0, m);
-            s0 = _mm_sha256rnds2_epu32(s0, s1, _mm_shuffle_epi32(m, 0x0E));
+/* Rounds 4i..4i+3 with message words w. */
+#define SHA_RNDS(i, w)                                                                      \
+        m = _mm_add_epi32((w), _mm_loadu_si128((const __m128i *)&sha256_k[4 * (i)]));       \
+        s1 = _mm_sha256rnds2_epu32(s1, s0, m);                                              \
+        s0 = _mm_sha256rnds2_epu32(s0, s1, _mm_shuffle_epi32(m, 0x0E))
+/* a (words 4i-16..) becomes words 4i..4i+3 from b, c, d (the three groups after it). */
+#define SHA_NEXT(a, b, c, d)                                                                \
+        a = _mm_sha256msg2_epu32(_mm_add_epi32(_mm_sha256msg1_epu32(a, b),                    \
+                                               _mm_alignr_epi8(d, c, 4)), d)
+        SHA_RNDS(0, w0);
+        SHA_RNDS(1, w1);
+        SHA_RNDS(2, w2);
+        SHA_RNDS(3, w3);
+        for (int i = 4; i < 16; i += 4) {
+            SHA_NEXT(w0, w1, w2, w3);
+            SHA_RNDS(i, w0);
+            SHA_NEXT(w1, w2, w3, w0);
+            SHA_RNDS(i + 1, w1);
+            SHA_NEXT(w2, w3, w0, w1);
+            SHA_RNDS(i + 2, w2);
+            SHA_NEXT(w3, w0, w1, w2);
+            SHA_RNDS(i + 3, w3);
         }
+#undef SHA_RNDS
+#undef SHA_NEXT
         s0 = _mm_add_epi32(s0, abef);
         s1 = _mm_add_epi32(s1, cdgh);
     }
@@ -171,7 +188,7 @@ void sha256_digest(const void *msg, size_t len, unsigned char digest[32])
 
     if (full)
         sha256_blocks(st, p, full);
-    memset(tail, 0, sizeof tail);
+    memset(tail, 0, tlen);
     if (rest)
         memcpy(tail, p + full * 64, rest);
     tail[rest] = 0x80;

@@ -342,7 +342,8 @@ def fold_digests(keys):
     With a daemon that honours check words (:attr:`Client.has_check_words`), pass the words
     as ``checks``: two keys whose 64-bit keys collide then miss each other's block instead
     of reading it."""
-    keys = list(keys)
+    if type(keys) is not list:
+        keys = list(keys)
     n = len(keys)
     karr, carr = (ctypes.c_int64 * n)(), (ctypes.c_uint64 * n)()
     if n == 0:
