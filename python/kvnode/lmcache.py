@@ -136,8 +136,9 @@ class KvnodeL2Connector:
                 os.eventfd_read(self._efd)
             except BlockingIOError:
                 pass
-            with self._lock:
-                clients = ([self._client] if self._client else []) + list(self._retiring)
+            with self._lock:    # (exists and delete complete here: no client to drain)
+                clients = ([self._client] if self._client and self._tickets else []) + \
+                    list(self._retiring)
             for c in clients:
                 self._drain_client(c)
             with self._done_lock:
