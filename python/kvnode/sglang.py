@@ -51,7 +51,6 @@ config's ``model_name``), ``dtype`` (a layout discriminator, default ``"sglang"`
 
 import logging
 import os
-import select
 import threading
 import time
 
@@ -87,38 +86,6 @@ class _Conn:
         self.retired = False
         # Check words go with every key when the daemon honours them (all clients share it).
         self.checks = all(c.has_check_words for c in clients)
-        # batch_exists's asynchronous MATCH on the V client: completions drained by one
-        # waiter at a time (polling), handed to their callers through results.
-        self.cv = threading.Condition()
-        self.polling = False
-        self.results = {}
-
-    def wait(self, client, ticket):
-        """The completion of ticket, submitted on client; other callers' completions that
-        come with it are left in results for them."""
-        fd = client.event_fd
-        with self.cv:
-            while True:
-                comp = self.results.pop(ticket, None)
-                if comp is not None:
-                    return comp
-                if self.polling:
-                    self.cv.wait()
-                    continue
-                self.polling = True
-                self.cv.release()
-                done = []
-                try:
-                    done = client.drain()
-                    if not done:        # (libkvnode completes every ticket: a timeout,
-                        select.select([fd], [], [], 1.0)    # a cancel, or its reply)
-                        done = client.drain()
-                finally:
-                    self.cv.acquire()
-                    self.polling = False
-                    for c in done:
-                        self.results[c.ticket] = c
-                    self.cv.notify_all()
 
     def words(self, checks):
         """checks (a batch's check words) when this connection sends them, else None."""
@@ -279,18 +246,13 @@ class KvnodeHiCacheStorage(_Base):
 
         def match(conn):
             words = conn.words(checks)
-            if len(conn.clients) == 1:
-                return conn.clients[0].match(folded, words)
-            # K and V: V's MATCH goes out first and is answered while K's round trip runs.
-            k, v = conn.clients
-            ticket = v.submit_match(folded, words)
-            try:
-                hit = k.match(folded, words)
-            finally:
-                done = conn.wait(v, ticket)
-            if done.error is not None:
-                raise done.error
-            return min(hit, done.count)
+            first, *rest = conn.clients
+            hit = first.match(folded, words)
+            for c in rest:          # V of what K holds (a prefix of a prefix)
+                if hit == 0:
+                    break
+                hit = c.match(kvnode.prefix(folded, hit), words and kvnode.prefix(words, hit))
+            return hit
         return self._run(match, 0)
 
     def exists(self, key):
