@@ -333,11 +333,13 @@ def fold_digests(keys):
     its 32 bytes, another hex string of at least 32 digits its first 16 bytes; any other
     string or bytes (LMCache's keys) its SHA-256 (for a hex string of 16 to 31 digits, the
     key part comes from the hex digits and the check part from its SHA-256). The key is the
-    digest's first 8 bytes, big-endian, signed (what :func:`fold_key` gives, so blocks stored
-    under folded keys before check words existed are still found by their key); the check
-    word is the next 8 bytes (0 becomes 1: 0 means "no word"). A batch of 64-hex-digit
-    strings (any strings, with a libkvnode that has ``kvnode_fold_text``) is folded in one
-    call into libkvnode, without per-key work in Python.
+    digest's first 8 bytes, big-endian, signed (what :func:`fold_key` gives, unchanged since
+    before check words); the check word is the next 8 bytes (0 becomes 1: 0 means "no
+    word"). A batch of strings is folded in one call into libkvnode (``kvnode_fold_text``),
+    without per-key work in Python; bytes keys (or a libkvnode without that call) are hashed
+    per key here, then folded by ``kvnode_fold_digests``. A block stored with a word is
+    found only with that word: one stored without (by an older daemon or client) is a miss
+    for calls that send words.
 
     With a daemon that honours check words (:attr:`Client.has_check_words`), pass the words
     as ``checks``: two keys whose 64-bit keys collide then miss each other's block instead
