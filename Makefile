@@ -78,7 +78,7 @@ CHECK_LIBS  = $(call pc_libs,$(CHECK_PKGS))
 # --- sources -----------------------------------------------------------------
 PROTO_C      := $(GEN)/kvnode.pb-c.c
 PROTO_H      := $(GEN)/kvnode.pb-c.h
-COMMON_SRC   := lib/wire.c lib/hash.c lib/errors.c
+COMMON_SRC   := lib/wire.c lib/hash.c lib/sha256.c lib/errors.c
 LIB_SRC      := lib/client.c lib/client_io.c lib/client_async.c lib/client_submit.c lib/client_ops.c lib/cudart.c lib/prefault.c $(COMMON_SRC)
 DAEMON_SRC   := $(filter-out daemon/main.c $(if $(filter 1,$(V6D)),,daemon/persist/kvs/v6d%.c),$(wildcard daemon/*.c daemon/*/*.c daemon/persist/kvs/*.c))
 CTL_SRC      := $(wildcard ctl/*.c)

@@ -1,7 +1,14 @@
 /* hash: the rtp-llm / KVCM chained block-key hash (docs/PROTOCOLS.md §4.1), the fold of
- * foreign digests into keys and check words, and the
+ * foreign digests and keys into keys and check words, and the
  * library version string. */
 #include "kvnode.h"
+
+#include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+#include "sha256.h"
 
 #ifndef KVNODE_VERSION_STRING
 #error "KVNODE_VERSION_STRING must be defined by the build (see Makefile)"
@@ -69,6 +76,146 @@ size_t kvnode_fold_digests(const void *digests, size_t n, size_t digest_len, kvn
 
         keys[i] = k >> 63 ? -(kvnode_key)(~k) - 1 : (kvnode_key)k;
         checks[i] = w ? w : 1;   /* 0 means "no word" */
+    }
+    return n;
+}
+
+/* hash_hex[c]: the value of hex digit c, 0x10 for any other byte (so that ORing the
+ * entries of a string tests every byte at once). */
+static const unsigned char hash_hex[256] = {
+#define X16 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, \
+            0x10, 0x10
+    X16, X16, X16,
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10,      /* '0'-'9' */
+    0x10, 10, 11, 12, 13, 14, 15, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10,
+    X16,
+    0x10, 10, 11, 12, 13, 14, 15, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10,
+    X16,
+    X16, X16, X16, X16, X16, X16, X16, X16,
+#undef X16
+};
+
+#ifdef __SSE2__
+/* Which of the 16 bytes at p are hex digits (a bit each), and in *digit which of
+ * them are '0'-'9'; *x and *l get the bytes and the bytes folded to lower case. */
+static unsigned hash_hex_mask(const unsigned char *p, __m128i *x, __m128i *l, __m128i *digit)
+{
+    *x = _mm_loadu_si128((const __m128i *)(const void *)p);
+    *l = _mm_or_si128(*x, _mm_set1_epi8(0x20));                 /* 'A'-'F' -> 'a'-'f' */
+    *digit = _mm_and_si128(_mm_cmpgt_epi8(*x, _mm_set1_epi8('0' - 1)),
+                           _mm_cmplt_epi8(*x, _mm_set1_epi8('9' + 1)));
+    return (unsigned)_mm_movemask_epi8(
+        _mm_or_si128(*digit, _mm_and_si128(_mm_cmpgt_epi8(*l, _mm_set1_epi8('a' - 1)),
+                                           _mm_cmplt_epi8(*l, _mm_set1_epi8('f' + 1)))));
+}
+
+/* 1 when the 16 bytes at p are hex digits. */
+static int hash_hex16_ok(const unsigned char *p)
+{
+    __m128i x, l, digit;
+
+    return hash_hex_mask(p, &x, &l, &digit) == 0xffff;
+}
+
+/* The 16 hex digits at p as a big-endian 64-bit value, 16 bytes at once (SGLang's
+ * keys are 64 digits: four of these); *ok cleared when one is not a hex digit. */
+static uint64_t hash_hex16(const unsigned char *p, int *ok)
+{
+    __m128i x, l, digit, v, b;
+    uint64_t r;
+
+    if (hash_hex_mask(p, &x, &l, &digit) != 0xffff)
+        *ok = 0;
+    v = _mm_or_si128(_mm_and_si128(digit, _mm_sub_epi8(x, _mm_set1_epi8('0'))),
+                     _mm_andnot_si128(digit, _mm_sub_epi8(l, _mm_set1_epi8('a' - 10))));
+    /* pairs of nibbles (first digit high) into bytes, in order */
+    b = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0xff)), 4),
+                     _mm_srli_epi16(v, 8));
+    b = _mm_packus_epi16(b, b);
+    _mm_storel_epi64((__m128i *)(void *)&r, b);
+    return __builtin_bswap64(r);    /* x86: the first byte was the lowest */
+}
+
+/* kvnode_fold_text's common case, n keys of 64 hex digits (SGLang's): 1 when every
+ * key was one (keys and checks filled), 0 to take the general way. */
+static int hash_fold_hex64(const unsigned char *p, size_t n, kvnode_key *keys, uint64_t *checks)
+{
+    for (size_t i = 0; i < n; i++, p += 65) {
+        int ok = (i + 1 == n || p[64] == 0) && hash_hex16_ok(p + 32) && hash_hex16_ok(p + 48);
+        uint64_t k = hash_hex16(p, &ok), w = hash_hex16(p + 16, &ok);
+
+        if (!ok)
+            return 0;
+        keys[i] = k >> 63 ? -(kvnode_key)(~k) - 1 : (kvnode_key)k;
+        checks[i] = w ? w : 1;
+    }
+    return 1;
+}
+#endif
+
+/* The key and check word of one foreign key given as text (kvnode_fold_text). */
+static void hash_fold_one(const unsigned char *s, size_t len, kvnode_key *key, uint64_t *check)
+{
+    unsigned char digest[32];
+    uint64_t k = 0, w = 0;
+    unsigned bad = 0;
+    int hex = len >= 16 && len % 2 == 0;
+    size_t i = 0;
+
+#ifdef __SSE2__
+    if (hex && len >= 32) {
+        int ok = 1;
+
+        k = hash_hex16(s, &ok);
+        w = hash_hex16(s + 16, &ok);
+        for (i = 32; i + 16 <= len; i += 16)
+            (void)hash_hex16(s + i, &ok);
+        bad = ok ? 0 : 0x10;
+    } else
+#endif
+    if (hex) {      /* key and word in two independent chains, every byte tested */
+        for (; i < 16; i++) {
+            unsigned v = hash_hex[s[i]], u = i + 16 < len ? hash_hex[s[i + 16]] : 0;
+
+            bad |= v | u;
+            k = k << 4 | (v & 0xf);
+            w = w << 4 | (u & 0xf);
+        }
+        i = 32;
+    }
+    for (; hex && i < len; i++)
+        bad |= hash_hex[s[i]];
+    hex = hex && !(bad & 0x10);
+    if (!hex) {
+        sha256_digest(s, len, digest);
+        k = hash_be64(digest);
+        w = hash_be64(digest + 8);
+    } else if (len < 32) {  /* a short hex digest: its own key, a word from its SHA-256 */
+        sha256_digest(s, len, digest);
+        w = hash_be64(digest + 8);
+    }
+    *key = k >> 63 ? -(kvnode_key)(~k) - 1 : (kvnode_key)k;
+    *check = w ? w : 1;
+}
+
+size_t kvnode_fold_text(const char *text, size_t len, size_t n, kvnode_key *keys,
+                        uint64_t *checks)
+{
+    const unsigned char *p = (const unsigned char *)text, *end = p + len;
+
+    if (!text || !keys || !checks || n == 0)
+        return 0;
+#ifdef __SSE2__
+    if (len / 65 == n - 1 && len % 65 == 64 && hash_fold_hex64(p, n, keys, checks))
+        return n;
+#endif
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char *nul = i + 1 < n ? memchr(p, 0, (size_t)(end - p)) : end;
+
+        if (!nul || (i + 1 == n && memchr(p, 0, (size_t)(end - p))))
+            return 0;   /* fewer separators than n - 1, or more */
+        hash_fold_one(p, (size_t)(nul - p), &keys[i], &checks[i]);
+        p = nul + (nul < end);
     }
     return n;
 }

@@ -342,6 +342,19 @@ void kvnode_cancel(kvnode_client *c);
  * or 0 when an argument is invalid (NULL array, digest_len < 16). */
 size_t kvnode_fold_digests(const void *digests, size_t n, size_t digest_len, kvnode_key *keys,
                            uint64_t *checks);
+/* Fold n foreign keys given as text (an engine's key strings, UTF-8), separated
+ * by single NUL bytes in the len bytes at text (the last one ends at len), into
+ * keys and check words, as the Python binding's fold_key / fold_digests do: a
+ * key of at least 16 hex digits, an even number (SGLang's SHA-256 hex digests),
+ * is its own digest: key = its first 16 hex digits, check word = the next 16
+ * (with fewer than 32 digits: bytes 8-15 of the key's SHA-256); any other key
+ * (LMCache's "model@rank@hash") is folded from its SHA-256: key = bytes 0-7,
+ * check word = bytes 8-15 (big-endian, signed key, 0 becomes 1 as above). One
+ * call for a whole batch, without a crypto library (the x86 SHA extensions
+ * when the CPU has them). Returns n, or 0 when an argument is invalid (NULL,
+ * n 0) or text does not hold exactly n - 1 separators. */
+size_t kvnode_fold_text(const char *text, size_t len, size_t n, kvnode_key *keys,
+                        uint64_t *checks);
 /* 1 when the daemon honours check words, else 0. */
 int  kvnode_has_check_words(const kvnode_client *c);
 int  kvnode_match_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,

@@ -48,6 +48,7 @@ import ctypes
 import dataclasses
 import hashlib
 import json
+import operator
 import os
 import struct
 import threading
@@ -56,7 +57,7 @@ import threading
 __version__ = "0.1.0"
 
 __all__ = [
-    "Layout", "Client", "ReadLease", "WriteLease", "hash_tokens", "fold_key", "fold_keys", "version", "library_path",
+    "Layout", "Client", "ReadLease", "WriteLease", "hash_tokens", "fold_key", "fold_keys", "fold_digests", "prefix", "version", "library_path",
     "__version__",
     "TIER_HOST", "TIER_HBM",
     "Error", "InvalidArgument", "OutOfMemory", "NoSpace", "NoLease", "LayoutError",
@@ -211,6 +212,10 @@ from ._lib import (  # the ctypes layer (kvnode/_lib.py)
     _pending, _prefault, _prefault_progress, _put, _put_abort, _put_batch,
     _put_begin, _put_commit, _set_timeout, _stats_json, _strerror, _submit_delete, _submit_get,
     _submit_match, _submit_put, _version, _view, library_path,
+    _fold_digests, _fold_text, _has_check_words, _match_checked, _get_begin_checked, _put_begin_checked,
+    _get_batch_checked, _put_batch_checked, _get_inline, _put_inline, _get_inline_checked,
+    _put_inline_checked, _delete_checked, _submit_match_checked, _submit_delete_checked,
+    _submit_get_checked, _submit_put_checked,
 )
 
 def _s(b):
@@ -223,10 +228,45 @@ def _raise(rc, message):
     raise cls(code, message, _s(_strerror(rc)))
 
 
+_KEY_TYPES = (ctypes.c_int64, ctypes.c_longlong)
+_CHECK_TYPES = (ctypes.c_uint64, ctypes.c_ulonglong)
+
+
 def _keys_array(keys):
+    """keys as (a ctypes int64 array, n). A ctypes array of c_int64 (as :func:`fold_digests`
+    gives) goes as it is, without a copy; any other iterable of ints is copied into one."""
+    if isinstance(keys, ctypes.Array) and keys._type_ in _KEY_TYPES:
+        return keys, len(keys)
     keys = list(keys)
     arr = (ctypes.c_int64 * max(len(keys), 1))(*keys)
     return arr, len(keys)
+
+
+def _checks_array(checks, n):
+    """checks (None, a ctypes c_uint64 array, or n ints) as what a _checked call takes."""
+    if checks is None:
+        return None
+    if not (isinstance(checks, ctypes.Array) and checks._type_ in _CHECK_TYPES):
+        checks = list(checks)
+        if len(checks) != n:
+            raise ValueError("%d keys but %d check words: give one per key" % (n, len(checks)))
+        return (ctypes.c_uint64 * max(n, 1))(*checks)
+    if len(checks) != n:
+        raise ValueError("%d keys but %d check words: give one per key" % (n, len(checks)))
+    return checks
+
+
+def prefix(array, n):
+    """The first ``n`` items of a ctypes array (keys or check words) as an array over the
+    same memory (no copy): what a call on a prefix of a folded batch takes."""
+    if not 0 <= n <= len(array):
+        raise ValueError("prefix of %d items of an array of %d" % (n, len(array)))
+    return (array._type_ * n).from_buffer(array)
+
+
+def _hexlike(key):
+    """fold_key's test for a hex digest: at least 16 hex digits, an even number."""
+    return len(key) >= 16 and len(key) % 2 == 0 and key.isascii() and key.isalnum()
 
 
 def fold_key(key):
@@ -234,12 +274,11 @@ def fold_key(key):
     deterministic across processes and machines. A hex digest (at least 16 hex
     digits, as SGLang's chained SHA-256 keys) gives its first 64 bits; any other
     string or bytes the first 64 bits of its SHA-256. Two keys whose 64 bits agree
-    would read each other's block: with random digests about n**2 / 2**65 for n
-    stored blocks (kvnode's per-key check word, issue 19 item 2, is not built yet)."""
+    would read each other's block (about n**2 / 2**65 for n stored blocks of random
+    digests) unless a check word tells them apart: see :func:`fold_digests`."""
     if isinstance(key, str):
         # isascii + isalnum leave int() only hex digits to accept (or reject), bar "0x"
-        if (len(key) >= 16 and len(key) % 2 == 0 and key.isascii() and key.isalnum()
-                and key[1] not in "xX"):
+        if _hexlike(key) and key[1] not in "xX":
             try:
                 value = int(key, 16) >> (4 * (len(key) - 16))
                 return value - (1 << 64) if value >= (1 << 63) else value
@@ -250,31 +289,92 @@ def fold_key(key):
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-_FOLD64 = {}
+def _digest16(key):
+    """16 bytes for one foreign key: fold_key's 64 bits, then those of its check word."""
+    if isinstance(key, str):
+        if _hexlike(key):
+            try:
+                raw = bytes.fromhex(key)
+            except ValueError:
+                raw = None
+            if raw is not None:
+                if len(raw) >= 16:
+                    return raw[:16]
+                return raw[:8] + hashlib.sha256(key.encode("ascii")).digest()[8:16]
+        key = key.encode("utf-8")
+    return hashlib.sha256(bytes(key)).digest()[:16]
+
+
+def _digests(keys):
+    """(digests laid end to end, digest_len) for a list of foreign keys: one hex decode for
+    a batch of 64-hex-digit strings (SGLang's keys), else 16 bytes per key (_digest16)."""
+    n = len(keys)
+    if n and type(keys[0]) is str and len(keys[0]) == 64:
+        try:
+            joined = "".join(keys)
+        except TypeError:           # not all strings
+            joined = ""
+        if len(joined) == 64 * n and set(map(len, keys)) == {64}:
+            try:
+                raw = bytes.fromhex(joined)
+            except ValueError:      # some key is not hex
+                raw = b""
+            if len(raw) == 32 * n:  # (fromhex skips whitespace: a key with some is not hex)
+                return raw, 32
+    return b"".join(map(_digest16, keys)), 16
+
+
+def fold_digests(keys):
+    """Fold a batch of foreign keys (an engine's digest strings or bytes) into kvnode keys
+    and check words: ``(keys_array, checks_array)``, a ctypes ``c_int64`` and a ``c_uint64``
+    array of ``len(keys)`` items, which every :class:`Client` method taking keys and
+    ``checks`` accepts as they are (no conversion; :func:`prefix` cuts them).
+
+    Each key is seen as a digest: a string of 64 hex digits (SGLang's chained SHA-256) is
+    its 32 bytes, another hex string of at least 32 digits its first 16 bytes; any other
+    string or bytes (LMCache's keys) its SHA-256 (for a hex string of 16 to 31 digits, the
+    key part comes from the hex digits and the check part from its SHA-256). The key is the
+    digest's first 8 bytes, big-endian, signed (what :func:`fold_key` gives, unchanged since
+    before check words); the check word is the next 8 bytes (0 becomes 1: 0 means "no
+    word"). A batch of strings is folded in one call into libkvnode (``kvnode_fold_text``),
+    without per-key work in Python; bytes keys (or a libkvnode without that call) are hashed
+    per key here, then folded by ``kvnode_fold_digests``. A block stored with a word is
+    found only with that word: one stored without (by an older daemon or client) is a miss
+    for calls that send words.
+
+    With a daemon that honours check words (:attr:`Client.has_check_words`), pass the words
+    as ``checks``: two keys whose 64-bit keys collide then miss each other's block instead
+    of reading it."""
+    if type(keys) is not list:
+        keys = list(keys)
+    n = len(keys)
+    karr, carr = (ctypes.c_int64 * n)(), (ctypes.c_uint64 * n)()
+    if n == 0:
+        return karr, carr
+    if _fold_text is not None:
+        # Strings (SGLang's and LMCache's keys): one call folds them all, SHA-256 included.
+        try:
+            joined = "\0".join(keys)
+        except TypeError:           # not all strings
+            joined = None
+        if joined is not None:      # (0 back: a key holds a NUL, which the C side counts)
+            text = joined.encode("utf-8")
+            if _fold_text(text, len(text), n, karr, carr) == n:
+                return karr, carr
+    raw, dlen = _digests(keys)
+    if _fold_digests is not None:
+        _fold_digests(raw, n, dlen, karr, carr)
+        return karr, carr
+    fmt = struct.Struct(">qQ%dx" % (dlen - 16))    # libkvnode before KVNODE_0.4
+    for i, (k, w) in enumerate(fmt.iter_unpack(raw)):
+        karr[i], carr[i] = k, (w or 1)
+    return karr, carr
 
 
 def fold_keys(keys):
-    """``[fold_key(k) for k in keys]``, faster for the common batch of SHA-256 hex digests
-    (one hex decode and one unpack for the whole batch)."""
-    keys = list(keys)
-    n = len(keys)
-    if n and all(type(k) is str and len(k) == 64 for k in keys):
-        try:
-            raw = bytes.fromhex("".join(keys))
-        except ValueError:
-            raw = b""
-        if len(raw) == 32 * n and all(k[1] not in "xX" for k in keys):
-            fmt = _FOLD64.get(n)
-            if fmt is None:
-                fmt = _FOLD64[n] = struct.Struct(">" + "q24x" * n)
-            return list(fmt.unpack(raw))
-    sha256, from_bytes, out = hashlib.sha256, int.from_bytes, []
-    for k in keys:      # fold_key inlined for plain strings (LMCache's keys): half the time
-        if type(k) is str and not (len(k) >= 16 and k.isascii() and k.isalnum()):
-            out.append(from_bytes(sha256(k.encode("utf-8")).digest()[:8], "big", signed=True))
-        else:
-            out.append(fold_key(k))
-    return out
+    """``[fold_key(k) for k in keys]`` (a list of ints), faster for a batch: see
+    :func:`fold_digests`, whose key array the Client methods take without a copy."""
+    return list(fold_digests(keys)[0])
 
 
 def version():
@@ -339,19 +439,24 @@ class ReadLease:
     (using one afterwards raises ``ValueError``) and ends the lease.
     """
 
-    def __init__(self, client, keys):
+    def __init__(self, client, keys, checks=None):
         self._client = client
-        self._keys = keys
+        self._keys, self._n = _keys_array(keys)
+        self._checks = _checks_array(checks, self._n)
         self._lease = 0
         self._views = []
 
     def __enter__(self):
         c = self._client
-        arr, n = _keys_array(self._keys)
+        arr, n = self._keys, self._n
         locs = (_CLoc * max(n, 1))()
         lease = _LEASE(0)
         got = _SIZE(0)
-        c._check(_get_begin(c._handle(), arr, n, ctypes.byref(lease), locs, ctypes.byref(got)))
+        if self._checks is None:
+            c._check(_get_begin(c._handle(), arr, n, ctypes.byref(lease), locs, ctypes.byref(got)))
+        else:
+            c._check(c._checked(_get_begin_checked, "read")(
+                c._handle(), arr, self._checks, n, ctypes.byref(lease), locs, ctypes.byref(got)))
         self._lease = lease.value
         bb = c.block_bytes
         self._views = [_view(locs[i].ptr, bb, False) for i in range(got.value)]
@@ -381,19 +486,24 @@ class WriteLease:
     aborts (nothing becomes visible). The views are released either way.
     """
 
-    def __init__(self, client, keys, tier):
+    def __init__(self, client, keys, tier, checks=None):
         self._client = client
-        self._keys = keys
+        self._keys, self._n = _keys_array(keys)
+        self._checks = _checks_array(checks, self._n)
         self._tier = tier
         self._lease = 0
         self._views = []
 
     def __enter__(self):
         c = self._client
-        arr, n = _keys_array(self._keys)
+        arr, n = self._keys, self._n
         locs = (_CLoc * max(n, 1))()
         lease = _LEASE(0)
-        c._check(_put_begin(c._handle(), arr, n, self._tier, ctypes.byref(lease), locs))
+        if self._checks is None:
+            c._check(_put_begin(c._handle(), arr, n, self._tier, ctypes.byref(lease), locs))
+        else:
+            c._check(c._checked(_put_begin_checked, "write")(
+                c._handle(), arr, self._checks, n, self._tier, ctypes.byref(lease), locs))
         self._lease = lease.value
         bb = c.block_bytes
         self._views = [_view(locs[i].ptr, bb, True) if locs[i].ptr else None for i in range(n)]
@@ -449,6 +559,10 @@ _release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
 _PyBUF_SIMPLE, _PyBUF_WRITABLE = 0, 1
 
 
+_char_from_buffer = ctypes.c_char.from_buffer
+_nbytes = operator.attrgetter("nbytes")
+
+
 class _Pages:
     """The addresses of a batch's pages, with the buffers exported from the
     caller's objects held (so they cannot be resized or freed) until release().
@@ -460,11 +574,40 @@ class _Pages:
     """
 
     def __init__(self, pages, n, block_bytes, writable, device):
+        self._held = []
+        self._views = None
+        if isinstance(pages, ctypes.Array) and pages._type_ is _P:
+            # Addresses already in a ctypes void* array: taken as they are, as ints are.
+            if len(pages) != n:
+                raise ValueError("%d keys but %d pages: give one page per key" % (n, len(pages)))
+            self.objects, self.array, self.bare = pages, pages, True
+            return
         pages = list(pages)
         if len(pages) != n:
             raise ValueError("%d keys but %d pages: give one page per key" % (n, len(pages)))
-        self._held = []
         self.objects = pages
+        if n and set(map(type, pages)) == {int}:      # addresses (SGLang's page buffers)
+            if min(pages) <= 0:
+                i = next(i for i, p in enumerate(pages) if p <= 0)
+                raise ValueError("page %d: address %d is not a pointer" % (i, pages[i]))
+            self.array, self.bare = (_P * n)(*pages), True
+            return
+        self.bare = False       # objects to keep alive (and buffers held) until released
+        if n and set(map(type, pages)) == {memoryview}:
+            # LMCache's pages: ctypes views hold them (released with the views), far cheaper
+            # than a buffer request per page; read-only ones take the general way below.
+            try:
+                self._views = list(map(_char_from_buffer, pages))
+            except TypeError:       # read-only or not contiguous
+                self._views = None
+            if self._views is not None:
+                short = [i for i, nb in enumerate(map(_nbytes, pages)) if nb < block_bytes]
+                if short:
+                    self.release()
+                    raise ValueError("page %d has %d bytes, a block is %d"
+                                     % (short[0], pages[short[0]].nbytes, block_bytes))
+                self.array = (_P * n)(*map(ctypes.addressof, self._views))
+                return
         self.array = (_P * max(n, 1))()
         try:
             for i, page in enumerate(pages):
@@ -501,6 +644,7 @@ class _Pages:
 
     def release(self):
         held, self._held = self._held, []
+        self._views = None      # (the ctypes views' buffers go with them)
         for view in held:
             _release_buffer(ctypes.byref(view))
 
@@ -579,9 +723,12 @@ class Client:
                              % (cuda_device,))
         #: The CUDA device this client declared (-1: none); see the class docstring.
         self.cuda_device = cuda_device
-        # ticket -> (keys array, _Pages or None): what libkvnode points at until completion.
+        # ticket -> _Pages of a GET/PUT whose page objects are held until it is drained
+        # (libkvnode copies keys and page addresses at submit, not the pages).
         self._inflight = {}
         self._inflight_lock = threading.Lock()
+        self._drain_space = threading.local()
+        self._block_bytes = 0
         self._clayout = layout._to_c() if layout is not None else None
         h = _P()
         sp = os.fsencode(socket_path) if socket_path is not None else None
@@ -597,6 +744,7 @@ class Client:
         if rc != 0:
             _raise(rc, _s(_connect_error()))
         self._c = h.value
+        self._block_bytes = int(_block_bytes(self._c))
         if timeout_ms is not None:
             _set_timeout(self._c, int(timeout_ms))
 
@@ -618,9 +766,8 @@ class Client:
             self._c = None
         inflight = getattr(self, "_inflight", None)
         if inflight:
-            for _, pages in list(inflight.values()):
-                if pages is not None:
-                    pages.release()
+            for pages in list(inflight.values()):
+                pages.release()
             inflight.clear()
 
     def __enter__(self):
@@ -670,20 +817,48 @@ class Client:
     @property
     def block_bytes(self):
         """Bytes of one block of this client's namespace (0 for an observer)."""
-        return int(_block_bytes(self._handle()))
+        self._handle()
+        return self._block_bytes
 
-    def match(self, keys):
-        """Length of the longest cached prefix of ``keys`` (every tier)."""
+    @property
+    def has_check_words(self):
+        """True when the daemon honours check words (``kvnode_has_check_words``): calls may
+        then pass ``checks`` (see :func:`fold_digests`). False with an older daemon or
+        libkvnode, where a call given ``checks`` raises."""
+        h = self._handle()
+        return bool(_has_check_words(h)) if _has_check_words is not None else False
+
+    def _checked(self, fn, what):
+        """The _checked variant fn of a call, or an error naming the library without it."""
+        if fn is None:
+            raise InvalidArgument(InvalidArgument.CODE, "%s with check words needs a libkvnode "
+                                  "with the KVNODE_0.4 calls; %s has none" % (what, _lib_path),
+                                  "invalid argument")
+        return fn
+
+    def match(self, keys, checks=None):
+        """Length of the longest cached prefix of ``keys`` (every tier). ``checks``: one check
+        word per key (see :func:`fold_digests`); a block stored with another word is a miss."""
         arr, n = _keys_array(keys)
-        m = _SIZE(0)
-        self._check(_match(self._handle(), arr, n, ctypes.byref(m)))
-        return m.value
+        if checks is None:
+            m = _SIZE(0)
+            self._check(_match(self._handle(), arr, n, ctypes.byref(m)))
+            return m.value
+        t = _CTiers()
+        self._check(self._checked(_match_checked, "match")(
+            self._handle(), arr, _checks_array(checks, n), n, ctypes.byref(t)))
+        return t.matched
 
-    def delete(self, keys):
-        """Remove ``keys``; return how many were deleted."""
+    def delete(self, keys, checks=None):
+        """Remove ``keys``; return how many were deleted. With ``checks``, a block stored
+        with another check word is not deleted."""
         arr, n = _keys_array(keys)
         d = _SIZE(0)
-        self._check(_delete(self._handle(), arr, n, ctypes.byref(d)))
+        if checks is None:
+            self._check(_delete(self._handle(), arr, n, ctypes.byref(d)))
+        else:
+            self._check(self._checked(_delete_checked, "delete")(
+                self._handle(), arr, _checks_array(checks, n), n, ctypes.byref(d)))
         return d.value
 
     def stats(self):
@@ -702,7 +877,7 @@ class Client:
                              "(device=True for device pages) or a client without cuda_device"
                              % (what, self.cuda_device), "operation not valid now")
 
-    def read(self, keys):
+    def read(self, keys, checks=None):
         """Zero-copy read: ``with client.read(keys) as blocks:``.
 
         ``blocks`` is a list of read-only memoryviews (format ``'B'``, one per
@@ -711,40 +886,53 @@ class Client:
         The lease ends when the block exits; a view used afterwards raises
         ``ValueError``. Arrays wrapping a view (``numpy.frombuffer``) are not
         invalidated: drop or copy them inside the block (see :class:`LeaseEnded`).
+        ``checks``: check words, as for :meth:`match`.
         """
         self._need_host_views("read")
-        return ReadLease(self, list(keys))
+        return ReadLease(self, keys, checks)
 
-    def write(self, keys, tier=TIER_HOST):
+    def write(self, keys, tier=TIER_HOST, checks=None):
         """Zero-copy write: ``with client.write(keys) as slots:``.
 
         ``slots[i]`` is a writable memoryview of :attr:`block_bytes` bytes for
         ``keys[i]``, or ``None`` when that key is already stored. Fill every
         slot; a normal exit commits, an exception aborts. ``tier`` is
-        :data:`TIER_HOST` or :data:`TIER_HBM` (falls back to host).
+        :data:`TIER_HOST` or :data:`TIER_HBM` (falls back to host). ``checks``:
+        the blocks' check words (stored with them; see :func:`fold_digests`).
         """
         self._need_host_views("write")
-        return WriteLease(self, list(keys), tier)
+        return WriteLease(self, keys, tier, checks)
 
-    def get(self, keys):
-        """Copy out the longest cached prefix of ``keys``: a list of ``bytes``."""
+    def get(self, keys, checks=None, inline=False):
+        """Copy out the longest cached prefix of ``keys``: a list of ``bytes``. ``inline``
+        True has the bytes travel in the messages (``kvnode_get_inline``) instead of
+        through shared memory. ``checks``: check words, as for :meth:`match`."""
         arr, n = _keys_array(keys)
         bb = self.block_bytes
         bufs = [ctypes.create_string_buffer(bb) for _ in range(n)]
         ptrs = (_P * max(n, 1))(*[ctypes.addressof(b) for b in bufs])
         got = _SIZE(0)
-        self._check(_get(self._handle(), arr, n, ptrs, ctypes.byref(got)))
+        h = self._handle()
+        if checks is None:
+            rc = (_get_inline if inline else _get)(h, arr, n, ptrs, ctypes.byref(got))
+        elif inline:
+            rc = self._checked(_get_inline_checked, "get")(h, arr, _checks_array(checks, n), n,
+                                                           ptrs, ctypes.byref(got))
+        else:
+            rc = self._checked(_get_batch_checked, "get")(h, arr, _checks_array(checks, n), n,
+                                                          ptrs, 0, ctypes.byref(got))
+        self._check(rc)
         return [bufs[i].raw for i in range(got.value)]
 
-    def put(self, keys, blocks):
+    def put(self, keys, blocks, checks=None, inline=False):
         """Store ``blocks[i]`` (bytes-like, :attr:`block_bytes` bytes each) under ``keys[i]``.
 
-        Keys already stored are left as they are.
+        Keys already stored are left as they are. ``inline`` and ``checks`` as for :meth:`get`.
         """
-        keys = list(keys)
+        arr, n = _keys_array(keys)
         blocks = list(blocks)
-        if len(keys) != len(blocks):
-            raise ValueError("put: %d keys but %d blocks" % (len(keys), len(blocks)))
+        if n != len(blocks):
+            raise ValueError("put: %d keys but %d blocks" % (n, len(blocks)))
         bb = self.block_bytes
         keep = []
         for i, b in enumerate(blocks):
@@ -753,9 +941,17 @@ class Client:
                 raise ValueError("put: block %d has %d bytes, the layout's block_bytes is %d"
                                  % (i, mv.nbytes, bb))
             keep.append(ctypes.create_string_buffer(mv.tobytes(), bb))
-        arr, n = _keys_array(keys)
         ptrs = (_P * max(n, 1))(*[ctypes.addressof(b) for b in keep])
-        self._check(_put(self._handle(), arr, n, ptrs))
+        h = self._handle()
+        if checks is None:
+            rc = (_put_inline if inline else _put)(h, arr, n, ptrs)
+        elif inline:
+            rc = self._checked(_put_inline_checked, "put")(h, arr, _checks_array(checks, n), n,
+                                                           ptrs)
+        else:
+            rc = self._checked(_put_batch_checked, "put")(h, arr, _checks_array(checks, n), n,
+                                                          ptrs, 0)
+        self._check(rc)
 
     # ------------------------------------------------------------ batched, asynchronous
 
@@ -765,12 +961,16 @@ class Client:
                                   "calls; %s has none" % (what, _lib_path), "invalid argument")
         return self._handle()
 
-    def match_tiers(self, keys):
+    def match_tiers(self, keys, checks=None):
         """:meth:`match` that also says where the matched blocks are: a :class:`Tiers`."""
         h = self._need_async("match_tiers")
         arr, n = _keys_array(keys)
         t = _CTiers()
-        self._check(_match_tiers(h, arr, n, ctypes.byref(t)))
+        if checks is None:
+            self._check(_match_tiers(h, arr, n, ctypes.byref(t)))
+        else:
+            self._check(self._checked(_match_checked, "match_tiers")(
+                h, arr, _checks_array(checks, n), n, ctypes.byref(t)))
         return Tiers(t.matched, t.hbm, t.host, t.store)
 
     def match_remote(self, keys, max_hosts=0):
@@ -784,29 +984,42 @@ class Client:
                  for i in range(min(r.npeers, 64))]
         return RemoteMatch(r.matched, bool(r.remote_ok), _s(r.why), peers)
 
-    def get_batch(self, keys, pages, device=False):
+    def get_batch(self, keys, pages, device=False, checks=None):
         """Copy the longest cached prefix of ``keys`` into ``pages`` (one per key: a writable
-        buffer, an address, or a tensor) in one call; return how many were copied.
-        ``device`` True: the pages are GPU memory of this client's CUDA device."""
+        buffer, an address, a tensor, or a ctypes ``c_void_p`` array of addresses) in one
+        call; return how many were copied. ``device`` True: the pages are GPU memory of this
+        client's CUDA device. ``checks``: check words, as for :meth:`match`."""
         h = self._need_async("get_batch")
         arr, n = _keys_array(keys)
-        pg = _Pages(pages, n, self.block_bytes, True, device)
+        pg = _Pages(pages, n, self._block_bytes, True, device)
         try:
             got = _SIZE(0)
-            self._check(_get_batch(h, arr, n, pg.array, _BATCH_DEVICE if device else 0,
-                                   ctypes.byref(got)))
+            flags = _BATCH_DEVICE if device else 0
+            if checks is None:
+                rc = _get_batch(h, arr, n, pg.array, flags, ctypes.byref(got))
+            else:
+                rc = self._checked(_get_batch_checked, "get_batch")(
+                    h, arr, _checks_array(checks, n), n, pg.array, flags, ctypes.byref(got))
+            self._check(rc)
             return got.value
         finally:
             pg.release()
 
-    def put_batch(self, keys, pages, device=False):
-        """Store ``pages[i]`` (a buffer, an address or a tensor of :attr:`block_bytes` bytes)
-        under ``keys[i]`` in one call; keys already stored are left as they are."""
+    def put_batch(self, keys, pages, device=False, checks=None):
+        """Store ``pages[i]`` (a buffer, an address, a tensor, or a ctypes ``c_void_p`` array
+        of addresses: :attr:`block_bytes` bytes each) under ``keys[i]`` in one call; keys
+        already stored are left as they are. ``checks``: the blocks' check words."""
         h = self._need_async("put_batch")
         arr, n = _keys_array(keys)
-        pg = _Pages(pages, n, self.block_bytes, False, device)
+        pg = _Pages(pages, n, self._block_bytes, False, device)
         try:
-            self._check(_put_batch(h, arr, n, pg.array, _BATCH_DEVICE if device else 0))
+            flags = _BATCH_DEVICE if device else 0
+            if checks is None:
+                rc = _put_batch(h, arr, n, pg.array, flags)
+            else:
+                rc = self._checked(_put_batch_checked, "put_batch")(
+                    h, arr, _checks_array(checks, n), n, pg.array, flags)
+            self._check(rc)
         finally:
             pg.release()
 
@@ -816,59 +1029,87 @@ class Client:
         do not read or close it)."""
         return _event_fd(self._need_async("event_fd"))
 
-    def _submit(self, fn, what, keys, pages=None, writable=False, device=False):
+    def _submit_keys(self, fn, fn_checked, what, keys, checks):
+        """A MATCH or DELETE submit: libkvnode copies the keys (and words), nothing is held."""
         h = self._need_async(what)
         arr, n = _keys_array(keys)
-        pg = None
-        if pages is not None:
-            pg = _Pages(pages, n, self.block_bytes, writable, device)
         t = _TICKET(0)
-        with self._inflight_lock:
-            if pg is None:
-                rc = fn(h, arr, n, None, ctypes.byref(t))
-            else:
-                rc = fn(h, arr, n, pg.array, _BATCH_DEVICE if device else 0, None, ctypes.byref(t))
-            if rc == 0:
-                self._inflight[t.value] = (arr, pg)
+        if checks is None:
+            rc = fn(h, arr, n, None, ctypes.byref(t))
+        else:
+            rc = self._checked(fn_checked, what)(h, arr, _checks_array(checks, n), n, None,
+                                                 ctypes.byref(t))
         if rc != 0:
-            if pg is not None:
-                pg.release()
             self._check(rc)
         return t.value
 
-    def submit_match(self, keys):
+    def _submit_pages(self, fn, fn_checked, what, keys, checks, pages, writable, device):
+        """A GET or PUT submit: the pages' buffers are held until the ticket is drained."""
+        h = self._need_async(what)
+        arr, n = _keys_array(keys)
+        cw = _checks_array(checks, n)
+        if cw is not None:
+            self._checked(fn_checked, what)
+        pg = _Pages(pages, n, self._block_bytes, writable, device)
+        flags = _BATCH_DEVICE if device else 0
+        t = _TICKET(0)
+        with self._inflight_lock:   # drain must not see the ticket before it is registered
+            if cw is None:
+                rc = fn(h, arr, n, pg.array, flags, None, ctypes.byref(t))
+            else:
+                rc = fn_checked(h, arr, cw, n, pg.array, flags, None, ctypes.byref(t))
+            if rc == 0 and not pg.bare:
+                self._inflight[t.value] = pg
+        if rc != 0:
+            pg.release()
+            self._check(rc)
+        return t.value
+
+    def submit_match(self, keys, checks=None):
         """Start a :meth:`match`; return its ticket (the count is the prefix matched)."""
-        return self._submit(_submit_match, "submit_match", keys)
+        return self._submit_keys(_submit_match, _submit_match_checked, "submit_match", keys,
+                                 checks)
 
-    def submit_delete(self, keys):
+    def submit_delete(self, keys, checks=None):
         """Start a :meth:`delete`; return its ticket (the count is the keys deleted)."""
-        return self._submit(_submit_delete, "submit_delete", keys)
+        return self._submit_keys(_submit_delete, _submit_delete_checked, "submit_delete", keys,
+                                 checks)
 
-    def submit_get(self, keys, pages, device=False):
+    def submit_get(self, keys, pages, device=False, checks=None):
         """Start a :meth:`get_batch` into ``pages``; return its ticket. The pages must stay
         valid and untouched until the ticket is drained (buffers are held till then)."""
-        return self._submit(_submit_get, "submit_get", keys, pages, True, device)
+        return self._submit_pages(_submit_get, _submit_get_checked, "submit_get", keys, checks,
+                                  pages, True, device)
 
-    def submit_put(self, keys, pages, device=False):
+    def submit_put(self, keys, pages, device=False, checks=None):
         """Start a :meth:`put_batch` from ``pages``; return its ticket (pages held as for
         :meth:`submit_get`)."""
-        return self._submit(_submit_put, "submit_put", keys, pages, False, device)
+        return self._submit_pages(_submit_put, _submit_put_checked, "submit_put", keys, checks,
+                                  pages, False, device)
 
     def drain(self, max_completions=64):
         """The finished tickets, as a list of :class:`Completion`; never blocks (empty
         when none is waiting). The pages of a drained GET/PUT are free to reuse."""
         h = self._need_async("drain")
-        out = (_CCompletion * max(int(max_completions), 1))()
-        got = _drain(h, out, max(int(max_completions), 1))
+        want = max(int(max_completions), 1)
+        # One completion array per thread, reused: a fresh one is 300 bytes per slot zeroed.
+        out = getattr(self._drain_space, "out", None)
+        if out is None or len(out) < want:
+            out = self._drain_space.out = (_CCompletion * want)()
+        got = _drain(h, out, want)
+        if not got:
+            return []
         done = []
+        inflight = self._inflight
         for i in range(got):
             c = out[i]
+            ticket, rc = c.ticket, c.rc
             with self._inflight_lock:
-                entry = self._inflight.pop(c.ticket, None)
-            if entry is not None and entry[1] is not None:
-                entry[1].release()
-            err = _error(c.rc, _s(c.error)) if c.rc != 0 else None
-            done.append(Completion(c.ticket, c.op, c.count, err))
+                pages = inflight.pop(ticket, None)
+            if pages is not None:
+                pages.release()
+            done.append(Completion(ticket, c.op, c.count,
+                                   _error(rc, _s(c.error)) if rc != 0 else None))
         return done
 
     @property

@@ -112,6 +112,9 @@ _put_commit = _fn("kvnode_put_commit", ctypes.c_int, _P, _LEASE)
 _put_abort = _fn("kvnode_put_abort", ctypes.c_int, _P, _LEASE)
 _get = _fn("kvnode_get", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_P), ctypes.POINTER(_SIZE))
 _put = _fn("kvnode_put", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_P))
+_get_inline = _fn("kvnode_get_inline", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_P),
+                  ctypes.POINTER(_SIZE))
+_put_inline = _fn("kvnode_put_inline", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_P))
 _delete = _fn("kvnode_delete", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_SIZE))
 _stats_json = _fn("kvnode_stats_json", ctypes.c_int, _P, ctypes.POINTER(_P))
 _hash = _fn("kvnode_hash_tokens", _SIZE, _KEYS, _SIZE, ctypes.c_uint32, _KEYS, _SIZE)
@@ -165,6 +168,48 @@ if _HAVE_ASYNC:
     _pending = _fn("kvnode_pending", _SIZE, _P)
     _cancel = _fn("kvnode_cancel", None, _P)
 _BATCH_DEVICE = 1
+
+_CHECKS = ctypes.POINTER(ctypes.c_uint64)
+# kvnode_fold_digests came with KVNODE_0.4; without it the package folds keys in Python.
+_fold_digests = (_fn("kvnode_fold_digests", _SIZE, ctypes.c_char_p, _SIZE, _SIZE, _KEYS, _CHECKS)
+                 if hasattr(_lib, "kvnode_fold_digests") else None)
+# kvnode_fold_text (KVNODE_0.4): a batch of key strings folded in C (hex digits, SHA-256).
+_fold_text = (_fn("kvnode_fold_text", _SIZE, ctypes.c_char_p, _SIZE, _SIZE, _KEYS, _CHECKS)
+              if hasattr(_lib, "kvnode_fold_text") else None)
+# The _checked calls (check words beside keys) and kvnode_has_check_words came with KVNODE_0.4
+# too; without them a call given check words fails, naming the library.
+_HAVE_CHECKED = hasattr(_lib, "kvnode_match_checked")
+if _HAVE_CHECKED:
+    _has_check_words = _fn("kvnode_has_check_words", ctypes.c_int, _P)
+    _match_checked = _fn("kvnode_match_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE,
+                         ctypes.POINTER(_CTiers))
+    _get_begin_checked = _fn("kvnode_get_begin_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE,
+                             ctypes.POINTER(_LEASE), ctypes.POINTER(_CLoc), ctypes.POINTER(_SIZE))
+    _put_begin_checked = _fn("kvnode_put_begin_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE,
+                             ctypes.c_int, ctypes.POINTER(_LEASE), ctypes.POINTER(_CLoc))
+    _get_batch_checked = _fn("kvnode_get_batch_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE,
+                             _PTRS, ctypes.c_uint, ctypes.POINTER(_SIZE))
+    _put_batch_checked = _fn("kvnode_put_batch_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE,
+                             _PTRS, ctypes.c_uint)
+    _get_inline_checked = _fn("kvnode_get_inline_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE,
+                              _PTRS, ctypes.POINTER(_SIZE))
+    _put_inline_checked = _fn("kvnode_put_inline_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE,
+                              _PTRS)
+    _delete_checked = _fn("kvnode_delete_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE,
+                          ctypes.POINTER(_SIZE))
+    _submit_match_checked = _fn("kvnode_submit_match_checked", ctypes.c_int, _P, _KEYS, _CHECKS,
+                                _SIZE, _P, ctypes.POINTER(_TICKET))
+    _submit_delete_checked = _fn("kvnode_submit_delete_checked", ctypes.c_int, _P, _KEYS, _CHECKS,
+                                 _SIZE, _P, ctypes.POINTER(_TICKET))
+    _submit_get_checked = _fn("kvnode_submit_get_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE,
+                              _PTRS, ctypes.c_uint, _P, ctypes.POINTER(_TICKET))
+    _submit_put_checked = _fn("kvnode_submit_put_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE,
+                              _PTRS, ctypes.c_uint, _P, ctypes.POINTER(_TICKET))
+else:
+    _has_check_words = _match_checked = _get_begin_checked = _put_begin_checked = None
+    _get_batch_checked = _put_batch_checked = _get_inline_checked = _put_inline_checked = None
+    _delete_checked = _submit_match_checked = _submit_delete_checked = None
+    _submit_get_checked = _submit_put_checked = None
 
 #: Operation of a :class:`Completion` (``KVNODE_OP_*``).
 OP_MATCH, OP_GET, OP_PUT, OP_DELETE = 1, 2, 3, 4

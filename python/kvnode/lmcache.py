@@ -14,6 +14,13 @@ once), polls ``event_fd()`` and collects ``drain_completions()``: a list of
 ``(future_id, ok, error, per_key)``. Pure Python (no torch): the memoryviews go to
 libkvnode's batched asynchronous calls by address, without a copy in Python.
 
+exists and delete run as one synchronous MATCH / DELETE in the thread that submits them and
+are complete (event_fd readable) when submit returns: a local round trip of tens of
+microseconds, which is less than handing the reply over to another thread would cost. So the
+kvnode client never starts its I/O thread (libkvnode starts one for asynchronous MATCH and
+DELETE only), and get and set, which go through libkvnode's batch worker thread, do not make
+replies hop through one either. Such a call waits at most ``timeout_ms`` (when kvnoded hangs).
+
 Per-key results: exists and get answer a *prefix* (kvnode's MATCH / batched get): keys
 after the first miss read as missing even when stored (safe: LMCache recomputes them; its
 chunks of one request are a prefix chain anyway). set and delete give ``None``.
@@ -22,7 +29,14 @@ chunks of one request are a prefix chain anyway). set and delete give ``None``.
 when absent it is taken from the first get/set's memoryviews (exists before that answers
 all-missing). A memoryview of another size fails its batch (ok False, the error says why).
 
-Keys are folded to kvnode's 64-bit keys by :func:`kvnode.fold_key` (collision note there).
+Keys are folded to kvnode's 64-bit keys by :func:`kvnode.fold_digests` (the whole batch in one
+call into libkvnode: an LMCache key ``model@rank@hash`` is folded from its SHA-256, as
+:func:`kvnode.fold_key` does). The next 64 bits of the digest are the key's check word, sent
+beside it whenever kvnoded honours check words (``kvnode.Client.has_check_words``): a chunk
+stored under another key whose 64-bit fold collides is then a miss (counted by the daemon in
+``keys.check_mismatches_total``), never served in its place. Against an older daemon only the
+keys are sent, with the collision chance of ``kvnode.sglang``'s docstring (about n²/2⁶⁵ for n
+stored chunks).
 
 When kvnoded goes away, the batches in flight complete with ok False and the error; new
 ones fail at once (never raise) until it is back; the connector reconnects by itself (at
@@ -33,6 +47,7 @@ discriminators), ``tp_rank``/``tp_size`` (default 0/1).
 
 import itertools
 import logging
+import operator
 import os
 import select
 import threading
@@ -47,6 +62,16 @@ logger = logging.getLogger(__name__)
 _DISCONNECTED = (kvnode.Closed, kvnode.ConnectError, kvnode.TimedOut, kvnode.ShuttingDown,
                  kvnode.IOFailure, kvnode.ProtocolError)
 _GET, _SET, _EXISTS, _DELETE = "get", "set", "exists", "delete"
+
+
+_nbytes = operator.attrgetter("nbytes")
+
+
+def _sizes(views):
+    """The set of the byte sizes of views (memoryviews, or buffers)."""
+    if set(map(type, views)) == {memoryview}:
+        return set(map(_nbytes, views))
+    return {memoryview(v).nbytes for v in views}
 
 
 class KvnodeL2Connector:
@@ -68,7 +93,10 @@ class KvnodeL2Connector:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()          # client swaps, submits, ticket map
         self._client = None
+        self._checks_on = False                # the daemon of _client honours check words
         self._retiring = []                    # cancelled clients still completing tickets
+        self._in_call = {}                     # client -> synchronous calls running on it
+        self._calls_done = threading.Condition(self._lock)
         self._tickets = {}                     # (client id, ticket) -> (future id, op, n)
         self._retry_at = 0.0
         self._warned = False
@@ -108,8 +136,9 @@ class KvnodeL2Connector:
                 os.eventfd_read(self._efd)
             except BlockingIOError:
                 pass
-            with self._lock:
-                clients = ([self._client] if self._client else []) + list(self._retiring)
+            with self._lock:    # (exists and delete complete here: no client to drain)
+                clients = ([self._client] if self._client and self._tickets else []) + \
+                    list(self._retiring)
             for c in clients:
                 self._drain_client(c)
             with self._done_lock:
@@ -124,6 +153,10 @@ class KvnodeL2Connector:
         with self._drain_lock, self._lock:
             clients = [self._client] + self._retiring if self._client else list(self._retiring)
             self._client, self._retiring = None, []
+            for c in clients:       # a MATCH / DELETE running on c returns at once
+                c.cancel()
+            while any(c in self._in_call for c in clients):
+                self._calls_done.wait()
         for c in clients:
             c.close()
         self._epoll.close()
@@ -164,6 +197,7 @@ class KvnodeL2Connector:
         if self._warned:
             logger.warning("kvnode.lmcache: reconnected to kvnoded")
         self._warned = False
+        self._checks_on = self._client.has_check_words
         self._epoll.register(self._client.event_fd, select.EPOLLIN)
         return self._client
 
@@ -196,7 +230,7 @@ class KvnodeL2Connector:
         if n == 0:
             self._complete(fid, True, "", [] if op in (_GET, _EXISTS) else None)
             return fid
-        folded = kvnode.fold_keys(keys)
+        folded, checks = kvnode.fold_digests(keys)
         with self._lock:
             try:
                 c = self._connected(nbytes)
@@ -209,26 +243,55 @@ class KvnodeL2Connector:
                 else:
                     self._complete(fid, False, "kvnoded unreachable (retrying)", None)
                 return fid
-            if views is not None and any(memoryview(v).nbytes != self.block_bytes for v in views):
+            if views is not None and _sizes(views) != {self.block_bytes}:
                 self._complete(fid, False, "kvnode.lmcache: memoryviews must have block_bytes=%d "
                                "bytes each (set adapter_params.block_bytes to LMCache's chunk "
                                "size)" % self.block_bytes, None)
                 return fid
-            try:
-                if op == _GET:
-                    t = c.submit_get(folded, views)
-                elif op == _SET:
-                    t = c.submit_put(folded, views)
-                elif op == _EXISTS:
-                    t = c.submit_match(folded)
-                else:
-                    t = c.submit_delete(folded)
-            except Exception as e:  # noqa: BLE001 - reported through the completion
-                if isinstance(e, _DISCONNECTED):
-                    self._retire(c)
-                self._complete(fid, False, "%s: %s" % (type(e).__name__, e), None)
+            if not self._checks_on:
+                checks = None
+            if op in (_EXISTS, _DELETE):    # in this thread, outside the lock (below)
+                self._in_call[c] = self._in_call.get(c, 0) + 1
+            else:
+                try:
+                    if op == _GET:
+                        t = c.submit_get(folded, views, checks=checks)
+                    else:
+                        t = c.submit_put(folded, views, checks=checks)
+                except Exception as e:  # noqa: BLE001 - reported through the completion
+                    if isinstance(e, _DISCONNECTED):
+                        self._retire(c)
+                    self._complete(fid, False, "%s: %s" % (type(e).__name__, e), None)
+                    return fid
+                self._tickets[(id(c), t)] = (fid, op, n)
                 return fid
-            self._tickets[(id(c), t)] = (fid, op, n)
+        return self._call(fid, c, op, folded, checks, n)
+
+    def _call(self, fid, c, op, folded, checks, n):
+        """exists / delete as one synchronous MATCH / DELETE on the calling thread, completed
+        at once (see the module docstring); c is counted in _in_call until it is done."""
+        try:
+            try:
+                if op == _EXISTS:
+                    hit = min(c.match(folded, checks), n)
+                    item = (fid, True, "", [True] * hit + [False] * (n - hit))
+                else:
+                    c.delete(folded, checks)
+                    item = (fid, True, "", None)
+            except Exception as e:  # noqa: BLE001 - reported through the completion
+                item = (fid, False, "%s: %s" % (type(e).__name__, e), None)
+                if isinstance(e, _DISCONNECTED):
+                    with self._lock:
+                        self._retire(c)
+                    self._warn(str(e))
+            self._complete(*item)
+        finally:
+            with self._lock:
+                left = self._in_call.pop(c) - 1
+                if left:
+                    self._in_call[c] = left
+                else:
+                    self._calls_done.notify_all()
         return fid
 
     def _drain_client(self, c):
@@ -249,13 +312,14 @@ class KvnodeL2Connector:
                     self._warn(str(comp.error))
                 item = (fid, False, "%s: %s" % (type(comp.error).__name__, comp.error), None)
             elif op in (_GET, _EXISTS):
-                item = (fid, True, "", [i < comp.count for i in range(n)])
+                hit = min(comp.count, n)
+                item = (fid, True, "", [True] * hit + [False] * (n - hit))
             else:
                 item = (fid, True, "", None)
             with self._done_lock:
                 self._done.append(item)
         with self._lock:
-            if c in self._retiring and c.pending == 0:
+            if c in self._retiring and c.pending == 0 and c not in self._in_call:
                 self._retiring.remove(c)
                 self._epoll.unregister(c.event_fd)
                 c.close()

@@ -26,11 +26,16 @@ config); MLA models, whose ranks hold the same KV, share rank 0's. A page counts
 when every component holds it.
 
 Keys. SGLang's keys are chained SHA-256 hex strings; kvnode keys are signed 64-bit
-integers. :func:`fold_key` takes the first 64 bits of the digest (of the key's SHA-256 when
-the key is not 64 hex digits). Two different prefixes whose digests share 64 bits would be
-served each other's KV without notice: with random digests the chance is about n²/2⁶⁵ for
-n stored pages (one in 10⁷ at 2·10⁶ pages). kvnode's per-key check word (issue 19 item 2)
-will remove it; it is not built yet.
+integers. :func:`kvnode.fold_digests` folds a batch in one call into libkvnode: the key is the
+first 64 bits of the digest (what :func:`fold_key` gives; of the key's SHA-256 when the key is
+not hex), the check word the next 64. With a kvnoded that honours check words (every current
+one: ``kvnode.Client.has_check_words``) each call sends the words beside the keys, and a page
+stored under another digest that shares the first 64 bits is a miss (counted by the daemon in
+``keys.check_mismatches_total``), never the other prefix's KV. Against an older daemon the
+backend sends keys only, and two prefixes whose digests share 64 bits would be served each
+other's KV without notice: with random digests about n²/2⁶⁵ for n stored pages (one in 10⁷
+at 2·10⁶ pages). Pages stored without words (by an older daemon or backend) are misses once
+words are sent, and age out of the cache.
 
 Failures never raise into the engine. While the daemon is down (or restarting) every call
 answers "not cached" / "not stored" (``batch_exists`` 0, ``get`` None, ``set`` False,
@@ -79,6 +84,12 @@ class _Conn:
         self.clients = clients
         self.users = 0
         self.retired = False
+        # Check words go with every key when the daemon honours them (all clients share it).
+        self.checks = all(c.has_check_words for c in clients)
+
+    def words(self, checks):
+        """checks (a batch's check words) when this connection sends them, else None."""
+        return checks if self.checks else None
 
     def close(self):
         for c in self.clients:
@@ -231,14 +242,16 @@ class KvnodeHiCacheStorage(_Base):
         """Length of the cached prefix of ``keys`` (every component present)."""
         if not keys:
             return 0
-        folded = kvnode.fold_keys(keys)
+        folded, checks = kvnode.fold_digests(keys)
 
         def match(conn):
-            hit = len(folded)
-            for c in conn.clients:
-                hit = min(hit, c.match(folded[:hit]))
+            words = conn.words(checks)
+            first, *rest = conn.clients
+            hit = first.match(folded, words)
+            for c in rest:          # V of what K holds (a prefix of a prefix)
                 if hit == 0:
                     break
+                hit = c.match(kvnode.prefix(folded, hit), words and kvnode.prefix(words, hit))
             return hit
         return self._run(match, 0)
 
@@ -248,12 +261,15 @@ class KvnodeHiCacheStorage(_Base):
     # ------------------------------------------------------------ zero-copy page paths
 
     def _page_pointers(self, keys, host_indices):
+        """Per component, the page addresses (a list of ints) of the pool at host_indices."""
         ptrs, _ = self.mem_pool_host.get_page_buffer_meta(host_indices)
         ncomp = len(self.component_bytes)
         if len(ptrs) != len(keys) * ncomp:
             raise ValueError("kvnode.sglang: %d keys but %d page pointers (%d per page)"
                              % (len(keys), len(ptrs), ncomp))
-        return [[int(ptrs[i * ncomp + j]) for i in range(len(keys))] for j in range(ncomp)]
+        if ncomp == 1:
+            return [ptrs if type(ptrs) is list else list(ptrs)]
+        return [list(ptrs[j::ncomp]) for j in range(ncomp)]
 
     def batch_get_v1(self, keys, host_indices, extra_info=None):
         """Read the cached prefix of ``keys`` into the host pool pages at ``host_indices``;
@@ -261,16 +277,20 @@ class KvnodeHiCacheStorage(_Base):
         n = len(keys)
         if n == 0:
             return []
-        folded = kvnode.fold_keys(keys)
+        folded, checks = kvnode.fold_digests(keys)
 
         def get(conn):
-            per_comp = self._page_pointers(keys, host_indices)
+            words = conn.words(checks)
             hit = n
-            for c, ptrs in zip(conn.clients, per_comp):
-                hit = min(hit, c.get_batch(folded[:hit], ptrs[:hit]))
+            for c, ptrs in zip(conn.clients, self._page_pointers(keys, host_indices)):
+                if hit < n:         # the next component reads what the previous one had
+                    hit = c.get_batch(kvnode.prefix(folded, hit), ptrs[:hit],
+                                      checks=words and kvnode.prefix(words, hit))
+                else:
+                    hit = c.get_batch(folded, ptrs, checks=words)
                 if hit == 0:
                     break
-            return [i < hit for i in range(n)]
+            return [True] * hit + [False] * (n - hit)
         return self._run(get, [False] * n)
 
     def batch_set_v1(self, keys, host_indices, extra_info=None):
@@ -278,11 +298,12 @@ class KvnodeHiCacheStorage(_Base):
         n = len(keys)
         if n == 0:
             return []
-        folded = kvnode.fold_keys(keys)
+        folded, checks = kvnode.fold_digests(keys)
 
         def put(conn):
+            words = conn.words(checks)
             for c, ptrs in zip(conn.clients, self._page_pointers(keys, host_indices)):
-                c.put_batch(folded, ptrs)
+                c.put_batch(folded, ptrs, checks=words)
             return [True] * n
         return self._run(put, [False] * n)
 
@@ -314,13 +335,15 @@ class KvnodeHiCacheStorage(_Base):
         if target_locations is None:
             target_locations = [bytearray(sum(self.component_bytes)) for _ in range(n)]
         targets = list(target_locations)
-        folded = kvnode.fold_keys(keys)
+        folded, checks = kvnode.fold_digests(keys)
 
         def get(conn):
+            words = conn.words(checks)
             pieces = [self._components(t) for t in targets]
             hit = n
             for j, c in enumerate(conn.clients):
-                hit = min(hit, c.get_batch(folded[:hit], [p[j] for p in pieces[:hit]]))
+                hit = c.get_batch(kvnode.prefix(folded, hit), [p[j] for p in pieces[:hit]],
+                                  checks=words and kvnode.prefix(words, hit))
                 if hit == 0:
                     break
             return hit
@@ -342,12 +365,13 @@ class KvnodeHiCacheStorage(_Base):
             return False
         if not keys:
             return True
-        folded = kvnode.fold_keys(keys)
+        folded, checks = kvnode.fold_digests(keys)
 
         def put(conn):
+            words = conn.words(checks)
             pieces = [self._components(p) for p in pages]
             for j, c in enumerate(conn.clients):
-                c.put_batch(folded, [p[j] for p in pieces])
+                c.put_batch(folded, [p[j] for p in pieces], checks=words)
             return True
         return self._run(put, False)
 
@@ -359,8 +383,8 @@ class KvnodeHiCacheStorage(_Base):
 
     def delete(self, key):
         """Remove one page (every component)."""
-        folded = [fold_key(key)]
-        self._run(lambda conn: [c.delete(folded) for c in conn.clients], None)
+        folded, checks = kvnode.fold_digests([key])
+        self._run(lambda conn: [c.delete(folded, conn.words(checks)) for c in conn.clients], None)
 
     def clear(self):
         """kvnode has no per-namespace wipe: blocks stay until evicted or deleted."""

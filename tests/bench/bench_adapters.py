@@ -133,8 +133,9 @@ class SGLangPath(Path):
 
     def forget(self, r):
         conn = self.store._acquire()
+        keys, checks = kvnode.fold_digests(self.fresh[r])
         for c in conn.clients:
-            c.delete(kvnode.fold_keys(self.fresh[r]))
+            c.delete(keys, conn.words(checks))
         self.store._release(conn)
 
     def get(self):

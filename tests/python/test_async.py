@@ -191,3 +191,32 @@ def test_cuda_device_client(daemon):
         if not os.path.exists("/dev/nvidia0"):
             with pytest.raises((kvnode.StateError, kvnode.IOFailure), match="CUDA"):
                 c.get_batch([1], [ctypes.addressof((ctypes.c_char * BLOCK)())], device=True)
+
+
+def test_memoryview_pages_held_until_drained(client):
+    """Pages given as memoryviews (LMCache's) stay exported while their ticket is in flight
+    (the memoryview cannot be released) and are let go when it is drained; short or
+    read-only ones are checked as other buffers are."""
+    src = [bytearray(bytes(pages(21, 1)[0])) for _ in range(3)]
+    mvs = [memoryview(b) for b in src]
+    client.put_batch(keys(21, 3), mvs)
+    dst = [bytearray(BLOCK) for _ in range(3)]
+    views = [memoryview(b) for b in dst]
+    t = client.submit_get(keys(21, 3), views)
+    for v in views:                     # the caller lets go of its views...
+        try:
+            v.release()
+        except BufferError:
+            pass
+    with pytest.raises(BufferError):
+        dst[0].extend(b"x")             # ...but the batch holds the memory in place
+    done = wait_all(client, [t])
+    assert done[t].ok and done[t].count == 3 and dst == src
+    for v in views + mvs:
+        v.release()
+    dst[0].extend(b"x")                 # drained: nothing holds it any more
+    with pytest.raises(ValueError, match="page 1 has 100 bytes"):
+        client.get_batch(keys(21, 2), [memoryview(bytearray(BLOCK)), memoryview(bytearray(100))])
+    ro = [memoryview(bytes(src[i])) for i in range(3)]
+    client.put_batch(keys(22, 3), ro)       # read-only views: the general way
+    assert client.get(keys(22, 3)) == [bytes(b) for b in src]

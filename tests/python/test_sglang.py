@@ -145,10 +145,12 @@ ENGINE = textwrap.dedent("""
     assert store.batch_set_v1(keys, host_indices(0, 64, 16)) == [True] * 64
     lay = store._layouts()[0]
     c = kvnode.Client(sys.argv[1], lay)
-    fold = kvnode.sglang.fold_key
-    lease = c.read([fold(k) for k in keys])          # held until the process dies
+    words = c.has_check_words                        # as the backend stored them
+    folded, checks = kvnode.fold_digests(keys)
+    lease = c.read(folded, checks=checks if words else None)   # held until the process dies
     views = lease.__enter__()
-    w = c.write([fold(k) for k in chained_keys(list(range(5000, 5000 + 4 * 16)), 16)])
+    folded, checks = kvnode.fold_digests(chained_keys(list(range(5000, 5000 + 4 * 16)), 16))
+    w = c.write(folded, checks=checks if words else None)
     w.__enter__()
     print("ready", len(views), flush=True)
     while True:                   # the engine keeps copying pages when it is killed
