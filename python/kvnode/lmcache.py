@@ -14,12 +14,9 @@ once), polls ``event_fd()`` and collects ``drain_completions()``: a list of
 ``(future_id, ok, error, per_key)``. Pure Python (no torch): the memoryviews go to
 libkvnode's batched asynchronous calls by address, without a copy in Python.
 
-exists and delete run as one synchronous MATCH / DELETE in the thread that submits them and
-are complete (event_fd readable) when submit returns: a local round trip of tens of
-microseconds, which is less than handing the reply over to another thread would cost. So the
-kvnode client never starts its I/O thread (libkvnode starts one for asynchronous MATCH and
-DELETE only), and get and set, which go through libkvnode's batch worker thread, do not make
-replies hop through one either. Such a call waits at most ``timeout_ms`` (when kvnoded hangs).
+Every submit returns at once: get, set, exists and delete all go to libkvnode's asynchronous
+calls (exists is a MATCH, delete a DELETE), so a slow or hung kvnoded never holds up the thread
+that submits; their completions come through ``event_fd``.
 
 Per-key results: exists and get answer a *prefix* (kvnode's MATCH / batched get): keys
 after the first miss read as missing even when stored (safe: LMCache recomputes them; its
@@ -95,8 +92,6 @@ class KvnodeL2Connector:
         self._client = None
         self._checks_on = False                # the daemon of _client honours check words
         self._retiring = []                    # cancelled clients still completing tickets
-        self._in_call = {}                     # client -> synchronous calls running on it
-        self._calls_done = threading.Condition(self._lock)
         self._tickets = {}                     # (client id, ticket) -> (future id, op, n)
         self._retry_at = 0.0
         self._warned = False
@@ -136,7 +131,7 @@ class KvnodeL2Connector:
                 os.eventfd_read(self._efd)
             except BlockingIOError:
                 pass
-            with self._lock:    # (exists and delete complete here: no client to drain)
+            with self._lock:    # the current client only while it has tickets
                 clients = ([self._client] if self._client and self._tickets else []) + \
                     list(self._retiring)
             for c in clients:
@@ -153,10 +148,6 @@ class KvnodeL2Connector:
         with self._drain_lock, self._lock:
             clients = [self._client] + self._retiring if self._client else list(self._retiring)
             self._client, self._retiring = None, []
-            for c in clients:       # a MATCH / DELETE running on c returns at once
-                c.cancel()
-            while any(c in self._in_call for c in clients):
-                self._calls_done.wait()
         for c in clients:
             c.close()
         self._epoll.close()
@@ -250,49 +241,22 @@ class KvnodeL2Connector:
                 return fid
             if not self._checks_on:
                 checks = None
-            if op in (_EXISTS, _DELETE):    # in this thread, outside the lock (below)
-                self._in_call[c] = self._in_call.get(c, 0) + 1
-            else:
-                try:
-                    if op == _GET:
-                        t = c.submit_get(folded, views, checks=checks)
-                    else:
-                        t = c.submit_put(folded, views, checks=checks)
-                except Exception as e:  # noqa: BLE001 - reported through the completion
-                    if isinstance(e, _DISCONNECTED):
-                        self._retire(c)
-                    self._complete(fid, False, "%s: %s" % (type(e).__name__, e), None)
-                    return fid
-                self._tickets[(id(c), t)] = (fid, op, n)
-                return fid
-        return self._call(fid, c, op, folded, checks, n)
-
-    def _call(self, fid, c, op, folded, checks, n):
-        """exists / delete as one synchronous MATCH / DELETE on the calling thread, completed
-        at once (see the module docstring); c is counted in _in_call until it is done."""
-        try:
             try:
-                if op == _EXISTS:
-                    hit = min(c.match(folded, checks), n)
-                    item = (fid, True, "", [True] * hit + [False] * (n - hit))
+                if op == _GET:
+                    t = c.submit_get(folded, views, checks=checks)
+                elif op == _SET:
+                    t = c.submit_put(folded, views, checks=checks)
+                elif op == _EXISTS:
+                    t = c.submit_match(folded, checks=checks)
                 else:
-                    c.delete(folded, checks)
-                    item = (fid, True, "", None)
+                    t = c.submit_delete(folded, checks=checks)
             except Exception as e:  # noqa: BLE001 - reported through the completion
-                item = (fid, False, "%s: %s" % (type(e).__name__, e), None)
                 if isinstance(e, _DISCONNECTED):
-                    with self._lock:
-                        self._retire(c)
-                    self._warn(str(e))
-            self._complete(*item)
-        finally:
-            with self._lock:
-                left = self._in_call.pop(c) - 1
-                if left:
-                    self._in_call[c] = left
-                else:
-                    self._calls_done.notify_all()
-        return fid
+                    self._retire(c)
+                self._complete(fid, False, "%s: %s" % (type(e).__name__, e), None)
+                return fid
+            self._tickets[(id(c), t)] = (fid, op, n)
+            return fid
 
     def _drain_client(self, c):
         """Turn c's kvnode completions into LMCache's; close c once retired and drained."""
@@ -319,7 +283,7 @@ class KvnodeL2Connector:
             with self._done_lock:
                 self._done.append(item)
         with self._lock:
-            if c in self._retiring and c.pending == 0 and c not in self._in_call:
+            if c in self._retiring and c.pending == 0:
                 self._retiring.remove(c)
                 self._epoll.unregister(c.event_fd)
                 c.close()

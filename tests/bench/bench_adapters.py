@@ -6,6 +6,13 @@ kvnode_put_batch / kvnode_get_batch / kvnode_match called straight through ctype
 arrays built beforehand, all against one kvnoded started here. Prints the medians and the
 ratio adapter time / C time (1.0: no overhead). Not part of `make test` (no timed asserts).
 
+The adapters are handed their engine's key strings and send check words; the C rows above
+them are handed ready 64-bit keys and send none. So batch_exists is also measured through
+the C API given the same key strings, doing what a C engine would: kvnode_fold_text, then
+kvnode_match_checked (synchronous, as SGLang's batch_exists) or kvnode_submit_match_checked,
+a poll of the event fd and kvnode_drain (asynchronous, as LMCache's). Both ratios are
+printed.
+
     make bench-adapters [BENCH_ADAPTERS_ARGS="--rounds 50"]
 """
 import argparse
@@ -66,6 +73,7 @@ class Path:
     """One way through: put(r) stores fresh keys of round r (forget(r) deletes them again,
     untimed, so every put lands in memory the daemon has touched), get() reads 64 stored
     pages, exists() asks about 256 keys, check() verifies the bytes read, close()."""
+    OPS = ("put", "get", "exists")
 
     def forget(self, r):
         pass
@@ -104,6 +112,51 @@ class CPath(Path):
 
     def check(self):
         assert all(numpy.array_equal(c.pages, c.out) for c in self.cs)
+
+    def close(self):
+        for c in self.cs:
+            c.client.close()
+
+
+class CFoldPath(Path):
+    OPS = ("exists",)
+
+    """batch_exists through the C API from the same key strings an adapter gets: fold them
+    (kvnode_fold_text), then match with check words, synchronously (one MATCH per part, as
+    SGLang's two namespaces) or asynchronously (submit, poll the event fd, drain)."""
+
+    def __init__(self, sock, keys, parts=1, asynchronous=False):
+        self.cs = [CApi(sock, PAGE_BYTES // parts, "-fold-%d" % i) for i in range(parts)]
+        self.text = "\0".join(keys).encode("utf-8")
+        self.n = len(keys)
+        self.karr, self.carr = (ctypes.c_int64 * self.n)(), (ctypes.c_uint64 * self.n)()
+        assert _lib.kvnode_fold_text(self.text, len(self.text), self.n, self.karr,
+                                     self.carr) == self.n
+        for c in self.cs:      # the first PAGES keys stored, as in the adapters' runs
+            assert _lib.kvnode_put_batch_checked(ctypes.c_void_p(c.h), self.karr, self.carr,
+                                                 PAGES, c.src, 0) == 0
+        self.asynchronous = asynchronous
+        self.tiers = kvnode._lib._CTiers()
+        self.ticket = ctypes.c_uint64(0)
+        self.comp = (kvnode._lib._CCompletion * 4)()
+        self.fd = _lib.kvnode_event_fd(ctypes.c_void_p(self.cs[0].h))
+
+    def exists(self):
+        assert _lib.kvnode_fold_text(self.text, len(self.text), self.n, self.karr,
+                                     self.carr) == self.n
+        if self.asynchronous:
+            h = ctypes.c_void_p(self.cs[0].h)
+            assert _lib.kvnode_submit_match_checked(h, self.karr, self.carr, self.n, None,
+                                                    ctypes.byref(self.ticket)) == 0
+            while True:
+                select.select([self.fd], [], [], 10)
+                if _lib.kvnode_drain(h, self.comp, 4):
+                    assert self.comp[0].rc == 0 and self.comp[0].count == PAGES
+                    return
+        for c in self.cs:
+            assert _lib.kvnode_match_checked(ctypes.c_void_p(c.h), self.karr, self.carr, self.n,
+                                             ctypes.byref(self.tiers)) == 0
+            assert self.tiers.matched == PAGES
 
     def close(self):
         for c in self.cs:
@@ -202,6 +255,8 @@ def measure(paths, rounds):
         for op in ("put", "get", "exists"):
             for name in order:
                 p = paths[name]
+                if op not in p.OPS:
+                    continue
                 t0 = time.perf_counter()
                 p.put(max(r, 0)) if op == "put" else getattr(p, op)()
                 dt = time.perf_counter() - t0
@@ -211,7 +266,8 @@ def measure(paths, rounds):
                     times[name][op].append(dt)
     for p in paths.values():
         p.check()
-    return {name: tuple(statistics.median(t[op]) for op in ("put", "get", "exists"))
+    return {name: tuple(statistics.median(t[op]) if t[op] else None
+                        for op in ("put", "get", "exists"))
             for name, t in times.items()}
 
 
@@ -222,23 +278,36 @@ def main():
     mib = PAGES * PAGE_BYTES / 2 ** 20
     with tempfile.TemporaryDirectory(prefix="kvnode-bench-adapters-") as d:
         with running_daemon(d, os.path.join(d, "s.sock"), "memory.host_bytes=1GiB") as sock:
+            sgl_keys = [hashlib.sha256(b"exists-%d" % i).hexdigest() for i in range(EXIST_KEYS)]
+            lmc_keys = ["bench-exists-%d" % i for i in range(EXIST_KEYS)]
             paths = {"C API, 64 KiB blocks": CPath(sock, args.rounds),
                      "sglang MLA (1 x 64 KiB)": SGLangPath(sock, args.rounds, True),
                      "lmcache (64 KiB chunks)": LMCachePath(sock, args.rounds),
                      "C API, 2 x 32 KiB blocks": CPath(sock, args.rounds, parts=2),
-                     "sglang MHA (K+V 32 KiB)": SGLangPath(sock, args.rounds, False)}
+                     "sglang MHA (K+V 32 KiB)": SGLangPath(sock, args.rounds, False),
+                     "C fold+match, sglang keys": CFoldPath(sock, sgl_keys),
+                     "C fold+match, 2 parts": CFoldPath(sock, sgl_keys, parts=2),
+                     "C fold+async, lmcache keys": CFoldPath(sock, lmc_keys, asynchronous=True)}
             got = measure(paths, args.rounds)
             for p in paths.values():
                 p.close()
     c1, c2 = got["C API, 64 KiB blocks"], got["C API, 2 x 32 KiB blocks"]
-    rows = [(name, got[name], c1 if i < 3 else c2) for i, name in enumerate(paths)]
     print("%d pages of %d KiB (%.0f MiB) per batch, batch_exists of %d keys; medians of %d rounds"
           % (PAGES, PAGE_BYTES // 1024, mib, EXIST_KEYS, args.rounds))
     print("%-28s %11s %11s %13s   %s" % ("path", "put MiB/s", "get MiB/s", "exists us",
-                                         "time ratio to the C API row above (put/get/exists)"))
-    for name, (put, get, ex), base in rows:
+                                         "time ratio to the C API (put/get/exists)"))
+    for name, base in (("C API, 64 KiB blocks", c1), ("sglang MLA (1 x 64 KiB)", c1),
+                       ("lmcache (64 KiB chunks)", c1), ("C API, 2 x 32 KiB blocks", c2),
+                       ("sglang MHA (K+V 32 KiB)", c2)):
+        put, get, ex = got[name]
         print("%-28s %11.0f %11.0f %13.1f   %.2f / %.2f / %.2f"
               % (name, mib / put, mib / get, ex * 1e6, put / base[0], get / base[1], ex / base[2]))
+    print("batch_exists from the same key strings through the C API (fold, check words):")
+    for name, adapter in (("C fold+match, sglang keys", "sglang MLA (1 x 64 KiB)"),
+                          ("C fold+async, lmcache keys", "lmcache (64 KiB chunks)"),
+                          ("C fold+match, 2 parts", "sglang MHA (K+V 32 KiB)")):
+        ex, aex = got[name][2], got[adapter][2]
+        print("%-28s %11s %11s %13.1f   %s: %.2f" % (name, "-", "-", ex * 1e6, adapter, aex / ex))
     return 0
 
 
