@@ -202,6 +202,16 @@ int main(int argc, char **argv)
         log_error("cannot create the event loop");
         goto out;
     }
+    /* Before any socket exists: a SIGTERM from whoever sees the socket (a
+     * service manager, a test) is then a graceful stop, run when the loop
+     * starts, never the default action's abrupt death. */
+    for (int i = 0; i < 3; i++) {
+        sigs[i] = evsignal_new(d.base, signums[i], daemon_signal_cb, &d);
+        if (!sigs[i] || evsignal_add(sigs[i], NULL) < 0) {
+            log_error("cannot install signal handlers");
+            goto out;
+        }
+    }
     if (room.unread[0])
         log_warn("memory: the admission check could not read everything: %s", room.unread);
     log_info("%s", admission);
@@ -254,13 +264,6 @@ int main(int argc, char **argv)
         goto out;
     }
     daemon_check_fd_limit(&d);
-    for (int i = 0; i < 3; i++) {
-        sigs[i] = evsignal_new(d.base, signums[i], daemon_signal_cb, &d);
-        if (!sigs[i] || evsignal_add(sigs[i], NULL) < 0) {
-            log_error("cannot install signal handlers");
-            goto out;
-        }
-    }
     log_info("kvnoded %s serving on %s (config %s): host tier %llu MiB, slabs of %llu KiB",
              KVNODE_VERSION_STRING, server_socket_path(d.server),
              d.config_path ? d.config_path : "built-in defaults",

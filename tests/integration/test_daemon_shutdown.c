@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -116,8 +117,31 @@ START_TEST(sigterm_under_load_exits_cleanly_within_the_bound)
 }
 END_TEST
 
+/* A SIGTERM that comes as soon as the socket file exists — a service manager
+ * stopping a daemon it has just started — is a graceful stop too: the
+ * handlers are in place before the socket is, so it never kills the daemon
+ * outright (status 143) with its socket file and leases left behind. */
+START_TEST(sigterm_as_soon_as_the_socket_exists_stops_gracefully)
+{
+    for (int round = 0; round < 12; round++) {
+        kvh_daemon d;
+        ck_assert_msg(kvh_spawn(&d, "") == 0, "%s", kvh_error());
+        struct stat st;
+        uint64_t deadline = kvh_now_ms() + KVH_READY_TIMEOUT_MS;
+        while (stat(d.sock, &st) != 0 && kvh_now_ms() < deadline)
+            ;   /* spin: the window between bind and the handlers is short */
+        ck_assert_msg(stat(d.sock, &st) == 0, "round %d: no socket %s", round, d.sock);
+        int status = kvh_stop(&d, 10000);
+        ck_assert_msg(status == 0, "round %d: kvnoded stopped with status %d (143: killed by the "
+                      "SIGTERM, no handler yet)", round, status);
+        kvh_destroy(&d);
+    }
+}
+END_TEST
+
 int main(void)
 {
-    const TTest *const tests[] = { sigterm_under_load_exits_cleanly_within_the_bound };
+    const TTest *const tests[] = { sigterm_under_load_exits_cleanly_within_the_bound,
+                                   sigterm_as_soon_as_the_socket_exists_stops_gracefully };
     return kvh_run_suite("daemon_shutdown", "shutdown", 30, tests, sizeof tests / sizeof tests[0]);
 }
