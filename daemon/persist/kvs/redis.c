@@ -586,4 +586,5 @@ const struct kvs_backend kvs_backend_redis = {
     .put_batch = redis_put_batch,
     .get_batch = redis_get_batch,
     .keeps_deleted = false,
+    .reads_find = true,
 };
