@@ -89,6 +89,7 @@
  *   --only       run one of the four parts (writes includes the disk's bandwidth) */
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/un.h>
@@ -120,6 +121,7 @@
 #define RAW_CLIENTS   "12"       /* redis-benchmark connections (see raw_bench) */
 #define RAW_PIPELINE  "16"       /* redis-benchmark requests in flight per connection */
 #define RAW_NEW_KEYS  1000000000u /* redis-benchmark -r for SETs of new keys */
+#define REDIS_READERS 4u         /* engine threads GETting at once in part 4 (see bench_redis) */
 
 static char tmp_root[PATH_MAX];
 static pid_t tmp_owner;
@@ -1026,51 +1028,98 @@ struct vrow {
     struct sim_calls w, r;    /* calls of the write phase, of the read phase */
 };
 
-/* Read keys[0..n) back through a new daemon on cfg (it knows nothing: GET
- * looks the keys up in the store and promotes them), chain keys per GET,
- * checking every block against src (block i holds src block i % chain).
- * Leaves the daemon running in *d; its time in *read_ns. 0, or 1 when a GET
- * failed, came short or read back wrong. */
-static int read_back(kvh_daemon *d, const char *cfg, const kvnode_layout *l, const kvnode_key *keys, size_t n,
-                     size_t chain, const unsigned char *src, uint64_t bb, const char *label, uint64_t *read_ns)
-{
+/* One reader of read_back: its own connection, the chains idx, idx + count,
+ * ... of keys, each GET's answer kept (under its lease) for the check. */
+struct read_get {
+    size_t at, m, got;
+    kvnode_lease lease;
+    kvnode_loc *locs;
+    int rc;
+    char err[160];
+};
+struct reader {
     kvnode_client *c;
+    const kvnode_key *keys;
+    size_t n, chain;
+    unsigned idx, count;
+    size_t ngets;
+    struct read_get *gets;
+};
+
+static void *reader_run(void *arg)
+{
+    struct reader *r = arg;
+    for (size_t at = (size_t)r->idx * r->chain; at < r->n; at += (size_t)r->count * r->chain) {
+        struct read_get *g = &r->gets[r->ngets++];
+        g->at = at;
+        g->m = r->n - at < r->chain ? r->n - at : r->chain;
+        g->locs = calloc(g->m, sizeof *g->locs);
+        g->rc = g->locs ? kvnode_get_begin(r->c, r->keys + at, g->m, &g->lease, g->locs, &g->got)
+                        : -KVNODE_ENOMEM;
+        if (g->rc != 0)
+            snprintf(g->err, sizeof g->err, "%s", kvnode_last_error(r->c));
+    }
+    return NULL;
+}
+
+/* Read keys[0..n) back through a new daemon on cfg (it knows nothing: GET
+ * finds the keys in the store and promotes them), chain keys per GET, from
+ * `readers` threads with a connection each (several GETs in flight, as an
+ * engine serving several requests has). Timed from the first GET until
+ * every answer is in; then, untimed, every block is checked against src
+ * (block i holds src block i % chain) and the leases end. Leaves the daemon
+ * running in *d; its time in *read_ns. 0, or 1 when a GET failed, came
+ * short or read back wrong. */
+static int read_back(kvh_daemon *d, const char *cfg, const kvnode_layout *l, const kvnode_key *keys, size_t n,
+                     size_t chain, unsigned readers, const unsigned char *src, uint64_t bb, const char *label,
+                     uint64_t *read_ns)
+{
+    struct reader rd[16];
+    pthread_t th[16];
     int bad = 0;
 
+    if (readers == 0 || readers > 16)
+        die("read_back", "1 to 16 readers");
     if (kvh_start(d, cfg) != 0)
         die("start kvnoded", kvh_error());
-    if (kvh_connect(d, l, &c) != 0)
-        die("connect", kvh_error());
-    wait_ready(c);
-    uint64_t t0 = kvh_now_ns(), check_ns = 0;
-    for (size_t i = 0; i < n && !bad; i += chain) {
-        size_t m = n - i < chain ? n - i : chain, g = 0;
-        kvnode_loc *gl = calloc(m, sizeof *gl);
-        kvnode_lease lease = 0;
-        int rc = gl ? kvnode_get_begin(c, keys + i, m, &lease, gl, &g) : -KVNODE_ENOMEM;
-        if (rc == 0) {
-            uint64_t c0 = kvh_now_ns();
-            for (size_t k = 0; k < g; k++)
-                if (memcmp(gl[k].ptr, src + ((i + k) % chain) * bb, bb) != 0) {
-                    fprintf(stderr, "kvnode-bench-persist: %s: block %zu reads back wrong\n", label, i + k);
-                    bad = 1;
-                    break;
-                }
-            check_ns += kvh_now_ns() - c0;
-            if (g)
-                kvnode_get_end(c, lease);
-        }
-        if (rc != 0 || g != m) {
-            fprintf(stderr, "kvnode-bench-persist: %s: GET of %zu keys at %zu: rc %d, got %zu (%s)\n", label, m,
-                    i, rc, g, rc ? kvnode_last_error(c) : "short");
-            bad = 1;
-        }
-        free(gl);
+    for (unsigned t = 0; t < readers; t++) {
+        rd[t] = (struct reader){ .keys = keys, .n = n, .chain = chain, .idx = t, .count = readers };
+        rd[t].gets = calloc((n + chain - 1) / chain, sizeof *rd[t].gets);
+        if (!rd[t].gets)
+            die("malloc", "out of memory");
+        if (kvh_connect(d, l, &rd[t].c) != 0)
+            die("connect", kvh_error());
+        wait_ready(rd[t].c);
     }
+    uint64_t t0 = kvh_now_ns();
+    for (unsigned t = 0; t < readers; t++)
+        if (pthread_create(&th[t], NULL, reader_run, &rd[t]) != 0)
+            die("pthread_create", strerror(errno));
+    for (unsigned t = 0; t < readers; t++)
+        pthread_join(th[t], NULL);
     /* The bench's own byte checks are not the daemon's time (the raw
      * figures have none). */
-    *read_ns = kvh_now_ns() - t0 - check_ns;
-    kvnode_close(c);
+    *read_ns = kvh_now_ns() - t0;
+    for (unsigned t = 0; t < readers; t++) {
+        for (size_t q = 0; q < rd[t].ngets; q++) {
+            struct read_get *g = &rd[t].gets[q];
+            for (size_t k = 0; g->rc == 0 && k < g->got && !bad; k++)
+                if (memcmp(g->locs[k].ptr, src + ((g->at + k) % chain) * bb, bb) != 0) {
+                    fprintf(stderr, "kvnode-bench-persist: %s: block %zu reads back wrong\n", label, g->at + k);
+                    bad = 1;
+                }
+            if (g->rc == 0 && g->got)
+                kvnode_get_end(rd[t].c, g->lease);
+            if (g->rc != 0 || g->got != g->m) {
+                fprintf(stderr, "kvnode-bench-persist: %s: GET of %zu keys at %zu: rc %d, got %zu (%s)\n",
+                        label, g->m, g->at, g->rc, g->got, g->rc ? g->err : "short");
+                bad = 1;
+            }
+            free(g->locs);
+        }
+        free(rd[t].gets);
+        kvnode_close(rd[t].c);
+    }
     return bad;
 }
 
@@ -1126,7 +1175,7 @@ static int v6d_run(struct vrow *r, const unsigned char *src, size_t chain, unsig
     /* read: a new daemon knows nothing; GET looks the keys up and promotes them */
     char label[32];
     snprintf(label, sizeof label, "v6d workers=%u", r->workers);
-    if (read_back(&d, cfg, &l, keys, n, chain, src, bb, label, &r->read_ns) != 0)
+    if (read_back(&d, cfg, &l, keys, n, chain, 1, src, bb, label, &r->read_ns) != 0)
         bad = 1;
     struct sim_calls after;
     sim_calls(&sim, &after);
@@ -1394,7 +1443,7 @@ static int redis_run(struct rrow *rw, const struct rctl *r, unsigned run)
     kvnode_close(obs);
     stop_daemon(&d);
 
-    if (!bad && read_back(&d, cfg, &l, keys, n, chain, src, bb, "redis", &rw->read_ns) != 0)
+    if (!bad && read_back(&d, cfg, &l, keys, n, chain, REDIS_READERS, src, bb, "redis", &rw->read_ns) != 0)
         bad = 1;
     stop_daemon(&d);
     free(keys);
