@@ -179,6 +179,7 @@ struct cache_wait {
     uint32_t readable;          /* GET: arenas the answer may point into (bit per id) */
     unsigned outstanding;       /* promotions and lookups not back yet */
     bool on_heap, looked_up, may_wait, nomem;
+    bool probed;                /* GET: unknown keys were read at once (cache_probe_submit) */
     bool answered;              /* ready() called (or the answer was immediate) */
     bool finished;              /* the requester called finish or cancel */
     cache_ready_fn ready;

@@ -164,9 +164,9 @@ void cache_get_walk(struct cache *c, struct cache_wait **wp)
                 if (h) {
                     *wp = w = h;
                     /* A store whose reads say "absent" reads them at once
-                     * (no lookup round trip first); else, or when no slot
-                     * can be had, it is asked which it holds. */
-                    if (cache_reads_find(c) && cache_probe_submit(c, w, i) == 0)
+                     * (no lookup round trip first), into free memory; what
+                     * that leaves (no free slot) is looked up. */
+                    if (!w->probed && cache_reads_find(c) && cache_probe_submit(c, w, i) == 0)
                         return;   /* cache_probe_done walks on */
                     if (cache_lookup_submit(c, w, i) == 0)
                         return;   /* cache_lookup_done walks on */

@@ -481,6 +481,8 @@ static void cache_probe_done(struct cache_probe *p)
 
     for (size_t i = 0; i < p->n; i++) {
         struct probe_item *it = &p->items[i];
+        if (it->rc != 0)
+            w->looked_up = true;   /* the store has answered where the prefix ends */
         if (!prefix || it->rc != 0) {
             prefix = false;   /* a block after a missing one is not returned */
             cache_probe_slot_free(c, ns, it->offset);
@@ -536,8 +538,10 @@ static void cache_probe_read_done(void *arg, int rc)
 }
 
 /* Read the run of keys the index does not know from w->keys[from], as many
- * as host slots can be reserved for. 0 when sent (w counts it); < 0 when
- * not one could be (no room, the store's queue full): nothing is held. */
+ * as free host slots can be reserved for. 0 when sent (w counts it); < 0
+ * when not one could be (no free slot, the store's queue full): nothing is
+ * held. Keys it leaves unread (no free slot; unknown keys after known ones)
+ * are looked up when the walk reaches them, unless a read found the gap. */
 int cache_probe_submit(struct cache *c, struct cache_wait *w, size_t from)
 {
     struct kv_namespace *ns = w->ns;
@@ -551,9 +555,10 @@ int cache_probe_submit(struct cache *c, struct cache_wait *w, size_t from)
     struct cache_probe *p = calloc(1, sizeof *p + run * sizeof p->items[0]);
     if (!p)
         return -KVNODE_ENOMEM;
+    /* Free memory only: nothing is evicted for a block not known to exist. */
     for (k = 0; k < run; k++) {
         uint64_t off;
-        if (!cache_quota_room(c, ns) || !cache_make_room(c, ns->cls) ||
+        if ((c->namespace_quota && ns->bytes + ns->reserved + bb > c->namespace_quota) ||
             arena_alloc(c->host, ns->cls, &off) < 0)
             break;
         ns->reserved += bb;
@@ -579,7 +584,7 @@ int cache_probe_submit(struct cache *c, struct cache_wait *w, size_t from)
     p->ns = ns;
     p->n = p->left = sent;
     ns->refs++;
-    w->looked_up = true;
+    w->probed = true;
     w->outstanding++;
     c->lookup_reads++;
     return 0;

@@ -6,7 +6,8 @@
  * - two daemons ("nodes": their own sockets, memory and admin ports): what
  *   A writes, B matches through lookups and reads byte-exact;
  * - a GET of keys B does not know reads them without a lookup first and
- *   keeps the prefix before the first block the cluster lacks;
+ *   keeps the prefix before the first block the cluster lacks; with a full
+ *   host tier it reads into free slots only and looks the rest up;
  * - blocks evicted from memory come back byte-exact from the cluster;
  * - a value overwritten with redis-cli is a counted corrupt read, the GET
  *   returns the prefix before it, and the value is deleted;
@@ -230,6 +231,47 @@ START_TEST(test_get_reads_unknown_keys_without_lookup)
     ck_assert_uint_eq(KVH_GET_VERIFIED(cb, k, 8, 9), 3);
     ck_assert_int_eq(stat_int(&b, "persist.lookup_reads_total"), 2);
     ck_assert_int_eq(stat_int(&b, "tiers.host.blocks"), 3);
+
+    kvnode_close(ca);
+    kvnode_close(cb);
+    KVH_STOP_DESTROY(&a);
+    KVH_STOP_DESTROY(&b);
+}
+END_TEST
+
+/* A full host tier: the GET reads unknown keys into free slots only (it
+ * evicts nothing for a block not known to exist), looks the rest up, and
+ * promotes those the usual way; the whole chain comes back, no read missed. */
+START_TEST(test_get_unknown_keys_full_tier)
+{
+    kvh_daemon a, b;
+    char conf[1024];
+    redis_conf(conf, sizeof conf, cl.seeds, NULL);
+    KVH_START(&a, conf);
+    kvnode_layout lay = kvh_layout("rd-probe-full", BB, 1, 0);
+    kvnode_client *ca, *cb;
+    KVH_CONNECT(&a, &lay, &ca);
+    kvnode_key k[16], fill[64];
+    kvh_chain(k, 16, 160);
+    KVH_PUT_OK(ca, k, 16, 3);
+    wait_ge(&a, "persist.written_blocks_total", 16, 10000);
+
+    KVH_START(&b, conf);
+    KVH_CONNECT(&b, &lay, &cb);
+    /* B's tier full of its own blocks (written through, so evictable). */
+    kvh_chain(fill, 64, 161);
+    for (size_t i = 0; i < 64; i += 8)
+        KVH_PUT_OK(cb, fill + i, 8, 4);
+    wait_ge(&b, "persist.written_blocks_total", 64, 10000);
+    wait_idle(&b, 10000);
+    long long free_slots = 64 - stat_int(&b, "tiers.host.blocks");
+    ck_assert_msg(free_slots < 16, "%lld free slots: the tier is not full", free_slots);
+
+    ck_assert_uint_eq(KVH_GET_VERIFIED(cb, k, 16, 3), 16);
+    ck_assert_int_le(stat_int(&b, "persist.lookup_reads_total"), 1);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 1);
+    ck_assert_int_eq(stat_int(&b, "persist.read_misses_total"), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.promotions_ok_total"), 16);
 
     kvnode_close(ca);
     kvnode_close(cb);
@@ -619,6 +661,7 @@ int main(void)
     tcase_add_unchecked_fixture(tc, cluster_setup, cluster_teardown);
     tcase_add_test(tc, test_two_nodes_share);
     tcase_add_test(tc, test_get_reads_unknown_keys_without_lookup);
+    tcase_add_test(tc, test_get_unknown_keys_full_tier);
     tcase_add_test(tc, test_round_trip_after_eviction);
     tcase_add_test(tc, test_corrupt_value_counted);
     tcase_add_test(tc, test_check_words_across_nodes);
