@@ -79,7 +79,12 @@
  *    pipelined by the daemon (up to 64 blocks per worker batch, 4 workers).
  *    Part 3 (v6d) keeps one reader. The ratios kvnode / raw are printed:
  *    write to the SETs over existing keys (the strict one) and to the SETs
- *    of new keys (the same job), read to the GETs.
+ *    of new keys (the same job), read to the GETs. Then the CPU a GET
+ *    costs (user + system seconds from /proc and getrusage): raw = the
+ *    servers + redis-benchmark over its GETs, kvnode = the servers +
+ *    kvnoded + the bench's readers over the timed reads; on a shared host
+ *    the rates move with the load from elsewhere, the CPU per GET much
+ *    less, and on a CPU-bound host its ratio bounds the rate ratio.
  *    Every timed daemon run starts once the host arena is populated and the
  *    client's mapping prefaulted (kvnode_prefault), as in a long-running
  *    engine: first-touch page faults are a start-up cost, not throughput.
@@ -107,6 +112,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -145,6 +151,36 @@ static void sleep_ns(uint64_t ns)
 }
 
 static double secs(uint64_t ns) { return (double)ns / 1e9; }
+
+/* CPU seconds (user + system, every thread) a running process has used;
+ * 0 when it cannot be read. */
+static double proc_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t len = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[len] = '\0';
+    const char *p = strrchr(buf, ')');   /* the name may hold blanks */
+    unsigned long long ut = 0, st = 0;
+    long tck = sysconf(_SC_CLK_TCK);
+    if (!p || tck <= 0 ||
+        sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) / (double)tck;
+}
+
+/* CPU seconds of this process (who == RUSAGE_SELF) or its reaped children. */
+static double rusage_cpu_s(int who)
+{
+    struct rusage ru;
+    if (getrusage(who, &ru) != 0)
+        return 0;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
 
 /* Runs after the harness killed any daemon still running (registered first). */
 static void tmp_cleanup(void)
@@ -1081,7 +1117,7 @@ static void *reader_run(void *arg)
  * short or read back wrong. */
 static int read_back(kvh_daemon *d, const char *cfg, const kvnode_layout *l, const kvnode_key *keys, size_t n,
                      size_t chain, unsigned readers, const unsigned char *src, uint64_t bb, const char *label,
-                     uint64_t *read_ns)
+                     uint64_t *read_ns, double *cpu_s)
 {
     struct reader rd[16];
     pthread_t th[16];
@@ -1100,6 +1136,7 @@ static int read_back(kvh_daemon *d, const char *cfg, const kvnode_layout *l, con
             die("connect", kvh_error());
         wait_ready(rd[t].c);
     }
+    double cpu0 = proc_cpu_s(d->pid) + rusage_cpu_s(RUSAGE_SELF);
     uint64_t t0 = kvh_now_ns();
     for (unsigned t = 0; t < readers; t++)
         if (pthread_create(&th[t], NULL, reader_run, &rd[t]) != 0)
@@ -1109,6 +1146,8 @@ static int read_back(kvh_daemon *d, const char *cfg, const kvnode_layout *l, con
     /* The bench's own byte checks are not the daemon's time (the raw
      * figures have none). */
     *read_ns = kvh_now_ns() - t0;
+    if (cpu_s)
+        *cpu_s = proc_cpu_s(d->pid) + rusage_cpu_s(RUSAGE_SELF) - cpu0;
     for (unsigned t = 0; t < readers; t++) {
         for (size_t q = 0; q < rd[t].ngets; q++) {
             struct read_get *g = &rd[t].gets[q];
@@ -1184,7 +1223,7 @@ static int v6d_run(struct vrow *r, const unsigned char *src, size_t chain, unsig
     /* read: a new daemon knows nothing; GET looks the keys up and promotes them */
     char label[32];
     snprintf(label, sizeof label, "v6d workers=%u", r->workers);
-    if (read_back(&d, cfg, &l, keys, n, chain, 1, src, bb, label, &r->read_ns) != 0)
+    if (read_back(&d, cfg, &l, keys, n, chain, 1, src, bb, label, &r->read_ns, NULL) != 0)
         bad = 1;
     struct sim_calls after;
     sim_calls(&sim, &after);
@@ -1261,7 +1300,20 @@ struct rrow {
     double raw_set, raw_get;     /* redis-benchmark requests per second */
     double raw_hits;             /* raw GETs that found their key */
     double raw_new;              /* raw SETs per second of new keys */
+    double raw_get_cpu, read_cpu;  /* CPU seconds: raw GETs (servers + redis-benchmark),
+                                    * kvnode's reads (servers + kvnoded + the bench) */
+    size_t raw_gets;             /* GETs in the raw run */
 };
+
+/* CPU seconds the cluster's servers have used. */
+static double redis_cpu_s(const struct rctl *r)
+{
+    double s = 0;
+    for (int i = 0; i < r->n; i++)
+        if (r->pids[i] > 0)
+            s += proc_cpu_s(r->pids[i]);
+    return s;
+}
 
 /* Keyspace hits and misses summed over the masters (INFO stats). */
 static void redis_hits(const struct rctl *r, unsigned long long *hits, unsigned long long *misses)
@@ -1377,7 +1429,7 @@ static void redis_flush(const struct rctl *r)
  * kvnode's figures include the engine's copies (put) and the bench's checks
  * (get). */
 static int raw_bench(const struct rctl *r, uint64_t bb, size_t n, double *set_rps, double *get_rps,
-                     double *new_rps, double *hit_rate, char *why, size_t whylen)
+                     double *new_rps, double *hit_rate, double *get_cpu, char *why, size_t whylen)
 {
     size_t per_master = (n + (size_t)r->n - 1) / (size_t)r->n;
     unsigned long long h0, m0, h1, m1;
@@ -1387,8 +1439,10 @@ static int raw_bench(const struct rctl *r, uint64_t bb, size_t n, double *set_rp
         raw_one(r, "set", bb, per_master, n * 4, set_rps, why, whylen) < 0)
         return -1;
     redis_hits(r, &h0, &m0);
+    double cpu0 = redis_cpu_s(r) + rusage_cpu_s(RUSAGE_CHILDREN);
     if (raw_one(r, "get", bb, per_master, n * 4, get_rps, why, whylen) < 0)
         return -1;
+    *get_cpu = redis_cpu_s(r) + rusage_cpu_s(RUSAGE_CHILDREN) - cpu0;
     redis_hits(r, &h1, &m1);
     if (h1 + m1 > h0 + m0)
         *hit_rate = (double)(h1 - h0) / (double)(h1 + m1 - h0 - m0);
@@ -1452,8 +1506,11 @@ static int redis_run(struct rrow *rw, const struct rctl *r, unsigned run)
     kvnode_close(obs);
     stop_daemon(&d);
 
-    if (!bad && read_back(&d, cfg, &l, keys, n, chain, REDIS_READERS, src, bb, "redis", &rw->read_ns) != 0)
+    double srv0 = redis_cpu_s(r), own = 0;
+    if (!bad && read_back(&d, cfg, &l, keys, n, chain, REDIS_READERS, src, bb, "redis", &rw->read_ns, &own) != 0)
         bad = 1;
+    /* The servers idle while the daemon starts and the bench checks bytes. */
+    rw->read_cpu = own + redis_cpu_s(r) - srv0;
     stop_daemon(&d);
     free(keys);
     free(locs);
@@ -1482,7 +1539,7 @@ static int bench_redis(uint64_t target)
         rows[k] = (struct rrow){ .bb = sizes[k], .n = (size_t)(target / sizes[k]) };
         redis_flush(&r);
         if (raw_bench(&r, sizes[k], rows[k].n, &rows[k].raw_set, &rows[k].raw_get, &rows[k].raw_new,
-                      &rows[k].raw_hits, why, sizeof why) < 0) {
+                      &rows[k].raw_hits, &rows[k].raw_get_cpu, why, sizeof why) < 0) {
             printf("raw figures skipped: %s\n", why);
             rows[k].raw_set = rows[k].raw_get = 0;
         }
@@ -1516,6 +1573,17 @@ static int bench_redis(uint64_t target)
            "  (hits = GETs that found a value), new SET/s = SETs of new keys into the flushed cluster.\n"
            "  write = write/s / raw SET/s, read = read/s / raw GET/s, w/new = write/s / new SET/s.\n\n",
            REDIS_READERS);
+    /* What a GET costs in CPU, whatever else the machine runs: on a busy
+     * host the rates above move with the load, this much less. */
+    printf("%6s %12s %12s %7s\n", "block", "raw us/GET", "kvnode us/GET", "kv/raw");
+    for (size_t k = 0; k < 2; k++) {
+        double raw = rows[k].raw_get_cpu > 0 ? rows[k].raw_get_cpu * 1e6 / (double)(rows[k].n * 4) : 0;
+        double kv = rows[k].read_cpu * 1e6 / (double)rows[k].n;
+        printf("%5lluK %12.1f %13.1f %6.2fx\n", (unsigned long long)(rows[k].bb >> 10), raw, kv,
+               raw > 0 ? kv / raw : 0);
+    }
+    printf("  CPU seconds (user + system) per GET: raw = the 3 servers + redis-benchmark over its GETs;\n"
+           "  kvnode = the 3 servers + kvnoded + the bench's readers over the timed reads.\n\n");
     return bad;
 }
 
