@@ -379,6 +379,9 @@ static void render_persist(struct evbuffer *out, const struct cache_persist_stat
            "Store lookups of keys the index did not know ([persist] lookup), and keys they found.");
     sample_u(out, "kvnode_persist_lookups_total", L("result", "asked"), p->lookups);
     sample_u(out, "kvnode_persist_lookups_total", L("result", "found"), p->lookup_found);
+    family(out, "kvnode_persist_lookup_reads_total", "counter",
+           "GETs' runs of unknown keys read from the store at once, without a lookup first (redis).");
+    sample_u(out, "kvnode_persist_lookup_reads_total", NULL, p->lookup_reads);
     family(out, "kvnode_persist_waits_total", "counter",
            "Requests whose answer waited for the store, and those answered at server.request_timeout.");
     sample_u(out, "kvnode_persist_waits_total", L("result", "waited"), p->waits);

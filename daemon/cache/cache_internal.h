@@ -125,6 +125,7 @@ struct cache {
     uint64_t namespaces_reclaimed;  /* idle namespaces released at the limit */
     uint64_t promotions, promotions_ok, promotions_failed;
     uint64_t lookups, lookup_found;
+    uint64_t lookup_reads;      /* GETs' runs of unknown keys read at once, no lookup first */
     uint64_t waits, wait_timeouts;
     uint64_t recovered, recovery_skipped;
     uint64_t hbm_reserved, hbm_fallbacks;   /* HBM puts: slots in HBM, sent to host instead */
@@ -178,6 +179,7 @@ struct cache_wait {
     uint32_t readable;          /* GET: arenas the answer may point into (bit per id) */
     unsigned outstanding;       /* promotions and lookups not back yet */
     bool on_heap, looked_up, may_wait, nomem;
+    bool probed;                /* GET: unknown keys were read at once (cache_probe_submit) */
     bool answered;              /* ready() called (or the answer was immediate) */
     bool finished;              /* the requester called finish or cancel */
     cache_ready_fn ready;
@@ -269,7 +271,12 @@ void cache_retry_cb(evutil_socket_t fd, short what, void *arg);
 /* Whether the store is asked about keys the index does not know; ask it
  * about w's keys from `from` on (0: submitted, w counts it). */
 bool cache_may_lookup(const struct cache *c);
+/* Whether the store's reads say "absent" as cheaply as a lookup (redis). */
+bool cache_reads_find(const struct cache *c);
 int cache_lookup_submit(struct cache *c, struct cache_wait *w, size_t from);
+/* Read the keys the index does not know from w->keys[from] into host slots
+ * (a store whose reads find: persist_reads_find). 0 when sent. */
+int cache_probe_submit(struct cache *c, struct cache_wait *w, size_t from);
 /* A ghost read back into a host slot (0: on its way); w waits for e's. */
 int cache_promote(struct cache *c, struct kv_namespace *ns, struct index_entry *e);
 int cache_promo_wait(struct cache_wait *w, struct index_entry *e);

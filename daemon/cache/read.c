@@ -163,6 +163,11 @@ void cache_get_walk(struct cache *c, struct cache_wait **wp)
                 struct cache_wait *h = cache_wait_heap(w);
                 if (h) {
                     *wp = w = h;
+                    /* A store whose reads say "absent" reads them at once
+                     * (no lookup round trip first), into free memory; what
+                     * that leaves (no free slot) is looked up. */
+                    if (!w->probed && cache_reads_find(c) && cache_probe_submit(c, w, i) == 0)
+                        return;   /* cache_probe_done walks on */
                     if (cache_lookup_submit(c, w, i) == 0)
                         return;   /* cache_lookup_done walks on */
                 }

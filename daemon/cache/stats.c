@@ -42,6 +42,7 @@ static void cache_persist_stats(struct cache *c, struct cache_persist_stats *o)
     o->promotions_failed = c->promotions_failed;
     o->lookups = c->lookups;
     o->lookup_found = c->lookup_found;
+    o->lookup_reads = c->lookup_reads;
     o->waits = c->waits;
     o->wait_timeouts = c->wait_timeouts;
     o->recovered = c->recovered;
@@ -264,6 +265,7 @@ static void cache_persist_stats_add(struct cache_persist_stats *sum, const struc
     sum->promotions_failed += x->promotions_failed;
     sum->lookups += x->lookups;
     sum->lookup_found += x->lookup_found;
+    sum->lookup_reads += x->lookup_reads;
     sum->waits += x->waits;
     sum->wait_timeouts += x->wait_timeouts;
     sum->recovered += x->recovered;

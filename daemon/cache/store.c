@@ -363,6 +363,11 @@ bool cache_may_lookup(const struct cache *c)
     return c->persist && persist_lookup_on_miss(c->persist);
 }
 
+bool cache_reads_find(const struct cache *c)
+{
+    return persist_reads_find(c->persist);
+}
+
 /* --- lookups of keys the index does not know ---------------------------------- */
 
 /* A lookup of keys the index does not know. */
@@ -431,6 +436,157 @@ int cache_lookup_submit(struct cache *c, struct cache_wait *w, size_t from)
     w->looked_up = true;
     w->outstanding++;
     c->lookups++;
+    return 0;
+}
+
+/* --- reads of keys the index does not know (a store whose reads find) --------- */
+
+/* A GET's run of keys the index does not know, read at once into host slots
+ * reserved for them (persist_reads_find): the reply of each read says
+ * whether the store holds the block, so no lookup round trip comes first.
+ * The blocks up to the first the store lacks become SEALED entries; every
+ * other slot is freed. */
+struct probe_item {
+    struct cache_probe *p;
+    struct index_entry *e;      /* the entry made of it, pinned by the probe */
+    int64_t key;
+    uint64_t check;
+    uint64_t offset;            /* its reserved host slot */
+    int rc;
+};
+struct cache_probe {
+    struct cache *c;
+    struct cache_wait *w;
+    struct kv_namespace *ns;
+    size_t n, left;             /* reads sent, reads not back yet */
+    struct probe_item items[];
+};
+
+static void cache_probe_slot_free(struct cache *c, struct kv_namespace *ns, uint64_t offset)
+{
+    uint64_t bb = ns->layout.block_bytes;
+    arena_free(c->host, offset);
+    ns->reserved -= ns->reserved >= bb ? bb : ns->reserved;
+}
+
+/* Every read is back: index the found prefix, walk the GET on, then let
+ * the blocks go to the LRU (tail-first, as a lease's end does). */
+static void cache_probe_done(struct cache_probe *p)
+{
+    struct cache *c = p->c;
+    struct cache_wait *w = p->w;
+    struct kv_namespace *ns = p->ns;
+    uint64_t bb = ns->layout.block_bytes;
+    bool prefix = true;
+
+    for (size_t i = 0; i < p->n; i++) {
+        struct probe_item *it = &p->items[i];
+        if (it->rc != 0)
+            w->looked_up = true;   /* the store has answered where the prefix ends */
+        if (!prefix || it->rc != 0) {
+            prefix = false;   /* a block after a missing one is not returned */
+            cache_probe_slot_free(c, ns, it->offset);
+            continue;
+        }
+        /* Put, deleted and put, or found by another request meanwhile: the
+         * index's entry is the one the walk serves. */
+        struct index_entry *e = index_lookup(c->index, ns->id, it->key);
+        if (e) {
+            cache_probe_slot_free(c, ns, it->offset);
+            continue;
+        }
+        e = index_insert(c->index, ns->id, it->key);
+        if (!e) {
+            prefix = false;
+            cache_probe_slot_free(c, ns, it->offset);
+            continue;
+        }
+        ns->reserved -= ns->reserved >= bb ? bb : ns->reserved;
+        e->check = it->check;
+        e->state = ENTRY_SEALED;
+        e->tier = KVNODE_TIER_HOST;
+        e->arena = arena_id(c->host);
+        e->cls = ns->cls;
+        e->offset = it->offset;
+        e->persist = PERSIST_STORED;
+        cache_pin(c, e);
+        it->e = e;
+        ns->blocks++;
+        ns->bytes += bb;
+        c->lookup_found++;
+        c->promotions++;
+        c->promotions_ok++;
+        cache_note_sealed(c, e);
+    }
+    if (w->kind == WAIT_GET && !w->answered && !w->finished)
+        cache_get_walk(c, &w);
+    cache_wait_progress(w);
+    for (size_t i = p->n; i-- > 0;)
+        if (p->items[i].e)
+            cache_unpin(c, p->items[i].e);
+    ns->refs--;
+    free(p);
+}
+
+static void cache_probe_read_done(void *arg, int rc)
+{
+    struct probe_item *it = arg;
+    struct cache_probe *p = it->p;
+    it->rc = rc;
+    if (--p->left == 0)
+        cache_probe_done(p);
+}
+
+/* Read the run of keys the index does not know from w->keys[from], as many
+ * as free host slots can be reserved for. 0 when sent (w counts it); < 0
+ * when not one could be (no free slot, the store's queue full): nothing is
+ * held. Keys it leaves unread (no free slot; unknown keys after known ones)
+ * are looked up when the walk reaches them, unless a read found the gap. */
+int cache_probe_submit(struct cache *c, struct cache_wait *w, size_t from)
+{
+    struct kv_namespace *ns = w->ns;
+    uint64_t bb = ns->layout.block_bytes;
+    size_t run = 0, k, sent;
+
+    while (from + run < w->n && !index_lookup(c->index, ns->id, w->keys[from + run]))
+        run++;
+    if (run == 0)
+        return -KVNODE_EINVAL;
+    struct cache_probe *p = calloc(1, sizeof *p + run * sizeof p->items[0]);
+    if (!p)
+        return -KVNODE_ENOMEM;
+    /* Free memory only: nothing is evicted for a block not known to exist. */
+    for (k = 0; k < run; k++) {
+        uint64_t off;
+        if ((c->namespace_quota && ns->bytes + ns->reserved + bb > c->namespace_quota) ||
+            arena_alloc(c->host, ns->cls, &off) < 0)
+            break;
+        ns->reserved += bb;
+        p->items[k] = (struct probe_item){ .p = p, .key = w->keys[from + k],
+                                           .check = cache_check_at(w->checks, from + k),
+                                           .offset = off };
+    }
+    for (sent = 0; sent < k; sent++) {
+        struct probe_item *it = &p->items[sent];
+        if (persist_read(c->persist, ns, it->key, it->check, (uint8_t *)arena_base(c->host) + it->offset,
+                         bb, cache_probe_read_done, it) < 0)
+            break;
+    }
+    for (size_t i = sent; i < k; i++)
+        cache_probe_slot_free(c, ns, p->items[i].offset);
+    if (sent == 0) {
+        free(p);
+        return k == 0 ? -KVNODE_ENOSPC : -KVNODE_ELIMIT;
+    }
+    /* Completions run later, on the loop: counting them now is safe. */
+    p->c = c;
+    p->w = w;
+    p->ns = ns;
+    p->n = p->left = sent;
+    ns->refs++;
+    w->probed = true;
+    w->outstanding++;
+    c->lookup_reads++;
     return 0;
 }
 

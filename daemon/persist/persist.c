@@ -264,6 +264,11 @@ bool persist_lookup_on_miss(const struct persist *p)
     }
 }
 
+bool persist_reads_find(const struct persist *p)
+{
+    return p && p->be->reads_find;
+}
+
 const char *persist_backend_name(const struct persist *p)
 {
     return p ? p->be->name : "off";

@@ -116,6 +116,10 @@ int  persist_drain(struct persist *p, unsigned timeout_ms);
  * does not know should be looked up in the store ([persist] lookup; auto:
  * true for a store no scan can enumerate, i.e. v6d). */
 bool persist_lookup_on_miss(const struct persist *p);
+/* Whether a read answers "absent" as cheaply as persist_exists does (redis:
+ * GET replies nil in the same pipelined batch), so a GET of keys the index
+ * does not know reads them at once instead of looking them up first. */
+bool persist_reads_find(const struct persist *p);
 /* Whether a scan can list what the store holds (file: yes; v6d: no). */
 bool persist_enumerable(const struct persist *p);
 /* The backend's name ("file", "v6d"). */

@@ -67,10 +67,24 @@
  *    ASYNC), then, on the same servers flushed the same way, a daemon with
  *    [persist] backend=redis, policy=write_through, 4 workers, timed as in
  *    part 3 (write-behind until written == N, new keys; then a new daemon
- *    GETs every key through lookups and promotions, bytes verified, the
- *    verification not counted). The ratios kvnode / raw are printed: write
- *    to the SETs over existing keys (the strict one) and to the SETs of new
- *    keys (the same job), read to the GETs.
+ *    GETs every key: it knows none of them, so each GET reads its chain
+ *    from the cluster at once, a nil reply ending the prefix, and promotes
+ *    what it found; bytes verified after the timed part). The reads come
+ *    from REDIS_READERS (4) threads with a connection each, every thread
+ *    one chain GET in flight: an engine serving several requests has
+ *    several GETs outstanding, and the raw baseline is not one request at
+ *    a time either (12 connections x 16 pipelined). Four is the daemon's
+ *    worker count and the baseline's connections per master; fewer chains
+ *    in flight than the baseline's requests, since every chain is already
+ *    pipelined by the daemon (up to 64 blocks per worker batch, 4 workers).
+ *    Part 3 (v6d) keeps one reader. The ratios kvnode / raw are printed:
+ *    write to the SETs over existing keys (the strict one) and to the SETs
+ *    of new keys (the same job), read to the GETs. Then the CPU a GET
+ *    costs (user + system seconds from /proc and getrusage): raw = the
+ *    servers + redis-benchmark over its GETs, kvnode = the servers +
+ *    kvnoded + the bench's readers over the timed reads; on a shared host
+ *    the rates move with the load from elsewhere, the CPU per GET much
+ *    less, and on a CPU-bound host its ratio bounds the rate ratio.
  *    Every timed daemon run starts once the host arena is populated and the
  *    client's mapping prefaulted (kvnode_prefault), as in a long-running
  *    engine: first-touch page faults are a start-up cost, not throughput.
@@ -89,6 +103,7 @@
  *   --only       run one of the four parts (writes includes the disk's bandwidth) */
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/un.h>
@@ -97,6 +112,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -120,6 +136,7 @@
 #define RAW_CLIENTS   "12"       /* redis-benchmark connections (see raw_bench) */
 #define RAW_PIPELINE  "16"       /* redis-benchmark requests in flight per connection */
 #define RAW_NEW_KEYS  1000000000u /* redis-benchmark -r for SETs of new keys */
+#define REDIS_READERS 4u         /* engine threads GETting at once in part 4 (see bench_redis) */
 
 static char tmp_root[PATH_MAX];
 static pid_t tmp_owner;
@@ -134,6 +151,36 @@ static void sleep_ns(uint64_t ns)
 }
 
 static double secs(uint64_t ns) { return (double)ns / 1e9; }
+
+/* CPU seconds (user + system, every thread) a running process has used;
+ * 0 when it cannot be read. */
+static double proc_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t len = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[len] = '\0';
+    const char *p = strrchr(buf, ')');   /* the name may hold blanks */
+    unsigned long long ut = 0, st = 0;
+    long tck = sysconf(_SC_CLK_TCK);
+    if (!p || tck <= 0 ||
+        sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) / (double)tck;
+}
+
+/* CPU seconds of this process (who == RUSAGE_SELF) or its reaped children. */
+static double rusage_cpu_s(int who)
+{
+    struct rusage ru;
+    if (getrusage(who, &ru) != 0)
+        return 0;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
 
 /* Runs after the harness killed any daemon still running (registered first). */
 static void tmp_cleanup(void)
@@ -1026,51 +1073,101 @@ struct vrow {
     struct sim_calls w, r;    /* calls of the write phase, of the read phase */
 };
 
-/* Read keys[0..n) back through a new daemon on cfg (it knows nothing: GET
- * looks the keys up in the store and promotes them), chain keys per GET,
- * checking every block against src (block i holds src block i % chain).
- * Leaves the daemon running in *d; its time in *read_ns. 0, or 1 when a GET
- * failed, came short or read back wrong. */
-static int read_back(kvh_daemon *d, const char *cfg, const kvnode_layout *l, const kvnode_key *keys, size_t n,
-                     size_t chain, const unsigned char *src, uint64_t bb, const char *label, uint64_t *read_ns)
-{
+/* One reader of read_back: its own connection, the chains idx, idx + count,
+ * ... of keys, each GET's answer kept (under its lease) for the check. */
+struct read_get {
+    size_t at, m, got;
+    kvnode_lease lease;
+    kvnode_loc *locs;
+    int rc;
+    char err[160];
+};
+struct reader {
     kvnode_client *c;
+    const kvnode_key *keys;
+    size_t n, chain;
+    unsigned idx, count;
+    size_t ngets;
+    struct read_get *gets;
+};
+
+static void *reader_run(void *arg)
+{
+    struct reader *r = arg;
+    for (size_t at = (size_t)r->idx * r->chain; at < r->n; at += (size_t)r->count * r->chain) {
+        struct read_get *g = &r->gets[r->ngets++];
+        g->at = at;
+        g->m = r->n - at < r->chain ? r->n - at : r->chain;
+        g->locs = calloc(g->m, sizeof *g->locs);
+        g->rc = g->locs ? kvnode_get_begin(r->c, r->keys + at, g->m, &g->lease, g->locs, &g->got)
+                        : -KVNODE_ENOMEM;
+        if (g->rc != 0)
+            snprintf(g->err, sizeof g->err, "%s", kvnode_last_error(r->c));
+    }
+    return NULL;
+}
+
+/* Read keys[0..n) back through a new daemon on cfg (it knows nothing: GET
+ * finds the keys in the store and promotes them), chain keys per GET, from
+ * `readers` threads with a connection each (several GETs in flight, as an
+ * engine serving several requests has). Timed from the first GET until
+ * every answer is in; then, untimed, every block is checked against src
+ * (block i holds src block i % chain) and the leases end. Leaves the daemon
+ * running in *d; its time in *read_ns. 0, or 1 when a GET failed, came
+ * short or read back wrong. */
+static int read_back(kvh_daemon *d, const char *cfg, const kvnode_layout *l, const kvnode_key *keys, size_t n,
+                     size_t chain, unsigned readers, const unsigned char *src, uint64_t bb, const char *label,
+                     uint64_t *read_ns, double *cpu_s)
+{
+    struct reader rd[16];
+    pthread_t th[16];
     int bad = 0;
 
+    if (readers == 0 || readers > 16)
+        die("read_back", "1 to 16 readers");
     if (kvh_start(d, cfg) != 0)
         die("start kvnoded", kvh_error());
-    if (kvh_connect(d, l, &c) != 0)
-        die("connect", kvh_error());
-    wait_ready(c);
-    uint64_t t0 = kvh_now_ns(), check_ns = 0;
-    for (size_t i = 0; i < n && !bad; i += chain) {
-        size_t m = n - i < chain ? n - i : chain, g = 0;
-        kvnode_loc *gl = calloc(m, sizeof *gl);
-        kvnode_lease lease = 0;
-        int rc = gl ? kvnode_get_begin(c, keys + i, m, &lease, gl, &g) : -KVNODE_ENOMEM;
-        if (rc == 0) {
-            uint64_t c0 = kvh_now_ns();
-            for (size_t k = 0; k < g; k++)
-                if (memcmp(gl[k].ptr, src + ((i + k) % chain) * bb, bb) != 0) {
-                    fprintf(stderr, "kvnode-bench-persist: %s: block %zu reads back wrong\n", label, i + k);
-                    bad = 1;
-                    break;
-                }
-            check_ns += kvh_now_ns() - c0;
-            if (g)
-                kvnode_get_end(c, lease);
-        }
-        if (rc != 0 || g != m) {
-            fprintf(stderr, "kvnode-bench-persist: %s: GET of %zu keys at %zu: rc %d, got %zu (%s)\n", label, m,
-                    i, rc, g, rc ? kvnode_last_error(c) : "short");
-            bad = 1;
-        }
-        free(gl);
+    for (unsigned t = 0; t < readers; t++) {
+        rd[t] = (struct reader){ .keys = keys, .n = n, .chain = chain, .idx = t, .count = readers };
+        rd[t].gets = calloc((n + chain - 1) / chain, sizeof *rd[t].gets);
+        if (!rd[t].gets)
+            die("malloc", "out of memory");
+        if (kvh_connect(d, l, &rd[t].c) != 0)
+            die("connect", kvh_error());
+        wait_ready(rd[t].c);
     }
+    double cpu0 = proc_cpu_s(d->pid) + rusage_cpu_s(RUSAGE_SELF);
+    uint64_t t0 = kvh_now_ns();
+    for (unsigned t = 0; t < readers; t++)
+        if (pthread_create(&th[t], NULL, reader_run, &rd[t]) != 0)
+            die("pthread_create", strerror(errno));
+    for (unsigned t = 0; t < readers; t++)
+        pthread_join(th[t], NULL);
     /* The bench's own byte checks are not the daemon's time (the raw
      * figures have none). */
-    *read_ns = kvh_now_ns() - t0 - check_ns;
-    kvnode_close(c);
+    *read_ns = kvh_now_ns() - t0;
+    if (cpu_s)
+        *cpu_s = proc_cpu_s(d->pid) + rusage_cpu_s(RUSAGE_SELF) - cpu0;
+    for (unsigned t = 0; t < readers; t++) {
+        for (size_t q = 0; q < rd[t].ngets; q++) {
+            struct read_get *g = &rd[t].gets[q];
+            for (size_t k = 0; g->rc == 0 && k < g->got && !bad; k++)
+                if (memcmp(g->locs[k].ptr, src + ((g->at + k) % chain) * bb, bb) != 0) {
+                    fprintf(stderr, "kvnode-bench-persist: %s: block %zu reads back wrong\n", label, g->at + k);
+                    bad = 1;
+                }
+            if (g->rc == 0 && g->got)
+                kvnode_get_end(rd[t].c, g->lease);
+            if (g->rc != 0 || g->got != g->m) {
+                fprintf(stderr, "kvnode-bench-persist: %s: GET of %zu keys at %zu: rc %d, got %zu (%s)\n",
+                        label, g->m, g->at, g->rc, g->got, g->rc ? g->err : "short");
+                bad = 1;
+            }
+            free(g->locs);
+        }
+        free(rd[t].gets);
+        kvnode_close(rd[t].c);
+    }
     return bad;
 }
 
@@ -1126,7 +1223,7 @@ static int v6d_run(struct vrow *r, const unsigned char *src, size_t chain, unsig
     /* read: a new daemon knows nothing; GET looks the keys up and promotes them */
     char label[32];
     snprintf(label, sizeof label, "v6d workers=%u", r->workers);
-    if (read_back(&d, cfg, &l, keys, n, chain, src, bb, label, &r->read_ns) != 0)
+    if (read_back(&d, cfg, &l, keys, n, chain, 1, src, bb, label, &r->read_ns, NULL) != 0)
         bad = 1;
     struct sim_calls after;
     sim_calls(&sim, &after);
@@ -1203,7 +1300,20 @@ struct rrow {
     double raw_set, raw_get;     /* redis-benchmark requests per second */
     double raw_hits;             /* raw GETs that found their key */
     double raw_new;              /* raw SETs per second of new keys */
+    double raw_get_cpu, read_cpu;  /* CPU seconds: raw GETs (servers + redis-benchmark),
+                                    * kvnode's reads (servers + kvnoded + the bench) */
+    size_t raw_gets;             /* GETs in the raw run */
 };
+
+/* CPU seconds the cluster's servers have used. */
+static double redis_cpu_s(const struct rctl *r)
+{
+    double s = 0;
+    for (int i = 0; i < r->n; i++)
+        if (r->pids[i] > 0)
+            s += proc_cpu_s(r->pids[i]);
+    return s;
+}
 
 /* Keyspace hits and misses summed over the masters (INFO stats). */
 static void redis_hits(const struct rctl *r, unsigned long long *hits, unsigned long long *misses)
@@ -1319,7 +1429,7 @@ static void redis_flush(const struct rctl *r)
  * kvnode's figures include the engine's copies (put) and the bench's checks
  * (get). */
 static int raw_bench(const struct rctl *r, uint64_t bb, size_t n, double *set_rps, double *get_rps,
-                     double *new_rps, double *hit_rate, char *why, size_t whylen)
+                     double *new_rps, double *hit_rate, double *get_cpu, char *why, size_t whylen)
 {
     size_t per_master = (n + (size_t)r->n - 1) / (size_t)r->n;
     unsigned long long h0, m0, h1, m1;
@@ -1329,8 +1439,10 @@ static int raw_bench(const struct rctl *r, uint64_t bb, size_t n, double *set_rp
         raw_one(r, "set", bb, per_master, n * 4, set_rps, why, whylen) < 0)
         return -1;
     redis_hits(r, &h0, &m0);
+    double cpu0 = redis_cpu_s(r) + rusage_cpu_s(RUSAGE_CHILDREN);
     if (raw_one(r, "get", bb, per_master, n * 4, get_rps, why, whylen) < 0)
         return -1;
+    *get_cpu = redis_cpu_s(r) + rusage_cpu_s(RUSAGE_CHILDREN) - cpu0;
     redis_hits(r, &h1, &m1);
     if (h1 + m1 > h0 + m0)
         *hit_rate = (double)(h1 - h0) / (double)(h1 + m1 - h0 - m0);
@@ -1394,8 +1506,11 @@ static int redis_run(struct rrow *rw, const struct rctl *r, unsigned run)
     kvnode_close(obs);
     stop_daemon(&d);
 
-    if (!bad && read_back(&d, cfg, &l, keys, n, chain, src, bb, "redis", &rw->read_ns) != 0)
+    double srv0 = redis_cpu_s(r), own = 0;
+    if (!bad && read_back(&d, cfg, &l, keys, n, chain, REDIS_READERS, src, bb, "redis", &rw->read_ns, &own) != 0)
         bad = 1;
+    /* The servers idle while the daemon starts and the bench checks bytes. */
+    rw->read_cpu = own + redis_cpu_s(r) - srv0;
     stop_daemon(&d);
     free(keys);
     free(locs);
@@ -1424,7 +1539,7 @@ static int bench_redis(uint64_t target)
         rows[k] = (struct rrow){ .bb = sizes[k], .n = (size_t)(target / sizes[k]) };
         redis_flush(&r);
         if (raw_bench(&r, sizes[k], rows[k].n, &rows[k].raw_set, &rows[k].raw_get, &rows[k].raw_new,
-                      &rows[k].raw_hits, why, sizeof why) < 0) {
+                      &rows[k].raw_hits, &rows[k].raw_get_cpu, why, sizeof why) < 0) {
             printf("raw figures skipped: %s\n", why);
             rows[k].raw_set = rows[k].raw_get = 0;
         }
@@ -1450,12 +1565,25 @@ static int bench_redis(uint64_t target)
     }
     printf("  write/s = blocks per second from the first put until persist.written_blocks_total == blocks\n"
            "  (write-behind of new keys into the flushed cluster); read/s = GETs from a new daemon\n"
-           "  (lookups + promotions, bytes verified). raw = redis-benchmark --cluster -d <block> -c "
-           RAW_CLIENTS " -P " RAW_PIPELINE "\n"
-           "  on the same cluster in the same run, over blocks keys spread over the masters (-r):\n"
+           "  (store reads + promotions, %u reader threads, bytes verified untimed).\n"
+           "  raw = redis-benchmark --cluster -d <block> -c " RAW_CLIENTS " -P " RAW_PIPELINE
+           " on the same cluster in the same run,\n"
+           "  over blocks keys spread over the masters (-r):\n"
            "  raw SET/s = SETs replacing values of keys that exist, raw GET/s = GETs of keys that exist\n"
            "  (hits = GETs that found a value), new SET/s = SETs of new keys into the flushed cluster.\n"
-           "  write = write/s / raw SET/s, read = read/s / raw GET/s, w/new = write/s / new SET/s.\n\n");
+           "  write = write/s / raw SET/s, read = read/s / raw GET/s, w/new = write/s / new SET/s.\n\n",
+           REDIS_READERS);
+    /* What a GET costs in CPU, whatever else the machine runs: on a busy
+     * host the rates above move with the load, this much less. */
+    printf("%6s %12s %12s %7s\n", "block", "raw us/GET", "kvnode us/GET", "kv/raw");
+    for (size_t k = 0; k < 2; k++) {
+        double raw = rows[k].raw_get_cpu > 0 ? rows[k].raw_get_cpu * 1e6 / (double)(rows[k].n * 4) : 0;
+        double kv = rows[k].read_cpu * 1e6 / (double)rows[k].n;
+        printf("%5lluK %12.1f %13.1f %6.2fx\n", (unsigned long long)(rows[k].bb >> 10), raw, kv,
+               raw > 0 ? kv / raw : 0);
+    }
+    printf("  CPU seconds (user + system) per GET: raw = the 3 servers + redis-benchmark over its GETs;\n"
+           "  kvnode = the 3 servers + kvnoded + the bench's readers over the timed reads.\n\n");
     return bad;
 }
 

@@ -12,7 +12,7 @@
 #error "define BENCH_NAME before including bench_util.h"
 #endif
 
-static inline void die(const char *what, const char *detail)
+_Noreturn static inline void die(const char *what, const char *detail)
 {
     fprintf(stderr, BENCH_NAME ": %s: %s\n", what, detail);
     exit(1);

@@ -5,6 +5,9 @@
  *
  * - two daemons ("nodes": their own sockets, memory and admin ports): what
  *   A writes, B matches through lookups and reads byte-exact;
+ * - a GET of keys B does not know reads them without a lookup first and
+ *   keeps the prefix before the first block the cluster lacks; with a full
+ *   host tier it reads into free slots only and looks the rest up;
  * - blocks evicted from memory come back byte-exact from the cluster;
  * - a value overwritten with redis-cli is a counted corrupt read, the GET
  *   returns the prefix before it, and the value is deleted;
@@ -178,6 +181,97 @@ START_TEST(test_two_nodes_share)
                   strstr(body, "kvnode_persist_redis_map_refreshes_total "), "metrics lack the redis counters");
     free(body);
     json_decref(st);
+
+    kvnode_close(ca);
+    kvnode_close(cb);
+    KVH_STOP_DESTROY(&a);
+    KVH_STOP_DESTROY(&b);
+}
+END_TEST
+
+/* ---- a GET of unknown keys reads them at once ------------------------------------------ */
+
+/* B has never seen the keys, and the cluster lacks the fourth: B's GET
+ * reads the chain without an EXISTS round trip first (lookups_total stays
+ * 0, one lookup read), returns the three blocks before the gap byte-exact,
+ * and keeps only those: the blocks read after the gap are let go, and the
+ * keys after it stay unknown (a MATCH asks the store again). */
+START_TEST(test_get_reads_unknown_keys_without_lookup)
+{
+    kvh_daemon a, b;
+    char conf[1024];
+    redis_conf(conf, sizeof conf, cl.seeds, NULL);
+    KVH_START(&a, conf);
+    kvnode_layout lay = kvh_layout("rd-probe", BB, 1, 0);
+    kvnode_client *ca, *cb;
+    KVH_CONNECT(&a, &lay, &ca);
+    kvnode_key k[8];
+    kvh_chain(k, 8, 150);
+    KVH_PUT_OK(ca, k, 3, 9);
+    KVH_PUT_OK(ca, k + 4, 4, 9);   /* k[3] is never written */
+    wait_ge(&a, "persist.written_blocks_total", 7, 10000);
+
+    KVH_START(&b, conf);
+    KVH_CONNECT(&b, &lay, &cb);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(cb, k, 8, 9), 3);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.lookup_reads_total"), 1);
+    ck_assert_int_eq(stat_int(&b, "persist.lookup_found_total"), 3);
+    ck_assert_int_eq(stat_int(&b, "persist.promotions_ok_total"), 3);
+    /* All eight were read in one go: seven found, the gap a miss. */
+    ck_assert_int_eq(wait_ge(&b, "persist.read_blocks_total", 7, 5000), 7);
+    ck_assert_int_eq(stat_int(&b, "persist.read_misses_total"), 1);
+    ck_assert_int_eq(stat_int(&b, "tiers.host.blocks"), 3);
+    ck_assert_int_eq(stat_int(&b, "tiers.host.used_bytes"), 3 * (long long)BB);
+    /* MATCH still asks the store (EXISTS): the prefix ends at the gap. */
+    kvnode_tiers t = KVH_TIERS(cb, k, 8);
+    ck_assert_msg(t.matched == 3 && t.host == 3, "matched %zu (host %zu)", t.matched, t.host);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 1);
+    /* Again: the blocks in memory are served from it, the rest read again. */
+    ck_assert_uint_eq(KVH_GET_VERIFIED(cb, k, 8, 9), 3);
+    ck_assert_int_eq(stat_int(&b, "persist.lookup_reads_total"), 2);
+    ck_assert_int_eq(stat_int(&b, "tiers.host.blocks"), 3);
+
+    kvnode_close(ca);
+    kvnode_close(cb);
+    KVH_STOP_DESTROY(&a);
+    KVH_STOP_DESTROY(&b);
+}
+END_TEST
+
+/* A full host tier: the GET reads unknown keys into free slots only (it
+ * evicts nothing for a block not known to exist), looks the rest up, and
+ * promotes those the usual way; the whole chain comes back, no read missed. */
+START_TEST(test_get_unknown_keys_full_tier)
+{
+    kvh_daemon a, b;
+    char conf[1024];
+    redis_conf(conf, sizeof conf, cl.seeds, NULL);
+    KVH_START(&a, conf);
+    kvnode_layout lay = kvh_layout("rd-probe-full", BB, 1, 0);
+    kvnode_client *ca, *cb;
+    KVH_CONNECT(&a, &lay, &ca);
+    kvnode_key k[16], fill[64];
+    kvh_chain(k, 16, 160);
+    KVH_PUT_OK(ca, k, 16, 3);
+    wait_ge(&a, "persist.written_blocks_total", 16, 10000);
+
+    KVH_START(&b, conf);
+    KVH_CONNECT(&b, &lay, &cb);
+    /* B's tier full of its own blocks (written through, so evictable). */
+    kvh_chain(fill, 64, 161);
+    for (size_t i = 0; i < 64; i += 8)
+        KVH_PUT_OK(cb, fill + i, 8, 4);
+    wait_ge(&b, "persist.written_blocks_total", 64, 10000);
+    wait_idle(&b, 10000);
+    long long free_slots = 64 - stat_int(&b, "tiers.host.blocks");
+    ck_assert_msg(free_slots < 16, "%lld free slots: the tier is not full", free_slots);
+
+    ck_assert_uint_eq(KVH_GET_VERIFIED(cb, k, 16, 3), 16);
+    ck_assert_int_le(stat_int(&b, "persist.lookup_reads_total"), 1);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 1);
+    ck_assert_int_eq(stat_int(&b, "persist.read_misses_total"), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.promotions_ok_total"), 16);
 
     kvnode_close(ca);
     kvnode_close(cb);
@@ -566,6 +660,8 @@ int main(void)
     TCase *tc = tcase_create("cluster");
     tcase_add_unchecked_fixture(tc, cluster_setup, cluster_teardown);
     tcase_add_test(tc, test_two_nodes_share);
+    tcase_add_test(tc, test_get_reads_unknown_keys_without_lookup);
+    tcase_add_test(tc, test_get_unknown_keys_full_tier);
     tcase_add_test(tc, test_round_trip_after_eviction);
     tcase_add_test(tc, test_corrupt_value_counted);
     tcase_add_test(tc, test_check_words_across_nodes);

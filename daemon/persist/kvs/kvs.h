@@ -122,6 +122,10 @@ struct kvs_backend {
      * the protocol discards unsealed ones only): the caller must hide deleted
      * keys itself (persist's tombstones). */
     bool keeps_deleted;
+    /* A read of an absent block is answered (KVS_MISS) as cheaply as exists
+     * answers it, in the same pipelined batch (redis: GET replies nil): the
+     * caller may read keys it does not know instead of asking exists first. */
+    bool reads_find;
 };
 
 /* The backends (kvs_backend_find() knows them by name). */
