@@ -415,7 +415,8 @@ START_TEST(test_negative_cache_expires)
 }
 END_TEST
 
-/* lookup_negative_ttl = 0: nothing is cached, every MATCH looks up. */
+/* lookup_negative_ttl = 0: nothing is cached, every MATCH looks up. The
+ * option is reloadable: raised by a reload, the next miss is cached. */
 START_TEST(test_negative_cache_off)
 {
     kvh_daemon b;
@@ -431,6 +432,16 @@ START_TEST(test_negative_cache_off)
         ck_assert_int_eq(kvh_match(cb, k, 4), 0);
     ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 3);
     ck_assert_int_eq(stat_int(&b, NEG_HITS), 0);
+
+    char *not_applied = (char *)1;
+    redis_conf(conf, sizeof conf, cl.seeds, "persist.lookup_negative_ttl=1h\n");
+    ck_assert_int_eq(kvh_rewrite_config(&b, conf), 0);
+    KVH_OK(cb, kvnode_reload(cb, &not_applied));
+    ck_assert_msg(not_applied == NULL, "not applied: %s", not_applied);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(kvh_match(cb, k, 4), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 4);
+    ck_assert_int_eq(stat_int(&b, NEG_HITS), 2);
     kvnode_close(cb);
     KVH_STOP_DESTROY(&b);
 }
