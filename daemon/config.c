@@ -158,6 +158,10 @@ static const struct opt_def config_options[] = {
     { "persist", "timeout", &T_DURATION, "5s", FIELD(persist_timeout_ms), .min = 10, .max = 10 * MS_PER_M,
       .restart = true },
     { "persist", "lookup", &T_ENUM, "auto", FIELD(persist_lookup), NAMES(lookup_names), .restart = true },
+    /* Reloadable: the cache reads it at each MATCH/GET, the misses it holds
+     * keep their age, so a new value applies to them at once. */
+    { "persist", "lookup_negative_ttl", &T_DURATION, "1s", FIELD(persist_lookup_negative_ttl_ms), .min = 0,
+      .max = MS_PER_H },
     { "persist", "object_namespace", &T_TEXT, "rtp_llm", FIELD(persist_object_namespace), .restart = true },
     { "persist", "tombstones", &T_COUNT, "65536", FIELD(persist_tombstones), .min = 0, .max = 16777216,
       .restart = true },

@@ -131,6 +131,8 @@ struct kvn_config {
     uint32_t persist_timeout_ms;            /* v6d: bound on one store call (restart) */
     int      persist_lookup;         /* CONFIG_LOOKUP_*: ask the store about keys the index
                                         lacks (auto: only for stores no scan can enumerate) */
+    uint32_t persist_lookup_negative_ttl_ms; /* how long a store miss is remembered, so the same
+                                        unknown key is not asked about again; 0: never (reloadable) */
     char     persist_object_namespace[CONFIG_OBJECT_NS_MAX]; /* v6d: first part of every object
                                         key, rtp-llm's kvs_object_namespace (restart) */
     uint32_t persist_tombstones;     /* deleted keys hidden from lookups when the store cannot

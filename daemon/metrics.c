@@ -382,6 +382,10 @@ static void render_persist(struct evbuffer *out, const struct cache_persist_stat
     family(out, "kvnode_persist_lookup_reads_total", "counter",
            "GETs' runs of unknown keys read from the store at once, without a lookup first (redis).");
     sample_u(out, "kvnode_persist_lookup_reads_total", NULL, p->lookup_reads);
+    family(out, "kvnode_persist_lookup_negative_hits_total", "counter",
+           "Runs of unknown keys that ended without a store round trip: the store lacked the first "
+           "less than [persist] lookup_negative_ttl ago.");
+    sample_u(out, "kvnode_persist_lookup_negative_hits_total", NULL, p->lookup_negative_hits);
     family(out, "kvnode_persist_waits_total", "counter",
            "Requests whose answer waited for the store, and those answered at server.request_timeout.");
     sample_u(out, "kvnode_persist_waits_total", L("result", "waited"), p->waits);

@@ -248,6 +248,7 @@ static void persist_json(const struct cache_persist_stats *p, json_t *root)
     set(o, "lookups_total", ju(p->lookups));
     set(o, "lookup_found_total", ju(p->lookup_found));
     set(o, "lookup_reads_total", ju(p->lookup_reads));
+    set(o, "lookup_negative_hits_total", ju(p->lookup_negative_hits));
     set(o, "waits_total", ju(p->waits));
     set(o, "wait_timeouts_total", ju(p->wait_timeouts));
     set(rec, "running", json_boolean(pc->scan_running));

@@ -273,6 +273,7 @@ struct cache_persist_stats {
     uint64_t write_retries, retry_pending, put_waits, put_wait_timeouts;
     uint64_t promotions, promotions_ok, promotions_failed, lookups, lookup_found;
     uint64_t lookup_reads;           /* GETs' runs of unknown keys read without a lookup first */
+    uint64_t lookup_negative_hits;   /* runs of unknown keys ended by a cached store miss */
     uint64_t waits, wait_timeouts;
     uint64_t recovered, recovery_skipped;  /* blocks the recovery scan indexed / skipped */
     bool has_recovery_seconds;       /* the scan started: recovery_seconds is set */

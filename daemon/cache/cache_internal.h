@@ -30,6 +30,7 @@
 #include "mem/index.h"
 #include "mem/keylock.h"
 #include "mem/numa.h"
+#include "cache/negcache.h"
 #include "counters.h"
 
 /* The host arena's id; HBM arenas follow it (1, 2, ...). */
@@ -84,6 +85,7 @@ struct cache {
     uint64_t namespace_quota;   /* host-tier bytes per namespace, 0: none */
     int policy;                 /* CONFIG_POLICY_* */
     uint32_t request_timeout_ms;
+    uint64_t negative_ttl_ms;   /* [persist] lookup_negative_ttl, 0: misses are not cached */
 
     struct persist *persist;    /* NULL: no store */
     cache_block_fn observer;    /* completeness changes (KVCM), NULL: none */
@@ -126,6 +128,8 @@ struct cache {
     uint64_t promotions, promotions_ok, promotions_failed;
     uint64_t lookups, lookup_found;
     uint64_t lookup_reads;      /* GETs' runs of unknown keys read at once, no lookup first */
+    uint64_t lookup_negative_hits;  /* runs of unknown keys the negative cache ended */
+    struct negcache *negcache;  /* store misses (first used lazily), NULL: none yet */
     uint64_t waits, wait_timeouts;
     uint64_t recovered, recovery_skipped;
     uint64_t hbm_reserved, hbm_fallbacks;   /* HBM puts: slots in HBM, sent to host instead */
@@ -277,6 +281,12 @@ int cache_lookup_submit(struct cache *c, struct cache_wait *w, size_t from);
 /* Read the keys the index does not know from w->keys[from] into host slots
  * (a store whose reads find: persist_reads_find). 0 when sent. */
 int cache_probe_submit(struct cache *c, struct cache_wait *w, size_t from);
+/* Whether the store said less than [persist] lookup_negative_ttl ago that it
+ * lacks (key, check) in ns: the run of unknown keys from it ends there with
+ * no round trip (counted in lookup_negative_hits). */
+bool cache_negative_hit(struct cache *c, const struct kv_namespace *ns, int64_t key, uint64_t check);
+/* A local put made (key, check) exist in ns: forget its cached miss. */
+void cache_negative_forget(struct cache *c, const struct kv_namespace *ns, int64_t key, uint64_t check);
 /* A ghost read back into a host slot (0: on its way); w waits for e's. */
 int cache_promote(struct cache *c, struct kv_namespace *ns, struct index_entry *e);
 int cache_promo_wait(struct cache_wait *w, struct index_entry *e);

@@ -223,6 +223,7 @@ void cache_destroy(struct cache *c)
         free(r);
     }
     keylock_destroy(c->keylocks);
+    negcache_destroy(c->negcache);
     if (c->leases)
         lease_table_destroy(c->leases);
     if (c->index)
@@ -253,6 +254,8 @@ void cache_apply_config(struct cache *c, const struct kvn_config *cfg)
         (void)index_ns_reserve(c->index, cfg->max_namespaces + 1u);
     c->policy = cfg->persist_policy;
     c->request_timeout_ms = cfg->request_timeout_ms;
+    /* Applies to the misses already cached too (their age is kept): no sweep. */
+    c->negative_ttl_ms = cfg->persist_lookup_negative_ttl_ms;
     c->hbm_high = cfg->hbm_high_watermark;
     c->hbm_low = cfg->hbm_low_watermark;
     c->hbm_batch_bytes = cfg->hbm_copy_batch_bytes;

@@ -166,6 +166,9 @@ int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
             }
             e->persist = PERSIST_NONE;
             e->check = cache_check_at(checks, i);
+            /* Another node's miss cached here must not hide our own block
+             * once this put ends (aborted: the next MATCH asks again). */
+            cache_negative_forget(c, ns, keys[i], e->check);
         }
         e->state = ENTRY_WRITING;
         e->tier = in_hbm ? KVNODE_TIER_HBM : KVNODE_TIER_HOST;

@@ -102,8 +102,10 @@ int cache_match_start(struct cache *c, struct kv_namespace *ns, const int64_t *k
     size_t m = cache_match_scan(c, ns, keys, checks, n, out, &miss, &mismatch);
 
     *wait = NULL;
-    /* A key the index holds under another word is not the store's to find. */
-    if (m < n && !miss && !mismatch && ready && cache_may_lookup(c)) {
+    /* A key the index holds under another word is not the store's to find;
+     * one the store lacked a moment ago is not asked about again. */
+    if (m < n && !miss && !mismatch && ready && cache_may_lookup(c) &&
+        !cache_negative_hit(c, ns, keys[m], cache_check_at(checks, m))) {
         struct cache_wait tmp = { .c = c, .kind = WAIT_MATCH, .ns = ns, .keys = keys,
                                   .checks = checks, .n = n, .ready = ready, .arg = arg };
         struct cache_wait *w = cache_wait_heap(&tmp);
@@ -159,7 +161,8 @@ void cache_get_walk(struct cache *c, struct cache_wait **wp)
             /* Held under another word: the prefix ends (counted at the fill). */
             if (mismatch)
                 break;
-            if (w->may_wait && !w->looked_up && cache_may_lookup(c)) {
+            if (w->may_wait && !w->looked_up && cache_may_lookup(c) &&
+                !cache_negative_hit(c, w->ns, w->keys[i], cache_check_at(w->checks, i))) {
                 struct cache_wait *h = cache_wait_heap(w);
                 if (h) {
                     *wp = w = h;

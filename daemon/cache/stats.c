@@ -43,6 +43,7 @@ static void cache_persist_stats(struct cache *c, struct cache_persist_stats *o)
     o->lookups = c->lookups;
     o->lookup_found = c->lookup_found;
     o->lookup_reads = c->lookup_reads;
+    o->lookup_negative_hits = c->lookup_negative_hits;
     o->waits = c->waits;
     o->wait_timeouts = c->wait_timeouts;
     o->recovered = c->recovered;
@@ -266,6 +267,7 @@ static void cache_persist_stats_add(struct cache_persist_stats *sum, const struc
     sum->lookups += x->lookups;
     sum->lookup_found += x->lookup_found;
     sum->lookup_reads += x->lookup_reads;
+    sum->lookup_negative_hits += x->lookup_negative_hits;
     sum->waits += x->waits;
     sum->wait_timeouts += x->wait_timeouts;
     sum->recovered += x->recovered;

@@ -368,6 +368,35 @@ bool cache_reads_find(const struct cache *c)
     return persist_reads_find(c->persist);
 }
 
+/* --- misses remembered (negcache) -------------------------------------------- */
+
+bool cache_negative_hit(struct cache *c, const struct kv_namespace *ns, int64_t key, uint64_t check)
+{
+    if (!c->negcache || c->negative_ttl_ms == 0 ||
+        !negcache_hit(c->negcache, ns->id, key, check, clock_now_ms(), c->negative_ttl_ms))
+        return false;
+    c->lookup_negative_hits++;
+    return true;
+}
+
+void cache_negative_forget(struct cache *c, const struct kv_namespace *ns, int64_t key, uint64_t check)
+{
+    if (c->negcache)
+        negcache_remove(c->negcache, ns->id, key, check);
+}
+
+/* The store said it lacks (key, check): remember it for a while, unless
+ * the index has come to know the key meanwhile (a local put). */
+static void cache_negative_note(struct cache *c, const struct kv_namespace *ns, int64_t key,
+                                uint64_t check)
+{
+    if (c->negative_ttl_ms == 0 || index_lookup(c->index, ns->id, key))
+        return;
+    if (!c->negcache && negcache_create(NEGCACHE_CAPACITY, &c->negcache) < 0)
+        return;   /* out of memory: misses are asked about again */
+    negcache_insert(c->negcache, ns->id, key, check, clock_now_ms());
+}
+
 /* --- lookups of keys the index does not know ---------------------------------- */
 
 /* A lookup of keys the index does not know. */
@@ -408,8 +437,13 @@ static void cache_lookup_done(void *arg, int rc)
     struct cache_wait *w = lk->w;
     struct cache *c = w->c;
 
-    if (rc == 0)
-        c->lookup_found += cache_index_found(c, w->ns, lk->keys, lk->checks, lk->present, lk->n);
+    if (rc == 0) {
+        size_t found = cache_index_found(c, w->ns, lk->keys, lk->checks, lk->present, lk->n);
+        c->lookup_found += found;
+        /* Where the store's run ends: the next MATCH of it need not ask. */
+        if (found < lk->n && !lk->present[found])
+            cache_negative_note(c, w->ns, lk->keys[found], cache_check_at(lk->checks, found));
+    }
     free(lk);
     /* A GET goes on walking with what the lookup found (promotions). */
     if (rc == 0 && w->kind == WAIT_GET && !w->answered && !w->finished)
@@ -483,6 +517,10 @@ static void cache_probe_done(struct cache_probe *p)
         struct probe_item *it = &p->items[i];
         if (it->rc != 0)
             w->looked_up = true;   /* the store has answered where the prefix ends */
+        /* The first block the store lacks (absent, another word, corrupt and
+         * deleted) ends the run: remember it; a failed read is no answer. */
+        if (prefix && (it->rc == KVS_MISS || it->rc == KVS_CORRUPT))
+            cache_negative_note(c, ns, it->key, it->check);
         if (!prefix || it->rc != 0) {
             prefix = false;   /* a block after a missing one is not returned */
             cache_probe_slot_free(c, ns, it->offset);

@@ -195,12 +195,13 @@ END_TEST
  * reads the chain without an EXISTS round trip first (lookups_total stays
  * 0, one lookup read), returns the three blocks before the gap byte-exact,
  * and keeps only those: the blocks read after the gap are let go, and the
- * keys after it stay unknown (a MATCH asks the store again). */
+ * keys after it stay unknown (a MATCH asks the store again: misses are not
+ * cached here, lookup_negative_ttl = 0; test_negative_cache_* cache them). */
 START_TEST(test_get_reads_unknown_keys_without_lookup)
 {
     kvh_daemon a, b;
     char conf[1024];
-    redis_conf(conf, sizeof conf, cl.seeds, NULL);
+    redis_conf(conf, sizeof conf, cl.seeds, "persist.lookup_negative_ttl=0\n");
     KVH_START(&a, conf);
     kvnode_layout lay = kvh_layout("rd-probe", BB, 1, 0);
     kvnode_client *ca, *cb;
@@ -276,6 +277,172 @@ START_TEST(test_get_unknown_keys_full_tier)
     kvnode_close(ca);
     kvnode_close(cb);
     KVH_STOP_DESTROY(&a);
+    KVH_STOP_DESTROY(&b);
+}
+END_TEST
+
+/* ---- store misses cached ([persist] lookup_negative_ttl) -------------------------------- */
+
+#define NEG_HITS "persist.lookup_negative_hits_total"
+
+/* A TTL far longer than the test: within it, a MATCH or GET of a chain
+ * whose first unknown key the store lacked makes no round trip (EXISTS or
+ * read), answers the same, and is counted; it hides a copy another node
+ * wrote meanwhile. A local put of the key (even one aborted) forgets the
+ * miss: the next MATCH asks the store and finds the other node's copy. */
+START_TEST(test_negative_cache_within_ttl)
+{
+    kvh_daemon a, b;
+    char conf[1024];
+    redis_conf(conf, sizeof conf, cl.seeds, "persist.lookup_negative_ttl=1h\n");
+    KVH_START(&a, conf);
+    KVH_START(&b, conf);
+    kvnode_layout lay = kvh_layout("rd-neg", BB, 1, 0);
+    kvnode_client *ca, *cb;
+    KVH_CONNECT(&a, &lay, &ca);
+    KVH_CONNECT(&b, &lay, &cb);
+    kvnode_key k[8], d[8];
+    kvh_chain(k, 8, 170);
+    kvh_chain(d, 8, 171);
+
+    ck_assert_int_eq(kvh_match(cb, k, 8), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 1);
+    ck_assert_int_eq(stat_int(&b, NEG_HITS), 0);
+    /* Again: the same answer, no lookup, one negative hit. */
+    ck_assert_int_eq(kvh_match(cb, k, 8), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 1);
+    ck_assert_int_eq(stat_int(&b, NEG_HITS), 1);
+    /* A GET neither reads (redis reads unknown keys at once) nor looks up. */
+    ck_assert_uint_eq(KVH_GET_VERIFIED(cb, k, 8, 5), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.lookup_reads_total"), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 1);
+    ck_assert_int_eq(stat_int(&b, "persist.read_blocks_total"), 0);
+    ck_assert_int_eq(stat_int(&b, NEG_HITS), 2);
+
+    /* A GET's miss is cached as well: the first read came back nil. */
+    ck_assert_uint_eq(KVH_GET_VERIFIED(cb, d, 8, 6), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.lookup_reads_total"), 1);
+    ck_assert_int_eq(kvh_match(cb, d, 8), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 1);
+    ck_assert_int_eq(stat_int(&b, NEG_HITS), 3);
+
+    /* A writes both chains: within the TTL, B's cached misses hide them. */
+    KVH_PUT_OK(ca, k, 8, 5);
+    KVH_PUT_OK(ca, d, 8, 6);
+    wait_ge(&a, "persist.written_blocks_total", 16, 10000);
+    ck_assert_int_eq(kvh_match(cb, k, 8), 0);
+    ck_assert_int_eq(stat_int(&b, NEG_HITS), 4);
+
+    /* B reserves k[0] and aborts: the miss is forgotten, the lookup finds A's chain. */
+    kvnode_lease lease = 0;
+    kvnode_loc loc[1];
+    KVH_OK(cb, kvnode_put_begin(cb, k, 1, KVNODE_TIER_HOST, &lease, loc));
+    ck_assert(lease != 0);
+    KVH_OK(cb, kvnode_put_abort(cb, lease));
+    kvnode_tiers t = KVH_TIERS(cb, k, 8);
+    ck_assert_msg(t.matched == 8 && t.store == 8, "B matched %zu (store %zu)", t.matched, t.store);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 2);
+    ck_assert_int_eq(stat_int(&b, NEG_HITS), 4);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(cb, k, 8, 5), 8);
+
+    /* B puts d[0] itself: visible at once, and the rest of d is looked up. */
+    KVH_PUT_OK(cb, d, 1, 6);
+    t = KVH_TIERS(cb, d, 8);
+    ck_assert_msg(t.matched == 8 && t.host == 1 && t.store == 7, "B matched %zu (host %zu, store %zu)",
+                  t.matched, t.host, t.store);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 3);
+    ck_assert_int_eq(stat_int(&b, NEG_HITS), 4);
+
+    json_t *st = kvh_stats(&b);
+    const char *admin = json_string_value(json_object_get(st, "admin"));
+    ck_assert_ptr_nonnull(admin);
+    char *body = NULL;
+    ck_assert_int_eq(kvh_http_req(admin, NULL, "/metrics", &body, NULL, 0), 200);
+    ck_assert_msg(strstr(body, "\nkvnode_persist_lookup_negative_hits_total 4\n"),
+                  "metrics lack kvnode_persist_lookup_negative_hits_total 4");
+    free(body);
+    json_decref(st);
+
+    kvnode_close(ca);
+    kvnode_close(cb);
+    KVH_STOP_DESTROY(&a);
+    KVH_STOP_DESTROY(&b);
+}
+END_TEST
+
+/* A short TTL: a miss is asked about again once it has aged out, and a
+ * chain another node writes after B cached the miss becomes visible on B
+ * within the TTL (plus a margin for the write and the poll). */
+START_TEST(test_negative_cache_expires)
+{
+    enum { TTL_MS = 200 };
+    kvh_daemon a, b;
+    char conf[1024];
+    redis_conf(conf, sizeof conf, cl.seeds, "persist.lookup_negative_ttl=200ms\n");
+    KVH_START(&a, conf);
+    KVH_START(&b, conf);
+    kvnode_layout lay = kvh_layout("rd-neg-ttl", BB, 1, 0);
+    kvnode_client *ca, *cb;
+    KVH_CONNECT(&a, &lay, &ca);
+    KVH_CONNECT(&b, &lay, &cb);
+    kvnode_key k[8];
+    kvh_chain(k, 8, 180);
+
+    ck_assert_int_eq(kvh_match(cb, k, 8), 0);
+    long long lookups = stat_int(&b, "persist.lookups_total");
+    ck_assert_int_eq(lookups, 1);
+    kvh_sleep_ms(2 * TTL_MS);
+    ck_assert_int_eq(kvh_match(cb, k, 8), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), lookups + 1);
+
+    /* A writes the chain right after B cached the miss again. */
+    KVH_PUT_OK(ca, k, 8, 3);
+    wait_ge(&a, "persist.written_blocks_total", 8, 10000);
+    uint64_t written = kvh_now_ms(), deadline = written + TTL_MS + 5000;
+    long long m;
+    while ((m = kvh_match(cb, k, 8)) != 8) {
+        ck_assert_int_eq(m, 0);
+        ck_assert_msg(kvh_now_ms() < deadline, "B still matches 0 %llu ms after A's write",
+                      (unsigned long long)(kvh_now_ms() - written));
+        kvh_sleep_ms(20);
+    }
+    ck_assert_uint_eq(KVH_GET_VERIFIED(cb, k, 8, 3), 8);
+
+    kvnode_close(ca);
+    kvnode_close(cb);
+    KVH_STOP_DESTROY(&a);
+    KVH_STOP_DESTROY(&b);
+}
+END_TEST
+
+/* lookup_negative_ttl = 0: nothing is cached, every MATCH looks up. The
+ * option is reloadable: raised by a reload, the next miss is cached. */
+START_TEST(test_negative_cache_off)
+{
+    kvh_daemon b;
+    char conf[1024];
+    redis_conf(conf, sizeof conf, cl.seeds, "persist.lookup_negative_ttl=0\n");
+    KVH_START(&b, conf);
+    kvnode_layout lay = kvh_layout("rd-neg-off", BB, 1, 0);
+    kvnode_client *cb;
+    KVH_CONNECT(&b, &lay, &cb);
+    kvnode_key k[4];
+    kvh_chain(k, 4, 190);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(kvh_match(cb, k, 4), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 3);
+    ck_assert_int_eq(stat_int(&b, NEG_HITS), 0);
+
+    char *not_applied = (char *)1;
+    redis_conf(conf, sizeof conf, cl.seeds, "persist.lookup_negative_ttl=1h\n");
+    ck_assert_int_eq(kvh_rewrite_config(&b, conf), 0);
+    KVH_OK(cb, kvnode_reload(cb, &not_applied));
+    ck_assert_msg(not_applied == NULL, "not applied: %s", not_applied);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(kvh_match(cb, k, 4), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 4);
+    ck_assert_int_eq(stat_int(&b, NEG_HITS), 2);
+    kvnode_close(cb);
     KVH_STOP_DESTROY(&b);
 }
 END_TEST
@@ -665,6 +832,9 @@ int main(void)
     tcase_add_test(tc, test_round_trip_after_eviction);
     tcase_add_test(tc, test_corrupt_value_counted);
     tcase_add_test(tc, test_check_words_across_nodes);
+    tcase_add_test(tc, test_negative_cache_within_ttl);
+    tcase_add_test(tc, test_negative_cache_expires);
+    tcase_add_test(tc, test_negative_cache_off);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     tc = tcase_create("faults");

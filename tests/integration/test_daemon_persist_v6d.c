@@ -1418,6 +1418,57 @@ START_TEST(test_check_words_object_keys)
 }
 END_TEST
 
+/* Store misses cached (lookup_negative_ttl) on v6d: two nodes on one
+ * simulated store. B's second MATCH of a chain nobody wrote makes no lookup
+ * (a negative hit); A writes the chain; within the TTL B still answers 0
+ * without asking, after it B looks up again and finds all of it. */
+START_TEST(test_negative_cache_v6d)
+{
+    enum { TTL_MS = 300 };
+    struct simctl s;
+    kvh_daemon a, b;
+    char wt[1024], nb[1024];
+    sim_start(&s, NULL);
+    v6d_conf(wt, sizeof wt, &s, "persist.policy=write_through\n");
+    v6d_conf(nb, sizeof nb, &s, "persist.lookup_negative_ttl=300ms\n");
+    KVH_START(&a, wt);
+    KVH_START(&b, nb);
+    kvnode_layout lay = kvh_layout("v6d-neg", BB, 1, 0);
+    kvnode_client *ca, *cb;
+    KVH_CONNECT(&a, &lay, &ca);
+    KVH_CONNECT(&b, &lay, &cb);
+    kvnode_key k[6];
+    kvh_chain(k, 6, 7100);
+
+    ck_assert_int_eq(kvh_match(cb, k, 6), 0);
+    ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 1);
+    uint64_t cached = kvh_now_ms();
+    ck_assert_int_eq(kvh_match(cb, k, 6), 0);
+    if (kvh_now_ms() - cached < TTL_MS) {   /* a stalled host may have let it age out */
+        ck_assert_int_eq(stat_int(&b, "persist.lookups_total"), 1);
+        ck_assert_int_eq(stat_int(&b, "persist.lookup_negative_hits_total"), 1);
+    }
+    KVH_PUT_OK(ca, k, 6, 31);
+    wait_eq(&a, "persist.written_blocks_total", 6, 5000);
+    /* Visible on B once the miss has aged out (TTL plus a margin). */
+    uint64_t deadline = kvh_now_ms() + TTL_MS + 5000;
+    long m;
+    while ((m = kvh_match(cb, k, 6)) != 6) {
+        ck_assert_int_eq(m, 0);
+        ck_assert_msg(kvh_now_ms() < deadline, "B still matches 0 long after the TTL");
+        kvh_sleep_ms(20);
+    }
+    ck_assert_int_ge(stat_int(&b, "persist.lookups_total"), 2);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(cb, k, 6, 31), 6);
+
+    kvnode_close(ca);
+    kvnode_close(cb);
+    KVH_STOP_DESTROY(&a);
+    KVH_STOP_DESTROY(&b);
+    simctl_stop_ok(&s);
+}
+END_TEST
+
 /* The engines name the same deployment id of their own (rtp-llm's
  * kvs_deployment_id): still one per tenant in the store. */
 START_TEST(test_tenants_apart_with_the_engines_deployment_id)
@@ -1450,6 +1501,7 @@ int main(void)
         { "tenants", test_tenants_keep_their_objects_apart, 60 },
         { "tenants_engine_id", test_tenants_apart_with_the_engines_deployment_id, 60 },
         { "check_words", test_check_words_object_keys, 30 },
+        { "negative_cache", test_negative_cache_v6d, 30 },
     };
     Suite *suite = suite_create("daemon_persist_v6d");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -174,6 +174,7 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_uint_eq(a->persist_connect_timeout_ms, b->persist_connect_timeout_ms);
     ck_assert_uint_eq(a->persist_timeout_ms, b->persist_timeout_ms);
     ck_assert_int_eq(a->persist_lookup, b->persist_lookup);
+    ck_assert_uint_eq(a->persist_lookup_negative_ttl_ms, b->persist_lookup_negative_ttl_ms);
     ck_assert_str_eq(a->persist_object_namespace, b->persist_object_namespace);
     ck_assert_uint_eq(a->persist_tombstones, b->persist_tombstones);
     ck_assert_int_eq(a->kvcm.enabled, b->kvcm.enabled);
@@ -238,7 +239,7 @@ static const char *const all_options[][2] = {
     { "persist", "fsync" }, { "persist", "segment_bytes" }, { "persist", "direct_io" },
     { "persist", "workers" }, { "persist", "queue" }, { "persist", "url" },
     { "persist", "socket_path" }, { "persist", "connect_timeout" }, { "persist", "timeout" },
-    { "persist", "lookup" }, { "persist", "object_namespace" }, { "persist", "tombstones" },
+    { "persist", "lookup" }, { "persist", "lookup_negative_ttl" }, { "persist", "object_namespace" }, { "persist", "tombstones" },
     { "persist", "nodes" }, { "persist", "user" }, { "persist", "password_file" },
     { "kvs_server", "enabled" }, { "kvs_server", "listen" }, { "kvs_server", "socket_path" },
     { "kvs_server", "max_body_bytes" }, { "kvs_server", "max_keys" }, { "kvs_server", "max_leases" },
@@ -315,6 +316,7 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(c.persist_connect_timeout_ms, 1000);
     ck_assert_uint_eq(c.persist_timeout_ms, 5000);
     ck_assert_int_eq(c.persist_lookup, CONFIG_LOOKUP_AUTO);
+    ck_assert_uint_eq(c.persist_lookup_negative_ttl_ms, 1000);
     ck_assert_str_eq(c.persist_object_namespace, "rtp_llm");   /* rtp-llm's kvs_object_namespace */
     ck_assert_uint_eq(c.persist_tombstones, 65536);
     /* [kvs_server]: off; rtp-llm's default KVS_V6D_URL port and lease term. */
@@ -538,6 +540,9 @@ static const struct good_case good_cases[] = {
     { "persist", "lookup", "auto", OFF(persist_lookup), F_INT, .u = CONFIG_LOOKUP_AUTO },
     { "persist", "lookup", "on", OFF(persist_lookup), F_INT, .u = CONFIG_LOOKUP_ON },
     { "persist", "lookup", "OFF", OFF(persist_lookup), F_INT, .u = CONFIG_LOOKUP_OFF },
+    { "persist", "lookup_negative_ttl", "0", OFF(persist_lookup_negative_ttl_ms), F_U32, .u = 0 },
+    { "persist", "lookup_negative_ttl", "200ms", OFF(persist_lookup_negative_ttl_ms), F_U32, .u = 200 },
+    { "persist", "lookup_negative_ttl", "1h", OFF(persist_lookup_negative_ttl_ms), F_U32, .u = 3600000 },
     { "persist", "object_namespace", "kvnode", OFF(persist_object_namespace), F_STR, .s = "kvnode" },
     { "persist", "object_namespace", "rtp_llm", OFF(persist_object_namespace), F_STR, .s = "rtp_llm" },
     { "persist", "tombstones", "0", OFF(persist_tombstones), F_U32, .u = 0 },
@@ -818,6 +823,8 @@ static const struct bad_case bad_cases[] = {
     { "persist", "timeout", "0", "out of range (expected 10ms..10m)" },
     { "persist", "timeout", "11m", "'11m'" },
     { "persist", "lookup", "yes", "invalid value 'yes' (expected auto, on or off)" },
+    { "persist", "lookup_negative_ttl", "61m", "out of range (expected 0s..1h)" },
+    { "persist", "lookup_negative_ttl", "-1s", "'-1s'" },
     { "persist", "tombstones", "16777217", "0..16777216" },
     { "persist", "object_namespace", "rtp llm", "blanks and control characters are not allowed" },
     { "kvcm", "enabled", "yes", "invalid value 'yes' (expected off or on)" },
@@ -2278,6 +2285,7 @@ static void assert_round_trip(const struct kvn_config *c)
     snprintf(back.persist_socket, sizeof back.persist_socket, "/tmp/elsewhere.sock");
     snprintf(back.persist_object_namespace, sizeof back.persist_object_namespace, "elsewhere");
     back.persist_tombstones = c->persist_tombstones == 7 ? 8 : 7;
+    back.persist_lookup_negative_ttl_ms = c->persist_lookup_negative_ttl_ms == 7 ? 8 : 7;
     back.kvcm.enabled = !c->kvcm.enabled;
     snprintf(back.kvcm.endpoints, sizeof back.kvcm.endpoints, "http://elsewhere:1");
     snprintf(back.kvcm.host_ip_port, sizeof back.kvcm.host_ip_port, "elsewhere:1");
@@ -2393,6 +2401,7 @@ START_TEST(test_write_round_trip_custom)
     c.persist_lookup = CONFIG_LOOKUP_ON;
     snprintf(c.persist_object_namespace, sizeof c.persist_object_namespace, "team-a.kv");
     c.persist_tombstones = 1000;
+    c.persist_lookup_negative_ttl_ms = 250;
     c.pin_chunk_bytes = 3 * MIB;
     c.hbm_backend = CONFIG_HBM_SIM;
     c.hbm_bytes = 2 * GIB + 65536;
@@ -2626,11 +2635,12 @@ START_TEST(test_restart_required)
     }
     ck_assert(!config_option_reloadable("memory", "bogus"));
     ck_assert(!config_option_reloadable("leases", "host_bytes"));
-    /* [persist]: only the write policy changes live. */
+    /* [persist]: only the write policy and the TTL of cached misses change live. */
     ck_assert(config_option_reloadable("persist", "policy"));
     ck_assert(!config_option_reloadable("persist", "backend"));
     ck_assert(!config_option_reloadable("persist", "path"));
     ck_assert(!config_option_reloadable("persist", "lookup"));
+    ck_assert(config_option_reloadable("persist", "lookup_negative_ttl"));
     ck_assert(!config_option_reloadable("persist", "bogus"));
 
     struct kvn_config a, b;
