@@ -100,12 +100,15 @@
  *    are taken once) and, for reads, its CPU per GET. Order per size: fresh
  *    write, fresh read, warm read, FLUSHALL ASYNC, warm write of the same
  *    keys (new to the cluster again; the fillers' DELs leave the servers'
- *    allocator as warm as the FLUSHALL before the fresh write). kvnoded's minor faults and the growth of its RssShmem
- *    over each timed part are printed beside them, and a warm run must use
- *    no more host slabs than its warm-up had (else it fails).
- *    Every timed daemon run starts once the host arena is populated and the
- *    client's mapping prefaulted (kvnode_prefault), as in a long-running
- *    engine: first-touch page faults are a start-up cost, not throughput.
+ *    allocator as warm as the FLUSHALL before the fresh write). kvnoded's
+ *    minor faults and the growth of its RssShmem over each timed part are
+ *    printed beside them, and a warm run must use no more host slabs than
+ *    its warm-up had (else it fails).
+ *    Every timed daemon run, fresh or warm, starts once the host arena is
+ *    populated (reserved) and the client's mapping prefaulted
+ *    (kvnode_prefault), as in a long-running engine: the engine's
+ *    first-touch page faults are a start-up cost, not throughput. Only the
+ *    daemon's own mapping tells fresh from warm.
  *
  * Exits 1 when something fails or data is wrong (a MATCH short of its keys,
  * a block that does not read back, a write failure, a drop although the
