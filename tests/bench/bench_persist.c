@@ -85,9 +85,30 @@
  *    kvnoded + the bench's readers over the timed reads; on a shared host
  *    the rates move with the load from elsewhere, the CPU per GET much
  *    less, and on a CPU-bound host its ratio bounds the rate ratio.
- *    Every timed daemon run starts once the host arena is populated and the
- *    client's mapping prefaulted (kvnode_prefault), as in a long-running
- *    engine: first-touch page faults are a start-up cost, not throughput.
+ *    Both directions are measured twice, each on a new daemon: "fresh", a
+ *    just-started one, and "warm", one in the steady state of a daemon that
+ *    has run a while. kvnoded reserves its host arena (fallocate) but, for
+ *    start-up time (issue 16), does not fault it into its own page tables,
+ *    so a fresh daemon's persist workers take a first-touch page fault on
+ *    every page they copy a block into (reads) or out of (writes): measured,
+ *    a third of their CPU while reading. A long-running daemon has touched
+ *    its pages and its slab allocator hands freed slabs out again, so
+ *    before a warm run the daemon's host tier is filled once with filler
+ *    blocks through the engine API, written behind and deleted (warm_up,
+ *    untimed). Operators run warm daemons; a fresh one is what a restart
+ *    gives, so both are shown, each with its ratios to raw (the raw figures
+ *    are taken once) and, for reads, its CPU per GET. Order per size: fresh
+ *    write, fresh read, warm read, FLUSHALL ASYNC, warm write of the same
+ *    keys (new to the cluster again; the fillers' DELs leave the servers'
+ *    allocator as warm as the FLUSHALL before the fresh write). kvnoded's
+ *    minor faults and the growth of its RssShmem over each timed part are
+ *    printed beside them, and a warm run must use no more host slabs than
+ *    its warm-up had (else it fails).
+ *    Every timed daemon run, fresh or warm, starts once the host arena is
+ *    populated (reserved) and the client's mapping prefaulted
+ *    (kvnode_prefault), as in a long-running engine: the engine's
+ *    first-touch page faults are a start-up cost, not throughput. Only the
+ *    daemon's own mapping tells fresh from warm.
  *
  * Exits 1 when something fails or data is wrong (a MATCH short of its keys,
  * a block that does not read back, a write failure, a drop although the
@@ -1073,6 +1094,172 @@ struct vrow {
     struct sim_calls w, r;    /* calls of the write phase, of the read phase */
 };
 
+/* --- a daemon in steady state ---------------------------------------------------- */
+
+/* kvnoded reserves its host arena (fallocate) but does not fault it into its
+ * own page tables (issue 16: start-up time), so a just-started daemon's
+ * persist workers take a first-touch page fault on every page they copy
+ * to or from; a daemon that has run a while has touched its pages, and the
+ * slab allocator hands freed slabs out again (a LIFO stack). The "warm"
+ * figures of part 4 are taken on such a daemon: warm_up() first fills its
+ * host tier once with filler blocks through the engine API and deletes
+ * them, untimed. The daemon's own counters tell whether that held: its
+ * shared-memory RSS (the arena pages in its page tables) and minor faults
+ * over each timed phase (struct dphase), and /stats slabs in use. */
+
+/* The daemon's arena pages in its own page tables (RssShmem, KiB); -1 when
+ * the kernel does not say. */
+static long long proc_shmem_kib(pid_t pid)
+{
+    char path[64], line[256];
+    long long kib = -1;
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "RssShmem:", 9) == 0)
+            kib = strtoll(line + 9, NULL, 10);
+    if (f)
+        fclose(f);
+    return kib;
+}
+
+/* Minor page faults of a process so far. */
+static unsigned long long proc_minflt(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t len = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[len] = '\0';
+    const char *p = strrchr(buf, ')');
+    unsigned long long minflt = 0;
+    if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %llu", &minflt) != 1)
+        return 0;
+    return minflt;
+}
+
+/* What the daemon did to its own mapping over one timed phase. */
+struct dphase {
+    unsigned long long faults;   /* minor faults of kvnoded */
+    long long new_kib;           /* growth of its RssShmem (-1: unknown) */
+    long long slabs;             /* host slabs in use at the end (/stats) */
+};
+
+static void dphase_begin(const kvh_daemon *d, struct dphase *ph)
+{
+    ph->faults = proc_minflt(d->pid);
+    ph->new_kib = proc_shmem_kib(d->pid);
+}
+
+static void dphase_end(const kvh_daemon *d, kvnode_client *c, struct dphase *ph)
+{
+    long long kib = proc_shmem_kib(d->pid);
+    ph->faults = proc_minflt(d->pid) - ph->faults;
+    ph->new_kib = kib >= 0 && ph->new_kib >= 0 ? kib - ph->new_kib : -1;
+    json_t *s = stats(c);
+    ph->slabs = jint(s, "tiers.host.slabs_total") - jint(s, "tiers.host.slabs_free");
+    json_decref(s);
+}
+
+/* What warm_up did. */
+struct warmup {
+    size_t blocks;          /* filler blocks put, written and deleted */
+    long long slabs;        /* host slabs in use while they were there */
+    long long touched_kib;  /* growth of the daemon's RssShmem (-1: unknown) */
+};
+
+static void fill_filler(void *slot, size_t i, uint64_t bb, const void *arg)
+{
+    (void)arg;
+    memset(slot, (int)(0x5a ^ (i & 0xff)), bb);
+}
+
+/* Bring the daemon d (policy=write_through, host tier empty) to a steady
+ * state, untimed: put filler blocks of bb bytes (keys from chain seed
+ * `seed`, none of the bench's) through the engine client c until the host
+ * tier is at its high watermark, wait until the write-behind has copied
+ * every one out of the arena (which faults the pages into the daemon's
+ * mapping, as serving blocks for a while does), then delete them all and
+ * wait until the store has deleted them too and the tier is empty again. */
+static void warm_up(const kvh_daemon *d, kvnode_client *c, uint64_t bb, size_t chain, uint64_t seed,
+                    struct warmup *out)
+{
+    json_t *s = stats(c);
+    double fill = (double)jint(s, "tiers.host.capacity_bytes") * jreal(s, "tiers.host.high_watermark");
+    long long deleted0 = jint(s, "persist.deleted_keys_total");
+    json_decref(s);
+    size_t n = (size_t)(fill / (double)bb);
+    n -= n % chain;
+    if (n == 0)
+        die("warm-up", "the host tier holds less than one chain");
+    kvnode_key *keys = malloc(n * sizeof *keys);
+    kvnode_loc *locs = malloc(chain * sizeof *locs);
+    if (!keys || !locs)
+        die("malloc", "out of memory");
+    kvh_chain(keys, n, seed);
+    long long kib0 = proc_shmem_kib(d->pid);
+    struct wstate w0, w;
+    write_state(c, &w0);
+    for (size_t i = 0; i < n; i += chain)
+        put_chain(c, keys + i, chain, bb, locs, fill_filler, NULL, i);
+    wait_written(c, w0.written + w0.dropped + w0.failed + (long long)n, &w);
+    if (w.written - w0.written != (long long)n) {
+        char m[160];
+        snprintf(m, sizeof m, "%lld of %zu filler blocks written (%lld failed, %lld dropped)",
+                 w.written - w0.written, n, w.failed - w0.failed, w.dropped - w0.dropped);
+        die("warm-up", m);
+    }
+    s = stats(c);
+    out->blocks = n;
+    out->slabs = jint(s, "tiers.host.slabs_total") - jint(s, "tiers.host.slabs_free");
+    json_decref(s);
+    long long kib1 = proc_shmem_kib(d->pid);
+    out->touched_kib = kib0 >= 0 && kib1 >= 0 ? kib1 - kib0 : -1;
+    size_t deleted = 0;
+    for (size_t i = 0; i < n; i += chain) {
+        size_t m = 0;
+        check(c, kvnode_delete(c, keys + i, chain, &m), "delete");
+        deleted += m;
+    }
+    if (deleted != n) {
+        char m[96];
+        snprintf(m, sizeof m, "%zu of %zu filler blocks deleted", deleted, n);
+        die("warm-up", m);
+    }
+    /* The store's deletes run behind, on the persist workers: done before
+     * the timed phase, whose CPU they would take. */
+    uint64_t deadline = kvh_now_ns() + (uint64_t)WAIT_S * 1000000000ull;
+    for (;;) {
+        s = stats(c);
+        bool done = jint(s, "persist.deleted_keys_total") - deleted0 >= (long long)n &&
+                    jint(s, "persist.queue_depth") == 0 && jint(s, "tiers.host.blocks") == 0;
+        json_decref(s);
+        if (done)
+            break;
+        if (kvh_now_ns() > deadline)
+            die("warm-up", "the store did not delete the filler blocks");
+        sleep_ns(POLL_NS);
+    }
+    free(keys);
+    free(locs);
+}
+
+/* A timed phase on a warm daemon must have reused the slabs warm_up
+ * touched: no more slabs in use than the fillers had. 0, or 1 with the
+ * reason printed. */
+static int warm_check(const struct warmup *wu, const struct dphase *ph, const char *label)
+{
+    if (ph->slabs <= wu->slabs)
+        return 0;
+    fprintf(stderr, "kvnode-bench-persist: %s: the warm phase used %lld host slabs, the warm-up only %lld "
+            "(not a warm daemon)\n", label, ph->slabs, wu->slabs);
+    return 1;
+}
+
+static double redis_cpu_s(const struct rctl *r);
+
 /* One reader of read_back: its own connection, the chains idx, idx + count,
  * ... of keys, each GET's answer kept (under its lease) for the check. */
 struct read_get {
@@ -1113,11 +1300,16 @@ static void *reader_run(void *arg)
  * engine serving several requests has). Timed from the first GET until
  * every answer is in; then, untimed, every block is checked against src
  * (block i holds src block i % chain) and the leases end. Leaves the daemon
- * running in *d; its time in *read_ns. 0, or 1 when a GET failed, came
- * short or read back wrong. */
+ * running in *d; its time in *read_ns. With warm, the daemon is first
+ * brought to a steady state (warm_up, fillers from chain seed warm_seed);
+ * with ph, what the daemon did to its mapping in the timed part. *cpu_s:
+ * CPU seconds of the daemon, this process and the servers (when not NULL)
+ * over the timed part. 0, or 1 when a GET failed, came short or read back
+ * wrong. */
 static int read_back(kvh_daemon *d, const char *cfg, const kvnode_layout *l, const kvnode_key *keys, size_t n,
                      size_t chain, unsigned readers, const unsigned char *src, uint64_t bb, const char *label,
-                     uint64_t *read_ns, double *cpu_s)
+                     uint64_t *read_ns, double *cpu_s, const struct rctl *servers, struct warmup *warm,
+                     uint64_t warm_seed, struct dphase *ph)
 {
     struct reader rd[16];
     pthread_t th[16];
@@ -1136,7 +1328,11 @@ static int read_back(kvh_daemon *d, const char *cfg, const kvnode_layout *l, con
             die("connect", kvh_error());
         wait_ready(rd[t].c);
     }
-    double cpu0 = proc_cpu_s(d->pid) + rusage_cpu_s(RUSAGE_SELF);
+    if (warm)
+        warm_up(d, rd[0].c, bb, chain, warm_seed, warm);
+    if (ph)
+        dphase_begin(d, ph);
+    double cpu0 = proc_cpu_s(d->pid) + rusage_cpu_s(RUSAGE_SELF) + (servers ? redis_cpu_s(servers) : 0);
     uint64_t t0 = kvh_now_ns();
     for (unsigned t = 0; t < readers; t++)
         if (pthread_create(&th[t], NULL, reader_run, &rd[t]) != 0)
@@ -1147,7 +1343,9 @@ static int read_back(kvh_daemon *d, const char *cfg, const kvnode_layout *l, con
      * figures have none). */
     *read_ns = kvh_now_ns() - t0;
     if (cpu_s)
-        *cpu_s = proc_cpu_s(d->pid) + rusage_cpu_s(RUSAGE_SELF) - cpu0;
+        *cpu_s = proc_cpu_s(d->pid) + rusage_cpu_s(RUSAGE_SELF) + (servers ? redis_cpu_s(servers) : 0) - cpu0;
+    if (ph)
+        dphase_end(d, rd[0].c, ph);
     for (unsigned t = 0; t < readers; t++) {
         for (size_t q = 0; q < rd[t].ngets; q++) {
             struct read_get *g = &rd[t].gets[q];
@@ -1223,7 +1421,7 @@ static int v6d_run(struct vrow *r, const unsigned char *src, size_t chain, unsig
     /* read: a new daemon knows nothing; GET looks the keys up and promotes them */
     char label[32];
     snprintf(label, sizeof label, "v6d workers=%u", r->workers);
-    if (read_back(&d, cfg, &l, keys, n, chain, 1, src, bb, label, &r->read_ns, NULL) != 0)
+    if (read_back(&d, cfg, &l, keys, n, chain, 1, src, bb, label, &r->read_ns, NULL, NULL, NULL, 0, NULL) != 0)
         bad = 1;
     struct sim_calls after;
     sim_calls(&sim, &after);
@@ -1296,13 +1494,16 @@ static int bench_v6d(uint64_t target)
 struct rrow {
     uint64_t bb;
     size_t n;
-    uint64_t write_ns, read_ns;
     double raw_set, raw_get;     /* redis-benchmark requests per second */
     double raw_hits;             /* raw GETs that found their key */
     double raw_new;              /* raw SETs per second of new keys */
-    double raw_get_cpu, read_cpu;  /* CPU seconds: raw GETs (servers + redis-benchmark),
-                                    * kvnode's reads (servers + kvnoded + the bench) */
+    double raw_get_cpu;          /* CPU seconds of the raw GETs (servers + redis-benchmark) */
     size_t raw_gets;             /* GETs in the raw run */
+    /* kvnode, [0] a just-started daemon, [1] a warm one (warm_up) */
+    uint64_t write_ns[2], read_ns[2];
+    double read_cpu[2];          /* CPU seconds of the reads (servers + kvnoded + the bench) */
+    struct dphase wph[2], rph[2];
+    struct warmup wwarm, rwarm;  /* the warm-ups of the warm write and read daemons */
 };
 
 /* CPU seconds the cluster's servers have used. */
@@ -1450,15 +1651,63 @@ static int raw_bench(const struct rctl *r, uint64_t bb, size_t n, double *set_rp
     return raw_one(r, "set", bb, RAW_NEW_KEYS, n * 2, new_rps, why, whylen);
 }
 
+/* One timed write-behind run: a new daemon on cfg (warmed up first when
+ * warm) takes keys[0..n) zero-copy, timed until written. 0, or 1 when a
+ * write failed or was dropped. */
+static int redis_write(const char *cfg, const kvnode_layout *l, const kvnode_key *keys, size_t n, size_t chain,
+                       const struct wsrc *ws, struct warmup *warm, uint64_t warm_seed, uint64_t *write_ns,
+                       struct dphase *ph)
+{
+    const uint64_t bb = l->block_bytes;
+    kvnode_loc *locs = malloc(chain * sizeof *locs);
+    kvh_daemon d;
+    kvnode_client *c, *obs;
+    struct wstate w0, w;
+    int bad = 0;
+
+    if (!locs)
+        die("malloc", "out of memory");
+    if (kvh_start(&d, cfg) != 0)
+        die("start kvnoded", kvh_error());
+    if (kvh_connect(&d, l, &c) != 0 || kvh_connect(&d, NULL, &obs) != 0)
+        die("connect", kvh_error());
+    wait_populated(obs);
+    check(c, kvnode_prefault(c, KVNODE_PREFAULT_WAIT), "prefault");
+    if (warm)
+        warm_up(&d, c, bb, chain, warm_seed, warm);
+    write_state(obs, &w0);
+    dphase_begin(&d, ph);
+    uint64_t t0 = kvh_now_ns();
+    for (size_t i = 0; i < n; i += chain) {
+        size_t m = n - i < chain ? n - i : chain;
+        put_chain(c, keys + i, m, bb, locs, fill_copy, ws, i);
+    }
+    uint64_t t_end = wait_written(obs, w0.written + w0.dropped + w0.failed + (long long)n, &w);
+    *write_ns = t_end - t0;
+    dphase_end(&d, obs, ph);
+    if (w.failed != w0.failed || w.dropped != w0.dropped || w.written - w0.written != (long long)n) {
+        fprintf(stderr, "kvnode-bench-persist: redis %llu%s: %lld written, %lld failed, %lld dropped of %zu\n",
+                (unsigned long long)bb, warm ? " (warm)" : "", w.written - w0.written, w.failed - w0.failed,
+                w.dropped - w0.dropped, n);
+        bad = 1;
+    }
+    kvnode_close(c);
+    kvnode_close(obs);
+    stop_daemon(&d);
+    free(locs);
+    return bad;
+}
+
+/* Per size: write-behind and read on a just-started daemon, then read and
+ * write-behind on warm ones (see warm_up), each a new daemon. */
 static int redis_run(struct rrow *rw, const struct rctl *r, unsigned run)
 {
     const uint64_t bb = rw->bb;
     const size_t chain = bb >= (1u << 20) ? 16 : 256;
     size_t n = rw->n;
     kvnode_key *keys = malloc(n * sizeof *keys);
-    kvnode_loc *locs = malloc(chain * sizeof *locs);
     unsigned char *src = malloc(chain * bb);
-    if (!keys || !locs || !src)
+    if (!keys || !src)
         die("malloc", "out of memory");
     for (size_t i = 0; i < chain; i++)
         kvh_fill(src + i * bb, bb, (kvnode_key)i, SEED);
@@ -1480,40 +1729,26 @@ static int redis_run(struct rrow *rw, const struct rctl *r, unsigned run)
     if (w < 0 || (size_t)w >= sizeof cfg)
         die("config", "too long");
     kvh_daemon d;
-    kvnode_client *c, *obs;
-    struct wstate ws_state;
-    int bad = 0;
+    int bad = redis_write(cfg, &l, keys, n, chain, &ws, NULL, 0, &rw->write_ns[0], &rw->wph[0]);
 
-    if (kvh_start(&d, cfg) != 0)
-        die("start kvnoded", kvh_error());
-    if (kvh_connect(&d, &l, &c) != 0 || kvh_connect(&d, NULL, &obs) != 0)
-        die("connect", kvh_error());
-    wait_populated(obs);
-    check(c, kvnode_prefault(c, KVNODE_PREFAULT_WAIT), "prefault");
-    uint64_t t0 = kvh_now_ns();
-    for (size_t i = 0; i < n; i += chain) {
-        size_t m = n - i < chain ? n - i : chain;
-        put_chain(c, keys + i, m, bb, locs, fill_copy, &ws, i);
+    for (int warm = 0; warm < 2 && !bad; warm++) {
+        if (read_back(&d, cfg, &l, keys, n, chain, REDIS_READERS, src, bb, warm ? "redis (warm)" : "redis",
+                      &rw->read_ns[warm], &rw->read_cpu[warm], r, warm ? &rw->rwarm : NULL, 0xe000 + 2 * run,
+                      &rw->rph[warm]) != 0)
+            bad = 1;
+        if (warm)
+            bad |= warm_check(&rw->rwarm, &rw->rph[1], "redis read (warm)");
+        stop_daemon(&d);
     }
-    uint64_t t_end = wait_written(obs, (long long)n, &ws_state);
-    rw->write_ns = t_end - t0;
-    if (ws_state.failed || ws_state.dropped || ws_state.written != (long long)n) {
-        fprintf(stderr, "kvnode-bench-persist: redis %llu: %lld written, %lld failed, %lld dropped of %zu\n",
-                (unsigned long long)bb, ws_state.written, ws_state.failed, ws_state.dropped, n);
-        bad = 1;
+    if (!bad) {
+        /* The same keys written again, new to the flushed cluster, as in the
+         * first run. */
+        redis_flush_how(r, true);
+        bad |= redis_write(cfg, &l, keys, n, chain, &ws, &rw->wwarm, 0xe001 + 2 * run, &rw->write_ns[1],
+                           &rw->wph[1]);
+        bad |= warm_check(&rw->wwarm, &rw->wph[1], "redis write (warm)");
     }
-    kvnode_close(c);
-    kvnode_close(obs);
-    stop_daemon(&d);
-
-    double srv0 = redis_cpu_s(r), own = 0;
-    if (!bad && read_back(&d, cfg, &l, keys, n, chain, REDIS_READERS, src, bb, "redis", &rw->read_ns, &own) != 0)
-        bad = 1;
-    /* The servers idle while the daemon starts and the bench checks bytes. */
-    rw->read_cpu = own + redis_cpu_s(r) - srv0;
-    stop_daemon(&d);
     free(keys);
-    free(locs);
     free(src);
     return bad;
 }
@@ -1550,37 +1785,58 @@ static int bench_redis(uint64_t target)
     }
     fprintf(stderr, "\n");
     rctl_stop(&r);
-    printf("\n%6s %6s %8s %7s %8s %7s  %9s %9s %9s %6s  %5s %5s %5s\n", "block", "blocks", "write/s",
-           "MB/s", "read/s", "MB/s", "raw SET/s", "raw GET/s", "new SET/s", "hits", "write", "read",
-           "w/new");
-    for (size_t k = 0; k < 2; k++) {
-        double n = (double)rows[k].n, mb = n * (double)rows[k].bb / 1e6;
-        double ws = secs(rows[k].write_ns), rs = secs(rows[k].read_ns);
-        printf("%5lluK %6zu %8.0f %7.1f %8.0f %7.1f  %9.0f %9.0f %9.0f %5.1f%%  %4.2fx %4.2fx %4.2fx\n",
-               (unsigned long long)(rows[k].bb >> 10), rows[k].n, n / ws, mb / ws, n / rs, mb / rs,
-               rows[k].raw_set, rows[k].raw_get, rows[k].raw_new, rows[k].raw_hits * 100,
-               rows[k].raw_set > 0 ? n / ws / rows[k].raw_set : 0,
-               rows[k].raw_get > 0 ? n / rs / rows[k].raw_get : 0,
-               rows[k].raw_new > 0 ? n / ws / rows[k].raw_new : 0);
-    }
-    printf("  write/s = blocks per second from the first put until persist.written_blocks_total == blocks\n"
-           "  (write-behind of new keys into the flushed cluster); read/s = GETs from a new daemon\n"
-           "  (store reads + promotions, %u reader threads, bytes verified untimed).\n"
-           "  raw = redis-benchmark --cluster -d <block> -c " RAW_CLIENTS " -P " RAW_PIPELINE
+    printf("\n%6s %6s  %9s %9s %9s %6s\n", "block", "blocks", "raw SET/s", "raw GET/s", "new SET/s", "hits");
+    for (size_t k = 0; k < 2; k++)
+        printf("%5lluK %6zu  %9.0f %9.0f %9.0f %5.1f%%\n", (unsigned long long)(rows[k].bb >> 10), rows[k].n,
+               rows[k].raw_set, rows[k].raw_get, rows[k].raw_new, rows[k].raw_hits * 100);
+    printf("  raw = redis-benchmark --cluster -d <block> -c " RAW_CLIENTS " -P " RAW_PIPELINE
            " on the same cluster in the same run,\n"
            "  over blocks keys spread over the masters (-r):\n"
            "  raw SET/s = SETs replacing values of keys that exist, raw GET/s = GETs of keys that exist\n"
-           "  (hits = GETs that found a value), new SET/s = SETs of new keys into the flushed cluster.\n"
-           "  write = write/s / raw SET/s, read = read/s / raw GET/s, w/new = write/s / new SET/s.\n\n",
+           "  (hits = GETs that found a value), new SET/s = SETs of new keys into the flushed cluster.\n\n");
+    printf("%6s %6s %8s %7s %8s %7s  %5s %5s %5s  %8s %8s  %6s %6s\n", "block", "daemon", "write/s", "MB/s",
+           "read/s", "MB/s", "write", "read", "w/new", "faults w", "faults r", "MiB w", "MiB r");
+    for (size_t k = 0; k < 2; k++)
+        for (int warm = 0; warm < 2; warm++) {
+            const struct rrow *x = &rows[k];
+            double n = (double)x->n, mb = n * (double)x->bb / 1e6;
+            double ws = secs(x->write_ns[warm]), rs = secs(x->read_ns[warm]);
+            printf("%5lluK %6s %8.0f %7.1f %8.0f %7.1f  %4.2fx %4.2fx %4.2fx  %8llu %8llu  %6.0f %6.0f\n",
+                   (unsigned long long)(x->bb >> 10), warm ? "warm" : "fresh", n / ws, mb / ws, n / rs, mb / rs,
+                   x->raw_set > 0 ? n / ws / x->raw_set : 0, x->raw_get > 0 ? n / rs / x->raw_get : 0,
+                   x->raw_new > 0 ? n / ws / x->raw_new : 0, x->wph[warm].faults, x->rph[warm].faults,
+                   x->wph[warm].new_kib / 1024.0, x->rph[warm].new_kib / 1024.0);
+        }
+    printf("  write/s = blocks per second from the first put until persist.written_blocks_total == blocks\n"
+           "  (write-behind of new keys into the flushed cluster); read/s = GETs from a daemon that knows\n"
+           "  none of the keys (store reads + promotions, %u reader threads, bytes verified untimed).\n"
+           "  write = write/s / raw SET/s, read = read/s / raw GET/s, w/new = write/s / new SET/s.\n"
+           "  fresh = a just-started daemon: it reserved its host arena but has not touched it, so its\n"
+           "  persist workers fault every page they copy into its page tables; warm = a daemon in the\n"
+           "  steady state of one that has run a while: before the timed part its host tier was filled\n"
+           "  once with filler blocks (put, written behind, deleted; untimed), whose freed slabs the timed\n"
+           "  part reuses. faults = kvnoded's minor page faults, MiB = growth of its RssShmem (arena pages\n"
+           "  mapped into its page tables), both over the timed part.\n",
            REDIS_READERS);
+    for (size_t k = 0; k < 2; k++)
+        printf("  warm-up %lluK: write daemon %zu fillers, %lld slabs, %.0f MiB touched; read daemon %zu fillers,\n"
+               "  %lld slabs, %.0f MiB touched; slabs in use after the timed part: write %lld/%lld, read %lld/%lld "
+               "(fresh/warm)\n",
+               (unsigned long long)(rows[k].bb >> 10), rows[k].wwarm.blocks, rows[k].wwarm.slabs,
+               rows[k].wwarm.touched_kib / 1024.0, rows[k].rwarm.blocks, rows[k].rwarm.slabs,
+               rows[k].rwarm.touched_kib / 1024.0, rows[k].wph[0].slabs, rows[k].wph[1].slabs,
+               rows[k].rph[0].slabs, rows[k].rph[1].slabs);
+    printf("\n");
     /* What a GET costs in CPU, whatever else the machine runs: on a busy
      * host the rates above move with the load, this much less. */
-    printf("%6s %12s %12s %7s\n", "block", "raw us/GET", "kvnode us/GET", "kv/raw");
+    printf("%6s %12s %12s %7s %12s %7s\n", "block", "raw us/GET", "fresh us/GET", "kv/raw", "warm us/GET",
+           "kv/raw");
     for (size_t k = 0; k < 2; k++) {
         double raw = rows[k].raw_get_cpu > 0 ? rows[k].raw_get_cpu * 1e6 / (double)(rows[k].n * 4) : 0;
-        double kv = rows[k].read_cpu * 1e6 / (double)rows[k].n;
-        printf("%5lluK %12.1f %13.1f %6.2fx\n", (unsigned long long)(rows[k].bb >> 10), raw, kv,
-               raw > 0 ? kv / raw : 0);
+        double fresh = rows[k].read_cpu[0] * 1e6 / (double)rows[k].n;
+        double warm = rows[k].read_cpu[1] * 1e6 / (double)rows[k].n;
+        printf("%5lluK %12.1f %12.1f %6.2fx %12.1f %6.2fx\n", (unsigned long long)(rows[k].bb >> 10), raw, fresh,
+               raw > 0 ? fresh / raw : 0, warm, raw > 0 ? warm / raw : 0);
     }
     printf("  CPU seconds (user + system) per GET: raw = the 3 servers + redis-benchmark over its GETs;\n"
            "  kvnode = the 3 servers + kvnoded + the bench's readers over the timed reads.\n\n");

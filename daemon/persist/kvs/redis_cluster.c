@@ -442,6 +442,21 @@ static bool err_is(const redisReply *r, const char *word)
            (r->len == n || r->str[n] == ' ');
 }
 
+/* Consume done bytes from the front of (*v)[0..*n): whole entries are
+ * skipped, a partly done one is trimmed (what a short sendmsg/readv left). */
+static void iov_advance(struct iovec **v, size_t *n, size_t done)
+{
+    while (*n > 0 && done >= (*v)->iov_len) {
+        done -= (*v)->iov_len;
+        (*v)++;
+        (*n)--;
+    }
+    if (*n > 0) {
+        (*v)->iov_base = (char *)(*v)->iov_base + done;
+        (*v)->iov_len -= done;
+    }
+}
+
 /* Write every byte of iov[0..n) to the (blocking, send-timeout) socket, up
  * to IOV_MAX at a time; iov is consumed. 0, or -1 with ctx's error set. */
 static int send_all(redisContext *ctx, struct iovec *v, size_t n)
@@ -457,16 +472,7 @@ static int send_all(redisContext *ctx, struct iovec *v, size_t n)
             ctx->err = REDIS_ERR_IO;
             return -1;
         }
-        size_t left = (size_t)w;
-        while (n > 0 && left >= v->iov_len) {
-            left -= v->iov_len;
-            v++;
-            n--;
-        }
-        if (n > 0) {
-            v->iov_base = (char *)v->iov_base + left;
-            v->iov_len -= left;
-        }
+        iov_advance(&v, &n, (size_t)w);
     }
     return 0;
 }
@@ -520,16 +526,7 @@ static int recv_all(redisContext *ctx, struct iovec *v, size_t n)
             continue;
         if (r <= 0)
             return recv_failed(ctx, r);
-        size_t left = (size_t)r;
-        while (n > 0 && left >= v->iov_len) {
-            left -= v->iov_len;
-            v++;
-            n--;
-        }
-        if (n > 0) {
-            v->iov_base = (char *)v->iov_base + left;
-            v->iov_len -= left;
-        }
+        iov_advance(&v, &n, (size_t)r);
     }
     return 0;
 }
