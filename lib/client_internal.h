@@ -219,9 +219,10 @@ int client_get_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *c
                      void *const *dst, unsigned flags, size_t *got);
 int client_put_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
                      const void *const *src, unsigned flags, size_t *stored);
-int client_check_ns(kvnode_client *c, size_t n, const char *what);
-/* 0, or -KVNODE_EVERSION with the error set when checks is not NULL and the
- * daemon does not honour check words. */
-int client_check_words(kvnode_client *c, const uint64_t *checks, const char *what);
+/* Entry checks of a namespace call of n keys: the connection alive, not an
+ * observer, n within max_keys, and no check words (checks not NULL) for a
+ * daemon that does not honour them (-KVNODE_EVERSION). 0 or a negative code
+ * with the error set. */
+int client_check_ns(kvnode_client *c, size_t n, const uint64_t *checks, const char *what);
 
 #endif

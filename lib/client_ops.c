@@ -13,18 +13,9 @@
 
 /* --- helpers for the calls ---------------------------------------------------- */
 
-int client_check_words(kvnode_client *c, const uint64_t *checks, const char *what)
-{
-    if (checks && !c->check_words) {
-        client_seterr(c, "%s: the daemon is too old to honour check words (its HELLO does not "
-                      "offer them); upgrade kvnoded, or call without check words", what);
-        return -KVNODE_EVERSION;
-    }
-    return 0;
-}
-
-/* Common entry checks for the namespace calls. */
-int client_check_ns(kvnode_client *c, size_t n, const char *what)
+/* Common entry checks for the namespace calls (checks: the call's check
+ * words, or NULL). */
+int client_check_ns(kvnode_client *c, size_t n, const uint64_t *checks, const char *what)
 {
     if (client_check_alive(c) < 0)
         return -KVNODE_ECLOSED;
@@ -36,6 +27,11 @@ int client_check_ns(kvnode_client *c, size_t n, const char *what)
         client_seterr(c, "%s: %zu keys exceed the daemon's max_keys of %" PRIu32, what, n,
                       c->max_keys);
         return -KVNODE_ETOOBIG;
+    }
+    if (checks && !c->check_words) {
+        client_seterr(c, "%s: the daemon is too old to honour check words (its HELLO does not "
+                      "offer them); upgrade kvnoded, or call without check words", what);
+        return -KVNODE_EVERSION;
     }
     return 0;
 }
@@ -157,7 +153,7 @@ static int client_lease_op(kvnode_client *c, kvnode_lease lease, int op, const c
         return -KVNODE_EINVAL;
     if (lease == 0)
         return 0;   /* nothing was pinned or reserved */
-    rc = client_check_ns(c, 0, what);
+    rc = client_check_ns(c, 0, NULL, what);
     if (rc < 0)
         return rc;
     lr.lease = lease;
@@ -211,9 +207,7 @@ static int client_count_call(kvnode_client *c, const kvnode_key *keys, const uin
         return -KVNODE_EINVAL;
     }
     *count = 0;
-    rc = client_check_ns(c, n, what);
-    if (rc == 0)
-        rc = client_check_words(c, checks, what);
+    rc = client_check_ns(c, n, checks, what);
     if (rc < 0 || n == 0)
         return rc;
     client_keys_request(&req, &m, &d, del, keys, checks, n);
@@ -265,7 +259,7 @@ int kvnode_match_remote(kvnode_client *c, const kvnode_key *keys, size_t n, size
         client_seterr(c, "match_remote: NULL %s", out ? "keys" : "out");
         return -KVNODE_EINVAL;
     }
-    rc = client_check_ns(c, n, "match_remote");
+    rc = client_check_ns(c, n, NULL, "match_remote");
     if (rc < 0)
         return rc;
     m.n_keys = n;
@@ -339,9 +333,7 @@ int kvnode_get_begin_checked(kvnode_client *c, const kvnode_key *keys, const uin
     }
     *lease = 0;
     *got = 0;
-    rc = client_check_ns(c, n, "get_begin");
-    if (rc == 0)
-        rc = client_check_words(c, checks, "get_begin");
+    rc = client_check_ns(c, n, checks, "get_begin");
     if (rc < 0 || n == 0)
         return rc;
     g.n_keys = n;
@@ -405,9 +397,7 @@ int kvnode_put_begin_checked(kvnode_client *c, const kvnode_key *keys, const uin
                       tier);
         return -KVNODE_EINVAL;
     }
-    rc = client_check_ns(c, n, "put_begin");
-    if (rc == 0)
-        rc = client_check_words(c, checks, "put_begin");
+    rc = client_check_ns(c, n, checks, "put_begin");
     if (rc < 0 || n == 0)
         return rc;
     p.n_keys = n;
@@ -521,9 +511,7 @@ static int client_copy_entry(kvnode_client *c, const kvnode_key *keys, const uin
     }
     rc = client_check_blocks(c, blocks, n, what);
     if (rc == 0)
-        rc = client_check_ns(c, 0, what);
-    if (rc == 0)
-        rc = client_check_words(c, checks, what);
+        rc = client_check_ns(c, 0, checks, what);
     if (rc < 0 || n == 0)
         return rc;
     *cap = inline_ ? client_inline_chunk(c) : c->max_keys;

@@ -51,9 +51,7 @@ static int client_submit_count(kvnode_client *c, const kvnode_key *keys, const u
         client_seterr(c, "%s: NULL %s", what, ticket ? "keys" : "ticket");
         return -KVNODE_EINVAL;
     }
-    rc = client_check_ns(c, n, what);
-    if (rc == 0)
-        rc = client_check_words(c, checks, what);
+    rc = client_check_ns(c, n, checks, what);
     if (rc < 0)
         return rc;
     done = malloc(sizeof *done);
@@ -211,9 +209,7 @@ static int client_submit_copy(kvnode_client *c, const kvnode_key *keys, const ui
             return -KVNODE_EINVAL;
         }
     }
-    rc = client_check_ns(c, 0, what);   /* chunks of max_keys: any n */
-    if (rc == 0)
-        rc = client_check_words(c, checks, what);
+    rc = client_check_ns(c, 0, checks, what);   /* chunks of max_keys: any n */
     if (rc < 0)
         return rc;
     j = calloc(1, sizeof *j);
