@@ -96,35 +96,20 @@ static const unsigned char hash_hex[256] = {
 };
 
 #ifdef __SSE2__
-/* Which of the 16 bytes at p are hex digits (a bit each), and in *digit which of
- * them are '0'-'9'; *x and *l get the bytes and the bytes folded to lower case. */
-static unsigned hash_hex_mask(const unsigned char *p, __m128i *x, __m128i *l, __m128i *digit)
-{
-    *x = _mm_loadu_si128((const __m128i *)(const void *)p);
-    *l = _mm_or_si128(*x, _mm_set1_epi8(0x20));                 /* 'A'-'F' -> 'a'-'f' */
-    *digit = _mm_and_si128(_mm_cmpgt_epi8(*x, _mm_set1_epi8('0' - 1)),
-                           _mm_cmplt_epi8(*x, _mm_set1_epi8('9' + 1)));
-    return (unsigned)_mm_movemask_epi8(
-        _mm_or_si128(*digit, _mm_and_si128(_mm_cmpgt_epi8(*l, _mm_set1_epi8('a' - 1)),
-                                           _mm_cmplt_epi8(*l, _mm_set1_epi8('f' + 1)))));
-}
-
-/* 1 when the 16 bytes at p are hex digits. */
-static int hash_hex16_ok(const unsigned char *p)
-{
-    __m128i x, l, digit;
-
-    return hash_hex_mask(p, &x, &l, &digit) == 0xffff;
-}
-
 /* The 16 hex digits at p as a big-endian 64-bit value, 16 bytes at once (SGLang's
  * keys are 64 digits: four of these); *ok cleared when one is not a hex digit. */
 static uint64_t hash_hex16(const unsigned char *p, int *ok)
 {
-    __m128i x, l, digit, v, b;
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)p);
+    __m128i l = _mm_or_si128(x, _mm_set1_epi8(0x20));          /* 'A'-'F' -> 'a'-'f' */
+    __m128i digit = _mm_and_si128(_mm_cmpgt_epi8(x, _mm_set1_epi8('0' - 1)),
+                                  _mm_cmplt_epi8(x, _mm_set1_epi8('9' + 1)));
+    __m128i letter = _mm_and_si128(_mm_cmpgt_epi8(l, _mm_set1_epi8('a' - 1)),
+                                   _mm_cmplt_epi8(l, _mm_set1_epi8('f' + 1)));
+    __m128i v, b;
     uint64_t r;
 
-    if (hash_hex_mask(p, &x, &l, &digit) != 0xffff)
+    if (_mm_movemask_epi8(_mm_or_si128(digit, letter)) != 0xffff)
         *ok = 0;
     v = _mm_or_si128(_mm_and_si128(digit, _mm_sub_epi8(x, _mm_set1_epi8('0'))),
                      _mm_andnot_si128(digit, _mm_sub_epi8(l, _mm_set1_epi8('a' - 10))));
@@ -134,22 +119,6 @@ static uint64_t hash_hex16(const unsigned char *p, int *ok)
     b = _mm_packus_epi16(b, b);
     _mm_storel_epi64((__m128i *)(void *)&r, b);
     return __builtin_bswap64(r);    /* x86: the first byte was the lowest */
-}
-
-/* kvnode_fold_text's common case, n keys of 64 hex digits (SGLang's): 1 when every
- * key was one (keys and checks filled), 0 to take the general way. */
-static int hash_fold_hex64(const unsigned char *p, size_t n, kvnode_key *keys, uint64_t *checks)
-{
-    for (size_t i = 0; i < n; i++, p += 65) {
-        int ok = (i + 1 == n || p[64] == 0) && hash_hex16_ok(p + 32) && hash_hex16_ok(p + 48);
-        uint64_t k = hash_hex16(p, &ok), w = hash_hex16(p + 16, &ok);
-
-        if (!ok)
-            return 0;
-        keys[i] = k >> 63 ? -(kvnode_key)(~k) - 1 : (kvnode_key)k;
-        checks[i] = w ? w : 1;
-    }
-    return 1;
 }
 #endif
 
@@ -205,10 +174,6 @@ size_t kvnode_fold_text(const char *text, size_t len, size_t n, kvnode_key *keys
 
     if (!text || !keys || !checks || n == 0)
         return 0;
-#ifdef __SSE2__
-    if (len / 65 == n - 1 && len % 65 == 64 && hash_fold_hex64(p, n, keys, checks))
-        return n;
-#endif
     for (size_t i = 0; i < n; i++) {
         const unsigned char *nul = i + 1 < n ? memchr(p, 0, (size_t)(end - p)) : end;
 

@@ -211,9 +211,9 @@ START_TEST(test_fold_text_hex_positions)
 }
 END_TEST
 
-/* A batch of 64-digit keys (SGLang's: folded 16 digits at a time, the separators where
- * they must be) folds as each key does in a batch of mixed keys; a key that is not hex, or
- * keys of other lengths that happen to fill the same bytes, take the general way. */
+/* A batch of 64-digit keys (SGLang's) folds as each key does in a batch of mixed keys; a
+ * key that is not hex, or keys of other lengths that happen to fill the same bytes, are
+ * folded as text. */
 START_TEST(test_fold_text_hex64_batch)
 {
     enum { N = 9 };
@@ -233,7 +233,7 @@ START_TEST(test_fold_text_hex64_batch)
     for (size_t i = 0; i < N; i++) {
         memcpy(one, text + i * 65, 64);
         one[64] = '\0';
-        one[65] = 'x';      /* the same key, then a non-hex one: the general way */
+        one[65] = 'x';      /* the same key, then a non-hex one */
         ck_assert_uint_eq(kvnode_fold_text(one, 66, 2, k, w), 2);
         ck_assert_msg(k[0] == keys[i] && w[0] == checks[i], "key %zu folds differently", i);
     }
