@@ -19,8 +19,6 @@
 #include "persist/kvs/crc32c.h"
 #include "persist/kvs/file_fs.h"
 
-/* The health probe calls the store full below this much free space. */
-
 static pthread_mutex_t roots_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct seg_root *roots;
 
