@@ -117,6 +117,15 @@ static int populate_pages(char *p, uint64_t len)
     return 0;
 }
 
+void populate_touch(void *p, size_t len)
+{
+    static long page;
+    if (!page)
+        page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1);
+    (void)madvise((void *)a, len + ((uintptr_t)p - a), MADV_POPULATE_WRITE);
+}
+
 static void sleep_beating(struct populate_worker *pw, uint64_t ms)
 {
     while (ms > 0 && !atomic_load(&pw->p->stop)) {

@@ -52,6 +52,12 @@ unsigned populate_default_threads(void);
 int  populate_start(struct arena *a, const struct numa_plan *plan, unsigned threads, const char *label,
                     struct populate **out, char *why, size_t whylen);
 void populate_progress(struct populate *p, struct populate_progress *out);
+/* Map the pages of [p, p+len) into this process's page tables now, in one
+ * call (MADV_POPULATE_WRITE; best effort, nothing before Linux 5.14): for a
+ * copy about to fill arena memory the daemon has not touched yet (the arena
+ * is reserved but not faulted into the daemon's own mapping), which would
+ * otherwise fault once per page inside the copy. */
+void populate_touch(void *p, size_t len);
 /* Stop the threads (joins; a chunk in progress finishes) and free. NULL ok. */
 void populate_stop(struct populate *p);
 

@@ -26,6 +26,7 @@
 
 #include "gpu/devmem.h"
 #include "kvnode.h"
+#include "mem/populate.h"
 
 #define PERSIST_BATCH_MAX    64u           /* blocks per batched store call */
 /* Bytes per batch: a device batch's bounce copy; and a chain of large blocks
@@ -166,6 +167,8 @@ static void job_run_batch(struct pjob *pj, struct pworker *w)
             j->kind = persist_failure_kind(j->rc);
             continue;
         }
+        if (!write)
+            populate_touch(j->rdata, j->len);
         items[m++] = (struct kvs_item){ .ns = &j->ns, .key = j->key, .check = j->check, .src = src,
                                         .dst = j->rdata, .len = j->len };
         j->rc = INT_MIN;   /* in the batch: set below */
@@ -232,6 +235,7 @@ void persist_job_run(struct workq_job *j, void *ctx)
         break;
     }
     case PERSIST_OP_READ:
+        populate_touch(pj->rdata, pj->len);
         rc = be->get(w->s, &pj->ns, pj->key, pj->check, pj->rdata, pj->len, pj->err, sizeof pj->err);
         break;
     case PERSIST_OP_DELETE:

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "core/le.h"
@@ -382,22 +381,6 @@ static void delete_corrupt(struct kvs_store *s, struct keys *b, const struct kvs
     free(dels);
 }
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-
-/* Map the pages of a slot a GET is about to fill, in one call: the daemon's
- * own mapping of the arena fills on first touch, and a fault per page
- * inside the socket copy costs more. Best effort (EINVAL: before 5.14). */
-static void prefault_dst(void *dst, size_t len)
-{
-    static long page;
-    if (!page)
-        page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
-    uintptr_t a = (uintptr_t)dst & ~(uintptr_t)(page - 1);
-    (void)madvise((void *)a, len + ((uintptr_t)dst - a), MADV_POPULATE_WRITE);
-}
-
 /* GET: each value is read from the socket straight into its header buffer
  * and the item's dst (rcl_cmd sink), then checked there; a value that fails
  * its check leaves dst with its bytes (the caller does not use dst unless
@@ -416,7 +399,6 @@ static int redis_get_batch(struct kvs_store *s, struct kvs_item *it, size_t n, c
         b.cmds[i].sink[1] = (struct iovec){ .iov_base = it[i].dst, .iov_len = it[i].len };
         b.cmds[i].sinkcnt = 2;
         b.cmds[i].sink_len = hlen + it[i].len;
-        prefault_dst(it[i].dst, it[i].len);
     }
     if (rc == 0)
         rc = rcl_run(s->cl, b.cmds, n, err, errlen);
