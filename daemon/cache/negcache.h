@@ -1,11 +1,10 @@
 /* negcache: a bounded cache of store lookups that found nothing — (namespace
  * id, block key, check word) -> when the store said the key was absent — so
  * that MATCH and GET of a chain nobody stored do not ask the store again
- * within [persist] lookup_negative_ttl. It owns a ring of entries (oldest
- * first replaced when full) and an open-addressing table of ring positions
- * (linear probing, backward-shift removal): every call is O(1) expected, no
- * call walks the whole cache. Memory: capacity * NEGCACHE_ENTRY_BYTES, taken
- * once at creation. Loop thread only (the cache's); no locking. */
+ * within [persist] lookup_negative_ttl. A core/keyfifo (oldest replaced first
+ * when full; every call O(1) expected, none walks the cache) valued by when
+ * each miss was seen. Memory: capacity * NEGCACHE_ENTRY_BYTES, taken once at
+ * creation. Loop thread only (the cache's); no locking. */
 #ifndef KVNODE_NEGCACHE_H
 #define KVNODE_NEGCACHE_H
 
@@ -15,8 +14,8 @@
 
 /* Entries a cache's negative cache holds (the oldest is replaced beyond). */
 #define NEGCACHE_CAPACITY 65536u
-/* Bytes per entry: a 32-byte ring entry and two 4-byte table slots. */
-#define NEGCACHE_ENTRY_BYTES 40u
+/* Bytes per entry (a keyfifo entry, core/keyfifo.h KEYFIFO_ENTRY_BYTES). */
+#define NEGCACHE_ENTRY_BYTES 48u
 
 struct negcache;
 

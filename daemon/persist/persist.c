@@ -52,8 +52,7 @@ static void persist_free(struct persist *p)
 {
     if (p->file_stats)             /* after the workers: the root's last handle may go here */
         p->be->close(p->file_stats);
-    free(p->tombs.table);
-    free(p->tombs.ring);
+    keyfifo_destroy(p->tombs.set);
     if (p->health_ev)
         event_free(p->health_ev);
     if (p->scan_reap_ev)

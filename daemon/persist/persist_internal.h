@@ -40,6 +40,7 @@
 #include <event2/event.h>
 
 #include "persist/persist.h"
+#include "core/keyfifo.h"
 #include "core/workq.h"
 
 #define PERSIST_ERR_MAX      512
@@ -84,24 +85,11 @@ struct pscan_job {
 };
 
 /* Tombstones (loop thread): keys deleted while the store keeps them
- * (keeps_deleted). An open-addressing table (linear probing, power-of-two
- * size >= 2 x cap) says whether a key is hidden; a FIFO ring of cap entries
- * remembers the order they came in, so the oldest is forgotten when a new
- * one needs room. A re-put removes the key from the table only; its ring
- * entry stays until its turn and is then skipped (seq differs or absent). */
-struct tomb {
-    uint64_t fp;                   /* deployment fingerprint */
-    int64_t  key;
-    uint64_t check;                /* the key's check word: (key, word) is what is hidden */
-    uint64_t seq;                  /* 0: empty slot (table) */
-    uint32_t rank;                 /* tp_rank */
-};
-
+ * (keeps_deleted), at most cap of them, the oldest forgotten first to make
+ * room (a core/keyfifo, made at the first delete). A re-put removes its key. */
 struct tombs {
-    struct tomb *table, *ring;
-    size_t       tsize, cap;       /* table slots (power of two); ring entries (the bound) */
-    size_t       head, count;      /* ring: oldest entry, entries */
-    uint64_t     seq;
+    struct keyfifo *set;           /* NULL: none yet */
+    size_t          cap;
 };
 
 struct persist {
