@@ -605,7 +605,8 @@ void cache_unpin(struct cache *c, struct index_entry *e)
     if (e->detached) {
         cache_entry_destroy(c, e);
     } else if (e->state == ENTRY_SEALED) {
-        index_lru_touch(c->index, e);
+        /* Back at its own place: a pin dropping is no use by a client. */
+        index_lru_add(c->index, e);
         if (cache_hbm_of(c, e) && !c->demote_building)
             cache_demote_maybe_schedule(c);
     }
@@ -630,10 +631,12 @@ uint32_t cache_lease_finish(struct cache *c, struct lease *l, bool commit)
         l->waiter = NULL;
     }
     if (l->kind == LEASE_READ) {
-        /* Unpin tail-first so the chain's root becomes the newest. */
+        /* The reader used them: refresh tail-first so the chain's root
+         * becomes the newest. */
         for (size_t i = l->n; i-- > 0;) {
             if (!l->entries[i])
                 continue;
+            index_lru_use(c->index, l->entries[i]);
             cache_unpin(c, l->entries[i]);
             count++;
         }

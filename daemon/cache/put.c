@@ -39,9 +39,10 @@ static void cache_put_shield(struct cache *c, struct kv_namespace *ns, const int
         struct index_entry *e = cache_entry_for(c, ns->id, keys[i], cache_check_at(checks, i), NULL);
         if (!e || e->state != ENTRY_SEALED)
             continue;
-        if (!on)
+        if (!on) {
+            index_lru_use(c->index, e);
             cache_unpin(c, e);
-        else if (e->pins++ == 0)
+        } else if (e->pins++ == 0)
             index_lru_remove(c->index, e);
     }
 }

@@ -66,13 +66,14 @@ static size_t cache_match_scan(struct cache *c, struct kv_namespace *ns, const i
 }
 
 /* A matched prefix is about to be read: refresh what of it is in memory,
- * tail-first (the lookups hit the lines the scan just loaded). */
+ * tail-first (the lookups hit the lines the scan just loaded); a pinned
+ * block takes its new place when its pins drop. */
 static void cache_match_touch(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t m)
 {
     for (size_t j = m; j-- > 0;) {
         struct index_entry *e = index_lookup(c->index, ns->id, keys[j]);
-        if (e && e->state == ENTRY_SEALED && e->pins == 0)
-            index_lru_touch(c->index, e);
+        if (e && e->state == ENTRY_SEALED)
+            index_lru_use(c->index, e);
     }
 }
 

@@ -26,14 +26,20 @@ struct index_table {
     size_t mask;        /* buckets - 1; b == NULL when the table is unused */
 };
 
-struct lru_list {
+/* One recency order of listed entries: an (arena, class)'s or a namespace's.
+ * An entry a client used is appended to the list, so the list stays in stamp
+ * order. One that comes back with a stamp older than the list's newest (its
+ * last pin dropped: a store write landed, a copy finished) goes to the heap
+ * instead, so only a client's use ever moves an entry. The order's oldest is
+ * the older of the list's head and the heap's top. */
+struct lru_order {
     struct index_entry *head, *tail;   /* oldest at head */
+    struct index_entry **heap;         /* min-heap on lru_stamp */
+    uint32_t heap_n, heap_cap;
+    size_t count;                      /* in the list and the heap */
 };
 
-struct ns_list {
-    struct index_entry *head, *tail;   /* oldest at head */
-    size_t count;
-};
+static void order_free(struct lru_order *o);
 
 struct kv_index {
     /* t[0] is the main table; while growing, t[1] is the new one and buckets
@@ -44,9 +50,9 @@ struct kv_index {
     size_t lru_count;
     uint64_t seed;
     uint64_t lru_clock;
-    struct lru_list lru[INDEX_MAX_ARENAS][ARENA_MAX_CLASSES];
-    /* Per-namespace lists (linked through ns_prev/ns_next), ns_lru_n of them. */
-    struct ns_list *ns_lru;
+    struct lru_order lru[INDEX_MAX_ARENAS][ARENA_MAX_CLASSES];
+    /* Per-namespace orders (linked through ns_prev/ns_next), ns_lru_n of them. */
+    struct lru_order *ns_lru;
     uint32_t ns_lru_n;
     unsigned walks;     /* open walks: no rehash step and no growth meanwhile */
 };
@@ -178,6 +184,11 @@ void index_destroy(struct kv_index *ix)
     /* Buckets of t[0] below rehash_pos are already empty. */
     index_free_table(&ix->t[0]);
     index_free_table(&ix->t[1]);
+    for (uint32_t a = 0; a < INDEX_MAX_ARENAS; a++)
+        for (uint32_t c = 0; c < ARENA_MAX_CLASSES; c++)
+            order_free(&ix->lru[a][c]);
+    for (uint32_t n = 0; n < ix->ns_lru_n; n++)
+        order_free(&ix->ns_lru[n]);
     free(ix->ns_lru);
     free(ix);
 }
@@ -285,14 +296,166 @@ void index_get_stats(const struct kv_index *ix, struct index_stats *st)
 
 /* --- LRU ---------------------------------------------------------------- */
 
-static struct lru_list *index_lru_list(struct kv_index *ix, uint32_t arena_id, uint32_t cls)
+/* The two orders every listed entry is in: its (arena, class)'s and its
+ * namespace's. Each is written once, over the entry's links for that order. */
+enum { ORDER_CLASS = 0, ORDER_NS = 1 };
+
+static struct index_entry **order_prev(struct index_entry *e, int k)
+{
+    return k == ORDER_NS ? &e->ns_prev : &e->lru_prev;
+}
+
+static struct index_entry **order_next(struct index_entry *e, int k)
+{
+    return k == ORDER_NS ? &e->ns_next : &e->lru_next;
+}
+
+static uint32_t *order_heap_pos(struct index_entry *e, int k)
+{
+    return k == ORDER_NS ? &e->ns_heap : &e->lru_heap;
+}
+
+static void order_heap_set(struct lru_order *o, int k, uint32_t i, struct index_entry *e)
+{
+    o->heap[i] = e;
+    *order_heap_pos(e, k) = i + 1;
+}
+
+static void order_heap_up(struct lru_order *o, int k, uint32_t i)
+{
+    struct index_entry *e = o->heap[i];
+    while (i > 0) {
+        uint32_t p = (i - 1) / 2;
+        if (o->heap[p]->lru_stamp <= e->lru_stamp)
+            break;
+        order_heap_set(o, k, i, o->heap[p]);
+        i = p;
+    }
+    order_heap_set(o, k, i, e);
+}
+
+static void order_heap_down(struct lru_order *o, int k, uint32_t i)
+{
+    struct index_entry *e = o->heap[i];
+    for (;;) {
+        uint32_t c = 2 * i + 1;
+        if (c >= o->heap_n)
+            break;
+        if (c + 1 < o->heap_n && o->heap[c + 1]->lru_stamp < o->heap[c]->lru_stamp)
+            c++;
+        if (o->heap[c]->lru_stamp >= e->lru_stamp)
+            break;
+        order_heap_set(o, k, i, o->heap[c]);
+        i = c;
+    }
+    order_heap_set(o, k, i, e);
+}
+
+/* false: no memory for a larger heap (the caller lists e at the newest end). */
+static bool order_heap_push(struct lru_order *o, int k, struct index_entry *e)
+{
+    if (o->heap_n == o->heap_cap) {
+        uint32_t cap = o->heap_cap ? o->heap_cap * 2 : 16u;
+        if (cap <= o->heap_cap)
+            return false;
+        struct index_entry **h = realloc(o->heap, (size_t)cap * sizeof *h);
+        if (!h)
+            return false;
+        o->heap = h;
+        o->heap_cap = cap;
+    }
+    o->heap[o->heap_n] = e;
+    o->heap_n++;
+    order_heap_up(o, k, o->heap_n - 1);
+    return true;
+}
+
+static void order_heap_remove(struct lru_order *o, int k, struct index_entry *e)
+{
+    uint32_t i = *order_heap_pos(e, k) - 1;
+    struct index_entry *last = o->heap[--o->heap_n];
+    *order_heap_pos(e, k) = 0;
+    if (i < o->heap_n) {
+        order_heap_set(o, k, i, last);
+        order_heap_up(o, k, i);
+        order_heap_down(o, k, *order_heap_pos(last, k) - 1);
+    }
+    /* Give back what a burst of returns grew (it is never needed for long). */
+    if (o->heap_cap > 64 && o->heap_n < o->heap_cap / 4) {
+        struct index_entry **h = realloc(o->heap, (size_t)(o->heap_cap / 2) * sizeof *h);
+        if (h) {
+            o->heap = h;
+            o->heap_cap /= 2;
+        }
+    }
+}
+
+static void order_append(struct lru_order *o, int k, struct index_entry *e)
+{
+    *order_prev(e, k) = o->tail;
+    *order_next(e, k) = NULL;
+    if (o->tail)
+        *order_next(o->tail, k) = e;
+    else
+        o->head = e;
+    o->tail = e;
+    o->count++;
+}
+
+/* e at its stamp's place: the newest end when it is newer than everything
+ * listed, else the heap. */
+static void order_insert(struct lru_order *o, int k, struct index_entry *e)
+{
+    if (o->tail && e->lru_stamp < o->tail->lru_stamp && order_heap_push(o, k, e)) {
+        *order_prev(e, k) = *order_next(e, k) = NULL;
+        o->count++;
+        return;
+    }
+    order_append(o, k, e);
+}
+
+static void order_unlink(struct lru_order *o, int k, struct index_entry *e)
+{
+    if (*order_heap_pos(e, k)) {
+        order_heap_remove(o, k, e);
+    } else {
+        struct index_entry *p = *order_prev(e, k), *n = *order_next(e, k);
+        if (p)
+            *order_next(p, k) = n;
+        else
+            o->head = n;
+        if (n)
+            *order_prev(n, k) = p;
+        else
+            o->tail = p;
+        *order_prev(e, k) = *order_next(e, k) = NULL;
+    }
+    o->count--;
+}
+
+static struct index_entry *order_oldest(const struct lru_order *o)
+{
+    struct index_entry *h = o->head, *t = o->heap_n ? o->heap[0] : NULL;
+    if (!h || !t)
+        return h ? h : t;
+    return t->lru_stamp < h->lru_stamp ? t : h;
+}
+
+static void order_free(struct lru_order *o)
+{
+    free(o->heap);
+    o->heap = NULL;
+    o->heap_n = o->heap_cap = 0;
+}
+
+static struct lru_order *index_lru_list(struct kv_index *ix, uint32_t arena_id, uint32_t cls)
 {
     if (arena_id >= INDEX_MAX_ARENAS || cls >= ARENA_MAX_CLASSES)
         return NULL;
     return &ix->lru[arena_id][cls];
 }
 
-/* Grow the namespace list heads to cover ids below n (doubling, capped). */
+/* Grow the namespace orders to cover ids below n (doubling, capped). */
 static int index_ns_grow(struct kv_index *ix, uint32_t n)
 {
     if (n > INDEX_MAX_NAMESPACES)
@@ -304,8 +467,8 @@ static int index_ns_grow(struct kv_index *ix, uint32_t n)
         want = want > INDEX_MAX_NAMESPACES / 2 ? INDEX_MAX_NAMESPACES : want * 2;
     if (want > INDEX_MAX_NAMESPACES)
         want = INDEX_MAX_NAMESPACES;
-    /* Entries never point at list heads, so moving them is safe. */
-    struct ns_list *l = realloc(ix->ns_lru, (size_t)want * sizeof *l);
+    /* Entries never point at an order itself, so moving them is safe. */
+    struct lru_order *l = realloc(ix->ns_lru, (size_t)want * sizeof *l);
     if (!l)
         return -KVNODE_ENOMEM;
     memset(l + ix->ns_lru_n, 0, (size_t)(want - ix->ns_lru_n) * sizeof *l);
@@ -319,9 +482,9 @@ int index_ns_reserve(struct kv_index *ix, uint32_t n)
     return index_ns_grow(ix, n);
 }
 
-/* The list of namespace ns; grows the array when `grow`. NULL: out of
+/* The order of namespace ns; grows the array when `grow`. NULL: out of
  * range, or growing failed. */
-static struct ns_list *index_ns_list(struct kv_index *ix, uint32_t ns, int grow)
+static struct lru_order *index_ns_list(struct kv_index *ix, uint32_t ns, int grow)
 {
     if (ns < ix->ns_lru_n)
         return &ix->ns_lru[ns];
@@ -330,92 +493,68 @@ static struct ns_list *index_ns_list(struct kv_index *ix, uint32_t ns, int grow)
     return &ix->ns_lru[ns];
 }
 
-/* The list whose head (want_head) or tail e is. Normally e's own list; if the
- * caller changed e->arena/cls while e was listed, find it by scanning every
- * list head, which is bounded by the (small, fixed) number of lists. */
-static struct lru_list *index_lru_end_owner(struct kv_index *ix, struct index_entry *e, int want_head)
-{
-    struct lru_list *l = index_lru_list(ix, e->arena, e->cls);
-    if (l && (want_head ? l->head : l->tail) == e)
-        return l;
-    for (uint32_t a = 0; a < INDEX_MAX_ARENAS; a++)
-        for (uint32_t c = 0; c < ARENA_MAX_CLASSES; c++)
-            if ((want_head ? ix->lru[a][c].head : ix->lru[a][c].tail) == e)
-                return &ix->lru[a][c];
-    return NULL;
-}
-
 void index_lru_remove(struct kv_index *ix, struct index_entry *e)
 {
     if (!e->on_lru)
         return;
-    if (e->lru_prev) {
-        e->lru_prev->lru_next = e->lru_next;
-    } else {
-        struct lru_list *l = index_lru_end_owner(ix, e, 1);
-        if (l)
-            l->head = e->lru_next;
-    }
-    if (e->lru_next) {
-        e->lru_next->lru_prev = e->lru_prev;
-    } else {
-        struct lru_list *l = index_lru_end_owner(ix, e, 0);
-        if (l)
-            l->tail = e->lru_prev;
-    }
-    /* A listed entry is on its namespace's list too (e->ns never changes). */
-    struct ns_list *nl = index_ns_list(ix, e->ns, 0);
-    if (nl)
-        nl->count--;
-    if (e->ns_prev)
-        e->ns_prev->ns_next = e->ns_next;
-    else if (nl)
-        nl->head = e->ns_next;
-    if (e->ns_next)
-        e->ns_next->ns_prev = e->ns_prev;
-    else if (nl)
-        nl->tail = e->ns_prev;
-    e->lru_prev = e->lru_next = NULL;
-    e->ns_prev = e->ns_next = NULL;
+    /* The class order it was listed in (e->arena/cls may have changed since). */
+    order_unlink(&ix->lru[e->lru_arena][e->lru_cls], ORDER_CLASS, e);
+    order_unlink(index_ns_list(ix, e->ns, 0), ORDER_NS, e);   /* e->ns never changes */
     e->on_lru = 0;
     ix->lru_count--;
 }
 
+/* List an unlisted e in both of its orders: at the newest end (fresh: it was
+ * just stamped) or at its stamp's place. */
+static void index_lru_list_entry(struct kv_index *ix, struct index_entry *e, bool fresh)
+{
+    struct lru_order *l = index_lru_list(ix, e->arena, e->cls);
+    struct lru_order *nl = l ? index_ns_list(ix, e->ns, 1) : NULL;
+    if (!l || !nl)
+        return;     /* on neither order */
+    e->lru_arena = (uint8_t)e->arena;
+    e->lru_cls = (uint8_t)e->cls;
+    if (fresh) {
+        order_append(l, ORDER_CLASS, e);
+        order_append(nl, ORDER_NS, e);
+    } else {
+        order_insert(l, ORDER_CLASS, e);
+        order_insert(nl, ORDER_NS, e);
+    }
+    e->on_lru = 1;
+    ix->lru_count++;
+}
+
 void index_lru_touch(struct kv_index *ix, struct index_entry *e)
 {
-    struct lru_list *l = index_lru_list(ix, e->arena, e->cls);
-    struct ns_list *nl = l ? index_ns_list(ix, e->ns, 1) : NULL;
-    if (e->on_lru && l && nl && l->tail == e && nl->tail == e) {
+    if (e->on_lru && e->lru_arena == e->arena && e->lru_cls == e->cls && !e->lru_heap &&
+        !e->ns_heap && ix->lru[e->lru_arena][e->lru_cls].tail == e && index_ns_list(ix, e->ns, 0)->tail == e) {
         e->lru_stamp = ++ix->lru_clock;     /* already newest: restamp only */
         return;
     }
     index_lru_remove(ix, e);
     e->lru_stamp = ++ix->lru_clock;
-    if (!l || !nl)
-        return;     /* on neither list */
-    e->lru_prev = l->tail;
-    e->lru_next = NULL;
-    if (l->tail)
-        l->tail->lru_next = e;
+    index_lru_list_entry(ix, e, true);
+}
+
+void index_lru_use(struct kv_index *ix, struct index_entry *e)
+{
+    if (e->on_lru)
+        index_lru_touch(ix, e);
     else
-        l->head = e;
-    l->tail = e;
-    e->ns_prev = nl->tail;
-    e->ns_next = NULL;
-    if (nl->tail)
-        nl->tail->ns_next = e;
-    else
-        nl->head = e;
-    nl->tail = e;
-    nl->count++;
-    e->on_lru = 1;
-    ix->lru_count++;
+        e->lru_stamp = ++ix->lru_clock;
+}
+
+void index_lru_add(struct kv_index *ix, struct index_entry *e)
+{
+    if (!e->on_lru)
+        index_lru_list_entry(ix, e, false);
 }
 
 struct index_entry *index_lru_oldest(struct kv_index *ix, uint32_t arena_id, uint32_t cls)
 {
-    struct lru_list *l = index_lru_list(ix, arena_id, cls);
-    return l ? l->head : NULL;
+    struct lru_order *l = index_lru_list(ix, arena_id, cls);
+    return l ? order_oldest(l) : NULL;
 }
 
 struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t arena_id)
@@ -424,7 +563,7 @@ struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t aren
         return NULL;
     struct index_entry *best = NULL;
     for (uint32_t c = 0; c < ARENA_MAX_CLASSES; c++) {
-        struct index_entry *h = ix->lru[arena_id][c].head;
+        struct index_entry *h = order_oldest(&ix->lru[arena_id][c]);
         if (h && (!best || h->lru_stamp < best->lru_stamp))
             best = h;
     }
@@ -433,12 +572,12 @@ struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t aren
 
 struct index_entry *index_lru_oldest_in_ns(struct kv_index *ix, uint32_t ns)
 {
-    struct ns_list *l = index_ns_list(ix, ns, 0);
-    return l ? l->head : NULL;
+    struct lru_order *l = index_ns_list(ix, ns, 0);
+    return l ? order_oldest(l) : NULL;
 }
 
 size_t index_lru_count_in_ns(struct kv_index *ix, uint32_t ns)
 {
-    struct ns_list *l = index_ns_list(ix, ns, 0);
+    struct lru_order *l = index_ns_list(ix, ns, 0);
     return l ? l->count : 0;
 }

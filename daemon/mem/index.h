@@ -5,12 +5,16 @@
  * lease ends), index_entry_free() releases it. The hash table grows by
  * incremental rehashing (a few buckets per operation), so no call is O(n).
  *
- * LRU: one list per (arena, size class), oldest first. Callers refresh a key
- * chain tail-first (last key first, root last), so a parent is always newer
- * than its children and eviction removes leaves first. Pinned and WRITING
- * entries are kept off the lists, so the oldest listed entry is evictable.
- * Every listed entry is also on its namespace's list (same order, oldest
- * first), for per-namespace quotas: an entry is on both lists or on neither.
+ * LRU: one recency order per (arena, size class), oldest first. An entry's
+ * place changes only when a client uses it (index_lru_touch, index_lru_use):
+ * callers refresh a key chain tail-first (last key first, root last), so a
+ * parent is always newer than its children and eviction removes leaves
+ * first. Pinned and WRITING entries are kept off the orders, so the oldest
+ * listed entry is evictable; an entry whose last pin drops comes back at its
+ * own stamp's place (index_lru_add), whatever order the pins drop in (a
+ * batch's store writes land in any order). Every listed entry is also in its
+ * namespace's order (same stamps, oldest first), for per-namespace quotas:
+ * an entry is in both orders or in neither.
  *
  * Loop thread only. */
 #ifndef KVNODE_INDEX_H
@@ -46,15 +50,18 @@ struct index_entry {
     uint8_t  on_lru;        /* linked into an LRU list (maintained by index) */
     uint8_t  persist;       /* enum entry_persist (cache's) */
     uint8_t  evicting;      /* write-back: leaves memory once its write lands (cache's) */
+    uint8_t  lru_arena;     /* the (arena, class) order it is listed in (index's) */
+    uint8_t  lru_cls;
     uint32_t pins;          /* read leases (and internal users) holding it */
     uint32_t arena;         /* arena id */
     uint32_t cls;           /* size class in that arena */
     uint64_t offset;        /* byte offset in the arena */
-    uint64_t lru_stamp;     /* last touch, monotonically increasing */
+    uint64_t lru_stamp;     /* last use by a client, monotonically increasing */
     void    *promo;         /* ENTRY_PROMOTING: the cache's promotion record */
     struct index_entry *hash_next;
-    struct index_entry *lru_prev, *lru_next;   /* (arena, class) list */
-    struct index_entry *ns_prev, *ns_next;     /* namespace list */
+    struct index_entry *lru_prev, *lru_next;   /* (arena, class) order's list */
+    struct index_entry *ns_prev, *ns_next;     /* namespace order's list */
+    uint32_t lru_heap, ns_heap;                /* 1 + place in that order's heap, 0: in its list */
 };
 
 struct kv_index;
@@ -111,13 +118,18 @@ bool index_walk_step(struct kv_index *ix, struct index_walk *w, size_t buckets,
                      void (*fn)(void *arg, struct index_entry *e), void *arg);
 void index_walk_end(struct kv_index *ix, struct index_walk *w);
 
-/* Move e to the newest end of the LRU list of (e->arena, e->cls) and of its
- * namespace's list, linking it if needed, and stamp it. If e's arena or
- * class changed while it was listed, it moves to the new list (e->ns never
- * changes). An entry with an out-of-range arena, class or namespace is
- * stamped but not listed. */
+/* A client used e: stamp it newest and list it at the newest end of the
+ * orders of (e->arena, e->cls) and of its namespace, moving it there if it
+ * was listed elsewhere (its arena or class changed). An entry with an
+ * out-of-range arena, class or namespace is stamped but not listed. */
 void index_lru_touch(struct kv_index *ix, struct index_entry *e);
-/* Take e off its LRU lists (pinned, being written, being evicted). */
+/* A client used e while it is pinned: stamp it newest; it is listed at that
+ * place when its last pin drops. A listed e is touched. */
+void index_lru_use(struct kv_index *ix, struct index_entry *e);
+/* List an unlisted e (its last pin dropped) at its own stamp's place,
+ * without making it newer. O(log n) when it is older than the newest. */
+void index_lru_add(struct kv_index *ix, struct index_entry *e);
+/* Take e off its LRU orders (pinned, being written, being evicted). */
 void index_lru_remove(struct kv_index *ix, struct index_entry *e);
 /* Oldest listed entry of one class, or NULL. */
 struct index_entry *index_lru_oldest(struct kv_index *ix, uint32_t arena, uint32_t cls);

@@ -584,6 +584,47 @@ START_TEST(demotion_resumes_when_the_store_writes_land)
 }
 END_TEST
 
+/* Issue 27 item 4: the order in which a chain's store writes land must not
+ * decide which of its blocks is oldest. The leaves' keys (25..40) still
+ * have deletes under way in the store, so their writes go (and land) after
+ * the root half's; a later put then pushes HBM past the high watermark, and
+ * demotion must take the chain's leaves first (committed tail-first). */
+START_TEST(demotion_takes_leaves_first_whatever_order_the_writes_land)
+{
+    int64_t leaves[16];
+    uint32_t deleted = 0;
+    ck_assert_uint_eq(put_hbm(&gpu0, 25, 16), 16);
+    ck_assert_msg(wait_written(16), "the 16 blocks were not written to the store");
+    settle();
+    for (int i = 0; i < 16; i++)
+        leaves[i] = 25 + i;
+    ck_assert_int_eq(cache_delete(cache, ns, leaves, NULL, 16, &deleted), 0);
+    ck_assert_uint_eq(deleted, 16);
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, 40), 40);   /* before the loop has seen the deletes end */
+    ck_assert_msg(wait_written(16 + 40), "the chain was not written to the store");
+    settle();
+    ck_assert_int_eq(demote_stat("blocks_total"), 0);   /* 40 of 64: below the high watermark */
+
+    ck_assert_uint_eq(put_hbm(&gpu0, 1001, 9), 9);       /* 49: past it (48) */
+    ck_assert_msg(wait_written(16 + 40 + 9), "the last put was not written to the store");
+    settle();
+    json_int_t used = wait_hbm_used(32 * BLOCK, 3000);
+    ck_assert_int_eq(used, 32 * BLOCK);
+    ck_assert_int_eq(demote_stat("blocks_total"), 17);
+    struct cache_loc locs[64];
+    uint64_t lid;
+    ck_assert_uint_eq(get(&gpu0, 1, 40, locs, &lid), 40);
+    for (int i = 0; i < 40; i++) {
+        int64_t key = 1 + i;
+        uint32_t want = key >= 24 ? 0u : 1u;
+        ck_assert_msg(locs[i].arena == want, "key %d of the chain in arena %u, expected %u: demotion did "
+                      "not take the leaves first", (int)key, locs[i].arena, want);
+        ck_assert_msg(check(slot(&locs[i]), key), "block %d", (int)key);
+    }
+    end_read(&gpu0, lid);
+}
+END_TEST
+
 /* Write failures of the store seen so far. */
 static uint64_t write_failures(void)
 {
@@ -660,6 +701,7 @@ int main(void)
     tcase_add_test(ts, a_closing_owner_leaves_no_hbm_behind);
     tcase_add_test(ts, no_host_room_drops_the_victim);
     tcase_add_test(ts, demotion_resumes_when_the_store_writes_land);
+    tcase_add_test(ts, demotion_takes_leaves_first_whatever_order_the_writes_land);
     tcase_add_test(ts, demotion_resumes_when_failed_writes_settle);
     suite_add_tcase(s, ts);
     sr = srunner_create(s);

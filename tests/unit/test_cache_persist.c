@@ -33,6 +33,7 @@ static struct kvn_config cfg;
 static struct kv_namespace *ns;
 static struct lease_list owner;
 static char dir[64];
+static unsigned setup_workers = 2;
 
 static void setup_policy(int policy)
 {
@@ -55,7 +56,7 @@ static void setup_policy(int policy)
     cfg.persist_backend = CONFIG_BACKEND_FILE;
     cfg.persist_policy = policy;
     snprintf(cfg.persist_path, sizeof cfg.persist_path, "%s", dir);
-    cfg.persist_workers = 2;
+    cfg.persist_workers = setup_workers;
     cfg.persist_queue = 1024;
     cfg.persist_fsync = KVS_FSYNC_NEVER;
     base = event_base_new();
@@ -68,6 +69,13 @@ static void setup_policy(int policy)
 }
 
 static void setup(void) { setup_policy(CONFIG_POLICY_WRITE_THROUGH); }
+/* One store worker: requests complete in the order they were submitted. */
+static void setup_one_worker(void)
+{
+    setup_workers = 1;
+    setup_policy(CONFIG_POLICY_WRITE_THROUGH);
+    setup_workers = 2;
+}
 static void setup_wb(void)
 {
     setup_policy(CONFIG_POLICY_WRITE_BACK);
@@ -435,6 +443,50 @@ START_TEST(test_recovered_entries)
 }
 END_TEST
 
+/* Write-through pins each committed block until its write lands; the order
+ * the writes land in must not decide which block is oldest. Here the
+ * chain's leaves land last: their keys still have deletes under way in the
+ * store (each key's operations run in order), while the root half's writes
+ * go at once. The chain was committed tail-first, so eviction must still
+ * take its leaves first and keep the root. */
+START_TEST(test_eviction_order_ignores_write_completion_order)
+{
+    int64_t k[16], fill_keys[24];
+    uint32_t deleted = 0;
+    struct cache_tiers t;
+
+    chain(k, 8, 1);            /* the root half: new keys */
+    chain(&k[8], 8, 100);      /* the leaves: keys with deletes under way */
+    put_chain(&k[8], 8, true);
+    settle();
+    ck_assert_int_eq(cache_delete(cache, ns, &k[8], NULL, 8, &deleted), 0);
+    ck_assert_uint_eq(deleted, 8);
+    put_chain(k, 16, true);    /* before the loop has seen the deletes end */
+    settle();
+    run_ms(20);
+    settle();
+    ck_assert_int_eq(stat_at("persist", "written_blocks_total", NULL), 8 + 16);
+    ck_assert_int_eq(stat_at("persist", "pinned_for_writes_bytes", NULL), 0);
+
+    /* 24 more blocks into the 32-block tier: the 8 oldest of the chain go. */
+    chain(fill_keys, 24, 5000);
+    for (int b = 0; b < 3; b++) {
+        put_chain(&fill_keys[b * 8], 8, true);
+        settle();
+    }
+    ck_assert_int_eq(stat_at("tiers", "store", "blocks"), 8);
+    cache_match_tiers(cache, ns, k, 16, &t);
+    ck_assert_uint_eq(t.matched, 16);
+    ck_assert_msg(t.host == 8 && t.store == 8, "%zu of the chain in memory, %zu only in the store",
+                  t.host, t.store);
+    for (int i = 0; i < 16; i++) {
+        cache_match_tiers(cache, ns, &k[i], 1, &t);
+        ck_assert_msg(i < 8 ? t.host == 1 : t.store == 1, "key %d of the chain is %s: eviction did "
+                      "not take the leaves first", i, t.host ? "in memory" : "only in the store");
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cache_persist");
@@ -451,6 +503,11 @@ int main(void)
     tcase_add_test(tc, test_recovered_entries);
     tcase_add_test(tc, test_burst_beyond_memory_waits_for_the_store);
     suite_add_tcase(s, tc);
+    TCase *one = tcase_create("one_worker");
+    tcase_add_checked_fixture(one, setup_one_worker, teardown);
+    tcase_set_timeout(one, 60);
+    tcase_add_test(one, test_eviction_order_ignores_write_completion_order);
+    suite_add_tcase(s, one);
     tcase_add_checked_fixture(wb, setup_wb, teardown);
     tcase_set_timeout(wb, 60);
     tcase_add_test(wb, test_write_back_writes_on_eviction);

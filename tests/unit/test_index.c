@@ -391,6 +391,139 @@ START_TEST(test_lru_chain_leaf_first)
 }
 END_TEST
 
+/* A chain committed tail-first, then pinned (taken off the orders) and let go
+ * in a shuffled order, as a batch's store writes land: each entry comes back
+ * at its own stamp's place, so the leaves still leave first. */
+START_TEST(test_lru_add_keeps_place_whatever_the_order)
+{
+    struct kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    enum { N = 64 };
+    struct index_entry *chain[N], *want[N + 1];
+    struct index_entry *other = test_new(ix, 5, 1, 2, 3);
+    for (int i = 0; i < N; i++)
+        chain[i] = test_new(ix, 5, 1000 + i, 2, 3);
+    for (int i = N - 1; i >= 0; i--)
+        index_lru_touch(ix, chain[i]);
+    uint64_t stamps[N];
+    for (int i = 0; i < N; i++) {
+        stamps[i] = chain[i]->lru_stamp;
+        index_lru_remove(ix, chain[i]);    /* pinned by a write */
+    }
+    index_lru_touch(ix, other);            /* used meanwhile: newest */
+    int order[N];
+    for (int i = 0; i < N; i++)
+        order[i] = i;
+    for (int i = N - 1; i > 0; i--) {
+        int j = (int)(test_rand() % (uint64_t)(i + 1)), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    for (int i = 0; i < N; i++) {          /* the root's write lands first */
+        if (order[i] == 0) {
+            order[i] = order[0];
+            order[0] = 0;
+            break;
+        }
+    }
+    for (int i = 0; i < N; i++) {
+        index_lru_add(ix, chain[order[i]]);
+        index_lru_add(ix, chain[order[i]]);   /* listed: no-op */
+    }
+    for (int i = 0; i < N; i++)
+        ck_assert_uint_eq(chain[i]->lru_stamp, stamps[i]);   /* no pin drop restamps */
+    ck_assert_uint_eq(index_lru_count_in_ns(ix, 5), N + 1);
+    ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 5), chain[N - 1]);
+    ck_assert_ptr_eq(index_lru_oldest_in_arena(ix, 2), chain[N - 1]);
+    for (int i = 0; i < N; i++)
+        want[i] = chain[N - 1 - i];
+    want[N] = other;
+    test_expect_oldest_order(ix, 2, 3, want, N + 1);
+    ck_assert_uint_eq(index_lru_count_in_ns(ix, 5), 0);
+    index_destroy(ix);
+}
+END_TEST
+
+/* index_lru_use on a pinned entry only stamps it; it takes the new place
+ * when added back. */
+START_TEST(test_lru_use_while_pinned)
+{
+    struct kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    struct index_entry *a = test_new(ix, 1, 1, 0, 0), *b = test_new(ix, 1, 2, 0, 0);
+    index_lru_touch(ix, a);
+    index_lru_touch(ix, b);
+    index_lru_remove(ix, a);
+    index_lru_use(ix, a);
+    ck_assert_uint_eq(a->on_lru, 0);
+    ck_assert_uint_gt(a->lru_stamp, b->lru_stamp);
+    index_lru_add(ix, a);
+    struct index_entry *want[] = { b, a };
+    test_expect_oldest_order(ix, 0, 0, want, 2);
+    index_destroy(ix);
+}
+END_TEST
+
+/* Random touches, uses, removals and adds over two classes and namespaces:
+ * every order's oldest is the listed entry of least stamp, and the counts
+ * match, at every step (a model of the orders beside the index). */
+START_TEST(test_lru_random_against_model)
+{
+    struct kv_index *ix = NULL;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    enum { N = 300, STEPS = 20000 };
+    struct index_entry *e[N];
+    for (int i = 0; i < N; i++)
+        e[i] = test_new(ix, 1 + (uint32_t)(i % 3), i, 4, (uint32_t)(i % 2));
+    for (int s = 0; s < STEPS; s++) {
+        struct index_entry *x = e[test_rand() % N];
+        switch (test_rand() % 4) {
+        case 0: index_lru_touch(ix, x); break;
+        case 1: index_lru_use(ix, x); break;
+        case 2: index_lru_remove(ix, x); break;
+        default: index_lru_add(ix, x); break;
+        }
+        if (s % 7 == 0) {   /* a class change while unlisted (a demotion) */
+            struct index_entry *y = e[test_rand() % N];
+            if (!y->on_lru)
+                y->cls = (uint32_t)(test_rand() % 2);
+        }
+        struct index_entry *min_cls[2] = { NULL, NULL }, *min_ns[4] = { NULL }, *min_all = NULL;
+        size_t ns_count[4] = { 0 };
+        for (int i = 0; i < N; i++) {
+            struct index_entry *y = e[i];
+            if (!y->on_lru)
+                continue;
+            if (!min_cls[y->cls] || y->lru_stamp < min_cls[y->cls]->lru_stamp)
+                min_cls[y->cls] = y;
+            if (!min_ns[y->ns] || y->lru_stamp < min_ns[y->ns]->lru_stamp)
+                min_ns[y->ns] = y;
+            if (!min_all || y->lru_stamp < min_all->lru_stamp)
+                min_all = y;
+            ns_count[y->ns]++;
+        }
+        /* Entries never used share stamp 0: any of them is the oldest. */
+        for (uint32_t c = 0; c < 2; c++) {
+            struct index_entry *o = index_lru_oldest(ix, 4, c);
+            FAIL_IF_NOT(o == min_cls[c] || (o && min_cls[c] && o->on_lru && o->cls == c &&
+                                            o->lru_stamp == min_cls[c]->lru_stamp),
+                        "step %d: oldest of class %u", s, c);
+        }
+        for (uint32_t n = 1; n < 4; n++) {
+            struct index_entry *o = index_lru_oldest_in_ns(ix, n);
+            FAIL_IF_NOT(o == min_ns[n] || (o && min_ns[n] && o->on_lru && o->ns == n &&
+                                           o->lru_stamp == min_ns[n]->lru_stamp),
+                        "step %d: oldest of ns %u", s, n);
+            FAIL_IF_NOT(index_lru_count_in_ns(ix, n) == ns_count[n], "step %d: count of ns %u", s, n);
+        }
+        struct index_entry *o = index_lru_oldest_in_arena(ix, 4);
+        FAIL_IF_NOT(o == min_all || (o && min_all && o->on_lru && o->lru_stamp == min_all->lru_stamp),
+                    "step %d: oldest of the arena", s);
+    }
+    index_destroy(ix);
+}
+END_TEST
+
 START_TEST(test_lru_retouch_moves_to_tail)
 {
     struct kv_index *ix = NULL;
@@ -835,6 +968,9 @@ static Suite *index_suite(void)
     tc = tcase_create("lru");
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_lru_chain_leaf_first);
+    tcase_add_test(tc, test_lru_add_keeps_place_whatever_the_order);
+    tcase_add_test(tc, test_lru_use_while_pinned);
+    tcase_add_test(tc, test_lru_random_against_model);
     tcase_add_test(tc, test_lru_retouch_moves_to_tail);
     tcase_add_test(tc, test_lru_remove);
     tcase_add_test(tc, test_lru_oldest_in_arena);
