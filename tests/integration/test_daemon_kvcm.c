@@ -1132,7 +1132,7 @@ START_TEST(test_down_or_slow_under_load)
         ck_assert_int_eq(pthread_create(&th[i], NULL, load_main, &ld[i]), 0);
     }
     uint64_t t_down = kvh_now_ms();
-    pings_fast(obs, 100, 10, "while KVCM is down");
+    pings_fast(obs, 100, 10, 1000, "while KVCM is down");
     long long tries = recorded_so_far(&s) - seq_down;
     uint64_t down_ms = kvh_now_ms() - t_down;
     if (getenv("PING_DEBUG"))
@@ -1144,7 +1144,7 @@ START_TEST(test_down_or_slow_under_load)
                   "%lld requests in %" PRIu64 " ms while KVCM was down: no backoff", tries, down_ms);
     ck_assert_str_eq(kvcm_state(&d), "DEGRADED");
     control(&s, "{\"down\":false,\"delay_ms\":1000}");
-    pings_fast(obs, 100, 10, "while KVCM is slow");
+    pings_fast(obs, 100, 10, 1000, "while KVCM is slow");
     atomic_store(&stop, true);
     long ops = 0;
     for (int i = 0; i < NLOAD; i++) {

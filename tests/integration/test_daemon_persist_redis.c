@@ -678,7 +678,7 @@ START_TEST(test_hung_store_does_not_stall_the_loop)
     long long timeouts0 = stat_int(&b, "persist.wait_timeouts_total");
     ck_assert_int_eq(kvh_match(cb, k, 8), 0);
     ck_assert_int_eq(stat_int(&b, "persist.wait_timeouts_total") - timeouts0, 1);
-    pings_fast(obs, 40, 20, "while the store hangs");
+    pings_fast(obs, 40, 20, 5000, "while the store hangs");   /* persist.timeout */
     ck_assert_int_eq(kill(one.pids[0], SIGCONT), 0);
 
     /* Back: found and read byte-exact (the stuck lookup ends within persist.timeout). */
@@ -789,7 +789,7 @@ START_TEST(test_master_killed_during_write_burst)
             rctl_kill(&f, victim);
             /* Memory serves, and the loop answers, while the shard is down. */
             ck_assert_uint_eq(KVH_GET_VERIFIED(ca, k[0], LEN, 8), LEN);
-            pings_fast(obs, 20, 10, "while a master is down");
+            pings_fast(obs, 20, 10, 1000, "while a master is down");
         }
     }
     wait_ge(&a, "persist.written_blocks_total", CHAINS * LEN, 30000);

@@ -704,7 +704,7 @@ START_TEST(test_slow_store)
 
     /* While the writes crawl, the loop answers at once. */
     uint64_t t0 = kvh_now_ms();
-    pings_fast(obs, 100, 10, "while the store is slow");
+    pings_fast(obs, 100, 10, 1500, "while the store is slow");
     ck_assert_int_eq(stat_int(&d, "persist.written_blocks_total"), 0);
     ck_assert_int_gt(stat_int(&d, "persist.queue_depth"), 0);
     wait_idle(&d, 15000);
@@ -752,7 +752,7 @@ START_TEST(test_slow_store)
     kvnode_close(quitter);
 
     /* Still responsive while promotions and the lookup run. */
-    pings_fast(obs, 50, 10, "during promotions");
+    pings_fast(obs, 50, 10, 1500, "during promotions");
 
     /* The promotions finish in the background: then a is in memory, intact. */
     wait_ge(&d, "persist.promotions_ok_total", 4, 15000);
