@@ -743,7 +743,8 @@ struct kv_namespace *cache_find_ns(struct cache *c, const struct ns_layout *l)
     /* Bounded by the registry's records, as ns_bind's own walk is. */
     for (size_t i = 0; i < ns_count(c->namespaces); i++) {
         struct kv_namespace *ns = ns_at(c->namespaces, i);
-        if (ns->fingerprint == fp && ns->layout.tp_rank == l->tp_rank)
+        if (ns->fingerprint == fp && ns->layout.tp_rank == l->tp_rank &&
+            ns_same_deployment(&ns->layout, l))
             return ns;
     }
     return NULL;

@@ -59,11 +59,16 @@ static struct kvcm_dep *kvcm_dep_new(struct kvcm *k, const struct kv_namespace *
 /* The deployment index of ns, registering it on first sight (under mu). A
  * deployment whose instance id another deployment already publishes under
  * is refused: KVCM would take the two for one reporter, and each snapshot
- * would erase the other's blocks. */
+ * would erase the other's blocks. (Tenants' deployments of one layout
+ * differ in the fingerprint, which includes the tenant.) */
 static int kvcm_dep_index(struct kvcm *k, const struct kv_namespace *ns)
 {
+    /* The fingerprint finds it; equal fields confirm it, so that even two
+     * deployments whose fingerprints met (a 64-bit hash) stay two, and the
+     * second is refused below for its instance id. */
     for (size_t i = 0; i < k->ndeps; i++)
-        if (k->deps[i]->fingerprint == ns->fingerprint)
+        if (k->deps[i]->fingerprint == ns->fingerprint &&
+            ns_same_deployment(&k->deps[i]->layout, &ns->layout))
             return (int)i;
     if (k->ndeps >= KVCM_MAX_DEPLOYMENTS)
         return -1;

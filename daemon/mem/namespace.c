@@ -13,9 +13,29 @@
  * text changes every deployment id (and persisted object keys): bump the
  * version prefix if it ever has to change.
  *
- * fingerprint = FNV-1a 64 of that string (offset 0xcbf29ce484222325, prime
- * 0x100000001b3); deployment_id = "<model>-<fingerprint, lowercase hex,
- * no padding>" with '/', ' ', '\t', '\n' in the model replaced by '_'.
+ * Identity string (issue 27). The fingerprint hashes (tenant, layout); in
+ * the v1 string a field may contain '|' and so imitate the fields after it
+ * or a tenant's "|tenant=NAME" suffix. So:
+ *
+ * - no '|' in model, dtype and extra (tenant names never have one): the v1
+ *   string, followed by "|tenant=<name>" for a named tenant -- exactly what
+ *   earlier versions hashed, so the ids of existing stores stay. Unambiguous:
+ *   split at '|' it has 9 parts (10 with a tenant), each "label=value";
+ * - otherwise, version 2, every string length-prefixed (bytes, decimal):
+ *
+ *   kvnode-layout-v2|tenant=<n>:<tenant>|model=<n>:<model>|dtype=<n>:<dtype>
+ *   |block_tokens=<u>|num_layers=<u>|kv_heads=<u>|head_dim=<u>|tp_size=<u>
+ *   |extra=<n>:<extra>
+ *
+ *   (tenant "" for "default"). Read left to right, each length says where
+ *   its field ends, so no content can be taken for a label.
+ *
+ * The two never meet: they differ in the version byte. Together they are
+ * one-to-one on (tenant, layout without tp_rank and block_bytes).
+ *
+ * fingerprint = FNV-1a 64 of the identity string (offset 0xcbf29ce484222325,
+ * prime 0x100000001b3); deployment_id = "<model>-<fingerprint, lowercase
+ * hex, no padding>" with '/', ' ', '\t', '\n' in the model replaced by '_'.
  *
  * The registry is an array of records; id = index + 1. A record is never
  * freed while the daemon runs (pointers stay valid), but one that is idle —
@@ -38,8 +58,8 @@
 /* The standard basis 14695981039346656037, not rtp-llm's (docs/PROTOCOLS.md §4.3). */
 #define NS_FNV_OFFSET UINT64_C(0xcbf29ce484222325)
 #define NS_FNV_PRIME  UINT64_C(0x100000001b3)    /* 1099511628211 */
-/* Fixed text plus 6 numbers of at most 10 digits plus the strings. */
-#define NS_CANON_MAX (NS_MODEL_MAX + NS_DTYPE_MAX + NS_EXTRA_MAX + 256)
+/* Fixed text, 5 numbers of at most 10 digits, 4 lengths and the strings. */
+#define NS_IDENTITY_MAX (NS_MODEL_MAX + NS_DTYPE_MAX + NS_EXTRA_MAX + NS_TENANT_MAX + 256)
 
 struct ns_registry {
     struct kv_namespace **items;
@@ -79,30 +99,70 @@ uint64_t ns_fnv1a64(const void *data, size_t len)
     return h;
 }
 
+/* Whether the v1 string of l is unambiguous: no '|' in its strings. */
+bool ns_identity_is_v1(const struct ns_layout *l)
+{
+    return !memchr(l->model, '|', (size_t)ns_field_len(l->model, NS_MODEL_MAX)) &&
+           !memchr(l->dtype, '|', (size_t)ns_field_len(l->dtype, NS_DTYPE_MAX)) &&
+           !memchr(l->extra, '|', (size_t)ns_field_len(l->extra, NS_EXTRA_MAX));
+}
+
+/* The v1 string, then "|tenant=<name>" for a named tenant. */
+static size_t ns_identity_v1(const struct ns_layout *l, const char *tenant, char *buf, size_t len)
+{
+    size_t n = ns_canonical_string(l, buf, len);
+    if (!tenant || !*tenant)
+        return n;
+    int m = snprintf(n < len ? buf + n : NULL, n < len ? len - n : 0, "|tenant=%.*s",
+                     ns_field_len(tenant, NS_TENANT_MAX), tenant);
+    return n + (m < 0 ? 0 : (size_t)m);
+}
+
+static size_t ns_identity_v2(const struct ns_layout *l, const char *tenant, char *buf, size_t len)
+{
+    int tl = tenant ? ns_field_len(tenant, NS_TENANT_MAX) : 0;
+    int ml = ns_field_len(l->model, NS_MODEL_MAX), dl = ns_field_len(l->dtype, NS_DTYPE_MAX);
+    int el = ns_field_len(l->extra, NS_EXTRA_MAX);
+    int n = snprintf(buf, len,
+                     "kvnode-layout-v2|tenant=%d:%.*s|model=%d:%.*s|dtype=%d:%.*s|block_tokens=%" PRIu32
+                     "|num_layers=%" PRIu32 "|kv_heads=%" PRIu32 "|head_dim=%" PRIu32
+                     "|tp_size=%" PRIu32 "|extra=%d:%.*s",
+                     tl, tl, tenant ? tenant : "", ml, ml, l->model, dl, dl, l->dtype,
+                     l->block_tokens, l->num_layers, l->kv_heads, l->head_dim, l->tp_size,
+                     el, el, l->extra);
+    return n < 0 ? 0 : (size_t)n;
+}
+
+size_t ns_identity_string(const struct ns_layout *l, const char *tenant, char *buf, size_t len)
+{
+    return ns_identity_is_v1(l) ? ns_identity_v1(l, tenant, buf, len) : ns_identity_v2(l, tenant, buf, len);
+}
+
+/* FNV-1a of what one of the builders above writes; the buffer fits the
+ * bounded fields, but never hash past it. */
+static uint64_t ns_hash_identity(size_t (*build)(const struct ns_layout *, const char *, char *, size_t),
+                                 const struct ns_layout *l, const char *tenant)
+{
+    char buf[NS_IDENTITY_MAX];
+    size_t n = build(l, tenant, buf, sizeof buf);
+    if (n >= sizeof buf)
+        n = sizeof buf - 1;
+    return ns_fnv1a64(buf, n);
+}
+
 uint64_t ns_fingerprint(const struct ns_layout *l)
 {
-    char buf[NS_CANON_MAX];
-    size_t n = ns_canonical_string(l, buf, sizeof(buf));
-    /* Cannot happen with the bounded fields above; hash what fits anyway. */
-    if (n >= sizeof(buf))
-        n = sizeof(buf) - 1;
-    return ns_fnv1a64(buf, n);
+    return ns_fingerprint_tenant(l, NULL);
 }
 
 uint64_t ns_fingerprint_tenant(const struct ns_layout *l, const char *tenant)
 {
-    char buf[NS_CANON_MAX + NS_TENANT_MAX + 16];
-    size_t n;
+    return ns_hash_identity(ns_identity_string, l, tenant);
+}
 
-    if (!tenant || !*tenant)
-        return ns_fingerprint(l);
-    n = ns_canonical_string(l, buf, sizeof(buf));
-    if (n >= sizeof(buf))
-        n = sizeof(buf) - 1;
-    int m = snprintf(buf + n, sizeof(buf) - n, "|tenant=%.*s", ns_field_len(tenant, NS_TENANT_MAX), tenant);
-    if (m > 0)
-        n += (size_t)m < sizeof(buf) - n ? (size_t)m : sizeof(buf) - n - 1;
-    return ns_fnv1a64(buf, n);
+uint64_t ns_fingerprint_v1(const struct ns_layout *l, const char *tenant)
+{
+    return ns_hash_identity(ns_identity_v1, l, tenant);
 }
 
 size_t ns_deployment_id(const struct ns_layout *l, uint64_t fingerprint, char *buf, size_t len)
@@ -226,8 +286,7 @@ void ns_registry_destroy(struct ns_registry *r)
     free(r);
 }
 
-/* Same deployment: every field of the canonical string is equal. */
-static int ns_same_deployment(const struct ns_layout *a, const struct ns_layout *b)
+bool ns_same_deployment(const struct ns_layout *a, const struct ns_layout *b)
 {
     return strncmp(a->model, b->model, NS_MODEL_MAX) == 0 &&
            strncmp(a->dtype, b->dtype, NS_DTYPE_MAX) == 0 &&

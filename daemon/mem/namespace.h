@@ -1,14 +1,16 @@
 /* namespace: layout fingerprints and the registry of namespaces.
  *
- * A deployment is a layout without its TP rank, identified by the FNV-1a 64
- * fingerprint of a canonical layout string that includes everything that
- * changes block bytes except block_bytes itself; block_bytes must then agree
- * across every namespace of the deployment, and an engine announcing the
- * same deployment with a different block size is refused. A namespace is
+ * A deployment is a layout without its TP rank, within a tenant, identified
+ * by the FNV-1a 64 fingerprint of an identity string that includes the
+ * tenant and everything that changes block bytes except block_bytes itself;
+ * block_bytes must then agree across every namespace of the deployment, and
+ * an engine announcing the same deployment with a different block size is
+ * refused. A namespace is
  * (deployment, tp_rank) and owns the blocks its engines put. Namespaces
  * outlive the connections that created them.
  *
- * Loop thread only. */
+ * The registry: loop thread only. The identity functions are pure (store
+ * workers check records with them). */
 #ifndef KVNODE_NAMESPACE_H
 #define KVNODE_NAMESPACE_H
 
@@ -56,18 +58,37 @@ struct kv_namespace {
     uint32_t ranks;                     /* namespaces in that ring (same in each) */
 };
 
-/* Canonical layout string (without tp_rank and block_bytes); returns the
- * length snprintf would need. Strings are included verbatim. */
+/* Canonical layout string, version 1 (without tp_rank and block_bytes);
+ * returns the length snprintf would need. Strings are included verbatim, so
+ * it is ambiguous when one holds '|': v6d object keys (rtp-llm's hash) use
+ * it as it is; fingerprints use ns_identity_string. */
 size_t ns_canonical_string(const struct ns_layout *l, char *buf, size_t len);
 uint64_t ns_fnv1a64(const void *data, size_t len);
-uint64_t ns_fingerprint(const struct ns_layout *l);
-/* A namespace's identity includes its tenant (issue 15): for a named tenant
- * the fingerprint is FNV-1a 64 of the canonical string followed by
- * "|tenant=<name>", so the same layout in two tenants is two deployments
- * (other deployment ids, store keys and KVCM instances). tenant NULL or ""
- * (the tenant "default"): ns_fingerprint, as before tenants. */
 #define NS_TENANT_MAX 32                /* tenant names, NUL included */
+/* A deployment's identity (issue 27) is (tenant, layout without tp_rank and
+ * block_bytes), written so that no field's content can imitate another
+ * field or the tenant (namespace.c has the text): the v1 string, with
+ * "|tenant=<name>" for a named tenant, when model, dtype and extra hold no
+ * '|' (what every version computed, so existing ids stay); else version 2,
+ * each string length-prefixed. tenant NULL or "": the tenant "default".
+ * Returns the length snprintf would need. */
+size_t ns_identity_string(const struct ns_layout *l, const char *tenant, char *buf, size_t len);
+/* Whether l's identity is the v1 string (no '|' in model, dtype, extra). */
+bool ns_identity_is_v1(const struct ns_layout *l);
+/* FNV-1a 64 of ns_identity_string: the same layout in two tenants is two
+ * deployments (other deployment ids, store keys and KVCM instances), and no
+ * layout of one tenant has another's identity. */
 uint64_t ns_fingerprint_tenant(const struct ns_layout *l, const char *tenant);
+/* ns_fingerprint_tenant(l, NULL): the tenant "default". */
+uint64_t ns_fingerprint(const struct ns_layout *l);
+/* The fingerprint versions before issue 27 gave every layout: FNV-1a 64 of
+ * the v1 string (+ "|tenant=<name>"). Equal to ns_fingerprint_tenant when
+ * ns_identity_is_v1; otherwise what records of l written by those versions
+ * carry (the file store recognises them at recovery). */
+uint64_t ns_fingerprint_v1(const struct ns_layout *l, const char *tenant);
+/* Every field of the identity is equal (tp_rank and block_bytes aside):
+ * where a fingerprint match decides something, this confirms it. */
+bool ns_same_deployment(const struct ns_layout *a, const struct ns_layout *b);
 /* "<model>-<fingerprint lowercase hex>", '/', ' ', '\t', '\n' in the model
  * replaced by '_'; returns the length snprintf would need. */
 size_t ns_deployment_id(const struct ns_layout *l, uint64_t fingerprint, char *buf, size_t len);

@@ -32,7 +32,10 @@
  *   (NODE_REGISTER names both, the default URI follows the medium); a demotion is a
  *   DELETE from hbm and an ADD to dram;
  * - an empty deployment registers and heartbeats once its whole TP group said HELLO;
- * - after INSTANCE_NOT_EXIST the publisher goes straight to registerInstance.
+ * - after INSTANCE_NOT_EXIST the publisher goes straight to registerInstance;
+ * - tenants (as root): a client of "default" declaring tenant alpha's layout with extra
+ *   "|tenant=alpha" gets its own deployment and instance; its put and delete of alpha's
+ *   keys leave alpha's instance holding alpha's chain (issue 27).
  *
  * KVCM_TEST_DUMP=FILE writes what the simulator recorded in the HOST_DOWN test (every
  * request kind with its answer) to FILE. Runs in about 25 s. */
@@ -52,6 +55,7 @@
 #include "harness.h"
 #include "../common/kvh_http.h"
 #include "pings.h"
+#include "tenants_util.h"
 #include "../sim/kvcmctl.h"
 
 #define HOSTPORT      "10.9.8.7:7000"
@@ -2040,6 +2044,129 @@ START_TEST(test_instance_not_exist_reregisters)
 }
 END_TEST
 
+/* ---- 18. tenants: no client takes another tenant's identity (issue 27) -------------------- */
+
+#define ALPHA_UID 65534
+
+struct alpha_put_job {
+    const kvh_daemon *d;
+    const kvnode_key *keys;
+    size_t n;
+};
+
+/* Tenant alpha's engine (run as ALPHA_UID): puts its chain and leaves. */
+static int alpha_put(void *arg)
+{
+    const struct alpha_put_job *j = arg;
+    kvnode_layout l = kvh_layout("imp", BB, 1, 0);
+    kvnode_client *c;
+    if (kvnode_connect(j->d->sock, &l, &c) != 0) {
+        fprintf(stderr, "alpha: connect: %s\n", kvnode_connect_error());
+        return 10;
+    }
+    int rc = kvh_put(c, j->keys, j->n, 7) == 0 ? 0 : 11;
+    if (rc)
+        fprintf(stderr, "alpha: put: %s\n", kvh_error());
+    kvnode_close(c);
+    return rc;
+}
+
+/* kvcm.deployments of the stats, a new reference. */
+static json_t *kvcm_deployments(const kvh_daemon *d)
+{
+    json_t *k = kvcm_stats(d);
+    json_t *deps = json_incref(json_object_get(k, "deployments"));
+    json_decref(k);
+    ck_assert_msg(json_is_array(deps), "the stats have no kvcm.deployments");
+    return deps;
+}
+
+static const char *dep_str(json_t *dep, const char *name)
+{
+    const char *v = json_string_value(json_object_get(dep, name));
+    return v ? v : "";
+}
+
+/* A client of "default" declaring tenant alpha's layout with extra "|tenant=alpha" (the
+ * text a named tenant's fingerprint used to end with) gets a deployment and a KVCM instance
+ * of its own: its put and delete of alpha's keys leave alpha's instance holding alpha's
+ * chain. Before issue 27 it got alpha's fingerprint, so its events went to alpha's
+ * instance and the delete made KVCM forget alpha's chain. */
+START_TEST(test_tenant_identity_not_forgeable)
+{
+    TENANTS_NEEDS_ROOT("daemon_kvcm: tenant_identity");
+    struct kvcmctl s;
+    kvh_daemon d;
+    sim_start(&s, NULL);
+    char conf[4096];
+    kvcm_conf(conf, sizeof conf, s.base,
+              "server.socket_mode=0666\nmemory.host_bytes=32MiB\nmemory.slab_bytes=1MiB\n"
+              "tenant.alpha.uids=65534\ntenant.alpha.host_bytes=16MiB\n");
+    tenants_start(&d, conf);
+
+    kvnode_key a[4];
+    kvh_chain(a, 4, 270);
+    struct alpha_put_job j = { .d = &d, .keys = a, .n = 4 };
+    ck_assert_int_eq(tenants_run_as(alpha_put, &j, ALPHA_UID, ALPHA_UID, NULL, 0), 0);
+    wait_blocks(&s, "imp", a, 4, tmo(5000));
+    json_t *deps = kvcm_deployments(&d);
+    ck_assert_uint_eq(json_array_size(deps), 1);
+    char alpha_dep[256], alpha_inst[256];
+    snprintf(alpha_dep, sizeof alpha_dep, "%s", dep_str(json_array_get(deps, 0), "deployment_id"));
+    snprintf(alpha_inst, sizeof alpha_inst, "%s", dep_str(json_array_get(deps, 0), "instance_id"));
+    json_decref(deps);
+
+    /* root is in no [tenant] section: "default" */
+    kvnode_layout forged = kvh_layout("imp", BB, 1, 0);
+    forged.extra = "|tenant=alpha";
+    kvnode_client *c;
+    KVH_CONNECT(&d, &forged, &c);
+    KVH_OK(c, kvh_put(c, a, 4, 8));
+
+    /* The forged layout is a deployment of its own, with its own instance id. */
+    uint64_t deadline = kvh_now_ms() + (uint64_t)tmo(3000);
+    for (;;) {
+        deps = kvcm_deployments(&d);
+        size_t n = json_array_size(deps);
+        if (n == 2)
+            break;
+        json_decref(deps);
+        ck_assert_msg(kvh_now_ms() < deadline, "the forged layout of \"default\" publishes as tenant "
+                      "alpha's deployment %s (instance %s): %zu deployment(s) known to the publisher",
+                      alpha_dep, alpha_inst, n);
+        kvh_sleep_ms(20);
+    }
+    size_t i;
+    json_t *dep;
+    json_array_foreach(deps, i, dep) {
+        ck_assert_msg(!json_is_string(json_object_get(dep, "refused")), "deployment %s refused: %s",
+                      dep_str(dep, "deployment_id"), dep_str(dep, "refused"));
+        if (i == 0)
+            continue;
+        ck_assert_str_ne(dep_str(dep, "deployment_id"), alpha_dep);
+        ck_assert_str_ne(dep_str(dep, "instance_id"), alpha_inst);
+    }
+    json_decref(deps);
+
+    /* Deleting alpha's keys in its own namespace leaves alpha's instance whole. */
+    size_t deleted = 0;
+    KVH_OK(c, kvnode_delete(c, a, 4, &deleted));
+    ck_assert_uint_eq(deleted, 4);
+    kvh_sleep_ms(tmo(300));      /* several flush intervals: a wrong DELETE would have gone */
+    char why[512] = "";
+    for (int k = 0; k < 5; k++) {
+        json_t *rep = reporter_of(&s, alpha_inst);
+        bool eq = blocks_equal(rep, a, 4, why, sizeof why);
+        json_decref(rep);
+        ck_assert_msg(eq, "tenant alpha's instance %s after default's delete: %s", alpha_inst, why);
+        kvh_sleep_ms(40);
+    }
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+    kvcmctl_stop_ok(&s);
+}
+END_TEST
+
 int main(void)
 {
     /* One test case per test, each with its own bound (seconds). */
@@ -2061,6 +2188,7 @@ int main(void)
         { "media", test_media_per_tier, 40 },
         { "register_at_hello", test_register_at_hello, 30 },
         { "instance_not_exist", test_instance_not_exist_reregisters, 30 },
+        { "tenant_identity", test_tenant_identity_not_forgeable, 40 },
     };
     Suite *suite = suite_create("daemon_kvcm");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -569,6 +569,72 @@ START_TEST(test_tenant_roots)
 }
 END_TEST
 
+/* Issue 27: a layout with '|' in a string has a new identity; what a version
+ * before it wrote (layout records and records carrying the old fingerprint,
+ * ns_fingerprint_v1) is found at recovery under the new one and reads back
+ * byte-exact, from the hint and, without it, from the records (which write a
+ * hint in the new terms). New writes go under the new fingerprint. Default
+ * root and a tenant's, _i picks which. */
+START_TEST(test_old_identity_recovered)
+{
+    const char *tenant = _i ? "alpha" : NULL;
+    char troot[PATH_MAX], hint[PATH_MAX];
+    snprintf(troot, sizeof troot, "%s%s", root, _i ? "/tenants/alpha" : "");
+    struct tns old, cur;
+    mkns(&old, "pipe-model", 1024, 1);
+    snprintf(old.l.extra, sizeof old.l.extra, "rope=yarn|tenant=b");
+    cur = old;
+    cur.ns.layout = &cur.l;
+    cur.ns.deployment_id = cur.id;
+    old.ns.layout = &old.l;
+    old.ns.deployment_id = old.id;
+    old.ns.fingerprint = ns_fingerprint_v1(&old.l, tenant);
+    cur.ns.fingerprint = ns_fingerprint_tenant(&cur.l, tenant);
+    ck_assert_uint_ne(old.ns.fingerprint, cur.ns.fingerprint);
+    ns_deployment_id(&old.l, old.ns.fingerprint, old.id, sizeof old.id);
+    ns_deployment_id(&cur.l, cur.ns.fingerprint, cur.id, sizeof cur.id);
+
+    /* as the old version wrote it */
+    struct kvs_store *s = open_tenant_store(troot, tenant);
+    for (int64_t k = 0; k < 12; k++)
+        ck_assert_int_eq(put_block(s, &old, k * 31 - 5, 9), 0);
+    ck_assert_int_eq(kvs_file_locate_hint(s, &old.ns, -5, hint, sizeof(hint)), 0);
+    be->close(s);
+
+    struct seen *sn = calloc(1, sizeof(*sn));
+    for (int round = 0; round < 3; round++) {
+        if (round == 1)
+            ck_assert_int_eq(unlink(hint), 0);          /* from the records */
+        s = open_tenant_store(troot, tenant);
+        int calls;
+        memset(sn, 0, sizeof(*sn));
+        ck_assert_int_eq(scan_all(s, 5, sn, &calls), 1);
+        ck_assert_int_eq(sn->n, 12);
+        for (int i = 0; i < sn->n; i++) {
+            ck_assert_uint_eq(sn->f[i].fingerprint, cur.ns.fingerprint);
+            ck_assert_str_eq(sn->f[i].layout.extra, cur.l.extra);
+            ck_assert_uint_eq(sn->f[i].layout.tp_rank, 1);
+        }
+        struct kvs_file_stats st;
+        kvs_file_stats(s, &st);
+        /* round 1 reads the old segment's records (round 0's own segment has a hint) */
+        ck_assert_uint_eq(st.hints_bad, (round == 1 ? 1u : 0u));
+        ck_assert_uint_ge(st.hints_loaded, 1);
+        ck_assert_uint_eq(st.corrupt, 0);
+        for (int64_t k = 0; k < 12; k++)
+            ck_assert_msg(check_block(s, &cur, k * 31 - 5, 9) == 0, "round %d key %lld: %s", round,
+                          (long long)(k * 31 - 5), err);
+        if (round == 0) {   /* a new write goes under the current identity */
+            ck_assert_int_eq(put_block(s, &cur, 1000, 3), 0);
+            ck_assert_int_eq(check_block(s, &cur, 1000, 3), 0);
+            ck_assert_int_eq(be->del(s, &cur.ns, 1000, 0, err, sizeof(err)), 0);
+        }
+        be->close(s);
+    }
+    free(sn);
+}
+END_TEST
+
 /* A closed segment's hint file deleted or with one flipped byte: the scan
  * reads the segment instead and finds exactly the same blocks, then writes
  * a good hint again for the next start. */
@@ -949,6 +1015,7 @@ static Suite *kvs_file_suite(void)
     tcase_add_test(tc, test_scan);
     tcase_add_loop_test(tc, test_hint_fallback, 0, 3);
     tcase_add_test(tc, test_tenant_roots);
+    tcase_add_loop_test(tc, test_old_identity_recovered, 0, 2);
     tcase_add_test(tc, test_capacity_segments);
     tcase_add_test(tc, test_sanitize);
     tcase_add_test(tc, test_open_errors);

@@ -658,6 +658,41 @@ START_TEST(test_migration)
 }
 END_TEST
 
+/* A file-per-block root of a layout with '|' (issue 27): its files carry the
+ * old fingerprint (ns_fingerprint_v1); migrated into the log they are found
+ * under the current identity, byte-exact. */
+START_TEST(test_migration_old_identity)
+{
+    struct kvs_store *old = open_at(&kvs_file_v1_backend, 0, KVS_FSYNC_NEVER);
+    struct tns o, c;
+    mkns(&o, "mig", 2048, 0);
+    snprintf(o.l.extra, sizeof o.l.extra, "|tenant=a");
+    o.ns.fingerprint = ns_fingerprint_v1(&o.l, NULL);
+    ns_deployment_id(&o.l, o.ns.fingerprint, o.id, sizeof o.id);
+    c = o;
+    c.ns.layout = &c.l;
+    c.ns.deployment_id = c.id;
+    c.ns.fingerprint = ns_fingerprint(&c.l);
+    ns_deployment_id(&c.l, c.ns.fingerprint, c.id, sizeof c.id);
+    ck_assert_uint_ne(o.ns.fingerprint, c.ns.fingerprint);
+    for (int64_t k = 0; k < 10; k++)
+        ck_assert_int_eq(kvs_test_put_block(&kvs_file_v1_backend, old, &o, k, 5, err, sizeof err), 0);
+    kvs_file_v1_backend.close(old);
+
+    for (int round = 0; round < 2; round++) {     /* migrated, then from the log */
+        struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+        ck_assert_int_eq(scan_count(s, 4), 10);
+        struct kvs_file_stats st;
+        kvs_file_stats(s, &st);
+        ck_assert_uint_eq(st.migrated, round == 0 ? 10u : 0u);
+        ck_assert_uint_eq(st.migrate_bad, 0);
+        for (int64_t k = 0; k < 10; k++)
+            ck_assert_int_eq(check_block(s, &c, k, 5), 0);
+        be->close(s);
+    }
+}
+END_TEST
+
 static Suite *seglog_suite(void)
 {
     Suite *s = suite_create("kvs_seglog");
@@ -673,6 +708,7 @@ static Suite *seglog_suite(void)
     tcase_add_loop_test(tc, test_kill_during_writes, 0, 3);
     tcase_add_loop_test(tc, test_kill_during_compaction, 0, 3);
     tcase_add_test(tc, test_migration);
+    tcase_add_test(tc, test_migration_old_identity);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,11 +1,13 @@
 /* Unit tests for daemon/mem/namespace.c: fingerprints, validation, registry. */
 #include <check.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvcm/kvcm_config.h"
 #include "kvnode.h"
 #include "mem/namespace.h"
 
@@ -406,35 +408,36 @@ START_TEST(test_bind_block_bytes_conflict)
 }
 END_TEST
 
-/* Two layouts with the same canonical string (hence fingerprint) but
- * different fields: '|' inside a string shifts the field boundaries. The
- * registry compares fields, so the second one is refused, not merged. */
-START_TEST(test_bind_fingerprint_collision)
+/* Two layouts with the same v1 canonical string: '|' inside a string
+ * shifts the field boundaries. Their identities (issue 27) differ, so they
+ * are two deployments that both bind. */
+START_TEST(test_bind_shifted_fields_are_two_deployments)
 {
     struct ns_layout a = sample_layout(), b = sample_layout();
     snprintf(a.model, sizeof(a.model), "m|dtype=x");
     snprintf(a.dtype, sizeof(a.dtype), "y");
     snprintf(b.model, sizeof(b.model), "m");
     snprintf(b.dtype, sizeof(b.dtype), "x|dtype=y");
-    ck_assert_uint_eq(ns_fingerprint(&a), ns_fingerprint(&b));
+    char ca[1024], cb[1024];
+    ns_canonical_string(&a, ca, sizeof ca);
+    ns_canonical_string(&b, cb, sizeof cb);
+    ck_assert_str_eq(ca, cb);
+    ck_assert_uint_eq(ns_fingerprint_v1(&a, NULL), ns_fingerprint_v1(&b, NULL));
+    ck_assert_uint_ne(ns_fingerprint(&a), ns_fingerprint(&b));
 
     struct ns_registry *r = NULL;
     ck_assert_int_eq(ns_registry_create(16, &r), 0);
-    struct kv_namespace *ns = NULL;
+    struct kv_namespace *na = NULL, *nb = NULL;
     int created;
     char err[256] = "";
-    ck_assert_int_eq(ns_bind(r, &a, &ns, &created, err, sizeof(err)), 0);
+    ck_assert_int_eq(ns_bind(r, &a, &na, &created, err, sizeof(err)), 0);
     ck_assert_int_eq(created, 1);
-    ck_assert_int_eq(ns_bind(r, &b, &ns, &created, err, sizeof(err)), -KVNODE_ELAYOUT);
-    ck_assert_ptr_null(ns);
-    ck_assert_ptr_nonnull(strstr(err, "layout conflict"));
-    ck_assert_ptr_nonnull(strstr(err, "different layout"));
-    /* other rank of b: refused as well; a still binds */
-    b.tp_rank = 1;
-    ck_assert_int_eq(ns_bind(r, &b, &ns, &created, err, sizeof(err)), -KVNODE_ELAYOUT);
-    ck_assert_int_eq(ns_bind(r, &a, &ns, &created, err, sizeof(err)), 0);
-    ck_assert_int_eq(created, 0);
-    ck_assert_uint_eq(ns_count(r), 1);
+    ck_assert_int_eq(ns_bind(r, &b, &nb, &created, err, sizeof(err)), 0);
+    ck_assert_int_eq(created, 1);
+    ck_assert_ptr_ne(na, nb);
+    ck_assert_str_ne(na->deployment_id, nb->deployment_id);
+    ck_assert_uint_eq(na->ranks, 1);
+    ck_assert_uint_eq(nb->ranks, 1);
     ns_registry_destroy(r);
 }
 END_TEST
@@ -532,7 +535,8 @@ END_TEST
 /* --- tenants (issue 15) ------------------------------------------------ */
 
 /* "default" keeps the fingerprint of a node without tenants; a named
- * tenant's is FNV-1a of the canonical string + "|tenant=<name>". */
+ * tenant's is FNV-1a of the canonical string + "|tenant=<name>" (layouts
+ * without '|' in their strings: test_identity_string has the others). */
 START_TEST(test_fingerprint_tenant)
 {
     struct ns_layout l = sample_layout();
@@ -549,6 +553,260 @@ START_TEST(test_fingerprint_tenant)
     struct ns_layout m = l;
     m.tp_rank = 3;
     ck_assert_uint_eq(ns_fingerprint_tenant(&m, "alpha"), ns_fingerprint_tenant(&l, "alpha"));
+}
+END_TEST
+
+/* --- identities no field can imitate (issue 27) ------------------------ */
+
+/* One (tenant, layout) pair and the identities computed from it. */
+struct ident {
+    const char *tenant;                 /* "" for "default" */
+    struct ns_layout l;
+    uint64_t fp;
+    char dep[NS_DEPLOYMENT_ID_MAX];
+    char inst[256];                     /* under the default [kvcm] instance_id template */
+};
+
+static void ident_fill(struct ident *x, const char *tenant, const struct ns_layout *l)
+{
+    x->tenant = tenant;
+    x->l = *l;
+    x->fp = ns_fingerprint_tenant(l, tenant);
+    ns_deployment_id(l, x->fp, x->dep, sizeof x->dep);
+    struct config_kvcm_vars v = { .model = l->model, .dtype = l->dtype, .block_tokens = l->block_tokens,
+                                  .tp_size = l->tp_size, .fingerprint = x->fp };
+    ck_assert_int_ge(config_kvcm_expand("{model}_{block_tokens}_{fingerprint}", &v, x->inst, sizeof x->inst), 0);
+}
+
+/* The same tenant and the same deployment: every identity field equal
+ * (tp_rank and block_bytes are not part of it). */
+static bool ident_same(const struct ident *a, const struct ident *b)
+{
+    return strcmp(a->tenant, b->tenant) == 0 && strcmp(a->l.model, b->l.model) == 0 &&
+           strcmp(a->l.dtype, b->l.dtype) == 0 && strcmp(a->l.extra, b->l.extra) == 0 &&
+           a->l.block_tokens == b->l.block_tokens && a->l.num_layers == b->l.num_layers &&
+           a->l.kv_heads == b->l.kv_heads && a->l.head_dim == b->l.head_dim &&
+           a->l.tp_size == b->l.tp_size;
+}
+
+static void ident_describe(const struct ident *x, char *buf, size_t len)
+{
+    snprintf(buf, len, "tenant \"%s\" model \"%s\" dtype \"%s\" block_tokens %u num_layers %u kv_heads %u "
+             "head_dim %u tp_size %u extra \"%s\"", x->tenant, x->l.model, x->l.dtype, x->l.block_tokens,
+             x->l.num_layers, x->l.kv_heads, x->l.head_dim, x->l.tp_size, x->l.extra);
+}
+
+/* No two different pairs share a fingerprint, deployment id or instance id. */
+static void idents_distinct(const struct ident *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = i + 1; j < n; j++) {
+            if (ident_same(&v[i], &v[j]))
+                continue;
+            const char *what = v[i].fp == v[j].fp ? "fingerprint"
+                             : strcmp(v[i].dep, v[j].dep) == 0 ? "deployment id"
+                             : strcmp(v[i].inst, v[j].inst) == 0 ? "KVCM instance id" : NULL;
+            if (what) {
+                char a[512], b[512];
+                ident_describe(&v[i], a, sizeof a);
+                ident_describe(&v[j], b, sizeof b);
+                ck_abort_msg("%s shared (%s / %s) by\n  %s\n  %s", what, v[i].dep, v[i].inst, a, b);
+            }
+        }
+    }
+}
+
+/* Separator text, other fields' labels, the tenant suffix and the shapes a
+ * length prefix or an escape could be imitated with. */
+static const char *const forged_text[] = {
+    "", "x", "|", "||", "=", "|tenant=a", "|tenant=alpha", "x|tenant=a", "|tenant=", "|tenant=a|",
+    "|tenant=default", "|model=m", "|dtype=bf16", "|extra=", "|extra=|tenant=a", "|block_tokens=16",
+    "|num_layers=28|kv_heads=4|head_dim=128|tp_size=4|extra=", "|tp_size=4|extra=rope=yarn",
+    "kvnode-layout-v1|model=m", "kvnode-layout-v2|", "1:", "0:", "1:a", "9:|tenant=a", ":", "\\",
+    "\\|tenant=a", "%7Ctenant=a", ";tenant=a", "tenant=a",
+};
+#define NFORGED (sizeof forged_text / sizeof forged_text[0])
+static const char *const forged_tenants[] = { "", "a", "alpha", "a-b", "x" };
+#define NFTENANTS (sizeof forged_tenants / sizeof forged_tenants[0])
+
+/* Every string field, and the fields next to each other, carrying that
+ * text in every tenant: no two pairs share an identity. */
+START_TEST(test_identity_fields_cannot_imitate)
+{
+    size_t cap = NFTENANTS * (NFORGED * 7 + 8), n = 0;
+    struct ident *v = calloc(cap, sizeof *v);
+    ck_assert_ptr_nonnull(v);
+    for (size_t t = 0; t < NFTENANTS; t++) {
+        const char *tn = forged_tenants[t];
+        struct ns_layout base = sample_layout();
+        ident_fill(&v[n++], tn, &base);
+        for (size_t i = 0; i < NFORGED; i++) {
+            struct ns_layout l = base;
+            const char *f = forged_text[i];
+            snprintf(l.extra, sizeof l.extra, "%s", f);                 /* extra = the text */
+            ident_fill(&v[n++], tn, &l);
+            snprintf(l.extra, sizeof l.extra, "rope=yarn%s", f);        /* ... after a value */
+            ident_fill(&v[n++], tn, &l);
+            l = base;
+            snprintf(l.model, sizeof l.model, "m%s", f);                /* model */
+            ident_fill(&v[n++], tn, &l);
+            snprintf(l.model, sizeof l.model, "%sm", f);
+            ident_fill(&v[n++], tn, &l);
+            l = base;
+            snprintf(l.dtype, sizeof l.dtype, "bf16%s", f);             /* dtype */
+            ident_fill(&v[n++], tn, &l);
+            l = base;                                                    /* model and dtype share it */
+            snprintf(l.model, sizeof l.model, "m%s", f);
+            snprintf(l.dtype, sizeof l.dtype, "%sbf16", f);
+            ident_fill(&v[n++], tn, &l);
+            l = base;                                                    /* dtype and extra */
+            snprintf(l.dtype, sizeof l.dtype, "d%s", f);
+            snprintf(l.extra, sizeof l.extra, "%s", f);
+            ident_fill(&v[n++], tn, &l);
+        }
+        /* Field contents shifted across boundaries (the old canonical
+         * string made each of these equal to its neighbour). */
+        struct ns_layout l = base;
+        snprintf(l.model, sizeof l.model, "m|dtype=x");
+        snprintf(l.dtype, sizeof l.dtype, "y");
+        ident_fill(&v[n++], tn, &l);
+        snprintf(l.model, sizeof l.model, "m");
+        snprintf(l.dtype, sizeof l.dtype, "x|dtype=y");
+        ident_fill(&v[n++], tn, &l);
+        l = base;   /* numbers carried by dtype, then by extra */
+        snprintf(l.dtype, sizeof l.dtype, "d|block_tokens=1|num_layers=1");
+        l.block_tokens = 2;
+        l.num_layers = 2;
+        snprintf(l.extra, sizeof l.extra, "e");
+        ident_fill(&v[n++], tn, &l);
+        l = base;
+        snprintf(l.dtype, sizeof l.dtype, "d");
+        l.block_tokens = 1;
+        l.num_layers = 1;
+        snprintf(l.extra, sizeof l.extra, "e");
+        ident_fill(&v[n++], tn, &l);
+        l = base;
+        snprintf(l.model, sizeof l.model, "m_16");   /* the instance id's own separator */
+        l.block_tokens = 1;
+        ident_fill(&v[n++], tn, &l);
+        l = base;
+        snprintf(l.model, sizeof l.model, "m");
+        l.block_tokens = 161;
+        ident_fill(&v[n++], tn, &l);
+    }
+    ck_assert_uint_le(n, cap);
+    idents_distinct(v, n);
+    free(v);
+}
+END_TEST
+
+/* The report of issue 27: a client of "default" declaring tenant a's
+ * layout with extra "|tenant=a" got a's fingerprint, deployment id and
+ * instance id. */
+START_TEST(test_default_cannot_take_tenant_identity)
+{
+    struct ns_layout l = sample_layout();
+    struct ident a, forged;
+    ident_fill(&a, "a", &l);
+    const char *extra = "rope=yarn";
+    ck_assert_str_eq(l.extra, extra);
+    snprintf(l.extra, sizeof l.extra, "rope=yarn|tenant=a");
+    ident_fill(&forged, "", &l);
+    ck_assert_uint_ne(forged.fp, a.fp);
+    ck_assert_str_ne(forged.dep, a.dep);
+    ck_assert_str_ne(forged.inst, a.inst);
+    /* and through the registries, as HELLO binds them */
+    struct ns_registry *rd = NULL, *ra = NULL;
+    ck_assert_int_eq(ns_registry_create(4, &rd), 0);
+    ck_assert_int_eq(ns_registry_create_tenant(4, "a", &ra), 0);
+    struct kv_namespace *nd = NULL, *na = NULL;
+    int created;
+    char err[256] = "";
+    ck_assert_int_eq(ns_bind(rd, &l, &nd, &created, err, sizeof err), 0);
+    snprintf(l.extra, sizeof l.extra, "%s", extra);
+    ck_assert_int_eq(ns_bind(ra, &l, &na, &created, err, sizeof err), 0);
+    ck_assert_uint_ne(nd->fingerprint, na->fingerprint);
+    ck_assert_str_ne(nd->deployment_id, na->deployment_id);
+    ns_registry_destroy(rd);
+    ns_registry_destroy(ra);
+}
+END_TEST
+
+/* The identity text: v1 (+ tenant) without '|' in the strings, else v2
+ * with every string length-prefixed. */
+START_TEST(test_identity_string)
+{
+    struct ns_layout l = sample_layout();
+    char buf[1024], v1[1024];
+    size_t n1 = ns_canonical_string(&l, v1, sizeof v1);
+    ck_assert(ns_identity_is_v1(&l));
+    ck_assert_uint_eq(ns_identity_string(&l, NULL, buf, sizeof buf), n1);
+    ck_assert_str_eq(buf, v1);
+    ns_identity_string(&l, "alpha", buf, sizeof buf);
+    ck_assert_str_eq(buf, "kvnode-layout-v1|model=qwen2-7b|dtype=bf16|block_tokens=16|num_layers=28"
+                          "|kv_heads=4|head_dim=128|tp_size=4|extra=rope=yarn|tenant=alpha");
+
+    snprintf(l.extra, sizeof l.extra, "rope=yarn|tenant=a");
+    ck_assert(!ns_identity_is_v1(&l));
+    const char *want = "kvnode-layout-v2|tenant=0:|model=8:qwen2-7b|dtype=4:bf16|block_tokens=16"
+                       "|num_layers=28|kv_heads=4|head_dim=128|tp_size=4|extra=18:rope=yarn|tenant=a";
+    ck_assert_uint_eq(ns_identity_string(&l, NULL, buf, sizeof buf), strlen(want));
+    ck_assert_str_eq(buf, want);
+    ck_assert_uint_eq(ns_fingerprint(&l), ns_fnv1a64(want, strlen(want)));
+    ns_identity_string(&l, "a", buf, sizeof buf);
+    ck_assert_str_eq(buf, "kvnode-layout-v2|tenant=1:a|model=8:qwen2-7b|dtype=4:bf16|block_tokens=16"
+                          "|num_layers=28|kv_heads=4|head_dim=128|tp_size=4|extra=18:rope=yarn|tenant=a");
+    /* '|' in model or dtype switches to v2 as well */
+    l = sample_layout();
+    snprintf(l.model, sizeof l.model, "a|b");
+    ck_assert(!ns_identity_is_v1(&l));
+    l = sample_layout();
+    snprintf(l.dtype, sizeof l.dtype, "|");
+    ck_assert(!ns_identity_is_v1(&l));
+
+    /* Maximal fields and tenant fit and are hashed whole. */
+    l = sample_layout();
+    memset(l.model, '|', NS_MODEL_MAX - 1);
+    l.model[NS_MODEL_MAX - 1] = '\0';
+    memset(l.dtype, 'd', NS_DTYPE_MAX - 1);
+    l.dtype[NS_DTYPE_MAX - 1] = '\0';
+    memset(l.extra, 'e', NS_EXTRA_MAX - 1);
+    l.extra[NS_EXTRA_MAX - 1] = '\0';
+    l.block_tokens = l.num_layers = l.kv_heads = l.head_dim = l.tp_size = UINT32_MAX;
+    char tenant[NS_TENANT_MAX];
+    memset(tenant, 't', sizeof tenant - 1);
+    tenant[sizeof tenant - 1] = '\0';
+    char big[2048];
+    size_t n = ns_identity_string(&l, tenant, big, sizeof big);
+    ck_assert_uint_eq(n, strlen(big));
+    ck_assert_uint_eq(ns_fingerprint_tenant(&l, tenant), ns_fnv1a64(big, n));
+    uint64_t fp = ns_fingerprint_tenant(&l, tenant);
+    l.extra[NS_EXTRA_MAX - 2] = 'f';
+    ck_assert_uint_ne(ns_fingerprint_tenant(&l, tenant), fp);
+}
+END_TEST
+
+/* Compatibility: layouts without '|' keep the fingerprints (hence deployment
+ * ids, file store records, redis keys, KVCM instance ids) of earlier
+ * versions, pinned here; a layout with '|' has its old fingerprint only in
+ * ns_fingerprint_v1 (for the file store's recovery). */
+START_TEST(test_fingerprint_v1_kept)
+{
+    struct ns_layout l = sample_layout();
+    ck_assert_uint_eq(ns_fingerprint_tenant(&l, NULL), UINT64_C(0x08d24d1801698ed0));
+    ck_assert_uint_eq(ns_fingerprint_tenant(&l, "alpha"), UINT64_C(0xd70e95a5d6bc4ffd));
+    ck_assert_uint_eq(ns_fingerprint_v1(&l, NULL), UINT64_C(0x08d24d1801698ed0));
+    ck_assert_uint_eq(ns_fingerprint_v1(&l, "alpha"), UINT64_C(0xd70e95a5d6bc4ffd));
+    char dep[NS_DEPLOYMENT_ID_MAX];
+    ns_deployment_id(&l, ns_fingerprint_tenant(&l, "alpha"), dep, sizeof dep);
+    ck_assert_str_eq(dep, "qwen2-7b-d70e95a5d6bc4ffd");
+
+    /* The layout of the report: its old fingerprint was tenant a's. */
+    struct ns_layout f = l;
+    snprintf(f.extra, sizeof f.extra, "rope=yarn|tenant=a");
+    ck_assert_uint_eq(ns_fingerprint_v1(&f, NULL), ns_fingerprint_v1(&l, "a"));
+    ck_assert_uint_ne(ns_fingerprint(&f), ns_fingerprint_v1(&f, NULL));
+    ck_assert_uint_eq(ns_fingerprint_tenant(&l, "a"), ns_fingerprint_v1(&l, "a"));
 }
 END_TEST
 
@@ -606,7 +864,7 @@ static Suite *namespace_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_bind_same_and_other_rank);
     tcase_add_test(tc, test_bind_block_bytes_conflict);
-    tcase_add_test(tc, test_bind_fingerprint_collision);
+    tcase_add_test(tc, test_bind_shifted_fields_are_two_deployments);
     tcase_add_test(tc, test_bind_limit);
     tcase_add_test(tc, test_idle_namespaces_are_reused);
     suite_add_tcase(s, tc);
@@ -615,6 +873,14 @@ static Suite *namespace_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_fingerprint_tenant);
     tcase_add_test(tc, test_registry_tenant);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("identity");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_identity_fields_cannot_imitate);
+    tcase_add_test(tc, test_default_cannot_take_tenant_identity);
+    tcase_add_test(tc, test_identity_string);
+    tcase_add_test(tc, test_fingerprint_v1_kept);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -66,7 +66,9 @@ static inline uint64_t seg_rec_len(uint64_t payload)
 void seg_rec_encode(uint8_t b[SEG_REC_HDR], const struct seg_rec *r);
 /* NULL when b holds a well-formed header, else why not. */
 const char *seg_rec_decode(const uint8_t b[SEG_REC_HDR], struct seg_rec *r);
-/* The layout record's payload (the file_v1 layout file, same bytes). */
+/* The layout record's payload (the file_v1 layout file, same bytes). fp:
+ * the fingerprint its records carry (file_layout_decode: an older one for a
+ * layout with '|', which recovery indexes under the current identity). */
 void seg_layout_encode(uint8_t b[SEG_LAYOUT_SIZE], const struct ns_layout *l, uint64_t fp);
 const char *seg_layout_decode(const uint8_t *b, size_t n, const char *tenant, struct ns_layout *l,
                               uint64_t *fp);

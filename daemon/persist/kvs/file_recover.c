@@ -122,6 +122,10 @@ static int migrate_step(struct file_store *s, struct kvs_scan *c, size_t budget,
         if (!buf)
             continue;
         int rc = kvs_file_v1_backend.get(c->v1, &nss[i], f->key, 0, buf, f->size, e, sizeof e);
+        /* Read under the fingerprint on disk, written under the current one
+         * (they differ for a layout with '|' written before issue 27). */
+        nss[i].fingerprint = ns_fingerprint_tenant(&f->layout, r->tenant);
+        ns_deployment_id(&f->layout, nss[i].fingerprint, ids[i], sizeof ids[i]);
         if (rc != 0) {
             free(buf);
             if (rc == KVS_CORRUPT) {
@@ -185,16 +189,23 @@ static void apply(struct seg_root *r, struct seg_ns *ns, const struct seg_hint_e
     pthread_mutex_unlock(&r->mu);
 }
 
-static struct seg_ns *ns_of(struct seg_ns **v, size_t n, uint64_t fp, uint32_t rank)
+/* The namespace of a record carrying fingerprint fp (disk[i]: what the
+ * records of v[i] carry). */
+static struct seg_ns *ns_of(struct seg_ns **v, const uint64_t *disk, size_t n, uint64_t fp, uint32_t rank)
 {
     for (size_t i = 0; i < n; i++)
-        if (v[i]->fingerprint == fp && v[i]->rank == rank)
+        if (disk[i] == fp && v[i]->rank == rank)
             return v[i];
     return NULL;
 }
 
-static struct seg_ns *ns_learn(struct seg_root *r, const struct ns_layout *l, uint64_t fp)
+/* The namespace of a layout record, under l's current identity: records a
+ * version before issue 27 wrote for a layout with '|' carry its old
+ * fingerprint (seg_layout_decode) and are indexed as l's all the same, so
+ * the keydir, hints written from now on and new records use the current one. */
+static struct seg_ns *ns_learn(struct seg_root *r, const struct ns_layout *l)
 {
+    uint64_t fp = ns_fingerprint_tenant(l, r->tenant);
     pthread_mutex_lock(&r->mu);
     struct seg_ns *ns = seg_ns_get(r, fp, l->tp_rank);
     if (ns && !ns->layout_known) {
@@ -234,12 +245,12 @@ static long load_hint(struct seg_root *r, struct seg *sg)
         return -1;
     }
     struct seg_ns *nss[4096];
+    uint64_t disk[4096];
     const uint8_t *q = b + SEG_HINT_HDR;
     for (uint32_t i = 0; i < nl; i++, q += SEG_LAYOUT_SIZE) {
         struct ns_layout l;
-        uint64_t fp;
-        if (seg_layout_decode(q, SEG_LAYOUT_SIZE, r->tenant, &l, &fp) != NULL ||
-            !(nss[i] = ns_learn(r, &l, fp))) {
+        if (seg_layout_decode(q, SEG_LAYOUT_SIZE, r->tenant, &l, &disk[i]) != NULL ||
+            !(nss[i] = ns_learn(r, &l))) {
             free(b);
             return -1;
         }
@@ -247,7 +258,7 @@ static long load_hint(struct seg_root *r, struct seg *sg)
     for (uint32_t i = 0; i < ne; i++, q += seg_hint_ent_size(version)) {
         struct seg_hint_ent e;
         seg_hint_ent_decode(q, version, &e);
-        struct seg_ns *ns = ns_of(nss, nl, e.fingerprint, e.rank);
+        struct seg_ns *ns = ns_of(nss, disk, nl, e.fingerprint, e.rank);
         if (!ns || (e.type != SEG_REC_BLOCK && e.type != SEG_REC_TOMB) ||
             e.off + seg_rec_len(e.size) > seg_len)
             continue;              /* cannot be: the CRC held */
@@ -276,6 +287,7 @@ static long load_records(struct seg_root *r, struct seg *sg)
     if (m)
         madvise((void *)m, len, MADV_SEQUENTIAL);
     struct seg_ns *nss[256];
+    uint64_t disk[256];
     size_t nnss = 0, nents = 0, capents = 0;
     struct seg_hint_ent *ents = NULL;
     long n = 0;
@@ -304,13 +316,17 @@ static long load_records(struct seg_root *r, struct seg *sg)
             uint64_t fp;
             struct seg_ns *ns;
             if (seg_layout_decode(m + pos + SEG_REC_HDR, h.size, r->tenant, &l, &fp) == NULL &&
-                (ns = ns_learn(r, &l, fp)) && !ns_of(nss, nnss, fp, l.tp_rank) && nnss < 256)
+                (ns = ns_learn(r, &l)) && !ns_of(nss, disk, nnss, fp, l.tp_rank) && nnss < 256) {
+                disk[nnss] = fp;
                 nss[nnss++] = ns;
+            }
         } else if (h.type != SEG_REC_PAD) {
-            struct seg_ns *ns = ns_of(nss, nnss, h.fingerprint, h.rank);
+            struct seg_ns *ns = ns_of(nss, disk, nnss, h.fingerprint, h.rank);
+            /* The hint written below pairs it with nss' current identities. */
             struct seg_hint_ent e = { .type = h.type, .rank = h.rank, .crc = h.crc,
-                                      .fingerprint = h.fingerprint, .size = h.size, .seq = h.seq,
-                                      .off = pos, .key = h.key, .check = h.check };
+                                      .fingerprint = ns ? ns->fingerprint : h.fingerprint,
+                                      .size = h.size, .seq = h.seq, .off = pos, .key = h.key,
+                                      .check = h.check };
             if (ns) {
                 apply(r, ns, &e, sg);
                 n++;

@@ -76,8 +76,12 @@ void file_hdr_encode(uint8_t b[HDR_SIZE], const struct blk_hdr *h);
 const char *file_hdr_decode(const uint8_t b[HDR_SIZE], struct blk_hdr *h);
 void file_layout_encode(uint8_t b[LAYOUT_SIZE], const struct ns_layout *l, uint64_t fp);
 /* NULL when b[0..n) is a valid layout record (into l, fp) of tenant's
- * store (NULL/"": "default"; the fingerprint must be
- * ns_fingerprint_tenant(l, tenant)), else why not. */
+ * store (NULL/"": "default"), else why not. fp is the fingerprint the
+ * record carries, and so the records of its namespace: either
+ * ns_fingerprint_tenant(l, tenant), or, for a layout whose identity is not
+ * the v1 string (a '|' in a string, issue 27), ns_fingerprint_v1(l, tenant),
+ * which versions before issue 27 wrote; the root is the tenant's and the
+ * record names the whole layout, so such records are still its own. */
 const char *file_layout_decode(const uint8_t *b, size_t n, const char *tenant, struct ns_layout *l,
                                uint64_t *fp);
 int file_layout_equal(const struct ns_layout *a, const struct ns_layout *b);

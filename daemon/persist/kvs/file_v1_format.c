@@ -118,7 +118,8 @@ const char *file_layout_decode(const uint8_t *b, size_t n, const char *tenant, s
         return "unterminated string";
     if (ns_layout_validate(l, verr, sizeof(verr)) != 0)
         return "invalid layout";
-    if (ns_fingerprint_tenant(l, tenant) != *fp)
+    if (ns_fingerprint_tenant(l, tenant) != *fp &&
+        (ns_identity_is_v1(l) || ns_fingerprint_v1(l, tenant) != *fp))
         return "fingerprint does not match the layout (or the record is another tenant's)";
     return NULL;
 }
