@@ -49,6 +49,8 @@ struct stats_tenant {
     const char *name;
     uint32_t clients;
     uint64_t refused;                /* connections refused at its max_clients */
+    uint32_t max_clients;            /* its limit in force */
+    uint64_t output_buffered;        /* its connections' unread replies */
     uint64_t host_capacity, host_used, hbm_capacity, hbm_used;   /* hbm: all devices */
     uint64_t namespaces, namespaces_active;
     uint64_t blocks;                 /* in memory (host and HBM) */
