@@ -40,7 +40,9 @@ static void stats_hide_error_texts(struct stats_snapshot *s)
         s->query.last_error = stats_hidden_text;
 }
 
-/* Each tenant's line, the node totals, and the namespaces view lets through. */
+/* Each tenant's line, the node totals, and the namespaces view lets through;
+ * a view of one tenant (a client of it) sees that tenant's line only, and
+ * its totals (tiers, keys, leases, store) are that tenant's. */
 static void stats_collect_tenants(struct daemon *d, const struct stats_view *view,
                                   struct stats_snapshot *s)
 {
@@ -51,6 +53,8 @@ static void stats_collect_tenants(struct daemon *d, const struct stats_view *vie
     s->show_deployments = view->layouts && (!s->has_tenants || !view->only);
     for (size_t i = 0; i < tenants_count(d->tenants); i++) {
         const struct tenant *t = tenants_at(d->tenants, i);
+        if (view->only && view->only != t)
+            continue;
         struct stats_tenant *st = &s->tenants[s->ntenants++];
         *st = (struct stats_tenant){ .name = t->name, .clients = t->clients, .refused = t->refused,
                                      .max_clients = t->max_clients, .output_buffered = t->output_bytes };
@@ -74,7 +78,7 @@ static void stats_collect_tenants(struct daemon *d, const struct stats_view *vie
         st->keys_matched = cs->keys.matched;
         st->keys_missed = cs->keys.absent + cs->keys.writing + cs->keys.beyond_gap;   /* as "keys" counts them */
         st->check_mismatches = cs->keys.check_mismatches;
-        if (view->layouts && (!view->only || view->only == t))
+        if (view->layouts)
             s->ns[s->nns++] = (struct stats_ns_source){
                 .cache = t->cache, .tenant = s->has_tenants ? t->name : NULL, .n = cs->namespaces };
     }

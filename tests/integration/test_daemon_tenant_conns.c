@@ -8,6 +8,8 @@
  * - the HELLO deadline: a connection that says nothing is closed after
  *   server.hello_timeout with an error naming it, and counted; one that said
  *   HELLO before it is not;
+ * - STATS over the socket: a client of tenant b sees b's figures only, not
+ *   a's usage (root and the admin /stats see every tenant);
  * - unread replies: a connection whose tenant's unread replies reach its
  *   share of server.max_buffered_output_bytes is closed, counted and logged
  *   naming the limit; the bytes it held are given back; past the node's
@@ -167,6 +169,56 @@ START_TEST(silent_connection_closed_at_hello_deadline)
     ck_assert_int_eq(KVH_STAT(&d, "clients.hello_timeouts_total"), 1);
     ck_assert_int_eq(KVH_STAT(&d, "clients.connected"), 2);   /* eng and the stats' own */
     kvnode_close(eng);
+    KVH_STOP_DESTROY(&d);
+}
+END_TEST
+
+/* --- STATS shows a tenant its own ---------------------------------------------- */
+
+static int stats_as_b(void *arg)
+{
+    const kvh_daemon *d = arg;
+    kvnode_client *c;
+    if (kvnode_connect(d->sock, NULL, &c) != 0)
+        return 10;
+    json_t *st = kvh_stats_client(c);
+    kvnode_close(c);
+    if (!st)
+        return 11;
+    int rc = 0;
+    json_t *arr = kvh_json_get(st, "tenants");
+    if (!arr || json_array_size(arr) != 1 ||
+        strcmp(json_string_value(json_object_get(json_array_get(arr, 0), "name")), "b") != 0) {
+        fprintf(stderr, "tenant b sees tenants %s\n", arr ? json_dumps(arr, JSON_COMPACT) : "(none)");
+        rc = 12;
+    } else if (kvh_json_int(st, "tiers.host.used_bytes") != 0 || kvh_json_int(st, "tiers.host.blocks") != 0 ||
+               kvh_json_int(st, "tiers.host.capacity_bytes") != 1 << 20 ||
+               kvh_json_int_or(st, "keys.matched_total", 0) != 0) {
+        fprintf(stderr, "tenant b sees host %lld used bytes, %lld blocks, capacity %lld, %lld keys matched\n",
+                kvh_json_int(st, "tiers.host.used_bytes"), kvh_json_int(st, "tiers.host.blocks"),
+                kvh_json_int(st, "tiers.host.capacity_bytes"), kvh_json_int_or(st, "keys.matched_total", 0));
+        rc = 13;
+    }
+    json_decref(st);
+    return rc;
+}
+
+START_TEST(stats_shows_a_tenant_only_its_own)
+{
+    TENANTS_NEEDS_ROOT("tenant conns: the STATS view test");
+    kvh_daemon d;
+    tenants_start(&d, CONNS_CONF);
+    int st = tenants_status_as(engine_main, &d, ALPHA, 20000);   /* a puts one block */
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tenant a: status %d", st);
+    ck_assert_int_eq(tenants_stat(&d, "a", "blocks"), 1);
+    st = tenants_status_as(stats_as_b, &d, BETA, 20000);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tenant b's STATS: status %d", st);
+    /* root sees everybody */
+    json_t *s = kvh_stats(&d);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_uint_eq(json_array_size(kvh_json_get(s, "tenants")), 3);
+    ck_assert_int_eq(kvh_json_int(s, "tiers.host.blocks"), 1);
+    json_decref(s);
     KVH_STOP_DESTROY(&d);
 }
 END_TEST
@@ -382,6 +434,7 @@ int main(void)
     const TTest *const tests[] = {
         idle_tenant_cannot_lock_out_another,
         silent_connection_closed_at_hello_deadline,
+        stats_shows_a_tenant_only_its_own,
         unread_replies_bounded_by_the_tenants_share,
         others_refused_past_the_node_bound_until_replies_are_read,
     };
