@@ -130,6 +130,10 @@ static int tenants_layout(struct tenants *ts, const struct kvn_config *cfg, char
                  "are less than a slab; clients of no section are refused", host_left);
     for (size_t i = 0; i < ts->n; i++)
         tenant_limits(&ts->t[i], cfg);
+    if (ts->configured && def->max_clients == 0)
+        log_info("tenant default: the sections' max_clients take all %u of server.max_clients; clients of no "
+                 "section (root's kvnodectl status too) are refused until a section's max_clients is lowered",
+                 cfg->max_clients);
     return 0;
 }
 
