@@ -90,6 +90,10 @@ static const struct opt_def config_options[] = {
     { "server", "frame_timeout", &T_DURATION, "10s", FIELD(frame_timeout_ms), .min = 100, .max = 10 * MS_PER_M },
     { "server", "max_buffered_input_bytes", &T_SIZE, "256MiB", FIELD(max_buffered_input_bytes), .min = MIB,
       .max = GIB << 10 },
+    /* Reloadable: a connection's deadline is set at accept, from the value then. */
+    { "server", "hello_timeout", &T_DURATION, "5s", FIELD(hello_timeout_ms), .min = 100, .max = 10 * MS_PER_M },
+    { "server", "max_buffered_output_bytes", &T_SIZE, "1GiB", FIELD(max_buffered_output_bytes), .min = MIB,
+      .max = GIB << 10 },
     /* Above twice the idle workers' 1 s heartbeat, so an idle one is never taken for stalled. */
     { "server", "worker_stall_timeout", &T_DURATION, "10s", FIELD(worker_stall_timeout_ms), .min = 2 * MS_PER_S,
       .max = 10 * MS_PER_M },

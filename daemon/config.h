@@ -38,7 +38,8 @@ struct config_tenant {
     uint64_t host_bytes;                 /* its host tier, carved out of memory.host_bytes (restart) */
     uint64_t hbm_bytes;                  /* its HBM per device, out of hbm.bytes; 0: none (restart) */
     uint32_t max_namespaces;             /* namespaces it may hold active (reloadable) */
-    uint32_t max_clients;                /* connections at once (reloadable) */
+    uint32_t max_clients;                /* connections at once (reloadable); unset: its memory's share of
+                                            [server] max_clients */
     double   max_reserved_per_client;    /* share of its memory one connection may reserve (reloadable) */
     /* host_bytes / hbm_bytes written "N%": N (1..100) of memory.host_bytes /
      * hbm.bytes; 0: written as a size. config_resolve turns a share into
@@ -75,6 +76,8 @@ struct kvn_config {
     uint32_t shutdown_timeout_ms;    /* SIGTERM: bound on finishing in-flight work */
     uint32_t frame_timeout_ms;       /* a frame in progress that stops arriving is dropped */
     uint64_t max_buffered_input_bytes; /* room for frames being received, all clients together */
+    uint32_t hello_timeout_ms;       /* a connection without HELLO this long after accept is closed */
+    uint64_t max_buffered_output_bytes; /* unread replies, all clients together (each tenant its share) */
     uint32_t worker_stall_timeout_ms; /* a worker silent this long is stalled (/readyz, watchdog) */
 
     /* [memory] */
@@ -198,6 +201,13 @@ bool config_tenant_option_at(size_t i, const char **key);
  * tier. Without sections: memory.host_bytes and hbm.bytes. Either pointer
  * may be NULL. */
 void config_tenant_default_bytes(const struct kvn_config *cfg, uint64_t *host, uint64_t *hbm);
+/* The connections the tenant "default" may hold of a resolved
+ * configuration: [server] max_clients less what the sections' max_clients
+ * take (0 when they take all). Without sections: max_clients. */
+uint32_t config_tenant_default_clients(const struct kvn_config *cfg);
+/* part of total in the proportion of a tenant's host memory to
+ * memory.host_bytes (its share of a node-wide bound, rounded down). */
+uint64_t config_tenant_share_of(const struct kvn_config *cfg, uint64_t host_bytes, uint64_t total);
 
 /* Parse `path` on top of *cfg. On failure returns -1, leaves *cfg untouched
  * and writes to err one message with one line per problem ("kvnode.conf:12:

@@ -7,8 +7,13 @@
  * as they do every other option. The three limits have no range of their
  * own: they take the type and range of the option they default to
  * ([server] max_namespaces, [server] max_clients, [leases]
- * max_reserved_per_client) and are 0 until config_resolve copies that
- * option into the ones a section leaves unset.
+ * max_reserved_per_client) and are 0 until config_resolve fills the ones
+ * a section leaves unset: max_namespaces and max_reserved_per_client with
+ * that option, max_clients with the tenant's share of [server] max_clients
+ * (its host_bytes' part of memory.host_bytes, at least 1), so that no
+ * tenant can take the connections another's share needs. The sections'
+ * max_clients together are at most [server] max_clients; "default" gets
+ * what they leave (config_tenant_default_clients).
  *
  * Sizes: host_bytes and hbm_bytes are a size or "N%" of memory.host_bytes
  * / hbm.bytes; a share is resolved (config_resolve) to that many bytes
@@ -215,6 +220,37 @@ static uint64_t add_saturating(uint64_t a, uint64_t b)
     return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
+uint64_t config_tenant_share_of(const struct kvn_config *cfg, uint64_t host_bytes, uint64_t total)
+{
+    if (cfg->host_bytes == 0 || host_bytes >= cfg->host_bytes)
+        return total;
+    return (uint64_t)((long double)total * (long double)host_bytes / (long double)cfg->host_bytes);
+}
+
+/* The connections of tenant t: its max_clients, or when it leaves it unset
+ * its memory's share of [server] max_clients (at least 1). */
+static uint32_t tenant_max_clients(const struct kvn_config *cfg, const struct config_tenant *t)
+{
+    if (t->max_clients != 0 && !(t->inherited & CONFIG_TENANT_INHERIT_MAX_CLIENTS))
+        return t->max_clients;
+    uint64_t share = config_tenant_share_of(cfg, tenant_host_bytes(cfg, t), cfg->max_clients);
+    return share ? (uint32_t)share : 1;
+}
+
+static uint64_t tenants_clients_taken(const struct kvn_config *cfg)
+{
+    uint64_t taken = 0;
+    for (size_t i = 0; i < tenant_count(cfg); i++)
+        taken += tenant_max_clients(cfg, &cfg->tenants[i]);
+    return taken;
+}
+
+uint32_t config_tenant_default_clients(const struct kvn_config *cfg)
+{
+    uint64_t taken = tenants_clients_taken(cfg);
+    return taken < cfg->max_clients ? (uint32_t)(cfg->max_clients - taken) : 0;
+}
+
 void config_tenant_default_bytes(const struct kvn_config *cfg, uint64_t *host, uint64_t *hbm)
 {
     uint64_t host_taken = 0, hbm_taken = 0;
@@ -370,6 +406,8 @@ static void tenant_check_one(const struct kvn_config *cfg, size_t i, struct kvn_
     if (resolved) {
         resolved->tenants[i].host_bytes = host;
         resolved->tenants[i].hbm_bytes = hbm;
+        if (resolved->tenants[i].inherited & CONFIG_TENANT_INHERIT_MAX_CLIENTS)
+            resolved->tenants[i].max_clients = tenant_max_clients(cfg, t);
     }
 }
 
@@ -438,6 +476,12 @@ void config_tenant_check(const struct kvn_config *cfg, struct kvn_config *resolv
         config_errbuf_add(errors, "[tenant.NAME] hbm_bytes: the tenants take %s per device together, more than "
                           "[hbm] bytes (%s); lower their hbm_bytes or raise hbm.bytes", sum, total);
     }
+    uint64_t clients = tenants_clients_taken(cfg);
+    if (clients > cfg->max_clients)
+        config_errbuf_add(errors, "[tenant.NAME] max_clients: the tenants take %" PRIu64 " connections together "
+                          "(a section without max_clients takes its memory's share), more than [server] max_clients "
+                          "(%" PRIu32 "); lower their max_clients or raise server.max_clients", clients,
+                          cfg->max_clients);
     tenant_check_unique(cfg, ids, n, false, errors);
     tenant_check_unique(cfg, ids, n, true, errors);
 
@@ -493,7 +537,11 @@ void config_tenant_write(const struct kvn_config *cfg, FILE *out)
                 struct opt_value pv = { 0 };
                 parent->type->load(cfg, parent, &pv, field, sizeof field);
                 parent->type->format(parent, &pv, text, sizeof text);
-                fprintf(out, "; %s: %s, from [%s] %s\n", o.key, text, o.inherit, o.key);
+                if (o.inherit_bit == CONFIG_TENANT_INHERIT_MAX_CLIENTS)
+                    fprintf(out, "; %s: %" PRIu32 ", its memory's share of [%s] %s (%s)\n", o.key,
+                            tenant_max_clients(cfg, t), o.inherit, o.key, text);
+                else
+                    fprintf(out, "; %s: %s, from [%s] %s\n", o.key, text, o.inherit, o.key);
                 continue;
             }
             if (is_host_row(&o) && v.i == 0 && v.u == 0) {

@@ -246,6 +246,9 @@ static void render_tenants(struct evbuffer *out, const struct stats_snapshot *s)
         { "kvnode_tenant_keys_total", "counter", "Keys a tenant's match and get looked up, matched or missed." },
         { "kvnode_tenant_check_mismatches_total", "counter",
           "A tenant's lookups that found the key held under another check word." },
+        { "kvnode_tenant_max_clients", "gauge", "Connections a tenant may hold at once (its share of "
+          "server.max_clients unless its section sets max_clients)." },
+        { "kvnode_tenant_output_buffered_bytes", "gauge", "Bytes of replies not yet read by a tenant's clients." },
     };
 
     if (!s->has_tenants)
@@ -275,6 +278,8 @@ static void render_tenants(struct evbuffer *out, const struct stats_snapshot *s)
             case 5: sample_u(out, fams[f].name, L("tenant", t->name), t->refused); break;
             case 6: sample_u(out, fams[f].name, L("tenant", t->name), t->evictions); break;
             case 8: sample_u(out, fams[f].name, L("tenant", t->name), t->check_mismatches); break;
+            case 9: sample_u(out, fams[f].name, L("tenant", t->name), t->max_clients); break;
+            case 10: sample_u(out, fams[f].name, L("tenant", t->name), t->output_buffered); break;
             default:
                 sample_u(out, fams[f].name, L("tenant", t->name, "result", "matched"), t->keys_matched);
                 sample_u(out, fams[f].name, L("tenant", t->name, "result", "missed"), t->keys_missed);
@@ -497,6 +502,14 @@ static void render_server(struct evbuffer *out, const struct server_stats *s)
     family(out, "kvnode_clients_input_paused_total", "counter",
            "Times a client's requests stopped being handled because its unsent replies passed 64 MiB.");
     sample_u(out, "kvnode_clients_input_paused_total", NULL, s->input_paused);
+    family(out, "kvnode_clients_hello_timeouts_total", "counter",
+           "Connections closed because they had not completed HELLO within server.hello_timeout.");
+    sample_u(out, "kvnode_clients_hello_timeouts_total", NULL, s->hello_timeouts);
+    family(out, "kvnode_clients_output_limit_total", "counter",
+           "Requests met while unread replies were past server.max_buffered_output_bytes (or a tenant's share "
+           "of it): connections with unread replies of their own closed, GET_INLINE of others refused.");
+    sample_u(out, "kvnode_clients_output_limit_total", L("action", "closed"), s->output_limit_closed);
+    sample_u(out, "kvnode_clients_output_limit_total", L("action", "refused"), s->output_limit_refused);
 }
 
 /* The admin HTTP server's own connections, when it listens. */

@@ -40,7 +40,9 @@ static void stats_hide_error_texts(struct stats_snapshot *s)
         s->query.last_error = stats_hidden_text;
 }
 
-/* Each tenant's line, the node totals, and the namespaces view lets through. */
+/* Each tenant's line, the node totals, and the namespaces view lets through;
+ * a view of one tenant (a client of it) sees that tenant's line only, and
+ * its totals (tiers, keys, leases, store) are that tenant's. */
 static void stats_collect_tenants(struct daemon *d, const struct stats_view *view,
                                   struct stats_snapshot *s)
 {
@@ -51,8 +53,11 @@ static void stats_collect_tenants(struct daemon *d, const struct stats_view *vie
     s->show_deployments = view->layouts && (!s->has_tenants || !view->only);
     for (size_t i = 0; i < tenants_count(d->tenants); i++) {
         const struct tenant *t = tenants_at(d->tenants, i);
+        if (view->only && view->only != t)
+            continue;
         struct stats_tenant *st = &s->tenants[s->ntenants++];
-        *st = (struct stats_tenant){ .name = t->name, .clients = t->clients, .refused = t->refused };
+        *st = (struct stats_tenant){ .name = t->name, .clients = t->clients, .refused = t->refused,
+                                     .max_clients = t->max_clients, .output_buffered = t->output_bytes };
         if (!t->cache || !cs)
             continue;
         cache_get_stats(t->cache, cs);
@@ -73,7 +78,7 @@ static void stats_collect_tenants(struct daemon *d, const struct stats_view *vie
         st->keys_matched = cs->keys.matched;
         st->keys_missed = cs->keys.absent + cs->keys.writing + cs->keys.beyond_gap;   /* as "keys" counts them */
         st->check_mismatches = cs->keys.check_mismatches;
-        if (view->layouts && (!view->only || view->only == t))
+        if (view->layouts)
             s->ns[s->nns++] = (struct stats_ns_source){
                 .cache = t->cache, .tenant = s->has_tenants ? t->name : NULL, .n = cs->namespaces };
     }
@@ -318,6 +323,8 @@ static void tenants_json(const struct stats_snapshot *s, json_t *root)
         set(o, "name", json_string(t->name));
         set(o, "clients", json_integer(t->clients));
         set(o, "refused_total", ju(t->refused));
+        set(o, "max_clients", json_integer(t->max_clients));
+        set(o, "output_buffered_bytes", ju(t->output_buffered));
         set(o, "host_capacity_bytes", ju(t->host_capacity));
         set(o, "host_used_bytes", ju(t->host_used));
         set(o, "hbm_capacity_bytes", ju(t->hbm_capacity));
@@ -428,6 +435,9 @@ static void server_json(const struct server_stats *s, json_t *root)
     set(clients, "input_waits_total", ju(s->input_waits));
     set(clients, "output_buffered_bytes", ju(s->output_buffered_bytes));
     set(clients, "input_paused_total", ju(s->input_paused));
+    set(clients, "hello_timeouts_total", ju(s->hello_timeouts));
+    set(clients, "output_limit_closed_total", ju(s->output_limit_closed));
+    set(clients, "output_limit_refused_total", ju(s->output_limit_refused));
     set(root, "clients", clients);
     set(frames, "rejected_total", ju(s->frames_rejected));
     set(frames, "timed_out_total", ju(s->frames_timed_out));

@@ -33,7 +33,9 @@ struct tenant;
 
 /* What a reader may see. On a node with [tenant.NAME] sections namespaces
  * (their layouts, models, deployment ids) are shown only to root and the
- * daemon's user in full, to another client only its own tenant's, and on
+ * daemon's user in full, to another client only its own tenant's (and of
+ * "tenants" and the memory, key, lease and store figures only its own
+ * tenant's; the connection, frame and request counters stay the node's), and on
  * the admin pages not at all (tenants by name and counts); the error texts
  * that may name a deployment (persist.last_error, kvcm.last_error,
  * kvcm.query.last_error) only to root and the daemon's user (the others
@@ -49,6 +51,8 @@ struct stats_tenant {
     const char *name;
     uint32_t clients;
     uint64_t refused;                /* connections refused at its max_clients */
+    uint32_t max_clients;            /* its limit in force */
+    uint64_t output_buffered;        /* its connections' unread replies */
     uint64_t host_capacity, host_used, hbm_capacity, hbm_used;   /* hbm: all devices */
     uint64_t namespaces, namespaces_active;
     uint64_t blocks;                 /* in memory (host and HBM) */

@@ -45,14 +45,24 @@ static const struct config_tenant *tenants_section(const struct kvn_config *cfg,
     return NULL;
 }
 
-/* The limits of t in cfg: a section's own, or [server] / [leases] for "default". */
+/* The limits of t in cfg: a section's own, or [server] / [leases] for
+ * "default"; the node-wide connection and unread-reply bounds are shared
+ * the way memory is, "default" taking what the sections leave. */
 static void tenant_limits(struct tenant *t, const struct kvn_config *cfg)
 {
     const struct config_tenant *sec = t->named ? tenants_section(cfg, t->name) : NULL;
 
     if (t->named && !sec)
         return;   /* gone from the file: keep what runs */
-    t->max_clients = sec ? sec->max_clients : cfg->max_clients;
+    t->max_clients = sec ? sec->max_clients : config_tenant_default_clients(cfg);
+    if (sec) {
+        t->max_output_bytes = config_tenant_share_of(cfg, t->host_bytes, cfg->max_buffered_output_bytes);
+    } else {
+        uint64_t taken = 0;
+        for (uint32_t i = 0; i < cfg->ntenants && i < CONFIG_TENANTS_MAX; i++)
+            taken += config_tenant_share_of(cfg, cfg->tenants[i].host_bytes, cfg->max_buffered_output_bytes);
+        t->max_output_bytes = taken < cfg->max_buffered_output_bytes ? cfg->max_buffered_output_bytes - taken : 0;
+    }
     t->max_namespaces = sec ? sec->max_namespaces : cfg->max_namespaces;
     t->max_reserved_per_client = sec ? sec->max_reserved_per_client : cfg->max_reserved_per_client;
 }
@@ -120,6 +130,10 @@ static int tenants_layout(struct tenants *ts, const struct kvn_config *cfg, char
                  "are less than a slab; clients of no section are refused", host_left);
     for (size_t i = 0; i < ts->n; i++)
         tenant_limits(&ts->t[i], cfg);
+    if (ts->configured && def->max_clients == 0)
+        log_info("tenant default: the sections' max_clients take all %u of server.max_clients; clients of no "
+                 "section (root's kvnodectl status too) are refused until a section's max_clients is lowered",
+                 cfg->max_clients);
     return 0;
 }
 

@@ -37,13 +37,19 @@ struct tenant {
     uint64_t host_bytes;             /* its host tier (0: none, its clients are refused) */
     uint64_t hbm_bytes;              /* its HBM per device */
     /* limits in force (reloadable); "default" takes [server] / [leases] */
-    uint32_t max_clients;            /* connections of the tenant at once */
+    uint32_t max_clients;            /* connections of the tenant at once: a section's own, else its
+                                        memory's share of server.max_clients; "default" what the
+                                        sections leave (config_tenant_default_clients) */
     uint32_t max_namespaces;
     double   max_reserved_per_client;
+    uint64_t max_output_bytes;       /* its unread replies, all its connections together: its memory's
+                                        share of server.max_buffered_output_bytes ("default" what the
+                                        sections leave) */
     struct cache   *cache;           /* NULL when host_bytes is 0 */
     struct persist *persist;         /* NULL: [persist] backend = off, or no cache */
     uint32_t clients;                /* connections now */
     uint64_t refused;                /* connections refused at max_clients */
+    uint64_t output_bytes;           /* unread replies of its connections now (the server keeps it) */
 };
 
 struct tenants;

@@ -75,11 +75,16 @@ int ops_admit(struct ops *o, struct session *s, const gid_t *groups, size_t ngro
 {
     struct tenant *t = tenants_for_peer(o->tenants, s->uid, s->gid, groups, ngroups);
 
-    /* "default" is bounded by server.max_clients, which the server checks. */
-    if (t->named && t->clients >= t->max_clients) {
+    /* Each tenant within its own part of server.max_clients (which the
+     * server checks for the node), so none takes another's. */
+    if (t->clients >= t->max_clients) {
         t->refused++;
-        snprintf(msg, msglen, "too many clients of tenant %s ([tenant.%s] max_clients = %u)",
-                 t->name, t->name, t->max_clients);
+        if (t->named)
+            snprintf(msg, msglen, "too many clients of tenant %s ([tenant.%s] max_clients = %u)",
+                     t->name, t->name, t->max_clients);
+        else
+            snprintf(msg, msglen, "too many clients of tenant %s (%u: what the [tenant.NAME] sections leave "
+                     "of server.max_clients = %u)", t->name, t->max_clients, o->cfg->max_clients);
         return -KVNODE_ELIMIT;
     }
     s->tenant = t;

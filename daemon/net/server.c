@@ -1,6 +1,7 @@
 /* server: the listener and the server object — the socket path and its lock
  * file (or a socket-activated fd), admission of a peer (server.max_clients,
- * its credentials against server.allow_uids / allow_gids), accept and its
+ * its credentials against server.allow_uids / allow_gids, then the
+ * handler's: its tenant's max_clients), the HELLO deadline armed, accept and its
  * pause when out of descriptors, create/destroy, reload, the orderly stop and
  * the counters (see server.h). Connections are in server_conn.c. */
 #include "net/server_internal.h"
@@ -189,6 +190,7 @@ static void server_conn_discard(struct conn *c)
     if (c->rev) event_free(c->rev);
     if (c->wev) event_free(c->wev);
     if (c->frame_ev) event_free(c->frame_ev);
+    if (c->hello_ev) event_free(c->hello_ev);
     free(c);
 }
 
@@ -255,7 +257,8 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
     c->rev = event_new(s->base, fd, EV_READ | EV_PERSIST, conn_read_cb, c);
     c->wev = event_new(s->base, fd, EV_WRITE | EV_PERSIST, conn_write_cb, c);
     c->frame_ev = evtimer_new(s->base, conn_frame_timeout_cb, c);
-    if (!c->in || !c->out || !c->rev || !c->wev || !c->frame_ev) {
+    c->hello_ev = evtimer_new(s->base, conn_hello_timeout_cb, c);
+    if (!c->in || !c->out || !c->rev || !c->wev || !c->frame_ev || !c->hello_ev) {
         free(group_heap);
         log_error("out of memory accepting a connection");
         server_conn_discard(c);
@@ -280,6 +283,7 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
         server_refuse(fd, rc, msg);
         return;
     }
+    c->tenant = c->session.tenant;
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
@@ -288,6 +292,12 @@ static void server_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
     s->accepted++;
     c->reading = true;
     event_add(c->rev, NULL);
+    {
+        /* A connection that holds a slot must say who it is soon. */
+        uint32_t ms = s->cfg->hello_timeout_ms;
+        struct timeval tv = { .tv_sec = (time_t)(ms / 1000u), .tv_usec = (suseconds_t)((ms % 1000u) * 1000u) };
+        evtimer_add(c->hello_ev, &tv);
+    }
     log_debug("accepted connection from pid %d uid %d gid %d", (int)c->session.pid,
               (int)c->session.uid, (int)c->session.gid);
 }
@@ -514,6 +524,8 @@ void server_get_stats(const struct server *s, struct server_stats *out)
         .input_waiting = s->nwaiting, .input_waits = s->input_waits,
         .output_buffered_bytes = s->out_bytes, .input_paused = s->input_paused,
         .frames_rejected = s->frames_rejected, .frames_timed_out = s->frames_timed_out,
+        .hello_timeouts = s->hello_timeouts, .output_limit_closed = s->output_limit_closed,
+        .output_limit_refused = s->output_limit_refused,
     };
 }
 

@@ -7,7 +7,13 @@
  * only with room for all of them under server.max_buffered_input_bytes
  * (daemon-wide, first come first served), a frame that stops arriving is
  * dropped after server.frame_timeout, and a client's requests are not
- * handled while its unsent replies pass 64 MiB. A listener whose accept
+ * handled while its unsent replies pass 64 MiB. The unsent replies of all
+ * connections are bounded by server.max_buffered_output_bytes and those of
+ * a tenant's connections by its share of it (struct tenant's
+ * max_output_bytes): while they are past the bound, a connection with
+ * unread replies of its own is closed at its next request, and one without
+ * is refused GET_INLINE (KVNODE_ELIMIT). A connection that has not completed HELLO
+ * within server.hello_timeout of accept is closed. A listener whose accept
  * fails (out of descriptors) rests 100 ms at a time instead of spinning.
  *
  * Loop thread only. */
@@ -88,6 +94,9 @@ struct server_stats {
     uint64_t input_buffered_bytes, input_reserved_bytes, input_waiting, input_waits;
     uint64_t output_buffered_bytes, input_paused;
     uint64_t frames_rejected, frames_timed_out;
+    uint64_t hello_timeouts;                        /* closed without HELLO at server.hello_timeout */
+    uint64_t output_limit_closed, output_limit_refused; /* at server.max_buffered_output_bytes (or a
+                                                       tenant's share): connections closed, requests refused */
 };
 void server_get_stats(const struct server *s, struct server_stats *out);
 const char *server_socket_path(const struct server *s);

@@ -1,9 +1,11 @@
 /* server conn: one engine connection on the loop — the server's totals of
  * buffered bytes, room for frames longer than 64 KiB
  * (server.max_buffered_input_bytes), reading on and off, the frame deadline
- * (server.frame_timeout), output back-pressure, writing with SCM_RIGHTS fd
- * passing, replies, deferred answers, decoding frames into requests for the
- * handler, and the connection's end (see server.h). Loop thread only. */
+ * (server.frame_timeout), the HELLO deadline (server.hello_timeout), output
+ * back-pressure and the bound on unread replies per tenant and node
+ * (server.max_buffered_output_bytes), writing with SCM_RIGHTS fd passing,
+ * replies, deferred answers, decoding frames into requests for the handler,
+ * and the connection's end (see server.h). Loop thread only. */
 #include "net/server_internal.h"
 
 #include <errno.h>
@@ -23,6 +25,7 @@
 #include "core/clock.h"
 #include "kvnode.h"
 #include "core/log.h"
+#include "tenants.h"
 #include "wire.h"
 
 /* --- connections ------------------------------------------------------------- */
@@ -35,6 +38,8 @@ static void conn_account(struct conn *c)
 
     s->in_bytes = s->in_bytes - c->in_counted + in;
     s->out_bytes = s->out_bytes - c->out_counted + out;
+    if (c->tenant)
+        c->tenant->output_bytes = c->tenant->output_bytes - c->out_counted + out;
     c->in_counted = in;
     c->out_counted = out;
 }
@@ -162,6 +167,8 @@ void conn_destroy(struct conn *c)
     event_free(c->rev);
     event_free(c->wev);
     event_free(c->frame_ev);
+    if (c->hello_ev)
+        event_free(c->hello_ev);
     if (c->resume_ev)
         event_free(c->resume_ev);
     evbuffer_free(c->in);
@@ -169,6 +176,8 @@ void conn_destroy(struct conn *c)
     close(c->fd);
     s->in_bytes -= c->in_counted;
     s->out_bytes -= c->out_counted;
+    if (c->tenant)
+        c->tenant->output_bytes -= c->out_counted;
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -273,8 +282,8 @@ static ssize_t conn_send_fds(struct conn *c)
     return n;
 }
 
-/* Write what the socket takes. 0 ok (maybe more pending), -1 fatal. */
-static int conn_flush(struct conn *c)
+/* Write what the socket takes now. 0, or -1 when the socket failed. */
+static int conn_write(struct conn *c)
 {
     while (evbuffer_get_length(c->out) > 0) {
         ssize_t n;
@@ -297,6 +306,14 @@ static int conn_flush(struct conn *c)
         c->bytes_sent += (uint64_t)n;
     }
     conn_account(c);
+    return 0;
+}
+
+/* Write what the socket takes. 0 ok (maybe more pending), -1 fatal. */
+static int conn_flush(struct conn *c)
+{
+    if (conn_write(c) < 0)
+        return -1;
     if (evbuffer_get_length(c->out) > 0) {
         event_add(c->wev, NULL);
     } else {
@@ -479,6 +496,94 @@ void conn_frame_timeout_cb(evutil_socket_t fd, short what, void *arg)
     conn_destroy(c);
 }
 
+/* server.hello_timeout passed since accept: if the connection has not said
+ * HELLO by now it only holds a slot of its tenant's; say why (best effort),
+ * count it and close at once. */
+void conn_hello_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    struct server *s = c->srv;
+    uint64_t held = 0;
+    char note[64];
+    (void)fd;
+    (void)what;
+
+    if (c->session.hello_done)
+        return;
+    s->hello_timeouts++;
+    if (log_limit_pass(&s->hello_log, clock_now_ms(), LOG_REPEAT_MS, &held))
+        log_warn("closing connection of pid %d uid %d: no HELLO within %u ms of connecting (server.hello_timeout)%s",
+                 (int)c->session.pid, (int)c->session.uid, s->cfg->hello_timeout_ms,
+                 log_limit_note(held, "closed so", note, sizeof note));
+    server_reply_error(c, 0, -KVNODE_ETIMEDOUT, "no HELLO within %u ms of connecting (server.hello_timeout); "
+                       "closing the connection", s->cfg->hello_timeout_ms);
+    server_close_after_flush(c);
+    conn_flush(c);
+    conn_destroy(c);
+}
+
+/* The unread replies bound (server.max_buffered_output_bytes, a tenant its
+ * share): which one c's next request finds passed, or NULL. Passed, not
+ * reached: a tenant whose share is 0 (no memory) is served one reply at a
+ * time. */
+static const char *conn_output_bound(const struct conn *c, uint64_t *held, uint64_t *bound)
+{
+    const struct server *s = c->srv;
+
+    if (c->tenant && c->tenant->output_bytes > c->tenant->max_output_bytes) {
+        *held = c->tenant->output_bytes;
+        *bound = c->tenant->max_output_bytes;
+        return "its tenant's share of server.max_buffered_output_bytes";
+    }
+    if (s->out_bytes > s->cfg->max_buffered_output_bytes) {
+        *held = s->out_bytes;
+        *bound = s->cfg->max_buffered_output_bytes;
+        return "server.max_buffered_output_bytes";
+    }
+    return NULL;
+}
+
+/* Before c's next request: when unread replies are past their bound, a
+ * connection that holds some of them itself (the socket takes no more) is
+ * closed, its replies given back; one that holds none is refused a request
+ * for block bytes (GET_INLINE) and served the others, whose replies are
+ * small (and its next request closes it if it leaves them unread). true:
+ * req is not to be handled. */
+static bool conn_output_limited(struct conn *c, const Kvnode__Request *req)
+{
+    struct server *s = c->srv;
+    uint64_t held = 0, bound = 0, logged = 0;
+    const char *what = conn_output_bound(c, &held, &bound);
+    char note[64], who[CONFIG_TENANT_NAME_MAX + 16] = "";
+
+    if (!what)
+        return false;
+    /* Replies queued by this read may simply not be written yet. */
+    if (evbuffer_get_length(c->out) > 0 && conn_write(c) == 0 && !(what = conn_output_bound(c, &held, &bound)))
+        return false;
+    if (c->tenant && c->tenant->named)
+        snprintf(who, sizeof who, " of tenant %s", c->tenant->name);
+    if (evbuffer_get_length(c->out) == 0) {
+        if (req->op_case != KVNODE__REQUEST__OP_GET_INLINE)
+            return false;
+        s->output_limit_refused++;
+        server_reply_error(c, req->id, -KVNODE_ELIMIT, "unread replies of other connections%s hold %" PRIu64
+                           " bytes, %s (%" PRIu64 "): try again once they are read", who, held, what, bound);
+        return true;
+    }
+    s->output_limit_closed++;
+    if (log_limit_pass(&s->output_log, clock_now_ms(), LOG_REPEAT_MS, &logged))
+        log_warn("closing connection of pid %d uid %d%s: it reads no replies and unread replies hold %" PRIu64
+                 " bytes, %s (%" PRIu64 "); its %zu unread bytes are dropped%s", (int)c->session.pid,
+                 (int)c->session.uid, who, held, what, bound, evbuffer_get_length(c->out),
+                 log_limit_note(logged, "closed so", note, sizeof note));
+    /* Its stream is cut mid-reply: no error frame can follow. */
+    evbuffer_drain(c->out, evbuffer_get_length(c->out));
+    c->nfds = 0;
+    server_close_after_flush(c);
+    return true;
+}
+
 /* Decode and dispatch every complete frame in the input buffer, until the
  * connection is held back (closing, a deferred answer, replies piled up). */
 static void conn_process_input(struct conn *c)
@@ -528,8 +633,13 @@ static void conn_process_input(struct conn *c)
                               " bytes: not a kvnode Request message", len);
             return;
         }
-        c->srv->handler.request(c->srv->handler.arg, c, &c->session, req);
+        if (!conn_output_limited(c, req))
+            c->srv->handler.request(c->srv->handler.arg, c, &c->session, req);
         kvnode__request__free_unpacked(req, NULL);
+        if (c->hello_ev && c->session.hello_done) {
+            event_free(c->hello_ev);
+            c->hello_ev = NULL;
+        }
     }
 }
 

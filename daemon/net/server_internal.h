@@ -5,11 +5,14 @@
  *
  *   server.c       the listener (socket path, lock file, socket activation),
  *                  admission (max_clients, peer credentials against the allow
- *                  lists), accept and its pause when out of descriptors,
- *                  create/destroy, reload, the orderly stop, the counters
+ *                  lists, the handler's per-tenant limit), accept and its
+ *                  pause when out of descriptors, create/destroy, reload,
+ *                  the orderly stop, the counters
  *   server_conn.c  one connection: buffered bytes, room for big frames
  *                  (server.max_buffered_input_bytes), reading on and off,
- *                  server.frame_timeout, output back-pressure, writing with
+ *                  server.frame_timeout, server.hello_timeout, output
+ *                  back-pressure and the bound on unread replies per tenant
+ *                  and node (server.max_buffered_output_bytes), writing with
  *                  SCM_RIGHTS, replies, deferred answers, decoding frames
  *                  into requests for the handler, its end
  *
@@ -45,8 +48,11 @@
 /* A recurring warning is written at most once per this. */
 #define LOG_REPEAT_MS 10000u
 
+struct tenant;
+
 struct conn {
     struct server *srv;
+    struct tenant *tenant;   /* the session's, kept past session_end: its unread replies are counted */
     int fd;
     struct event *rev, *wev;
     struct evbuffer *in, *out;
@@ -58,6 +64,7 @@ struct conn {
     bool input_waiting;      /* on the server's queue for room for its frame */
     struct event *resume_ev; /* handles the input that waited behind a deferred request */
     struct event *frame_ev;  /* server.frame_timeout: a frame in progress stopped arriving */
+    struct event *hello_ev;  /* server.hello_timeout from accept; freed once HELLO succeeded */
     size_t in_counted, out_counted; /* lengths of `in` / `out` in the server's totals */
     uint64_t room;           /* bytes of server.max_buffered_input_bytes held for the frame
                                 being received (0: none, it fits in INPUT_UNRESERVED) */
@@ -93,10 +100,11 @@ struct server {
     /* accept failed (out of descriptors): the listener rests, then retries */
     struct event *accept_resume_ev;
     uint64_t accept_pauses_episode;       /* pauses since accepting last worked */
-    struct log_limit accept_log, refuse_log, timeout_log;
+    struct log_limit accept_log, refuse_log, timeout_log, hello_log, output_log;
     /* counters */
     uint64_t accepted, refused, frames_rejected, denied;
     uint64_t accept_pauses, input_waits, input_paused, frames_timed_out;
+    uint64_t hello_timeouts, output_limit_closed, output_limit_refused;
     /* access lists resolved from cfg (empty: anyone who can open the socket) */
     struct config_idlist allow_uids, allow_gids;
 };
@@ -105,6 +113,7 @@ struct server {
 void conn_read_cb(evutil_socket_t fd, short what, void *arg);
 void conn_write_cb(evutil_socket_t fd, short what, void *arg);
 void conn_frame_timeout_cb(evutil_socket_t fd, short what, void *arg);
+void conn_hello_timeout_cb(evutil_socket_t fd, short what, void *arg);
 void conn_destroy(struct conn *c);
 
 /* server.c */

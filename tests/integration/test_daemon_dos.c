@@ -638,7 +638,7 @@ START_TEST(stalled_frames_time_out_and_input_is_bounded)
 {
     kvh_daemon d;
     KVH_START(&d, "server.max_frame_bytes=16MiB\nserver.max_buffered_input_bytes=32MiB\n"
-                  "server.frame_timeout=1s\n");
+                  "server.frame_timeout=1s\nserver.hello_timeout=10m\n");   /* frames, not HELLO, time out */
     kvnode_client *obs;
     KVH_CONNECT(&d, NULL, &obs);
     long long rss0 = kvh_proc_status_kib(d.pid, "RssAnon");

@@ -135,6 +135,8 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert_uint_eq(a->shutdown_timeout_ms, b->shutdown_timeout_ms);
     ck_assert_uint_eq(a->frame_timeout_ms, b->frame_timeout_ms);
     ck_assert_uint_eq(a->max_buffered_input_bytes, b->max_buffered_input_bytes);
+    ck_assert_uint_eq(a->hello_timeout_ms, b->hello_timeout_ms);
+    ck_assert_uint_eq(a->max_buffered_output_bytes, b->max_buffered_output_bytes);
     ck_assert_uint_eq(a->worker_stall_timeout_ms, b->worker_stall_timeout_ms);
     ck_assert_uint_eq(a->host_bytes, b->host_bytes);
     ck_assert_uint_eq(a->slab_bytes, b->slab_bytes);
@@ -224,7 +226,8 @@ static const char *const all_options[][2] = {
     { "server", "allow_uids" }, { "server", "allow_gids" }, { "server", "max_frame_bytes" },
     { "server", "max_keys_per_request" }, { "server", "max_clients" }, { "server", "max_namespaces" },
     { "server", "request_timeout" }, { "server", "shutdown_timeout" }, { "server", "frame_timeout" },
-    { "server", "max_buffered_input_bytes" }, { "server", "worker_stall_timeout" },
+    { "server", "max_buffered_input_bytes" }, { "server", "hello_timeout" },
+    { "server", "max_buffered_output_bytes" }, { "server", "worker_stall_timeout" },
     { "memory", "host_bytes" }, { "memory", "slab_bytes" }, { "memory", "high_watermark" },
     { "memory", "low_watermark" }, { "memory", "pin_host" }, { "memory", "namespace_quota" },
     { "memory", "pin_chunk_bytes" }, { "memory", "huge_pages" }, { "memory", "numa" },
@@ -274,6 +277,8 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(c.shutdown_timeout_ms, 10000);
     ck_assert_uint_eq(c.frame_timeout_ms, 10000);
     ck_assert_uint_eq(c.max_buffered_input_bytes, 256 * MIB);
+    ck_assert_uint_eq(c.hello_timeout_ms, 5000);
+    ck_assert_uint_eq(c.max_buffered_output_bytes, GIB);
     ck_assert_uint_eq(c.worker_stall_timeout_ms, 10000);
     ck_assert_uint_eq(c.host_bytes, GIB);
     ck_assert_uint_eq(c.slab_bytes, 16 * MIB);
@@ -430,6 +435,10 @@ static const struct good_case good_cases[] = {
     { "server", "max_buffered_input_bytes", "1MiB", OFF(max_buffered_input_bytes), F_U64, .u = MIB },
     { "server", "max_buffered_input_bytes", "1048577", OFF(max_buffered_input_bytes), F_U64, .u = MIB + 1 },
     { "server", "max_buffered_input_bytes", "1TiB", OFF(max_buffered_input_bytes), F_U64, .u = GIB << 10 },
+    { "server", "hello_timeout", "100ms", OFF(hello_timeout_ms), F_U32, .u = 100 },
+    { "server", "hello_timeout", "10m", OFF(hello_timeout_ms), F_U32, .u = 600000 },
+    { "server", "max_buffered_output_bytes", "1MiB", OFF(max_buffered_output_bytes), F_U64, .u = MIB },
+    { "server", "max_buffered_output_bytes", "1TiB", OFF(max_buffered_output_bytes), F_U64, .u = GIB << 10 },
     { "server", "worker_stall_timeout", "2s", OFF(worker_stall_timeout_ms), F_U32, .u = 2000 },
     { "server", "worker_stall_timeout", "10m", OFF(worker_stall_timeout_ms), F_U32, .u = 600000 },
     { "memory", "host_bytes", "2GiB", OFF(host_bytes), F_U64, .u = 2 * GIB },
@@ -718,6 +727,10 @@ static const struct bad_case bad_cases[] = {
     { "server", "max_buffered_input_bytes", "1023KiB", "out of range (expected 1MiB..1TiB)" },
     { "server", "max_buffered_input_bytes", "2TiB", "out of range (expected 1MiB..1TiB)" },
     { "server", "max_buffered_input_bytes", "1.5G", "invalid size '1.5G'" },
+    { "server", "hello_timeout", "99ms", "out of range (expected 100ms..10m)" },
+    { "server", "hello_timeout", "0", "out of range" },
+    { "server", "max_buffered_output_bytes", "1023KiB", "out of range (expected 1MiB..1TiB)" },
+    { "server", "max_buffered_output_bytes", "2TiB", "out of range (expected 1MiB..1TiB)" },
     { "server", "worker_stall_timeout", "1999ms", "out of range (expected 2s..10m)" },
     { "server", "worker_stall_timeout", "11m", "out of range (expected 2s..10m)" },
     { "server", "worker_stall_timeout", "0", "out of range" },
@@ -2323,7 +2336,7 @@ START_TEST(test_write_round_trip_defaults)
     const char *forms[] = { "\n[server]\n", "\n[memory]\n", "\n[leases]\n", "\n[log]\n",
                             "socket_mode = 0660\n", "max_frame_bytes = 64MiB\n", "request_timeout = 5s\n",
                             "shutdown_timeout = 10s\nframe_timeout = 10s\nmax_buffered_input_bytes = 256MiB\n"
-                            "worker_stall_timeout = 10s\n",
+                            "hello_timeout = 5s\nmax_buffered_output_bytes = 1GiB\nworker_stall_timeout = 10s\n",
                             "\n[admin]\nlisten = 127.0.0.1:9180\nmax_connections = 64\nrequest_timeout = 5s\n",
                             "host_bytes = 1GiB\n", "slab_bytes = 16MiB\n", "high_watermark = 0.95\n",
                             "low_watermark = 0.9\n", "pin_host = auto\n", "reaper_interval = 1s\n",
@@ -2370,6 +2383,8 @@ START_TEST(test_write_round_trip_custom)
     c.shutdown_timeout_ms = 0;
     c.frame_timeout_ms = 2500;
     c.max_buffered_input_bytes = 3 * MIB + 1;
+    c.hello_timeout_ms = 1500;
+    c.max_buffered_output_bytes = 5 * MIB;
     c.worker_stall_timeout_ms = 2500;
     c.admin_max_connections = 7;
     c.admin_request_timeout_ms = 90000;
@@ -2430,7 +2445,8 @@ START_TEST(test_write_round_trip_custom)
 
     char *text = config_to_text(&c);
     const char *forms[] = { "socket_mode = 0000\n", "max_frame_bytes = 4097\n", "request_timeout = 1500ms\n",
-                            "frame_timeout = 2500ms\nmax_buffered_input_bytes = 3145729\nworker_stall_timeout = 2500ms\n",
+                            "frame_timeout = 2500ms\nmax_buffered_input_bytes = 3145729\nhello_timeout = 1500ms\n"
+                            "max_buffered_output_bytes = 5MiB\nworker_stall_timeout = 2500ms\n",
                             "max_connections = 7\nrequest_timeout = 90s\n",
                             "shutdown_timeout = 0s\n", "read_ttl = 90s\n", "write_ttl = 1h\n",
                             "pin_host = on\n", "level = debug\n", "namespace_quota = 3MiB\n",
@@ -3102,7 +3118,8 @@ START_TEST(test_tenant_parse)
     ck_assert_uint_eq(a->hbm_bytes, GIB);   /* 50% of 2GiB */
     ck_assert_uint_eq(a->hbm_share, 50);
     ck_assert_uint_eq(a->max_namespaces, 9);  /* the repeated section's value */
-    ck_assert_uint_eq(a->max_clients, 100);   /* [server] max_clients */
+    /* its memory's share of [server] max_clients (100): 5406 x 64KiB of 1GiB, 32.99 */
+    ck_assert_uint_eq(a->max_clients, 32);
     ck_assert_double_eq(a->max_reserved_per_client, 0.125);   /* [leases], set after the section */
     ck_assert_uint_eq(a->inherited, CONFIG_TENANT_INHERIT_MAX_CLIENTS | CONFIG_TENANT_INHERIT_MAX_RESERVED);
 
@@ -3132,7 +3149,7 @@ START_TEST(test_tenant_parse)
     again.max_clients = 55;
     again.max_namespaces = 300;
     ck_assert_int_eq(config_resolve(&again, err, sizeof err), 0);
-    ck_assert_uint_eq(again.tenants[0].max_clients, 55);
+    ck_assert_uint_eq(again.tenants[0].max_clients, 18);   /* its share of 55 */
     ck_assert_uint_eq(again.tenants[0].max_namespaces, 9);
     ck_assert_uint_eq(again.tenants[1].max_clients, 7);
     ck_assert_uint_eq(again.tenants[1].max_namespaces, 300);
@@ -3441,7 +3458,7 @@ START_TEST(test_tenant_round_trip)
         "\n\n[tenant.team-a]\nuids = root, 1001 1002\ngids = \nhost_bytes = 33%\n"
         "; host_bytes: 345984KiB, 33% of memory.host_bytes\nhbm_bytes = 50%\n"
         "; hbm_bytes: 1GiB, 50% of hbm.bytes\nmax_namespaces = 9\n"
-        "; max_clients: 100, from [server] max_clients\n"
+        "; max_clients: 32, its memory's share of [server] max_clients (100)\n"
         "; max_reserved_per_client: 0.125, from [leases] max_reserved_per_client\n",
         "\n\n[tenant.Team_B]\nuids = \ngids = 4242, 0\nhost_bytes = 512MiB\nhbm_bytes = 0\n"
         "; max_namespaces: 256, from [server] max_namespaces\nmax_clients = 7\nmax_reserved_per_client = 0.5\n",

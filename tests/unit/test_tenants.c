@@ -102,7 +102,8 @@ START_TEST(sections_get_their_own_caches)
     ck_assert_uint_eq(cache_host_size(b->cache), 6u << 20);
     ck_assert_uint_eq(cache_host_size(d->cache), 6u << 20);   /* what is left */
     ck_assert_uint_eq(b->max_clients, 3);
-    ck_assert_uint_eq(a->max_clients, cfg->max_clients);     /* inherited */
+    ck_assert_uint_eq(a->max_clients, cfg->max_clients / 4); /* its memory's share: 4 MiB of 16 */
+    ck_assert_uint_eq(d->max_clients, cfg->max_clients - cfg->max_clients / 4 - 3);   /* what is left */
     /* Three memfds: nothing of one tenant's in another's mapping. */
     ck_assert_int_ne(host_fd(a->cache), host_fd(b->cache));
     ck_assert_int_ne(host_fd(a->cache), host_fd(d->cache));
