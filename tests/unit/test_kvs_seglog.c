@@ -615,6 +615,56 @@ START_TEST(test_embedded_record_not_indexed)
 }
 END_TEST
 
+/* A segment crafted to make resynchronisation expensive: after a bad
+ * header, a good block header every 64 bytes, each claiming the rest of
+ * the segment as its payload, none with the right CRC. Recovery checks a
+ * bounded number of payload bytes (about twice the segment), then leaves
+ * the rest unread: it ends, the blocks before the damage are kept, and the
+ * file is not cut (no torn tail: the bytes were not understood). */
+START_TEST(test_resync_is_bounded)
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    struct tns t;
+    char seg[PATH_MAX];
+    uint64_t off;
+    mkns(&t, "bounded", 4096, 0);
+    ck_assert_int_eq(put_block(s, &t, 1, 1), 0);
+    ck_assert_int_eq(put_block(s, &t, 2, 1), 0);
+    ck_assert_int_eq(kvs_file_locate(s, &t.ns, 2, seg, sizeof seg, &off), 0);
+    be->close(s);
+    remove_hints();
+
+    struct stat sb;
+    ck_assert_int_eq(stat(seg, &sb), 0);
+    const size_t nhdr = 100000, extra = (nhdr + 1) * SEG_REC_HDR;
+    uint8_t *b = calloc(1, extra);
+    memset(b, 'X', SEG_REC_HDR);                       /* the bad header */
+    for (size_t i = 1; i <= nhdr; i++) {
+        struct seg_rec h = { .type = SEG_REC_BLOCK, .fingerprint = t.ns.fingerprint, .key = 1000 + (int64_t)i,
+                             .size = extra - (i + 1) * SEG_REC_HDR, .seq = 1ull << 50, .crc = 0 };
+        seg_rec_encode(b + i * SEG_REC_HDR, &h);
+    }
+    int fd = open(seg, O_WRONLY | O_APPEND);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, b, extra), (ssize_t)extra);
+    close(fd);
+    free(b);
+
+    s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_count(s, 64), 2);
+    ck_assert_int_eq(check_block(s, &t, 1, 1), 0);
+    ck_assert_int_eq(check_block(s, &t, 2, 1), 0);
+    struct kvs_file_stats st;
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.torn_tails, 0);
+    ck_assert_uint_eq(st.resync_records, 0);
+    struct stat sa;
+    ck_assert_int_eq(stat(seg, &sa), 0);
+    ck_assert_int_eq(sa.st_size, sb.st_size + (off_t)extra);
+    be->close(s);
+}
+END_TEST
+
 /* ---- kill -9 ------------------------------------------------------------------------------- */
 
 #define KB 4096u
@@ -838,6 +888,7 @@ static Suite *seglog_suite(void)
     tcase_add_test(tc, test_torn_tail);
     tcase_add_loop_test(tc, test_header_flip_loses_only_its_record, 0, 36);
     tcase_add_test(tc, test_embedded_record_not_indexed);
+    tcase_add_test(tc, test_resync_is_bounded);
     tcase_add_test(tc, test_capacity_keeps_tombstones);
     tcase_add_loop_test(tc, test_kill_during_writes, 0, 3);
     tcase_add_loop_test(tc, test_kill_during_compaction, 0, 3);
