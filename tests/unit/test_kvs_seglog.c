@@ -692,7 +692,10 @@ static void child_writer(int fd, uint64_t capacity, int nkeys)
             fill(b, KB, k, salt);
             if (be->put(s, &t.ns, k, 0, b, KB, e, sizeof e) != 0)
                 _exit(3);
-            struct ack a = { k, salt };
+            struct ack a;
+            memset(&a, 0, sizeof a);       /* the padding too: it goes through a pipe */
+            a.key = k;
+            a.salt = salt;
             if (write(fd, &a, sizeof a) != (ssize_t)sizeof a)
                 _exit(4);
         }
