@@ -360,6 +360,12 @@ static void render_persist(struct evbuffer *out, const struct cache_persist_stat
         sample_u(out, "kvnode_persist_file_torn_tails_total", NULL, fs->torn_tails);
         family(out, "kvnode_persist_file_torn_bytes_total", "counter", "Bytes of the torn tails cut.");
         sample_u(out, "kvnode_persist_file_torn_bytes_total", NULL, fs->torn_bytes);
+        family(out, "kvnode_persist_file_resync_records_total", "counter",
+               "Records with a bad header that recovery skipped, resynchronising on the next whole record.");
+        sample_u(out, "kvnode_persist_file_resync_records_total", NULL, fs->resync_records);
+        family(out, "kvnode_persist_file_resync_bytes_total", "counter",
+               "Bytes recovery skipped from a bad header to the next whole record.");
+        sample_u(out, "kvnode_persist_file_resync_bytes_total", NULL, fs->resync_bytes);
         family(out, "kvnode_persist_file_recovered_segments_total", "counter",
                "Segments recovered from their hint file (from=hint) or by reading their records (from=records).");
         sample_u(out, "kvnode_persist_file_recovered_segments_total", L("from", "hint"), fs->hints_loaded);

@@ -226,6 +226,8 @@ static void persist_json(const struct cache_persist_stats *p, json_t *root)
         set(f, "corrupt_total", ju(fs->corrupt));
         set(f, "torn_tails_total", ju(fs->torn_tails));
         set(f, "torn_bytes_total", ju(fs->torn_bytes));
+        set(f, "resync_records_total", ju(fs->resync_records));
+        set(f, "resync_bytes_total", ju(fs->resync_bytes));
         set(f, "hints_loaded_total", ju(fs->hints_loaded));
         set(f, "hints_bad_total", ju(fs->hints_bad));
         set(f, "migrated_blocks_total", ju(fs->migrated));

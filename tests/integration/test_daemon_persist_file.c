@@ -593,6 +593,92 @@ END_TEST
 
 /* ---- 4. corruption ------------------------------------------------------------------------- */
 
+/* Remove every segment's hint file and flip one byte of its first record
+ * header (its layout record: a segment names its namespaces first); the
+ * number of segments. */
+static int damage_layout_headers(const char *store)
+{
+    DIR *d = opendir(store);
+    struct dirent *de;
+    int segs = 0;
+    ck_assert_msg(d != NULL, "opendir %s: %s", store, strerror(errno));
+    while ((de = readdir(d)) != NULL) {
+        size_t l = strlen(de->d_name);
+        char p[PATH_MAX + 256];
+        if (strncmp(de->d_name, "seg-", 4) != 0 || l < 5)
+            continue;
+        snprintf(p, sizeof p, "%s/%s", store, de->d_name);
+        if (strcmp(de->d_name + l - 5, ".hint") == 0) {
+            ck_assert_msg(unlink(p) == 0, "unlink %s: %s", p, strerror(errno));
+        } else if (strcmp(de->d_name + l - 4, ".log") == 0) {
+            flip_byte(p, 20);
+            segs++;
+        }
+    }
+    closedir(d);
+    return segs;
+}
+
+/* Issue 27 item 5: one flipped byte in a record header of a segment
+ * without its hint file loses that record only. Every segment's layout
+ * record header is flipped (its blocks kept their namespace before only
+ * through it: the whole segment was lost), and one block's header too. */
+START_TEST(bad_record_header_loses_only_that_record)
+{
+    char store[PATH_MAX];
+    kvh_daemon a, b;
+    new_store(store, sizeof store);
+    const uint64_t nchains = 4;
+    const long long n = (long long)nchains * CHAIN;
+
+    start_on(&a, store, NULL);
+    kvnode_layout l = kvh_layout("pf-resync", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&a, &l, &c);
+    for (uint64_t ch = 0; ch < nchains; ch++)
+        put_chain(c, ch, 55);
+    ck_assert_msg(kvh_wait_stat(&a, "persist.written_blocks_total", n, tmo(10000), NULL) == 0, "%s", kvh_error());
+    kvnode_close(c);
+    KVH_STOP_OK(&a);
+
+    kvnode_key keys[CHAIN];
+    chain_keys(keys, 2);
+    struct disk dk = scan_disk(store, keys[3]);
+    ck_assert_msg(dk.found[0], "no record for chain 2's fourth block under %s", store);
+    flip_byte(dk.found, (off_t)dk.found_off + 20);
+    int segs = damage_layout_headers(store);
+    ck_assert_int_ge(segs, 1);
+
+    start_on(&b, store, NULL);
+    json_t *st = wait_recovery(&b);
+    ck_assert_int_eq(jint(st, "persist.recovery.indexed"), n - 1);
+    ck_assert_int_eq(jint(st, "persist.file.resync_records_total"), segs + 1);
+    ck_assert_int_eq(jint(st, "persist.file.torn_tails_total"), 0);
+    json_decref(st);
+    KVH_CONNECT(&b, &l, &c);
+    size_t got = 0;
+    for (uint64_t ch = 0; ch < nchains; ch++) {
+        if (ch == 2)
+            continue;
+        get_chain(c, ch, 55, (int)(ch % 3));
+    }
+    /* chain 2: the prefix before the lost block, and the blocks after it, byte-exact */
+    ck_assert_int_eq(kvh_match(c, keys, CHAIN), 3);
+    int rc = kvh_get_zc_verify(c, keys, CHAIN, 55, &got);
+    ck_assert_msg(rc == 0 && got == 3, "chain 2: rc %d, got %zu: %s", rc, got, kvh_error());
+    rc = kvh_get_zc_verify(c, keys + 4, CHAIN - 4, 55, &got);
+    ck_assert_msg(rc == 0 && got == CHAIN - 4, "after the lost block: rc %d, got %zu: %s", rc, got, kvh_error());
+    st = stats(&b);
+    ck_assert_int_eq(failures(st), 0);
+    ck_assert_int_eq(jint(st, "persist.failures_total.read.corrupt"), 0);
+    json_decref(st);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&b);
+    kvh_destroy(&a);
+}
+END_TEST
+
+
 START_TEST(corrupt_block_ends_the_answer)
 {
     char store[PATH_MAX];
@@ -1042,6 +1128,7 @@ int main(void)
         write_back_writes_victims_only,
         restart_recovers_the_store,
         corrupt_block_ends_the_answer,
+        bad_record_header_loses_only_that_record,
         full_disk_fails_writes_not_puts,
         sigkill_during_writes_leaves_no_torn_block,
         delete_removes_the_stored_copy,

@@ -483,6 +483,188 @@ START_TEST(test_torn_tail)
 }
 END_TEST
 
+/* ---- a bad header in a segment without a hint: resynchronisation ---------------------------- */
+
+#define RS_BLOCKS 128
+#define RS_BB     4096u
+
+/* Put RS_BLOCKS blocks (keys 0..127, salt 5) into one segment, close, and
+ * remove the hint file; out: the segment's path and each block record's
+ * header offset. */
+static void resync_fill(struct tns *t, char *seg, size_t seglen, uint64_t offs[RS_BLOCKS])
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    mkns(t, "resync", RS_BB, 0);
+    for (int64_t k = 0; k < RS_BLOCKS; k++)
+        ck_assert_int_eq(put_block(s, t, k, 5), 0);
+    char first[PATH_MAX];
+    for (int64_t k = 0; k < RS_BLOCKS; k++) {
+        ck_assert_int_eq(kvs_file_locate(s, &t->ns, k, seg, seglen, &offs[k]), 0);
+        if (k == 0)
+            snprintf(first, sizeof first, "%s", seg);
+        ck_assert_str_eq(seg, first);                   /* one segment */
+    }
+    be->close(s);
+    remove_hints();
+}
+
+static void flip_at(const char *path, uint64_t off, uint8_t mask)
+{
+    int fd = open(path, O_RDWR);
+    uint8_t c;
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(pread(fd, &c, 1, (off_t)off), 1);
+    c ^= mask;
+    ck_assert_int_eq(pwrite(fd, &c, 1, (off_t)off), 1);
+    close(fd);
+}
+
+/* One flipped byte in a record header of a segment without its hint (in
+ * the magic, type, key, size (low and high byte), sequence, payload CRC or
+ * header CRC): recovery skips that record and no other. Issue 27 item 5.
+ * Records: the segment's layout record (first; its payload checks itself,
+ * so every block keeps its namespace), blocks 0, 63 and 127. */
+START_TEST(test_header_flip_loses_only_its_record)
+{
+    static const int64_t recs[] = { -1, 0, 63, RS_BLOCKS - 1 };
+    static const unsigned bytes[] = { 0, 6, 17, 24, 26, 31, 35, 45, 61 };
+    const int nbytes = (int)(sizeof bytes / sizeof bytes[0]);
+    int64_t k = recs[_i / nbytes];
+    unsigned byte = bytes[_i % nbytes];
+    struct tns t;
+    char seg[PATH_MAX];
+    uint64_t offs[RS_BLOCKS];
+    resync_fill(&t, seg, sizeof seg, offs);
+    ck_assert_uint_eq(offs[0], seg_rec_len(SEG_LAYOUT_SIZE));   /* the layout record first */
+    flip_at(seg, (k < 0 ? 0 : offs[k]) + byte, 0x10);
+    int want = k < 0 ? RS_BLOCKS : RS_BLOCKS - 1;
+    for (int round = 0; round < 2; round++) {           /* and again: the result holds */
+        struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+        int found = scan_count(s, 64);
+        ck_assert_msg(found == want, "record %lld byte %u, round %d: %d found", (long long)k, byte,
+                      round, found);
+        for (int64_t j = 0; j < RS_BLOCKS; j++) {
+            int rc = check_block(s, &t, j, 5);
+            ck_assert_msg(rc == (j == k ? KVS_MISS : 0), "record %lld byte %u: block %lld: %d",
+                          (long long)k, byte, (long long)j, rc);
+        }
+        struct kvs_file_stats st;
+        kvs_file_stats(s, &st);
+        /* the last record's loss may read as a torn tail (nothing follows it) */
+        uint64_t rl = k < 0 ? seg_rec_len(SEG_LAYOUT_SIZE) : seg_rec_len(RS_BB);
+        ck_assert_uint_eq(st.resync_records + st.torn_tails, 1);
+        ck_assert_uint_eq(st.resync_bytes + st.torn_bytes, rl);
+        if (k < RS_BLOCKS - 1)
+            ck_assert_uint_eq(st.resync_records, 1);
+        be->close(s);
+    }
+}
+END_TEST
+
+/* A block whose bytes hold a whole, valid record of another key (header
+ * and payload CRCs right) is never indexed as that key: not when the
+ * containing record is the torn tail (its header is good, so its length
+ * is known), and not when its own header has a flipped byte (the record
+ * that follows it confirms where it ends). */
+START_TEST(test_embedded_record_not_indexed)
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    struct tns t;
+    char seg[PATH_MAX];
+    uint64_t off;
+    mkns(&t, "embed", 8192, 0);
+    uint8_t *b = calloc(1, 8192);
+    struct seg_rec h = { .type = SEG_REC_BLOCK, .fingerprint = t.ns.fingerprint, .rank = 0,
+                         .key = 999, .size = 4096, .seq = UINT64_MAX >> 1 };
+    fill(b + SEG_REC_HDR, 4096, 999, 7);
+    h.crc = crc32c(0, b + SEG_REC_HDR, 4096);
+    seg_rec_encode(b, &h);
+    ck_assert_int_eq(put_block(s, &t, 1, 1), 0);
+    ck_assert_int_eq(be->put(s, &t.ns, 2, 0, b, 8192, err, sizeof err), 0);
+    ck_assert_int_eq(put_block(s, &t, 3, 1), 0);
+    ck_assert_int_eq(kvs_file_locate(s, &t.ns, 2, seg, sizeof seg, &off), 0);
+    be->close(s);
+    remove_hints();
+
+    /* the containing record's header flipped (its key) */
+    flip_at(seg, off + 17, 0x01);
+    s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_count(s, 64), 2);
+    ck_assert_int_eq(check_block(s, &t, 1, 1), 0);
+    ck_assert_int_eq(check_block(s, &t, 3, 1), 0);
+    uint8_t *got = malloc(8192);
+    ck_assert_int_eq(be->get(s, &t.ns, 999, 0, got, 8192, err, sizeof err), KVS_MISS);
+    be->close(s);
+
+    /* the containing record as a torn tail: cut after the embedded copy */
+    flip_at(seg, off + 17, 0x01);
+    ck_assert_int_eq(truncate(seg, (off_t)(off + SEG_REC_HDR + 6000)), 0);
+    s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_count(s, 64), 1);
+    ck_assert_int_eq(be->get(s, &t.ns, 999, 0, got, 8192, err, sizeof err), KVS_MISS);
+    struct kvs_file_stats st;
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.torn_tails, 1);
+    ck_assert_uint_eq(st.resync_records, 0);
+    struct stat sb;
+    ck_assert_int_eq(stat(seg, &sb), 0);
+    ck_assert_int_eq(sb.st_size, (off_t)off);
+    be->close(s);
+    free(got);
+    free(b);
+}
+END_TEST
+
+/* A segment crafted to make resynchronisation expensive: after a bad
+ * header, a good block header every 64 bytes, each claiming the rest of
+ * the segment as its payload, none with the right CRC. Recovery checks a
+ * bounded number of payload bytes (about twice the segment), then leaves
+ * the rest unread: it ends, the blocks before the damage are kept, and the
+ * file is not cut (no torn tail: the bytes were not understood). */
+START_TEST(test_resync_is_bounded)
+{
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    struct tns t;
+    char seg[PATH_MAX];
+    uint64_t off;
+    mkns(&t, "bounded", 4096, 0);
+    ck_assert_int_eq(put_block(s, &t, 1, 1), 0);
+    ck_assert_int_eq(put_block(s, &t, 2, 1), 0);
+    ck_assert_int_eq(kvs_file_locate(s, &t.ns, 2, seg, sizeof seg, &off), 0);
+    be->close(s);
+    remove_hints();
+
+    struct stat sb;
+    ck_assert_int_eq(stat(seg, &sb), 0);
+    const size_t nhdr = 100000, extra = (nhdr + 1) * SEG_REC_HDR;
+    uint8_t *b = calloc(1, extra);
+    memset(b, 'X', SEG_REC_HDR);                       /* the bad header */
+    for (size_t i = 1; i <= nhdr; i++) {
+        struct seg_rec h = { .type = SEG_REC_BLOCK, .fingerprint = t.ns.fingerprint, .key = 1000 + (int64_t)i,
+                             .size = extra - (i + 1) * SEG_REC_HDR, .seq = 1ull << 50, .crc = 0 };
+        seg_rec_encode(b + i * SEG_REC_HDR, &h);
+    }
+    int fd = open(seg, O_WRONLY | O_APPEND);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, b, extra), (ssize_t)extra);
+    close(fd);
+    free(b);
+
+    s = open_store(0, KVS_FSYNC_NEVER);
+    ck_assert_int_eq(scan_count(s, 64), 2);
+    ck_assert_int_eq(check_block(s, &t, 1, 1), 0);
+    ck_assert_int_eq(check_block(s, &t, 2, 1), 0);
+    struct kvs_file_stats st;
+    kvs_file_stats(s, &st);
+    ck_assert_uint_eq(st.torn_tails, 0);
+    ck_assert_uint_eq(st.resync_records, 0);
+    struct stat sa;
+    ck_assert_int_eq(stat(seg, &sa), 0);
+    ck_assert_int_eq(sa.st_size, sb.st_size + (off_t)extra);
+    be->close(s);
+}
+END_TEST
+
 /* ---- kill -9 ------------------------------------------------------------------------------- */
 
 #define KB 4096u
@@ -510,7 +692,10 @@ static void child_writer(int fd, uint64_t capacity, int nkeys)
             fill(b, KB, k, salt);
             if (be->put(s, &t.ns, k, 0, b, KB, e, sizeof e) != 0)
                 _exit(3);
-            struct ack a = { k, salt };
+            struct ack a;
+            memset(&a, 0, sizeof a);       /* the padding too: it goes through a pipe */
+            a.key = k;
+            a.salt = salt;
             if (write(fd, &a, sizeof a) != (ssize_t)sizeof a)
                 _exit(4);
         }
@@ -704,6 +889,9 @@ static Suite *seglog_suite(void)
     tcase_add_test(tc, test_v1_segments_load);
     tcase_add_test(tc, test_generations);
     tcase_add_test(tc, test_torn_tail);
+    tcase_add_loop_test(tc, test_header_flip_loses_only_its_record, 0, 36);
+    tcase_add_test(tc, test_embedded_record_not_indexed);
+    tcase_add_test(tc, test_resync_is_bounded);
     tcase_add_test(tc, test_capacity_keeps_tombstones);
     tcase_add_loop_test(tc, test_kill_during_writes, 0, 3);
     tcase_add_loop_test(tc, test_kill_during_compaction, 0, 3);

@@ -60,10 +60,16 @@
  * removed; bad copies are removed and counted, never migrated); then each
  * segment found at open is loaded from its hint file, or, when that is
  * missing or fails a check, by reading its record headers (payloads are
- * checked by the get that reads them): a bad header is skipped to the next
- * good one (counted in corrupt), and what follows the last good record is
- * cut (a torn tail after kill -9; counted in torn_tails / torn_bytes). The
- * segment then gets a hint file when nothing in it was bad.
+ * checked by the get that reads them). A record with a bad header is
+ * skipped (counted in corrupt and resync_records / resync_bytes): recovery
+ * goes on at the next whole record (good header, length within the
+ * segment, payload CRC; a layout record's payload checks itself and is
+ * learned even under a bad header), trying the bad header's own length
+ * first, so the payload of a record is not read as records where that can
+ * be helped. A good header whose record runs past the end, and anything
+ * after the last good record with nothing whole after it, is a torn tail
+ * (kill -9): cut (counted in torn_tails / torn_bytes). The segment then
+ * gets a hint file when nothing in it was bad.
  * Then the keydir is reported in budgets. Writes and reads go on meanwhile.
  *
  * fsync policy, per batch (put_batch / put / del):
@@ -116,6 +122,8 @@ struct kvs_file_stats {
     uint64_t segments_reclaimed;  /* removed because nothing in them was live */
     uint64_t corrupt;             /* bad copies found by get (dropped from the keydir) */
     uint64_t torn_tails, torn_bytes;   /* segment tails cut by recovery */
+    uint64_t resync_records, resync_bytes;   /* bad record headers recovery skipped, and the
+                                                bytes up to the next whole record */
     uint64_t hints_loaded;        /* segments recovered from their hint file */
     uint64_t hints_bad;           /* hint files missing or failing a check (segment read) */
     uint64_t migrated, migrate_bad;    /* file_v1 blocks moved into the log / found bad */

@@ -12,7 +12,8 @@
  *   file_log.c      appending: a handle's open segment, batches, rotation,
  *                   hint files
  *   file_recover.c  the recovery scan: migration of a file_v1 root, loading
- *                   segments (hint or record scan, torn tails cut), reporting
+ *                   segments (hint or record scan, a bad header skipped to
+ *                   the next whole record, torn tails cut), reporting
  *
  * Worker threads; a root's mutex guards O(1) bookkeeping, never I/O. */
 #ifndef KVNODE_KVS_FILE_INTERNAL_H

@@ -169,7 +169,7 @@ static int migrate_step(struct file_store *s, struct kvs_scan *c, size_t budget,
     return 1;
 }
 
-/* ---- loading a segment ---------------------------------------------------------------------- */
+/* ---- loading a segment from its hint ---------------------------------------------------------- */
 
 static void count(struct seg_root *r, uint64_t *ctr, uint64_t by)
 {
@@ -197,6 +197,18 @@ static struct seg_ns *ns_of(struct seg_ns **v, const uint64_t *disk, size_t n, u
         if (disk[i] == fp && v[i]->rank == rank)
             return v[i];
     return NULL;
+}
+
+/* A namespace whose layout another segment (or a write) made known. */
+static struct seg_ns *ns_known(struct seg_root *r, uint64_t fp, uint32_t rank)
+{
+    struct seg_ns *found = NULL;
+    pthread_mutex_lock(&r->mu);
+    for (struct seg_ns *n = r->nss; n && !found; n = n->next)
+        if (n->fingerprint == fp && n->rank == rank && n->layout_known)
+            found = n;
+    pthread_mutex_unlock(&r->mu);
+    return found;
 }
 
 /* The namespace of a layout record, under l's current identity: records a
@@ -268,9 +280,112 @@ static long load_hint(struct seg_root *r, struct seg *sg)
     return (long)ne;
 }
 
-/* Record by record, headers only: the number of records; a bad header is
- * skipped to the next good one, and what follows the last good record (a
- * torn tail) is cut. */
+/* ---- resynchronising after a bad header -------------------------------------------------- */
+
+/* Payload bytes one segment's resynchronisation may check, beyond which the
+ * rest of the segment is left unread (not cut): bounds a segment crafted to
+ * make the scan check the same bytes again and again. */
+#define RESYNC_BUDGET(len) (2 * (len) + (UINT64_C(64) << 20))
+
+/* A walk over one segment's records. */
+struct walk {
+    struct seg_root *r;
+    const uint8_t *m;
+    uint64_t len;
+    uint64_t check_left;           /* RESYNC_BUDGET, spent by whole_record */
+    struct seg_ns *nss[256];       /* namespaces named by its layout records */
+    uint64_t disk[256];            /* the fingerprint the records of nss[i] carry */
+    size_t nnss;
+    uint64_t skipped, skipped_bytes;   /* bad records jumped over */
+    bool gave_up;                  /* the budget ran out */
+};
+
+static void walk_learn(struct walk *w, const uint8_t *payload, uint64_t size)
+{
+    struct ns_layout l;
+    uint64_t fp;
+    struct seg_ns *ns;
+    if (seg_layout_decode(payload, size, w->r->tenant, &l, &fp) == NULL &&
+        (ns = ns_learn(w->r, &l)) && !ns_of(w->nss, w->disk, w->nnss, fp, l.tp_rank) &&
+        w->nnss < 256) {
+        w->disk[w->nnss] = fp;
+        w->nss[w->nnss++] = ns;
+    }
+}
+
+/* Whether a whole record starts at pos: a good header, its length within
+ * the segment, and its payload right (block: the CRC; layout: it decodes,
+ * its own CRC and fingerprint, as the header's namespace; pad: zeros; a
+ * tombstone has none). What a resynchronisation may land on: a header
+ * alone could be bytes inside another record's payload. */
+static bool whole_record(struct walk *w, uint64_t pos)
+{
+    struct seg_rec h;
+    if (pos + SEG_REC_HDR > w->len || seg_rec_decode(w->m + pos, &h) != NULL ||
+        seg_rec_len(h.size) > w->len - pos)
+        return false;
+    if (h.type == SEG_REC_TOMB)
+        return true;
+    if (h.size > w->check_left) {
+        w->gave_up = true;
+        return false;
+    }
+    w->check_left -= h.size;
+    const uint8_t *p = w->m + pos + SEG_REC_HDR;
+    if (h.type == SEG_REC_BLOCK)
+        return crc32c(0, p, h.size) == h.crc;
+    if (h.type == SEG_REC_LAYOUT) {
+        struct ns_layout l;
+        uint64_t fp;
+        return seg_layout_decode(p, h.size, w->r->tenant, &l, &fp) == NULL &&
+               fp == h.fingerprint && l.tp_rank == h.rank;
+    }
+    for (uint64_t i = 0; i < h.size; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+/* The header at pos is bad: where the next whole record starts, or len
+ * when none does (the rest is a torn tail). The bad header's own length
+ * is tried first (a byte flipped anywhere but in the size): taken when a
+ * whole record follows there, so the bad record's payload is never read
+ * as records. Else the scan goes on in steps of the record alignment. A
+ * layout record's payload checks itself (CRC, and a fingerprint that must
+ * match the layout and the tenant): learned even under a bad header, so
+ * the blocks after it keep their namespace. Each byte is stepped over once
+ * per bad header and a jump only goes forward: linear in the segment.
+ * What the scan cannot rule out: a block crafted to hold whole records,
+ * whose own header is bad in its size too (or never reached the disk),
+ * is read as those records. They carry only bytes this root's tenant
+ * wrote, checksums and all, and name only its namespaces (a layout checks
+ * the tenant): no tenant reaches another's keys this way. */
+static uint64_t resync(struct walk *w, uint64_t pos)
+{
+    const uint8_t *m = w->m;
+    uint64_t len = w->len;
+    if (pos + SEG_REC_HDR + SEG_LAYOUT_SIZE <= len)
+        walk_learn(w, m + pos + SEG_REC_HDR, SEG_LAYOUT_SIZE);
+    uint64_t size = le_get64(m + pos + 24);
+    if (size <= len - pos) {
+        uint64_t end = pos + seg_rec_len(size);
+        if (end == len || (end < len && whole_record(w, end)))
+            return end;
+    }
+    for (uint64_t q = pos + SEG_REC_ALIGN; q + SEG_REC_HDR <= len && !w->gave_up;
+         q += SEG_REC_ALIGN)
+        if (whole_record(w, q))
+            return q;
+    return len;
+}
+
+/* ---- loading a segment without its hint -------------------------------------------------------- */
+
+/* Record by record, headers only: the number of records indexed. A good
+ * header whose record runs past the end is a torn tail (its length is
+ * known, so nothing in its payload is read as records); a bad header is
+ * skipped to the next whole record (resync); what follows the last good
+ * record is cut. */
 static long load_records(struct seg_root *r, struct seg *sg)
 {
     char p[PATH_MAX];
@@ -278,7 +393,8 @@ static long load_records(struct seg_root *r, struct seg *sg)
     int fd = open(p, O_RDWR | O_CLOEXEC);
     if (fd < 0)
         return 0;
-    uint64_t len = sg->len, pos = 0, good_end = 0, bad = 0;
+    uint64_t len = sg->len, pos = 0, good_end = 0, bad = 0, first_bad = 0;
+    const char *first_why = NULL;
     const uint8_t *m = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
     if (m == MAP_FAILED) {
         close(fd);
@@ -286,42 +402,48 @@ static long load_records(struct seg_root *r, struct seg *sg)
     }
     if (m)
         madvise((void *)m, len, MADV_SEQUENTIAL);
-    struct seg_ns *nss[256];
-    uint64_t disk[256];
-    size_t nnss = 0, nents = 0, capents = 0;
+    struct walk *w = calloc(1, sizeof(*w));
+    if (!w) {
+        if (m)
+            munmap((void *)m, len);
+        close(fd);
+        return 0;                  /* loaded at the next start */
+    }
+    *w = (struct walk){ .r = r, .m = m, .len = len, .check_left = RESYNC_BUDGET(len) };
+    size_t nents = 0, capents = 0;
     struct seg_hint_ent *ents = NULL;
     long n = 0;
     while (pos + SEG_REC_HDR <= len) {
         struct seg_rec h;
         const char *why = seg_rec_decode(m + pos, &h);
-        uint64_t rl = why ? 0 : seg_rec_len(h.size);
-        if (!why && pos + rl > len)
-            why = "record runs past the end";
-        /* Headers only: a payload is checked by the get that reads it. A
-         * layout record's payload carries its own CRC (seg_layout_decode). */
+        if (!why && seg_rec_len(h.size) > len - pos)
+            break;                 /* a torn tail: cut below */
         if (why) {
-            /* Resynchronise on the next valid header; none: a torn tail. */
-            uint64_t q = pos + SEG_REC_ALIGN;
-            struct seg_rec h2;
-            while (q + SEG_REC_HDR <= len && seg_rec_decode(m + q, &h2) != NULL)
-                q += SEG_REC_ALIGN;
-            if (q + SEG_REC_HDR > len)
-                break;
-            bad++;
+            uint64_t q = resync(w, pos);
+            if (q >= len)
+                break;             /* nothing whole after it: a torn tail */
+            if (!first_why) {
+                first_why = why;
+                first_bad = pos;
+            }
+            w->skipped++;
+            w->skipped_bytes += q - pos;
             pos = q;
             continue;
         }
+        /* Headers only: a payload is checked by the get that reads it. A
+         * layout record's payload carries its own CRC (seg_layout_decode). */
         if (h.type == SEG_REC_LAYOUT) {
-            struct ns_layout l;
-            uint64_t fp;
-            struct seg_ns *ns;
-            if (seg_layout_decode(m + pos + SEG_REC_HDR, h.size, r->tenant, &l, &fp) == NULL &&
-                (ns = ns_learn(r, &l)) && !ns_of(nss, disk, nnss, fp, l.tp_rank) && nnss < 256) {
-                disk[nnss] = fp;
-                nss[nnss++] = ns;
-            }
+            walk_learn(w, m + pos + SEG_REC_HDR, h.size);
         } else if (h.type != SEG_REC_PAD) {
-            struct seg_ns *ns = ns_of(nss, disk, nnss, h.fingerprint, h.rank);
+            struct seg_ns *ns = ns_of(w->nss, w->disk, w->nnss, h.fingerprint, h.rank);
+            /* Its layout record lost (a bad payload): the header's
+             * fingerprint names the namespace as well, when it is known
+             * (under its current identity). */
+            if (!ns && w->nnss < 256 && (ns = ns_known(r, h.fingerprint, h.rank))) {
+                w->disk[w->nnss] = h.fingerprint;
+                w->nss[w->nnss++] = ns;
+            }
             /* The hint written below pairs it with nss' current identities. */
             struct seg_hint_ent e = { .type = h.type, .rank = h.rank, .crc = h.crc,
                                       .fingerprint = ns ? ns->fingerprint : h.fingerprint,
@@ -344,12 +466,16 @@ static long load_records(struct seg_root *r, struct seg *sg)
                 bad++;             /* no layout record names its namespace */
             }
         }
-        pos += rl;
+        pos += seg_rec_len(h.size);
         good_end = pos;
     }
     if (m)
         munmap((void *)m, len);
-    if (good_end < len) {
+    if (w->gave_up) {
+        log_warn("kvs file: segment %s: too much damage to resynchronise within %" PRIu64
+                 " bytes of checks; its records after offset %" PRIu64 " are not loaded (the file "
+                 "is left as it is)", p, RESYNC_BUDGET(len), good_end);
+    } else if (good_end < len) {
         if (ftruncate(fd, (off_t)good_end) == 0) {
             pthread_mutex_lock(&r->mu);
             r->st.torn_tails++;
@@ -362,12 +488,23 @@ static long load_records(struct seg_root *r, struct seg *sg)
         }
     }
     close(fd);
+    if (w->skipped) {
+        pthread_mutex_lock(&r->mu);
+        r->st.resync_records += w->skipped;
+        r->st.resync_bytes += w->skipped_bytes;
+        pthread_mutex_unlock(&r->mu);
+        log_warn("kvs file: segment %s: skipped %" PRIu64 " record(s) with a bad header (%" PRIu64
+                 " bytes; the first at offset %" PRIu64 ": %s), resynchronised on the next whole "
+                 "record", p, w->skipped, w->skipped_bytes, first_bad, first_why);
+    }
+    bad += w->skipped;
     if (bad)
         count(r, &r->st.corrupt, bad);
     /* Closed from now on: index it so the next start reads the hint. */
-    if (bad == 0 && nents == (size_t)n && sg->len)
-        seg_hint_write(r, sg->id, sg->len, nss, nnss, ents, nents, true);
+    if (bad == 0 && !w->gave_up && nents == (size_t)n && sg->len)
+        seg_hint_write(r, sg->id, sg->len, w->nss, w->nnss, ents, nents, true);
     free(ents);
+    free(w);
     return n;
 }
 
