@@ -313,8 +313,16 @@ static void render_persist(struct evbuffer *out, const struct cache_persist_stat
            "Writes that waited in the daemon because the store's queue was full (sent as it drains).");
     sample_u(out, "kvnode_persist_writes_deferred_total", NULL, p->writes_deferred);
     family(out, "kvnode_persist_write_retries_total", "counter",
-           "Failed writes of blocks still in memory tried again (backoff 0.5 s doubling to 10 s).");
+           "Failed writes of blocks still in memory tried again (one per probe while the store is "
+           "degraded, all at once when a write lands).");
     sample_u(out, "kvnode_persist_write_retries_total", NULL, p->write_retries);
+    family(out, "kvnode_persist_probes_total", "counter",
+           "Probes of a degraded store (every 0.5 s): kind=write, a waiting block's write, while writes "
+           "fail; kind=health, the store's health call otherwise.");
+    sample_u(out, "kvnode_persist_probes_total", L("kind", "health", "result", "ok"), pc->probes_ok[PERSIST_PROBE_HEALTH]);
+    sample_u(out, "kvnode_persist_probes_total", L("kind", "health", "result", "failed"), pc->probes_failed[PERSIST_PROBE_HEALTH]);
+    sample_u(out, "kvnode_persist_probes_total", L("kind", "write", "result", "ok"), pc->probes_ok[PERSIST_PROBE_WRITE]);
+    sample_u(out, "kvnode_persist_probes_total", L("kind", "write", "result", "failed"), pc->probes_failed[PERSIST_PROBE_WRITE]);
     family(out, "kvnode_persist_put_waits_total", "counter",
            "Puts that waited for the store: the host tier was full of blocks not yet written.");
     sample_u(out, "kvnode_persist_put_waits_total", NULL, p->put_waits);

@@ -241,6 +241,15 @@ static void persist_json(const struct cache_persist_stats *p, json_t *root)
         set(fail, persist_op_name(op), kinds);
     }
     set(o, "failures_total", fail);
+    json_t *probes = json_object();
+    static const char *const probe_kinds[PERSIST_PROBE_KINDS] = { "health", "write" };
+    for (int k = 0; k < PERSIST_PROBE_KINDS; k++) {
+        json_t *r = json_object();
+        set(r, "ok", ju(pc->probes_ok[k]));
+        set(r, "failed", ju(pc->probes_failed[k]));
+        set(probes, probe_kinds[k], r);
+    }
+    set(o, "probes_total", probes);
     set(o, "writes_deferred_total", ju(p->writes_deferred));
     set(o, "queue_refused_total", ju(pc->refused_queue_full));
     set(o, "writes_waiting", ju(p->writes_waiting));

@@ -9,8 +9,8 @@
  *   deferred.c  answers that wait for the store, and puts waiting for room
  *   evict.c     host-tier watermarks and eviction, namespace quotas, the reaper
  *   demote.c    HBM -> host demotion through the copier
- *   store.c     the store glue: ordered writes and deletes, retries, lookups,
- *               promotions, the shutdown flush, recovery
+ *   store.c     the store glue: ordered writes and deletes, retries and the
+ *               write probe, lookups, promotions, the shutdown flush, recovery
  *   complete.c  completeness (KVCM): observer calls and the chunked walk
  *   stats.c     the cache's part of the STATS document
  *
@@ -104,6 +104,7 @@ struct cache {
     size_t retry_pending;
     uint64_t retry_backoff_ms;  /* 0: the next retry comes after RETRY_FIRST_MS */
     struct event *retry_ev;
+    bool probe_writing;         /* the store's write probe (a waiting block's write) is under way */
     /* puts waiting for room that blocks being written hold (back-pressure) */
     struct cache_wait *put_waiters, *put_waiters_tail;
     struct event *put_wake_ev;
@@ -151,6 +152,7 @@ struct cache_storeop {
     struct kv_namespace *ns;
     struct index_entry *e;          /* write: the block, pinned until the result */
     bool evicting;                  /* write: a write-back victim */
+    bool probe;                     /* write: the store's write probe (persist_write_probe) */
     struct cache_storeop *next;     /* on c->queued_head: the store's queue was full */
     size_t n;
     uint64_t *checks;               /* delete: the keys' check words (allocated with the op) */

@@ -237,6 +237,10 @@ static void cache_persist_stats_add(struct cache_persist_stats *sum, const struc
     for (int op = 0; op < PERSIST_OPS; op++)
         for (int k = 0; k < PERSIST_FAIL_KINDS; k++)
             s->failures[op][k] += c->failures[op][k];
+    for (int k = 0; k < PERSIST_PROBE_KINDS; k++) {
+        s->probes_ok[k] += c->probes_ok[k];
+        s->probes_failed[k] += c->probes_failed[k];
+    }
     s->refused_queue_full += c->refused_queue_full;
     s->submitted += c->submitted;
     s->completed += c->completed;

@@ -1,8 +1,9 @@
 /* cache store: the glue to the persistent store — writes and deletes in
  * order per key (write-behind, the store queue's back-pressure), retries of
- * failed writes, lookups of keys the index does not know, promotions of
- * ghosts, the shutdown flush and recovery from a scan (see cache.h). Loop
- * thread only; the store's calls run on its workers (persist.h). */
+ * failed writes and the store's write probe, lookups of keys the index does
+ * not know, promotions of ghosts, the shutdown flush and recovery from a
+ * scan (see cache.h). Loop thread only; the store's calls run on its
+ * workers (persist.h). */
 #include "cache/cache_internal.h"
 
 #include <inttypes.h>
@@ -25,6 +26,7 @@
 /* --- store operations: writes and deletes, in order per key ------------------- */
 
 static void cache_retry_add(struct cache *c, const struct index_entry *e);
+static void cache_retry_now(struct cache *c);
 
 /* Write-back victims may pin at most this much of the host tier while they
  * are written (the rest stays evictable). */
@@ -79,6 +81,8 @@ static void cache_write_finish(struct cache *c, struct cache_storeop *op, int rc
     bool detached = e->detached, evict = op->evicting;
 
     c->writing_bytes -= c->writing_bytes >= bb ? bb : c->writing_bytes;
+    if (op->probe)
+        c->probe_writing = false;
     if (evict) {
         c->evicting_bytes -= c->evicting_bytes >= bb ? bb : c->evicting_bytes;
         e->evicting = 0;
@@ -113,8 +117,11 @@ static void cache_storeop_finish(struct cache_storeop *op, int rc)
 
     if (op->kind == STORE_OP_WRITE) {
         cache_write_finish(c, op, rc);
-        if (rc == 0)
-            c->retry_backoff_ms = 0;   /* the store takes writes: retry failed ones now */
+        if (rc == 0) {
+            /* The store takes writes: retry failed ones now, not at the backoff's time. */
+            c->retry_backoff_ms = 0;
+            cache_retry_now(c);
+        }
     }
     for (size_t i = 0; i < op->n; i++)
         keylock_release(c->keylocks, op->ns->id, op->keys[i]);
@@ -148,7 +155,11 @@ static int cache_storeop_send(struct cache_storeop *op)
         struct index_entry *e = op->e;
         struct cache_hbm *h = cache_hbm_of(c, e);
         /* An HBM block is copied out by the worker, never read by the loop. */
-        if (h && c->devmem)
+        if (op->probe)
+            rc = persist_write_probe(c->persist, op->ns, e->key, e->check, cache_slot_ptr(c, e),
+                                     op->ns->layout.block_bytes, h && c->devmem ? c->devmem : NULL,
+                                     h ? h->device : -1, cache_storeop_done, op);
+        else if (h && c->devmem)
             rc = persist_write_device(c->persist, op->ns, e->key, e->check, cache_slot_ptr(c, e),
                                       op->ns->layout.block_bytes, c->devmem, h->device,
                                       cache_storeop_done, op);
@@ -228,8 +239,9 @@ static void cache_storeop_start(struct cache *c, struct cache_storeop *op)
 
 /* Write a SEALED block to the store: it is pinned (in memory, off the LRU)
  * until the write's result is back, however long it waits for earlier ops
- * on its key or for room in the store's queue. */
-void cache_write_start(struct cache *c, struct index_entry *e, bool evicting)
+ * on its key or for room in the store's queue. probe: the store's write
+ * probe (its result is counted as the probe's). */
+static void cache_write_op(struct cache *c, struct index_entry *e, bool evicting, bool probe)
 {
     struct kv_namespace *ns = ns_get(c->namespaces, e->ns);
     struct cache_storeop *op = ns ? cache_storeop_new(c, STORE_OP_WRITE, ns, 1) : NULL;
@@ -242,6 +254,9 @@ void cache_write_start(struct cache *c, struct index_entry *e, bool evicting)
     op->e = e;
     op->keys[0] = e->key;
     op->evicting = evicting;
+    op->probe = probe;
+    if (probe)
+        c->probe_writing = true;
     e->persist = PERSIST_WRITING;
     cache_pin(c, e);
     c->writing_bytes += ns->layout.block_bytes;
@@ -251,6 +266,11 @@ void cache_write_start(struct cache *c, struct index_entry *e, bool evicting)
         c->writeback_started++;
     }
     cache_storeop_start(c, op);
+}
+
+void cache_write_start(struct cache *c, struct index_entry *e, bool evicting)
+{
+    cache_write_op(c, e, evicting, false);
 }
 
 /* Delete keys from the store, each after the ops on it that came before:
@@ -301,6 +321,16 @@ static void cache_retry_arm(struct cache *c)
     evtimer_add(c->retry_ev, &tv);
 }
 
+/* A write landed: the blocks waiting for a retry go at once (in batches). */
+static void cache_retry_now(struct cache *c)
+{
+    if (!c->retry_ev || !c->retry_head)
+        return;
+    evtimer_del(c->retry_ev);
+    struct timeval now = { 0, 0 };
+    evtimer_add(c->retry_ev, &now);
+}
+
 static void cache_retry_add(struct cache *c, const struct index_entry *e)
 {
     struct cache_retry *r = malloc(sizeof *r);
@@ -318,16 +348,11 @@ static void cache_retry_add(struct cache *c, const struct index_entry *e)
     cache_retry_arm(c);
 }
 
-/* Write again up to a batch of the blocks whose write failed and that are
- * still in memory; back off (doubling) while writes keep failing. */
-void cache_retry_cb(evutil_socket_t fd, short what, void *arg)
+/* The next block on the retry list that still waits for its write (in
+ * memory, its write failed), taken off the list; NULL when none is left. */
+static struct index_entry *cache_retry_take(struct cache *c)
 {
-    struct cache *c = arg;
-    unsigned sent = 0;
-    (void)fd;
-    (void)what;
-
-    while (c->retry_head && sent < RETRY_BATCH) {
+    while (c->retry_head) {
         struct cache_retry *r = c->retry_head;
         c->retry_head = r->next;
         if (!c->retry_head)
@@ -335,8 +360,42 @@ void cache_retry_cb(evutil_socket_t fd, short what, void *arg)
         c->retry_pending--;
         struct index_entry *e = index_lookup(c->index, r->ns, r->key);
         free(r);
-        if (!e || e->state != ENTRY_SEALED || e->persist != PERSIST_FAILED || !cache_persisting(c))
-            continue;
+        if (e && e->state == ENTRY_SEALED && e->persist == PERSIST_FAILED && cache_persisting(c))
+            return e;
+    }
+    return NULL;
+}
+
+/* The store's write probe (persist_set_write_probe): while its writes fail,
+ * the oldest block waiting for a retry is written, one at a time. */
+static bool cache_write_probe(void *arg)
+{
+    struct cache *c = arg;
+    if (c->probe_writing)
+        return true;
+    struct index_entry *e = cache_retry_take(c);
+    if (!e)
+        return false;
+    c->write_retries++;
+    cache_write_op(c, e, false, true);
+    return true;
+}
+
+/* Write again up to a batch of the blocks whose write failed and that are
+ * still in memory; back off (doubling) while writes keep failing. While the
+ * store is degraded by failed writes, its probe writes them one at a time
+ * instead, and the first that lands sends the rest at once. */
+void cache_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache *c = arg;
+    unsigned sent = 0;
+    (void)fd;
+    (void)what;
+
+    if (persist_writes_failing(c->persist))
+        return;   /* the probe's turn; a landed write calls us again */
+    struct index_entry *e;
+    while (sent < RETRY_BATCH && (e = cache_retry_take(c)) != NULL) {
         c->write_retries++;
         cache_write_start(c, e, false);
         sent++;
@@ -356,6 +415,8 @@ void cache_retry_cb(evutil_socket_t fd, short what, void *arg)
 void cache_set_persist(struct cache *c, struct persist *p)
 {
     c->persist = p;
+    if (p)
+        persist_set_write_probe(p, cache_write_probe, c);
 }
 
 bool cache_may_lookup(const struct cache *c)

@@ -7,13 +7,17 @@
  * but after a failed write only a successful write (or the cache saying no
  * failed write waits for a retry: persist_write_failures_settled) ends
  * DEGRADED, because a store that answers probes and reads can still refuse
- * writes (a full disk). DEGRADED after a failure of any kind but CORRUPT (the store answered) —
+ * writes (a full disk). So while writes fail the probe is a write: the
+ * cache's write probe hook writes one block that waits for a retry, and the
+ * first one that lands ends DEGRADED (and the cache sends the others). DEGRADED after a failure of any kind but CORRUPT (the store answered) —
  * except -KVNODE_EINVAL and -KVNODE_ENOMEM, which are the caller's or this
  * process's problem, not the store's: they are counted (as IO) but leave the
- * state alone. While DEGRADED, a 2 s timer on the loop submits a health job
- * (one at a time), so the state returns to OK when the store comes back even
- * with no traffic. Health probes are not requests: they are not counted in
- * submitted/completed (but occupy a queue slot while outstanding). */
+ * state alone. While DEGRADED, a 0.5 s timer on the loop submits a probe
+ * (one health job at a time; the write probe keeps one write under way), so
+ * the state returns to OK when the store comes back even with no traffic.
+ * Health jobs are not requests: they are not counted in submitted/completed
+ * (but occupy a queue slot while outstanding). Every probe's result is
+ * counted by kind (probes_ok, probes_failed). */
 #include "persist/persist_internal.h"
 
 #include <stdio.h>
@@ -23,7 +27,7 @@
 #include "kvnode.h"
 #include "core/log.h"
 
-#define PERSIST_HEALTH_MS    2000u   /* health probe period while degraded */
+#define PERSIST_HEALTH_MS    500u    /* probe period while degraded */
 
 /* --- failure kinds ----------------------------------------------------------------- */
 
@@ -85,6 +89,25 @@ void persist_write_failures_settled(struct persist *p)
     persist_health_arm(p);   /* the next probe decides */
 }
 
+bool persist_writes_failing(const struct persist *p)
+{
+    return p && p->writes_failing;
+}
+
+void persist_set_write_probe(struct persist *p, persist_write_probe_fn fn, void *arg)
+{
+    p->write_probe = fn;
+    p->write_probe_arg = arg;
+}
+
+void persist_probe_result(struct persist *p, int kind, int rc)
+{
+    if (rc < 0 || rc == KVS_CORRUPT)
+        p->c.probes_failed[kind]++;
+    else
+        p->c.probes_ok[kind]++;
+}
+
 /* --- health probe (loop thread) --------------------------------------------------- */
 
 void persist_health_cb(evutil_socket_t fd, short what, void *arg)
@@ -96,6 +119,13 @@ void persist_health_cb(evutil_socket_t fd, short what, void *arg)
     if (p->destroying || p->c.state != PERSIST_STATE_DEGRADED) {
         event_del(p->health_ev);
         return;
+    }
+    /* Writes fail: a block's write is the probe (a write, not the store's
+     * health call, is what can end DEGRADED). None waits: the call decides. */
+    if (p->writes_failing && p->write_probe) {
+        if (p->write_probe(p->write_probe_arg))
+            return;
+        p->writes_failing = false;
     }
     if (p->health_busy)
         return;

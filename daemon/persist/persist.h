@@ -63,6 +63,10 @@ enum persist_failure_kind {
 enum persist_op { PERSIST_OP_WRITE = 0, PERSIST_OP_READ, PERSIST_OP_DELETE, PERSIST_OP_EXISTS,
                   PERSIST_OP_SCAN, PERSIST_OP_HEALTH, PERSIST_OPS };
 
+/* What a probe while degraded was: the store's health call, or the write of
+ * a block that waits for a retry (see persist_set_write_probe). */
+enum persist_probe_kind { PERSIST_PROBE_HEALTH = 0, PERSIST_PROBE_WRITE, PERSIST_PROBE_KINDS };
+
 struct persist_counters {
     uint64_t written_blocks, written_bytes;     /* successful writes */
     uint64_t read_blocks, read_bytes;           /* successful reads (promotions) */
@@ -76,6 +80,8 @@ struct persist_counters {
     uint64_t check_mismatches;                  /* lookups and reads that found the key
                                                    under another check word (a miss) */
     uint64_t failures[PERSIST_OPS][PERSIST_FAIL_KINDS];
+    uint64_t probes_ok[PERSIST_PROBE_KINDS];     /* probes while degraded, by kind and result */
+    uint64_t probes_failed[PERSIST_PROBE_KINDS];
     uint64_t refused_queue_full;                /* requests refused: queue full (the cache
                                                    queues writes again; see cache.h) */
     uint64_t submitted, completed;              /* accepted requests / done callbacks run */
@@ -134,9 +140,15 @@ const char *persist_backend_name(const struct persist *p);
  * counted in check_mismatches. */
 int  persist_write(struct persist *p, const struct kv_namespace *ns, int64_t key, uint64_t check,
                    const void *data, size_t len, persist_done_fn done, void *arg);
+/* A write that is the store's probe while degraded (the write probe hook
+ * sent it): a write like the others, its result also counted as a probe's.
+ * dm NULL: host memory; else device memory of dm's `device`. */
+struct devmem;
+int  persist_write_probe(struct persist *p, const struct kv_namespace *ns, int64_t key,
+                         uint64_t check, const void *data, size_t len, struct devmem *dm,
+                         int device, persist_done_fn done, void *arg);
 /* The same for a block in device memory (dm's `device`): the worker copies
  * it to host memory (devmem_copy_to_host) before writing it. */
-struct devmem;
 int  persist_write_device(struct persist *p, const struct kv_namespace *ns, int64_t key,
                           uint64_t check, const void *data, size_t len, struct devmem *dm,
                           int device, persist_done_fn done, void *arg);
@@ -180,6 +192,18 @@ const char *persist_op_name(int op);                     /* "write", "read", ...
 /* No write that failed waits for a retry any more (the blocks were written,
  * deleted or left memory): a successful health probe may end DEGRADED again. */
 void persist_write_failures_settled(struct persist *p);
+/* Whether the last write failed (the store is DEGRADED until one lands): the
+ * blocks waiting for a retry are then written one per probe, not in batches. */
+bool persist_writes_failing(const struct persist *p);
+/* The write probe: while writes fail, each health probe (every
+ * 0.5 s while DEGRADED) calls fn instead of the store's health
+ * call; fn sends the write of one block that waits for a retry with
+ * persist_write_probe (or has one under way) and returns true, or returns
+ * false when no block waits (then the health call probes, and its success
+ * ends DEGRADED). So the first write that can land ends DEGRADED at the
+ * next probe, whatever the retry backoff. NULL fn: health calls only. */
+typedef bool (*persist_write_probe_fn)(void *arg);
+void persist_set_write_probe(struct persist *p, persist_write_probe_fn fn, void *arg);
 /* The last failure's message ("" when none since the last success). */
 const char *persist_last_error(const struct persist *p);
 

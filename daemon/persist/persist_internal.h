@@ -55,6 +55,7 @@ struct pjob {
     uint64_t         check;        /* write/read: the key's check word (0: none) */
     const void      *wdata;        /* write: the caller's */
     struct devmem   *dm;           /* write: wdata is device memory of dm's `device` */
+    bool             probe;        /* write: the write probe's (persist_write_probe) */
     int              device;
     void            *rdata;        /* read: the caller's, filled by the worker */
     size_t           len;
@@ -115,6 +116,8 @@ struct persist {
     struct event             *health_ev;   /* EV_PERSIST timer, pending while degraded */
     struct pjob               health;
     bool                      health_busy;
+    persist_write_probe_fn    write_probe;     /* the cache's (persist_set_write_probe) */
+    void                     *write_probe_arg;
 
     struct workq             *scan_q;
     struct event             *scan_reap_ev; /* destroys scan_q after the scan ended */
@@ -146,6 +149,8 @@ void persist_state_ok(struct persist *p, int op);
 /* A call failed: counted, last_error set, DEGRADED unless the failure is not
  * the store's (kind CORRUPT, -KVNODE_EINVAL, -KVNODE_ENOMEM). */
 void persist_state_failed(struct persist *p, int op, int rc, int kind, const char *err);
+/* A probe's result (the health job's, or a write probe's), counted. */
+void persist_probe_result(struct persist *p, int kind, int rc);
 /* The health_ev timer: submits the health probe while degraded. */
 void persist_health_cb(evutil_socket_t fd, short what, void *arg);
 

@@ -74,7 +74,7 @@ static int check_request(const struct persist *p, const struct kv_namespace *ns)
 /* A write from host memory (dm NULL) or from device memory of dm. */
 static int persist_write_from(struct persist *p, const struct kv_namespace *ns, int64_t key,
                               uint64_t check, const void *data, size_t len, struct devmem *dm, int device,
-                              persist_done_fn done, void *arg)
+                              bool probe, persist_done_fn done, void *arg)
 {
     int rc = check_request(p, ns);
     if (rc < 0)
@@ -93,13 +93,21 @@ static int persist_write_from(struct persist *p, const struct kv_namespace *ns, 
     pj->len = len;
     pj->dm = dm;
     pj->device = device;
+    pj->probe = probe;
     return job_submit(p, pj);
 }
 
 int persist_write(struct persist *p, const struct kv_namespace *ns, int64_t key, uint64_t check,
                   const void *data, size_t len, persist_done_fn done, void *arg)
 {
-    return persist_write_from(p, ns, key, check, data, len, NULL, -1, done, arg);
+    return persist_write_from(p, ns, key, check, data, len, NULL, -1, false, done, arg);
+}
+
+int persist_write_probe(struct persist *p, const struct kv_namespace *ns, int64_t key,
+                        uint64_t check, const void *data, size_t len, struct devmem *dm,
+                        int device, persist_done_fn done, void *arg)
+{
+    return persist_write_from(p, ns, key, check, data, len, dm, dm ? device : -1, true, done, arg);
 }
 
 int persist_write_device(struct persist *p, const struct kv_namespace *ns, int64_t key,
@@ -108,7 +116,7 @@ int persist_write_device(struct persist *p, const struct kv_namespace *ns, int64
 {
     if (!dm)
         return -KVNODE_EINVAL;
-    return persist_write_from(p, ns, key, check, data, len, dm, device, done, arg);
+    return persist_write_from(p, ns, key, check, data, len, dm, device, false, done, arg);
 }
 
 int persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key, uint64_t check,

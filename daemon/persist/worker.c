@@ -333,8 +333,11 @@ void persist_job_done(struct workq_job *j)
 
     int rc = j->cancelled ? -KVNODE_ESHUTDOWN : pj->rc;
 
-    if (!j->cancelled)
+    if (!j->cancelled) {
         account(p, pj);
+        if (pj->op == PERSIST_OP_HEALTH || pj->probe)
+            persist_probe_result(p, pj->probe ? PERSIST_PROBE_WRITE : PERSIST_PROBE_HEALTH, pj->rc);
+    }
     if (pj->op == PERSIST_OP_HEALTH) {   /* p->health: not malloc'ed, no callback */
         p->health_busy = false;
         return;

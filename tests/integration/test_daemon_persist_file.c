@@ -18,6 +18,9 @@
  *   fail, whatever the health probe finds), the daemon keeps serving, blocks
  *   that leave memory unwritten are counted as dropped, and once there is
  *   room the failed writes of blocks still in memory are retried and land;
+ * - while writes fail the store's probe is a waiting block's write: the first
+ *   probe after the disk has room lands and ends `degraded` at once (not the
+ *   retry backoff's next turn), and the other blocks follow it;
  * - SIGKILL in the middle of writes leaves no torn block: everything the
  *   next daemon finds reads back byte-exact, stale temporary files go;
  * - DELETE removes the store's copies too (a restart does not bring them
@@ -823,9 +826,9 @@ START_TEST(full_disk_fails_writes_not_puts)
     ck_assert_msg(strstr(why, "File too large") != NULL, "last_error: %s", why);
     ck_assert_int_eq(jint(st, "persist.written_blocks_total"), 0);
     json_decref(st);
-    /* The health probe (every 2 s while degraded) finds the directory
-     * writable, but the writes still fail: the state stays degraded, and the
-     * failed writes are tried again. */
+    /* The probe (every 0.5 s while degraded) is a waiting block's write, and
+     * it fails: the state stays degraded, and the failed writes are tried
+     * again (one per probe). */
     kvh_sleep_ms((unsigned)tmo(3000));
     st = stats(&d);
     ck_assert_str_eq(jstr(st, "persist.state"), "degraded");
@@ -895,6 +898,73 @@ START_TEST(full_disk_fails_writes_not_puts)
     kvnode_close(c);
     KVH_STOP_DESTROY(&d2);
     kvh_destroy(&d);
+}
+END_TEST
+
+/* Wait until the stat at path is at least want. */
+static void wait_stat_ge(const kvh_daemon *d, const char *path, long long want)
+{
+    uint64_t deadline = kvh_now_ms() + (uint64_t)tmo(10000);
+    long long v;
+    while ((v = kvh_stat(d, path)) < want) {
+        ck_assert_msg(kvh_now_ms() < deadline, "stat %s is %lld, expected at least %lld", path, v, want);
+        kvh_sleep_ms(5);
+    }
+}
+
+/* The disk has room again: the next probe's write lands and the store is ok
+ * at once; the blocks waiting for a retry are written right after it. */
+START_TEST(degraded_ends_at_the_first_write_probe)
+{
+    char store[PATH_MAX];
+    kvh_daemon d;
+    new_store(store, sizeof store);
+    start_on(&d, store, NULL);
+    struct rlimit small, saved;
+    ck_assert_msg(prlimit(d.pid, RLIMIT_FSIZE, NULL, &saved) == 0, "prlimit: %s", strerror(errno));
+    small = saved;
+    small.rlim_cur = 32 << 10;
+    ck_assert_msg(prlimit(d.pid, RLIMIT_FSIZE, &small, NULL) == 0, "prlimit: %s", strerror(errno));
+    kvnode_layout l = kvh_layout("pf-probe", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &l, &c);
+    put_chain(c, 0, 57);
+    /* Degraded, and the probes are writes that fail. */
+    wait_stat_ge(&d, "persist.failures_total.write.nospace", CHAIN);
+    wait_stat_ge(&d, "persist.probes_total.write.failed", 1);
+    json_t *st = stats(&d);
+    ck_assert_str_eq(jstr(st, "persist.state"), "degraded");
+    ck_assert_int_eq(jint(st, "persist.probes_total.write.ok"), 0);
+    ck_assert_int_eq(jint(st, "persist.written_blocks_total"), 0);
+    json_decref(st);
+
+    ck_assert_msg(prlimit(d.pid, RLIMIT_FSIZE, &saved, NULL) == 0, "prlimit: %s", strerror(errno));
+    uint64_t deadline = kvh_now_ms() + (uint64_t)tmo(10000);
+    for (;;) {
+        st = stats(&d);
+        if (jint(st, "persist.probes_total.write.ok") >= 1)
+            break;
+        json_decref(st);
+        ck_assert_msg(kvh_now_ms() < deadline, "no write probe landed once the disk had room");
+        kvh_sleep_ms(5);
+    }
+    /* The probe that landed ended degraded. */
+    ck_assert_str_eq(jstr(st, "persist.state"), "ok");
+    ck_assert_str_eq(jstr(st, "persist.last_error"), "");
+    ck_assert_int_ge(jint(st, "persist.written_blocks_total"), 1);
+    json_decref(st);
+    /* The others followed it, with no further probe (the store was ok). */
+    wait_stat_ge(&d, "persist.written_blocks_total", CHAIN);
+    settle(&d);
+    st = stats(&d);
+    ck_assert_int_eq(jint(st, "persist.written_blocks_total"), CHAIN);
+    ck_assert_int_eq(jint(st, "persist.probes_total.write.ok"), 1);
+    ck_assert_int_eq(jint(st, "persist.probes_total.health.ok") + jint(st, "persist.probes_total.health.failed"), 0);
+    ck_assert_int_eq(jint(st, "persist.retry_pending"), 0);
+    ck_assert_str_eq(jstr(st, "persist.state"), "ok");
+    json_decref(st);
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
 }
 END_TEST
 
@@ -1130,6 +1200,7 @@ int main(void)
         corrupt_block_ends_the_answer,
         bad_record_header_loses_only_that_record,
         full_disk_fails_writes_not_puts,
+        degraded_ends_at_the_first_write_probe,
         sigkill_during_writes_leaves_no_torn_block,
         delete_removes_the_stored_copy,
         unusable_store_root_fails_the_start,

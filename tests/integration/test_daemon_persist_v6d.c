@@ -799,7 +799,7 @@ START_TEST(test_garbage_replies)
     wait_ge(&d, "persist.failures_total.write.protocol", 8, 10000);
     ck_assert_int_eq(pfail_op(&d, "write"), 8);
     ck_assert_int_eq(stat_int(&d, "persist.written_blocks_total"), 0);
-    /* Degraded, until the health probe (2 s later; health answers 200) says ok. */
+    /* Degraded: the probes are writes (the store answers them with garbage). */
     if (kvh_now_ms() - t0 < 1500) {
         ck_assert_str_eq(pstate(&d), "degraded");
         char *err = plast_error(&d);

@@ -3,11 +3,16 @@
  * eviction, promotion through a deferred get, a delete or a vanished
  * requester during a promotion, a put over a ghost (commit and abort),
  * write-back, recovery entries and the shutdown flush. The accounting
- * (namespace blocks/stored, store-tier blocks) is checked after each. */
+ * (namespace blocks/stored, store-tier blocks) is checked after each.
+ * A full disk is this process's RLIMIT_FSIZE (each test runs in a child of
+ * its own): the store's writes of 64 KiB blocks fail with EFBIG while it is
+ * low; the write probe of a degraded store is checked with it. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -487,6 +492,78 @@ START_TEST(test_eviction_order_ignores_write_completion_order)
 }
 END_TEST
 
+/* ---- a full disk ------------------------------------------------------------- */
+
+static struct rlimit fsize_saved;
+
+/* Files of at most 32 KiB: a block's write fails (EFBIG) like on a full disk. */
+static void disk_full(void)
+{
+    struct rlimit small;
+    signal(SIGXFSZ, SIG_IGN);
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &fsize_saved), 0);
+    small = fsize_saved;
+    small.rlim_cur = 32 << 10;
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &small), 0);
+}
+
+static void disk_room(void)
+{
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &fsize_saved), 0);
+}
+
+static struct persist_counters pcounters(void)
+{
+    struct persist_counters pc;
+    persist_get_counters(store, &pc);
+    return pc;
+}
+
+/* Commit 8 blocks on a full disk; the loop runs until every write failed. */
+static void commit_on_full_disk(int64_t *k)
+{
+    disk_full();
+    chain(k, 8, 30000);
+    put_chain(k, 8, true);
+    for (int i = 0; i < 5000 && pcounters().failures[PERSIST_OP_WRITE][PERSIST_FAIL_NOSPACE] < 8; i++)
+        run_ms(1);
+    ck_assert_uint_ge(pcounters().failures[PERSIST_OP_WRITE][PERSIST_FAIL_NOSPACE], 8);
+    ck_assert_int_eq(pcounters().state, PERSIST_STATE_DEGRADED);
+}
+
+/* Degraded because writes fail, the store's probe is a waiting block's
+ * write: once the disk has room the first probe lands, the state is ok at
+ * once, and the other blocks are written right after, whatever the retry
+ * backoff had reached. */
+START_TEST(test_write_probe_ends_degraded)
+{
+    int64_t k[8];
+    commit_on_full_disk(k);
+    ck_assert_int_eq(stat_at("persist", "written_blocks_total", NULL), 0);
+    /* Probes while the disk is full are writes, and fail. */
+    for (int i = 0; i < 5000 && pcounters().probes_failed[PERSIST_PROBE_WRITE] < 2; i++)
+        run_ms(1);
+    struct persist_counters pc = pcounters();
+    ck_assert_uint_ge(pc.probes_failed[PERSIST_PROBE_WRITE], 2);
+    ck_assert_uint_eq(pc.probes_ok[PERSIST_PROBE_WRITE], 0);
+    ck_assert_uint_eq(pc.probes_ok[PERSIST_PROBE_HEALTH] + pc.probes_failed[PERSIST_PROBE_HEALTH], 0);
+    ck_assert_int_eq(pc.state, PERSIST_STATE_DEGRADED);
+    disk_room();
+    for (int i = 0; i < 5000 && pcounters().probes_ok[PERSIST_PROBE_WRITE] == 0; i++)
+        run_ms(1);
+    pc = pcounters();
+    ck_assert_uint_eq(pc.probes_ok[PERSIST_PROBE_WRITE], 1);
+    ck_assert_int_eq(pc.state, PERSIST_STATE_OK);
+    ck_assert_str_eq(persist_last_error(store), "");
+    for (int i = 0; i < 5000 && stat_at("persist", "written_blocks_total", NULL) < 8; i++)
+        run_ms(1);
+    ck_assert_int_eq(stat_at("persist", "written_blocks_total", NULL), 8);
+    /* The others went with the landed probe, not with later probes. */
+    ck_assert_uint_eq(pcounters().probes_ok[PERSIST_PROBE_WRITE], 1);
+    ck_assert_int_eq(stat_at("persist", "retry_pending", NULL), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cache_persist");
@@ -502,6 +579,7 @@ int main(void)
     tcase_add_test(tc, test_put_over_ghost);
     tcase_add_test(tc, test_recovered_entries);
     tcase_add_test(tc, test_burst_beyond_memory_waits_for_the_store);
+    tcase_add_test(tc, test_write_probe_ends_degraded);
     suite_add_tcase(s, tc);
     TCase *one = tcase_create("one_worker");
     tcase_add_checked_fixture(one, setup_one_worker, teardown);
