@@ -341,7 +341,8 @@ static void render_persist(struct evbuffer *out, const struct cache_persist_stat
            "Store lookups and reads that found the key under another check word (a miss; the block kept).");
     sample_u(out, "kvnode_persist_check_mismatches_total", NULL, pc->check_mismatches);
     family(out, "kvnode_persist_dropped_total", "counter",
-           "Blocks that left memory without a copy in the store while persistence was on.");
+           "Blocks that left memory without a copy in the store while persistence was on (and, in "
+           "the stop's last moments, committed blocks it could not write).");
     sample_u(out, "kvnode_persist_dropped_total", NULL, p->dropped);
     if (pc->file_on) {
         const struct kvs_file_stats *fs = &pc->file;

@@ -210,6 +210,7 @@ static void persist_json(const struct cache_persist_stats *p, json_t *root)
     set(o, "tombstone_hits_total", ju(pc->tombstone_hits));
     set(o, "check_mismatches_total", ju(pc->check_mismatches));
     set(o, "dropped_total", ju(p->dropped));
+    set(o, "stop_unwritten_total", ju(p->stop_unwritten));
     if (pc->file_on) {
         const struct kvs_file_stats *fs = &pc->file;
         json_t *f = json_object();

@@ -267,34 +267,45 @@ void tenants_start_recovery(struct tenants *ts)
 
 void tenants_stop_persist(struct tenants *ts, unsigned timeout_ms)
 {
-    uint64_t deadline = clock_now_ms() + timeout_ms;
+    uint64_t deadline = clock_now_ms() + timeout_ms, lost = 0;
     char who[CONFIG_TENANT_NAME_MAX + 16];
+    size_t with_store = 0, done = 0;
 
     if (!ts)
         return;
-    /* One bound for all: each tenant gets what the ones before it left. */
+    for (size_t i = 0; i < ts->n; i++)
+        with_store += ts->t[i].persist != NULL;
+    /* One bound for all, shared out: each tenant gets an equal part of what
+     * the ones before it left, so one tenant's full disk cannot take every
+     * other tenant's time (with one tenant: the whole bound). */
     for (size_t i = 0; i < ts->n; i++) {
         struct tenant *t = &ts->t[i];
-        struct persist_counters pc;
         if (!t->persist)
             continue;
         uint64_t now = clock_now_ms();
         unsigned left = now < deadline ? (unsigned)(deadline - now) : 0;
+        unsigned share = left / (unsigned)(with_store - done++);
         tenant_who(t, who, sizeof who);
-        persist_get_counters(t->persist, &pc);
-        if (pc.queue_depth > 0)
-            log_info("%sshutdown: finishing %zu store requests (at most %u ms)", who, pc.queue_depth,
-                     left);
-        if (cache_persist_flush(t->cache, left) < 0 || persist_drain(t->persist, left) < 0) {
+        if (cache_persist_flush(t->cache, share, who) < 0) {
+            struct persist_counters pc;
             persist_get_counters(t->persist, &pc);
-            log_warn("%sshutdown: %zu store requests not finished after %u ms; abandoning them", who,
-                     pc.queue_depth, timeout_ms);
+            log_warn("%sshutdown: the store did not take every committed block within %u ms (%zu "
+                     "requests still queued); abandoning them", who, share, pc.queue_depth);
         }
     }
+    /* Nothing lands after this: what lacks a copy now is lost, counted. */
+    for (size_t i = 0; i < ts->n; i++)
+        persist_stop(ts->t[i].persist);
     for (size_t i = 0; i < ts->n; i++) {
+        if (!ts->t[i].persist)
+            continue;
+        lost += cache_persist_unwritten(ts->t[i].cache, tenant_who(&ts->t[i], who, sizeof who));
         persist_destroy(ts->t[i].persist);
         ts->t[i].persist = NULL;
+        cache_set_persist(ts->t[i].cache, NULL);
     }
+    if (lost > 0 && ts->n > 1)
+        log_warn("shutdown: %" PRIu64 " committed blocks of all tenants could not be written", lost);
 }
 
 void tenants_destroy(struct tenants *ts)

@@ -69,8 +69,11 @@ int  tenants_start_persist(struct tenants *ts, struct event_base *base, const st
 /* Recovery: scan each tenant's store (when it can be listed) into its own
  * cache, while the daemon serves. */
 void tenants_start_recovery(struct tenants *ts);
-/* Shutdown: every tenant's write_back flush and store queue, all within
- * timeout_ms together; logs what was abandoned. Then the persisters end. */
+/* Shutdown, once no client is left: every tenant's committed blocks that
+ * the store lacks are written (cache_persist_flush), all within timeout_ms
+ * together, each tenant getting its share of what is left; then the
+ * persisters stop and what could not be written is counted and logged per
+ * tenant (cache_persist_unwritten). Then the persisters end. */
 void tenants_stop_persist(struct tenants *ts, unsigned timeout_ms);
 /* Free the caches (after gpu_stop). NULL ok. */
 void tenants_destroy(struct tenants *ts);

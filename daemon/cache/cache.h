@@ -242,10 +242,22 @@ int  cache_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
                   const uint64_t *checks, size_t n, uint32_t *deleted);
 /* End every lease of a closing connection at once. */
 void cache_release_owner(struct cache *c, struct lease_list *owner);
-/* Shutdown under write_back: write every block the store lacks (and let it
- * leave memory), within timeout_ms. 0, or -KVNODE_ETIMEDOUT when some were
- * not written in time. Other policies: nothing to do, 0. */
-int  cache_persist_flush(struct cache *c, unsigned timeout_ms);
+/* The stop (SIGTERM), once no client is left: write every committed block in
+ * memory that the store lacks — queued, waiting for its key, waiting for a
+ * retry, or never written (write_back; write_through over the write budget)
+ * — at once, not on the retry backoff, in rounds: wait for the writes in
+ * flight, send those still lacking a copy, again until none lacks one or
+ * timeout_ms passes (a round that landed nothing is followed by a short
+ * pause). who: the log lines' prefix (a tenant's). 0 when every committed
+ * block is in the store, -KVNODE_ETIMEDOUT when time ran out. Persistence
+ * off: 0. Retries are no longer scheduled afterwards. */
+int  cache_persist_flush(struct cache *c, unsigned timeout_ms, const char *who);
+/* After cache_persist_flush and persist_stop (nothing is in flight any
+ * more): the committed blocks in memory that the store lacks — lost to
+ * persistence — counted in persist.stop_unwritten_total and
+ * persist.dropped_total and logged with their count per namespace. The
+ * count. */
+uint64_t cache_persist_unwritten(struct cache *c, const char *who);
 
 /* Keys looked up by match and get (those that returned a result): matched,
  * and missed by reason (see counters.h). */
@@ -269,6 +281,7 @@ struct cache_persist_stats {
     bool lookup_on_miss;
     struct persist_counters store;   /* the pool's own counters and state */
     uint64_t dropped;                /* left memory without a copy in the store */
+    uint64_t stop_unwritten;         /* committed blocks the stop could not write (in dropped) */
     uint64_t writes_deferred, writes_waiting, pinned_for_writes_bytes;
     uint64_t write_retries, retry_pending, put_waits, put_wait_timeouts;
     uint64_t promotions, promotions_ok, promotions_failed, lookups, lookup_found;

@@ -10,7 +10,9 @@
  *   evict.c     host-tier watermarks and eviction, namespace quotas, the reaper
  *   demote.c    HBM -> host demotion through the copier
  *   store.c     the store glue: ordered writes and deletes, retries and the
- *               write probe, lookups, promotions, the shutdown flush, recovery
+ *               write probe, lookups, promotions, recovery
+ *   stop.c      the stop's flush: every committed block written, what could
+ *               not be counted
  *   complete.c  completeness (KVCM): observer calls and the chunked walk
  *   stats.c     the cache's part of the STATS document
  *
@@ -105,6 +107,10 @@ struct cache {
     uint64_t retry_backoff_ms;  /* 0: the next retry comes after RETRY_FIRST_MS */
     struct event *retry_ev;
     bool probe_writing;         /* the store's write probe (a waiting block's write) is under way */
+    /* the stop (stop.c): no retry list, rounds of writes instead */
+    bool stopping;
+    uint64_t stop_landed;       /* writes that landed since the stop began */
+    unsigned stop_rounds;       /* rounds of writes the stop sent */
     /* puts waiting for room that blocks being written hold (back-pressure) */
     struct cache_wait *put_waiters, *put_waiters_tail;
     struct event *put_wake_ev;
@@ -123,6 +129,7 @@ struct cache {
     uint64_t writes_deferred;   /* writes that waited for room in the store's queue */
     uint64_t write_retries;     /* failed writes tried again */
     uint64_t persist_dropped;   /* blocks that left memory unwritten (persistence on) */
+    uint64_t stop_unwritten;    /* committed blocks the stop could not write (in persist_dropped) */
     uint64_t put_waits, put_wait_timeouts;  /* puts that waited for the store / in vain */
     uint64_t reservations_refused;  /* puts over leases.max_reserved_per_client */
     uint64_t namespaces_reclaimed;  /* idle namespaces released at the limit */
@@ -274,6 +281,8 @@ void cache_write_start(struct cache *c, struct index_entry *e, bool evicting);
 void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
                         const uint64_t *checks, size_t n);
 void cache_retry_cb(evutil_socket_t fd, short what, void *arg);
+/* Forget every block waiting for a retry (the stop's rounds find them). */
+void cache_retry_forget(struct cache *c);
 /* Whether the store is asked about keys the index does not know; ask it
  * about w's keys from `from` on (0: submitted, w counts it). */
 bool cache_may_lookup(const struct cache *c);

@@ -30,6 +30,7 @@ static void cache_persist_stats(struct cache *c, struct cache_persist_stats *o)
     o->last_error = persist_last_error(c->persist);
     o->lookup_on_miss = persist_lookup_on_miss(c->persist);
     o->dropped = c->persist_dropped;
+    o->stop_unwritten = c->stop_unwritten;
     o->writes_deferred = c->writes_deferred;
     o->writes_waiting = c->queued_ops;
     o->pinned_for_writes_bytes = c->writing_bytes;
@@ -258,6 +259,7 @@ static void cache_persist_stats_add(struct cache_persist_stats *sum, const struc
     if (c->state == PERSIST_STATE_DEGRADED)
         s->state = PERSIST_STATE_DEGRADED;
     sum->dropped += x->dropped;
+    sum->stop_unwritten += x->stop_unwritten;
     sum->writes_deferred += x->writes_deferred;
     sum->writes_waiting += x->writes_waiting;
     sum->pinned_for_writes_bytes += x->pinned_for_writes_bytes;

@@ -1,8 +1,8 @@
 /* cache store: the glue to the persistent store — writes and deletes in
  * order per key (write-behind, the store queue's back-pressure), retries of
  * failed writes and the store's write probe, lookups of keys the index does
- * not know, promotions of ghosts, the shutdown flush and recovery from a
- * scan (see cache.h). Loop thread only; the store's calls run on its
+ * not know, promotions of ghosts and recovery from a scan (see cache.h; the
+ * stop's flush is stop.c). Loop thread only; the store's calls run on its
  * workers (persist.h). */
 #include "cache/cache_internal.h"
 
@@ -83,6 +83,8 @@ static void cache_write_finish(struct cache *c, struct cache_storeop *op, int rc
     c->writing_bytes -= c->writing_bytes >= bb ? bb : c->writing_bytes;
     if (op->probe)
         c->probe_writing = false;
+    if (rc == 0 && c->stopping)
+        c->stop_landed++;
     if (evict) {
         c->evicting_bytes -= c->evicting_bytes >= bb ? bb : c->evicting_bytes;
         e->evicting = 0;
@@ -333,6 +335,8 @@ static void cache_retry_now(struct cache *c)
 
 static void cache_retry_add(struct cache *c, const struct index_entry *e)
 {
+    if (c->stopping)
+        return;   /* the stop's rounds write every block that lacks a copy */
     struct cache_retry *r = malloc(sizeof *r);
     if (!r)
         return;   /* it stays FAILED: written only if the evictor or a flush picks it */
@@ -364,6 +368,19 @@ static struct index_entry *cache_retry_take(struct cache *c)
             return e;
     }
     return NULL;
+}
+
+void cache_retry_forget(struct cache *c)
+{
+    while (c->retry_head) {
+        struct cache_retry *r = c->retry_head;
+        c->retry_head = r->next;
+        free(r);
+    }
+    c->retry_tail = NULL;
+    c->retry_pending = 0;
+    if (c->retry_ev)
+        evtimer_del(c->retry_ev);
 }
 
 /* The store's write probe (persist_set_write_probe): while its writes fail,
@@ -795,37 +812,6 @@ int cache_promo_wait(struct cache_wait *w, struct index_entry *e)
     p->waiters = wt;
     w->outstanding++;
     return 0;
-}
-
-int cache_persist_flush(struct cache *c, unsigned timeout_ms)
-{
-    uint64_t deadline = clock_now_ms() + timeout_ms;
-    size_t queued = 0;
-
-    if (!c->persist || c->policy != CONFIG_POLICY_WRITE_BACK)
-        return 0;
-    /* Everything unpinned leaves memory, oldest first: a block the store
-     * holds becomes a ghost at once, the others are written first (and
-     * leave when their write lands). */
-    for (;;) {
-        struct index_entry *e = index_lru_oldest_in_arena(c->index, arena_id(c->host));
-        if (!e)
-            break;
-        if (e->persist == PERSIST_STORED) {
-            cache_to_ghost(c, e);
-            continue;
-        }
-        /* Not written yet, or its write failed: (again) now. Writes the
-         * store's queue cannot take yet wait in order (pinned) and are sent
-         * as it drains. */
-        cache_write_start(c, e, true);
-        queued++;
-    }
-    uint64_t now = clock_now_ms();
-    int rc = persist_drain(c->persist, now < deadline ? (unsigned)(deadline - now) : 0);
-    log_info("shutdown: write_back flush handed %zu blocks to the store%s", queued,
-             rc < 0 ? "; some were not written in time" : "");
-    return rc;
 }
 
 /* --- recovery ------------------------------------------------------------------ */

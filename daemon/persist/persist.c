@@ -220,7 +220,7 @@ int persist_create_tenant(struct event_base *base, const struct kvn_config *cfg,
     return 0;
 }
 
-void persist_destroy(struct persist *p)
+void persist_stop(struct persist *p)
 {
     if (!p)
         return;
@@ -237,6 +237,13 @@ void persist_destroy(struct persist *p)
         workq_destroy(p->scan_q);
         p->scan_q = NULL;
     }
+}
+
+void persist_destroy(struct persist *p)
+{
+    if (!p)
+        return;
+    persist_stop(p);
     persist_free(p);
 }
 

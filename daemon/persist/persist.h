@@ -114,6 +114,10 @@ int  persist_create_tenant(struct event_base *base, const struct kvn_config *cfg
 /* Stop the scan and the workers; requests not run yet get their callback
  * with -KVNODE_ESHUTDOWN. Call persist_drain first to bound the wait. NULL ok. */
 void persist_destroy(struct persist *p);
+/* The same but the counters stay readable until persist_destroy: after it
+ * every request has had its callback, and new ones are refused
+ * (-KVNODE_ESHUTDOWN). The stop uses it to count exactly what did not land. */
+void persist_stop(struct persist *p);
 /* Process completions on the loop thread until nothing is outstanding or
  * timeout_ms passes (see workq_drain). 0 or -KVNODE_ETIMEDOUT. */
 int  persist_drain(struct persist *p, unsigned timeout_ms);

@@ -508,7 +508,9 @@ START_TEST(write_back_writes_victims_only)
     KVH_STOP_OK(&d);
     char *log = kvh_read_log(&d);
     ck_assert_ptr_nonnull(log);
-    ck_assert_msg(strstr(log, "write_back flush") != NULL, "no write_back flush at the stop:\n%s", log);
+    ck_assert_msg(strstr(log, "shutdown: writing ") != NULL &&
+                  strstr(log, "shutdown: every committed block is in the store") != NULL,
+                  "no write_back flush at the stop:\n%s", log);
     free(log);
     kvh_daemon b;
     start_on(&b, store, "persist.policy=write_back\nmemory.high_watermark=0.5\nmemory.low_watermark=0.25\n");

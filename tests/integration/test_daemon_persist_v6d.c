@@ -489,7 +489,8 @@ START_TEST(test_restart_finds_blocks_through_lookup)
     kvnode_close(c);
     KVH_STOP_OK(&d2);
     char *log = kvh_read_log(&d2);
-    ck_assert_msg(log && strstr(log, "write_back flush handed 4 blocks to the store\n"),
+    ck_assert_msg(log && strstr(log, "shutdown: writing 4 committed blocks the store lacks") &&
+                  strstr(log, "shutdown: every committed block is in the store (4 writes in 1 rounds)"),
                   "d2 did not write its 4 unwritten blocks at exit:\n%s", log ? log : "");
     free(log);
     kvh_destroy(&d2);
@@ -783,7 +784,9 @@ START_TEST(test_garbage_replies)
     char conf[1024];
 
     sim_start(&s, garbage);
-    v6d_conf(conf, sizeof conf, &s, "persist.policy=write_through\n");
+    /* The stop tries the failed writes again until server.shutdown_timeout:
+     * a short one, the store never takes them. */
+    v6d_conf(conf, sizeof conf, &s, "persist.policy=write_through\nserver.shutdown_timeout=1s\n");
     KVH_START(&d, conf);
     long long cap = capacity_blocks(&d);
     kvnode_layout lay = kvh_layout("v6d-garbage", BB, 1, 0);
@@ -831,7 +834,12 @@ START_TEST(test_garbage_replies)
 
     kvnode_close(obs);
     kvnode_close(c);
-    KVH_STOP_DESTROY(&d);
+    KVH_STOP_OK(&d);
+    char *log = kvh_read_log(&d);
+    ck_assert_msg(log && strstr(log, "committed blocks could not be written to the store"),
+                  "the stop does not say what it could not write:\n%s", log ? log : "");
+    free(log);
+    kvh_destroy(&d);
     simctl_stop_ok(&s);
 }
 END_TEST

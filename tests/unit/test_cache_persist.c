@@ -6,7 +6,8 @@
  * (namespace blocks/stored, store-tier blocks) is checked after each.
  * A full disk is this process's RLIMIT_FSIZE (each test runs in a child of
  * its own): the store's writes of 64 KiB blocks fail with EFBIG while it is
- * low; the write probe of a degraded store is checked with it. */
+ * low; the write probe of a degraded store, the stop's rounds of writes and
+ * its count of what it could not write are checked with it. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -362,12 +363,15 @@ START_TEST(test_write_back_writes_on_eviction)
     ck_assert_uint_eq(t.matched, 8);
     ck_assert_uint_gt(t.store, 0);
     ck_assert_int_gt(stat_at("evictions", "host", "to_store_total"), 0);
-    /* shutdown flush: everything left is written and leaves memory */
-    ck_assert_int_eq(cache_persist_flush(cache, 5000), 0);
+    /* shutdown flush: everything left is written (each of the 40 blocks once) */
+    ck_assert_int_eq(cache_persist_flush(cache, 5000, NULL), 0);
     cache_match_tiers(cache, ns, more, 32, &t);
     ck_assert_uint_eq(t.matched, 32);
-    ck_assert_uint_eq(t.store, 32);
-    ck_assert_int_eq(stat_at("tiers", "host", "blocks"), 0);
+    ck_assert_int_eq(stat_at("persist", "written_blocks_total", NULL), 40);
+    ck_assert_int_eq(stat_at("persist", "file", "live_blocks"), 40);
+    persist_stop(store);
+    ck_assert_uint_eq(cache_persist_unwritten(cache, NULL), 0);
+    ck_assert_int_eq(stat_at("persist", "stop_unwritten_total", NULL), 0);
 }
 END_TEST
 
@@ -564,6 +568,48 @@ START_TEST(test_write_probe_ends_degraded)
 }
 END_TEST
 
+/* The disk has room again when the stop comes: the stop writes every block
+ * that waited for a retry, at once. */
+START_TEST(test_stop_writes_what_waits_for_a_retry)
+{
+    int64_t k[8];
+    commit_on_full_disk(k);
+    ck_assert_int_gt(stat_at("persist", "retry_pending", NULL) +
+                     (json_int_t)pcounters().queue_depth, 0);
+    disk_room();
+    ck_assert_int_eq(cache_persist_flush(cache, 5000, NULL), 0);
+    persist_stop(store);
+    ck_assert_uint_eq(cache_persist_unwritten(cache, NULL), 0);
+    ck_assert_int_eq(stat_at("persist", "written_blocks_total", NULL), 8);
+    ck_assert_int_eq(stat_at("persist", "file", "live_blocks"), 8);
+    ck_assert_int_eq(stat_at("persist", "stop_unwritten_total", NULL), 0);
+    ck_assert_int_eq(stat_at("persist", "dropped_total", NULL), 0);
+}
+END_TEST
+
+/* The disk stays full: the stop retries until its time is up, then counts
+ * exactly the committed blocks it could not write. */
+START_TEST(test_stop_counts_what_it_could_not_write)
+{
+    int64_t k[8], more[4];
+    chain(more, 4, 31000);   /* written: not counted */
+    put_chain(more, 4, true);
+    settle();
+    ck_assert_int_eq(stat_at("persist", "written_blocks_total", NULL), 4);
+    commit_on_full_disk(k);
+    uint64_t failed = pcounters().failures[PERSIST_OP_WRITE][PERSIST_FAIL_NOSPACE];
+    ck_assert_int_eq(cache_persist_flush(cache, 300, NULL), -KVNODE_ETIMEDOUT);
+    /* Tried again within the bound, more than once. */
+    ck_assert_uint_ge(pcounters().failures[PERSIST_OP_WRITE][PERSIST_FAIL_NOSPACE], failed + 16);
+    persist_stop(store);
+    disk_room();
+    ck_assert_uint_eq(cache_persist_unwritten(cache, NULL), 8);
+    ck_assert_int_eq(stat_at("persist", "stop_unwritten_total", NULL), 8);
+    ck_assert_int_eq(stat_at("persist", "dropped_total", NULL), 8);
+    ck_assert_int_eq(stat_at("persist", "written_blocks_total", NULL), 4);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cache_persist");
@@ -580,6 +626,8 @@ int main(void)
     tcase_add_test(tc, test_recovered_entries);
     tcase_add_test(tc, test_burst_beyond_memory_waits_for_the_store);
     tcase_add_test(tc, test_write_probe_ends_degraded);
+    tcase_add_test(tc, test_stop_writes_what_waits_for_a_retry);
+    tcase_add_test(tc, test_stop_counts_what_it_could_not_write);
     suite_add_tcase(s, tc);
     TCase *one = tcase_create("one_worker");
     tcase_add_checked_fixture(one, setup_one_worker, teardown);
