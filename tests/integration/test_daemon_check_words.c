@@ -28,6 +28,7 @@
 
 #include "harness.h"
 #include "kvnode.pb-c.h"
+#include "raw_request.h"
 #include "../common/kvh_http.h"
 
 #define BB    (16u << 10)
@@ -322,15 +323,6 @@ END_TEST
 
 /* ---- raw frames -------------------------------------------------------------------- */
 
-static void send_request(int fd, const Kvnode__Request *req)
-{
-    size_t len = kvnode__request__get_packed_size(req);
-    uint8_t *buf = malloc(len ? len : 1);
-    kvnode__request__pack(req, buf);
-    ck_assert_msg(kvh_raw_send_frame(fd, buf, (uint32_t)len) == 0, "%s", kvh_error());
-    free(buf);
-}
-
 static Kvnode__Response *recv_response(int fd, const char *what)
 {
     uint8_t *payload;
@@ -347,7 +339,7 @@ static Kvnode__Response *recv_response(int fd, const char *what)
 static void expect_count_refused(int fd, uint64_t id, Kvnode__Request *req, const char *what)
 {
     req->id = id;
-    send_request(fd, req);
+    raw_send_request(fd, req);
     Kvnode__Response *resp = recv_response(fd, what);
     ck_assert_uint_eq(resp->id, id);
     ck_assert_msg(resp->error && resp->error->code == -KVNODE_EINVAL, "%s: code %d", what,
@@ -382,7 +374,7 @@ START_TEST(checks_count_must_match_keys)
     hello.id = 1;
     hello.op_case = KVNODE__REQUEST__OP_HELLO;
     hello.hello = &hreq;
-    send_request(fd, &hello);
+    raw_send_request(fd, &hello);
     Kvnode__Response *resp = recv_response(fd, "HELLO");
     ck_assert_msg(resp->error == NULL, "HELLO: %s", resp->error ? resp->error->message : "");
     ck_assert_msg(resp->hello->check_words, "HELLO does not offer check words");

@@ -36,6 +36,7 @@
 #include "harness.h"
 #include "../common/kvh_http.h"
 #include "kvnode.pb-c.h"
+#include "raw_request.h"
 #include "../sim/simctl.h"
 
 #define MIB (1ll << 20)
@@ -466,55 +467,6 @@ END_TEST
 
 /* ---- item 7: a client that never reads ------------------------------------------------ */
 
-static void send_request(int fd, const Kvnode__Request *req)
-{
-    size_t len = kvnode__request__get_packed_size(req);
-    uint8_t *buf = malloc(len + 4);
-    ck_assert_ptr_nonnull(buf);
-    buf[0] = (uint8_t)len;
-    buf[1] = (uint8_t)(len >> 8);
-    buf[2] = (uint8_t)(len >> 16);
-    buf[3] = (uint8_t)(len >> 24);
-    kvnode__request__pack(req, buf + 4);
-    ck_assert_msg(kvh_raw_send(fd, buf, len + 4) == 0, "%s", kvh_error());
-    free(buf);
-}
-
-/* HELLO with layout l on a raw connection; the reply's fds are closed. */
-static void raw_hello(int fd, const kvnode_layout *l)
-{
-    Kvnode__Layout pl = KVNODE__LAYOUT__INIT;
-    pl.model = (char *)l->model;
-    pl.dtype = (char *)l->dtype;
-    pl.block_tokens = l->block_tokens;
-    pl.block_bytes = l->block_bytes;
-    pl.num_layers = l->num_layers;
-    pl.kv_heads = l->kv_heads;
-    pl.head_dim = l->head_dim;
-    pl.tp_size = l->tp_size;
-    pl.tp_rank = l->tp_rank;
-    pl.extra = (char *)"";
-    Kvnode__HelloRequest h = KVNODE__HELLO_REQUEST__INIT;
-    h.min_version = 1;
-    h.max_version = 1;
-    h.layout = &pl;
-    h.client_name = (char *)"dos-test";
-    h.cuda_device = -1;
-    Kvnode__Request req = KVNODE__REQUEST__INIT;
-    req.id = 1000000;
-    req.op_case = KVNODE__REQUEST__OP_HELLO;
-    req.hello = &h;
-    send_request(fd, &req);
-    uint8_t *payload;
-    uint32_t len;
-    ck_assert_msg(kvh_raw_recv_frame(fd, &payload, &len, 1u << 20, 5000) == 1, "HELLO: %s", kvh_error());
-    Kvnode__Response *resp = kvnode__response__unpack(NULL, len, payload);
-    free(payload);
-    ck_assert_msg(resp && !resp->error && resp->result_case == KVNODE__RESPONSE__RESULT_HELLO, "HELLO failed: %s",
-                  resp && resp->error ? resp->error->message : "undecodable");
-    kvnode__response__free_unpacked(resp, NULL);
-}
-
 #define OUT_BLOCK (1u << 20)
 #define OUT_REQUESTS 200
 #define OUTPUT_CAP (64ll << 20)
@@ -535,7 +487,7 @@ START_TEST(unread_replies_stop_input)
 
     int fd = kvh_raw_connect(d.sock);
     ck_assert_msg(fd >= 0, "%s", kvh_error());
-    raw_hello(fd, &lay);
+    raw_hello(fd, &lay, "dos-test");
     long long rss0 = kvh_proc_status_kib(d.pid, "RssAnon");
     ck_assert_msg(rss0 > 0, "%s", kvh_error());
 

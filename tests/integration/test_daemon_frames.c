@@ -17,6 +17,7 @@
 
 #include "harness.h"
 #include "kvnode.pb-c.h"
+#include "raw_request.h"
 
 #define BB 4096
 #define MAX_FRAME (1u << 20)
@@ -172,16 +173,6 @@ START_TEST(truncated_frame_then_close)
 }
 END_TEST
 
-static void send_request(int fd, const Kvnode__Request *req)
-{
-    size_t len = kvnode__request__get_packed_size(req);
-    uint8_t *buf = malloc(len ? len : 1);
-    ck_assert_ptr_nonnull(buf);
-    kvnode__request__pack(req, buf);
-    ck_assert_msg(kvh_raw_send_frame(fd, buf, (uint32_t)len) == 0, "%s", kvh_error());
-    free(buf);
-}
-
 START_TEST(estate_before_hello_then_unknown_op)
 {
     struct fixture f;
@@ -199,7 +190,7 @@ START_TEST(estate_before_hello_then_unknown_op)
     req.id = 42;
     req.op_case = KVNODE__REQUEST__OP_MATCH;
     req.match = &mreq;
-    send_request(fd, &req);
+    raw_send_request(fd, &req);
     expect_error(fd, 42, -KVNODE_ESTATE, "match before HELLO");
 
     /* The connection is still usable: HELLO as an observer. */
@@ -212,7 +203,7 @@ START_TEST(estate_before_hello_then_unknown_op)
     hello.id = 43;
     hello.op_case = KVNODE__REQUEST__OP_HELLO;
     hello.hello = &hreq;
-    send_request(fd, &hello);
+    raw_send_request(fd, &hello);
     Kvnode__Response *resp = recv_response(fd, "HELLO after ESTATE");
     ck_assert_msg(resp->error == NULL, "HELLO failed: %d %s", resp->error ? resp->error->code : 0,
                   resp->error ? resp->error->message : "");
@@ -234,7 +225,7 @@ START_TEST(estate_before_hello_then_unknown_op)
     ping.id = 45;
     ping.op_case = KVNODE__REQUEST__OP_PING;
     ping.ping = &preq;
-    send_request(fd, &ping);
+    raw_send_request(fd, &ping);
     resp = recv_response(fd, "PING after unknown op");
     ck_assert_msg(resp->error == NULL, "PING failed: %s", resp->error ? resp->error->message : "");
     ck_assert_uint_eq(resp->id, 45);

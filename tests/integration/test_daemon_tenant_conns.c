@@ -30,6 +30,7 @@
 #include "harness.h"
 #include "tenants_util.h"
 #include "kvnode.pb-c.h"
+#include "raw_request.h"
 
 #define ALPHA 65534
 #define BETA  65533
@@ -225,53 +226,6 @@ END_TEST
 
 /* --- unread replies: a total per tenant and per node ---------------------------- */
 
-static void send_request(int fd, const Kvnode__Request *req)
-{
-    size_t len = kvnode__request__get_packed_size(req);
-    uint8_t *buf = malloc(len + 4);
-    ck_assert_ptr_nonnull(buf);
-    buf[0] = (uint8_t)len;
-    buf[1] = (uint8_t)(len >> 8);
-    buf[2] = (uint8_t)(len >> 16);
-    buf[3] = (uint8_t)(len >> 24);
-    kvnode__request__pack(req, buf + 4);
-    ck_assert_msg(kvh_raw_send(fd, buf, len + 4) == 0, "%s", kvh_error());
-    free(buf);
-}
-
-static void raw_hello(int fd, const kvnode_layout *l)
-{
-    Kvnode__Layout pl = KVNODE__LAYOUT__INIT;
-    pl.model = (char *)l->model;
-    pl.dtype = (char *)l->dtype;
-    pl.block_tokens = l->block_tokens;
-    pl.block_bytes = l->block_bytes;
-    pl.num_layers = l->num_layers;
-    pl.kv_heads = l->kv_heads;
-    pl.head_dim = l->head_dim;
-    pl.tp_size = l->tp_size;
-    pl.tp_rank = l->tp_rank;
-    pl.extra = (char *)"";
-    Kvnode__HelloRequest h = KVNODE__HELLO_REQUEST__INIT;
-    h.min_version = 1;
-    h.max_version = 1;
-    h.layout = &pl;
-    h.client_name = (char *)"conns-test";
-    h.cuda_device = -1;
-    Kvnode__Request req = KVNODE__REQUEST__INIT;
-    req.id = 1000000;
-    req.op_case = KVNODE__REQUEST__OP_HELLO;
-    req.hello = &h;
-    send_request(fd, &req);
-    uint8_t *payload;
-    uint32_t len;
-    ck_assert_msg(kvh_raw_recv_frame(fd, &payload, &len, 1u << 20, 5000) == 1, "HELLO: %s", kvh_error());
-    Kvnode__Response *resp = kvnode__response__unpack(NULL, len, payload);
-    free(payload);
-    ck_assert_msg(resp && !resp->error, "HELLO failed: %s", resp && resp->error ? resp->error->message : "?");
-    kvnode__response__free_unpacked(resp, NULL);
-}
-
 #define OUT_BLOCK (1u << 20)
 #define OUT_REQUESTS 64
 #define OUT_NODE  (16ll << 20)   /* server.max_buffered_output_bytes */
@@ -294,7 +248,7 @@ START_TEST(unread_replies_bounded_by_the_tenants_share)
 
     int fd = kvh_raw_connect(d.sock);
     ck_assert_msg(fd >= 0, "%s", kvh_error());
-    raw_hello(fd, &lay);
+    raw_hello(fd, &lay, "conns-test");
     /* OUT_REQUESTS GET_INLINE of a 1 MiB block in one write, and no read. */
     size_t total = 0;
     uint8_t *all = malloc(OUT_REQUESTS * 32);
@@ -372,7 +326,7 @@ static void send_get_inline(int fd, uint64_t id, kvnode_key key)
     req.id = id;
     req.op_case = KVNODE__REQUEST__OP_GET_INLINE;
     req.get_inline = &g;
-    send_request(fd, &req);
+    raw_send_request(fd, &req);
 }
 
 /* A GET_INLINE reply of the one BIG_BLOCK, byte-exact. */
@@ -400,8 +354,8 @@ START_TEST(others_refused_past_the_node_bound_until_replies_are_read)
 
     int hog = kvh_raw_connect(d.sock), other = kvh_raw_connect(d.sock);
     ck_assert_msg(hog >= 0 && other >= 0, "%s", kvh_error());
-    raw_hello(hog, &lay);
-    raw_hello(other, &lay);
+    raw_hello(hog, &lay, "conns-test");
+    raw_hello(other, &lay, "conns-test");
     /* One 8 MiB reply, unread: far more than the socket takes, past 1 MiB. */
     send_get_inline(hog, 1, key);
     long long last;

@@ -1,0 +1,61 @@
+/* raw_request: engine-protocol requests written by hand on a raw socket
+ * (kvh_raw_connect), for tests that must do what libkvnode never does:
+ * send frames it would not, skip HELLO, never read the replies. */
+#ifndef KVNODE_TEST_RAW_REQUEST_H
+#define KVNODE_TEST_RAW_REQUEST_H
+
+#include <check.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "harness.h"
+#include "kvnode.pb-c.h"
+
+/* One request as one frame. */
+static inline void raw_send_request(int fd, const Kvnode__Request *req)
+{
+    size_t len = kvnode__request__get_packed_size(req);
+    uint8_t *buf = malloc(len ? len : 1);
+    ck_assert_ptr_nonnull(buf);
+    kvnode__request__pack(req, buf);
+    ck_assert_msg(kvh_raw_send_frame(fd, buf, (uint32_t)len) == 0, "%s", kvh_error());
+    free(buf);
+}
+
+/* HELLO with layout l (host memory only) as client_name; asserts it is
+ * accepted. The descriptors the reply lends stay in the socket (unread). */
+static inline void raw_hello(int fd, const kvnode_layout *l, const char *client_name)
+{
+    Kvnode__Layout pl = KVNODE__LAYOUT__INIT;
+    pl.model = (char *)l->model;
+    pl.dtype = (char *)l->dtype;
+    pl.block_tokens = l->block_tokens;
+    pl.block_bytes = l->block_bytes;
+    pl.num_layers = l->num_layers;
+    pl.kv_heads = l->kv_heads;
+    pl.head_dim = l->head_dim;
+    pl.tp_size = l->tp_size;
+    pl.tp_rank = l->tp_rank;
+    pl.extra = (char *)"";
+    Kvnode__HelloRequest h = KVNODE__HELLO_REQUEST__INIT;
+    h.min_version = 1;
+    h.max_version = 1;
+    h.layout = &pl;
+    h.client_name = (char *)client_name;
+    h.cuda_device = -1;
+    Kvnode__Request req = KVNODE__REQUEST__INIT;
+    req.id = 1000000;
+    req.op_case = KVNODE__REQUEST__OP_HELLO;
+    req.hello = &h;
+    raw_send_request(fd, &req);
+    uint8_t *payload;
+    uint32_t len;
+    ck_assert_msg(kvh_raw_recv_frame(fd, &payload, &len, 1u << 20, 5000) == 1, "HELLO: %s", kvh_error());
+    Kvnode__Response *resp = kvnode__response__unpack(NULL, len, payload);
+    free(payload);
+    ck_assert_msg(resp && !resp->error && resp->result_case == KVNODE__RESPONSE__RESULT_HELLO, "HELLO failed: %s",
+                  resp && resp->error ? resp->error->message : "undecodable");
+    kvnode__response__free_unpacked(resp, NULL);
+}
+
+#endif
