@@ -58,4 +58,31 @@ static inline void raw_hello(int fd, const kvnode_layout *l, const char *client_
     kvnode__response__free_unpacked(resp, NULL);
 }
 
+/* n GET_INLINE requests of key, ids 1..n, sent in one write (about 30
+ * bytes each): replies that pile up when the caller does not read. */
+static inline void raw_send_get_inline_burst(int fd, int64_t key, int n)
+{
+    size_t total = 0;
+    uint8_t *all = malloc((size_t)n * 32);
+    ck_assert_ptr_nonnull(all);
+    int64_t keys[1] = { key };
+    for (int i = 0; i < n; i++) {
+        Kvnode__GetInlineRequest g = KVNODE__GET_INLINE_REQUEST__INIT;
+        g.n_keys = 1;
+        g.keys = keys;
+        Kvnode__Request req = KVNODE__REQUEST__INIT;
+        req.id = (uint64_t)i + 1;
+        req.op_case = KVNODE__REQUEST__OP_GET_INLINE;
+        req.get_inline = &g;
+        size_t len = kvnode__request__get_packed_size(&req);
+        ck_assert_uint_lt(len, 28);
+        all[total] = (uint8_t)len;
+        all[total + 1] = all[total + 2] = all[total + 3] = 0;
+        kvnode__request__pack(&req, all + total + 4);
+        total += 4 + len;
+    }
+    ck_assert_int_eq(kvh_raw_send(fd, all, total), 0);
+    free(all);
+}
+
 #endif

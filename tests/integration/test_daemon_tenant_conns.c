@@ -250,27 +250,7 @@ START_TEST(unread_replies_bounded_by_the_tenants_share)
     ck_assert_msg(fd >= 0, "%s", kvh_error());
     raw_hello(fd, &lay, "conns-test");
     /* OUT_REQUESTS GET_INLINE of a 1 MiB block in one write, and no read. */
-    size_t total = 0;
-    uint8_t *all = malloc(OUT_REQUESTS * 32);
-    ck_assert_ptr_nonnull(all);
-    int64_t keys[1] = { key };
-    for (int i = 0; i < OUT_REQUESTS; i++) {
-        Kvnode__GetInlineRequest g = KVNODE__GET_INLINE_REQUEST__INIT;
-        g.n_keys = 1;
-        g.keys = keys;
-        Kvnode__Request req = KVNODE__REQUEST__INIT;
-        req.id = (uint64_t)i + 1;
-        req.op_case = KVNODE__REQUEST__OP_GET_INLINE;
-        req.get_inline = &g;
-        size_t len = kvnode__request__get_packed_size(&req);
-        ck_assert_uint_lt(len, 28);
-        all[total] = (uint8_t)len;
-        all[total + 1] = all[total + 2] = all[total + 3] = 0;
-        kvnode__request__pack(&req, all + total + 4);
-        total += 4 + len;
-    }
-    ck_assert_int_eq(kvh_raw_send(fd, all, total), 0);
-    free(all);
+    raw_send_get_inline_burst(fd, key, OUT_REQUESTS);
 
     /* Closed once default's unread replies reached its share: counted, and
      * what it held given back. */
