@@ -235,6 +235,19 @@ int main(int argc, char **argv)
         log_error("out of memory");
         goto out;
     }
+    /* The admin and KVS listeners before the engine socket: once that one
+     * accepts, every door the configuration opens exists (requests wait
+     * for the loop either way). */
+    if (admin_create(&d, &d.admin, err, sizeof err) < 0) {
+        log_error("%s", err);
+        goto out;
+    }
+    admin_set_pages(d.admin, &(struct admin_pages){ .stats_document = stats_document,
+                                                    .metrics_page = metrics_render });
+    if (kvs_server_create(&d, &d.kvs, err, sizeof err) < 0) {
+        log_error("%s", err);
+        goto out;
+    }
     if (sdn_listen_fd(&listen_fd, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
@@ -253,16 +266,6 @@ int main(int argc, char **argv)
     ops_set_querier(d.ops, d.querier);
     ops_set_reload(d.ops, daemon_reload_hook, &d);
     ops_set_stats_hook(d.ops, daemon_stats_document, &d);
-    if (admin_create(&d, &d.admin, err, sizeof err) < 0) {
-        log_error("%s", err);
-        goto out;
-    }
-    admin_set_pages(d.admin, &(struct admin_pages){ .stats_document = stats_document,
-                                                    .metrics_page = metrics_render });
-    if (kvs_server_create(&d, &d.kvs, err, sizeof err) < 0) {
-        log_error("%s", err);
-        goto out;
-    }
     daemon_check_fd_limit(&d);
     log_info("kvnoded %s serving on %s (config %s): host tier %llu MiB, slabs of %llu KiB",
              KVNODE_VERSION_STRING, server_socket_path(d.server),

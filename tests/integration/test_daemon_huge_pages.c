@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -19,6 +21,10 @@
 #define BLOCK (256u * 1024u)
 
 static const char *const nr_hugepages_path = "/proc/sys/vm/nr_hugepages";
+/* The hugetlb pool is the machine's, not this run's: two runs of this suite
+ * at once (two checkouts tested side by side) take turns, by this lock held
+ * for the whole run (a fixed path: TMPDIR may differ between the runs). */
+static const char *const pool_lock_path = "/tmp/kvnode-tests-hugetlb.lock";
 
 /* One "Key:   N" figure of /proc/meminfo; -1 when absent. */
 static long long meminfo_field(const char *key)
@@ -260,6 +266,10 @@ END_TEST
 
 int main(void)
 {
+    int lock = open(pool_lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (lock < 0 || flock(lock, LOCK_EX) != 0)
+        fprintf(stderr, "warning: cannot lock %s (%m): another run of this suite may change the hugetlb pool "
+                "meanwhile\n", pool_lock_path);
     Suite *s = suite_create("daemon_huge_pages");
     TCase *tc = tcase_create("fallback");
     tcase_set_timeout(tc, 30);
@@ -278,5 +288,7 @@ int main(void)
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
+    if (lock >= 0)
+        close(lock);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -24,10 +24,14 @@ def kvnoded_binary():
 
 @contextlib.contextmanager
 def running_daemon(directory, sock, *options):
-    """kvnoded serving on sock (its log in directory), with a small host tier,
-    no store and no admin port; options are extra `-s key=value` settings."""
+    """kvnoded serving on sock (its log in directory), with a small host tier
+    of ordinary pages, no store and no admin port; options are extra
+    `-s key=value` settings."""
+    # huge_pages off: the same pages whatever the machine offers, and none
+    # taken from a hugetlb pool a C suite reserved for itself meanwhile.
     opts = ["server.socket_path=" + sock, "memory.host_bytes=64MiB", "memory.pin_host=off",
-            "persist.backend=off", "admin.listen=off", "log.level=info"] + list(options)
+            "memory.huge_pages=off", "persist.backend=off", "admin.listen=off",
+            "log.level=info"] + list(options)
     argv = [kvnoded_binary()]
     for o in opts:
         argv += ["-s", o]
