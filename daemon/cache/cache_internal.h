@@ -152,6 +152,8 @@ enum { STORE_OP_WRITE = 1, STORE_OP_DELETE = 2 };
 
 /* One write, or a delete of n keys; it holds the keylock of each of its keys
  * from the time it is sent to the store until its result is back. */
+struct cache_write_group;
+
 struct cache_storeop {
     struct keylock_waiter turn;     /* first: waiting for its (single) key */
     struct cache *c;
@@ -160,6 +162,7 @@ struct cache_storeop {
     struct index_entry *e;          /* write: the block, pinned until the result */
     bool evicting;                  /* write: a write-back victim */
     bool probe;                     /* write: the store's write probe (persist_write_probe) */
+    struct cache_write_group *group; /* write: the commit it belongs to, or NULL */
     struct cache_storeop *next;     /* on c->queued_head: the store's queue was full */
     size_t n;
     uint64_t *checks;               /* delete: the keys' check words (allocated with the op) */
@@ -278,6 +281,17 @@ void cache_storeop_free(struct cache_storeop *op);
 /* A SEALED block written (pinned until its result); keys deleted from the
  * store, each after the ops on it that came before. */
 void cache_write_start(struct cache *c, struct index_entry *e, bool evicting);
+/* The blocks of one PUT_COMMIT written through: each stays pinned by the
+ * group until every write of the commit is back, then all return to the LRU
+ * together, each at its own place. So the order in which a commit's writes
+ * land never lets a chain's root be evicted or demoted while its leaves are
+ * still held (issue 27). new: NULL when out of memory (write them one by
+ * one then); add: write e as part of g; close: after the last add. */
+struct cache_write_group *cache_write_group_new(size_t n);
+void cache_write_group_add(struct cache *c, struct cache_write_group *g, struct index_entry *e);
+void cache_write_group_close(struct cache *c, struct cache_write_group *g);
+/* One of g's writes is over (or never reached the store). */
+void cache_write_group_done(struct cache *c, struct cache_write_group *g);
 void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
                         const uint64_t *checks, size_t n);
 void cache_retry_cb(evutil_socket_t fd, short what, void *arg);

@@ -203,8 +203,11 @@ void cache_destroy(struct cache *c)
     while (c->queued_head) {
         struct cache_storeop *op = c->queued_head;
         c->queued_head = op->next;
-        if (op->kind == STORE_OP_WRITE)
+        if (op->kind == STORE_OP_WRITE) {
             cache_unpin(c, op->e);
+            if (op->group)
+                cache_write_group_done(c, op->group);
+        }
         cache_storeop_free(op);
     }
     if (c->evict_ev)
@@ -643,6 +646,8 @@ uint32_t cache_lease_finish(struct cache *c, struct lease *l, bool commit)
     } else if (commit) {
         uint64_t bytes = cache_ns_block_bytes(c, l->ns);
         struct kv_namespace *ns = ns_get(c->namespaces, l->ns);
+        bool write_through = c->persist && c->policy == CONFIG_POLICY_WRITE_THROUGH;
+        struct cache_write_group *g = write_through ? cache_write_group_new(l->n) : NULL;
         for (size_t i = l->n; i-- > 0;) {
             struct index_entry *e = l->entries[i];
             if (!e)
@@ -657,11 +662,17 @@ uint32_t cache_lease_finish(struct cache *c, struct lease *l, bool commit)
             c->sealed_total++;
             count++;
             cache_note_sealed(c, e);
-            /* write_through: pinned until its write lands (see cache.h). */
-            if (c->persist && c->policy == CONFIG_POLICY_WRITE_THROUGH &&
-                e->persist == PERSIST_NONE)
-                cache_write_start(c, e, false);
+            /* write_through: pinned until its write lands (see cache.h), and
+             * until the commit's other writes have landed too. */
+            if (write_through && e->persist == PERSIST_NONE) {
+                if (g)
+                    cache_write_group_add(c, g, e);
+                else
+                    cache_write_start(c, e, false);
+            }
         }
+        if (g)
+            cache_write_group_close(c, g);
     } else {
         struct kv_namespace *ns = ns_get(c->namespaces, l->ns);
         for (size_t i = 0; i < l->n; i++) {

@@ -108,6 +108,8 @@ static void cache_write_finish(struct cache *c, struct cache_storeop *op, int rc
             c->evicted_dropped++;
         }
     }
+    if (op->group)
+        cache_write_group_done(c, op->group);
 }
 
 /* An op is done with the store (or will never reach it): release its keys
@@ -239,11 +241,19 @@ static void cache_storeop_start(struct cache *c, struct cache_storeop *op)
         cache_storeop_finish(op, rc);   /* releases a key it does not hold: harmless */
 }
 
+/* A commit's writes, released together (cache_internal.h). */
+struct cache_write_group {
+    uint32_t pending;               /* writes not back, +1 until closed */
+    size_t n;
+    struct index_entry *e[];        /* pinned by the group */
+};
+
 /* Write a SEALED block to the store: it is pinned (in memory, off the LRU)
  * until the write's result is back, however long it waits for earlier ops
  * on its key or for room in the store's queue. probe: the store's write
  * probe (its result is counted as the probe's). */
-static void cache_write_op(struct cache *c, struct index_entry *e, bool evicting, bool probe)
+static void cache_write_op(struct cache *c, struct index_entry *e, bool evicting, bool probe,
+                           struct cache_write_group *group)
 {
     struct kv_namespace *ns = ns_get(c->namespaces, e->ns);
     struct cache_storeop *op = ns ? cache_storeop_new(c, STORE_OP_WRITE, ns, 1) : NULL;
@@ -252,6 +262,12 @@ static void cache_write_op(struct cache *c, struct index_entry *e, bool evicting
         e->persist = PERSIST_FAILED;
         cache_retry_add(c, e);
         return;
+    }
+    if (group) {
+        cache_pin(c, e);            /* the group's pin, dropped when the whole commit is back */
+        group->e[group->n++] = e;
+        group->pending++;
+        op->group = group;
     }
     op->e = e;
     op->keys[0] = e->key;
@@ -272,7 +288,39 @@ static void cache_write_op(struct cache *c, struct index_entry *e, bool evicting
 
 void cache_write_start(struct cache *c, struct index_entry *e, bool evicting)
 {
-    cache_write_op(c, e, evicting, false);
+    cache_write_op(c, e, evicting, false, NULL);
+}
+
+/* --- a commit's writes, released together ------------------------------------------ */
+
+struct cache_write_group *cache_write_group_new(size_t n)
+{
+    struct cache_write_group *g = malloc(sizeof *g + n * sizeof g->e[0]);
+    if (g) {
+        g->pending = 1;
+        g->n = 0;
+    }
+    return g;
+}
+
+void cache_write_group_add(struct cache *c, struct cache_write_group *g, struct index_entry *e)
+{
+    cache_write_op(c, e, false, false, g);
+}
+
+void cache_write_group_done(struct cache *c, struct cache_write_group *g)
+{
+    if (--g->pending > 0)
+        return;
+    /* Each goes back to the place its last use gave it (index_lru_add). */
+    for (size_t i = 0; i < g->n; i++)
+        cache_unpin(c, g->e[i]);
+    free(g);
+}
+
+void cache_write_group_close(struct cache *c, struct cache_write_group *g)
+{
+    cache_write_group_done(c, g);
 }
 
 /* Delete keys from the store, each after the ops on it that came before:
@@ -394,7 +442,7 @@ static bool cache_write_probe(void *arg)
     if (!e)
         return false;
     c->write_retries++;
-    cache_write_op(c, e, false, true);
+    cache_write_op(c, e, false, true, NULL);
     return true;
 }
 

@@ -625,6 +625,32 @@ START_TEST(demotion_takes_leaves_first_whatever_order_the_writes_land)
 }
 END_TEST
 
+/* The same when demotion runs while the writes land: one put of 49 blocks
+ * (past the high watermark), the root half's writes landing first (the
+ * leaves' keys, 33..49, still have deletes under way). Demotion must not
+ * take the root half, unpinned first, while the leaves are still held: a
+ * commit's blocks come back to the LRU together, once all have landed. */
+START_TEST(demotion_during_the_writes_takes_leaves_first)
+{
+    int64_t leaves[17];
+    uint32_t deleted = 0;
+    ck_assert_uint_eq(put_hbm(&gpu0, 33, 17), 17);
+    ck_assert_msg(wait_written(17), "the 17 blocks were not written to the store");
+    settle();
+    for (int i = 0; i < 17; i++)
+        leaves[i] = 33 + i;
+    ck_assert_int_eq(cache_delete(cache, ns, leaves, NULL, 17, &deleted), 0);
+    ck_assert_uint_eq(deleted, 17);
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, 49), 49);   /* before the loop has seen the deletes end */
+    ck_assert_msg(wait_written(17 + 49), "the chain was not written to the store");
+    settle();
+    json_int_t used = wait_hbm_used(32 * BLOCK, 3000);
+    ck_assert_int_eq(used, 32 * BLOCK);
+    ck_assert_int_eq(demote_stat("blocks_total"), 17);
+    expect_leaves_demoted();
+}
+END_TEST
+
 /* Write failures of the store seen so far. */
 static uint64_t write_failures(void)
 {
@@ -702,6 +728,7 @@ int main(void)
     tcase_add_test(ts, no_host_room_drops_the_victim);
     tcase_add_test(ts, demotion_resumes_when_the_store_writes_land);
     tcase_add_test(ts, demotion_takes_leaves_first_whatever_order_the_writes_land);
+    tcase_add_test(ts, demotion_during_the_writes_takes_leaves_first);
     tcase_add_test(ts, demotion_resumes_when_failed_writes_settle);
     suite_add_tcase(s, ts);
     sr = srunner_create(s);
