@@ -286,11 +286,11 @@ void cache_write_start(struct cache *c, struct index_entry *e, bool evicting);
  * together, each at its own place. So the order in which a commit's writes
  * land never lets a chain's root be evicted or demoted while its leaves are
  * still held (issue 27). new: NULL when out of memory (write them one by
- * one then); add: write e as part of g; close: after the last add. */
+ * one then), holding one reference of its own; add: write e as part of g;
+ * done: one of g's writes is over (or never reached the store), or, once
+ * after the last add, the commit drops the group's own reference. */
 struct cache_write_group *cache_write_group_new(size_t n);
 void cache_write_group_add(struct cache *c, struct cache_write_group *g, struct index_entry *e);
-void cache_write_group_close(struct cache *c, struct cache_write_group *g);
-/* One of g's writes is over (or never reached the store). */
 void cache_write_group_done(struct cache *c, struct cache_write_group *g);
 void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
                         const uint64_t *checks, size_t n);

@@ -672,7 +672,7 @@ uint32_t cache_lease_finish(struct cache *c, struct lease *l, bool commit)
             }
         }
         if (g)
-            cache_write_group_close(c, g);
+            cache_write_group_done(c, g);   /* the commit's own reference */
     } else {
         struct kv_namespace *ns = ns_get(c->namespaces, l->ns);
         for (size_t i = 0; i < l->n; i++) {

@@ -244,7 +244,7 @@ static void cache_storeop_start(struct cache *c, struct cache_storeop *op)
 
 /* A commit's writes, released together (cache_internal.h). */
 struct cache_write_group {
-    uint32_t pending;               /* writes not back, +1 until closed */
+    uint32_t pending;               /* writes not back, +1 until the commit has added them all */
     size_t n;
     struct index_entry *e[];        /* pinned by the group */
 };
@@ -317,11 +317,6 @@ void cache_write_group_done(struct cache *c, struct cache_write_group *g)
     for (size_t i = 0; i < g->n; i++)
         cache_unpin(c, g->e[i]);
     free(g);
-}
-
-void cache_write_group_close(struct cache *c, struct cache_write_group *g)
-{
-    cache_write_group_done(c, g);
 }
 
 /* Delete keys from the store, each after the ops on it that came before:

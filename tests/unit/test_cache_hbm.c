@@ -164,7 +164,7 @@ static int check(const uint8_t *p, int64_t key) { return block_check(p, BLOCK, k
  * landed in HBM (arena != 0). */
 static size_t put_hbm(struct lease_list *who, int64_t first, size_t n)
 {
-    int64_t keys[128];
+    int64_t keys[128] = { 0 };   /* (gcc cannot see n <= 128 once inlined) */
     struct cache_loc locs[128];
     uint64_t lid;
     uint32_t blocks;
@@ -584,6 +584,28 @@ START_TEST(demotion_resumes_when_the_store_writes_land)
 }
 END_TEST
 
+/* Put the chain 1..n into HBM so that the writes of its leaves (first_leaf..n)
+ * land after the root half's: the leaves' keys are put, written and deleted
+ * first, and the chain is put before the loop has seen those deletes end
+ * (each key's store operations run in order). Returns once all is written. */
+static void put_chain_leaves_landing_last(int64_t first_leaf, size_t n)
+{
+    int64_t leaves[64];
+    size_t nl = n + 1 - (size_t)first_leaf;
+    uint32_t deleted = 0;
+    ck_assert_uint_le(nl, 64);
+    ck_assert_uint_eq(put_hbm(&gpu0, first_leaf, nl), nl);
+    ck_assert_msg(wait_written((json_int_t)nl), "the %zu leaves were not written to the store", nl);
+    settle();
+    for (size_t i = 0; i < nl; i++)
+        leaves[i] = first_leaf + (int64_t)i;
+    ck_assert_int_eq(cache_delete(cache, ns, leaves, NULL, nl, &deleted), 0);
+    ck_assert_uint_eq(deleted, nl);
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, n), n);
+    ck_assert_msg(wait_written((json_int_t)(nl + n)), "the chain was not written to the store");
+    settle();
+}
+
 /* Issue 27 item 4: the order in which a chain's store writes land must not
  * decide which of its blocks is oldest. The leaves' keys (25..40) still
  * have deletes under way in the store, so their writes go (and land) after
@@ -591,18 +613,7 @@ END_TEST
  * demotion must take the chain's leaves first (committed tail-first). */
 START_TEST(demotion_takes_leaves_first_whatever_order_the_writes_land)
 {
-    int64_t leaves[16];
-    uint32_t deleted = 0;
-    ck_assert_uint_eq(put_hbm(&gpu0, 25, 16), 16);
-    ck_assert_msg(wait_written(16), "the 16 blocks were not written to the store");
-    settle();
-    for (int i = 0; i < 16; i++)
-        leaves[i] = 25 + i;
-    ck_assert_int_eq(cache_delete(cache, ns, leaves, NULL, 16, &deleted), 0);
-    ck_assert_uint_eq(deleted, 16);
-    ck_assert_uint_eq(put_hbm(&gpu0, 1, 40), 40);   /* before the loop has seen the deletes end */
-    ck_assert_msg(wait_written(16 + 40), "the chain was not written to the store");
-    settle();
+    put_chain_leaves_landing_last(25, 40);
     ck_assert_int_eq(demote_stat("blocks_total"), 0);   /* 40 of 64: below the high watermark */
 
     ck_assert_uint_eq(put_hbm(&gpu0, 1001, 9), 9);       /* 49: past it (48) */
@@ -632,18 +643,7 @@ END_TEST
  * commit's blocks come back to the LRU together, once all have landed. */
 START_TEST(demotion_during_the_writes_takes_leaves_first)
 {
-    int64_t leaves[17];
-    uint32_t deleted = 0;
-    ck_assert_uint_eq(put_hbm(&gpu0, 33, 17), 17);
-    ck_assert_msg(wait_written(17), "the 17 blocks were not written to the store");
-    settle();
-    for (int i = 0; i < 17; i++)
-        leaves[i] = 33 + i;
-    ck_assert_int_eq(cache_delete(cache, ns, leaves, NULL, 17, &deleted), 0);
-    ck_assert_uint_eq(deleted, 17);
-    ck_assert_uint_eq(put_hbm(&gpu0, 1, 49), 49);   /* before the loop has seen the deletes end */
-    ck_assert_msg(wait_written(17 + 49), "the chain was not written to the store");
-    settle();
+    put_chain_leaves_landing_last(33, 49);   /* 49 of 64: past the high watermark (48) */
     json_int_t used = wait_hbm_used(32 * BLOCK, 3000);
     ck_assert_int_eq(used, 32 * BLOCK);
     ck_assert_int_eq(demote_stat("blocks_total"), 17);
