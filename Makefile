@@ -313,14 +313,15 @@ $(BENCH_PERSIST_BIN): tests/bench/bench_persist.c $(INTEG_HELPER) $(TEST_PROC_OB
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
 
-# The HBM tier seen from a second process (scripts/gpu-check.sh runs it);
-# CUDA=1 links the CUDA runtime for its own copies and timings, CUDA=0 gives
-# a build that runs only --sim. `make check` runs the sim dry run of the
-# script (tests/gpu/run-sim.sh) on the test build.
+# The GPU check's engine process (scripts/gpu-check.sh runs it, one behaviour
+# per run): it links libkvnode.so as an engine does and dlopens the CUDA
+# runtime (no toolkit needed to build it). `make check` runs the script's
+# --sim run against the strict fake CUDA (tests/gpu/run-sim.sh).
 GPU_CHECK_BIN := $(BUILD)/kvnode-gpu-check
-$(GPU_CHECK_BIN): tests/bench/gpu_check.c $(LIBA)
+$(GPU_CHECK_BIN): tests/bench/gpu_check.c tests/bench/gpu_check_cuda.c tests/bench/gpu_check_cuda.h $(LIBSO)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(call pc_libs,jansson) $(CUDA_LIBS) -lpthread
+	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ tests/bench/gpu_check.c tests/bench/gpu_check_cuda.c \
+	    $(LIBSO) -Wl,-rpath,'$$ORIGIN' $(call pc_libs,jansson) -ldl -lpthread
 SCRIPT_TESTS += tests/gpu/run-sim.sh
 check: $(GPU_CHECK_BIN)
 

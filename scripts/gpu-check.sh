@@ -1,330 +1,552 @@
 #!/usr/bin/env bash
-# gpu-check.sh [--sim] [--store] [--keep] [--suite]: the GPU (HBM) tier end to end.
+# gpu-check.sh [--sim] [--keep] [--only LIST] [--list]: the GPU path, one
+# PASS/FAIL/SKIP line per behaviour, in one command (about 5 minutes on one
+# H100; well under a minute with --sim).
 #
-# On a GPU machine (default): checks nvidia-smi and the CUDA toolkit, builds
-# with CUDA=1 into $BUILD (default build-gpu), starts kvnoded with
-# hbm.backend=cuda, hbm.required=on (the start fails without GPU memory),
-# memory.pin_host=on (the host arena is page-locked by a background thread,
-# chunk by chunk), no persistent store (--store: a write_through file store)
-# and the admin listener on a unix socket, all in a temporary directory; waits until it is ready (socket,
-# kvnodectl ping, /readyz); runs kvnode-gpu-check (tests/bench/gpu_check.c)
-# as a second process declaring CUDA device $GPU_CHECK_DEVICE: HBM puts land
-# in GPU memory, gets read them back byte-exact through CUDA IPC (also on a
-# second connection), and it prints device-to-device, host-to-device and
-# demotion bandwidth next to same-run cudaMemcpy peaks; then checks /stats
-# (tiers.hbm has the device, lent through CUDA IPC, demotions happened and
-# none failed, the host arena ends up pinned), stops the daemon with SIGTERM
-# and requires exit status 0. --suite then runs `make CUDA=1 check` and
-# `make CUDA=1 bench` on that build, as the earlier version of this script
-# always did.
+# Behaviours (issue 28 item 8), in the order they run:
+#   preflight    driver vs runtime versions, compute mode, MIG (reported by
+#                nvidia-smi and CUDA; nothing is changed)
+#   identity     the daemon's bus id is nvidia-smi's; a client with another
+#                CUDA_VISIBLE_DEVICES is lent the right GPU's HBM, one on a
+#                GPU that serves none gets no HBM; kvnoded holds a context
+#                only on its HBM GPU (nvidia-smi --query-compute-apps; under
+#                --sim the fake's ctx-<dev>-<pid> files)
+#   batch        kvnode_get_batch / kvnode_put_batch(DEVICE), plain and
+#                _stream, both ways, byte-exact
+#   completion   cudaStreamQuery right after get_batch(DEVICE) returns, dst
+#                read on a fresh non-blocking stream, commits ordered after
+#                the stream, and a put/delete race (RACE_SECONDS)
+#   store        write-through of HBM and device-batch blocks, then the
+#                store's contents after a restart
+#   restart      a daemon restart under a live client holding leases: old
+#                calls fail cleanly, the new daemon gets its HBM, GPU memory
+#                returns to its baseline
+#   death        a client killed holding leases and HBM mappings
+#   reader-pin   a reader client pins its read-only host arena
+#   churn        200 connects from 4 processes, each mapping HBM
+#   pidns        an engine in another PID namespace (unshare --user --pid
+#                --fork --map-root-user; --sim: also FAKECUDA_PIDNS=other)
+#                is served HBM (the VMM fd path)
+#   demotion     demotion while the daemon still pins its host arena, with a
+#                pin chunk that is not a multiple of the slab
 #
-# --sim: the dry run for machines without a GPU (also run by `make check`,
-# through tests/gpu/run-sim.sh): the same flow on the CPU with
-# hbm.backend=sim (two simulated devices lent as mapped memfds), a build
-# with the default CUDA detection into $BUILD (default build-gpu-sim),
-# smaller sizes, and kvnode-gpu-check --sim (no CUDA calls; its figures are
-# memcpy figures). It exercises the daemon's sim backend, the HBM mapping
-# path of libkvnode, the demotion worker and the background pinning thread
-# (each chunk delayed by KVNODE_DEVMEM_SIM_PIN_DELAY_MS so pinning really
-# outlives the start).
+# Each behaviour runs kvnode-gpu-check (tests/bench/gpu_check.c), an engine
+# process that links libkvnode.so and dlopens the CUDA runtime, against a
+# kvnoded this script starts (hbm.backend=cuda, hbm.required=on,
+# memory.pin_host=on, a write_through file store, in a temporary directory).
 #
-# --store: the same with persist.backend=file, persist.policy=write_through
-# (a store in the temporary directory), where every committed block is
-# pinned until its write lands: demotion must still bring HBM under the
-# high watermark, every block must be written (HBM ones through a device
-# copy) and no write may fail. `make check` runs --sim both ways.
+# --sim: no GPU: every behaviour runs with hbm.backend=cuda against the
+# strict fake CUDA library ($BUILD/tests/fakecuda, through LD_LIBRARY_PATH;
+# two fake GPUs, the daemon serves the second), and a behaviour fails when
+# the fake recorded a violation of CUDA's rules ($FAKECUDA_DIR/violations)
+# while it ran. `make check` runs it (tests/gpu/run-sim.sh).
+# --only LIST: run only these behaviours (comma or space separated).
+# --list: print the behaviours and exit. --keep: keep the temporary directory.
 #
-# --keep keeps the temporary directory (daemon log, stats, checker output).
-# Exit status: 0 all passed; 1 a check failed (the daemon log is printed);
-# 2 this machine cannot run the check (no GPU, toolkit or binaries) or usage.
+# Exit status: 0 nothing failed (SKIP lines say what this machine cannot
+# do); 1 a behaviour failed; 2 usage, or this machine cannot run the check.
 #
 # Environment (defaults: GPU / --sim):
-#   BUILD=DIR            build directory (build-gpu / build-gpu-sim)
-#   NOBUILD=1            do not run make: use the binaries already in $BUILD
-#   CUDA_HOME            CUDA toolkit (/usr/local/cuda)
-#   GPU_CHECK_DEVICE     CUDA device to check (0); GPU mode gives kvnoded only it
-#   HBM_BYTES            hbm.bytes per device (1GiB / 64MiB)
-#   HOST_BYTES           memory.host_bytes (2GiB / 256MiB)
-#   PIN_CHUNK_BYTES      memory.pin_chunk_bytes (256MiB / 16MiB)
-#   COPY_BATCH_BYTES     hbm.copy_batch_bytes (64MiB / 4MiB)
-#   BLOCKS, BLOCK_BYTES  blocks per phase and block size of the checker (256, 1MiB / 64, 256KiB)
-#   ITERS                timed rounds per bandwidth figure (20 / 8)
-#   PIN_TIMEOUT          seconds the host arena may take to be pinned (300 / 20)
+#   BUILD=DIR            build directory (build / build)
+#   NOBUILD=1            use the binaries already in $BUILD
+#   GPU_CHECK_DEVICE     the GPU kvnoded serves (0 / 1: the fake's second)
+#   HBM_BYTES            hbm.bytes (1GiB / 32MiB)
+#   HOST_BYTES           memory.host_bytes (4GiB / 64MiB)
+#   BLOCKS, BLOCK_BYTES  blocks per step and block size (64, 1MiB / 8, 256KiB)
+#   RACE_SECONDS         the put/delete race (20 / 2)
+#   CUDA_RUNTIME_DIR     a folder holding libcudart.so* (default: the loader's
+#                        path, else $CUDA_HOME/lib64, else a pip wheel's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PROG=gpu-check.sh
+ALL_BEHAVIOURS=(preflight identity batch completion store restart death reader-pin churn pidns demotion)
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 
-sim=0 keep=0 suite=0 store=0
-for a in "$@"; do
-  case $a in
+sim=0 keep=0 only=""
+while (($#)); do
+  case $1 in
     --sim) sim=1 ;;
-    --store) store=1 ;;
     --keep) keep=1 ;;
-    --suite) suite=1 ;;
+    --only) [[ $# -ge 2 ]] || { echo "$PROG: --only needs a list" >&2; exit 2; }; only=$2; shift ;;
+    --list) printf '%s\n' "${ALL_BEHAVIOURS[@]}"; exit 0 ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "$PROG: unknown argument '$a'" >&2; usage >&2; exit 2 ;;
+    *) echo "$PROG: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
+  shift
 done
+selected=("${ALL_BEHAVIOURS[@]}")
+if [[ -n $only ]]; then
+  read -r -a selected <<<"${only//,/ }"
+  for b in "${selected[@]}"; do
+    [[ " ${ALL_BEHAVIOURS[*]} " == *" $b "* ]] || { echo "$PROG: unknown behaviour '$b'" >&2; exit 2; }
+  done
+fi
 
 say() { echo "$PROG: $*"; }
-die() { echo "$PROG: FAIL: $*" >&2; exit 1; }
-cannot() { echo "$PROG: FAIL (cannot run here): $*" >&2; exit 2; }
+cannot() { echo "$PROG: cannot run here: $*" >&2; exit 2; }
 
-CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-DEVICE=${GPU_CHECK_DEVICE:-0}
+BUILD=${BUILD:-build}
 if [[ $sim == 1 ]]; then
-  BUILD=${BUILD:-build-gpu-sim}
-  HBM_BYTES=${HBM_BYTES:-64MiB} HOST_BYTES=${HOST_BYTES:-256MiB}
-  PIN_CHUNK_BYTES=${PIN_CHUNK_BYTES:-16MiB} COPY_BATCH_BYTES=${COPY_BATCH_BYTES:-4MiB}
-  BLOCKS=${BLOCKS:-64} BLOCK_BYTES=${BLOCK_BYTES:-256KiB} ITERS=${ITERS:-8}
-  PIN_TIMEOUT=${PIN_TIMEOUT:-20} READY_TIMEOUT=${READY_TIMEOUT:-20}
-  backend=sim
+  DEVICE=${GPU_CHECK_DEVICE:-1}
+  HBM_BYTES=${HBM_BYTES:-32MiB} HOST_BYTES=${HOST_BYTES:-64MiB}
+  BLOCKS=${BLOCKS:-8} BLOCK_BYTES=${BLOCK_BYTES:-262144} RACE_SECONDS=${RACE_SECONDS:-2}
+  TIMEOUT=${BEHAVIOUR_TIMEOUT:-60} READY_TIMEOUT=${READY_TIMEOUT:-20}
 else
-  BUILD=${BUILD:-build-gpu}
-  HBM_BYTES=${HBM_BYTES:-1GiB} HOST_BYTES=${HOST_BYTES:-2GiB}
-  PIN_CHUNK_BYTES=${PIN_CHUNK_BYTES:-256MiB} COPY_BATCH_BYTES=${COPY_BATCH_BYTES:-64MiB}
-  BLOCKS=${BLOCKS:-256} BLOCK_BYTES=${BLOCK_BYTES:-1MiB} ITERS=${ITERS:-20}
-  PIN_TIMEOUT=${PIN_TIMEOUT:-300} READY_TIMEOUT=${READY_TIMEOUT:-120}
-  backend=cuda
+  DEVICE=${GPU_CHECK_DEVICE:-0}
+  HBM_BYTES=${HBM_BYTES:-1GiB} HOST_BYTES=${HOST_BYTES:-4GiB}
+  BLOCKS=${BLOCKS:-64} BLOCK_BYTES=${BLOCK_BYTES:-1048576} RACE_SECONDS=${RACE_SECONDS:-20}
+  TIMEOUT=${BEHAVIOUR_TIMEOUT:-120} READY_TIMEOUT=${READY_TIMEOUT:-120}
 fi
 STOP_TIMEOUT=${STOP_TIMEOUT:-30}
 kvnoded=$BUILD/kvnoded kvnodectl=$BUILD/kvnodectl checker=$BUILD/kvnode-gpu-check
+fakelib=$BUILD/tests/fakecuda
 
-# --- prerequisites and build ---------------------------------------------------
-if [[ $sim == 0 ]]; then
-  command -v nvidia-smi >/dev/null 2>&1 ||
-    cannot "no nvidia-smi: this machine has no NVIDIA driver (for the CPU dry run: $0 --sim)"
-  gpus=$(nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>&1) ||
-    cannot "nvidia-smi sees no GPU: $gpus (for the CPU dry run: $0 --sim)"
-  [[ -n $gpus ]] || cannot "nvidia-smi lists no GPU (for the CPU dry run: $0 --sim)"
-  say "GPUs:"; while IFS= read -r l; do echo "    $l"; done <<<"$gpus"
-  [[ -e $CUDA_HOME/include/cuda_runtime_api.h && -e $CUDA_HOME/lib64/libcudart_static.a ]] ||
-    cannot "no CUDA toolkit at CUDA_HOME=$CUDA_HOME (cuda_runtime_api.h, lib64/libcudart_static.a)"
-  make_args=(CUDA=1 "CUDA_HOME=$CUDA_HOME" "BUILD=$BUILD")
-else
-  make_args=("BUILD=$BUILD")      # the default CUDA detection: whatever `make` picks
-fi
-if [[ ${NOBUILD:-0} == 1 ]]; then
-  for b in "$kvnoded" "$kvnodectl" "$checker"; do
-    [[ -x $b ]] || cannot "NOBUILD=1 but $b is not built (make ${make_args[*]} all $checker)"
-  done
-else
-  say "building: make ${make_args[*]} all $checker"
-  if ! blog=$(make -j"$(nproc)" "${make_args[@]}" all "$checker" 2>&1); then
+# --- build --------------------------------------------------------------------
+if [[ ${NOBUILD:-0} != 1 ]]; then
+  targets=(all "$checker")
+  [[ $sim == 1 ]] && targets+=("$fakelib/libfakecuda.so")
+  say "building: make BUILD=$BUILD ${targets[*]}"
+  if ! blog=$(make -j"$(nproc)" "BUILD=$BUILD" "${targets[@]}" 2>&1); then
     tail -n 40 <<<"$blog" >&2
-    die "build failed (make ${make_args[*]} all $checker)"
+    cannot "the build failed (make BUILD=$BUILD ${targets[*]})"
   fi
 fi
+for b in "$kvnoded" "$kvnodectl" "$checker"; do
+  [[ -x $b ]] || cannot "$b is not built (make BUILD=$BUILD all $checker)"
+done
+command -v jq >/dev/null 2>&1 || cannot "jq is needed to read /stats"
 
-# --- helpers -------------------------------------------------------------------
-# jvals FILE PATH...: the value at each PATH (dot-separated keys, numbers
-# index arrays) of a JSON file, one per line: strings bare, anything else as
-# JSON, null when absent. One process per document: jq, else python3.
-if command -v jq >/dev/null 2>&1; then
-  jvals() {
-    local f=$1 filter="" p; shift
-    for p in "$@"; do
-      p=$(sed -E 's/\.([0-9]+)/[\1]/g; s/^/./' <<<"$p")
-      filter+="${filter:+, }(try ($p) catch null | if type == \"string\" then . else tojson end)"
-    done
-    jq -r "$filter" "$f"
-  }
-elif command -v python3 >/dev/null 2>&1; then
-  jvals() {
-    python3 - "$@" <<'PY'
-import json, sys
-doc = json.load(open(sys.argv[1]))
-for path in sys.argv[2:]:
-    v = doc
-    for k in path.split("."):
-        if isinstance(v, list) and k.isdigit() and int(k) < len(v):
-            v = v[int(k)]
-        elif isinstance(v, dict) and k in v:
-            v = v[k]
-        else:
-            v = None
-            break
-    print(v if isinstance(v, str) else json.dumps(v))
-PY
-  }
-else
-  cannot "neither jq nor python3 is installed (needed to read /stats)"
-fi
-jget() { jvals "$1" "$2"; }
-have_curl=0
-command -v curl >/dev/null 2>&1 && have_curl=1
-
+# --- the environment every process shares -----------------------------------------
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kvnode-gpu-check.XXXXXX")
-sock=$dir/kvnode.sock admin=$dir/admin.sock log=$dir/kvnoded.log
-pid=
+sock=$dir/kvnode.sock admin=$dir/admin.sock
+mkdir -p "$dir/store" "$dir/sync"
+if [[ $sim == 1 ]]; then
+  fake_ok=0
+  [[ -e $fakelib/libcudart.so && -e $fakelib/libcuda.so.1 ]] && fake_ok=1
+  export LD_LIBRARY_PATH=$PWD/$fakelib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export FAKECUDA_DIR=$dir/fake
+  export FAKECUDA_DEVICES=${FAKECUDA_DEVICES:-0000:3B:00.0,0000:5E:00.0}
+  export FAKECUDA_COPY_DELAY_MS=${FAKECUDA_COPY_DELAY_MS:-3}
+  # Room for one daemon's HBM and the checkers' buffers, not for two
+  # daemons' HBM: a restarted daemon gets its memory only when the old
+  # region was given back.
+  export FAKECUDA_MEM_BYTES=${FAKECUDA_MEM_BYTES:-$((56 << 20))}
+  mkdir -p "$FAKECUDA_DIR"
+  unset CUDA_VISIBLE_DEVICES FAKECUDA_PIDNS FAKECUDA_FAIL FAKECUDA_BUSID_FORMAT
+else
+  command -v nvidia-smi >/dev/null 2>&1 ||
+    cannot "no nvidia-smi: this machine has no NVIDIA driver (the CPU run: $0 --sim)"
+  nvidia-smi -L >/dev/null 2>&1 || cannot "nvidia-smi sees no GPU: $(nvidia-smi -L 2>&1 | head -n 1)"
+  # CUDA numbers devices as nvidia-smi does.
+  export CUDA_DEVICE_ORDER=PCI_BUS_ID
+  unset CUDA_VISIBLE_DEVICES
+  if [[ -n ${CUDA_RUNTIME_DIR:-} ]]; then
+    export LD_LIBRARY_PATH=$CUDA_RUNTIME_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  elif ! ldconfig -p 2>/dev/null | grep -q 'libcudart\.so'; then
+    for d in "${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda*/lib64 \
+             "$(python3 -c 'import nvidia.cuda_runtime, os; print(os.path.dirname(nvidia.cuda_runtime.__file__) + "/lib")' 2>/dev/null || true)"; do
+      if compgen -G "$d/libcudart.so*" >/dev/null; then
+        export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        break
+      fi
+    done
+  fi
+fi
+salt=$(( (RANDOM << 16) ^ RANDOM ^ $$ ))
 
+dpid="" dlog="" nstart=0
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
-  if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
+  if [[ -n $dpid ]] && kill -0 "$dpid" 2>/dev/null; then
+    kill -TERM "$dpid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$dpid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$dpid" 2>/dev/null || true
+    wait "$dpid" 2>/dev/null || true
   fi
-  if [[ $rc != 0 && -s $log ]]; then
-    echo "----- kvnoded log ($log) -----" >&2
-    cat "$log" >&2
-    echo "----- end of kvnoded log -----" >&2
-  fi
-  if [[ $keep == 1 ]]; then
-    echo "$PROG: kept $dir" >&2
-  else
-    rm -rf "$dir"
-  fi
+  if [[ $keep == 1 ]]; then echo "$PROG: kept $dir" >&2; else rm -rf "$dir"; fi
   exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-stats() {   # stats FILE: the daemon's /stats document into FILE
-  "$kvnodectl" -S "$sock" stats --json >"$1" 2>"$dir/kvnodectl.err" ||
-    die "kvnodectl stats --json: $(cat "$dir/kvnodectl.err")"
+# --- the daemon ------------------------------------------------------------------
+daemon_args=(--set "server.socket_path=$sock" --set "admin.listen=unix:$admin"
+             --set hbm.backend=cuda --set "hbm.bytes=$HBM_BYTES" --set "hbm.devices=$DEVICE"
+             --set hbm.required=on --set memory.pin_host=on --set "memory.host_bytes=$HOST_BYTES"
+             --set persist.backend=file --set "persist.path=$dir/store"
+             --set persist.policy=write_through --set persist.fsync=never --set log.level=info)
+# Under the test suite the host tier takes ordinary pages: a hugetlb pool
+# another suite reserved meanwhile is not this check's.
+[[ $sim == 1 ]] && daemon_args+=(--set memory.huge_pages=off)
+
+# start_daemon [--set k=v ...]: start kvnoded and wait until it answers; 1 when it does not.
+start_daemon() {
+  nstart=$((nstart + 1))
+  dlog=$dir/kvnoded-$nstart.log
+  "$kvnoded" "${daemon_args[@]}" "$@" >"$dlog" 2>&1 &
+  dpid=$!
+  local deadline=$((SECONDS + READY_TIMEOUT))
+  while ((SECONDS < deadline)); do
+    if ! kill -0 "$dpid" 2>/dev/null; then
+      local st=0; wait "$dpid" || st=$?; dpid=""
+      why="kvnoded exited during its start (status $st): $(grep -m1 -iE 'error|fail|refus' "$dlog" || tail -n 1 "$dlog")"
+      return 1
+    fi
+    if [[ -S $sock ]] && "$kvnodectl" -S "$sock" ping >/dev/null 2>&1; then
+      return 0
+    fi
+    sleep 0.05
+  done
+  why="kvnoded not ready within ${READY_TIMEOUT}s"
+  return 1
 }
 
-# --- start the daemon ----------------------------------------------------------
-args=(--set "server.socket_path=$sock" --set "admin.listen=unix:$admin"
-      --set "hbm.backend=$backend" --set "hbm.bytes=$HBM_BYTES" --set hbm.required=on
-      --set "hbm.copy_batch_bytes=$COPY_BATCH_BYTES"
-      --set memory.pin_host=on --set "memory.host_bytes=$HOST_BYTES"
-      --set "memory.pin_chunk_bytes=$PIN_CHUNK_BYTES"
-      --set log.level=info)
-# Under the test suite (--sim) the host tier takes ordinary pages: a hugetlb
-# pool another suite reserved for itself meanwhile is not this check's.
-[[ $backend == sim ]] && args+=(--set memory.huge_pages=off)
-if [[ $store == 1 ]]; then
-  mkdir -p "$dir/store"
-  args+=(--set persist.backend=file --set "persist.path=$dir/store"
-         --set persist.policy=write_through --set persist.fsync=never)
-  store_desc="a write_through file store in $dir/store"
-else
-  args+=(--set persist.backend=off)
-  store_desc="no store"
-fi
-denv=()
-if [[ $sim == 1 ]]; then
-  # Pinning the sim arena costs nothing: delay each chunk so the background
-  # thread is still at work when the daemon is ready.
-  denv=(env "KVNODE_DEVMEM_SIM_PIN_DELAY_MS=${KVNODE_DEVMEM_SIM_PIN_DELAY_MS:-40}")
-else
-  args+=(--set "hbm.devices=$DEVICE")
-fi
-say "starting $kvnoded (hbm.backend=$backend, hbm.bytes=$HBM_BYTES per device, host $HOST_BYTES, pin_host=on, $store_desc) in $dir"
-"${denv[@]}" "$kvnoded" "${args[@]}" >"$log" 2>&1 &
-pid=$!
-t0=$(date +%s.%N)
-deadline=$((SECONDS + READY_TIMEOUT))
-ready=0
-while ((SECONDS < deadline)); do
-  if ! kill -0 "$pid" 2>/dev/null; then
-    st=0; wait "$pid" || st=$?; pid=
-    die "kvnoded exited during its start (status $st)"
+# stop_daemon: SIGTERM, wait; 1 (why set) unless it exits 0 in time. stop_secs: how long it took.
+stop_daemon() {
+  stop_secs=0
+  [[ -n $dpid ]] || return 0
+  local t0=$SECONDS st=0
+  kill -TERM "$dpid" 2>/dev/null || true
+  while kill -0 "$dpid" 2>/dev/null && ((SECONDS - t0 < STOP_TIMEOUT)); do sleep 0.05; done
+  if kill -0 "$dpid" 2>/dev/null; then
+    kill -KILL "$dpid" 2>/dev/null || true
+    wait "$dpid" 2>/dev/null || true
+    dpid=""
+    why="kvnoded still running ${STOP_TIMEOUT}s after SIGTERM"
+    return 1
   fi
-  if [[ -S $sock ]] && "$kvnodectl" -S "$sock" ping >/dev/null 2>&1; then
-    if [[ $have_curl == 0 ]] ||
-       curl -sf --max-time 2 --unix-socket "$admin" http://kvnode/readyz >/dev/null 2>&1; then
-      ready=1; break
+  wait "$dpid" || st=$?
+  dpid=""
+  stop_secs=$((SECONDS - t0))
+  ((st == 0)) || { why="kvnoded exited with status $st after SIGTERM"; return 1; }
+}
+
+stats() { "$kvnodectl" -S "$sock" stats --json; }
+
+# gc NAME BEHAVIOUR [args...]: run the checker (output in $dir/NAME.out);
+# its status; its RESULT line in $res.
+gc() {
+  local name=$1; shift
+  local b=$1; shift
+  local st=0
+  timeout -k 5 "$TIMEOUT" "$checker" "$b" --socket "$sock" --device "${GC_DEVICE:-$DEVICE}" \
+    --blocks "$BLOCKS" --block-bytes "$BLOCK_BYTES" --salt "$salt" --timeout "$TIMEOUT" "$@" \
+    >"$dir/$name.out" 2>&1 || st=$?
+  res=$(grep -m1 '^RESULT ' "$dir/$name.out" | sed -E 's/^RESULT [A-Z]+: //' || true)
+  if [[ -z $res ]]; then
+    if ((st == 124 || st == 137)); then res="timed out after ${TIMEOUT}s"
+    else res="no verdict (status $st): $(tail -n 1 "$dir/$name.out")"; fi
+    ((st == 0)) && st=1
+  fi
+  return "$st"
+}
+
+# Numbers of a PCI bus id ("0000:3B:00.0", "00000000:3b:00.0") as "d:b:d.f" in hex.
+busnorm() {
+  local s=${1,,} dom bus devfn
+  IFS=: read -r dom bus devfn <<<"$s"
+  [[ -n $devfn ]] || { echo "?$1"; return; }
+  printf '%x:%x:%x.%x\n' "0x$dom" "0x$bus" "0x${devfn%%.*}" "0x${devfn##*.}"
+}
+
+# GPU memory in use on the HBM device, in bytes (nvidia-smi; --sim: the fake's count).
+gpu_mem_used() {
+  if [[ $sim == 1 ]]; then
+    GC_DEVICE=$DEVICE gc meminfo meminfo >/dev/null 2>&1 || { echo "?"; return; }
+    sed -n 's/^used_bytes=\([0-9]*\).*/\1/p' "$dir/meminfo.out"
+  else
+    local mib
+    mib=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i "$DEVICE" 2>/dev/null | tr -d ' ')
+    [[ $mib =~ ^[0-9]+$ ]] && echo $((mib << 20)) || echo "?"
+  fi
+}
+
+# Waits until gpu_mem_used reads $1 (within $2 bytes); mem_now is the last reading.
+mem_settles_at() {
+  local want=$1 tol=$2 deadline=$((SECONDS + 15))
+  while :; do
+    mem_now=$(gpu_mem_used)
+    if [[ $mem_now =~ ^[0-9]+$ && $want =~ ^[0-9]+$ ]]; then
+      local d=$((mem_now - want)); ((d < 0)) && d=$((-d))
+      ((d <= tol)) && return 0
+    fi
+    ((SECONDS < deadline)) || return 1
+    sleep 0.2
+  done
+}
+mem_tol=0
+[[ $sim == 0 ]] && mem_tol=$((64 << 20))
+
+viol_seen=0
+# New violations recorded by the fake since the last call (none in GPU mode).
+new_violations() {
+  [[ $sim == 1 && -s $FAKECUDA_DIR/violations ]] || return 0
+  local n
+  n=$(wc -l <"$FAKECUDA_DIR/violations")
+  if ((n > viol_seen)); then
+    tail -n +"$((viol_seen + 1))" "$FAKECUDA_DIR/violations"
+    viol_seen=$n
+  fi
+}
+
+# --- behaviours: each sets verdict (PASS/FAIL/SKIP) and why ---------------------------
+
+b_preflight() {
+  local info=""
+  if [[ $sim == 0 ]]; then
+    local smi cudav
+    smi=$(nvidia-smi --query-gpu=index,pci.bus_id,driver_version,compute_mode,mig.mode.current,name,memory.used,memory.total --format=csv,noheader 2>&1)
+    cudav=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n 1)
+    while IFS= read -r l; do echo "    nvidia-smi: $l"; done <<<"$smi"
+    local line mode mig
+    line=$(awk -F', ' -v d="$DEVICE" '$1 == d' <<<"$smi")
+    [[ -n $line ]] || { verdict=FAIL why="nvidia-smi lists no GPU $DEVICE"; return; }
+    mode=$(cut -d, -f4 <<<"$line" | tr -d ' ') mig=$(cut -d, -f5 <<<"$line" | tr -d ' ')
+    info="nvidia-smi: driver $(cut -d, -f3 <<<"$line" | tr -d ' '), CUDA $cudav, GPU $DEVICE compute mode $mode, MIG $mig"
+    case $mode in
+      Default) ;;
+      *) verdict=FAIL why="$info: kvnoded refuses HBM on a GPU in $mode mode"; return ;;
+    esac
+    [[ $mig == Enabled ]] && { verdict=FAIL why="$info: MIG is enabled on GPU $DEVICE"; return; }
+  fi
+  if ! gc preflight preflight; then
+    verdict=FAIL why="$res${info:+ ($info)}"; return
+  fi
+  grep -E '^(versions|device) ' "$dir/preflight.out" | sed 's/^/    /'
+  verdict=PASS why="$res${info:+; $info}"
+}
+
+b_identity() {
+  local want got parts=() doc
+  doc=$(stats) || { verdict=FAIL why="kvnodectl stats failed"; return; }
+  local nh
+  nh=$(jq '.tiers.hbm | length' <<<"$doc")
+  got=$(jq -r '.tiers.hbm[0].pci_bus_id // ""' <<<"$doc")
+  ((nh == 1)) || { verdict=FAIL why="/stats tiers.hbm has $nh entries, expected 1 (hbm.devices=$DEVICE)"; return; }
+  if [[ $sim == 1 ]]; then
+    IFS=, read -r -a fdevs <<<"$FAKECUDA_DEVICES"
+    want=${fdevs[$DEVICE]}
+  else
+    want=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i "$DEVICE" | tr -d ' ')
+  fi
+  [[ $(busnorm "$got") == "$(busnorm "$want")" ]] ||
+    { verdict=FAIL why="the daemon's HBM device has bus id '$got', nvidia-smi's GPU $DEVICE is '$want'"; return; }
+  parts+=("bus id $got = $want")
+
+  # Clients numbering the GPUs otherwise.
+  local others=() uuid_hbm="" i
+  if [[ $sim == 1 ]]; then
+    for i in "${!fdevs[@]}"; do [[ $i != "$DEVICE" ]] && others+=("$i"); done
+    uuid_hbm=$DEVICE
+  else
+    mapfile -t idx < <(nvidia-smi --query-gpu=index --format=csv,noheader | tr -d ' ')
+    for i in "${idx[@]}"; do [[ $i != "$DEVICE" ]] && others+=("$i"); done
+    uuid_hbm=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$DEVICE" | tr -d ' ')
+  fi
+  # The client's bus id is spelled as nvidia-smi does under --sim.
+  if ! CUDA_VISIBLE_DEVICES=$uuid_hbm FAKECUDA_BUSID_FORMAT=nvsmi GC_DEVICE=0 gc identity-a identity --expect hbm; then
+    verdict=FAIL why="CUDA_VISIBLE_DEVICES=$uuid_hbm: $res"; return
+  fi
+  parts+=("CUDA_VISIBLE_DEVICES=$uuid_hbm device 0 lent HBM")
+  if ((${#others[@]})); then
+    local o=${others[0]} ouid=${others[0]}
+    [[ $sim == 0 ]] && ouid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$o" | tr -d ' ')
+    if ! CUDA_VISIBLE_DEVICES=$ouid GC_DEVICE=0 gc identity-b identity --expect none; then
+      verdict=FAIL why="CUDA_VISIBLE_DEVICES=$ouid (a GPU kvnoded does not serve): $res"; return
+    fi
+    parts+=("CUDA_VISIBLE_DEVICES=$ouid device 0 none")
+  else
+    parts+=("one GPU: no unserved GPU to try")
+  fi
+
+  # Contexts of kvnoded.
+  if [[ $sim == 1 ]]; then
+    local ctx=() f
+    for f in "$FAKECUDA_DIR"/ctx-*-"$dpid"; do [[ -e $f ]] && ctx+=("${f##*/}"); done
+    [[ ${#ctx[@]} == 1 && ${ctx[0]} == "ctx-$DEVICE-$dpid" ]] ||
+      { verdict=FAIL why="kvnoded (pid $dpid) has contexts: ${ctx[*]:-none} (want only ctx-$DEVICE-$dpid)"; return; }
+    parts+=("kvnoded context only on device $DEVICE")
+  else
+    local apps bad=""
+    apps=$(nvidia-smi --query-compute-apps=pid,gpu_bus_id --format=csv,noheader 2>/dev/null | tr -d ' ')
+    if ! grep -q "^$dpid," <<<"$apps"; then
+      parts+=("context check not possible: nvidia-smi does not list kvnoded's pid $dpid (PID namespace?)")
+    else
+      while IFS=, read -r p b; do
+        [[ $p == "$dpid" && $(busnorm "$b") != "$(busnorm "$want")" ]] && bad+=" $b"
+      done <<<"$apps"
+      [[ -z $bad ]] || { verdict=FAIL why="kvnoded has a context on GPU(s)$bad, which it does not serve"; return; }
+      parts+=("kvnoded's only context is on $want")
     fi
   fi
-  sleep 0.05
-done
-[[ $ready == 1 ]] || die "kvnoded not ready within ${READY_TIMEOUT}s (socket $sock, admin $admin)"
-took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
-stats "$dir/stats-ready.json"
-mapfile -t v < <(jvals "$dir/stats-ready.json" tiers.host.pin_state tiers.host.pinned_bytes \
-                 tiers.host.capacity_bytes)
-say "kvnoded ready after $took s; host arena pinning: ${v[0]}, ${v[1]} of ${v[2]} bytes pinned so far"
-if [[ $have_curl == 1 ]]; then
-  curl -sf --max-time 5 --unix-socket "$admin" http://kvnode/stats >"$dir/admin-stats.json" ||
-    die "admin /stats over $admin failed"
-  [[ $(jget "$dir/admin-stats.json" tiers.hbm.0.capacity_bytes) != null ]] ||
-    die "admin /stats has no tiers.hbm"
-fi
+  local IFS=';'
+  verdict=PASS why="${parts[*]}"
+}
 
-# --- the second process ----------------------------------------------------------
-gargs=(--socket "$sock" --device "$DEVICE" --blocks "$BLOCKS" --block-bytes "$BLOCK_BYTES"
-       --iters "$ITERS")
-genv=()
-if [[ $sim == 1 ]]; then
-  gargs+=(--sim)
+b_batch() { if gc batch batch; then verdict=PASS; else verdict=FAIL; fi; why=$res; }
+
+b_completion() {
+  if gc completion completion --seconds "$RACE_SECONDS"; then verdict=PASS; else verdict=FAIL; fi
+  why=$res
+}
+
+b_store() {
+  gc store-put store-put || { verdict=FAIL why="before the restart: $res"; return; }
+  stop_daemon || { verdict=FAIL; return; }
+  start_daemon || { verdict=FAIL why="restart on the store: $why"; return; }
+  gc store-verify store-verify || { verdict=FAIL why="after the restart: $res"; return; }
+  verdict=PASS why=$res
+}
+
+b_restart() {
+  local m_base m_before t0 cpid st=0
+  rm -f "$dir/sync/restart."*
+  m_before=$(gpu_mem_used)
+  "$checker" restart --socket "$sock" --device "$DEVICE" --blocks "$BLOCKS" --block-bytes "$BLOCK_BYTES" \
+    --salt "$salt" --sync "$dir/sync" --timeout "$TIMEOUT" >"$dir/restart.out" 2>&1 &
+  cpid=$!
+  t0=$SECONDS
+  while [[ ! -e $dir/sync/restart.ready ]]; do
+    kill -0 "$cpid" 2>/dev/null || break
+    ((SECONDS - t0 < TIMEOUT)) || break
+    sleep 0.05
+  done
+  if [[ ! -e $dir/sync/restart.ready ]]; then
+    kill "$cpid" 2>/dev/null || true; wait "$cpid" 2>/dev/null || true
+    verdict=FAIL why="the client did not take its leases: $(grep -m1 '^RESULT' "$dir/restart.out" || tail -n 1 "$dir/restart.out")"
+    return
+  fi
+  if ! stop_daemon; then
+    touch "$dir/sync/restart.go"; wait "$cpid" || true
+    verdict=FAIL why="stopping under a live client: $why"; return
+  fi
+  local stop_took=$stop_secs
+  if ! start_daemon; then
+    touch "$dir/sync/restart.go"; wait "$cpid" || true
+    verdict=FAIL why="the new daemon did not start while the old client lived: $why"; return
+  fi
+  touch "$dir/sync/restart.go"
+  wait "$cpid" || st=$?
+  res=$(grep -m1 '^RESULT ' "$dir/restart.out" | sed -E 's/^RESULT [A-Z]+: //' || true)
+  ((st == 0)) || { verdict=FAIL why="${res:-the client failed (status $st)}"; return; }
+  if ! mem_settles_at "$m_before" "$mem_tol"; then
+    verdict=FAIL why="GPU memory in use $mem_now bytes after the restart, $m_before before it"; return
+  fi
+  # Without any daemon: back to the baseline taken before the first start.
+  stop_daemon || { verdict=FAIL; return; }
+  m_base_ok=1
+  mem_settles_at "$mem_baseline" "$mem_tol" || m_base_ok=0
+  m_base=$mem_now
+  start_daemon || { verdict=FAIL why="restart for the next behaviours: $why"; return; }
+  ((m_base_ok)) || { verdict=FAIL why="with no daemon running, $m_base bytes of GPU memory in use, $mem_baseline before the first start"; return; }
+  verdict=PASS why="$res; stopped in ${stop_took}s under the client; GPU memory $m_before bytes before and after, $m_base with no daemon (baseline $mem_baseline)"
+}
+
+b_death() { if gc death death; then verdict=PASS; else verdict=FAIL; fi; why=$res; }
+b_reader_pin() { if gc reader-pin reader-pin; then verdict=PASS; else verdict=FAIL; fi; why=$res; }
+b_churn() {
+  if gc churn churn --procs 4 --connects 50; then verdict=PASS; else verdict=FAIL; fi
+  why=$res
+}
+
+b_pidns() {
+  local how=() desc=""
+  if unshare --user --pid --fork --map-root-user true 2>/dev/null; then
+    how=(unshare --user --pid --fork --map-root-user) desc="unshare --user --pid"
+  fi
+  if [[ $sim == 1 ]]; then
+    desc="${desc:+$desc + }FAKECUDA_PIDNS=other"
+  elif ((${#how[@]} == 0)); then
+    verdict=SKIP why="unshare --user --pid --fork --map-root-user is not permitted here: $(unshare --user --pid --fork --map-root-user true 2>&1 | head -n 1)"
+    return
+  fi
+  local st=0
+  FAKECUDA_PIDNS=other timeout -k 5 "$TIMEOUT" "${how[@]}" "$checker" pidns --socket "$sock" \
+    --device "$DEVICE" --blocks "$BLOCKS" --block-bytes "$BLOCK_BYTES" --salt "$salt" \
+    >"$dir/pidns.out" 2>&1 || st=$?
+  res=$(grep -m1 '^RESULT ' "$dir/pidns.out" | sed -E 's/^RESULT [A-Z]+: //' || true)
+  [[ -n $res ]] || res="no verdict (status $st): $(tail -n 1 "$dir/pidns.out")"
+  if ((st == 0)); then verdict=PASS why="$desc: $res"; else verdict=FAIL why="$desc: $res"; fi
+}
+
+b_demotion() {
+  # A daemon whose pin chunk (3 slabs and a half) is not a multiple of the
+  # slab, with a host arena large enough that pinning outlasts the start.
+  local slab=2MiB chunk=7MiB host=$HOST_BYTES
+  [[ $sim == 0 ]] && slab=16MiB chunk=56MiB host=${DEMOTION_HOST_BYTES:-32GiB}
+  stop_daemon || { verdict=FAIL; return; }
+  if ! FAKECUDA_REGISTER_DELAY_MS=${FAKECUDA_REGISTER_DELAY_MS:-50} start_daemon \
+        --set "memory.slab_bytes=$slab" --set "memory.pin_chunk_bytes=$chunk" \
+        --set "memory.host_bytes=$host" --set hbm.copy_batch_bytes=1MiB; then
+    verdict=FAIL why="start with slab $slab, pin chunk $chunk: $why"; return
+  fi
+  if gc demotion demotion; then verdict=PASS; else verdict=FAIL; fi
+  why="slab $slab, pin chunk $chunk: $res"
+}
+
+# --- run ---------------------------------------------------------------------------
+say "$([[ $sim == 1 ]] && echo "sim: hbm.backend=cuda against the strict fake CUDA ($fakelib), FAKECUDA_DIR=$FAKECUDA_DIR" || echo "GPU $DEVICE")"
+t_all=$SECONDS
+npass=0 nfail=0 nskip=0
+table=()
+report() {   # report NAME: one table line (and on FAIL what the checker and daemon said)
+  local name=$1 line
+  line=$(printf '%-4s  %-11s  %s' "$verdict" "$name" "$why")
+  echo "$line"
+  table+=("$line")
+  case $verdict in
+    PASS) npass=$((npass + 1)) ;;
+    SKIP) nskip=$((nskip + 1)) ;;
+    *) nfail=$((nfail + 1))
+       for f in "$dir/$name"*.out; do
+         [[ -s $f ]] && grep -v '^RESULT' "$f" | tail -n 8 | sed "s|^|      ${f##*/}: |"
+       done
+       [[ -n $dlog && -s $dlog ]] && grep -iE 'error|warn|fail' "$dlog" | tail -n 8 | sed 's/^/      kvnoded: /' ;;
+  esac
+  return 0
+}
+
+mem_baseline=""
+daemon_up=0
+if [[ $sim == 1 && $fake_ok == 0 ]]; then
+  for b in "${selected[@]}"; do
+    verdict=FAIL why="the strict fake CUDA library is not built ($fakelib/libcudart.so, libcuda.so.1)"
+    report "$b"
+  done
 else
-  # libkvnode finds the CUDA runtime at run time (dlopen libcudart.so*).
-  genv=(env "LD_LIBRARY_PATH=$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
-fi
-say "running ${genv[*]:+${genv[*]} }$checker ${gargs[*]}"
-set +e
-"${genv[@]}" "$checker" "${gargs[@]}" 2>&1 | tee "$dir/gpu-check.out"
-st=${PIPESTATUS[0]}
-set -e
-((st == 0)) || die "kvnode-gpu-check failed (status $st): $(grep -m1 'FAIL' "$dir/gpu-check.out" || tail -n 1 "$dir/gpu-check.out")"
-kill -0 "$pid" 2>/dev/null || die "kvnoded died while the checker ran"
-
-# --- what the daemon says ----------------------------------------------------------
-stats "$dir/stats.json"
-s=$dir/stats.json
-mapfile -t v < <(jvals "$s" tiers.hbm.0.device tiers.hbm.0.lent_by tiers.hbm.1.device \
-                 tiers.hbm.1.lent_by tiers.hbm.2.device demotions.bytes_total \
-                 demotions.failed_total demotions.batches_total)
-want_lent=cuda_ipc want_n=1
-[[ $sim == 1 ]] && want_lent=fd want_n=2
-nhbm=0 found=0
-for i in 0 1 2; do
-  [[ ${v[2 * i]} == null ]] && break
-  nhbm=$((nhbm + 1))
-  [[ ${v[2 * i]} == "$DEVICE" ]] && found=1
-  ((i < 2)) && [[ ${v[2 * i + 1]} != "$want_lent" ]] &&
-    die "/stats tiers.hbm[$i] is lent by '${v[2 * i + 1]}', expected '$want_lent'"
-done
-((nhbm == want_n)) || die "/stats tiers.hbm has $nhbm device(s), expected $want_n"
-((found)) || die "/stats tiers.hbm has no entry for device $DEVICE"
-dem_bytes=${v[5]} dem_failed=${v[6]}
-[[ $dem_bytes =~ ^[0-9]+$ && $dem_bytes -gt 0 ]] || die "/stats demotions.bytes_total is '$dem_bytes': nothing was demoted"
-[[ $dem_failed == 0 ]] || die "/stats demotions.failed_total is $dem_failed"
-say "/stats: tiers.hbm has $nhbm device(s) lent by $want_lent (device $DEVICE among them); $dem_bytes bytes demoted in ${v[7]} batches, none failed"
-mapfile -t v < <(jvals "$s" persist.backend persist.state persist.written_blocks_total \
-                 tiers.hbm.0.used_bytes tiers.hbm.0.capacity_bytes demotions.high_watermark)
-if [[ $store == 1 ]]; then
-  [[ ${v[0]} == file ]] || die "/stats persist.backend is '${v[0]}', expected 'file' (--store)"
-  [[ ${v[1]} == ok ]] || die "/stats persist.state is '${v[1]}', expected 'ok'"
-  [[ ${v[2]} =~ ^[0-9]+$ && ${v[2]} -gt 0 ]] || die "/stats persist.written_blocks_total is '${v[2]}': nothing was written"
-  say "/stats: the file store is ok, ${v[2]} blocks written; HBM ${v[3]} of ${v[4]} bytes used (high watermark ${v[5]})"
+  [[ " ${selected[*]} " == *" restart "* ]] && mem_baseline=$(gpu_mem_used)
+  for b in "${selected[@]}"; do
+    verdict=FAIL why="" res=""
+    if [[ $b != preflight && $daemon_up == 0 ]]; then
+      if start_daemon; then
+        daemon_up=1
+      else
+        why="kvnoded (hbm.backend=cuda, hbm.devices=$DEVICE, hbm.required=on) did not start: $why"
+        report "$b"
+        continue
+      fi
+    fi
+    "b_${b//-/_}"
+    v=$(new_violations)
+    if [[ -n $v ]]; then
+      verdict=FAIL why="the fake CUDA recorded violations: $(head -n 3 <<<"$v" | tr '\n' ' ')${why:+ (behaviour: $why)}"
+    fi
+    if [[ $b != preflight && ( -z $dpid || $(kill -0 "$dpid" 2>/dev/null && echo up) != up ) ]]; then
+      [[ $verdict == FAIL ]] || { verdict=FAIL why="kvnoded died: $(tail -n 1 "$dlog")"; }
+      daemon_up=0 dpid=""
+    fi
+    report "$b"
+  done
+  if [[ -n $dpid ]]; then
+    stop_daemon || { verdict=FAIL; report stop; }
+  fi
 fi
 
-# The host arena: pinned in the background, eventually whole.
-deadline=$((SECONDS + PIN_TIMEOUT))
-while :; do
-  stats "$dir/stats-pin.json"
-  mapfile -t v < <(jvals "$dir/stats-pin.json" tiers.host.pin_state tiers.host.pinned \
-                   tiers.host.pinned_bytes tiers.host.capacity_bytes tiers.host.pin_error)
-  [[ ${v[0]} == failed ]] && die "host arena pinning failed: ${v[4]}"
-  [[ ${v[0]} == "done" && ${v[1]} == true ]] && break
-  ((SECONDS < deadline)) ||
-    die "host arena not pinned within ${PIN_TIMEOUT}s (pin_state ${v[0]}, ${v[2]} of ${v[3]} bytes)"
-  sleep 0.2
-done
-[[ ${v[2]} == "${v[3]}" ]] || die "pin_state done but pinned_bytes ${v[2]} != host capacity ${v[3]}"
-say "host arena pinned: ${v[2]} bytes (pin_state done)"
-
-# --- stop ---------------------------------------------------------------------------
-kill -TERM "$pid"
-deadline=$((SECONDS + STOP_TIMEOUT))
-while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.05; done
-kill -0 "$pid" 2>/dev/null && die "kvnoded still running ${STOP_TIMEOUT}s after SIGTERM"
-st=0; wait "$pid" || st=$?; pid=
-((st == 0)) || die "kvnoded exited with status $st after SIGTERM (expected 0)"
-say "kvnoded stopped on SIGTERM with status 0"
-
-if [[ $suite == 1 ]]; then
-  say "running the suite and the benchmark on this build: make ${make_args[*]} check bench"
-  make "${make_args[@]}" check
-  make "${make_args[@]}" bench
-fi
-say "PASS ($([[ $sim == 1 ]] && echo "sim dry run: no GPU was used" || echo "CUDA device $DEVICE"), $store_desc)"
+echo
+say "summary ($([[ $sim == 1 ]] && echo "--sim, strict fake CUDA" || echo "GPU $DEVICE"), $((SECONDS - t_all)) s):"
+printf '  %s\n' "${table[@]}"
+say "$npass passed, $nfail failed, $nskip skipped"
+((nfail == 0))

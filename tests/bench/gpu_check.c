@@ -1,216 +1,104 @@
-/* kvnode-gpu-check: the HBM tier seen from a second process, as an engine
- * sees it (run by scripts/gpu-check.sh against a kvnoded it started; not part
- * of `make bench`).
+/* kvnode-gpu-check: one behaviour of the GPU path per run, seen from an
+ * engine process (scripts/gpu-check.sh starts the daemons and runs each).
  *
- * Connects with kvnode_connect_device (the engine's CUDA device) and checks:
- *   (a) a put of --blocks blocks to KVNODE_TIER_HBM lands in the GPU memory
- *       of that device; each block gets a per-key pattern, written through
- *       cudaMemcpy from a host staging buffer;
- *   (b) get_begin returns them byte-exact (cudaMemcpy device -> host, then
- *       compare), and so does a second connection, which opens the lent
- *       arena afresh (and again after the first connection closed);
- *   (c) bandwidth, each next to a peak measured in the same run:
- *       - device-to-device reads of the leased blocks out of the lent arena
- *         (cudaMemcpyAsync into a cudaMalloc scratch buffer, timed with
- *         events) vs cudaMemcpy between two cudaMalloc buffers of that size;
- *       - host-to-device copies out of the pinned host arena (host-tier
- *         blocks, kvnode_pin_host) vs cudaMemcpy from cudaMallocHost memory;
- *       - demotion: enough HBM puts to pass the high watermark, /stats
- *         polled until the demotions settle (and, with a store, every
- *         block pinned by its store write has been let go), HBM at or
- *         under the high watermark, demotions.bytes_total /
- *         copy_seconds_total vs a device-to-host cudaMemcpy into pinned
- *         memory; every block is verified again afterwards (demoted ones
- *         from host memory);
- *   (d) with a persistent store (persist.backend not off, as
- *       `gpu-check.sh --store` runs it): under write_through every block
- *       put (HBM blocks through a device copy) is written, and no write
- *       failed;
- *   (e) with a write_through store, when the HBM arena held none but ours
- *       at the start: ours deleted, one put takes the arena past its high
- *       watermark; every block is pinned by its write, so the demotion pass
- *       the put starts finds nothing to move, and once the writes land
- *       demotion must bring the arena down to its low watermark with no
- *       further request (issue 13 defect 6).
+ *   kvnode-gpu-check BEHAVIOUR --socket PATH [options]
  *
- * --sim: the daemon simulates its GPUs (hbm.backend=sim, host memory lent
- * as a mapped memfd): no CUDA call is made here, HBM locations are host
- * mappings, every copy is memcpy and the "peaks" are memcpy of the same
- * sizes. Those figures say nothing about a GPU and are labelled so.
+ * It links libkvnode.so as an engine does and loads the CUDA runtime with
+ * dlopen (gpu_check_cuda.c), so libkvnode's own run-time lookup finds that
+ * same runtime: the path a real engine takes. No CUDA toolkit is needed to
+ * build it; under `gpu-check.sh --sim` the runtime it finds is the strict
+ * fake (tests/fakecuda) through LD_LIBRARY_PATH.
  *
- * Prints `gpu-check: PASS`, or `gpu-check: FAIL: <why>` and exits 1 (2 for
- * usage errors). */
+ * Every block written carries its key and a generation in its first two
+ * words and a pattern derived from both in the rest, so a read can tell a
+ * block that is whole from one torn or taken from another key. Device
+ * memory is read back on a fresh non-blocking stream (which waits for
+ * nothing), so a copy libkvnode left running is seen as wrong bytes.
+ *
+ * Output: detail lines, then one line `RESULT PASS|FAIL|SKIP: <summary>`.
+ * Exit status 0 PASS, 1 FAIL, 77 SKIP, 2 usage. Figures are printed, never
+ * asserted. */
+#include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
+#include "gpu_check_cuda.h"
 #include "kvnode.h"
 
-#ifdef KVNODE_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+extern char **environ;
 
-#define PROG         "gpu-check"
-#define CHUNK        64u            /* keys per put_begin / get_begin */
-#define BLOCK_TOKENS 16u
-#define MAX_ALLOCS   64
+#define CHUNK 32u   /* keys per put_begin */
 
 static struct {
-    const char *socket;
+    const char *behaviour, *socket, *sync, *expect, *self;
     int device;
-    bool sim;
     size_t blocks;
     uint64_t bb;
-    unsigned iters;
-    unsigned settle_s;
-} opt = { .device = 0, .blocks = 64, .bb = 256 * 1024, .iters = 8, .settle_s = 60 };
-
-/* Everything allocated, so that the end (or a failure) frees it and leak
- * checkers see no loss. */
-enum { MEM_HOST, MEM_PINNED, MEM_DEV };
-static struct {
-    kvnode_client *c1, *c2, *obs;
-    struct { void *p; int kind; } alloc[MAX_ALLOCS];
-    unsigned nalloc;
-    uint8_t *stage, *expect;      /* one block each (pinned with CUDA) */
+    unsigned seconds, connects, procs, timeout_s;
     uint64_t salt;
-} g;
+} opt = { .device = 0, .blocks = 16, .bb = 256 * 1024, .seconds = 20, .connects = 50,
+          .procs = 4, .timeout_s = 60 };
 
-static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* --- results ------------------------------------------------------------- */
 
-static void fail(const char *fmt, ...)
+enum { R_PASS = 0, R_FAIL = 1, R_SKIP = 77 };
+
+static void result(int kind, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+static void result(int kind, const char *fmt, ...)
 {
     va_list ap;
 
     fflush(stdout);
-    fprintf(stdout, PROG ": FAIL: ");
+    printf("RESULT %s: ", kind == R_PASS ? "PASS" : kind == R_SKIP ? "SKIP" : "FAIL");
     va_start(ap, fmt);
-    vfprintf(stdout, fmt, ap);
+    vprintf(fmt, ap);
     va_end(ap);
-    fprintf(stdout, "\n");
+    printf("\n");
     fflush(stdout);
-    exit(1);
+    _exit(kind);
+}
+#define FAIL(...) result(R_FAIL, __VA_ARGS__)
+
+static void info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void info(const char *fmt, ...)
+{
+    va_list ap;
+
+    printf("  ");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
 }
 
-static void lib_ok(kvnode_client *c, int rc, const char *what)
+static void cu(int err, const char *what)
+{
+    if (err != GC_SUCCESS)
+        FAIL("%s: %s", what, gc_err(err));
+}
+
+static void kv(kvnode_client *c, int rc, const char *what)
 {
     if (rc != 0)
-        fail("%s: %s (%d): %s", what, kvnode_strerror(rc), rc, kvnode_last_error(c));
-}
-
-static const char *mode_label(void)
-{
-    return opt.sim ? "[sim/memcpy]" : "[GPU]";
-}
-
-/* --- CUDA or its stand-in ----------------------------------------------- */
-
-#ifdef KVNODE_HAVE_CUDA
-static void cuda_ok(cudaError_t err, const char *what)
-{
-    if (err != cudaSuccess)
-        fail("%s: %s (cudaError %d)", what, cudaGetErrorString(err), (int)err);
-}
-#endif
-
-static bool use_cuda(void)
-{
-#ifdef KVNODE_HAVE_CUDA
-    return !opt.sim;
-#else
-    return false;
-#endif
-}
-
-static void *mem_alloc(int kind, size_t n, const char *what)
-{
-    void *p = NULL;
-
-    if (g.nalloc == MAX_ALLOCS)
-        fail("internal: too many buffers");
-#ifdef KVNODE_HAVE_CUDA
-    if (use_cuda() && kind == MEM_DEV) {
-        cuda_ok(cudaMalloc(&p, n), what);
-        cuda_ok(cudaMemset(p, 0, n), what);
-    } else if (use_cuda() && kind == MEM_PINNED) {
-        cuda_ok(cudaMallocHost(&p, n), what);
-        memset(p, 0, n);
-    }
-#endif
-    if (!p) {
-        p = malloc(n);
-        if (!p)
-            fail("%s: out of memory (%zu bytes)", what, n);
-        memset(p, 0, n);      /* fault the pages in before anything is timed */
-        kind = MEM_HOST;
-    }
-    g.alloc[g.nalloc].p = p;
-    g.alloc[g.nalloc].kind = kind;
-    g.nalloc++;
-    return p;
-}
-
-static void mem_free_all(void)
-{
-    while (g.nalloc > 0) {
-        g.nalloc--;
-        void *p = g.alloc[g.nalloc].p;
-#ifdef KVNODE_HAVE_CUDA
-        if (g.alloc[g.nalloc].kind == MEM_DEV) {
-            (void)cudaFree(p);
-            continue;
-        }
-        if (g.alloc[g.nalloc].kind == MEM_PINNED) {
-            (void)cudaFreeHost(p);
-            continue;
-        }
-#endif
-        free(p);
-    }
-}
-
-/* A synchronous copy between any two of: device memory, host memory. */
-static void copy_sync(void *dst, const void *src, size_t n, const char *what)
-{
-#ifdef KVNODE_HAVE_CUDA
-    if (use_cuda()) {
-        cuda_ok(cudaMemcpy(dst, src, n, cudaMemcpyDefault), what);
-        return;
-    }
-#endif
-    (void)what;
-    memcpy(dst, src, n);
-}
-
-/* A block location the CPU may touch: host tier, or any tier in sim mode. */
-static bool loc_on_host(const kvnode_loc *l)
-{
-    return l->tier != KVNODE_TIER_HBM || opt.sim;
-}
-
-static void loc_write(const kvnode_loc *l, const void *src)
-{
-    if (loc_on_host(l))
-        memcpy(l->ptr, src, (size_t)opt.bb);
-    else
-        copy_sync(l->ptr, src, (size_t)opt.bb, "cudaMemcpy host -> HBM block");
-}
-
-static void loc_read(const kvnode_loc *l, void *dst)
-{
-    if (loc_on_host(l))
-        memcpy(dst, l->ptr, (size_t)opt.bb);
-    else
-        copy_sync(dst, l->ptr, (size_t)opt.bb, "cudaMemcpy HBM block -> host");
+        FAIL("%s: %s (%d): %s", what, kvnode_strerror(rc), rc, kvnode_last_error(c));
 }
 
 static double now_s(void)
@@ -220,88 +108,51 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Seconds taken by `iters` rounds of n copies of `each` bytes (src[i] ->
- * dst[i]) after one untimed round: on a non-blocking stream between two
- * events with CUDA, memcpy timed by the clock in sim mode. */
-static double time_copies(void *const *dst, const void *const *src, size_t n, size_t each,
-                          unsigned iters, const char *what)
+static void sleep_ms(unsigned ms)
 {
-#ifdef KVNODE_HAVE_CUDA
-    if (use_cuda()) {
-        cudaStream_t s;
-        cudaEvent_t e0, e1;
-        float ms = 0;
+    struct timespec ts = { .tv_sec = ms / 1000u, .tv_nsec = (long)(ms % 1000u) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
 
-        cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), what);
-        cuda_ok(cudaEventCreate(&e0), what);
-        cuda_ok(cudaEventCreate(&e1), what);
-        for (size_t i = 0; i < n; i++)
-            cuda_ok(cudaMemcpyAsync(dst[i], src[i], each, cudaMemcpyDefault, s), what);
-        cuda_ok(cudaStreamSynchronize(s), what);
-        cuda_ok(cudaEventRecord(e0, s), what);
-        for (unsigned it = 0; it < iters; it++)
-            for (size_t i = 0; i < n; i++)
-                cuda_ok(cudaMemcpyAsync(dst[i], src[i], each, cudaMemcpyDefault, s), what);
-        cuda_ok(cudaEventRecord(e1, s), what);
-        cuda_ok(cudaEventSynchronize(e1), what);
-        cuda_ok(cudaEventElapsedTime(&ms, e0, e1), what);
-        cuda_ok(cudaEventDestroy(e0), what);
-        cuda_ok(cudaEventDestroy(e1), what);
-        cuda_ok(cudaStreamDestroy(s), what);
-        return (double)ms / 1e3;
+static void *xcalloc(size_t n, size_t each)
+{
+    void *p = calloc(n ? n : 1, each);
+    if (!p)
+        FAIL("out of memory (%zu x %zu bytes)", n, each);
+    return p;
+}
+
+/* --- libkvnode's completion-contract calls -------------------------------- *
+ * Looked up at run time so the checker builds and says what is missing
+ * against a libkvnode without them. */
+static struct {
+    int (*put_commit_stream)(kvnode_client *, kvnode_lease, void *);
+    int (*get_end_stream)(kvnode_client *, kvnode_lease, void *);
+    int (*get_batch_stream)(kvnode_client *, const kvnode_key *, size_t, void *const *, unsigned,
+                            void *, size_t *);
+    int (*put_batch_stream)(kvnode_client *, const kvnode_key *, size_t, const void *const *,
+                            unsigned, void *);
+} ks;
+
+static void load_stream_calls(void)
+{
+    static const char *const names[] = { "kvnode_put_commit_stream", "kvnode_get_end_stream",
+                                         "kvnode_get_batch_stream", "kvnode_put_batch_stream" };
+    void *f[4];
+
+    for (int i = 0; i < 4; i++) {
+        f[i] = dlsym(RTLD_DEFAULT, names[i]);
+        if (!f[i])
+            FAIL("libkvnode lacks %s: the completion contract (stream-ordered commit, end and "
+                 "batch calls) is not in this build", names[i]);
     }
-#endif
-    (void)what;
-    for (size_t i = 0; i < n; i++)
-        memcpy(dst[i], src[i], each);
-    double t0 = now_s();
-    for (unsigned it = 0; it < iters; it++)
-        for (size_t i = 0; i < n; i++)
-            memcpy(dst[i], src[i], each);
-    return now_s() - t0;
+    memcpy(&ks.put_commit_stream, &f[0], sizeof f[0]);
+    memcpy(&ks.get_end_stream, &f[1], sizeof f[1]);
+    memcpy(&ks.get_batch_stream, &f[2], sizeof f[2]);
+    memcpy(&ks.put_batch_stream, &f[3], sizeof f[3]);
 }
 
-/* The peak for n blocks of `each` bytes between two plain buffers: with
- * CUDA one cudaMemcpy of all of it; in sim mode memcpy of the same blocks
- * (one huge memcpy takes glibc's non-temporal path, slower than the block
- * copies it would stand for). */
-static double time_peak(void *dst, const void *src, size_t n, size_t each, unsigned iters,
-                        const char *what)
-{
-    if (use_cuda()) {
-        void *d[1] = { dst };
-        const void *s[1] = { src };
-        return time_copies(d, s, 1, n * each, iters, what);
-    }
-    void **d = malloc(n * sizeof *d);
-    const void **s = malloc(n * sizeof *s);
-    if (!d || !s)
-        fail("out of memory");
-    for (size_t i = 0; i < n; i++) {
-        d[i] = (uint8_t *)dst + i * each;
-        s[i] = (const uint8_t *)src + i * each;
-    }
-    double t = time_copies(d, s, n, each, iters, what);
-    free(d);
-    free(s);
-    return t;
-}
-
-static double gbs(double bytes, double s)
-{
-    return s > 0 ? bytes / s / 1e9 : 0.0;
-}
-
-static void report(const char *name, double bytes, double s, const char *peak_name, double pbytes,
-                   double ps)
-{
-    double a = gbs(bytes, s), p = gbs(pbytes, ps);
-
-    printf("  %s %-40s %9.2f GB/s   peak %-34s %9.2f GB/s   %6.1f%% of peak\n", mode_label(),
-           name, a, peak_name, p, p > 0 ? 100.0 * a / p : 0.0);
-}
-
-/* --- blocks ------------------------------------------------------------- */
+/* --- blocks -------------------------------------------------------------- */
 
 static uint64_t mix64(uint64_t x)
 {
@@ -311,697 +162,1168 @@ static uint64_t mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-/* The bytes block `key` must hold (block_bytes is a multiple of 8). */
-static void pattern(void *dst, kvnode_key key)
+static void fill(void *dst, kvnode_key key, uint64_t gen)
 {
-    uint64_t s = mix64((uint64_t)key ^ 0x6b766e6f64656770ull), *w = dst;
-    for (size_t i = 0; i < (size_t)opt.bb / 8; i++)
+    uint64_t *w = dst, s = mix64((uint64_t)key ^ (gen * 0x632be59bd9b4e019ull));
+
+    w[0] = (uint64_t)key;
+    w[1] = gen;
+    for (size_t i = 2; i < opt.bb / 8; i++)
         w[i] = mix64(s + i);
 }
 
-static void verify(const void *got, kvnode_key key, const char *what, size_t idx, const kvnode_loc *l)
+/* -1 when buf is block `key` whole (of generation gen, or any generation
+ * when gen is UINT64_MAX), else the byte offset of the first wrong word. */
+static long check(const void *buf, kvnode_key key, uint64_t gen)
 {
-    pattern(g.expect, key);
-    if (memcmp(got, g.expect, (size_t)opt.bb) == 0)
-        return;
-    const uint8_t *a = got;
-    size_t off = 0;
-    while (off < opt.bb && a[off] == g.expect[off])
-        off++;
-    fail("%s: block %zu (key %" PRId64 ", %s, device %d) differs from what was written at byte "
-         "%zu of %" PRIu64 " (read 0x%02x, wrote 0x%02x)", what, idx, (int64_t)key,
-         l->tier == KVNODE_TIER_HBM ? "HBM" : "host", l->device, off, opt.bb, a[off],
-         g.expect[off]);
+    const uint64_t *w = buf;
+
+    if (w[0] != (uint64_t)key)
+        return 0;
+    if (gen != UINT64_MAX && w[1] != gen)
+        return 8;
+    uint64_t s = mix64((uint64_t)key ^ (w[1] * 0x632be59bd9b4e019ull));
+    for (size_t i = 2; i < opt.bb / 8; i++)
+        if (w[i] != mix64(s + i))
+            return (long)(i * 8);
+    return -1;
 }
 
-/* A chain of n keys, as an engine would hash its tokens; `phase` and the
- * run's salt keep chains of different phases and runs apart. */
 static kvnode_key *make_keys(size_t n, uint64_t phase)
 {
-    size_t nt = n * BLOCK_TOKENS;
-    int64_t *tokens = malloc(nt * sizeof *tokens);
-    kvnode_key *keys = mem_alloc(MEM_HOST, n * sizeof *keys, "keys");
-
-    if (!tokens)
-        fail("out of memory for %zu tokens", nt);
-    for (size_t i = 0; i < nt; i++)
-        tokens[i] = (int64_t)(mix64(g.salt ^ (phase << 48) ^ i) % 150000u);
-    size_t got = kvnode_hash_tokens(tokens, nt, BLOCK_TOKENS, keys, n);
-    free(tokens);
-    if (got != n)
-        fail("kvnode_hash_tokens gave %zu keys for %zu blocks", got, n);
-    return keys;
+    kvnode_key *k = xcalloc(n, sizeof *k);
+    for (size_t i = 0; i < n; i++)
+        k[i] = (kvnode_key)(mix64(opt.salt ^ (phase << 40) ^ i) >> 1);
+    return k;
 }
 
-struct landed { size_t hbm, host; };
+/* --- CUDA helpers ---------------------------------------------------------- */
 
-/* Put keys[0..n) to `tier`, per_put keys per put_begin, each block filled
- * with its pattern, and commit. */
-static struct landed put_blocks_by(kvnode_client *c, const kvnode_key *keys, size_t n, int tier,
-                                   size_t per_put, const char *what)
+static void cuda_setup(void)
 {
-    struct landed out = { 0, 0 };
-    kvnode_loc *locs = calloc(per_put, sizeof *locs);
+    char why[256];
 
-    if (!locs)
-        fail("out of memory");
-    for (size_t i = 0; i < n; i += per_put) {
-        size_t m = n - i < per_put ? n - i : per_put;
-        kvnode_lease lease = 0;
-
-        lib_ok(c, kvnode_put_begin(c, keys + i, m, tier, &lease, locs), "kvnode_put_begin");
-        for (size_t j = 0; j < m; j++) {
-            const kvnode_loc *l = &locs[j];
-
-            if (!l->ptr)
-                fail("%s: block %zu (key %" PRId64 ") is already stored: a fresh chain was expected",
-                     what, i + j, (int64_t)keys[i + j]);
-            if (l->tier == KVNODE_TIER_HBM) {
-                if (l->device != opt.device)
-                    fail("%s: block %zu landed in HBM of device %d, not of the declared device %d",
-                         what, i + j, l->device, opt.device);
-                out.hbm++;
-            } else if (l->tier == KVNODE_TIER_HOST) {
-                out.host++;
-            } else {
-                fail("%s: block %zu has tier %d", what, i + j, l->tier);
-            }
-            pattern(g.stage, keys[i + j]);
-            loc_write(l, g.stage);
-        }
-        lib_ok(c, kvnode_put_commit(c, lease), "kvnode_put_commit");
-    }
-    free(locs);
-    return out;
+    if (gc_cuda_load(why, sizeof why) < 0)
+        FAIL("%s", why);
+    cu(gc.set_device(opt.device), "cudaSetDevice");
+    cu(gc.free_(NULL), "cudaFree(NULL) (context creation)");
 }
 
-static struct landed put_blocks(kvnode_client *c, const kvnode_key *keys, size_t n, int tier,
-                                const char *what)
+/* Device memory for n blocks, zeroed (and the zeroes landed). */
+static uint8_t *dev_blocks(size_t n)
 {
-    return put_blocks_by(c, keys, n, tier, CHUNK, what);
+    void *p = NULL;
+    cu(gc.malloc_(&p, n * opt.bb), "cudaMalloc");
+    cu(gc.memset_(p, 0, n * opt.bb), "cudaMemset");
+    cu(gc.device_sync(), "cudaDeviceSynchronize");
+    return p;
 }
 
-/* Read leases over keys[0..n): locs[i] for each key, leases[k] per chunk. */
-static size_t get_all(kvnode_client *c, const kvnode_key *keys, size_t n, kvnode_loc *locs,
-                      kvnode_lease *leases, const char *what)
+static void *stream_new(void)
 {
-    size_t nl = 0;
-
-    for (size_t i = 0; i < n; i += CHUNK) {
-        size_t m = n - i < CHUNK ? n - i : CHUNK, got = 0;
-
-        lib_ok(c, kvnode_get_begin(c, keys + i, m, &leases[nl], locs + i, &got),
-               "kvnode_get_begin");
-        nl++;
-        if (got != m)
-            fail("%s: only %zu of the %zu blocks %zu.. are stored (key %" PRId64 " is missing)",
-                 what, got, m, i, (int64_t)keys[i + got]);
-    }
-    return nl;
+    void *s = NULL;
+    cu(gc.stream_create(&s, GC_STREAM_NON_BLOCKING), "cudaStreamCreateWithFlags(NonBlocking)");
+    return s;
 }
 
-static void end_all(kvnode_client *c, const kvnode_lease *leases, size_t nl)
+/* Copy len device bytes to host on a fresh non-blocking stream: it waits
+ * for no other stream, so it sees only copies that have completed. */
+static void dev_read(void *host, const void *dptr, size_t len)
 {
-    for (size_t k = 0; k < nl; k++)
-        lib_ok(c, kvnode_get_end(c, leases[k]), "kvnode_get_end");
+    void *s = stream_new();
+    cu(gc.memcpy_async(host, dptr, len, GC_D2H, s), "cudaMemcpyAsync D2H (fresh stream)");
+    cu(gc.stream_sync(s), "cudaStreamSynchronize (fresh stream)");
+    cu(gc.stream_destroy(s), "cudaStreamDestroy");
 }
 
-/* Verify every located block; returns how many are in HBM. */
-static size_t verify_locs(const kvnode_key *keys, const kvnode_loc *locs, size_t n, const char *what)
+/* Fill device blocks keys[0..n) (generation gen) at d, completely. */
+static void dev_fill(uint8_t *d, const kvnode_key *keys, size_t n, uint64_t gen)
 {
-    size_t hbm = 0;
+    uint8_t *h = xcalloc(n, opt.bb);
+    for (size_t i = 0; i < n; i++)
+        fill(h + i * opt.bb, keys[i], gen);
+    cu(gc.memcpy_(d, h, n * opt.bb, GC_H2D), "cudaMemcpy H2D");
+    cu(gc.device_sync(), "cudaDeviceSynchronize");
+    free(h);
+}
 
+/* Verify device blocks at d against keys[0..n) / gen; what names the read. */
+static void dev_verify(const uint8_t *d, const kvnode_key *keys, size_t n, uint64_t gen,
+                       const char *what)
+{
+    uint8_t *h = xcalloc(n, opt.bb);
+    dev_read(h, d, n * opt.bb);
     for (size_t i = 0; i < n; i++) {
-        if (locs[i].tier == KVNODE_TIER_HBM) {
-            if (locs[i].device != opt.device)
-                fail("%s: block %zu is in HBM of device %d, not %d", what, i, locs[i].device,
-                     opt.device);
-            hbm++;
-        }
-        loc_read(&locs[i], g.stage);
-        verify(g.stage, keys[i], what, i, &locs[i]);
+        long off = check(h + i * opt.bb, keys[i], gen);
+        if (off >= 0)
+            FAIL("%s: block %zu of %zu (key %" PRId64 ") is not what was written: first wrong "
+                 "word at byte %ld (%s)", what, i, n, (int64_t)keys[i], off,
+                 off == 0 ? "another key's block, or nothing" : "torn or stale");
     }
-    return hbm;
+    free(h);
 }
 
-/* get_begin + verify + get_end over keys[0..n); returns how many were in HBM. */
-static size_t verify_keys(kvnode_client *c, const kvnode_key *keys, size_t n, const char *what)
+static void **ptrs(uint8_t *base, size_t n)
 {
-    kvnode_loc *locs = calloc(n, sizeof *locs);
-    kvnode_lease *leases = calloc(n / CHUNK + 1, sizeof *leases);
-
-    if (!locs || !leases)
-        fail("out of memory");
-    size_t nl = get_all(c, keys, n, locs, leases, what);
-    size_t hbm = verify_locs(keys, locs, n, what);
-    end_all(c, leases, nl);
-    free(locs);
-    free(leases);
-    return hbm;
+    void **p = xcalloc(n, sizeof *p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = base + i * opt.bb;
+    return p;
 }
 
-/* Verify a device (or, in sim mode, host) buffer holding keys[0..n) in order. */
-static void verify_scratch(const uint8_t *buf, const kvnode_key *keys, size_t n, const char *what)
+/* --- the daemon ------------------------------------------------------------ */
+
+static kvnode_client *connect_engine(int device, unsigned flags)
 {
-    kvnode_loc l = { .tier = use_cuda() ? KVNODE_TIER_HBM : KVNODE_TIER_HOST, .device = opt.device };
+    kvnode_layout l = {
+        .model = "kvnode-gpu-check", .dtype = "bf16", .block_tokens = 16, .block_bytes = opt.bb,
+        .num_layers = 1, .kv_heads = 1, .head_dim = 128, .tp_size = 1, .tp_rank = 0,
+    };
+    kvnode_client *c = NULL;
+    int rc = kvnode_connect_flags(opt.socket, &l, device, flags, &c);
 
-    for (size_t i = 0; i < n; i++) {
-        l.ptr = (void *)(uintptr_t)(buf + i * opt.bb);
-        loc_read(&l, g.stage);
-        verify(g.stage, keys[i], what, i, &l);
-    }
+    if (rc != 0)
+        FAIL("kvnode_connect_flags(%s, device %d): %s (%d): %s", opt.socket, device,
+             kvnode_strerror(rc), rc, kvnode_connect_error());
+    return c;
 }
-
-/* --- stats -------------------------------------------------------------- */
 
 static json_t *stats(void)
 {
+    kvnode_client *o = NULL;
     char *text = NULL;
     json_error_t err;
 
-    lib_ok(g.obs, kvnode_stats_json(g.obs, &text), "kvnode_stats_json");
+    if (kvnode_connect(opt.socket, NULL, &o) != 0)
+        FAIL("observer connect to %s: %s", opt.socket, kvnode_connect_error());
+    kv(o, kvnode_stats_json(o, &text), "kvnode_stats_json");
+    kvnode_close(o);
     json_t *doc = json_loads(text, 0, &err);
     free(text);
     if (!doc)
-        fail("stats: not JSON: %s (line %d)", err.text, err.line);
+        FAIL("stats: not JSON: %s", err.text);
     return doc;
 }
 
-static json_t *jpath(json_t *o, const char *a, const char *b)
+/* A number at a dotted path ("a.b.c"; a number component indexes an array);
+ * NAN-free: a missing value fails unless dflt_ok, then it reads dflt. */
+static double jnum(json_t *doc, const char *path, bool dflt_ok, double dflt)
 {
-    json_t *v = json_object_get(o, a);
-    if (v && b)
+    char buf[128], *save = NULL;
+    json_t *v = doc;
+
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *k = strtok_r(buf, ".", &save); k && v; k = strtok_r(NULL, ".", &save)) {
+        if (json_is_array(v))
+            v = json_array_get(v, strtoul(k, NULL, 10));
+        else
+            v = json_object_get(v, k);
+    }
+    if (json_is_number(v))
+        return json_number_value(v);
+    if (json_is_boolean(v))
+        return json_is_true(v) ? 1 : 0;
+    if (!dflt_ok)
+        FAIL("stats: %s is missing or not a number", path);
+    return dflt;
+}
+
+static const char *jstr(json_t *doc, const char *a, const char *b, const char *c)
+{
+    json_t *v = json_object_get(doc, a);
+    if (b)
         v = json_object_get(v, b);
-    return v;
+    if (c)
+        v = json_object_get(v, c);
+    return json_is_string(v) ? json_string_value(v) : "";
 }
 
-static double jnum(json_t *o, const char *a, const char *b)
+/* tiers.hbm entry of the device the daemon calls `dev`, NULL when none. */
+static json_t *hbm_tier(json_t *doc, int dev)
 {
-    json_t *v = jpath(o, a, b);
-    if (!json_is_number(v))
-        fail("stats: %s%s%s is missing or not a number", a, b ? "." : "", b ? b : "");
-    return json_number_value(v);
-}
-
-/* tiers.hbm[] entry of device dev. */
-static json_t *hbm_of(json_t *doc, int dev)
-{
-    json_t *arr = jpath(doc, "tiers", "hbm"), *e;
+    json_t *arr = json_object_get(json_object_get(doc, "tiers"), "hbm"), *e;
     size_t i;
 
-    if (!json_is_array(arr))
-        fail("stats: tiers.hbm is missing: the daemon has no HBM tier");
     json_array_foreach(arr, i, e) {
         json_t *d = json_object_get(e, "device");
-        if (json_is_integer(d) && json_integer_value(d) == dev)
+        if (json_is_integer(d) && (dev < 0 || json_integer_value(d) == dev))
             return e;
     }
-    fail("stats: tiers.hbm has no entry for device %d (%zu entries): the daemon does not lend "
-         "that device's memory", dev, json_array_size(arr));
+    return NULL;
 }
 
-struct demo_state {
-    double cap, used, blocks, moving, high, low;
-    double bytes, secs, nblocks, batches, transfers, pending, failed, dropped, aborted;
-    /* the store's ("persist"); all 0 without one */
-    bool store;
-    bool write_through;
-    double writing;                  /* bytes pinned by store writes, in flight or waiting */
-    double written, write_failures;
-};
-
-/* The "persist" figures of doc into s (left 0 when the backend is off). */
-static void store_figures(json_t *doc, struct demo_state *s)
+/* Put keys[0..n) of generation gen to HBM under write leases as an engine
+ * does: each block copied with cudaMemcpyAsync on `stream`, then the commit
+ * ordered after the stream (kvnode_put_commit_stream). Returns how many
+ * landed in HBM (the rest fell back to host memory, written with memcpy). */
+static size_t put_hbm(kvnode_client *c, const kvnode_key *keys, size_t n, uint64_t gen,
+                      void *stream)
 {
-    json_t *p = json_object_get(doc, "persist");
-    json_t *backend = json_object_get(p, "backend"), *policy = json_object_get(p, "policy");
-    json_t *fails = jpath(p, "failures_total", "write"), *v;
-    const char *k;
+    kvnode_loc *locs = xcalloc(CHUNK, sizeof *locs);
+    uint8_t *stage = xcalloc(CHUNK, opt.bb);
+    size_t hbm = 0;
 
-    if (!json_is_string(backend) || strcmp(json_string_value(backend), "off") == 0)
-        return;
-    s->store = true;
-    s->write_through = json_is_string(policy) && strcmp(json_string_value(policy), "write_through") == 0;
-    s->writing = jnum(p, "pinned_for_writes_bytes", NULL) + jnum(p, "writes_waiting", NULL);
-    s->written = jnum(p, "written_blocks_total", NULL);
-    if (!json_is_object(fails))
-        fail("stats: persist.failures_total.write is missing");
-    json_object_foreach(fails, k, v) {
-        if (json_is_number(v))
-            s->write_failures += json_number_value(v);
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t m = n - i < CHUNK ? n - i : CHUNK;
+        kvnode_lease lease = 0;
+
+        kv(c, kvnode_put_begin(c, keys + i, m, KVNODE_TIER_HBM, &lease, locs), "kvnode_put_begin(HBM)");
+        for (size_t j = 0; j < m; j++) {
+            if (!locs[j].ptr)
+                continue;       /* already stored */
+            fill(stage + j * opt.bb, keys[i + j], gen);
+            if (locs[j].tier == KVNODE_TIER_HBM) {
+                hbm++;
+                cu(gc.memcpy_async(locs[j].ptr, stage + j * opt.bb, opt.bb, GC_DEFAULT, stream),
+                   "cudaMemcpyAsync into a lent HBM block");
+            } else {
+                memcpy(locs[j].ptr, stage + j * opt.bb, opt.bb);
+            }
+        }
+        if (lease)
+            kv(c, ks.put_commit_stream(c, lease, stream), "kvnode_put_commit_stream");
+    }
+    free(locs);
+    free(stage);
+    return hbm;
+}
+
+static void delete_keys(kvnode_client *c, const kvnode_key *keys, size_t n)
+{
+    size_t gone = 0;
+    kv(c, kvnode_delete(c, keys, n, &gone), "kvnode_delete");
+}
+
+/* get_batch(DEVICE) of keys[0..n) into fresh device memory, then read back
+ * on a fresh stream and verified. */
+static void get_verify(kvnode_client *c, const kvnode_key *keys, size_t n, uint64_t gen,
+                       const char *what)
+{
+    uint8_t *d = dev_blocks(n);
+    void **dp = ptrs(d, n);
+    size_t got = 0;
+    char w[160];
+
+    kv(c, kvnode_get_batch(c, keys, n, dp, KVNODE_BATCH_DEVICE, &got), "kvnode_get_batch(DEVICE)");
+    if (got != n)
+        FAIL("%s: kvnode_get_batch found %zu of %zu blocks", what, got, n);
+    snprintf(w, sizeof w, "%s (get_batch(DEVICE), read on a fresh stream)", what);
+    dev_verify(d, keys, n, gen, w);
+    free(dp);
+    cu(gc.free_(d), "cudaFree");
+}
+
+/* --- sync with the script ---------------------------------------------------- */
+
+static void sync_step(const char *name)
+{
+    char path[512];
+    FILE *f;
+
+    if (!opt.sync)
+        FAIL("--sync DIR is required for %s", opt.behaviour);
+    snprintf(path, sizeof path, "%s/%s.ready", opt.sync, name);
+    if (!(f = fopen(path, "w")))
+        FAIL("%s: %s", path, strerror(errno));
+    fclose(f);
+    snprintf(path, sizeof path, "%s/%s.go", opt.sync, name);
+    double end = now_s() + opt.timeout_s;
+    while (access(path, F_OK) != 0) {
+        if (now_s() > end)
+            FAIL("the script did not answer %s.ready within %u s", name, opt.timeout_s);
+        sleep_ms(20);
     }
 }
 
-static struct demo_state demo_state(void)
+/* --- behaviours -------------------------------------------------------------- */
+
+static const char *mode_name(int m)
 {
-    json_t *doc = stats(), *h = hbm_of(doc, opt.device);
-    json_t *pend = jpath(doc, "demotions", "batches_pending");
-    struct demo_state s = {
-        .cap = jnum(h, "capacity_bytes", NULL),
-        .used = jnum(h, "used_bytes", NULL),
-        .blocks = jnum(h, "blocks", NULL),
-        .moving = jnum(h, "moving_bytes", NULL),
-        .high = jnum(doc, "demotions", "high_watermark"),
-        .low = jnum(doc, "demotions", "low_watermark"),
-        .bytes = jnum(doc, "demotions", "bytes_total"),
-        .secs = jnum(doc, "demotions", "copy_seconds_total"),
-        .nblocks = jnum(doc, "demotions", "blocks_total"),
-        .batches = jnum(doc, "demotions", "batches_total"),
-        .transfers = jnum(doc, "demotions", "transfers_total"),
-        .pending = json_is_number(pend) ? json_number_value(pend) : 0,
-        .failed = jnum(doc, "demotions", "failed_total"),
-        .dropped = jnum(doc, "demotions", "dropped_total"),
-        .aborted = jnum(doc, "demotions", "aborted_total"),
+    switch (m) {
+    case 0: return "Default";
+    case 1: return "Exclusive Thread";
+    case 2: return "Prohibited";
+    case 3: return "Exclusive Process";
+    default: return "unknown";
+    }
+}
+
+/* Versions, and per visible device: bus id, compute mode, name. Lines
+ * starting "device " and "versions " are read by the script. */
+static void b_preflight(void)
+{
+    char why[256];
+    int drv = 0, rtv = 0, count = 0;
+
+    if (gc_cuda_load(why, sizeof why) < 0)
+        FAIL("%s", why);
+    cu(gc.driver_version(&drv), "cudaDriverGetVersion");
+    cu(gc.runtime_version(&rtv), "cudaRuntimeGetVersion");
+    printf("versions driver=%d runtime=%d lib=%s\n", drv, rtv, gc.lib);
+    cu(gc.get_device_count(&count), "cudaGetDeviceCount");
+    if (gc.cu_init)
+        (void)gc.cu_init(0);
+    int mode_here = -1;
+    bool mig_here = false;
+    for (int d = 0; d < count; d++) {
+        char bus[64] = "?", name[256] = "?";
+        int mode = -1, cud = 0;
+
+        cu(gc.pci_bus_id(bus, sizeof bus, d), "cudaDeviceGetPCIBusId");
+        cu(gc.device_attr(&mode, GC_ATTR_COMPUTE_MODE, d), "cudaDeviceGetAttribute(ComputeMode)");
+        if (gc.cu_device_get && gc.cu_device_name && gc.cu_device_get(&cud, d) == 0)
+            (void)gc.cu_device_name(name, sizeof name, cud);
+        bool mig = strstr(name, "MIG") != NULL;
+        printf("device %d bus=%s mode=%d mig=%d name=%s\n", d, bus, mode, mig ? 1 : 0, name);
+        if (d == opt.device) {
+            mode_here = mode;
+            mig_here = mig;
+        }
+    }
+    if (opt.device >= count)
+        FAIL("device %d is not visible (%d device(s))", opt.device, count);
+    if (drv / 1000 < rtv / 1000)
+        FAIL("driver supports CUDA %d.%d, older than the runtime's major version %d.%d: an engine "
+             "on this runtime cannot start", drv / 1000, drv % 1000 / 10, rtv / 1000,
+             rtv % 1000 / 10);
+    if (mode_here == 2 || mode_here == 3)
+        FAIL("device %d is in %s compute mode: engines could not share it with kvnoded (kvnoded "
+             "refuses HBM on it)", opt.device, mode_name(mode_here));
+    if (mig_here)
+        FAIL("device %d is a MIG instance (kvnoded refuses HBM on it)", opt.device);
+    result(R_PASS, "driver CUDA %d.%d, runtime %d.%d (%s); device %d: compute mode %s, not MIG",
+           drv / 1000, drv % 1000 / 10, rtv / 1000, rtv % 1000 / 10, gc.lib, opt.device,
+           mode_name(mode_here));
+}
+
+/* A client of this process's device opt.device (as CUDA_VISIBLE_DEVICES
+ * numbers it): --expect hbm: it is lent HBM and a round trip is byte-exact;
+ * --expect none: its GPU serves no HBM, so its HBM puts fall back to host. */
+static void b_identity(void)
+{
+    bool want_hbm = !opt.expect || strcmp(opt.expect, "none") != 0;
+    char bus[64] = "?";
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+
+    cuda_setup();
+    load_stream_calls();
+    cu(gc.pci_bus_id(bus, sizeof bus, opt.device), "cudaDeviceGetPCIBusId");
+    info("CUDA_VISIBLE_DEVICES=%s: device %d is %s", cvd ? cvd : "(unset)", opt.device, bus);
+    kvnode_client *c = connect_engine(opt.device, 0);
+    size_t n = opt.blocks;
+    kvnode_key *keys = make_keys(n, 11);
+    void *s = stream_new();
+    size_t hbm = put_hbm(c, keys, n, 1, s);
+    if (want_hbm) {
+        if (hbm != n)
+            FAIL("device %s: %zu of %zu HBM puts landed in HBM (%s)", bus, hbm, n,
+                 kvnode_last_error(c));
+        get_verify(c, keys, n, 1, "HBM round trip");
+        delete_keys(c, keys, n);
+        result(R_PASS, "CUDA_VISIBLE_DEVICES=%s device %d (%s): lent HBM, %zu blocks byte-exact",
+               cvd ? cvd : "(unset)", opt.device, bus, n);
+    }
+    if (hbm != 0)
+        FAIL("device %s serves no HBM, yet %zu of %zu HBM puts landed in HBM: the daemon matched "
+             "another GPU (an ordinal fallback?)", bus, hbm, n);
+    delete_keys(c, keys, n);
+    result(R_PASS, "CUDA_VISIBLE_DEVICES=%s device %d (%s): no HBM lent, puts fell back to host",
+           cvd ? cvd : "(unset)", opt.device, bus);
+}
+
+/* The batch device API both ways, plain and stream-ordered, host and HBM. */
+static void b_batch(void)
+{
+    cuda_setup();
+    kvnode_client *c = connect_engine(opt.device, 0);
+    size_t n = opt.blocks, got = 0;
+    kvnode_key *k1 = make_keys(n, 21), *k2 = make_keys(n, 22), *k3 = make_keys(n, 23);
+    uint8_t *src = dev_blocks(n), *dst = dev_blocks(n);
+    void **sp = ptrs(src, n), **dp = ptrs(dst, n);
+    double t;
+
+    /* plain: device -> cache (host tier) -> device */
+    dev_fill(src, k1, n, 1);
+    t = now_s();
+    kv(c, kvnode_put_batch(c, k1, n, (const void *const *)sp, KVNODE_BATCH_DEVICE),
+       "kvnode_put_batch(DEVICE)");
+    double t_put = now_s() - t;
+    t = now_s();
+    kv(c, kvnode_get_batch(c, k1, n, dp, KVNODE_BATCH_DEVICE, &got), "kvnode_get_batch(DEVICE)");
+    double t_get = now_s() - t;
+    if (got != n)
+        FAIL("kvnode_get_batch(DEVICE) found %zu of %zu blocks just put", got, n);
+    dev_verify(dst, k1, n, 1, "put_batch(DEVICE) then get_batch(DEVICE)");
+    info("put_batch/get_batch(DEVICE): %zu x %" PRIu64 " KiB byte-exact; %.2f / %.2f GB/s", n,
+         opt.bb / 1024, (double)(n * opt.bb) / t_put / 1e9, (double)(n * opt.bb) / t_get / 1e9);
+
+    load_stream_calls();
+    /* stream-ordered: the source written on s and not synchronised; the
+     * put must be ordered after it, the get's copies before s's later work */
+    void *s = stream_new();
+    uint8_t *h = xcalloc(n, opt.bb);
+    for (size_t i = 0; i < n; i++)
+        fill(h + i * opt.bb, k2[i], 2);
+    cu(gc.memcpy_async(src, h, n * opt.bb, GC_H2D, s), "cudaMemcpyAsync H2D");
+    kv(c, ks.put_batch_stream(c, k2, n, (const void *const *)sp, KVNODE_BATCH_DEVICE, s),
+       "kvnode_put_batch_stream(DEVICE)");
+    cu(gc.memset_(dst, 0, n * opt.bb), "cudaMemset");
+    cu(gc.device_sync(), "cudaDeviceSynchronize");
+    kv(c, ks.get_batch_stream(c, k2, n, dp, KVNODE_BATCH_DEVICE, s, &got),
+       "kvnode_get_batch_stream(DEVICE)");
+    if (got != n)
+        FAIL("kvnode_get_batch_stream found %zu of %zu blocks", got, n);
+    dev_verify(dst, k2, n, 2, "put_batch_stream then get_batch_stream");
+    info("put_batch_stream/get_batch_stream(DEVICE) on a caller's non-blocking stream: byte-exact");
+
+    /* HBM blocks: written in place, read back device-to-device */
+    size_t hbm = put_hbm(c, k3, n, 3, s);
+    if (hbm != n)
+        FAIL("%zu of %zu HBM puts landed in HBM", hbm, n);
+    get_verify(c, k3, n, 3, "HBM blocks");
+    cu(gc.memset_(dst, 0, n * opt.bb), "cudaMemset");
+    cu(gc.device_sync(), "cudaDeviceSynchronize");
+    kv(c, ks.get_batch_stream(c, k3, n, dp, KVNODE_BATCH_DEVICE, s, &got),
+       "kvnode_get_batch_stream(DEVICE)");
+    if (got != n)
+        FAIL("kvnode_get_batch_stream found %zu of %zu HBM blocks", got, n);
+    dev_verify(dst, k3, n, 3, "HBM blocks through get_batch_stream");
+    info("HBM blocks (put in place, commit_stream) read with get_batch and get_batch_stream: "
+         "byte-exact");
+    delete_keys(c, k1, n);
+    delete_keys(c, k2, n);
+    delete_keys(c, k3, n);
+    kvnode_close(c);
+    result(R_PASS, "device <-> cache both ways byte-exact: plain, stream-ordered, host and HBM "
+           "blocks (%zu x %" PRIu64 " KiB each)", n, opt.bb / 1024);
+}
+
+/* The race: a writer puts and deletes two key sets in turn (so freed HBM
+ * slots are taken by other keys); readers get_batch(DEVICE) and read what
+ * they got on a fresh stream at once. A lease ended before its copy landed
+ * shows as another key's bytes, or a torn block. */
+struct race {
+    kvnode_key *ka, *kb;
+    size_t n;
+    atomic_int stop;
+    atomic_ulong puts, gets, blocks, bad;
+    char why[256];
+    pthread_mutex_t lock;
+};
+
+static void race_bad(struct race *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void race_bad(struct race *r, const char *fmt, ...)
+{
+    va_list ap;
+
+    pthread_mutex_lock(&r->lock);
+    if (atomic_fetch_add(&r->bad, 1) == 0) {
+        va_start(ap, fmt);
+        vsnprintf(r->why, sizeof r->why, fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&r->lock);
+    r->stop = 1;
+}
+
+static void *race_writer(void *arg)
+{
+    struct race *r = arg;
+    kvnode_client *c = connect_engine(opt.device, 0);
+    void *s;
+    uint64_t gen = 100;
+
+    cu(gc.set_device(opt.device), "cudaSetDevice (writer thread)");
+    s = stream_new();
+    while (!r->stop) {
+        for (int set = 0; set < 2 && !r->stop; set++) {
+            kvnode_key *k = set ? r->kb : r->ka;
+            (void)put_hbm(c, k, r->n, gen++, s);
+            r->puts++;
+            delete_keys(c, k, r->n);
+        }
+    }
+    cu(gc.stream_destroy(s), "cudaStreamDestroy");
+    kvnode_close(c);
+    return NULL;
+}
+
+struct reader_arg { struct race *r; bool streamed; };
+
+static void *race_reader(void *arg)
+{
+    struct reader_arg *a = arg;
+    struct race *r = a->r;
+    kvnode_client *c = connect_engine(opt.device, 0);
+    uint8_t *h = xcalloc(r->n, opt.bb), *d;
+    void **dp, *s;
+
+    cu(gc.set_device(opt.device), "cudaSetDevice (reader thread)");
+    d = dev_blocks(r->n);
+    dp = ptrs(d, r->n);
+    s = stream_new();
+    for (unsigned long it = 0; !r->stop; it++) {
+        kvnode_key *k = (it & 1) ? r->kb : r->ka;
+        size_t got = 0;
+        int rc = a->streamed ? ks.get_batch_stream(c, k, r->n, dp, KVNODE_BATCH_DEVICE, s, &got)
+                             : kvnode_get_batch(c, k, r->n, dp, KVNODE_BATCH_DEVICE, &got);
+        if (rc != 0) {
+            race_bad(r, "get_batch%s(DEVICE): %s: %s", a->streamed ? "_stream" : "",
+                     kvnode_strerror(rc), kvnode_last_error(c));
+            break;
+        }
+        r->gets++;
+        if (got == 0)
+            continue;
+        dev_read(h, d, got * opt.bb);
+        for (size_t i = 0; i < got; i++) {
+            long off = check(h + i * opt.bb, k[i], UINT64_MAX);
+            if (off >= 0) {
+                race_bad(r, "get_batch%s(DEVICE) returned, then block %zu (key %" PRId64 ") read "
+                         "on a fresh stream was %s at byte %ld", a->streamed ? "_stream" : "", i,
+                         (int64_t)k[i], off == 0 ? "another key's" : "torn", off);
+                break;
+            }
+        }
+        r->blocks += got;
+    }
+    cu(gc.stream_destroy(s), "cudaStreamDestroy");
+    cu(gc.free_(d), "cudaFree");
+    free(dp);
+    free(h);
+    kvnode_close(c);
+    return NULL;
+}
+
+static void b_completion(void)
+{
+    cuda_setup();
+    load_stream_calls();
+    kvnode_client *c = connect_engine(opt.device, 0), *c2 = connect_engine(opt.device, 0);
+    size_t n = opt.blocks, got = 0;
+    kvnode_key *k1 = make_keys(n, 31), *k2 = make_keys(n, 32);
+    void *s = stream_new();
+    uint8_t *dst = dev_blocks(n), *h = xcalloc(n, opt.bb);
+    void **dp = ptrs(dst, n);
+
+    if (put_hbm(c, k1, n, 1, s) != n)
+        FAIL("HBM puts fell back to host: no HBM lent (%s)", kvnode_last_error(c));
+
+    /* (a) stream variant: s must be idle when the call returns */
+    cu(gc.memcpy_async(dst, h, n * opt.bb, GC_H2D, s), "cudaMemcpyAsync (zeroes, before the get)");
+    kv(c, ks.get_batch_stream(c, k1, n, dp, KVNODE_BATCH_DEVICE, s, &got),
+       "kvnode_get_batch_stream(DEVICE)");
+    int q = gc.stream_query(s);
+    if (q != GC_SUCCESS)
+        FAIL("cudaStreamQuery(caller's stream) right after kvnode_get_batch_stream returned: %s "
+             "(the copies were still queued when the lease ended)", gc_err(q));
+    if (got != n)
+        FAIL("get_batch_stream found %zu of %zu", got, n);
+    dev_verify(dst, k1, n, 1, "get_batch_stream(DEVICE)");
+    info("get_batch_stream(DEVICE): caller's stream idle on return; dst byte-exact on a fresh "
+         "stream");
+
+    /* (b) plain variant: nothing left on the legacy stream, dst complete */
+    cu(gc.memset_(dst, 0, n * opt.bb), "cudaMemset");
+    cu(gc.device_sync(), "cudaDeviceSynchronize");
+    kv(c, kvnode_get_batch(c, k1, n, dp, KVNODE_BATCH_DEVICE, &got), "kvnode_get_batch(DEVICE)");
+    q = gc.stream_query(NULL);
+    if (q != GC_SUCCESS)
+        FAIL("cudaStreamQuery(legacy default stream) right after kvnode_get_batch(DEVICE) "
+             "returned: %s (libkvnode left work on the legacy stream)", gc_err(q));
+    dev_verify(dst, k1, n, 1, "get_batch(DEVICE)");
+    info("get_batch(DEVICE): legacy stream idle on return; dst byte-exact on a fresh stream");
+
+    /* (c) put side: the writes queued on s, the commit ordered after them;
+     * another connection must read the new bytes */
+    delete_keys(c, k1, n);
+    if (put_hbm(c, k1, n, 2, s) != n)
+        FAIL("HBM puts fell back to host");
+    get_verify(c2, k1, n, 2, "after put_commit_stream, on another connection");
+    for (size_t i = 0; i < n; i++)
+        fill(h + i * opt.bb, k2[i], 3);
+    cu(gc.memcpy_async(dst, h, n * opt.bb, GC_H2D, s), "cudaMemcpyAsync H2D");
+    kv(c, ks.put_batch_stream(c, k2, n, (const void *const *)dp, KVNODE_BATCH_DEVICE, s),
+       "kvnode_put_batch_stream(DEVICE)");
+    get_verify(c2, k2, n, 3, "after put_batch_stream, on another connection");
+    info("put_commit_stream and put_batch_stream: the other connection reads the bytes queued "
+         "before them");
+    delete_keys(c, k1, n);
+    delete_keys(c, k2, n);
+
+    /* (d) the put/delete race */
+    struct race r = { .ka = make_keys(n, 33), .kb = make_keys(n, 34), .n = n,
+                      .lock = PTHREAD_MUTEX_INITIALIZER };
+    struct reader_arg ra[2] = { { &r, false }, { &r, true } };
+    pthread_t tw, tr[2];
+    double t0 = now_s();
+    if (pthread_create(&tw, NULL, race_writer, &r) || pthread_create(&tr[0], NULL, race_reader, &ra[0]) ||
+        pthread_create(&tr[1], NULL, race_reader, &ra[1]))
+        FAIL("pthread_create failed");
+    while (!r.stop && now_s() - t0 < opt.seconds)
+        sleep_ms(50);
+    r.stop = 1;
+    pthread_join(tw, NULL);
+    pthread_join(tr[0], NULL);
+    pthread_join(tr[1], NULL);
+    info("race: %.1f s, %lu put rounds, %lu gets, %lu blocks read back", now_s() - t0,
+         (unsigned long)r.puts, (unsigned long)r.gets, (unsigned long)r.blocks);
+    if (r.bad)
+        FAIL("put/delete race: %s", r.why);
+    if (r.blocks == 0)
+        FAIL("put/delete race: no get ever found a block (%lu gets): nothing was checked",
+             (unsigned long)r.gets);
+    delete_keys(c, r.ka, n);
+    delete_keys(c, r.kb, n);
+    kvnode_close(c);
+    kvnode_close(c2);
+    result(R_PASS, "stream idle and dst complete on return (both variants), commits ordered "
+           "after the stream, %.0f s race: %lu blocks read, none torn or foreign",
+           (double)opt.seconds, (unsigned long)r.blocks);
+}
+
+/* Store: write-through of HBM blocks and device batches (phase put), then
+ * after the script restarted the daemon on the same store (phase verify). */
+static void b_store(bool verify)
+{
+    cuda_setup();
+    load_stream_calls();
+    size_t n = opt.blocks;
+    kvnode_key *k1 = make_keys(n, 41), *k2 = make_keys(n, 42);
+
+    if (verify) {
+        kvnode_client *c = connect_engine(opt.device, 0);
+        kvnode_tiers t1, t2;
+        kv(c, kvnode_match_tiers(c, k1, n, &t1), "kvnode_match_tiers");
+        kv(c, kvnode_match_tiers(c, k2, n, &t2), "kvnode_match_tiers");
+        info("after the restart: %zu + %zu of %zu + %zu matched (%zu + %zu only in the store)",
+             t1.matched, t2.matched, n, n, t1.store, t2.store);
+        get_verify(c, k1, n, 1, "HBM blocks from the store after a restart");
+        get_verify(c, k2, n, 2, "device-batch blocks from the store after a restart");
+        delete_keys(c, k1, n);
+        delete_keys(c, k2, n);
+        kvnode_close(c);
+        result(R_PASS, "after a restart the store holds all %zu blocks byte-exact", 2 * n);
+    }
+    json_t *doc = stats();
+    if (strcmp(jstr(doc, "persist", "policy", NULL), "write_through") != 0)
+        FAIL("the daemon's persist.policy is '%s', not write_through", jstr(doc, "persist", "policy", NULL));
+    double w0 = jnum(doc, "persist.written_blocks_total", false, 0);
+    json_decref(doc);
+
+    kvnode_client *c = connect_engine(opt.device, 0);
+    void *s = stream_new();
+    if (put_hbm(c, k1, n, 1, s) != n)
+        FAIL("HBM puts fell back to host (%s)", kvnode_last_error(c));
+    uint8_t *src = dev_blocks(n), *h = xcalloc(n, opt.bb);
+    void **sp = ptrs(src, n);
+    for (size_t i = 0; i < n; i++)
+        fill(h + i * opt.bb, k2[i], 2);
+    cu(gc.memcpy_async(src, h, n * opt.bb, GC_H2D, s), "cudaMemcpyAsync H2D");
+    kv(c, ks.put_batch_stream(c, k2, n, (const void *const *)sp, KVNODE_BATCH_DEVICE, s),
+       "kvnode_put_batch_stream(DEVICE)");
+    double end = now_s() + opt.timeout_s, w = 0, pinned = 0, waiting = 0;
+    for (;;) {
+        doc = stats();
+        w = jnum(doc, "persist.written_blocks_total", false, 0) - w0;
+        pinned = jnum(doc, "persist.pinned_for_writes_bytes", true, 0);
+        waiting = jnum(doc, "persist.writes_waiting", true, 0);
+        json_decref(doc);
+        if (w >= 2.0 * (double)n && pinned == 0 && waiting == 0)
+            break;
+        if (now_s() > end)
+            FAIL("%.0f of %zu blocks written within %u s", w, 2 * n, opt.timeout_s);
+        sleep_ms(25);
+    }
+    kvnode_close(c);
+    result(R_PASS, "%zu HBM blocks and %zu device-batch blocks written through (%.0f writes)", n,
+           n, w);
+}
+
+/* A client holding HBM leases while the script stops the daemon and starts
+ * another: its calls fail cleanly, and a new client gets the new daemon's HBM. */
+static void b_restart(void)
+{
+    cuda_setup();
+    load_stream_calls();
+    size_t n = opt.blocks, got = 0;
+    kvnode_key *k1 = make_keys(n, 51), *k2 = make_keys(n, 52);
+    kvnode_client *c = connect_engine(opt.device, 0);
+    kvnode_set_timeout(c, 10000);
+    void *s = stream_new();
+    if (put_hbm(c, k1, n, 1, s) != n)
+        FAIL("HBM puts fell back to host (%s)", kvnode_last_error(c));
+    kvnode_lease rl = 0, wl = 0;
+    kvnode_loc *locs = xcalloc(n, sizeof *locs);
+    kv(c, kvnode_get_begin(c, k1, n, &rl, locs, &got), "kvnode_get_begin");
+    kv(c, kvnode_put_begin(c, k2, n, KVNODE_TIER_HBM, &wl, locs), "kvnode_put_begin");
+    info("holding a read lease on %zu HBM blocks and a write lease on %zu", got, n);
+    sync_step("restart");       /* the script stops the daemon and starts another */
+
+    double t0 = now_s();
+    int r1 = kvnode_get_end(c, rl);
+    int r2 = kvnode_put_commit(c, wl);
+    int r3 = kvnode_get_begin(c, k1, n, &rl, locs, &got);
+    info("old connection after the restart: get_end %s, put_commit %s, get_begin %s (%.2f s)",
+         kvnode_strerror(r1), kvnode_strerror(r2), kvnode_strerror(r3), now_s() - t0);
+    int rcs[3] = { r1, r2, r3 };
+    for (int i = 0; i < 3; i++)
+        if (rcs[i] != -KVNODE_ESHUTDOWN && rcs[i] != -KVNODE_ECLOSED)
+            FAIL("a call on the old connection returned %s (%d), not ESHUTDOWN or ECLOSED",
+                 kvnode_strerror(rcs[i]), rcs[i]);
+    bool notice = r1 == -KVNODE_ESHUTDOWN;
+    kvnode_close(c);
+    c = connect_engine(opt.device, 0);
+    if (put_hbm(c, k2, n, 2, s) != n)
+        FAIL("the new daemon lends no HBM: puts fell back to host (%s)", kvnode_last_error(c));
+    get_verify(c, k2, n, 2, "HBM round trip on the new daemon");
+    delete_keys(c, k2, n);
+    kvnode_close(c);
+    free(locs);
+    result(R_PASS, "old calls failed cleanly (%s), the new daemon lends HBM, byte-exact",
+           notice ? "ESHUTDOWN: the stop's notice reached the client" : "ECLOSED");
+}
+
+/* The child of `death`: takes leases and HBM mappings, then is killed. */
+static void b_death_child(void)
+{
+    cuda_setup();
+    load_stream_calls();
+    size_t n = opt.blocks, got = 0;
+    kvnode_key *k1 = make_keys(n, 61), *k2 = make_keys(n, 62);
+    kvnode_client *c = connect_engine(opt.device, 0);
+    void *s = stream_new();
+    if (put_hbm(c, k1, n, 1, s) != n)
+        FAIL("HBM puts fell back to host (%s)", kvnode_last_error(c));
+    kvnode_lease rl = 0, wl = 0;
+    kvnode_loc *locs = xcalloc(n, sizeof *locs);
+    kv(c, kvnode_get_begin(c, k1, n, &rl, locs, &got), "kvnode_get_begin");
+    kv(c, kvnode_put_begin(c, k2, n, KVNODE_TIER_HBM, &wl, locs), "kvnode_put_begin");
+    uint8_t *h = xcalloc(1, opt.bb);
+    fill(h, k2[0], 9);
+    if (locs[0].tier == KVNODE_TIER_HBM)
+        cu(gc.memcpy_async(locs[0].ptr, h, opt.bb / 2, GC_DEFAULT, s), "cudaMemcpyAsync");
+    printf("child holding leases\n");
+    fflush(stdout);
+    raise(SIGKILL);
+    FAIL("still alive after SIGKILL");
+}
+
+static pid_t spawn_self(const char *behaviour, const char *extra)
+{
+    char dev[16], blocks[24], bb[24], salt[24], conn[16];
+    snprintf(dev, sizeof dev, "%d", opt.device);
+    snprintf(blocks, sizeof blocks, "%zu", opt.blocks);
+    snprintf(bb, sizeof bb, "%" PRIu64, opt.bb);
+    snprintf(salt, sizeof salt, "%" PRIu64, opt.salt);
+    snprintf(conn, sizeof conn, "%u", opt.connects);
+    char *argv[] = { (char *)opt.self, (char *)behaviour, "--socket", (char *)opt.socket,
+                     "--device", dev, "--blocks", blocks, "--block-bytes", bb, "--salt", salt,
+                     "--connects", conn, (char *)extra, NULL };
+    pid_t pid;
+    int rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
+    if (rc != 0)
+        FAIL("posix_spawn %s: %s", behaviour, strerror(rc));
+    return pid;
+}
+
+/* waitpid with a deadline; the status, or FAIL. */
+static int wait_child(pid_t pid, const char *what)
+{
+    double end = now_s() + opt.timeout_s;
+    int st = 0;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return st;
+        if (r < 0)
+            FAIL("waitpid %s: %s", what, strerror(errno));
+        if (now_s() > end) {
+            kill(pid, SIGKILL);
+            (void)waitpid(pid, &st, 0);
+            FAIL("%s did not finish within %u s", what, opt.timeout_s);
+        }
+        sleep_ms(20);
+    }
+}
+
+struct snap { double rl, wl, clients, hbm_used; };
+
+static struct snap snap_now(void)
+{
+    json_t *doc = stats(), *h = hbm_tier(doc, -1);
+    struct snap s = {
+        .rl = jnum(doc, "leases.read", false, 0),
+        .wl = jnum(doc, "leases.write", false, 0),
+        .clients = jnum(doc, "clients.connected", false, 0),
+        .hbm_used = h ? json_number_value(json_object_get(h, "used_bytes")) : 0,
     };
-    store_figures(doc, &s);
     json_decref(doc);
     return s;
 }
 
-static void sleep_ms(unsigned ms)
+static void b_death(void)
 {
-    struct timespec ts = { .tv_sec = ms / 1000u, .tv_nsec = (long)(ms % 1000u) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-
-/* --- the checks ---------------------------------------------------------- */
-
-static void setup_device(void)
-{
-#ifdef KVNODE_HAVE_CUDA
-    if (use_cuda()) {
-        int count = 0;
-        struct cudaDeviceProp prop;
-        cudaError_t err = cudaGetDeviceCount(&count);
-
-        if (err != cudaSuccess)
-            fail("no usable CUDA device: cudaGetDeviceCount: %s (cudaError %d); on a machine "
-                 "without a GPU use --sim", cudaGetErrorString(err), (int)err);
-        if (opt.device >= count)
-            fail("--device %d: only %d CUDA device(s) visible", opt.device, count);
-        cuda_ok(cudaSetDevice(opt.device), "cudaSetDevice");
-        cuda_ok(cudaFree(NULL), "CUDA context creation");
-        cuda_ok(cudaGetDeviceProperties(&prop, opt.device), "cudaGetDeviceProperties");
-        printf(PROG ": CUDA device %d: %s, %.1f GiB\n", opt.device, prop.name,
-               (double)prop.totalGlobalMem / (double)(1ull << 30));
-        return;
+    struct snap s0 = snap_now();
+    pid_t pid = spawn_self("death-child", NULL);
+    int st = wait_child(pid, "the client holding leases");
+    if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL)
+        FAIL("the child did not die by SIGKILL (status 0x%x): see its output above", st);
+    double end = now_s() + opt.timeout_s;
+    struct snap s;
+    for (;;) {
+        s = snap_now();
+        if (s.rl <= s0.rl && s.wl <= s0.wl && s.clients <= s0.clients)
+            break;
+        if (now_s() > end)
+            FAIL("%u s after the client died: %.0f read and %.0f write leases (%.0f and %.0f "
+                 "before), %.0f clients (%.0f before)", opt.timeout_s, s.rl, s.wl, s0.rl, s0.wl,
+                 s.clients, s0.clients);
+        sleep_ms(25);
     }
-#endif
-    printf(PROG ": sim mode: the daemon's HBM is host memory; every figure below is a memcpy "
-           "figure, not a GPU figure\n");
+    cuda_setup();
+    load_stream_calls();
+    size_t n = opt.blocks;
+    kvnode_key *k1 = make_keys(n, 61), *k2 = make_keys(n, 62);
+    kvnode_client *c = connect_engine(opt.device, 0);
+    size_t matched = 0;
+    kv(c, kvnode_match(c, k2, n, &matched), "kvnode_match");
+    if (matched != 0)
+        FAIL("%zu blocks of the dead client's uncommitted put are visible", matched);
+    void *str = stream_new();
+    if (put_hbm(c, k2, n, 2, str) != n)
+        FAIL("HBM puts fell back to host after the client died (%s)", kvnode_last_error(c));
+    get_verify(c, k2, n, 2, "the dead client's keys put again");
+    get_verify(c, k1, n, 1, "the blocks the dead client had committed");
+    delete_keys(c, k1, n);
+    delete_keys(c, k2, n);
+    kvnode_close(c);
+    end = now_s() + opt.timeout_s;
+    while ((s = snap_now()).hbm_used > s0.hbm_used && now_s() < end)
+        sleep_ms(25);
+    if (s.hbm_used > s0.hbm_used)
+        FAIL("HBM in use: %.0f bytes, %.0f before the client", s.hbm_used, s0.hbm_used);
+    result(R_PASS, "leases and connection of a killed client released; its keys reusable; HBM "
+           "use back to %.0f bytes", s0.hbm_used);
 }
 
-static kvnode_client *connect_engine(const kvnode_layout *l, const char *which)
+/* A reader client pins its read-only host arena and reads host blocks
+ * into device memory. */
+static void b_reader_pin(void)
 {
-    kvnode_client *c = NULL;
-    int rc = kvnode_connect_device(opt.socket, l, opt.device, &c);
-
-    if (rc != 0)
-        fail("kvnode_connect_device(%s, device %d) for the %s connection: %s (%d): %s",
-             opt.socket, opt.device, which, kvnode_strerror(rc), rc, kvnode_connect_error());
-    if (kvnode_cuda_device(c) != opt.device)
-        fail("the %s connection declares CUDA device %d, not %d", which, kvnode_cuda_device(c),
-             opt.device);
-    return c;
+    cuda_setup();
+    size_t n = opt.blocks, got = 0;
+    kvnode_key *k = make_keys(n, 71);
+    kvnode_client *w = connect_engine(opt.device, 0);
+    uint8_t *src = dev_blocks(n), *dst = dev_blocks(n);
+    void **sp = ptrs(src, n), **dp = ptrs(dst, n);
+    dev_fill(src, k, n, 1);
+    kv(w, kvnode_put_batch(w, k, n, (const void *const *)sp, KVNODE_BATCH_DEVICE),
+       "kvnode_put_batch(DEVICE)");
+    kvnode_client *r = connect_engine(opt.device, KVNODE_CONNECT_READER);
+    if (!kvnode_is_reader(r))
+        FAIL("KVNODE_CONNECT_READER was not granted");
+    double t0 = now_s();
+    kv(r, kvnode_pin_host(r), "kvnode_pin_host (reader)");
+    info("reader pinned its host arena in %.3f s", now_s() - t0);
+    kv(r, kvnode_get_batch(r, k, n, dp, KVNODE_BATCH_DEVICE, &got), "kvnode_get_batch(DEVICE)");
+    if (got != n)
+        FAIL("reader found %zu of %zu blocks", got, n);
+    dev_verify(dst, k, n, 1, "reader get_batch(DEVICE) from the pinned arena");
+    delete_keys(w, k, n);
+    kvnode_close(r);
+    kvnode_close(w);
+    result(R_PASS, "reader's kvnode_pin_host succeeded; %zu host blocks to device byte-exact", n);
 }
 
-static uint64_t parse_size(const char *s, const char *name)
+/* Demotion while the daemon still pins its host arena (the script starts
+ * it with a pin chunk that is not a multiple of the slab). */
+static void b_demotion(void)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    uint64_t mul = 1;
+    cuda_setup();
+    load_stream_calls();
+    json_t *doc = stats(), *h = hbm_tier(doc, -1);
+    if (!h)
+        FAIL("the daemon has no HBM tier");
+    double cap = json_number_value(json_object_get(h, "capacity_bytes"));
+    double used0 = json_number_value(json_object_get(h, "used_bytes"));
+    double high = jnum(doc, "demotions.high_watermark", false, 0);
+    double dem0 = jnum(doc, "demotions.bytes_total", false, 0);
+    double failed0 = jnum(doc, "demotions.failed_total", false, 0);
+    char pin0[32];
+    snprintf(pin0, sizeof pin0, "%s", jstr(doc, "tiers", "host", "pin_state"));
+    double pinned0 = jnum(doc, "tiers.host.pinned_bytes", true, 0);
+    double hostcap = jnum(doc, "tiers.host.capacity_bytes", true, 0);
+    json_decref(doc);
+    info("host arena pinning at the start: %s, %.0f of %.0f MiB", pin0, pinned0 / 1048576,
+         hostcap / 1048576);
 
-    if (errno || end == s)
-        goto bad;
-    if (!strcmp(end, "") || !strcmp(end, "B"))
-        mul = 1;
-    else if (!strcmp(end, "K") || !strcmp(end, "KiB"))
-        mul = 1ull << 10;
-    else if (!strcmp(end, "M") || !strcmp(end, "MiB"))
-        mul = 1ull << 20;
-    else if (!strcmp(end, "G") || !strcmp(end, "GiB"))
-        mul = 1ull << 30;
-    else
-        goto bad;
-    if (v > UINT64_MAX / mul)
-        goto bad;
-    return v * mul;
-bad:
-    fprintf(stderr, PROG ": %s: '%s' is not a size (e.g. 262144, 256KiB, 1MiB)\n", name, s);
-    printf(PROG ": FAIL: usage: %s: '%s' is not a size\n", name, s);
-    exit(2);
+    size_t n = (size_t)((cap * (high + (1.0 - high) / 2.0) - used0) / (double)opt.bb) + 2;
+    kvnode_key *k = make_keys(n, 81);
+    kvnode_client *c = connect_engine(opt.device, 0);
+    void *s = stream_new();
+    double t0 = now_s();
+    size_t hbm = put_hbm(c, k, n, 1, s);
+    char pin1[32] = "";
+    double end = now_s() + opt.timeout_s, dem = 0, failed = 0, used = 0, pinned1 = 0;
+    for (;;) {
+        doc = stats();
+        h = hbm_tier(doc, -1);
+        dem = jnum(doc, "demotions.bytes_total", false, 0) - dem0;
+        failed = jnum(doc, "demotions.failed_total", false, 0) - failed0;
+        used = h ? json_number_value(json_object_get(h, "used_bytes")) : 0;
+        double moving = h ? json_number_value(json_object_get(h, "moving_bytes")) : 0;
+        double pend = jnum(doc, "demotions.batches_pending", true, 0);
+        if (dem > 0 && !pin1[0]) {
+            snprintf(pin1, sizeof pin1, "%s", jstr(doc, "tiers", "host", "pin_state"));
+            pinned1 = jnum(doc, "tiers.host.pinned_bytes", true, 0);
+        }
+        json_decref(doc);
+        if (failed > 0)
+            FAIL("%.0f demotion(s) failed (the daemon's log says why)", failed);
+        if (dem > 0 && moving == 0 && pend == 0 && used <= high * cap)
+            break;
+        if (now_s() > end)
+            FAIL("demotion did not bring HBM under its high watermark within %u s (%.0f of %.0f "
+                 "bytes used, %.0f demoted)", opt.timeout_s, used, cap, dem);
+        sleep_ms(20);
+    }
+    info("put %zu blocks (%zu to HBM); %.1f MiB demoted in %.2f s; pinning when demotion was "
+         "first seen: %s (%.0f MiB pinned)", n, hbm, dem / 1048576, now_s() - t0,
+         pin1, pinned1 / 1048576);
+    get_verify(c, k, n, 1, "every block after demotion");
+    delete_keys(c, k, n);
+    kvnode_close(c);
+    if (strcmp(pin0, "running") != 0 && strcmp(pin1, "running") != 0)
+        FAIL("pinning was '%s' before the demotion and '%s' during it: demotion while pinning "
+             "runs was not exercised (a larger host arena makes pinning last longer)", pin0, pin1);
+    result(R_PASS, "%.1f MiB demoted while pinning ran, none failed, %zu blocks byte-exact",
+           dem / 1048576, n);
 }
+
+/* churn-worker: connect, read one HBM block on a fresh stream, close; --connects times. */
+static void b_churn_worker(void)
+{
+    cuda_setup();
+    kvnode_key *k = make_keys(1, 91);
+    uint8_t *h = xcalloc(1, opt.bb);
+    double t0 = now_s();
+    for (unsigned i = 0; i < opt.connects; i++) {
+        kvnode_client *c = connect_engine(opt.device, 0);
+        kvnode_lease l = 0;
+        kvnode_loc loc;
+        size_t got = 0;
+        kv(c, kvnode_get_begin(c, k, 1, &l, &loc, &got), "kvnode_get_begin");
+        if (got != 1 || loc.tier != KVNODE_TIER_HBM)
+            FAIL("connect %u: the block is %s", i, got != 1 ? "missing" : "not in lent HBM "
+                 "(connected host-only?)");
+        dev_read(h, loc.ptr, opt.bb);
+        long off = check(h, k[0], 1);
+        if (off >= 0)
+            FAIL("connect %u: the HBM block read through this connection's mapping differs at "
+                 "byte %ld", i, off);
+        kv(c, kvnode_get_end(c, l), "kvnode_get_end");
+        kvnode_close(c);
+    }
+    result(R_PASS, "%u connects, %.1f ms each", opt.connects,
+           1e3 * (now_s() - t0) / opt.connects);
+}
+
+static void b_churn(void)
+{
+    struct snap s0 = snap_now();
+    {
+        /* the block every worker reads; CUDA stays out of this process
+         * until the workers are spawned */
+        pid_t p = spawn_self("churn-setup", NULL);
+        int st = wait_child(p, "churn-setup");
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            FAIL("churn-setup failed (status 0x%x)", st);
+    }
+    pid_t pids[16];
+    unsigned np = opt.procs > 16 ? 16 : opt.procs, failed = 0;
+    double t0 = now_s();
+    for (unsigned i = 0; i < np; i++)
+        pids[i] = spawn_self("churn-worker", NULL);
+    for (unsigned i = 0; i < np; i++) {
+        int st = wait_child(pids[i], "a churn worker");
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            failed++;
+    }
+    double took = now_s() - t0;
+    if (failed)
+        FAIL("%u of %u churn workers failed (their lines above say why)", failed, np);
+    struct snap s;
+    double end = now_s() + opt.timeout_s;
+    while (((s = snap_now()).clients > s0.clients || s.rl > s0.rl) && now_s() < end)
+        sleep_ms(25);
+    if (s.clients > s0.clients || s.rl > s0.rl)
+        FAIL("after the churn: %.0f clients, %.0f read leases (%.0f and %.0f before)", s.clients,
+             s.rl, s0.clients, s0.rl);
+    result(R_PASS, "%u processes x %u connects, each mapping HBM and reading a block byte-exact "
+           "(%.1f s); connections and leases back to where they were", np, opt.connects, took);
+}
+
+static void b_churn_setup(void)
+{
+    cuda_setup();
+    load_stream_calls();
+    kvnode_key *k = make_keys(1, 91);
+    kvnode_client *c = connect_engine(opt.device, 0);
+    size_t matched = 0;
+    kv(c, kvnode_match(c, k, 1, &matched), "kvnode_match");
+    if (matched == 0 && put_hbm(c, k, 1, 1, stream_new()) != 1)
+        FAIL("the churn block fell back to host (%s)", kvnode_last_error(c));
+    kvnode_close(c);
+    result(R_PASS, "churn block in HBM");
+}
+
+/* An engine in another PID namespace: served HBM (through the fd path). */
+static void b_pidns(void)
+{
+    char ns[64] = "?";
+    ssize_t l = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    if (l > 0)
+        ns[l] = 0;
+    info("pid %d in %s%s%s", (int)getpid(), ns, getenv("FAKECUDA_PIDNS") ? ", FAKECUDA_PIDNS=" : "",
+         getenv("FAKECUDA_PIDNS") ? getenv("FAKECUDA_PIDNS") : "");
+    cuda_setup();
+    load_stream_calls();
+    size_t n = opt.blocks;
+    kvnode_key *k = make_keys(n, 101);
+    kvnode_client *c = connect_engine(opt.device, 0);
+    void *s = stream_new();
+    size_t hbm = put_hbm(c, k, n, 1, s);
+    if (hbm != n)
+        FAIL("%zu of %zu HBM puts landed in HBM: the engine in another PID namespace was not "
+             "served HBM (%s)", hbm, n, kvnode_last_error(c));
+    get_verify(c, k, n, 1, "HBM round trip from another PID namespace");
+    delete_keys(c, k, n);
+    kvnode_close(c);
+    result(R_PASS, "served HBM in another PID namespace, %zu blocks byte-exact", n);
+}
+
+/* GPU memory in use on the device (total - free), for the script's baseline. */
+static void b_meminfo(void)
+{
+    size_t freeb = 0, total = 0;
+    cuda_setup();
+    if (!gc.cu_mem_info)
+        result(R_SKIP, "libcuda.so.1 with cuMemGetInfo_v2 not found");
+    cu(gc.cu_mem_info(&freeb, &total), "cuMemGetInfo");
+    printf("used_bytes=%zu total_bytes=%zu\n", total - freeb, total);
+    result(R_PASS, "%.1f of %.1f MiB in use", (double)(total - freeb) / 1048576,
+           (double)total / 1048576);
+}
+
+/* --- arguments --------------------------------------------------------------- */
+
+static const struct { const char *name; void (*fn)(void); const char *what; } behaviours[] = {
+    { "preflight", b_preflight, "versions, compute mode, MIG of the visible devices" },
+    { "identity", b_identity, "--expect hbm|none: is this client's GPU lent HBM" },
+    { "batch", b_batch, "batch device API both ways, byte-exact" },
+    { "completion", b_completion, "stream idle on return, fresh-stream reads, --seconds race" },
+    { "store-put", NULL, "write-through of HBM and device blocks" },
+    { "store-verify", NULL, "the store's blocks after a restart" },
+    { "restart", b_restart, "a client across a daemon restart (--sync DIR)" },
+    { "death", b_death, "a client killed with leases" },
+    { "death-child", b_death_child, "(internal)" },
+    { "reader-pin", b_reader_pin, "a reader client pins its host arena" },
+    { "demotion", b_demotion, "demotion while pinning runs" },
+    { "churn", b_churn, "--procs processes x --connects connects" },
+    { "churn-setup", b_churn_setup, "(internal)" },
+    { "churn-worker", b_churn_worker, "(internal)" },
+    { "pidns", b_pidns, "served HBM from another PID namespace" },
+    { "meminfo", b_meminfo, "GPU memory in use" },
+};
+#define NBEHAVIOURS (sizeof behaviours / sizeof behaviours[0])
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvnode-gpu-check --socket PATH [--device N] [--sim] [--blocks N]\n"
-            "                        [--block-bytes B] [--iters N] [--settle-timeout S]\n"
-            "  --socket PATH       kvnoded's socket (required)\n"
-            "  --device N          the CUDA device to declare (default 0)\n"
-            "  --sim               the daemon runs hbm.backend=sim: no CUDA calls here, memcpy figures\n"
-            "  --blocks N          blocks per phase (default 64)\n"
-            "  --block-bytes B     bytes per block, a multiple of 8 (default 256KiB)\n"
-            "  --iters N           timed rounds per bandwidth figure (default 8)\n"
-            "  --settle-timeout S  seconds the demotions may take to settle (default 60)\n");
+    fprintf(f, "usage: kvnode-gpu-check BEHAVIOUR --socket PATH [--device N] [--blocks N]\n"
+               "         [--block-bytes B] [--seconds S] [--salt N] [--sync DIR] [--expect hbm|none]\n"
+               "         [--procs N] [--connects N] [--timeout S]\nbehaviours:\n");
+    for (size_t i = 0; i < NBEHAVIOURS; i++)
+        fprintf(f, "  %-13s %s\n", behaviours[i].name, behaviours[i].what);
 }
 
-/* A usage error: the usage on stderr, the verdict line last, status 2. */
-static void usage_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-
-static void usage_fail(const char *fmt, ...)
+static unsigned long num(const char *a, const char *v, unsigned long lo, unsigned long hi)
 {
-    va_list ap;
-
-    usage(stderr);
-    fflush(stderr);
-    printf(PROG ": FAIL: usage: ");
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    exit(2);
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (errno || end == v || *end || n < lo || n > hi) {
+        usage(stderr);
+        printf("RESULT FAIL: usage: %s: '%s' is not a number in %lu..%lu\n", a, v, lo, hi);
+        exit(2);
+    }
+    return (unsigned long)n;
 }
 
 static void parse_args(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end;
-
-        if (!strcmp(a, "--sim")) {
-            opt.sim = true;
-            continue;
-        }
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            exit(0);
-        }
-        if (!v)
-            usage_fail("%s: unknown option or missing value", a);
-        i++;
-        errno = 0;
-        if (!strcmp(a, "--socket")) {
-            opt.socket = v;
-        } else if (!strcmp(a, "--device")) {
-            long d = strtol(v, &end, 10);
-            if (errno || *end || d < 0 || d > 1024)
-                goto bad;
-            opt.device = (int)d;
-        } else if (!strcmp(a, "--blocks")) {
-            unsigned long n = strtoul(v, &end, 10);
-            if (errno || *end || n < 1 || n > 1000000)
-                goto bad;
-            opt.blocks = n;
-        } else if (!strcmp(a, "--block-bytes")) {
-            opt.bb = parse_size(v, a);
-            if (opt.bb < 8 || opt.bb % 8 || opt.bb > (1ull << 30))
-                goto bad;
-        } else if (!strcmp(a, "--iters")) {
-            unsigned long n = strtoul(v, &end, 10);
-            if (errno || *end || n < 1 || n > 100000)
-                goto bad;
-            opt.iters = (unsigned)n;
-        } else if (!strcmp(a, "--settle-timeout")) {
-            unsigned long n = strtoul(v, &end, 10);
-            if (errno || *end || n < 1 || n > 3600)
-                goto bad;
-            opt.settle_s = (unsigned)n;
-        } else {
-            usage_fail("unknown option %s", a);
-        }
-        continue;
-bad:
-        usage_fail("%s: invalid value '%s'", a, v);
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        exit(argc < 2 ? 2 : 0);
     }
-    if (!opt.socket)
-        usage_fail("--socket is required");
+    opt.self = argv[0];
+    opt.behaviour = argv[1];
+    opt.salt = (uint64_t)getpid() ^ ((uint64_t)time(NULL) << 20);
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            usage(stderr);
+            printf("RESULT FAIL: usage: %s needs a value\n", a);
+            exit(2);
+        }
+        i++;
+        if (!strcmp(a, "--socket"))
+            opt.socket = v;
+        else if (!strcmp(a, "--sync"))
+            opt.sync = v;
+        else if (!strcmp(a, "--expect"))
+            opt.expect = v;
+        else if (!strcmp(a, "--device"))
+            opt.device = (int)num(a, v, 0, 1023);
+        else if (!strcmp(a, "--blocks"))
+            opt.blocks = num(a, v, 1, 1u << 20);
+        else if (!strcmp(a, "--block-bytes"))
+            opt.bb = num(a, v, 64, 1ul << 30) & ~(uint64_t)7;
+        else if (!strcmp(a, "--seconds"))
+            opt.seconds = (unsigned)num(a, v, 1, 3600);
+        else if (!strcmp(a, "--salt"))
+            opt.salt = num(a, v, 0, ~0ul);
+        else if (!strcmp(a, "--procs"))
+            opt.procs = (unsigned)num(a, v, 1, 16);
+        else if (!strcmp(a, "--connects"))
+            opt.connects = (unsigned)num(a, v, 1, 100000);
+        else if (!strcmp(a, "--timeout"))
+            opt.timeout_s = (unsigned)num(a, v, 1, 3600);
+        else {
+            usage(stderr);
+            printf("RESULT FAIL: usage: unknown option %s\n", a);
+            exit(2);
+        }
+    }
+    if (!opt.socket && strcmp(opt.behaviour, "preflight") && strcmp(opt.behaviour, "meminfo")) {
+        usage(stderr);
+        printf("RESULT FAIL: usage: --socket is required\n");
+        exit(2);
+    }
 }
 
 int main(int argc, char **argv)
 {
-    parse_args(argc, argv);
     setvbuf(stdout, NULL, _IOLBF, 0);
-#ifndef KVNODE_HAVE_CUDA
-    if (!opt.sim)
-        fail("built without CUDA: use --sim (or rebuild with the CUDA toolkit: make CUDA=1)");
-#endif
-    g.salt = mix64((uint64_t)getpid() ^ ((uint64_t)time(NULL) << 20));
-    const size_t n = opt.blocks, bb = (size_t)opt.bb;
-    const double total = (double)n * (double)bb;
-
-    setup_device();
-    g.stage = mem_alloc(MEM_PINNED, bb, "staging buffer");
-    g.expect = mem_alloc(MEM_HOST, bb, "pattern buffer");
-
-    kvnode_layout layout = {
-        .model = "kvnode-gpu-check", .dtype = "bf16", .block_tokens = BLOCK_TOKENS,
-        .block_bytes = opt.bb, .num_layers = 1, .kv_heads = 1, .head_dim = 128,
-        .tp_size = 1, .tp_rank = 0, .extra = NULL,
-    };
-    int rc = kvnode_connect(opt.socket, NULL, &g.obs);
-    if (rc != 0)
-        fail("kvnode_connect(%s) (observer): %s (%d): %s", opt.socket, kvnode_strerror(rc), rc,
-             kvnode_connect_error());
-    g.c1 = connect_engine(&layout, "first");
-    struct demo_state s_init = demo_state();   /* also: the HBM tier of our device exists */
-    {
-        const struct demo_state s = s_init;
-        printf(PROG ": %s, device %d: HBM arena %.0f MiB (%.0f MiB used), demotion at %.0f%% "
-               "down to %.0f%%; %zu blocks of %zu KiB per phase\n", opt.socket, opt.device,
-               s.cap / 1048576.0, s.used / 1048576.0, 100 * s.high, 100 * s.low, n, bb / 1024);
-        if (total > s.high * s.cap - s.used)
-            fail("%zu blocks of %zu bytes do not fit under the HBM high watermark (%.0f of %.0f "
-                 "bytes free below it): use fewer or smaller blocks, or more hbm.bytes", n, bb,
-                 s.high * s.cap - s.used, s.cap);
-        printf(PROG ": persistent store: %s\n", !s.store ? "none" : s.write_through
-               ? "on, write_through (every block is pinned until its write lands)" : "on");
-    }
-
-    /* (a) put to HBM */
-    kvnode_key *akeys = make_keys(n, 1);
-    struct landed la = put_blocks(g.c1, akeys, n, KVNODE_TIER_HBM, "put to HBM");
-    if (la.hbm != n)
-        fail("put to HBM: %zu of %zu blocks landed in HBM (device %d), %zu fell back to host "
-             "memory%s", la.hbm, n, opt.device, la.host,
-             opt.sim ? "" : " (libkvnode needs a CUDA runtime, libcudart.so, on the library path "
-                            "to be lent CUDA IPC memory)");
-    kvnode_tiers t;
-    lib_ok(g.c1, kvnode_match_tiers(g.c1, akeys, n, &t), "kvnode_match_tiers");
-    if (t.matched != n || t.hbm != n)
-        fail("match_tiers after the HBM put: %zu matched, %zu in HBM, %zu in host memory (want "
-             "%zu in HBM)", t.matched, t.hbm, t.host, n);
-    printf("(a) put %zu blocks to HBM: all %zu in HBM of device %d, committed; match_tiers agrees\n",
-           n, la.hbm, opt.device);
-
-    /* (b) get and verify, on both connections */
-    kvnode_loc *alocs = mem_alloc(MEM_HOST, n * sizeof *alocs, "locations");
-    kvnode_lease *aleases = mem_alloc(MEM_HOST, (n / CHUNK + 1) * sizeof *aleases, "leases");
-    size_t anl = get_all(g.c1, akeys, n, alocs, aleases, "get of the HBM blocks");
-    size_t hbm1 = verify_locs(akeys, alocs, n, "get of the HBM blocks");
-    if (hbm1 != n)
-        fail("get of the HBM blocks: %zu of %zu are in HBM", hbm1, n);
-    g.c2 = connect_engine(&layout, "second");
-    size_t hbm2 = verify_keys(g.c2, akeys, n, "get on the second connection");
-    if (hbm2 != n)
-        fail("get on the second connection: %zu of %zu are in HBM", hbm2, n);
-    printf("(b) get: %zu blocks byte-exact %s; second connection (own %s): %zu byte-exact in HBM\n",
-           n, opt.sim ? "(read through the mapping)" : "(cudaMemcpy device -> host)",
-           opt.sim ? "mapping" : "IPC open", hbm2);
-
-    /* (c1) device-to-device reads out of the lent arena */
-    printf("(c) bandwidth, %zu x %zu KiB = %.1f MiB per round, %u rounds%s\n", n, bb / 1024,
-           total / 1048576.0, opt.iters,
-           opt.sim ? " (sim: memcpy on this CPU, NOT GPU figures)" : "");
-    uint8_t *scratch = mem_alloc(MEM_DEV, n * bb, "scratch buffer");
-    uint8_t *peer = mem_alloc(MEM_DEV, n * bb, "peak buffer");
-    void **dsts = mem_alloc(MEM_HOST, n * sizeof *dsts, "copy list");
-    const void **srcs = mem_alloc(MEM_HOST, n * sizeof *srcs, "copy list");
-    for (size_t i = 0; i < n; i++) {
-        dsts[i] = scratch + i * bb;
-        srcs[i] = alocs[i].ptr;
-    }
-    double s_d2d = time_copies(dsts, srcs, n, bb, opt.iters, "D2D copy out of the lent arena");
-    verify_scratch(scratch, akeys, n, "D2D copy out of the lent arena");
-    double p_d2d = time_peak(peer, scratch, n, bb, opt.iters, "peak D2D copy");
-    report(opt.sim ? "HBM(sim) -> buffer, per block" : "lent HBM -> cudaMalloc, per block",
-           total * opt.iters, s_d2d, opt.sim ? "memcpy, same blocks" : "cudaMemcpy D2D, one copy",
-           total * opt.iters, p_d2d);
-    end_all(g.c1, aleases, anl);
-
-    /* (c2) host-to-device copies out of the pinned host arena */
-    kvnode_key *hkeys = make_keys(n, 2);
-    struct landed lh = put_blocks(g.c1, hkeys, n, KVNODE_TIER_HOST, "put to host memory");
-    if (lh.host != n)
-        fail("put to host memory: %zu of %zu blocks landed in host memory", lh.host, n);
-    if (use_cuda()) {
-        double t0 = now_s();
-        lib_ok(g.c1, kvnode_pin_host(g.c1), "kvnode_pin_host");
-        printf("    kvnode_pin_host: the host arena is page-locked in this process (%.2f s)\n",
-               now_s() - t0);
-    } else {
-        printf("    kvnode_pin_host: skipped (sim: no CUDA calls; the daemon's own pinning is "
-               "checked by gpu-check.sh)\n");
-    }
-    anl = get_all(g.c1, hkeys, n, alocs, aleases, "get of the host blocks");
-    if (verify_locs(hkeys, alocs, n, "get of the host blocks") != 0)
-        fail("get of the host blocks: some are in HBM");
-    for (size_t i = 0; i < n; i++)
-        srcs[i] = alocs[i].ptr;
-    double s_h2d = time_copies(dsts, srcs, n, bb, opt.iters, "H2D copy out of the host arena");
-    verify_scratch(scratch, hkeys, n, "H2D copy out of the host arena");
-    end_all(g.c1, aleases, anl);
-    uint8_t *pinned = mem_alloc(MEM_PINNED, n * bb, "pinned peak buffer");
-    double p_h2d = time_peak(peer, pinned, n, bb, opt.iters, "peak H2D copy");
-    report(opt.sim ? "host arena -> buffer, per block" : "pinned host arena -> GPU, per block",
-           total * opt.iters, s_h2d, opt.sim ? "memcpy, same blocks" : "cudaMemcpy H2D from cudaMallocHost",
-           total * opt.iters, p_h2d);
-
-    /* (c3) demotion: fill HBM past the high watermark, wait for it to settle */
-    struct demo_state s0 = demo_state();
-    double stride = s0.blocks > 0 ? s0.used / s0.blocks : (double)bb;
-    double target = s0.cap * (s0.high + (1.0 - s0.high) / 2.0);
-    size_t nd = s0.used < target ? (size_t)((target - s0.used) / stride) + 2 : 2;
-    kvnode_key *dkeys = make_keys(nd, 3);
-    double t_fill = now_s();
-    struct landed ld = put_blocks(g.c1, dkeys, nd, KVNODE_TIER_HBM, "put past the watermark");
-    t_fill = now_s() - t_fill;
-    struct demo_state s = s0, prev = s0;
-    double deadline = now_s() + opt.settle_s;
-    bool settled = false;
-    for (;;) {
-        s = demo_state();
-        if (s.failed > s0.failed)
-            fail("demotion: %.0f demotion(s) failed (see the daemon's log)", s.failed - s0.failed);
-        if (s.bytes > s0.bytes && s.pending == 0 && s.moving == 0 && s.writing == 0 &&
-            s.used <= s.high * s.cap && s.bytes == prev.bytes && s.nblocks == prev.nblocks) {
-            settled = true;
-            break;
-        }
-        if (now_s() > deadline)
-            break;
-        prev = s;
-        sleep_ms(25);
-    }
-    if (!settled)
-        fail("demotion did not settle within %u s: HBM %.0f of %.0f bytes used (high watermark "
-             "%.2f), %.0f moving, %.0f batches pending, %.0f bytes demoted so far (%zu of %zu "
-             "blocks put landed in HBM)%s%.0f bytes pinned by store writes", opt.settle_s, s.used,
-             s.cap, s.high, s.moving, s.pending, s.bytes - s0.bytes, ld.hbm, nd,
-             s.store ? ", " : "", s.writing);
-    double dbytes = s.bytes - s0.bytes, dsecs = s.secs - s0.secs;
-    printf("    demotion: put %zu blocks (%zu to HBM, %zu fell back to host) in %.2f s; %.0f blocks "
-           "(%.1f MiB) demoted in %.0f batches / %.0f transfers, %.3f s of copying; HBM now %.0f%% "
-           "used; %.0f dropped, %.0f aborted\n", nd, ld.hbm, ld.host, t_fill,
-           s.nblocks - s0.nblocks, dbytes / 1048576.0, s.batches - s0.batches,
-           s.transfers - s0.transfers, dsecs, 100 * s.used / s.cap, s.dropped - s0.dropped,
-           s.aborted - s0.aborted);
-    if (opt.sim)
-        printf("    (sim: the daemon's demotion copies write host-arena pages for the first time; "
-               "where first touches are slow, as in VMs, that dominates this figure)\n");
-    double p_d2h = time_peak(pinned, scratch, n, bb, opt.iters, "peak D2H copy");
-    if (dsecs > 0)
-        report(opt.sim ? "demotion HBM(sim) -> host (daemon)" : "demotion HBM -> host (daemon)",
-               dbytes, dsecs, opt.sim ? "memcpy, same blocks" : "cudaMemcpy D2H to cudaMallocHost",
-               total * opt.iters, p_d2h);
-    else
-        printf("  %s %-40s %9s        (copy_seconds_total did not advance)\n", mode_label(),
-               "demotion HBM -> host (daemon)", "n/a");
-
-    /* every block again, demoted ones from host memory */
-    size_t dh = verify_keys(g.c1, dkeys, nd, "get after demotion");
-    size_t ah = verify_keys(g.c1, akeys, n, "get of the first blocks after demotion");
-    /* Demotion takes the least recently used blocks first: when the arena
-     * held only ours at the start, some of ours must have moved. */
-    if (dh + ah == nd + n && s_init.blocks == 0)
-        fail("after demotion every block is still in HBM: nothing was moved to host memory");
-    printf("    after demotion: %zu + %zu blocks byte-exact (%zu still in HBM, %zu in host memory)\n",
-           nd, n, dh + ah, nd + n - dh - ah);
-
-    /* (d) the store: under write_through every block put here was written */
-    if (s.store) {
-        double want = s.write_through ? (double)(n + n + nd) : 0;
-        struct demo_state w = s;
-        deadline = now_s() + opt.settle_s;
-        while ((w.written - s_init.written < want || w.writing > 0) && now_s() < deadline) {
-            sleep_ms(25);
-            w = demo_state();
-        }
-        if (w.write_failures > s_init.write_failures)
-            fail("store: %.0f write(s) failed (see persist.last_error in /stats)",
-                 w.write_failures - s_init.write_failures);
-        if (w.written - s_init.written < want || w.writing > 0)
-            fail("store: %.0f of the %.0f blocks put were written within %u s (%.0f bytes still "
-                 "pinned by writes)", w.written - s_init.written, want, opt.settle_s, w.writing);
-        printf("(d) store: %.0f blocks written (%zu put to HBM, written through a device copy), "
-               "none failed\n", w.written - s_init.written, n + ld.hbm);
-    }
-
-    /* the second connection, once the first has closed */
-    kvnode_close(g.c1);
-    g.c1 = NULL;
-    size_t h2 = verify_keys(g.c2, dkeys, nd, "second connection after the first closed");
-    printf("(b') second connection after the first closed: %zu blocks byte-exact (%zu in HBM)\n",
-           nd, h2);
-
-    /* (e) demotion of an arena where every block is pinned by its write */
-    if (s.store && s.write_through && s_init.blocks == 0) {
-        size_t gone = 0;
-        lib_ok(g.c2, kvnode_delete(g.c2, akeys, n, &gone), "kvnode_delete");
-        lib_ok(g.c2, kvnode_delete(g.c2, dkeys, nd, &gone), "kvnode_delete");
-        struct demo_state e = demo_state();
-        deadline = now_s() + opt.settle_s;
-        while (e.used > 0 && now_s() < deadline) {
-            sleep_ms(25);
-            e = demo_state();
-        }
-        if (e.used > 0)
-            fail("(e): %.0f HBM bytes still used %u s after our blocks were deleted", e.used,
-                 opt.settle_s);
-        size_t ne = (size_t)((e.high + (1.0 - e.high) / 2.0) * e.cap / stride);
-        kvnode_key *ekeys = make_keys(ne, 5);
-        struct landed le = put_blocks_by(g.c2, ekeys, ne, KVNODE_TIER_HBM, ne, "one put past the watermark");
-        if (le.hbm != ne)
-            fail("(e): %zu of the %zu blocks of one put into an empty arena landed in HBM", le.hbm, ne);
-        struct demo_state e0 = e;
-        deadline = now_s() + opt.settle_s;
-        bool done = false;
-        for (;;) {
-            e = demo_state();
-            if (e.failed > e0.failed)
-                fail("(e): %.0f demotion(s) failed", e.failed - e0.failed);
-            if (e.writing == 0 && e.pending == 0 && e.moving == 0 && e.used <= e.low * e.cap) {
-                done = true;
-                break;
-            }
-            if (now_s() > deadline)
-                break;
-            sleep_ms(25);
-        }
-        if (!done)
-            fail("(e): %u s after one put of %zu blocks took the arena to %.0f%% (high watermark "
-                 "%.0f%%), it is at %.0f%% with %.0f bytes pinned by store writes, %.0f moving, "
-                 "%.0f batches pending, %.0f blocks demoted: demotion did not resume when the "
-                 "writes landed", opt.settle_s, ne, 100.0 * (double)ne * stride / e.cap,
-                 100 * e.high, 100 * e.used / e.cap, e.writing, e.moving, e.pending,
-                 e.nblocks - e0.nblocks);
-        if (e.write_failures > s_init.write_failures)
-            fail("(e): %.0f store write(s) failed", e.write_failures - s_init.write_failures);
-        size_t eh = verify_keys(g.c2, ekeys, ne, "get after the writes landed");
-        printf("(e) one put of %zu blocks into an empty arena (%.0f%%, every block pinned by its "
-               "store write): once written, %.0f demoted, HBM at %.0f%% (low watermark %.0f%%); "
-               "%zu byte-exact, %zu in HBM\n", ne, 100.0 * (double)ne * stride / e.cap,
-               e.nblocks - e0.nblocks, 100 * e.used / e.cap, 100 * e.low, ne, eh);
-    } else if (s.store && s.write_through) {
-        printf("(e) skipped: the HBM arena held %.0f blocks not ours at the start\n", s_init.blocks);
-    }
-    kvnode_close(g.c2);
-    g.c2 = NULL;
-    kvnode_close(g.obs);
-    g.obs = NULL;
-    mem_free_all();
-    printf(PROG ": PASS\n");
-    return 0;
+    parse_args(argc, argv);
+    if (!strcmp(opt.behaviour, "store-put"))
+        b_store(false);
+    if (!strcmp(opt.behaviour, "store-verify"))
+        b_store(true);
+    for (size_t i = 0; i < NBEHAVIOURS; i++)
+        if (behaviours[i].fn && !strcmp(opt.behaviour, behaviours[i].name))
+            behaviours[i].fn();
+    usage(stderr);
+    printf("RESULT FAIL: usage: unknown behaviour '%s'\n", opt.behaviour);
+    return 2;
 }
