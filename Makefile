@@ -322,6 +322,13 @@ $(GPU_CHECK_BIN): tests/bench/gpu_check.c tests/bench/gpu_check_cuda.c tests/ben
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ tests/bench/gpu_check.c tests/bench/gpu_check_cuda.c \
 	    $(LIBSO) -Wl,-rpath,'$$ORIGIN' $(call pc_libs,jansson) -ldl -lpthread
+# gpu-check --sim's demotion behaviour gives kvnoded this libcuda.so.1: the
+# strict fake with each host registration delayed (tests/gpu/slowpin.c).
+GPU_SLOWPIN := $(BUILD)/tests/gpu/slowpin/libcuda.so.1
+$(GPU_SLOWPIN): tests/gpu/slowpin.c $(BUILD)/tests/fakecuda/libfakecuda.so
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -shared $(LDSAN) $(LDFLAGS) -o $@ $< -L$(BUILD)/tests/fakecuda \
+	    -Wl,--no-as-needed -lfakecuda -Wl,--as-needed -Wl,-rpath,'$$ORIGIN/../../fakecuda' -ldl
 SCRIPT_TESTS += tests/gpu/run-sim.sh
 check: $(GPU_CHECK_BIN)
 
