@@ -188,7 +188,7 @@ start_daemon() {
   dlog=$dir/kvnoded-$nstart.log
   local denv=()
   [[ -n ${DAEMON_ENV:-} ]] && read -r -a denv <<<"$DAEMON_ENV"
-  "${denv[@]}" "$kvnoded" "${daemon_args[@]}" "$@" >"$dlog" 2>&1 &
+  env "${denv[@]}" "$kvnoded" "${daemon_args[@]}" "$@" >"$dlog" 2>&1 &
   dpid=$!
   local deadline=$((SECONDS + READY_TIMEOUT))
   while ((SECONDS < deadline)); do
@@ -210,7 +210,7 @@ start_daemon() {
 stop_daemon() {
   stop_secs=0
   [[ -n $dpid ]] || return 0
-  local t0=$SECONDS st=0
+  local t0=$SECONDS st=0 e0=$EPOCHREALTIME
   kill -TERM "$dpid" 2>/dev/null || true
   while kill -0 "$dpid" 2>/dev/null && ((SECONDS - t0 < STOP_TIMEOUT)); do sleep 0.05; done
   if kill -0 "$dpid" 2>/dev/null; then
@@ -222,7 +222,7 @@ stop_daemon() {
   fi
   wait "$dpid" || st=$?
   dpid=""
-  stop_secs=$((SECONDS - t0))
+  stop_secs=$(awk -v a="$e0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
   ((st == 0)) || { why="kvnoded exited with status $st after SIGTERM"; return 1; }
 }
 
@@ -385,8 +385,8 @@ b_identity() {
       parts+=("kvnoded's only context is on $want")
     fi
   fi
-  local IFS=';'
-  verdict=PASS why="${parts[*]}"
+  join_parts "${parts[@]}"
+  verdict=PASS why=$joined
 }
 
 b_batch() { if gc batch batch; then verdict=PASS; else verdict=FAIL; fi; why=$res; }
@@ -404,48 +404,75 @@ b_store() {
   verdict=PASS why=$res
 }
 
-b_restart() {
-  local m_base m_before t0 cpid st=0
+# restart_once LABEL: the client holding leases across a stop and a start;
+# 1 with why set when something failed, else rsum says what happened.
+restart_once() {
+  local label=$1 m_before cpid st=0 out=$dir/restart-${1// /-}.out
   rm -f "$dir/sync/restart."*
   m_before=$(gpu_mem_used)
+  label+=" (lent by $(stats | jq -r '.tiers.hbm[0].lent_by // "nothing"'))"
   "$checker" restart --socket "$sock" --device "$DEVICE" --blocks "$BLOCKS" --block-bytes "$BLOCK_BYTES" \
-    --salt "$salt" --sync "$dir/sync" --timeout "$TIMEOUT" >"$dir/restart.out" 2>&1 &
+    --salt "$salt" --sync "$dir/sync" --timeout "$TIMEOUT" >"$out" 2>&1 &
   cpid=$!
-  t0=$SECONDS
-  while [[ ! -e $dir/sync/restart.ready ]]; do
-    kill -0 "$cpid" 2>/dev/null || break
-    ((SECONDS - t0 < TIMEOUT)) || break
+  local t0=$SECONDS
+  while [[ ! -e $dir/sync/restart.ready ]] && kill -0 "$cpid" 2>/dev/null && ((SECONDS - t0 < TIMEOUT)); do
     sleep 0.05
   done
   if [[ ! -e $dir/sync/restart.ready ]]; then
     kill "$cpid" 2>/dev/null || true; wait "$cpid" 2>/dev/null || true
-    verdict=FAIL why="the client did not take its leases: $(grep -m1 '^RESULT' "$dir/restart.out" || tail -n 1 "$dir/restart.out")"
-    return
+    why="$label: the client did not take its leases: $(grep -m1 '^RESULT' "$out" || tail -n 1 "$out")"
+    return 1
   fi
   if ! stop_daemon; then
     touch "$dir/sync/restart.go"; wait "$cpid" || true
-    verdict=FAIL why="stopping under a live client: $why"; return
+    why="$label: stopping under a live client: $why"; return 1
   fi
   local stop_took=$stop_secs
   if ! start_daemon; then
     touch "$dir/sync/restart.go"; wait "$cpid" || true
-    verdict=FAIL why="the new daemon did not start while the old client lived: $why"; return
+    why="$label: the new daemon did not start while the old client lived: $why"; return 1
   fi
   touch "$dir/sync/restart.go"
   wait "$cpid" || st=$?
-  res=$(grep -m1 '^RESULT ' "$dir/restart.out" | sed -E 's/^RESULT [A-Z]+: //' || true)
-  ((st == 0)) || { verdict=FAIL why="${res:-the client failed (status $st)}"; return; }
+  res=$(grep '^RESULT ' "$out" | tail -n 1 | sed -E 's/^RESULT [A-Z]+: //' || true)
+  ((st == 0)) || { why="$label: ${res:-the client failed (status $st)}"; return 1; }
   if ! mem_settles_at "$m_before" "$mem_tol"; then
-    verdict=FAIL why="GPU memory in use $mem_now bytes after the restart, $m_before before it"; return
+    why="$label: GPU memory in use $mem_now bytes after the restart, $m_before before it"; return 1
+  fi
+  rsum="$label: $res; stopped in ${stop_took}s under the client; GPU memory $m_before bytes before and after"
+}
+
+b_restart() {
+  local parts=()
+  restart_once "$([[ $sim == 1 ]] && echo VMM || echo "GPU $DEVICE")" || { verdict=FAIL; return; }
+  parts+=("$rsum")
+  if [[ $sim == 1 ]]; then
+    # Legacy CUDA IPC (a driver without VMM): the old daemon may free its
+    # memory only once the client has closed its handle.
+    stop_daemon || { verdict=FAIL; return; }
+    DAEMON_ENV=FAKECUDA_NO_VMM=1
+    start_daemon || { DAEMON_ENV=""; verdict=FAIL why="legacy IPC: start: $why"; return; }
+    FAKECUDA_NO_VMM=1 restart_once "legacy IPC" || { DAEMON_ENV=""; verdict=FAIL; return; }
+    DAEMON_ENV=""
+    parts+=("$rsum")
   fi
   # Without any daemon: back to the baseline taken before the first start.
   stop_daemon || { verdict=FAIL; return; }
-  m_base_ok=1
-  mem_settles_at "$mem_baseline" "$mem_tol" || m_base_ok=0
+  local ok=1 m_base
+  mem_settles_at "$mem_baseline" "$mem_tol" || ok=0
   m_base=$mem_now
   start_daemon || { verdict=FAIL why="restart for the next behaviours: $why"; return; }
-  ((m_base_ok)) || { verdict=FAIL why="with no daemon running, $m_base bytes of GPU memory in use, $mem_baseline before the first start"; return; }
-  verdict=PASS why="$res; stopped in ${stop_took}s under the client; GPU memory $m_before bytes before and after, $m_base with no daemon (baseline $mem_baseline)"
+  ((ok)) || { verdict=FAIL why="with no daemon running, $m_base bytes of GPU memory in use, $mem_baseline before the first start"; return; }
+  parts+=("$m_base bytes with no daemon (baseline $mem_baseline)")
+  join_parts "${parts[@]}"
+  verdict=PASS why=$joined
+}
+
+# join_parts PART...: joined = the parts separated by "; ".
+join_parts() {
+  joined=$1; shift
+  local p
+  for p in "$@"; do joined+="; $p"; done
 }
 
 b_death() { if gc death death; then verdict=PASS; else verdict=FAIL; fi; why=$res; }
@@ -486,7 +513,7 @@ b_demotion() {
   else
     [[ -e $slowpin/libcuda.so.1 ]] ||
       { verdict=FAIL why="$slowpin/libcuda.so.1 is not built (make BUILD=$BUILD $slowpin/libcuda.so.1)"; return; }
-    denv=(env "LD_LIBRARY_PATH=$PWD/$slowpin:$LD_LIBRARY_PATH" "GPU_CHECK_PIN_DELAY_MS=${GPU_CHECK_PIN_DELAY_MS:-250}")
+    denv=("LD_LIBRARY_PATH=$PWD/$slowpin:$LD_LIBRARY_PATH" "GPU_CHECK_PIN_DELAY_MS=${GPU_CHECK_PIN_DELAY_MS:-250}")
   fi
   stop_daemon || { verdict=FAIL; return; }
   if ! DAEMON_ENV="${denv[*]}" start_daemon --set "memory.slab_bytes=$slab" \
@@ -513,9 +540,9 @@ report() {   # report NAME: one table line (and on FAIL what the checker and dae
     SKIP) nskip=$((nskip + 1)) ;;
     *) nfail=$((nfail + 1))
        for f in "$dir/$name"*.out; do
-         [[ -s $f ]] && grep -v '^RESULT' "$f" | tail -n 8 | sed "s|^|      ${f##*/}: |"
+         [[ -s $f ]] && { grep -v '^RESULT' "$f" | tail -n 8 | sed "s|^|      ${f##*/}: |" || true; }
        done
-       [[ -n $dlog && -s $dlog ]] && grep -iE 'error|warn|fail' "$dlog" | tail -n 8 | sed 's/^/      kvnoded: /' ;;
+       [[ -n $dlog && -s $dlog ]] && { grep -iE 'error|warn|fail' "$dlog" | tail -n 8 | sed 's/^/      kvnoded: /' || true; } ;;
   esac
   return 0
 }

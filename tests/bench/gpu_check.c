@@ -383,8 +383,13 @@ static size_t put_hbm(kvnode_client *c, const kvnode_key *keys, size_t n, uint64
                 memcpy(locs[j].ptr, stage + j * opt.bb, opt.bb);
             }
         }
-        if (lease)
+        if (lease) {
             kv(c, ks.put_commit_stream(c, lease, stream), "kvnode_put_commit_stream");
+            int q = gc.stream_query(stream);
+            if (q != GC_SUCCESS)
+                FAIL("cudaStreamQuery right after kvnode_put_commit_stream returned: %s (the "
+                     "commit did not wait for the writes queued on the stream)", gc_err(q));
+        }
     }
     free(locs);
     free(stage);
@@ -755,6 +760,10 @@ static void b_completion(void)
     cu(gc.memcpy_async(dst, h, n * opt.bb, GC_H2D, s), "cudaMemcpyAsync H2D");
     kv(c, ks.put_batch_stream(c, k2, n, (const void *const *)dp, KVNODE_BATCH_DEVICE, s),
        "kvnode_put_batch_stream(DEVICE)");
+    q = gc.stream_query(s);
+    if (q != GC_SUCCESS)
+        FAIL("cudaStreamQuery(caller's stream) right after kvnode_put_batch_stream returned: %s",
+             gc_err(q));
     get_verify(c2, k2, n, 3, "after put_batch_stream, on another connection");
     info("put_commit_stream and put_batch_stream: the other connection reads the bytes queued "
          "before them");
