@@ -355,12 +355,18 @@ b_identity() {
   fi
   parts+=("CUDA_VISIBLE_DEVICES=$uuid_hbm device 0 lent HBM")
   if ((${#others[@]})); then
-    local o=${others[0]} ouid=${others[0]}
-    [[ $sim == 0 ]] && ouid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$o" | tr -d ' ')
-    if ! CUDA_VISIBLE_DEVICES=$ouid GC_DEVICE=0 gc identity-b identity --expect none; then
-      verdict=FAIL why="CUDA_VISIBLE_DEVICES=$ouid (a GPU kvnoded does not serve): $res"; return
+    # The unserved GPU at the served GPU's ordinal: a daemon that fell back
+    # to the ordinal would lend it the wrong GPU's memory.
+    local o=${others[0]} order=() n
+    n=$((${#others[@]} + 1))
+    for ((i = 0; i < n; i++)); do order+=("$i"); done
+    order[DEVICE]=$o order[o]=$DEVICE
+    local swapped
+    swapped=$(IFS=,; echo "${order[*]}")
+    if ! CUDA_VISIBLE_DEVICES=$swapped GC_DEVICE=$DEVICE gc identity-b identity --expect none; then
+      verdict=FAIL why="CUDA_VISIBLE_DEVICES=$swapped device $DEVICE (GPU $o, which kvnoded does not serve): $res"; return
     fi
-    parts+=("CUDA_VISIBLE_DEVICES=$ouid device 0 none")
+    parts+=("CUDA_VISIBLE_DEVICES=$swapped device $DEVICE (GPU $o) none")
   else
     parts+=("one GPU: no unserved GPU to try")
   fi
