@@ -2,10 +2,12 @@
  * the prototypes of every entry point it exports (no CUDA headers exist here:
  * the types below copy the layouts of cuda.h / cuda_runtime_api.h, 64-bit).
  *
- * Modules: fakecuda.c (configuration, state-dir files, violations, contexts,
- * devices, error strings, test helpers, fork), fakecuda_mem.c (allocations,
- * legacy IPC, VMM, host registration, the range table), fakecuda_stream.c
- * (streams, events, copies), fakecuda_rt.c (the runtime half). */
+ * Modules: fakecuda.c (configuration, fork, state-dir files, violations,
+ * error strings, test helpers), fakecuda_ctx.c (devices, contexts, the
+ * runtime's device and last error), fakecuda_mem.c (allocation files and
+ * their holders, legacy IPC, host registration, the range table),
+ * fakecuda_vmm.c (the VMM calls), fakecuda_stream.c (streams, events,
+ * copies). */
 #ifndef FAKECUDA_INTERNAL_H
 #define FAKECUDA_INTERNAL_H
 
@@ -136,6 +138,7 @@ struct fc_state {
 extern struct fc_state fc;
 
 /* ---- fakecuda.c ---------------------------------------------------------- */
+unsigned long long fc_hash(const char *s);
 CUresult fc_enter(const char *name, bool need_init);
 bool fc_load(void);
 void fc_violation(const char *rule, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -157,6 +160,63 @@ cudaError_t fc_rt_last_error(bool clear);
 bool fc_vmm_supported(void);
 unsigned long long fc_used_bytes(int phys);
 
+/* ---- fakecuda_mem.c: memory tables (shared with fakecuda_vmm.c; fc.lock) -- */
+enum { R_LEGACY = 1, R_IPC, R_RESERVE, R_MAP };
+
+struct fc_alloc {
+    char name[64];
+    int phys;
+    size_t size;
+    int fd;
+    bool vmm;
+    bool handle_live;       /* VMM: not cuMemRelease'd yet */
+    bool exportable;        /* VMM: created with the POSIX-fd handle type */
+    unsigned maps;          /* VMM: cuMemMap'ed views */
+    struct fc_alloc *next;
+};
+
+struct fc_range {
+    uintptr_t base;
+    size_t size;
+    int kind;
+    int phys;
+    bool access;            /* R_MAP: cuMemSetAccess gave access */
+    struct fc_alloc *alloc;
+    struct fc_range *next;
+};
+
+struct fc_reg {
+    uintptr_t base;
+    size_t size;
+    unsigned flags;
+    struct fc_reg *next;
+};
+
+struct fc_hold {
+    char name[64];
+    unsigned refs;
+    struct fc_hold *next;
+};
+
+struct mem_tables {
+    struct fc_alloc *allocs;
+    struct fc_range *ranges;
+    struct fc_reg *regs;
+    struct fc_hold *holds;
+    unsigned seq;
+    struct mem_tables *older;   /* a fork parent's tables, kept reachable */
+};
+
+extern struct mem_tables fc_mt;
+
+CUresult fc_alloc_new(int phys, size_t size, bool vmm, struct fc_alloc **out);
+void fc_alloc_drop(struct fc_alloc *a);
+void fc_hold_acquire(const char *name);
+struct fc_range *fc_range_add(uintptr_t base, size_t size, int kind, int phys, struct fc_alloc *a);
+void fc_range_del(struct fc_range *r);
+struct fc_range *fc_range_at(uintptr_t base, int kind);
+size_t fc_overlap(uintptr_t a, size_t an, uintptr_t b, size_t bn);
+
 /* ---- fakecuda_mem.c ------------------------------------------------------ */
 /* Where [p, p+n) lies: 1 device memory (*phys set), 0 host, -1 partly device
  * or in memory not accessible yet. */
@@ -172,6 +232,24 @@ CUresult fc_memset(void *dst, int value, size_t n, struct fc_ctx *ctx);
 CUresult fc_stream_resolve(struct fc_stream *h, struct fc_ctx *ctx, struct fc_stream **out);
 void fc_device_sync(int phys);
 void fc_stream_fork_reset(void);
+
+/* Entry-point prologues: the context a driver call needs (201 without
+ * one), or the runtime's (created on first need). */
+#define DRV_CTX(name)                                         \
+    struct fc_ctx *c;                                         \
+    CUresult rc = fc_enter(name, true);                       \
+    if (rc == FC_SUCCESS)                                     \
+        rc = fc_drv_ctx(&c, name);                            \
+    if (rc)                                                   \
+        return rc
+
+#define RT_CTX(name)                                          \
+    struct fc_ctx *c;                                         \
+    CUresult rc = fc_enter(name, false);                      \
+    if (rc == FC_SUCCESS)                                     \
+        rc = fc_rt_ctx(&c);                                   \
+    if (rc)                                                   \
+        return fc_rt_ret(rc)
 
 #pragma GCC visibility pop
 

@@ -19,53 +19,7 @@
 
 #include "fakecuda_internal.h"
 
-enum { R_LEGACY = 1, R_IPC, R_RESERVE, R_MAP };
-
-struct fc_alloc {
-    char name[64];
-    int phys;
-    size_t size;
-    int fd;
-    bool vmm;
-    bool handle_live;       /* VMM: not cuMemRelease'd yet */
-    bool exportable;        /* VMM: created with the POSIX-fd handle type */
-    unsigned maps;          /* VMM: cuMemMap'ed views */
-    struct fc_alloc *next;
-};
-
-struct fc_range {
-    uintptr_t base;
-    size_t size;
-    int kind;
-    int phys;
-    bool access;            /* R_MAP: cuMemSetAccess gave access */
-    struct fc_alloc *alloc;
-    struct fc_range *next;
-};
-
-struct fc_reg {
-    uintptr_t base;
-    size_t size;
-    unsigned flags;
-    struct fc_reg *next;
-};
-
-struct fc_hold {
-    char name[64];
-    unsigned refs;
-    struct fc_hold *next;
-};
-
-struct mem_tables {
-    struct fc_alloc *allocs;
-    struct fc_range *ranges;
-    struct fc_reg *regs;
-    struct fc_hold *holds;
-    unsigned seq;
-    struct mem_tables *older;   /* a fork parent's tables, kept reachable */
-};
-
-static struct mem_tables mt;
+struct mem_tables fc_mt;
 
 #define IPC_MAGIC 0x46434950u   /* "FCIP" */
 struct ipc_wire {
@@ -85,9 +39,9 @@ void fc_mem_fork_reset(void)
     struct mem_tables *old = malloc(sizeof *old);
 
     if (old)
-        *old = mt;
-    memset(&mt, 0, sizeof mt);
-    mt.older = old;
+        *old = fc_mt;
+    memset(&fc_mt, 0, sizeof fc_mt);
+    fc_mt.older = old;
 }
 
 /* ---- shared files: holders, accounting ------------------------------------ */
@@ -212,18 +166,18 @@ unsigned long long fc_used_bytes(int phys)
 
 /* This process holds name (marker written on the first hold). Caller holds
  * fc.lock and, for the first hold, the directory lock. */
-static void hold_acquire(const char *name)
+void fc_hold_acquire(const char *name)
 {
     struct fc_hold *h;
 
-    for (h = mt.holds; h && strcmp(h->name, name); h = h->next) {}
+    for (h = fc_mt.holds; h && strcmp(h->name, name); h = h->next) {}
     if (!h) {
         h = calloc(1, sizeof *h);
         if (!h)
             return;
         snprintf(h->name, sizeof h->name, "%s", name);
-        h->next = mt.holds;
-        mt.holds = h;
+        h->next = fc_mt.holds;
+        fc_mt.holds = h;
     }
     if (h->refs++ == 0) {
         char p[PATH_MAX];
@@ -241,7 +195,7 @@ static void hold_release(const char *name)
 {
     struct fc_hold **pp, *h;
 
-    for (pp = &mt.holds; (h = *pp) && strcmp(h->name, name); pp = &h->next) {}
+    for (pp = &fc_mt.holds; (h = *pp) && strcmp(h->name, name); pp = &h->next) {}
     if (!h || --h->refs > 0)
         return;
     *pp = h->next;
@@ -258,7 +212,7 @@ static void hold_release(const char *name)
 }
 
 /* A new allocation of size bytes on phys: its file, its marker, its fd. */
-static CUresult alloc_new(int phys, size_t size, bool vmm, struct fc_alloc **out)
+CUresult fc_alloc_new(int phys, size_t size, bool vmm, struct fc_alloc **out)
 {
     struct fc_alloc *a;
     unsigned long long used;
@@ -276,7 +230,7 @@ static CUresult alloc_new(int phys, size_t size, bool vmm, struct fc_alloc **out
         return FC_ERR_OUT_OF_MEMORY;
     }
     for (;;) {
-        snprintf(a->name, sizeof a->name, "%s-%d-%d-%u", vmm ? "vmm" : "ipc", phys, (int)getpid(), ++mt.seq);
+        snprintf(a->name, sizeof a->name, "%s-%d-%d-%u", vmm ? "vmm" : "ipc", phys, (int)getpid(), ++fc_mt.seq);
         fc_path(p, sizeof p, "%s", a->name);
         fd = open(p, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd >= 0 || errno != EEXIST)
@@ -291,24 +245,24 @@ static CUresult alloc_new(int phys, size_t size, bool vmm, struct fc_alloc **out
         free(a);
         return FC_ERR_OUT_OF_MEMORY;
     }
-    hold_acquire(a->name);
+    fc_hold_acquire(a->name);
     fc_dir_unlock(lk);
     a->phys = phys;
     a->size = size;
     a->fd = fd;
     a->vmm = vmm;
-    a->next = mt.allocs;
-    mt.allocs = a;
+    a->next = fc_mt.allocs;
+    fc_mt.allocs = a;
     *out = a;
     return FC_SUCCESS;
 }
 
 /* Caller holds fc.lock. */
-static void alloc_drop(struct fc_alloc *a)
+void fc_alloc_drop(struct fc_alloc *a)
 {
     struct fc_alloc **pp;
 
-    for (pp = &mt.allocs; *pp && *pp != a; pp = &(*pp)->next) {}
+    for (pp = &fc_mt.allocs; *pp && *pp != a; pp = &(*pp)->next) {}
     if (*pp)
         *pp = a->next;
     close(a->fd);
@@ -316,7 +270,7 @@ static void alloc_drop(struct fc_alloc *a)
     free(a);
 }
 
-static struct fc_range *range_add(uintptr_t base, size_t size, int kind, int phys, struct fc_alloc *a)
+struct fc_range *fc_range_add(uintptr_t base, size_t size, int kind, int phys, struct fc_alloc *a)
 {
     struct fc_range *r = calloc(1, sizeof *r);
 
@@ -328,32 +282,32 @@ static struct fc_range *range_add(uintptr_t base, size_t size, int kind, int phy
     r->phys = phys;
     r->alloc = a;
     r->access = kind != R_MAP && kind != R_RESERVE;
-    r->next = mt.ranges;
-    mt.ranges = r;
+    r->next = fc_mt.ranges;
+    fc_mt.ranges = r;
     return r;
 }
 
-static void range_del(struct fc_range *r)
+void fc_range_del(struct fc_range *r)
 {
     struct fc_range **pp;
 
-    for (pp = &mt.ranges; *pp && *pp != r; pp = &(*pp)->next) {}
+    for (pp = &fc_mt.ranges; *pp && *pp != r; pp = &(*pp)->next) {}
     if (*pp)
         *pp = r->next;
     free(r);
 }
 
-static struct fc_range *range_at(uintptr_t base, int kind)
+struct fc_range *fc_range_at(uintptr_t base, int kind)
 {
     struct fc_range *r;
 
-    for (r = mt.ranges; r; r = r->next)
+    for (r = fc_mt.ranges; r; r = r->next)
         if (r->kind == kind && r->base == base)
             return r;
     return NULL;
 }
 
-static size_t overlap(uintptr_t a, size_t an, uintptr_t b, size_t bn)
+size_t fc_overlap(uintptr_t a, size_t an, uintptr_t b, size_t bn)
 {
     uintptr_t lo = a > b ? a : b, hi = a + an < b + bn ? a + an : b + bn;
 
@@ -370,8 +324,8 @@ int fc_range_class(const void *p, size_t n, int *phys)
     if (n == 0)
         n = 1;
     pthread_mutex_lock(&fc.lock);
-    for (r = mt.ranges; r; r = r->next) {
-        size_t o = overlap(a, n, r->base, r->size);
+    for (r = fc_mt.ranges; r; r = r->next) {
+        size_t o = fc_overlap(a, n, r->base, r->size);
 
         if (!o)
             continue;
@@ -402,8 +356,8 @@ int fc_host_pinned(const void *p, size_t n)
     if (n == 0)
         n = 1;
     pthread_mutex_lock(&fc.lock);
-    for (g = mt.regs; g; g = g->next) {
-        size_t o = overlap(a, n, g->base, g->size);
+    for (g = fc_mt.regs; g; g = g->next) {
+        size_t o = fc_overlap(a, n, g->base, g->size);
 
         if (!o)
             continue;
@@ -427,14 +381,14 @@ static CUresult mem_alloc(struct fc_ctx *c, size_t size, void **out)
         return FC_ERR_INVALID_VALUE;
     len = (size + pg - 1) / pg * pg;
     pthread_mutex_lock(&fc.lock);
-    rc = alloc_new(c->phys, len, false, &a);
+    rc = fc_alloc_new(c->phys, len, false, &a);
     if (rc == FC_SUCCESS) {
         m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
         if (m == MAP_FAILED) {
-            alloc_drop(a);
+            fc_alloc_drop(a);
             rc = FC_ERR_OUT_OF_MEMORY;
         } else {
-            range_add((uintptr_t)m, len, R_LEGACY, c->phys, a);
+            fc_range_add((uintptr_t)m, len, R_LEGACY, c->phys, a);
             *out = m;
         }
     }
@@ -452,13 +406,13 @@ static CUresult mem_free(struct fc_ctx *c, void *p, const char *what)
     int lk;
 
     pthread_mutex_lock(&fc.lock);
-    r = range_at((uintptr_t)p, R_LEGACY);
+    r = fc_range_at((uintptr_t)p, R_LEGACY);
     pthread_mutex_unlock(&fc.lock);
     if (!r)
         return FC_ERR_INVALID_VALUE;
     fc_device_sync(c->phys);    /* cudaFree synchronises the device */
     pthread_mutex_lock(&fc.lock);
-    r = range_at((uintptr_t)p, R_LEGACY);
+    r = fc_range_at((uintptr_t)p, R_LEGACY);
     if (!r) {
         pthread_mutex_unlock(&fc.lock);
         return FC_ERR_INVALID_VALUE;
@@ -472,8 +426,8 @@ static CUresult mem_free(struct fc_ctx *c, void *p, const char *what)
     names_free(&ns);
     fc_dir_unlock(lk);
     munmap((void *)r->base, r->size);
-    range_del(r);
-    alloc_drop(a);
+    fc_range_del(r);
+    fc_alloc_drop(a);
     pthread_mutex_unlock(&fc.lock);
     return FC_SUCCESS;
 }
@@ -489,8 +443,8 @@ static CUresult ipc_get(struct fc_ctx *c, void *handle, void *p)
         return FC_ERR_INVALID_VALUE;
     memset(&w, 0, sizeof w);
     pthread_mutex_lock(&fc.lock);
-    for (r = mt.ranges; r; r = r->next)
-        if (r->kind == R_LEGACY && overlap((uintptr_t)p, 1, r->base, r->size)) {
+    for (r = fc_mt.ranges; r; r = r->next)
+        if (r->kind == R_LEGACY && fc_overlap((uintptr_t)p, 1, r->base, r->size)) {
             int ph, pid;
             unsigned seq;
 
@@ -536,7 +490,7 @@ static CUresult ipc_open(struct fc_ctx *c, void **out, const void *handle, unsig
         return FC_ERR_MAP_FAILED;
     }
     pthread_mutex_lock(&fc.lock);
-    for (r = mt.ranges; r; r = r->next)
+    for (r = fc_mt.ranges; r; r = r->next)
         if (r->kind == R_IPC && !strcmp(r->alloc->name, name)) {
             pthread_mutex_unlock(&fc.lock);
             fc_violation("ipc-open-twice", "IPC handle of %s opened twice in one process", name);
@@ -565,11 +519,11 @@ static CUresult ipc_open(struct fc_ctx *c, void **out, const void *handle, unsig
     a->phys = w.phys;
     a->size = (size_t)st.st_size;
     a->fd = fd;
-    a->next = mt.allocs;
-    mt.allocs = a;
-    hold_acquire(name);
+    a->next = fc_mt.allocs;
+    fc_mt.allocs = a;
+    fc_hold_acquire(name);
     fc_dir_unlock(lk);
-    range_add((uintptr_t)m, a->size, R_IPC, w.phys, a);
+    fc_range_add((uintptr_t)m, a->size, R_IPC, w.phys, a);
     pthread_mutex_unlock(&fc.lock);
     *out = m;
     return FC_SUCCESS;
@@ -581,14 +535,14 @@ static CUresult ipc_close(struct fc_ctx *c, void *p)
 
     fc_device_sync(c->phys);
     pthread_mutex_lock(&fc.lock);
-    r = range_at((uintptr_t)p, R_IPC);
+    r = fc_range_at((uintptr_t)p, R_IPC);
     if (!r) {
         pthread_mutex_unlock(&fc.lock);
         return FC_ERR_INVALID_VALUE;
     }
     munmap((void *)r->base, r->size);
-    alloc_drop(r->alloc);
-    range_del(r);
+    fc_alloc_drop(r->alloc);
+    fc_range_del(r);
     pthread_mutex_unlock(&fc.lock);
     return FC_SUCCESS;
 }
@@ -632,8 +586,8 @@ static CUresult host_register(struct fc_ctx *c, void *p, size_t n, unsigned flag
     if (fc_range_class(p, n, &ph) != 0)
         return FC_ERR_INVALID_VALUE;
     pthread_mutex_lock(&fc.lock);
-    for (g = mt.regs; g; g = g->next)
-        if (overlap((uintptr_t)p, n, g->base, g->size)) {
+    for (g = fc_mt.regs; g; g = g->next)
+        if (fc_overlap((uintptr_t)p, n, g->base, g->size)) {
             pthread_mutex_unlock(&fc.lock);
             fc_violation("register-overlap", "%s(%p, %zu) overlaps the registration at %p (%zu bytes)",
                          what, p, n, (void *)g->base, g->size);
@@ -655,8 +609,8 @@ static CUresult host_register(struct fc_ctx *c, void *p, size_t n, unsigned flag
     g->size = n;
     g->flags = flags;
     pthread_mutex_lock(&fc.lock);
-    g->next = mt.regs;
-    mt.regs = g;
+    g->next = fc_mt.regs;
+    fc_mt.regs = g;
     pthread_mutex_unlock(&fc.lock);
     return FC_SUCCESS;
 }
@@ -667,7 +621,7 @@ static CUresult host_unregister(struct fc_ctx *c, void *p)
 
     (void)c;
     pthread_mutex_lock(&fc.lock);
-    for (pp = &mt.regs; (g = *pp) && g->base != (uintptr_t)p; pp = &g->next) {}
+    for (pp = &fc_mt.regs; (g = *pp) && g->base != (uintptr_t)p; pp = &g->next) {}
     if (g)
         *pp = g->next;
     pthread_mutex_unlock(&fc.lock);
@@ -679,22 +633,6 @@ static CUresult host_unregister(struct fc_ctx *c, void *p)
 }
 
 /* ---- driver entry points: legacy memory, IPC, registration, info --------------- */
-
-#define DRV_CTX(name)                                         \
-    struct fc_ctx *c;                                         \
-    CUresult rc = fc_enter(name, true);                       \
-    if (rc == FC_SUCCESS)                                     \
-        rc = fc_drv_ctx(&c, name);                            \
-    if (rc)                                                   \
-        return rc
-
-#define RT_CTX(name)                                          \
-    struct fc_ctx *c;                                         \
-    CUresult rc = fc_enter(name, false);                      \
-    if (rc == FC_SUCCESS)                                     \
-        rc = fc_rt_ctx(&c);                                   \
-    if (rc)                                                   \
-        return fc_rt_ret(rc)
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
@@ -813,340 +751,3 @@ cudaError_t cudaIpcCloseMemHandle(void *ptr)
     return fc_rt_ret(ipc_close(c, ptr));
 }
 
-/* ---- VMM ------------------------------------------------------------------------- */
-
-static CUresult vmm_enter(const char *name)
-{
-    CUresult rc = fc_enter(name, true);
-
-    if (rc == FC_SUCCESS && !fc_vmm_supported())
-        rc = FC_ERR_NOT_SUPPORTED;
-    return rc;
-}
-
-static CUresult check_prop(const CUmemAllocationProp *prop, int *phys)
-{
-    if (!prop || prop->type != FC_ALLOCATION_TYPE_PINNED || prop->location.type != FC_LOCATION_TYPE_DEVICE ||
-        (prop->requestedHandleTypes & ~FC_HANDLE_TYPE_POSIX_FD))
-        return FC_ERR_INVALID_VALUE;
-    *phys = fc_ordinal_phys(prop->location.id);
-    if (*phys < 0)
-        return FC_ERR_INVALID_DEVICE;
-    /* A context of this process on the device that hit a sticky error. */
-    if (fc.ctx[*phys].alive)
-        return fc_ctx_check(&fc.ctx[*phys]);
-    return FC_SUCCESS;
-}
-
-static struct fc_alloc *vmm_handle(CUmemGenericAllocationHandle h)
-{
-    struct fc_alloc *a;
-
-    for (a = mt.allocs; a; a = a->next)
-        if ((uintptr_t)a == (uintptr_t)h && a->vmm && a->handle_live)
-            return a;
-    return NULL;
-}
-
-CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, int option)
-{
-    CUresult rc = vmm_enter("cuMemGetAllocationGranularity");
-    int phys;
-
-    if (rc)
-        return rc;
-    if (!granularity || (option != 0 && option != 1))
-        return FC_ERR_INVALID_VALUE;
-    if ((rc = check_prop(prop, &phys)))
-        return rc;
-    *granularity = FC_GRANULARITY;
-    return FC_SUCCESS;
-}
-
-CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                     unsigned long long flags)
-{
-    CUresult rc = vmm_enter("cuMemCreate");
-    struct fc_alloc *a;
-    int phys;
-
-    if (rc)
-        return rc;
-    if (!handle || flags != 0 || size == 0 || size % FC_GRANULARITY)
-        return FC_ERR_INVALID_VALUE;
-    if ((rc = check_prop(prop, &phys)))
-        return rc;
-    pthread_mutex_lock(&fc.lock);
-    rc = alloc_new(phys, size, true, &a);
-    if (rc == FC_SUCCESS) {
-        a->handle_live = true;
-        a->exportable = (prop->requestedHandleTypes & FC_HANDLE_TYPE_POSIX_FD) != 0;
-        *handle = (CUmemGenericAllocationHandle)(uintptr_t)a;
-    }
-    pthread_mutex_unlock(&fc.lock);
-    return rc;
-}
-
-CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    CUresult rc = vmm_enter("cuMemRelease");
-    struct fc_alloc *a;
-
-    if (rc)
-        return rc;
-    pthread_mutex_lock(&fc.lock);
-    a = vmm_handle(handle);
-    if (a) {
-        a->handle_live = false;
-        if (a->maps == 0)
-            alloc_drop(a);
-    }
-    pthread_mutex_unlock(&fc.lock);
-    return a ? FC_SUCCESS : FC_ERR_INVALID_VALUE;
-}
-
-CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle, int type,
-                                      unsigned long long flags)
-{
-    CUresult rc = vmm_enter("cuMemExportToShareableHandle");
-    struct fc_alloc *a;
-    char p[PATH_MAX];
-    int fd = -1;
-
-    if (rc)
-        return rc;
-    if (!shareable || type != FC_HANDLE_TYPE_POSIX_FD || flags != 0)
-        return FC_ERR_INVALID_VALUE;
-    pthread_mutex_lock(&fc.lock);
-    a = vmm_handle(handle);
-    if (a && a->exportable) {
-        snprintf(p, sizeof p, "/proc/self/fd/%d", a->fd);
-        fd = open(p, O_RDWR | O_CLOEXEC);
-    }
-    pthread_mutex_unlock(&fc.lock);
-    if (!a || !a->exportable)
-        return FC_ERR_INVALID_VALUE;
-    if (fd < 0)
-        return FC_ERR_OUT_OF_MEMORY;
-    *(int *)shareable = fd;
-    return FC_SUCCESS;
-}
-
-CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle, int type)
-{
-    CUresult rc = vmm_enter("cuMemImportFromShareableHandle");
-    int fd = (int)(intptr_t)os_handle, ph, pid, lk;
-    char link[64], path[PATH_MAX];
-    const char *base;
-    struct fc_alloc *a;
-    unsigned seq;
-    struct stat st;
-    ssize_t n;
-
-    if (rc)
-        return rc;
-    if (!handle || type != FC_HANDLE_TYPE_POSIX_FD || fd < 0)
-        return FC_ERR_INVALID_VALUE;
-    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    n = readlink(link, path, sizeof path - 1);
-    if (n <= 0 || fstat(fd, &st) != 0)
-        return FC_ERR_INVALID_VALUE;
-    path[n] = '\0';
-    base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    if (sscanf(base, "vmm-%d-%d-%u", &ph, &pid, &seq) != 3 || ph < 0 || ph >= fc.cfg.nphys)
-        return FC_ERR_INVALID_VALUE;
-    a = calloc(1, sizeof *a);
-    if (!a)
-        return FC_ERR_OUT_OF_MEMORY;
-    a->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (a->fd < 0) {
-        free(a);
-        return FC_ERR_OUT_OF_MEMORY;
-    }
-    snprintf(a->name, sizeof a->name, "vmm-%d-%d-%u", ph, pid, seq);
-    a->phys = ph;
-    a->size = (size_t)st.st_size;
-    a->vmm = true;
-    a->handle_live = true;
-    a->exportable = true;
-    pthread_mutex_lock(&fc.lock);
-    lk = fc_dir_lock();
-    hold_acquire(a->name);
-    fc_dir_unlock(lk);
-    a->next = mt.allocs;
-    mt.allocs = a;
-    pthread_mutex_unlock(&fc.lock);
-    *handle = (CUmemGenericAllocationHandle)(uintptr_t)a;
-    return FC_SUCCESS;
-}
-
-CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
-                             unsigned long long flags)
-{
-    CUresult rc = vmm_enter("cuMemAddressReserve");
-    uintptr_t m, a;
-    void *v;
-
-    (void)addr;     /* a hint only */
-    if (rc)
-        return rc;
-    if (!ptr || size == 0 || size % FC_GRANULARITY || flags != 0 || (alignment & (alignment - 1)))
-        return FC_ERR_INVALID_VALUE;
-    if (alignment < FC_GRANULARITY)
-        alignment = FC_GRANULARITY;
-    v = mmap(NULL, size + alignment, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (v == MAP_FAILED)
-        return FC_ERR_OUT_OF_MEMORY;
-    m = (uintptr_t)v;
-    a = (m + alignment - 1) & ~(uintptr_t)(alignment - 1);
-    if (a > m)
-        munmap(v, a - m);
-    if (m + size + alignment > a + size)
-        munmap((void *)(a + size), m + size + alignment - (a + size));
-    pthread_mutex_lock(&fc.lock);
-    range_add(a, size, R_RESERVE, -1, NULL);
-    pthread_mutex_unlock(&fc.lock);
-    *ptr = (CUdeviceptr)a;
-    return FC_SUCCESS;
-}
-
-CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
-{
-    CUresult rc = vmm_enter("cuMemAddressFree");
-    struct fc_range *r, *q;
-
-    if (rc)
-        return rc;
-    pthread_mutex_lock(&fc.lock);
-    r = range_at((uintptr_t)ptr, R_RESERVE);
-    if (!r || r->size != size) {
-        pthread_mutex_unlock(&fc.lock);
-        return FC_ERR_INVALID_VALUE;
-    }
-    for (q = mt.ranges; q; q = q->next)
-        if (q->kind == R_MAP && overlap(q->base, q->size, r->base, r->size)) {
-            pthread_mutex_unlock(&fc.lock);
-            return FC_ERR_INVALID_VALUE;    /* still mapped: cuMemUnmap first */
-        }
-    munmap((void *)r->base, r->size);
-    range_del(r);
-    pthread_mutex_unlock(&fc.lock);
-    return FC_SUCCESS;
-}
-
-CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
-                  unsigned long long flags)
-{
-    CUresult rc = vmm_enter("cuMemMap");
-    struct fc_range *r, *q, *res = NULL;
-    struct fc_alloc *a;
-    uintptr_t p = (uintptr_t)ptr;
-
-    if (rc)
-        return rc;
-    if (flags != 0 || size == 0 || size % FC_GRANULARITY || offset % FC_GRANULARITY)
-        return FC_ERR_INVALID_VALUE;
-    pthread_mutex_lock(&fc.lock);
-    a = vmm_handle(handle);
-    for (r = mt.ranges; r; r = r->next) {
-        if (r->kind == R_RESERVE && p >= r->base && p + size <= r->base + r->size)
-            res = r;
-        if (r->kind == R_MAP && overlap(p, size, r->base, r->size))
-            break;
-    }
-    if (!a || !res || r || offset + size > a->size ||
-        mmap((void *)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, (off_t)offset) == MAP_FAILED) {
-        pthread_mutex_unlock(&fc.lock);
-        return FC_ERR_INVALID_VALUE;
-    }
-    q = range_add(p, size, R_MAP, a->phys, a);
-    if (q)
-        a->maps++;
-    pthread_mutex_unlock(&fc.lock);
-    return q ? FC_SUCCESS : FC_ERR_OUT_OF_MEMORY;
-}
-
-CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
-{
-    CUresult rc = vmm_enter("cuMemUnmap");
-    uintptr_t p = (uintptr_t)ptr;
-    struct fc_range *r, *next;
-    int phys = -1;
-    bool bad = false, any = false;
-
-    if (rc)
-        return rc;
-    pthread_mutex_lock(&fc.lock);
-    for (r = mt.ranges; r; r = r->next)
-        if (r->kind == R_MAP && overlap(p, size, r->base, r->size)) {
-            any = true;
-            phys = r->phys;
-            if (r->base < p || r->base + r->size > p + size)
-                bad = true;
-        }
-    pthread_mutex_unlock(&fc.lock);
-    if (!any || bad)
-        return FC_ERR_INVALID_VALUE;
-    fc_device_sync(phys);
-    pthread_mutex_lock(&fc.lock);
-    for (r = mt.ranges; r; r = next) {
-        next = r->next;
-        if (r->kind == R_MAP && overlap(p, size, r->base, r->size)) {
-            struct fc_alloc *a = r->alloc;
-
-            mmap((void *)r->base, r->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
-                 -1, 0);
-            range_del(r);
-            if (--a->maps == 0 && !a->handle_live)
-                alloc_drop(a);
-        }
-    }
-    pthread_mutex_unlock(&fc.lock);
-    return FC_SUCCESS;
-}
-
-CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
-{
-    CUresult rc = vmm_enter("cuMemSetAccess");
-    uintptr_t p = (uintptr_t)ptr, cur;
-    struct fc_range *r;
-    int prot = PROT_NONE;
-    size_t i;
-
-    if (rc)
-        return rc;
-    if (!desc || count == 0 || size == 0)
-        return FC_ERR_INVALID_VALUE;
-    for (i = 0; i < count; i++) {
-        if (desc[i].location.type != FC_LOCATION_TYPE_DEVICE)
-            return FC_ERR_INVALID_VALUE;
-        if (fc_ordinal_phys(desc[i].location.id) < 0)
-            return FC_ERR_INVALID_DEVICE;
-        if (desc[i].flags == FC_ACCESS_READWRITE)
-            prot = PROT_READ | PROT_WRITE;
-        else if (desc[i].flags == FC_ACCESS_READ && prot == PROT_NONE)
-            prot = PROT_READ;
-        else if (desc[i].flags != 0 && desc[i].flags != FC_ACCESS_READ)
-            return FC_ERR_INVALID_VALUE;
-    }
-    pthread_mutex_lock(&fc.lock);
-    /* The range must be wholly covered by whole mappings. */
-    for (cur = p; cur < p + size;) {
-        for (r = mt.ranges; r; r = r->next)
-            if (r->kind == R_MAP && r->base == cur)
-                break;
-        if (!r || r->base + r->size > p + size) {
-            pthread_mutex_unlock(&fc.lock);
-            return FC_ERR_INVALID_VALUE;
-        }
-        cur = r->base + r->size;
-    }
-    for (r = mt.ranges; r; r = r->next)
-        if (r->kind == R_MAP && r->base >= p && r->base + r->size <= p + size) {
-            mprotect((void *)r->base, r->size, prot);
-            r->access = prot != PROT_NONE;
-        }
-    pthread_mutex_unlock(&fc.lock);
-    return FC_SUCCESS;
-}

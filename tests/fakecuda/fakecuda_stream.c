@@ -576,22 +576,6 @@ static CUresult stream_wait_event(struct fc_ctx *c, struct fc_stream *sh, struct
 
 /* ---- driver entry points ------------------------------------------------------ */
 
-#define DRV_CTX(name)                                         \
-    struct fc_ctx *c;                                         \
-    CUresult rc = fc_enter(name, true);                       \
-    if (rc == FC_SUCCESS)                                     \
-        rc = fc_drv_ctx(&c, name);                            \
-    if (rc)                                                   \
-        return rc
-
-#define RT_CTX(name)                                          \
-    struct fc_ctx *c;                                         \
-    CUresult rc = fc_enter(name, false);                      \
-    if (rc == FC_SUCCESS)                                     \
-        rc = fc_rt_ctx(&c);                                   \
-    if (rc)                                                   \
-        return fc_rt_ret(rc)
-
 CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
 {
     DRV_CTX("cuStreamCreate");
