@@ -147,7 +147,6 @@ CUresult fc_ctx_activate(int phys, bool runtime)
             if (fd >= 0)
                 close(fd);
             c->alive = true;
-            c->sticky = false;
         }
         fc_dir_unlock(lk);
     }
@@ -465,6 +464,22 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
         }
     }
     pthread_mutex_unlock(&fc.lock);
+    return FC_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    CUresult rc = fc_enter("cuDevicePrimaryCtxGetState", true);
+    int phys = fc_ordinal_phys(dev);
+
+    if (rc)
+        return rc;
+    if (phys < 0)
+        return FC_ERR_INVALID_DEVICE;
+    if (!flags || !active)
+        return FC_ERR_INVALID_VALUE;
+    *flags = 0;
+    *active = fc.ctx[phys].alive;
     return FC_SUCCESS;
 }
 

@@ -14,10 +14,14 @@
  *
  * fakecuda_reexec(argc, argv): glibc reads LD_LIBRARY_PATH only when a
  * program starts, so when it does not already name the fake's folder this
- * re-executes /proc/self/exe with it prepended. The folder is
- * $FAKECUDA_LIBDIR, else <folder of the test binary>/fakecuda (test binaries
- * are $(BUILD)/tests/test_x, the fake $(BUILD)/tests/fakecuda/). Returns -1
- * when the exec failed, 0 when nothing was needed. */
+ * re-executes the program (the file /proc/self/exe names) with it prepended.
+ * The folder is $FAKECUDA_LIBDIR, else <folder of the test binary>/fakecuda
+ * (test binaries are $(BUILD)/tests/test_x, the fake $(BUILD)/tests/fakecuda/).
+ * Returns -1 when the exec failed, 0 when nothing was needed. Needed even by
+ * a program linked with the fake and an rpath when it is built with ASan:
+ * ASan's dlopen interceptor makes libasan the caller, whose search path
+ * lacks the rpath. Under valgrind the re-executed program runs without it
+ * (valgrind does not follow exec unless --trace-children=yes). */
 #ifndef FAKECUDA_ENV_H
 #define FAKECUDA_ENV_H
 
@@ -73,8 +77,9 @@ static inline int fakecuda_libdir(char *buf, size_t len)
 static inline int fakecuda_reexec(int argc, char **argv)
 {
     const char *old = getenv("LD_LIBRARY_PATH");
-    char dir[PATH_MAX], *val;
+    char dir[PATH_MAX], exe[PATH_MAX], *val;
     size_t dlen;
+    ssize_t n;
     const char *p;
 
     (void)argc;
@@ -96,7 +101,14 @@ static inline int fakecuda_reexec(int argc, char **argv)
     sprintf(val, "%s%s%s", dir, old && *old ? ":" : "", old && *old ? old : "");
     setenv("LD_LIBRARY_PATH", val, 1);
     free(val);
-    execve("/proc/self/exe", argv, environ);
+    /* The link's target, not /proc/self/exe itself: under valgrind that
+     * would be valgrind's own tool binary. */
+    n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return -1;
+    exe[n] = '\0';
+    fflush(NULL);
+    execve(exe, argv, environ);
     return -1;
 }
 

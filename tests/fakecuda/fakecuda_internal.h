@@ -6,8 +6,8 @@
  * error strings, test helpers), fakecuda_ctx.c (devices, contexts, the
  * runtime's device and last error), fakecuda_mem.c (allocation files and
  * their holders, legacy IPC, host registration, the range table),
- * fakecuda_vmm.c (the VMM calls), fakecuda_stream.c (streams, events,
- * copies). */
+ * fakecuda_vmm.c (the VMM calls), fakecuda_stream.c (streams, events, the
+ * copy rules), fakecuda_copy.c (the copy and memset entry points). */
 #ifndef FAKECUDA_INTERNAL_H
 #define FAKECUDA_INTERNAL_H
 
@@ -189,6 +189,8 @@ struct fc_reg {
     uintptr_t base;
     size_t size;
     unsigned flags;
+    unsigned devices;       /* bit per physical device it is pinned for */
+    bool host_alloc;        /* cudaMallocHost / cudaHostAlloc memory (munmap'ed by cudaFreeHost) */
     struct fc_reg *next;
 };
 
@@ -221,14 +223,16 @@ size_t fc_overlap(uintptr_t a, size_t an, uintptr_t b, size_t bn);
 /* Where [p, p+n) lies: 1 device memory (*phys set), 0 host, -1 partly device
  * or in memory not accessible yet. */
 int fc_range_class(const void *p, size_t n, int *phys);
-/* Host registration of [p, p+n): 1 wholly inside one, 0 none, -1 straddles. */
-int fc_host_pinned(const void *p, size_t n);
+/* Host registration of [p, p+n) for physical device phys: 1 wholly inside
+ * one, 0 none, -1 partly registered or across two registrations. */
+int fc_host_pinned(const void *p, size_t n, int phys);
 void fc_mem_fork_reset(void);
 
 /* ---- fakecuda_stream.c --------------------------------------------------- */
 CUresult fc_copy(void *dst, const void *src, size_t n, int kind, struct fc_stream *s, bool async,
                  struct fc_ctx *ctx, const char *what);
-CUresult fc_memset(void *dst, int value, size_t n, struct fc_ctx *ctx);
+/* A memset of device memory queued on stream (NULL: the legacy stream). */
+CUresult fc_memset(void *dst, int value, size_t n, struct fc_ctx *ctx, struct fc_stream *stream);
 CUresult fc_stream_resolve(struct fc_stream *h, struct fc_ctx *ctx, struct fc_stream **out);
 void fc_device_sync(int phys);
 void fc_stream_fork_reset(void);
@@ -266,6 +270,7 @@ CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuCtxGetCurrent(CUcontext *pctx);
 CUresult cuCtxPushCurrent_v2(CUcontext ctx);
@@ -303,10 +308,17 @@ CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stre
 CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n);
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n);
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream stream);
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream stream);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream);
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n);
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream);
 CUresult cuEventCreate(CUevent *event, unsigned int flags);
 CUresult cuEventRecord(CUevent event, CUstream stream);
 CUresult cuEventSynchronize(CUevent event);
 CUresult cuEventQuery(CUevent event);
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end);
 CUresult cuEventDestroy_v2(CUevent event);
 CUresult cuGetErrorString(CUresult error, const char **str);
 CUresult cuGetErrorName(CUresult error, const char **str);
@@ -319,9 +331,21 @@ cudaError_t cudaDeviceGetPCIBusId(char *busid, int len, int device);
 cudaError_t cudaDeviceGetAttribute(int *value, int attr, int device);
 cudaError_t cudaMalloc(void **ptr, size_t size);
 cudaError_t cudaFree(void *ptr);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total);
+struct cudaPointerAttributes {
+    int type;               /* cudaMemoryType: 0 unregistered, 1 host, 2 device */
+    int device;
+    void *devicePointer;
+    void *hostPointer;
+};
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr);
+cudaError_t cudaMallocHost(void **ptr, size_t size);
+cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags);
+cudaError_t cudaFreeHost(void *ptr);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, cudaStream_t stream);
 cudaError_t cudaMemset(void *ptr, int value, size_t n);
+cudaError_t cudaMemsetAsync(void *ptr, int value, size_t n, cudaStream_t stream);
 cudaError_t cudaStreamCreate(cudaStream_t *stream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
@@ -333,6 +357,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags);

@@ -157,10 +157,14 @@ static unsigned long long gc_used(int phys)
 
 unsigned long long fc_used_bytes(int phys)
 {
-    int lk = fc_dir_lock();
-    unsigned long long used = gc_used(phys);
+    unsigned long long used;
+    int lk;
 
+    pthread_mutex_lock(&fc.lock);
+    lk = fc_dir_lock();
+    used = gc_used(phys);
     fc_dir_unlock(lk);
+    pthread_mutex_unlock(&fc.lock);
     return used;
 }
 
@@ -347,7 +351,7 @@ int fc_range_class(const void *p, size_t n, int *phys)
     return dev == 0 ? 0 : dev == n ? 1 : -1;
 }
 
-int fc_host_pinned(const void *p, size_t n)
+int fc_host_pinned(const void *p, size_t n, int phys)
 {
     uintptr_t a = (uintptr_t)p;
     struct fc_reg *g;
@@ -359,8 +363,8 @@ int fc_host_pinned(const void *p, size_t n)
     for (g = fc_mt.regs; g; g = g->next) {
         size_t o = fc_overlap(a, n, g->base, g->size);
 
-        if (!o)
-            continue;
+        if (!o || !(g->devices & (1u << phys)))
+            continue;   /* not pinned for this device: pageable to it */
         state = o == n ? 1 : -1;
         break;
     }
@@ -580,8 +584,7 @@ static CUresult host_register(struct fc_ctx *c, void *p, size_t n, unsigned flag
     struct fc_reg *g;
     int w, ph;
 
-    (void)c;
-    if (!p || n == 0 || (flags & ~0xFu))
+    if (!p || n == 0 || (flags & ~0x10Fu))    /* 0x100: ours, from cudaHostAlloc */
         return FC_ERR_INVALID_VALUE;
     if (fc_range_class(p, n, &ph) != 0)
         return FC_ERR_INVALID_VALUE;
@@ -598,6 +601,7 @@ static CUresult host_register(struct fc_ctx *c, void *p, size_t n, unsigned flag
     if (w < 0)
         return FC_ERR_INVALID_VALUE;
     if (w > 0 && !(flags & FC_HOSTREG_READ_ONLY)) {
+        flags &= 0xFu;
         fc_violation("register-readonly", "%s(%p, %zu, flags %#x) of memory mapped without PROT_WRITE "
                      "lacks the read-only flag", what, p, n, flags);
         return FC_ERR_INVALID_VALUE;
@@ -607,7 +611,10 @@ static CUresult host_register(struct fc_ctx *c, void *p, size_t n, unsigned flag
         return FC_ERR_OUT_OF_MEMORY;
     g->base = (uintptr_t)p;
     g->size = n;
+    g->host_alloc = (flags & 0x100) != 0;
     g->flags = flags;
+    /* For the current context's device; portable: for every device. */
+    g->devices = (flags & FC_HOSTREG_PORTABLE) ? ~0u : 1u << c->phys;
     pthread_mutex_lock(&fc.lock);
     g->next = fc_mt.regs;
     fc_mt.regs = g;
@@ -615,19 +622,22 @@ static CUresult host_register(struct fc_ctx *c, void *p, size_t n, unsigned flag
     return FC_SUCCESS;
 }
 
-static CUresult host_unregister(struct fc_ctx *c, void *p)
+static CUresult host_unregister(struct fc_ctx *c, void *p, bool host_alloc)
 {
     struct fc_reg **pp, *g;
 
-    (void)c;
     pthread_mutex_lock(&fc.lock);
     for (pp = &fc_mt.regs; (g = *pp) && g->base != (uintptr_t)p; pp = &g->next) {}
+    if (g && g->host_alloc != host_alloc)
+        g = NULL;
     if (g)
         *pp = g->next;
     pthread_mutex_unlock(&fc.lock);
     if (!g)
         return FC_ERR_HOST_MEMORY_NOT_REGISTERED;
     fc_device_sync(c->phys);
+    if (host_alloc)
+        munmap((void *)g->base, g->size);
     free(g);
     return FC_SUCCESS;
 }
@@ -700,7 +710,7 @@ CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags)
 CUresult cuMemHostUnregister(void *p)
 {
     DRV_CTX("cuMemHostUnregister");
-    return host_unregister(c, p);
+    return host_unregister(c, p, false);
 }
 
 /* ---- runtime entry points: memory ------------------------------------------- */
@@ -730,7 +740,7 @@ cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
 cudaError_t cudaHostUnregister(void *ptr)
 {
     RT_CTX("cudaHostUnregister");
-    return fc_rt_ret(host_unregister(c, ptr));
+    return fc_rt_ret(host_unregister(c, ptr, false));
 }
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *ptr)
@@ -751,3 +761,75 @@ cudaError_t cudaIpcCloseMemHandle(void *ptr)
     return fc_rt_ret(ipc_close(c, ptr));
 }
 
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
+{
+    unsigned long long used;
+
+    RT_CTX("cudaMemGetInfo");
+    if (!free_bytes || !total)
+        return fc_rt_ret(FC_ERR_INVALID_VALUE);
+    used = fc_used_bytes(c->phys);
+    *total = (size_t)fc.cfg.mem_bytes;
+    *free_bytes = used >= fc.cfg.mem_bytes ? 0 : (size_t)(fc.cfg.mem_bytes - used);
+    return FC_SUCCESS;
+}
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr)
+{
+    int phys = -1;
+
+    RT_CTX("cudaPointerGetAttributes");
+    if (!attr || !ptr)
+        return fc_rt_ret(FC_ERR_INVALID_VALUE);
+    memset(attr, 0, sizeof *attr);
+    if (fc_range_class(ptr, 1, &phys) == 1) {
+        attr->type = 2;
+        attr->device = fc_phys_ordinal(phys);
+        attr->devicePointer = (void *)ptr;
+    } else if (fc_host_pinned(ptr, 1, c->phys) == 1) {
+        attr->type = 1;
+        attr->device = fc_phys_ordinal(c->phys);
+        attr->devicePointer = (void *)ptr;
+        attr->hostPointer = (void *)ptr;
+    } else {
+        attr->type = 0;
+        attr->device = -2;
+        attr->hostPointer = (void *)ptr;
+    }
+    return FC_SUCCESS;
+}
+
+/* Page-locked host memory of the fake: an anonymous mapping registered as
+ * portable (with unified addressing every context sees it as pinned). */
+cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags)
+{
+    void *m;
+
+    RT_CTX("cudaHostAlloc");
+    if (!ptr || size == 0 || (flags & ~0xFu))
+        return fc_rt_ret(FC_ERR_INVALID_VALUE);
+    m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return fc_rt_ret(FC_ERR_OUT_OF_MEMORY);
+    rc = host_register(c, m, size, FC_HOSTREG_PORTABLE | 0x100, "cudaHostAlloc");
+    if (rc) {
+        munmap(m, size);
+        return fc_rt_ret(rc);
+    }
+    *ptr = m;
+    return FC_SUCCESS;
+}
+
+cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+    return cudaHostAlloc(ptr, size, 0);
+}
+
+cudaError_t cudaFreeHost(void *ptr)
+{
+    RT_CTX("cudaFreeHost");
+    if (!ptr)
+        return FC_SUCCESS;
+    rc = host_unregister(c, ptr, true);
+    return fc_rt_ret(rc == FC_ERR_HOST_MEMORY_NOT_REGISTERED ? FC_ERR_INVALID_VALUE : rc);
+}

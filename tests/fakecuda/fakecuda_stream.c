@@ -31,6 +31,7 @@ struct fc_op {
     struct fc_dep *deps;
     size_t ndeps;
     uint64_t seq;
+    struct fc_event *event;     /* an event record: stamps its completion */
     struct fc_op *next;
 };
 
@@ -48,6 +49,9 @@ struct fc_stream {
 struct fc_event {
     struct fc_stream *s;    /* NULL: never recorded, or its stream is gone */
     uint64_t seq;
+    unsigned flags;         /* 0x2: CU_EVENT_DISABLE_TIMING / cudaEventDisableTiming */
+    bool recorded;
+    uint64_t done_ns;       /* CLOCK_MONOTONIC when its record completed; 0 before */
     struct fc_event *next;
 };
 
@@ -121,6 +125,12 @@ static void *worker(void *arg)
         if (!s->head)
             s->tail = NULL;
         s->completed = op->seq;
+        if (op->event) {
+            struct timespec ts;
+
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            op->event->done_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec + 1;
+        }
         free(op->staging);
         free(op->deps);
         free(op);
@@ -291,7 +301,7 @@ static CUresult queue_copy(struct fc_stream *s, void *dst, const void *src, size
 CUresult fc_copy(void *dst, const void *src, size_t n, int kind, struct fc_stream *s, bool async,
                  struct fc_ctx *ctx, const char *what)
 {
-    int dphys = -1, sphys = -1, dd, sd, dpin = 0, spin = 0;
+    int dphys = -1, sphys = -1, dd, sd, dpin = 0, spin = 0, phys;
     uint64_t seq;
     CUresult rc;
 
@@ -316,10 +326,11 @@ CUresult fc_copy(void *dst, const void *src, size_t n, int kind, struct fc_strea
             return FC_ERR_INVALID_VALUE;
         }
     }
+    phys = async ? s->phys : ctx->phys;
     if (!dd)
-        dpin = fc_host_pinned(dst, n);
+        dpin = fc_host_pinned(dst, n, phys);
     if (!sd)
-        spin = fc_host_pinned(src, n);
+        spin = fc_host_pinned(src, n, phys);
     if (dpin < 0 || spin < 0) {
         fc_violation("copy-straddles-pin", "%s of %zu bytes: the host range %p is partly registered "
                      "or spans two registrations", what, n, dpin < 0 ? dst : src);
@@ -354,19 +365,19 @@ CUresult fc_copy(void *dst, const void *src, size_t n, int kind, struct fc_strea
     return queue_copy(s, dst, src, n, false, &seq);   /* D2D (or async H2H) */
 }
 
-CUresult fc_memset(void *dst, int value, size_t n, struct fc_ctx *ctx)
+CUresult fc_memset(void *dst, int value, size_t n, struct fc_ctx *ctx, struct fc_stream *stream)
 {
     struct fc_stream *s;
     struct fc_op *op;
     CUresult rc;
     int phys;
 
+    if ((rc = fc_stream_resolve(stream, ctx, &s)))
+        return rc;
     if (n == 0)
         return FC_SUCCESS;
     if (fc_range_class(dst, n, &phys) != 1)
         return FC_ERR_INVALID_VALUE;
-    if ((rc = fc_stream_resolve(NULL, ctx, &s)))
-        return rc;
     op = calloc(1, sizeof *op);
     if (!op)
         return FC_ERR_OUT_OF_MEMORY;
@@ -493,6 +504,7 @@ static CUresult event_create(struct fc_event **out, unsigned flags)
     e = calloc(1, sizeof *e);
     if (!e)
         return FC_ERR_OUT_OF_MEMORY;
+    e->flags = flags;
     pthread_mutex_lock(&fc.lock);
     e->next = stt.events;
     stt.events = e;
@@ -501,24 +513,68 @@ static CUresult event_create(struct fc_event **out, unsigned flags)
     return FC_SUCCESS;
 }
 
+/* Pending records of e stop stamping it (re-recorded or destroyed). Caller
+ * holds fc.lock. */
+static void forget_event(const struct fc_event *e)
+{
+    struct fc_stream *t;
+    struct fc_op *op;
+    int i;
+
+    for (i = 0; i < FC_MAX_DEVICES; i++)
+        for (op = fc.legacy[i] ? fc.legacy[i]->head : NULL; op; op = op->next)
+            if (op->event == e)
+                op->event = NULL;
+    for (t = stt.streams; t; t = t->next)
+        for (op = t->head; op; op = op->next)
+            if (op->event == e)
+                op->event = NULL;
+}
+
 static CUresult event_record(struct fc_ctx *c, struct fc_event *h, struct fc_stream *sh)
 {
     struct fc_stream *s;
     CUresult rc = fc_stream_resolve(sh, c, &s);
-    uint64_t seq;
+    struct fc_op *op;
 
     if (rc)
         return rc;
-    seq = enqueue_nop(s, NULL, 0);
+    op = calloc(1, sizeof *op);
+    if (!op)
+        return FC_ERR_OUT_OF_MEMORY;
+    op->kind = OP_NOP;
     pthread_mutex_lock(&fc.lock);
     if (!event_find(h)) {
         pthread_mutex_unlock(&fc.lock);
+        free(op);
         return FC_ERR_INVALID_HANDLE;
     }
+    forget_event(h);
+    op->event = h;
     h->s = s;
-    h->seq = seq;
+    h->recorded = true;
+    h->done_ns = 0;
+    h->seq = enqueue(s, op, NULL, 0);
     pthread_mutex_unlock(&fc.lock);
     return FC_SUCCESS;
+}
+
+/* Milliseconds between two completed records. */
+static CUresult event_elapsed(float *ms, struct fc_event *a, struct fc_event *b)
+{
+    CUresult rc = FC_SUCCESS;
+
+    if (!ms)
+        return FC_ERR_INVALID_VALUE;
+    pthread_mutex_lock(&fc.lock);
+    if (!event_find(a) || !event_find(b) || !a->recorded || !b->recorded || ((a->flags | b->flags) & 2))
+        rc = FC_ERR_INVALID_HANDLE;
+    else if (!a->done_ns || !b->done_ns)
+        rc = FC_ERR_NOT_READY;
+    else
+        *ms = (float)((double)((int64_t)(b->done_ns - a->done_ns)) / 1e6);
+    pthread_mutex_unlock(&fc.lock);
+    return rc;
 }
 
 static CUresult event_query(struct fc_event *h, bool wait)
@@ -544,8 +600,10 @@ static CUresult event_destroy(struct fc_event *h)
 
     pthread_mutex_lock(&fc.lock);
     for (pp = &stt.events; (e = *pp) && e != h; pp = &e->next) {}
-    if (e)
+    if (e) {
         *pp = e->next;
+        forget_event(e);
+    }
     pthread_mutex_unlock(&fc.lock);
     free(e);
     return e ? FC_SUCCESS : FC_ERR_INVALID_HANDLE;
@@ -634,45 +692,18 @@ CUresult cuEventQuery(CUevent event)
     return event_query(event, false);
 }
 
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+    DRV_CTX("cuEventElapsedTime");
+    (void)c;
+    return event_elapsed(ms, start, end);
+}
+
 CUresult cuEventDestroy_v2(CUevent event)
 {
     DRV_CTX("cuEventDestroy_v2");
     (void)c;
     return event_destroy(event);
-}
-
-static CUresult drv_copy(const char *name, void *dst, const void *src, size_t n, int kind, CUstream stream,
-                         bool async)
-{
-    struct fc_stream *s = NULL;
-
-    DRV_CTX(name);
-    if (async && (rc = fc_stream_resolve(stream, c, &s)))
-        return rc;
-    rc = fc_copy(dst, src, n, kind, s, async, c, name);
-    return rc == FC_ERR_INVALID_MEMCPY_DIRECTION ? FC_ERR_INVALID_VALUE : rc;
-}
-
-CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream)
-{
-    return drv_copy("cuMemcpyAsync", (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n,
-                    FC_MEMCPY_DEFAULT, stream, true);
-}
-
-CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
-{
-    return drv_copy("cuMemcpy", (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, FC_MEMCPY_DEFAULT,
-                    NULL, false);
-}
-
-CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
-{
-    return drv_copy("cuMemcpyDtoH_v2", dst, (const void *)(uintptr_t)src, n, FC_MEMCPY_D2H, NULL, false);
-}
-
-CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
-{
-    return drv_copy("cuMemcpyHtoD_v2", (void *)(uintptr_t)dst, src, n, FC_MEMCPY_H2D, NULL, false);
 }
 
 /* ---- runtime entry points -------------------------------------------------------- */
@@ -748,6 +779,13 @@ cudaError_t cudaEventQuery(cudaEvent_t event)
     return fc_rt_ret(event_query(event, false));
 }
 
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    RT_CTX("cudaEventElapsedTime");
+    (void)c;
+    return fc_rt_ret(event_elapsed(ms, start, end));
+}
+
 cudaError_t cudaEventDestroy(cudaEvent_t event)
 {
     RT_CTX("cudaEventDestroy");
@@ -760,26 +798,4 @@ cudaError_t cudaDeviceSynchronize(void)
     RT_CTX("cudaDeviceSynchronize");
     fc_device_sync(c->phys);
     return FC_SUCCESS;
-}
-
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind)
-{
-    RT_CTX("cudaMemcpy");
-    return fc_rt_ret(fc_copy(dst, src, n, kind, NULL, false, c, "cudaMemcpy"));
-}
-
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, cudaStream_t stream)
-{
-    struct fc_stream *s;
-
-    RT_CTX("cudaMemcpyAsync");
-    if ((rc = fc_stream_resolve(stream, c, &s)))
-        return fc_rt_ret(rc);
-    return fc_rt_ret(fc_copy(dst, src, n, kind, s, true, c, "cudaMemcpyAsync"));
-}
-
-cudaError_t cudaMemset(void *ptr, int value, size_t n)
-{
-    RT_CTX("cudaMemset");
-    return fc_rt_ret(fc_memset(ptr, value, n, c));
 }

@@ -9,6 +9,7 @@
  * would (no contexts, no allocations) and reads the environment again, which
  * is how a child here gets another FAKECUDA_PIDNS. */
 #include <check.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -202,6 +203,33 @@ static void body_old_driver_and_fail_list(void)
     CHECK_EQ(cuDevicePrimaryCtxRetain(&ctx, 0), 0);
     CHECK_EQ(cuCtxSetCurrent(ctx), 0);
     CHECK_EQ(cuMemAlloc_v2(&d, 4096), 999);
+}
+
+/* One object under every soname: the driver and runtime halves share state,
+ * and a library's RTLD_NOLOAD lookup finds the process's own copy. */
+static void body_one_object(void)
+{
+    const char *names[] = { "libcuda.so.1", "libcuda.so", "libcudart.so", "libcudart.so.12" };
+    size_t i;
+
+    for (i = 0; i < sizeof names / sizeof names[0]; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+
+        CHECK(h != NULL);
+        CHECK(dlsym(h, "cuInit") == (void *)cuInit);
+        CHECK(dlsym(h, "cudaMalloc") == (void *)cudaMalloc);
+        dlclose(h);
+    }
+}
+
+static void body_no_state_dir(void)
+{
+    int n = -1;
+
+    unsetenv("FAKECUDA_DIR");
+    CHECK_EQ(cudaGetDeviceCount(&n), 100);
+    CHECK_EQ(cuInit(0), 100);
+    CHECK_EQ(cuDriverGetVersion(&n), 0);
 }
 
 /* ---- contexts ----------------------------------------------------------------------- */
@@ -506,6 +534,48 @@ static void body_register(void)
     CHECK_EQ(fakecuda_violations(), 5);
 }
 
+/* Non-portable registrations pin for the current device only; portable and
+ * cudaHostAlloc memory for every device. */
+static void body_register_per_device(void)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), free_b = 0, total = 0;
+    struct cudaPointerAttributes at;
+    unsigned char *rw, *pinned = NULL;
+    void *d1 = NULL;
+
+    rw = mmap(NULL, 4 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(rw != MAP_FAILED);
+    CHECK_EQ(cudaHostRegister(rw, 2 * pg, 0), 0);     /* device 0's */
+    CHECK_EQ(cudaPointerGetAttributes(&at, rw), 0);
+    CHECK_EQ(at.type, 1);
+    CHECK_EQ(cudaSetDevice(1), 0);
+    CHECK_EQ(cudaPointerGetAttributes(&at, rw), 0);
+    CHECK_EQ(at.type, 0);
+    CHECK_EQ(cudaMalloc(&d1, 4 * pg), 0);
+    CHECK_EQ(cudaPointerGetAttributes(&at, d1), 0);
+    CHECK_EQ(at.type, 2);
+    CHECK_EQ(at.device, 1);
+    /* Half registered for device 0 is wholly pageable to device 1. */
+    CHECK_EQ(cudaMemcpy(d1, rw + pg, 2 * pg, KIND_H2D), 0);
+    CHECK_EQ(cudaSetDevice(0), 0);
+    CHECK_EQ(cudaMemcpy(d1, rw + pg, 2 * pg, KIND_H2D), 1);
+    CHECK_EQ(fakecuda_violations_of("copy-straddles-pin"), 1);
+    CHECK_EQ(cudaHostAlloc((void **)&pinned, 2 * pg, 0), 0);
+    CHECK_EQ(cudaSetDevice(1), 0);
+    CHECK_EQ(cudaPointerGetAttributes(&at, pinned), 0);
+    CHECK_EQ(at.type, 1);
+    CHECK_EQ(cudaHostUnregister(pinned), 713);
+    CHECK_EQ(cudaMemGetInfo(&free_b, &total), 0);
+    CHECK_EQ(total - free_b, 4 * pg);
+    CHECK_EQ(cudaFree(d1), 0);
+    CHECK_EQ(cudaMemGetInfo(&free_b, &total), 0);
+    CHECK_EQ(free_b, total);
+    CHECK_EQ(cudaFreeHost(pinned), 0);
+    CHECK_EQ(cudaFreeHost(rw), 1);
+    CHECK_EQ(cudaHostUnregister(rw), 0);
+    CHECK_EQ(fakecuda_violations(), 1);
+}
+
 /* ---- sticky errors and compute modes ----------------------------------------------------- */
 
 static void child_sticky(int rd, int wr)
@@ -658,9 +728,73 @@ static void body_events(void)
     CHECK_EQ(fakecuda_violations(), 0);
 }
 
+/* Synchronous host-to-device copies: from pageable memory the call returns
+ * once the source is staged (the device write lands later, on the legacy
+ * stream); from pinned memory it returns complete. The driver's explicit
+ * variants and event timing on the way. */
+static void body_sync_copies(void)
+{
+    static unsigned char src[N];
+    unsigned char *d = NULL, *pinned = NULL;
+    cudaEvent_t e0, e1;
+    float ms = -1;
+    CUstream cs;
+    CUcontext ctx;
+
+    setenv("FAKECUDA_COPY_DELAY_MS", "500", 1);
+    CHECK_EQ(cudaMalloc((void **)&d, N), 0);
+    CHECK_EQ(cudaMallocHost((void **)&pinned, N), 0);
+    CHECK_EQ(cudaEventCreate(&e0), 0);
+    CHECK_EQ(cudaEventCreate(&e1), 0);
+    CHECK_EQ(cudaEventElapsedTime(&ms, e0, e1), 400);
+    CHECK_EQ(cudaEventRecord(e0, NULL), 0);
+    memset(src, 0x77, N);
+    CHECK_EQ(cudaMemcpy(d, src, N, KIND_H2D), 0);
+    memset(src, 0x00, N);    /* staged: the device gets the bytes of the call */
+    CHECK(d[0] == 0);
+    CHECK_EQ(cudaEventRecord(e1, NULL), 0);
+    CHECK_EQ(cudaEventElapsedTime(&ms, e0, e1), 600);
+    CHECK_EQ(cudaStreamSynchronize(NULL), 0);
+    CHECK(d[0] == 0x77 && d[N - 1] == 0x77);
+    CHECK_EQ(cudaEventElapsedTime(&ms, e0, e1), 0);
+    CHECK(ms > 0);
+    memset(pinned, 0x66, N);
+    CHECK_EQ(cudaMemcpy(d, pinned, N, KIND_H2D), 0);
+    CHECK(d[0] == 0x66 && d[N - 1] == 0x66);
+
+    /* The driver half on the same (primary) context. */
+    CHECK_EQ(cuInit(0), 0);
+    CHECK_EQ(cuCtxGetCurrent(&ctx), 0);
+    CHECK(ctx != NULL);
+    CHECK_EQ(cuStreamCreate(&cs, 1), 0);
+    memset(pinned, 0x55, N);
+    CHECK_EQ(cuMemcpyHtoDAsync_v2((CUdeviceptr)(uintptr_t)d, pinned, N, cs), 0);
+    CHECK_EQ(cuStreamQuery(cs), 600);
+    CHECK_EQ(cuStreamSynchronize(cs), 0);
+    CHECK(d[0] == 0x55 && d[N - 1] == 0x55);
+    CHECK_EQ(cuMemsetD8Async((CUdeviceptr)(uintptr_t)d, 0x44, N, cs), 0);
+    CHECK_EQ(cuMemcpyDtoHAsync_v2(pinned, (CUdeviceptr)(uintptr_t)d, N, cs), 0);
+    CHECK_EQ(cuStreamSynchronize(cs), 0);
+    CHECK(pinned[0] == 0x44 && pinned[N - 1] == 0x44);
+    CHECK_EQ(cuStreamDestroy_v2(cs), 0);
+    CHECK_EQ(cudaEventDestroy(e0), 0);
+    CHECK_EQ(cudaEventDestroy(e1), 0);
+    CHECK_EQ(cudaFreeHost(pinned), 0);
+    CHECK_EQ(cudaFree(d), 0);
+    CHECK_EQ(fakecuda_violations(), 0);
+}
+
 START_TEST(environment) { run_isolated(body_environment); }
 END_TEST
 START_TEST(old_driver_and_fail_list) { run_isolated(body_old_driver_and_fail_list); }
+END_TEST
+START_TEST(one_object) { run_isolated(body_one_object); }
+END_TEST
+START_TEST(no_state_dir) { run_isolated(body_no_state_dir); }
+END_TEST
+START_TEST(register_per_device) { run_isolated(body_register_per_device); }
+END_TEST
+START_TEST(sync_copies) { run_isolated(body_sync_copies); }
 END_TEST
 START_TEST(runtime_default_device) { run_isolated(body_runtime_default_device); }
 END_TEST
@@ -683,26 +817,46 @@ END_TEST
 START_TEST(events) { run_isolated(body_events); }
 END_TEST
 
-int main(void)
+#if defined(__SANITIZE_ADDRESS__)
+#define BUILT_WITH_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BUILT_WITH_ASAN 1
+#endif
+#endif
+
+int main(int argc, char **argv)
 {
     Suite *s = suite_create("fakecuda");
     TCase *tc = tcase_create("rules");
     SRunner *sr;
     int failed;
 
+#ifdef BUILT_WITH_ASAN
+    /* dlopen by name from an ASan program needs LD_LIBRARY_PATH (see
+     * fakecuda_env.h); elsewhere the rpath serves, and valgrind stays on. */
+    fakecuda_reexec(argc, argv);
+#else
+    (void)argc, (void)argv;
+#endif
+
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, environment);
     tcase_add_test(tc, old_driver_and_fail_list);
+    tcase_add_test(tc, one_object);
+    tcase_add_test(tc, no_state_dir);
     tcase_add_test(tc, runtime_default_device);
     tcase_add_test(tc, driver_contexts);
     tcase_add_test(tc, ipc);
     tcase_add_test(tc, free_while_mapped);
     tcase_add_test(tc, vmm);
     tcase_add_test(tc, host_register);
+    tcase_add_test(tc, register_per_device);
     tcase_add_test(tc, sticky);
     tcase_add_test(tc, compute_modes);
     tcase_add_test(tc, streams);
     tcase_add_test(tc, events);
+    tcase_add_test(tc, sync_copies);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
