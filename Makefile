@@ -345,12 +345,12 @@ $(GPU_CHECK_BIN): tests/bench/gpu_check.c tests/bench/gpu_check_cuda.c tests/ben
 # gpu-check --sim's demotion behaviour gives kvnoded this libcuda.so.1: the
 # strict fake with each host registration delayed (tests/gpu/slowpin.c).
 GPU_SLOWPIN := $(BUILD)/tests/gpu/slowpin/libcuda.so.1
-$(GPU_SLOWPIN): tests/gpu/slowpin.c $(BUILD)/tests/fakecuda/libfakecuda.so
+$(GPU_SLOWPIN): tests/gpu/slowpin.c $(FAKECUDA_SO)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -shared $(LDSAN) $(LDFLAGS) -o $@ $< -L$(BUILD)/tests/fakecuda \
+	$(CC) $(ALL_CFLAGS) -shared $(LDSAN) $(LDFLAGS) -o $@ $< -L$(FAKECUDA_OUT) \
 	    -Wl,--no-as-needed -lfakecuda -Wl,--as-needed -Wl,-rpath,'$$ORIGIN/../../fakecuda' -ldl
 SCRIPT_TESTS += tests/gpu/run-sim.sh
-check: $(GPU_CHECK_BIN)
+check: $(GPU_CHECK_BIN) $(GPU_SLOWPIN)
 
 # `make bench` runs the four programs; `make bench-persist`,
 # `make bench-tenants` and `make bench-prefault` one each. BENCH_ARGS /

@@ -105,7 +105,7 @@ fakelib=$BUILD/tests/fakecuda slowpin=$BUILD/tests/gpu/slowpin
 # --- build --------------------------------------------------------------------
 if [[ ${NOBUILD:-0} != 1 ]]; then
   targets=(all "$checker")
-  [[ $sim == 1 ]] && targets+=("$fakelib/libfakecuda.so" "$slowpin/libcuda.so.1")
+  [[ $sim == 1 ]] && targets+=("$slowpin/libcuda.so.1")
   say "building: make BUILD=$BUILD ${targets[*]}"
   if ! blog=$(make -j"$(nproc)" "BUILD=$BUILD" "${targets[@]}" 2>&1); then
     tail -n 40 <<<"$blog" >&2
