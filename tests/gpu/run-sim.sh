@@ -24,6 +24,22 @@ mapfile -t all < <(bash scripts/gpu-check.sh --list)
 [[ $(sorted "${all[@]}") == "$(sorted "${PASSING[@]}" "${PENDING[@]}")" ]] ||
   { echo "run-sim: PASSING + PENDING (${PASSING[*]} ${PENDING[*]}) is not gpu-check.sh --list (${all[*]})" >&2; exit 1; }
 
+# preflight fails, saying why, on a GPU kvnoded would refuse or a driver
+# older than the runtime (the fake's settings pass through the script).
+expect_preflight_fail() {   # expect_preflight_fail WHAT PATTERN VAR=VALUE...
+  local what=$1 pattern=$2 out st=0; shift 2
+  out=$(env "$@" BUILD="$BUILD" NOBUILD=1 bash scripts/gpu-check.sh --sim --only preflight 2>&1) || st=$?
+  if [[ $st != 1 ]] || ! grep -qE "^FAIL  preflight .*$pattern" <<<"$out"; then
+    echo "run-sim: preflight with $what: status $st, expected a FAIL line matching '$pattern':" >&2
+    echo "$out" >&2
+    exit 1
+  fi
+  echo "run-sim: preflight with $what: FAIL as expected"
+}
+expect_preflight_fail "GPU 1 in EXCLUSIVE_PROCESS mode" "Exclusive Process" FAKECUDA_COMPUTE_MODE=0,3
+expect_preflight_fail "GPU 1 a MIG instance" "MIG instance" FAKECUDA_MIG=0,1
+expect_preflight_fail "a CUDA 11.8 driver" "older than the runtime" FAKECUDA_DRIVER_VERSION=11080
+
 ((${#PENDING[@]} == 0)) || echo "run-sim: pending (not run): ${PENDING[*]}"
 if ((${#PASSING[@]} == 0)); then
   echo "run-sim: no behaviour passes yet"
