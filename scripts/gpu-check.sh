@@ -433,7 +433,15 @@ restart_once() {
     touch "$dir/sync/restart.go"; wait "$cpid" || true
     why="$label: stopping under a live client: $why"; return 1
   fi
-  local stop_took=$stop_secs
+  local stop_took=$stop_secs old_log=$dlog notice
+  # What the stop said of the clients lent HBM (kvnoded's log lines):
+  # "stop: told N client(s) lent HBM to unmap it ...", and a warning when it
+  # freed HBM that a client still held.
+  if grep -q 'freeing HBM while' "$old_log"; then
+    touch "$dir/sync/restart.go"; wait "$cpid" || true
+    why="$label: $(grep -m1 -o 'stop: freeing HBM while.*' "$old_log")"; return 1
+  fi
+  notice=$(grep -m1 -oE 'told [0-9]+ clients? lent HBM' "$old_log" || echo "no notice to clients lent HBM")
   if ! start_daemon; then
     touch "$dir/sync/restart.go"; wait "$cpid" || true
     why="$label: the new daemon did not start while the old client lived: $why"; return 1
@@ -445,7 +453,7 @@ restart_once() {
   if ! mem_settles_at "$m_before" "$mem_tol"; then
     why="$label: GPU memory in use $mem_now bytes after the restart, $m_before before it"; return 1
   fi
-  rsum="$label: $res; stopped in ${stop_took}s under the client; GPU memory $m_before bytes before and after"
+  rsum="$label: $res; stopped in ${stop_took}s under the client ($notice); GPU memory $m_before bytes before and after"
 }
 
 b_restart() {
