@@ -663,7 +663,37 @@ static void *race_writer(void *arg)
     return NULL;
 }
 
-struct reader_arg { struct race *r; bool streamed; };
+/* How a race reader reads: get_batch(DEVICE), get_batch_stream(DEVICE), or
+ * get_begin + cudaMemcpyAsync of each block + get_end_stream. */
+enum { READ_BATCH, READ_BATCH_STREAM, READ_END_STREAM };
+static const char *const read_names[] = { "get_batch(DEVICE)", "get_batch_stream(DEVICE)",
+                                          "get_begin + cudaMemcpyAsync + get_end_stream" };
+struct reader_arg { struct race *r; int how; };
+
+/* One read of keys k[0..n) into d as `how` says; *got blocks, 0 or rc. */
+static int race_read(kvnode_client *c, int how, const kvnode_key *k, size_t n, void **dp,
+                     void *s, kvnode_loc *locs, size_t *got)
+{
+    kvnode_lease lease = 0;
+    int rc;
+
+    if (how == READ_BATCH)
+        return kvnode_get_batch(c, k, n, dp, KVNODE_BATCH_DEVICE, got);
+    if (how == READ_BATCH_STREAM)
+        return ks.get_batch_stream(c, k, n, dp, KVNODE_BATCH_DEVICE, s, got);
+    if ((rc = kvnode_get_begin(c, k, n, &lease, locs, got)) != 0)
+        return rc;
+    for (size_t i = 0; i < *got; i++)
+        cu(gc.memcpy_async(dp[i], locs[i].ptr, opt.bb, GC_DEFAULT, s),
+           "cudaMemcpyAsync out of a leased block");
+    if (!lease)
+        return 0;
+    rc = ks.get_end_stream(c, lease, s);
+    if (rc == 0 && gc.stream_query(s) != GC_SUCCESS)
+        FAIL("cudaStreamQuery right after kvnode_get_end_stream returned: %s (the lease ended "
+             "before the copies out of its blocks)", gc_err(gc.stream_query(s)));
+    return rc;
+}
 
 static void *race_reader(void *arg)
 {
@@ -671,6 +701,7 @@ static void *race_reader(void *arg)
     struct race *r = a->r;
     kvnode_client *c = connect_engine(opt.device, 0);
     uint8_t *h = xcalloc(r->n, opt.bb), *d;
+    kvnode_loc *locs = xcalloc(r->n, sizeof *locs);
     void **dp, *s;
 
     cu(gc.set_device(opt.device), "cudaSetDevice (reader thread)");
@@ -680,11 +711,10 @@ static void *race_reader(void *arg)
     for (unsigned long it = 0; !r->stop; it++) {
         kvnode_key *k = (it & 1) ? r->kb : r->ka;
         size_t got = 0;
-        int rc = a->streamed ? ks.get_batch_stream(c, k, r->n, dp, KVNODE_BATCH_DEVICE, s, &got)
-                             : kvnode_get_batch(c, k, r->n, dp, KVNODE_BATCH_DEVICE, &got);
+        int rc = race_read(c, a->how, k, r->n, dp, s, locs, &got);
         if (rc != 0) {
-            race_bad(r, "get_batch%s(DEVICE): %s: %s", a->streamed ? "_stream" : "",
-                     kvnode_strerror(rc), kvnode_last_error(c));
+            race_bad(r, "%s: %s: %s", read_names[a->how], kvnode_strerror(rc),
+                     kvnode_last_error(c));
             break;
         }
         r->gets++;
@@ -694,9 +724,9 @@ static void *race_reader(void *arg)
         for (size_t i = 0; i < got; i++) {
             long off = check(h + i * opt.bb, k[i], UINT64_MAX);
             if (off >= 0) {
-                race_bad(r, "get_batch%s(DEVICE) returned, then block %zu (key %" PRId64 ") read "
-                         "on a fresh stream was %s at byte %ld", a->streamed ? "_stream" : "", i,
-                         (int64_t)k[i], off == 0 ? "another key's" : "torn", off);
+                race_bad(r, "%s returned, then block %zu (key %" PRId64 ") read on a fresh "
+                         "stream was %s at byte %ld", read_names[a->how], i, (int64_t)k[i],
+                         off == 0 ? "another key's" : "torn", off);
                 break;
             }
         }
@@ -706,6 +736,7 @@ static void *race_reader(void *arg)
     cu(gc.free_(d), "cudaFree");
     free(dp);
     free(h);
+    free(locs);
     kvnode_close(c);
     return NULL;
 }
@@ -773,18 +804,20 @@ static void b_completion(void)
     /* (d) the put/delete race */
     struct race r = { .ka = make_keys(n, 33), .kb = make_keys(n, 34), .n = n,
                       .lock = PTHREAD_MUTEX_INITIALIZER };
-    struct reader_arg ra[2] = { { &r, false }, { &r, true } };
-    pthread_t tw, tr[2];
+    struct reader_arg ra[3] = { { &r, READ_BATCH }, { &r, READ_BATCH_STREAM }, { &r, READ_END_STREAM } };
+    pthread_t tw, tr[3];
     double t0 = now_s();
-    if (pthread_create(&tw, NULL, race_writer, &r) || pthread_create(&tr[0], NULL, race_reader, &ra[0]) ||
-        pthread_create(&tr[1], NULL, race_reader, &ra[1]))
+    if (pthread_create(&tw, NULL, race_writer, &r))
         FAIL("pthread_create failed");
+    for (int i = 0; i < 3; i++)
+        if (pthread_create(&tr[i], NULL, race_reader, &ra[i]))
+            FAIL("pthread_create failed");
     while (!r.stop && now_s() - t0 < opt.seconds)
         sleep_ms(50);
     r.stop = 1;
     pthread_join(tw, NULL);
-    pthread_join(tr[0], NULL);
-    pthread_join(tr[1], NULL);
+    for (int i = 0; i < 3; i++)
+        pthread_join(tr[i], NULL);
     info("race: %.1f s, %lu put rounds, %lu gets, %lu blocks read back", now_s() - t0,
          (unsigned long)r.puts, (unsigned long)r.gets, (unsigned long)r.blocks);
     if (r.bad)
@@ -797,7 +830,8 @@ static void b_completion(void)
     kvnode_close(c);
     kvnode_close(c2);
     result(R_PASS, "stream idle and dst complete on return (both variants), commits ordered "
-           "after the stream, %.0f s race: %lu blocks read, none torn or foreign",
+           "after the stream, %.0f s put/delete race against get_batch, get_batch_stream and "
+           "get_end_stream readers: %lu blocks read, none torn or foreign",
            (double)opt.seconds, (unsigned long)r.blocks);
 }
 
