@@ -20,6 +20,7 @@
 struct fc_state fc = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
     .cv = PTHREAD_COND_INITIALIZER,
+    .live_fd = -1,
 };
 
 /* ---- configuration -------------------------------------------------------- */
@@ -161,9 +162,57 @@ static void fork_child(void)
     fc.cfg_ok = false;
     fc.drv_inited = false;
     fc.gen++;
+    /* The parent's liveness lock is shared with this copy of its fd: let
+     * go of it, or the parent would live as long as this child. */
+    if (fc.live_fd >= 0)
+        close(fc.live_fd);
+    fc.live_fd = -1;
+    fc.self_pid = 0;
+    fc.self_key[0] = '\0';
     memset(fc.ctx, 0, sizeof fc.ctx);
     fc_stream_fork_reset();
     fc_mem_fork_reset();
+}
+
+/* This process's outer pid and start time, and its live-<key> lock. */
+static void identity(void)
+{
+    char buf[1024];
+    unsigned long long start = 0;
+    FILE *f;
+    char *rp;
+    int i;
+
+    fc.self_pid = (int)getpid();
+    f = fopen("/proc/self/status", "re");
+    if (f) {
+        while (fgets(buf, sizeof buf, f))
+            if (!strncmp(buf, "NSpid:", 6)) {
+                fc.self_pid = atoi(buf + 6);
+                break;
+            }
+        fclose(f);
+    }
+    f = fopen("/proc/self/stat", "re");
+    if (f) {
+        if (fgets(buf, sizeof buf, f) && (rp = strrchr(buf, ')'))) {
+            /* Field 22 (starttime); rp is at the end of field 2. */
+            for (i = 2; i < 22 && rp; i++)
+                rp = strchr(rp + 1, ' ');
+            if (rp)
+                start = strtoull(rp + 1, NULL, 10);
+        }
+        fclose(f);
+    }
+    snprintf(fc.self_key, sizeof fc.self_key, "%d.%llu", fc.self_pid, start);
+    if (fc.cfg_ok) {
+        char p[PATH_MAX];
+
+        fc_path(p, sizeof p, "live-%s", fc.self_key);
+        fc.live_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fc.live_fd >= 0)
+            while (flock(fc.live_fd, LOCK_SH) != 0 && errno == EINTR) {}
+    }
 }
 
 bool fc_load(void)
@@ -179,6 +228,7 @@ bool fc_load(void)
             atfork_done = true;
         }
         fc.cfg_ok = load_config(&fc.cfg);
+        identity();
         for (i = 0; i < FC_MAX_DEVICES; i++)
             fc.ctx[i].phys = i;
         fc.loaded = true;
@@ -243,24 +293,24 @@ void fc_dir_unlock(int fd)
         close(fd);
 }
 
-/* Alive and not a zombie (a child that exited but was not reaped yet holds
- * nothing on a real GPU either). */
-bool fc_pid_alive(pid_t pid)
+bool fc_key_alive(const char *dir, const char *key)
 {
-    char p[64], buf[256];
-    FILE *f;
-    char *rp;
-    bool alive = false;
+    char p[PATH_MAX];
+    bool alive;
+    int fd;
 
-    if (pid <= 0 || (kill(pid, 0) != 0 && errno != EPERM))
-        return false;
-    snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
-    f = fopen(p, "re");
-    if (!f)
+    if (!strcmp(key, fc.self_key))
         return true;
-    if (fgets(buf, sizeof buf, f) && (rp = strrchr(buf, ')')) && rp[1] == ' ')
-        alive = rp[2] != 'Z' && rp[2] != 'X';
-    fclose(f);
+    snprintf(p, sizeof p, "%s/live-%s", dir, key);
+    fd = open(p, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    alive = flock(fd, LOCK_EX | LOCK_NB) != 0;
+    if (!alive) {
+        unlink(p);      /* its owner is gone and the key is never reused */
+        flock(fd, LOCK_UN);
+    }
+    close(fd);
     return alive;
 }
 
@@ -270,7 +320,7 @@ void fc_violation(const char *rule, const char *fmt, ...)
     va_list ap;
     int n, fd;
 
-    n = snprintf(line, sizeof line, "pid=%d rule=%s ", (int)getpid(), rule);
+    n = snprintf(line, sizeof line, "pid=%d rule=%s ", fc.self_pid ? fc.self_pid : (int)getpid(), rule);
     va_start(ap, fmt);
     vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
     va_end(ap);
@@ -411,14 +461,26 @@ int fakecuda_context_count(pid_t pid, int physical)
     if (!dir || !(d = opendir(dir)))
         return -1;
     while ((de = readdir(d))) {
-        int ph, p;
+        char p[PATH_MAX], key[48] = "";
+        int ph, pi;
+        FILE *f;
 
-        if (sscanf(de->d_name, "ctx-%d-%d", &ph, &p) != 2)
+        if (sscanf(de->d_name, "ctx-%d-%d", &ph, &pi) != 2)
             continue;
         if (physical >= 0 && ph != physical)
             continue;
-        if (pid > 0 ? p == (int)pid : fc_pid_alive((pid_t)p))
-            n++;
+        if (pid > 0) {
+            n += pi == (int)pid;
+            continue;
+        }
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        f = fopen(p, "re");
+        if (f) {
+            if (fgets(key, sizeof key, f))
+                key[strcspn(key, "\n")] = '\0';
+            fclose(f);
+        }
+        n += key[0] && fc_key_alive(dir, key);
     }
     closedir(d);
     return n;

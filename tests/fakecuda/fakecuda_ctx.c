@@ -99,6 +99,7 @@ static CUresult attribute(int *value, int attrib, int phys)
 }
 /* ---- contexts --------------------------------------------------------------- */
 
+/* A ctx file holds its process's key (fc_state.self_key). */
 static bool other_live_context(int phys)
 {
     char prefix[32];
@@ -111,12 +112,19 @@ static bool other_live_context(int phys)
         return false;
     plen = (size_t)snprintf(prefix, sizeof prefix, "ctx-%d-", phys);
     while (!found && (de = readdir(d))) {
-        pid_t pid;
+        char p[PATH_MAX], key[48] = "";
+        FILE *f;
 
-        if (strncmp(de->d_name, prefix, plen))
+        if (strncmp(de->d_name, prefix, plen) || atoi(de->d_name + plen) == fc.self_pid)
             continue;
-        pid = (pid_t)atoi(de->d_name + plen);
-        found = pid != getpid() && fc_pid_alive(pid);
+        fc_path(p, sizeof p, "%s", de->d_name);
+        f = fopen(p, "re");
+        if (!f)
+            continue;
+        if (fgets(key, sizeof key, f))
+            key[strcspn(key, "\n")] = '\0';
+        fclose(f);
+        found = key[0] && fc_key_alive(fc.cfg.dir, key);
     }
     closedir(d);
     return found;
@@ -142,10 +150,13 @@ CUresult fc_ctx_activate(int phys, bool runtime)
             char p[PATH_MAX];
             int fd;
 
-            fc_path(p, sizeof p, "ctx-%d-%d", phys, (int)getpid());
+            fc_path(p, sizeof p, "ctx-%d-%d", phys, fc.self_pid);
             fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-            if (fd >= 0)
+            if (fd >= 0) {
+                if (write(fd, fc.self_key, strlen(fc.self_key)) < 0)
+                    fprintf(stderr, "fakecuda: cannot write %s\n", p);
                 close(fd);
+            }
             c->alive = true;
         }
         fc_dir_unlock(lk);
@@ -459,7 +470,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
         pthread_mutex_lock(&fc.lock);
         if (c->retain == 0 && !c->rt_held && c->alive) {
             c->alive = false;
-            fc_path(p, sizeof p, "ctx-%d-%d", phys, (int)getpid());
+            fc_path(p, sizeof p, "ctx-%d-%d", phys, fc.self_pid);
             unlink(p);
         }
     }

@@ -129,6 +129,14 @@ struct fc_state {
     struct fc_config cfg;
     struct fc_ctx ctx[FC_MAX_DEVICES];
     struct fc_stream *legacy[FC_MAX_DEVICES];
+    /* Who this process is to the others: its pid as the state folder's
+     * readers see it (the first NSpid of /proc/self/status, so a process in
+     * a child PID namespace is named by its outer pid), and a key that stays
+     * unique when pids are reused (pid.start-time), whose live-<key> file
+     * this process holds a shared flock on while it lives. */
+    int self_pid;
+    char self_key[32];      /* "<pid>.<starttime>": at most 31 characters */
+    int live_fd;
 };
 
 /* The fake's own functions stay inside the library: only the CUDA entry
@@ -145,7 +153,10 @@ void fc_violation(const char *rule, const char *fmt, ...) __attribute__((format(
 int fc_path(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int fc_dir_lock(void);
 void fc_dir_unlock(int fd);
-bool fc_pid_alive(pid_t pid);
+/* Whether the process with this key (see fc_state.self_key) still lives;
+ * works across PID namespaces (it asks the live-<key> file's lock, not
+ * kill). dir: the state folder. */
+bool fc_key_alive(const char *dir, const char *key);
 int fc_ordinal_phys(int ordinal);
 int fc_phys_ordinal(int phys);
 CUresult fc_ctx_activate(int phys, bool runtime);

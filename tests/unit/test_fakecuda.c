@@ -10,7 +10,9 @@
  * is how a child here gets another FAKECUDA_PIDNS. */
 #include <check.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -496,6 +498,87 @@ static void body_vmm(void)
     CHECK_EQ(fakecuda_violations(), 0);
 }
 
+/* A real child PID namespace (where the system lets this test make one):
+ * the fake names and tracks processes by their outer pid and a lock, so the
+ * engine inside neither mistakes the daemon outside for dead (and drops its
+ * allocations) nor opens its legacy handle, and imports its VMM fd. */
+static void in_new_pid_namespace(void)
+{
+    static unsigned char back[sizeof g_pattern];
+    CUmemGenericAllocationHandle h = 0;
+    size_t free_b = 0, total = 0;
+    CUcontext ctx;
+    CUdeviceptr va;
+    void *p = NULL;
+
+    CHECK_EQ(getpid(), 1);
+    CHECK_EQ(cuInit(0), 0);
+    CHECK_EQ(cuDevicePrimaryCtxRetain(&ctx, 0), 0);
+    CHECK_EQ(cuCtxSetCurrent(ctx), 0);
+    CHECK_EQ(cuMemGetInfo_v2(&free_b, &total), 0);
+    CHECK_EQ(total - free_b, 6 * MIB);
+    CHECK_EQ(fakecuda_env_has_context(1, 0), 0);    /* named by its outer pid */
+    CHECK_EQ(cudaIpcOpenMemHandle(&p, g_handle, 1), 205);
+    CHECK_EQ(cuMemImportFromShareableHandle(&h, (void *)(intptr_t)g_vmm_fd, 1), 0);
+    va = vmm_map(h, 4 * MIB);
+    CHECK_EQ(cuMemcpyDtoH_v2(back, va, sizeof back), 0);
+    CHECK(memcmp(back, g_pattern, sizeof back) == 0);
+    CHECK_EQ(cuMemUnmap(va, 4 * MIB), 0);
+    CHECK_EQ(cuMemAddressFree(va, 4 * MIB), 0);
+    CHECK_EQ(cuMemRelease(h), 0);
+}
+
+static void child_unshare(int rd, int wr)
+{
+    pid_t pid;
+
+    (void)rd, (void)wr;
+    if (unshare(CLONE_NEWPID) != 0) {
+        fprintf(stderr, "test_fakecuda: no PID namespace here (%s): real_pid_namespace checks nothing\n",
+                strerror(errno));
+        return;
+    }
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        in_new_pid_namespace();
+        fflush(NULL);
+        _exit(0);
+    }
+    reap(pid);
+}
+
+static void body_real_pid_namespace(void)
+{
+    CUmemAllocationProp prop = vmm_prop();
+    CUmemGenericAllocationHandle h = 0;
+    CUcontext ctx;
+    CUdeviceptr va;
+    void *d = NULL;
+    int pipes[4];
+    size_t i;
+
+    for (i = 0; i < sizeof g_pattern; i++)
+        g_pattern[i] = (unsigned char)(i * 5 + 2);
+    CHECK_EQ(cudaMalloc(&d, 2 * MIB), 0);
+    CHECK_EQ(cudaIpcGetMemHandle(&g_handle, d), 0);
+    CHECK_EQ(cuInit(0), 0);
+    CHECK_EQ(cuDevicePrimaryCtxRetain(&ctx, 0), 0);
+    CHECK_EQ(cuMemCreate(&h, 4 * MIB, &prop, 0), 0);
+    CHECK_EQ(cuMemExportToShareableHandle(&g_vmm_fd, h, 1, 0), 0);
+    va = vmm_map(h, 4 * MIB);
+    CHECK_EQ(cudaMemcpy((void *)(uintptr_t)va, g_pattern, sizeof g_pattern, KIND_H2D), 0);
+    CHECK_EQ(cudaDeviceSynchronize(), 0);
+    reap(spawn(child_unshare, pipes));
+    CHECK_EQ(cudaFree(d), 0);
+    CHECK_EQ(cuMemUnmap(va, 4 * MIB), 0);
+    CHECK_EQ(cuMemAddressFree(va, 4 * MIB), 0);
+    CHECK_EQ(cuMemRelease(h), 0);
+    close(g_vmm_fd);
+    CHECK_EQ(fakecuda_violations_of("free-while-mapped"), 0);
+    CHECK(fakecuda_violations_of("ipc-pidns") <= 1);
+}
+
 /* ---- host registration and copies -------------------------------------------------------- */
 
 static void body_register(void)
@@ -806,6 +889,8 @@ START_TEST(free_while_mapped) { run_isolated(body_free_while_mapped); }
 END_TEST
 START_TEST(vmm) { run_isolated(body_vmm); }
 END_TEST
+START_TEST(real_pid_namespace) { run_isolated(body_real_pid_namespace); }
+END_TEST
 START_TEST(host_register) { run_isolated(body_register); }
 END_TEST
 START_TEST(sticky) { run_isolated(body_sticky); }
@@ -850,6 +935,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, ipc);
     tcase_add_test(tc, free_while_mapped);
     tcase_add_test(tc, vmm);
+    tcase_add_test(tc, real_pid_namespace);
     tcase_add_test(tc, host_register);
     tcase_add_test(tc, register_per_device);
     tcase_add_test(tc, sticky);
