@@ -253,6 +253,9 @@ CUresult fc_enter(const char *name, bool need_init)
         if (strstr(fc.cfg.fail, key))
             return FC_ERR_UNKNOWN;
     }
+    /* The runtime initialises the driver (cuInit) on its first call. */
+    if (!strncmp(name, "cuda", 4) && fc.cfg.nvis > 0)
+        fc.drv_inited = true;
     if (need_init && !fc.drv_inited)
         return FC_ERR_NOT_INITIALIZED;
     return FC_SUCCESS;
