@@ -810,6 +810,21 @@ static void body_events(void)
     CHECK_EQ(cudaEventDestroy(e), 0);
     CHECK_EQ(cudaStreamDestroy(s1), 0);
     CHECK_EQ(cudaStreamDestroy(s2), 0);
+
+    /* The legacy stream waits for a blocking stream's earlier work: a
+     * synchronous D2H (which returns complete) sees its D2D. */
+    memset(a, 0x3C, N);
+    CHECK_EQ(cudaStreamCreate(&s1), 0);
+    CHECK_EQ(cudaMemcpyAsync(b, a, N, KIND_D2D, s1), 0);
+    CHECK_EQ(cudaMemcpy(host, b, N, KIND_D2H), 0);
+    CHECK(host[0] == 0x3C && host[N - 1] == 0x3C);
+    /* cudaMemset is ordered on the legacy stream too. */
+    CHECK_EQ(cudaMemset(b, 0x11, N), 0);
+    CHECK_EQ(cudaMemcpy(host, b, N, KIND_D2H), 0);
+    CHECK(host[0] == 0x11 && host[N - 1] == 0x11);
+    CHECK_EQ(cudaStreamDestroy(s1), 0);
+    CHECK_EQ(cudaFree(a), 0);
+    CHECK_EQ(cudaFree(b), 0);
     CHECK_EQ(fakecuda_violations(), 0);
 }
 
