@@ -34,22 +34,47 @@ unsigned long long fc_hash(const char *s)
     return h;
 }
 
-/* Comma list of small integers into out[]; missing entries stay as they are. */
-static void parse_int_list(const char *s, int *out, int max)
+/* The environment is input from outside: a bad value is refused with a
+ * message naming it (and the fake then has no devices). */
+
+/* An unsigned number from variable name (def when unset or empty). */
+static bool env_number(const char *name, unsigned long long def, unsigned long long max,
+                       unsigned long long *out)
 {
+    const char *s = getenv(name);
+    char *end;
+
+    *out = def;
+    if (!s || !*s)
+        return true;
+    errno = 0;
+    *out = strtoull(s, &end, 10);
+    if (errno || *end || *s == '-' || *out > max) {
+        fprintf(stderr, "fakecuda: %s=%s is not a number from 0 to %llu: no devices\n", name, s, max);
+        return false;
+    }
+    return true;
+}
+
+/* A comma list of per-device values from 0 to max (missing ones 0). */
+static bool env_list(const char *name, int max, int *out, int n)
+{
+    const char *s = getenv(name), *p;
     int i = 0;
 
-    while (s && *s && i < max) {
+    for (p = s; p && *p; i++) {
         char *end;
-        long v = strtol(s, &end, 10);
+        long v = strtol(p, &end, 10);
 
-        if (end != s)
-            out[i] = (int)v;
-        i++;
-        s = strchr(s, ',');
-        if (s)
-            s++;
+        if (end == p || v < 0 || v > max || (*end && *end != ',') || i >= n) {
+            fprintf(stderr, "fakecuda: %s=%s: entry %d is not a number from 0 to %d (one per device, "
+                    "at most %d): no devices\n", name, s, i + 1, max, n);
+            return false;
+        }
+        out[i] = (int)v;
+        p = *end ? end + 1 : end;
     }
+    return true;
 }
 
 static bool load_config(struct fc_config *c)
@@ -59,6 +84,7 @@ static bool load_config(struct fc_config *c)
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     const char *s;
     int modes[FC_MAX_DEVICES] = { 0 }, migs[FC_MAX_DEVICES] = { 0 };
+    unsigned long long v;
     struct stat st;
     int i;
 
@@ -74,22 +100,31 @@ static bool load_config(struct fc_config *c)
     snprintf(c->dir, sizeof c->dir, "%s", dir);
     if (!devs || !*devs)
         devs = "0000:3B:00.0,0000:5E:00.0";
-    for (s = devs; s && *s && c->nphys < FC_MAX_DEVICES;) {
+    for (s = devs; *s;) {
         struct fc_phys *p = &c->phys[c->nphys];
+        int used = 0;
 
-        if (sscanf(s, "%x:%x:%x.%x", &p->domain, &p->bus, &p->dev, &p->fn) != 4) {
-            fprintf(stderr, "fakecuda: FAKECUDA_DEVICES entry '%.*s' is not a PCI bus id\n",
-                    (int)strcspn(s, ","), s);
+        if (c->nphys == FC_MAX_DEVICES ||
+            sscanf(s, "%x:%x:%x.%x%n", &p->domain, &p->bus, &p->dev, &p->fn, &used) != 4 ||
+            (s[used] && s[used] != ',') || p->bus > 0xff || p->dev > 0x1f || p->fn > 7) {
+            fprintf(stderr, "fakecuda: FAKECUDA_DEVICES entry '%.*s' is not a PCI bus id "
+                    "(domain:bus:device.function, at most %d): no devices\n",
+                    (int)strcspn(s, ","), s, FC_MAX_DEVICES);
             return false;
         }
         c->nphys++;
-        s = strchr(s, ',');
-        if (s)
+        s += used;
+        if (*s == ',')
             s++;
     }
-    parse_int_list(getenv("FAKECUDA_COMPUTE_MODE"), modes, FC_MAX_DEVICES);
-    parse_int_list(getenv("FAKECUDA_MIG"), migs, FC_MAX_DEVICES);
+    if (!env_list("FAKECUDA_COMPUTE_MODE", 3, modes, c->nphys) || !env_list("FAKECUDA_MIG", 1, migs, c->nphys))
+        return false;
     for (i = 0; i < c->nphys; i++) {
+        if (modes[i] == 1) {
+            fprintf(stderr, "fakecuda: FAKECUDA_COMPUTE_MODE: 1 (exclusive thread) no longer exists; "
+                    "use 0, 2 or 3: no devices\n");
+            return false;
+        }
         c->phys[i].compute_mode = modes[i];
         c->phys[i].mig = migs[i] != 0;
     }
@@ -101,18 +136,18 @@ static bool load_config(struct fc_config *c)
          * valid index (or repeats one). */
         for (s = vis; *s && c->nvis < FC_MAX_DEVICES;) {
             char *end;
-            long v;
+            long n;
             int j;
 
             while (isspace((unsigned char)*s))
                 s++;
-            v = strtol(s, &end, 10);
-            if (end == s || v < 0 || v >= c->nphys)
+            n = strtol(s, &end, 10);
+            if (end == s || n < 0 || n >= c->nphys)
                 break;
-            for (j = 0; j < c->nvis && c->vis[j] != v; j++) {}
+            for (j = 0; j < c->nvis && c->vis[j] != n; j++) {}
             if (j < c->nvis)
                 break;
-            c->vis[c->nvis++] = (int)v;
+            c->vis[c->nvis++] = (int)n;
             s = end;
             while (isspace((unsigned char)*s))
                 s++;
@@ -122,21 +157,37 @@ static bool load_config(struct fc_config *c)
         }
     }
     s = getenv("FAKECUDA_BUSID_FORMAT");
-    c->busid_format = !s || !strcmp(s, "upper") ? 0 : !strcmp(s, "lower") ? 1 : !strcmp(s, "nvsmi") ? 2 : 0;
-    s = getenv("FAKECUDA_DRIVER_VERSION");
-    c->driver_version = s && *s ? atoi(s) : 12080;
-    s = getenv("FAKECUDA_NO_VMM");
-    c->no_vmm = s && !strcmp(s, "1");
-    s = getenv("FAKECUDA_MEM_BYTES");
-    c->mem_bytes = s && *s ? strtoull(s, NULL, 10) : (1ULL << 30);
+    if (!s || !*s || !strcmp(s, "upper")) {
+        c->busid_format = 0;
+    } else if (!strcmp(s, "lower")) {
+        c->busid_format = 1;
+    } else if (!strcmp(s, "nvsmi")) {
+        c->busid_format = 2;
+    } else {
+        fprintf(stderr, "fakecuda: FAKECUDA_BUSID_FORMAT=%s is not upper, lower or nvsmi: no devices\n", s);
+        return false;
+    }
+    if (!env_number("FAKECUDA_DRIVER_VERSION", 12080, 1000000, &v))
+        return false;
+    c->driver_version = (int)v;
+    if (!env_number("FAKECUDA_NO_VMM", 0, 1, &v))
+        return false;
+    c->no_vmm = v == 1;
+    if (!env_number("FAKECUDA_MEM_BYTES", 1ULL << 30, 1ULL << 50, &c->mem_bytes))
+        return false;
+    if (!env_number("FAKECUDA_COPY_DELAY_MS", 0, 600000, &v))
+        return false;
+    c->delay_ms = (unsigned)v;
     s = getenv("FAKECUDA_PIDNS");
     if (s && *s)
         c->pidns = fc_hash(s);
     else
         c->pidns = stat("/proc/self/ns/pid", &st) == 0 ? (unsigned long long)st.st_ino : 0;
-    s = getenv("FAKECUDA_COPY_DELAY_MS");
-    c->delay_ms = s && *s ? (unsigned)strtoul(s, NULL, 10) : 0;
     s = getenv("FAKECUDA_FAIL");
+    if (s && strlen(s) + 3 > sizeof c->fail) {
+        fprintf(stderr, "fakecuda: FAKECUDA_FAIL is longer than %zu characters: no devices\n", sizeof c->fail - 3);
+        return false;
+    }
     snprintf(c->fail, sizeof c->fail, ",%s,", s ? s : "");
     return true;
 }
@@ -260,6 +311,7 @@ CUresult fc_enter(const char *name, bool need_init)
         return FC_ERR_NOT_INITIALIZED;
     return FC_SUCCESS;
 }
+
 /* ---- files in $FAKECUDA_DIR ---------------------------------------------- */
 
 int fc_path(char *buf, size_t len, const char *fmt, ...)
@@ -341,6 +393,7 @@ void fc_violation(const char *rule, const char *fmt, ...)
         close(fd);
     }
 }
+
 /* ---- error strings ---------------------------------------------------------------- */
 
 static const struct {
@@ -421,6 +474,7 @@ const char *cudaGetErrorName(cudaError_t error)
             return errors[i].rt;
     return "unrecognized error code";
 }
+
 /* ---- test-only helpers -------------------------------------------------------------- */
 
 static int count_lines(const char *rule)

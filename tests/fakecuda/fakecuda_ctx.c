@@ -28,6 +28,7 @@ static void tls_fresh(void)
         tls.gen = fc.gen;
     }
 }
+
 /* ---- devices ------------------------------------------------------------------ */
 
 int fc_ordinal_phys(int ordinal)
@@ -97,6 +98,7 @@ static CUresult attribute(int *value, int attrib, int phys)
     }
     return FC_SUCCESS;
 }
+
 /* ---- contexts --------------------------------------------------------------- */
 
 /* A ctx file holds its process's key (fc_state.self_key). */
@@ -278,6 +280,7 @@ cudaError_t fc_rt_last_error(bool clear)
         tls.last_err = FC_SUCCESS;
     return e;
 }
+
 /* ---- driver: init, devices, contexts -------------------------------------------- */
 
 CUresult cuInit(unsigned int flags)
@@ -580,6 +583,7 @@ CUresult cuCtxSynchronize(void)
     fc_device_sync(c->phys);
     return FC_SUCCESS;
 }
+
 /* ---- runtime: devices ---------------------------------------------------------- */
 
 cudaError_t cudaGetDeviceCount(int *count)

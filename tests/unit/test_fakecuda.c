@@ -135,6 +135,34 @@ static void child_no_vmm(int rd, int wr)
     CHECK_EQ(v, 0);
 }
 
+/* A bad value is refused (with a message): no devices, not a guess. */
+static void child_bad_env(int rd, int wr)
+{
+    static const char *const bad[][2] = {
+        { "FAKECUDA_COMPUTE_MODE", "0,7" }, { "FAKECUDA_DEVICES", "0000:3B:00.0,zz" },
+        { "FAKECUDA_BUSID_FORMAT", "mixed" }, { "FAKECUDA_MEM_BYTES", "1G" },
+        { "FAKECUDA_COPY_DELAY_MS", "-5" }, { "FAKECUDA_MIG", "0,0,1" },
+    };
+    int n = -1, status;
+    size_t i;
+
+    (void)rd, (void)wr;
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        pid_t pid;
+
+        fflush(NULL);
+        pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) {
+            setenv(bad[i][0], bad[i][1], 1);
+            CHECK_EQ(cudaGetDeviceCount(&n), 100);
+            fflush(NULL);
+            _exit(0);
+        }
+        CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+}
+
 static void body_environment(void)
 {
     char bus[32], name[96];
@@ -185,6 +213,10 @@ static void body_environment(void)
 
     /* A fork child reads the environment again. */
     reap(spawn(child_no_vmm, pipes));
+    unsetenv("FAKECUDA_DEVICES");
+    unsetenv("FAKECUDA_COMPUTE_MODE");
+    unsetenv("FAKECUDA_MIG");
+    reap(spawn(child_bad_env, pipes));
     CHECK_EQ(fakecuda_violations(), 0);
 }
 
