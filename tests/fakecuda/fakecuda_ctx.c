@@ -653,6 +653,41 @@ cudaError_t cudaDeviceGetAttribute(int *value, int attr, int device)
     return fc_rt_ret(attribute(value, attr, phys));
 }
 
+/* struct cudaDeviceProp differs between toolkits past its first fields, so
+ * only those are written: name[256] at 0, uuid (16 bytes) at 256 and
+ * totalGlobalMem at 288 (after luid[8] and luidDeviceNodeMask); the caller
+ * zeroes the rest. */
+static cudaError_t device_properties(void *prop, int device, const char *name)
+{
+    CUresult rc = fc_enter(name, false);
+    int phys = fc_ordinal_phys(device);
+    size_t total;
+    CUuuid uuid;
+
+    if (rc)
+        return fc_rt_ret(rc);
+    if (phys < 0)
+        return fc_rt_ret(FC_ERR_INVALID_DEVICE);
+    if (!prop)
+        return fc_rt_ret(FC_ERR_INVALID_VALUE);
+    device_name(prop, 256, phys);
+    device_uuid(&uuid, device, name);
+    memcpy((char *)prop + 256, uuid.bytes, sizeof uuid.bytes);
+    total = (size_t)fc.cfg.mem_bytes;
+    memcpy((char *)prop + 288, &total, sizeof total);
+    return FC_SUCCESS;
+}
+
+cudaError_t cudaGetDeviceProperties(void *prop, int device)
+{
+    return device_properties(prop, device, "cudaGetDeviceProperties");
+}
+
+cudaError_t cudaGetDeviceProperties_v2(void *prop, int device)
+{
+    return device_properties(prop, device, "cudaGetDeviceProperties_v2");
+}
+
 cudaError_t cudaDriverGetVersion(int *version)
 {
     return fc_rt_ret(cuDriverGetVersion(version));

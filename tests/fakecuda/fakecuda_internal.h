@@ -340,6 +340,8 @@ cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaDeviceGetPCIBusId(char *busid, int len, int device);
 cudaError_t cudaDeviceGetAttribute(int *value, int attr, int device);
+cudaError_t cudaGetDeviceProperties(void *prop, int device);     /* struct cudaDeviceProp * */
+cudaError_t cudaGetDeviceProperties_v2(void *prop, int device);
 cudaError_t cudaMalloc(void **ptr, size_t size);
 cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total);

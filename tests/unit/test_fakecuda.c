@@ -186,6 +186,16 @@ static void body_environment(void)
     CHECK_EQ(v, 0);
     CHECK_EQ(cudaDeviceGetAttribute(&v, 33, 0), 0);
     CHECK_EQ(v, 0xAF);
+    {
+        union { char name[256]; unsigned char raw[1100]; } prop;
+        size_t total;
+
+        memset(&prop, 0, sizeof prop);
+        CHECK_EQ(cudaGetDeviceProperties(&prop, 1), 0);
+        CHECK(strcmp(prop.name, "NVIDIA H100 80GB HBM3") == 0);
+        memcpy(&total, prop.raw + 288, sizeof total);     /* totalGlobalMem */
+        CHECK_EQ(total, 1ull << 30);
+    }
 
     /* The runtime's first call initialised the driver too. */
     CHECK_EQ(cuDeviceGetCount(&n), 0);
