@@ -720,14 +720,14 @@ cudaError_t cudaMalloc(void **ptr, size_t size)
     return fc_rt_ret(mem_alloc(c, size, ptr));
 }
 
+/* cudaFree(NULL) does nothing but what every runtime call does: make the
+ * device's context exist (the idiom that forces its creation). */
 cudaError_t cudaFree(void *ptr)
 {
+    RT_CTX("cudaFree");
     if (!ptr)
-        return fc_rt_ret(fc_enter("cudaFree", false));
-    {
-        RT_CTX("cudaFree");
-        return fc_rt_ret(mem_free(c, ptr, "cudaFree"));
-    }
+        return FC_SUCCESS;
+    return fc_rt_ret(mem_free(c, ptr, "cudaFree"));
 }
 
 cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)

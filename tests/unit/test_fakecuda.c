@@ -306,10 +306,13 @@ static void child_visible_1(int rd, int wr)
 static void body_runtime_default_device(void)
 {
     static char buf[8192] __attribute__((aligned(4096)));
-    int pipes[4];
+    int pipes[4], dev = -1;
     pthread_t t;
     void *rc;
 
+    CHECK_EQ(fakecuda_context_count(getpid(), -1), 0);
+    CHECK_EQ(cudaGetDevice(&dev), 0);       /* asks, creates nothing */
+    CHECK_EQ(dev, 0);
     CHECK_EQ(fakecuda_context_count(getpid(), -1), 0);
     CHECK(pthread_create(&t, NULL, register_on_a_thread, buf) == 0);
     CHECK(pthread_join(t, &rc) == 0);
@@ -319,7 +322,16 @@ static void body_runtime_default_device(void)
     CHECK_EQ(fakecuda_env_has_context(getpid(), 0), 1);
     CHECK_EQ(fakecuda_context_count(0, -1), 1);
     reap(spawn(child_visible_1, pipes));
+    /* cudaFree(NULL): the idiom that makes the current device's context. */
+    CHECK_EQ(cudaSetDevice(1), 0);
+    CHECK_EQ(fakecuda_context_count(getpid(), 1), 1);
     CHECK_EQ(fakecuda_violations(), 0);
+}
+
+static void body_cuda_free_null(void)
+{
+    CHECK_EQ(cudaFree(NULL), 0);
+    CHECK_EQ(fakecuda_context_count(getpid(), 0), 1);
 }
 
 static void body_driver_contexts(void)
@@ -940,6 +952,8 @@ START_TEST(sync_copies) { run_isolated(body_sync_copies); }
 END_TEST
 START_TEST(runtime_default_device) { run_isolated(body_runtime_default_device); }
 END_TEST
+START_TEST(cuda_free_null) { run_isolated(body_cuda_free_null); }
+END_TEST
 START_TEST(driver_contexts) { run_isolated(body_driver_contexts); }
 END_TEST
 START_TEST(ipc) { run_isolated(body_ipc); }
@@ -990,6 +1004,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, one_object);
     tcase_add_test(tc, no_state_dir);
     tcase_add_test(tc, runtime_default_device);
+    tcase_add_test(tc, cuda_free_null);
     tcase_add_test(tc, driver_contexts);
     tcase_add_test(tc, ipc);
     tcase_add_test(tc, free_while_mapped);
