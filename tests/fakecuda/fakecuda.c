@@ -97,7 +97,18 @@ static bool load_config(struct fc_config *c)
         fprintf(stderr, "fakecuda: FAKECUDA_DIR=%s is not a directory: no devices\n", dir);
         return false;
     }
-    snprintf(c->dir, sizeof c->dir, "%s", dir);
+    {
+        /* Absolute, so a process that changes directory keeps its state. */
+        char *abs = realpath(dir, NULL);
+
+        if (!abs || strlen(abs) >= sizeof c->dir) {
+            fprintf(stderr, "fakecuda: FAKECUDA_DIR=%s: cannot resolve it: no devices\n", dir);
+            free(abs);
+            return false;
+        }
+        snprintf(c->dir, sizeof c->dir, "%s", abs);
+        free(abs);
+    }
     if (!devs || !*devs)
         devs = "0000:3B:00.0,0000:5E:00.0";
     for (s = devs; *s;) {
