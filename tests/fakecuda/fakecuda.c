@@ -218,7 +218,9 @@ static void fork_parent(void)
  * graveyards), and the environment is read again at its first call. */
 static void fork_child(void)
 {
-    pthread_mutex_init(&fc.lock, NULL);
+    /* This thread took fc.lock in fork_prepare: it owns it here too. The
+     * condition variable may count waiters that are not in this process. */
+    pthread_mutex_unlock(&fc.lock);
     pthread_cond_init(&fc.cv, NULL);
     fc.loaded = false;
     fc.cfg_ok = false;
@@ -317,8 +319,8 @@ CUresult fc_enter(const char *name, bool need_init)
     }
     /* The runtime initialises the driver (cuInit) on its first call. */
     if (!strncmp(name, "cuda", 4) && fc.cfg.nvis > 0)
-        fc.drv_inited = true;
-    if (need_init && !fc.drv_inited)
+        __atomic_store_n(&fc.drv_inited, true, __ATOMIC_RELAXED);
+    if (need_init && !__atomic_load_n(&fc.drv_inited, __ATOMIC_RELAXED))
         return FC_ERR_NOT_INITIALIZED;
     return FC_SUCCESS;
 }

@@ -179,11 +179,11 @@ CUresult fc_ctx_check(struct fc_ctx *c)
 {
     char p[PATH_MAX];
 
-    if (c->sticky)
+    if (__atomic_load_n(&c->sticky, __ATOMIC_RELAXED))
         return FC_ERR_ILLEGAL_ADDRESS;
     fc_path(p, sizeof p, "sticky-%d", c->phys);
     if (access(p, F_OK) == 0) {
-        c->sticky = true;
+        __atomic_store_n(&c->sticky, true, __ATOMIC_RELAXED);
         return FC_ERR_ILLEGAL_ADDRESS;
     }
     return FC_SUCCESS;
@@ -208,11 +208,21 @@ static void set_current(struct fc_ctx *c)
     tls.stack[tls.depth - 1] = c;
 }
 
+bool fc_ctx_alive(struct fc_ctx *c)
+{
+    bool alive;
+
+    pthread_mutex_lock(&fc.lock);
+    alive = c->alive;
+    pthread_mutex_unlock(&fc.lock);
+    return alive;
+}
+
 CUresult fc_drv_ctx(struct fc_ctx **out, const char *what)
 {
     struct fc_ctx *c = fc_current_ctx();
 
-    if (!c || !c->alive) {
+    if (!c || !fc_ctx_alive(c)) {
         fc_violation("no-context", "%s called with no current context", what);
         return FC_ERR_INVALID_CONTEXT;
     }
@@ -234,11 +244,9 @@ CUresult fc_rt_ctx(struct fc_ctx **out)
             return fc.cfg.nvis == 0 ? FC_ERR_NO_DEVICE : FC_ERR_INVALID_DEVICE;
         c = &fc.ctx[phys];
     }
-    if (!c->alive || !c->rt_held) {
-        rc = fc_ctx_activate(c->phys, true);
-        if (rc)
-            return rc;
-    }
+    rc = fc_ctx_activate(c->phys, true);    /* exists already: only takes the lock */
+    if (rc)
+        return rc;
     if (!fc_current_ctx())
         set_current(c);
     *out = c;
@@ -273,7 +281,7 @@ cudaError_t fc_rt_last_error(bool clear)
     struct fc_ctx *c = fc_current_ctx();
     cudaError_t e;
 
-    if (c && c->alive && fc_ctx_check(c) != FC_SUCCESS)
+    if (c && fc_ctx_alive(c) && fc_ctx_check(c) != FC_SUCCESS)
         return FC_ERR_ILLEGAL_ADDRESS;
     e = tls.last_err;
     if (clear)
@@ -293,7 +301,7 @@ CUresult cuInit(unsigned int flags)
         return FC_ERR_INVALID_VALUE;
     if (fc.cfg.nvis == 0)
         return FC_ERR_NO_DEVICE;
-    fc.drv_inited = true;
+    __atomic_store_n(&fc.drv_inited, true, __ATOMIC_RELAXED);
     return FC_SUCCESS;
 }
 
@@ -440,7 +448,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         return FC_ERR_INVALID_DEVICE;
     if (!pctx)
         return FC_ERR_INVALID_VALUE;
-    if (fc.ctx[phys].alive && (rc = fc_ctx_check(&fc.ctx[phys])))
+    if (fc_ctx_alive(&fc.ctx[phys]) && (rc = fc_ctx_check(&fc.ctx[phys])))
         return rc;
     rc = fc_ctx_activate(phys, false);
     if (rc)
@@ -493,7 +501,7 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
     if (!flags || !active)
         return FC_ERR_INVALID_VALUE;
     *flags = 0;
-    *active = fc.ctx[phys].alive;
+    *active = fc_ctx_alive(&fc.ctx[phys]);
     return FC_SUCCESS;
 }
 
@@ -508,7 +516,7 @@ CUresult cuCtxSetCurrent(CUcontext ctx)
 
     if (rc)
         return rc;
-    if (ctx && (!valid_ctx(ctx) || !ctx->alive))
+    if (ctx && (!valid_ctx(ctx) || !fc_ctx_alive(ctx)))
         return FC_ERR_INVALID_CONTEXT;
     set_current(ctx);
     return FC_SUCCESS;
@@ -532,7 +540,7 @@ CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 
     if (rc)
         return rc;
-    if (!ctx || !valid_ctx(ctx) || !ctx->alive)
+    if (!ctx || !valid_ctx(ctx) || !fc_ctx_alive(ctx))
         return FC_ERR_INVALID_CONTEXT;
     tls_fresh();
     if (tls.depth >= (int)(sizeof tls.stack / sizeof tls.stack[0]))

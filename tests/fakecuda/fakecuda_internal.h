@@ -124,7 +124,7 @@ struct fc_state {
     pthread_cond_t cv;      /* stream progress */
     bool loaded;            /* config read */
     bool cfg_ok;
-    bool drv_inited;        /* cuInit called */
+    bool drv_inited;        /* cuInit (or a runtime call) happened; __atomic access */
     unsigned gen;           /* bumped in a fork child: thread-local state is stale */
     struct fc_config cfg;
     struct fc_ctx ctx[FC_MAX_DEVICES];
@@ -160,6 +160,7 @@ bool fc_key_alive(const char *dir, const char *key);
 int fc_ordinal_phys(int ordinal);
 int fc_phys_ordinal(int phys);
 CUresult fc_ctx_activate(int phys, bool runtime);
+bool fc_ctx_alive(struct fc_ctx *c);
 CUresult fc_ctx_check(struct fc_ctx *c);
 CUresult fc_drv_ctx(struct fc_ctx **out, const char *what);
 CUresult fc_rt_ctx(struct fc_ctx **out);
