@@ -70,6 +70,11 @@ static void run_isolated(void (*body)(void))
         exit(0);    /* exit, not _exit: leak checkers run on the body too */
     }
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        setenv("FAKECUDA_DIR", g_dir, 1);
+        fakecuda_env_print_violations(stderr);
+        unsetenv("FAKECUDA_DIR");
+    }
     test_rmtree(g_dir);
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "test body failed (status %#x)", status);
 }
