@@ -301,22 +301,68 @@ bool fc_load(void)
     return fc.cfg_ok;
 }
 
-CUresult fc_enter(const char *name, bool need_init)
+/* Whether list (",a,b,") names the entry point, or its name without _v2. */
+static bool listed(const char *list, const char *name)
 {
     char key[80];
-    size_t n;
+    size_t n = strlen(name);
 
-    if (!fc_load())
-        return need_init ? FC_ERR_NOT_INITIALIZED : FC_ERR_NO_DEVICE;
     snprintf(key, sizeof key, ",%s,", name);
-    if (strstr(fc.cfg.fail, key))
-        return FC_ERR_UNKNOWN;
-    n = strlen(name);
+    if (strstr(list, key))
+        return true;
     if (n > 3 && !strcmp(name + n - 3, "_v2")) {
         snprintf(key, sizeof key, ",%.*s,", (int)(n - 3), name);
-        if (strstr(fc.cfg.fail, key))
-            return FC_ERR_UNKNOWN;
+        return strstr(list, key) != NULL;
     }
+    return false;
+}
+
+/* $FAKECUDA_DIR/fail: entry points that fail from now on, changed while
+ * processes run (FAKECUDA_FAIL is read once); re-read when it changes. */
+static bool fail_file_lists(const char *name)
+{
+    static struct {
+        bool present;
+        struct stat st;
+        char list[1024];
+    } cache;
+    char p[PATH_MAX];
+    struct stat st;
+    bool hit;
+
+    fc_path(p, sizeof p, "fail");
+    pthread_mutex_lock(&fc.lock);
+    if (stat(p, &st) != 0) {
+        cache.present = false;
+    } else if (!cache.present || st.st_ino != cache.st.st_ino || st.st_size != cache.st.st_size ||
+               st.st_mtim.tv_sec != cache.st.st_mtim.tv_sec || st.st_mtim.tv_nsec != cache.st.st_mtim.tv_nsec) {
+        FILE *f = fopen(p, "re");
+        size_t n = 0, i;
+
+        cache.list[0] = ',';
+        if (f) {
+            n = fread(cache.list + 1, 1, sizeof cache.list - 3, f);
+            fclose(f);
+        }
+        for (i = 1; i <= n; i++)
+            if (strchr(" \t\r\n", cache.list[i]))
+                cache.list[i] = ',';
+        cache.list[n + 1] = ',';
+        cache.list[n + 2] = '\0';
+        cache.st = st;
+        cache.present = true;
+    }
+    hit = cache.present && listed(cache.list, name);
+    pthread_mutex_unlock(&fc.lock);
+    return hit;
+}
+
+CUresult fc_enter(const char *name, bool need_init)
+{
+    if (!fc_load())
+        return need_init ? FC_ERR_NOT_INITIALIZED : FC_ERR_NO_DEVICE;
+    if (listed(fc.cfg.fail, name) || fail_file_lists(name))
+        return FC_ERR_UNKNOWN;
     /* The runtime initialises the driver (cuInit) on its first call. */
     if (!strncmp(name, "cuda", 4) && fc.cfg.nvis > 0)
         __atomic_store_n(&fc.drv_inited, true, __ATOMIC_RELAXED);
@@ -554,6 +600,29 @@ int fakecuda_context_count(pid_t pid, int physical)
     }
     closedir(d);
     return n;
+}
+
+int fakecuda_set_fail(const char *names)
+{
+    const char *dir = getenv("FAKECUDA_DIR");
+    char p[PATH_MAX], tmp[PATH_MAX];
+    FILE *f;
+
+    if (!dir)
+        return -1;
+    snprintf(p, sizeof p, "%s/fail", dir);
+    if (!names || !*names)
+        return unlink(p) == 0 || errno == ENOENT ? 0 : -1;
+    snprintf(tmp, sizeof tmp, "%s/.fail.%d", dir, (int)getpid());
+    f = fopen(tmp, "we");
+    if (!f)
+        return -1;
+    fprintf(f, "%s\n", names);
+    if (fclose(f) != 0 || rename(tmp, p) != 0) {
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
 }
 
 int fakecuda_make_sticky(int physical)

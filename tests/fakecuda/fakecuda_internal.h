@@ -391,5 +391,6 @@ int fakecuda_violations(void);
 int fakecuda_violations_of(const char *rule);
 int fakecuda_context_count(pid_t pid, int physical);
 int fakecuda_make_sticky(int physical);
+int fakecuda_set_fail(const char *names);
 
 #endif

@@ -256,6 +256,42 @@ static void body_old_driver_and_fail_list(void)
     CHECK_EQ(cuMemAlloc_v2(&d, 4096), 999);
 }
 
+static void child_fails_too(int rd, int wr)
+{
+    size_t free_b, total;
+    CUcontext ctx;
+
+    CHECK_EQ(cuInit(0), 0);
+    CHECK_EQ(cuDevicePrimaryCtxRetain(&ctx, 0), 0);
+    CHECK_EQ(cuCtxSetCurrent(ctx), 0);
+    CHECK_EQ(cuMemGetInfo_v2(&free_b, &total), 999);
+    send_byte(wr, 'f');
+    recv_byte(rd);
+    CHECK_EQ(cuMemGetInfo_v2(&free_b, &total), 0);
+}
+
+/* Failures switched on and off while processes run ($FAKECUDA_DIR/fail). */
+static void body_fail_file(void)
+{
+    size_t free_b, total;
+    int pipes[4];
+    CUcontext ctx;
+    pid_t pid;
+
+    CHECK_EQ(cuInit(0), 0);
+    CHECK_EQ(cuDevicePrimaryCtxRetain(&ctx, 0), 0);
+    CHECK_EQ(cuCtxSetCurrent(ctx), 0);
+    CHECK_EQ(cuMemGetInfo_v2(&free_b, &total), 0);
+    CHECK_EQ(fakecuda_set_fail("cuMemAlloc, cuMemGetInfo"), 0);
+    CHECK_EQ(cuMemGetInfo_v2(&free_b, &total), 999);
+    pid = spawn(child_fails_too, pipes);
+    CHECK_EQ(recv_byte(pipes[2]), 'f');
+    CHECK_EQ(fakecuda_set_fail(NULL), 0);
+    send_byte(pipes[1], 'g');
+    reap(pid);
+    CHECK_EQ(cuMemGetInfo_v2(&free_b, &total), 0);
+}
+
 /* One object under every soname: the driver and runtime halves share state,
  * and a library's RTLD_NOLOAD lookup finds the process's own copy. */
 static void body_one_object(void)
@@ -947,6 +983,8 @@ START_TEST(environment) { run_isolated(body_environment); }
 END_TEST
 START_TEST(old_driver_and_fail_list) { run_isolated(body_old_driver_and_fail_list); }
 END_TEST
+START_TEST(fail_file) { run_isolated(body_fail_file); }
+END_TEST
 START_TEST(one_object) { run_isolated(body_one_object); }
 END_TEST
 START_TEST(no_state_dir) { run_isolated(body_no_state_dir); }
@@ -1006,6 +1044,7 @@ int main(int argc, char **argv)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, environment);
     tcase_add_test(tc, old_driver_and_fail_list);
+    tcase_add_test(tc, fail_file);
     tcase_add_test(tc, one_object);
     tcase_add_test(tc, no_state_dir);
     tcase_add_test(tc, runtime_default_device);
