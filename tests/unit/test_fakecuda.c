@@ -838,15 +838,21 @@ static void body_compute_modes(void)
 
 #define N 4096
 
+/* The two checks that a copy has NOT landed yet: the delay (1 s) is far
+ * longer than the few calls between the copy and the look, so they hold
+ * on a loaded machine too; every other stream check below is an ordering
+ * (deterministic) and runs with a short delay. */
 static void body_streams(void)
 {
-    static unsigned char host[N], host2[N];
-    unsigned char *a = NULL, *b = NULL;
-    cudaStream_t nb, bl;
+    static unsigned char host[N];
+    unsigned char *a = NULL, *b = NULL, *pinned = NULL;
+    cudaStream_t nb;
+    CUstream cs;
 
-    setenv("FAKECUDA_COPY_DELAY_MS", "500", 1);
+    setenv("FAKECUDA_COPY_DELAY_MS", "1000", 1);
     CHECK_EQ(cudaMalloc((void **)&a, N), 0);
     CHECK_EQ(cudaMalloc((void **)&b, N), 0);
+    CHECK_EQ(cudaMallocHost((void **)&pinned, N), 0);
     /* The fake's device memory is a host mapping: set a's bytes directly. */
     memset(a, 0xAB, N);
 
@@ -858,27 +864,40 @@ static void body_streams(void)
     CHECK(b[0] == 0xAB && b[N - 1] == 0xAB);
     CHECK_EQ(cudaStreamQuery(NULL), 0);
 
-    /* A fresh non-blocking stream is not ordered after the legacy stream. */
+    /* A fresh non-blocking stream is not ordered after the legacy stream:
+     * its read starts at once and sees the bytes from before the D2D. */
     memset(a, 0xCD, N);
     CHECK_EQ(cudaMemcpy(b, a, N, KIND_D2D), 0);
     CHECK_EQ(cudaStreamCreateWithFlags(&nb, 1), 0);
     CHECK_EQ(cudaMemcpyAsync(host, b, N, KIND_D2H, nb), 0);    /* pageable: returns complete */
     CHECK(host[0] == 0xAB && host[N - 1] == 0xAB);
-    /* A blocking stream is. */
     CHECK_EQ(cudaStreamSynchronize(NULL), 0);
-    memset(a, 0xEF, N);
-    CHECK_EQ(cudaMemcpy(b, a, N, KIND_D2D), 0);
-    CHECK_EQ(cudaStreamCreate(&bl), 0);
-    CHECK_EQ(cudaMemcpyAsync(host2, b, N, KIND_D2H, bl), 0);
-    CHECK(host2[0] == 0xEF && host2[N - 1] == 0xEF);
+    CHECK(b[0] == 0xCD && b[N - 1] == 0xCD);
     CHECK_EQ(cudaStreamDestroy(nb), 0);
-    CHECK_EQ(cudaStreamDestroy(bl), 0);
-    CHECK_EQ(cudaStreamDestroy(bl), 400);
+
+    /* An H2D from pageable memory returns once staged, before it lands;
+     * an asynchronous one from pinned memory at once. */
+    memset(host, 0x77, N);
+    CHECK_EQ(cudaMemcpy(a, host, N, KIND_H2D), 0);
+    memset(host, 0x00, N);      /* staged: the device gets the bytes of the call */
+    CHECK(a[0] == 0xCD);
+    CHECK_EQ(cudaStreamSynchronize(NULL), 0);
+    CHECK(a[0] == 0x77 && a[N - 1] == 0x77);
+    CHECK_EQ(cuStreamCreate(&cs, 1), 0);
+    memset(pinned, 0x55, N);
+    CHECK_EQ(cuMemcpyHtoDAsync_v2((CUdeviceptr)(uintptr_t)a, pinned, N, cs), 0);
+    CHECK_EQ(cuStreamQuery(cs), 600);
+    CHECK_EQ(cuStreamSynchronize(cs), 0);
+    CHECK(a[0] == 0x55 && a[N - 1] == 0x55);
+    CHECK_EQ(cuStreamDestroy_v2(cs), 0);
+    CHECK_EQ(cudaFreeHost(pinned), 0);
     CHECK_EQ(cudaFree(a), 0);
     CHECK_EQ(cudaFree(b), 0);
     CHECK_EQ(fakecuda_violations(), 0);
 }
 
+/* Orderings: events across non-blocking streams, the legacy stream and
+ * blocking streams both ways, cudaMemset on the legacy stream. */
 static void body_events(void)
 {
     static unsigned char host[N];
@@ -886,7 +905,7 @@ static void body_events(void)
     cudaStream_t s1, s2;
     cudaEvent_t e;
 
-    setenv("FAKECUDA_COPY_DELAY_MS", "300", 1);
+    setenv("FAKECUDA_COPY_DELAY_MS", "100", 1);
     CHECK_EQ(cudaMalloc((void **)&a, N), 0);
     CHECK_EQ(cudaMalloc((void **)&b, N), 0);
     memset(a, 0x5A, N);
@@ -905,6 +924,15 @@ static void body_events(void)
     CHECK_EQ(cudaEventDestroy(e), 0);
     CHECK_EQ(cudaStreamDestroy(s1), 0);
     CHECK_EQ(cudaStreamDestroy(s2), 0);
+    CHECK_EQ(cudaStreamDestroy(s2), 400);
+
+    /* A blocking stream waits for the legacy stream's earlier copy. */
+    memset(a, 0xEF, N);
+    CHECK_EQ(cudaMemcpy(b, a, N, KIND_D2D), 0);
+    CHECK_EQ(cudaStreamCreate(&s1), 0);
+    CHECK_EQ(cudaMemcpyAsync(host, b, N, KIND_D2H, s1), 0);
+    CHECK(host[0] == 0xEF && host[N - 1] == 0xEF);
+    CHECK_EQ(cudaStreamDestroy(s1), 0);
 
     /* The legacy stream waits for a blocking stream's earlier work: a
      * synchronous D2H (which returns complete) sees its D2D. */
@@ -923,54 +951,40 @@ static void body_events(void)
     CHECK_EQ(fakecuda_violations(), 0);
 }
 
-/* Synchronous host-to-device copies: from pageable memory the call returns
- * once the source is staged (the device write lands later, on the legacy
- * stream); from pinned memory it returns complete. The driver's explicit
- * variants and event timing on the way. */
+/* A synchronous H2D from pinned memory returns complete; event timing; the
+ * driver's explicit variants on the runtime's (primary) context. */
 static void body_sync_copies(void)
 {
-    static unsigned char src[N];
     unsigned char *d = NULL, *pinned = NULL;
     cudaEvent_t e0, e1;
     float ms = -1;
     CUstream cs;
     CUcontext ctx;
 
-    setenv("FAKECUDA_COPY_DELAY_MS", "500", 1);
+    setenv("FAKECUDA_COPY_DELAY_MS", "100", 1);
     CHECK_EQ(cudaMalloc((void **)&d, N), 0);
     CHECK_EQ(cudaMallocHost((void **)&pinned, N), 0);
     CHECK_EQ(cudaEventCreate(&e0), 0);
     CHECK_EQ(cudaEventCreate(&e1), 0);
     CHECK_EQ(cudaEventElapsedTime(&ms, e0, e1), 400);
     CHECK_EQ(cudaEventRecord(e0, NULL), 0);
-    memset(src, 0x77, N);
-    CHECK_EQ(cudaMemcpy(d, src, N, KIND_H2D), 0);
-    memset(src, 0x00, N);    /* staged: the device gets the bytes of the call */
-    CHECK(d[0] == 0);
-    CHECK_EQ(cudaEventRecord(e1, NULL), 0);
-    CHECK_EQ(cudaEventElapsedTime(&ms, e0, e1), 600);
-    CHECK_EQ(cudaStreamSynchronize(NULL), 0);
-    CHECK(d[0] == 0x77 && d[N - 1] == 0x77);
-    CHECK_EQ(cudaEventElapsedTime(&ms, e0, e1), 0);
-    CHECK(ms > 0);
     memset(pinned, 0x66, N);
     CHECK_EQ(cudaMemcpy(d, pinned, N, KIND_H2D), 0);
     CHECK(d[0] == 0x66 && d[N - 1] == 0x66);
+    CHECK_EQ(cudaEventRecord(e1, NULL), 0);
+    CHECK_EQ(cudaEventSynchronize(e1), 0);
+    CHECK_EQ(cudaEventElapsedTime(&ms, e0, e1), 0);
+    CHECK(ms > 0);
 
-    /* The driver half on the same (primary) context. */
     CHECK_EQ(cuInit(0), 0);
     CHECK_EQ(cuCtxGetCurrent(&ctx), 0);
     CHECK(ctx != NULL);
     CHECK_EQ(cuStreamCreate(&cs, 1), 0);
-    memset(pinned, 0x55, N);
-    CHECK_EQ(cuMemcpyHtoDAsync_v2((CUdeviceptr)(uintptr_t)d, pinned, N, cs), 0);
-    CHECK_EQ(cuStreamQuery(cs), 600);
-    CHECK_EQ(cuStreamSynchronize(cs), 0);
-    CHECK(d[0] == 0x55 && d[N - 1] == 0x55);
     CHECK_EQ(cuMemsetD8Async((CUdeviceptr)(uintptr_t)d, 0x44, N, cs), 0);
     CHECK_EQ(cuMemcpyDtoHAsync_v2(pinned, (CUdeviceptr)(uintptr_t)d, N, cs), 0);
     CHECK_EQ(cuStreamSynchronize(cs), 0);
     CHECK(pinned[0] == 0x44 && pinned[N - 1] == 0x44);
+    CHECK_EQ(cuMemcpyDtoD_v2((CUdeviceptr)(uintptr_t)d, (CUdeviceptr)(uintptr_t)d, N), 0);
     CHECK_EQ(cuStreamDestroy_v2(cs), 0);
     CHECK_EQ(cudaEventDestroy(e0), 0);
     CHECK_EQ(cudaEventDestroy(e1), 0);
