@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "core/errmsg.h"
+#include "core/log.h"
 #include "gpu/cudadrv.h"
 #include "kvnode.h"
 
@@ -250,6 +251,9 @@ static int cuda_region_alloc(struct devmem *dm, int device, uint64_t bytes, stru
         }
     }
     rc = legacy_alloc(m, device, bytes, out, why, whylen);
+    if (rc == 0 && vmm_why[0])
+        log_warn("GPU %d: its memory could not be exported as a VMM file descriptor (%s); lent through a legacy "
+                 "CUDA IPC handle instead (engines in kvnoded's PID namespace only)", device, vmm_why);
     if (rc < 0 && vmm_why[0]) {
         char legacy_why[256];
         snprintf(legacy_why, sizeof legacy_why, "%s", why);

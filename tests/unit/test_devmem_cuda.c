@@ -11,7 +11,8 @@
  * - a VMM region is exported as a POSIX fd that another process imports,
  *   maps and reads byte-exact (what the daemon copied in on its stream);
  * - FAKECUDA_NO_VMM=1: a legacy region (no fd, a 64-byte IPC handle) that
- *   another process opens and reads byte-exact;
+ *   another process opens and reads byte-exact; a failed VMM export falls
+ *   back to a legacy region too;
  * - open creates no context; a region, a stream and pinning on device 1
  *   create one on device 1 only; pinning without a pin device fails and
  *   creates none;
@@ -367,6 +368,28 @@ START_TEST(legacy_ipc_without_vmm)
 }
 END_TEST
 
+/* A device that says it has VMM but whose export fails still serves, through legacy IPC. */
+START_TEST(vmm_failure_falls_back_to_legacy)
+{
+    const char *env[] = { "FAKECUDA_FAIL=cuMemExportToShareableHandle", NULL };
+    fake_setup(env);
+    struct devmem *dm = open_cuda();
+    struct devmem_region r;
+    char why[512];
+    int rc = devmem_region_alloc(dm, 0, 2 * MiB, &r, why, sizeof why);
+    ck_assert_msg(rc == 0, "region_alloc: %d %s", rc, why);
+    ck_assert(!r.vmm);
+    ck_assert_int_eq(r.fd, -1);
+    ck_assert_uint_eq(r.ipc_len, DEVMEM_IPC_HANDLE_BYTES);
+    write_pattern(dm, &r, 2 * MiB, 4);
+    check_pattern(dm, &r, 2 * MiB, 4);
+    devmem_region_free(dm, &r);
+    devmem_close(dm);
+    assert_no_violations();
+    fake_teardown();
+}
+END_TEST
+
 START_TEST(contexts_only_where_there_is_work)
 {
     fake_setup(NULL);
@@ -543,6 +566,7 @@ int main(int argc, char **argv)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, vmm_region_is_an_fd_another_process_imports);
     tcase_add_test(tc, legacy_ipc_without_vmm);
+    tcase_add_test(tc, vmm_failure_falls_back_to_legacy);
     tcase_add_test(tc, contexts_only_where_there_is_work);
     tcase_add_test(tc, exclusive_process_refused);
     tcase_add_test(tc, prohibited_refused);
