@@ -33,7 +33,7 @@ struct cuda_dev {
     CUdevice    dev;
     char        name[128];
     char        bus_id[32];
-    char        refused[320];       /* compute mode or MIG: why it gets no context ("" when usable) */
+    char        refused[512];       /* compute mode or MIG: why it gets no context ("" when usable) */
     bool        vmm;                /* VMM with POSIX-fd handles (attributes 102 and 103) */
     CUcontext   ctx;                /* retained primary context; NULL until first use (under lock) */
     atomic_bool down;
@@ -502,22 +502,25 @@ static int probe_device(struct cuda_devmem *m, int d, char *why, size_t whylen)
         cd->bus_id[0] = '\0';
     cd->vmm = a->has_vmm && attribute(a, cd->dev, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) > 0 &&
               attribute(a, cd->dev, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED) > 0;
+    /* Who the device is, for the messages (copied: the message goes into the same struct). */
+    char who[sizeof cd->name + sizeof cd->bus_id + 32];
+    snprintf(who, sizeof who, "GPU %d (%s, %s)", d, cd->name, cd->bus_id);
     switch (attribute(a, cd->dev, CU_DEVICE_ATTRIBUTE_COMPUTE_MODE)) {
     case CU_COMPUTEMODE_EXCLUSIVE_PROCESS:
-        snprintf(cd->refused, sizeof cd->refused, "GPU %d (%s, %s) is in EXCLUSIVE_PROCESS compute mode: engines "
-                 "could not share it with kvnoded; HBM off on it", d, cd->name, cd->bus_id);
+        snprintf(cd->refused, sizeof cd->refused, "%s is in EXCLUSIVE_PROCESS compute mode: engines could not "
+                 "share it with kvnoded; HBM off on it", who);
         return 0;
     case CU_COMPUTEMODE_PROHIBITED:
-        snprintf(cd->refused, sizeof cd->refused, "GPU %d (%s, %s) is in PROHIBITED compute mode: no process may "
-                 "use it; HBM off on it", d, cd->name, cd->bus_id);
+        snprintf(cd->refused, sizeof cd->refused, "%s is in PROHIBITED compute mode: no process may use it; HBM "
+                 "off on it", who);
         return 0;
     default:
         break;
     }
     if (strstr(cd->name, "MIG")) {
-        snprintf(cd->refused, sizeof cd->refused, "GPU %d (%s, %s) is a MIG instance: every instance of a GPU has "
-                 "the GPU's PCI bus id, so kvnoded could not lend one instance's memory to the engines on that "
-                 "instance only; HBM off on it", d, cd->name, cd->bus_id);
+        snprintf(cd->refused, sizeof cd->refused, "%s is a MIG instance: every instance of a GPU has the GPU's PCI "
+                 "bus id, so kvnoded could not lend one instance's memory to the engines on that instance only; "
+                 "HBM off on it", who);
     }
     return 0;
 }
