@@ -248,6 +248,9 @@ $(FAKECUDA_SO): $(FAKECUDA_SRC) $(FAKECUDA_HDRS)
 	$(CC) $(ALL_CFLAGS) -shared -Wl,-soname,libfakecuda.so $(LDSAN) $(LDFLAGS) -o $@ $(FAKECUDA_SRC) -lpthread
 	@for n in $(FAKECUDA_NAMES); do ln -sf libfakecuda.so $(FAKECUDA_OUT)/$$n; done
 all: $(FAKECUDA_SO)
+# Suites that run the cuda backend against the fake, in their own process
+# (LD_LIBRARY_PATH at re-exec) or in the kvnoded they start.
+$(BUILD)/tests/test_devmem_cuda $(BUILD)/tests/test_daemon_cuda: | $(FAKECUDA_SO)
 
 $(BUILD)/tests/test_fakecuda: tests/unit/test_fakecuda.c $(FAKECUDA_SO) $(FAKECUDA_HDRS) $(TEST_HDRS)
 	@mkdir -p $(dir $@)

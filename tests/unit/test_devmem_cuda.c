@@ -41,6 +41,7 @@
 #include "kvnode.h"
 #include "../common/proc.h"
 #include "../common/rmtree.h"
+#include "../fakecuda/fakecuda_env.h"
 
 #define MiB (1024u * 1024u)
 
@@ -48,45 +49,15 @@ static char fake_dir[PATH_MAX];
 
 /* --- the fake's environment ------------------------------------------------------ */
 
-/* Re-execute with the fake's folder (<this program's folder>/fakecuda) first
- * on LD_LIBRARY_PATH: the loader reads it only at start. */
-static void reexec_with_fake(char **argv)
-{
-    char exe[PATH_MAX], dir[PATH_MAX + 16], path[2 * PATH_MAX + 32];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    const char *old = getenv("LD_LIBRARY_PATH");
-
-    if (n <= 0) {
-        perror("readlink /proc/self/exe");
-        exit(2);
-    }
-    exe[n] = '\0';
-    *strrchr(exe, '/') = '\0';
-    snprintf(dir, sizeof dir, "%s/fakecuda", exe);
-    if (old && strncmp(old, dir, strlen(dir)) == 0)
-        return;
-    snprintf(path, sizeof path, "%s%s%s", dir, old && *old ? ":" : "", old ? old : "");
-    setenv("LD_LIBRARY_PATH", path, 1);
-    execv("/proc/self/exe", argv);
-    perror("re-exec with the fake CUDA library");
-    exit(2);
-}
-
-/* A fresh state folder for this test, with env (NULL-terminated "NAME=VALUE")
- * set; every FAKECUDA_* setting not given is unset. */
+/* A fresh state folder for this test (fakecuda_setup: every other FAKECUDA_*
+ * setting unset), with env (NULL-terminated "NAME=VALUE") set. */
 static void fake_setup(const char *const *env)
 {
-    static const char *const knobs[] = { "FAKECUDA_DEVICES", "CUDA_VISIBLE_DEVICES", "FAKECUDA_BUSID_FORMAT",
-                                         "FAKECUDA_COMPUTE_MODE", "FAKECUDA_MIG", "FAKECUDA_DRIVER_VERSION",
-                                         "FAKECUDA_NO_VMM", "FAKECUDA_MEM_BYTES", "FAKECUDA_FAIL",
-                                         "FAKECUDA_COPY_DELAY_MS", NULL };
     const char *tmp = getenv("TMPDIR");
 
-    for (size_t i = 0; knobs[i]; i++)
-        unsetenv(knobs[i]);
     snprintf(fake_dir, sizeof fake_dir, "%s/kvnode-fakecuda-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     ck_assert_ptr_nonnull(mkdtemp(fake_dir));
-    setenv("FAKECUDA_DIR", fake_dir, 1);
+    ck_assert_int_eq(fakecuda_setup(fake_dir), 0);
     for (size_t i = 0; env && env[i]; i++) {
         char name[64];
         const char *eq = strchr(env[i], '=');
@@ -104,22 +75,22 @@ static void fake_teardown(void)
 
 static bool has_context(int physical, pid_t pid)
 {
-    char p[PATH_MAX + 64];
-    snprintf(p, sizeof p, "%s/ctx-%d-%d", fake_dir, physical, (int)pid);
-    return access(p, F_OK) == 0;
+    return fakecuda_env_has_context(pid, physical) == 1;
 }
 
 static void assert_no_violations(void)
 {
-    char p[PATH_MAX + 32], text[4096] = "";
-    snprintf(p, sizeof p, "%s/violations", fake_dir);
-    FILE *f = fopen(p, "r");
-    if (!f)
-        return;
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[n] = '\0';
-    ck_assert_msg(n == 0, "the fake recorded violations:\n%s", text);
+    int n = fakecuda_env_violations(NULL);
+    if (n != 0) {
+        char p[PATH_MAX + 32], text[4096] = "";
+        snprintf(p, sizeof p, "%s/violations", fake_dir);
+        FILE *f = fopen(p, "r");
+        if (f) {
+            text[fread(text, 1, sizeof text - 1, f)] = '\0';
+            fclose(f);
+        }
+        ck_abort_msg("the fake recorded %d violation(s):\n%s", n, text);
+    }
 }
 
 static void make_sticky(int physical)
@@ -294,8 +265,19 @@ static int child_import_ipc(char **argv)
     return 0;
 }
 
-static void run_importer(const char *const *argv, int pass_fd)
+/* This program (the link's target: under valgrind /proc/self/exe is valgrind's tool). */
+static const char *self_path(void)
 {
+    static char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ck_assert_int_gt(n, 0);
+    exe[n] = '\0';
+    return exe;
+}
+
+static void run_importer(const char **argv, int pass_fd)
+{
+    argv[0] = self_path();
     struct proc_opts o = { .argv = argv, .pass_fd = pass_fd, .pass_count = pass_fd >= 0 ? 1 : 0 };
     char *err = NULL;
     int st = proc_run(&o, 20000, NULL, &err);
@@ -326,7 +308,7 @@ START_TEST(vmm_region_is_an_fd_another_process_imports)
 
     char size[32];
     snprintf(size, sizeof size, "%llu", (unsigned long long)r.size);
-    const char *argv[] = { "/proc/self/exe", "--import-vmm", "1", size, "11", NULL };
+    const char *argv[] = { NULL, "--import-vmm", "1", size, "11", NULL };
     run_importer(argv, r.fd);
 
     devmem_region_free(dm, &r);
@@ -358,7 +340,7 @@ START_TEST(legacy_ipc_without_vmm)
     snprintf(size, sizeof size, "%llu", (unsigned long long)n);
     for (size_t i = 0; i < DEVMEM_IPC_HANDLE_BYTES; i++)
         snprintf(hex + 2 * i, 3, "%02x", r.ipc_handle[i]);
-    const char *argv[] = { "/proc/self/exe", "--import-ipc", "0", size, "5", hex, NULL };
+    const char *argv[] = { NULL, "--import-ipc", "0", size, "5", hex, NULL };
     run_importer(argv, -1);
 
     devmem_region_free(dm, &r);
@@ -555,7 +537,10 @@ END_TEST
 
 int main(int argc, char **argv)
 {
-    reexec_with_fake(argv);
+    if (fakecuda_reexec(argc, argv) < 0) {
+        fprintf(stderr, "test_devmem_cuda: cannot re-execute with the fake CUDA library on LD_LIBRARY_PATH\n");
+        return EXIT_FAILURE;
+    }
     if (argc >= 5 && strcmp(argv[1], "--import-vmm") == 0)
         return child_import_vmm(argv);
     if (argc >= 6 && strcmp(argv[1], "--import-ipc") == 0)
