@@ -46,14 +46,20 @@ static char fake_dir[PATH_MAX];
 static char ld_path[2 * PATH_MAX + 32], dir_env[PATH_MAX + 32];
 
 /* A fresh state folder and the environment entries that point a daemon at
- * the fake (<folder of kvnoded>/tests/fakecuda). */
+ * the fake: $FAKECUDA_LIBDIR, else <folder of kvnoded>/tests/fakecuda (the
+ * real kvnoded's under `make valgrind`, where $KVNODED is a wrapper script). */
 static void fake_setup(void)
 {
     char daemon[PATH_MAX], libdir[PATH_MAX + 32];
+    const char *env_dir = getenv("FAKECUDA_LIBDIR"), *real = getenv("KVNODED_REAL");
+    const char *bin = real && *real ? real : kvh_daemon_path();
     ck_assert_int_eq(kvh_mkdtemp(fake_dir, sizeof fake_dir), 0);
-    ck_assert_msg(realpath(kvh_daemon_path(), daemon), "realpath %s", kvh_daemon_path());
+    ck_assert_msg(realpath(bin, daemon), "realpath %s", bin);
     *strrchr(daemon, '/') = '\0';
-    snprintf(libdir, sizeof libdir, "%s/tests/fakecuda", daemon);
+    if (env_dir && *env_dir)
+        snprintf(libdir, sizeof libdir, "%s", env_dir);
+    else
+        snprintf(libdir, sizeof libdir, "%s/tests/fakecuda", daemon);
     ck_assert_msg(access(libdir, F_OK) == 0, "no fake CUDA library in %s (make builds it)", libdir);
     snprintf(ld_path, sizeof ld_path, "LD_LIBRARY_PATH=%s", libdir);
     snprintf(dir_env, sizeof dir_env, "FAKECUDA_DIR=%s", fake_dir);
@@ -354,7 +360,7 @@ START_TEST(no_room_retried_then_required_fails)
     kvh_spawn_opts o = { .env = env };
     ck_assert_int_eq(kvh_spawn_ex(&d, CUDA_CONF "hbm.bytes=8MiB\nhbm.devices=0\nhbm.required=on\n"
                                   "hbm.alloc_retry=700ms\n", &o), 0);
-    int stv = kvh_wait_exit(&d, 10000);
+    int stv = kvh_wait_exit(&d, 20000);
     char *log = kvh_read_log(&d);
     ck_assert_msg(stv > 0 && stv < KVH_EXIT_SIGNAL_BASE, "status %d; log:\n%s", stv, log ? log : "");
     ck_assert_msg(log && count(log, "trying again") >= 2 && strstr(log, "hbm.alloc_retry") &&
@@ -368,7 +374,7 @@ int main(void)
 {
     Suite *s = suite_create("daemon_cuda");
     TCase *tc = tcase_create("fake");
-    tcase_set_timeout(tc, 30);
+    tcase_set_timeout(tc, 60);
     tcase_add_test(tc, no_hbm_no_context);
     tcase_add_test(tc, hbm_on_device_1_only);
     tcase_add_test(tc, driver_spelling_nvsmi_client_upper);

@@ -3,7 +3,8 @@
  * program re-executes itself with the fake's folder on LD_LIBRARY_PATH, so
  * the backend's dlopen("libcuda.so.1") finds the fake, and each test gets its
  * own FAKECUDA_DIR (set in the forked test process before its first CUDA
- * call: the fake reads its configuration at first use). Facts the fake shares
+ * call: the fake reads its configuration at first use, so every test runs
+ * in a process of its own even where CK_FORK=no). Facts the fake shares
  * are files there: ctx-<physical device>-<pid> for every context a process
  * created, violations for every rule broken, sticky-<physical device> to make
  * a device's contexts fail.
@@ -561,6 +562,9 @@ int main(int argc, char **argv)
     tcase_add_test(tc, no_room_is_enomem);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
+    /* A process per test whatever CK_FORK says (make valgrind sets no): the
+     * fake reads its configuration once per process. */
+    srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
