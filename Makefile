@@ -12,7 +12,6 @@
 #                   make bench-adapters: the Python SGLang / LMCache adapters next to the C API
 #   make soak       mixed traffic with client and daemon kill -9s, then a byte-exact check of
 #                   everything acknowledged; SOAK_SECONDS (default 300), SOAK_ARGS (not in `make test`)
-#   make CUDA=0 ... build without the CUDA toolkit (default: detected)
 #   make V6D=0 ...  build without the rtp-llm KVS backend
 #   make fuzz       libFuzzer targets (clang, in build-fuzz/), FUZZ_SECONDS each (default 60)
 
@@ -28,12 +27,9 @@ CC        ?= cc
 BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PKG_CONFIG ?= pkg-config
 
-# --- CUDA detection ---------------------------------------------------------
-CUDA_HOME ?= /usr/local/cuda
-CUDA      ?= auto
-ifeq ($(CUDA),auto)
-  CUDA := $(if $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h),1,0)
-endif
+# --- CUDA ----------------------------------------------------------------------
+# Nothing is built against CUDA: kvnoded loads the driver (libcuda.so.1),
+# libkvnode and kvnode-gpu-check the runtime (libcudart.so*) at run time.
 
 # --- flags -------------------------------------------------------------------
 OPT       ?= -O2
@@ -58,7 +54,7 @@ LIB_PKGS    := libprotobuf-c
 # leaves out only the rtp-llm KVS backend (daemon/persist/kvs/v6d.c and v6d_*.c).
 V6D       ?= 1
 # hiredis: the redis store backend (daemon/persist/kvs/redis*.c); required like the
-# other libraries (make deps installs it), not optional like CUDA and V6D.
+# other libraries (make deps installs it), not optional like V6D.
 DAEMON_PKGS := libevent libprotobuf-c jansson inih libsystemd libcurl hiredis
 ifeq ($(V6D),1)
   BASEFLAGS   += -DKVNODE_HAVE_V6D
@@ -66,12 +62,7 @@ endif
 CHECK_PKGS  := check
 
 ALL_CFLAGS  = $(BASEFLAGS) $(call pc_cflags,$(DAEMON_PKGS) $(CHECK_PKGS)) $(CFLAGS) $(CPPFLAGS)
-CUDA_LIBS   :=
-ifeq ($(CUDA),1)
-  ALL_CFLAGS += -DKVNODE_HAVE_CUDA -I$(CUDA_HOME)/include
-  CUDA_LIBS  := $(CUDA_HOME)/lib64/libcudart_static.a -ldl -lrt
-endif
-DAEMON_LIBS = $(call pc_libs,$(DAEMON_PKGS)) $(CUDA_LIBS) -lpthread -lm
+DAEMON_LIBS = $(call pc_libs,$(DAEMON_PKGS)) -ldl -lpthread -lm
 LIB_LIBS    = $(call pc_libs,$(LIB_PKGS)) -ldl -lpthread
 CHECK_LIBS  = $(call pc_libs,$(CHECK_PKGS))
 
@@ -129,16 +120,13 @@ FUZZ_REPLAY_BIN := $(patsubst %,$(BUILD)/tests/fuzz_%_replay,$(FUZZ_TARGETS))
 FUZZ_BIN        := $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
 .PHONY: all deps run test check asan valgrind bench bench-persist bench-tenants bench-prefault bench-startup bench-kvs bench-adapters soak install uninstall clean help \
-        cuda-info fuzz fuzz-build fuzz-run
+        fuzz fuzz-build fuzz-run
 .DEFAULT_GOAL := all
 
 all: $(KVNODED) $(LIBSO) $(LIBA) $(LIBPC) $(KVNODECTL)
 
 help:
 	@sed -n '1,15p' Makefile
-
-cuda-info:
-	@echo "CUDA=$(CUDA) CUDA_HOME=$(CUDA_HOME)"
 
 deps:
 	@bash scripts/install-deps.sh
@@ -248,6 +236,9 @@ $(FAKECUDA_SO): $(FAKECUDA_SRC) $(FAKECUDA_HDRS)
 	$(CC) $(ALL_CFLAGS) -shared -Wl,-soname,libfakecuda.so $(LDSAN) $(LDFLAGS) -o $@ $(FAKECUDA_SRC) -lpthread
 	@for n in $(FAKECUDA_NAMES); do ln -sf libfakecuda.so $(FAKECUDA_OUT)/$$n; done
 all: $(FAKECUDA_SO)
+# Suites that run the cuda backend against the fake, in their own process
+# (LD_LIBRARY_PATH at re-exec) or in the kvnoded they start.
+$(BUILD)/tests/test_devmem_cuda $(BUILD)/tests/test_daemon_cuda: | $(FAKECUDA_SO)
 
 $(BUILD)/tests/test_fakecuda: tests/unit/test_fakecuda.c $(FAKECUDA_SO) $(FAKECUDA_HDRS) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
@@ -280,7 +271,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_FLAGS   ?= -timeout=10 -rss_limit_mb=4096 -max_len=8192 -print_final_stats=1
 
 fuzz:
-	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=clang SAN=1 FUZZ=1 CUDA=0 OPT=-O1 fuzz-run
+	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=clang SAN=1 FUZZ=1 OPT=-O1 fuzz-run
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(DAEMON_OBJ) $(COMMON_OBJ) $(PROTO_H)
 	@mkdir -p $(dir $@)

@@ -284,13 +284,15 @@ mem_tol=0
 [[ $sim == 0 ]] && mem_tol=$((64 << 20))
 
 viol_seen=0
-# New violations recorded by the fake since the last call (none in GPU mode).
+# new_violations: viol = the violations the fake recorded since the last
+# call ("" in GPU mode). Not for $(...): it keeps its place in viol_seen.
 new_violations() {
+  viol=""
   [[ $sim == 1 && -s $FAKECUDA_DIR/violations ]] || return 0
   local n
   n=$(wc -l <"$FAKECUDA_DIR/violations")
   if ((n > viol_seen)); then
-    tail -n +"$((viol_seen + 1))" "$FAKECUDA_DIR/violations"
+    viol=$(tail -n +"$((viol_seen + 1))" "$FAKECUDA_DIR/violations" | head -n "$((n - viol_seen))")
     viol_seen=$n
   fi
 }
@@ -582,9 +584,9 @@ else
       fi
     fi
     "b_${b//-/_}"
-    v=$(new_violations)
-    if [[ -n $v ]]; then
-      verdict=FAIL why="the fake CUDA recorded violations: $(head -n 3 <<<"$v" | tr '\n' ' ')${why:+ (behaviour: $why)}"
+    new_violations
+    if [[ -n $viol ]]; then
+      verdict=FAIL why="the fake CUDA recorded violations: $(head -n 3 <<<"$viol" | tr '\n' ' ')${why:+ (behaviour: $why)}"
     fi
     if [[ $b != preflight && ( -z $dpid || $(kill -0 "$dpid" 2>/dev/null && echo up) != up ) ]]; then
       [[ $verdict == FAIL ]] || { verdict=FAIL why="kvnoded died: $(tail -n 1 "$dlog")"; }

@@ -134,7 +134,10 @@ static struct {
                             unsigned, void *);
 } ks;
 
-static void load_stream_calls(void)
+/* Look the calls up; `required`: FAIL without them (the behaviours that
+ * check the contract itself), else the others fall back to synchronising
+ * the stream and committing plainly. */
+static void load_stream_calls_if(bool required)
 {
     static const char *const names[] = { "kvnode_put_commit_stream", "kvnode_get_end_stream",
                                          "kvnode_get_batch_stream", "kvnode_put_batch_stream" };
@@ -142,7 +145,7 @@ static void load_stream_calls(void)
 
     for (int i = 0; i < 4; i++) {
         f[i] = dlsym(RTLD_DEFAULT, names[i]);
-        if (!f[i])
+        if (!f[i] && required)
             FAIL("libkvnode lacks %s: the completion contract (stream-ordered commit, end and "
                  "batch calls) is not in this build", names[i]);
     }
@@ -150,6 +153,11 @@ static void load_stream_calls(void)
     memcpy(&ks.get_end_stream, &f[1], sizeof f[1]);
     memcpy(&ks.get_batch_stream, &f[2], sizeof f[2]);
     memcpy(&ks.put_batch_stream, &f[3], sizeof f[3]);
+}
+
+static void load_stream_calls(void)
+{
+    load_stream_calls_if(true);
 }
 
 /* --- blocks -------------------------------------------------------------- */
@@ -383,7 +391,10 @@ static size_t put_hbm(kvnode_client *c, const kvnode_key *keys, size_t n, uint64
                 memcpy(locs[j].ptr, stage + j * opt.bb, opt.bb);
             }
         }
-        if (lease) {
+        if (lease && !ks.put_commit_stream) {
+            cu(gc.stream_sync(stream), "cudaStreamSynchronize before kvnode_put_commit");
+            kv(c, kvnode_put_commit(c, lease), "kvnode_put_commit");
+        } else if (lease) {
             kv(c, ks.put_commit_stream(c, lease, stream), "kvnode_put_commit_stream");
             int q = gc.stream_query(stream);
             if (q != GC_SUCCESS)
@@ -521,7 +532,7 @@ static void b_identity(void)
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
 
     cuda_setup();
-    load_stream_calls();
+    load_stream_calls_if(false);
     cu(gc.pci_bus_id(bus, sizeof bus, opt.device), "cudaDeviceGetPCIBusId");
     info("CUDA_VISIBLE_DEVICES=%s: device %d is %s", cvd ? cvd : "(unset)", opt.device, bus);
     kvnode_client *c = connect_engine(opt.device, 0);
@@ -898,7 +909,7 @@ static void b_store(bool verify)
 static void b_restart(void)
 {
     cuda_setup();
-    load_stream_calls();
+    load_stream_calls_if(false);
     size_t n = opt.blocks, got = 0;
     kvnode_key *k1 = make_keys(n, 51), *k2 = make_keys(n, 52);
     kvnode_client *c = connect_engine(opt.device, 0);
@@ -941,7 +952,7 @@ static void b_restart(void)
 static void b_death_child(void)
 {
     cuda_setup();
-    load_stream_calls();
+    load_stream_calls_if(false);
     size_t n = opt.blocks, got = 0;
     kvnode_key *k1 = make_keys(n, 61), *k2 = make_keys(n, 62);
     kvnode_client *c = connect_engine(opt.device, 0);
@@ -1035,7 +1046,7 @@ static void b_death(void)
         sleep_ms(25);
     }
     cuda_setup();
-    load_stream_calls();
+    load_stream_calls_if(false);
     size_t n = opt.blocks;
     kvnode_key *k1 = make_keys(n, 61), *k2 = make_keys(n, 62);
     kvnode_client *c = connect_engine(opt.device, 0);
@@ -1094,7 +1105,7 @@ static void b_reader_pin(void)
 static void b_demotion(void)
 {
     cuda_setup();
-    load_stream_calls();
+    load_stream_calls_if(false);
     json_t *doc = stats(), *h = hbm_tier(doc, -1);
     if (!h)
         FAIL("the daemon has no HBM tier");
@@ -1120,6 +1131,8 @@ static void b_demotion(void)
     void *s = stream_new();
     double t0 = now_s();
     size_t hbm = put_hbm(c, k, n, 1, s);
+    if (hbm == 0)
+        FAIL("all %zu HBM puts fell back to host: no HBM lent (%s)", n, kvnode_last_error(c));
     char pin1[32] = "";
     double end = now_s() + opt.timeout_s, dem = 0, failed = 0, used = 0, pinned1 = 0;
     for (;;) {
@@ -1223,7 +1236,7 @@ static void b_churn(void)
 static void b_churn_setup(void)
 {
     cuda_setup();
-    load_stream_calls();
+    load_stream_calls_if(false);
     kvnode_key *k = make_keys(1, 91);
     kvnode_client *c = connect_engine(opt.device, 0);
     size_t matched = 0;
@@ -1244,7 +1257,7 @@ static void b_pidns(void)
     info("pid %d in %s%s%s", (int)getpid(), ns, getenv("FAKECUDA_PIDNS") ? ", FAKECUDA_PIDNS=" : "",
          getenv("FAKECUDA_PIDNS") ? getenv("FAKECUDA_PIDNS") : "");
     cuda_setup();
-    load_stream_calls();
+    load_stream_calls_if(false);
     size_t n = opt.blocks;
     kvnode_key *k = make_keys(n, 101);
     kvnode_client *c = connect_engine(opt.device, 0);
