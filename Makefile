@@ -182,9 +182,13 @@ $(DAEMON_LIBA): $(DAEMON_OBJ) $(COMMON_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# Tests that watch the devmem calls of the daemon's code (tests/unit/devmem_spy.h).
+DEVMEM_SPY_WRAP := -Wl,--wrap=devmem_host_register,--wrap=devmem_host_unregister,--wrap=devmem_copy_async
+$(BUILD)/tests/test_cache_hbm $(BUILD)/tests/test_copier: TEST_LDEXTRA = $(DEVMEM_SPY_WRAP)
+
 $(BUILD)/tests/%: tests/unit/%.c $(DAEMON_LIBA) $(TEST_PROC_OBJ) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(DAEMON_LIBA) $(TEST_PROC_OBJ) $(DAEMON_LIBS) $(CHECK_LIBS)
+	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) $(TEST_LDEXTRA) -o $@ $< $(DAEMON_LIBA) $(TEST_PROC_OBJ) $(DAEMON_LIBS) $(CHECK_LIBS)
 
 # Client-library tests (fake server in-process) link libkvnode, not the daemon.
 $(BUILD)/tests/test_client_%: tests/unit/test_client_%.c $(LIBA) $(PROTO_H) $(TEST_HDRS)

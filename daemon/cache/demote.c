@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "gpu/copier.h"
+#include "gpu/hostpin.h"
 #include "kvnode.h"
 #include "core/log.h"
 
@@ -186,6 +187,11 @@ static bool cache_demote_batch(struct cache *c, unsigned hi)
     d->b.device = h->device;
     d->b.n = kept;
     d->b.items = items;
+    /* Transfers split at the host arena's pin chunks: each is wholly
+     * pinned or wholly not, however far pinning got. */
+    d->b.host_base = arena_base(c->host);
+    d->b.host_len = arena_size(c->host);
+    d->b.host_chunk = c->hostpin ? hostpin_chunk_bytes(c->hostpin) : 0;
     d->b.done = cache_demote_done;
     d->b.arg = d;
     if (copier_submit(c->copier, &d->b) == 0) {

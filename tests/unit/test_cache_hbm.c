@@ -7,7 +7,11 @@
  * The demotion tests run twice: without a store, and (tcase "hbm_store")
  * with a write_through file store, where every committed block is pinned
  * until its write lands; there demotion must resume when the writes land
- * or fail, not wait for the next put. */
+ * or fail, not wait for the next put.
+ *
+ * tcase "gpu_faults" starts the GPU side as the daemon does (gpu_start:
+ * regions, copier, host pinning) and watches its devmem calls
+ * (devmem_spy.h): demotion copies never straddle pin chunks. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,11 +21,13 @@
 #include <event2/event.h>
 
 #include "block_pattern.h"
+#include "devmem_spy.h"
 #include "../common/proc.h"
 #include "cache/cache.h"
 #include "config.h"
 #include "gpu/copier.h"
 #include "gpu/devmem.h"
+#include "gpu/gpu.h"
 #include "kvnode.h"
 #include "core/log.h"
 #include "persist/persist.h"
@@ -44,12 +50,14 @@ static char store_dir[64];
 static bool store_variant;            /* this tcase's variant: a write_through file store */
 static unsigned copy_workers = 2;     /* copier threads; 1 finishes batches in submission order */
 
+static const struct ns_layout layout = { .model = "m", .dtype = "bf16", .block_tokens = 16,
+                                        .block_bytes = BLOCK, .num_layers = 2, .kv_heads = 2,
+                                        .head_dim = 64, .tp_size = 1, .tp_rank = 0 };
+
 static void setup_with(uint64_t host_bytes, bool with_store)
 {
     char err[512];
-    struct ns_layout l = { .model = "m", .dtype = "bf16", .block_tokens = 16,
-                           .block_bytes = BLOCK, .num_layers = 2, .kv_heads = 2,
-                           .head_dim = 64, .tp_size = 1, .tp_rank = 0 };
+    const struct ns_layout l = layout;
 
     log_set_level(LOG_LEVEL_ERROR);
     config_defaults(&cfg);
@@ -695,11 +703,140 @@ START_TEST(demotion_resumes_when_failed_writes_settle)
 }
 END_TEST
 
+/* --- gpu_faults: the GPU side as the daemon starts it ------------------------- */
+
+static struct gpu *gpu;
+
+/* Host arena of 4 MiB pinned in chunks of pin_chunk (0: no pinning), the
+ * sim backend's two devices, each with an HBM arena of HBM_BYTES. */
+static void setup_gpu_with(uint64_t pin_chunk)
+{
+    char err[512];
+
+    log_set_level(LOG_LEVEL_ERROR);
+    config_defaults(&cfg);
+    cfg.host_bytes = 4u << 20;
+    cfg.max_reserved_per_client = 1.0;
+    cfg.slab_bytes = SLAB;
+    cfg.high_watermark = 1.0;
+    cfg.low_watermark = 0.9;
+    cfg.pin_host = pin_chunk ? CONFIG_PIN_ON : CONFIG_PIN_OFF;
+    cfg.pin_chunk_bytes = pin_chunk ? pin_chunk : cfg.pin_chunk_bytes;
+    cfg.hbm_backend = CONFIG_HBM_SIM;
+    cfg.hbm_bytes = HBM_BYTES;
+    cfg.hbm_high_watermark = 0.75;
+    cfg.hbm_low_watermark = 0.5;
+    cfg.hbm_copy_batch_bytes = 8 * BLOCK;
+    cfg.persist_backend = CONFIG_BACKEND_OFF;
+    spy_reset();
+    base = event_base_new();
+    ck_assert_ptr_nonnull(base);
+    ck_assert_int_eq(cache_create(base, &cfg, &cache, err, sizeof err), 0);
+    const struct gpu_cache gc = { .cache = cache, .hbm_bytes = HBM_BYTES, .name = NULL };
+    ck_assert_msg(gpu_start(base, &cfg, &gc, 1, &gpu, err, sizeof err) == 0, "gpu_start: %s", err);
+    ck_assert_int_eq(cache_bind(cache, &layout, &ns, err, sizeof err), 0);
+    memset(&gpu0, 0, sizeof gpu0);
+    memset(&cpu, 0, sizeof cpu);
+    gpu0.mapped = 0x7;
+    gpu0.put_arena = 1;
+    cp = NULL;
+    store = NULL;
+}
+
+static void teardown_gpu(void)
+{
+    cache_release_owner(cache, &gpu0);
+    cache_release_owner(cache, &cpu);
+    gpu_stop(gpu);
+    cache_destroy(cache);
+    gpu_destroy(gpu);
+    gpu = NULL;
+    event_base_free(base);
+}
+
+static void pin_state(char *out, size_t len)
+{
+    json_t *root = stats();
+    json_t *v = json_object_get(json_object_get(json_object_get(root, "tiers"), "host"), "pin_state");
+    snprintf(out, len, "%s", json_is_string(v) ? json_string_value(v) : "(missing)");
+    json_decref(root);
+}
+
+/* The loop until no demotion is queued or running (bounded). */
+static void settle_gpu(void)
+{
+    for (int i = 0; i < 5000; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        if (demote_stat("batches_pending") == 0) {
+            event_base_loop(base, EVLOOP_NONBLOCK);
+            if (demote_stat("batches_pending") == 0)
+                return;
+        }
+        usleep(1000);
+    }
+    ck_abort_msg("demotions did not settle");
+}
+
+/* Demotion past the watermark with the host arena pinned in chunks that are
+ * no multiple of the slab (nor of the block): keys 33..49 move, every byte
+ * kept, and no copy touches two registrations or a registration and
+ * unpinned memory (the driver refuses those: issue 28 item 7). */
+static void demote_with_pinning(void)
+{
+    char first[256] = "";
+
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, 49), 49);
+    settle_gpu();
+    ck_assert_int_eq(demote_stat("blocks_total"), 17);
+    ck_assert_int_eq(demote_stat("failed_total"), 0);
+    uint64_t v = spy_violation_count(first, sizeof first);
+    ck_assert_msg(v == 0, "%llu demotion copies straddle pinned memory; first: %s",
+                  (unsigned long long)v, first);
+    expect_leaves_demoted();
+}
+
+START_TEST(demotion_copies_stay_inside_one_pin_chunk)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    char st[32];
+
+    /* 25 pages (100 KiB with 4 KiB pages): 6.25 blocks, 0.39 slabs. */
+    setup_gpu_with((uint64_t)page * 25);
+    for (int i = 0; i < 5000; i++) {
+        pin_state(st, sizeof st);
+        if (strcmp(st, "running") != 0)
+            break;
+        usleep(1000);
+    }
+    ck_assert_str_eq(st, "done");
+    demote_with_pinning();
+    teardown_gpu();
+}
+END_TEST
+
+START_TEST(demotion_while_pinning_runs_stays_inside_one_pin_chunk)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    char st[32];
+
+    /* Each chunk takes 40 ms: the demotion runs while most of the arena is
+     * not pinned yet. */
+    setenv("KVNODE_DEVMEM_SIM_PIN_DELAY_MS", "40", 1);
+    setup_gpu_with((uint64_t)page * 25);
+    unsetenv("KVNODE_DEVMEM_SIM_PIN_DELAY_MS");
+    pin_state(st, sizeof st);
+    ck_assert_str_eq(st, "running");
+    demote_with_pinning();
+    teardown_gpu();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cache_hbm");
     TCase *tc = tcase_create("hbm");
     TCase *ts = tcase_create("hbm_store");
+    TCase *tg = tcase_create("gpu_faults");
     SRunner *sr;
     int failed;
 
@@ -731,6 +868,11 @@ int main(void)
     tcase_add_test(ts, demotion_during_the_writes_takes_leaves_first);
     tcase_add_test(ts, demotion_resumes_when_failed_writes_settle);
     suite_add_tcase(s, ts);
+    /* The GPU side as the daemon starts it (each test sets it up). */
+    tcase_set_timeout(tg, 30);
+    tcase_add_test(tg, demotion_copies_stay_inside_one_pin_chunk);
+    tcase_add_test(tg, demotion_while_pinning_runs_stays_inside_one_pin_chunk);
+    suite_add_tcase(s, tg);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
