@@ -48,6 +48,13 @@ int  devmem_device_count(const struct devmem *dm);
 /* True when the backend can page-lock host memory (cuda, sim). */
 bool devmem_can_pin(const struct devmem *dm);
 
+/* True once the device had a sticky error (its context is lost for the
+ * life of the process: CUDA 700, 714-719; sim: the file sticky-<device>
+ * appeared in KVNODE_DEVMEM_SIM_STICKY_DIR): every later call on it fails
+ * at once with -KVNODE_EIO. why (may be NULL) gets the error that brought it
+ * down. Any thread; never calls into the runtime. */
+bool devmem_device_down(struct devmem *dm, int device, char *why, size_t whylen);
+
 /* Device memory the daemon owns and lends. Every call taking a device
  * fails with -KVNODE_EINVAL (why says so) for one outside
  * 0..devmem_device_count()-1, and so for every device with none. A failed

@@ -7,6 +7,8 @@
 #ifndef KVNODE_DEVMEM_INTERNAL_H
 #define KVNODE_DEVMEM_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include "gpu/devmem.h"
 
 struct devmem_ops {
@@ -32,7 +34,14 @@ struct devmem_ops {
 struct devmem {
     const struct devmem_ops *ops;
     int ndev;
+    /* Sticky errors: 0 up, 1 being marked, 2 down (down_why then final). */
+    atomic_int down[DEVMEM_MAX_DEVICES];
+    char down_why[DEVMEM_MAX_DEVICES][256];
 };
+
+/* A backend saw a sticky error on device: later calls on it fail at once.
+ * The first reason is kept. Any thread. */
+void devmem_mark_down(struct devmem *dm, int device, const char *why);
 
 struct devmem_stream {
     struct devmem *dm;

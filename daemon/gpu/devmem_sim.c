@@ -3,8 +3,11 @@
  * (arena_create_host), so clients map HBM-tier regions the same way they
  * map the host arena; copies are memcpy on the calling thread.
  *
- * The delay variables are read once, at open: the workers that sleep on
- * them never call getenv, which races with setenv in tests. */
+ * The variables are read once, at open: the workers that sleep on them
+ * never call getenv, which races with setenv in tests.
+ * KVNODE_DEVMEM_SIM_STICKY_DIR names a folder where a file sticky-<device>
+ * gives that device a sticky error (as CUDA's illegal address, 700) at its
+ * next copy: the device is down from then on (devmem_device_down). */
 #include "gpu/devmem_internal.h"
 
 #include <errno.h>
@@ -25,6 +28,7 @@ struct sim_devmem {
     struct devmem base;
     unsigned pin_delay_ms;
     unsigned copy_delay_ms;
+    char sticky_dir[512];   /* "" : no simulated sticky errors */
 };
 
 struct sim_stream {
@@ -60,6 +64,24 @@ static int parse_delay(const char *name, unsigned *out, char *why, size_t whylen
     }
     *out = (unsigned)n;
     return 0;
+}
+
+/* -KVNODE_EIO (and the device marked down) once sticky-<device> exists. */
+static int sim_sticky(struct devmem *dm, int device, char *why, size_t whylen)
+{
+    struct sim_devmem *s = (struct sim_devmem *)dm;
+    char path[600], e[700];
+
+    if (!s->sticky_dir[0])
+        return 0;
+    snprintf(path, sizeof path, "%s/sticky-%d", s->sticky_dir, device);
+    if (access(path, F_OK) != 0)
+        return 0;
+    snprintf(e, sizeof e, "an illegal memory access was encountered (sticky error 700, "
+             "simulated by %s)", path);
+    devmem_mark_down(dm, device, e);
+    errmsg_set(why, whylen, "devmem sim: GPU %d: %s", device, e);
+    return -KVNODE_EIO;
 }
 
 static void sim_close(struct devmem *dm)
@@ -169,9 +191,10 @@ static void sim_stream_destroy(struct devmem_stream *s)
 static int sim_copy_async(struct devmem_stream *s, void *dst, const void *src, size_t len,
                           char *why, size_t whylen)
 {
-    (void)s;
-    (void)why;
-    (void)whylen;
+    int rc = sim_sticky(s->dm, s->device, why, whylen);
+
+    if (rc < 0)
+        return rc;
     memcpy(dst, src, len);
     return 0;
 }
@@ -180,20 +203,18 @@ static int sim_stream_wait(struct devmem_stream *s, char *why, size_t whylen)
 {
     struct sim_devmem *dm = (struct sim_devmem *)s->dm;
 
-    (void)why;
-    (void)whylen;
     if (dm->copy_delay_ms)
         sleep_ms(dm->copy_delay_ms);
-    return 0;
+    return sim_sticky(s->dm, s->device, why, whylen);
 }
 
 static int sim_copy_to_host(struct devmem *dm, int device, void *dst, const void *src, size_t len,
                             char *why, size_t whylen)
 {
-    (void)dm;
-    (void)device;
-    (void)why;
-    (void)whylen;
+    int rc = sim_sticky(dm, device, why, whylen);
+
+    if (rc < 0)
+        return rc;
     memcpy(dst, src, len);
     return 0;
 }
@@ -230,6 +251,14 @@ int devmem_sim_open(struct devmem **out, char *why, size_t whylen)
     s->base.ndev = DEVMEM_SIM_DEVICES;
     s->pin_delay_ms = pin_ms;
     s->copy_delay_ms = copy_ms;
+    const char *sticky = getenv("KVNODE_DEVMEM_SIM_STICKY_DIR");
+    if (sticky && strlen(sticky) >= sizeof s->sticky_dir) {
+        errmsg_set(why, whylen, "devmem sim: KVNODE_DEVMEM_SIM_STICKY_DIR is longer than %zu bytes",
+                   sizeof s->sticky_dir - 1);
+        free(s);
+        return -KVNODE_EINVAL;
+    }
+    snprintf(s->sticky_dir, sizeof s->sticky_dir, "%s", sticky ? sticky : "");
     *out = &s->base;
     return 0;
 }
