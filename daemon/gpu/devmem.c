@@ -2,7 +2,6 @@
  * the none backend. Backends live in devmem_sim.c and devmem_cuda.c. */
 #include "gpu/devmem_internal.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -121,43 +120,6 @@ bool devmem_can_pin(const struct devmem *dm)
     return dm && dm->ops->kind != DEVMEM_NONE;
 }
 
-/* --- sticky errors ---------------------------------------------------------- */
-
-void devmem_mark_down(struct devmem *dm, int device, const char *why)
-{
-    int up = 0;
-
-    if (!dm || device < 0 || device >= dm->ndev || device >= DEVMEM_MAX_DEVICES)
-        return;
-    if (!atomic_compare_exchange_strong(&dm->down[device], &up, 1))
-        return;
-    snprintf(dm->down_why[device], sizeof dm->down_why[device], "%s", why ? why : "sticky error");
-    atomic_store(&dm->down[device], 2);
-}
-
-bool devmem_device_down(struct devmem *dm, int device, char *why, size_t whylen)
-{
-    if (!dm || device < 0 || device >= dm->ndev || device >= DEVMEM_MAX_DEVICES)
-        return false;
-    if (atomic_load(&dm->down[device]) != 2)
-        return false;
-    if (why && whylen)
-        snprintf(why, whylen, "%s", dm->down_why[device]);
-    return true;
-}
-
-/* -KVNODE_EIO when device is down (why says since what), else 0. */
-static int check_up(struct devmem *dm, int device, char *why, size_t whylen)
-{
-    char e[256];
-
-    if (!devmem_device_down(dm, device, e, sizeof e))
-        return 0;
-    errmsg_set(why, whylen, "devmem %s: GPU %d is down: %s", devmem_kind_name(dm->ops->kind),
-               device, e);
-    return -KVNODE_EIO;
-}
-
 /* --- argument checks ------------------------------------------------------ */
 
 static int check_device(const struct devmem *dm, int device, char *why, size_t whylen)
@@ -210,8 +172,6 @@ int devmem_region_alloc(struct devmem *dm, int device, uint64_t bytes, struct de
                    devmem_kind_name(dm->ops->kind), (unsigned long long)bytes);
         return -KVNODE_EINVAL;
     }
-    if ((rc = check_up(dm, device, why, whylen)) < 0)
-        return rc;
     rc = dm->ops->region_alloc(dm, device, bytes, out, why, whylen);
     if (rc < 0) {
         memset(out, 0, sizeof(*out));
@@ -245,6 +205,13 @@ void devmem_host_unregister(struct devmem *dm, void *ptr)
         dm->ops->host_unregister(dm, ptr);
 }
 
+bool devmem_device_down(struct devmem *dm, int device, char *why, size_t whylen)
+{
+    if (!dm || device < 0 || device >= dm->ndev || !dm->ops->device_down)
+        return false;
+    return dm->ops->device_down(dm, device, why, whylen);
+}
+
 int devmem_stream_create(struct devmem *dm, int device, struct devmem_stream **out,
                          char *why, size_t whylen)
 {
@@ -255,8 +222,7 @@ int devmem_stream_create(struct devmem *dm, int device, struct devmem_stream **o
         return -KVNODE_EINVAL;
     }
     *out = NULL;
-    if ((rc = check_device(dm, device, why, whylen)) < 0 ||
-        (rc = check_up(dm, device, why, whylen)) < 0)
+    if ((rc = check_device(dm, device, why, whylen)) < 0)
         return rc;
     rc = dm->ops->stream_create(dm, device, out, why, whylen);
     if (rc == 0) {
@@ -285,21 +251,15 @@ int devmem_copy_async(struct devmem_stream *s, void *dst, const void *src, size_
         return rc;
     if (len == 0)
         return 0;
-    if ((rc = check_up(s->dm, s->device, why, whylen)) < 0)
-        return rc;
     return s->dm->ops->copy_async(s, dst, src, len, why, whylen);
 }
 
 int devmem_stream_wait(struct devmem_stream *s, char *why, size_t whylen)
 {
-    int rc;
-
     if (!s) {
         errmsg_set(why, whylen, "devmem: no stream");
         return -KVNODE_EINVAL;
     }
-    if ((rc = check_up(s->dm, s->device, why, whylen)) < 0)
-        return rc;
     return s->dm->ops->stream_wait(s, why, whylen);
 }
 
@@ -314,7 +274,5 @@ int devmem_copy_to_host(struct devmem *dm, int device, void *dst, const void *sr
         return rc;
     if (len == 0)
         return 0;
-    if ((rc = check_up(dm, device, why, whylen)) < 0)
-        return rc;
     return dm->ops->copy_to_host(dm, device, dst, src, len, why, whylen);
 }

@@ -48,13 +48,6 @@ int  devmem_device_count(const struct devmem *dm);
 /* True when the backend can page-lock host memory (cuda, sim). */
 bool devmem_can_pin(const struct devmem *dm);
 
-/* True once the device had a sticky error (its context is lost for the
- * life of the process: CUDA 700, 714-719; sim: the file sticky-<device>
- * appeared in KVNODE_DEVMEM_SIM_STICKY_DIR): every later call on it fails
- * at once with -KVNODE_EIO. why (may be NULL) gets the error that brought it
- * down. Any thread; never calls into the runtime. */
-bool devmem_device_down(struct devmem *dm, int device, char *why, size_t whylen);
-
 /* Device memory the daemon owns and lends. Every call taking a device
  * fails with -KVNODE_EINVAL (why says so) for one outside
  * 0..devmem_device_count()-1, and so for every device with none. A failed
@@ -96,6 +89,13 @@ int  devmem_copy_async(struct devmem_stream *s, void *dst, const void *src, size
  * KVNODE_DEVMEM_SIM_COPY_DELAY_MS when set, so tests can watch a move in
  * flight. */
 int  devmem_stream_wait(struct devmem_stream *s, char *why, size_t whylen);
+/* Whether a sticky error (a lost context: illegal address, hardware
+ * stack error, ... ) has put the device out of use for the life of the
+ * process; why then says which call saw what. Every later call on it fails
+ * at once. sim: once the file sticky-<device> exists in
+ * KVNODE_DEVMEM_SIM_STICKY_DIR (seen by its next copy); none: never. Any
+ * thread; never calls into the runtime. */
+bool devmem_device_down(struct devmem *dm, int device, char *why, size_t whylen);
 /* A synchronous copy out of device memory into host memory, from any
  * worker thread (e.g. a persist worker writing an HBM block to the store). */
 int  devmem_copy_to_host(struct devmem *dm, int device, void *dst, const void *src, size_t len,

@@ -7,8 +7,6 @@
 #ifndef KVNODE_DEVMEM_INTERNAL_H
 #define KVNODE_DEVMEM_INTERNAL_H
 
-#include <stdatomic.h>
-
 #include "gpu/devmem.h"
 
 struct devmem_ops {
@@ -28,20 +26,15 @@ struct devmem_ops {
     int  (*stream_wait)(struct devmem_stream *s, char *why, size_t whylen);
     int  (*copy_to_host)(struct devmem *dm, int device, void *dst, const void *src, size_t len,
                          char *why, size_t whylen);
+    /* Optional (NULL: never down). */
+    bool (*device_down)(struct devmem *dm, int device, char *why, size_t whylen);
 };
 
 /* Backends embed these as their first member. */
 struct devmem {
     const struct devmem_ops *ops;
     int ndev;
-    /* Sticky errors: 0 up, 1 being marked, 2 down (down_why then final). */
-    atomic_int down[DEVMEM_MAX_DEVICES];
-    char down_why[DEVMEM_MAX_DEVICES][256];
 };
-
-/* A backend saw a sticky error on device: later calls on it fail at once.
- * The first reason is kept. Any thread. */
-void devmem_mark_down(struct devmem *dm, int device, const char *why);
 
 struct devmem_stream {
     struct devmem *dm;
