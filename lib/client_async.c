@@ -182,8 +182,10 @@ void client_kill_locked(kvnode_client *c, int rc, const char *fmt, ...)
         free(t);
     }
     c->tx_tail = NULL;
-    /* The daemon ends this connection's leases at once. */
-    if (c->fd >= 0)
+    /* The daemon ends this connection's leases at once. A connection lent
+     * GPU memory closes only once that is released (client_gpu_end): the
+     * daemon frees it when the connection closes. */
+    if (c->fd >= 0 && !c->gpu_mapped)
         shutdown(c->fd, SHUT_RDWR);
     pthread_cond_broadcast(&c->job_cond);
     client_wake_io(c);

@@ -19,7 +19,9 @@
  * memory unmapped everywhere before it frees it, or be gone and restarted
  * with a new allocation of the same size. A client lent device memory runs
  * its I/O thread from the connect on, so the end is seen while the engine is
- * idle; the thread that sees it (or the last call still copying) releases.
+ * idle; the thread that sees it (or the last call still copying) releases,
+ * and only then shuts the socket down: the daemon learns that the memory is
+ * no longer mapped here when it sees the connection close.
  *
  * Copies: device memory is copied with cudaMemcpyAsync on a stream, never
  * the legacy default stream, and that stream is synchronised before the
@@ -290,6 +292,10 @@ void client_gpu_end(kvnode_client *c)
     pthread_mutex_lock(&c->lock);
     c->gpu_mapped = 0;
     c->gpu_releasing = 0;
+    /* Now the daemon may see the end (client_kill_locked left the socket
+     * open): it frees the memory once every mapping of it is gone. */
+    if (c->fd >= 0)
+        shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_unlock(&c->lock);
 }
 
