@@ -191,6 +191,12 @@ $(BUILD)/tests/test_client_%: tests/unit/test_client_%.c $(LIBA) $(PROTO_H) $(TE
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) -lpthread
 
+# libkvnode through the strict fake CUDA: it runs a fake daemon as a child (proc.c)
+# and makes its own CUDA calls through the fake (dlopen: no toolkit needed).
+$(BUILD)/tests/test_client_cuda: tests/unit/test_client_cuda.c $(LIBA) $(TEST_PROC_OBJ) $(PROTO_H) $(TEST_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(TEST_PROC_OBJ) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) -ldl -lpthread
+
 $(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
