@@ -192,10 +192,13 @@ $(BUILD)/tests/test_client_%: tests/unit/test_client_%.c $(LIBA) $(PROTO_H) $(TE
 	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) -lpthread
 
 # libkvnode through the strict fake CUDA: it runs a fake daemon as a child (proc.c)
-# and makes its own CUDA calls through the fake (dlopen: no toolkit needed).
+# and makes its own CUDA calls through the fake (dlopen: no toolkit needed). Its RPATH
+# (DT_RPATH, searched by dlopen before LD_LIBRARY_PATH and the system) is the fake's
+# folder, so libkvnode's dlopen of libcudart/libcuda finds the fake, never a real CUDA.
 $(BUILD)/tests/test_client_cuda: tests/unit/test_client_cuda.c $(LIBA) $(TEST_PROC_OBJ) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(TEST_PROC_OBJ) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) -ldl -lpthread
+	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(TEST_PROC_OBJ) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) \
+	    -ldl -lpthread -Wl,--disable-new-dtags -Wl,-rpath,$(abspath $(BUILD))/tests/fakecuda
 
 $(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)

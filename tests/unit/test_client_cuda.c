@@ -1,7 +1,10 @@
 /* libkvnode's GPU path through the strict fake CUDA (tests/fakecuda), the
  * library an engine's process would have: libkvnode finds it at run time
- * (the test re-executes itself with the fake's folder in LD_LIBRARY_PATH)
  * and this test makes its own CUDA calls through the same object.
+ *
+ * (The program is linked with the fake's folder as its RPATH, which dlopen
+ * searches before the system's folders, so no CUDA toolkit or GPU is used
+ * even where one is installed.)
  *
  * The daemon is a small fake in another process (this program run with
  * --fake-daemon), because CUDA's rules are per process: it lends its GPU
@@ -96,15 +99,15 @@ static struct {
     int (*cuMemGetInfo_v2)(size_t *, size_t *);
 } cu;
 
-/* Load the fake (the same object libkvnode finds: LD_LIBRARY_PATH). NULL,
- * or what is missing. */
+/* Load the fake (the same object libkvnode finds: the RPATH). NULL, or
+ * what is missing. */
 static const char *cu_try_load(void)
 {
     void *rt = dlopen("libcudart.so", RTLD_NOW | RTLD_GLOBAL);
     void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
 
     if (!rt || !drv)
-        return "the fake CUDA is not on the loader path (build tests/fakecuda)";
+        return "the fake CUDA is not where this test's RPATH says (build tests/fakecuda)";
 #define CU_SYM(h, name) do { *(void **)&cu.name = dlsym(h, #name); \
         if (!cu.name) return "the fake CUDA lacks " #name; } while (0)
     CU_SYM(rt, cudaSetDevice); CU_SYM(rt, cudaMalloc); CU_SYM(rt, cudaFree);
@@ -495,7 +498,7 @@ static void fdm_gpu(void)
     if (fdm.mode == 'v') {
         struct cu_prop prop = { .type = 1, .handle_types = 1, .loc = { 1, dev } };
         struct cu_access acc = { .loc = { 1, dev }, .flags = 3 };
-        cu_ptr va;
+        cu_ptr va = 0;
         size_t gran;
 
         if (cu.cuMemGetAllocationGranularity(&gran, &prop, 0) != 0)
@@ -577,6 +580,7 @@ static int fake_daemon_main(int argc, char **argv)
 
 /* --- the test side --------------------------------------------------------- */
 
+static char self_path[PATH_MAX];    /* this program (not valgrind's, when under it) */
 static char state_dir[64];      /* FAKECUDA_DIR of the test */
 static char sock_path[108];
 static pid_t daemon_pid;
@@ -613,7 +617,7 @@ static void teardown(void)
 static void daemon_start(char mode, int conns, int reader, const char *pidns)
 {
     char m[2] = {mode, 0}, n[16], r[4], ns[64], buf[256];
-    const char *argv[] = {"/proc/self/exe", "--fake-daemon", sock_path, m, n, r, NULL};
+    const char *argv[] = {self_path, "--fake-daemon", sock_path, m, n, r, NULL};
     const char *env[] = {ns, "FAKECUDA_FAIL=", NULL};
     const char *keys[] = {"ready", NULL};
     struct proc_opts o = { .argv = argv, .env = pidns ? env : env + 1, .out = PROC_PIPE };
@@ -964,31 +968,6 @@ static Suite *cuda_suite(void)
     return s;
 }
 
-/* Run again with the fake's folder first in LD_LIBRARY_PATH (glibc reads
- * it only at start), so that libkvnode's dlopen finds the fake. */
-static void reexec_with_fake(char **argv)
-{
-    char exe[PATH_MAX], dir[PATH_MAX + 32], *slash;
-    const char *old = getenv("LD_LIBRARY_PATH");
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    static char val[2 * PATH_MAX + 64];
-
-    if (getenv("KVNODE_FAKECUDA_REEXEC"))
-        return;
-    if (n <= 0)
-        return;
-    exe[n] = 0;
-    slash = strrchr(exe, '/');
-    *slash = 0;
-    snprintf(dir, sizeof dir, "%s/fakecuda", exe);
-    snprintf(val, sizeof val, "%s%s%s", dir, old && *old ? ":" : "", old ? old : "");
-    setenv("LD_LIBRARY_PATH", val, 1);
-    setenv("KVNODE_FAKECUDA_REEXEC", "1", 1);
-    execv("/proc/self/exe", argv);
-    perror("re-exec");
-    exit(2);
-}
-
 int main(int argc, char **argv)
 {
     SRunner *sr;
@@ -996,8 +975,16 @@ int main(int argc, char **argv)
 
     if (argc > 1 && strcmp(argv[1], "--fake-daemon") == 0)
         return fake_daemon_main(argc, argv);
-    reexec_with_fake(argv);
+    /* valgrind answers this readlink with the program it runs, where an exec
+     * of /proc/self/exe would start valgrind's own tool. */
+    ssize_t len = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
+    if (len <= 0)
+        return EXIT_FAILURE;
+    self_path[len] = 0;
     sr = srunner_create(cuda_suite());
+    /* The fake reads its settings once per process: every test runs in a
+     * fresh child, even under CK_FORK=no (valgrind follows the forks). */
+    srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
