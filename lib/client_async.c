@@ -12,7 +12,9 @@
  * nobody else does (c->driving: one at a time; it hands every reply to the
  * request with its id, then lets another waiter take over), so a client used
  * synchronously has no thread of its own and no thread hop per call. The
- * first asynchronous MATCH/DELETE starts the I/O thread, which from then on
+ * first asynchronous MATCH/DELETE (or a connect lent device memory, whose
+ * end must be seen while the engine is idle) starts the I/O thread, which
+ * from then on
  * does all the reading: an asynchronous user only polls the eventfd and does
  * not call in until it is readable, so someone else must read the replies
  * that make it readable. Whoever reads sleeps in poll() on the socket and a

@@ -17,10 +17,11 @@
  * kvnode_prefault and kvnode_pin_host, which the caller must not overlap
  * with other calls on that client. kvnode_last_error gives each thread the
  * message of its own last failed call. A client used only synchronously has
- * no thread of its own (a waiting caller reads the socket); the first
- * asynchronous MATCH/DELETE starts its I/O thread and the first asynchronous
- * GET/PUT its batch thread; they block every signal. After fork(), only the
- * parent may use a client.
+ * no thread of its own (a waiting caller reads the socket), unless it was
+ * lent real GPU memory; the first asynchronous MATCH/DELETE (or a connect
+ * that was lent real GPU memory) starts its I/O thread and the first
+ * asynchronous GET/PUT its batch thread; they block every signal. After
+ * fork(), only the parent may use a client.
  *
  * Asynchronous calls: kvnode_submit_* send a batch and return at once with a
  * ticket; its completion is collected with kvnode_drain, without blocking,

@@ -21,9 +21,15 @@
  *     device's arena (an fd) is mapped; a CUDA IPC handle is checked, opened
  *     on the client's device through the runtime (a fake one, injected with
  *     cudart_set_override, since the test machine has no GPU) and fails the
- *     connect clearly without one; copying calls use cudaMemcpy for device
- *     memory (and for every block with KVNODE_BATCH_DEVICE); kvnode_pin_host
- *     registers the host arena. */
+ *     connect clearly without one; one that cannot be opened leaves the
+ *     client connected host-only after a second HELLO saying why; copying
+ *     calls use cudaMemcpyAsync on the client's own stream (or the caller's)
+ *     for device memory (and for every block with KVNODE_BATCH_DEVICE),
+ *     synchronised before the lease ends; put_commit_stream / get_end_stream
+ *     wait for the caller's stream; the end of the connection (GoingAway,
+ *     EOF) closes the IPC handle before the socket; kvnode_pin_host
+ *     registers the host arena. (tests/unit/test_client_cuda.c runs the GPU
+ *     path through the strict fake CUDA library.) */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
@@ -1752,10 +1758,12 @@ END_TEST
  * "device memory" (the memfd mapping behind arena 2); it records every call. */
 static struct {
     int current;                    /* the current device */
-    int fail_open, fail_copy, fail_register, fail_get_device;
+    int fail_open, fail_copy, fail_register, fail_get_device, fail_sync;
     unsigned opens, closes, registers, unregisters, copies, sets, last_error_calls;
     unsigned streams_made, streams_gone, syncs;     /* cudaStreamCreate/Destroy/Synchronize */
     void *copy_stream;              /* the stream of the last cudaMemcpyAsync */
+    void *sync_stream;              /* the stream of the last cudaStreamSynchronize */
+    int sync_device;                /* the current device then */
     int open_device;                /* current device during ipc_open */
     unsigned open_flags, register_flags;
     int copy_kind, register_device;
@@ -1837,9 +1845,10 @@ static int frt_stream_destroy(void *stream)
 
 static int frt_stream_sync(void *stream)
 {
-    (void)stream;
     frt.syncs++;
-    return 0;
+    frt.sync_stream = stream;
+    frt.sync_device = frt.current;
+    return frt.fail_sync ? 700 : 0;     /* cudaErrorIllegalAddress */
 }
 
 static int frt_set_device(int d)
@@ -2242,6 +2251,72 @@ START_TEST(test_hbm_ipc_with_runtime)
 }
 END_TEST
 
+/* put_commit_stream / get_end_stream wait for the caller's stream on the
+ * client's device, then commit / end; a failed wait leaves the lease as it
+ * was (the caller's writes may still run); without a runtime: ESTATE. */
+START_TEST(test_commit_and_end_after_stream)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[1] = {700};
+    kvnode_loc loc[1];
+    kvnode_lease lease;
+    size_t got = 0, idx;
+    int a;
+
+    cudart_set_override(&fake_runtime);
+    frt.current = 3;
+    f->hbm_mode = HBM_IPC;
+    f->hbm_device = 1;
+    fake_run(f);
+    c = connect_dev_ok(f, &test_layout, 1);
+    ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HBM, &lease, loc), 0);
+    fill_pattern(loc[0].ptr, BB, 700);
+    ck_assert_int_eq(kvnode_put_commit_stream(c, lease, (void *)&frt), 0);
+    ck_assert_uint_eq(frt.syncs, 1);
+    ck_assert_ptr_eq(frt.sync_stream, &frt);
+    ck_assert_int_eq(frt.sync_device, 1);           /* on the client's device */
+    ck_assert_int_eq(frt.current, 3);               /* the caller's restored */
+    ck_assert_ptr_nonnull(fake_find(f, 700, 2, &a, &idx));
+    ck_assert_int_eq(kvnode_get_begin(c, k, 1, &lease, loc, &got), 0);
+    ck_assert_int_eq(kvnode_get_end_stream(c, lease, NULL), 0);
+    ck_assert_uint_eq(frt.syncs, 2);
+    ck_assert_ptr_null(frt.sync_stream);            /* NULL: the legacy default stream */
+    ck_assert_uint_eq(f->n_get_leases, 0);
+    ck_assert_int_eq(kvnode_put_commit_stream(c, 0, NULL), 0);     /* lease 0: nothing */
+    ck_assert_uint_eq(frt.syncs, 2);
+
+    /* the wait fails: EIO naming it, and the lease is still the caller's */
+    k[0] = 701;
+    ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HBM, &lease, loc), 0);
+    frt.fail_sync = 1;
+    ck_assert_int_eq(kvnode_put_commit_stream(c, lease, NULL), -KVNODE_EIO);
+    ck_assert_msg(strstr(kvnode_last_error(c), "put_commit: cudaStreamSynchronize of the "
+                         "caller's stream (CUDA device 1) failed: fake: an illegal memory access"),
+                  "error: %s", kvnode_last_error(c));
+    ck_assert_ptr_nonnull(fake_find(f, 701, 1, &a, &idx));     /* still reserved */
+    frt.fail_sync = 0;
+    ck_assert_int_eq(kvnode_put_abort(c, lease), 0);
+    ck_assert_ptr_null(fake_find(f, 701, 1, &a, &idx));
+    kvnode_close(c);
+    fake_stop(f);
+
+    /* no CUDA runtime: nothing to wait with */
+    f = fake_start(HM_OK, BB, MAXF, 64);
+    cudart_set_override(&no_runtime);
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HOST, &lease, loc), 0);
+    ck_assert_int_eq(kvnode_put_commit_stream(c, lease, NULL), -KVNODE_ESTATE);
+    ck_assert_msg(strstr(kvnode_last_error(c), "put_commit: waiting for a CUDA stream needs a "
+                         "client with a CUDA device") != NULL, "error: %s", kvnode_last_error(c));
+    ck_assert_int_eq(kvnode_put_commit(c, lease), 0);
+    ck_assert_int_eq(kvnode_put_commit_stream(NULL, 1, NULL), -KVNODE_EINVAL);
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
 /* Two connections of one process share one opening of a handle. */
 START_TEST(test_hbm_ipc_handle_shared_in_process)
 {
@@ -2623,6 +2698,7 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_hbm_ipc_open_fails);
     tcase_add_test(tc, test_hbm_ipc_handle_shared_in_process);
     tcase_add_loop_test(tc, test_hbm_released_when_connection_ends, 0, 2);
+    tcase_add_test(tc, test_commit_and_end_after_stream);
     tcase_add_test(tc, test_pin_host);
     tcase_add_test(tc, test_pin_host_this_machine);
     tcase_add_test(tc, test_cuda_device_declared);
