@@ -363,16 +363,29 @@ static const struct client_arena *client_arena_at(const kvnode_client *c, const 
  * default stream), created on first use with the client's device current. */
 static int client_own_stream(kvnode_client *c, void **stream)
 {
-    int err = CUDART_SUCCESS;
+    void *made = NULL;
+    int err;
 
     pthread_mutex_lock(&c->lock);
-    if (!c->stream)
-        err = c->rt.stream_create(&c->stream, CUDART_STREAM_NON_BLOCKING);
-    if (err != CUDART_SUCCESS)
-        c->stream = NULL;
     *stream = c->stream;
     pthread_mutex_unlock(&c->lock);
-    return err;
+    if (*stream)
+        return CUDART_SUCCESS;
+    /* Made outside the lock (a first CUDA call may take long); a thread
+     * that lost the race destroys its own. */
+    err = c->rt.stream_create(&made, CUDART_STREAM_NON_BLOCKING);
+    if (err != CUDART_SUCCESS)
+        return err;
+    pthread_mutex_lock(&c->lock);
+    if (!c->stream) {
+        c->stream = made;
+        made = NULL;
+    }
+    *stream = c->stream;
+    pthread_mutex_unlock(&c->lock);
+    if (made && c->rt.stream_destroy(made) != CUDART_SUCCESS)
+        client_cuda_failed(c);
+    return CUDART_SUCCESS;
 }
 
 int client_copy_blocks(kvnode_client *c, const kvnode_loc *locs, size_t n, void *const *user,
