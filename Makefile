@@ -254,6 +254,9 @@ $(FAKECUDA_SO): $(FAKECUDA_SRC) $(FAKECUDA_HDRS)
 	@for n in $(FAKECUDA_NAMES); do ln -sf libfakecuda.so $(FAKECUDA_OUT)/$$n; done
 all: $(FAKECUDA_SO)
 
+# test_client_cuda (above) loads the fake at run time through its RPATH.
+$(BUILD)/tests/test_client_cuda: $(FAKECUDA_SO)
+
 $(BUILD)/tests/test_fakecuda: tests/unit/test_fakecuda.c $(FAKECUDA_SO) $(FAKECUDA_HDRS) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/fakecuda $(LDSAN) $(LDFLAGS) -o $@ $< -L$(FAKECUDA_OUT) \

@@ -48,6 +48,7 @@
 
 #include "../common/proc.h"
 #include "../common/rmtree.h"
+#include "../fakecuda/fakecuda_env.h"
 #include "kvnode.h"
 #include "wire.h"
 
@@ -598,7 +599,7 @@ static void setup(void)
     snprintf(state_dir, sizeof state_dir, "/tmp/kvnode-fakecuda-XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(state_dir));
     snprintf(sock_path, sizeof sock_path, "%s/kvnode.sock", state_dir);
-    ck_assert_int_eq(setenv("FAKECUDA_DIR", state_dir, 1), 0);
+    ck_assert_int_eq(fakecuda_setup(state_dir), 0);    /* the fake's defaults, this folder */
     ck_assert_int_eq(setenv("FAKECUDA_COPY_DELAY_MS", COPY_DELAY, 1), 0);
     unsetenv("KVNODE_CUDA_DEVICE");
 }
