@@ -268,6 +268,15 @@ $(BUILD)/tests/test_devmem_cuda $(BUILD)/tests/test_daemon_cuda: | $(FAKECUDA_SO
 # test_client_cuda (above) loads the fake at run time through its RPATH.
 $(BUILD)/tests/test_client_cuda: $(FAKECUDA_SO)
 
+# libkvnode against kvnoded (hbm.backend = cuda), both on the fake: the test process is
+# the engine and finds the fake through its RPATH (dlopen searches DT_RPATH first).
+$(BUILD)/tests/test_client_daemon_cuda: tests/integration/test_client_daemon_cuda.c $(INTEG_HELPER) \
+                                        $(TEST_PROC_OBJ) $(LIBA) $(PROTO_H) $(TEST_HDRS) $(FAKECUDA_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(TEST_PROC_OBJ) \
+	    $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -ldl -lpthread \
+	    -Wl,--disable-new-dtags -Wl,-rpath,$(abspath $(FAKECUDA_OUT))
+
 $(BUILD)/tests/test_fakecuda: tests/unit/test_fakecuda.c $(FAKECUDA_SO) $(FAKECUDA_HDRS) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/fakecuda $(LDSAN) $(LDFLAGS) -o $@ $< -L$(FAKECUDA_OUT) \
