@@ -128,8 +128,10 @@ enum {
      * PROT_READ here: a write to a lent block faults (SIGSEGV) and the
      * mapping cannot be made writable (mprotect fails with EACCES). Its
      * put_begin, put_inline, put and delete fail with -KVNODE_EDENIED. Real
-     * GPU memory lent through CUDA IPC has no read-only form: a reader with a
-     * CUDA device gets it read-write, as every client of its tenant does.
+     * GPU memory (a VMM fd or a CUDA IPC handle) has no read-only form: a
+     * reader with a CUDA device gets it read-write, as every client of its
+     * tenant does. kvnode_pin_host pins a reader's read-only mapping with
+     * cudaHostRegisterReadOnly.
      * Ignored for observers. */
     KVNODE_CONNECT_READER = 1u << 0,
     /* Start kvnode_prefault(c, 0) when the connect succeeds (see there). */
