@@ -129,6 +129,7 @@ static const struct opt_def config_options[] = {
     { "hbm", "required", &T_ENUM, "off", FIELD(hbm_required), NAMES(onoff_names), .restart = true },
     { "hbm", "copy_batch_bytes", &T_SIZE, "64MiB", FIELD(hbm_copy_batch_bytes), .min = MIB, .max = 4 * GIB,
       .restart = true },
+    { "hbm", "release_timeout", &T_DURATION, "5s", FIELD(hbm_release_timeout_ms), .min = 0, .max = 10 * MS_PER_M },
 
     { "leases", "read_ttl", &T_DURATION, "30s", FIELD(read_lease_ttl_ms), .min = 10, .max = MS_PER_H },
     { "leases", "write_ttl", &T_DURATION, "30s", FIELD(write_lease_ttl_ms), .min = 10, .max = MS_PER_H },

@@ -100,6 +100,8 @@ struct kvn_config {
     double   hbm_low_watermark;      /* demotion stops below this fraction (reloadable) */
     int      hbm_required;           /* 1: start fails when HBM is asked for (bytes > 0) and unavailable */
     uint64_t hbm_copy_batch_bytes;   /* largest demotion batch (one transfer job) */
+    uint32_t hbm_release_timeout_ms; /* stop: how long clients lent HBM get to unmap it and close;
+                                        0: told, not waited for (reloadable) */
 
     /* [leases] */
     uint32_t read_lease_ttl_ms;      /* reaper ends read leases older than this */
