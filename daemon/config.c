@@ -118,7 +118,7 @@ static const struct opt_def config_options[] = {
 
     /* [hbm]: the GPU tier, no GPU memory unless the operator gives kvnode
      * some. Its arenas and copy workers are set up once, at start; only the
-     * demotion watermarks change live. */
+     * demotion watermarks and the stop's release_timeout change live. */
     { "hbm", "backend", &T_ENUM, "auto", FIELD(hbm_backend), NAMES(hbm_backend_names), .restart = true },
     { "hbm", "bytes", &T_SIZE, "0", FIELD(hbm_bytes), .min = 0, .max = UINT64_MAX, .restart = true },
     { "hbm", "devices", &T_DEVICES, "all", FIELD(hbm_devices), PARSED(hbm_device_list), .restart = true },

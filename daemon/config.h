@@ -91,7 +91,7 @@ struct kvn_config {
     int      huge_pages;             /* CONFIG_HUGE_{OFF,AUTO,ON}: back the host arena with huge pages (restart) */
     uint64_t pin_chunk_bytes;        /* pin_host registers the arena in chunks of this (restart) */
 
-    /* [hbm] (restart-only except the watermarks) */
+    /* [hbm] (restart-only except the watermarks and release_timeout) */
     int      hbm_backend;            /* CONFIG_HBM_*: auto (cuda when a GPU is visible), cuda, sim, none */
     uint64_t hbm_bytes;              /* GPU memory owned per device, 0: no HBM tier */
     char     hbm_devices[CONFIG_IDLIST_MAX]; /* "all", or device ordinals (config_hbm_devices) */

@@ -12,9 +12,9 @@
  * - A client lent HBM that never closes: the daemon closes it once
  *   hbm.release_timeout (2 s) has passed (never before), exits 0, and logs
  *   how many clients still held HBM when it was freed.
- * - hbm.release_timeout = 0: the notice (unmap_within_ms 0) is sent and the
- *   connection closed at once, without waiting; the log counts the client
- *   as still holding HBM.
+ * - hbm.release_timeout = 0 (set by a reload: the option is reloadable): the
+ *   notice (unmap_within_ms 0) is sent and the connection closed at once,
+ *   without waiting; the log counts the client as still holding HBM.
  * - /stats: clients.hbm_lent counts the connections lent HBM; during the
  *   stop (over an admin connection opened before it), going_away_total says
  *   how many were told and hbm_lent how many still hold it. */
@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,19 @@ static void assert_log_has(const kvh_daemon *d, const char *what)
     free(log);
 }
 
+/* Wait (10 s at most) until the log has `what`. */
+static void wait_log(const kvh_daemon *d, const char *what)
+{
+    for (uint64_t deadline = kvh_now_ms() + 10000;; kvh_sleep_ms(10)) {
+        char *log = kvh_read_log(d);
+        bool found = log && strstr(log, what);
+        free(log);
+        if (found)
+            return;
+        ck_assert_msg(kvh_now_ms() < deadline, "no \"%s\" in the log", what);
+    }
+}
+
 START_TEST(notice_reaches_the_client_lent_hbm_and_its_close_ends_the_wait)
 {
     kvh_daemon d;
@@ -194,8 +208,11 @@ END_TEST
 START_TEST(release_timeout_zero_notifies_without_waiting)
 {
     kvh_daemon d;
-    KVH_START(&d, SIM_CONF "hbm.release_timeout=0\n");
+    KVH_START(&d, SIM_CONF "hbm.release_timeout=30s\n");
     int hbm = connect_on_device(&d, 0, "hbm-client");
+    ck_assert_int_eq(kvh_rewrite_config(&d, SIM_CONF "hbm.release_timeout=0\n"), 0);
+    ck_assert_int_eq(kill(d.pid, SIGHUP), 0);
+    wait_log(&d, "configuration reloaded");
 
     ck_assert_int_eq(kill(d.pid, SIGTERM), 0);
     expect_going_away(hbm, 0);
