@@ -230,6 +230,26 @@ $(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz
 	$(CC) $(ALL_CFLAGS) -Itests/fuzz -DFUZZ_NAME='"fuzz_$*"' -DFUZZ_CORPUS='"tests/fuzz/corpus/$*"' \
 	    $(LDSAN) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c $(DAEMON_LIBA) $(DAEMON_LIBS)
 
+# --- the strict fake CUDA (tests/fakecuda/, issue 28 part A) -------------------
+# One library under the driver's and the runtime's sonames (glibc loads one
+# object for all of them, so both halves share state). A process started with
+# LD_LIBRARY_PATH=$(FAKECUDA_OUT) runs against it; test_fakecuda links it.
+FAKECUDA_OUT   := $(BUILD)/tests/fakecuda
+FAKECUDA_SO    := $(FAKECUDA_OUT)/libfakecuda.so
+FAKECUDA_SRC   := $(wildcard tests/fakecuda/*.c)
+FAKECUDA_HDRS  := $(wildcard tests/fakecuda/*.h)
+FAKECUDA_NAMES := libcuda.so.1 libcuda.so libcudart.so libcudart.so.12
+$(FAKECUDA_SO): $(FAKECUDA_SRC) $(FAKECUDA_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -shared -Wl,-soname,libfakecuda.so $(LDSAN) $(LDFLAGS) -o $@ $(FAKECUDA_SRC) -lpthread
+	@for n in $(FAKECUDA_NAMES); do ln -sf libfakecuda.so $(FAKECUDA_OUT)/$$n; done
+all: $(FAKECUDA_SO)
+
+$(BUILD)/tests/test_fakecuda: tests/unit/test_fakecuda.c $(FAKECUDA_SO) $(FAKECUDA_HDRS) $(TEST_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/fakecuda $(LDSAN) $(LDFLAGS) -o $@ $< -L$(FAKECUDA_OUT) \
+	    -Wl,-rpath,$(abspath $(FAKECUDA_OUT)) -lcudart $(CHECK_LIBS) -lpthread
+
 SCRIPT_TESTS := tests/install/test_install.sh tests/python/run.sh tests/layout/run.sh
 
 check: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(KVCM_SIM_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN)
