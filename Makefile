@@ -88,6 +88,13 @@ UNIT_SRC     := $(filter-out $(if $(filter 1,$(V6D)),,tests/unit/test_kvs_v6d.c 
 INTEG_SRC    := $(filter-out $(if $(filter 1,$(V6D)),,tests/integration/test_daemon_persist_v6d.c tests/integration/test_kvs_server.c),$(wildcard tests/integration/test_*.c))
 INTEG_HELPER := tests/integration/harness.c
 
+# The strict fake CUDA for the tests (rules below, with the test programs).
+FAKECUDA_OUT   := $(BUILD)/tests/fakecuda
+FAKECUDA_SO    := $(FAKECUDA_OUT)/libfakecuda.so
+FAKECUDA_SRC   := $(wildcard tests/fakecuda/*.c)
+FAKECUDA_HDRS  := $(wildcard tests/fakecuda/*.h)
+FAKECUDA_NAMES := libcuda.so.1 libcuda.so libcudart.so libcudart.so.12
+
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 PROTO_OBJ  := $(BUILD)/obj/gen/kvnode.pb-c.o
 COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(PROTO_OBJ)
@@ -171,7 +178,7 @@ $(KVNODECTL): $(call obj,$(CTL_SRC)) $(LIBA)
 
 # --- tests -------------------------------------------------------------------
 # Test programs compile in one step; they depend on every test helper header.
-TEST_HDRS := $(wildcard tests/common/*.h tests/unit/*.h tests/sim/*.h tests/integration/*.h tests/fuzz/*.h tests/bench/*.h)
+TEST_HDRS := $(wildcard tests/common/*.h tests/unit/*.h tests/sim/*.h tests/integration/*.h tests/fuzz/*.h tests/bench/*.h tests/fakecuda/*.h)
 
 # The daemon's objects as one archive for the unit tests and fuzz targets: the
 # linker takes only the members a program needs (a test of the arena does not
@@ -234,11 +241,8 @@ $(BUILD)/tests/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz
 # One library under the driver's and the runtime's sonames (glibc loads one
 # object for all of them, so both halves share state). A process started with
 # LD_LIBRARY_PATH=$(FAKECUDA_OUT) runs against it; test_fakecuda links it.
-FAKECUDA_OUT   := $(BUILD)/tests/fakecuda
-FAKECUDA_SO    := $(FAKECUDA_OUT)/libfakecuda.so
-FAKECUDA_SRC   := $(wildcard tests/fakecuda/*.c)
-FAKECUDA_HDRS  := $(wildcard tests/fakecuda/*.h)
-FAKECUDA_NAMES := libcuda.so.1 libcuda.so libcudart.so libcudart.so.12
+# (FAKECUDA_OUT and FAKECUDA_SO are defined with the sources above, so any
+# rule may name them as prerequisites.)
 $(FAKECUDA_SO): $(FAKECUDA_SRC) $(FAKECUDA_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -shared -Wl,-soname,libfakecuda.so $(LDSAN) $(LDFLAGS) -o $@ $(FAKECUDA_SRC) -lpthread

@@ -27,4 +27,10 @@ int fakecuda_context_count(pid_t pid, int physical);
  * rest of that process's life. 0, or -1. */
 int fakecuda_make_sticky(int physical);
 
+/* Entry points that fail with 999 (CUDA_ERROR_UNKNOWN / cudaErrorUnknown)
+ * from the next call on, in every process of the state folder: a comma
+ * list like FAKECUDA_FAIL (written to $FAKECUDA_DIR/fail, which a script
+ * may write too); NULL or "" ends the failures. 0, or -1. */
+int fakecuda_set_fail(const char *names);
+
 #endif

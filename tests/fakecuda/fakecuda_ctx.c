@@ -28,6 +28,7 @@ static void tls_fresh(void)
         tls.gen = fc.gen;
     }
 }
+
 /* ---- devices ------------------------------------------------------------------ */
 
 int fc_ordinal_phys(int ordinal)
@@ -97,8 +98,10 @@ static CUresult attribute(int *value, int attrib, int phys)
     }
     return FC_SUCCESS;
 }
+
 /* ---- contexts --------------------------------------------------------------- */
 
+/* A ctx file holds its process's key (fc_state.self_key). */
 static bool other_live_context(int phys)
 {
     char prefix[32];
@@ -111,12 +114,19 @@ static bool other_live_context(int phys)
         return false;
     plen = (size_t)snprintf(prefix, sizeof prefix, "ctx-%d-", phys);
     while (!found && (de = readdir(d))) {
-        pid_t pid;
+        char p[PATH_MAX], key[48] = "";
+        FILE *f;
 
-        if (strncmp(de->d_name, prefix, plen))
+        if (strncmp(de->d_name, prefix, plen) || atoi(de->d_name + plen) == fc.self_pid)
             continue;
-        pid = (pid_t)atoi(de->d_name + plen);
-        found = pid != getpid() && fc_pid_alive(pid);
+        fc_path(p, sizeof p, "%s", de->d_name);
+        f = fopen(p, "re");
+        if (!f)
+            continue;
+        if (fgets(key, sizeof key, f))
+            key[strcspn(key, "\n")] = '\0';
+        fclose(f);
+        found = key[0] && fc_key_alive(fc.cfg.dir, key);
     }
     closedir(d);
     return found;
@@ -142,10 +152,13 @@ CUresult fc_ctx_activate(int phys, bool runtime)
             char p[PATH_MAX];
             int fd;
 
-            fc_path(p, sizeof p, "ctx-%d-%d", phys, (int)getpid());
+            fc_path(p, sizeof p, "ctx-%d-%d", phys, fc.self_pid);
             fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-            if (fd >= 0)
+            if (fd >= 0) {
+                if (write(fd, fc.self_key, strlen(fc.self_key)) < 0)
+                    fprintf(stderr, "fakecuda: cannot write %s\n", p);
                 close(fd);
+            }
             c->alive = true;
         }
         fc_dir_unlock(lk);
@@ -166,11 +179,11 @@ CUresult fc_ctx_check(struct fc_ctx *c)
 {
     char p[PATH_MAX];
 
-    if (c->sticky)
+    if (__atomic_load_n(&c->sticky, __ATOMIC_RELAXED))
         return FC_ERR_ILLEGAL_ADDRESS;
     fc_path(p, sizeof p, "sticky-%d", c->phys);
     if (access(p, F_OK) == 0) {
-        c->sticky = true;
+        __atomic_store_n(&c->sticky, true, __ATOMIC_RELAXED);
         return FC_ERR_ILLEGAL_ADDRESS;
     }
     return FC_SUCCESS;
@@ -195,11 +208,21 @@ static void set_current(struct fc_ctx *c)
     tls.stack[tls.depth - 1] = c;
 }
 
+bool fc_ctx_alive(struct fc_ctx *c)
+{
+    bool alive;
+
+    pthread_mutex_lock(&fc.lock);
+    alive = c->alive;
+    pthread_mutex_unlock(&fc.lock);
+    return alive;
+}
+
 CUresult fc_drv_ctx(struct fc_ctx **out, const char *what)
 {
     struct fc_ctx *c = fc_current_ctx();
 
-    if (!c || !c->alive) {
+    if (!c || !fc_ctx_alive(c)) {
         fc_violation("no-context", "%s called with no current context", what);
         return FC_ERR_INVALID_CONTEXT;
     }
@@ -221,11 +244,9 @@ CUresult fc_rt_ctx(struct fc_ctx **out)
             return fc.cfg.nvis == 0 ? FC_ERR_NO_DEVICE : FC_ERR_INVALID_DEVICE;
         c = &fc.ctx[phys];
     }
-    if (!c->alive || !c->rt_held) {
-        rc = fc_ctx_activate(c->phys, true);
-        if (rc)
-            return rc;
-    }
+    rc = fc_ctx_activate(c->phys, true);    /* exists already: only takes the lock */
+    if (rc)
+        return rc;
     if (!fc_current_ctx())
         set_current(c);
     *out = c;
@@ -260,13 +281,14 @@ cudaError_t fc_rt_last_error(bool clear)
     struct fc_ctx *c = fc_current_ctx();
     cudaError_t e;
 
-    if (c && c->alive && fc_ctx_check(c) != FC_SUCCESS)
+    if (c && fc_ctx_alive(c) && fc_ctx_check(c) != FC_SUCCESS)
         return FC_ERR_ILLEGAL_ADDRESS;
     e = tls.last_err;
     if (clear)
         tls.last_err = FC_SUCCESS;
     return e;
 }
+
 /* ---- driver: init, devices, contexts -------------------------------------------- */
 
 CUresult cuInit(unsigned int flags)
@@ -279,7 +301,7 @@ CUresult cuInit(unsigned int flags)
         return FC_ERR_INVALID_VALUE;
     if (fc.cfg.nvis == 0)
         return FC_ERR_NO_DEVICE;
-    fc.drv_inited = true;
+    __atomic_store_n(&fc.drv_inited, true, __ATOMIC_RELAXED);
     return FC_SUCCESS;
 }
 
@@ -426,7 +448,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         return FC_ERR_INVALID_DEVICE;
     if (!pctx)
         return FC_ERR_INVALID_VALUE;
-    if (fc.ctx[phys].alive && (rc = fc_ctx_check(&fc.ctx[phys])))
+    if (fc_ctx_alive(&fc.ctx[phys]) && (rc = fc_ctx_check(&fc.ctx[phys])))
         return rc;
     rc = fc_ctx_activate(phys, false);
     if (rc)
@@ -459,7 +481,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
         pthread_mutex_lock(&fc.lock);
         if (c->retain == 0 && !c->rt_held && c->alive) {
             c->alive = false;
-            fc_path(p, sizeof p, "ctx-%d-%d", phys, (int)getpid());
+            fc_path(p, sizeof p, "ctx-%d-%d", phys, fc.self_pid);
             unlink(p);
         }
     }
@@ -479,7 +501,7 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
     if (!flags || !active)
         return FC_ERR_INVALID_VALUE;
     *flags = 0;
-    *active = fc.ctx[phys].alive;
+    *active = fc_ctx_alive(&fc.ctx[phys]);
     return FC_SUCCESS;
 }
 
@@ -494,7 +516,7 @@ CUresult cuCtxSetCurrent(CUcontext ctx)
 
     if (rc)
         return rc;
-    if (ctx && (!valid_ctx(ctx) || !ctx->alive))
+    if (ctx && (!valid_ctx(ctx) || !fc_ctx_alive(ctx)))
         return FC_ERR_INVALID_CONTEXT;
     set_current(ctx);
     return FC_SUCCESS;
@@ -518,7 +540,7 @@ CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 
     if (rc)
         return rc;
-    if (!ctx || !valid_ctx(ctx) || !ctx->alive)
+    if (!ctx || !valid_ctx(ctx) || !fc_ctx_alive(ctx))
         return FC_ERR_INVALID_CONTEXT;
     tls_fresh();
     if (tls.depth >= (int)(sizeof tls.stack / sizeof tls.stack[0]))
@@ -569,6 +591,7 @@ CUresult cuCtxSynchronize(void)
     fc_device_sync(c->phys);
     return FC_SUCCESS;
 }
+
 /* ---- runtime: devices ---------------------------------------------------------- */
 
 cudaError_t cudaGetDeviceCount(int *count)
@@ -636,6 +659,41 @@ cudaError_t cudaDeviceGetAttribute(int *value, int attr, int device)
     if (phys < 0)
         return fc_rt_ret(FC_ERR_INVALID_DEVICE);
     return fc_rt_ret(attribute(value, attr, phys));
+}
+
+/* struct cudaDeviceProp differs between toolkits past its first fields, so
+ * only those are written: name[256] at 0, uuid (16 bytes) at 256 and
+ * totalGlobalMem at 288 (after luid[8] and luidDeviceNodeMask); the caller
+ * zeroes the rest. */
+static cudaError_t device_properties(void *prop, int device, const char *name)
+{
+    CUresult rc = fc_enter(name, false);
+    int phys = fc_ordinal_phys(device);
+    size_t total;
+    CUuuid uuid;
+
+    if (rc)
+        return fc_rt_ret(rc);
+    if (phys < 0)
+        return fc_rt_ret(FC_ERR_INVALID_DEVICE);
+    if (!prop)
+        return fc_rt_ret(FC_ERR_INVALID_VALUE);
+    device_name(prop, 256, phys);
+    device_uuid(&uuid, device, name);
+    memcpy((char *)prop + 256, uuid.bytes, sizeof uuid.bytes);
+    total = (size_t)fc.cfg.mem_bytes;
+    memcpy((char *)prop + 288, &total, sizeof total);
+    return FC_SUCCESS;
+}
+
+cudaError_t cudaGetDeviceProperties(void *prop, int device)
+{
+    return device_properties(prop, device, "cudaGetDeviceProperties");
+}
+
+cudaError_t cudaGetDeviceProperties_v2(void *prop, int device)
+{
+    return device_properties(prop, device, "cudaGetDeviceProperties_v2");
 }
 
 cudaError_t cudaDriverGetVersion(int *version)

@@ -135,6 +135,24 @@ static inline int fakecuda_env_violations(const char *rule)
     return n;
 }
 
+/* Copies $FAKECUDA_DIR/violations to f (for a failing test's log). */
+static inline void fakecuda_env_print_violations(FILE *f)
+{
+    const char *dir = getenv("FAKECUDA_DIR");
+    char p[PATH_MAX], line[1200];
+    FILE *v;
+
+    if (!dir)
+        return;
+    snprintf(p, sizeof p, "%s/violations", dir);
+    v = fopen(p, "re");
+    if (!v)
+        return;
+    while (fgets(line, sizeof line, v))
+        fprintf(f, "fakecuda violation: %s", line);
+    fclose(v);
+}
+
 /* Whether process pid ever had a context on the physical device (its
  * ctx-<physical>-<pid> file): 1, 0, or -1 without FAKECUDA_DIR. */
 static inline int fakecuda_env_has_context(pid_t pid, int physical)

@@ -124,11 +124,19 @@ struct fc_state {
     pthread_cond_t cv;      /* stream progress */
     bool loaded;            /* config read */
     bool cfg_ok;
-    bool drv_inited;        /* cuInit called */
+    bool drv_inited;        /* cuInit (or a runtime call) happened; __atomic access */
     unsigned gen;           /* bumped in a fork child: thread-local state is stale */
     struct fc_config cfg;
     struct fc_ctx ctx[FC_MAX_DEVICES];
     struct fc_stream *legacy[FC_MAX_DEVICES];
+    /* Who this process is to the others: its pid as the state folder's
+     * readers see it (the first NSpid of /proc/self/status, so a process in
+     * a child PID namespace is named by its outer pid), and a key that stays
+     * unique when pids are reused (pid.start-time), whose live-<key> file
+     * this process holds a shared flock on while it lives. */
+    int self_pid;
+    char self_key[32];      /* "<pid>.<starttime>": at most 31 characters */
+    int live_fd;
 };
 
 /* The fake's own functions stay inside the library: only the CUDA entry
@@ -145,10 +153,14 @@ void fc_violation(const char *rule, const char *fmt, ...) __attribute__((format(
 int fc_path(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int fc_dir_lock(void);
 void fc_dir_unlock(int fd);
-bool fc_pid_alive(pid_t pid);
+/* Whether the process with this key (see fc_state.self_key) still lives;
+ * works across PID namespaces (it asks the live-<key> file's lock, not
+ * kill). dir: the state folder. */
+bool fc_key_alive(const char *dir, const char *key);
 int fc_ordinal_phys(int ordinal);
 int fc_phys_ordinal(int phys);
 CUresult fc_ctx_activate(int phys, bool runtime);
+bool fc_ctx_alive(struct fc_ctx *c);
 CUresult fc_ctx_check(struct fc_ctx *c);
 CUresult fc_drv_ctx(struct fc_ctx **out, const char *what);
 CUresult fc_rt_ctx(struct fc_ctx **out);
@@ -329,6 +341,8 @@ cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaDeviceGetPCIBusId(char *busid, int len, int device);
 cudaError_t cudaDeviceGetAttribute(int *value, int attr, int device);
+cudaError_t cudaGetDeviceProperties(void *prop, int device);     /* struct cudaDeviceProp * */
+cudaError_t cudaGetDeviceProperties_v2(void *prop, int device);
 cudaError_t cudaMalloc(void **ptr, size_t size);
 cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total);
@@ -377,5 +391,6 @@ int fakecuda_violations(void);
 int fakecuda_violations_of(const char *rule);
 int fakecuda_context_count(pid_t pid, int physical);
 int fakecuda_make_sticky(int physical);
+int fakecuda_set_fail(const char *names);
 
 #endif

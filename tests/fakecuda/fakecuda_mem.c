@@ -29,8 +29,7 @@ struct ipc_wire {
     uint32_t seq;
     uint64_t size;
     uint64_t pidns;
-    char vmm;
-    char pad[31];
+    char key[32];       /* the creator's fc_state.self_key */
 };
 _Static_assert(sizeof(struct ipc_wire) == 64, "IPC handles are 64 bytes");
 
@@ -88,8 +87,9 @@ static void names_free(struct names *ns)
     free(ns->v);
 }
 
-/* Live holders of allocation name other than this process (and whether
- * any live holder exists at all). */
+/* Live holders of allocation name other than this process (their pids in
+ * pids), and whether any live holder exists at all. A marker is
+ * hold-<name>-<key>. */
 static int live_holders(const struct names *ns, const char *name, bool *any, char *pids, size_t plen)
 {
     char prefix[80];
@@ -100,18 +100,15 @@ static int live_holders(const struct names *ns, const char *name, bool *any, cha
     if (pids && plen)
         pids[0] = '\0';
     for (i = 0; i < ns->n; i++) {
-        pid_t pid;
+        const char *key = ns->v[i] + len;
 
-        if (strncmp(ns->v[i], prefix, len))
-            continue;
-        pid = (pid_t)atoi(ns->v[i] + len);
-        if (!fc_pid_alive(pid))
+        if (strncmp(ns->v[i], prefix, len) || !strchr(key, '.') || !fc_key_alive(fc.cfg.dir, key))
             continue;
         *any = true;
-        if (pid != getpid()) {
+        if (strcmp(key, fc.self_key)) {
             others++;
             if (pids && strlen(pids) + 12 < plen)
-                snprintf(pids + strlen(pids), plen - strlen(pids), "%s%d", others > 1 ? "," : "", (int)pid);
+                snprintf(pids + strlen(pids), plen - strlen(pids), "%s%d", others > 1 ? "," : "", atoi(key));
         }
     }
     return others;
@@ -187,7 +184,7 @@ void fc_hold_acquire(const char *name)
         char p[PATH_MAX];
         int fd;
 
-        fc_path(p, sizeof p, "hold-%s-%d", name, (int)getpid());
+        fc_path(p, sizeof p, "hold-%s-%s", name, fc.self_key);
         fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
         if (fd >= 0)
             close(fd);
@@ -208,7 +205,7 @@ static void hold_release(const char *name)
         char p[PATH_MAX];
         int lk = fc_dir_lock();
 
-        fc_path(p, sizeof p, "hold-%s-%d", name, (int)getpid());
+        fc_path(p, sizeof p, "hold-%s-%s", name, fc.self_key);
         unlink(p);
         gc_used(-1);
         fc_dir_unlock(lk);
@@ -234,7 +231,7 @@ CUresult fc_alloc_new(int phys, size_t size, bool vmm, struct fc_alloc **out)
         return FC_ERR_OUT_OF_MEMORY;
     }
     for (;;) {
-        snprintf(a->name, sizeof a->name, "%s-%d-%d-%u", vmm ? "vmm" : "ipc", phys, (int)getpid(), ++fc_mt.seq);
+        snprintf(a->name, sizeof a->name, "%s-%d-%d-%u", vmm ? "vmm" : "ipc", phys, fc.self_pid, ++fc_mt.seq);
         fc_path(p, sizeof p, "%s", a->name);
         fd = open(p, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd >= 0 || errno != EEXIST)
@@ -460,6 +457,7 @@ static CUresult ipc_get(struct fc_ctx *c, void *handle, void *p)
             w.seq = seq;
             w.size = r->alloc->size;
             w.pidns = fc.cfg.pidns;
+            snprintf(w.key, sizeof w.key, "%s", fc.self_key);
             rc = FC_SUCCESS;
             break;
         }
@@ -481,10 +479,11 @@ static CUresult ipc_open(struct fc_ctx *c, void **out, const void *handle, unsig
 
     (void)c;
     memcpy(&w, handle, sizeof w);
+    w.key[sizeof w.key - 1] = '\0';
     if (!out || w.magic != IPC_MAGIC || flags > 1)
         return FC_ERR_INVALID_VALUE;
     snprintf(name, sizeof name, "ipc-%d-%d-%u", (int)w.phys, (int)w.pid, (unsigned)w.seq);
-    if (w.pid == (int32_t)getpid()) {
+    if (w.pidns == fc.cfg.pidns && !strcmp(w.key, fc.self_key)) {
         fc_violation("ipc-open-twice", "IPC handle of %s opened by the process that created it", name);
         return FC_ERR_INVALID_CONTEXT;
     }
@@ -501,8 +500,8 @@ static CUresult ipc_open(struct fc_ctx *c, void **out, const void *handle, unsig
             return FC_ERR_ALREADY_MAPPED;
         }
     lk = fc_dir_lock();
-    fc_path(p, sizeof p, "hold-%s-%d", name, (int)w.pid);
-    if (access(p, F_OK) != 0 || !fc_pid_alive((pid_t)w.pid)) {
+    fc_path(p, sizeof p, "hold-%s-%s", name, w.key);
+    if (access(p, F_OK) != 0 || !fc_key_alive(fc.cfg.dir, w.key)) {
         fc_dir_unlock(lk);
         pthread_mutex_unlock(&fc.lock);
         return FC_ERR_INVALID_VALUE;    /* freed, or its process is gone */
@@ -721,14 +720,14 @@ cudaError_t cudaMalloc(void **ptr, size_t size)
     return fc_rt_ret(mem_alloc(c, size, ptr));
 }
 
+/* cudaFree(NULL) does nothing but what every runtime call does: make the
+ * device's context exist (the idiom that forces its creation). */
 cudaError_t cudaFree(void *ptr)
 {
+    RT_CTX("cudaFree");
     if (!ptr)
-        return fc_rt_ret(fc_enter("cudaFree", false));
-    {
-        RT_CTX("cudaFree");
-        return fc_rt_ret(mem_free(c, ptr, "cudaFree"));
-    }
+        return FC_SUCCESS;
+    return fc_rt_ret(mem_free(c, ptr, "cudaFree"));
 }
 
 cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)

@@ -357,9 +357,9 @@ CUresult fc_copy(void *dst, const void *src, size_t n, int kind, struct fc_strea
                 wait_seq(s, seq);
             return FC_SUCCESS;
         }
-        /* Pageable source: staged, the device write lands later. */
-        if (async)
-            wait_seq(s, 0);
+        /* Pageable source: the stream's earlier work first (the documented
+         * "stream sync"), then staged; the device write lands later. */
+        wait_seq(s, 0);
         return queue_copy(s, dst, src, n, true, &seq);
     }
     return queue_copy(s, dst, src, n, false, &seq);   /* D2D (or async H2H) */

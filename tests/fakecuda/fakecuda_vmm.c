@@ -34,7 +34,7 @@ static CUresult check_prop(const CUmemAllocationProp *prop, int *phys)
     if (*phys < 0)
         return FC_ERR_INVALID_DEVICE;
     /* A context of this process on the device that hit a sticky error. */
-    if (fc.ctx[*phys].alive)
+    if (fc_ctx_alive(&fc.ctx[*phys]))
         return fc_ctx_check(&fc.ctx[*phys]);
     return FC_SUCCESS;
 }
