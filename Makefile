@@ -12,7 +12,8 @@
 #                   make bench-adapters: the Python SGLang / LMCache adapters next to the C API
 #   make soak       mixed traffic with client and daemon kill -9s, then a byte-exact check of
 #                   everything acknowledged; SOAK_SECONDS (default 300), SOAK_ARGS (not in `make test`)
-#   make CUDA=0 ... build without the CUDA toolkit (default: detected)
+#   make CUDA=0 ... build the gpu-check program without the CUDA toolkit (default: detected;
+#                   kvnoded and libkvnode never need it: they load the driver at run time)
 #   make V6D=0 ...  build without the rtp-llm KVS backend
 #   make fuzz       libFuzzer targets (clang, in build-fuzz/), FUZZ_SECONDS each (default 60)
 
@@ -28,7 +29,9 @@ CC        ?= cc
 BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PKG_CONFIG ?= pkg-config
 
-# --- CUDA detection ---------------------------------------------------------
+# --- CUDA detection (tests/bench/gpu_check.c only) ------------------------------
+# kvnoded loads the CUDA driver (libcuda.so.1) and libkvnode the runtime at
+# run time: neither is linked against CUDA nor built with its headers.
 CUDA_HOME ?= /usr/local/cuda
 CUDA      ?= auto
 ifeq ($(CUDA),auto)
@@ -66,12 +69,13 @@ endif
 CHECK_PKGS  := check
 
 ALL_CFLAGS  = $(BASEFLAGS) $(call pc_cflags,$(DAEMON_PKGS) $(CHECK_PKGS)) $(CFLAGS) $(CPPFLAGS)
-CUDA_LIBS   :=
+GPU_CHECK_CFLAGS :=
+GPU_CHECK_LIBS   :=
 ifeq ($(CUDA),1)
-  ALL_CFLAGS += -DKVNODE_HAVE_CUDA -I$(CUDA_HOME)/include
-  CUDA_LIBS  := $(CUDA_HOME)/lib64/libcudart_static.a -ldl -lrt
+  GPU_CHECK_CFLAGS := -DKVNODE_HAVE_CUDA -I$(CUDA_HOME)/include
+  GPU_CHECK_LIBS   := $(CUDA_HOME)/lib64/libcudart_static.a -ldl -lrt
 endif
-DAEMON_LIBS = $(call pc_libs,$(DAEMON_PKGS)) $(CUDA_LIBS) -lpthread -lm
+DAEMON_LIBS = $(call pc_libs,$(DAEMON_PKGS)) -ldl -lpthread -lm
 LIB_LIBS    = $(call pc_libs,$(LIB_PKGS)) -ldl -lpthread
 CHECK_LIBS  = $(call pc_libs,$(CHECK_PKGS))
 
@@ -248,6 +252,9 @@ $(FAKECUDA_SO): $(FAKECUDA_SRC) $(FAKECUDA_HDRS)
 	$(CC) $(ALL_CFLAGS) -shared -Wl,-soname,libfakecuda.so $(LDSAN) $(LDFLAGS) -o $@ $(FAKECUDA_SRC) -lpthread
 	@for n in $(FAKECUDA_NAMES); do ln -sf libfakecuda.so $(FAKECUDA_OUT)/$$n; done
 all: $(FAKECUDA_SO)
+# Suites that run the cuda backend against the fake, in their own process
+# (LD_LIBRARY_PATH at re-exec) or in the kvnoded they start.
+$(BUILD)/tests/test_devmem_cuda $(BUILD)/tests/test_daemon_cuda: | $(FAKECUDA_SO)
 
 $(BUILD)/tests/test_fakecuda: tests/unit/test_fakecuda.c $(FAKECUDA_SO) $(FAKECUDA_HDRS) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
@@ -344,7 +351,7 @@ $(BENCH_PERSIST_BIN): tests/bench/bench_persist.c $(INTEG_HELPER) $(TEST_PROC_OB
 GPU_CHECK_BIN := $(BUILD)/kvnode-gpu-check
 $(GPU_CHECK_BIN): tests/bench/gpu_check.c $(LIBA)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(call pc_libs,jansson) $(CUDA_LIBS) -lpthread
+	$(CC) $(ALL_CFLAGS) $(GPU_CHECK_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(call pc_libs,jansson) $(GPU_CHECK_LIBS) -lpthread
 SCRIPT_TESTS += tests/gpu/run-sim.sh
 check: $(GPU_CHECK_BIN)
 

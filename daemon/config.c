@@ -130,6 +130,9 @@ static const struct opt_def config_options[] = {
     { "hbm", "copy_batch_bytes", &T_SIZE, "64MiB", FIELD(hbm_copy_batch_bytes), .min = MIB, .max = 4 * GIB,
       .restart = true },
     { "hbm", "release_timeout", &T_DURATION, "5s", FIELD(hbm_release_timeout_ms), .min = 0, .max = 10 * MS_PER_M },
+    /* Engines of a daemon that just stopped may still map its HBM: a restart waits for it. */
+    { "hbm", "alloc_retry", &T_DURATION, "10s", FIELD(hbm_alloc_retry_ms), .min = 0, .max = 10 * MS_PER_M,
+      .restart = true },
 
     { "leases", "read_ttl", &T_DURATION, "30s", FIELD(read_lease_ttl_ms), .min = 10, .max = MS_PER_H },
     { "leases", "write_ttl", &T_DURATION, "30s", FIELD(write_lease_ttl_ms), .min = 10, .max = MS_PER_H },

@@ -102,6 +102,7 @@ struct kvn_config {
     uint64_t hbm_copy_batch_bytes;   /* largest demotion batch (one transfer job) */
     uint32_t hbm_release_timeout_ms; /* stop: how long clients lent HBM get to unmap it and close;
                                         0: told, not waited for (reloadable) */
+    uint32_t hbm_alloc_retry_ms;     /* an HBM region short of memory at start is retried this long */
 
     /* [leases] */
     uint32_t read_lease_ttl_ms;      /* reaper ends read leases older than this */

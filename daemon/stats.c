@@ -38,6 +38,9 @@ static void stats_hide_error_texts(struct stats_snapshot *s)
         snprintf(s->kvcm.last_error, sizeof s->kvcm.last_error, "%s", stats_hidden_text);
     if (s->has_query && s->query.last_error && *s->query.last_error)
         s->query.last_error = stats_hidden_text;
+    /* Names a client, which may be another tenant's. */
+    if (s->ops.hbm_unusable_last && *s->ops.hbm_unusable_last)
+        s->ops.hbm_unusable_last = stats_hidden_text;
 }
 
 /* Each tenant's line, the node totals, and the namespaces view lets through;
@@ -600,7 +603,7 @@ static void kvcm_json(const struct stats_snapshot *s, json_t *root)
     }
 }
 
-static void gpu_json(const struct gpu_stats *g, json_t *root)
+static void gpu_json(const struct gpu_stats *g, const struct ops_stats *ops, json_t *root)
 {
     json_t *o = json_object();
 
@@ -608,6 +611,10 @@ static void gpu_json(const struct gpu_stats *g, json_t *root)
     set(o, "devices_visible", json_integer(g->devices_visible));
     set(o, "hbm_arenas", json_integer(g->hbm_arenas));
     set(o, "hbm_off_reason", g->hbm_off_reason ? json_string(g->hbm_off_reason) : json_null());
+    /* Clients that could not map the HBM lent to them and reconnected host-only. */
+    set(o, "hbm_unusable_clients", ju(ops->hbm_unusable_clients));
+    set(o, "hbm_unusable_last", ops->hbm_unusable_last && *ops->hbm_unusable_last
+                                    ? json_string(ops->hbm_unusable_last) : json_null());
     set(root, "gpu", o);
 }
 
@@ -639,7 +646,7 @@ json_t *stats_json(const struct stats_snapshot *s)
     set(root, "reloads", reloads);
     kvcm_json(s, root);
     if (s->has_gpu)
-        gpu_json(&s->gpu, root);
+        gpu_json(&s->gpu, &s->ops, root);
     return root;
 }
 

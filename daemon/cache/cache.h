@@ -47,6 +47,7 @@ struct cache_arena_info {
     int      fd;                  /* to map, -1: none (real GPU memory) */
     int      ro_fd;               /* the same, read-only (readers); -1: none */
     const char *ro_why;           /* why ro_fd is -1 while fd is not ("" otherwise) */
+    int      vmm_fd;              /* CUDA VMM POSIX-fd handle to import (real GPU memory), -1: none */
     const uint8_t *ipc_handle;    /* CUDA IPC handle (real GPU memory), NULL: none */
     size_t   ipc_len;
     bool     host_access;         /* the daemon's CPU can read it (host, simulated HBM) */

@@ -45,6 +45,7 @@ struct cache_hbm {
     struct arena   *a;
     int      device;
     bool     host_access;            /* the loop may read its bytes (sim) */
+    int      vmm_fd;                 /* the region's VMM handle (the region owns it); -1: none */
     uint8_t  ipc[DEVMEM_IPC_HANDLE_BYTES];
     size_t   ipc_len;
     char     pci_bus_id[32];

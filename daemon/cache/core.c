@@ -381,6 +381,7 @@ size_t cache_arenas(const struct cache *c, struct cache_arena_info *out, size_t 
         out[n].fd = arena_fd(a);
         out[n].ro_fd = arena_fd_readonly(a);
         out[n].ro_why = arena_fd_readonly_why(a);
+        out[n].vmm_fd = h ? h->vmm_fd : -1;
         out[n].ipc_handle = h && h->ipc_len ? h->ipc : NULL;
         out[n].ipc_len = h ? h->ipc_len : 0;
         out[n].host_access = !h || h->host_access;
@@ -411,7 +412,8 @@ int cache_add_hbm(struct cache *c, struct devmem *dm, const struct devmem_region
     }
     h = &c->hbm[c->nhbm];
     memset(h, 0, sizeof *h);
-    rc = arena_create_over(id, KVNODE_TIER_HBM, r->device, r->base, r->fd, r->size, slab_bytes,
+    /* A VMM handle is imported, not mapped: the arena has no fd to lend (nor a read-only one). */
+    rc = arena_create_over(id, KVNODE_TIER_HBM, r->device, r->base, r->vmm ? -1 : r->fd, r->size, slab_bytes,
                            &h->a, err, errlen);
     if (rc < 0)
         return rc;
@@ -419,6 +421,7 @@ int cache_add_hbm(struct cache *c, struct devmem *dm, const struct devmem_region
         log_warn("HBM of device %d cannot be lent read-only: %s; clients that declare themselves "
                  "readers are not lent it", r->device, arena_fd_readonly_why(h->a));
     h->device = r->device;
+    h->vmm_fd = r->vmm ? r->fd : -1;
     h->host_access = r->host_access;
     h->ipc_len = r->ipc_len <= sizeof h->ipc ? r->ipc_len : 0;
     memcpy(h->ipc, r->ipc_handle, h->ipc_len);

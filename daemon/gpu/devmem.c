@@ -78,12 +78,7 @@ int devmem_open(int kind, struct devmem **out, char *why, size_t whylen)
     case DEVMEM_SIM:
         return devmem_sim_open(out, why, whylen);
     case DEVMEM_CUDA:
-#ifdef KVNODE_HAVE_CUDA
         return devmem_cuda_open(out, why, whylen);
-#else
-        errmsg_set(why, whylen, "devmem cuda: kvnoded was built without CUDA");
-        return -KVNODE_EINVAL;
-#endif
     default:
         errmsg_set(why, whylen, "devmem: unknown backend kind %d", kind);
         return -KVNODE_EINVAL;
@@ -203,6 +198,22 @@ void devmem_host_unregister(struct devmem *dm, void *ptr)
 {
     if (dm && ptr)
         dm->ops->host_unregister(dm, ptr);
+}
+
+int devmem_set_pin_device(struct devmem *dm, int device, char *why, size_t whylen)
+{
+    int rc;
+
+    if ((rc = check_device(dm, device, why, whylen)) < 0)
+        return rc;
+    return dm->ops->set_pin_device ? dm->ops->set_pin_device(dm, device, why, whylen) : 0;
+}
+
+bool devmem_device_down(struct devmem *dm, int device, char *why, size_t whylen)
+{
+    if (!dm || device < 0 || device >= dm->ndev || !dm->ops->device_down)
+        return false;
+    return dm->ops->device_down(dm, device, why, whylen);
 }
 
 int devmem_stream_create(struct devmem *dm, int device, struct devmem_stream **out,

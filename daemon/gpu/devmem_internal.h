@@ -26,6 +26,9 @@ struct devmem_ops {
     int  (*stream_wait)(struct devmem_stream *s, char *why, size_t whylen);
     int  (*copy_to_host)(struct devmem *dm, int device, void *dst, const void *src, size_t len,
                          char *why, size_t whylen);
+    /* Optional (NULL: accepted and ignored / never down). */
+    int  (*set_pin_device)(struct devmem *dm, int device, char *why, size_t whylen);
+    bool (*device_down)(struct devmem *dm, int device, char *why, size_t whylen);
 };
 
 /* Backends embed these as their first member. */
@@ -40,8 +43,6 @@ struct devmem_stream {
 };
 
 int devmem_sim_open(struct devmem **out, char *why, size_t whylen);
-#ifdef KVNODE_HAVE_CUDA
 int devmem_cuda_open(struct devmem **out, char *why, size_t whylen);
-#endif
 
 #endif

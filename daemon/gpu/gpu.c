@@ -1,16 +1,20 @@
 /* gpu: see gpu.h. */
 #include "gpu/gpu.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cache/cache.h"
+#include "core/clock.h"
 #include "gpu/copier.h"
 #include "gpu/devmem.h"
 #include "core/errmsg.h"
 #include "gpu/hostpin.h"
+#include "kvnode.h"
 #include "core/log.h"
 
 /* Demotion batches queued for the copy worker, at most. */
@@ -24,7 +28,9 @@ struct gpu {
     unsigned nregions;
     struct copier *copier;
     struct hostpin *hostpins[GPU_MAX_CACHES];   /* by cache; NULL: not pinned */
+    bool has_hbm[GPU_MAX_CACHES];               /* by cache: it got at least one HBM arena */
     char why_off[256];          /* why there is no HBM tier ("" when there is one) */
+    int pin_device;             /* the device whose context pins host memory; -1: none has HBM */
 };
 
 /* "tenant X: " before a log line about a named cache, nothing otherwise. */
@@ -53,6 +59,46 @@ static int gpu_open_backend(const struct kvn_config *cfg, struct gpu *g, char *w
     }
 }
 
+static void gpu_sleep_ms(uint64_t ms)
+{
+    struct timespec ts = { .tv_sec = (time_t)(ms / 1000u), .tv_nsec = (long)(ms % 1000u) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+/* A region on device dev; out of device memory is retried for up to
+ * hbm.alloc_retry (a daemon restarted under engines that still map the old
+ * one's regions waits for them to let go), each wait logged with why. */
+static int gpu_alloc_region(const struct kvn_config *cfg, struct gpu *g, const char *who, int dev,
+                            uint64_t bytes, struct devmem_region *r, char *why, size_t whylen)
+{
+    uint64_t start = clock_now_ms(), wait_ms = 250;
+    unsigned tries = 1;
+    int rc;
+
+    while ((rc = devmem_region_alloc(g->dm, dev, bytes, r, why, whylen)) == -KVNODE_ENOMEM) {
+        uint64_t spent = clock_now_ms() - start;
+        if (spent >= cfg->hbm_alloc_retry_ms)
+            break;
+        if (wait_ms > cfg->hbm_alloc_retry_ms - spent)
+            wait_ms = cfg->hbm_alloc_retry_ms - spent;
+        log_warn("%sHBM tier: GPU %d has no room for %" PRIu64 " MiB (%s); trying again in %" PRIu64 " ms, for up "
+                 "to hbm.alloc_retry = %" PRIu32 " ms in all (engines of a daemon that stopped may still hold its "
+                 "GPU memory)", who, dev, bytes >> 20, why, wait_ms, cfg->hbm_alloc_retry_ms);
+        gpu_sleep_ms(wait_ms);
+        wait_ms = wait_ms * 2 > 2000 ? 2000 : wait_ms * 2;
+        tries++;
+    }
+    if (rc == -KVNODE_ENOMEM && tries > 1) {
+        char first[640];
+        snprintf(first, sizeof first, "%.600s", why);
+        errmsg_set(why, whylen, "%s (still after %u tries over %.1f s, hbm.alloc_retry)", first, tries,
+                   (double)(clock_now_ms() - start) / 1000.0);
+    } else if (rc == 0 && tries > 1) {
+        log_info("%sHBM tier: GPU %d had room on try %u", who, dev, tries);
+    }
+    return rc;
+}
+
 /* HBM arenas on the configured devices, for each cache that asks for some.
  * 0, or -1 (err set) when the start must fail; without required, what
  * could not be had is logged. */
@@ -61,7 +107,7 @@ static int gpu_start_hbm(const struct kvn_config *cfg, struct gpu *g, const char
 {
     int devs[CONFIG_HBM_DEVICES_MAX];
     size_t ndevs = 0;
-    char why[512], who[CONFIG_TENANT_NAME_MAX + 16];
+    char why[640], who[CONFIG_TENANT_NAME_MAX + 16];
     int count = devmem_device_count(g->dm);
     bool wanted = false;
 
@@ -92,12 +138,21 @@ static int gpu_start_hbm(const struct kvn_config *cfg, struct gpu *g, const char
             if (devs[i] >= count) {
                 snprintf(why, sizeof why, "GPU %d is not visible (%d visible to the %s backend)",
                          devs[i], count, devmem_kind_name(devmem_kind(g->dm)));
-            } else if (devmem_region_alloc(g->dm, devs[i], gc->hbm_bytes, r, why, sizeof why) == 0) {
+            } else if (gpu_alloc_region(cfg, g, who, devs[i], gc->hbm_bytes, r, why, sizeof why) == 0) {
                 g->nregions++;
                 if (cache_add_hbm(gc->cache, g->dm, r, cfg->slab_bytes, why, sizeof why) == 0) {
-                    log_info("%sHBM tier: GPU %d, %" PRIu64 " MiB (%s backend, lent through %s)",
-                             who, devs[i], r->size >> 20, devmem_kind_name(devmem_kind(g->dm)),
-                             r->ipc_len ? "CUDA IPC" : "a mapped memfd");
+                    log_info("%sHBM tier: GPU %d%s%s%s, %" PRIu64 " MiB (%s backend, lent %s)",
+                             who, devs[i], r->pci_bus_id[0] ? " (" : "", r->pci_bus_id,
+                             r->pci_bus_id[0] ? ")" : "", r->size >> 20, devmem_kind_name(devmem_kind(g->dm)),
+                             r->vmm ? "as a CUDA VMM file descriptor (crosses PID namespaces)"
+                             : r->ipc_len ? "through a legacy CUDA IPC handle (engines in this PID namespace only)"
+                             : "as a mapped memfd");
+                    if (!g->has_hbm[t]) {
+                        g->has_hbm[t] = true;
+                        /* Pinning needs a context: the first HBM device's (portable: every context's). */
+                        if (g->pin_device < 0)
+                            g->pin_device = devs[i];
+                    }
                     continue;
                 }
             }
@@ -121,25 +176,41 @@ unavailable:
     return 0;
 }
 
-static int gpu_start_pinning(const struct kvn_config *cfg, struct gpu *g, const char *backend_why,
-                             char *err, size_t errlen)
+/* Pinning is per process: it speeds up only the daemon's own copies between
+ * host and GPU memory (demotions), never the engines' (they pin in their own
+ * process, kvnode_pin_host). So a cache's host arena is pinned only when the
+ * cache has an HBM tier, with the context of a GPU that has one: without,
+ * pinning would only take a context (and GPU memory) on some GPU. */
+static int gpu_start_pinning(const struct kvn_config *cfg, struct gpu *g, char *err, size_t errlen)
 {
     char why[256], who[CONFIG_TENANT_NAME_MAX + 16];
 
     if (cfg->pin_host == CONFIG_PIN_OFF)
         return 0;
-    if (!devmem_can_pin(g->dm)) {
+    if (g->pin_device < 0) {
+        if (cfg->pin_host == CONFIG_PIN_ON)
+            log_info("memory.pin_host = on, but there is no HBM tier: host memory is not pinned (pinning is per "
+                     "process, and no copy of the daemon's would use it; engines pin with kvnode_pin_host)");
+        else
+            log_info("host arena not pinned: no HBM tier (pinning is per process; only the daemon's own copies "
+                     "to and from GPU memory would use it)");
+        return 0;
+    }
+    if (devmem_set_pin_device(g->dm, g->pin_device, why, sizeof why) < 0) {
         if (cfg->pin_host == CONFIG_PIN_ON) {
-            errmsg_set(err, errlen, "memory.pin_host = on but the host arena cannot be pinned: %s",
-                       backend_why[0] ? backend_why : "no GPU backend");
+            errmsg_set(err, errlen, "memory.pin_host = on but the host arena cannot be pinned: %s", why);
             return -1;
         }
-        log_info("host arena not pinned: %s", backend_why[0] ? backend_why : "no GPU backend");
+        log_info("host arena not pinned: %s", why);
         return 0;
     }
     for (size_t t = 0; t < g->ncaches; t++) {
         const struct gpu_cache *gc = &g->caches[t];
         gpu_who(gc, who, sizeof who);
+        if (!g->has_hbm[t]) {
+            log_info("%shost arena not pinned: no HBM tier of its own (no copy of the daemon's would use it)", who);
+            continue;
+        }
         if (hostpin_start(g->dm, cache_host_base(gc->cache), cache_host_size(gc->cache),
                           cfg->pin_chunk_bytes, cfg->pin_host == CONFIG_PIN_ON, &g->hostpins[t], why,
                           sizeof why) < 0) {
@@ -172,6 +243,7 @@ int gpu_start(struct event_base *base, const struct kvn_config *cfg, const struc
     }
     memcpy(g->caches, caches, n * sizeof *caches);
     g->ncaches = n;
+    g->pin_device = -1;
     if (gpu_open_backend(cfg, g, backend_why, sizeof backend_why) < 0) {
         errmsg_set(err, errlen, "GPU backend: %s", backend_why);
         return -1;
@@ -190,7 +262,7 @@ int gpu_start(struct event_base *base, const struct kvn_config *cfg, const struc
             if (g->caches[t].hbm_bytes > 0)
                 cache_set_copier(g->caches[t].cache, g->copier);
     }
-    return gpu_start_pinning(cfg, g, backend_why, err, errlen);
+    return gpu_start_pinning(cfg, g, err, errlen);
 }
 
 void gpu_stop(struct gpu *g)

@@ -1,10 +1,13 @@
 /* gpu: the daemon's GPU side, wired from [hbm] and [memory] pin_host. Opens
  * the devmem backend, gives each cache it is handed (one per tenant) its own
- * HBM region on every configured device, starts pinning each cache's host
- * arena in the background and runs the copy workers that demote HBM blocks
- * (shared: a batch carries its own memory and completion). Decides what "required" means: when HBM is
- * asked for (hbm.bytes > 0) and cannot be had, start fails under
- * required = on and otherwise one log line says HBM is off and why.
+ * HBM region on every configured device (a region short of memory retried
+ * for hbm.alloc_retry), starts pinning in the background the host arena of
+ * each cache that got HBM (only the daemon's own copies use pinned memory:
+ * without HBM nothing is pinned and no GPU context taken) and runs the copy
+ * workers that demote HBM blocks (shared: a batch carries its own memory and
+ * completion). Decides what "required" means: when HBM is asked for
+ * (hbm.bytes > 0) and cannot be had, start fails under required = on and
+ * otherwise one log line says HBM is off and why.
  *
  * Main (loop) thread, at start and stop. */
 #ifndef KVNODE_GPU_H

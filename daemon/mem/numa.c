@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "core/busid.h"
 #include "core/errmsg.h"
 #include "core/log.h"
 
@@ -47,27 +48,12 @@ static bool read_number(const char *path, long *out)
     return errno == 0 && end != buf && (*end == '\n' || *end == '\0');
 }
 
-/* domain:bus:device.function, as numbers; false when bus_id is not one. */
-static bool parse_bus_id(const char *bus_id, unsigned long long out[4])
-{
-    unsigned long long d, b, dev, fn;
-    int used = 0;
-    if (!bus_id || sscanf(bus_id, "%llx:%llx:%llx.%llx%n", &d, &b, &dev, &fn, &used) != 4 ||
-        bus_id[used] != '\0')
-        return false;
-    out[0] = d, out[1] = b, out[2] = dev, out[3] = fn;
-    return true;
-}
-
 static int gpu_cmp(const void *x, const void *y)
 {
-    unsigned long long a[4] = { 0 }, b[4] = { 0 };
-    parse_bus_id(((const struct numa_gpu *)x)->bus_id, a);
-    parse_bus_id(((const struct numa_gpu *)y)->bus_id, b);
-    for (int i = 0; i < 4; i++)
-        if (a[i] != b[i])
-            return a[i] < b[i] ? -1 : 1;
-    return 0;
+    struct pci_busid a = { 0 }, b = { 0 };
+    busid_parse(((const struct numa_gpu *)x)->bus_id, &a);
+    busid_parse(((const struct numa_gpu *)y)->bus_id, &b);
+    return busid_cmp(&a, &b);
 }
 
 void numa_read_topology(const char *root, struct numa_topology *out)
@@ -99,9 +85,9 @@ void numa_read_topology(const char *root, struct numa_topology *out)
     if (!(d = opendir(path)))
         return;
     while ((e = readdir(d)) && out->ngpus < NUMA_MAX_GPUS) {
-        unsigned long long id[4];
+        struct pci_busid id;
         long vendor, cls, node;
-        if (!parse_bus_id(e->d_name, id) || strlen(e->d_name) >= sizeof out->gpus[0].bus_id)
+        if (!busid_parse(e->d_name, &id) || strlen(e->d_name) >= sizeof out->gpus[0].bus_id)
             continue;
         snprintf(path, sizeof path, "%s/bus/pci/devices/%s/vendor", root, e->d_name);
         if (!read_number(path, &vendor) || vendor != PCI_VENDOR_NVIDIA)
@@ -245,14 +231,14 @@ void numa_plan_apply(struct numa_plan *p, void *base, uint64_t size, const char 
 int numa_region_of_gpu(const struct numa_plan *p, const struct numa_topology *t, const char *bus_id,
                        int ordinal)
 {
-    unsigned long long want[4], have[4];
+    struct pci_busid want, have;
     int node = -1;
 
     if (p->mode != NUMA_MODE_PER_GPU)
         return -1;
-    if (parse_bus_id(bus_id, want)) {
+    if (busid_parse(bus_id, &want)) {
         for (size_t i = 0; i < t->ngpus; i++)
-            if (parse_bus_id(t->gpus[i].bus_id, have) && memcmp(want, have, sizeof want) == 0)
+            if (busid_parse(t->gpus[i].bus_id, &have) && busid_cmp(&want, &have) == 0)
                 node = t->gpus[i].node;
     } else if (ordinal >= 0 && (size_t)ordinal < t->ngpus) {
         node = t->gpus[ordinal].node;

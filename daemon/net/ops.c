@@ -59,6 +59,8 @@ void ops_get_stats(const struct ops *o, struct ops_stats *out)
         out->requests[op].error = o->counts[op].error;
     }
     out->by_status = &o->requests;
+    out->hbm_unusable_clients = o->hbm_unusable_clients;
+    out->hbm_unusable_last = o->hbm_unusable_last;
 }
 
 void ops_set_server(struct ops *o, struct server *s)

@@ -49,6 +49,8 @@ struct ops_stats {
     const char *socket_path;                    /* the effective config's */
     struct { uint64_t ok, error; } requests[METRICS_OP_SLOTS];  /* by op (oneof field number) */
     const struct metrics_requests *by_status;   /* by op and status, with latency; lives with o */
+    uint64_t hbm_unusable_clients;              /* HELLOs with hbm_unusable (reconnected host-only) */
+    const char *hbm_unusable_last;              /* "pid N (name): reason" of the latest ("" none); lives with o */
 };
 void ops_get_stats(const struct ops *o, struct ops_stats *out);
 void ops_apply_config(struct ops *o, const struct kvn_config *cfg);
@@ -57,9 +59,12 @@ struct kvcm_querier;
 void ops_set_querier(struct ops *o, struct kvcm_querier *q);
 
 /* Whether HELLO lends HBM arena a to a client on CUDA device `device`
- * (its own numbering) whose GPU has PCI bus id `bus_id` ("" or NULL:
- * unknown): the same GPU by bus id when both sides know it, else by
- * ordinal. Never for a client without a device or for host arenas. */
+ * (its own numbering) whose GPU has PCI bus id `bus_id`: with a bus id, only
+ * the arena of that GPU (compared as numbers, core/busid.h, so spellings of
+ * CUDA, nvidia-smi and sysfs agree; a name that is not a PCI bus id, such
+ * as the sim backend's "sim:N", only as written), never an ordinal guess;
+ * without one ("" or NULL), the arena of the daemon's device `device`.
+ * Never for a client without a device or for host arenas. */
 bool ops_arena_is_clients_gpu(const struct cache_arena_info *a, int device, const char *bus_id);
 
 /* Handle one decoded request; the reply goes out through server_reply. */

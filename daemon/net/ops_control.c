@@ -6,13 +6,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
+#include "core/busid.h"
+#include "core/clock.h"
+#include "core/errmsg.h"
 #include "mem/index.h"
 #include "kvnode.h"
 #include "core/log.h"
 #include "wire.h"
+
+/* A client's hbm_unusable is logged at most once a minute per name and pid. */
+#define OPS_UNUSABLE_LOG_MS 60000u
 
 /* Copy a wire string into a fixed field, refusing what does not fit. */
 static int ops_copy_field(char *dst, size_t cap, const char *src, const char *name,
@@ -66,11 +71,47 @@ static int ops_reader_check(const struct cache_arena_info *arenas, size_t n, cha
 
 bool ops_arena_is_clients_gpu(const struct cache_arena_info *a, int device, const char *bus_id)
 {
+    struct pci_busid ignored;
+
     if (device < 0 || a->tier != KVNODE_TIER_HBM)
         return false;
-    if (bus_id && *bus_id && a->pci_bus_id && *a->pci_bus_id)
-        return strcasecmp(bus_id, a->pci_bus_id) == 0;
-    return a->device == device;
+    if (!bus_id || !*bus_id)
+        return a->device == device;
+    if (busid_same(bus_id, a->pci_bus_id))
+        return true;
+    return !busid_parse(bus_id, &ignored) && a->pci_bus_id && strcmp(bus_id, a->pci_bus_id) == 0;
+}
+
+/* A client reconnected host-only because it could not map the HBM lent to
+ * it before: counted, kept for /stats, logged (rate-limited: a client that
+ * reconnects in a loop must not flood the log). */
+static void ops_note_hbm_unusable(struct ops *o, const struct session *s, const char *reason)
+{
+    char text[200];
+    uint64_t now = clock_now_ms();
+    struct ops_unusable_seen *slot = &o->hbm_unusable_seen[0];
+    size_t n = sizeof o->hbm_unusable_seen / sizeof o->hbm_unusable_seen[0];
+
+    errmsg_snippet(reason, strlen(reason), text, sizeof text);
+    o->hbm_unusable_clients++;
+    snprintf(o->hbm_unusable_last, sizeof o->hbm_unusable_last, "pid %d (%s): %s", (int)s->pid, s->name, text);
+    for (size_t i = 0; i < n; i++) {
+        struct ops_unusable_seen *e = &o->hbm_unusable_seen[i];
+        if (e->ms && e->pid == s->pid && strncmp(e->name, s->name, sizeof e->name - 1) == 0) {
+            slot = e;
+            break;
+        }
+        if (e->ms < slot->ms)
+            slot = e;       /* the oldest (or an empty one) is reused */
+    }
+    if (slot->ms && slot->pid == s->pid && strncmp(slot->name, s->name, sizeof slot->name - 1) == 0 &&
+        now - slot->ms < OPS_UNUSABLE_LOG_MS)
+        return;
+    slot->pid = s->pid;
+    snprintf(slot->name, sizeof slot->name, "%s", s->name);
+    slot->ms = now;
+    log_warn("client pid %d uid %d (%s) could not use the GPU memory lent to it and connected host-only: %s "
+             "(gpu.hbm_unusable_clients in /stats counts these)", (int)s->pid, (int)s->uid, s->name, text);
 }
 
 void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
@@ -131,12 +172,19 @@ void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode
             Kvnode__Arena *m = &arena_msgs[narenas];
             /* A device's HBM goes to the clients on that device only (no
              * peer mappings to set up or to fail): mapped for simulated
-             * devices, through CUDA IPC when the client has a CUDA runtime.
-             * A reader gets the read-only reopen of each memfd; CUDA IPC has
-             * no read-only form, so real HBM is lent to it as to anyone. */
+             * devices; real GPU memory as a VMM POSIX-fd handle to clients
+             * that can import one (it crosses PID namespaces), else as a
+             * legacy IPC handle to clients with a CUDA runtime. A reader
+             * gets the read-only reopen of each memfd; CUDA has no
+             * read-only form of either handle, so real HBM is lent to it as
+             * to anyone. */
             int fd = s->reader ? a->ro_fd : a->fd;
-            bool by_fd = fd >= 0, by_ipc = a->fd < 0 && a->ipc_handle && h->cuda_ipc;
+            bool by_vmm = a->vmm_fd >= 0 && h->cuda_vmm;
+            bool by_fd = fd >= 0 || by_vmm;
+            bool by_ipc = a->fd < 0 && a->vmm_fd < 0 && a->ipc_handle && h->cuda_ipc;
             bool own_gpu = ops_arena_is_clients_gpu(a, h->cuda_device, h->cuda_pci_bus_id);
+            if (by_vmm)
+                fd = a->vmm_fd;
             if (a->tier == KVNODE_TIER_HBM && (!own_gpu || !(by_fd || by_ipc)))
                 continue;
             if (!by_fd && !by_ipc)
@@ -148,6 +196,7 @@ void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode
             m->device = a->tier == KVNODE_TIER_HBM ? h->cuda_device : a->device;
             m->size = a->size;
             m->fd_index = by_fd ? (int32_t)nfds : -1;
+            m->cuda_vmm = by_vmm;
             if (by_fd)
                 fds[nfds++] = fd;
             if (by_ipc) {
@@ -168,6 +217,8 @@ void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode
         reply.namespace_id = s->ns->id;
         reply.deployment_id = s->ns->deployment_id;
         reply.block_bytes = s->ns->layout.block_bytes;
+        if (h->hbm_unusable && *h->hbm_unusable)
+            ops_note_hbm_unusable(o, s, h->hbm_unusable);
         log_info("client pid %d uid %d (%s) bound to namespace %u (%s rank %u); GPU %d%s%.32s%s, %s%s",
                  (int)s->pid, (int)s->uid, s->name, s->ns->id, s->ns->deployment_id,
                  s->ns->layout.tp_rank, (int)h->cuda_device,

@@ -49,6 +49,14 @@ struct ops {
     ops_stats_fn stats_hook;
     void *stats_hook_arg;
     struct kvcm_querier *querier;       /* NULL: [kvcm] off */
+    /* HELLOs that said the HBM lent before could not be mapped (hbm_unusable). */
+    uint64_t hbm_unusable_clients;
+    char hbm_unusable_last[320];        /* "pid N (name): reason" of the latest */
+    struct ops_unusable_seen {          /* who was logged when, for the once-a-minute limit */
+        pid_t pid;
+        char name[64];
+        uint64_t ms;
+    } hbm_unusable_seen[16];
 };
 
 /* A request whose answer waits for the store (cache_*_start returned

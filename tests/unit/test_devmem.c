@@ -118,8 +118,10 @@ START_TEST(test_auto)
 }
 END_TEST
 
-/* The cuda backend: fails with a reason here (no GPU, or built without
- * CUDA); on a GPU machine, one region, one stream and a pin round trip. */
+/* The cuda backend: fails with a reason here (no CUDA driver to load: the
+ * suite runs without the fake's folder on LD_LIBRARY_PATH; test_devmem_cuda
+ * runs it through the fake); on a GPU machine, one region, one stream and a
+ * pin round trip. */
 START_TEST(test_cuda)
 {
     struct devmem *dm = NULL;
@@ -129,9 +131,7 @@ START_TEST(test_cuda)
     if (rc < 0) {
         ck_assert_ptr_null(dm);
         ck_assert_msg(why[0] != '\0', "cuda open failed (%d) without a reason", rc);
-#ifndef KVNODE_HAVE_CUDA
-        ck_assert_msg(strstr(why, "without CUDA") != NULL, "why: %s", why);
-#endif
+        ck_assert_msg(strstr(why, "CUDA driver") != NULL || strstr(why, "GPU") != NULL, "why: %s", why);
         return;
     }
     ck_assert_int_eq(devmem_kind(dm), DEVMEM_CUDA);
@@ -143,8 +143,13 @@ START_TEST(test_cuda)
     rc = devmem_region_alloc(dm, 0, n, &r, why, sizeof why);
     ck_assert_msg(rc == 0, "region_alloc: %d %s", rc, why);
     ck_assert_ptr_nonnull(r.base);
-    ck_assert_int_eq(r.fd, -1);
-    ck_assert_uint_eq(r.ipc_len, DEVMEM_IPC_HANDLE_BYTES);
+    if (r.vmm) {
+        ck_assert_int_ge(r.fd, 0);
+        ck_assert_uint_eq(r.ipc_len, 0);
+    } else {
+        ck_assert_int_eq(r.fd, -1);
+        ck_assert_uint_eq(r.ipc_len, DEVMEM_IPC_HANDLE_BYTES);
+    }
     ck_assert(!r.host_access);
 
     uint8_t *src = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -153,6 +158,7 @@ START_TEST(test_cuda)
     fill(src, n, 5);
     memset(dst, 0, n);
     memset(dst2, 0, n);
+    ck_assert_int_eq(devmem_set_pin_device(dm, 0, why, sizeof why), 0);
     rc = devmem_host_register(dm, src, n, why, sizeof why);
     ck_assert_msg(rc == 0, "host_register: %d %s", rc, why);
 
