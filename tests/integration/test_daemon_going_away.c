@@ -17,10 +17,21 @@
  *   without waiting; the log counts the client as still holding HBM.
  * - /stats: clients.hbm_lent counts the connections lent HBM; during the
  *   stop (over an admin connection opened before it), going_away_total says
- *   how many were told and hbm_lent how many still hold it. */
+ *   how many were told and hbm_lent how many still hold it.
+ * - hbm.backend = cuda through the strict fake CUDA (tests/fakecuda; the
+ *   suite re-executes itself with the fake on LD_LIBRARY_PATH, the daemon
+ *   inherits it): an engine process lent a legacy IPC handle opens it
+ *   (cudaIpcOpenMemHandle) and is stopped (SIGSTOP) when the daemon gets
+ *   SIGTERM, so it reads the notice late; resumed, it closes the handle and
+ *   its connection, and only then is the allocation freed: the fake records
+ *   no free-while-mapped (a daemon that frees at once does: cuMemFree of an
+ *   allocation another live process has open). A connection lent a VMM fd
+ *   gets the notice too. */
 #include <check.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -32,6 +43,7 @@
 
 #include "harness.h"
 #include "raw_request.h"
+#include "../fakecuda/fakecuda_env.h"
 
 #define BB (16u << 10)
 #define SIM_CONF "memory.host_bytes=8MiB\nmemory.slab_bytes=256KiB\nhbm.backend=sim\nhbm.bytes=1MiB\n"
@@ -297,11 +309,199 @@ START_TEST(stats_count_the_clients_lent_hbm_and_the_notices)
 }
 END_TEST
 
-int main(void)
+/* --- hbm.backend = cuda, through the strict fake CUDA --------------------- */
+
+#define CUDA_CONF "memory.host_bytes=8MiB\nmemory.slab_bytes=256KiB\nhbm.backend=cuda\nhbm.bytes=2MiB\n" \
+                  "hbm.required=on\nhbm.devices=0\nhbm.release_timeout=30s\n"
+
+/* The fake's state folder for this test (FAKECUDA_DIR; the daemon and the
+ * engine process inherit it). legacy: no VMM, so HBM is lent as legacy IPC
+ * handles. */
+static void fake_setup(bool legacy)
 {
+    char dir[PATH_MAX];
+    ck_assert_int_eq(kvh_mkdtemp(dir, sizeof dir), 0);
+    ck_assert_int_eq(fakecuda_setup(dir), 0);
+    if (legacy)
+        ck_assert_int_eq(setenv("FAKECUDA_NO_VMM", "1", 1), 0);
+}
+
+/* HELLO on GPU 0 saying what the client can import (cuda_ipc, cuda_vmm):
+ * the HBM arena lent, its legacy IPC handle copied into ipc (64 bytes) when
+ * it came as one. */
+static Kvnode__Arena hello_cuda(int fd, bool ipc_ok, bool vmm_ok, uint8_t ipc[64])
+{
+    kvnode_layout l = kvh_layout("going-away-cuda", BB, 1, 0);
+    Kvnode__Layout pl = KVNODE__LAYOUT__INIT;
+    pl.model = (char *)l.model;
+    pl.dtype = (char *)l.dtype;
+    pl.block_tokens = l.block_tokens;
+    pl.block_bytes = l.block_bytes;
+    pl.num_layers = l.num_layers;
+    pl.kv_heads = l.kv_heads;
+    pl.head_dim = l.head_dim;
+    pl.tp_size = l.tp_size;
+    pl.tp_rank = l.tp_rank;
+    pl.extra = (char *)"";
+    Kvnode__HelloRequest h = KVNODE__HELLO_REQUEST__INIT;
+    h.min_version = 1;
+    h.max_version = 1;
+    h.layout = &pl;
+    h.client_name = (char *)"cuda-engine";
+    h.cuda_device = 0;
+    h.cuda_ipc = ipc_ok;
+    h.cuda_vmm = vmm_ok;
+    Kvnode__Request req = KVNODE__REQUEST__INIT;
+    req.id = 1;
+    req.op_case = KVNODE__REQUEST__OP_HELLO;
+    req.hello = &h;
+    raw_send_request(fd, &req);
+    Kvnode__Response *resp = next_response(fd);
+    ck_assert_msg(resp && !resp->error && resp->result_case == KVNODE__RESPONSE__RESULT_HELLO, "HELLO: %s",
+                  resp && resp->error ? resp->error->message : "no reply");
+    Kvnode__Arena hbm = KVNODE__ARENA__INIT;
+    for (size_t i = 0; i < resp->hello->n_arenas; i++) {
+        const Kvnode__Arena *a = resp->hello->arenas[i];
+        if (a->tier != KVNODE__TIER__TIER_HBM)
+            continue;
+        hbm = *a;
+        hbm.cuda_ipc_handle.data = NULL;
+        if (a->cuda_ipc_handle.len == 64)
+            memcpy(ipc, a->cuda_ipc_handle.data, 64);
+    }
+    kvnode__response__free_unpacked(resp, NULL);
+    return hbm;
+}
+
+/* The engine: a process of its own with the legacy IPC handle open, which
+ * on the notice (or the connection's end) closes the handle, then its
+ * connection: the order libkvnode keeps. */
+typedef struct { unsigned char reserved[64]; } ipc_handle;
+struct engine {
+    int fd;
+    void *dev;
+    int (*ipc_close)(void *);
+};
+
+static void *engine_watch(void *arg)
+{
+    struct engine *e = arg;
+    for (;;) {
+        uint8_t *payload;
+        uint32_t len;
+        if (kvh_raw_recv_frame(e->fd, &payload, &len, 1u << 20, 600000) != 1)
+            break;
+        Kvnode__Response *resp = kvnode__response__unpack(NULL, len, payload);
+        free(payload);
+        bool notice = resp && resp->result_case == KVNODE__RESPONSE__RESULT_GOING_AWAY;
+        if (resp)
+            kvnode__response__free_unpacked(resp, NULL);
+        if (notice)
+            break;
+    }
+    e->ipc_close(e->dev);
+    close(e->fd);
+    return NULL;
+}
+
+static int hold_ipc_engine(const kvh_daemon *d, char *msg, size_t len)
+{
+    static struct engine e;
+    void *rt = dlopen("libcudart.so.12", RTLD_NOW);
+    int (*set_device)(int) = rt ? (int (*)(int))dlsym(rt, "cudaSetDevice") : NULL;
+    int (*ipc_open)(void **, ipc_handle, unsigned) =
+        rt ? (int (*)(void **, ipc_handle, unsigned))dlsym(rt, "cudaIpcOpenMemHandle") : NULL;
+    e.ipc_close = rt ? (int (*)(void *))dlsym(rt, "cudaIpcCloseMemHandle") : NULL;
+    if (!set_device || !ipc_open || !e.ipc_close) {
+        snprintf(msg, len, "the fake CUDA runtime: %s", dlerror());
+        return -1;
+    }
+    e.fd = kvh_raw_connect(d->sock);
+    if (e.fd < 0) {
+        snprintf(msg, len, "connect: %s", kvh_error());
+        return -1;
+    }
+    ipc_handle h;
+    Kvnode__Arena a = hello_cuda(e.fd, true, false, h.reserved);
+    if (a.tier != KVNODE__TIER__TIER_HBM || a.cuda_ipc_handle.len != 64) {
+        snprintf(msg, len, "no HBM arena lent as a legacy IPC handle");
+        return -1;
+    }
+    int rc = set_device(0);
+    if (rc == 0)
+        rc = ipc_open(&e.dev, h, 1 /* cudaIpcMemLazyEnablePeerAccess */);
+    if (rc != 0) {
+        snprintf(msg, len, "cudaIpcOpenMemHandle -> %d", rc);
+        return -1;
+    }
+    pthread_t t;
+    if (pthread_create(&t, NULL, engine_watch, &e) != 0) {
+        snprintf(msg, len, "pthread_create failed");
+        return -1;
+    }
+    return 0;
+}
+
+START_TEST(cuda_legacy_ipc_engine_unmaps_before_hbm_is_freed)
+{
+    kvh_daemon d;
+    fake_setup(true);
+    KVH_START(&d, CUDA_CONF);
+    pid_t engine = kvh_spawn_holder(&d, hold_ipc_engine);
+    ck_assert_msg(engine > 0, "%s", kvh_error());
+    ck_assert_int_eq(KVH_STAT(&d, "clients.hbm_lent"), 1);
+
+    /* Busy elsewhere when the daemon is told to stop: it reads the notice late. */
+    ck_assert_int_eq(kill(engine, SIGSTOP), 0);
+    ck_assert_int_eq(kill(d.pid, SIGTERM), 0);
+    wait_log(&d, "received SIGTERM");
+    /* A daemon that did not wait would be gone in this time. */
+    int st = kvh_wait_exit(&d, 3000);
+    ck_assert_int_eq(kill(engine, SIGCONT), 0);
+    if (st == KVH_EXIT_TIMEOUT)
+        st = kvh_wait_exit(&d, 15000);
+    ck_assert_msg(st == 0, "kvnoded exit status %d", st);
+    int violations = fakecuda_env_violations(NULL);
+    if (violations != 0)
+        fakecuda_env_print_violations(stderr);
+    ck_assert_msg(violations == 0, "the fake CUDA recorded %d violations (printed above)", violations);
+    assert_log_has(&d, "freeing HBM: every client lent it (1) had closed");
+    ck_assert_int_ge(proc_stop(&engine, SIGKILL, 10000), 0);
+    kvh_destroy(&d);
+}
+END_TEST
+
+START_TEST(cuda_vmm_client_gets_the_notice)
+{
+    kvh_daemon d;
+    fake_setup(false);
+    KVH_START(&d, CUDA_CONF);
+    int fd = kvh_raw_connect(d.sock);
+    ck_assert_msg(fd >= 0, "connect: %s", kvh_error());
+    uint8_t ipc[64];
+    Kvnode__Arena a = hello_cuda(fd, true, true, ipc);
+    ck_assert_msg(a.tier == KVNODE__TIER__TIER_HBM && a.cuda_vmm, "no HBM arena lent as a VMM fd");
+
+    ck_assert_int_eq(kill(d.pid, SIGTERM), 0);
+    expect_going_away(fd, 30000);
+    close(fd);
+    int st = kvh_wait_exit(&d, 15000);
+    ck_assert_msg(st == 0, "kvnoded exit status %d", st);
+    ck_assert_int_eq(fakecuda_env_violations(NULL), 0);
+    assert_log_has(&d, "freeing HBM: every client lent it (1) had closed");
+    kvh_destroy(&d);
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+    /* The daemon and the engine process find the fake through LD_LIBRARY_PATH. */
+    fakecuda_reexec(argc, argv);
     const TTest *const tests[] = { notice_reaches_the_client_lent_hbm_and_its_close_ends_the_wait,
                                    a_client_that_never_closes_is_waited_for_release_timeout,
                                    release_timeout_zero_notifies_without_waiting,
-                                   stats_count_the_clients_lent_hbm_and_the_notices };
+                                   stats_count_the_clients_lent_hbm_and_the_notices,
+                                   cuda_legacy_ipc_engine_unmaps_before_hbm_is_freed,
+                                   cuda_vmm_client_gets_the_notice };
     return kvh_run_suite("daemon_going_away", "going_away", 60, tests, sizeof tests / sizeof tests[0]);
 }
