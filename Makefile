@@ -193,9 +193,13 @@ $(DAEMON_LIBA): $(DAEMON_OBJ) $(COMMON_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# Tests that watch the devmem calls of the daemon's code (tests/unit/devmem_spy.h).
+DEVMEM_SPY_WRAP := -Wl,--wrap=devmem_host_register,--wrap=devmem_host_unregister,--wrap=devmem_copy_async
+$(BUILD)/tests/test_cache_hbm $(BUILD)/tests/test_copier $(BUILD)/tests/test_cache_hbm_cuda: TEST_LDEXTRA = $(DEVMEM_SPY_WRAP)
+
 $(BUILD)/tests/%: tests/unit/%.c $(DAEMON_LIBA) $(TEST_PROC_OBJ) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(DAEMON_LIBA) $(TEST_PROC_OBJ) $(DAEMON_LIBS) $(CHECK_LIBS)
+	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) $(TEST_LDEXTRA) -o $@ $< $(DAEMON_LIBA) $(TEST_PROC_OBJ) $(DAEMON_LIBS) $(CHECK_LIBS)
 
 # Client-library tests (fake server in-process) link libkvnode, not the daemon.
 $(BUILD)/tests/test_client_%: tests/unit/test_client_%.c $(LIBA) $(PROTO_H) $(TEST_HDRS)
@@ -254,7 +258,7 @@ $(FAKECUDA_SO): $(FAKECUDA_SRC) $(FAKECUDA_HDRS)
 all: $(FAKECUDA_SO)
 # Suites that run the cuda backend against the fake, in their own process
 # (LD_LIBRARY_PATH at re-exec) or in the kvnoded they start.
-$(BUILD)/tests/test_devmem_cuda $(BUILD)/tests/test_daemon_cuda: | $(FAKECUDA_SO)
+$(BUILD)/tests/test_devmem_cuda $(BUILD)/tests/test_daemon_cuda $(BUILD)/tests/test_cache_hbm_cuda: | $(FAKECUDA_SO)
 
 $(BUILD)/tests/test_fakecuda: tests/unit/test_fakecuda.c $(FAKECUDA_SO) $(FAKECUDA_HDRS) $(TEST_HDRS)
 	@mkdir -p $(dir $@)

@@ -184,6 +184,32 @@ static void render_cache(struct evbuffer *out, const struct stats_snapshot *snap
     sample_u(out, "kvnode_demotions_total", L("result", "aborted"), s->demotions.aborted);
     sample_u(out, "kvnode_demotions_total", L("result", "failed"), s->demotions.failed);
     sample_u(out, "kvnode_demotions_total", L("result", "dropped"), s->demotions.dropped);
+    family(out, "kvnode_demotion_failed_batches_total", "counter",
+           "Demotion batches whose copy failed (the device then backs off, 10 ms doubling to 5 s).");
+    sample_u(out, "kvnode_demotion_failed_batches_total", NULL, s->demotions.failed_batches);
+    if (s->nhbm > 0) {
+        family(out, "kvnode_hbm_up", "gauge",
+               "1 while a device's HBM tier is served, 0 once a sticky error took the device "
+               "(reason in kvnode_hbm_down_info and /stats).");
+        for (unsigned i = 0; i < s->nhbm; i++) {
+            snprintf(dev, sizeof dev, "%d", s->hbm[i].device);
+            sample_u(out, "kvnode_hbm_up", L("device", dev), s->hbm[i].down ? 0 : 1);
+        }
+        family(out, "kvnode_hbm_down_info", "gauge",
+               "1 for each device whose HBM tier is down, with the error that took it.");
+        for (unsigned i = 0; i < s->nhbm; i++) {
+            if (!s->hbm[i].down)
+                continue;
+            snprintf(dev, sizeof dev, "%d", s->hbm[i].device);
+            sample_u(out, "kvnode_hbm_down_info", L("device", dev, "reason", s->hbm[i].down_reason), 1);
+        }
+        family(out, "kvnode_hbm_down_dropped_blocks_total", "counter",
+               "HBM blocks dropped because their device went down (not yet demoted).");
+        for (unsigned i = 0; i < s->nhbm; i++) {
+            snprintf(dev, sizeof dev, "%d", s->hbm[i].device);
+            sample_u(out, "kvnode_hbm_down_dropped_blocks_total", L("device", dev), s->hbm[i].down_dropped);
+        }
+    }
     family(out, "kvnode_demoted_bytes_total", "counter", "Bytes moved from HBM to host memory.");
     sample_u(out, "kvnode_demoted_bytes_total", NULL, s->demotions.bytes);
     family(out, "kvnode_hbm_puts_total", "counter",

@@ -157,6 +157,12 @@ static void hbm_json(const struct cache_stats *s, json_t *tiers, json_t *root)
         set(o, "blocks", ju(h->mem.blocks));
         set(o, "moving_bytes", ju(h->moving_bytes));
         set(o, "lent_by", json_string(h->lent_by_ipc ? "cuda_ipc" : "fd"));
+        /* A sticky error stops the device for good (its blocks dropped). */
+        set(o, "state", json_string(h->down ? "down" : "up"));
+        set(o, "down_reason", h->down ? json_string(h->down_reason) : json_null());
+        set(o, "down_dropped_blocks_total", ju(h->down_dropped));
+        set(o, "demotion_backoff_ms", ju(h->backoff_ms));
+        set(o, "demotion_failing_batches", ju(h->failing_batches));
         json_array_append_new(arr, o);
     }
     set(tiers, "hbm", arr);
@@ -167,12 +173,15 @@ static void hbm_json(const struct cache_stats *s, json_t *tiers, json_t *root)
     set(dem, "aborted_total", ju(s->demotions.aborted));
     set(dem, "failed_total", ju(s->demotions.failed));
     set(dem, "dropped_total", ju(s->demotions.dropped));
+    set(dem, "failed_batches_total", ju(s->demotions.failed_batches));
+    set(dem, "down_dropped_total", ju(s->demotions.down_dropped));
     set(dem, "hbm_puts_total", ju(s->demotions.hbm_puts));
     set(dem, "hbm_fallbacks_total", ju(s->demotions.hbm_fallbacks));
     if (s->demotions.has_copier) {
         const struct copier_stats *cs = &s->demotions.copier;
         set(dem, "batches_total", ju(cs->batches));
         set(dem, "transfers_total", ju(cs->transfers));
+        set(dem, "chunk_splits_total", ju(cs->chunk_splits));
         set(dem, "copy_seconds_total", json_real((double)cs->busy_ns * 1e-9));
         set(dem, "batches_pending", ju(cs->pending));
     }

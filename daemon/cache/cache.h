@@ -275,6 +275,11 @@ struct cache_hbm_stats {
     struct arena_stats mem;
     uint64_t moving_bytes;           /* strides of blocks being demoted */
     bool lent_by_ipc;                /* lent as a CUDA IPC handle, else as an fd */
+    bool down;                       /* a sticky error took the device (down_reason) */
+    const char *down_reason;         /* "" while up */
+    uint64_t down_dropped;           /* blocks dropped because it went down */
+    uint64_t backoff_ms;             /* failed demotions: the current delay (0: none) */
+    uint64_t failing_batches;        /* failed batches since the failures began (0: none) */
 };
 struct cache_persist_stats {
     bool on;                         /* a store is configured; nothing below is set otherwise */
@@ -323,6 +328,8 @@ struct cache_stats {
     struct {
         double high_watermark, low_watermark;
         uint64_t blocks, bytes, aborted, failed, dropped, hbm_puts, hbm_fallbacks;
+        uint64_t failed_batches;     /* batches whose copy failed */
+        uint64_t down_dropped;       /* HBM blocks dropped because their device went down */
         bool has_copier;             /* copier is set */
         struct copier_stats copier;
     } demotions;

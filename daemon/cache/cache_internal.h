@@ -53,6 +53,15 @@ struct cache_hbm {
     uint64_t moving_bytes;           /* strides of blocks being demoted */
     unsigned inflight;               /* demotion batches submitted, not done */
     bool     demoting;               /* passed the high watermark, not yet below the low */
+    /* Failed batches back off (demote.c): no batch before retry_at_ms. */
+    uint64_t backoff_ms;             /* the current delay, 0: none */
+    uint64_t retry_at_ms;
+    uint64_t failing_batches, failing_blocks;   /* since the failures began (0: none) */
+    uint64_t failing_since_ms;
+    /* A sticky error took the device: no copies, blocks dropped, not lent. */
+    bool     down;
+    char     down_why[256];
+    uint64_t down_dropped;           /* blocks dropped because of it */
 };
 
 struct cache {
@@ -74,6 +83,8 @@ struct cache {
     double hbm_high, hbm_low;
     uint64_t hbm_batch_bytes;
     struct event *demote_ev;
+    struct event *demote_retry_ev;   /* a device's backoff ended */
+    uint32_t hbm_down_mask;          /* bit = arena id of an HBM arena whose device is down */
     bool demote_scheduled;
     bool demote_building;            /* in cache_demote_cb: blocks it puts back do not reschedule it */
     struct kv_index *index;
@@ -145,6 +156,8 @@ struct cache {
     uint64_t demoted, demoted_bytes;        /* blocks moved HBM -> host */
     uint64_t demote_aborted;                /* a reader pinned it meanwhile, or it was deleted */
     uint64_t demote_failed;                 /* the copy failed (the block stays in HBM) */
+    uint64_t demote_failed_batches;         /* batches whose copy failed */
+    uint64_t hbm_down_dropped;              /* HBM blocks dropped: their device went down */
     uint64_t demote_dropped;                /* no host room: left memory (ghost or gone) */
     struct metrics_keys keys;   /* match/get lookups: matched, missed by reason */
 };
@@ -271,6 +284,9 @@ void cache_reap_cb(evutil_socket_t fd, short what, void *arg);
 /* demote.c: demotion scheduled when an HBM arena wants a batch. */
 void cache_demote_maybe_schedule(struct cache *c);
 void cache_demote_cb(evutil_socket_t fd, short what, void *arg);
+void cache_demote_retry_cb(evutil_socket_t fd, short what, void *arg);
+/* True when e lives in HBM of a device that is down (its copies fail). */
+bool cache_hbm_entry_down(struct cache *c, const struct index_entry *e);
 
 /* store.c */
 /* Whether write-back victims may pin bytes more; whether committed blocks are

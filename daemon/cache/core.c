@@ -171,9 +171,10 @@ static int cache_create_as(struct event_base *base, const struct kvn_config *cfg
     c->evict_ev = event_new(base, -1, 0, cache_evict_cb, c);
     c->reap_ev = event_new(base, -1, EV_PERSIST, cache_reap_cb, c);
     c->demote_ev = event_new(base, -1, 0, cache_demote_cb, c);
+    c->demote_retry_ev = evtimer_new(base, cache_demote_retry_cb, c);
     c->retry_ev = evtimer_new(base, cache_retry_cb, c);
     c->put_wake_ev = event_new(base, -1, 0, cache_put_wake_cb, c);
-    if (!c->evict_ev || !c->reap_ev || !c->demote_ev || !c->retry_ev || !c->put_wake_ev ||
+    if (!c->evict_ev || !c->reap_ev || !c->demote_ev || !c->demote_retry_ev || !c->retry_ev || !c->put_wake_ev ||
         keylock_create(&c->keylocks) < 0) {
         errmsg_set(err, errlen, "cannot create cache events");
         rc = -KVNODE_ENOMEM;
@@ -216,6 +217,8 @@ void cache_destroy(struct cache *c)
         event_free(c->reap_ev);
     if (c->demote_ev)
         event_free(c->demote_ev);
+    if (c->demote_retry_ev)
+        event_free(c->demote_retry_ev);
     if (c->retry_ev)
         event_free(c->retry_ev);
     if (c->put_wake_ev)
@@ -371,9 +374,12 @@ void cache_unbind(struct cache *c, struct kv_namespace *ns)
 size_t cache_arenas(const struct cache *c, struct cache_arena_info *out, size_t max)
 {
     size_t n = 0;
-    for (uint32_t id = 0; id < c->narenas && n < max; id++, n++) {
+    for (uint32_t id = 0; id < c->narenas && n < max; id++) {
         const struct arena *a = c->arenas[id];
         const struct cache_hbm *h = id == HOST_ARENA_ID ? NULL : &c->hbm[id - 1];
+        /* A device that is down (sticky error) is lent to no one. */
+        if (h && h->down)
+            continue;
         out[n].id = arena_id(a);
         out[n].tier = arena_tier(a);
         out[n].device = arena_device(a);
@@ -386,6 +392,7 @@ size_t cache_arenas(const struct cache *c, struct cache_arena_info *out, size_t 
         out[n].ipc_len = h ? h->ipc_len : 0;
         out[n].host_access = !h || h->host_access;
         out[n].pci_bus_id = h ? h->pci_bus_id : NULL;
+        n++;
     }
     return n;
 }

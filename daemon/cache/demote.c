@@ -1,14 +1,27 @@
 /* cache demote: HBM -> host demotion. Past hbm.high_watermark an HBM arena's
  * least recently used unpinned blocks are moved to host slots in batches by
- * the copier, down to the low watermark (see cache.h). Loop thread only; the
- * copies run on the copier's workers. */
+ * the copier, down to the low watermark (see cache.h). A device whose
+ * batches fail backs off (DEMOTE_BACKOFF_*), with one warning when the
+ * failures begin and one when they end; a device that had a sticky error
+ * (devmem_device_down) is down for good: no more batches, its blocks are
+ * dropped a pass at a time (ghosts where the store holds them). Loop thread
+ * only; the copies run on the copier's workers. */
 #include "cache/cache_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
+#include "core/clock.h"
 #include "gpu/copier.h"
+#include "gpu/hostpin.h"
 #include "kvnode.h"
 #include "core/log.h"
+
+/* A device's failed batches back off, doubling from first to max. */
+#define DEMOTE_BACKOFF_FIRST_MS 10u
+#define DEMOTE_BACKOFF_MAX_MS   5000u
+/* Blocks of a down device dropped per pass: other events run between. */
+#define DEMOTE_DROP_PER_PASS    256u
 
 /* Demotion batches in flight per device: one copying while the next is
  * built keeps the copy engine busy without tying up much host memory. */
@@ -27,6 +40,121 @@ struct cache_demote {
     unsigned hbm;                    /* index into c->hbm */
     struct demote_rec *recs;
 };
+
+/* --- a device down, failures backing off ----------------------------------------- */
+
+bool cache_hbm_entry_down(struct cache *c, const struct index_entry *e)
+{
+    return e->arena < 32 && (c->hbm_down_mask & (1u << e->arena));
+}
+
+/* A sticky error took h's device: said once, with what it costs. */
+static void cache_hbm_set_down(struct cache *c, struct cache_hbm *h, const char *why)
+{
+    struct arena_stats st;
+    uint32_t id = arena_id(h->a);
+
+    if (h->down)
+        return;
+    h->down = true;
+    snprintf(h->down_why, sizeof h->down_why, "%s", why);
+    if (id < 32)
+        c->hbm_down_mask |= 1u << id;
+    h->demoting = false;
+    arena_get_stats(h->a, &st);
+    log_error("GPU %d is down: %s. Its HBM tier is off: the %llu blocks there that were not "
+              "demoted are dropped (those in the store stay readable from it), nothing is copied "
+              "to or from it and new clients are not lent it; host memory is still served",
+              h->device, why, (unsigned long long)st.blocks);
+}
+
+/* Devices the backend found down since the last look (an atomic read each). */
+static void cache_hbm_check_down(struct cache *c)
+{
+    char why[256];
+
+    if (!c->devmem)
+        return;
+    for (unsigned i = 0; i < c->nhbm; i++)
+        if (!c->hbm[i].down && devmem_device_down(c->devmem, c->hbm[i].device, why, sizeof why))
+            cache_hbm_set_down(c, &c->hbm[i], why);
+}
+
+/* Drop a pass of a down device's unpinned blocks (pinned ones come back to
+ * the LRU when their pin goes, and cache_unpin schedules the next pass).
+ * true when there may be more. */
+static bool cache_hbm_drop(struct cache *c, struct cache_hbm *h)
+{
+    struct index_entry *e;
+    unsigned n = 0;
+
+    while (n < DEMOTE_DROP_PER_PASS && (e = index_lru_oldest_in_arena(c->index, arena_id(h->a)))) {
+        cache_evict_entry(c, e);
+        h->down_dropped++;
+        c->hbm_down_dropped++;
+        n++;
+    }
+    return n == DEMOTE_DROP_PER_PASS;
+}
+
+/* The timer for the earliest device whose backoff has not ended. */
+static void cache_demote_arm_retry(struct cache *c)
+{
+    uint64_t now = clock_now_ms(), next = 0;
+
+    for (unsigned i = 0; i < c->nhbm; i++) {
+        const struct cache_hbm *h = &c->hbm[i];
+        if (!h->down && h->retry_at_ms > now && (!next || h->retry_at_ms < next))
+            next = h->retry_at_ms;
+    }
+    evtimer_del(c->demote_retry_ev);
+    if (next) {
+        struct timeval tv = { (time_t)((next - now) / 1000), (suseconds_t)((next - now) % 1000) * 1000 };
+        evtimer_add(c->demote_retry_ev, &tv);
+    }
+}
+
+void cache_demote_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache *c = arg;
+    (void)fd;
+    (void)what;
+    cache_demote_maybe_schedule(c);
+    cache_demote_arm_retry(c);
+}
+
+static void cache_demote_failing(struct cache *c, struct cache_hbm *h, const struct copier_batch *b)
+{
+    uint64_t now = clock_now_ms();
+
+    c->demote_failed_batches++;
+    if (h->failing_batches++ == 0) {
+        h->failing_since_ms = now;
+        log_warn("demotion from GPU %d is failing: %s; its blocks stay in HBM and batches are "
+                 "retried after a backoff (%u ms doubling up to %u s); one more line when it works "
+                 "again", h->device, b->why, DEMOTE_BACKOFF_FIRST_MS, DEMOTE_BACKOFF_MAX_MS / 1000u);
+    }
+    h->failing_blocks += b->n;
+    /* A batch sent before the last failure came back: same round. */
+    if (now < h->retry_at_ms)
+        return;
+    h->backoff_ms = !h->backoff_ms ? DEMOTE_BACKOFF_FIRST_MS
+                  : h->backoff_ms * 2 > DEMOTE_BACKOFF_MAX_MS ? DEMOTE_BACKOFF_MAX_MS
+                  : h->backoff_ms * 2;
+    h->retry_at_ms = now + h->backoff_ms;
+    cache_demote_arm_retry(c);
+}
+
+static void cache_demote_works(struct cache_hbm *h)
+{
+    if (h->failing_batches > 0)
+        log_warn("demotion from GPU %d works again, after %llu failed batches (%llu blocks) over "
+                 "%.1f s", h->device, (unsigned long long)h->failing_batches,
+                 (unsigned long long)h->failing_blocks,
+                 (double)(clock_now_ms() - h->failing_since_ms) / 1000.0);
+    h->failing_batches = h->failing_blocks = 0;
+    h->backoff_ms = h->retry_at_ms = 0;
+}
 
 /* --- demotion (HBM -> host) ------------------------------------------------------ */
 
@@ -47,19 +175,33 @@ static bool cache_hbm_wants_batch(const struct cache *c, struct cache_hbm *h)
 {
     bool over_low = cache_hbm_over(h, c->hbm_low);
 
+    if (h->down)
+        return false;
     if (cache_hbm_over(h, c->hbm_high))
         h->demoting = true;
     else if (!over_low && h->inflight == 0)
         h->demoting = false;
+    /* Backing off after a failed batch: the retry timer calls again. */
+    if (h->retry_at_ms && clock_now_ms() < h->retry_at_ms)
+        return false;
     return h->demoting && over_low && h->inflight < DEMOTE_INFLIGHT;
+}
+
+/* A down device with blocks still to drop, or one that wants a batch. */
+static bool cache_hbm_wants_pass(struct cache *c, struct cache_hbm *h)
+{
+    if (h->down)
+        return index_lru_oldest_in_arena(c->index, arena_id(h->a)) != NULL;
+    return c->copier && cache_hbm_wants_batch(c, h);
 }
 
 void cache_demote_maybe_schedule(struct cache *c)
 {
-    if (c->demote_scheduled || !c->copier)
+    if (c->demote_scheduled)
         return;
+    cache_hbm_check_down(c);
     for (unsigned i = 0; i < c->nhbm; i++) {
-        if (cache_hbm_wants_batch(c, &c->hbm[i])) {
+        if (cache_hbm_wants_pass(c, &c->hbm[i])) {
             c->demote_scheduled = true;
             event_active(c->demote_ev, 0, 0);
             return;
@@ -76,9 +218,15 @@ static void cache_demote_done(struct copier_batch *b)
     struct cache *c = d->c;
     struct cache_hbm *h = &c->hbm[d->hbm];
 
-    if (b->rc < 0 && b->rc != -KVNODE_ESHUTDOWN)
-        log_warn("demotion of %zu blocks from GPU %d failed: %s (they stay in HBM)", b->n,
-                 h->device, b->why);
+    if (b->rc < 0 && b->rc != -KVNODE_ESHUTDOWN) {
+        char why[256];
+        if (c->devmem && devmem_device_down(c->devmem, h->device, why, sizeof why))
+            cache_hbm_set_down(c, h, why);
+        else if (!h->down)
+            cache_demote_failing(c, h, b);
+    } else if (b->rc == 0) {
+        cache_demote_works(h);
+    }
     for (size_t i = 0; i < b->n; i++) {
         struct demote_rec *r = &d->recs[i];
         struct index_entry *e = r->e;
@@ -186,6 +334,11 @@ static bool cache_demote_batch(struct cache *c, unsigned hi)
     d->b.device = h->device;
     d->b.n = kept;
     d->b.items = items;
+    /* Transfers split at the host arena's pin chunks: each is wholly
+     * pinned or wholly not, however far pinning got. */
+    d->b.host_base = arena_base(c->host);
+    d->b.host_len = arena_size(c->host);
+    d->b.host_chunk = c->hostpin ? hostpin_chunk_bytes(c->hostpin) : 0;
     d->b.done = cache_demote_done;
     d->b.arg = d;
     if (copier_submit(c->copier, &d->b) == 0) {
@@ -211,16 +364,19 @@ void cache_demote_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     c->demote_scheduled = false;
-    if (!c->copier)
-        return;
-    /* One batch per device per call: other events run between batches.
-     * Victims a batch puts back (the copier's queue is full, no memory)
-     * wait for a finishing batch rather than rescheduling this at once. */
+    cache_hbm_check_down(c);
+    /* One batch (or drop pass) per device per call: other events run
+     * between. Victims a batch puts back (the copier's queue is full, no
+     * memory) wait for a finishing batch rather than rescheduling this at
+     * once. */
     bool more = false;
     c->demote_building = true;
-    for (unsigned i = 0; i < c->nhbm; i++)
-        if (cache_hbm_wants_batch(c, &c->hbm[i]) && cache_demote_batch(c, i))
+    for (unsigned i = 0; i < c->nhbm; i++) {
+        struct cache_hbm *h = &c->hbm[i];
+        if (h->down ? cache_hbm_drop(c, h)
+                    : c->copier && cache_hbm_wants_batch(c, h) && cache_demote_batch(c, i))
             more = true;
+    }
     c->demote_building = false;
     cache_evict_maybe_schedule(c);
     if (more)

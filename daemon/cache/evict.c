@@ -147,4 +147,7 @@ void cache_reap_cb(evutil_socket_t fd, short what, void *arg)
     }
     if (n > 0)
         log_info("reaper: ended %u expired lease%s", n, n == 1 ? "" : "s");
+    /* A device that went down while nothing was copied (a store write met
+     * its sticky error, say) is noticed here at the latest. */
+    cache_demote_maybe_schedule(c);
 }

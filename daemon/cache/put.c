@@ -62,11 +62,12 @@ int cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list 
         return -KVNODE_EINVAL;
     }
     /* HBM when asked for and the owner's device has an arena with a free
-     * slot now (demotion keeps room there); host memory otherwise. */
+     * slot now (demotion keeps room there) and is not down; host memory
+     * otherwise. */
     struct arena *ha = NULL;
     uint32_t hcls = 0;
     if (tier == KVNODE_TIER_HBM && owner->put_arena != HOST_ARENA_ID &&
-        owner->put_arena < c->narenas &&
+        owner->put_arena < c->narenas && !(c->hbm_down_mask & (1u << owner->put_arena)) &&
         (hcls = ns->hbm_cls[owner->put_arena - 1]) != UINT32_MAX)
         ha = c->arenas[owner->put_arena];
     for (size_t i = 0; i < n; i++) {

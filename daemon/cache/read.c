@@ -259,7 +259,8 @@ int cache_get_start(struct cache *c, struct kv_namespace *ns, struct lease_list 
     struct cache_wait tmp = { .c = c, .kind = WAIT_GET, .ns = ns, .keys = keys,
                               .checks = checks, .n = n,
                               .owner = owner, .may_wait = ready != NULL && c->persist != NULL,
-                              .readable = readable | (1u << HOST_ARENA_ID),
+                              /* HBM of a device that is down is served to no one. */
+                              .readable = (readable | (1u << HOST_ARENA_ID)) & ~c->hbm_down_mask,
                               .ready = ready, .arg = arg };
     struct cache_wait *w = &tmp;
     struct index_entry *first;

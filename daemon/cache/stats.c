@@ -110,6 +110,11 @@ static void cache_hbm_stats(struct cache *c, struct cache_stats *out)
         o->arena = arena_id(h->a);
         o->moving_bytes = h->moving_bytes;
         o->lent_by_ipc = h->ipc_len != 0;
+        o->down = h->down;
+        o->down_reason = h->down_why;
+        o->down_dropped = h->down_dropped;
+        o->backoff_ms = h->backoff_ms;
+        o->failing_batches = h->failing_batches;
     }
     out->demotions.high_watermark = c->hbm_high;
     out->demotions.low_watermark = c->hbm_low;
@@ -118,6 +123,8 @@ static void cache_hbm_stats(struct cache *c, struct cache_stats *out)
     out->demotions.aborted = c->demote_aborted;
     out->demotions.failed = c->demote_failed;
     out->demotions.dropped = c->demote_dropped;
+    out->demotions.failed_batches = c->demote_failed_batches;
+    out->demotions.down_dropped = c->hbm_down_dropped;
     out->demotions.hbm_puts = c->hbm_reserved;
     out->demotions.hbm_fallbacks = c->hbm_fallbacks;
     out->demotions.has_copier = c->copier != NULL;
@@ -328,12 +335,22 @@ void cache_stats_add(struct cache_stats *sum, const struct cache_stats *x, bool 
         }
         cache_arena_stats_add(&sum->hbm[j].mem, &x->hbm[i].mem);
         sum->hbm[j].moving_bytes += x->hbm[i].moving_bytes;
+        sum->hbm[j].down_dropped += x->hbm[i].down_dropped;
+        if (x->hbm[i].backoff_ms > sum->hbm[j].backoff_ms)
+            sum->hbm[j].backoff_ms = x->hbm[i].backoff_ms;
+        sum->hbm[j].failing_batches += x->hbm[i].failing_batches;
+        if (!sum->hbm[j].down && x->hbm[i].down) {
+            sum->hbm[j].down = true;
+            sum->hbm[j].down_reason = x->hbm[i].down_reason;
+        }
     }
     sum->demotions.blocks += x->demotions.blocks;
     sum->demotions.bytes += x->demotions.bytes;
     sum->demotions.aborted += x->demotions.aborted;
     sum->demotions.failed += x->demotions.failed;
     sum->demotions.dropped += x->demotions.dropped;
+    sum->demotions.failed_batches += x->demotions.failed_batches;
+    sum->demotions.down_dropped += x->demotions.down_dropped;
     sum->demotions.hbm_puts += x->demotions.hbm_puts;
     sum->demotions.hbm_fallbacks += x->demotions.hbm_fallbacks;
     /* The copier is shared: its counters are the node's already. */

@@ -257,8 +257,15 @@ static void cache_write_op(struct cache *c, struct index_entry *e, bool evicting
                            struct cache_write_group *group)
 {
     struct kv_namespace *ns = ns_get(c->namespaces, e->ns);
-    struct cache_storeop *op = ns ? cache_storeop_new(c, STORE_OP_WRITE, ns, 1) : NULL;
+    struct cache_storeop *op;
 
+    /* HBM of a device that is down cannot be read: the block is lost (and
+     * dropped by demote.c), not a store failure. */
+    if (cache_hbm_entry_down(c, e)) {
+        e->persist = PERSIST_FAILED;
+        return;
+    }
+    op = ns ? cache_storeop_new(c, STORE_OP_WRITE, ns, 1) : NULL;
     if (!op) {
         e->persist = PERSIST_FAILED;
         cache_retry_add(c, e);

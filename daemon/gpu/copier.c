@@ -25,6 +25,43 @@ struct copier_ctx {
     struct devmem_stream *streams[DEVMEM_MAX_DEVICES];
 };
 
+/* Bytes from p to the next pin chunk boundary of the batch's host range,
+ * or SIZE_MAX when p is not in it (or the host is not pinned). */
+static size_t to_chunk_end(const struct copier_batch *b, const char *p)
+{
+    const char *hb = b->host_base;
+    uint64_t off;
+
+    if (!hb || b->host_chunk == 0 || p < hb || (uint64_t)(p - hb) >= b->host_len)
+        return SIZE_MAX;
+    off = (uint64_t)(p - hb);
+    return (size_t)(b->host_chunk - off % b->host_chunk);
+}
+
+/* Worker thread: one run, as one transfer per pin chunk it touches. */
+static int issue_run(struct devmem_stream *s, struct copier_batch *b, char *dst, const char *src,
+                     size_t len)
+{
+    while (len > 0) {
+        size_t n = len, d = to_chunk_end(b, dst), r = to_chunk_end(b, src);
+        int rc;
+
+        if (d < n)
+            n = d;
+        if (r < n)
+            n = r;
+        if ((rc = devmem_copy_async(s, dst, src, n, b->why, sizeof b->why)) < 0)
+            return rc;
+        b->transfers++;
+        if (n < len)
+            b->splits++;
+        dst += n;
+        src += n;
+        len -= n;
+    }
+    return 0;
+}
+
 #define batch_of(j) ((struct copier_batch *)((char *)(j) - offsetof(struct copier_batch, job)))
 
 static int ctx_init(void *arg, unsigned index, void **out)
@@ -64,6 +101,7 @@ static void batch_run(struct workq_job *job, void *ctx)
     b->rc = 0;
     b->why[0] = '\0';
     b->transfers = 0;
+    b->splits = 0;
     b->elapsed_ns = 0;
     s = c->streams[b->device];
     if (!s) {
@@ -77,7 +115,7 @@ static void batch_run(struct workq_job *job, void *ctx)
 
     t0 = clock_now_ns();
     /* Runs where the next item continues both source and destination of
-     * the previous one go out as one transfer. */
+     * the previous one go out as one transfer (per pin chunk). */
     for (size_t i = 0; i <= b->n && rc == 0; i++) {
         const struct copier_item *it = i < b->n ? &b->items[i] : NULL;
         if (it && it->len == 0)
@@ -86,11 +124,8 @@ static void batch_run(struct workq_job *job, void *ctx)
             len += it->len;
             continue;
         }
-        if (len > 0) {
-            rc = devmem_copy_async(s, dst, src, len, b->why, sizeof b->why);
-            if (rc == 0)
-                b->transfers++;
-        }
+        if (len > 0)
+            rc = issue_run(s, b, dst, src, len);
         if (it) {
             dst = it->dst;
             src = it->src;
@@ -120,11 +155,13 @@ static void batch_done(struct workq_job *job)
     if (job->cancelled) {
         b->rc = -KVNODE_ESHUTDOWN;
         b->transfers = 0;
+        b->splits = 0;
         b->elapsed_ns = 0;
         errmsg_set(b->why, sizeof b->why, "copier: stopped before the batch ran");
     }
     cp->st.batches++;
     cp->st.transfers += b->transfers;
+    cp->st.chunk_splits += b->splits;
     if (b->rc < 0) {
         cp->st.failed++;
     } else {
@@ -187,6 +224,10 @@ int copier_submit(struct copier *cp, struct copier_batch *b)
         errmsg_set(b->why, sizeof b->why, "copier: %zu items but no item array", b->n);
         return -KVNODE_EINVAL;
     }
+    if (b->host_chunk > 0 && (!b->host_base || b->host_len == 0)) {
+        errmsg_set(b->why, sizeof b->why, "copier: a pin chunk size without a host range");
+        return -KVNODE_EINVAL;
+    }
     for (size_t i = 0; i < b->n; i++) {
         if (b->items[i].len > 0 && (!b->items[i].dst || !b->items[i].src)) {
             errmsg_set(b->why, sizeof b->why, "copier: item %zu has a NULL pointer", i);
@@ -196,6 +237,7 @@ int copier_submit(struct copier *cp, struct copier_batch *b)
     b->cp = cp;
     b->rc = 0;
     b->transfers = 0;
+    b->splits = 0;
     b->elapsed_ns = 0;
     memset(&b->job, 0, sizeof b->job);
     b->job.run = batch_run;

@@ -110,7 +110,10 @@ int  devmem_copy_async(struct devmem_stream *s, void *dst, const void *src, size
 int  devmem_stream_wait(struct devmem_stream *s, char *why, size_t whylen);
 /* Whether a sticky error (a lost context: illegal address, hardware
  * stack error, ... ) has put the device out of use for the life of the
- * process; why then says which call saw what. sim and none: never. */
+ * process; why then says which call saw what. Every later call on it fails
+ * at once. sim: once the file sticky-<device> exists in
+ * KVNODE_DEVMEM_SIM_STICKY_DIR (seen by its next copy); none: never. Any
+ * thread; never calls into the runtime. */
 bool devmem_device_down(struct devmem *dm, int device, char *why, size_t whylen);
 /* A synchronous copy out of device memory into host memory, from any
  * worker thread (e.g. a persist worker writing an HBM block to the store). */

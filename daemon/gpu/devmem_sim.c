@@ -3,12 +3,17 @@
  * (arena_create_host), so clients map HBM-tier regions the same way they
  * map the host arena; copies are memcpy on the calling thread.
  *
- * The delay variables are read once, at open: the workers that sleep on
- * them never call getenv, which races with setenv in tests. */
+ * The variables are read once, at open: the workers that sleep on them
+ * never call getenv, which races with setenv in tests.
+ * KVNODE_DEVMEM_SIM_STICKY_DIR names a folder where a file sticky-<device>
+ * gives that device a sticky error (as CUDA's illegal address, 700) at its
+ * next copy: the device is down from then on (devmem_device_down). */
 #include "gpu/devmem_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +30,11 @@ struct sim_devmem {
     struct devmem base;
     unsigned pin_delay_ms;
     unsigned copy_delay_ms;
+    char sticky_dir[512];   /* "" : no simulated sticky errors */
+    /* Per device: 1 once down; down_why is written before (release). */
+    atomic_int down[DEVMEM_SIM_DEVICES];
+    char down_why[DEVMEM_SIM_DEVICES][700];
+    pthread_mutex_t down_lock;
 };
 
 struct sim_stream {
@@ -62,8 +72,45 @@ static int parse_delay(const char *name, unsigned *out, char *why, size_t whylen
     return 0;
 }
 
+/* -KVNODE_EIO once the device is down, or now goes down: sticky-<device>
+ * exists. Every copy call on a device asks first. */
+static int sim_sticky(struct devmem *dm, int device, char *why, size_t whylen)
+{
+    struct sim_devmem *s = (struct sim_devmem *)dm;
+    char path[600];
+
+    if (!s->sticky_dir[0])
+        return 0;
+    if (!atomic_load_explicit(&s->down[device], memory_order_acquire)) {
+        snprintf(path, sizeof path, "%s/sticky-%d", s->sticky_dir, device);
+        if (access(path, F_OK) != 0)
+            return 0;
+        pthread_mutex_lock(&s->down_lock);
+        if (!atomic_load(&s->down[device])) {
+            snprintf(s->down_why[device], sizeof s->down_why[device],
+                     "an illegal memory access was encountered (sticky error 700, simulated by %s)",
+                     path);
+            atomic_store_explicit(&s->down[device], 1, memory_order_release);
+        }
+        pthread_mutex_unlock(&s->down_lock);
+    }
+    errmsg_set(why, whylen, "devmem sim: GPU %d is down: %s", device, s->down_why[device]);
+    return -KVNODE_EIO;
+}
+
+static bool sim_device_down(struct devmem *dm, int device, char *why, size_t whylen)
+{
+    struct sim_devmem *s = (struct sim_devmem *)dm;
+
+    if (!atomic_load_explicit(&s->down[device], memory_order_acquire))
+        return false;
+    errmsg_set(why, whylen, "%s", s->down_why[device]);
+    return true;
+}
+
 static void sim_close(struct devmem *dm)
 {
+    pthread_mutex_destroy(&((struct sim_devmem *)dm)->down_lock);
     free(dm);
 }
 
@@ -150,9 +197,12 @@ static void sim_host_unregister(struct devmem *dm, void *ptr)
 static int sim_stream_create(struct devmem *dm, int device, struct devmem_stream **out,
                              char *why, size_t whylen)
 {
-    struct sim_stream *s = calloc(1, sizeof(*s));
+    struct sim_stream *s;
+    int rc = sim_sticky(dm, device, why, whylen);
 
-    (void)dm;
+    if (rc < 0)
+        return rc;
+    s = calloc(1, sizeof(*s));
     if (!s) {
         errmsg_set(why, whylen, "devmem sim: out of memory for a stream on device %d", device);
         return -KVNODE_ENOMEM;
@@ -169,9 +219,10 @@ static void sim_stream_destroy(struct devmem_stream *s)
 static int sim_copy_async(struct devmem_stream *s, void *dst, const void *src, size_t len,
                           char *why, size_t whylen)
 {
-    (void)s;
-    (void)why;
-    (void)whylen;
+    int rc = sim_sticky(s->dm, s->device, why, whylen);
+
+    if (rc < 0)
+        return rc;
     memcpy(dst, src, len);
     return 0;
 }
@@ -180,20 +231,18 @@ static int sim_stream_wait(struct devmem_stream *s, char *why, size_t whylen)
 {
     struct sim_devmem *dm = (struct sim_devmem *)s->dm;
 
-    (void)why;
-    (void)whylen;
     if (dm->copy_delay_ms)
         sleep_ms(dm->copy_delay_ms);
-    return 0;
+    return sim_sticky(s->dm, s->device, why, whylen);
 }
 
 static int sim_copy_to_host(struct devmem *dm, int device, void *dst, const void *src, size_t len,
                             char *why, size_t whylen)
 {
-    (void)dm;
-    (void)device;
-    (void)why;
-    (void)whylen;
+    int rc = sim_sticky(dm, device, why, whylen);
+
+    if (rc < 0)
+        return rc;
     memcpy(dst, src, len);
     return 0;
 }
@@ -210,6 +259,7 @@ static const struct devmem_ops sim_ops = {
     .copy_async = sim_copy_async,
     .stream_wait = sim_stream_wait,
     .copy_to_host = sim_copy_to_host,
+    .device_down = sim_device_down,
 };
 
 int devmem_sim_open(struct devmem **out, char *why, size_t whylen)
@@ -221,15 +271,23 @@ int devmem_sim_open(struct devmem **out, char *why, size_t whylen)
     if ((rc = parse_delay("KVNODE_DEVMEM_SIM_PIN_DELAY_MS", &pin_ms, why, whylen)) < 0 ||
         (rc = parse_delay("KVNODE_DEVMEM_SIM_COPY_DELAY_MS", &copy_ms, why, whylen)) < 0)
         return rc;
+    const char *sticky = getenv("KVNODE_DEVMEM_SIM_STICKY_DIR");
+    if (sticky && strlen(sticky) >= sizeof s->sticky_dir) {
+        errmsg_set(why, whylen, "devmem sim: KVNODE_DEVMEM_SIM_STICKY_DIR is longer than %zu bytes",
+                   sizeof s->sticky_dir - 1);
+        return -KVNODE_EINVAL;
+    }
     s = calloc(1, sizeof(*s));
     if (!s) {
         errmsg_set(why, whylen, "devmem sim: out of memory");
         return -KVNODE_ENOMEM;
     }
+    pthread_mutex_init(&s->down_lock, NULL);
     s->base.ops = &sim_ops;
     s->base.ndev = DEVMEM_SIM_DEVICES;
     s->pin_delay_ms = pin_ms;
     s->copy_delay_ms = copy_ms;
+    snprintf(s->sticky_dir, sizeof s->sticky_dir, "%s", sticky ? sticky : "");
     *out = &s->base;
     return 0;
 }

@@ -206,14 +206,17 @@ static int gpu_start_pinning(const struct kvn_config *cfg, struct gpu *g, char *
     }
     for (size_t t = 0; t < g->ncaches; t++) {
         const struct gpu_cache *gc = &g->caches[t];
+        struct arena_stats host;
         gpu_who(gc, who, sizeof who);
         if (!g->has_hbm[t]) {
             log_info("%shost arena not pinned: no HBM tier of its own (no copy of the daemon's would use it)", who);
             continue;
         }
+        /* Chunks on slab boundaries: no block is in two registrations. */
+        cache_host_stats(gc->cache, &host);
         if (hostpin_start(g->dm, cache_host_base(gc->cache), cache_host_size(gc->cache),
-                          cfg->pin_chunk_bytes, cfg->pin_host == CONFIG_PIN_ON, &g->hostpins[t], why,
-                          sizeof why) < 0) {
+                          cfg->pin_chunk_bytes, host.slab_bytes, cfg->pin_host == CONFIG_PIN_ON,
+                          &g->hostpins[t], why, sizeof why) < 0) {
             g->hostpins[t] = NULL;
             if (cfg->pin_host == CONFIG_PIN_ON) {
                 errmsg_set(err, errlen, "memory.pin_host = on but the %shost arena cannot be pinned: %s",

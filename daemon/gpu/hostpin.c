@@ -99,8 +99,18 @@ static void *pin_main(void *arg)
     return NULL;
 }
 
+static uint64_t gcd_u64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
 int hostpin_start(struct devmem *dm, void *base, uint64_t len, uint64_t chunk_bytes,
-                  bool first_sync, struct hostpin **out, char *why, size_t whylen)
+                  uint64_t align_bytes, bool first_sync, struct hostpin **out, char *why, size_t whylen)
 {
     long page = sysconf(_SC_PAGESIZE);
     struct hostpin *hp;
@@ -121,6 +131,21 @@ int hostpin_start(struct devmem *dm, void *base, uint64_t len, uint64_t chunk_by
         errmsg_set(why, whylen, "hostpin: base and chunk size (%llu) must be multiples of the "
                    "page size (%ld)", (unsigned long long)chunk_bytes, page);
         return -KVNODE_EINVAL;
+    }
+    if (align_bytes > 0) {
+        /* A multiple of both the page and the slab, so chunk boundaries
+         * are slab boundaries and no page is in two chunks. */
+        uint64_t unit = align_bytes / gcd_u64(align_bytes, (uint64_t)page);
+        if (unit > UINT64_MAX / (uint64_t)page) {
+            errmsg_set(why, whylen, "hostpin: slab size %llu has no common multiple with the page "
+                       "size (%ld) that fits", (unsigned long long)align_bytes, page);
+            return -KVNODE_EINVAL;
+        }
+        unit *= (uint64_t)page;
+        if (chunk_bytes % unit != 0) {
+            uint64_t up = chunk_bytes / unit + 1;
+            chunk_bytes = up > UINT64_MAX / unit ? unit : up * unit;
+        }
     }
     if (len > (uint64_t)SIZE_MAX - (uint64_t)(uintptr_t)base) {
         errmsg_set(why, whylen, "hostpin: range of %llu bytes does not fit the address space",
@@ -194,6 +219,11 @@ void hostpin_progress(struct hostpin *hp, struct hostpin_progress *out)
     out->total_bytes = hp->len;
     if (out->state == HOSTPIN_FAILED)
         memcpy(out->why, hp->why, sizeof out->why);
+}
+
+uint64_t hostpin_chunk_bytes(const struct hostpin *hp)
+{
+    return hp ? hp->chunk : 0;
 }
 
 void hostpin_cancel(struct hostpin *hp)

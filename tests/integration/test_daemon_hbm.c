@@ -34,6 +34,10 @@
  *   without a GPU) fails the start with a message naming hbm.required;
  *   required = off logs "HBM tier off", has no arenas, and HBM puts land in
  *   host memory;
+ * - a sticky error on device 0 (the sim's KVNODE_DEVMEM_SIM_STICKY_DIR):
+ *   the device is down in /stats and /metrics with the reason, its blocks
+ *   dropped, a client connecting on it afterwards is lent host memory only,
+ *   device 1 and host memory still served;
  * - memory.pin_host = on pins the host arena in the background
  *   (1 MiB chunks of 300 ms each): the daemon answers and is ready while
  *   pin_state is "running", then pinned with pinned_bytes == capacity (and
@@ -1303,6 +1307,104 @@ START_TEST(pin_host_without_hbm_pins_nothing)
 }
 END_TEST
 
+/* ---- 9. a sticky error on a device ------------------------------------------------- */
+
+/* The sim's sticky-0 file gives device 0 a sticky error at its next copy (a
+ * demotion past the watermark): the device is down for good. /stats and
+ * /metrics say down and why, its blocks are dropped, a client connecting on
+ * device 0 afterwards is lent host memory only and its HBM puts land there;
+ * device 1 and host memory are still served (issue 28 item 8). */
+START_TEST(sticky_error_takes_the_device_down)
+{
+    kvh_daemon d;
+    char addr[PATH_MAX + 16], conf[2 * PATH_MAX], dir[PATH_MAX], env_dir[PATH_MAX + 40], path[PATH_MAX + 16];
+    ck_assert_msg(kvh_mkdtemp(dir, sizeof dir) == 0, "%s", kvh_error());
+    snprintf(env_dir, sizeof env_dir, "KVNODE_DEVMEM_SIM_STICKY_DIR=%s", dir);
+    const char *env[] = { env_dir, NULL };
+    kvh_spawn_opts o = { .env = env };
+    admin_conf(addr, sizeof addr, conf, sizeof conf, SIM_CONF);
+    ck_assert_msg(kvh_start_ex(&d, conf, &o) == 0, "start: %s", kvh_error());
+    kvnode_layout l = kvh_layout("hbm-sticky", BB, 1, 0);
+    kvnode_client *c0 = connect_dev(&d, &l, 0), *c1 = connect_dev(&d, &l, 1);
+
+    static kvnode_key keys[ARENA_CAP];
+    kvh_chain(keys, ARENA_CAP, 1);
+    put_expect(c0, keys, CHUNK, KVNODE_TIER_HBM, 91, KVNODE_TIER_HBM, 0, NULL);
+    snprintf(path, sizeof path, "%s/sticky-0", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    /* Past the high watermark: the first demotion copy meets the error. */
+    for (size_t i = CHUNK; i < ARENA_CAP; i += CHUNK)
+        put_tier(c0, keys + i, CHUNK, KVNODE_TIER_HBM, 91, NULL);
+    uint64_t deadline = kvh_now_ms() + 10000;
+    for (;;) {
+        json_t *st = kvh_stats(&d);
+        ck_assert_msg(st != NULL, "%s", kvh_error());
+        json_t *h = hbm_of(st, 0), *state = json_object_get(h, "state");
+        bool down = json_is_string(state) && strcmp(json_string_value(state), "down") == 0;
+        long long blocks = kvh_json_int(h, "blocks");
+        json_decref(st);
+        if (down && blocks == 0)
+            break;
+        ck_assert_msg(kvh_now_ms() < deadline, "device 0 not down and emptied 10 s after its sticky error "
+                      "(state %s, %lld blocks)", down ? "down" : "not down", blocks);
+        kvh_sleep_ms(10);
+    }
+    json_t *st = kvh_stats(&d);
+    ck_assert_msg(st != NULL, "%s", kvh_error());
+    json_t *reason = json_object_get(hbm_of(st, 0), "down_reason");
+    ck_assert_msg(json_is_string(reason) && strstr(json_string_value(reason), "illegal memory access"),
+                  "tiers.hbm[0].down_reason does not name the error");
+    long long dropped = jint(hbm_of(st, 0), "down_dropped_blocks_total");
+    ck_assert_msg(dropped >= 1 && dropped == jint(st, "demotions.down_dropped_total"),
+                  "%lld blocks dropped", dropped);
+    json_t *s1 = json_object_get(hbm_of(st, 1), "state");
+    ck_assert_msg(json_is_string(s1) && strcmp(json_string_value(s1), "up") == 0, "device 1 is not up");
+    json_decref(st);
+    char *page = get_metrics(addr);
+    ck_assert_msg(metric(page, "kvnode_hbm_up{device=\"0\"}") == 0, "kvnode_hbm_up of device 0 is not 0");
+    ck_assert_msg(metric(page, "kvnode_hbm_up{device=\"1\"}") == 1, "kvnode_hbm_up of device 1 is not 1");
+    ck_assert_msg(strstr(page, "kvnode_hbm_down_info{device=\"0\",reason=\"") != NULL,
+                  "no kvnode_hbm_down_info for device 0");
+    free(page);
+
+    /* A new client on device 0 is lent host memory only; HBM puts land there. */
+    char *log = kvh_read_log(&d);
+    ck_assert_ptr_nonnull(log);
+    size_t host_only = 0;
+    for (const char *p = log; (p = strstr(p, "host memory only")) != NULL; p++)
+        host_only++;
+    ck_assert_msg(strstr(log, "GPU 0 is down") != NULL, "no \"GPU 0 is down\" in the log");
+    free(log);
+    kvnode_client *late = connect_dev(&d, &l, 0);
+    log = kvh_read_log(&d);
+    size_t host_only_after = 0;
+    for (const char *p = log; (p = strstr(p, "host memory only")) != NULL; p++)
+        host_only_after++;
+    free(log);
+    ck_assert_msg(host_only_after == host_only + 1, "the client connecting on device 0 after it went down "
+                  "was lent HBM");
+    kvnode_key more[CHUNK];
+    kvh_chain(more, CHUNK, 1000);
+    put_expect(late, more, CHUNK, KVNODE_TIER_HBM, 92, KVNODE_TIER_HOST, -1, NULL);
+    get_expect(late, more, CHUNK, 92, KVNODE_TIER_HOST, -1);
+    kvh_chain(more, CHUNK, 2000);
+    put_expect(c0, more, CHUNK, KVNODE_TIER_HBM, 93, KVNODE_TIER_HOST, -1, NULL);
+    get_expect(c0, more, CHUNK, 93, KVNODE_TIER_HOST, -1);
+    /* Device 1 still takes HBM puts. */
+    kvh_chain(more, CHUNK, 3000);
+    put_expect(c1, more, CHUNK, KVNODE_TIER_HBM, 94, KVNODE_TIER_HBM, 1, NULL);
+    get_expect(c1, more, CHUNK, 94, KVNODE_TIER_HBM, 1);
+    kvnode_close(late);
+    kvnode_close(c0);
+    kvnode_close(c1);
+    KVH_STOP_DESTROY(&d);
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("daemon_hbm");
@@ -1320,6 +1422,7 @@ int main(void)
     tcase_add_test(tc, required_hbm_without_device_fails_start);
     tcase_add_test(tc, optional_hbm_without_device_serves_from_host);
     tcase_add_test(tc, host_arena_pinned_in_background);
+    tcase_add_test(tc, sticky_error_takes_the_device_down);
     tcase_add_test(tc, pin_host_without_hbm_pins_nothing);
     suite_add_tcase(s, tc);
     /* The same placement and demotion tests with a write_through file store. */

@@ -7,7 +7,12 @@
  * The demotion tests run twice: without a store, and (tcase "hbm_store")
  * with a write_through file store, where every committed block is pinned
  * until its write lands; there demotion must resume when the writes land
- * or fail, not wait for the next put. */
+ * or fail, not wait for the next put.
+ *
+ * tcase "gpu_faults" starts the GPU side as the daemon does (gpu_start:
+ * regions, copier, host pinning) and watches its devmem calls
+ * (devmem_spy.h): demotion copies never straddle pin chunks, failing copies
+ * back off, a sticky error takes the device down. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,11 +22,14 @@
 #include <event2/event.h>
 
 #include "block_pattern.h"
+#include "devmem_spy.h"
 #include "../common/proc.h"
 #include "cache/cache.h"
 #include "config.h"
+#include "core/clock.h"
 #include "gpu/copier.h"
 #include "gpu/devmem.h"
+#include "gpu/gpu.h"
 #include "kvnode.h"
 #include "core/log.h"
 #include "persist/persist.h"
@@ -44,12 +52,14 @@ static char store_dir[64];
 static bool store_variant;            /* this tcase's variant: a write_through file store */
 static unsigned copy_workers = 2;     /* copier threads; 1 finishes batches in submission order */
 
+static const struct ns_layout layout = { .model = "m", .dtype = "bf16", .block_tokens = 16,
+                                        .block_bytes = BLOCK, .num_layers = 2, .kv_heads = 2,
+                                        .head_dim = 64, .tp_size = 1, .tp_rank = 0 };
+
 static void setup_with(uint64_t host_bytes, bool with_store)
 {
     char err[512];
-    struct ns_layout l = { .model = "m", .dtype = "bf16", .block_tokens = 16,
-                           .block_bytes = BLOCK, .num_layers = 2, .kv_heads = 2,
-                           .head_dim = 64, .tp_size = 1, .tp_rank = 0 };
+    const struct ns_layout l = layout;
 
     log_set_level(LOG_LEVEL_ERROR);
     config_defaults(&cfg);
@@ -695,11 +705,330 @@ START_TEST(demotion_resumes_when_failed_writes_settle)
 }
 END_TEST
 
+/* --- gpu_faults: the GPU side as the daemon starts it ------------------------- */
+
+static struct gpu *gpu;
+static int saved_stderr = -1;
+static char log_path[64];
+
+/* Host arena of 4 MiB pinned in chunks of pin_chunk (0: no pinning), the
+ * sim backend's two devices, each with an HBM arena of HBM_BYTES. */
+static void setup_gpu_with(uint64_t pin_chunk)
+{
+    char err[512];
+
+    log_set_level(LOG_LEVEL_ERROR);
+    config_defaults(&cfg);
+    cfg.host_bytes = 4u << 20;
+    cfg.max_reserved_per_client = 1.0;
+    cfg.slab_bytes = SLAB;
+    cfg.high_watermark = 1.0;
+    cfg.low_watermark = 0.9;
+    cfg.pin_host = pin_chunk ? CONFIG_PIN_ON : CONFIG_PIN_OFF;
+    cfg.pin_chunk_bytes = pin_chunk ? pin_chunk : cfg.pin_chunk_bytes;
+    cfg.hbm_backend = CONFIG_HBM_SIM;
+    cfg.hbm_bytes = HBM_BYTES;
+    cfg.hbm_high_watermark = 0.75;
+    cfg.hbm_low_watermark = 0.5;
+    cfg.hbm_copy_batch_bytes = 8 * BLOCK;
+    cfg.persist_backend = CONFIG_BACKEND_OFF;
+    spy_reset();
+    base = event_base_new();
+    ck_assert_ptr_nonnull(base);
+    ck_assert_int_eq(cache_create(base, &cfg, &cache, err, sizeof err), 0);
+    const struct gpu_cache gc = { .cache = cache, .hbm_bytes = HBM_BYTES, .name = NULL };
+    ck_assert_msg(gpu_start(base, &cfg, &gc, 1, &gpu, err, sizeof err) == 0, "gpu_start: %s", err);
+    ck_assert_int_eq(cache_bind(cache, &layout, &ns, err, sizeof err), 0);
+    memset(&gpu0, 0, sizeof gpu0);
+    memset(&cpu, 0, sizeof cpu);
+    gpu0.mapped = 0x7;
+    gpu0.put_arena = 1;
+    cp = NULL;
+    store = NULL;
+}
+
+static void setup_gpu(void)
+{
+    setup_gpu_with(0);
+}
+
+static void teardown_gpu(void)
+{
+    cache_release_owner(cache, &gpu0);
+    cache_release_owner(cache, &cpu);
+    gpu_stop(gpu);
+    cache_destroy(cache);
+    gpu_destroy(gpu);
+    gpu = NULL;
+    event_base_free(base);
+}
+
+/* The log (warnings and errors) goes to a file until log_end(). */
+static void log_begin(void)
+{
+    snprintf(log_path, sizeof log_path, "/tmp/kvnode-hbm-log-XXXXXX");
+    int fd = mkstemp(log_path);
+    ck_assert_int_ge(fd, 0);
+    fflush(stderr);
+    saved_stderr = dup(2);
+    ck_assert_int_ge(dup2(fd, 2), 0);
+    close(fd);
+    log_set_level(LOG_LEVEL_WARN);
+}
+
+/* Lines of the captured log containing `what`. */
+static int log_count(const char *what)
+{
+    char line[2048];
+    int n = 0;
+    FILE *f = fopen(log_path, "r");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, what) != NULL;
+    fclose(f);
+    return n;
+}
+
+static void log_end(void)
+{
+    log_set_level(LOG_LEVEL_ERROR);
+    fflush(stderr);
+    dup2(saved_stderr, 2);
+    close(saved_stderr);
+    unlink(log_path);
+}
+
+/* tiers.hbm.<dev>.<key> (integer) and its string form. */
+static json_int_t hbm_stat(int dev, const char *key)
+{
+    json_t *root = stats();
+    json_t *h = json_array_get(json_object_get(json_object_get(root, "tiers"), "hbm"), (size_t)dev);
+    json_t *v = json_object_get(h, key);
+    ck_assert_msg(json_is_integer(v), "tiers.hbm.%d.%s missing", dev, key);
+    json_int_t out = json_integer_value(v);
+    json_decref(root);
+    return out;
+}
+
+static void hbm_str(int dev, const char *key, char *out, size_t len)
+{
+    json_t *root = stats();
+    json_t *h = json_array_get(json_object_get(json_object_get(root, "tiers"), "hbm"), (size_t)dev);
+    json_t *v = json_object_get(h, key);
+    snprintf(out, len, "%s", json_is_string(v) ? json_string_value(v) : "(missing)");
+    json_decref(root);
+}
+
+static void pin_state(char *out, size_t len)
+{
+    json_t *root = stats();
+    json_t *v = json_object_get(json_object_get(json_object_get(root, "tiers"), "host"), "pin_state");
+    snprintf(out, len, "%s", json_is_string(v) ? json_string_value(v) : "(missing)");
+    json_decref(root);
+}
+
+/* The loop until no demotion is queued or running (bounded). */
+static void settle_gpu(void)
+{
+    for (int i = 0; i < 5000; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        if (demote_stat("batches_pending") == 0) {
+            event_base_loop(base, EVLOOP_NONBLOCK);
+            if (demote_stat("batches_pending") == 0)
+                return;
+        }
+        usleep(1000);
+    }
+    ck_abort_msg("demotions did not settle");
+}
+
+/* Demotion past the watermark with the host arena pinned in chunks that are
+ * no multiple of the slab (nor of the block): keys 33..49 move, every byte
+ * kept, and no copy touches two registrations or a registration and
+ * unpinned memory (the driver refuses those: issue 28 item 7). */
+static void demote_with_pinning(void)
+{
+    char first[256] = "";
+
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, 49), 49);
+    settle_gpu();
+    ck_assert_int_eq(demote_stat("blocks_total"), 17);
+    ck_assert_int_eq(demote_stat("failed_total"), 0);
+    uint64_t v = spy_violation_count(first, sizeof first);
+    ck_assert_msg(v == 0, "%llu demotion copies straddle pinned memory; first: %s",
+                  (unsigned long long)v, first);
+    expect_leaves_demoted();
+}
+
+START_TEST(demotion_copies_stay_inside_one_pin_chunk)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    char st[32];
+
+    /* 25 pages (100 KiB with 4 KiB pages): 6.25 blocks, 0.39 slabs. */
+    setup_gpu_with((uint64_t)page * 25);
+    for (int i = 0; i < 5000; i++) {
+        pin_state(st, sizeof st);
+        if (strcmp(st, "running") != 0)
+            break;
+        usleep(1000);
+    }
+    ck_assert_str_eq(st, "done");
+    demote_with_pinning();
+    teardown_gpu();
+}
+END_TEST
+
+START_TEST(demotion_while_pinning_runs_stays_inside_one_pin_chunk)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    char st[32];
+
+    /* Each chunk takes 40 ms: the demotion runs while most of the arena is
+     * not pinned yet. */
+    setenv("KVNODE_DEVMEM_SIM_PIN_DELAY_MS", "40", 1);
+    setup_gpu_with((uint64_t)page * 25);
+    unsetenv("KVNODE_DEVMEM_SIM_PIN_DELAY_MS");
+    pin_state(st, sizeof st);
+    ck_assert_str_eq(st, "running");
+    demote_with_pinning();
+    teardown_gpu();
+}
+END_TEST
+
+/* Every demotion copy of device 0 fails: batches back off (10 ms doubling
+ * to 5 s) instead of being sent again at once, one warning says the
+ * failures began and one that they ended (issue 28 item 8). */
+START_TEST(failed_demotions_back_off_and_warn_once)
+{
+    setup_gpu();
+    log_begin();
+    atomic_store(&spy_fail_device, 0);
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, 49), 49);
+    /* 400 ms of the loop: 10+20+40+80+160 ms of backoff fit, so at most
+     * 6 rounds of (at most 2) batches. Without a backoff, hundreds. */
+    uint64_t until = clock_now_ms() + 400;
+    while (clock_now_ms() < until) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        usleep(1000);
+    }
+    json_int_t batches = demote_stat("batches_total");
+    ck_assert_msg(batches >= 1 && batches <= 14, "%lld failed batches in 400 ms: no backoff",
+                  (long long)batches);
+    ck_assert_int_eq(demote_stat("failed_batches_total"), batches);
+    ck_assert_int_ge(hbm_stat(0, "demotion_backoff_ms"), 10);
+    ck_assert_int_eq(hbm_stat(0, "demotion_failing_batches"), batches);
+    ck_assert_int_eq(demote_stat("blocks_total"), 0);
+    ck_assert_int_eq(hbm_used(0), 49 * BLOCK);          /* the blocks stay in HBM */
+    ck_assert_int_eq(log_count("demotion from GPU 0 is failing"), 1);
+    ck_assert_int_eq(log_count("demotion from GPU 0 works again"), 0);
+
+    /* The copies work again: the next try after the backoff moves them. */
+    atomic_store(&spy_fail_device, -2);
+    for (int i = 0; i < 10000 && demote_stat("blocks_total") < 17; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        usleep(1000);
+    }
+    settle_gpu();
+    ck_assert_int_eq(demote_stat("blocks_total"), 17);
+    ck_assert_int_eq(hbm_stat(0, "demotion_backoff_ms"), 0);
+    ck_assert_int_eq(hbm_stat(0, "demotion_failing_batches"), 0);
+    ck_assert_int_eq(log_count("demotion from GPU 0 is failing"), 1);
+    ck_assert_int_eq(log_count("demotion from GPU 0 works again"), 1);
+    log_end();
+    expect_leaves_demoted();
+    teardown_gpu();
+}
+END_TEST
+
+/* A sticky error on device 0 (the sim's sticky-0 file): the device is down
+ * for good: copies to and from it stop, its HBM blocks are dropped
+ * (counted, said once), /stats says down and why, it is lent to no one and
+ * puts asking for HBM land in host memory; device 1 and host memory are
+ * still served (issue 28 item 8). */
+START_TEST(a_sticky_error_takes_the_device_down)
+{
+    char dir[64], path[96], state[64], reason[512];
+    struct cache_loc locs[64];
+    uint64_t lid;
+
+    snprintf(dir, sizeof dir, "/tmp/kvnode-sticky-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    setenv("KVNODE_DEVMEM_SIM_STICKY_DIR", dir, 1);
+    setup_gpu();
+    unsetenv("KVNODE_DEVMEM_SIM_STICKY_DIR");
+    log_begin();
+    ck_assert_uint_eq(put_hbm(&gpu0, 1, 16), 16);
+    snprintf(path, sizeof path, "%s/sticky-0", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    /* Past the watermark: the first demotion copy meets the sticky error. */
+    ck_assert_uint_eq(put_hbm(&gpu0, 17, 33), 33);
+    for (int i = 0; i < 5000; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        hbm_str(0, "state", state, sizeof state);
+        if (strcmp(state, "down") == 0 && hbm_used(0) == 0)
+            break;
+        usleep(1000);
+    }
+    settle_gpu();
+    ck_assert_str_eq(state, "down");
+    hbm_str(0, "down_reason", reason, sizeof reason);
+    ck_assert_msg(strstr(reason, "illegal memory access") != NULL, "down_reason: %s", reason);
+    ck_assert_int_eq(hbm_used(0), 0);
+    ck_assert_int_eq(hbm_stat(0, "down_dropped_blocks_total"), 49);
+    ck_assert_int_eq(demote_stat("down_dropped_total"), 49);
+    ck_assert_int_eq(demote_stat("blocks_total"), 0);
+    ck_assert_int_eq(log_count("GPU 0 is down"), 1);
+    ck_assert_int_eq(log_count("is failing"), 0);   /* not a failure to back off from */
+    uint64_t copies = spy_copy_count(0);
+    json_int_t batches = demote_stat("batches_total");
+    ck_assert_msg(copies <= 4, "%llu copies on the dead device",
+                  (unsigned long long)copies);
+
+    /* Gone from device 0; puts asking for HBM there land in host memory. */
+    ck_assert_uint_eq(get(&gpu0, 1, 49, locs, &lid), 0);
+    ck_assert_uint_eq(put_hbm(&gpu0, 100, 60), 0);
+    ck_assert_uint_eq(get(&gpu0, 100, 60, locs, &lid), 60);
+    for (int i = 0; i < 60; i++) {
+        ck_assert_uint_eq(locs[i].arena, 0);
+        ck_assert(check(slot(&locs[i]), 100 + i));
+    }
+    end_read(&gpu0, lid);
+    /* Device 1 is still served, and is the only HBM lent to new clients. */
+    struct lease_list gpu1 = { .mapped = 0x7, .put_arena = 2 };
+    ck_assert_uint_eq(put_hbm(&gpu1, 500, 4), 4);
+    cache_release_owner(cache, &gpu1);
+    struct cache_arena_info arenas[8];
+    size_t n = cache_arenas(cache, arenas, 8);
+    ck_assert_uint_eq(n, 2);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(!(arenas[i].tier == KVNODE_TIER_HBM && arenas[i].device == 0),
+                      "device 0 is still lent (arena %u)", arenas[i].id);
+    hbm_str(1, "state", state, sizeof state);
+    ck_assert_str_eq(state, "up");
+    /* Nothing more was copied on device 0. */
+    for (int i = 0; i < 50; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        usleep(1000);
+    }
+    ck_assert_uint_eq(spy_copy_count(0), copies);
+    ck_assert_int_eq(demote_stat("batches_total"), batches);
+    ck_assert_int_eq(log_count("GPU 0 is down"), 1);
+    log_end();
+    teardown_gpu();
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cache_hbm");
     TCase *tc = tcase_create("hbm");
     TCase *ts = tcase_create("hbm_store");
+    TCase *tg = tcase_create("gpu_faults");
     SRunner *sr;
     int failed;
 
@@ -731,6 +1060,13 @@ int main(void)
     tcase_add_test(ts, demotion_during_the_writes_takes_leaves_first);
     tcase_add_test(ts, demotion_resumes_when_failed_writes_settle);
     suite_add_tcase(s, ts);
+    /* The GPU side as the daemon starts it (each test sets it up). */
+    tcase_set_timeout(tg, 30);
+    tcase_add_test(tg, demotion_copies_stay_inside_one_pin_chunk);
+    tcase_add_test(tg, demotion_while_pinning_runs_stays_inside_one_pin_chunk);
+    tcase_add_test(tg, failed_demotions_back_off_and_warn_once);
+    tcase_add_test(tg, a_sticky_error_takes_the_device_down);
+    suite_add_tcase(s, tg);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);

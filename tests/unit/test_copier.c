@@ -5,7 +5,9 @@
  * done(), device out of range, NULL pointers) fails copier_submit with
  * -KVNODE_EINVAL and done() is never called; runtime failures come back in
  * done() with rc < 0 (not reachable with sim); batches still queued at
- * copier_destroy get done() with -KVNODE_ESHUTDOWN. */
+ * copier_destroy get done() with -KVNODE_ESHUTDOWN. Transfers never cross a
+ * pin chunk of the batch's host range (devmem_spy.h checks each copy
+ * against the registrations). */
 #include <check.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +18,7 @@
 #include <event2/event.h>
 
 #include "core/clock.h"
+#include "devmem_spy.h"
 #include "gpu/copier.h"
 #include "gpu/devmem.h"
 #include "kvnode.h"
@@ -314,6 +317,65 @@ START_TEST(test_destroy_cancels)
 }
 END_TEST
 
+/* A run contiguous on both sides goes out as one transfer per pin chunk of
+ * the host range it touches: never part pinned, part not, nor across two
+ * registrations (the driver refuses those: issue 28 item 7). */
+START_TEST(test_runs_split_at_pin_chunks)
+{
+    struct fixture f;
+    struct tbatch t;
+    struct copier_stats st;
+    const size_t chunk = 64 * KiB;
+    uint8_t *host = aligned_alloc(4096, MiB);
+    char first[256] = "";
+
+    ck_assert_ptr_nonnull(host);
+    memset(host, 0, MiB);
+    fx_open(&f, 4, NULL);
+    spy_reset();
+    uint8_t *dev = f.r[0].base;
+    fill(dev, MiB, 5);
+    /* Chunks 0..3 registered (as if pinning stopped there), the rest not. */
+    for (size_t c = 0; c < 4; c++) {
+        char why[128];
+        ck_assert_int_eq(devmem_host_register(f.dm, host + c * chunk, chunk, why, sizeof why), 0);
+    }
+    tb_init(&t, 1, 0);
+    t.b.host_base = host;
+    t.b.host_len = MiB;
+    t.b.host_chunk = chunk;
+    /* 10 blocks of 16 KiB from 32 KiB: 32..64, 64..128, 128..192 KiB. */
+    for (int i = 0; i < 10; i++)
+        tb_add(&t, host + 32 * KiB + (size_t)i * 16 * KiB, dev + (size_t)i * 16 * KiB, 16 * KiB);
+    /* One item across the pinned/unpinned edge at 256 KiB: split in two. */
+    tb_add(&t, host + 250 * KiB, dev + 500 * KiB, 12 * KiB);
+    /* Device to device: no host side, one transfer. */
+    tb_add(&t, dev + 800 * KiB, dev + 600 * KiB, 100 * KiB);
+    ck_assert_int_eq(copier_submit(f.cp, &t.b), 0);
+    loop_until(f.base, &g_done, 1, 5000);
+    ck_assert_int_eq(t.dones, 1);
+    ck_assert_msg(t.rc == 0, "rc %d: %s", t.rc, t.why);
+    for (size_t i = 0; i < t.b.n - 1; i++)
+        ck_assert_msg(memcmp(t.items[i].dst, t.items[i].src, t.items[i].len) == 0, "item %zu", i);
+    ck_assert(memcmp(dev + 800 * KiB, dev + 600 * KiB, 100 * KiB) == 0);
+    ck_assert_uint_eq(host[32 * KiB - 1], 0);
+    uint64_t v = spy_violation_count(first, sizeof first);
+    ck_assert_msg(v == 0, "%llu copies straddle registrations; first: %s", (unsigned long long)v, first);
+    copier_stats(f.cp, &st);
+    ck_assert_uint_eq(st.transfers, 3 + 2 + 1);
+    ck_assert_uint_eq(st.chunk_splits, 3);
+    for (size_t c = 0; c < 4; c++)
+        devmem_host_unregister(f.dm, host + c * chunk);
+
+    /* A chunk size needs the host range it divides. */
+    tb_init(&t, 2, 0);
+    t.b.host_chunk = chunk;
+    ck_assert_int_eq(copier_submit(f.cp, &t.b), -KVNODE_EINVAL);
+    fx_close(&f);
+    free(host);
+}
+END_TEST
+
 START_TEST(test_bad_batches)
 {
     struct fixture f;
@@ -408,6 +470,7 @@ static Suite *copier_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_merge);
+    tcase_add_test(tc, test_runs_split_at_pin_chunks);
     tcase_add_test(tc, test_many_batches);
     tcase_add_test(tc, test_queue_full);
     tcase_add_test(tc, test_destroy_cancels);

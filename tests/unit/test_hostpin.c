@@ -83,7 +83,7 @@ START_TEST(test_done)
     void *buf = map_pages(pages);
 
     /* 64 pages in chunks of 3: the last chunk is one page. */
-    int rc = hostpin_start(dm, buf, pages * g_page, 3 * g_page, false, &hp, why, sizeof why);
+    int rc = hostpin_start(dm, buf, pages * g_page, 3 * g_page, 0, false, &hp, why, sizeof why);
     ck_assert_msg(rc == 0, "hostpin_start: %d %s", rc, why);
     ck_assert_ptr_nonnull(hp);
     struct hostpin_progress pr = wait_end(hp, 5000);
@@ -109,7 +109,7 @@ START_TEST(test_first_sync)
     void *buf = map_pages(pages);
 
     /* The first chunk is pinned on return, the rest follows. */
-    int rc = hostpin_start(dm, buf, pages * g_page, 2 * g_page, true, &hp, why, sizeof why);
+    int rc = hostpin_start(dm, buf, pages * g_page, 2 * g_page, 0, true, &hp, why, sizeof why);
     ck_assert_msg(rc == 0, "hostpin_start: %d %s", rc, why);
     hostpin_progress(hp, &pr);
     ck_assert_uint_ge(pr.pinned_bytes, 2 * g_page);
@@ -120,7 +120,7 @@ START_TEST(test_first_sync)
 
     /* One chunk covers it all: done on return, no thread. */
     hp = NULL;
-    rc = hostpin_start(dm, buf, pages * g_page, 16 * g_page, true, &hp, why, sizeof why);
+    rc = hostpin_start(dm, buf, pages * g_page, 16 * g_page, 0, true, &hp, why, sizeof why);
     ck_assert_msg(rc == 0, "hostpin_start: %d %s", rc, why);
     hostpin_progress(hp, &pr);
     ck_assert_int_eq(pr.state, HOSTPIN_DONE);
@@ -143,7 +143,7 @@ START_TEST(test_stop_midway)
     void *buf = map_pages(pages);
 
     /* 40 chunks of 40 ms: 1.6 s to pin it all. */
-    int rc = hostpin_start(dm, buf, pages * g_page, g_page, false, &hp, why, sizeof why);
+    int rc = hostpin_start(dm, buf, pages * g_page, g_page, 0, false, &hp, why, sizeof why);
     ck_assert_msg(rc == 0, "hostpin_start: %d %s", rc, why);
     sleep_ms(150);
     hostpin_progress(hp, &pr);
@@ -164,11 +164,56 @@ START_TEST(test_stop_midway)
 
     /* Stop without cancel, right after start. */
     hp = NULL;
-    rc = hostpin_start(dm, buf, pages * g_page, g_page, false, &hp, why, sizeof why);
+    rc = hostpin_start(dm, buf, pages * g_page, g_page, 0, false, &hp, why, sizeof why);
     ck_assert_int_eq(rc, 0);
     hostpin_stop(hp);
     ck_assert(!pin_worker_registered());
 
+    munmap(buf, pages * g_page);
+    devmem_close(dm);
+}
+END_TEST
+
+/* With the host arena's slab size, chunks are rounded up to a multiple of
+ * the slab and of the page, counted from base: a block never spans two
+ * registrations (issue 28 item 7). */
+START_TEST(test_chunks_on_slab_boundaries)
+{
+    struct devmem *dm = open_sim(NULL);
+    struct hostpin *hp = NULL;
+    size_t pages = 128;
+    char *buf = map_pages(pages);
+    char why[256] = "";
+    struct {
+        uint64_t chunk, slab, want;
+    } cases[] = {
+        { 4 * g_page, 3 * g_page, 6 * g_page },      /* up to the next slab multiple */
+        { 6 * g_page, 3 * g_page, 6 * g_page },      /* already one */
+        { 4 * g_page, g_page + 256, 0 },             /* a slab that is no page multiple */
+        { 4 * g_page, 0, 4 * g_page },               /* no slab given: as asked */
+        { 200 * g_page, 3 * g_page, 201 * g_page },  /* larger than the range */
+    };
+
+    cases[2].want = (g_page + 256) * g_page / 256;   /* lcm: 256 divides a page */
+    if (cases[2].want < 4 * g_page)
+        cases[2].want *= (4 * g_page + cases[2].want - 1) / cases[2].want;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = hostpin_start(dm, buf, pages * g_page, cases[i].chunk, cases[i].slab, true, &hp, why,
+                               sizeof why);
+        ck_assert_msg(rc == 0, "case %zu: %d %s", i, rc, why);
+        uint64_t got = hostpin_chunk_bytes(hp);
+        ck_assert_msg(got == cases[i].want, "case %zu: chunk %llu, want %llu", i,
+                      (unsigned long long)got, (unsigned long long)cases[i].want);
+        ck_assert_uint_eq(got % g_page, 0);
+        if (cases[i].slab)
+            ck_assert_uint_eq(got % cases[i].slab, 0);
+        struct hostpin_progress pr = wait_end(hp, 10000);
+        ck_assert_int_eq(pr.state, HOSTPIN_DONE);
+        ck_assert_uint_eq(pr.pinned_bytes, pages * g_page);
+        hostpin_stop(hp);
+        hp = NULL;
+    }
+    ck_assert_uint_eq(hostpin_chunk_bytes(NULL), 0);
     munmap(buf, pages * g_page);
     devmem_close(dm);
 }
@@ -184,7 +229,7 @@ START_TEST(test_none_backend)
     ck_assert_int_eq(devmem_open(DEVMEM_NONE, &dm, why, sizeof why), 0);
     for (int sync = 0; sync < 2; sync++) {
         why[0] = '\0';
-        int rc = hostpin_start(dm, buf, 4 * g_page, g_page, sync, &hp, why, sizeof why);
+        int rc = hostpin_start(dm, buf, 4 * g_page, g_page, 0, sync, &hp, why, sizeof why);
         ck_assert_int_eq(rc, -KVNODE_EINVAL);
         ck_assert_ptr_null(hp);
         ck_assert_msg(strstr(why, "none") != NULL, "why: %s", why);
@@ -202,22 +247,22 @@ START_TEST(test_bad_args)
     char why[256] = "";
     char *buf = map_pages(4);
 
-    ck_assert_int_eq(hostpin_start(dm, buf, 4 * g_page, g_page + 1, false, &hp, why, sizeof why),
+    ck_assert_int_eq(hostpin_start(dm, buf, 4 * g_page, g_page + 1, 0, false, &hp, why, sizeof why),
                      -KVNODE_EINVAL);
     ck_assert_msg(strstr(why, "page") != NULL, "why: %s", why);
-    ck_assert_int_eq(hostpin_start(dm, buf + 1, 2 * g_page, g_page, false, &hp, why, sizeof why),
+    ck_assert_int_eq(hostpin_start(dm, buf + 1, 2 * g_page, g_page, 0, false, &hp, why, sizeof why),
                      -KVNODE_EINVAL);
-    ck_assert_int_eq(hostpin_start(dm, buf, 0, g_page, false, &hp, why, sizeof why), -KVNODE_EINVAL);
-    ck_assert_int_eq(hostpin_start(dm, buf, g_page, 0, false, &hp, why, sizeof why), -KVNODE_EINVAL);
-    ck_assert_int_eq(hostpin_start(dm, NULL, g_page, g_page, false, &hp, why, sizeof why),
+    ck_assert_int_eq(hostpin_start(dm, buf, 0, g_page, 0, false, &hp, why, sizeof why), -KVNODE_EINVAL);
+    ck_assert_int_eq(hostpin_start(dm, buf, g_page, 0, 0, false, &hp, why, sizeof why), -KVNODE_EINVAL);
+    ck_assert_int_eq(hostpin_start(dm, NULL, g_page, g_page, 0, false, &hp, why, sizeof why),
                      -KVNODE_EINVAL);
-    ck_assert_int_eq(hostpin_start(NULL, buf, g_page, g_page, false, &hp, why, sizeof why),
+    ck_assert_int_eq(hostpin_start(NULL, buf, g_page, g_page, 0, false, &hp, why, sizeof why),
                      -KVNODE_EINVAL);
-    ck_assert_int_eq(hostpin_start(dm, buf, g_page, g_page, false, NULL, why, sizeof why),
+    ck_assert_int_eq(hostpin_start(dm, buf, g_page, g_page, 0, false, NULL, why, sizeof why),
                      -KVNODE_EINVAL);
     ck_assert_ptr_null(hp);
     /* A length that is not a multiple of the page size is fine. */
-    ck_assert_int_eq(hostpin_start(dm, buf, 2 * g_page + 100, g_page, false, &hp, why, sizeof why), 0);
+    ck_assert_int_eq(hostpin_start(dm, buf, 2 * g_page + 100, g_page, 0, false, &hp, why, sizeof why), 0);
     struct hostpin_progress pr = wait_end(hp, 5000);
     ck_assert_int_eq(pr.state, HOSTPIN_DONE);
     ck_assert_uint_eq(pr.pinned_bytes, 2 * g_page + 100);
@@ -233,6 +278,7 @@ static Suite *hostpin_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_done);
+    tcase_add_test(tc, test_chunks_on_slab_boundaries);
     tcase_add_test(tc, test_first_sync);
     tcase_add_test(tc, test_stop_midway);
     tcase_add_test(tc, test_none_backend);
