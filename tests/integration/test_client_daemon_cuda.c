@@ -11,7 +11,11 @@
  *   - an engine in another PID namespace against a daemon that can only
  *     lend legacy IPC connects host-only, and the daemon counts it
  *     (gpu.hbm_unusable_clients) with the reason;
- *   - the same engine is served the GPU memory when the daemon lends VMM.
+ *   - the same engine is served the GPU memory when the daemon lends VMM;
+ *   - a daemon stopping under an idle engine (legacy IPC and VMM): the
+ *     engine's libkvnode lets the memory go on the GoingAway and closes, so
+ *     the stop ends without waiting hbm.release_timeout, frees nothing still
+ *     mapped, and the engine's next call says "daemon stopping".
  * Every test ends with the fake's violation log empty (but for the one
  * refusal a real driver returns to the container engine). */
 #include <check.h>
@@ -221,6 +225,48 @@ START_TEST(container_engine_ipc_host_only_vmm_served)
 }
 END_TEST
 
+/* A daemon that stops while an idle engine maps its GPU memory: its notice
+ * (GoingAway) makes the engine's libkvnode let the memory go and close, so
+ * the daemon stops at once, frees nothing still mapped (legacy IPC: no
+ * free-while-mapped; VMM: the device's memory all back), and the engine's
+ * next call fails with ESHUTDOWN, "daemon stopping". */
+START_TEST(stop_under_an_idle_engine)
+{
+    kvnode_layout l = kvh_layout("cuda-stop", BB, 1, 0);
+    kvnode_key k[1] = {701};
+    kvnode_loc loc[1];
+    kvnode_lease lease;
+    kvnode_client *c;
+    kvh_daemon dm;
+    size_t matched;
+    char *log;
+    int rc;
+
+    fake_setup();
+    start_cuda(&dm, CUDA_CONF "hbm.release_timeout=60s\n", _i == 0 ? "FAKECUDA_NO_VMM=1" : NULL);
+    c = connect_gpu(&dm, &l);
+    ck_assert_str_eq(kvnode_last_error(c), "");
+    ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HBM, &lease, loc), 0);
+    ck_assert_int_eq(loc[0].tier, KVNODE_TIER_HBM);
+    ck_assert_int_eq(kvnode_put_commit(c, lease), 0);
+    /* the engine does nothing now; the stop must not wait for release_timeout */
+    ck_assert_int_eq(kvh_stop(&dm, 30000), 0);
+    log = kvh_read_log(&dm);
+    ck_assert_msg(log && strstr(log, "every client lent it (1) had closed its connection"),
+                  "log:\n%s", log ? log : "");
+    free(log);
+    ck_assert_int_eq(violations_only(NULL), 0);
+    rc = kvnode_match(c, k, 1, &matched);
+    ck_assert_msg(rc == -KVNODE_ESHUTDOWN || rc == -KVNODE_ECLOSED, "match: %d", rc);
+    ck_assert_msg(strstr(kvnode_last_error(c), "daemon stopping") != NULL, "error: %s",
+                  kvnode_last_error(c));
+    kvnode_close(c);
+    kvh_destroy(&dm);
+    ck_assert_int_eq(violations_only(NULL), 0);
+    test_rmtree(fake_dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("client_daemon_cuda");
@@ -229,6 +275,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, vmm_put_commit_stream_and_get_batch_device);
     tcase_add_test(tc, container_engine_ipc_host_only_vmm_served);
+    tcase_add_loop_test(tc, stop_under_an_idle_engine, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
