@@ -70,7 +70,7 @@ CHECK_LIBS  = $(call pc_libs,$(CHECK_PKGS))
 PROTO_C      := $(GEN)/kvnode.pb-c.c
 PROTO_H      := $(GEN)/kvnode.pb-c.h
 COMMON_SRC   := lib/wire.c lib/hash.c lib/sha256.c lib/errors.c
-LIB_SRC      := lib/client.c lib/client_io.c lib/client_async.c lib/client_submit.c lib/client_ops.c lib/cudart.c lib/prefault.c $(COMMON_SRC)
+LIB_SRC      := lib/client.c lib/client_io.c lib/client_async.c lib/client_submit.c lib/client_ops.c lib/client_gpu.c lib/cudart.c lib/prefault.c $(COMMON_SRC)
 DAEMON_SRC   := $(filter-out daemon/main.c $(if $(filter 1,$(V6D)),,daemon/persist/kvs/v6d%.c),$(wildcard daemon/*.c daemon/*/*.c daemon/persist/kvs/*.c))
 CTL_SRC      := $(wildcard ctl/*.c)
 # The KVS front end's suites use the v6d backend's key and hash helpers as the client side: V6D=1 only.
@@ -190,6 +190,15 @@ $(BUILD)/tests/test_client_%: tests/unit/test_client_%.c $(LIBA) $(PROTO_H) $(TE
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) -lpthread
 
+# libkvnode through the strict fake CUDA: it runs a fake daemon as a child (proc.c)
+# and makes its own CUDA calls through the fake (dlopen: no toolkit needed). Its RPATH
+# (DT_RPATH, searched by dlopen before LD_LIBRARY_PATH and the system) is the fake's
+# folder, so libkvnode's dlopen of libcudart/libcuda finds the fake, never a real CUDA.
+$(BUILD)/tests/test_client_cuda: tests/unit/test_client_cuda.c $(LIBA) $(TEST_PROC_OBJ) $(PROTO_H) $(TEST_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDSAN) $(LDFLAGS) -o $@ $< $(TEST_PROC_OBJ) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) \
+	    -ldl -lpthread -Wl,--disable-new-dtags -Wl,-rpath,$(abspath $(BUILD))/tests/fakecuda
+
 $(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
@@ -243,6 +252,18 @@ all: $(FAKECUDA_SO)
 # Suites that run the cuda backend against the fake, in their own process
 # (LD_LIBRARY_PATH at re-exec) or in the kvnoded they start.
 $(BUILD)/tests/test_devmem_cuda $(BUILD)/tests/test_daemon_cuda $(BUILD)/tests/test_cache_hbm_cuda: | $(FAKECUDA_SO)
+
+# test_client_cuda (above) loads the fake at run time through its RPATH.
+$(BUILD)/tests/test_client_cuda: $(FAKECUDA_SO)
+
+# libkvnode against kvnoded (hbm.backend = cuda), both on the fake: the test process is
+# the engine and finds the fake through its RPATH (dlopen searches DT_RPATH first).
+$(BUILD)/tests/test_client_daemon_cuda: tests/integration/test_client_daemon_cuda.c $(INTEG_HELPER) \
+                                        $(TEST_PROC_OBJ) $(LIBA) $(PROTO_H) $(TEST_HDRS) $(FAKECUDA_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(TEST_PROC_OBJ) \
+	    $(LIBA) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -ldl -lpthread \
+	    -Wl,--disable-new-dtags -Wl,-rpath,$(abspath $(FAKECUDA_OUT))
 
 $(BUILD)/tests/test_fakecuda: tests/unit/test_fakecuda.c $(FAKECUDA_SO) $(FAKECUDA_HDRS) $(TEST_HDRS)
 	@mkdir -p $(dir $@)

@@ -118,7 +118,7 @@ static const struct opt_def config_options[] = {
 
     /* [hbm]: the GPU tier, no GPU memory unless the operator gives kvnode
      * some. Its arenas and copy workers are set up once, at start; only the
-     * demotion watermarks change live. */
+     * demotion watermarks and the stop's release_timeout change live. */
     { "hbm", "backend", &T_ENUM, "auto", FIELD(hbm_backend), NAMES(hbm_backend_names), .restart = true },
     { "hbm", "bytes", &T_SIZE, "0", FIELD(hbm_bytes), .min = 0, .max = UINT64_MAX, .restart = true },
     { "hbm", "devices", &T_DEVICES, "all", FIELD(hbm_devices), PARSED(hbm_device_list), .restart = true },
@@ -129,6 +129,7 @@ static const struct opt_def config_options[] = {
     { "hbm", "required", &T_ENUM, "off", FIELD(hbm_required), NAMES(onoff_names), .restart = true },
     { "hbm", "copy_batch_bytes", &T_SIZE, "64MiB", FIELD(hbm_copy_batch_bytes), .min = MIB, .max = 4 * GIB,
       .restart = true },
+    { "hbm", "release_timeout", &T_DURATION, "5s", FIELD(hbm_release_timeout_ms), .min = 0, .max = 10 * MS_PER_M },
     /* Engines of a daemon that just stopped may still map its HBM: a restart waits for it. */
     { "hbm", "alloc_retry", &T_DURATION, "10s", FIELD(hbm_alloc_retry_ms), .min = 0, .max = 10 * MS_PER_M,
       .restart = true },

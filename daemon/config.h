@@ -91,7 +91,7 @@ struct kvn_config {
     int      huge_pages;             /* CONFIG_HUGE_{OFF,AUTO,ON}: back the host arena with huge pages (restart) */
     uint64_t pin_chunk_bytes;        /* pin_host registers the arena in chunks of this (restart) */
 
-    /* [hbm] (restart-only except the watermarks) */
+    /* [hbm] (restart-only except the watermarks and release_timeout) */
     int      hbm_backend;            /* CONFIG_HBM_*: auto (cuda when a GPU is visible), cuda, sim, none */
     uint64_t hbm_bytes;              /* GPU memory owned per device, 0: no HBM tier */
     char     hbm_devices[CONFIG_IDLIST_MAX]; /* "all", or device ordinals (config_hbm_devices) */
@@ -100,6 +100,8 @@ struct kvn_config {
     double   hbm_low_watermark;      /* demotion stops below this fraction (reloadable) */
     int      hbm_required;           /* 1: start fails when HBM is asked for (bytes > 0) and unavailable */
     uint64_t hbm_copy_batch_bytes;   /* largest demotion batch (one transfer job) */
+    uint32_t hbm_release_timeout_ms; /* stop: how long clients lent HBM get to unmap it and close;
+                                        0: told, not waited for (reloadable) */
     uint32_t hbm_alloc_retry_ms;     /* an HBM region short of memory at start is retried this long */
 
     /* [leases] */

@@ -1,6 +1,7 @@
 /* kvnoded: wiring — arguments, config, signals, start and stop order. */
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <malloc.h>
 #include <stdbool.h>
 #include <signal.h>
@@ -100,6 +101,23 @@ static json_t *daemon_stats_document(void *arg, const struct session *viewer)
     return stats_document_for(d, &view);
 }
 
+/* Before HBM is freed: whether the clients it was lent to let go of it
+ * (closed after GoingAway) or may still map it (the server's stop counts;
+ * the connections still open then were closed by server_destroy). */
+static void daemon_log_hbm_release(const struct kvn_config *cfg, const struct server_stats *stop)
+{
+    uint64_t held = stop->hbm_held + stop->hbm_lent;
+
+    if (held)
+        log_warn("stop: freeing HBM while %" PRIu64 " client%s lent it still held it (the daemon closed %s "
+                 "connection%s; hbm.release_timeout = %u ms%s)", held, held == 1 ? "" : "s",
+                 held == 1 ? "its" : "their", held == 1 ? "" : "s", cfg->hbm_release_timeout_ms,
+                 cfg->hbm_release_timeout_ms ? "" : ": not waited for");
+    else if (stop->hbm_released)
+        log_info("stop: freeing HBM: every client lent it (%" PRIu64 ") had closed its connection",
+                 stop->hbm_released);
+}
+
 static void daemon_signal_cb(evutil_socket_t sig, short what, void *arg)
 {
     struct daemon *d = arg;
@@ -127,6 +145,7 @@ int main(int argc, char **argv)
         { NULL, 0, NULL, 0 },
     };
     struct daemon d = { 0 };
+    struct server_stats stop = { 0 };
     struct event *sigs[3] = { NULL, NULL, NULL };
     const int signums[3] = { SIGTERM, SIGINT, SIGHUP };
     char err[CONFIG_ERR_MAX];
@@ -290,6 +309,8 @@ out:
      * store (bounded), then the cache they all point into. */
     admin_destroy(d.admin);
     kvs_server_destroy(d.kvs);   /* its HTTP leases, before the caches */
+    if (d.server)
+        server_get_stats(d.server, &stop);
     server_destroy(d.server);
     if (d.tenants)
         tenants_stop_persist(d.tenants, d.cfg->shutdown_timeout_ms);
@@ -300,6 +321,7 @@ out:
     ops_destroy(d.ops);
     gpu_stop(d.gpu);
     tenants_destroy(d.tenants);
+    daemon_log_hbm_release(d.cfg, &stop);
     gpu_destroy(d.gpu);
     for (int i = 0; i < 3; i++)
         if (sigs[i])

@@ -551,6 +551,12 @@ static void render_server(struct evbuffer *out, const struct server_stats *s)
            "of it): connections with unread replies of their own closed, GET_INLINE of others refused.");
     sample_u(out, "kvnode_clients_output_limit_total", L("action", "closed"), s->output_limit_closed);
     sample_u(out, "kvnode_clients_output_limit_total", L("action", "refused"), s->output_limit_refused);
+    family(out, "kvnode_clients_hbm_lent", "gauge",
+           "Connected clients lent an HBM arena (what a stop tells to unmap it and waits for).");
+    sample_u(out, "kvnode_clients_hbm_lent", NULL, s->hbm_lent);
+    family(out, "kvnode_clients_going_away_total", "counter",
+           "GoingAway notices sent at the stop to clients lent HBM.");
+    sample_u(out, "kvnode_clients_going_away_total", NULL, s->going_away);
 }
 
 /* The admin HTTP server's own connections, when it listens. */

@@ -462,6 +462,8 @@ static void server_json(const struct server_stats *s, json_t *root)
     set(clients, "hello_timeouts_total", ju(s->hello_timeouts));
     set(clients, "output_limit_closed_total", ju(s->output_limit_closed));
     set(clients, "output_limit_refused_total", ju(s->output_limit_refused));
+    set(clients, "hbm_lent", ju(s->hbm_lent));
+    set(clients, "going_away_total", ju(s->going_away));
     set(root, "clients", clients);
     set(frames, "rejected_total", ju(s->frames_rejected));
     set(frames, "timed_out_total", ju(s->frames_timed_out));

@@ -14,12 +14,14 @@
  * reply) is passed read-only fds and maps them PROT_READ.
  *
  * GPU memory (HBM tier): a client that declares a CUDA device looks for a
- * CUDA runtime at run time (cudart.c, never linked) and tells the daemon
- * whether it can open CUDA IPC handles. HBM arenas then come either as an
- * fd to map (the daemon's simulated devices: host memory, used like the
- * host arena) or as a cudaIpcMemHandle_t opened here into a device pointer.
- * Device memory is never touched by the CPU: the copying calls move it with
- * cudaMemcpy.
+ * CUDA runtime and driver at run time (cudart.c, never linked) and tells the
+ * daemon whether it can open CUDA IPC handles and import VMM fds. HBM arenas
+ * then come as an fd to map (the daemon's simulated devices: host memory,
+ * used like the host arena), or as device memory opened or mapped by
+ * client_gpu.c. When that fails, the client does not fail: it closes the
+ * connection and connects again host-only, telling the daemon why
+ * (HelloRequest.hbm_unusable), and kvnode_last_error says so. Device memory
+ * is never touched by the CPU.
  *
  * Error messages are kept per thread (a thread sees the message of its own
  * last failed call on a client) and per client (the last of any thread). */
@@ -87,88 +89,8 @@ static void client_clear_thread_err(const kvnode_client *c)
     }
 }
 
-/* --- CUDA ------------------------------------------------------------------ */
-
-/* After a failed runtime call: clear the thread's last CUDA error, so that
- * the engine's own cudaGetLastError() does not report ours. */
-void client_cuda_failed(kvnode_client *c)
-{
-    if (c->rt.get_last_error)
-        (void)c->rt.get_last_error();
-}
-
-/* Make the client's CUDA device current on this thread (when it declared
- * one: IPC mappings and pinned memory belong to that device's context).
- * *prev is what client_cuda_leave restores (-1: nothing). 0, or the
- * cudaError_t with *step naming the failed call. */
-int client_cuda_enter(kvnode_client *c, int *prev, const char **step)
-{
-    int err;
-
-    *prev = -1;
-    if (c->cuda_device < 0)
-        return CUDART_SUCCESS;
-    *step = "cudaGetDevice";
-    err = c->rt.get_device(prev);
-    if (err == CUDART_SUCCESS && *prev != c->cuda_device) {
-        *step = "cudaSetDevice";
-        err = c->rt.set_device(c->cuda_device);
-        if (err == CUDART_SUCCESS)
-            return 0;
-    }
-    *prev = -1;     /* failed, or already current: nothing to restore */
-    if (err != CUDART_SUCCESS)
-        client_cuda_failed(c);
-    return err;
-}
-
-void client_cuda_leave(kvnode_client *c, int prev)
-{
-    if (prev >= 0 && c->rt.set_device(prev) != CUDART_SUCCESS)
-        client_cuda_failed(c);
-}
-
-/* Open an arena lent as a CUDA IPC handle: base becomes a device pointer. */
-static int client_open_ipc(kvnode_client *c, const Kvnode__Arena *a, struct client_arena *ca)
-{
-    cudart_ipc_handle h;
-    const char *step = "cudaIpcOpenMemHandle";
-    char text[192];
-    void *p = NULL;
-    int prev, err;
-
-    if (!c->have_rt) {
-        client_seterr(c, "protocol: arena %" PRIu32 " (device %" PRId32 ") is lent as CUDA IPC "
-                      "memory, but this client told the daemon it cannot open CUDA IPC handles: %s",
-                      a->id, a->device, c->cuda_device < 0 ? "it declared no CUDA device"
-                                                           : c->rt_why);
-        return -KVNODE_EPROTO;
-    }
-    memcpy(h.reserved, a->cuda_ipc_handle.data, sizeof h.reserved);
-    err = client_cuda_enter(c, &prev, &step);
-    if (err == CUDART_SUCCESS) {
-        step = "cudaIpcOpenMemHandle";
-        err = cudart_ipc_acquire(&c->rt, &h, CUDART_IPC_LAZY_PEER_ACCESS, &p);
-        if (err != CUDART_SUCCESS)
-            client_cuda_failed(c);
-        else if (!p)
-            (void)snprintf(text, sizeof text, "it returned a NULL pointer");
-    }
-    client_cuda_leave(c, prev);
-    if (err != CUDART_SUCCESS || !p) {
-        if (err != CUDART_SUCCESS)
-            cudart_error_text(&c->rt, err, text, sizeof text);
-        client_seterr(c, "cannot open GPU arena %" PRIu32 " (device %" PRId32 ", %" PRIu64
-                      " bytes, CUDA IPC) on CUDA device %d: %s: %s", a->id, a->device, a->size,
-                      c->cuda_device, step, text);
-        return -KVNODE_EIO;
-    }
-    ca->base = p;
-    ca->ipc = 1;
-    return 0;
-}
-
-/* Undo every mapping, IPC opening and host registration of the arenas. */
+/* Undo the host arenas' mappings and registrations (the GPU ones are
+ * client_gpu_free's). */
 static void client_release_arenas(kvnode_client *c)
 {
     const char *step;
@@ -178,23 +100,23 @@ static void client_release_arenas(kvnode_client *c)
     for (i = 0; i < c->n_arenas; i++) {
         struct client_arena *a = &c->arenas[i];
 
-        if (!a->base || (!a->ipc && !a->pinned))
+        if (!a->base || a->gpu || !a->pinned)
             continue;
         if (!entered) {
             entered = 1;
             (void)client_cuda_enter(c, &prev, &step);   /* best effort */
         }
-        if ((a->ipc ? cudart_ipc_release(&c->rt, a->base) : c->rt.host_unregister(a->base)) !=
-            CUDART_SUCCESS)
+        if (c->rt.host_unregister(a->base) != CUDART_SUCCESS)
             client_cuda_failed(c);
         a->pinned = 0;
     }
     if (entered)
         client_cuda_leave(c, prev);
+    client_gpu_free(c);
     for (i = 0; i < c->n_arenas; i++) {
         struct client_arena *a = &c->arenas[i];
 
-        if (a->base && !a->ipc)
+        if (a->base && !a->gpu)
             munmap(a->base, (size_t)a->size);
         a->base = NULL;
     }
@@ -278,7 +200,9 @@ static int client_validate_layout(kvnode_client *c, const kvnode_layout *l)
 }
 
 /* Check the HELLO reply, map the arenas whose fds came with it and open
- * those lent as CUDA IPC handles. On failure client_free undoes it all. */
+ * those lent as GPU memory. 0; 1 when GPU memory cannot be used here
+ * (c->hbm_unusable says why); or a negative code. On failure client_free
+ * (or client_reset) undoes it all. */
 static int client_setup(kvnode_client *c, const Kvnode__HelloReply *h, const kvnode_layout *layout)
 {
     size_t i, j, nfd = 0;
@@ -341,6 +265,13 @@ static int client_setup(kvnode_client *c, const Kvnode__HelloReply *h, const kvn
                 return -KVNODE_EPROTO;
             }
         }
+        if (a->cuda_vmm && (a->tier != KVNODE__TIER__TIER_HBM || a->fd_index < 0 ||
+                            a->cuda_ipc_handle.len > 0)) {
+            client_seterr(c, "protocol: arena %" PRIu32 " is lent as CUDA VMM memory but %s",
+                          a->id, a->tier != KVNODE__TIER__TIER_HBM ? "is host memory"
+                          : a->fd_index < 0 ? "has no fd" : "also has a cuda_ipc_handle");
+            return -KVNODE_EPROTO;
+        }
         for (j = 0; j < i; j++) {
             if (h->arenas[j]->id == a->id ||
                 (a->fd_index >= 0 && h->arenas[j]->fd_index == a->fd_index)) {
@@ -374,10 +305,12 @@ static int client_setup(kvnode_client *c, const Kvnode__HelloReply *h, const kvn
         ca->tier = (int)a->tier;
         ca->device = a->device;
         ca->size = a->size;
-        if (a->cuda_ipc_handle.len > 0) {
-            int rc = client_open_ipc(c, a, ca);
-            if (rc < 0)
-                return rc;
+        if (a->cuda_ipc_handle.len > 0 || a->cuda_vmm) {
+            int rc = a->cuda_vmm ? client_gpu_open_vmm(c, a, ca, c->rx_fds[a->fd_index])
+                                 : client_gpu_open_ipc(c, a, ca);
+            if (rc != 0)
+                return rc;      /* 1: unusable here, the caller reconnects host-only */
+            c->gpu_mapped = 1;
             continue;
         }
         if (a->fd_index < 0)
@@ -426,7 +359,10 @@ static int client_hello(kvnode_client *c, const kvnode_layout *layout)
     hello.client_name = program_invocation_short_name && *program_invocation_short_name
                             ? program_invocation_short_name : (char *)"libkvnode";
     hello.cuda_device = c->cuda_device;
-    hello.cuda_ipc = c->have_rt;
+    /* After a GPU arena could not be mapped: host-only, and why. */
+    hello.cuda_ipc = c->have_rt && !c->hbm_unusable[0];
+    hello.cuda_vmm = c->have_drv && !c->hbm_unusable[0];
+    hello.hbm_unusable = c->hbm_unusable;
     hello.reader = c->reader_asked;
     /* The GPU's bus id lets the daemon find it whatever this process's
      * CUDA_VISIBLE_DEVICES numbers it as. */
@@ -460,6 +396,25 @@ static int client_hello(kvnode_client *c, const kvnode_layout *layout)
     kvnode__response__free_unpacked(resp, NULL);
     client_drop_fds(c);
     return rc;
+}
+
+/* Undo a connection whose GPU arenas could not be used, so that the
+ * client can connect again: arenas, fds, socket, the stream's state. */
+static void client_reset(kvnode_client *c)
+{
+    client_drop_fds(c);
+    client_release_arenas(c);
+    free(c->arenas);
+    c->arenas = NULL;
+    c->n_arenas = 0;
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    c->next_id = 1;
+    c->send_max = CLIENT_PRE_HELLO_MAX;
+    c->recv_max = CLIENT_PRE_HELLO_MAX;
+    c->rx_hdr_got = c->rx_want = c->rx_got = 0;
+    c->rx_in_payload = 0;
 }
 
 static void client_free(kvnode_client *c)
@@ -582,10 +537,11 @@ int kvnode_connect_flags(const char *socket_path, const kvnode_layout *layout, i
         if (!socket_path || !*socket_path)
             socket_path = CLIENT_DEFAULT_SOCKET;
     }
-    /* A runtime found now decides whether the daemon may lend this client
-     * GPU memory as CUDA IPC handles (else only mapped, simulated devices). */
+    /* A runtime (and driver) found now decides whether the daemon may lend
+     * this client GPU memory as CUDA IPC handles or VMM fds (else only
+     * mapped, simulated devices). */
     if (c->cuda_device >= 0)
-        c->have_rt = cudart_load(&c->rt, c->rt_why, sizeof c->rt_why) == 0;
+        client_gpu_load(c);
     deadline = client_now_ms() + c->timeout_ms;
     rc = client_async_init(c);
     if (rc == 0 && layout)
@@ -594,6 +550,21 @@ int kvnode_connect_flags(const char *socket_path, const kvnode_layout *layout, i
         rc = client_open_socket(c, socket_path, deadline);
     if (rc == 0)
         rc = client_hello(c, layout);
+    if (rc > 0) {
+        /* GPU memory is unusable here (another PID namespace, a MIG slice,
+         * a driver too old...): host memory still is. Connect again without
+         * it, telling the daemon why. */
+        client_reset(c);
+        deadline = client_now_ms() + c->timeout_ms;
+        rc = client_open_socket(c, socket_path, deadline);
+        if (rc == 0)
+            rc = client_hello(c, layout);
+        if (rc > 0) {
+            client_seterr(c, "protocol: the daemon lent GPU memory again to a client that "
+                          "reconnected host-only");
+            rc = -KVNODE_EPROTO;
+        }
+    }
     if (rc == 0)
         rc = client_async_start(c);
     if (rc < 0) {
@@ -609,6 +580,9 @@ int kvnode_connect_flags(const char *socket_path, const kvnode_layout *layout, i
         return -KVNODE_EIO;
     }
     client_clear_thread_err(c);
+    if (c->hbm_unusable[0])
+        client_seterr(c, "HBM unusable (%s); connected host-only", c->hbm_unusable);
+    client_clear_thread_err(c);     /* the client's message, not a failure of this thread */
     *out = c;
     return 0;
 }
@@ -644,7 +618,7 @@ static size_t client_host_arenas(const kvnode_client *c)
     size_t i, n = 0;
 
     for (i = 0; i < c->n_arenas; i++)
-        if (c->arenas[i].tier == KVNODE_TIER_HOST && c->arenas[i].base && !c->arenas[i].ipc)
+        if (c->arenas[i].tier == KVNODE_TIER_HOST && c->arenas[i].base && !c->arenas[i].gpu)
             n++;
     return n;
 }
@@ -669,7 +643,7 @@ int kvnode_prefault(kvnode_client *c, unsigned flags)
         for (i = 0; i < c->n_arenas && n < CLIENT_MAX_FDS; i++) {
             const struct client_arena *a = &c->arenas[i];
 
-            if (a->tier == KVNODE_TIER_HOST && a->base && !a->ipc) {
+            if (a->tier == KVNODE_TIER_HOST && a->base && !a->gpu) {
                 ranges[n].base = a->base;
                 ranges[n].size = a->size;
                 n++;
@@ -743,7 +717,9 @@ int kvnode_pin_host(kvnode_client *c)
         if (a->tier != KVNODE_TIER_HOST || !a->base || a->pinned)
             continue;
         step = "cudaHostRegister";
-        err = c->rt.host_register(a->base, (size_t)a->size, CUDART_HOST_REGISTER_PORTABLE);
+        /* A reader's mapping is PROT_READ: CUDA registers it only read-only. */
+        err = c->rt.host_register(a->base, (size_t)a->size, CUDART_HOST_REGISTER_PORTABLE |
+                                  (c->reader ? CUDART_HOST_REGISTER_READ_ONLY : 0u));
         if (err == CUDART_SUCCESS)
             a->pinned = 2;      /* by this call: undone if a later one fails */
         else

@@ -12,7 +12,9 @@
  * nobody else does (c->driving: one at a time; it hands every reply to the
  * request with its id, then lets another waiter take over), so a client used
  * synchronously has no thread of its own and no thread hop per call. The
- * first asynchronous MATCH/DELETE starts the I/O thread, which from then on
+ * first asynchronous MATCH/DELETE (or a connect lent device memory, whose
+ * end must be seen while the engine is idle) starts the I/O thread, which
+ * from then on
  * does all the reading: an asynchronous user only polls the eventfd and does
  * not call in until it is readable, so someone else must read the replies
  * that make it readable. Whoever reads sleeps in poll() on the socket and a
@@ -182,8 +184,10 @@ void client_kill_locked(kvnode_client *c, int rc, const char *fmt, ...)
         free(t);
     }
     c->tx_tail = NULL;
-    /* The daemon ends this connection's leases at once. */
-    if (c->fd >= 0)
+    /* The daemon ends this connection's leases at once. A connection lent
+     * GPU memory closes only once that is released (client_gpu_end): the
+     * daemon frees it when the connection closes. */
+    if (c->fd >= 0 && !c->gpu_mapped)
         shutdown(c->fd, SHUT_RDWR);
     pthread_cond_broadcast(&c->job_cond);
     client_wake_io(c);
@@ -306,6 +310,18 @@ static void client_dispatch(kvnode_client *c, size_t len)
             client_unlink_slot_locked(c, s);
             client_finish_slot_locked(c, s, resp, 0, "");
             resp = NULL;
+        } else if (resp->id == 0 &&
+                   resp->result_case == KVNODE__RESPONSE__RESULT_GOING_AWAY) {
+            /* The daemon stops: it frees the GPU memory lent to this
+             * connection once we have let it go, so the connection ends
+             * here (the I/O thread then releases the GPU arenas). */
+            const Kvnode__GoingAway *g = resp->going_away;
+
+            client_kill_locked(c, -KVNODE_ESHUTDOWN, "daemon stopping%s%s%s: its memory lent to "
+                               "this client is released (it asked within %" PRIu32 " ms)",
+                               g->reason && g->reason[0] ? " (" : "",
+                               g->reason && g->reason[0] ? g->reason : "",
+                               g->reason && g->reason[0] ? ")" : "", g->unmap_within_ms);
         } else if (resp->id == 0 && resp->error) {
             /* id 0: the daemon ends the connection and says why. */
             client_kill_locked(c, client_error_code(resp->error), "daemon: %s",
@@ -495,6 +511,8 @@ static void *client_io_main(void *arg)
 
     while (client_io_step(c) == 0)
         ;
+    /* The connection ended: let its GPU memory go now, not at kvnode_close. */
+    client_gpu_end(c);
     return NULL;
 }
 
@@ -550,9 +568,22 @@ int client_thread_start(pthread_t *t, void *(*fn)(void *), kvnode_client *c)
 
 int client_async_start(kvnode_client *c)
 {
+    int err = 0;
+
     /* The I/O thread starts with the first asynchronous MATCH or DELETE;
-     * until then synchronous callers drive the socket themselves. */
+     * until then synchronous callers drive the socket themselves. A client
+     * lent GPU memory runs it at once: the daemon's GoingAway or its end
+     * must be seen, and the memory released, while the engine is idle. */
     c->poll_deadline = INT64_MIN;
+    if (!c->gpu_mapped)
+        return 0;
+    pthread_mutex_lock(&c->lock);
+    err = client_ensure_io_locked(c);
+    pthread_mutex_unlock(&c->lock);
+    if (err != 0) {
+        client_seterr(c, "cannot start the client's I/O thread: %s", strerror(err));
+        return -KVNODE_EIO;
+    }
     return 0;
 }
 

@@ -1,6 +1,10 @@
 /* client_internal: what the files of libkvnode's client share (not installed).
  *
- *   client.c        connect, HELLO, arena mappings, CUDA, prefault, pin_host, close
+ *   client.c        connect (and the host-only reconnect), HELLO, host arena
+ *                   mappings, prefault, pin_host, close
+ *   client_gpu.c    CUDA: the runtime/driver in use, GPU arenas (IPC, VMM) and
+ *                   their release when the connection ends, the client's
+ *                   stream, copies to and from device memory
  *   client_io.c     blocking frame I/O on the socket: the HELLO exchange before
  *                   the I/O thread runs, and the fd-passing helpers it reuses
  *   client_async.c  the submit/complete machinery: reading the socket (a waiting
@@ -36,14 +40,26 @@
 /* Inline frames aim at this size even when the daemon allows more. */
 #define CLIENT_INLINE_TARGET    (4u << 20)
 
+/* How a GPU arena reached this process (client_arena.gpu). */
+enum { CLIENT_GPU_NONE = 0, CLIENT_GPU_IPC, CLIENT_GPU_VMM };
+
 struct client_arena {
     uint32_t id;
     int tier;
     int device;
     uint64_t size;
     uint8_t *base;      /* NULL when the daemon passed neither fd nor IPC handle */
-    int ipc;            /* base is a device pointer (cudaIpcOpenMemHandle), not a mapping */
+    int gpu;            /* CLIENT_GPU_IPC / _VMM: base is a device pointer (opened or
+                         * mapped on the client's device), not a host mapping */
+    int gpu_released;   /* that device mapping is gone (the connection ended) */
     int pinned;         /* base is registered with cudaHostRegister (kvnode_pin_host) */
+};
+
+/* The stream a copying call queues its CUDA copies on: the caller's
+ * (kvnode_*_batch_stream) or, when given none, the client's own. */
+struct client_stream {
+    int callers;        /* 1: `stream` is the caller's (NULL = legacy default stream) */
+    void *stream;
 };
 
 struct client_slot;     /* a request in flight (client_async.c) */
@@ -81,6 +97,18 @@ struct kvnode_client {
     int have_rt;                /* rt holds a CUDA runtime */
     struct cudart rt;
     char rt_why[256];           /* why there is no runtime (when have_rt is 0) */
+    int have_drv;               /* drv holds the driver's VMM calls (HELLO cuda_vmm) */
+    struct cudrv drv;
+    char drv_why[256];          /* why not (when have_drv is 0) */
+    int drv_dev;                /* the CUdevice of cuda_device */
+    void *drv_ctx;              /* its primary context, retained while VMM arenas are mapped */
+    /* Set when a GPU arena could not be mapped: the connection was redone
+     * host-only (HELLO without cuda_ipc/cuda_vmm, this as hbm_unusable). */
+    char hbm_unusable[CLIENT_MSG_MAX];
+    void *stream;               /* [lock] the client's non-blocking stream (NULL: none yet) */
+    int gpu_mapped;             /* [lock] device arenas are open (released at the end) */
+    int gpu_users;              /* [lock] calls copying to or from them now */
+    int gpu_releasing;          /* [lock] a thread is releasing them */
     struct prefault *prefault;  /* kvnode_prefault's walk; stopped before the unmap */
 
     /* asynchronous machinery (client_async.c) */
@@ -119,10 +147,37 @@ const char *client_errmsg(const kvnode_client *c);
 int64_t client_now_ms(void);
 int client_remaining_ms(int64_t deadline);
 
-/* CUDA helpers (client.c) */
+/* CUDA (client_gpu.c) */
 void client_cuda_failed(kvnode_client *c);
 int client_cuda_enter(kvnode_client *c, int *prev, const char **step);
 void client_cuda_leave(kvnode_client *c, int prev);
+/* Look for the runtime (and with it the driver's VMM calls) at connect. */
+void client_gpu_load(kvnode_client *c);
+/* Open or map a GPU arena lent as an IPC handle / a VMM fd (fd: the
+ * received descriptor, closed by the caller). 0; 1 when it cannot be mapped
+ * here (c->hbm_unusable says why: the caller reconnects host-only); or a
+ * negative code for a protocol error. */
+int client_gpu_open_ipc(kvnode_client *c, const Kvnode__Arena *a, struct client_arena *ca);
+int client_gpu_open_vmm(kvnode_client *c, const Kvnode__Arena *a, struct client_arena *ca, int fd);
+/* When the connection has ended (c->dead) and no call copies to or from the
+ * GPU arenas: release them (IPC close / VMM unmap). Called by the I/O thread
+ * when it leaves and by the last copying call; any thread, without c->lock. */
+void client_gpu_end(kvnode_client *c);
+/* Release what is left at kvnode_close (threads joined, or at a failed
+ * connect): GPU arenas, the stream, the primary context. */
+void client_gpu_free(kvnode_client *c);
+/* Copy one block per slot with a non-NULL ptr between the slot and user[i]
+ * (to_slots: user -> slot): memcpy for mapped memory, cudaMemcpyAsync on
+ * st's stream for device memory (the slot's, or the user's with
+ * user_device), which is synchronised before this returns. `first` numbers
+ * the blocks in messages. 0 or a negative code with the error set. */
+int client_copy_blocks(kvnode_client *c, const kvnode_loc *locs, size_t n, void *const *user,
+                       int to_slots, int user_device, size_t first, const char *what,
+                       const struct client_stream *st);
+/* cudaStreamSynchronize(stream) on the client's device, for the calls that
+ * end a lease after the caller's GPU work. 0 or -KVNODE_ESTATE / -KVNODE_EIO
+ * with the error set. */
+int client_stream_wait(kvnode_client *c, void *stream, const char *what);
 
 /* blocking frame I/O, only before the I/O thread runs (client_io.c) */
 int client_wait(kvnode_client *c, short events, int64_t deadline, const char *what);
@@ -216,9 +271,11 @@ uint64_t client_peek_id(kvnode_client *c);
 
 /* shared by the synchronous calls and the GET/PUT worker (client_ops.c) */
 int client_get_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
-                     void *const *dst, unsigned flags, size_t *got);
+                     void *const *dst, unsigned flags, const struct client_stream *st,
+                     size_t *got);
 int client_put_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
-                     const void *const *src, unsigned flags, size_t *stored);
+                     const void *const *src, unsigned flags, const struct client_stream *st,
+                     size_t *stored);
 /* Entry checks of a namespace call of n keys: the connection alive, not an
  * observer, n within max_keys, and no check words (checks not NULL) for a
  * daemon that does not honour them (-KVNODE_EVERSION). 0 or a negative code

@@ -71,77 +71,6 @@ static int client_resolve(kvnode_client *c, const Kvnode__Location *l, kvnode_lo
     return 0;
 }
 
-/* The arena whose memory holds p, or NULL. */
-static const struct client_arena *client_arena_at(const kvnode_client *c, const void *p)
-{
-    uintptr_t v = (uintptr_t)p;
-    size_t i;
-
-    for (i = 0; i < c->n_arenas; i++) {
-        const struct client_arena *a = &c->arenas[i];
-
-        if (a->base && v >= (uintptr_t)a->base && v - (uintptr_t)a->base < a->size)
-            return a;
-    }
-    return NULL;
-}
-
-/* Copy one block per slot with a non-NULL ptr, between the slot and user[i]
- * (to_slots: user -> slot). Mapped memory (host arenas, simulated devices)
- * is memcpy'ed; device memory (the slot's, or the user's with user_device)
- * goes through cudaMemcpy. `first` numbers the blocks in messages. */
-static int client_copy_blocks(kvnode_client *c, const kvnode_loc *locs, size_t n,
-                              void *const *user, int to_slots, int user_device, size_t first,
-                              const char *what)
-{
-    const struct client_arena *a = NULL;
-    size_t i, bb = (size_t)c->block_bytes;
-    const char *step = "cudaMemcpy";
-    int prev = -1, entered = 0, err = CUDART_SUCCESS;
-    char text[192];
-
-    for (i = 0; i < n; i++) {
-        void *slot = locs[i].ptr;
-
-        if (!slot)
-            continue;
-        a = client_arena_at(c, slot);
-        if (!user_device && (!a || !a->ipc)) {
-            if (to_slots)
-                memcpy(slot, user[i], bb);
-            else
-                memcpy(user[i], slot, bb);
-            continue;
-        }
-        if (!entered) {
-            entered = 1;
-            err = client_cuda_enter(c, &prev, &step);
-            if (err != CUDART_SUCCESS)
-                break;
-        }
-        step = "cudaMemcpy";
-        err = to_slots ? c->rt.copy(slot, user[i], bb, CUDART_MEMCPY_DEFAULT)
-                       : c->rt.copy(user[i], slot, bb, CUDART_MEMCPY_DEFAULT);
-        if (err != CUDART_SUCCESS) {
-            client_cuda_failed(c);
-            break;
-        }
-    }
-    if (entered)
-        client_cuda_leave(c, prev);
-    if (err == CUDART_SUCCESS)
-        return 0;
-    if (!a || !a->ipc)
-        client_seterr(c, "%s: %s of block %zu (to or from the caller's GPU memory, device %d) "
-                      "failed: %s", what, step, first + i, c->cuda_device,
-                      cudart_error_text(&c->rt, err, text, sizeof text));
-    else
-        client_seterr(c, "%s: %s of block %zu (GPU arena %" PRIu32 ", device %d) failed: %s",
-                      what, step, first + i, a->id, a->device,
-                      cudart_error_text(&c->rt, err, text, sizeof text));
-    return -KVNODE_EIO;
-}
-
 static int client_lease_op(kvnode_client *c, kvnode_lease lease, int op, const char *what)
 {
     Kvnode__Request req = KVNODE__REQUEST__INIT;
@@ -441,6 +370,39 @@ int kvnode_put_commit(kvnode_client *c, kvnode_lease lease)
     return client_lease_op(c, lease, KVNODE__REQUEST__OP_PUT_COMMIT, "put_commit");
 }
 
+/* The caller's GPU work on `stream` touches the lease's blocks: it must be
+ * complete before the daemon takes them back (commit: copies them to the
+ * store, demotes them, lends them to readers; end: may reuse them). */
+int kvnode_put_commit_stream(kvnode_client *c, kvnode_lease lease, void *stream)
+{
+    int rc;
+
+    if (!c)
+        return -KVNODE_EINVAL;
+    if (lease == 0)
+        return 0;
+    rc = client_check_ns(c, 0, NULL, "put_commit");
+    /* On failure the lease stays as it is: aborting it while the caller's
+     * writes may still run would let them land in a slot given to another. */
+    if (rc == 0)
+        rc = client_stream_wait(c, stream, "put_commit");
+    return rc < 0 ? rc : kvnode_put_commit(c, lease);
+}
+
+int kvnode_get_end_stream(kvnode_client *c, kvnode_lease lease, void *stream)
+{
+    int rc;
+
+    if (!c)
+        return -KVNODE_EINVAL;
+    if (lease == 0)
+        return 0;
+    rc = client_check_ns(c, 0, NULL, "get_end");
+    if (rc == 0)
+        rc = client_stream_wait(c, stream, "get_end");
+    return rc < 0 ? rc : kvnode_get_end(c, lease);
+}
+
 int kvnode_put_abort(kvnode_client *c, kvnode_lease lease)
 {
     return client_lease_op(c, lease, KVNODE__REQUEST__OP_PUT_ABORT, "put_abort");
@@ -568,7 +530,8 @@ static int client_batch_flags(kvnode_client *c, unsigned flags, const char *what
 }
 
 int client_get_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
-                     void *const *dst, unsigned flags, size_t *got)
+                     void *const *dst, unsigned flags, const struct client_stream *st,
+                     size_t *got)
 {
     kvnode_loc *locs;
     size_t done = 0, cap;
@@ -591,7 +554,7 @@ int client_get_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *c
         if (rc < 0)
             break;
         rc = client_copy_blocks(c, locs, g, dst + done, 0, (flags & KVNODE_BATCH_DEVICE) != 0,
-                                done, "get");
+                                done, "get", st);
         if (rc < 0) {
             client_lease_drop(c, lease, KVNODE__REQUEST__OP_GET_END);
             break;
@@ -610,7 +573,8 @@ int client_get_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *c
 }
 
 int client_put_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
-                     const void *const *src, unsigned flags, size_t *stored)
+                     const void *const *src, unsigned flags, const struct client_stream *st,
+                     size_t *stored)
 {
     kvnode_loc *locs;
     size_t done = 0, cap;
@@ -636,7 +600,7 @@ int client_put_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *c
         if (rc < 0)
             break;
         rc = client_copy_blocks(c, locs, chunk, (void *const *)(uintptr_t)(src + done), 1,
-                                (flags & KVNODE_BATCH_DEVICE) != 0, done, "put");
+                                (flags & KVNODE_BATCH_DEVICE) != 0, done, "put", st);
         if (rc < 0) {
             client_lease_drop(c, lease, KVNODE__REQUEST__OP_PUT_ABORT);
             break;
@@ -653,20 +617,20 @@ int client_put_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *c
 
 int kvnode_get(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst, size_t *got)
 {
-    return client_get_batch(c, keys, NULL, n, dst, 0, got);
+    return client_get_batch(c, keys, NULL, n, dst, 0, NULL, got);
 }
 
 int kvnode_put(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src)
 {
     size_t stored;
 
-    return client_put_batch(c, keys, NULL, n, src, 0, &stored);
+    return client_put_batch(c, keys, NULL, n, src, 0, NULL, &stored);
 }
 
 int kvnode_get_batch(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
                      unsigned flags, size_t *got)
 {
-    return client_get_batch(c, keys, NULL, n, dst, flags, got);
+    return client_get_batch(c, keys, NULL, n, dst, flags, NULL, got);
 }
 
 int kvnode_put_batch(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src,
@@ -674,13 +638,13 @@ int kvnode_put_batch(kvnode_client *c, const kvnode_key *keys, size_t n, const v
 {
     size_t stored;
 
-    return client_put_batch(c, keys, NULL, n, src, flags, &stored);
+    return client_put_batch(c, keys, NULL, n, src, flags, NULL, &stored);
 }
 
 int kvnode_get_batch_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
                              size_t n, void *const *dst, unsigned flags, size_t *got)
 {
-    return client_get_batch(c, keys, checks, n, dst, flags, got);
+    return client_get_batch(c, keys, checks, n, dst, flags, NULL, got);
 }
 
 int kvnode_put_batch_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
@@ -688,7 +652,24 @@ int kvnode_put_batch_checked(kvnode_client *c, const kvnode_key *keys, const uin
 {
     size_t stored;
 
-    return client_put_batch(c, keys, checks, n, src, flags, &stored);
+    return client_put_batch(c, keys, checks, n, src, flags, NULL, &stored);
+}
+
+int kvnode_get_batch_stream(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
+                            unsigned flags, void *stream, size_t *got)
+{
+    const struct client_stream st = { .callers = 1, .stream = stream };
+
+    return client_get_batch(c, keys, NULL, n, dst, flags, &st, got);
+}
+
+int kvnode_put_batch_stream(kvnode_client *c, const kvnode_key *keys, size_t n,
+                            const void *const *src, unsigned flags, void *stream)
+{
+    const struct client_stream st = { .callers = 1, .stream = stream };
+    size_t stored;
+
+    return client_put_batch(c, keys, NULL, n, src, flags, &st, &stored);
 }
 
 int kvnode_get_inline(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,

@@ -164,10 +164,10 @@ static void *client_worker_main(void *arg)
         /* On a dead client these fail at once with ECLOSED: queued jobs
          * drain quickly on close. */
         if (j->done->comp.op == KVNODE_OP_GET)
-            rc = client_get_batch(c, j->keys, j->checks, j->n, j->pages, j->flags, &count);
+            rc = client_get_batch(c, j->keys, j->checks, j->n, j->pages, j->flags, NULL, &count);
         else
             rc = client_put_batch(c, j->keys, j->checks, j->n, (const void *const *)j->pages,
-                                  j->flags, &count);
+                                  j->flags, NULL, &count);
         j->done->comp.rc = rc;
         j->done->comp.count = count;
         if (rc < 0)

@@ -28,7 +28,8 @@ static int cudart_bind(void *h, const char *name, struct cudart *rt, char *why, 
     static const char *const syms[] = {
         "cudaIpcOpenMemHandle", "cudaIpcCloseMemHandle", "cudaHostRegister",
         "cudaHostUnregister", "cudaMemcpy", "cudaSetDevice", "cudaGetDevice",
-        "cudaGetErrorString", "cudaGetLastError",
+        "cudaGetErrorString", "cudaGetLastError", "cudaMemcpyAsync",
+        "cudaStreamCreateWithFlags", "cudaStreamDestroy", "cudaStreamSynchronize",
     };
     void *f[sizeof syms / sizeof syms[0]];
     size_t i;
@@ -50,6 +51,10 @@ static int cudart_bind(void *h, const char *name, struct cudart *rt, char *why, 
     rt->get_device = (int (*)(int *))f[6];
     rt->error_string = (const char *(*)(int))f[7];
     rt->get_last_error = (int (*)(void))f[8];
+    rt->copy_async = (int (*)(void *, const void *, size_t, int, void *))f[9];
+    rt->stream_create = (int (*)(void **, unsigned int))f[10];
+    rt->stream_destroy = (int (*)(void *))f[11];
+    rt->stream_sync = (int (*)(void *))f[12];
     /* Optional: without it the daemon matches the GPU by ordinal. */
     void *bus = dlsym(h, "cudaDeviceGetPCIBusId");
     rt->pci_bus_id = bus ? (int (*)(char *, int, int))bus : NULL;
@@ -102,6 +107,90 @@ const char *cudart_error_text(const struct cudart *rt, int err, char *buf, size_
     const char *s = rt->error_string ? rt->error_string(err) : NULL;
 
     snprintf(buf, len, "%s (cudaError %d)", s && *s ? s : "unknown error", err);
+    return buf;
+}
+
+/* --- driver ---------------------------------------------------------------- */
+
+int cudrv_load(struct cudrv *d, char *why, size_t whylen)
+{
+    static const char *const syms[] = {
+        "cuInit", "cuDriverGetVersion", "cuDeviceGet", "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRelease_v2", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2",
+        "cuMemGetAllocationGranularity", "cuMemImportFromShareableHandle", "cuMemAddressReserve",
+        "cuMemAddressFree", "cuMemMap", "cuMemUnmap", "cuMemSetAccess", "cuMemRelease",
+    };
+    void *f[sizeof syms / sizeof syms[0]];
+    void *h;
+    size_t i;
+    int err;
+
+    memset(d, 0, sizeof *d);
+    if (cudart_override) {
+        snprintf(why, whylen, "no CUDA driver (a test runtime is in use)");
+        return -1;
+    }
+    h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (!h)
+        h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    (void)dlerror();
+    if (!h) {
+        snprintf(why, whylen, "no CUDA driver (libcuda.so.1 not found)");
+        return -1;
+    }
+    /* Never dlclose: the engine's runtime uses the same driver. */
+    for (i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        f[i] = dlsym(h, syms[i]);
+        if (!f[i]) {
+            (void)dlerror();
+            snprintf(why, whylen, "CUDA driver libcuda.so.1 lacks %s", syms[i]);
+            return -1;
+        }
+    }
+    d->init = (int (*)(unsigned int))f[0];
+    d->driver_version = (int (*)(int *))f[1];
+    d->device_get = (int (*)(int *, int))f[2];
+    d->primary_ctx_retain = (int (*)(void **, int))f[3];
+    d->primary_ctx_release = (int (*)(int))f[4];
+    d->ctx_push = (int (*)(void *))f[5];
+    d->ctx_pop = (int (*)(void **))f[6];
+    d->granularity = (int (*)(size_t *, const struct cudrv_alloc_prop *, int))f[7];
+    d->import = (int (*)(cudrv_handle *, void *, int))f[8];
+    d->address_reserve = (int (*)(cudrv_ptr *, size_t, size_t, cudrv_ptr, unsigned long long))f[9];
+    d->address_free = (int (*)(cudrv_ptr, size_t))f[10];
+    d->map = (int (*)(cudrv_ptr, size_t, size_t, cudrv_handle, unsigned long long))f[11];
+    d->unmap = (int (*)(cudrv_ptr, size_t))f[12];
+    d->set_access = (int (*)(cudrv_ptr, size_t, const struct cudrv_access_desc *, size_t))f[13];
+    d->release = (int (*)(cudrv_handle))f[14];
+    void *es = dlsym(h, "cuGetErrorString");
+    d->error_string = es ? (int (*)(int, const char **))es : NULL;
+    (void)dlerror();
+    err = d->driver_version(&d->version);
+    if (err != CUDRV_SUCCESS) {
+        snprintf(why, whylen, "CUDA driver: cuDriverGetVersion failed (CUresult %d)", err);
+    } else if (d->version < CUDRV_VMM_MIN_VERSION) {
+        snprintf(why, whylen, "CUDA driver %d.%d is older than 10.2 (no POSIX-fd memory "
+                 "handles)", d->version / 1000, d->version % 1000 / 10);
+        err = -1;
+    } else if ((err = d->init(0)) != CUDRV_SUCCESS) {
+        char text[128];
+        snprintf(why, whylen, "CUDA driver: cuInit: %s", cudrv_error_text(d, err, text,
+                                                                          sizeof text));
+    }
+    if (err != CUDRV_SUCCESS) {
+        memset(d, 0, sizeof *d);
+        return -1;
+    }
+    return 0;
+}
+
+const char *cudrv_error_text(const struct cudrv *d, int err, char *buf, size_t len)
+{
+    const char *s = NULL;
+
+    if (!d->error_string || d->error_string(err, &s) != CUDRV_SUCCESS)
+        s = NULL;
+    snprintf(buf, len, "%s (CUresult %d)", s && *s ? s : "unknown error", err);
     return buf;
 }
 

@@ -17,10 +17,11 @@
  * kvnode_prefault and kvnode_pin_host, which the caller must not overlap
  * with other calls on that client. kvnode_last_error gives each thread the
  * message of its own last failed call. A client used only synchronously has
- * no thread of its own (a waiting caller reads the socket); the first
- * asynchronous MATCH/DELETE starts its I/O thread and the first asynchronous
- * GET/PUT its batch thread; they block every signal. After fork(), only the
- * parent may use a client.
+ * no thread of its own (a waiting caller reads the socket), unless it was
+ * lent real GPU memory; the first asynchronous MATCH/DELETE (or a connect
+ * that was lent real GPU memory) starts its I/O thread and the first
+ * asynchronous GET/PUT its batch thread; they block every signal. After
+ * fork(), only the parent may use a client.
  *
  * Asynchronous calls: kvnode_submit_* send a batch and return at once with a
  * ticket; its completion is collected with kvnode_drain, without blocking,
@@ -59,8 +60,10 @@ enum { KVNODE_TIER_HOST = 1, KVNODE_TIER_HBM = 2 };
 /* Where a block is, in this process's address space. tier KVNODE_TIER_HOST:
  * ptr is host memory (device -1). tier KVNODE_TIER_HBM: the block is in the
  * GPU memory of CUDA device `device`; ptr is a device pointer (GPU memory
- * lent through CUDA IPC: never dereference it on the CPU, use cudaMemcpy or
- * kernels) or, when the daemon simulates its GPUs, a host mapping. */
+ * lent as a CUDA VMM fd or a CUDA IPC handle: never dereference it on the
+ * CPU, use cudaMemcpyAsync or kernels) or, when the daemon simulates its
+ * GPUs, a host mapping. A device pointer is valid until its lease ends and
+ * never after the connection ends (see kvnode_connect_device). */
 typedef struct kvnode_loc { void *ptr; int tier; int device; } kvnode_loc;
 
 /* Error codes (negated on return). Stable: they travel on the wire. */
@@ -96,10 +99,26 @@ int  kvnode_connect(const char *socket_path, const kvnode_layout *layout, kvnode
 /* kvnode_connect declaring the engine's CUDA device (-1: none; ignored for
  * observers). With a device, the daemon lends this client GPU memory
  * (KVNODE_TIER_HBM) and puts to KVNODE_TIER_HBM land on that device. Real GPU
- * memory comes as CUDA IPC handles, which need a CUDA runtime in this process
- * (libcudart, found at run time: the engine's own when loaded); without one
- * only simulated GPU memory (host memory) is lent. An IPC handle that cannot
- * be opened fails the connect with -KVNODE_EIO. */
+ * memory needs a CUDA runtime in this process (libcudart, found at run time:
+ * the engine's own when loaded); without one only simulated GPU memory (host
+ * memory) is lent. It comes as a CUDA VMM allocation's file descriptor when
+ * the driver (libcuda.so.1) has the VMM calls (CUDA >= 10.2), which works
+ * from any PID namespace (engines in containers), else as a legacy CUDA IPC
+ * handle, which needs the daemon's PID namespace.
+ *
+ * GPU memory that cannot be mapped here (IPC across PID namespaces, a MIG
+ * instance, a driver that refuses...) does not fail the connect: the client
+ * connects again without GPU memory, telling the daemon why, and succeeds
+ * host-only; kvnode_last_error(c) then says "HBM unusable (<reason>);
+ * connected host-only" (else it is "").
+ *
+ * A client lent GPU memory runs a thread of its own from the connect on,
+ * which sees the end of the connection (the daemon stopping, dying, a
+ * protocol error, kvnode_cancel) while the engine is idle and then releases
+ * that memory at once (IPC close / VMM unmap; the daemon can free it): from
+ * then on every KVNODE_TIER_HBM pointer of the client is invalid, and the
+ * engine's GPU work must not use one. A daemon that stops tells its clients
+ * first (calls in flight fail with -KVNODE_ESHUTDOWN, "daemon stopping"). */
 int  kvnode_connect_device(const char *socket_path, const kvnode_layout *layout, int cuda_device,
                            kvnode_client **out);
 /* Flags of kvnode_connect_flags. */
@@ -109,8 +128,10 @@ enum {
      * PROT_READ here: a write to a lent block faults (SIGSEGV) and the
      * mapping cannot be made writable (mprotect fails with EACCES). Its
      * put_begin, put_inline, put and delete fail with -KVNODE_EDENIED. Real
-     * GPU memory lent through CUDA IPC has no read-only form: a reader with a
-     * CUDA device gets it read-write, as every client of its tenant does.
+     * GPU memory (a VMM fd or a CUDA IPC handle) has no read-only form: a
+     * reader with a CUDA device gets it read-write, as every client of its
+     * tenant does. kvnode_pin_host pins a reader's read-only mapping with
+     * cudaHostRegisterReadOnly.
      * Ignored for observers. */
     KVNODE_CONNECT_READER = 1u << 0,
     /* Start kvnode_prefault(c, 0) when the connect succeeds (see there). */
@@ -136,7 +157,8 @@ uint64_t kvnode_block_bytes(const kvnode_client *c);
 int  kvnode_cuda_device(const kvnode_client *c);
 /* Page-lock this process's mapping of the host arena for the GPU
  * (cudaHostRegister, portable, on the client's CUDA device when it declared
- * one), so the engine's copies between GPU and host blocks are direct DMA.
+ * one; read-only for a reader, whose mapping is), so the engine's copies
+ * between GPU and host blocks are direct DMA.
  * Idempotent; kvnode_close unregisters. May take seconds for a large arena.
  * -KVNODE_ESTATE without a CUDA runtime ("no CUDA runtime (libcudart not
  * found ...)") or without a host arena; -KVNODE_EIO when CUDA refuses. */
@@ -207,7 +229,14 @@ int  kvnode_match_remote(kvnode_client *c, const kvnode_key *keys, size_t n, siz
 
 /* Pin the longest cached prefix under one read lease: locs[0..*got) point at
  * the blocks (read-only by contract) until kvnode_get_end(lease). *lease is 0
- * when *got is 0 (nothing to end). */
+ * when *got is 0 (nothing to end).
+ *
+ * Completion contract: the daemon may reuse a block once its read lease ends
+ * and stores, demotes and serves a block as soon as its write lease is
+ * committed. kvnode_get_end / kvnode_put_commit therefore need the caller's
+ * reads of / writes to the lease's blocks to be complete already: CPU
+ * accesses done, GPU work (cudaMemcpyAsync, kernels) synchronised. For GPU
+ * work still queued, end or commit with the _stream calls below. */
 int  kvnode_get_begin(kvnode_client *c, const kvnode_key *keys, size_t n,
                       kvnode_lease *lease, kvnode_loc *locs, size_t *got);
 int  kvnode_get_end(kvnode_client *c, kvnode_lease lease);
@@ -220,6 +249,18 @@ int  kvnode_put_begin(kvnode_client *c, const kvnode_key *keys, size_t n, int ti
                       kvnode_lease *lease, kvnode_loc *locs); /* locs[i].ptr == NULL: already stored */
 int  kvnode_put_commit(kvnode_client *c, kvnode_lease lease);
 int  kvnode_put_abort(kvnode_client *c, kvnode_lease lease);
+
+/* --- completion with the caller's GPU work (KVNODE_0.5) ---------------------
+ *
+ * kvnode_put_commit / kvnode_get_end after the work queued on `stream` (a
+ * cudaStream_t of the client's CUDA device; NULL: the legacy default stream)
+ * has completed: the calling thread waits for it (cudaStreamSynchronize),
+ * then commits / ends. Need a CUDA runtime (-KVNODE_ESTATE without one). When
+ * the wait fails (-KVNODE_EIO, with CUDA's message) the lease is left as it
+ * was: the caller ends or aborts it once its work is known to be over (a
+ * write still running must not land in a slot given to someone else). */
+int  kvnode_put_commit_stream(kvnode_client *c, kvnode_lease lease, void *stream);
+int  kvnode_get_end_stream(kvnode_client *c, kvnode_lease lease, void *stream);
 
 /* Copying conveniences over the zero-copy pairs; each dst[i]/src[i] holds
  * kvnode_block_bytes() bytes of host memory. They split n > max_keys into
@@ -254,8 +295,14 @@ int  kvnode_reload(kvnode_client *c, char **not_applied);
 /* Flags of kvnode_get_batch / kvnode_put_batch / kvnode_submit_get / _put. */
 enum {
     /* dst[i] / src[i] are GPU memory of the client's CUDA device (device
-     * pointers): every block is moved with cudaMemcpy. Needs a client that
-     * declared a CUDA device and found a CUDA runtime (else -KVNODE_ESTATE). */
+     * pointers): every block is moved with cudaMemcpyAsync on a stream owned
+     * by the client (non-blocking: not ordered with the legacy default
+     * stream), which is synchronised before each chunk's lease ends, so dst
+     * is complete when the call returns. The caller's GPU work writing src
+     * (put) or still using dst (get) must be complete before the call: to
+     * order the copies after work queued on a stream instead, use the
+     * _stream calls. Needs a client that declared a CUDA device and found a
+     * CUDA runtime (else -KVNODE_ESTATE). */
     KVNODE_BATCH_DEVICE = 1u << 0,
 };
 /* kvnode_get / kvnode_put with flags: n blocks between the cache and the
@@ -266,6 +313,16 @@ int  kvnode_get_batch(kvnode_client *c, const kvnode_key *keys, size_t n, void *
                       unsigned flags, size_t *got);
 int  kvnode_put_batch(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src,
                       unsigned flags);
+/* kvnode_get_batch / kvnode_put_batch whose CUDA copies (all of them with
+ * KVNODE_BATCH_DEVICE; else those of GPU-tier blocks) are queued on the
+ * caller's `stream` (a cudaStream_t of the client's device; NULL: the legacy
+ * default stream), after the work already queued there, and the stream is
+ * synchronised before each chunk's lease ends: on return the copies, and
+ * the caller's work queued before them, are complete (KVNODE_0.5). */
+int  kvnode_get_batch_stream(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst,
+                             unsigned flags, void *stream, size_t *got);
+int  kvnode_put_batch_stream(kvnode_client *c, const kvnode_key *keys, size_t n,
+                             const void *const *src, unsigned flags, void *stream);
 
 /* --- asynchronous calls (KVNODE_0.3) ----------------------------------------
  *

@@ -208,6 +208,8 @@ void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode
                 s->leases.mapped |= 1u << a->id;
             if (a->tier == KVNODE_TIER_HBM && !s->leases.put_arena)
                 s->leases.put_arena = a->id;
+            if (a->tier == KVNODE_TIER_HBM)
+                s->hbm_lent = true;
         }
         uint32_t region = cache_host_region(ops_cache(s), h->cuda_device, h->cuda_pci_bus_id);
         s->leases.host_region = region == ARENA_ANY_REGION ? 0 : region + 1;

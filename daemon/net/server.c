@@ -461,6 +461,8 @@ void server_destroy(struct server *s)
     server_stop_listening(s);
     if (s->stop_timer)
         event_free(s->stop_timer);
+    if (s->release_timer)
+        event_free(s->release_timer);
     event_free(s->accept_resume_ev);
     free(s);
 }
@@ -471,16 +473,76 @@ void server_apply_config(struct server *s, const struct kvn_config *cfg)
     server_load_access(s, cfg);
 }
 
-/* --- shutdown -------------------------------------------------------------- */
+/* --- shutdown --------------------------------------------------------------
+ *
+ * Connections lent HBM are told to let go of it (GoingAway) and are waited
+ * for until they close or hbm.release_timeout passes: HBM is freed after the
+ * loop, and freeing memory a client still maps is what the notice avoids.
+ * The others finish their replies within server.shutdown_timeout. The loop
+ * ends when every connection is gone, so within the longer of the two. */
+
+static void timer_add_ms(struct event *ev, uint32_t ms)
+{
+    struct timeval tv = { .tv_sec = (time_t)(ms / 1000u), .tv_usec = (suseconds_t)((ms % 1000u) * 1000u) };
+    evtimer_add(ev, &tv);
+}
+
+/* Close the connections told GoingAway (going == true) or the others. */
+static void server_close_conns(struct server *s, bool going)
+{
+    struct conn *c, *next;
+
+    for (c = s->conns; c; c = next) {
+        next = c->next;
+        if (c->going_away == going)
+            conn_destroy(c);
+    }
+}
 
 static void server_stop_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct server *s = arg;
+    size_t others = s->nconns - s->going_away_open;
     (void)fd;
     (void)what;
-    log_warn("shutdown: %zu connection%s still open after %u ms; closing them",
-             s->nconns, s->nconns == 1 ? "" : "s", s->cfg->shutdown_timeout_ms);
-    event_base_loopbreak(s->base);
+    if (others)
+        log_warn("shutdown: %zu connection%s still open after %u ms; closing them",
+                 others, others == 1 ? "" : "s", s->cfg->shutdown_timeout_ms);
+    if (s->going_away_open == 0) {
+        event_base_loopbreak(s->base);
+        return;
+    }
+    /* The clients lent HBM have their own time. */
+    server_close_conns(s, false);
+}
+
+static void server_release_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct server *s = arg;
+    (void)fd;
+    (void)what;
+    if (s->going_away_open == 0)
+        return;
+    log_warn("stop: %zu client%s lent HBM still connected after hbm.release_timeout (%u ms); closing %s",
+             s->going_away_open, s->going_away_open == 1 ? "" : "s", s->cfg->hbm_release_timeout_ms,
+             s->going_away_open == 1 ? "it" : "them");
+    server_close_conns(s, true);
+}
+
+void server_conn_ends(struct server *s, struct conn *c)
+{
+    if (c->hbm_counted) {
+        s->hbm_lent--;
+        /* Only its own close says it let go of the memory. */
+        if (s->stopping) {
+            if (c->going_away && c->peer_closed)
+                s->hbm_released++;
+            else
+                s->hbm_held++;
+        }
+    }
+    if (c->going_away)
+        s->going_away_open--;
 }
 
 void server_maybe_finish_stop(struct server *s)
@@ -489,26 +551,57 @@ void server_maybe_finish_stop(struct server *s)
         event_base_loopbreak(s->base);
 }
 
+/* Queue the GoingAway notice (Response id 0). 0 or a negative KVNODE_E*. */
+static int server_send_going_away(struct conn *c, uint32_t within_ms)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__GoingAway ga = KVNODE__GOING_AWAY__INIT;
+
+    ga.unmap_within_ms = within_ms;
+    ga.reason = (char *)"kvnoded is stopping";
+    resp.id = 0;
+    resp.result_case = KVNODE__RESPONSE__RESULT_GOING_AWAY;
+    resp.going_away = &ga;
+    return server_reply(c, &resp, NULL, 0);
+}
+
 void server_begin_shutdown(struct server *s)
 {
     struct conn *c, *next;
-    struct timeval tv;
+    uint32_t release_ms = s->cfg->hbm_release_timeout_ms;
 
     if (s->stopping)
         return;
     s->stopping = true;
     server_stop_listening(s);
     /* Requests are answered synchronously, so what is in flight is what is
-     * queued for output: stop reading and let the replies drain. */
+     * queued for output: stop reading and let the replies drain. A client
+     * lent HBM is told to unmap it and close, after its replies, and read
+     * until it does (release_ms 0: told, then closed like the others). */
     for (c = s->conns; c; c = next) {
         next = c->next;
+        if (c->hbm_counted && !c->closing && server_send_going_away(c, release_ms) == 0) {
+            s->going_away_sent++;
+            if (release_ms > 0) {
+                c->going_away = true;
+                s->going_away_open++;
+                continue;
+            }
+        }
         server_close_after_flush(c);
     }
+    if (s->going_away_sent)
+        log_info("stop: told %" PRIu64 " client%s lent HBM to unmap it and close within %u ms "
+                 "(hbm.release_timeout)", s->going_away_sent, s->going_away_sent == 1 ? "" : "s", release_ms);
     s->stop_timer = evtimer_new(s->base, server_stop_timeout_cb, s);
-    if (s->stop_timer) {
-        tv.tv_sec = (time_t)(s->cfg->shutdown_timeout_ms / 1000u);
-        tv.tv_usec = (suseconds_t)((s->cfg->shutdown_timeout_ms % 1000u) * 1000u);
-        evtimer_add(s->stop_timer, &tv);
+    if (s->stop_timer)
+        timer_add_ms(s->stop_timer, s->cfg->shutdown_timeout_ms);
+    if (s->going_away_open) {
+        s->release_timer = evtimer_new(s->base, server_release_timeout_cb, s);
+        if (s->release_timer)
+            timer_add_ms(s->release_timer, release_ms);
+        else
+            server_close_conns(s, true);   /* no timer, no wait */
     }
     server_maybe_finish_stop(s);
 }
@@ -526,6 +619,8 @@ void server_get_stats(const struct server *s, struct server_stats *out)
         .frames_rejected = s->frames_rejected, .frames_timed_out = s->frames_timed_out,
         .hello_timeouts = s->hello_timeouts, .output_limit_closed = s->output_limit_closed,
         .output_limit_refused = s->output_limit_refused,
+        .hbm_lent = s->hbm_lent, .going_away = s->going_away_sent,
+        .hbm_released = s->hbm_released, .hbm_held = s->hbm_held,
     };
 }
 

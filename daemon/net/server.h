@@ -61,8 +61,13 @@ void server_destroy(struct server *s);
 /* Point at a new effective config (reload). */
 void server_apply_config(struct server *s, const struct kvn_config *cfg);
 
-/* Stop accepting, stop reading, flush replies; break the loop when every
- * connection is gone or after cfg->shutdown_timeout_ms. */
+/* Stop accepting, stop reading, flush replies. A connection lent HBM
+ * (session.hbm_lent) is sent an unsolicited Response{id 0, going_away}
+ * after its replies and is then read until it closes, its requests refused
+ * with KVNODE_ESHUTDOWN, for at most cfg->hbm_release_timeout_ms (0: closed
+ * like the others); the others are closed once their replies are written, or
+ * after cfg->shutdown_timeout_ms. The loop breaks when every connection is
+ * gone: within the longer of the two. */
 void server_begin_shutdown(struct server *s);
 
 /* Queue a response; fds (may be NULL) ride on its first byte. 0 or a
@@ -97,6 +102,11 @@ struct server_stats {
     uint64_t hello_timeouts;                        /* closed without HELLO at server.hello_timeout */
     uint64_t output_limit_closed, output_limit_refused; /* at server.max_buffered_output_bytes (or a
                                                        tenant's share): connections closed, requests refused */
+    uint64_t hbm_lent;                              /* connections lent HBM now */
+    uint64_t going_away;                            /* GoingAway notices sent (the stop) */
+    uint64_t hbm_released, hbm_held;                /* the stop: connections lent HBM that closed
+                                                       themselves / that the daemon closed (they may
+                                                       still map HBM when it is freed) */
 };
 void server_get_stats(const struct server *s, struct server_stats *out);
 const char *server_socket_path(const struct server *s);

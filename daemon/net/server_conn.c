@@ -162,6 +162,7 @@ void conn_destroy(struct conn *c)
 {
     struct server *s = c->srv;
 
+    server_conn_ends(s, c);
     s->handler.session_end(s->handler.arg, &c->session);
     conn_leave_wait_queue(c);
     event_free(c->rev);
@@ -299,6 +300,7 @@ static int conn_write(struct conn *c)
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
                 break;
             log_debug("write to client pid %d failed: %s", (int)c->session.pid, strerror(errno));
+            c->peer_closed = true;
             return -1;
         }
         if (n == 0)
@@ -633,12 +635,21 @@ static void conn_process_input(struct conn *c)
                               " bytes: not a kvnode Request message", len);
             return;
         }
-        if (!conn_output_limited(c, req))
+        /* Told to go away (the stop): its leases are void, nothing more is
+         * served; it is read only to see it close. */
+        if (c->going_away)
+            server_reply_error(c, req->id, -KVNODE_ESHUTDOWN, "kvnoded is stopping: this connection "
+                               "was told to unmap its HBM and close (GoingAway)");
+        else if (!conn_output_limited(c, req))
             c->srv->handler.request(c->srv->handler.arg, c, &c->session, req);
         kvnode__request__free_unpacked(req, NULL);
         if (c->hello_ev && c->session.hello_done) {
             event_free(c->hello_ev);
             c->hello_ev = NULL;
+        }
+        if (c->session.hbm_lent && !c->hbm_counted) {
+            c->hbm_counted = true;
+            c->srv->hbm_lent++;
         }
     }
 }
@@ -691,6 +702,7 @@ void conn_read_cb(evutil_socket_t fd, short what, void *arg)
         if (n == 0 && evbuffer_get_length(c->in) > 0)
             log_debug("pid %d closed with %zu bytes of an incomplete frame",
                       (int)c->session.pid, evbuffer_get_length(c->in));
+        c->peer_closed = true;
         conn_destroy(c);
         return;
     }

@@ -62,6 +62,9 @@ struct conn {
     bool output_full;        /* unsent replies passed OUTPUT_HIGH_WATER: handle nothing more
                                 until they drop to OUTPUT_LOW_WATER */
     bool input_waiting;      /* on the server's queue for room for its frame */
+    bool hbm_counted;        /* session.hbm_lent, counted in the server's hbm_lent */
+    bool going_away;         /* told GoingAway at the stop: read until it closes, refuse its requests */
+    bool peer_closed;        /* the end came from the client (EOF or error), not from the daemon */
     struct event *resume_ev; /* handles the input that waited behind a deferred request */
     struct event *frame_ev;  /* server.frame_timeout: a frame in progress stopped arriving */
     struct event *hello_ev;  /* server.hello_timeout from accept; freed once HELLO succeeded */
@@ -92,7 +95,10 @@ struct server {
     struct conn *conns;
     size_t nconns;
     bool stopping;
-    struct event *stop_timer;
+    struct event *stop_timer;      /* server.shutdown_timeout: the connections not lent HBM */
+    struct event *release_timer;   /* hbm.release_timeout: the connections lent HBM */
+    size_t hbm_lent;               /* connections lent HBM (going away ones included) */
+    size_t going_away_open;        /* told GoingAway, not closed yet */
     /* what every connection buffers, and room held for frames being received */
     uint64_t in_bytes, out_bytes, in_room;
     struct conn *wait_head, *wait_tail;   /* frames waiting for room, first come first served */
@@ -105,6 +111,7 @@ struct server {
     uint64_t accepted, refused, frames_rejected, denied;
     uint64_t accept_pauses, input_waits, input_paused, frames_timed_out;
     uint64_t hello_timeouts, output_limit_closed, output_limit_refused;
+    uint64_t going_away_sent, hbm_released, hbm_held;
     /* access lists resolved from cfg (empty: anyone who can open the socket) */
     struct config_idlist allow_uids, allow_gids;
 };
@@ -119,5 +126,7 @@ void conn_destroy(struct conn *c);
 /* server.c */
 /* Break the loop once a stopping server has no connection left. */
 void server_maybe_finish_stop(struct server *s);
+/* c ends (conn_destroy): its part in the counts of clients lent HBM. */
+void server_conn_ends(struct server *s, struct conn *c);
 
 #endif

@@ -21,6 +21,8 @@ struct session {
     bool          hello_done;
     bool          observer;       /* HELLO without a layout */
     bool          reader;         /* declared at HELLO: lent memory read-only, may not write */
+    bool          hbm_lent;       /* HELLO lent it an HBM arena: the stop tells it to let go (GoingAway)
+                                     and waits for its close before HBM is freed */
     struct tenant *tenant;        /* whose memory it is served from; never changes */
     struct kv_namespace *ns;
     struct lease_list leases;

@@ -215,7 +215,7 @@ from ._lib import (  # the ctypes layer (kvnode/_lib.py)
     _fold_digests, _fold_text, _has_check_words, _match_checked, _get_begin_checked, _put_begin_checked,
     _get_batch_checked, _put_batch_checked, _get_inline, _put_inline, _get_inline_checked,
     _put_inline_checked, _delete_checked, _submit_match_checked, _submit_delete_checked,
-    _submit_get_checked, _submit_put_checked,
+    _submit_get_checked, _submit_put_checked, _get_batch_stream, _put_batch_stream,
 )
 
 def _s(b):
@@ -984,18 +984,39 @@ class Client:
                  for i in range(min(r.npeers, 64))]
         return RemoteMatch(r.matched, bool(r.remote_ok), _s(r.why), peers)
 
-    def get_batch(self, keys, pages, device=False, checks=None):
+    def _stream_fn(self, fn, what, stream, checks):
+        """The _stream variant of a batch call (stream: a cudaStream_t as an int, 0 for the
+        legacy default stream), or an error saying why there is none."""
+        if checks is not None:
+            raise InvalidArgument(InvalidArgument.CODE, "%s: stream and checks cannot be "
+                                  "combined" % what, "invalid argument")
+        if fn is None:
+            raise InvalidArgument(InvalidArgument.CODE, "%s with a stream needs a libkvnode "
+                                  "with the KVNODE_0.5 calls; %s has none" % (what, _lib_path),
+                                  "invalid argument")
+        return fn
+
+    def get_batch(self, keys, pages, device=False, checks=None, stream=None):
         """Copy the longest cached prefix of ``keys`` into ``pages`` (one per key: a writable
         buffer, an address, a tensor, or a ctypes ``c_void_p`` array of addresses) in one
         call; return how many were copied. ``device`` True: the pages are GPU memory of this
-        client's CUDA device. ``checks``: check words, as for :meth:`match`."""
+        client's CUDA device, complete when the call returns. ``stream``: a CUDA stream of
+        that device (its address as an int, e.g. ``torch.cuda.current_stream().cuda_stream``;
+        0: the legacy default stream) the copies are queued on, after the work already
+        there (``kvnode_get_batch_stream``). ``checks``: check words, as for :meth:`match`
+        (not with ``stream``)."""
         h = self._need_async("get_batch")
         arr, n = _keys_array(keys)
+        gs = None if stream is None else self._stream_fn(_get_batch_stream, "get_batch",
+                                                        stream, checks)
         pg = _Pages(pages, n, self._block_bytes, True, device)
         try:
             got = _SIZE(0)
             flags = _BATCH_DEVICE if device else 0
-            if checks is None:
+            if gs is not None:
+                rc = gs(h, arr, n, pg.array, flags, ctypes.c_void_p(int(stream) or None),
+                        ctypes.byref(got))
+            elif checks is None:
                 rc = _get_batch(h, arr, n, pg.array, flags, ctypes.byref(got))
             else:
                 rc = self._checked(_get_batch_checked, "get_batch")(
@@ -1005,16 +1026,22 @@ class Client:
         finally:
             pg.release()
 
-    def put_batch(self, keys, pages, device=False, checks=None):
+    def put_batch(self, keys, pages, device=False, checks=None, stream=None):
         """Store ``pages[i]`` (a buffer, an address, a tensor, or a ctypes ``c_void_p`` array
         of addresses: :attr:`block_bytes` bytes each) under ``keys[i]`` in one call; keys
-        already stored are left as they are. ``checks``: the blocks' check words."""
+        already stored are left as they are. ``device`` and ``stream`` as for
+        :meth:`get_batch` (with ``stream`` the copies follow the work queued there, e.g. the
+        kernel that wrote the pages). ``checks``: the blocks' check words."""
         h = self._need_async("put_batch")
         arr, n = _keys_array(keys)
+        ps = None if stream is None else self._stream_fn(_put_batch_stream, "put_batch",
+                                                        stream, checks)
         pg = _Pages(pages, n, self._block_bytes, False, device)
         try:
             flags = _BATCH_DEVICE if device else 0
-            if checks is None:
+            if ps is not None:
+                rc = ps(h, arr, n, pg.array, flags, ctypes.c_void_p(int(stream) or None))
+            elif checks is None:
                 rc = _put_batch(h, arr, n, pg.array, flags)
             else:
                 rc = self._checked(_put_batch_checked, "put_batch")(

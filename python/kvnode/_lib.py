@@ -211,6 +211,15 @@ else:
     _delete_checked = _submit_match_checked = _submit_delete_checked = None
     _submit_get_checked = _submit_put_checked = None
 
+# The _stream batch calls (the caller's CUDA stream) came with KVNODE_0.5.
+if hasattr(_lib, "kvnode_get_batch_stream"):
+    _get_batch_stream = _fn("kvnode_get_batch_stream", ctypes.c_int, _P, _KEYS, _SIZE, _PTRS,
+                            ctypes.c_uint, _P, ctypes.POINTER(_SIZE))
+    _put_batch_stream = _fn("kvnode_put_batch_stream", ctypes.c_int, _P, _KEYS, _SIZE, _PTRS,
+                            ctypes.c_uint, _P)
+else:
+    _get_batch_stream = _put_batch_stream = None
+
 #: Operation of a :class:`Completion` (``KVNODE_OP_*``).
 OP_MATCH, OP_GET, OP_PUT, OP_DELETE = 1, 2, 3, 4
 

@@ -22,9 +22,10 @@ static inline void raw_send_request(int fd, const Kvnode__Request *req)
     free(buf);
 }
 
-/* HELLO with layout l (host memory only) as client_name; asserts it is
- * accepted. The descriptors the reply lends stay in the socket (unread). */
-static inline void raw_hello(int fd, const kvnode_layout *l, const char *client_name)
+/* HELLO with layout l as client_name, declaring CUDA device `device` (-1:
+ * none, host memory only); asserts it is accepted. How many HBM arenas the
+ * reply lends (the descriptors it passes are closed unread). */
+static inline size_t raw_hello_device(int fd, const kvnode_layout *l, const char *client_name, int device)
 {
     Kvnode__Layout pl = KVNODE__LAYOUT__INIT;
     pl.model = (char *)l->model;
@@ -42,7 +43,7 @@ static inline void raw_hello(int fd, const kvnode_layout *l, const char *client_
     h.max_version = 1;
     h.layout = &pl;
     h.client_name = (char *)client_name;
-    h.cuda_device = -1;
+    h.cuda_device = device;
     Kvnode__Request req = KVNODE__REQUEST__INIT;
     req.id = 1000000;
     req.op_case = KVNODE__REQUEST__OP_HELLO;
@@ -55,7 +56,18 @@ static inline void raw_hello(int fd, const kvnode_layout *l, const char *client_
     free(payload);
     ck_assert_msg(resp && !resp->error && resp->result_case == KVNODE__RESPONSE__RESULT_HELLO, "HELLO failed: %s",
                   resp && resp->error ? resp->error->message : "undecodable");
+    size_t hbm = 0;
+    for (size_t i = 0; i < resp->hello->n_arenas; i++)
+        hbm += resp->hello->arenas[i]->tier == KVNODE__TIER__TIER_HBM;
     kvnode__response__free_unpacked(resp, NULL);
+    return hbm;
+}
+
+/* HELLO with layout l (host memory only) as client_name; asserts it is
+ * accepted. */
+static inline void raw_hello(int fd, const kvnode_layout *l, const char *client_name)
+{
+    raw_hello_device(fd, l, client_name, -1);
 }
 
 /* n GET_INLINE requests of key, ids 1..n, sent in one write (about 30

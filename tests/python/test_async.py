@@ -86,6 +86,21 @@ def test_batch_argument_errors(client):
         client.put_batch([1], [ctypes.addressof((ctypes.c_char * BLOCK)())], device=True)
 
 
+def test_batch_on_a_stream(client):
+    """stream= takes the _stream calls (KVNODE_0.5): host pages need no CUDA, so the round
+    trip works on a client without a GPU; device pages still need one (ESTATE)."""
+    src = pages(7, 3)
+    client.put_batch(keys(7, 3), src, stream=0)
+    dst = [numpy.zeros(BLOCK, numpy.uint8) for _ in range(3)]
+    assert client.get_batch(keys(7, 3), dst, stream=0) == 3
+    assert all(numpy.array_equal(a, b) for a, b in zip(src, dst))
+    with pytest.raises(kvnode.InvalidArgument, match="stream and checks"):
+        client.get_batch(keys(7, 3), dst, stream=0, checks=[1, 2, 3])
+    with pytest.raises(kvnode.StateError):
+        client.put_batch([1], [ctypes.addressof((ctypes.c_char * BLOCK)())], device=True,
+                         stream=0)
+
+
 def test_match_tiers_and_remote(client):
     client.put_batch(keys(3, 5), pages(3, 5))
     t = client.match_tiers(keys(3, 5) + [1])

@@ -21,9 +21,15 @@
  *     device's arena (an fd) is mapped; a CUDA IPC handle is checked, opened
  *     on the client's device through the runtime (a fake one, injected with
  *     cudart_set_override, since the test machine has no GPU) and fails the
- *     connect clearly without one; copying calls use cudaMemcpy for device
- *     memory (and for every block with KVNODE_BATCH_DEVICE); kvnode_pin_host
- *     registers the host arena. */
+ *     connect clearly without one; one that cannot be opened leaves the
+ *     client connected host-only after a second HELLO saying why; copying
+ *     calls use cudaMemcpyAsync on the client's own stream (or the caller's)
+ *     for device memory (and for every block with KVNODE_BATCH_DEVICE),
+ *     synchronised before the lease ends; put_commit_stream / get_end_stream
+ *     wait for the caller's stream; the end of the connection (GoingAway,
+ *     EOF) closes the IPC handle before the socket; kvnode_pin_host
+ *     registers the host arena. (tests/unit/test_client_cuda.c runs the GPU
+ *     path through the strict fake CUDA library.) */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
@@ -63,6 +69,8 @@ enum {
     KEY_EXTRA_FD,           /* normal match reply with an fd attached */
     KEY_WRONG_RESULT,       /* reply carrying another result type */
     KEY_SHORT_BLOB,         /* get_inline blob one byte short */
+    KEY_GOING_AWAY,         /* no reply: GoingAway (id 0), as a stopping daemon sends */
+    KEY_EOF,                /* no reply: the daemon dies (its socket shut down) */
 };
 
 /* How the fake lends its GPU arena (arena 2, slots index 1). */
@@ -96,6 +104,10 @@ struct fake {
     int hello_mode;
     int hbm_mode, hbm_device;
     int reply_reader;       /* 0: echo HELLO's reader; 1: always say reader; -1: never (older daemon) */
+    int honour_ipc;         /* lend no IPC handle to a HELLO without cuda_ipc (as kvnoded) */
+    int reconnects;         /* connections to accept after the first one ends */
+    void (*on_eof)(struct fake *f);         /* called when the client's connection ends */
+    unsigned eof_mark;                      /* what on_eof saw */
     size_t hbm_handle_len;
     uint64_t block_bytes;
     uint32_t max_frame, max_keys;
@@ -110,6 +122,7 @@ struct fake {
     /* what the fake saw */
     int hello_seen, hello_has_layout;
     Kvnode__Request *hello;                 /* kept for field checks */
+    Kvnode__Request *hello2;                /* the HELLO of the reconnection, if any */
     uint64_t expect_id;
     unsigned ops[32];
     size_t max_keys_in_op[32];
@@ -312,7 +325,9 @@ static void fake_hello(struct fake *f, Kvnode__Request *req)
     a[0].size = f->mem_size; a[0].fd_index = 0;
     a[1].id = 2; a[1].tier = KVNODE__TIER__TIER_HBM; a[1].device = f->hbm_device;
     a[1].size = f->mem_size; a[1].fd_index = 1;
-    if (f->hbm_mode != HBM_FD) {
+    if (f->hbm_mode != HBM_FD && f->honour_ipc && !req->hello->cuda_ipc) {
+        a[1].fd_index = -1;     /* not lent to this client */
+    } else if (f->hbm_mode != HBM_FD) {
         uintptr_t addr = (uintptr_t)f->mem[1];
 
         memset(handle, 0, sizeof handle);
@@ -342,7 +357,8 @@ static void fake_hello(struct fake *f, Kvnode__Request *req)
     r.id = req->id;
     r.result_case = KVNODE__RESPONSE__RESULT_HELLO;
     r.hello = &h;
-    nfds = f->hbm_mode == HBM_IPC || f->hbm_mode == HBM_IPC_LEN ? 1 : 2;
+    nfds = f->hbm_mode == HBM_IPC || f->hbm_mode == HBM_IPC_LEN ||
+           (f->hbm_mode != HBM_FD && f->honour_ipc && !req->hello->cuda_ipc) ? 1 : 2;
     fake_reply(f, &r, f->memfd, f->hello_mode == HM_FD_MISMATCH ? 0 : nfds);
 }
 
@@ -381,8 +397,19 @@ static int fake_special(struct fake *f, Kvnode__Request *req, int64_t k0)
         fake_send_frame(f, hdr, sizeof hdr, NULL, 0);
         return 1;
     case KEY_HANGUP:
+    case KEY_EOF:
         shutdown(f->cfd, SHUT_RDWR);
         return 1;
+    case KEY_GOING_AWAY: {
+        Kvnode__GoingAway g = KVNODE__GOING_AWAY__INIT;
+        g.unmap_within_ms = 5000;
+        g.reason = (char *)"SIGTERM";
+        r.id = 0;
+        r.result_case = KVNODE__RESPONSE__RESULT_GOING_AWAY;
+        r.going_away = &g;
+        fake_reply(f, &r, NULL, 0);
+        return 1;
+    }
     case KEY_GARBAGE:
         fake_send_frame(f, garbage, sizeof garbage, NULL, 0);
         return 1;
@@ -689,14 +716,16 @@ static int fake_handle(struct fake *f, Kvnode__Request *req)
     if (n > f->max_keys_in_op[op])
         f->max_keys_in_op[op] = n;
     if (op == KVNODE__REQUEST__OP_HELLO) {
-        if (f->hello)
+        if (f->hello2 || (f->hello && f->hello_seen))
             fake_bad(f, "second HELLO");
+        else if (f->hello)
+            f->hello2 = req;    /* the reconnection's; freed by fake_stop */
         else
             f->hello = req;     /* kept; freed by fake_stop */
         fake_hello(f, req);
         return f->hello_mode != HM_OK;
     }
-    if (!f->hello)
+    if (!f->hello || !f->hello_seen)
         fake_bad(f, "first request is not HELLO");
     if (n > 0 && (sp = fake_special(f, req, keys[0])) >= 0)
         return sp;
@@ -759,12 +788,36 @@ static void *fake_main(void *arg)
         return NULL;
     }
     for (;;) {
+        if (f->cfd < 0) {
+            /* The client connects again (host-only after a GPU arena failed). */
+            p.revents = 0;
+            if (poll(&p, 1, SERVER_WAIT_MS) <= 0) {
+                fake_bad(f, "the client did not connect again");
+                return NULL;
+            }
+            f->cfd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
+            if (f->cfd < 0) {
+                fake_bad(f, "accept failed");
+                return NULL;
+            }
+            f->expect_id = 1;
+            f->hello_seen = 0;
+            stop = 0;
+        }
         uint8_t hdr[WIRE_HEADER_BYTES], *payload;
         uint32_t len;
         Kvnode__Request *req;
 
-        if (fake_read_full(f->cfd, hdr, sizeof hdr) < 0)
+        if (fake_read_full(f->cfd, hdr, sizeof hdr) < 0) {
+            if (f->on_eof)
+                f->on_eof(f);
+            if (f->reconnects-- > 0) {
+                close(f->cfd);
+                f->cfd = -1;
+                continue;
+            }
             break;      /* EOF: the client closed */
+        }
         if (stop)
             continue;   /* after a terminal misbehaviour: drain until EOF */
         if (wire_frame_len(hdr, f->max_frame, &len) < 0) {
@@ -786,7 +839,7 @@ static void *fake_main(void *arg)
             break;
         }
         stop = fake_handle(f, req);
-        if (req != f->hello)
+        if (req != f->hello && req != f->hello2)
             kvnode__request__free_unpacked(req, NULL);
     }
     close(f->cfd);
@@ -854,6 +907,8 @@ static void fake_stop(struct fake *f)
     }
     if (f->hello)
         kvnode__request__free_unpacked(f->hello, NULL);
+    if (f->hello2)
+        kvnode__request__free_unpacked(f->hello2, NULL);
     free(f);
     ck_assert_msg(bad[0] == 0, "fake daemon saw: %s", bad);
 }
@@ -1703,8 +1758,12 @@ END_TEST
  * "device memory" (the memfd mapping behind arena 2); it records every call. */
 static struct {
     int current;                    /* the current device */
-    int fail_open, fail_copy, fail_register, fail_get_device;
+    int fail_open, fail_copy, fail_register, fail_get_device, fail_sync;
     unsigned opens, closes, registers, unregisters, copies, sets, last_error_calls;
+    unsigned streams_made, streams_gone, syncs;     /* cudaStreamCreate/Destroy/Synchronize */
+    void *copy_stream;              /* the stream of the last cudaMemcpyAsync */
+    void *sync_stream;              /* the stream of the last cudaStreamSynchronize */
+    int sync_device;                /* the current device then */
     int open_device;                /* current device during ipc_open */
     unsigned open_flags, register_flags;
     int copy_kind, register_device;
@@ -1762,6 +1821,36 @@ static int frt_copy(void *dst, const void *src, size_t n, int kind)
     return 0;
 }
 
+/* Copies land at once: the order of copies and syncs is what is checked. */
+static int frt_copy_async(void *dst, const void *src, size_t n, int kind, void *stream)
+{
+    frt.copy_stream = stream;
+    return frt_copy(dst, src, n, kind);
+}
+
+static int frt_stream_create(void **stream, unsigned int flags)
+{
+    ck_assert_uint_eq(flags, 1);    /* cudaStreamNonBlocking */
+    frt.streams_made++;
+    *stream = &frt.streams_made;
+    return 0;
+}
+
+static int frt_stream_destroy(void *stream)
+{
+    ck_assert_ptr_eq(stream, &frt.streams_made);
+    frt.streams_gone++;
+    return 0;
+}
+
+static int frt_stream_sync(void *stream)
+{
+    frt.syncs++;
+    frt.sync_stream = stream;
+    frt.sync_device = frt.current;
+    return frt.fail_sync ? 700 : 0;     /* cudaErrorIllegalAddress */
+}
+
 static int frt_set_device(int d)
 {
     frt.sets++;
@@ -1806,7 +1895,9 @@ static const struct cudart fake_runtime = {
     .host_register = frt_host_register, .host_unregister = frt_host_unregister,
     .copy = frt_copy, .set_device = frt_set_device, .get_device = frt_get_device,
     .error_string = frt_error_string, .get_last_error = frt_get_last_error,
-    .pci_bus_id = frt_pci_bus_id, .lib = "fake-cudart",
+    .pci_bus_id = frt_pci_bus_id, .copy_async = frt_copy_async,
+    .stream_create = frt_stream_create, .stream_destroy = frt_stream_destroy,
+    .stream_sync = frt_stream_sync, .lib = "fake-cudart",
 };
 static const struct cudart no_runtime;          /* ipc_open NULL: "not installed" */
 
@@ -1963,17 +2054,21 @@ START_TEST(test_hbm_ipc_this_machine)
     int have_rt = cudart_load(&rt, why, sizeof why) == 0, rc;
 
     f->hbm_mode = HBM_IPC;
+    f->honour_ipc = have_rt;
+    f->reconnects = have_rt;
     fake_run(f);
     rc = kvnode_connect_device(f->path, &test_layout, 0, &c);
-    ck_assert_ptr_null(c);
     ck_assert_int_eq(f->hello->hello->cuda_device, 0);
     ck_assert_int_eq(f->hello->hello->cuda_ipc, have_rt);
     if (have_rt) {
-        ck_assert_int_eq(rc, -KVNODE_EIO);
-        ck_assert_msg(strstr(kvnode_connect_error(), "cannot open GPU arena 2 (device 0") != NULL,
-                      "error: %s", kvnode_connect_error());
+        /* no GPU here: the fake handle cannot be opened, host-only it is */
+        ck_assert_int_eq(rc, 0);
+        ck_assert_msg(strstr(kvnode_last_error(c), "HBM unusable (cannot open GPU arena 2 "
+                             "(device 0") != NULL, "error: %s", kvnode_last_error(c));
+        kvnode_close(c);
     } else {
         ck_assert_int_eq(rc, -KVNODE_EPROTO);
+        ck_assert_ptr_null(c);
         ck_assert_msg(strstr(kvnode_connect_error(), "libcudart not found") != NULL,
                       "error: %s", kvnode_connect_error());
         ck_assert_ptr_nonnull(strstr(why, "libcudart not found"));
@@ -2009,9 +2104,13 @@ START_TEST(test_batch_device_pointers)
     ck_assert_uint_eq(got, 2);
     for (i = 0; i < 2; i++)
         ck_assert_msg(check_pattern(buf[i], BB, k[i]), "block %zu differs", i);
-    ck_assert_uint_eq(frt.copies, 2);               /* both host blocks by cudaMemcpy */
+    ck_assert_uint_eq(frt.copies, 2);               /* both host blocks by cudaMemcpyAsync */
     ck_assert_int_eq(frt.copy_kind, 4);
     ck_assert_int_eq(frt.current, 5);               /* the caller's device restored */
+    /* on the client's own non-blocking stream, synchronised before get_end */
+    ck_assert_uint_eq(frt.streams_made, 1);
+    ck_assert_ptr_eq(frt.copy_stream, &frt.streams_made);
+    ck_assert_uint_eq(frt.syncs, 1);
 
     /* put from "device" pages, read back with plain memcpy */
     for (i = 0; i < 2; i++)
@@ -2028,11 +2127,30 @@ START_TEST(test_batch_device_pointers)
     frt.fail_copy = 1;
     ck_assert_int_eq(kvnode_get_batch(c, k, 2, dst, KVNODE_BATCH_DEVICE, &got), -KVNODE_EIO);
     ck_assert_uint_eq(got, 0);
-    ck_assert_msg(strstr(kvnode_last_error(c), "get: cudaMemcpy of block 0 (to or from the "
+    ck_assert_msg(strstr(kvnode_last_error(c), "get: cudaMemcpyAsync of block 0 (to or from the "
                          "caller's GPU memory, device 1) failed") != NULL,
                   "error: %s", kvnode_last_error(c));
     ck_assert_uint_eq(f->n_get_leases, 0);          /* the lease was ended */
+    frt.fail_copy = 0;
+
+    /* the _stream calls queue on the caller's stream (NULL: the legacy one) */
+    frt.syncs = 0;
+    memset(buf, 0, sizeof buf);
+    ck_assert_int_eq(kvnode_get_batch_stream(c, k, 2, dst, KVNODE_BATCH_DEVICE, (void *)&frt,
+                                             &got), 0);
+    ck_assert_uint_eq(got, 2);
+    ck_assert_ptr_eq(frt.copy_stream, &frt);
+    ck_assert_uint_eq(frt.syncs, 1);
+    for (i = 0; i < 2; i++)
+        ck_assert_msg(check_pattern(buf[i], BB, k[i]), "block %zu differs", i);
+    kn[0] = 600;
+    kn[1] = 601;
+    ck_assert_int_eq(kvnode_put_batch_stream(c, kn, 2, src, KVNODE_BATCH_DEVICE, NULL), 0);
+    ck_assert_ptr_null(frt.copy_stream);
+    ck_assert_uint_eq(frt.syncs, 2);
+    ck_assert_uint_eq(frt.streams_made, 1);
     kvnode_close(c);
+    ck_assert_uint_eq(frt.streams_gone, 1);          /* the client's stream goes with it */
     fake_stop(f);
 }
 END_TEST
@@ -2099,7 +2217,7 @@ START_TEST(test_hbm_ipc_with_runtime)
     frt.fail_copy = 1;
     ck_assert_int_eq(kvnode_get(c, k, 3, dst, &got), -KVNODE_EIO);
     ck_assert_uint_eq(got, 0);
-    ck_assert_msg(strstr(kvnode_last_error(c), "get: cudaMemcpy of block 1 (GPU arena 2, device 1) "
+    ck_assert_msg(strstr(kvnode_last_error(c), "get: cudaMemcpyAsync of block 1 (GPU arena 2, device 1) "
                          "failed: fake: an illegal memory access was encountered (cudaError 700)"),
                   "error: %s", kvnode_last_error(c));
     ck_assert_uint_ge(frt.last_error_calls, 1);     /* the thread's CUDA error cleared */
@@ -2130,6 +2248,72 @@ START_TEST(test_hbm_ipc_with_runtime)
     ck_assert_int_eq(frt.current, 5);
     fake_stop(f);
     ck_assert_int_eq(count_fds(), fds0);
+}
+END_TEST
+
+/* put_commit_stream / get_end_stream wait for the caller's stream on the
+ * client's device, then commit / end; a failed wait leaves the lease as it
+ * was (the caller's writes may still run); without a runtime: ESTATE. */
+START_TEST(test_commit_and_end_after_stream)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[1] = {700};
+    kvnode_loc loc[1];
+    kvnode_lease lease;
+    size_t got = 0, idx;
+    int a;
+
+    cudart_set_override(&fake_runtime);
+    frt.current = 3;
+    f->hbm_mode = HBM_IPC;
+    f->hbm_device = 1;
+    fake_run(f);
+    c = connect_dev_ok(f, &test_layout, 1);
+    ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HBM, &lease, loc), 0);
+    fill_pattern(loc[0].ptr, BB, 700);
+    ck_assert_int_eq(kvnode_put_commit_stream(c, lease, (void *)&frt), 0);
+    ck_assert_uint_eq(frt.syncs, 1);
+    ck_assert_ptr_eq(frt.sync_stream, &frt);
+    ck_assert_int_eq(frt.sync_device, 1);           /* on the client's device */
+    ck_assert_int_eq(frt.current, 3);               /* the caller's restored */
+    ck_assert_ptr_nonnull(fake_find(f, 700, 2, &a, &idx));
+    ck_assert_int_eq(kvnode_get_begin(c, k, 1, &lease, loc, &got), 0);
+    ck_assert_int_eq(kvnode_get_end_stream(c, lease, NULL), 0);
+    ck_assert_uint_eq(frt.syncs, 2);
+    ck_assert_ptr_null(frt.sync_stream);            /* NULL: the legacy default stream */
+    ck_assert_uint_eq(f->n_get_leases, 0);
+    ck_assert_int_eq(kvnode_put_commit_stream(c, 0, NULL), 0);     /* lease 0: nothing */
+    ck_assert_uint_eq(frt.syncs, 2);
+
+    /* the wait fails: EIO naming it, and the lease is still the caller's */
+    k[0] = 701;
+    ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HBM, &lease, loc), 0);
+    frt.fail_sync = 1;
+    ck_assert_int_eq(kvnode_put_commit_stream(c, lease, NULL), -KVNODE_EIO);
+    ck_assert_msg(strstr(kvnode_last_error(c), "put_commit: cudaStreamSynchronize of the "
+                         "caller's stream (CUDA device 1) failed: fake: an illegal memory access"),
+                  "error: %s", kvnode_last_error(c));
+    ck_assert_ptr_nonnull(fake_find(f, 701, 1, &a, &idx));     /* still reserved */
+    frt.fail_sync = 0;
+    ck_assert_int_eq(kvnode_put_abort(c, lease), 0);
+    ck_assert_ptr_null(fake_find(f, 701, 1, &a, &idx));
+    kvnode_close(c);
+    fake_stop(f);
+
+    /* no CUDA runtime: nothing to wait with */
+    f = fake_start(HM_OK, BB, MAXF, 64);
+    cudart_set_override(&no_runtime);
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HOST, &lease, loc), 0);
+    ck_assert_int_eq(kvnode_put_commit_stream(c, lease, NULL), -KVNODE_ESTATE);
+    ck_assert_msg(strstr(kvnode_last_error(c), "put_commit: waiting for a CUDA stream needs a "
+                         "client with a CUDA device") != NULL, "error: %s", kvnode_last_error(c));
+    ck_assert_int_eq(kvnode_put_commit(c, lease), 0);
+    ck_assert_int_eq(kvnode_put_commit_stream(NULL, 1, NULL), -KVNODE_EINVAL);
+    kvnode_close(c);
+    fake_stop(f);
 }
 END_TEST
 
@@ -2168,11 +2352,72 @@ START_TEST(test_hbm_ipc_handle_shared_in_process)
 }
 END_TEST
 
+/* An IPC handle that cannot be opened (another PID namespace, a MIG slice,
+ * no driver...) leaves the client connected host-only: it connects again
+ * without cuda_ipc, tells the daemon why, and says so in kvnode_last_error.
+ * (Before issue 28 the connect failed with EIO: host memory lost too.) */
+/* The daemon frees lent GPU memory once the connection has closed: by then
+ * the client must have closed its IPC handle. */
+static void mark_ipc_closes(struct fake *f)
+{
+    f->eof_mark = __atomic_load_n(&frt.closes, __ATOMIC_SEQ_CST);
+}
+
+/* The end of the connection releases its GPU memory at once, not at
+ * kvnode_close: a stopping daemon's GoingAway (calls in flight fail with
+ * ESHUTDOWN, "daemon stopping") or a daemon that dies (EOF). Before issue 28
+ * GoingAway was an unknown reply id (EPROTO) and the handle stayed open
+ * until kvnode_close, so the daemon freed memory still mapped here. */
+START_TEST(test_hbm_released_when_connection_ends)
+{
+    static const int64_t keys[2] = {KEY_GOING_AWAY, KEY_EOF};
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[1] = {keys[_i]};
+    size_t matched = 9;
+    int rc;
+
+    cudart_set_override(&fake_runtime);
+    f->hbm_mode = HBM_IPC;
+    f->on_eof = mark_ipc_closes;
+    f->eof_mark = 99;
+    fake_run(f);
+    c = connect_dev_ok(f, &test_layout, 0);
+    ck_assert_uint_eq(frt.opens, 1);
+    ck_assert_int_eq(kvnode_ping(c), 0);
+    ck_assert_uint_eq(frt.closes, 0);
+    rc = kvnode_match(c, k, 1, &matched);
+    if (_i == 0) {
+        ck_assert_int_eq(rc, -KVNODE_ESHUTDOWN);
+        ck_assert_msg(strstr(kvnode_last_error(c), "daemon stopping (SIGTERM)") != NULL,
+                      "error: %s", kvnode_last_error(c));
+    } else {
+        ck_assert_int_eq(rc, -KVNODE_ECLOSED);
+    }
+    if (_i == 0) {
+        /* released by the client's thread while the engine does nothing,
+         * before the connection closes: the daemon sees the end, then frees */
+        ck_assert_int_eq(pthread_join(f->thr, NULL), 0);
+        f->running = 0;
+        ck_assert_uint_eq(f->eof_mark, 1);
+    }
+    ck_assert_int_eq(kvnode_ping(c), -KVNODE_ECLOSED);
+    kvnode_close(c);
+    ck_assert_uint_eq(frt.closes, 1);       /* once */
+    ck_assert_ptr_eq(frt.closed, f->mem[1]);
+    fake_stop(f);
+}
+END_TEST
+
 START_TEST(test_hbm_ipc_open_fails)
 {
     int fds0 = count_fds();
     struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
     kvnode_client *c = NULL;
+    kvnode_key k[1] = {100};
+    uint8_t buf[BB];
+    void *dst[1] = {buf};
+    size_t got = 0;
     const char *e;
 
     cudart_set_override(&fake_runtime);
@@ -2180,30 +2425,53 @@ START_TEST(test_hbm_ipc_open_fails)
     frt.fail_open = 1;
     f->hbm_mode = HBM_IPC;
     f->hbm_device = 1;
+    f->honour_ipc = 1;
+    f->reconnects = 1;
+    fake_preload(f, 0, 100);
     fake_run(f);
-    ck_assert_int_eq(kvnode_connect_device(f->path, &test_layout, 1, &c), -KVNODE_EIO);
-    ck_assert_ptr_null(c);
-    e = kvnode_connect_error();
-    ck_assert_msg(strstr(e, "cannot open GPU arena 2 (device 1, ") &&
+    ck_assert_int_eq(kvnode_connect_device(f->path, &test_layout, 1, &c), 0);
+    ck_assert_ptr_nonnull(c);
+    e = kvnode_last_error(c);
+    ck_assert_msg(strstr(e, "HBM unusable (cannot open GPU arena 2 (device 1, ") == e &&
                   strstr(e, "on CUDA device 1: cudaIpcOpenMemHandle: fake: invalid resource "
-                         "handle (cudaError 400)"), "error: %s", e);
+                         "handle (cudaError 400)); connected host-only"), "error: %s", e);
     ck_assert_uint_eq(frt.last_error_calls, 1);
     ck_assert_int_eq(frt.current, 0);
+    ck_assert_uint_eq(frt.opens, 1);
+    /* the daemon heard why, and lent no GPU memory the second time */
+    ck_assert(f->hello->hello->cuda_ipc);
+    ck_assert_str_eq(f->hello->hello->hbm_unusable, "");
+    ck_assert_ptr_nonnull(f->hello2);
+    ck_assert(!f->hello2->hello->cuda_ipc);
+    ck_assert(!f->hello2->hello->cuda_vmm);
+    ck_assert_int_eq(f->hello2->hello->cuda_device, 1);
+    ck_assert_msg(strstr(f->hello2->hello->hbm_unusable, "cudaIpcOpenMemHandle: fake: invalid "
+                         "resource handle") != NULL, "hbm_unusable: %s",
+                  f->hello2->hello->hbm_unusable);
+    /* host memory works */
+    ck_assert_int_eq(kvnode_get(c, k, 1, dst, &got), 0);
+    ck_assert_uint_eq(got, 1);
+    ck_assert(check_pattern(buf, BB, 100));
+    ck_assert_int_eq(kvnode_ping(c), 0);
+    kvnode_close(c);
     ck_assert_uint_eq(frt.closes, 0);
     fake_stop(f);
 
-    /* a runtime without a driver fails at the first call */
+    /* a runtime without a driver fails at the first call: host-only too */
     f = fake_start(HM_OK, BB, MAXF, 64);
     memset(&frt, 0, sizeof frt);
     frt.fail_get_device = 1;
     f->hbm_mode = HBM_IPC;
+    f->honour_ipc = 1;
+    f->reconnects = 1;
     fake_run(f);
-    ck_assert_int_eq(kvnode_connect_device(f->path, &test_layout, 0, &c), -KVNODE_EIO);
-    e = kvnode_connect_error();
-    ck_assert_msg(strstr(e, "cannot open GPU arena 2 (device 0, ") &&
-                  strstr(e, "cudaGetDevice: fake: CUDA driver version is insufficient"),
-                  "error: %s", e);
+    ck_assert_int_eq(kvnode_connect_device(f->path, &test_layout, 0, &c), 0);
+    e = kvnode_last_error(c);
+    ck_assert_msg(strstr(e, "HBM unusable (cannot open GPU arena 2 (device 0, ") &&
+                  strstr(e, "cudaGetDevice: fake: CUDA driver version is insufficient") &&
+                  strstr(e, "; connected host-only"), "error: %s", e);
     ck_assert_uint_eq(frt.opens, 0);
+    kvnode_close(c);
     fake_stop(f);
     ck_assert_int_eq(count_fds(), fds0);
 }
@@ -2429,6 +2697,8 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_batch_device_pointers);
     tcase_add_test(tc, test_hbm_ipc_open_fails);
     tcase_add_test(tc, test_hbm_ipc_handle_shared_in_process);
+    tcase_add_loop_test(tc, test_hbm_released_when_connection_ends, 0, 2);
+    tcase_add_test(tc, test_commit_and_end_after_stream);
     tcase_add_test(tc, test_pin_host);
     tcase_add_test(tc, test_pin_host_this_machine);
     tcase_add_test(tc, test_cuda_device_declared);

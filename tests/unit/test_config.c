@@ -154,6 +154,7 @@ static void assert_config_equal(const struct kvn_config *a, const struct kvn_con
     ck_assert(a->hbm_low_watermark == b->hbm_low_watermark);
     ck_assert_int_eq(a->hbm_required, b->hbm_required);
     ck_assert_uint_eq(a->hbm_copy_batch_bytes, b->hbm_copy_batch_bytes);
+    ck_assert_uint_eq(a->hbm_release_timeout_ms, b->hbm_release_timeout_ms);
     ck_assert_uint_eq(a->hbm_alloc_retry_ms, b->hbm_alloc_retry_ms);
     ck_assert_uint_eq(a->read_lease_ttl_ms, b->read_lease_ttl_ms);
     ck_assert_uint_eq(a->write_lease_ttl_ms, b->write_lease_ttl_ms);
@@ -234,6 +235,7 @@ static const char *const all_options[][2] = {
     { "memory", "pin_chunk_bytes" }, { "memory", "huge_pages" }, { "memory", "numa" },
     { "hbm", "backend" }, { "hbm", "bytes" }, { "hbm", "devices" }, { "hbm", "high_watermark" },
     { "hbm", "low_watermark" }, { "hbm", "required" }, { "hbm", "copy_batch_bytes" },
+    { "hbm", "release_timeout" },
     { "hbm", "alloc_retry" },
     { "leases", "read_ttl" }, { "leases", "write_ttl" }, { "leases", "reaper_interval" },
     { "leases", "max_per_client" },
@@ -301,6 +303,7 @@ START_TEST(test_defaults)
     ck_assert_double_eq(c.hbm_low_watermark, 0.80);
     ck_assert_int_eq(c.hbm_required, 0);
     ck_assert_uint_eq(c.hbm_copy_batch_bytes, 64 * MIB);
+    ck_assert_uint_eq(c.hbm_release_timeout_ms, 5000);
     ck_assert_uint_eq(c.hbm_alloc_retry_ms, 10000);
     ck_assert_uint_eq(c.read_lease_ttl_ms, 30000);
     ck_assert_uint_eq(c.write_lease_ttl_ms, 30000);
@@ -492,6 +495,9 @@ static const struct good_case good_cases[] = {
     { "hbm", "copy_batch_bytes", "1MiB", OFF(hbm_copy_batch_bytes), F_U64, .u = MIB },
     { "hbm", "copy_batch_bytes", "4GiB", OFF(hbm_copy_batch_bytes), F_U64, .u = 4 * GIB },
     { "hbm", "copy_batch_bytes", "1048577", OFF(hbm_copy_batch_bytes), F_U64, .u = MIB + 1 },
+    { "hbm", "release_timeout", "0", OFF(hbm_release_timeout_ms), F_U32, .u = 0 },
+    { "hbm", "release_timeout", "10m", OFF(hbm_release_timeout_ms), F_U32, .u = 600000 },
+    { "hbm", "release_timeout", "250ms", OFF(hbm_release_timeout_ms), F_U32, .u = 250 },
     { "hbm", "alloc_retry", "0", OFF(hbm_alloc_retry_ms), F_U32, .u = 0 },
     { "hbm", "alloc_retry", "10m", OFF(hbm_alloc_retry_ms), F_U32, .u = 600000 },
     { "leases", "read_ttl", "1h", OFF(read_lease_ttl_ms), F_U32, .u = 3600000 },
@@ -795,6 +801,8 @@ static const struct bad_case bad_cases[] = {
     { "hbm", "copy_batch_bytes", "1023KiB", "size '1023KiB' out of range (expected 1MiB..4GiB)" },
     { "hbm", "copy_batch_bytes", "4097MiB", "out of range (expected 1MiB..4GiB)" },
     { "hbm", "copy_batch_bytes", "0", "out of range" },
+    { "hbm", "release_timeout", "601s", "out of range (expected 0s..10m)" },
+    { "hbm", "release_timeout", "soon", "invalid duration 'soon'" },
     { "hbm", "alloc_retry", "11m", "out of range" },
     { "leases", "read_ttl", "5ms", "out of range (expected 10ms..1h)" },
     { "leases", "read_ttl", "1.5s", "'1.5s'" },
@@ -2349,7 +2357,7 @@ START_TEST(test_write_round_trip_defaults)
                             "low_watermark = 0.9\n", "pin_host = auto\n", "reaper_interval = 1s\n",
                             "namespace_quota = 0\npin_chunk_bytes = 1GiB\n\n[hbm]\nbackend = auto\nbytes = 0\n"
                             "devices = all\nhigh_watermark = 0.9\nlow_watermark = 0.8\nrequired = off\n"
-                            "copy_batch_bytes = 64MiB\nalloc_retry = 10s\n\n[leases]\n",
+                            "copy_batch_bytes = 64MiB\nrelease_timeout = 5s\nalloc_retry = 10s\n\n[leases]\n",
                             "level = info\n", "\n[persist]\n", "backend = file\n", "policy = write_through\n",
                             "path = /var/lib/kvnode\n", "capacity = 0\n", "fsync = batch\n", "workers = 2\n",
                             "queue = 4096\n", "\nurl = \n", "connect_timeout = 1s\n", "timeout = 5s\n",
@@ -2388,6 +2396,7 @@ START_TEST(test_write_round_trip_custom)
     c.max_namespaces = 3;
     c.request_timeout_ms = 1500;
     c.shutdown_timeout_ms = 0;
+    c.hbm_release_timeout_ms = 250;
     c.frame_timeout_ms = 2500;
     c.max_buffered_input_bytes = 3 * MIB + 1;
     c.hello_timeout_ms = 1500;
@@ -2464,7 +2473,8 @@ START_TEST(test_write_round_trip_custom)
                             "connect_timeout = 250ms\n", "timeout = 2m\n", "lookup = on\n",
                             "pin_chunk_bytes = 3MiB\n", "\n[hbm]\nbackend = sim\nbytes = 2097216KiB\n"
                             "devices = 1, 0\t15\nhigh_watermark = 0.875\n",
-                            "\nrequired = on\ncopy_batch_bytes = 4GiB\nalloc_retry = 2500ms\n\n[leases]\n",
+                            "\nrequired = on\ncopy_batch_bytes = 4GiB\nrelease_timeout = 250ms\nalloc_retry = 2500ms\n"
+                            "\n[leases]\n",
                             "\n[kvcm]\nenabled = on\nendpoints = http://kvcm-0:6382, https://kvcm-1.example/meta/\n"
                             "instance_group = prod-a\ninstance_id = {model}-{fingerprint}_{block_tokens}\n"
                             "host_ip_port = 10.1.2.3:18088\nstorage_type = ST_EVENT_REPORT_L2\nmedium_hbm = gpu\n"
