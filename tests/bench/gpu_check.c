@@ -134,6 +134,14 @@ static struct {
                             unsigned, void *);
 } ks;
 
+/* The table's types are the header's own. */
+#define SAME_TYPE(field, fn) \
+    _Static_assert(__builtin_types_compatible_p(__typeof__(ks.field), __typeof__(&fn)), #fn)
+SAME_TYPE(put_commit_stream, kvnode_put_commit_stream);
+SAME_TYPE(get_end_stream, kvnode_get_end_stream);
+SAME_TYPE(get_batch_stream, kvnode_get_batch_stream);
+SAME_TYPE(put_batch_stream, kvnode_put_batch_stream);
+
 /* Look the calls up; `required`: FAIL without them (the behaviours that
  * check the contract itself), else the others fall back to synchronising
  * the stream and committing plainly. */
