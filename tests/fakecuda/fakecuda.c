@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fakecuda_env.h"
 #include "fakecuda_internal.h"
 
 struct fc_state fc = {
@@ -455,7 +456,7 @@ void fc_violation(const char *rule, const char *fmt, ...)
 
 /* ---- error strings ---------------------------------------------------------------- */
 
-static const struct {
+static const struct fc_error {
     int code;
     const char *drv, *rt, *text;
 } errors[] = {
@@ -484,87 +485,63 @@ static const struct {
 };
 #define NERRORS (sizeof errors / sizeof errors[0])
 
-CUresult cuGetErrorString(CUresult error, const char **str)
+/* The row of code, NULL when unknown; the driver API never names 21. */
+static const struct fc_error *find_error(int code, bool driver)
 {
     size_t i;
 
+    for (i = 0; i < NERRORS; i++)
+        if (errors[i].code == code && !(driver && code == 21))
+            return &errors[i];
+    return NULL;
+}
+
+CUresult cuGetErrorString(CUresult error, const char **str)
+{
+    const struct fc_error *e;
+
     if (!str)
         return FC_ERR_INVALID_VALUE;
-    for (i = 0; i < NERRORS; i++)
-        if (errors[i].code == error && error != 21) {
-            *str = errors[i].text;
-            return FC_SUCCESS;
-        }
-    *str = NULL;
-    return FC_ERR_INVALID_VALUE;
+    e = find_error(error, true);
+    *str = e ? e->text : NULL;
+    return e ? FC_SUCCESS : FC_ERR_INVALID_VALUE;
 }
 
 CUresult cuGetErrorName(CUresult error, const char **str)
 {
-    size_t i;
+    const struct fc_error *e;
 
     if (!str)
         return FC_ERR_INVALID_VALUE;
-    for (i = 0; i < NERRORS; i++)
-        if (errors[i].code == error && error != 21) {
-            *str = errors[i].drv;
-            return FC_SUCCESS;
-        }
-    *str = NULL;
-    return FC_ERR_INVALID_VALUE;
+    e = find_error(error, true);
+    *str = e ? e->drv : NULL;
+    return e ? FC_SUCCESS : FC_ERR_INVALID_VALUE;
 }
 
 const char *cudaGetErrorString(cudaError_t error)
 {
-    size_t i;
+    const struct fc_error *e = find_error(error, false);
 
-    for (i = 0; i < NERRORS; i++)
-        if (errors[i].code == error)
-            return errors[i].text;
-    return "unrecognized error code";
+    return e ? e->text : "unrecognized error code";
 }
 
 const char *cudaGetErrorName(cudaError_t error)
 {
-    size_t i;
+    const struct fc_error *e = find_error(error, false);
 
-    for (i = 0; i < NERRORS; i++)
-        if (errors[i].code == error)
-            return errors[i].rt;
-    return "unrecognized error code";
+    return e ? e->rt : "unrecognized error code";
 }
 
 /* ---- test-only helpers -------------------------------------------------------------- */
 
-static int count_lines(const char *rule)
-{
-    const char *dir = getenv("FAKECUDA_DIR");
-    char p[PATH_MAX], line[1200], key[96];
-    FILE *f;
-    int n = 0;
-
-    if (!dir)
-        return -1;
-    snprintf(p, sizeof p, "%s/violations", dir);
-    f = fopen(p, "re");
-    if (!f)
-        return errno == ENOENT ? 0 : -1;
-    snprintf(key, sizeof key, " rule=%s ", rule ? rule : "");
-    while (fgets(line, sizeof line, f))
-        if (!rule || strstr(line, key))
-            n++;
-    fclose(f);
-    return n;
-}
-
 int fakecuda_violations(void)
 {
-    return count_lines(NULL);
+    return fakecuda_env_violations(NULL);
 }
 
 int fakecuda_violations_of(const char *rule)
 {
-    return count_lines(rule);
+    return fakecuda_env_violations(rule);
 }
 
 int fakecuda_context_count(pid_t pid, int physical)
