@@ -22,10 +22,8 @@ static inline void raw_send_request(int fd, const Kvnode__Request *req)
     free(buf);
 }
 
-/* HELLO with layout l as client_name, declaring CUDA device `device` (-1:
- * none, host memory only); asserts it is accepted. How many HBM arenas the
- * reply lends (the descriptors it passes are closed unread). */
-static inline size_t raw_hello_device(int fd, const kvnode_layout *l, const char *client_name, int device)
+/* Layout l as HELLO carries it (pointing into l's strings; no extra). */
+static inline Kvnode__Layout raw_layout(const kvnode_layout *l)
 {
     Kvnode__Layout pl = KVNODE__LAYOUT__INIT;
     pl.model = (char *)l->model;
@@ -38,6 +36,15 @@ static inline size_t raw_hello_device(int fd, const kvnode_layout *l, const char
     pl.tp_size = l->tp_size;
     pl.tp_rank = l->tp_rank;
     pl.extra = (char *)"";
+    return pl;
+}
+
+/* HELLO with layout l as client_name, declaring CUDA device `device` (-1:
+ * none, host memory only); asserts it is accepted. How many HBM arenas the
+ * reply lends (the descriptors it passes are closed unread). */
+static inline size_t raw_hello_device(int fd, const kvnode_layout *l, const char *client_name, int device)
+{
+    Kvnode__Layout pl = raw_layout(l);
     Kvnode__HelloRequest h = KVNODE__HELLO_REQUEST__INIT;
     h.min_version = 1;
     h.max_version = 1;

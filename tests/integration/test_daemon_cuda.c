@@ -34,6 +34,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fakecuda_daemon.h"
 #include "harness.h"
 #include "raw_request.h"
 #include "../common/rmtree.h"
@@ -46,23 +47,10 @@ static char fake_dir[PATH_MAX];
 static char ld_path[2 * PATH_MAX + 32], dir_env[PATH_MAX + 32];
 
 /* A fresh state folder and the environment entries that point a daemon at
- * the fake: $FAKECUDA_LIBDIR, else <folder of kvnoded>/tests/fakecuda (the
- * real kvnoded's under `make valgrind`, where $KVNODED is a wrapper script). */
+ * the fake (fakecuda_daemon.h). */
 static void fake_setup(void)
 {
-    char daemon[PATH_MAX], libdir[PATH_MAX + 32];
-    const char *env_dir = getenv("FAKECUDA_LIBDIR"), *real = getenv("KVNODED_REAL");
-    const char *bin = real && *real ? real : kvh_daemon_path();
-    ck_assert_int_eq(kvh_mkdtemp(fake_dir, sizeof fake_dir), 0);
-    ck_assert_msg(realpath(bin, daemon), "realpath %s", bin);
-    *strrchr(daemon, '/') = '\0';
-    if (env_dir && *env_dir)
-        snprintf(libdir, sizeof libdir, "%s", env_dir);
-    else
-        snprintf(libdir, sizeof libdir, "%s/tests/fakecuda", daemon);
-    ck_assert_msg(access(libdir, F_OK) == 0, "no fake CUDA library in %s (make builds it)", libdir);
-    snprintf(ld_path, sizeof ld_path, "LD_LIBRARY_PATH=%s", libdir);
-    snprintf(dir_env, sizeof dir_env, "FAKECUDA_DIR=%s", fake_dir);
+    fakecuda_daemon_env(fake_dir, ld_path, dir_env);
 }
 
 /* Start with the fake and up to 3 more environment entries (NULL ends). */
@@ -125,17 +113,7 @@ struct gpu_hello {
 static const Kvnode__Arena *hello(const kvh_daemon *d, const struct gpu_hello *g, Kvnode__Response **out)
 {
     kvnode_layout l = kvh_layout("cuda-it", 16384, 1, 0);
-    Kvnode__Layout pl = KVNODE__LAYOUT__INIT;
-    pl.model = (char *)l.model;
-    pl.dtype = (char *)l.dtype;
-    pl.block_tokens = l.block_tokens;
-    pl.block_bytes = l.block_bytes;
-    pl.num_layers = l.num_layers;
-    pl.kv_heads = l.kv_heads;
-    pl.head_dim = l.head_dim;
-    pl.tp_size = l.tp_size;
-    pl.tp_rank = l.tp_rank;
-    pl.extra = (char *)"";
+    Kvnode__Layout pl = raw_layout(&l);
     Kvnode__HelloRequest h = KVNODE__HELLO_REQUEST__INIT;
     h.min_version = 1;
     h.max_version = 1;

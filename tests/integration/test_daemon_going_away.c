@@ -332,17 +332,7 @@ static void fake_setup(bool legacy)
 static Kvnode__Arena hello_cuda(int fd, bool ipc_ok, bool vmm_ok, uint8_t ipc[64])
 {
     kvnode_layout l = kvh_layout("going-away-cuda", BB, 1, 0);
-    Kvnode__Layout pl = KVNODE__LAYOUT__INIT;
-    pl.model = (char *)l.model;
-    pl.dtype = (char *)l.dtype;
-    pl.block_tokens = l.block_tokens;
-    pl.block_bytes = l.block_bytes;
-    pl.num_layers = l.num_layers;
-    pl.kv_heads = l.kv_heads;
-    pl.head_dim = l.head_dim;
-    pl.tp_size = l.tp_size;
-    pl.tp_rank = l.tp_rank;
-    pl.extra = (char *)"";
+    Kvnode__Layout pl = raw_layout(&l);
     Kvnode__HelloRequest h = KVNODE__HELLO_REQUEST__INIT;
     h.min_version = 1;
     h.max_version = 1;
