@@ -26,6 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fakecuda_daemon.h"
 #include "harness.h"
 #include "../common/rmtree.h"
 #include "../fakecuda/fakecuda_env.h"
@@ -49,27 +50,14 @@ static struct {
 } cu;
 
 /* The fake for this process (RPATH) and the environment entries that point
- * a daemon at it: $FAKECUDA_LIBDIR, else <folder of kvnoded>/tests/fakecuda
- * (the real kvnoded's under `make valgrind`, where $KVNODED is a wrapper). */
+ * a daemon at it (fakecuda_daemon.h). */
 static void fake_setup(void)
 {
-    char daemon[PATH_MAX], libdir[PATH_MAX + 32];
-    const char *env_dir = getenv("FAKECUDA_LIBDIR"), *real = getenv("KVNODED_REAL");
-    const char *bin = real && *real ? real : kvh_daemon_path();
     void *h;
 
-    ck_assert_int_eq(kvh_mkdtemp(fake_dir, sizeof fake_dir), 0);
+    fakecuda_daemon_env(fake_dir, ld_path, dir_env);
     ck_assert_int_eq(fakecuda_setup(fake_dir), 0);
     ck_assert_int_eq(setenv("FAKECUDA_COPY_DELAY_MS", "100", 1), 0);
-    ck_assert_msg(realpath(bin, daemon), "realpath %s", bin);
-    *strrchr(daemon, '/') = '\0';
-    if (env_dir && *env_dir)
-        snprintf(libdir, sizeof libdir, "%s", env_dir);
-    else
-        snprintf(libdir, sizeof libdir, "%s/tests/fakecuda", daemon);
-    ck_assert_msg(access(libdir, F_OK) == 0, "no fake CUDA library in %s (make builds it)", libdir);
-    snprintf(ld_path, sizeof ld_path, "LD_LIBRARY_PATH=%s", libdir);
-    snprintf(dir_env, sizeof dir_env, "FAKECUDA_DIR=%s", fake_dir);
     h = dlopen("libcudart.so", RTLD_NOW | RTLD_GLOBAL);
     ck_assert_msg(h, "the fake CUDA is not where this test's RPATH says: %s", dlerror());
 #define SYM(name) do { *(void **)&cu.name = dlsym(h, #name); ck_assert_ptr_nonnull(cu.name); } while (0)
