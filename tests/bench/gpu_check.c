@@ -565,6 +565,23 @@ static void b_identity(void)
            cvd ? cvd : "(unset)", opt.device, bus);
 }
 
+/* get_batch_stream(DEVICE) of keys[0..n) on stream s into dst (its n
+ * block pointers dp), zeroed first; all n must be found (blocks names them
+ * in the failure) and byte-exact (what names the read). */
+static void get_stream_verify(kvnode_client *c, const kvnode_key *keys, size_t n, uint8_t *dst,
+                              void **dp, void *s, uint64_t gen, const char *blocks, const char *what)
+{
+    size_t got = 0;
+
+    cu(gc.memset_(dst, 0, n * opt.bb), "cudaMemset");
+    cu(gc.device_sync(), "cudaDeviceSynchronize");
+    kv(c, ks.get_batch_stream(c, keys, n, dp, KVNODE_BATCH_DEVICE, s, &got),
+       "kvnode_get_batch_stream(DEVICE)");
+    if (got != n)
+        FAIL("kvnode_get_batch_stream found %zu of %zu %s", got, n, blocks);
+    dev_verify(dst, keys, n, gen, what);
+}
+
 /* The batch device API both ways, plain and stream-ordered, host and HBM. */
 static void b_batch(void)
 {
@@ -601,13 +618,7 @@ static void b_batch(void)
     cu(gc.memcpy_async(src, h, n * opt.bb, GC_H2D, s), "cudaMemcpyAsync H2D");
     kv(c, ks.put_batch_stream(c, k2, n, (const void *const *)sp, KVNODE_BATCH_DEVICE, s),
        "kvnode_put_batch_stream(DEVICE)");
-    cu(gc.memset_(dst, 0, n * opt.bb), "cudaMemset");
-    cu(gc.device_sync(), "cudaDeviceSynchronize");
-    kv(c, ks.get_batch_stream(c, k2, n, dp, KVNODE_BATCH_DEVICE, s, &got),
-       "kvnode_get_batch_stream(DEVICE)");
-    if (got != n)
-        FAIL("kvnode_get_batch_stream found %zu of %zu blocks", got, n);
-    dev_verify(dst, k2, n, 2, "put_batch_stream then get_batch_stream");
+    get_stream_verify(c, k2, n, dst, dp, s, 2, "blocks", "put_batch_stream then get_batch_stream");
     info("put_batch_stream/get_batch_stream(DEVICE) on a caller's non-blocking stream: byte-exact");
 
     /* HBM blocks: written in place, read back device-to-device */
@@ -615,13 +626,7 @@ static void b_batch(void)
     if (hbm != n)
         FAIL("%zu of %zu HBM puts landed in HBM", hbm, n);
     get_verify(c, k3, n, 3, "HBM blocks");
-    cu(gc.memset_(dst, 0, n * opt.bb), "cudaMemset");
-    cu(gc.device_sync(), "cudaDeviceSynchronize");
-    kv(c, ks.get_batch_stream(c, k3, n, dp, KVNODE_BATCH_DEVICE, s, &got),
-       "kvnode_get_batch_stream(DEVICE)");
-    if (got != n)
-        FAIL("kvnode_get_batch_stream found %zu of %zu HBM blocks", got, n);
-    dev_verify(dst, k3, n, 3, "HBM blocks through get_batch_stream");
+    get_stream_verify(c, k3, n, dst, dp, s, 3, "HBM blocks", "HBM blocks through get_batch_stream");
     info("HBM blocks (put in place, commit_stream) read with get_batch and get_batch_stream: "
          "byte-exact");
     delete_keys(c, k1, n);
