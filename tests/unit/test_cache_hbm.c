@@ -22,6 +22,7 @@
 #include <event2/event.h>
 
 #include "block_pattern.h"
+#include "cache_hbm_setup.h"
 #include "devmem_spy.h"
 #include "../common/proc.h"
 #include "cache/cache.h"
@@ -170,29 +171,13 @@ static uint8_t *slot(const struct cache_loc *l)
 static void fill(uint8_t *p, int64_t key) { block_fill(p, BLOCK, key); }
 static int check(const uint8_t *p, int64_t key) { return block_check(p, BLOCK, key); }
 
-/* Put keys [first, first+n) with tier HBM for `who`; returns how many
- * landed in HBM (arena != 0). */
+static void fill_loc(const struct cache_loc *l, int64_t key) { fill(slot(l), key); }
+
+/* Put keys [first, first+n) with tier HBM for `who`, each block written
+ * with its key's pattern; returns how many landed in HBM (arena != 0). */
 static size_t put_hbm(struct lease_list *who, int64_t first, size_t n)
 {
-    int64_t keys[128] = { 0 };   /* (gcc cannot see n <= 128 once inlined) */
-    struct cache_loc locs[128];
-    uint64_t lid;
-    uint32_t blocks;
-    char err[512];
-    size_t in_hbm = 0;
-
-    ck_assert_uint_le(n, 128);
-    for (size_t i = 0; i < n; i++)
-        keys[i] = first + (int64_t)i;
-    ck_assert_msg(cache_put_begin(cache, ns, who, keys, NULL, n, KVNODE_TIER_HBM, &lid, locs, err,
-                                  sizeof err) == 0, "%s", err);
-    for (size_t i = 0; i < n; i++) {
-        ck_assert(locs[i].present);
-        fill(slot(&locs[i]), keys[i]);
-        in_hbm += locs[i].arena != 0;
-    }
-    ck_assert_int_eq(cache_lease_end(cache, who, lid, LEASE_WRITE, true, &blocks, err, sizeof err), 0);
-    return in_hbm;
+    return cache_hbm_put(cache, ns, who, first, n, fill_loc);
 }
 
 /* persist.<key> of the stats (0 without a store). */
@@ -715,30 +700,13 @@ static char log_path[64];
  * sim backend's two devices, each with an HBM arena of HBM_BYTES. */
 static void setup_gpu_with(uint64_t pin_chunk)
 {
-    char err[512];
-
     log_set_level(LOG_LEVEL_ERROR);
-    config_defaults(&cfg);
+    cache_hbm_config(&cfg, BLOCK, SLAB, HBM_BYTES);
     cfg.host_bytes = 4u << 20;
-    cfg.max_reserved_per_client = 1.0;
-    cfg.slab_bytes = SLAB;
-    cfg.high_watermark = 1.0;
-    cfg.low_watermark = 0.9;
     cfg.pin_host = pin_chunk ? CONFIG_PIN_ON : CONFIG_PIN_OFF;
     cfg.pin_chunk_bytes = pin_chunk ? pin_chunk : cfg.pin_chunk_bytes;
     cfg.hbm_backend = CONFIG_HBM_SIM;
-    cfg.hbm_bytes = HBM_BYTES;
-    cfg.hbm_high_watermark = 0.75;
-    cfg.hbm_low_watermark = 0.5;
-    cfg.hbm_copy_batch_bytes = 8 * BLOCK;
-    cfg.persist_backend = CONFIG_BACKEND_OFF;
-    spy_reset();
-    base = event_base_new();
-    ck_assert_ptr_nonnull(base);
-    ck_assert_int_eq(cache_create(base, &cfg, &cache, err, sizeof err), 0);
-    const struct gpu_cache gc = { .cache = cache, .hbm_bytes = HBM_BYTES, .name = NULL };
-    ck_assert_msg(gpu_start(base, &cfg, &gc, 1, &gpu, err, sizeof err) == 0, "gpu_start: %s", err);
-    ck_assert_int_eq(cache_bind(cache, &layout, &ns, err, sizeof err), 0);
+    cache_hbm_start(&cfg, HBM_BYTES, &layout, &base, &cache, &gpu, &ns);
     memset(&gpu0, 0, sizeof gpu0);
     memset(&cpu, 0, sizeof cpu);
     gpu0.mapped = 0x7;

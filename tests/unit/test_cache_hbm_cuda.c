@@ -27,6 +27,7 @@
 
 #include <event2/event.h>
 
+#include "cache_hbm_setup.h"
 #include "devmem_spy.h"
 #include "../fakecuda/fakecuda_env.h"
 #include "cache/cache.h"
@@ -51,7 +52,6 @@ static char fdir[64];
 
 static void setup_with(uint64_t pin_chunk)
 {
-    char err[512];
     const struct ns_layout l = { .model = "m", .dtype = "bf16", .block_tokens = 16, .block_bytes = BLOCK,
                                  .num_layers = 2, .kv_heads = 2, .head_dim = 64, .tp_size = 1, .tp_rank = 0 };
 
@@ -60,28 +60,13 @@ static void setup_with(uint64_t pin_chunk)
     ck_assert_ptr_nonnull(mkdtemp(fdir));
     ck_assert_int_eq(fakecuda_setup(fdir), 0);
     setenv("FAKECUDA_COPY_DELAY_MS", "5", 1);
-    config_defaults(&cfg);
+    cache_hbm_config(&cfg, BLOCK, SLAB, HBM_BYTES);
     cfg.host_bytes = 8u << 20;
-    cfg.max_reserved_per_client = 1.0;
-    cfg.slab_bytes = SLAB;
-    cfg.high_watermark = 1.0;
-    cfg.low_watermark = 0.9;
     cfg.pin_host = CONFIG_PIN_ON;
     cfg.pin_chunk_bytes = pin_chunk;
     cfg.hbm_backend = CONFIG_HBM_CUDA;
-    cfg.hbm_bytes = HBM_BYTES;
     cfg.hbm_required = true;
-    cfg.hbm_high_watermark = 0.75;
-    cfg.hbm_low_watermark = 0.5;
-    cfg.hbm_copy_batch_bytes = 8 * BLOCK;
-    cfg.persist_backend = CONFIG_BACKEND_OFF;
-    spy_reset();
-    base = event_base_new();
-    ck_assert_ptr_nonnull(base);
-    ck_assert_int_eq(cache_create(base, &cfg, &cache, err, sizeof err), 0);
-    const struct gpu_cache gc = { .cache = cache, .hbm_bytes = HBM_BYTES, .name = NULL };
-    ck_assert_msg(gpu_start(base, &cfg, &gc, 1, &gpu, err, sizeof err) == 0, "gpu_start: %s", err);
-    ck_assert_int_eq(cache_bind(cache, &l, &ns, err, sizeof err), 0);
+    cache_hbm_start(&cfg, HBM_BYTES, &l, &base, &cache, &gpu, &ns);
     memset(&gpu0, 0, sizeof gpu0);
     memset(&gpu1, 0, sizeof gpu1);
     gpu0.mapped = gpu1.mapped = 0x7;
@@ -148,22 +133,7 @@ static void hbm_str(int dev, const char *key, char *out, size_t len)
  * how many landed in HBM. */
 static size_t put_hbm(struct lease_list *who, int64_t first, size_t n)
 {
-    int64_t keys[128] = { 0 };
-    struct cache_loc locs[128];
-    uint64_t lid;
-    uint32_t blocks;
-    char err[512];
-    size_t in_hbm = 0;
-
-    ck_assert_uint_le(n, 128);
-    for (size_t i = 0; i < n; i++)
-        keys[i] = first + (int64_t)i;
-    ck_assert_msg(cache_put_begin(cache, ns, who, keys, NULL, n, KVNODE_TIER_HBM, &lid, locs, err,
-                                  sizeof err) == 0, "%s", err);
-    for (size_t i = 0; i < n; i++)
-        in_hbm += locs[i].present && locs[i].arena != 0;
-    ck_assert_int_eq(cache_lease_end(cache, who, lid, LEASE_WRITE, true, &blocks, err, sizeof err), 0);
-    return in_hbm;
+    return cache_hbm_put(cache, ns, who, first, n, NULL);
 }
 
 static void settle(void)
