@@ -30,6 +30,7 @@
 #include "harness.h"
 #include "../common/rmtree.h"
 #include "../fakecuda/fakecuda_env.h"
+#include "../fakecuda/fakecuda_check.h"
 
 #define CUDA_CONF "memory.host_bytes=4MiB\nmemory.slab_bytes=256KiB\nhbm.backend=cuda\n" \
                   "hbm.bytes=4MiB\nhbm.devices=0\n"
@@ -270,13 +271,5 @@ static Suite *suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    int failed;
-
-    /* The fake reads its settings once per process: a fresh child per test. */
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fakecuda_run_suite(suite());
 }

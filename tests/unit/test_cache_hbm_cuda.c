@@ -30,6 +30,7 @@
 #include "cache_hbm_setup.h"
 #include "devmem_spy.h"
 #include "../fakecuda/fakecuda_env.h"
+#include "../fakecuda/fakecuda_check.h"
 #include "cache/cache.h"
 #include "config.h"
 #include "gpu/gpu.h"
@@ -297,12 +298,5 @@ int main(int argc, char **argv)
     tcase_add_test(tc, failing_copies_back_off);
     tcase_add_test(tc, sticky_error_takes_the_device_down);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    /* A process per test whatever CK_FORK says (make valgrind sets no): the
-     * fake reads its configuration once per process. */
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fakecuda_run_suite(s);
 }

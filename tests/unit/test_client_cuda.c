@@ -49,6 +49,7 @@
 #include "../common/proc.h"
 #include "../common/rmtree.h"
 #include "../fakecuda/fakecuda_env.h"
+#include "../fakecuda/fakecuda_check.h"
 #include "kvnode.h"
 #include "wire.h"
 
@@ -971,9 +972,6 @@ static Suite *cuda_suite(void)
 
 int main(int argc, char **argv)
 {
-    SRunner *sr;
-    int failed;
-
     if (argc > 1 && strcmp(argv[1], "--fake-daemon") == 0)
         return fake_daemon_main(argc, argv);
     /* valgrind answers this readlink with the program it runs, where an exec
@@ -982,12 +980,5 @@ int main(int argc, char **argv)
     if (len <= 0)
         return EXIT_FAILURE;
     self_path[len] = 0;
-    sr = srunner_create(cuda_suite());
-    /* The fake reads its settings once per process: every test runs in a
-     * fresh child, even under CK_FORK=no (valgrind follows the forks). */
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fakecuda_run_suite(cuda_suite());
 }

@@ -43,6 +43,7 @@
 #include "../common/proc.h"
 #include "../common/rmtree.h"
 #include "../fakecuda/fakecuda_env.h"
+#include "../fakecuda/fakecuda_check.h"
 
 #define MiB (1024u * 1024u)
 
@@ -561,12 +562,5 @@ int main(int argc, char **argv)
     tcase_add_test(tc, driver_too_old_is_named);
     tcase_add_test(tc, no_room_is_enomem);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    /* A process per test whatever CK_FORK says (make valgrind sets no): the
-     * fake reads its configuration once per process. */
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fakecuda_run_suite(s);
 }
