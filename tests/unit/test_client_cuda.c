@@ -50,6 +50,7 @@
 #include "../common/rmtree.h"
 #include "../fakecuda/fakecuda_env.h"
 #include "../fakecuda/fakecuda_check.h"
+#include "fake_server_io.h"
 #include "kvnode.h"
 #include "wire.h"
 
@@ -182,60 +183,19 @@ static void fdm_die(const char *what)
 
 static int fdm_read_full(uint8_t *buf, size_t n)
 {
-    while (n > 0) {
-        struct pollfd p = { .fd = fdm.cfd, .events = POLLIN };
-        ssize_t r;
-
-        if (poll(&p, 1, WAIT_MS) <= 0)
-            return -1;
-        r = read(fdm.cfd, buf, n);
-        if (r <= 0) {
-            if (r < 0 && errno == EINTR)
-                continue;
-            return -1;
-        }
-        buf += r;
-        n -= (size_t)r;
-    }
-    return 0;
+    return fake_io_read_full(fdm.cfd, buf, n, WAIT_MS);
 }
 
 static void fdm_reply(Kvnode__Response *r, const int *fds, size_t nfds)
 {
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * 2)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr mh = { 0 };
-    struct iovec iov;
     uint8_t *frame;
     size_t len, off = 0;
 
     if (wire_pack(&r->base, 1u << 20, &frame, &len) < 0)
         fdm_die("pack");
     while (off < len) {
-        ssize_t w;
+        ssize_t w = fake_io_send_fds(fdm.cfd, frame + off, len - off, fds, off == 0 ? nfds : 0);
 
-        iov.iov_base = frame + off;
-        iov.iov_len = len - off;
-        mh.msg_iov = &iov;
-        mh.msg_iovlen = 1;
-        if (nfds > 0 && off == 0) {
-            struct cmsghdr *cm;
-
-            memset(&u, 0, sizeof u);
-            mh.msg_control = u.buf;
-            mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-            cm = CMSG_FIRSTHDR(&mh);
-            cm->cmsg_level = SOL_SOCKET;
-            cm->cmsg_type = SCM_RIGHTS;
-            cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-            memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
-        } else {
-            mh.msg_control = NULL;
-            mh.msg_controllen = 0;
-        }
-        w = sendmsg(fdm.cfd, &mh, MSG_NOSIGNAL);
         if (w <= 0)
             fdm_die("send");
         off += (size_t)w;

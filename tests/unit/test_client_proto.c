@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "cudart.h"
+#include "fake_server_io.h"
 #include "kvnode.h"
 #include "wire.h"
 
@@ -198,22 +199,7 @@ static void fake_preload(struct fake *f, int a, int64_t key)
 
 static int fake_read_full(int fd, uint8_t *buf, size_t n)
 {
-    while (n > 0) {
-        struct pollfd p = { .fd = fd, .events = POLLIN };
-        ssize_t r;
-
-        if (poll(&p, 1, SERVER_WAIT_MS) <= 0)
-            return -1;
-        r = read(fd, buf, n);
-        if (r <= 0) {
-            if (r < 0 && errno == EINTR)
-                continue;
-            return -1;
-        }
-        buf += r;
-        n -= (size_t)r;
-    }
-    return 0;
+    return fake_io_read_full(fd, buf, n, SERVER_WAIT_MS);
 }
 
 static int fake_write_full(int fd, const uint8_t *buf, size_t n)
@@ -237,26 +223,8 @@ static void fake_send_frame(struct fake *f, const uint8_t *frame, size_t len, co
                             size_t nfds)
 {
     if (nfds > 0) {
-        union {
-            char buf[CMSG_SPACE(sizeof(int) * 4)];
-            struct cmsghdr align;
-        } u;
-        struct iovec iov = { .iov_base = (void *)(uintptr_t)frame, .iov_len = len };
-        struct msghdr mh = { 0 };
-        struct cmsghdr *cm;
-        ssize_t w;
+        ssize_t w = fake_io_send_fds(f->cfd, frame, len, fds, nfds);
 
-        memset(&u, 0, sizeof u);
-        mh.msg_iov = &iov;
-        mh.msg_iovlen = 1;
-        mh.msg_control = u.buf;
-        mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-        cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-        memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
-        w = sendmsg(f->cfd, &mh, MSG_NOSIGNAL);
         if (w <= 0) {
             fake_bad(f, "sendmsg with fds failed");
             return;
