@@ -104,6 +104,27 @@ static kvnode_client *connect_gpu(const kvh_daemon *d, const kvnode_layout *l)
     return c;
 }
 
+/* connect_gpu, with the GPU's memory served (no error kept). */
+static kvnode_client *connect_served(const kvh_daemon *d, const kvnode_layout *l)
+{
+    kvnode_client *c = connect_gpu(d, l);
+
+    ck_assert_str_eq(kvnode_last_error(c), "");
+    return c;
+}
+
+/* A put of key asking for the GPU tier lands in tier want (aborted). */
+static void expect_hbm_put_in(kvnode_client *c, kvnode_key key, int want)
+{
+    kvnode_key k[1] = {key};
+    kvnode_loc loc[1];
+    kvnode_lease lease;
+
+    ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HBM, &lease, loc), 0);
+    ck_assert_int_eq(loc[0].tier, want);
+    ck_assert_int_eq(kvnode_put_abort(c, lease), 0);
+}
+
 START_TEST(vmm_put_commit_stream_and_get_batch_device)
 {
     kvnode_layout l = kvh_layout("cuda-client", BB, 1, 0);
@@ -119,8 +140,7 @@ START_TEST(vmm_put_commit_stream_and_get_batch_device)
 
     fake_setup();
     start_cuda(&dm, CUDA_CONF, NULL);
-    c = connect_gpu(&dm, &l);
-    ck_assert_str_eq(kvnode_last_error(c), "");
+    c = connect_served(&dm, &l);
     ck_assert_int_eq(kvnode_put_begin(c, k, 2, KVNODE_TIER_HBM, &lease, loc), 0);
     ck_assert_int_eq(cu.cudaStreamCreateWithFlags(&s, 1), 0);
     for (int i = 0; i < 2; i++) {
@@ -165,8 +185,6 @@ START_TEST(container_engine_ipc_host_only_vmm_served)
 {
     kvnode_layout l = kvh_layout("cuda-container", BB, 1, 0);
     kvnode_key k[1] = {601};
-    kvnode_loc loc[1];
-    kvnode_lease lease;
     size_t got = 0;
     kvnode_client *c;
     kvh_daemon dm;
@@ -184,10 +202,7 @@ START_TEST(container_engine_ipc_host_only_vmm_served)
     ck_assert_int_eq(kvh_get_verify(c, k, 1, 3, 0, &got), 0);
     ck_assert_uint_eq(got, 1);
     /* a put to the GPU tier lands in host memory */
-    k[0] = 603;
-    ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HBM, &lease, loc), 0);
-    ck_assert_int_eq(loc[0].tier, KVNODE_TIER_HOST);
-    ck_assert_int_eq(kvnode_put_abort(c, lease), 0);
+    expect_hbm_put_in(c, 603, KVNODE_TIER_HOST);
     st = kvh_stats(&dm);
     ck_assert_msg(st, "%s", kvh_error());
     ck_assert_int_eq(kvh_json_int(st, "gpu.hbm_unusable_clients"), 1);
@@ -201,12 +216,8 @@ START_TEST(container_engine_ipc_host_only_vmm_served)
 
     /* the daemon lends VMM: the same engine is served */
     start_cuda(&dm, CUDA_CONF, NULL);
-    c = connect_gpu(&dm, &l);
-    ck_assert_str_eq(kvnode_last_error(c), "");
-    k[0] = 602;
-    ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HBM, &lease, loc), 0);
-    ck_assert_int_eq(loc[0].tier, KVNODE_TIER_HBM);
-    ck_assert_int_eq(kvnode_put_abort(c, lease), 0);
+    c = connect_served(&dm, &l);
+    expect_hbm_put_in(c, 602, KVNODE_TIER_HBM);
     kvnode_close(c);
     KVH_STOP_DESTROY(&dm);
     ck_assert_int_eq(violations_only("rule=ipc-pidns"), 1);
@@ -233,8 +244,7 @@ START_TEST(stop_under_an_idle_engine)
 
     fake_setup();
     start_cuda(&dm, CUDA_CONF "hbm.release_timeout=60s\n", _i == 0 ? "FAKECUDA_NO_VMM=1" : NULL);
-    c = connect_gpu(&dm, &l);
-    ck_assert_str_eq(kvnode_last_error(c), "");
+    c = connect_served(&dm, &l);
     ck_assert_int_eq(kvnode_put_begin(c, k, 1, KVNODE_TIER_HBM, &lease, loc), 0);
     ck_assert_int_eq(loc[0].tier, KVNODE_TIER_HBM);
     ck_assert_int_eq(kvnode_put_commit(c, lease), 0);
