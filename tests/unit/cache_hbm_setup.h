@@ -6,6 +6,7 @@
 
 #include <check.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 
@@ -82,6 +83,26 @@ static inline size_t cache_hbm_put(struct cache *cache, struct kv_namespace *ns,
     }
     ck_assert_int_eq(cache_lease_end(cache, who, lid, LEASE_WRITE, true, &blocks, err, sizeof err), 0);
     return in_hbm;
+}
+
+/* After device `device` went down: none of cache's HBM arenas on it is
+ * still lent (how many arenas the cache has), and while base runs its loop
+ * for 50 ms no more copies reach the device (the spy still counts copies). */
+static inline size_t cache_hbm_expect_device_gone(struct cache *cache, struct event_base *base, int device,
+                                                  uint64_t copies)
+{
+    struct cache_arena_info arenas[8];
+    size_t n = cache_arenas(cache, arenas, 8);
+
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(!(arenas[i].tier == KVNODE_TIER_HBM && arenas[i].device == device),
+                      "device %d is still lent (arena %u)", device, arenas[i].id);
+    for (int i = 0; i < 50; i++) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        usleep(1000);
+    }
+    ck_assert_uint_eq(spy_copy_count(device), copies);
+    return n;
 }
 
 #endif
