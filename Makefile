@@ -179,7 +179,12 @@ $(DAEMON_LIBA): $(DAEMON_OBJ) $(COMMON_OBJ)
 
 # Tests that watch the devmem calls of the daemon's code (tests/unit/devmem_spy.h).
 DEVMEM_SPY_WRAP := -Wl,--wrap=devmem_host_register,--wrap=devmem_host_unregister,--wrap=devmem_copy_async
-$(BUILD)/tests/test_cache_hbm $(BUILD)/tests/test_copier $(BUILD)/tests/test_cache_hbm_cuda: TEST_LDEXTRA = $(DEVMEM_SPY_WRAP)
+$(BUILD)/tests/test_cache_hbm $(BUILD)/tests/test_copier: TEST_LDEXTRA = $(DEVMEM_SPY_WRAP)
+# The cuda-backend suites find the fake through their RPATH (fakecuda_reexec
+# then has nothing to do, so valgrind sees the tests themselves).
+FAKECUDA_RPATH = -Wl,--disable-new-dtags -Wl,-rpath,$(abspath $(BUILD))/tests/fakecuda
+$(BUILD)/tests/test_cache_hbm_cuda: TEST_LDEXTRA = $(DEVMEM_SPY_WRAP) $(FAKECUDA_RPATH)
+$(BUILD)/tests/test_devmem_cuda: TEST_LDEXTRA = $(FAKECUDA_RPATH)
 
 $(BUILD)/tests/%: tests/unit/%.c $(DAEMON_LIBA) $(TEST_PROC_OBJ) $(PROTO_H) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
