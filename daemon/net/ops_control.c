@@ -16,7 +16,7 @@
 #include "core/log.h"
 #include "wire.h"
 
-/* A client's hbm_unusable is logged at most once a minute per name and pid. */
+/* hbm_unusable is logged at most once a minute (the rest counted in /stats). */
 #define OPS_UNUSABLE_LOG_MS 60000u
 
 /* Copy a wire string into a fixed field, refusing what does not fit. */
@@ -83,35 +83,21 @@ bool ops_arena_is_clients_gpu(const struct cache_arena_info *a, int device, cons
 }
 
 /* A client reconnected host-only because it could not map the HBM lent to
- * it before: counted, kept for /stats, logged (rate-limited: a client that
- * reconnects in a loop must not flood the log). */
+ * it before: counted, kept for /stats, logged (rate-limited: clients that
+ * reconnect in a loop must not flood the log). */
 static void ops_note_hbm_unusable(struct ops *o, const struct session *s, const char *reason)
 {
-    char text[200];
-    uint64_t now = clock_now_ms();
-    struct ops_unusable_seen *slot = &o->hbm_unusable_seen[0];
-    size_t n = sizeof o->hbm_unusable_seen / sizeof o->hbm_unusable_seen[0];
+    char text[200], note[96];
+    uint64_t held;
 
     errmsg_snippet(reason, strlen(reason), text, sizeof text);
     o->hbm_unusable_clients++;
     snprintf(o->hbm_unusable_last, sizeof o->hbm_unusable_last, "pid %d (%s): %s", (int)s->pid, s->name, text);
-    for (size_t i = 0; i < n; i++) {
-        struct ops_unusable_seen *e = &o->hbm_unusable_seen[i];
-        if (e->ms && e->pid == s->pid && strncmp(e->name, s->name, sizeof e->name - 1) == 0) {
-            slot = e;
-            break;
-        }
-        if (e->ms < slot->ms)
-            slot = e;       /* the oldest (or an empty one) is reused */
-    }
-    if (slot->ms && slot->pid == s->pid && strncmp(slot->name, s->name, sizeof slot->name - 1) == 0 &&
-        now - slot->ms < OPS_UNUSABLE_LOG_MS)
+    if (!log_limit_pass(&o->hbm_unusable_log, clock_now_ms(), OPS_UNUSABLE_LOG_MS, &held))
         return;
-    slot->pid = s->pid;
-    snprintf(slot->name, sizeof slot->name, "%s", s->name);
-    slot->ms = now;
     log_warn("client pid %d uid %d (%s) could not use the GPU memory lent to it and connected host-only: %s "
-             "(gpu.hbm_unusable_clients in /stats counts these)", (int)s->pid, (int)s->uid, s->name, text);
+             "(gpu.hbm_unusable_clients in /stats counts these)%s", (int)s->pid, (int)s->uid, s->name, text,
+             log_limit_note(held, "such clients", note, sizeof note));
 }
 
 void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)

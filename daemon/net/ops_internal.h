@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "core/log.h"
 #include "net/ops.h"
 #include "tenants.h"
 
@@ -52,11 +53,7 @@ struct ops {
     /* HELLOs that said the HBM lent before could not be mapped (hbm_unusable). */
     uint64_t hbm_unusable_clients;
     char hbm_unusable_last[320];        /* "pid N (name): reason" of the latest */
-    struct ops_unusable_seen {          /* who was logged when, for the once-a-minute limit */
-        pid_t pid;
-        char name[64];
-        uint64_t ms;
-    } hbm_unusable_seen[16];
+    struct log_limit hbm_unusable_log;  /* its log line: once a minute */
 };
 
 /* A request whose answer waits for the store (cache_*_start returned

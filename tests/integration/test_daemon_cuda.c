@@ -21,8 +21,8 @@
  * - FAKECUDA_NO_VMM: the arena is a legacy IPC handle (64 bytes, no fd) for
  *   cuda_ipc clients, nothing for a client that only imports VMM handles;
  * - HelloRequest.hbm_unusable: counted in /stats gpu.hbm_unusable_clients
- *   with the latest in gpu.hbm_unusable_last, logged once a minute per
- *   client;
+ *   with the latest in gpu.hbm_unusable_last, logged at most once a minute
+ *   (the second within the minute is not);
  * - a GPU in EXCLUSIVE_PROCESS compute mode is left out with the message,
  *   without a context; the other serves;
  * - a region the GPU has no room for is retried for hbm.alloc_retry, each
@@ -304,7 +304,7 @@ START_TEST(hbm_unusable_counted_and_logged)
     json_decref(st);
     char *log = kvh_read_log(&d);
     ck_assert_msg(log && count(log, "could not use the GPU memory lent to it") == 1,
-                  "expected one log line for one client within a minute:\n%s", log ? log : "");
+                  "expected one log line within a minute:\n%s", log ? log : "");
     free(log);
     KVH_STOP_DESTROY(&d);
 }
