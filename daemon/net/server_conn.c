@@ -636,12 +636,15 @@ static void conn_process_input(struct conn *c)
             return;
         }
         /* Told to go away (the stop): its leases are void, nothing more is
-         * served; it is read only to see it close. */
-        if (c->going_away)
-            server_reply_error(c, req->id, -KVNODE_ESHUTDOWN, "kvnoded is stopping: this connection "
-                               "was told to unmap its HBM and close (GoingAway)");
-        else if (!conn_output_limited(c, req))
-            c->srv->handler.request(c->srv->handler.arg, c, &c->session, req);
+         * served; it is read only to see it close. Its refusals are replies
+         * held to the output bounds like any other. */
+        if (!conn_output_limited(c, req)) {
+            if (c->going_away)
+                server_reply_error(c, req->id, -KVNODE_ESHUTDOWN, "kvnoded is stopping: this connection "
+                                   "was told to unmap its HBM and close (GoingAway)");
+            else
+                c->srv->handler.request(c->srv->handler.arg, c, &c->session, req);
+        }
         kvnode__request__free_unpacked(req, NULL);
         if (c->hello_ev && c->session.hello_done) {
             event_free(c->hello_ev);

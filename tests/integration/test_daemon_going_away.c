@@ -483,6 +483,55 @@ START_TEST(cuda_vmm_client_gets_the_notice)
 }
 END_TEST
 
+/* A client told to go away that keeps sending and reads nothing: its
+ * refusals are replies like any other, held to
+ * server.max_buffered_output_bytes; the connection is closed at the bound,
+ * not buffered for the whole hbm.release_timeout. */
+START_TEST(a_client_flooding_after_the_notice_is_held_to_the_output_bound)
+{
+    enum { N = 200000 };     /* ~6 MB of requests, ~28 MB of refusals */
+    kvh_daemon d;
+    KVH_START(&d, SIM_CONF "hbm.release_timeout=60s\nserver.max_buffered_output_bytes=1MiB\n");
+    int fd = connect_on_device(&d, 0, "flooder");
+    ck_assert_int_eq(kill(d.pid, SIGTERM), 0);
+    expect_going_away(fd, 60000);
+
+    uint8_t *all = malloc((size_t)N * 32);
+    ck_assert_ptr_nonnull(all);
+    size_t total = 0;
+    int64_t keys[1] = { 1 };
+    for (int i = 0; i < N; i++) {
+        Kvnode__GetInlineRequest g = KVNODE__GET_INLINE_REQUEST__INIT;
+        g.n_keys = 1;
+        g.keys = keys;
+        Kvnode__Request req = KVNODE__REQUEST__INIT;
+        req.id = (uint64_t)i + 1;
+        req.op_case = KVNODE__REQUEST__OP_GET_INLINE;
+        req.get_inline = &g;
+        size_t len = kvnode__request__get_packed_size(&req);
+        all[total] = (uint8_t)len;
+        all[total + 1] = all[total + 2] = all[total + 3] = 0;
+        kvnode__request__pack(&req, all + total + 4);
+        total += 4 + len;
+    }
+    /* The daemon may close it mid-way: that is the point, not an error. */
+    for (size_t at = 0; at < total;) {
+        ssize_t n = send(fd, all + at, total - at, MSG_NOSIGNAL);
+        if (n <= 0)
+            break;
+        at += (size_t)n;
+    }
+    free(all);
+    /* Closed at the bound, long before the 60 s of hbm.release_timeout. */
+    ck_assert_msg(kvh_raw_wait_eof(fd, 20000) == 0, "%s", kvh_error());
+    int st = kvh_wait_exit(&d, 20000);
+    ck_assert_msg(st == 0, "kvnoded exit status %d", st);
+    assert_log_has(&d, "it reads no replies");
+    close(fd);
+    kvh_destroy(&d);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     /* The daemon and the engine process find the fake through LD_LIBRARY_PATH. */
@@ -492,6 +541,7 @@ int main(int argc, char **argv)
                                    release_timeout_zero_notifies_without_waiting,
                                    stats_count_the_clients_lent_hbm_and_the_notices,
                                    cuda_legacy_ipc_engine_unmaps_before_hbm_is_freed,
-                                   cuda_vmm_client_gets_the_notice };
+                                   cuda_vmm_client_gets_the_notice,
+                                   a_client_flooding_after_the_notice_is_held_to_the_output_bound };
     return kvh_run_suite("daemon_going_away", "going_away", 60, tests, sizeof tests / sizeof tests[0]);
 }
