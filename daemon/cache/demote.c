@@ -219,10 +219,9 @@ static void cache_demote_done(struct copier_batch *b)
     struct cache_hbm *h = &c->hbm[d->hbm];
 
     if (b->rc < 0 && b->rc != -KVNODE_ESHUTDOWN) {
-        char why[256];
-        if (c->devmem && devmem_device_down(c->devmem, h->device, why, sizeof why))
-            cache_hbm_set_down(c, h, why);
-        else if (!h->down)
+        /* A sticky error takes the device down; anything else backs off. */
+        cache_hbm_check_down(c);
+        if (!h->down)
             cache_demote_failing(c, h, b);
     } else if (b->rc == 0) {
         cache_demote_works(h);
