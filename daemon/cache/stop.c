@@ -63,12 +63,6 @@ static void stop_round_build(struct cache *c, struct stop_round *r)
         ;
 }
 
-static void stop_sleep_ms(uint64_t ms)
-{
-    struct timespec ts = { (time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L };
-    nanosleep(&ts, NULL);
-}
-
 int cache_persist_flush(struct cache *c, unsigned timeout_ms, const char *who)
 {
     uint64_t deadline = clock_now_ms() + timeout_ms;
@@ -100,7 +94,7 @@ int cache_persist_flush(struct cache *c, unsigned timeout_ms, const char *who)
                 rc = -KVNODE_ETIMEDOUT;
                 break;
             }
-            stop_sleep_ms(deadline - now < STOP_RETRY_PAUSE_MS ? deadline - now : STOP_RETRY_PAUSE_MS);
+            clock_sleep_ms(deadline - now < STOP_RETRY_PAUSE_MS ? deadline - now : STOP_RETRY_PAUSE_MS);
         }
         if (c->stop_rounds == 0)
             log_info("%sshutdown: writing %zu committed blocks the store lacks (at most %u ms)", who,

@@ -2,6 +2,7 @@
 #ifndef KVNODE_CLOCK_H
 #define KVNODE_CLOCK_H
 
+#include <errno.h>
 #include <stdint.h>
 #include <sys/time.h>
 #include <time.h>
@@ -32,6 +33,15 @@ static inline struct timeval clock_tv_ms(uint64_t ms)
 {
     struct timeval tv = { (time_t)(ms / 1000u), (suseconds_t)((ms % 1000u) * 1000u) };
     return tv;
+}
+
+/* Sleep ms milliseconds on the calling thread (never the loop), the whole
+ * time even when a signal interrupts it. */
+static inline void clock_sleep_ms(uint64_t ms)
+{
+    struct timespec ts = { (time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
 }
 
 #endif

@@ -59,12 +59,6 @@ static int gpu_open_backend(const struct kvn_config *cfg, struct gpu *g, char *w
     }
 }
 
-static void gpu_sleep_ms(uint64_t ms)
-{
-    struct timespec ts = { .tv_sec = (time_t)(ms / 1000u), .tv_nsec = (long)(ms % 1000u) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-
 /* A region on device dev; out of device memory is retried for up to
  * hbm.alloc_retry (a daemon restarted under engines that still map the old
  * one's regions waits for them to let go), each wait logged with why. */
@@ -84,7 +78,7 @@ static int gpu_alloc_region(const struct kvn_config *cfg, struct gpu *g, const c
         log_warn("%sHBM tier: GPU %d has no room for %" PRIu64 " MiB (%s); trying again in %" PRIu64 " ms, for up "
                  "to hbm.alloc_retry = %" PRIu32 " ms in all (engines of a daemon that stopped may still hold its "
                  "GPU memory)", who, dev, bytes >> 20, why, wait_ms, cfg->hbm_alloc_retry_ms);
-        gpu_sleep_ms(wait_ms);
+        clock_sleep_ms(wait_ms);
         wait_ms = wait_ms * 2 > 2000 ? 2000 : wait_ms * 2;
         tries++;
     }

@@ -483,7 +483,7 @@ void server_apply_config(struct server *s, const struct kvn_config *cfg)
 
 static void timer_add_ms(struct event *ev, uint32_t ms)
 {
-    struct timeval tv = { .tv_sec = (time_t)(ms / 1000u), .tv_usec = (suseconds_t)((ms % 1000u) * 1000u) };
+    struct timeval tv = clock_tv_ms(ms);
     evtimer_add(ev, &tv);
 }
 

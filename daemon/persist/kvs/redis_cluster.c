@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/errmsg.h"
 #include "kvnode.h"
 
@@ -177,12 +178,6 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
-    }
-}
 
 static struct timeval tv_ms(uint32_t ms)
 {
@@ -797,7 +792,7 @@ int rcl_run(struct rcl *c, struct rcl_cmd *cmds, size_t n, char *err, size_t err
             uint64_t t = now_ms();
             if (t >= deadline)
                 continue;   /* one last look at what is pending, then fail */
-            sleep_ms((unsigned)(deadline - t < backoff_ms ? deadline - t : backoff_ms));
+            clock_sleep_ms((unsigned)(deadline - t < backoff_ms ? deadline - t : backoff_ms));
             backoff_ms = backoff_ms * 2 > RCL_BACKOFF_MAX_MS ? RCL_BACKOFF_MAX_MS : backoff_ms * 2;
         }
     }
