@@ -303,6 +303,11 @@ static void client_dispatch(kvnode_client *c, size_t len)
     } else if (ctrunc) {
         client_kill_locked(c, -KVNODE_EPROTO, "protocol: more passed fds than the library "
                            "accepts (%d)", CLIENT_MAX_FDS);
+    } else if (resp->id != 0 && resp->result_case == KVNODE__RESPONSE__RESULT_GOING_AWAY) {
+        /* Not a reply to that request: the connection must end (and release
+         * its GPU memory) as for a GoingAway with id 0. */
+        client_kill_locked(c, -KVNODE_EPROTO, "protocol: GoingAway with request id %" PRIu64
+                           ", not 0", resp->id);
     } else {
         for (s = c->slots; s && s->id != resp->id; s = s->next)
             ;

@@ -120,6 +120,17 @@ static void client_drv_leave(kvnode_client *c)
 
 /* --- opening GPU arenas ---------------------------------------------------- */
 
+/* Say why arena a cannot be used here (c->hbm_unusable) and return 1: the
+ * caller reconnects host-only. verb/kind: "open"/"IPC", "map"/"VMM". */
+static int client_gpu_unusable(kvnode_client *c, const Kvnode__Arena *a, const char *verb,
+                               const char *kind, const char *step, const char *text)
+{
+    snprintf(c->hbm_unusable, sizeof c->hbm_unusable, "cannot %s GPU arena %" PRIu32
+             " (device %" PRId32 ", %" PRIu64 " bytes, CUDA %s) on CUDA device %d: %s: %s",
+             verb, a->id, a->device, a->size, kind, c->cuda_device, step, text);
+    return 1;
+}
+
 int client_gpu_open_ipc(kvnode_client *c, const Kvnode__Arena *a, struct client_arena *ca)
 {
     cudart_ipc_handle h;
@@ -149,10 +160,7 @@ int client_gpu_open_ipc(kvnode_client *c, const Kvnode__Arena *a, struct client_
     if (err != CUDART_SUCCESS || !p) {
         if (err != CUDART_SUCCESS)
             cudart_error_text(&c->rt, err, text, sizeof text);
-        snprintf(c->hbm_unusable, sizeof c->hbm_unusable, "cannot open GPU arena %" PRIu32
-                 " (device %" PRId32 ", %" PRIu64 " bytes, CUDA IPC) on CUDA device %d: %s: %s",
-                 a->id, a->device, a->size, c->cuda_device, step, text);
-        return 1;
+        return client_gpu_unusable(c, a, "open", "IPC", step, text);
     }
     ca->base = p;
     ca->gpu = CLIENT_GPU_IPC;
@@ -179,11 +187,8 @@ int client_gpu_open_vmm(kvnode_client *c, const Kvnode__Arena *a, struct client_
     }
     err = client_drv_enter(c, &step);
     if (err != CUDRV_SUCCESS) {
-        cudrv_error_text(&c->drv, err, text, sizeof text);
-        snprintf(c->hbm_unusable, sizeof c->hbm_unusable, "cannot map GPU arena %" PRIu32
-                 " (device %" PRId32 ", %" PRIu64 " bytes, CUDA VMM) on CUDA device %d: %s: %s",
-                 a->id, a->device, a->size, c->cuda_device, step, text);
-        return 1;
+        return client_gpu_unusable(c, a, "map", "VMM", step,
+                                   cudrv_error_text(&c->drv, err, text, sizeof text));
     }
     memset(&prop, 0, sizeof prop);
     prop.type = CUDRV_ALLOCATION_PINNED;
@@ -232,12 +237,8 @@ int client_gpu_open_vmm(kvnode_client *c, const Kvnode__Arena *a, struct client_
     if (err != CUDRV_SUCCESS && reserved)
         (void)c->drv.address_free(va, size);
     client_drv_leave(c);
-    if (err != CUDRV_SUCCESS) {
-        snprintf(c->hbm_unusable, sizeof c->hbm_unusable, "cannot map GPU arena %" PRIu32
-                 " (device %" PRId32 ", %" PRIu64 " bytes, CUDA VMM) on CUDA device %d: %s: %s",
-                 a->id, a->device, a->size, c->cuda_device, step, text);
-        return 1;
-    }
+    if (err != CUDRV_SUCCESS)
+        return client_gpu_unusable(c, a, "map", "VMM", step, text);
     ca->base = (uint8_t *)(uintptr_t)va;
     ca->gpu = CLIENT_GPU_VMM;
     return 0;

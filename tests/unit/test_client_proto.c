@@ -72,6 +72,7 @@ enum {
     KEY_SHORT_BLOB,         /* get_inline blob one byte short */
     KEY_GOING_AWAY,         /* no reply: GoingAway (id 0), as a stopping daemon sends */
     KEY_EOF,                /* no reply: the daemon dies (its socket shut down) */
+    KEY_GOING_AWAY_ID,      /* GoingAway as the reply to this request (id not 0) */
 };
 
 /* How the fake lends its GPU arena (arena 2, slots index 1). */
@@ -377,6 +378,15 @@ static int fake_special(struct fake *f, Kvnode__Request *req, int64_t k0)
         r.going_away = &g;
         fake_reply(f, &r, NULL, 0);
         return 1;
+    }
+    case KEY_GOING_AWAY_ID: {
+        Kvnode__GoingAway g = KVNODE__GOING_AWAY__INIT;
+        g.unmap_within_ms = 5000;
+        r.id = req->id;
+        r.result_case = KVNODE__RESPONSE__RESULT_GOING_AWAY;
+        r.going_away = &g;
+        fake_reply(f, &r, NULL, 0);
+        return 0;
     }
     case KEY_GARBAGE:
         fake_send_frame(f, garbage, sizeof garbage, NULL, 0);
@@ -2377,6 +2387,36 @@ START_TEST(test_hbm_released_when_connection_ends)
 }
 END_TEST
 
+/* GoingAway is sent unasked (id 0): one that answers a request is a
+ * protocol error that ends the connection, and with it the GPU memory,
+ * rather than a wrong reply to that one call that left the memory mapped. */
+START_TEST(test_going_away_with_id_ends_connection)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[1] = {KEY_GOING_AWAY_ID};
+    size_t matched = 9;
+
+    cudart_set_override(&fake_runtime);
+    f->hbm_mode = HBM_IPC;
+    f->on_eof = mark_ipc_closes;
+    f->eof_mark = 99;
+    fake_run(f);
+    c = connect_dev_ok(f, &test_layout, 0);
+    ck_assert_int_eq(kvnode_match(c, k, 1, &matched), -KVNODE_EPROTO);
+    ck_assert_msg(strstr(kvnode_last_error(c), "GoingAway") != NULL, "error: %s",
+                  kvnode_last_error(c));
+    ck_assert_int_eq(kvnode_ping(c), -KVNODE_ECLOSED);
+    /* released before the daemon sees the connection close */
+    ck_assert_int_eq(pthread_join(f->thr, NULL), 0);
+    f->running = 0;
+    ck_assert_uint_eq(f->eof_mark, 1);
+    kvnode_close(c);
+    ck_assert_uint_eq(frt.closes, 1);
+    fake_stop(f);
+}
+END_TEST
+
 START_TEST(test_hbm_ipc_open_fails)
 {
     int fds0 = count_fds();
@@ -2666,6 +2706,7 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_hbm_ipc_open_fails);
     tcase_add_test(tc, test_hbm_ipc_handle_shared_in_process);
     tcase_add_loop_test(tc, test_hbm_released_when_connection_ends, 0, 2);
+    tcase_add_test(tc, test_going_away_with_id_ends_connection);
     tcase_add_test(tc, test_commit_and_end_after_stream);
     tcase_add_test(tc, test_pin_host);
     tcase_add_test(tc, test_pin_host_this_machine);
