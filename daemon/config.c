@@ -20,7 +20,7 @@
  * parses into a scratch copy that replaces *cfg only when the whole file is
  * valid, so a reload can never leave a half-applied configuration. */
 #include "config.h"
-#include "config_internal.h"
+#include "config_types.h"
 #include "kvcm/kvcm_config.h"
 #include "persist/kvs/kvs.h"
 #include "persist/kvs/redis_cluster.h"
@@ -83,8 +83,10 @@ static const struct opt_def config_options[] = {
     { "server", "allow_gids", &T_GROUPS, "", FIELD(allow_gids), PARSED(allow_gid_list) },
     { "server", "max_frame_bytes", &T_SIZE, "64MiB", FIELD(max_frame_bytes), .min = 4 * KIB, .max = GIB },
     { "server", "max_keys_per_request", &T_COUNT, "4096", FIELD(max_keys_per_request), .min = 1, .max = 1048576 },
-    { "server", "max_clients", &T_COUNT, "1024", FIELD(max_clients), .min = 1, .max = 65536 },
-    { "server", "max_namespaces", &T_COUNT, "256", FIELD(max_namespaces), .min = 1, .max = 65536, .restart = true },
+    { "server", "max_clients", &T_COUNT, "1024", FIELD(max_clients), .min = CONFIG_MAX_CLIENTS_MIN,
+      .max = CONFIG_MAX_CLIENTS_MAX },
+    { "server", "max_namespaces", &T_COUNT, "256", FIELD(max_namespaces), .min = CONFIG_MAX_NAMESPACES_MIN,
+      .max = CONFIG_MAX_NAMESPACES_MAX, .restart = true },
     { "server", "request_timeout", &T_DURATION, "5s", FIELD(request_timeout_ms), .min = 10, .max = 10 * MS_PER_M },
     { "server", "shutdown_timeout", &T_DURATION, "10s", FIELD(shutdown_timeout_ms), .min = 0, .max = 10 * MS_PER_M },
     { "server", "frame_timeout", &T_DURATION, "10s", FIELD(frame_timeout_ms), .min = 100, .max = 10 * MS_PER_M },
@@ -138,8 +140,8 @@ static const struct opt_def config_options[] = {
     { "leases", "write_ttl", &T_DURATION, "30s", FIELD(write_lease_ttl_ms), .min = 10, .max = MS_PER_H },
     { "leases", "reaper_interval", &T_DURATION, "1s", FIELD(reaper_interval_ms), .min = 10, .max = MS_PER_M },
     { "leases", "max_per_client", &T_COUNT, "1024", FIELD(max_leases_per_client), .min = 1, .max = 1048576 },
-    { "leases", "max_reserved_per_client", &T_FRACTION, "0.25", FIELD(max_reserved_per_client), .dmin = 0.0,
-      .dmax = 1.0, .dmin_open = true },
+    { "leases", "max_reserved_per_client", &T_FRACTION, "0.25", FIELD(max_reserved_per_client),
+      CONFIG_MAX_RESERVED_RANGE },
 
     { "log", "level", &T_LEVEL, "info", FIELD(log_level) },
 
@@ -271,7 +273,8 @@ static bool config_section_known(const char *name, size_t len)
     return false;
 }
 
-const struct opt_def *config_find_option(const char *section, const char *key)
+/* The row of [section] key, or NULL. */
+static const struct opt_def *config_find_option(const char *section, const char *key)
 {
     for (size_t i = 0; i < CONFIG_NOPTIONS; i++)
         if (strcmp(config_options[i].section, section) == 0 && strcmp(config_options[i].key, key) == 0)

@@ -4,10 +4,11 @@
  * whose rows hold offsets into struct config_tenant; config_tenant_option
  * turns a row into one for tenant i (offsets into cfg->tenants[i]), so the
  * value types of config_types.c parse, check, store, load and format them
- * as they do every other option. The three limits have no range of their
- * own: they take the type and range of the option they default to
- * ([server] max_namespaces, [server] max_clients, [leases]
- * max_reserved_per_client) and are 0 until config_resolve fills the ones
+ * as they do every other option. The three limits have the type and range
+ * of the option they default to ([server] max_namespaces, [server]
+ * max_clients, [leases] max_reserved_per_client; the constants are
+ * config_data.h's, spelled once for both tables), and the offset of that
+ * option's field, and are 0 until config_resolve fills the ones
  * a section leaves unset: max_namespaces and max_reserved_per_client with
  * that option, max_clients with the tenant's share of [server] max_clients
  * (its host_bytes' part of memory.host_bytes, at least 1), so that no
@@ -18,8 +19,9 @@
  * Sizes: host_bytes and hbm_bytes are a size or "N%" of memory.host_bytes
  * / hbm.bytes; a share is resolved (config_resolve) to that many bytes
  * rounded down to whole 64KiB, and kept as written for /config. */
-#include "config.h"
-#include "config_internal.h"
+#include "config_tenant.h"
+#include "config_types.h"
+#include "kvcm/kvcm_config.h"
 
 #include <grp.h>
 #include <inttypes.h>
@@ -34,6 +36,9 @@
 #define TPARSED(f) .parsed_offset = offsetof(struct config_tenant, f), \
                    .parsed_width = sizeof(((struct config_tenant *)0)->f)
 #define TSHARE(f, of) .share_offset = offsetof(struct config_tenant, f), .share_of = of
+/* A limit unset in the section takes [section] f (same key, type, range). */
+#define TINHERIT(section, f, bit) .inherit = section, .inherit_bit = bit, \
+                                  .inherit_offset = offsetof(struct kvn_config, f)
 
 /* A share resolves to whole units of this (the smallest memory.host_bytes). */
 #define SHARE_UNIT (64 * KIB)
@@ -47,13 +52,22 @@ static const struct opt_def tenant_options[] = {
       .min = 64 * KIB, .max = UINT64_MAX, .restart = true },
     { "tenant", "hbm_bytes", &T_SHARE, "0", TFIELD(hbm_bytes), TSHARE(hbm_share, "hbm.bytes"), .min = 0,
       .max = UINT64_MAX, .restart = true },
-    { "tenant", "max_namespaces", NULL, NULL, TFIELD(max_namespaces), .inherit = "server",
-      .inherit_bit = CONFIG_TENANT_INHERIT_MAX_NAMESPACES },
-    { "tenant", "max_clients", NULL, NULL, TFIELD(max_clients), .inherit = "server",
-      .inherit_bit = CONFIG_TENANT_INHERIT_MAX_CLIENTS },
-    { "tenant", "max_reserved_per_client", NULL, NULL, TFIELD(max_reserved_per_client), .inherit = "leases",
-      .inherit_bit = CONFIG_TENANT_INHERIT_MAX_RESERVED },
+    { "tenant", "max_namespaces", &T_COUNT, NULL, TFIELD(max_namespaces), .min = CONFIG_MAX_NAMESPACES_MIN,
+      .max = CONFIG_MAX_NAMESPACES_MAX, TINHERIT("server", max_namespaces, CONFIG_TENANT_INHERIT_MAX_NAMESPACES) },
+    { "tenant", "max_clients", &T_COUNT, NULL, TFIELD(max_clients), .min = CONFIG_MAX_CLIENTS_MIN,
+      .max = CONFIG_MAX_CLIENTS_MAX, TINHERIT("server", max_clients, CONFIG_TENANT_INHERIT_MAX_CLIENTS) },
+    { "tenant", "max_reserved_per_client", &T_FRACTION, NULL, TFIELD(max_reserved_per_client),
+      CONFIG_MAX_RESERVED_RANGE, TINHERIT("leases", max_reserved_per_client, CONFIG_TENANT_INHERIT_MAX_RESERVED) },
 };
+/* [server]'s allow lists, read for the admission check: the main table's
+ * rows for them (same type and fields). */
+#define FIELD(f) .offset = offsetof(struct kvn_config, f), .width = sizeof(((struct kvn_config *)0)->f)
+#define PARSED(f) .parsed_offset = offsetof(struct kvn_config, f), \
+                  .parsed_width = sizeof(((struct kvn_config *)0)->f)
+static const struct opt_def allow_uids_row = { "server", "allow_uids", &T_USERS, "", FIELD(allow_uids),
+                                               PARSED(allow_uid_list) };
+static const struct opt_def allow_gids_row = { "server", "allow_gids", &T_GROUPS, "", FIELD(allow_gids),
+                                               PARSED(allow_gid_list) };
 #define TENANT_NOPTIONS (sizeof tenant_options / sizeof tenant_options[0])
 _Static_assert(TENANT_NOPTIONS == 7, "TENANT_KEYS_HINT lists every key");
 #define TENANT_KEYS_HINT "uids, gids, host_bytes, hbm_bytes, max_namespaces, max_clients or max_reserved_per_client"
@@ -161,26 +175,22 @@ bool config_tenant_option_at(size_t i, const char **key)
 static void tenant_option_for(const struct opt_def *row, size_t i, struct opt_def *out)
 {
     size_t base = offsetof(struct kvn_config, tenants) + i * sizeof(struct config_tenant);
-    if (row->inherit) {
-        /* The type and range of the option it defaults to. */
-        const struct opt_def *parent = config_find_option(row->inherit, row->key);
-        *out = *parent;
-        out->section = row->section;
-        out->def = NULL;
-        out->offset = row->offset;
-        out->width = row->width;
-        out->parsed_offset = out->parsed_width = 0;
-        out->restart = row->restart;
-        out->inherit = row->inherit;
-        out->inherit_bit = row->inherit_bit;
-    } else {
-        *out = *row;
-    }
+    *out = *row;
     out->offset += base;
     if (out->parsed_width)
         out->parsed_offset += base;
     if (out->share_of)
         out->share_offset += base;
+}
+
+/* The value an unset limit takes: the option it defaults to (same type and
+ * width, at inherit_offset). */
+static void tenant_inherited_value(const struct kvn_config *cfg, const struct opt_def *o, struct opt_value *v,
+                                   char *buf, size_t len)
+{
+    struct opt_def parent = *o;
+    parent.offset = o->inherit_offset;
+    parent.type->load(cfg, &parent, v, buf, len);
 }
 
 bool config_tenant_option(const char *key, size_t i, struct opt_def *out)
@@ -314,9 +324,8 @@ static bool tenant_uid_admitted(uint32_t uid, const struct config_idlist *allow_
 
 /* The resolved list of an allow option (for the admission check); false
  * when it does not resolve (reported by the option checks). */
-static bool allow_list(const struct kvn_config *cfg, const char *key, struct config_idlist *out)
+static bool allow_list(const struct kvn_config *cfg, const struct opt_def *o, struct config_idlist *out)
 {
-    const struct opt_def *o = config_find_option("server", key);
     char text[VALUE_MAX], problem[PROBLEM_MAX];
     struct opt_value v = { 0 };
     o->type->load(cfg, o, &v, text, sizeof text);
@@ -351,9 +360,8 @@ static void tenant_check_one(const struct kvn_config *cfg, size_t i, struct kvn_
         if (o.inherit) {
             if (tenant_inherits(t, &o, &v)) {
                 if (resolved) {
-                    const struct opt_def *parent = config_find_option(o.inherit, o.key);
                     struct opt_value pv = { 0 };
-                    parent->type->load(cfg, parent, &pv, text, sizeof text);
+                    tenant_inherited_value(cfg, &o, &pv, text, sizeof text);
                     o.type->store(resolved, &o, &pv);
                     resolved->tenants[i].inherited |= o.inherit_bit;
                 }
@@ -500,7 +508,7 @@ void config_tenant_check(const struct kvn_config *cfg, struct kvn_config *resolv
 
     /* A tenant's users must be able to connect at all. */
     struct config_idlist allow_uids, allow_gids;
-    if (allow_list(cfg, "allow_uids", &allow_uids) && allow_list(cfg, "allow_gids", &allow_gids)) {
+    if (allow_list(cfg, &allow_uids_row, &allow_uids) && allow_list(cfg, &allow_gids_row, &allow_gids)) {
         char su[VALUE_SHOW + 8], sg[VALUE_SHOW + 8];
         const char *shown_uids = config_show(cfg->allow_uids, su, sizeof su);
         const char *shown_gids = config_show(cfg->allow_gids, sg, sizeof sg);
@@ -533,10 +541,9 @@ void config_tenant_write(const struct kvn_config *cfg, FILE *out)
             o.type->load(cfg, &o, &v, field, sizeof field);
             if (o.inherit && tenant_inherits(t, &o, &v)) {
                 /* Left unset: a comment, so the text parses back unset. */
-                const struct opt_def *parent = config_find_option(o.inherit, o.key);
                 struct opt_value pv = { 0 };
-                parent->type->load(cfg, parent, &pv, field, sizeof field);
-                parent->type->format(parent, &pv, text, sizeof text);
+                tenant_inherited_value(cfg, &o, &pv, field, sizeof field);
+                o.type->format(&o, &pv, text, sizeof text);
                 if (o.inherit_bit == CONFIG_TENANT_INHERIT_MAX_CLIENTS)
                     fprintf(out, "; %s: %" PRIu32 ", its memory's share of [%s] %s (%s)\n", o.key,
                             tenant_max_clients(cfg, t), o.inherit, o.key, text);

@@ -1,10 +1,10 @@
 /* config_types: one table of functions per option type (struct opt_type in
- * config_internal.h): parse text into a value, check its range and shape,
+ * config_types.h): parse text into a value, check its range and shape,
  * store it into and load it from struct kvn_config, format it back into
  * text that parses to the same value, compare two values. config.c's
- * option table names a type per row; nothing else switches on the type. */
-#include "config.h"
-#include "config_internal.h"
+ * option table and config_tenant.c's name a type per row; nothing else
+ * switches on the type. */
+#include "config_types.h"
 #include "kvcm/kvcm_config.h"
 #include "core/log.h"
 

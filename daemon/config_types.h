@@ -1,21 +1,23 @@
-/* config_internal: what the pieces of the config module share and nothing
- * else includes -- config.c (the option table, file and override parsing,
- * validation, output, reload) and config_types.c (one table of functions per
- * option type). Both build on config_values.h (values as text and back, the
- * error collector) and config_text.h (units, how messages show a value);
- * the [kvcm] checks are kvcm/kvcm_config.h's. */
-#ifndef KVNODE_CONFIG_INTERNAL_H
-#define KVNODE_CONFIG_INTERNAL_H
+/* config_types: the option types of kvnode.conf -- one small table of
+ * functions per type (struct opt_type: parse, check, store, load, format,
+ * equal) and the row that names an option (struct opt_def: where its field
+ * is in struct kvn_config, its range). The main table (config.c) and the
+ * [tenant.NAME] table (config_tenant.c) are both rows of these; neither
+ * needs the other. Built on config_values (values as text and back) and
+ * config_text.h (units, how messages show a value). */
+#ifndef KVNODE_CONFIG_TYPES_H
+#define KVNODE_CONFIG_TYPES_H
 
 #include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
-#include "config.h"
+#include "config_data.h"
 #include "config_text.h"
 #include "config_values.h"
+
+#define PROBLEM_MAX 400   /* one "<problem>" text */
 
 /* Room for a NUL-terminated copy of any string field plus one byte, so a
  * field without a terminator (a struct built by code) loads as too long. */
@@ -79,10 +81,12 @@ struct opt_def {
     size_t share_offset;
     const char *share_of;
     /* [tenant.NAME] limits: unset (0), they take the option of this section
-     * and the same key, whose type and range they share; inherit_bit is the
-     * CONFIG_TENANT_INHERIT_* bit that records it */
+     * and the same key (at inherit_offset in struct kvn_config), whose type
+     * and range they share; inherit_bit is the CONFIG_TENANT_INHERIT_* bit
+     * that records it */
     const char *inherit;
     unsigned inherit_bit;
+    size_t inherit_offset;
 };
 
 /* The types (config_types.c). */
@@ -107,52 +111,12 @@ extern const struct opt_type T_URLLIST;   /* http(s) URLs, or empty; parsed: str
 extern const struct opt_type T_DEVICES;   /* "all" or device ordinals; parsed: struct config_devices */
 extern const struct opt_type T_SHARE;     /* a size (uint64_t field) or "N%" (N into share_offset) */
 
-/* ---- through the type (config_types.c) ---- */
+/* ---- through the type ---- */
 
 /* Range and shape checks on a value. `shown` is the value as the user
  * wrote it, or NULL to format it (validating a struct built in code). */
 int config_check_value(const struct opt_def *o, struct opt_value *v, const char *shown, char *problem, size_t len);
 /* Text -> value, then the same checks as config_validate. */
 int config_parse_value(const struct opt_def *o, const char *text, struct opt_value *v, char *problem, size_t len);
-
-/* ---- the option table (config.c) ---- */
-
-#define PROBLEM_MAX 400   /* one "<problem>" text */
-
-/* The row of [section] key, or NULL. */
-const struct opt_def *config_find_option(const char *section, const char *key);
-
-/* ---- [tenant.NAME] sections (config_tenant.c) ---- */
-
-#define TENANT_PREFIX "tenant."
-#define TENANT_PREFIX_LEN (sizeof TENANT_PREFIX - 1)
-
-/* Whether the section name s[0..len) is "tenant." followed by anything. */
-bool config_tenant_section(const char *s, size_t len);
-/* The index of the tenant NAME (s[0..len), the part after "tenant.") in
- * cfg, added with every key unset when cfg has none of that name. -1 with
- * problem set when NAME is invalid or CONFIG_TENANTS_MAX are there. */
-int config_tenant_find_or_add(struct kvn_config *cfg, const char *s, size_t len, char *problem, size_t plen);
-/* The index of the tenant NAME, or -1. */
-int config_tenant_find(const struct kvn_config *cfg, const char *name);
-/* The row of a tenant section's key as it applies to tenant i (offsets
- * into cfg->tenants[i], the inherited type and range); false for an unknown
- * key. */
-bool config_tenant_option(const char *key, size_t i, struct opt_def *out);
-/* Whether some tenant row has this key (for "it belongs in" hints). */
-bool config_tenant_key_known(const char *key);
-/* "uids, gids, ... or max_reserved_per_client", for messages. */
-const char *config_tenant_keys_hint(void);
-/* The [tenant.NAME] checks of config_validate (field by field and between
- * sections); with `resolved`, the tenants' parsed forms go into it. */
-void config_tenant_check(const struct kvn_config *cfg, struct kvn_config *resolved, struct errbuf *errors);
-/* config_write's [tenant.NAME] sections. */
-void config_tenant_write(const struct kvn_config *cfg, FILE *out);
-/* The tenants' part of config_restart_required: the count, names appended
- * to buf at *used. */
-int config_tenant_restart_required(const struct kvn_config *running, const struct kvn_config *next, char *buf,
-                                   size_t buflen, size_t *used);
-/* The tenants' part of config_keep_restart_only. */
-void config_tenant_keep_restart_only(struct kvn_config *next, const struct kvn_config *running);
 
 #endif
