@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "config.h"
+#include "config/config.h"
 
 #define DAEMON_MAX_OVERRIDES 64
 

@@ -16,7 +16,7 @@
 #include "net/admin.h"
 #include "net/kvs_server.h"
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "daemon.h"
 #include "gpu/gpu.h"
 #include "kvnode.h"

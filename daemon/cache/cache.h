@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "mem/arena.h"
-#include "config.h"
+#include "config/config.h"
 #include "gpu/copier.h"
 #include "counters.h"
 #include "gpu/devmem.h"

@@ -16,7 +16,7 @@
 #include <stddef.h>
 
 
-#include "config.h"
+#include "config/config.h"
 
 struct event_base;
 struct cache;

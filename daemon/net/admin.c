@@ -13,7 +13,7 @@
 #include <jansson.h>
 
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "daemon.h"
 #include "core/errmsg.h"
 #include "kvcm/kvcm.h"

@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "core/errmsg.h"
 #include "net/server.h"
 #include "tenants.h"

@@ -15,7 +15,7 @@
 #include <jansson.h>
 
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "counters.h"
 #include "kvnode.pb-c.h"
 #include "mem/lease.h"

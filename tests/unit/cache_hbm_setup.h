@@ -12,7 +12,7 @@
 
 #include "devmem_spy.h"
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "gpu/gpu.h"
 #include "kvnode.h"
 

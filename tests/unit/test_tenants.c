@@ -13,7 +13,7 @@
 #include <event2/event.h>
 
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "core/log.h"
 #include "mem/index.h"
 #include "tenants.h"

@@ -14,14 +14,14 @@
  * whole configuration is known (their check step computes it).
  *
  * The [kvcm] option checks live next to the KVCM code, in
- * kvcm/kvcm_config.c; the rows here name them.
+ * kvcm_config.c; the rows here name them.
  *
  * No global state: each call works on caller-owned structs, and a load
  * parses into a scratch copy that replaces *cfg only when the whole file is
  * valid, so a reload can never leave a half-applied configuration. */
-#include "config.h"
-#include "config_internal.h"
-#include "kvcm/kvcm_config.h"
+#include "config/config.h"
+#include "config/config_internal.h"
+#include "config/kvcm_config.h"
 #include "persist/kvs/kvs.h"
 #include "persist/kvs/redis_cluster.h"
 #include "core/log.h"

@@ -10,8 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "config_values.h"
-#include "kvcm/kvcm_config.h"
+#include "config/config_values.h"
+#include "config/kvcm_config.h"
 
 #define CONFIG_ERR_MAX 2048
 #define CONFIG_LISTEN_MAX 160   /* [admin] listen text, NUL included */
@@ -164,7 +164,7 @@ struct kvn_config {
     uint32_t kvs_request_timeout_ms; /* an HTTP request must arrive whole within this (reloadable) */
 
     /* [kvcm] (every option restart-only; nothing is sent unless enabled):
-       struct kvcm_config, kvcm/kvcm_config.h */
+       struct kvcm_config, kvcm_config.h */
     struct kvcm_config kvcm;
 
     /* [tenant.NAME] sections, in file order (0: a single-tenant node) */
@@ -287,6 +287,6 @@ bool config_option_reloadable(const char *section, const char *key);
 
 /* The value parsers (config_parse_size, config_parse_listen, ...) are
  * config_values.h's; the [kvcm] helpers (config_kvcm_expand, ...) are
- * kvcm/kvcm_config.h's. Both are included above. */
+ * kvcm_config.h's. Both are included above. */
 
 #endif
