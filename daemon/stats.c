@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 #include "wire.h"
 #include "persist/kvs/redis_cluster.h"
 

@@ -20,7 +20,7 @@
 #include "config/config.h"
 #include "core/errmsg.h"
 #include "net/server.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 
 /* --- object keys ------------------------------------------------------------- */
 

@@ -16,7 +16,7 @@
 
 #include "cache/cache.h"
 #include "config/config.h"
-#include "counters.h"
+#include "core/counters.h"
 #include "kvnode.pb-c.h"
 #include "mem/lease.h"
 #include "net/server.h"
