@@ -225,12 +225,8 @@ void admin_get_stats(const struct admin *a, struct admin_stats *out)
     struct httpd_stats st;
     httpd_get_stats(a->httpd, &st);
     *out = (struct admin_stats){
+        .address = httpd_address(a->httpd),
         .open = st.open, .max = st.max, .accepted = st.accepted, .refused = st.refused,
         .refused_reserve = st.refused_reserve, .timed_out = st.timed_out, .accept_pauses = st.accept_pauses,
     };
-}
-
-const char *admin_address(const struct admin *a)
-{
-    return httpd_address(a->httpd);
 }

@@ -60,11 +60,10 @@ int  admin_create(const struct admin_deps *deps, struct admin **out, char *err, 
 void admin_begin_shutdown(struct admin *a);
 /* Close everything, remove the unix socket file. NULL is ignored. */
 void admin_destroy(struct admin *a);
-/* The bound address: "127.0.0.1:PORT" (the real port when 0 was asked),
- * "[::1]:PORT" or "unix:PATH". */
-const char *admin_address(const struct admin *a);
-/* The admin connections: "admin_connections" of the stats document. */
+/* admin's typed snapshot: its address ("admin" of the stats document) and
+ * its connections ("admin_connections"). The address belongs to a. */
 struct admin_stats {
+    const char *address;       /* "127.0.0.1:PORT" (the real port when 0 was asked), "[::1]:PORT", "unix:PATH" */
     uint64_t open, max, accepted;
     uint64_t refused;          /* with 503: limit or descriptor reserve */
     uint64_t refused_reserve;  /* of them: the last descriptors are kept for engines */
