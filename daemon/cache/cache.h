@@ -17,9 +17,9 @@
 #include <stdint.h>
 
 #include "mem/arena.h"
-#include "config.h"
+#include "config/config.h"
 #include "gpu/copier.h"
-#include "counters.h"
+#include "core/counters.h"
 #include "gpu/devmem.h"
 #include "mem/lease.h"
 #include "mem/namespace.h"
@@ -110,6 +110,10 @@ uint64_t cache_reserve_limit(const struct cache *c);
 /* The host arena's memory, for pinning. */
 void *cache_host_base(const struct cache *c);
 uint64_t cache_host_size(const struct cache *c);
+/* The calls above as the GPU side makes them (gpu_start's struct gpu_cache
+ * .ops, the cache as void *): gpu/ sits below cache/ and never includes it. */
+struct gpu_cache_ops;
+extern const struct gpu_cache_ops cache_gpu_ops;
 
 /* Persistence (NULL: none; set once, before serving). With a store:
  * committed blocks are written per [persist] policy, host victims that the

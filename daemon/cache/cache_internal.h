@@ -33,7 +33,7 @@
 #include "mem/keylock.h"
 #include "mem/numa.h"
 #include "cache/negcache.h"
-#include "counters.h"
+#include "core/counters.h"
 
 /* The host arena's id; HBM arenas follow it (1, 2, ...). */
 #define HOST_ARENA_ID 0u

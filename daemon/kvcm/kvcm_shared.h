@@ -20,7 +20,7 @@
 
 #include "cache/cache.h"
 #include "kvcm/keyset.h"
-#include "kvcm/kvcm_config.h"
+#include "config/kvcm_config.h"
 #include "kvcm/kvcm_types.h"
 #include "mem/namespace.h"
 

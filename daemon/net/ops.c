@@ -13,7 +13,7 @@
 #include "kvcm/query.h"
 #include "kvnode.h"
 #include "core/log.h"
-#include "counters.h"
+#include "core/counters.h"
 #include "wire.h"
 
 void ops_set_querier(struct ops *o, struct kvcm_querier *q)

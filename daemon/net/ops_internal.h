@@ -24,7 +24,7 @@
 
 #include "core/log.h"
 #include "net/ops.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 
 struct kvcm_query;
 struct kvcm_query_answer;

@@ -29,7 +29,7 @@
 
 #include <jansson.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "persist/kvs/file.h"
 #include "persist/kvs/kvs.h"
 #include "mem/namespace.h"

@@ -12,7 +12,7 @@
 
 #include "devmem_spy.h"
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "gpu/gpu.h"
 #include "kvnode.h"
 
@@ -49,7 +49,7 @@ static inline void cache_hbm_start(const struct kvn_config *cfg, uint64_t hbm_by
     *base = event_base_new();
     ck_assert_ptr_nonnull(*base);
     ck_assert_int_eq(cache_create(*base, cfg, cache, err, sizeof err), 0);
-    const struct gpu_cache gc = { .cache = *cache, .hbm_bytes = hbm_bytes, .name = NULL };
+    const struct gpu_cache gc = { .cache = *cache, .ops = &cache_gpu_ops, .hbm_bytes = hbm_bytes, .name = NULL };
     ck_assert_msg(gpu_start(*base, cfg, &gc, 1, gpu, err, sizeof err) == 0, "gpu_start: %s", err);
     ck_assert_int_eq(cache_bind(*cache, l, ns, err, sizeof err), 0);
 }

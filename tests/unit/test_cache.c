@@ -11,7 +11,7 @@
 
 #include "block_pattern.h"
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "kvnode.h"
 #include "core/log.h"
 #include "stats.h"

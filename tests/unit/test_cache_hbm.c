@@ -26,7 +26,7 @@
 #include "devmem_spy.h"
 #include "../common/proc.h"
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "core/clock.h"
 #include "gpu/copier.h"
 #include "gpu/devmem.h"

@@ -22,7 +22,7 @@
 #include "block_pattern.h"
 #include "../common/proc.h"
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "kvnode.h"
 #include "persist/kvs/kvs.h"
 #include "core/log.h"

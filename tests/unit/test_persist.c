@@ -28,7 +28,7 @@
 
 #include "../common/rmtree.h"
 #include "core/clock.h"
-#include "config.h"
+#include "config/config.h"
 #include "kvnode.h"
 #include "persist/kvs/file.h"
 #include "persist/kvs/kvs.h"

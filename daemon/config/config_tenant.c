@@ -19,9 +19,9 @@
  * Sizes: host_bytes and hbm_bytes are a size or "N%" of memory.host_bytes
  * / hbm.bytes; a share is resolved (config_resolve) to that many bytes
  * rounded down to whole 64KiB, and kept as written for /config. */
-#include "config_tenant.h"
-#include "config_types.h"
-#include "kvcm/kvcm_config.h"
+#include "config/config_tenant.h"
+#include "config/config_types.h"
+#include "config/kvcm_config.h"
 
 #include <grp.h>
 #include <inttypes.h>

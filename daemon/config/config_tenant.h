@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "config_data.h"
+#include "config/config_data.h"
 
 struct opt_def;
 struct errbuf;

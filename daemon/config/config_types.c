@@ -4,8 +4,8 @@
  * text that parses to the same value, compare two values. config.c's
  * option table and config_tenant.c's name a type per row; nothing else
  * switches on the type. */
-#include "config_types.h"
-#include "kvcm/kvcm_config.h"
+#include "config/config_types.h"
+#include "config/kvcm_config.h"
 #include "core/log.h"
 
 #include <ctype.h>

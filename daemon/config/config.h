@@ -11,8 +11,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "config_data.h"
-#include "config_tenant.h"
+#include "config/config_data.h"
+#include "config/config_tenant.h"
 
 /* Embedded defaults (the values conf/kvnode.conf documents), one per row of
  * the option table. */
@@ -98,6 +98,6 @@ bool config_option_reloadable(const char *section, const char *key);
 
 /* The value parsers (config_parse_size, config_parse_listen, ...) are
  * config_values.h's; the [kvcm] helpers (config_kvcm_expand, ...) are
- * kvcm/kvcm_config.h's. Both are included above. */
+ * kvcm_config.h's. Both are included above. */
 
 #endif

@@ -13,9 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config_data.h"
-#include "config_text.h"
-#include "config_values.h"
+#include "config/config_data.h"
+#include "config/config_text.h"
+#include "config/config_values.h"
 
 #define PROBLEM_MAX 400   /* one "<problem>" text */
 
