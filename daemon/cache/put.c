@@ -52,7 +52,7 @@ int cache_put_begin(struct cache *c, const struct cache_put_req *req, uint64_t *
         return rc;
     cache_put_choose_hbm(&t);
     cache_put_skip_held(&t);
-    /* A key repeated within the request is reserved once. */
+    /* Every key is held already: nothing to reserve, no lease. */
     if (t.need == 0)
         return 0;
     if ((rc = cache_check_lease_room(c, req->owner, err, errlen)) < 0 ||
