@@ -127,7 +127,6 @@ struct kvs_file_stats {
                                                 bytes up to the next whole record */
     uint64_t hints_loaded;        /* segments recovered from their hint file */
     uint64_t hints_bad;           /* hint files missing or failing a check (segment read) */
-    uint64_t migrated, migrate_bad;    /* file_v1 blocks moved into the log / found bad */
     uint64_t direct_io;           /* 1 when segments are written with O_DIRECT */
 };
 
