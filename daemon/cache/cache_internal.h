@@ -259,6 +259,10 @@ void cache_get_walk(struct cache *c, struct cache_wait **wp);
 void cache_reservation_end(struct kv_namespace *ns, struct lease_list *owner);
 void cache_unreserve(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
                      struct index_entry *e);
+/* put.c: a write lease's entries sealed (commit) or given back (abort);
+ * the count (cache_lease_finish). */
+uint32_t cache_put_seal(struct cache *c, struct lease *l);
+uint32_t cache_put_unreserve_all(struct cache *c, struct lease *l);
 
 /* deferred.c: a wait freed, a store request of it back, moved to the heap,
  * its timer started; the event that lets waiting puts try again. */

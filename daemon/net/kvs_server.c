@@ -535,7 +535,8 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
             }
             cache_unbind(t->cache, x->ns);   /* kept by its reservations and blocks, not by a client */
             /* rtp-llm sends no check words: word 0 (NULL) */
-            rc = cache_put_begin(t->cache, x->ns, &l->owner, x->keys, NULL, x->n, KVNODE_TIER_HOST,
+            rc = cache_put_begin(t->cache, &(struct cache_put_req){ .ns = x->ns, .owner = &l->owner,
+                                 .keys = x->keys, .n = x->n, .tier = KVNODE_TIER_HOST },
                                  &lease_id, x->locs, msg, sizeof msg);
         } else {
             k->st.read_keys += x->n;

@@ -123,6 +123,8 @@ void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const K
 void ops_get_inline_reply(struct ops *o, struct conn *conn, struct session *s,
                           const Kvnode__Request *req, uint64_t lease_id,
                           const struct cache_loc *locs, size_t got);
+void ops_put_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
+void ops_put_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 void ops_delete(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 
@@ -132,6 +134,6 @@ int  ops_defer(struct ops *o, struct conn *conn, struct session *s,
 void ops_pending_ready(void *arg);
 void ops_query_answer(void *arg, const struct kvcm_query_answer *a);
 bool ops_put_backpressure(struct ops *o, struct conn *conn, struct session *s,
-                          const Kvnode__Request *req, size_t n, char *err, size_t errlen);
+                          const Kvnode__Request *req, char *err, size_t errlen);
 
 #endif

@@ -16,6 +16,10 @@
 #include "gpu/gpu.h"
 #include "kvnode.h"
 
+/* A put of n keys of ns for owner, check words 0 (NULL). */
+#define PUT_REQ(ns_, owner_, keys_, n_, tier_) \
+    (&(struct cache_put_req){ .ns = (ns_), .owner = (owner_), .keys = (keys_), .n = (n_), .tier = (tier_) })
+
 /* cfg's defaults, with the limits the HBM tests share: blocks of
  * block_bytes in slabs of slab_bytes, no reservation limit, host eviction
  * only when full, hbm_bytes per device demoted from 75 % down to 50 % in
@@ -72,7 +76,7 @@ static inline size_t cache_hbm_put(struct cache *cache, struct kv_namespace *ns,
     ck_assert_uint_le(n, 128);
     for (size_t i = 0; i < n; i++)
         keys[i] = first + (int64_t)i;
-    ck_assert_msg(cache_put_begin(cache, ns, who, keys, NULL, n, KVNODE_TIER_HBM, &lid, locs, err,
+    ck_assert_msg(cache_put_begin(cache, PUT_REQ(ns, who, keys, n, KVNODE_TIER_HBM), &lid, locs, err,
                                   sizeof err) == 0, "%s", err);
     for (size_t i = 0; i < n; i++) {
         if (fill) {

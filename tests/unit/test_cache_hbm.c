@@ -438,7 +438,7 @@ START_TEST(a_closing_owner_leaves_no_hbm_behind)
     ck_assert_uint_eq(get(&eng, 1, 8, locs, &rl), 8);
     for (int i = 0; i < 8; i++)
         keys[i] = 100 + i;
-    ck_assert_int_eq(cache_put_begin(cache, ns, &eng, keys, NULL, 8, KVNODE_TIER_HBM, &wl, locs, err,
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &eng, keys, 8, KVNODE_TIER_HBM), &wl, locs, err,
                                      sizeof err), 0);
     ck_assert_int_eq(hbm_used(0), 16 * BLOCK);
     cache_release_owner(cache, &eng);
