@@ -7,13 +7,11 @@
  * (persist.h). */
 #include "cache/cache_internal.h"
 
-#include <inttypes.h>
 #include <stdlib.h>
 
 #include "core/clock.h"
 #include "kvnode.h"
 #include "core/log.h"
-#include "persist/kvs/kvs.h"
 #include "persist/persist.h"
 
 /* A block stays pinned while it is written to the store (its slot is read
