@@ -202,8 +202,8 @@ int  cache_get_begin(struct cache *c, const struct cache_read_req *req, struct c
  * owner->ttl_ms, else [leases] read_ttl), whatever the keys around it; the
  * others are misses (locs[i].present false). Blocks only in the store
  * (ghosts) are misses too, but up to 256 of them start their way back into
- * host memory (as GET promotes them), so a later read finds them. *got
- * = hits; *lease_id 0 when there are none. 0 or a negative code, err set.
+ * host memory (as GET promotes them), so a later read finds them. out->n
+ * = hits; out->lease_id 0 when there are none. 0 or a negative code, err set.
  * Lookups are with check word 0 (rtp-llm sends none): a block put with a
  * word is a miss, counted in keys.check_mismatches. Of req only ns, owner,
  * keys and n are used. */
