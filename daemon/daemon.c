@@ -5,13 +5,16 @@
 #include <stdlib.h>
 
 #include "cache/cache.h"
+#include "mem/arena.h"
 #include "mem/index.h"
+#include "mem/populate.h"
+#include "persist/persist.h"
 #include "kvcm/kvcm.h"
 #include "kvcm/query.h"
 #include "kvnode.h"
 #include "core/log.h"
 #include "net/server.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 
 int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err, size_t errlen)
 {
@@ -105,4 +108,41 @@ int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen)
         .epoch = kvcm_epoch(d->kvcm),
     };
     return kvcm_querier_create(d->base, &qs, &d->querier, err, errlen) < 0 ? -1 : 0;
+}
+
+size_t daemon_ready_notes(void *arg, char *msg, size_t used, size_t cap)
+{
+    const struct daemon *d = arg;
+    char who[LOG_TENANT_PREFIX_MAX];
+    /* A degraded store costs persistence only, a stalled KVCM publisher
+     * only what routers know of this node: engines are still served from
+     * memory, so the node stays ready and says what is wrong. */
+    char kvcm_why[640];
+    for (size_t i = 0; i < tenants_count(d->tenants) && used < cap; i++) {
+        const struct tenant *t = tenants_at(d->tenants, i);
+        struct persist_counters pc;
+        char pwhy[256];
+        /* Short host memory is served from what was reserved: ready, and why. */
+        if (t->cache && cache_populate_state(t->cache, pwhy, sizeof pwhy) == POPULATE_FAILED) {
+            struct arena_stats hs;
+            cache_host_stats(t->cache, &hs);
+            used += (size_t)snprintf(msg + used, cap - used,
+                                     "; %shost memory stays at %llu of %llu bytes: %.200s",
+                                     log_tenant_prefix(t->named ? t->name : NULL, who, sizeof who),
+                                     (unsigned long long)hs.reserved_bytes,
+                                     (unsigned long long)hs.capacity, pwhy);
+            if (used >= cap)
+                break;
+        }
+        if (!t->persist)
+            continue;
+        persist_get_counters(t->persist, &pc);
+        if (pc.state == PERSIST_STATE_DEGRADED)
+            used += (size_t)snprintf(msg + used, cap - used, "; %spersistent store degraded: %.300s",
+                                     log_tenant_prefix(t->named ? t->name : NULL, who, sizeof who),
+                                     persist_last_error(t->persist));
+    }
+    if (used < cap && kvcm_stalled(d->kvcm, kvcm_why, sizeof kvcm_why))
+        used += (size_t)snprintf(msg + used, cap - used, "; KVCM publisher stalled: %s", kvcm_why);
+    return used;
 }

@@ -1,6 +1,7 @@
 /* daemon: the process-wide wiring context of kvnoded — the loop, the
  * effective configuration and the modules built from it. main.c owns it;
- * reload, systemd notification and the admin endpoints read it.
+ * reload, systemd notification and the stats read it; the admin endpoints
+ * and the KVS front end get what they need of it at creation, not the struct.
  *
  * Loop thread only. */
 #ifndef KVNODE_DAEMON_H
@@ -8,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "config.h"
+#include "config/config.h"
 
 #define DAEMON_MAX_OVERRIDES 64
 
@@ -49,5 +50,10 @@ int daemon_load_config(const struct daemon *d, struct kvn_config *cfg, char *err
 /* Start the KVCM publisher when [kvcm] enabled = on (d->kvcm stays NULL
  * otherwise). 0, or -1 with err set. */
 int daemon_start_kvcm(struct daemon *d, char *err, size_t errlen);
+
+/* /readyz's notes (admin_deps.ready_notes; arg: the daemon): each tenant's
+ * host memory short of its size, each degraded store, a stalled KVCM
+ * publisher, appended to msg as "; ..." (used of cap bytes taken). */
+size_t daemon_ready_notes(void *arg, char *msg, size_t used, size_t cap);
 
 #endif

@@ -16,7 +16,7 @@
 #include "net/admin.h"
 #include "net/kvs_server.h"
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "daemon.h"
 #include "gpu/gpu.h"
 #include "kvnode.h"
@@ -31,7 +31,7 @@
 #include "sdnotify.h"
 #include "net/server.h"
 #include "stats.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 
 #define DEFAULT_CONFIG_PATH "/etc/kvnode/kvnode.conf"
 
@@ -99,6 +99,17 @@ static json_t *daemon_stats_document(void *arg, const struct session *viewer)
     struct daemon *d = arg;
     struct stats_view view = stats_client_view(d, viewer->tenant, viewer->uid);
     return stats_document_for(d, &view);
+}
+
+/* The admin pages (admin_deps): what stats.c and metrics.c build for d. */
+static json_t *daemon_admin_stats(void *arg)
+{
+    return stats_document(arg);
+}
+
+static int daemon_admin_metrics(void *arg, struct evbuffer *out)
+{
+    return metrics_render(arg, out);
 }
 
 /* Before HBM is freed: whether the clients it was lent to let go of it
@@ -257,13 +268,16 @@ int main(int argc, char **argv)
     /* The admin and KVS listeners before the engine socket: once that one
      * accepts, every door the configuration opens exists (requests wait
      * for the loop either way). */
-    if (admin_create(&d, &d.admin, err, sizeof err) < 0) {
+    const struct admin_deps admin_deps = {
+        .base = d.base, .cfg = &d.cfg, .ctx = &d, .ready_notes = daemon_ready_notes,
+        .stats_document = daemon_admin_stats, .metrics_page = daemon_admin_metrics,
+    };
+    if (admin_create(&admin_deps, &d.admin, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
     }
-    admin_set_pages(d.admin, &(struct admin_pages){ .stats_document = stats_document,
-                                                    .metrics_page = metrics_render });
-    if (kvs_server_create(&d, &d.kvs, err, sizeof err) < 0) {
+    const struct kvs_server_deps kvs_deps = { .base = d.base, .cfg = &d.cfg, .tenants = d.tenants };
+    if (kvs_server_create(&kvs_deps, &d.kvs, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
     }

@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
+#include "config/config.h"
 
 #define MEMCHECK_UNKNOWN UINT64_MAX        /* a figure that could not be read, or no limit */
 #define MEMCHECK_MARGIN_MIN (UINT64_C(256) << 20)   /* smallest margin: 256 MiB */

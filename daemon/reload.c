@@ -10,7 +10,7 @@
 #include "net/ops.h"
 #include "sdnotify.h"
 #include "net/server.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 
 int reload_run(struct daemon *d, struct reload_result *res)
 {

@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#include "config.h"
+#include "config/config.h"
 
 struct daemon;
 

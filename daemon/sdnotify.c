@@ -14,7 +14,7 @@
 
 #include "cache/cache.h"
 #include "daemon.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 #include "core/log.h"
 #include "persist/persist.h"
 #include "net/server.h"

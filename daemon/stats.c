@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 #include "wire.h"
 #include "persist/kvs/redis_cluster.h"
 
@@ -96,9 +96,9 @@ void stats_collect(struct daemon *d, const struct stats_view *view, struct stats
     s->has_server = d->server != NULL;
     if (d->server)
         server_get_stats(d->server, &s->server);
-    s->admin_address = d->admin ? admin_address(d->admin) : NULL;
     if (d->admin)
         admin_get_stats(d->admin, &s->admin);
+    s->admin_address = d->admin ? s->admin.address : NULL;
     s->has_kvs = d->kvs != NULL;
     if (d->kvs)
         kvs_server_get_stats(d->kvs, &s->kvs);

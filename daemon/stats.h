@@ -26,7 +26,7 @@
 #include "kvcm/query.h"
 #include "net/ops.h"
 #include "net/server.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 
 struct daemon;
 struct tenant;

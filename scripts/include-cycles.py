@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Include cycles between the modules of daemon/ and lib/.
+"""Include cycles in daemon/ and lib/: between modules, and between folders.
 
 A module is a .c/.h pair (daemon/net/ops.c + daemon/net/ops.h); a private header
 named <module>_impl.h, _internal.h or _private.h belongs to its module. There
@@ -7,6 +7,14 @@ is an edge x -> y when a file of x includes "y.h". Every strongly connected
 component of more than one module is a cycle; it is printed and the exit
 status is 1. Header-only cycles (x.h includes y.h includes x.h) are checked
 the same way.
+
+Folders too: every folder of daemon/ and lib/ is a node (daemon/persist/kvs is
+one of its own; the files directly in daemon/, the top level, are the node
+"daemon"), with an edge X -> Y when a file of X includes a header of Y. The
+folders are layered so that every include points down (docs/ARCHITECTURE.md,
+"Layout of the tree"); a cycle between folders, or between a folder and the
+top level, is printed with a few of the includes that make each of its edges,
+and the exit status is 1 as well.
 
     scripts/include-cycles.py [ROOT]      (ROOT: the tree, default .)
 """
@@ -65,6 +73,27 @@ def graph(files, headers_only):
     return g
 
 
+def folder_graph(files):
+    """Folder -> {folder: [example "file -> header" includes]}."""
+    g = {}
+    for path, includes in files.items():
+        src = os.path.dirname(path)
+        g.setdefault(src, {})
+        for name in includes:
+            target = resolve(files, path, name)
+            if target is None:
+                continue
+            dst = os.path.dirname(target)
+            g.setdefault(dst, {})
+            if dst != src:
+                g[src].setdefault(dst, []).append(f'{path} includes {target}')
+    return g
+
+
+def folder_name(folder):
+    return folder + '/ (top level)' if folder == 'daemon' else folder + '/'
+
+
 def cycles(g):
     """Tarjan's strongly connected components of more than one node."""
     index, low, stack, on_stack, out = {}, {}, [], set(), []
@@ -111,6 +140,19 @@ def main():
             edges = [f'{a} -> {b}' for a in comp for b in sorted(g[a]) if b in comp]
             print('  cycle:', ', '.join(edges))
         found += len(cs)
+    fg = folder_graph(files)
+    cs = cycles({f: set(to) for f, to in fg.items()})
+    print(f'folders: {len(fg)} nodes, {sum(len(e) for e in fg.values())} edges, {len(cs)} cycle(s)')
+    for comp in cs:
+        print('  cycle between folders:', ', '.join(folder_name(f) for f in comp))
+        for a in comp:
+            for b in sorted(fg[a]):
+                if b not in comp:
+                    continue
+                ex = sorted(fg[a][b])
+                more = f' (and {len(ex) - 3} more)' if len(ex) > 3 else ''
+                print(f'    {folder_name(a)} -> {folder_name(b)}: {"; ".join(ex[:3])}{more}')
+    found += len(cs)
     return 1 if found else 0
 
 

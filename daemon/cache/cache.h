@@ -17,9 +17,9 @@
 #include <stdint.h>
 
 #include "mem/arena.h"
-#include "config.h"
+#include "config/config.h"
 #include "gpu/copier.h"
-#include "counters.h"
+#include "core/counters.h"
 #include "gpu/devmem.h"
 #include "mem/lease.h"
 #include "mem/namespace.h"
@@ -110,6 +110,10 @@ uint64_t cache_reserve_limit(const struct cache *c);
 /* The host arena's memory, for pinning. */
 void *cache_host_base(const struct cache *c);
 uint64_t cache_host_size(const struct cache *c);
+/* The calls above as the GPU side makes them (gpu_start's struct gpu_cache
+ * .ops, the cache as void *): gpu/ sits below cache/ and never includes it. */
+struct gpu_cache_ops;
+extern const struct gpu_cache_ops cache_gpu_ops;
 
 /* Persistence (NULL: none; set once, before serving). With a store:
  * committed blocks are written per [persist] policy, host victims that the
@@ -237,8 +241,20 @@ int  cache_get_start(struct cache *c, const struct cache_read_req *req, struct c
                      char *err, size_t errlen, struct cache_wait **wait);
 void cache_get_finish(struct cache *c, struct cache_wait *wait, struct cache_lent *out);
 void cache_wait_cancel(struct cache *c, struct cache_wait *wait);
-int  cache_put_begin(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
-                     const int64_t *keys, const uint64_t *checks, size_t n, int tier, uint64_t *lease_id,
+/* A PUT_BEGIN: the keys one connection asks to write. */
+struct cache_put_req {
+    struct kv_namespace *ns;
+    struct lease_list   *owner;
+    const int64_t       *keys;
+    const uint64_t      *checks;   /* n words, or NULL: every word 0 */
+    size_t               n;
+    int                  tier;     /* 0 or KVNODE_TIER_HOST; KVNODE_TIER_HBM: the owner's HBM when free */
+};
+/* Reserve a slot for every key not already held (locs[i].present true, its
+ * place in locs[i]) under one write lease (*lease_id; 0 when nothing needed
+ * one); the keys already held are locs[i].present false. locs has room for
+ * req->n. */
+int  cache_put_begin(struct cache *c, const struct cache_put_req *req, uint64_t *lease_id,
                      struct cache_loc *locs, char *err, size_t errlen);
 /* Back-pressure. With a store, a committed block is not evicted before its
  * write lands (write_through: from its commit; write_back: once the evictor
@@ -257,6 +273,13 @@ int  cache_put_wait(struct cache *c, unsigned timeout_ms, cache_ready_fn ready, 
  * commit=true (seal) or false (abort). *blocks = entries released. */
 int  cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, int kind,
                      bool commit, uint32_t *blocks, char *err, size_t errlen);
+/* PUT_COMMIT and PUT_ABORT: end owner's write lease lease_id, sealing its
+ * entries (visible from then on; write_through: queued for the store) or
+ * giving their slots back. *blocks = entries released. */
+int  cache_put_commit(struct cache *c, struct lease_list *owner, uint64_t lease_id,
+                      uint32_t *blocks, char *err, size_t errlen);
+int  cache_put_abort(struct cache *c, struct lease_list *owner, uint64_t lease_id,
+                     uint32_t *blocks, char *err, size_t errlen);
 int  cache_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
                   const uint64_t *checks, size_t n, uint32_t *deleted);
 /* End every lease of a closing connection at once. */

@@ -37,7 +37,7 @@
 #include "mem/keylock.h"
 #include "mem/numa.h"
 #include "cache/negcache.h"
-#include "counters.h"
+#include "core/counters.h"
 
 /* The host arena's id; HBM arenas follow it (1, 2, ...). */
 #define HOST_ARENA_ID 0u
@@ -286,6 +286,10 @@ int cache_promote(struct cache *c, struct kv_namespace *ns, struct index_entry *
 void cache_reservation_end(struct kv_namespace *ns, struct lease_list *owner);
 void cache_unreserve(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
                      struct index_entry *e);
+/* put.c: a write lease's entries sealed (commit) or given back (abort);
+ * the count (cache_lease_finish). */
+uint32_t cache_put_seal(struct cache *c, struct lease *l);
+uint32_t cache_put_unreserve_all(struct cache *c, struct lease *l);
 
 /* deferred.c: a wait freed, a store request of it back, moved to the heap,
  * its timer started; the event that lets waiting puts try again. */

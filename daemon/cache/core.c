@@ -633,7 +633,8 @@ void cache_pin(struct cache *c, struct index_entry *e)
 
 /* --- lease end and delete ----------------------------------------------------- */
 
-/* End a lease's hold on its entries. */
+/* End a lease's hold on its entries: a reader's are unpinned, a writer's
+ * sealed (commit) or given back (put.c). */
 uint32_t cache_lease_finish(struct cache *c, struct lease *l, bool commit)
 {
     uint32_t count = 0;
@@ -654,44 +655,9 @@ uint32_t cache_lease_finish(struct cache *c, struct lease *l, bool commit)
             count++;
         }
     } else if (commit) {
-        uint64_t bytes = cache_ns_block_bytes(c, l->ns);
-        struct kv_namespace *ns = ns_get(c->namespaces, l->ns);
-        bool write_through = c->persist && c->policy == CONFIG_POLICY_WRITE_THROUGH;
-        struct cache_write_group *g = write_through ? cache_write_group_new(l->n) : NULL;
-        for (size_t i = l->n; i-- > 0;) {
-            struct index_entry *e = l->entries[i];
-            if (!e)
-                continue;
-            e->state = ENTRY_SEALED;
-            index_lru_touch(c->index, e);
-            if (ns) {
-                ns->blocks++;
-                ns->bytes += bytes;
-            }
-            cache_reservation_end(ns, l->owner);
-            c->sealed_total++;
-            count++;
-            cache_note_sealed(c, e);
-            /* write_through: pinned until its write lands (see cache.h), and
-             * until the commit's other writes have landed too. */
-            if (write_through && e->persist == PERSIST_NONE) {
-                if (g)
-                    cache_write_group_add(c, g, e);
-                else
-                    cache_write_start(c, e, false);
-            }
-        }
-        if (g)
-            cache_write_group_done(c, g);   /* the commit's own reference */
+        count = cache_put_seal(c, l);
     } else {
-        struct kv_namespace *ns = ns_get(c->namespaces, l->ns);
-        for (size_t i = 0; i < l->n; i++) {
-            struct index_entry *e = l->entries[i];
-            if (!e)
-                continue;
-            cache_unreserve(c, ns, l->owner, e);
-            count++;
-        }
+        count = cache_put_unreserve_all(c, l);
     }
     lease_destroy(c->leases, l);
     /* Blocks it pinned or sealed may be demotable now: an HBM arena left
@@ -700,13 +666,19 @@ uint32_t cache_lease_finish(struct cache *c, struct lease *l, bool commit)
     return count;
 }
 
-int cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, int kind,
-                    bool commit, uint32_t *blocks, char *err, size_t errlen)
+/* owner's lease lease_id, or NULL. */
+static struct lease *cache_lease_of(struct cache *c, const struct lease_list *owner, uint64_t lease_id)
 {
     struct lease *l = lease_id ? lease_find(c->leases, lease_id) : NULL;
+    return l && l->owner == owner ? l : NULL;
+}
 
-    *blocks = 0;
-    if (!l || l->owner != owner) {
+/* l (lease_id's, NULL when the connection holds none) may be ended as kind:
+ * 0, or the code with err set. */
+static int cache_lease_check(const struct lease *l, uint64_t lease_id, int kind, char *err,
+                             size_t errlen)
+{
+    if (!l) {
         errmsg_set(err, errlen, "lease %" PRIu64 " is not held by this connection "
              "(ended, expired after its TTL, or never granted)", lease_id);
         return -KVNODE_ENOLEASE;
@@ -717,9 +689,51 @@ int cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id
              l->kind == LEASE_READ ? "get_end" : "put_commit or put_abort");
         return -KVNODE_EINVAL;
     }
+    return 0;
+}
+
+int cache_put_commit(struct cache *c, struct lease_list *owner, uint64_t lease_id,
+                     uint32_t *blocks, char *err, size_t errlen)
+{
+    struct lease *l = cache_lease_of(c, owner, lease_id);
+    int rc = cache_lease_check(l, lease_id, LEASE_WRITE, err, errlen);
+
+    *blocks = 0;
+    if (rc < 0)
+        return rc;
+    *blocks = cache_lease_finish(c, l, true);
+    cache_evict_maybe_schedule(c);
+    return 0;
+}
+
+int cache_put_abort(struct cache *c, struct lease_list *owner, uint64_t lease_id,
+                    uint32_t *blocks, char *err, size_t errlen)
+{
+    struct lease *l = cache_lease_of(c, owner, lease_id);
+    int rc = cache_lease_check(l, lease_id, LEASE_WRITE, err, errlen);
+
+    *blocks = 0;
+    if (rc < 0)
+        return rc;
+    *blocks = cache_lease_finish(c, l, false);
+    return 0;
+}
+
+int cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, int kind,
+                    bool commit, uint32_t *blocks, char *err, size_t errlen)
+{
+    struct lease *l;
+    int rc;
+
+    if (kind == LEASE_WRITE)
+        return commit ? cache_put_commit(c, owner, lease_id, blocks, err, errlen)
+                      : cache_put_abort(c, owner, lease_id, blocks, err, errlen);
+    l = cache_lease_of(c, owner, lease_id);
+    rc = cache_lease_check(l, lease_id, kind, err, errlen);
+    *blocks = 0;
+    if (rc < 0)
+        return rc;
     *blocks = cache_lease_finish(c, l, commit);
-    if (kind == LEASE_WRITE && commit)
-        cache_evict_maybe_schedule(c);
     return 0;
 }
 

@@ -157,18 +157,17 @@ static int cache_storeop_send(struct cache_storeop *op)
     } else {
         struct index_entry *e = op->e;
         struct cache_hbm *h = cache_hbm_of(c, e);
+        struct persist_write_req w = { .ns = op->ns, .key = e->key, .check = e->check,
+                                       .data = cache_slot_ptr(c, e), .len = op->ns->layout.block_bytes,
+                                       .done = cache_storeop_done, .arg = op };
         /* An HBM block is copied out by the worker, never read by the loop. */
         if (op->probe)
-            rc = persist_write_probe(c->persist, op->ns, e->key, e->check, cache_slot_ptr(c, e),
-                                     op->ns->layout.block_bytes, h && c->devmem ? c->devmem : NULL,
-                                     h ? h->device : -1, cache_storeop_done, op);
+            rc = persist_write_probe(c->persist, &w, h && c->devmem ? c->devmem : NULL,
+                                     h ? h->device : -1);
         else if (h && c->devmem)
-            rc = persist_write_device(c->persist, op->ns, e->key, e->check, cache_slot_ptr(c, e),
-                                      op->ns->layout.block_bytes, c->devmem, h->device,
-                                      cache_storeop_done, op);
+            rc = persist_write_device(c->persist, &w, c->devmem, h->device);
         else
-            rc = persist_write(c->persist, op->ns, e->key, e->check, cache_slot_ptr(c, e),
-                               op->ns->layout.block_bytes, cache_storeop_done, op);
+            rc = persist_write(c->persist, &w);
     }
     if (rc == -KVNODE_ELIMIT)
         return rc;

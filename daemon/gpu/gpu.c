@@ -8,7 +8,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "cache/cache.h"
 #include "core/clock.h"
 #include "gpu/copier.h"
 #include "gpu/devmem.h"
@@ -134,7 +133,7 @@ static int gpu_start_hbm(const struct kvn_config *cfg, struct gpu *g, const char
                          devs[i], count, devmem_kind_name(devmem_kind(g->dm)));
             } else if (gpu_alloc_region(cfg, g, who, devs[i], gc->hbm_bytes, r, why, sizeof why) == 0) {
                 g->nregions++;
-                if (cache_add_hbm(gc->cache, g->dm, r, cfg->slab_bytes, why, sizeof why) == 0) {
+                if (gc->ops->add_hbm(gc->cache, g->dm, r, cfg->slab_bytes, why, sizeof why) == 0) {
                     log_info("%sHBM tier: GPU %d%s%s%s, %" PRIu64 " MiB (%s backend, lent %s)",
                              who, devs[i], r->pci_bus_id[0] ? " (" : "", r->pci_bus_id,
                              r->pci_bus_id[0] ? ")" : "", r->size >> 20, devmem_kind_name(devmem_kind(g->dm)),
@@ -200,16 +199,16 @@ static int gpu_start_pinning(const struct kvn_config *cfg, struct gpu *g, char *
     }
     for (size_t t = 0; t < g->ncaches; t++) {
         const struct gpu_cache *gc = &g->caches[t];
-        struct arena_stats host;
+        void *base;
+        uint64_t size, slab_bytes;
         gpu_who(gc, who, sizeof who);
         if (!g->has_hbm[t]) {
             log_info("%shost arena not pinned: no HBM tier of its own (no copy of the daemon's would use it)", who);
             continue;
         }
         /* Chunks on slab boundaries: no block is in two registrations. */
-        cache_host_stats(gc->cache, &host);
-        if (hostpin_start(g->dm, cache_host_base(gc->cache), cache_host_size(gc->cache),
-                          cfg->pin_chunk_bytes, host.slab_bytes, cfg->pin_host == CONFIG_PIN_ON,
+        gc->ops->host_arena(gc->cache, &base, &size, &slab_bytes);
+        if (hostpin_start(g->dm, base, size, cfg->pin_chunk_bytes, slab_bytes, cfg->pin_host == CONFIG_PIN_ON,
                           &g->hostpins[t], why, sizeof why) < 0) {
             g->hostpins[t] = NULL;
             if (cfg->pin_host == CONFIG_PIN_ON) {
@@ -220,7 +219,7 @@ static int gpu_start_pinning(const struct kvn_config *cfg, struct gpu *g, char *
             log_info("%shost arena not pinned: %s", who, why);
             continue;
         }
-        cache_set_hostpin(gc->cache, g->hostpins[t]);
+        gc->ops->set_hostpin(gc->cache, g->hostpins[t]);
     }
     return 0;
 }
@@ -257,7 +256,7 @@ int gpu_start(struct event_base *base, const struct kvn_config *cfg, const struc
             return -1;
         for (size_t t = 0; t < g->ncaches; t++)
             if (g->caches[t].hbm_bytes > 0)
-                cache_set_copier(g->caches[t].cache, g->copier);
+                g->caches[t].ops->set_copier(g->caches[t].cache, g->copier);
     }
     return gpu_start_pinning(cfg, g, err, errlen);
 }
@@ -270,14 +269,14 @@ void gpu_stop(struct gpu *g)
         copier_destroy(g->copier);   /* demotions in flight come back first */
         g->copier = NULL;
         for (size_t t = 0; t < g->ncaches; t++)
-            cache_set_copier(g->caches[t].cache, NULL);
+            g->caches[t].ops->set_copier(g->caches[t].cache, NULL);
     }
     for (size_t t = 0; t < g->ncaches; t++) {
         if (!g->hostpins[t])
             continue;
         hostpin_stop(g->hostpins[t]);
         g->hostpins[t] = NULL;
-        cache_set_hostpin(g->caches[t].cache, NULL);
+        g->caches[t].ops->set_hostpin(g->caches[t].cache, NULL);
     }
 }
 

@@ -16,18 +16,35 @@
 #include <stddef.h>
 
 
-#include "config.h"
+#include "config/config.h"
 
 struct event_base;
-struct cache;
 struct gpu;
+struct devmem;
+struct devmem_region;
+struct copier;
+struct hostpin;
 
-/* A cache the GPU side serves: its HBM bytes per device (0: none) and a
- * name for log lines (NULL: the single-tenant node's cache, logged as before
- * tenants). */
+/* What the GPU side does to a cache it serves. The cache sits above gpu/
+ * (it uses devmem, copier and hostpin), so whoever wires the two (tenants)
+ * hands these in and gpu never includes cache/. */
+struct gpu_cache_ops {
+    /* A region as one more HBM arena of the cache: 0, or < 0 with why set. */
+    int  (*add_hbm)(void *cache, struct devmem *dm, const struct devmem_region *r, uint64_t slab_bytes,
+                    char *why, size_t whylen);
+    void (*set_copier)(void *cache, struct copier *cp);      /* NULL: none any more */
+    void (*set_hostpin)(void *cache, struct hostpin *hp);    /* NULL: not pinned any more */
+    /* The host arena: its memory and slab size (pin chunks fall on slab boundaries). */
+    void (*host_arena)(void *cache, void **base, uint64_t *size, uint64_t *slab_bytes);
+};
+
+/* A cache the GPU side serves, through ops: its HBM bytes per device (0:
+ * none) and a name for log lines (NULL: the single-tenant node's cache,
+ * logged as before tenants). */
 #define GPU_MAX_CACHES 17
 struct gpu_cache {
-    struct cache *cache;
+    void *cache;
+    const struct gpu_cache_ops *ops;
     uint64_t hbm_bytes;
     const char *name;
 };

@@ -15,7 +15,7 @@
 #include <event2/event.h>
 
 #include "cache/cache.h"
-#include "kvcm/kvcm_config.h"
+#include "config/kvcm_config.h"
 #include "kvcm/keyset.h"
 #include "core/log.h"
 

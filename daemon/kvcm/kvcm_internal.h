@@ -24,7 +24,7 @@
 
 #include "cache/cache.h"
 #include "kvcm/kvcm.h"
-#include "kvcm/kvcm_config.h"
+#include "config/kvcm_config.h"
 #include "kvcm/keyset.h"
 
 enum { EV_BLOCK = 1, EV_MARKER = 2 };

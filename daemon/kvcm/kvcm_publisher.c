@@ -17,7 +17,7 @@
 
 #include "core/clock.h"
 #include "kvcm/kvcm_client.h"
-#include "kvcm/kvcm_config.h"
+#include "config/kvcm_config.h"
 #include "kvcm/keyset.h"
 #include "core/log.h"
 

@@ -10,7 +10,7 @@
 #include <event2/event.h>
 
 #include "core/clock.h"
-#include "kvcm/kvcm_config.h"
+#include "config/kvcm_config.h"
 #include "core/errmsg.h"
 #include "kvnode.h"
 #include "core/log.h"

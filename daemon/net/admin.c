@@ -12,18 +12,11 @@
 #include <event2/keyvalq_struct.h>
 #include <jansson.h>
 
-#include "cache/cache.h"
-#include "config.h"
-#include "daemon.h"
+#include "config/config.h"
 #include "core/errmsg.h"
-#include "kvcm/kvcm.h"
-#include "mem/arena.h"
-#include "mem/populate.h"
 #include "core/log.h"
-#include "persist/persist.h"
 #include "core/liveness.h"
 #include "net/httpd.h"
-#include "tenants.h"
 
 /* evhttp's own timeout: a connection where nothing moves for this long
  * (e.g. a client that stops reading its reply) is closed. Receiving a
@@ -33,9 +26,8 @@
 #define ADMIN_MAX_BODY       (16u << 10)
 
 struct admin {
-    struct daemon *d;
+    struct admin_deps deps;              /* the config and the pages (admin_create) */
     struct httpd *httpd;
-    struct admin_pages pages;            /* /stats and /metrics (admin_set_pages) */
 };
 
 /* ---- replies ---------------------------------------------------------------- */
@@ -65,7 +57,7 @@ static void admin_reply_text(struct evhttp_request *req, int code, const char *r
 
 static void admin_metrics(struct admin *a, struct evhttp_request *req, struct evbuffer *b)
 {
-    if (!a->pages.metrics_page || a->pages.metrics_page(a->d, b) < 0) {
+    if (!a->deps.metrics_page || a->deps.metrics_page(a->deps.ctx, b) < 0) {
         admin_reply_text(req, HTTP_INTERNAL, "Internal Server Error", "cannot build the metrics page");
         return;
     }
@@ -74,56 +66,29 @@ static void admin_metrics(struct admin *a, struct evhttp_request *req, struct ev
 
 static void admin_readyz(struct admin *a, struct evhttp_request *req)
 {
-    char stalled[512], msg[1400], who[LOG_TENANT_PREFIX_MAX];
+    char stalled[512], msg[1400];
 
     if (httpd_stopping(a->httpd)) {
         admin_reply_text(req, 503, "Service Unavailable", "not ready: shutting down");
         return;
     }
     /* Workers report through the registry; the loop is alive if it answers. */
-    if (!liveness_check(liveness_now_ms(), a->d->cfg->worker_stall_timeout_ms, stalled, sizeof stalled)) {
+    if (!liveness_check(liveness_now_ms(), (*a->deps.cfg)->worker_stall_timeout_ms, stalled, sizeof stalled)) {
         snprintf(msg, sizeof msg, "not ready: worker%s not alive: %s", strchr(stalled, ',') ? "s" : "",
                  stalled);
         admin_reply_text(req, 503, "Service Unavailable", msg);
         return;
     }
-    /* A degraded store costs persistence only, a stalled KVCM publisher
-     * only what routers know of this node: engines are still served from
-     * memory, so the node stays ready and says what is wrong. */
-    char kvcm_why[640];
+    /* What is degraded but still served from memory: the wiring says. */
     size_t used = (size_t)snprintf(msg, sizeof msg, "ready");
-    for (size_t i = 0; i < tenants_count(a->d->tenants) && used < sizeof msg; i++) {
-        const struct tenant *t = tenants_at(a->d->tenants, i);
-        struct persist_counters pc;
-        char pwhy[256];
-        /* Short host memory is served from what was reserved: ready, and why. */
-        if (t->cache && cache_populate_state(t->cache, pwhy, sizeof pwhy) == POPULATE_FAILED) {
-            struct arena_stats hs;
-            cache_host_stats(t->cache, &hs);
-            used += (size_t)snprintf(msg + used, sizeof msg - used,
-                                     "; %shost memory stays at %llu of %llu bytes: %.200s",
-                                     log_tenant_prefix(t->named ? t->name : NULL, who, sizeof who),
-                                     (unsigned long long)hs.reserved_bytes,
-                                     (unsigned long long)hs.capacity, pwhy);
-            if (used >= sizeof msg)
-                break;
-        }
-        if (!t->persist)
-            continue;
-        persist_get_counters(t->persist, &pc);
-        if (pc.state == PERSIST_STATE_DEGRADED)
-            used += (size_t)snprintf(msg + used, sizeof msg - used, "; %spersistent store degraded: %.300s",
-                                     log_tenant_prefix(t->named ? t->name : NULL, who, sizeof who),
-                                     persist_last_error(t->persist));
-    }
-    if (used < sizeof msg && kvcm_stalled(a->d->kvcm, kvcm_why, sizeof kvcm_why))
-        snprintf(msg + used, sizeof msg - used, "; KVCM publisher stalled: %s", kvcm_why);
+    if (a->deps.ready_notes)
+        a->deps.ready_notes(a->deps.ctx, msg, used, sizeof msg);
     admin_reply_text(req, HTTP_OK, "OK", msg);
 }
 
 static void admin_stats(struct admin *a, struct evhttp_request *req, struct evbuffer *b)
 {
-    json_t *doc = a->pages.stats_document ? a->pages.stats_document(a->d) : NULL;
+    json_t *doc = a->deps.stats_document ? a->deps.stats_document(a->deps.ctx) : NULL;
     char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
     json_decref(doc);
     if (!text) {
@@ -145,7 +110,7 @@ static void admin_config(struct admin *a, struct evhttp_request *req, struct evb
         admin_reply_text(req, HTTP_INTERNAL, "Internal Server Error", "out of memory");
         return;
     }
-    config_write(a->d->cfg, mem);
+    config_write(*a->deps.cfg, mem);
     if (fclose(mem) != 0 || !text) {
         free(text);
         admin_reply_text(req, HTTP_INTERNAL, "Internal Server Error", "out of memory");
@@ -202,14 +167,15 @@ static void admin_request_cb(struct evhttp_request *req, void *arg)
 static void admin_limits(void *arg, struct httpd_limits *out)
 {
     const struct admin *a = arg;
-    out->max_connections = a->d->cfg->admin_max_connections;
-    out->request_timeout_ms = a->d->cfg->admin_request_timeout_ms;
+    out->max_connections = (*a->deps.cfg)->admin_max_connections;
+    out->request_timeout_ms = (*a->deps.cfg)->admin_request_timeout_ms;
     out->max_connections_option = "admin.max_connections";
 }
 
-int admin_create(struct daemon *d, struct admin **out, char *err, size_t errlen)
+int admin_create(const struct admin_deps *deps, struct admin **out, char *err, size_t errlen)
 {
-    const struct config_listen *l = &d->cfg->admin_listen_addr;   /* parsed with the config */
+    const struct kvn_config *cfg = *deps->cfg;
+    const struct config_listen *l = &cfg->admin_listen_addr;   /* parsed with the config */
     struct admin *a;
     struct evhttp *http;
 
@@ -220,8 +186,8 @@ int admin_create(struct daemon *d, struct admin **out, char *err, size_t errlen)
         errmsg_set(err, errlen, "admin: out of memory");
         return -1;
     }
-    a->d = d;
-    if (httpd_create(d->base, "admin", "admin listen", l, d->cfg->socket_mode, admin_limits, a, &a->httpd, err,
+    a->deps = *deps;
+    if (httpd_create(deps->base, "admin", "admin listen", l, cfg->socket_mode, admin_limits, a, &a->httpd, err,
                      errlen) < 0) {
         free(a);
         return -1;
@@ -254,23 +220,13 @@ void admin_destroy(struct admin *a)
     free(a);
 }
 
-void admin_set_pages(struct admin *a, const struct admin_pages *pages)
-{
-    if (a)
-        a->pages = *pages;
-}
-
 void admin_get_stats(const struct admin *a, struct admin_stats *out)
 {
     struct httpd_stats st;
     httpd_get_stats(a->httpd, &st);
     *out = (struct admin_stats){
+        .address = httpd_address(a->httpd),
         .open = st.open, .max = st.max, .accepted = st.accepted, .refused = st.refused,
         .refused_reserve = st.refused_reserve, .timed_out = st.timed_out, .accept_pauses = st.accept_pauses,
     };
-}
-
-const char *admin_address(const struct admin *a)
-{
-    return httpd_address(a->httpd);
 }

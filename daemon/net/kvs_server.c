@@ -30,10 +30,9 @@
 #include "core/clock.h"
 #include "core/errmsg.h"
 #include "core/log.h"
-#include "daemon.h"
 #include "kvnode.h"
 #include "net/httpd.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 
 #define KVS_MAX_NS          64      /* namespaces one request may touch */
 #define KVS_SWEEP_MS        250     /* how often expired records are looked for */
@@ -53,7 +52,7 @@ struct kvs_lease {
 };
 
 struct kvs_server {
-    struct daemon *d;
+    struct kvs_server_deps deps;        /* base, config, tenants (kvs_server_create) */
     struct httpd *httpd;                /* the listener, connection cap, request deadline */
     struct event *sweep_ev;
     struct kvs_dataplane *dp;
@@ -218,13 +217,13 @@ static struct tenant *kvs_request_tenant(struct kvs_server *k, struct evhttp_req
     char why[512] = "the connection has no socket";
     struct tenant *t = NULL;
 
-    if (fd >= 0 && k->d->cfg->kvs_listen_addr.kind == CONFIG_LISTEN_UNIX) {
+    if (fd >= 0 && (*k->deps.cfg)->kvs_listen_addr.kind == CONFIG_LISTEN_UNIX) {
         struct ucred cred;
-        t = kvs_server_unix_tenant(k->d->cfg, k->d->tenants, fd, &cred, why, sizeof why);
+        t = kvs_server_unix_tenant(*k->deps.cfg, k->deps.tenants, fd, &cred, why, sizeof why);
     } else if (fd >= 0) {
         uid_t uid;
         if (kvs_peer_tcp_uid(fd, &uid, why, sizeof why) == 0)
-            t = kvs_server_tenant(k->d->cfg, k->d->tenants, uid, (gid_t)-1, NULL, 0, false, why, sizeof why);
+            t = kvs_server_tenant(*k->deps.cfg, k->deps.tenants, uid, (gid_t)-1, NULL, 0, false, why, sizeof why);
     }
     if (!t) {
         char msg[640];
@@ -430,7 +429,7 @@ static bool kvs_pending_wait(struct kvs_server *k, struct evhttp_request *req, s
             return false;
         *p = (struct kvs_pending){ .k = k, .req = req, .t = t, .body = body,
                                    .conn = evhttp_request_get_connection(req),
-                                   .deadline_ms = now + k->d->cfg->request_timeout_ms };
+                                   .deadline_ms = now + (*k->deps.cfg)->request_timeout_ms };
     }
     if (now >= p->deadline_ms || !p->conn ||
         cache_put_wait(t->cache, (unsigned)(p->deadline_ms - now) + 1, kvs_pending_ready, p, &p->wait) < 0) {
@@ -454,7 +453,7 @@ static void kvs_acquire(struct kvs_server *k, struct evhttp_request *req, struct
 static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, struct tenant *t, json_t *body,
                             struct kvs_pending *p)
 {
-    const struct kvn_config *cfg = k->d->cfg;
+    const struct kvn_config *cfg = *k->deps.cfg;
     json_t *keys, *metas, *term, *objects = NULL;
     struct kvs_group *g = NULL;
     struct kvs_lease *l = NULL;
@@ -535,7 +534,8 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
             }
             cache_unbind(t->cache, x->ns);   /* kept by its reservations and blocks, not by a client */
             /* rtp-llm sends no check words: word 0 (NULL) */
-            rc = cache_put_begin(t->cache, x->ns, &l->owner, x->keys, NULL, x->n, KVNODE_TIER_HOST,
+            rc = cache_put_begin(t->cache, &(struct cache_put_req){ .ns = x->ns, .owner = &l->owner,
+                                 .keys = x->keys, .n = x->n, .tier = KVNODE_TIER_HOST },
                                  &lease_id, x->locs, msg, sizeof msg);
         } else {
             k->st.read_keys += x->n;
@@ -710,14 +710,14 @@ static void kvs_http_cb(struct evhttp_request *req, void *arg)
 static void kvs_limits(void *arg, struct httpd_limits *out)
 {
     const struct kvs_server *k = arg;
-    out->max_connections = k->d->cfg->kvs_max_connections;
-    out->request_timeout_ms = k->d->cfg->kvs_request_timeout_ms;
+    out->max_connections = (*k->deps.cfg)->kvs_max_connections;
+    out->request_timeout_ms = (*k->deps.cfg)->kvs_request_timeout_ms;
     out->max_connections_option = "kvs_server.max_connections";
 }
 
-int kvs_server_create(struct daemon *d, struct kvs_server **out, char *err, size_t errlen)
+int kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **out, char *err, size_t errlen)
 {
-    const struct kvn_config *cfg = d->cfg;
+    const struct kvn_config *cfg = *deps->cfg;
     struct kvs_server *k;
     struct evhttp *http;
     struct timeval tv = { .tv_sec = 0, .tv_usec = KVS_SWEEP_MS * 1000 };
@@ -730,20 +730,20 @@ int kvs_server_create(struct daemon *d, struct kvs_server **out, char *err, size
         errmsg_set(err, errlen, "kvs front end: out of memory");
         return -1;
     }
-    k->d = d;
+    k->deps = *deps;
     for (k->nbuckets = 64; k->nbuckets < cfg->kvs_max_leases; k->nbuckets <<= 1)
         ;
     if (getrandom(&k->id_base, sizeof k->id_base, GRND_NONBLOCK) != sizeof k->id_base)
         k->id_base = clock_now_ms() * 0x9e3779b97f4a7c15ull;
     k->id_base &= ~0xffffffffull;   /* random high bits, a counter below */
     k->buckets = calloc(k->nbuckets, sizeof *k->buckets);
-    k->sweep_ev = event_new(d->base, -1, EV_PERSIST, kvs_sweep_cb, k);
+    k->sweep_ev = event_new(deps->base, -1, EV_PERSIST, kvs_sweep_cb, k);
     if (!k->buckets || !k->sweep_ev || event_add(k->sweep_ev, &tv) < 0) {
         kvs_server_destroy(k);
         errmsg_set(err, errlen, "kvs front end: out of memory");
         return -1;
     }
-    if (httpd_create(d->base, "KVS front end", "[kvs_server] listen", &cfg->kvs_listen_addr, cfg->socket_mode,
+    if (httpd_create(deps->base, "KVS front end", "[kvs_server] listen", &cfg->kvs_listen_addr, cfg->socket_mode,
                      kvs_limits, k, &k->httpd, err, errlen) < 0) {
         kvs_server_destroy(k);
         return -1;
@@ -758,7 +758,7 @@ int kvs_server_create(struct daemon *d, struct kvs_server **out, char *err, size
     evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
                                          EVHTTP_REQ_DELETE);
     evhttp_set_gencb(http, kvs_http_cb, k);
-    if (kvs_dataplane_create(d, &k->dp, err, errlen) < 0) {
+    if (kvs_dataplane_create(deps, &k->dp, err, errlen) < 0) {
         kvs_server_destroy(k);
         return -1;
     }

@@ -29,7 +29,7 @@
 
 #include "mem/namespace.h"
 
-struct daemon;
+struct event_base;
 struct kvs_server;
 struct tenants;
 struct tenant;
@@ -84,9 +84,17 @@ struct kvs_server_stats {
     uint64_t http_timed_out;          /* kvs_server.request_timeout */
 };
 
+/* What the front end uses, given at creation by whoever wires the process
+ * (net/ sits below it and never sees the daemon's struct). */
+struct kvs_server_deps {
+    struct event_base *base;
+    struct kvn_config *const *cfg;   /* the effective configuration, read at each use (a reload swaps *cfg) */
+    struct tenants *tenants;         /* a peer's tenant, its cache */
+};
+
 /* Start both planes when [kvs_server] enabled = on (*out NULL otherwise).
  * 0, or -1 with err. */
-int  kvs_server_create(struct daemon *d, struct kvs_server **out, char *err, size_t errlen);
+int  kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **out, char *err, size_t errlen);
 /* Stop listening (shutdown). */
 void kvs_server_begin_shutdown(struct kvs_server *k);
 /* End every HTTP lease (before the caches go) and free everything. NULL ok. */
@@ -111,7 +119,8 @@ struct tenant *kvs_server_unix_tenant(const struct kvn_config *cfg, struct tenan
                                       char *why, size_t whylen);
 
 struct kvs_dataplane;
-int  kvs_dataplane_create(struct daemon *d, struct kvs_dataplane **out, char *err, size_t errlen);
+int  kvs_dataplane_create(const struct kvs_server_deps *deps, struct kvs_dataplane **out, char *err,
+                          size_t errlen);
 void kvs_dataplane_stop(struct kvs_dataplane *dp);
 void kvs_dataplane_destroy(struct kvs_dataplane *dp);
 void kvs_dataplane_stats(const struct kvs_dataplane *dp, struct kvs_server_stats *out);

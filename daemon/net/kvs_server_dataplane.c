@@ -30,10 +30,9 @@
 #include "cache/cache.h"
 #include "core/errmsg.h"
 #include "core/log.h"
-#include "daemon.h"
 #include "kvnode.h"
 #include "net/unix_listen.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 
 #define KVS_DP_MAX_FRAME 4096u   /* the client's requests are under 200 bytes */
 
@@ -51,7 +50,7 @@ struct kvs_dp_conn {
 };
 
 struct kvs_dataplane {
-    struct daemon *d;
+    struct kvs_server_deps deps;   /* the front end's (kvs_server_create) */
     struct evconnlistener *listener;
     char path[108];
     bool owned;
@@ -212,7 +211,7 @@ static void kvs_dp_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
     (void)sa;
     (void)salen;
 
-    if (dp->open >= dp->d->cfg->max_clients) {
+    if (dp->open >= (*dp->deps.cfg)->max_clients) {
         log_warn("kvs data plane: refused a connection: %" PRIu64 " open ([server] max_clients)", dp->open);
         dp->refused++;
         close(fd);
@@ -227,10 +226,10 @@ static void kvs_dp_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
     c->dp = dp;
     c->fd = fd;
     c->want = 8;
-    c->tenant = kvs_server_unix_tenant(dp->d->cfg, dp->d->tenants, fd, &cred, c->why, sizeof c->why);
+    c->tenant = kvs_server_unix_tenant(*dp->deps.cfg, dp->deps.tenants, fd, &cred, c->why, sizeof c->why);
     c->uid = cred.uid;
     c->pid = cred.pid;
-    c->ev = event_new(dp->d->base, fd, EV_READ | EV_PERSIST, kvs_dp_read_cb, c);
+    c->ev = event_new(dp->deps.base, fd, EV_READ | EV_PERSIST, kvs_dp_read_cb, c);
     if (!c->ev || event_add(c->ev, NULL) < 0) {
         if (c->ev)
             event_free(c->ev);
@@ -247,9 +246,11 @@ static void kvs_dp_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
     dp->accepted++;
 }
 
-int kvs_dataplane_create(struct daemon *d, struct kvs_dataplane **out, char *err, size_t errlen)
+int kvs_dataplane_create(const struct kvs_server_deps *deps, struct kvs_dataplane **out, char *err,
+                         size_t errlen)
 {
-    const char *path = d->cfg->kvs_socket_path;
+    const struct kvn_config *cfg = *deps->cfg;
+    const char *path = cfg->kvs_socket_path;
     char label[PATH_MAX + 32];
     struct kvs_dataplane *dp;
     int fd;
@@ -261,8 +262,8 @@ int kvs_dataplane_create(struct daemon *d, struct kvs_dataplane **out, char *err
         errmsg_set(err, errlen, "kvs data plane: out of memory");
         return -1;
     }
-    dp->d = d;
-    if (strlen(path) >= sizeof dp->path || (fd = unix_listen(path, d->cfg->socket_mode, 64, label, err, errlen)) < 0) {
+    dp->deps = *deps;
+    if (strlen(path) >= sizeof dp->path || (fd = unix_listen(path, cfg->socket_mode, 64, label, err, errlen)) < 0) {
         if (strlen(path) >= sizeof dp->path)
             errmsg_set(err, errlen, "%s: longer than %zu bytes", label, sizeof dp->path - 1);
         free(dp);
@@ -270,7 +271,7 @@ int kvs_dataplane_create(struct daemon *d, struct kvs_dataplane **out, char *err
     }
     memcpy(dp->path, path, strlen(path) + 1);
     dp->owned = true;
-    if (!(dp->listener = evconnlistener_new(d->base, kvs_dp_accept_cb, dp, LEV_OPT_CLOSE_ON_FREE, 0, fd))) {
+    if (!(dp->listener = evconnlistener_new(deps->base, kvs_dp_accept_cb, dp, LEV_OPT_CLOSE_ON_FREE, 0, fd))) {
         errmsg_set(err, errlen, "%s: cannot listen: %s", label, strerror(errno));
         close(fd);
         kvs_dataplane_destroy(dp);

@@ -17,10 +17,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "core/errmsg.h"
 #include "net/server.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 
 /* --- object keys ------------------------------------------------------------- */
 

@@ -13,7 +13,7 @@
 #include "kvcm/query.h"
 #include "kvnode.h"
 #include "core/log.h"
-#include "counters.h"
+#include "core/counters.h"
 #include "wire.h"
 
 void ops_set_querier(struct ops *o, struct kvcm_querier *q)
@@ -226,10 +226,10 @@ void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, const Kvn
     case KVNODE__REQUEST__OP_HELLO:      ops_hello(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_MATCH:      ops_match(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_GET_BEGIN:  ops_get_begin(o, conn, s, req); break;
-    case KVNODE__REQUEST__OP_GET_END:
+    case KVNODE__REQUEST__OP_GET_END:    ops_get_end(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_PUT_BEGIN:  ops_put_begin(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_PUT_COMMIT:
-    case KVNODE__REQUEST__OP_PUT_ABORT:  ops_lease_end(o, conn, s, req); break;
-    case KVNODE__REQUEST__OP_PUT_BEGIN:  ops_lease_begin(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_PUT_ABORT:  ops_put_end(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_GET_INLINE: ops_get_inline(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_PUT_INLINE: ops_put_inline(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_DELETE:     ops_delete(o, conn, s, req); break;

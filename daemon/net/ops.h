@@ -15,8 +15,8 @@
 #include <jansson.h>
 
 #include "cache/cache.h"
-#include "config.h"
-#include "counters.h"
+#include "config/config.h"
+#include "core/counters.h"
 #include "kvnode.pb-c.h"
 #include "mem/lease.h"
 #include "net/server.h"

@@ -173,120 +173,51 @@ void ops_get_begin(struct ops *o, struct conn *conn, struct session *s, const Kv
     if (rc < 0)
         ops_fail(o, conn, req, rc, err);
     else
-        ops_lease_reply(o, conn, s, req, &lent);
+        ops_get_reply(o, conn, s, req, &lent);
     free(lent.locs);
 }
 
-/* The GET_BEGIN / PUT_BEGIN reply: the lease and one location per key. */
-void ops_lease_reply(struct ops *o, struct conn *conn, struct session *s,
-                     const Kvnode__Request *req, const struct cache_lent *lent)
+/* The GET_BEGIN reply: the read lease and one location per key of the
+ * prefix (a reply that cannot be built gives the lease back). */
+void ops_get_reply(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req,
+                   const struct cache_lent *lent)
 {
-    bool get = req->op_case == KVNODE__REQUEST__OP_GET_BEGIN;
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
-    Kvnode__GetBeginReply get_reply = KVNODE__GET_BEGIN_REPLY__INIT;
-    Kvnode__PutBeginReply put_reply = KVNODE__PUT_BEGIN_REPLY__INIT;
+    Kvnode__GetBeginReply reply = KVNODE__GET_BEGIN_REPLY__INIT;
     struct loc_buf lb = { 0 };
 
     if (loc_buf_fill(&lb, lent->locs, lent->n) < 0) {
         uint32_t ignored;
         loc_buf_free(&lb);
         if (lent->lease_id)
-            cache_lease_end(ops_cache(s), &s->leases, lent->lease_id, get ? LEASE_READ : LEASE_WRITE,
-                            false, &ignored, NULL, 0);
+            cache_lease_end(ops_cache(s), &s->leases, lent->lease_id, LEASE_READ, false, &ignored,
+                            NULL, 0);
         ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
         return;
     }
-    if (get) {
-        get_reply.lease = lent->lease_id;
-        get_reply.n_locations = lent->n;
-        get_reply.locations = lb.ptrs;
-        resp.result_case = KVNODE__RESPONSE__RESULT_GET_BEGIN;
-        resp.get_begin = &get_reply;
-    } else {
-        put_reply.lease = lent->lease_id;
-        put_reply.n_locations = lent->n;
-        put_reply.locations = lb.ptrs;
-        resp.result_case = KVNODE__RESPONSE__RESULT_PUT_BEGIN;
-        resp.put_begin = &put_reply;
-    }
+    reply.lease = lent->lease_id;
+    reply.n_locations = lent->n;
+    reply.locations = lb.ptrs;
+    resp.result_case = KVNODE__RESPONSE__RESULT_GET_BEGIN;
+    resp.get_begin = &reply;
     ops_send(o, conn, req, &resp, NULL, 0);
     loc_buf_free(&lb);
 }
 
-/* PUT_BEGIN: a write lease, one location per key. */
-void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
-{
-    const int64_t *keys = req->put_begin->keys;
-    size_t n = req->put_begin->n_keys;
-    const uint64_t *checks;
-    struct cache_loc *locs = NULL;
-    uint64_t lease_id = 0;
-    char err[512];
-    int rc = ops_check_keys(o, s, n, err, sizeof err);
-
-    if (rc == 0)
-        rc = ops_check_words(n, req->put_begin->n_checks, req->put_begin->checks, &checks,
-                             err, sizeof err);
-    if (rc < 0)
-        goto fail;
-    locs = calloc(n ? n : 1, sizeof *locs);
-    if (!locs) {
-        rc = -KVNODE_ENOMEM;
-        snprintf(err, sizeof err, "out of memory");
-        goto fail;
-    }
-    rc = cache_put_begin(ops_cache(s), s->ns, &s->leases, keys, checks, n,
-                         (int)req->put_begin->tier, &lease_id, locs, err, sizeof err);
-    if (rc == CACHE_STORE_BOUND) {
-        if (ops_put_backpressure(o, conn, s, req, n, err, sizeof err)) {
-            free(locs);
-            return;
-        }
-        rc = -KVNODE_ENOSPC;
-    }
-    if (rc < 0)
-        goto fail;
-    ops_lease_reply(o, conn, s, req, &(struct cache_lent){ .lease_id = lease_id, .locs = locs, .n = n });
-    free(locs);
-    return;
-fail:
-    free(locs);
-    ops_fail(o, conn, req, rc, err);
-}
-
-/* GET_END, PUT_COMMIT, PUT_ABORT */
-void ops_lease_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+/* GET_END: the read lease given back, its blocks unpinned. */
+void ops_get_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
     Kvnode__LeaseReply reply = KVNODE__LEASE_REPLY__INIT;
-    const Kvnode__LeaseRequest *lr;
-    int kind = LEASE_WRITE;
-    bool commit = false;
     uint32_t blocks = 0;
     char err[512];
     int rc = ops_check_keys(o, s, 0, err, sizeof err);
 
-    switch (req->op_case) {
-    case KVNODE__REQUEST__OP_GET_END:
-        lr = req->get_end;
-        kind = LEASE_READ;
-        resp.result_case = KVNODE__RESPONSE__RESULT_GET_END;
-        resp.get_end = &reply;
-        break;
-    case KVNODE__REQUEST__OP_PUT_COMMIT:
-        lr = req->put_commit;
-        commit = true;
-        resp.result_case = KVNODE__RESPONSE__RESULT_PUT_COMMIT;
-        resp.put_commit = &reply;
-        break;
-    default:
-        lr = req->put_abort;
-        resp.result_case = KVNODE__RESPONSE__RESULT_PUT_ABORT;
-        resp.put_abort = &reply;
-        break;
-    }
+    resp.result_case = KVNODE__RESPONSE__RESULT_GET_END;
+    resp.get_end = &reply;
     if (rc == 0)
-        rc = cache_lease_end(ops_cache(s), &s->leases, lr->lease, kind, commit, &blocks, err, sizeof err);
+        rc = cache_lease_end(ops_cache(s), &s->leases, req->get_end->lease, LEASE_READ, false, &blocks,
+                             err, sizeof err);
     if (rc < 0) {
         ops_fail(o, conn, req, rc, err);
         return;
@@ -371,13 +302,136 @@ void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const K
     free(lent.locs);
 }
 
+/* --- PUT_BEGIN, PUT_COMMIT / PUT_ABORT, PUT_INLINE ------------------------------ */
+
+static void ops_put_reply(struct ops *o, struct conn *conn, struct session *s,
+                          const Kvnode__Request *req, uint64_t lease_id, const struct cache_loc *locs);
+
+/* PUT_BEGIN: a slot for every key not already held, under one write lease.
+ * A put the store holds up waits for room (ops_put_backpressure) and comes
+ * back here when it may try again. */
+void ops_put_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    const Kvnode__PutBeginRequest *p = req->put_begin;
+    struct cache_put_req put = { .ns = s->ns, .owner = &s->leases, .keys = p->keys, .n = p->n_keys,
+                                 .tier = (int)p->tier };
+    struct cache_loc *locs = NULL;
+    uint64_t lease_id = 0;
+    char err[512];
+    int rc = ops_check_keys(o, s, put.n, err, sizeof err);
+
+    if (rc == 0)
+        rc = ops_check_words(put.n, p->n_checks, p->checks, &put.checks, err, sizeof err);
+    if (rc < 0)
+        goto fail;
+    locs = calloc(put.n ? put.n : 1, sizeof *locs);
+    if (!locs) {
+        rc = -KVNODE_ENOMEM;
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    rc = cache_put_begin(ops_cache(s), &put, &lease_id, locs, err, sizeof err);
+    if (rc == CACHE_STORE_BOUND) {
+        if (ops_put_backpressure(o, conn, s, req, err, sizeof err)) {
+            free(locs);
+            return;
+        }
+        rc = -KVNODE_ENOSPC;
+    }
+    if (rc < 0)
+        goto fail;
+    ops_put_reply(o, conn, s, req, lease_id, locs);
+    free(locs);
+    return;
+fail:
+    free(locs);
+    ops_fail(o, conn, req, rc, err);
+}
+
+/* The PUT_BEGIN reply: the lease and one location per key (a reply that
+ * cannot be built gives the reservations back). */
+static void ops_put_reply(struct ops *o, struct conn *conn, struct session *s,
+                          const Kvnode__Request *req, uint64_t lease_id, const struct cache_loc *locs)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__PutBeginReply reply = KVNODE__PUT_BEGIN_REPLY__INIT;
+    size_t n = req->put_begin->n_keys;
+    struct loc_buf lb = { 0 };
+
+    if (loc_buf_fill(&lb, locs, n) < 0) {
+        uint32_t ignored;
+        loc_buf_free(&lb);
+        if (lease_id)
+            cache_put_abort(ops_cache(s), &s->leases, lease_id, &ignored, NULL, 0);
+        ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
+        return;
+    }
+    reply.lease = lease_id;
+    reply.n_locations = n;
+    reply.locations = lb.ptrs;
+    resp.result_case = KVNODE__RESPONSE__RESULT_PUT_BEGIN;
+    resp.put_begin = &reply;
+    ops_send(o, conn, req, &resp, NULL, 0);
+    loc_buf_free(&lb);
+}
+
+/* PUT_COMMIT and PUT_ABORT: the write lease's blocks sealed or given back. */
+void ops_put_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__LeaseReply reply = KVNODE__LEASE_REPLY__INIT;
+    bool commit = req->op_case == KVNODE__REQUEST__OP_PUT_COMMIT;
+    uint64_t lease_id = commit ? req->put_commit->lease : req->put_abort->lease;
+    uint32_t blocks = 0;
+    char err[512];
+    int rc = ops_check_keys(o, s, 0, err, sizeof err);
+
+    if (rc == 0)
+        rc = commit ? cache_put_commit(ops_cache(s), &s->leases, lease_id, &blocks, err, sizeof err)
+                    : cache_put_abort(ops_cache(s), &s->leases, lease_id, &blocks, err, sizeof err);
+    if (rc < 0) {
+        ops_fail(o, conn, req, rc, err);
+        return;
+    }
+    reply.blocks = blocks;
+    if (commit) {
+        resp.result_case = KVNODE__RESPONSE__RESULT_PUT_COMMIT;
+        resp.put_commit = &reply;
+    } else {
+        resp.result_case = KVNODE__RESPONSE__RESULT_PUT_ABORT;
+        resp.put_abort = &reply;
+    }
+    ops_send(o, conn, req, &resp, NULL, 0);
+}
+
+/* Every key's bytes checked against the namespace's block size. */
+static int ops_put_inline_check(const struct session *s, const Kvnode__PutInlineRequest *p, char *err,
+                                size_t errlen)
+{
+    if (p->n_blocks != p->n_keys) {
+        snprintf(err, errlen, "put_inline carries %zu keys but %zu blocks", p->n_keys, p->n_blocks);
+        return -KVNODE_EINVAL;
+    }
+    for (size_t i = 0; i < p->n_keys; i++) {
+        if (p->blocks[i].len != s->ns->layout.block_bytes) {
+            snprintf(err, errlen, "block %zu is %zu bytes; this namespace's blocks are %" PRIu64,
+                     i, p->blocks[i].len, s->ns->layout.block_bytes);
+            return -KVNODE_EINVAL;
+        }
+    }
+    return 0;
+}
+
+/* PUT_INLINE: PUT_BEGIN, the copy of the frame's bytes into the reserved
+ * slots, and PUT_COMMIT in one request. */
 void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {
     const Kvnode__PutInlineRequest *p = req->put_inline;
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
     Kvnode__PutInlineReply reply = KVNODE__PUT_INLINE_REPLY__INIT;
+    struct cache_put_req put = { .ns = s->ns, .owner = &s->leases, .keys = p->keys, .n = p->n_keys,
+                                 .tier = KVNODE_TIER_HOST };
     size_t n = p->n_keys, stored = 0;
-    const uint64_t *checks;
     struct cache_loc *locs = NULL;
     uint64_t lease_id = 0;
     uint32_t ignored;
@@ -385,32 +439,20 @@ void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, const K
     int rc = ops_check_keys(o, s, n, err, sizeof err);
 
     if (rc == 0)
-        rc = ops_check_words(n, p->n_checks, p->checks, &checks, err, sizeof err);
+        rc = ops_check_words(n, p->n_checks, p->checks, &put.checks, err, sizeof err);
+    if (rc == 0)
+        rc = ops_put_inline_check(s, p, err, sizeof err);
     if (rc < 0)
         goto fail;
-    if (p->n_blocks != n) {
-        rc = -KVNODE_EINVAL;
-        snprintf(err, sizeof err, "put_inline carries %zu keys but %zu blocks", n, p->n_blocks);
-        goto fail;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (p->blocks[i].len != s->ns->layout.block_bytes) {
-            rc = -KVNODE_EINVAL;
-            snprintf(err, sizeof err, "block %zu is %zu bytes; this namespace's blocks are %" PRIu64,
-                     i, p->blocks[i].len, s->ns->layout.block_bytes);
-            goto fail;
-        }
-    }
     locs = calloc(n ? n : 1, sizeof *locs);
     if (!locs) {
         rc = -KVNODE_ENOMEM;
         snprintf(err, sizeof err, "out of memory");
         goto fail;
     }
-    rc = cache_put_begin(ops_cache(s), s->ns, &s->leases, p->keys, checks, n, KVNODE_TIER_HOST,
-                         &lease_id, locs, err, sizeof err);
+    rc = cache_put_begin(ops_cache(s), &put, &lease_id, locs, err, sizeof err);
     if (rc == CACHE_STORE_BOUND) {
-        if (ops_put_backpressure(o, conn, s, req, n, err, sizeof err)) {
+        if (ops_put_backpressure(o, conn, s, req, err, sizeof err)) {
             free(locs);
             return;
         }
@@ -426,7 +468,7 @@ void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, const K
         stored++;
     }
     if (lease_id)
-        cache_lease_end(ops_cache(s), &s->leases, lease_id, LEASE_WRITE, true, &ignored, NULL, 0);
+        cache_put_commit(ops_cache(s), &s->leases, lease_id, &ignored, NULL, 0);
     reply.stored = (uint32_t)stored;
     reply.existing = (uint32_t)(n - stored);
     resp.result_case = KVNODE__RESPONSE__RESULT_PUT_INLINE;

@@ -64,8 +64,10 @@ static void ops_put_retry(void *arg);
  * when it waits; false when its time is up (err then says how long it
  * waited) or it cannot wait. */
 bool ops_put_backpressure(struct ops *o, struct conn *conn, struct session *s,
-                          const Kvnode__Request *req, size_t n, char *err, size_t errlen)
+                          const Kvnode__Request *req, char *err, size_t errlen)
 {
+    size_t n = req->op_case == KVNODE__REQUEST__OP_PUT_INLINE ? req->put_inline->n_keys
+                                                              : req->put_begin->n_keys;
     double deadline = o->put_deadline > 0 ? o->put_deadline
                                           : o->request_t0 + o->cfg->request_timeout_ms / 1000.0;
     double left = deadline - ops_now_s();
@@ -160,7 +162,7 @@ void ops_pending_ready(void *arg)
         else if (p->op == KVNODE__REQUEST__OP_GET_INLINE)
             ops_get_inline_reply(o, conn, s, &req, &lent);
         else
-            ops_lease_reply(o, conn, s, &req, &lent);
+            ops_get_reply(o, conn, s, &req, &lent);
     }
     metrics_request_observe(&o->requests, p->op, o->last_code, ops_now_s() - p->t0);
     free(lent.locs);

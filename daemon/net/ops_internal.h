@@ -24,7 +24,7 @@
 
 #include "core/log.h"
 #include "net/ops.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 
 struct kvcm_query;
 struct kvcm_query_answer;
@@ -115,14 +115,14 @@ void ops_match_remote(struct ops *o, struct conn *conn, struct session *s,
 void ops_match_remote_reply(struct ops *o, struct conn *conn, const Kvnode__Request *req,
                             uint32_t matched, const struct kvcm_query_answer *a);
 void ops_get_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
-void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
-/* The GET_BEGIN / PUT_BEGIN reply (which: req->op_case). */
-void ops_lease_reply(struct ops *o, struct conn *conn, struct session *s,
-                     const Kvnode__Request *req, const struct cache_lent *lent);
-void ops_lease_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
+void ops_get_reply(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req,
+                   const struct cache_lent *lent);
+void ops_get_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 void ops_get_inline_reply(struct ops *o, struct conn *conn, struct session *s,
                           const Kvnode__Request *req, const struct cache_lent *lent);
+void ops_put_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
+void ops_put_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 void ops_delete(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 
@@ -132,6 +132,6 @@ int  ops_defer(struct ops *o, struct conn *conn, struct session *s,
 void ops_pending_ready(void *arg);
 void ops_query_answer(void *arg, const struct kvcm_query_answer *a);
 bool ops_put_backpressure(struct ops *o, struct conn *conn, struct session *s,
-                          const Kvnode__Request *req, size_t n, char *err, size_t errlen);
+                          const Kvnode__Request *req, char *err, size_t errlen);
 
 #endif

@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "kvnode.pb-c.h"
 
 struct event_base;

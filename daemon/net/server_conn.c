@@ -25,7 +25,7 @@
 #include "core/clock.h"
 #include "kvnode.h"
 #include "core/log.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 #include "wire.h"
 
 /* --- connections ------------------------------------------------------------- */

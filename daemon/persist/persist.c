@@ -14,6 +14,12 @@
 #include "core/log.h"
 #include "persist/kvs/redis.h"
 
+/* config names the store's values itself (it sits below persist). */
+_Static_assert((int)KVS_FSYNC_NEVER == (int)CONFIG_FSYNC_NEVER && (int)KVS_FSYNC_BATCH == (int)CONFIG_FSYNC_BATCH &&
+               (int)KVS_FSYNC_ALWAYS == (int)CONFIG_FSYNC_ALWAYS, "persist_fsync is passed on as a KVS_FSYNC_*");
+_Static_assert((int)KVS_DIRECT_AUTO == (int)CONFIG_DIRECT_AUTO && (int)KVS_DIRECT_ON == (int)CONFIG_DIRECT_ON &&
+               (int)KVS_DIRECT_OFF == (int)CONFIG_DIRECT_OFF, "persist_direct_io is passed on as a KVS_DIRECT_*");
+
 /* --- names --------------------------------------------------------------------- */
 
 const char *persist_state_name(int state)

@@ -29,7 +29,7 @@
 
 #include <jansson.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "persist/kvs/file.h"
 #include "persist/kvs/kvs.h"
 #include "mem/namespace.h"
@@ -142,20 +142,28 @@ const char *persist_backend_name(const struct persist *p);
 /* check: the block's check word (0: none), stored with it; a read or
  * lookup with another word finds nothing there (KVS_MISS / absent) and is
  * counted in check_mismatches. */
-int  persist_write(struct persist *p, const struct kv_namespace *ns, int64_t key, uint64_t check,
-                   const void *data, size_t len, persist_done_fn done, void *arg);
+/* A block to write: ns, key and word, its bytes (data, len), and whom to
+ * tell (done(arg, rc)). The request is copied; data must stay as it is. */
+struct persist_write_req {
+    const struct kv_namespace *ns;
+    int64_t         key;
+    uint64_t        check;
+    const void     *data;
+    size_t          len;
+    persist_done_fn done;
+    void           *arg;
+};
+int  persist_write(struct persist *p, const struct persist_write_req *w);
 /* A write that is the store's probe while degraded (the write probe hook
  * sent it): a write like the others, its result also counted as a probe's.
  * dm NULL: host memory; else device memory of dm's `device`. */
 struct devmem;
-int  persist_write_probe(struct persist *p, const struct kv_namespace *ns, int64_t key,
-                         uint64_t check, const void *data, size_t len, struct devmem *dm,
-                         int device, persist_done_fn done, void *arg);
+int  persist_write_probe(struct persist *p, const struct persist_write_req *w, struct devmem *dm,
+                         int device);
 /* The same for a block in device memory (dm's `device`): the worker copies
  * it to host memory (devmem_copy_to_host) before writing it. */
-int  persist_write_device(struct persist *p, const struct kv_namespace *ns, int64_t key,
-                          uint64_t check, const void *data, size_t len, struct devmem *dm,
-                          int device, persist_done_fn done, void *arg);
+int  persist_write_device(struct persist *p, const struct persist_write_req *w, struct devmem *dm,
+                          int device);
 int  persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key, uint64_t check,
                   void *data, size_t len, persist_done_fn done, void *arg);
 /* keys were deleted: for a store that cannot delete what it holds (v6d:

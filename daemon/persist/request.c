@@ -72,51 +72,47 @@ static int check_request(const struct persist *p, const struct kv_namespace *ns)
 }
 
 /* A write from host memory (dm NULL) or from device memory of dm. */
-static int persist_write_from(struct persist *p, const struct kv_namespace *ns, int64_t key,
-                              uint64_t check, const void *data, size_t len, struct devmem *dm, int device,
-                              bool probe, persist_done_fn done, void *arg)
+static int persist_write_from(struct persist *p, const struct persist_write_req *w, struct devmem *dm,
+                              int device, bool probe)
 {
-    int rc = check_request(p, ns);
+    int rc = check_request(p, w->ns);
     if (rc < 0)
         return rc;
-    if (!data || !done)
+    if (!w->data || !w->done)
         return -KVNODE_EINVAL;
     /* Put again after a delete: visible again (what the store then holds
      * under the key is this block, or one written before it, see v6d.h). */
-    persist_tomb_remove(p, ns, key, check);
-    struct pjob *pj = job_new(p, PERSIST_OP_WRITE, ns, 0, done, arg);
+    persist_tomb_remove(p, w->ns, w->key, w->check);
+    struct pjob *pj = job_new(p, PERSIST_OP_WRITE, w->ns, 0, w->done, w->arg);
     if (!pj)
         return -KVNODE_ENOMEM;
-    pj->key = key;
-    pj->check = check;
-    pj->wdata = data;
-    pj->len = len;
+    pj->key = w->key;
+    pj->check = w->check;
+    pj->wdata = w->data;
+    pj->len = w->len;
     pj->dm = dm;
     pj->device = device;
     pj->probe = probe;
     return job_submit(p, pj);
 }
 
-int persist_write(struct persist *p, const struct kv_namespace *ns, int64_t key, uint64_t check,
-                  const void *data, size_t len, persist_done_fn done, void *arg)
+int persist_write(struct persist *p, const struct persist_write_req *w)
 {
-    return persist_write_from(p, ns, key, check, data, len, NULL, -1, false, done, arg);
+    return persist_write_from(p, w, NULL, -1, false);
 }
 
-int persist_write_probe(struct persist *p, const struct kv_namespace *ns, int64_t key,
-                        uint64_t check, const void *data, size_t len, struct devmem *dm,
-                        int device, persist_done_fn done, void *arg)
+int persist_write_probe(struct persist *p, const struct persist_write_req *w, struct devmem *dm,
+                        int device)
 {
-    return persist_write_from(p, ns, key, check, data, len, dm, dm ? device : -1, true, done, arg);
+    return persist_write_from(p, w, dm, dm ? device : -1, true);
 }
 
-int persist_write_device(struct persist *p, const struct kv_namespace *ns, int64_t key,
-                         uint64_t check, const void *data, size_t len, struct devmem *dm,
-                         int device, persist_done_fn done, void *arg)
+int persist_write_device(struct persist *p, const struct persist_write_req *w, struct devmem *dm,
+                         int device)
 {
     if (!dm)
         return -KVNODE_EINVAL;
-    return persist_write_from(p, ns, key, check, data, len, dm, device, false, done, arg);
+    return persist_write_from(p, w, dm, device, false);
 }
 
 int persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key, uint64_t check,

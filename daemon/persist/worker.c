@@ -114,18 +114,12 @@ static bool batch_accept(const struct workq_job *first, const struct workq_job *
     return true;
 }
 
-/* Run a write or read with the queued ones that can join it as one backend
- * batch (put_batch / get_batch): every job keeps its own result. */
-static void job_run_batch(struct pjob *pj, struct pworker *w)
+/* The job and the queued ones that join it, their results cleared; the count. */
+static size_t job_batch_take(struct pjob *pj, struct pjob **jobs)
 {
-    const struct kvs_backend *be = pj->p->be;
     struct workq_job *more[PERSIST_BATCH_MAX - 1];
-    struct pjob *jobs[PERSIST_BATCH_MAX];
-    struct kvs_item items[PERSIST_BATCH_MAX];
     struct batch_room room = { pj->len };
     size_t n = 1 + workq_take_more(&pj->job, batch_accept, &room, more, PERSIST_BATCH_MAX - 1);
-    bool write = pj->op == PERSIST_OP_WRITE;
-    size_t m = 0, bounce_need = 0;
 
     jobs[0] = pj;
     for (size_t i = 1; i < n; i++)
@@ -134,10 +128,21 @@ static void job_run_batch(struct pjob *pj, struct pworker *w)
         jobs[i]->err[0] = '\0';
         jobs[i]->ndeleted = 0;
         jobs[i]->kind = -1;
+    }
+    return n;
+}
+
+/* The batch's items, one per job that can go (a device block is copied to
+ * the worker's host buffer first, back to back; one that cannot be fails
+ * now). The item count. */
+static size_t job_batch_items(struct pjob **jobs, size_t n, struct pworker *w, struct kvs_item *items)
+{
+    bool write = jobs[0]->op == PERSIST_OP_WRITE;
+    size_t m = 0, bounce_need = 0, at = 0;
+
+    for (size_t i = 0; i < n; i++)
         if (write && jobs[i]->dm)
             bounce_need += jobs[i]->len;
-    }
-    /* Device blocks are copied to host memory first, back to back. */
     if (bounce_need > w->bounce_len) {
         void *b = realloc(w->bounce, bounce_need);
         if (b) {
@@ -145,7 +150,6 @@ static void job_run_batch(struct pjob *pj, struct pworker *w)
             w->bounce_len = bounce_need;
         }
     }
-    size_t at = 0;
     for (size_t i = 0; i < n; i++) {
         struct pjob *j = jobs[i];
         const void *src = j->wdata;
@@ -171,17 +175,18 @@ static void job_run_batch(struct pjob *pj, struct pworker *w)
             populate_touch(j->rdata, j->len);
         items[m++] = (struct kvs_item){ .ns = &j->ns, .key = j->key, .check = j->check, .src = src,
                                         .dst = j->rdata, .len = j->len };
-        j->rc = INT_MIN;   /* in the batch: set below */
+        j->rc = INT_MIN;   /* in the batch: set by job_batch_results */
     }
-    char err[PERSIST_ERR_MAX] = "";
-    if (write && m > 0 && pj->p->sim_write_delay_ms) {
-        struct timespec ts = { .tv_sec = pj->p->sim_write_delay_ms / 1000,
-                               .tv_nsec = (long)(pj->p->sim_write_delay_ms % 1000) * 1000000L };
-        nanosleep(&ts, NULL);
-    }
-    int rc = m == 0 ? 0 : write ? be->put_batch(w->s, items, m, err, sizeof err)
-                                : be->get_batch(w->s, items, m, err, sizeof err);
+    return m;
+}
+
+/* Each job in the batch takes its item's result (err: the call's message);
+ * the worker reopens its handle after a connection-level failure. */
+static void job_batch_results(struct pjob **jobs, size_t n, const struct kvs_item *items, int rc,
+                              const char *err, struct pworker *w)
+{
     bool reopen = needs_reopen(rc);
+
     for (size_t i = 0, k = 0; i < n; i++) {
         struct pjob *j = jobs[i];
         if (j->rc != INT_MIN)
@@ -196,6 +201,28 @@ static void job_run_batch(struct pjob *pj, struct pworker *w)
         }
     }
     w->reopen = reopen;
+}
+
+/* Run a write or read with the queued ones that can join it as one backend
+ * batch (put_batch / get_batch): every job keeps its own result. */
+static void job_run_batch(struct pjob *pj, struct pworker *w)
+{
+    const struct kvs_backend *be = pj->p->be;
+    struct pjob *jobs[PERSIST_BATCH_MAX];
+    struct kvs_item items[PERSIST_BATCH_MAX];
+    bool write = pj->op == PERSIST_OP_WRITE;
+    size_t n = job_batch_take(pj, jobs);
+    size_t m = job_batch_items(jobs, n, w, items);
+    char err[PERSIST_ERR_MAX] = "";
+
+    if (write && m > 0 && pj->p->sim_write_delay_ms) {
+        struct timespec ts = { .tv_sec = pj->p->sim_write_delay_ms / 1000,
+                               .tv_nsec = (long)(pj->p->sim_write_delay_ms % 1000) * 1000000L };
+        nanosleep(&ts, NULL);
+    }
+    int rc = m == 0 ? 0 : write ? be->put_batch(w->s, items, m, err, sizeof err)
+                                : be->get_batch(w->s, items, m, err, sizeof err);
+    job_batch_results(jobs, n, items, rc, err, w);
 }
 
 void persist_job_run(struct workq_job *j, void *ctx)

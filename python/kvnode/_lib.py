@@ -53,6 +53,11 @@ def library_path():
     return _lib_path
 
 
+def _s(b):
+    """A C string (bytes or None) as text."""
+    return b.decode("utf-8", "replace") if b else ""
+
+
 class _CLayout(ctypes.Structure):
     _fields_ = [
         ("model", ctypes.c_char_p), ("dtype", ctypes.c_char_p),

@@ -1,4 +1,4 @@
-/* Fuzz target: kvnode.conf parsing (daemon/config.c).
+/* Fuzz target: kvnode.conf parsing (daemon/config/config.c).
  *
  * The bytes are a config file (in a memfd, loaded through /proc/self/fd) on
  * top of the defaults, and also, up to the first NUL, one command-line
@@ -16,7 +16,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "config/config.h"
 #include "fuzz.h"
 
 static int memfd_with(const void *data, size_t size, char *path, size_t pathlen)

@@ -12,9 +12,13 @@
 
 #include "devmem_spy.h"
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "gpu/gpu.h"
 #include "kvnode.h"
+
+/* A put of n keys of ns for owner, check words 0 (NULL). */
+#define PUT_REQ(ns_, owner_, keys_, n_, tier_) \
+    (&(struct cache_put_req){ .ns = (ns_), .owner = (owner_), .keys = (keys_), .n = (n_), .tier = (tier_) })
 
 /* cfg's defaults, with the limits the HBM tests share: blocks of
  * block_bytes in slabs of slab_bytes, no reservation limit, host eviction
@@ -49,7 +53,7 @@ static inline void cache_hbm_start(const struct kvn_config *cfg, uint64_t hbm_by
     *base = event_base_new();
     ck_assert_ptr_nonnull(*base);
     ck_assert_int_eq(cache_create(*base, cfg, cache, err, sizeof err), 0);
-    const struct gpu_cache gc = { .cache = *cache, .hbm_bytes = hbm_bytes, .name = NULL };
+    const struct gpu_cache gc = { .cache = *cache, .ops = &cache_gpu_ops, .hbm_bytes = hbm_bytes, .name = NULL };
     ck_assert_msg(gpu_start(*base, cfg, &gc, 1, gpu, err, sizeof err) == 0, "gpu_start: %s", err);
     ck_assert_int_eq(cache_bind(*cache, l, ns, err, sizeof err), 0);
 }
@@ -72,7 +76,7 @@ static inline size_t cache_hbm_put(struct cache *cache, struct kv_namespace *ns,
     ck_assert_uint_le(n, 128);
     for (size_t i = 0; i < n; i++)
         keys[i] = first + (int64_t)i;
-    ck_assert_msg(cache_put_begin(cache, ns, who, keys, NULL, n, KVNODE_TIER_HBM, &lid, locs, err,
+    ck_assert_msg(cache_put_begin(cache, PUT_REQ(ns, who, keys, n, KVNODE_TIER_HBM), &lid, locs, err,
                                   sizeof err) == 0, "%s", err);
     for (size_t i = 0; i < n; i++) {
         if (fill) {

@@ -11,12 +11,16 @@
 
 #include "block_pattern.h"
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "kvnode.h"
 #include "core/log.h"
 #include "stats.h"
 
 #define BLOCK (64u * 1024u)
+
+/* A put of n keys of ns for owner, check words 0 (NULL). */
+#define PUT_REQ(ns_, owner_, keys_, n_, tier_) \
+    (&(struct cache_put_req){ .ns = (ns_), .owner = (owner_), .keys = (keys_), .n = (n_), .tier = (tier_) })
 
 static struct event_base *base;
 static struct cache *cache;
@@ -106,7 +110,7 @@ static int put_chain_ns(struct kv_namespace *into, const int64_t *keys, size_t n
     uint64_t lid;
     uint32_t blocks;
     char err[512];
-    int rc = cache_put_begin(cache, into, &owner, keys, NULL, n, KVNODE_TIER_HOST, &lid, locs, err, sizeof err);
+    int rc = cache_put_begin(cache, PUT_REQ(into, &owner, keys, n, KVNODE_TIER_HOST), &lid, locs, err, sizeof err);
     if (rc < 0)
         return rc;
     for (size_t i = 0; i < n; i++)
@@ -155,7 +159,7 @@ START_TEST(test_put_begin_present_abort)
     char err[512];
 
     ck_assert_int_eq(put_chain(k, 1), 0);
-    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, k, NULL, 4, 0, &lid, locs, err, sizeof err), 0);
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &owner, k, 4, 0), &lid, locs, err, sizeof err), 0);
     ck_assert(!locs[0].present);          /* already stored */
     ck_assert(locs[1].present);
     ck_assert(!locs[2].present);          /* repeated within the request */
@@ -166,7 +170,7 @@ START_TEST(test_put_begin_present_abort)
     {
         struct cache_loc l2[1];
         uint64_t lease2;
-        ck_assert_int_eq(cache_put_begin(cache, ns, &other, &k[1], NULL, 1, 0, &lease2, l2, err, sizeof err), 0);
+        ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &other, &k[1], 1, 0), &lease2, l2, err, sizeof err), 0);
         ck_assert(!l2[0].present);
         ck_assert_uint_eq(lease2, 0);
     }
@@ -178,7 +182,7 @@ START_TEST(test_put_begin_present_abort)
     /* The lid is gone. */
     ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_WRITE, true, &blocks, err, sizeof err),
                      -KVNODE_ENOLEASE);
-    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, k, NULL, 1, 7, &lid, locs, err, sizeof err), -KVNODE_EINVAL);
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &owner, k, 1, 7), &lid, locs, err, sizeof err), -KVNODE_EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "tier 7"));
 }
 END_TEST
@@ -268,12 +272,12 @@ START_TEST(test_pinned_never_evicted)
     for (size_t i = 0; i < 64; i++)
         ck_assert(check(slot(&locs[i]), a[i]));
     /* Pinned and reserved together fill the tier: ENOSPC, named. */
-    ck_assert_int_eq(cache_put_begin(cache, ns, &other, b, NULL, 64, 0, &wlease, wl, err, sizeof err), 0);
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &other, b, 64, 0), &wlease, wl, err, sizeof err), 0);
     {
         int64_t more = 77777;
         struct cache_loc l1[1];
         uint64_t l1lease;
-        ck_assert_int_eq(cache_put_begin(cache, ns, &owner, &more, NULL, 1, 0, &l1lease, l1, err, sizeof err),
+        ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &owner, &more, 1, 0), &l1lease, l1, err, sizeof err),
                          -KVNODE_ENOSPC);
         ck_assert_ptr_nonnull(strstr(err, "host tier full"));
     }
@@ -330,7 +334,7 @@ START_TEST(test_reaper_ends_expired_leases)
 
     ck_assert_int_eq(put_chain(k, 3), 0);
     ck_assert_int_eq(get_now(cache, ns, &owner, k, 3, &rlease, locs, &got, err, sizeof err), 0);
-    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, w, NULL, 2, 0, &wlease, locs, err, sizeof err), 0);
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &owner, w, 2, 0), &wlease, locs, err, sizeof err), 0);
     ck_assert_int_eq(stat_int("leases", NULL, "read"), 1);
     ck_assert_int_eq(stat_int("leases", NULL, "write"), 1);
     run_loop_for_ms(80);
@@ -379,7 +383,7 @@ START_TEST(test_several_block_sizes)
     char err[512];
 
     ck_assert_int_eq(cache_bind(cache, &l2, &ns2, err, sizeof err), 0);
-    ck_assert_int_eq(cache_put_begin(cache, ns2, &owner, k, NULL, 4, 0, &lid, locs, err, sizeof err), 0);
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns2, &owner, k, 4, 0), &lid, locs, err, sizeof err), 0);
     for (int i = 0; i < 4; i++) {
         ck_assert_uint_eq(locs[i].offset % 256, 0);
         memset(slot(&locs[i]), i + 1, 100000);
@@ -484,14 +488,14 @@ START_TEST(test_quota_pinned_enospc)
     ck_assert_int_eq(put_chain(ka, 8), 0);
     ck_assert_int_eq(get_now(cache, ns, &owner, ka, 8, &rlease, rlocs, &got, err, sizeof err), 0);
     ck_assert_uint_eq(got, 8);
-    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, more, NULL, 2, 0, &wlease, locs, err, sizeof err),
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &owner, more, 2, 0), &wlease, locs, err, sizeof err),
                      -KVNODE_ENOSPC);
     ck_assert_uint_eq(wlease, 0);
     ck_assert_msg(strstr(err, "is at its quota: memory.namespace_quota = 512KiB, 512KiB held "
                               "(512KiB pinned or reserved); cannot reserve 2 blocks of 64KiB"), "%s", err);
     ck_assert_msg(strstr(err, ns->deployment_id) && strstr(err, "(rank 0)"), "%s", err);
     /* More than the whole quota at once: said so. */
-    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, big, NULL, 9, 0, &wlease, locs, err, sizeof err),
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &owner, big, 9, 0), &wlease, locs, err, sizeof err),
                      -KVNODE_ENOSPC);
     ck_assert_msg(strstr(err, "9 blocks of 64KiB do not fit in memory.namespace_quota = 512KiB"), "%s", err);
     /* Nothing reserved, nothing evicted, A's blocks intact. */
@@ -557,18 +561,18 @@ START_TEST(test_quota_counts_reserved)
     chain(w1, 6, 600);
     chain(s, 2, 700);
     set_quota(8u * BLOCK);
-    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, w1, NULL, 6, 0, &l1, locs, err, sizeof err), 0);
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &owner, w1, 6, 0), &l1, locs, err, sizeof err), 0);
     ck_assert_uint_eq(ns->reserved, 6u * BLOCK);
     ck_assert_int_eq(ns_stat(ns->id, "reserved_bytes"), 6 * BLOCK);
     ck_assert_int_eq(put_chain(s, 2), 0);                         /* 6 + 2 = 8: fits */
     ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 0);
-    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, &w2, NULL, 1, 0, &l2, locs, err, sizeof err), 0);
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &owner, &w2, 1, 0), &l2, locs, err, sizeof err), 0);
     ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 1);   /* s[1], the leaf */
     ck_assert_uint_eq(cache_match(cache, ns, s, 2), 1);
     ck_assert_uint_eq(ns->reserved, 7u * BLOCK);
     /* Three more cannot fit even by evicting s[0] (7 reserved + 3 > 8):
      * refused before evicting anything. */
-    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, w3, NULL, 3, 0, &l3, locs, err, sizeof err),
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &owner, w3, 3, 0), &l3, locs, err, sizeof err),
                      -KVNODE_ENOSPC);
     ck_assert_uint_eq(l3, 0);
     ck_assert_msg(strstr(err, "512KiB held (448KiB pinned or reserved); cannot reserve 3 blocks"), "%s", err);
@@ -579,7 +583,7 @@ START_TEST(test_quota_counts_reserved)
     ck_assert_uint_eq(cache_match(cache, ns, s, 2), 1);
     ck_assert_uint_eq(cache_match(cache, ns, w3, 3), 0);
     /* One more fits by evicting s[0]; its reservation is given back on abort. */
-    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, w3, NULL, 1, 0, &l3, locs, err, sizeof err), 0);
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &owner, w3, 1, 0), &l3, locs, err, sizeof err), 0);
     ck_assert_int_eq(stat_int("evictions", "host", "quota_total"), 2);
     ck_assert_uint_eq(ns->bytes, 0);
     ck_assert_uint_eq(ns->reserved, 8u * BLOCK);
@@ -591,7 +595,7 @@ START_TEST(test_quota_counts_reserved)
     ck_assert_uint_eq(ns->reserved, 0);
     ck_assert_uint_eq(ns->bytes, 1u * BLOCK);
     /* A disconnect (release) gives back a reservation too. */
-    ck_assert_int_eq(cache_put_begin(cache, ns, &owner, w3, NULL, 3, 0, &l3, locs, err, sizeof err), 0);
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &owner, w3, 3, 0), &l3, locs, err, sizeof err), 0);
     ck_assert_uint_eq(ns->reserved, 3u * BLOCK);
     cache_release_owner(cache, &owner);
     ck_assert_uint_eq(ns->reserved, 0);

@@ -26,7 +26,7 @@
 #include "devmem_spy.h"
 #include "../common/proc.h"
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "core/clock.h"
 #include "gpu/copier.h"
 #include "gpu/devmem.h"
@@ -453,7 +453,7 @@ START_TEST(a_closing_owner_leaves_no_hbm_behind)
     ck_assert_uint_eq(get(&eng, 1, 8, locs, &rl), 8);
     for (int i = 0; i < 8; i++)
         keys[i] = 100 + i;
-    ck_assert_int_eq(cache_put_begin(cache, ns, &eng, keys, NULL, 8, KVNODE_TIER_HBM, &wl, locs, err,
+    ck_assert_int_eq(cache_put_begin(cache, PUT_REQ(ns, &eng, keys, 8, KVNODE_TIER_HBM), &wl, locs, err,
                                      sizeof err), 0);
     ck_assert_int_eq(hbm_used(0), 16 * BLOCK);
     cache_release_owner(cache, &eng);

@@ -32,7 +32,7 @@
 #include "../fakecuda/fakecuda_env.h"
 #include "../fakecuda/fakecuda_check.h"
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "gpu/gpu.h"
 #include "kvnode.h"
 #include "core/log.h"

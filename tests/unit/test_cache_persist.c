@@ -22,12 +22,16 @@
 #include "block_pattern.h"
 #include "../common/proc.h"
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "kvnode.h"
 #include "persist/kvs/kvs.h"
 #include "core/log.h"
 #include "persist/persist.h"
 #include "stats.h"
+
+/* A put of n keys of ns for owner, check words 0 (NULL). */
+#define PUT_REQ(ns_, owner_, keys_, n_, tier_) \
+    (&(struct cache_put_req){ .ns = (ns_), .owner = (owner_), .keys = (keys_), .n = (n_), .tier = (tier_) })
 
 #define BLOCK (64u * 1024u)
 #define HOST_BLOCKS 32u   /* 2 MiB host tier */
@@ -176,7 +180,7 @@ static void put_chain(const int64_t *keys, size_t n, bool commit)
     uint64_t lid;
     uint32_t blocks;
     char err[512];
-    ck_assert_msg(cache_put_begin(cache, ns, &owner, keys, NULL, n, KVNODE_TIER_HOST, &lid, locs, err,
+    ck_assert_msg(cache_put_begin(cache, PUT_REQ(ns, &owner, keys, n, KVNODE_TIER_HOST), &lid, locs, err,
                                   sizeof err) == 0, "%s", err);
     for (size_t i = 0; i < n; i++)
         if (locs[i].present)
@@ -419,7 +423,7 @@ START_TEST(test_burst_beyond_memory_waits_for_the_store)
         char err[512];
         int rc;
         chain(k, 8, 20000 + b * 8);
-        while ((rc = cache_put_begin(cache, ns, &owner, k, NULL, 8, KVNODE_TIER_HOST, &lid, locs, err,
+        while ((rc = cache_put_begin(cache, PUT_REQ(ns, &owner, k, 8, KVNODE_TIER_HOST), &lid, locs, err,
                                      sizeof err)) == CACHE_STORE_BOUND) {
             struct cache_wait *w;
             int woken = 0;

@@ -1,8 +1,8 @@
-/* Unit tests for daemon/config.c and daemon/log.c.
+/* Unit tests for daemon/config/config.c and daemon/log.c.
  *
  * Run from the repository root (the Makefile does): the shipped
  * conf/kvnode.conf and man/kvnode.conf.5 are checked against the parser. */
-#include "config.h"
+#include "config/config.h"
 #include "core/log.h"
 
 #include <check.h>

@@ -1,7 +1,7 @@
 /* Unit tests for daemon/memcheck.c: the admission check of the memory tiers
  * against fake /proc/meminfo, /proc/self/cgroup and cgroup trees (v2 and
  * v1) in a temporary directory. Nothing here reserves memory. */
-#include "config.h"
+#include "config/config.h"
 #include "memcheck.h"
 #include "../common/proc.h"
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvcm/kvcm_config.h"
+#include "config/kvcm_config.h"
 #include "kvnode.h"
 #include "mem/namespace.h"
 

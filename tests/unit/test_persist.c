@@ -28,7 +28,7 @@
 
 #include "../common/rmtree.h"
 #include "core/clock.h"
-#include "config.h"
+#include "config/config.h"
 #include "kvnode.h"
 #include "persist/kvs/file.h"
 #include "persist/kvs/kvs.h"
@@ -124,6 +124,11 @@ static void on_done(void *arg, int rc)
     g_done++;
 }
 
+/* A write of one BB-byte block (the test's BB) under word 0, answered to on_done(arg). */
+#define WRITE_REQ(ns_, key_, data_, arg_) \
+    (&(struct persist_write_req){ .ns = (ns_), .key = (key_), .data = (data_), .len = BB, \
+                                  .done = on_done, .arg = (arg_) })
+
 static size_t g_want;
 static bool done_short(void *arg)
 {
@@ -176,7 +181,7 @@ START_TEST(test_roundtrip)
     for (int i = 0; i < N; i++) {
         fill(wbuf[i], BB, i - 3, 7);
         wr[i].rc = 99;
-        ck_assert_int_eq(persist_write(p, &ns, i - 3, 0, wbuf[i], BB, on_done, &wr[i]), 0);
+        ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, i - 3, wbuf[i], &wr[i])), 0);
     }
     counters(p, &c);
     ck_assert_uint_eq(c.submitted, N);
@@ -218,9 +223,9 @@ START_TEST(test_roundtrip)
     ck_assert(!c.scan_running && !c.scan_complete);
 
     /* argument checks: refused at once, no callback */
-    ck_assert_int_eq(persist_write(p, NULL, 1, 0, wbuf[0], BB, on_done, &miss), -KVNODE_EINVAL);
+    ck_assert_int_eq(persist_write(p, WRITE_REQ(NULL, 1, wbuf[0], &miss)), -KVNODE_EINVAL);
     ck_assert_int_eq(persist_delete(p, &ns, NULL, NULL, 0, NULL, NULL), -KVNODE_EINVAL);
-    ck_assert_int_eq(persist_write(NULL, &ns, 1, 0, wbuf[0], BB, on_done, &miss), -KVNODE_EINVAL);
+    ck_assert_int_eq(persist_write(NULL, WRITE_REQ(&ns, 1, wbuf[0], &miss)), -KVNODE_EINVAL);
 
     persist_destroy(p);
     ck_assert_uint_eq(liveness_snapshot(liveness_now_ms(), NULL, 0), 0);
@@ -243,7 +248,7 @@ START_TEST(test_corrupt)
 
     fill(wbuf, BB, 5, 1);
     g_done = 0;
-    ck_assert_int_eq(persist_write(p, &ns, 5, 0, wbuf, BB, on_done, &r), 0);
+    ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, 5, wbuf, &r)), 0);
     wait_done(base, 1, 10000);
     ck_assert_int_eq(r.rc, 0);
 
@@ -311,7 +316,7 @@ START_TEST(test_delete_exists)
     g_done = 0;
     for (int i = 0; i < 4; i++) {
         fill(wbuf[i], BB, i + 1, 0);
-        ck_assert_int_eq(persist_write(p, &ns, i + 1, 0, wbuf[i], BB, on_done, &r[i]), 0);
+        ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, i + 1, wbuf[i], &r[i])), 0);
     }
     wait_done(base, 4, 10000);
 
@@ -374,8 +379,8 @@ START_TEST(test_queue_full)
     g_done = 0;
     /* The loop does not run, so no done() runs: CAP requests stay outstanding. */
     for (int i = 0; i < CAP; i++)
-        ck_assert_int_eq(persist_write(p, &ns, i, 0, wbuf, BB, on_done, &r[i]), 0);
-    ck_assert_int_eq(persist_write(p, &ns, 100, 0, wbuf, BB, on_done, &r[CAP]), -KVNODE_ELIMIT);
+        ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, i, wbuf, &r[i])), 0);
+    ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, 100, wbuf, &r[CAP])), -KVNODE_ELIMIT);
     ck_assert_int_eq(persist_read(p, &ns, 100, 0, wbuf, BB, on_done, &r[CAP + 1]), -KVNODE_ELIMIT);
     counters(p, &c);
     ck_assert_uint_eq(c.refused_queue_full, 2);
@@ -546,7 +551,7 @@ START_TEST(test_destroy_cancels)
 
     g_done = 0;
     for (int i = 0; i < N; i++)
-        ck_assert_int_eq(persist_write(p, &ns, i, 0, wbuf, BB, on_done, &r[i]), 0);
+        ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, i, wbuf, &r[i])), 0);
     persist_destroy(p);                                /* the loop never ran */
     for (int i = 0; i < N; i++) {
         ck_assert_int_eq(r[i].calls, 1);
@@ -620,7 +625,7 @@ START_TEST(test_drain)
 
     g_done = 0;
     for (int i = 0; i < N; i++)
-        ck_assert_int_eq(persist_write(p, &ns, i, 0, wbuf, BB, on_done, &r[i]), 0);
+        ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, i, wbuf, &r[i])), 0);
     ck_assert_int_eq(persist_drain(p, 30000), 0);      /* without running the loop */
     ck_assert_uint_eq(g_done, N);
     for (int i = 0; i < N; i++)
@@ -751,7 +756,7 @@ START_TEST(test_v6d_down)
     static uint8_t wbuf[BB];
     struct res r = { 0, 0 };
     g_done = 0;
-    ck_assert_int_eq(persist_write(p, &ns, 1, 0, wbuf, BB, on_done, &r), 0);
+    ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, 1, wbuf, &r)), 0);
     wait_done(base, 1, 10000);
     ck_assert_int_lt(r.rc, 0);
     counters(p, &c);
@@ -812,7 +817,7 @@ START_TEST(test_v6d_comes_back)
     fill(wbuf, BB, 77, 1);
     struct res r1 = { 0, 0 }, r2 = { 0, 0 };
     g_done = 0;
-    ck_assert_int_eq(persist_write(p, &ns, 77, 0, wbuf, BB, on_done, &r1), 0);
+    ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, 77, wbuf, &r1)), 0);
     wait_done(base, 1, 10000);
     ck_assert_msg(r1.rc == 0, "write: %d %s", r1.rc, persist_last_error(p));
     ck_assert_int_eq(persist_read(p, &ns, 77, 0, rbuf, BB, on_done, &r2), 0);
@@ -855,7 +860,7 @@ START_TEST(test_v6d_destroy_cancels)
     memset(r, 0, sizeof r);
 
     g_done = 0;
-    ck_assert_int_eq(persist_write(p, &ns, 0, 0, wbuf, BB, on_done, &r[0]), 0);
+    ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, 0, wbuf, &r[0])), 0);
     /* the worker's seal was answered: it is in the held release of write 0 alone */
     uint64_t until = clock_now_ms() + 20000;
     while (simctl_state(&sim, "seal_calls") < 1 && clock_now_ms() < until)
@@ -863,7 +868,7 @@ START_TEST(test_v6d_destroy_cancels)
     ck_assert_int_eq(simctl_state(&sim, "seal_calls"), 1);
     ck_assert_int_eq(simctl_state(&sim, "acquire_create_calls"), 1);
     for (int i = 1; i < N; i++)
-        ck_assert_int_eq(persist_write(p, &ns, i, 0, wbuf, BB, on_done, &r[i]), 0);
+        ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, i, wbuf, &r[i])), 0);
     persist_destroy(p);
     size_t shut = 0;
     for (int i = 0; i < N; i++) {

@@ -1,4 +1,4 @@
-/* Unit tests of daemon/tenants.c (issue 15) on a private libevent loop, with
+/* Unit tests of daemon/tenants/tenants.c (issue 15) on a private libevent loop, with
  * configurations built in code: without sections one tenant "default" with
  * everything; with sections each tenant its own cache (own memfd, own
  * namespaces: the same layout is another deployment), "default" what is
@@ -13,10 +13,10 @@
 #include <event2/event.h>
 
 #include "cache/cache.h"
-#include "config.h"
+#include "config/config.h"
 #include "core/log.h"
 #include "mem/index.h"
-#include "tenants.h"
+#include "tenants/tenants.h"
 
 static struct event_base *base;
 

@@ -14,6 +14,7 @@
 
 #include "core/clock.h"
 #include "core/errmsg.h"
+#include "core/hostport.h"
 #include "kvnode.h"
 
 struct rcl_node {
@@ -80,34 +81,6 @@ unsigned rcl_key_slot(const void *key, size_t len)
     return rcl_crc16(k, len) & (RCL_SLOTS - 1);
 }
 
-/* "host:port" at p (len bytes; the last ':' splits, so IPv6 works): 0 or -1. */
-static int parse_hostport(const char *p, size_t len, char *host, size_t hostlen, int *port)
-{
-    const char *colon = NULL;
-    for (size_t i = 0; i < len; i++)
-        if (p[i] == ':')
-            colon = p + i;
-    if (!colon || colon == p || (size_t)(colon - p) >= hostlen)
-        return -1;
-    size_t hl = (size_t)(colon - p);
-    long v = 0;
-    const char *q = colon + 1;
-    if (q == p + len)
-        return -1;
-    for (; q < p + len; q++) {
-        if (*q == '@')         /* host:port@cport (CLUSTER NODES style) */
-            break;
-        if (*q < '0' || *q > '9' || (v = v * 10 + (*q - '0')) > 65535)
-            return -1;
-    }
-    if (v < 1)
-        return -1;
-    memcpy(host, p, hl);
-    host[hl] = '\0';
-    *port = (int)v;
-    return 0;
-}
-
 int rcl_parse_redirect(const char *msg, size_t len, unsigned *slot, char *host, size_t hostlen,
                        int *port)
 {
@@ -133,7 +106,7 @@ int rcl_parse_redirect(const char *msg, size_t len, unsigned *slot, char *host, 
     size_t end = at;
     while (end < len && msg[end] != ' ' && msg[end] != '\r' && msg[end] != '\n')
         end++;
-    if (parse_hostport(msg + at, end - at, host, hostlen, port) < 0)
+    if (hostport_parse(msg + at, end - at, host, hostlen, port) < 0)
         return 0;
     *slot = s;
     return kind;
@@ -142,31 +115,7 @@ int rcl_parse_redirect(const char *msg, size_t len, unsigned *slot, char *host, 
 int rcl_parse_seeds(const char *seeds, char (*hosts)[RCL_HOST_MAX], int *ports, size_t *n,
                     char *err, size_t errlen)
 {
-    *n = 0;
-    const char *p = seeds ? seeds : "";
-    while (*p) {
-        while (*p == ' ' || *p == ',')
-            p++;
-        if (!*p)
-            break;
-        size_t len = strcspn(p, ", ");
-        if (*n == RCL_SEEDS_MAX) {
-            errmsg_set(err, errlen, "more than %d seed nodes", RCL_SEEDS_MAX);
-            return -KVNODE_EINVAL;
-        }
-        if (parse_hostport(p, len, hosts[*n], RCL_HOST_MAX, &ports[*n]) < 0) {
-            errmsg_set(err, errlen, "seed node '%.*s' is not HOST:PORT (port 1..65535)",
-                       (int)(len > 80 ? 80 : len), p);
-            return -KVNODE_EINVAL;
-        }
-        (*n)++;
-        p += len;
-    }
-    if (*n == 0) {
-        errmsg_set(err, errlen, "no seed nodes (HOST:PORT[,HOST:PORT...])");
-        return -KVNODE_EINVAL;
-    }
-    return 0;
+    return hostport_parse_seeds(seeds, hosts, ports, n, err, errlen);
 }
 
 /* ---- nodes ------------------------------------------------------------------------- */

@@ -21,10 +21,12 @@
 
 #include <hiredis.h>
 
+#include "core/hostport.h"
+
 #define RCL_SLOTS          16384
 #define RCL_NODES_MAX      64          /* masters (and seeds) one map may name */
-#define RCL_HOST_MAX       256
-#define RCL_SEEDS_MAX      16
+#define RCL_HOST_MAX       HOSTPORT_HOST_MAX
+#define RCL_SEEDS_MAX      HOSTPORT_SEEDS_MAX
 #define RCL_BACKOFF_MIN_MS 20u         /* first wait after TRYAGAIN / CLUSTERDOWN / a lost node */
 #define RCL_BACKOFF_MAX_MS 500u
 #define RCL_READ_CHUNK     (256u << 10) /* bytes one recv may take */
@@ -88,9 +90,8 @@ uint16_t rcl_crc16(const void *data, size_t len);
 int rcl_parse_redirect(const char *msg, size_t len, unsigned *slot, char *host, size_t hostlen,
                        int *port);
 
-/* Parse seeds (validated: host non-empty, port 1..65535, at most
- * RCL_SEEDS_MAX); 0 or -KVNODE_EINVAL with err set. hosts[i] gets
- * RCL_HOST_MAX bytes. */
+/* Parse seeds: hostport_parse_seeds (core/hostport.h), which config also
+ * checks [persist] nodes with. */
 int rcl_parse_seeds(const char *seeds, char (*hosts)[RCL_HOST_MAX], int *ports, size_t *n,
                     char *err, size_t errlen);
 

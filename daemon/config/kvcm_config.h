@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config_values.h"
+#include "config/config_values.h"
 
 #define CONFIG_KVCM_ENDPOINTS_TEXT 1024 /* [kvcm] endpoints text, NUL included */
 #define CONFIG_KVCM_ENDPOINTS_MAX  8    /* URLs in [kvcm] endpoints */

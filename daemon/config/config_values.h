@@ -3,7 +3,7 @@
  * addresses, lists and URLs -- and the collector the checks report
  * problems into (struct errbuf). The lowest layer of the configuration: it
  * knows nothing of struct kvn_config or the option table, so config (the
- * table, config.h) and kvcm/kvcm_config (the [kvcm] rules) both build on
+ * table, config.h) and kvcm_config (the [kvcm] rules) both build on
  * it and neither needs the other's internals. config.h includes this
  * header, so every module that includes config.h sees these parsers. Pure
  * functions (the id lists ask the user/group database), any thread. */
@@ -82,7 +82,7 @@ int config_parse_group(const char *text, uint32_t *gid, char *problem, size_t le
  * commas and/or blanks. 0, or -1 with problem naming the bad entry. */
 int config_hbm_devices(const char *text, int *out, size_t max, size_t *n, char *problem, size_t len);
 
-/* ---- for the option checks (config_types.c, kvcm/kvcm_config.c) ---- */
+/* ---- for the option checks (config_types.c, kvcm_config.c) ---- */
 
 /* DIGITS[UNIT] as config_parse_size / config_parse_duration_ms read it, the
  * result in bytes / ms without their range limits. 0, -EINVAL for malformed

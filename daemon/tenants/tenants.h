@@ -22,7 +22,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "config.h"
+#include "config/config.h"
 
 struct event_base;
 struct cache;

@@ -1,5 +1,5 @@
 /* tenants: see tenants.h. */
-#include "tenants.h"
+#include "tenants/tenants.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -187,7 +187,7 @@ int tenants_start_gpu(struct tenants *ts, struct event_base *base, const struct 
         struct tenant *t = &ts->t[i];
         if (!t->cache)
             continue;
-        caches[n++] = (struct gpu_cache){ .cache = t->cache, .hbm_bytes = t->hbm_bytes,
+        caches[n++] = (struct gpu_cache){ .cache = t->cache, .ops = &cache_gpu_ops, .hbm_bytes = t->hbm_bytes,
                                           .name = t->named ? t->name : NULL };
     }
     return gpu_start(base, cfg, caches, n, out, err, errlen);

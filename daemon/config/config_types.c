@@ -3,9 +3,9 @@
  * store it into and load it from struct kvn_config, format it back into
  * text that parses to the same value, compare two values. config.c's
  * option table names a type per row; nothing else switches on the type. */
-#include "config.h"
-#include "config_internal.h"
-#include "kvcm/kvcm_config.h"
+#include "config/config.h"
+#include "config/config_internal.h"
+#include "config/kvcm_config.h"
 #include "core/log.h"
 
 #include <ctype.h>

@@ -2,7 +2,7 @@
  * config.c so that what KVCM accepts is decided next to the code that talks
  * to it; config.c's table still owns parsing, storing and printing. Built on
  * config_values (lists, URLs, durations, the error collector) only. */
-#include "kvcm/kvcm_config.h"
+#include "config/kvcm_config.h"
 
 #include <ctype.h>
 #include <inttypes.h>
@@ -15,8 +15,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
-#include "config_text.h"
-#include "config_values.h"
+#include "config/config_text.h"
+#include "config/config_values.h"
 
 const char *const kvcm_config_storage_names[2] = { "ST_EVENT_REPORT_L1P5", "ST_EVENT_REPORT_L2" };
 _Static_assert(CONFIG_KVCM_STORAGE_L1P5 == 0 && CONFIG_KVCM_STORAGE_L2 == 1,

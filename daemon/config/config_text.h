@@ -1,7 +1,7 @@
 /* config_text: how kvnode.conf text reads and how a message echoes it --
  * unit multipliers, the sun_path bound, the width of a value in a message,
  * the credentials hint. Shared by the config pieces (config.c,
- * config_types.c, config_values.c) and kvcm/kvcm_config.c; config.h does
+ * config_types.c, config_values.c) and kvcm_config.c; config.h does
  * not include it, so these short names stay out of the rest of the daemon.
  * Macros only. */
 #ifndef KVNODE_CONFIG_TEXT_H

@@ -14,16 +14,15 @@
  * whole configuration is known (their check step computes it).
  *
  * The [kvcm] option checks live next to the KVCM code, in
- * kvcm/kvcm_config.c; the rows here name them.
+ * kvcm_config.c; the rows here name them.
  *
  * No global state: each call works on caller-owned structs, and a load
  * parses into a scratch copy that replaces *cfg only when the whole file is
  * valid, so a reload can never leave a half-applied configuration. */
-#include "config.h"
-#include "config_internal.h"
-#include "kvcm/kvcm_config.h"
-#include "persist/kvs/kvs.h"
-#include "persist/kvs/redis_cluster.h"
+#include "config/config.h"
+#include "config/config_internal.h"
+#include "config/kvcm_config.h"
+#include "core/hostport.h"
 #include "core/log.h"
 
 #include <ctype.h>
@@ -52,10 +51,10 @@ _Static_assert(CONFIG_BACKEND_OFF == 0 && CONFIG_BACKEND_FILE == 1 && CONFIG_BAC
                "backend_names follows CONFIG_BACKEND_*");
 _Static_assert(CONFIG_POLICY_WRITE_THROUGH == 0 && CONFIG_POLICY_WRITE_BACK == 1 && CONFIG_POLICY_OFF == 2,
                "policy_names follows CONFIG_POLICY_*");
-_Static_assert(KVS_FSYNC_NEVER == 0 && KVS_FSYNC_BATCH == 1 && KVS_FSYNC_ALWAYS == 2,
-               "fsync_names and persist_fsync follow KVS_FSYNC_*");
-_Static_assert(KVS_DIRECT_AUTO == 0 && KVS_DIRECT_ON == 1 && KVS_DIRECT_OFF == 2,
-               "direct_io_names and persist_direct_io follow KVS_DIRECT_*");
+_Static_assert(CONFIG_FSYNC_NEVER == 0 && CONFIG_FSYNC_BATCH == 1 && CONFIG_FSYNC_ALWAYS == 2,
+               "fsync_names and persist_fsync follow CONFIG_FSYNC_*");
+_Static_assert(CONFIG_DIRECT_AUTO == 0 && CONFIG_DIRECT_ON == 1 && CONFIG_DIRECT_OFF == 2,
+               "direct_io_names and persist_direct_io follow CONFIG_DIRECT_*");
 _Static_assert(CONFIG_LOOKUP_AUTO == 0 && CONFIG_LOOKUP_ON == 1 && CONFIG_LOOKUP_OFF == 2,
                "lookup_names follows CONFIG_LOOKUP_*");
 
@@ -704,13 +703,13 @@ static void config_validate_cross(const struct kvn_config *cfg, struct errbuf *e
                                       "every object key; rtp-llm engines use rtp_llm)");
     }
     if (cfg->persist_backend == CONFIG_BACKEND_REDIS) {
-        char (*hosts)[RCL_HOST_MAX] = malloc(RCL_SEEDS_MAX * sizeof *hosts);
-        int ports[RCL_SEEDS_MAX];
+        char (*hosts)[HOSTPORT_HOST_MAX] = malloc(HOSTPORT_SEEDS_MAX * sizeof *hosts);
+        int ports[HOSTPORT_SEEDS_MAX];
         size_t n;
         char why[160];
         if (!hosts)
             config_errbuf_add(errors, "[persist] nodes: out of memory");
-        else if (rcl_parse_seeds(cfg->persist_nodes, hosts, ports, &n, why, sizeof why) < 0)
+        else if (hostport_parse_seeds(cfg->persist_nodes, hosts, ports, &n, why, sizeof why) < 0)
             config_errbuf_add(errors, "[persist] nodes: %s; backend = redis needs the cluster's seed nodes "
                                       "(or one plain server), e.g. nodes = 10.0.0.1:6379,10.0.0.2:6379", why);
         free(hosts);

@@ -1,5 +1,5 @@
 /* counters: see counters.h. */
-#include "counters.h"
+#include "core/counters.h"
 
 const double metrics_latency_bounds[METRICS_LATENCY_NBOUNDS] = {
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005,

@@ -10,8 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "config_values.h"
-#include "kvcm/kvcm_config.h"
+#include "config/config_values.h"
+#include "config/kvcm_config.h"
 
 #define CONFIG_ERR_MAX 2048
 #define CONFIG_LISTEN_MAX 160   /* [admin] listen text, NUL included */
@@ -126,9 +126,9 @@ struct kvn_config {
     int      persist_policy;         /* CONFIG_POLICY_*: when blocks are written (reloadable) */
     char     persist_path[PATH_MAX]; /* file: root directory (restart) */
     uint64_t persist_capacity;       /* file: segment bytes on disk before the oldest are dropped, 0: none (restart) */
-    int      persist_fsync;          /* KVS_FSYNC_* values: never, batch, always (restart) */
+    int      persist_fsync;          /* CONFIG_FSYNC_*: never, batch, always (restart) */
     uint64_t persist_segment_bytes;  /* file: a segment closes at this size (restart) */
-    int      persist_direct_io;      /* file: KVS_DIRECT_* values: auto, on, off (restart) */
+    int      persist_direct_io;      /* file: CONFIG_DIRECT_*: auto, on, off (restart) */
     uint32_t persist_workers;        /* worker threads (restart) */
     uint32_t persist_queue;          /* outstanding store jobs before drops (restart) */
     char     persist_url[CONFIG_URL_MAX];   /* v6d: control-plane base URL (restart) */
@@ -164,7 +164,7 @@ struct kvn_config {
     uint32_t kvs_request_timeout_ms; /* an HTTP request must arrive whole within this (reloadable) */
 
     /* [kvcm] (every option restart-only; nothing is sent unless enabled):
-       struct kvcm_config, kvcm/kvcm_config.h */
+       struct kvcm_config, kvcm_config.h */
     struct kvcm_config kvcm;
 
     /* [tenant.NAME] sections, in file order (0: a single-tenant node) */
@@ -177,6 +177,10 @@ enum { CONFIG_BACKEND_OFF = 0, CONFIG_BACKEND_FILE = 1, CONFIG_BACKEND_V6D = 2, 
  * memory; off: write nothing (the store still serves reads and deletes). */
 enum { CONFIG_POLICY_WRITE_THROUGH = 0, CONFIG_POLICY_WRITE_BACK = 1, CONFIG_POLICY_OFF = 2 };
 enum { CONFIG_LOOKUP_AUTO = 0, CONFIG_LOOKUP_ON = 1, CONFIG_LOOKUP_OFF = 2 };
+/* The store's own values (KVS_FSYNC_*, KVS_DIRECT_*; persist.c checks they agree):
+ * config sits below persist and names them itself. */
+enum { CONFIG_FSYNC_NEVER = 0, CONFIG_FSYNC_BATCH = 1, CONFIG_FSYNC_ALWAYS = 2 };
+enum { CONFIG_DIRECT_AUTO = 0, CONFIG_DIRECT_ON = 1, CONFIG_DIRECT_OFF = 2 };
 
 enum { CONFIG_PIN_AUTO = 0, CONFIG_PIN_ON = 1, CONFIG_PIN_OFF = 2 };
 enum { CONFIG_HUGE_OFF = 0, CONFIG_HUGE_AUTO = 1, CONFIG_HUGE_ON = 2 };
@@ -287,6 +291,6 @@ bool config_option_reloadable(const char *section, const char *key);
 
 /* The value parsers (config_parse_size, config_parse_listen, ...) are
  * config_values.h's; the [kvcm] helpers (config_kvcm_expand, ...) are
- * kvcm/kvcm_config.h's. Both are included above. */
+ * kvcm_config.h's. Both are included above. */
 
 #endif

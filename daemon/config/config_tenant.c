@@ -18,8 +18,8 @@
  * Sizes: host_bytes and hbm_bytes are a size or "N%" of memory.host_bytes
  * / hbm.bytes; a share is resolved (config_resolve) to that many bytes
  * rounded down to whole 64KiB, and kept as written for /config. */
-#include "config.h"
-#include "config_internal.h"
+#include "config/config.h"
+#include "config/config_internal.h"
 
 #include <grp.h>
 #include <inttypes.h>

@@ -3,8 +3,8 @@
  * addresses -- and the error collector; see config_values.h. Below the
  * option table: nothing here knows struct kvn_config. Pure functions (the
  * id lists ask the user/group database), any thread. */
-#include "config_values.h"
-#include "config_text.h"
+#include "config/config_values.h"
+#include "config/config_text.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -3,7 +3,7 @@
  * validation, output, reload) and config_types.c (one table of functions per
  * option type). Both build on config_values.h (values as text and back, the
  * error collector) and config_text.h (units, how messages show a value);
- * the [kvcm] checks are kvcm/kvcm_config.h's. */
+ * the [kvcm] checks are kvcm_config.h's. */
 #ifndef KVNODE_CONFIG_INTERNAL_H
 #define KVNODE_CONFIG_INTERNAL_H
 
@@ -13,9 +13,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "config.h"
-#include "config_text.h"
-#include "config_values.h"
+#include "config/config.h"
+#include "config/config_text.h"
+#include "config/config_values.h"
 
 /* Room for a NUL-terminated copy of any string field plus one byte, so a
  * field without a terminator (a struct built by code) loads as too long. */
