@@ -273,6 +273,10 @@ int  cache_put_wait(struct cache *c, unsigned timeout_ms, cache_ready_fn ready, 
  * commit=true (seal) or false (abort). *blocks = entries released. */
 int  cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, int kind,
                      bool commit, uint32_t *blocks, char *err, size_t errlen);
+/* GET_END: end owner's read lease lease_id, unpinning its entries last key
+ * first (a chain's root becomes the newest). *blocks = entries released. */
+int  cache_get_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, uint32_t *blocks,
+                   char *err, size_t errlen);
 /* PUT_COMMIT and PUT_ABORT: end owner's write lease lease_id, sealing its
  * entries (visible from then on; write_through: queued for the store) or
  * giving their slots back. *blocks = entries released. */

@@ -190,8 +190,7 @@ void ops_get_reply(struct ops *o, struct conn *conn, struct session *s, const Kv
         uint32_t ignored;
         loc_buf_free(&lb);
         if (lent->lease_id)
-            cache_lease_end(ops_cache(s), &s->leases, lent->lease_id, LEASE_READ, false, &ignored,
-                            NULL, 0);
+            cache_get_end(ops_cache(s), &s->leases, lent->lease_id, &ignored, NULL, 0);
         ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
         return;
     }
@@ -216,8 +215,7 @@ void ops_get_end(struct ops *o, struct conn *conn, struct session *s, const Kvno
     resp.result_case = KVNODE__RESPONSE__RESULT_GET_END;
     resp.get_end = &reply;
     if (rc == 0)
-        rc = cache_lease_end(ops_cache(s), &s->leases, req->get_end->lease, LEASE_READ, false, &blocks,
-                             err, sizeof err);
+        rc = cache_get_end(ops_cache(s), &s->leases, req->get_end->lease, &blocks, err, sizeof err);
     if (rc < 0) {
         ops_fail(o, conn, req, rc, err);
         return;
@@ -237,8 +235,7 @@ void ops_get_inline_reply(struct ops *o, struct conn *conn, struct session *s,
 
     if (!blocks) {
         if (lent->lease_id)
-            cache_lease_end(ops_cache(s), &s->leases, lent->lease_id, LEASE_READ, false, &ignored,
-                            NULL, 0);
+            cache_get_end(ops_cache(s), &s->leases, lent->lease_id, &ignored, NULL, 0);
         ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
         return;
     }
@@ -254,7 +251,7 @@ void ops_get_inline_reply(struct ops *o, struct conn *conn, struct session *s,
     /* The reply is packed (copied) before this returns; then unpin. */
     ops_send(o, conn, req, &resp, NULL, 0);
     if (lent->lease_id)
-        cache_lease_end(ops_cache(s), &s->leases, lent->lease_id, LEASE_READ, false, &ignored, NULL, 0);
+        cache_get_end(ops_cache(s), &s->leases, lent->lease_id, &ignored, NULL, 0);
     free(blocks);
 }
 
