@@ -405,9 +405,6 @@ static void render_persist(struct evbuffer *out, const struct cache_persist_stat
                "Segments recovered from their hint file (from=hint) or by reading their records (from=records).");
         sample_u(out, "kvnode_persist_file_recovered_segments_total", L("from", "hint"), fs->hints_loaded);
         sample_u(out, "kvnode_persist_file_recovered_segments_total", L("from", "records"), fs->hints_bad);
-        family(out, "kvnode_persist_file_migrated_blocks_total", "counter",
-               "Blocks moved from the file-per-block layout of earlier versions into the segment log.");
-        sample_u(out, "kvnode_persist_file_migrated_blocks_total", NULL, fs->migrated);
         family(out, "kvnode_persist_file_direct_io", "gauge", "1 when segments are written with O_DIRECT.");
         sample_u(out, "kvnode_persist_file_direct_io", NULL, fs->direct_io);
     }

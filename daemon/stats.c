@@ -243,8 +243,6 @@ static void persist_json(const struct cache_persist_stats *p, json_t *root)
         set(f, "resync_bytes_total", ju(fs->resync_bytes));
         set(f, "hints_loaded_total", ju(fs->hints_loaded));
         set(f, "hints_bad_total", ju(fs->hints_bad));
-        set(f, "migrated_blocks_total", ju(fs->migrated));
-        set(f, "migrate_bad_total", ju(fs->migrate_bad));
         set(o, "file", f);
     }
     for (int op = 0; op < PERSIST_OPS; op++) {

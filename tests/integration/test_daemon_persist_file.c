@@ -26,7 +26,8 @@
  * - DELETE removes the store's copies too (a restart does not bring them
  *   back);
  * - a store root that cannot be created stops the start with a message
- *   naming the path. */
+ *   naming the path; so does a root of the file-per-block store of 0.1.0-pre,
+ *   which is left as it is. */
 #include <check.h>
 
 #include <dirent.h>
@@ -1160,7 +1161,8 @@ END_TEST
 
 /* ---- 8. unusable root ------------------------------------------------------------------------- */
 
-static void expect_start_failure(const char *path, const char *what)
+/* want: a text the log must also hold (NULL: none). */
+static void expect_start_failure(const char *path, const char *what, const char *want)
 {
     kvh_daemon d;
     char *cfg = store_config(path, NULL);
@@ -1175,6 +1177,7 @@ static void expect_start_failure(const char *path, const char *what)
                   what, st, log);
     ck_assert_msg(strstr(log, path) != NULL, "the log does not name %s:\n%s", path, log);
     ck_assert_msg(strstr(log, "persist") != NULL, "the log does not name [persist]:\n%s", log);
+    ck_assert_msg(!want || strstr(log, want) != NULL, "the log does not say '%s':\n%s", want, log);
     free(log);
     kvh_destroy(&d);
 }
@@ -1188,8 +1191,47 @@ START_TEST(unusable_store_root_fails_the_start)
     int fd = open(file, O_WRONLY | O_CREAT | O_EXCL, 0644);
     ck_assert_int_ge(fd, 0);
     close(fd);
-    expect_start_failure(below, "under a regular file");
-    expect_start_failure(file, "a regular file");
+    expect_start_failure(below, "under a regular file", NULL);
+    expect_start_failure(file, "a regular file", NULL);
+}
+END_TEST
+
+/* A root of the file-per-block store of kvnode 0.1.0-pre (<deployment
+ * dir>/tp-<rank>/layout and <bb>/<key>.blk files) is not read, not migrated
+ * and not touched: the start fails saying what it is (issue 29). */
+START_TEST(file_per_block_root_fails_the_start)
+{
+    char dir[PATH_MAX], p[PATH_MAX + 64];
+    new_store(dir, sizeof dir);
+    snprintf(p, sizeof p, "%s/demo-0123456789abcdef", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/demo-0123456789abcdef/tp-0", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/demo-0123456789abcdef/tp-0/2a", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/demo-0123456789abcdef/tp-0/2a/000000000000002a.blk", dir);
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "KVNB", 4), 4);
+    close(fd);
+    expect_start_failure(dir, "a file-per-block root",
+                         "this is a file-per-block store of kvnode 0.1.0-pre");
+    /* nothing in it was touched: no lock, no segment, the block file as it was */
+    struct stat st;
+    ck_assert_int_eq(stat(p, &st), 0);
+    ck_assert_int_eq(st.st_size, 4);
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *de;
+    int entries = 0;
+    while ((de = readdir(d)) != NULL)
+        if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0) {
+            ck_assert_msg(strcmp(de->d_name, "demo-0123456789abcdef") == 0, "%s was made in the root",
+                          de->d_name);
+            entries++;
+        }
+    closedir(d);
+    ck_assert_int_eq(entries, 1);
 }
 END_TEST
 
@@ -1206,6 +1248,7 @@ int main(void)
         sigkill_during_writes_leaves_no_torn_block,
         delete_removes_the_stored_copy,
         unusable_store_root_fails_the_start,
+        file_per_block_root_fails_the_start,
     };
     return kvh_run_suite("daemon_persist_file", "persist_file", 30, tests, sizeof tests / sizeof tests[0]);
 }

@@ -3,9 +3,9 @@
  * checks (every kind of damage to a stored payload reads as KVS_CORRUPT and
  * drops the key), stale hint temporaries, the incremental recovery scan,
  * capacity (whole segments dropped), no paths from names, disk full, and
- * several threads sharing one root. Crash, torn-tail, hint and migration
- * cases: test_kvs_seglog.c. Each test works in its own mkdtemp()
- * directory under $TMPDIR, removed afterwards. */
+ * several threads sharing one root. Crash, torn-tail and hint cases, and
+ * the refusal of a 0.1.0-pre root: test_kvs_seglog.c. Each test works in
+ * its own mkdtemp() directory under $TMPDIR, removed afterwards. */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>

@@ -4,11 +4,12 @@
  * record), torn tails, kill -9 of a writing process and of one whose
  * capacity drops and reclaims segments all the time (every acknowledged
  * block byte-exact or, under capacity, a miss; never other bytes), and the
- * migration of a root written by the file-per-block layout (file_v1). */
+ * refusal of a root of the file-per-block store of 0.1.0-pre. */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -23,7 +24,6 @@
 #include "kvnode.h"
 #include "persist/kvs/file.h"
 #include "persist/kvs/file_internal.h"
-#include "persist/kvs/file_v1.h"
 #include "persist/kvs/kvs.h"
 #include "persist/kvs/crc32c.h"
 #include "core/le.h"
@@ -782,99 +782,102 @@ START_TEST(test_kill_during_compaction)
 }
 END_TEST
 
-/* ---- migration from the file-per-block layout ------------------------------------------ */
+/* ---- a root of the file-per-block store (0.1.0-pre) is refused ------------------------- */
 
-START_TEST(test_migration)
+static void write_file(const char *path, const void *p, size_t n)
 {
-    struct kvs_store *old = open_at(&kvs_file_v1_backend, 0, KVS_FSYNC_NEVER);
-    struct tns a, b;
-    char bad[PATH_MAX];
-    mkns(&a, "mig", 2048, 0);
-    mkns(&b, "mig", 2048, 1);
-    for (int64_t k = 0; k < 40; k++) {
-        ck_assert_int_eq(kvs_test_put_block(&kvs_file_v1_backend, old, &a, k, 3, err, sizeof err), 0);
-        ck_assert_int_eq(kvs_test_put_block(&kvs_file_v1_backend, old, &b, -k, 4, err, sizeof err), 0);
-    }
-    /* one old copy is bad: it is not migrated (and is counted) */
-    ck_assert_int_eq(kvs_file_v1_block_path(old, &a.ns, 7, bad, sizeof bad), 0);
-    kvs_file_v1_backend.close(old);
-    int fd = open(bad, O_RDWR);
-    ck_assert_int_eq(pwrite(fd, "X", 1, 64 + 100), 1);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, p, n), (ssize_t)n);
     close(fd);
-
-    /* a directory that is not the old layout's is left alone */
-    char other[PATH_MAX];
-    snprintf(other, sizeof other, "%s/lost+found", root);
-    ck_assert_int_eq(mkdir(other, 0700), 0);
-
-    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
-    ck_assert_int_eq(scan_count(s, 16), 79);
-    struct kvs_file_stats st;
-    kvs_file_stats(s, &st);
-    ck_assert_uint_eq(st.migrated, 79);
-    ck_assert_uint_eq(st.migrate_bad, 1);
-    for (int64_t k = 0; k < 40; k++) {
-        ck_assert_int_eq(check_block(s, &a, k, 3), k == 7 ? KVS_MISS : 0);
-        ck_assert_int_eq(check_block(s, &b, -k, 4), 0);
-    }
-    /* the old tree is gone: only segments (and the lock) under the root */
-    DIR *d = opendir(root);
-    struct dirent *de;
-    int dirs = 0;
-    while ((de = readdir(d)) != NULL)
-        if (de->d_type == DT_DIR && de->d_name[0] != '.' && strcmp(de->d_name, "lost+found") != 0) {
-            fprintf(stderr, "left: %s\n", de->d_name);
-            dirs++;
-        }
-    closedir(d);
-    ck_assert_int_eq(dirs, 0);
-    struct stat ost;
-    ck_assert_int_eq(stat(other, &ost), 0);
-    /* writes of the new log win over migrated copies */
-    ck_assert_int_eq(put_block(s, &a, 1, 9), 0);
-    be->close(s);
-    s = open_store(0, KVS_FSYNC_NEVER);
-    ck_assert_int_eq(scan_count(s, 16), 79);
-    kvs_file_stats(s, &st);
-    ck_assert_uint_eq(st.migrated, 0);
-    ck_assert_int_eq(check_block(s, &a, 1, 9), 0);
-    ck_assert_int_eq(check_block(s, &b, -39, 4), 0);
-    be->close(s);
 }
-END_TEST
 
-/* A file-per-block root of a layout with '|' (issue 27): its files carry the
- * old fingerprint (ns_fingerprint_v1); migrated into the log they are found
- * under the current identity, byte-exact. */
-START_TEST(test_migration_old_identity)
+/* Every path under root with its type, size, mtime and bytes, in one string. */
+static char tree_buf[1 << 16];
+static size_t tree_len;
+
+static int tree_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
-    struct kvs_store *old = open_at(&kvs_file_v1_backend, 0, KVS_FSYNC_NEVER);
-    struct tns o, c;
-    mkns(&o, "mig", 2048, 0);
-    snprintf(o.l.extra, sizeof o.l.extra, "|tenant=a");
-    o.ns.fingerprint = ns_fingerprint_v1(&o.l, NULL);
-    ns_deployment_id(&o.l, o.ns.fingerprint, o.id, sizeof o.id);
-    c = o;
-    c.ns.layout = &c.l;
-    c.ns.deployment_id = c.id;
-    c.ns.fingerprint = ns_fingerprint(&c.l);
-    ns_deployment_id(&c.l, c.ns.fingerprint, c.id, sizeof c.id);
-    ck_assert_uint_ne(o.ns.fingerprint, c.ns.fingerprint);
-    for (int64_t k = 0; k < 10; k++)
-        ck_assert_int_eq(kvs_test_put_block(&kvs_file_v1_backend, old, &o, k, 5, err, sizeof err), 0);
-    kvs_file_v1_backend.close(old);
-
-    for (int round = 0; round < 2; round++) {     /* migrated, then from the log */
-        struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
-        ck_assert_int_eq(scan_count(s, 4), 10);
-        struct kvs_file_stats st;
-        kvs_file_stats(s, &st);
-        ck_assert_uint_eq(st.migrated, round == 0 ? 10u : 0u);
-        ck_assert_uint_eq(st.migrate_bad, 0);
-        for (int64_t k = 0; k < 10; k++)
-            ck_assert_int_eq(check_block(s, &c, k, 5), 0);
-        be->close(s);
+    (void)ftw;
+    tree_len += (size_t)snprintf(tree_buf + tree_len, sizeof tree_buf - tree_len, "%s %d %lld %lld.%09ld:",
+                                 path, flag, (long long)st->st_size, (long long)st->st_mtim.tv_sec,
+                                 st->st_mtim.tv_nsec);
+    if (flag == FTW_F) {
+        int fd = open(path, O_RDONLY);
+        ck_assert_int_ge(fd, 0);
+        ssize_t n = read(fd, tree_buf + tree_len, sizeof tree_buf - tree_len - 1);
+        ck_assert_int_ge(n, 0);
+        tree_len += (size_t)n;
+        close(fd);
     }
+    ck_assert_uint_lt(tree_len, sizeof tree_buf - 1024);
+    return 0;
+}
+
+static char *tree_of(const char *dir)
+{
+    tree_len = 0;
+    ck_assert_int_eq(nftw(dir, tree_one, 16, FTW_PHYS), 0);
+    return strndup(tree_buf, tree_len);
+}
+
+/* What kvnode 0.1.0-pre left on disk: <root>/<deployment dir>/tp-<rank>/
+ * holding the layout file and <bb>/<key>.blk block files (64-byte "KVNB"
+ * header, then the payload). Opening such a root fails, saying what it is,
+ * and changes nothing in it; the daemon start fails with it (issue 29). */
+START_TEST(test_file_per_block_root_refused)
+{
+    struct tns t;
+    char p[PATH_MAX];
+    mkns(&t, "old", 256, 0);
+    ck_assert_int_eq(mkdir(root, 0755), 0);
+    snprintf(p, sizeof p, "%s/%s", root, t.id);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/%s/tp-0", root, t.id);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    uint8_t lay[SEG_LAYOUT_SIZE];
+    seg_layout_encode(lay, &t.l, t.ns.fingerprint);     /* the same bytes as 0.1.0-pre's */
+    snprintf(p, sizeof p, "%s/%s/tp-0/layout", root, t.id);
+    write_file(p, lay, sizeof lay);
+    snprintf(p, sizeof p, "%s/%s/tp-0/2a", root, t.id);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    uint8_t blk[64 + 256];
+    fill(blk + 64, 256, 42, 1);
+    memset(blk, 0, 64);
+    memcpy(blk, "KVNB", 4);
+    le_put16(blk + 4, 1);
+    le_put16(blk + 6, 64);
+    le_put64(blk + 8, t.ns.fingerprint);
+    le_put64(blk + 16, 42);
+    le_put64(blk + 24, 256);
+    le_put32(blk + 36, crc32c(0, blk + 64, 256));
+    le_put32(blk + 60, crc32c(0, blk, 60));
+    snprintf(p, sizeof p, "%s/%s/tp-0/2a/000000000000002a.blk", root, t.id);
+    write_file(p, blk, sizeof blk);
+    char *before = tree_of(tmpdir);
+
+    for (int round = 0; round < 2; round++) {           /* refused each time, not just once */
+        struct kvs_config cfg = { .backend = "file", .path = root, .fsync_policy = KVS_FSYNC_NEVER };
+        struct kvs_store *s = NULL;
+        err[0] = '\0';
+        int rc = be->open(&cfg, &s, err, sizeof err);
+        if (rc == 0)
+            be->close(s);
+        ck_assert_msg(rc < 0, "a file-per-block root opened (rc %d) instead of being refused", rc);
+        ck_assert_ptr_null(s);
+        ck_assert_msg(strstr(err, root) != NULL, "the message names no root: %s", err);
+        ck_assert_msg(strstr(err, "file-per-block store of kvnode 0.1.0-pre") != NULL,
+                      "the message does not say what the root is: %s", err);
+        ck_assert_msg(strstr(err, t.id) != NULL && strstr(err, "tp-0") != NULL,
+                      "the message does not say what was recognised: %s", err);
+        ck_assert_msg(strstr(err, "does not migrate it") != NULL &&
+                      strstr(err, "move it aside or delete it") != NULL,
+                      "the message does not say what to do: %s", err);
+        char *after = tree_of(tmpdir);
+        ck_assert_msg(strcmp(before, after) == 0, "the refused root was changed");
+        free(after);
+    }
+    free(before);
 }
 END_TEST
 
@@ -895,8 +898,7 @@ static Suite *seglog_suite(void)
     tcase_add_test(tc, test_capacity_keeps_tombstones);
     tcase_add_loop_test(tc, test_kill_during_writes, 0, 3);
     tcase_add_loop_test(tc, test_kill_during_compaction, 0, 3);
-    tcase_add_test(tc, test_migration);
-    tcase_add_test(tc, test_migration_old_identity);
+    tcase_add_test(tc, test_file_per_block_root_refused);
     suite_add_tcase(s, tc);
     return s;
 }

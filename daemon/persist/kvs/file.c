@@ -182,7 +182,7 @@ static int file_put_batch(struct kvs_store *ks, struct kvs_item *items, size_t n
         kinds[m] = KD_BLOCK;
         back[m++] = i;
     }
-    rc = m ? seg_append(s, ok, kinds, m, false, err, errlen) : 0;
+    rc = m ? seg_append(s, ok, kinds, m, err, errlen) : 0;
     bool any = false;
     const struct kvs_item *failed = NULL;
     for (size_t k = 0; k < m; k++) {
@@ -219,22 +219,6 @@ static int file_put(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, 
         return rc;
     rc = file_put_batch(ks, &it, 1, err, errlen);
     return rc < 0 ? rc : it.rc;
-}
-
-/* Record a migrated block (file_recover.c). */
-int seg_put_migrated(struct kvs_store *ks, struct kvs_item *items, size_t n, char *err,
-                     size_t errlen)
-{
-    uint8_t kinds[64];
-    int rc = 0;
-    for (size_t at = 0; at < n; at += 64) {
-        size_t m = n - at < 64 ? n - at : 64;
-        memset(kinds, KD_BLOCK, m);
-        int r2 = seg_append(FS(ks), items + at, kinds, m, true, err, errlen);
-        if (r2 < 0 && !rc)
-            rc = r2;
-    }
-    return rc;
 }
 
 /* ---- get ------------------------------------------------------------------------------------ */
@@ -374,7 +358,7 @@ static int file_del(struct kvs_store *ks, const struct kvs_ns *ns, int64_t key, 
         return 0;
     struct kvs_item it = { .ns = ns, .key = key, .check = check };
     uint8_t kind = KD_TOMB;
-    rc = seg_append(s, &it, &kind, 1, false, err, errlen);
+    rc = seg_append(s, &it, &kind, 1, err, errlen);
     return rc < 0 ? rc : it.rc;
 }
 

@@ -29,8 +29,8 @@
  * Version 1 (before check words, issue 19) had zeros at 48..59: its records
  * still load, as word 0; new records are version 2.
  *
- * A layout record (payload: the 468-byte layout of file_v1.h, with its own
- * CRC) precedes a namespace's first block in every segment, so each segment
+ * A layout record (payload: the 468-byte layout, with its own CRC; see
+ * file_internal.h) precedes a namespace's first block in every segment, so each segment
  * names the namespaces of its blocks by itself: no single small file can
  * hide a namespace. Padding records fill a batch to a multiple of 4096
  * bytes when the segment is written with O_DIRECT.
@@ -40,8 +40,7 @@
  * open (every run's epoch exceeds that of any run whose records survive).
  * The keydir keeps, per key, the record with the highest sequence; a
  * tombstone (delete) is a record too, so an older write never shadows a
- * newer write or delete after a restart. Blocks migrated from file_v1 take
- * sequences of epoch 0: any write of the new log wins over them.
+ * newer write or delete after a restart.
  *
  * Hint file: a 40-byte header ("KVSH", u16 version (2), u16 header size, u64
  * segment id, u64 segment length, u32 layouts, u32 entries, zero, u32 CRC of
@@ -54,10 +53,12 @@
  * KVS_MISMATCH (the block stays), exists says KVS_PRESENT_OTHER_WORD, del
  * of another word leaves it.
  *
- * Recovery (the scan callback, on the persist-scan thread): first a root in
- * the file-per-block layout of earlier versions is migrated (file_v1.h:
- * every block read with its checks, appended, fsynced, then its file
- * removed; bad copies are removed and counted, never migrated); then each
+ * Open refuses a root of the file-per-block store of kvnode 0.1.0-pre (it
+ * holds <deployment dir>/tp-<rank>/ directories; no segment log does) with
+ * -KVNODE_EINVAL and a message saying so, touching nothing in it: that
+ * format is neither read nor migrated.
+ *
+ * Recovery (the scan callback, on the persist-scan thread): each
  * segment found at open is loaded from its hint file, or, when that is
  * missing or fails a check, by reading its record headers (payloads are
  * checked by the get that reads them). A record with a bad header is
@@ -126,7 +127,6 @@ struct kvs_file_stats {
                                                 bytes up to the next whole record */
     uint64_t hints_loaded;        /* segments recovered from their hint file */
     uint64_t hints_bad;           /* hint files missing or failing a check (segment read) */
-    uint64_t migrated, migrate_bad;    /* file_v1 blocks moved into the log / found bad */
     uint64_t direct_io;           /* 1 when segments are written with O_DIRECT */
 };
 

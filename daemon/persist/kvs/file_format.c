@@ -1,17 +1,12 @@
-/* kvs/file format: the segment log's record header and hint file pieces,
- * encoded and decoded, little-endian (format: see file.h). The layout
- * record's payload is the file_v1 layout file, byte for byte (one codec).
- * Pure functions, any thread. */
+/* kvs/file format: the segment log's record header, layout record payload
+ * and hint file pieces, encoded and decoded, little-endian (format: see
+ * file.h). Pure functions, any thread. */
 #include "persist/kvs/file_internal.h"
 
 #include <string.h>
 
 #include "core/le.h"
 #include "persist/kvs/crc32c.h"
-#include "persist/kvs/file_v1.h"
-
-_Static_assert(SEG_LAYOUT_SIZE == LAYOUT_SIZE, "one layout record for both formats");
-
 
 void seg_rec_encode(uint8_t b[SEG_REC_HDR], const struct seg_rec *r)
 {
@@ -58,15 +53,79 @@ const char *seg_rec_decode(const uint8_t b[SEG_REC_HDR], struct seg_rec *r)
     return NULL;
 }
 
+static void put_str(uint8_t **p, const char *s, size_t max)
+{
+    size_t n = strnlen(s, max);
+    if (n == max)
+        n = max - 1;
+    memset(*p, 0, max);
+    memcpy(*p, s, n);
+    *p += max;
+}
+
 void seg_layout_encode(uint8_t b[SEG_LAYOUT_SIZE], const struct ns_layout *l, uint64_t fp)
 {
-    file_layout_encode(b, l, fp);
+    uint8_t *p = b;
+    memcpy(p, "KVNL", 4);
+    le_put16(p + 4, SEG_LAYOUT_VERSION);
+    le_put16(p + 6, SEG_LAYOUT_SIZE);
+    le_put64(p + 8, fp);
+    le_put64(p + 16, l->block_bytes);
+    le_put32(p + 24, l->block_tokens);
+    le_put32(p + 28, l->num_layers);
+    le_put32(p + 32, l->kv_heads);
+    le_put32(p + 36, l->head_dim);
+    le_put32(p + 40, l->tp_size);
+    le_put32(p + 44, l->tp_rank);
+    p += 48;
+    put_str(&p, l->model, NS_MODEL_MAX);
+    put_str(&p, l->dtype, NS_DTYPE_MAX);
+    put_str(&p, l->extra, NS_EXTRA_MAX);
+    le_put32(p, crc32c(0, b, (size_t)(p - b)));
+}
+
+static int get_str(const uint8_t **p, char *out, size_t max)
+{
+    if (memchr(*p, 0, max) == NULL)
+        return -1;
+    memcpy(out, *p, max);
+    *p += max;
+    return 0;
 }
 
 const char *seg_layout_decode(const uint8_t *b, size_t n, const char *tenant, struct ns_layout *l,
                               uint64_t *fp)
 {
-    return file_layout_decode(b, n, tenant, l, fp);
+    char verr[128];
+    const uint8_t *p = b + 48;
+    if (n != SEG_LAYOUT_SIZE)
+        return "bad size";
+    if (memcmp(b, "KVNL", 4) != 0)
+        return "bad magic";
+    if (le_get16(b + 4) != SEG_LAYOUT_VERSION)
+        return "unknown format version";
+    if (le_get16(b + 6) != SEG_LAYOUT_SIZE)
+        return "bad record size";
+    if (le_get32(b + SEG_LAYOUT_SIZE - 4) != crc32c(0, b, SEG_LAYOUT_SIZE - 4))
+        return "checksum mismatch";
+    memset(l, 0, sizeof(*l));
+    *fp = le_get64(b + 8);
+    l->block_bytes = le_get64(b + 16);
+    l->block_tokens = le_get32(b + 24);
+    l->num_layers = le_get32(b + 28);
+    l->kv_heads = le_get32(b + 32);
+    l->head_dim = le_get32(b + 36);
+    l->tp_size = le_get32(b + 40);
+    l->tp_rank = le_get32(b + 44);
+    if (get_str(&p, l->model, NS_MODEL_MAX) || get_str(&p, l->dtype, NS_DTYPE_MAX) ||
+        get_str(&p, l->extra, NS_EXTRA_MAX))
+        return "unterminated string";
+    if (ns_layout_validate(l, verr, sizeof(verr)) != 0)
+        return "invalid layout";
+    if (ns_fingerprint_tenant(l, tenant) != *fp &&
+        (ns_identity_is_v1(l) || ns_fingerprint_v1(l, tenant) != *fp))
+        return "fingerprint does not match the layout (or the record is another tenant's)";
+    return NULL;
 }
 
 void seg_hint_ent_encode(uint8_t b[SEG_HINT_ENT], const struct seg_hint_ent *e)

@@ -1,6 +1,5 @@
-/* file_fs: the file-system chores both formats of the embedded store share
- * (the segment log, kvs/file.h, and the file-per-block format it migrates,
- * kvs/file_v1.h): making and checking a root directory, its health, and what
+/* file_fs: the file-system chores of the embedded store (the segment log,
+ * kvs/file.h): making and checking a root directory, its health, and what
  * an errno means as a KVNODE_E* code. */
 #ifndef KVNODE_KVS_FILE_FS_H
 #define KVNODE_KVS_FILE_FS_H

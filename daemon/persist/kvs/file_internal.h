@@ -8,12 +8,13 @@
  *                   exists; the extras of file.h
  *   file_format.c   records and hint files, encoded and decoded
  *   file_root.c     a root: .lock, segment list, keydir, direct-I/O probe,
- *                   capacity (dropping whole segments)
+ *                   capacity (dropping whole segments); a root of the
+ *                   file-per-block store of 0.1.0-pre refused
  *   file_log.c      appending: a handle's open segment, batches, rotation,
  *                   hint files
- *   file_recover.c  the recovery scan: migration of a file_v1 root, loading
- *                   segments (hint or record scan, a bad header skipped to
- *                   the next whole record, torn tails cut), reporting
+ *   file_recover.c  the recovery scan: loading segments (hint or record
+ *                   scan, a bad header skipped to the next whole record,
+ *                   torn tails cut), reporting
  *
  * Worker threads; a root's mutex guards O(1) bookkeeping, never I/O. */
 #ifndef KVNODE_KVS_FILE_INTERNAL_H
@@ -37,6 +38,7 @@
 #define SEG_VERSION      2u           /* records and hint files written now */
 #define SEG_VERSION_V1   1u           /* before check words: read, as word 0 */
 #define SEG_LAYOUT_SIZE  (4 + 2 + 2 + 8 + 8 + 6 * 4 + NS_MODEL_MAX + NS_DTYPE_MAX + NS_EXTRA_MAX + 4)
+#define SEG_LAYOUT_VERSION 1u         /* of a layout record's payload */
 #define SEG_HINT_HDR     40u
 #define SEG_HINT_ENT     64u          /* a version-2 hint entry */
 #define SEG_HINT_ENT_V1  56u          /* a version-1 one (no check word) */
@@ -67,9 +69,14 @@ static inline uint64_t seg_rec_len(uint64_t payload)
 void seg_rec_encode(uint8_t b[SEG_REC_HDR], const struct seg_rec *r);
 /* NULL when b holds a well-formed header, else why not. */
 const char *seg_rec_decode(const uint8_t b[SEG_REC_HDR], struct seg_rec *r);
-/* The layout record's payload (the file_v1 layout file, same bytes). fp:
- * the fingerprint its records carry (file_layout_decode: an older one for a
- * layout with '|', which recovery indexes under the current identity). */
+/* The layout record's payload ("KVNL", u16 version 1, u16 size, u64
+ * fingerprint, u64 block_bytes, u32 block_tokens, num_layers, kv_heads,
+ * head_dim, tp_size, tp_rank, model, dtype, extra (NUL-padded), u32 CRC-32C
+ * of all before it). fp: the fingerprint its records carry: the tenant's
+ * ns_fingerprint_tenant, or, for a layout whose identity is not the v1
+ * string (a '|' in a string, issue 27), ns_fingerprint_v1, which versions
+ * before issue 27 wrote and recovery indexes under the current identity.
+ * decode: NULL when b[0..n) is a valid record of tenant's store, else why not. */
 void seg_layout_encode(uint8_t b[SEG_LAYOUT_SIZE], const struct ns_layout *l, uint64_t fp);
 const char *seg_layout_decode(const uint8_t *b, size_t n, const char *tenant, struct ns_layout *l,
                               uint64_t *fp);
@@ -144,11 +151,11 @@ struct seg_root {
     size_t mask, count;            /* buckets - 1; entries (incl. tombstones) */
     struct seg **segs;             /* by id order */
     size_t nsegs, capsegs;
-    uint64_t next_id, epoch, counter, migrate_counter;
+    uint64_t next_id, epoch, counter;
     size_t load_next;              /* recovery: index of the next segment to load */
     size_t nloading;               /* segments found at open (the first nloading of segs) */
     int load_busy;                 /* scans loading a segment now */
-    bool recovered, v1_pending;
+    bool recovered;
     uint64_t *unlink_ids;          /* dropped segments whose files are still to remove */
     size_t nunlink, capunlink;
     int direct_io;                 /* KVS_DIRECT_* of the latest open */
@@ -177,13 +184,12 @@ struct file_store {
 
 static inline struct file_store *FS(struct kvs_store *s) { return (struct file_store *)s; }
 
-/* roots_mu (file.c) held: the root at realpath `path`; NULL with err, *rc. */
+/* roots_mu (file.c) held: the root at realpath `path`; NULL with err, *rc.
+ * A root of the file-per-block store of 0.1.0-pre: -KVNODE_EINVAL, nothing
+ * in it touched. */
 struct seg_root *seg_root_create(const char *path, const char *tenant, int direct_io, char *err,
                                  size_t errlen, int *rc);
 void seg_root_free(struct seg_root *r);
-/* A deployment directory of the file_v1 layout (it holds tp-<rank>
- * directories): what migration converts and removes, nothing else. */
-bool seg_is_v1_dir(int dirfd, const char *name);
 /* All below: r->mu held unless said otherwise. */
 struct seg_ns *seg_ns_get(struct seg_root *r, uint64_t fp, uint32_t rank);
 struct kd_ent *seg_kd_find(struct seg_root *r, const struct seg_ns *ns, int64_t key);
@@ -213,16 +219,12 @@ void seg_path(const struct seg_root *r, uint64_t id, bool hint, char *buf, size_
 /* ---- appending (file_log.c) ------------------------------------------------------------ */
 
 /* Append n records (block puts or tombstones) as few large writes; items'
- * rc set. kinds[i] is SEG_REC_BLOCK or SEG_REC_TOMB. migrated: the records
- * take sequence numbers below every write of this store (see file.h). */
+ * rc set. kinds[i] is SEG_REC_BLOCK or SEG_REC_TOMB. */
 int seg_append(struct file_store *s, struct kvs_item *items, const uint8_t *kinds, size_t n,
-               bool migrated, char *err, size_t errlen);
+               char *err, size_t errlen);
 /* Write the hint file of segment id (temporary name, renamed). */
 void seg_hint_write(struct seg_root *r, uint64_t id, uint64_t seg_len, struct seg_ns *const *nss,
                     size_t nnss, const struct seg_hint_ent *ents, size_t nents, bool sync);
-/* Migrated blocks (file.c): appended with epoch-0 sequences. */
-int seg_put_migrated(struct kvs_store *ks, struct kvs_item *items, size_t n, char *err,
-                     size_t errlen);
 /* Close the handle's open segment (hint file written). */
 void seg_writer_close(struct file_store *s);
 

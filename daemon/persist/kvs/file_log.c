@@ -340,7 +340,7 @@ static int flush(struct file_store *s, struct batch *b, struct kvs_item *items, 
 }
 
 int seg_append(struct file_store *s, struct kvs_item *items, const uint8_t *kinds, size_t n,
-               bool migrated, char *err, size_t errlen)
+               char *err, size_t errlen)
 {
     struct seg_root *r = s->r;
     struct seg_writer *w = &s->w;
@@ -348,14 +348,8 @@ int seg_append(struct file_store *s, struct kvs_item *items, const uint8_t *kind
     int rc = 0, first_rc = 0;
 
     pthread_mutex_lock(&r->mu);
-    uint64_t seq0;
-    if (migrated) {
-        seq0 = r->migrate_counter + 1;
-        r->migrate_counter += n;
-    } else {
-        seq0 = (r->epoch << SEG_EPOCH_SHIFT) | (r->counter + 1);
-        r->counter += n;
-    }
+    uint64_t seq0 = (r->epoch << SEG_EPOCH_SHIFT) | (r->counter + 1);
+    r->counter += n;
     uint64_t seg_bytes = r->segment_bytes;
     pthread_mutex_unlock(&r->mu);
 

@@ -1,13 +1,11 @@
-/* kvs/file recovery: the scan callback — migration of a root in the
- * file_v1 layout, then loading every segment found at open (its hint file,
- * else its records, a torn tail cut), then reporting the keydir in budgets.
+/* kvs/file recovery: the scan callback — loading every segment found at
+ * open (its hint file, else its records, a torn tail cut), then reporting
+ * the keydir in budgets.
  * On the persist-scan thread; writes and reads go on meanwhile. */
 #include "persist/kvs/file_internal.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -22,152 +20,14 @@
 #include "core/log.h"
 #include "kvnode.h"
 #include "persist/kvs/crc32c.h"
-#include "persist/kvs/file_v1.h"
 
-enum { PH_MIGRATE, PH_LOAD, PH_REPORT };
+enum { PH_LOAD, PH_REPORT };
 
 struct kvs_scan {
     int phase;
-    struct kvs_store *v1;          /* migration: the old backend on the same root */
-    struct kvs_scan *v1_cursor;
     uint64_t cursor;               /* report: reverse-binary bucket cursor */
     bool cursor_started;
 };
-
-/* ---- migration from file_v1 ------------------------------------------------------------ */
-
-struct found_list {
-    struct kvs_found *v;
-    size_t n, cap;
-};
-
-static void collect(void *arg, const struct kvs_found *f)
-{
-    struct found_list *l = arg;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 64;
-        struct kvs_found *v = realloc(l->v, cap * sizeof(*v));
-        if (!v)
-            return;                /* left in the old layout; the next start migrates it */
-        l->v = v;
-        l->cap = cap;
-    }
-    l->v[l->n++] = *f;
-}
-
-static int rm_v1_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    if (flag == FTW_DP)
-        rmdir(path);               /* fails, harmlessly, where something else is left */
-    else if (flag == FTW_F && strcmp(path + ftw->base, LAYOUT_NAME) == 0)
-        unlink(path);
-    return 0;
-}
-
-/* The old directories, emptied of blocks: their layout files and
- * directories go (anything else there stays). */
-static void remove_v1_tree(const struct seg_root *r)
-{
-    DIR *d = opendir(r->path);
-    struct dirent *de;
-    char p[PATH_MAX];
-    if (!d)
-        return;
-    while ((de = readdir(d)) != NULL) {
-        if (de->d_name[0] == '.' || strcmp(de->d_name, SEG_TENANTS_DIR) == 0 ||
-            !seg_is_v1_dir(dirfd(d), de->d_name))
-            continue;
-        snprintf(p, sizeof p, "%s/%s", r->path, de->d_name);
-        nftw(p, rm_v1_entry, 16, FTW_DEPTH | FTW_PHYS);
-    }
-    closedir(d);
-    snprintf(p, sizeof p, "%s/" LOCK_NAME, r->path);
-    unlink(p);
-}
-
-/* One budget of old blocks: read (with every check of file_v1), appended
- * and synced, then the old files removed. 1: migration over. */
-static int migrate_step(struct file_store *s, struct kvs_scan *c, size_t budget, char *err,
-                        size_t errlen)
-{
-    struct seg_root *r = s->r;
-    char e[256];
-    if (!c->v1) {
-        struct kvs_config kc = { .backend = "file-v1", .path = r->path, .tenant = r->tenant,
-                                 .fsync_policy = KVS_FSYNC_NEVER };
-        if (kvs_file_v1_backend.open(&kc, &c->v1, e, sizeof e) < 0) {
-            log_warn("kvs file: cannot open the old layout of %s for migration: %s; its blocks "
-                     "stay where they are", r->path, e);
-            return 1;
-        }
-    }
-    struct found_list l = { 0 };
-    int done = kvs_file_v1_backend.scan(c->v1, &c->v1_cursor, budget, collect, &l, e, sizeof e);
-    struct kvs_item *items = calloc(l.n ? l.n : 1, sizeof(*items));
-    struct kvs_ns *nss = calloc(l.n ? l.n : 1, sizeof(*nss));
-    char (*ids)[NS_DEPLOYMENT_ID_MAX] = calloc(l.n ? l.n : 1, sizeof(*ids));
-    size_t m = 0;
-    if (!items || !nss || !ids) {
-        free(items), free(nss), free(ids), free(l.v);
-        errmsg_set(err, errlen, "kvs file: out of memory migrating %s", r->path);
-        return -KVNODE_ENOMEM;
-    }
-    for (size_t i = 0; i < l.n; i++) {
-        struct kvs_found *f = &l.v[i];
-        ns_deployment_id(&f->layout, f->fingerprint, ids[i], sizeof ids[i]);
-        nss[i] = (struct kvs_ns){ .layout = &f->layout, .fingerprint = f->fingerprint,
-                                  .deployment_id = ids[i] };
-        void *buf = malloc(f->size ? f->size : 1);
-        if (!buf)
-            continue;
-        int rc = kvs_file_v1_backend.get(c->v1, &nss[i], f->key, 0, buf, f->size, e, sizeof e);
-        /* Read under the fingerprint on disk, written under the current one
-         * (they differ for a layout with '|' written before issue 27). */
-        nss[i].fingerprint = ns_fingerprint_tenant(&f->layout, r->tenant);
-        ns_deployment_id(&f->layout, nss[i].fingerprint, ids[i], sizeof ids[i]);
-        if (rc != 0) {
-            free(buf);
-            if (rc == KVS_CORRUPT) {
-                pthread_mutex_lock(&r->mu);
-                r->st.migrate_bad++;
-                pthread_mutex_unlock(&r->mu);
-            }
-            continue;
-        }
-        items[m++] = (struct kvs_item){ .ns = &nss[i], .key = f->key, .src = buf,
-                                        .len = f->size };
-    }
-    /* Synced before the old copies go, whatever the fsync policy. */
-    int policy = s->fsync_policy;
-    s->fsync_policy = KVS_FSYNC_BATCH;
-    if (m)
-        seg_put_migrated((struct kvs_store *)s, items, m, e, sizeof e);
-    s->fsync_policy = policy;
-    for (size_t i = 0; i < m; i++) {
-        if (items[i].rc == 0) {
-            /* Reported with the rest of the keydir once recovery is over. */
-            kvs_file_v1_backend.del(c->v1, items[i].ns, items[i].key, 0, e, sizeof e);
-            pthread_mutex_lock(&r->mu);
-            r->st.migrated++;
-            pthread_mutex_unlock(&r->mu);
-        }
-        free((void *)items[i].src);
-    }
-    free(items), free(nss), free(ids), free(l.v);
-    if (done == 0)
-        return 0;
-    if (done < 0)
-        log_warn("kvs file: migration of %s stopped: %s", r->path, e);
-    else
-        log_info("kvs file: %s: the old file-per-block layout is migrated into the segment log",
-                 r->path);
-    kvs_file_v1_backend.close(c->v1);
-    c->v1 = NULL;
-    c->v1_cursor = NULL;
-    remove_v1_tree(r);
-    return 1;
-}
 
 /* ---- loading a segment from its hint ---------------------------------------------------------- */
 
@@ -530,7 +390,7 @@ static size_t load_step(struct seg_root *r, size_t budget)
         pthread_mutex_lock(&r->mu);
         sg->loading = false;
         r->load_busy--;
-        if (r->load_next >= r->nloading && r->load_busy == 0 && !r->v1_pending) {
+        if (r->load_next >= r->nloading && r->load_busy == 0) {
             r->recovered = true;
             for (size_t i = 0; i < r->nloading; i++)
                 seg_reclaim_if_dead(r, r->segs[i]);
@@ -606,27 +466,16 @@ static int report_step(struct seg_root *r, struct kvs_scan *c, size_t budget,
 
 /* ---- the scan callback ------------------------------------------------------------------------ */
 
-static void scan_free(struct kvs_scan *c)
-{
-    if (c->v1) {
-        if (c->v1_cursor)
-            kvs_file_v1_backend.scan(c->v1, &c->v1_cursor, 0, NULL, NULL, NULL, 0);
-        kvs_file_v1_backend.close(c->v1);
-    }
-    free(c);
-}
-
 int seg_scan(struct kvs_store *ks, struct kvs_scan **cursor, size_t budget,
              void (*found)(void *arg, const struct kvs_found *f), void *arg, char *err,
              size_t errlen)
 {
-    struct file_store *s = FS(ks);
-    struct seg_root *r = s->r;
+    struct seg_root *r = FS(ks)->r;
     struct kvs_scan *c = *cursor;
 
     if (budget == 0) {
         if (c)
-            scan_free(c);
+            free(c);
         *cursor = NULL;
         return 1;
     }
@@ -635,24 +484,8 @@ int seg_scan(struct kvs_store *ks, struct kvs_scan **cursor, size_t budget,
             errmsg_set(err, errlen, "kvs file: out of memory");
             return -KVNODE_ENOMEM;
         }
-        pthread_mutex_lock(&r->mu);
-        c->phase = r->v1_pending ? PH_MIGRATE : PH_LOAD;
-        pthread_mutex_unlock(&r->mu);
+        c->phase = PH_LOAD;
         *cursor = c;
-    }
-    if (c->phase == PH_MIGRATE) {
-        int rc = migrate_step(s, c, budget, err, errlen);
-        if (rc < 0)
-            goto fail;
-        if (rc == 1) {
-            pthread_mutex_lock(&r->mu);
-            r->v1_pending = false;
-            if (r->load_next >= r->nloading && r->load_busy == 0)
-                r->recovered = true;
-            pthread_mutex_unlock(&r->mu);
-            c->phase = PH_LOAD;
-        }
-        return 0;
     }
     if (c->phase == PH_LOAD) {
         load_step(r, budget);
@@ -667,13 +500,13 @@ int seg_scan(struct kvs_store *ks, struct kvs_scan **cursor, size_t budget,
     if (rc < 0)
         goto fail;
     if (rc == 1) {
-        scan_free(c);
+        free(c);
         *cursor = NULL;
     }
     return rc;
 fail:
     errmsg_set(err, errlen, "kvs file: recovery scan of %s: out of memory", r->path);
-    scan_free(c);
+    free(c);
     *cursor = NULL;
     return -KVNODE_ENOMEM;
 }

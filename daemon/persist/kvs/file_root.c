@@ -1,7 +1,8 @@
 /* kvs/file root: what every handle on one root directory shares in this
  * process — the .lock, the segment list (with live bytes), the keydir, the
  * direct-I/O probe — and the capacity policy (whole least-recently-written
- * segments dropped). r->mu guards O(1) bookkeeping, never I/O. */
+ * segments dropped); a root of the file-per-block store of 0.1.0-pre is
+ * refused. r->mu guards O(1) bookkeeping, never I/O. */
 #include "persist/kvs/file_internal.h"
 #include "persist/kvs/file_fs.h"
 
@@ -344,7 +345,7 @@ static bool probe_direct(const char *root)
 }
 
 /* The segments of the root as they are on disk (readdir: O(files), no data
- * read); a file_v1 layout (deployment directories) is noted for migration. */
+ * read). */
 static int list_segments(struct seg_root *r, char *err, size_t errlen)
 {
     DIR *d = opendir(r->path);
@@ -379,12 +380,8 @@ static int list_segments(struct seg_root *r, char *err, size_t errlen)
                 max_id = id;
             continue;
         }
-        if (strstr(n, ".hint.tmp")) {      /* a hint write cut short: redone from the log */
+        if (strstr(n, ".hint.tmp"))        /* a hint write cut short: redone from the log */
             unlinkat(dirfd(d), n, 0);
-            continue;
-        }
-        if (strcmp(n, SEG_TENANTS_DIR) != 0 && seg_is_v1_dir(dirfd(d), n))
-            r->v1_pending = true;          /* a deployment directory of file_v1 */
     }
     closedir(d);
     if (r->nsegs > 1)
@@ -392,26 +389,57 @@ static int list_segments(struct seg_root *r, char *err, size_t errlen)
     r->nloading = r->nsegs;
     r->next_id = max_id + 1;
     r->epoch = max_id + 1;
-    r->recovered = r->nsegs == 0 && !r->v1_pending;
+    r->recovered = r->nsegs == 0;
     return 0;
 }
 
-bool seg_is_v1_dir(int dirfd, const char *name)
+/* A rank directory of the file-per-block store of 0.1.0-pre (tp-<digits>,
+ * a directory) in directory `name` of the root: its name into rank. */
+static bool holds_rank_dir(int dirfd, const char *name, char *rank, size_t len)
 {
     int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    DIR *d = fdopendir(fd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     struct dirent *de;
-    bool v1 = false;
+    bool found = false;
     if (!d) {
-        close(fd);
+        if (fd >= 0)
+            close(fd);
         return false;
     }
-    while (!v1 && (de = readdir(d)) != NULL)
-        v1 = strncmp(de->d_name, "tp-", 3) == 0;
+    while (!found && (de = readdir(d)) != NULL)
+        found = strncmp(de->d_name, "tp-", 3) == 0 && de->d_name[3] &&
+                strspn(de->d_name + 3, "0123456789") == strlen(de->d_name + 3) &&
+                (de->d_type == DT_DIR || de->d_type == DT_UNKNOWN);
+    if (found)
+        snprintf(rank, len, "%s", de->d_name);
     closedir(d);
-    return v1;
+    return found;
+}
+
+/* That store kept <root>/<deployment dir>/tp-<rank>/ trees (the segment log
+ * makes no directory but tenants/); nothing reads or migrates it any more.
+ * Checked before the .lock is made: a refused root is left as it was. */
+static int refuse_file_per_block(const char *path, char *err, size_t errlen)
+{
+    DIR *d = opendir(path);
+    struct dirent *de;
+    char rank[NAME_MAX + 1];
+    if (!d)
+        return 0;                  /* list_segments says why */
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.' || strcmp(de->d_name, SEG_TENANTS_DIR) == 0 ||
+            (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN) ||
+            !holds_rank_dir(dirfd(d), de->d_name, rank, sizeof rank))
+            continue;
+        errmsg_set(err, errlen, "kvs file: %s: this is a file-per-block store of kvnode 0.1.0-pre "
+                   "(it holds %s/%s, a deployment's rank directory of that format); this version "
+                   "reads only the segment log and does not migrate it: move it aside or delete it",
+                   path, de->d_name, rank);
+        closedir(d);
+        return -KVNODE_EINVAL;
+    }
+    closedir(d);
+    return 0;
 }
 
 /* roots_mu held. */
@@ -434,6 +462,10 @@ struct seg_root *seg_root_create(const char *path, const char *tenant, int direc
         snprintf(r->tenant, sizeof r->tenant, "%s", tenant);
     if (!r->tab || !r->path) {
         errmsg_set(err, errlen, "kvs file: out of memory");
+        seg_root_free(r);
+        return NULL;
+    }
+    if ((*rc = refuse_file_per_block(path, err, errlen)) < 0) {
         seg_root_free(r);
         return NULL;
     }
@@ -471,9 +503,6 @@ struct seg_root *seg_root_create(const char *path, const char *tenant, int direc
     if (direct_io == KVS_DIRECT_AUTO && !r->direct_ok)
         log_info("kvs file: %s does not take O_DIRECT writes; segments are written through the "
                  "page cache", path);
-    if (r->v1_pending)
-        log_info("kvs file: %s holds blocks in the file-per-block layout of earlier versions; "
-                 "the recovery scan moves them into the segment log", path);
     *rc = 0;
     return r;
 }
