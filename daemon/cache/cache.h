@@ -174,23 +174,45 @@ struct cache_tiers {
 size_t cache_match(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n);
 void cache_match_tiers(struct cache *c, struct kv_namespace *ns, const int64_t *keys, size_t n,
                        struct cache_tiers *out);
-/* A read of the prefix that is in memory now: ghosts end it (no promotion). */
-int  cache_get_begin(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
-                     const int64_t *keys, size_t n, uint64_t *lease_id,
-                     struct cache_loc *locs, size_t *got, char *err, size_t errlen);
+
+/* A MATCH or GET as the cache takes it: the keys, whom a GET's lease is lent
+ * to, and who waits for an answer that needs the store (see "Deferred
+ * answers" below). */
+typedef void (*cache_ready_fn)(void *arg);
+struct cache_read_req {
+    struct kv_namespace *ns;
+    const int64_t *keys;
+    const uint64_t *checks;     /* one word per key; NULL: every word 0 */
+    size_t n;
+    struct lease_list *owner;   /* GET: whom the read lease is lent to */
+    uint32_t readable;          /* GET: the arenas the answer may point into (cache_get_start) */
+    cache_ready_fn ready;       /* NULL: no waiting, the answer is what is ready now */
+    void *arg;
+};
+/* A lease lent: its id (0: none) and one location per key of the answer
+ * (locs is the caller's, with room for every key asked for; n: how many). */
+struct cache_lent {
+    uint64_t lease_id;
+    struct cache_loc *locs;
+    size_t n;
+};
+/* A read of the prefix that is in memory now (cache_get_start without the
+ * wait: ghosts end it, no promotion; req->ready is not used). */
+int  cache_get_begin(struct cache *c, const struct cache_read_req *req, struct cache_lent *out,
+                     char *err, size_t errlen);
 
 /* A best-effort read of any of the keys (the KVS front end's acquire(read)):
  * every key sealed in the host arena is pinned under one read lease (TTL
  * owner->ttl_ms, else [leases] read_ttl), whatever the keys around it; the
  * others are misses (locs[i].present false). Blocks only in the store
  * (ghosts) are misses too, but up to 256 of them start their way back into
- * host memory (as GET promotes them), so a later read finds them. *got
- * = hits; *lease_id 0 when there are none. 0 or a negative code, err set.
+ * host memory (as GET promotes them), so a later read finds them. out->n
+ * = hits; out->lease_id 0 when there are none. 0 or a negative code, err set.
  * Lookups are with check word 0 (rtp-llm sends none): a block put with a
- * word is a miss, counted in keys.check_mismatches. */
-int  cache_get_each(struct cache *c, struct kv_namespace *ns, struct lease_list *owner,
-                    const int64_t *keys, size_t n, uint64_t *lease_id, struct cache_loc *locs,
-                    size_t *got, char *err, size_t errlen);
+ * word is a miss, counted in keys.check_mismatches. Of req only ns, owner,
+ * keys and n are used. */
+int  cache_get_each(struct cache *c, const struct cache_read_req *req, struct cache_lent *out,
+                    char *err, size_t errlen);
 /* The namespace of l's deployment and tp_rank, whatever its block_bytes
  * (ignored), or NULL when there is none: for readers that do not know the
  * block size (the KVS front end). */
@@ -207,21 +229,17 @@ struct kv_namespace *cache_find_ns(struct cache *c, const struct ns_layout *l);
  * *_start returns 0 when the answer is ready at once (filled as by
  * *_finish), or a negative code with err set. */
 #define CACHE_WAITING 1
-typedef void (*cache_ready_fn)(void *arg);
-int  cache_match_start(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
-                       const uint64_t *checks, size_t n, struct cache_tiers *out,
-                       cache_ready_fn ready, void *arg, struct cache_wait **wait);
+int  cache_match_start(struct cache *c, const struct cache_read_req *req, struct cache_tiers *out,
+                       struct cache_wait **wait);
 void cache_match_finish(struct cache *c, struct cache_wait *wait, struct cache_tiers *out);
-/* locs has room for n (the key count of the start call). readable: the
- * arenas the answer may point into (bit per id; the host arena always) —
- * the owner's mapped ones, or fewer (GET_INLINE: those the daemon's CPU
- * reads); the prefix ends at a block in any other. */
-int  cache_get_start(struct cache *c, struct kv_namespace *ns, struct lease_list *owner, uint32_t readable,
-                     const int64_t *keys, const uint64_t *checks, size_t n, uint64_t *lease_id,
-                     struct cache_loc *locs, size_t *got, char *err, size_t errlen,
-                     cache_ready_fn ready, void *arg, struct cache_wait **wait);
-void cache_get_finish(struct cache *c, struct cache_wait *wait, uint64_t *lease_id,
-                      struct cache_loc *locs, size_t *got);
+/* out->locs has room for req->n. req->readable: the arenas the answer may
+ * point into (bit per id; the host arena always) — the owner's mapped ones,
+ * or fewer (GET_INLINE: those the daemon's CPU reads); the prefix ends at a
+ * block in any other. cache_get_finish's out->locs NULL: nothing to put
+ * the answer in, everything is given back. */
+int  cache_get_start(struct cache *c, const struct cache_read_req *req, struct cache_lent *out,
+                     char *err, size_t errlen, struct cache_wait **wait);
+void cache_get_finish(struct cache *c, struct cache_wait *wait, struct cache_lent *out);
 void cache_wait_cancel(struct cache *c, struct cache_wait *wait);
 /* A PUT_BEGIN: the keys one connection asks to write. */
 struct cache_put_req {
@@ -255,6 +273,10 @@ int  cache_put_wait(struct cache *c, unsigned timeout_ms, cache_ready_fn ready, 
  * commit=true (seal) or false (abort). *blocks = entries released. */
 int  cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, int kind,
                      bool commit, uint32_t *blocks, char *err, size_t errlen);
+/* GET_END: end owner's read lease lease_id, unpinning its entries last key
+ * first (a chain's root becomes the newest). *blocks = entries released. */
+int  cache_get_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, uint32_t *blocks,
+                   char *err, size_t errlen);
 /* PUT_COMMIT and PUT_ABORT: end owner's write lease lease_id, sealing its
  * entries (visible from then on; write_through: queued for the store) or
  * giving their slots back. *blocks = entries released. */

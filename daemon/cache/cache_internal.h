@@ -4,13 +4,17 @@
  *
  *   core.c      the cache object, namespaces and arenas, an entry's lifecycle
  *               (pins, ghosts, eviction of one entry, removal), lease end, delete
- *   read.c      match and get, at once or deferred; the key counters
+ *   read.c      match and get, at once or deferred: a GET's steps (look up,
+ *               pin or fetch, wait, lend); the key counters
  *   put.c       put reservations and giving them back
  *   deferred.c  answers that wait for the store, and puts waiting for room
  *   evict.c     host-tier watermarks and eviction, namespace quotas, the reaper
  *   demote.c    HBM -> host demotion through the copier
+ *   promote.c   what a read fetches from the store (lookups, reads of unknown
+ *               keys, promotions of ghosts: cache_fetch), misses remembered,
+ *               recovery
  *   store.c     the store glue: ordered writes and deletes, retries and the
- *               write probe, lookups, promotions, recovery
+ *               write probe
  *   stop.c      the stop's flush: every committed block written, what could
  *               not be counted
  *   complete.c  completeness (KVCM): observer calls and the chunked walk
@@ -251,8 +255,31 @@ uint32_t cache_lease_finish(struct cache *c, struct lease *l, bool commit);
 /* read.c */
 /* 0, or -KVNODE_ELIMIT with err set when owner holds leases.max_per_client. */
 int cache_check_lease_room(struct cache *c, struct lease_list *owner, char *err, size_t errlen);
-/* Walk a GET's keys on (after a lookup came back); *wp may move to the heap. */
+/* Walk a GET's keys on (after the store answered); *wp may move to the heap. */
 void cache_get_walk(struct cache *c, struct cache_wait **wp);
+
+/* promote.c: fetch key i of a GET, which is not in memory (e: its entry, a
+ * ghost or being promoted; NULL: the index does not know the key), when the
+ * GET may wait; *wp may move to the heap. FETCH_NONE: the prefix ends
+ * there; FETCH_ASKED: the store is asked about the key (a lookup or a read
+ * of the run), whose answer walks the GET on (cache_get_walk); FETCH_COMING:
+ * e is on its way back (promoting), w waits for it: pin it. */
+enum cache_fetch { FETCH_NONE, FETCH_ASKED, FETCH_COMING };
+enum cache_fetch cache_fetch(struct cache *c, struct cache_wait **wp, size_t i, struct index_entry *e);
+/* Whether the store is asked about keys the index does not know; ask it
+ * about w's keys from `from` on (0: submitted, w counts it). */
+bool cache_may_lookup(const struct cache *c);
+/* Whether the store's reads say "absent" as cheaply as a lookup (redis). */
+bool cache_reads_find(const struct cache *c);
+int cache_lookup_submit(struct cache *c, struct cache_wait *w, size_t from);
+/* Whether the store said less than [persist] lookup_negative_ttl ago that it
+ * lacks (key, check) in ns: the run of unknown keys from it ends there with
+ * no round trip (counted in lookup_negative_hits). */
+bool cache_negative_hit(struct cache *c, const struct kv_namespace *ns, int64_t key, uint64_t check);
+/* A local put made (key, check) exist in ns: forget its cached miss. */
+void cache_negative_forget(struct cache *c, const struct kv_namespace *ns, int64_t key, uint64_t check);
+/* A ghost read back into a host slot (0: on its way; the entry is PROMOTING). */
+int cache_promote(struct cache *c, struct kv_namespace *ns, struct index_entry *e);
 
 /* put.c: a reserved slot stops being one (committed or given back); a
  * WRITING entry's slot given back. */
@@ -318,24 +345,6 @@ void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t 
 void cache_retry_cb(evutil_socket_t fd, short what, void *arg);
 /* Forget every block waiting for a retry (the stop's rounds find them). */
 void cache_retry_forget(struct cache *c);
-/* Whether the store is asked about keys the index does not know; ask it
- * about w's keys from `from` on (0: submitted, w counts it). */
-bool cache_may_lookup(const struct cache *c);
-/* Whether the store's reads say "absent" as cheaply as a lookup (redis). */
-bool cache_reads_find(const struct cache *c);
-int cache_lookup_submit(struct cache *c, struct cache_wait *w, size_t from);
-/* Read the keys the index does not know from w->keys[from] into host slots
- * (a store whose reads find: persist_reads_find). 0 when sent. */
-int cache_probe_submit(struct cache *c, struct cache_wait *w, size_t from);
-/* Whether the store said less than [persist] lookup_negative_ttl ago that it
- * lacks (key, check) in ns: the run of unknown keys from it ends there with
- * no round trip (counted in lookup_negative_hits). */
-bool cache_negative_hit(struct cache *c, const struct kv_namespace *ns, int64_t key, uint64_t check);
-/* A local put made (key, check) exist in ns: forget its cached miss. */
-void cache_negative_forget(struct cache *c, const struct kv_namespace *ns, int64_t key, uint64_t check);
-/* A ghost read back into a host slot (0: on its way); w waits for e's. */
-int cache_promote(struct cache *c, struct kv_namespace *ns, struct index_entry *e);
-int cache_promo_wait(struct cache_wait *w, struct index_entry *e);
 
 /* complete.c: completeness changes, told to the observer — e sealed, e about
  * to leave memory, e demoted to host memory, ns bound by a HELLO. */

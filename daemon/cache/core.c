@@ -719,6 +719,19 @@ int cache_put_abort(struct cache *c, struct lease_list *owner, uint64_t lease_id
     return 0;
 }
 
+int cache_get_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, uint32_t *blocks,
+                  char *err, size_t errlen)
+{
+    struct lease *l = cache_lease_of(c, owner, lease_id);
+    int rc = cache_lease_check(l, lease_id, LEASE_READ, err, errlen);
+
+    *blocks = 0;
+    if (rc < 0)
+        return rc;
+    *blocks = cache_lease_finish(c, l, false);
+    return 0;
+}
+
 int cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id, int kind,
                     bool commit, uint32_t *blocks, char *err, size_t errlen)
 {

@@ -1,6 +1,7 @@
 /* cache deferred: answers that wait for the store — a MATCH or GET's wait
- * (timer, progress, cancel) and the puts waiting for room that blocks being
- * written hold (back-pressure; see cache.h). Loop thread only. */
+ * (moved to the heap, its timer, progress, the answer, cancel) and the puts
+ * waiting for room that blocks being written hold (back-pressure; see
+ * cache.h). Loop thread only. */
 #include "cache/cache_internal.h"
 
 #include <stdlib.h>
@@ -10,53 +11,11 @@
 #include "kvnode.h"
 #include "core/log.h"
 
-/* --- deferred answers -------------------------------------------------------- */
+/* --- deferred answers: moved to the heap, timed, answered, freed --------------- */
 
-void cache_wait_free(struct cache_wait *w)
-{
-    if (w->on_heap && w->ns)
-        w->ns->refs--;
-    if (w->timer)
-        event_free(w->timer);
-    free((void *)w->keys);
-    free((void *)w->checks);
-    free(w);
-}
-
-static void cache_wait_answer(struct cache_wait *w)
-{
-    if (w->answered)
-        return;
-    w->answered = true;
-    if (w->timer)
-        evtimer_del(w->timer);
-    if (!w->finished)
-        w->ready(w->arg);
-}
-
-/* A store request of w's came back. */
-void cache_wait_progress(struct cache_wait *w)
-{
-    if (w->outstanding > 0)
-        w->outstanding--;
-    if (w->outstanding > 0)
-        return;
-    if (w->finished)
-        cache_wait_free(w);
-    else
-        cache_wait_answer(w);
-}
-
-static void cache_wait_timeout_cb(evutil_socket_t fd, short what, void *arg)
-{
-    struct cache_wait *w = arg;
-    (void)fd;
-    (void)what;
-    w->c->wait_timeouts++;
-    log_debug("a %s waited %u ms for the store; answering with what is ready",
-              w->kind == WAIT_GET ? "get" : "match", w->c->request_timeout_ms);
-    cache_wait_answer(w);
-}
+static void cache_wait_timeout_cb(evutil_socket_t fd, short what, void *arg);
+static void cache_wait_answer(struct cache_wait *w);
+static void cache_put_waiter_unlink(struct cache *c, struct cache_wait *w);
 
 /* Move a wait built on the stack to the heap before anything refers to it. */
 struct cache_wait *cache_wait_heap(struct cache_wait *w)
@@ -105,7 +64,42 @@ void cache_wait_arm(struct cache *c, struct cache_wait *w)
     evtimer_add(w->timer, &tv);
 }
 
-static void cache_put_waiter_unlink(struct cache *c, struct cache_wait *w);
+static void cache_wait_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache_wait *w = arg;
+    (void)fd;
+    (void)what;
+    w->c->wait_timeouts++;
+    log_debug("a %s waited %u ms for the store; answering with what is ready",
+              w->kind == WAIT_GET ? "get" : "match", w->c->request_timeout_ms);
+    cache_wait_answer(w);
+}
+
+/* A store request of w's came back. */
+void cache_wait_progress(struct cache_wait *w)
+{
+    if (w->outstanding > 0)
+        w->outstanding--;
+    if (w->outstanding > 0)
+        return;
+    if (w->finished)
+        cache_wait_free(w);
+    else
+        cache_wait_answer(w);
+}
+
+/* Answer once (the store is back, or the time is up): ready() unless the
+ * requester went away. */
+static void cache_wait_answer(struct cache_wait *w)
+{
+    if (w->answered)
+        return;
+    w->answered = true;
+    if (w->timer)
+        evtimer_del(w->timer);
+    if (!w->finished)
+        w->ready(w->arg);
+}
 
 void cache_wait_cancel(struct cache *c, struct cache_wait *w)
 {
@@ -122,6 +116,17 @@ void cache_wait_cancel(struct cache *c, struct cache_wait *w)
     }
     if (w->outstanding == 0)
         cache_wait_free(w);
+}
+
+void cache_wait_free(struct cache_wait *w)
+{
+    if (w->on_heap && w->ns)
+        w->ns->refs--;
+    if (w->timer)
+        event_free(w->timer);
+    free((void *)w->keys);
+    free((void *)w->checks);
+    free(w);
 }
 
 /* --- puts waiting for the store (back-pressure) ------------------------------ */

@@ -520,7 +520,6 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
         struct kvs_group *x = &g[j];
         struct ns_layout layout;
         uint64_t lease_id = 0;
-        size_t got = 0;
         int rc;
 
         status = 400;
@@ -546,9 +545,11 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
             if (x->ns && x->ns->cls == UINT32_MAX &&
                 cache_bind(t->cache, &x->ns->layout, &x->ns, msg, sizeof msg) == 0)
                 cache_unbind(t->cache, x->ns);
-            rc = x->ns ? cache_get_each(t->cache, x->ns, &l->owner, x->keys, x->n, &lease_id, x->locs, &got, msg,
-                                        sizeof msg)
+            struct cache_lent lent = { .locs = x->locs };
+            rc = x->ns ? cache_get_each(t->cache, &(struct cache_read_req){ .ns = x->ns, .keys = x->keys,
+                                        .n = x->n, .owner = &l->owner }, &lent, msg, sizeof msg)
                        : 0;
+            lease_id = lent.lease_id;
         }
         if (rc == CACHE_STORE_BOUND) {
             /* Give back what this request holds and wait for room. */

@@ -225,8 +225,8 @@ void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, const Kvn
     switch (req->op_case) {
     case KVNODE__REQUEST__OP_HELLO:      ops_hello(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_MATCH:      ops_match(o, conn, s, req); break;
-    case KVNODE__REQUEST__OP_GET_BEGIN:  ops_lease_begin(o, conn, s, req); break;
-    case KVNODE__REQUEST__OP_GET_END:    ops_lease_end(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_GET_BEGIN:  ops_get_begin(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_GET_END:    ops_get_end(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_PUT_BEGIN:  ops_put_begin(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_PUT_COMMIT:
     case KVNODE__REQUEST__OP_PUT_ABORT:  ops_put_end(o, conn, s, req); break;

@@ -58,23 +58,23 @@ void ops_match_reply(struct ops *o, struct conn *conn, const Kvnode__Request *re
 
 void ops_match(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {
-    size_t n = req->match->n_keys;
-    const uint64_t *checks;
+    const Kvnode__MatchRequest *m = req->match;
+    struct cache_read_req rr = { .ns = s->ns, .keys = m->keys, .n = m->n_keys,
+                                 .ready = ops_pending_ready, .arg = conn };
     struct cache_tiers t;
     struct cache_wait *wait;
     char err[256];
-    int rc = ops_check_keys(o, s, n, err, sizeof err);
+    int rc = ops_check_keys(o, s, rr.n, err, sizeof err);
 
     if (rc == 0)
-        rc = ops_check_words(n, req->match->n_checks, req->match->checks, &checks, err, sizeof err);
+        rc = ops_check_words(rr.n, m->n_checks, m->checks, &rr.checks, err, sizeof err);
     if (rc < 0) {
         ops_fail(o, conn, req, rc, err);
         return;
     }
-    rc = cache_match_start(ops_cache(s), s->ns, req->match->keys, checks, n, &t, ops_pending_ready, conn,
-                           &wait);
+    rc = cache_match_start(ops_cache(s), &rr, &t, &wait);
     if (rc == CACHE_WAITING) {
-        if (ops_defer(o, conn, s, req, n, wait) == 0)
+        if (ops_defer(o, conn, s, req, rr.n, wait) == 0)
             return;
         cache_match_finish(ops_cache(s), wait, &t);
     }
@@ -142,87 +142,69 @@ void ops_match_remote(struct ops *o, struct conn *conn, struct session *s,
     ops_match_remote_reply(o, conn, req, (uint32_t)t.matched, &now);
 }
 
-/* The GET_BEGIN / PUT_BEGIN reply: the lease and one location per key. */
-void ops_lease_reply(struct ops *o, struct conn *conn, struct session *s,
-                     const Kvnode__Request *req, bool get, uint64_t lease_id,
-                     const struct cache_loc *locs, size_t count)
+/* GET_BEGIN: a read lease on the ready prefix, one location per key of it;
+ * the answer waits (ops_defer) while the cache fetches keys from the store. */
+void ops_get_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    const Kvnode__GetBeginRequest *g = req->get_begin;
+    struct cache_read_req rr = { .ns = s->ns, .keys = g->keys, .n = g->n_keys, .owner = &s->leases,
+                                 .readable = s->leases.mapped, .ready = ops_pending_ready, .arg = conn };
+    struct cache_lent lent = { 0 };
+    struct cache_wait *wait;
+    char err[512];
+    int rc = ops_check_keys(o, s, rr.n, err, sizeof err);
+
+    if (rc == 0)
+        rc = ops_check_words(rr.n, g->n_checks, g->checks, &rr.checks, err, sizeof err);
+    if (rc == 0 && !(lent.locs = calloc(rr.n ? rr.n : 1, sizeof *lent.locs))) {
+        rc = -KVNODE_ENOMEM;
+        snprintf(err, sizeof err, "out of memory");
+    }
+    if (rc == 0)
+        rc = cache_get_start(ops_cache(s), &rr, &lent, err, sizeof err, &wait);
+    if (rc == CACHE_WAITING) {
+        if (ops_defer(o, conn, s, req, rr.n, wait) == 0) {
+            free(lent.locs);
+            return;
+        }
+        cache_get_finish(ops_cache(s), wait, &lent);
+        rc = 0;
+    }
+    if (rc < 0)
+        ops_fail(o, conn, req, rc, err);
+    else
+        ops_get_reply(o, conn, s, req, &lent);
+    free(lent.locs);
+}
+
+/* The GET_BEGIN reply: the read lease and one location per key of the
+ * prefix (a reply that cannot be built gives the lease back). */
+void ops_get_reply(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req,
+                   const struct cache_lent *lent)
 {
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
-    Kvnode__GetBeginReply get_reply = KVNODE__GET_BEGIN_REPLY__INIT;
-    Kvnode__PutBeginReply put_reply = KVNODE__PUT_BEGIN_REPLY__INIT;
+    Kvnode__GetBeginReply reply = KVNODE__GET_BEGIN_REPLY__INIT;
     struct loc_buf lb = { 0 };
 
-    if (loc_buf_fill(&lb, locs, count) < 0) {
+    if (loc_buf_fill(&lb, lent->locs, lent->n) < 0) {
         uint32_t ignored;
         loc_buf_free(&lb);
-        if (lease_id)
-            cache_lease_end(ops_cache(s), &s->leases, lease_id, get ? LEASE_READ : LEASE_WRITE, false,
-                            &ignored, NULL, 0);
+        if (lent->lease_id)
+            cache_get_end(ops_cache(s), &s->leases, lent->lease_id, &ignored, NULL, 0);
         ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
         return;
     }
-    if (get) {
-        get_reply.lease = lease_id;
-        get_reply.n_locations = count;
-        get_reply.locations = lb.ptrs;
-        resp.result_case = KVNODE__RESPONSE__RESULT_GET_BEGIN;
-        resp.get_begin = &get_reply;
-    } else {
-        put_reply.lease = lease_id;
-        put_reply.n_locations = count;
-        put_reply.locations = lb.ptrs;
-        resp.result_case = KVNODE__RESPONSE__RESULT_PUT_BEGIN;
-        resp.put_begin = &put_reply;
-    }
+    reply.lease = lent->lease_id;
+    reply.n_locations = lent->n;
+    reply.locations = lb.ptrs;
+    resp.result_case = KVNODE__RESPONSE__RESULT_GET_BEGIN;
+    resp.get_begin = &reply;
     ops_send(o, conn, req, &resp, NULL, 0);
     loc_buf_free(&lb);
 }
 
-/* GET_BEGIN: one read lease, one location per key of the ready prefix. */
-void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
-{
-    const int64_t *keys = req->get_begin->keys;
-    size_t n = req->get_begin->n_keys, count = n;
-    const uint64_t *checks;
-    struct cache_loc *locs = NULL;
-    struct cache_wait *wait;
-    uint64_t lease_id = 0;
-    char err[512];
-    int rc = ops_check_keys(o, s, n, err, sizeof err);
-
-    if (rc == 0)
-        rc = ops_check_words(n, req->get_begin->n_checks, req->get_begin->checks, &checks, err,
-                             sizeof err);
-    if (rc < 0)
-        goto fail;
-    locs = calloc(n ? n : 1, sizeof *locs);
-    if (!locs) {
-        rc = -KVNODE_ENOMEM;
-        snprintf(err, sizeof err, "out of memory");
-        goto fail;
-    }
-    rc = cache_get_start(ops_cache(s), s->ns, &s->leases, s->leases.mapped, keys, checks, n,
-                         &lease_id, locs, &count, err, sizeof err, ops_pending_ready, conn, &wait);
-    if (rc == CACHE_WAITING) {
-        if (ops_defer(o, conn, s, req, n, wait) == 0) {
-            free(locs);
-            return;
-        }
-        cache_get_finish(ops_cache(s), wait, &lease_id, locs, &count);
-        rc = 0;
-    }
-    if (rc < 0)
-        goto fail;
-    ops_lease_reply(o, conn, s, req, true, lease_id, locs, count);
-    free(locs);
-    return;
-fail:
-    free(locs);
-    ops_fail(o, conn, req, rc, err);
-}
-
-/* GET_END (PUT_COMMIT and PUT_ABORT: ops_put_end) */
-void ops_lease_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+/* GET_END: the read lease given back, its blocks unpinned. */
+void ops_get_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
     Kvnode__LeaseReply reply = KVNODE__LEASE_REPLY__INIT;
@@ -233,8 +215,7 @@ void ops_lease_end(struct ops *o, struct conn *conn, struct session *s, const Kv
     resp.result_case = KVNODE__RESPONSE__RESULT_GET_END;
     resp.get_end = &reply;
     if (rc == 0)
-        rc = cache_lease_end(ops_cache(s), &s->leases, req->get_end->lease, LEASE_READ, false, &blocks,
-                             err, sizeof err);
+        rc = cache_get_end(ops_cache(s), &s->leases, req->get_end->lease, &blocks, err, sizeof err);
     if (rc < 0) {
         ops_fail(o, conn, req, rc, err);
         return;
@@ -245,84 +226,77 @@ void ops_lease_end(struct ops *o, struct conn *conn, struct session *s, const Kv
 
 /* Copy the ready prefix into the reply, then end the read lease. */
 void ops_get_inline_reply(struct ops *o, struct conn *conn, struct session *s,
-                          const Kvnode__Request *req, uint64_t lease_id,
-                          const struct cache_loc *locs, size_t got)
+                          const Kvnode__Request *req, const struct cache_lent *lent)
 {
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
     Kvnode__GetInlineReply reply = KVNODE__GET_INLINE_REPLY__INIT;
-    ProtobufCBinaryData *blocks = calloc(got ? got : 1, sizeof *blocks);
+    ProtobufCBinaryData *blocks = calloc(lent->n ? lent->n : 1, sizeof *blocks);
     uint32_t ignored;
 
     if (!blocks) {
-        if (lease_id)
-            cache_lease_end(ops_cache(s), &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
+        if (lent->lease_id)
+            cache_get_end(ops_cache(s), &s->leases, lent->lease_id, &ignored, NULL, 0);
         ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
         return;
     }
-    for (size_t i = 0; i < got; i++) {
-        blocks[i].data = (uint8_t *)cache_arena_base(ops_cache(s), locs[i].arena) + locs[i].offset;
+    for (size_t i = 0; i < lent->n; i++) {
+        blocks[i].data = (uint8_t *)cache_arena_base(ops_cache(s), lent->locs[i].arena) +
+                         lent->locs[i].offset;
         blocks[i].len = s->ns->layout.block_bytes;
     }
-    reply.n_blocks = got;
+    reply.n_blocks = lent->n;
     reply.blocks = blocks;
     resp.result_case = KVNODE__RESPONSE__RESULT_GET_INLINE;
     resp.get_inline = &reply;
     /* The reply is packed (copied) before this returns; then unpin. */
     ops_send(o, conn, req, &resp, NULL, 0);
-    if (lease_id)
-        cache_lease_end(ops_cache(s), &s->leases, lease_id, LEASE_READ, false, &ignored, NULL, 0);
+    if (lent->lease_id)
+        cache_get_end(ops_cache(s), &s->leases, lent->lease_id, &ignored, NULL, 0);
     free(blocks);
 }
 
+/* GET_INLINE: GET_BEGIN's read, the blocks copied into the reply. */
 void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {
-    size_t n = req->get_inline->n_keys, got = 0;
-    const uint64_t *checks;
-    struct cache_loc *locs = NULL;
+    const Kvnode__GetInlineRequest *g = req->get_inline;
+    struct cache_read_req rr = { .ns = s->ns, .keys = g->keys, .n = g->n_keys, .owner = &s->leases,
+                                 .ready = ops_pending_ready, .arg = conn };
+    struct cache_lent lent = { 0 };
     struct cache_wait *wait;
-    uint64_t lease_id = 0;
     char err[512];
-    int rc = ops_check_keys(o, s, n, err, sizeof err);
+    int rc = ops_check_keys(o, s, rr.n, err, sizeof err);
 
     if (rc == 0)
-        rc = ops_check_words(n, req->get_inline->n_checks, req->get_inline->checks, &checks, err,
-                             sizeof err);
-    if (rc < 0)
-        goto fail;
-    if ((uint64_t)n * s->ns->layout.block_bytes + 4096u > o->cfg->max_frame_bytes) {
+        rc = ops_check_words(rr.n, g->n_checks, g->checks, &rr.checks, err, sizeof err);
+    if (rc == 0 && (uint64_t)rr.n * s->ns->layout.block_bytes + 4096u > o->cfg->max_frame_bytes) {
         rc = -KVNODE_ETOOBIG;
         snprintf(err, sizeof err, "%zu blocks of %" PRIu64 " bytes do not fit in one reply "
-                 "(server.max_frame_bytes %u); ask for fewer keys", n, s->ns->layout.block_bytes,
+                 "(server.max_frame_bytes %u); ask for fewer keys", rr.n, s->ns->layout.block_bytes,
                  o->cfg->max_frame_bytes);
-        goto fail;
     }
-    locs = calloc(n ? n : 1, sizeof *locs);
-    if (!locs) {
+    if (rc == 0 && !(lent.locs = calloc(rr.n ? rr.n : 1, sizeof *lent.locs))) {
         rc = -KVNODE_ENOMEM;
         snprintf(err, sizeof err, "out of memory");
-        goto fail;
     }
-    /* The loop copies the blocks into the reply: only memory its CPU can
-     * read may answer (a real GPU's HBM ends the prefix). */
-    rc = cache_get_start(ops_cache(s), s->ns, &s->leases, s->leases.mapped & cache_cpu_arenas(ops_cache(s)),
-                         req->get_inline->keys, checks, n, &lease_id, locs, &got, err, sizeof err,
-                         ops_pending_ready, conn, &wait);
+    if (rc == 0) {
+        /* The loop copies the blocks into the reply: only memory its CPU
+         * can read may answer (a real GPU's HBM ends the prefix). */
+        rr.readable = s->leases.mapped & cache_cpu_arenas(ops_cache(s));
+        rc = cache_get_start(ops_cache(s), &rr, &lent, err, sizeof err, &wait);
+    }
     if (rc == CACHE_WAITING) {
-        if (ops_defer(o, conn, s, req, n, wait) == 0) {
-            free(locs);
+        if (ops_defer(o, conn, s, req, rr.n, wait) == 0) {
+            free(lent.locs);
             return;
         }
-        cache_get_finish(ops_cache(s), wait, &lease_id, locs, &got);
+        cache_get_finish(ops_cache(s), wait, &lent);
         rc = 0;
     }
     if (rc < 0)
-        goto fail;
-    ops_get_inline_reply(o, conn, s, req, lease_id, locs, got);
-    free(locs);
-    return;
-fail:
-    free(locs);
-    ops_fail(o, conn, req, rc, err);
+        ops_fail(o, conn, req, rc, err);
+    else
+        ops_get_inline_reply(o, conn, s, req, &lent);
+    free(lent.locs);
 }
 
 /* --- PUT_BEGIN, PUT_COMMIT / PUT_ABORT, PUT_INLINE ------------------------------ */

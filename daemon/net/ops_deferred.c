@@ -143,9 +143,7 @@ void ops_pending_ready(void *arg)
     struct ops_pending *p = s->pending;
     struct ops *o = p->o;
     Kvnode__Request req = KVNODE__REQUEST__INIT;
-    struct cache_loc *locs = NULL;
-    uint64_t lease_id = 0;
-    size_t got = 0;
+    struct cache_lent lent = { 0 };
 
     s->pending = NULL;
     req.id = p->req_id;
@@ -156,21 +154,18 @@ void ops_pending_ready(void *arg)
         cache_match_finish(ops_cache(s), p->wait, &t);
         ops_match_reply(o, conn, &req, &t);
     } else {
-        locs = calloc(p->n ? p->n : 1, sizeof *locs);
-        if (!locs) {
-            /* Nothing to put the answer in: give everything back. */
-            cache_get_finish(ops_cache(s), p->wait, &lease_id, NULL, &got);
+        lent.locs = calloc(p->n ? p->n : 1, sizeof *lent.locs);
+        /* No locs: nothing to put the answer in, everything is given back. */
+        cache_get_finish(ops_cache(s), p->wait, &lent);
+        if (!lent.locs)
             ops_fail(o, conn, &req, -KVNODE_ENOMEM, "out of memory");
-        } else {
-            cache_get_finish(ops_cache(s), p->wait, &lease_id, locs, &got);
-            if (p->op == KVNODE__REQUEST__OP_GET_INLINE)
-                ops_get_inline_reply(o, conn, s, &req, lease_id, locs, got);
-            else
-                ops_lease_reply(o, conn, s, &req, true, lease_id, locs, got);
-        }
+        else if (p->op == KVNODE__REQUEST__OP_GET_INLINE)
+            ops_get_inline_reply(o, conn, s, &req, &lent);
+        else
+            ops_get_reply(o, conn, s, &req, &lent);
     }
     metrics_request_observe(&o->requests, p->op, o->last_code, ops_now_s() - p->t0);
-    free(locs);
+    free(lent.locs);
     free(p);
     server_resume(conn);
 }

@@ -114,15 +114,13 @@ void ops_match_remote(struct ops *o, struct conn *conn, struct session *s,
                       const Kvnode__Request *req);
 void ops_match_remote_reply(struct ops *o, struct conn *conn, const Kvnode__Request *req,
                             uint32_t matched, const struct kvcm_query_answer *a);
-void ops_lease_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
-void ops_lease_reply(struct ops *o, struct conn *conn, struct session *s,
-                     const Kvnode__Request *req, bool get, uint64_t lease_id,
-                     const struct cache_loc *locs, size_t count);
-void ops_lease_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
+void ops_get_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
+void ops_get_reply(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req,
+                   const struct cache_lent *lent);
+void ops_get_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 void ops_get_inline_reply(struct ops *o, struct conn *conn, struct session *s,
-                          const Kvnode__Request *req, uint64_t lease_id,
-                          const struct cache_loc *locs, size_t got);
+                          const Kvnode__Request *req, const struct cache_lent *lent);
 void ops_put_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 void ops_put_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);

@@ -45,6 +45,21 @@ static struct lease_list owner;
 static char dir[64];
 static unsigned setup_workers = 2;
 
+/* cache_get_begin of n keys for who (word 0, every arena who mapped): the
+ * lease in *lid, its locations in locs, how many in *got. */
+static int get_now(struct cache *c, struct kv_namespace *in, struct lease_list *who,
+                   const int64_t *keys, size_t n, uint64_t *lid, struct cache_loc *locs,
+                   size_t *got, char *err, size_t errlen)
+{
+    struct cache_read_req req = { .ns = in, .keys = keys, .n = n, .owner = who,
+                                  .readable = who->mapped };
+    struct cache_lent out = { .locs = locs };
+    int rc = cache_get_begin(c, &req, &out, err, errlen);
+    *lid = out.lease_id;
+    *got = out.n;
+    return rc;
+}
+
 static void setup_policy(int policy)
 {
     char err[512];
@@ -200,16 +215,25 @@ static void on_ready(void *arg)
     ready_flag = true;
 }
 
+/* cache_get_finish: the lease in *lid, its locations in locs, how many in *got. */
+static void get_finish(struct cache_wait *w, uint64_t *lid, struct cache_loc *locs, size_t *got)
+{
+    struct cache_lent out = { .locs = locs };
+    cache_get_finish(cache, w, &out);
+    *lid = out.lease_id;
+    *got = out.n;
+}
+
 /* A get that must wait for promotions; returns the wait. */
 static struct cache_wait *get_waiting(const int64_t *keys, size_t n, struct cache_loc *locs)
 {
     struct cache_wait *w = NULL;
-    uint64_t lid = 0;
-    size_t got = 0;
     char err[256];
     ready_flag = false;
-    int rc = cache_get_start(cache, ns, &owner, owner.mapped, keys, NULL, n, &lid, locs, &got, err,
-                             sizeof err, on_ready, NULL, &w);
+    struct cache_read_req req = { .ns = ns, .keys = keys, .n = n, .owner = &owner,
+                                  .readable = owner.mapped, .ready = on_ready };
+    struct cache_lent out = { .locs = locs };
+    int rc = cache_get_start(cache, &req, &out, err, sizeof err, &w);
     ck_assert_int_eq(rc, CACHE_WAITING);
     ck_assert_ptr_nonnull(w);
     ck_assert(!ready_flag);   /* never from inside the start call */
@@ -240,13 +264,13 @@ START_TEST(test_write_through_ghost_promote)
     /* the plain get does not promote: a ghost ends its prefix */
     {
         char err[256];
-        ck_assert_int_eq(cache_get_begin(cache, ns, &owner, k, 8, &lid, locs, &got, err, sizeof err), 0);
+        ck_assert_int_eq(get_now(cache, ns, &owner, k, 8, &lid, locs, &got, err, sizeof err), 0);
         ck_assert_uint_eq(got, 0);
         ck_assert_uint_eq(lid, 0);
     }
     struct cache_wait *w = get_waiting(k, 8, locs);
     run_until(&ready_flag);
-    cache_get_finish(cache, w, &lid, locs, &got);
+    get_finish(w, &lid, locs, &got);
     ck_assert_uint_eq(got, 8);
     ck_assert_uint_ne(lid, 0);
     for (size_t i = 0; i < 8; i++)
@@ -282,7 +306,7 @@ START_TEST(test_delete_during_promotion)
     ck_assert_uint_eq(ns->stored, stored - 4);
     ck_assert_int_eq(stat_at("tiers", "store", "blocks"), (json_int_t)ns->stored);
     run_until(&ready_flag);
-    cache_get_finish(cache, w, &lid, locs, &got);
+    get_finish(w, &lid, locs, &got);
     /* the reads landed in detached entries: freed, never answered */
     ck_assert_uint_eq(got, 0);
     ck_assert_uint_eq(lid, 0);
