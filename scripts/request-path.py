@@ -4,7 +4,7 @@
 docs/ARCHITECTURE.md walks a request in two sections, "## Follow a GET" and
 "## Follow a PUT": numbered steps naming, in backticks, a file (relative to
 daemon/, e.g. `cache/read.c`) and the functions of that file the step runs
-(`cache_get()`). This script checks, for both sections:
+(`cache_get()`); a step may wrap over indented lines. This script checks, for both sections:
 
   - every named file exists and every named function is defined in the file
     named before it in the same section, so the walk cannot go stale;
@@ -37,24 +37,36 @@ DEF_START = re.compile(r'^(?!typedef\b|#|return\b|if\b|while\b|for\b|switch\b|el
 
 def sections(doc):
     """{title: [(file, [functions])]} for the two walk sections."""
-    out, title = {}, None
+    out, title, steps = {}, None, []
     for line in doc.splitlines():
         if line.startswith('## '):
             title = line[3:].strip() if line[3:].strip() in SECTIONS else None
             if title:
                 out[title] = []
+                steps.append((title, []))
             continue
-        if title is None or not STEP.match(line):
+        if title is None:
             continue
-        current = None
-        for token in TICK.findall(line):
-            token = token.strip()
-            if FILE.match(token):
-                current = token
-                out[title].append((current, []))
-            elif (m := FUNC.match(token)) and current is not None:
-                out[title][-1][1].append(m.group(1))
+        if STEP.match(line):
+            steps[-1][1].append(line)
+        elif line.startswith((' ', '\t')) and line.strip() and steps[-1][1]:
+            steps[-1][1][-1] += ' ' + line.strip()    # a step wrapped over lines
+    for title, lines in steps:
+        for step in lines:
+            walk(out[title], step)
     return out
+
+
+def walk(steps, line):
+    """Append the files and functions one numbered step names."""
+    current = None
+    for token in TICK.findall(line):
+        token = token.strip()
+        if FILE.match(token):
+            current = token
+            steps.append((current, []))
+        elif (m := FUNC.match(token)) and current is not None:
+            steps[-1][1].append(m.group(1))
 
 
 def definitions(text):
