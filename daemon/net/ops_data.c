@@ -142,28 +142,25 @@ void ops_match_remote(struct ops *o, struct conn *conn, struct session *s,
     ops_match_remote_reply(o, conn, req, (uint32_t)t.matched, &now);
 }
 
-/* GET_BEGIN: a read lease on the ready prefix, one location per key of it;
- * the answer waits (ops_defer) while the cache fetches keys from the store. */
-void ops_get_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+/* GET_BEGIN and GET_INLINE once their request is checked: start the read,
+ * park the connection while the cache fetches keys from the store
+ * (ops_defer; ops_pending_ready answers), else answer now with the op's
+ * reply. */
+static void ops_get_run(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req,
+                        const struct cache_read_req *rr)
 {
-    const Kvnode__GetBeginRequest *g = req->get_begin;
-    struct cache_read_req rr = { .ns = s->ns, .keys = g->keys, .n = g->n_keys, .owner = &s->leases,
-                                 .readable = s->leases.mapped, .ready = ops_pending_ready, .arg = conn };
-    struct cache_lent lent = { 0 };
+    struct cache_lent lent = { .locs = calloc(rr->n ? rr->n : 1, sizeof *lent.locs) };
     struct cache_wait *wait;
     char err[512];
-    int rc = ops_check_keys(o, s, rr.n, err, sizeof err);
+    int rc;
 
-    if (rc == 0)
-        rc = ops_check_words(rr.n, g->n_checks, g->checks, &rr.checks, err, sizeof err);
-    if (rc == 0 && !(lent.locs = calloc(rr.n ? rr.n : 1, sizeof *lent.locs))) {
-        rc = -KVNODE_ENOMEM;
-        snprintf(err, sizeof err, "out of memory");
+    if (!lent.locs) {
+        ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
+        return;
     }
-    if (rc == 0)
-        rc = cache_get_start(ops_cache(s), &rr, &lent, err, sizeof err, &wait);
+    rc = cache_get_start(ops_cache(s), rr, &lent, err, sizeof err, &wait);
     if (rc == CACHE_WAITING) {
-        if (ops_defer(o, conn, s, req, rr.n, wait) == 0) {
+        if (ops_defer(o, conn, s, req, rr->n, wait) == 0) {
             free(lent.locs);
             return;
         }
@@ -172,9 +169,29 @@ void ops_get_begin(struct ops *o, struct conn *conn, struct session *s, const Kv
     }
     if (rc < 0)
         ops_fail(o, conn, req, rc, err);
+    else if (req->op_case == KVNODE__REQUEST__OP_GET_INLINE)
+        ops_get_inline_reply(o, conn, s, req, &lent);
     else
         ops_get_reply(o, conn, s, req, &lent);
     free(lent.locs);
+}
+
+/* GET_BEGIN: a read lease on the ready prefix, one location per key of it;
+ * the answer waits (ops_defer) while the cache fetches keys from the store. */
+void ops_get_begin(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
+{
+    const Kvnode__GetBeginRequest *g = req->get_begin;
+    struct cache_read_req rr = { .ns = s->ns, .keys = g->keys, .n = g->n_keys, .owner = &s->leases,
+                                 .readable = s->leases.mapped, .ready = ops_pending_ready, .arg = conn };
+    char err[512];
+    int rc = ops_check_keys(o, s, rr.n, err, sizeof err);
+
+    if (rc == 0)
+        rc = ops_check_words(rr.n, g->n_checks, g->checks, &rr.checks, err, sizeof err);
+    if (rc < 0)
+        ops_fail(o, conn, req, rc, err);
+    else
+        ops_get_run(o, conn, s, req, &rr);
 }
 
 /* The GET_BEGIN reply: the read lease and one location per key of the
@@ -261,8 +278,6 @@ void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const K
     const Kvnode__GetInlineRequest *g = req->get_inline;
     struct cache_read_req rr = { .ns = s->ns, .keys = g->keys, .n = g->n_keys, .owner = &s->leases,
                                  .ready = ops_pending_ready, .arg = conn };
-    struct cache_lent lent = { 0 };
-    struct cache_wait *wait;
     char err[512];
     int rc = ops_check_keys(o, s, rr.n, err, sizeof err);
 
@@ -274,29 +289,14 @@ void ops_get_inline(struct ops *o, struct conn *conn, struct session *s, const K
                  "(server.max_frame_bytes %u); ask for fewer keys", rr.n, s->ns->layout.block_bytes,
                  o->cfg->max_frame_bytes);
     }
-    if (rc == 0 && !(lent.locs = calloc(rr.n ? rr.n : 1, sizeof *lent.locs))) {
-        rc = -KVNODE_ENOMEM;
-        snprintf(err, sizeof err, "out of memory");
-    }
-    if (rc == 0) {
-        /* The loop copies the blocks into the reply: only memory its CPU
-         * can read may answer (a real GPU's HBM ends the prefix). */
-        rr.readable = s->leases.mapped & cache_cpu_arenas(ops_cache(s));
-        rc = cache_get_start(ops_cache(s), &rr, &lent, err, sizeof err, &wait);
-    }
-    if (rc == CACHE_WAITING) {
-        if (ops_defer(o, conn, s, req, rr.n, wait) == 0) {
-            free(lent.locs);
-            return;
-        }
-        cache_get_finish(ops_cache(s), wait, &lent);
-        rc = 0;
-    }
-    if (rc < 0)
+    if (rc < 0) {
         ops_fail(o, conn, req, rc, err);
-    else
-        ops_get_inline_reply(o, conn, s, req, &lent);
-    free(lent.locs);
+        return;
+    }
+    /* The loop copies the blocks into the reply: only memory its CPU can
+     * read may answer (a real GPU's HBM ends the prefix). */
+    rr.readable = s->leases.mapped & cache_cpu_arenas(ops_cache(s));
+    ops_get_run(o, conn, s, req, &rr);
 }
 
 /* --- PUT_BEGIN, PUT_COMMIT / PUT_ABORT, PUT_INLINE ------------------------------ */
