@@ -12,13 +12,10 @@
 
 #include "devmem_spy.h"
 #include "cache/cache.h"
+#include "cache_calls.h"
 #include "config/config.h"
 #include "gpu/gpu.h"
 #include "kvnode.h"
-
-/* A put of n keys of ns for owner, check words 0 (NULL). */
-#define PUT_REQ(ns_, owner_, keys_, n_, tier_) \
-    (&(struct cache_put_req){ .ns = (ns_), .owner = (owner_), .keys = (keys_), .n = (n_), .tier = (tier_) })
 
 /* cfg's defaults, with the limits the HBM tests share: blocks of
  * block_bytes in slabs of slab_bytes, no reservation limit, host eviction

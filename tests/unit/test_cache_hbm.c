@@ -26,6 +26,7 @@
 #include "devmem_spy.h"
 #include "../common/proc.h"
 #include "cache/cache.h"
+#include "cache_calls.h"
 #include "config/config.h"
 #include "core/clock.h"
 #include "gpu/copier.h"
@@ -56,21 +57,6 @@ static unsigned copy_workers = 2;     /* copier threads; 1 finishes batches in s
 static const struct ns_layout layout = { .model = "m", .dtype = "bf16", .block_tokens = 16,
                                         .block_bytes = BLOCK, .num_layers = 2, .kv_heads = 2,
                                         .head_dim = 64, .tp_size = 1, .tp_rank = 0 };
-
-/* cache_get_begin of n keys for who (word 0, every arena who mapped): the
- * lease in *lid, its locations in locs, how many in *got. */
-static int get_now(struct cache *c, struct kv_namespace *in, struct lease_list *who,
-                   const int64_t *keys, size_t n, uint64_t *lid, struct cache_loc *locs,
-                   size_t *got, char *err, size_t errlen)
-{
-    struct cache_read_req req = { .ns = in, .keys = keys, .n = n, .owner = who,
-                                  .readable = who->mapped };
-    struct cache_lent out = { .locs = locs };
-    int rc = cache_get_begin(c, &req, &out, err, errlen);
-    *lid = out.lease_id;
-    *got = out.n;
-    return rc;
-}
 
 static void setup_with(uint64_t host_bytes, bool with_store)
 {

@@ -22,16 +22,13 @@
 #include "block_pattern.h"
 #include "../common/proc.h"
 #include "cache/cache.h"
+#include "cache_calls.h"
 #include "config/config.h"
 #include "kvnode.h"
 #include "persist/kvs/kvs.h"
 #include "core/log.h"
 #include "persist/persist.h"
 #include "stats.h"
-
-/* A put of n keys of ns for owner, check words 0 (NULL). */
-#define PUT_REQ(ns_, owner_, keys_, n_, tier_) \
-    (&(struct cache_put_req){ .ns = (ns_), .owner = (owner_), .keys = (keys_), .n = (n_), .tier = (tier_) })
 
 #define BLOCK (64u * 1024u)
 #define HOST_BLOCKS 32u   /* 2 MiB host tier */
@@ -44,21 +41,6 @@ static struct kv_namespace *ns;
 static struct lease_list owner;
 static char dir[64];
 static unsigned setup_workers = 2;
-
-/* cache_get_begin of n keys for who (word 0, every arena who mapped): the
- * lease in *lid, its locations in locs, how many in *got. */
-static int get_now(struct cache *c, struct kv_namespace *in, struct lease_list *who,
-                   const int64_t *keys, size_t n, uint64_t *lid, struct cache_loc *locs,
-                   size_t *got, char *err, size_t errlen)
-{
-    struct cache_read_req req = { .ns = in, .keys = keys, .n = n, .owner = who,
-                                  .readable = who->mapped };
-    struct cache_lent out = { .locs = locs };
-    int rc = cache_get_begin(c, &req, &out, err, errlen);
-    *lid = out.lease_id;
-    *got = out.n;
-    return rc;
-}
 
 static void setup_policy(int policy)
 {
