@@ -134,8 +134,9 @@ int cache_lookup_submit(struct cache *c, struct cache_wait *w, size_t from)
     lk->keys = (int64_t *)w->keys + from;
     lk->checks = w->checks ? w->checks + from : NULL;
     lk->n = n;
-    if (persist_exists(c->persist, w->ns, lk->keys, lk->checks, n, lk->present, cache_lookup_done,
-                       lk) < 0) {
+    if (persist_exists(c->persist, &(struct persist_lookup_req){
+                           .ns = w->ns, .keys = lk->keys, .checks = lk->checks, .n = n,
+                           .present = lk->present, .done = cache_lookup_done, .arg = lk }) < 0) {
         free(lk);
         return -KVNODE_ELIMIT;
     }
@@ -246,8 +247,10 @@ static int cache_probe_submit(struct cache *c, struct cache_wait *w, size_t from
     }
     for (sent = 0; sent < k; sent++) {
         struct probe_item *it = &p->items[sent];
-        if (persist_read(c->persist, ns, it->key, it->check, (uint8_t *)arena_base(c->host) + it->offset,
-                         bb, cache_probe_read_done, it) < 0)
+        if (persist_read(c->persist, &(struct persist_read_req){
+                             .ns = ns, .key = it->key, .check = it->check,
+                             .data = (uint8_t *)arena_base(c->host) + it->offset, .len = bb,
+                             .done = cache_probe_read_done, .arg = it }) < 0)
             break;
     }
     for (size_t i = sent; i < k; i++)
@@ -383,8 +386,10 @@ int cache_promote(struct cache *c, struct kv_namespace *ns, struct index_entry *
     p->e = e;
     p->ns = ns;
     ns->refs++;
-    if (persist_read(c->persist, ns, e->key, e->check, (uint8_t *)arena_base(c->host) + off,
-                     ns->layout.block_bytes, cache_promo_done, p) < 0) {
+    if (persist_read(c->persist, &(struct persist_read_req){
+                         .ns = ns, .key = e->key, .check = e->check,
+                         .data = (uint8_t *)arena_base(c->host) + off, .len = ns->layout.block_bytes,
+                         .done = cache_promo_done, .arg = p }) < 0) {
         arena_free(c->host, off);
         ns->refs--;
         free(p);

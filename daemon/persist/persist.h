@@ -164,8 +164,18 @@ int  persist_write_probe(struct persist *p, const struct persist_write_req *w, s
  * it to host memory (devmem_copy_to_host) before writing it. */
 int  persist_write_device(struct persist *p, const struct persist_write_req *w, struct devmem *dm,
                           int device);
-int  persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key, uint64_t check,
-                  void *data, size_t len, persist_done_fn done, void *arg);
+/* A block to read: ns, key and word, where its bytes go (data, len: the
+ * block size), and whom to tell (done(arg, rc); -KVNODE_ENOENT: not held). */
+struct persist_read_req {
+    const struct kv_namespace *ns;
+    int64_t         key;
+    uint64_t        check;
+    void           *data;
+    size_t          len;
+    persist_done_fn done;
+    void           *arg;
+};
+int  persist_read(struct persist *p, const struct persist_read_req *r);
 /* keys were deleted: for a store that cannot delete what it holds (v6d:
  * keeps_deleted) remember each in a bounded FIFO of tombstones, so that
  * lookups (persist_exists) and reads (persist_read) stop finding it — also
@@ -183,11 +193,19 @@ void persist_hide(struct persist *p, const struct kv_namespace *ns, const int64_
  * another word is left alone. */
 int  persist_delete(struct persist *p, const struct kv_namespace *ns, const int64_t *keys,
                     const uint64_t *checks, size_t n, persist_done_fn done, void *arg);
-/* keys and checks are copied; present[i] (caller's, n bytes) is filled
- * before done: 1 when the store holds keys[i] under checks[i]. */
-int  persist_exists(struct persist *p, const struct kv_namespace *ns, const int64_t *keys,
-                    const uint64_t *checks, size_t n, uint8_t *present, persist_done_fn done,
-                    void *arg);
+/* Which of n keys the store holds: keys and checks are copied; present[i]
+ * (caller's, n bytes) is filled before done: 1 when the store holds
+ * keys[i] under checks[i]. */
+struct persist_lookup_req {
+    const struct kv_namespace *ns;
+    const int64_t  *keys;
+    const uint64_t *checks;
+    size_t          n;
+    uint8_t        *present;
+    persist_done_fn done;
+    void           *arg;
+};
+int  persist_exists(struct persist *p, const struct persist_lookup_req *r);
 
 /* Recovery: scan the store in chunks on the scan thread. found() runs on the
  * loop for each chunk (blocks valid during the call only); finished() once at

@@ -115,21 +115,20 @@ int persist_write_device(struct persist *p, const struct persist_write_req *w, s
     return persist_write_from(p, w, dm, device, false);
 }
 
-int persist_read(struct persist *p, const struct kv_namespace *ns, int64_t key, uint64_t check,
-                 void *data, size_t len, persist_done_fn done, void *arg)
+int persist_read(struct persist *p, const struct persist_read_req *r)
 {
-    int rc = check_request(p, ns);
+    int rc = check_request(p, r->ns);
     if (rc < 0)
         return rc;
-    if (!data || !done)
+    if (!r->data || !r->done)
         return -KVNODE_EINVAL;
-    struct pjob *pj = job_new(p, PERSIST_OP_READ, ns, 0, done, arg);
+    struct pjob *pj = job_new(p, PERSIST_OP_READ, r->ns, 0, r->done, r->arg);
     if (!pj)
         return -KVNODE_ENOMEM;
-    pj->key = key;
-    pj->check = check;
-    pj->rdata = data;
-    pj->len = len;
+    pj->key = r->key;
+    pj->check = r->check;
+    pj->rdata = r->data;
+    pj->len = r->len;
     return job_submit(p, pj);
 }
 
@@ -149,20 +148,18 @@ int persist_delete(struct persist *p, const struct kv_namespace *ns, const int64
     return job_submit(p, pj);
 }
 
-int persist_exists(struct persist *p, const struct kv_namespace *ns, const int64_t *keys,
-                   const uint64_t *checks, size_t n, uint8_t *present, persist_done_fn done,
-                   void *arg)
+int persist_exists(struct persist *p, const struct persist_lookup_req *r)
 {
-    int rc = check_request(p, ns);
+    int rc = check_request(p, r->ns);
     if (rc < 0)
         return rc;
-    if (!keys || !present || !done || n == 0 || n > SIZE_MAX / 16)
+    if (!r->keys || !r->present || !r->done || r->n == 0 || r->n > SIZE_MAX / 16)
         return -KVNODE_EINVAL;
-    struct pjob *pj = job_new(p, PERSIST_OP_EXISTS, ns, n, done, arg);
+    struct pjob *pj = job_new(p, PERSIST_OP_EXISTS, r->ns, r->n, r->done, r->arg);
     if (!pj)
         return -KVNODE_ENOMEM;
-    memcpy(pj->keys, keys, n * sizeof *keys);
-    job_copy_checks(pj, checks);
-    pj->present = present;
+    memcpy(pj->keys, r->keys, r->n * sizeof *r->keys);
+    job_copy_checks(pj, r->checks);
+    pj->present = r->present;
     return job_submit(p, pj);
 }

@@ -510,7 +510,9 @@ START_TEST(hbm_blocks_are_written_to_the_store_through_a_device_copy)
     for (int i = 0; i < 8; i++) {
         int state = 0;
         memset(buf, 0, sizeof buf);
-        ck_assert_int_eq(persist_read(store, ns, 1 + i, 0, buf, BLOCK, read_done, &state), 0);
+        ck_assert_int_eq(persist_read(store, &(struct persist_read_req){
+                             .ns = ns, .key = 1 + i, .data = buf, .len = BLOCK, .done = read_done,
+                             .arg = &state }), 0);
         for (int t = 0; t < 3000 && state == 0; t++) {
             event_base_loop(base, EVLOOP_NONBLOCK);
             usleep(1000);

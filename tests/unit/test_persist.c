@@ -128,6 +128,13 @@ static void on_done(void *arg, int rc)
 #define WRITE_REQ(ns_, key_, data_, arg_) \
     (&(struct persist_write_req){ .ns = (ns_), .key = (key_), .data = (data_), .len = BB, \
                                   .done = on_done, .arg = (arg_) })
+/* persist_read's and persist_exists' requests, as their old argument lists. */
+#define READ_REQ(ns_, key_, check_, data_, len_, done_, arg_) \
+    (&(struct persist_read_req){ .ns = (ns_), .key = (key_), .check = (check_), .data = (data_), \
+                                 .len = (len_), .done = (done_), .arg = (arg_) })
+#define LOOKUP_REQ(ns_, keys_, checks_, n_, present_, done_, arg_) \
+    (&(struct persist_lookup_req){ .ns = (ns_), .keys = (keys_), .checks = (checks_), .n = (n_), \
+                                   .present = (present_), .done = (done_), .arg = (arg_) })
 
 static size_t g_want;
 static bool done_short(void *arg)
@@ -195,8 +202,8 @@ START_TEST(test_roundtrip)
     memset(rd, 0, sizeof rd);
     memset(rbuf, 0xee, sizeof rbuf);
     for (int i = 0; i < N; i++)
-        ck_assert_int_eq(persist_read(p, &ns, i - 3, 0, rbuf[i], BB, on_done, &rd[i]), 0);
-    ck_assert_int_eq(persist_read(p, &ns, 424242, 0, rbuf[0] , BB, on_done, &miss), 0);
+        ck_assert_int_eq(persist_read(p, READ_REQ(&ns, i - 3, 0, rbuf[i], BB, on_done, &rd[i])), 0);
+    ck_assert_int_eq(persist_read(p, READ_REQ(&ns, 424242, 0, rbuf[0] , BB, on_done, &miss)), 0);
     wait_done(base, N + 1, 10000);
     for (int i = 0; i < N; i++) {
         ck_assert_int_eq(rd[i].calls, 1);
@@ -272,7 +279,7 @@ START_TEST(test_corrupt)
 
     g_done = 0;
     r.calls = 0;
-    ck_assert_int_eq(persist_read(p, &ns, 5, 0, rbuf, BB, on_done, &r), 0);
+    ck_assert_int_eq(persist_read(p, READ_REQ(&ns, 5, 0, rbuf, BB, on_done, &r)), 0);
     wait_done(base, 1, 10000);
     ck_assert_int_eq(r.rc, KVS_CORRUPT);
     /* the bad copy left the index (its segment stays: other blocks live there) */
@@ -287,7 +294,7 @@ START_TEST(test_corrupt)
 
     /* gone now: a miss, and a success clears the last error */
     g_done = 0;
-    ck_assert_int_eq(persist_read(p, &ns, 5, 0, rbuf, BB, on_done, &r), 0);
+    ck_assert_int_eq(persist_read(p, READ_REQ(&ns, 5, 0, rbuf, BB, on_done, &r)), 0);
     wait_done(base, 1, 10000);
     ck_assert_int_eq(r.rc, KVS_MISS);
     counters(p, &c);
@@ -324,7 +331,7 @@ START_TEST(test_delete_exists)
     uint8_t present[6];
     memset(present, 7, sizeof present);
     g_done = 0;
-    ck_assert_int_eq(persist_exists(p, &ns, keys, NULL, 6, present, on_done, &r[4]), 0);
+    ck_assert_int_eq(persist_exists(p, LOOKUP_REQ(&ns, keys, NULL, 6, present, on_done, &r[4])), 0);
     keys[0] = -1;                                       /* copied: changing it is harmless */
     wait_done(base, 1, 10000);
     ck_assert_int_eq(r[4].rc, 0);
@@ -335,7 +342,7 @@ START_TEST(test_delete_exists)
     g_done = 0;
     ck_assert_int_eq(persist_delete(p, &ns, del, NULL, 3, on_done, &r[5]), 0);
     ck_assert_int_eq(persist_delete(p, &ns, del, NULL, 1, NULL, NULL), 0);   /* no callback wanted */
-    ck_assert_int_eq(persist_read(p, &ns, 2, 0, rbuf, BB, on_done, &r[6]), 0);
+    ck_assert_int_eq(persist_read(p, READ_REQ(&ns, 2, 0, rbuf, BB, on_done, &r[6])), 0);
     /* the callback-less delete counts as completed but calls nothing */
     g_want = 2;
     loop_while(base, done_short, NULL, 10000);
@@ -345,8 +352,8 @@ START_TEST(test_delete_exists)
 
     int64_t keys2[4] = { 1, 2, 3, 4 };
     g_done = 0;
-    ck_assert_int_eq(persist_exists(p, &ns, keys2, NULL, 4, present, on_done, &r[7]), 0);
-    ck_assert_int_eq(persist_read(p, &ns, 3, 0, rbuf, BB, on_done, &r[6]), 0);
+    ck_assert_int_eq(persist_exists(p, LOOKUP_REQ(&ns, keys2, NULL, 4, present, on_done, &r[7])), 0);
+    ck_assert_int_eq(persist_read(p, READ_REQ(&ns, 3, 0, rbuf, BB, on_done, &r[6])), 0);
     wait_done(base, 2, 10000);
     static const uint8_t want2[4] = { 1, 0, 0, 1 };
     ck_assert(memcmp(present, want2, 4) == 0);
@@ -381,7 +388,7 @@ START_TEST(test_queue_full)
     for (int i = 0; i < CAP; i++)
         ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, i, wbuf, &r[i])), 0);
     ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, 100, wbuf, &r[CAP])), -KVNODE_ELIMIT);
-    ck_assert_int_eq(persist_read(p, &ns, 100, 0, wbuf, BB, on_done, &r[CAP + 1]), -KVNODE_ELIMIT);
+    ck_assert_int_eq(persist_read(p, READ_REQ(&ns, 100, 0, wbuf, BB, on_done, &r[CAP + 1])), -KVNODE_ELIMIT);
     counters(p, &c);
     ck_assert_uint_eq(c.refused_queue_full, 2);
     ck_assert_uint_eq(c.queue_depth, CAP);
@@ -517,7 +524,7 @@ START_TEST(test_scan)
     static uint8_t rb[SCAN_BB], want[SCAN_BB];
     struct res r = { 0, 0 };
     g_done = 0;
-    ck_assert_int_eq(persist_read(p, &ns, SCAN_N - 1, 0, rb, SCAN_BB, on_done, &r), 0);
+    ck_assert_int_eq(persist_read(p, READ_REQ(&ns, SCAN_N - 1, 0, rb, SCAN_BB, on_done, &r)), 0);
     wait_done(base, 1, 10000);
     fill(want, SCAN_BB, SCAN_N - 1, 3);
     ck_assert_int_eq(r.rc, 0);
@@ -820,7 +827,7 @@ START_TEST(test_v6d_comes_back)
     ck_assert_int_eq(persist_write(p, WRITE_REQ(&ns, 77, wbuf, &r1)), 0);
     wait_done(base, 1, 10000);
     ck_assert_msg(r1.rc == 0, "write: %d %s", r1.rc, persist_last_error(p));
-    ck_assert_int_eq(persist_read(p, &ns, 77, 0, rbuf, BB, on_done, &r2), 0);
+    ck_assert_int_eq(persist_read(p, READ_REQ(&ns, 77, 0, rbuf, BB, on_done, &r2)), 0);
     wait_done(base, 2, 10000);
     ck_assert_msg(r2.rc == 0, "read: %d %s", r2.rc, persist_last_error(p));
     ck_assert(memcmp(wbuf, rbuf, BB) == 0);
