@@ -43,6 +43,12 @@ struct httpd_conn {
     struct evhttp_connection *evcon;  /* adopted */
     struct event *deadline;           /* for the request being received */
     struct httpd_conn *next;          /* fresh queue, then its bucket's chain */
+    /* httpd_request_watch: the owner of a request that waits is told once if
+     * the connection closes first; leave_ev sees the client leave. */
+    struct evhttp_request *watched;
+    httpd_gone_fn gone;
+    void *gone_arg;
+    struct event *leave_ev;
 };
 
 struct httpd {
@@ -111,6 +117,80 @@ void httpd_request_arrived(struct httpd *h, struct evhttp_request *req)
     }
 }
 
+static struct httpd_conn *httpd_conn_find(struct httpd *h, const struct evhttp_connection *evcon)
+{
+    struct httpd_conn *hc = evcon ? *httpd_bucket(h, evcon) : NULL;
+    while (hc && hc->evcon != evcon)
+        hc = hc->next;
+    return hc;
+}
+
+/* End hc's watch; tell its owner when the connection is closing. */
+static void httpd_watch_end(struct httpd_conn *hc, bool closing)
+{
+    struct evhttp_request *req = hc->watched;
+    httpd_gone_fn gone = hc->gone;
+
+    if (hc->leave_ev)
+        event_free(hc->leave_ev);
+    hc->leave_ev = NULL;
+    hc->watched = NULL;
+    hc->gone = NULL;
+    if (!closing || !req)
+        return;
+    gone(hc->gone_arg);
+    /* evhttp frees the requests of a connection it frees, but not one it
+     * detached from it first (a read error before the answer): ours then. */
+    if (!evhttp_request_get_connection(req))
+        evhttp_request_free(req);
+}
+
+/* A watched request's connection became readable: the client closed its end
+ * (EOF or an error), or sent more (pipelined: it is still there, and its
+ * end cannot be seen past those bytes, so the watch for it stops). */
+static void httpd_leave_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct httpd_conn *hc = arg;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    (void)what;
+
+    if (n > 0)
+        return;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        event_add(hc->leave_ev, NULL);
+        return;
+    }
+    log_debug("%s: the client of a waiting request closed its connection; closing it", hc->h->name);
+    evhttp_connection_free(hc->evcon);   /* httpd_conn_closed_cb tells the owner, frees hc */
+}
+
+int httpd_request_watch(struct httpd *h, struct evhttp_request *req, httpd_gone_fn gone, void *arg)
+{
+    struct httpd_conn *hc = httpd_conn_find(h, evhttp_request_get_connection(req));
+    struct bufferevent *bev = hc ? evhttp_connection_get_bufferevent(hc->evcon) : NULL;
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+
+    if (!hc || hc->watched)
+        return -1;
+    /* evhttp does not read the connection while the request waits for its
+     * answer: this event sees the client leave. Without it (no memory), the
+     * owner still hears of a close, only later. */
+    if (fd >= 0 && (hc->leave_ev = event_new(h->base, fd, EV_READ, httpd_leave_cb, hc)) != NULL)
+        event_add(hc->leave_ev, NULL);
+    hc->watched = req;
+    hc->gone = gone;
+    hc->gone_arg = arg;
+    return 0;
+}
+
+void httpd_request_unwatch(struct httpd *h, struct evhttp_request *req)
+{
+    struct httpd_conn *hc = httpd_conn_find(h, evhttp_request_get_connection(req));
+    if (hc && hc->watched == req)
+        httpd_watch_end(hc, false);
+}
+
 /* evhttp frees the connection (any reason, our deadline included). */
 static void httpd_conn_closed_cb(struct evhttp_connection *evcon, void *arg)
 {
@@ -118,6 +198,8 @@ static void httpd_conn_closed_cb(struct evhttp_connection *evcon, void *arg)
     struct httpd *h = hc->h;
 
     evhttp_connection_set_closecb(evcon, NULL, NULL);
+    if (hc->watched)
+        httpd_watch_end(hc, true);
     for (struct httpd_conn **p = httpd_bucket(h, evcon); *p; p = &(*p)->next) {
         if (*p == hc) {
             *p = hc->next;

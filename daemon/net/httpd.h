@@ -48,6 +48,17 @@ const char *httpd_address(const struct httpd *h);
 /* req arrived whole: its connection's deadline stops, and the next request's
  * starts once the reply has been sent. O(1). */
 void httpd_request_arrived(struct httpd *h, struct evhttp_request *req);
+/* A request its owner answers later (it waits for something). Until the
+ * owner calls httpd_request_unwatch (before it answers), gone(arg) is called
+ * once if the connection closes first: the client left (seen while the
+ * request waits, not only when the answer is written: a client that closes,
+ * or half-closes, its end), or the server shuts down. req is then evhttp's
+ * to free: the owner must not answer or touch it. The connection's slot and
+ * deadline stay httpd's either way. 0, or -1 when req has no open
+ * connection of h (then nothing is watched). */
+typedef void (*httpd_gone_fn)(void *arg);
+int  httpd_request_watch(struct httpd *h, struct evhttp_request *req, httpd_gone_fn gone, void *arg);
+void httpd_request_unwatch(struct httpd *h, struct evhttp_request *req);
 /* Close the listener (no new connections); open ones stay. NULL ignored. */
 void httpd_begin_shutdown(struct httpd *h);
 bool httpd_stopping(const struct httpd *h);

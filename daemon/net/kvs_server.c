@@ -65,11 +65,13 @@ struct kvs_server {
 
 /* A create that waits for room (the host tier still being reserved at start-up,
  * or full of blocks not yet written to the store): retried when the cache
- * says room may have come, answered 503 past [server] request_timeout. */
+ * says room may have come, answered 503 past [server] request_timeout.
+ * httpd watches its connection (httpd_request_watch): a client that leaves
+ * ends the wait at once (kvs_pending_gone). Exactly one of the answer and
+ * kvs_pending_gone ends it. */
 struct kvs_pending {
     struct kvs_server *k;
     struct evhttp_request *req;
-    struct evhttp_connection *conn;
     struct tenant *t;
     json_t *body;
     struct cache_wait *wait;
@@ -397,12 +399,13 @@ static json_t *kvs_object(const char *key, uint64_t offset, uint64_t size)
                      (json_int_t)offset, "meta", "size", (json_int_t)size);
 }
 
-/* The client went away while its create waited: drop the wait. */
-static void kvs_pending_closed(struct evhttp_connection *conn, void *arg)
+/* The connection closed while the create waited (the client left, or
+ * shutdown): drop the wait. evhttp frees the request; nothing answers it. */
+static void kvs_pending_gone(void *arg)
 {
     struct kvs_pending *p = arg;
-    (void)conn;
-    cache_wait_cancel(p->t->cache, p->wait);
+    if (p->wait)
+        cache_wait_cancel(p->t->cache, p->wait);
     json_decref(p->body);
     free(p);
 }
@@ -412,12 +415,23 @@ static void kvs_pending_ready(void *arg)
     struct kvs_pending *p = arg;
     cache_wait_cancel(p->t->cache, p->wait);
     p->wait = NULL;
-    evhttp_connection_set_closecb(p->conn, NULL, NULL);
     kvs_acquire_run(p->k, p->req, p->t, p->body, p);
 }
 
+/* The waiting create is being answered: httpd stops watching its
+ * connection, and p goes (body not). NULL ignored. */
+static void kvs_pending_end(struct kvs_server *k, struct kvs_pending *p)
+{
+    if (!p)
+        return;
+    if (p->wait)
+        cache_wait_cancel(p->t->cache, p->wait);
+    httpd_request_unwatch(k->httpd, p->req);
+    free(p);
+}
+
 /* Wait for room; false when the deadline passed or the wait cannot be set
- * up (p is then freed, body not). */
+ * up (*pp, when set, is then the caller's to end with kvs_pending_end). */
 static bool kvs_pending_wait(struct kvs_server *k, struct evhttp_request *req, struct tenant *t, json_t *body,
                              struct kvs_pending **pp)
 {
@@ -428,18 +442,15 @@ static bool kvs_pending_wait(struct kvs_server *k, struct evhttp_request *req, s
         if (!p)
             return false;
         *p = (struct kvs_pending){ .k = k, .req = req, .t = t, .body = body,
-                                   .conn = evhttp_request_get_connection(req),
                                    .deadline_ms = now + (*k->deps.cfg)->request_timeout_ms };
+        if (httpd_request_watch(k->httpd, req, kvs_pending_gone, p) < 0) {
+            free(p);
+            return false;
+        }
+        *pp = p;
     }
-    if (now >= p->deadline_ms || !p->conn ||
-        cache_put_wait(t->cache, (unsigned)(p->deadline_ms - now) + 1, kvs_pending_ready, p, &p->wait) < 0) {
-        free(p);
-        *pp = NULL;
-        return false;
-    }
-    evhttp_connection_set_closecb(p->conn, kvs_pending_closed, p);
-    *pp = p;
-    return true;
+    return now < p->deadline_ms &&
+           cache_put_wait(t->cache, (unsigned)(p->deadline_ms - now) + 1, kvs_pending_ready, p, &p->wait) == 0;
 }
 
 static void kvs_acquire(struct kvs_server *k, struct evhttp_request *req, struct tenant *t)
@@ -594,10 +605,10 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
         snprintf(id, sizeof id, "%016" PRIx64, l->id);
     else
         kvs_lease_free(k, l);   /* nothing held: "" (create: every object exists) */
+    kvs_pending_end(k, p);   /* before the answer: the connection is evhttp's again */
     kvs_reply(req, 200, json_pack("{s:{s:s}, s:o}", "lease", "lease_id", id, "objects", objects));
     kvs_groups_free(g, ng);
     json_decref(body);
-    free(p);
     return;
 fail:
     if (l)
@@ -606,7 +617,7 @@ fail:
     if (g)
         kvs_groups_free(g, ng);
     json_decref(body);
-    free(p);
+    kvs_pending_end(k, p);
     kvs_fail(k, req, status, msg);
 }
 
