@@ -13,7 +13,9 @@
  *
  * The owner sets its request callback, body and header limits on
  * httpd_evhttp() and calls httpd_request_arrived() first in its request
- * callback. Loop thread only. */
+ * callback. A connection's close callback is httpd's (its slot and deadline
+ * hang on it): an owner that answers later hears of a close through
+ * httpd_request_watch(), never by setting its own. Loop thread only. */
 #ifndef KVNODE_HTTPD_H
 #define KVNODE_HTTPD_H
 

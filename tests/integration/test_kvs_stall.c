@@ -256,6 +256,7 @@ START_TEST(waiting_creates_survive_a_stalled_store)
     /* The others get 503 at the deadline. Half close at once; half keep the
      * connection idle until the HTTP request deadline closes it. */
     char buf[4096];
+    long long timed_out0 = stat_of(&e, "kvs_server.http_connections.timed_out_total");
     for (int i = 0; i < NWAIT; i++) {
         int st = http_reply(waiter[i], WAIT_MS + 15000, buf, sizeof buf);
         ck_assert_msg(st == 503, "waiting create %d: status %d (0: closed, -1: no reply) %s", i, st, buf);
@@ -263,7 +264,6 @@ START_TEST(waiting_creates_survive_a_stalled_store)
         if (i % 2 == 0)
             close(waiter[i]);
     }
-    long long timed_out0 = stat_of(&e, "kvs_server.http_connections.timed_out_total");
     for (int i = 1; i < NWAIT; i += 2) {
         ck_assert_int_eq(http_reply(waiter[i], HTTP_MS + 15000, buf, sizeof buf), 0);
         close(waiter[i]);
