@@ -12,6 +12,9 @@
  *  - Data plane (kvs_server_dataplane.c): the vineyard handshake on the unix
  *    socket [kvs_server] socket_path; the fd handed out is the host arena of
  *    the connecting uid's tenant (SO_PEERCRED), so offsets are offsets there.
+ *    A peer without a tenant is closed at accept; connections are limited
+ *    per tenant and in total; an unfinished handshake ends at
+ *    server.hello_timeout.
  *  - Keys and peers (kvs_server_keys.c): the object-key parser, the layout a
  *    key's namespace has (kvs_key_layout: the same namespace a libkvnode
  *    client reaches by declaring that layout), and the uid of a loopback TCP
@@ -79,6 +82,9 @@ struct kvs_server_stats {
     uint64_t read_keys, read_hits, create_keys, create_existing;
     uint64_t leases_open, leases_expired;
     uint64_t dataplane_open, dataplane_accepted, dataplane_refused, fds_lent;
+    uint64_t dataplane_denied;        /* closed at accept: no tenant for the peer (admission) */
+    uint64_t dataplane_tenant_limit;  /* closed at accept: its tenant at its max_clients */
+    uint64_t dataplane_timed_out;     /* closed: no handshake within server.hello_timeout */
     uint64_t http_open, http_max, http_accepted;
     uint64_t http_refused;            /* 503 at connect: kvs_server.max_connections or descriptors */
     uint64_t http_timed_out;          /* kvs_server.request_timeout */
