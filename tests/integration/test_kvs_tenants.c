@@ -229,11 +229,16 @@ static long long lease_calls_answered(kvs_env *e)
 
 /* Tenant b's /seal of lease, sent and its socket closed while the daemon is
  * frozen: after it was accepted (accepted = true) or before. Returns when
- * the daemon has answered it. */
-static void orphaned_seal(kvs_env *e, const char *lease, bool accepted)
+ * the daemon has answered it, asserting that it counted the answer under
+ * requests.<counter> (bad_total: 404 as tenant b; denied_total: 403, no
+ * owner). */
+static void orphaned_seal(kvs_env *e, const char *lease, bool accepted, const char *counter)
 {
     char req[512], body[128];
     uint16_t port;
+    char path[64];
+    snprintf(path, sizeof path, "requests.%s", counter);
+    long long counted0 = kvs_stat(e, path);
     long long accepted0 = kvs_stat(e, "http_connections.accepted_total"), answered0 = lease_calls_answered(e);
     int n = snprintf(body, sizeof body, "{\"lease_id\":\"%s\",\"request_id\":\"kvs_store_x\"}", lease);
     int len = snprintf(req, sizeof req, "POST /seal HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -255,6 +260,8 @@ static void orphaned_seal(kvs_env *e, const char *lease, bool accepted)
     while (lease_calls_answered(e) == answered0 && kvh_now_ms() - t0 < 10000)
         kvh_sleep_ms(10);
     ck_assert_msg(lease_calls_answered(e) > answered0, "the daemon never answered the orphaned /seal");
+    ck_assert_msg(kvs_stat(e, path) == counted0 + 1, "the orphaned /seal (%s accept) was not counted in %s",
+                  accepted ? "after" : "before", path);
 }
 
 /* Bytes of the first n objects read (got) that differ from a's (want). */
@@ -301,8 +308,8 @@ START_TEST(another_tenants_lease_calls_change_nothing)
     ck_assert_str_ne(f.lease, "");
 
     ck_assert_int_eq(tenants_run_as(foreign_lease_calls, &f, B_UID, B_UID, NULL, 0), 0);
-    orphaned_seal(&e, f.lease, true);
-    orphaned_seal(&e, f.lease, false);
+    orphaned_seal(&e, f.lease, true, "bad_total");
+    orphaned_seal(&e, f.lease, false, "denied_total");
     /* Still a's unsealed lease: its objects are invisible to readers (had
      * b sealed it, they would read bytes a never wrote). */
     ck_assert_int_eq(kvsc_read(&c, keys, N, got, BLOCK, 60, &hits, NULL), 0);
