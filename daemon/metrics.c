@@ -612,6 +612,16 @@ static void render_kvs(struct evbuffer *out, const struct stats_snapshot *s)
     sample_u(out, "kvnode_kvs_leases_expired_total", NULL, k->leases_expired);
     family(out, "kvnode_kvs_dataplane_connections", "gauge", "KVS data-plane connections open.");
     sample_u(out, "kvnode_kvs_dataplane_connections", NULL, k->dataplane_open);
+    family(out, "kvnode_kvs_dataplane_refused_total", "counter",
+           "KVS data-plane connections refused: at accept denied (no tenant for the peer) or tenant_limit (its "
+           "tenant's max_clients); other ([server] max_clients at accept, or no fd to lend).");
+    sample_u(out, "kvnode_kvs_dataplane_refused_total", L("reason", "denied"), k->dataplane_denied);
+    sample_u(out, "kvnode_kvs_dataplane_refused_total", L("reason", "tenant_limit"), k->dataplane_tenant_limit);
+    sample_u(out, "kvnode_kvs_dataplane_refused_total", L("reason", "other"),
+             k->dataplane_refused - k->dataplane_denied - k->dataplane_tenant_limit);
+    family(out, "kvnode_kvs_dataplane_timed_out_total", "counter",
+           "KVS data-plane connections closed for not completing the handshake within server.hello_timeout.");
+    sample_u(out, "kvnode_kvs_dataplane_timed_out_total", NULL, k->dataplane_timed_out);
     family(out, "kvnode_kvs_fds_lent_total", "counter", "Host-memory fds handed out on the KVS data plane.");
     sample_u(out, "kvnode_kvs_fds_lent_total", NULL, k->fds_lent);
     family(out, "kvnode_kvs_http_connections", "gauge", "KVS control-plane HTTP connections open.");

@@ -525,6 +525,9 @@ static void kvs_json(const struct stats_snapshot *s, json_t *root)
     set(o, "dataplane_open", ju(k->dataplane_open));
     set(o, "dataplane_accepted_total", ju(k->dataplane_accepted));
     set(o, "dataplane_refused_total", ju(k->dataplane_refused));
+    set(o, "dataplane_denied_total", ju(k->dataplane_denied));
+    set(o, "dataplane_tenant_limit_total", ju(k->dataplane_tenant_limit));
+    set(o, "dataplane_timed_out_total", ju(k->dataplane_timed_out));
     set(o, "fds_lent_total", ju(k->fds_lent));
     r = json_object();
     set(r, "open", ju(k->http_open));

@@ -43,6 +43,7 @@ struct httpd_conn {
     struct evhttp_connection *evcon;  /* adopted */
     struct event *deadline;           /* for the request being received */
     struct httpd_conn *next;          /* fresh queue, then its bucket's chain */
+    struct httpd_peer peer;           /* from the identify hook, at accept */
     /* httpd_request_watch: the owner of a request that waits is told once if
      * the connection closes first; leave_ev sees the client leave. */
     struct evhttp_request *watched;
@@ -62,6 +63,8 @@ struct httpd {
     char address[CONFIG_LISTEN_MAX + 16];
     httpd_limits_fn limits;
     void *limits_arg;
+    httpd_identify_fn identify;          /* NULL: connections are not identified */
+    void *identify_arg;
     struct httpd_conn *fresh, *fresh_tail; /* accepted by evhttp, not yet adopted, oldest first */
     struct event *adopt_ev;
     struct httpd_conn *buckets[HTTPD_BUCKETS]; /* adopted and open, by evcon */
@@ -102,6 +105,18 @@ static void httpd_reply_sent_cb(struct evhttp_request *req, void *arg)
 {
     (void)req;
     httpd_arm_deadline(arg);   /* the next request on this connection */
+}
+
+const struct httpd_peer *httpd_request_peer(struct httpd *h, struct evhttp_request *req)
+{
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+
+    if (!h->identify || !evcon)
+        return NULL;
+    for (struct httpd_conn *hc = *httpd_bucket(h, evcon); hc; hc = hc->next)
+        if (hc->evcon == evcon)
+            return &hc->peer;
+    return NULL;
 }
 
 void httpd_request_arrived(struct httpd *h, struct evhttp_request *req)
@@ -310,6 +325,8 @@ static void httpd_adopt(struct httpd *h, struct httpd_conn *hc)
         free(hc);
         return;
     }
+    if (h->identify)
+        h->identify(h->identify_arg, fd, &hc->peer);
     struct httpd_conn **b = httpd_bucket(h, hc->evcon);
     hc->next = *b;
     *b = hc;
@@ -491,6 +508,12 @@ int httpd_create(struct event_base *base, const char *name, const char *what, co
 }
 
 struct evhttp *httpd_evhttp(struct httpd *h) { return h->http; }
+
+void httpd_set_identify(struct httpd *h, httpd_identify_fn fn, void *arg)
+{
+    h->identify = fn;
+    h->identify_arg = arg;
+}
 const char *httpd_address(const struct httpd *h) { return h->address; }
 bool httpd_stopping(const struct httpd *h) { return h->stopping; }
 

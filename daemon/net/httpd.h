@@ -7,7 +7,9 @@
  *   - the last descriptors below RLIMIT_NOFILE left to the engine socket;
  *   - each request must arrive whole within a deadline of the connection
  *     or of the previous reply (bytes trickling in do not extend it);
- *   - a listener that cannot accept (EMFILE) rests instead of spinning.
+ *   - a listener that cannot accept (EMFILE) rests instead of spinning;
+ *   - who opened each connection, established once at accept by the
+ *     owner's hook (httpd_set_identify) and kept with it.
  * The limits are asked for through a callback at each use, so a reload
  * applies to the next connection or request.
  *
@@ -22,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "config/config.h"
 
@@ -29,6 +32,17 @@ struct event_base;
 struct evhttp;
 struct evhttp_request;
 struct httpd;
+
+/* Who opened a connection, established once when it is accepted (the
+ * owner's hook, httpd_set_identify) and kept with it for its life, so that
+ * nothing the client does later (closing its socket, handing it on) changes
+ * who its requests run as. */
+struct httpd_peer {
+    bool known;                /* uid owns the client's socket */
+    uid_t uid;
+    char why[192];             /* !known: why the owner could not be established */
+};
+typedef void (*httpd_identify_fn)(void *arg, int fd, struct httpd_peer *out);
 
 struct httpd_limits {
     uint32_t max_connections;
@@ -47,6 +61,12 @@ int  httpd_create(struct event_base *base, const char *name, const char *what, c
 struct evhttp *httpd_evhttp(struct httpd *h);
 /* "127.0.0.1:PORT" (the real port when 0 was asked), "[::1]:PORT" or "unix:PATH". */
 const char *httpd_address(const struct httpd *h);
+/* Call fn(arg, fd, &peer) for each connection when it is accepted, before
+ * any request on it is read (on the loop: fn must not wait long). */
+void httpd_set_identify(struct httpd *h, httpd_identify_fn fn, void *arg);
+/* What the hook established for req's connection at accept; NULL without a
+ * hook or for a connection httpd does not hold (then nobody is known). */
+const struct httpd_peer *httpd_request_peer(struct httpd *h, struct evhttp_request *req);
 /* req arrived whole: its connection's deadline stops, and the next request's
  * starts once the reply has been sent. O(1). */
 void httpd_request_arrived(struct httpd *h, struct evhttp_request *req);

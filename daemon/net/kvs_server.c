@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -32,15 +31,17 @@
 #include "core/log.h"
 #include "kvnode.h"
 #include "net/httpd.h"
+#include "net/kvs_server_leases.h"
 #include "tenants/tenants.h"
 
 #define KVS_MAX_NS          64      /* namespaces one request may touch */
 #define KVS_SWEEP_MS        250     /* how often expired records are looked for */
 #define KVS_SWEEP_BATCH     512     /* records looked at per sweep (no O(n) pause) */
 #define KVS_HTTP_TIMEOUT_S  30      /* idle / slow HTTP connections */
+#define KVS_UNKNOWN_LEASE   "unknown lease_id: never granted, already ended, or past its term"
 
 struct kvs_lease {
-    uint64_t id;
+    struct kvs_lease_id id;         /* 128 random bits (kvs_server_leases.h) */
     int kind;                       /* LEASE_READ or LEASE_WRITE */
     bool sealed;
     struct tenant *tenant;
@@ -59,7 +60,7 @@ struct kvs_server {
     struct kvs_lease **buckets;
     size_t nbuckets;
     struct kvs_lease *head, *tail, *cursor;
-    uint64_t id_base, id_next;
+    struct kvs_leases leases;           /* ids, each tenant's open leases */
     struct kvs_server_stats st;
 };
 
@@ -83,15 +84,15 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
 
 /* --- lease table ---------------------------------------------------------------- */
 
-static struct kvs_lease **kvs_bucket(struct kvs_server *k, uint64_t id)
+static struct kvs_lease **kvs_bucket(struct kvs_server *k, const struct kvs_lease_id *id)
 {
-    return &k->buckets[(id * 0x9e3779b97f4a7c15ull) >> 40 & (k->nbuckets - 1)];
+    return &k->buckets[(id->lo * 0x9e3779b97f4a7c15ull) >> 40 & (k->nbuckets - 1)];
 }
 
-static struct kvs_lease *kvs_lease_find(struct kvs_server *k, uint64_t id)
+static struct kvs_lease *kvs_lease_find(struct kvs_server *k, const struct kvs_lease_id *id)
 {
     for (struct kvs_lease *l = *kvs_bucket(k, id); l; l = l->hnext)
-        if (l->id == id)
+        if (kvs_lease_id_eq(&l->id, id))
             return l;
     return NULL;
 }
@@ -101,15 +102,13 @@ static struct kvs_lease *kvs_lease_new(struct kvs_server *k, struct tenant *t, i
     struct kvs_lease *l = calloc(1, sizeof *l);
     if (!l)
         return NULL;
-    l->id = k->id_base ^ ++k->id_next;
-    if (l->id == 0)
-        l->id = k->id_base ^ ++k->id_next;
+    l->id = kvs_leases_open(&k->leases, t);
     l->kind = kind;
     l->tenant = t;
     l->owner.ttl_ms = term_ms;
     l->expires_ms = clock_now_ms() + term_ms;
-    l->hnext = *kvs_bucket(k, l->id);
-    *kvs_bucket(k, l->id) = l;
+    l->hnext = *kvs_bucket(k, &l->id);
+    *kvs_bucket(k, &l->id) = l;
     l->prev = k->tail;
     if (k->tail)
         k->tail->next = l;
@@ -124,7 +123,7 @@ static struct kvs_lease *kvs_lease_new(struct kvs_server *k, struct tenant *t, i
  * and free it. */
 static void kvs_lease_free(struct kvs_server *k, struct kvs_lease *l)
 {
-    struct kvs_lease **p = kvs_bucket(k, l->id);
+    struct kvs_lease **p = kvs_bucket(k, &l->id);
     while (*p != l)
         p = &(*p)->hnext;
     *p = l->hnext;
@@ -140,6 +139,7 @@ static void kvs_lease_free(struct kvs_server *k, struct kvs_lease *l)
         k->tail = l->prev;
     if (l->tenant->cache)
         cache_release_owner(l->tenant->cache, &l->owner);
+    kvs_leases_close(&k->leases, l->tenant);
     k->st.leases_open--;
     free(l);
 }
@@ -223,9 +223,15 @@ static struct tenant *kvs_request_tenant(struct kvs_server *k, struct evhttp_req
         struct ucred cred;
         t = kvs_server_unix_tenant(*k->deps.cfg, k->deps.tenants, fd, &cred, why, sizeof why);
     } else if (fd >= 0) {
-        uid_t uid;
-        if (kvs_peer_tcp_uid(fd, &uid, why, sizeof why) == 0)
-            t = kvs_server_tenant(*k->deps.cfg, k->deps.tenants, uid, (gid_t)-1, NULL, 0, false, why, sizeof why);
+        /* TCP: the uid established when the connection was accepted. */
+        const struct httpd_peer *peer = httpd_request_peer(k->httpd, req);
+        if (!peer)
+            snprintf(why, sizeof why, "the connection's owner was not established when it was accepted");
+        else if (!peer->known)
+            snprintf(why, sizeof why, "%s", peer->why);
+        else if (peer)
+            t = kvs_server_tenant(*k->deps.cfg, k->deps.tenants, peer->uid, (gid_t)-1, NULL, 0, false, why,
+                                  sizeof why);
     }
     if (!t) {
         char msg[640];
@@ -254,23 +260,24 @@ static json_t *kvs_request_json(struct kvs_server *k, struct evhttp_request *req
     return j;
 }
 
-/* A lease_id member: a hex string; *id 0 for "". -1 after answering. */
-static int kvs_request_lease(struct kvs_server *k, struct evhttp_request *req, json_t *body, uint64_t *id)
+/* A lease_id member: KVS_LEASE_ID_HEX hex digits; *none for "". -1 after
+ * answering (an id of another shape answers as an unknown lease does). */
+static int kvs_request_lease(struct kvs_server *k, struct evhttp_request *req, json_t *body,
+                             struct kvs_lease_id *id, bool *none)
 {
-    const char *s = json_string_value(json_object_get(body, "lease_id"));
-    char *end;
+    json_t *j = json_object_get(body, "lease_id");
 
-    *id = 0;
-    if (!s) {
+    *none = false;
+    if (!json_is_string(j)) {
         kvs_fail(k, req, 400, "the body needs \"lease_id\": a string from /acquire");
         return -1;
     }
-    if (!*s)
+    if (json_string_length(j) == 0) {
+        *none = true;
         return 0;
-    errno = 0;
-    *id = strtoull(s, &end, 16);
-    if (errno || *end || *id == 0) {
-        kvs_fail(k, req, 404, "unknown lease_id (not one /acquire gave)");
+    }
+    if (!kvs_lease_id_parse(json_string_value(j), json_string_length(j), id)) {
+        kvs_fail(k, req, 404, KVS_UNKNOWN_LEASE);
         return -1;
     }
     return 0;
@@ -509,12 +516,8 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
     }
     if ((status = kvs_group_keys(keys, create ? metas : NULL, &g, &ng, msg, sizeof msg)) != 0)
         goto fail;
-    if (k->st.leases_open >= cfg->kvs_max_leases) {
-        status = 503;
-        snprintf(msg, sizeof msg, "%" PRIu64 " KVS leases are open ([kvs_server] max_leases); release some "
-                 "or wait for their term", k->st.leases_open);
+    if ((status = kvs_leases_room(&k->leases, cfg, k->deps.tenants, t, k->st.leases_open, msg, sizeof msg)) != 0)
         goto fail;
-    }
     status = 500;
     snprintf(msg, sizeof msg, "out of memory");
     objects = json_array();
@@ -600,9 +603,9 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
             }
         }
     }
-    char id[24] = "";
+    char id[KVS_LEASE_ID_HEX + 1] = "";
     if (l->nsub)
-        snprintf(id, sizeof id, "%016" PRIx64, l->id);
+        kvs_lease_id_format(&l->id, id);
     else
         kvs_lease_free(k, l);   /* nothing held: "" (create: every object exists) */
     kvs_pending_end(k, p);   /* before the answer: the connection is evhttp's again */
@@ -626,24 +629,25 @@ static void kvs_lease_call(struct kvs_server *k, struct evhttp_request *req, str
 {
     json_t *body = kvs_request_json(k, req);
     struct kvs_lease *l;
-    uint64_t id;
+    struct kvs_lease_id id;
+    bool none;
     char msg[512];
 
     if (!body)
         return;
-    if (kvs_request_lease(k, req, body, &id) < 0) {
+    if (kvs_request_lease(k, req, body, &id, &none) < 0) {
         json_decref(body);
         return;
     }
     json_decref(body);
-    if (id == 0 && strcmp(route, "seal") != 0) {
+    if (none && strcmp(route, "seal") != 0) {
         kvs_reply(req, 204, NULL);   /* "": nothing was held */
         return;
     }
-    l = id ? kvs_lease_find(k, id) : NULL;
+    l = none ? NULL : kvs_lease_find(k, &id);
     if (!l || l->tenant != t) {
         /* Another tenant's lease is as unknown as one that never was. */
-        kvs_fail(k, req, 404, "unknown lease_id: never granted, already ended, or past its term");
+        kvs_fail(k, req, 404, KVS_UNKNOWN_LEASE);
         return;
     }
     if (strcmp(route, "seal") == 0) {
@@ -744,9 +748,7 @@ int kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **ou
     k->deps = *deps;
     for (k->nbuckets = 64; k->nbuckets < cfg->kvs_max_leases; k->nbuckets <<= 1)
         ;
-    if (getrandom(&k->id_base, sizeof k->id_base, GRND_NONBLOCK) != sizeof k->id_base)
-        k->id_base = clock_now_ms() * 0x9e3779b97f4a7c15ull;
-    k->id_base &= ~0xffffffffull;   /* random high bits, a counter below */
+    kvs_leases_init(&k->leases);
     k->buckets = calloc(k->nbuckets, sizeof *k->buckets);
     k->sweep_ev = event_new(deps->base, -1, EV_PERSIST, kvs_sweep_cb, k);
     if (!k->buckets || !k->sweep_ev || event_add(k->sweep_ev, &tv) < 0) {
@@ -759,6 +761,8 @@ int kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **ou
         kvs_server_destroy(k);
         return -1;
     }
+    if (cfg->kvs_listen_addr.kind != CONFIG_LISTEN_UNIX)
+        httpd_set_identify(k->httpd, kvs_identify_tcp, k);
     http = httpd_evhttp(k->httpd);
     evhttp_set_timeout(http, KVS_HTTP_TIMEOUT_S);
     evhttp_set_max_headers_size(http, 64 << 10);

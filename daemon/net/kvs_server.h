@@ -12,10 +12,15 @@
  *  - Data plane (kvs_server_dataplane.c): the vineyard handshake on the unix
  *    socket [kvs_server] socket_path; the fd handed out is the host arena of
  *    the connecting uid's tenant (SO_PEERCRED), so offsets are offsets there.
+ *    A peer without a tenant is closed at accept; connections are limited
+ *    per tenant and in total; an unfinished handshake ends at
+ *    server.hello_timeout.
  *  - Keys and peers (kvs_server_keys.c): the object-key parser, the layout a
  *    key's namespace has (kvs_key_layout: the same namespace a libkvnode
  *    client reaches by declaring that layout), and the uid of a loopback TCP
- *    peer (the kernel's socket table, NETLINK_SOCK_DIAG).
+ *    peer (the kernel's socket table, NETLINK_SOCK_DIAG), established once
+ *    when its connection is accepted and kept with the connection.
+ *  - Lease ids and per-tenant lease counts (kvs_server_leases.c).
  *
  * Loop thread only. */
 #ifndef KVNODE_KVS_SERVER_H
@@ -66,8 +71,14 @@ int kvs_key_layout(const struct kvs_key *k, uint32_t tp_size, uint64_t block_byt
 
 /* The uid owning the other end of the loopback TCP connection fd (its
  * 4-tuple looked up in the kernel's socket table, NETLINK_SOCK_DIAG). 0, or
- * -1 with err (peer not on loopback, socket gone, no answer). */
+ * -1 with err (peer not on loopback, socket gone or already closed by its
+ * owner, no answer). */
 int kvs_peer_tcp_uid(int fd, uid_t *uid, char *err, size_t errlen);
+
+/* The HTTP listener's identify hook (httpd_set_identify) on a TCP listen
+ * address: the client's uid by kvs_peer_tcp_uid, once, at accept. */
+struct httpd_peer;
+void kvs_identify_tcp(void *arg, int fd, struct httpd_peer *out);
 
 /* Counters ("kvs_server" in /stats, kvnode_kvs_server_* in /metrics). */
 struct kvs_server_stats {
@@ -79,6 +90,9 @@ struct kvs_server_stats {
     uint64_t read_keys, read_hits, create_keys, create_existing;
     uint64_t leases_open, leases_expired;
     uint64_t dataplane_open, dataplane_accepted, dataplane_refused, fds_lent;
+    uint64_t dataplane_denied;        /* closed at accept: no tenant for the peer (admission) */
+    uint64_t dataplane_tenant_limit;  /* closed at accept: its tenant at its max_clients */
+    uint64_t dataplane_timed_out;     /* closed: no handshake within server.hello_timeout */
     uint64_t http_open, http_max, http_accepted;
     uint64_t http_refused;            /* 503 at connect: kvs_server.max_connections or descriptors */
     uint64_t http_timed_out;          /* kvs_server.request_timeout */

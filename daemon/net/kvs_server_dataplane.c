@@ -7,10 +7,18 @@
  * recv would drop it). The socket then stays open, idle, until the client
  * closes it. Owns the listener and the connections.
  *
- * Bounded: requests over KVS_DP_MAX_FRAME close the connection; at most
- * [server] max_clients connections; replies are a few dozen bytes, written
- * with non-blocking sends (a peer that does not read them is closed). Loop
- * thread only. */
+ * Bounded, so that no user can lock engines out (issue 30): a peer is
+ * placed at accept (SO_PEERCRED and its groups, as the engine socket admits
+ * it); one that admission refuses, or whose tenant has no host memory, is
+ * told why in one best-effort frame and closed there, before it holds a
+ * slot. At most [server] max_clients connections in all, and at most its
+ * tenant's max_clients (its section's, else its memory's share of
+ * [server] max_clients) per tenant, counted apart from the engine socket's:
+ * a tenant at its share never refuses another's handshake. A connection
+ * not lent its fd within server.hello_timeout of accept is closed.
+ * Requests over KVS_DP_MAX_FRAME close the connection; replies are a few
+ * dozen bytes, written with non-blocking sends (a peer that does not read
+ * them is closed). Loop thread only. */
 #include "net/kvs_server.h"
 
 #include <errno.h>
@@ -28,6 +36,7 @@
 
 #include "core/le.h"
 #include "cache/cache.h"
+#include "core/clock.h"
 #include "core/errmsg.h"
 #include "core/log.h"
 #include "kvnode.h"
@@ -35,13 +44,15 @@
 #include "tenants/tenants.h"
 
 #define KVS_DP_MAX_FRAME 4096u   /* the client's requests are under 200 bytes */
+#define KVS_DP_LOG_REPEAT_MS 10000u
 
 struct kvs_dp_conn {
     struct kvs_dataplane *dp;
     int fd;
     struct event *ev;
-    struct tenant *tenant;    /* NULL: refused (why says why) */
-    char why[384];
+    struct event *deadline;   /* server.hello_timeout from accept; freed once the fd is lent */
+    struct tenant *tenant;    /* never NULL: a peer without one is closed at accept */
+    size_t tenant_ix;         /* its tenants_at index (tenant_open) */
     uid_t uid;
     pid_t pid;
     uint8_t *buf;             /* the frame being read: header, then body */
@@ -55,7 +66,10 @@ struct kvs_dataplane {
     char path[108];
     bool owned;
     struct kvs_dp_conn *conns;
+    uint32_t tenant_open[TENANTS_MAX];   /* connections per tenant, by tenants_at index */
     uint64_t open, accepted, refused, fds_lent;
+    uint64_t denied, tenant_limit, timed_out;   /* refused at accept: no tenant; at its share; deadline */
+    struct log_limit refuse_log, timeout_log;
 };
 
 static void kvs_dp_close(struct kvs_dp_conn *c)
@@ -68,14 +82,17 @@ static void kvs_dp_close(struct kvs_dp_conn *c)
     if (c->next)
         c->next->prev = c->prev;
     dp->open--;
+    dp->tenant_open[c->tenant_ix]--;
+    if (c->deadline)
+        event_free(c->deadline);
     event_free(c->ev);
     close(c->fd);
     free(c->buf);
     free(c);
 }
 
-/* One framed JSON message, whole or not at all (non-blocking). */
-static int kvs_dp_send_json(struct kvs_dp_conn *c, json_t *msg)
+/* One framed JSON message on fd, whole or not at all (non-blocking). */
+static int kvs_dp_send_json_fd(int fd, json_t *msg)
 {
     char *text = json_dumps(msg, JSON_COMPACT);
     json_decref(msg);
@@ -86,9 +103,14 @@ static int kvs_dp_send_json(struct kvs_dp_conn *c, json_t *msg)
     le_put64(hdr, len);
     struct iovec iov[2] = { { hdr, 8 }, { text, (size_t)len } };
     struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
-    ssize_t n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
     free(text);
     return n == (ssize_t)(8 + len) ? 0 : -1;
+}
+
+static int kvs_dp_send_json(struct kvs_dp_conn *c, json_t *msg)
+{
+    return kvs_dp_send_json_fd(c->fd, msg);
 }
 
 static int kvs_dp_send_fd(struct kvs_dp_conn *c, int fd)
@@ -140,9 +162,9 @@ static int kvs_dp_handle(struct kvs_dp_conn *c, const char *body, size_t len)
                                            "0.0.0", "code", 0, "session_id", 0, "message", ""));
     } else if (strcmp(type, "get_vineyard_mmap_fd_request") == 0) {
         uint64_t size = 0;
-        int fd = c->tenant ? kvs_dp_host_arena(c, &size) : -1;
+        int fd = kvs_dp_host_arena(c, &size);
         if (fd < 0) {
-            const char *why = c->tenant ? "this daemon's host memory cannot be lent as an fd" : c->why;
+            const char *why = "this daemon's host memory cannot be lent as an fd";
             log_warn("kvs data plane: refused pid %d uid %d: %s", (int)c->pid, (int)c->uid, why);
             kvs_dp_send_json(c, json_pack("{s:s, s:i, s:s}", "type", "get_vineyard_mmap_fd_reply", "code", 403,
                                           "message", why));
@@ -151,6 +173,10 @@ static int kvs_dp_handle(struct kvs_dp_conn *c, const char *body, size_t len)
                                                  "code", 0, "size", (json_int_t)size, "offset", 0)) == 0 &&
                    kvs_dp_send_fd(c, fd) == 0) {
             c->dp->fds_lent++;
+            if (c->deadline) {   /* the handshake is done: the connection is the engine's */
+                event_free(c->deadline);
+                c->deadline = NULL;
+            }
             log_info("kvs data plane: lent the host memory of tenant %s (%" PRIu64 " bytes) to pid %d uid %d",
                      c->tenant->name, size, (int)c->pid, (int)c->uid);
             rc = 0;
@@ -202,37 +228,96 @@ static void kvs_dp_read_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* server.hello_timeout passed and the connection was not lent its fd. */
+static void kvs_dp_deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct kvs_dp_conn *c = arg;
+    struct kvs_dataplane *dp = c->dp;
+    char note[96];
+    uint64_t held;
+    (void)fd;
+    (void)what;
+
+    dp->timed_out++;
+    if (log_limit_pass(&dp->timeout_log, clock_now_ms(), KVS_DP_LOG_REPEAT_MS, &held))
+        log_warn("kvs data plane: closing the connection of pid %d uid %d (tenant %s): no handshake within %u ms "
+                 "of connecting (server.hello_timeout)%s", (int)c->pid, (int)c->uid, c->tenant->name,
+                 (*dp->deps.cfg)->hello_timeout_ms, log_limit_note(held, "closed", note, sizeof note));
+    kvs_dp_close(c);
+}
+
+/* t's index among the tenants (its tenant_open slot). */
+static size_t kvs_dp_tenant_index(const struct kvs_dataplane *dp, const struct tenant *t)
+{
+    size_t n = tenants_count(dp->deps.tenants);
+    for (size_t i = 0; i < n && i < TENANTS_MAX; i++)
+        if (tenants_at(dp->deps.tenants, i) == t)
+            return i;
+    return 0;   /* not reached: every tenant is listed; "default" is 0 */
+}
+
+/* The tenant a new connection may hold a slot for, or NULL: refused (no
+ * tenant for the peer, the node's total, the tenant's share), counted,
+ * logged and told why in one best-effort frame; the caller closes fd. */
+static struct tenant *kvs_dp_admit(struct kvs_dataplane *dp, int fd, struct ucred *cred, size_t *ix)
+{
+    const struct kvn_config *cfg = *dp->deps.cfg;
+    char why[384], note[96];
+    uint64_t held;
+    struct tenant *t = kvs_server_unix_tenant(cfg, dp->deps.tenants, fd, cred, why, sizeof why);
+
+    if (!t) {
+        dp->denied++;
+    } else if (dp->tenant_open[*ix = kvs_dp_tenant_index(dp, t)] >= t->max_clients) {
+        snprintf(why, sizeof why, "tenant %s has %" PRIu32 " data-plane connections open, all it may ([tenant.%s] "
+                 "max_clients, else its memory's share of [server] max_clients)", t->name, dp->tenant_open[*ix],
+                 t->name);
+        dp->tenant_limit++;
+    } else if (dp->open >= cfg->max_clients) {
+        snprintf(why, sizeof why, "%" PRIu64 " data-plane connections open ([server] max_clients)", dp->open);
+    } else {
+        return t;
+    }
+    dp->refused++;
+    if (log_limit_pass(&dp->refuse_log, clock_now_ms(), KVS_DP_LOG_REPEAT_MS, &held))
+        log_warn("kvs data plane: refused the connection of pid %d uid %d: %s%s", (int)cred->pid, (int)cred->uid,
+                 why, log_limit_note(held, "refused", note, sizeof note));
+    /* Best effort (the close says it anyway); not a register_reply, so the client stops there. */
+    kvs_dp_send_json_fd(fd, json_pack("{s:s, s:i, s:s}", "type", "refused", "code", 403, "message", why));
+    return NULL;
+}
+
 static void kvs_dp_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
     struct kvs_dataplane *dp = arg;
     struct ucred cred;
     struct kvs_dp_conn *c;
+    size_t ix = 0;
+    struct tenant *t;
     (void)l;
     (void)sa;
     (void)salen;
 
-    if (dp->open >= (*dp->deps.cfg)->max_clients) {
-        log_warn("kvs data plane: refused a connection: %" PRIu64 " open ([server] max_clients)", dp->open);
-        dp->refused++;
+    if (!(t = kvs_dp_admit(dp, fd, &cred, &ix))) {
         close(fd);
         return;
     }
-    c = calloc(1, sizeof *c);
-    if (!c || !(c->buf = malloc(8 + KVS_DP_MAX_FRAME))) {
-        free(c);
+    uint32_t ms = (*dp->deps.cfg)->hello_timeout_ms;
+    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+    if (!(c = calloc(1, sizeof *c))) {
         close(fd);
         return;
     }
-    c->dp = dp;
-    c->fd = fd;
-    c->want = 8;
-    c->tenant = kvs_server_unix_tenant(*dp->deps.cfg, dp->deps.tenants, fd, &cred, c->why, sizeof c->why);
-    c->uid = cred.uid;
-    c->pid = cred.pid;
-    c->ev = event_new(dp->deps.base, fd, EV_READ | EV_PERSIST, kvs_dp_read_cb, c);
-    if (!c->ev || event_add(c->ev, NULL) < 0) {
+    *c = (struct kvs_dp_conn){ .dp = dp, .fd = fd, .want = 8, .tenant = t, .tenant_ix = ix, .uid = cred.uid,
+                               .pid = cred.pid };
+    if (!(c->buf = malloc(8 + KVS_DP_MAX_FRAME)) ||
+        !(c->ev = event_new(dp->deps.base, fd, EV_READ | EV_PERSIST, kvs_dp_read_cb, c)) ||
+        !(c->deadline = evtimer_new(dp->deps.base, kvs_dp_deadline_cb, c)) || event_add(c->ev, NULL) < 0 ||
+        evtimer_add(c->deadline, &tv) < 0) {
         if (c->ev)
             event_free(c->ev);
+        if (c->deadline)
+            event_free(c->deadline);
         free(c->buf);
         free(c);
         close(fd);
@@ -243,6 +328,7 @@ static void kvs_dp_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struc
         dp->conns->prev = c;
     dp->conns = c;
     dp->open++;
+    dp->tenant_open[ix]++;
     dp->accepted++;
 }
 
@@ -308,4 +394,7 @@ void kvs_dataplane_stats(const struct kvs_dataplane *dp, struct kvs_server_stats
     out->dataplane_accepted = dp->accepted;
     out->dataplane_refused = dp->refused;
     out->fds_lent = dp->fds_lent;
+    out->dataplane_denied = dp->denied;
+    out->dataplane_tenant_limit = dp->tenant_limit;
+    out->dataplane_timed_out = dp->timed_out;
 }

@@ -19,6 +19,7 @@
 
 #include "config/config.h"
 #include "core/errmsg.h"
+#include "net/httpd.h"
 #include "net/server.h"
 #include "tenants/tenants.h"
 
@@ -239,11 +240,25 @@ int kvs_peer_tcp_uid(int fd, uid_t *uid, char *err, size_t errlen)
         const struct inet_diag_msg *m = NLMSG_DATA(h);
         if (m->id.idiag_sport != req.r.id.idiag_sport || m->id.idiag_dport != req.r.id.idiag_dport)
             continue;
+        /* A socket its owner has closed has no inode, and the kernel gives
+         * it uid 0 (or keeps the old uid): nobody owns it any more. */
+        if (m->idiag_inode == 0) {
+            errmsg_set(err, errlen, "the client's socket was already closed when its connection was accepted");
+            return -1;
+        }
         *uid = (uid_t)m->idiag_uid;
         return 0;
     }
     errmsg_set(err, errlen, "the kernel's socket table has no entry for the peer");
     return -1;
+}
+
+void kvs_identify_tcp(void *arg, int fd, struct httpd_peer *out)
+{
+    (void)arg;
+    out->known = fd >= 0 && kvs_peer_tcp_uid(fd, &out->uid, out->why, sizeof out->why) == 0;
+    if (fd < 0)
+        errmsg_set(out->why, sizeof out->why, "the connection has no socket");
 }
 
 /* --- tenants ------------------------------------------------------------------- */
