@@ -256,6 +256,11 @@ struct cache_put_req {
  * req->n. */
 int  cache_put_begin(struct cache *c, const struct cache_put_req *req, uint64_t *lease_id,
                      struct cache_loc *locs, char *err, size_t errlen);
+/* How many of keys (in ns) are being written: reserved under a write lease
+ * that is not sealed yet. cache_put_begin reports them as held (nothing to
+ * write); the KVS front end, whose clients read "left out" as "stored",
+ * waits for those leases to end instead (cache_put_wait). O(n). */
+size_t cache_count_writing(struct cache *c, const struct kv_namespace *ns, const int64_t *keys, size_t n);
 /* Back-pressure. With a store, a committed block is not evicted before its
  * write lands (write_through: from its commit; write_back: once the evictor
  * picked it) or fails. When no slot can be had because such blocks hold the
@@ -263,7 +268,9 @@ int  cache_put_begin(struct cache *c, const struct cache_put_req *req, uint64_t 
  * same while the host arena is still being reserved at start-up and the
  * reserved part is full: waiters are woken as it grows); the
  * caller may wait: cache_put_wait calls ready(arg) on the loop — never from
- * inside the call — when a store op finishes or after timeout_ms, and the
+ * inside the call — when a store op finishes, when a write lease ends
+ * (sealed, aborted or reaped: room, or keys no longer being written) or
+ * after timeout_ms, and the
  * caller then tries the put again and ends the wait with cache_wait_cancel
  * (also the way to drop it early). 0 or -KVNODE_ENOMEM. */
 #define CACHE_STORE_BOUND 2

@@ -659,6 +659,9 @@ uint32_t cache_lease_finish(struct cache *c, struct lease *l, bool commit)
     } else {
         count = cache_put_unreserve_all(c, l);
     }
+    /* Puts waiting for room, or for keys this lease was writing, try again. */
+    if (l->kind == LEASE_WRITE && c->put_waiters)
+        event_active(c->put_wake_ev, 0, 0);
     lease_destroy(c->leases, l);
     /* Blocks it pinned or sealed may be demotable now: an HBM arena left
      * over its watermark by pinned blocks drains without waiting for a put. */

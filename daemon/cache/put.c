@@ -119,6 +119,17 @@ static void cache_put_skip_held(struct put_txn *t)
     }
 }
 
+size_t cache_count_writing(struct cache *c, const struct kv_namespace *ns, const int64_t *keys, size_t n)
+{
+    size_t writing = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        const struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        writing += e && e->state == ENTRY_WRITING;
+    }
+    return writing;
+}
+
 /* Largest exact binary unit, as kvnode.conf writes sizes ("8MiB", "65537"). */
 static void cache_format_size(uint64_t v, char *buf, size_t len)
 {

@@ -5,7 +5,9 @@
  *
  * Replies are exactly what rtp-llm's KVSClient accepts: /health and /acquire
  * 200 with JSON, /seal /release /discard 204 without a body; objects that a
- * create finds existing are left out (not nulled), a create where every
+ * create finds sealed are left out (not nulled; one that another create
+ * lease is still writing makes the create wait for that lease to seal or
+ * end, up to server.request_timeout, then 503), a create where every
  * object exists answers lease_id "", reads are best-effort (misses left
  * out); integers are JSON integers. Errors are JSON {"error": "..."} with
  * 400 (malformed, wrong key format, size conflict), 403 (no tenant for the
@@ -547,10 +549,17 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
                 goto fail;
             }
             cache_unbind(t->cache, x->ns);   /* kept by its reservations and blocks, not by a client */
+            /* Left out means stored to the client: keys another create
+             * lease is still writing make this one wait for it to end. */
+            size_t writing = cache_count_writing(t->cache, x->ns, x->keys, x->n);
+            if (writing)
+                snprintf(msg, sizeof msg, "%zu of the objects are being written under another create lease "
+                         "(not sealed yet)", writing);
             /* rtp-llm sends no check words: word 0 (NULL) */
-            rc = cache_put_begin(t->cache, &(struct cache_put_req){ .ns = x->ns, .owner = &l->owner,
-                                 .keys = x->keys, .n = x->n, .tier = KVNODE_TIER_HOST },
-                                 &lease_id, x->locs, msg, sizeof msg);
+            rc = writing ? CACHE_STORE_BOUND
+                         : cache_put_begin(t->cache, &(struct cache_put_req){ .ns = x->ns, .owner = &l->owner,
+                                           .keys = x->keys, .n = x->n, .tier = KVNODE_TIER_HOST },
+                                           &lease_id, x->locs, msg, sizeof msg);
         } else {
             k->st.read_keys += x->n;
             x->ns = cache_find_ns(t->cache, &layout);
@@ -566,7 +575,8 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
             lease_id = lent.lease_id;
         }
         if (rc == CACHE_STORE_BOUND) {
-            /* Give back what this request holds and wait for room. */
+            /* Give back what this request holds and wait for room (or for
+             * the other lease to seal or end). */
             kvs_lease_free(k, l);
             l = NULL;
             json_decref(objects);

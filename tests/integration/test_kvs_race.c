@@ -1,0 +1,341 @@
+/* Integration tests of the KVS front end (issue 30): a create racing an
+ * unsealed create of the same keys is never told they exist (item 2), and a
+ * lease call after the lease's term answers 410, not 404.
+ *
+ * Writer A opens a create lease on keys K and does not seal it; writer B
+ * (another thread, rtp-llm's store() sequence) creates K. Whatever B is told
+ * is stored must read back: objects B's reply leaves out are A's sealed
+ * bytes, objects it returns are B's once B sealed. Every wait is bounded;
+ * assertions are on statuses, counters and bytes. The daemon runs with the
+ * file store only so that /stats counts the creates that wait
+ * (persist.put_waits_total). */
+#include <check.h>
+
+#include <curl/curl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvs_client.h"
+
+#define DEP     "race-test-0123456789"
+#define BLOCK   8192u
+#define NKEYS   4
+
+typedef struct kvs_env {
+    kvh_daemon d;
+    char dir[PATH_MAX];
+    char kvs_sock[PATH_MAX + 16];
+    char url[PATH_MAX + 16];
+} kvs_env;
+
+static void env_start(kvs_env *e)
+{
+    char conf[PATH_MAX * 3 + 1024];
+    memset(e, 0, sizeof *e);
+    ck_assert_msg(kvh_mkdtemp(e->dir, sizeof e->dir) == 0, "%s", kvh_error());
+    snprintf(e->kvs_sock, sizeof e->kvs_sock, "%s/kvs.sock", e->dir);
+    snprintf(conf, sizeof conf, "kvs_server.enabled=on\nkvs_server.listen=127.0.0.1:0\n"
+             "kvs_server.socket_path=%s\nleases.reaper_interval=100ms\nserver.request_timeout=8s\n"
+             "persist.backend=file\npersist.path=%s\npersist.fsync=never\n", e->kvs_sock, e->dir);
+    KVH_START(&e->d, conf);
+    json_t *st = kvh_stats(&e->d);
+    ck_assert_ptr_nonnull(st);
+    const char *addr = json_string_value(kvh_json_get(st, "kvs_server.http_address"));
+    ck_assert_msg(addr && strncmp(addr, "127.0.0.1:", 10) == 0, "kvs_server.http_address: %s", addr ? addr : "-");
+    snprintf(e->url, sizeof e->url, "http://%s", addr);
+    json_decref(st);
+}
+
+static void okey(char *buf, size_t len, int64_t block)
+{
+    snprintf(buf, len, "rtp_llm/v1/" DEP "/tp-0/group-0/block-%" PRId64, block);
+}
+
+static void bfill(uint8_t *p, size_t len, int64_t key, uint32_t salt)
+{
+    uint64_t x = (uint64_t)key * 0x9e3779b97f4a7c15ull + salt + 1;
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[i] = (uint8_t)x;
+    }
+}
+
+/* The keys and each writer's bytes. */
+typedef struct race {
+    char names[NKEYS][128];
+    const char *keys[NKEYS];
+    uint8_t a[NKEYS][BLOCK], b[NKEYS][BLOCK];
+} race;
+
+static void race_init(race *r, int64_t first)
+{
+    for (int i = 0; i < NKEYS; i++) {
+        okey(r->names[i], sizeof r->names[i], first + i);
+        r->keys[i] = r->names[i];
+        bfill(r->a[i], BLOCK, first + i, 0xA);
+        bfill(r->b[i], BLOCK, first + i, 0xB);
+    }
+}
+
+/* Writer B: rtp-llm's store() of the race's keys with B's bytes, keeping
+ * what it was told: told[i] 1 = left out (exists), 2 = written by B. */
+typedef struct writer_b {
+    kvsc *c;
+    race *r;
+    long acquire_status, store_status;
+    int told[NKEYS];
+    volatile int done;
+} writer_b;
+
+static void *writer_b_run(void *arg)
+{
+    writer_b *w = arg;
+    char *body = kvsc_acquire_body("create", w->r->keys, NKEYS, BLOCK, 60);
+    char lease[64];
+    kvsc_reply rep;
+
+    w->store_status = -1;
+    if (!body || kvsc_call(w->c->url, "acquire", body, &rep) < 0) {
+        free(body);
+        w->done = 1;
+        return NULL;
+    }
+    free(body);
+    w->acquire_status = rep.status;
+    if (rep.status != 200) {
+        w->store_status = rep.status;
+        kvsc_reply_free(&rep);
+        w->done = 1;
+        return NULL;
+    }
+    snprintf(lease, sizeof lease, "%s", kvsc_lease_id(&rep));
+    for (int i = 0; i < NKEYS; i++) {
+        uint64_t off, sz;
+        w->told[i] = 1;
+        if (!kvsc_object(&rep, w->r->keys[i], &off, &sz) || off + BLOCK > w->c->size)
+            continue;
+        memcpy(w->c->base + off, w->r->b[i], BLOCK);
+        w->told[i] = 2;
+    }
+    kvsc_reply_free(&rep);
+    w->store_status = 0;
+    if (*lease) {
+        long st = kvsc_lease_call(w->c, "seal", lease);
+        w->store_status = st == 204 ? 0 : st;
+        if (st == 204)
+            kvsc_lease_call(w->c, "release", lease);
+        else
+            kvsc_lease_call(w->c, "discard", lease);
+    }
+    w->done = 1;
+    return NULL;
+}
+
+/* Until B is answered or its create is waiting (persist.put_waits_total
+ * above waits0); bounded. true when B waits. */
+static bool b_waits(kvs_env *e, writer_b *w, long long waits0)
+{
+    for (int i = 0; i < 1000 && !w->done; i++) {
+        if (kvh_stat(&e->d, "persist.put_waits_total") > waits0)
+            return true;
+        usleep(10 * 1000);
+    }
+    ck_assert_msg(w->done, "writer B neither answered nor waited in 10 s");
+    return false;
+}
+
+/* Every object B was told is stored reads back byte-exact: those it wrote
+ * with B's bytes, those left out with want_out's (the first writer's). */
+static void check_b_told_truth(kvsc *c, writer_b *w, race *r, const uint8_t (*want_out)[BLOCK])
+{
+    static uint8_t got[NKEYS][BLOCK];
+    uint8_t *out[NKEYS];
+    bool found[NKEYS];
+    size_t hits = 0;
+
+    for (int i = 0; i < NKEYS; i++)
+        out[i] = got[i];
+    ck_assert_int_eq(kvsc_read(c, r->keys, NKEYS, out, BLOCK, 60, &hits, found), 0);
+    for (int i = 0; i < NKEYS; i++) {
+        if (w->told[i] == 0)
+            continue;
+        ck_assert_msg(found[i], "writer B was told %s %s, but a read misses it", r->keys[i],
+                      w->told[i] == 1 ? "exists (left out of its create)" : "is stored (it sealed it)");
+        const uint8_t *want = w->told[i] == 2 ? r->b[i] : want_out[i];
+        ck_assert_msg(memcmp(got[i], want, BLOCK) == 0, "%s reads back other bytes than %s", r->keys[i],
+                      w->told[i] == 2 ? "writer B's" : "writer A's");
+    }
+}
+
+/* A opens a create lease on K; B creates K. B is not told K exists while
+ * A's lease is open: it waits, A writes and seals, and then B is told K
+ * exists (it does: A's bytes, byte-exact). */
+START_TEST(create_racing_an_unsealed_create_waits_for_its_seal)
+{
+    static race r;
+    kvs_env e;
+    kvsc a, b;
+    kvsc_reply ra;
+    char why[256], lease[64];
+    pthread_t th;
+
+    env_start(&e);
+    race_init(&r, 1000);
+    ck_assert_msg(kvsc_open(&a, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
+    ck_assert_msg(kvsc_open(&b, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
+    char *body = kvsc_acquire_body("create", r.keys, NKEYS, BLOCK, 60);
+    ck_assert_int_eq(kvsc_call(e.url, "acquire", body, &ra), 0);
+    free(body);
+    ck_assert_int_eq(ra.status, 200);
+    snprintf(lease, sizeof lease, "%s", kvsc_lease_id(&ra));
+    ck_assert_str_ne(lease, "");
+
+    long long waits0 = kvh_stat(&e.d, "persist.put_waits_total");
+    ck_assert_int_ge(waits0, 0);
+    writer_b w = { .c = &b, .r = &r };
+    ck_assert_int_eq(pthread_create(&th, NULL, writer_b_run, &w), 0);
+    bool waited = b_waits(&e, &w, waits0);
+    if (!waited) {
+        /* B was answered while A's lease is open and unsealed. */
+        pthread_join(th, NULL);
+        ck_assert_int_eq(w.store_status, 0);
+        check_b_told_truth(&b, &w, &r, r.a);
+    }
+    for (int i = 0; i < NKEYS; i++) {
+        uint64_t off, sz;
+        ck_assert(kvsc_object(&ra, r.keys[i], &off, &sz));
+        memcpy(a.base + off, r.a[i], BLOCK);
+    }
+    kvsc_reply_free(&ra);
+    ck_assert_int_eq(kvsc_lease_call(&a, "seal", lease), 204);
+    ck_assert_int_eq(kvsc_lease_call(&a, "release", lease), 204);
+    if (waited)
+        pthread_join(th, NULL);
+    ck_assert_int_eq(w.acquire_status, 200);
+    ck_assert_int_eq(w.store_status, 0);
+    for (int i = 0; i < NKEYS; i++)
+        ck_assert_msg(w.told[i] == 1, "%s: A sealed it, yet B was given it to write", r.keys[i]);
+    check_b_told_truth(&b, &w, &r, r.a);
+    kvsc_close(&a);
+    kvsc_close(&b);
+    KVH_STOP_DESTROY(&e.d);
+}
+END_TEST
+
+/* A opens a create lease on K (term 1 s) and dies without sealing. B's
+ * create of K is not told K exists: once A's lease ends at its term, B
+ * gets K to write, seals, and reads back its own bytes. */
+START_TEST(create_racing_a_dead_writer_gets_the_keys)
+{
+    static race r;
+    kvs_env e;
+    kvsc a, b;
+    kvsc_reply ra;
+    char why[256];
+    pthread_t th;
+
+    env_start(&e);
+    race_init(&r, 2000);
+    ck_assert_msg(kvsc_open(&a, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
+    ck_assert_msg(kvsc_open(&b, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
+    char *body = kvsc_acquire_body("create", r.keys, NKEYS, BLOCK, 1);
+    ck_assert_int_eq(kvsc_call(e.url, "acquire", body, &ra), 0);
+    free(body);
+    ck_assert_int_eq(ra.status, 200);
+    ck_assert_str_ne(kvsc_lease_id(&ra), "");
+    kvsc_reply_free(&ra);
+    kvsc_close(&a);   /* A dies: no seal, no discard */
+
+    writer_b w = { .c = &b, .r = &r };
+    ck_assert_int_eq(pthread_create(&th, NULL, writer_b_run, &w), 0);
+    for (int i = 0; i < 1500 && !w.done; i++)
+        usleep(10 * 1000);
+    ck_assert_msg(w.done, "writer B not answered in 15 s");
+    pthread_join(th, NULL);
+    ck_assert_int_eq(w.acquire_status, 200);
+    ck_assert_int_eq(w.store_status, 0);
+    check_b_told_truth(&b, &w, &r, r.a);
+    for (int i = 0; i < NKEYS; i++)
+        ck_assert_msg(w.told[i] == 2, "%s: its only writer died unsealed, yet B was not given it to write",
+                      r.keys[i]);
+    ck_assert_int_ge(kvh_stat(&e.d, "leases.reaped_write_total"), 1);
+    kvsc_close(&b);
+    KVH_STOP_DESTROY(&e.d);
+}
+END_TEST
+
+/* A lease call whose status and error text go into err. */
+static long lease_call(const char *url, const char *route, const char *lease, char *err, size_t errlen)
+{
+    char body[192];
+    kvsc_reply r;
+    snprintf(body, sizeof body, "{\"lease_id\":\"%s\",\"request_id\":\"kvs_store_test\"}", lease);
+    if (kvsc_call(url, route, body, &r) < 0)
+        return -1;
+    snprintf(err, errlen, "%s", json_string_value(json_object_get(r.body, "error")) ?: "");
+    kvsc_reply_free(&r);
+    return r.status;
+}
+
+/* /seal, /release and /discard of a lease past its term answer 410 (the
+ * docs' status), also once the sweep has freed its record; an id never
+ * granted stays 404. */
+START_TEST(lease_calls_after_the_term_answer_410)
+{
+    static race r;
+    kvs_env e;
+    kvsc_reply rep;
+    char lease[3][64], err[256];
+    const char *routes[3] = { "seal", "release", "discard" };
+
+    env_start(&e);
+    race_init(&r, 3000);
+    for (int i = 0; i < 3; i++) {
+        const char *k[1] = { r.keys[i] };
+        char *body = kvsc_acquire_body("create", k, 1, BLOCK, 1);
+        ck_assert_int_eq(kvsc_call(e.url, "acquire", body, &rep), 0);
+        free(body);
+        ck_assert_int_eq(rep.status, 200);
+        snprintf(lease[i], sizeof lease[i], "%s", kvsc_lease_id(&rep));
+        kvsc_reply_free(&rep);
+    }
+    ck_assert_msg(kvh_wait_stat(&e.d, "kvs_server.leases_open", 0, 10000, NULL) == 0,
+                  "the leases were not swept after their term");
+    for (int i = 0; i < 3; i++) {
+        long st = lease_call(e.url, routes[i], lease[i], err, sizeof err);
+        ck_assert_msg(st == 410, "/%s after the term answered %ld (%s), not 410", routes[i], st, err);
+    }
+    long st = lease_call(e.url, "seal", "0123456789abcdef0123456789abcdef", err, sizeof err);
+    ck_assert_msg(st == 404, "/seal of an id never granted answered %ld (%s)", st, err);
+    KVH_STOP_DESTROY(&e.d);
+}
+END_TEST
+
+static Suite *kvs_race_suite(void)
+{
+    Suite *s = suite_create("kvs_race");
+    TCase *tc = tcase_create("kvs_race");
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, create_racing_an_unsealed_create_waits_for_its_seal);
+    tcase_add_test(tc, create_racing_a_dead_writer_gets_the_keys);
+    tcase_add_test(tc, lease_calls_after_the_term_answer_410);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    SRunner *sr = srunner_create(kvs_race_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
