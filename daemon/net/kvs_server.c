@@ -11,7 +11,8 @@
  * object exists answers lease_id "", reads are best-effort (misses left
  * out); integers are JSON integers. Errors are JSON {"error": "..."} with
  * 400 (malformed, wrong key format, size conflict), 403 (no tenant for the
- * peer), 404 (unknown route or lease), 405, 410 (lease past its term),
+ * peer), 404 (unknown route or lease), 405, 410 (a lease of the caller's
+ * tenant past its term, remembered as kvs_server_leases.h says),
  * 413 (too many keys), 503 (no room now). Loop thread only. */
 #include "net/kvs_server.h"
 
@@ -160,6 +161,7 @@ static void kvs_sweep_cb(evutil_socket_t fd, short what, void *arg)
         k->cursor = l->next;
         if (now >= l->expires_ms) {
             k->st.leases_expired++;
+            kvs_leases_note_ended(&k->leases, &l->id, l->tenant, now);
             kvs_lease_free(k, l);
         }
     }
@@ -655,6 +657,18 @@ static void kvs_lease_call(struct kvs_server *k, struct evhttp_request *req, str
         return;
     }
     l = none ? NULL : kvs_lease_find(k, &id);
+    if (l && l->tenant == t && clock_now_ms() >= l->expires_ms) {
+        /* Past its term, not swept yet: it ends now, as the sweep would end it. */
+        k->st.leases_expired++;
+        kvs_leases_note_ended(&k->leases, &l->id, t, clock_now_ms());
+        kvs_lease_free(k, l);
+        l = NULL;
+    }
+    if (!l && !none && kvs_leases_ended(&k->leases, &id, t, clock_now_ms())) {
+        kvs_fail(k, req, 410, route[0] == 's' ? "the lease passed its term before seal; a create lease's objects "
+                 "were dropped (create them again)" : "the lease ended at its term; nothing is held any more");
+        return;
+    }
     if (!l || l->tenant != t) {
         /* Another tenant's lease is as unknown as one that never was. */
         kvs_fail(k, req, 404, KVS_UNKNOWN_LEASE);
@@ -672,6 +686,7 @@ static void kvs_lease_call(struct kvs_server *k, struct evhttp_request *req, str
                                              sizeof msg) < 0) {
                 snprintf(msg, sizeof msg, "the create lease passed its term before seal; its objects were "
                          "dropped (create them again)");
+                kvs_leases_note_ended(&k->leases, &l->id, t, clock_now_ms());
                 kvs_lease_free(k, l);
                 kvs_fail(k, req, 410, msg);
                 return;

@@ -112,6 +112,24 @@ void kvs_leases_close(struct kvs_leases *ls, struct tenant *t)
         (*open)--;
 }
 
+void kvs_leases_note_ended(struct kvs_leases *ls, const struct kvs_lease_id *id, const struct tenant *t,
+                           uint64_t now_ms)
+{
+    ls->ended[ls->ended_next] = (struct kvs_ended){ .id = *id, .tenant = t, .at_ms = now_ms };
+    ls->ended_next = (ls->ended_next + 1) % KVS_ENDED_KEEP;
+}
+
+bool kvs_leases_ended(const struct kvs_leases *ls, const struct kvs_lease_id *id, const struct tenant *t,
+                      uint64_t now_ms)
+{
+    for (size_t i = 0; i < KVS_ENDED_KEEP; i++) {
+        const struct kvs_ended *e = &ls->ended[i];
+        if (e->tenant == t && kvs_lease_id_eq(&e->id, id))
+            return now_ms - e->at_ms <= KVS_ENDED_KEEP_MS;
+    }
+    return false;
+}
+
 void kvs_lease_id_format(const struct kvs_lease_id *id, char *out)
 {
     snprintf(out, KVS_LEASE_ID_HEX + 1, "%016" PRIx64 "%016" PRIx64, id->hi, id->lo);

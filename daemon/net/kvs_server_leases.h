@@ -6,7 +6,11 @@
  *  - each tenant's count of open leases and its share of [kvs_server]
  *    max_leases: a named tenant's memory's share (at least 1), "default"
  *    what the sections' shares leave, so that the shares add up to the
- *    total and one tenant at its share never leaves another without room.
+ *    total and one tenant at its share never leaves another without room;
+ *  - the ids of the last KVS_ENDED_KEEP leases that ended at their term, for
+ *    KVS_ENDED_KEEP_MS, so that a late /seal of one is told 410 (past its
+ *    term) rather than 404 — by its own tenant only: to another tenant it
+ *    stays as unknown as an id never granted.
  * kvs_server.c keeps the lease table itself. Loop thread only. */
 #ifndef KVNODE_KVS_SERVER_LEASES_H
 #define KVNODE_KVS_SERVER_LEASES_H
@@ -23,14 +27,26 @@ struct kvs_lease_id {
     uint64_t hi, lo;
 };
 
-/* Random bytes drawn ahead (one getrandom per 256 ids), and the open leases
- * of each tenant that has had one. */
+#define KVS_ENDED_KEEP     1024                /* ended ids remembered, all tenants together */
+#define KVS_ENDED_KEEP_MS  (10u * 60u * 1000u)  /* for at most this long (the longest term) */
+
+/* A lease that ended at its term. */
+struct kvs_ended {
+    struct kvs_lease_id id;
+    const struct tenant *tenant;   /* compared, never followed (NULL: empty) */
+    uint64_t at_ms;
+};
+
+/* Random bytes drawn ahead (one getrandom per 256 ids), the open leases
+ * of each tenant that has had one, and the leases ended at their term. */
 struct kvs_leases {
     uint8_t pool[4096];
     size_t pool_used;              /* bytes of pool already given out */
     struct tenant *tenant[TENANTS_MAX];
     uint32_t open[TENANTS_MAX];    /* open leases of tenant[i] */
     size_t ntenants;
+    struct kvs_ended ended[KVS_ENDED_KEEP];   /* a ring, oldest overwritten */
+    size_t ended_next;
 };
 
 void kvs_leases_init(struct kvs_leases *ls);
@@ -44,6 +60,15 @@ int  kvs_leases_room(struct kvs_leases *ls, const struct kvn_config *cfg, struct
 struct kvs_lease_id kvs_leases_open(struct kvs_leases *ls, struct tenant *t);
 /* t's lease ended. */
 void kvs_leases_close(struct kvs_leases *ls, struct tenant *t);
+
+/* Lease id of t ended at its term at now_ms (the oldest such id forgotten
+ * when KVS_ENDED_KEEP are kept). */
+void kvs_leases_note_ended(struct kvs_leases *ls, const struct kvs_lease_id *id, const struct tenant *t,
+                           uint64_t now_ms);
+/* Whether id is t's lease that ended at its term within KVS_ENDED_KEEP_MS
+ * of now_ms (and is still among the ids kept). O(KVS_ENDED_KEEP). */
+bool kvs_leases_ended(const struct kvs_leases *ls, const struct kvs_lease_id *id, const struct tenant *t,
+                      uint64_t now_ms);
 
 /* t's share of [kvs_server] max_leases. */
 uint32_t kvs_leases_share(const struct kvn_config *cfg, struct tenants *ts, const struct tenant *t);

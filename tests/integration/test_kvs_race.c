@@ -21,10 +21,12 @@
 
 #include "harness.h"
 #include "kvs_client.h"
+#include "tenants_util.h"
 
 #define DEP     "race-test-0123456789"
 #define BLOCK   8192u
 #define NKEYS   4
+#define B_UID   65534      /* tenant b; root is tenant "default" */
 
 typedef struct kvs_env {
     kvh_daemon d;
@@ -33,7 +35,8 @@ typedef struct kvs_env {
     char url[PATH_MAX + 16];
 } kvs_env;
 
-static void env_start(kvs_env *e)
+/* extra: more assignments. */
+static void env_start(kvs_env *e, const char *extra)
 {
     char conf[PATH_MAX * 3 + 1024];
     memset(e, 0, sizeof *e);
@@ -41,7 +44,7 @@ static void env_start(kvs_env *e)
     snprintf(e->kvs_sock, sizeof e->kvs_sock, "%s/kvs.sock", e->dir);
     snprintf(conf, sizeof conf, "kvs_server.enabled=on\nkvs_server.listen=127.0.0.1:0\n"
              "kvs_server.socket_path=%s\nleases.reaper_interval=100ms\nserver.request_timeout=8s\n"
-             "persist.backend=file\npersist.path=%s\npersist.fsync=never\n", e->kvs_sock, e->dir);
+             "persist.backend=file\npersist.path=%s\npersist.fsync=never\n%s", e->kvs_sock, e->dir, extra);
     KVH_START(&e->d, conf);
     json_t *st = kvh_stats(&e->d);
     ck_assert_ptr_nonnull(st);
@@ -186,7 +189,7 @@ START_TEST(create_racing_an_unsealed_create_waits_for_its_seal)
     char why[256], lease[64];
     pthread_t th;
 
-    env_start(&e);
+    env_start(&e, "");
     race_init(&r, 1000);
     ck_assert_msg(kvsc_open(&a, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
     ck_assert_msg(kvsc_open(&b, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
@@ -241,7 +244,7 @@ START_TEST(create_racing_a_dead_writer_gets_the_keys)
     char why[256];
     pthread_t th;
 
-    env_start(&e);
+    env_start(&e, "");
     race_init(&r, 2000);
     ck_assert_msg(kvsc_open(&a, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
     ck_assert_msg(kvsc_open(&b, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
@@ -295,7 +298,7 @@ START_TEST(lease_calls_after_the_term_answer_410)
     char lease[3][64], err[256];
     const char *routes[3] = { "seal", "release", "discard" };
 
-    env_start(&e);
+    env_start(&e, "");
     race_init(&r, 3000);
     for (int i = 0; i < 3; i++) {
         const char *k[1] = { r.keys[i] };
@@ -318,6 +321,53 @@ START_TEST(lease_calls_after_the_term_answer_410)
 }
 END_TEST
 
+/* Tenant b's /seal of the expired lease and of an id never granted. */
+static int b_seals(void *arg)
+{
+    const char *const *a = arg;   /* url, the expired lease */
+    char err_a[256], err_u[256];
+    long sa = lease_call(a[0], "seal", a[1], err_a, sizeof err_a);
+    long su = lease_call(a[0], "seal", "0123456789abcdef0123456789abcdef", err_u, sizeof err_u);
+    if (sa != 404 || su != 404 || strcmp(err_a, err_u) != 0) {
+        fprintf(stderr, "tenant b: /seal of a's expired lease answered %ld '%s'; of an unknown one %ld '%s'\n", sa,
+                err_a, su, err_u);
+        return 10;
+    }
+    return 0;
+}
+
+/* The 410 is its own tenant's: to another tenant a lease past its term is
+ * as unknown as an id never granted (404, the same text). */
+START_TEST(an_expired_lease_is_unknown_to_another_tenant)
+{
+    static race r;
+    kvs_env e;
+    kvsc_reply rep;
+    char lease[64], err[256];
+    const char *k[1];
+
+    TENANTS_NEEDS_ROOT("kvs_race: an_expired_lease_is_unknown_to_another_tenant");
+    env_start(&e, "memory.host_bytes=96MiB\nmemory.slab_bytes=1MiB\ntenant.b.uids=65534\n"
+                  "tenant.b.host_bytes=16MiB\n");
+    tenants_open_dirs(&e.d);
+    race_init(&r, 4000);
+    k[0] = r.keys[0];
+    char *body = kvsc_acquire_body("create", k, 1, BLOCK, 1);
+    ck_assert_int_eq(kvsc_call(e.url, "acquire", body, &rep), 0);
+    free(body);
+    ck_assert_int_eq(rep.status, 200);
+    snprintf(lease, sizeof lease, "%s", kvsc_lease_id(&rep));
+    kvsc_reply_free(&rep);
+    ck_assert_msg(kvh_wait_stat(&e.d, "kvs_server.leases_open", 0, 10000, NULL) == 0,
+                  "the lease was not swept after its term");
+    const char *args[2] = { e.url, lease };
+    ck_assert_int_eq(tenants_run_as(b_seals, args, B_UID, B_UID, NULL, 0), 0);
+    long st = lease_call(e.url, "seal", lease, err, sizeof err);
+    ck_assert_msg(st == 410, "its own tenant's /seal after the term answered %ld (%s)", st, err);
+    KVH_STOP_DESTROY(&e.d);
+}
+END_TEST
+
 static Suite *kvs_race_suite(void)
 {
     Suite *s = suite_create("kvs_race");
@@ -326,6 +376,7 @@ static Suite *kvs_race_suite(void)
     tcase_add_test(tc, create_racing_an_unsealed_create_waits_for_its_seal);
     tcase_add_test(tc, create_racing_a_dead_writer_gets_the_keys);
     tcase_add_test(tc, lease_calls_after_the_term_answer_410);
+    tcase_add_test(tc, an_expired_lease_is_unknown_to_another_tenant);
     suite_add_tcase(s, tc);
     return s;
 }
