@@ -11,8 +11,9 @@
  * object exists answers lease_id "", reads are best-effort (misses left
  * out); integers are JSON integers. Errors are JSON {"error": "..."} with
  * 400 (malformed, wrong key format, size conflict), 403 (no tenant for the
- * peer), 404 (unknown route or lease), 405, 410 (a lease of the caller's
- * tenant past its term, remembered as kvs_server_leases.h says),
+ * peer), 404 (unknown route or lease), 405, 410 (seal of an unsealed create
+ * lease of the caller's tenant past its term, remembered as
+ * kvs_server_leases.h says),
  * 413 (too many keys), 503 (no room now). Loop thread only. */
 #include "net/kvs_server.h"
 
@@ -161,7 +162,8 @@ static void kvs_sweep_cb(evutil_socket_t fd, short what, void *arg)
         k->cursor = l->next;
         if (now >= l->expires_ms) {
             k->st.leases_expired++;
-            kvs_leases_note_ended(&k->leases, &l->id, l->tenant, now);
+            if (l->kind == LEASE_WRITE && !l->sealed)
+                kvs_leases_note_ended(&k->leases, &l->id, l->tenant, now);
             kvs_lease_free(k, l);
         }
     }
@@ -534,6 +536,8 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
         k->st.acquire_create++;
     else
         k->st.acquire_read++;
+    if (!p && create)
+        k->st.create_keys += json_array_size(keys);   /* once, not at each retry after a wait */
     for (size_t j = 0; j < ng; j++) {
         struct kvs_group *x = &g[j];
         struct ns_layout layout;
@@ -544,7 +548,6 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
         if (kvs_key_layout(&x->id, cfg->kvs_tp_size, x->size, &layout, msg, sizeof msg) < 0)
             goto fail;
         if (create) {
-            k->st.create_keys += x->n;
             rc = cache_bind(t->cache, &layout, &x->ns, msg, sizeof msg);
             if (rc < 0) {
                 status = kvs_status_of(rc);
@@ -657,16 +660,17 @@ static void kvs_lease_call(struct kvs_server *k, struct evhttp_request *req, str
         return;
     }
     l = none ? NULL : kvs_lease_find(k, &id);
-    if (l && l->tenant == t && clock_now_ms() >= l->expires_ms) {
+    bool seal = strcmp(route, "seal") == 0;
+    if (seal && l && l->tenant == t && l->kind == LEASE_WRITE && !l->sealed && clock_now_ms() >= l->expires_ms) {
         /* Past its term, not swept yet: it ends now, as the sweep would end it. */
         k->st.leases_expired++;
         kvs_leases_note_ended(&k->leases, &l->id, t, clock_now_ms());
         kvs_lease_free(k, l);
         l = NULL;
     }
-    if (!l && !none && kvs_leases_ended(&k->leases, &id, t, clock_now_ms())) {
-        kvs_fail(k, req, 410, route[0] == 's' ? "the lease passed its term before seal; a create lease's objects "
-                 "were dropped (create them again)" : "the lease ended at its term; nothing is held any more");
+    if (seal && !l && !none && kvs_leases_ended(&k->leases, &id, t, clock_now_ms())) {
+        kvs_fail(k, req, 410, "the create lease passed its term before seal; its objects were dropped (create "
+                 "them again)");
         return;
     }
     if (!l || l->tenant != t) {
@@ -674,7 +678,7 @@ static void kvs_lease_call(struct kvs_server *k, struct evhttp_request *req, str
         kvs_fail(k, req, 404, KVS_UNKNOWN_LEASE);
         return;
     }
-    if (strcmp(route, "seal") == 0) {
+    if (seal) {
         k->st.seal++;
         if (l->kind != LEASE_WRITE) {
             kvs_fail(k, req, 400, "seal needs a create lease; this is a read lease (release it)");

@@ -7,10 +7,10 @@
  *    max_leases: a named tenant's memory's share (at least 1), "default"
  *    what the sections' shares leave, so that the shares add up to the
  *    total and one tenant at its share never leaves another without room;
- *  - the ids of the last KVS_ENDED_KEEP leases that ended at their term, for
- *    KVS_ENDED_KEEP_MS, so that a late /seal of one is told 410 (past its
- *    term) rather than 404 — by its own tenant only: to another tenant it
- *    stays as unknown as an id never granted.
+ *  - the ids of the last KVS_ENDED_KEEP unsealed create leases that ended
+ *    at their term, for KVS_ENDED_KEEP_MS, so that a late /seal of one is
+ *    told 410 (past its term) rather than 404 — by its own tenant only: to
+ *    another tenant it stays as unknown as an id never granted.
  * kvs_server.c keeps the lease table itself. Loop thread only. */
 #ifndef KVNODE_KVS_SERVER_LEASES_H
 #define KVNODE_KVS_SERVER_LEASES_H
@@ -30,7 +30,7 @@ struct kvs_lease_id {
 #define KVS_ENDED_KEEP     1024                /* ended ids remembered, all tenants together */
 #define KVS_ENDED_KEEP_MS  (10u * 60u * 1000u)  /* for at most this long (the longest term) */
 
-/* A lease that ended at its term. */
+/* An unsealed create lease that ended at its term. */
 struct kvs_ended {
     struct kvs_lease_id id;
     const struct tenant *tenant;   /* compared, never followed (NULL: empty) */

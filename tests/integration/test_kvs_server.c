@@ -288,28 +288,29 @@ START_TEST(partly_existing_discard_seal_failure_and_terms)
     ck_assert(memcmp(ra, a, BLOCK) == 0 && memcmp(rb, b, BLOCK) == 0);
 
     /* A create abandoned until its term (1 s) is reclaimed: the object can be
-     * created again and its lease is gone. */
+     * created again and its lease is gone. Another create of it meanwhile is
+     * not told it exists (issue 30 item 2: it was left out): it waits for
+     * the lease to end and gets the object to write; the late seal is 410
+     * (the documented status; it was 404). */
     const char *f1[1] = { kf };
     body = kvsc_acquire_body("create", f1, 1, BLOCK, 1);
     ck_assert_int_eq(kvsc_call(c.url, "acquire", body, &r), 0);
     ck_assert_int_eq(r.status, 200);
     snprintf(lease, sizeof lease, "%s", kvsc_lease_id(&r));
     kvsc_reply_free(&r);
-    ck_assert_int_eq(kvsc_call(c.url, "acquire", body, &r), 0);   /* being written: left out */
-    ck_assert_uint_eq(json_array_size(json_object_get(r.body, "objects")), 0);
-    kvsc_reply_free(&r);
     long long expired = kvs_stat(&e, "leases_expired_total");
-    for (int i = 0; i < 60 && kvs_stat(&e, "leases_expired_total") == expired; i++)
-        kvh_sleep_ms(100);
-    ck_assert_int_eq(kvs_stat(&e, "leases_expired_total"), expired + 1);
-    ck_assert_int_eq(kvsc_lease_call(&c, "seal", lease), 404);
-    ck_assert_int_eq(kvsc_call(c.url, "acquire", body, &r), 0);
+    ck_assert_int_eq(kvsc_call(c.url, "acquire", body, &r), 0);   /* being written: waits for its term */
     free(body);
     ck_assert_int_eq(r.status, 200);
     ck_assert(kvsc_object(&r, kf, &off, &sz));
-    snprintf(lease, sizeof lease, "%s", kvsc_lease_id(&r));
+    char lease2[64];
+    snprintf(lease2, sizeof lease2, "%s", kvsc_lease_id(&r));
     kvsc_reply_free(&r);
-    ck_assert_int_eq(kvsc_lease_call(&c, "discard", lease), 204);
+    for (int i = 0; i < 60 && kvs_stat(&e, "leases_expired_total") == expired; i++)
+        kvh_sleep_ms(100);
+    ck_assert_int_eq(kvs_stat(&e, "leases_expired_total"), expired + 1);
+    ck_assert_int_eq(kvsc_lease_call(&c, "seal", lease), 410);
+    ck_assert_int_eq(kvsc_lease_call(&c, "discard", lease2), 204);
 
     /* A read lease pins until its term, then ends: release finds nothing. */
     const char *a1[1] = { ka };
