@@ -35,16 +35,17 @@ typedef struct kvs_env {
     char url[PATH_MAX + 16];
 } kvs_env;
 
-/* extra: more assignments. */
-static void env_start(kvs_env *e, const char *extra)
+/* timeout: server.request_timeout (how long a create waits); extra: more
+ * assignments. */
+static void env_start(kvs_env *e, const char *timeout, const char *extra)
 {
     char conf[PATH_MAX * 3 + 1024];
     memset(e, 0, sizeof *e);
     ck_assert_msg(kvh_mkdtemp(e->dir, sizeof e->dir) == 0, "%s", kvh_error());
     snprintf(e->kvs_sock, sizeof e->kvs_sock, "%s/kvs.sock", e->dir);
     snprintf(conf, sizeof conf, "kvs_server.enabled=on\nkvs_server.listen=127.0.0.1:0\n"
-             "kvs_server.socket_path=%s\nleases.reaper_interval=100ms\nserver.request_timeout=8s\n"
-             "persist.backend=file\npersist.path=%s\npersist.fsync=never\n%s", e->kvs_sock, e->dir, extra);
+             "kvs_server.socket_path=%s\nleases.reaper_interval=100ms\nserver.request_timeout=%s\n"
+             "persist.backend=file\npersist.path=%s\npersist.fsync=never\n%s", e->kvs_sock, timeout, e->dir, extra);
     KVH_START(&e->d, conf);
     json_t *st = kvh_stats(&e->d);
     ck_assert_ptr_nonnull(st);
@@ -189,7 +190,7 @@ START_TEST(create_racing_an_unsealed_create_waits_for_its_seal)
     char why[256], lease[64];
     pthread_t th;
 
-    env_start(&e, "");
+    env_start(&e, "8s", "");
     race_init(&r, 1000);
     ck_assert_msg(kvsc_open(&a, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
     ck_assert_msg(kvsc_open(&b, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
@@ -244,7 +245,7 @@ START_TEST(create_racing_a_dead_writer_gets_the_keys)
     char why[256];
     pthread_t th;
 
-    env_start(&e, "");
+    env_start(&e, "8s", "");
     race_init(&r, 2000);
     ck_assert_msg(kvsc_open(&a, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
     ck_assert_msg(kvsc_open(&b, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
@@ -274,6 +275,50 @@ START_TEST(create_racing_a_dead_writer_gets_the_keys)
 }
 END_TEST
 
+/* A's lease stays open past B's wait (server.request_timeout 300 ms): B's
+ * create gets 503 with nothing reserved, so rtp-llm's store() fails and
+ * claims nothing; B's store retried after A sealed is told K exists, and it
+ * does, with A's bytes. */
+START_TEST(create_that_waits_too_long_fails_and_a_retry_succeeds)
+{
+    static race r;
+    kvs_env e;
+    kvsc a, b;
+    kvsc_reply ra;
+    char why[256], lease[64];
+    const uint8_t *bb[NKEYS];
+
+    env_start(&e, "300ms", "");
+    race_init(&r, 5000);
+    for (int i = 0; i < NKEYS; i++)
+        bb[i] = r.b[i];
+    ck_assert_msg(kvsc_open(&a, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
+    ck_assert_msg(kvsc_open(&b, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
+    char *body = kvsc_acquire_body("create", r.keys, NKEYS, BLOCK, 60);
+    ck_assert_int_eq(kvsc_call(e.url, "acquire", body, &ra), 0);
+    free(body);
+    ck_assert_int_eq(ra.status, 200);
+    snprintf(lease, sizeof lease, "%s", kvsc_lease_id(&ra));
+    long long reserved = kvh_stat(&e.d, "leases.write");
+    ck_assert_int_eq(kvsc_store(&b, r.keys, NKEYS, bb, BLOCK, 60), 503);
+    ck_assert_int_eq(kvh_stat(&e.d, "leases.write"), reserved);   /* B holds nothing */
+    for (int i = 0; i < NKEYS; i++) {
+        uint64_t off, sz;
+        ck_assert(kvsc_object(&ra, r.keys[i], &off, &sz));
+        memcpy(a.base + off, r.a[i], BLOCK);
+    }
+    kvsc_reply_free(&ra);
+    ck_assert_int_eq(kvsc_lease_call(&a, "seal", lease), 204);
+    ck_assert_int_eq(kvsc_lease_call(&a, "release", lease), 204);
+    ck_assert_int_eq(kvsc_store(&b, r.keys, NKEYS, bb, BLOCK, 60), 0);
+    writer_b w = { .c = &b, .r = &r, .told = { 1, 1, 1, 1 } };
+    check_b_told_truth(&b, &w, &r, r.a);
+    kvsc_close(&a);
+    kvsc_close(&b);
+    KVH_STOP_DESTROY(&e.d);
+}
+END_TEST
+
 /* A lease call whose status and error text go into err. */
 static long lease_call(const char *url, const char *route, const char *lease, char *err, size_t errlen)
 {
@@ -298,7 +343,7 @@ START_TEST(lease_calls_after_the_term_answer_410)
     char lease[3][64], err[256];
     const char *routes[3] = { "seal", "release", "discard" };
 
-    env_start(&e, "");
+    env_start(&e, "8s", "");
     race_init(&r, 3000);
     for (int i = 0; i < 3; i++) {
         const char *k[1] = { r.keys[i] };
@@ -347,7 +392,7 @@ START_TEST(an_expired_lease_is_unknown_to_another_tenant)
     const char *k[1];
 
     TENANTS_NEEDS_ROOT("kvs_race: an_expired_lease_is_unknown_to_another_tenant");
-    env_start(&e, "memory.host_bytes=96MiB\nmemory.slab_bytes=1MiB\ntenant.b.uids=65534\n"
+    env_start(&e, "8s", "memory.host_bytes=96MiB\nmemory.slab_bytes=1MiB\ntenant.b.uids=65534\n"
                   "tenant.b.host_bytes=16MiB\n");
     tenants_open_dirs(&e.d);
     race_init(&r, 4000);
@@ -375,6 +420,7 @@ static Suite *kvs_race_suite(void)
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, create_racing_an_unsealed_create_waits_for_its_seal);
     tcase_add_test(tc, create_racing_a_dead_writer_gets_the_keys);
+    tcase_add_test(tc, create_that_waits_too_long_fails_and_a_retry_succeeds);
     tcase_add_test(tc, lease_calls_after_the_term_answer_410);
     tcase_add_test(tc, an_expired_lease_is_unknown_to_another_tenant);
     suite_add_tcase(s, tc);
