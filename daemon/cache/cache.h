@@ -217,6 +217,9 @@ int  cache_get_each(struct cache *c, const struct cache_read_req *req, struct ca
  * (ignored), or NULL when there is none: for readers that do not know the
  * block size (the KVS front end). */
 struct kv_namespace *cache_find_ns(struct cache *c, const struct ns_layout *l);
+/* The i-th namespace record of the cache's registry (a walk over every
+ * namespace, i from 0), or NULL past the last. */
+struct kv_namespace *cache_ns_at(struct cache *c, size_t i);
 
 /* Deferred answers. A MATCH or GET that needs the store (a lookup of keys the
  * index does not know, or promotions of ghosts) answers later: *_start

@@ -292,6 +292,7 @@ struct kvs_group {
     int64_t *keys;
     size_t *index;                  /* into the request's key array */
     struct cache_loc *locs;
+    uint64_t *bytes;                /* read: each hit's object size */
 };
 
 static bool kvs_same_ns(const struct kvs_key *a, const struct kvs_key *b)
@@ -306,6 +307,7 @@ static void kvs_groups_free(struct kvs_group *g, size_t ng)
         free(g[i].keys);
         free(g[i].index);
         free(g[i].locs);
+        free(g[i].bytes);
     }
     free(g);
 }
@@ -349,8 +351,8 @@ static int kvs_group_keys(json_t *keys, json_t *metas, struct kvs_group **out, s
             size = (uint64_t)json_integer_value(sz);
         }
         for (j = ng; j-- > 0;)
-            if (kvs_same_ns(&g[j].id, &key))
-                break;
+            if (kvs_same_ns(&g[j].id, &key) && g[j].size == size)
+                break;   /* a create's objects of another size: another namespace */
         if (j == SIZE_MAX) {
             if (ng == KVS_MAX_NS) {
                 snprintf(msg, msglen, "the keys name more than %d (deployment, rank, group) namespaces; send "
@@ -360,11 +362,6 @@ static int kvs_group_keys(json_t *keys, json_t *metas, struct kvs_group **out, s
             j = ng++;
             g[j].id = key;
             g[j].size = size;
-        } else if (metas && g[j].size != size) {
-            snprintf(msg, msglen, "object_metas[%zu].size is %" PRIu64 " but other objects of %s tp-%u group-%u "
-                     "are %" PRIu64 " bytes; one namespace has one block size", i, size, key.deployment_id,
-                     key.tp_rank, key.group, g[j].size);
-            goto fail;
         }
         g[j].n++;
         which[i] = j;
@@ -541,7 +538,7 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
             goto fail;
         if (create) {
             k->st.create_keys += x->n;
-            rc = cache_bind(t->cache, &layout, &x->ns, msg, sizeof msg);
+            rc = kvs_bind_object_ns(t->cache, &layout, &x->ns, msg, sizeof msg);
             if (rc < 0) {
                 status = kvs_status_of(rc);
                 goto fail;
@@ -553,17 +550,14 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
                                  &lease_id, x->locs, msg, sizeof msg);
         } else {
             k->st.read_keys += x->n;
-            x->ns = cache_find_ns(t->cache, &layout);
-            /* Known only from the store (recovery): bind it once so that it
-             * has its size class and its blocks can come back into memory. */
-            if (x->ns && x->ns->cls == UINT32_MAX &&
-                cache_bind(t->cache, &x->ns->layout, &x->ns, msg, sizeof msg) == 0)
-                cache_unbind(t->cache, x->ns);
-            struct cache_lent lent = { .locs = x->locs };
-            rc = x->ns ? cache_get_each(t->cache, &(struct cache_read_req){ .ns = x->ns, .keys = x->keys,
-                                        .n = x->n, .owner = &l->owner }, &lent, msg, sizeof msg)
-                       : 0;
-            lease_id = lent.lease_id;
+            size_t nsub = l->nsub;
+            rc = (x->bytes = malloc(x->n * sizeof *x->bytes)) ? 0 : -KVNODE_ENOMEM;
+            if (rc == 0)
+                rc = kvs_read_objects(t->cache, &layout, &(struct kvs_read){ .keys = x->keys, .n = x->n,
+                                      .owner = &l->owner, .locs = x->locs, .bytes = x->bytes,
+                                      .lease_ids = l->sub, .nleases = &nsub, .max_leases = KVS_MAX_NS },
+                                      msg, sizeof msg);
+            l->nsub = nsub;
         }
         if (rc == CACHE_STORE_BOUND) {
             /* Give back what this request holds and wait for room. */
@@ -596,7 +590,8 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
             }
             if (!create)
                 k->st.read_hits++;
-            if (json_array_append_new(objects, kvs_object(key, x->locs[i].offset, x->ns->layout.block_bytes)) < 0) {
+            if (json_array_append_new(objects, kvs_object(key, x->locs[i].offset,
+                                                          create ? x->ns->layout.block_bytes : x->bytes[i])) < 0) {
                 status = 500;
                 snprintf(msg, sizeof msg, "out of memory");
                 goto fail;

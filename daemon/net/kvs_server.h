@@ -61,13 +61,47 @@ int kvs_key_parse(const char *key, size_t len, struct kvs_key *out, char *err, s
 
 /* The layout of k's namespace (block_bytes as given): model = the
  * deployment id, dtype = KVS_LAYOUT_NAME, block_tokens = num_layers =
- * kv_heads = head_dim = 1, tp_size, tp_rank = k's rank, extra =
+ * kv_heads = head_dim = 1, extra =
  * "kvs_deployment_id=<id>;kvs_object_ns=<ns>;kvs_version=<v>;kvs_group=<g>".
- * A libkvnode client that declares exactly this layout binds the same
- * namespace (its blocks are the objects' blocks, key = block). 0, or -1 with
- * err when a part does not fit a layout field or the rank is not below tp_size. */
+ * A rank below tp_size ([kvs_server] tp_size: the TP size of the deployments
+ * served, when one is known) is rank tp_rank of tp_size, so that KVCM sees
+ * a key once every rank holds it; any other rank is served as a deployment
+ * of its own (tp_size 1, tp_rank 0, and for a rank r > 0 ";kvs_tp_rank=<r>"
+ * appended to extra): no rank is refused. A libkvnode client that declares
+ * exactly this layout binds the same namespace (its blocks are the objects'
+ * blocks, key = block). 0, or -1 with err when a part does not fit a layout
+ * field. */
 int kvs_key_layout(const struct kvs_key *k, uint32_t tp_size, uint64_t block_bytes, struct ns_layout *out,
                    char *err, size_t errlen);
+
+/* Objects of any size (a namespace per size): the first size of a
+ * (deployment, rank, group) binds its plain layout (kvs_key_layout); a size
+ * the plain one does not have binds l with KVS_SIZE_TAG "<bytes>" appended to
+ * extra (l is changed so). cache_bind's 0 or negative code, err set. */
+#define KVS_SIZE_TAG ";kvs_object_bytes="
+struct cache;
+struct cache_loc;
+struct kv_namespace;
+struct lease_list;
+int kvs_bind_object_ns(struct cache *c, struct ns_layout *l, struct kv_namespace **out, char *err, size_t errlen);
+
+/* An acquire(read) of n keys of one (deployment, rank, group), whatever
+ * their sizes: every namespace of the group (plain layout l, and one per
+ * other size) is asked for the keys not found in the ones before it, each
+ * with hits pinned under one cache read lease owned by owner. */
+struct kvs_read {
+    const int64_t     *keys;
+    size_t             n;
+    struct lease_list *owner;
+    struct cache_loc  *locs;        /* out: n, present = a hit */
+    uint64_t          *bytes;       /* out: n, a hit's object size */
+    uint64_t          *lease_ids;   /* out: the cache leases taken, appended */
+    size_t            *nleases;     /* in/out: how many lease_ids holds */
+    size_t             max_leases;  /* lease_ids' room; the lookup stops there */
+};
+/* 0 or a negative cache code, err set (the leases taken so far are in
+ * lease_ids either way). */
+int kvs_read_objects(struct cache *c, const struct ns_layout *l, struct kvs_read *r, char *err, size_t errlen);
 
 /* The uid owning the other end of the loopback TCP connection fd (its
  * 4-tuple looked up in the kernel's socket table, NETLINK_SOCK_DIAG). 0, or
