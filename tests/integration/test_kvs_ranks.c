@@ -4,6 +4,10 @@
  * another TP size on the same node), and objects of different sizes share a
  * (deployment, rank, group), each read back byte-exact whatever its size.
  *
+ * With KVCM on (the simulator, tests/sim/kvcm_sim.c) and the default
+ * tp_size, each rank is published as a model deployment of its own, holding
+ * exactly the blocks that rank sealed.
+ *
  * Driven as rtp-llm's client does (kvs_client.h): acquire(create), copy into
  * the mapping, seal, release; acquire(read), copy out, release. Every wait is
  * bounded; assertions are on statuses and bytes. */
@@ -17,6 +21,8 @@
 
 #include "harness.h"
 #include "kvs_client.h"
+#include "../common/kvh_http.h"
+#include "../sim/kvcmctl.h"
 
 #define DEP_A   "ranks-a-0123456789abcdef"    /* TP 16 */
 #define DEP_B   "ranks-b-fedcba9876543210"    /* TP 2 */
@@ -247,6 +253,72 @@ START_TEST(objects_of_different_sizes_share_a_group)
 }
 END_TEST
 
+/* ---- what KVCM sees ----------------------------------------------------------------- */
+
+#define HOSTPORT "10.9.8.7:7000"
+
+/* The reporters of DEP_A's deployments (instance "<model>_1_<fingerprint>")
+ * that hold exactly blocks 1000..1000+NBLOCKS-1 in dram; *all = every
+ * reporter of DEP_A. */
+static int reporters_holding(const struct kvcmctl *s, int *all)
+{
+    json_t *st = kvcmctl_state(s, false), *r;
+    const char *id;
+    int n = 0;
+    *all = 0;
+    json_object_foreach(json_object_get(st, "reporters"), id, r) {
+        const char *inst = json_string_value(json_object_get(r, "instance_id")) ?: "";
+        const char *host = json_string_value(json_object_get(r, "host_ip_port")) ?: "";
+        if (strncmp(inst, DEP_A "_1_", strlen(DEP_A "_1_")) != 0 || strcmp(host, HOSTPORT) != 0)
+            continue;
+        (*all)++;
+        json_t *dram = json_object_get(json_object_get(r, "blocks"), "dram");
+        bool want[NBLOCKS] = { false }, ok = json_array_size(dram) == NBLOCKS;
+        for (size_t i = 0; ok && i < json_array_size(dram); i++) {
+            long long k = strtoll(json_string_value(json_array_get(dram, i)) ?: "", NULL, 10);
+            ok = k >= 1000 && k < 1000 + NBLOCKS && !want[k - 1000];
+            if (ok)
+                want[k - 1000] = true;
+        }
+        n += ok;
+    }
+    json_decref(st);
+    return n;
+}
+
+/* Ranks 0 and 3 of DEP_A written through the front end with the default
+ * tp_size: KVCM is told of two deployments, one per rank, each holding that
+ * rank's blocks as soon as that rank sealed them (no rank waits for the
+ * others, whose count the keys do not tell). */
+START_TEST(kvcm_sees_each_rank_as_its_own_deployment)
+{
+    struct kvcmctl s;
+    kvs_env e;
+    kvsc c;
+    char conf[512];
+    const char *argv[] = { "--snapshot-interval-s", "0", NULL };
+    struct kvcmctl_opts o = { .extra = argv, .valgrind = simctl_under_valgrind() };
+
+    kvcmctl_start(&s, &o);
+    snprintf(conf, sizeof conf, "kvcm.enabled=on\nkvcm.endpoints=%s\nkvcm.host_ip_port=" HOSTPORT "\n"
+             "kvcm.flush_interval=20ms\nkvcm.heartbeat_interval=200ms\nkvcm.snapshot_interval=1h\n"
+             "kvcm.retry_base=50ms\nkvcm.retry_max=400ms\nkvcm.host_down_timeout=500ms\n", s.base);
+    env_start(&e, conf);
+    open_ok(&c, &e);
+    rank_round_trip(&c, DEP_A, 0, 1);
+    rank_round_trip(&c, DEP_A, 3, 1);
+    uint64_t deadline = kvh_now_ms() + 10000;
+    int holding = 0, all = 0;
+    while ((holding = reporters_holding(&s, &all)) < 2 && kvh_now_ms() < deadline)
+        kvh_sleep_ms(50);
+    ck_assert_msg(holding == 2 && all == 2, "%d of %d KVCM deployments of %s hold the rank's %d blocks "
+                  "(want 2 of 2)", holding, all, DEP_A, NBLOCKS);
+    kvsc_close(&c);
+    KVH_STOP_DESTROY(&e.d);
+    kvcmctl_stop_ok(&s);
+}
+END_TEST
+
 static Suite *kvs_ranks_suite(void)
 {
     Suite *s = suite_create("kvs_ranks");
@@ -254,6 +326,7 @@ static Suite *kvs_ranks_suite(void)
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, every_rank_is_served_with_the_default_options);
     tcase_add_test(tc, objects_of_different_sizes_share_a_group);
+    tcase_add_test(tc, kvcm_sees_each_rank_as_its_own_deployment);
     suite_add_tcase(s, tc);
     return s;
 }
