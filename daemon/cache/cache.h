@@ -208,9 +208,9 @@ int  cache_get_begin(struct cache *c, const struct cache_read_req *req, struct c
  * (ghosts) are misses too, but up to 256 of them start their way back into
  * host memory (as GET promotes them), so a later read finds them. out->n
  * = hits; out->lease_id 0 when there are none. 0 or a negative code, err set.
- * Lookups are with check word 0 (rtp-llm sends none): a block put with a
- * word is a miss, counted in keys.check_mismatches. Of req only ns, owner,
- * keys and n are used. */
+ * Lookups are with req->checks (NULL: word 0, as rtp-llm's v1 keys have
+ * none): a block put with another word is a miss, counted in
+ * keys.check_mismatches. Of req only ns, owner, keys, checks and n are used. */
 int  cache_get_each(struct cache *c, const struct cache_read_req *req, struct cache_lent *out,
                     char *err, size_t errlen);
 /* The namespace of l's deployment and tp_rank, whatever its block_bytes

@@ -293,11 +293,12 @@ struct kvs_group {
     size_t *index;                  /* into the request's key array */
     struct cache_loc *locs;
     uint64_t *bytes;                /* read: each hit's object size */
+    uint64_t *checks;               /* opaque keys' check words (NULL for v1 keys) */
 };
 
 static bool kvs_same_ns(const struct kvs_key *a, const struct kvs_key *b)
 {
-    return a->tp_rank == b->tp_rank && a->group == b->group && a->version == b->version &&
+    return a->opaque == b->opaque && a->tp_rank == b->tp_rank && a->group == b->group && a->version == b->version &&
            strcmp(a->deployment_id, b->deployment_id) == 0 && strcmp(a->object_ns, b->object_ns) == 0;
 }
 
@@ -308,6 +309,7 @@ static void kvs_groups_free(struct kvs_group *g, size_t ng)
         free(g[i].index);
         free(g[i].locs);
         free(g[i].bytes);
+        free(g[i].checks);
     }
     free(g);
 }
@@ -334,7 +336,7 @@ static int kvs_group_keys(json_t *keys, json_t *metas, struct kvs_group **out, s
             snprintf(msg, msglen, "object_keys[%zu] is not a string", i);
             goto fail;
         }
-        if (kvs_key_parse(json_string_value(jk), json_string_length(jk), &key, msg, msglen) < 0)
+        if (kvs_key_classify(json_string_value(jk), json_string_length(jk), &key, msg, msglen) < 0)
             goto fail;
         if (metas) {
             json_t *m = json_array_get(metas, i), *sz = json_object_get(m, "size");
@@ -371,15 +373,18 @@ static int kvs_group_keys(json_t *keys, json_t *metas, struct kvs_group **out, s
         g[j].keys = malloc(g[j].n * sizeof *g[j].keys);
         g[j].index = malloc(g[j].n * sizeof *g[j].index);
         g[j].locs = calloc(g[j].n, sizeof *g[j].locs);
-        if (!g[j].keys || !g[j].index || !g[j].locs)
+        g[j].checks = g[j].id.opaque ? malloc(g[j].n * sizeof *g[j].checks) : NULL;
+        if (!g[j].keys || !g[j].index || !g[j].locs || (g[j].id.opaque && !g[j].checks))
             goto fail_groups;
         g[j].n = 0;
     }
     for (size_t i = 0; i < n; i++) {
         struct kvs_group *x = &g[which[i]];
         /* Parsed again rather than kept: n may be large, a key is cheap. */
-        kvs_key_parse(json_string_value(json_array_get(keys, i)), json_string_length(json_array_get(keys, i)),
-                      &key, msg, msglen);
+        kvs_key_classify(json_string_value(json_array_get(keys, i)), json_string_length(json_array_get(keys, i)),
+                         &key, msg, msglen);
+        if (x->checks)
+            x->checks[x->n] = key.check;
         x->keys[x->n] = key.block;
         x->index[x->n++] = i;
     }
@@ -546,14 +551,14 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
             cache_unbind(t->cache, x->ns);   /* kept by its reservations and blocks, not by a client */
             /* rtp-llm sends no check words: word 0 (NULL) */
             rc = cache_put_begin(t->cache, &(struct cache_put_req){ .ns = x->ns, .owner = &l->owner,
-                                 .keys = x->keys, .n = x->n, .tier = KVNODE_TIER_HOST },
+                                 .keys = x->keys, .checks = x->checks, .n = x->n, .tier = KVNODE_TIER_HOST },
                                  &lease_id, x->locs, msg, sizeof msg);
         } else {
             k->st.read_keys += x->n;
             size_t nsub = l->nsub;
             rc = (x->bytes = malloc(x->n * sizeof *x->bytes)) ? 0 : -KVNODE_ENOMEM;
             if (rc == 0)
-                rc = kvs_read_objects(t->cache, &layout, &(struct kvs_read){ .keys = x->keys, .n = x->n,
+                rc = kvs_read_objects(t->cache, &layout, &(struct kvs_read){ .keys = x->keys, .checks = x->checks, .n = x->n,
                                       .owner = &l->owner, .locs = x->locs, .bytes = x->bytes,
                                       .lease_ids = l->sub, .nleases = &nsub, .max_leases = KVS_MAX_NS },
                                       msg, sizeof msg);

@@ -42,7 +42,9 @@ struct kvn_config;
 
 #define KVS_LAYOUT_NAME     "rtp_llm_group_block_v1"  /* object_metas layout; the namespace's dtype */
 #define KVS_KEY_FORMAT      "<ns>/v<version>/<deployment_id>/tp-<rank>/group-<g>/block-<int64>"
-#define KVS_KEY_MAX         512       /* bytes of one object key */
+#define KVS_KEY_MAX         512       /* bytes of one v1 object key */
+#define KVS_OPAQUE_KEY_MAX  4096      /* bytes of any other object key */
+#define KVS_OPAQUE_MODEL    "kvs-opaque-objects"   /* the model of opaque objects' namespaces */
 #define KVS_PART_MAX        128       /* bytes of its ns and deployment_id parts, NUL included */
 
 /* An object key, parsed. */
@@ -53,13 +55,24 @@ struct kvs_key {
     uint32_t tp_rank;
     uint32_t group;
     int64_t  block;
+    /* Any other key: an opaque object of the tenant, named by the SHA-256
+     * of the key's bytes (block = its first 8 bytes, check = the next 8:
+     * 128 bits must match for one key to find another's object). */
+    bool     opaque;
+    uint64_t check;             /* the block's check word (0 for v1 keys) */
 };
 
 /* Parse key (len bytes, not NUL-terminated) as KVS_KEY_FORMAT. 0, or -1 with
  * err naming the problem and the expected format. */
 int kvs_key_parse(const char *key, size_t len, struct kvs_key *out, char *err, size_t errlen);
 
-/* The layout of k's namespace (block_bytes as given): model = the
+/* A key of either kind: rtp-llm's v1 (kvs_key_parse), else an opaque
+ * object (empty object_ns and deployment_id). 0, or -1 with err (empty, or
+ * longer than KVS_OPAQUE_KEY_MAX). */
+int kvs_key_classify(const char *key, size_t len, struct kvs_key *out, char *err, size_t errlen);
+
+/* The layout of k's namespace (block_bytes as given); an opaque key's is
+ * model KVS_OPAQUE_MODEL, extra "kvs_opaque_objects=1", tp_size 1. Else: model = the
  * deployment id, dtype = KVS_LAYOUT_NAME, block_tokens = num_layers =
  * kv_heads = head_dim = 1, extra =
  * "kvs_deployment_id=<id>;kvs_object_ns=<ns>;kvs_version=<v>;kvs_group=<g>".
@@ -91,6 +104,7 @@ int kvs_bind_object_ns(struct cache *c, struct ns_layout *l, struct kv_namespace
  * with hits pinned under one cache read lease owned by owner. */
 struct kvs_read {
     const int64_t     *keys;
+    const uint64_t    *checks;      /* n check words, or NULL: every word 0 */
     size_t             n;
     struct lease_list *owner;
     struct cache_loc  *locs;        /* out: n, present = a hit */

@@ -23,6 +23,7 @@
 #include "kvnode.h"
 #include "net/httpd.h"
 #include "net/server.h"
+#include "sha256.h"
 #include "tenants/tenants.h"
 
 /* --- object keys ------------------------------------------------------------- */
@@ -125,9 +126,47 @@ int kvs_key_parse(const char *key, size_t len, struct kvs_key *out, char *err, s
     return 0;
 }
 
+int kvs_key_classify(const char *key, size_t len, struct kvs_key *out, char *err, size_t errlen)
+{
+    unsigned char d[32];
+
+    if (kvs_key_parse(key, len, out, err, errlen) == 0)
+        return 0;
+    memset(out, 0, sizeof *out);
+    if (len == 0 || len > KVS_OPAQUE_KEY_MAX) {
+        errmsg_set(err, errlen, "object key of %zu bytes: a key has 1 to %d bytes", len, KVS_OPAQUE_KEY_MAX);
+        return -1;
+    }
+    sha256_digest(key, len, d);
+    uint64_t b = 0, c = 0;
+    for (int i = 0; i < 8; i++) {
+        b = b << 8 | d[i];
+        c = c << 8 | d[8 + i];
+    }
+    out->opaque = true;
+    out->block = (int64_t)b;
+    out->check = c;
+    return 0;
+}
+
+static void kvs_opaque_layout(uint64_t block_bytes, struct ns_layout *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->model, sizeof out->model, "%s", KVS_OPAQUE_MODEL);
+    snprintf(out->extra, sizeof out->extra, "kvs_opaque_objects=1");
+    snprintf(out->dtype, sizeof out->dtype, "%s", KVS_LAYOUT_NAME);
+    out->block_tokens = out->num_layers = out->kv_heads = out->head_dim = 1;
+    out->block_bytes = block_bytes;
+    out->tp_size = 1;
+}
+
 int kvs_key_layout(const struct kvs_key *k, uint32_t tp_size, uint64_t block_bytes, struct ns_layout *out,
                    char *err, size_t errlen)
 {
+    if (k->opaque) {
+        kvs_opaque_layout(block_bytes, out);
+        return 0;
+    }
     /* A rank below [kvs_server] tp_size is one rank of a deployment of that
      * TP size; any other rank (every rank past 0 with the default tp_size 1)
      * is a deployment of its own, its rank named in extra. */
@@ -193,14 +232,16 @@ static bool kvs_layout_of_group(const struct ns_layout *have, const struct ns_la
 /* Ask ns for the m keys of want[] not found yet (their indexes in idx);
  * the hits' locations and sizes into locs/bytes. */
 static int kvs_read_in(struct cache *c, struct kv_namespace *ns, struct kvs_read *r, const size_t *idx,
-                       const int64_t *want, struct cache_loc *got, size_t m, char *err, size_t errlen)
+                       const int64_t *want, const uint64_t *checks, struct cache_loc *got, size_t m, char *err,
+                       size_t errlen)
 {
     /* Known only from the store (recovery): bind it once so that it has
      * its size class and its blocks can come back into memory. */
     if (ns->cls == UINT32_MAX && cache_bind(c, &ns->layout, &ns, err, errlen) == 0)
         cache_unbind(c, ns);
     struct cache_lent lent = { .locs = got };
-    int rc = cache_get_each(c, &(struct cache_read_req){ .ns = ns, .keys = want, .n = m, .owner = r->owner },
+    int rc = cache_get_each(c, &(struct cache_read_req){ .ns = ns, .keys = want, .checks = checks, .n = m,
+                                                        .owner = r->owner },
                             &lent, err, errlen);
     if (rc != 0)
         return rc;
@@ -219,13 +260,14 @@ int kvs_read_objects(struct cache *c, const struct ns_layout *l, struct kvs_read
     size_t *idx = malloc((r->n ? r->n : 1) * sizeof *idx);
     int64_t *want = malloc((r->n ? r->n : 1) * sizeof *want);
     struct cache_loc *got = malloc((r->n ? r->n : 1) * sizeof *got);
+    uint64_t *checks = r->checks ? malloc(r->n * sizeof *checks) : NULL;
     int rc = 0;
 
     for (size_t i = 0; i < r->n; i++) {
         r->locs[i].present = false;
         r->bytes[i] = 0;
     }
-    if (!idx || !want || !got) {
+    if (!idx || !want || !got || (r->checks && !checks)) {
         errmsg_set(err, errlen, "out of memory");
         rc = -KVNODE_ENOMEM;
     }
@@ -241,15 +283,18 @@ int kvs_read_objects(struct cache *c, const struct ns_layout *l, struct kvs_read
         for (size_t i = 0; i < r->n; i++)
             if (!r->locs[i].present) {
                 idx[m] = i;
+                if (checks)
+                    checks[m] = r->checks[i];
                 want[m++] = r->keys[i];
             }
         if (m == 0)
             break;
-        rc = kvs_read_in(c, ns, r, idx, want, got, m, err, errlen);
+        rc = kvs_read_in(c, ns, r, idx, want, checks, got, m, err, errlen);
     }
     free(idx);
     free(want);
     free(got);
+    free(checks);
     return rc;
 }
 

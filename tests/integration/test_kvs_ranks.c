@@ -253,6 +253,58 @@ START_TEST(objects_of_different_sizes_share_a_group)
 }
 END_TEST
 
+/* ---- opaque keys ------------------------------------------------------------------- */
+
+#define NOPAQUE 6
+
+/* Keys in any other format than rtp-llm's v1 (the SDK variant's, other
+ * versions', any string, a long one) are objects of the client's tenant:
+ * stored and read back byte-exact, each its own object, of any size, and
+ * not one of a v1 key's. */
+START_TEST(opaque_keys_are_objects)
+{
+    static char long_key[1500];
+    static const char *const keys[NOPAQUE] = { "rtp_llm/kvs/v1/5/g0", "hello world", "caf\u00e9/\u00fcber",
+                                               "rtp_llm/v1/" DEP_A "/tp-x/group-0/block-1", long_key,
+                                               "rtp_llm/v1/" DEP_A "/tp-0/group-0/block-1/extra" };
+    static const uint64_t sizes[NOPAQUE] = { 8192, 100, 8192, 4096, 333, 8192 };
+    kvs_env e;
+    kvsc c;
+
+    memset(long_key, 'k', sizeof long_key - 1);
+    env_start(&e, "");
+    open_ok(&c, &e);
+    for (int i = 0; i < NOPAQUE; i++) {
+        uint8_t in[8192];
+        const uint8_t *ip = in;
+        bfill(in, sizes[i], i, 33);
+        long st = kvsc_store(&c, &keys[i], 1, &ip, sizes[i], 60);
+        if (st != 0) {
+            char err[512];
+            create_error(&c, keys[i], sizes[i], err, sizeof err);
+            ck_abort_msg("store of opaque key #%d answered %ld (a create now answers: %s)", i, st, err);
+        }
+    }
+    /* A v1 key of the same deployment: its own object. */
+    rank_round_trip(&c, DEP_A, 0, 5);
+    for (int i = 0; i < NOPAQUE; i++) {
+        uint8_t want[8192], got[8192], *op = got;
+        size_t hits = 0;
+        bfill(want, sizes[i], i, 33);
+        ck_assert_int_eq(kvsc_read(&c, &keys[i], 1, &op, sizes[i], 60, &hits, NULL), 0);
+        ck_assert_msg(hits == 1, "opaque key #%d not found", i);
+        ck_assert_msg(memcmp(want, got, sizes[i]) == 0, "opaque key #%d differs", i);
+    }
+    /* A key never stored is a miss, not another key's object. */
+    const char *never = "hello worle";
+    size_t hits = 1;
+    ck_assert_int_eq(kvsc_read(&c, &never, 1, NULL, 100, 60, &hits, NULL), 0);
+    ck_assert_uint_eq(hits, 0);
+    kvsc_close(&c);
+    KVH_STOP_DESTROY(&e.d);
+}
+END_TEST
+
 /* ---- what KVCM sees ----------------------------------------------------------------- */
 
 #define HOSTPORT "10.9.8.7:7000"
@@ -327,6 +379,7 @@ static Suite *kvs_ranks_suite(void)
     tcase_add_test(tc, every_rank_is_served_with_the_default_options);
     tcase_add_test(tc, objects_of_different_sizes_share_a_group);
     tcase_add_test(tc, kvcm_sees_each_rank_as_its_own_deployment);
+    tcase_add_test(tc, opaque_keys_are_objects);
     suite_add_tcase(s, tc);
     return s;
 }
