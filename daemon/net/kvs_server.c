@@ -298,8 +298,9 @@ struct kvs_group {
 
 static bool kvs_same_ns(const struct kvs_key *a, const struct kvs_key *b)
 {
-    return a->opaque == b->opaque && a->tp_rank == b->tp_rank && a->group == b->group && a->version == b->version &&
-           strcmp(a->deployment_id, b->deployment_id) == 0 && strcmp(a->object_ns, b->object_ns) == 0;
+    return a->opaque == b->opaque && a->tp_rank == b->tp_rank && a->group == b->group &&
+           a->version == b->version && strcmp(a->deployment_id, b->deployment_id) == 0 &&
+           strcmp(a->object_ns, b->object_ns) == 0;
 }
 
 static void kvs_groups_free(struct kvs_group *g, size_t ng)
@@ -357,7 +358,7 @@ static int kvs_group_keys(json_t *keys, json_t *metas, struct kvs_group **out, s
                 break;   /* a create's objects of another size: another namespace */
         if (j == SIZE_MAX) {
             if (ng == KVS_MAX_NS) {
-                snprintf(msg, msglen, "the keys name more than %d (deployment, rank, group) namespaces; send "
+                snprintf(msg, msglen, "the keys name more than %d (deployment, rank, group, size) namespaces; send "
                          "fewer at once", KVS_MAX_NS);
                 goto fail;
             }
@@ -549,7 +550,7 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
                 goto fail;
             }
             cache_unbind(t->cache, x->ns);   /* kept by its reservations and blocks, not by a client */
-            /* rtp-llm sends no check words: word 0 (NULL) */
+            /* v1 keys carry no check words (NULL: word 0); opaque keys' are from their hash */
             rc = cache_put_begin(t->cache, &(struct cache_put_req){ .ns = x->ns, .owner = &l->owner,
                                  .keys = x->keys, .checks = x->checks, .n = x->n, .tier = KVNODE_TIER_HOST },
                                  &lease_id, x->locs, msg, sizeof msg);
@@ -558,8 +559,8 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
             size_t nsub = l->nsub;
             rc = (x->bytes = malloc(x->n * sizeof *x->bytes)) ? 0 : -KVNODE_ENOMEM;
             if (rc == 0)
-                rc = kvs_read_objects(t->cache, &layout, &(struct kvs_read){ .keys = x->keys, .checks = x->checks, .n = x->n,
-                                      .owner = &l->owner, .locs = x->locs, .bytes = x->bytes,
+                rc = kvs_read_objects(t->cache, &layout, &(struct kvs_read){ .keys = x->keys, .checks = x->checks,
+                                      .n = x->n, .owner = &l->owner, .locs = x->locs, .bytes = x->bytes,
                                       .lease_ids = l->sub, .nleases = &nsub, .max_leases = KVS_MAX_NS },
                                       msg, sizeof msg);
             l->nsub = nsub;

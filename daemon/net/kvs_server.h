@@ -15,9 +15,11 @@
  *    A peer without a tenant is closed at accept; connections are limited
  *    per tenant and in total; an unfinished handshake ends at
  *    server.hello_timeout.
- *  - Keys and peers (kvs_server_keys.c): the object-key parser, the layout a
- *    key's namespace has (kvs_key_layout: the same namespace a libkvnode
- *    client reaches by declaring that layout), and the uid of a loopback TCP
+ *  - Keys and peers (kvs_server_keys.c): the object-key parser (rtp-llm's
+ *    v1 keys; any other key an opaque object), the layout a key's namespace
+ *    has (kvs_key_layout: the same namespace a libkvnode client reaches by
+ *    declaring that layout; every rank served, a namespace per object size,
+ *    reads looked up across them), and the uid of a loopback TCP
  *    peer (the kernel's socket table, NETLINK_SOCK_DIAG), established once
  *    when its connection is accepted and kept with the connection.
  *  - Lease ids and per-tenant lease counts (kvs_server_leases.c).

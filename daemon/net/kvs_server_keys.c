@@ -1,6 +1,8 @@
-/* kvs_server keys: the KVS front end's object-key parser, the namespace
- * layout of a key (a namespace per object size, the read lookup over them), the uid of a loopback TCP peer (NETLINK_SOCK_DIAG) and the
- * tenant of a peer (see kvs_server.h). Loop thread only; nothing here blocks
+/* kvs_server keys: the KVS front end's object keys (rtp-llm's v1 parsed,
+ * any other key an opaque object named by its SHA-256), the namespace
+ * layout of a key (a namespace per object size, and the read lookup over
+ * them), the uid of a loopback TCP peer (NETLINK_SOCK_DIAG) and the tenant
+ * of a peer (see kvs_server.h). Loop thread only; nothing here blocks
  * (the netlink query is answered by the kernel from its socket table). */
 #include "net/kvs_server.h"
 
