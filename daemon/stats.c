@@ -535,6 +535,7 @@ static void kvs_json(const struct stats_snapshot *s, json_t *root)
     set(r, "accepted_total", ju(k->http_accepted));
     set(r, "refused_total", ju(k->http_refused));
     set(r, "timed_out_total", ju(k->http_timed_out));
+    set(r, "tenant_limit_total", ju(k->http_tenant_limit));
     set(o, "http_connections", r);
     set(root, "kvs_server", o);
 }

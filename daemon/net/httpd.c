@@ -44,6 +44,8 @@ struct httpd_conn {
     struct event *deadline;           /* for the request being received */
     struct httpd_conn *next;          /* fresh queue, then its bucket's chain */
     struct httpd_peer peer;           /* from the identify hook, at accept */
+    bool admitted;                    /* by the admit hook: release token at close */
+    void *token;
     /* httpd_request_watch: the owner of a request that waits is told once if
      * the connection closes first; leave_ev sees the client leave. */
     struct evhttp_request *watched;
@@ -65,6 +67,9 @@ struct httpd {
     void *limits_arg;
     httpd_identify_fn identify;          /* NULL: connections are not identified */
     void *identify_arg;
+    httpd_admit_fn admit;                /* NULL: only the total is counted */
+    httpd_release_fn release;
+    void *admit_arg;
     struct httpd_conn *fresh, *fresh_tail; /* accepted by evhttp, not yet adopted, oldest first */
     struct event *adopt_ev;
     struct httpd_conn *buckets[HTTPD_BUCKETS]; /* adopted and open, by evcon */
@@ -72,7 +77,7 @@ struct httpd {
     struct event *accept_resume_ev;      /* the paused listener tries again */
     uint64_t accept_pauses_episode;      /* pauses since accepting last worked */
     struct log_limit accept_log, refuse_log;
-    uint64_t accepted, refused, refused_reserve, timed_out, accept_pauses;
+    uint64_t accepted, refused, refused_reserve, refused_owner, timed_out, accept_pauses;
 };
 
 /* libevent calls a listener's error callback with the evhttp as argument,
@@ -222,6 +227,8 @@ static void httpd_conn_closed_cb(struct evhttp_connection *evcon, void *arg)
         }
     }
     h->nconns--;
+    if (hc->admitted)
+        h->release(h->admit_arg, hc->token);
     event_free(hc->deadline);
     free(hc);
 }
@@ -286,15 +293,33 @@ static void httpd_send_503(int fd, const char *why)
     }
 }
 
+/* Refuse hc at accept: counted, logged (rate-limited), 503 on the socket,
+ * closed. */
+static void httpd_refuse(struct httpd *h, struct httpd_conn *hc, struct bufferevent *bev, int fd, const char *why)
+{
+    char note[64];
+    uint64_t held = 0;
+
+    h->refused++;
+    if (log_limit_pass(&h->refuse_log, clock_now_ms(), HTTPD_LOG_REPEAT_MS, &held))
+        log_warn("%s: refused a connection: %s%s", h->name, why, log_limit_note(held, "refused", note, sizeof note));
+    if (fd >= 0)
+        httpd_send_503(fd, why);
+    if (hc->deadline)
+        event_free(hc->deadline);
+    evhttp_connection_free(hc->evcon);
+    bufferevent_decref(bev);   /* the last reference: closes fd */
+    free(hc);
+}
+
 static void httpd_adopt(struct httpd *h, struct httpd_conn *hc)
 {
     struct bufferevent *bev = hc->bev;
     void *evcon = NULL;
-    char buf[256], note[64];
+    char buf[256];
     const char *why;
     bool reserve;
     int fd = (int)bufferevent_getfd(bev);
-    uint64_t held = 0;
 
     hc->bev = NULL;
     bufferevent_getcb(bev, NULL, NULL, NULL, &evcon);
@@ -313,20 +338,20 @@ static void httpd_adopt(struct httpd *h, struct httpd_conn *hc)
     if (!why && !(hc->deadline = evtimer_new(h->base, httpd_deadline_cb, hc)))
         why = "out of memory";
     if (why) {
-        h->refused++;
         h->refused_reserve += reserve;
-        if (log_limit_pass(&h->refuse_log, clock_now_ms(), HTTPD_LOG_REPEAT_MS, &held))
-            log_warn("%s: refused a connection: %s%s", h->name, why,
-                     log_limit_note(held, "refused", note, sizeof note));
-        if (fd >= 0)
-            httpd_send_503(fd, why);
-        evhttp_connection_free(hc->evcon);
-        bufferevent_decref(bev);   /* the last reference: closes fd */
-        free(hc);
+        httpd_refuse(h, hc, bev, fd, why);
         return;
     }
     if (h->identify)
         h->identify(h->identify_arg, fd, &hc->peer);
+    if (h->admit) {
+        if (h->admit(h->admit_arg, fd, &hc->peer, &hc->token, buf, sizeof buf) < 0) {
+            h->refused_owner++;
+            httpd_refuse(h, hc, bev, fd, buf);
+            return;
+        }
+        hc->admitted = true;
+    }
     struct httpd_conn **b = httpd_bucket(h, hc->evcon);
     hc->next = *b;
     *b = hc;
@@ -514,6 +539,12 @@ void httpd_set_identify(struct httpd *h, httpd_identify_fn fn, void *arg)
     h->identify = fn;
     h->identify_arg = arg;
 }
+void httpd_set_admit(struct httpd *h, httpd_admit_fn admit, httpd_release_fn release, void *arg)
+{
+    h->admit = admit;
+    h->release = release;
+    h->admit_arg = arg;
+}
 const char *httpd_address(const struct httpd *h) { return h->address; }
 bool httpd_stopping(const struct httpd *h) { return h->stopping; }
 
@@ -558,7 +589,8 @@ void httpd_get_stats(const struct httpd *h, struct httpd_stats *out)
 {
     *out = (struct httpd_stats){
         .open = h->nconns, .max = httpd_limits_now(h).max_connections, .accepted = h->accepted,
-        .refused = h->refused, .refused_reserve = h->refused_reserve, .timed_out = h->timed_out,
+        .refused = h->refused, .refused_reserve = h->refused_reserve, .refused_owner = h->refused_owner,
+        .timed_out = h->timed_out,
         .accept_pauses = h->accept_pauses,
     };
 }

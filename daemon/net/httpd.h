@@ -9,7 +9,10 @@
  *     or of the previous reply (bytes trickling in do not extend it);
  *   - a listener that cannot accept (EMFILE) rests instead of spinning;
  *   - who opened each connection, established once at accept by the
- *     owner's hook (httpd_set_identify) and kept with it.
+ *     owner's hook (httpd_set_identify) and kept with it;
+ *   - the owner's own count of connections (per tenant), asked at accept
+ *     (httpd_set_admit): a connection it refuses gets a 503 and is closed
+ *     before it holds a slot.
  * The limits are asked for through a callback at each use, so a reload
  * applies to the next connection or request.
  *
@@ -64,6 +67,13 @@ const char *httpd_address(const struct httpd *h);
 /* Call fn(arg, fd, &peer) for each connection when it is accepted, before
  * any request on it is read (on the loop: fn must not wait long). */
 void httpd_set_identify(struct httpd *h, httpd_identify_fn fn, void *arg);
+/* Asked at each accept, after the identify hook: 0 keeps the connection
+ * (*token, the owner's, is handed to release when it closes), -1 refuses it
+ * (503 with why, counted in refused and refused_owner). */
+typedef int (*httpd_admit_fn)(void *arg, int fd, const struct httpd_peer *peer, void **token, char *why,
+                              size_t whylen);
+typedef void (*httpd_release_fn)(void *arg, void *token);
+void httpd_set_admit(struct httpd *h, httpd_admit_fn admit, httpd_release_fn release, void *arg);
 /* What the hook established for req's connection at accept; NULL without a
  * hook or for a connection httpd does not hold (then nobody is known). */
 const struct httpd_peer *httpd_request_peer(struct httpd *h, struct evhttp_request *req);
@@ -91,6 +101,7 @@ struct httpd_stats {
     uint64_t open, max, accepted;
     uint64_t refused;          /* with 503: limit or descriptor reserve */
     uint64_t refused_reserve;  /* of them: the last descriptors are kept for engines */
+    uint64_t refused_owner;    /* of them: the owner's admit hook (a tenant at its share) */
     uint64_t timed_out;        /* the request deadline passed */
     uint64_t accept_pauses;    /* the listener rested (out of descriptors) */
 };

@@ -31,6 +31,7 @@
 #include "core/log.h"
 #include "kvnode.h"
 #include "net/httpd.h"
+#include "net/kvs_server_http.h"
 #include "net/kvs_server_leases.h"
 #include "tenants/tenants.h"
 
@@ -61,6 +62,7 @@ struct kvs_server {
     size_t nbuckets;
     struct kvs_lease *head, *tail, *cursor;
     struct kvs_leases leases;           /* ids, each tenant's open leases */
+    struct kvs_http_conns conns;        /* each tenant's open HTTP connections */
     struct kvs_server_stats st;
 };
 
@@ -763,6 +765,8 @@ int kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **ou
     }
     if (cfg->kvs_listen_addr.kind != CONFIG_LISTEN_UNIX)
         httpd_set_identify(k->httpd, kvs_identify_tcp, k);
+    kvs_http_conns_init(&k->conns, deps->cfg, deps->tenants);
+    httpd_set_admit(k->httpd, kvs_http_admit, kvs_http_release, &k->conns);
     http = httpd_evhttp(k->httpd);
     evhttp_set_timeout(http, KVS_HTTP_TIMEOUT_S);
     evhttp_set_max_headers_size(http, 64 << 10);
@@ -816,6 +820,7 @@ void kvs_server_get_stats(const struct kvs_server *k, struct kvs_server_stats *o
     out->http_accepted = h.accepted;
     out->http_refused = h.refused;
     out->http_timed_out = h.timed_out;
+    out->http_tenant_limit = k->conns.tenant_limit;
     if (k->dp)
         kvs_dataplane_stats(k->dp, out);
 }

@@ -21,6 +21,8 @@
  *    peer (the kernel's socket table, NETLINK_SOCK_DIAG), established once
  *    when its connection is accepted and kept with the connection.
  *  - Lease ids and per-tenant lease counts (kvs_server_leases.c).
+ *  - Per-tenant HTTP connection counts, applied at accept
+ *    (kvs_server_http.c).
  *
  * Loop thread only. */
 #ifndef KVNODE_KVS_SERVER_H
@@ -96,6 +98,7 @@ struct kvs_server_stats {
     uint64_t http_open, http_max, http_accepted;
     uint64_t http_refused;            /* 503 at connect: kvs_server.max_connections or descriptors */
     uint64_t http_timed_out;          /* kvs_server.request_timeout */
+    uint64_t http_tenant_limit;       /* of http_refused: the tenant at its share (or no tenant, reserve full) */
 };
 
 /* What the front end uses, given at creation by whoever wires the process
