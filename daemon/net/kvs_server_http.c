@@ -1,22 +1,56 @@
-/* kvs_server_http: per-tenant HTTP connection counts of the KVS front end
- * (see kvs_server_http.h). */
-#include "net/kvs_server_http.h"
+/* kvs_server_http: the bounds of the KVS front end's HTTP connections that
+ * depend on who holds them (issue 30; declared in kvs_server.h). Owns each
+ * tenant's count of open HTTP connections and its share of [kvs_server]
+ * max_connections, applied at accept through httpd's admit hook:
+ *  - a connection's tenant is established at accept (the TCP peer's uid
+ *    from the identify hook, or a unix peer's SO_PEERCRED) and counted
+ *    against its share until it closes;
+ *  - the shares add up to the total: a named tenant's is in proportion to
+ *    its host memory (at least 1), "default" gets what the sections leave,
+ *    less a reserve of max_connections / 32 for connections whose tenant
+ *    cannot be established (they only ever get /health and 403s), so one
+ *    tenant at its share never leaves another without a connection.
+ * And the front end's side of the output caps ([kvs_server]
+ * max_output_bytes, max_output_total_bytes; httpd counts the bytes).
+ * Loop thread only. */
+#include "net/kvs_server.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
+#include <jansson.h>
+
 #include "config/config.h"
 #include "config/config_tenant.h"
+#include "core/log.h"
 #include "net/httpd.h"
-#include "net/kvs_server.h"
+#include "tenants/tenants.h"
 
-void kvs_http_conns_init(struct kvs_http_conns *hc, struct kvn_config *const *cfg, struct tenants *ts)
+struct kvs_http_conns {
+    struct kvn_config *const *cfg;     /* read at each accept (reloads) */
+    struct tenants *tenants;
+    struct tenant *tenant[TENANTS_MAX];
+    uint32_t open[TENANTS_MAX];        /* open connections of tenant[i] */
+    size_t ntenants;
+    uint32_t untenanted;               /* open connections without a tenant */
+    uint64_t tenant_limit;             /* refused at accept: at the tenant's share, or the reserve full */
+};
+
+struct kvs_http_conns *kvs_http_conns_new(struct kvn_config *const *cfg, struct tenants *ts)
 {
-    memset(hc, 0, sizeof *hc);
-    hc->cfg = cfg;
-    hc->tenants = ts;
+    struct kvs_http_conns *hc = calloc(1, sizeof *hc);
+    if (hc) {
+        hc->cfg = cfg;
+        hc->tenants = ts;
+    }
+    return hc;
 }
+
+void kvs_http_conns_free(struct kvs_http_conns *hc) { free(hc); }
+
+uint64_t kvs_http_tenant_limit(const struct kvs_http_conns *hc) { return hc ? hc->tenant_limit : 0; }
 
 /* Connections kept for clients whose tenant cannot be established. */
 static uint32_t kvs_http_reserve(const struct kvn_config *cfg)
@@ -32,7 +66,8 @@ static uint32_t kvs_http_named_share(const struct kvn_config *cfg, const struct 
     return share ? (uint32_t)share : 1;
 }
 
-uint32_t kvs_http_share(const struct kvn_config *cfg, struct tenants *ts, const struct tenant *t)
+/* t's share of [kvs_server] max_connections. */
+static uint32_t kvs_http_share(const struct kvn_config *cfg, struct tenants *ts, const struct tenant *t)
 {
     uint32_t pool = cfg->kvs_max_connections - kvs_http_reserve(cfg);
     uint64_t taken = 0;
@@ -108,4 +143,20 @@ void kvs_http_release(void *arg, void *token)
     (void)arg;
     if (*open)
         (*open)--;
+}
+
+char *kvs_http_bound_reply(struct evhttp_request *req, int *code, char *text)
+{
+    char why[384];
+    int status = httpd_reply_room(req, strlen(text), why, sizeof why);
+
+    if (status == 0)
+        return text;
+    free(text);
+    log_debug("kvs front end: %d %s", status, why);
+    *code = status;
+    json_t *err = json_pack("{s:s}", "error", why);
+    text = err ? json_dumps(err, JSON_COMPACT) : NULL;
+    json_decref(err);
+    return text;
 }

@@ -222,7 +222,8 @@ START_TEST(unread_replies_are_bounded)
     const uint8_t **blocks = calloc(2 * NKEYS, sizeof *blocks);
     for (size_t i = 0; i < 2 * NKEYS; i++)
         blocks[i] = blk;
-    ck_assert_int_eq(kvsc_store(&c, keys, 2 * NKEYS, blocks, OBLOCK, 60), 0);
+    for (size_t i = 0; i < 2 * NKEYS; i += 512)
+        ck_assert_int_eq(kvsc_store(&c, keys + i, 512, blocks + i, OBLOCK, 60), 0);
 
     char *body = kvsc_acquire_body("read", keys, NKEYS, OBLOCK, 60);
     long long reads0 = kvs_stat(&e, "requests.acquire_read_total");
@@ -234,10 +235,17 @@ START_TEST(unread_replies_are_bounded)
     ck_assert_msg(kvh_wait_stat(&e.d, "kvs_server.requests.acquire_read_total", reads0 + NCONNS, 20000, &last) == 0,
                   "only %lld of the %d large reads were handled", last - reads0, NCONNS);
     long long held = kvs_stat(&e, "http_output.bytes");
+    fprintf(stderr, "unread_replies_are_bounded: %lld reply bytes held for %d clients that do not read, %lld "
+            "replies refused, daemon VmRSS %lld kB\n", held, NCONNS, kvs_stat(&e, "http_output.refused_total"),
+            kvh_proc_status_kib(e.d.pid, "VmRSS"));
     ck_assert_msg(held >= 0 && held <= (2 << 20) + NCONNS * 1024,
                   "the front end holds %lld bytes of unread replies (kvs_server.max_output_total_bytes = 2 MiB)",
                   held);
     ck_assert_int_eq(kvs_stat(&e, "http_output.max_bytes"), 2 << 20);
+    /* A refused reply grants nothing: only the answered reads hold leases. */
+    long long refused = kvs_stat(&e, "http_output.refused_total");
+    ck_assert_int_gt(refused, 0);
+    ck_assert_int_eq(kvs_stat(&e, "leases_open"), NCONNS - refused);
 
     /* Another client is served meanwhile. */
     uint8_t out[OBLOCK], *outs[1] = { out };
@@ -254,11 +262,15 @@ START_TEST(unread_replies_are_bounded)
     ck_assert_msg(r.status == 413 && err && strstr(err, "kvs_server.max_output_bytes"),
                   "a read whose reply is over max_output_bytes answered %ld '%s'", r.status, err ? err : "");
     kvsc_reply_free(&r);
+    ck_assert_int_eq(kvs_stat(&e, "http_output.refused_total"), refused + 1);
+    ck_assert_int_eq(kvs_stat(&e, "leases_open"), NCONNS - refused);
 
     for (int i = 0; i < NCONNS; i++)
         close(fds[i]);
     ck_assert_msg(kvh_wait_stat(&e.d, "kvs_server.http_output.bytes", 0, 10000, &last) == 0,
                   "%lld bytes of replies still held after their clients closed", last);
+    fprintf(stderr, "unread_replies_are_bounded: after the clients closed: %lld reply bytes held, daemon VmRSS "
+            "%lld kB\n", kvs_stat(&e, "http_output.bytes"), kvh_proc_status_kib(e.d.pid, "VmRSS"));
     ck_assert_msg(kvh_wait_stat(&e.d, "kvs_server.http_connections.open", 0, 10000, &last) == 0,
                   "%lld HTTP connections still open", last);
     free(blocks);
