@@ -208,15 +208,18 @@ int  cache_get_begin(struct cache *c, const struct cache_read_req *req, struct c
  * (ghosts) are misses too, but up to 256 of them start their way back into
  * host memory (as GET promotes them), so a later read finds them. out->n
  * = hits; out->lease_id 0 when there are none. 0 or a negative code, err set.
- * Lookups are with check word 0 (rtp-llm sends none): a block put with a
- * word is a miss, counted in keys.check_mismatches. Of req only ns, owner,
- * keys and n are used. */
+ * Lookups are with req->checks (NULL: word 0, as rtp-llm's v1 keys have
+ * none): a block put with another word is a miss, counted in
+ * keys.check_mismatches. Of req only ns, owner, keys, checks and n are used. */
 int  cache_get_each(struct cache *c, const struct cache_read_req *req, struct cache_lent *out,
                     char *err, size_t errlen);
 /* The namespace of l's deployment and tp_rank, whatever its block_bytes
  * (ignored), or NULL when there is none: for readers that do not know the
  * block size (the KVS front end). */
 struct kv_namespace *cache_find_ns(struct cache *c, const struct ns_layout *l);
+/* The i-th namespace record of the cache's registry (a walk over every
+ * namespace, i from 0), or NULL past the last. */
+struct kv_namespace *cache_ns_at(struct cache *c, size_t i);
 
 /* Deferred answers. A MATCH or GET that needs the store (a lookup of keys the
  * index does not know, or promotions of ghosts) answers later: *_start

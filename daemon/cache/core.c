@@ -797,3 +797,8 @@ struct kv_namespace *cache_find_ns(struct cache *c, const struct ns_layout *l)
     }
     return NULL;
 }
+
+struct kv_namespace *cache_ns_at(struct cache *c, size_t i)
+{
+    return i < ns_count(c->namespaces) ? ns_at(c->namespaces, i) : NULL;
+}

@@ -298,12 +298,15 @@ struct kvs_group {
     int64_t *keys;
     size_t *index;                  /* into the request's key array */
     struct cache_loc *locs;
+    uint64_t *bytes;                /* read: each hit's object size */
+    uint64_t *checks;               /* opaque keys' check words (NULL for v1 keys) */
 };
 
 static bool kvs_same_ns(const struct kvs_key *a, const struct kvs_key *b)
 {
-    return a->tp_rank == b->tp_rank && a->group == b->group && a->version == b->version &&
-           strcmp(a->deployment_id, b->deployment_id) == 0 && strcmp(a->object_ns, b->object_ns) == 0;
+    return a->opaque == b->opaque && a->tp_rank == b->tp_rank && a->group == b->group &&
+           a->version == b->version && strcmp(a->deployment_id, b->deployment_id) == 0 &&
+           strcmp(a->object_ns, b->object_ns) == 0;
 }
 
 static void kvs_groups_free(struct kvs_group *g, size_t ng)
@@ -312,6 +315,8 @@ static void kvs_groups_free(struct kvs_group *g, size_t ng)
         free(g[i].keys);
         free(g[i].index);
         free(g[i].locs);
+        free(g[i].bytes);
+        free(g[i].checks);
     }
     free(g);
 }
@@ -338,7 +343,7 @@ static int kvs_group_keys(json_t *keys, json_t *metas, struct kvs_group **out, s
             snprintf(msg, msglen, "object_keys[%zu] is not a string", i);
             goto fail;
         }
-        if (kvs_key_parse(json_string_value(jk), json_string_length(jk), &key, msg, msglen) < 0)
+        if (kvs_key_classify(json_string_value(jk), json_string_length(jk), &key, msg, msglen) < 0)
             goto fail;
         if (metas) {
             json_t *m = json_array_get(metas, i), *sz = json_object_get(m, "size");
@@ -355,22 +360,17 @@ static int kvs_group_keys(json_t *keys, json_t *metas, struct kvs_group **out, s
             size = (uint64_t)json_integer_value(sz);
         }
         for (j = ng; j-- > 0;)
-            if (kvs_same_ns(&g[j].id, &key))
-                break;
+            if (kvs_same_ns(&g[j].id, &key) && g[j].size == size)
+                break;   /* a create's objects of another size: another namespace */
         if (j == SIZE_MAX) {
             if (ng == KVS_MAX_NS) {
-                snprintf(msg, msglen, "the keys name more than %d (deployment, rank, group) namespaces; send "
+                snprintf(msg, msglen, "the keys name more than %d (deployment, rank, group, size) namespaces; send "
                          "fewer at once", KVS_MAX_NS);
                 goto fail;
             }
             j = ng++;
             g[j].id = key;
             g[j].size = size;
-        } else if (metas && g[j].size != size) {
-            snprintf(msg, msglen, "object_metas[%zu].size is %" PRIu64 " but other objects of %s tp-%u group-%u "
-                     "are %" PRIu64 " bytes; one namespace has one block size", i, size, key.deployment_id,
-                     key.tp_rank, key.group, g[j].size);
-            goto fail;
         }
         g[j].n++;
         which[i] = j;
@@ -380,15 +380,18 @@ static int kvs_group_keys(json_t *keys, json_t *metas, struct kvs_group **out, s
         g[j].keys = malloc(g[j].n * sizeof *g[j].keys);
         g[j].index = malloc(g[j].n * sizeof *g[j].index);
         g[j].locs = calloc(g[j].n, sizeof *g[j].locs);
-        if (!g[j].keys || !g[j].index || !g[j].locs)
+        g[j].checks = g[j].id.opaque ? malloc(g[j].n * sizeof *g[j].checks) : NULL;
+        if (!g[j].keys || !g[j].index || !g[j].locs || (g[j].id.opaque && !g[j].checks))
             goto fail_groups;
         g[j].n = 0;
     }
     for (size_t i = 0; i < n; i++) {
         struct kvs_group *x = &g[which[i]];
         /* Parsed again rather than kept: n may be large, a key is cheap. */
-        kvs_key_parse(json_string_value(json_array_get(keys, i)), json_string_length(json_array_get(keys, i)),
-                      &key, msg, msglen);
+        kvs_key_classify(json_string_value(json_array_get(keys, i)), json_string_length(json_array_get(keys, i)),
+                         &key, msg, msglen);
+        if (x->checks)
+            x->checks[x->n] = key.check;
         x->keys[x->n] = key.block;
         x->index[x->n++] = i;
     }
@@ -547,29 +550,26 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
             goto fail;
         if (create) {
             k->st.create_keys += x->n;
-            rc = cache_bind(t->cache, &layout, &x->ns, msg, sizeof msg);
+            rc = kvs_bind_object_ns(t->cache, &layout, &x->ns, msg, sizeof msg);
             if (rc < 0) {
                 status = kvs_status_of(rc);
                 goto fail;
             }
             cache_unbind(t->cache, x->ns);   /* kept by its reservations and blocks, not by a client */
-            /* rtp-llm sends no check words: word 0 (NULL) */
+            /* v1 keys carry no check words (NULL: word 0); opaque keys' are from their hash */
             rc = cache_put_begin(t->cache, &(struct cache_put_req){ .ns = x->ns, .owner = &l->owner,
-                                 .keys = x->keys, .n = x->n, .tier = KVNODE_TIER_HOST },
+                                 .keys = x->keys, .checks = x->checks, .n = x->n, .tier = KVNODE_TIER_HOST },
                                  &lease_id, x->locs, msg, sizeof msg);
         } else {
             k->st.read_keys += x->n;
-            x->ns = cache_find_ns(t->cache, &layout);
-            /* Known only from the store (recovery): bind it once so that it
-             * has its size class and its blocks can come back into memory. */
-            if (x->ns && x->ns->cls == UINT32_MAX &&
-                cache_bind(t->cache, &x->ns->layout, &x->ns, msg, sizeof msg) == 0)
-                cache_unbind(t->cache, x->ns);
-            struct cache_lent lent = { .locs = x->locs };
-            rc = x->ns ? cache_get_each(t->cache, &(struct cache_read_req){ .ns = x->ns, .keys = x->keys,
-                                        .n = x->n, .owner = &l->owner }, &lent, msg, sizeof msg)
-                       : 0;
-            lease_id = lent.lease_id;
+            size_t nsub = l->nsub;
+            rc = (x->bytes = malloc(x->n * sizeof *x->bytes)) ? 0 : -KVNODE_ENOMEM;
+            if (rc == 0)
+                rc = kvs_read_objects(t->cache, &layout, &(struct kvs_read){ .keys = x->keys, .checks = x->checks,
+                                      .n = x->n, .owner = &l->owner, .locs = x->locs, .bytes = x->bytes,
+                                      .lease_ids = l->sub, .nleases = &nsub, .max_leases = KVS_MAX_NS },
+                                      msg, sizeof msg);
+            l->nsub = nsub;
         }
         if (rc == CACHE_STORE_BOUND) {
             /* Give back what this request holds and wait for room. */
@@ -602,7 +602,8 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
             }
             if (!create)
                 k->st.read_hits++;
-            if (json_array_append_new(objects, kvs_object(key, x->locs[i].offset, x->ns->layout.block_bytes)) < 0) {
+            if (json_array_append_new(objects, kvs_object(key, x->locs[i].offset,
+                                                          create ? x->ns->layout.block_bytes : x->bytes[i])) < 0) {
                 status = 500;
                 snprintf(msg, sizeof msg, "out of memory");
                 goto fail;

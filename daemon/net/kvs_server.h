@@ -15,9 +15,11 @@
  *    A peer without a tenant is closed at accept; connections are limited
  *    per tenant and in total; an unfinished handshake ends at
  *    server.hello_timeout.
- *  - Keys and peers (kvs_server_keys.c): the object-key parser, the layout a
- *    key's namespace has (kvs_key_layout: the same namespace a libkvnode
- *    client reaches by declaring that layout), and the uid of a loopback TCP
+ *  - Keys and peers (kvs_server_keys.c): the object-key parser (rtp-llm's
+ *    v1 keys; any other key an opaque object), the layout a key's namespace
+ *    has (kvs_key_layout: the same namespace a libkvnode client reaches by
+ *    declaring that layout; every rank served, a namespace per object size,
+ *    reads looked up across them), and the uid of a loopback TCP
  *    peer (the kernel's socket table, NETLINK_SOCK_DIAG), established once
  *    when its connection is accepted and kept with the connection.
  *  - Lease ids and per-tenant lease counts (kvs_server_leases.c).
@@ -44,7 +46,9 @@ struct kvn_config;
 
 #define KVS_LAYOUT_NAME     "rtp_llm_group_block_v1"  /* object_metas layout; the namespace's dtype */
 #define KVS_KEY_FORMAT      "<ns>/v<version>/<deployment_id>/tp-<rank>/group-<g>/block-<int64>"
-#define KVS_KEY_MAX         512       /* bytes of one object key */
+#define KVS_KEY_MAX         512       /* bytes of one v1 object key */
+#define KVS_OPAQUE_KEY_MAX  4096      /* bytes of any other object key */
+#define KVS_OPAQUE_MODEL    "kvs-opaque-objects"   /* the model of opaque objects' namespaces */
 #define KVS_PART_MAX        128       /* bytes of its ns and deployment_id parts, NUL included */
 
 /* An object key, parsed. */
@@ -55,21 +59,67 @@ struct kvs_key {
     uint32_t tp_rank;
     uint32_t group;
     int64_t  block;
+    /* Any other key: an opaque object of the tenant, named by the SHA-256
+     * of the key's bytes (block = its first 8 bytes, check = the next 8:
+     * 128 bits must match for one key to find another's object). */
+    bool     opaque;
+    uint64_t check;             /* the block's check word (0 for v1 keys) */
 };
 
 /* Parse key (len bytes, not NUL-terminated) as KVS_KEY_FORMAT. 0, or -1 with
  * err naming the problem and the expected format. */
 int kvs_key_parse(const char *key, size_t len, struct kvs_key *out, char *err, size_t errlen);
 
-/* The layout of k's namespace (block_bytes as given): model = the
+/* A key of either kind: rtp-llm's v1 (kvs_key_parse), else an opaque
+ * object (empty object_ns and deployment_id). 0, or -1 with err (empty, or
+ * longer than KVS_OPAQUE_KEY_MAX). */
+int kvs_key_classify(const char *key, size_t len, struct kvs_key *out, char *err, size_t errlen);
+
+/* The layout of k's namespace (block_bytes as given); an opaque key's is
+ * model KVS_OPAQUE_MODEL, extra "kvs_opaque_objects=1", tp_size 1. Else: model = the
  * deployment id, dtype = KVS_LAYOUT_NAME, block_tokens = num_layers =
- * kv_heads = head_dim = 1, tp_size, tp_rank = k's rank, extra =
+ * kv_heads = head_dim = 1, extra =
  * "kvs_deployment_id=<id>;kvs_object_ns=<ns>;kvs_version=<v>;kvs_group=<g>".
- * A libkvnode client that declares exactly this layout binds the same
- * namespace (its blocks are the objects' blocks, key = block). 0, or -1 with
- * err when a part does not fit a layout field or the rank is not below tp_size. */
+ * A rank below tp_size ([kvs_server] tp_size: the TP size of the deployments
+ * served, when one is known) is rank tp_rank of tp_size, so that KVCM sees
+ * a key once every rank holds it; any other rank is served as a deployment
+ * of its own (tp_size 1, tp_rank 0, and for a rank r > 0 ";kvs_tp_rank=<r>"
+ * appended to extra): no rank is refused. A libkvnode client that declares
+ * exactly this layout binds the same namespace (its blocks are the objects'
+ * blocks, key = block). 0, or -1 with err when a part does not fit a layout
+ * field. */
 int kvs_key_layout(const struct kvs_key *k, uint32_t tp_size, uint64_t block_bytes, struct ns_layout *out,
                    char *err, size_t errlen);
+
+/* Objects of any size (a namespace per size): the first size of a
+ * (deployment, rank, group) binds its plain layout (kvs_key_layout); a size
+ * the plain one does not have binds l with KVS_SIZE_TAG "<bytes>" appended to
+ * extra (l is changed so). cache_bind's 0 or negative code, err set. */
+#define KVS_SIZE_TAG ";kvs_object_bytes="
+struct cache;
+struct cache_loc;
+struct kv_namespace;
+struct lease_list;
+int kvs_bind_object_ns(struct cache *c, struct ns_layout *l, struct kv_namespace **out, char *err, size_t errlen);
+
+/* An acquire(read) of n keys of one (deployment, rank, group), whatever
+ * their sizes: every namespace of the group (plain layout l, and one per
+ * other size) is asked for the keys not found in the ones before it, each
+ * with hits pinned under one cache read lease owned by owner. */
+struct kvs_read {
+    const int64_t     *keys;
+    const uint64_t    *checks;      /* n check words, or NULL: every word 0 */
+    size_t             n;
+    struct lease_list *owner;
+    struct cache_loc  *locs;        /* out: n, present = a hit */
+    uint64_t          *bytes;       /* out: n, a hit's object size */
+    uint64_t          *lease_ids;   /* out: the cache leases taken, appended */
+    size_t            *nleases;     /* in/out: how many lease_ids holds */
+    size_t             max_leases;  /* lease_ids' room; the lookup stops there */
+};
+/* 0 or a negative cache code, err set (the leases taken so far are in
+ * lease_ids either way). */
+int kvs_read_objects(struct cache *c, const struct ns_layout *l, struct kvs_read *r, char *err, size_t errlen);
 
 /* The uid owning the other end of the loopback TCP connection fd (its
  * 4-tuple looked up in the kernel's socket table, NETLINK_SOCK_DIAG). 0, or

@@ -1,6 +1,8 @@
-/* kvs_server keys: the KVS front end's object-key parser, the namespace
- * layout of a key, the uid of a loopback TCP peer (NETLINK_SOCK_DIAG) and the
- * tenant of a peer (see kvs_server.h). Loop thread only; nothing here blocks
+/* kvs_server keys: the KVS front end's object keys (rtp-llm's v1 parsed,
+ * any other key an opaque object named by its SHA-256), the namespace
+ * layout of a key (a namespace per object size, and the read lookup over
+ * them), the uid of a loopback TCP peer (NETLINK_SOCK_DIAG) and the tenant
+ * of a peer (see kvs_server.h). Loop thread only; nothing here blocks
  * (the netlink query is answered by the kernel from its socket table). */
 #include "net/kvs_server.h"
 
@@ -17,10 +19,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cache/cache.h"
 #include "config/config.h"
 #include "core/errmsg.h"
+#include "kvnode.h"
 #include "net/httpd.h"
 #include "net/server.h"
+#include "sha256.h"
 #include "tenants/tenants.h"
 
 /* --- object keys ------------------------------------------------------------- */
@@ -123,17 +128,58 @@ int kvs_key_parse(const char *key, size_t len, struct kvs_key *out, char *err, s
     return 0;
 }
 
+int kvs_key_classify(const char *key, size_t len, struct kvs_key *out, char *err, size_t errlen)
+{
+    unsigned char d[32];
+
+    if (kvs_key_parse(key, len, out, err, errlen) == 0)
+        return 0;
+    memset(out, 0, sizeof *out);
+    if (len == 0 || len > KVS_OPAQUE_KEY_MAX) {
+        errmsg_set(err, errlen, "object key of %zu bytes: a key has 1 to %d bytes", len, KVS_OPAQUE_KEY_MAX);
+        return -1;
+    }
+    sha256_digest(key, len, d);
+    uint64_t b = 0, c = 0;
+    for (int i = 0; i < 8; i++) {
+        b = b << 8 | d[i];
+        c = c << 8 | d[8 + i];
+    }
+    out->opaque = true;
+    out->block = (int64_t)b;
+    out->check = c;
+    return 0;
+}
+
+static void kvs_opaque_layout(uint64_t block_bytes, struct ns_layout *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->model, sizeof out->model, "%s", KVS_OPAQUE_MODEL);
+    snprintf(out->extra, sizeof out->extra, "kvs_opaque_objects=1");
+    snprintf(out->dtype, sizeof out->dtype, "%s", KVS_LAYOUT_NAME);
+    out->block_tokens = out->num_layers = out->kv_heads = out->head_dim = 1;
+    out->block_bytes = block_bytes;
+    out->tp_size = 1;
+}
+
 int kvs_key_layout(const struct kvs_key *k, uint32_t tp_size, uint64_t block_bytes, struct ns_layout *out,
                    char *err, size_t errlen)
 {
-    memset(out, 0, sizeof *out);
-    if (k->tp_rank >= tp_size) {
-        errmsg_set(err, errlen, "object key rank tp-%u is not below [kvs_server] tp_size = %u; set tp_size to "
-                   "the engines' tensor-parallel size", k->tp_rank, tp_size);
-        return -1;
+    if (k->opaque) {
+        kvs_opaque_layout(block_bytes, out);
+        return 0;
     }
+    /* A rank below [kvs_server] tp_size is one rank of a deployment of that
+     * TP size; any other rank (every rank past 0 with the default tp_size 1)
+     * is a deployment of its own, its rank named in extra. */
+    bool alone = k->tp_rank >= tp_size;
+    char rank[32] = "";
+
+    memset(out, 0, sizeof *out);
+    if (alone && k->tp_rank > 0)
+        snprintf(rank, sizeof rank, ";kvs_tp_rank=%u", k->tp_rank);
     int n = snprintf(out->extra, sizeof out->extra, "kvs_deployment_id=%s;kvs_object_ns=%s;kvs_version=%u;"
-                     "kvs_group=%u", k->deployment_id, k->object_ns, k->version, k->group);
+                     "kvs_group=%u%s", k->deployment_id, k->object_ns, k->version, k->group, rank);
     if (n < 0 || (size_t)n >= sizeof out->extra ||
         snprintf(out->model, sizeof out->model, "%s", k->deployment_id) >= (int)sizeof out->model) {
         errmsg_set(err, errlen, "object key parts too long: deployment id '%s' and namespace '%s' must "
@@ -147,9 +193,111 @@ int kvs_key_layout(const struct kvs_key *k, uint32_t tp_size, uint64_t block_byt
     out->num_layers = 1;
     out->kv_heads = 1;
     out->head_dim = 1;
-    out->tp_size = tp_size;
-    out->tp_rank = k->tp_rank;
+    out->tp_size = alone ? 1 : tp_size;
+    out->tp_rank = alone ? 0 : k->tp_rank;
     return 0;
+}
+
+/* --- objects of any size: a namespace per size ------------------------------- */
+
+int kvs_bind_object_ns(struct cache *c, struct ns_layout *l, struct kv_namespace **out, char *err, size_t errlen)
+{
+    int rc = cache_bind(c, l, out, err, errlen);
+    if (rc != -KVNODE_ELAYOUT)
+        return rc;
+    /* The plain layout holds objects of another size: this size's own. */
+    size_t used = strnlen(l->extra, sizeof l->extra);
+    int n = snprintf(l->extra + used, sizeof l->extra - used, KVS_SIZE_TAG "%" PRIu64, l->block_bytes);
+    if (n < 0 || (size_t)n >= sizeof l->extra - used) {
+        l->extra[used] = '\0';
+        errmsg_set(err, errlen, "object key parts too long for a namespace of %" PRIu64 "-byte objects "
+                   "(extra < %d bytes)", l->block_bytes, NS_EXTRA_MAX);
+        return -KVNODE_ELAYOUT;
+    }
+    return cache_bind(c, l, out, err, errlen);
+}
+
+/* Whether have is one of the namespaces of want's (deployment, rank, group):
+ * its plain layout or one of its per-size ones. */
+static bool kvs_layout_of_group(const struct ns_layout *have, const struct ns_layout *want)
+{
+    size_t n = strnlen(want->extra, sizeof want->extra);
+    if (strcmp(have->model, want->model) != 0 || strcmp(have->dtype, want->dtype) != 0 ||
+        have->tp_size != want->tp_size || have->tp_rank != want->tp_rank ||
+        have->block_tokens != want->block_tokens || have->num_layers != want->num_layers ||
+        have->kv_heads != want->kv_heads || have->head_dim != want->head_dim ||
+        strncmp(have->extra, want->extra, n) != 0)
+        return false;
+    return have->extra[n] == '\0' || strncmp(have->extra + n, KVS_SIZE_TAG, strlen(KVS_SIZE_TAG)) == 0;
+}
+
+/* Ask ns for the m keys of want[] not found yet (their indexes in idx);
+ * the hits' locations and sizes into locs/bytes. */
+static int kvs_read_in(struct cache *c, struct kv_namespace *ns, struct kvs_read *r, const size_t *idx,
+                       const int64_t *want, const uint64_t *checks, struct cache_loc *got, size_t m, char *err,
+                       size_t errlen)
+{
+    /* Known only from the store (recovery): bind it once so that it has
+     * its size class and its blocks can come back into memory. */
+    if (ns->cls == UINT32_MAX && cache_bind(c, &ns->layout, &ns, err, errlen) == 0)
+        cache_unbind(c, ns);
+    struct cache_lent lent = { .locs = got };
+    int rc = cache_get_each(c, &(struct cache_read_req){ .ns = ns, .keys = want, .checks = checks, .n = m,
+                                                        .owner = r->owner },
+                            &lent, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (lent.lease_id)
+        r->lease_ids[(*r->nleases)++] = lent.lease_id;
+    for (size_t i = 0; i < m; i++)
+        if (got[i].present) {
+            r->locs[idx[i]] = got[i];
+            r->bytes[idx[i]] = ns->layout.block_bytes;
+        }
+    return 0;
+}
+
+int kvs_read_objects(struct cache *c, const struct ns_layout *l, struct kvs_read *r, char *err, size_t errlen)
+{
+    size_t *idx = malloc((r->n ? r->n : 1) * sizeof *idx);
+    int64_t *want = malloc((r->n ? r->n : 1) * sizeof *want);
+    struct cache_loc *got = malloc((r->n ? r->n : 1) * sizeof *got);
+    uint64_t *checks = r->checks ? malloc(r->n * sizeof *checks) : NULL;
+    int rc = 0;
+
+    for (size_t i = 0; i < r->n; i++) {
+        r->locs[i].present = false;
+        r->bytes[i] = 0;
+    }
+    if (!idx || !want || !got || (r->checks && !checks)) {
+        errmsg_set(err, errlen, "out of memory");
+        rc = -KVNODE_ENOMEM;
+    }
+    /* Every namespace of the group, one per object size (a handful):
+     * each asked for the keys the ones before it did not have. */
+    for (size_t j = 0; rc == 0 && *r->nleases < r->max_leases; j++) {
+        struct kv_namespace *ns = cache_ns_at(c, j);
+        size_t m = 0;
+        if (!ns)
+            break;
+        if (!kvs_layout_of_group(&ns->layout, l))
+            continue;
+        for (size_t i = 0; i < r->n; i++)
+            if (!r->locs[i].present) {
+                idx[m] = i;
+                if (checks)
+                    checks[m] = r->checks[i];
+                want[m++] = r->keys[i];
+            }
+        if (m == 0)
+            break;
+        rc = kvs_read_in(c, ns, r, idx, want, checks, got, m, err, errlen);
+    }
+    free(idx);
+    free(want);
+    free(got);
+    free(checks);
+    return rc;
 }
 
 /* --- the uid of a loopback TCP peer ------------------------------------------ */

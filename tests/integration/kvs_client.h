@@ -162,7 +162,11 @@ static inline int kvsc_open(kvsc *c, const char *url, const char *sock, char *wh
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     memset(c, 0, sizeof *c);
     c->fd = -1;
-    snprintf(c->url, sizeof c->url, "%s", url);
+    if (strlen(url) >= sizeof c->url) {
+        snprintf(why, whylen, "url too long");
+        return -1;
+    }
+    memcpy(c->url, url, strlen(url) + 1);
     if (strlen(sock) >= sizeof sa.sun_path) {
         snprintf(why, whylen, "socket path too long");
         return -1;

@@ -103,9 +103,19 @@ START_TEST(test_v6d_backend_keys_parse)
     k.group = 1;
     ck_assert_int_eq(kvs_key_layout(&k, 4, 65536, &g1, err, sizeof err), 0);
     ck_assert(ns_fingerprint(&g1) != ns_fingerprint(&out));
-    /* A rank not below tp_size is refused naming the option. */
-    ck_assert_int_eq(kvs_key_layout(&k, 3, 65536, &g1, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "[kvs_server] tp_size = 3"), "%s", err);
+    /* A rank not below tp_size is served as a deployment of its own (issue
+     * 30: no TP setting is needed), its rank named in extra. */
+    ck_assert_int_eq(kvs_key_layout(&k, 3, 65536, &g1, err, sizeof err), 0);
+    ck_assert_str_eq(g1.extra, "kvs_deployment_id=eng-42;kvs_object_ns=rtp_llm;kvs_version=1;kvs_group=1;"
+                     "kvs_tp_rank=3");
+    ck_assert_uint_eq(g1.tp_size, 1);
+    ck_assert_uint_eq(g1.tp_rank, 0);
+    ck_assert_int_eq(ns_layout_validate(&g1, err, sizeof err), 0);
+    /* Rank 0 alone keeps the plain layout (what earlier versions stored). */
+    k.tp_rank = 0;
+    ck_assert_int_eq(kvs_key_layout(&k, 1, 65536, &g1, err, sizeof err), 0);
+    ck_assert_str_eq(g1.extra, "kvs_deployment_id=eng-42;kvs_object_ns=rtp_llm;kvs_version=1;kvs_group=1");
+    ck_assert_uint_eq(g1.tp_size, 1);
 }
 END_TEST
 
