@@ -632,6 +632,16 @@ static void render_kvs(struct evbuffer *out, const struct stats_snapshot *s)
     family(out, "kvnode_kvs_http_requests_timed_out_total", "counter",
            "KVS HTTP connections closed because a request did not arrive whole within kvs_server.request_timeout.");
     sample_u(out, "kvnode_kvs_http_requests_timed_out_total", NULL, k->http_timed_out);
+    family(out, "kvnode_kvs_http_connections_tenant_limit_total", "counter",
+           "KVS HTTP connections refused with 503 at accept because their tenant held its share of "
+           "kvs_server.max_connections.");
+    sample_u(out, "kvnode_kvs_http_connections_tenant_limit_total", NULL, k->http_tenant_limit);
+    family(out, "kvnode_kvs_http_output_bytes", "gauge",
+           "KVS HTTP reply bytes not yet taken by the kernel, all connections (at most kvs_server.max_output_total_bytes).");
+    sample_u(out, "kvnode_kvs_http_output_bytes", NULL, k->http_output_bytes);
+    family(out, "kvnode_kvs_http_output_refused_total", "counter",
+           "KVS HTTP replies answered 413 or 503 instead: over kvs_server.max_output_bytes or max_output_total_bytes.");
+    sample_u(out, "kvnode_kvs_http_output_refused_total", NULL, k->http_output_refused);
 }
 
 static void render_workers(struct evbuffer *out, uint32_t stall_timeout_ms)

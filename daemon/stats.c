@@ -535,7 +535,13 @@ static void kvs_json(const struct stats_snapshot *s, json_t *root)
     set(r, "accepted_total", ju(k->http_accepted));
     set(r, "refused_total", ju(k->http_refused));
     set(r, "timed_out_total", ju(k->http_timed_out));
+    set(r, "tenant_limit_total", ju(k->http_tenant_limit));
     set(o, "http_connections", r);
+    r = json_object();
+    set(r, "bytes", ju(k->http_output_bytes));
+    set(r, "max_bytes", ju(k->http_output_max));
+    set(r, "refused_total", ju(k->http_output_refused));
+    set(o, "http_output", r);
     set(root, "kvs_server", o);
 }
 

@@ -198,6 +198,10 @@ static const struct opt_def config_options[] = {
     { "kvs_server", "max_connections", &T_COUNT, "1024", FIELD(kvs_max_connections), .min = 1, .max = 65536 },
     { "kvs_server", "request_timeout", &T_DURATION, "10s", FIELD(kvs_request_timeout_ms), .min = 100,
       .max = MS_PER_H },
+    { "kvs_server", "max_output_bytes", &T_SIZE, "32MiB", FIELD(kvs_max_output_bytes), .min = 64 * KIB,
+      .max = 4 * GIB },
+    { "kvs_server", "max_output_total_bytes", &T_SIZE, "256MiB", FIELD(kvs_max_output_total_bytes), .min = 64 * KIB,
+      .max = 64 * GIB },
 
     /* [kvcm]: off by default; the timings are the reference publisher's
      * (docs/PROTOCOLS.md §2); endpoints and host_ip_port have no default. Every

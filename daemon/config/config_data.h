@@ -162,6 +162,8 @@ struct kvn_config {
     uint32_t kvs_max_term_ms;        /* longest term a request may ask for */
     uint32_t kvs_tp_size;            /* TP size of the engines served (namespace identity) */
     uint32_t kvs_max_connections;    /* HTTP connections open at once (reloadable) */
+    uint64_t kvs_max_output_bytes;   /* unsent reply bytes of one HTTP connection (reloadable) */
+    uint64_t kvs_max_output_total_bytes; /* ... of all of them (reloadable) */
     uint32_t kvs_request_timeout_ms; /* an HTTP request must arrive whole within this (reloadable) */
 
     /* [kvcm] (every option restart-only; nothing is sent unless enabled):

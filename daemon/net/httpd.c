@@ -5,12 +5,14 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
@@ -30,6 +32,10 @@
 #define HTTPD_LOG_REPEAT_MS  10000u
 #define HTTPD_BUCKETS        1024u    /* connection lookup by evhttp_connection */
 #define HTTPD_MAX_SERVERS    8
+/* Once this many reply bytes were held and all are gone, free memory is
+ * handed back to the kernel (malloc_trim), at most once per interval. */
+#define HTTPD_TRIM_BYTES     (4u << 20)
+#define HTTPD_TRIM_MS        1000u
 
 /* One connection, from the moment evhttp accepted it. evhttp 2.1 has no
  * connection limit and no hook on accept, so: evhttp asks us for each new
@@ -44,6 +50,10 @@ struct httpd_conn {
     struct event *deadline;           /* for the request being received */
     struct httpd_conn *next;          /* fresh queue, then its bucket's chain */
     struct httpd_peer peer;           /* from the identify hook, at accept */
+    bool admitted;                    /* by the admit hook: release token at close */
+    void *token;
+    struct evbuffer_cb_entry *output_cb; /* counts the output buffer's bytes */
+    uint64_t output;                  /* bytes in it */
     /* httpd_request_watch: the owner of a request that waits is told once if
      * the connection closes first; leave_ev sees the client leave. */
     struct evhttp_request *watched;
@@ -65,14 +75,20 @@ struct httpd {
     void *limits_arg;
     httpd_identify_fn identify;          /* NULL: connections are not identified */
     void *identify_arg;
+    httpd_admit_fn admit;                /* NULL: only the total is counted */
+    httpd_release_fn release;
+    void *admit_arg;
     struct httpd_conn *fresh, *fresh_tail; /* accepted by evhttp, not yet adopted, oldest first */
     struct event *adopt_ev;
     struct httpd_conn *buckets[HTTPD_BUCKETS]; /* adopted and open, by evcon */
     size_t nconns;
     struct event *accept_resume_ev;      /* the paused listener tries again */
+    struct event *trim_ev;               /* malloc_trim after replies were freed */
     uint64_t accept_pauses_episode;      /* pauses since accepting last worked */
     struct log_limit accept_log, refuse_log;
-    uint64_t accepted, refused, refused_reserve, timed_out, accept_pauses;
+    uint64_t accepted, refused, refused_reserve, refused_owner, timed_out, accept_pauses;
+    uint64_t output_bytes, output_peak, output_refused;   /* peak: since the last trim */
+    uint64_t trimmed_ms;
 };
 
 /* libevent calls a listener's error callback with the evhttp as argument,
@@ -206,6 +222,83 @@ void httpd_request_unwatch(struct httpd *h, struct evhttp_request *req)
         httpd_watch_end(hc, false);
 }
 
+/* ---- unsent replies: counted from each connection's output buffer ------------- */
+
+static void httpd_output_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+    struct httpd_conn *hc = arg;
+    struct httpd *h = hc->h;
+    (void)buf;
+    hc->output += info->n_added;
+    h->output_bytes += info->n_added;
+    hc->output -= info->n_deleted < hc->output ? info->n_deleted : hc->output;
+    h->output_bytes -= info->n_deleted < h->output_bytes ? info->n_deleted : h->output_bytes;
+    if (h->output_bytes > h->output_peak)
+        h->output_peak = h->output_bytes;
+}
+
+/* Much of what replies held is free again: hand it back to the kernel
+ * (after evhttp has freed the closed connection's buffers). */
+static void httpd_trim_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct httpd *h = arg;
+    (void)fd;
+    (void)what;
+    malloc_trim(0);
+    h->output_peak = h->output_bytes;
+    h->trimmed_ms = clock_now_ms();
+}
+
+/* hc closes: its unsent bytes are no longer held. */
+static void httpd_output_forget(struct httpd_conn *hc)
+{
+    struct httpd *h = hc->h;
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(hc->evcon);
+    uint64_t now = clock_now_ms();
+
+    if (hc->output_cb && bev)
+        evbuffer_remove_cb_entry(bufferevent_get_output(bev), hc->output_cb);
+    hc->output_cb = NULL;
+    h->output_bytes -= hc->output < h->output_bytes ? hc->output : h->output_bytes;
+    hc->output = 0;
+    if (h->trim_ev && h->output_peak >= HTTPD_TRIM_BYTES && h->output_bytes <= h->output_peak / 4 &&
+        !evtimer_pending(h->trim_ev, NULL)) {
+        uint64_t wait = now - h->trimmed_ms >= HTTPD_TRIM_MS ? 0 : HTTPD_TRIM_MS - (now - h->trimmed_ms);
+        struct timeval tv = { .tv_sec = (time_t)(wait / 1000u), .tv_usec = (suseconds_t)(wait % 1000u * 1000u) };
+        evtimer_add(h->trim_ev, &tv);
+    }
+}
+
+int httpd_reply_room(struct evhttp_request *req, size_t bytes, char *why, size_t whylen)
+{
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    struct httpd_conn *hc = NULL;
+
+    for (size_t i = 0; i < HTTPD_MAX_SERVERS && !hc; i++)
+        if (httpd_servers[i])
+            hc = httpd_conn_find(httpd_servers[i], evcon);
+    if (!hc)
+        return 0;
+    struct httpd *h = hc->h;
+    struct httpd_limits lim = httpd_limits_now(h);
+    if (lim.max_output_bytes && hc->output + bytes > lim.max_output_bytes) {
+        h->output_refused++;
+        snprintf(why, whylen, "the reply would be %zu bytes, more than %s (%llu) lets one connection hold; ask for "
+                 "fewer objects per request", bytes, lim.max_output_option ? lim.max_output_option : "max_output_bytes",
+                 (unsigned long long)lim.max_output_bytes);
+        return bytes > lim.max_output_bytes ? 413 : 503;
+    }
+    if (lim.max_output_total_bytes && h->output_bytes + bytes > lim.max_output_total_bytes) {
+        h->output_refused++;
+        snprintf(why, whylen, "%llu bytes of replies are waiting for their clients to read them; %zu more would be "
+                 "over %s (%llu); try again later", (unsigned long long)h->output_bytes, bytes,
+                 lim.max_output_total_option ? lim.max_output_total_option : "max_output_total_bytes",
+                 (unsigned long long)lim.max_output_total_bytes);
+        return 503;
+    }
+    return 0;
+}
+
 /* evhttp frees the connection (any reason, our deadline included). */
 static void httpd_conn_closed_cb(struct evhttp_connection *evcon, void *arg)
 {
@@ -222,6 +315,9 @@ static void httpd_conn_closed_cb(struct evhttp_connection *evcon, void *arg)
         }
     }
     h->nconns--;
+    httpd_output_forget(hc);
+    if (hc->admitted)
+        h->release(h->admit_arg, hc->token);
     event_free(hc->deadline);
     free(hc);
 }
@@ -286,15 +382,33 @@ static void httpd_send_503(int fd, const char *why)
     }
 }
 
+/* Refuse hc at accept: counted, logged (rate-limited), 503 on the socket,
+ * closed. */
+static void httpd_refuse(struct httpd *h, struct httpd_conn *hc, struct bufferevent *bev, int fd, const char *why)
+{
+    char note[64];
+    uint64_t held = 0;
+
+    h->refused++;
+    if (log_limit_pass(&h->refuse_log, clock_now_ms(), HTTPD_LOG_REPEAT_MS, &held))
+        log_warn("%s: refused a connection: %s%s", h->name, why, log_limit_note(held, "refused", note, sizeof note));
+    if (fd >= 0)
+        httpd_send_503(fd, why);
+    if (hc->deadline)
+        event_free(hc->deadline);
+    evhttp_connection_free(hc->evcon);
+    bufferevent_decref(bev);   /* the last reference: closes fd */
+    free(hc);
+}
+
 static void httpd_adopt(struct httpd *h, struct httpd_conn *hc)
 {
     struct bufferevent *bev = hc->bev;
     void *evcon = NULL;
-    char buf[256], note[64];
+    char buf[256];
     const char *why;
     bool reserve;
     int fd = (int)bufferevent_getfd(bev);
-    uint64_t held = 0;
 
     hc->bev = NULL;
     bufferevent_getcb(bev, NULL, NULL, NULL, &evcon);
@@ -313,26 +427,27 @@ static void httpd_adopt(struct httpd *h, struct httpd_conn *hc)
     if (!why && !(hc->deadline = evtimer_new(h->base, httpd_deadline_cb, hc)))
         why = "out of memory";
     if (why) {
-        h->refused++;
         h->refused_reserve += reserve;
-        if (log_limit_pass(&h->refuse_log, clock_now_ms(), HTTPD_LOG_REPEAT_MS, &held))
-            log_warn("%s: refused a connection: %s%s", h->name, why,
-                     log_limit_note(held, "refused", note, sizeof note));
-        if (fd >= 0)
-            httpd_send_503(fd, why);
-        evhttp_connection_free(hc->evcon);
-        bufferevent_decref(bev);   /* the last reference: closes fd */
-        free(hc);
+        httpd_refuse(h, hc, bev, fd, why);
         return;
     }
     if (h->identify)
         h->identify(h->identify_arg, fd, &hc->peer);
+    if (h->admit) {
+        if (h->admit(h->admit_arg, fd, &hc->peer, &hc->token, buf, sizeof buf) < 0) {
+            h->refused_owner++;
+            httpd_refuse(h, hc, bev, fd, buf);
+            return;
+        }
+        hc->admitted = true;
+    }
     struct httpd_conn **b = httpd_bucket(h, hc->evcon);
     hc->next = *b;
     *b = hc;
     h->nconns++;
     h->accepted++;
     evhttp_connection_set_closecb(hc->evcon, httpd_conn_closed_cb, hc);
+    hc->output_cb = evbuffer_add_cb(bufferevent_get_output(bev), httpd_output_cb, hc);
     httpd_arm_deadline(hc);
     bufferevent_decref(bev);
 }
@@ -489,7 +604,8 @@ int httpd_create(struct event_base *base, const char *name, const char *what, co
     snprintf(h->name, sizeof h->name, "%s", name);
     h->adopt_ev = event_new(base, -1, 0, httpd_adopt_cb, h);
     h->accept_resume_ev = evtimer_new(base, httpd_accept_resume_cb, h);
-    if (!h->adopt_ev || !h->accept_resume_ev) {
+    h->trim_ev = evtimer_new(base, httpd_trim_cb, h);
+    if (!h->adopt_ev || !h->accept_resume_ev || !h->trim_ev) {
         httpd_destroy(h);
         errmsg_set(err, errlen, "%s: out of memory", name);
         return -1;
@@ -513,6 +629,12 @@ void httpd_set_identify(struct httpd *h, httpd_identify_fn fn, void *arg)
 {
     h->identify = fn;
     h->identify_arg = arg;
+}
+void httpd_set_admit(struct httpd *h, httpd_admit_fn admit, httpd_release_fn release, void *arg)
+{
+    h->admit = admit;
+    h->release = release;
+    h->admit_arg = arg;
 }
 const char *httpd_address(const struct httpd *h) { return h->address; }
 bool httpd_stopping(const struct httpd *h) { return h->stopping; }
@@ -546,6 +668,8 @@ void httpd_destroy(struct httpd *h)
         event_free(h->adopt_ev);
     if (h->accept_resume_ev)
         event_free(h->accept_resume_ev);
+    if (h->trim_ev)
+        event_free(h->trim_ev);
     if (h->unix_owned)
         unlink(h->path);
     for (size_t i = 0; i < HTTPD_MAX_SERVERS; i++)
@@ -558,7 +682,9 @@ void httpd_get_stats(const struct httpd *h, struct httpd_stats *out)
 {
     *out = (struct httpd_stats){
         .open = h->nconns, .max = httpd_limits_now(h).max_connections, .accepted = h->accepted,
-        .refused = h->refused, .refused_reserve = h->refused_reserve, .timed_out = h->timed_out,
+        .refused = h->refused, .refused_reserve = h->refused_reserve, .refused_owner = h->refused_owner,
+        .timed_out = h->timed_out, .output_bytes = h->output_bytes, .output_refused = h->output_refused,
+        .output_max = httpd_limits_now(h).max_output_total_bytes,
         .accept_pauses = h->accept_pauses,
     };
 }

@@ -9,7 +9,15 @@
  *     or of the previous reply (bytes trickling in do not extend it);
  *   - a listener that cannot accept (EMFILE) rests instead of spinning;
  *   - who opened each connection, established once at accept by the
- *     owner's hook (httpd_set_identify) and kept with it.
+ *     owner's hook (httpd_set_identify) and kept with it;
+ *   - the owner's own count of connections (per tenant), asked at accept
+ *     (httpd_set_admit): a connection it refuses gets a 503 and is closed
+ *     before it holds a slot;
+ *   - the reply bytes not yet taken by the kernel, per connection and in
+ *     all (counted from each connection's output buffer): an owner asks
+ *     httpd_reply_room before it writes a large reply. evhttp reads no
+ *     new request of a connection until its reply is sent, so a
+ *     connection holds at most one reply.
  * The limits are asked for through a callback at each use, so a reload
  * applies to the next connection or request.
  *
@@ -48,6 +56,9 @@ struct httpd_limits {
     uint32_t max_connections;
     uint32_t request_timeout_ms;
     const char *max_connections_option;   /* named in refusals: "admin.max_connections" */
+    uint64_t max_output_bytes;            /* one reply (0: no cap) */
+    uint64_t max_output_total_bytes;      /* unsent replies of all connections (0: no cap) */
+    const char *max_output_option, *max_output_total_option;
 };
 typedef void (*httpd_limits_fn)(void *arg, struct httpd_limits *out);
 
@@ -64,6 +75,13 @@ const char *httpd_address(const struct httpd *h);
 /* Call fn(arg, fd, &peer) for each connection when it is accepted, before
  * any request on it is read (on the loop: fn must not wait long). */
 void httpd_set_identify(struct httpd *h, httpd_identify_fn fn, void *arg);
+/* Asked at each accept, after the identify hook: 0 keeps the connection
+ * (*token, the owner's, is handed to release when it closes), -1 refuses it
+ * (503 with why, counted in refused and refused_owner). */
+typedef int (*httpd_admit_fn)(void *arg, int fd, const struct httpd_peer *peer, void **token, char *why,
+                              size_t whylen);
+typedef void (*httpd_release_fn)(void *arg, void *token);
+void httpd_set_admit(struct httpd *h, httpd_admit_fn admit, httpd_release_fn release, void *arg);
 /* What the hook established for req's connection at accept; NULL without a
  * hook or for a connection httpd does not hold (then nobody is known). */
 const struct httpd_peer *httpd_request_peer(struct httpd *h, struct evhttp_request *req);
@@ -81,6 +99,12 @@ void httpd_request_arrived(struct httpd *h, struct evhttp_request *req);
 typedef void (*httpd_gone_fn)(void *arg);
 int  httpd_request_watch(struct httpd *h, struct evhttp_request *req, httpd_gone_fn gone, void *arg);
 void httpd_request_unwatch(struct httpd *h, struct evhttp_request *req);
+/* Whether a reply of bytes may be written to req's connection: 0; 413 when
+ * it alone is over max_output_bytes, 503 when the unsent replies of all
+ * connections would be over max_output_total_bytes (why names the option;
+ * counted in output_refused). 0 for a request of no connection of ours.
+ * Small answers (errors) need not ask. */
+int  httpd_reply_room(struct evhttp_request *req, size_t bytes, char *why, size_t whylen);
 /* Close the listener (no new connections); open ones stay. NULL ignored. */
 void httpd_begin_shutdown(struct httpd *h);
 bool httpd_stopping(const struct httpd *h);
@@ -91,8 +115,12 @@ struct httpd_stats {
     uint64_t open, max, accepted;
     uint64_t refused;          /* with 503: limit or descriptor reserve */
     uint64_t refused_reserve;  /* of them: the last descriptors are kept for engines */
+    uint64_t refused_owner;    /* of them: the owner's admit hook (a tenant at its share) */
     uint64_t timed_out;        /* the request deadline passed */
     uint64_t accept_pauses;    /* the listener rested (out of descriptors) */
+    uint64_t output_bytes;     /* reply bytes the kernel has not taken yet, all connections */
+    uint64_t output_max;       /* max_output_total_bytes now */
+    uint64_t output_refused;   /* replies refused by httpd_reply_room */
 };
 void httpd_get_stats(const struct httpd *h, struct httpd_stats *out);
 

@@ -65,6 +65,7 @@ struct kvs_server {
     size_t nbuckets;
     struct kvs_lease *head, *tail, *cursor;
     struct kvs_leases leases;           /* ids, each tenant's open leases */
+    struct kvs_http_conns *conns;       /* each tenant's open HTTP connections */
     struct kvs_server_stats st;
 };
 
@@ -171,11 +172,15 @@ static void kvs_sweep_cb(evutil_socket_t fd, short what, void *arg)
 
 /* --- replies ----------------------------------------------------------------------- */
 
-static void kvs_reply(struct evhttp_request *req, int code, json_t *body)
+/* false when the reply was over the output caps and an error went instead. */
+static bool kvs_reply(struct evhttp_request *req, int code, json_t *body)
 {
     struct evbuffer *out = evbuffer_new();
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    int asked = code;
     json_decref(body);
+    if (text)
+        text = kvs_http_bound_reply(req, &code, text);
     if (text && out) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
         evbuffer_add(out, text, strlen(text));
@@ -184,6 +189,7 @@ static void kvs_reply(struct evhttp_request *req, int code, json_t *body)
     if (out)
         evbuffer_free(out);
     free(text);
+    return code == asked;
 }
 
 static void kvs_fail(struct kvs_server *k, struct evhttp_request *req, int code, const char *msg)
@@ -619,13 +625,15 @@ static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, st
             }
         }
     }
+    bool granted = l->nsub != 0;
     char id[KVS_LEASE_ID_HEX + 1] = "";
-    if (l->nsub)
+    if (granted)
         kvs_lease_id_format(&l->id, id);
     else
         kvs_lease_free(k, l);   /* nothing held: "" (create: every object exists) */
     kvs_pending_end(k, p);   /* before the answer: the connection is evhttp's again */
-    kvs_reply(req, 200, json_pack("{s:{s:s}, s:o}", "lease", "lease_id", id, "objects", objects));
+    if (!kvs_reply(req, 200, json_pack("{s:{s:s}, s:o}", "lease", "lease_id", id, "objects", objects)) && granted)
+        kvs_lease_free(k, l);   /* over the output caps: the client got an error, nothing is granted */
     kvs_groups_free(g, ng);
     json_decref(body);
     return;
@@ -758,6 +766,10 @@ static void kvs_limits(void *arg, struct httpd_limits *out)
     out->max_connections = (*k->deps.cfg)->kvs_max_connections;
     out->request_timeout_ms = (*k->deps.cfg)->kvs_request_timeout_ms;
     out->max_connections_option = "kvs_server.max_connections";
+    out->max_output_bytes = (*k->deps.cfg)->kvs_max_output_bytes;
+    out->max_output_total_bytes = (*k->deps.cfg)->kvs_max_output_total_bytes;
+    out->max_output_option = "kvs_server.max_output_bytes";
+    out->max_output_total_option = "kvs_server.max_output_total_bytes";
 }
 
 int kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **out, char *err, size_t errlen)
@@ -793,6 +805,12 @@ int kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **ou
     }
     if (cfg->kvs_listen_addr.kind != CONFIG_LISTEN_UNIX)
         httpd_set_identify(k->httpd, kvs_identify_tcp, k);
+    if (!(k->conns = kvs_http_conns_new(deps->cfg, deps->tenants))) {
+        kvs_server_destroy(k);
+        errmsg_set(err, errlen, "kvs front end: out of memory");
+        return -1;
+    }
+    httpd_set_admit(k->httpd, kvs_http_admit, kvs_http_release, k->conns);
     http = httpd_evhttp(k->httpd);
     evhttp_set_timeout(http, KVS_HTTP_TIMEOUT_S);
     evhttp_set_max_headers_size(http, 64 << 10);
@@ -827,6 +845,7 @@ void kvs_server_destroy(struct kvs_server *k)
     if (!k)
         return;
     httpd_destroy(k->httpd);
+    kvs_http_conns_free(k->conns);   /* after httpd: its connections' tokens point here */
     if (k->sweep_ev)
         event_free(k->sweep_ev);
     while (k->head)
@@ -846,6 +865,10 @@ void kvs_server_get_stats(const struct kvs_server *k, struct kvs_server_stats *o
     out->http_accepted = h.accepted;
     out->http_refused = h.refused;
     out->http_timed_out = h.timed_out;
+    out->http_tenant_limit = kvs_http_tenant_limit(k->conns);
+    out->http_output_bytes = h.output_bytes;
+    out->http_output_max = h.output_max;
+    out->http_output_refused = h.output_refused;
     if (k->dp)
         kvs_dataplane_stats(k->dp, out);
 }

@@ -23,6 +23,8 @@
  *    peer (the kernel's socket table, NETLINK_SOCK_DIAG), established once
  *    when its connection is accepted and kept with the connection.
  *  - Lease ids and per-tenant lease counts (kvs_server_leases.c).
+ *  - Per-tenant HTTP connection counts, applied at accept
+ *    (kvs_server_http.c).
  *
  * Loop thread only. */
 #ifndef KVNODE_KVS_SERVER_H
@@ -146,6 +148,10 @@ struct kvs_server_stats {
     uint64_t http_open, http_max, http_accepted;
     uint64_t http_refused;            /* 503 at connect: kvs_server.max_connections or descriptors */
     uint64_t http_timed_out;          /* kvs_server.request_timeout */
+    uint64_t http_tenant_limit;       /* of http_refused: the tenant at its share (or no tenant, reserve full) */
+    uint64_t http_output_bytes;       /* reply bytes not yet taken by the kernel (all connections) */
+    uint64_t http_output_max;         /* kvs_server.max_output_total_bytes */
+    uint64_t http_output_refused;     /* replies refused: over max_output_bytes or the total */
 };
 
 /* What the front end uses, given at creation by whoever wires the process
@@ -181,6 +187,27 @@ struct tenant *kvs_server_tenant(const struct kvn_config *cfg, struct tenants *t
  * kernel cannot say). NULL with why set when refused. */
 struct tenant *kvs_server_unix_tenant(const struct kvn_config *cfg, struct tenants *ts, int fd, struct ucred *cred,
                                       char *why, size_t whylen);
+
+/* Per-tenant HTTP connection counts and the front end's side of the output
+ * caps (kvs_server_http.c): each connection's tenant is established at
+ * accept and counted against its share of [kvs_server] max_connections
+ * until it closes (a named tenant's in proportion to its host memory, at
+ * least 1; "default" what the sections leave, after max_connections / 32
+ * kept for clients whose tenant cannot be established), so one tenant at
+ * its share never leaves another without a connection. */
+struct kvs_http_conns;
+struct httpd_peer;
+struct evhttp_request;
+struct kvs_http_conns *kvs_http_conns_new(struct kvn_config *const *cfg, struct tenants *ts);
+void kvs_http_conns_free(struct kvs_http_conns *hc);
+uint64_t kvs_http_tenant_limit(const struct kvs_http_conns *hc);   /* refused at a share */
+/* httpd's admit and release hooks (arg: the struct kvs_http_conns). */
+int  kvs_http_admit(void *arg, int fd, const struct httpd_peer *peer, void **token, char *why, size_t whylen);
+void kvs_http_release(void *arg, void *token);
+/* text (malloc'd JSON, a reply of *code to req) if the output caps let it
+ * be written; else it is freed and an error naming the cap is returned
+ * instead, *code set to 413 or 503. */
+char *kvs_http_bound_reply(struct evhttp_request *req, int *code, char *text);
 
 struct kvs_dataplane;
 int  kvs_dataplane_create(const struct kvs_server_deps *deps, struct kvs_dataplane **out, char *err,

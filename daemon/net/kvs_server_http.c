@@ -1,0 +1,162 @@
+/* kvs_server_http: the bounds of the KVS front end's HTTP connections that
+ * depend on who holds them (issue 30; declared in kvs_server.h). Owns each
+ * tenant's count of open HTTP connections and its share of [kvs_server]
+ * max_connections, applied at accept through httpd's admit hook:
+ *  - a connection's tenant is established at accept (the TCP peer's uid
+ *    from the identify hook, or a unix peer's SO_PEERCRED) and counted
+ *    against its share until it closes;
+ *  - the shares add up to the total: a named tenant's is in proportion to
+ *    its host memory (at least 1), "default" gets what the sections leave,
+ *    less a reserve of max_connections / 32 for connections whose tenant
+ *    cannot be established (they only ever get /health and 403s), so one
+ *    tenant at its share never leaves another without a connection.
+ * And the front end's side of the output caps ([kvs_server]
+ * max_output_bytes, max_output_total_bytes; httpd counts the bytes).
+ * Loop thread only. */
+#include "net/kvs_server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <jansson.h>
+
+#include "config/config.h"
+#include "config/config_tenant.h"
+#include "core/log.h"
+#include "net/httpd.h"
+#include "tenants/tenants.h"
+
+struct kvs_http_conns {
+    struct kvn_config *const *cfg;     /* read at each accept (reloads) */
+    struct tenants *tenants;
+    struct tenant *tenant[TENANTS_MAX];
+    uint32_t open[TENANTS_MAX];        /* open connections of tenant[i] */
+    size_t ntenants;
+    uint32_t untenanted;               /* open connections without a tenant */
+    uint64_t tenant_limit;             /* refused at accept: at the tenant's share, or the reserve full */
+};
+
+struct kvs_http_conns *kvs_http_conns_new(struct kvn_config *const *cfg, struct tenants *ts)
+{
+    struct kvs_http_conns *hc = calloc(1, sizeof *hc);
+    if (hc) {
+        hc->cfg = cfg;
+        hc->tenants = ts;
+    }
+    return hc;
+}
+
+void kvs_http_conns_free(struct kvs_http_conns *hc) { free(hc); }
+
+uint64_t kvs_http_tenant_limit(const struct kvs_http_conns *hc) { return hc ? hc->tenant_limit : 0; }
+
+/* Connections kept for clients whose tenant cannot be established. */
+static uint32_t kvs_http_reserve(const struct kvn_config *cfg)
+{
+    return cfg->kvs_max_connections / 32;
+}
+
+static uint32_t kvs_http_named_share(const struct kvn_config *cfg, const struct tenant *t, uint32_t pool)
+{
+    uint64_t share = config_tenant_share_of(cfg, t->host_bytes, pool);
+    if (t->host_bytes == 0)
+        return 0;
+    return share ? (uint32_t)share : 1;
+}
+
+/* t's share of [kvs_server] max_connections. */
+static uint32_t kvs_http_share(const struct kvn_config *cfg, struct tenants *ts, const struct tenant *t)
+{
+    uint32_t pool = cfg->kvs_max_connections - kvs_http_reserve(cfg);
+    uint64_t taken = 0;
+
+    if (t->named)
+        return kvs_http_named_share(cfg, t, pool);
+    for (size_t i = 0; i < tenants_count(ts); i++) {
+        const struct tenant *o = tenants_at(ts, i);
+        if (o->named)
+            taken += kvs_http_named_share(cfg, o, pool);
+    }
+    return taken < pool ? (uint32_t)(pool - taken) : 0;
+}
+
+static uint32_t *kvs_http_count(struct kvs_http_conns *hc, struct tenant *t)
+{
+    for (size_t i = 0; i < hc->ntenants; i++)
+        if (hc->tenant[i] == t)
+            return &hc->open[i];
+    if (hc->ntenants == TENANTS_MAX)
+        return NULL;
+    hc->tenant[hc->ntenants] = t;
+    hc->open[hc->ntenants] = 0;
+    return &hc->open[hc->ntenants++];
+}
+
+/* The tenant of the client on fd (peer: what the identify hook established
+ * for a TCP one); NULL with why when none. */
+static struct tenant *kvs_http_tenant(struct kvs_http_conns *hc, int fd, const struct httpd_peer *peer, char *why,
+                                      size_t whylen)
+{
+    const struct kvn_config *cfg = *hc->cfg;
+
+    if (cfg->kvs_listen_addr.kind == CONFIG_LISTEN_UNIX) {
+        struct ucred cred;
+        return fd >= 0 ? kvs_server_unix_tenant(cfg, hc->tenants, fd, &cred, why, whylen) : NULL;
+    }
+    if (!peer || !peer->known) {
+        snprintf(why, whylen, "%s", peer ? peer->why : "the connection's owner is not known");
+        return NULL;
+    }
+    return kvs_server_tenant(cfg, hc->tenants, peer->uid, (gid_t)-1, NULL, 0, false, why, whylen);
+}
+
+int kvs_http_admit(void *arg, int fd, const struct httpd_peer *peer, void **token, char *why, size_t whylen)
+{
+    struct kvs_http_conns *hc = arg;
+    const struct kvn_config *cfg = *hc->cfg;
+    char who[256] = "";
+    struct tenant *t = kvs_http_tenant(hc, fd, peer, who, sizeof who);
+    uint32_t *open = t ? kvs_http_count(hc, t) : &hc->untenanted;
+    uint32_t share = t ? kvs_http_share(cfg, hc->tenants, t) : kvs_http_reserve(cfg);
+
+    if (open && *open < share) {
+        (*open)++;
+        *token = open;
+        return 0;
+    }
+    hc->tenant_limit++;
+    if (t)
+        snprintf(why, whylen, "tenant %s holds %u KVS HTTP connections, its share of kvs_server.max_connections "
+                 "(%u of %u, in proportion to its host memory); close some or try again later", t->name,
+                 open ? *open : 0, share, cfg->kvs_max_connections);
+    else
+        snprintf(why, whylen, "the tenant of this client cannot be established (%.160s), and %u such connections "
+                 "are open (kvs_server.max_connections / 32); try again later", who, share);
+    return -1;
+}
+
+void kvs_http_release(void *arg, void *token)
+{
+    uint32_t *open = token;
+    (void)arg;
+    if (*open)
+        (*open)--;
+}
+
+char *kvs_http_bound_reply(struct evhttp_request *req, int *code, char *text)
+{
+    char why[384];
+    int status = httpd_reply_room(req, strlen(text), why, sizeof why);
+
+    if (status == 0)
+        return text;
+    free(text);
+    log_debug("kvs front end: %d %s", status, why);
+    *code = status;
+    json_t *err = json_pack("{s:s}", "error", why);
+    text = err ? json_dumps(err, JSON_COMPACT) : NULL;
+    json_decref(err);
+    return text;
+}
