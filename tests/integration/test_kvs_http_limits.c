@@ -26,42 +26,11 @@
 
 #include "harness.h"
 #include "kvs_client.h"
+#include "kvs_env.h"
 #include "tenants_util.h"
 
 #define DEP     "limits-test-0123456789"
-#define B_UID   65534      /* tenant b; root is tenant a ("default") */
-
-typedef struct kvs_env {
-    kvh_daemon d;
-    char dir[PATH_MAX];
-    char kvs_sock[PATH_MAX + 16];
-    char url[64];
-} kvs_env;
-
-static void env_start(kvs_env *e, const char *extra)
-{
-    char conf[PATH_MAX * 2 + 1024];
-    memset(e, 0, sizeof *e);
-    ck_assert_msg(kvh_mkdtemp(e->dir, sizeof e->dir) == 0, "%s", kvh_error());
-    snprintf(e->kvs_sock, sizeof e->kvs_sock, "%s/kvs.sock", e->dir);
-    snprintf(conf, sizeof conf, "kvs_server.enabled=on\nkvs_server.listen=127.0.0.1:0\n"
-             "kvs_server.socket_path=%s\nleases.reaper_interval=100ms\n%s", e->kvs_sock, extra);
-    KVH_START(&e->d, conf);
-    json_t *st = kvh_stats(&e->d);
-    ck_assert_ptr_nonnull(st);
-    const char *addr = json_string_value(kvh_json_get(st, "kvs_server.http_address"));
-    ck_assert_msg(addr && strncmp(addr, "127.0.0.1:", 10) == 0, "kvs_server.http_address: %s", addr ? addr : "-");
-    snprintf(e->url, sizeof e->url, "http://%s", addr);
-    json_decref(st);
-}
-
-static long long kvs_stat(kvs_env *e, const char *path)
-{
-    char full[128];
-    snprintf(full, sizeof full, "kvs_server.%s", path);
-    return kvh_stat(&e->d, full);
-}
-
+#define B_UID   65534      
 static void okey(char *buf, size_t len, int64_t block)
 {
     snprintf(buf, len, "rtp_llm/v1/" DEP "/tp-0/group-0/block-%" PRId64, block);
@@ -135,7 +104,7 @@ START_TEST(one_tenants_connections_leave_room_for_another)
     int opened = 0;
     bool refused = false;
 
-    env_start(&e, "memory.host_bytes=64MiB\nmemory.slab_bytes=1MiB\nkvs_server.max_connections=64\n"
+    kvs_env_start(&e, "memory.host_bytes=64MiB\nmemory.slab_bytes=1MiB\nkvs_server.max_connections=64\n"
                   "kvs_server.request_timeout=120s\ntenant.b.uids=65534\ntenant.b.host_bytes=16MiB\n");
     tenants_open_dirs(&e.d);
     while (opened < MAX && !refused) {
@@ -214,7 +183,7 @@ START_TEST(unread_replies_are_bounded)
     int fds[NCONNS];
     long long last = -1;
 
-    env_start(&e, "memory.host_bytes=96MiB\nmemory.slab_bytes=1MiB\nkvs_server.max_output_bytes=1MiB\n"
+    kvs_env_start(&e, "memory.host_bytes=96MiB\nmemory.slab_bytes=1MiB\nkvs_server.max_output_bytes=1MiB\n"
                   "kvs_server.max_output_total_bytes=2MiB\nkvs_server.request_timeout=120s\n");
     ck_assert_msg(kvsc_open(&c, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
     const char **keys = keys_of(2 * NKEYS, 0);

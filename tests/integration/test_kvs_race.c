@@ -21,6 +21,7 @@
 
 #include "harness.h"
 #include "kvs_client.h"
+#include "kvs_env.h"
 #include "tenants_util.h"
 
 #define DEP     "race-test-0123456789"
@@ -28,47 +29,20 @@
 #define NKEYS   4
 #define B_UID   65534      /* tenant b; root is tenant "default" */
 
-typedef struct kvs_env {
-    kvh_daemon d;
-    char dir[PATH_MAX];
-    char kvs_sock[PATH_MAX + 16];
-    char url[PATH_MAX + 16];
-} kvs_env;
-
 /* timeout: server.request_timeout (how long a create waits); extra: more
  * assignments. */
 static void env_start(kvs_env *e, const char *timeout, const char *extra)
 {
-    char conf[PATH_MAX * 3 + 1024];
-    memset(e, 0, sizeof *e);
-    ck_assert_msg(kvh_mkdtemp(e->dir, sizeof e->dir) == 0, "%s", kvh_error());
-    snprintf(e->kvs_sock, sizeof e->kvs_sock, "%s/kvs.sock", e->dir);
-    snprintf(conf, sizeof conf, "kvs_server.enabled=on\nkvs_server.listen=127.0.0.1:0\n"
-             "kvs_server.socket_path=%s\nleases.reaper_interval=100ms\nserver.request_timeout=%s\n"
-             "persist.backend=file\npersist.path=%s\npersist.fsync=never\n%s", e->kvs_sock, timeout, e->dir, extra);
-    KVH_START(&e->d, conf);
-    json_t *st = kvh_stats(&e->d);
-    ck_assert_ptr_nonnull(st);
-    const char *addr = json_string_value(kvh_json_get(st, "kvs_server.http_address"));
-    ck_assert_msg(addr && strncmp(addr, "127.0.0.1:", 10) == 0, "kvs_server.http_address: %s", addr ? addr : "-");
-    snprintf(e->url, sizeof e->url, "http://%s", addr);
-    json_decref(st);
+    char conf[PATH_MAX * 2 + 1024];
+    kvs_env_init(e);
+    snprintf(conf, sizeof conf, "leases.reaper_interval=100ms\nserver.request_timeout=%s\n"
+             "persist.backend=file\npersist.path=%s\npersist.fsync=never\n%s", timeout, e->dir, extra);
+    kvs_env_boot(e, conf);
 }
 
 static void okey(char *buf, size_t len, int64_t block)
 {
     snprintf(buf, len, "rtp_llm/v1/" DEP "/tp-0/group-0/block-%" PRId64, block);
-}
-
-static void bfill(uint8_t *p, size_t len, int64_t key, uint32_t salt)
-{
-    uint64_t x = (uint64_t)key * 0x9e3779b97f4a7c15ull + salt + 1;
-    for (size_t i = 0; i < len; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p[i] = (uint8_t)x;
-    }
 }
 
 /* The keys and each writer's bytes. */

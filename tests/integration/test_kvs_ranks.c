@@ -21,6 +21,7 @@
 
 #include "harness.h"
 #include "kvs_client.h"
+#include "kvs_env.h"
 #include "../common/kvh_http.h"
 #include "../sim/kvcmctl.h"
 
@@ -29,48 +30,18 @@
 #define BLOCK   8192u
 #define NBLOCKS 4
 
-typedef struct kvs_env {
-    kvh_daemon d;
-    char dir[PATH_MAX];
-    char kvs_sock[PATH_MAX + 16];
-    char url[128];
-} kvs_env;
-
 /* A daemon with the default [kvs_server] options (only enabled and its two
  * addresses); extra: more assignments outside [kvs_server]. */
 static void env_start(kvs_env *e, const char *extra)
 {
-    char conf[PATH_MAX * 2 + 1024];
-    memset(e, 0, sizeof *e);
-    ck_assert_msg(kvh_mkdtemp(e->dir, sizeof e->dir) == 0, "%s", kvh_error());
-    snprintf(e->kvs_sock, sizeof e->kvs_sock, "%s/kvs.sock", e->dir);
-    snprintf(conf, sizeof conf, "kvs_server.enabled=on\nkvs_server.listen=127.0.0.1:0\n"
-             "kvs_server.socket_path=%s\n%s", e->kvs_sock, extra);
-    KVH_START(&e->d, conf);
-    json_t *st = kvh_stats(&e->d);
-    ck_assert_ptr_nonnull(st);
-    const char *addr = json_string_value(kvh_json_get(st, "kvs_server.http_address"));
-    ck_assert_msg(addr && strncmp(addr, "127.0.0.1:", 10) == 0, "kvs_server.http_address: %s", addr ? addr : "-");
-    snprintf(e->url, sizeof e->url, "http://%s", addr);
-    json_decref(st);
+    kvs_env_init(e);
+    kvs_env_boot(e, extra);
 }
 
 static void open_ok(kvsc *c, const kvs_env *e)
 {
     char why[256];
     ck_assert_msg(kvsc_open(c, e->url, e->kvs_sock, why, sizeof why) == 0, "kvsc_open: %s", why);
-}
-
-/* Deterministic object bytes. */
-static void bfill(uint8_t *p, size_t len, int64_t key, uint32_t salt)
-{
-    uint64_t x = (uint64_t)key * 0x9e3779b97f4a7c15ull + salt + 1;
-    for (size_t i = 0; i < len; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p[i] = (uint8_t)x;
-    }
 }
 
 /* The last error text of the daemon's reply to a create of one key. */

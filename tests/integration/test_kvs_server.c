@@ -22,6 +22,7 @@
 
 #include "harness.h"
 #include "kvs_client.h"
+#include "kvs_env.h"
 #include "tenants_util.h"
 
 #include "persist/kvs/kvs.h"
@@ -31,38 +32,6 @@
 #define DEP      "qwen-7b-1a2b3c4d5e6f"            /* an engine-supplied deployment id */
 #define BLOCK    4096u
 
-typedef struct kvs_env {
-    kvh_daemon d;
-    char dir[PATH_MAX];
-    char kvs_sock[PATH_MAX + 16];
-    char url[PATH_MAX + 16];
-} kvs_env;
-
-/* Start a daemon serving KVS; extra: more assignments (may be ""). */
-static void env_start(kvs_env *e, const char *extra)
-{
-    char conf[PATH_MAX * 2 + 1024];
-    memset(e, 0, sizeof *e);
-    ck_assert_msg(kvh_mkdtemp(e->dir, sizeof e->dir) == 0, "%s", kvh_error());
-    snprintf(e->kvs_sock, sizeof e->kvs_sock, "%s/kvs.sock", e->dir);
-    snprintf(conf, sizeof conf, "kvs_server.enabled=on\nkvs_server.listen=127.0.0.1:0\n"
-             "kvs_server.socket_path=%s\nleases.reaper_interval=100ms\n%s", e->kvs_sock, extra);
-    KVH_START(&e->d, conf);
-    json_t *st = kvh_stats(&e->d);
-    ck_assert_ptr_nonnull(st);
-    const char *addr = json_string_value(kvh_json_get(st, "kvs_server.http_address"));
-    ck_assert_msg(addr && strncmp(addr, "127.0.0.1:", 10) == 0, "kvs_server.http_address: %s", addr ? addr : "-");
-    snprintf(e->url, sizeof e->url, "http://%s", addr);
-    json_decref(st);
-}
-
-static long long kvs_stat(kvs_env *e, const char *path)
-{
-    char full[128];
-    snprintf(full, sizeof full, "kvs_server.%s", path);
-    return kvh_stat(&e->d, full);
-}
-
 /* The object key rtp-llm builds for block key of DEP rank 0 group 0. */
 static void okey(char *buf, size_t len, const char *dep, int64_t key)
 {
@@ -70,17 +39,6 @@ static void okey(char *buf, size_t len, const char *dep, int64_t key)
 }
 
 /* Deterministic block bytes. */
-static void bfill(uint8_t *p, size_t len, int64_t key, uint32_t salt)
-{
-    uint64_t x = (uint64_t)key * 0x9e3779b97f4a7c15ull + salt + 1;
-    for (size_t i = 0; i < len; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p[i] = (uint8_t)x;
-    }
-}
-
 static void kvsc_open_ok(kvsc *c, const kvs_env *e)
 {
     char why[256];
@@ -169,7 +127,7 @@ START_TEST(v6d_backend_round_trips_and_second_process)
     int64_t keys[64];
     char err[512];
 
-    env_start(&e, "");
+    kvs_env_start(&e, "");
     v6d_ns_init(&t, BLOCK);
     for (int i = 0; i < 64; i++)
         keys[i] = (int64_t)0x7000000000000000ll - i * 977 - (i % 2 ? INT64_C(0x7fff000000000000) : 0);
@@ -229,7 +187,7 @@ START_TEST(partly_existing_discard_seal_failure_and_terms)
     uint8_t a[BLOCK], b[BLOCK], x[BLOCK];
     const uint8_t *blocks[3] = { a, b, x };
 
-    env_start(&e, "");
+    kvs_env_start(&e, "");
     kvsc_open_ok(&c, &e);
     okey(ka, sizeof ka, DEP, 1);
     okey(kb, sizeof kb, DEP, -2);
@@ -362,7 +320,7 @@ START_TEST(twelve_thousand_keys_no_continue_stall)
     kvsc_reply r;
     char **keys = calloc(N, sizeof *keys);
 
-    env_start(&e, "memory.slab_bytes=1MiB\n");
+    kvs_env_start(&e, "memory.slab_bytes=1MiB\n");
     kvsc_open_ok(&c, &e);
     for (int i = 0; i < N; i++) {
         keys[i] = malloc(128);
@@ -442,7 +400,7 @@ START_TEST(eight_threads_share_one_client)
     pthread_t th[8];
     struct thread_arg args[8];
 
-    env_start(&e, "");
+    kvs_env_start(&e, "");
     kvsc_open_ok(&c, &e);
     for (int i = 0; i < 8; i++) {
         args[i] = (struct thread_arg){ .c = &c, .id = i + 1 };
@@ -471,7 +429,7 @@ START_TEST(four_processes_create_the_same_keys)
     const char *keys[N];
     pid_t pids[4];
 
-    env_start(&e, "");
+    kvs_env_start(&e, "");
     for (int i = 0; i < N; i++) {
         okey(names[i], sizeof names[i], DEP, 5000 + i);
         keys[i] = names[i];
@@ -542,7 +500,7 @@ START_TEST(both_doors_reach_the_same_blocks)
     char err[512];
     uint8_t b[BLOCK], want[BLOCK];
 
-    env_start(&e, "");
+    kvs_env_start(&e, "");
     kvh_chain(lib_keys, 16, 41);
     kvh_chain(kvs_keys, 16, 42);
     ck_assert_msg(kvh_connect(&e.d, &l, &cl) == 0, "%s", kvh_error());
@@ -664,7 +622,7 @@ START_TEST(tenants_see_only_their_own_arena)
     const uint8_t *blocks[1] = { blk };
     kvsc c;
 
-    env_start(&e, "memory.host_bytes=96MiB\nmemory.slab_bytes=1MiB\ntenant.alpha.uids=65534\n"
+    kvs_env_start(&e, "memory.host_bytes=96MiB\nmemory.slab_bytes=1MiB\ntenant.alpha.uids=65534\n"
                   "tenant.alpha.host_bytes=16MiB\ntenant.beta.uids=65532\ntenant.beta.host_bytes=8MiB\n");
     tenants_open_dirs(&e.d);
     ck_assert_int_eq(chmod(e.dir, 0755), 0);
@@ -696,7 +654,7 @@ START_TEST(group_tenant_over_tcp_is_refused)
     kvs_env e;
     kvsc_reply r;
 
-    env_start(&e, "memory.host_bytes=72MiB\nmemory.slab_bytes=1MiB\ntenant.beta.gids=65531\n"
+    kvs_env_start(&e, "memory.host_bytes=72MiB\nmemory.slab_bytes=1MiB\ntenant.beta.gids=65531\n"
                   "tenant.beta.host_bytes=8MiB\n");
     tenants_open_dirs(&e.d);
     ck_assert_int_eq(chmod(e.dir, 0755), 0);
@@ -727,7 +685,7 @@ START_TEST(blocks_written_through_the_front_end_survive_a_restart)
     ck_assert_msg(kvh_mkdtemp(store, sizeof store) == 0, "%s", kvh_error());
     snprintf(conf, sizeof conf, "persist.backend=file\npersist.path=%s\npersist.policy=write_through\n"
              "persist.fsync=never\n", store);
-    env_start(&e, conf);
+    kvs_env_start(&e, conf);
     kvsc_open_ok(&c, &e);
     for (int i = 0; i < N; i++) {
         okey(names[i], sizeof names[i], DEP, 700 + i);
@@ -745,7 +703,7 @@ START_TEST(blocks_written_through_the_front_end_survive_a_restart)
 
     /* A new daemon on the same store: the blocks are found by its recovery
      * scan; the first read starts bringing them back, a later one has them. */
-    env_start(&e, conf);
+    kvs_env_start(&e, conf);
     kvsc_open_ok(&c, &e);
     size_t hits = 0;
     for (int i = 0; i < 100 && hits < N; i++) {
@@ -847,7 +805,7 @@ static int tcp_connect_url(const char *url)
 START_TEST(http_connections_capped_and_slow_requests_closed)
 {
     kvs_env e;
-    env_start(&e, "kvs_server.max_connections=2\nkvs_server.request_timeout=1s\n");
+    kvs_env_start(&e, "kvs_server.max_connections=2\nkvs_server.request_timeout=1s\n");
     int a = tcp_connect_url(e.url), b = tcp_connect_url(e.url);
     uint64_t t0 = kvh_now_ms();
     while (kvs_stat(&e, "http_connections.open") < 2 && kvh_now_ms() - t0 < 5000)

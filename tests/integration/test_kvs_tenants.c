@@ -27,58 +27,16 @@
 
 #include "harness.h"
 #include "kvs_client.h"
+#include "kvs_env.h"
 #include "tenants_util.h"
 
 #define DEP     "tenant-test-0123456789"
 #define BLOCK   8192u
 #define B_UID   65534      /* tenant b; root is tenant a ("default") */
 
-typedef struct kvs_env {
-    kvh_daemon d;
-    char dir[PATH_MAX];
-    char kvs_sock[PATH_MAX + 16];
-    char url[PATH_MAX + 16];
-} kvs_env;
-
-/* A daemon serving KVS over TCP on loopback; extra: more assignments. */
-static void env_start(kvs_env *e, const char *extra)
-{
-    char conf[PATH_MAX * 2 + 1024];
-    memset(e, 0, sizeof *e);
-    ck_assert_msg(kvh_mkdtemp(e->dir, sizeof e->dir) == 0, "%s", kvh_error());
-    snprintf(e->kvs_sock, sizeof e->kvs_sock, "%s/kvs.sock", e->dir);
-    snprintf(conf, sizeof conf, "kvs_server.enabled=on\nkvs_server.listen=127.0.0.1:0\n"
-             "kvs_server.socket_path=%s\nleases.reaper_interval=100ms\n%s", e->kvs_sock, extra);
-    KVH_START(&e->d, conf);
-    json_t *st = kvh_stats(&e->d);
-    ck_assert_ptr_nonnull(st);
-    const char *addr = json_string_value(kvh_json_get(st, "kvs_server.http_address"));
-    ck_assert_msg(addr && strncmp(addr, "127.0.0.1:", 10) == 0, "kvs_server.http_address: %s", addr ? addr : "-");
-    snprintf(e->url, sizeof e->url, "http://%s", addr);
-    json_decref(st);
-}
-
-static long long kvs_stat(kvs_env *e, const char *path)
-{
-    char full[128];
-    snprintf(full, sizeof full, "kvs_server.%s", path);
-    return kvh_stat(&e->d, full);
-}
-
 static void okey(char *buf, size_t len, int64_t block)
 {
     snprintf(buf, len, "rtp_llm/v1/" DEP "/tp-0/group-0/block-%" PRId64, block);
-}
-
-static void bfill(uint8_t *p, size_t len, int64_t key, uint32_t salt)
-{
-    uint64_t x = (uint64_t)key * 0x9e3779b97f4a7c15ull + salt + 1;
-    for (size_t i = 0; i < len; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p[i] = (uint8_t)x;
-    }
 }
 
 /* POST /acquire; the reply (status asserted 200) in *r. */
@@ -122,7 +80,7 @@ START_TEST(lease_ids_are_128_random_bits)
     enum { N = 16 };
     kvs_env e;
     char names[N][128], ids[N][64], err[256];
-    env_start(&e, "");
+    kvs_env_start(&e, "");
     for (int i = 0; i < N; i++) {
         const char *k[1] = { names[i] };
         kvsc_reply r;
@@ -291,7 +249,7 @@ START_TEST(another_tenants_lease_calls_change_nothing)
     uint8_t *want[N], *got[N];
     size_t hits;
 
-    env_start(&e, "memory.host_bytes=96MiB\nmemory.slab_bytes=1MiB\ntenant.b.uids=65534\n"
+    kvs_env_start(&e, "memory.host_bytes=96MiB\nmemory.slab_bytes=1MiB\ntenant.b.uids=65534\n"
                   "tenant.b.host_bytes=16MiB\n");
     tenants_open_dirs(&e.d);
     ck_assert_msg(kvsc_open(&c, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
@@ -384,7 +342,7 @@ START_TEST(one_tenants_leases_leave_room_for_another)
     int opened = 0;
     long refused = 0;
 
-    env_start(&e, "memory.host_bytes=64MiB\nmemory.slab_bytes=1MiB\nkvs_server.max_leases=16\n"
+    kvs_env_start(&e, "memory.host_bytes=64MiB\nmemory.slab_bytes=1MiB\nkvs_server.max_leases=16\n"
                   "tenant.b.uids=65534\ntenant.b.host_bytes=16MiB\n");
     tenants_open_dirs(&e.d);
     ck_assert_msg(kvsc_open(&c, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
