@@ -123,18 +123,6 @@ static void httpd_reply_sent_cb(struct evhttp_request *req, void *arg)
     httpd_arm_deadline(arg);   /* the next request on this connection */
 }
 
-const struct httpd_peer *httpd_request_peer(struct httpd *h, struct evhttp_request *req)
-{
-    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
-
-    if (!h->identify || !evcon)
-        return NULL;
-    for (struct httpd_conn *hc = *httpd_bucket(h, evcon); hc; hc = hc->next)
-        if (hc->evcon == evcon)
-            return &hc->peer;
-    return NULL;
-}
-
 void httpd_request_arrived(struct httpd *h, struct evhttp_request *req)
 {
     struct evhttp_connection *evcon = evhttp_request_get_connection(req);
@@ -154,6 +142,12 @@ static struct httpd_conn *httpd_conn_find(struct httpd *h, const struct evhttp_c
     while (hc && hc->evcon != evcon)
         hc = hc->next;
     return hc;
+}
+
+const struct httpd_peer *httpd_request_peer(struct httpd *h, struct evhttp_request *req)
+{
+    struct httpd_conn *hc = h->identify ? httpd_conn_find(h, evhttp_request_get_connection(req)) : NULL;
+    return hc ? &hc->peer : NULL;
 }
 
 /* End hc's watch; tell its owner when the connection is closing. */

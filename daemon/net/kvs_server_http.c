@@ -23,7 +23,6 @@
 #include <jansson.h>
 
 #include "config/config.h"
-#include "config/config_tenant.h"
 #include "core/log.h"
 #include "net/httpd.h"
 #include "tenants/tenants.h"
@@ -58,28 +57,10 @@ static uint32_t kvs_http_reserve(const struct kvn_config *cfg)
     return cfg->kvs_max_connections / 32;
 }
 
-static uint32_t kvs_http_named_share(const struct kvn_config *cfg, const struct tenant *t, uint32_t pool)
-{
-    uint64_t share = config_tenant_share_of(cfg, t->host_bytes, pool);
-    if (t->host_bytes == 0)
-        return 0;
-    return share ? (uint32_t)share : 1;
-}
-
-/* t's share of [kvs_server] max_connections. */
+/* t's share of [kvs_server] max_connections, less the reserve. */
 static uint32_t kvs_http_share(const struct kvn_config *cfg, struct tenants *ts, const struct tenant *t)
 {
-    uint32_t pool = cfg->kvs_max_connections - kvs_http_reserve(cfg);
-    uint64_t taken = 0;
-
-    if (t->named)
-        return kvs_http_named_share(cfg, t, pool);
-    for (size_t i = 0; i < tenants_count(ts); i++) {
-        const struct tenant *o = tenants_at(ts, i);
-        if (o->named)
-            taken += kvs_http_named_share(cfg, o, pool);
-    }
-    return taken < pool ? (uint32_t)(pool - taken) : 0;
+    return tenants_share_of(ts, cfg, t, cfg->kvs_max_connections - kvs_http_reserve(cfg));
 }
 
 static uint32_t *kvs_http_count(struct kvs_http_conns *hc, struct tenant *t)

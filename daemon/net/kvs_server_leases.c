@@ -9,7 +9,6 @@
 #include <sys/random.h>
 
 #include "config/config.h"
-#include "config/config_tenant.h"
 
 void kvs_leases_init(struct kvs_leases *ls)
 {
@@ -48,32 +47,10 @@ static uint32_t *kvs_leases_count(struct kvs_leases *ls, struct tenant *t)
     return &ls->open[ls->ntenants++];
 }
 
-static uint32_t kvs_leases_named_share(const struct kvn_config *cfg, const struct tenant *t)
-{
-    uint64_t share = config_tenant_share_of(cfg, t->host_bytes, cfg->kvs_max_leases);
-    if (t->host_bytes == 0)
-        return 0;
-    return share ? (uint32_t)share : 1;
-}
-
-uint32_t kvs_leases_share(const struct kvn_config *cfg, struct tenants *ts, const struct tenant *t)
-{
-    uint64_t taken = 0;
-
-    if (t->named)
-        return kvs_leases_named_share(cfg, t);
-    for (size_t i = 0; i < tenants_count(ts); i++) {
-        const struct tenant *o = tenants_at(ts, i);
-        if (o->named)
-            taken += kvs_leases_named_share(cfg, o);
-    }
-    return taken < cfg->kvs_max_leases ? (uint32_t)(cfg->kvs_max_leases - taken) : 0;
-}
-
 int kvs_leases_room(struct kvs_leases *ls, const struct kvn_config *cfg, struct tenants *ts, struct tenant *t,
                     uint64_t open_total, char *msg, size_t msglen)
 {
-    uint32_t share = kvs_leases_share(cfg, ts, t), open = *kvs_leases_count(ls, t);
+    uint32_t share = tenants_share_of(ts, cfg, t, cfg->kvs_max_leases), open = *kvs_leases_count(ls, t);
 
     if (open_total >= cfg->kvs_max_leases) {
         snprintf(msg, msglen, "%" PRIu64 " KVS leases are open ([kvs_server] max_leases); release some or wait "

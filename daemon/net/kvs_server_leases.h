@@ -70,9 +70,6 @@ void kvs_leases_note_ended(struct kvs_leases *ls, const struct kvs_lease_id *id,
 bool kvs_leases_ended(const struct kvs_leases *ls, const struct kvs_lease_id *id, const struct tenant *t,
                       uint64_t now_ms);
 
-/* t's share of [kvs_server] max_leases. */
-uint32_t kvs_leases_share(const struct kvn_config *cfg, struct tenants *ts, const struct tenant *t);
-
 /* id as KVS_LEASE_ID_HEX hex digits and a NUL. */
 void kvs_lease_id_format(const struct kvs_lease_id *id, char *out);
 /* s (len bytes): exactly KVS_LEASE_ID_HEX hex digits (either case). */

@@ -374,6 +374,27 @@ struct tenant *tenants_at(const struct tenants *ts, size_t i)
     return i < ts->n ? (struct tenant *)&ts->t[i] : NULL;
 }
 
+static uint32_t tenant_named_share(const struct kvn_config *cfg, const struct tenant *t, uint32_t pool)
+{
+    uint64_t share = config_tenant_share_of(cfg, t->host_bytes, pool);
+    if (t->host_bytes == 0)
+        return 0;
+    return share ? (uint32_t)share : 1;
+}
+
+uint32_t tenants_share_of(const struct tenants *ts, const struct kvn_config *cfg, const struct tenant *t,
+                          uint32_t pool)
+{
+    uint64_t taken = 0;
+
+    if (t->named)
+        return tenant_named_share(cfg, t, pool);
+    for (size_t i = 0; i < ts->n; i++)
+        if (ts->t[i].named)
+            taken += tenant_named_share(cfg, &ts->t[i], pool);
+    return taken < pool ? (uint32_t)(pool - taken) : 0;
+}
+
 struct tenant *tenants_default(const struct tenants *ts)
 {
     return (struct tenant *)&ts->t[0];

@@ -93,6 +93,13 @@ bool tenants_configured(const struct tenants *ts);
 size_t tenants_count(const struct tenants *ts);
 struct tenant *tenants_at(const struct tenants *ts, size_t i);
 struct tenant *tenants_default(const struct tenants *ts);
+/* t's share of a node-wide limit of `pool` (connections, leases): a named
+ * tenant's is in proportion to its host memory (at least 1; 0 without
+ * memory), "default" takes what the sections' shares leave, so the shares
+ * add up to the pool and one tenant at its share never refuses another.
+ * cfg: the configuration in force (its memory.host_bytes). */
+uint32_t tenants_share_of(const struct tenants *ts, const struct kvn_config *cfg, const struct tenant *t,
+                          uint32_t pool);
 /* Node totals of every tenant's cache (cache_stats_add); false when no
  * tenant has memory (*out zeroed). */
 struct cache_stats;
