@@ -1328,6 +1328,67 @@ START_TEST(a_long_prompt_over_one_mebibyte)
 END_TEST
 
 /* ====================================================================== */
+/* A read lease holds its objects from the match to the read               */
+/* ====================================================================== */
+
+#define FILL_ROUNDS 24         /* 24 x 500 blocks of 8 KiB + 1 KiB: 105 MiB through a 64 MiB arena */
+#define FILL_BLOCKS 500
+
+static const rtp_model M_FILL = { "fill-model", "/models/fill", 2, 2, { { 4096, 4096 }, { 999, 1 } }, { 2, 2 } };
+
+/* The match's read lease lives until the read (85c02327f: fetch, load,
+ * complete; de10de826: load). Meanwhile other requests store more than the
+ * host tier holds, so older objects are evicted: the matched ones are not,
+ * and the read is byte-exact. */
+START_TEST(a_read_lease_holds_its_objects_through_eviction)
+{
+    kvs_env env;
+    rtp_variant v = (rtp_variant)_i;
+    rtp_engine e = { .m = &M_3G, .rank = 0, .salt = 5 }, f = { .m = &M_FILL, .rank = 1, .salt = 6 };
+    int64_t keys[NBLOCKS + 1], *fk = calloc(FILL_ROUNDS * (FILL_BLOCKS + 1), sizeof *fk);
+    rtp_store st;
+    rtp_match mt, first;
+    size_t wrong;
+    long rel;
+
+    ck_assert_ptr_nonnull(fk);
+    env_start(&env);
+    deployment_id(e.m, v, e.dep, sizeof e.dep);
+    deployment_id(f.m, v, f.dep, sizeof f.dep);
+    ck_assert_msg(rtp_init(&e.c, v, &env, 60), "[%s] init: %s", VNAME[v], e.c.why);
+    ck_assert_msg(rtp_init(&f.c, v, &env, 60), "[%s] init: %s", VNAME[v], f.c.why);
+    request_keys(keys, NBLOCKS + 1, 1);
+    ck_assert_msg(engine_write(&e, keys, NBLOCKS + 1, false, NULL, "pin", &st), "[%s] store: %s", VNAME[v],
+                  e.c.why);
+    free(st.told);
+    engine_match(&e, keys, NBLOCKS + 1, "pin", &mt);
+    ck_assert_msg(mt.acquired && mt.matched == NBLOCKS, "[%s] matched %zu: %s", VNAME[v], mt.matched, e.c.why);
+    for (int r = 0; r < FILL_ROUNDS; r++) {
+        int64_t *k = fk + r * (FILL_BLOCKS + 1);
+        request_keys(k, FILL_BLOCKS + 1, 100 + r);
+        ck_assert_msg(engine_write(&f, k, FILL_BLOCKS + 1, false, NULL, "fill", &st), "[%s] fill %d: %s", VNAME[v],
+                      r, f.c.why);
+        free(st.told);
+    }
+    engine_match(&f, fk, FILL_BLOCKS + 1, "first-fill", &first);
+    ck_assert_msg(first.acquired && first.matched < FILL_BLOCKS,
+                  "[%s] the first fill's %zu blocks are all still held: nothing was evicted (test setup)", VNAME[v],
+                  first.matched);
+    if (*first.s.lease_id)
+        rtp_lease_call(&f.c, "release", first.s.lease_id);
+    rtp_session_free(&first.s);
+    ck_assert_msg(engine_read(&e, keys, 0, NBLOCKS, &mt, NULL, NULL, &wrong, &rel), "[%s] read: %s", VNAME[v],
+                  e.c.why);
+    ck_assert_msg(wrong == 0, "[%s] %zu wrong bytes in objects under a read lease", VNAME[v], wrong);
+    ck_assert_int_eq(rel, 204);
+    free(fk);
+    rtp_close(&e.c);
+    rtp_close(&f.c);
+    KVH_STOP_DESTROY(&env.d);
+}
+END_TEST
+
+/* ====================================================================== */
 /* A create racing an unsealed create of the same keys                     */
 /* ====================================================================== */
 
@@ -1677,6 +1738,7 @@ static Suite *kvs_rtpllm_suite(void)
     tcase_add_test(tc, opaque_keys_and_every_size_in_one_group);
     tcase_add_loop_test(tc, match_is_the_prefix_of_blocks_whose_every_group_is_held, 0, 2);
     tcase_add_loop_test(tc, a_long_prompt_over_one_mebibyte, 0, 2);
+    tcase_add_loop_test(tc, a_read_lease_holds_its_objects_through_eviction, 0, 2);
     tcase_add_loop_test(tc, create_racing_an_unsealed_create_that_seals, 0, 2);
     tcase_add_loop_test(tc, create_racing_an_unsealed_create_that_discards, 0, 2);
     tcase_add_loop_test(tc, create_racing_a_writer_that_died, 0, 2);
