@@ -276,6 +276,31 @@ static void lib_round(kvnode_client *cl, size_t n, int round, uint8_t *src, uint
     free(locs);
 }
 
+/* The table's two lines for one batch size, and the KVS/libkvnode ratios. */
+static void report(struct figures *fk, struct figures *fl, size_t rounds, size_t n)
+{
+    double ratio_acq = 0, ratio_w = 0, ratio_r = 0;
+    struct figures *fs[2] = { fk, fl };
+    const char *names[2] = { "kvs", "libkvnode" };
+    for (int k = 0; k < 2; k++) {
+        double a50, a90, s50, s90;
+        double w = mibps(fs[k]->write, rounds, n), rd = mibps(fs[k]->read, rounds, n);
+        pct(fs[k]->acq, rounds, &a50, &a90);
+        pct(fs[k]->seal, rounds, &s50, &s90);
+        printf("%-9s %6zu  %10.3f %10.3f  %10.3f %10.3f  %10.0f %10.0f\n", names[k], n, a50 / 1000.0,
+               a90 / 1000.0, s50 / 1000.0, s90 / 1000.0, w, rd);
+        ratio_acq = k == 0 ? a50 : ratio_acq / a50;
+        ratio_w = k == 0 ? w : ratio_w / w;
+        ratio_r = k == 0 ? rd : ratio_r / rd;
+        free(fs[k]->acq);
+        free(fs[k]->seal);
+        free(fs[k]->write);
+        free(fs[k]->read);
+    }
+    printf("  kvs/libkvnode acquire p50 (create) %zu: %.2fx, read throughput: %.2fx, write throughput: %.2fx\n", n,
+           ratio_acq, ratio_r, ratio_w);
+}
+
 int main(int argc, char **argv)
 {
     size_t rounds = 20;
@@ -319,9 +344,9 @@ int main(int argc, char **argv)
 
     kvsf_check_writer();
     kvsf_check_reader();
-    kvsf_check_live(&c, 256, BB);
     printf("kvnode-bench-kvs: %zu rounds per batch size, blocks of 64 KiB, one daemon, one namespace; the KVS client "
            "parses as rtp-llm's (fast JSON, keyed map; checked against jansson)\n", rounds);
+    kvsf_check_live(&c, 256, BB);
     printf("%-9s %6s  %10s %10s  %10s %10s  %10s %10s\n", "door", "blocks", "acq p50ms", "acq p90ms",
            "seal p50ms", "seal p90ms", "write MiB/s", "read MiB/s");
     static const size_t sizes[2] = { 64, 256 };
@@ -340,26 +365,7 @@ int main(int argc, char **argv)
             stamp(src, n, r, 1);
             lib_round(cl, n, (int)r, src, dst, &fl, r);
         }
-        double ratio_acq = 0, ratio_w = 0, ratio_r = 0;
-        struct figures *fs[2] = { &fk, &fl };
-        const char *names[2] = { "kvs", "libkvnode" };
-        for (int k = 0; k < 2; k++) {
-            double a50, a90, s50, s90;
-            double w = mibps(fs[k]->write, rounds, n), rd = mibps(fs[k]->read, rounds, n);
-            pct(fs[k]->acq, rounds, &a50, &a90);
-            pct(fs[k]->seal, rounds, &s50, &s90);
-            printf("%-9s %6zu  %10.3f %10.3f  %10.3f %10.3f  %10.0f %10.0f\n", names[k], n, a50 / 1000.0,
-                   a90 / 1000.0, s50 / 1000.0, s90 / 1000.0, w, rd);
-            ratio_acq = k == 0 ? a50 : ratio_acq / a50;
-            ratio_w = k == 0 ? w : ratio_w / w;
-            ratio_r = k == 0 ? rd : ratio_r / rd;
-            free(fs[k]->acq);
-            free(fs[k]->seal);
-            free(fs[k]->write);
-            free(fs[k]->read);
-        }
-        printf("  kvs/libkvnode acquire p50 (create) %zu: %.2fx, read throughput: %.2fx, write throughput: %.2fx\n", n,
-               ratio_acq, ratio_r, ratio_w);
+        report(&fk, &fl, rounds, n);
         print_split("kvs create+write", n, wsp, rounds);
         print_split("kvs read", n, rsp, rounds);
         free(wsp);

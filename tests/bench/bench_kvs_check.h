@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench_util.h"
 #include "kvs_client.h"
@@ -113,70 +114,74 @@ static void kvsf_compare_readers(const char *what, const char *text, const char 
 #define KVSF_ONE(handle) "{" KVSF_LEASE ",\"objects\":[{\"key\":\"k\",\"blobs\":[{\"type\":\"vineyard\",\"handle\":" \
                          handle "}]}]}"
 
+/* Replies both readers must read alike (kvsf_asked: the keys looked up). */
+static const char *const kvsf_good[] = {
+    " {\n\"objects\" : [ null , {\"meta\":{\"size\":7,\"x\":[1,-2.5e+3,{\"a\":null,\"b\":[true,false]}]},"
+    "\"blobs\":[{\"handle\":{\"object_id\":3,\"data_size\":65536,\"data_offset\":0,\"z\":\"\"},"
+    "\"type\":\"vineyard\",\"extra\":true},{\"type\":\"other\"}],"
+    "\"key\":\"a\\\"b\\\\c\\/d\\u00e9\\ud83d\\ude00\\n\\u001f\xc3\xa9\"},"
+    "{\"key\":\"k2\",\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":9223372036854775807,"
+    "\"data_size\":0}}],\"meta\":{\"size\":0}} ],\t\"lease\" : {\"lease_id\":\"L\\u0031\",\"ttl\":-1.5E-2} ,"
+    " \"extra\":\"x\"}\r\n",
+    "{\"lease\":{\"lease_id\":\"\"},\"objects\":[]}",
+    "{\"lease\":{\"lease_id\":\"00ff\"},\"objects\":[{\"key\":\"k\",\"blobs\":[{\"type\":\"vineyard\","
+    "\"handle\":{\"data_offset\":4096,\"data_size\":65536,\"object_id\":4096}}],\"meta\":{\"size\":65536}},null]}",
+    KVSF_ONE("{\"data_offset\":-0,\"data_size\":2}"),
+};
+static const char *const kvsf_asked[] = { "a\"b\\c/d\xc3\xa9\xf0\x9f\x98\x80\n\x1f\xc3\xa9", "k2", "k", "absent" };
+
+/* Replies the fast reader must refuse. */
+static const char *const kvsf_bad[] = {
+    "", "[]", "{}", "{" KVSF_LEASE ",\"objects\":[]", "{" KVSF_LEASE ",\"objects\":[]} x",
+    "{" KVSF_LEASE "}", "{\"objects\":[]}", "{\"lease\":{},\"objects\":[]}",
+    "{\"lease\":{\"lease_id\":1},\"objects\":[]}", "{\"lease\":[],\"objects\":[]}",
+    "{" KVSF_LEASE ",\"objects\":{}}", "{" KVSF_LEASE ",\"objects\":[],}", "{" KVSF_LEASE ",\"objects\":[nul]}",
+    "{" KVSF_LEASE "," KVSF_LEASE ",\"objects\":[]}",
+    KVSF_ONE("{\"data_offset\":\"1\",\"data_size\":2}"), KVSF_ONE("{\"data_offset\":1.0,\"data_size\":2}"),
+    KVSF_ONE("{\"data_offset\":1e3,\"data_size\":2}"), KVSF_ONE("{\"data_offset\":-1,\"data_size\":2}"),
+    KVSF_ONE("{\"data_offset\":1}"),
+    KVSF_ONE("{\"data_size\":1}"), KVSF_ONE("{\"data_offset\":1,\"data_size\":2,\"object_id\":\"o1\"}"),
+    KVSF_ONE("{\"data_offset\":1,\"data_size\":2,\"object_id\":18446744073709551615}"),
+    KVSF_ONE("{\"data_offset\":18446744073709551616,\"data_size\":2}"),
+    KVSF_ONE("{\"data_offset\":01,\"data_size\":2}"), KVSF_ONE("{\"data_offset\":1,\"data_size\":2,}"),
+    KVSF_ONE("{\"data_offset\":1,\"data_offset\":1,\"data_size\":2}"), KVSF_ONE("{\"data_offset\":1 \"data_size\":2}"),
+    KVSF_ONE("[]"), KVSF_ONE("{\"data_offset\":1,\"data_size\":2,\"x\":[1,]}"),
+    KVSF_ONE("{\"data_offset\":1,\"data_size\":2,\"x\":.5}"), KVSF_ONE("{\"data_offset\":1,\"data_size\":2,\"x\":tru}"),
+    "{" KVSF_LEASE ",\"objects\":[{\"key\":\"k\",\"blobs\":[{\"type\":\"other\",\"handle\":{\"data_offset\":1,"
+    "\"data_size\":2}}]}]}",
+    "{" KVSF_LEASE ",\"objects\":[{\"key\":\"k\",\"blobs\":[]}]}",
+    "{" KVSF_LEASE ",\"objects\":[{\"key\":\"k\"}]}",
+    "{" KVSF_LEASE ",\"objects\":[{\"key\":1,\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":1,"
+    "\"data_size\":2}}]}]}",
+    "{" KVSF_LEASE ",\"objects\":[{\"key\":\"k\",\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":1,"
+    "\"data_size\":2}}]},{\"key\":\"k\",\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":3,"
+    "\"data_size\":2}}]}]}",
+    "{" KVSF_LEASE ",\"objects\":[{\"key\":\"k\",\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":1,"
+    "\"data_size\":2}}],\"meta\":{\"size\":1.5}}]}",
+    "{\"lease\":{\"lease_id\":\"a\\q\"},\"objects\":[]}", "{\"lease\":{\"lease_id\":\"\\ud800\"},\"objects\":[]}",
+    "{\"lease\":{\"lease_id\":\"\\udc00\"},\"objects\":[]}", "{\"lease\":{\"lease_id\":\"\\u12g4\"},\"objects\":[]}",
+    "{\"lease\":{\"lease_id\":\"a\nb\"},\"objects\":[]}", "{\"lease\":{\"lease_id\":\"\xff\"},\"objects\":[]}",
+    "{\"lease\":{\"lease_id\":\"\xc0\xaf\"},\"objects\":[]}", "{\"lease\":{\"lease_id\":\"\xed\xa0\x80\"},\"objects\":[]}",
+    "{\"lease\":{\"lease_id\":\"x},\"objects\":[]}",
+};
+
 /* Hand-written replies: the good ones read alike by both, the bad ones refused. */
 static void kvsf_check_reader(void)
 {
-    static const char *const good[] = {
-        " {\n\"objects\" : [ null , {\"meta\":{\"size\":7,\"x\":[1,-2.5e+3,{\"a\":null,\"b\":[true,false]}]},"
-        "\"blobs\":[{\"handle\":{\"object_id\":3,\"data_size\":65536,\"data_offset\":0,\"z\":\"\"},"
-        "\"type\":\"vineyard\",\"extra\":true},{\"type\":\"other\"}],"
-        "\"key\":\"a\\\"b\\\\c\\/d\\u00e9\\ud83d\\ude00\\n\\u001f\xc3\xa9\"},"
-        "{\"key\":\"k2\",\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":9223372036854775807,"
-        "\"data_size\":0}}],\"meta\":{\"size\":0}} ],\t\"lease\" : {\"lease_id\":\"L\\u0031\",\"ttl\":-1.5E-2} ,"
-        " \"extra\":\"x\"}\r\n",
-        "{\"lease\":{\"lease_id\":\"\"},\"objects\":[]}",
-        "{\"lease\":{\"lease_id\":\"00ff\"},\"objects\":[{\"key\":\"k\",\"blobs\":[{\"type\":\"vineyard\","
-        "\"handle\":{\"data_offset\":4096,\"data_size\":65536,\"object_id\":4096}}],\"meta\":{\"size\":65536}},null]}",
-        KVSF_ONE("{\"data_offset\":-0,\"data_size\":2}"),
-    };
-    static const char *const asked[] = { "a\"b\\c/d\xc3\xa9\xf0\x9f\x98\x80\n\x1f\xc3\xa9", "k2", "k", "absent" };
-    static const char *const bad[] = {
-        "", "[]", "{}", "{" KVSF_LEASE ",\"objects\":[]", "{" KVSF_LEASE ",\"objects\":[]} x",
-        "{" KVSF_LEASE "}", "{\"objects\":[]}", "{\"lease\":{},\"objects\":[]}",
-        "{\"lease\":{\"lease_id\":1},\"objects\":[]}", "{\"lease\":[],\"objects\":[]}",
-        "{" KVSF_LEASE ",\"objects\":{}}", "{" KVSF_LEASE ",\"objects\":[],}", "{" KVSF_LEASE ",\"objects\":[nul]}",
-        "{" KVSF_LEASE "," KVSF_LEASE ",\"objects\":[]}",
-        KVSF_ONE("{\"data_offset\":\"1\",\"data_size\":2}"), KVSF_ONE("{\"data_offset\":1.0,\"data_size\":2}"),
-        KVSF_ONE("{\"data_offset\":1e3,\"data_size\":2}"), KVSF_ONE("{\"data_offset\":-1,\"data_size\":2}"),
-KVSF_ONE("{\"data_offset\":1}"),
-        KVSF_ONE("{\"data_size\":1}"), KVSF_ONE("{\"data_offset\":1,\"data_size\":2,\"object_id\":\"o1\"}"),
-        KVSF_ONE("{\"data_offset\":1,\"data_size\":2,\"object_id\":18446744073709551615}"),
-        KVSF_ONE("{\"data_offset\":18446744073709551616,\"data_size\":2}"),
-        KVSF_ONE("{\"data_offset\":01,\"data_size\":2}"), KVSF_ONE("{\"data_offset\":1,\"data_size\":2,}"),
-        KVSF_ONE("{\"data_offset\":1,\"data_offset\":1,\"data_size\":2}"), KVSF_ONE("{\"data_offset\":1 \"data_size\":2}"),
-        KVSF_ONE("[]"), KVSF_ONE("{\"data_offset\":1,\"data_size\":2,\"x\":[1,]}"),
-        KVSF_ONE("{\"data_offset\":1,\"data_size\":2,\"x\":.5}"), KVSF_ONE("{\"data_offset\":1,\"data_size\":2,\"x\":tru}"),
-        "{" KVSF_LEASE ",\"objects\":[{\"key\":\"k\",\"blobs\":[{\"type\":\"other\",\"handle\":{\"data_offset\":1,"
-        "\"data_size\":2}}]}]}",
-        "{" KVSF_LEASE ",\"objects\":[{\"key\":\"k\",\"blobs\":[]}]}",
-        "{" KVSF_LEASE ",\"objects\":[{\"key\":\"k\"}]}",
-        "{" KVSF_LEASE ",\"objects\":[{\"key\":1,\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":1,"
-        "\"data_size\":2}}]}]}",
-        "{" KVSF_LEASE ",\"objects\":[{\"key\":\"k\",\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":1,"
-        "\"data_size\":2}}]},{\"key\":\"k\",\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":3,"
-        "\"data_size\":2}}]}]}",
-        "{" KVSF_LEASE ",\"objects\":[{\"key\":\"k\",\"blobs\":[{\"type\":\"vineyard\",\"handle\":{\"data_offset\":1,"
-        "\"data_size\":2}}],\"meta\":{\"size\":1.5}}]}",
-        "{\"lease\":{\"lease_id\":\"a\\q\"},\"objects\":[]}", "{\"lease\":{\"lease_id\":\"\\ud800\"},\"objects\":[]}",
-        "{\"lease\":{\"lease_id\":\"\\udc00\"},\"objects\":[]}", "{\"lease\":{\"lease_id\":\"\\u12g4\"},\"objects\":[]}",
-        "{\"lease\":{\"lease_id\":\"a\nb\"},\"objects\":[]}", "{\"lease\":{\"lease_id\":\"\xff\"},\"objects\":[]}",
-        "{\"lease\":{\"lease_id\":\"\xc0\xaf\"},\"objects\":[]}", "{\"lease\":{\"lease_id\":\"\xed\xa0\x80\"},\"objects\":[]}",
-        "{\"lease\":{\"lease_id\":\"x},\"objects\":[]}",
-    };
-    for (size_t i = 0; i < sizeof good / sizeof *good; i++)
-        kvsf_compare_readers("self-check (reader, hand-written reply)", good[i], asked, 4);
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    for (size_t i = 0; i < sizeof kvsf_good / sizeof *kvsf_good; i++)
+        kvsf_compare_readers("self-check (reader, hand-written reply)", kvsf_good[i], kvsf_asked, 4);
+    for (size_t i = 0; i < sizeof kvsf_bad / sizeof *kvsf_bad; i++) {
         kvsf_reply r;
         char why[200];
         memset(&r, 0, sizeof r);
-        size_t len = strlen(bad[i]);
+        size_t len = strlen(kvsf_bad[i]);
         if (!kvsf_reserve(&r.text, len))
             die("self-check (reader)", "out of memory");
-        memcpy(r.text.p, bad[i], len + 1);
+        memcpy(r.text.p, kvsf_bad[i], len + 1);
         r.text.n = len;
         if (kvsf_parse_acquire(&r, why, sizeof why) == 0) {
             char m[600];
-            snprintf(m, sizeof m, "the fast reader took a malformed reply: %.500s", bad[i]);
+            snprintf(m, sizeof m, "the fast reader took a malformed reply: %.500s", kvsf_bad[i]);
             die("self-check (reader)", m);
         }
         kvsf_reply_free(&r);
@@ -194,6 +199,66 @@ KVSF_ONE("{\"data_offset\":1}"),
     if (kvsf_parse_acquire(&r, why, sizeof why) != 0 || !kvsf_find(&r, "a\0b", 3) || kvsf_find(&r, "a", 1))
         die("self-check (reader)", "a key holding \\u0000 is not found by its length");
     kvsf_reply_free(&r);
+}
+
+static uint64_t kvsf_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* What the client itself spends on one create of n keys (body, reading the
+ * daemon's reply text, finding every key), kvs_client.h's jansson way
+ * against this client's; best of 5, printed for the record. */
+static void kvsf_client_cost(const char *text, const char *const *keys, size_t n, uint64_t size)
+{
+    uint64_t best[2][3] = { { UINT64_MAX, UINT64_MAX, UINT64_MAX }, { UINT64_MAX, UINT64_MAX, UINT64_MAX } };
+    size_t len = strlen(text);
+    for (int rep = 0; rep < 5; rep++) {
+        uint64_t t[4], off, sz, sum = 0;
+        t[0] = kvsf_ns();
+        char *body = kvsc_acquire_body("create", keys, n, size, 60);
+        t[1] = kvsf_ns();
+        kvsc_reply jr = { .status = 200, .body = json_loads(text, 0, NULL) };
+        t[2] = kvsf_ns();
+        for (size_t i = 0; i < n; i++)
+            sum += kvsc_object(&jr, keys[i], &off, &sz) ? off : 0;
+        t[3] = kvsf_ns();
+        for (int k = 0; k < 3; k++)
+            best[0][k] = t[k + 1] - t[k] < best[0][k] ? t[k + 1] - t[k] : best[0][k];
+        free(body);
+        kvsc_reply_free(&jr);
+        kvsf_buf b = { 0 };
+        kvsf_reply fr;
+        char why[200];
+        memset(&fr, 0, sizeof fr);
+        t[0] = kvsf_ns();
+        kvsf_acquire_body(&b, true, keys, n, size, 60, "kvs_store_test");
+        t[1] = kvsf_ns();
+        if (!kvsf_reserve(&fr.text, len))
+            die("client cost", "out of memory");
+        memcpy(fr.text.p, text, len + 1);
+        fr.text.n = len;
+        if (kvsf_parse_acquire(&fr, why, sizeof why) != 0)
+            die("client cost", why);
+        t[2] = kvsf_ns();
+        for (size_t i = 0; i < n; i++) {
+            const kvsf_object *o = kvsf_find(&fr, keys[i], strlen(keys[i]));
+            sum -= o ? o->offset : 0;
+        }
+        t[3] = kvsf_ns();
+        for (int k = 0; k < 3; k++)
+            best[1][k] = t[k + 1] - t[k] < best[1][k] ? t[k + 1] - t[k] : best[1][k];
+        free(b.p);
+        kvsf_reply_free(&fr);
+        if (sum != 0)
+            die("client cost", "the two clients found different offsets");
+    }
+    printf("client cost of one create of %zu keys (reply %zu bytes), us: jansson client (kvs_client.h) body %.0f, "
+           "parse %.0f, lookups %.0f; this client body %.0f, parse %.0f, lookups %.0f\n", n, len,
+           (double)best[0][0] / 1e3, (double)best[0][1] / 1e3, (double)best[0][2] / 1e3, (double)best[1][0] / 1e3,
+           (double)best[1][1] / 1e3, (double)best[1][2] / 1e3);
 }
 
 /* The daemon's own replies: a create of n fresh keys (then sealed and
@@ -214,6 +279,8 @@ static void kvsf_check_live(const kvsc *c, size_t n, uint64_t size)
             kvsf_call(c->url, "acquire", body.p, body.n, &out, &status, NULL) != 0 || status != 200 || !out.p)
             die("self-check (daemon's reply)", "acquire failed");
         kvsf_compare_readers("self-check (daemon's reply)", out.p, keys, create ? n : n + 8);
+        if (create)
+            kvsf_client_cost(out.p, keys, n, size);
         json_t *j = json_loads(out.p, 0, NULL);
         kvsc_reply jr = { .status = 200, .body = j };
         char lease[160];
