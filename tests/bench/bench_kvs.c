@@ -202,7 +202,7 @@ static void kvs_round(const kvsc *c, size_t n, int round, uint8_t *src, uint8_t 
     if (kvsf_lease_call(c->url, "seal", lease, "kvs_store_bench") != 204)
         die("seal", "not 204");
     uint64_t t3 = kvh_now_ns();
-    if (kvsf_lease_call(c->url, "release", lease, "kvs_store_bench") != 204)
+    if (kvsf_lease_call(c->url, "release", lease, NULL) != 204)
         die("release", "not 204");
     uint64_t t4 = kvh_now_ns();
     f->acq[r] = t1 - t0;
@@ -226,7 +226,7 @@ static void kvs_round(const kvsc *c, size_t n, int round, uint8_t *src, uint8_t 
     memcpy(lease, rep.lease_id, rep.lease_len + 1);
     kvsf_reply_free(&rep);
     uint64_t t8 = kvh_now_ns();
-    if (kvsf_lease_call(c->url, "release", lease, "kvs_read_bench") != 204)
+    if (kvsf_lease_call(c->url, "release", lease, NULL) != 204)
         die("release", "not 204");
     uint64_t t9 = kvh_now_ns();
     f->read[r] = t9 - t5;

@@ -287,7 +287,7 @@ static void kvsf_check_live(const kvsc *c, size_t n, uint64_t size)
         snprintf(lease, sizeof lease, "%s", kvsc_lease_id(&jr));
         if (create && kvsf_lease_call(c->url, "seal", lease, "kvs_selfcheck") != 204)
             die("self-check (daemon's reply)", "seal failed");
-        if (kvsf_lease_call(c->url, "release", lease, "kvs_selfcheck") != 204)
+        if (kvsf_lease_call(c->url, "release", lease, NULL) != 204)
             die("self-check (daemon's reply)", "release failed");
         json_decref(j);
         free(body.p);

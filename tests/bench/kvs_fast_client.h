@@ -214,24 +214,27 @@ static inline int kvsf_call(const char *url, const char *route, const char *body
     return cc == CURLE_OK ? 0 : -1;
 }
 
-/* seal / release / discard: {"lease_id", "request_id"} (rtp-llm sends the
- * request_id on seal only; harmless on the others). The status, -1 on a
- * transport error. */
+/* seal / release / discard as rtp-llm sends them: {"lease_id", "request_id"}
+ * for seal, {"lease_id"} alone for the others (request_id NULL). The
+ * status, -1 on a transport error. */
 static inline long kvsf_lease_call(const char *url, const char *route, const char *lease, const char *request_id)
 {
     kvsf_buf b = { 0 }, out = { 0 };
     long st = -1;
-    if (kvsf_reserve(&b, 32)) {
+    bool ok = kvsf_reserve(&b, 16);
+    if (ok) {
         KVSF_PUT_LIT(&b, "{\"lease_id\":");
-        if (kvsf_put_string(&b, lease, strlen(lease)) && kvsf_reserve(&b, 16)) {
-            KVSF_PUT_LIT(&b, ",\"request_id\":");
-            if (kvsf_put_string(&b, request_id, strlen(request_id)) && kvsf_reserve(&b, 2)) {
-                b.p[b.n++] = '}';
-                b.p[b.n] = '\0';
-                if (kvsf_call(url, route, b.p, b.n, &out, &st, NULL) < 0)
-                    st = -1;
-            }
-        }
+        ok = kvsf_put_string(&b, lease, strlen(lease)) && kvsf_reserve(&b, 16);
+    }
+    if (ok && request_id) {
+        KVSF_PUT_LIT(&b, ",\"request_id\":");
+        ok = kvsf_put_string(&b, request_id, strlen(request_id)) && kvsf_reserve(&b, 2);
+    }
+    if (ok) {
+        b.p[b.n++] = '}';
+        b.p[b.n] = '\0';
+        if (kvsf_call(url, route, b.p, b.n, &out, &st, NULL) < 0)
+            st = -1;
     }
     free(b.p);
     free(out.p);
