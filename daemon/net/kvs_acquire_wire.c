@@ -358,7 +358,7 @@ int kvs_acquire_req_parse(const char *body, size_t len, const struct kvs_acquire
     if (!(r->text = malloc(len ? len : 1)))
         return wire_fail(msg, msglen, 500, "out of memory");
     memcpy(r->text, body, len);
-    if (wire_scan(r, len, lim)) {
+    if (!lim->general_only && wire_scan(r, len, lim)) {
         r->fast = true;
         return 0;
     }

@@ -41,6 +41,7 @@ struct kvs_acquire_req {
 struct kvs_acquire_limits {
     size_t max_keys;           /* more: 413 */
     uint64_t max_term_s;       /* a longer term: 400 */
+    bool general_only;         /* jansson for every body (tests compare the two paths) */
 };
 
 /* Parse body (len bytes; copied). 0 with *out filled (kvs_acquire_req_free

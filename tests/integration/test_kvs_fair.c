@@ -248,12 +248,72 @@ START_TEST(large_request_leaves_the_loop_to_others)
 }
 END_TEST
 
+/* A create of several slices (3,000 keys) with a key repeated across them:
+ * one object for the key (the create does not wait for itself), every
+ * object written, sealed and read back byte-exact, also by a read of
+ * several slices. */
+START_TEST(create_of_several_slices_with_a_repeated_key)
+{
+    enum { N = 3000, REPEAT_AT = 2500, REPEATS = 5 };
+    kvs_env e;
+    kvsc c;
+    char why[256];
+    kvs_env_start(&e, "memory.host_bytes=64MiB\n");
+    ck_assert_msg(kvsc_open(&c, e.url, e.kvs_sock, why, sizeof why) == 0, "%s", why);
+    char **k = keys_new(N, 100000);
+    snprintf(k[REPEAT_AT], 96, "%s", k[REPEATS]);
+    char *body = kvsc_acquire_body("create", (const char *const *)k, N, OBJ, 60);
+    kvsc_reply r;
+    ck_assert_int_eq(kvsc_call(e.url, "acquire", body, &r), 0);
+    ck_assert_msg(r.status == 200, "create of %d keys answered %ld", N, r.status);
+    ck_assert_uint_eq(json_array_size(json_object_get(r.body, "objects")), N - 1);
+    uint8_t want[OBJ], got[OBJ];
+    for (size_t i = 0; i < N; i++) {
+        uint64_t off, sz;
+        if (i == REPEAT_AT)
+            continue;
+        ck_assert_msg(kvsc_object(&r, k[i], &off, &sz), "object %zu missing", i);
+        ck_assert(off + OBJ <= c.size && sz == OBJ);
+        bfill(want, OBJ, (int64_t)i, 3);
+        memcpy(c.base + off, want, OBJ);
+    }
+    char lease[64];
+    snprintf(lease, sizeof lease, "%s", kvsc_lease_id(&r));
+    kvsc_reply_free(&r);
+    ck_assert_int_eq(lease_end(e.url, "seal", lease), 204);
+    ck_assert_int_eq(lease_end(e.url, "release", lease), 204);
+    free(body);
+    ck_assert_int_eq(kvs_stat(&e, "create_keys_total"), N);
+
+    uint8_t **outs = malloc(N * sizeof *outs);
+    for (size_t i = 0; i < N; i++)
+        outs[i] = malloc(OBJ);
+    size_t hits;
+    ck_assert_int_eq(kvsc_read(&c, (const char *const *)k, N, outs, OBJ, 60, &hits, NULL), 0);
+    ck_assert_uint_eq(hits, N);   /* the repeated key is read twice */
+    size_t wrong = 0;
+    for (size_t i = 0; i < N; i++) {
+        bfill(want, OBJ, (int64_t)(i == REPEAT_AT ? REPEATS : i), 3);
+        memcpy(got, outs[i], OBJ);
+        for (size_t b = 0; b < OBJ; b++)
+            wrong += got[b] != want[b];
+        free(outs[i]);
+    }
+    free(outs);
+    ck_assert_msg(wrong == 0, "%zu wrong bytes read back", wrong);
+    keys_free(k, N);
+    kvsc_close(&c);
+    KVH_STOP_DESTROY(&e.d);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("kvs_fair");
     TCase *tc = tcase_create("fair");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, large_request_leaves_the_loop_to_others);
+    tcase_add_test(tc, create_of_several_slices_with_a_repeated_key);
     suite_add_tcase(s, tc);
     return s;
 }
