@@ -1,7 +1,9 @@
 /* kvs_server: the KVS front end's HTTP control plane and its leases (see
  * kvs_server.h). Owns the evhttp listener, the HTTP lease table (id -> the
- * kvnode leases it holds, one per namespace, each owned by the HTTP lease's
- * own lease_list) and the sweep that frees records past their term.
+ * kvnode leases it holds, one per namespace and slice of the request that
+ * granted it, each owned by the HTTP lease's own lease_list), the sweep
+ * that frees records past their term, and /seal /release /discard
+ * (/acquire is kvs_server_acquire.c's).
  *
  * Replies are exactly what rtp-llm's KVSClient accepts: /health and /acquire
  * 200 with JSON, /seal /release /discard 204 without a body; objects that a
@@ -10,11 +12,12 @@
  * end, up to server.request_timeout, then 503), a create where every
  * object exists answers lease_id "", reads are best-effort (misses left
  * out); integers are JSON integers. Errors are JSON {"error": "..."} with
- * 400 (malformed, wrong key format, size conflict), 403 (no tenant for the
- * peer), 404 (unknown route or lease), 405, 410 (seal of an unsealed create
- * lease of the caller's tenant past its term, remembered as
- * kvs_server_leases.h says),
- * 413 (too many keys), 503 (no room now). Loop thread only. */
+ * 400 (malformed, wrong key format), 403 (no tenant for the peer), 404
+ * (unknown route or lease), 405, 409 (a create of a key held at another
+ * size), 410 (seal of an unsealed create lease of the caller's tenant past
+ * its term, remembered as kvs_server_leases.h says), 413 (too many keys, a
+ * create over max_reserved_per_client, a reply over max_output_bytes), 503
+ * (no room now). Loop thread only. */
 #include "net/kvs_server.h"
 
 #include <errno.h>

@@ -241,17 +241,29 @@ static int kvs_slice_create(struct kvs_job *j, struct kvs_slice_group *g, struct
                             size_t msglen)
 {
     struct kvs_slice *s = &j->s;
-    uint64_t lease_id = 0;
+    const struct ns_layout plain = *layout;   /* binding may append the size tag */
+    const uint64_t *checks = g->id.opaque ? s->checks + g->first : NULL;
+    uint64_t lease_id = 0, other;
     int rc = kvs_bind_object_ns(j->t->cache, layout, &g->ns, msg, msglen);
     if (rc < 0)
         return kvs_status_of(rc);
     cache_unbind(j->t->cache, g->ns);   /* kept by its reservations and blocks, not by a client */
+    /* One key, one object: not created again at another size (a client
+     * told "stored" would read the other size's bytes). */
+    size_t at = kvs_held_at_other_size(j->t->cache, &plain, g->ns, s->keys + g->first, checks, g->n, &other);
+    if (at < g->n) {
+        struct kvs_str key = j->rq.keys[s->index[g->first + at]];
+        snprintf(msg, msglen, "object key '%.*s' exists (or is being written) at size %" PRIu64 "; a create of it "
+                 "at size %" PRIu64 " is refused: an object keeps its size (use another key)",
+                 (int)(key.len < 256 ? key.len : 256), key.s, other, g->size);
+        return 409;
+    }
     /* Left out means stored to the client: keys another create lease is
      * still writing make this one wait for it to end. */
     size_t writing = cache_count_writing(j->t->cache, g->ns, s->keys + g->first, g->n);
     if (writing) {
-        snprintf(msg, msglen, "%zu of the objects are being written under another create lease (not sealed yet)",
-                 writing);
+        snprintf(msg, msglen, "%zu of the objects of one namespace are being written under another create lease "
+                 "(not sealed yet)", writing);
         return CACHE_STORE_BOUND;
     }
     if (!kvs_lease_sub_room(j->l, 1)) {
@@ -260,10 +272,18 @@ static int kvs_slice_create(struct kvs_job *j, struct kvs_slice_group *g, struct
     }
     /* v1 keys carry no check words (NULL: word 0); opaque keys' are from their hash */
     rc = cache_put_begin(j->t->cache, &(struct cache_put_req){ .ns = g->ns, .owner = &j->l->owner,
-                         .keys = s->keys + g->first, .checks = g->id.opaque ? s->checks + g->first : NULL,
-                         .n = g->n, .tier = KVNODE_TIER_HOST }, &lease_id, s->locs + g->first, msg, msglen);
+                         .keys = s->keys + g->first, .checks = checks, .n = g->n, .tier = KVNODE_TIER_HOST },
+                         &lease_id, s->locs + g->first, msg, msglen);
     if (rc == CACHE_STORE_BOUND)
         return rc;
+    if (rc == -KVNODE_ELIMIT) {
+        /* The HTTP lease is the reserving client: this create alone is
+         * over the bound, and would be at every retry. */
+        char why[512];
+        snprintf(why, sizeof why, "%.400s", msg);
+        snprintf(msg, msglen, "one create lease reserves too much (%.400s)", why);
+        return 413;
+    }
     if (rc != 0)
         return kvs_status_of(rc);
     if (lease_id)

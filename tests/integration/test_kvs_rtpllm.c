@@ -32,9 +32,8 @@
  * over 1 MiB (libcurl's Expect: 100-continue); a read lease held from the
  * match to the read through eviction; a create racing an unsealed create of
  * the same keys (the first writer seals, discards, dies with a 1 s term, or
- * dies within its 60 s term), and unsealed objects invisible to a match.
- * The tcase kvs_rtpllm_known_defects holds a case that fails on main (a
- * defect of the /acquire create path, reported, not fixed here). */
+ * dies within its 60 s term), and unsealed objects invisible to a match;
+ * a key held at one size not created again at another. */
 #include <check.h>
 
 #include <curl/curl.h>
@@ -1683,16 +1682,16 @@ END_TEST
  * (85c02327f's deployment id does not hash the object size, so two engines
  * of one model name and TP size but another cache layout share keys; any
  * other client may reuse a key at another size). X's objects must still
- * read back byte-exact, and if Y's store returns true, Y's read of the
- * keys must give back exactly what Y was told is stored.
+ * read back byte-exact, and Y's store must fail: one key is one object,
+ * which keeps its size (409 naming the key), so Y is never told stored.
  *
- * On main both of Y's creates are given a fresh object of 2000 bytes in the
- * per-size namespace, sealed (204): store() returns true. A read (no sizes
- * in it) answers the 1000-byte object of X: 85c02327f copies its 2000
- * bytes from there (1998 wrong bytes per object: X's object and whatever
- * lies after it), de10de826 fails the load ("object too small": an object
- * it was told is stored is never readable). */
-START_TEST(known_defect_acquire_same_key_created_at_another_size)
+ * Before the fix both of Y's creates were given a fresh object of 2000
+ * bytes in the per-size namespace, sealed (204): store() returned true. A
+ * read (no sizes in it) answered the 1000-byte object of X: 85c02327f
+ * copied its 2000 bytes from there (1998 wrong bytes per object: X's object
+ * and whatever lies after it), de10de826 failed the load ("object too
+ * small": an object it was told is stored was never readable). */
+START_TEST(a_key_held_at_one_size_is_not_created_at_another)
 {
     kvs_env env;
     rtp_kvs x, y;
@@ -1722,6 +1721,7 @@ START_TEST(known_defect_acquire_same_key_created_at_another_size)
 
     ck_assert_msg(read_objects(&x, bx, 2, 0x1, &wrong, &rel), "X's read: %s", x.why);
     ck_assert_msg(wrong == 0, "X's objects: %zu wrong bytes after Y's store at another size", wrong);
+    ck_assert_msg(!y_ok, "[Y %s] store() of X's keys at another size returned true", VNAME[vy]);
     if (y_ok) {
         for (int i = 0; i < 2; i++) {
             bool ok = read_objects(&y, &by[i], 1, ty[i] == 2 ? 0x2 : 0x1, &wrong, &rel);
@@ -1754,12 +1754,8 @@ static Suite *kvs_rtpllm_suite(void)
     tcase_add_loop_test(tc, create_racing_an_unsealed_create_that_discards, 0, 2);
     tcase_add_loop_test(tc, create_racing_a_writer_that_died, 0, 2);
     tcase_add_test(tc, create_racing_a_dead_writer_within_its_term_stores_nothing);
+    tcase_add_loop_test(tc, a_key_held_at_one_size_is_not_created_at_another, 0, 2);
     suite_add_tcase(s, tc);
-    /* Fails on main: a defect of the /acquire create path, reported (see above). */
-    TCase *defects = tcase_create("kvs_rtpllm_known_defects");
-    tcase_set_timeout(defects, 30);
-    tcase_add_loop_test(defects, known_defect_acquire_same_key_created_at_another_size, 0, 2);
-    suite_add_tcase(s, defects);
     return s;
 }
 
