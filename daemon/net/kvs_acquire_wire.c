@@ -352,24 +352,36 @@ static int wire_json(const char *body, size_t len, struct kvs_acquire_req *r, co
     return wire_json_fields(j, r, lim, msg, msglen);
 }
 
-int kvs_acquire_req_parse(const char *body, size_t len, const struct kvs_acquire_limits *lim,
-                          struct kvs_acquire_req *out, char *msg, size_t msglen)
+int kvs_acquire_req_parse_owned(char *text, size_t len, const struct kvs_acquire_limits *lim,
+                                struct kvs_acquire_req *out, char *msg, size_t msglen)
 {
     struct kvs_acquire_req *r = out;
     memset(r, 0, sizeof *r);
-    if (!(r->text = malloc(len ? len : 1)))
-        return wire_fail(msg, msglen, 500, "out of memory");
-    memcpy(r->text, body, len);
+    r->text = text;
     if (!lim->general_only && wire_scan(r, len, lim)) {
         r->fast = true;
         return 0;
     }
-    kvs_acquire_req_free(r);
+    free(r->keys);
+    free(r->sizes);
     memset(r, 0, sizeof *r);
-    int status = wire_json(body, len, r, lim, msg, msglen);
+    int status = wire_json(text, len, r, lim, msg, msglen);   /* the tree keeps its own strings */
+    free(text);
     if (status != 0)
         kvs_acquire_req_free(r);
     return status;
+}
+
+int kvs_acquire_req_parse(const char *body, size_t len, const struct kvs_acquire_limits *lim,
+                          struct kvs_acquire_req *out, char *msg, size_t msglen)
+{
+    char *text = malloc(len ? len : 1);
+    if (!text) {
+        memset(out, 0, sizeof *out);
+        return wire_fail(msg, msglen, 500, "out of memory");
+    }
+    memcpy(text, body, len);
+    return kvs_acquire_req_parse_owned(text, len, lim, out, msg, msglen);
 }
 
 void kvs_acquire_req_free(struct kvs_acquire_req *r)

@@ -48,6 +48,10 @@ struct kvs_acquire_limits {
  * it), or the HTTP status (400, 413, 500) with msg naming the problem. */
 int  kvs_acquire_req_parse(const char *body, size_t len, const struct kvs_acquire_limits *lim,
                            struct kvs_acquire_req *out, char *msg, size_t msglen);
+/* The same with text (len bytes, malloc'd) handed over: no copy. Any
+ * thread (it touches nothing shared). */
+int  kvs_acquire_req_parse_owned(char *text, size_t len, const struct kvs_acquire_limits *lim,
+                                 struct kvs_acquire_req *out, char *msg, size_t msglen);
 void kvs_acquire_req_free(struct kvs_acquire_req *r);
 
 /* Append one object of the reply, a comma first unless first: 0, or -1

@@ -35,6 +35,7 @@
 #include "cache/cache.h"
 #include "core/clock.h"
 #include "core/errmsg.h"
+#include "core/workq.h"
 #include "core/log.h"
 #include "kvnode.h"
 #include "net/httpd.h"
@@ -449,6 +450,10 @@ int kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **ou
     evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
                                          EVHTTP_REQ_DELETE);
     evhttp_set_gencb(http, kvs_http_cb, k);
+    if (workq_create(deps->base, "kvs-parse", 1, KVS_PARSE_QUEUE, &k->parse_q, err, errlen) < 0) {
+        kvs_server_destroy(k);
+        return -1;
+    }
     if (kvs_dataplane_create(deps, &k->dp, err, errlen) < 0) {
         kvs_server_destroy(k);
         return -1;
@@ -472,7 +477,8 @@ void kvs_server_destroy(struct kvs_server *k)
 {
     if (!k)
         return;
-    httpd_destroy(k->httpd);
+    httpd_destroy(k->httpd);         /* requests being parsed hear that their connection went */
+    workq_destroy(k->parse_q);       /* ... and end here */
     kvs_http_conns_free(k->conns);   /* after httpd: its connections' tokens point here */
     if (k->sweep_ev)
         event_free(k->sweep_ev);

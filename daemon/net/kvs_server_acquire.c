@@ -2,10 +2,13 @@
  * request in progress (struct kvs_job): its parsed body (kvs_acquire_wire.h),
  * the HTTP lease being filled and the reply being written.
  *
- * A request is handled KVS_SLICE_KEYS keys per loop turn: a small one is
- * answered in the turn it arrived in; a large one yields between slices
- * (a zero timer, so the loop polls its sockets between two slices), and
- * another client's request waits for one slice at most. Replies are as
+ * A body over KVS_PARSE_INLINE is parsed on the front end's parse thread
+ * (its bytes moved out of the request, not copied; a workq of one thread),
+ * so a 16 MiB body does not hold the loop. A request is then handled
+ * KVS_SLICE_KEYS keys per loop turn: a small one is answered in the turn it
+ * arrived in; a large one yields between slices (a zero timer, so the loop
+ * polls its sockets between two slices), and another client's request
+ * waits for one slice at most. Replies are as
  * kvs_server.c says: objects a create finds sealed are left out; keys
  * another create lease is still writing, or no room (the store slower than
  * the engines, the host tier still being reserved), make the create give
@@ -13,9 +16,11 @@
  * cache says it may, answered 503 past [server] request_timeout. A key
  * repeated in one create is one object. While a request spans loop turns
  * httpd watches its connection (httpd_request_watch): a client that leaves
- * ends it at once (kvs_job_gone), and exactly one of that and the answer
- * ends the job. Loop thread only. */
+ * ends it at once (kvs_job_gone; while its body is being parsed, when the
+ * parse is done), and exactly one of that and the answer ends the job.
+ * Loop thread only, but for kvs_job_parse_run. */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +32,7 @@
 #include "cache/cache.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/workq.h"
 #include "kvnode.h"
 #include "net/httpd.h"
 #include "net/kvs_acquire_wire.h"
@@ -74,6 +80,14 @@ struct kvs_job {
     struct event *resume;
     bool watched;
     struct kvs_slice s;
+    /* A large body parsed on the parse thread (kvs_job_parse_run): its
+     * bytes, moved out of the request, and the outcome. */
+    struct workq_job parse;
+    struct evbuffer *body;
+    struct kvs_acquire_limits lim;
+    int parse_status;
+    char parse_msg[512];
+    bool parsing, gone;             /* gone: the connection closed meanwhile */
 };
 
 static void kvs_job_run(struct kvs_job *j);
@@ -88,6 +102,8 @@ static void kvs_job_free(struct kvs_job *j)
         event_free(j->resume);
     if (j->objects)
         evbuffer_free(j->objects);
+    if (j->body)
+        evbuffer_free(j->body);
     kvs_acquire_req_free(&j->rq);
     free(j->taken);
     free(j->s.group);
@@ -107,6 +123,11 @@ static void kvs_job_free(struct kvs_job *j)
 static void kvs_job_gone(void *arg)
 {
     struct kvs_job *j = arg;
+    j->watched = false;
+    if (j->parsing) {
+        j->gone = true;   /* the parse thread has it: freed when it is done */
+        return;
+    }
     if (j->l)
         kvs_lease_free(j->k, j->l);
     kvs_job_free(j);
@@ -449,6 +470,8 @@ static void kvs_job_run(struct kvs_job *j)
 
 /* --- the request ------------------------------------------------------------------ */
 
+#define KVS_PARSE_INLINE (64u << 10)   /* bodies up to this are parsed on the loop (about 600 keys) */
+
 static bool kvs_job_scratch(struct kvs_job *j)
 {
     size_t m = j->rq.n < KVS_SLICE_KEYS ? (j->rq.n ? j->rq.n : 1) : KVS_SLICE_KEYS;
@@ -471,30 +494,14 @@ static bool kvs_job_scratch(struct kvs_job *j)
            (j->taken || !(j->rq.create && j->rq.n > KVS_SLICE_KEYS));
 }
 
-void kvs_acquire(struct kvs_server *k, struct evhttp_request *req, struct tenant *t)
+/* The body is parsed: the request starts (owns j). */
+static void kvs_job_start(struct kvs_job *j)
 {
+    struct kvs_server *k = j->k;
     const struct kvn_config *cfg = *k->deps.cfg;
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    size_t len = evbuffer_get_length(in);
-    const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
-    struct kvs_acquire_limits lim = { .max_keys = cfg->kvs_max_keys, .max_term_s = cfg->kvs_max_term_ms / 1000 };
-    struct kvs_job *j = calloc(1, sizeof *j);
-    char msg[512];
-    int status = 500;
-
-    snprintf(msg, sizeof msg, "out of memory");
-    if (!j || !body || (status = kvs_acquire_req_parse(body, len, &lim, &j->rq, msg, sizeof msg)) != 0) {
-        free(j);
-        kvs_fail(k, req, status, msg);
-        return;
-    }
-    *j = (struct kvs_job){ .k = k, .req = req, .t = t, .rq = j->rq, .objects = evbuffer_new(),
-                           .deadline_ms = clock_now_ms() + cfg->request_timeout_ms,
-                           .term_ms = j->rq.has_term && j->rq.term_s > 0 ? j->rq.term_s * 1000
-                                                                         : cfg->kvs_default_term_ms };
-    if (!j->objects || !kvs_job_scratch(j)) {
-        kvs_job_free(j);
-        kvs_fail(k, req, 500, "out of memory");
+    j->term_ms = j->rq.has_term && j->rq.term_s > 0 ? j->rq.term_s * 1000 : cfg->kvs_default_term_ms;
+    if (!(j->objects = evbuffer_new()) || !kvs_job_scratch(j)) {
+        kvs_job_fail(j, 500, "out of memory");
         return;
     }
     if (j->rq.create) {
@@ -504,4 +511,85 @@ void kvs_acquire(struct kvs_server *k, struct evhttp_request *req, struct tenant
         k->st.acquire_read++;
     }
     kvs_job_run(j);
+}
+
+/* The parse thread: nothing but j's own body and request. */
+static void kvs_job_parse_run(struct workq_job *w, void *ctx)
+{
+    struct kvs_job *j = (struct kvs_job *)((char *)w - offsetof(struct kvs_job, parse));
+    size_t len = evbuffer_get_length(j->body);
+    char *text = malloc(len ? len : 1);
+    (void)ctx;
+    if (!text) {
+        j->parse_status = 500;
+        snprintf(j->parse_msg, sizeof j->parse_msg, "out of memory");
+        return;
+    }
+    evbuffer_copyout(j->body, text, len);
+    j->parse_status = kvs_acquire_req_parse_owned(text, len, &j->lim, &j->rq, j->parse_msg, sizeof j->parse_msg);
+}
+
+static void kvs_job_parse_done(struct workq_job *w)
+{
+    struct kvs_job *j = (struct kvs_job *)((char *)w - offsetof(struct kvs_job, parse));
+    j->parsing = false;
+    evbuffer_free(j->body);
+    j->body = NULL;
+    if (j->gone || w->cancelled) {
+        kvs_job_free(j);   /* the client left, or shutdown: nothing to answer */
+        return;
+    }
+    if (j->parse_status != 0) {
+        kvs_job_fail(j, j->parse_status, j->parse_msg);
+        return;
+    }
+    kvs_job_start(j);
+}
+
+/* A large body goes to the parse thread, so the loop is not held for it:
+ * its bytes are moved (not copied) out of the request. false: j is still
+ * the caller's (queue full: msg says so). */
+static bool kvs_job_parse_off_loop(struct kvs_job *j, struct evbuffer *in, char *msg, size_t msglen)
+{
+    j->parse = (struct workq_job){ .run = kvs_job_parse_run, .done = kvs_job_parse_done };
+    if (!(j->body = evbuffer_new()) || evbuffer_add_buffer(j->body, in) < 0 || !kvs_job_watch(j)) {
+        snprintf(msg, msglen, "out of memory");
+        return false;
+    }
+    j->parsing = true;
+    if (workq_submit(j->k->parse_q, &j->parse) == 0)
+        return true;
+    j->parsing = false;
+    snprintf(msg, msglen, "%d large requests are waiting to be parsed; try again", KVS_PARSE_QUEUE);
+    return false;
+}
+
+void kvs_acquire(struct kvs_server *k, struct evhttp_request *req, struct tenant *t)
+{
+    const struct kvn_config *cfg = *k->deps.cfg;
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t len = evbuffer_get_length(in);
+    struct kvs_job *j = calloc(1, sizeof *j);
+    char msg[512];
+    int status = 500;
+
+    if (!j) {
+        kvs_fail(k, req, 500, "out of memory");
+        return;
+    }
+    *j = (struct kvs_job){ .k = k, .req = req, .t = t, .deadline_ms = clock_now_ms() + cfg->request_timeout_ms,
+                           .lim = { .max_keys = cfg->kvs_max_keys, .max_term_s = cfg->kvs_max_term_ms / 1000 } };
+    if (len > KVS_PARSE_INLINE) {
+        if (kvs_job_parse_off_loop(j, in, msg, sizeof msg))
+            return;
+        kvs_job_fail(j, msg[0] == 'o' ? 500 : 503, msg);
+        return;
+    }
+    const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+    snprintf(msg, sizeof msg, "out of memory");
+    if (!body || (status = kvs_acquire_req_parse(body, len, &j->lim, &j->rq, msg, sizeof msg)) != 0) {
+        kvs_job_fail(j, status, msg);
+        return;
+    }
+    kvs_job_start(j);
 }

@@ -16,8 +16,10 @@
 struct evhttp_request;
 struct evbuffer;
 struct httpd;
+struct workq;
 
-#define KVS_MAX_NS 64   /* namespaces one slice of a request may touch */
+#define KVS_MAX_NS      64            /* namespaces one slice of a request may touch */
+#define KVS_PARSE_QUEUE 64            /* large bodies waiting for the parse thread (more: 503) */
 
 /* One HTTP lease: the kvnode leases it holds (one per namespace and slice
  * of the request that granted it), owned by its own lease_list. */
@@ -43,6 +45,7 @@ struct kvs_server {
     struct kvs_lease *head, *tail, *cursor;
     struct kvs_leases leases;           /* ids, each tenant's open leases */
     struct kvs_http_conns *conns;       /* each tenant's open HTTP connections */
+    struct workq *parse_q;              /* large /acquire bodies parsed off the loop */
     struct kvs_server_stats st;
 };
 
