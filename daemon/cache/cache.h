@@ -264,6 +264,11 @@ int  cache_put_begin(struct cache *c, const struct cache_put_req *req, uint64_t 
  * write); the KVS front end, whose clients read "left out" as "stored",
  * waits for those leases to end instead (cache_put_wait). O(n). */
 size_t cache_count_writing(struct cache *c, const struct kv_namespace *ns, const int64_t *keys, size_t n);
+/* The first of keys (in ns, with their check words: NULL, every word 0)
+ * the index holds in any state (being written, in memory, or known in the
+ * store): its index, n when none. O(n). */
+size_t cache_first_held(struct cache *c, const struct kv_namespace *ns, const int64_t *keys, const uint64_t *checks,
+                        size_t n);
 /* Back-pressure. With a store, a committed block is not evicted before its
  * write lands (write_through: from its commit; write_back: once the evictor
  * picked it) or fails. When no slot can be had because such blocks hold the

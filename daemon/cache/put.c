@@ -130,6 +130,17 @@ size_t cache_count_writing(struct cache *c, const struct kv_namespace *ns, const
     return writing;
 }
 
+size_t cache_first_held(struct cache *c, const struct kv_namespace *ns, const int64_t *keys, const uint64_t *checks,
+                        size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
+        if (e && e->check == (checks ? checks[i] : 0))
+            return i;
+    }
+    return n;
+}
+
 /* Largest exact binary unit, as kvnode.conf writes sizes ("8MiB", "65537"). */
 static void cache_format_size(uint64_t v, char *buf, size_t len)
 {

@@ -1,7 +1,9 @@
 /* kvs_server: the KVS front end's HTTP control plane and its leases (see
  * kvs_server.h). Owns the evhttp listener, the HTTP lease table (id -> the
- * kvnode leases it holds, one per namespace, each owned by the HTTP lease's
- * own lease_list) and the sweep that frees records past their term.
+ * kvnode leases it holds, one per namespace and slice of the request that
+ * granted it, each owned by the HTTP lease's own lease_list), the sweep
+ * that frees records past their term, and /seal /release /discard
+ * (/acquire is kvs_server_acquire.c's).
  *
  * Replies are exactly what rtp-llm's KVSClient accepts: /health and /acquire
  * 200 with JSON, /seal /release /discard 204 without a body; objects that a
@@ -10,11 +12,12 @@
  * end, up to server.request_timeout, then 503), a create where every
  * object exists answers lease_id "", reads are best-effort (misses left
  * out); integers are JSON integers. Errors are JSON {"error": "..."} with
- * 400 (malformed, wrong key format, size conflict), 403 (no tenant for the
- * peer), 404 (unknown route or lease), 405, 410 (seal of an unsealed create
- * lease of the caller's tenant past its term, remembered as
- * kvs_server_leases.h says),
- * 413 (too many keys), 503 (no room now). Loop thread only. */
+ * 400 (malformed, wrong key format), 403 (no tenant for the peer), 404
+ * (unknown route or lease), 405, 409 (a create of a key held at another
+ * size), 410 (seal of an unsealed create lease of the caller's tenant past
+ * its term, remembered as kvs_server_leases.h says), 413 (too many keys, a
+ * create over max_reserved_per_client, a reply over max_output_bytes), 503
+ * (no room now). Loop thread only. */
 #include "net/kvs_server.h"
 
 #include <errno.h>
@@ -35,57 +38,14 @@
 #include "core/log.h"
 #include "kvnode.h"
 #include "net/httpd.h"
+#include "net/kvs_server_internal.h"
 #include "net/kvs_server_leases.h"
 #include "tenants/tenants.h"
 
-#define KVS_MAX_NS          64      /* namespaces one request may touch */
 #define KVS_SWEEP_MS        250     /* how often expired records are looked for */
 #define KVS_SWEEP_BATCH     512     /* records looked at per sweep (no O(n) pause) */
 #define KVS_HTTP_TIMEOUT_S  30      /* idle / slow HTTP connections */
 #define KVS_UNKNOWN_LEASE   "unknown lease_id: never granted, already ended, or past its term"
-
-struct kvs_lease {
-    struct kvs_lease_id id;         /* 128 random bits (kvs_server_leases.h) */
-    int kind;                       /* LEASE_READ or LEASE_WRITE */
-    bool sealed;
-    struct tenant *tenant;
-    struct lease_list owner;        /* the kvnode leases, one per namespace */
-    uint64_t expires_ms;
-    uint64_t sub[KVS_MAX_NS];       /* kvnode lease ids (0: none) */
-    size_t nsub;
-    struct kvs_lease *hnext, *prev, *next;
-};
-
-struct kvs_server {
-    struct kvs_server_deps deps;        /* base, config, tenants (kvs_server_create) */
-    struct httpd *httpd;                /* the listener, connection cap, request deadline */
-    struct event *sweep_ev;
-    struct kvs_dataplane *dp;
-    struct kvs_lease **buckets;
-    size_t nbuckets;
-    struct kvs_lease *head, *tail, *cursor;
-    struct kvs_leases leases;           /* ids, each tenant's open leases */
-    struct kvs_http_conns *conns;       /* each tenant's open HTTP connections */
-    struct kvs_server_stats st;
-};
-
-/* A create that waits for room (the host tier still being reserved at start-up,
- * or full of blocks not yet written to the store): retried when the cache
- * says room may have come, answered 503 past [server] request_timeout.
- * httpd watches its connection (httpd_request_watch): a client that leaves
- * ends the wait at once (kvs_pending_gone). Exactly one of the answer and
- * kvs_pending_gone ends it. */
-struct kvs_pending {
-    struct kvs_server *k;
-    struct evhttp_request *req;
-    struct tenant *t;
-    json_t *body;
-    struct cache_wait *wait;
-    uint64_t deadline_ms;
-};
-
-static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, struct tenant *t, json_t *body,
-                            struct kvs_pending *p);
 
 /* --- lease table ---------------------------------------------------------------- */
 
@@ -102,7 +62,7 @@ static struct kvs_lease *kvs_lease_find(struct kvs_server *k, const struct kvs_l
     return NULL;
 }
 
-static struct kvs_lease *kvs_lease_new(struct kvs_server *k, struct tenant *t, int kind, uint64_t term_ms)
+struct kvs_lease *kvs_lease_new(struct kvs_server *k, struct tenant *t, int kind, uint64_t term_ms)
 {
     struct kvs_lease *l = calloc(1, sizeof *l);
     if (!l)
@@ -111,7 +71,7 @@ static struct kvs_lease *kvs_lease_new(struct kvs_server *k, struct tenant *t, i
     l->kind = kind;
     l->tenant = t;
     l->owner.ttl_ms = term_ms;
-    l->expires_ms = clock_now_ms() + term_ms;
+    l->expires_ms = UINT64_MAX;   /* the request granting it sets its term when it answers */
     l->hnext = *kvs_bucket(k, &l->id);
     *kvs_bucket(k, &l->id) = l;
     l->prev = k->tail;
@@ -126,7 +86,7 @@ static struct kvs_lease *kvs_lease_new(struct kvs_server *k, struct tenant *t, i
 
 /* End what the record still holds (a reaped kvnode lease is gone already)
  * and free it. */
-static void kvs_lease_free(struct kvs_server *k, struct kvs_lease *l)
+void kvs_lease_free(struct kvs_server *k, struct kvs_lease *l)
 {
     struct kvs_lease **p = kvs_bucket(k, &l->id);
     while (*p != l)
@@ -146,7 +106,23 @@ static void kvs_lease_free(struct kvs_server *k, struct kvs_lease *l)
         cache_release_owner(l->tenant->cache, &l->owner);
     kvs_leases_close(&k->leases, l->tenant);
     k->st.leases_open--;
+    free(l->sub);
     free(l);
+}
+
+bool kvs_lease_sub_room(struct kvs_lease *l, size_t more)
+{
+    if (l->nsub + more <= l->capsub)
+        return true;
+    size_t cap = l->capsub ? l->capsub : 8;
+    while (cap < l->nsub + more)
+        cap *= 2;
+    uint64_t *sub = realloc(l->sub, cap * sizeof *sub);
+    if (!sub)
+        return false;
+    l->sub = sub;
+    l->capsub = cap;
+    return true;
 }
 
 static void kvs_sweep_cb(evutil_socket_t fd, short what, void *arg)
@@ -172,13 +148,10 @@ static void kvs_sweep_cb(evutil_socket_t fd, short what, void *arg)
 
 /* --- replies ----------------------------------------------------------------------- */
 
-/* false when the reply was over the output caps and an error went instead. */
-static bool kvs_reply(struct evhttp_request *req, int code, json_t *body)
+bool kvs_reply_text(struct evhttp_request *req, int code, char *text)
 {
     struct evbuffer *out = evbuffer_new();
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     int asked = code;
-    json_decref(body);
     if (text)
         text = kvs_http_bound_reply(req, &code, text);
     if (text && out) {
@@ -192,7 +165,14 @@ static bool kvs_reply(struct evhttp_request *req, int code, json_t *body)
     return code == asked;
 }
 
-static void kvs_fail(struct kvs_server *k, struct evhttp_request *req, int code, const char *msg)
+static bool kvs_reply(struct evhttp_request *req, int code, json_t *body)
+{
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    return kvs_reply_text(req, code, text);
+}
+
+void kvs_fail(struct kvs_server *k, struct evhttp_request *req, int code, const char *msg)
 {
     if (code == 403)
         k->st.denied++;
@@ -204,8 +184,7 @@ static void kvs_fail(struct kvs_server *k, struct evhttp_request *req, int code,
     kvs_reply(req, code, json_pack("{s:s}", "error", msg));
 }
 
-/* The HTTP status of a cache error. */
-static int kvs_status_of(int rc)
+int kvs_status_of(int rc)
 {
     switch (rc) {
     case -KVNODE_EINVAL:
@@ -295,359 +274,6 @@ static int kvs_request_lease(struct kvs_server *k, struct evhttp_request *req, j
     return 0;
 }
 
-/* The keys of one namespace in a request. */
-struct kvs_group {
-    struct kvs_key id;              /* block unused */
-    struct kv_namespace *ns;
-    uint64_t size;                  /* create: the block size asked for */
-    size_t n;
-    int64_t *keys;
-    size_t *index;                  /* into the request's key array */
-    struct cache_loc *locs;
-    uint64_t *bytes;                /* read: each hit's object size */
-    uint64_t *checks;               /* opaque keys' check words (NULL for v1 keys) */
-};
-
-static bool kvs_same_ns(const struct kvs_key *a, const struct kvs_key *b)
-{
-    return a->opaque == b->opaque && a->tp_rank == b->tp_rank && a->group == b->group &&
-           a->version == b->version && strcmp(a->deployment_id, b->deployment_id) == 0 &&
-           strcmp(a->object_ns, b->object_ns) == 0;
-}
-
-static void kvs_groups_free(struct kvs_group *g, size_t ng)
-{
-    for (size_t i = 0; i < ng; i++) {
-        free(g[i].keys);
-        free(g[i].index);
-        free(g[i].locs);
-        free(g[i].bytes);
-        free(g[i].checks);
-    }
-    free(g);
-}
-
-/* Sort the request's keys into namespaces. 0, or an HTTP status with msg. */
-static int kvs_group_keys(json_t *keys, json_t *metas, struct kvs_group **out, size_t *nout, char *msg,
-                          size_t msglen)
-{
-    size_t n = json_array_size(keys), ng = 0;
-    struct kvs_group *g = calloc(KVS_MAX_NS, sizeof *g);
-    size_t *which = calloc(n ? n : 1, sizeof *which);
-    struct kvs_key key;
-    int status = 500;
-
-    snprintf(msg, msglen, "out of memory");
-    if (!g || !which)
-        goto fail;
-    for (size_t i = 0; i < n; i++) {
-        json_t *jk = json_array_get(keys, i);
-        uint64_t size = 0;
-        size_t j;
-        status = 400;
-        if (!json_is_string(jk)) {
-            snprintf(msg, msglen, "object_keys[%zu] is not a string", i);
-            goto fail;
-        }
-        if (kvs_key_classify(json_string_value(jk), json_string_length(jk), &key, msg, msglen) < 0)
-            goto fail;
-        if (metas) {
-            json_t *m = json_array_get(metas, i), *sz = json_object_get(m, "size");
-            const char *layout = json_string_value(json_object_get(m, "layout"));
-            if (!json_is_integer(sz) || json_integer_value(sz) <= 0 || json_integer_value(sz) > (json_int_t)UINT32_MAX) {
-                snprintf(msg, msglen, "object_metas[%zu].size must be an integer from 1 to %u", i, UINT32_MAX);
-                goto fail;
-            }
-            if (layout && strcmp(layout, KVS_LAYOUT_NAME) != 0) {
-                snprintf(msg, msglen, "object_metas[%zu].layout is '%.64s'; this server stores %s objects", i,
-                         layout, KVS_LAYOUT_NAME);
-                goto fail;
-            }
-            size = (uint64_t)json_integer_value(sz);
-        }
-        for (j = ng; j-- > 0;)
-            if (kvs_same_ns(&g[j].id, &key) && g[j].size == size)
-                break;   /* a create's objects of another size: another namespace */
-        if (j == SIZE_MAX) {
-            if (ng == KVS_MAX_NS) {
-                snprintf(msg, msglen, "the keys name more than %d (deployment, rank, group, size) namespaces; send "
-                         "fewer at once", KVS_MAX_NS);
-                goto fail;
-            }
-            j = ng++;
-            g[j].id = key;
-            g[j].size = size;
-        }
-        g[j].n++;
-        which[i] = j;
-    }
-    status = 500;
-    for (size_t j = 0; j < ng; j++) {
-        g[j].keys = malloc(g[j].n * sizeof *g[j].keys);
-        g[j].index = malloc(g[j].n * sizeof *g[j].index);
-        g[j].locs = calloc(g[j].n, sizeof *g[j].locs);
-        g[j].checks = g[j].id.opaque ? malloc(g[j].n * sizeof *g[j].checks) : NULL;
-        if (!g[j].keys || !g[j].index || !g[j].locs || (g[j].id.opaque && !g[j].checks))
-            goto fail_groups;
-        g[j].n = 0;
-    }
-    for (size_t i = 0; i < n; i++) {
-        struct kvs_group *x = &g[which[i]];
-        /* Parsed again rather than kept: n may be large, a key is cheap. */
-        kvs_key_classify(json_string_value(json_array_get(keys, i)), json_string_length(json_array_get(keys, i)),
-                         &key, msg, msglen);
-        if (x->checks)
-            x->checks[x->n] = key.check;
-        x->keys[x->n] = key.block;
-        x->index[x->n++] = i;
-    }
-    free(which);
-    *out = g;
-    *nout = ng;
-    return 0;
-fail_groups:
-    snprintf(msg, msglen, "out of memory");
-fail:
-    free(which);
-    if (g)
-        kvs_groups_free(g, ng);
-    return status;
-}
-
-static json_t *kvs_object(const char *key, uint64_t offset, uint64_t size)
-{
-    return json_pack("{s:s, s:[{s:s, s:{s:I, s:I, s:I}}], s:{s:I}}", "key", key, "blobs", "type", "vineyard",
-                     "handle", "data_offset", (json_int_t)offset, "data_size", (json_int_t)size, "object_id",
-                     (json_int_t)offset, "meta", "size", (json_int_t)size);
-}
-
-/* The connection closed while the create waited (the client left, or
- * shutdown): drop the wait. evhttp frees the request; nothing answers it. */
-static void kvs_pending_gone(void *arg)
-{
-    struct kvs_pending *p = arg;
-    if (p->wait)
-        cache_wait_cancel(p->t->cache, p->wait);
-    json_decref(p->body);
-    free(p);
-}
-
-static void kvs_pending_ready(void *arg)
-{
-    struct kvs_pending *p = arg;
-    cache_wait_cancel(p->t->cache, p->wait);
-    p->wait = NULL;
-    kvs_acquire_run(p->k, p->req, p->t, p->body, p);
-}
-
-/* The waiting create is being answered: httpd stops watching its
- * connection, and p goes (body not). NULL ignored. */
-static void kvs_pending_end(struct kvs_server *k, struct kvs_pending *p)
-{
-    if (!p)
-        return;
-    if (p->wait)
-        cache_wait_cancel(p->t->cache, p->wait);
-    httpd_request_unwatch(k->httpd, p->req);
-    free(p);
-}
-
-/* Wait for room; false when the deadline passed or the wait cannot be set
- * up (*pp, when set, is then the caller's to end with kvs_pending_end). */
-static bool kvs_pending_wait(struct kvs_server *k, struct evhttp_request *req, struct tenant *t, json_t *body,
-                             struct kvs_pending **pp)
-{
-    struct kvs_pending *p = *pp;
-    uint64_t now = clock_now_ms();
-    if (!p) {
-        p = calloc(1, sizeof *p);
-        if (!p)
-            return false;
-        *p = (struct kvs_pending){ .k = k, .req = req, .t = t, .body = body,
-                                   .deadline_ms = now + (*k->deps.cfg)->request_timeout_ms };
-        if (httpd_request_watch(k->httpd, req, kvs_pending_gone, p) < 0) {
-            free(p);
-            return false;
-        }
-        *pp = p;
-    }
-    return now < p->deadline_ms &&
-           cache_put_wait(t->cache, (unsigned)(p->deadline_ms - now) + 1, kvs_pending_ready, p, &p->wait) == 0;
-}
-
-static void kvs_acquire(struct kvs_server *k, struct evhttp_request *req, struct tenant *t)
-{
-    json_t *body = kvs_request_json(k, req);
-    if (body)
-        kvs_acquire_run(k, req, t, body, NULL);
-}
-
-/* Owns body (kept while waiting) and p (NULL: not a retry). */
-static void kvs_acquire_run(struct kvs_server *k, struct evhttp_request *req, struct tenant *t, json_t *body,
-                            struct kvs_pending *p)
-{
-    const struct kvn_config *cfg = *k->deps.cfg;
-    json_t *keys, *metas, *term, *objects = NULL;
-    struct kvs_group *g = NULL;
-    struct kvs_lease *l = NULL;
-    size_t ng = 0;
-    uint64_t term_ms = cfg->kvs_default_term_ms;
-    char msg[512];
-    int status = 400;
-    bool create;
-
-    const char *scope = json_string_value(json_object_get(body, "scope"));
-    keys = json_object_get(body, "object_keys");
-    metas = json_object_get(body, "object_metas");
-    term = json_object_get(body, "term");
-    if (!scope || (strcmp(scope, "read") != 0 && strcmp(scope, "create") != 0)) {
-        snprintf(msg, sizeof msg, "\"scope\" must be \"read\" or \"create\"");
-        goto fail;
-    }
-    create = scope[0] == 'c';
-    if (!json_is_array(keys)) {
-        snprintf(msg, sizeof msg, "\"object_keys\" must be an array of strings");
-        goto fail;
-    }
-    if (json_array_size(keys) > cfg->kvs_max_keys) {
-        status = 413;
-        snprintf(msg, sizeof msg, "%zu object keys in one request; [kvs_server] max_keys is %u",
-                 json_array_size(keys), cfg->kvs_max_keys);
-        goto fail;
-    }
-    if (create && (!json_is_array(metas) || json_array_size(metas) != json_array_size(keys))) {
-        snprintf(msg, sizeof msg, "a create needs \"object_metas\": one {size, layout} per object key");
-        goto fail;
-    }
-    if (term && !json_is_null(term)) {
-        if (!json_is_integer(term) || json_integer_value(term) < 0 ||
-            (uint64_t)json_integer_value(term) * 1000 > cfg->kvs_max_term_ms) {
-            snprintf(msg, sizeof msg, "\"term\" must be an integer number of seconds from 0 to %u "
-                     "([kvs_server] max_term)", cfg->kvs_max_term_ms / 1000);
-            goto fail;
-        }
-        if (json_integer_value(term) > 0)
-            term_ms = (uint64_t)json_integer_value(term) * 1000;
-    }
-    if ((status = kvs_group_keys(keys, create ? metas : NULL, &g, &ng, msg, sizeof msg)) != 0)
-        goto fail;
-    if ((status = kvs_leases_room(&k->leases, cfg, k->deps.tenants, t, k->st.leases_open, msg, sizeof msg)) != 0)
-        goto fail;
-    status = 500;
-    snprintf(msg, sizeof msg, "out of memory");
-    objects = json_array();
-    l = kvs_lease_new(k, t, create ? LEASE_WRITE : LEASE_READ, term_ms);
-    if (!objects || !l)
-        goto fail;
-    if (p)
-        ;   /* counted when it arrived */
-    else if (create)
-        k->st.acquire_create++;
-    else
-        k->st.acquire_read++;
-    if (!p && create)
-        k->st.create_keys += json_array_size(keys);   /* once, not at each retry after a wait */
-    for (size_t j = 0; j < ng; j++) {
-        struct kvs_group *x = &g[j];
-        struct ns_layout layout;
-        uint64_t lease_id = 0;
-        int rc;
-
-        status = 400;
-        if (kvs_key_layout(&x->id, cfg->kvs_tp_size, x->size, &layout, msg, sizeof msg) < 0)
-            goto fail;
-        if (create) {
-            rc = kvs_bind_object_ns(t->cache, &layout, &x->ns, msg, sizeof msg);
-            if (rc < 0) {
-                status = kvs_status_of(rc);
-                goto fail;
-            }
-            cache_unbind(t->cache, x->ns);   /* kept by its reservations and blocks, not by a client */
-            /* Left out means stored to the client: keys another create
-             * lease is still writing make this one wait for it to end. */
-            size_t writing = cache_count_writing(t->cache, x->ns, x->keys, x->n);
-            if (writing)
-                snprintf(msg, sizeof msg, "%zu of the objects are being written under another create lease "
-                         "(not sealed yet)", writing);
-            /* v1 keys carry no check words (NULL: word 0); opaque keys' are from their hash */
-            rc = writing ? CACHE_STORE_BOUND
-                         : cache_put_begin(t->cache, &(struct cache_put_req){ .ns = x->ns, .owner = &l->owner,
-                                           .keys = x->keys, .checks = x->checks, .n = x->n,
-                                           .tier = KVNODE_TIER_HOST }, &lease_id, x->locs, msg, sizeof msg);
-        } else {
-            k->st.read_keys += x->n;
-            size_t nsub = l->nsub;
-            rc = (x->bytes = malloc(x->n * sizeof *x->bytes)) ? 0 : -KVNODE_ENOMEM;
-            if (rc == 0)
-                rc = kvs_read_objects(t->cache, &layout, &(struct kvs_read){ .keys = x->keys, .checks = x->checks,
-                                      .n = x->n, .owner = &l->owner, .locs = x->locs, .bytes = x->bytes,
-                                      .lease_ids = l->sub, .nleases = &nsub, .max_leases = KVS_MAX_NS },
-                                      msg, sizeof msg);
-            l->nsub = nsub;
-        }
-        if (rc == CACHE_STORE_BOUND) {
-            /* Give back what this request holds and wait for room (or for
-             * the other lease to seal or end). */
-            kvs_lease_free(k, l);
-            l = NULL;
-            json_decref(objects);
-            objects = NULL;
-            kvs_groups_free(g, ng);
-            g = NULL;
-            if (kvs_pending_wait(k, req, t, body, &p))
-                return;
-            size_t used = strlen(msg);
-            snprintf(msg + used, sizeof msg - used, "; waited up to [server] request_timeout (%u ms)",
-                     cfg->request_timeout_ms);
-            status = 503;
-            goto fail;
-        }
-        if (rc != 0) {
-            status = kvs_status_of(rc);
-            goto fail;
-        }
-        if (lease_id)
-            l->sub[l->nsub++] = lease_id;
-        for (size_t i = 0; i < x->n; i++) {
-            const char *key = json_string_value(json_array_get(keys, x->index[i]));
-            if (!x->locs[i].present) {
-                if (create)
-                    k->st.create_existing++;
-                continue;
-            }
-            if (!create)
-                k->st.read_hits++;
-            if (json_array_append_new(objects, kvs_object(key, x->locs[i].offset,
-                                                          create ? x->ns->layout.block_bytes : x->bytes[i])) < 0) {
-                status = 500;
-                snprintf(msg, sizeof msg, "out of memory");
-                goto fail;
-            }
-        }
-    }
-    bool granted = l->nsub != 0;
-    char id[KVS_LEASE_ID_HEX + 1] = "";
-    if (granted)
-        kvs_lease_id_format(&l->id, id);
-    else
-        kvs_lease_free(k, l);   /* nothing held: "" (create: every object exists) */
-    kvs_pending_end(k, p);   /* before the answer: the connection is evhttp's again */
-    if (!kvs_reply(req, 200, json_pack("{s:{s:s}, s:o}", "lease", "lease_id", id, "objects", objects)) && granted)
-        kvs_lease_free(k, l);   /* over the output caps: the client got an error, nothing is granted */
-    kvs_groups_free(g, ng);
-    json_decref(body);
-    return;
-fail:
-    if (l)
-        kvs_lease_free(k, l);
-    json_decref(objects);
-    if (g)
-        kvs_groups_free(g, ng);
-    json_decref(body);
-    kvs_pending_end(k, p);
-    kvs_fail(k, req, status, msg);
-}
-
 /* /seal, /release, /discard */
 static void kvs_lease_call(struct kvs_server *k, struct evhttp_request *req, struct tenant *t, const char *route)
 {
@@ -669,6 +295,8 @@ static void kvs_lease_call(struct kvs_server *k, struct evhttp_request *req, str
         return;
     }
     l = none ? NULL : kvs_lease_find(k, &id);
+    if (l && l->expires_ms == UINT64_MAX)
+        l = NULL;   /* its /acquire has not answered yet */
     bool seal = strcmp(route, "seal") == 0;
     if (seal && l && l->tenant == t && l->kind == LEASE_WRITE && !l->sealed && clock_now_ms() >= l->expires_ms) {
         /* Past its term, not swept yet: it ends now, as the sweep would end it. */

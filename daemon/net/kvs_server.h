@@ -104,6 +104,14 @@ struct kv_namespace;
 struct lease_list;
 int kvs_bind_object_ns(struct cache *c, struct ns_layout *l, struct kv_namespace **out, char *err, size_t errlen);
 
+/* A create in ns (bound from the plain layout `plain` of its deployment,
+ * rank and group, kvs_key_layout): the first of keys (check words as
+ * cache_first_held) already held in another namespace of that group, i.e.
+ * at another object size: its index, with that size in *size; n when none.
+ * One key is one object: it is not created again at another size. */
+size_t kvs_held_at_other_size(struct cache *c, const struct ns_layout *plain, const struct kv_namespace *ns,
+                              const int64_t *keys, const uint64_t *checks, size_t n, uint64_t *size);
+
 /* An acquire(read) of n keys of one (deployment, rank, group), whatever
  * their sizes: every namespace of the group (plain layout l, and one per
  * other size) is asked for the keys not found in the ones before it, each

@@ -254,6 +254,23 @@ static bool kvs_layout_of_group(const struct ns_layout *have, const struct ns_la
     return have->extra[n] == '\0' || strncmp(have->extra + n, KVS_SIZE_TAG, strlen(KVS_SIZE_TAG)) == 0;
 }
 
+size_t kvs_held_at_other_size(struct cache *c, const struct ns_layout *plain, const struct kv_namespace *ns,
+                              const int64_t *keys, const uint64_t *checks, size_t n, uint64_t *size)
+{
+    for (size_t j = 0;; j++) {
+        struct kv_namespace *other = cache_ns_at(c, j);
+        if (!other)
+            return n;
+        if (other == ns || !kvs_layout_of_group(&other->layout, plain))
+            continue;
+        size_t i = cache_first_held(c, other, keys, checks, n);
+        if (i < n) {
+            *size = other->layout.block_bytes;
+            return i;
+        }
+    }
+}
+
 /* Ask ns for the m keys of want[] not found yet (their indexes in idx);
  * the hits' locations and sizes into locs/bytes. */
 static int kvs_read_in(struct cache *c, struct kv_namespace *ns, struct kvs_read *r, const size_t *idx,

@@ -23,6 +23,7 @@
 #include <netinet/in.h>
 #include <sys/fsuid.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -327,9 +328,32 @@ static int b_creates(void *arg)
     return lease_call(url, "discard", lease, err, sizeof err) == 204 ? 0 : 5;
 }
 
+/* As tenant b: /health answers 200, the data-plane handshake lends the
+ * arena, and a create lease is granted (b_creates). Exit 0 when all are. */
+struct b_env { const char *url, *sock; };
+
+static int b_served(void *arg)
+{
+    const struct b_env *b = arg;
+    kvsc_reply r;
+    kvsc c;
+    char why[256];
+    if (kvsc_call(b->url, "health", NULL, &r) != 0 || r.status != 200) {
+        fprintf(stderr, "tenant b: /health answered %ld\n", r.status);
+        return 6;
+    }
+    kvsc_reply_free(&r);
+    if (kvsc_open(&c, b->url, b->sock, why, sizeof why) != 0) {
+        fprintf(stderr, "tenant b: handshake: %s\n", why);
+        return 7;
+    }
+    kvsc_close(&c);
+    return b_creates((void *)b->url);
+}
+
 /* [kvs_server] max_leases = 16 on 64 MiB, tenant b 16 MiB: a (the default
  * tenant, 48 MiB) may hold 12 leases at once, b 4. a opening all it may
- * leaves b's /acquire served. */
+ * leaves b's /health, handshake and /acquire served. */
 START_TEST(one_tenants_leases_leave_room_for_another)
 {
     TENANTS_NEEDS_ROOT("kvs_tenants: one_tenants_leases_leave_room_for_another");
@@ -363,8 +387,12 @@ START_TEST(one_tenants_leases_leave_room_for_another)
         kvsc_reply_free(&r);
     }
     free(body);
-    int rc = tenants_run_as(b_creates, e.url, B_UID, B_UID, NULL, 0);
-    ck_assert_msg(rc == 0, "tenant b's /acquire failed (%d) while a holds %d leases", rc, opened);
+    struct b_env be = { e.url, e.kvs_sock };
+    ck_assert_int_eq(chmod(e.dir, 0755), 0);   /* b reaches the data plane */
+    ck_assert_int_eq(chmod(e.kvs_sock, 0666), 0);
+    int rc = tenants_run_as(b_served, &be, B_UID, B_UID, NULL, 0);
+    ck_assert_msg(rc == 0, "tenant b's /health, handshake or /acquire failed (%d) while a holds %d leases", rc,
+                  opened);
     ck_assert_int_eq(opened, 12);
     ck_assert_int_eq(refused, 503);
     ck_assert_int_eq(kvs_stat(&e, "leases_open"), 12);
