@@ -66,8 +66,10 @@ struct kvs_key {
     uint64_t check;             /* the block's check word (0 for v1 keys) */
 };
 
-/* Parse key (len bytes, not NUL-terminated) as KVS_KEY_FORMAT. 0, or -1 with
- * err naming the problem and the expected format. */
+/* Parse key (len bytes, not NUL-terminated) as KVS_KEY_FORMAT: numbers
+ * canonical (one key string per object), parts that fit every layout
+ * kvs_key_layout and kvs_bind_object_ns may make of it. 0, or -1 with err
+ * naming the problem and the expected format. */
 int kvs_key_parse(const char *key, size_t len, struct kvs_key *out, char *err, size_t errlen);
 
 /* A key of either kind: rtp-llm's v1 (kvs_key_parse), else an opaque

@@ -37,11 +37,12 @@ static int kvs_key_fail(char *err, size_t errlen, const char *key, size_t len, c
     return -1;
 }
 
-/* Decimal digits only, no sign, fits uint32. */
+/* Decimal digits only, no sign, no leading zero, fits uint32: one number
+ * has one spelling, so that two key strings never name one object. */
 static bool kvs_parse_u32(const char *s, size_t len, uint32_t *out)
 {
     uint64_t v = 0;
-    if (len == 0 || len > 10)
+    if (len == 0 || len > 10 || (len > 1 && s[0] == '0'))
         return false;
     for (size_t i = 0; i < len; i++) {
         if (s[i] < '0' || s[i] > '9')
@@ -54,13 +55,14 @@ static bool kvs_parse_u32(const char *s, size_t len, uint32_t *out)
     return true;
 }
 
-/* Signed decimal int64, as rtp-llm prints cache keys (std::to_string). */
+/* Signed decimal int64 as rtp-llm prints cache keys (std::to_string): no
+ * '+', no leading zero, no "-0" (one spelling per number, as above). */
 static bool kvs_parse_i64(const char *s, size_t len, int64_t *out)
 {
     bool neg = len > 0 && s[0] == '-';
     uint64_t v = 0, lim = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
     size_t i = neg ? 1 : 0;
-    if (len == i || len - i > 19)
+    if (len == i || len - i > 19 || (s[i] == '0' && (neg || len - i > 1)))
         return false;
     for (; i < len; i++) {
         if (s[i] < '0' || s[i] > '9')
@@ -82,6 +84,22 @@ static bool kvs_prefixed(const char *s, size_t len, const char *prefix, const ch
     *rest = s + p;
     *restlen = len - p;
     return true;
+}
+
+/* Whether every layout the front end may make of a v1 key fits its extra:
+ * kvs_key_layout's (deployment id, ns, version, group; the rank tag for a
+ * rank past 0, which is served alone whatever tp_size is), then
+ * kvs_bind_object_ns's size tag for the largest size. Decided from the key
+ * alone, so that a key is v1 or opaque whatever the options and sizes.
+ * plen: the lengths of the key's six parts. */
+static bool kvs_key_fits_layouts(const size_t *plen, uint32_t tp_rank)
+{
+    size_t n = sizeof "kvs_deployment_id=;kvs_object_ns=;kvs_version=;kvs_group=" - 1 + plen[2] + plen[0] +
+               (plen[1] - strlen("v")) + (plen[4] - strlen("group-"));
+    if (tp_rank > 0)
+        n += sizeof ";kvs_tp_rank=" - 1 + (plen[3] - strlen("tp-"));
+    n += sizeof KVS_SIZE_TAG - 1 + sizeof "18446744073709551615" - 1;
+    return n < NS_EXTRA_MAX;
 }
 
 int kvs_key_parse(const char *key, size_t len, struct kvs_key *out, char *err, size_t errlen)
@@ -108,21 +126,26 @@ int kvs_key_parse(const char *key, size_t len, struct kvs_key *out, char *err, s
     if (plen[0] == 0 || plen[0] >= KVS_PART_MAX)
         return kvs_key_fail(err, errlen, key, len, "the namespace part is empty or longer than 127 bytes");
     if (!kvs_prefixed(part[1], plen[1], "v", &rest, &restlen) || !kvs_parse_u32(rest, restlen, &out->version))
-        return kvs_key_fail(err, errlen, key, len, "the second part is not v<version>");
+        return kvs_key_fail(err, errlen, key, len, "the second part is not v<version> (canonical decimal)");
     if (plen[2] == 0 || plen[2] >= KVS_PART_MAX)
         return kvs_key_fail(err, errlen, key, len, "the deployment id is empty or longer than 127 bytes");
     if (!kvs_prefixed(part[3], plen[3], "tp-", &rest, &restlen) || !kvs_parse_u32(rest, restlen, &out->tp_rank))
-        return kvs_key_fail(err, errlen, key, len, "the fourth part is not tp-<rank>");
+        return kvs_key_fail(err, errlen, key, len, "the fourth part is not tp-<rank> (canonical decimal)");
     if (!kvs_prefixed(part[4], plen[4], "group-", &rest, &restlen) || !kvs_parse_u32(rest, restlen, &out->group))
-        return kvs_key_fail(err, errlen, key, len, "the fifth part is not group-<g>");
+        return kvs_key_fail(err, errlen, key, len, "the fifth part is not group-<g> (canonical decimal)");
     if (!kvs_prefixed(part[5], plen[5], "block-", &rest, &restlen) || !kvs_parse_i64(rest, restlen, &out->block))
-        return kvs_key_fail(err, errlen, key, len, "the last part is not block-<signed 64-bit decimal>");
+        return kvs_key_fail(err, errlen, key, len, "the last part is not block-<signed 64-bit decimal> "
+                            "(canonical: no '+', no leading zero, no -0)");
+    /* A layout's model refuses DEL as well as bytes below 0x20. */
     for (size_t i = 0; i < plen[0]; i++)
-        if ((unsigned char)part[0][i] < 0x20 || part[0][i] == ';')
+        if ((unsigned char)part[0][i] < 0x20 || part[0][i] == 0x7f || part[0][i] == ';')
             return kvs_key_fail(err, errlen, key, len, "the namespace part has a control character or ';'");
     for (size_t i = 0; i < plen[2]; i++)
-        if ((unsigned char)part[2][i] < 0x20 || part[2][i] == ';')
+        if ((unsigned char)part[2][i] < 0x20 || part[2][i] == 0x7f || part[2][i] == ';')
             return kvs_key_fail(err, errlen, key, len, "the deployment id has a control character or ';'");
+    if (!kvs_key_fits_layouts(plen, out->tp_rank))
+        return kvs_key_fail(err, errlen, key, len, "the namespace part and the deployment id are too long for "
+                            "a namespace layout (its extra, under 256 bytes, with the rank and size tags)");
     memcpy(out->object_ns, part[0], plen[0]);
     memcpy(out->deployment_id, part[2], plen[2]);
     return 0;

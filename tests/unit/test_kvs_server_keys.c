@@ -152,6 +152,118 @@ START_TEST(test_bad_keys)
 }
 END_TEST
 
+/* One number, one spelling (issue 30: any key string is served byte-exact):
+ * a v1 key's numbers are canonical; another spelling is not a v1 key but an
+ * opaque one, so that it names an object of its own. */
+START_TEST(test_canonical_numbers_only)
+{
+    static const char *const canon[] = {
+        "rtp_llm/v1/dep/tp-0/group-0/block-0",
+        "rtp_llm/v0/dep/tp-10/group-10/block-10",
+        "rtp_llm/v1/dep/tp-7/group-1/block--5",
+        "rtp_llm/v4294967295/dep/tp-4294967295/group-4294967295/block-9223372036854775807",
+        "rtp_llm/v1/dep/tp-0/group-0/block--9223372036854775808",
+    };
+    static const char *const variant[] = {
+        "rtp_llm/v1/dep/tp-0/group-0/block-007",   "rtp_llm/v01/dep/tp-0/group-0/block-7",
+        "rtp_llm/v1/dep/tp-01/group-0/block-7",    "rtp_llm/v1/dep/tp-0/group-00/block-7",
+        "rtp_llm/v1/dep/tp-0/group-0/block--0",    "rtp_llm/v1/dep/tp-0/group-0/block-00",
+        "rtp_llm/v1/dep/tp-0/group-0/block--05",   "rtp_llm/v1/dep/tp-0/group-0/block-+7",
+        "rtp_llm/v00/dep/tp-0/group-0/block-7",    "rtp_llm/v1/dep/tp-00/group-0/block-7",
+        "rtp_llm/v1/dep/tp-0/group-0/block-09223372036854775807",
+    };
+    char err[512];
+    struct kvs_key k, o;
+
+    for (size_t i = 0; i < sizeof canon / sizeof canon[0]; i++) {
+        ck_assert_msg(kvs_key_parse(canon[i], strlen(canon[i]), &k, err, sizeof err) == 0, "%s: %s", canon[i], err);
+        ck_assert_int_eq(kvs_key_classify(canon[i], strlen(canon[i]), &k, err, sizeof err), 0);
+        ck_assert_msg(!k.opaque, "%s", canon[i]);
+    }
+    ck_assert_int_eq(kvs_key_parse(canon[2], strlen(canon[2]), &k, err, sizeof err), 0);
+    ck_assert(k.block == -5 && k.tp_rank == 7 && k.group == 1);
+    for (size_t i = 0; i < sizeof variant / sizeof variant[0]; i++) {
+        ck_assert_msg(kvs_key_parse(variant[i], strlen(variant[i]), &k, err, sizeof err) == -1, "%s", variant[i]);
+        ck_assert_msg(strstr(err, "canonical"), "%s: %s", variant[i], err);
+        ck_assert_int_eq(kvs_key_classify(variant[i], strlen(variant[i]), &k, err, sizeof err), 0);
+        ck_assert_msg(k.opaque, "%s is not an opaque key", variant[i]);
+        /* Its own object: not the block of another spelling. */
+        for (size_t j = 0; j < i; j++) {
+            ck_assert_int_eq(kvs_key_classify(variant[j], strlen(variant[j]), &o, err, sizeof err), 0);
+            ck_assert(o.block != k.block || o.check != k.check);
+        }
+    }
+}
+END_TEST
+
+/* A v1-format key is v1 only when every layout the front end may make of it
+ * fits (its extra with the rank tag and the largest size tag): decided from
+ * the key alone; any other is an opaque key, never a 400. */
+START_TEST(test_keys_too_long_for_a_layout_are_opaque)
+{
+    static const char *const ranks[] = { "0", "7", "4294967295" };
+    static const char *const nums[] = { "1", "4294967295" };
+    char ns[128], dep[128], key[600], err[512];
+    struct kvs_key k;
+    size_t fits = 0, opaque = 0;
+
+    for (size_t r = 0; r < 3; r++)
+        for (size_t v = 0; v < 2; v++)
+            for (size_t nl = 1; nl < 128; nl += 3)
+                for (size_t dl = 1; dl < 128; dl++) {
+                    memset(ns, 'n', nl);
+                    ns[nl] = '\0';
+                    memset(dep, 'd', dl);
+                    dep[dl] = '\0';
+                    snprintf(key, sizeof key, "%s/v%s/%s/tp-%s/group-%s/block--1", ns, nums[v], dep, ranks[r],
+                             nums[v]);
+                    if (kvs_key_parse(key, strlen(key), &k, err, sizeof err) < 0) {
+                        ck_assert_msg(strstr(err, "too long for a namespace layout"), "%s", err);
+                        ck_assert_int_eq(kvs_key_classify(key, strlen(key), &k, err, sizeof err), 0);
+                        ck_assert(k.opaque);
+                        opaque++;
+                        continue;
+                    }
+                    /* tp_size 1: a rank past 0 alone, its rank tag in extra. */
+                    struct ns_layout l;
+                    ck_assert_msg(kvs_key_layout(&k, 1, UINT64_MAX, &l, err, sizeof err) == 0, "%s", err);
+                    size_t n = strlen(l.extra) + strlen(KVS_SIZE_TAG "18446744073709551615");
+                    ck_assert_msg(n < NS_EXTRA_MAX, "%s: a size tag does not fit extra '%s'", key, l.extra);
+                    fits++;
+                }
+    ck_assert(fits > 0 && opaque > 0);
+    /* The boundary, exactly: rank 0, v1, group 0 leave ns + deployment id
+     * 255 - 57 - 2 - 38 = 158 bytes. */
+    memset(ns, 'n', 31);
+    ns[31] = '\0';
+    memset(dep, 'd', 127);
+    dep[127] = '\0';
+    snprintf(key, sizeof key, "%s/v1/%s/tp-0/group-0/block-1", ns, dep);
+    ck_assert_msg(kvs_key_parse(key, strlen(key), &k, err, sizeof err) == 0, "%s", err);
+    snprintf(key, sizeof key, "%sn/v1/%s/tp-0/group-0/block-1", ns, dep);
+    ck_assert_int_eq(kvs_key_parse(key, strlen(key), &k, err, sizeof err), -1);
+    /* rtp-llm's own keys: any deployment id up to 127 bytes is v1. */
+    snprintf(key, sizeof key, "rtp_llm/v1/%s/tp-15/group-3/block--4242424242424242424", dep);
+    ck_assert_msg(kvs_key_parse(key, strlen(key), &k, err, sizeof err) == 0, "%s", err);
+}
+END_TEST
+
+/* DEL (0x7f), which a layout's model refuses, makes a key opaque. */
+START_TEST(test_del_byte_is_opaque)
+{
+    static const char *const keys[] = { "rtp_llm/v1/de\x7fp/tp-0/group-0/block-1",
+                                        "rtp\x7fllm/v1/dep/tp-0/group-0/block-1" };
+    char err[512];
+    struct kvs_key k;
+    for (size_t i = 0; i < 2; i++) {
+        ck_assert_int_eq(kvs_key_parse(keys[i], strlen(keys[i]), &k, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, "control character"), "%s", err);
+        ck_assert_int_eq(kvs_key_classify(keys[i], strlen(keys[i]), &k, err, sizeof err), 0);
+        ck_assert(k.opaque);
+    }
+}
+END_TEST
+
 static Suite *keys_suite(void)
 {
     Suite *s = suite_create("kvs_server_keys");
@@ -160,6 +272,9 @@ static Suite *keys_suite(void)
     tcase_add_test(tc, test_golden_keys);
     tcase_add_test(tc, test_v6d_backend_keys_parse);
     tcase_add_test(tc, test_bad_keys);
+    tcase_add_test(tc, test_canonical_numbers_only);
+    tcase_add_test(tc, test_keys_too_long_for_a_layout_are_opaque);
+    tcase_add_test(tc, test_del_byte_is_opaque);
     suite_add_tcase(s, tc);
     return s;
 }
