@@ -56,6 +56,7 @@ pages. ``should_split_heads`` with a pool that cannot split heads (not ``page_he
 ``get_split_heads_page_buffer_meta``, heads not divisible) is refused by
 ``register_mem_pool_host`` with a ``ValueError`` naming the reason. Without it, ranks of
 different TP sizes keep separate namespaces (MLA excepted), never each other's bytes.
+Attention-DP ranks (``dp_rank``) share namespaces: the same prefix has the same KV on each.
 
 Keys. SGLang's keys are chained SHA-256 hex strings; kvnode keys are signed 64-bit
 integers. :func:`kvnode.fold_digests` folds a batch in one call into libkvnode: the key is the
@@ -360,11 +361,12 @@ class _Plan:
 class _Conn:
     """The clients of one connection generation: per pool, one per namespace."""
 
-    def __init__(self, clients):
-        self.clients = clients          # pool name -> [Client]
+    def __init__(self, pools):
+        self.pools = pools              # pool name -> [Client]
+        self.clients = pools.get(KV_POOL, [])     # the KV pool's
         self.users = 0
         self.retired = False
-        every = [c for cs in clients.values() for c in cs]
+        every = [c for cs in pools.values() for c in cs]
         # Check words go with every key when the daemon honours them (all clients share it).
         self.checks = all(c.has_check_words for c in every)
 
@@ -373,7 +375,7 @@ class _Conn:
         return checks if self.checks else None
 
     def close(self):
-        for cs in self.clients.values():
+        for cs in self.pools.values():
             for c in cs:
                 c.close()
 
@@ -601,7 +603,7 @@ class KvnodeHiCacheStorage(_Base):
                 self._conn = None
                 conn.retired = True
                 self._retry_at = time.monotonic() + self.reconnect_interval_s
-                for cs in conn.clients.values():
+                for cs in conn.pools.values():
                     for c in cs:
                         try:
                             c.cancel()
@@ -667,7 +669,7 @@ class KvnodeHiCacheStorage(_Base):
         plan = self._plans.get(KV_POOL)
         if plan is None:
             return 0
-        hit = self._run(lambda conn: plan.match(conn.clients[KV_POOL], folded,
+        hit = self._run(lambda conn: plan.match(conn.pools[KV_POOL], folded,
                                                 conn.words(checks)), 0)
         self._stats.exists(hit, len(keys), time.perf_counter() - t0)
         return hit
@@ -694,10 +696,10 @@ class KvnodeHiCacheStorage(_Base):
             return 0
 
         def get(conn):
-            return plan.get(conn.clients[pool_name], folded, conn.words(checks), host_indices)
+            return plan.get(conn.pools[pool_name], folded, conn.words(checks), host_indices)
 
         def put(conn):
-            plan.put(conn.clients[pool_name], folded, conn.words(checks), host_indices)
+            plan.put(conn.pools[pool_name], folded, conn.words(checks), host_indices)
             return n
         done = self._run(get if kind == "get" else put, 0)
         if done:
@@ -759,11 +761,11 @@ class KvnodeHiCacheStorage(_Base):
 
         def present(conn, lo, hi):       # pages [lo, hi) all there
             words = conn.words(checks)
-            return plan.match(conn.clients[name], _slice(folded, lo, hi),
+            return plan.match(conn.pools[name], _slice(folded, lo, hi),
                               words and _slice(words, lo, hi)) == hi - lo
 
         if _name(transfer.hit_policy) != "trailing_pages":
-            return self._run(lambda conn: plan.match(conn.clients[name], folded,
+            return self._run(lambda conn: plan.match(conn.pools[name], folded,
                                                      conn.words(checks)), 0)
         trailing = max(1, len(transfer.keys) if transfer.keys else 1)
 
@@ -827,7 +829,7 @@ class KvnodeHiCacheStorage(_Base):
         return [mv[o:o + nb] for o, nb in zip(offs, self.component_bytes)]
 
     def _flat_clients(self, conn):
-        return conn.clients[KV_POOL]
+        return conn.pools[KV_POOL]
 
     def batch_get(self, keys, target_locations=None, target_sizes=None):
         """Pages of ``keys`` (a prefix): each into ``target_locations[i]`` (a flat page
@@ -889,7 +891,7 @@ class KvnodeHiCacheStorage(_Base):
         """Remove one page (every namespace of every pool)."""
         folded, checks = kvnode.fold_digests([key])
         self._run(lambda conn: [c.delete(folded, conn.words(checks))
-                                for cs in conn.clients.values() for c in cs], None)
+                                for cs in conn.pools.values() for c in cs], None)
 
     def clear(self):
         """kvnode has no per-namespace wipe: blocks stay until evicted or deleted."""
