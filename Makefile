@@ -115,7 +115,7 @@ KVCM_SIM_BIN := $(BUILD)/kvcm-sim
 SIM_TEST_BIN := $(patsubst tests/sim/%.c,$(BUILD)/tests/%,$(wildcard tests/sim/test_*.c))
 # Fuzz targets (tests/fuzz/fuzz_<t>.c): replayed over tests/fuzz/corpus/<t>/ by
 # `make check`, fuzzed with libFuzzer by `make fuzz`.
-FUZZ_TARGETS    := wire config kvs_file $(if $(filter 1,$(V6D)),v6d_reply)
+FUZZ_TARGETS    := wire config kvs_file kvs_acquire $(if $(filter 1,$(V6D)),v6d_reply)
 FUZZ_REPLAY_BIN := $(patsubst %,$(BUILD)/tests/fuzz_%_replay,$(FUZZ_TARGETS))
 FUZZ_BIN        := $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 

@@ -283,7 +283,9 @@ static int wire_fail(char *msg, size_t msglen, int status, const char *fmt, ...)
 
 static int wire_metas(json_t *metas, struct kvs_acquire_req *r, char *msg, size_t msglen)
 {
-    if (!(r->sizes = malloc((r->n ? r->n : 1) * sizeof *r->sizes)))
+    if (r->n == 0)
+        return 0;
+    if (!(r->sizes = malloc(r->n * sizeof *r->sizes)))
         return wire_fail(msg, msglen, 500, "out of memory");
     for (size_t i = 0; i < r->n; i++) {
         json_t *m = json_array_get(metas, i), *sz = json_object_get(m, "size");

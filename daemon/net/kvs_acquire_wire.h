@@ -32,7 +32,7 @@ struct kvs_acquire_req {
     uint64_t term_s;           /* its seconds */
     size_t n;                  /* object keys */
     struct kvs_str *keys;      /* n */
-    uint64_t *sizes;           /* create: object_metas[i].size, each 1..UINT32_MAX; else NULL */
+    uint64_t *sizes;           /* a create of n > 0: object_metas[i].size, each 1..UINT32_MAX; else NULL */
     char *text;                /* the body's copy the keys point into (fast path) */
     void *tree;                /* or the jansson tree they point into */
     bool fast;                 /* parsed by the fixed-shape scanner */

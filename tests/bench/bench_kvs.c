@@ -301,6 +301,35 @@ static void report(struct figures *fk, struct figures *fl, size_t rounds, size_t
            ratio_acq, ratio_r, ratio_w);
 }
 
+/* The round-trip floors under the figures above, same run: a GET /health on
+ * a fresh connection (what every KVS call pays before the server does any
+ * work: connect, identify, HTTP in and out), and libkvnode's PING on its
+ * open connection. */
+static void floor_report(const char *url, kvnode_client *cl, size_t rounds)
+{
+    size_t n = rounds * 10;
+    uint64_t *h = calloc(n, sizeof *h), *p = calloc(n, sizeof *p);
+    kvsf_buf out = { 0 };
+    long status;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t t0 = kvh_now_ns();
+        if (kvsf_call(url, "health", NULL, 0, &out, &status, NULL) != 0 || status != 200)
+            die("GET /health", "not 200");
+        uint64_t t1 = kvh_now_ns();
+        check(cl, kvnode_ping(cl), "ping");
+        h[i] = t1 - t0;
+        p[i] = kvh_now_ns() - t1;
+    }
+    double h50, h90, p50, p90;
+    pct(h, n, &h50, &h90);
+    pct(p, n, &p50, &p90);
+    printf("floors: GET /health on a fresh connection p50 %.0f us (p90 %.0f), libkvnode PING p50 %.0f us (p90 %.0f): "
+           "%.2fx\n", h50, h90, p50, p90, h50 / p50);
+    free(out.p);
+    free(h);
+    free(p);
+}
+
 int main(int argc, char **argv)
 {
     size_t rounds = 20;
@@ -373,6 +402,7 @@ int main(int argc, char **argv)
         free(src);
         free(dst);
     }
+    floor_report(url, cl, rounds);
     kvnode_close(cl);
     kvsc_close(&c);
     int rc = kvh_stop(&d, 0);
