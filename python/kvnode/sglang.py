@@ -10,8 +10,9 @@ Load it in SGLang with the ``dynamic`` storage backend::
 
 SGLang's factory builds it as ``KvnodeHiCacheStorage(storage_config, kwargs)``, one instance
 per (TP, CP, PP) rank (each in its scheduler process), then calls ``register_mem_pool_host``
-with the host KV pool and, for hybrid models, ``register_mem_host_pool_v2`` with each
-sidecar pool (Mamba/SWA states, the DSA indexer). The methods follow ``HiCacheStorage``
+with the host KV pool (for hybrid models the pool group, whose anchor pool it serves) and,
+for hybrid models, ``register_mem_host_pool_v2`` with each pool of the group (Mamba/SWA
+states, the DSA indexer). The methods follow ``HiCacheStorage``
 (``python/sglang/srt/mem_cache/hicache_storage.py``): ``batch_exists`` is the length of the
 cached prefix (kvnode's MATCH); ``batch_get_v1`` / ``batch_set_v1(keys, host_indices)`` move
 pages between the host pool and kvnode by the addresses the pool's ``get_page_buffer_meta``
@@ -165,11 +166,18 @@ def _get(obj, name, default=None):
     return getattr(obj, name, default)
 
 
+_sglang_classes = {}
+
+
 def _sglang_class(module, name):
-    try:
-        return getattr(importlib.import_module(module), name)
-    except Exception:  # noqa: BLE001 - no sglang: our own stand-in
-        return None
+    """SGLang's module.name, or None without sglang (looked up once)."""
+    key = (module, name)
+    if key not in _sglang_classes:
+        try:
+            _sglang_classes[key] = getattr(importlib.import_module(module), name)
+        except Exception:  # noqa: BLE001 - no sglang: our own stand-in
+            _sglang_classes[key] = None
+    return _sglang_classes[key]
 
 
 @dataclasses.dataclass
@@ -534,8 +542,11 @@ class KvnodeHiCacheStorage(_Base):
 
     def register_mem_pool_host(self, mem_pool_host):
         """Take the host KV pool; its page geometry and layout set the kvnode namespaces.
-        Raises ValueError (refusing the attach) for a pool or TP setup it cannot serve."""
-        plan = self._plan(KV_POOL, mem_pool_host)
+        Raises ValueError (refusing the attach) for a pool or TP setup it cannot serve.
+        A hybrid model's pool group (HostPoolGroup: ``anchor_entry``, ``entries``) stands
+        for its anchor pool here; the others come through register_mem_host_pool_v2."""
+        anchor = getattr(getattr(mem_pool_host, "anchor_entry", None), "host_pool", None)
+        plan = self._plan(KV_POOL, anchor if anchor is not None else mem_pool_host)
         self.mem_pool_host = mem_pool_host
         self.page_size = plan.page_size
         self.component_bytes = [nbytes for _, nbytes, _, _ in plan.components]

@@ -12,6 +12,7 @@ import ctypes
 import dataclasses
 import enum
 import logging
+import sys
 
 import pytest
 import torch
@@ -377,15 +378,39 @@ def test_split_heads_refused_where_it_cannot_work(daemon):
         backend(daemon, tp_size=2, tp_lcm_size=3)
 
 
+@dataclasses.dataclass
+class PoolEntry:
+    """The fields of SGLang's PoolEntry used here."""
+    name: PoolName
+    host_pool: object
+    is_primary_index_anchor: bool = False
+
+
+class HostPoolGroup:
+    """SGLang's HostPoolGroup as a storage backend sees it: the hybrid controller's host
+    pool (what register_mem_pool_host gets), an allocation facade over its entries with the
+    anchor's layout and page_size; it has no get_page_buffer_meta of its own."""
+
+    def __init__(self, entries):
+        self.entries = entries
+        self.entry_map = {e.name: e for e in entries}
+        self.anchor_entry = next(e for e in entries if e.is_primary_index_anchor)
+        self.layout = self.anchor_entry.host_pool.layout
+        self.page_size = self.anchor_entry.host_pool.page_size
+
+
 def hybrid_engine(daemon, mla=False, **config):
     """A hybrid model's backend as HybridCacheController attaches it: the factory, then
-    register_mem_pool_host(KV pool), then register_mem_host_pool_v2 for every pool entry."""
+    register_mem_pool_host(the pool group), then register_mem_host_pool_v2(entry.host_pool,
+    entry.name) for every entry of the group."""
     store = backend(daemon, is_mla_model=mla, **config)
     kv = MLAHost("page_first") if mla else MHAHost("page_first")
     pools = {PoolName.KV: kv, PoolName.MAMBA: MambaHost(), PoolName.INDEXER: IndexerHost()}
-    store.register_mem_pool_host(kv)
-    for name, pool in pools.items():
-        store.register_mem_host_pool_v2(pool, name)
+    group = HostPoolGroup([PoolEntry(name, pool, name == PoolName.KV)
+                           for name, pool in pools.items()])
+    store.register_mem_pool_host(group)
+    for entry in group.entries:
+        store.register_mem_host_pool_v2(entry.host_pool, entry.name)
     return store, pools
 
 
@@ -533,3 +558,46 @@ def test_sidecar_pool_without_addresses_refused_at_attach(daemon):
                                          r"page addresses: ValueError: Unsupported layout"):
         store.register_mem_host_pool_v2(LayerFirstIndexerHost(), PoolName.INDEXER)
     store.close()
+
+
+def test_get_stats_is_sglangs_storage_metrics_when_sglang_is_there(daemon, tmp_path,
+                                                                    monkeypatch):
+    """Item 5: SGLang's StorageMetricsCollector asserts isinstance(m, StorageMetrics): with
+    sglang importable, get_stats returns its class (a stand-in module with the dataclass's
+    fields, at the path current SGLang keeps it) and PoolTransferResult likewise."""
+    pkg = tmp_path / "sglang" / "srt"
+    for d in (pkg / "observability", pkg / "mem_cache"):
+        d.mkdir(parents=True)
+        (d / "__init__.py").write_text("")
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "observability" / "metrics_collector.py").write_text(
+        "import dataclasses\n"
+        "@dataclasses.dataclass\n"
+        "class StorageMetrics:\n"
+        "    prefetch_pgs: list = dataclasses.field(default_factory=list)\n"
+        "    backup_pgs: list = dataclasses.field(default_factory=list)\n"
+        "    prefetch_bandwidth: list = dataclasses.field(default_factory=list)\n"
+        "    backup_bandwidth: list = dataclasses.field(default_factory=list)\n")
+    (pkg / "mem_cache" / "hicache_storage.py").write_text(
+        "import dataclasses\n"
+        "@dataclasses.dataclass\n"
+        "class PoolTransferResult:\n"
+        "    kv_hit_pages: int\n"
+        "    extra_pool_hit_pages: dict\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(kvnode.sglang, "_sglang_classes", {}, raising=False)
+    try:
+        from sglang.srt.mem_cache.hicache_storage import PoolTransferResult
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+        store = backend(daemon)
+        store.register_mem_pool_host(MHAHost("page_first"))
+        keys = keys_for(15, 2)
+        assert store.batch_set_v1(keys, indices(0, 2)) == [True] * 2
+        m = store.get_stats()
+        assert isinstance(m, StorageMetrics) and m.backup_pgs == [2] and m.misses == 0
+        assert isinstance(store.batch_exists_v2(keys, []), PoolTransferResult)
+        store.close()
+    finally:
+        for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
+            del sys.modules[name]
