@@ -218,7 +218,8 @@ class _Plan:
         self.pool = host_pool
         self.page_size = int(host_pool.page_size)
         if self.page_size <= 0:
-            raise ValueError("kvnode.sglang: pool %r has page_size %d" % (pool_name, self.page_size))
+            raise ValueError("kvnode.sglang: pool %r has page_size %d"
+                             % (pool_name, self.page_size))
         self.layout = str(getattr(host_pool, "layout", None) or DEFAULT_LAYOUT)
         self.split = split
         try:
@@ -491,7 +492,7 @@ class KvnodeHiCacheStorage(_Base):
 
     # ------------------------------------------------------------ pools and connection
 
-    def _ranks(self, pool_name, pieces, split):
+    def _ranks(self, pool_name, split):
         """(tp_size, tp_rank) of each namespace group of a pool's pages."""
         if pool_name == KV_POOL and split > 1:
             return [(self.tp_lcm_size, self.tp_rank * split + j) for j in range(split)]
@@ -516,12 +517,12 @@ class KvnodeHiCacheStorage(_Base):
                 raise ValueError("kvnode.sglang: should_split_heads: %d heads do not split in %d "
                                  "groups (tp_lcm_size %d / tp_size %d)"
                                  % (heads, split, self.tp_lcm_size, self.tp_size))
-        ranks = self._ranks(pool_name, 0, split)
+        ranks = self._ranks(pool_name, split)
         plan = _Plan(pool_name, host_pool, ranks, split, self.is_mla)
         if pool_name == KV_POOL and not plan.gather and plan.pieces == 1:
             # One piece per page is MLA's shape: ranks share rank 0's namespace.
             self.is_mla = True
-            plan = _Plan(pool_name, host_pool, self._ranks(pool_name, 0, split), split, True)
+            plan = _Plan(pool_name, host_pool, self._ranks(pool_name, split), split, True)
         return plan
 
     def _install(self, pool_name, plan):
