@@ -8,38 +8,63 @@ Load it in the LMCache MP server with::
                                       "model": "Qwen/Qwen3-8B", "block_bytes": 2097152}}'
 
 LMCache builds it as ``KvnodeL2Connector(**adapter_params)`` and calls, from several
-threads, ``submit_batch_get(keys, memoryviews)``, ``submit_batch_set(keys, memoryviews)``,
-``submit_batch_exists(keys)``, ``submit_batch_delete(keys)`` (each returns a future id at
-once), polls ``event_fd()`` and collects ``drain_completions()``: a list of
-``(future_id, ok, error, per_key)``. Pure Python (no torch): the memoryviews go to
-libkvnode's batched asynchronous calls by address, without a copy in Python.
+threads (under its own lock), ``submit_batch_get(keys, memoryviews)``,
+``submit_batch_set(keys, memoryviews)``, ``submit_batch_exists(keys)`` and
+``submit_batch_delete(keys)`` (each returns a future id at once), polls ``event_fd()`` and
+collects ``drain_completions()``: a list of ``(future_id, ok, error, per_key)``. Pure Python
+(no torch): the memoryviews (ctypes byte arrays over LMCache's L1 objects) go to libkvnode's
+batched asynchronous calls by address, without a copy in Python.
 
-Every submit returns at once: get, set, exists and delete all go to libkvnode's asynchronous
-calls (exists is a MATCH, delete a DELETE), so a slow or hung kvnoded never holds up the thread
-that submits; their completions come through ``event_fd``.
+adapter_params (any other key raises ``TypeError`` naming the valid ones):
+``socket_path`` (default ``$KVNODE_SOCKET``, else libkvnode's), ``model`` (default
+``"lmcache"``), ``block_bytes`` (an object size, or a list of them; see below),
+``timeout_ms`` (per call, and how long a batch waits for a connect; default libkvnode's
+10 s), ``reconnect_interval_s`` (default 1), ``tp_rank``/``tp_size`` (default 0/1),
+``dtype`` and ``extra`` (layout discriminators, default ``"lmcache"``).
 
-Per-key results: exists and get answer a *prefix* (kvnode's MATCH / batched get): keys
-after the first miss read as missing even when stored (safe: LMCache recomputes them; its
-chunks of one request are a prefix chain anyway). set and delete give ``None``.
+Per-key answers, as LMCache's connector interface defines them: exists gives one bool per
+key (stored or not; ``[stored, missing, stored]`` -> ``[True, False, True]``), get one per
+key (copied into its memoryview or not), delete one per key (True: this call deleted it,
+False: not found), which LMCache's adapter uses to give back the key's bytes of its L2
+usage (``max_capacity_gb``). set answers for the whole batch (``per_key`` None: LMCache's
+adapter reads only ``ok`` there). kvnode's MATCH and GET answer the longest stored prefix,
+so the keys after the first miss are asked again: exists with one MATCH per key left (all
+pipelined, one round trip), get with the keys left in one more GET; delete sends one
+DELETE per key. A batch that fails (kvnoded gone, a timeout) is ``ok`` False with the error
+and ``per_key`` None.
 
-``block_bytes`` (bytes of one LMCache chunk object) sets the kvnode namespace's block size;
-when absent it is taken from the first get/set's memoryviews (exists before that answers
-all-missing). A memoryview of another size fails its batch (ok False, the error says why).
+Object sizes: any. Each size is a kvnode namespace of its own (one connection each): the
+size given as ``block_bytes`` (the first one when it is a list; when absent, the first
+size a get or set brings) uses the layout ``extra`` as given -- the namespace earlier
+versions used, so the chunks they stored stay found -- and every other size S the extra
+``<extra>;lmcache_object_bytes=<S>``. A batch of mixed sizes (other object groups,
+alignment-padded buffers) is split per size. A key lives in the namespace of the size it
+was stored with, so exists and delete ask every size known: those listed in
+``block_bytes`` and those seen since the connector started (list every size LMCache
+uses, so that a restarted connector finds them before its first set). At most 32 sizes.
 
-Keys are folded to kvnode's 64-bit keys by :func:`kvnode.fold_digests` (the whole batch in one
-call into libkvnode: an LMCache key ``model@rank@hash`` is folded from its SHA-256, as
-:func:`kvnode.fold_key` does). The next 64 bits of the digest are the key's check word, sent
-beside it whenever kvnoded honours check words (``kvnode.Client.has_check_words``): a chunk
-stored under another key whose 64-bit fold collides is then a miss (counted by the daemon in
-``keys.check_mismatches_total``), never served in its place. Against an older daemon only the
-keys are sent, with the collision chance of ``kvnode.sglang``'s docstring (about n²/2⁶⁵ for n
-stored chunks).
+Keys are the strings LMCache's native connector adapter makes of an ObjectKey,
+``<model_name>@<kv_rank as 8 hex digits>@<object_group_id in hex>@<chunk_hash in hex>``
+with ``@<cache_salt>`` appended when the key is salted; the connector does not parse them.
+They are folded to kvnode's 64-bit keys by :func:`kvnode.fold_digests` (the whole batch
+in one call into libkvnode: such a string is not a hex digest, so key and check word come
+from its SHA-256, as :func:`kvnode.fold_key` does). The check word is sent beside the key
+whenever kvnoded honours check words (``kvnode.Client.has_check_words``): a chunk stored
+under another key whose 64-bit fold collides is then a miss (counted by the daemon in
+``keys.check_mismatches_total``), never served in its place. Against an older daemon
+only the keys are sent, with the collision chance of ``kvnode.sglang``'s docstring (about
+n²/2⁶⁵ for n stored chunks).
 
-When kvnoded goes away, the batches in flight complete with ok False and the error; new
-ones fail at once (never raise) until it is back; the connector reconnects by itself (at
-most once per ``reconnect_interval_s``) and ``event_fd()`` stays the same descriptor.
-Other adapter_params: ``timeout_ms`` (per call), ``dtype`` and ``extra`` (layout
-discriminators), ``tp_rank``/``tp_size`` (default 0/1).
+Never blocking: a submit only hands requests to libkvnode's asynchronous calls (which
+send without waiting) and never connects. A connect (the first use of a size, or after
+kvnoded went away) runs on a thread of its own; the batches that need it wait for it
+at most ``timeout_ms`` and then complete with ok False (libkvnode's connect itself is
+bounded by its default timeout or ``$KVNODE_TIMEOUT_MS``, not by ``timeout_ms``: until
+it ends, new batches for that size fail at once). A submit against a paused (SIGSTOPped)
+kvnoded returns at once; its completion comes through ``event_fd`` when ``timeout_ms``
+has passed. When kvnoded goes away, the batches in flight complete with ok False and the
+error, and the connector reconnects by itself (at most once per ``reconnect_interval_s``);
+``event_fd()`` stays the same descriptor.
 """
 
 import itertools
