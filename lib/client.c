@@ -341,6 +341,7 @@ static int client_setup(kvnode_client *c, const Kvnode__HelloReply *h, const kvn
     c->max_keys = h->max_keys;
     c->max_reserved = h->max_reserved_bytes;
     c->check_words = h->check_words ? 1 : 0;
+    c->per_key = h->per_key ? 1 : 0;
     c->namespace_id = h->namespace_id;
     c->block_bytes = layout ? h->block_bytes : 0;
     return 0;
@@ -611,6 +612,11 @@ int kvnode_is_reader(const kvnode_client *c)
 int kvnode_has_check_words(const kvnode_client *c)
 {
     return c ? c->check_words : 0;
+}
+
+int kvnode_has_per_key(const kvnode_client *c)
+{
+    return c ? c->per_key : 0;
 }
 
 static size_t client_host_arenas(const kvnode_client *c)

@@ -103,7 +103,7 @@ static void client_unlink_slot_locked(kvnode_client *c, struct client_slot *s)
 static void client_finish_async_reply(struct client_slot *s, const Kvnode__Response *resp)
 {
     kvnode_completion *comp = &s->async->comp;
-    int del = comp->op == KVNODE_OP_DELETE;
+    int del = comp->op == KVNODE_OP_DELETE || comp->op == KVNODE_OP_DELETE_EACH;
     int expect = del ? KVNODE__RESPONSE__RESULT_DELETE : KVNODE__RESPONSE__RESULT_MATCH;
     uint32_t answered;
 
@@ -126,6 +126,21 @@ static void client_finish_async_reply(struct client_slot *s, const Kvnode__Respo
         snprintf(comp->error, sizeof comp->error, "protocol: %s of %zu keys answered %" PRIu32,
                  del ? "delete" : "match", s->n, answered);
         return;
+    }
+    /* Per key: the caller's array is filled only from a consistent bitmap. */
+    if (s->each) {
+        const ProtobufCBinaryData *bits = del ? &resp->delete_->each : &resp->match->present;
+        bool *tmp = malloc(s->n * sizeof *tmp);
+        if (!tmp || client_each_unpack(bits, s->n, answered, tmp) < 0) {
+            comp->rc = tmp ? -KVNODE_EPROTO : -KVNODE_ENOMEM;
+            snprintf(comp->error, sizeof comp->error, tmp ? "protocol: the per-key %s of %zu "
+                     "keys answered %" PRIu32 " with a bitmap of %zu bytes that does not say so"
+                     : "out of memory", del ? "delete" : "match", s->n, answered, bits->len);
+            free(tmp);
+            return;
+        }
+        memcpy(s->each, tmp, s->n * sizeof *tmp);
+        free(tmp);
     }
     comp->count = answered;
 }

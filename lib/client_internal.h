@@ -20,6 +20,7 @@
 #define KVNODE_CLIENT_INTERNAL_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -81,6 +82,7 @@ struct kvnode_client {
     uint32_t max_keys;
     uint64_t max_reserved;      /* daemon's max_reserved_bytes (0: not said) */
     int check_words;            /* the daemon honours check words (HelloReply.check_words) */
+    int per_key;                /* the daemon answers MATCH/DELETE per key (HelloReply.per_key) */
     uint32_t namespace_id;
     struct client_arena *arenas;
     size_t n_arenas;
@@ -207,6 +209,7 @@ struct client_slot {
     char err[CLIENT_MSG_MAX];
     struct client_done *async;      /* asynchronous: the completion to fill */
     size_t n;                       /* keys of the asynchronous request */
+    bool *each;                     /* asynchronous per-key MATCH/DELETE: the caller's answer */
 };
 
 struct client_tx {
@@ -263,6 +266,23 @@ static inline void client_keys_request(Kvnode__Request *req, Kvnode__MatchReques
         req->op_case = KVNODE__REQUEST__OP_MATCH;
         req->match = m;
     }
+}
+/* A per-key answer (MatchReply.present, DeleteReply.each: bit i of byte
+ * i / 8, least significant first) of n keys into out[0..n). 0, or -1 when
+ * its length is not (n + 7) / 8, a bit past n is set, or the bits set are
+ * not `count` (the reply's matched / deleted). */
+static inline int client_each_unpack(const ProtobufCBinaryData *bits, size_t n, uint32_t count,
+                                     bool *out)
+{
+    size_t set = 0;
+
+    if (bits->len != (n + 7) / 8 || (n % 8 && bits->data[n / 8] >> (n % 8)))
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        out[i] = (bits->data[i / 8] >> (i % 8)) & 1u;
+        set += out[i];
+    }
+    return set == count ? 0 : -1;
 }
 void client_response_free(kvnode_client *c, Kvnode__Response *resp);
 /* 0, or -KVNODE_ECLOSED with the error set when the stream is unusable. */

@@ -119,7 +119,7 @@ static void client_lease_drop(kvnode_client *c, kvnode_lease lease, int op)
  * picks the op; `out_name` names the output argument in errors. */
 static int client_count_call(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
                              size_t n, size_t *count, int del, const char *out_name,
-                             kvnode_tiers *tiers)
+                             kvnode_tiers *tiers, bool *each)
 {
     Kvnode__Request req = KVNODE__REQUEST__INIT;
     Kvnode__MatchRequest m = KVNODE__MATCH_REQUEST__INIT;
@@ -137,9 +137,15 @@ static int client_count_call(kvnode_client *c, const kvnode_key *keys, const uin
     }
     *count = 0;
     rc = client_check_ns(c, n, checks, what);
+    if (rc == 0 && each && !c->per_key) {
+        client_seterr(c, "%s: the daemon is too old to answer per key (its HELLO does not offer "
+                      "it); upgrade kvnoded", what);
+        rc = -KVNODE_EVERSION;
+    }
     if (rc < 0 || n == 0)
         return rc;
     client_keys_request(&req, &m, &d, del, keys, checks, n);
+    m.per_key = d.per_key = each != NULL;
     rc = client_call(c, &req, del ? KVNODE__RESPONSE__RESULT_DELETE : KVNODE__RESPONSE__RESULT_MATCH,
                      &resp);
     if (rc < 0)
@@ -153,6 +159,13 @@ static int client_count_call(kvnode_client *c, const kvnode_key *keys, const uin
         client_seterr(c, "protocol: match of %zu keys answered %" PRIu32 " = %" PRIu32 " hbm + %"
                       PRIu32 " host + %" PRIu32 " store", n, answered, resp->match->hbm,
                       resp->match->host, resp->match->store);
+        rc = -KVNODE_EPROTO;
+    } else if (each && client_each_unpack(del ? &resp->delete_->each : &resp->match->present, n,
+                                          answered, each) < 0) {
+        memset(each, 0, n * sizeof *each);
+        client_seterr(c, "protocol: the per-key %s of %zu keys answered %" PRIu32 " with a "
+                      "bitmap of %zu bytes that does not say so", what, n, answered,
+                      del ? resp->delete_->each.len : resp->match->present.len);
         rc = -KVNODE_EPROTO;
     } else {
         *count = answered;
@@ -168,7 +181,7 @@ static int client_count_call(kvnode_client *c, const kvnode_key *keys, const uin
 
 int kvnode_match(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *matched)
 {
-    return client_count_call(c, keys, NULL, n, matched, 0, "matched", NULL);
+    return client_count_call(c, keys, NULL, n, matched, 0, "matched", NULL, NULL);
 }
 
 int kvnode_match_remote(kvnode_client *c, const kvnode_key *keys, size_t n, size_t max_hosts,
@@ -230,7 +243,8 @@ int kvnode_match_checked(kvnode_client *c, const kvnode_key *keys, const uint64_
         client_seterr(c, "match: NULL out");
         return -KVNODE_EINVAL;
     }
-    return client_count_call(c, keys, checks, n, out ? &out->matched : NULL, 0, "matched", out);
+    return client_count_call(c, keys, checks, n, out ? &out->matched : NULL, 0, "matched", out,
+                             NULL);
 }
 
 int kvnode_match_tiers(kvnode_client *c, const kvnode_key *keys, size_t n, kvnode_tiers *out)
@@ -782,13 +796,45 @@ int kvnode_put_inline_checked(kvnode_client *c, const kvnode_key *keys, const ui
 
 int kvnode_delete(kvnode_client *c, const kvnode_key *keys, size_t n, size_t *deleted)
 {
-    return client_count_call(c, keys, NULL, n, deleted, 1, "deleted", NULL);
+    return client_count_call(c, keys, NULL, n, deleted, 1, "deleted", NULL, NULL);
 }
 
 int kvnode_delete_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
                           size_t n, size_t *deleted)
 {
-    return client_count_call(c, keys, checks, n, deleted, 1, "deleted", NULL);
+    return client_count_call(c, keys, checks, n, deleted, 1, "deleted", NULL, NULL);
+}
+
+/* Per key (see kvnode.h): MATCH / DELETE with per_key, the bitmap unpacked. */
+static int client_each_call(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                            size_t n, bool *each, size_t *count, int del)
+{
+    const char *what = del ? "delete_each" : "exists";
+    bool none;
+
+    if (!c)
+        return -KVNODE_EINVAL;
+    if (!each && n > 0) {
+        client_seterr(c, "%s: NULL %s", what, del ? "deleted" : "present");
+        return -KVNODE_EINVAL;
+    }
+    if (n > 0)
+        memset(each, 0, n * sizeof *each);
+    /* n == 0: no request, but the same refusal from a daemon without per_key. */
+    return client_count_call(c, keys, checks, n, count, del, del ? "count" : "held", NULL,
+                             n > 0 ? each : &none);
+}
+
+int kvnode_exists(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
+                  bool *present, size_t *held)
+{
+    return client_each_call(c, keys, checks, n, present, held, 0);
+}
+
+int kvnode_delete_each(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                       size_t n, bool *deleted, size_t *count)
+{
+    return client_each_call(c, keys, checks, n, deleted, count, 1);
 }
 
 int kvnode_stats_json(kvnode_client *c, char **json)

@@ -33,9 +33,12 @@ static struct client_done *client_new_ticket_locked(kvnode_client *c, struct cli
 
 /* MATCH and DELETE: one request, finished by the I/O thread. */
 static int client_submit_count(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
-                               size_t n, int del, void *user, kvnode_ticket *ticket)
+                               size_t n, int del, bool *each, void *user, kvnode_ticket *ticket)
 {
-    const char *what = del ? "submit_delete" : "submit_match";
+    const char *what = each ? (del ? "submit_delete_each" : "submit_exists")
+                            : (del ? "submit_delete" : "submit_match");
+    int op = each ? (del ? KVNODE_OP_DELETE_EACH : KVNODE_OP_EXISTS)
+                  : (del ? KVNODE_OP_DELETE : KVNODE_OP_MATCH);
     Kvnode__Request req = KVNODE__REQUEST__INIT;
     Kvnode__MatchRequest m = KVNODE__MATCH_REQUEST__INIT;
     Kvnode__DeleteRequest d = KVNODE__DELETE_REQUEST__INIT;
@@ -52,6 +55,11 @@ static int client_submit_count(kvnode_client *c, const kvnode_key *keys, const u
         return -KVNODE_EINVAL;
     }
     rc = client_check_ns(c, n, checks, what);
+    if (rc == 0 && op >= KVNODE_OP_EXISTS && !c->per_key) {
+        client_seterr(c, "%s: the daemon is too old to answer per key (its HELLO does not offer "
+                      "it); upgrade kvnoded", what);
+        rc = -KVNODE_EVERSION;
+    }
     if (rc < 0)
         return rc;
     done = malloc(sizeof *done);
@@ -63,6 +71,7 @@ static int client_submit_count(kvnode_client *c, const kvnode_key *keys, const u
         return -KVNODE_ENOMEM;
     }
     client_keys_request(&req, &m, &d, del, keys, checks, n);
+    m.per_key = d.per_key = op >= KVNODE_OP_EXISTS;
     pthread_mutex_lock(&c->lock);
     if (c->dead) {
         pthread_mutex_unlock(&c->lock);
@@ -78,7 +87,7 @@ static int client_submit_count(kvnode_client *c, const kvnode_key *keys, const u
         client_seterr(c, "%s: cannot start the client's I/O thread: %s", what, strerror(rc));
         return -KVNODE_EIO;
     }
-    client_new_ticket_locked(c, done, del ? KVNODE_OP_DELETE : KVNODE_OP_MATCH, user);
+    client_new_ticket_locked(c, done, op, user);
     if (n == 0) {       /* nothing to ask: done at once, as the synchronous calls */
         free(s);
         *ticket = done->comp.ticket;
@@ -88,6 +97,7 @@ static int client_submit_count(kvnode_client *c, const kvnode_key *keys, const u
     }
     s->async = done;
     s->n = n;
+    s->each = op >= KVNODE_OP_EXISTS ? each : NULL;
     rc = client_submit_locked(c, &req, s);
     if (rc < 0) {
         c->next_ticket--;
@@ -108,25 +118,55 @@ static int client_submit_count(kvnode_client *c, const kvnode_key *keys, const u
 int kvnode_submit_match(kvnode_client *c, const kvnode_key *keys, size_t n, void *user,
                         kvnode_ticket *ticket)
 {
-    return client_submit_count(c, keys, NULL, n, 0, user, ticket);
+    return client_submit_count(c, keys, NULL, n, 0, NULL, user, ticket);
 }
 
 int kvnode_submit_match_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
                                 size_t n, void *user, kvnode_ticket *ticket)
 {
-    return client_submit_count(c, keys, checks, n, 0, user, ticket);
+    return client_submit_count(c, keys, checks, n, 0, NULL, user, ticket);
 }
 
 int kvnode_submit_delete(kvnode_client *c, const kvnode_key *keys, size_t n, void *user,
                          kvnode_ticket *ticket)
 {
-    return client_submit_count(c, keys, NULL, n, 1, user, ticket);
+    return client_submit_count(c, keys, NULL, n, 1, NULL, user, ticket);
 }
 
 int kvnode_submit_delete_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
                                  size_t n, void *user, kvnode_ticket *ticket)
 {
-    return client_submit_count(c, keys, checks, n, 1, user, ticket);
+    return client_submit_count(c, keys, checks, n, 1, NULL, user, ticket);
+}
+
+/* Per key: the caller's array (n == 0: none needed, a placeholder marks the op). */
+static int client_submit_each(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, int del, bool *each, void *user, kvnode_ticket *ticket)
+{
+    static bool none;
+
+    if (ticket)
+        *ticket = 0;
+    if (!c)
+        return -KVNODE_EINVAL;
+    if (!each && n > 0) {
+        client_seterr(c, "%s: NULL %s", del ? "submit_delete_each" : "submit_exists",
+                      del ? "deleted" : "present");
+        return -KVNODE_EINVAL;
+    }
+    return client_submit_count(c, keys, checks, n, del, n > 0 ? each : &none, user, ticket);
+}
+
+int kvnode_submit_exists(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                         size_t n, bool *present, void *user, kvnode_ticket *ticket)
+{
+    return client_submit_each(c, keys, checks, n, 0, present, user, ticket);
+}
+
+int kvnode_submit_delete_each(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, bool *deleted, void *user, kvnode_ticket *ticket)
+{
+    return client_submit_each(c, keys, checks, n, 1, deleted, user, ticket);
 }
 
 /* A job and its copies (with_done: its completion record too, never handed out). */

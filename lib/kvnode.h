@@ -36,6 +36,7 @@
 #ifndef KVNODE_H
 #define KVNODE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -345,13 +346,15 @@ int  kvnode_put_batch_stream(kvnode_client *c, const kvnode_key *keys, size_t n,
  * (-KVNODE_ECLOSED, -KVNODE_ETIMEDOUT, ...) and a message; nothing hangs.
  * kvnode_close completes and frees whatever was not drained. */
 typedef uint64_t kvnode_ticket;
-enum { KVNODE_OP_MATCH = 1, KVNODE_OP_GET = 2, KVNODE_OP_PUT = 3, KVNODE_OP_DELETE = 4 };
+enum { KVNODE_OP_MATCH = 1, KVNODE_OP_GET = 2, KVNODE_OP_PUT = 3, KVNODE_OP_DELETE = 4,
+       KVNODE_OP_EXISTS = 5, KVNODE_OP_DELETE_EACH = 6 /* KVNODE_0.6 */ };
 typedef struct kvnode_completion {
     kvnode_ticket ticket;
     int    op;          /* KVNODE_OP_* */
     int    rc;          /* 0 or a negative KVNODE_E* code */
     size_t count;       /* MATCH: prefix matched; GET: blocks copied (a prefix); PUT: blocks
-                         * stored (n on success); DELETE: keys deleted */
+                         * stored (n on success); DELETE, DELETE_EACH: keys deleted; EXISTS:
+                         * keys held */
     void  *user;        /* as given to the submit call */
     char   error[256];  /* rc < 0: what went wrong (as kvnode_last_error would say) */
 } kvnode_completion;
@@ -440,6 +443,36 @@ int  kvnode_submit_get_checked(kvnode_client *c, const kvnode_key *keys, const u
 int  kvnode_submit_put_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
                                size_t n, const void *const *src, unsigned flags, void *user,
                                kvnode_ticket *ticket);
+
+/* --- per-key answers (KVNODE_0.6) ---------------------------------------------
+ *
+ * kvnode_match answers the longest cached prefix; kvnode_exists answers
+ * every key, in one request (MATCH with per_key): present[i] is whether
+ * keys[i] is held in some tier (memory or the store, asked as kvnode_match
+ * asks it), *held how many are. kvnode_delete_each deletes as kvnode_delete
+ * and says per key whether this call removed it (deleted[i]; false: not
+ * held, being written, or held under another check word), *count how many.
+ * checks: check words as for the _checked calls (NULL: none). The outputs
+ * have room for n; on failure they are left all false.
+ *
+ * kvnode_submit_exists / kvnode_submit_delete_each are their asynchronous
+ * forms (one request each, as kvnode_submit_match): the completion's op is
+ * KVNODE_OP_EXISTS / KVNODE_OP_DELETE_EACH and its count is *held / *count;
+ * present / deleted are filled before the ticket completes, so they must
+ * stay valid until it is drained (untouched on failure).
+ *
+ * All fail with -KVNODE_EVERSION against a daemon that does not answer per
+ * key (its HELLO does not offer it: it predates the field); kvnode_has_per_key
+ * says so beforehand. */
+int  kvnode_has_per_key(const kvnode_client *c);
+int  kvnode_exists(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
+                   bool *present, size_t *held);
+int  kvnode_delete_each(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                        size_t n, bool *deleted, size_t *count);
+int  kvnode_submit_exists(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                          size_t n, bool *present, void *user, kvnode_ticket *ticket);
+int  kvnode_submit_delete_each(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                               size_t n, bool *deleted, void *user, kvnode_ticket *ticket);
 
 /* rtp-llm / KVCM chained block hash (see docs/PROTOCOLS.md §4.1): one key per full
  * block of block_tokens tokens, at most max_keys; returns the number written. */

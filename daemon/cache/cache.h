@@ -235,6 +235,16 @@ struct kv_namespace *cache_ns_at(struct cache *c, size_t i);
 int  cache_match_start(struct cache *c, const struct cache_read_req *req, struct cache_tiers *out,
                        struct cache_wait **wait);
 void cache_match_finish(struct cache *c, struct cache_wait *wait, struct cache_tiers *out);
+/* MATCH per key (MatchRequest.per_key): every key looked at, not a prefix.
+ * present has room for (req->n + 7) / 8 bytes: bit i set when keys[i] is
+ * held in some tier (out counts those keys). Keys the index does not know
+ * are asked of the store in one lookup (from the first of them on), as the
+ * prefix MATCH asks; CACHE_WAITING then, and cache_match_each_finish
+ * answers. */
+int  cache_match_each_start(struct cache *c, const struct cache_read_req *req,
+                            struct cache_tiers *out, uint8_t *present, struct cache_wait **wait);
+void cache_match_each_finish(struct cache *c, struct cache_wait *wait, struct cache_tiers *out,
+                             uint8_t *present);
 /* out->locs has room for req->n. req->readable: the arenas the answer may
  * point into (bit per id; the host arena always) — the owner's mapped ones,
  * or fewer (GET_INLINE: those the daemon's CPU reads); the prefix ends at a
@@ -299,8 +309,14 @@ int  cache_put_commit(struct cache *c, struct lease_list *owner, uint64_t lease_
                       uint32_t *blocks, char *err, size_t errlen);
 int  cache_put_abort(struct cache *c, struct lease_list *owner, uint64_t lease_id,
                      uint32_t *blocks, char *err, size_t errlen);
+/* Remove keys from memory and the store; *deleted = the keys removed from
+ * the index (absent, being written or under another word: not counted). */
 int  cache_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
                   const uint64_t *checks, size_t n, uint32_t *deleted);
+/* cache_delete that also says which keys: each (NULL: not wanted) has room
+ * for (n + 7) / 8 bytes, bit i set when keys[i] was removed (counted). */
+int  cache_delete_each(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
+                       const uint64_t *checks, size_t n, uint32_t *deleted, uint8_t *each);
 /* End every lease of a closing connection at once. */
 void cache_release_owner(struct cache *c, struct lease_list *owner);
 /* The stop (SIGTERM), once no client is left: write every committed block in

@@ -214,6 +214,7 @@ struct cache_wait {
     unsigned outstanding;       /* promotions and lookups not back yet */
     bool on_heap, looked_up, may_wait, nomem;
     bool probed;                /* GET: unknown keys were read at once (cache_probe_submit) */
+    bool each;                  /* MATCH per key: every key the store holds is indexed */
     bool answered;              /* ready() called (or the answer was immediate) */
     bool finished;              /* the requester called finish or cancel */
     cache_ready_fn ready;

@@ -756,7 +756,15 @@ int cache_lease_end(struct cache *c, struct lease_list *owner, uint64_t lease_id
 int cache_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
                  const uint64_t *checks, size_t n, uint32_t *deleted)
 {
+    return cache_delete_each(c, ns, keys, checks, n, deleted, NULL);
+}
+
+int cache_delete_each(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
+                      const uint64_t *checks, size_t n, uint32_t *deleted, uint8_t *each)
+{
     *deleted = 0;
+    if (each)
+        memset(each, 0, (n + 7) / 8);
     for (size_t i = 0; i < n; i++) {
         bool mismatch = false;
         struct index_entry *e = cache_entry_for(c, ns->id, keys[i], cache_check_at(checks, i),
@@ -769,6 +777,8 @@ int cache_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
         /* Pinned (readers, a store request): freed when the last pin goes. */
         cache_remove_entry(c, e);
         (*deleted)++;
+        if (each)
+            each[i / 8] |= (uint8_t)(1u << (i % 8));
     }
     /* The store may hold keys the index does not know (shared stores):
      * every key goes to its delete, after any write of the key in flight

@@ -121,7 +121,8 @@ struct cache_lookup {
 
 static void cache_lookup_done(void *arg, int rc);
 static size_t cache_index_found(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
-                                const uint64_t *checks, const uint8_t *present, size_t n);
+                                const uint64_t *checks, const uint8_t *present, size_t n,
+                                bool each);
 
 /* Ask the store about keys[from..n). 0 when submitted (w counts it). */
 int cache_lookup_submit(struct cache *c, struct cache_wait *w, size_t from)
@@ -153,10 +154,11 @@ static void cache_lookup_done(void *arg, int rc)
     struct cache *c = w->c;
 
     if (rc == 0) {
-        size_t found = cache_index_found(c, w->ns, lk->keys, lk->checks, lk->present, lk->n);
+        size_t found = cache_index_found(c, w->ns, lk->keys, lk->checks, lk->present, lk->n,
+                                         w->each);
         c->lookup_found += found;
         /* Where the store's run ends: the next MATCH of it need not ask. */
-        if (found < lk->n && !lk->present[found])
+        if (!w->each && found < lk->n && !lk->present[found])
             cache_negative_note(c, w->ns, lk->keys[found], cache_check_at(lk->checks, found));
     }
     free(lk);
@@ -167,14 +169,25 @@ static void cache_lookup_done(void *arg, int rc)
 }
 
 /* Index as ghosts the keys the store reported (under the words asked
- * about), up to the first it lacks. */
+ * about), up to the first it lacks; each (a per-key MATCH): every one, and
+ * every key it lacks is remembered as a miss. Returns the prefix found, or
+ * (each) how many were found. */
 static size_t cache_index_found(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
-                                const uint64_t *checks, const uint8_t *present, size_t n)
+                                const uint64_t *checks, const uint8_t *present, size_t n,
+                                bool each)
 {
-    size_t i;
-    for (i = 0; i < n && present[i]; i++) {
-        if (index_lookup(c->index, ns->id, keys[i]))
+    size_t i, found = 0;
+    for (i = 0; i < n; i++) {
+        if (!present[i]) {
+            if (!each)
+                break;
+            cache_negative_note(c, ns, keys[i], cache_check_at(checks, i));
             continue;
+        }
+        if (index_lookup(c->index, ns->id, keys[i])) {
+            found++;
+            continue;
+        }
         struct index_entry *e = index_insert(c->index, ns->id, keys[i]);
         if (!e)
             break;
@@ -185,8 +198,9 @@ static size_t cache_index_found(struct cache *c, struct kv_namespace *ns, const 
         e->persist = PERSIST_STORED;
         ns->stored++;
         c->ghosts++;
+        found++;
     }
-    return i;
+    return each ? found : i;
 }
 
 /* --- reads of keys the index does not know (a store whose reads find) --------- */

@@ -329,6 +329,104 @@ void cache_match_finish(struct cache *c, struct cache_wait *w, struct cache_tier
     cache_wait_cancel(c, w);
 }
 
+/* --- match per key ------------------------------------------------------------- */
+
+/* What a per-key scan saw of the keys it did not find, counted when it is
+ * the answer; ask: the first key to ask the store about (n: none). */
+struct each_misses {
+    size_t absent, writing, mismatches, ask;
+};
+
+/* Every key of r looked up: present bits, tiers of the keys held, the
+ * misses; may_ask: find the first key the store may hold (one the index
+ * does not know, under no other word, not a recent store miss). */
+static void cache_match_each_scan(struct cache *c, const struct cache_read_req *r,
+                                  struct cache_tiers *t, uint8_t *present, bool may_ask,
+                                  struct each_misses *miss)
+{
+    memset(t, 0, sizeof *t);
+    memset(miss, 0, sizeof *miss);
+    memset(present, 0, (r->n + 7) / 8);
+    miss->ask = r->n;
+    for (size_t i = 0; i < r->n; i++) {
+        bool mismatch = false;
+        uint64_t check = cache_check_at(r->checks, i);
+        struct index_entry *e = cache_entry_for(c, r->ns->id, r->keys[i], check, &mismatch);
+        if (!e || e->state == ENTRY_WRITING) {
+            miss->mismatches += mismatch;
+            miss->absent += !e;
+            miss->writing += e != NULL;
+            if (!e && !mismatch && may_ask && miss->ask == r->n &&
+                !cache_negative_hit(c, r->ns, r->keys[i], check))
+                miss->ask = i;
+            continue;
+        }
+        present[i / 8] |= (uint8_t)(1u << (i % 8));
+        t->matched++;
+        if (e->state != ENTRY_SEALED)
+            t->store++;
+        else if (e->tier == KVNODE_TIER_HBM)
+            t->hbm++;
+        else
+            t->host++;
+    }
+}
+
+/* The answer: counted, and the blocks held in memory refreshed in the LRU
+ * last key first, as a prefix MATCH does. */
+static void cache_match_each_answer(struct cache *c, const struct cache_read_req *r,
+                                    const struct cache_tiers *t, const uint8_t *present,
+                                    const struct each_misses *miss)
+{
+    c->keys.matched += t->matched;
+    c->keys.absent += miss->absent;
+    c->keys.writing += miss->writing;
+    c->keys.check_mismatches += miss->mismatches;
+    for (size_t j = r->n; j-- > 0;) {
+        if (!(present[j / 8] & (1u << (j % 8))))
+            continue;
+        struct index_entry *e = index_lookup(c->index, r->ns->id, r->keys[j]);
+        if (e && e->state == ENTRY_SEALED)
+            index_lru_use(c->index, e);
+    }
+}
+
+int cache_match_each_start(struct cache *c, const struct cache_read_req *req,
+                           struct cache_tiers *out, uint8_t *present, struct cache_wait **wait)
+{
+    struct each_misses miss;
+    bool may_ask = req->ready && cache_may_lookup(c);
+
+    *wait = NULL;
+    cache_match_each_scan(c, req, out, present, may_ask, &miss);
+    if (miss.ask < req->n) {
+        struct cache_wait tmp = { .c = c, .kind = WAIT_MATCH, .ns = req->ns, .keys = req->keys,
+                                  .checks = req->checks, .n = req->n, .each = true,
+                                  .ready = req->ready, .arg = req->arg };
+        struct cache_wait *w = cache_wait_heap(&tmp);
+        if (w && cache_lookup_submit(c, w, miss.ask) == 0) {
+            cache_wait_arm(c, w);
+            *wait = w;
+            return CACHE_WAITING;
+        }
+        if (w)
+            cache_wait_free(w);
+    }
+    cache_match_each_answer(c, req, out, present, &miss);
+    return 0;
+}
+
+void cache_match_each_finish(struct cache *c, struct cache_wait *w, struct cache_tiers *out,
+                             uint8_t *present)
+{
+    struct cache_read_req r = { .ns = w->ns, .keys = w->keys, .checks = w->checks, .n = w->n };
+    struct each_misses miss;
+
+    cache_match_each_scan(c, &r, out, present, false, &miss);
+    cache_match_each_answer(c, &r, out, present, &miss);
+    cache_wait_cancel(c, w);
+}
+
 /* --- any-key read (the KVS front end) ------------------------------------------ */
 
 /* Store reads one best-effort read may start (the rest wait for the next). */

@@ -225,6 +225,7 @@ void ops_hello(struct ops *o, struct conn *conn, struct session *s, const Kvnode
     reply.max_frame_bytes = o->cfg->max_frame_bytes;
     reply.max_keys = o->cfg->max_keys_per_request;
     reply.check_words = true;   /* the requests' check words are honoured (issue 19) */
+    reply.per_key = true;       /* MATCH and DELETE answer per key when asked (issue 31) */
     reply.read_lease_ttl_ms = o->cfg->read_lease_ttl_ms;
     reply.write_lease_ttl_ms = o->cfg->write_lease_ttl_ms;
     resp.result_case = KVNODE__RESPONSE__RESULT_HELLO;

@@ -42,11 +42,15 @@ static void loc_buf_free(struct loc_buf *b)
 }
 
 void ops_match_reply(struct ops *o, struct conn *conn, const Kvnode__Request *req,
-                     const struct cache_tiers *t)
+                     const struct cache_tiers *t, const uint8_t *present, size_t n)
 {
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
     Kvnode__MatchReply reply = KVNODE__MATCH_REPLY__INIT;
 
+    if (present) {
+        reply.present.data = (uint8_t *)present;
+        reply.present.len = (n + 7) / 8;
+    }
     reply.matched = (uint32_t)t->matched;
     reply.hbm = (uint32_t)t->hbm;
     reply.host = (uint32_t)t->host;
@@ -55,6 +59,9 @@ void ops_match_reply(struct ops *o, struct conn *conn, const Kvnode__Request *re
     resp.match = &reply;
     ops_send(o, conn, req, &resp, NULL, 0);
 }
+
+static void ops_match_each(struct ops *o, struct conn *conn, struct session *s,
+                           const Kvnode__Request *req, const struct cache_read_req *rr);
 
 void ops_match(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {
@@ -72,13 +79,41 @@ void ops_match(struct ops *o, struct conn *conn, struct session *s, const Kvnode
         ops_fail(o, conn, req, rc, err);
         return;
     }
+    if (m->per_key) {
+        ops_match_each(o, conn, s, req, &rr);
+        return;
+    }
     rc = cache_match_start(ops_cache(s), &rr, &t, &wait);
     if (rc == CACHE_WAITING) {
         if (ops_defer(o, conn, s, req, rr.n, wait) == 0)
             return;
         cache_match_finish(ops_cache(s), wait, &t);
     }
-    ops_match_reply(o, conn, req, &t);
+    ops_match_reply(o, conn, req, &t, NULL, 0);
+}
+
+/* MATCH per key: one presence bit per key (see cache_match_each_start). */
+static void ops_match_each(struct ops *o, struct conn *conn, struct session *s,
+                           const Kvnode__Request *req, const struct cache_read_req *rr)
+{
+    uint8_t *present = malloc((rr->n + 7) / 8 + 1);
+    struct cache_tiers t;
+    struct cache_wait *wait;
+
+    if (!present) {
+        ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
+        return;
+    }
+    if (cache_match_each_start(ops_cache(s), rr, &t, present, &wait) == CACHE_WAITING) {
+        if (ops_defer(o, conn, s, req, rr->n, wait) == 0) {
+            s->pending->per_key = true;
+            free(present);
+            return;
+        }
+        cache_match_each_finish(ops_cache(s), wait, &t, present);
+    }
+    ops_match_reply(o, conn, req, &t, present, rr->n);
+    free(present);
 }
 
 /* --- MATCH_REMOTE ------------------------------------------------------------- */
@@ -478,12 +513,14 @@ fail:
     ops_fail(o, conn, req, rc, err);
 }
 
+/* DELETE: the keys removed, counted (and per key when asked). */
 void ops_delete(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req)
 {
     Kvnode__Response resp = KVNODE__RESPONSE__INIT;
     Kvnode__DeleteReply reply = KVNODE__DELETE_REPLY__INIT;
     const uint64_t *checks;
     uint32_t deleted = 0;
+    uint8_t *each = NULL;
     char err[256];
     int rc = ops_check_keys(o, s, req->delete_->n_keys, err, sizeof err);
 
@@ -494,9 +531,20 @@ void ops_delete(struct ops *o, struct conn *conn, struct session *s, const Kvnod
         ops_fail(o, conn, req, rc, err);
         return;
     }
-    cache_delete(ops_cache(s), s->ns, req->delete_->keys, checks, req->delete_->n_keys, &deleted);
+    /* per_key: one bit per key, set when this request removed it. */
+    if (req->delete_->per_key && !(each = malloc((req->delete_->n_keys + 7) / 8 + 1))) {
+        ops_fail(o, conn, req, -KVNODE_ENOMEM, "out of memory");
+        return;
+    }
+    cache_delete_each(ops_cache(s), s->ns, req->delete_->keys, checks, req->delete_->n_keys,
+                      &deleted, each);
     reply.deleted = deleted;
+    if (each) {
+        reply.each.data = each;
+        reply.each.len = (req->delete_->n_keys + 7) / 8;
+    }
     resp.result_case = KVNODE__RESPONSE__RESULT_DELETE;
     resp.delete_ = &reply;
     ops_send(o, conn, req, &resp, NULL, 0);
+    free(each);
 }

@@ -27,6 +27,7 @@ int ops_defer(struct ops *o, struct conn *conn, struct session *s,
     p->n = n;
     p->t0 = o->request_t0;
     p->wait = wait;
+    p->per_key = false;
     p->query = NULL;
     p->local_matched = 0;
     p->packed = NULL;
@@ -149,10 +150,22 @@ void ops_pending_ready(void *arg)
     req.id = p->req_id;
     req.op_case = (Kvnode__Request__OpCase)p->op;
     o->last_code = 0;
-    if (p->op == KVNODE__REQUEST__OP_MATCH) {
+    if (p->op == KVNODE__REQUEST__OP_MATCH && p->per_key) {
+        struct cache_tiers t;
+        uint8_t *present = malloc((p->n + 7) / 8 + 1);
+        if (!present) {
+            /* Nothing to put the answer in: the wait is let go. */
+            cache_match_finish(ops_cache(s), p->wait, &t);
+            ops_fail(o, conn, &req, -KVNODE_ENOMEM, "out of memory");
+        } else {
+            cache_match_each_finish(ops_cache(s), p->wait, &t, present);
+            ops_match_reply(o, conn, &req, &t, present, p->n);
+        }
+        free(present);
+    } else if (p->op == KVNODE__REQUEST__OP_MATCH) {
         struct cache_tiers t;
         cache_match_finish(ops_cache(s), p->wait, &t);
-        ops_match_reply(o, conn, &req, &t);
+        ops_match_reply(o, conn, &req, &t, NULL, 0);
     } else {
         lent.locs = calloc(p->n ? p->n : 1, sizeof *lent.locs);
         /* No locs: nothing to put the answer in, everything is given back. */

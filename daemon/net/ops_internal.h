@@ -67,6 +67,7 @@ struct ops_pending {
     size_t n;               /* keys asked for */
     double t0;
     struct cache_wait *wait;            /* MATCH / GET waiting for the store */
+    bool per_key;                       /* MATCH: answered per key (MatchRequest.per_key) */
     struct kvcm_query *query;           /* MATCH_REMOTE waiting for KVCM */
     uint32_t local_matched;             /* MATCH_REMOTE: the local answer */
     uint8_t *packed;                    /* PUT waiting for the store: the request, to retry */
@@ -108,8 +109,9 @@ void ops_reload(struct ops *o, struct conn *conn, struct session *s, const Kvnod
 
 /* ops_data.c */
 void ops_match(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
+/* present (NULL: a prefix answer): a per-key MATCH's bitmap of n keys. */
 void ops_match_reply(struct ops *o, struct conn *conn, const Kvnode__Request *req,
-                     const struct cache_tiers *t);
+                     const struct cache_tiers *t, const uint8_t *present, size_t n);
 void ops_match_remote(struct ops *o, struct conn *conn, struct session *s,
                       const Kvnode__Request *req);
 void ops_match_remote_reply(struct ops *o, struct conn *conn, const Kvnode__Request *req,
