@@ -1,9 +1,10 @@
 """Python binding of libkvnode, the client library of kvnoded (node-local KV-cache daemon).
 
-Stdlib only (``ctypes``), no build step: the package loads ``libkvnode.so.0`` at import
-time: ``$KVNODE_LIBRARY``, else the source tree next to the package (``build/`` of the
-repository), else the ``lib/`` that ``make install`` put it beside, else the system loader.
-``pip install ./python`` installs it as a package.
+Stdlib only (``ctypes``), Python >= 3.10. The package loads ``libkvnode.so.0`` at import
+time: ``$KVNODE_LIBRARY``, else the copy inside the package (``pip install ./python`` puts the
+library it was built with into the wheel), else the source tree next to the package
+(``build/`` of the repository), else the ``lib/`` that ``make install`` put it beside, else the
+system loader; :func:`library_path` says which. The examples use numpy (the ``numpy`` extra).
 
 Typical use from an inference engine (``kv_pages``: its host copies of the KV pages, one
 numpy array of ``block_bytes`` bytes per block)::
