@@ -73,13 +73,13 @@ class AsyncClient:
     client); everything about the daemon comes back as the completion's ``error``.
 
     The constructor returns at once: the connect runs on the binding's thread
-    (``kvnode-connect``). A submit made before the connection is up waits there and is
+    (``kvnode-connect``). A submit made while the connection is not up waits there and is
     sent when it is; if it is not up within ``timeout_ms`` the ticket completes with
-    :class:`TimedOut` (a paused daemon). While no connect is under way and the last one
-    failed (no daemon), a submit completes at once with its :class:`ConnectError`. A
-    connection that fails (the daemon died, a call timed out) is dropped; tickets in
-    flight on it complete with the error and the thread connects again (at most once per
-    ``reconnect_interval_s``).
+    :class:`TimedOut` (a paused daemon), and if the connect fails, with its error
+    (:class:`ConnectError`: no daemon). A connection that fails (the daemon died, a call
+    timed out) is dropped and its tickets complete with the error. The next connect is
+    started by a submit, at most once per ``reconnect_interval_s``: within that interval
+    of a failure a submit completes at once with the failure's error.
 
     ``timeout_ms``: the per-call timeout and the longest a submit waits for a connection
     (default libkvnode's: ``$KVNODE_TIMEOUT_MS`` or 10 s). ``checks`` given to a submit
@@ -106,7 +106,9 @@ class AsyncClient:
         self.reader, self.cuda_device = bool(reader), cuda_device
         self._block_bytes = int(layout.block_bytes)
         self._tickets = itertools.count(1)
-        self._lock = threading.Lock()
+        # Reentrant: when the binding's thread drops the last reference, __del__ -> close()
+        # runs on that thread inside its critical section.
+        self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
         self._client = None             # the connected Client, or None
         self._retiring = []             # dropped Clients still completing tickets
@@ -114,7 +116,8 @@ class AsyncClient:
         self._waiting = collections.deque()     # _Jobs waiting for a connection
         self._done = []                 # Completions made here (failed or timed out)
         self._connecting = False
-        self._last_error = None         # the last failed connect's error
+        self._last_error = None         # why the last connection failed or ended
+        self._tried = False             # a connect was started (the first one at once)
         self._retry_at = 0.0
         self._closed = False
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -248,14 +251,16 @@ class AsyncClient:
                 raise Closed(Closed.CODE, "the client was closed", "client closed")
             if self._client is not None:
                 self._send_locked(job)
-            elif self._connecting or self._waiting or self._last_error is None:
+            elif (self._connecting or not self._tried or self._last_error is None
+                  or time.monotonic() >= self._retry_at):
                 job.keep_arguments()    # the caller may reuse its arrays once we return
-                self._waiting.append(job)
+                self._waiting.append(job)   # sent once connected (a connect starts if due)
                 self._wake.notify()
-            else:       # the daemon could not be reached, and no connect is under way
-                self._wake.notify()
-                self._finish_locked(job, 0, _new_error(type(self._last_error), "%s (reconnecting)"
-                                                       % self._last_error.message))
+            else:       # the last connection failed and the next try is not due yet
+                e = self._last_error
+                self._finish_locked(job, 0, _new_error(type(e), "%s (reconnecting at most every "
+                                                       "%g s)" % (e.message,
+                                                                  self.reconnect_interval_s)))
         return ticket
 
     def _send_locked(self, job):
@@ -269,10 +274,9 @@ class AsyncClient:
                 t = getattr(c, job.op)(job.keys, checks=checks)
             else:
                 t = getattr(c, job.op)(job.keys, pages, device=job.device, checks=checks)
-        except _GONE:
-            self._retire_locked(c)
-            self._waiting.appendleft(job)
-            self._wake.notify()
+        except _GONE as e:
+            self._retire_locked(c, e)
+            self._finish_locked(job, 0, e)
             return
         except Error as e:
             self._finish_locked(job, 0, e)
@@ -289,7 +293,7 @@ class AsyncClient:
             for comp in got:
                 job = self._sent.pop((id(c), comp.ticket), None)
                 if isinstance(comp.error, _GONE):
-                    self._retire_locked(c)
+                    self._retire_locked(c, comp.error)
                 if job is not None:
                     job.release()
                     out.append(Completion(job.ticket, comp.op, comp.count, comp.error))
@@ -299,10 +303,11 @@ class AsyncClient:
                 c.close()
         return out
 
-    def _retire_locked(self, c):
+    def _retire_locked(self, c, error):
         """Stop using c (its connection is gone): its tickets complete with the error."""
         if c is self._client:
             self._client = None
+            self._last_error = error
             self._retry_at = time.monotonic() + self.reconnect_interval_s
             try:
                 c.cancel()
@@ -337,14 +342,15 @@ class AsyncClient:
                 now = time.monotonic()
                 while self._waiting and self._waiting[0].deadline <= now:
                     self._expire_locked(self._waiting.popleft())
-                if self._client is None and not self._connecting and now >= self._retry_at:
-                    self._connecting = True
+                if self._client is None and not self._connecting and now >= self._retry_at \
+                        and (self._waiting or not self._tried):
+                    self._connecting = self._tried = True
                     threading.Thread(target=self._connect, name="kvnode-connect",
                                      daemon=True).start()
                 waits = [now + 1.0]
                 if self._waiting:
                     waits.append(self._waiting[0].deadline)
-                if self._client is None and not self._connecting:
+                if self._client is None and not self._connecting and self._waiting:
                     waits.append(self._retry_at)
                 wake, timeout = self._wake, max(min(waits) - now, 0.001)
                 del self
