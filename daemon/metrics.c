@@ -642,6 +642,10 @@ static void render_kvs(struct evbuffer *out, const struct stats_snapshot *s)
     family(out, "kvnode_kvs_http_output_refused_total", "counter",
            "KVS HTTP replies answered 413 or 503 instead: over kvs_server.max_output_bytes or max_output_total_bytes.");
     sample_u(out, "kvnode_kvs_http_output_refused_total", NULL, k->http_output_refused);
+    family(out, "kvnode_kvs_http_output_tenant_limit_total", "counter",
+           "KVS HTTP replies answered 503 instead because their tenant's unread replies would be over its share of "
+           "kvs_server.max_output_total_bytes (also in kvnode_kvs_http_output_refused_total).");
+    sample_u(out, "kvnode_kvs_http_output_tenant_limit_total", NULL, k->http_output_tenant_limit);
 }
 
 static void render_workers(struct evbuffer *out, uint32_t stall_timeout_ms)

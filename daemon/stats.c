@@ -541,6 +541,7 @@ static void kvs_json(const struct stats_snapshot *s, json_t *root)
     set(r, "bytes", ju(k->http_output_bytes));
     set(r, "max_bytes", ju(k->http_output_max));
     set(r, "refused_total", ju(k->http_output_refused));
+    set(r, "tenant_limit_total", ju(k->http_output_tenant_limit));
     set(o, "http_output", r);
     set(root, "kvs_server", o);
 }

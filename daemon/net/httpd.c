@@ -54,6 +54,7 @@ struct httpd_conn {
     void *token;
     struct evbuffer_cb_entry *output_cb; /* counts the output buffer's bytes */
     uint64_t output;                  /* bytes in it */
+    uint32_t group;                   /* the admit hook's, or HTTPD_NO_GROUP */
     /* httpd_request_watch: the owner of a request that waits is told once if
      * the connection closes first; leave_ev sees the client leave. */
     struct evhttp_request *watched;
@@ -78,6 +79,8 @@ struct httpd {
     httpd_admit_fn admit;                /* NULL: only the total is counted */
     httpd_release_fn release;
     void *admit_arg;
+    httpd_group_output_fn group_output;  /* NULL: groups are not bounded */
+    void *group_output_arg;
     struct httpd_conn *fresh, *fresh_tail; /* accepted by evhttp, not yet adopted, oldest first */
     struct event *adopt_ev;
     struct httpd_conn *buckets[HTTPD_BUCKETS]; /* adopted and open, by evcon */
@@ -88,6 +91,8 @@ struct httpd {
     struct log_limit accept_log, refuse_log;
     uint64_t accepted, refused, refused_reserve, refused_owner, timed_out, accept_pauses;
     uint64_t output_bytes, output_peak, output_refused;   /* peak: since the last trim */
+    uint64_t group_bytes[HTTPD_MAX_GROUPS];               /* output_bytes of each group's connections */
+    uint64_t output_refused_group;
     uint64_t trimmed_ms;
 };
 
@@ -227,6 +232,11 @@ static void httpd_output_cb(struct evbuffer *buf, const struct evbuffer_cb_info 
     h->output_bytes += info->n_added;
     hc->output -= info->n_deleted < hc->output ? info->n_deleted : hc->output;
     h->output_bytes -= info->n_deleted < h->output_bytes ? info->n_deleted : h->output_bytes;
+    if (hc->group < HTTPD_MAX_GROUPS) {
+        uint64_t *g = &h->group_bytes[hc->group];
+        *g += info->n_added;
+        *g -= info->n_deleted < *g ? info->n_deleted : *g;
+    }
     if (h->output_bytes > h->output_peak)
         h->output_peak = h->output_bytes;
 }
@@ -254,6 +264,10 @@ static void httpd_output_forget(struct httpd_conn *hc)
         evbuffer_remove_cb_entry(bufferevent_get_output(bev), hc->output_cb);
     hc->output_cb = NULL;
     h->output_bytes -= hc->output < h->output_bytes ? hc->output : h->output_bytes;
+    if (hc->group < HTTPD_MAX_GROUPS) {
+        uint64_t *g = &h->group_bytes[hc->group];
+        *g -= hc->output < *g ? hc->output : *g;
+    }
     hc->output = 0;
     if (h->trim_ev && h->output_peak >= HTTPD_TRIM_BYTES && h->output_bytes <= h->output_peak / 4 &&
         !evtimer_pending(h->trim_ev, NULL)) {
@@ -261,6 +275,28 @@ static void httpd_output_forget(struct httpd_conn *hc)
         struct timeval tv = { .tv_sec = (time_t)(wait / 1000u), .tv_usec = (suseconds_t)(wait % 1000u * 1000u) };
         evtimer_add(h->trim_ev, &tv);
     }
+}
+
+/* The check of httpd_reply_room against hc's group's bound. */
+static int httpd_group_room(struct httpd_conn *hc, size_t bytes, const struct httpd_limits *lim, char *why,
+                            size_t whylen)
+{
+    struct httpd *h = hc->h;
+    char who[96] = "";
+
+    if (hc->group >= HTTPD_MAX_GROUPS || !h->group_output)
+        return 0;
+    uint64_t held = h->group_bytes[hc->group];
+    uint64_t bound = h->group_output(h->group_output_arg, hc->group, who, sizeof who);
+    if (bound == UINT64_MAX || (held <= bound && bytes <= bound - held))
+        return 0;
+    h->output_refused++;
+    h->output_refused_group++;
+    snprintf(why, whylen, "%llu bytes of replies to %s are waiting for their clients to read them; %zu more would "
+             "be over its share of %s (%llu of %llu bytes); try again later", (unsigned long long)held, who, bytes,
+             lim->max_output_total_option ? lim->max_output_total_option : "max_output_total_bytes",
+             (unsigned long long)bound, (unsigned long long)lim->max_output_total_bytes);
+    return 503;
 }
 
 int httpd_reply_room(struct evhttp_request *req, size_t bytes, char *why, size_t whylen)
@@ -290,7 +326,7 @@ int httpd_reply_room(struct evhttp_request *req, size_t bytes, char *why, size_t
                  (unsigned long long)lim.max_output_total_bytes);
         return 503;
     }
-    return 0;
+    return httpd_group_room(hc, bytes, &lim, why, whylen);
 }
 
 /* evhttp frees the connection (any reason, our deadline included). */
@@ -427,13 +463,16 @@ static void httpd_adopt(struct httpd *h, struct httpd_conn *hc)
     }
     if (h->identify)
         h->identify(h->identify_arg, fd, &hc->peer);
+    hc->group = HTTPD_NO_GROUP;
     if (h->admit) {
-        if (h->admit(h->admit_arg, fd, &hc->peer, &hc->token, buf, sizeof buf) < 0) {
+        if (h->admit(h->admit_arg, fd, &hc->peer, &hc->token, &hc->group, buf, sizeof buf) < 0) {
             h->refused_owner++;
             httpd_refuse(h, hc, bev, fd, buf);
             return;
         }
         hc->admitted = true;
+        if (hc->group >= HTTPD_MAX_GROUPS)
+            hc->group = HTTPD_NO_GROUP;
     }
     struct httpd_conn **b = httpd_bucket(h, hc->evcon);
     hc->next = *b;
@@ -630,6 +669,11 @@ void httpd_set_admit(struct httpd *h, httpd_admit_fn admit, httpd_release_fn rel
     h->release = release;
     h->admit_arg = arg;
 }
+void httpd_set_group_output(struct httpd *h, httpd_group_output_fn fn, void *arg)
+{
+    h->group_output = fn;
+    h->group_output_arg = arg;
+}
 const char *httpd_address(const struct httpd *h) { return h->address; }
 bool httpd_stopping(const struct httpd *h) { return h->stopping; }
 
@@ -678,7 +722,7 @@ void httpd_get_stats(const struct httpd *h, struct httpd_stats *out)
         .open = h->nconns, .max = httpd_limits_now(h).max_connections, .accepted = h->accepted,
         .refused = h->refused, .refused_reserve = h->refused_reserve, .refused_owner = h->refused_owner,
         .timed_out = h->timed_out, .output_bytes = h->output_bytes, .output_refused = h->output_refused,
-        .output_max = httpd_limits_now(h).max_output_total_bytes,
+        .output_max = httpd_limits_now(h).max_output_total_bytes, .output_refused_group = h->output_refused_group,
         .accept_pauses = h->accept_pauses,
     };
 }

@@ -13,8 +13,10 @@
  *   - the owner's own count of connections (per tenant), asked at accept
  *     (httpd_set_admit): a connection it refuses gets a 503 and is closed
  *     before it holds a slot;
- *   - the reply bytes not yet taken by the kernel, per connection and in
- *     all (counted from each connection's output buffer): an owner asks
+ *   - the reply bytes not yet taken by the kernel, per connection, per
+ *     group of connections (the owner's, e.g. a tenant's, named at admit;
+ *     its bound asked of the owner, httpd_set_group_output) and in all
+ *     (counted from each connection's output buffer): an owner asks
  *     httpd_reply_room before it writes a large reply. evhttp reads no
  *     new request of a connection until its reply is sent, so a
  *     connection holds at most one reply.
@@ -75,13 +77,23 @@ const char *httpd_address(const struct httpd *h);
 /* Call fn(arg, fd, &peer) for each connection when it is accepted, before
  * any request on it is read (on the loop: fn must not wait long). */
 void httpd_set_identify(struct httpd *h, httpd_identify_fn fn, void *arg);
+/* Groups of connections whose unsent reply bytes are counted together
+ * (an owner's: a tenant's); HTTPD_NO_GROUP: a connection of none. */
+#define HTTPD_MAX_GROUPS 32u
+#define HTTPD_NO_GROUP   UINT32_MAX
 /* Asked at each accept, after the identify hook: 0 keeps the connection
- * (*token, the owner's, is handed to release when it closes), -1 refuses it
- * (503 with why, counted in refused and refused_owner). */
-typedef int (*httpd_admit_fn)(void *arg, int fd, const struct httpd_peer *peer, void **token, char *why,
-                              size_t whylen);
+ * (*token, the owner's, is handed to release when it closes; *group, preset
+ * to HTTPD_NO_GROUP, may name its group below HTTPD_MAX_GROUPS), -1 refuses
+ * it (503 with why, counted in refused and refused_owner). */
+typedef int (*httpd_admit_fn)(void *arg, int fd, const struct httpd_peer *peer, void **token, uint32_t *group,
+                              char *why, size_t whylen);
 typedef void (*httpd_release_fn)(void *arg, void *token);
 void httpd_set_admit(struct httpd *h, httpd_admit_fn admit, httpd_release_fn release, void *arg);
+/* The most unsent reply bytes the connections of group may hold together
+ * (UINT64_MAX: no bound), asked at each httpd_reply_room of one of them;
+ * who says whom they serve in a refusal ("tenant b"). */
+typedef uint64_t (*httpd_group_output_fn)(void *arg, uint32_t group, char *who, size_t wholen);
+void httpd_set_group_output(struct httpd *h, httpd_group_output_fn fn, void *arg);
 /* What the hook established for req's connection at accept; NULL without a
  * hook or for a connection httpd does not hold (then nobody is known). */
 const struct httpd_peer *httpd_request_peer(struct httpd *h, struct evhttp_request *req);
@@ -101,8 +113,10 @@ int  httpd_request_watch(struct httpd *h, struct evhttp_request *req, httpd_gone
 void httpd_request_unwatch(struct httpd *h, struct evhttp_request *req);
 /* Whether a reply of bytes may be written to req's connection: 0; 413 when
  * it alone is over max_output_bytes, 503 when the unsent replies of all
- * connections would be over max_output_total_bytes (why names the option;
- * counted in output_refused). 0 for a request of no connection of ours.
+ * connections would be over max_output_total_bytes, or those of its
+ * connection's group over the group's bound (why names the option, and the
+ * group's share of it; counted in output_refused, the group's also in
+ * output_refused_group). 0 for a request of no connection of ours.
  * Small answers (errors) need not ask. */
 int  httpd_reply_room(struct evhttp_request *req, size_t bytes, char *why, size_t whylen);
 /* Close the listener (no new connections); open ones stay. NULL ignored. */
@@ -121,6 +135,7 @@ struct httpd_stats {
     uint64_t output_bytes;     /* reply bytes the kernel has not taken yet, all connections */
     uint64_t output_max;       /* max_output_total_bytes now */
     uint64_t output_refused;   /* replies refused by httpd_reply_room */
+    uint64_t output_refused_group; /* of them: at their group's bound (a tenant's share) */
 };
 void httpd_get_stats(const struct httpd *h, struct httpd_stats *out);
 

@@ -440,6 +440,7 @@ int kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **ou
         return -1;
     }
     httpd_set_admit(k->httpd, kvs_http_admit, kvs_http_release, k->conns);
+    httpd_set_group_output(k->httpd, kvs_http_group_output, k->conns);
     http = httpd_evhttp(k->httpd);
     evhttp_set_timeout(http, KVS_HTTP_TIMEOUT_S);
     evhttp_set_max_headers_size(http, 64 << 10);
@@ -503,6 +504,7 @@ void kvs_server_get_stats(const struct kvs_server *k, struct kvs_server_stats *o
     out->http_output_bytes = h.output_bytes;
     out->http_output_max = h.output_max;
     out->http_output_refused = h.output_refused;
+    out->http_output_tenant_limit = h.output_refused_group;
     if (k->dp)
         kvs_dataplane_stats(k->dp, out);
 }

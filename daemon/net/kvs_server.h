@@ -162,6 +162,7 @@ struct kvs_server_stats {
     uint64_t http_output_bytes;       /* reply bytes not yet taken by the kernel (all connections) */
     uint64_t http_output_max;         /* kvs_server.max_output_total_bytes */
     uint64_t http_output_refused;     /* replies refused: over max_output_bytes or the total */
+    uint64_t http_output_tenant_limit; /* of them: over the tenant's share of the total */
 };
 
 /* What the front end uses, given at creation by whoever wires the process
@@ -204,7 +205,10 @@ struct tenant *kvs_server_unix_tenant(const struct kvn_config *cfg, struct tenan
  * until it closes (a named tenant's in proportion to its host memory, at
  * least 1; "default" what the sections leave, after max_connections / 32
  * kept for clients whose tenant cannot be established), so one tenant at
- * its share never leaves another without a connection. */
+ * its share never leaves another without a connection. The unsent reply
+ * bytes of a tenant's connections are bounded by its share of
+ * max_output_total_bytes the same way (httpd counts them per group: the
+ * tenant's slot here). */
 struct kvs_http_conns;
 struct httpd_peer;
 struct evhttp_request;
@@ -212,8 +216,12 @@ struct kvs_http_conns *kvs_http_conns_new(struct kvn_config *const *cfg, struct 
 void kvs_http_conns_free(struct kvs_http_conns *hc);
 uint64_t kvs_http_tenant_limit(const struct kvs_http_conns *hc);   /* refused at a share */
 /* httpd's admit and release hooks (arg: the struct kvs_http_conns). */
-int  kvs_http_admit(void *arg, int fd, const struct httpd_peer *peer, void **token, char *why, size_t whylen);
+int  kvs_http_admit(void *arg, int fd, const struct httpd_peer *peer, void **token, uint32_t *group, char *why,
+                    size_t whylen);
 void kvs_http_release(void *arg, void *token);
+/* httpd's group bound (httpd_set_group_output): the unsent reply bytes a
+ * tenant's connections may hold, its share of max_output_total_bytes. */
+uint64_t kvs_http_group_output(void *arg, uint32_t group, char *who, size_t wholen);
 /* text (malloc'd JSON, a reply of *code to req) if the output caps let it
  * be written; else it is freed and an error naming the cap is returned
  * instead, *code set to 413 or 503. */

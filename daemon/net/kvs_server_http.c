@@ -11,7 +11,12 @@
  *    cannot be established (they only ever get /health and 403s), so one
  *    tenant at its share never leaves another without a connection.
  * And the front end's side of the output caps ([kvs_server]
- * max_output_bytes, max_output_total_bytes; httpd counts the bytes).
+ * max_output_bytes, max_output_total_bytes; httpd counts the bytes, per
+ * connection, per tenant and in all): a tenant's connections are httpd's
+ * group of its slot here, and may hold its share of max_output_total_bytes
+ * in unsent replies (the same shares as the connections', after a reserve
+ * of 1/32 for clients without a tenant), so one tenant whose clients do
+ * not read never has another's replies refused.
  * Loop thread only. */
 #include "net/kvs_server.h"
 
@@ -26,6 +31,10 @@
 #include "core/log.h"
 #include "net/httpd.h"
 #include "tenants/tenants.h"
+
+/* A connection's httpd group: its tenant's slot, or the untenanted one. */
+#define KVS_HTTP_UNTENANTED_GROUP TENANTS_MAX
+_Static_assert(KVS_HTTP_UNTENANTED_GROUP < HTTPD_MAX_GROUPS, "httpd counts output for every tenant's slot");
 
 struct kvs_http_conns {
     struct kvn_config *const *cfg;     /* read at each accept (reloads) */
@@ -93,7 +102,8 @@ static struct tenant *kvs_http_tenant(struct kvs_http_conns *hc, int fd, const s
     return kvs_server_tenant(cfg, hc->tenants, peer->uid, (gid_t)-1, NULL, 0, false, why, whylen);
 }
 
-int kvs_http_admit(void *arg, int fd, const struct httpd_peer *peer, void **token, char *why, size_t whylen)
+int kvs_http_admit(void *arg, int fd, const struct httpd_peer *peer, void **token, uint32_t *group, char *why,
+                   size_t whylen)
 {
     struct kvs_http_conns *hc = arg;
     const struct kvn_config *cfg = *hc->cfg;
@@ -105,6 +115,7 @@ int kvs_http_admit(void *arg, int fd, const struct httpd_peer *peer, void **toke
     if (open && *open < share) {
         (*open)++;
         *token = open;
+        *group = t ? (uint32_t)(open - hc->open) : KVS_HTTP_UNTENANTED_GROUP;
         return 0;
     }
     hc->tenant_limit++;
@@ -116,6 +127,32 @@ int kvs_http_admit(void *arg, int fd, const struct httpd_peer *peer, void **toke
         snprintf(why, whylen, "the tenant of this client cannot be established (%.160s), and %u such connections "
                  "are open (kvs_server.max_connections / 32); try again later", who, share);
     return -1;
+}
+
+/* Reply bytes kept for clients whose tenant cannot be established (they
+ * only get small errors). */
+static uint64_t kvs_http_output_reserve(const struct kvn_config *cfg)
+{
+    return cfg->kvs_max_output_total_bytes / 32;
+}
+
+uint64_t kvs_http_group_output(void *arg, uint32_t group, char *who, size_t wholen)
+{
+    struct kvs_http_conns *hc = arg;
+    const struct kvn_config *cfg = *hc->cfg;
+    uint64_t total = cfg->kvs_max_output_total_bytes, reserve = kvs_http_output_reserve(cfg);
+
+    if (total == 0)
+        return UINT64_MAX;
+    if (group >= hc->ntenants) {
+        snprintf(who, wholen, "clients whose tenant is not known");
+        return reserve;
+    }
+    /* tenants_share_of counts in 32 bits: in KiB. */
+    uint64_t pool = (total - reserve) >> 10;
+    snprintf(who, wholen, "tenant %s", hc->tenant[group]->name);
+    return (uint64_t)tenants_share_of(hc->tenants, cfg, hc->tenant[group],
+                                      pool < UINT32_MAX ? (uint32_t)pool : UINT32_MAX) << 10;
 }
 
 void kvs_http_release(void *arg, void *token)
