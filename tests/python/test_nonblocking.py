@@ -85,6 +85,20 @@ def test_client_connect_is_bounded_by_timeout_ms(tmp_path):
             assert c.get(keys_of(1, 1)) == [b"\x01" * BB]
 
 
+def test_bounded_connect_keeps_the_errors(tmp_path):
+    """A connect run on the binding's thread fails as a direct one does: same class, the
+    daemon's message."""
+    with pytest.raises(kvnode.ConnectError) as e:
+        kvnode.Client(str(tmp_path / "nope.sock"), layout(), timeout_ms=TIMEOUT_MS)
+    assert "nope.sock" in e.value.message
+    with daemon_with_pid(tmp_path) as (sock, pid):
+        with kvnode.Client(sock, layout(), timeout_ms=TIMEOUT_MS):
+            bad = kvnode.Layout(**dict(vars(layout()), block_bytes=2 * BB))
+            with pytest.raises(kvnode.LayoutError) as e:
+                kvnode.Client(sock, bad, timeout_ms=TIMEOUT_MS)
+        assert "already registered with block_bytes %d" % BB in e.value.message
+
+
 def test_async_client_submits_at_once_on_a_paused_daemon(tmp_path):
     with daemon_with_pid(tmp_path) as (sock, pid):
         keys = keys_of(2, 3)
