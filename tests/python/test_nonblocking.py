@@ -256,3 +256,51 @@ def test_sglang_first_call_on_a_paused_daemon_is_bounded(tmp_path):
         assert took < BOUNDED_S, "the first call took %.2f s with timeout_ms=%d" % (
             took, TIMEOUT_MS)
         store.close()
+
+
+def test_async_client_threads_each_ticket_once(tmp_path):
+    """Four threads submit while one drains: every ticket completes exactly once, every
+    get reads back what its put stored."""
+    import threading
+    with daemon_with_pid(tmp_path) as (sock, pid):
+        with kvnode.AsyncClient(sock, layout(), timeout_ms=5000) as c:
+            submitted, lock, done = {}, threading.Lock(), []
+            stop = threading.Event()
+
+            def drainer():
+                while not stop.is_set() or c.pending:
+                    select.select([c.event_fd], [], [], 0.05)
+                    done.extend(c.drain())
+
+            def worker(w):
+                for i in range(25):
+                    keys = keys_of(1000 + w * 100 + i, 2)
+                    pages = [bytes([w + 1, i + 1]) * (BB // 2)] * 2
+                    t = c.submit_put(keys, pages)
+                    with lock:
+                        submitted[t] = ("put", None, None)
+                    out = [bytearray(BB), bytearray(BB)]
+                    t = c.submit_get(keys, out)
+                    with lock:
+                        submitted[t] = ("get", out, pages)
+                    t = c.submit_match(keys)
+                    with lock:
+                        submitted[t] = ("match", None, None)
+
+            d = threading.Thread(target=drainer)
+            d.start()
+            ws = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+            for w in ws:
+                w.start()
+            for w in ws:
+                w.join()
+            stop.set()
+            d.join(30)
+            assert not d.is_alive()
+        tickets = [x.ticket for x in done]
+        assert sorted(tickets) == sorted(submitted) and len(set(tickets)) == len(tickets)
+        assert all(x.error is None for x in done), [x for x in done if x.error][:3]
+        for x in done:      # a get submitted after its put may run first: a prefix, exact
+            kind, out, pages = submitted[x.ticket]
+            if kind == "get":
+                assert out[:x.count] == [bytearray(p) for p in pages[:x.count]]
