@@ -8,38 +8,63 @@ Load it in the LMCache MP server with::
                                       "model": "Qwen/Qwen3-8B", "block_bytes": 2097152}}'
 
 LMCache builds it as ``KvnodeL2Connector(**adapter_params)`` and calls, from several
-threads, ``submit_batch_get(keys, memoryviews)``, ``submit_batch_set(keys, memoryviews)``,
-``submit_batch_exists(keys)``, ``submit_batch_delete(keys)`` (each returns a future id at
-once), polls ``event_fd()`` and collects ``drain_completions()``: a list of
-``(future_id, ok, error, per_key)``. Pure Python (no torch): the memoryviews go to
-libkvnode's batched asynchronous calls by address, without a copy in Python.
+threads (under its own lock), ``submit_batch_get(keys, memoryviews)``,
+``submit_batch_set(keys, memoryviews)``, ``submit_batch_exists(keys)`` and
+``submit_batch_delete(keys)`` (each returns a future id at once), polls ``event_fd()`` and
+collects ``drain_completions()``: a list of ``(future_id, ok, error, per_key)``. Pure Python
+(no torch): the memoryviews (ctypes byte arrays over LMCache's L1 objects) go to libkvnode's
+batched asynchronous calls by address, without a copy in Python.
 
-Every submit returns at once: get, set, exists and delete all go to libkvnode's asynchronous
-calls (exists is a MATCH, delete a DELETE), so a slow or hung kvnoded never holds up the thread
-that submits; their completions come through ``event_fd``.
+adapter_params (any other key raises ``TypeError`` naming the valid ones):
+``socket_path`` (default ``$KVNODE_SOCKET``, else libkvnode's), ``model`` (default
+``"lmcache"``), ``block_bytes`` (an object size, or a list of them; see below),
+``timeout_ms`` (per call, and how long a batch waits for a connect; default libkvnode's
+10 s), ``reconnect_interval_s`` (default 1), ``tp_rank``/``tp_size`` (default 0/1),
+``dtype`` and ``extra`` (layout discriminators, default ``"lmcache"``).
 
-Per-key results: exists and get answer a *prefix* (kvnode's MATCH / batched get): keys
-after the first miss read as missing even when stored (safe: LMCache recomputes them; its
-chunks of one request are a prefix chain anyway). set and delete give ``None``.
+Per-key answers, as LMCache's connector interface defines them: exists gives one bool per
+key (stored or not; ``[stored, missing, stored]`` -> ``[True, False, True]``), get one per
+key (copied into its memoryview or not), delete one per key (True: this call deleted it,
+False: not found), which LMCache's adapter uses to give back the key's bytes of its L2
+usage (``max_capacity_gb``). set answers for the whole batch (``per_key`` None: LMCache's
+adapter reads only ``ok`` there). kvnode's MATCH and GET answer the longest stored prefix,
+so the keys after the first miss are asked again: exists with one MATCH per key left (all
+pipelined, one round trip), get with the keys left in one more GET; delete sends one
+DELETE per key. A batch that fails (kvnoded gone, a timeout) is ``ok`` False with the error
+and ``per_key`` None.
 
-``block_bytes`` (bytes of one LMCache chunk object) sets the kvnode namespace's block size;
-when absent it is taken from the first get/set's memoryviews (exists before that answers
-all-missing). A memoryview of another size fails its batch (ok False, the error says why).
+Object sizes: any. Each size is a kvnode namespace of its own (one connection each): the
+size given as ``block_bytes`` (the first one when it is a list; when absent, the first
+size a get or set brings) uses the layout ``extra`` as given -- the namespace earlier
+versions used, so the chunks they stored stay found -- and every other size S the extra
+``<extra>;lmcache_object_bytes=<S>``. A batch of mixed sizes (other object groups,
+alignment-padded buffers) is split per size. A key lives in the namespace of the size it
+was stored with, so exists and delete ask every size known: those listed in
+``block_bytes`` and those seen since the connector started (list every size LMCache
+uses, so that a restarted connector finds them before its first set). At most 32 sizes.
 
-Keys are folded to kvnode's 64-bit keys by :func:`kvnode.fold_digests` (the whole batch in one
-call into libkvnode: an LMCache key ``model@rank@hash`` is folded from its SHA-256, as
-:func:`kvnode.fold_key` does). The next 64 bits of the digest are the key's check word, sent
-beside it whenever kvnoded honours check words (``kvnode.Client.has_check_words``): a chunk
-stored under another key whose 64-bit fold collides is then a miss (counted by the daemon in
-``keys.check_mismatches_total``), never served in its place. Against an older daemon only the
-keys are sent, with the collision chance of ``kvnode.sglang``'s docstring (about n²/2⁶⁵ for n
-stored chunks).
+Keys are the strings LMCache's native connector adapter makes of an ObjectKey,
+``<model_name>@<kv_rank as 8 hex digits>@<object_group_id in hex>@<chunk_hash in hex>``
+with ``@<cache_salt>`` appended when the key is salted; the connector does not parse them.
+They are folded to kvnode's 64-bit keys by :func:`kvnode.fold_digests` (the whole batch
+in one call into libkvnode: such a string is not a hex digest, so key and check word come
+from its SHA-256, as :func:`kvnode.fold_key` does). The check word is sent beside the key
+whenever kvnoded honours check words (``kvnode.Client.has_check_words``): a chunk stored
+under another key whose 64-bit fold collides is then a miss (counted by the daemon in
+``keys.check_mismatches_total``), never served in its place. Against an older daemon
+only the keys are sent, with the collision chance of ``kvnode.sglang``'s docstring (about
+n²/2⁶⁵ for n stored chunks).
 
-When kvnoded goes away, the batches in flight complete with ok False and the error; new
-ones fail at once (never raise) until it is back; the connector reconnects by itself (at
-most once per ``reconnect_interval_s``) and ``event_fd()`` stays the same descriptor.
-Other adapter_params: ``timeout_ms`` (per call), ``dtype`` and ``extra`` (layout
-discriminators), ``tp_rank``/``tp_size`` (default 0/1).
+Never blocking: a submit only hands requests to libkvnode's asynchronous calls (which
+send without waiting) and never connects. A connect (the first use of a size, or after
+kvnoded went away) runs on a thread of its own; the batches that need it wait for it
+at most ``timeout_ms`` and then complete with ok False (libkvnode's connect itself is
+bounded by its default timeout or ``$KVNODE_TIMEOUT_MS``, not by ``timeout_ms``: until
+it ends, new batches for that size fail at once). A submit against a paused (SIGSTOPped)
+kvnoded returns at once; its completion comes through ``event_fd`` when ``timeout_ms``
+has passed. When kvnoded goes away, the batches in flight complete with ok False and the
+error, and the connector reconnects by itself (at most once per ``reconnect_interval_s``);
+``event_fd()`` stays the same descriptor.
 """
 
 import itertools
@@ -60,42 +85,107 @@ _DISCONNECTED = (kvnode.Closed, kvnode.ConnectError, kvnode.TimedOut, kvnode.Shu
                  kvnode.IOFailure, kvnode.ProtocolError)
 _GET, _SET, _EXISTS, _DELETE = "get", "set", "exists", "delete"
 
+#: adapter_params the connector takes, with their defaults (any other key is refused).
+PARAMS = {"socket_path": None, "model": "lmcache", "block_bytes": None, "timeout_ms": None,
+          "reconnect_interval_s": 1.0, "dtype": "lmcache", "extra": "lmcache", "tp_rank": 0,
+          "tp_size": 1}
+#: libkvnode's default per-call timeout, which also bounds its connect (ms).
+_LIB_TIMEOUT_MS = 10000
+#: Object sizes one connector serves (each is a kvnode namespace and a connection).
+MAX_OBJECT_SIZES = 32
 
 _nbytes = operator.attrgetter("nbytes")
 
 
 def _sizes(views):
-    """The set of the byte sizes of views (memoryviews, or buffers)."""
+    """The byte sizes of views (memoryviews, or buffers), in order."""
     if set(map(type, views)) == {memoryview}:
-        return set(map(_nbytes, views))
-    return {memoryview(v).nbytes for v in views}
+        return list(map(_nbytes, views))
+    return [memoryview(v).nbytes for v in views]
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError("kvnode.lmcache: %s must be a positive integer, got %r" % (name, value))
+    return value
+
+
+class _Batch:
+    """One LMCache future: its keys (folded), buffers, per-key answers and the requests
+    (kvnode tickets, or waiting for a connection) not yet finished."""
+
+    __slots__ = ("fid", "op", "n", "folded", "checks", "views", "hits", "parts", "error")
+
+    def __init__(self, fid, op, n, folded, checks, views):
+        self.fid, self.op, self.n = fid, op, n
+        self.folded, self.checks, self.views = folded, checks, views
+        self.hits = [False] * n
+        self.parts = 0
+        self.error = None
+
+
+class _Space:
+    """One object size: its kvnode namespace and the connection bound to it."""
+
+    __slots__ = ("size", "layout", "client", "checks_on", "connecting", "stalled", "gen",
+                 "timer", "retry_at", "queue")
+
+    def __init__(self, size, layout):
+        self.size, self.layout = size, layout
+        self.client = None
+        self.checks_on = False      # the daemon of client honours check words
+        self.connecting = False     # a connect runs on a thread of its own
+        self.stalled = False        # ... and has not answered within timeout_ms
+        self.gen = 0                # which connect attempt is the current one
+        self.timer = None
+        self.retry_at = 0.0
+        self.queue = []             # (batch, indices) waiting for the connect
 
 
 class KvnodeL2Connector:
     """LMCache ``native_plugin`` connector backed by kvnoded (see the module docstring)."""
 
-    def __init__(self, socket_path=None, model="lmcache", block_bytes=None, timeout_ms=None,
-                 reconnect_interval_s=1.0, dtype="lmcache", extra="lmcache", tp_rank=0,
-                 tp_size=1, **_future_params):
-        if block_bytes is not None and int(block_bytes) <= 0:
-            raise ValueError("kvnode.lmcache: block_bytes must be > 0, got %r" % block_bytes)
-        if float(reconnect_interval_s) < 0:
+    def __init__(self, **adapter_params):
+        unknown = sorted(set(adapter_params) - set(PARAMS))
+        if unknown:
+            raise TypeError("kvnode.lmcache: unknown adapter_params %s; the valid ones are %s"
+                            % (", ".join(map(repr, unknown)), ", ".join(PARAMS)))
+        p = dict(PARAMS, **adapter_params)
+        sizes = p["block_bytes"]
+        if sizes is None:
+            sizes = []
+        elif isinstance(sizes, (list, tuple)):
+            sizes = [_positive_int("block_bytes[%d]" % i, s) for i, s in enumerate(sizes)]
+            if not sizes:
+                raise ValueError("kvnode.lmcache: block_bytes is an empty list")
+        else:
+            sizes = [_positive_int("block_bytes", sizes)]
+        if len(set(sizes)) > MAX_OBJECT_SIZES:
+            raise ValueError("kvnode.lmcache: block_bytes names %d sizes; at most %d"
+                             % (len(set(sizes)), MAX_OBJECT_SIZES))
+        if p["timeout_ms"] is not None:
+            _positive_int("timeout_ms", p["timeout_ms"])
+        if float(p["reconnect_interval_s"]) < 0:
             raise ValueError("kvnode.lmcache: reconnect_interval_s must be >= 0")
-        self.socket_path = socket_path or os.environ.get("KVNODE_SOCKET")
-        self.model, self.dtype, self.extra = str(model), str(dtype), str(extra)
-        self.tp_rank, self.tp_size = int(tp_rank), int(tp_size)
-        self.block_bytes = int(block_bytes) if block_bytes is not None else None
-        self.timeout_ms = timeout_ms
-        self.reconnect_interval_s = float(reconnect_interval_s)
+        self.tp_rank, self.tp_size = int(p["tp_rank"]), int(p["tp_size"])
+        if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
+            raise ValueError("kvnode.lmcache: need 0 <= tp_rank < tp_size, got tp_rank=%r "
+                             "tp_size=%r" % (p["tp_rank"], p["tp_size"]))
+        self.socket_path = p["socket_path"] or os.environ.get("KVNODE_SOCKET")
+        self.model, self.dtype, self.extra = str(p["model"]), str(p["dtype"]), str(p["extra"])
+        #: The object size whose namespace has ``extra`` as given (None: the first size seen).
+        self.block_bytes = sizes[0] if sizes else None
+        self._more_sizes = sizes[1:]
+        self.timeout_ms = p["timeout_ms"]
+        self._timeout_s = (self.timeout_ms or _LIB_TIMEOUT_MS) / 1000.0
+        self.reconnect_interval_s = float(p["reconnect_interval_s"])
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()          # client swaps, submits, ticket map
-        self._client = None
-        self._checks_on = False                # the daemon of _client honours check words
+        self._lock = threading.Lock()          # spaces, clients, ticket map, batches
+        self._spaces = {}                      # object size -> _Space
         self._retiring = []                    # cancelled clients still completing tickets
-        self._tickets = {}                     # (client id, ticket) -> (future id, op, n)
-        self._retry_at = 0.0
+        self._tickets = {}                     # (client id, ticket) -> (batch, space, indices)
         self._warned = False
-        self._done = []                        # completions made here (failed submits)
+        self._done = []                        # finished batches not yet drained
         self._done_lock = threading.Lock()
         self._drain_lock = threading.Lock()
         # event_fd() is an epoll set: readable while the local eventfd or the event fd of
@@ -131,9 +221,9 @@ class KvnodeL2Connector:
                 os.eventfd_read(self._efd)
             except BlockingIOError:
                 pass
-            with self._lock:    # the current client only while it has tickets
-                clients = ([self._client] if self._client and self._tickets else []) + \
-                    list(self._retiring)
+            with self._lock:
+                clients = [s.client for s in self._spaces.values() if s.client is not None]
+                clients += self._retiring
             for c in clients:
                 self._drain_client(c)
             with self._done_lock:
@@ -142,12 +232,18 @@ class KvnodeL2Connector:
 
     def close(self):
         """Disconnect (batches in flight are dropped)."""
-        if self._closing:
-            return
-        self._closing = True
         with self._drain_lock, self._lock:
-            clients = [self._client] + self._retiring if self._client else list(self._retiring)
-            self._client, self._retiring = None, []
+            if self._closing:
+                return
+            self._closing = True
+            clients = list(self._retiring)
+            for s in self._spaces.values():
+                if s.timer is not None:
+                    s.timer.cancel()
+                if s.client is not None:
+                    clients.append(s.client)
+                s.client, s.queue = None, []
+            self._retiring, self._tickets = [], {}
         for c in clients:
             c.close()
         self._epoll.close()
@@ -165,43 +261,29 @@ class KvnodeL2Connector:
             logger.warning("kvnode.lmcache: %s; batches fail until kvnoded is back", text)
             self._warned = True
 
-    def _connected(self, nbytes):
-        """The current client (connecting when due); None when kvnoded cannot be reached
-        or the block size is not known yet. Called with self._lock held."""
-        if self._client is not None:
-            return self._client
-        if self.block_bytes is None:
-            if nbytes is None:
+    def _space(self, size):
+        """The space of objects of size bytes (made on first use); None past
+        MAX_OBJECT_SIZES. Called with self._lock held."""
+        s = self._spaces.get(size)
+        if s is None:
+            if len(self._spaces) >= MAX_OBJECT_SIZES:
                 return None
-            self.block_bytes = nbytes
-        if time.monotonic() < self._retry_at:
-            return None
-        lay = kvnode.Layout(model=self.model, dtype=self.dtype, block_tokens=1,
-                            block_bytes=self.block_bytes, tp_size=self.tp_size,
-                            tp_rank=self.tp_rank, extra=self.extra)
-        try:
-            self._client = kvnode.Client(self.socket_path, lay, self.timeout_ms)
-        except kvnode.Error as e:
-            self._retry_at = time.monotonic() + self.reconnect_interval_s
-            self._warn("cannot connect to kvnoded: %s" % e)
-            raise
-        if self._warned:
-            logger.warning("kvnode.lmcache: reconnected to kvnoded")
-        self._warned = False
-        self._checks_on = self._client.has_check_words
-        self._epoll.register(self._client.event_fd, select.EPOLLIN)
-        return self._client
+            if self.block_bytes is None:
+                self.block_bytes = size
+            extra = self.extra if size == self.block_bytes else \
+                "%s;lmcache_object_bytes=%d" % (self.extra, size)
+            lay = kvnode.Layout(model=self.model, dtype=self.dtype, block_tokens=1,
+                                block_bytes=size, tp_size=self.tp_size, tp_rank=self.tp_rank,
+                                extra=extra)
+            s = self._spaces[size] = _Space(size, lay)
+        return s
 
-    def _retire(self, client):
-        """Stop using client (its connection is gone); called with self._lock held."""
-        if client is self._client:
-            self._client = None
-            self._retry_at = time.monotonic() + self.reconnect_interval_s
-            try:
-                client.cancel()
-            except kvnode.Error:
-                pass
-            self._retiring.append(client)
+    def _known_spaces(self):
+        """Every space a key may be in: the sizes of block_bytes and those seen so far."""
+        for size in ([self.block_bytes] if self.block_bytes is not None else []) + \
+                self._more_sizes:
+            self._space(size)
+        return list(self._spaces.values())
 
     def _submit(self, op, keys, views):
         fid = next(self._ids)
@@ -209,81 +291,229 @@ class KvnodeL2Connector:
         if self._closing:
             self._complete(fid, False, "kvnode.lmcache: the connector was closed", None)
             return fid
-        nbytes = None
+        sizes = None
         if views is not None:
             views = list(views)
             if len(views) != n:
                 self._complete(fid, False, "kvnode.lmcache: %d keys but %d memoryviews"
                                % (n, len(views)), None)
                 return fid
-            if views:
-                nbytes = memoryview(views[0]).nbytes
+            sizes = _sizes(views)
+            if n and min(sizes) == 0:
+                self._complete(fid, False, "kvnode.lmcache: memoryview %d has 0 bytes"
+                               % sizes.index(0), None)
+                return fid
         if n == 0:
-            self._complete(fid, True, "", [] if op in (_GET, _EXISTS) else None)
+            self._complete(fid, True, "", [])
             return fid
         folded, checks = kvnode.fold_digests(keys)
+        batch = _Batch(fid, op, n, folded, checks, views)
         with self._lock:
-            try:
-                c = self._connected(nbytes)
-            except kvnode.Error as e:
-                self._complete(fid, False, "kvnoded unreachable: %s" % e, None)
+            if views is None:
+                parts = [(s, None) for s in self._known_spaces()]
+                if not parts:       # no size known yet: nothing can be stored
+                    self._complete(fid, True, "", batch.hits)
+                    return fid
+            elif len(set(sizes)) == 1:
+                parts = [(self._space(sizes[0]), None)]
+            else:
+                groups = {}
+                for i, size in enumerate(sizes):
+                    groups.setdefault(size, []).append(i)
+                parts = [(self._space(size), idx) for size, idx in groups.items()]
+            if any(s is None for s, _ in parts):
+                self._complete(fid, False, "kvnode.lmcache: more than %d object sizes"
+                               % MAX_OBJECT_SIZES, None)
                 return fid
+            batch.parts = len(parts)
+            for space, idx in parts:
+                self._send(batch, space, idx)
+        return fid
+
+    def _send(self, batch, space, idx):
+        """Send the keys idx (None: all) of batch to space, or queue them while it connects
+        (a connect runs on a thread of its own, never on the caller's). Lock held."""
+        if space.client is not None:
+            self._request(batch, space, space.client, idx)
+        elif space.connecting:
+            if space.stalled:
+                self._part_done(batch, "kvnoded unreachable: the connect has not been "
+                                "answered in %d ms" % (self._timeout_s * 1000))
+            else:
+                space.queue.append((batch, idx))
+        elif time.monotonic() < space.retry_at:
+            self._part_done(batch, "kvnoded unreachable (retrying)")
+        else:
+            space.queue.append((batch, idx))
+            self._start_connect(space)
+
+    def _start_connect(self, space):
+        space.connecting, space.stalled = True, False
+        space.gen += 1
+        threading.Thread(target=self._connect, args=(space, space.gen), daemon=True,
+                         name="kvnode-lmcache-connect").start()
+        space.timer = threading.Timer(self._timeout_s, self._stall, (space, space.gen))
+        space.timer.daemon = True
+        space.timer.start()
+
+    def _connect(self, space, gen):
+        """A connect attempt (on its own thread: libkvnode's connect waits for the daemon)."""
+        c, err = None, None
+        try:
+            c = kvnode.Client(self.socket_path, space.layout, self.timeout_ms)
+        except Exception as e:  # noqa: BLE001 - reported through the batches waiting
+            err = e
+        with self._lock:
+            if space.timer is not None:
+                space.timer.cancel()
+            space.connecting = space.stalled = False
+            if self._closing or space.gen != gen:
+                if c is not None:
+                    c.close()
+                return
+            queue, space.queue = space.queue, []
             if c is None:
-                if op == _EXISTS and self.block_bytes is None:   # nothing stored yet
-                    self._complete(fid, True, "", [False] * n)
-                else:
-                    self._complete(fid, False, "kvnoded unreachable (retrying)", None)
-                return fid
-            if views is not None and _sizes(views) != {self.block_bytes}:
-                self._complete(fid, False, "kvnode.lmcache: memoryviews must have block_bytes=%d "
-                               "bytes each (set adapter_params.block_bytes to LMCache's chunk "
-                               "size)" % self.block_bytes, None)
-                return fid
-            if not self._checks_on:
-                checks = None
+                space.retry_at = time.monotonic() + self.reconnect_interval_s
+                self._warn("cannot connect to kvnoded: %s" % err)
+                for batch, _ in queue:
+                    self._part_done(batch, "kvnoded unreachable: %s: %s"
+                                    % (type(err).__name__, err))
+                return
+            if self._warned:
+                logger.warning("kvnode.lmcache: reconnected to kvnoded")
+            self._warned = False
+            space.client, space.checks_on = c, c.has_check_words
+            self._epoll.register(c.event_fd, select.EPOLLIN)
+            for batch, idx in queue:
+                self._request(batch, space, c, idx)
+
+    def _stall(self, space, gen):
+        """timeout_ms after a connect began and it has not ended: fail what waits for it."""
+        with self._lock:
+            if space.gen != gen or not space.connecting or self._closing:
+                return
+            space.stalled = True
+            queue, space.queue = space.queue, []
+            for batch, _ in queue:
+                self._part_done(batch, "kvnoded unreachable: the connect has not been "
+                                "answered in %d ms" % (self._timeout_s * 1000))
+
+    def _retire(self, space, client):
+        """Stop using client (its connection is gone). Lock held."""
+        if space.client is client:
+            space.client = None
+            space.retry_at = time.monotonic() + self.reconnect_interval_s
             try:
-                if op == _GET:
-                    t = c.submit_get(folded, views, checks=checks)
-                elif op == _SET:
-                    t = c.submit_put(folded, views, checks=checks)
-                elif op == _EXISTS:
-                    t = c.submit_match(folded, checks=checks)
+                client.cancel()
+            except kvnode.Error:
+                pass
+            self._retiring.append(client)
+
+    def _request(self, batch, space, c, idx, singles=False):
+        """Submit batch's keys idx (None: all) to client c of space: one request, or one
+        per key (a delete always, so that each key says whether it was deleted; the
+        exists of keys after a miss). Lock held."""
+        if batch.op == _DELETE:
+            singles = True
+        if singles:
+            units = [[i] for i in (range(batch.n) if idx is None else idx)]
+        else:
+            units = [idx]
+        batch.parts += len(units) - 1
+        checks = batch.checks if space.checks_on else None
+        for u in units:
+            if u is None:
+                keys, ch, pages = batch.folded, checks, batch.views
+            else:
+                keys = [batch.folded[i] for i in u]
+                ch = None if checks is None else [checks[i] for i in u]
+                pages = None if batch.views is None else [batch.views[i] for i in u]
+            try:
+                if batch.op == _GET:
+                    t = c.submit_get(keys, pages, checks=ch)
+                elif batch.op == _SET:
+                    t = c.submit_put(keys, pages, checks=ch)
+                elif batch.op == _EXISTS:
+                    t = c.submit_match(keys, checks=ch)
                 else:
-                    t = c.submit_delete(folded, checks=checks)
+                    t = c.submit_delete(keys, checks=ch)
             except Exception as e:  # noqa: BLE001 - reported through the completion
                 if isinstance(e, _DISCONNECTED):
-                    self._retire(c)
-                self._complete(fid, False, "%s: %s" % (type(e).__name__, e), None)
-                return fid
-            self._tickets[(id(c), t)] = (fid, op, n)
-            return fid
+                    self._retire(space, c)
+                self._part_done(batch, "%s: %s" % (type(e).__name__, e))
+                continue
+            self._tickets[(id(c), t)] = (batch, space, u)
+
+    def _part_done(self, batch, error=None, signal=True):
+        """One request of batch finished (with error, or None); the batch completes with
+        its last one. Lock held."""
+        if error is not None and batch.error is None:
+            batch.error = error
+        batch.parts -= 1
+        if batch.parts:
+            return
+        batch.views = None
+        if batch.error is not None:
+            item = (batch.fid, False, batch.error, None)
+        else:       # a set answers for the batch (LMCache's adapter reads only ok there)
+            item = (batch.fid, True, "", None if batch.op == _SET else batch.hits)
+        with self._done_lock:
+            self._done.append(item)
+        if signal:
+            os.eventfd_write(self._efd, 1)
+
+    def _finish(self, c, comp):
+        """A kvnode completion of client c: per-key answers, and the requests that follow
+        a prefix answer (kvnode's MATCH and GET stop at the first miss). Lock held."""
+        batch, space, u = self._tickets.pop((id(c), comp.ticket), (None, None, None))
+        if batch is None:
+            return
+        if comp.error is not None:
+            if isinstance(comp.error, _DISCONNECTED):
+                self._retire(space, c)
+                self._warn(str(comp.error))
+            self._part_done(batch, "%s: %s" % (type(comp.error).__name__, comp.error), False)
+            return
+        if batch.error is None:
+            keys = range(batch.n) if u is None else u
+            got = min(comp.count, len(keys))
+            hits = batch.hits
+            if batch.op == _DELETE:
+                if got:
+                    hits[keys[0]] = True
+            elif u is None:
+                hits[:got] = [True] * got
+            else:
+                for i in keys[:got]:
+                    hits[i] = True
+            rest = keys[got + 1:]
+            if rest and batch.op in (_GET, _EXISTS):
+                batch.parts += 1
+                if space.client is c:
+                    # exists: one MATCH per key left (one round trip, pipelined); get: the
+                    # keys left in one GET again (a miss in a load is rare)
+                    self._request(batch, space, c, list(rest), singles=batch.op == _EXISTS)
+                else:
+                    self._part_done(batch, "kvnoded connection lost", False)
+        self._part_done(batch, None, False)
 
     def _drain_client(self, c):
         """Turn c's kvnode completions into LMCache's; close c once retired and drained."""
-        try:
-            done = c.drain()
-        except kvnode.Error:
-            return
-        for comp in done:
+        while True:
+            try:
+                done = c.drain(256)
+            except kvnode.Error:
+                return
             with self._lock:
-                fid, op, n = self._tickets.pop((id(c), comp.ticket), (None, None, 0))
-                if comp.error is not None and isinstance(comp.error, _DISCONNECTED):
-                    self._retire(c)
-            if fid is None:
-                continue
-            if comp.error is not None:
-                if isinstance(comp.error, _DISCONNECTED):
-                    self._warn(str(comp.error))
-                item = (fid, False, "%s: %s" % (type(comp.error).__name__, comp.error), None)
-            elif op in (_GET, _EXISTS):
-                hit = min(comp.count, n)
-                item = (fid, True, "", [True] * hit + [False] * (n - hit))
-            else:
-                item = (fid, True, "", None)
-            with self._done_lock:
-                self._done.append(item)
+                for comp in done:
+                    self._finish(c, comp)
+            if len(done) < 256:
+                break
         with self._lock:
             if c in self._retiring and c.pending == 0:
                 self._retiring.remove(c)
-                self._epoll.unregister(c.event_fd)
+                try:
+                    self._epoll.unregister(c.event_fd)
+                except (OSError, ValueError, kvnode.Error):
+                    pass
                 c.close()

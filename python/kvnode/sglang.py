@@ -9,21 +9,55 @@ Load it in SGLang with the ``dynamic`` storage backend::
             "interface_v1": 1, "socket_path": "/run/kvnode/kvnode.sock"}'
 
 SGLang's factory builds it as ``KvnodeHiCacheStorage(storage_config, kwargs)``, one instance
-per TP rank (each in its scheduler process), then calls ``register_mem_pool_host`` with the
-host KV pool. The methods follow ``HiCacheStorage``
+per (TP, CP, PP) rank (each in its scheduler process), then calls ``register_mem_pool_host``
+with the host KV pool (for hybrid models the pool group, whose anchor pool it serves) and,
+for hybrid models, ``register_mem_host_pool_v2`` with each pool of the group (Mamba/SWA
+states, the DSA indexer). The methods follow ``HiCacheStorage``
 (``python/sglang/srt/mem_cache/hicache_storage.py``): ``batch_exists`` is the length of the
 cached prefix (kvnode's MATCH); ``batch_get_v1`` / ``batch_set_v1(keys, host_indices)`` move
-pages straight between the host pool's page buffers (``get_page_buffer_meta``: one pointer
-per page for MLA, two — K and V — otherwise) and kvnode, one batched call per component
-without a copy in Python. Neither sglang nor torch is needed to import it: the host pool is
-duck-typed (``page_size`` and ``get_page_buffer_meta``).
+pages between the host pool and kvnode by the addresses the pool's ``get_page_buffer_meta``
+gives, one batched call per namespace; ``batch_exists_v2`` / ``batch_get_v2`` /
+``batch_set_v2`` do the same for sidecar pools. Neither sglang nor torch is needed to import
+it: host pools are duck-typed (``page_size``, ``layout``, ``get_page_buffer_meta``).
 
-Namespaces. A page's K and V halves are separate buffers in SGLang's host pool, and a kvnode
-block is one contiguous buffer: each component gets its own kvnode namespace (layout
-``extra`` ``"sglang/k"``, ``"sglang/v"``; ``"sglang/kv"`` for MLA), so both move zero-copy.
-Non-MLA models get one namespace set per TP rank (``tp_rank``/``tp_size`` of the storage
-config); MLA models, whose ranks hold the same KV, share rank 0's. A page counts as cached
-when every component holds it.
+Host layouts. ``get_page_buffer_meta`` gives, per page, the pieces of that page:
+
+- ``page_first``, ``page_first_direct``, ``page_head`` (MHA): two pieces, K and V, each one
+  contiguous run of the page's bytes; MLA (``page_first``, ``page_first_direct``): one piece.
+  Each piece goes to a kvnode namespace of its own (component ``k``, ``v``; ``kv`` for MLA)
+  straight from the pool's memory, without a copy in Python.
+- ``layer_first``: one piece per layer (K and V of each layer, 2 x layers pieces for MHA;
+  layers pieces for MLA), scattered over the pool. A page is one kvnode block (component
+  ``page``): a put copies the pieces into the block's slot in the daemon's shared memory (a
+  ``write`` lease), a get copies them out of the pinned block (a ``read`` lease) - one copy
+  each way, as the zero-copy layouts.
+- Sidecar pools: each piece of a page (Mamba's temporal and conv states, ...) its own
+  namespace (components ``0``, ``1``, ...), or one block when a page has more than
+  four pieces or the pool is ``layer_first``. Zero-byte pieces are skipped.
+
+The layout is part of the namespace: pages written under one layout are never read under
+another (their bytes are ordered differently). Namespace ``extra``:
+``sglang/<component>`` for the KV pool in ``page_first`` (what earlier releases used, so
+their blocks stay found), ``sglang/<component>@<layout>`` for the others,
+``sglang/<pool>/<component>[@<layout>]`` for sidecar pools; then ``/pp<rank>-<size>`` under
+pipeline parallelism and ``/cp<rank>-<size>`` under attention context parallelism
+(``attn_cp_rank`` / ``attn_cp_size``: each CP rank holds a different slice of every page,
+so each keeps its own bytes). A page counts as cached when every namespace of its pool
+holds it.
+
+Tensor parallelism. Non-MLA KV gets a namespace set per TP rank (``tp_rank``/``tp_size``);
+MLA KV, the same on every rank, shares rank 0's (SGLang writes it from TP rank 0 only).
+Sidecar pools of an MLA model share rank 0's too, except ``mamba`` (TP-sharded, written by
+every rank); an MHA model's sidecars are per rank. Heterogeneous TP (``tp_lcm_size`` in the
+extra config): with ``should_split_heads`` (SGLang sets it for MHA ``page_head`` pools when
+``tp_lcm_size > tp_size``) each page is stored as ``tp_lcm_size // tp_size`` head groups
+(``get_split_heads_page_buffer_meta``), each in the namespace of TP rank
+``tp_rank * split + j`` of ``tp_lcm_size``, so deployments of different TP sizes share
+pages. ``should_split_heads`` with a pool that cannot split heads (not ``page_head``, no
+``get_split_heads_page_buffer_meta``, heads not divisible) is refused by
+``register_mem_pool_host`` with a ``ValueError`` naming the reason. Without it, ranks of
+different TP sizes keep separate namespaces (MLA excepted), never each other's bytes.
+Attention-DP ranks (``dp_rank``) share namespaces: the same prefix has the same KV on each.
 
 Keys. SGLang's keys are chained SHA-256 hex strings; kvnode keys are signed 64-bit
 integers. :func:`kvnode.fold_digests` folds a batch in one call into libkvnode: the key is the
@@ -39,9 +73,21 @@ words are sent, and age out of the cache.
 
 Failures never raise into the engine. While the daemon is down (or restarting) every call
 answers "not cached" / "not stored" (``batch_exists`` 0, ``get`` None, ``set`` False,
-``_v1`` lists of False), logs one warning, and reconnects on a later call (at most once per
-``reconnect_interval_s``). Leases live only for the duration of one batched copy; an engine
-process that dies mid-copy has its leases ended by the daemon when its connection closes.
+``_v1`` lists of False, ``_v2`` per-pool lists of False and a ``PoolTransferResult`` of 0),
+logs one warning, and reconnects on a later call (at most once per
+``reconnect_interval_s``). A v2 transfer naming a pool that was never registered, or with
+host indices that do not cover its keys, answers False for its keys and logs. Leases live only
+for the duration of one batched copy; an engine process that dies mid-copy has its leases ended
+by the daemon when its connection closes.
+
+Metrics. ``get_stats()`` returns SGLang's ``StorageMetrics`` (its own class when sglang is
+importable, so ``--enable-storage-metrics`` logs it): ``prefetch_pgs`` / ``backup_pgs`` (pages
+per ``batch_get_v1`` / ``batch_set_v1`` call) and ``prefetch_bandwidth`` /
+``backup_bandwidth`` (GB/s per call) since the previous ``get_stats``, plus kvnode's counters
+since start as attributes: ``hits`` / ``misses`` (pages ``batch_exists`` found / did not),
+``pages_read`` / ``pages_written``, ``bytes_read`` / ``bytes_written``, ``failed_calls``, and
+the latencies (ms) since the previous call in ``exists_latency_ms``, ``get_latency_ms``,
+``set_latency_ms``. At most 4096 samples of each list are kept between two calls.
 
 Options (the extra-config JSON, or the factory's ``kwargs``): ``socket_path`` (default
 ``$KVNODE_SOCKET``, else ``/run/kvnode/kvnode.sock``), ``timeout_ms`` (per call, default
@@ -49,12 +95,17 @@ libkvnode's 10 s), ``reconnect_interval_s`` (default 1.0), ``model`` (default th
 config's ``model_name``), ``dtype`` (a layout discriminator, default ``"sglang"``).
 """
 
+import collections
+import ctypes
+import dataclasses
+import importlib
 import logging
 import os
 import threading
 import time
 
 import kvnode
+from .pages import _Pages
 
 try:  # subclass SGLang's base when it is there (its factory may check it)
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
@@ -69,6 +120,11 @@ _DISCONNECTED = (kvnode.Closed, kvnode.ConnectError, kvnode.TimedOut, kvnode.Shu
                  kvnode.IOFailure, kvnode.ProtocolError)
 fold_key = kvnode.fold_key
 
+KV_POOL = "kv"                   # SGLang's PoolName.KV
+DEFAULT_LAYOUT = "page_first"    # the layout whose namespaces carry no layout suffix
+MAX_ZERO_COPY_PIECES = 4         # more pieces per page than this: one gathered block
+MAX_SAMPLES = 4096               # metric samples kept between two get_stats calls
+
 
 class _Indices(list):
     """Token indices for get_page_buffer_meta when probing the pool (torch-free)."""
@@ -76,24 +132,30 @@ class _Indices(list):
     def tolist(self):
         return list(self)
 
+    def numel(self):
+        return len(self)
 
-class _Conn:
-    """The clients of one connection generation (one per page component)."""
 
-    def __init__(self, clients):
-        self.clients = clients
-        self.users = 0
-        self.retired = False
-        # Check words go with every key when the daemon honours them (all clients share it).
-        self.checks = all(c.has_check_words for c in clients)
+def _name(value):
+    """A pool name or hit policy as its string (SGLang's are str enums)."""
+    return str(getattr(value, "value", value))
 
-    def words(self, checks):
-        """checks (a batch's check words) when this connection sends them, else None."""
-        return checks if self.checks else None
 
-    def close(self):
-        for c in self.clients:
-            c.close()
+def _numel(indices):
+    numel = getattr(indices, "numel", None)
+    return int(numel()) if callable(numel) else len(indices)
+
+
+def _sizes(sizes, count):
+    """get_page_buffer_meta's sizes as a list (some pools give one int for all)."""
+    if isinstance(sizes, int):
+        return [sizes] * count
+    return [int(s) for s in sizes]
+
+
+def _slice(array, lo, hi):
+    """Items [lo, hi) of a ctypes array, over the same memory."""
+    return (array._type_ * (hi - lo)).from_buffer(array, lo * ctypes.sizeof(array._type_))
 
 
 def _get(obj, name, default=None):
@@ -102,6 +164,276 @@ def _get(obj, name, default=None):
     if isinstance(obj, dict):
         return obj.get(name, default)
     return getattr(obj, name, default)
+
+
+_sglang_classes = {}
+
+
+def _sglang_class(module, name):
+    """SGLang's module.name, or None without sglang (looked up once)."""
+    key = (module, name)
+    if key not in _sglang_classes:
+        try:
+            _sglang_classes[key] = getattr(importlib.import_module(module), name)
+        except Exception:  # noqa: BLE001 - no sglang: our own stand-in
+            _sglang_classes[key] = None
+    return _sglang_classes[key]
+
+
+@dataclasses.dataclass
+class PoolTransferResult:
+    """Stand-in for SGLang's PoolTransferResult when sglang is not importable."""
+    kv_hit_pages: int
+    extra_pool_hit_pages: dict
+
+
+@dataclasses.dataclass
+class StorageMetrics:
+    """Stand-in for SGLang's StorageMetrics when sglang is not importable."""
+    prefetch_pgs: list = dataclasses.field(default_factory=list)
+    backup_pgs: list = dataclasses.field(default_factory=list)
+    prefetch_bandwidth: list = dataclasses.field(default_factory=list)
+    backup_bandwidth: list = dataclasses.field(default_factory=list)
+
+
+def _result_class():
+    return _sglang_class("sglang.srt.mem_cache.hicache_storage",
+                         "PoolTransferResult") or PoolTransferResult
+
+
+def _metrics_class():
+    for module in ("sglang.srt.observability.metrics_collector", "sglang.srt.metrics.collector"):
+        cls = _sglang_class(module, "StorageMetrics")
+        if cls is not None:
+            return cls
+    return StorageMetrics
+
+
+class _Plan:
+    """How one host pool's pages map onto kvnode namespaces: the pieces
+    get_page_buffer_meta gives per page, and which namespace (component) each goes to."""
+
+    def __init__(self, pool_name, host_pool, ranks, split=1, mla=False):
+        self.name = pool_name
+        self.pool = host_pool
+        self.page_size = int(host_pool.page_size)
+        if self.page_size <= 0:
+            raise ValueError("kvnode.sglang: pool %r has page_size %d"
+                             % (pool_name, self.page_size))
+        self.layout = str(getattr(host_pool, "layout", None) or DEFAULT_LAYOUT)
+        self.split = split
+        try:
+            ptrs, sizes = self.meta(_Indices(range(self.page_size)))
+            sizes = _sizes(sizes, len(ptrs))
+        except Exception as e:  # noqa: BLE001 - e.g. SGLang's own "Unsupported layout"
+            raise ValueError("kvnode.sglang: host pool %r (layout %s) gives no page addresses: "
+                             "%s: %s" % (pool_name, self.layout, type(e).__name__, e)) from e
+        self.pieces = len(ptrs)         # per page
+        if self.pieces == 0 or len(sizes) != self.pieces or min(sizes) < 0:
+            raise ValueError("kvnode.sglang: pool %r (%s) gave %d pointers and %d sizes for one "
+                             "page" % (pool_name, self.layout, len(ptrs), len(sizes)))
+        if sum(sizes) == 0:
+            raise ValueError("kvnode.sglang: pool %r (%s) has pages of 0 bytes"
+                             % (pool_name, self.layout))
+        self.piece_sizes = sizes
+        self.gather = self.layout == "layer_first" or self.pieces > MAX_ZERO_COPY_PIECES
+        if self.gather:
+            # The block holds the pieces in SGLang's flat-page order (get_data_page): for MHA
+            # every layer's K, then every layer's V (the pool gives K0, V0, K1, V1, ...).
+            order = list(range(self.pieces))
+            if pool_name == KV_POOL and not mla and self.pieces % 2 == 0:
+                order = order[0::2] + order[1::2]
+            offs, total = [0] * self.pieces, 0
+            for j in order:
+                offs[j] = total
+                total += sizes[j]
+            self.piece_offsets = offs
+            self.used = []
+            self.components = [("page", total) + ranks[0]]
+            self.flat_offsets = [0]
+        else:
+            self.used = [j for j, s in enumerate(sizes) if s > 0]    # zero-byte pieces skipped
+            if pool_name == KV_POOL and split > 1:
+                names = ["k", "v"] * split
+            elif pool_name == KV_POOL and self.pieces == 1:
+                names = ["kv"]
+            elif pool_name == KV_POOL and self.pieces == 2:
+                names = ["k", "v"]
+            else:
+                names = [str(j) for j in range(self.pieces)]
+            self.components = [(names[j], sizes[j]) + ranks[j * len(ranks) // self.pieces]
+                               for j in self.used]
+            # Where each component sits in SGLang's flat page (get_data_page): in order, but
+            # with split heads all K head groups come before all V ones.
+            order = self.used
+            if split > 1:
+                order = [j for j in self.used if j % 2 == 0] + [j for j in self.used if j % 2]
+            at, total = {}, 0
+            for j in order:
+                at[j] = total
+                total += sizes[j]
+            self.flat_offsets = [at[j] for j in self.used]
+
+    def meta(self, indices):
+        if self.split > 1:
+            return self.pool.get_split_heads_page_buffer_meta(indices, self.split)
+        return self.pool.get_page_buffer_meta(indices)
+
+    @property
+    def page_bytes(self):
+        return sum(self.piece_sizes)
+
+    def layouts(self, model, dtype, suffix):
+        pool = "" if self.name == KV_POOL else self.name + "/"
+        at = "" if self.layout == DEFAULT_LAYOUT else "@" + self.layout
+        return [kvnode.Layout(model=model, dtype=dtype, block_tokens=self.page_size,
+                              block_bytes=nbytes, tp_size=size, tp_rank=rank,
+                              extra="sglang/%s%s%s%s" % (pool, comp, at, suffix))
+                for comp, nbytes, size, rank in self.components]
+
+    def pointers(self, n, host_indices):
+        """The page addresses at host_indices (n pages): a flat list, pieces per page."""
+        if _numel(host_indices) != n * self.page_size:
+            raise ValueError("kvnode.sglang: pool %r: %d keys but %d host indices (page size %d)"
+                             % (self.name, n, _numel(host_indices), self.page_size))
+        ptrs, _ = self.meta(host_indices)
+        if len(ptrs) != n * self.pieces:
+            raise ValueError("kvnode.sglang: pool %r: %d keys but %d page pointers (%d per page)"
+                             % (self.name, n, len(ptrs), self.pieces))
+        return ptrs if type(ptrs) is list else list(ptrs)
+
+    # Each takes the clients of this pool's namespaces (one per component), the folded keys
+    # and the connection's check words (None when it sends none).
+
+    def match(self, clients, folded, words):
+        hit = len(folded)
+        for c in clients:       # each next namespace: of what the previous ones hold
+            hit = c.match(kvnode.prefix(folded, hit), words and kvnode.prefix(words, hit))
+            if hit == 0:
+                break
+        return hit
+
+    def get(self, clients, folded, words, host_indices):
+        """Read the cached prefix into the pages; how many pages were read."""
+        n = len(folded)
+        ptrs = self.pointers(n, host_indices)
+        if self.gather:
+            return self._gather_get(clients[0], folded, words, ptrs)
+        hit = n
+        for c, j in zip(clients, self.used):
+            p = ptrs[j::self.pieces]
+            hit = c.get_batch(kvnode.prefix(folded, hit), p if hit == n else p[:hit],
+                              checks=words and kvnode.prefix(words, hit))
+            if hit == 0:
+                break
+        return hit
+
+    def put(self, clients, folded, words, host_indices):
+        ptrs = self.pointers(len(folded), host_indices)
+        if self.gather:
+            return self._gather_put(clients[0], folded, words, ptrs)
+        for c, j in zip(clients, self.used):
+            c.put_batch(folded, ptrs[j::self.pieces], checks=words)
+
+    def _gather_get(self, client, folded, words, ptrs):
+        m, sizes, offs = self.pieces, self.piece_sizes, self.piece_offsets
+        memmove = ctypes.memmove
+        with client.read(folded, checks=words) as blocks:
+            got = len(blocks)
+            if got:
+                held = _Pages(blocks, got, 0, False, False)     # the blocks' addresses
+                try:
+                    for i in range(got):
+                        src, base = held.array[i], i * m
+                        for j in range(m):
+                            if sizes[j]:
+                                memmove(ptrs[base + j], src + offs[j], sizes[j])
+                finally:
+                    held.release()
+        return got
+
+    def _gather_put(self, client, folded, words, ptrs):
+        m, sizes, offs = self.pieces, self.piece_sizes, self.piece_offsets
+        memmove = ctypes.memmove
+        with client.write(folded, checks=words) as slots:
+            for i, slot in enumerate(slots):
+                if slot is None:        # already stored
+                    continue
+                view = ctypes.c_char.from_buffer(slot)
+                dst, base = ctypes.addressof(view), i * m
+                for j in range(m):
+                    if sizes[j]:
+                        memmove(dst + offs[j], ptrs[base + j], sizes[j])
+                del view        # the slot's buffer is given back before the lease commits
+
+
+class _Conn:
+    """The clients of one connection generation: per pool, one per namespace."""
+
+    def __init__(self, pools):
+        self.pools = pools              # pool name -> [Client]
+        self.clients = pools.get(KV_POOL, [])     # the KV pool's
+        self.users = 0
+        self.retired = False
+        every = [c for cs in pools.values() for c in cs]
+        # Check words go with every key when the daemon honours them (all clients share it).
+        self.checks = all(c.has_check_words for c in every)
+
+    def words(self, checks):
+        """checks (a batch's check words) when this connection sends them, else None."""
+        return checks if self.checks else None
+
+    def close(self):
+        for cs in self.pools.values():
+            for c in cs:
+                c.close()
+
+
+class _Stats:
+    """What get_stats reports: SGLang's per-call samples (drained by each get_stats) and
+    kvnode's counters since start."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.samples = {k: collections.deque(maxlen=MAX_SAMPLES) for k in (
+            "prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth",
+            "exists_latency_ms", "get_latency_ms", "set_latency_ms")}
+        self.counters = dict(hits=0, misses=0, pages_read=0, pages_written=0, bytes_read=0,
+                             bytes_written=0, failed_calls=0)
+
+    def exists(self, hit, n, seconds):
+        with self.lock:
+            self.counters["hits"] += hit
+            self.counters["misses"] += n - hit
+            self.samples["exists_latency_ms"].append(seconds * 1e3)
+
+    def moved(self, kind, pages, nbytes, seconds, v1):
+        """kind "get" or "set"; v1: a KV-pool page call (what SGLang's histograms show)."""
+        with self.lock:
+            self.counters["pages_read" if kind == "get" else "pages_written"] += pages
+            self.counters["bytes_read" if kind == "get" else "bytes_written"] += nbytes
+            self.samples[kind + "_latency_ms"].append(seconds * 1e3)
+            if v1:
+                pre = "prefetch" if kind == "get" else "backup"
+                self.samples[pre + "_pgs"].append(pages)
+                self.samples[pre + "_bandwidth"].append(nbytes / max(seconds, 1e-9) / 1e9)
+
+    def failed(self):
+        with self.lock:
+            self.counters["failed_calls"] += 1
+
+    def drain(self, cls):
+        with self.lock:
+            lists = {k: list(v) for k, v in self.samples.items()}
+            for v in self.samples.values():
+                v.clear()
+            counters = dict(self.counters)
+        metrics = cls(prefetch_pgs=lists.pop("prefetch_pgs"), backup_pgs=lists.pop("backup_pgs"),
+                      prefetch_bandwidth=lists.pop("prefetch_bandwidth"),
+                      backup_bandwidth=lists.pop("backup_bandwidth"))
+        for k, v in list(counters.items()) + list(lists.items()):
+            setattr(metrics, k, v)
+        return metrics
 
 
 class KvnodeHiCacheStorage(_Base):
@@ -125,51 +457,144 @@ class KvnodeHiCacheStorage(_Base):
         self.tp_size = int(_get(storage_config, "tp_size", 1) or 1)
         self.pp_rank = int(_get(storage_config, "pp_rank", 0) or 0)
         self.pp_size = int(_get(storage_config, "pp_size", 1) or 1)
+        self.cp_rank = int(_get(storage_config, "attn_cp_rank", 0) or 0)
+        self.cp_size = int(_get(storage_config, "attn_cp_size", 1) or 1)
+        self.tp_lcm_size = _get(storage_config, "tp_lcm_size")
+        self.should_split_heads = bool(_get(storage_config, "should_split_heads", False))
+        for what, rank, size in (("tp", self.tp_rank, self.tp_size),
+                                 ("pp", self.pp_rank, self.pp_size),
+                                 ("attn_cp", self.cp_rank, self.cp_size)):
+            if size < 1 or not 0 <= rank < size:
+                raise ValueError("kvnode.sglang: %s_rank %d with %s_size %d: the rank must be in "
+                                 "[0, size)" % (what, rank, what, size))
+        if self.tp_lcm_size is not None:
+            self.tp_lcm_size = int(self.tp_lcm_size)
+            if self.tp_lcm_size < 1 or self.tp_lcm_size % self.tp_size:
+                raise ValueError("kvnode.sglang: tp_lcm_size %d is not a multiple of tp_size %d"
+                                 % (self.tp_lcm_size, self.tp_size))
+        if self.should_split_heads and self.is_mla:
+            raise ValueError("kvnode.sglang: should_split_heads with an MLA model: MLA KV is the "
+                             "same on every TP rank and has no heads to split")
+        if self.should_split_heads and not self.tp_lcm_size:
+            raise ValueError("kvnode.sglang: should_split_heads needs tp_lcm_size")
         self.mem_pool_host = None
+        self.registered_pools = {}
+        self._plans = {}                # pool name -> _Plan, the KV pool first
         self.page_size = 0
-        self.component_bytes = []   # bytes of each component of one page (K, V) or (KV,)
+        self.component_bytes = []       # bytes of each KV namespace's block, in order
         self._lock = threading.Lock()
         self._conn = None
         self._retry_at = 0.0
         self._warned = False
         self._next_error_log = 0.0
+        self._stats = _Stats()
+        self._metrics_cls = None
 
-    # ------------------------------------------------------------ pool and connection
+    # ------------------------------------------------------------ pools and connection
+
+    def _ranks(self, pool_name, split):
+        """(tp_size, tp_rank) of each namespace group of a pool's pages."""
+        if pool_name == KV_POOL and split > 1:
+            return [(self.tp_lcm_size, self.tp_rank * split + j) for j in range(split)]
+        replicated = self.is_mla and pool_name != "mamba"     # Mamba state is TP-sharded
+        return [(1, 0) if replicated else (self.tp_size, self.tp_rank)]
+
+    def _plan(self, pool_name, host_pool):
+        split = 1
+        if pool_name == KV_POOL and self.should_split_heads:
+            split = self.tp_lcm_size // self.tp_size
+            layout = getattr(host_pool, "layout", None)
+            if layout != "page_head":
+                raise ValueError("kvnode.sglang: should_split_heads (tp_lcm_size %d, tp_size %d) "
+                                 "needs the page_head host layout, the pool is %r"
+                                 % (self.tp_lcm_size, self.tp_size, layout))
+            if not callable(getattr(host_pool, "get_split_heads_page_buffer_meta", None)):
+                raise ValueError("kvnode.sglang: should_split_heads, but the host pool (%s) has "
+                                 "no get_split_heads_page_buffer_meta"
+                                 % type(host_pool).__name__)
+            heads = getattr(host_pool, "head_num", None)
+            if heads is not None and int(heads) % split:
+                raise ValueError("kvnode.sglang: should_split_heads: %d heads do not split in %d "
+                                 "groups (tp_lcm_size %d / tp_size %d)"
+                                 % (heads, split, self.tp_lcm_size, self.tp_size))
+        ranks = self._ranks(pool_name, split)
+        plan = _Plan(pool_name, host_pool, ranks, split, self.is_mla)
+        if pool_name == KV_POOL and not plan.gather and plan.pieces == 1:
+            # One piece per page is MLA's shape: ranks share rank 0's namespace.
+            self.is_mla = True
+            plan = _Plan(pool_name, host_pool, self._ranks(pool_name, split), split, True)
+        return plan
+
+    def _install(self, pool_name, plan):
+        """Make plan the pool's; a connection made without it is retired (the next call
+        reconnects with every namespace)."""
+        close = None
+        with self._lock:
+            self._plans[pool_name] = plan
+            if pool_name == KV_POOL:    # the KV pool first
+                self._plans = dict([(KV_POOL, plan)] + [(k, v) for k, v in self._plans.items()
+                                                          if k != KV_POOL])
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.retired = True
+                close = conn if conn.users == 0 else None
+        if close is not None:
+            close.close()
 
     def register_mem_pool_host(self, mem_pool_host):
-        """Take the host pool; its page geometry sets the kvnode layouts."""
+        """Take the host KV pool; its page geometry and layout set the kvnode namespaces.
+        Raises ValueError (refusing the attach) for a pool or TP setup it cannot serve.
+        A hybrid model's pool group (HostPoolGroup: ``anchor_entry``, ``entries``) stands
+        for its anchor pool here; the others come through register_mem_host_pool_v2."""
+        anchor = getattr(getattr(mem_pool_host, "anchor_entry", None), "host_pool", None)
+        plan = self._plan(KV_POOL, anchor if anchor is not None else mem_pool_host)
         self.mem_pool_host = mem_pool_host
-        self.page_size = int(mem_pool_host.page_size)
-        ptrs, sizes = mem_pool_host.get_page_buffer_meta(_Indices(range(self.page_size)))
-        if len(ptrs) not in (1, 2) or len(sizes) != len(ptrs):
-            raise ValueError("kvnode.sglang: get_page_buffer_meta gave %d pointers and %d sizes "
-                             "for one page; expected 1 (MLA) or 2 (K, V)" % (len(ptrs), len(sizes)))
-        self.component_bytes = [int(s) for s in sizes]
-        if len(ptrs) == 1:
-            self.is_mla = True
+        self.page_size = plan.page_size
+        self.component_bytes = [nbytes for _, nbytes, _, _ in plan.components]
+        self._install(KV_POOL, plan)
+
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name):
+        """Take a host pool the v2 calls name (SGLang registers each of the hybrid pool's
+        entries, the KV pool among them)."""
+        name = _name(host_pool_name)
+        self.registered_pools[host_pool_name] = host_pool
+        if name == KV_POOL:
+            if self.mem_pool_host is None:
+                self.register_mem_pool_host(host_pool)
+            return
+        self._install(name, self._plan(name, host_pool))
 
     def _layouts(self):
-        names = ["kv"] if len(self.component_bytes) == 1 else ["k", "v"]
-        rank, size = (0, 1) if self.is_mla else (self.tp_rank, self.tp_size)
-        extra = "sglang/%s" + ("/pp%d-%d" % (self.pp_rank, self.pp_size) if self.pp_size > 1 else "")
-        return [kvnode.Layout(model=self.model, dtype=self.dtype, block_tokens=self.page_size,
-                              block_bytes=nbytes, tp_size=size, tp_rank=rank, extra=extra % name)
-                for name, nbytes in zip(names, self.component_bytes)]
+        """Every namespace's layout, the KV pool's first."""
+        return [lay for lays in self._pool_layouts().values() for lay in lays]
+
+    def _pool_layouts(self):
+        suffix = ""
+        if self.pp_size > 1:
+            suffix += "/pp%d-%d" % (self.pp_rank, self.pp_size)
+        if self.cp_size > 1:
+            suffix += "/cp%d-%d" % (self.cp_rank, self.cp_size)
+        return {name: plan.layouts(self.model, self.dtype, suffix)
+                for name, plan in self._plans.items()}
 
     def _acquire(self):
         """The current connection (connecting when due), counted as in use; None while the
         daemon cannot be reached."""
         with self._lock:
             if self._conn is None:
-                if not self.component_bytes or time.monotonic() < self._retry_at:
+                if not self._plans or time.monotonic() < self._retry_at:
                     return None
-                clients = []
+                clients = {}
                 try:
-                    for lay in self._layouts():
-                        clients.append(kvnode.Client(self.socket_path, lay, self.timeout_ms))
+                    for name, lays in self._pool_layouts().items():
+                        clients[name] = []
+                        for lay in lays:
+                            clients[name].append(kvnode.Client(self.socket_path, lay,
+                                                               self.timeout_ms))
                 except kvnode.Error as e:
-                    for c in clients:
-                        c.close()
+                    for cs in clients.values():
+                        for c in cs:
+                            c.close()
                     self._retry_at = time.monotonic() + self.reconnect_interval_s
                     self._warn("cannot connect to kvnoded: %s" % e)
                     return None
@@ -190,23 +615,28 @@ class KvnodeHiCacheStorage(_Base):
                 self._conn = None
                 conn.retired = True
                 self._retry_at = time.monotonic() + self.reconnect_interval_s
-                for c in conn.clients:
-                    try:
-                        c.cancel()
-                    except kvnode.Error:
-                        pass
+                for cs in conn.pools.values():
+                    for c in cs:
+                        try:
+                            c.cancel()
+                        except kvnode.Error:
+                            pass
             close = conn.retired and conn.users == 0
+        if error is not None:
+            self._stats.failed()
         if isinstance(error, _DISCONNECTED):
             self._warn("%s: %s" % (type(error).__name__, error))
         elif error is not None:     # e.g. NoSpace: this call failed, the connection is fine
-            now = time.monotonic()
-            if now >= self._next_error_log:
-                self._next_error_log = now + 10.0
-                logger.warning("kvnode.sglang: a call failed (%s: %s); it answered 'not cached' "
-                               "/ 'not stored' (logged at most every 10 s)",
-                               type(error).__name__, error)
+            self._log_error("a call failed (%s: %s); it answered 'not cached' / 'not stored'"
+                            % (type(error).__name__, error))
         if close:
             conn.close()
+
+    def _log_error(self, text):
+        now = time.monotonic()
+        if now >= self._next_error_log:
+            self._next_error_log = now + 10.0
+            logger.warning("kvnode.sglang: %s (logged at most every 10 s)", text)
 
     def _warn(self, text):
         if not self._warned:
@@ -239,37 +669,54 @@ class KvnodeHiCacheStorage(_Base):
     # ------------------------------------------------------------ prefix
 
     def batch_exists(self, keys, extra_info=None):
-        """Length of the cached prefix of ``keys`` (every component present)."""
+        """Length of the cached prefix of ``keys`` (every KV namespace holding it)."""
         if not keys:
             return 0
-        folded, checks = kvnode.fold_digests(keys)
-
-        def match(conn):
-            words = conn.words(checks)
-            first, *rest = conn.clients
-            hit = first.match(folded, words)
-            for c in rest:          # V of what K holds (a prefix of a prefix)
-                if hit == 0:
-                    break
-                hit = c.match(kvnode.prefix(folded, hit), words and kvnode.prefix(words, hit))
-            return hit
-        return self._run(match, 0)
+        t0 = time.perf_counter()
+        try:
+            folded, checks = kvnode.fold_digests(keys)
+        except Exception as e:  # noqa: BLE001 - nothing may escape into the engine
+            self._log_error("batch_exists: %s" % e)
+            return 0
+        plan = self._plans.get(KV_POOL)
+        if plan is None:
+            return 0
+        hit = self._run(lambda conn: plan.match(conn.pools[KV_POOL], folded,
+                                                conn.words(checks)), 0)
+        self._stats.exists(hit, len(keys), time.perf_counter() - t0)
+        return hit
 
     def exists(self, key):
         return self.batch_exists([key]) == 1
 
     # ------------------------------------------------------------ zero-copy page paths
 
-    def _page_pointers(self, keys, host_indices):
-        """Per component, the page addresses (a list of ints) of the pool at host_indices."""
-        ptrs, _ = self.mem_pool_host.get_page_buffer_meta(host_indices)
-        ncomp = len(self.component_bytes)
-        if len(ptrs) != len(keys) * ncomp:
-            raise ValueError("kvnode.sglang: %d keys but %d page pointers (%d per page)"
-                             % (len(keys), len(ptrs), ncomp))
-        if ncomp == 1:
-            return [ptrs if type(ptrs) is list else list(ptrs)]
-        return [list(ptrs[j::ncomp]) for j in range(ncomp)]
+    def _transfer(self, kind, pool_name, keys, host_indices, v1):
+        """get or set the pages of keys at host_indices of one pool; how many pages (a
+        prefix for get; all or none for set). Never raises."""
+        n = len(keys)
+        plan = self._plans.get(pool_name)
+        if plan is None:
+            self._log_error("no host pool %r registered; its %d pages answer False"
+                            % (pool_name, n))
+            return 0
+        t0 = time.perf_counter()
+        try:
+            folded, checks = kvnode.fold_digests(keys)
+        except Exception as e:  # noqa: BLE001
+            self._log_error("%s: %s" % (kind, e))
+            return 0
+
+        def get(conn):
+            return plan.get(conn.pools[pool_name], folded, conn.words(checks), host_indices)
+
+        def put(conn):
+            plan.put(conn.pools[pool_name], folded, conn.words(checks), host_indices)
+            return n
+        done = self._run(get if kind == "get" else put, 0)
+        if done:
+            self._stats.moved(kind, done, done * plan.page_bytes, time.perf_counter() - t0, v1)
+        return done
 
     def batch_get_v1(self, keys, host_indices, extra_info=None):
         """Read the cached prefix of ``keys`` into the host pool pages at ``host_indices``;
@@ -277,45 +724,113 @@ class KvnodeHiCacheStorage(_Base):
         n = len(keys)
         if n == 0:
             return []
-        folded, checks = kvnode.fold_digests(keys)
-
-        def get(conn):
-            words = conn.words(checks)
-            hit = n
-            for c, ptrs in zip(conn.clients, self._page_pointers(keys, host_indices)):
-                if hit < n:         # the next component reads what the previous one had
-                    hit = c.get_batch(kvnode.prefix(folded, hit), ptrs[:hit],
-                                      checks=words and kvnode.prefix(words, hit))
-                else:
-                    hit = c.get_batch(folded, ptrs, checks=words)
-                if hit == 0:
-                    break
-            return [True] * hit + [False] * (n - hit)
-        return self._run(get, [False] * n)
+        hit = self._transfer("get", KV_POOL, keys, host_indices, True)
+        return [True] * hit + [False] * (n - hit)
 
     def batch_set_v1(self, keys, host_indices, extra_info=None):
         """Store the host pool pages at ``host_indices`` under ``keys``; a list of bools."""
         n = len(keys)
         if n == 0:
             return []
-        folded, checks = kvnode.fold_digests(keys)
+        return [self._transfer("set", KV_POOL, keys, host_indices, True) == n] * n
 
-        def put(conn):
+    # ------------------------------------------------------------ v2: hybrid pools
+
+    def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
+        """The usable prefix of ``keys``: KV pages present, clamped by each transfer's pool
+        (``all_pages``: every page of the prefix; ``trailing_pages``: the last
+        ``len(transfer.keys)`` pages of it). A ``PoolTransferResult``; never raises."""
+        result = _result_class()
+        try:
+            kv_hit = self.batch_exists(keys, extra_info) if keys else 0
+            hits = {self._kv_name(): kv_hit} if kv_hit else {}
+            final = kv_hit
+            for transfer in pool_transfers or []:
+                if final == 0:
+                    break
+                boundary = self._pool_boundary(transfer, keys, kv_hit)
+                if boundary:
+                    hits[transfer.name] = boundary
+                final = min(final, boundary)
+            return result(final, hits)
+        except Exception as e:  # noqa: BLE001 - nothing may escape into the engine
+            self._log_error("batch_exists_v2: %s: %s" % (type(e).__name__, e))
+            return result(0, {})
+
+    @staticmethod
+    def _kv_name():
+        enum = _sglang_class("sglang.srt.mem_cache.hicache_storage", "PoolName")
+        return enum.KV if enum is not None else KV_POOL
+
+    def _pool_boundary(self, transfer, keys, kv_hit):
+        """How much of the KV prefix keys[:kv_hit] transfer's pool can serve."""
+        name = _name(transfer.name)
+        plan = self._plans.get(name)
+        if plan is None:
+            self._log_error("batch_exists_v2: no host pool %r registered" % name)
+            return 0
+        folded, checks = kvnode.fold_digests(keys[:kv_hit])
+
+        def present(conn, lo, hi):       # pages [lo, hi) all there
             words = conn.words(checks)
-            for c, ptrs in zip(conn.clients, self._page_pointers(keys, host_indices)):
-                c.put_batch(folded, ptrs, checks=words)
-            return [True] * n
-        return self._run(put, [False] * n)
+            return plan.match(conn.pools[name], _slice(folded, lo, hi),
+                              words and _slice(words, lo, hi)) == hi - lo
+
+        if _name(transfer.hit_policy) != "trailing_pages":
+            return self._run(lambda conn: plan.match(conn.pools[name], folded,
+                                                     conn.words(checks)), 0)
+        trailing = max(1, len(transfer.keys) if transfer.keys else 1)
+
+        def longest(conn):
+            for end in range(kv_hit, 0, -1):
+                if present(conn, max(0, end - trailing), end):
+                    return end
+            return 0
+        return self._run(longest, 0)
+
+    def _batch_v2(self, kind, transfers):
+        results = {}
+        for transfer in transfers or []:
+            keys = list(transfer.keys or [])
+            n = len(keys)
+            try:
+                name = _name(transfer.name)
+                indices = transfer.host_indices
+                plan = self._plans.get(name)
+                if indices is None or (plan is not None
+                                       and _numel(indices) != n * plan.page_size):
+                    self._log_error("batch_%s_v2: pool %r: %d keys but %s host indices"
+                                    % (kind, name, n, None if indices is None else
+                                       _numel(indices)))
+                    done = 0
+                elif n == 0:
+                    done = 0
+                else:
+                    done = self._transfer(kind, name, keys, indices, False)
+            except Exception as e:  # noqa: BLE001 - nothing may escape into the engine
+                self._log_error("batch_%s_v2: %s: %s" % (kind, type(e).__name__, e))
+                done = 0
+            if kind == "set":
+                done = n if done == n else 0
+            results[transfer.name] = [True] * done + [False] * (n - done)
+        return results
+
+    def batch_get_v2(self, transfers, extra_info=None):
+        """Read each transfer's pages (its pool's pages at its host indices); per pool name,
+        a list of bools (a prefix of True). Never raises."""
+        return self._batch_v2("get", transfers)
+
+    def batch_set_v2(self, transfers, extra_info=None):
+        """Store each transfer's pages; per pool name, a list of bools. Never raises."""
+        return self._batch_v2("set", transfers)
 
     # ------------------------------------------------------------ flat-page paths
 
     def _components(self, page):
         """The per-component pieces of one flat page (K bytes then V bytes): addresses for
         an int or a tensor, memoryview slices for a buffer."""
-        offs, total = [], 0
-        for nbytes in self.component_bytes:
-            offs.append(total)
-            total += nbytes
+        offs = self._plans[KV_POOL].flat_offsets
+        total = sum(self.component_bytes)
         if isinstance(page, int):
             return [page + o for o in offs]
         if callable(getattr(page, "data_ptr", None)):
@@ -324,6 +839,9 @@ class KvnodeHiCacheStorage(_Base):
         if mv.nbytes < total:
             raise ValueError("a page of %d bytes, expected %d" % (mv.nbytes, total))
         return [mv[o:o + nb] for o, nb in zip(offs, self.component_bytes)]
+
+    def _flat_clients(self, conn):
+        return conn.pools[KV_POOL]
 
     def batch_get(self, keys, target_locations=None, target_sizes=None):
         """Pages of ``keys`` (a prefix): each into ``target_locations[i]`` (a flat page
@@ -341,7 +859,7 @@ class KvnodeHiCacheStorage(_Base):
             words = conn.words(checks)
             pieces = [self._components(t) for t in targets]
             hit = n
-            for j, c in enumerate(conn.clients):
+            for j, c in enumerate(self._flat_clients(conn)):
                 hit = c.get_batch(kvnode.prefix(folded, hit), [p[j] for p in pieces[:hit]],
                                   checks=words and kvnode.prefix(words, hit))
                 if hit == 0:
@@ -370,7 +888,7 @@ class KvnodeHiCacheStorage(_Base):
         def put(conn):
             words = conn.words(checks)
             pieces = [self._components(p) for p in pages]
-            for j, c in enumerate(conn.clients):
+            for j, c in enumerate(self._flat_clients(conn)):
                 c.put_batch(folded, [p[j] for p in pieces], checks=words)
             return True
         return self._run(put, False)
@@ -382,13 +900,22 @@ class KvnodeHiCacheStorage(_Base):
     # ------------------------------------------------------------ rest of HiCacheStorage
 
     def delete(self, key):
-        """Remove one page (every component)."""
+        """Remove one page (every namespace of every pool)."""
         folded, checks = kvnode.fold_digests([key])
-        self._run(lambda conn: [c.delete(folded, conn.words(checks)) for c in conn.clients], None)
+        self._run(lambda conn: [c.delete(folded, conn.words(checks))
+                                for cs in conn.pools.values() for c in cs], None)
 
     def clear(self):
         """kvnode has no per-namespace wipe: blocks stay until evicted or deleted."""
         logger.info("kvnode.sglang: clear() leaves kvnode's blocks in place (evicted by the daemon)")
 
     def get_stats(self):
-        return None
+        """SGLang's StorageMetrics of the calls since the previous get_stats, with kvnode's
+        counters as attributes (see the module docstring). Never raises."""
+        try:
+            if self._metrics_cls is None:
+                self._metrics_cls = _metrics_class()
+            return self._stats.drain(self._metrics_cls)
+        except Exception as e:  # noqa: BLE001
+            self._log_error("get_stats: %s: %s" % (type(e).__name__, e))
+            return None
