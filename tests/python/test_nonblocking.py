@@ -219,9 +219,6 @@ def test_async_client_checks_and_bad_pages(tmp_path):
             c.submit_match(keys)
 
 
-@pytest.mark.xfail(strict=True, reason="kvnode.lmcache still connects on the submitting "
-                   "thread; it is to use kvnode.AsyncClient (issue 31 item 10, lmcache lane: "
-                   "drop this mark when it does)")
 def test_lmcache_connector_submit_on_a_paused_daemon(tmp_path):
     """LMCache's path: a fresh KvnodeL2Connector, its first submit while kvnoded is paused."""
     import kvnode.lmcache
