@@ -1,9 +1,10 @@
 """Python binding of libkvnode, the client library of kvnoded (node-local KV-cache daemon).
 
-Stdlib only (``ctypes``), no build step: the package loads ``libkvnode.so.0`` at import
-time: ``$KVNODE_LIBRARY``, else the source tree next to the package (``build/`` of the
-repository), else the ``lib/`` that ``make install`` put it beside, else the system loader.
-``pip install ./python`` installs it as a package.
+Stdlib only (``ctypes``), Python >= 3.10. The package loads ``libkvnode.so.0`` at import
+time: ``$KVNODE_LIBRARY``, else the copy inside the package (``pip install ./python`` puts the
+library it was built with into the wheel), else the source tree next to the package
+(``build/`` of the repository), else the ``lib/`` that ``make install`` put it beside, else the
+system loader; :func:`library_path` says which. The examples use numpy (the ``numpy`` extra).
 
 Typical use from an inference engine (``kv_pages``: its host copies of the KV pages, one
 numpy array of ``block_bytes`` bytes per block)::
@@ -54,13 +55,15 @@ polls readable while some wait::
 #   pages.py        caller pages as addresses (batched and asynchronous calls)
 #   async_calls.py  Client's batched and asynchronous calls, the tickets in flight
 #   client.py       Client, version()
+#   async_client.py AsyncClient: submits that never wait for the daemon (the binding's
+#                   connect thread, reconnects, its own tickets and event fd)
 # sglang.py and lmcache.py, the engine adapters, use only what this package exports.
 
 #: Version of this package; equals the kvnode release it belongs to (Makefile VERSION).
 __version__ = "0.1.0"
 
 __all__ = [
-    "Layout", "Client", "ReadLease", "WriteLease", "hash_tokens", "fold_key", "fold_keys", "fold_digests", "prefix", "version", "library_path",
+    "Layout", "Client", "AsyncClient", "ReadLease", "WriteLease", "hash_tokens", "fold_key", "fold_keys", "fold_digests", "prefix", "version", "library_path",
     "__version__",
     "TIER_HOST", "TIER_HBM",
     "Error", "InvalidArgument", "OutOfMemory", "NoSpace", "NoLease", "LayoutError",
@@ -71,6 +74,7 @@ __all__ = [
 ]
 
 from ._lib import OP_DELETE, OP_GET, OP_MATCH, OP_PUT, library_path
+from .async_client import AsyncClient
 from .client import Client, version
 from .datatypes import TIER_HBM, TIER_HOST, Completion, Layout, RemoteMatch, Tiers
 from .errors import (Closed, ConnectError, Denied, Error, InternalError, InvalidArgument,

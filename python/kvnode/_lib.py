@@ -11,12 +11,14 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _candidates():
-    """Places to look for libkvnode, in order: $KVNODE_LIBRARY, the source tree,
-    the lib/ of the prefix `make install` put this package under, then the system."""
+    """Places to look for libkvnode, in order: $KVNODE_LIBRARY; the copy a wheel carries
+    (kvnode/libkvnode.so.0, the library `pip install` built the package with); the source
+    tree's build/; the lib/ of the prefix `make install` put this package under; the system."""
     out = []
     env = os.environ.get("KVNODE_LIBRARY")
     if env:
         out.append(env)
+    out.append(os.path.join(_HERE, "libkvnode.so.0"))
     build = os.path.normpath(os.path.join(_HERE, "..", "..", "build"))
     for name in ("libkvnode.so.0", "libkvnode.so"):
         out.append(os.path.join(build, name))
@@ -41,7 +43,8 @@ def _load():
         except OSError as e:
             tried.append("%s (%s)" % (cand, e))
     raise ImportError("kvnode: cannot load libkvnode; looked for: " + "; ".join(tried) +
-                      ". Build it with `make all` in the source tree, install it, "
+                      ". Build it with `make all` in the source tree and `pip install ./python` "
+                      "(the wheel carries it), install it (`make install`), "
                       "or set KVNODE_LIBRARY to its path.")
 
 
@@ -49,7 +52,9 @@ _lib, _lib_path = _load()
 
 
 def library_path():
-    """Path (or loader name) of the libkvnode that this package loaded."""
+    """Path (or loader name) of the libkvnode that this package loaded: $KVNODE_LIBRARY,
+    the copy inside the package (a pip-installed wheel's), the source tree's build/, the
+    `make install` prefix's lib/, or the system loader's name."""
     return _lib_path
 
 

@@ -5,16 +5,17 @@ batched and asynchronous calls come from async_calls.py) and :func:`version`."""
 import ctypes
 import json
 import os
+import threading
 
 from ._lib import (_CONNECT_READER, _CTiers, _P, _PREFAULT_WAIT, _SIZE, _block_bytes, _close,
                    _connect_device, _connect_error, _connect_flags, _delete, _delete_checked,
                    _free, _get, _get_batch_checked, _get_inline, _get_inline_checked,
                    _has_check_words, _is_reader, _last_error, _lib_path, _match, _match_checked,
                    _prefault, _prefault_progress, _put, _put_batch_checked, _put_inline,
-                   _put_inline_checked, _s, _set_timeout, _stats_json, _version)
+                   _put_inline_checked, _s, _set_timeout, _stats_json, _strerror, _version)
 from .async_calls import _AsyncCalls
 from .datatypes import TIER_HOST
-from .errors import Closed, InvalidArgument, StateError, _raise
+from .errors import Closed, InvalidArgument, StateError, TimedOut, _raise
 from .keys import _checks_array, _keys_array
 from .leases import ReadLease, WriteLease
 
@@ -24,12 +25,73 @@ def version():
     return _s(_version())
 
 
+def _connect_now(fn, args):
+    """A libkvnode connect call on this thread: the handle, or raises its error."""
+    h = _P()
+    rc = fn(*args, ctypes.byref(h))
+    if rc != 0:
+        _raise(rc, _s(_connect_error()))
+    return h.value
+
+
+class _ConnectThread:
+    """One libkvnode connect on a thread of its own, which a caller may stop waiting for:
+    libkvnode bounds a connect by its own timeout (10 s, or $KVNODE_TIMEOUT_MS), not by
+    the client's. An abandoned connect that succeeds later is closed by its thread."""
+
+    def __init__(self, fn, args):
+        self._fn, self._args = fn, args
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._abandoned = False
+        self.rc, self.error, self.handle = 0, "", None
+        threading.Thread(target=self._run, name="kvnode-connect", daemon=True).start()
+
+    def _run(self):
+        h = _P()
+        rc = self._fn(*self._args, ctypes.byref(h))
+        error = _s(_connect_error()) if rc != 0 else ""   # thread-local in libkvnode
+        with self._lock:
+            self.rc, self.error = rc, error
+            if rc == 0 and self._abandoned:
+                _close(h.value)
+            elif rc == 0:
+                self.handle = h.value
+            self._done.set()
+
+    def wait(self, timeout_s):
+        """True when the connect has ended (rc, error, handle are set); False after
+        timeout_s, and the connect is then abandoned (closed by its thread if it succeeds)."""
+        if self._done.wait(timeout_s):
+            return True
+        with self._lock:
+            if self._done.is_set():
+                return True
+            self._abandoned = True
+            return False
+
+
+def _connect_within(fn, args, timeout_ms, socket_path):
+    """A libkvnode connect that the calling thread waits for at most timeout_ms."""
+    attempt = _ConnectThread(fn, args)
+    if not attempt.wait(timeout_ms / 1000.0):
+        where = socket_path or os.environ.get("KVNODE_SOCKET") or "/run/kvnode/kvnode.sock"
+        raise TimedOut(TimedOut.CODE, "connect %s: kvnoded did not answer within timeout_ms=%d"
+                       % (where, timeout_ms), _s(_strerror(-TimedOut.CODE)))
+    if attempt.rc != 0:
+        _raise(attempt.rc, attempt.error)
+    return attempt.handle
+
+
 class Client(_AsyncCalls):
     """A connection to kvnoded bound to the namespace of ``layout``.
 
     ``socket_path`` None means ``$KVNODE_SOCKET`` or ``/run/kvnode/kvnode.sock``.
     ``layout`` None gives an observer client that may only call :meth:`stats`.
-    ``timeout_ms`` sets the per-call timeout (default: libkvnode's, 10 s).
+    ``timeout_ms`` sets the per-call timeout (default: libkvnode's, 10 s, or
+    ``$KVNODE_TIMEOUT_MS``); it bounds the connect too: the constructor raises
+    :class:`TimedOut` when kvnoded has not answered within it (the connect then goes on
+    on a thread of the binding, and is closed if it ever succeeds).
     ``reader`` True declares a client that only reads (``KVNODE_CONNECT_READER``):
     the daemon lends it memory read-only (a write through a view of
     :meth:`read` cannot happen: the views are read-only and the mapping
@@ -55,7 +117,6 @@ class Client(_AsyncCalls):
         self._init_tickets()
         self._block_bytes = 0
         self._clayout = layout._to_c() if layout is not None else None
-        h = _P()
         sp = os.fsencode(socket_path) if socket_path is not None else None
         lp = ctypes.byref(self._clayout) if self._clayout is not None else None
         if reader:
@@ -63,12 +124,13 @@ class Client(_AsyncCalls):
                 raise InvalidArgument(InvalidArgument.CODE, "reader=True needs a libkvnode with "
                                       "kvnode_connect_flags; %s has none" % _lib_path,
                                       "invalid argument")
-            rc = _connect_flags(sp, lp, cuda_device, _CONNECT_READER, ctypes.byref(h))
+            fn, args = _connect_flags, (sp, lp, cuda_device, _CONNECT_READER)
         else:
-            rc = _connect_device(sp, lp, cuda_device, ctypes.byref(h))
-        if rc != 0:
-            _raise(rc, _s(_connect_error()))
-        self._c = h.value
+            fn, args = _connect_device, (sp, lp, cuda_device)
+        if timeout_ms is not None and int(timeout_ms) > 0:
+            self._c = _connect_within(fn, args, int(timeout_ms), socket_path)
+        else:
+            self._c = _connect_now(fn, args)
         self._block_bytes = int(_block_bytes(self._c))
         if timeout_ms is not None:
             _set_timeout(self._c, int(timeout_ms))

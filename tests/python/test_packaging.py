@@ -1,6 +1,7 @@
 """The binding installs as a package: `pip install --no-index --no-build-isolation`
-of a copy of python/ into a fresh venv (--system-site-packages: Debian's
-setuptools builds it, offline), then, outside the source tree, the installed
+of a copy of python/ into a fresh venv (--system-site-packages: Debian's pip runs
+the package's own stdlib build backend, offline; the build takes the library from
+KVNODE_LIBRARY, which the suite sets), then, outside the source tree, the installed
 package is the one imported, its version is the release's (Makefile VERSION),
 and it round-trips a block with a real kvnoded."""
 import os
