@@ -232,6 +232,23 @@ else:
 
 #: Operation of a :class:`Completion` (``KVNODE_OP_*``).
 OP_MATCH, OP_GET, OP_PUT, OP_DELETE = 1, 2, 3, 4
+#: ... of the per-key calls (KVNODE_0.6): submit_exists, submit_delete_each.
+OP_EXISTS, OP_DELETE_EACH = 5, 6
+
+# Per-key MATCH and DELETE (KVNODE_0.6): one request, one bool per key.
+_BOOLS = ctypes.POINTER(ctypes.c_bool)
+if hasattr(_lib, "kvnode_exists"):
+    _has_per_key = _fn("kvnode_has_per_key", ctypes.c_int, _P)
+    _exists = _fn("kvnode_exists", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE, _BOOLS,
+                  ctypes.POINTER(_SIZE))
+    _delete_each = _fn("kvnode_delete_each", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE, _BOOLS,
+                       ctypes.POINTER(_SIZE))
+    _submit_exists = _fn("kvnode_submit_exists", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE, _BOOLS,
+                         _P, ctypes.POINTER(_TICKET))
+    _submit_delete_each = _fn("kvnode_submit_delete_each", ctypes.c_int, _P, _KEYS, _CHECKS,
+                              _SIZE, _BOOLS, _P, ctypes.POINTER(_TICKET))
+else:
+    _has_per_key = _exists = _delete_each = _submit_exists = _submit_delete_each = None
 
 _libc = ctypes.CDLL(None)
 _free = _libc.free

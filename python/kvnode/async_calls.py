@@ -19,6 +19,7 @@ from .datatypes import Completion, RemoteMatch, Tiers
 from .errors import InvalidArgument, _error
 from .keys import _checks_array, _keys_array
 from .pages import _Pages
+from ._lib import (_delete_each, _exists, _has_per_key, _submit_delete_each, _submit_exists)
 
 
 class _AsyncCalls:
@@ -221,7 +222,9 @@ class _AsyncCalls:
             if pages is not None:
                 pages.release()
             done.append(Completion(ticket, c.op, c.count,
-                                   _error(rc, _s(c.error)) if rc != 0 else None))
+                                   _error(rc, _s(c.error)) if rc != 0 else None,
+                                   pages.answer() if rc == 0 and isinstance(pages, _PerKey)
+                                   else None))
         return done
 
     @property
@@ -233,3 +236,76 @@ class _AsyncCalls:
         """End the connection now: every ticket in flight completes with :class:`Closed`
         (drain them), and later calls raise it. :meth:`close` is still needed."""
         _cancel(self._need_async("cancel"))
+
+    # --- per-key answers (KVNODE_0.6) ---------------------------------------------------
+
+    @property
+    def has_per_key(self):
+        """True when kvnoded answers exists / delete per key (its HELLO offers it)."""
+        h = self._handle()
+        return bool(_has_per_key(h)) if _has_per_key is not None else False
+
+    def _per_key(self, what):
+        if _exists is None:
+            raise InvalidArgument(InvalidArgument.CODE, "%s needs a libkvnode with the "
+                                  "KVNODE_0.6 calls; %s has none" % (what, _lib_path),
+                                  "invalid argument")
+        return self._handle()
+
+    def exists(self, keys, checks=None):
+        """Whether each key is held (in memory or the store), in one request: a list of
+        bools, not a prefix (:meth:`match`). ``checks``: check words, as for :meth:`match`."""
+        h = self._per_key("exists")
+        arr, n = _keys_array(keys)
+        out, held = (ctypes.c_bool * max(n, 1))(), _SIZE(0)
+        self._check(_exists(h, arr, _checks_array(checks, n), n, out, ctypes.byref(held)))
+        return list(out)[:n]
+
+    def delete_each(self, keys, checks=None):
+        """:meth:`delete`, saying per key whether this call deleted it (a list of bools;
+        False: not held, being written, or held under another check word)."""
+        h = self._per_key("delete_each")
+        arr, n = _keys_array(keys)
+        out, count = (ctypes.c_bool * max(n, 1))(), _SIZE(0)
+        self._check(_delete_each(h, arr, _checks_array(checks, n), n, out, ctypes.byref(count)))
+        return list(out)[:n]
+
+    def _submit_per_key(self, fn, what, keys, checks):
+        h = self._per_key(what)
+        self._need_async(what)
+        arr, n = _keys_array(keys)
+        answer = _PerKey(n)
+        t = _TICKET(0)
+        with self._inflight_lock:   # drain must not see the ticket before it is registered
+            rc = fn(h, arr, _checks_array(checks, n), n, answer.array, None, ctypes.byref(t))
+            if rc == 0:
+                self._inflight[t.value] = answer
+        if rc != 0:
+            self._check(rc)
+        return t.value
+
+    def submit_exists(self, keys, checks=None):
+        """Start an :meth:`exists`; return its ticket. Its :class:`Completion` carries the
+        answer in ``per_key`` (``count``: the keys held)."""
+        return self._submit_per_key(_submit_exists, "submit_exists", keys, checks)
+
+    def submit_delete_each(self, keys, checks=None):
+        """Start a :meth:`delete_each`; return its ticket (``per_key`` of its
+        :class:`Completion`: deleted or not, ``count``: how many were)."""
+        return self._submit_per_key(_submit_delete_each, "submit_delete_each", keys, checks)
+
+
+class _PerKey:
+    """The bool array a per-key submit fills, held until its ticket is drained."""
+
+    __slots__ = ("array", "n")
+
+    def __init__(self, n):
+        self.n = n
+        self.array = (ctypes.c_bool * max(n, 1))()
+
+    def release(self):
+        pass
+
+    def answer(self):
+        return list(self.array)[:self.n]

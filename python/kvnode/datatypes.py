@@ -45,14 +45,17 @@ class Completion:
     """A finished asynchronous call, as :meth:`Client.drain` returns it.
 
     ``count``: MATCH the prefix matched, GET the blocks copied (a prefix), PUT
-    the blocks stored, DELETE the keys deleted. ``error`` is None on success,
-    else the :class:`Error` (subclass) the call would have raised.
+    the blocks stored, DELETE the keys deleted, EXISTS the keys held. ``error`` is
+    None on success, else the :class:`Error` (subclass) the call would have raised.
+    ``per_key``: of ``submit_exists`` / ``submit_delete_each``, one bool per key
+    (held / deleted by this call) on success; None otherwise.
     """
 
     ticket: int
     op: int
     count: int
     error: Error = None
+    per_key: list = None
 
     @property
     def ok(self):

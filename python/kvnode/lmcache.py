@@ -127,13 +127,14 @@ class _Batch:
 class _Space:
     """One object size: its kvnode namespace and the connection bound to it."""
 
-    __slots__ = ("size", "layout", "client", "checks_on", "connecting", "stalled", "gen",
-                 "timer", "retry_at", "queue")
+    __slots__ = ("size", "layout", "client", "checks_on", "per_key_on", "connecting", "stalled",
+                 "gen", "timer", "retry_at", "queue")
 
     def __init__(self, size, layout):
         self.size, self.layout = size, layout
         self.client = None
         self.checks_on = False      # the daemon of client honours check words
+        self.per_key_on = False     # ... and answers exists / delete per key
         self.connecting = False     # a connect runs on a thread of its own
         self.stalled = False        # ... and has not answered within timeout_ms
         self.gen = 0                # which connect attempt is the current one
@@ -383,6 +384,7 @@ class KvnodeL2Connector:
                 logger.warning("kvnode.lmcache: reconnected to kvnoded")
             self._warned = False
             space.client, space.checks_on = c, c.has_check_words
+            space.per_key_on = getattr(c, "has_per_key", False)
             self._epoll.register(c.event_fd, select.EPOLLIN)
             for batch, idx in queue:
                 self._request(batch, space, c, idx)
@@ -410,10 +412,12 @@ class KvnodeL2Connector:
             self._retiring.append(client)
 
     def _request(self, batch, space, c, idx, singles=False):
-        """Submit batch's keys idx (None: all) to client c of space: one request, or one
-        per key (a delete always, so that each key says whether it was deleted; the
-        exists of keys after a miss). Lock held."""
-        if batch.op == _DELETE:
+        """Submit batch's keys idx (None: all) to client c of space: one request (exists
+        and delete answered per key by kvnoded), or, against a kvnoded that answers a
+        prefix and a count only, one per key (a delete always, so that each key says
+        whether it was deleted; the exists of keys after a miss). Lock held."""
+        per_key = space.per_key_on and batch.op in (_EXISTS, _DELETE)
+        if batch.op == _DELETE and not per_key:
             singles = True
         if singles:
             units = [[i] for i in (range(batch.n) if idx is None else idx)]
@@ -433,6 +437,9 @@ class KvnodeL2Connector:
                     t = c.submit_get(keys, pages, checks=ch)
                 elif batch.op == _SET:
                     t = c.submit_put(keys, pages, checks=ch)
+                elif per_key:
+                    t = (c.submit_exists if batch.op == _EXISTS
+                         else c.submit_delete_each)(keys, checks=ch)
                 elif batch.op == _EXISTS:
                     t = c.submit_match(keys, checks=ch)
                 else:
@@ -474,7 +481,18 @@ class KvnodeL2Connector:
                 self._warn(str(comp.error))
             self._part_done(batch, "%s: %s" % (type(comp.error).__name__, comp.error), False)
             return
-        if batch.error is None:
+        if batch.error is None and comp.per_key is not None:
+            # exists / delete answered per key (an older kvnoded answers a prefix or count)
+            hits = batch.hits
+            if u is None:
+                for i, yes in enumerate(comp.per_key):
+                    if yes:
+                        hits[i] = True
+            else:
+                for i, yes in zip(u, comp.per_key):
+                    if yes:
+                        hits[i] = True
+        elif batch.error is None:
             keys = range(batch.n) if u is None else u
             got = min(comp.count, len(keys))
             hits = batch.hits
