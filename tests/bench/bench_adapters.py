@@ -9,9 +9,10 @@ ratio adapter time / C time (1.0: no overhead). Not part of `make test` (no time
 The adapters are handed their engine's key strings and send check words; the C rows above
 them are handed ready 64-bit keys and send none. So batch_exists is also measured through
 the C API given the same key strings, doing what a C engine would: kvnode_fold_text, then
-kvnode_match_checked (synchronous, as SGLang's batch_exists) or kvnode_submit_match_checked,
-a poll of the event fd and kvnode_drain (asynchronous, as LMCache's). Both ratios are
-printed.
+kvnode_match_checked (synchronous, as SGLang's batch_exists: a prefix) or
+kvnode_submit_exists, a poll of the event fd and kvnode_drain (asynchronous and per key, as
+LMCache's exists; kvnode_submit_match_checked with a library older than KVNODE_0.6). Both
+ratios are printed.
 
     make bench-adapters [BENCH_ADAPTERS_ARGS="--rounds 50"]
 """
@@ -140,14 +141,22 @@ class CFoldPath(Path):
         self.ticket = ctypes.c_uint64(0)
         self.comp = (kvnode._lib._CCompletion * 4)()
         self.fd = _lib.kvnode_event_fd(ctypes.c_void_p(self.cs[0].h))
+        # per key, as the LMCache adapter asks (KVNODE_0.6), else the prefix MATCH
+        self.per_key = (ctypes.c_bool * self.n)() if hasattr(_lib, "kvnode_submit_exists") \
+            else None
 
     def exists(self):
         assert _lib.kvnode_fold_text(self.text, len(self.text), self.n, self.karr,
                                      self.carr) == self.n
         if self.asynchronous:
             h = ctypes.c_void_p(self.cs[0].h)
-            assert _lib.kvnode_submit_match_checked(h, self.karr, self.carr, self.n, None,
-                                                    ctypes.byref(self.ticket)) == 0
+            if self.per_key is not None:
+                assert _lib.kvnode_submit_exists(h, self.karr, self.carr, ctypes.c_size_t(self.n),
+                                                 self.per_key, None,
+                                                 ctypes.byref(self.ticket)) == 0
+            else:
+                assert _lib.kvnode_submit_match_checked(h, self.karr, self.carr, self.n, None,
+                                                        ctypes.byref(self.ticket)) == 0
             while True:
                 select.select([self.fd], [], [], 10)
                 if _lib.kvnode_drain(h, self.comp, 4):
