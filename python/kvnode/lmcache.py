@@ -27,10 +27,12 @@ key (stored or not; ``[stored, missing, stored]`` -> ``[True, False, True]``), g
 key (copied into its memoryview or not), delete one per key (True: this call deleted it,
 False: not found), which LMCache's adapter uses to give back the key's bytes of its L2
 usage (``max_capacity_gb``). set answers for the whole batch (``per_key`` None: LMCache's
-adapter reads only ``ok`` there). kvnode's MATCH and GET answer the longest stored prefix,
-so the keys after the first miss are asked again: exists with one MATCH per key left (all
-pipelined, one round trip), get with the keys left in one more GET; delete sends one
-DELETE per key. A batch that fails (kvnoded gone, a timeout) is ``ok`` False with the error
+adapter reads only ``ok`` there). exists and delete send one request per batch (and
+object size), answered per key by kvnoded (``Client.submit_exists``,
+``Client.submit_delete_each``). kvnode's GET answers the longest stored prefix, so a get
+asks the keys after the first miss in one more GET. Against a kvnoded that predates
+per-key answers (``Client.has_per_key`` False), exists asks one MATCH per key after the
+first miss (all pipelined, one round trip) and delete sends one DELETE per key. A batch that fails (kvnoded gone, a timeout) is ``ok`` False with the error
 and ``per_key`` None.
 
 Object sizes: any. Each size is a kvnode namespace of its own (one connection each): the
