@@ -13,7 +13,11 @@
  * - an old-style MATCH and DELETE (no per_key, raw frames) are answered as
  *   before: a prefix and a count, with no bitmap;
  * - after a restart on the file store, keys held only in the store are
- *   present per key (and counted in the store tier). */
+ *   present per key (and counted in the store tier);
+ * - on a shared store (one redis server, two daemons): keys node A wrote,
+ *   with gaps, that node B's index does not know are found per key by B in
+ *   one lookup (persist.lookups_total + 1), each found key indexed (a second
+ *   exists asks the store nothing), the gaps remembered as misses. */
 #include <check.h>
 
 #include <inttypes.h>
@@ -27,6 +31,7 @@
 #include "harness.h"
 #include "kvnode.pb-c.h"
 #include "raw_request.h"
+#include "../common/redisctl.h"
 
 #define BB    (16u << 10)
 #define N     12
@@ -344,6 +349,59 @@ START_TEST(exists_finds_keys_only_in_the_store)
 }
 END_TEST
 
+START_TEST(exists_looks_unknown_keys_up_in_one_request)
+{
+    struct rctl one;
+    ck_assert_msg(rctl_start(&one, 0, 0, NULL, NULL) == 0, "redis-server: %s", rctl_err);
+    char *cfg = NULL;
+    ck_assert_int_ge(asprintf(&cfg, TIER "persist.backend=redis\npersist.nodes=%s\n"
+                              "persist.connect_timeout=300ms\npersist.timeout=5s\n"
+                              "persist.lookup_negative_ttl=1h\n", one.seeds), 0);
+    kvh_daemon a, b;
+    KVH_START(&a, cfg);
+    KVH_START(&b, cfg);
+    kvnode_layout l = kvh_layout("exists-shared", BB, 1, 0);
+    kvnode_client *ca, *cb;
+    KVH_CONNECT(&a, &l, &ca);
+    KVH_CONNECT(&b, &l, &cb);
+    kvnode_key keys[N];
+    uint64_t wa[N];
+    bool held[N], present[N];
+    kvh_chain(keys, N, 6);
+    words(wa, N, WA);
+    size_t want = 0;
+    for (size_t i = 0; i < N; i++) {
+        held[i] = i % 3 != 0;           /* missing first: a prefix MATCH would say 0 */
+        want += held[i];
+    }
+    put_some(ca, keys, wa, held, N);
+    long long last = -1;
+    ck_assert_msg(kvh_wait_stat(&a, "persist.written_blocks_total", (long long)want, 10000, &last) == 0,
+                  "written_blocks_total stayed %lld", last);
+
+    long long lookups0 = stat_or0(&b, "persist.lookups_total");
+    size_t got = 0;
+    KVH_OK(cb, kvnode_exists(cb, keys, wa, N, present, &got));
+    ck_assert_uint_eq(got, want);
+    for (size_t i = 0; i < N; i++)
+        ck_assert_msg(present[i] == held[i], "key %zu: present %d, held %d", i, present[i], held[i]);
+    ck_assert_int_eq(stat_or0(&b, "persist.lookups_total"), lookups0 + 1);
+    /* Found keys are indexed, the gaps remembered: nothing asked again. */
+    KVH_OK(cb, kvnode_exists(cb, keys, wa, N, present, &got));
+    ck_assert_uint_eq(got, want);
+    ck_assert_int_eq(stat_or0(&b, "persist.lookups_total"), lookups0 + 1);
+    kvnode_tiers t;
+    KVH_OK(cb, kvnode_match_checked(cb, keys + 1, wa + 1, 2, &t));
+    ck_assert_uint_eq(t.store, 2);
+    kvnode_close(ca);
+    kvnode_close(cb);
+    KVH_STOP_DESTROY(&a);
+    KVH_STOP_DESTROY(&b);
+    rctl_stop(&one);
+    free(cfg);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const tests[] = {
@@ -352,6 +410,7 @@ int main(void)
         async_forms_fill_the_arrays,
         old_style_requests_answer_as_before,
         exists_finds_keys_only_in_the_store,
+        exists_looks_unknown_keys_up_in_one_request,
     };
     return kvh_run_suite("daemon_exists", "exists", 60, tests, sizeof tests / sizeof tests[0]);
 }
