@@ -108,3 +108,25 @@ def test_adapter_sends_one_request_per_batch(daemon):
         assert requests_ok(daemon, "match") == m0 + 2
     finally:
         c.conn.close()
+
+
+def test_adapter_against_a_daemon_without_per_key(daemon, monkeypatch):
+    """An older kvnoded (its HELLO offers no per-key answers): the connector falls back to
+    one MATCH per key after the first miss and one DELETE per key, with the same answers."""
+    monkeypatch.setattr(kvnode.Client, "has_per_key", property(lambda self: False))
+    n = 16
+    keys = ["m@00000000@0@%064x" % (1000 + i) for i in range(n)]
+    stored = [i % 4 == 1 for i in range(n)]
+    bufs = [bytearray(bytes([i]) * BB) for i in range(n)]
+    c = Connector(daemon, block_bytes=BB)
+    try:
+        assert c.call("set", [k for k, s in zip(keys, stored) if s],
+                      [memoryview(b) for b, s in zip(bufs, stored) if s])[0]
+        m0 = requests_ok(daemon, "match")
+        assert c.call("exists", keys) == (True, "", stored)
+        assert requests_ok(daemon, "match") == m0 + n    # the first, then one per key after it
+        d0 = requests_ok(daemon, "delete")
+        assert c.call("delete", keys[:4]) == (True, "", stored[:4])
+        assert requests_ok(daemon, "delete") == d0 + 4
+    finally:
+        c.conn.close()

@@ -73,6 +73,8 @@ enum {
     KEY_GOING_AWAY,         /* no reply: GoingAway (id 0), as a stopping daemon sends */
     KEY_EOF,                /* no reply: the daemon dies (its socket shut down) */
     KEY_GOING_AWAY_ID,      /* GoingAway as the reply to this request (id not 0) */
+    KEY_BAD_BITMAP,         /* a per-key MATCH/DELETE answered with a bitmap one byte short */
+    KEY_BITMAP_LIES,        /* ... with a bitmap whose bits do not add up to its count */
 };
 
 /* How the fake lends its GPU arena (arena 2, slots index 1). */
@@ -107,6 +109,7 @@ struct fake {
     int hbm_mode, hbm_device;
     int reply_reader;       /* 0: echo HELLO's reader; 1: always say reader; -1: never (older daemon) */
     int honour_ipc;         /* lend no IPC handle to a HELLO without cuda_ipc (as kvnoded) */
+    int per_key;            /* HELLO offers per-key MATCH/DELETE (0: an older daemon) */
     int reconnects;         /* connections to accept after the first one ends */
     void (*on_eof)(struct fake *f);         /* called when the client's connection ends */
     unsigned eof_mark;                      /* what on_eof saw */
@@ -323,6 +326,7 @@ static void fake_hello(struct fake *f, Kvnode__Request *req)
     h.max_frame_bytes = f->max_frame;
     h.max_keys = f->max_keys;
     h.reader = f->reply_reader > 0 || (f->reply_reader == 0 && req->hello->reader);
+    h.per_key = f->per_key;
     r.id = req->id;
     r.result_case = KVNODE__RESPONSE__RESULT_HELLO;
     r.hello = &h;
@@ -446,9 +450,27 @@ static void fake_match(struct fake *f, Kvnode__Request *req, const int64_t *keys
     int a, extra[1];
     size_t i, idx;
 
-    for (i = 0; i < n && fake_find(f, keys[i], 2, &a, &idx); i++)
-        ;
-    m.matched = (uint32_t)i;
+    uint8_t bits[NSLOTS / 8 + 2] = { 0 };
+
+    if (req->match->per_key && n <= NSLOTS) {
+        /* per key: a bit for every stored key; the special keys answer wrongly */
+        for (i = 0; i < n; i++) {
+            if (fake_find(f, keys[i], 2, &a, &idx)) {
+                bits[i / 8] |= (uint8_t)(1u << (i % 8));
+                m.matched++;
+            }
+        }
+        m.present.data = bits;
+        m.present.len = (n + 7) / 8;
+        if (keys[0] == KEY_BAD_BITMAP)
+            m.present.len--;
+        else if (keys[0] == KEY_BITMAP_LIES)
+            m.matched++;
+    } else {
+        for (i = 0; i < n && fake_find(f, keys[i], 2, &a, &idx); i++)
+            ;
+        m.matched = (uint32_t)i;
+    }
     r.id = req->id;
     r.result_case = KVNODE__RESPONSE__RESULT_MATCH;
     r.match = &m;
@@ -1022,6 +1044,84 @@ START_TEST(test_checked_calls_need_a_daemon_with_check_words)
     /* without words: the plain request goes out */
     ck_assert_int_eq(kvnode_match_checked(c, k, NULL, 2, &t), 0);
     ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_MATCH], 1);
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+/* A daemon from before per-key answers (its HELLO does not offer them):
+ * kvnode_exists, kvnode_delete_each and their submit_ forms fail with
+ * EVERSION before anything is sent, their arrays all false. */
+START_TEST(test_per_key_calls_need_a_daemon_with_per_key)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[2] = {100, 101};
+    bool out[2] = {true, true};
+    kvnode_ticket ticket = 9;
+    size_t got = 9;
+
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_int_eq(kvnode_has_per_key(c), 0);
+    ck_assert_int_eq(kvnode_exists(c, k, NULL, 2, out, &got), -KVNODE_EVERSION);
+    ck_assert_msg(strstr(kvnode_last_error(c), "too old to answer per key"), "message: %s",
+                  kvnode_last_error(c));
+    ck_assert(!out[0] && !out[1] && got == 0);
+    ck_assert_int_eq(kvnode_delete_each(c, k, NULL, 2, out, &got), -KVNODE_EVERSION);
+    ck_assert_int_eq(kvnode_exists(c, k, NULL, 0, NULL, &got), -KVNODE_EVERSION);
+    ck_assert_int_eq(kvnode_submit_exists(c, k, NULL, 2, out, NULL, &ticket), -KVNODE_EVERSION);
+    ck_assert_int_eq(kvnode_submit_delete_each(c, k, NULL, 2, out, NULL, &ticket),
+                     -KVNODE_EVERSION);
+    ck_assert_uint_eq(ticket, 0);
+    ck_assert_uint_eq(kvnode_pending(c), 0);
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_MATCH] + f->ops[KVNODE__REQUEST__OP_DELETE], 0);
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+/* A per-key reply is checked before the caller sees it: a bitmap of the
+ * wrong length, or one whose bits are not its count, is a protocol error
+ * (synchronous: EPROTO, the array all false; asynchronous: the completion). */
+START_TEST(test_per_key_bitmap_checked)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[10] = {100, 101, 102, 103, 104, 105, 106, 107, 108, 109};
+    bool out[10];
+    size_t got = 9;
+    kvnode_ticket ticket = 0;
+    kvnode_completion comp;
+
+    f->per_key = 1;
+    fake_preload(f, 0, 101);
+    fake_preload(f, 0, 109);
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_int_eq(kvnode_has_per_key(c), 1);
+    ck_assert_int_eq(kvnode_exists(c, k, NULL, 10, out, &got), 0);
+    ck_assert_uint_eq(got, 2);
+    for (size_t i = 0; i < 10; i++)
+        ck_assert_msg(out[i] == (i == 1 || i == 9), "key %zu", i);
+    k[0] = KEY_BAD_BITMAP;
+    ck_assert_int_eq(kvnode_exists(c, k, NULL, 10, out, &got), -KVNODE_EPROTO);
+    ck_assert_msg(strstr(kvnode_last_error(c), "bitmap of 1 bytes"), "message: %s",
+                  kvnode_last_error(c));
+    for (size_t i = 0; i < 10; i++)
+        ck_assert(!out[i]);
+    ck_assert_uint_eq(got, 0);
+    k[0] = KEY_BITMAP_LIES;
+    ck_assert_int_eq(kvnode_exists(c, k, NULL, 10, out, &got), -KVNODE_EPROTO);
+    memset(out, 1, sizeof out);
+    ck_assert_int_eq(kvnode_submit_exists(c, k, NULL, 10, out, NULL, &ticket), 0);
+    struct pollfd pfd = { .fd = kvnode_event_fd(c), .events = POLLIN };
+    ck_assert_int_eq(poll(&pfd, 1, SERVER_WAIT_MS), 1);
+    ck_assert_uint_eq(kvnode_drain(c, &comp, 1), 1);
+    ck_assert_uint_eq(comp.ticket, ticket);
+    ck_assert_int_eq(comp.op, KVNODE_OP_EXISTS);
+    ck_assert_int_eq(comp.rc, -KVNODE_EPROTO);
+    ck_assert(out[0] && out[9]);        /* untouched on failure */
     kvnode_close(c);
     fake_stop(f);
 }
@@ -2663,6 +2763,8 @@ static Suite *client_suite(void)
     tcase_add_test(tc, test_hello_fields_and_basic_calls);
     tcase_add_test(tc, test_observer_client);
     tcase_add_test(tc, test_checked_calls_need_a_daemon_with_check_words);
+    tcase_add_test(tc, test_per_key_calls_need_a_daemon_with_per_key);
+    tcase_add_test(tc, test_per_key_bitmap_checked);
     tcase_add_test(tc, test_get_begin_points_into_shared_arenas);
     tcase_add_test(tc, test_put_begin_writes_reach_daemon);
     tcase_add_test(tc, test_copying_get_put_split_by_max_keys);
