@@ -8,7 +8,8 @@
  * KVS_SLICE_KEYS keys per loop turn: a small one is answered in the turn it
  * arrived in; a large one yields between slices (a zero timer, so the loop
  * polls its sockets between two slices), and another client's request
- * waits for one slice at most. Replies are as
+ * waits for one slice at most. A slice that took over 2 ms halves the
+ * next (down to KVS_SLICE_KEYS_MIN), one under 0.5 ms doubles it. Replies are as
  * kvs_server.c says: objects a create finds sealed are left out; keys
  * another create lease is still writing, or no room (the store slower than
  * the engines, the host tier still being reserved), make the create give
@@ -39,7 +40,9 @@
 #include "net/kvs_server_internal.h"
 #include "tenants/tenants.h"
 
-#define KVS_SLICE_KEYS 1024   /* keys handled in one loop turn */
+#define KVS_SLICE_KEYS     1024        /* keys handled in one loop turn, at most */
+#define KVS_SLICE_KEYS_MIN 64          /* ... and at least */
+#define KVS_SLICE_NS       1000000u    /* a slice's aim: about 1 ms of the loop */
 
 /* The keys of one namespace in a slice: [first, first + n) of the slice's
  * arrays. */
@@ -74,6 +77,7 @@ struct kvs_job {
     struct kvs_lease *l;            /* NULL between tries */
     struct evbuffer *objects;       /* the reply's objects so far */
     size_t next, nobjects;          /* the first key not handled yet; objects written */
+    size_t slice_keys;              /* keys in the next slice: halved or doubled to take about KVS_SLICE_NS */
     uint32_t *taken;                /* create of several slices: keys taken so far (index + 1), a hash set */
     size_t taken_mask;
     struct cache_wait *wait;
@@ -439,6 +443,16 @@ static bool kvs_job_yield(struct kvs_job *j)
     return event_add(j->resume, &now) == 0;
 }
 
+/* The next slice's size from how long this one took: a slower machine
+ * (or build: ASan) gets smaller slices, so the loop is held about as long. */
+static void kvs_job_pace(struct kvs_job *j, uint64_t took_ns)
+{
+    if (took_ns > 2 * KVS_SLICE_NS && j->slice_keys / 2 >= KVS_SLICE_KEYS_MIN)
+        j->slice_keys /= 2;
+    else if (took_ns < KVS_SLICE_NS / 2 && j->slice_keys * 2 <= KVS_SLICE_KEYS)
+        j->slice_keys *= 2;
+}
+
 static void kvs_job_run(struct kvs_job *j)
 {
     char msg[512], why[384];
@@ -447,8 +461,10 @@ static void kvs_job_run(struct kvs_job *j)
         kvs_job_fail(j, status, msg);
         return;
     }
-    size_t end = j->rq.n - j->next > KVS_SLICE_KEYS ? j->next + KVS_SLICE_KEYS : j->rq.n;
+    size_t end = j->rq.n - j->next > j->slice_keys ? j->next + j->slice_keys : j->rq.n;
+    uint64_t t0 = clock_now_ns();
     status = kvs_job_slice(j, j->next, end, msg, sizeof msg);
+    kvs_job_pace(j, clock_now_ns() - t0);
     if (status == CACHE_STORE_BOUND) {
         kvs_job_wait(j, msg, sizeof msg);
         return;
@@ -578,6 +594,7 @@ void kvs_acquire(struct kvs_server *k, struct evhttp_request *req, struct tenant
         return;
     }
     *j = (struct kvs_job){ .k = k, .req = req, .t = t, .deadline_ms = clock_now_ms() + cfg->request_timeout_ms,
+                           .slice_keys = KVS_SLICE_KEYS,
                            .lim = { .max_keys = cfg->kvs_max_keys, .max_term_s = cfg->kvs_max_term_ms / 1000 } };
     if (len > KVS_PARSE_INLINE) {
         if (kvs_job_parse_off_loop(j, in, msg, sizeof msg))
