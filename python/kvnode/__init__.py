@@ -70,10 +70,11 @@ __all__ = [
     "VersionError", "ProtocolError", "TooBig", "TimedOut", "ConnectError", "Closed",
     "IOFailure", "StateError", "LimitReached", "Denied", "InternalError", "ShuttingDown",
     "LeaseEnded", "Completion", "Tiers", "RemoteMatch",
-    "OP_MATCH", "OP_GET", "OP_PUT", "OP_DELETE",
+    "OP_MATCH", "OP_GET", "OP_PUT", "OP_DELETE", "OP_EXISTS", "OP_DELETE_EACH",
 ]
 
-from ._lib import OP_DELETE, OP_GET, OP_MATCH, OP_PUT, library_path
+from ._lib import (OP_DELETE, OP_DELETE_EACH, OP_EXISTS, OP_GET, OP_MATCH, OP_PUT,
+                   library_path)
 from .async_client import AsyncClient
 from .client import Client, version
 from .datatypes import TIER_HBM, TIER_HOST, Completion, Layout, RemoteMatch, Tiers

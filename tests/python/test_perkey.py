@@ -54,7 +54,7 @@ def test_client_exists_and_delete_each(daemon):
         while not done:
             select.select([c.event_fd], [], [], 5)
             done = c.drain()
-        assert done[0].ticket == t and done[0].error is None
+        assert done[0].ticket == t and done[0].error is None and done[0].op == kvnode.OP_EXISTS
         assert done[0].count == sum(held) and done[0].per_key == held
         d0 = requests_ok(daemon, "delete")
         assert c.delete_each(keys, checks=wrong) == [h and i != 3 for i, h in enumerate(held)]
@@ -65,6 +65,7 @@ def test_client_exists_and_delete_each(daemon):
             select.select([c.event_fd], [], [], 5)
             done = c.drain()
         assert done[0].per_key == [i == 3 for i in range(12)] and done[0].count == 1
+        assert done[0].op == kvnode.OP_DELETE_EACH
         assert c.exists(keys, checks=checks) == [False] * 12
 
 
