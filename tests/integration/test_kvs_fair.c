@@ -35,6 +35,7 @@
 #define SMALL    4u
 #define B_UID    65534
 #define WINDOW_MS 2500          /* how long b measures while a's requests run */
+#define WINDOWS   3             /* at most this many windows (the first within the bound counts) */
 
 static void okey(char *buf, size_t len, int64_t block)
 {
@@ -261,20 +262,31 @@ START_TEST(large_request_leaves_the_loop_to_others)
         usleep(10000);
     long long big0 = kvs_stat(&e, "read_keys_total");
     ck_assert_int_ge(big0, base + BIG);
-    uint32_t busy = b_median(e.url, WINDOW_MS, period, &busy_n, &busy90);
+    /* A machine busy with other suites can slow one window: up to three
+     * are measured, the first within the bound ends it (the defect this
+     * guards against misses it by a hundred times, in every window). */
+    uint32_t bound = idle * 5 > 5000 ? idle * 5 : 5000, busy = 0;
+    size_t all_n = 0;
+    for (int w = 0; w < WINDOWS; w++) {
+        busy = b_median(e.url, WINDOW_MS, period, &busy_n, &busy90);
+        all_n += busy_n;
+        if (busy <= bound || _i == 1)
+            break;
+        fprintf(stderr, "kvs_fair: window %d: b's p50 %.3f ms over the bound %.3f ms\n", w + 1, busy / 1000.0,
+                bound / 1000.0);
+    }
     long long big1 = kvs_stat(&e, "read_keys_total");
     kill(loader, SIGKILL);
     int st = proc_wait(&loader, 10000);
     ck_assert_msg(st >= 0 && WIFSIGNALED(st), "the loader (tenant a) failed: status %d", st);
 
     /* read_keys counts b's small reads too: a's large ones are the rest. */
-    long long a_big = (big1 - big0 - (long long)busy_n * SMALL) / BIG;
+    long long a_big = (big1 - big0 - (long long)all_n * SMALL) / BIG;
     fprintf(stderr, "kvs_fair: tenant b's /acquire p50 %.3f ms (p90 %.3f) idle (%zu requests), %.3f ms (p90 %.3f) "
             "while tenant a's %u-key requests ran (%s; %zu requests, one due every %u ms; %lld of a's large requests "
             "meanwhile)\n", idle / 1000.0, idle90 / 1000.0, idle_n, busy / 1000.0, busy90 / 1000.0, BIG,
             _i ? "escaped keys: jansson" : "rtp-llm's bodies", busy_n, period / 1000, a_big);
     ck_assert_msg(a_big >= 1, "only %lld of tenant a's %u-key requests ran while b measured", a_big, BIG);
-    uint32_t bound = idle * 5 > 5000 ? idle * 5 : 5000;
     /* Escaped keys: a's bodies are parsed by jansson on the parse thread, a
      * CPU of this 2-core machine for about 100 ms each, which b's reads
      * then wait for under make check's parallel suites (14 ms p50 seen)
