@@ -646,6 +646,18 @@ static void render_kvs(struct evbuffer *out, const struct stats_snapshot *s)
            "KVS HTTP replies answered 503 instead because their tenant's unread replies would be over its share of "
            "kvs_server.max_output_total_bytes (also in kvnode_kvs_http_output_refused_total).");
     sample_u(out, "kvnode_kvs_http_output_tenant_limit_total", NULL, k->http_output_tenant_limit);
+    family(out, "kvnode_kvs_http_input_bytes", "gauge",
+           "KVS HTTP request bytes being received (read, the request not yet whole), all connections (at most "
+           "kvs_server.max_input_total_bytes).");
+    sample_u(out, "kvnode_kvs_http_input_bytes", NULL, k->http_input_bytes);
+    family(out, "kvnode_kvs_http_input_refused_total", "counter",
+           "KVS HTTP connections answered 503 and closed while sending a request: over "
+           "kvs_server.max_input_total_bytes or their tenant's share of it.");
+    sample_u(out, "kvnode_kvs_http_input_refused_total", NULL, k->http_input_refused);
+    family(out, "kvnode_kvs_http_input_tenant_limit_total", "counter",
+           "KVS HTTP connections answered 503 and closed because their tenant's requests being received were over "
+           "its share of kvs_server.max_input_total_bytes (also in kvnode_kvs_http_input_refused_total).");
+    sample_u(out, "kvnode_kvs_http_input_tenant_limit_total", NULL, k->http_input_tenant_limit);
 }
 
 static void render_workers(struct evbuffer *out, uint32_t stall_timeout_ms)

@@ -202,6 +202,8 @@ static const struct opt_def config_options[] = {
       .max = 4 * GIB },
     { "kvs_server", "max_output_total_bytes", &T_SIZE, "256MiB", FIELD(kvs_max_output_total_bytes), .min = 64 * KIB,
       .max = 64 * GIB },
+    { "kvs_server", "max_input_total_bytes", &T_SIZE, "256MiB", FIELD(kvs_max_input_total_bytes), .min = 64 * KIB,
+      .max = 64 * GIB },
 
     /* [kvcm]: off by default; the timings are the reference publisher's
      * (docs/PROTOCOLS.md §2); endpoints and host_ip_port have no default. Every

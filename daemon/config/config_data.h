@@ -164,6 +164,7 @@ struct kvn_config {
     uint32_t kvs_max_connections;    /* HTTP connections open at once (reloadable) */
     uint64_t kvs_max_output_bytes;   /* unsent reply bytes of one HTTP connection (reloadable) */
     uint64_t kvs_max_output_total_bytes; /* ... of all of them (reloadable) */
+    uint64_t kvs_max_input_total_bytes;  /* bytes of requests being received, all connections (reloadable) */
     uint32_t kvs_request_timeout_ms; /* an HTTP request must arrive whole within this (reloadable) */
 
     /* [kvcm] (every option restart-only; nothing is sent unless enabled):

@@ -53,6 +53,10 @@ struct httpd_conn {
     bool admitted;                    /* by the admit hook: release token at close */
     void *token;
     struct evbuffer_cb_entry *output_cb; /* counts the output buffer's bytes */
+    struct evbuffer_cb_entry *input_cb;  /* counts the bytes read of the request being received */
+    uint64_t input;                   /* bytes read since its request began */
+    bool input_over;                  /* over the input bound: the deadline event answers 503, closes */
+    char input_why[384];
     uint64_t output;                  /* bytes in it */
     uint32_t group;                   /* the admit hook's, or HTTPD_NO_GROUP */
     /* httpd_request_watch: the owner of a request that waits is told once if
@@ -93,6 +97,10 @@ struct httpd {
     uint64_t output_bytes, output_peak, output_refused;   /* peak: since the last trim */
     uint64_t group_bytes[HTTPD_MAX_GROUPS];               /* output_bytes of each group's connections */
     uint64_t output_refused_group;
+    httpd_group_output_fn group_input;   /* NULL: groups' input is not bounded */
+    void *group_input_arg;
+    uint64_t input_bytes, input_refused, input_refused_group;
+    uint64_t input_group[HTTPD_MAX_GROUPS];               /* input_bytes of each group's connections */
     uint64_t trimmed_ms;
 };
 
@@ -122,6 +130,74 @@ static void httpd_arm_deadline(struct httpd_conn *hc)
     evtimer_add(hc->deadline, &tv);
 }
 
+static void httpd_send_503(int fd, const char *why);
+
+/* ---- requests being received: counted from each connection's input buffer ------ */
+
+/* hc's request arrived whole, or hc closes: its bytes are no longer being
+ * received (the body is its request's, bounded by the owner from here). */
+static void httpd_input_forget(struct httpd_conn *hc)
+{
+    struct httpd *h = hc->h;
+    h->input_bytes -= hc->input < h->input_bytes ? hc->input : h->input_bytes;
+    if (hc->group < HTTPD_MAX_GROUPS) {
+        uint64_t *g = &h->input_group[hc->group];
+        *g -= hc->input < *g ? hc->input : *g;
+    }
+    hc->input = 0;
+}
+
+/* Why hc, having read more, is over the bound of all requests being
+ * received or its group's share of it; false when it is not. */
+static bool httpd_input_over(struct httpd_conn *hc, char *why, size_t whylen)
+{
+    struct httpd *h = hc->h;
+    struct httpd_limits lim = httpd_limits_now(h);
+    const char *opt = lim.max_input_total_option ? lim.max_input_total_option : "max_input_total_bytes";
+    char who[96] = "";
+
+    if (!lim.max_input_total_bytes)
+        return false;
+    if (h->input_bytes > lim.max_input_total_bytes) {
+        snprintf(why, whylen, "%llu bytes of requests are being received, more than %s (%llu); try again later",
+                 (unsigned long long)h->input_bytes, opt, (unsigned long long)lim.max_input_total_bytes);
+        return true;
+    }
+    if (hc->group >= HTTPD_MAX_GROUPS || !h->group_input)
+        return false;
+    uint64_t held = h->input_group[hc->group];
+    uint64_t bound = h->group_input(h->group_input_arg, hc->group, who, sizeof who);
+    if (bound == UINT64_MAX || held <= bound)
+        return false;
+    h->input_refused_group++;
+    snprintf(why, whylen, "%llu bytes of requests from %s are being received, more than its share of %s (%llu of "
+             "%llu bytes); send fewer or smaller requests at once, or try again later", (unsigned long long)held, who,
+             opt, (unsigned long long)bound, (unsigned long long)lim.max_input_total_bytes);
+    return true;
+}
+
+/* Bytes read off hc's socket (evhttp then moves them into its request). A
+ * connection that takes the bytes being received over their bound is
+ * answered 503 and closed from the loop (not from inside evhttp's read). */
+static void httpd_input_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+    struct httpd_conn *hc = arg;
+    struct httpd *h = hc->h;
+    (void)buf;
+    if (!info->n_added || hc->input_over)
+        return;
+    hc->input += info->n_added;
+    h->input_bytes += info->n_added;
+    if (hc->group < HTTPD_MAX_GROUPS)
+        h->input_group[hc->group] += info->n_added;
+    if (!httpd_input_over(hc, hc->input_why, sizeof hc->input_why))
+        return;
+    h->input_refused++;
+    hc->input_over = true;
+    bufferevent_disable(evhttp_connection_get_bufferevent(hc->evcon), EV_READ);
+    event_active(hc->deadline, EV_TIMEOUT, 1);   /* httpd_deadline_cb */
+}
+
 static void httpd_reply_sent_cb(struct evhttp_request *req, void *arg)
 {
     (void)req;
@@ -135,6 +211,8 @@ void httpd_request_arrived(struct httpd *h, struct evhttp_request *req)
     for (struct httpd_conn *hc = *httpd_bucket(h, evcon); hc; hc = hc->next) {
         if (hc->evcon == evcon) {
             evtimer_del(hc->deadline);
+            hc->input_over = false;   /* it arrived whole in the same read: it is served */
+            httpd_input_forget(hc);
             evhttp_request_set_on_complete_cb(req, httpd_reply_sent_cb, hc);
             return;
         }
@@ -346,6 +424,9 @@ static void httpd_conn_closed_cb(struct evhttp_connection *evcon, void *arg)
     }
     h->nconns--;
     httpd_output_forget(hc);
+    if (hc->input_cb && evhttp_connection_get_bufferevent(evcon))
+        evbuffer_remove_cb_entry(bufferevent_get_input(evhttp_connection_get_bufferevent(evcon)), hc->input_cb);
+    httpd_input_forget(hc);
     if (hc->admitted)
         h->release(h->admit_arg, hc->token);
     event_free(hc->deadline);
@@ -359,6 +440,14 @@ static void httpd_deadline_cb(evutil_socket_t fd, short what, void *arg)
     struct httpd_conn *hc = arg;
     (void)fd;
     (void)what;
+    if (hc->input_over) {
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(hc->evcon);
+        log_debug("%s: closing a connection with 503: %s", hc->h->name, hc->input_why);
+        if (bev && bufferevent_getfd(bev) >= 0)
+            httpd_send_503((int)bufferevent_getfd(bev), hc->input_why);
+        evhttp_connection_free(hc->evcon);   /* httpd_conn_closed_cb frees hc */
+        return;
+    }
     hc->h->timed_out++;
     log_debug("%s: closing a connection whose request did not arrive within %u ms", hc->h->name,
               httpd_limits_now(hc->h).request_timeout_ms);
@@ -481,6 +570,7 @@ static void httpd_adopt(struct httpd *h, struct httpd_conn *hc)
     h->accepted++;
     evhttp_connection_set_closecb(hc->evcon, httpd_conn_closed_cb, hc);
     hc->output_cb = evbuffer_add_cb(bufferevent_get_output(bev), httpd_output_cb, hc);
+    hc->input_cb = evbuffer_add_cb(bufferevent_get_input(bev), httpd_input_cb, hc);
     httpd_arm_deadline(hc);
     bufferevent_decref(bev);
 }
@@ -674,6 +764,11 @@ void httpd_set_group_output(struct httpd *h, httpd_group_output_fn fn, void *arg
     h->group_output = fn;
     h->group_output_arg = arg;
 }
+void httpd_set_group_input(struct httpd *h, httpd_group_output_fn fn, void *arg)
+{
+    h->group_input = fn;
+    h->group_input_arg = arg;
+}
 const char *httpd_address(const struct httpd *h) { return h->address; }
 bool httpd_stopping(const struct httpd *h) { return h->stopping; }
 
@@ -723,6 +818,7 @@ void httpd_get_stats(const struct httpd *h, struct httpd_stats *out)
         .refused = h->refused, .refused_reserve = h->refused_reserve, .refused_owner = h->refused_owner,
         .timed_out = h->timed_out, .output_bytes = h->output_bytes, .output_refused = h->output_refused,
         .output_max = httpd_limits_now(h).max_output_total_bytes, .output_refused_group = h->output_refused_group,
-        .accept_pauses = h->accept_pauses,
+        .accept_pauses = h->accept_pauses, .input_bytes = h->input_bytes, .input_refused = h->input_refused,
+        .input_max = httpd_limits_now(h).max_input_total_bytes, .input_refused_group = h->input_refused_group,
     };
 }

@@ -19,7 +19,11 @@
  *     (counted from each connection's output buffer): an owner asks
  *     httpd_reply_room before it writes a large reply. evhttp reads no
  *     new request of a connection until its reply is sent, so a
- *     connection holds at most one reply.
+ *     connection holds at most one reply;
+ *   - the bytes of requests being received (read off the socket until the
+ *     request is whole: evhttp holds a body in memory until then), per
+ *     group (httpd_set_group_input) and in all: a connection whose bytes
+ *     take either over its bound is answered 503 and closed.
  * The limits are asked for through a callback at each use, so a reload
  * applies to the next connection or request.
  *
@@ -61,6 +65,8 @@ struct httpd_limits {
     uint64_t max_output_bytes;            /* one reply (0: no cap) */
     uint64_t max_output_total_bytes;      /* unsent replies of all connections (0: no cap) */
     const char *max_output_option, *max_output_total_option;
+    uint64_t max_input_total_bytes;       /* requests being received, all connections (0: no cap) */
+    const char *max_input_total_option;
 };
 typedef void (*httpd_limits_fn)(void *arg, struct httpd_limits *out);
 
@@ -94,6 +100,10 @@ void httpd_set_admit(struct httpd *h, httpd_admit_fn admit, httpd_release_fn rel
  * who says whom they serve in a refusal ("tenant b"). */
 typedef uint64_t (*httpd_group_output_fn)(void *arg, uint32_t group, char *who, size_t wholen);
 void httpd_set_group_output(struct httpd *h, httpd_group_output_fn fn, void *arg);
+/* The same for the bytes of requests being received by the connections of
+ * group (asked each time one of them reads while max_input_total_bytes is
+ * set); over it, the connection that read is answered 503 and closed. */
+void httpd_set_group_input(struct httpd *h, httpd_group_output_fn fn, void *arg);
 /* What the hook established for req's connection at accept; NULL without a
  * hook or for a connection httpd does not hold (then nobody is known). */
 const struct httpd_peer *httpd_request_peer(struct httpd *h, struct evhttp_request *req);
@@ -136,6 +146,10 @@ struct httpd_stats {
     uint64_t output_max;       /* max_output_total_bytes now */
     uint64_t output_refused;   /* replies refused by httpd_reply_room */
     uint64_t output_refused_group; /* of them: at their group's bound (a tenant's share) */
+    uint64_t input_bytes;      /* bytes of requests being received (read, not yet whole), all connections */
+    uint64_t input_max;        /* max_input_total_bytes now */
+    uint64_t input_refused;    /* connections answered 503 and closed: over it */
+    uint64_t input_refused_group; /* of them: over their group's bound (a tenant's share) */
 };
 void httpd_get_stats(const struct httpd *h, struct httpd_stats *out);
 

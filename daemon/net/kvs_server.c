@@ -399,6 +399,8 @@ static void kvs_limits(void *arg, struct httpd_limits *out)
     out->max_output_total_bytes = (*k->deps.cfg)->kvs_max_output_total_bytes;
     out->max_output_option = "kvs_server.max_output_bytes";
     out->max_output_total_option = "kvs_server.max_output_total_bytes";
+    out->max_input_total_bytes = (*k->deps.cfg)->kvs_max_input_total_bytes;
+    out->max_input_total_option = "kvs_server.max_input_total_bytes";
 }
 
 int kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **out, char *err, size_t errlen)
@@ -441,6 +443,7 @@ int kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **ou
     }
     httpd_set_admit(k->httpd, kvs_http_admit, kvs_http_release, k->conns);
     httpd_set_group_output(k->httpd, kvs_http_group_output, k->conns);
+    httpd_set_group_input(k->httpd, kvs_http_group_input, k->conns);
     http = httpd_evhttp(k->httpd);
     evhttp_set_timeout(http, KVS_HTTP_TIMEOUT_S);
     evhttp_set_max_headers_size(http, 64 << 10);
@@ -505,6 +508,10 @@ void kvs_server_get_stats(const struct kvs_server *k, struct kvs_server_stats *o
     out->http_output_max = h.output_max;
     out->http_output_refused = h.output_refused;
     out->http_output_tenant_limit = h.output_refused_group;
+    out->http_input_bytes = h.input_bytes;
+    out->http_input_max = h.input_max;
+    out->http_input_refused = h.input_refused;
+    out->http_input_tenant_limit = h.input_refused_group;
     if (k->dp)
         kvs_dataplane_stats(k->dp, out);
 }

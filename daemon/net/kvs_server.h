@@ -163,6 +163,10 @@ struct kvs_server_stats {
     uint64_t http_output_max;         /* kvs_server.max_output_total_bytes */
     uint64_t http_output_refused;     /* replies refused: over max_output_bytes or the total */
     uint64_t http_output_tenant_limit; /* of them: over the tenant's share of the total */
+    uint64_t http_input_bytes;        /* bytes of requests being received (all connections) */
+    uint64_t http_input_max;          /* kvs_server.max_input_total_bytes */
+    uint64_t http_input_refused;      /* connections answered 503 and closed: over it */
+    uint64_t http_input_tenant_limit; /* of them: over the tenant's share of it */
 };
 
 /* What the front end uses, given at creation by whoever wires the process
@@ -222,6 +226,10 @@ void kvs_http_release(void *arg, void *token);
 /* httpd's group bound (httpd_set_group_output): the unsent reply bytes a
  * tenant's connections may hold, its share of max_output_total_bytes. */
 uint64_t kvs_http_group_output(void *arg, uint32_t group, char *who, size_t wholen);
+/* httpd's group input bound (httpd_set_group_input): the bytes of requests
+ * being received a tenant's connections may hold, its share of
+ * max_input_total_bytes (the same shares and reserve). */
+uint64_t kvs_http_group_input(void *arg, uint32_t group, char *who, size_t wholen);
 /* text (malloc'd JSON, a reply of *code to req) if the output caps let it
  * be written; else it is freed and an error naming the cap is returned
  * instead, *code set to 413 or 503. */

@@ -16,7 +16,9 @@
  * group of its slot here, and may hold its share of max_output_total_bytes
  * in unsent replies (the same shares as the connections', after a reserve
  * of 1/32 for clients without a tenant), so one tenant whose clients do
- * not read never has another's replies refused.
+ * not read never has another's replies refused. The same for the bytes of
+ * requests being received ([kvs_server] max_input_total_bytes): a tenant's
+ * slow uploads hold at most its share of them.
  * Loop thread only. */
 #include "net/kvs_server.h"
 
@@ -150,6 +152,24 @@ uint64_t kvs_http_group_output(void *arg, uint32_t group, char *who, size_t whol
     }
     /* tenants_share_of counts in 32 bits: in KiB. */
     uint64_t pool = (total - reserve) >> 10;
+    snprintf(who, wholen, "tenant %s", hc->tenant[group]->name);
+    return (uint64_t)tenants_share_of(hc->tenants, cfg, hc->tenant[group],
+                                      pool < UINT32_MAX ? (uint32_t)pool : UINT32_MAX) << 10;
+}
+
+uint64_t kvs_http_group_input(void *arg, uint32_t group, char *who, size_t wholen)
+{
+    struct kvs_http_conns *hc = arg;
+    const struct kvn_config *cfg = *hc->cfg;
+    uint64_t total = cfg->kvs_max_input_total_bytes, reserve = total / 32;
+
+    if (total == 0)
+        return UINT64_MAX;
+    if (group >= hc->ntenants) {
+        snprintf(who, wholen, "clients whose tenant is not known");
+        return reserve;
+    }
+    uint64_t pool = (total - reserve) >> 10;   /* tenants_share_of counts in 32 bits: in KiB */
     snprintf(who, wholen, "tenant %s", hc->tenant[group]->name);
     return (uint64_t)tenants_share_of(hc->tenants, cfg, hc->tenant[group],
                                       pool < UINT32_MAX ? (uint32_t)pool : UINT32_MAX) << 10;

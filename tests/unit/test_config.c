@@ -253,6 +253,7 @@ static const char *const all_options[][2] = {
     { "kvs_server", "default_term" }, { "kvs_server", "max_term" }, { "kvs_server", "tp_size" },
     { "kvs_server", "max_connections" }, { "kvs_server", "request_timeout" },
     { "kvs_server", "max_output_bytes" }, { "kvs_server", "max_output_total_bytes" },
+    { "kvs_server", "max_input_total_bytes" },
     { "kvcm", "enabled" }, { "kvcm", "endpoints" }, { "kvcm", "instance_group" }, { "kvcm", "instance_id" },
     { "kvcm", "host_ip_port" }, { "kvcm", "storage_type" }, { "kvcm", "medium_hbm" }, { "kvcm", "medium_host" },
     { "kvcm", "spec_name" }, { "kvcm", "location_uri" }, { "kvcm", "request_timeout" },
@@ -344,6 +345,7 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(c.kvs_max_connections, 1024);
     ck_assert_uint_eq(c.kvs_request_timeout_ms, 10000);
     ck_assert_uint_eq(c.kvs_max_output_bytes, 32ull << 20);
+    ck_assert_uint_eq(c.kvs_max_input_total_bytes, 256ull << 20);
     ck_assert_uint_eq(c.kvs_max_output_total_bytes, 256ull << 20);
     /* [kvcm]: off, and the reference publisher's timings (docs/PROTOCOLS.md §2). */
     ck_assert_int_eq(c.kvcm.enabled, 0);
