@@ -159,6 +159,24 @@ START_TEST(stalled_uploads_are_bounded_per_tenant)
             "%lld -> %lld kB (+%lld MiB)\n", NCONNS, BODY, sent_total, held, refused, tenant_limit, rss0, rss1,
             (rss1 - rss0) >> 10);
 
+    /* What the refused clients saw: a 503 naming the option (over TCP one
+     * still sending when the daemon closed may see a reset instead; a unix
+     * socket keeps what was sent to it). */
+    int saw503 = 0;
+    char first[512] = "";
+    for (int i = 0; i < NCONNS; i++) {
+        char buf[512];
+        ssize_t n = recv(fds[i], buf, sizeof buf - 1, MSG_DONTWAIT);
+        if (n > 0) {
+            buf[n] = '\0';
+            saw503 += strncmp(buf, "HTTP/1.1 503", 12) == 0;
+            if (!first[0])
+                snprintf(first, sizeof first, "%s", buf);
+        }
+    }
+    fprintf(stderr, "stalled_uploads_are_bounded_per_tenant: %d refused clients read a 503; the first:\n%s\n", saw503,
+            first);
+
     struct b_env be = { e.url, e.kvs_sock };
     int rc = tenants_run_as(b_stores, &be, B_UID, B_UID, NULL, 0);
     ck_assert_msg(rc == 0, "tenant b's /acquire failed (%d) while tenant a's stalled uploads are held", rc);
@@ -171,6 +189,8 @@ START_TEST(stalled_uploads_are_bounded_per_tenant)
     /* a's share: two thirds of the total less the 1/32 reserve; each
      * upload it keeps holds ~1 MiB. */
     ck_assert_msg(held > INPUT_MAX / 4, "tenant a kept too little: %lld bytes", held);
+    ck_assert_msg(saw503 >= 1 && strstr(first, "share of kvs_server.max_input_total_bytes"),
+                  "no refused client read a 503 naming its share (%d did): %s", saw503, first);
 
     for (int i = 0; i < NCONNS; i++)
         close(fds[i]);
