@@ -69,6 +69,7 @@ error, and the connector reconnects by itself (at most once per ``reconnect_inte
 ``event_fd()`` stays the same descriptor.
 """
 
+import _thread
 import itertools
 import logging
 import operator
@@ -124,6 +125,22 @@ class _Batch:
         self.hits = [False] * n
         self.parts = 0
         self.error = None
+
+
+class _Deadline:
+    """fn(*args) after seconds unless cancelled first; its thread starts without the
+    caller waiting for it."""
+
+    def __init__(self, seconds, fn, args):
+        self._cancelled = threading.Event()
+        _thread.start_new_thread(self._run, (seconds, fn, args))
+
+    def _run(self, seconds, fn, args):
+        if not self._cancelled.wait(seconds):
+            fn(*args)
+
+    def cancel(self):
+        self._cancelled.set()
 
 
 class _Space:
@@ -351,13 +368,13 @@ class KvnodeL2Connector:
             self._start_connect(space)
 
     def _start_connect(self, space):
+        # _thread, not threading.Thread: Thread.start() waits until the new
+        # thread runs, which on a loaded machine held the caller's submit
+        # ~100 ms (the caller must not wait for anything).
         space.connecting, space.stalled = True, False
         space.gen += 1
-        threading.Thread(target=self._connect, args=(space, space.gen), daemon=True,
-                         name="kvnode-lmcache-connect").start()
-        space.timer = threading.Timer(self._timeout_s, self._stall, (space, space.gen))
-        space.timer.daemon = True
-        space.timer.start()
+        _thread.start_new_thread(self._connect, (space, space.gen))
+        space.timer = _Deadline(self._timeout_s, self._stall, (space, space.gen))
 
     def _connect(self, space, gen):
         """A connect attempt (on its own thread: libkvnode's connect waits for the daemon)."""
