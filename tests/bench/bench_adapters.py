@@ -541,7 +541,7 @@ def measure(paths, rounds):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--layers", type=int, default=8,
                     help="layers of the SGLang host pools (a divisor of 64; more layers, "
                          "smaller layer_first pieces)")
