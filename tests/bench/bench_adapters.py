@@ -14,7 +14,22 @@ kvnode_submit_exists, a poll of the event fd and kvnode_drain (asynchronous and 
 LMCache's exists; kvnode_submit_match_checked with a library older than KVNODE_0.6). Both
 ratios are printed.
 
-    make bench-adapters [BENCH_ADAPTERS_ARGS="--rounds 50"]
+Then every SGLang host layout (layer_first, page_first, page_first_direct, page_head; MHA
+and MLA where SGLang has them, MLA has no page_head): torch host pools built as SGLang's
+pool_host builds them (tests/python/test_sglang_engine.py: 16-token pages of 64 KiB in
+bfloat16, --layers layers), moved by batch_set_v1 / batch_get_v1 / batch_exists, next to the
+C API doing the same work from the same key strings: kvnode_fold_text, then, per namespace
+the adapter uses for that layout (K and V, one MLA buffer, one gathered page for
+layer_first) and with the same block sizes, kvnode_put_batch_checked /
+kvnode_get_batch_checked from / into contiguous page buffers and kvnode_match_checked. The
+adapter's time includes the pool's own get_page_buffer_meta (SGLang's Python, printed apart)
+and, for layer_first, the gather of each page's per-layer pieces into / out of its block.
+
+Correctness: every put is read back and every get compared byte for byte (untimed, in
+every round, the destination zeroed before each get), every exists must find the stored
+prefix; a wrong byte or count stops the bench with an error.
+
+    make bench-adapters [BENCH_ADAPTERS_ARGS="--rounds 50 --layers 8"]
 """
 import argparse
 import ctypes
@@ -30,26 +45,48 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path[:0] = [os.path.join(ROOT, "python"), os.path.join(ROOT, "tests", "python")]
 
 import numpy  # noqa: E402
+import torch  # noqa: E402
 
 import kvnode  # noqa: E402
 import kvnode.lmcache  # noqa: E402
 import kvnode.sglang  # noqa: E402
 from conftest import running_daemon  # noqa: E402
 from fake_sglang import HostPool, StorageConfig, host_indices  # noqa: E402
+from test_sglang_engine import MHAHost, MLAHost, indices, raw  # noqa: E402
 
 PAGES, PAGE_BYTES, EXIST_KEYS = 64, 64 * 1024, 256
+PAGE_TOKENS = 16
+# (layout, MLA) as SGLang's host pools offer them (MLA has no page_head)
+SGLANG_LAYOUTS = [("layer_first", False), ("page_first", False), ("page_first_direct", False),
+                  ("page_head", False), ("layer_first", True), ("page_first", True),
+                  ("page_first_direct", True)]
+LIMIT = 1.5             # issue 31: each adapter within 1.5x of the C API
 _lib = kvnode._lib._lib
+
+
+class WrongBytes(RuntimeError):
+    """A correctness check of the bench failed (never an assert: python -O keeps it)."""
+
+
+def need(ok, what):
+    if not ok:
+        raise WrongBytes(what)
+
+
+def sha_keys(tag, n):
+    return [hashlib.sha256(b"%s-%d" % (tag, i)).hexdigest() for i in range(n)]
 
 
 class CApi:
     """kvnode_put_batch / kvnode_get_batch / kvnode_match with prepared arrays."""
 
-    def __init__(self, sock, block_bytes, tag=""):
+    def __init__(self, sock, block_bytes, tag="", seed=1):
         self.client = kvnode.Client(sock, kvnode.Layout(model="bench-c-%d%s" % (block_bytes, tag),
                                                         dtype="u8", block_tokens=16,
                                                         block_bytes=block_bytes))
         self.h = self.client._c
-        self.pages = numpy.random.default_rng(1).integers(0, 255, (PAGES, block_bytes), numpy.uint8)
+        self.pages = numpy.random.default_rng(seed).integers(0, 256, (PAGES, block_bytes),
+                                                             numpy.uint8)
         self.out = numpy.zeros_like(self.pages)
         self.src = (ctypes.c_void_p * PAGES)(*[self.pages[i].ctypes.data for i in range(PAGES)])
         self.dst = (ctypes.c_void_p * PAGES)(*[self.out[i].ctypes.data for i in range(PAGES)])
@@ -59,27 +96,43 @@ class CApi:
         return (ctypes.c_int64 * n)(*range(base, base + n))
 
     def put(self, keys):
-        assert _lib.kvnode_put_batch(ctypes.c_void_p(self.h), keys, PAGES, self.src, 0) == 0
+        need(_lib.kvnode_put_batch(ctypes.c_void_p(self.h), keys, PAGES, self.src, 0) == 0,
+             "C put_batch failed")
 
     def get(self, keys):
-        assert _lib.kvnode_get_batch(ctypes.c_void_p(self.h), keys, PAGES, self.dst, 0,
-                                     ctypes.byref(self.got)) == 0 and self.got.value == PAGES
+        need(_lib.kvnode_get_batch(ctypes.c_void_p(self.h), keys, PAGES, self.dst, 0,
+                                   ctypes.byref(self.got)) == 0 and self.got.value == PAGES,
+             "C get_batch read %d of %d" % (self.got.value, PAGES))
 
     def match(self, keys):
-        assert _lib.kvnode_match(ctypes.c_void_p(self.h), keys, EXIST_KEYS,
-                                 ctypes.byref(self.got)) == 0
+        need(_lib.kvnode_match(ctypes.c_void_p(self.h), keys, EXIST_KEYS,
+                               ctypes.byref(self.got)) == 0 and self.got.value == PAGES,
+             "C match found %d, %d stored" % (self.got.value, PAGES))
+
+    def verify(self, what):
+        """out holds exactly pages (byte for byte); then zeroed for the next read."""
+        need(numpy.array_equal(self.pages, self.out), "%s: wrong bytes read back" % what)
+        self.out[...] = 0
 
 
 class Path:
     """One way through: put(r) stores fresh keys of round r (forget(r) deletes them again,
     untimed, so every put lands in memory the daemon has touched), get() reads 64 stored
-    pages, exists() asks about 256 keys, check() verifies the bytes read, close()."""
+    pages, exists() asks about 256 keys (64 stored). Untimed: after_put(r) reads round r's
+    pages back and compares them, after_get() compares the pages read, after_exists() the
+    answer; each raises WrongBytes on a difference. close()."""
     OPS = ("put", "get", "exists")
 
     def forget(self, r):
         pass
 
-    def check(self):
+    def after_put(self, r):
+        pass
+
+    def after_get(self):
+        pass
+
+    def after_exists(self):
         pass
 
 
@@ -99,6 +152,11 @@ class CPath(Path):
         for c in self.cs:
             c.put(self.fresh[r])
 
+    def after_put(self, r):
+        for c in self.cs:
+            c.get(self.fresh[r])
+            c.verify("C put")
+
     def forget(self, r):
         for c in self.cs:
             c.client.delete(list(self.fresh[r]))
@@ -107,12 +165,13 @@ class CPath(Path):
         for c in self.cs:
             c.get(self.stored)
 
+    def after_get(self):
+        for c in self.cs:
+            c.verify("C get")
+
     def exists(self):
         for c in self.cs:
             c.match(self.ek)
-
-    def check(self):
-        assert all(numpy.array_equal(c.pages, c.out) for c in self.cs)
 
     def close(self):
         for c in self.cs:
@@ -120,22 +179,21 @@ class CPath(Path):
 
 
 class CFoldPath(Path):
-    OPS = ("exists",)
-
     """batch_exists through the C API from the same key strings an adapter gets: fold them
     (kvnode_fold_text), then match with check words, synchronously (one MATCH per part, as
     SGLang's two namespaces) or asynchronously (submit, poll the event fd, drain)."""
+    OPS = ("exists",)
 
     def __init__(self, sock, keys, parts=1, asynchronous=False):
         self.cs = [CApi(sock, PAGE_BYTES // parts, "-fold-%d" % i) for i in range(parts)]
         self.text = "\0".join(keys).encode("utf-8")
         self.n = len(keys)
         self.karr, self.carr = (ctypes.c_int64 * self.n)(), (ctypes.c_uint64 * self.n)()
-        assert _lib.kvnode_fold_text(self.text, len(self.text), self.n, self.karr,
-                                     self.carr) == self.n
+        need(_lib.kvnode_fold_text(self.text, len(self.text), self.n, self.karr,
+                                   self.carr) == self.n, "kvnode_fold_text")
         for c in self.cs:      # the first PAGES keys stored, as in the adapters' runs
-            assert _lib.kvnode_put_batch_checked(ctypes.c_void_p(c.h), self.karr, self.carr,
-                                                 PAGES, c.src, 0) == 0
+            need(_lib.kvnode_put_batch_checked(ctypes.c_void_p(c.h), self.karr, self.carr,
+                                               PAGES, c.src, 0) == 0, "C put_batch_checked")
         self.asynchronous = asynchronous
         self.tiers = kvnode._lib._CTiers()
         self.ticket = ctypes.c_uint64(0)
@@ -146,26 +204,34 @@ class CFoldPath(Path):
             else None
 
     def exists(self):
-        assert _lib.kvnode_fold_text(self.text, len(self.text), self.n, self.karr,
-                                     self.carr) == self.n
+        need(_lib.kvnode_fold_text(self.text, len(self.text), self.n, self.karr,
+                                   self.carr) == self.n, "kvnode_fold_text")
         if self.asynchronous:
             h = ctypes.c_void_p(self.cs[0].h)
             if self.per_key is not None:
-                assert _lib.kvnode_submit_exists(h, self.karr, self.carr, ctypes.c_size_t(self.n),
-                                                 self.per_key, None,
-                                                 ctypes.byref(self.ticket)) == 0
+                need(_lib.kvnode_submit_exists(h, self.karr, self.carr, ctypes.c_size_t(self.n),
+                                               self.per_key, None,
+                                               ctypes.byref(self.ticket)) == 0, "submit_exists")
             else:
-                assert _lib.kvnode_submit_match_checked(h, self.karr, self.carr, self.n, None,
-                                                        ctypes.byref(self.ticket)) == 0
+                need(_lib.kvnode_submit_match_checked(h, self.karr, self.carr, self.n, None,
+                                                      ctypes.byref(self.ticket)) == 0,
+                     "submit_match_checked")
             while True:
                 select.select([self.fd], [], [], 10)
                 if _lib.kvnode_drain(h, self.comp, 4):
-                    assert self.comp[0].rc == 0 and self.comp[0].count == PAGES
+                    need(self.comp[0].rc == 0 and self.comp[0].count == PAGES,
+                         "C async exists: rc %d, %d found" % (self.comp[0].rc,
+                                                              self.comp[0].count))
                     return
         for c in self.cs:
-            assert _lib.kvnode_match_checked(ctypes.c_void_p(c.h), self.karr, self.carr, self.n,
-                                             ctypes.byref(self.tiers)) == 0
-            assert self.tiers.matched == PAGES
+            need(_lib.kvnode_match_checked(ctypes.c_void_p(c.h), self.karr, self.carr, self.n,
+                                           ctypes.byref(self.tiers)) == 0
+                 and self.tiers.matched == PAGES, "C match_checked")
+
+    def after_exists(self):
+        if self.asynchronous and self.per_key is not None:
+            need(list(self.per_key) == [True] * PAGES + [False] * (self.n - PAGES),
+                 "C exists: wrong per-key answers")
 
     def close(self):
         for c in self.cs:
@@ -173,11 +239,14 @@ class CFoldPath(Path):
 
 
 class SGLangPath(Path):
+    """kvnode.sglang over fake_sglang's numpy page_first pool (the rows of earlier runs)."""
+
     def __init__(self, sock, rounds, mla):
         comp = PAGE_BYTES if mla else PAGE_BYTES // 2
+        self.mla = mla
         self.pool = HostPool(2 * PAGES, page_size=16, layers=1, heads=1,
                              head_dim=comp // 16 // 2, mla=mla)
-        assert self.pool.page_size * self.pool.token_bytes == comp
+        need(self.pool.page_size * self.pool.token_bytes == comp, "pool geometry")
         for p in range(PAGES):
             self.pool.fill(p * 16, seed=p)
         self.store = kvnode.sglang.KvnodeHiCacheStorage(StorageConfig(
@@ -185,32 +254,207 @@ class SGLangPath(Path):
             extra_config=dict(socket_path=sock)), {})
         self.store.register_mem_pool_host(self.pool)
         self.src, self.dst = host_indices(0, PAGES, 16), host_indices(PAGES, PAGES, 16)
-        self.fresh = [[hashlib.sha256(b"%d-%d" % (r, i)).hexdigest() for i in range(PAGES)]
-                      for r in range(rounds)]
-        self.keys = [hashlib.sha256(b"exists-%d" % i).hexdigest() for i in range(EXIST_KEYS)]
-        assert self.store.batch_set_v1(self.keys[:PAGES], self.src) == [True] * PAGES
+        self.fresh = [sha_keys(b"%d" % r, PAGES) for r in range(rounds)]
+        self.keys = sha_keys(b"exists", EXIST_KEYS)
+        need(self.store.batch_set_v1(self.keys[:PAGES], self.src) == [True] * PAGES,
+             "sglang set")
 
     def put(self, r):
-        assert self.store.batch_set_v1(self.fresh[r], self.src) == [True] * PAGES
+        need(self.store.batch_set_v1(self.fresh[r], self.src) == [True] * PAGES, "sglang put")
+
+    def after_put(self, r):
+        need(self.store.batch_get_v1(self.fresh[r], self.dst) == [True] * PAGES,
+             "sglang: round %d's pages not read back" % r)
+        self.after_get()
 
     def forget(self, r):
-        conn = self.store._acquire()
-        keys, checks = kvnode.fold_digests(self.fresh[r])
-        for c in conn.clients:
-            c.delete(keys, conn.words(checks))
-        self.store._release(conn)
+        forget_sglang(self.store, self.fresh[r])
 
     def get(self):
-        assert self.store.batch_get_v1(self.keys[:PAGES], self.dst) == [True] * PAGES
+        need(self.store.batch_get_v1(self.keys[:PAGES], self.dst) == [True] * PAGES,
+             "sglang get")
+
+    def after_get(self):
+        need(all(self.pool.page((PAGES + p) * 16) == self.pool.page(p * 16)
+                 for p in range(PAGES)), "sglang: wrong bytes read back")
+        dst = slice(PAGES * 16, None)
+        if self.mla:
+            self.pool.kv_buffer[dst] = 0
+        else:
+            self.pool.kv_buffer[:, dst] = 0
 
     def exists(self):
-        assert self.store.batch_exists(self.keys) == PAGES
-
-    def check(self):
-        assert all(self.pool.page((PAGES + p) * 16) == self.pool.page(p * 16) for p in range(PAGES))
+        need(self.store.batch_exists(self.keys) == PAGES, "sglang batch_exists")
 
     def close(self):
         self.store.close()
+
+
+def forget_sglang(store, keys):
+    conn = store._acquire()
+    folded, checks = kvnode.fold_digests(keys)
+    for c in conn.clients:
+        c.delete(folded, conn.words(checks))
+    store._release(conn)
+
+
+def host_pool(layout, mla, layers):
+    """SGLang's host pool of 2 x PAGES pages of 64 KiB (PAGE_TOKENS tokens, bfloat16)."""
+    if mla:
+        return MLAHost(layout, pages=2 * PAGES, page_size=PAGE_TOKENS, layers=layers,
+                       dim=PAGE_BYTES // (PAGE_TOKENS * 2 * layers))
+    return MHAHost(layout, pages=2 * PAGES, page_size=PAGE_TOKENS, layers=layers, heads=4,
+                   head_dim=PAGE_BYTES // (2 * PAGE_TOKENS * 2 * layers * 4))
+
+
+def pool_pages(pool, first, n):
+    """The pool's pages [first, first + n) as one view of its buffer."""
+    t = slice(first * pool.page_size, (first + n) * pool.page_size)
+    mla = isinstance(pool, MLAHost)
+    if pool.layout == "layer_first":
+        return pool.kv_buffer[:, t] if mla else pool.kv_buffer[:, :, t]
+    if pool.layout == "page_first":
+        return pool.kv_buffer[t] if mla else pool.kv_buffer[:, t]
+    return pool.kv_buffer[first:first + n] if mla else pool.kv_buffer[:, first:first + n]
+
+
+class SGLangLayoutPath(Path):
+    """kvnode.sglang over a torch host pool of one SGLang layout: pages 0..63 are the
+    source, 64..127 the destination (the cache controller's host indices)."""
+
+    def __init__(self, sock, rounds, layout, mla, layers):
+        self.pool = host_pool(layout, mla, layers)
+        self.pool.kv_buffer.view(-1).copy_(torch.randn(self.pool.kv_buffer.numel(),
+                                                       generator=torch.Generator().manual_seed(7))
+                                           .to(self.pool.kv_buffer.dtype))
+        pool_pages(self.pool, PAGES, PAGES).zero_()
+        self.store = kvnode.sglang.KvnodeHiCacheStorage(StorageConfig(
+            is_mla_model=mla, model_name="bench-sgl-%s-%s" % (layout, "mla" if mla else "mha"),
+            extra_config=dict(socket_path=sock)), {})
+        self.store.register_mem_pool_host(self.pool)
+        self.component_bytes = list(self.store.component_bytes)
+        need(sum(self.component_bytes) == PAGE_BYTES, "%s: pages of %d bytes"
+             % (layout, sum(self.component_bytes)))
+        self.pieces = self.store._plans[kvnode.sglang.KV_POOL].pieces
+        self.src, self.dst = indices(0, PAGES, PAGE_TOKENS), indices(PAGES, PAGES, PAGE_TOKENS)
+        self.expect = raw(pool_pages(self.pool, 0, PAGES))
+        tag = ("%s-%s" % (layout, mla)).encode()
+        self.fresh = [sha_keys(b"%s-%d" % (tag, r), PAGES) for r in range(rounds)]
+        self.keys = sha_keys(b"exists-" + tag, EXIST_KEYS)
+        need(self.store.batch_set_v1(self.keys[:PAGES], self.src) == [True] * PAGES,
+             "sglang %s set" % layout)
+
+    def meta_seconds(self, times=20):
+        """The pool's own get_page_buffer_meta for one batch (SGLang's code, not kvnode's)."""
+        t = []
+        for _ in range(times):
+            t0 = time.perf_counter()
+            self.pool.get_page_buffer_meta(self.src)
+            t.append(time.perf_counter() - t0)
+        return statistics.median(t)
+
+    def put(self, r):
+        need(self.store.batch_set_v1(self.fresh[r], self.src) == [True] * PAGES,
+             "sglang %s put" % self.pool.layout)
+
+    def after_put(self, r):
+        need(self.store.batch_get_v1(self.fresh[r], self.dst) == [True] * PAGES,
+             "sglang %s: round %d's pages not read back" % (self.pool.layout, r))
+        self.after_get()
+
+    def forget(self, r):
+        forget_sglang(self.store, self.fresh[r])
+
+    def get(self):
+        need(self.store.batch_get_v1(self.keys[:PAGES], self.dst) == [True] * PAGES,
+             "sglang %s get" % self.pool.layout)
+
+    def after_get(self):
+        got = pool_pages(self.pool, PAGES, PAGES)
+        need(raw(got) == self.expect, "sglang %s: wrong bytes read back" % self.pool.layout)
+        got.zero_()
+
+    def exists(self):
+        need(self.store.batch_exists(self.keys) == PAGES, "sglang %s batch_exists"
+             % self.pool.layout)
+
+    def close(self):
+        self.store.close()
+
+
+class CLayoutPath(Path):
+    """The C API doing a layout's work from the same key strings: kvnode_fold_text, then per
+    namespace of the adapter (block sizes component_bytes) kvnode_put_batch_checked /
+    kvnode_get_batch_checked (each next namespace reading what the previous one found, as
+    the adapter) and kvnode_match_checked (likewise)."""
+
+    def __init__(self, sock, rounds, tag, component_bytes, fresh, keys):
+        self.cs = [CApi(sock, nb, "-%s-%d" % (tag, i), seed=11 + i)
+                   for i, nb in enumerate(component_bytes)]
+        self.fresh = [self.prepare(k) for k in fresh]
+        self.stored = self.prepare(keys[:PAGES])
+        self.ek = self.prepare(keys)
+        self.tiers = kvnode._lib._CTiers()
+        self.put_keys(self.stored)
+
+    @staticmethod
+    def prepare(keys):
+        text = "\0".join(keys).encode("utf-8")
+        n = len(keys)
+        return text, n, (ctypes.c_int64 * n)(), (ctypes.c_uint64 * n)()
+
+    @staticmethod
+    def fold(k):
+        text, n, karr, carr = k
+        need(_lib.kvnode_fold_text(text, len(text), n, karr, carr) == n, "kvnode_fold_text")
+        return n, karr, carr
+
+    def put_keys(self, k):
+        n, karr, carr = self.fold(k)
+        for c in self.cs:
+            need(_lib.kvnode_put_batch_checked(ctypes.c_void_p(c.h), karr, carr, n, c.src, 0)
+                 == 0, "C put_batch_checked")
+
+    def get_keys(self, k):
+        n, karr, carr = self.fold(k)
+        hit = n
+        for c in self.cs:
+            need(_lib.kvnode_get_batch_checked(ctypes.c_void_p(c.h), karr, carr, hit, c.dst, 0,
+                                               ctypes.byref(c.got)) == 0, "C get_batch_checked")
+            hit = c.got.value
+        need(hit == PAGES, "C get_batch_checked read %d of %d" % (hit, PAGES))
+
+    def put(self, r):
+        self.put_keys(self.fresh[r])
+
+    def after_put(self, r):
+        self.get_keys(self.fresh[r])
+        self.after_get()
+
+    def forget(self, r):
+        n, karr, carr = self.fold(self.fresh[r])
+        for c in self.cs:
+            c.client.delete(karr, carr)
+
+    def get(self):
+        self.get_keys(self.stored)
+
+    def after_get(self):
+        for c in self.cs:
+            c.verify("C layout get")
+
+    def exists(self):
+        n, karr, carr = self.fold(self.ek)
+        hit = n
+        for c in self.cs:
+            need(_lib.kvnode_match_checked(ctypes.c_void_p(c.h), karr, carr, hit,
+                                           ctypes.byref(self.tiers)) == 0, "C match_checked")
+            hit = self.tiers.matched
+        need(hit == PAGES, "C match_checked found %d, %d stored" % (hit, PAGES))
+
+    def close(self):
+        for c in self.cs:
+            c.client.close()
 
 
 class LMCachePath(Path):
@@ -218,12 +462,14 @@ class LMCachePath(Path):
         self.conn = kvnode.lmcache.KvnodeL2Connector(socket_path=sock, model="bench-lmc",
                                                      block_bytes=PAGE_BYTES)
         self.fd = self.conn.event_fd()
-        self.pages = numpy.random.default_rng(2).integers(0, 255, (PAGES, PAGE_BYTES), numpy.uint8)
+        self.pages = numpy.random.default_rng(2).integers(0, 256, (PAGES, PAGE_BYTES),
+                                                          numpy.uint8)
         self.out = numpy.zeros_like(self.pages)
         self.src = [memoryview(self.pages[i]) for i in range(PAGES)]
         self.dst = [memoryview(self.out[i]) for i in range(PAGES)]
         self.fresh = [["bench-%d-%d" % (r, i) for i in range(PAGES)] for r in range(rounds)]
         self.keys = ["bench-exists-%d" % i for i in range(EXIST_KEYS)]
+        self.answer = None
         self.wait(self.conn.submit_batch_set(self.keys[:PAGES], self.src))
 
     def wait(self, fid):
@@ -231,24 +477,35 @@ class LMCachePath(Path):
         while True:
             select.select([self.fd], [], [], 10)
             for f, ok, err, per_key in self.conn.drain_completions():
-                assert ok, err
+                need(ok, "lmcache: %s" % err)
                 if f == fid:
                     return per_key
 
     def put(self, r):
         self.wait(self.conn.submit_batch_set(self.fresh[r], self.src))
 
+    def after_put(self, r):
+        need(self.wait(self.conn.submit_batch_get(self.fresh[r], self.dst)) == [True] * PAGES,
+             "lmcache: round %d's chunks not read back" % r)
+        self.after_get()
+
     def forget(self, r):
         self.wait(self.conn.submit_batch_delete(self.fresh[r]))
 
     def get(self):
-        assert self.wait(self.conn.submit_batch_get(self.keys[:PAGES], self.dst)) == [True] * PAGES
+        need(self.wait(self.conn.submit_batch_get(self.keys[:PAGES], self.dst)) == [True] * PAGES,
+             "lmcache get")
+
+    def after_get(self):
+        need(numpy.array_equal(self.pages, self.out), "lmcache: wrong bytes read back")
+        self.out[...] = 0
 
     def exists(self):
-        self.wait(self.conn.submit_batch_exists(self.keys))
+        self.answer = self.wait(self.conn.submit_batch_exists(self.keys))
 
-    def check(self):
-        assert numpy.array_equal(self.pages, self.out)
+    def after_exists(self):
+        need(list(self.answer) == [True] * PAGES + [False] * (EXIST_KEYS - PAGES),
+             "lmcache exists: wrong per-key answers %r" % (self.answer,))
 
     def close(self):
         self.conn.close()
@@ -256,7 +513,8 @@ class LMCachePath(Path):
 
 def measure(paths, rounds):
     """Median seconds of each operation of each path; the paths take turns within every
-    round (in a rotating order), so a busy machine slows them alike."""
+    round (in a rotating order), so a busy machine slows them alike. Every operation is
+    followed (untimed) by its path's byte-exact check."""
     times = {name: {"put": [], "get": [], "exists": []} for name in paths}
     names = list(paths)
     for r in range(-1, rounds):          # round -1 warms up, untimed
@@ -270,11 +528,12 @@ def measure(paths, rounds):
                 p.put(max(r, 0)) if op == "put" else getattr(p, op)()
                 dt = time.perf_counter() - t0
                 if op == "put":
+                    p.after_put(max(r, 0))
                     p.forget(max(r, 0))
+                else:
+                    getattr(p, "after_" + op)()
                 if r >= 0:
                     times[name][op].append(dt)
-    for p in paths.values():
-        p.check()
     return {name: tuple(statistics.median(t[op]) if t[op] else None
                         for op in ("put", "get", "exists"))
             for name, t in times.items()}
@@ -282,12 +541,17 @@ def measure(paths, rounds):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--layers", type=int, default=8,
+                    help="layers of the SGLang host pools (a divisor of 64; more layers, "
+                         "smaller layer_first pieces)")
     args = ap.parse_args()
+    if args.layers < 1 or 64 % args.layers:
+        ap.error("--layers must divide 64")
     mib = PAGES * PAGE_BYTES / 2 ** 20
     with tempfile.TemporaryDirectory(prefix="kvnode-bench-adapters-") as d:
         with running_daemon(d, os.path.join(d, "s.sock"), "memory.host_bytes=1GiB") as sock:
-            sgl_keys = [hashlib.sha256(b"exists-%d" % i).hexdigest() for i in range(EXIST_KEYS)]
+            sgl_keys = sha_keys(b"exists", EXIST_KEYS)
             lmc_keys = ["bench-exists-%d" % i for i in range(EXIST_KEYS)]
             paths = {"C API, 64 KiB blocks": CPath(sock, args.rounds),
                      "sglang MLA (1 x 64 KiB)": SGLangPath(sock, args.rounds, True),
@@ -297,7 +561,16 @@ def main():
                      "C fold+match, sglang keys": CFoldPath(sock, sgl_keys),
                      "C fold+match, 2 parts": CFoldPath(sock, sgl_keys, parts=2),
                      "C fold+async, lmcache keys": CFoldPath(sock, lmc_keys, asynchronous=True)}
+            layouts = []
+            for layout, mla in SGLANG_LAYOUTS:
+                name = "%s %s" % ("MLA" if mla else "MHA", layout)
+                sp = SGLangLayoutPath(sock, args.rounds, layout, mla, args.layers)
+                cp = CLayoutPath(sock, args.rounds, name.replace(" ", "-"), sp.component_bytes,
+                                 sp.fresh, sp.keys)
+                paths["sglang " + name], paths["C " + name] = sp, cp
+                layouts.append((name, sp))
             got = measure(paths, args.rounds)
+            meta = {name: sp.meta_seconds() for name, sp in layouts}
             for p in paths.values():
                 p.close()
     c1, c2 = got["C API, 64 KiB blocks"], got["C API, 2 x 32 KiB blocks"]
@@ -317,6 +590,28 @@ def main():
                           ("C fold+match, 2 parts", "sglang MHA (K+V 32 KiB)")):
         ex, aex = got[name][2], got[adapter][2]
         print("%-28s %11s %11s %13.1f   %s: %.2f" % (name, "-", "-", ex * 1e6, adapter, aex / ex))
+    print("SGLang host layouts (torch pools, %d layers, bfloat16, %d-token pages of %d KiB) next "
+          "to the C API from the same key strings (fold, check words, the same namespaces):"
+          % (args.layers, PAGE_TOKENS, PAGE_BYTES // 1024))
+    print("%-44s %11s %11s %13s   %-20s %s" % ("layout (pieces/page, blocks)", "put MiB/s",
+                                               "get MiB/s", "exists us", "ratio put/get/exists",
+                                               "pool meta us"))
+    over = []
+    for name, sp in layouts:
+        a, c = got["sglang " + name], got["C " + name]
+        ratios = [a[i] / c[i] for i in range(3)]
+        blocks = "+".join("%dK" % (nb // 1024) for nb in sp.component_bytes)
+        for who, t in (("sglang", a), ("C", c)):
+            label = "%s %s (%d, %s)" % (who, name, sp.pieces, blocks) if who == "sglang" \
+                else "  C API, same work"
+            print("%-44s %11.0f %11.0f %13.1f" % (label, mib / t[0], mib / t[1], t[2] * 1e6)
+                  + ("   %.2f / %.2f / %.2f%s %11.1f"
+                     % (tuple(ratios) + ("" if max(ratios) <= LIMIT else " *",
+                                         meta[name] * 1e6)) if who == "sglang" else ""))
+        if max(ratios) > LIMIT:
+            over.append(name)
+    print("within %.1fx of the C API: %s" % (LIMIT, "every layout" if not over else
+                                             "all but %s (*)" % ", ".join(over)))
     return 0
 
 
