@@ -30,7 +30,10 @@ Host layouts. ``get_page_buffer_meta`` gives, per page, the pieces of that page:
   layers pieces for MLA), scattered over the pool. A page is one kvnode block (component
   ``page``): a put copies the pieces into the block's slot in the daemon's shared memory (a
   ``write`` lease), a get copies them out of the pinned block (a ``read`` lease) - one copy
-  each way, as the zero-copy layouts.
+  each way, as the zero-copy layouts. Where the pieces sit on a grid (SGLang's do: K and V
+  of each layer at fixed distances) the copy is one strided torch (else numpy) copy per run
+  of pages at a constant step; with neither installed, or pieces off a grid, one
+  ``memmove`` per piece.
 - Sidecar pools: each piece of a page (Mamba's temporal and conv states, ...) its own
   namespace (components ``0``, ``1``, ...), or one block when a page has more than
   four pieces or the pool is ``layer_first``. Zero-byte pieces are skipped.
@@ -105,7 +108,8 @@ import threading
 import time
 
 import kvnode
-from .pages import _Pages
+from . import _lib as _clib
+from .keys import _checks_array, _keys_array
 
 try:  # subclass SGLang's base when it is there (its factory may check it)
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
@@ -209,6 +213,95 @@ def _metrics_class():
     return StorageMetrics
 
 
+def _span(shape, strides):
+    """Bytes from the first to past the last byte of a strided view (byte strides >= 0)."""
+    return sum((n - 1) * st for n, st in zip(shape, strides)) + 1
+
+
+def _torch_ops():
+    import torch
+    types = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+    def strided(addr, shape, strides, itemsize):
+        """A view of raw memory; shape in items, strides in bytes (multiples of itemsize)."""
+        raw = (ctypes.c_uint8 * (_span(shape, strides) + itemsize - 1)).from_address(addr)
+        return torch.frombuffer(raw, dtype=types[itemsize]).as_strided(
+            shape, [st // itemsize for st in strides])
+
+    def copy(dst, src):
+        dst.copy_(src)
+    return strided, copy
+
+
+def _numpy_ops():
+    import numpy
+    from numpy.lib.stride_tricks import as_strided
+    types = {8: numpy.uint64, 4: numpy.uint32, 2: numpy.uint16, 1: numpy.uint8}
+
+    def strided(addr, shape, strides, itemsize):
+        raw = (ctypes.c_uint8 * (_span(shape, strides) + itemsize - 1)).from_address(addr)
+        return as_strided(numpy.frombuffer(raw, types[itemsize]), shape, strides)
+    return strided, numpy.copyto
+
+
+ARRAY_OPS = {"torch": _torch_ops, "numpy": _numpy_ops}    # torch copies faster
+_ops = []       # [(strided, copy) or None], found on first use
+
+
+def _array_ops():
+    """(strided view of raw memory, copy) from torch, else numpy; None with neither (the
+    gathered layouts then copy piece by piece)."""
+    if not _ops:
+        found = None
+        for make in ARRAY_OPS.values():
+            try:
+                found = make()
+                break
+            except Exception:  # noqa: BLE001 - not installed (or broken): the next one
+                continue
+        _ops.append(found)
+    return _ops[0]
+
+
+class _Grid:
+    """Where a gathered page's pieces sit, when they sit on a grid: piece j is (a, b) =
+    divmod(j, g), pa * a + pb * b bytes after the page's first piece in the pool and
+    o0 + oa * a + ob * b into the block; every piece the same size. SGLang's MHA
+    layer_first: g = 2 (K, V of each layer); MLA: g = 1."""
+
+    def __init__(self, rel, dims, pa, pb, o0, oa, ob):
+        self.rel, self.dims = rel, dims         # dims: (pieces // g, g, piece bytes)
+        self.pa, self.pb, self.o0, self.oa, self.ob = pa, pb, o0, oa, ob
+
+        self.itemsize = 8     # the widest item dividing every distance and the piece size
+        while (pa | pb | o0 | oa | ob | dims[2]) % self.itemsize:
+            self.itemsize //= 2
+
+    def shape(self, pages, itemsize):
+        """A run of pages as (b, a, page, item)."""
+        a_n, g, size = self.dims
+        return (g, a_n, pages, size // itemsize)
+
+    @classmethod
+    def of(cls, ptrs, sizes, offs):
+        m, size = len(ptrs), sizes[0]
+        if size <= 0 or any(x != size for x in sizes):
+            return None
+        rel = [p - ptrs[0] for p in ptrs]
+        for g in (1, 2):
+            if m % g:
+                continue
+            a_n = m // g
+            pa, oa = (rel[g], offs[g] - offs[0]) if a_n > 1 else (0, 0)
+            pb, ob = (rel[1], offs[1] - offs[0]) if g > 1 else (0, 0)
+            if min(pa, pb, oa, ob) < 0:
+                continue
+            if all(rel[j] == (j // g) * pa + (j % g) * pb
+                   and offs[j] - offs[0] == (j // g) * oa + (j % g) * ob for j in range(m)):
+                return cls(rel, (a_n, g, size), pa, pb, offs[0], oa, ob)
+        return None
+
+
 class _Plan:
     """How one host pool's pages map onto kvnode namespaces: the pieces
     get_page_buffer_meta gives per page, and which namespace (component) each goes to."""
@@ -248,6 +341,7 @@ class _Plan:
                 offs[j] = total
                 total += sizes[j]
             self.piece_offsets = offs
+            self.grid = _Grid.of(ptrs, sizes, offs)
             self.used = []
             self.components = [("page", total) + ranks[0]]
             self.flat_offsets = [0]
@@ -335,36 +429,103 @@ class _Plan:
         for c, j in zip(clients, self.used):
             c.put_batch(folded, ptrs[j::self.pieces], checks=words)
 
+    # The gathered layouts take the lease calls straight (not Client.read / write): those
+    # lend a memoryview per block, which costs more than the copy of a whole batch here.
+
     def _gather_get(self, client, folded, words, ptrs):
-        m, sizes, offs = self.pieces, self.piece_sizes, self.piece_offsets
-        memmove = ctypes.memmove
-        with client.read(folded, checks=words) as blocks:
-            got = len(blocks)
+        keys, n = _keys_array(folded)
+        checks = _checks_array(words, n)
+        locs, lease, got, h = (_clib._CLoc * max(n, 1))(), _clib._LEASE(0), _clib._SIZE(0), \
+            client._handle()
+        if checks is None:
+            client._check(_clib._get_begin(h, keys, n, ctypes.byref(lease), locs,
+                                           ctypes.byref(got)))
+        else:
+            client._check(client._checked(_clib._get_begin_checked, "read")(
+                h, keys, checks, n, ctypes.byref(lease), locs, ctypes.byref(got)))
+        got = got.value
+        try:
             if got:
-                held = _Pages(blocks, got, 0, False, False)     # the blocks' addresses
-                try:
-                    for i in range(got):
-                        src, base = held.array[i], i * m
-                        for j in range(m):
-                            if sizes[j]:
-                                memmove(ptrs[base + j], src + offs[j], sizes[j])
-                finally:
-                    held.release()
+                self._gather(ptrs, [locs[i].ptr for i in range(got)], False)
+        finally:
+            if lease.value:
+                rc = _clib._get_end(h, lease.value)
+        if lease.value:
+            client._check(rc)
         return got
 
     def _gather_put(self, client, folded, words, ptrs):
-        m, sizes, offs = self.pieces, self.piece_sizes, self.piece_offsets
-        memmove = ctypes.memmove
-        with client.write(folded, checks=words) as slots:
-            for i, slot in enumerate(slots):
-                if slot is None:        # already stored
-                    continue
-                view = ctypes.c_char.from_buffer(slot)
-                dst, base = ctypes.addressof(view), i * m
-                for j in range(m):
-                    if sizes[j]:
-                        memmove(dst + offs[j], ptrs[base + j], sizes[j])
-                del view        # the slot's buffer is given back before the lease commits
+        keys, n = _keys_array(folded)
+        checks = _checks_array(words, n)
+        locs, lease, h = (_clib._CLoc * max(n, 1))(), _clib._LEASE(0), client._handle()
+        if checks is None:
+            client._check(_clib._put_begin(h, keys, n, kvnode.TIER_HOST, ctypes.byref(lease),
+                                           locs))
+        else:
+            client._check(client._checked(_clib._put_begin_checked, "write")(
+                h, keys, checks, n, kvnode.TIER_HOST, ctypes.byref(lease), locs))
+        if not lease.value:
+            return
+        try:        # a slot of None: that key is already stored
+            self._gather(ptrs, [locs[i].ptr for i in range(n)], True)
+        except BaseException:
+            _clib._put_abort(h, lease.value)
+            raise
+        client._check(_clib._put_commit(h, lease.value))
+
+    def _gather(self, ptrs, blocks, to_blocks):
+        """Copy each page's pieces between the pool (ptrs, pieces per page) and its block
+        (blocks[i]; None: skipped), into the blocks when to_blocks. Where the pieces of
+        every page sit on one grid (SGLang's layer_first: K and V per layer at fixed
+        distances), runs of pages at a constant step on both sides move in one strided copy
+        (numpy or torch, C speed); otherwise one memmove per piece."""
+        grid, m, n = self.grid, self.pieces, len(blocks)
+        ops = _array_ops() if grid is not None else None
+        if ops is not None:
+            strided, copy = ops
+            rel = grid.rel
+            bases = [ptrs[i * m] for i in range(n)]
+            if all([ptrs[i * m:i * m + m] == [bases[i] + r for r in rel] for i in range(n)]):
+                i = 0
+                while i < n:
+                    if blocks[i] is None:
+                        i += 1
+                        continue
+                    c = 1
+                    if i + 1 < n and blocks[i + 1] is not None:
+                        pstep, bstep = bases[i + 1] - bases[i], blocks[i + 1] - blocks[i]
+                        if pstep > 0 and bstep > 0:
+                            while (i + c < n and blocks[i + c] is not None
+                                   and bases[i + c] - bases[i + c - 1] == pstep
+                                   and blocks[i + c] - blocks[i + c - 1] == bstep):
+                                c += 1
+                    if c == 1:
+                        pstep = bstep = 0
+                    # pages innermost: each piece's run of pages is contiguous in the pool;
+                    # the widest item every address and distance allows (copies run faster)
+                    w = grid.itemsize
+                    while (bases[i] | blocks[i] | pstep | bstep) % w:
+                        w //= 2
+                    shape = grid.shape(c, w)
+                    pool = strided(bases[i], shape, (grid.pb, grid.pa, pstep, w), w)
+                    block = strided(blocks[i] + grid.o0, shape, (grid.ob, grid.oa, bstep, w), w)
+                    if to_blocks:
+                        copy(block, pool)
+                    else:
+                        copy(pool, block)
+                    i += c
+                return
+        sizes, offs, memmove = self.piece_sizes, self.piece_offsets, ctypes.memmove
+        for i, addr in enumerate(blocks):
+            if addr is None:
+                continue
+            base = i * m
+            for j in range(m):
+                if sizes[j]:
+                    if to_blocks:
+                        memmove(addr + offs[j], ptrs[base + j], sizes[j])
+                    else:
+                        memmove(ptrs[base + j], addr + offs[j], sizes[j])
 
 
 class _Conn:
