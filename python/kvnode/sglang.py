@@ -78,7 +78,10 @@ Failures never raise into the engine. While the daemon is down (or restarting) e
 answers "not cached" / "not stored" (``batch_exists`` 0, ``get`` None, ``set`` False,
 ``_v1`` lists of False, ``_v2`` per-pool lists of False and a ``PoolTransferResult`` of 0),
 logs one warning, and reconnects on a later call (at most once per
-``reconnect_interval_s``). A v2 transfer naming a pool that was never registered, or with
+``reconnect_interval_s``). No call waits for the daemon to connect: the connect starts when a
+pool is registered (and again when one is due), on a thread of its own, each namespace's
+bounded by ``timeout_ms``; a call that finds it under way waits at most ``connect_wait_ms``
+(default 20), then answers the miss and logs (a paused daemon holds no SGLang thread). A v2 transfer naming a pool that was never registered, or with
 host indices that do not cover its keys, answers False for its keys and logs. Leases live only
 for the duration of one batched copy; an engine process that dies mid-copy has its leases ended
 by the daemon when its connection closes.
@@ -94,7 +97,8 @@ the latencies (ms) since the previous call in ``exists_latency_ms``, ``get_laten
 
 Options (the extra-config JSON, or the factory's ``kwargs``): ``socket_path`` (default
 ``$KVNODE_SOCKET``, else ``/run/kvnode/kvnode.sock``), ``timeout_ms`` (per call, default
-libkvnode's 10 s), ``reconnect_interval_s`` (default 1.0), ``model`` (default the storage
+libkvnode's 10 s; also bounds each connect), ``reconnect_interval_s`` (default 1.0),
+``connect_wait_ms`` (default 20), ``model`` (default the storage
 config's ``model_name``), ``dtype`` (a layout discriminator, default ``"sglang"``).
 """
 
@@ -104,6 +108,7 @@ import dataclasses
 import importlib
 import logging
 import os
+import _thread
 import threading
 import time
 
@@ -609,6 +614,10 @@ class KvnodeHiCacheStorage(_Base):
         self.socket_path = opts.get("socket_path") or os.environ.get("KVNODE_SOCKET")
         self.timeout_ms = opts.get("timeout_ms")
         self.reconnect_interval_s = float(opts.get("reconnect_interval_s", 1.0))
+        self.connect_wait_s = float(opts.get("connect_wait_ms", 20)) / 1000.0
+        if self.connect_wait_s < 0:
+            raise ValueError("connect_wait_ms must be >= 0, got %r"
+                             % opts.get("connect_wait_ms"))
         if self.reconnect_interval_s < 0:
             raise ValueError("reconnect_interval_s must be >= 0, got %r" % self.reconnect_interval_s)
         self.model = str(opts.get("model") or _get(storage_config, "model_name") or "sglang")
@@ -645,6 +654,8 @@ class KvnodeHiCacheStorage(_Base):
         self.component_bytes = []       # bytes of each KV namespace's block, in order
         self._lock = threading.Lock()
         self._conn = None
+        self._connecting = None         # the in-flight connect's Event, or None
+        self._gen = 0                   # connect generation: a stale connect is dropped
         self._retry_at = 0.0
         self._warned = False
         self._next_error_log = 0.0
@@ -687,8 +698,9 @@ class KvnodeHiCacheStorage(_Base):
         return plan
 
     def _install(self, pool_name, plan):
-        """Make plan the pool's; a connection made without it is retired (the next call
-        reconnects with every namespace)."""
+        """Make plan the pool's; a connection (or connect) made without it is retired, and
+        a connect with every namespace starts now, on its own thread, so the engine's first
+        call finds it made."""
         close = None
         with self._lock:
             self._plans[pool_name] = plan
@@ -699,6 +711,8 @@ class KvnodeHiCacheStorage(_Base):
             if conn is not None:
                 conn.retired = True
                 close = conn if conn.users == 0 else None
+            self._retry_at = 0.0
+            self._start_connect()
         if close is not None:
             close.close()
 
@@ -739,32 +753,68 @@ class KvnodeHiCacheStorage(_Base):
                 for name, plan in self._plans.items()}
 
     def _acquire(self):
-        """The current connection (connecting when due), counted as in use; None while the
-        daemon cannot be reached."""
+        """The current connection, counted as in use; None while the daemon cannot be
+        reached. A connect runs on a thread of its own (_start_connect), never under the
+        lock or on the caller's thread: the caller waits for it at most connect_wait_ms,
+        then answers a miss (SGLang calls from its controller's threads, holding its locks)."""
         with self._lock:
             if self._conn is None:
-                if not self._plans or time.monotonic() < self._retry_at:
-                    return None
-                clients = {}
-                try:
-                    for name, lays in self._pool_layouts().items():
-                        clients[name] = []
-                        for lay in lays:
-                            clients[name].append(kvnode.Client(self.socket_path, lay,
-                                                               self.timeout_ms))
-                except kvnode.Error as e:
-                    for cs in clients.values():
-                        for c in cs:
-                            c.close()
-                    self._retry_at = time.monotonic() + self.reconnect_interval_s
-                    self._warn("cannot connect to kvnoded: %s" % e)
-                    return None
-                self._conn = _Conn(clients)
-                if self._warned:
-                    logger.warning("kvnode.sglang: reconnected to kvnoded")
-                self._warned = False
+                if self._connecting is None:
+                    if not self._plans or time.monotonic() < self._retry_at:
+                        return None
+                    self._start_connect()
+                pending = self._connecting
+            else:
+                self._conn.users += 1
+                return self._conn
+        pending.wait(self.connect_wait_s)
+        with self._lock:
+            if self._conn is None:
+                self._warn("kvnoded has not answered the connect within %d ms (it goes on, "
+                           "bounded by timeout_ms, on a thread of its own)"
+                           % (self.connect_wait_s * 1000))
+                return None
             self._conn.users += 1
             return self._conn
+
+    def _start_connect(self):
+        """Connect every namespace on a new thread. Lock held. _thread, not threading.Thread,
+        whose start() waits until the new thread runs (the caller must not wait)."""
+        self._gen += 1
+        self._connecting = threading.Event()
+        _thread.start_new_thread(self._connect, (self._gen, self._connecting,
+                                                 self._pool_layouts()))
+
+    def _connect(self, gen, done, layouts):
+        """One connect attempt (each client's connect bounded by timeout_ms)."""
+        clients, err = {}, None
+        try:
+            for name, lays in layouts.items():
+                clients[name] = []
+                for lay in lays:
+                    clients[name].append(kvnode.Client(self.socket_path, lay, self.timeout_ms))
+        except Exception as e:  # noqa: BLE001 - reported as a warning; calls answer misses
+            err = e
+        try:
+            with self._lock:
+                current = gen == self._gen
+                if current:
+                    self._connecting = None
+                    if err is not None:
+                        self._retry_at = time.monotonic() + self.reconnect_interval_s
+                    else:
+                        self._conn = _Conn(clients)
+                        if self._warned:
+                            logger.warning("kvnode.sglang: reconnected to kvnoded")
+                        self._warned = False
+            if err is not None:
+                self._warn("cannot connect to kvnoded: %s: %s" % (type(err).__name__, err))
+            if err is not None or not current:      # failed, or pools changed meanwhile
+                for cs in clients.values():
+                    for c in cs:
+                        c.close()
+        finally:
+            done.set()
 
     def _release(self, conn, error=None):
         """Give back conn; an error that means the connection is gone retires it (closed
@@ -818,8 +868,11 @@ class KvnodeHiCacheStorage(_Base):
         return result
 
     def close(self):
-        """Disconnect (also at interpreter exit, through the clients' finalisers)."""
+        """Disconnect (also at interpreter exit, through the clients' finalisers); a
+        connect under way is dropped when it ends."""
         with self._lock:
+            self._gen += 1
+            self._connecting = None
             conn, self._conn = self._conn, None
             if conn is not None:
                 conn.retired = True
