@@ -132,6 +132,12 @@ static void httpd_arm_deadline(struct httpd_conn *hc)
 
 static void httpd_send_503(int fd, const char *why);
 
+/* c less n, never below 0 (a count that forgot nothing stays right). */
+static void httpd_sub(uint64_t *c, uint64_t n)
+{
+    *c -= n < *c ? n : *c;
+}
+
 /* ---- requests being received: counted from each connection's input buffer ------ */
 
 /* hc's request arrived whole, or hc closes: its bytes are no longer being
@@ -139,11 +145,9 @@ static void httpd_send_503(int fd, const char *why);
 static void httpd_input_forget(struct httpd_conn *hc)
 {
     struct httpd *h = hc->h;
-    h->input_bytes -= hc->input < h->input_bytes ? hc->input : h->input_bytes;
-    if (hc->group < HTTPD_MAX_GROUPS) {
-        uint64_t *g = &h->input_group[hc->group];
-        *g -= hc->input < *g ? hc->input : *g;
-    }
+    httpd_sub(&h->input_bytes, hc->input);
+    if (hc->group < HTTPD_MAX_GROUPS)
+        httpd_sub(&h->input_group[hc->group], hc->input);
     hc->input = 0;
 }
 
@@ -308,12 +312,11 @@ static void httpd_output_cb(struct evbuffer *buf, const struct evbuffer_cb_info 
     (void)buf;
     hc->output += info->n_added;
     h->output_bytes += info->n_added;
-    hc->output -= info->n_deleted < hc->output ? info->n_deleted : hc->output;
-    h->output_bytes -= info->n_deleted < h->output_bytes ? info->n_deleted : h->output_bytes;
+    httpd_sub(&hc->output, info->n_deleted);
+    httpd_sub(&h->output_bytes, info->n_deleted);
     if (hc->group < HTTPD_MAX_GROUPS) {
-        uint64_t *g = &h->group_bytes[hc->group];
-        *g += info->n_added;
-        *g -= info->n_deleted < *g ? info->n_deleted : *g;
+        h->group_bytes[hc->group] += info->n_added;
+        httpd_sub(&h->group_bytes[hc->group], info->n_deleted);
     }
     if (h->output_bytes > h->output_peak)
         h->output_peak = h->output_bytes;
@@ -341,11 +344,9 @@ static void httpd_output_forget(struct httpd_conn *hc)
     if (hc->output_cb && bev)
         evbuffer_remove_cb_entry(bufferevent_get_output(bev), hc->output_cb);
     hc->output_cb = NULL;
-    h->output_bytes -= hc->output < h->output_bytes ? hc->output : h->output_bytes;
-    if (hc->group < HTTPD_MAX_GROUPS) {
-        uint64_t *g = &h->group_bytes[hc->group];
-        *g -= hc->output < *g ? hc->output : *g;
-    }
+    httpd_sub(&h->output_bytes, hc->output);
+    if (hc->group < HTTPD_MAX_GROUPS)
+        httpd_sub(&h->group_bytes[hc->group], hc->output);
     hc->output = 0;
     if (h->trim_ev && h->output_peak >= HTTPD_TRIM_BYTES && h->output_bytes <= h->output_peak / 4 &&
         !evtimer_pending(h->trim_ev, NULL)) {

@@ -35,6 +35,7 @@
 #include "core/log.h"
 #include "core/workq.h"
 #include "kvnode.h"
+#include "mem/namespace.h"
 #include "net/httpd.h"
 #include "net/kvs_acquire_wire.h"
 #include "net/kvs_server_internal.h"
@@ -180,19 +181,11 @@ static void kvs_job_ready(void *arg)
 
 /* --- one slice -------------------------------------------------------------------- */
 
-static uint64_t kvs_str_hash(struct kvs_str s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < s.len; i++)
-        h = (h ^ (unsigned char)s.s[i]) * 1099511628211ull;
-    return h;
-}
-
 /* Whether key i of a create is the first of its string (then noted). */
 static bool kvs_job_first_take(struct kvs_job *j, size_t i)
 {
     struct kvs_str s = j->rq.keys[i];
-    for (size_t h = kvs_str_hash(s) & j->taken_mask;; h = (h + 1) & j->taken_mask) {
+    for (size_t h = ns_fnv1a64(s.s, s.len) & j->taken_mask;; h = (h + 1) & j->taken_mask) {
         uint32_t at = j->taken[h];
         if (at == 0) {
             j->taken[h] = (uint32_t)i + 1;

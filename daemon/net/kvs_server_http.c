@@ -131,38 +131,13 @@ int kvs_http_admit(void *arg, int fd, const struct httpd_peer *peer, void **toke
     return -1;
 }
 
-/* Reply bytes kept for clients whose tenant cannot be established (they
- * only get small errors). */
-static uint64_t kvs_http_output_reserve(const struct kvn_config *cfg)
+/* A group's (tenant's) share of the node-wide byte bound total: total / 32
+ * is kept for clients whose tenant is not known (and is their bound), the
+ * rest shared as memory is (tenants_share_of); UINT64_MAX: no bound. */
+static uint64_t kvs_http_group_share(struct kvs_http_conns *hc, uint64_t total, uint32_t group, char *who,
+                                     size_t wholen)
 {
-    return cfg->kvs_max_output_total_bytes / 32;
-}
-
-uint64_t kvs_http_group_output(void *arg, uint32_t group, char *who, size_t wholen)
-{
-    struct kvs_http_conns *hc = arg;
-    const struct kvn_config *cfg = *hc->cfg;
-    uint64_t total = cfg->kvs_max_output_total_bytes, reserve = kvs_http_output_reserve(cfg);
-
-    if (total == 0)
-        return UINT64_MAX;
-    if (group >= hc->ntenants) {
-        snprintf(who, wholen, "clients whose tenant is not known");
-        return reserve;
-    }
-    /* tenants_share_of counts in 32 bits: in KiB. */
-    uint64_t pool = (total - reserve) >> 10;
-    snprintf(who, wholen, "tenant %s", hc->tenant[group]->name);
-    return (uint64_t)tenants_share_of(hc->tenants, cfg, hc->tenant[group],
-                                      pool < UINT32_MAX ? (uint32_t)pool : UINT32_MAX) << 10;
-}
-
-uint64_t kvs_http_group_input(void *arg, uint32_t group, char *who, size_t wholen)
-{
-    struct kvs_http_conns *hc = arg;
-    const struct kvn_config *cfg = *hc->cfg;
-    uint64_t total = cfg->kvs_max_input_total_bytes, reserve = total / 32;
-
+    uint64_t reserve = total / 32;
     if (total == 0)
         return UINT64_MAX;
     if (group >= hc->ntenants) {
@@ -171,8 +146,20 @@ uint64_t kvs_http_group_input(void *arg, uint32_t group, char *who, size_t whole
     }
     uint64_t pool = (total - reserve) >> 10;   /* tenants_share_of counts in 32 bits: in KiB */
     snprintf(who, wholen, "tenant %s", hc->tenant[group]->name);
-    return (uint64_t)tenants_share_of(hc->tenants, cfg, hc->tenant[group],
+    return (uint64_t)tenants_share_of(hc->tenants, *hc->cfg, hc->tenant[group],
                                       pool < UINT32_MAX ? (uint32_t)pool : UINT32_MAX) << 10;
+}
+
+uint64_t kvs_http_group_output(void *arg, uint32_t group, char *who, size_t wholen)
+{
+    struct kvs_http_conns *hc = arg;
+    return kvs_http_group_share(hc, (*hc->cfg)->kvs_max_output_total_bytes, group, who, wholen);
+}
+
+uint64_t kvs_http_group_input(void *arg, uint32_t group, char *who, size_t wholen)
+{
+    struct kvs_http_conns *hc = arg;
+    return kvs_http_group_share(hc, (*hc->cfg)->kvs_max_input_total_bytes, group, who, wholen);
 }
 
 void kvs_http_release(void *arg, void *token)
