@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include "harness.h"
 
@@ -72,6 +74,48 @@ static inline void bfill(uint8_t *p, size_t len, int64_t key, uint32_t salt)
         x ^= x >> 7;
         x ^= x << 17;
         p[i] = (uint8_t)x;
+    }
+}
+
+/* A connection to a "unix:PATH" listen (flags: e.g. SOCK_NONBLOCK). Over a
+ * unix socket the kernel buffers a fixed amount (net.core.wmem_default),
+ * unlike loopback TCP, whose buffers grow with the window. */
+static inline int kvs_connect_unix(const char *url, int flags)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    ck_assert_msg(strncmp(url, "unix:", 5) == 0 && strlen(url + 5) < sizeof sa.sun_path, "url %s", url);
+    memcpy(sa.sun_path, url + 5, strlen(url + 5) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | flags, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    return fd;
+}
+
+/* kvs_server.<path> once it stops changing (the same for 300 ms; 10 s at most). */
+static inline long long kvs_stat_settled(kvs_env *e, const char *path)
+{
+    long long was = -2, now = kvs_stat(e, path);
+    uint64_t t0 = kvh_now_ms();
+    while (now != was && kvh_now_ms() - t0 < 10000) {
+        kvh_sleep_ms(300);
+        was = now;
+        now = kvs_stat(e, path);
+    }
+    return now;
+}
+
+/* POST /acquire body on a raw connection (the whole request sent). */
+static inline void kvs_send_acquire(int fd, const char *body)
+{
+    size_t blen = strlen(body);
+    char head[256];
+    int hl = snprintf(head, sizeof head, "POST /acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\n\r\n", blen);
+    ck_assert_int_eq(send(fd, head, (size_t)hl, MSG_NOSIGNAL), hl);
+    for (size_t off = 0; off < blen;) {
+        ssize_t n = send(fd, body + off, blen - off, MSG_NOSIGNAL);
+        ck_assert_int_gt(n, 0);
+        off += (size_t)n;
     }
 }
 

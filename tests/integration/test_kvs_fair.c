@@ -403,15 +403,7 @@ START_TEST(clients_leaving_while_their_body_is_parsed)
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         ck_assert_int_ge(fd, 0);
         ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-        char head[256];
-        int hl = snprintf(head, sizeof head, "POST /acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          "Content-Length: %zu\r\n\r\n", strlen(body));
-        ck_assert_int_eq(write(fd, head, (size_t)hl), hl);
-        for (size_t off = 0, len = strlen(body); off < len;) {
-            ssize_t w = write(fd, body + off, len - off);
-            ck_assert_int_gt(w, 0);
-            off += (size_t)w;
-        }
+        kvs_send_acquire(fd, body);
         close(fd);
     }
     /* Every connection closes (the daemon saw each leave) and nothing is held. */

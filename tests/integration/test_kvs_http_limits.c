@@ -154,21 +154,6 @@ static const char **keys_of(size_t n, int64_t first)
     return k;
 }
 
-/* POST /acquire body on a raw connection (the whole request sent). */
-static void send_acquire(int fd, const char *body)
-{
-    size_t blen = strlen(body);
-    char head[256];
-    int hl = snprintf(head, sizeof head, "POST /acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %zu\r\n\r\n", blen);
-    ck_assert_int_eq(send(fd, head, (size_t)hl, MSG_NOSIGNAL), hl);
-    for (size_t off = 0; off < blen;) {
-        ssize_t n = send(fd, body + off, blen - off, MSG_NOSIGNAL);
-        ck_assert_int_gt(n, 0);
-        off += (size_t)n;
-    }
-}
-
 /* [kvs_server] max_output_bytes = 1 MiB, max_output_total_bytes = 2 MiB.
  * NCONNS clients each send a read of NKEYS stored objects (a reply of
  * about 0.6 MB each, 4.8 MB together) and never read: the front end holds
@@ -198,7 +183,7 @@ START_TEST(unread_replies_are_bounded)
     long long reads0 = kvs_stat(&e, "requests.acquire_read_total");
     for (int i = 0; i < NCONNS; i++) {
         fds[i] = connect_raw(e.url, 4096);
-        send_acquire(fds[i], body);
+        kvs_send_acquire(fds[i], body);
     }
     free(body);
     ck_assert_msg(kvh_wait_stat(&e.d, "kvs_server.requests.acquire_read_total", reads0 + NCONNS, 20000, &last) == 0,

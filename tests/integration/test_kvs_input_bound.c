@@ -34,17 +34,6 @@
 #define BODY     ((1u << 20) - 64)    /* Content-Length of each: just under max_body_bytes (1 MiB) */
 #define INPUT_MAX (8ll << 20)         /* kvs_server.max_input_total_bytes */
 
-static int connect_unix(const char *url)
-{
-    struct sockaddr_un sa = { .sun_family = AF_UNIX };
-    ck_assert_msg(strncmp(url, "unix:", 5) == 0 && strlen(url + 5) < sizeof sa.sun_path, "url %s", url);
-    memcpy(sa.sun_path, url + 5, strlen(url + 5) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    return fd;
-}
-
 /* Send len bytes of p on non-blocking fd; stops at an error (the daemon
  * closed it) or when nothing could be sent for 3 s. Bytes sent. */
 static size_t send_some(int fd, const char *p, size_t len)
@@ -75,19 +64,6 @@ static size_t stall_upload(int fd, const char *body)
     if (send_some(fd, head, (size_t)hl) != (size_t)hl)
         return 0;
     return send_some(fd, body, BODY - 1);
-}
-
-/* The input bytes the daemon holds once they stop changing (300 ms; 10 s at most). */
-static long long input_settled(kvs_env *e)
-{
-    long long was = -2, now = kvs_stat(e, "http_input.bytes");
-    uint64_t t0 = kvh_now_ms();
-    while (now != was && kvh_now_ms() - t0 < 10000) {
-        kvh_sleep_ms(300);
-        was = now;
-        now = kvs_stat(e, "http_input.bytes");
-    }
-    return now;
 }
 
 struct b_env { const char *url, *sock; };
@@ -147,10 +123,10 @@ START_TEST(stalled_uploads_are_bounded_per_tenant)
     memset(body, ' ', BODY);
     long long rss0 = kvh_proc_status_kib(e.d.pid, "VmRSS");
     for (int i = 0; i < NCONNS; i++) {
-        fds[i] = connect_unix(e.url);
+        fds[i] = kvs_connect_unix(e.url, SOCK_NONBLOCK);
         sent_total += stall_upload(fds[i], body);
     }
-    long long held = input_settled(&e);
+    long long held = kvs_stat_settled(&e, "http_input.bytes");
     long long rss1 = kvh_proc_status_kib(e.d.pid, "VmRSS");
     long long refused = kvs_stat(&e, "http_input.refused_total");
     long long tenant_limit = kvs_stat(&e, "http_input.tenant_limit_total");

@@ -62,50 +62,6 @@ static long store_all(const kvsc *c, const char *const *keys)
     return st;
 }
 
-/* A connection to the front end's unix socket (url "unix:PATH"). Its
- * replies stay with the daemon past what the kernel buffers for one unix
- * socket (net.core.wmem_default): unlike loopback TCP, whose send buffer
- * grows with the window, that is a fixed amount. */
-static int connect_unix(const char *url)
-{
-    struct sockaddr_un sa = { .sun_family = AF_UNIX };
-    ck_assert_msg(strncmp(url, "unix:", 5) == 0 && strlen(url + 5) < sizeof sa.sun_path, "url %s", url);
-    memcpy(sa.sun_path, url + 5, strlen(url + 5) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    return fd;
-}
-
-/* The reply bytes the daemon holds, once the kernel has taken what it will
- * of the last reply (the same for 300 ms; at most 10 s). */
-static long long held_settled(kvs_env *e)
-{
-    long long was = -1, now = kvs_stat(e, "http_output.bytes");
-    uint64_t t0 = kvh_now_ms();
-    while (now != was && kvh_now_ms() - t0 < 10000) {
-        kvh_sleep_ms(300);
-        was = now;
-        now = kvs_stat(e, "http_output.bytes");
-    }
-    return now;
-}
-
-/* POST /acquire body on a raw connection (the whole request sent). */
-static void send_acquire(int fd, const char *body)
-{
-    size_t blen = strlen(body);
-    char head[256];
-    int hl = snprintf(head, sizeof head, "POST /acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %zu\r\n\r\n", blen);
-    ck_assert_int_eq(send(fd, head, (size_t)hl, MSG_NOSIGNAL), hl);
-    for (size_t off = 0; off < blen;) {
-        ssize_t n = send(fd, body + off, blen - off, MSG_NOSIGNAL);
-        ck_assert_int_gt(n, 0);
-        off += (size_t)n;
-    }
-}
-
 /* The status of the reply that starts arriving on fd (peeked: an answer
  * of 200 stays unread), within 20 s. */
 static int peek_status(int fd)
@@ -230,10 +186,10 @@ START_TEST(one_tenants_unread_replies_leave_room_for_another)
 
     char *body = kvsc_acquire_body("read", keys, NKEYS, OBLOCK, 60);
     while (opened < MAXA && !refused) {
-        fds[opened] = connect_unix(e.url);
-        send_acquire(fds[opened], body);
+        fds[opened] = kvs_connect_unix(e.url, 0);
+        kvs_send_acquire(fds[opened], body);
         int status = peek_status(fds[opened]);
-        held_settled(&e);
+        kvs_stat_settled(&e, "http_output.bytes");
         opened++;
         if (status != 200) {
             refused = status;
