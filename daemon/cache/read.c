@@ -448,7 +448,7 @@ int cache_get_each(struct cache *c, const struct cache_read_req *req, struct cac
         /* rtp-llm's v1 keys carry no check words (0): a block put with one
          * is another prefix's, a miss (counted). */
         bool mismatch = false;
-        struct index_entry *e = cache_entry_for(c, ns->id, keys[i], req->checks ? req->checks[i] : 0, &mismatch);
+        struct index_entry *e = cache_entry_for(c, ns->id, keys[i], cache_check_at(req->checks, i), &mismatch);
         c->keys.check_mismatches += mismatch;
         /* Only sealed blocks in the host arena: that is the memory lent. */
         locs[i].present = e && e->state == ENTRY_SEALED && e->arena == HOST_ARENA_ID;
