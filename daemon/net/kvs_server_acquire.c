@@ -394,6 +394,9 @@ static int kvs_job_try(struct kvs_job *j, char *msg, size_t msglen)
     }
     evbuffer_drain(j->objects, evbuffer_get_length(j->objects));
     j->next = j->nobjects = 0;
+    /* A request of up to KVS_SLICE_KEYS keys is one slice at every try:
+     * only creates of more have the set of keys taken (kvs_job_first_take). */
+    j->slice_keys = KVS_SLICE_KEYS;
     if (j->taken)
         memset(j->taken, 0, (j->taken_mask + 1) * sizeof *j->taken);
     return 0;
