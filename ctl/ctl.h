@@ -84,6 +84,7 @@ int cmd_namespaces(const struct ctl *x);
 /* admin.c */
 int cmd_ping(const struct ctl *x);
 int cmd_reload(const struct ctl *x);
+int cmd_purge(const struct ctl *x, char **args, int nargs);
 int cmd_metrics(const struct ctl *x);
 
 /* data.c: args are the operands after the command (keys, or put's FILE). */

@@ -152,6 +152,8 @@ static void print_help(void)
 "  namespaces                    table of the namespaces\n"
 "  ping                          check that the daemon answers\n"
 "  reload                        make the daemon re-read its config file (root or its user)\n"
+"  purge deployment ID [tenant T] drop every block of a deployment (memory, HBM, store)\n"
+"  purge model NAME [tenant T]   the same for every deployment of a model\n"
 "  metrics [--admin ADDR]        print the Prometheus metrics from the admin HTTP listener\n"
 "  match  LAYOUT KEY...          length of the cached prefix of a key chain\n"
 "  put    LAYOUT FILE            store FILE as a chain of blocks; print the keys\n"
@@ -280,6 +282,7 @@ static const struct command commands[] = {
     {"namespaces", 0, NULL, cmd_namespaces},
     {"ping",       0, NULL, cmd_ping},
     {"reload",     0, NULL, cmd_reload},
+    {"purge",      0, cmd_purge, NULL},
     {"metrics",    F_ADMIN, NULL, cmd_metrics},
     {"match",      F_LAYOUT | F_KEYS_FILE | F_REQUIRE_ALL, cmd_match, NULL},
     {"put",        F_LAYOUT | F_KEYS_OUT | F_INLINE, cmd_put, NULL},
