@@ -464,15 +464,21 @@ START_TEST(revisions_are_separate_deployments)
     json_decref(wait_recovery(&d));
     KVH_CONNECT(&d, &l, &plain);
     ck_assert_int_eq(kvnode_connect_revision(d.sock, &l, "A", -1, 0, &ra), 0);
+    ck_assert_int_eq(kvnode_connect_revision(d.sock, &l, "B", -1, 0, &rb), 0);
     ck_assert_uint_eq(KVH_GET_VERIFIED(plain, k, N, 0xC), N);
+    /* Revisions' blocks come back from the store as their own (layout records, version 2). */
+    ck_assert_uint_eq(KVH_GET_VERIFIED(ra, k, N, 0xA), N);
+    ck_assert_uint_eq(KVH_GET_VERIFIED(rb, k, N, 0xB), N);
 
     /* A purge of the model takes every revision. */
     uint32_t nns = 0;
     KVH_OK(plain, kvnode_purge(plain, NULL, NULL, "rev", &nns, NULL));
     ck_assert_int_eq(kvh_match(plain, k, N), 0);
     ck_assert_int_eq(kvh_match(ra, k, N), 0);
+    ck_assert_int_eq(kvh_match(rb, k, N), 0);
     kvnode_close(plain);
     kvnode_close(ra);
+    kvnode_close(rb);
     KVH_STOP_DESTROY(&d);
 }
 END_TEST
