@@ -331,7 +331,8 @@ int  cache_delete_each(struct cache *c, struct kv_namespace *ns, const int64_t *
  * may not outlive it. Blocks the index does not know (a shared store
  * written by another node: Redis, v6d) are not deleted. done(arg, result)
  * runs on the loop — never from inside cache_purge_start — once the walk
- * ended and every store delete it sent came back. */
+ * ended and every store delete it sent came back. At most 8 purges run in
+ * one cache at once (-KVNODE_ELIMIT, err saying so). */
 struct cache_purge;
 struct cache_purge_sel {
     const char *deployment_id;       /* or NULL, then: */

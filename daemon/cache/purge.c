@@ -12,6 +12,10 @@
 #include "persist/persist.h"
 
 #define PURGE_BUCKETS_PER_STEP 4096u
+/* Purges running at once in one cache (a tenant's): each walks the whole
+ * index a step per loop iteration, so a client that starts one, hangs up
+ * and starts another cannot pile them up. */
+#define PURGES_MAX 8u
 
 /* A key the walk found, acted on after its step (a walk's visit may not
  * unlink entries). */
@@ -102,7 +106,14 @@ static void purge_namespace_keys(struct cache_purge *p, struct kv_namespace *ns,
     p->pending--;
 }
 
-/* After a step: the keys found, namespace by namespace. */
+static int purge_key_cmp(const void *a, const void *b)
+{
+    uint32_t x = ((const struct purge_key *)a)->ns, y = ((const struct purge_key *)b)->ns;
+    return (x > y) - (x < y);
+}
+
+/* After a step: the keys found, namespace by namespace (sorted by namespace:
+ * a step's own keys, never the whole registry). */
 static void purge_apply(struct cache_purge *p)
 {
     int64_t *keys = p->nfound ? malloc(p->nfound * sizeof *keys) : NULL;
@@ -115,18 +126,16 @@ static void purge_apply(struct cache_purge *p)
         p->nfound = 0;
         return;
     }
-    for (uint32_t id = 1; id < p->sel_len && p->nfound; id++) {
-        struct kv_namespace *ns;
+    qsort(p->found, p->nfound, sizeof *p->found, purge_key_cmp);
+    for (size_t i = 0; i < p->nfound;) {
+        uint32_t id = p->found[i].ns;
+        struct kv_namespace *ns = ns_get(p->c->namespaces, id);
         size_t n = 0;
-        if (!p->sel[id] || !(ns = ns_get(p->c->namespaces, id)))
-            continue;
-        for (size_t i = 0; i < p->nfound; i++) {
-            if (p->found[i].ns != id)
-                continue;
+        for (; i < p->nfound && p->found[i].ns == id; i++) {
             keys[n] = p->found[i].key;
             checks[n++] = p->found[i].check;
         }
-        if (n)
+        if (ns)
             purge_namespace_keys(p, ns, keys, checks, n);
     }
     p->nfound = 0;
@@ -194,10 +203,18 @@ static void purge_step_cb(evutil_socket_t fd, short what, void *arg)
 int cache_purge_start(struct cache *c, const struct cache_purge_sel *sel, cache_purge_fn done,
                       void *arg, struct cache_purge **out, char *err, size_t errlen)
 {
-    size_t count = ns_count(c->namespaces);
-    struct cache_purge *p = calloc(1, sizeof *p);
+    size_t count = ns_count(c->namespaces), running = 0;
+    struct cache_purge *p;
 
     *out = NULL;
+    for (struct cache_purge *q = c->purges; q; q = q->next)
+        running++;
+    if (running >= PURGES_MAX) {
+        errmsg_set(err, errlen, "purge: %zu purges are running in this tenant already (at most %u at "
+                   "once); try again when one has answered", running, PURGES_MAX);
+        return -KVNODE_ELIMIT;
+    }
+    p = calloc(1, sizeof *p);
     if (!p || !(p->sel = calloc(count + 1, 1))) {
         free(p);
         errmsg_set(err, errlen, "out of memory starting a purge");

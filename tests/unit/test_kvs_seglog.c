@@ -436,6 +436,34 @@ START_TEST(test_capacity_keeps_tombstones)
 }
 END_TEST
 
+/* A tombstone for a block in a newer segment (another handle's: each
+ * persist worker writes its own segment) must not go with its own, older
+ * segment while the block's segment lives: once the older segment was dead
+ * but for tombstones and the oldest left it was reclaimed, and after a
+ * restart the deleted block came back (issue 31: a purge's deletes ran on
+ * one worker, the blocks had been written by another). */
+START_TEST(test_tombstone_for_a_newer_segment)
+{
+    struct kvs_store *a = open_store(0, KVS_FSYNC_NEVER), *b = open_store(0, KVS_FSYNC_NEVER);
+    struct tns t;
+    mkns(&t, "newertomb", 1024, 0);
+    ck_assert_int_eq(put_block(a, &t, 1, 1), 0);        /* a's segment: the older one */
+    ck_assert_int_eq(put_block(b, &t, 10, 1), 0);       /* b's, newer: deleted below */
+    ck_assert_int_eq(put_block(b, &t, 11, 1), 0);       /* keeps b's segment alive */
+    ck_assert_int_eq(be->del(a, &t.ns, 10, 0, err, sizeof err), 0);
+    ck_assert_int_eq(be->del(a, &t.ns, 1, 0, err, sizeof err), 0);
+    ck_assert_int_eq(check_block(a, &t, 10, 1), KVS_MISS);
+    be->close(a);                                       /* a's segment closes */
+    be->close(b);
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    scan_count(s, 64);
+    ck_assert_int_eq(check_block(s, &t, 10, 1), KVS_MISS);
+    ck_assert_int_eq(check_block(s, &t, 1, 1), KVS_MISS);
+    ck_assert_int_eq(check_block(s, &t, 11, 1), 0);
+    be->close(s);
+}
+END_TEST
+
 /* ---- torn tails --------------------------------------------------------------------------- */
 
 START_TEST(test_torn_tail)
@@ -933,6 +961,7 @@ static Suite *seglog_suite(void)
     tcase_add_test(tc, test_embedded_record_not_indexed);
     tcase_add_test(tc, test_resync_is_bounded);
     tcase_add_test(tc, test_capacity_keeps_tombstones);
+    tcase_add_test(tc, test_tombstone_for_a_newer_segment);
     tcase_add_loop_test(tc, test_kill_during_writes, 0, 3);
     tcase_add_loop_test(tc, test_kill_during_compaction, 0, 3);
     tcase_add_test(tc, test_file_per_block_root_refused);

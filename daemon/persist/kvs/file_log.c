@@ -350,6 +350,24 @@ static int flush(struct file_store *s, struct batch *b, struct kvs_item *items, 
     return rc;
 }
 
+/* Whether a tombstone of it must go to a segment newer than the writer's:
+ * the block it hides is in a newer one (another handle's). A segment dead
+ * but for tombstones is reclaimed once it is the oldest left
+ * (seg_reclaim_if_dead), which is safe only while every tombstone is newer,
+ * by segment, than what it hides. */
+static bool tomb_needs_newer_segment(struct file_store *s, const struct kvs_item *it)
+{
+    struct seg_root *r = s->r;
+    bool newer = false;
+    pthread_mutex_lock(&r->mu);
+    struct seg_ns *ns = seg_ns_get(r, it->ns->fingerprint, it->ns->layout->tp_rank);
+    struct kd_ent *e = ns ? seg_kd_find(r, ns, it->key) : NULL;
+    if (e && e->kind == KD_BLOCK && s->w.seg && e->seg->id > s->w.seg->id)
+        newer = true;
+    pthread_mutex_unlock(&r->mu);
+    return newer;
+}
+
 int seg_append(struct file_store *s, struct kvs_item *items, const uint8_t *kinds, size_t n,
                char *err, size_t errlen)
 {
@@ -372,7 +390,8 @@ int seg_append(struct file_store *s, struct kvs_item *items, const uint8_t *kind
 
         if (!w->seg && (rc = writer_open(s, err, errlen)) < 0)
             goto fail_rest;
-        if (s->buf_off + s->buflen > 0 && s->buf_off + s->buflen + need > seg_bytes) {
+        if ((s->buf_off + s->buflen > 0 && s->buf_off + s->buflen + need > seg_bytes) ||
+            (kinds[i] == KD_TOMB && tomb_needs_newer_segment(s, it))) {
             if ((rc = flush(s, &b, items, err, errlen)) < 0 && !first_rc)
                 first_rc = rc;
             seg_writer_close(s);
