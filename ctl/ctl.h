@@ -52,6 +52,7 @@ struct ctl {
     unsigned given;              /* F_* */
     const char *given_name[8];   /* option spelling per F_* bit, for messages */
     kvnode_layout layout;
+    const char *revision;        /* --revision: the model revision (NULL: none) */
     const char *keys_file, *keys_out, *output;
     uint64_t size;
     int require_all, use_inline;

@@ -466,6 +466,7 @@ void cache_stats_add(struct cache_stats *sum, const struct cache_stats *x, bool 
 struct cache_namespace_stats {
     uint32_t id;
     const char *deployment_id, *model, *dtype;
+    const char *revision;            /* the model revision, "" when none */
     uint32_t block_tokens;
     uint64_t block_bytes;
     uint32_t tp_size, tp_rank;

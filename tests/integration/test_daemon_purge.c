@@ -411,6 +411,30 @@ START_TEST(kvnodectl_purge_deployment_and_model)
     out = NULL;
     ck_assert_int_eq(run_ctl(bad_argv, &out), 2);
     free(out);
+
+    /* --revision binds the revision's deployment: it sees the revision's blocks, not the others'. */
+    kvnode_client *rev;
+    ck_assert_int_eq(kvnode_connect_revision(d.sock, &l1, "r-7", -1, 0, &rev), 0);
+    KVH_PUT_OK(rev, k, 1, 4);
+    char key[32], bb[32];
+    snprintf(key, sizeof key, "%" PRId64, k[0]);
+    snprintf(bb, sizeof bb, "%u", BB);
+    char *const rev_argv[] = { (char *)ctl, (char *)"-S", d.sock, (char *)"--json", (char *)"match",
+                               (char *)"--model", (char *)"ctl-a", (char *)"--block-bytes", bb,
+                               (char *)"--layers", (char *)"4", (char *)"--kv-heads", (char *)"8",
+                               (char *)"--head-dim", (char *)"128", (char *)"--revision", (char *)"r-7",
+                               key, NULL };
+    ck_assert_int_eq(run_ctl(rev_argv, &out), 0);
+    ck_assert_msg(strstr(out, "\"matched\":1") != NULL, "%s", out);
+    free(out);
+    char *const norev_argv[] = { (char *)ctl, (char *)"-S", d.sock, (char *)"--json", (char *)"match",
+                                 (char *)"--model", (char *)"ctl-a", (char *)"--block-bytes", bb,
+                                 (char *)"--layers", (char *)"4", (char *)"--kv-heads", (char *)"8",
+                                 (char *)"--head-dim", (char *)"128", key, NULL };
+    ck_assert_int_eq(run_ctl(norev_argv, &out), 0);
+    ck_assert_msg(strstr(out, "\"matched\":0") != NULL, "%s", out);
+    free(out);
+    kvnode_close(rev);
     kvnode_close(c1);
     kvnode_close(c2);
     kvnode_close(c3);
