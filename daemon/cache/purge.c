@@ -86,11 +86,10 @@ static void purge_namespace_keys(struct cache_purge *p, struct kv_namespace *ns,
         if (!e || e->check != checks[i])
             continue;
         if (e->state == ENTRY_WRITING) {
-            /* A re-put of a ghost: its abort or dropped commit must not
-             * bring the ghost back; the store's copy goes below. */
+            /* A re-put of a ghost (no longer counted in stored since its
+             * put began): its abort or dropped commit must not bring the
+             * ghost back; the store's copy goes below. */
             e->persist = PERSIST_NONE;
-            if (ns->stored > 0)
-                ns->stored--;
         } else {
             cache_remove_entry(c, e);
             p->res.blocks++;
