@@ -180,6 +180,25 @@ void cache_purge_maybe_done(struct cache *c, struct cache_purge *p)
         done(arg, &res);
 }
 
+/* At the walk's end: a store that may hold blocks the index never knew
+ * (redis) removes every block of each purged namespace too. */
+static void purge_store_namespaces(struct cache_purge *p)
+{
+    struct cache *c = p->c;
+    if (!persist_can_purge(c->persist))
+        return;
+    for (uint32_t id = 1; id < p->sel_len; id++) {
+        struct kv_namespace *ns = p->sel[id] ? ns_get(c->namespaces, id) : NULL;
+        if (!ns)
+            continue;
+        p->pending++;
+        if (persist_purge(c->persist, ns, purge_store_done, p) < 0) {
+            p->pending--;
+            p->res.store_failed++;
+        }
+    }
+}
+
 static void purge_step_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct cache_purge *p = arg;
@@ -196,6 +215,7 @@ static void purge_step_cb(evutil_socket_t fd, short what, void *arg)
         event_active(p->ev, 0, 0);
         return;
     }
+    purge_store_namespaces(p);
     cache_purge_maybe_done(p->c, p);
 }
 
