@@ -329,8 +329,10 @@ int  cache_delete_each(struct cache *c, struct kv_namespace *ns, const int64_t *
  * and is freed then (as DELETE). A write lease of a purged namespace begun
  * before the purge seals nothing at its commit: its slots are given back
  * (the block never becomes visible). A put begun while the walk runs may or
- * may not outlive it. Blocks the index does not know (a shared store
- * written by another node: Redis, v6d) are not deleted. done(arg, result)
+ * may not outlive it. At the walk's end a store that may hold blocks the
+ * index never knew (redis: persist_can_purge) removes every block of each
+ * purged namespace too; v6d cannot delete (its tombstones hide the keys the
+ * index knew, in memory only). done(arg, result)
  * runs on the loop — never from inside cache_purge_start — once the walk
  * ended and every store delete it sent came back. At most 8 purges run in
  * one cache at once (-KVNODE_ELIMIT, err saying so). */
