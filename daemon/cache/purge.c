@@ -115,10 +115,12 @@ static int purge_key_cmp(const void *a, const void *b)
  * a step's own keys, never the whole registry). */
 static void purge_apply(struct cache_purge *p)
 {
-    int64_t *keys = p->nfound ? malloc(p->nfound * sizeof *keys) : NULL;
-    uint64_t *checks = p->nfound ? malloc(p->nfound * sizeof *checks) : NULL;
+    if (p->nfound == 0)
+        return;
+    int64_t *keys = malloc(p->nfound * sizeof *keys);
+    uint64_t *checks = malloc(p->nfound * sizeof *checks);
 
-    if (p->nfound && (!keys || !checks)) {
+    if (!keys || !checks) {
         p->oom = true;
         free(keys);
         free(checks);
