@@ -11,7 +11,10 @@
  *   after a purge's answer, MATCH is still 0 and the other deployment's
  *   blocks come back from the store byte-exact;
  * - an engine connection may not name another tenant (EDENIED) and an
- *   observer must name what to purge (EINVAL); kvnodectl purge (root)
+ *   observer must name what to purge (EINVAL); with two tenants (as root:
+ *   their clients run as their uids), tenant alpha's engine and observer
+ *   connections cannot purge beta's deployment, by tenant name, deployment
+ *   id or model, while root's observer can; kvnodectl purge (root)
  *   purges a deployment by its id and a model's every deployment, and names
  *   another tenant;
  * - revisions: two revisions of one layout are two deployments that do not
@@ -29,6 +32,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "tenants_util.h"
 #include "../sim/kvcmctl.h"
 
 #define BB       (16u << 10)
@@ -346,6 +350,93 @@ START_TEST(purge_scope_and_authorisation)
 }
 END_TEST
 
+/* ---- 2b. tenants: another tenant's deployment is out of reach ------------------------------------- */
+
+#define ALPHA 65534
+#define BETA  65533
+#define TENANTS_CONF "server.socket_mode=0666\nmemory.host_bytes=24MiB\nmemory.slab_bytes=1MiB\n" \
+                     "tenant.alpha.uids=65534\ntenant.alpha.host_bytes=8MiB\n" \
+                     "tenant.beta.uids=65533\ntenant.beta.host_bytes=8MiB\n"
+
+struct tenant_job {
+    const kvh_daemon *d;
+    char beta_dep[160];
+};
+
+/* As beta: its blocks. */
+static int beta_puts(void *arg)
+{
+    struct tenant_job *j = arg;
+    kvnode_layout l = kvh_layout("tenant-model", BB, 1, 0);
+    kvnode_client *c;
+    kvnode_key k[N];
+    kvh_chain(k, N, 31);
+    if (kvnode_connect(j->d->sock, &l, &c) != 0)
+        return 10;
+    int rc = kvh_put(c, k, N, 5) == 0 ? 0 : 11;
+    kvnode_close(c);
+    return rc;
+}
+
+/* As alpha: every way of naming beta's deployment fails or reaches nothing. */
+static int alpha_tries(void *arg)
+{
+    struct tenant_job *j = arg;
+    kvnode_layout l = kvh_layout("tenant-model", BB, 1, 0);
+    kvnode_client *c, *obs;
+    uint32_t nns = 99;
+    if (kvnode_connect(j->d->sock, &l, &c) != 0 || kvnode_connect(j->d->sock, NULL, &obs) != 0)
+        return 20;
+    /* Its engine connection and its observer name tenant beta: refused. */
+    if (kvnode_purge(c, "beta", j->beta_dep, NULL, NULL, NULL) != -KVNODE_EDENIED)
+        return 21;
+    if (kvnode_purge(obs, "beta", j->beta_dep, NULL, NULL, NULL) != -KVNODE_EDENIED)
+        return 22;
+    if (!strstr(kvnode_last_error(obs), "only its own tenant"))
+        return 23;
+    /* Beta's deployment id, or the model both use, in its own tenant: none of beta's. */
+    if (kvnode_purge(obs, NULL, j->beta_dep, NULL, &nns, NULL) != 0 || nns != 0)
+        return 24;
+    if (kvnode_purge(c, NULL, NULL, "tenant-model", &nns, NULL) != 0 || nns != 1)
+        return 25;
+    kvnode_close(c);
+    kvnode_close(obs);
+    return 0;
+}
+
+START_TEST(purge_never_reaches_another_tenant)
+{
+    TENANTS_NEEDS_ROOT("test_daemon_purge: purge_never_reaches_another_tenant");
+    kvh_daemon d;
+    struct tenant_job j = { .d = &d };
+    tenants_start(&d, TENANTS_CONF);
+    ck_assert_int_eq(tenants_run_as(beta_puts, &j, BETA, BETA, NULL, 0), 0);
+    ck_assert_int_eq(tenants_stat(&d, "beta", "blocks"), N);
+    json_t *st = kvh_stats(&d);
+    json_t *nss = kvh_json_get(st, "namespaces"), *ns;
+    size_t i;
+    json_array_foreach(nss, i, ns)
+        if (strcmp(json_string_value(json_object_get(ns, "tenant")) ?: "", "beta") == 0)
+            snprintf(j.beta_dep, sizeof j.beta_dep, "%s",
+                     json_string_value(json_object_get(ns, "deployment_id")));
+    json_decref(st);
+    ck_assert_msg(j.beta_dep[0], "no namespace of tenant beta in the stats");
+    ck_assert_int_eq(tenants_run_as(alpha_tries, &j, ALPHA, ALPHA, NULL, 0), 0);
+    ck_assert_int_eq(tenants_stat(&d, "beta", "blocks"), N);
+    /* The administrator (root, an observer) names beta: purged. */
+    kvnode_client *obs;
+    uint32_t nns = 0;
+    uint64_t nb = 0;
+    KVH_CONNECT(&d, NULL, &obs);
+    KVH_OK(obs, kvnode_purge(obs, "beta", j.beta_dep, NULL, &nns, &nb));
+    ck_assert_uint_eq(nns, 1);
+    ck_assert_uint_eq(nb, N);
+    ck_assert_int_eq(tenants_stat(&d, "beta", "blocks"), 0);
+    kvnode_close(obs);
+    KVH_STOP_DESTROY(&d);
+}
+END_TEST
+
 /* ---- 3. kvnodectl purge ----------------------------------------------------------------------- */
 
 static const char *ctl_path(void)
@@ -514,6 +605,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, purge_drops_every_tier_and_survives_restart);
     tcase_add_test(tc, purge_scope_and_authorisation);
+    tcase_add_test(tc, purge_never_reaches_another_tenant);
     tcase_add_test(tc, kvnodectl_purge_deployment_and_model);
     tcase_add_test(tc, revisions_are_separate_deployments);
     suite_add_tcase(s, tc);
