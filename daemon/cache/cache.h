@@ -332,7 +332,9 @@ int  cache_delete_each(struct cache *c, struct kv_namespace *ns, const int64_t *
  * may not outlive it. At the walk's end a store that may hold blocks the
  * index never knew (redis: persist_can_purge) removes every block of each
  * purged namespace too; v6d cannot delete (its tombstones hide the keys the
- * index knew, in memory only). done(arg, result)
+ * index knew, in memory only). Blocks of a purged namespace that the
+ * recovery scan reports afterwards are from before the purge: not indexed,
+ * deleted (cache_add_stored). done(arg, result)
  * runs on the loop — never from inside cache_purge_start — once the walk
  * ended and every store delete it sent came back. At most 8 purges run in
  * one cache at once (-KVNODE_ELIMIT, err saying so). */
