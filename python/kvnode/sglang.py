@@ -99,7 +99,16 @@ Options (the extra-config JSON, or the factory's ``kwargs``): ``socket_path`` (d
 ``$KVNODE_SOCKET``, else ``/run/kvnode/kvnode.sock``), ``timeout_ms`` (per call, default
 libkvnode's 10 s; also bounds each connect), ``reconnect_interval_s`` (default 1.0),
 ``connect_wait_ms`` (default 20), ``model`` (default the storage
-config's ``model_name``), ``dtype`` (a layout discriminator, default ``"sglang"``).
+config's ``model_name``), ``dtype`` (a layout discriminator, default ``"sglang"``),
+``model_revision`` (the weights revision, e.g. a commit hash; default none): part of every
+namespace's identity when set, so pages of two revisions of a model never meet; without it
+the namespaces are those of earlier versions and their stored pages stay found.
+
+``clear()`` (SGLang's ``/clear_hicache_storage_backend``, through the cache controller's
+``clear_storage_backend``) drops every page of this deployment -- every registered pool's
+namespaces, every TP rank -- from kvnoded's memory, GPU memory and persistent store
+(``kvnode.Client.purge``), and returns once kvnoded has done it; on failure it raises, which
+SGLang logs and reports as a failed clear.
 """
 
 import collections
@@ -622,6 +631,12 @@ class KvnodeHiCacheStorage(_Base):
             raise ValueError("reconnect_interval_s must be >= 0, got %r" % self.reconnect_interval_s)
         self.model = str(opts.get("model") or _get(storage_config, "model_name") or "sglang")
         self.dtype = str(opts.get("dtype") or "sglang")
+        rev = opts.get("model_revision")
+        if rev is not None and (not isinstance(rev, str) or len(rev.encode()) > 127
+                                or any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in rev)):
+            raise ValueError("kvnode.sglang: model_revision must be a string of at most 127 bytes "
+                             "without control characters, got %r" % (rev,))
+        self.model_revision = rev or None
         self.is_mla = bool(_get(storage_config, "is_mla_model", False))
         self.tp_rank = int(_get(storage_config, "tp_rank", 0) or 0)
         self.tp_size = int(_get(storage_config, "tp_size", 1) or 1)
@@ -749,7 +764,8 @@ class KvnodeHiCacheStorage(_Base):
             suffix += "/pp%d-%d" % (self.pp_rank, self.pp_size)
         if self.cp_size > 1:
             suffix += "/cp%d-%d" % (self.cp_rank, self.cp_size)
-        return {name: plan.layouts(self.model, self.dtype, suffix)
+        return {name: [dataclasses.replace(lay, revision=self.model_revision)
+                       for lay in plan.layouts(self.model, self.dtype, suffix)]
                 for name, plan in self._plans.items()}
 
     def _acquire(self):
@@ -1120,8 +1136,23 @@ class KvnodeHiCacheStorage(_Base):
                                 for cs in conn.pools.values() for c in cs], None)
 
     def clear(self):
-        """kvnode has no per-namespace wipe: blocks stay until evicted or deleted."""
-        logger.info("kvnode.sglang: clear() leaves kvnode's blocks in place (evicted by the daemon)")
+        """Drop every page of this deployment from kvnoded (see the module docstring): one
+        purge per deployment of the registered pools, on connections of its own. Raises on
+        failure (SGLang logs it and answers that the clear failed)."""
+        with self._lock:
+            layouts = [lay for lays in self._pool_layouts().values() for lay in lays]
+        if not layouts:
+            raise RuntimeError("kvnode.sglang: clear() before a host pool was registered: the "
+                               "deployment to clear is not known yet")
+        purged, blocks = set(), 0
+        for lay in layouts:
+            with kvnode.Client(self.socket_path, lay, self.timeout_ms) as c:
+                if c.deployment_id in purged:
+                    continue
+                blocks += c.purge()[1]
+                purged.add(c.deployment_id)
+        logger.info("kvnode.sglang: clear() dropped %d pages' blocks of %d kvnode deployments",
+                    blocks, len(purged))
 
     def get_stats(self):
         """SGLang's StorageMetrics of the calls since the previous get_stats, with kvnode's
