@@ -6,7 +6,8 @@
  *   block, and `get` of those keys with --size gives the file back byte for
  *   byte, through shared memory and with --inline, and so does a get of the
  *   keys file `put --keys-out` wrote, without --size (the file records the
- *   size; issue 33); the gets connect as
+ *   size; issue 33), while a recorded size the keys cannot hold is a usage
+ *   error; the gets connect as
  *   readers (memory lent read-only, the daemon's log says so), the puts not;
  * - `namespaces --json` prints a JSON array that has the namespace used. */
 #include <check.h>
@@ -132,6 +133,28 @@ START_TEST(kvnodectl_status_put_get_namespaces)
         free(got);
     }
     free(orig);
+
+    /* A keys file whose recorded size its keys cannot hold (edited by hand, or
+     * another file's) is refused as a usage error, and nothing is written. */
+    f = fopen(keys, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("# size 65537\n1\n", f);   /* one key holds at most 65536 bytes */
+    ck_assert_int_eq(fclose(f), 0);
+    unlink(back);
+    char *const bad_argv[] = { (char *)ctl, (char *)"-S", sock, (char *)"get", (char *)"--model",
+                               (char *)"ctl-smoke", (char *)"--block-bytes", (char *)"64KiB",
+                               (char *)"--keys-file", keys, (char *)"-o", back, NULL };
+    char *out_text = NULL, *err_text = NULL;
+    int st = proc_exit_code(proc_run(&(struct proc_opts){ .argv = (const char *const *)bad_argv }, 10000,
+                                     &out_text, &err_text));
+    ck_assert_msg(st == 2, "get of a keys file recording 65537 bytes for one key: exit %d, not 2: %s", st,
+                  err_text ? err_text : "");
+    ck_assert_msg(err_text && strstr(err_text, "65537"), "the usage error does not name the size: %s",
+                  err_text ? err_text : "");
+    ck_assert_msg(access(back, F_OK) != 0, "get wrote %s despite the usage error", back);
+    free(out_text);
+    free(err_text);
+
     char *log = kvh_read_log(&d);
     ck_assert_ptr_nonnull(log);
     int readers = 0;

@@ -1,7 +1,10 @@
 """The README's Python example runs as written: its first ```python block after
 "## Using kvnode from Python", unchanged, in a directory whose run/kvnode.sock
 is a real kvnoded (as after `make run` at the top of the tree; the package
-comes from PYTHONPATH instead of the example's relative sys.path entry)."""
+comes from PYTHONPATH instead of the example's relative sys.path entry).
+Below: every command block of the README runs as written, in a copy of the
+tree, against the daemon of its `make run` block (issue 33), and the C
+snippet is a part of examples/five_lines.c."""
 import os
 import subprocess
 import sys
