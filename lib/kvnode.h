@@ -474,6 +474,26 @@ int  kvnode_submit_exists(kvnode_client *c, const kvnode_key *keys, const uint64
 int  kvnode_submit_delete_each(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
                                size_t n, bool *deleted, void *user, kvnode_ticket *ticket);
 
+/* --- gathered blocks (KVNODE_0.7) --------------------------------------------
+ *
+ * A block whose bytes lie in pieces over the caller's memory (a host pool laid
+ * out layer by layer: one piece per layer of each page) moved in one call per
+ * batch, e.g. into the blocks kvnode_put_begin lent or out of those
+ * kvnode_get_begin lent. Block i of n (block_bytes bytes) is made of m
+ * pieces: piece j is piece_bytes[j] bytes at pieces[i * m + j] in the
+ * caller's memory and at blocks[i] + piece_offsets[j] in the block.
+ * kvnode_gather copies the pieces into the blocks, kvnode_scatter the blocks
+ * into the pieces. A NULL blocks[i] is skipped (a key kvnode_put_begin found
+ * stored) and so are zero-byte pieces. The pieces must tile the block: each
+ * inside it, no two overlapping, block_bytes in all; a piece's pointer must
+ * not be NULL nor its bytes overlap its block. Returns 0, or -KVNODE_EINVAL
+ * (-KVNODE_ENOMEM) with nothing copied; n 0 copies nothing and returns 0.
+ * Talks to no daemon: kvnode_last_error() does not change. */
+int  kvnode_gather(void *const *blocks, size_t n, size_t block_bytes, const void *const *pieces,
+                   size_t m, const size_t *piece_bytes, const size_t *piece_offsets);
+int  kvnode_scatter(const void *const *blocks, size_t n, size_t block_bytes, void *const *pieces,
+                    size_t m, const size_t *piece_bytes, const size_t *piece_offsets);
+
 /* rtp-llm / KVCM chained block hash (see docs/PROTOCOLS.md §4.1): one key per full
  * block of block_tokens tokens, at most max_keys; returns the number written. */
 size_t kvnode_hash_tokens(const int64_t *tokens, size_t ntokens, uint32_t block_tokens,

@@ -250,6 +250,14 @@ if hasattr(_lib, "kvnode_exists"):
 else:
     _has_per_key = _exists = _delete_each = _submit_exists = _submit_delete_each = None
 
+# Blocks gathered from / scattered to pieces of the caller's memory (KVNODE_0.7): one call
+# per batch for kvnode.sglang's layer_first pages; without them it copies in Python.
+if hasattr(_lib, "kvnode_gather"):
+    _gather = _fn("kvnode_gather", ctypes.c_int, _P, _SIZE, _SIZE, _P, _SIZE, _P, _P)
+    _scatter = _fn("kvnode_scatter", ctypes.c_int, _P, _SIZE, _SIZE, _P, _SIZE, _P, _P)
+else:
+    _gather = _scatter = None
+
 _libc = ctypes.CDLL(None)
 _free = _libc.free
 _free.restype = None

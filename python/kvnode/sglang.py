@@ -30,10 +30,11 @@ Host layouts. ``get_page_buffer_meta`` gives, per page, the pieces of that page:
   layers pieces for MLA), scattered over the pool. A page is one kvnode block (component
   ``page``): a put copies the pieces into the block's slot in the daemon's shared memory (a
   ``write`` lease), a get copies them out of the pinned block (a ``read`` lease) - one copy
-  each way, as the zero-copy layouts. Where the pieces sit on a grid (SGLang's do: K and V
-  of each layer at fixed distances) the copy is one strided torch (else numpy) copy per run
-  of pages at a constant step; with neither installed, or pieces off a grid, one
-  ``memmove`` per piece.
+  each way, as the zero-copy layouts, made for the whole batch by one libkvnode call
+  (``kvnode_gather`` / ``kvnode_scatter``). With a libkvnode older than those (KVNODE_0.7),
+  where the pieces sit on a grid (SGLang's do: K and V of each layer at fixed distances)
+  the copy is one strided torch (else numpy) copy per run of pages at a constant step;
+  with neither installed, or pieces off a grid, one ``memmove`` per piece.
 - Sidecar pools: each piece of a page (Mamba's temporal and conv states, ...) its own
   namespace (components ``0``, ``1``, ...), or one block when a page has more than
   four pieces or the pool is ``layer_first``. Zero-byte pieces are skipped.
@@ -102,6 +103,7 @@ libkvnode's 10 s; also bounds each connect), ``reconnect_interval_s`` (default 1
 config's ``model_name``), ``dtype`` (a layout discriminator, default ``"sglang"``).
 """
 
+import array
 import collections
 import ctypes
 import dataclasses
@@ -114,6 +116,7 @@ import time
 
 import kvnode
 from . import _lib as _clib
+from .errors import _raise
 from .keys import _checks_array, _keys_array
 
 try:  # subclass SGLang's base when it is there (its factory may check it)
@@ -165,6 +168,17 @@ def _sizes(sizes, count):
 def _slice(array, lo, hi):
     """Items [lo, hi) of a ctypes array, over the same memory."""
     return (array._type_ * (hi - lo)).from_buffer(array, lo * ctypes.sizeof(array._type_))
+
+
+_ADDRESS = "Q" if ctypes.sizeof(ctypes.c_void_p) == 8 else "I"    # array code of an address
+_LOC_WORDS = ctypes.sizeof(_clib._CLoc) // ctypes.sizeof(ctypes.c_void_p)
+
+
+def _block_addresses(locs, n):
+    """locs[i].ptr of the first n locations as an array of addresses (0 for None), read
+    from the structures' memory in C rather than one attribute at a time."""
+    words = memoryview(locs).cast("B").cast(_ADDRESS)
+    return array.array(_ADDRESS, words[0:n * _LOC_WORDS:_LOC_WORDS])
 
 
 def _get(obj, name, default=None):
@@ -346,6 +360,8 @@ class _Plan:
                 offs[j] = total
                 total += sizes[j]
             self.piece_offsets = offs
+            self._c_sizes = (ctypes.c_size_t * self.pieces)(*sizes)
+            self._c_offsets = (ctypes.c_size_t * self.pieces)(*offs)
             self.grid = _Grid.of(ptrs, sizes, offs)
             self.used = []
             self.components = [("page", total) + ranks[0]]
@@ -451,7 +467,7 @@ class _Plan:
         got = got.value
         try:
             if got:
-                self._gather(ptrs, [locs[i].ptr for i in range(got)], False)
+                self._gather(ptrs, locs, got, False)
         finally:
             if lease.value:
                 rc = _clib._get_end(h, lease.value)
@@ -472,18 +488,33 @@ class _Plan:
         if not lease.value:
             return
         try:        # a slot of None: that key is already stored
-            self._gather(ptrs, [locs[i].ptr for i in range(n)], True)
+            self._gather(ptrs, locs, n, True)
         except BaseException:
             _clib._put_abort(h, lease.value)
             raise
         client._check(_clib._put_commit(h, lease.value))
 
-    def _gather(self, ptrs, blocks, to_blocks):
+    def _gather(self, ptrs, locs, n, to_blocks):
         """Copy each page's pieces between the pool (ptrs, pieces per page) and its block
-        (blocks[i]; None: skipped), into the blocks when to_blocks. Where the pieces of
-        every page sit on one grid (SGLang's layer_first: K and V per layer at fixed
-        distances), runs of pages at a constant step on both sides move in one strided copy
-        (numpy or torch, C speed); otherwise one memmove per piece."""
+        (locs[i].ptr for the first n pages; None: skipped), into the blocks when to_blocks:
+        one libkvnode call for the batch (kvnode_gather / kvnode_scatter)."""
+        if _clib._gather is not None:
+            blocks = _block_addresses(locs, n)
+            pieces = array.array(_ADDRESS, ptrs)
+            rc = (_clib._gather if to_blocks else _clib._scatter)(
+                blocks.buffer_info()[0], n, self.page_bytes, pieces.buffer_info()[0],
+                self.pieces, self._c_sizes, self._c_offsets)
+            if rc:
+                _raise(rc, "kvnode.sglang: pool %r: copying %d pages of %d pieces"
+                       % (self.name, n, self.pieces))
+            return
+        self._gather_python(ptrs, [locs[i].ptr for i in range(n)], to_blocks)
+
+    def _gather_python(self, ptrs, blocks, to_blocks):
+        """_gather without kvnode_gather (a libkvnode older than KVNODE_0.7). Where the
+        pieces of every page sit on one grid (SGLang's layer_first: K and V per layer at
+        fixed distances), runs of pages at a constant step on both sides move in one
+        strided copy (numpy or torch, C speed); otherwise one memmove per piece."""
         grid, m, n = self.grid, self.pieces, len(blocks)
         ops = _array_ops() if grid is not None else None
         if ops is not None:
