@@ -5,6 +5,8 @@
  *     the block holding every K then every V) round-trips byte for byte:
  *     each block equals the one assembled piece by piece here, and a scatter
  *     into a second pool gives back the first pool's bytes;
+ *   - the same with the pieces given as one base per page and each piece's
+ *     distance from it;
  *   - a NULL block is skipped (its pieces and the other blocks' are not);
  *   - zero-byte pieces are allowed, more pieces than fit the stack work,
  *     n 0 copies nothing;
@@ -12,7 +14,8 @@
  *     a zero-byte block, pieces that do not add up to the block (short or
  *     long), two pieces overlapping in the block, a piece past the block's
  *     end (also by an offset that would wrap), a NULL piece, a piece
- *     overlapping its own block, NULL arrays. */
+ *     overlapping its own block (also by a base and distance), a NULL base,
+ *     NULL arrays. */
 #include <check.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -59,6 +62,18 @@ static void setup_layer_first(void)
         block_ptr[i] = blocks[i];
 }
 
+/* The whole layer_first batch, pieces as n * m addresses (at NULL) or page bases. */
+static int gather(const void *const *pieces, const ptrdiff_t *at)
+{
+    return kvnode_gather(block_ptr, PAGES, BLOCK, pieces, at, PIECES, sizes, offsets);
+}
+
+static int scatter(void *const *pieces, const ptrdiff_t *at)
+{
+    return kvnode_scatter((const void *const *)block_ptr, PAGES, BLOCK, pieces, at, PIECES,
+                          sizes, offsets);
+}
+
 static int all_zero(const void *p, size_t n)
 {
     const unsigned char *c = p;
@@ -72,11 +87,46 @@ static int all_zero(const void *p, size_t n)
 START_TEST(test_layer_first_round_trip)
 {
     setup_layer_first();
-    ck_assert_int_eq(kvnode_gather(block_ptr, PAGES, BLOCK, src, PIECES, sizes, offsets), 0);
+    ck_assert_int_eq(gather(src, NULL), 0);
     ck_assert_int_eq(memcmp(blocks, expect, sizeof blocks), 0);
-    ck_assert_int_eq(kvnode_scatter((const void *const *)block_ptr, PAGES, BLOCK, dst, PIECES,
-                                    sizes, offsets), 0);
+    ck_assert_int_eq(scatter(dst, NULL), 0);
     ck_assert_int_eq(memcmp(back, pool, sizeof pool), 0);
+}
+END_TEST
+
+START_TEST(test_pieces_from_page_bases)
+{
+    /* pieces given as a base per page (its piece 0) and each piece's distance */
+    const void *base[PAGES];
+    void *back_base[PAGES];
+    ptrdiff_t at[PIECES];
+
+    setup_layer_first();
+    for (size_t i = 0; i < PAGES; i++) {
+        base[i] = src[i * PIECES];
+        back_base[i] = dst[i * PIECES];
+    }
+    for (size_t j = 0; j < PIECES; j++)
+        at[j] = (const unsigned char *)src[j] - (const unsigned char *)src[0];
+    ck_assert_int_eq(gather(base, at), 0);
+    ck_assert_int_eq(memcmp(blocks, expect, sizeof blocks), 0);
+    ck_assert_int_eq(scatter(back_base, at), 0);
+    ck_assert_int_eq(memcmp(back, pool, sizeof pool), 0);
+
+    /* a NULL base, or a distance into the page's own block: nothing copied */
+    memset(blocks, 0, sizeof blocks);
+    memset(back, 0, sizeof back);
+    base[PAGES - 1] = NULL;
+    back_base[PAGES - 1] = NULL;
+    ck_assert_int_eq(gather(base, at), -KVNODE_EINVAL);
+    ck_assert_int_eq(scatter(back_base, at), -KVNODE_EINVAL);
+    base[PAGES - 1] = blocks[PAGES - 1];
+    back_base[PAGES - 1] = blocks[PAGES - 1];
+    at[0] = 0;
+    ck_assert_int_eq(gather(base, at), -KVNODE_EINVAL);
+    ck_assert_int_eq(scatter(back_base, at), -KVNODE_EINVAL);
+    ck_assert(all_zero(blocks, sizeof blocks));
+    ck_assert(all_zero(back, sizeof back));
 }
 END_TEST
 
@@ -84,7 +134,7 @@ START_TEST(test_null_block_skipped)
 {
     setup_layer_first();
     block_ptr[2] = NULL;
-    ck_assert_int_eq(kvnode_gather(block_ptr, PAGES, BLOCK, src, PIECES, sizes, offsets), 0);
+    ck_assert_int_eq(gather(src, NULL), 0);
     for (size_t i = 0; i < PAGES; i++) {
         if (i == 2)
             ck_assert(all_zero(blocks[i], BLOCK));
@@ -92,8 +142,7 @@ START_TEST(test_null_block_skipped)
             ck_assert_int_eq(memcmp(blocks[i], expect[i], BLOCK), 0);
     }
     memcpy(blocks[2], expect[2], BLOCK);        /* a scatter leaves page 2's pieces alone */
-    ck_assert_int_eq(kvnode_scatter((const void *const *)block_ptr, PAGES, BLOCK, dst, PIECES,
-                                    sizes, offsets), 0);
+    ck_assert_int_eq(scatter(dst, NULL), 0);
     for (size_t j = 0; j < PIECES; j++)
         for (size_t i = 0; i < PAGES; i++) {
             const unsigned char *got = dst[i * PIECES + j];
@@ -116,13 +165,13 @@ START_TEST(test_zero_byte_pieces_and_empty_batch)
     size_t sz[4] = { 0, 5, 0, 3 }, off[4] = { 2, 0, 8, 5 };
     void *blk[1] = { out };
 
-    ck_assert_int_eq(kvnode_gather(blk, 1, 8, in, 4, sz, off), 0);
+    ck_assert_int_eq(kvnode_gather(blk, 1, 8, in, NULL, 4, sz, off), 0);
     ck_assert_int_eq(memcmp(out, "abcdexyz", 8), 0);
-    ck_assert_int_eq(kvnode_scatter((const void *const *)blk, 1, 8, back2, 4, sz, off), 0);
+    ck_assert_int_eq(kvnode_scatter((const void *const *)blk, 1, 8, back2, NULL, 4, sz, off), 0);
     ck_assert_int_eq(memcmp(a2, "abcde", 5), 0);
     ck_assert_int_eq(memcmp(b2, "xyz", 3), 0);
-    ck_assert_int_eq(kvnode_gather(blk, 0, 8, in, 4, sz, off), 0);
-    ck_assert_int_eq(kvnode_gather(NULL, 0, 0, NULL, 0, NULL, NULL), 0);
+    ck_assert_int_eq(kvnode_gather(blk, 0, 8, in, NULL, 4, sz, off), 0);
+    ck_assert_int_eq(kvnode_gather(NULL, 0, 0, NULL, NULL, 0, NULL, NULL), 0);
 }
 END_TEST
 
@@ -143,10 +192,10 @@ START_TEST(test_many_pieces)
         sz[j] = 1;
         off[j] = M - 1 - j;
     }
-    ck_assert_int_eq(kvnode_gather(blk, 1, M, ip, M, sz, off), 0);
+    ck_assert_int_eq(kvnode_gather(blk, 1, M, ip, NULL, M, sz, off), 0);
     for (size_t j = 0; j < M; j++)
         ck_assert_uint_eq(out[M - 1 - j], in[j]);
-    ck_assert_int_eq(kvnode_scatter((const void *const *)blk, 1, M, op, M, sz, off), 0);
+    ck_assert_int_eq(kvnode_scatter((const void *const *)blk, 1, M, op, NULL, M, sz, off), 0);
     ck_assert_int_eq(memcmp(again, in, M), 0);
 }
 END_TEST
@@ -154,10 +203,11 @@ END_TEST
 /* Each bad layout of the pieces fails both ways and copies nothing. */
 static void expect_einval(size_t block, size_t m, const size_t *sz, const size_t *off)
 {
-    ck_assert_int_eq(kvnode_gather(block_ptr, PAGES, block, src, m, sz, off), -KVNODE_EINVAL);
+    ck_assert_int_eq(kvnode_gather(block_ptr, PAGES, block, src, NULL, m, sz, off),
+                     -KVNODE_EINVAL);
     ck_assert(all_zero(blocks, sizeof blocks));
-    ck_assert_int_eq(kvnode_scatter((const void *const *)block_ptr, PAGES, block, dst, m, sz,
-                                    off), -KVNODE_EINVAL);
+    ck_assert_int_eq(kvnode_scatter((const void *const *)block_ptr, PAGES, block, dst, NULL, m,
+                                    sz, off), -KVNODE_EINVAL);
     ck_assert(all_zero(back, sizeof back));
 }
 
@@ -202,14 +252,13 @@ START_TEST(test_bad_pointers)
     expect_einval(BLOCK, PIECES, sizes, offsets);
 
     setup_layer_first();
-    ck_assert_int_eq(kvnode_gather(NULL, PAGES, BLOCK, src, PIECES, sizes, offsets),
+    ck_assert_int_eq(kvnode_gather(NULL, PAGES, BLOCK, src, NULL, PIECES, sizes, offsets),
                      -KVNODE_EINVAL);
-    ck_assert_int_eq(kvnode_gather(block_ptr, PAGES, BLOCK, NULL, PIECES, sizes, offsets),
+    ck_assert_int_eq(kvnode_gather(block_ptr, PAGES, BLOCK, NULL, NULL, PIECES, sizes, offsets),
                      -KVNODE_EINVAL);
-    ck_assert_int_eq(kvnode_scatter(NULL, PAGES, BLOCK, dst, PIECES, sizes, offsets),
+    ck_assert_int_eq(kvnode_scatter(NULL, PAGES, BLOCK, dst, NULL, PIECES, sizes, offsets),
                      -KVNODE_EINVAL);
-    ck_assert_int_eq(kvnode_scatter((const void *const *)block_ptr, PAGES, BLOCK, NULL, PIECES,
-                                    sizes, offsets), -KVNODE_EINVAL);
+    ck_assert_int_eq(scatter(NULL, NULL), -KVNODE_EINVAL);
     ck_assert(all_zero(blocks, sizeof blocks));
 }
 END_TEST
@@ -221,6 +270,7 @@ static Suite *copy_suite(void)
 
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, test_layer_first_round_trip);
+    tcase_add_test(tc, test_pieces_from_page_bases);
     tcase_add_test(tc, test_null_block_skipped);
     tcase_add_test(tc, test_zero_byte_pieces_and_empty_batch);
     tcase_add_test(tc, test_many_pieces);
