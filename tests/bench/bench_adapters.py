@@ -586,8 +586,8 @@ class LMCachePath(Path):
 
 def measure(paths, rounds):
     """Median seconds of each operation of each path; the paths take turns within every
-    round (in an order shuffled anew each round, seeded), so a busy machine slows them alike. Every operation is
-    followed (untimed) by its path's byte-exact check."""
+    round (in an order shuffled anew each round, seeded), so a busy machine slows them
+    alike. Every operation is followed (untimed) by its path's byte-exact check."""
     times = {name: {"put": [], "get": [], "exists": []} for name in paths}
     names = list(paths)
     shuffle = random.Random(31).shuffle
