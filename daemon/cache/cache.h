@@ -262,6 +262,12 @@ struct cache_put_req {
     const uint64_t      *checks;   /* n words, or NULL: every word 0 */
     size_t               n;
     int                  tier;     /* 0 or KVNODE_TIER_HOST; KVNODE_TIER_HBM: the owner's HBM when free */
+    /* Keys being written (reserved under a write lease not sealed yet) are
+     * reported as held, nothing to write; with wait_writing set, any such
+     * key makes the call reserve nothing and return CACHE_STORE_BOUND, err
+     * saying how many: the KVS front end, whose clients read "left out" as
+     * "stored", waits for those leases to end (cache_put_wait). */
+    bool                 wait_writing;
 };
 /* Reserve a slot for every key not already held (locs[i].present true, its
  * place in locs[i]) under one write lease (*lease_id; 0 when nothing needed
@@ -269,11 +275,6 @@ struct cache_put_req {
  * req->n. */
 int  cache_put_begin(struct cache *c, const struct cache_put_req *req, uint64_t *lease_id,
                      struct cache_loc *locs, char *err, size_t errlen);
-/* How many of keys (in ns) are being written: reserved under a write lease
- * that is not sealed yet. cache_put_begin reports them as held (nothing to
- * write); the KVS front end, whose clients read "left out" as "stored",
- * waits for those leases to end instead (cache_put_wait). O(n). */
-size_t cache_count_writing(struct cache *c, const struct kv_namespace *ns, const int64_t *keys, size_t n);
 /* The first of keys (in ns, with their check words: NULL, every word 0)
  * the index holds in any state (being written, in memory, or known in the
  * store): its index, n when none. O(n). */

@@ -547,7 +547,7 @@ void cache_entry_destroy(struct cache *c, struct index_entry *e)
 {
     if (entry_has_slot(e))
         cache_slot_free(c, e);
-    index_entry_free(e);
+    index_entry_free(c->index, e);
 }
 
 /* Take an entry out of the index: freed now, or, while pinned (readers, a

@@ -23,6 +23,7 @@ struct put_txn {
     uint32_t hcls;              /* the namespace's size class in ha */
     struct lease *l;            /* the write lease, once lent */
     size_t need;                /* keys to reserve (a repeated key counted each time) */
+    size_t writing;             /* keys being written under a write lease */
     size_t reserved;            /* slots reserved so far */
 };
 
@@ -52,6 +53,11 @@ int cache_put_begin(struct cache *c, const struct cache_put_req *req, uint64_t *
         return rc;
     cache_put_choose_hbm(&t);
     cache_put_skip_held(&t);
+    if (req->wait_writing && t.writing) {
+        errmsg_set(err, errlen, "%zu of the objects of one namespace are being written under another create "
+                   "lease (not sealed yet)", t.writing);
+        return CACHE_STORE_BOUND;
+    }
     /* Every key is held already: nothing to reserve, no lease. */
     if (t.need == 0)
         return 0;
@@ -103,6 +109,7 @@ static void cache_put_skip_held(struct put_txn *t)
 
     for (size_t i = 0; i < req->n; i++) {
         struct index_entry *e = index_lookup(t->c->index, req->ns->id, req->keys[i]);
+        t->writing += e && e->state == ENTRY_WRITING;
         /* Held under another check word (in memory or only in the store):
          * that prefix's block stays; this put reports it as stored, and
          * its writer's next get misses (counted). */
@@ -117,17 +124,6 @@ static void cache_put_skip_held(struct put_txn *t)
         if (t->locs[i].present)
             t->need++;
     }
-}
-
-size_t cache_count_writing(struct cache *c, const struct kv_namespace *ns, const int64_t *keys, size_t n)
-{
-    size_t writing = 0;
-
-    for (size_t i = 0; i < n; i++) {
-        const struct index_entry *e = index_lookup(c->index, ns->id, keys[i]);
-        writing += e && e->state == ENTRY_WRITING;
-    }
-    return writing;
 }
 
 size_t cache_first_held(struct cache *c, const struct kv_namespace *ns, const int64_t *keys, const uint64_t *checks,

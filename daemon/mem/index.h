@@ -83,7 +83,8 @@ struct index_stats {
 
 /* initial_buckets is rounded up to a power of two (minimum 64). */
 int  index_create(size_t initial_buckets, struct kv_index **out);
-/* Frees the table and every linked entry (not the arena slots). */
+/* Frees the table and every entry, linked or not (not the arena slots): an
+ * unlinked entry is not used after its index is destroyed. */
 void index_destroy(struct kv_index *ix);
 
 struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key);
@@ -92,7 +93,8 @@ struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key);
 struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key);
 /* Remove from the table and its LRU list; the caller now owns e. */
 void index_unlink(struct kv_index *ix, struct index_entry *e);
-void index_entry_free(struct index_entry *e);
+/* Gives an unlinked entry back to the index it came from. */
+void index_entry_free(struct kv_index *ix, struct index_entry *e);
 size_t index_count(const struct kv_index *ix);
 void index_get_stats(const struct kv_index *ix, struct index_stats *st);
 /* Make room for the list heads of namespace ids below n (capped at

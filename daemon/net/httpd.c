@@ -36,6 +36,11 @@
  * handed back to the kernel (malloc_trim), at most once per interval. */
 #define HTTPD_TRIM_BYTES     (4u << 20)
 #define HTTPD_TRIM_MS        1000u
+/* Bytes of a reply written per loop turn (libevent's default is 16 KiB). */
+#define HTTPD_MAX_SINGLE_WRITE (256u << 10)
+/* RLIMIT_NOFILE is read again at most this often (one system call less per
+ * accepted connection). */
+#define HTTPD_RLIMIT_MS      1000u
 
 /* One connection, from the moment evhttp accepted it. evhttp 2.1 has no
  * connection limit and no hook on accept, so: evhttp asks us for each new
@@ -102,6 +107,8 @@ struct httpd {
     uint64_t input_bytes, input_refused, input_refused_group;
     uint64_t input_group[HTTPD_MAX_GROUPS];               /* input_bytes of each group's connections */
     uint64_t trimmed_ms;
+    struct rlimit nofile;                /* RLIMIT_NOFILE as of nofile_ms */
+    uint64_t nofile_ms;
 };
 
 /* libevent calls a listener's error callback with the evhttp as argument,
@@ -459,7 +466,7 @@ static void httpd_deadline_cb(evutil_socket_t fd, short what, void *arg)
 static const char *httpd_refusal(struct httpd *h, int fd, bool *reserve, char *why, size_t len)
 {
     struct httpd_limits lim = httpd_limits_now(h);
-    struct rlimit rl;
+    uint64_t now = clock_now_ms();
 
     *reserve = false;
     if (h->stopping)
@@ -472,7 +479,13 @@ static const char *httpd_refusal(struct httpd *h, int fd, bool *reserve, char *w
     }
     /* Descriptors are handed out lowest first, so a descriptor this high
      * means nearly all below it are taken. */
-    if (fd >= 0 && getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    if (fd >= 0 && (h->nofile_ms == 0 || now - h->nofile_ms >= HTTPD_RLIMIT_MS)) {
+        if (getrlimit(RLIMIT_NOFILE, &h->nofile) != 0)
+            h->nofile.rlim_cur = RLIM_INFINITY;
+        h->nofile_ms = now ? now : 1;
+    }
+    const struct rlimit rl = h->nofile;
+    if (fd >= 0 && rl.rlim_cur != RLIM_INFINITY) {
         rlim_t keep = rl.rlim_cur / 4 < HTTPD_FD_RESERVE ? rl.rlim_cur / 4 : HTTPD_FD_RESERVE;
         if ((rlim_t)fd + keep >= rl.rlim_cur) {
             *reserve = true;
@@ -570,6 +583,8 @@ static void httpd_adopt(struct httpd *h, struct httpd_conn *hc)
     h->nconns++;
     h->accepted++;
     evhttp_connection_set_closecb(hc->evcon, httpd_conn_closed_cb, hc);
+    /* A reply in one write: each piece wakes the client again. */
+    bufferevent_set_max_single_write(bev, HTTPD_MAX_SINGLE_WRITE);
     hc->output_cb = evbuffer_add_cb(bufferevent_get_output(bev), httpd_output_cb, hc);
     hc->input_cb = evbuffer_add_cb(bufferevent_get_input(bev), httpd_input_cb, hc);
     httpd_arm_deadline(hc);

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -419,6 +420,7 @@ int kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **ou
         return -1;
     }
     k->deps = *deps;
+    k->diag_fd = -1;
     for (k->nbuckets = 64; k->nbuckets < cfg->kvs_max_leases; k->nbuckets <<= 1)
         ;
     kvs_leases_init(&k->leases);
@@ -435,7 +437,7 @@ int kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **ou
         return -1;
     }
     if (cfg->kvs_listen_addr.kind != CONFIG_LISTEN_UNIX)
-        httpd_set_identify(k->httpd, kvs_identify_tcp, k);
+        httpd_set_identify(k->httpd, kvs_identify_tcp, &k->diag_fd);
     if (!(k->conns = kvs_http_conns_new(deps->cfg, deps->tenants))) {
         kvs_server_destroy(k);
         errmsg_set(err, errlen, "kvs front end: out of memory");
@@ -489,6 +491,8 @@ void kvs_server_destroy(struct kvs_server *k)
     while (k->head)
         kvs_lease_free(k, k->head);
     kvs_dataplane_destroy(k->dp);
+    if (k->diag_fd >= 0)
+        close(k->diag_fd);
     free(k->buckets);
     free(k);
 }

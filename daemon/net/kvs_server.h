@@ -132,13 +132,15 @@ struct kvs_read {
 int kvs_read_objects(struct cache *c, const struct ns_layout *l, struct kvs_read *r, char *err, size_t errlen);
 
 /* The uid owning the other end of the loopback TCP connection fd (its
- * 4-tuple looked up in the kernel's socket table, NETLINK_SOCK_DIAG). 0, or
- * -1 with err (peer not on loopback, socket gone or already closed by its
- * owner, no answer). */
-int kvs_peer_tcp_uid(int fd, uid_t *uid, char *err, size_t errlen);
+ * 4-tuple looked up in the kernel's socket table, NETLINK_SOCK_DIAG). *diag
+ * is the netlink socket to ask on, kept between calls (-1: opened here; put
+ * back to -1, closed, after a failed query). 0, or -1 with err (peer not on
+ * loopback, socket gone or already closed by its owner, no answer). */
+int kvs_peer_tcp_uid(int fd, int *diag, uid_t *uid, char *err, size_t errlen);
 
 /* The HTTP listener's identify hook (httpd_set_identify) on a TCP listen
- * address: the client's uid by kvs_peer_tcp_uid, once, at accept. */
+ * address: the client's uid by kvs_peer_tcp_uid, once, at accept. Its
+ * argument is the int holding the diag socket. */
 struct httpd_peer;
 void kvs_identify_tcp(void *arg, int fd, struct httpd_peer *out);
 

@@ -276,21 +276,16 @@ static int kvs_slice_create(struct kvs_job *j, struct kvs_slice_group *g, struct
                  (int)(key.len < 256 ? key.len : 256), key.s, other, g->size);
         return 409;
     }
-    /* Left out means stored to the client: keys another create lease is
-     * still writing make this one wait for it to end. */
-    size_t writing = cache_count_writing(j->t->cache, g->ns, s->keys + g->first, g->n);
-    if (writing) {
-        snprintf(msg, msglen, "%zu of the objects of one namespace are being written under another create lease "
-                 "(not sealed yet)", writing);
-        return CACHE_STORE_BOUND;
-    }
     if (!kvs_lease_sub_room(j->l, 1)) {
         snprintf(msg, msglen, "out of memory");
         return 500;
     }
-    /* v1 keys carry no check words (NULL: word 0); opaque keys' are from their hash */
+    /* v1 keys carry no check words (NULL: word 0); opaque keys' are from their
+     * hash. Left out means stored to the client: keys another create lease
+     * is still writing make this one wait for it to end (wait_writing). */
     rc = cache_put_begin(j->t->cache, &(struct cache_put_req){ .ns = g->ns, .owner = &j->l->owner,
-                         .keys = s->keys + g->first, .checks = checks, .n = g->n, .tier = KVNODE_TIER_HOST },
+                         .keys = s->keys + g->first, .checks = checks, .n = g->n, .tier = KVNODE_TIER_HOST,
+                         .wait_writing = true },
                          &lease_id, s->locs + g->first, msg, msglen);
     if (rc == CACHE_STORE_BOUND)
         return rc;

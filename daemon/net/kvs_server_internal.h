@@ -46,6 +46,7 @@ struct kvs_server {
     struct kvs_leases leases;           /* ids, each tenant's open leases */
     struct kvs_http_conns *conns;       /* each tenant's open HTTP connections */
     struct workq *parse_q;              /* large /acquire bodies parsed off the loop */
+    int diag_fd;                        /* NETLINK_SOCK_DIAG socket of kvs_identify_tcp, or -1 */
     struct kvs_server_stats st;
 };
 

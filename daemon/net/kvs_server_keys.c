@@ -353,7 +353,15 @@ static bool kvs_addr_loopback(const struct sockaddr_storage *ss)
     return false;
 }
 
-int kvs_peer_tcp_uid(int fd, uid_t *uid, char *err, size_t errlen)
+/* The diag socket is dropped after any failure, so no answer to an
+ * earlier query can be waiting on the next one's. */
+static void kvs_diag_drop(int *diag)
+{
+    close(*diag);
+    *diag = -1;
+}
+
+int kvs_peer_tcp_uid(int fd, int *diag, uid_t *uid, char *err, size_t errlen)
 {
     struct sockaddr_storage local, peer;
     socklen_t ll = sizeof local, pl = sizeof peer;
@@ -366,7 +374,7 @@ int kvs_peer_tcp_uid(int fd, uid_t *uid, char *err, size_t errlen)
         char buf[8192];
         struct nlmsghdr align;
     } ans;
-    int nl;
+    static uint32_t seq;
     ssize_t got;
 
     if (getsockname(fd, (struct sockaddr *)&local, &ll) < 0 || getpeername(fd, (struct sockaddr *)&peer, &pl) < 0) {
@@ -381,6 +389,7 @@ int kvs_peer_tcp_uid(int fd, uid_t *uid, char *err, size_t errlen)
     req.nlh.nlmsg_len = sizeof req;
     req.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
     req.nlh.nlmsg_flags = NLM_F_REQUEST;
+    req.nlh.nlmsg_seq = ++seq;
     req.r.sdiag_family = (uint8_t)peer.ss_family;
     req.r.sdiag_protocol = IPPROTO_TCP;
     req.r.idiag_states = ~0u;
@@ -401,23 +410,28 @@ int kvs_peer_tcp_uid(int fd, uid_t *uid, char *err, size_t errlen)
     req.r.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
     req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
 
-    nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
-    if (nl < 0) {
+    if (*diag < 0 && (*diag = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG)) < 0) {
         errmsg_set(err, errlen, "NETLINK_SOCK_DIAG socket: %s", strerror(errno));
         return -1;
     }
-    if (sendto(nl, &req, sizeof req, 0, (struct sockaddr *)&nladdr, sizeof nladdr) != (ssize_t)sizeof req) {
+    if (sendto(*diag, &req, sizeof req, 0, (struct sockaddr *)&nladdr, sizeof nladdr) != (ssize_t)sizeof req) {
         errmsg_set(err, errlen, "NETLINK_SOCK_DIAG query: %s", strerror(errno));
-        close(nl);
+        kvs_diag_drop(diag);
         return -1;
     }
-    got = recv(nl, ans.buf, sizeof ans.buf, 0);
-    close(nl);
+    got = recv(*diag, ans.buf, sizeof ans.buf, 0);
     if (got < 0) {
         errmsg_set(err, errlen, "NETLINK_SOCK_DIAG answer: %s", strerror(errno));
+        kvs_diag_drop(diag);
         return -1;
     }
+    /* A query for one socket is answered in one datagram, read whole. */
     for (struct nlmsghdr *h = &ans.align; NLMSG_OK(h, (size_t)got); h = NLMSG_NEXT(h, got)) {
+        if (h->nlmsg_seq != req.nlh.nlmsg_seq) {
+            errmsg_set(err, errlen, "NETLINK_SOCK_DIAG answered another query");
+            kvs_diag_drop(diag);
+            return -1;
+        }
         if (h->nlmsg_type == NLMSG_ERROR) {
             const struct nlmsgerr *e = NLMSG_DATA(h);
             errmsg_set(err, errlen, "the kernel does not know the peer's socket: %s", strerror(-e->error));
@@ -443,8 +457,8 @@ int kvs_peer_tcp_uid(int fd, uid_t *uid, char *err, size_t errlen)
 
 void kvs_identify_tcp(void *arg, int fd, struct httpd_peer *out)
 {
-    (void)arg;
-    out->known = fd >= 0 && kvs_peer_tcp_uid(fd, &out->uid, out->why, sizeof out->why) == 0;
+    int *diag = arg;
+    out->known = fd >= 0 && kvs_peer_tcp_uid(fd, diag, &out->uid, out->why, sizeof out->why) == 0;
     if (fd < 0)
         errmsg_set(out->why, sizeof out->why, "the connection has no socket");
 }

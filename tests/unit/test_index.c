@@ -216,7 +216,7 @@ START_TEST(test_insert_lookup_many)
         FAIL_IF_NOT(index_lookup(ix, test_ns[i % TEST_NNS], keys[i / TEST_NNS]) == NULL,
                     "unlinked entry still found");
         ents[i] = NULL;
-        index_entry_free(e);
+        index_entry_free(ix, e);
         FAIL_IF_NOT(index_count(ix) == n - k - 1, "count after unlink");
         if ((k + 1) % (n / 2) == 0)
             test_verify(ix, keys, ents, nkeys);
@@ -265,7 +265,7 @@ START_TEST(test_unlink_during_rehash)
         index_get_stats(ix, &st);
         removed_mid += st.rehash_buckets != 0;
         index_unlink(ix, ents[i]);
-        index_entry_free(ents[i]);
+        index_entry_free(ix, ents[i]);
         ents[i] = NULL;
         removed++;
     }
@@ -286,7 +286,7 @@ START_TEST(test_unlink_during_rehash)
     size_t c = index_count(ix);
     index_unlink(ix, e);
     ck_assert_uint_eq(index_count(ix), c);
-    index_entry_free(e);
+    index_entry_free(ix, e);
     ents[1] = NULL;
     test_verify(ix, keys, ents, used_keys);
 
@@ -582,7 +582,7 @@ START_TEST(test_lru_remove)
     ck_assert_uint_eq(e[1]->on_lru, 0);
     ck_assert_ptr_eq(index_lru_oldest(ix, 1, 7), e[3]);
     ck_assert_ptr_eq(index_lru_oldest_in_arena(ix, 1), e[3]);
-    index_entry_free(e[1]);
+    index_entry_free(ix, e[1]);
 
     /* Removed entries come back as newest when touched again. */
     index_lru_touch(ix, e[0]);
@@ -796,10 +796,10 @@ START_TEST(test_lru_ns_remove_and_unlink)
     ck_assert_ptr_eq(e[4]->ns_prev, e[2]);
     ck_assert_ptr_eq(index_lru_oldest(ix, 0, 1), e[1]);
     ck_assert_ptr_eq(e[1]->lru_next, e[5]);
-    index_entry_free(e[3]);
+    index_entry_free(ix, e[3]);
     index_unlink(ix, e[5]);             /* tail */
     ck_assert_ptr_null(e[4]->ns_next);
-    index_entry_free(e[5]);
+    index_entry_free(ix, e[5]);
     /* Touching the ns head moves it to the ns tail (and its class tail). */
     index_lru_touch(ix, e[1]);
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 3), e[2]);
@@ -922,7 +922,7 @@ START_TEST(test_walk_during_rehash)
             struct index_entry *e = index_lookup(ix, 1, (int64_t)((steps / 3) * 10));
             if (e) {
                 index_unlink(ix, e);
-                index_entry_free(e);
+                index_entry_free(ix, e);
             }
         }
         steps++;
@@ -954,6 +954,42 @@ START_TEST(test_walk_during_rehash)
 }
 END_TEST
 
+/* A freed entry comes back zeroed, and every live entry keeps its fields
+ * while thousands of others (several chunks) are made, freed and made
+ * again. */
+START_TEST(test_entry_reuse)
+{
+    struct kv_index *ix;
+    enum { N = 5000 };
+    static struct index_entry *e[N];
+    ck_assert_int_eq(index_create(64, &ix), 0);
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N; i++) {
+            e[i] = index_insert(ix, 7, (int64_t)i);
+            ck_assert_ptr_nonnull(e[i]);
+            ck_assert_int_eq(e[i]->state, 0);
+            ck_assert_uint_eq(e[i]->check, 0);
+            ck_assert_uint_eq(e[i]->offset, 0);
+            ck_assert_ptr_null(e[i]->lru_prev);
+            e[i]->offset = (uint64_t)i * 4096 + (uint64_t)round;
+            e[i]->check = ~(uint64_t)i;
+            e[i]->pins = 3;
+        }
+        for (int i = 0; i < N; i++) {
+            ck_assert_ptr_eq(index_lookup(ix, 7, (int64_t)i), e[i]);
+            ck_assert_uint_eq(e[i]->offset, (uint64_t)i * 4096 + (uint64_t)round);
+            ck_assert_uint_eq(e[i]->check, ~(uint64_t)i);
+        }
+        for (int i = 0; i < N; i++) {
+            index_unlink(ix, e[i]);
+            index_entry_free(ix, e[i]);
+        }
+        ck_assert_uint_eq(index_count(ix), 0);
+    }
+    index_destroy(ix);
+}
+END_TEST
+
 static Suite *index_suite(void)
 {
     Suite *s = suite_create("index");
@@ -980,6 +1016,7 @@ static Suite *index_suite(void)
     tcase_add_test(tc, test_lru_ns_remove_and_unlink);
     tcase_add_test(tc, test_lru_ns_random);
     tcase_add_test(tc, test_walk_during_rehash);
+    tcase_add_test(tc, test_entry_reuse);
     suite_add_tcase(s, tc);
     return s;
 }
