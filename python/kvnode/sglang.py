@@ -495,8 +495,11 @@ class _Plan:
     def match(self, clients, folded, words):
         n = hit = len(folded)
         for c in clients:       # each next namespace: of what the previous ones hold
-            if hit == n:        # the whole batch: the arrays as they are
-                hit = c.match(folded, words)
+            if hit == n and words is not None:  # the whole batch: the arrays as they are
+                tiers = _clib._CTiers()
+                c._check(_clib._match_checked(c._handle(), folded, words, n,
+                                              ctypes.byref(tiers)))
+                hit = tiers.matched
             else:
                 hit = c.match(kvnode.prefix(folded, hit), words and kvnode.prefix(words, hit))
             if hit == 0:
