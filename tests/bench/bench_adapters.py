@@ -23,9 +23,8 @@ the adapter uses for that layout (K and V, one MLA buffer, one gathered page for
 layer_first) and with the same block sizes, kvnode_put_batch_checked /
 kvnode_get_batch_checked from / into contiguous page buffers and kvnode_match_checked. For
 layer_first the C API also copies the same per-layer pieces, from a pool of the same layout
-(kvnode_put_begin_checked, kvnode_gather, kvnode_put_commit; kvnode_get_begin_checked,
-kvnode_scatter, kvnode_get_end): the ratio is to that row, the one to contiguous pages is
-printed beside it. The adapter's time includes the pool's own get_page_buffer_meta (SGLang's
+(kvnode_put_gather_checked, kvnode_get_scatter_checked: lease, copy and lease end in one call):
+the ratio is to that row, the one to contiguous pages is printed beside it. The adapter's time includes the pool's own get_page_buffer_meta (SGLang's
 Python, printed apart; for layer_first asked about two pages of each batch, the check of the
 adapter's page-base model) and, for layer_first, the gather of each page's per-layer pieces
 into / out of its block. The paths take turns in an order shuffled anew every round.
@@ -465,13 +464,11 @@ class CLayoutPath(Path):
 
 class CGatherPath(CLayoutPath):
     """The C API doing layer_first's strided work, as a C engine with that host pool would:
-    from the same key strings (kvnode_fold_text), kvnode_put_begin_checked, kvnode_gather of
-    every page's per-layer pieces from a pool of the same layout into the lent blocks,
-    kvnode_put_commit; kvnode_get_begin_checked, kvnode_scatter into the destination pages,
-    kvnode_get_end. Its pool's piece addresses are computed once, before timing (a C engine
-    computes them from its pool's geometry); the blocks hold the pieces in the adapter's order
-    (every layer's K, then every V). The block addresses of a lease are read out of the
-    kvnode_loc array without a per-block Python step."""
+    from the same key strings (kvnode_fold_text), kvnode_put_gather_checked of every page's
+    per-layer pieces from a pool of the same layout, kvnode_get_scatter_checked into the
+    destination pages: lease, copy and lease end in one call each. Its pool's piece addresses
+    are computed once, before timing (a C engine computes them from its pool's geometry); the
+    blocks hold the pieces in the adapter's order (every layer's K, then every V)."""
 
     def __init__(self, sock, rounds, tag, plan, layout, mla, layers, fresh, keys):
         self.pool = host_pool(layout, mla, layers)
@@ -480,49 +477,29 @@ class CGatherPath(CLayoutPath):
                                            .to(self.pool.kv_buffer.dtype))
         pool_pages(self.pool, PAGES, PAGES).zero_()
         self.expect = raw(pool_pages(self.pool, 0, PAGES))
-        m = plan.pieces
-        self.m, self.block = m, plan.page_bytes
+        m = self.m = plan.pieces
         src = self.pool.get_page_buffer_meta(indices(0, PAGES, PAGE_TOKENS))[0]
         dst = self.pool.get_page_buffer_meta(indices(PAGES, PAGES, PAGE_TOKENS))[0]
         self.src, self.dst = (ctypes.c_void_p * (PAGES * m))(*src), \
             (ctypes.c_void_p * (PAGES * m))(*dst)
         self.sizes = (ctypes.c_size_t * m)(*plan.piece_sizes)
         self.offsets = (ctypes.c_size_t * m)(*plan.piece_offsets)
-        self.locs = (kvnode._lib._CLoc * PAGES)()
-        words = ctypes.sizeof(kvnode._lib._CLoc) // 8
-        self.blocks = memoryview(self.locs).cast("B").cast("Q")[::words]
-        self.blockarr = (ctypes.c_void_p * PAGES)()
-        self.lease, self.got = kvnode._lib._LEASE(0), ctypes.c_size_t(0)
+        self.got = ctypes.c_size_t(0)
         super().__init__(sock, rounds, tag, [plan.page_bytes], fresh, keys)
-
-    def block_addresses(self, n):
-        memoryview(self.blockarr).cast("B").cast("Q")[:n] = self.blocks[:n]
-        return self.blockarr
 
     def put_keys(self, k):
         n, karr, carr = self.fold(k)
-        h = ctypes.c_void_p(self.cs[0].h)
-        need(_lib.kvnode_put_begin_checked(h, karr, carr, n, kvnode.TIER_HOST,
-                                           ctypes.byref(self.lease), self.locs) == 0,
-             "C put_begin_checked")
-        need(_lib.kvnode_gather(self.block_addresses(n), ctypes.c_size_t(n),
-                                ctypes.c_size_t(self.block), self.src, None,
-                                ctypes.c_size_t(self.m),
-                                self.sizes, self.offsets) == 0, "C gather")
-        need(_lib.kvnode_put_commit(h, self.lease) == 0, "C put_commit")
+        need(_lib.kvnode_put_gather_checked(ctypes.c_void_p(self.cs[0].h), karr, carr, n,
+                                            self.src, None, self.m, self.sizes,
+                                            self.offsets) == 0, "C put_gather_checked")
 
     def get_keys(self, k):
         n, karr, carr = self.fold(k)
-        h = ctypes.c_void_p(self.cs[0].h)
-        need(_lib.kvnode_get_begin_checked(h, karr, carr, n, ctypes.byref(self.lease),
-                                           self.locs, ctypes.byref(self.got)) == 0
-             and self.got.value == PAGES, "C get_begin_checked read %d of %d"
+        need(_lib.kvnode_get_scatter_checked(ctypes.c_void_p(self.cs[0].h), karr, carr, n,
+                                             self.dst, None, self.m, self.sizes, self.offsets,
+                                             ctypes.byref(self.got)) == 0
+             and self.got.value == PAGES, "C get_scatter_checked read %d of %d"
              % (self.got.value, PAGES))
-        need(_lib.kvnode_scatter(self.block_addresses(PAGES), ctypes.c_size_t(PAGES),
-                                 ctypes.c_size_t(self.block), self.dst, None,
-                                 ctypes.c_size_t(self.m),
-                                 self.sizes, self.offsets) == 0, "C scatter")
-        need(_lib.kvnode_get_end(h, self.lease) == 0, "C get_end")
 
     def after_get(self):
         got = pool_pages(self.pool, PAGES, PAGES)
