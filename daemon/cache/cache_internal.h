@@ -70,6 +70,10 @@ struct cache_hbm {
 
 struct cache {
     struct event_base *base;
+    /* The entries a MATCH's scan found, kept for its LRU refresh (read.c):
+     * room for match_found_cap; grown on demand. */
+    struct index_entry **match_found;
+    size_t match_found_cap;
     struct arena *host;
     /* Arenas by id: [0] the host arena, [1 + i] HBM of hbm[i]. */
     struct arena *arenas[INDEX_MAX_ARENAS];

@@ -228,6 +228,7 @@ void cache_destroy(struct cache *c)
         c->retry_head = r->next;
         free(r);
     }
+    free(c->match_found);
     keylock_destroy(c->keylocks);
     negcache_destroy(c->negcache);
     if (c->leases)

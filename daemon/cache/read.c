@@ -233,7 +233,12 @@ int cache_get_begin(struct cache *c, const struct cache_read_req *req, struct ca
 struct match_end {
     struct index_entry *miss;
     bool mismatch;
+    struct index_entry **found;   /* the prefix's entries (c->match_found), or NULL: look them up again */
 };
+
+/* Lookups this many keys ahead load their bucket, half as many their entry:
+ * the key list is known up front, so the misses overlap. */
+#define MATCH_PREFETCH 8
 
 /* The prefix of r's keys held in some tier, tallied per tier. */
 static size_t cache_match_scan(struct cache *c, const struct cache_read_req *r, struct cache_tiers *t,
@@ -243,13 +248,31 @@ static size_t cache_match_scan(struct cache *c, const struct cache_read_req *r, 
     memset(t, 0, sizeof *t);
     end->miss = NULL;
     end->mismatch = false;
+    end->found = NULL;
+    if (r->n <= c->match_found_cap) {
+        end->found = c->match_found;
+    } else {
+        struct index_entry **f = realloc(c->match_found, r->n * sizeof *f);
+        if (f) {
+            c->match_found = end->found = f;
+            c->match_found_cap = r->n;
+        }
+    }
+    for (i = 0; i < r->n && i < MATCH_PREFETCH; i++)
+        index_prefetch_bucket(c->index, r->ns->id, r->keys[i]);
     for (i = 0; i < r->n; i++) {
+        if (i + MATCH_PREFETCH < r->n)
+            index_prefetch_bucket(c->index, r->ns->id, r->keys[i + MATCH_PREFETCH]);
+        if (i + MATCH_PREFETCH / 2 < r->n)
+            index_prefetch_entry(c->index, r->ns->id, r->keys[i + MATCH_PREFETCH / 2]);
         struct index_entry *e = cache_entry_for(c, r->ns->id, r->keys[i], cache_check_at(r->checks, i),
                                                 &end->mismatch);
         if (!e || e->state == ENTRY_WRITING) {
             end->miss = e;
             break;
         }
+        if (end->found)
+            end->found[i] = e;
         if (e->state == ENTRY_SEALED) {
             if (e->tier == KVNODE_TIER_HBM)
                 t->hbm++;
@@ -264,14 +287,15 @@ static size_t cache_match_scan(struct cache *c, const struct cache_read_req *r, 
 }
 
 /* The answer: the lookup counted, and the matched prefix, about to be read,
- * refreshed in the LRU tail-first (the lookups hit the lines the scan just
- * loaded); a pinned block takes its new place when its pins drop. */
+ * refreshed in the LRU tail-first (the entries the scan found, nothing
+ * looked up again); a pinned block takes its new place when its pins drop.
+ * Nothing between the scan and here frees an entry. */
 static void cache_match_answer(struct cache *c, const struct cache_read_req *r, size_t m,
                                const struct match_end *end)
 {
     cache_count_keys(c, r->n, m, end->miss, end->mismatch);
     for (size_t j = m; j-- > 0;) {
-        struct index_entry *e = index_lookup(c->index, r->ns->id, r->keys[j]);
+        struct index_entry *e = end->found ? end->found[j] : index_lookup(c->index, r->ns->id, r->keys[j]);
         if (e && e->state == ENTRY_SEALED)
             index_lru_use(c->index, e);
     }

@@ -259,6 +259,18 @@ struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key)
     return NULL;
 }
 
+void index_prefetch_bucket(const struct kv_index *ix, uint32_t ns, int64_t key)
+{
+    __builtin_prefetch(index_slot((struct kv_index *)ix, index_hash(ix, ns, key)));
+}
+
+void index_prefetch_entry(const struct kv_index *ix, uint32_t ns, int64_t key)
+{
+    const struct index_entry *e = *index_slot((struct kv_index *)ix, index_hash(ix, ns, key));
+    if (e)
+        __builtin_prefetch(e);
+}
+
 struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key)
 {
     struct index_entry *e = index_entry_alloc(ix);

@@ -88,6 +88,10 @@ int  index_create(size_t initial_buckets, struct kv_index **out);
 void index_destroy(struct kv_index *ix);
 
 struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key);
+/* Hints for a lookup of (ns, key) soon: load its bucket (some keys ahead),
+ * then the bucket's first entry (fewer keys ahead). No effect otherwise. */
+void index_prefetch_bucket(const struct kv_index *ix, uint32_t ns, int64_t key);
+void index_prefetch_entry(const struct kv_index *ix, uint32_t ns, int64_t key);
 /* Insert a new zeroed entry for (ns, key) (caller checked it is absent) and
  * return it, or NULL when out of memory. */
 struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key);

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <event2/buffer.h>
 #include <jansson.h>
 
 #include "net/kvs_server.h"
@@ -444,13 +443,28 @@ static char *put_escaped(char *p, struct kvs_str s)
     return p;
 }
 
-int kvs_reply_object(struct evbuffer *out, bool first, struct kvs_str key, uint64_t offset, uint64_t size)
+/* Room for more bytes after the objects (doubling). 0 or -1. */
+static int kvs_reply_room(struct kvs_reply *r, size_t more)
 {
-    struct evbuffer_iovec v;
-    size_t room = key.len * 6 + 192;
-    if (evbuffer_reserve_space(out, (ev_ssize_t)room, &v, 1) < 1)
+    size_t need = KVS_REPLY_HEAD + r->len + more;
+    if (need <= r->cap)
+        return 0;
+    size_t cap = r->cap ? r->cap : 4096;
+    while (cap < need)
+        cap *= 2;
+    char *p = realloc(r->p, cap);
+    if (!p)
         return -1;
-    char *p = v.iov_base;
+    r->p = p;
+    r->cap = cap;
+    return 0;
+}
+
+int kvs_reply_object(struct kvs_reply *r, bool first, struct kvs_str key, uint64_t offset, uint64_t size)
+{
+    if (kvs_reply_room(r, key.len * 6 + 192) < 0)
+        return -1;
+    char *start = r->p + KVS_REPLY_HEAD + r->len, *p = start;
     if (!first)
         *p++ = ',';
     p = put_lit(p, "{\"key\":\"");
@@ -464,16 +478,19 @@ int kvs_reply_object(struct evbuffer *out, bool first, struct kvs_str key, uint6
     p = put_lit(p, "}}],\"meta\":{\"size\":");
     p = put_u64(p, size);
     p = put_lit(p, "}}");
-    v.iov_len = (size_t)(p - (char *)v.iov_base);
-    return evbuffer_commit_space(out, &v, 1);
+    r->len += (size_t)(p - start);
+    return 0;
 }
 
-int kvs_reply_wrap(struct evbuffer *body, const char *lease_id)
+int kvs_reply_wrap(struct kvs_reply *r, const char *lease_id, size_t *off, size_t *len)
 {
-    char head[96];
+    char head[KVS_REPLY_HEAD];
     int n = snprintf(head, sizeof head, "{\"lease\":{\"lease_id\":\"%s\"},\"objects\":[", lease_id);
-    if (n < 0 || (size_t)n >= sizeof head || evbuffer_prepend(body, head, (size_t)n) < 0 ||
-        evbuffer_add(body, "]}", 2) < 0)
+    if (n < 0 || (size_t)n >= sizeof head || kvs_reply_room(r, 2) < 0)
         return -1;
+    memcpy(r->p + KVS_REPLY_HEAD - (size_t)n, head, (size_t)n);
+    memcpy(r->p + KVS_REPLY_HEAD + r->len, "]}", 2);
+    *off = KVS_REPLY_HEAD - (size_t)n;
+    *len = (size_t)n + r->len + 2;
     return 0;
 }

@@ -10,7 +10,8 @@
  * integers go, duplicate members, errors of any kind) goes to jansson,
  * which builds the same struct or names the problem: both give the same
  * result for every body (tests/unit/test_kvs_acquire_wire.c checks them
- * against each other). Replies are written straight into an evbuffer. */
+ * against each other). Replies are written straight into one contiguous
+ * buffer (struct kvs_reply), sent without a copy. */
 #ifndef KVNODE_KVS_ACQUIRE_WIRE_H
 #define KVNODE_KVS_ACQUIRE_WIRE_H
 
@@ -18,7 +19,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct evbuffer;
 
 /* A string of the request (not NUL-terminated). */
 struct kvs_str {
@@ -54,11 +54,20 @@ int  kvs_acquire_req_parse_owned(char *text, size_t len, const struct kvs_acquir
                                  struct kvs_acquire_req *out, char *msg, size_t msglen);
 void kvs_acquire_req_free(struct kvs_acquire_req *r);
 
+/* A reply being written: room for its head (KVS_REPLY_HEAD bytes), then
+ * the objects. Zeroed: empty, nothing allocated. */
+#define KVS_REPLY_HEAD 96
+struct kvs_reply {
+    char *p;
+    size_t cap;                /* bytes at p */
+    size_t len;                /* bytes of objects written after the head room */
+};
 /* Append one object of the reply, a comma first unless first: 0, or -1
- * (out of memory). */
-int  kvs_reply_object(struct evbuffer *out, bool first, struct kvs_str key, uint64_t offset, uint64_t size);
-/* Wrap the objects appended to body into the whole reply:
- * {"lease":{"lease_id":"<id>"},"objects":[...]}. 0 or -1 (out of memory). */
-int  kvs_reply_wrap(struct evbuffer *body, const char *lease_id);
+ * (out of memory; r unchanged). */
+int  kvs_reply_object(struct kvs_reply *r, bool first, struct kvs_str key, uint64_t offset, uint64_t size);
+/* Wrap the objects written into the whole reply,
+ * {"lease":{"lease_id":"<id>"},"objects":[...]}: its *len bytes start at
+ * r->p + *off. 0 or -1 (out of memory, or a lease id of 60 bytes or more). */
+int  kvs_reply_wrap(struct kvs_reply *r, const char *lease_id, size_t *off, size_t *len);
 
 #endif

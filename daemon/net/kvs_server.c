@@ -425,8 +425,9 @@ int kvs_server_create(const struct kvs_server_deps *deps, struct kvs_server **ou
         ;
     kvs_leases_init(&k->leases);
     k->buckets = calloc(k->nbuckets, sizeof *k->buckets);
+    k->replies = kvs_reply_pool_new();
     k->sweep_ev = event_new(deps->base, -1, EV_PERSIST, kvs_sweep_cb, k);
-    if (!k->buckets || !k->sweep_ev || event_add(k->sweep_ev, &tv) < 0) {
+    if (!k->buckets || !k->replies || !k->sweep_ev || event_add(k->sweep_ev, &tv) < 0) {
         kvs_server_destroy(k);
         errmsg_set(err, errlen, "kvs front end: out of memory");
         return -1;
@@ -493,6 +494,8 @@ void kvs_server_destroy(struct kvs_server *k)
     kvs_dataplane_destroy(k->dp);
     if (k->diag_fd >= 0)
         close(k->diag_fd);
+    if (k->replies)
+        kvs_reply_pool_release(k->replies);
     free(k->buckets);
     free(k);
 }

@@ -76,7 +76,7 @@ struct kvs_job {
     uint64_t term_ms;
     uint64_t deadline_ms;           /* waits end here: 503 */
     struct kvs_lease *l;            /* NULL between tries */
-    struct evbuffer *objects;       /* the reply's objects so far */
+    struct kvs_reply reply;         /* the reply's objects so far (from k->replies) */
     size_t next, nobjects;          /* the first key not handled yet; objects written */
     size_t slice_keys;              /* keys in the next slice: halved or doubled to take about KVS_SLICE_NS */
     uint32_t *taken;                /* create of several slices: keys taken so far (index + 1), a hash set */
@@ -97,6 +97,87 @@ struct kvs_job {
 
 static void kvs_job_run(struct kvs_job *j);
 
+/* --- reply buffers ---------------------------------------------------------------- */
+
+#define KVS_REPLY_KEEP     8            /* buffers kept */
+#define KVS_REPLY_KEEP_MAX (1u << 20)   /* a larger one is freed, not kept */
+
+struct kvs_reply_pool {
+    size_t refs;                        /* the server's, and one per reply being sent */
+    size_t n;
+    struct kvs_reply kept[KVS_REPLY_KEEP];
+};
+
+/* A reply handed to evhttp: its buffer goes back when evhttp is done. */
+struct kvs_reply_sent {
+    struct kvs_reply_pool *pool;
+    struct kvs_reply r;
+};
+
+struct kvs_reply_pool *kvs_reply_pool_new(void)
+{
+    struct kvs_reply_pool *p = calloc(1, sizeof *p);
+    if (p)
+        p->refs = 1;
+    return p;
+}
+
+static struct kvs_reply kvs_reply_take(struct kvs_reply_pool *p)
+{
+    return p->n ? p->kept[--p->n] : (struct kvs_reply){ 0 };
+}
+
+static void kvs_reply_give(struct kvs_reply_pool *p, struct kvs_reply *r)
+{
+    if (p->n < KVS_REPLY_KEEP && r->cap <= KVS_REPLY_KEEP_MAX && r->p)
+        p->kept[p->n++] = (struct kvs_reply){ .p = r->p, .cap = r->cap };
+    else
+        free(r->p);
+    *r = (struct kvs_reply){ 0 };
+}
+
+void kvs_reply_pool_release(struct kvs_reply_pool *p)
+{
+    if (--p->refs > 0)
+        return;
+    while (p->n)
+        free(p->kept[--p->n].p);
+    free(p);
+}
+
+static void kvs_reply_sent_cb(const void *data, size_t len, void *arg)
+{
+    struct kvs_reply_sent *sent = arg;
+    struct kvs_reply_pool *p = sent->pool;
+    (void)data;
+    (void)len;
+    if (p->refs > 1)
+        kvs_reply_give(p, &sent->r);
+    else
+        free(sent->r.p);   /* the server is gone: nothing keeps buffers */
+    kvs_reply_pool_release(p);
+    free(sent);
+}
+
+/* The whole reply in an evbuffer that refers to j's buffer (no copy); the
+ * buffer now belongs to the evbuffer. NULL when out of memory. */
+static struct evbuffer *kvs_reply_evbuffer(struct kvs_job *j, size_t off, size_t len)
+{
+    struct kvs_reply_sent *sent = malloc(sizeof *sent);
+    struct evbuffer *out = sent ? evbuffer_new() : NULL;
+    if (!out || evbuffer_add_reference(out, j->reply.p + off, len, kvs_reply_sent_cb, sent) < 0) {
+        if (out)
+            evbuffer_free(out);
+        free(sent);
+        return NULL;
+    }
+    sent->pool = j->k->replies;
+    sent->r = j->reply;
+    sent->pool->refs++;
+    j->reply = (struct kvs_reply){ 0 };
+    return out;
+}
+
 /* --- the job ---------------------------------------------------------------------- */
 
 static void kvs_job_free(struct kvs_job *j)
@@ -105,8 +186,7 @@ static void kvs_job_free(struct kvs_job *j)
         cache_wait_cancel(j->t->cache, j->wait);
     if (j->resume)
         event_free(j->resume);
-    if (j->objects)
-        evbuffer_free(j->objects);
+    kvs_reply_give(j->k->replies, &j->reply);
     if (j->body)
         evbuffer_free(j->body);
     kvs_acquire_req_free(&j->rq);
@@ -331,7 +411,7 @@ static int kvs_slice_answer(struct kvs_job *j, const struct kvs_slice_group *g)
             continue;
         }
         j->k->st.read_hits += !j->rq.create;
-        if (kvs_reply_object(j->objects, j->nobjects == 0, j->rq.keys[s->index[y]], s->locs[y].offset,
+        if (kvs_reply_object(&j->reply, j->nobjects == 0, j->rq.keys[s->index[y]], s->locs[y].offset,
                              j->rq.create ? g->ns->layout.block_bytes : s->bytes[y]) < 0)
             return -1;
         j->nobjects++;
@@ -387,7 +467,7 @@ static int kvs_job_try(struct kvs_job *j, char *msg, size_t msglen)
         snprintf(msg, msglen, "out of memory");
         return 500;
     }
-    evbuffer_drain(j->objects, evbuffer_get_length(j->objects));
+    j->reply.len = 0;
     j->next = j->nobjects = 0;
     /* A request of up to KVS_SLICE_KEYS keys is one slice at every try:
      * only creates of more have the set of keys taken (kvs_job_first_take). */
@@ -401,26 +481,33 @@ static void kvs_job_answer(struct kvs_job *j)
 {
     char id[KVS_LEASE_ID_HEX + 1] = "", why[384];
     bool granted = j->l->nsub != 0;
+    size_t off, len;
     if (granted) {
         kvs_lease_id_format(&j->l->id, id);
     } else {
         kvs_lease_free(j->k, j->l);   /* nothing held: "" (create: every object exists) */
         j->l = NULL;
     }
-    if (kvs_reply_wrap(j->objects, id) < 0) {
+    if (kvs_reply_wrap(&j->reply, id, &off, &len) < 0) {
         kvs_job_fail(j, 500, "out of memory");
         return;
     }
-    int status = httpd_reply_room(j->req, evbuffer_get_length(j->objects), why, sizeof why);
+    int status = httpd_reply_room(j->req, len, why, sizeof why);
     if (status != 0) {
         kvs_job_fail(j, status, why);   /* over the output caps: nothing is granted */
+        return;
+    }
+    struct evbuffer *out = kvs_reply_evbuffer(j, off, len);
+    if (!out) {
+        kvs_job_fail(j, 500, "out of memory");
         return;
     }
     if (j->l)
         j->l->expires_ms = clock_now_ms() + j->term_ms;
     kvs_job_unwatch(j);
     evhttp_add_header(evhttp_request_get_output_headers(j->req), "Content-Type", "application/json");
-    evhttp_send_reply(j->req, 200, "OK", j->objects);
+    evhttp_send_reply(j->req, 200, "OK", out);
+    evbuffer_free(out);
     kvs_job_free(j);
 }
 
@@ -464,7 +551,7 @@ static void kvs_job_run(struct kvs_job *j)
         kvs_job_fail(j, status, msg);
         return;
     }
-    if (end < j->rq.n && (status = httpd_reply_room(j->req, evbuffer_get_length(j->objects), why, sizeof why))) {
+    if (end < j->rq.n && (status = httpd_reply_room(j->req, j->reply.len, why, sizeof why))) {
         kvs_job_fail(j, status, why);   /* the reply would be over the output caps already */
         return;
     }
@@ -507,7 +594,8 @@ static void kvs_job_start(struct kvs_job *j)
     struct kvs_server *k = j->k;
     const struct kvn_config *cfg = *k->deps.cfg;
     j->term_ms = j->rq.has_term && j->rq.term_s > 0 ? j->rq.term_s * 1000 : cfg->kvs_default_term_ms;
-    if (!(j->objects = evbuffer_new()) || !kvs_job_scratch(j)) {
+    j->reply = kvs_reply_take(k->replies);
+    if (!kvs_job_scratch(j)) {
         kvs_job_fail(j, 500, "out of memory");
         return;
     }

@@ -21,6 +21,14 @@ struct workq;
 #define KVS_MAX_NS      64            /* namespaces one slice of a request may touch */
 #define KVS_PARSE_QUEUE 64            /* large bodies waiting for the parse thread (more: 503) */
 
+/* Reply buffers of /acquire, kept for the next request instead of freed:
+ * a buffer allocated afresh for each reply page-faults its memory in again
+ * whenever the heap has grown meanwhile (the index grows with every new
+ * key). Its own object, counted: a reply still being sent holds it past
+ * kvs_server_destroy. */
+struct kvs_reply_pool *kvs_reply_pool_new(void);
+void kvs_reply_pool_release(struct kvs_reply_pool *p);
+
 /* One HTTP lease: the kvnode leases it holds (one per namespace and slice
  * of the request that granted it), owned by its own lease_list. */
 struct kvs_lease {
@@ -46,6 +54,7 @@ struct kvs_server {
     struct kvs_leases leases;           /* ids, each tenant's open leases */
     struct kvs_http_conns *conns;       /* each tenant's open HTTP connections */
     struct workq *parse_q;              /* large /acquire bodies parsed off the loop */
+    struct kvs_reply_pool *replies;     /* reply buffers kept for the next /acquire */
     int diag_fd;                        /* NETLINK_SOCK_DIAG socket of kvs_identify_tcp, or -1 */
     struct kvs_server_stats st;
 };

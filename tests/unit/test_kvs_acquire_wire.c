@@ -186,14 +186,14 @@ START_TEST(test_reply_reads_back)
 {
     static const char *const keys[] = { "rtp_llm/v1/d/tp-0/group-0/block-1", "q\"uo\\te", "ctl\x01\n\t\r\b\f",
                                          "caf\xc3\xa9/\x7f" };
-    struct evbuffer *b = evbuffer_new();
+    struct kvs_reply b = { 0 };
+    size_t off, len;
     for (size_t i = 0; i < 4; i++)
-        ck_assert_int_eq(kvs_reply_object(b, i == 0, (struct kvs_str){ keys[i], strlen(keys[i]) },
+        ck_assert_int_eq(kvs_reply_object(&b, i == 0, (struct kvs_str){ keys[i], strlen(keys[i]) },
                                           ((uint64_t)1 << 40) + i, (uint64_t)i * 1000 + 1), 0);
-    ck_assert_int_eq(kvs_reply_wrap(b, "0123456789abcdef0123456789abcdef"), 0);
-    size_t len = evbuffer_get_length(b);
+    ck_assert_int_eq(kvs_reply_wrap(&b, "0123456789abcdef0123456789abcdef", &off, &len), 0);
     char *text = malloc(len + 1);
-    evbuffer_remove(b, text, len);
+    memcpy(text, b.p + off, len);
     json_error_t err;
     json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
     ck_assert_msg(j, "reply not JSON: %s: %.*s", err.text, (int)len, text);
@@ -222,20 +222,20 @@ START_TEST(test_reply_reads_back)
                                          (json_int_t)9, "object_id", (json_int_t)7, "meta", "size", (json_int_t)9));
     json_object_set_new(again, "objects", arr);
     char *want = json_dumps(again, JSON_COMPACT);
-    struct evbuffer *c = evbuffer_new();
-    kvs_reply_object(c, true, (struct kvs_str){ keys[3], strlen(keys[3]) }, 7, 9);
-    kvs_reply_wrap(c, "x");
-    size_t cl = evbuffer_get_length(c);
+    struct kvs_reply c = { 0 };
+    size_t coff, cl;
+    kvs_reply_object(&c, true, (struct kvs_str){ keys[3], strlen(keys[3]) }, 7, 9);
+    kvs_reply_wrap(&c, "x", &coff, &cl);
     char *got = calloc(1, cl + 1);
-    evbuffer_remove(c, got, cl);
+    memcpy(got, c.p + coff, cl);
     ck_assert_str_eq(got, want);
     free(got);
     free(want);
     json_decref(again);
-    evbuffer_free(c);
+    free(c.p);
     json_decref(j);
     free(text);
-    evbuffer_free(b);
+    free(b.p);
 }
 END_TEST
 
