@@ -489,14 +489,16 @@ class CGatherPath(CLayoutPath):
 
     def put_keys(self, k):
         n, karr, carr = self.fold(k)
-        need(_lib.kvnode_put_gather_checked(ctypes.c_void_p(self.cs[0].h), karr, carr, n,
-                                            self.src, None, self.m, self.sizes,
+        need(_lib.kvnode_put_gather_checked(ctypes.c_void_p(self.cs[0].h), karr, carr,
+                                            ctypes.c_size_t(n), self.src, None,
+                                            ctypes.c_size_t(self.m), self.sizes,
                                             self.offsets) == 0, "C put_gather_checked")
 
     def get_keys(self, k):
         n, karr, carr = self.fold(k)
-        need(_lib.kvnode_get_scatter_checked(ctypes.c_void_p(self.cs[0].h), karr, carr, n,
-                                             self.dst, None, self.m, self.sizes, self.offsets,
+        need(_lib.kvnode_get_scatter_checked(ctypes.c_void_p(self.cs[0].h), karr, carr,
+                                             ctypes.c_size_t(n), self.dst, None,
+                                             ctypes.c_size_t(self.m), self.sizes, self.offsets,
                                              ctypes.byref(self.got)) == 0
              and self.got.value == PAGES, "C get_scatter_checked read %d of %d"
              % (self.got.value, PAGES))
