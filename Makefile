@@ -230,6 +230,7 @@ $(KVCM_SIM_BIN): $(call obj,tests/sim/kvcm_sim.c)
 $(BUILD)/tests/test_kvcm_client: $(KVCM_SIM_BIN)
 $(BUILD)/tests/test_daemon_kvcm: $(KVCM_SIM_BIN)
 $(BUILD)/tests/test_daemon_kvcm_query: $(KVCM_SIM_BIN)
+$(BUILD)/tests/test_daemon_purge: $(KVCM_SIM_BIN)
 $(BUILD)/tests/test_kvs_ranks: $(KVCM_SIM_BIN)
 $(BUILD)/tests/test_daemon_tenants_reload: $(KVCM_SIM_BIN)
 

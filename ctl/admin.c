@@ -1,6 +1,7 @@
 /* kvnodectl: the commands that act on the daemon or reach its admin
- * listener: ping, reload (engine socket) and metrics (HTTP, libcurl). */
+ * listener: ping, reload, purge (engine socket) and metrics (HTTP, libcurl). */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,59 @@ int cmd_ping(const struct ctl *x)
         }
     }
     return ex;
+}
+
+/* ------------------------------------------------------------------------ */
+/* purge                                                                     */
+
+/* purge deployment ID [tenant NAME] | purge model NAME [tenant NAME] */
+int cmd_purge(const struct ctl *x, char **args, int nargs)
+{
+    const char *dep = NULL, *model = NULL, *tenant = NULL;
+    uint32_t namespaces = 0;
+    uint64_t blocks = 0;
+
+    if (nargs != 2 && nargs != 4)
+        return usage_error("purge: expected 'deployment ID' or 'model NAME', then optionally 'tenant NAME'");
+    for (int i = 0; i < nargs; i += 2) {
+        const char *what = args[i], *val = args[i + 1];
+        if (!*val)
+            return usage_error("purge: %s: empty value", what);
+        if (i == 0 && strcmp(what, "deployment") == 0)
+            dep = val;
+        else if (i == 0 && strcmp(what, "model") == 0)
+            model = val;
+        else if (i == 2 && strcmp(what, "tenant") == 0)
+            tenant = val;
+        else
+            return usage_error("purge: unexpected '%s' (expected %s)", what,
+                               i == 0 ? "'deployment' or 'model'" : "'tenant'");
+    }
+    kvnode_client *c;
+    int ex = ctl_connect(x, NULL, false, &c);
+    if (ex)
+        return ex;
+    int rc = kvnode_purge(c, tenant, dep, model, &namespaces, &blocks);
+    if (rc < 0) {
+        ex = lib_error(rc, c);
+        kvnode_close(c);
+        return ex;
+    }
+    kvnode_close(c);
+    if (x->json) {
+        json_t *o = json_pack("{s:s,s:s,s:s,s:I,s:I}", "scope", dep ? "deployment" : "model",
+                              "name", dep ? dep : model, "tenant", tenant ? tenant : "",
+                              "namespaces", (json_int_t)namespaces, "blocks", (json_int_t)blocks);
+        if (!o)
+            oom();
+        print_json(o, JSON_COMPACT);
+        json_decref(o);
+    } else {
+        printf("purged %s %s%s%s: %" PRIu32 " namespaces, %" PRIu64 " blocks\n",
+               dep ? "deployment" : "model", dep ? dep : model, tenant ? " of tenant " : "",
+               tenant ? tenant : "", namespaces, blocks);
+    }
+    return EXIT_OK;
 }
 
 /* ------------------------------------------------------------------------ */

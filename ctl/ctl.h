@@ -52,6 +52,7 @@ struct ctl {
     unsigned given;              /* F_* */
     const char *given_name[8];   /* option spelling per F_* bit, for messages */
     kvnode_layout layout;
+    const char *revision;        /* --revision: the model revision (NULL: none) */
     const char *keys_file, *keys_out, *output;
     uint64_t size;
     int require_all, use_inline;
@@ -84,6 +85,7 @@ int cmd_namespaces(const struct ctl *x);
 /* admin.c */
 int cmd_ping(const struct ctl *x);
 int cmd_reload(const struct ctl *x);
+int cmd_purge(const struct ctl *x, char **args, int nargs);
 int cmd_metrics(const struct ctl *x);
 
 /* data.c: args are the operands after the command (keys, or put's FILE). */

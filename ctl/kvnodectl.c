@@ -36,7 +36,7 @@
 enum {
     OPT_JSON = 256, OPT_MODEL, OPT_DTYPE, OPT_BLOCK_TOKENS, OPT_BLOCK_BYTES,
     OPT_LAYERS, OPT_KV_HEADS, OPT_HEAD_DIM, OPT_TP_SIZE, OPT_TP_RANK, OPT_EXTRA,
-    OPT_KEYS_FILE, OPT_KEYS_OUT, OPT_SIZE, OPT_REQUIRE_ALL, OPT_INLINE, OPT_ADMIN,
+    OPT_KEYS_FILE, OPT_KEYS_OUT, OPT_SIZE, OPT_REQUIRE_ALL, OPT_INLINE, OPT_ADMIN, OPT_REVISION,
 };
 
 static const char short_opts[] = "+S:t:hVo:";
@@ -56,6 +56,7 @@ static const struct option long_opts[] = {
     {"tp-size",      required_argument, NULL, OPT_TP_SIZE},
     {"tp-rank",      required_argument, NULL, OPT_TP_RANK},
     {"extra",        required_argument, NULL, OPT_EXTRA},
+    {"revision",     required_argument, NULL, OPT_REVISION},
     {"keys-file",    required_argument, NULL, OPT_KEYS_FILE},
     {"keys-out",     required_argument, NULL, OPT_KEYS_OUT},
     {"output",       required_argument, NULL, 'o'},
@@ -152,6 +153,8 @@ static void print_help(void)
 "  namespaces                    table of the namespaces\n"
 "  ping                          check that the daemon answers\n"
 "  reload                        make the daemon re-read its config file (root or its user)\n"
+"  purge deployment ID [tenant T] drop every block of a deployment (memory, HBM, store)\n"
+"  purge model NAME [tenant T]   the same for every deployment of a model\n"
 "  metrics [--admin ADDR]        print the Prometheus metrics from the admin HTTP listener\n"
 "  match  LAYOUT KEY...          length of the cached prefix of a key chain\n"
 "  put    LAYOUT FILE            store FILE as a chain of blocks; print the keys\n"
@@ -174,6 +177,7 @@ static void print_help(void)
 "      --tp-size N         tensor-parallel size (default 1)\n"
 "      --tp-rank N         tensor-parallel rank (default 0)\n"
 "      --extra S           free-form layout discriminator\n"
+"      --revision R        the model's weights revision (part of the namespace identity)\n"
 "\n"
 "Command options:\n"
 "      --keys-file F       keys, one decimal per line ('-': stdin) (match, get, delete)\n"
@@ -280,6 +284,7 @@ static const struct command commands[] = {
     {"namespaces", 0, NULL, cmd_namespaces},
     {"ping",       0, NULL, cmd_ping},
     {"reload",     0, NULL, cmd_reload},
+    {"purge",      0, cmd_purge, NULL},
     {"metrics",    F_ADMIN, NULL, cmd_metrics},
     {"match",      F_LAYOUT | F_KEYS_FILE | F_REQUIRE_ALL, cmd_match, NULL},
     {"put",        F_LAYOUT | F_KEYS_OUT | F_INLINE, cmd_put, NULL},
@@ -346,6 +351,10 @@ int main(int argc, char **argv)
         case OPT_EXTRA:
             x.layout.extra = optarg;
             mark(&x, F_LAYOUT, "--extra");
+            break;
+        case OPT_REVISION:
+            x.revision = optarg;
+            mark(&x, F_LAYOUT, "--revision");
             break;
         case OPT_BLOCK_BYTES:
             if (!parse_size(optarg, &u64) || u64 == 0) {

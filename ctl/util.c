@@ -102,7 +102,8 @@ int ctl_connect(const struct ctl *x, const kvnode_layout *layout, bool reader, k
     apply_timeout_env(x);
     /* kvnodectl reads blocks with the CPU: it declares no GPU, whatever
      * KVNODE_CUDA_DEVICE says, and is never lent HBM. */
-    int rc = kvnode_connect_flags(x->socket, layout, -1, reader ? KVNODE_CONNECT_READER : 0, c);
+    int rc = kvnode_connect_revision(x->socket, layout, layout ? x->revision : NULL, -1,
+                                     reader ? KVNODE_CONNECT_READER : 0, c);
     if (rc < 0) {
         *c = NULL;
         return connect_error(rc, x->socket);

@@ -317,6 +317,7 @@ static void namespaces_json(const struct stats_ns_source *src, size_t nsrc, json
             set(o, "deployment_id", json_string(ns.deployment_id));
             set(o, "model", json_string(ns.model));
             set(o, "dtype", json_string(ns.dtype));
+            set(o, "revision", json_string(ns.revision));
             set(o, "block_tokens", json_integer(ns.block_tokens));
             set(o, "block_bytes", ju(ns.block_bytes));
             set(o, "tp_size", json_integer(ns.tp_size));

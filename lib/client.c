@@ -343,6 +343,7 @@ static int client_setup(kvnode_client *c, const Kvnode__HelloReply *h, const kvn
     c->check_words = h->check_words ? 1 : 0;
     c->per_key = h->per_key ? 1 : 0;
     c->namespace_id = h->namespace_id;
+    snprintf(c->deployment_id, sizeof c->deployment_id, "%s", h->deployment_id ? h->deployment_id : "");
     c->block_bytes = layout ? h->block_bytes : 0;
     return 0;
 }
@@ -386,6 +387,7 @@ static int client_hello(kvnode_client *c, const kvnode_layout *layout)
         lo.tp_size = layout->tp_size;
         lo.tp_rank = layout->tp_rank;
         lo.extra = layout->extra ? (char *)(uintptr_t)layout->extra : (char *)"";
+        lo.revision = c->revision;
         hello.layout = &lo;
     }
     req.op_case = KVNODE__REQUEST__OP_HELLO;
@@ -495,6 +497,12 @@ static size_t client_host_arenas(const kvnode_client *c);
 int kvnode_connect_flags(const char *socket_path, const kvnode_layout *layout, int cuda_device,
                          unsigned flags, kvnode_client **out)
 {
+    return kvnode_connect_revision(socket_path, layout, NULL, cuda_device, flags, out);
+}
+
+int kvnode_connect_revision(const char *socket_path, const kvnode_layout *layout, const char *revision,
+                            int cuda_device, unsigned flags, kvnode_client **out)
+{
     kvnode_client *c;
     int64_t deadline;
     int rc;
@@ -517,11 +525,19 @@ int kvnode_connect_flags(const char *socket_path, const kvnode_layout *layout, i
                  flags & ~(unsigned)CLIENT_CONNECT_KNOWN, (unsigned)CLIENT_CONNECT_KNOWN);
         return -KVNODE_EINVAL;
     }
+    if (revision && strlen(revision) >= sizeof c->revision) {
+        snprintf(client_connect_err, sizeof client_connect_err,
+                 "kvnode_connect_revision: revision is %zu bytes long; the limit is %zu",
+                 strlen(revision), sizeof c->revision - 1);
+        return -KVNODE_EINVAL;
+    }
     c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(client_connect_err, sizeof client_connect_err, "out of memory");
         return -KVNODE_ENOMEM;
     }
+    if (revision && layout)
+        snprintf(c->revision, sizeof c->revision, "%s", revision);
     c->serial = __atomic_add_fetch(&client_serials, 1, __ATOMIC_RELAXED);
     c->fd = -1;
     c->next_id = 1;

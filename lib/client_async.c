@@ -449,6 +449,14 @@ static int client_read_some(kvnode_client *c)
         c->rx_in_payload = 0;
         c->rx_hdr_got = 0;
         client_dispatch(c, c->rx_want);
+        /* With no request left in flight no reply can follow: no read that
+         * would only say EAGAIN. A frame the daemon sends on its own
+         * (GoingAway) or its close is seen at the next poll. */
+        pthread_mutex_lock(&c->lock);
+        bool waiting = c->slots != NULL;
+        pthread_mutex_unlock(&c->lock);
+        if (!waiting)
+            return 0;
     }
     return 0;
 }

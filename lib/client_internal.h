@@ -84,6 +84,8 @@ struct kvnode_client {
     int check_words;            /* the daemon honours check words (HelloReply.check_words) */
     int per_key;                /* the daemon answers MATCH/DELETE per key (HelloReply.per_key) */
     uint32_t namespace_id;
+    char revision[128];         /* the model revision sent at HELLO ("" none; issue 31) */
+    char deployment_id[160];    /* HelloReply.deployment_id ("" for observers) */
     struct client_arena *arenas;
     size_t n_arenas;
     int rx_fds[CLIENT_MAX_FDS]; /* fds received with the current frame (HELLO, or I/O thread) */

@@ -20,7 +20,7 @@ int client_check_ns(kvnode_client *c, size_t n, const uint64_t *checks, const ch
     if (client_check_alive(c) < 0)
         return -KVNODE_ECLOSED;
     if (c->observer) {
-        client_seterr(c, "%s: an observer client (no layout) may only call stats, ping and reload", what);
+        client_seterr(c, "%s: an observer client (no layout) may only call stats, ping, reload and purge", what);
         return -KVNODE_ESTATE;
     }
     if (n > c->max_keys) {
@@ -917,3 +917,48 @@ int kvnode_reload(kvnode_client *c, char **not_applied)
     return rc;
 }
 
+
+/* --- purge (issue 31) -------------------------------------------------------- */
+
+const char *kvnode_deployment_id(const kvnode_client *c)
+{
+    return c ? c->deployment_id : "";
+}
+
+int kvnode_purge(kvnode_client *c, const char *tenant, const char *deployment_id, const char *model,
+                 uint32_t *namespaces, uint64_t *blocks)
+{
+    Kvnode__Request req = KVNODE__REQUEST__INIT;
+    Kvnode__PurgeRequest r = KVNODE__PURGE_REQUEST__INIT;
+    Kvnode__Response *resp;
+    int rc;
+
+    if (namespaces)
+        *namespaces = 0;
+    if (blocks)
+        *blocks = 0;
+    if (!c)
+        return -KVNODE_EINVAL;
+    if (deployment_id && *deployment_id && model && *model) {
+        client_seterr(c, "kvnode_purge: name a deployment_id or a model, not both");
+        return -KVNODE_EINVAL;
+    }
+    if (c->observer && !(deployment_id && *deployment_id) && !(model && *model)) {
+        client_seterr(c, "kvnode_purge: an observer client must name a deployment_id or a model");
+        return -KVNODE_EINVAL;
+    }
+    r.tenant = (char *)(uintptr_t)(tenant ? tenant : "");
+    r.deployment_id = (char *)(uintptr_t)(deployment_id ? deployment_id : "");
+    r.model = (char *)(uintptr_t)(model ? model : "");
+    req.op_case = KVNODE__REQUEST__OP_PURGE;
+    req.purge = &r;
+    rc = client_call(c, &req, KVNODE__RESPONSE__RESULT_PURGE, &resp);
+    if (rc < 0)
+        return rc;
+    if (namespaces)
+        *namespaces = resp->purge->namespaces;
+    if (blocks)
+        *blocks = resp->purge->blocks;
+    client_response_free(c, resp);
+    return 0;
+}

@@ -1,5 +1,5 @@
 /* copy: blocks gathered from / scattered to pieces of the caller's memory
- * (KVNODE_0.7, issue 31). A host pool laid out layer by layer (SGLang's
+ * (KVNODE_0.8, issue 31). A host pool laid out layer by layer (SGLang's
  * layer_first) holds one page's bytes as one piece per layer; kvnode_gather /
  * kvnode_scatter copy a whole batch of such pages into / out of the blocks a
  * lease lent, in one call instead of one copy per piece from the caller's

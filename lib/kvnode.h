@@ -474,7 +474,36 @@ int  kvnode_submit_exists(kvnode_client *c, const kvnode_key *keys, const uint64
 int  kvnode_submit_delete_each(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
                                size_t n, bool *deleted, void *user, kvnode_ticket *ticket);
 
-/* --- gathered blocks (KVNODE_0.7) --------------------------------------------
+/* --- model revisions and purges (KVNODE_0.7, issue 31) -----------------------
+ *
+ * kvnode_connect_revision is kvnode_connect_flags with the model's weights
+ * revision (a commit hash, a tag; NULL or "": none, at most 127 bytes, no
+ * control characters): part of the namespace identity when set, so blocks
+ * of two revisions of a model never meet, while a layout without one keeps
+ * the deployment id (and the stored blocks) it had before revisions
+ * existed. Ignored for observers. A daemon older than revisions ignores it.
+ *
+ * kvnode_purge drops every block of a deployment from the daemon's host
+ * memory, GPU memory and persistent store: deployment_id (as
+ * kvnode_deployment_id gives it) names one, every TP rank of it; model
+ * names every deployment of that model (any layout, any revision); neither
+ * (NULL or ""): the client's own deployment. tenant NULL or "": the
+ * client's tenant; only an observer client of root or the daemon's user may
+ * name another one (else -KVNODE_EDENIED). It returns once memory is
+ * cleared and the store has carried out the deletes (-KVNODE_EIO when some
+ * failed: purge again). *namespaces, *blocks (either may be NULL): TP-rank
+ * namespaces purged and blocks removed. A block a reader holds under a
+ * lease stays readable until that lease ends; a put begun before the purge
+ * and committed after it stores nothing. Observers may call it. */
+int  kvnode_connect_revision(const char *socket_path, const kvnode_layout *layout, const char *revision,
+                             int cuda_device, unsigned flags, kvnode_client **out);
+int  kvnode_purge(kvnode_client *c, const char *tenant, const char *deployment_id, const char *model,
+                  uint32_t *namespaces, uint64_t *blocks);
+/* The deployment id of the client's namespace ("<model>-<fingerprint hex>"),
+ * "" for an observer. */
+const char *kvnode_deployment_id(const kvnode_client *c);
+
+/* --- gathered blocks (KVNODE_0.8) --------------------------------------------
  *
  * A block whose bytes lie in pieces over the caller's memory (a host pool laid
  * out layer by layer: one piece per layer of each page) moved in one call per

@@ -151,6 +151,7 @@ const char *wire_op_name(int op_case)
     case KVNODE__REQUEST__OP_PING:       return "ping";
     case KVNODE__REQUEST__OP_RELOAD:     return "reload";
     case KVNODE__REQUEST__OP_MATCH_REMOTE: return "match_remote";
+    case KVNODE__REQUEST__OP_PURGE:      return "purge";
     default:                             return "unknown";
     }
 }

@@ -318,6 +318,41 @@ int  cache_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
  * for (n + 7) / 8 bytes, bit i set when keys[i] was removed (counted). */
 int  cache_delete_each(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
                        const uint64_t *checks, size_t n, uint32_t *deleted, uint8_t *each);
+/* Purge (issue 31): drop every block of the selected deployments — one
+ * (deployment_id, every TP rank's namespace) or every deployment of a model
+ * (model: any layout, any revision) of this cache's tenant — from host
+ * memory, HBM, the index (ghosts too) and the store, by a chunked walk of
+ * the index, a step per loop iteration (no O(n) pause), each step's keys
+ * sent to the store's delete in order behind the ops on them (keylock). The
+ * completeness observer sees each complete key leave (KVCM: DELETE).
+ * A block pinned by a reader's lease stays readable until that lease ends
+ * and is freed then (as DELETE). A write lease of a purged namespace begun
+ * before the purge seals nothing at its commit: its slots are given back
+ * (the block never becomes visible). A put begun while the walk runs may or
+ * may not outlive it. At the walk's end a store that may hold blocks the
+ * index never knew (redis: persist_can_purge) removes every block of each
+ * purged namespace too; v6d cannot delete (its tombstones hide the keys the
+ * index knew, in memory only). Blocks of a purged namespace that the
+ * recovery scan reports afterwards are from before the purge: not indexed,
+ * deleted (cache_add_stored). done(arg, result)
+ * runs on the loop — never from inside cache_purge_start — once the walk
+ * ended and every store delete it sent came back. At most 8 purges run in
+ * one cache at once (-KVNODE_ELIMIT, err saying so). */
+struct cache_purge;
+struct cache_purge_sel {
+    const char *deployment_id;       /* or NULL, then: */
+    const char *model;
+};
+struct cache_purge_result {
+    uint32_t namespaces;             /* namespaces (TP ranks) selected */
+    uint64_t blocks;                 /* entries removed (memory and ghosts) */
+    uint64_t store_failed;           /* store deletes that failed (their copies may stay) */
+};
+typedef void (*cache_purge_fn)(void *arg, const struct cache_purge_result *r);
+int  cache_purge_start(struct cache *c, const struct cache_purge_sel *sel, cache_purge_fn done,
+                       void *arg, struct cache_purge **out, char *err, size_t errlen);
+/* The requester went away: done() is not called; the purge goes on. */
+void cache_purge_detach(struct cache *c, struct cache_purge *p);
 /* End every lease of a closing connection at once. */
 void cache_release_owner(struct cache *c, struct lease_list *owner);
 /* The stop (SIGTERM), once no client is left: write every committed block in
@@ -435,6 +470,7 @@ void cache_stats_add(struct cache_stats *sum, const struct cache_stats *x, bool 
 struct cache_namespace_stats {
     uint32_t id;
     const char *deployment_id, *model, *dtype;
+    const char *revision;            /* the model revision, "" when none */
     uint32_t block_tokens;
     uint64_t block_bytes;
     uint32_t tp_size, tp_rank;

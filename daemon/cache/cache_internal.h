@@ -18,6 +18,7 @@
  *   stop.c      the stop's flush: every committed block written, what could
  *               not be counted
  *   complete.c  completeness (KVCM): observer calls and the chunked walk
+ *   purge.c     purges: a deployment's blocks out of memory, index and store
  *   stats.c     the cache's part of the STATS document
  *
  * Loop thread only. */
@@ -133,6 +134,7 @@ struct cache {
     unsigned stop_rounds;       /* rounds of writes the stop sent */
     /* puts waiting for room that blocks being written hold (back-pressure) */
     struct cache_wait *put_waiters, *put_waiters_tail;
+    struct cache_purge *purges;      /* running (purge.c) */
     struct event *put_wake_ev;
 
     struct event *evict_ev;
@@ -185,6 +187,8 @@ struct cache_storeop {
     bool evicting;                  /* write: a write-back victim */
     bool probe;                     /* write: the store's write probe (persist_write_probe) */
     struct cache_write_group *group; /* write: the commit it belongs to, or NULL */
+    void (*done)(void *arg, int rc); /* delete: told its result (a purge's), or NULL */
+    void *done_arg;
     struct cache_storeop *next;     /* on c->queued_head: the store's queue was full */
     size_t n;
     uint64_t *checks;               /* delete: the keys' check words (allocated with the op) */
@@ -345,6 +349,15 @@ void cache_write_start(struct cache *c, struct index_entry *e, bool evicting);
 struct cache_write_group *cache_write_group_new(size_t n);
 void cache_write_group_add(struct cache *c, struct cache_write_group *g, struct index_entry *e);
 void cache_write_group_done(struct cache *c, struct cache_write_group *g);
+/* cache_store_delete whose ops each call done(arg, rc) when back (not for
+ * ops freed unsent at cache_destroy); returns how many ops it made (each
+ * done may run before it returns). */
+size_t cache_store_delete_tracked(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
+                                  const uint64_t *checks, size_t n, void (*done)(void *arg, int rc),
+                                  void *arg);
+/* purge.c: a purge whose walk ended and whose deletes are back ends (done()). */
+void cache_purge_maybe_done(struct cache *c, struct cache_purge *p);
+void cache_purge_destroy_all(struct cache *c);
 void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
                         const uint64_t *checks, size_t n);
 void cache_retry_cb(evutil_socket_t fd, short what, void *arg);

@@ -211,6 +211,7 @@ void cache_destroy(struct cache *c)
         }
         cache_storeop_free(op);
     }
+    cache_purge_destroy_all(c);
     if (c->evict_ev)
         event_free(c->evict_ev);
     if (c->reap_ev)

@@ -522,6 +522,16 @@ void cache_add_stored(struct cache *c, const struct kvs_found *blocks, size_t n)
             continue;
         }
         struct index_entry *e = index_lookup(c->index, ns->id, f->key);
+        if (ns->purges > 0) {
+            /* Purged since the start, before the scan got here: the copy is
+             * from before the purge (a put since has its own entry, and its
+             * own write): never indexed, never taken for the new block,
+             * deleted when nothing of this run holds the key. */
+            c->recovery_skipped++;
+            if (!e && c->persist)
+                cache_store_delete(c, ns, &f->key, &f->check, 1);
+            continue;
+        }
         if (e) {
             /* Put again since the start: the store's copy is the same block
              * (unless another word's put took the key meanwhile). */

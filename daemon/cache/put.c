@@ -192,6 +192,7 @@ static int cache_put_lend_lease(struct put_txn *t)
         errmsg_set(t->err, t->errlen, "out of memory creating a write lease");
         return -KVNODE_ENOMEM;
     }
+    t->l->purges = t->req->ns->purges;
     return 0;
 }
 
@@ -417,6 +418,13 @@ uint32_t cache_put_seal(struct cache *c, struct lease *l)
     struct cache_write_group *g = write_through ? cache_write_group_new(l->n) : NULL;
     uint32_t count = 0;
 
+    /* Its deployment was purged since the put began: the blocks are part of
+     * what was purged, and never become visible. */
+    if (ns && l->purges != ns->purges) {
+        cache_put_unreserve_all(c, l);
+        free(g);
+        return 0;
+    }
     for (size_t i = l->n; i-- > 0;) {
         struct index_entry *e = l->entries[i];
         if (!e)

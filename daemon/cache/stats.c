@@ -187,7 +187,7 @@ void cache_namespace_stats(struct cache *c, size_t i, struct cache_namespace_sta
 
     *out = (struct cache_namespace_stats){
         .id = ns->id, .deployment_id = ns->deployment_id,
-        .model = ns->layout.model, .dtype = ns->layout.dtype,
+        .model = ns->layout.model, .dtype = ns->layout.dtype, .revision = ns->layout.revision,
         .block_tokens = ns->layout.block_tokens, .block_bytes = ns->layout.block_bytes,
         .tp_size = ns->layout.tp_size, .tp_rank = ns->layout.tp_rank,
         .blocks = ns->blocks, .bytes = ns->bytes, .reserved_bytes = ns->reserved,

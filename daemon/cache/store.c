@@ -128,7 +128,11 @@ static void cache_storeop_finish(struct cache_storeop *op, int rc)
     }
     for (size_t i = 0; i < op->n; i++)
         keylock_release(c->keylocks, op->ns->id, op->keys[i]);
+    void (*done)(void *, int) = op->done;
+    void *done_arg = op->done_arg;
     cache_storeop_free(op);
+    if (done)
+        done(done_arg, rc);
     cache_storeops_drain(c);
     cache_evict_maybe_schedule(c);
     /* Puts waiting for room try again once per loop iteration, however
@@ -325,14 +329,16 @@ void cache_write_group_done(struct cache *c, struct cache_write_group *g)
 
 /* Delete keys from the store, each after the ops on it that came before:
  * the keys free now go in one request, the others one by one in turn. */
-void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
-                        const uint64_t *checks, size_t n)
+size_t cache_store_delete_tracked(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
+                                  const uint64_t *checks, size_t n, void (*done)(void *arg, int rc),
+                                  void *arg)
 {
     struct cache_storeop *batch = cache_storeop_new(c, STORE_OP_DELETE, ns, n);
+    size_t ops = 0;
 
     if (!batch) {
         log_warn("out of memory deleting %zu keys from the store: their copies stay", n);
-        return;
+        return 0;
     }
     batch->n = 0;
     for (size_t i = 0; i < n; i++) {
@@ -349,12 +355,26 @@ void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t 
         }
         one->keys[0] = keys[i];
         one->checks[0] = cache_check_at(checks, i);
+        one->done = done;
+        one->done_arg = arg;
+        ops++;
         cache_storeop_start(c, one);   /* busy: waits for its turn */
     }
-    if (batch->n == 0)
+    if (batch->n == 0) {
         cache_storeop_free(batch);
-    else
+    } else {
+        batch->done = done;
+        batch->done_arg = arg;
+        ops++;
         cache_storeop_go(c, batch);
+    }
+    return ops;
+}
+
+void cache_store_delete(struct cache *c, struct kv_namespace *ns, const int64_t *keys,
+                        const uint64_t *checks, size_t n)
+{
+    cache_store_delete_tracked(c, ns, keys, checks, n, NULL, NULL);
 }
 
 /* --- retries of failed writes ------------------------------------------------------ */

@@ -34,6 +34,7 @@ struct lease {
     uint64_t id;
     int      kind;                 /* enum lease_kind */
     uint32_t ns;                   /* namespace the blocks belong to */
+    uint32_t purges;               /* write: the namespace's purge count at put_begin (the cache's) */
     uint64_t created_ms, expires_ms;
     size_t   n;                    /* entries held */
     struct index_entry **entries;  /* n entries (NULL slots allowed) */

@@ -30,7 +30,15 @@
  *   (tenant "" for "default"). Read left to right, each length says where
  *   its field ends, so no content can be taken for a label.
  *
- * The two never meet: they differ in the version byte. Together they are
+ * - a layout with a revision (issue 31; "" is none), version 3: version 2's
+ *   text under its own prefix, then "|revision=<n>:<revision>":
+ *
+ *   kvnode-layout-v3|tenant=<n>:<tenant>|...|extra=<n>:<extra>|revision=<n>:<revision>
+ *
+ *   A layout without a revision keeps its v1 or v2 string, so the blocks
+ *   stored before revisions existed stay found.
+ *
+ * The three never meet: they differ in the version byte. Together they are
  * one-to-one on (tenant, layout without tp_rank and block_bytes).
  *
  * fingerprint = FNV-1a 64 of the identity string (offset 0xcbf29ce484222325,
@@ -59,7 +67,7 @@
 #define NS_FNV_OFFSET UINT64_C(0xcbf29ce484222325)
 #define NS_FNV_PRIME  UINT64_C(0x100000001b3)    /* 1099511628211 */
 /* Fixed text, 5 numbers of at most 10 digits, 4 lengths and the strings. */
-#define NS_IDENTITY_MAX (NS_MODEL_MAX + NS_DTYPE_MAX + NS_EXTRA_MAX + NS_TENANT_MAX + 256)
+#define NS_IDENTITY_MAX (NS_MODEL_MAX + NS_DTYPE_MAX + NS_EXTRA_MAX + NS_TENANT_MAX + NS_REVISION_MAX + 256)
 
 struct ns_registry {
     struct kv_namespace **items;
@@ -99,10 +107,11 @@ uint64_t ns_fnv1a64(const void *data, size_t len)
     return h;
 }
 
-/* Whether the v1 string of l is unambiguous: no '|' in its strings. */
+/* Whether the v1 string of l is unambiguous (no '|' in its strings) and
+ * says everything (no revision). */
 bool ns_identity_is_v1(const struct ns_layout *l)
 {
-    return !memchr(l->model, '|', (size_t)ns_field_len(l->model, NS_MODEL_MAX)) &&
+    return !l->revision[0] && !memchr(l->model, '|', (size_t)ns_field_len(l->model, NS_MODEL_MAX)) &&
            !memchr(l->dtype, '|', (size_t)ns_field_len(l->dtype, NS_DTYPE_MAX)) &&
            !memchr(l->extra, '|', (size_t)ns_field_len(l->extra, NS_EXTRA_MAX));
 }
@@ -118,19 +127,28 @@ static size_t ns_identity_v1(const struct ns_layout *l, const char *tenant, char
     return n + (m < 0 ? 0 : (size_t)m);
 }
 
+/* Version 2, or with a revision version 3 (version 2's fields, then the revision). */
 static size_t ns_identity_v2(const struct ns_layout *l, const char *tenant, char *buf, size_t len)
 {
     int tl = tenant ? ns_field_len(tenant, NS_TENANT_MAX) : 0;
     int ml = ns_field_len(l->model, NS_MODEL_MAX), dl = ns_field_len(l->dtype, NS_DTYPE_MAX);
     int el = ns_field_len(l->extra, NS_EXTRA_MAX);
+    int rl = ns_field_len(l->revision, NS_REVISION_MAX);
     int n = snprintf(buf, len,
-                     "kvnode-layout-v2|tenant=%d:%.*s|model=%d:%.*s|dtype=%d:%.*s|block_tokens=%" PRIu32
+                     "kvnode-layout-v%c|tenant=%d:%.*s|model=%d:%.*s|dtype=%d:%.*s|block_tokens=%" PRIu32
                      "|num_layers=%" PRIu32 "|kv_heads=%" PRIu32 "|head_dim=%" PRIu32
                      "|tp_size=%" PRIu32 "|extra=%d:%.*s",
-                     tl, tl, tenant ? tenant : "", ml, ml, l->model, dl, dl, l->dtype,
+                     rl ? '3' : '2', tl, tl, tenant ? tenant : "", ml, ml, l->model, dl, dl, l->dtype,
                      l->block_tokens, l->num_layers, l->kv_heads, l->head_dim, l->tp_size,
                      el, el, l->extra);
-    return n < 0 ? 0 : (size_t)n;
+    if (n < 0)
+        return 0;
+    if (!rl)
+        return (size_t)n;
+    size_t at = (size_t)n;
+    int m = snprintf(at < len ? buf + at : NULL, at < len ? len - at : 0, "|revision=%d:%.*s",
+                     rl, rl, l->revision);
+    return at + (m < 0 ? 0 : (size_t)m);
 }
 
 size_t ns_identity_string(const struct ns_layout *l, const char *tenant, char *buf, size_t len)
@@ -217,6 +235,8 @@ int ns_layout_validate(const struct ns_layout *l, char *err, size_t errlen)
     /* extra is free-form; it only has to fit. */
     if ((rc = ns_check_string("extra", l->extra, NS_EXTRA_MAX, 0, 1, err, errlen)) != 0)
         return rc;
+    if ((rc = ns_check_string("revision", l->revision, NS_REVISION_MAX, 0, 0, err, errlen)) != 0)
+        return rc;
     if (l->block_tokens == 0) {
         errmsg_set(err, errlen, "layout: block_tokens must be > 0");
         return -KVNODE_ELAYOUT;
@@ -291,6 +311,7 @@ bool ns_same_deployment(const struct ns_layout *a, const struct ns_layout *b)
     return strncmp(a->model, b->model, NS_MODEL_MAX) == 0 &&
            strncmp(a->dtype, b->dtype, NS_DTYPE_MAX) == 0 &&
            strncmp(a->extra, b->extra, NS_EXTRA_MAX) == 0 &&
+           strncmp(a->revision, b->revision, NS_REVISION_MAX) == 0 &&
            a->block_tokens == b->block_tokens && a->num_layers == b->num_layers &&
            a->kv_heads == b->kv_heads && a->head_dim == b->head_dim && a->tp_size == b->tp_size;
 }
@@ -454,6 +475,7 @@ int ns_bind_ex(struct ns_registry *r, const struct ns_layout *l, bool counted, s
     ns->layout.model[NS_MODEL_MAX - 1] = '\0';
     ns->layout.dtype[NS_DTYPE_MAX - 1] = '\0';
     ns->layout.extra[NS_EXTRA_MAX - 1] = '\0';
+    ns->layout.revision[NS_REVISION_MAX - 1] = '\0';
     ns->fingerprint = fp;
     ns_deployment_id(l, fp, ns->deployment_id, sizeof(ns->deployment_id));
     ns->cls = UINT32_MAX;   /* no size class until the cache assigns one */

@@ -21,6 +21,7 @@
 #define NS_MODEL_MAX 128
 #define NS_DTYPE_MAX 32
 #define NS_EXTRA_MAX 256
+#define NS_REVISION_MAX 128
 #define NS_DEPLOYMENT_ID_MAX (NS_MODEL_MAX + 20)
 
 struct ns_layout {
@@ -30,6 +31,9 @@ struct ns_layout {
     uint64_t block_bytes;
     uint32_t num_layers, kv_heads, head_dim, tp_size, tp_rank;
     char     extra[NS_EXTRA_MAX];
+    /* The model's weights revision (issue 31), "" when none: part of the
+     * identity only when set, so a layout without one keeps the id it had. */
+    char     revision[NS_REVISION_MAX];
 };
 
 #define NS_MAX_HBM_ARENAS 16            /* one per GPU (DEVMEM_MAX_DEVICES) */
@@ -56,6 +60,8 @@ struct kv_namespace {
     struct kv_namespace *sibling;       /* next namespace (TP rank) of the same deployment:
                                            a ring, itself when it is the only one */
     uint32_t ranks;                     /* namespaces in that ring (same in each) */
+    uint32_t purges;                    /* purges begun (write leases note it at put_begin:
+                                           one begun before a purge seals nothing) */
 };
 
 /* Canonical layout string, version 1 (without tp_rank and block_bytes);
@@ -70,10 +76,12 @@ uint64_t ns_fnv1a64(const void *data, size_t len);
  * field or the tenant (namespace.c has the text): the v1 string, with
  * "|tenant=<name>" for a named tenant, when model, dtype and extra hold no
  * '|' (what every version computed, so existing ids stay); else version 2,
- * each string length-prefixed. tenant NULL or "": the tenant "default".
- * Returns the length snprintf would need. */
+ * each string length-prefixed; a layout with a revision (issue 31):
+ * version 3, version 2's fields and the revision, length-prefixed. tenant
+ * NULL or "": the tenant "default". Returns the length snprintf would need. */
 size_t ns_identity_string(const struct ns_layout *l, const char *tenant, char *buf, size_t len);
-/* Whether l's identity is the v1 string (no '|' in model, dtype, extra). */
+/* Whether l's identity is the v1 string (no '|' in model, dtype, extra; no
+ * revision). */
 bool ns_identity_is_v1(const struct ns_layout *l);
 /* FNV-1a 64 of ns_identity_string: the same layout in two tenants is two
  * deployments (other deployment ids, store keys and KVCM instances), and no

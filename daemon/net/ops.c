@@ -99,7 +99,9 @@ void ops_session_end(struct ops *o, struct session *s)
     struct cache *c = ops_cache(s);
 
     if (s->pending) {
-        if (s->pending->query)
+        if (s->pending->purge)
+            cache_purge_detach(s->pending->purge_cache, s->pending->purge);
+        else if (s->pending->query)
             kvcm_query_cancel(o->querier, s->pending->query);
         else if (c)
             cache_wait_cancel(c, s->pending->wait);
@@ -214,11 +216,13 @@ void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, const Kvn
     }
     if (s->reader && (req->op_case == KVNODE__REQUEST__OP_PUT_BEGIN ||
                       req->op_case == KVNODE__REQUEST__OP_PUT_INLINE ||
-                      req->op_case == KVNODE__REQUEST__OP_DELETE)) {
+                      req->op_case == KVNODE__REQUEST__OP_DELETE ||
+                      req->op_case == KVNODE__REQUEST__OP_PURGE)) {
         char err[256];
         snprintf(err, sizeof err, "this connection declared itself a reader at HELLO "
                  "(KVNODE_CONNECT_READER): it may not %s; connect without the reader flag to write",
-                 req->op_case == KVNODE__REQUEST__OP_DELETE ? "delete" : "put");
+                 req->op_case == KVNODE__REQUEST__OP_DELETE ? "delete"
+                 : req->op_case == KVNODE__REQUEST__OP_PURGE ? "purge" : "put");
         ops_fail(o, conn, req, -KVNODE_EDENIED, err);
         return;
     }
@@ -237,6 +241,7 @@ void ops_dispatch(struct ops *o, struct conn *conn, struct session *s, const Kvn
     case KVNODE__REQUEST__OP_PING:       ops_ping(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_RELOAD:     ops_reload(o, conn, s, req); break;
     case KVNODE__REQUEST__OP_MATCH_REMOTE: ops_match_remote(o, conn, s, req); break;
+    case KVNODE__REQUEST__OP_PURGE:      ops_purge(o, conn, s, req); break;
     default:
         ops_fail(o, conn, req, -KVNODE_EINVAL, "the request carries no operation this daemon "
                  "knows (newer client?)");

@@ -38,7 +38,8 @@ static int ops_layout_from_wire(const Kvnode__Layout *w, struct ns_layout *l, ch
     memset(l, 0, sizeof *l);
     if ((rc = ops_copy_field(l->model, sizeof l->model, w->model, "model", err, errlen)) < 0 ||
         (rc = ops_copy_field(l->dtype, sizeof l->dtype, w->dtype, "dtype", err, errlen)) < 0 ||
-        (rc = ops_copy_field(l->extra, sizeof l->extra, w->extra, "extra", err, errlen)) < 0)
+        (rc = ops_copy_field(l->extra, sizeof l->extra, w->extra, "extra", err, errlen)) < 0 ||
+        (rc = ops_copy_field(l->revision, sizeof l->revision, w->revision, "revision", err, errlen)) < 0)
         return rc;
     l->block_tokens = w->block_tokens;
     l->block_bytes = w->block_bytes;

@@ -33,6 +33,8 @@ int ops_defer(struct ops *o, struct conn *conn, struct session *s,
     p->packed = NULL;
     p->packed_len = 0;
     p->put_deadline = 0;
+    p->purge = NULL;
+    p->purge_cache = NULL;
     s->pending = p;
     o->deferred = true;
     server_defer(conn);

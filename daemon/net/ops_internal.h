@@ -12,6 +12,7 @@
  *                   PUT_INLINE, DELETE
  *   ops_deferred.c  answers that wait (for the store or KVCM): deferring a
  *                   request, answering it later, puts waiting for room
+ *   ops_purge.c     PURGE: who may purge what, the answer once it is over
  *
  * Loop thread only. */
 #ifndef KVNODE_OPS_INTERNAL_H
@@ -73,6 +74,8 @@ struct ops_pending {
     uint8_t *packed;                    /* PUT waiting for the store: the request, to retry */
     size_t packed_len;
     double put_deadline;                /* ... and when it stops waiting */
+    struct cache_purge *purge;          /* PURGE waiting for its end ... */
+    struct cache *purge_cache;          /* ... in this cache (maybe another tenant's) */
 };
 
 /* The cache a session's requests go to: its tenant's (NULL: the tenant has
@@ -127,6 +130,9 @@ void ops_put_begin(struct ops *o, struct conn *conn, struct session *s, const Kv
 void ops_put_end(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 void ops_put_inline(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 void ops_delete(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
+
+/* ops_purge.c */
+void ops_purge(struct ops *o, struct conn *conn, struct session *s, const Kvnode__Request *req);
 
 /* ops_deferred.c */
 int  ops_defer(struct ops *o, struct conn *conn, struct session *s,

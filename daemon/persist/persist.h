@@ -193,6 +193,14 @@ void persist_hide(struct persist *p, const struct kv_namespace *ns, const int64_
  * another word is left alone. */
 int  persist_delete(struct persist *p, const struct kv_namespace *ns, const int64_t *keys,
                     const uint64_t *checks, size_t n, persist_done_fn done, void *arg);
+/* Whether the store can remove every block of a namespace at once,
+ * including blocks the index never knew (redis: another node's, or stored
+ * before a restart), for a purge; false for stores whose blocks the index
+ * knows after recovery (file) or that cannot delete (v6d). */
+bool persist_can_purge(const struct persist *p);
+/* Remove every block of ns from the store (counted in deleted_keys as the
+ * store reports them); done may be NULL. Only where persist_can_purge. */
+int  persist_purge(struct persist *p, const struct kv_namespace *ns, persist_done_fn done, void *arg);
 /* Which of n keys the store holds: keys and checks are copied; present[i]
  * (caller's, n bytes) is filled before done: 1 when the store holds
  * keys[i] under checks[i]. */

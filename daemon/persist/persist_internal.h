@@ -60,6 +60,7 @@ struct pjob {
     void            *rdata;        /* read: the caller's, filled by the worker */
     size_t           len;
     size_t           n;            /* delete/exists */
+    bool             purge_all;    /* delete: every block of ns the store holds (kvs purge) */
     int64_t         *keys;         /* copies, allocated with the job */
     uint64_t        *checks;       /* delete/exists: the keys' words, allocated with the job */
     uint8_t         *present;      /* exists: the caller's, filled on the loop in done() */

@@ -148,6 +148,25 @@ int persist_delete(struct persist *p, const struct kv_namespace *ns, const int64
     return job_submit(p, pj);
 }
 
+bool persist_can_purge(const struct persist *p)
+{
+    return p && p->be->purge;
+}
+
+int persist_purge(struct persist *p, const struct kv_namespace *ns, persist_done_fn done, void *arg)
+{
+    int rc = check_request(p, ns);
+    if (rc < 0)
+        return rc;
+    if (!p->be->purge)
+        return -KVNODE_EINVAL;
+    struct pjob *pj = job_new(p, PERSIST_OP_DELETE, ns, 0, done, arg);
+    if (!pj)
+        return -KVNODE_ENOMEM;
+    pj->purge_all = true;
+    return job_submit(p, pj);
+}
+
 int persist_exists(struct persist *p, const struct persist_lookup_req *r)
 {
     int rc = check_request(p, r->ns);

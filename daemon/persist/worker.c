@@ -271,6 +271,10 @@ void persist_job_run(struct workq_job *j, void *ctx)
          * loop hid the keys when they were deleted (persist_hide). */
         if (be->keeps_deleted)
             break;
+        if (pj->purge_all) {
+            rc = be->purge(w->s, &pj->ns, &pj->ndeleted, pj->err, sizeof pj->err);
+            break;
+        }
         /* Stop at the first failure: a store that is down would only make
          * every remaining key wait for its own timeout. */
         for (size_t i = 0; i < pj->n && rc == 0; i++)

@@ -109,6 +109,17 @@ _prefault_progress = (_fn("kvnode_prefault_progress", ctypes.c_int, _P,
                           ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64))
                       if hasattr(_lib, "kvnode_prefault") else None)
 _PREFAULT_WAIT = 1
+# Revisions and purges came with KVNODE_0.7; an older library still loads, and only
+# Layout(revision=...) and Client.purge then fail (naming the library).
+if hasattr(_lib, "kvnode_purge"):
+    _connect_revision = _fn("kvnode_connect_revision", ctypes.c_int, ctypes.c_char_p,
+                            ctypes.POINTER(_CLayout), ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
+                            ctypes.POINTER(_P))
+    _purge = _fn("kvnode_purge", ctypes.c_int, _P, ctypes.c_char_p, ctypes.c_char_p,
+                 ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64))
+    _deployment_id = _fn("kvnode_deployment_id", ctypes.c_char_p, _P)
+else:
+    _connect_revision = _purge = _deployment_id = None
 _connect_error = _fn("kvnode_connect_error", ctypes.c_char_p)
 _close = _fn("kvnode_close", None, _P)
 _block_bytes = _fn("kvnode_block_bytes", ctypes.c_uint64, _P)
@@ -250,7 +261,7 @@ if hasattr(_lib, "kvnode_exists"):
 else:
     _has_per_key = _exists = _delete_each = _submit_exists = _submit_delete_each = None
 
-# Blocks gathered from / scattered to pieces of the caller's memory (KVNODE_0.7): one call
+# Blocks gathered from / scattered to pieces of the caller's memory (KVNODE_0.8): one call
 # per batch for kvnode.sglang's layer_first pages; without them it copies in Python.
 if hasattr(_lib, "kvnode_gather"):
     _gather = _fn("kvnode_gather", ctypes.c_int, _P, _SIZE, _SIZE, _P, _P, _SIZE, _P, _P)

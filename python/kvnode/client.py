@@ -8,7 +8,8 @@ import os
 import threading
 
 from ._lib import (_CONNECT_READER, _CTiers, _P, _PREFAULT_WAIT, _SIZE, _block_bytes, _close,
-                   _connect_device, _connect_error, _connect_flags, _delete, _delete_checked,
+                   _connect_device, _connect_error, _connect_flags, _connect_revision, _delete,
+                   _delete_checked, _deployment_id, _purge,
                    _free, _get, _get_batch_checked, _get_inline, _get_inline_checked,
                    _has_check_words, _is_reader, _last_error, _lib_path, _match, _match_checked,
                    _prefault, _prefault_progress, _put, _put_batch_checked, _put_inline,
@@ -119,7 +120,15 @@ class Client(_AsyncCalls):
         self._clayout = layout._to_c() if layout is not None else None
         sp = os.fsencode(socket_path) if socket_path is not None else None
         lp = ctypes.byref(self._clayout) if self._clayout is not None else None
-        if reader:
+        revision = getattr(layout, "revision", None) if layout is not None else None
+        if revision:
+            if _connect_revision is None:
+                raise InvalidArgument(InvalidArgument.CODE, "Layout(revision=...) needs a libkvnode "
+                                      "with kvnode_connect_revision (KVNODE_0.7); %s has none"
+                                      % _lib_path, "invalid argument")
+            fn, args = _connect_revision, (sp, lp, str(revision).encode(), cuda_device,
+                                           _CONNECT_READER if reader else 0)
+        elif reader:
             if _connect_flags is None:
                 raise InvalidArgument(InvalidArgument.CODE, "reader=True needs a libkvnode with "
                                       "kvnode_connect_flags; %s has none" % _lib_path,
@@ -243,6 +252,32 @@ class Client(_AsyncCalls):
             self._check(self._checked(_delete_checked, "delete")(
                 self._handle(), arr, _checks_array(checks, n), n, ctypes.byref(d)))
         return d.value
+
+    @property
+    def deployment_id(self):
+        """The deployment id of this client's namespace (``<model>-<fingerprint hex>``), ""
+        for an observer."""
+        h = self._handle()
+        return _s(_deployment_id(h)) if _deployment_id is not None else ""
+
+    def purge(self, deployment_id=None, model=None, tenant=None):
+        """Drop every block of a deployment from the daemon's host memory, GPU memory and
+        persistent store (``kvnode_purge``): ``deployment_id`` names one (every TP rank of it),
+        ``model`` every deployment of that model (any layout, any revision), neither this
+        client's own deployment. ``tenant`` (None: this client's) may name another tenant only
+        from an observer client of root or the daemon's user (else :class:`Denied`).
+
+        Returns ``(namespaces, blocks)`` purged, once memory is cleared and the store has
+        carried out the deletes. A block leased to a reader stays readable until that lease
+        ends; a put begun before the purge and committed after it stores nothing."""
+        if _purge is None:
+            raise InvalidArgument(InvalidArgument.CODE, "purge needs a libkvnode with kvnode_purge "
+                                  "(KVNODE_0.7); %s has none" % _lib_path, "invalid argument")
+        ns, blocks = ctypes.c_uint32(0), ctypes.c_uint64(0)
+        enc = (lambda v: v.encode() if v else None)
+        self._check(_purge(self._handle(), enc(tenant), enc(deployment_id), enc(model),
+                           ctypes.byref(ns), ctypes.byref(blocks)))
+        return ns.value, blocks.value
 
     def stats(self):
         """The daemon's statistics, parsed from its JSON document."""

@@ -19,6 +19,9 @@ class Layout:
 
     Clients with the same layout share a namespace in the daemon.
     ``block_bytes`` is the size of one block as held by this rank.
+    ``revision`` (a weights revision: commit hash, tag; None or "": none) is part of the
+    namespace identity when set, so blocks of two revisions of a model never meet; without
+    one the deployment (and its stored blocks) is the one it was before revisions existed.
     """
 
     model: str
@@ -31,6 +34,7 @@ class Layout:
     tp_size: int = 1
     tp_rank: int = 0
     extra: str = None
+    revision: str = None
 
     def _to_c(self):
         return _CLayout(

@@ -20,7 +20,18 @@ adapter_params (any other key raises ``TypeError`` naming the valid ones):
 ``"lmcache"``), ``block_bytes`` (an object size, or a list of them; see below),
 ``timeout_ms`` (per call, and how long a batch waits for a connect; default libkvnode's
 10 s), ``reconnect_interval_s`` (default 1), ``tp_rank``/``tp_size`` (default 0/1),
-``dtype`` and ``extra`` (layout discriminators, default ``"lmcache"``).
+``dtype`` and ``extra`` (layout discriminators, default ``"lmcache"``), ``model_revision``
+(the weights revision, e.g. a commit hash; default None: none): part of the kvnode namespace
+identity when set, so the chunks of two revisions never meet, while without one the
+namespaces (and stored chunks) are those of earlier versions.
+
+Clearing: LMCache removes what it stored key by key (``submit_batch_delete``, from its
+eviction and its controller's clear). ``clear()`` goes further: it drops every chunk of this
+connector's kvnode deployments -- every object size it knows, every TP rank -- from
+kvnoded's memory and persistent store (``kvnode.Client.purge``), also those stored before
+LMCache (re)started and which it therefore cannot name; it blocks until kvnoded has done it
+and returns the number of chunks dropped (raises on failure). Call it when the model's
+weights change under the same name (or give a new ``model_revision``).
 
 Per-key answers, as LMCache's connector interface defines them: exists gives one bool per
 key (stored or not; ``[stored, missing, stored]`` -> ``[True, False, True]``), get one per
@@ -91,7 +102,7 @@ _GET, _SET, _EXISTS, _DELETE = "get", "set", "exists", "delete"
 #: adapter_params the connector takes, with their defaults (any other key is refused).
 PARAMS = {"socket_path": None, "model": "lmcache", "block_bytes": None, "timeout_ms": None,
           "reconnect_interval_s": 1.0, "dtype": "lmcache", "extra": "lmcache", "tp_rank": 0,
-          "tp_size": 1}
+          "tp_size": 1, "model_revision": None}
 #: libkvnode's default per-call timeout, which also bounds its connect (ms).
 _LIB_TIMEOUT_MS = 10000
 #: Object sizes one connector serves (each is a kvnode namespace and a connection).
@@ -193,6 +204,12 @@ class KvnodeL2Connector:
                              "tp_size=%r" % (p["tp_rank"], p["tp_size"]))
         self.socket_path = p["socket_path"] or os.environ.get("KVNODE_SOCKET")
         self.model, self.dtype, self.extra = str(p["model"]), str(p["dtype"]), str(p["extra"])
+        rev = p["model_revision"]
+        if rev is not None and (not isinstance(rev, str) or len(rev.encode()) > 127
+                                or any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in rev)):
+            raise ValueError("kvnode.lmcache: model_revision must be a string of at most 127 "
+                             "bytes without control characters, got %r" % (rev,))
+        self.model_revision = rev or None
         #: The object size whose namespace has ``extra`` as given (None: the first size seen).
         self.block_bytes = sizes[0] if sizes else None
         self._more_sizes = sizes[1:]
@@ -250,6 +267,26 @@ class KvnodeL2Connector:
                 done, self._done = self._done, []
             return done
 
+    def clear(self):
+        """Drop every chunk of this connector's deployments from kvnoded (memory and store;
+        see the module docstring): one purge per object size known, on connections of its
+        own (blocking, bounded by timeout_ms per call). Returns the chunks dropped."""
+        with self._lock:
+            layouts = [s.layout for s in self._known_spaces()]
+        if not layouts:
+            logger.info("kvnode.lmcache: clear() before any object size is known: nothing to name")
+            return 0
+        purged, blocks = set(), 0
+        for lay in layouts:
+            with kvnode.Client(self.socket_path, lay, self.timeout_ms) as c:
+                if c.deployment_id in purged:
+                    continue
+                blocks += c.purge()[1]
+                purged.add(c.deployment_id)
+        logger.info("kvnode.lmcache: clear() dropped %d chunks of %d deployments", blocks,
+                    len(purged))
+        return blocks
+
     def close(self):
         """Disconnect (batches in flight are dropped)."""
         with self._drain_lock, self._lock:
@@ -294,7 +331,7 @@ class KvnodeL2Connector:
                 "%s;lmcache_object_bytes=%d" % (self.extra, size)
             lay = kvnode.Layout(model=self.model, dtype=self.dtype, block_tokens=1,
                                 block_bytes=size, tp_size=self.tp_size, tp_rank=self.tp_rank,
-                                extra=extra)
+                                extra=extra, revision=self.model_revision)
             s = self._spaces[size] = _Space(size, lay)
         return s
 

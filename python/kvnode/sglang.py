@@ -38,7 +38,7 @@ Host layouts. ``get_page_buffer_meta`` gives, per page, the pieces of that page:
   only about its first and last page, as a check; a pool that does not show that model
   (no ``kv_buffer``, pages 0 and 1 not at one step, a page outside ``kv_buffer``) or that
   stops agreeing with it is asked about every page of every batch. With a libkvnode older
-  than KVNODE_0.7, where the pieces sit on a grid (K and V of each layer at fixed
+  than KVNODE_0.8, where the pieces sit on a grid (K and V of each layer at fixed
   distances) the copy is one strided torch (else numpy) copy per run of pages at a
   constant step; with neither installed, or pieces off a grid, one ``memmove`` per piece.
 - Sidecar pools: each piece of a page (Mamba's temporal and conv states, ...) its own
@@ -106,7 +106,16 @@ Options (the extra-config JSON, or the factory's ``kwargs``): ``socket_path`` (d
 ``$KVNODE_SOCKET``, else ``/run/kvnode/kvnode.sock``), ``timeout_ms`` (per call, default
 libkvnode's 10 s; also bounds each connect), ``reconnect_interval_s`` (default 1.0),
 ``connect_wait_ms`` (default 20), ``model`` (default the storage
-config's ``model_name``), ``dtype`` (a layout discriminator, default ``"sglang"``).
+config's ``model_name``), ``dtype`` (a layout discriminator, default ``"sglang"``),
+``model_revision`` (the weights revision, e.g. a commit hash; default none): part of every
+namespace's identity when set, so pages of two revisions of a model never meet; without it
+the namespaces are those of earlier versions and their stored pages stay found.
+
+``clear()`` (SGLang's ``/clear_hicache_storage_backend``, through the cache controller's
+``clear_storage_backend``) drops every page of this deployment -- every registered pool's
+namespaces, every TP rank -- from kvnoded's memory, GPU memory and persistent store
+(``kvnode.Client.purge``), and returns once kvnoded has done it; on failure it raises, which
+SGLang logs and reports as a failed clear.
 """
 
 import array
@@ -544,7 +553,7 @@ class _Plan:
         for c, j in zip(clients, self.used):
             c.put_batch(folded, ptrs[j::self.pieces], checks=words)
 
-    # One libkvnode call per batch (KVNODE_0.7: kvnode_put_gather_checked /
+    # One libkvnode call per batch (KVNODE_0.8: kvnode_put_gather_checked /
     # kvnode_get_scatter_checked) takes the lease, copies every piece and ends the lease.
     # With an older libkvnode the lease calls are made from here (not Client.read / write:
     # those lend a memoryview per block) and the pieces copied in Python.
@@ -607,9 +616,10 @@ class _Plan:
     def _gather_python(self, ptrs, blocks, to_blocks):
         """Copy each page's pieces between the pool (ptrs, pieces per page) and its block
         (blocks[i]; None: skipped), into the blocks when to_blocks, with a libkvnode older
-        than KVNODE_0.7. Where the pieces of every page sit on one grid (SGLang's layer_first: K and V per layer at
-        fixed distances), runs of pages at a constant step on both sides move in one
-        strided copy (numpy or torch, C speed); otherwise one memmove per piece."""
+        than KVNODE_0.8. Where the pieces of every page sit on one grid (SGLang's
+        layer_first: K and V per layer at fixed distances), runs of pages at a constant step
+        on both sides move in one strided copy (numpy or torch, C speed); otherwise one
+        memmove per piece."""
         grid, m, n = self.grid, self.pieces, len(blocks)
         ops = _array_ops() if grid is not None else None
         if ops is not None:
@@ -748,6 +758,12 @@ class KvnodeHiCacheStorage(_Base):
             raise ValueError("reconnect_interval_s must be >= 0, got %r" % self.reconnect_interval_s)
         self.model = str(opts.get("model") or _get(storage_config, "model_name") or "sglang")
         self.dtype = str(opts.get("dtype") or "sglang")
+        rev = opts.get("model_revision")
+        if rev is not None and (not isinstance(rev, str) or len(rev.encode()) > 127
+                                or any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in rev)):
+            raise ValueError("kvnode.sglang: model_revision must be a string of at most 127 bytes "
+                             "without control characters, got %r" % (rev,))
+        self.model_revision = rev or None
         self.is_mla = bool(_get(storage_config, "is_mla_model", False))
         self.tp_rank = int(_get(storage_config, "tp_rank", 0) or 0)
         self.tp_size = int(_get(storage_config, "tp_size", 1) or 1)
@@ -875,7 +891,8 @@ class KvnodeHiCacheStorage(_Base):
             suffix += "/pp%d-%d" % (self.pp_rank, self.pp_size)
         if self.cp_size > 1:
             suffix += "/cp%d-%d" % (self.cp_rank, self.cp_size)
-        return {name: plan.layouts(self.model, self.dtype, suffix)
+        return {name: [dataclasses.replace(lay, revision=self.model_revision)
+                       for lay in plan.layouts(self.model, self.dtype, suffix)]
                 for name, plan in self._plans.items()}
 
     def _acquire(self):
@@ -1246,8 +1263,23 @@ class KvnodeHiCacheStorage(_Base):
                                 for cs in conn.pools.values() for c in cs], None)
 
     def clear(self):
-        """kvnode has no per-namespace wipe: blocks stay until evicted or deleted."""
-        logger.info("kvnode.sglang: clear() leaves kvnode's blocks in place (evicted by the daemon)")
+        """Drop every page of this deployment from kvnoded (see the module docstring): one
+        purge per deployment of the registered pools, on connections of its own. Raises on
+        failure (SGLang logs it and answers that the clear failed)."""
+        with self._lock:
+            layouts = [lay for lays in self._pool_layouts().values() for lay in lays]
+        if not layouts:
+            raise RuntimeError("kvnode.sglang: clear() before a host pool was registered: the "
+                               "deployment to clear is not known yet")
+        purged, blocks = set(), 0
+        for lay in layouts:
+            with kvnode.Client(self.socket_path, lay, self.timeout_ms) as c:
+                if c.deployment_id in purged:
+                    continue
+                blocks += c.purge()[1]
+                purged.add(c.deployment_id)
+        logger.info("kvnode.sglang: clear() dropped %d pages' blocks of %d kvnode deployments",
+                    blocks, len(purged))
 
     def get_stats(self):
         """SGLang's StorageMetrics of the calls since the previous get_stats, with kvnode's

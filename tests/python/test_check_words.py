@@ -112,7 +112,8 @@ def test_sglang_colliding_keys_miss(daemon, mla):
     store = create_dynamic_backend(StorageConfig(
         is_mla_model=mla, model_name="sgl-cw",
         extra_config=dict(backend_name="kvnode", module_path="kvnode.sglang",
-                          class_name="KvnodeHiCacheStorage", interface_v1=1, socket_path=daemon)))
+                          class_name="KvnodeHiCacheStorage", interface_v1=1, socket_path=daemon,
+                          connect_wait_ms=10000)))
     store.register_mem_pool_host(pool)
     a, b = colliding(b"sglang-%d" % mla)
     pool.fill(0, seed=1)

@@ -25,6 +25,7 @@ def backend(sock, tp_rank=0, tp_size=1, mla=False, model="sgl-test", **extra):
                         extra_config=dict(backend_name="kvnode", module_path="kvnode.sglang",
                                           class_name="KvnodeHiCacheStorage", interface_v1=1,
                                           socket_path=sock, **extra))
+    cfg.extra_config.setdefault("connect_wait_ms", 10000)   # the first call waits for the connect
     return create_dynamic_backend(cfg)
 
 
@@ -138,7 +139,8 @@ ENGINE = textwrap.dedent("""
     import kvnode, kvnode.sglang
     from fake_sglang import HostPool, StorageConfig, chained_keys, create_dynamic_backend, host_indices
     store = create_dynamic_backend(StorageConfig(model_name="sgl-killed", extra_config=dict(
-        module_path="kvnode.sglang", class_name="KvnodeHiCacheStorage", socket_path=sys.argv[1])))
+        module_path="kvnode.sglang", class_name="KvnodeHiCacheStorage", socket_path=sys.argv[1],
+        connect_wait_ms=10000)))
     pool = HostPool(128, 16)
     store.register_mem_pool_host(pool)
     keys = chained_keys(list(range(64 * 16)), 16)

@@ -238,8 +238,11 @@ def keys_for(seed, npages, page_size=PAGE):
 
 
 def backend(sock, **config):
+    # connect_wait_ms: the first call waits for the connect (under load it
+    # can take more than the default 20 ms; test_sglang_nonblocking tests that)
     extra = dict(backend_name="kvnode", module_path="kvnode.sglang",
-                 class_name="KvnodeHiCacheStorage", interface_v1=1, socket_path=sock)
+                 class_name="KvnodeHiCacheStorage", interface_v1=1, socket_path=sock,
+                 connect_wait_ms=10000)
     config.setdefault("model_name", "engine-test")
     return create_dynamic_backend(EngineConfig(extra_config=extra, **config))
 

@@ -436,6 +436,34 @@ START_TEST(test_capacity_keeps_tombstones)
 }
 END_TEST
 
+/* A tombstone for a block in a newer segment (another handle's: each
+ * persist worker writes its own segment) must not go with its own, older
+ * segment while the block's segment lives: once the older segment was dead
+ * but for tombstones and the oldest left it was reclaimed, and after a
+ * restart the deleted block came back (issue 31: a purge's deletes ran on
+ * one worker, the blocks had been written by another). */
+START_TEST(test_tombstone_for_a_newer_segment)
+{
+    struct kvs_store *a = open_store(0, KVS_FSYNC_NEVER), *b = open_store(0, KVS_FSYNC_NEVER);
+    struct tns t;
+    mkns(&t, "newertomb", 1024, 0);
+    ck_assert_int_eq(put_block(a, &t, 1, 1), 0);        /* a's segment: the older one */
+    ck_assert_int_eq(put_block(b, &t, 10, 1), 0);       /* b's, newer: deleted below */
+    ck_assert_int_eq(put_block(b, &t, 11, 1), 0);       /* keeps b's segment alive */
+    ck_assert_int_eq(be->del(a, &t.ns, 10, 0, err, sizeof err), 0);
+    ck_assert_int_eq(be->del(a, &t.ns, 1, 0, err, sizeof err), 0);
+    ck_assert_int_eq(check_block(a, &t, 10, 1), KVS_MISS);
+    be->close(a);                                       /* a's segment closes */
+    be->close(b);
+    struct kvs_store *s = open_store(0, KVS_FSYNC_NEVER);
+    scan_count(s, 64);
+    ck_assert_int_eq(check_block(s, &t, 10, 1), KVS_MISS);
+    ck_assert_int_eq(check_block(s, &t, 1, 1), KVS_MISS);
+    ck_assert_int_eq(check_block(s, &t, 11, 1), 0);
+    be->close(s);
+}
+END_TEST
+
 /* ---- torn tails --------------------------------------------------------------------------- */
 
 START_TEST(test_torn_tail)
@@ -825,6 +853,43 @@ static char *tree_of(const char *dir)
  * holding the layout file and <bb>/<key>.blk block files (64-byte "KVNB"
  * header, then the payload). Opening such a root fails, saying what it is,
  * and changes nothing in it; the daemon start fails with it (issue 29). */
+/* Layout records of a layout with a model revision (issue 31): version 2,
+ * the revision after extra; one without keeps version 1, byte for byte. */
+START_TEST(test_layout_record_revision)
+{
+    struct tns t;
+    struct ns_layout out;
+    uint64_t fp = 0;
+    uint8_t a[SEG_LAYOUT_SIZE_V2], b[SEG_LAYOUT_SIZE_V2];
+    mkns(&t, "rev", 4096, 1);
+    ck_assert_uint_eq(seg_layout_size(&t.l), SEG_LAYOUT_SIZE);
+    seg_layout_encode(a, &t.l, t.ns.fingerprint);
+    ck_assert_uint_eq(le_get16(a + 4), 1);
+    ck_assert_ptr_null(seg_layout_decode(a, SEG_LAYOUT_SIZE, NULL, &out, &fp));
+    ck_assert_str_eq(out.revision, "");
+    ck_assert_uint_eq(fp, t.ns.fingerprint);
+
+    snprintf(t.l.revision, sizeof t.l.revision, "sha-0123");
+    uint64_t rfp = ns_fingerprint(&t.l);
+    ck_assert_uint_ne(rfp, t.ns.fingerprint);
+    ck_assert_uint_eq(seg_layout_size(&t.l), SEG_LAYOUT_SIZE_V2);
+    seg_layout_encode(b, &t.l, rfp);
+    ck_assert_uint_eq(le_get16(b + 4), 2);
+    ck_assert_ptr_null(seg_layout_decode(b, SEG_LAYOUT_SIZE_V2, NULL, &out, &fp));
+    ck_assert_str_eq(out.revision, "sha-0123");
+    ck_assert_uint_eq(fp, rfp);
+    ck_assert(ns_same_deployment(&out, &t.l));
+    /* Cut to version 1's size, or carrying the revision-less fingerprint: refused. */
+    ck_assert_ptr_nonnull(seg_layout_decode(b, SEG_LAYOUT_SIZE, NULL, &out, &fp));
+    seg_layout_encode(b, &t.l, t.ns.fingerprint);
+    ck_assert_ptr_nonnull(seg_layout_decode(b, SEG_LAYOUT_SIZE_V2, NULL, &out, &fp));
+    /* One flipped byte of the revision: the CRC. */
+    seg_layout_encode(b, &t.l, rfp);
+    b[SEG_LAYOUT_SIZE_V2 - 4 - NS_REVISION_MAX] ^= 1;
+    ck_assert_ptr_nonnull(seg_layout_decode(b, SEG_LAYOUT_SIZE_V2, NULL, &out, &fp));
+}
+END_TEST
+
 START_TEST(test_file_per_block_root_refused)
 {
     struct tns t;
@@ -896,9 +961,11 @@ static Suite *seglog_suite(void)
     tcase_add_test(tc, test_embedded_record_not_indexed);
     tcase_add_test(tc, test_resync_is_bounded);
     tcase_add_test(tc, test_capacity_keeps_tombstones);
+    tcase_add_test(tc, test_tombstone_for_a_newer_segment);
     tcase_add_loop_test(tc, test_kill_during_writes, 0, 3);
     tcase_add_loop_test(tc, test_kill_during_compaction, 0, 3);
     tcase_add_test(tc, test_file_per_block_root_refused);
+    tcase_add_test(tc, test_layout_record_revision);
     suite_add_tcase(s, tc);
     return s;
 }

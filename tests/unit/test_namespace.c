@@ -810,6 +810,63 @@ START_TEST(test_fingerprint_v1_kept)
 }
 END_TEST
 
+/* Revisions (issue 31): "" is the identity and fingerprint pinned above; a
+ * revision is version 3, whose fields cannot imitate each other or the
+ * tenant; the registry keeps two revisions apart. */
+START_TEST(test_revision_identity)
+{
+    struct ns_layout l = sample_layout();
+    char buf[2048];
+    l.revision[0] = '\0';
+    ck_assert_uint_eq(ns_fingerprint_tenant(&l, NULL), UINT64_C(0x08d24d1801698ed0));
+    ck_assert_uint_eq(ns_fingerprint_tenant(&l, "alpha"), UINT64_C(0xd70e95a5d6bc4ffd));
+
+    snprintf(l.revision, sizeof l.revision, "abc123");
+    ck_assert(!ns_identity_is_v1(&l));
+    const char *want = "kvnode-layout-v3|tenant=0:|model=8:qwen2-7b|dtype=4:bf16|block_tokens=16"
+                       "|num_layers=28|kv_heads=4|head_dim=128|tp_size=4|extra=9:rope=yarn"
+                       "|revision=6:abc123";
+    ck_assert_uint_eq(ns_identity_string(&l, NULL, buf, sizeof buf), strlen(want));
+    ck_assert_str_eq(buf, want);
+    ck_assert_uint_eq(ns_fingerprint(&l), ns_fnv1a64(want, strlen(want)));
+    uint64_t fa = ns_fingerprint(&l);
+    ck_assert_uint_ne(fa, UINT64_C(0x08d24d1801698ed0));
+    snprintf(l.revision, sizeof l.revision, "abc124");
+    ck_assert_uint_ne(ns_fingerprint(&l), fa);
+    /* The revision cannot be spelled into extra, nor extra into the revision. */
+    struct ns_layout m = sample_layout();
+    snprintf(m.extra, sizeof m.extra, "rope=yarn|revision=6:abc123");
+    ck_assert_uint_ne(ns_fingerprint(&m), fa);
+    m = sample_layout();
+    snprintf(m.extra, sizeof m.extra, "rope");
+    snprintf(m.revision, sizeof m.revision, "=yarn");
+    ck_assert_uint_ne(ns_fingerprint(&m), ns_fingerprint(&l));
+
+    /* Validation: a control character in the revision is refused, named. */
+    char err[256] = "";
+    snprintf(l.revision, sizeof l.revision, "a\tb");
+    ck_assert_int_eq(ns_layout_validate(&l, err, sizeof err), -KVNODE_ELAYOUT);
+    ck_assert_msg(strstr(err, "revision") != NULL, "%s", err);
+
+    /* Two revisions are two deployments in one registry. */
+    struct ns_registry *r;
+    struct kv_namespace *a, *b, *none;
+    ck_assert_int_eq(ns_registry_create(8, &r), 0);
+    l = sample_layout();
+    ck_assert_int_eq(ns_bind(r, &l, &none, NULL, err, sizeof err), 0);
+    snprintf(l.revision, sizeof l.revision, "A");
+    ck_assert_int_eq(ns_bind(r, &l, &a, NULL, err, sizeof err), 0);
+    snprintf(l.revision, sizeof l.revision, "B");
+    ck_assert_int_eq(ns_bind(r, &l, &b, NULL, err, sizeof err), 0);
+    ck_assert_ptr_ne(a, b);
+    ck_assert_ptr_ne(a, none);
+    ck_assert_uint_ne(a->fingerprint, b->fingerprint);
+    ck_assert_uint_eq(none->fingerprint, UINT64_C(0x08d24d1801698ed0));
+    ck_assert_str_eq(a->layout.revision, "A");
+    ns_registry_destroy(r);
+}
+END_TEST
+
 /* A tenant's registry: the same layout is another deployment (id and
  * fingerprint), and its limit message names the tenant's option. */
 START_TEST(test_registry_tenant)
@@ -881,6 +938,7 @@ static Suite *namespace_suite(void)
     tcase_add_test(tc, test_default_cannot_take_tenant_identity);
     tcase_add_test(tc, test_identity_string);
     tcase_add_test(tc, test_fingerprint_v1_kept);
+    tcase_add_test(tc, test_revision_identity);
     suite_add_tcase(s, tc);
     return s;
 }

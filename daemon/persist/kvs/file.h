@@ -29,8 +29,8 @@
  * Version 1 (before check words, issue 19) had zeros at 48..59: its records
  * still load, as word 0; new records are version 2.
  *
- * A layout record (payload: the 468-byte layout, with its own CRC; see
- * file_internal.h) precedes a namespace's first block in every segment, so each segment
+ * A layout record (payload: the 468-byte layout, with its own CRC; a layout
+ * with a model revision: version 2, 596 bytes; see file_internal.h) precedes a namespace's first block in every segment, so each segment
  * names the namespaces of its blocks by itself: no single small file can
  * hide a namespace. Padding records fill a batch to a multiple of 4096
  * bytes when the segment is written with O_DIRECT.
@@ -100,7 +100,9 @@
  * be undone by capacity (the key's older block comes back after a
  * restart; its bytes are still that key's). A segment whose blocks are all overwritten or deleted is removed
  * at once (one with tombstones only when it is the oldest left, so a
- * tombstone never goes before the record it hides). No
+ * tombstone never goes before the record it hides: a tombstone is always in
+ * a newer segment than the block it hides, a writer whose own segment is
+ * older opening a new one for it). No
  * work is done on the loop thread. */
 #ifndef KVNODE_KVS_FILE_H
 #define KVNODE_KVS_FILE_H

@@ -48,7 +48,7 @@ const char *seg_rec_decode(const uint8_t b[SEG_REC_HDR], struct seg_rec *r)
         return "record payload size out of range";
     if (r->type == SEG_REC_TOMB && r->size != 0)
         return "tombstone with a payload";
-    if (r->type == SEG_REC_LAYOUT && r->size != SEG_LAYOUT_SIZE)
+    if (r->type == SEG_REC_LAYOUT && r->size != SEG_LAYOUT_SIZE && r->size != SEG_LAYOUT_SIZE_V2)
         return "layout record of the wrong size";
     return NULL;
 }
@@ -63,12 +63,13 @@ static void put_str(uint8_t **p, const char *s, size_t max)
     *p += max;
 }
 
-void seg_layout_encode(uint8_t b[SEG_LAYOUT_SIZE], const struct ns_layout *l, uint64_t fp)
+void seg_layout_encode(uint8_t *b, const struct ns_layout *l, uint64_t fp)
 {
     uint8_t *p = b;
+    bool v2 = l->revision[0] != '\0';
     memcpy(p, "KVNL", 4);
-    le_put16(p + 4, SEG_LAYOUT_VERSION);
-    le_put16(p + 6, SEG_LAYOUT_SIZE);
+    le_put16(p + 4, v2 ? SEG_LAYOUT_VERSION_V2 : SEG_LAYOUT_VERSION);
+    le_put16(p + 6, (uint16_t)(v2 ? SEG_LAYOUT_SIZE_V2 : SEG_LAYOUT_SIZE));
     le_put64(p + 8, fp);
     le_put64(p + 16, l->block_bytes);
     le_put32(p + 24, l->block_tokens);
@@ -81,6 +82,8 @@ void seg_layout_encode(uint8_t b[SEG_LAYOUT_SIZE], const struct ns_layout *l, ui
     put_str(&p, l->model, NS_MODEL_MAX);
     put_str(&p, l->dtype, NS_DTYPE_MAX);
     put_str(&p, l->extra, NS_EXTRA_MAX);
+    if (v2)
+        put_str(&p, l->revision, NS_REVISION_MAX);
     le_put32(p, crc32c(0, b, (size_t)(p - b)));
 }
 
@@ -98,15 +101,16 @@ const char *seg_layout_decode(const uint8_t *b, size_t n, const char *tenant, st
 {
     char verr[128];
     const uint8_t *p = b + 48;
-    if (n != SEG_LAYOUT_SIZE)
+    if (n != SEG_LAYOUT_SIZE && n != SEG_LAYOUT_SIZE_V2)
         return "bad size";
     if (memcmp(b, "KVNL", 4) != 0)
         return "bad magic";
-    if (le_get16(b + 4) != SEG_LAYOUT_VERSION)
+    unsigned version = le_get16(b + 4);
+    if (version != (n == SEG_LAYOUT_SIZE ? SEG_LAYOUT_VERSION : SEG_LAYOUT_VERSION_V2))
         return "unknown format version";
-    if (le_get16(b + 6) != SEG_LAYOUT_SIZE)
+    if (le_get16(b + 6) != n)
         return "bad record size";
-    if (le_get32(b + SEG_LAYOUT_SIZE - 4) != crc32c(0, b, SEG_LAYOUT_SIZE - 4))
+    if (le_get32(b + n - 4) != crc32c(0, b, n - 4))
         return "checksum mismatch";
     memset(l, 0, sizeof(*l));
     *fp = le_get64(b + 8);
@@ -118,12 +122,15 @@ const char *seg_layout_decode(const uint8_t *b, size_t n, const char *tenant, st
     l->tp_size = le_get32(b + 40);
     l->tp_rank = le_get32(b + 44);
     if (get_str(&p, l->model, NS_MODEL_MAX) || get_str(&p, l->dtype, NS_DTYPE_MAX) ||
-        get_str(&p, l->extra, NS_EXTRA_MAX))
+        get_str(&p, l->extra, NS_EXTRA_MAX) ||
+        (version == SEG_LAYOUT_VERSION_V2 && get_str(&p, l->revision, NS_REVISION_MAX)))
         return "unterminated string";
+    if (version == SEG_LAYOUT_VERSION_V2 && !l->revision[0])
+        return "version 2 without a revision";
     if (ns_layout_validate(l, verr, sizeof(verr)) != 0)
         return "invalid layout";
     if (ns_fingerprint_tenant(l, tenant) != *fp &&
-        (ns_identity_is_v1(l) || ns_fingerprint_v1(l, tenant) != *fp))
+        (ns_identity_is_v1(l) || l->revision[0] || ns_fingerprint_v1(l, tenant) != *fp))
         return "fingerprint does not match the layout (or the record is another tenant's)";
     return NULL;
 }

@@ -39,6 +39,9 @@
 #define SEG_VERSION_V1   1u           /* before check words: read, as word 0 */
 #define SEG_LAYOUT_SIZE  (4 + 2 + 2 + 8 + 8 + 6 * 4 + NS_MODEL_MAX + NS_DTYPE_MAX + NS_EXTRA_MAX + 4)
 #define SEG_LAYOUT_VERSION 1u         /* of a layout record's payload */
+/* Version 2 (issue 31): a layout with a model revision, which follows extra. */
+#define SEG_LAYOUT_VERSION_V2 2u
+#define SEG_LAYOUT_SIZE_V2 (SEG_LAYOUT_SIZE + NS_REVISION_MAX)
 #define SEG_HINT_HDR     40u
 #define SEG_HINT_ENT     64u          /* a version-2 hint entry */
 #define SEG_HINT_ENT_V1  56u          /* a version-1 one (no check word) */
@@ -77,7 +80,17 @@ const char *seg_rec_decode(const uint8_t b[SEG_REC_HDR], struct seg_rec *r);
  * string (a '|' in a string, issue 27), ns_fingerprint_v1, which versions
  * before issue 27 wrote and recovery indexes under the current identity.
  * decode: NULL when b[0..n) is a valid record of tenant's store, else why not. */
-void seg_layout_encode(uint8_t b[SEG_LAYOUT_SIZE], const struct ns_layout *l, uint64_t fp);
+/* Version 2, for a layout with a revision only (one without keeps version
+ * 1, byte for byte): the same, the version 2, the size SEG_LAYOUT_SIZE_V2,
+ * and the revision (NUL-padded) between extra and the CRC. Hint files hold
+ * version-1 layouts only: a segment naming a layout with a revision gets no
+ * hint file (recovery reads the segment itself). */
+static inline size_t seg_layout_size(const struct ns_layout *l)
+{
+    return l->revision[0] ? SEG_LAYOUT_SIZE_V2 : SEG_LAYOUT_SIZE;
+}
+/* b has room for seg_layout_size(l) bytes. */
+void seg_layout_encode(uint8_t *b, const struct ns_layout *l, uint64_t fp);
 const char *seg_layout_decode(const uint8_t *b, size_t n, const char *tenant, struct ns_layout *l,
                               uint64_t *fp);
 

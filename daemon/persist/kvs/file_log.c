@@ -99,8 +99,19 @@ void seg_hint_write(struct seg_root *r, uint64_t id, uint64_t seg_len, struct se
                     size_t nnss, const struct seg_hint_ent *ents, size_t nents, bool sync)
 {
     size_t len = SEG_HINT_HDR + nnss * SEG_LAYOUT_SIZE + nents * SEG_HINT_ENT + 4;
-    uint8_t *b = malloc(len), *p;
+    uint8_t *b, *p;
     char tmp[PATH_MAX + 8], fin[PATH_MAX];
+    /* Hint files hold version-1 layouts: a segment naming a layout with a
+     * revision has none, and recovery reads the segment. */
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < nnss; i++) {
+        if (nss[i]->layout.revision[0]) {
+            pthread_mutex_unlock(&r->mu);
+            return;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    b = malloc(len);
     if (!b)
         return;                    /* no hint: recovery reads the segment */
     seg_hint_hdr_encode(b, id, seg_len, (uint32_t)nnss, (uint32_t)nents);
@@ -339,6 +350,24 @@ static int flush(struct file_store *s, struct batch *b, struct kvs_item *items, 
     return rc;
 }
 
+/* Whether a tombstone of it must go to a segment newer than the writer's:
+ * the block it hides is in a newer one (another handle's). A segment dead
+ * but for tombstones is reclaimed once it is the oldest left
+ * (seg_reclaim_if_dead), which is safe only while every tombstone is newer,
+ * by segment, than what it hides. */
+static bool tomb_needs_newer_segment(struct file_store *s, const struct kvs_item *it)
+{
+    struct seg_root *r = s->r;
+    bool newer = false;
+    pthread_mutex_lock(&r->mu);
+    struct seg_ns *ns = seg_ns_get(r, it->ns->fingerprint, it->ns->layout->tp_rank);
+    struct kd_ent *e = ns ? seg_kd_find(r, ns, it->key) : NULL;
+    if (e && e->kind == KD_BLOCK && s->w.seg && e->seg->id > s->w.seg->id)
+        newer = true;
+    pthread_mutex_unlock(&r->mu);
+    return newer;
+}
+
 int seg_append(struct file_store *s, struct kvs_item *items, const uint8_t *kinds, size_t n,
                char *err, size_t errlen)
 {
@@ -357,11 +386,12 @@ int seg_append(struct file_store *s, struct kvs_item *items, const uint8_t *kind
         struct kvs_item *it = &items[i];
         const struct ns_layout *l = it->ns->layout;
         uint64_t psize = kinds[i] == KD_TOMB ? 0 : it->len;
-        uint64_t need = seg_rec_len(psize) + seg_rec_len(SEG_LAYOUT_SIZE);
+        uint64_t need = seg_rec_len(psize) + seg_rec_len(seg_layout_size(l));
 
         if (!w->seg && (rc = writer_open(s, err, errlen)) < 0)
             goto fail_rest;
-        if (s->buf_off + s->buflen > 0 && s->buf_off + s->buflen + need > seg_bytes) {
+        if ((s->buf_off + s->buflen > 0 && s->buf_off + s->buflen + need > seg_bytes) ||
+            (kinds[i] == KD_TOMB && tomb_needs_newer_segment(s, it))) {
             if ((rc = flush(s, &b, items, err, errlen)) < 0 && !first_rc)
                 first_rc = rc;
             seg_writer_close(s);
@@ -393,13 +423,14 @@ int seg_append(struct file_store *s, struct kvs_item *items, const uint8_t *kind
                 goto fail_rest;
             }
             uint8_t *p = s->buf + s->buflen;
+            size_t lsize = seg_layout_size(l);
             struct seg_rec h = { .type = SEG_REC_LAYOUT, .fingerprint = ns->fingerprint,
-                                 .rank = ns->rank, .size = SEG_LAYOUT_SIZE };
-            memset(p, 0, seg_rec_len(SEG_LAYOUT_SIZE));
+                                 .rank = ns->rank, .size = lsize };
+            memset(p, 0, seg_rec_len(lsize));
             seg_layout_encode(p + SEG_REC_HDR, l, ns->fingerprint);
-            h.crc = crc32c(0, p + SEG_REC_HDR, SEG_LAYOUT_SIZE);
+            h.crc = crc32c(0, p + SEG_REC_HDR, lsize);
             seg_rec_encode(p, &h);
-            s->buflen += seg_rec_len(SEG_LAYOUT_SIZE);
+            s->buflen += seg_rec_len(lsize);
         }
         uint8_t *p = s->buf + s->buflen;
         struct seg_rec h = { .type = kinds[i] == KD_TOMB ? SEG_REC_TOMB : SEG_REC_BLOCK,

@@ -226,6 +226,8 @@ static uint64_t resync(struct walk *w, uint64_t pos)
     uint64_t len = w->len;
     if (pos + SEG_REC_HDR + SEG_LAYOUT_SIZE <= len)
         walk_learn(w, m + pos + SEG_REC_HDR, SEG_LAYOUT_SIZE);
+    if (pos + SEG_REC_HDR + SEG_LAYOUT_SIZE_V2 <= len)
+        walk_learn(w, m + pos + SEG_REC_HDR, SEG_LAYOUT_SIZE_V2);
     uint64_t size = le_get64(m + pos + 24);
     if (size <= len - pos) {
         uint64_t end = pos + seg_rec_len(size);

@@ -118,6 +118,13 @@ struct kvs_backend {
                       size_t errlen);
     int  (*get_batch)(struct kvs_store *s, struct kvs_item *items, size_t n, char *err,
                       size_t errlen);
+    /* Optional (NULL: the store holds nothing the caller's index does not
+     * know, or cannot delete): remove every block of ns (one TP rank's
+     * namespace), whatever its key and check word, also those the caller
+     * never heard of (another node's, or stored before a restart).
+     * *removed: how many. 0 or < 0. */
+    int  (*purge)(struct kvs_store *s, const struct kvs_ns *ns, uint64_t *removed, char *err,
+                  size_t errlen);
     /* del cannot remove a stored block (v6d: a sealed object is permanent,
      * the protocol discards unsealed ones only): the caller must hide deleted
      * keys itself (persist's tombstones). */

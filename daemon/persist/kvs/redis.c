@@ -569,6 +569,30 @@ static int redis_scan(struct kvs_store *s, struct kvs_scan **cursor, size_t budg
     return 1;
 }
 
+/* Every key of ns: "kvnode/<tenant>/<deployment id>/<rank>/" and anything
+ * after it, the glob's special bytes in the parts escaped. */
+static int redis_purge(struct kvs_store *s, const struct kvs_ns *ns, uint64_t *removed, char *err,
+                       size_t errlen)
+{
+    char prefix[512], pattern[2 * 512 + 2];
+    int w = snprintf(prefix, sizeof prefix, REDIS_KEY_PREFIX "/%s/%s/%" PRIu32 "/",
+                     tenant_or_default(s->tenant), ns->deployment_id ? ns->deployment_id : "",
+                     ns->layout->tp_rank);
+    size_t n = 0;
+    if (w < 0 || (size_t)w >= sizeof prefix) {
+        errmsg_set(err, errlen, "redis: the key prefix of %s is too long", ns->deployment_id);
+        return -KVNODE_EINVAL;
+    }
+    for (int i = 0; i < w; i++) {
+        if (strchr("*?[]\\", prefix[i]))
+            pattern[n++] = '\\';
+        pattern[n++] = prefix[i];
+    }
+    pattern[n++] = '*';
+    pattern[n] = '\0';
+    return rcl_scan_unlink(s->cl, pattern, n, removed, err, errlen);
+}
+
 void redis_get_counters(struct kvs_store *s, struct rcl_counters *out)
 {
     rcl_get_counters(s->cl, out);
@@ -586,6 +610,7 @@ const struct kvs_backend kvs_backend_redis = {
     .close = redis_close,
     .put_batch = redis_put_batch,
     .get_batch = redis_get_batch,
+    .purge = redis_purge,
     .keeps_deleted = false,
     .reads_find = true,
 };

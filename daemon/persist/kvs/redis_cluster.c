@@ -752,3 +752,102 @@ int rcl_run(struct rcl *c, struct rcl_cmd *cmds, size_t n, char *err, size_t err
                c->timeout_ms);
     return last_rc;
 }
+
+/* ---- removal by pattern ------------------------------------------------------------- */
+
+#define RCL_SCAN_COUNT "1000"
+
+/* UNLINK the keys of one SCAN page on node nd: one command per key (a
+ * cluster refuses keys of several slots in one), pipelined. */
+static int unlink_page(struct rcl *c, int nd, const redisReply *keys, uint64_t *removed, char *err,
+                       size_t errlen)
+{
+    redisContext *ctx = c->nodes[nd].ctx;
+    size_t n = keys->elements;
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *argv[2] = { "UNLINK", keys->element[i]->str };
+        size_t lens[2] = { 6, keys->element[i]->len };
+        if (redisAppendCommandArgv(ctx, 2, argv, lens) != REDIS_OK) {
+            errmsg_set(err, errlen, "redis %s:%d: UNLINK: %s", c->nodes[nd].host, c->nodes[nd].port,
+                       ctx->errstr);
+            node_drop(c, &c->nodes[nd]);
+            return -KVNODE_EIO;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        redisReply *r = NULL;
+        long long v;
+        if (redisGetReply(ctx, (void **)&r) != REDIS_OK || !r) {
+            errmsg_set(err, errlen, "redis %s:%d: UNLINK: %s", c->nodes[nd].host, c->nodes[nd].port,
+                       ctx->errstr);
+            node_drop(c, &c->nodes[nd]);
+            return -KVNODE_EIO;
+        }
+        if (reply_int(r, &v) && v >= 0)
+            *removed += (uint64_t)v;
+        else if (rc == 0) {
+            /* A key moved meanwhile (MOVED) is left: the next purge finds it. */
+            errmsg_set(err, errlen, "redis %s:%d: UNLINK: %.160s", c->nodes[nd].host, c->nodes[nd].port,
+                       r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+            rc = -KVNODE_EIO;
+        }
+        freeReplyObject(r);
+    }
+    return rc;
+}
+
+/* SCAN node nd to the end, unlinking each page's keys. */
+static int scan_unlink_node(struct rcl *c, int nd, const char *pattern, size_t plen, uint64_t *removed,
+                            char *err, size_t errlen)
+{
+    char cursor[32] = "0";
+    int rc = node_connect(c, &c->nodes[nd], err, errlen);
+    if (rc < 0)
+        return rc;
+    do {
+        const char *argv[6] = { "SCAN", cursor, "MATCH", pattern, "COUNT", RCL_SCAN_COUNT };
+        size_t lens[6] = { 4, strlen(cursor), 5, plen, 5, strlen(RCL_SCAN_COUNT) };
+        redisReply *r = redisCommandArgv(c->nodes[nd].ctx, 6, argv, lens);
+        if (!r) {
+            errmsg_set(err, errlen, "redis %s:%d: SCAN: %s", c->nodes[nd].host, c->nodes[nd].port,
+                       c->nodes[nd].ctx->errstr);
+            node_drop(c, &c->nodes[nd]);
+            return -KVNODE_EIO;
+        }
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
+            r->element[0]->len >= sizeof cursor || r->element[1]->type != REDIS_REPLY_ARRAY) {
+            errmsg_set(err, errlen, "redis %s:%d: SCAN: %.160s", c->nodes[nd].host, c->nodes[nd].port,
+                       r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+            freeReplyObject(r);
+            return -KVNODE_EIO;
+        }
+        memcpy(cursor, r->element[0]->str, r->element[0]->len);
+        cursor[r->element[0]->len] = '\0';
+        rc = unlink_page(c, nd, r->element[1], removed, err, errlen);
+        freeReplyObject(r);
+        if (rc < 0)
+            return rc;
+    } while (strcmp(cursor, "0") != 0);
+    return 0;
+}
+
+int rcl_scan_unlink(struct rcl *c, const char *pattern, size_t plen, uint64_t *removed, char *err,
+                    size_t errlen)
+{
+    bool done[RCL_NODES_MAX] = { false };
+    int rc;
+    *removed = 0;
+    if (!c->map_ok && (rc = rcl_refresh(c, err, errlen)) < 0)
+        return rc;
+    /* Every node that owns a slot, once. */
+    for (size_t s = 0; s < RCL_SLOTS; s++) {
+        int nd = c->slot_node[s];
+        if (nd < 0 || done[nd])
+            continue;
+        done[nd] = true;
+        if ((rc = scan_unlink_node(c, nd, pattern, plen, removed, err, errlen)) < 0)
+            return rc;
+    }
+    return 0;
+}

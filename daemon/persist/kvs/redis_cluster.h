@@ -106,6 +106,14 @@ int  rcl_refresh(struct rcl *c, char *err, size_t errlen);
  * error reply, e.g. OOM), else the first failure (< 0, err set); each
  * command's rc says how it ended. */
 int  rcl_run(struct rcl *c, struct rcl_cmd *cmds, size_t n, char *err, size_t errlen);
+/* Remove every key matching the glob pattern (SCAN ... MATCH, page by
+ * page, each page's keys UNLINKed on the node that listed them) from every
+ * master of the map (fetched first when there is none). *removed counts the
+ * keys the nodes said they removed. Each call blocks at most the request
+ * timeout; the whole walk as long as the keyspace takes. 0 or < 0 (err
+ * set; what was removed before stays removed). */
+int  rcl_scan_unlink(struct rcl *c, const char *pattern, size_t plen, uint64_t *removed, char *err,
+                     size_t errlen);
 /* True when the map says cluster (false: a single non-cluster server). */
 bool rcl_is_cluster(const struct rcl *c);
 /* Masters in the current map. */

@@ -55,11 +55,21 @@ size_t v6d_deployment_id(const struct ns_layout *l, char *buf, size_t len)
     size_t idlen = 0;
     const char *id = engine_deployment_id(l->extra, sizeof l->extra, &idlen);
     int n;
+    /* A revision (issue 31) is no part of rtp-llm's id: it is added, so
+     * two revisions of a model never share objects. */
+    size_t rl = strnlen(l->revision, sizeof l->revision);
+    if (rl == sizeof l->revision)
+        rl--;
     if (id && idlen > 0) {
-        n = snprintf(buf, len, "%.*s", (int)idlen, id);
+        n = rl ? snprintf(buf, len, "%.*s-rev-%" PRIx64, (int)idlen, id, ns_fnv1a64(l->revision, rl))
+               : snprintf(buf, len, "%.*s", (int)idlen, id);
     } else {
-        char canon[NS_MODEL_MAX + NS_DTYPE_MAX + NS_EXTRA_MAX + 256];
+        char canon[NS_MODEL_MAX + NS_DTYPE_MAX + NS_EXTRA_MAX + NS_REVISION_MAX + 256];
         size_t cl = ns_canonical_string(l, canon, sizeof canon);
+        if (rl && cl < sizeof canon) {
+            int m = snprintf(canon + cl, sizeof canon - cl, "|revision=%.*s", (int)rl, l->revision);
+            cl += m < 0 ? 0 : (size_t)m;
+        }
         if (cl >= sizeof canon)
             cl = sizeof canon - 1;
         n = snprintf(buf, len, "%.*s-%" PRIx64, (int)strnlen(l->model, sizeof l->model),
