@@ -268,6 +268,18 @@ if hasattr(_lib, "kvnode_exists"):
 else:
     _has_per_key = _exists = _delete_each = _submit_exists = _submit_delete_each = None
 
+# Blocks gathered from / scattered to pieces of the caller's memory (KVNODE_0.8): one call
+# per batch for kvnode.sglang's layer_first pages; without them it copies in Python.
+if hasattr(_lib, "kvnode_gather"):
+    _gather = _fn("kvnode_gather", ctypes.c_int, _P, _SIZE, _SIZE, _P, _P, _SIZE, _P, _P)
+    _scatter = _fn("kvnode_scatter", ctypes.c_int, _P, _SIZE, _SIZE, _P, _P, _SIZE, _P, _P)
+    _put_gather = _fn("kvnode_put_gather_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE, _P,
+                      _P, _SIZE, _P, _P)
+    _get_scatter = _fn("kvnode_get_scatter_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE,
+                       _P, _P, _SIZE, _P, _P, ctypes.POINTER(_SIZE))
+else:
+    _gather = _scatter = _put_gather = _get_scatter = None
+
 _libc = ctypes.CDLL(None)
 _free = _libc.free
 _free.restype = None
