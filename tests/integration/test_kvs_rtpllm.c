@@ -86,12 +86,73 @@ typedef struct rtp_handle {
     bool fetched;              /* 85c02327f's fetched_keys */
 } rtp_handle;
 
+/* Keys to their index, as rtp-llm's maps find them: by hash (a linear
+ * search made a long prompt's thousands of keys O(n^2) in the driver, tens
+ * of seconds under ASan). slot[] holds index + 1, 0 when free. */
+typedef struct str_index {
+    size_t *slot;
+    size_t mask;
+} str_index;
+
+typedef const char *(*str_key_at)(const void *items, size_t i);
+
+static uint64_t str_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* Room for n keys. false when out of memory (the index stays empty). */
+static bool str_index_init(str_index *x, size_t n)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    x->slot = calloc(cap, sizeof *x->slot);
+    x->mask = x->slot ? cap - 1 : 0;
+    return x->slot != NULL;
+}
+
+/* The index of key among items (key_at names them), or SIZE_MAX. */
+static size_t str_index_get(const str_index *x, const void *items, str_key_at key_at, const char *key)
+{
+    for (size_t h = str_hash(key) & x->mask;; h = (h + 1) & x->mask) {
+        size_t at = x->slot[h];
+        if (at == 0)
+            return SIZE_MAX;
+        if (strcmp(key_at(items, at - 1), key) == 0)
+            return at - 1;
+    }
+}
+
+/* Item i under its key (the first item of a key wins, as emplace). */
+static void str_index_put(str_index *x, const void *items, str_key_at key_at, size_t i)
+{
+    const char *key = key_at(items, i);
+    for (size_t h = str_hash(key) & x->mask;; h = (h + 1) & x->mask) {
+        if (x->slot[h] == 0) {
+            x->slot[h] = i + 1;
+            return;
+        }
+        if (strcmp(key_at(items, x->slot[h] - 1), key) == 0)
+            return;
+    }
+}
+
 /* KVSReadSession. */
 typedef struct rtp_session {
     char lease_id[256];
     rtp_handle *h;
     size_t n;
+    str_index idx;             /* over h, when built; else a linear search */
 } rtp_session;
+
+static const char *rtp_handle_key(const void *items, size_t i)
+{
+    return ((const rtp_handle *)items)[i].key;
+}
 
 typedef struct rtp_kvs {
     rtp_variant v;
@@ -372,12 +433,17 @@ static void rtp_session_free(rtp_session *s)
     for (size_t i = 0; i < s->n; i++)
         free(s->h[i].key);
     free(s->h);
+    free(s->idx.slot);
     memset(s, 0, sizeof *s);
 }
 
 /* handles.emplace: the first entry of a key wins. */
 static rtp_handle *rtp_session_find(const rtp_session *s, const char *key)
 {
+    if (s->idx.slot) {
+        size_t i = str_index_get(&s->idx, s->h, rtp_handle_key, key);
+        return i == SIZE_MAX ? NULL : &s->h[i];
+    }
     for (size_t i = 0; i < s->n; i++)
         if (strcmp(s->h[i].key, key) == 0)
             return &s->h[i];
@@ -437,15 +503,19 @@ static bool rtp_acquire_read(rtp_kvs *c, char *const *keys, size_t n, const char
         return false;
     }
     s->h = calloc(json_array_size(objs) + 1, sizeof *s->h);
+    str_index_init(&s->idx, json_array_size(objs));
     size_t i;
     json_array_foreach(objs, i, it) {
         rtp_handle h;
         if (json_is_null(it) || !rtp_parse_handle(c, it, &h))
             continue;   /* null skipped, invalid dropped: misses */
-        if (rtp_session_find(s, h.key))
+        if (rtp_session_find(s, h.key)) {
             free(h.key);
-        else
+        } else {
             s->h[s->n++] = h;
+            if (s->idx.slot)
+                str_index_put(&s->idx, s->h, rtp_handle_key, s->n - 1);
+        }
     }
     json_decref(doc);
     return true;
@@ -593,10 +663,23 @@ static bool rtp_store_begin(rtp_kvs *c, rtp_store *st)
 
 /* Copy every returned object (iovecs back to back); a null or invalid
  * entry, a key not asked for, or one past the mapping fails the store. */
+static const char *rtp_buffer_key(const void *items, size_t i)
+{
+    return ((const rtp_buffer *)items)[i].key;
+}
+
 static void rtp_store_copy(rtp_kvs *c, rtp_store *st)
 {
     json_t *objs = json_object_get(st->doc, "objects"), *it;
+    str_index idx;
     size_t i;
+    if (!str_index_init(&idx, st->n)) {
+        snprintf(c->why, sizeof c->why, "out of memory");
+        st->ok = false;
+        return;
+    }
+    for (i = 0; i < st->n; i++)
+        str_index_put(&idx, st->src, rtp_buffer_key, i);
     json_array_foreach(objs, i, it) {
         rtp_handle h;
         size_t j;
@@ -605,10 +688,11 @@ static void rtp_store_copy(rtp_kvs *c, rtp_store *st)
             snprintf(c->why, sizeof c->why, "create reply entry %zu invalid: %.600s", i, t ? t : "?");
             free(t);
             st->ok = false;
-            return;
+            break;
         }
-        for (j = 0; j < st->n && strcmp(st->src[j].key, h.key) != 0; j++)
-            ;
+        j = str_index_get(&idx, st->src, rtp_buffer_key, h.key);
+        if (j == SIZE_MAX)
+            j = st->n;
         size_t expected = j < st->n ? total_bytes(&st->src[j]) : 0;
         bool bad = j == st->n || h.offset > c->mmap_size || expected > c->mmap_size - h.offset;
         if (bad)
@@ -617,7 +701,7 @@ static void rtp_store_copy(rtp_kvs *c, rtp_store *st)
         free(h.key);
         if (bad) {
             st->ok = false;
-            return;
+            break;
         }
         size_t off = 0;
         for (size_t v = 0; v < st->src[j].niov; v++) {
@@ -626,6 +710,7 @@ static void rtp_store_copy(rtp_kvs *c, rtp_store *st)
         }
         st->told[j] = 2;
     }
+    free(idx.slot);
 }
 
 /* seal (204) then release, or discard on any failure. */
