@@ -277,7 +277,8 @@ $(BUILD)/tests/test_fakecuda: tests/unit/test_fakecuda.c $(FAKECUDA_SO) $(FAKECU
 	$(CC) $(ALL_CFLAGS) -Itests/fakecuda $(LDSAN) $(LDFLAGS) -o $@ $< -L$(FAKECUDA_OUT) \
 	    -Wl,-rpath,$(abspath $(FAKECUDA_OUT)) -lcudart $(CHECK_LIBS) -lpthread
 
-SCRIPT_TESTS := tests/install/test_install.sh tests/python/run.sh tests/layout/run.sh tests/systemd/run.sh
+SCRIPT_TESTS := tests/install/test_install.sh tests/python/run.sh tests/layout/run.sh tests/systemd/run.sh \
+                tests/systemd/security.sh tests/contrib/run.sh
 
 check: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(KVCM_SIM_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN)
 	@BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN) $(SCRIPT_TESTS)
