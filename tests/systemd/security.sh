@@ -8,11 +8,13 @@
 #    clients, server.shutdown_timeout for the store's drain, then
 #    kvcm.host_down_timeout (daemon/main.c, daemon/net/server.c).
 # 3. SystemCallFilter= (scripts/unit-syscalls.py) allows every syscall(SYS_x)
-#    in daemon/ and lib/ and, where strace is installed, every system call a
-#    traced kvnoded made while integration suites drove it (host and HBM tiers
-#    on the fake CUDA, NUMA placement, the KVS data plane, the store, the admin
-#    port). Self-tests: the unit's filter without @resources' mbind must fail
-#    naming it.
+#    in daemon/ and lib/; integration suites (host and HBM tiers on the fake
+#    CUDA, NUMA placement, the KVS data plane, the file store, the admin port)
+#    pass with kvnoded under the filter (tests/systemd/seccomp-run.c loads it
+#    with seccomp as systemd does); and, where strace is installed, every
+#    system call kvnoded made in those suites is one the filter allows.
+#    Self-tests: the filter without the NUMA calls must fail naming mbind, and
+#    seccomp-run must refuse a call it was not given.
 # Parts whose tool is missing are SKIPPED with a message. Exit 1 on failure.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -102,31 +104,65 @@ if "${check[@]}" --source . "$tmp/nonuma.service" >"$tmp/out" 2>&1 ||
 fi
 "${check[@]}" --source . "$unit" || fail=1
 
-suites=(test_daemon_roundtrip test_daemon_numa test_daemon_cuda test_kvs_dataplane test_daemon_admin)
-if ! command -v strace >/dev/null; then
-  echo "security: SKIPPED the traced daemon run: strace is not installed"
-elif [[ ! -x $BUILD/kvnoded ]]; then
-  echo "security: SKIPPED the traced daemon run: $BUILD/kvnoded is not built"
-elif ldd "$BUILD/kvnoded" 2>/dev/null | grep -q 'lib[at]san\|libubsan'; then
-  echo "security: SKIPPED the traced daemon run: a sanitizer build makes the sanitizer's calls too"
-elif ! strace -f -qq -o /dev/null true 2>"$tmp/out"; then
-  echo "security: SKIPPED the traced daemon run: strace cannot trace here ($(head -1 "$tmp/out"))"
-else
-  mkdir "$tmp/strace"
-  ran=0
+# The suites that drive every part the unit restricts: host and simulated HBM
+# tiers on the fake CUDA (IPC fds over SCM_RIGHTS), NUMA placement, the KVS
+# data plane, the file store, the admin port.
+suites=(test_daemon_roundtrip test_daemon_numa test_daemon_cuda test_client_daemon_cuda test_kvs_dataplane
+        test_daemon_persist_file test_daemon_admin)
+# run_suites WRAPPER LABEL [VAR=VALUE]...: every suite built, with kvnoded run
+# through WRAPPER; prints what failed and returns 1 then.
+run_suites() {
+  local wrapper=$1 label=$2 s rc=0 ran=0
+  shift 2
   for s in "${suites[@]}"; do
-    [[ -x $BUILD/tests/$s ]] || { echo "security: $BUILD/tests/$s is not built: not traced"; continue; }
-    if ! KVNODED_REAL="$PWD/$BUILD/kvnoded" KVNODED="$PWD/tests/systemd/strace-kvnoded.sh" \
-         KVNODE_STRACE_DIR="$tmp/strace" KVNODECTL="$PWD/$BUILD/kvnodectl" CK_DEFAULT_TIMEOUT=120 \
+    [[ -x $BUILD/tests/$s ]] || { echo "security: $BUILD/tests/$s is not built: not run $label"; continue; }
+    if ! env -u KVNODED_REAL "$@" KVNODE_WRAPPED="$PWD/$BUILD/kvnoded" KVNODED="$PWD/tests/systemd/$wrapper" \
+         KVNODECTL="$PWD/$BUILD/kvnodectl" FAKECUDA_LIBDIR="$PWD/$BUILD/tests/fakecuda" CK_DEFAULT_TIMEOUT=120 \
          timeout 300 "$BUILD/tests/$s" >"$tmp/$s.log" 2>&1; then
-      echo "security: $s failed with kvnoded traced:" >&2
+      echo "security: $s failed with kvnoded $label:" >&2
       tail -40 "$tmp/$s.log" >&2
-      fail=1
+      rc=1
     fi
     ran=$((ran + 1))
   done
-  if (( ran > 0 )); then
-    echo "security: traced kvnoded in $ran suites ($(ls "$tmp/strace" | wc -l) daemon runs)"
+  echo "security: ran $ran suites with kvnoded $label"
+  (( ran > 0 )) || rc=1
+  return $rc
+}
+
+if [[ ! -x $BUILD/kvnoded ]]; then
+  echo "security: SKIPPED the daemon runs: $BUILD/kvnoded is not built"
+elif ldd "$BUILD/kvnoded" 2>/dev/null | grep -q 'lib[at]san\|libubsan'; then
+  echo "security: SKIPPED the daemon runs: a sanitizer build makes the sanitizer's calls too"
+else
+  # The daemon under the filter itself (seccomp, other calls EPERM, as systemd loads it).
+  if ! cc -std=c11 -Wall -Wextra -Werror -O1 -o "$tmp/seccomp-run" tests/systemd/seccomp-run.c -ldl \
+       2>"$tmp/cc.out"; then
+    echo "security: cannot build tests/systemd/seccomp-run.c:" >&2
+    cat "$tmp/cc.out" >&2
+    fail=1
+  elif ! "${check[@]}" --list "$unit" >"$tmp/allowed" ||
+       ! "$tmp/seccomp-run" "$tmp/allowed" /bin/true 2>"$tmp/out"; then
+    echo "security: SKIPPED the daemon under the filter: $(head -1 "$tmp/out")"
+  else
+    # Self-test: the filter is enforced (uname is not in the list given here).
+    grep -vx uname "$tmp/allowed" >"$tmp/no-uname"
+    if "$tmp/seccomp-run" "$tmp/no-uname" /bin/uname >/dev/null 2>&1; then
+      echo "security: self-test: uname ran under a filter that does not allow it" >&2
+      fail=1
+    fi
+    run_suites seccomp-kvnoded.sh "under the unit's SystemCallFilter=" \
+      KVNODE_SECCOMP_RUN="$tmp/seccomp-run" KVNODE_SECCOMP_LIST="$tmp/allowed" || fail=1
+  fi
+  # Every call a traced daemon makes, EPERM or not, is in the filter: a call
+  # the suites tolerate failing would still be a feature lost under the unit.
+  if ! command -v strace >/dev/null; then
+    echo "security: SKIPPED the traced daemon run: strace is not installed"
+  elif ! strace -f -qq -o /dev/null true 2>"$tmp/out"; then
+    echo "security: SKIPPED the traced daemon run: strace cannot trace here ($(head -1 "$tmp/out"))"
+  else
+    mkdir "$tmp/strace"
+    run_suites strace-kvnoded.sh "traced by strace" KVNODE_STRACE_DIR="$tmp/strace" || fail=1
     "${check[@]}" --strace "$tmp/strace" "$unit" || fail=1
   fi
 fi
