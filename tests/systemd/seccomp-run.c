@@ -1,7 +1,9 @@
 /* seccomp-run: runs a program under an allow list of system calls, as
  * systemd/kvnoded.service's SystemCallFilter= with SystemCallErrorNumber=EPERM
- * does (any other call fails with EPERM), for tests/systemd/security.sh, where
- * systemd itself cannot start the unit.
+ * does (any other call fails with EPERM), with no capabilities
+ * (CapabilityBoundingSet=: the bounding set emptied, so even root's exec gets
+ * none) and NoNewPrivileges=, for tests/systemd/security.sh, where systemd
+ * itself cannot start the unit.
  *
  *   seccomp-run LIST PROGRAM [ARG]...
  *
@@ -69,6 +71,17 @@ int main(int argc, char **argv)
     fclose(f);
     if (allowed == 0) {
         fprintf(stderr, "seccomp-run: %s allows no system call of this architecture\n", argv[1]);
+        return 125;
+    }
+    /* As CapabilityBoundingSet= (empty): up to the first capability this
+     * kernel does not know (EINVAL). */
+    for (int cap = 0; cap < 64; cap++) {
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0)
+            continue;
+        if (errno == EINVAL)
+            break;
+        fprintf(stderr, "seccomp-run: cannot drop capability %d from the bounding set: %s\n", cap,
+                strerror(errno));
         return 125;
     }
     /* As NoNewPrivileges=yes: also what lets an unprivileged process load it. */

@@ -10,8 +10,8 @@
 # 3. SystemCallFilter= (scripts/unit-syscalls.py) allows every syscall(SYS_x)
 #    in daemon/ and lib/; integration suites (host and HBM tiers on the fake
 #    CUDA, NUMA placement, the KVS data plane, the file store, the admin port)
-#    pass with kvnoded under the filter (tests/systemd/seccomp-run.c loads it
-#    with seccomp as systemd does); and, where strace is installed, every
+#    pass with kvnoded under the filter and without capabilities
+#    (tests/systemd/seccomp-run.c loads it with seccomp as systemd does); and, where strace is installed, every
 #    system call kvnoded made in those suites is one the filter allows.
 #    Self-tests: the filter without the NUMA calls must fail naming mbind, and
 #    seccomp-run must refuse a call it was not given.
@@ -106,9 +106,10 @@ fi
 
 # The suites that drive every part the unit restricts: host and simulated HBM
 # tiers on the fake CUDA (IPC fds over SCM_RIGHTS), NUMA placement, the KVS
-# data plane, the file store, the admin port.
+# front end (its data plane; TCP peers named by NETLINK_SOCK_DIAG; its HTTP
+# API where built with V6D=1), the file store, the admin port.
 suites=(test_daemon_roundtrip test_daemon_numa test_daemon_cuda test_client_daemon_cuda test_kvs_dataplane
-        test_daemon_persist_file test_daemon_admin)
+        test_kvs_tenants test_kvs_server test_daemon_persist_file test_daemon_admin)
 # run_suites WRAPPER LABEL [VAR=VALUE]...: every suite built, with kvnoded run
 # through WRAPPER; prints what failed and returns 1 then.
 run_suites() {
@@ -145,13 +146,19 @@ else
        ! "$tmp/seccomp-run" "$tmp/allowed" /bin/true 2>"$tmp/out"; then
     echo "security: SKIPPED the daemon under the filter: $(head -1 "$tmp/out")"
   else
-    # Self-test: the filter is enforced (uname is not in the list given here).
+    # Self-tests: the filter is enforced (uname is not in the list given
+    # here), and the program has no capabilities.
     grep -vx uname "$tmp/allowed" >"$tmp/no-uname"
     if "$tmp/seccomp-run" "$tmp/no-uname" /bin/uname >/dev/null 2>&1; then
       echo "security: self-test: uname ran under a filter that does not allow it" >&2
       fail=1
     fi
-    run_suites seccomp-kvnoded.sh "under the unit's SystemCallFilter=" \
+    caps=$("$tmp/seccomp-run" "$tmp/allowed" /bin/grep '^CapEff:' /proc/self/status)
+    if [[ $caps != *0000000000000000 ]]; then
+      echo "security: self-test: a program under seccomp-run has capabilities ($caps)" >&2
+      fail=1
+    fi
+    run_suites seccomp-kvnoded.sh "under the unit's SystemCallFilter= and no capabilities" \
       KVNODE_SECCOMP_RUN="$tmp/seccomp-run" KVNODE_SECCOMP_LIST="$tmp/allowed" || fail=1
   fi
   # Every call a traced daemon makes, EPERM or not, is in the filter: a call
