@@ -1,7 +1,11 @@
 # kvnode — top-level build.  `make help` lists the targets.
 #
 #   make            build kvnoded, libkvnode (.so/.a/.pc) and kvnodectl into $(BUILD)
-#   make run        deps + build + kvnoded in the foreground with conf/kvnode.conf
+#   make install    PREFIX (/usr/local), DESTDIR, LIBDIR (default: lib/<multiarch> on Debian,
+#                   else lib64 or lib, under PREFIX); then ldconfig
+#   make run        deps + build (BUILD_JOBS compilers at once) + kvnoded in the foreground with
+#                   conf/kvnode.conf; ARGS passes options, e.g. ARGS='--set memory.host_bytes=8GiB
+#                   --set admin.listen=127.0.0.1:9181'
 #   make test       deps + build (BUILD_JOBS compilers at once; default: the CPU count) + every
 #                   test suite (TEST_JOBS=N at once; default 2 x CPUs)
 #   make asan       the test suite under ASan+UBSan (separate build dir)
@@ -21,6 +25,12 @@ SOVERSION := 0
 BUILD     ?= build
 GEN       := $(BUILD)/gen
 PREFIX    ?= /usr/local
+# Where `make install` puts libkvnode and kvnode.pc: Debian's multiarch folder
+# (lib/x86_64-linux-gnu) on Debian and its derivatives, lib64 where the system
+# keeps 64-bit libraries there (a real /usr/lib64: Fedora, RHEL, SUSE), else lib.
+MULTIARCH  = $(shell $(CC) -print-multiarch 2>/dev/null)
+LIBDIR    ?= $(PREFIX)/$(if $(and $(wildcard /etc/debian_version),$(MULTIARCH)),lib/$(MULTIARCH),$(if \
+                 $(shell test -d /usr/lib64 -a ! -L /usr/lib64 && echo y),lib64,lib))
 DESTDIR   ?=
 CC        ?= cc
 # Compilers `make test` and `make asan` run at once (a plain `make` honours -j as given).
@@ -70,7 +80,7 @@ CHECK_LIBS  = $(call pc_libs,$(CHECK_PKGS))
 PROTO_C      := $(GEN)/kvnode.pb-c.c
 PROTO_H      := $(GEN)/kvnode.pb-c.h
 COMMON_SRC   := lib/wire.c lib/hash.c lib/sha256.c lib/errors.c
-LIB_SRC      := lib/client.c lib/client_io.c lib/client_async.c lib/client_submit.c lib/client_ops.c lib/client_gpu.c lib/cudart.c lib/prefault.c $(COMMON_SRC)
+LIB_SRC      := lib/client.c lib/client_io.c lib/client_async.c lib/client_submit.c lib/client_ops.c lib/client_gpu.c lib/cudart.c lib/prefault.c lib/copy.c $(COMMON_SRC)
 DAEMON_SRC   := $(filter-out daemon/main.c $(if $(filter 1,$(V6D)),,daemon/persist/kvs/v6d%.c),$(wildcard daemon/*.c daemon/*/*.c daemon/persist/kvs/*.c))
 CTL_SRC      := $(wildcard ctl/*.c)
 # The KVS front end's suites use the v6d backend's key and hash helpers as the client side: V6D=1 only.
@@ -126,7 +136,7 @@ FUZZ_BIN        := $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 all: $(KVNODED) $(LIBSO) $(LIBA) $(LIBPC) $(KVNODECTL)
 
 help:
-	@sed -n '1,15p' Makefile
+	@awk '!/^#/ { exit } { print }' Makefile
 
 deps:
 	@bash scripts/install-deps.sh
@@ -159,7 +169,7 @@ $(LIBSO): $(LIB_OBJ) lib/libkvnode.map
 
 $(LIBPC): lib/kvnode.pc.in Makefile
 	@mkdir -p $(BUILD)
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
 
 $(KVNODECTL): $(call obj,$(CTL_SRC)) $(LIBA)
 	$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(LIB_LIBS) $(call pc_libs,jansson libcurl)
@@ -277,10 +287,17 @@ $(BUILD)/tests/test_fakecuda: tests/unit/test_fakecuda.c $(FAKECUDA_SO) $(FAKECU
 	$(CC) $(ALL_CFLAGS) -Itests/fakecuda $(LDSAN) $(LDFLAGS) -o $@ $< -L$(FAKECUDA_OUT) \
 	    -Wl,-rpath,$(abspath $(FAKECUDA_OUT)) -lcudart $(CHECK_LIBS) -lpthread
 
+# examples/five_lines.c (the README's "libkvnode in five lines" is cut from it), built
+# with the README's in-tree link line (-ldl -lpthread: glibc before 2.34 needs them).
+EXAMPLE_BIN := $(BUILD)/examples/five_lines
+$(EXAMPLE_BIN): examples/five_lines.c lib/kvnode.h $(LIBA)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 $(WARN) $(CFLAGS) $(LDSAN) -Ilib -o $@ $< $(LIBA) -lprotobuf-c -ldl -lpthread
+
 SCRIPT_TESTS := tests/install/test_install.sh tests/python/run.sh tests/layout/run.sh tests/systemd/run.sh \
                 tests/systemd/security.sh tests/contrib/run.sh
 
-check: all $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(KVCM_SIM_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN)
+check: all $(EXAMPLE_BIN) $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(KVCM_SIM_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN)
 	@BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN) $(SCRIPT_TESTS)
 
 test: deps
@@ -330,10 +347,12 @@ fuzz-run: $(FUZZ_BIN)
 	echo "fuzz: $(words $(FUZZ_TARGETS)) targets, $(FUZZ_SECONDS)s each, nothing found"
 
 # --- run / bench ---------------------------------------------------------------
+# ARGS: kvnoded's options after the config, e.g. ARGS='--set admin.listen=127.0.0.1:9181'.
+ARGS ?=
 run: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(BUILD_JOBS) all
 	@mkdir -p run
-	$(KVNODED) --config conf/kvnode.conf
+	$(KVNODED) --config conf/kvnode.conf $(ARGS)
 
 $(BENCH_BIN): tests/bench/bench.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
@@ -440,29 +459,33 @@ PYTHON_VERSION := $(shell python3 -c 'import sys; print("%d.%d" % sys.version_in
 PYTHONDIR   ?= $(if $(filter /usr,$(PREFIX)),$(PREFIX)/lib/python3/dist-packages,$(PREFIX)/lib/python$(or $(PYTHON_VERSION),3)/dist-packages)
 PYTHON_FILES := $(notdir $(wildcard python/kvnode/*.py))
 INSTALLED_FILES = $(PREFIX)/sbin/kvnoded $(PREFIX)/bin/kvnodectl \
-    $(addprefix $(PYTHONDIR)/kvnode/,$(PYTHON_FILES)) \
-    $(PREFIX)/lib/libkvnode.so.$(SOVERSION) $(PREFIX)/lib/libkvnode.so $(PREFIX)/lib/libkvnode.a \
-    $(PREFIX)/lib/pkgconfig/kvnode.pc $(PREFIX)/include/kvnode.h \
+    $(addprefix $(PYTHONDIR)/kvnode/,$(PYTHON_FILES) _installed.py) \
+    $(LIBDIR)/libkvnode.so.$(SOVERSION) $(LIBDIR)/libkvnode.so $(LIBDIR)/libkvnode.a \
+    $(LIBDIR)/pkgconfig/kvnode.pc $(PREFIX)/include/kvnode.h \
     $(PREFIX)/share/man/man1/kvnodectl.1 $(PREFIX)/share/man/man3/libkvnode.3 \
     $(PREFIX)/share/man/man5/kvnode.conf.5 $(PREFIX)/share/man/man8/kvnoded.8 \
     $(UNITDIR)/kvnoded.service $(UNITDIR)/kvnoded.socket \
     $(SYSUSERSDIR)/kvnode.conf $(TMPFILESDIR)/kvnode.conf
 
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/lib \
-	    $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include \
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(LIBDIR) \
+	    $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/include \
 	    $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man3 \
 	    $(DESTDIR)$(PREFIX)/share/man/man5 $(DESTDIR)$(PREFIX)/share/man/man8 \
 	    $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) \
 	    $(DESTDIR)$(SYSCONFDIR)/kvnode $(DESTDIR)$(PYTHONDIR)/kvnode
 	install -m 0755 $(KVNODED) $(DESTDIR)$(PREFIX)/sbin/kvnoded
 	install -m 0644 $(addprefix python/kvnode/,$(PYTHON_FILES)) $(DESTDIR)$(PYTHONDIR)/kvnode/
+	@# The package finds the libkvnode installed with it, wherever LIBDIR is (relative, so a
+	@# DESTDIR-staged tree works as installed).
+	printf '# Written by make install: LIBDIR relative to this package.\nLIBDIR = "%s"\n' \
+	    "$$(realpath -m --relative-to=$(PYTHONDIR)/kvnode $(LIBDIR))" > $(DESTDIR)$(PYTHONDIR)/kvnode/_installed.py
 	install -m 0755 $(KVNODECTL) $(DESTDIR)$(PREFIX)/bin/kvnodectl
-	install -m 0755 $(LIBSO) $(DESTDIR)$(PREFIX)/lib/
-	ln -sf libkvnode.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libkvnode.so
-	install -m 0644 $(LIBA) $(DESTDIR)$(PREFIX)/lib/
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' lib/kvnode.pc.in \
-	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvnode.pc
+	install -m 0755 $(LIBSO) $(DESTDIR)$(LIBDIR)/
+	ln -sf libkvnode.so.$(SOVERSION) $(DESTDIR)$(LIBDIR)/libkvnode.so
+	install -m 0644 $(LIBA) $(DESTDIR)$(LIBDIR)/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@VERSION@|$(VERSION)|g' lib/kvnode.pc.in \
+	    > $(DESTDIR)$(LIBDIR)/pkgconfig/kvnode.pc
 	install -m 0644 lib/kvnode.h $(DESTDIR)$(PREFIX)/include/kvnode.h
 	install -m 0644 man/kvnodectl.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 0644 man/libkvnode.3 $(DESTDIR)$(PREFIX)/share/man/man3/
@@ -485,6 +508,7 @@ install: all
 	    chmod 0644 $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf && \
 	    echo "installed $(DESTDIR)$(SYSCONFDIR)/kvnode/kvnode.conf"; \
 	fi
+	@$(if $(DESTDIR),,echo "libkvnode is in $(LIBDIR): run ldconfig (as root) so that programs find it")
 
 # Removes what install put there, except the operator's configuration.
 uninstall:

@@ -38,7 +38,33 @@ static bool parse_key(const char *s, kvnode_key *out)
     return true;
 }
 
-struct keyvec { kvnode_key *v; size_t n, cap; };
+/* has_size: the keys file recorded the size of the data the keys were put
+ * from (`# size N`, written by put --keys-out), so get can give back exactly
+ * those bytes instead of whole blocks. */
+struct keyvec { kvnode_key *v; size_t n, cap; bool has_size; uint64_t size; };
+
+/* The comment `# size N` (N decimal) that put --keys-out writes first. */
+#define SIZE_COMMENT "# size "
+
+static bool parse_size_comment(const char *p, uint64_t *out)
+{
+    if (strncmp(p, SIZE_COMMENT, strlen(SIZE_COMMENT)) != 0)
+        return false;
+    p += strlen(SIZE_COMMENT);
+    if (*p < '0' || *p > '9')
+        return false;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (errno)
+        return false;
+    while (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n')
+        end++;
+    if (*end)
+        return false;
+    *out = v;
+    return true;
+}
 
 static void keyvec_push(struct keyvec *kv, kvnode_key k)
 {
@@ -50,7 +76,8 @@ static void keyvec_push(struct keyvec *kv, kvnode_key k)
 }
 
 /* One decimal key per line; blank lines and lines starting with '#' are
- * skipped. "-" is standard input. Returns an exit code. */
+ * skipped, except one `# size N`, which is kept in kv->size. "-" is standard
+ * input. Returns an exit code. */
 static int read_keys_file(const char *path, struct keyvec *kv)
 {
     bool is_stdin = strcmp(path, "-") == 0;
@@ -67,6 +94,17 @@ static int read_keys_file(const char *path, struct keyvec *kv)
         char *p = line;
         while (*p == ' ' || *p == '\t')
             p++;
+        uint64_t size;
+        if (parse_size_comment(p, &size)) {
+            if (kv->has_size) {
+                rc = usage_error("%s:%lu: a second '" SIZE_COMMENT "N' line (a keys file records one size)",
+                                 is_stdin ? "<stdin>" : path, lineno);
+                break;
+            }
+            kv->has_size = true;
+            kv->size = size;
+            continue;
+        }
         if (*p == '#' || *p == '\n' || *p == '\r' || *p == '\0')
             continue;
         kvnode_key k;
@@ -357,6 +395,10 @@ int cmd_put(const struct ctl *x, char **args, int nargs)
         }
     }
 
+    /* A keys file records the input's size, so that get gives back exactly
+     * the bytes put (the last block is stored zero-padded). */
+    if (keys_out)
+        fprintf(keys_out, SIZE_COMMENT "%" PRIu64 "\n", total);
     FILE *kout = keys_out ? keys_out : stdout;
     for (size_t i = 0; i < n; i++)
         fprintf(kout, "%" PRId64 "\n", (int64_t)keys[i]);
@@ -410,13 +452,22 @@ int cmd_get(const struct ctl *x, char **args, int nargs)
         free(kv.v);
         return ex;
     }
+    /* --size wins over the size a keys file records; that one must fit its keys. */
+    if (kv.has_size && !(x->given & F_SIZE) &&
+        (kv.size > (uint64_t)kv.n * bb || kv.size <= (uint64_t)(kv.n - 1) * bb)) {
+        ex = usage_error("%s records a size of %" PRIu64 " bytes, which %zu keys of %zu-byte blocks cannot "
+                         "hold (give --size, or the keys file put --keys-out wrote)",
+                         x->keys_file, kv.size, kv.n, bb);
+        free(kv.v);
+        return ex;
+    }
     bool to_stdout = strcmp(x->output, "-") == 0;
     kvnode_client *c = NULL;
     FILE *out = NULL;
     unsigned char *buf = NULL;
     void **dst = NULL;
     size_t got_total = 0;
-    uint64_t written = 0, limit = (x->given & F_SIZE) ? x->size : UINT64_MAX;
+    uint64_t written = 0, limit = (x->given & F_SIZE) ? x->size : kv.has_size ? kv.size : UINT64_MAX;
 
     if ((ex = ctl_connect(x, l, true, &c)))
         goto done;

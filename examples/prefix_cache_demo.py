@@ -51,9 +51,12 @@ scheduler side and a worker side.  The same kvnode calls go there:
 
 Running it
 ----------
-Start a daemon (``make run``; it listens on ``run/kvnode.sock``), then::
+It needs numpy and the kvnode package: Debian's ``/usr/bin/python3`` with ``python3-numpy``
+(``make deps`` installs it) finds the package in the tree's ``python/`` by itself; another
+``python3`` (a venv) needs ``pip install './python[numpy]'`` first. Start a daemon (``make run``;
+it listens on ``run/kvnode.sock``), then, from the top of the tree::
 
-    PYTHONPATH=python python3 examples/prefix_cache_demo.py [--socket run/kvnode.sock] [--small]
+    /usr/bin/python3 examples/prefix_cache_demo.py [--socket run/kvnode.sock] [--small]
 
 ``--via sglang`` goes through kvnode's SGLang HiCache storage backend instead
 (``kvnode.sglang.KvnodeHiCacheStorage``, built as SGLang's ``dynamic`` factory builds it): the

@@ -503,6 +503,45 @@ int  kvnode_purge(kvnode_client *c, const char *tenant, const char *deployment_i
  * "" for an observer. */
 const char *kvnode_deployment_id(const kvnode_client *c);
 
+/* --- gathered blocks (KVNODE_0.8) --------------------------------------------
+ *
+ * A block whose bytes lie in pieces over the caller's memory (a host pool laid
+ * out layer by layer: one piece per layer of each page) moved in one call per
+ * batch, e.g. into the blocks kvnode_put_begin lent or out of those
+ * kvnode_get_begin lent. Block i of n (block_bytes bytes) is made of m
+ * pieces: piece j is piece_bytes[j] bytes at blocks[i] + piece_offsets[j] in
+ * the block and, in the caller's memory, at pieces[i * m + j] when piece_at
+ * is NULL, else at (char *)pieces[i] + piece_at[j] (pieces then holds one
+ * base address per block: pieces at fixed distances from it, as a pool's
+ * pages are). kvnode_gather copies the pieces into the blocks, kvnode_scatter
+ * the blocks into the pieces. A NULL blocks[i] is skipped (a key
+ * kvnode_put_begin found stored) and so are zero-byte pieces. The pieces must
+ * tile the block: each inside it, no two overlapping, block_bytes in all; a
+ * piece must not be NULL (nor its base) nor overlap its block. Returns 0, or
+ * -KVNODE_EINVAL (-KVNODE_ENOMEM) with nothing copied; n 0 copies nothing and
+ * returns 0. Talks to no daemon: kvnode_last_error() does not change. */
+int  kvnode_gather(void *const *blocks, size_t n, size_t block_bytes, const void *const *pieces,
+                   const ptrdiff_t *piece_at, size_t m, const size_t *piece_bytes,
+                   const size_t *piece_offsets);
+int  kvnode_scatter(const void *const *blocks, size_t n, size_t block_bytes, void *const *pieces,
+                    const ptrdiff_t *piece_at, size_t m, const size_t *piece_bytes,
+                    const size_t *piece_offsets);
+/* kvnode_put_batch_checked / kvnode_get_batch_checked for such blocks: the
+ * same leases (split at max_keys; checks NULL: no check words), each block's
+ * bytes copied from / to its pieces as kvnode_gather / kvnode_scatter copy
+ * them (block_bytes: the client's), in one call per batch. A key already
+ * stored is skipped; *got is the prefix read. Pieces that do not tile the
+ * block fail with -KVNODE_EINVAL before any lease; a copy that fails ends its
+ * lease (a put's is aborted: nothing of it stored). A block lent in GPU memory
+ * (a client that declared a CUDA device) is not copied: -KVNODE_EINVAL. */
+int  kvnode_put_gather_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                               size_t n, const void *const *pieces, const ptrdiff_t *piece_at,
+                               size_t m, const size_t *piece_bytes, const size_t *piece_offsets);
+int  kvnode_get_scatter_checked(kvnode_client *c, const kvnode_key *keys,
+                                const uint64_t *checks, size_t n, void *const *pieces,
+                                const ptrdiff_t *piece_at, size_t m, const size_t *piece_bytes,
+                                const size_t *piece_offsets, size_t *got);
+
 /* rtp-llm / KVCM chained block hash (see docs/PROTOCOLS.md §4.1): one key per full
  * block of block_tokens tokens, at most max_keys; returns the number written. */
 size_t kvnode_hash_tokens(const int64_t *tokens, size_t ntokens, uint32_t block_tokens,

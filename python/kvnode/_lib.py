@@ -13,7 +13,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 def _candidates():
     """Places to look for libkvnode, in order: $KVNODE_LIBRARY; the copy a wheel carries
     (kvnode/libkvnode.so.0, the library `pip install` built the package with); the source
-    tree's build/; the lib/ of the prefix `make install` put this package under; the system."""
+    tree's build/; the LIBDIR `make install` put it in (else the lib/ of the prefix it put this
+    package under); the system."""
     out = []
     env = os.environ.get("KVNODE_LIBRARY")
     if env:
@@ -22,8 +23,14 @@ def _candidates():
     build = os.path.normpath(os.path.join(_HERE, "..", "..", "build"))
     for name in ("libkvnode.so.0", "libkvnode.so"):
         out.append(os.path.join(build, name))
-    # <prefix>/lib/python3/dist-packages/kvnode -> <prefix>/lib (/usr/local/lib is not
-    # in the loader's default path before ldconfig has run).
+    # The LIBDIR `make install` put libkvnode in (its _installed.py, relative to this
+    # package), else <prefix>/lib/python3/dist-packages/kvnode -> <prefix>/lib (the
+    # loader may not know these folders before ldconfig has run).
+    try:
+        from . import _installed
+        out.append(os.path.normpath(os.path.join(_HERE, _installed.LIBDIR, "libkvnode.so.0")))
+    except ImportError:
+        pass
     out.append(os.path.normpath(os.path.join(_HERE, "..", "..", "..", "libkvnode.so.0")))
     found = ctypes.util.find_library("kvnode")
     if found:
@@ -260,6 +267,18 @@ if hasattr(_lib, "kvnode_exists"):
                               _SIZE, _BOOLS, _P, ctypes.POINTER(_TICKET))
 else:
     _has_per_key = _exists = _delete_each = _submit_exists = _submit_delete_each = None
+
+# Blocks gathered from / scattered to pieces of the caller's memory (KVNODE_0.8): one call
+# per batch for kvnode.sglang's layer_first pages; without them it copies in Python.
+if hasattr(_lib, "kvnode_gather"):
+    _gather = _fn("kvnode_gather", ctypes.c_int, _P, _SIZE, _SIZE, _P, _P, _SIZE, _P, _P)
+    _scatter = _fn("kvnode_scatter", ctypes.c_int, _P, _SIZE, _SIZE, _P, _P, _SIZE, _P, _P)
+    _put_gather = _fn("kvnode_put_gather_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE, _P,
+                      _P, _SIZE, _P, _P)
+    _get_scatter = _fn("kvnode_get_scatter_checked", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE,
+                       _P, _P, _SIZE, _P, _P, ctypes.POINTER(_SIZE))
+else:
+    _gather = _scatter = _put_gather = _get_scatter = None
 
 _libc = ctypes.CDLL(None)
 _free = _libc.free

@@ -30,10 +30,17 @@ Host layouts. ``get_page_buffer_meta`` gives, per page, the pieces of that page:
   layers pieces for MLA), scattered over the pool. A page is one kvnode block (component
   ``page``): a put copies the pieces into the block's slot in the daemon's shared memory (a
   ``write`` lease), a get copies them out of the pinned block (a ``read`` lease) - one copy
-  each way, as the zero-copy layouts. Where the pieces sit on a grid (SGLang's do: K and V
-  of each layer at fixed distances) the copy is one strided torch (else numpy) copy per run
-  of pages at a constant step; with neither installed, or pieces off a grid, one
-  ``memmove`` per piece.
+  each way, as the zero-copy layouts, made for the whole batch, with the lease, by one
+  libkvnode call (``kvnode_put_gather_checked`` / ``kvnode_get_scatter_checked``). The
+  pieces' addresses: SGLang's layer_first pools hold their pages in one ``kv_buffer`` at a
+  fixed step, so a batch takes each page's first token index and the distances of its
+  pieces (found at registration from pages 0 and 1), and asks ``get_page_buffer_meta``
+  only about its first and last page, as a check; a pool that does not show that model
+  (no ``kv_buffer``, pages 0 and 1 not at one step, a page outside ``kv_buffer``) or that
+  stops agreeing with it is asked about every page of every batch. With a libkvnode older
+  than KVNODE_0.8, where the pieces sit on a grid (K and V of each layer at fixed
+  distances) the copy is one strided torch (else numpy) copy per run of pages at a
+  constant step; with neither installed, or pieces off a grid, one ``memmove`` per piece.
 - Sidecar pools: each piece of a page (Mamba's temporal and conv states, ...) its own
   namespace (components ``0``, ``1``, ...), or one block when a page has more than
   four pieces or the pool is ``layer_first``. Zero-byte pieces are skipped.
@@ -111,6 +118,7 @@ namespaces, every TP rank -- from kvnoded's memory, GPU memory and persistent st
 SGLang logs and reports as a failed clear.
 """
 
+import array
 import collections
 import ctypes
 import dataclasses
@@ -174,6 +182,23 @@ def _sizes(sizes, count):
 def _slice(array, lo, hi):
     """Items [lo, hi) of a ctypes array, over the same memory."""
     return (array._type_ * (hi - lo)).from_buffer(array, lo * ctypes.sizeof(array._type_))
+
+
+_ADDRESS = "Q" if ctypes.sizeof(ctypes.c_void_p) == 8 else "I"    # array code of an address
+
+
+def _piece_arrays(where):
+    """gathered_pieces' answer as arrays of addresses and distances (at None: every piece's
+    address); the caller holds them while libkvnode reads them."""
+    pieces, at = where
+    if type(pieces) is not array.array:
+        pieces = array.array(_ADDRESS, pieces)
+    return pieces, at
+
+
+def _address(arr):
+    """The address of an array's items (None for None)."""
+    return arr.buffer_info()[0] if arr is not None else None
 
 
 def _get(obj, name, default=None):
@@ -316,6 +341,66 @@ class _Grid:
         return None
 
 
+class _PageBases:
+    """Where a gathered pool's pages lie without asking the pool for every piece: piece j of
+    the page whose first token index is t at first[j] + t * step, inside the pool's
+    kv_buffer. SGLang's layer_first host pools are one buffer with pages at a fixed step (its
+    get_page_buffer_meta computes exactly that, in Python, one pointer per piece - more time
+    than the copy of the batch's bytes), so a batch needs only each page's first index. The
+    model is taken only when the pool shows it (pages 0 and 1 at one step, every piece inside
+    kv_buffer) and checked on every batch: every page inside kv_buffer, and the pool's own
+    addresses of the batch's first and last page; a batch that disagrees is answered by the
+    pool, and so is every later one."""
+
+    def __init__(self, plan, first, step, lo, hi, span):
+        self.plan, self.first, self.step, self.lo, self.hi = plan, first, step, lo, hi
+        self.base = first[0]
+        self.at = array.array("q", [p - first[0] for p in first])
+        self.low = min(first)                                   # bytes a page spans from
+        self.end = max(p + s for p, s in zip(first, span))      # ... and to, at t = 0
+
+    @classmethod
+    def of(cls, plan, first, sizes):
+        buf = getattr(plan.pool, "kv_buffer", None)
+        try:
+            lo = int(buf.data_ptr())
+            hi = lo + int(buf.numel()) * int(buf.element_size())
+            second = [int(p) for p in plan.meta(_Indices(range(plan.page_size,
+                                                               2 * plan.page_size)))[0]]
+        except Exception:  # noqa: BLE001 - no kv_buffer, or a pool of one page: ask the pool
+            return None
+        first = [int(p) for p in first]
+        step, ps = (second[0] - first[0]) if second else 0, plan.page_size
+        if (len(second) != len(first) or step <= 0 or step % ps
+                or any(b - a != step for a, b in zip(first, second))):
+            return None
+        model = cls(plan, first, step // ps, lo, hi, sizes)
+        if not (lo <= model.low and model.end + step <= hi):
+            return None
+        return model
+
+    def of_batch(self, host_indices):
+        """The batch's page bases (an array of addresses), or None when the pool disagrees."""
+        ps = self.plan.page_size
+        starts = host_indices[::ps]
+        starts = starts.tolist() if hasattr(starts, "tolist") else list(starts)
+        t_lo, t_hi = min(starts), max(starts)
+        if t_lo < 0 or self.low + t_lo * self.step < self.lo \
+                or self.end + t_hi * self.step > self.hi:
+            return None
+        # the pool's own answer for the first and last page (token runs, as the probes)
+        got = self.plan.meta(_Indices([*range(starts[0], starts[0] + ps),
+                                       *range(starts[-1], starts[-1] + ps)]))[0]
+        m = len(self.at)
+        want = [p + t * self.step for t in (starts[0], starts[-1]) for p in self.first]
+        if len(got) != 2 * m or [int(p) for p in got] != want:
+            logger.warning("kvnode.sglang: pool %r: get_page_buffer_meta no longer gives "
+                           "pages at one step; asking it for every batch", self.plan.name)
+            return None
+        base, step = self.base, self.step
+        return array.array(_ADDRESS, [base + t * step for t in starts])
+
+
 class _Plan:
     """How one host pool's pages map onto kvnode namespaces: the pieces
     get_page_buffer_meta gives per page, and which namespace (component) each goes to."""
@@ -355,6 +440,9 @@ class _Plan:
                 offs[j] = total
                 total += sizes[j]
             self.piece_offsets = offs
+            self._c_sizes = (ctypes.c_size_t * self.pieces)(*sizes)
+            self._c_offsets = (ctypes.c_size_t * self.pieces)(*offs)
+            self.bases = _PageBases.of(self, ptrs, sizes)
             self.grid = _Grid.of(ptrs, sizes, offs)
             self.used = []
             self.components = [("page", total) + ranks[0]]
@@ -414,19 +502,40 @@ class _Plan:
     # and the connection's check words (None when it sends none).
 
     def match(self, clients, folded, words):
-        hit = len(folded)
+        n = hit = len(folded)
         for c in clients:       # each next namespace: of what the previous ones hold
-            hit = c.match(kvnode.prefix(folded, hit), words and kvnode.prefix(words, hit))
+            if hit == n and words is not None:  # the whole batch: the arrays as they are
+                tiers = _clib._CTiers()
+                c._check(_clib._match_checked(c._handle(), folded, words, n,
+                                              ctypes.byref(tiers)))
+                hit = tiers.matched
+            else:
+                hit = c.match(kvnode.prefix(folded, hit), words and kvnode.prefix(words, hit))
             if hit == 0:
                 break
         return hit
 
+    def gathered_pieces(self, n, host_indices):
+        """Where the gathered pages' pieces lie: (page bases, distances) from the page-base
+        model when it holds, else (every piece's address, None) from the pool."""
+        if self.bases is not None and _clib._put_gather is not None:
+            if _numel(host_indices) != n * self.page_size:
+                raise ValueError("kvnode.sglang: pool %r: %d keys but %d host indices (page "
+                                 "size %d)" % (self.name, n, _numel(host_indices),
+                                               self.page_size))
+            bases = self.bases.of_batch(host_indices)
+            if bases is not None:
+                return bases, self.bases.at
+            self.bases = None       # the pool is not what the model said: ask it from now on
+        return self.pointers(n, host_indices), None
+
     def get(self, clients, folded, words, host_indices):
         """Read the cached prefix into the pages; how many pages were read."""
         n = len(folded)
-        ptrs = self.pointers(n, host_indices)
         if self.gather:
-            return self._gather_get(clients[0], folded, words, ptrs)
+            return self._gather_get(clients[0], folded, words,
+                                    self.gathered_pieces(n, host_indices))
+        ptrs = self.pointers(n, host_indices)
         hit = n
         for c, j in zip(clients, self.used):
             p = ptrs[j::self.pieces]
@@ -437,18 +546,29 @@ class _Plan:
         return hit
 
     def put(self, clients, folded, words, host_indices):
-        ptrs = self.pointers(len(folded), host_indices)
         if self.gather:
-            return self._gather_put(clients[0], folded, words, ptrs)
+            return self._gather_put(clients[0], folded, words,
+                                    self.gathered_pieces(len(folded), host_indices))
+        ptrs = self.pointers(len(folded), host_indices)
         for c, j in zip(clients, self.used):
             c.put_batch(folded, ptrs[j::self.pieces], checks=words)
 
-    # The gathered layouts take the lease calls straight (not Client.read / write): those
-    # lend a memoryview per block, which costs more than the copy of a whole batch here.
+    # One libkvnode call per batch (KVNODE_0.8: kvnode_put_gather_checked /
+    # kvnode_get_scatter_checked) takes the lease, copies every piece and ends the lease.
+    # With an older libkvnode the lease calls are made from here (not Client.read / write:
+    # those lend a memoryview per block) and the pieces copied in Python.
 
-    def _gather_get(self, client, folded, words, ptrs):
+    def _gather_get(self, client, folded, words, where):
         keys, n = _keys_array(folded)
         checks = _checks_array(words, n)
+        if _clib._get_scatter is not None:
+            got = _clib._SIZE(0)
+            pieces, at = _piece_arrays(where)
+            client._check(_clib._get_scatter(client._handle(), keys, checks, n,
+                                             _address(pieces), _address(at), self.pieces,
+                                             self._c_sizes, self._c_offsets,
+                                             ctypes.byref(got)))
+            return got.value
         locs, lease, got, h = (_clib._CLoc * max(n, 1))(), _clib._LEASE(0), _clib._SIZE(0), \
             client._handle()
         if checks is None:
@@ -460,7 +580,7 @@ class _Plan:
         got = got.value
         try:
             if got:
-                self._gather(ptrs, [locs[i].ptr for i in range(got)], False)
+                self._gather_python(where[0], [locs[i].ptr for i in range(got)], False)
         finally:
             if lease.value:
                 rc = _clib._get_end(h, lease.value)
@@ -468,9 +588,15 @@ class _Plan:
             client._check(rc)
         return got
 
-    def _gather_put(self, client, folded, words, ptrs):
+    def _gather_put(self, client, folded, words, where):
         keys, n = _keys_array(folded)
         checks = _checks_array(words, n)
+        if _clib._put_gather is not None:
+            pieces, at = _piece_arrays(where)
+            client._check(_clib._put_gather(client._handle(), keys, checks, n,
+                                            _address(pieces), _address(at), self.pieces,
+                                            self._c_sizes, self._c_offsets))
+            return
         locs, lease, h = (_clib._CLoc * max(n, 1))(), _clib._LEASE(0), client._handle()
         if checks is None:
             client._check(_clib._put_begin(h, keys, n, kvnode.TIER_HOST, ctypes.byref(lease),
@@ -481,18 +607,19 @@ class _Plan:
         if not lease.value:
             return
         try:        # a slot of None: that key is already stored
-            self._gather(ptrs, [locs[i].ptr for i in range(n)], True)
+            self._gather_python(where[0], [locs[i].ptr for i in range(n)], True)
         except BaseException:
             _clib._put_abort(h, lease.value)
             raise
         client._check(_clib._put_commit(h, lease.value))
 
-    def _gather(self, ptrs, blocks, to_blocks):
+    def _gather_python(self, ptrs, blocks, to_blocks):
         """Copy each page's pieces between the pool (ptrs, pieces per page) and its block
-        (blocks[i]; None: skipped), into the blocks when to_blocks. Where the pieces of
-        every page sit on one grid (SGLang's layer_first: K and V per layer at fixed
-        distances), runs of pages at a constant step on both sides move in one strided copy
-        (numpy or torch, C speed); otherwise one memmove per piece."""
+        (blocks[i]; None: skipped), into the blocks when to_blocks, with a libkvnode older
+        than KVNODE_0.8. Where the pieces of every page sit on one grid (SGLang's
+        layer_first: K and V per layer at fixed distances), runs of pages at a constant step
+        on both sides move in one strided copy (numpy or torch, C speed); otherwise one
+        memmove per piece."""
         grid, m, n = self.grid, self.pieces, len(blocks)
         ops = _array_ops() if grid is not None else None
         if ops is not None:

@@ -21,9 +21,13 @@ bfloat16, --layers layers), moved by batch_set_v1 / batch_get_v1 / batch_exists,
 C API doing the same work from the same key strings: kvnode_fold_text, then, per namespace
 the adapter uses for that layout (K and V, one MLA buffer, one gathered page for
 layer_first) and with the same block sizes, kvnode_put_batch_checked /
-kvnode_get_batch_checked from / into contiguous page buffers and kvnode_match_checked. The
-adapter's time includes the pool's own get_page_buffer_meta (SGLang's Python, printed apart)
-and, for layer_first, the gather of each page's per-layer pieces into / out of its block.
+kvnode_get_batch_checked from / into contiguous page buffers and kvnode_match_checked. For
+layer_first the C API also copies the same per-layer pieces, from a pool of the same layout
+(kvnode_put_gather_checked, kvnode_get_scatter_checked: lease, copy and lease end in one call):
+the ratio is to that row, the one to contiguous pages is printed beside it. The adapter's time includes the pool's own get_page_buffer_meta (SGLang's
+Python, printed apart; for layer_first asked about two pages of each batch, the check of the
+adapter's page-base model) and, for layer_first, the gather of each page's per-layer pieces
+into / out of its block. The paths take turns in an order shuffled anew every round.
 
 Correctness: every put is read back and every get compared byte for byte (untimed, in
 every round, the destination zeroed before each get), every exists must find the stored
@@ -35,6 +39,7 @@ import argparse
 import ctypes
 import hashlib
 import os
+import random
 import select
 import statistics
 import sys
@@ -457,6 +462,53 @@ class CLayoutPath(Path):
             c.client.close()
 
 
+class CGatherPath(CLayoutPath):
+    """The C API doing layer_first's strided work, as a C engine with that host pool would:
+    from the same key strings (kvnode_fold_text), kvnode_put_gather_checked of every page's
+    per-layer pieces from a pool of the same layout, kvnode_get_scatter_checked into the
+    destination pages: lease, copy and lease end in one call each. Its pool's piece addresses
+    are computed once, before timing (a C engine computes them from its pool's geometry); the
+    blocks hold the pieces in the adapter's order (every layer's K, then every V)."""
+
+    def __init__(self, sock, rounds, tag, plan, layout, mla, layers, fresh, keys):
+        self.pool = host_pool(layout, mla, layers)
+        self.pool.kv_buffer.view(-1).copy_(torch.randn(self.pool.kv_buffer.numel(),
+                                                       generator=torch.Generator().manual_seed(9))
+                                           .to(self.pool.kv_buffer.dtype))
+        pool_pages(self.pool, PAGES, PAGES).zero_()
+        self.expect = raw(pool_pages(self.pool, 0, PAGES))
+        m = self.m = plan.pieces
+        src = self.pool.get_page_buffer_meta(indices(0, PAGES, PAGE_TOKENS))[0]
+        dst = self.pool.get_page_buffer_meta(indices(PAGES, PAGES, PAGE_TOKENS))[0]
+        self.src, self.dst = (ctypes.c_void_p * (PAGES * m))(*src), \
+            (ctypes.c_void_p * (PAGES * m))(*dst)
+        self.sizes = (ctypes.c_size_t * m)(*plan.piece_sizes)
+        self.offsets = (ctypes.c_size_t * m)(*plan.piece_offsets)
+        self.got = ctypes.c_size_t(0)
+        super().__init__(sock, rounds, tag, [plan.page_bytes], fresh, keys)
+
+    def put_keys(self, k):
+        n, karr, carr = self.fold(k)
+        need(_lib.kvnode_put_gather_checked(ctypes.c_void_p(self.cs[0].h), karr, carr,
+                                            ctypes.c_size_t(n), self.src, None,
+                                            ctypes.c_size_t(self.m), self.sizes,
+                                            self.offsets) == 0, "C put_gather_checked")
+
+    def get_keys(self, k):
+        n, karr, carr = self.fold(k)
+        need(_lib.kvnode_get_scatter_checked(ctypes.c_void_p(self.cs[0].h), karr, carr,
+                                             ctypes.c_size_t(n), self.dst, None,
+                                             ctypes.c_size_t(self.m), self.sizes, self.offsets,
+                                             ctypes.byref(self.got)) == 0
+             and self.got.value == PAGES, "C get_scatter_checked read %d of %d"
+             % (self.got.value, PAGES))
+
+    def after_get(self):
+        got = pool_pages(self.pool, PAGES, PAGES)
+        need(raw(got) == self.expect, "C gather: wrong bytes read back")
+        got.zero_()
+
+
 class LMCachePath(Path):
     def __init__(self, sock, rounds):
         self.conn = kvnode.lmcache.KvnodeL2Connector(socket_path=sock, model="bench-lmc",
@@ -513,12 +565,16 @@ class LMCachePath(Path):
 
 def measure(paths, rounds):
     """Median seconds of each operation of each path; the paths take turns within every
-    round (in a rotating order), so a busy machine slows them alike. Every operation is
-    followed (untimed) by its path's byte-exact check."""
+    round (in an order shuffled anew each round, seeded), so a busy machine slows them
+    alike. Every operation is followed (untimed) by its path's byte-exact check."""
     times = {name: {"put": [], "get": [], "exists": []} for name in paths}
     names = list(paths)
+    shuffle = random.Random(31).shuffle
     for r in range(-1, rounds):          # round -1 warms up, untimed
-        order = names[r % len(names):] + names[:r % len(names)]
+        # a new order every round: no path always runs right after the same one (an
+        # asynchronous path's I/O thread still winding down slows whatever comes next)
+        order = list(names)
+        shuffle(order)
         for op in ("put", "get", "exists"):
             for name in order:
                 p = paths[name]
@@ -568,6 +624,11 @@ def main():
                 cp = CLayoutPath(sock, args.rounds, name.replace(" ", "-"), sp.component_bytes,
                                  sp.fresh, sp.keys)
                 paths["sglang " + name], paths["C " + name] = sp, cp
+                plan = sp.store._plans[kvnode.sglang.KV_POOL]
+                if plan.gather:
+                    paths["C strided " + name] = CGatherPath(
+                        sock, args.rounds, name.replace(" ", "-") + "-strided", plan, layout,
+                        mla, args.layers, sp.fresh, sp.keys)
                 layouts.append((name, sp))
             got = measure(paths, args.rounds)
             meta = {name: sp.meta_seconds() for name, sp in layouts}
@@ -599,15 +660,25 @@ def main():
     over = []
     for name, sp in layouts:
         a, c = got["sglang " + name], got["C " + name]
-        ratios = [a[i] / c[i] for i in range(3)]
+        # the same work: a gathered layout's C row copies the same strided pieces; the C
+        # API on contiguous pages is printed below it, with the adapter's ratio to it
+        same = got.get("C strided " + name, c)
+        ratios = [a[i] / same[i] for i in range(3)]
         blocks = "+".join("%dK" % (nb // 1024) for nb in sp.component_bytes)
-        for who, t in (("sglang", a), ("C", c)):
-            label = "%s %s (%d, %s)" % (who, name, sp.pieces, blocks) if who == "sglang" \
-                else "  C API, same work"
+        rows = [("sglang %s (%d, %s)" % (name, sp.pieces, blocks), a),
+                ("  C API, same work" + (" (same pieces)" if same is not c else ""), same)]
+        if same is not c:
+            rows.append(("  C API, contiguous pages", c))
+        for label, t in rows:
+            extra = ""
+            if t is a:
+                extra = "   %.2f / %.2f / %.2f%s %11.1f" % (
+                    tuple(ratios) + ("" if max(ratios) <= LIMIT else " *", meta[name] * 1e6))
+            elif t is c and same is not c:
+                extra = "   (sglang: %.2f / %.2f / %.2f of this)" % tuple(a[i] / c[i]
+                                                                     for i in range(3))
             print("%-44s %11.0f %11.0f %13.1f" % (label, mib / t[0], mib / t[1], t[2] * 1e6)
-                  + ("   %.2f / %.2f / %.2f%s %11.1f"
-                     % (tuple(ratios) + ("" if max(ratios) <= LIMIT else " *",
-                                         meta[name] * 1e6)) if who == "sglang" else ""))
+                  + extra)
         if max(ratios) > LIMIT:
             over.append(name)
     print("within %.1fx of the C API: %s" % (LIMIT, "every layout" if not over else

@@ -4,7 +4,10 @@
  * - `status` exits 0 and shows the socket path;
  * - `put` of a random file (not a whole number of blocks) prints one key per
  *   block, and `get` of those keys with --size gives the file back byte for
- *   byte, through shared memory and with --inline; both gets connect as
+ *   byte, through shared memory and with --inline, and so does a get of the
+ *   keys file `put --keys-out` wrote, without --size (the file records the
+ *   size; issue 33), while a recorded size the keys cannot hold is a usage
+ *   error; the gets connect as
  *   readers (memory lent read-only, the daemon's log says so), the puts not;
  * - `namespaces --json` prints a JSON array that has the namespace used. */
 #include <check.h>
@@ -106,14 +109,58 @@ START_TEST(kvnodectl_status_put_get_namespaces)
         ck_assert_msg(memcmp(got, orig, FILE_BYTES) == 0, "get%s returned different bytes",
                       inl ? " --inline" : "");
         free(got);
+
+        /* The same get with the keys file `put --keys-out` wrote and no --size:
+         * the file records the input's size, so the bytes are the file's, the
+         * last block not padded (issue 33: `cmp` of what was put and got). */
+        char keys_out[PATH_MAX + 16];
+        snprintf(keys_out, sizeof keys_out, "%s/keys-out.txt", d.dir);
+        char *const put2_argv[] = { (char *)ctl, (char *)"-S", sock, (char *)"put", (char *)"--model",
+                                    (char *)model, (char *)"--block-bytes", (char *)"64KiB",
+                                    (char *)"--keys-out", keys_out, data, NULL };
+        free(run_ok(put2_argv, "put --keys-out"));
+        char *const get2_argv[] = { (char *)ctl, (char *)"-S", sock, (char *)"get", (char *)"--model",
+                                    (char *)model, (char *)"--block-bytes", (char *)"64KiB",
+                                    (char *)"--keys-file", keys_out, (char *)"-o", back,
+                                    inl ? (char *)"--inline" : NULL, NULL };
+        free(run_ok(get2_argv, "get without --size"));
+        got = kvh_read_file(back, &blen);
+        ck_assert_ptr_nonnull(got);
+        ck_assert_msg(blen == FILE_BYTES, "get of a --keys-out file without --size wrote %zu bytes, the file "
+                      "has %d", blen, FILE_BYTES);
+        ck_assert_msg(memcmp(got, orig, FILE_BYTES) == 0, "get%s of a --keys-out file returned different bytes",
+                      inl ? " --inline" : "");
+        free(got);
     }
     free(orig);
+
+    /* A keys file whose recorded size its keys cannot hold (edited by hand, or
+     * another file's) is refused as a usage error, and nothing is written. */
+    f = fopen(keys, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("# size 65537\n1\n", f);   /* one key holds at most 65536 bytes */
+    ck_assert_int_eq(fclose(f), 0);
+    unlink(back);
+    char *const bad_argv[] = { (char *)ctl, (char *)"-S", sock, (char *)"get", (char *)"--model",
+                               (char *)"ctl-smoke", (char *)"--block-bytes", (char *)"64KiB",
+                               (char *)"--keys-file", keys, (char *)"-o", back, NULL };
+    char *out_text = NULL, *err_text = NULL;
+    int st = proc_exit_code(proc_run(&(struct proc_opts){ .argv = (const char *const *)bad_argv }, 10000,
+                                     &out_text, &err_text));
+    ck_assert_msg(st == 2, "get of a keys file recording 65537 bytes for one key: exit %d, not 2: %s", st,
+                  err_text ? err_text : "");
+    ck_assert_msg(err_text && strstr(err_text, "65537"), "the usage error does not name the size: %s",
+                  err_text ? err_text : "");
+    ck_assert_msg(access(back, F_OK) != 0, "get wrote %s despite the usage error", back);
+    free(out_text);
+    free(err_text);
+
     char *log = kvh_read_log(&d);
     ck_assert_ptr_nonnull(log);
     int readers = 0;
     for (const char *p = log; (p = strstr(p, "reader (memory lent read-only)")) != NULL; p++)
         readers++;
-    ck_assert_msg(readers == 2, "%d connections declared themselves readers, not the 2 gets", readers);
+    ck_assert_msg(readers == 4, "%d connections declared themselves readers, not the 4 gets", readers);
     free(log);
 
     /* namespaces --json */

@@ -8,7 +8,7 @@
 # folder<->top-level cycle and passes a one-way tree. The GET and PUT walks of
 # docs/ARCHITECTURE.md stay true and short (issue 29): scripts/request-path.py,
 # self-tested the same way. Run by `make check` as a script test; prints what
-# is wrong and exits 1.
+# is wrong and exits 1. Every man page carries one .TH date (issue 33).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 MAX_LINES=${MAX_LINES:-900}
@@ -85,6 +85,14 @@ while read -r n f; do
     fail=1
   fi
 done < <(find daemon -name '*.[ch]' -print0 | xargs -0 wc -l)
+# One date in every man page (issue 33): the .TH lines' third field agree.
+man_dates=$(sed -n -E 's/^\.TH +[^ ]+ +[^ ]+ +("[^"]*"|[^ ]+).*/\1/p' man/*.[0-9] | tr -d '"' | sort -u)
+if [[ $(wc -l <<<"$man_dates") -ne 1 || -z $man_dates ]]; then
+  echo "layout: the man pages' .TH dates differ (give them all one date):" >&2
+  grep -H '^\.TH' man/*.[0-9] >&2
+  fail=1
+fi
+
 (( fail == 0 )) && echo "layout: no include cycle between modules or folders; every daemon/ file within $MAX_LINES lines;" \
-    "the GET/PUT walks hold"
+    "the GET/PUT walks hold; one date in every man page"
 exit $fail

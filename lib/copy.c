@@ -1,0 +1,353 @@
+/* copy: blocks gathered from / scattered to pieces of the caller's memory
+ * (KVNODE_0.8, issue 31). A host pool laid out layer by layer (SGLang's
+ * layer_first) holds one page's bytes as one piece per layer; kvnode_gather /
+ * kvnode_scatter copy a whole batch of such pages into / out of the blocks a
+ * lease lent, in one call instead of one copy per piece from the caller's
+ * language, and kvnode_put_gather_checked / kvnode_get_scatter_checked take
+ * and end the leases around that copy as the _batch calls do. Owns no state. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "kvnode.h"
+
+/* At most this many pieces per block are sorted on the stack. */
+#define COPY_STACK_PIECES 256
+
+struct copy_place {
+    size_t off, len, piece;     /* where piece `piece` goes in the block */
+};
+
+static int copy_by_offset(const void *a, const void *b)
+{
+    const struct copy_place *x = a, *y = b;
+
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Sorts the pieces' places in the block by offset into `order` and checks
+ * they tile it: each inside, none overlapping another, block_bytes in all. */
+static int copy_plan(size_t block_bytes, size_t m, const size_t *piece_bytes,
+                     const size_t *piece_offsets, struct copy_place *order)
+{
+    size_t total = 0, end = 0;
+
+    if (block_bytes == 0 || m == 0 || !piece_bytes || !piece_offsets)
+        return -KVNODE_EINVAL;
+    for (size_t j = 0; j < m; j++) {
+        if (piece_bytes[j] > block_bytes || piece_offsets[j] > block_bytes - piece_bytes[j])
+            return -KVNODE_EINVAL;          /* outside the block */
+        total += piece_bytes[j];            /* each <= block_bytes: checked below */
+        if (total > block_bytes)
+            return -KVNODE_EINVAL;
+        order[j] = (struct copy_place){ piece_offsets[j], piece_bytes[j], j };
+    }
+    if (total != block_bytes)
+        return -KVNODE_EINVAL;              /* the pieces leave a gap */
+    qsort(order, m, sizeof *order, copy_by_offset);
+    for (size_t j = 0; j < m; j++) {
+        if (order[j].len == 0)
+            continue;
+        if (order[j].off < end)
+            return -KVNODE_EINVAL;          /* overlaps the piece before it */
+        end = order[j].off + order[j].len;
+    }
+    return 0;
+}
+
+/* Where piece j of block i lies in the caller's memory. */
+static uintptr_t copy_piece(const void *const *pieces, const ptrdiff_t *piece_at, size_t m,
+                            size_t i, size_t j)
+{
+    if (piece_at)
+        return pieces[i] ? (uintptr_t)pieces[i] + (uintptr_t)piece_at[j] : 0;
+    return (uintptr_t)pieces[i * m + j];
+}
+
+static int copy_overlap(uintptr_t a, size_t alen, uintptr_t b, size_t blen)
+{
+    return alen && blen && a < b + blen && b < a + alen;
+}
+
+/* Every piece of every block that is copied: not NULL, not overlapping its
+ * block (checked before the first byte moves, so a bad batch copies none). */
+static int copy_check_pieces(const void *const *blocks, size_t n, size_t block_bytes,
+                             const void *const *pieces, const ptrdiff_t *piece_at, size_t m,
+                             const struct copy_place *order)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!blocks[i])
+            continue;
+        for (size_t k = 0; k < m; k++) {
+            uintptr_t p = copy_piece(pieces, piece_at, m, i, order[k].piece);
+
+            if (order[k].len && (!p || copy_overlap(p, order[k].len, (uintptr_t)blocks[i],
+                                                    block_bytes)))
+                return -KVNODE_EINVAL;
+        }
+    }
+    return 0;
+}
+
+/* The pieces' places sorted and checked (copy_plan); *order is `stack` or
+ * malloc()ed (copy_done frees it). */
+static int copy_prepare(size_t block_bytes, size_t m, const size_t *piece_bytes,
+                        const size_t *piece_offsets, struct copy_place *stack,
+                        struct copy_place **order)
+{
+    *order = stack;
+    if (m > COPY_STACK_PIECES) {
+        *order = m > SIZE_MAX / sizeof **order ? NULL : malloc(m * sizeof **order);
+        if (!*order)
+            return -KVNODE_ENOMEM;
+    }
+    return copy_plan(block_bytes, m, piece_bytes, piece_offsets, *order);
+}
+
+static void copy_done(struct copy_place *stack, struct copy_place *order)
+{
+    if (order != stack)
+        free(order);
+}
+
+/* Checks every piece (copy_check_pieces), then copies them. */
+static int copy_run(const void *const *blocks, size_t n, size_t block_bytes,
+                    const void *const *pieces, const ptrdiff_t *piece_at, size_t m,
+                    const struct copy_place *order, int to_blocks)
+{
+    int rc = copy_check_pieces(blocks, n, block_bytes, pieces, piece_at, m, order);
+
+    /* Piece by piece, each across every block: a piece of consecutive pages
+     * usually lies in one run of the caller's memory (a layer of a pool), so
+     * that side moves sequentially; in measurements this beat block by block
+     * and held up when the two sides' addresses share their low bits. */
+    for (size_t k = 0; rc == 0 && k < m; k++) {
+        const struct copy_place *pl = &order[k];
+
+        if (!pl->len)
+            continue;
+        for (size_t i = 0; i < n; i++) {
+            char *block = (char *)(uintptr_t)blocks[i];
+            void *mine = (void *)copy_piece(pieces, piece_at, m, i, pl->piece);
+
+            if (!block)
+                continue;                   /* e.g. a key put_begin found stored */
+            if (to_blocks)
+                memcpy(block + pl->off, mine, pl->len);
+            else
+                memcpy(mine, block + pl->off, pl->len);
+        }
+    }
+    return rc;
+}
+
+static int copy_blocks(const void *const *blocks, size_t n, size_t block_bytes,
+                       const void *const *pieces, const ptrdiff_t *piece_at, size_t m,
+                       const size_t *piece_bytes, const size_t *piece_offsets, int to_blocks)
+{
+    struct copy_place stack[COPY_STACK_PIECES], *order;
+    int rc;
+
+    if (n == 0)
+        return 0;
+    if (!blocks || !pieces || (!piece_at && m > SIZE_MAX / n))
+        return -KVNODE_EINVAL;
+    rc = copy_prepare(block_bytes, m, piece_bytes, piece_offsets, stack, &order);
+    if (rc == 0)
+        rc = copy_run(blocks, n, block_bytes, pieces, piece_at, m, order, to_blocks);
+    copy_done(stack, order);
+    return rc;
+}
+
+int kvnode_gather(void *const *blocks, size_t n, size_t block_bytes, const void *const *pieces,
+                  const ptrdiff_t *piece_at, size_t m, const size_t *piece_bytes,
+                  const size_t *piece_offsets)
+{
+    return copy_blocks((const void *const *)blocks, n, block_bytes, pieces, piece_at, m,
+                       piece_bytes, piece_offsets, 1);
+}
+
+int kvnode_scatter(const void *const *blocks, size_t n, size_t block_bytes, void *const *pieces,
+                   const ptrdiff_t *piece_at, size_t m, const size_t *piece_bytes,
+                   const size_t *piece_offsets)
+{
+    return copy_blocks(blocks, n, block_bytes, (const void *const *)pieces, piece_at, m,
+                       piece_bytes, piece_offsets, 0);
+}
+
+/* The pieces of the blocks [done, done + chunk) of a batch. */
+static const void *const *copy_chunk(const void *const *pieces, const ptrdiff_t *piece_at,
+                                     size_t m, size_t done)
+{
+    return pieces + (piece_at ? done : done * m);
+}
+
+/* The lent locations as kvnode_gather's blocks: host memory only (a block
+ * lent in GPU memory is not copied with memcpy). */
+static int copy_lent(kvnode_client *c, const kvnode_loc *locs, size_t n, void **blocks,
+                     const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (locs[i].ptr && locs[i].tier != KVNODE_TIER_HOST) {
+            client_seterr(c, "%s: block %zu was lent in GPU memory; gathered copies are "
+                          "host memory only", what, i);
+            return -KVNODE_EINVAL;
+        }
+        blocks[i] = locs[i].ptr;
+    }
+    return 0;
+}
+
+/* Checks what both batched calls take; *cap: keys per lease. */
+static int copy_entry(kvnode_client *c, const kvnode_key *keys, size_t n, const void *pieces,
+                      size_t *cap, const char *what)
+{
+    if (!c || (n && (!keys || !pieces))) {
+        if (c)
+            client_seterr(c, "%s: NULL argument", what);
+        return -KVNODE_EINVAL;
+    }
+    *cap = c->max_keys ? c->max_keys : n;
+    return 0;
+}
+
+static int copy_bad_pieces(kvnode_client *c, int rc, const char *what)
+{
+    if (rc == -KVNODE_EINVAL)
+        client_seterr(c, "%s: the pieces do not tile the block (each inside it, none "
+                      "overlapping, block_bytes in all), or one is NULL or overlaps its block",
+                      what);
+    else if (rc == -KVNODE_ENOMEM)
+        client_seterr(c, "%s: out of memory", what);
+    return rc;
+}
+
+/* Ends a lease whose copy failed (put: aborted), keeping the failure's message. */
+static void copy_release(kvnode_client *c, kvnode_lease lease, int put)
+{
+    char saved[CLIENT_MSG_MAX];
+
+    snprintf(saved, sizeof saved, "%s", client_errmsg(c));
+    if (put)
+        (void)kvnode_put_abort(c, lease);
+    else
+        (void)kvnode_get_end(c, lease);
+    client_seterr(c, "%s", saved);
+}
+
+int kvnode_put_gather_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, const void *const *pieces, const ptrdiff_t *piece_at,
+                              size_t m, const size_t *piece_bytes, const size_t *piece_offsets)
+{
+    static const char what[] = "kvnode_put_gather_checked";
+    struct copy_place stack[COPY_STACK_PIECES], *order;
+    kvnode_loc *locs = NULL;
+    void **blocks = NULL;
+    size_t done = 0, cap;
+    int rc = copy_entry(c, keys, n, pieces, &cap, what);
+
+    if (rc < 0 || n == 0)
+        return rc;
+    rc = copy_prepare(c->block_bytes, m, piece_bytes, piece_offsets, stack, &order);
+    if (rc < 0) {
+        copy_done(stack, order);
+        return copy_bad_pieces(c, rc, what);
+    }
+    cap = cap < n ? cap : n;
+    locs = malloc(cap * sizeof *locs);
+    blocks = malloc(cap * sizeof *blocks);
+    if (!locs || !blocks)
+        rc = copy_bad_pieces(c, -KVNODE_ENOMEM, what);
+    while (rc == 0 && done < n) {
+        size_t chunk = n - done < cap ? n - done : cap;
+        kvnode_lease lease;
+
+        rc = kvnode_put_begin_checked(c, keys + done, checks ? checks + done : NULL, chunk,
+                                      KVNODE_TIER_HOST, &lease, locs);
+        if (rc < 0)
+            break;
+        if (lease == 0) {       /* every key already stored: nothing lent */
+            done += chunk;
+            continue;
+        }
+        rc = copy_lent(c, locs, chunk, blocks, what);
+        if (rc == 0 && (rc = copy_run((const void *const *)blocks, chunk, c->block_bytes,
+                                      copy_chunk(pieces, piece_at, m, done), piece_at, m,
+                                      order, 1)) < 0)
+            copy_bad_pieces(c, rc, what);
+        if (rc < 0) {
+            copy_release(c, lease, 1);
+            break;
+        }
+        rc = kvnode_put_commit(c, lease);
+        done += chunk;
+    }
+    free(locs);
+    free(blocks);
+    copy_done(stack, order);
+    return rc;
+}
+
+int kvnode_get_scatter_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                               size_t n, void *const *pieces, const ptrdiff_t *piece_at,
+                               size_t m, const size_t *piece_bytes, const size_t *piece_offsets,
+                               size_t *got)
+{
+    static const char what[] = "kvnode_get_scatter_checked";
+    struct copy_place stack[COPY_STACK_PIECES], *order;
+    kvnode_loc *locs = NULL;
+    void **blocks = NULL;
+    size_t done = 0, cap;
+    int rc = copy_entry(c, keys, n, pieces, &cap, what);
+
+    if (got)
+        *got = 0;
+    if (rc == 0 && !got) {
+        client_seterr(c, "%s: NULL argument", what);
+        rc = -KVNODE_EINVAL;
+    }
+    if (rc < 0 || n == 0)
+        return rc;
+    rc = copy_prepare(c->block_bytes, m, piece_bytes, piece_offsets, stack, &order);
+    if (rc < 0) {
+        copy_done(stack, order);
+        return copy_bad_pieces(c, rc, what);
+    }
+    cap = cap < n ? cap : n;
+    locs = malloc(cap * sizeof *locs);
+    blocks = malloc(cap * sizeof *blocks);
+    if (!locs || !blocks)
+        rc = copy_bad_pieces(c, -KVNODE_ENOMEM, what);
+    while (rc == 0 && done < n) {
+        size_t chunk = n - done < cap ? n - done : cap, g = 0;
+        kvnode_lease lease;
+
+        rc = kvnode_get_begin_checked(c, keys + done, checks ? checks + done : NULL, chunk,
+                                      &lease, locs, &g);
+        if (rc < 0)
+            break;
+        rc = copy_lent(c, locs, g, blocks, what);
+        if (rc == 0 && (rc = copy_run((const void *const *)blocks, g, c->block_bytes,
+                                      copy_chunk((const void *const *)pieces, piece_at, m, done),
+                                      piece_at, m, order, 0)) < 0)
+            copy_bad_pieces(c, rc, what);
+        if (rc < 0) {
+            copy_release(c, lease, 0);
+            break;
+        }
+        /* the copies count only if the pin held until the end */
+        rc = kvnode_get_end(c, lease);
+        if (rc < 0)
+            break;
+        done += g;
+        if (g < chunk)
+            break;
+    }
+    free(locs);
+    free(blocks);
+    copy_done(stack, order);
+    *got = done;
+    return rc;
+}
