@@ -139,6 +139,31 @@ static int client_env_timeout(void)
     return (int)v;
 }
 
+#define CLIENT_BUSY_POLL_US     50u
+#define CLIENT_BUSY_POLL_MAX_US 10000u
+
+/* The spin bound: $KVNODE_BUSY_POLL_US when it is a number in 0..10000
+ * (else ignored), otherwise the flag's default. */
+static unsigned client_busy_poll(unsigned flags)
+{
+    const char *s = getenv("KVNODE_BUSY_POLL_US");
+    char *end;
+    long v;
+
+    if (s && *s) {
+        errno = 0;
+        v = strtol(s, &end, 10);
+        if (!errno && !*end && v >= 0 && v <= (long)CLIENT_BUSY_POLL_MAX_US)
+            return (unsigned)v;
+    }
+    return (flags & KVNODE_CONNECT_BUSY_POLL) ? CLIENT_BUSY_POLL_US : 0;
+}
+
+unsigned kvnode_busy_poll_us(const kvnode_client *c)
+{
+    return c ? c->busy_poll_us : 0;
+}
+
 static int client_open_socket(kvnode_client *c, const char *path, int64_t deadline)
 {
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -490,7 +515,7 @@ int kvnode_connect_device(const char *socket_path, const kvnode_layout *layout, 
     return kvnode_connect_flags(socket_path, layout, cuda_device, 0, out);
 }
 
-#define CLIENT_CONNECT_KNOWN (KVNODE_CONNECT_READER | KVNODE_CONNECT_PREFAULT)
+#define CLIENT_CONNECT_KNOWN (KVNODE_CONNECT_READER | KVNODE_CONNECT_PREFAULT | KVNODE_CONNECT_BUSY_POLL)
 
 static size_t client_host_arenas(const kvnode_client *c);
 
@@ -521,7 +546,7 @@ int kvnode_connect_revision(const char *socket_path, const kvnode_layout *layout
     if (flags & ~(unsigned)CLIENT_CONNECT_KNOWN) {
         snprintf(client_connect_err, sizeof client_connect_err,
                  "kvnode_connect_flags: unknown flags 0x%x (this libkvnode knows 0x%x: "
-                 "KVNODE_CONNECT_READER, KVNODE_CONNECT_PREFAULT)",
+                 "KVNODE_CONNECT_READER, KVNODE_CONNECT_PREFAULT, KVNODE_CONNECT_BUSY_POLL)",
                  flags & ~(unsigned)CLIENT_CONNECT_KNOWN, (unsigned)CLIENT_CONNECT_KNOWN);
         return -KVNODE_EINVAL;
     }
@@ -547,6 +572,7 @@ int kvnode_connect_revision(const char *socket_path, const kvnode_layout *layout
     c->observer = layout == NULL;
     c->cuda_device = layout ? cuda_device : -1;     /* observers lend no memory */
     c->reader_asked = layout && (flags & KVNODE_CONNECT_READER);
+    c->busy_poll_us = client_busy_poll(flags);
     c->send_max = CLIENT_PRE_HELLO_MAX;
     c->recv_max = CLIENT_PRE_HELLO_MAX;
     if (!socket_path || !*socket_path) {

@@ -485,12 +485,25 @@ static int client_io_step(kvnode_client *c)
     c->poll_deadline = first;
     p[0] = (struct pollfd){ .fd = c->fd, .events = (short)(POLLIN | (c->tx_head ? POLLOUT : 0)) };
     broken = c->tx_broken;
+    /* Only a synchronous caller waiting for a reply spins (never the I/O
+     * thread, which waits for the daemon's notices too). */
+    unsigned spin_us = c->driving && !c->tx_head && c->slots ? c->busy_poll_us : 0;
     pthread_mutex_unlock(&c->lock);
     p[1] = (struct pollfd){ .fd = c->wake_fd, .events = POLLIN };
     timeout = first == INT64_MAX ? -1 : client_remaining_ms(first);
     if (broken)
         timeout = 0;
-    if (poll(p, 2, timeout) < 0 && errno != EINTR) {
+    int ready = 0;
+    if (spin_us && timeout != 0) {
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        do {
+            ready = poll(p, 2, 0);
+            clock_gettime(CLOCK_MONOTONIC, &t);
+        } while (ready == 0 &&
+                 (t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 < (long)spin_us);
+    }
+    if (ready <= 0 && poll(p, 2, timeout) < 0 && errno != EINTR) {
         client_kill(c, -KVNODE_EIO, "poll: %s", strerror(errno));
         return -1;
     }

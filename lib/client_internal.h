@@ -97,6 +97,7 @@ struct kvnode_client {
     size_t rx_cap, tx_cap;
     int cuda_device;            /* declared in HELLO; -1: none */
     int reader_asked;           /* HELLO declared the client a reader (KVNODE_CONNECT_READER) */
+    unsigned busy_poll_us;      /* a synchronous caller spins this long before poll sleeps */
     int reader;                 /* the daemon confirmed it: arenas are mapped PROT_READ */
     int have_rt;                /* rt holds a CUDA runtime */
     struct cudart rt;

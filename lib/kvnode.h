@@ -137,6 +137,14 @@ enum {
     KVNODE_CONNECT_READER = 1u << 0,
     /* Start kvnode_prefault(c, 0) when the connect succeeds (see there). */
     KVNODE_CONNECT_PREFAULT = 1u << 1,
+    /* A synchronous call spins for its reply (polling the socket without
+     * sleeping) for up to 50 us, or $KVNODE_BUSY_POLL_US, before it sleeps
+     * in poll(). It pays where a wakeup costs more than the round trip
+     * (virtual machines: tens of us per wakeup) and the engine thread
+     * would only wait anyway; it costs the CPU it spins on. Off by
+     * default. $KVNODE_BUSY_POLL_US (1..10000) sets the bound for every
+     * client of the process, with or without the flag; 0 turns it off. */
+    KVNODE_CONNECT_BUSY_POLL = 1u << 2,
 };
 /* kvnode_connect_device with flags (KVNODE_CONNECT_*; 0: as
  * kvnode_connect_device). Unknown flags fail with -KVNODE_EINVAL. A daemon
@@ -149,6 +157,9 @@ int  kvnode_connect_flags(const char *socket_path, const kvnode_layout *layout, 
 /* 1 when the daemon holds this client to reading (KVNODE_CONNECT_READER was
  * asked for and granted), else 0. */
 int  kvnode_is_reader(const kvnode_client *c);
+/* The spin bound of this client's synchronous calls in us (0: none; see
+ * KVNODE_CONNECT_BUSY_POLL). */
+unsigned kvnode_busy_poll_us(const kvnode_client *c);
 /* Message of the last failed kvnode_connect on this thread ("" when none). */
 const char *kvnode_connect_error(void);
 void kvnode_close(kvnode_client *c);
