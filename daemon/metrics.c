@@ -174,6 +174,14 @@ static void render_cache(struct evbuffer *out, const struct stats_snapshot *snap
            "Bytes of the host tier reserved and populated so far (blocks are placed only there; "
            "equals the capacity once start-up population is done).");
     sample_u(out, "kvnode_host_reserved_bytes", NULL, s->host.reserved_bytes);
+    /* For alerting: a failed population leaves the host tier short for good. */
+    family(out, "kvnode_host_populate_state", "gauge",
+           "1 for the state of the host tier's start-up population (running, done, failed: the tier "
+           "stays at kvnode_host_reserved_bytes, the error in /stats; stopped).");
+    static const char *const populate_states[] = { "running", "done", "failed", "stopped" };
+    for (size_t i = 0; i < 4; i++)
+        sample_u(out, "kvnode_host_populate_state", L("state", populate_states[i]),
+                 s->populate_state && strcmp(s->populate_state, populate_states[i]) == 0);
     family(out, "kvnode_host_pinned_bytes", "gauge",
            "Bytes of the host tier registered with the GPU runtime (cudaHostRegister) so far.");
     sample_u(out, "kvnode_host_pinned_bytes", NULL, s->pinned_bytes);

@@ -9,6 +9,7 @@ packages=(
   libjansson-dev libcurl4-openssl-dev libinih-dev libsystemd-dev libhiredis-dev redis-server redis-tools
   check python3 python3-prometheus-client python3-pytest python3-numpy python3-torch man-db groff-base procps systemd
   python3-venv python3-pip python3-setuptools python3-wheel
+  strace
 )
 
 missing=()
