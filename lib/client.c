@@ -447,6 +447,11 @@ static void client_reset(kvnode_client *c)
 
 static void client_free(kvnode_client *c)
 {
+    /* A clean close leaves no lease behind: the deferred lease ends and
+     * commits are waited for (within the client's timeout) before the
+     * connection goes. */
+    if (c->lock_ready)
+        (void)client_flush(c);
     /* First: no thread may copy into or out of the arenas once they go. */
     client_async_stop(c);
     prefault_stop(c->prefault);     /* before the mappings it walks go */

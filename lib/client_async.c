@@ -150,6 +150,34 @@ static void client_finish_async_reply(struct client_slot *s, const Kvnode__Respo
 static void client_finish_slot_locked(kvnode_client *c, struct client_slot *s,
                                       Kvnode__Response *resp, int rc, const char *msg)
 {
+    if (s->deferred) {
+        /* Nobody waits: keep the first error for the next call. The end of
+         * the connection (resp NULL) is not kept: every later call says so. */
+        int erc = 0;
+        const char *why = "";
+        char buf[64];
+
+        if (resp && resp->error) {
+            erc = client_error_code(resp->error);
+            why = resp->error->message && resp->error->message[0] ? resp->error->message
+                                                                   : kvnode_strerror(erc);
+        } else if (resp && (int)resp->result_case != s->op) {
+            erc = -KVNODE_EPROTO;
+            snprintf(buf, sizeof buf, "protocol: reply carries result %d", (int)resp->result_case);
+            why = buf;
+        }
+        if (erc && !c->deferred_rc) {
+            c->deferred_rc = erc;
+            snprintf(c->deferred_msg, sizeof c->deferred_msg, "earlier %s of lease %" PRIu64
+                     " (not waited for) failed: %s", wire_op_name(s->op), s->lease, why);
+        }
+        if (resp)
+            kvnode__response__free_unpacked(resp, NULL);
+        c->n_deferred--;
+        free(s);
+        pthread_cond_broadcast(&c->cond);   /* client_flush waits for n_deferred 0 */
+        return;
+    }
     if (s->async) {
         struct client_done *d = s->async;
 
@@ -290,7 +318,10 @@ int client_submit_locked(kvnode_client *c, Kvnode__Request *req, struct client_s
     }
     s->id = req->id;
     s->timeout_ms = c->timeout_ms;
-    s->deadline = client_now_ms() + c->timeout_ms;
+    /* A deferred request has no waiter and so no deadline until one waits
+     * for it (client_flush); a later call's own deadline covers it (the
+     * daemon answers in order). */
+    s->deadline = s->deferred ? INT64_MAX : client_now_ms() + c->timeout_ms;
     s->next = c->slots;
     c->slots = s;
     c->n_slots++;
@@ -736,6 +767,14 @@ int client_call(kvnode_client *c, Kvnode__Request *req, int expect, Kvnode__Resp
         pthread_mutex_unlock(&c->lock);
         return client_check_alive(c);
     }
+    if (c->deferred_rc) {
+        char msg[CLIENT_MSG_MAX];
+
+        rc = client_take_deferred_locked(c, msg, sizeof msg);
+        pthread_mutex_unlock(&c->lock);
+        client_seterr(c, "%s (this %s was not sent)", msg, op);
+        return rc;
+    }
     rc = client_submit_locked(c, req, &s);
     if (rc < 0) {
         pthread_mutex_unlock(&c->lock);
@@ -783,4 +822,107 @@ int client_call(kvnode_client *c, Kvnode__Request *req, int expect, Kvnode__Resp
     }
     *out = resp;
     return 0;
+}
+
+/* --- deferred requests ---------------------------------------------------- */
+
+int client_take_deferred_locked(kvnode_client *c, char *msg, size_t cap)
+{
+    int rc = c->deferred_rc;
+
+    if (rc) {
+        snprintf(msg, cap, "%s", c->deferred_msg);
+        c->deferred_rc = 0;
+        c->deferred_msg[0] = '\0';
+    }
+    return rc;
+}
+
+int client_call_deferred(kvnode_client *c, Kvnode__Request *req, uint64_t lease)
+{
+    const char *op = wire_op_name((int)req->op_case);
+    char msg[CLIENT_MSG_MAX];
+    struct client_slot *s;
+    int rc;
+
+    if (client_check_alive(c) < 0)
+        return -KVNODE_ECLOSED;
+    s = calloc(1, sizeof *s);
+    if (!s) {
+        client_seterr(c, "%s: out of memory", op);
+        return -KVNODE_ENOMEM;
+    }
+    s->deferred = 1;
+    s->lease = lease;
+    s->op = (int)req->op_case;
+    pthread_mutex_lock(&c->lock);
+    if (c->dead) {
+        pthread_mutex_unlock(&c->lock);
+        free(s);
+        return client_check_alive(c);
+    }
+    if (c->deferred_rc) {
+        rc = client_take_deferred_locked(c, msg, sizeof msg);
+        pthread_mutex_unlock(&c->lock);
+        free(s);
+        client_seterr(c, "%s (this %s was not sent)", msg, op);
+        return rc;
+    }
+    /* Counted before the send: a send that ends the connection finishes
+     * (and frees) s at once. */
+    c->n_deferred++;
+    rc = client_submit_locked(c, req, s);
+    if (rc < 0) {
+        c->n_deferred--;
+        pthread_mutex_unlock(&c->lock);
+        client_seterr(c, "%s", s->err);
+        free(s);
+        return rc;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
+int client_flush(kvnode_client *c)
+{
+    char msg[CLIENT_MSG_MAX];
+    int64_t deadline = client_now_ms() + c->timeout_ms;
+    int rc;
+
+    pthread_mutex_lock(&c->lock);
+    if (c->n_deferred && !c->dead) {
+        /* From now on the deferred requests are waited for: the client's
+         * timeout bounds them like any request's. */
+        for (struct client_slot *s = c->slots; s; s = s->next)
+            if (s->deferred && s->deadline > deadline)
+                s->deadline = deadline;
+        if (deadline < c->poll_deadline)
+            client_wake_io(c);
+    }
+    while (c->n_deferred && !c->dead) {
+        int64_t until = deadline + CLIENT_WAIT_GRACE_MS;
+
+        if (!c->io_running && !c->driving && !c->io_wanted) {
+            c->driving = 1;
+            pthread_mutex_unlock(&c->lock);
+            (void)client_io_step(c);
+            pthread_mutex_lock(&c->lock);
+            c->driving = 0;
+            pthread_cond_broadcast(&c->cond);
+            continue;
+        }
+        struct timespec ts = { .tv_sec = (time_t)(until / 1000),
+                               .tv_nsec = (long)(until % 1000) * 1000000L };
+
+        if (pthread_cond_timedwait(&c->cond, &c->lock, &ts) == ETIMEDOUT && c->n_deferred)
+            client_kill_locked(c, -KVNODE_ETIMEDOUT, "timed out after %d ms waiting to receive "
+                               "a reply", c->timeout_ms);
+    }
+    rc = client_take_deferred_locked(c, msg, sizeof msg);
+    pthread_mutex_unlock(&c->lock);
+    if (rc) {
+        client_seterr(c, "%s", msg);
+        return rc;
+    }
+    return client_check_alive(c);
 }

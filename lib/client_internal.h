@@ -139,6 +139,12 @@ struct kvnode_client {
     struct client_job *job_head, *job_tail; /* [lock] */
     uint64_t next_ticket;       /* [lock] */
     size_t tickets_open;        /* [lock] submitted, not yet drained */
+    /* Deferred requests (kvnode_get_end, kvnode_put_commit_nowait): sent,
+     * their reply consumed by whoever reads the socket; the first error is
+     * kept until a call returns it (client_take_deferred_locked). */
+    size_t n_deferred;          /* [lock] deferred requests without a reply */
+    int deferred_rc;            /* [lock] 0, or the first deferred error not yet returned */
+    char deferred_msg[CLIENT_MSG_MAX];  /* [lock] its message */
     /* I/O thread's receive state */
     uint8_t rx_hdr[WIRE_HEADER_BYTES];
     size_t rx_hdr_got, rx_want, rx_got;
@@ -213,6 +219,10 @@ struct client_slot {
     struct client_done *async;      /* asynchronous: the completion to fill */
     size_t n;                       /* keys of the asynchronous request */
     bool *each;                     /* asynchronous per-key MATCH/DELETE: the caller's answer */
+    int deferred;                   /* fire-and-forget: nobody waits; an error is kept in
+                                     * c->deferred_rc (the slot is malloc()ed, freed at its end) */
+    uint64_t lease;                 /* deferred: the lease it ends, for the message */
+    int op;                         /* deferred: its op (KVNODE__REQUEST__OP_*) */
 };
 
 struct client_tx {
@@ -246,6 +256,17 @@ void client_async_stop(kvnode_client *c);      /* fail what is in flight, join t
  * end of the connection. Thread-safe. *out is the reply (free with
  * client_response_free). */
 int client_call(kvnode_client *c, Kvnode__Request *req, int expect, Kvnode__Response **out);
+/* Send req without waiting for its reply (a lease end or commit): the reply
+ * is read later by whoever drives the socket; an error reply is kept for the
+ * client's next call. 0, or a negative code with the error set (nothing
+ * sent; a deferred error of an earlier request is returned first). */
+int client_call_deferred(kvnode_client *c, Kvnode__Request *req, uint64_t lease);
+/* Wait until every deferred request has its reply (or the connection
+ * ended, or the client's timeout passed: the connection is then ended),
+ * then return the kept deferred error, if any. */
+int client_flush(kvnode_client *c);
+/* A kept deferred error: return it (error set, cleared) or 0. */
+int client_take_deferred_locked(kvnode_client *c, char *msg, size_t cap);
 
 /* A MATCH (del false) or DELETE request of keys[0..n) and their check words
  * (checks NULL: none) in req, its body in *m or *d (the caller's, which must

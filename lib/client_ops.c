@@ -71,7 +71,10 @@ static int client_resolve(kvnode_client *c, const Kvnode__Location *l, kvnode_lo
     return 0;
 }
 
-static int client_lease_op(kvnode_client *c, kvnode_lease lease, int op, const char *what)
+/* End, commit or abort a lease; deferred: send it and return (the reply is
+ * read later, an error kept for the next call). */
+static int client_lease_request(kvnode_client *c, kvnode_lease lease, int op, const char *what,
+                                int deferred)
 {
     Kvnode__Request req = KVNODE__REQUEST__INIT;
     Kvnode__LeaseRequest lr = KVNODE__LEASE_REQUEST__INIT;
@@ -92,11 +95,18 @@ static int client_lease_op(kvnode_client *c, kvnode_lease lease, int op, const c
     case KVNODE__REQUEST__OP_PUT_COMMIT: req.put_commit = &lr; break;
     default:                             req.put_abort = &lr; break;
     }
+    if (deferred)
+        return client_call_deferred(c, &req, lease);
     rc = client_call(c, &req, op, &resp);   /* result cases equal op cases */
     if (rc < 0)
         return rc;
     client_response_free(c, resp);
     return 0;
+}
+
+static int client_lease_op(kvnode_client *c, kvnode_lease lease, int op, const char *what)
+{
+    return client_lease_request(c, lease, op, what, 0);
 }
 
 /* Best-effort release of a lease we cannot hand to the caller; the message
@@ -309,7 +319,24 @@ int kvnode_get_begin_checked(kvnode_client *c, const kvnode_key *keys, const uin
 
 int kvnode_get_end(kvnode_client *c, kvnode_lease lease)
 {
+    return client_lease_request(c, lease, KVNODE__REQUEST__OP_GET_END, "get_end", 1);
+}
+
+int kvnode_get_end_wait(kvnode_client *c, kvnode_lease lease)
+{
     return client_lease_op(c, lease, KVNODE__REQUEST__OP_GET_END, "get_end");
+}
+
+int kvnode_put_commit_nowait(kvnode_client *c, kvnode_lease lease)
+{
+    return client_lease_request(c, lease, KVNODE__REQUEST__OP_PUT_COMMIT, "put_commit", 1);
+}
+
+int kvnode_flush(kvnode_client *c)
+{
+    if (!c)
+        return -KVNODE_EINVAL;
+    return client_flush(c);
 }
 
 int kvnode_put_begin(kvnode_client *c, const kvnode_key *keys, size_t n, int tier,
@@ -573,8 +600,9 @@ int client_get_batch(kvnode_client *c, const kvnode_key *keys, const uint64_t *c
             client_lease_drop(c, lease, KVNODE__REQUEST__OP_GET_END);
             break;
         }
-        /* The copies are only trustworthy if the pin held until the end. */
-        rc = kvnode_get_end(c, lease);
+        /* The copies are only trustworthy if the pin held until the end:
+         * wait for the daemon to say so. */
+        rc = kvnode_get_end_wait(c, lease);
         if (rc < 0)
             break;
         done += g;

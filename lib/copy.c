@@ -233,7 +233,7 @@ static void copy_release(kvnode_client *c, kvnode_lease lease, int put)
     if (put)
         (void)kvnode_put_abort(c, lease);
     else
-        (void)kvnode_get_end(c, lease);
+        (void)kvnode_get_end_wait(c, lease);
     client_seterr(c, "%s", saved);
 }
 
@@ -337,8 +337,8 @@ int kvnode_get_scatter_checked(kvnode_client *c, const kvnode_key *keys, const u
             copy_release(c, lease, 0);
             break;
         }
-        /* the copies count only if the pin held until the end */
-        rc = kvnode_get_end(c, lease);
+        /* the copies count only if the pin held until the end: wait for it */
+        rc = kvnode_get_end_wait(c, lease);
         if (rc < 0)
             break;
         done += g;

@@ -243,6 +243,26 @@ int  kvnode_match_remote(kvnode_client *c, const kvnode_key *keys, size_t n, siz
  * the blocks (read-only by contract) until kvnode_get_end(lease). *lease is 0
  * when *got is 0 (nothing to end).
  *
+ * kvnode_get_end sends the end and returns without waiting for the reply
+ * (KVNODE_0.8; one round trip per batch): the daemon handles a connection's
+ * requests in order, so the end is applied before any later request of this
+ * client (the next get_begin among them). Its reply is read by whoever next
+ * reads the socket; an error (-KVNODE_ENOLEASE: lease unknown, ...) is kept
+ * and returned by the first call on the client that talks to the daemon
+ * after it was read, in place of that call's own work (which is not sent;
+ * the message starts "earlier get_end of lease N"). The reply is read at the
+ * latest while the next call waits for its own, so with one thread the call
+ * after that one returns it; kvnode_flush returns it at once. If the
+ * connection ends first, every call returns -KVNODE_ECLOSED (the daemon ends
+ * the connection's leases itself). kvnode_get_end_wait is the synchronous
+ * end of before 0.8: it returns once the daemon has ended the lease, with
+ * its error. kvnode_put_commit waits; kvnode_put_commit_nowait commits as
+ * kvnode_get_end ends (a kvnode_put_begin may follow at once: it is handled
+ * after the commit). kvnode_flush waits (the client's timeout) until every
+ * request not waited for has its reply and returns the kept error, if any;
+ * kvnode_close does the same before it closes, so a clean close leaves no
+ * lease behind.
+ *
  * Completion contract: the daemon may reuse a block once its read lease ends
  * and stores, demotes and serves a block as soon as its write lease is
  * committed. kvnode_get_end / kvnode_put_commit therefore need the caller's
@@ -251,7 +271,9 @@ int  kvnode_match_remote(kvnode_client *c, const kvnode_key *keys, size_t n, siz
  * work still queued, end or commit with the _stream calls below. */
 int  kvnode_get_begin(kvnode_client *c, const kvnode_key *keys, size_t n,
                       kvnode_lease *lease, kvnode_loc *locs, size_t *got);
-int  kvnode_get_end(kvnode_client *c, kvnode_lease lease);
+int  kvnode_get_end(kvnode_client *c, kvnode_lease lease);       /* not waited for (0.8) */
+int  kvnode_get_end_wait(kvnode_client *c, kvnode_lease lease);  /* waits for the reply */
+int  kvnode_flush(kvnode_client *c);
 
 /* Reserve a slot per key in `tier` (falls back to host; locs[i].tier says
  * where). locs[i].ptr == NULL: already stored, nothing to write. Write the
@@ -260,6 +282,7 @@ int  kvnode_get_end(kvnode_client *c, kvnode_lease lease);
 int  kvnode_put_begin(kvnode_client *c, const kvnode_key *keys, size_t n, int tier,
                       kvnode_lease *lease, kvnode_loc *locs); /* locs[i].ptr == NULL: already stored */
 int  kvnode_put_commit(kvnode_client *c, kvnode_lease lease);
+int  kvnode_put_commit_nowait(kvnode_client *c, kvnode_lease lease);  /* not waited for */
 int  kvnode_put_abort(kvnode_client *c, kvnode_lease lease);
 
 /* --- completion with the caller's GPU work (KVNODE_0.5) ---------------------
@@ -270,14 +293,19 @@ int  kvnode_put_abort(kvnode_client *c, kvnode_lease lease);
  * then commits / ends. Need a CUDA runtime (-KVNODE_ESTATE without one). When
  * the wait fails (-KVNODE_EIO, with CUDA's message) the lease is left as it
  * was: the caller ends or aborts it once its work is known to be over (a
- * write still running must not land in a slot given to someone else). */
+ * write still running must not land in a slot given to someone else).
+ * kvnode_get_end_stream then ends as kvnode_get_end: not waited for (GPU
+ * reads are over by then; the end only unpins). */
 int  kvnode_put_commit_stream(kvnode_client *c, kvnode_lease lease, void *stream);
 int  kvnode_get_end_stream(kvnode_client *c, kvnode_lease lease, void *stream);
 
 /* Copying conveniences over the zero-copy pairs; each dst[i]/src[i] holds
  * kvnode_block_bytes() bytes of host memory. They split n > max_keys into
  * chunks (a get stops at the first short chunk); kvnode_put reserves
- * host-tier slots. Blocks in GPU memory are copied with cudaMemcpy. */
+ * host-tier slots. Blocks in GPU memory are copied with cudaMemcpy. The
+ * gets (and kvnode_get_scatter_checked) end each lease with
+ * kvnode_get_end_wait: a copy counts only once the daemon confirmed that the
+ * pin held until it was over. */
 int  kvnode_get(kvnode_client *c, const kvnode_key *keys, size_t n, void *const *dst, size_t *got);
 int  kvnode_put(kvnode_client *c, const kvnode_key *keys, size_t n, const void *const *src);
 

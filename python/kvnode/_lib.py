@@ -138,6 +138,12 @@ _put_begin = _fn("kvnode_put_begin", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.c_in
                  ctypes.POINTER(_LEASE), ctypes.POINTER(_CLoc))
 _put_commit = _fn("kvnode_put_commit", ctypes.c_int, _P, _LEASE)
 _put_abort = _fn("kvnode_put_abort", ctypes.c_int, _P, _LEASE)
+# KVNODE_0.8: kvnode_get_end sends the end without waiting for its reply (an error
+# surfaces on a later call). The binding ends read leases with kvnode_get_end_wait: what
+# was read counts only once the daemon said the pin held (its TTL had not passed); an
+# older library's kvnode_get_end waits itself.
+_get_end_wait = (_fn("kvnode_get_end_wait", ctypes.c_int, _P, _LEASE)
+                 if hasattr(_lib, "kvnode_get_end_wait") else _get_end)
 _get = _fn("kvnode_get", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_P), ctypes.POINTER(_SIZE))
 _put = _fn("kvnode_put", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_P))
 _get_inline = _fn("kvnode_get_inline", ctypes.c_int, _P, _KEYS, _SIZE, ctypes.POINTER(_P),

@@ -4,8 +4,8 @@ end, commit or abort the lease when the ``with`` block is left."""
 
 import ctypes
 
-from ._lib import (_CLoc, _LEASE, _SIZE, _get_begin, _get_begin_checked, _get_end, _put_abort,
-                   _put_begin, _put_begin_checked, _put_commit, _view)
+from ._lib import (_CLoc, _LEASE, _SIZE, _get_begin, _get_begin_checked, _get_end_wait,
+                   _put_abort, _put_begin, _put_begin_checked, _put_commit, _view)
 from .errors import LeaseEnded
 from .keys import _checks_array, _keys_array
 
@@ -46,7 +46,7 @@ class ReadLease:
         self._views = []
         lease, self._lease = self._lease, 0
         if lease:
-            rc = _get_end(self._client._handle(), lease)
+            rc = _get_end_wait(self._client._handle(), lease)   # the reads held: wait
             if rc != 0 and exc_type is None:
                 self._client._check(rc)
         if exported and exc_type is None:

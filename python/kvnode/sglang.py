@@ -583,7 +583,7 @@ class _Plan:
                 self._gather_python(where[0], [locs[i].ptr for i in range(got)], False)
         finally:
             if lease.value:
-                rc = _clib._get_end(h, lease.value)
+                rc = _clib._get_end_wait(h, lease.value)    # the copy counts once the pin held
         if lease.value:
             client._check(rc)
         return got
