@@ -19,9 +19,12 @@
  * not call in until it is readable, so someone else must read the replies
  * that make it readable. Whoever reads sleeps in poll() on the socket and a
  * wake eventfd, its timeout the earliest request deadline (a new request
- * with an earlier one wakes it): no busy loop. The daemon answers a
- * connection's requests in order today, but nothing here relies on it:
- * replies are matched by id, so completions may come in any order.
+ * with an earlier one wakes it): no busy loop. Replies are matched by id,
+ * so completions may come in any order. Requests not waited for
+ * (kvnode_get_end, kvnode_put_commit_nowait) rely on the daemon handling a
+ * connection's requests in order: they are applied before the next one, and
+ * their reply has been read once a later request's has; its error is kept in
+ * c->deferred_rc for the next call (client_call_deferred, client_flush).
  *
  * Requests finish exactly once, under the lock: with their reply, or when
  * the connection ends (client_kill_locked fails all of them at once with the
