@@ -365,6 +365,8 @@ static int client_setup(kvnode_client *c, const Kvnode__HelloReply *h, const kvn
     c->recv_max = h->max_frame_bytes + CLIENT_RECV_HEADROOM;
     c->max_keys = h->max_keys;
     c->max_reserved = h->max_reserved_bytes;
+    c->read_ttl_ms = h->read_lease_ttl_ms;
+    c->write_ttl_ms = h->write_lease_ttl_ms;
     c->check_words = h->check_words ? 1 : 0;
     c->per_key = h->per_key ? 1 : 0;
     c->namespace_id = h->namespace_id;
@@ -433,6 +435,7 @@ static void client_reset(kvnode_client *c)
     client_drop_fds(c);
     client_release_arenas(c);
     free(c->arenas);
+    free(c->leases);
     c->arenas = NULL;
     c->n_arenas = 0;
     if (c->fd >= 0)

@@ -64,6 +64,17 @@ struct client_stream {
 };
 
 struct client_slot;     /* a request in flight (client_async.c) */
+
+/* A lease this client got (get_begin / put_begin) and has not ended: when
+ * it was asked for, so that an end may go without waiting only while the
+ * daemon cannot have reaped it (client_lease_young_locked). */
+struct client_lease {
+    uint64_t lease;
+    int64_t asked_ms;           /* client_now_ms() before the request was sent */
+    int write;
+};
+/* At most this many are remembered; a lease not remembered ends waiting. */
+#define CLIENT_LEASES_MAX 4096
 struct client_tx;       /* bytes queued for the socket */
 struct client_done;     /* a completion waiting for kvnode_drain */
 struct client_job;      /* a GET/PUT batch waiting for the worker */
@@ -81,6 +92,8 @@ struct kvnode_client {
     uint32_t recv_max;          /* send_max + headroom */
     uint32_t max_keys;
     uint64_t max_reserved;      /* daemon's max_reserved_bytes (0: not said) */
+    uint32_t read_ttl_ms;       /* HelloReply.read_lease_ttl_ms (0: not said) */
+    uint32_t write_ttl_ms;      /* HelloReply.write_lease_ttl_ms (0: not said) */
     int check_words;            /* the daemon honours check words (HelloReply.check_words) */
     int per_key;                /* the daemon answers MATCH/DELETE per key (HelloReply.per_key) */
     uint32_t namespace_id;
@@ -143,6 +156,8 @@ struct kvnode_client {
      * their reply consumed by whoever reads the socket; the first error is
      * kept until a call returns it (client_take_deferred_locked). */
     size_t n_deferred;          /* [lock] deferred requests without a reply */
+    struct client_lease *leases;    /* [lock] leases this client got and has not ended */
+    size_t n_leases, cap_leases;    /* [lock] */
     int deferred_rc;            /* [lock] 0, or the first deferred error not yet returned */
     char deferred_msg[CLIENT_MSG_MAX];  /* [lock] its message */
     /* I/O thread's receive state */
@@ -265,6 +280,13 @@ int client_call_deferred(kvnode_client *c, Kvnode__Request *req, uint64_t lease)
  * ended, or the client's timeout passed: the connection is then ended),
  * then return the kept deferred error, if any. */
 int client_flush(kvnode_client *c);
+/* Remember a lease got by a request sent at asked_ms; forget one (any end
+ * of it). client_lease_young_locked: forgets it and says 1 when the client
+ * got it (as a write lease or not) and it is younger than 3/4 of the
+ * daemon's TTL for it, so that the daemon cannot have reaped it yet. */
+void client_lease_note(kvnode_client *c, uint64_t lease, int64_t asked_ms, int write);
+void client_lease_forget_locked(kvnode_client *c, uint64_t lease);
+int client_lease_young_locked(kvnode_client *c, uint64_t lease, int write);
 /* A kept deferred error: return it (error set, cleared) or 0. */
 int client_take_deferred_locked(kvnode_client *c, char *msg, size_t cap);
 

@@ -71,8 +71,79 @@ static int client_resolve(kvnode_client *c, const Kvnode__Location *l, kvnode_lo
     return 0;
 }
 
-/* End, commit or abort a lease; deferred: send it and return (the reply is
- * read later, an error kept for the next call). */
+/* --- leases this client holds ---------------------------------------------- */
+
+void client_lease_note(kvnode_client *c, uint64_t lease, int64_t asked_ms, int write)
+{
+    pthread_mutex_lock(&c->lock);
+    if (c->n_leases == c->cap_leases) {
+        /* Leases past their TTL that were never ended go first. */
+        int64_t now = client_now_ms();
+        size_t k = 0;
+
+        for (size_t i = 0; i < c->n_leases; i++) {
+            const struct client_lease *l = &c->leases[i];
+            uint32_t ttl = l->write ? c->write_ttl_ms : c->read_ttl_ms;
+
+            if (now - l->asked_ms <= (int64_t)ttl)
+                c->leases[k++] = *l;
+        }
+        c->n_leases = k;
+    }
+    if (c->n_leases == c->cap_leases && c->cap_leases < CLIENT_LEASES_MAX) {
+        size_t cap = c->cap_leases ? c->cap_leases * 2 : 8;
+        struct client_lease *nl = realloc(c->leases, cap * sizeof *nl);
+
+        if (nl) {
+            c->leases = nl;
+            c->cap_leases = cap;
+        }
+    }
+    /* Not remembered (out of room): its end waits for the reply. */
+    if (c->n_leases < c->cap_leases)
+        c->leases[c->n_leases++] = (struct client_lease){ lease, asked_ms, write };
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Index of lease in c->leases, or n_leases. Newest first: an engine ends
+ * what it just began. */
+static size_t client_lease_find_locked(const kvnode_client *c, uint64_t lease)
+{
+    for (size_t i = c->n_leases; i-- > 0;)
+        if (c->leases[i].lease == lease)
+            return i;
+    return c->n_leases;
+}
+
+void client_lease_forget_locked(kvnode_client *c, uint64_t lease)
+{
+    size_t i = client_lease_find_locked(c, lease);
+
+    if (i < c->n_leases)
+        c->leases[i] = c->leases[--c->n_leases];
+}
+
+int client_lease_young_locked(kvnode_client *c, uint64_t lease, int write)
+{
+    size_t i = client_lease_find_locked(c, lease);
+    uint32_t ttl = write ? c->write_ttl_ms : c->read_ttl_ms;
+    int young;
+
+    if (i == c->n_leases)
+        return 0;
+    /* The daemon starts the TTL after the request was sent; a quarter of it
+     * is left as margin for the end to reach the daemon. */
+    young = c->leases[i].write == write && ttl > 0 &&
+            client_now_ms() - c->leases[i].asked_ms < (int64_t)(ttl - ttl / 4);
+    c->leases[i] = c->leases[--c->n_leases];
+    return young;
+}
+
+/* End, commit or abort a lease. deferred: when the lease is one this client
+ * got and the daemon cannot have reaped it (the caller's accesses, complete
+ * by contract, were covered), send it and return: the reply is read later,
+ * an error kept for the next call. Otherwise (an unknown, ended or old
+ * lease, whose error the caller must see now) wait for the reply. */
 static int client_lease_request(kvnode_client *c, kvnode_lease lease, int op, const char *what,
                                 int deferred)
 {
@@ -95,6 +166,12 @@ static int client_lease_request(kvnode_client *c, kvnode_lease lease, int op, co
     case KVNODE__REQUEST__OP_PUT_COMMIT: req.put_commit = &lr; break;
     default:                             req.put_abort = &lr; break;
     }
+    pthread_mutex_lock(&c->lock);
+    if (deferred)
+        deferred = client_lease_young_locked(c, lease, op == KVNODE__REQUEST__OP_PUT_COMMIT);
+    else
+        client_lease_forget_locked(c, lease);
+    pthread_mutex_unlock(&c->lock);
     if (deferred)
         return client_call_deferred(c, &req, lease);
     rc = client_call(c, &req, op, &resp);   /* result cases equal op cases */
@@ -275,6 +352,7 @@ int kvnode_get_begin_checked(kvnode_client *c, const kvnode_key *keys, const uin
     Kvnode__GetBeginRequest g = KVNODE__GET_BEGIN_REQUEST__INIT;
     Kvnode__Response *resp;
     const Kvnode__GetBeginReply *r;
+    int64_t asked;
     size_t i;
     int rc;
 
@@ -295,6 +373,7 @@ int kvnode_get_begin_checked(kvnode_client *c, const kvnode_key *keys, const uin
     g.checks = (uint64_t *)(uintptr_t)checks;
     req.op_case = KVNODE__REQUEST__OP_GET_BEGIN;
     req.get_begin = &g;
+    asked = client_now_ms();
     rc = client_call(c, &req, KVNODE__RESPONSE__RESULT_GET_BEGIN, &resp);
     if (rc < 0)
         return rc;
@@ -309,6 +388,7 @@ int kvnode_get_begin_checked(kvnode_client *c, const kvnode_key *keys, const uin
     if (rc == 0 && r->n_locations > 0) {
         *lease = r->lease;
         *got = r->n_locations;
+        client_lease_note(c, r->lease, asked, 0);
     } else {
         /* Nothing usable reached the caller: do not leave blocks pinned. */
         client_lease_drop(c, r->lease, KVNODE__REQUEST__OP_GET_END);
@@ -353,6 +433,7 @@ int kvnode_put_begin_checked(kvnode_client *c, const kvnode_key *keys, const uin
     Kvnode__Response *resp;
     const Kvnode__PutBeginReply *r;
     size_t i, present = 0;
+    int64_t asked;
     int rc;
 
     if (!c)
@@ -377,6 +458,7 @@ int kvnode_put_begin_checked(kvnode_client *c, const kvnode_key *keys, const uin
     p.tier = (Kvnode__Tier)tier;
     req.op_case = KVNODE__REQUEST__OP_PUT_BEGIN;
     req.put_begin = &p;
+    asked = client_now_ms();
     rc = client_call(c, &req, KVNODE__RESPONSE__RESULT_PUT_BEGIN, &resp);
     if (rc < 0)
         return rc;
@@ -398,10 +480,13 @@ int kvnode_put_begin_checked(kvnode_client *c, const kvnode_key *keys, const uin
         client_seterr(c, "protocol: put_begin reserved %zu slots without a lease", present);
         rc = -KVNODE_EPROTO;
     }
-    if (rc == 0)
+    if (rc == 0) {
         *lease = r->lease;
-    else
+        if (r->lease)
+            client_lease_note(c, r->lease, asked, 1);
+    } else {
         client_lease_drop(c, r->lease, KVNODE__REQUEST__OP_PUT_ABORT);
+    }
     client_response_free(c, resp);
     return rc;
 }

@@ -110,6 +110,7 @@ struct fake {
     int reply_reader;       /* 0: echo HELLO's reader; 1: always say reader; -1: never (older daemon) */
     int honour_ipc;         /* lend no IPC handle to a HELLO without cuda_ipc (as kvnoded) */
     int per_key;            /* HELLO offers per-key MATCH/DELETE (0: an older daemon) */
+    uint32_t lease_ttl_ms;  /* HELLO's read and write lease TTL (0: not said) */
     int reconnects;         /* connections to accept after the first one ends */
     void (*on_eof)(struct fake *f);         /* called when the client's connection ends */
     unsigned eof_mark;                      /* what on_eof saw */
@@ -327,6 +328,7 @@ static void fake_hello(struct fake *f, Kvnode__Request *req)
     h.max_keys = f->max_keys;
     h.reader = f->reply_reader > 0 || (f->reply_reader == 0 && req->hello->reader);
     h.per_key = f->per_key;
+    h.read_lease_ttl_ms = h.write_lease_ttl_ms = f->lease_ttl_ms;
     r.id = req->id;
     r.result_case = KVNODE__RESPONSE__RESULT_HELLO;
     r.hello = &h;
@@ -1399,6 +1401,57 @@ START_TEST(test_error_reply_surfaces_message)
     ck_assert_int_eq(kvnode_get_end(c, 12345), -KVNODE_ENOLEASE);
     ck_assert_str_eq(kvnode_last_error(c), "unknown lease (test)");
     ck_assert_int_eq(kvnode_ping(c), 0);        /* still usable */
+    kvnode_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+/* With a lease TTL said at HELLO, kvnode_get_end of a young lease of its
+ * own does not wait: an error reply (here the fake forgot the lease) is kept
+ * and returned once by the first call after it was read, which is not sent;
+ * kvnode_flush returns it at once. Without a TTL, or for a lease the client
+ * does not hold, the end waits and answers for itself. */
+START_TEST(test_deferred_end_error_kept_for_a_later_call)
+{
+    struct fake *f = fake_start(HM_OK, BB, MAXF, 64);
+    kvnode_client *c;
+    kvnode_key k[1] = {1};
+    kvnode_loc loc[1];
+    kvnode_lease lease;
+    size_t got;
+    unsigned pings;
+
+    f->lease_ttl_ms = 60000;
+    fake_preload(f, 0, 1);
+    fake_run(f);
+    c = connect_ok(f, &test_layout);
+    ck_assert_int_eq(kvnode_get_begin(c, k, 1, &lease, loc, &got), 0);
+    ck_assert_uint_eq(got, 1);
+    f->n_get_leases = 0;                      /* the fake forgets it */
+    ck_assert_int_eq(kvnode_get_end(c, lease), 0);
+    ck_assert_int_eq(kvnode_ping(c), 0);      /* reads the error reply, then its own */
+    pings = f->ops[KVNODE__REQUEST__OP_PING];
+    ck_assert_int_eq(kvnode_ping(c), -KVNODE_ENOLEASE);
+    ck_assert_msg(strstr(kvnode_last_error(c), "earlier get_end of lease") &&
+                  strstr(kvnode_last_error(c), "unknown lease (test)") &&
+                  strstr(kvnode_last_error(c), "ping was not sent"), "%s", kvnode_last_error(c));
+    ck_assert_uint_eq(f->ops[KVNODE__REQUEST__OP_PING], pings);    /* not sent */
+    ck_assert_int_eq(kvnode_ping(c), 0);      /* once */
+
+    /* kvnode_flush returns it at once. */
+    ck_assert_int_eq(kvnode_get_begin(c, k, 1, &lease, loc, &got), 0);
+    f->n_get_leases = 0;
+    ck_assert_int_eq(kvnode_get_end(c, lease), 0);
+    ck_assert_int_eq(kvnode_flush(c), -KVNODE_ENOLEASE);
+    ck_assert_ptr_nonnull(strstr(kvnode_last_error(c), "unknown lease (test)"));
+    ck_assert_int_eq(kvnode_flush(c), 0);
+
+    /* A lease the client does not hold (ended already, or never got): the
+     * end waits and its error is its own. */
+    ck_assert_int_eq(kvnode_get_end(c, lease), -KVNODE_ENOLEASE);
+    ck_assert_str_eq(kvnode_last_error(c), "unknown lease (test)");
+    ck_assert_int_eq(kvnode_get_end(c, 424242), -KVNODE_ENOLEASE);
+    ck_assert_int_eq(kvnode_ping(c), 0);
     kvnode_close(c);
     fake_stop(f);
 }
@@ -2761,6 +2814,7 @@ static Suite *client_suite(void)
 
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_hello_fields_and_basic_calls);
+    tcase_add_test(tc, test_deferred_end_error_kept_for_a_later_call);
     tcase_add_test(tc, test_observer_client);
     tcase_add_test(tc, test_checked_calls_need_a_daemon_with_check_words);
     tcase_add_test(tc, test_per_key_calls_need_a_daemon_with_per_key);
