@@ -243,25 +243,27 @@ int  kvnode_match_remote(kvnode_client *c, const kvnode_key *keys, size_t n, siz
  * the blocks (read-only by contract) until kvnode_get_end(lease). *lease is 0
  * when *got is 0 (nothing to end).
  *
- * kvnode_get_end sends the end and returns without waiting for the reply
- * (KVNODE_0.8; one round trip per batch): the daemon handles a connection's
- * requests in order, so the end is applied before any later request of this
- * client (the next get_begin among them). Its reply is read by whoever next
- * reads the socket; an error (-KVNODE_ENOLEASE: lease unknown, ...) is kept
- * and returned by the first call on the client that talks to the daemon
- * after it was read, in place of that call's own work (which is not sent;
- * the message starts "earlier get_end of lease N"). The reply is read at the
- * latest while the next call waits for its own, so with one thread the call
- * after that one returns it; kvnode_flush returns it at once. If the
- * connection ends first, every call returns -KVNODE_ECLOSED (the daemon ends
- * the connection's leases itself). kvnode_get_end_wait is the synchronous
- * end of before 0.8: it returns once the daemon has ended the lease, with
- * its error. kvnode_put_commit waits; kvnode_put_commit_nowait commits as
- * kvnode_get_end ends (a kvnode_put_begin may follow at once: it is handled
- * after the commit). kvnode_flush waits (the client's timeout) until every
- * request not waited for has its reply and returns the kept error, if any;
- * kvnode_close does the same before it closes, so a clean close leaves no
- * lease behind.
+ * Since KVNODE_0.8 kvnode_get_end of a lease this client got from
+ * kvnode_get_begin, less than 3/4 of the daemon's read-lease TTL ago, sends
+ * the end and returns without waiting for the reply (one round trip per
+ * batch): the daemon cannot have reaped the lease, so the caller's reads were
+ * covered, and it handles a connection's requests in order, so the end is
+ * applied before any later request of this client. Any other lease (unknown,
+ * ended already, older) waits for the reply and returns its error as before.
+ * The reply of an end not waited for is read by whoever next reads the
+ * socket; an error is kept and returned, once, by the first call on the
+ * client that talks to the daemon after it was read, in place of that call's
+ * own work (not sent; the message starts "earlier get_end of lease N"). The
+ * reply is read at the latest while the next call waits for its own, so with
+ * one thread the call after that one returns it. If the connection ends
+ * first, every call returns -KVNODE_ECLOSED (the daemon ends the
+ * connection's leases itself). kvnode_get_end_wait always waits.
+ * kvnode_put_commit waits; kvnode_put_commit_nowait commits as kvnode_get_end
+ * ends (a young write lease of this client's; a kvnode_put_begin may follow at
+ * once and is handled after the commit). kvnode_flush waits (the client's
+ * timeout) until every request not waited for has its reply and returns the
+ * kept error, if any; kvnode_close does the same before it closes, so a clean
+ * close leaves no lease behind.
  *
  * Completion contract: the daemon may reuse a block once its read lease ends
  * and stores, demotes and serves a block as soon as its write lease is
