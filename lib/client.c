@@ -435,7 +435,6 @@ static void client_reset(kvnode_client *c)
     client_drop_fds(c);
     client_release_arenas(c);
     free(c->arenas);
-    free(c->leases);
     c->arenas = NULL;
     c->n_arenas = 0;
     if (c->fd >= 0)
@@ -461,6 +460,7 @@ static void client_free(kvnode_client *c)
     client_drop_fds(c);
     client_release_arenas(c);
     free(c->arenas);
+    free(c->leases);
     if (c->fd >= 0)
         close(c->fd);
     free(c->rx_buf);

@@ -12,7 +12,8 @@
  *                   the completion queue and its eventfd
  *   client_submit.c the public asynchronous calls: submit, the GET/PUT
  *                   worker, drain, pending, cancel
- *   client_ops.c    the synchronous calls, each one request through client_call
+ *   client_ops.c    the synchronous calls, each one request through client_call;
+ *                   the leases the client holds (may an end go unwaited?)
  *
  * Locking: c->lock guards every field marked [lock]; fields set during
  * connect and never changed afterwards (arenas, limits, rt) are read freely. */
