@@ -5,10 +5,10 @@
  * Peers: redis-server on a unix socket in a temp dir with hiredis as the
  * client, a raw unix-socket ping-pong (the kernel's floor for one round trip
  * between two processes), and memcpy of the same access pattern. Every
- * figure is taken three times: not pinned, client and server (every thread
- * of kvnoded / redis-server / the echo process) pinned to the same CPU, then
- * to different CPUs (sched_setaffinity; the first two CPUs this program may
- * use, the server on the first).
+ * figure is taken with client and server (every thread of kvnoded /
+ * redis-server / the echo process) pinned to the same CPU and to different
+ * CPUs (sched_setaffinity; the first two CPUs this program may use, the
+ * server on the first), and without --quick not pinned as well.
  *
  *  1. Round trips of one client: raw ping-pong (16 bytes each way), kvnode
  *     PING, kvnode MATCH of 16 stored keys, redis PING (pre-formatted, one
@@ -17,7 +17,8 @@
  *     attached to the server and to a client process while it makes N round
  *     trips (skipped with the reason when perf cannot count them).
  *  3. 16-key MATCH round trips/s of 4 and 16 client processes vs redis
- *     pipelines of 16 EXISTS, the keys present and absent.
+ *     pipelines of 16 EXISTS, the keys present and absent; each the best
+ *     of 3 interleaved rounds (--quick: 2).
  *  4. MATCH x256 of random keys over 1 M stored 1 KiB blocks vs MATCH x256 of
  *     256 hot keys (mean and median latency), and the daemon's memory per
  *     block at 1 M blocks: its RssAnon delta across the population / blocks
@@ -570,7 +571,7 @@ static void count_syscalls(const struct servers *s, enum op op, pid_t server_pid
     snprintf(ps, sizeof ps, "%s/perf-server.txt", tmpdir);
     snprintf(pc, sizeof pc, "%s/perf-client.txt", tmpdir);
     pid_t perf_s = perf_attach(server_pid, ps), perf_c = perf_attach(child, pc);
-    sleep_ms(500);   /* perf has attached (the idle server's timers add a few) */
+    sleep_ms(quick ? 300 : 500);   /* perf has attached (the idle server's timers add a few) */
     b = 'g';
     write_full(to_child[1], &b, 1, "go");
     read_full(to_parent[0], &b, 1, "client done");
@@ -586,9 +587,9 @@ static void count_syscalls(const struct servers *s, enum op op, pid_t server_pid
 /* --- 3. many clients ------------------------------------------------------------------ */
 
 /* nclients processes each doing op for the duration; the sum of their rates. */
-static double many_clients(const struct servers *s, enum op op, bool present, int nclients, int cpu)
+static double many_clients(const struct servers *s, enum op op, bool present, int nclients, int cpu,
+                           double secs)
 {
-    double secs = quick ? 0.3 : 1.5;
     int ready[2], go[2], res[2];
     if (pipe(ready) != 0 || pipe(go) != 0 || pipe(res) != 0)
         die("pipe", strerror(errno));
@@ -602,7 +603,7 @@ static double many_clients(const struct servers *s, enum op op, bool present, in
             pin_tid(0, cpu);
             struct conn c;
             conn_open(&c, op, s, i, present);
-            for (int w = 0; w < 200; w++)
+            for (int w = 0; w < 50; w++)
                 conn_op(&c);
             char b = 'r';
             write_full(ready[1], &b, 1, "ready");
@@ -768,7 +769,7 @@ static void bench_big(size_t nblocks, struct big_result *out)
     if (kvh_get_verify(c, sample, CHAIN, 7, 0, &got) != 0 || got != CHAIN)
         die("read back", kvh_error());
 
-    unsigned calls = quick ? 500 : 2000;
+    unsigned calls = quick ? 300 : 2000;
     uint64_t rng = 12345;
     for (int m = 0; m < nmodes; m++) {
         pin_process(d.pid, modes[m].server_cpu);
@@ -805,7 +806,8 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
         die("connect", kvh_error());
     size_t chain_bytes = (size_t)bb * CHAIN;
     uint64_t target = quick ? 256ull << 20 : 1ull << 30;
-    unsigned iters = (unsigned)(target / chain_bytes) < 5 ? 5 : (unsigned)(target / chain_bytes);
+    unsigned min_iters = quick ? 3 : 5;
+    unsigned iters = (unsigned)(target / chain_bytes) < min_iters ? min_iters : (unsigned)(target / chain_bytes);
     kvnode_key gkeys[CHAIN], pkeys[CHAIN];
     kvh_chain(gkeys, CHAIN, 3000 + bb);
     kvh_chain(pkeys, CHAIN, 4000 + bb);
@@ -940,7 +942,8 @@ int main(int argc, char **argv)
             else if (cpu_b < 0)
                 cpu_b = cpu;
         }
-    modes[nmodes++] = (struct pin_mode){ "not pinned", -1, -1 };
+    if (!quick)
+        modes[nmodes++] = (struct pin_mode){ "not pinned", -1, -1 };
     modes[nmodes++] = (struct pin_mode){ "same CPU", cpu_a, cpu_a };
     if (cpu_b >= 0)
         modes[nmodes++] = (struct pin_mode){ "different CPUs", cpu_a, cpu_b };
@@ -999,6 +1002,7 @@ int main(int argc, char **argv)
     }
     struct servers s = { .kv = &d, .redis_sock = rs.sock, .raw_fd = -1 };
 
+    double t_sec = now_s();
     /* 1. */
     struct rt_result rt[MAX_MODES];
     printf("1. round trips of one client (per second; ratios to the raw unix-socket ping-pong)\n");
@@ -1014,6 +1018,8 @@ int main(int argc, char **argv)
     }
 
     /* 2. */
+    printf("    [%.1f s]\n", now_s() - t_sec);
+    t_sec = now_s();
     printf("\n2. syscalls per round trip (perf stat -e raw_syscalls:sys_enter on server and client)\n");
     perf_probe();
     struct sc_result sc[MAX_MODES][4];
@@ -1024,7 +1030,7 @@ int main(int argc, char **argv)
         char tmp[PATH_MAX];
         if (kvh_mkdtemp(tmp, sizeof tmp) != 0)
             die("temp dir", kvh_error());
-        unsigned n = quick ? 5000 : 20000;
+        unsigned n = quick ? 3000 : 20000;
         for (int m = 0; m < nmodes; m++) {
             pin_process(d.pid, modes[m].server_cpu);
             pin_process(rs.pid, modes[m].server_cpu);
@@ -1047,6 +1053,8 @@ int main(int argc, char **argv)
     }
 
     /* 3. */
+    printf("    [%.1f s]\n", now_s() - t_sec);
+    t_sec = now_s();
     printf("\n3. 16-key MATCH round trips/s of N client processes vs redis pipelines of 16 EXISTS\n");
     printf("    %-15s %-8s %3s %12s %12s %8s\n", "pinning", "keys", "N", "kvnode", "redis", "ratio");
     double mc[MAX_MODES][2][2];   /* [mode][absent, present][4, 16 clients] ratio */
@@ -1056,8 +1064,14 @@ int main(int argc, char **argv)
         pin_process(rs.pid, modes[m].server_cpu);
         for (int p = 1; p >= 0; p--)
             for (int k = 0; k < 2; k++) {
-                double kv = many_clients(&s, OP_KV_MATCH16, p, nclients[k], modes[m].client_cpu);
-                double re = many_clients(&s, OP_REDIS_EXISTS16, p, nclients[k], modes[m].client_cpu);
+                /* kvnode and redis in turn, 3 rounds (--quick: 2); the best round of each. */
+                double kv = 0, re = 0, secs = quick ? 0.1 : 0.5;
+                for (int r = 0; r < (quick ? 2 : 3); r++) {
+                    double v = many_clients(&s, OP_KV_MATCH16, p, nclients[k], modes[m].client_cpu, secs);
+                    kv = v > kv ? v : kv;
+                    v = many_clients(&s, OP_REDIS_EXISTS16, p, nclients[k], modes[m].client_cpu, secs);
+                    re = v > re ? v : re;
+                }
                 mc[m][p][k] = kv / re;
                 printf("    %-15s %-8s %3d %12.0f %12.0f %7.2fx\n", modes[m].name, p ? "present" : "absent",
                        nclients[k], kv, re, kv / re);
@@ -1069,6 +1083,8 @@ int main(int argc, char **argv)
     kvh_destroy(&d);
 
     /* 4. */
+    printf("    [%.1f s]\n", now_s() - t_sec);
+    t_sec = now_s();
     printf("\n4. MATCH x256 over %zu stored 1 KiB blocks: random keys vs 256 hot keys\n", nblocks);
     struct big_result big;
     bench_big(nblocks, &big);
@@ -1081,6 +1097,8 @@ int main(int argc, char **argv)
            big.anon_per_block, big.anon_kib, big.blocks, big.fill_s, big.shmem_kib);
 
     /* 5. */
+    printf("    [%.1f s]\n", now_s() - t_sec);
+    t_sec = now_s();
     printf("\n5. zero-copy GET / PUT of 256-block chains vs memcpy per block of the same chain (GB/s)\n");
     struct zc_result zc[2][MAX_MODES];   /* [64 KiB, 1 MiB][mode] */
     bool have_mib = false;
@@ -1107,6 +1125,8 @@ int main(int argc, char **argv)
                    zc[b][m].memcpy_get_gbs, zc[b][m].get_gbs, zc[b][m].memcpy_put_gbs, zc[b][m].put_gbs,
                    zc[b][m].get_gbs / zc[b][m].memcpy_get_gbs, zc[b][m].put_gbs / zc[b][m].memcpy_put_gbs);
 
+    printf("    [%.1f s]\n", now_s() - t_sec);
+    t_sec = now_s();
     /* The issue's table. */
     printf("\nsummary: issue 32's rows, one column per pinning\n  %-58s", "");
     for (int m = 0; m < nmodes; m++)
