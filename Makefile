@@ -18,7 +18,8 @@
 #                   16-key MATCH of 4/16 clients vs redis EXISTS pipelines, MATCH x256 over 1 M
 #                   blocks vs hot keys, index memory per block, zero-copy GET/PUT vs memcpy) next to
 #                   redis-server on a unix socket and a raw socket ping-pong, client and daemon on
-#                   one CPU and on two; BENCH_NODE_ARGS=--quick finishes in under a minute
+#                   one CPU and on two (also in make bench where redis-server is installed);
+#                   BENCH_NODE_ARGS=--quick finishes in under a minute
 #   make soak       mixed traffic with client and daemon kill -9s, then a byte-exact check of
 #                   everything acknowledged; SOAK_SECONDS (default 300), SOAK_ARGS (not in `make test`)
 #   make V6D=0 ...  build without the rtp-llm KVS backend
@@ -411,15 +412,20 @@ $(GPU_SLOWPIN): tests/gpu/slowpin.c $(FAKECUDA_SO)
 SCRIPT_TESTS += tests/gpu/run-sim.sh
 check: $(GPU_CHECK_BIN) $(GPU_SLOWPIN)
 
-# `make bench` runs the four programs; `make bench-persist`,
-# `make bench-tenants` and `make bench-prefault` one each. BENCH_ARGS /
-# BENCH_PERSIST_ARGS / BENCH_PREFAULT_ARGS /
-# BENCH_TENANTS_ARGS pass options (e.g. --quick).
-bench: all $(BENCH_BIN) $(BENCH_PERSIST_BIN) $(BENCH_TENANTS_BIN) $(BENCH_PREFAULT_BIN) $(if $(filter 1,$(V6D)),$(SIM_BIN))
+# `make bench` runs the five programs (kvnode-bench-node only where
+# redis-server is installed); `make bench-persist`, `make bench-tenants`,
+# `make bench-prefault` and `make bench-node` one each. BENCH_ARGS /
+# BENCH_PERSIST_ARGS / BENCH_PREFAULT_ARGS / BENCH_TENANTS_ARGS /
+# BENCH_NODE_ARGS pass options (e.g. --quick).
+bench: all $(BENCH_BIN) $(BENCH_PERSIST_BIN) $(BENCH_TENANTS_BIN) $(BENCH_PREFAULT_BIN) $(BENCH_NODE_BIN) $(if $(filter 1,$(V6D)),$(SIM_BIN))
 	KVNODED=$(KVNODED) $(BENCH_BIN) $(BENCH_ARGS)
 	KVNODED=$(KVNODED) KVS_SIM=$(SIM_BIN) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)
 	KVNODED=$(KVNODED) $(BENCH_TENANTS_BIN) $(BENCH_TENANTS_ARGS)
 	KVNODED=$(KVNODED) $(BENCH_PREFAULT_BIN) $(BENCH_PREFAULT_ARGS)
+	@if command -v redis-server >/dev/null 2>&1; then \
+	    echo "KVNODED=$(KVNODED) $(BENCH_NODE_BIN) $(BENCH_NODE_ARGS)"; \
+	    KVNODED=$(KVNODED) $(BENCH_NODE_BIN) $(BENCH_NODE_ARGS); \
+	else echo "bench-node skipped: no redis-server on PATH (its peer)"; fi
 
 bench-prefault: all $(BENCH_PREFAULT_BIN)
 	KVNODED=$(KVNODED) $(BENCH_PREFAULT_BIN) $(BENCH_PREFAULT_ARGS)
