@@ -308,4 +308,4 @@ class _PerKey:
         pass
 
     def answer(self):
-        return list(self.array)[:self.n]
+        return self.array[:self.n]

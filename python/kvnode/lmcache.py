@@ -540,7 +540,9 @@ class KvnodeL2Connector:
         if batch.error is None and comp.per_key is not None:
             # exists / delete answered per key (an older kvnoded answers a prefix or count)
             hits = batch.hits
-            if u is None:
+            if u is None and not any(hits):
+                batch.hits = list(comp.per_key)      # the whole batch in one answer
+            elif u is None:
                 for i, yes in enumerate(comp.per_key):
                     if yes:
                         hits[i] = True

@@ -243,6 +243,91 @@ class CFoldPath(Path):
             c.client.close()
 
 
+class CAsyncPath(Path):
+    """LMCache's work through the C API: the same key strings folded (kvnode_fold_text),
+    then kvnode_submit_put_checked / kvnode_submit_get_checked / kvnode_submit_exists of
+    64 KiB chunks, a poll of the event fd and kvnode_drain: what the LMCache connector does
+    below its Python (the row its put/get/exists are measured against)."""
+
+    def __init__(self, sock, rounds, exist_keys):
+        self.c = CApi(sock, PAGE_BYTES, "-async", seed=2)
+        self.h = ctypes.c_void_p(self.c.h)
+        self.fd = _lib.kvnode_event_fd(self.h)
+        self.fresh = [self._text(["bench-async-%d-%d" % (r, i) for i in range(PAGES)])
+                      for r in range(rounds)]
+        self.stored = self._text(exist_keys[:PAGES])
+        self.exist = self._text(exist_keys)
+        self.karr = (ctypes.c_int64 * EXIST_KEYS)()
+        self.carr = (ctypes.c_uint64 * EXIST_KEYS)()
+        self.per_key = (ctypes.c_bool * EXIST_KEYS)()
+        self.ticket = ctypes.c_uint64(0)
+        self.comp = (kvnode._lib._CCompletion * 4)()
+        self._put(self.stored)
+
+    @staticmethod
+    def _text(keys):
+        return ("\0".join(keys).encode("utf-8"), len(keys))
+
+    def _fold(self, text):
+        t, n = text
+        need(_lib.kvnode_fold_text(t, len(t), n, self.karr, self.carr) == n, "kvnode_fold_text")
+        return n
+
+    def _wait(self, what, want):
+        while True:
+            select.select([self.fd], [], [], 10)
+            if _lib.kvnode_drain(self.h, self.comp, 4):
+                need(self.comp[0].rc == 0 and self.comp[0].count == want,
+                     "C async %s: rc %d, count %d" % (what, self.comp[0].rc, self.comp[0].count))
+                return
+
+    def _put(self, text):
+        n = self._fold(text)
+        need(_lib.kvnode_submit_put_checked(self.h, self.karr, self.carr, ctypes.c_size_t(n),
+                                            self.c.src, 0, None, ctypes.byref(self.ticket)) == 0,
+             "submit_put_checked")
+        self._wait("put", n)
+
+    def _get(self, text):
+        n = self._fold(text)
+        need(_lib.kvnode_submit_get_checked(self.h, self.karr, self.carr, ctypes.c_size_t(n),
+                                            self.c.dst, 0, None, ctypes.byref(self.ticket)) == 0,
+             "submit_get_checked")
+        self._wait("get", n)
+
+    def put(self, r):
+        self._put(self.fresh[r])
+
+    def after_put(self, r):
+        self._get(self.fresh[r])
+        self.c.verify("C async put")
+
+    def forget(self, r):
+        n = self._fold(self.fresh[r])
+        need(_lib.kvnode_delete_checked(self.h, self.karr, self.carr, ctypes.c_size_t(n),
+                                        ctypes.byref(self.c.got)) == 0, "delete_checked")
+
+    def get(self):
+        self._get(self.stored)
+
+    def after_get(self):
+        self.c.verify("C async get")
+
+    def exists(self):
+        n = self._fold(self.exist)
+        need(_lib.kvnode_submit_exists(self.h, self.karr, self.carr, ctypes.c_size_t(n),
+                                       self.per_key, None, ctypes.byref(self.ticket)) == 0,
+             "submit_exists")
+        self._wait("exists", PAGES)
+
+    def after_exists(self):
+        need(list(self.per_key) == [True] * PAGES + [False] * (EXIST_KEYS - PAGES),
+             "C async exists: wrong per-key answers")
+
+    def close(self):
+        self.c.client.close()
+
+
 class SGLangPath(Path):
     """kvnode.sglang over fake_sglang's numpy page_first pool (the rows of earlier runs)."""
 
@@ -616,7 +701,8 @@ def main():
                      "sglang MHA (K+V 32 KiB)": SGLangPath(sock, args.rounds, False),
                      "C fold+match, sglang keys": CFoldPath(sock, sgl_keys),
                      "C fold+match, 2 parts": CFoldPath(sock, sgl_keys, parts=2),
-                     "C fold+async, lmcache keys": CFoldPath(sock, lmc_keys, asynchronous=True)}
+                     "C fold+async, lmcache keys": CFoldPath(sock, lmc_keys, asynchronous=True),
+                     "C async, lmcache's work": CAsyncPath(sock, args.rounds, lmc_keys)}
             layouts = []
             for layout, mla in SGLANG_LAYOUTS:
                 name = "%s %s" % ("MLA" if mla else "MHA", layout)
@@ -651,6 +737,12 @@ def main():
                           ("C fold+match, 2 parts", "sglang MHA (K+V 32 KiB)")):
         ex, aex = got[name][2], got[adapter][2]
         print("%-28s %11s %11s %13.1f   %s: %.2f" % (name, "-", "-", ex * 1e6, adapter, aex / ex))
+    ca, la = got["C async, lmcache's work"], got["lmcache (64 KiB chunks)"]
+    print("LMCache's work through the C API (the same key strings folded, submit, event fd, drain):")
+    print("%-28s %11.0f %11.0f %13.1f   lmcache (64 KiB chunks): %.2f / %.2f / %.2f%s"
+          % ("C async, lmcache's work", mib / ca[0], mib / ca[1], ca[2] * 1e6,
+             la[0] / ca[0], la[1] / ca[1], la[2] / ca[2],
+             "" if max(la[i] / ca[i] for i in range(3)) <= LIMIT else " *"))
     print("SGLang host layouts (torch pools, %d layers, bfloat16, %d-token pages of %d KiB) next "
           "to the C API from the same key strings (fold, check words, the same namespaces):"
           % (args.layers, PAGE_TOKENS, PAGE_BYTES // 1024))

@@ -1792,12 +1792,13 @@ START_TEST(test_reader_flag_not_granted_or_unasked)
     ck_assert_msg(strstr(kvnode_connect_error(), "did not ask"), "%s", kvnode_connect_error());
     fake_stop(f);
 
-    /* Flags this library does not know (0x2 is KVNODE_CONNECT_PREFAULT). */
+    /* Flags this library does not know (0x2 is KVNODE_CONNECT_PREFAULT, 0x4
+     * KVNODE_CONNECT_BUSY_POLL). */
     c = (kvnode_client *)&got;
-    ck_assert_int_eq(kvnode_connect_flags("/nonexistent/kvnode.sock", &test_layout, -1, 0xEu, &c),
+    ck_assert_int_eq(kvnode_connect_flags("/nonexistent/kvnode.sock", &test_layout, -1, 0x1Eu, &c),
                      -KVNODE_EINVAL);
     ck_assert_ptr_null(c);
-    ck_assert_msg(strstr(kvnode_connect_error(), "unknown flags 0xc"), "%s", kvnode_connect_error());
+    ck_assert_msg(strstr(kvnode_connect_error(), "unknown flags 0x18"), "%s", kvnode_connect_error());
     ck_assert_int_eq(kvnode_is_reader(NULL), 0);
 }
 END_TEST
