@@ -13,7 +13,13 @@
 #   make bench      build and run the benchmarks (not part of `make test`); make bench-startup:
 #                   first PING and population time of 1, 4 and 8 GiB host tiers; make bench-kvs:
 #                   the KVS front end (rtp-llm's protocol) next to libkvnode, 64/256 blocks of 64 KiB;
-#                   make bench-adapters: the Python SGLang / LMCache adapters next to the C API
+#                   make bench-adapters: the Python SGLang / LMCache adapters next to the C API;
+#                   make bench-node: issue 32's figures (syscalls per round trip counted with perf,
+#                   16-key MATCH of 4/16 clients vs redis EXISTS pipelines, MATCH x256 over 1 M
+#                   blocks vs hot keys, index memory per block, zero-copy GET/PUT vs memcpy) next to
+#                   redis-server on a unix socket and a raw socket ping-pong, client and daemon on
+#                   one CPU and on two (also in make bench where redis-server is installed);
+#                   BENCH_NODE_ARGS=--quick finishes in under a minute
 #   make soak       mixed traffic with client and daemon kill -9s, then a byte-exact check of
 #                   everything acknowledged; SOAK_SECONDS (default 300), SOAK_ARGS (not in `make test`)
 #   make V6D=0 ...  build without the rtp-llm KVS backend
@@ -118,6 +124,7 @@ BENCH_TENANTS_BIN := $(BUILD)/kvnode-bench-tenants
 BENCH_PREFAULT_BIN := $(BUILD)/kvnode-bench-prefault
 BENCH_STARTUP_BIN := $(BUILD)/kvnode-bench-startup
 BENCH_KVS_BIN := $(BUILD)/kvnode-bench-kvs
+BENCH_NODE_BIN := $(BUILD)/kvnode-bench-node
 # KVS protocol simulator (tests/sim/kvs_sim.c) and its own tests (tests/sim/test_*.c).
 SIM_BIN      := $(BUILD)/kvs-sim
 # KVCM (Tair KVCache Manager) HTTP/JSON simulator (tests/sim/kvcm_sim.c).
@@ -129,7 +136,7 @@ FUZZ_TARGETS    := wire config kvs_file kvs_acquire $(if $(filter 1,$(V6D)),v6d_
 FUZZ_REPLAY_BIN := $(patsubst %,$(BUILD)/tests/fuzz_%_replay,$(FUZZ_TARGETS))
 FUZZ_BIN        := $(patsubst %,$(BUILD)/fuzz/fuzz_%,$(FUZZ_TARGETS))
 
-.PHONY: all deps run test check asan valgrind bench bench-persist bench-tenants bench-prefault bench-startup bench-kvs bench-adapters soak install uninstall clean help \
+.PHONY: all deps run test check asan valgrind bench bench-persist bench-tenants bench-prefault bench-startup bench-kvs bench-node bench-adapters soak install uninstall clean help \
         fuzz fuzz-build fuzz-run
 .DEFAULT_GOAL := all
 
@@ -375,6 +382,12 @@ $(BENCH_KVS_BIN): tests/bench/bench_kvs.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIB
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson libcurl) -lpthread
 
+# Issue 32's table next to redis-server + hiredis, a raw unix-socket ping-pong
+# and memcpy (hiredis: the daemon links it too).
+$(BENCH_NODE_BIN): tests/bench/bench_node.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(TEST_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LIB_LIBS) $(CHECK_LIBS) $(call pc_libs,jansson hiredis) -lpthread
+
 # Part 3 (v6d) starts the KVS simulator and reads its counters over HTTP (libcurl).
 $(BENCH_PERSIST_BIN): tests/bench/bench_persist.c $(INTEG_HELPER) $(TEST_PROC_OBJ) $(LIBA) $(TEST_HDRS)
 	@mkdir -p $(dir $@)
@@ -399,15 +412,20 @@ $(GPU_SLOWPIN): tests/gpu/slowpin.c $(FAKECUDA_SO)
 SCRIPT_TESTS += tests/gpu/run-sim.sh
 check: $(GPU_CHECK_BIN) $(GPU_SLOWPIN)
 
-# `make bench` runs the four programs; `make bench-persist`,
-# `make bench-tenants` and `make bench-prefault` one each. BENCH_ARGS /
-# BENCH_PERSIST_ARGS / BENCH_PREFAULT_ARGS /
-# BENCH_TENANTS_ARGS pass options (e.g. --quick).
-bench: all $(BENCH_BIN) $(BENCH_PERSIST_BIN) $(BENCH_TENANTS_BIN) $(BENCH_PREFAULT_BIN) $(if $(filter 1,$(V6D)),$(SIM_BIN))
+# `make bench` runs the five programs (kvnode-bench-node only where
+# redis-server is installed); `make bench-persist`, `make bench-tenants`,
+# `make bench-prefault` and `make bench-node` one each. BENCH_ARGS /
+# BENCH_PERSIST_ARGS / BENCH_PREFAULT_ARGS / BENCH_TENANTS_ARGS /
+# BENCH_NODE_ARGS pass options (e.g. --quick).
+bench: all $(BENCH_BIN) $(BENCH_PERSIST_BIN) $(BENCH_TENANTS_BIN) $(BENCH_PREFAULT_BIN) $(BENCH_NODE_BIN) $(if $(filter 1,$(V6D)),$(SIM_BIN))
 	KVNODED=$(KVNODED) $(BENCH_BIN) $(BENCH_ARGS)
 	KVNODED=$(KVNODED) KVS_SIM=$(SIM_BIN) $(BENCH_PERSIST_BIN) $(BENCH_PERSIST_ARGS)
 	KVNODED=$(KVNODED) $(BENCH_TENANTS_BIN) $(BENCH_TENANTS_ARGS)
 	KVNODED=$(KVNODED) $(BENCH_PREFAULT_BIN) $(BENCH_PREFAULT_ARGS)
+	@if command -v redis-server >/dev/null 2>&1; then \
+	    echo "KVNODED=$(KVNODED) $(BENCH_NODE_BIN) $(BENCH_NODE_ARGS)"; \
+	    KVNODED=$(KVNODED) $(BENCH_NODE_BIN) $(BENCH_NODE_ARGS); \
+	else echo "bench-node skipped: no redis-server on PATH (its peer)"; fi
 
 bench-prefault: all $(BENCH_PREFAULT_BIN)
 	KVNODED=$(KVNODED) $(BENCH_PREFAULT_BIN) $(BENCH_PREFAULT_ARGS)
@@ -423,6 +441,13 @@ bench-startup: all $(BENCH_STARTUP_BIN)
 # BENCH_KVS_ARGS: --rounds N (default 20) or --quick.
 bench-kvs: all $(BENCH_KVS_BIN)
 	KVNODED=$(KVNODED) $(BENCH_KVS_BIN) $(BENCH_KVS_ARGS)
+
+# Issue 32's figures, each a ratio to a peer in the same run (redis-server on a
+# unix socket, raw socket ping-pong, memcpy), client and daemon pinned to the
+# same CPU and to different CPUs; needs redis-server, and perf for the syscall
+# counts (skipped with the reason otherwise). BENCH_NODE_ARGS: --quick.
+bench-node: all $(BENCH_NODE_BIN)
+	KVNODED=$(KVNODED) $(BENCH_NODE_BIN) $(BENCH_NODE_ARGS)
 
 # kvnode.sglang / kvnode.lmcache against libkvnode's batched calls in one run (Python 3,
 # numpy); BENCH_ADAPTERS_ARGS: --rounds N (default 30).

@@ -1,0 +1,1178 @@
+/* kvnode-bench-node: the figures of issue 32's table, each next to a peer
+ * measured in the same run (not part of `make test`; nothing is asserted,
+ * every byte and count read back is checked and a wrong one stops the run).
+ *
+ * Peers: redis-server on a unix socket in a temp dir with hiredis as the
+ * client, a raw unix-socket ping-pong (the kernel's floor for one round trip
+ * between two processes), and memcpy of the same access pattern. Every
+ * figure is taken with client and server (every thread of kvnoded /
+ * redis-server / the echo process) pinned to the same CPU and to different
+ * CPUs (sched_setaffinity; the first two CPUs this program may use, the
+ * server on the first), and without --quick not pinned as well.
+ *
+ *  1. Round trips of one client: raw ping-pong (16 bytes each way), kvnode
+ *     PING, kvnode MATCH of 16 stored keys, redis PING (pre-formatted, one
+ *     write + one read); each the best of 3 interleaved rounds.
+ *  2. Syscalls per round trip, counted: `perf stat -e raw_syscalls:sys_enter`
+ *     attached to the server and to a client process while it makes N round
+ *     trips (skipped with the reason when perf cannot count them).
+ *  3. 16-key MATCH round trips/s of 4 and 16 client processes vs redis
+ *     pipelines of 16 EXISTS, the keys present and absent; each the best
+ *     of 3 interleaved rounds (--quick: 2).
+ *  4. MATCH x256 of random keys over 1 M stored 1 KiB blocks vs MATCH x256 of
+ *     256 hot keys (mean and median latency), and the daemon's memory per
+ *     block at 1 M blocks: its RssAnon delta across the population / blocks
+ *     added (the host tier is a memfd shared with the clients, RssShmem
+ *     where the daemon touches it, never RssAnon: RssAnon is the index and
+ *     the rest of the daemon's heap).
+ *  5. Zero-copy GET (get_begin + a memcpy per block out of the arena +
+ *     get_end) and PUT (put_begin + a memcpy per block in + put_commit) of
+ *     chains of 256 blocks of 64 KiB and 1 MiB vs memcpy per block of the
+ *     same chain with the same cache state (a buffer touched once per
+ *     iteration as the arena's blocks are); median of interleaved iterations.
+ *
+ * MemAvailable is read first: section 4 uses fewer blocks and section 5
+ * leaves out 1 MiB blocks when less than twice what they need is free.
+ *
+ * Usage: kvnode-bench-node [--quick]   (--quick: shorter runs, under a
+ * minute). $KVNODED names the daemon (default build/kvnoded). */
+#include <errno.h>
+#include <hiredis.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define BENCH_NAME "kvnode-bench-node"
+#include "bench_util.h"
+
+#define KEYS16      16
+#define CHAIN       256
+#define MAX_CLIENTS 16
+#define RAW_MSG     16          /* bytes each way of the raw ping-pong */
+
+static bool quick;
+static int cpu_a = -1, cpu_b = -1;   /* the first two CPUs this process may run on */
+
+struct pin_mode {
+    const char *name;
+    int server_cpu, client_cpu;
+};
+#define MAX_MODES 3
+static struct pin_mode modes[MAX_MODES];
+static int nmodes;
+
+static double now_s(void)
+{
+    return (double)kvh_now_ns() / 1e9;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+/* --- pinning ------------------------------------------------------------------ */
+
+static cpu_set_t all_cpus;
+
+/* cpu -1: every CPU this program may use (not pinned). */
+static void pin_tid(pid_t tid, int cpu)
+{
+    cpu_set_t s = all_cpus;
+    if (cpu >= 0) {
+        CPU_ZERO(&s);
+        CPU_SET(cpu, &s);
+    }
+    if (sched_setaffinity(tid, sizeof s, &s) != 0 && errno != ESRCH) {
+        char m[64];
+        snprintf(m, sizeof m, "task %d to CPU %d: %s", (int)tid, cpu, strerror(errno));
+        die("sched_setaffinity", m);
+    }
+}
+
+/* Every thread of pid to cpu (threads started later inherit it). */
+static void pin_process(pid_t pid, int cpu)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *dir = opendir(path);
+    if (!dir)
+        die("opendir", path);
+    struct dirent *e;
+    while ((e = readdir(dir)))
+        if (e->d_name[0] != '.')
+            pin_tid((pid_t)atoi(e->d_name), cpu);
+    closedir(dir);
+}
+
+static void unpin_self(void)
+{
+    sched_setaffinity(0, sizeof all_cpus, &all_cpus);
+}
+
+/* --- counters and memory ------------------------------------------------------ */
+
+static uint64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (uint64_t)kib << 10;
+}
+
+/* --- redis-server on a unix socket ------------------------------------------------ */
+
+struct redis {
+    char dir[PATH_MAX], sock[PATH_MAX + 16];
+    pid_t pid;
+};
+
+static redisContext *redis_connect(const char *sock)
+{
+    redisContext *rc = redisConnectUnix(sock);
+    if (!rc || rc->err) {
+        if (rc)
+            redisFree(rc);
+        return NULL;
+    }
+    return rc;
+}
+
+static void redis_expect_status(redisContext *rc, const char *want, const char *what)
+{
+    redisReply *r = NULL;
+    if (redisGetReply(rc, (void **)&r) != REDIS_OK || !r)
+        die(what, rc->errstr[0] ? rc->errstr : "no reply");
+    if ((r->type != REDIS_REPLY_STATUS && r->type != REDIS_REPLY_STRING) || strcmp(r->str, want) != 0)
+        die(what, "unexpected reply");
+    freeReplyObject(r);
+}
+
+static int redis_start(struct redis *r, char *why, size_t whylen)
+{
+    memset(r, 0, sizeof *r);
+    if (kvh_mkdtemp(r->dir, sizeof r->dir) != 0) {
+        snprintf(why, whylen, "temp dir: %s", kvh_error());
+        return -1;
+    }
+    snprintf(r->sock, sizeof r->sock, "%s/redis.sock", r->dir);
+    char logf[PATH_MAX + 16];
+    snprintf(logf, sizeof logf, "%s/redis.log", r->dir);
+    const char *argv[] = { "redis-server", "--port", "0", "--unixsocket", r->sock, "--unixsocketperm", "700",
+                           "--dir", r->dir, "--save", "", "--appendonly", "no", "--daemonize", "no",
+                           "--logfile", logf, NULL };
+    struct proc_opts o = { .argv = argv, .in = PROC_NULL, .out = PROC_NULL, .err = PROC_NULL };
+    r->pid = proc_spawn(&o, NULL);
+    if (r->pid < 0) {
+        snprintf(why, whylen, "redis-server: %s", proc_error());
+        r->pid = 0;
+        return -1;
+    }
+    for (int t = 0; t < 400; t++) {
+        redisContext *rc = redis_connect(r->sock);
+        if (rc) {
+            redisAppendCommand(rc, "PING");
+            redis_expect_status(rc, "PONG", "redis PING");
+            redisFree(rc);
+            return 0;
+        }
+        sleep_ms(25);
+    }
+    snprintf(why, whylen, "redis-server did not answer on %.300s within 10 s", r->sock);
+    proc_stop(&r->pid, SIGKILL, 5000);
+    return -1;
+}
+
+static void redis_stop(struct redis *r)
+{
+    if (r->pid > 0)
+        proc_stop(&r->pid, SIGTERM, 5000);
+}
+
+/* --- one connection that makes checked round trips -------------------------------- */
+
+enum op {
+    OP_RAW,            /* raw ping-pong with the echo process */
+    OP_KV_PING,
+    OP_KV_MATCH16,     /* kvnode_match of 16 keys */
+    OP_REDIS_PING,
+    OP_REDIS_EXISTS16, /* 16 EXISTS in one pipeline */
+};
+
+struct conn {
+    enum op op;
+    bool present;          /* the 16 keys are stored */
+    int fd;                /* OP_RAW */
+    uint64_t seq;
+    kvnode_client *kv;
+    redisContext *rc;
+    kvnode_key keys[KEYS16];
+    char *pipeline;        /* OP_REDIS_EXISTS16: the 16 commands, formatted once */
+    long long pipeline_len;
+};
+
+struct servers {
+    const kvh_daemon *kv;     /* daemon A */
+    const char *redis_sock;
+    int raw_fd;               /* the client end of the echo process's socket pair */
+};
+
+static const kvnode_layout *layout16;
+
+/* The 16 keys of client i: present chains 100 + i, absent ones 900 + i. */
+static void keys_of(kvnode_key *keys, int client, bool present)
+{
+    kvh_chain(keys, KEYS16, (uint64_t)(present ? 100 : 900) + (uint64_t)client);
+}
+
+static void redis_key(char *buf, size_t len, kvnode_key k)
+{
+    snprintf(buf, len, "kvnode:%" PRId64, (int64_t)k);
+}
+
+static void conn_open(struct conn *c, enum op op, const struct servers *s, int client, bool present)
+{
+    memset(c, 0, sizeof *c);
+    c->op = op;
+    c->present = present;
+    c->fd = -1;
+    keys_of(c->keys, client, present);
+    switch (op) {
+    case OP_RAW:
+        c->fd = s->raw_fd;
+        break;
+    case OP_KV_PING:
+    case OP_KV_MATCH16:
+        if (kvh_connect(s->kv, layout16, &c->kv) != 0)
+            die("kvnode connect", kvh_error());
+        break;
+    case OP_REDIS_PING:
+    case OP_REDIS_EXISTS16:
+        c->rc = redis_connect(s->redis_sock);
+        if (!c->rc)
+            die("redis connect", s->redis_sock);
+        if (op == OP_REDIS_EXISTS16) {
+            size_t cap = 0, len = 0;
+            for (int i = 0; i < KEYS16; i++) {
+                char k[64], *cmd = NULL;
+                redis_key(k, sizeof k, c->keys[i]);
+                int n = redisFormatCommand(&cmd, "EXISTS %s", k);
+                if (n < 0)
+                    die("redisFormatCommand", "EXISTS");
+                if (len + (size_t)n > cap) {
+                    cap = (len + (size_t)n) * 2;
+                    c->pipeline = realloc(c->pipeline, cap);
+                    if (!c->pipeline)
+                        die("malloc", "out of memory");
+                }
+                memcpy(c->pipeline + len, cmd, (size_t)n);
+                len += (size_t)n;
+                redisFreeCommand(cmd);
+            }
+            c->pipeline_len = (long long)len;
+        }
+        break;
+    }
+}
+
+static void conn_close(struct conn *c)
+{
+    if (c->kv)
+        kvnode_close(c->kv);
+    if (c->rc)
+        redisFree(c->rc);
+    free(c->pipeline);
+    memset(c, 0, sizeof *c);
+}
+
+static void read_full(int fd, void *buf, size_t len, const char *what)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, (char *)buf + got, len - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            die(what, n == 0 ? "end of file" : strerror(errno));
+        got += (size_t)n;
+    }
+}
+
+static void write_full(int fd, const void *buf, size_t len, const char *what)
+{
+    size_t put = 0;
+    while (put < len) {
+        ssize_t n = write(fd, (const char *)buf + put, len - put);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            die(what, strerror(errno));
+        put += (size_t)n;
+    }
+}
+
+/* One round trip, its answer checked. */
+static void conn_op(struct conn *c)
+{
+    switch (c->op) {
+    case OP_RAW: {
+        uint64_t msg[RAW_MSG / 8], back[RAW_MSG / 8];
+        for (size_t i = 0; i < RAW_MSG / 8; i++)
+            msg[i] = ++c->seq * 0x9e3779b97f4a7c15ull;
+        write_full(c->fd, msg, sizeof msg, "raw ping");
+        read_full(c->fd, back, sizeof back, "raw pong");
+        if (memcmp(msg, back, sizeof msg) != 0)
+            die("raw pong", "the echo differs from the ping");
+        break;
+    }
+    case OP_KV_PING:
+        check(c->kv, kvnode_ping(c->kv), "kvnode_ping");
+        break;
+    case OP_KV_MATCH16: {
+        size_t matched;
+        check(c->kv, kvnode_match(c->kv, c->keys, KEYS16, &matched), "kvnode_match");
+        if (matched != (c->present ? KEYS16 : 0))
+            die("kvnode_match", c->present ? "stored keys not all matched" : "absent keys matched");
+        break;
+    }
+    case OP_REDIS_PING:
+        if (redisAppendFormattedCommand(c->rc, "*1\r\n$4\r\nPING\r\n", 14) != REDIS_OK)
+            die("redis PING", c->rc->errstr);
+        redis_expect_status(c->rc, "PONG", "redis PING");
+        break;
+    case OP_REDIS_EXISTS16:
+        if (redisAppendFormattedCommand(c->rc, c->pipeline, (size_t)c->pipeline_len) != REDIS_OK)
+            die("redis EXISTS", c->rc->errstr);
+        for (int i = 0; i < KEYS16; i++) {
+            redisReply *r = NULL;
+            if (redisGetReply(c->rc, (void **)&r) != REDIS_OK || !r)
+                die("redis EXISTS", c->rc->errstr[0] ? c->rc->errstr : "no reply");
+            if (r->type != REDIS_REPLY_INTEGER || r->integer != (c->present ? 1 : 0))
+                die("redis EXISTS", c->present ? "a stored key is missing" : "an absent key exists");
+            freeReplyObject(r);
+        }
+        break;
+    }
+}
+
+/* --- processes this program forks (they _exit: the harness's atexit
+ * cleanup belongs to the parent) ------------------------------------------------ */
+
+static pid_t fork_child(void)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork", strerror(errno));
+    if (pid == 0)
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+    return pid;
+}
+
+static void reap(pid_t pid, const char *what)
+{
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        die(what, "a child process failed (see above)");
+}
+
+/* The echo process of the raw ping-pong, pinned to cpu: *client_fd gets the
+ * other end. */
+static pid_t start_echo(int cpu, int *client_fd)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+        die("socketpair", strerror(errno));
+    pid_t pid = fork_child();
+    if (pid == 0) {
+        close(sv[0]);
+        pin_tid(0, cpu);
+        char buf[RAW_MSG];
+        for (;;) {
+            size_t got = 0;
+            while (got < sizeof buf) {
+                ssize_t n = read(sv[1], buf + got, sizeof buf - got);
+                if (n <= 0)
+                    _exit(n == 0 ? 0 : 1);
+                got += (size_t)n;
+            }
+            if (write(sv[1], buf, sizeof buf) != (ssize_t)sizeof buf)
+                _exit(1);
+        }
+    }
+    close(sv[1]);
+    *client_fd = sv[0];
+    return pid;
+}
+
+static void stop_echo(pid_t pid, int client_fd)
+{
+    close(client_fd);
+    reap(pid, "echo process");
+}
+
+/* --- 1. round trips of one client -------------------------------------------------- */
+
+static double round_trips_per_s(struct conn *c, double seconds)
+{
+    uint64_t n = 0;
+    double t0 = now_s(), t;
+    do {
+        for (int i = 0; i < 64; i++)
+            conn_op(c);
+        n += 64;
+        t = now_s();
+    } while (t - t0 < seconds);
+    return (double)n / (t - t0);
+}
+
+struct rt_result {
+    double raw, kv_ping, kv_match, redis_ping;
+};
+
+#define RT_ROUNDS 3
+
+/* The four kinds in turn, RT_ROUNDS rounds; each figure is its best round
+ * (the machine is shared: the best is the least disturbed). The caller pins
+ * the servers. */
+static void bench_round_trips(const struct servers *s, const struct pin_mode *m, struct rt_result *out)
+{
+    double secs = (quick ? 0.6 : 3.0) / RT_ROUNDS;
+    int fd;
+    pid_t echo = start_echo(m->server_cpu, &fd);
+    struct servers ss = *s;
+    ss.raw_fd = fd;
+    pin_tid(0, m->client_cpu);
+    static const enum op ops[4] = { OP_RAW, OP_KV_PING, OP_KV_MATCH16, OP_REDIS_PING };
+    struct conn c[4];
+    double best[4] = { 0 };
+    for (int k = 0; k < 4; k++) {
+        conn_open(&c[k], ops[k], &ss, 0, true);
+        for (int i = 0; i < 500; i++)
+            conn_op(&c[k]);
+    }
+    for (int r = 0; r < RT_ROUNDS; r++)
+        for (int k = 0; k < 4; k++) {
+            double v = round_trips_per_s(&c[k], secs);
+            if (v > best[k])
+                best[k] = v;
+        }
+    for (int k = 0; k < 4; k++)
+        conn_close(&c[k]);
+    stop_echo(echo, fd);
+    *out = (struct rt_result){ best[0], best[1], best[2], best[3] };
+    unpin_self();
+}
+
+/* --- 2. syscalls per round trip -------------------------------------------------- */
+
+static bool perf_ok;
+static char perf_why[256];
+
+static void perf_probe(void)
+{
+    const char *argv[] = { "perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter", "--", "true", NULL };
+    struct proc_opts o = { .argv = argv, .in = PROC_NULL };
+    char *out = NULL, *err = NULL;
+    int st = proc_run(&o, 20000, &out, &err);
+    perf_ok = st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0 && err &&
+              strstr(err, "raw_syscalls:sys_enter") && !strstr(err, "not supported") &&
+              !strstr(err, "<not counted>");
+    if (!perf_ok)
+        snprintf(perf_why, sizeof perf_why, "`perf stat -e raw_syscalls:sys_enter` does not count here (%s)",
+                 st < 0 ? proc_error() : err && *err ? strtok(err, "\n") : "no output");
+    free(out);
+    free(err);
+}
+
+static pid_t perf_attach(pid_t target, const char *out_path)
+{
+    char p[16];
+    snprintf(p, sizeof p, "%d", (int)target);
+    const char *argv[] = { "perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p", p, "-o", out_path, NULL };
+    struct proc_opts o = { .argv = argv, .in = PROC_NULL, .out = PROC_NULL, .err = PROC_NULL };
+    pid_t pid = proc_spawn(&o, NULL);
+    if (pid < 0)
+        die("perf", proc_error());
+    return pid;
+}
+
+static double perf_count(pid_t *perf, const char *path)
+{
+    proc_stop(perf, SIGINT, 10000);
+    char *text = kvh_read_file(path, NULL);
+    if (!text)
+        die("perf output", kvh_error());
+    double v = -1;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+        if (strstr(line, "raw_syscalls:sys_enter") && line[0] >= '0' && line[0] <= '9')
+            v = strtod(line, NULL);
+    free(text);
+    if (v < 0)
+        die("perf output", "no count of raw_syscalls:sys_enter");
+    return v;
+}
+
+struct sc_result {
+    double server, client;
+};
+
+/* Client process: open, warm up, "r"; on "g" make n round trips, "d"; exit on "q". */
+static void count_syscalls(const struct servers *s, enum op op, pid_t server_pid, const struct pin_mode *m,
+                           unsigned n, const char *tmpdir, struct sc_result *out)
+{
+    int to_child[2], to_parent[2];
+    if (pipe(to_child) != 0 || pipe(to_parent) != 0)
+        die("pipe", strerror(errno));
+    pid_t child = fork_child();
+    if (child == 0) {
+        close(to_child[1]);
+        close(to_parent[0]);
+        pin_tid(0, m->client_cpu);
+        struct conn c;
+        conn_open(&c, op, s, 0, true);
+        for (int i = 0; i < 1000; i++)
+            conn_op(&c);
+        char b = 'r';
+        write_full(to_parent[1], &b, 1, "ready");
+        read_full(to_child[0], &b, 1, "go");
+        for (unsigned i = 0; i < n; i++)
+            conn_op(&c);
+        b = 'd';
+        write_full(to_parent[1], &b, 1, "done");
+        read_full(to_child[0], &b, 1, "quit");
+        _exit(0);
+    }
+    close(to_child[0]);
+    close(to_parent[1]);
+    char b;
+    read_full(to_parent[0], &b, 1, "client ready");
+    char ps[PATH_MAX + 16], pc[PATH_MAX + 16];
+    snprintf(ps, sizeof ps, "%s/perf-server.txt", tmpdir);
+    snprintf(pc, sizeof pc, "%s/perf-client.txt", tmpdir);
+    pid_t perf_s = perf_attach(server_pid, ps), perf_c = perf_attach(child, pc);
+    sleep_ms(quick ? 300 : 500);   /* perf has attached (the idle server's timers add a few) */
+    b = 'g';
+    write_full(to_child[1], &b, 1, "go");
+    read_full(to_parent[0], &b, 1, "client done");
+    out->server = perf_count(&perf_s, ps) / n;
+    out->client = perf_count(&perf_c, pc) / n;
+    b = 'q';
+    write_full(to_child[1], &b, 1, "quit");
+    close(to_child[1]);
+    close(to_parent[0]);
+    reap(child, "syscall-count client");
+}
+
+/* --- 3. many clients ------------------------------------------------------------------ */
+
+/* nclients processes each doing op for the duration; the sum of their rates. */
+static double many_clients(const struct servers *s, enum op op, bool present, int nclients, int cpu,
+                           double secs)
+{
+    int ready[2], go[2], res[2];
+    if (pipe(ready) != 0 || pipe(go) != 0 || pipe(res) != 0)
+        die("pipe", strerror(errno));
+    pid_t pids[MAX_CLIENTS];
+    for (int i = 0; i < nclients; i++) {
+        pids[i] = fork_child();
+        if (pids[i] == 0) {
+            close(ready[0]);
+            close(go[1]);
+            close(res[0]);
+            pin_tid(0, cpu);
+            struct conn c;
+            conn_open(&c, op, s, i, present);
+            for (int w = 0; w < 50; w++)
+                conn_op(&c);
+            char b = 'r';
+            write_full(ready[1], &b, 1, "ready");
+            read_full(go[0], &b, 1, "go");
+            uint64_t n = 0;
+            double t0 = now_s(), t;
+            do {
+                for (int k = 0; k < 16; k++)
+                    conn_op(&c);
+                n += 16;
+                t = now_s();
+            } while (t - t0 < secs);
+            double rate = (double)n / (t - t0);
+            write_full(res[1], &rate, sizeof rate, "result");
+            conn_close(&c);
+            _exit(0);
+        }
+    }
+    close(ready[1]);
+    close(go[0]);
+    close(res[1]);
+    char b;
+    for (int i = 0; i < nclients; i++)
+        read_full(ready[0], &b, 1, "client ready");
+    char gos[MAX_CLIENTS];
+    memset(gos, 'g', sizeof gos);
+    write_full(go[1], gos, (size_t)nclients, "go");
+    double sum = 0;
+    for (int i = 0; i < nclients; i++) {
+        double r;
+        read_full(res[0], &r, sizeof r, "client result");
+        sum += r;
+    }
+    for (int i = 0; i < nclients; i++)
+        reap(pids[i], "client process");
+    close(ready[0]);
+    close(go[1]);
+    close(res[0]);
+    return sum;
+}
+
+/* --- 4. MATCH x256 over 1 M blocks, memory per block ------------------------------- */
+
+static uint64_t splitmix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Mean and median of calls MATCHes of 256 keys; random: 256 fresh random
+ * keys of the stored ones per call (drawn outside the timing). */
+static void match256(kvnode_client *c, const kvnode_key *stored, size_t nstored, bool random, unsigned calls,
+                     uint64_t *rng, double *mean_us, double *p50_us)
+{
+    kvnode_key keys[CHAIN];
+    double *lat = malloc(calls * sizeof *lat);
+    if (!lat)
+        die("malloc", "out of memory");
+    for (size_t i = 0; i < CHAIN; i++)
+        keys[i] = stored[(size_t)(splitmix(i + 77) % nstored)];
+    double sum = 0;
+    for (unsigned it = 0; it < calls + 100; it++) {
+        if (random)
+            for (size_t i = 0; i < CHAIN; i++)
+                keys[i] = stored[(size_t)(splitmix((*rng)++) % nstored)];
+        uint64_t t0 = kvh_now_ns();
+        size_t matched;
+        check(c, kvnode_match(c, keys, CHAIN, &matched), "kvnode_match");
+        uint64_t dt = kvh_now_ns() - t0;
+        if (matched != CHAIN)
+            die("kvnode_match", "stored keys not all matched");
+        if (it >= 100) {   /* the first 100 warm up */
+            lat[it - 100] = (double)dt / 1e3;
+            sum += lat[it - 100];
+        }
+    }
+    qsort(lat, calls, sizeof *lat, cmp_double);
+    *mean_us = sum / calls;
+    *p50_us = lat[calls / 2];
+    free(lat);
+}
+
+struct big_result {
+    size_t blocks;
+    double anon_per_block;                  /* bytes */
+    long long anon_kib, shmem_kib;          /* RssAnon / RssShmem deltas */
+    double fill_s;
+    double rnd_mean[MAX_MODES], rnd_p50[MAX_MODES], hot_mean[MAX_MODES], hot_p50[MAX_MODES];
+};
+
+static void bench_big(size_t nblocks, struct big_result *out)
+{
+    const uint64_t bb = 1024;
+    /* The blocks under the high watermark (0.95) with room to spare. */
+    uint64_t host = ((uint64_t)((double)(nblocks * bb) / 0.85) + (64ull << 20)) & ~((1ull << 20) - 1);
+    char cfg[256];
+    snprintf(cfg, sizeof cfg, "memory.host_bytes=%llu\nlog.level=warn\n", (unsigned long long)host);
+    kvh_daemon d;
+    if (kvh_start(&d, cfg) != 0)
+        die("start kvnoded", kvh_error());
+    kvnode_layout l = kvh_layout("bench-node-1m", bb, 1, 0);
+    kvnode_client *c;
+    if (kvh_connect(&d, &l, &c) != 0)
+        die("connect", kvh_error());
+    kvnode_key *keys = malloc(nblocks * sizeof *keys);
+    unsigned char *src = malloc(CHAIN * bb);
+    const void *srcv[CHAIN];
+    if (!keys || !src)
+        die("malloc", "out of memory");
+    for (size_t i = 0; i < nblocks; i++)
+        keys[i] = (kvnode_key)(splitmix(0xb10c + i) >> 1);
+    for (size_t i = 0; i < CHAIN; i++)
+        srcv[i] = src + i * bb;
+    /* One chain first, so the namespace and its first slab exist before the baseline. */
+    for (size_t i = 0; i < CHAIN; i++)
+        kvh_fill(src + i * bb, bb, keys[i], 7);
+    check(c, kvnode_put(c, keys, CHAIN, srcv), "kvnode_put");
+    long long anon0 = kvh_proc_status_kib(d.pid, "RssAnon"), shm0 = kvh_proc_status_kib(d.pid, "RssShmem");
+    double t0 = now_s();
+    for (size_t at = CHAIN; at < nblocks; at += CHAIN) {
+        size_t n = nblocks - at < CHAIN ? nblocks - at : CHAIN;
+        for (size_t i = 0; i < n; i++)
+            kvh_fill(src + i * bb, bb, keys[at + i], 7);
+        check(c, kvnode_put(c, keys + at, n, srcv), "kvnode_put");
+    }
+    double fill_s = now_s() - t0;
+    long long anon1 = kvh_proc_status_kib(d.pid, "RssAnon"), shm1 = kvh_proc_status_kib(d.pid, "RssShmem");
+    if (anon0 < 0 || anon1 < 0 || shm0 < 0 || shm1 < 0)
+        die("/proc/<kvnoded>/status", kvh_error());
+    long long stored = kvh_stat(&d, "tiers.host.blocks");
+    if (stored != (long long)nblocks) {
+        char m[128];
+        snprintf(m, sizeof m, "tiers.host.blocks is %lld after %zu puts (evicted? host tier %llu MiB)", stored,
+                 nblocks, (unsigned long long)(host >> 20));
+        die("population", m);
+    }
+    size_t added = nblocks - CHAIN;
+    out->blocks = nblocks;
+    out->anon_per_block = (double)(anon1 - anon0) * 1024.0 / (double)added;
+    out->anon_kib = anon1 - anon0;
+    out->shmem_kib = shm1 - shm0;
+    out->fill_s = fill_s;
+
+    /* A sample read back byte-exact. */
+    kvnode_key sample[CHAIN];
+    for (size_t i = 0; i < CHAIN; i++)
+        sample[i] = keys[(size_t)(splitmix(i * 31 + 5) % nblocks)];
+    size_t got;
+    if (kvh_get_verify(c, sample, CHAIN, 7, 0, &got) != 0 || got != CHAIN)
+        die("read back", kvh_error());
+
+    unsigned calls = quick ? 300 : 2000;
+    uint64_t rng = 12345;
+    for (int m = 0; m < nmodes; m++) {
+        pin_process(d.pid, modes[m].server_cpu);
+        pin_tid(0, modes[m].client_cpu);
+        match256(c, keys, nblocks, true, calls, &rng, &out->rnd_mean[m], &out->rnd_p50[m]);
+        match256(c, keys, nblocks, false, calls, &rng, &out->hot_mean[m], &out->hot_p50[m]);
+        unpin_self();
+    }
+    kvnode_close(c);
+    free(keys);
+    free(src);
+    int st = kvh_stop(&d, 0);
+    kvh_destroy(&d);
+    if (st != 0)
+        die("kvnoded (1 M blocks)", "did not stop cleanly");
+}
+
+/* --- 5. zero-copy GET / PUT vs memcpy ------------------------------------------------- */
+
+/* memcpy_get: from a buffer touched once per iteration (as the arena's GET
+ * chain is) into the buffer GET copies into; memcpy_put: from the buffer PUT
+ * copies from into a buffer touched once per iteration (as PUT's slots). */
+struct zc_result {
+    double memcpy_get_gbs, memcpy_put_gbs, get_gbs, put_gbs;
+};
+
+static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label, struct zc_result *out)
+{
+    char model[64];
+    snprintf(model, sizeof model, "bench-node-%s", label);
+    kvnode_layout l = kvh_layout(model, bb, 1, 0);
+    kvnode_client *c;
+    if (kvh_connect(d, &l, &c) != 0)
+        die("connect", kvh_error());
+    size_t chain_bytes = (size_t)bb * CHAIN;
+    uint64_t target = quick ? 256ull << 20 : 1ull << 30;
+    unsigned min_iters = quick ? 3 : 5;
+    unsigned iters = (unsigned)(target / chain_bytes) < min_iters ? min_iters : (unsigned)(target / chain_bytes);
+    kvnode_key gkeys[CHAIN], pkeys[CHAIN];
+    kvh_chain(gkeys, CHAIN, 3000 + bb);
+    kvh_chain(pkeys, CHAIN, 4000 + bb);
+    unsigned char *src = malloc(chain_bytes), *dst = malloc(chain_bytes), *ref_src = malloc(chain_bytes),
+                  *ref_dst = malloc(chain_bytes);
+    const void *srcv[CHAIN];
+    kvnode_loc locs[CHAIN];
+    if (!src || !dst || !ref_src || !ref_dst)
+        die("malloc", "out of memory");
+    for (size_t i = 0; i < CHAIN; i++) {
+        kvh_fill(src + i * bb, bb, gkeys[i], 1);
+        srcv[i] = src + i * bb;
+    }
+    memcpy(ref_src, src, chain_bytes);
+    memset(dst, 0, chain_bytes);
+    memset(ref_dst, 0, chain_bytes);
+    check(c, kvnode_put(c, gkeys, CHAIN, srcv), "put of the GET chain");
+    kvnode_lease lease;
+    size_t got, deleted;
+    uint64_t *t_ref = malloc(iters * sizeof *t_ref), *t_get = malloc(iters * sizeof *t_get),
+             *t_put = malloc(iters * sizeof *t_put), *t_refp = malloc(iters * sizeof *t_refp);
+    void *dstv[CHAIN];
+    if (!t_ref || !t_get || !t_put || !t_refp)
+        die("malloc", "out of memory");
+    for (size_t i = 0; i < CHAIN; i++)
+        dstv[i] = dst + i * bb;
+    for (int m = 0; m < nmodes; m++) {
+        pin_process(d->pid, modes[m].server_cpu);
+        pin_tid(0, modes[m].client_cpu);
+        /* Each iteration: the GET reference, GET, the PUT reference, PUT,
+         * one after the other (a disturbance from the shared machine hits one
+         * iteration of each); iteration 0 warms up; every figure is its
+         * median iteration. Each reference sees the same untimed memsets and
+         * checks as its operation, so both find the same buffers in cache. */
+        for (unsigned it = 0; it <= iters; it++) {
+            memset(dst, 0, chain_bytes);
+            uint64_t t0 = kvh_now_ns();
+            for (size_t i = 0; i < CHAIN; i++)
+                memcpy(dst + i * bb, ref_src + i * bb, bb);
+            uint64_t t1 = kvh_now_ns();
+            if (memcmp(dst, src, chain_bytes) != 0)
+                die("memcpy", "the copy differs");
+
+            memset(dst, 0, chain_bytes);
+            uint64_t t2 = kvh_now_ns();
+            check(c, kvnode_get_begin(c, gkeys, CHAIN, &lease, locs, &got), "get_begin");
+            if (got != CHAIN)
+                die("get_begin", "short prefix");
+            for (size_t i = 0; i < CHAIN; i++)
+                memcpy(dst + i * bb, locs[i].ptr, bb);
+            check(c, kvnode_get_end(c, lease), "get_end");
+            uint64_t t3 = kvh_now_ns();
+            if (memcmp(dst, src, chain_bytes) != 0)   /* src was filled and put */
+                die("zero-copy GET", "a block read differs from the one put");
+
+            uint64_t t6 = kvh_now_ns();
+            for (size_t i = 0; i < CHAIN; i++)
+                memcpy(ref_dst + i * bb, src + i * bb, bb);
+            uint64_t t7 = kvh_now_ns();
+            if (it == iters && memcmp(ref_dst, src, chain_bytes) != 0)
+                die("memcpy", "the copy differs");
+
+            uint64_t t4 = kvh_now_ns();
+            check(c, kvnode_put_begin(c, pkeys, CHAIN, KVNODE_TIER_HOST, &lease, locs), "put_begin");
+            for (size_t i = 0; i < CHAIN; i++) {
+                if (!locs[i].ptr)
+                    die("put_begin", "a key of the deleted chain is still stored");
+                memcpy(locs[i].ptr, src + i * bb, bb);
+            }
+            check(c, kvnode_put_commit(c, lease), "put_commit");
+            uint64_t t5 = kvh_now_ns();
+            if (it == iters) {   /* the last chain put, read back byte-exact */
+                memset(dst, 0, chain_bytes);
+                check(c, kvnode_get(c, pkeys, CHAIN, dstv, &got), "kvnode_get");
+                if (got != CHAIN || memcmp(dst, src, chain_bytes) != 0)
+                    die("zero-copy PUT", "the chain read back differs from the one put");
+            }
+            check(c, kvnode_delete(c, pkeys, CHAIN, &deleted), "delete");
+            if (it > 0) {
+                t_ref[it - 1] = t1 - t0;
+                t_get[it - 1] = t3 - t2;
+                t_put[it - 1] = t5 - t4;
+                t_refp[it - 1] = t7 - t6;
+            }
+        }
+        qsort(t_ref, iters, sizeof *t_ref, cmp_u64);
+        qsort(t_get, iters, sizeof *t_get, cmp_u64);
+        qsort(t_put, iters, sizeof *t_put, cmp_u64);
+        qsort(t_refp, iters, sizeof *t_refp, cmp_u64);
+        out[m].memcpy_get_gbs = (double)chain_bytes / (double)t_ref[iters / 2];
+        out[m].memcpy_put_gbs = (double)chain_bytes / (double)t_refp[iters / 2];
+        out[m].get_gbs = (double)chain_bytes / (double)t_get[iters / 2];
+        out[m].put_gbs = (double)chain_bytes / (double)t_put[iters / 2];
+        unpin_self();
+    }
+    free(t_ref);
+    free(t_get);
+    free(t_put);
+    free(t_refp);
+    check(c, kvnode_delete(c, gkeys, CHAIN, &deleted), "delete");
+    free(src);
+    free(dst);
+    free(ref_src);
+    free(ref_dst);
+    kvnode_close(c);
+}
+
+/* --- main --------------------------------------------------------------------------- */
+
+static void print_sc(const char *name, const struct sc_result *r)
+{
+    printf("    %-22s daemon %5.2f + client %5.2f = %5.2f\n", name, r->server, r->client, r->server + r->client);
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            quick = true;
+        } else {
+            fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+            return 2;
+        }
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (sched_getaffinity(0, sizeof all_cpus, &all_cpus) != 0)
+        die("sched_getaffinity", strerror(errno));
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, &all_cpus)) {
+            if (cpu_a < 0)
+                cpu_a = cpu;
+            else if (cpu_b < 0)
+                cpu_b = cpu;
+        }
+    if (!quick)
+        modes[nmodes++] = (struct pin_mode){ "not pinned", -1, -1 };
+    modes[nmodes++] = (struct pin_mode){ "same CPU", cpu_a, cpu_a };
+    if (cpu_b >= 0)
+        modes[nmodes++] = (struct pin_mode){ "different CPUs", cpu_a, cpu_b };
+    else
+        printf("only CPU %d is allowed: the different-CPUs figures are skipped\n", cpu_a);
+
+    uint64_t avail = mem_available();
+    /* Section 4 needs ~1.3 GiB per million blocks (tier + index), section 5
+     * 1 GiB of tier + 1 GiB of private buffers; leave half of what is free. */
+    size_t nblocks = 1u << 20;
+    if (avail / 2 < (1300ull << 20)) {
+        nblocks = (size_t)((avail / 2) / (1300ull << 20) * (double)(1u << 20)) & ~(size_t)(CHAIN - 1);
+        printf("MemAvailable %.1f GiB: section 4 uses %zu blocks instead of 1 M\n",
+               (double)avail / (double)(1ull << 30), nblocks);
+    }
+    bool mib_blocks = avail / 2 >= (2048ull << 20);
+
+    printf("kvnode-bench-node: %s, %s, %s, MemAvailable %.1f GiB, CPUs %d/%d%s\n\n", kvh_daemon_path(),
+           kvnode_version(), quick ? "quick" : "full", (double)avail / (double)(1ull << 30), cpu_a, cpu_b,
+           " (server pinned to the first, client to the first or the second)");
+
+    /* Daemon A (16-key chains of 4 KiB blocks) and redis-server. */
+    kvh_daemon d;
+    if (kvh_start(&d, "memory.host_bytes=64MiB\nlog.level=warn\n") != 0)
+        die("start kvnoded", kvh_error());
+    struct redis rs;
+    char why[512];
+    if (redis_start(&rs, why, sizeof why) != 0)
+        die("start redis-server", why);
+    kvnode_layout l16 = kvh_layout("bench-node", 4096, 1, 0);
+    layout16 = &l16;
+    {
+        kvnode_client *c;
+        if (kvh_connect(&d, &l16, &c) != 0)
+            die("connect", kvh_error());
+        redisContext *rc = redis_connect(rs.sock);
+        if (!rc)
+            die("redis connect", rs.sock);
+        for (int i = 0; i < MAX_CLIENTS; i++) {
+            kvnode_key k[KEYS16];
+            keys_of(k, i, true);
+            if (kvh_put(c, k, KEYS16, 5) != 0)
+                die("kvnode_put", kvh_error());
+            size_t got;
+            if (kvh_get_verify(c, k, KEYS16, 5, 0, &got) != 0 || got != KEYS16)
+                die("read back", kvh_error());
+            for (int j = 0; j < KEYS16; j++) {
+                char name[64];
+                redis_key(name, sizeof name, k[j]);
+                redisAppendCommand(rc, "SET %s 1", name);
+                redis_expect_status(rc, "OK", "redis SET");
+            }
+        }
+        redisFree(rc);
+        kvnode_close(c);
+    }
+    struct servers s = { .kv = &d, .redis_sock = rs.sock, .raw_fd = -1 };
+
+    double t_sec = now_s();
+    /* 1. */
+    struct rt_result rt[MAX_MODES];
+    printf("1. round trips of one client (per second; ratios to the raw unix-socket ping-pong)\n");
+    printf("    %-15s %11s %11s %11s %11s | %9s %9s %9s %11s\n", "pinning", "raw floor", "kv PING",
+           "kv MATCHx16", "redis PING", "kvPING/f", "redis/f", "kv/redis", "MATCH/redis");
+    for (int m = 0; m < nmodes; m++) {
+        pin_process(d.pid, modes[m].server_cpu);
+        pin_process(rs.pid, modes[m].server_cpu);
+        bench_round_trips(&s, &modes[m], &rt[m]);
+        printf("    %-15s %11.0f %11.0f %11.0f %11.0f | %8.2fx %8.2fx %8.2fx %10.2fx\n", modes[m].name, rt[m].raw,
+               rt[m].kv_ping, rt[m].kv_match, rt[m].redis_ping, rt[m].kv_ping / rt[m].raw,
+               rt[m].redis_ping / rt[m].raw, rt[m].kv_ping / rt[m].redis_ping, rt[m].kv_match / rt[m].redis_ping);
+    }
+
+    /* 2. */
+    printf("    [%.1f s]\n", now_s() - t_sec);
+    t_sec = now_s();
+    printf("\n2. syscalls per round trip (perf stat -e raw_syscalls:sys_enter on server and client)\n");
+    perf_probe();
+    struct sc_result sc[MAX_MODES][4];
+    bool have_sc = false;
+    if (!perf_ok) {
+        printf("    skipped: %s\n", perf_why);
+    } else {
+        char tmp[PATH_MAX];
+        if (kvh_mkdtemp(tmp, sizeof tmp) != 0)
+            die("temp dir", kvh_error());
+        unsigned n = quick ? 3000 : 20000;
+        for (int m = 0; m < nmodes; m++) {
+            pin_process(d.pid, modes[m].server_cpu);
+            pin_process(rs.pid, modes[m].server_cpu);
+            int fd;
+            pid_t echo = start_echo(modes[m].server_cpu, &fd);
+            struct servers ss = s;
+            ss.raw_fd = fd;
+            count_syscalls(&ss, OP_RAW, echo, &modes[m], n, tmp, &sc[m][0]);
+            stop_echo(echo, fd);
+            count_syscalls(&s, OP_KV_PING, d.pid, &modes[m], n, tmp, &sc[m][1]);
+            count_syscalls(&s, OP_KV_MATCH16, d.pid, &modes[m], n, tmp, &sc[m][2]);
+            count_syscalls(&s, OP_REDIS_PING, rs.pid, &modes[m], n, tmp, &sc[m][3]);
+            printf("  %s (%u round trips each):\n", modes[m].name, n);
+            print_sc("raw ping-pong", &sc[m][0]);
+            print_sc("kvnode PING", &sc[m][1]);
+            print_sc("kvnode MATCH x16", &sc[m][2]);
+            print_sc("redis PING (hiredis)", &sc[m][3]);
+        }
+        have_sc = true;
+    }
+
+    /* 3. */
+    printf("    [%.1f s]\n", now_s() - t_sec);
+    t_sec = now_s();
+    printf("\n3. 16-key MATCH round trips/s of N client processes vs redis pipelines of 16 EXISTS\n");
+    printf("    %-15s %-8s %3s %12s %12s %8s\n", "pinning", "keys", "N", "kvnode", "redis", "ratio");
+    double mc[MAX_MODES][2][2];   /* [mode][absent, present][4, 16 clients] ratio */
+    static const int nclients[2] = { 4, 16 };
+    for (int m = 0; m < nmodes; m++) {
+        pin_process(d.pid, modes[m].server_cpu);
+        pin_process(rs.pid, modes[m].server_cpu);
+        for (int p = 1; p >= 0; p--)
+            for (int k = 0; k < 2; k++) {
+                /* kvnode and redis in turn, 3 rounds (--quick: 2); the best round of each. */
+                double kv = 0, re = 0, secs = quick ? 0.1 : 0.5;
+                for (int r = 0; r < (quick ? 2 : 3); r++) {
+                    double v = many_clients(&s, OP_KV_MATCH16, p, nclients[k], modes[m].client_cpu, secs);
+                    kv = v > kv ? v : kv;
+                    v = many_clients(&s, OP_REDIS_EXISTS16, p, nclients[k], modes[m].client_cpu, secs);
+                    re = v > re ? v : re;
+                }
+                mc[m][p][k] = kv / re;
+                printf("    %-15s %-8s %3d %12.0f %12.0f %7.2fx\n", modes[m].name, p ? "present" : "absent",
+                       nclients[k], kv, re, kv / re);
+            }
+    }
+    redis_stop(&rs);
+    if (kvh_stop(&d, 0) != 0)
+        die("kvnoded", "did not stop cleanly");
+    kvh_destroy(&d);
+
+    /* 4. */
+    printf("    [%.1f s]\n", now_s() - t_sec);
+    t_sec = now_s();
+    printf("\n4. MATCH x256 over %zu stored 1 KiB blocks: random keys vs 256 hot keys\n", nblocks);
+    struct big_result big;
+    bench_big(nblocks, &big);
+    for (int m = 0; m < nmodes; m++)
+        printf("    %-15s random mean %6.1f us (p50 %6.1f)   hot mean %6.1f us (p50 %6.1f)   random/hot "
+               "%5.2fx (p50 %5.2fx)\n", modes[m].name, big.rnd_mean[m], big.rnd_p50[m], big.hot_mean[m],
+               big.hot_p50[m], big.rnd_mean[m] / big.hot_mean[m], big.rnd_p50[m] / big.hot_p50[m]);
+    printf("    memory per block: %.1f B = kvnoded's RssAnon delta (+%lld KiB) over the population of %zu "
+           "blocks (%.1f s) / blocks added\n      (the host tier is a memfd shared with the clients, never in "
+           "RssAnon; kvnoded's RssShmem grew %lld KiB)\n",
+           big.anon_per_block, big.anon_kib, big.blocks, big.fill_s, big.shmem_kib);
+
+    /* 5. */
+    printf("    [%.1f s]\n", now_s() - t_sec);
+    t_sec = now_s();
+    printf("\n5. zero-copy GET / PUT of 256-block chains vs memcpy per block of the same chain (GB/s)\n");
+    struct zc_result zc[2][MAX_MODES];   /* [64 KiB, 1 MiB][mode] */
+    bool have_mib = false;
+    {
+        kvh_daemon dz;
+        if (kvh_start(&dz, "memory.host_bytes=1GiB\nlog.level=warn\n") != 0)
+            die("start kvnoded", kvh_error());
+        bench_zero_copy(&dz, 64 * 1024, "64KiB", zc[0]);
+        if (mib_blocks) {
+            bench_zero_copy(&dz, 1024 * 1024, "1MiB", zc[1]);
+            have_mib = true;
+        } else {
+            printf("    1 MiB blocks skipped: MemAvailable %.1f GiB\n", (double)avail / (double)(1ull << 30));
+        }
+        if (kvh_stop(&dz, 0) != 0)
+            die("kvnoded", "did not stop cleanly");
+        kvh_destroy(&dz);
+    }
+    printf("    %-7s %-15s %9s %9s %9s %9s | %8s %8s\n", "block", "pinning", "mc(GET)", "GET", "mc(PUT)", "PUT",
+           "GET/mc", "PUT/mc");
+    for (int b = 0; b < (have_mib ? 2 : 1); b++)
+        for (int m = 0; m < nmodes; m++)
+            printf("    %-7s %-15s %9.2f %9.2f %9.2f %9.2f | %7.2fx %7.2fx\n", b ? "1MiB" : "64KiB", modes[m].name,
+                   zc[b][m].memcpy_get_gbs, zc[b][m].get_gbs, zc[b][m].memcpy_put_gbs, zc[b][m].put_gbs,
+                   zc[b][m].get_gbs / zc[b][m].memcpy_get_gbs, zc[b][m].put_gbs / zc[b][m].memcpy_put_gbs);
+
+    printf("    [%.1f s]\n", now_s() - t_sec);
+    t_sec = now_s();
+    /* The issue's table. */
+    printf("\nsummary: issue 32's rows, one column per pinning\n  %-58s", "");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %13s", modes[m].name);
+    printf("\n");
+    printf("  %-58s", "syscalls per PING, daemon + client (redis + hiredis)");
+    for (int m = 0; m < nmodes; m++) {
+        if (have_sc)
+            printf(" %5.2f (%4.2f)", sc[m][1].server + sc[m][1].client, sc[m][3].server + sc[m][3].client);
+        else
+            printf(" %13s", "skipped");
+    }
+    printf("\n  %-58s", "syscalls per MATCH x16, daemon + client");
+    for (int m = 0; m < nmodes; m++) {
+        if (have_sc)
+            printf(" %13.2f", sc[m][2].server + sc[m][2].client);
+        else
+            printf(" %13s", "skipped");
+    }
+    printf("\n  %-58s", "MATCH x16 rt/s / redis EXISTS x16, 4 | 16 clients, absent");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %5.2fx|%5.2fx", mc[m][0][0], mc[m][0][1]);
+    printf("\n  %-58s", "MATCH x16 rt/s / redis EXISTS x16, 4 | 16 clients, present");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %5.2fx|%5.2fx", mc[m][1][0], mc[m][1][1]);
+    printf("\n  %-58s", "MATCH x256 random over 1 M blocks / 256 hot, mean | p50");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %5.2fx|%5.2fx", big.rnd_mean[m] / big.hot_mean[m], big.rnd_p50[m] / big.hot_p50[m]);
+    printf("\n  %-58s %12.1f B\n", "memory per block at 1 M blocks (RssAnon delta)", big.anon_per_block);
+    for (int b = 0; b < (have_mib ? 2 : 1); b++) {
+        char name[96];
+        snprintf(name, sizeof name, "zero-copy GET | PUT / memcpy per block, %s blocks", b ? "1 MiB" : "64 KiB");
+        printf("  %-58s", name);
+        for (int m = 0; m < nmodes; m++)
+            printf(" %5.2fx|%5.2fx", zc[b][m].get_gbs / zc[b][m].memcpy_get_gbs,
+                   zc[b][m].put_gbs / zc[b][m].memcpy_put_gbs);
+        printf("\n");
+    }
+    printf("  %-58s", "kvnode PING rt/s / raw unix-socket ping-pong");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %12.2fx", rt[m].kv_ping / rt[m].raw);
+    printf("\n  %-58s", "redis PING rt/s / raw unix-socket ping-pong");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %12.2fx", rt[m].redis_ping / rt[m].raw);
+    printf("\n");
+    return 0;
+}
