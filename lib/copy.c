@@ -237,45 +237,74 @@ static void copy_release(kvnode_client *c, kvnode_lease lease, int put)
     client_seterr(c, "%s", saved);
 }
 
+/* What a batched gather or scatter holds: the pieces' order and the arrays
+ * of one chunk (at most cap keys, one lease). */
+struct copy_batch {
+    struct copy_place stack[COPY_STACK_PIECES], *order;
+    kvnode_loc *locs;
+    void **blocks;
+    size_t cap;
+};
+
+/* Checks the arguments and the pieces, allocates the chunk's arrays. 0, or
+ * a negative code with the client's error set; copy_batch_close either way
+ * (1: nothing to do, n is 0). */
+static int copy_batch_open(struct copy_batch *b, kvnode_client *c, const kvnode_key *keys, size_t n,
+                           const void *pieces, size_t m, const size_t *piece_bytes,
+                           const size_t *piece_offsets, const char *what)
+{
+    int rc = copy_entry(c, keys, n, pieces, &b->cap, what);
+
+    b->order = b->stack;
+    b->locs = NULL;
+    b->blocks = NULL;
+    if (rc < 0)
+        return rc;
+    if (n == 0)
+        return 1;
+    rc = copy_prepare(c->block_bytes, m, piece_bytes, piece_offsets, b->stack, &b->order);
+    if (rc < 0)
+        return copy_bad_pieces(c, rc, what);
+    b->cap = b->cap < n ? b->cap : n;
+    b->locs = malloc(b->cap * sizeof *b->locs);
+    b->blocks = malloc(b->cap * sizeof *b->blocks);
+    if (!b->locs || !b->blocks)
+        return copy_bad_pieces(c, -KVNODE_ENOMEM, what);
+    return 0;
+}
+
+static void copy_batch_close(struct copy_batch *b)
+{
+    free(b->locs);
+    free(b->blocks);
+    copy_done(b->stack, b->order);
+}
+
 int kvnode_put_gather_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
                               size_t n, const void *const *pieces, const ptrdiff_t *piece_at,
                               size_t m, const size_t *piece_bytes, const size_t *piece_offsets)
 {
     static const char what[] = "kvnode_put_gather_checked";
-    struct copy_place stack[COPY_STACK_PIECES], *order;
-    kvnode_loc *locs = NULL;
-    void **blocks = NULL;
-    size_t done = 0, cap;
-    int rc = copy_entry(c, keys, n, pieces, &cap, what);
+    struct copy_batch b;
+    size_t done = 0;
+    int rc = copy_batch_open(&b, c, keys, n, pieces, m, piece_bytes, piece_offsets, what);
 
-    if (rc < 0 || n == 0)
-        return rc;
-    rc = copy_prepare(c->block_bytes, m, piece_bytes, piece_offsets, stack, &order);
-    if (rc < 0) {
-        copy_done(stack, order);
-        return copy_bad_pieces(c, rc, what);
-    }
-    cap = cap < n ? cap : n;
-    locs = malloc(cap * sizeof *locs);
-    blocks = malloc(cap * sizeof *blocks);
-    if (!locs || !blocks)
-        rc = copy_bad_pieces(c, -KVNODE_ENOMEM, what);
     while (rc == 0 && done < n) {
-        size_t chunk = n - done < cap ? n - done : cap;
+        size_t chunk = n - done < b.cap ? n - done : b.cap;
         kvnode_lease lease;
 
         rc = kvnode_put_begin_checked(c, keys + done, checks ? checks + done : NULL, chunk,
-                                      KVNODE_TIER_HOST, &lease, locs);
+                                      KVNODE_TIER_HOST, &lease, b.locs);
         if (rc < 0)
             break;
         if (lease == 0) {       /* every key already stored: nothing lent */
             done += chunk;
             continue;
         }
-        rc = copy_lent(c, locs, chunk, blocks, what);
-        if (rc == 0 && (rc = copy_run((const void *const *)blocks, chunk, c->block_bytes,
+        rc = copy_lent(c, b.locs, chunk, b.blocks, what);
+        if (rc == 0 && (rc = copy_run((const void *const *)b.blocks, chunk, c->block_bytes,
                                       copy_chunk(pieces, piece_at, m, done), piece_at, m,
-                                      order, 1)) < 0)
+                                      b.order, 1)) < 0)
             copy_bad_pieces(c, rc, what);
         if (rc < 0) {
             copy_release(c, lease, 1);
@@ -284,10 +313,8 @@ int kvnode_put_gather_checked(kvnode_client *c, const kvnode_key *keys, const ui
         rc = kvnode_put_commit(c, lease);
         done += chunk;
     }
-    free(locs);
-    free(blocks);
-    copy_done(stack, order);
-    return rc;
+    copy_batch_close(&b);
+    return rc < 0 ? rc : 0;
 }
 
 int kvnode_get_scatter_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
@@ -296,42 +323,29 @@ int kvnode_get_scatter_checked(kvnode_client *c, const kvnode_key *keys, const u
                                size_t *got)
 {
     static const char what[] = "kvnode_get_scatter_checked";
-    struct copy_place stack[COPY_STACK_PIECES], *order;
-    kvnode_loc *locs = NULL;
-    void **blocks = NULL;
-    size_t done = 0, cap;
-    int rc = copy_entry(c, keys, n, pieces, &cap, what);
+    struct copy_batch b;
+    size_t done = 0;
+    int rc;
 
     if (got)
         *got = 0;
-    if (rc == 0 && !got) {
+    if (c && !got) {
         client_seterr(c, "%s: NULL argument", what);
-        rc = -KVNODE_EINVAL;
+        return -KVNODE_EINVAL;
     }
-    if (rc < 0 || n == 0)
-        return rc;
-    rc = copy_prepare(c->block_bytes, m, piece_bytes, piece_offsets, stack, &order);
-    if (rc < 0) {
-        copy_done(stack, order);
-        return copy_bad_pieces(c, rc, what);
-    }
-    cap = cap < n ? cap : n;
-    locs = malloc(cap * sizeof *locs);
-    blocks = malloc(cap * sizeof *blocks);
-    if (!locs || !blocks)
-        rc = copy_bad_pieces(c, -KVNODE_ENOMEM, what);
+    rc = copy_batch_open(&b, c, keys, n, pieces, m, piece_bytes, piece_offsets, what);
     while (rc == 0 && done < n) {
-        size_t chunk = n - done < cap ? n - done : cap, g = 0;
+        size_t chunk = n - done < b.cap ? n - done : b.cap, g = 0;
         kvnode_lease lease;
 
         rc = kvnode_get_begin_checked(c, keys + done, checks ? checks + done : NULL, chunk,
-                                      &lease, locs, &g);
+                                      &lease, b.locs, &g);
         if (rc < 0)
             break;
-        rc = copy_lent(c, locs, g, blocks, what);
-        if (rc == 0 && (rc = copy_run((const void *const *)blocks, g, c->block_bytes,
+        rc = copy_lent(c, b.locs, g, b.blocks, what);
+        if (rc == 0 && (rc = copy_run((const void *const *)b.blocks, g, c->block_bytes,
                                       copy_chunk((const void *const *)pieces, piece_at, m, done),
-                                      piece_at, m, order, 0)) < 0)
+                                      piece_at, m, b.order, 0)) < 0)
             copy_bad_pieces(c, rc, what);
         if (rc < 0) {
             copy_release(c, lease, 0);
@@ -345,9 +359,8 @@ int kvnode_get_scatter_checked(kvnode_client *c, const kvnode_key *keys, const u
         if (g < chunk)
             break;
     }
-    free(locs);
-    free(blocks);
-    copy_done(stack, order);
-    *got = done;
-    return rc;
+    copy_batch_close(&b);
+    if (got)
+        *got = done;
+    return rc < 0 ? rc : 0;
 }
