@@ -748,6 +748,25 @@ uint64_t client_peek_id(kvnode_client *c)
     return id;
 }
 
+/* One step of a caller waiting with the lock held: when nobody reads the
+ * socket it does, one round, for every request in flight (its own among
+ * them); else it sleeps on the condition until `until` (ms). true when
+ * that sleep timed out. */
+static bool client_wait_step_locked(kvnode_client *c, int64_t until)
+{
+    if (!c->io_running && !c->driving && !c->io_wanted) {
+        c->driving = 1;
+        pthread_mutex_unlock(&c->lock);
+        (void)client_io_step(c);
+        pthread_mutex_lock(&c->lock);
+        c->driving = 0;
+        pthread_cond_broadcast(&c->cond);
+        return false;
+    }
+    struct timespec ts = { .tv_sec = (time_t)(until / 1000), .tv_nsec = (long)(until % 1000) * 1000000L };
+    return pthread_cond_timedwait(&c->cond, &c->lock, &ts) == ETIMEDOUT;
+}
+
 void client_response_free(kvnode_client *c, Kvnode__Response *resp)
 {
     (void)c;
@@ -787,21 +806,8 @@ int client_call(kvnode_client *c, Kvnode__Request *req, int expect, Kvnode__Resp
     while (!s.done) {
         int64_t until = s.deadline + CLIENT_WAIT_GRACE_MS;
 
-        if (!c->io_running && !c->driving && !c->io_wanted) {
-            /* Nobody reads the socket: this caller does, one round at a
-             * time, for every request in flight (its own among them). */
-            c->driving = 1;
-            pthread_mutex_unlock(&c->lock);
-            (void)client_io_step(c);    /* a dead client has finished s */
-            pthread_mutex_lock(&c->lock);
-            c->driving = 0;
-            pthread_cond_broadcast(&c->cond);
-            continue;
-        }
-        struct timespec ts = { .tv_sec = (time_t)(until / 1000),
-                               .tv_nsec = (long)(until % 1000) * 1000000L };
-
-        if (pthread_cond_timedwait(&c->cond, &c->lock, &ts) == ETIMEDOUT && !s.done)
+        /* a dead client has finished s */
+        if (client_wait_step_locked(c, until) && !s.done)
             client_kill_locked(c, -KVNODE_ETIMEDOUT, "timed out after %d ms waiting to receive "
                                "a reply", s.timeout_ms);
     }
@@ -905,19 +911,7 @@ int client_flush(kvnode_client *c)
     while (c->n_deferred && !c->dead) {
         int64_t until = deadline + CLIENT_WAIT_GRACE_MS;
 
-        if (!c->io_running && !c->driving && !c->io_wanted) {
-            c->driving = 1;
-            pthread_mutex_unlock(&c->lock);
-            (void)client_io_step(c);
-            pthread_mutex_lock(&c->lock);
-            c->driving = 0;
-            pthread_cond_broadcast(&c->cond);
-            continue;
-        }
-        struct timespec ts = { .tv_sec = (time_t)(until / 1000),
-                               .tv_nsec = (long)(until % 1000) * 1000000L };
-
-        if (pthread_cond_timedwait(&c->cond, &c->lock, &ts) == ETIMEDOUT && c->n_deferred)
+        if (client_wait_step_locked(c, until) && c->n_deferred)
             client_kill_locked(c, -KVNODE_ETIMEDOUT, "timed out after %d ms waiting to receive "
                                "a reply", c->timeout_ms);
     }
