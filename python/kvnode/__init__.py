@@ -63,7 +63,7 @@ polls readable while some wait::
 __version__ = "0.1.0"
 
 __all__ = [
-    "Layout", "Client", "AsyncClient", "ReadLease", "WriteLease", "hash_tokens", "fold_key", "fold_keys", "fold_digests", "prefix", "version", "library_path",
+    "Layout", "Client", "AsyncClient", "ReadLease", "WriteLease", "hash_tokens", "fold_key", "fold_keys", "fold_digests", "prefix", "version", "library_path", "purge_layouts",
     "__version__",
     "TIER_HOST", "TIER_HBM",
     "Error", "InvalidArgument", "OutOfMemory", "NoSpace", "NoLease", "LayoutError",
@@ -76,7 +76,7 @@ __all__ = [
 from ._lib import (OP_DELETE, OP_DELETE_EACH, OP_EXISTS, OP_GET, OP_MATCH, OP_PUT,
                    library_path)
 from .async_client import AsyncClient
-from .client import Client, version
+from .client import Client, purge_layouts, version
 from .datatypes import TIER_HBM, TIER_HOST, Completion, Layout, RemoteMatch, Tiers
 from .errors import (Closed, ConnectError, Denied, Error, InternalError, InvalidArgument,
                      IOFailure, LayoutError, LeaseEnded, LimitReached, NoLease, NoSpace,

@@ -276,15 +276,9 @@ class KvnodeL2Connector:
         if not layouts:
             logger.info("kvnode.lmcache: clear() before any object size is known: nothing to name")
             return 0
-        purged, blocks = set(), 0
-        for lay in layouts:
-            with kvnode.Client(self.socket_path, lay, self.timeout_ms) as c:
-                if c.deployment_id in purged:
-                    continue
-                blocks += c.purge()[1]
-                purged.add(c.deployment_id)
+        blocks, deployments = kvnode.purge_layouts(self.socket_path, layouts, self.timeout_ms)
         logger.info("kvnode.lmcache: clear() dropped %d chunks of %d deployments", blocks,
-                    len(purged))
+                    deployments)
         return blocks
 
     def close(self):

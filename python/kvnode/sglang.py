@@ -1271,15 +1271,9 @@ class KvnodeHiCacheStorage(_Base):
         if not layouts:
             raise RuntimeError("kvnode.sglang: clear() before a host pool was registered: the "
                                "deployment to clear is not known yet")
-        purged, blocks = set(), 0
-        for lay in layouts:
-            with kvnode.Client(self.socket_path, lay, self.timeout_ms) as c:
-                if c.deployment_id in purged:
-                    continue
-                blocks += c.purge()[1]
-                purged.add(c.deployment_id)
+        blocks, deployments = kvnode.purge_layouts(self.socket_path, layouts, self.timeout_ms)
         logger.info("kvnode.sglang: clear() dropped %d pages' blocks of %d kvnode deployments",
-                    blocks, len(purged))
+                    blocks, deployments)
 
     def get_stats(self):
         """SGLang's StorageMetrics of the calls since the previous get_stats, with kvnode's
