@@ -140,7 +140,7 @@ static int index_rehashing(const struct kv_index *ix)
 }
 
 /* The chain (ns, key) with hash h lives in, given how far a rehash got. */
-static struct index_entry **index_slot(struct kv_index *ix, uint64_t h)
+static struct index_entry **index_slot(const struct kv_index *ix, uint64_t h)
 {
     size_t i = (size_t)h & ix->t[0].mask;
     if (index_rehashing(ix) && i < ix->rehash_pos)
@@ -261,12 +261,12 @@ struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key)
 
 void index_prefetch_bucket(const struct kv_index *ix, uint32_t ns, int64_t key)
 {
-    __builtin_prefetch(index_slot((struct kv_index *)ix, index_hash(ix, ns, key)));
+    __builtin_prefetch(index_slot(ix, index_hash(ix, ns, key)));
 }
 
 void index_prefetch_entry(const struct kv_index *ix, uint32_t ns, int64_t key)
 {
-    const struct index_entry *e = *index_slot((struct kv_index *)ix, index_hash(ix, ns, key));
+    const struct index_entry *e = *index_slot(ix, index_hash(ix, ns, key));
     if (e)
         __builtin_prefetch(e);
 }
