@@ -203,6 +203,12 @@ class _AsyncCalls:
     def drain(self, max_completions=64):
         """The finished tickets, as a list of :class:`Completion`; never blocks (empty
         when none is waiting). The pages of a drained GET/PUT are free to reuse."""
+        return [Completion(*c) for c in self._drain_tuples(max_completions)]
+
+    def _drain_tuples(self, max_completions):
+        """:meth:`drain`'s work, each completion a tuple (ticket, op, count, error,
+        per_key) instead of a :class:`Completion` (kvnode.lmcache's completion path, which
+        turns them into LMCache's tuples at once)."""
         h = self._need_async("drain")
         want = max(int(max_completions), 1)
         # One completion array per thread, reused: a fresh one is 300 bytes per slot zeroed.
@@ -212,19 +218,19 @@ class _AsyncCalls:
         got = _drain(h, out, want)
         if not got:
             return []
-        done = []
+        comps = [out[i] for i in range(got)]
         inflight = self._inflight
-        for i in range(got):
-            c = out[i]
-            ticket, rc = c.ticket, c.rc
-            with self._inflight_lock:
-                pages = inflight.pop(ticket, None)
+        with self._inflight_lock:   # once for the lot, not per ticket
+            held = [inflight.pop(c.ticket, None) for c in comps]
+        done = []
+        for c, pages in zip(comps, held):
+            rc, per_key = c.rc, None
             if pages is not None:
                 pages.release()
-            done.append(Completion(ticket, c.op, c.count,
-                                   _error(rc, _s(c.error)) if rc != 0 else None,
-                                   pages.answer() if rc == 0 and isinstance(pages, _PerKey)
-                                   else None))
+                if rc == 0 and type(pages) is _PerKey:
+                    per_key = pages.array[:pages.n]
+            done.append((c.ticket, c.op, c.count, _error(rc, _s(c.error)) if rc != 0 else None,
+                         per_key))
         return done
 
     @property
@@ -271,13 +277,15 @@ class _AsyncCalls:
         return list(out)[:n]
 
     def _submit_per_key(self, fn, what, keys, checks):
-        h = self._per_key(what)
-        self._need_async(what)
+        if fn is None:
+            self._per_key(what)         # raises, naming the library
+        h = self._need_async(what)
         arr, n = _keys_array(keys)
+        cw = _checks_array(checks, n)
         answer = _PerKey(n)
         t = _TICKET(0)
         with self._inflight_lock:   # drain must not see the ticket before it is registered
-            rc = fn(h, arr, _checks_array(checks, n), n, answer.array, None, ctypes.byref(t))
+            rc = fn(h, arr, cw, n, answer.array, None, ctypes.byref(t))
             if rc == 0:
                 self._inflight[t.value] = answer
         if rc != 0:
@@ -307,5 +315,3 @@ class _PerKey:
     def release(self):
         pass
 
-    def answer(self):
-        return self.array[:self.n]

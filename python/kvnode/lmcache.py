@@ -109,6 +109,7 @@ _LIB_TIMEOUT_MS = 10000
 MAX_OBJECT_SIZES = 32
 
 _nbytes = operator.attrgetter("nbytes")
+_NO_TICKET = (None, None, None)
 
 
 def _sizes(views):
@@ -133,7 +134,7 @@ class _Batch:
     def __init__(self, fid, op, n, folded, checks, views):
         self.fid, self.op, self.n = fid, op, n
         self.folded, self.checks, self.views = folded, checks, views
-        self.hits = [False] * n
+        self.hits = None            # the per-key answers so far (None: no key found yet)
         self.parts = 0
         self.error = None
 
@@ -222,8 +223,12 @@ class KvnodeL2Connector:
         self._retiring = []                    # cancelled clients still completing tickets
         self._tickets = {}                     # (client id, ticket) -> (batch, space, indices)
         self._warned = False
+        self._known = None                     # spaces a key may be in (None: to list)
+        self._clients = ()                     # current and retiring clients, to drain
         self._done = []                        # finished batches not yet drained
-        self._done_lock = threading.Lock()
+        self._done_lock = threading.Lock()     # _done, _signalled, _efd_open
+        self._signalled = False                # the eventfd was written and not read since
+        self._efd_open = True
         self._drain_lock = threading.Lock()
         # event_fd() is an epoll set: readable while the local eventfd or the event fd of
         # a kvnode client (current or retiring) is. It stays the same across reconnects,
@@ -254,14 +259,16 @@ class KvnodeL2Connector:
     def drain_completions(self):
         """Finished batches: [(future_id, ok, error, per_key or None)]; never blocks."""
         with self._drain_lock:
-            try:
-                os.eventfd_read(self._efd)
-            except BlockingIOError:
-                pass
-            with self._lock:
-                clients = [s.client for s in self._spaces.values() if s.client is not None]
-                clients += self._retiring
-            for c in clients:
+            with self._done_lock:
+                # read only when written: most batches complete through a kvnode client's
+                # event fd, and a read that finds nothing costs an exception
+                if self._signalled:
+                    self._signalled = False
+                    try:
+                        os.eventfd_read(self._efd)
+                    except BlockingIOError:
+                        pass
+            for c in self._clients:
                 self._drain_client(c)
             with self._done_lock:
                 done, self._done = self._done, []
@@ -294,7 +301,9 @@ class KvnodeL2Connector:
                 if s.client is not None:
                     clients.append(s.client)
                 s.client, s.queue = None, []
-            self._retiring, self._tickets = [], {}
+            self._retiring, self._tickets, self._clients = [], {}, ()
+        with self._done_lock:
+            self._efd_open = self._signalled = False
         for c in clients:
             c.close()
         self._epoll.close()
@@ -303,9 +312,17 @@ class KvnodeL2Connector:
     # ------------------------------------------------------------ inside
 
     def _complete(self, fid, ok, error, per_key):
+        self._push((fid, ok, error, per_key), True)
+
+    def _push(self, item, signal):
+        """A finished batch for drain_completions; signal: make event_fd readable (not
+        needed from inside drain_completions, which takes it anyway)."""
         with self._done_lock:
-            self._done.append((fid, ok, error, per_key))
-        os.eventfd_write(self._efd, 1)
+            self._done.append(item)
+            # one write until drain_completions reads it (none once the fd is closed)
+            if signal and not self._signalled and self._efd_open:
+                self._signalled = True
+                os.eventfd_write(self._efd, 1)
 
     def _warn(self, text):
         if not self._warned:
@@ -327,14 +344,23 @@ class KvnodeL2Connector:
                                 block_bytes=size, tp_size=self.tp_size, tp_rank=self.tp_rank,
                                 extra=extra, revision=self.model_revision)
             s = self._spaces[size] = _Space(size, lay)
+            self._known = None
         return s
 
     def _known_spaces(self):
-        """Every space a key may be in: the sizes of block_bytes and those seen so far."""
-        for size in ([self.block_bytes] if self.block_bytes is not None else []) + \
-                self._more_sizes:
-            self._space(size)
-        return list(self._spaces.values())
+        """Every space a key may be in: the sizes of block_bytes and those seen so far
+        (listed again only when a space was added). Lock held."""
+        if self._known is None:
+            for size in ([self.block_bytes] if self.block_bytes is not None else []) + \
+                    self._more_sizes:
+                self._space(size)
+            self._known = list(self._spaces.values())
+        return self._known
+
+    def _set_clients(self):
+        """The clients drain_completions drains: the spaces' and the retiring. Lock held."""
+        self._clients = tuple(s.client for s in self._spaces.values()
+                              if s.client is not None) + tuple(self._retiring)
 
     def _submit(self, op, keys, views):
         fid = next(self._ids)
@@ -363,7 +389,7 @@ class KvnodeL2Connector:
             if views is None:
                 parts = [(s, None) for s in self._known_spaces()]
                 if not parts:       # no size known yet: nothing can be stored
-                    self._complete(fid, True, "", batch.hits)
+                    self._complete(fid, True, "", [False] * n)
                     return fid
             elif len(set(sizes)) == 1:
                 parts = [(self._space(sizes[0]), None)]
@@ -436,6 +462,7 @@ class KvnodeL2Connector:
             space.client, space.checks_on = c, c.has_check_words
             space.per_key_on = getattr(c, "has_per_key", False)
             self._epoll.register(c.event_fd, select.EPOLLIN)
+            self._set_clients()
             for batch, idx in queue:
                 self._request(batch, space, c, idx)
 
@@ -512,42 +539,40 @@ class KvnodeL2Connector:
         batch.views = None
         if batch.error is not None:
             item = (batch.fid, False, batch.error, None)
-        else:       # a set answers for the batch (LMCache's adapter reads only ok there)
-            item = (batch.fid, True, "", None if batch.op == _SET else batch.hits)
-        with self._done_lock:
-            self._done.append(item)
-        if signal:
-            os.eventfd_write(self._efd, 1)
+        elif batch.op == _SET:  # answers for the batch (LMCache's adapter reads only ok there)
+            item = (batch.fid, True, "", None)
+        else:
+            hits = batch.hits
+            item = (batch.fid, True, "", hits if hits is not None else [False] * batch.n)
+        self._push(item, signal)
 
-    def _finish(self, c, comp):
-        """A kvnode completion of client c: per-key answers, and the requests that follow
-        a prefix answer (kvnode's MATCH and GET stop at the first miss). Lock held."""
-        batch, space, u = self._tickets.pop((id(c), comp.ticket), (None, None, None))
+    def _finish(self, c, ticket, count, error, per_key):
+        """A kvnode completion of client c (drain's tuple, less its op): per-key answers,
+        and the requests that follow a prefix answer (kvnode's MATCH and GET stop at the
+        first miss). Lock held."""
+        batch, space, u = self._tickets.pop((id(c), ticket), _NO_TICKET)
         if batch is None:
             return
-        if comp.error is not None:
-            if isinstance(comp.error, _DISCONNECTED):
+        if error is not None:
+            if isinstance(error, _DISCONNECTED):
                 self._retire(space, c)
-                self._warn(str(comp.error))
-            self._part_done(batch, "%s: %s" % (type(comp.error).__name__, comp.error), False)
+                self._warn(str(error))
+            self._part_done(batch, "%s: %s" % (type(error).__name__, error), False)
             return
-        if batch.error is None and comp.per_key is not None:
+        if batch.error is None and per_key is not None:
             # exists / delete answered per key (an older kvnoded answers a prefix or count)
             hits = batch.hits
-            if u is None and not any(hits):
-                batch.hits = list(comp.per_key)      # the whole batch in one answer
-            elif u is None:
-                for i, yes in enumerate(comp.per_key):
-                    if yes:
-                        hits[i] = True
+            if u is None and hits is None:
+                batch.hits = per_key                # the whole batch in one answer (ours)
             else:
-                for i, yes in zip(u, comp.per_key):
+                hits = self._hits(batch)
+                for i, yes in zip(range(batch.n) if u is None else u, per_key):
                     if yes:
                         hits[i] = True
         elif batch.error is None:
             keys = range(batch.n) if u is None else u
-            got = min(comp.count, len(keys))
-            hits = batch.hits
+            got = min(count, len(keys))
+            hits = self._hits(batch)
             if batch.op == _DELETE:
                 if got:
                     hits[keys[0]] = True
@@ -567,21 +592,32 @@ class KvnodeL2Connector:
                     self._part_done(batch, "kvnoded connection lost", False)
         self._part_done(batch, None, False)
 
+    @staticmethod
+    def _hits(batch):
+        """batch's per-key answers as a list of its own, made on first use."""
+        if batch.hits is None:
+            batch.hits = [False] * batch.n
+        return batch.hits
+
     def _drain_client(self, c):
         """Turn c's kvnode completions into LMCache's; close c once retired and drained."""
         while True:
             try:
-                done = c.drain(256)
+                done = c._drain_tuples(256)
             except kvnode.Error:
                 return
-            with self._lock:
-                for comp in done:
-                    self._finish(c, comp)
+            if done:
+                with self._lock:
+                    for ticket, _, count, error, per_key in done:
+                        self._finish(c, ticket, count, error, per_key)
             if len(done) < 256:
                 break
+        if not self._retiring:
+            return
         with self._lock:
             if c in self._retiring and c.pending == 0:
                 self._retiring.remove(c)
+                self._set_clients()
                 try:
                     self._epoll.unregister(c.event_fd)
                 except (OSError, ValueError, kvnode.Error):
