@@ -209,7 +209,9 @@ class _AsyncCalls:
         """:meth:`drain`'s work, each completion a tuple (ticket, op, count, error,
         per_key) instead of a :class:`Completion` (kvnode.lmcache's completion path, which
         turns them into LMCache's tuples at once)."""
-        h = self._need_async("drain")
+        h = self._c
+        if not h or not _HAVE_ASYNC:
+            h = self._need_async("drain")   # raises
         want = max(int(max_completions), 1)
         # One completion array per thread, reused: a fresh one is 300 bytes per slot zeroed.
         out = getattr(self._drain_space, "out", None)
@@ -279,13 +281,21 @@ class _AsyncCalls:
     def _submit_per_key(self, fn, what, keys, checks):
         if fn is None:
             self._per_key(what)         # raises, naming the library
-        h = self._need_async(what)
         arr, n = _keys_array(keys)
-        cw = _checks_array(checks, n)
+        return self._submit_each(fn, arr, _checks_array(checks, n), n)
+
+    def _submit_each(self, fn, keys, checks, n):
+        """A per-key submit (fn: _submit_exists or _submit_delete_each, not None) of ready
+        arrays: keys a ``c_int64`` array, checks a ``c_uint64`` one or None, n items each
+        (as :func:`fold_digests` gives them; kvnode.lmcache calls this with its batch's
+        arrays, without the conversions of :meth:`submit_exists`)."""
+        h = self._c
+        if not h:
+            self._handle()              # raises Closed
         answer = _PerKey(n)
         t = _TICKET(0)
         with self._inflight_lock:   # drain must not see the ticket before it is registered
-            rc = fn(h, arr, cw, n, answer.array, None, ctypes.byref(t))
+            rc = fn(h, keys, checks, n, answer.array, None, ctypes.byref(t))
             if rc == 0:
                 self._inflight[t.value] = answer
         if rc != 0:

@@ -90,6 +90,7 @@ import threading
 import time
 
 import kvnode
+from kvnode._lib import _submit_delete_each, _submit_exists
 
 __all__ = ["KvnodeL2Connector"]
 
@@ -494,6 +495,18 @@ class KvnodeL2Connector:
         prefix and a count only, one per key (a delete always, so that each key says
         whether it was deleted; the exists of keys after a miss). Lock held."""
         per_key = space.per_key_on and batch.op in (_EXISTS, _DELETE)
+        if per_key and idx is None and not singles:
+            # the whole batch in one request answered per key (the usual exists and
+            # delete): the batch's folded arrays go to libkvnode as they are
+            try:
+                t = c._submit_each(_submit_exists if batch.op == _EXISTS else
+                                   _submit_delete_each, batch.folded,
+                                   batch.checks if space.checks_on else None, batch.n)
+            except Exception as e:  # noqa: BLE001 - reported through the completion
+                self._submit_failed(batch, space, c, e)
+                return
+            self._tickets[(id(c), t)] = (batch, space, None)
+            return
         if batch.op == _DELETE and not per_key:
             singles = True
         if singles:
@@ -522,11 +535,15 @@ class KvnodeL2Connector:
                 else:
                     t = c.submit_delete(keys, checks=ch)
             except Exception as e:  # noqa: BLE001 - reported through the completion
-                if isinstance(e, _DISCONNECTED):
-                    self._retire(space, c)
-                self._part_done(batch, "%s: %s" % (type(e).__name__, e))
+                self._submit_failed(batch, space, c, e)
                 continue
             self._tickets[(id(c), t)] = (batch, space, u)
+
+    def _submit_failed(self, batch, space, c, e):
+        """A submit of batch to client c raised e. Lock held."""
+        if isinstance(e, _DISCONNECTED):
+            self._retire(space, c)
+        self._part_done(batch, "%s: %s" % (type(e).__name__, e))
 
     def _part_done(self, batch, error=None, signal=True):
         """One request of batch finished (with error, or None); the batch completes with
