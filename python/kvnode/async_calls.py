@@ -220,17 +220,20 @@ class _AsyncCalls:
         got = _drain(h, out, want)
         if not got:
             return []
-        comps = [out[i] for i in range(got)]
+        held = []
         inflight = self._inflight
         with self._inflight_lock:   # once for the lot, not per ticket
-            held = [inflight.pop(c.ticket, None) for c in comps]
+            for i in range(got):
+                c = out[i]
+                held.append((c, inflight.pop(c.ticket, None)))
         done = []
-        for c, pages in zip(comps, held):
+        for c, pages in held:
             rc, per_key = c.rc, None
-            if pages is not None:
+            if type(pages) is _PerKey:
+                if rc == 0:
+                    per_key = pages[0][:pages[1]]
+            elif pages is not None:
                 pages.release()
-                if rc == 0 and type(pages) is _PerKey:
-                    per_key = pages.array[:pages.n]
             done.append((c.ticket, c.op, c.count, _error(rc, _s(c.error)) if rc != 0 else None,
                          per_key))
         return done
@@ -292,12 +295,12 @@ class _AsyncCalls:
         h = self._c
         if not h:
             self._handle()              # raises Closed
-        answer = _PerKey(n)
+        answer = (ctypes.c_bool * (n or 1))()
         t = _TICKET(0)
         with self._inflight_lock:   # drain must not see the ticket before it is registered
-            rc = fn(h, keys, checks, n, answer.array, None, ctypes.byref(t))
+            rc = fn(h, keys, checks, n, answer, None, ctypes.byref(t))
             if rc == 0:
-                self._inflight[t.value] = answer
+                self._inflight[t.value] = _PerKey((answer, n))
         if rc != 0:
             self._check(rc)
         return t.value
@@ -313,14 +316,14 @@ class _AsyncCalls:
         return self._submit_per_key(_submit_delete_each, "submit_delete_each", keys, checks)
 
 
-class _PerKey:
-    """The bool array a per-key submit fills, held until its ticket is drained."""
+class _PerKey(tuple):
+    """(bool array, n): the array a per-key submit fills, held until its ticket is drained
+    (a tuple: made without a Python call)."""
 
-    __slots__ = ("array", "n")
+    __slots__ = ()
 
-    def __init__(self, n):
-        self.n = n
-        self.array = (ctypes.c_bool * max(n, 1))()
+    def release(self):
+        pass
 
     def release(self):
         pass

@@ -270,7 +270,19 @@ class KvnodeL2Connector:
                     except BlockingIOError:
                         pass
             for c in self._clients:
-                self._drain_client(c)
+                while True:     # c's kvnode completions into LMCache's
+                    try:
+                        got = c._drain_tuples(256)
+                    except kvnode.Error:
+                        break
+                    if got:
+                        with self._lock:
+                            for ticket, _, count, error, per_key in got:
+                                self._finish(c, ticket, count, error, per_key)
+                    if len(got) < 256:
+                        break
+            if self._retiring:
+                self._close_retired()
             with self._done_lock:
                 done, self._done = self._done, []
             return done
@@ -313,15 +325,14 @@ class KvnodeL2Connector:
     # ------------------------------------------------------------ inside
 
     def _complete(self, fid, ok, error, per_key):
-        self._push((fid, ok, error, per_key), True)
+        self._push((fid, ok, error, per_key))
 
-    def _push(self, item, signal):
-        """A finished batch for drain_completions; signal: make event_fd readable (not
-        needed from inside drain_completions, which takes it anyway)."""
+    def _push(self, item):
+        """A finished batch for drain_completions, and event_fd made readable: one write
+        until drain_completions reads it (none once the fd is closed)."""
         with self._done_lock:
             self._done.append(item)
-            # one write until drain_completions reads it (none once the fd is closed)
-            if signal and not self._signalled and self._efd_open:
+            if not self._signalled and self._efd_open:
                 self._signalled = True
                 os.eventfd_write(self._efd, 1)
 
@@ -387,12 +398,16 @@ class KvnodeL2Connector:
         folded, checks = kvnode.fold_digests(keys)
         batch = _Batch(fid, op, n, folded, checks, views)
         with self._lock:
-            if views is None:
-                parts = [(s, None) for s in self._known_spaces()]
-                if not parts:       # no size known yet: nothing can be stored
+            if views is None:       # exists, delete: every size known, every key
+                spaces = self._known_spaces()
+                if not spaces:      # no size known yet: nothing can be stored
                     self._complete(fid, True, "", [False] * n)
                     return fid
-            elif len(set(sizes)) == 1:
+                batch.parts = len(spaces)
+                for space in spaces:
+                    self._send(batch, space, None)
+                return fid
+            if len(set(sizes)) == 1:
                 parts = [(self._space(sizes[0]), None)]
             else:
                 groups = {}
@@ -561,7 +576,11 @@ class KvnodeL2Connector:
         else:
             hits = batch.hits
             item = (batch.fid, True, "", hits if hits is not None else [False] * batch.n)
-        self._push(item, signal)
+        if signal:
+            self._push(item)
+        else:       # inside drain_completions, which takes it anyway
+            with self._done_lock:
+                self._done.append(item)
 
     def _finish(self, c, ticket, count, error, per_key):
         """A kvnode completion of client c (drain's tuple, less its op): per-key answers,
@@ -616,23 +635,10 @@ class KvnodeL2Connector:
             batch.hits = [False] * batch.n
         return batch.hits
 
-    def _drain_client(self, c):
-        """Turn c's kvnode completions into LMCache's; close c once retired and drained."""
-        while True:
-            try:
-                done = c._drain_tuples(256)
-            except kvnode.Error:
-                return
-            if done:
-                with self._lock:
-                    for ticket, _, count, error, per_key in done:
-                        self._finish(c, ticket, count, error, per_key)
-            if len(done) < 256:
-                break
-        if not self._retiring:
-            return
+    def _close_retired(self):
+        """Close the retired clients whose tickets have all been drained."""
         with self._lock:
-            if c in self._retiring and c.pending == 0:
+            for c in [c for c in self._retiring if c.pending == 0]:
                 self._retiring.remove(c)
                 self._set_clients()
                 try:
