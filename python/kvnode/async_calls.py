@@ -22,6 +22,10 @@ from .pages import _Pages
 from ._lib import (_delete_each, _exists, _has_per_key, _submit_delete_each, _submit_exists)
 
 
+#: Drained per-key answer arrays a client keeps for reuse.
+_SPARE_ANSWERS = 4
+
+
 class _AsyncCalls:
     """Batched and asynchronous calls, mixed into :class:`Client`."""
 
@@ -31,6 +35,9 @@ class _AsyncCalls:
         # (libkvnode copies keys and page addresses at submit, not the pages).
         self._inflight = {}
         self._inflight_lock = threading.Lock()
+        # bool arrays of drained per-key tickets, reused by the next ones (libkvnode fills
+        # the first n items of one whole when its ticket completes, nothing before)
+        self._spare_answers = []
         self._drain_space = threading.local()
 
     def _drop_tickets(self):
@@ -232,6 +239,8 @@ class _AsyncCalls:
             if type(pages) is _PerKey:
                 if rc == 0:
                     per_key = pages[0][:pages[1]]
+                if len(self._spare_answers) < _SPARE_ANSWERS:
+                    self._spare_answers.append(pages[0])
             elif pages is not None:
                 pages.release()
             done.append((c.ticket, c.op, c.count, _error(rc, _s(c.error)) if rc != 0 else None,
@@ -295,7 +304,12 @@ class _AsyncCalls:
         h = self._c
         if not h:
             self._handle()              # raises Closed
-        answer = (ctypes.c_bool * (n or 1))()
+        try:
+            answer = self._spare_answers.pop()
+        except IndexError:
+            answer = None
+        if answer is None or len(answer) < n:
+            answer = (ctypes.c_bool * max(n, 64))()
         t = _TICKET(0)
         with self._inflight_lock:   # drain must not see the ticket before it is registered
             rc = fn(h, keys, checks, n, answer, None, ctypes.byref(t))

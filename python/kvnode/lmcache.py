@@ -81,6 +81,7 @@ error, and the connector reconnects by itself (at most once per ``reconnect_inte
 """
 
 import _thread
+import ctypes
 import itertools
 import logging
 import operator
@@ -90,7 +91,7 @@ import threading
 import time
 
 import kvnode
-from kvnode._lib import _submit_delete_each, _submit_exists
+from kvnode._lib import _fold_text, _submit_delete_each, _submit_exists
 
 __all__ = ["KvnodeL2Connector"]
 
@@ -225,9 +226,11 @@ class KvnodeL2Connector:
         self._tickets = {}                     # (client id, ticket) -> (batch, space, indices)
         self._warned = False
         self._known = None                     # spaces a key may be in (None: to list)
+        self._scratch = threading.local()      # each submitting thread's fold arrays
         self._clients = ()                     # current and retiring clients, to drain
         self._done = []                        # finished batches not yet drained
         self._done_lock = threading.Lock()     # _done, _signalled, _efd_open
+        self._drained = []                     # ... finished inside drain_completions
         self._signalled = False                # the eventfd was written and not read since
         self._efd_open = True
         self._drain_lock = threading.Lock()
@@ -260,15 +263,18 @@ class KvnodeL2Connector:
     def drain_completions(self):
         """Finished batches: [(future_id, ok, error, per_key or None)]; never blocks."""
         with self._drain_lock:
-            with self._done_lock:
-                # read only when written: most batches complete through a kvnode client's
-                # event fd, and a read that finds nothing costs an exception
-                if self._signalled:
-                    self._signalled = False
-                    try:
-                        os.eventfd_read(self._efd)
-                    except BlockingIOError:
-                        pass
+            # The eventfd is read only when written: most batches complete through a kvnode
+            # client's event fd (and a read that finds nothing costs an exception). Read
+            # without the lock, _signalled and _done may miss a batch finishing meanwhile:
+            # its write keeps event_fd readable, and the next call takes it.
+            if self._signalled:
+                with self._done_lock:
+                    if self._signalled:
+                        self._signalled = False
+                        try:
+                            os.eventfd_read(self._efd)
+                        except BlockingIOError:
+                            pass
             for c in self._clients:
                 while True:     # c's kvnode completions into LMCache's
                     try:
@@ -283,8 +289,11 @@ class KvnodeL2Connector:
                         break
             if self._retiring:
                 self._close_retired()
-            with self._done_lock:
-                done, self._done = self._done, []
+            done, self._drained = self._drained, []
+            if self._done:
+                with self._done_lock:
+                    done += self._done
+                    self._done = []
             return done
 
     def clear(self):
@@ -395,18 +404,11 @@ class KvnodeL2Connector:
         if n == 0:
             self._complete(fid, True, "", [])
             return fid
+        if views is None:
+            return self._submit_keys(fid, op, keys, n)
         folded, checks = kvnode.fold_digests(keys)
         batch = _Batch(fid, op, n, folded, checks, views)
         with self._lock:
-            if views is None:       # exists, delete: every size known, every key
-                spaces = self._known_spaces()
-                if not spaces:      # no size known yet: nothing can be stored
-                    self._complete(fid, True, "", [False] * n)
-                    return fid
-                batch.parts = len(spaces)
-                for space in spaces:
-                    self._send(batch, space, None)
-                return fid
             if len(set(sizes)) == 1:
                 parts = [(self._space(sizes[0]), None)]
             else:
@@ -422,6 +424,59 @@ class KvnodeL2Connector:
             for space, idx in parts:
                 self._send(batch, space, idx)
         return fid
+
+    def _submit_keys(self, fid, op, keys, n):
+        """exists / delete: every key to every size known. The keys are folded into this
+        thread's scratch arrays; when every size's connection is up and answers per key
+        (the usual case) they go to libkvnode from there (it copies them at submit),
+        else the batch keeps a copy for the requests that come later."""
+        scratch = self._fold_scratch(keys, n)
+        if scratch is None:     # keys that are not all strings (or hold a NUL)
+            folded, checks = kvnode.fold_digests(keys)
+        else:
+            folded, checks = scratch
+        batch = _Batch(fid, op, n, folded, checks, None)
+        with self._lock:
+            spaces = self._known if self._known is not None else self._known_spaces()
+            if not spaces:      # no size known yet: nothing can be stored
+                self._complete(fid, True, "", [False] * n)
+                return fid
+            batch.parts = len(spaces)
+            if scratch is not None:
+                for space in spaces:
+                    if space.client is None or not space.per_key_on:
+                        # a request sent later (or one per key): arrays of its own
+                        batch.folded = (ctypes.c_int64 * n).from_buffer_copy(folded)
+                        batch.checks = (ctypes.c_uint64 * n).from_buffer_copy(checks)
+                        scratch = None
+                        break
+            for space in spaces:
+                c = space.client
+                if c is not None:
+                    self._request(batch, space, c, None)
+                else:
+                    self._send(batch, space, None)
+            if scratch is not None:     # sent; the arrays are this thread's next fold's
+                batch.folded = batch.checks = None
+        return fid
+
+    def _fold_scratch(self, keys, n):
+        """keys (strings) folded into this thread's scratch arrays, as fold_digests folds
+        them: (keys array, checks array) of at least n items, valid until this thread's
+        next submit; None when they are not all strings or one holds a NUL."""
+        try:
+            text = "\0".join(keys).encode("utf-8")
+        except TypeError:
+            return None
+        sc = self._scratch
+        karr = getattr(sc, "keys", None)
+        if karr is None or len(karr) < n:
+            size = 1 << (n - 1).bit_length()
+            karr, sc.checks = (ctypes.c_int64 * size)(), (ctypes.c_uint64 * size)()
+            sc.keys = karr
+        if _fold_text is None or _fold_text(text, len(text), n, karr, sc.checks) != n:
+            return None
+        return karr, sc.checks
 
     def _send(self, batch, space, idx):
         """Send the keys idx (None: all) of batch to space, or queue them while it connects
@@ -562,7 +617,7 @@ class KvnodeL2Connector:
 
     def _part_done(self, batch, error=None, signal=True):
         """One request of batch finished (with error, or None); the batch completes with
-        its last one. Lock held."""
+        its last one. Lock held; signal False: and drain_completions' (called from it)."""
         if error is not None and batch.error is None:
             batch.error = error
         batch.parts -= 1
@@ -578,9 +633,8 @@ class KvnodeL2Connector:
             item = (batch.fid, True, "", hits if hits is not None else [False] * batch.n)
         if signal:
             self._push(item)
-        else:       # inside drain_completions, which takes it anyway
-            with self._done_lock:
-                self._done.append(item)
+        else:       # inside drain_completions (its lock held), which returns it
+            self._drained.append(item)
 
     def _finish(self, c, ticket, count, error, per_key):
         """A kvnode completion of client c (drain's tuple, less its op): per-key answers,

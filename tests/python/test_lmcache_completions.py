@@ -82,3 +82,34 @@ def test_submit_after_close_writes_no_descriptor(daemon):
     finally:
         for fd in others:
             os.close(fd)
+
+
+def test_batches_waiting_for_the_connect_keep_their_own_keys(daemon):
+    """Keys are folded into the submitting thread's scratch arrays: two exists submitted
+    back to back by one thread before the connection is up (both wait for it) must each
+    be asked with their own keys; then batches of growing and shrinking sizes."""
+    keys = ["wait@00000000@0@%x" % i for i in range(300)]
+    first = kvnode.lmcache.KvnodeL2Connector(socket_path=daemon, model="cmpl", block_bytes=BB)
+    got = {}
+    try:
+        stored = [i % 3 == 0 for i in range(len(keys))]
+        ok, err, _ = wait_for(first, first.submit_batch_set(
+            [k for k, s in zip(keys, stored) if s],
+            [memoryview(bytearray(BB)) for s in stored if s]), got)
+        assert ok, err
+    finally:
+        first.close()
+    conn = kvnode.lmcache.KvnodeL2Connector(socket_path=daemon, model="cmpl", block_bytes=BB)
+    try:
+        a = conn.submit_batch_exists(keys[:3])             # stored, missing, missing
+        b = conn.submit_batch_exists(keys[1:4])            # missing, missing, stored
+        assert wait_for(conn, a, got) == (True, "", [True, False, False])
+        assert wait_for(conn, b, got) == (True, "", [False, False, True])
+        for lo, hi in ((0, 1), (0, 300), (5, 7), (2, 130), (299, 300)):
+            assert wait_for(conn, conn.submit_batch_exists(keys[lo:hi]), got) == \
+                (True, "", stored[lo:hi])
+        # keys that are not all strings are folded apart (bytes: the same SHA-256)
+        assert wait_for(conn, conn.submit_batch_exists([keys[0].encode(), keys[1]]), got) == \
+            (True, "", [True, False])
+    finally:
+        conn.close()
