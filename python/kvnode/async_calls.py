@@ -210,16 +210,15 @@ class _AsyncCalls:
     def drain(self, max_completions=64):
         """The finished tickets, as a list of :class:`Completion`; never blocks (empty
         when none is waiting). The pages of a drained GET/PUT are free to reuse."""
-        return [Completion(*c) for c in self._drain_tuples(max_completions)]
+        return [Completion(*c) for c in self._drain_tuples(max(int(max_completions), 1))]
 
-    def _drain_tuples(self, max_completions):
-        """:meth:`drain`'s work, each completion a tuple (ticket, op, count, error,
-        per_key) instead of a :class:`Completion` (kvnode.lmcache's completion path, which
-        turns them into LMCache's tuples at once)."""
+    def _drain_tuples(self, want):
+        """:meth:`drain`'s work (want: an int >= 1), each completion a tuple (ticket, op,
+        count, error, per_key) instead of a :class:`Completion` (kvnode.lmcache's
+        completion path, which turns them into LMCache's tuples at once)."""
         h = self._c
         if not h or not _HAVE_ASYNC:
             h = self._need_async("drain")   # raises
-        want = max(int(max_completions), 1)
         # One completion array per thread, reused: a fresh one is 300 bytes per slot zeroed.
         out = getattr(self._drain_space, "out", None)
         if out is None or len(out) < want:
@@ -227,23 +226,24 @@ class _AsyncCalls:
         got = _drain(h, out, want)
         if not got:
             return []
-        held = []
-        inflight = self._inflight
-        with self._inflight_lock:   # once for the lot, not per ticket
-            for i in range(got):
-                c = out[i]
-                held.append((c, inflight.pop(c.ticket, None)))
+        # A submit holds the lock from its call into libkvnode until its ticket is in
+        # _inflight: once it is taken here, every ticket drained above is there.
+        with self._inflight_lock:
+            pass
         done = []
-        for c, pages in held:
+        inflight, spare = self._inflight, self._spare_answers
+        for i in range(got):
+            c = out[i]
+            held = inflight.pop(c.ticket, None)
             rc, per_key = c.rc, None
-            if type(pages) is _PerKey:
+            if type(held) is _PerKey:
                 if rc == 0:
-                    per_key = pages[0][:pages[1]]
-                if len(self._spare_answers) < _SPARE_ANSWERS:
-                    self._spare_answers.append(pages[0])
-            elif pages is not None:
-                pages.release()
-            done.append((c.ticket, c.op, c.count, _error(rc, _s(c.error)) if rc != 0 else None,
+                    per_key = held[0][:held[1]]
+                if len(spare) < _SPARE_ANSWERS:
+                    spare.append(held[0])
+            elif held is not None:
+                held.release()
+            done.append((c.ticket, c.op, c.count, _error(rc, _s(c.error)) if rc else None,
                          per_key))
         return done
 

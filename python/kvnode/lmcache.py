@@ -112,6 +112,8 @@ MAX_OBJECT_SIZES = 32
 
 _nbytes = operator.attrgetter("nbytes")
 _NO_TICKET = (None, None, None)
+#: Completions taken from a kvnode client at a time.
+_DRAIN_MAX = 256
 
 
 def _sizes(views):
@@ -226,6 +228,7 @@ class KvnodeL2Connector:
         self._tickets = {}                     # (client id, ticket) -> (batch, space, indices)
         self._warned = False
         self._known = None                     # spaces a key may be in (None: to list)
+        self._fast = None                      # _fast_spaces() (None: to work out)
         self._scratch = threading.local()      # each submitting thread's fold arrays
         self._clients = ()                     # current and retiring clients, to drain
         self._done = []                        # finished batches not yet drained
@@ -255,10 +258,10 @@ class KvnodeL2Connector:
         return self._submit(_SET, keys, memoryviews)
 
     def submit_batch_exists(self, keys):
-        return self._submit(_EXISTS, keys, None)
+        return self._submit_keys(_EXISTS, keys)
 
     def submit_batch_delete(self, keys):
-        return self._submit(_DELETE, keys, None)
+        return self._submit_keys(_DELETE, keys)
 
     def drain_completions(self):
         """Finished batches: [(future_id, ok, error, per_key or None)]; never blocks."""
@@ -275,18 +278,18 @@ class KvnodeL2Connector:
                             os.eventfd_read(self._efd)
                         except BlockingIOError:
                             pass
-            for c in self._clients:
-                while True:     # c's kvnode completions into LMCache's
+            for c in self._clients:     # their kvnode completions into LMCache's
+                got = _DRAIN_MAX
+                while got == _DRAIN_MAX:
                     try:
-                        got = c._drain_tuples(256)
+                        done = c._drain_tuples(_DRAIN_MAX)
                     except kvnode.Error:
                         break
+                    got = len(done)
                     if got:
                         with self._lock:
-                            for ticket, _, count, error, per_key in got:
+                            for ticket, _, count, error, per_key in done:
                                 self._finish(c, ticket, count, error, per_key)
-                    if len(got) < 256:
-                        break
             if self._retiring:
                 self._close_retired()
             done, self._drained = self._drained, []
@@ -324,6 +327,7 @@ class KvnodeL2Connector:
                     clients.append(s.client)
                 s.client, s.queue = None, []
             self._retiring, self._tickets, self._clients = [], {}, ()
+            self._fast = ()
         with self._done_lock:
             self._efd_open = self._signalled = False
         for c in clients:
@@ -365,7 +369,7 @@ class KvnodeL2Connector:
                                 block_bytes=size, tp_size=self.tp_size, tp_rank=self.tp_rank,
                                 extra=extra, revision=self.model_revision)
             s = self._spaces[size] = _Space(size, lay)
-            self._known = None
+            self._known = self._fast = None
         return s
 
     def _known_spaces(self):
@@ -404,8 +408,6 @@ class KvnodeL2Connector:
         if n == 0:
             self._complete(fid, True, "", [])
             return fid
-        if views is None:
-            return self._submit_keys(fid, op, keys, n)
         folded, checks = kvnode.fold_digests(keys)
         batch = _Batch(fid, op, n, folded, checks, views)
         with self._lock:
@@ -425,58 +427,77 @@ class KvnodeL2Connector:
                 self._send(batch, space, idx)
         return fid
 
-    def _submit_keys(self, fid, op, keys, n):
+    def _submit_keys(self, op, keys):
         """exists / delete: every key to every size known. The keys are folded into this
-        thread's scratch arrays; when every size's connection is up and answers per key
-        (the usual case) they go to libkvnode from there (it copies them at submit),
-        else the batch keeps a copy for the requests that come later."""
-        scratch = self._fold_scratch(keys, n)
-        if scratch is None:     # keys that are not all strings (or hold a NUL)
-            folded, checks = kvnode.fold_digests(keys)
-        else:
-            folded, checks = scratch
-        batch = _Batch(fid, op, n, folded, checks, None)
-        with self._lock:
-            spaces = self._known if self._known is not None else self._known_spaces()
-            if not spaces:      # no size known yet: nothing can be stored
-                self._complete(fid, True, "", [False] * n)
-                return fid
-            batch.parts = len(spaces)
-            if scratch is not None:
-                for space in spaces:
-                    if space.client is None or not space.per_key_on:
-                        # a request sent later (or one per key): arrays of its own
-                        batch.folded = (ctypes.c_int64 * n).from_buffer_copy(folded)
-                        batch.checks = (ctypes.c_uint64 * n).from_buffer_copy(checks)
-                        scratch = None
-                        break
-            for space in spaces:
-                c = space.client
-                if c is not None:
-                    self._request(batch, space, c, None)
-                else:
-                    self._send(batch, space, None)
-            if scratch is not None:     # sent; the arrays are this thread's next fold's
-                batch.folded = batch.checks = None
-        return fid
-
-    def _fold_scratch(self, keys, n):
-        """keys (strings) folded into this thread's scratch arrays, as fold_digests folds
-        them: (keys array, checks array) of at least n items, valid until this thread's
-        next submit; None when they are not all strings or one holds a NUL."""
-        try:
-            text = "\0".join(keys).encode("utf-8")
-        except TypeError:
-            return None
+        thread's scratch arrays (libkvnode copies them at submit); when every size's
+        connection is up and answers per key (the usual case: _fast) each gets one
+        request at once, else _send_keys takes the batch (with arrays of its own)."""
+        fid = next(self._ids)
+        n = len(keys)
+        if self._closing:
+            self._complete(fid, False, "kvnode.lmcache: the connector was closed", None)
+            return fid
+        if n == 0:
+            self._complete(fid, True, "", [])
+            return fid
         sc = self._scratch
         karr = getattr(sc, "keys", None)
         if karr is None or len(karr) < n:
             size = 1 << (n - 1).bit_length()
-            karr, sc.checks = (ctypes.c_int64 * size)(), (ctypes.c_uint64 * size)()
-            sc.keys = karr
-        if _fold_text is None or _fold_text(text, len(text), n, karr, sc.checks) != n:
-            return None
-        return karr, sc.checks
+            karr = sc.keys = (ctypes.c_int64 * size)()
+            sc.checks = (ctypes.c_uint64 * size)()
+        carr = sc.checks
+        try:
+            text = "\0".join(keys).encode("utf-8")
+        except TypeError:       # not all strings (bytes keys)
+            text = None
+        scratch = text is not None and _fold_text is not None and \
+            _fold_text(text, len(text), n, karr, carr) == n
+        if not scratch:         # (a NUL in a key, a libkvnode without kvnode_fold_text)
+            karr, carr = kvnode.fold_digests(keys)
+        batch = _Batch(fid, op, n, karr, carr, None)
+        fn = _submit_exists if op == _EXISTS else _submit_delete_each
+        with self._lock:
+            fast = self._fast if self._fast is not None else self._fast_spaces()
+            if not fast:
+                self._send_keys(batch, scratch)
+                return fid
+            batch.parts = len(fast)
+            for space in fast:
+                c = space.client
+                try:
+                    t = c._submit_each(fn, karr, carr if space.checks_on else None, n)
+                except Exception as e:  # noqa: BLE001 - reported through the completion
+                    self._submit_failed(batch, space, c, e)
+                    continue
+                self._tickets[(id(c), t)] = (batch, space, None)
+            batch.folded = batch.checks = None      # sent (scratch: this thread's again)
+        return fid
+
+    def _fast_spaces(self):
+        """The spaces an exists or delete is sent to at once, one request each answered
+        per key: every known space when each is connected to a kvnoded that answers per
+        key, else none (kept in _fast until a space or connection changes). Lock held."""
+        spaces = self._known_spaces()
+        ready = all(s.client is not None and s.per_key_on for s in spaces)
+        self._fast = tuple(spaces) if ready else ()
+        return self._fast
+
+    def _send_keys(self, batch, scratch):
+        """An exists or delete not sent at once: to each known space, waiting for its
+        connect or one request per key (scratch: batch's arrays are this thread's
+        scratch, copied here). Lock held."""
+        spaces = self._known_spaces()
+        if not spaces:          # no size known yet: nothing can be stored
+            self._complete(batch.fid, True, "", [False] * batch.n)
+            return
+        if scratch:             # requests sent later: arrays of the batch's own
+            n = batch.n
+            batch.folded = (ctypes.c_int64 * n).from_buffer_copy(batch.folded)
+            batch.checks = (ctypes.c_uint64 * n).from_buffer_copy(batch.checks)
+        batch.parts = len(spaces)
+        for space in spaces:
+            self._send(batch, space, None)
 
     def _send(self, batch, space, idx):
         """Send the keys idx (None: all) of batch to space, or queue them while it connects
@@ -534,6 +555,7 @@ class KvnodeL2Connector:
             space.per_key_on = getattr(c, "has_per_key", False)
             self._epoll.register(c.event_fd, select.EPOLLIN)
             self._set_clients()
+            self._fast = None
             for batch, idx in queue:
                 self._request(batch, space, c, idx)
 
@@ -552,6 +574,7 @@ class KvnodeL2Connector:
         """Stop using client (its connection is gone). Lock held."""
         if space.client is client:
             space.client = None
+            self._fast = None
             space.retry_at = time.monotonic() + self.reconnect_interval_s
             try:
                 client.cancel()
@@ -565,18 +588,6 @@ class KvnodeL2Connector:
         prefix and a count only, one per key (a delete always, so that each key says
         whether it was deleted; the exists of keys after a miss). Lock held."""
         per_key = space.per_key_on and batch.op in (_EXISTS, _DELETE)
-        if per_key and idx is None and not singles:
-            # the whole batch in one request answered per key (the usual exists and
-            # delete): the batch's folded arrays go to libkvnode as they are
-            try:
-                t = c._submit_each(_submit_exists if batch.op == _EXISTS else
-                                   _submit_delete_each, batch.folded,
-                                   batch.checks if space.checks_on else None, batch.n)
-            except Exception as e:  # noqa: BLE001 - reported through the completion
-                self._submit_failed(batch, space, c, e)
-                return
-            self._tickets[(id(c), t)] = (batch, space, None)
-            return
         if batch.op == _DELETE and not per_key:
             singles = True
         if singles:
@@ -642,6 +653,12 @@ class KvnodeL2Connector:
         first miss). Lock held."""
         batch, space, u = self._tickets.pop((id(c), ticket), _NO_TICKET)
         if batch is None:
+            return
+        if per_key is not None and batch.parts == 1 and u is None and batch.hits is None \
+                and batch.error is None:
+            # the usual exists / delete: the batch's one request, answered per key
+            batch.parts = 0
+            self._drained.append((batch.fid, True, "", per_key))
             return
         if error is not None:
             if isinstance(error, _DISCONNECTED):
