@@ -53,8 +53,11 @@
 /* A waiter that sees its deadline pass by this much without the I/O thread
  * having ended its request ends the connection itself (belt and braces). */
 #define CLIENT_WAIT_GRACE_MS 1000
-/* Frames read per wakeup before the I/O thread looks at its other duties. */
+/* Reads per wakeup before the I/O thread looks at its other duties. */
 #define CLIENT_READ_BURST 64
+/* The receive buffer's least size: the common reply (header and payload,
+ * and often the next frame) comes in with one recvmsg (issue 32). */
+#define CLIENT_RX_MIN (64u << 10)
 
 /* --- completions --------------------------------------------------------- */
 
@@ -337,10 +340,10 @@ int client_submit_locked(kvnode_client *c, Kvnode__Request *req, struct client_s
 
 /* --- the I/O thread ------------------------------------------------------ */
 
-/* A whole reply frame is in c->rx_buf: give it to its request. */
-static void client_dispatch(kvnode_client *c, size_t len)
+/* A whole reply frame's payload: give it to its request. */
+static void client_dispatch(kvnode_client *c, const uint8_t *payload, size_t len)
 {
-    Kvnode__Response *resp = wire_unpack_response(c->rx_buf, len);
+    Kvnode__Response *resp = wire_unpack_response(payload, len);
     int ctrunc = c->rx_ctrunc;
     struct client_slot *s;
 
@@ -405,10 +408,73 @@ static void client_kill(kvnode_client *c, int rc, const char *fmt, ...)
     pthread_mutex_unlock(&c->lock);
 }
 
-/* Read what the socket has, frame by frame. 0 at EAGAIN; -1 when the
- * connection ended (the client is killed). */
+/* Room for at least want more bytes at c->rx_buf + c->rx_len: what was
+ * dispatched is dropped from the front, the buffer grows when the frame
+ * being read needs it. 0, or -1 (the client is killed). */
+static int client_rx_room(kvnode_client *c, size_t want)
+{
+    if (c->rx_cap - c->rx_len >= want && c->rx_cap >= CLIENT_RX_MIN)
+        return 0;
+    if (c->rx_off > 0) {
+        memmove(c->rx_buf, c->rx_buf + c->rx_off, c->rx_len - c->rx_off);
+        c->rx_len -= c->rx_off;
+        c->rx_off = 0;
+        if (c->rx_cap - c->rx_len >= want && c->rx_cap >= CLIENT_RX_MIN)
+            return 0;
+    }
+    size_t cap = c->rx_len + want < CLIENT_RX_MIN ? CLIENT_RX_MIN : c->rx_len + want;
+    uint8_t *nb = realloc(c->rx_buf, cap);
+    if (!nb) {
+        client_kill(c, -KVNODE_ENOMEM, "out of memory for a reply of %zu bytes", want);
+        return -1;
+    }
+    c->rx_buf = nb;
+    c->rx_cap = cap;
+    return 0;
+}
+
+/* Dispatch every whole frame in the receive buffer. *need: the bytes still
+ * missing from the frame begun (0 when none is). 0, or -1 (killed). */
+static int client_rx_frames(kvnode_client *c, size_t *need)
+{
+    *need = 0;
+    while (c->rx_len - c->rx_off >= WIRE_HEADER_BYTES) {
+        const uint8_t *h = c->rx_buf + c->rx_off;
+        size_t have = c->rx_len - c->rx_off - WIRE_HEADER_BYTES;
+        uint32_t len;
+        int rc = wire_frame_len(h, c->recv_max, &len);
+        if (rc == -KVNODE_ETOOBIG) {
+            uint32_t claimed = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
+                               (uint32_t)h[3] << 24;
+            client_kill(c, -KVNODE_EPROTO, "protocol: reply frame of %" PRIu32 " bytes "
+                        "exceeds the limit of %" PRIu32, claimed, c->recv_max);
+            return -1;
+        }
+        if (rc < 0) {
+            client_kill(c, -KVNODE_EPROTO, "protocol: empty reply frame");
+            return -1;
+        }
+        if (have < len) {
+            *need = len - have;
+            return 0;
+        }
+        c->rx_off += WIRE_HEADER_BYTES + len;
+        client_dispatch(c, h + WIRE_HEADER_BYTES, len);
+    }
+    if (c->rx_len > c->rx_off)
+        *need = WIRE_HEADER_BYTES - (c->rx_len - c->rx_off);
+    else
+        c->rx_len = c->rx_off = 0;
+    return 0;
+}
+
+/* Read what the socket has into the receive buffer, as much as fits per
+ * recvmsg, and dispatch the whole frames. 0 when the socket is drained (or
+ * nothing more can come); -1 when the connection ended (the client is
+ * killed). Fds passed after HELLO are dropped at dispatch. */
 static int client_read_some(kvnode_client *c)
 {
+    size_t need = 0;
     for (int burst = 0; burst < CLIENT_READ_BURST; burst++) {
         union {
             char buf[CMSG_SPACE(sizeof(int) * CLIENT_MAX_FDS)];
@@ -418,13 +484,10 @@ static int client_read_some(kvnode_client *c)
         struct msghdr mh = { 0 };
         ssize_t n;
 
-        if (!c->rx_in_payload) {
-            iov.iov_base = c->rx_hdr + c->rx_hdr_got;
-            iov.iov_len = WIRE_HEADER_BYTES - c->rx_hdr_got;
-        } else {
-            iov.iov_base = c->rx_buf + c->rx_got;
-            iov.iov_len = c->rx_want - c->rx_got;
-        }
+        if (client_rx_room(c, need ? need : 1) < 0)
+            return -1;
+        iov.iov_base = c->rx_buf + c->rx_len;
+        iov.iov_len = c->rx_cap - c->rx_len;
         mh.msg_iov = &iov;
         mh.msg_iovlen = 1;
         mh.msg_control = cbuf.buf;
@@ -443,53 +506,20 @@ static int client_read_some(kvnode_client *c)
             return -1;
         }
         client_take_fds(c, &mh);
-        if (!c->rx_in_payload) {
-            uint32_t len;
-            int rc;
-
-            c->rx_hdr_got += (size_t)n;
-            if (c->rx_hdr_got < WIRE_HEADER_BYTES)
-                continue;
-            rc = wire_frame_len(c->rx_hdr, c->recv_max, &len);
-            if (rc == -KVNODE_ETOOBIG) {
-                uint32_t claimed = (uint32_t)c->rx_hdr[0] | (uint32_t)c->rx_hdr[1] << 8 |
-                                   (uint32_t)c->rx_hdr[2] << 16 | (uint32_t)c->rx_hdr[3] << 24;
-                client_kill(c, -KVNODE_EPROTO, "protocol: reply frame of %" PRIu32 " bytes "
-                            "exceeds the limit of %" PRIu32, claimed, c->recv_max);
-                return -1;
-            }
-            if (rc < 0) {
-                client_kill(c, -KVNODE_EPROTO, "protocol: empty reply frame");
-                return -1;
-            }
-            if (len > c->rx_cap) {
-                uint8_t *nb = realloc(c->rx_buf, len);
-                if (!nb) {
-                    client_kill(c, -KVNODE_ENOMEM, "out of memory for a reply of %" PRIu32
-                                " bytes", len);
-                    return -1;
-                }
-                c->rx_buf = nb;
-                c->rx_cap = len;
-            }
-            c->rx_in_payload = 1;
-            c->rx_want = len;
-            c->rx_got = 0;
-            continue;
-        }
-        c->rx_got += (size_t)n;
-        if (c->rx_got < c->rx_want)
-            continue;
-        c->rx_in_payload = 0;
-        c->rx_hdr_got = 0;
-        client_dispatch(c, c->rx_want);
-        /* With no request left in flight no reply can follow: no read that
-         * would only say EAGAIN. A frame the daemon sends on its own
-         * (GoingAway) or its close is seen at the next poll. */
+        c->rx_len += (size_t)n;
+        if (client_rx_frames(c, &need) < 0)
+            return -1;
+        /* A read that did not fill the buffer took all the socket had: the
+         * next bytes are for poll to announce, not for a read that would
+         * only say EAGAIN. With no request in flight none can come (a frame
+         * the daemon sends on its own, or its close, is seen at the next
+         * poll). */
+        if ((size_t)n < iov.iov_len)
+            return 0;
         pthread_mutex_lock(&c->lock);
         bool waiting = c->slots != NULL;
         pthread_mutex_unlock(&c->lock);
-        if (!waiting)
+        if (!waiting && !need)
             return 0;
     }
     return 0;
