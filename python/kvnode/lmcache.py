@@ -59,9 +59,11 @@ uses, so that a restarted connector finds them before its first set). At most 32
 Keys are the strings LMCache's native connector adapter makes of an ObjectKey,
 ``<model_name>@<kv_rank as 8 hex digits>@<object_group_id in hex>@<chunk_hash in hex>``
 with ``@<cache_salt>`` appended when the key is salted; the connector does not parse them.
-They are folded to kvnode's 64-bit keys by :func:`kvnode.fold_digests` (the whole batch
-in one call into libkvnode: such a string is not a hex digest, so key and check word come
-from its SHA-256, as :func:`kvnode.fold_key` does). The check word is sent beside the key
+They are folded to kvnode's 64-bit keys as :func:`kvnode.fold_digests` folds them (the
+whole batch in one call into libkvnode, ``kvnode_fold_text``: such a string is not a hex
+digest, so key and check word come from its SHA-256, as :func:`kvnode.fold_key` does);
+exists and delete fold into arrays each submitting thread reuses (libkvnode copies the keys
+at submit). The check word is sent beside the key
 whenever kvnoded honours check words (``kvnode.Client.has_check_words``): a chunk stored
 under another key whose 64-bit fold collides is then a miss (counted by the daemon in
 ``keys.check_mismatches_total``), never served in its place. Against an older daemon
