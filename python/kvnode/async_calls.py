@@ -339,6 +339,3 @@ class _PerKey(tuple):
     def release(self):
         pass
 
-    def release(self):
-        pass
-
