@@ -113,3 +113,31 @@ def test_batches_waiting_for_the_connect_keep_their_own_keys(daemon):
             (True, "", [True, False])
     finally:
         conn.close()
+
+
+def test_client_per_key_answers_reuse_no_stale_bools(daemon):
+    """The binding reuses the bool arrays of drained per-key tickets: answers of every
+    length, two tickets in flight at once, each exact (no item of an earlier answer)."""
+    lay = kvnode.Layout(model="cmpl-client", dtype="u8", block_tokens=1, block_bytes=BB)
+    with kvnode.Client(daemon, lay) as c:
+        keys = list(range(5000, 5200))
+        held = [k % 2 == 0 for k in keys]
+        c.put([k for k, h in zip(keys, held) if h], [bytes(BB)] * sum(held))
+
+        def answers(*tickets):
+            got = {}
+            for _ in range(100):
+                if len(got) == len(tickets):
+                    return [got[t] for t in tickets]
+                select.select([c.event_fd], [], [], 0.1)
+                for d in c.drain():
+                    assert d.error is None, d.error
+                    got[d.ticket] = d.per_key
+            raise AssertionError("tickets never completed")
+
+        for lo, hi in ((0, 200), (0, 3), (1, 4), (0, 1), (3, 150)):
+            assert answers(c.submit_exists(keys[lo:hi])) == [held[lo:hi]]
+        a, b = c.submit_exists(keys[:100]), c.submit_exists(keys[1:5])
+        assert answers(a, b) == [held[:100], held[1:5]]
+        assert answers(c.submit_delete_each(keys[:4])) == [held[:4]]
+        assert answers(c.submit_exists(keys[:6])) == [[False] * 4 + held[4:6]]
