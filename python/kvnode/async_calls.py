@@ -38,6 +38,9 @@ class _AsyncCalls:
         # bool arrays of drained per-key tickets, reused by the next ones (libkvnode fills
         # the first n items of one whole when its ticket completes, nothing before)
         self._spare_answers = []
+        # the ticket a per-key submit gets back, written and read under _inflight_lock
+        self._ticket_out = _TICKET(0)
+        self._ticket_ref = ctypes.byref(self._ticket_out)
         self._drain_space = threading.local()
 
     def _drop_tickets(self):
@@ -234,7 +237,8 @@ class _AsyncCalls:
         inflight, spare = self._inflight, self._spare_answers
         for i in range(got):
             c = out[i]
-            held = inflight.pop(c.ticket, None)
+            ticket = c.ticket
+            held = inflight.pop(ticket, None)
             rc, per_key = c.rc, None
             if type(held) is _PerKey:
                 if rc == 0:
@@ -243,7 +247,7 @@ class _AsyncCalls:
                     spare.append(held[0])
             elif held is not None:
                 held.release()
-            done.append((c.ticket, c.op, c.count, _error(rc, _s(c.error)) if rc else None,
+            done.append((ticket, c.op, c.count, _error(rc, _s(c.error)) if rc else None,
                          per_key))
         return done
 
@@ -310,14 +314,14 @@ class _AsyncCalls:
             answer = None
         if answer is None or len(answer) < n:
             answer = (ctypes.c_bool * max(n, 64))()
-        t = _TICKET(0)
         with self._inflight_lock:   # drain must not see the ticket before it is registered
-            rc = fn(h, keys, checks, n, answer, None, ctypes.byref(t))
+            rc = fn(h, keys, checks, n, answer, None, self._ticket_ref)
             if rc == 0:
-                self._inflight[t.value] = _PerKey((answer, n))
+                t = self._ticket_out.value
+                self._inflight[t] = _PerKey((answer, n))
         if rc != 0:
             self._check(rc)
-        return t.value
+        return t
 
     def submit_exists(self, keys, checks=None):
         """Start an :meth:`exists`; return its ticket. Its :class:`Completion` carries the

@@ -114,6 +114,8 @@ MAX_OBJECT_SIZES = 32
 
 _nbytes = operator.attrgetter("nbytes")
 _NO_TICKET = (None, None, None)
+#: The indices of a request that is its whole batch (exists / delete of one size).
+_WHOLE = "whole"
 #: Completions taken from a kvnode client at a time.
 _DRAIN_MAX = 256
 
@@ -228,6 +230,7 @@ class KvnodeL2Connector:
         self._spaces = {}                      # object size -> _Space
         self._retiring = []                    # cancelled clients still completing tickets
         self._tickets = {}                     # (client id, ticket) -> (batch, space, indices)
+        #                                        or (future id, space, _WHOLE)
         self._warned = False
         self._known = None                     # spaces a key may be in (None: to list)
         self._fast = None                      # _fast_spaces() (None: to work out)
@@ -457,10 +460,22 @@ class KvnodeL2Connector:
             _fold_text(text, len(text), n, karr, carr) == n
         if not scratch:         # (a NUL in a key, a libkvnode without kvnode_fold_text)
             karr, carr = kvnode.fold_digests(keys)
-        batch = _Batch(fid, op, n, karr, carr, None)
         fn = _submit_exists if op == _EXISTS else _submit_delete_each
         with self._lock:
             fast = self._fast if self._fast is not None else self._fast_spaces()
+            if len(fast) == 1:  # one size: the request is the batch (no _Batch to track)
+                space = fast[0]
+                c = space.client
+                try:
+                    t = c._submit_each(fn, karr, carr if space.checks_on else None, n)
+                except Exception as e:  # noqa: BLE001 - reported through the completion
+                    if isinstance(e, _DISCONNECTED):
+                        self._retire(space, c)
+                    self._complete(fid, False, "%s: %s" % (type(e).__name__, e), None)
+                    return fid
+                self._tickets[(id(c), t)] = (fid, space, _WHOLE)
+                return fid
+            batch = _Batch(fid, op, n, karr, carr, None)
             if not fast:
                 self._send_keys(batch, scratch)
                 return fid
@@ -654,6 +669,16 @@ class KvnodeL2Connector:
         and the requests that follow a prefix answer (kvnode's MATCH and GET stop at the
         first miss). Lock held."""
         batch, space, u = self._tickets.pop((id(c), ticket), _NO_TICKET)
+        if u is _WHOLE:     # a batch of one request answered per key; batch: its future id
+            if per_key is not None:
+                self._drained.append((batch, True, "", per_key))
+                return
+            if isinstance(error, _DISCONNECTED):
+                self._retire(space, c)
+                self._warn(str(error))
+            self._drained.append((batch, False, "%s: %s" % (type(error).__name__, error)
+                                  if error is not None else "no per-key answer", None))
+            return
         if batch is None:
             return
         if per_key is not None and batch.parts == 1 and u is None and batch.hits is None \
