@@ -32,6 +32,7 @@
 #include "net/server.h"
 #include "stats.h"
 #include "tenants/tenants.h"
+#include "warm.h"
 
 #define DEFAULT_CONFIG_PATH "/etc/kvnode/kvnode.conf"
 
@@ -256,10 +257,23 @@ int main(int argc, char **argv)
     if (room.unread[0])
         log_warn("memory: the admission check could not read everything: %s", room.unread);
     log_info("%s", admission);
-    if (tenants_create(d.base, d.cfg, &d.tenants, err, sizeof err) < 0) {
-        log_error("cannot create the host tier: %s", err);
+    /* What systemd passed: the engine socket (socket activation) and, from
+     * its fd store, a warm restart's host memory and snapshot (warm.h). */
+    struct sdn_fd stored[WARM_FDS_MAX];
+    struct tenants_warm tw;
+    struct warm_snapshot *snap = NULL;
+    size_t nstored = 0;
+    if (sdn_listen_fd(&listen_fd, stored, WARM_FDS_MAX, &nstored, err, sizeof err) < 0) {
+        log_error("%s", err);
         goto out;
     }
+    int warm = warm_open(stored, nstored, "systemd", d.cfg, &tw, &snap);
+    if (tenants_create(d.base, d.cfg, warm ? &tw : NULL, &d.tenants, err, sizeof err) < 0) {
+        log_error("cannot create the host tier: %s", err);
+        warm_finish(snap, &tw, NULL);
+        goto out;
+    }
+    warm_finish(snap, &tw, d.tenants);
     if (tenants_start_gpu(d.tenants, d.base, d.cfg, &d.gpu, err, sizeof err) < 0) {
         log_error("cannot start the GPU tier: %s", err);
         goto out;
@@ -289,10 +303,6 @@ int main(int argc, char **argv)
     }
     const struct kvs_server_deps kvs_deps = { .base = d.base, .cfg = &d.cfg, .tenants = d.tenants };
     if (kvs_server_create(&kvs_deps, &d.kvs, err, sizeof err) < 0) {
-        log_error("%s", err);
-        goto out;
-    }
-    if (sdn_listen_fd(&listen_fd, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
     }
@@ -339,6 +349,9 @@ out:
     server_destroy(d.server);
     if (d.tenants)
         tenants_stop_persist(d.tenants, d.cfg->shutdown_timeout_ms);
+    /* A clean stop hands the host tier to the next start (warm.h). */
+    if (rc == 0 && d.tenants)
+        warm_handover_systemd(d.tenants, d.cfg);
     /* KVCM last: HOST_DOWN tells it everything we held is gone. */
     kvcm_querier_destroy(d.querier);
     kvcm_stop(d.kvcm);

@@ -63,7 +63,7 @@ START_TEST(no_sections_one_default_tenant_with_everything)
     struct tenants *ts;
     char err[512];
 
-    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    ck_assert_int_eq(tenants_create(base, cfg, NULL, &ts, err, sizeof err), 0);
     ck_assert(!tenants_configured(ts));
     ck_assert_uint_eq(tenants_count(ts), 1);
     struct tenant *t = tenants_default(ts);
@@ -92,7 +92,7 @@ START_TEST(sections_get_their_own_caches)
     struct tenants *ts;
     char err[512];
 
-    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    ck_assert_int_eq(tenants_create(base, cfg, NULL, &ts, err, sizeof err), 0);
     ck_assert(tenants_configured(ts));
     ck_assert_uint_eq(tenants_count(ts), 3);
     struct tenant *d = tenants_at(ts, 0), *a = tenants_at(ts, 1), *b = tenants_at(ts, 2);
@@ -142,7 +142,7 @@ START_TEST(default_without_memory_has_no_cache)
     struct tenants *ts;
     char err[512];
 
-    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    ck_assert_int_eq(tenants_create(base, cfg, NULL, &ts, err, sizeof err), 0);
     ck_assert_uint_eq(tenants_default(ts)->host_bytes, 0);
     ck_assert_ptr_null(tenants_default(ts)->cache);
     struct cache *caches[4];
@@ -164,7 +164,7 @@ START_TEST(reload_moves_uids_and_limits)
     struct tenants *ts;
     char err[512];
 
-    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    ck_assert_int_eq(tenants_create(base, cfg, NULL, &ts, err, sizeof err), 0);
     struct tenant *d = tenants_at(ts, 0), *a = tenants_at(ts, 1), *b = tenants_at(ts, 2);
     ck_assert_ptr_eq(tenants_for_peer(ts, 101, 0, NULL, 0), b);
     tenants_apply_config(ts, next);
@@ -194,7 +194,7 @@ START_TEST(supplementary_groups_count_as_admission_counts_them)
     struct tenants *ts;
     char err[512];
 
-    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    ck_assert_int_eq(tenants_create(base, cfg, NULL, &ts, err, sizeof err), 0);
     struct tenant *d = tenants_at(ts, 0), *a = tenants_at(ts, 1), *b = tenants_at(ts, 2);
     const gid_t in_b[] = { 7, 250, 900 }, in_a_and_b[] = { 200, 300 }, in_none[] = { 1, 2, 3 };
     ck_assert_ptr_eq(tenants_for_peer(ts, 7, 7, in_b, 3), b);

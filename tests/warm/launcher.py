@@ -1,0 +1,465 @@
+#!/usr/bin/env python3
+"""Warm restarts (issue 33 item 2), with this script playing systemd's part.
+
+  launcher.py BUILD_DIR [--figures]
+
+It owns a NOTIFY_SOCKET (a datagram socket it reads with SCM_RIGHTS, keeping
+the FDSTORE=1 descriptors under their FDNAME= and dropping them on
+FDSTOREREMOVE=1), starts kvnoded with the kept descriptors as systemd does
+(LISTEN_FDS, LISTEN_PID = the child's pid, set after fork and before exec,
+LISTEN_FDNAMES), and checks, each step bounded in time:
+
+  1. blocks put, SIGTERM: the daemon exits 0 and hands over the snapshot and
+     its host memfd;
+  2. a start with them: MATCH of every block hits at once, GET byte-exact,
+     STATS says adopted N (warm_restart), nothing recovered from a store;
+  3. a corrupted copy of the snapshot (one byte flipped, sealed again):
+     cold start, the reason (checksum) logged and in STATS, nothing served;
+  4. a changed memory.host_bytes: cold start, the reason says so;
+  5. with the file store: adopted blocks are not read from the store nor
+     indexed by its scan (counters), and a cold start from the store alone
+     still serves every block byte-exact (the store stayed consistent);
+
+--figures prints blocks, bytes and the time from start to the first MATCH
+hit for the warm restart and for a cold restart from the file store.
+Every daemon it starts is stopped. Exit 0 ok, 1 a check failed.
+"""
+import array
+import fcntl
+import json
+import os
+import random
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
+FIGURES = "--figures" in sys.argv
+KVNODED = os.path.abspath(os.path.join(BUILD, "kvnoded"))
+CTL = os.path.abspath(os.path.join(BUILD, "kvnodectl"))
+BLOCK = 64 * 1024
+NBLOCKS = 48
+LAYOUT = ["--model", "warm-test", "--block-bytes", str(BLOCK)]
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+    print("warm: FAIL: " + msg, file=sys.stderr)
+
+
+class FakeSystemd:
+    """NOTIFY_SOCKET and the fd store."""
+
+    def __init__(self, path):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.2)
+        self.store = {}          # name -> fd (ours)
+        self.messages = []
+        self.lock = threading.Lock()
+        self.ready = threading.Event()
+        self.busy = False
+        self.stop = False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        fdsize = array.array("i").itemsize
+        while not self.stop:
+            try:
+                msg, anc, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(64 * fdsize))
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self.busy = True
+            fds = []
+            for level, typ, data in anc:
+                if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                    a = array.array("i")
+                    a.frombytes(data[: len(data) - (len(data) % fdsize)])
+                    fds.extend(a)
+            fields = dict(l.split("=", 1) for l in msg.decode().splitlines() if "=" in l)
+            with self.lock:
+                self.messages.append(fields)
+                if fields.get("FDSTORE") == "1":
+                    name = fields.get("FDNAME", "stored")
+                    for fd in fds:
+                        old = self.store.pop(name, None)
+                        if old is not None:
+                            os.close(old)
+                        self.store[name] = fd
+                    fds = []
+                elif fields.get("FDSTOREREMOVE") == "1":
+                    old = self.store.pop(fields.get("FDNAME", ""), None)
+                    if old is not None:
+                        os.close(old)
+                if fields.get("READY") == "1":
+                    self.ready.set()
+            for fd in fds:
+                os.close(fd)
+            self.busy = False
+
+    def take(self):
+        """The stored fds (name -> fd), now the caller's, once every message
+        sent so far is read (the daemon has exited)."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and (self.busy or select.select([self.sock], [], [], 0)[0]):
+            time.sleep(0.02)
+        with self.lock:
+            s, self.store = self.store, {}
+        return s
+
+    def close(self):
+        self.stop = True
+        self.thread.join(2)
+        self.sock.close()
+        for fd in self.store.values():
+            os.close(fd)
+
+
+class Daemon:
+    def __init__(self, tmp, name, opts, fds=None, env_extra=None, argv_extra=None):
+        self.log_path = os.path.join(tmp, name + ".log")
+        self.sd = FakeSystemd(os.path.join(tmp, name + ".notify"))
+        argv = [KVNODED] + (argv_extra or [])
+        for o in opts:
+            argv += ["-s", o]
+        env = dict(os.environ, NOTIFY_SOCKET=self.sd.path)
+        env.pop("LISTEN_FDS", None)
+        env.pop("LISTEN_PID", None)
+        env.pop("LISTEN_FDNAMES", None)
+        env.update(env_extra or {})
+        fds = fds or {}
+        names = list(fds.keys())
+        log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.t0 = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                # Out of the way of 3.., then into place: as systemd does.
+                high = [os.dup(fds[n]) for n in names]
+                high = [fcntl.fcntl(f, fcntl.F_DUPFD, 100 + i) for i, f in enumerate(high)]
+                for i, f in enumerate(high):
+                    os.dup2(f, 3 + i, inheritable=True)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                if names:
+                    env["LISTEN_FDS"] = str(len(names))
+                    env["LISTEN_PID"] = str(os.getpid())
+                    env["LISTEN_FDNAMES"] = ":".join(names)
+                os.closerange(3 + len(names), 4096)
+                os.execve(KVNODED, argv, env)
+            finally:
+                os._exit(127)
+        os.close(log)
+        self.pid = pid
+        self.rc = None
+
+    def wait_ready(self, timeout=30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.sd.ready.wait(0.1):
+                return True
+            if self.poll() is not None:
+                return False
+        return False
+
+    def poll(self):
+        if self.rc is None:
+            p, status = os.waitpid(self.pid, os.WNOHANG)
+            if p == self.pid:
+                self.rc = os.waitstatus_to_exitcode(status)
+        return self.rc
+
+    def stop(self, timeout=60):
+        """SIGTERM, wait; the exit code (killed after timeout: -9)."""
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while self.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self.poll() is None:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                self.rc = -9
+        return self.rc
+
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def close(self):
+        self.stop()
+        self.sd.close()
+
+
+def ctl(sock, *args, check=True):
+    r = subprocess.run([CTL, "-S", sock, "-t", "10000"] + list(args), capture_output=True, timeout=60)
+    if check and r.returncode != 0:
+        raise RuntimeError("kvnodectl %s: exit %d: %s" % (" ".join(args), r.returncode, r.stderr.decode()))
+    return r
+
+
+def stats(sock):
+    return json.loads(ctl(sock, "--json", "stats").stdout)
+
+
+def match_len(sock, keys):
+    r = ctl(sock, "--json", *(["match"] + LAYOUT + ["--keys-file", keys]), check=False)
+    if r.returncode not in (0, 3):
+        raise RuntimeError("match: exit %d: %s" % (r.returncode, r.stderr.decode()))
+    doc = json.loads(r.stdout)
+    return doc.get("matched", doc.get("prefix", 0)) if isinstance(doc, dict) else 0
+
+
+def first_hit(sock, keys, t0, timeout=30):
+    """Seconds from t0 to the first MATCH that finds every block; None if never."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if match_len(sock, keys) == NBLOCKS:
+                return time.monotonic() - t0
+        except RuntimeError:
+            pass
+        time.sleep(0.005)
+    return None
+
+
+def get_exact(sock, keys, want, out):
+    ctl(sock, *(["get"] + LAYOUT + ["-o", out, "--keys-file", keys]))
+    with open(out, "rb") as f:
+        return f.read() == want
+
+
+def opts_for(tmp, store=None, host="64MiB"):
+    o = ["server.socket_path=" + os.path.join(tmp, "kvnode.sock"), "memory.host_bytes=" + host,
+         "memory.slab_bytes=1MiB", "memory.huge_pages=off", "memory.pin_host=off", "hbm.backend=none",
+         "admin.listen=off", "kvcm.enabled=off", "log.level=info"]
+    if store:
+        o += ["persist.backend=file", "persist.path=" + store, "persist.fsync=never"]
+    else:
+        o += ["persist.backend=off"]
+    return o
+
+
+def close_all(fds):
+    for fd in fds.values():
+        os.close(fd)
+
+
+def copy_fds(fds):
+    return {n: os.dup(fd) for n, fd in fds.items()}
+
+
+def corrupt_copy(fd, at):
+    """A sealed memfd with fd's bytes, byte `at` flipped."""
+    data = bytearray(os.pread(fd, os.fstat(fd).st_size, 0))
+    data[at % len(data)] ^= 0x5A
+    m = os.memfd_create("corrupt", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(m, bytes(data))
+    fcntl.fcntl(m, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    return m
+
+
+def step(name):
+    print("warm: " + name, flush=True)
+
+
+def put_blocks(tmp, sock):
+    payload = random.Random(33).randbytes(NBLOCKS * BLOCK)
+    data = os.path.join(tmp, "blocks.bin")
+    keys = os.path.join(tmp, "keys.txt")
+    with open(data, "wb") as f:
+        f.write(payload)
+    ctl(sock, *(["put"] + LAYOUT + [data, "--keys-out", keys]))
+    return payload, keys
+
+
+def run_memory_only(tmp, figures):
+    sock = os.path.join(tmp, "kvnode.sock")
+    step("1. cold start, put %d blocks of %d bytes, SIGTERM" % (NBLOCKS, BLOCK))
+    d = Daemon(tmp, "a", opts_for(tmp))
+    try:
+        if not d.wait_ready():
+            fail("the first daemon did not start:\n" + d.log())
+            return
+        payload, keys = put_blocks(tmp, sock)
+        if match_len(sock, keys) != NBLOCKS:
+            fail("the blocks just put do not match")
+        rc = d.stop()
+        if rc != 0:
+            fail("the daemon exited %s on SIGTERM" % rc)
+        handed = d.sd.take()
+    finally:
+        d.close()
+    want = {"kvnode-warm-snapshot", "kvnode-warm-host-default"}
+    if set(handed) != want:
+        fail("handed over %s, expected %s" % (sorted(handed), sorted(want)))
+        close_all(handed)
+        return
+    step("2. warm start with the handed-over fds")
+    keep = copy_fds(handed)
+    d = Daemon(tmp, "b", opts_for(tmp), fds=handed)
+    try:
+        ready = d.wait_ready()
+        hit = first_hit(sock, keys, d.t0) if ready else None
+        if not ready or hit is None:
+            fail("the warm start does not match every block:\n" + d.log())
+        else:
+            st = stats(sock)
+            w = st.get("warm_restart", {})
+            if w.get("state") != "adopted" or w.get("adopted_blocks") != NBLOCKS or \
+               w.get("adopted_bytes") != NBLOCKS * BLOCK:
+                fail("stats warm_restart is %s, expected adopted %d blocks" % (w, NBLOCKS))
+            if "persist" in st and st["persist"].get("recovery", {}).get("indexed", 0):
+                fail("blocks were recovered from a store that is off")
+            if not get_exact(sock, keys, payload, os.path.join(tmp, "out.bin")):
+                fail("GET after the warm restart is not byte-exact")
+            if figures:
+                print("figure: warm restart (systemd fd store): %d blocks, %d bytes, first MATCH hit of every "
+                      "block %.1f ms after exec" % (NBLOCKS, NBLOCKS * BLOCK, hit * 1000))
+        if d.stop() != 0:
+            fail("the warm-started daemon did not exit 0")
+        if "FDSTOREREMOVE" not in "".join("%s" % m for m in d.sd.messages):
+            fail("the warm-started daemon did not remove the adopted fds from the store")
+        handed_b = d.sd.take()
+    finally:
+        d.close()
+    close_all(handed_b)
+
+    step("3. a corrupted snapshot: cold start, reason logged, nothing served")
+    fds = copy_fds(keep)
+    good = fds["kvnode-warm-snapshot"]
+    fds["kvnode-warm-snapshot"] = corrupt_copy(good, os.fstat(good).st_size // 2)
+    os.close(good)
+    d = Daemon(tmp, "c", opts_for(tmp), fds=fds)
+    close_all(fds)
+    try:
+        if not d.wait_ready():
+            fail("the daemon given a corrupted snapshot did not start:\n" + d.log())
+        else:
+            w = stats(sock).get("warm_restart", {})
+            if w.get("state") != "refused" or "checksum" not in w.get("reason", ""):
+                fail("corrupted snapshot: warm_restart is %s, expected refused (checksum)" % w)
+            if "warm restart refused" not in d.log() or "checksum" not in d.log():
+                fail("corrupted snapshot: no log line saying why:\n" + d.log())
+            if match_len(sock, keys) != 0:
+                fail("corrupted snapshot: blocks are served after a cold start")
+        d.stop()
+    finally:
+        d.close()
+
+    step("4. memory.host_bytes changed: cold start")
+    fds = copy_fds(keep)
+    d = Daemon(tmp, "d", opts_for(tmp, host="32MiB"), fds=fds)
+    close_all(fds)
+    try:
+        if not d.wait_ready():
+            fail("the daemon with another memory.host_bytes did not start:\n" + d.log())
+        else:
+            w = stats(sock).get("warm_restart", {})
+            if w.get("state") != "refused" or "host tier" not in w.get("reason", ""):
+                fail("changed host_bytes: warm_restart is %s, expected refused (host tier)" % w)
+            if match_len(sock, keys) != 0:
+                fail("changed host_bytes: blocks are served after a cold start")
+        d.stop()
+    finally:
+        d.close()
+    close_all(keep)
+
+
+def run_with_store(tmp, figures):
+    sock = os.path.join(tmp, "kvnode.sock")
+    store = os.path.join(tmp, "store")
+    step("5. with the file store: put, SIGTERM, warm start")
+    d = Daemon(tmp, "e", opts_for(tmp, store))
+    try:
+        if not d.wait_ready():
+            fail("the daemon with a store did not start:\n" + d.log())
+            return
+        payload, keys = put_blocks(tmp, sock)
+        d.stop()
+        handed = d.sd.take()
+    finally:
+        d.close()
+    d = Daemon(tmp, "f", opts_for(tmp, store), fds=handed)
+    close_all(handed)
+    try:
+        hit = first_hit(sock, keys, d.t0) if d.wait_ready() else None
+        if hit is None:
+            fail("warm start with a store: the blocks do not match:\n" + d.log())
+        else:
+            if not get_exact(sock, keys, payload, os.path.join(tmp, "out2.bin")):
+                fail("warm start with a store: GET is not byte-exact")
+            deadline = time.monotonic() + 30
+            st = stats(sock)
+            while not st["persist"]["recovery"].get("complete") and time.monotonic() < deadline:
+                time.sleep(0.05)
+                st = stats(sock)
+            p = st["persist"]
+            w = st["warm_restart"]
+            if w.get("adopted_blocks") != NBLOCKS:
+                fail("warm start with a store: adopted %s, expected %d" % (w.get("adopted_blocks"), NBLOCKS))
+            if p["recovery"].get("indexed") != 0:
+                fail("warm start with a store: the scan indexed %s blocks, expected 0 (all adopted)"
+                     % p["recovery"].get("indexed"))
+            if p.get("promotions_total") != 0:
+                fail("warm start with a store: %s promotions, expected 0 (no block read from the store)"
+                     % p.get("promotions_total"))
+            if figures:
+                print("figure: warm restart with the file store: %d blocks, %d bytes, first MATCH hit %.1f ms "
+                      "after exec" % (NBLOCKS, NBLOCKS * BLOCK, hit * 1000))
+        d.stop()
+        close_all(d.sd.take())
+    finally:
+        d.close()
+    step("5b. cold start from the store alone: every block byte-exact")
+    d = Daemon(tmp, "g", opts_for(tmp, store))
+    try:
+        hit = first_hit(sock, keys, d.t0) if d.wait_ready() else None
+        if hit is None:
+            fail("cold start from the store: the blocks do not match:\n" + d.log())
+        else:
+            if not get_exact(sock, keys, payload, os.path.join(tmp, "out3.bin")):
+                fail("cold start from the store: GET is not byte-exact")
+            w = stats(sock)["warm_restart"]
+            if w.get("state") != "none" or w.get("adopted_blocks") != 0:
+                fail("cold start: warm_restart is %s" % w)
+            if figures:
+                print("figure: cold restart from the file store: %d blocks, %d bytes, first MATCH hit %.1f ms "
+                      "after exec (blocks as ghosts; each GET reads from disk)" % (NBLOCKS, NBLOCKS * BLOCK,
+                                                                                   hit * 1000))
+        d.stop()
+        close_all(d.sd.take())
+    finally:
+        d.close()
+
+
+def main():
+    for b in (KVNODED, CTL):
+        if not os.access(b, os.X_OK):
+            print("warm: %s is not built (make all)" % b, file=sys.stderr)
+            return 1
+    with tempfile.TemporaryDirectory(prefix="kvnode-warm.") as tmp:
+        try:
+            run_memory_only(tmp, FIGURES)
+            run_with_store(tmp, FIGURES)
+        except Exception as e:  # noqa: BLE001 - reported as a failure
+            fail("%s: %s" % (type(e).__name__, e))
+    if failures:
+        print("warm: %d check(s) failed" % len(failures), file=sys.stderr)
+        return 1
+    print("warm: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
