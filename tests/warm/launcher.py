@@ -19,6 +19,10 @@ LISTEN_FDNAMES), and checks, each step bounded in time:
   5. with the file store: adopted blocks are not read from the store nor
      indexed by its scan (counters), and a cold start from the store alone
      still serves every block byte-exact (the store stayed consistent);
+  6. `kvnoded --takeover SOCKET` without systemd: the old daemon exits 0,
+     the new one serves every block byte-exact (adopted, source takeover);
+     as root, a takeover from uid 65534 is refused (SO_PEERCRED) and the
+     old daemon goes on serving.
 
 --figures prints blocks, bytes and the time from start to the first MATCH
 hit for the warm restart and for a cold restart from the file store.
@@ -443,6 +447,64 @@ def run_with_store(tmp, figures):
         d.close()
 
 
+def run_takeover(tmp, figures):
+    sock = os.path.join(tmp, "kvnode.sock")
+    step("6. kvnoded --takeover: the old daemon hands over and exits 0")
+    old = Daemon(tmp, "h", opts_for(tmp))
+    new = None
+    try:
+        if not old.wait_ready():
+            fail("the daemon to take over from did not start:\n" + old.log())
+            return
+        payload, keys = put_blocks(tmp, sock)
+        if os.geteuid() == 0:
+            step("6a. a takeover from uid 65534 is refused, the daemon goes on")
+            os.chmod(tmp, 0o755)
+            os.chmod(sock + ".takeover", 0o666)
+            argv = [KVNODED, "--takeover", sock]
+            for o in opts_for(tmp):
+                argv += ["-s", o]
+
+            def as_nobody():
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            r = subprocess.run(argv, capture_output=True, timeout=60, preexec_fn=as_nobody)
+            err = r.stderr.decode() + r.stdout.decode()
+            if r.returncode != 1 or "may not take over" not in err:
+                fail("takeover from uid 65534: exit %d, expected 1 saying 'may not take over':\n%s"
+                     % (r.returncode, err))
+            if old.poll() is not None or match_len(sock, keys) != NBLOCKS:
+                fail("after a refused takeover the old daemon is gone or lost its blocks")
+            os.chmod(tmp, 0o700)
+        else:
+            print("warm: SKIP the other-uid takeover check: not root")
+        new = Daemon(tmp, "i", opts_for(tmp), argv_extra=["--takeover", sock])
+        deadline = time.monotonic() + 60
+        while old.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if old.poll() != 0:
+            fail("the daemon taken over from exited %s, expected 0:\n%s" % (old.poll(), old.log()))
+        hit = first_hit(sock, keys, new.t0) if new.wait_ready() else None
+        if hit is None:
+            fail("after --takeover the blocks do not match:\n" + new.log())
+            return
+        w = stats(sock)["warm_restart"]
+        if w.get("state") != "adopted" or w.get("source") != "takeover" or w.get("adopted_blocks") != NBLOCKS:
+            fail("after --takeover warm_restart is %s, expected %d adopted from takeover" % (w, NBLOCKS))
+        if not get_exact(sock, keys, payload, os.path.join(tmp, "out4.bin")):
+            fail("after --takeover GET is not byte-exact")
+        if figures:
+            print("figure: --takeover: %d blocks, %d bytes, first MATCH hit %.1f ms after the new daemon's exec "
+                  "(includes the old daemon's stop)" % (NBLOCKS, NBLOCKS * BLOCK, hit * 1000))
+        if new.stop() != 0:
+            fail("the daemon that took over did not exit 0")
+    finally:
+        old.close()
+        if new:
+            new.close()
+
+
 def main():
     for b in (KVNODED, CTL):
         if not os.access(b, os.X_OK):
@@ -452,6 +514,7 @@ def main():
         try:
             run_memory_only(tmp, FIGURES)
             run_with_store(tmp, FIGURES)
+            run_takeover(tmp, FIGURES)
         except Exception as e:  # noqa: BLE001 - reported as a failure
             fail("%s: %s" % (type(e).__name__, e))
     if failures:

@@ -4,7 +4,8 @@
 # blocks put, SIGTERM, a start with the handed-over fds serves every block
 # byte-exact and says so in STATS; a corrupted snapshot or another
 # memory.host_bytes starts cold; with the file store adopted blocks are not
-# read back. Run by
+# read back; then `kvnoded --takeover` (old daemon exits 0, blocks byte-exact; a
+# takeover from another uid refused). Run by
 # `make check` as a script test; every daemon it starts it stops.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
