@@ -335,6 +335,9 @@ int main(int argc, char **argv)
         log_error("cannot start the KVCM publisher: %s", err);
         goto out;
     }
+    /* Adopted blocks were sealed before the publisher observed the caches. */
+    if (warm_status()->blocks)
+        kvcm_resync(d.kvcm);
     if (ops_create(d.tenants, d.cfg, &d.ops) < 0) {
         log_error("out of memory");
         goto out;
@@ -403,9 +406,13 @@ out:
     /* A clean stop hands the host tier to the next start (warm.h). */
     if (rc == 0 && d.tenants && !takeover_handover(tk, d.tenants, d.cfg))
         warm_handover_systemd(d.tenants, d.cfg);
-    /* KVCM last: HOST_DOWN tells it everything we held is gone. */
+    /* KVCM last: HOST_DOWN tells it everything we held is gone (not when the
+     * host tier went to the next start: its first snapshot says what is kept). */
     kvcm_querier_destroy(d.querier);
-    kvcm_stop(d.kvcm);
+    if (warm_status()->handed_over)
+        kvcm_stop_handed_over(d.kvcm);
+    else
+        kvcm_stop(d.kvcm);
     kvcm_destroy(d.kvcm);
     ops_destroy(d.ops);
     gpu_stop(d.gpu);

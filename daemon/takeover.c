@@ -192,8 +192,10 @@ bool takeover_handover(struct takeover *tk, struct tenants *ts, const struct kvn
         fcntl(tk->peer_fd, F_SETFL, fl & ~O_NONBLOCK);
     if (sendmsg(tk->peer_fd, &mh, MSG_NOSIGNAL) != (ssize_t)len)
         log_warn("takeover: cannot hand over to the new daemon: %s", strerror(errno));
-    else
+    else if (n) {
+        warm_handed_over();
         log_info("takeover: %zu descriptors handed to the new daemon", n);
+    }
     warm_close_fds(fds, n);
     return true;
 }

@@ -214,6 +214,8 @@ size_t warm_build(struct tenants *ts, const struct kvn_config *cfg, struct sdn_f
     return n;
 }
 
+void warm_handed_over(void) { ws.handed_over = true; }
+
 void warm_handover_systemd(struct tenants *ts, const struct kvn_config *cfg)
 {
     struct sdn_fd fds[WARM_FDS_MAX];
@@ -221,11 +223,13 @@ void warm_handover_systemd(struct tenants *ts, const struct kvn_config *cfg)
 
     if (!sdn_under_systemd() || !(n = warm_build(ts, cfg, fds)))
         return;
+    ws.handed_over = true;
     for (size_t i = 0; i < n; i++) {
         int rc = sdn_fdstore(fds[i].fd, fds[i].name);
         if (rc <= 0) {
             log_warn("warm restart: systemd did not take %s (%s): the next start is cold", fds[i].name,
                      rc < 0 ? strerror(-rc) : "no NOTIFY_SOCKET");
+            ws.handed_over = false;
             break;
         }
     }

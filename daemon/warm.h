@@ -53,6 +53,7 @@ struct warm_status {
     double   seconds;           /* reading, checking and adopting */
     /* at this daemon's stop */
     uint64_t handed_blocks, handed_bytes;
+    bool     handed_over;       /* the next start has it (systemd took it, or a takeover peer) */
 };
 const struct warm_status *warm_status(void);
 
@@ -77,5 +78,7 @@ size_t warm_build(struct tenants *ts, const struct kvn_config *cfg, struct sdn_f
 /* Under systemd: warm_build's fds into the fd store. Logs what it did. */
 void warm_handover_systemd(struct tenants *ts, const struct kvn_config *cfg);
 void warm_close_fds(struct sdn_fd *fds, size_t n);
+/* A takeover peer got warm_build's fds (warm_status()->handed_over). */
+void warm_handed_over(void);
 
 #endif

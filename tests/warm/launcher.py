@@ -23,6 +23,9 @@ LISTEN_FDNAMES), and checks, each step bounded in time:
      the new one serves every block byte-exact (adopted, source takeover);
      as root, a takeover from uid 65534 is refused (SO_PEERCRED) and the
      old daemon goes on serving.
+  7. KVCM (tests/sim's kvcm-sim): the stop that hands over sends no
+     HOST_DOWN, and the warm-started daemon's publisher snapshots the adopted
+     blocks as present without any engine connecting.
 
 --figures prints blocks, bytes and the time from start to the first MATCH
 hit for the warm restart and for a cold restart from the file store.
@@ -41,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
 FIGURES = "--figures" in sys.argv
@@ -505,6 +509,91 @@ def run_takeover(tmp, figures):
             new.close()
 
 
+def sim_state(port):
+    with urllib.request.urlopen("http://127.0.0.1:%d/state" % port, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def sim_blocks(port):
+    """(blocks held, snapshots taken, HOST_DOWNs applied) over every reporter."""
+    st = sim_state(port)
+    reps = st.get("reporters", {}).values()
+    return (sum(r.get("block_count", 0) for r in reps), sum(r.get("snapshots", 0) for r in reps),
+            sum(r.get("events", {}).get("HOST_DOWN", 0) for r in reps))
+
+
+def wait_for(cond, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def run_kvcm(tmp, figures):
+    sim_bin = os.path.join(BUILD, "kvcm-sim")
+    if not os.access(sim_bin, os.X_OK):
+        print("warm: SKIP the KVCM check: %s is not built" % sim_bin)
+        return
+    step("7. KVCM: no HOST_DOWN at a stop that hands over; the adopted blocks are published as present")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    sim_log = open(os.path.join(tmp, "kvcm-sim.log"), "w")
+    sim = subprocess.Popen([sim_bin, "--http", "127.0.0.1:%d" % port], stdout=sim_log, stderr=subprocess.STDOUT)
+    sock = os.path.join(tmp, "kvnode.sock")
+    opts = opts_for(tmp) + ["kvcm.enabled=on", "kvcm.endpoints=http://127.0.0.1:%d" % port,
+                            "kvcm.host_ip_port=10.9.8.7:7000", "kvcm.flush_interval=10ms"]
+    opts.remove("kvcm.enabled=off")
+    try:
+        if not wait_for(lambda: sim_state(port) is not None, 10):
+            fail("kvcm-sim did not start")
+            return
+        a = Daemon(tmp, "j", opts)
+        try:
+            if not a.wait_ready():
+                fail("the daemon with KVCM did not start:\n" + a.log())
+                return
+            payload, keys = put_blocks(tmp, sock)
+            if not wait_for(lambda: sim_blocks(port)[0] == NBLOCKS):
+                fail("KVCM never got the %d blocks put: %s" % (NBLOCKS, sim_blocks(port)))
+                return
+            a.stop()
+            handed = a.sd.take()
+        finally:
+            a.close()
+        held, snaps, downs = sim_blocks(port)
+        if downs != 0 or held != NBLOCKS:
+            fail("after a stop that handed over, KVCM holds %d blocks and got %d HOST_DOWN (expected %d, 0)"
+                 % (held, downs, NBLOCKS))
+        b = Daemon(tmp, "k", opts, fds=handed)
+        close_all(handed)
+        try:
+            if not b.wait_ready():
+                fail("the warm start with KVCM did not start:\n" + b.log())
+                return
+            if not wait_for(lambda: sim_blocks(port)[1] > snaps and sim_blocks(port)[0] == NBLOCKS):
+                fail("the warm-started daemon did not snapshot the %d adopted blocks to KVCM: %s\n%s"
+                     % (NBLOCKS, sim_blocks(port), b.log()))
+            b.stop()
+            close_all(b.sd.take())
+        finally:
+            b.close()
+    finally:
+        sim.terminate()
+        try:
+            sim.wait(10)
+        except subprocess.TimeoutExpired:
+            sim.kill()
+            sim.wait()
+        sim_log.close()
+
+
 def main():
     for b in (KVNODED, CTL):
         if not os.access(b, os.X_OK):
@@ -515,6 +604,7 @@ def main():
             run_memory_only(tmp, FIGURES)
             run_with_store(tmp, FIGURES)
             run_takeover(tmp, FIGURES)
+            run_kvcm(tmp, FIGURES)
         except Exception as e:  # noqa: BLE001 - reported as a failure
             fail("%s: %s" % (type(e).__name__, e))
     if failures:
