@@ -59,6 +59,7 @@ static struct warm_status ws = { .state = "none", .source = "" };
 /* The names handed over at this start (removed from systemd's store). */
 static char received[WARM_FDS_MAX][SDN_FDNAME_MAX];
 static size_t nreceived;
+static double opened_at;   /* warm_open's start: warm_finish counts from it */
 
 const struct warm_status *warm_status(void) { return &ws; }
 
@@ -358,9 +359,8 @@ int warm_open(const struct sdn_fd *in, size_t n, const char *source, const struc
     const char *bad;
     char why[256];
     int snap_fd = -1;
-    double t0 = warm_now();
-
     *out = NULL;
+    opened_at = warm_now();
     memset(tw, 0, sizeof *tw);
     if (n == 0)
         return 0;
@@ -410,15 +410,12 @@ int warm_open(const struct sdn_fd *in, size_t n, const char *source, const struc
         }
     }
     warm_close_fds(fds, n);   /* the snapshot's and any stray one */
-    ws.seconds = warm_now() - t0;
     *out = snap;
     return 1;
 }
 
 void warm_finish(struct warm_snapshot *snap, const struct tenants_warm *tw, struct tenants *ts)
 {
-    double t0 = warm_now();
-
     if (snap && tw->adopted) {
         struct cache_stats *cs = malloc(sizeof *cs);
         if (cs && tenants_cache_totals(ts, cs)) {
@@ -437,7 +434,8 @@ void warm_finish(struct warm_snapshot *snap, const struct tenants_warm *tw, stru
         log_warn("warm restart refused, starting cold: %s", ws.why);
     }
     warm_snapshot_free(snap);
-    ws.seconds += warm_now() - t0;
+    if (nreceived)
+        ws.seconds = warm_now() - opened_at;   /* reading, checking, adopting (tenants_create) */
     /* Under systemd the store still holds what it passed: let go of it
      * (after a cold start that is the old memory itself). */
     if (strcmp(ws.source, "systemd") == 0)
