@@ -143,6 +143,8 @@ static char *warm_serialise(struct tenants *ts, const struct kvn_config *cfg, co
         snprintf(r.name, sizeof r.name, "%s", t->name);
         memcpy(p, &r, sizeof r);
         p += sizeof r;
+        if (hos[i].n == 0)
+            continue;   /* nothing collected: no arrays to copy */
         memcpy(p, hos[i].layouts, hos[i].nns * sizeof *hos[i].layouts);
         p += hos[i].nns * sizeof *hos[i].layouts;
         memcpy(p, hos[i].fingerprints, hos[i].nns * sizeof *hos[i].fingerprints);
@@ -224,6 +226,14 @@ void warm_handover_systemd(struct tenants *ts, const struct kvn_config *cfg)
 
     if (!sdn_under_systemd() || !(n = warm_build(ts, cfg, fds)))
         return;
+    /* systemd 254 and later say how many the store takes; 252 does not. */
+    const char *max = getenv("FDSTORE");
+    if (max && strtoul(max, NULL, 10) < n) {
+        log_warn("warm restart: the unit's fd store takes %s descriptors, a hand-over needs %zu: nothing "
+                 "handed over, the next start is cold (raise FileDescriptorStoreMax=)", max, n);
+        warm_close_fds(fds, n);
+        return;
+    }
     ws.handed_over = true;
     for (size_t i = 0; i < n; i++) {
         int rc = sdn_fdstore(fds[i].fd, fds[i].name);

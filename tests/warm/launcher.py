@@ -15,7 +15,8 @@ LISTEN_FDNAMES), and checks, each step bounded in time:
      STATS says adopted N (warm_restart), nothing recovered from a store;
   3. a corrupted copy of the snapshot (one byte flipped, sealed again):
      cold start, the reason (checksum) logged and in STATS, nothing served;
-  4. a changed memory.host_bytes: cold start, the reason says so;
+  4. a changed memory.host_bytes: cold start, the reason says so; an fd
+     store too small for the hand-over ($FDSTORE) gets nothing;
   5. with the file store: adopted blocks are not read from the store nor
      indexed by its scan (counters), and a cold start from the store alone
      still serves every block byte-exact (the store stayed consistent);
@@ -207,7 +208,10 @@ class Daemon:
             return f.read()
 
     def close(self):
-        self.stop()
+        """Stop it (if still running); every daemon here must exit 0 (a
+        sanitizer build's report makes it fail)."""
+        if self.stop() != 0:
+            fail("%s exited %s:\n%s" % (os.path.basename(self.log_path), self.rc, self.log()[-4000:]))
         self.sd.close()
 
 
@@ -365,7 +369,8 @@ def run_memory_only(tmp, figures):
                 fail("corrupted snapshot: no log line saying why:\n" + d.log())
             if match_len(sock, keys) != 0:
                 fail("corrupted snapshot: blocks are served after a cold start")
-        d.stop()
+        if d.stop() != 0:
+            fail("the cold-started daemon (corrupted snapshot) did not exit 0:\n" + d.log())
     finally:
         d.close()
 
@@ -382,10 +387,26 @@ def run_memory_only(tmp, figures):
                 fail("changed host_bytes: warm_restart is %s, expected refused (host tier)" % w)
             if match_len(sock, keys) != 0:
                 fail("changed host_bytes: blocks are served after a cold start")
-        d.stop()
+        if d.stop() != 0:
+            fail("the cold-started daemon (changed host_bytes) did not exit 0:\n" + d.log())
     finally:
         d.close()
     close_all(keep)
+
+    step("4b. a unit whose fd store is too small ($FDSTORE, systemd 254+): nothing handed over, logged")
+    d = Daemon(tmp, "d2", opts_for(tmp), env_extra={"FDSTORE": "1"})
+    try:
+        if not d.wait_ready():
+            fail("the daemon with FDSTORE=1 did not start:\n" + d.log())
+        else:
+            if d.stop() != 0:
+                fail("the daemon with FDSTORE=1 did not exit 0:\n" + d.log())
+            left = d.sd.take()
+            if left or "raise FileDescriptorStoreMax=" not in d.log():
+                fail("FDSTORE=1: handed over %s, log without the reason" % sorted(left))
+            close_all(left)
+    finally:
+        d.close()
 
 
 def run_with_store(tmp, figures):
