@@ -45,6 +45,7 @@ struct warm_header {
 struct warm_tenant_rec {
     char     name[CONFIG_TENANT_NAME_MAX];
     uint64_t host_bytes;
+    uint64_t reserved;          /* of its host memfd (the rest is reserved at adoption) */
     uint64_t nns, nblocks;
     /* then nns layouts, nns fingerprints, nblocks blocks */
 };
@@ -139,7 +140,8 @@ static char *warm_serialise(struct tenants *ts, const struct kvn_config *cfg, co
         const struct tenant *t = tenants_at(ts, i);
         if (!t->cache)
             continue;
-        struct warm_tenant_rec r = { .host_bytes = t->host_bytes, .nns = hos[i].nns, .nblocks = hos[i].n };
+        struct warm_tenant_rec r = { .host_bytes = t->host_bytes, .reserved = hos[i].reserved, .nns = hos[i].nns,
+                                     .nblocks = hos[i].n };
         snprintf(r.name, sizeof r.name, "%s", t->name);
         memcpy(p, &r, sizeof r);
         p += sizeof r;
@@ -294,6 +296,7 @@ static const char *warm_parse(struct warm_snapshot *snap, const struct warm_head
         ho->fingerprints = (uint64_t *)(uintptr_t)p;
         p += r.nns * sizeof(uint64_t);
         ho->n = r.nblocks;
+        ho->reserved = r.reserved;
         ho->blocks = (struct cache_ho_block *)(uintptr_t)p;
         p += r.nblocks * sizeof(struct cache_ho_block);
         struct tenants_warm_one *w = &tw->t[tw->n++];

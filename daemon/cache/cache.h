@@ -173,6 +173,8 @@ struct cache_ho {
     struct cache_ho_block *blocks;
     size_t n;
     uint64_t bytes;          /* block_bytes summed */
+    uint64_t reserved;       /* the host arena's reserved part (arena_reserved): all of it
+                                once the background population is over */
 };
 /* Collect c's hand-over (the daemon is stopping: no lease is open). O(n).
  * 0, or -KVNODE_ENOMEM. */
@@ -187,9 +189,10 @@ void cache_ho_free(struct cache_ho *h);
 int  cache_handover_check(const struct cache_ho *h, const char *tenant, uint64_t arena_bytes,
                           uint64_t slab_bytes, char *err, size_t errlen);
 /* The cache of tenant over the memfd a previous daemon handed over (taken,
- * closed on failure): as cache_create_tenant, with the memory kept. */
+ * closed on failure) whose first `reserved` bytes it had reserved (the
+ * rest is reserved now): as cache_create_tenant, with the memory kept. */
 int  cache_create_adopting(struct event_base *base, const struct kvn_config *cfg, const char *tenant, int host_fd,
-                           struct cache **out, char *err, size_t errlen);
+                           uint64_t reserved, struct cache **out, char *err, size_t errlen);
 /* Index h's blocks as sealed host blocks (cache_handover_check passed; c
  * from cache_create_adopting, before serving). 0, or negative with err. */
 int  cache_adopt(struct cache *c, const struct cache_ho *h, char *err, size_t errlen);

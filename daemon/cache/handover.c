@@ -81,6 +81,7 @@ int cache_handover_collect(struct cache *c, struct cache_ho *out)
     struct index_walk w;
 
     memset(out, 0, sizeof *out);
+    out->reserved = arena_reserved(c->host);
     k.slot_of = calloc(k.nslots, sizeof *k.slot_of);
     if (!k.slot_of)
         return -KVNODE_ENOMEM;

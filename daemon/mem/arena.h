@@ -57,11 +57,14 @@ void arena_mark_reserved(struct arena *a, uint64_t bytes);
 uint64_t arena_reserved(const struct arena *a);
 /* A host arena over the memfd a previous daemon handed over (warm restart):
  * fd is taken (closed on failure), must be sealed against resizing and be
- * the size memory.* gives now; pages not yet reserved are reserved, the
- * bytes there are kept. Its blocks are placed with arena_adopt_block, then
- * arena_adopt_done, before any arena_alloc. 0 or negative KVNODE_E*. */
-int arena_adopt_host(uint32_t id, int fd, uint64_t bytes, uint64_t slab_bytes, struct arena **out, char *err,
-                     size_t errlen);
+ * the size memory.* gives now. The previous daemon had reserved its first
+ * `reserved` bytes; the rest is reserved now (nothing when it had all: a
+ * fallocate over a whole populated tier would cost about as long as
+ * populating it), the bytes already there are kept. Its blocks are placed
+ * with arena_adopt_block, then arena_adopt_done, before any arena_alloc.
+ * 0 or negative KVNODE_E*. */
+int arena_adopt_host(uint32_t id, int fd, uint64_t bytes, uint64_t slab_bytes, uint64_t reserved,
+                     struct arena **out, char *err, size_t errlen);
 /* An arena over memory someone else owns and releases after arena_destroy
  * (an HBM region from devmem): base is the daemon's address of it (a device
  * pointer for real GPUs: never dereferenced here), fd what clients map (-1:

@@ -15,8 +15,8 @@
 #include "kvnode.h"
 #include "mem/arena_internal.h"
 
-int arena_adopt_host(uint32_t id, int fd, uint64_t bytes, uint64_t slab_bytes, struct arena **out, char *err,
-                     size_t errlen)
+int arena_adopt_host(uint32_t id, int fd, uint64_t bytes, uint64_t slab_bytes, uint64_t reserved,
+                     struct arena **out, char *err, size_t errlen)
 {
     struct arena *a;
     struct stat st;
@@ -47,7 +47,7 @@ int arena_adopt_host(uint32_t id, int fd, uint64_t bytes, uint64_t slab_bytes, s
     snprintf(a->huge_why, sizeof a->huge_why, "the previous daemon's memory, handed over (warm restart)");
     /* Pages the previous daemon had not reserved yet; those it had (every
      * block's) are kept as they are. */
-    if (fallocate(fd, 0, 0, st.st_size) != 0) {
+    if (reserved < a->size && fallocate(fd, 0, (off_t)reserved, (off_t)(a->size - reserved)) != 0) {
         rc = -KVNODE_ENOMEM;
         errmsg_set(err, errlen, "arena: cannot reserve the handed-over memory: %s", strerror(errno));
         goto fail;

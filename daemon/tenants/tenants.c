@@ -205,7 +205,7 @@ static int tenant_create_cache(struct tenant *t, struct event_base *base, const 
     }
     int fd = w->fd;
     w->fd = -1;
-    if (cache_create_adopting(base, view, name, fd, &t->cache, e, sizeof e) < 0 ||
+    if (cache_create_adopting(base, view, name, fd, w->ho->reserved, &t->cache, e, sizeof e) < 0 ||
         cache_adopt(t->cache, w->ho, e, sizeof e) < 0) {
         snprintf(warm->why, sizeof warm->why, "tenant %s: %.400s", t->name, e);
         return 1;

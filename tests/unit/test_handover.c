@@ -98,7 +98,7 @@ static void adopt(const struct cache_ho *h)
     int fd = fcntl(host_fd(old_cache), F_DUPFD_CLOEXEC, 3);
     ck_assert_int_ge(fd, 0);
     ck_assert_int_eq(cache_handover_check(h, NULL, cfg.host_bytes, cfg.slab_bytes, err, sizeof err), 0);
-    ck_assert_msg(cache_create_adopting(base, &cfg, NULL, fd, &new_cache, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(cache_create_adopting(base, &cfg, NULL, fd, h->reserved, &new_cache, err, sizeof err) == 0, "%s", err);
     ck_assert_msg(cache_adopt(new_cache, h, err, sizeof err) == 0, "%s", err);
 }
 
@@ -264,7 +264,7 @@ START_TEST(arena_adoption_refuses_taken_or_foreign_slots)
     uint32_t c64, c32;
     char err[256];
     int fd = fcntl(host_fd(old_cache), F_DUPFD_CLOEXEC, 3);
-    ck_assert_int_eq(arena_adopt_host(0, fd, cfg.host_bytes, cfg.slab_bytes, &a, err, sizeof err), 0);
+    ck_assert_int_eq(arena_adopt_host(0, fd, cfg.host_bytes, cfg.slab_bytes, 0, &a, err, sizeof err), 0);
     ck_assert_int_eq(arena_class_for(a, BLOCK, &c64), 0);
     ck_assert_int_eq(arena_class_for(a, BLOCK / 2, &c32), 0);
     ck_assert_int_eq(arena_adopt_block(a, c64, 0), 0);
@@ -284,7 +284,7 @@ START_TEST(arena_adoption_refuses_taken_or_foreign_slots)
     arena_destroy(a);
     /* A memfd of another size is not this geometry's. */
     fd = fcntl(host_fd(old_cache), F_DUPFD_CLOEXEC, 3);
-    ck_assert_int_lt(arena_adopt_host(0, fd, cfg.host_bytes / 2, cfg.slab_bytes, &a, err, sizeof err), 0);
+    ck_assert_int_lt(arena_adopt_host(0, fd, cfg.host_bytes / 2, cfg.slab_bytes, 0, &a, err, sizeof err), 0);
 }
 END_TEST
 
