@@ -15,6 +15,8 @@ LISTEN_FDNAMES), and checks, each step bounded in time:
      STATS says adopted N (warm_restart), nothing recovered from a store;
   3. a corrupted copy of the snapshot (one byte flipped, sealed again):
      cold start, the reason (checksum) logged and in STATS, nothing served;
+     the same for an unsealed copy, a truncated one, host memory without
+     its snapshot, and another memory.slab_bytes;
   4. a changed memory.host_bytes: cold start, the reason says so; an fd
      store too small for the hand-over ($FDSTORE) gets nothing;
   5. with the file store: adopted blocks are not read from the store nor
@@ -273,14 +275,38 @@ def copy_fds(fds):
     return {n: os.dup(fd) for n, fd in fds.items()}
 
 
-def corrupt_copy(fd, at):
-    """A sealed memfd with fd's bytes, byte `at` flipped."""
+def corrupt_copy(fd, at, seal=True):
+    """A memfd with fd's bytes, byte `at` flipped (at None: none), sealed
+    as the daemon seals it unless seal is False."""
     data = bytearray(os.pread(fd, os.fstat(fd).st_size, 0))
-    data[at % len(data)] ^= 0x5A
+    if at is not None:
+        data[at % len(data)] ^= 0x5A
     m = os.memfd_create("corrupt", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.write(m, bytes(data))
-    fcntl.fcntl(m, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    if seal:
+        fcntl.fcntl(m, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
     return m
+
+
+def refused_start(tmp, name, fds, keys, want_reason, opts=None):
+    """A start given fds (taken) is cold: refused, saying want_reason, nothing served."""
+    sock = os.path.join(tmp, "kvnode.sock")
+    d = Daemon(tmp, name, opts or opts_for(tmp), fds=fds)
+    close_all(fds)
+    try:
+        if not d.wait_ready():
+            fail("%s: the daemon did not start:\n%s" % (name, d.log()))
+            return
+        w = stats(sock).get("warm_restart", {})
+        if w.get("state") != "refused" or want_reason not in w.get("reason", ""):
+            fail("%s: warm_restart is %s, expected refused (%s)" % (name, w, want_reason))
+        if "warm restart refused" not in d.log():
+            fail("%s: no log line saying why:\n%s" % (name, d.log()))
+        if match_len(sock, keys) != 0:
+            fail("%s: blocks are served after a cold start" % name)
+    finally:
+        d.close()
 
 
 def step(name):
@@ -373,6 +399,27 @@ def run_memory_only(tmp, figures):
             fail("the cold-started daemon (corrupted snapshot) did not exit 0:\n" + d.log())
     finally:
         d.close()
+
+    step("3b. an unsealed, a truncated snapshot, no snapshot at all, another memory.slab_bytes: cold start")
+    fds = copy_fds(keep)
+    good = fds["kvnode-warm-snapshot"]
+    fds["kvnode-warm-snapshot"] = corrupt_copy(good, None, seal=False)
+    os.close(good)
+    refused_start(tmp, "c2", fds, keys, "sealed")
+    fds = copy_fds(keep)
+    good = fds["kvnode-warm-snapshot"]
+    data = os.pread(good, os.fstat(good).st_size - 8, 0)
+    os.close(good)
+    m = os.memfd_create("short", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(m, data)
+    fcntl.fcntl(m, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    fds["kvnode-warm-snapshot"] = m
+    refused_start(tmp, "c3", fds, keys, "size")
+    fds = copy_fds(keep)
+    os.close(fds.pop("kvnode-warm-snapshot"))
+    refused_start(tmp, "c4", fds, keys, "without its snapshot")
+    o = [x for x in opts_for(tmp) if not x.startswith("memory.slab_bytes=")] + ["memory.slab_bytes=2MiB"]
+    refused_start(tmp, "c5", copy_fds(keep), keys, "memory.slab_bytes", opts=o)
 
     step("4. memory.host_bytes changed: cold start")
     fds = copy_fds(keep)
