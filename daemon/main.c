@@ -312,8 +312,8 @@ int main(int argc, char **argv)
     if (room.unread[0])
         log_warn("memory: the admission check could not read everything: %s", room.unread);
     log_info("%s", admission);
-    /* What systemd passed: the engine socket (socket activation) and, from
-     * its fd store, a warm restart's host memory and snapshot (warm.h). */
+    /* The hand-over read above (takeover or systemd's fd store): checked
+     * here, then adopted (or refused, all of it) by tenants_create. */
     struct tenants_warm tw;
     struct warm_snapshot *snap = NULL;
     int warm = warm_open(stored, nstored, source, d.cfg, &tw, &snap);
