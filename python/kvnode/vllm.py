@@ -73,7 +73,9 @@ valid ones): ``socket_path`` (default ``$KVNODE_SOCKET``, else libkvnode's),
 """
 
 import _thread
+import array
 import collections
+import ctypes
 import dataclasses
 import enum
 import logging
@@ -82,6 +84,7 @@ import threading
 import time
 
 import kvnode
+from kvnode import _lib as _clib
 from kvnode import gathered
 
 __all__ = ["KvnodeConnector", "KvnodeConnectorMetadata", "KvnodeConnectorStats", "HAVE_VLLM"]
@@ -173,9 +176,20 @@ class KvnodeConnectorStats(_StatsBase):
         return not any(self.data.values())
 
 
+def _words(code, ctypes_array):
+    """A ctypes array of 64-bit keys or check words as an array.array (picklable, as the
+    metadata must be; the worker's call takes it back without a copy: _ctypes_words)."""
+    return array.array(code, bytes(ctypes_array))
+
+
+def _ctypes_words(ctype, words):
+    return (ctype * len(words)).from_buffer(words) if len(words) else (ctype * 0)()
+
+
 @dataclasses.dataclass
 class _Transfer:
-    """One request's blocks to load or save: vLLM block ids and their folded keys."""
+    """One request's blocks to load or save: vLLM block ids and their folded keys and check
+    words (array.array of 64-bit words)."""
     req_id: str
     block_ids: list
     keys: list
@@ -243,6 +257,22 @@ def _stage_layers(nlayers, pp_rank, pp_size):
         for i in range(2, nlayers % pp_size + 2):
             parts[-i] += 1
         return parts[pp_rank]
+
+
+def _fold_hashes(hashes):
+    """kvnode.fold_digests of the hashes' hex digits (keys and check words), in one call
+    into libkvnode on the raw bytes when every hash is bytes of one length of at least 16
+    (vLLM's SHA-256 hashes: 32): the same words, without a hex string per block."""
+    n = len(hashes)
+    if n and type(hashes[0]) is bytes and len(hashes[0]) >= 16 and \
+            _clib._fold_digests is not None:
+        size = len(hashes[0])
+        raw = b"".join(hashes)
+        if len(raw) == size * n and set(map(len, hashes)) == {size}:
+            keys, checks = (ctypes.c_int64 * n)(), (ctypes.c_uint64 * n)()
+            if _clib._fold_digests(raw, n, size, keys, checks) == n:
+                return keys, checks
+    return kvnode.fold_digests([_hex(h) for h in hashes])
 
 
 def _hex(block_hash):
@@ -392,6 +422,10 @@ class KvnodeConnector(KVConnectorBase_V1):
             raise ValueError("kvnode.vllm: model name %r is over 127 bytes: give a shorter "
                              "\"model\" in kv_connector_extra_config" % self.model)
         self.revision = p["model_revision"] or getattr(mc, "revision", None) or None
+        if self.revision is not None and (not isinstance(self.revision, str) or
+                                          len(self.revision.encode()) > 127):
+            raise ValueError("kvnode.vllm: model_revision must be a string of at most 127 "
+                             "bytes, got %r" % (self.revision,))
         role_name = getattr(ktc, "kv_role", None) or "kv_both"
         self.loads_on = role_name in ("kv_both", "kv_consumer")
         self.saves_on = role_name in ("kv_both", "kv_producer")
@@ -399,8 +433,13 @@ class KvnodeConnector(KVConnectorBase_V1):
         pc = vllm_config.parallel_config
         self.tp_size = int(getattr(pc, "tensor_parallel_size", 1) or 1)
         self.pp_size = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
-        self._geometry = _spec_geometry(kv_cache_config) if kv_cache_config is not None \
-            else None
+        self._geometry, self._spec_error = None, None
+        if kv_cache_config is not None:
+            try:
+                self._geometry = _spec_geometry(kv_cache_config)
+            except Exception as e:  # noqa: BLE001 - vLLM runs on, without the connector
+                self._spec_error = e
+                logger.error("kvnode.vllm: %s; the connector neither loads nor saves", e)
         self._failures = set()          # kinds of failure logged once
         self.counters = dict.fromkeys(_COUNTERS, 0)
         self._interval = dict.fromkeys(_COUNTERS, 0)
@@ -415,7 +454,7 @@ class KvnodeConnector(KVConnectorBase_V1):
             self._saving = set()
             if self._geometry is not None:
                 self._link = self._new_link(self._layout(0, 0), "scheduler")
-            else:
+            elif self._spec_error is None:
                 logger.error("kvnode.vllm: this vLLM gives the connector no KVCacheConfig; the "
                              "scheduler side cannot name the namespace and matches nothing")
         else:
@@ -495,7 +534,7 @@ class KvnodeConnector(KVConnectorBase_V1):
         """Keys and check words of the request's first n blocks (folded once per request)."""
         got = self._folded.get(request.request_id)
         if got is None or got[0] < n:
-            keys, checks = kvnode.fold_digests([_hex(h) for h in request.block_hashes[:n]])
+            keys, checks = _fold_hashes(request.block_hashes[:n])
             got = self._folded[request.request_id] = (n, keys, checks)
         if got[0] == n:
             return got[1], got[2]
@@ -547,8 +586,8 @@ class KvnodeConnector(KVConnectorBase_V1):
             count = num_external_tokens // self.block_size
             block_ids = list(blocks.get_block_ids()[0])[local:local + count]
             keys, checks = self._fold(request, local + count)
-            self._loads.append(_Transfer(request.request_id, block_ids, list(keys)[local:],
-                                         list(checks)[local:]))
+            self._loads.append(_Transfer(request.request_id, block_ids,
+                                         _words("q", keys)[local:], _words("Q", checks)[local:]))
         except Exception as e:  # noqa: BLE001
             self._failed("update_state_after_alloc", e)
 
@@ -573,7 +612,8 @@ class KvnodeConnector(KVConnectorBase_V1):
             if n <= 0:
                 return False, None
             keys, checks = self._fold(request, n)
-            self._saves.append(_Transfer(rid, list(block_ids[:n]), list(keys), list(checks)))
+            self._saves.append(_Transfer(rid, list(block_ids[:n]), _words("q", keys),
+                                         _words("Q", checks)))
             self._saving.add(rid)
             return True, None
         except Exception as e:  # noqa: BLE001
@@ -621,6 +661,8 @@ class KvnodeConnector(KVConnectorBase_V1):
             self._saver.start()
 
     def _register(self, kv_caches):
+        if self._spec_error is not None:
+            raise self._spec_error
         if not kv_caches:
             raise ValueError("no KV cache tensors")
         num_blocks = getattr(self._kv_cache_config, "num_blocks", None)
@@ -713,9 +755,10 @@ class KvnodeConnector(KVConnectorBase_V1):
         if c is not None:
             error = None
             try:
-                got = gathered.get_scattered(c, load.keys, self._block_bases(load.block_ids),
-                                             self._pieces,
-                                             load.checks if self._link.checks_on else None)
+                got = gathered.get_scattered(c, _ctypes_words(ctypes.c_int64, load.keys),
+                                             self._block_bases(load.block_ids), self._pieces,
+                                             _ctypes_words(ctypes.c_uint64, load.checks)
+                                             if self._link.checks_on else None)
             except Exception as e:  # noqa: BLE001 - every block of it is reported
                 error, got = e, 0
                 self._failed("load", e)
@@ -763,8 +806,10 @@ class KvnodeConnector(KVConnectorBase_V1):
             return
         error = None
         try:
-            gathered.put_gathered(c, save.keys, self._block_bases(save.block_ids), self._pieces,
-                                  save.checks if self._link.checks_on else None)
+            gathered.put_gathered(c, _ctypes_words(ctypes.c_int64, save.keys),
+                                  self._block_bases(save.block_ids), self._pieces,
+                                  _ctypes_words(ctypes.c_uint64, save.checks)
+                                  if self._link.checks_on else None)
         except Exception as e:  # noqa: BLE001 - counted; the request is still reported
             error = e
             self._failed("save", e)

@@ -222,6 +222,7 @@ class Worker:
 
     def execute(self, out):
         e, conn = self.engine, self.connector
+        out = pickle.loads(pickle.dumps(out))   # as vLLM's executor hands it to each worker
         conn.bind_connector_metadata(out.kv_connector_metadata)
         if out.has_sync_kv_loads:
             conn.start_load_kv(None)
@@ -251,7 +252,7 @@ class Engine:
 
     def __init__(self, extra_config, backend="flash_attn", tp=1, num_blocks=24, block_size=4,
                  layers=3, heads=4, head_dim=8, dtype=torch.bfloat16, budget=64,
-                 long_prefill=0, kv_role="kv_both"):
+                 long_prefill=0, kv_role="kv_both", hybrid=False):
         self.backend, self.tp, self.num_blocks, self.block_size = backend, tp, num_blocks, \
             block_size
         self.mla = backend == "mla"
@@ -264,9 +265,12 @@ class Engine:
                                  KVTransferConfig(kv_role=kv_role,
                                                   kv_connector_extra_config=dict(extra_config)))
         spec_cls = MLAAttentionSpec if self.mla else FullAttentionSpec
-        self.kv_cache_config = KVCacheConfig(num_blocks, [KVCacheGroupSpec(
-            self.layer_names, spec_cls(block_size, self.heads // tp if not self.mla else 1,
-                                       head_dim, dtype))])
+        spec = spec_cls(block_size, self.heads // tp if not self.mla else 1, head_dim, dtype)
+        # hybrid: two groups (as full and sliding-window attention layers of one model)
+        groups = [self.layer_names[0::2], self.layer_names[1::2]] if hybrid else \
+            [self.layer_names]
+        self.kv_cache_config = KVCacheConfig(num_blocks, [KVCacheGroupSpec(g, spec)
+                                                          for g in groups])
         self.connector = create_connector(self.config, "SCHEDULER", self.kv_cache_config)
         self.workers = [Worker(self, r) for r in range(tp)]
         self.free = list(range(num_blocks))

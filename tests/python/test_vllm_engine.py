@@ -253,3 +253,28 @@ def test_model_revision_keeps_namespaces_apart(daemon):
             assert e.connector.get_num_new_matched_tokens(req, 0) == (want, False)
         finally:
             e.shutdown()
+
+
+def test_block_hashes_fold_as_fold_digests_of_their_hex():
+    """The raw-bytes fold of vLLM's SHA-256 block hashes gives kvnode.fold_digests' keys
+    and check words of their hex digits (any hash length folds the same way)."""
+    import hashlib
+    for size in (32, 16, 8):
+        hashes = [hashlib.sha256(b"%d" % i).digest()[:size] for i in range(5)]
+        k1, c1 = kvnode.vllm._fold_hashes(hashes)
+        k2, c2 = kvnode.fold_digests([h.hex() for h in hashes])
+        assert (list(k1), list(c1)) == (list(k2), list(c2)), size
+
+
+def test_hybrid_model_runs_without_the_connector(daemon, caplog):
+    """Two KV cache groups (a hybrid model): logged; no match, no save, nothing raised."""
+    run_engine(extra(daemon), {"a": PREFIX + [1]})
+    e = Engine(extra(daemon), hybrid=True)
+    try:
+        e.add("r1", PREFIX + [1])
+        e.run()
+        assert e.computed["r1"] == 34
+        assert e.workers[0].connector.counters["blocks_saved"] == 0
+        assert "2 KV cache groups" in caplog.text
+    finally:
+        e.shutdown()
