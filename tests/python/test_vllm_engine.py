@@ -2,14 +2,18 @@
 kvnoded: the scheduler's and the model runner's calls in their order (fake_vllm.py), with
 torch CPU tensors as paged KV caches in the attention backends' shapes."""
 import concurrent.futures
+import dataclasses
+import hashlib
 import multiprocessing
 import threading
 
 import pytest
+import torch
 
 import kvnode
 import kvnode.vllm
 from conftest import running_daemon
+import fake_vllm
 from fake_vllm import Engine, expected_block, run_engine
 
 PREFIX = list(range(1000, 1032))            # 8 blocks of 4 tokens
@@ -258,7 +262,6 @@ def test_model_revision_keeps_namespaces_apart(daemon):
 def test_block_hashes_fold_as_fold_digests_of_their_hex():
     """The raw-bytes fold of vLLM's SHA-256 block hashes gives kvnode.fold_digests' keys
     and check words of their hex digits (any hash length folds the same way)."""
-    import hashlib
     for size in (32, 16, 8):
         hashes = [hashlib.sha256(b"%d" % i).digest()[:size] for i in range(5)]
         k1, c1 = kvnode.vllm._fold_hashes(hashes)
@@ -276,5 +279,34 @@ def test_hybrid_model_runs_without_the_connector(daemon, caplog):
         assert e.computed["r1"] == 34
         assert e.workers[0].connector.counters["blocks_saved"] == 0
         assert "2 KV cache groups" in caplog.text
+    finally:
+        e.shutdown()
+
+
+def test_pipeline_stages_keep_their_own_namespaces(daemon):
+    """PP 2 over 3 layers: stage 0 holds 2 (vLLM's split), stage 1 one; each stage's worker
+    has a namespace of its own (extra /pp<rank>-2, its layer count), and the scheduler
+    MATCHes in stage 0's."""
+    f = fake_vllm
+    e = Engine(extra(daemon), layers=3)
+    try:
+        cfg = e.config
+        layouts = []
+        for rank, names in ((0, e.layer_names[:2]), (1, e.layer_names[2:])):
+            c = dataclasses.replace(cfg, parallel_config=f.ParallelConfig(
+                tensor_parallel_size=1, pipeline_parallel_size=2, rank=rank))
+            w = f.create_connector(c, "WORKER", e.kv_cache_config)
+            w.register_kv_caches({n: torch.zeros(2, e.num_blocks, e.block_size, e.heads,
+                                                  e.head_dim, dtype=e.dtype) for n in names})
+            layouts.append(w._link.layout)
+            w.shutdown()
+        c = dataclasses.replace(cfg, parallel_config=f.ParallelConfig(
+            tensor_parallel_size=1, pipeline_parallel_size=2))
+        sched = f.create_connector(c, "SCHEDULER", e.kv_cache_config)
+        assert [(lay.num_layers, lay.extra) for lay in layouts] == \
+            [(2, "vllm/kv/pp0-2"), (1, "vllm/kv/pp1-2")]
+        assert sched._link.layout == layouts[0]
+        assert layouts[0].block_bytes == 2 * layouts[1].block_bytes
+        sched.shutdown()
     finally:
         e.shutdown()
