@@ -444,6 +444,7 @@ static void client_reset(kvnode_client *c)
     c->send_max = CLIENT_PRE_HELLO_MAX;
     c->recv_max = CLIENT_PRE_HELLO_MAX;
     c->rx_len = c->rx_off = 0;
+    c->sock_blocking = c->rcvtimeo_ms = 0;
 }
 
 static void client_free(kvnode_client *c)

@@ -36,6 +36,7 @@
  * and the caller's pages; the worker thread runs them with the synchronous
  * code (client_get_batch / client_put_batch), one batch after another. */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
@@ -45,6 +46,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,6 +57,10 @@
 #define CLIENT_WAIT_GRACE_MS 1000
 /* Reads per wakeup before the I/O thread looks at its other duties. */
 #define CLIENT_READ_BURST 64
+/* The longest a lone synchronous caller blocks in recvmsg before it looks
+ * again at the deadlines of the other requests in flight, a queued send or
+ * a stop (what poll's wake eventfd would have told it at once). */
+#define CLIENT_BLOCK_SLICE_MS 50
 /* The receive buffer's least size: the common reply (header and payload,
  * and often the next frame) comes in with one recvmsg (issue 32). */
 #define CLIENT_RX_MIN (64u << 10)
@@ -472,7 +478,7 @@ static int client_rx_frames(kvnode_client *c, size_t *need)
  * recvmsg, and dispatch the whole frames. 0 when the socket is drained (or
  * nothing more can come); -1 when the connection ended (the client is
  * killed). Fds passed after HELLO are dropped at dispatch. */
-static int client_read_some(kvnode_client *c)
+static int client_read_some(kvnode_client *c, bool block_first)
 {
     size_t need = 0;
     for (int burst = 0; burst < CLIENT_READ_BURST; burst++) {
@@ -492,11 +498,12 @@ static int client_read_some(kvnode_client *c)
         mh.msg_iovlen = 1;
         mh.msg_control = cbuf.buf;
         mh.msg_controllen = sizeof cbuf.buf;
-        n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        bool block = block_first && burst == 0;
+        n = recvmsg(c->fd, &mh, (block ? 0 : MSG_DONTWAIT) | MSG_CMSG_CLOEXEC);
         if (n < 0 && errno == EINTR)
-            continue;
+            return 0;   /* the caller's next step looks again */
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return 0;
+            return 0;   /* drained, or SO_RCVTIMEO passed */
         if (n == 0 || (n < 0 && errno == ECONNRESET)) {
             client_kill(c, -KVNODE_ECLOSED, "daemon closed the connection");
             return -1;
@@ -525,6 +532,30 @@ static int client_read_some(kvnode_client *c)
     return 0;
 }
 
+static int client_io_finish_step(kvnode_client *c);
+
+/* Make c->fd ready for a blocking recvmsg of at most timeout_ms (-1: no
+ * deadline): O_NONBLOCK cleared once, SO_RCVTIMEO set only when it must
+ * change (the common wait takes no extra system call). false when the socket
+ * refuses (then poll is used). */
+static bool client_block_prepare(kvnode_client *c, int timeout_ms)
+{
+    int want = timeout_ms < 0 || timeout_ms > CLIENT_BLOCK_SLICE_MS ? CLIENT_BLOCK_SLICE_MS : timeout_ms;
+    if (!c->sock_blocking) {
+        int fl = fcntl(c->fd, F_GETFL);
+        if (fl < 0 || fcntl(c->fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+            return false;
+        c->sock_blocking = 1;
+    }
+    if (want != c->rcvtimeo_ms) {
+        struct timeval tv = { .tv_sec = want / 1000, .tv_usec = (want % 1000) * 1000 };
+        if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0)
+            return false;
+        c->rcvtimeo_ms = want;
+    }
+    return true;
+}
+
 /* One round of socket I/O: wait (poll) until the socket can be read or
  * written, the wake eventfd fires or the earliest deadline of the requests
  * in flight comes; then read the replies, send what is queued and end the
@@ -534,8 +565,8 @@ static int client_read_some(kvnode_client *c)
 static int client_io_step(kvnode_client *c)
 {
     struct pollfd p[2];
-    int64_t first = INT64_MAX, now;
-    int timeout, broken, dead;
+    int64_t first = INT64_MAX;
+    int timeout, broken;
 
     pthread_mutex_lock(&c->lock);
     if (c->dead || c->stopping) {
@@ -551,12 +582,24 @@ static int client_io_step(kvnode_client *c)
     broken = c->tx_broken;
     /* Only a synchronous caller waiting for a reply spins (never the I/O
      * thread, which waits for the daemon's notices too). */
-    unsigned spin_us = c->driving && !c->tx_head && c->slots ? c->busy_poll_us : 0;
+    bool lone = c->driving && !c->io_running && !c->tx_head && c->slots;
+    unsigned spin_us = lone ? c->busy_poll_us : 0;
     pthread_mutex_unlock(&c->lock);
     p[1] = (struct pollfd){ .fd = c->wake_fd, .events = POLLIN };
     timeout = first == INT64_MAX ? -1 : client_remaining_ms(first);
     if (broken)
         timeout = 0;
+    /* A synchronous caller that drives the socket with nothing to send and
+     * no I/O thread waits in recvmsg itself: send + recvmsg per round trip,
+     * as a blocking client makes (issue 32). Replies to other threads wake
+     * it as its own do; what only the wake eventfd would say (a send queued
+     * by another thread, an earlier deadline, a stop) waits at most
+     * CLIENT_BLOCK_SLICE_MS. */
+    if (lone && !spin_us && timeout != 0 && client_block_prepare(c, timeout)) {
+        if (client_read_some(c, true) < 0)
+            return -1;
+        return client_io_finish_step(c);
+    }
     int ready = 0;
     if (spin_us && timeout != 0) {
         struct timespec t0, t;
@@ -581,8 +624,19 @@ static int client_io_step(kvnode_client *c)
         }
     }
     /* Replies first: a daemon that closes may have said why. */
-    if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && client_read_some(c) < 0)
+    if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && client_read_some(c, false) < 0)
         return -1;
+    return client_io_finish_step(c);
+}
+
+/* The rest of a step, after the replies were read: send what is queued and
+ * end the connection if a deadline passed. 0, or -1 when the client is dead
+ * or stopping. */
+static int client_io_finish_step(kvnode_client *c)
+{
+    int64_t now;
+    int dead;
+
     pthread_mutex_lock(&c->lock);
     if (c->tx_broken && !c->dead)
         client_kill_locked(c, -KVNODE_ECLOSED, "daemon closed the connection");

@@ -164,6 +164,11 @@ struct kvnode_client {
     /* I/O thread's receive state: rx_buf[rx_off, rx_len) is read and not
      * yet dispatched (a frame begun, or frames of the same read) */
     size_t rx_len, rx_off;
+    /* A lone synchronous caller blocks in recvmsg rather than poll + recvmsg
+     * (client_io_step): the socket's O_NONBLOCK is cleared then (every other
+     * call passes MSG_DONTWAIT) and SO_RCVTIMEO bounds the wait. */
+    int sock_blocking;          /* O_NONBLOCK cleared on c->fd */
+    int rcvtimeo_ms;            /* SO_RCVTIMEO now set on c->fd (0: none) */
 };
 
 /* errors (client.c) */
