@@ -514,6 +514,12 @@ class KvnodeConnector(KVConnectorBase_V1):
                 self.counters[k] += v
                 self._interval[k] += v
 
+    @property
+    def requires_kv_delivery(self):
+        """False: a best-effort cache (a dropped save is a later miss), so vLLM need not
+        recompute a request preempted while a save of its is pending."""
+        return False
+
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config):
         """NHD: a block's K (V) of one layer is then one run of memory in every backend."""
