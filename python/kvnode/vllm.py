@@ -27,11 +27,16 @@ What runs where:
   ``reset_cache`` purges the deployment (every TP rank and PP stage) from kvnoded's memory
   and store (``kvnode.purge_layouts``); True when done, False on failure.
 - Workers: ``register_kv_caches`` takes the per-layer paged KV caches in vLLM's NHD shapes
-  (CPU torch tensors in this release): K/V split ``(2, num_blocks, block_size, heads,
+  (CPU torch tensors: the host copies their pieces): K/V split ``(2, num_blocks, block_size, heads,
   head_dim)`` (FlashAttention and most backends), stacked ``(num_blocks, 2, block_size,
   heads, head_dim)`` (FlashInfer) and MLA ``(num_blocks, block_size, head_dim)``. A vLLM
   block is one kvnode block: for each layer in order, K then V of its ``block_size`` tokens
-  (MLA: the latent), so split and stacked caches share blocks. ``start_load_kv`` copies each
+  (MLA: the latent), so split and stacked caches share blocks. ``prefer_cross_layer_blocks``
+  is True (extra config ``cross_layer_blocks``): for models with uniform layers vLLM then
+  allocates one tensor for every layer and calls ``register_cross_layers_kv_cache``; each
+  block of it lies in one run of memory in that same order (checked) and moves whole
+  (``kvnode_get_batch`` / ``kvnode_put_batch``; CUDA tensors by libkvnode's device copies,
+  the client declaring the tensor's device: not yet run on a GPU). ``start_load_kv`` copies each
   load straight from kvnoded's shared memory into the paged blocks (one
   ``kvnode_get_scatter_checked`` per request: every piece of every block, lease included);
   a block it could not load is reported by ``get_block_ids_with_load_errors`` (vLLM then
@@ -69,7 +74,7 @@ bounded by ``timeout_ms``.
 ``kv_connector_extra_config`` keys (any other is refused with a ``ValueError`` naming the
 valid ones): ``socket_path`` (default ``$KVNODE_SOCKET``, else libkvnode's),
 ``timeout_ms`` (default 2000), ``connect_wait_ms`` (default 20), ``reconnect_interval_s``
-(default 1), ``model``, ``model_revision``.
+(default 1), ``model``, ``model_revision``, ``cross_layer_blocks`` (default true).
 """
 
 import _thread
@@ -148,7 +153,8 @@ _DISCONNECTED = (kvnode.Closed, kvnode.ConnectError, kvnode.TimedOut, kvnode.Shu
 
 #: kv_connector_extra_config keys and their defaults (any other key is refused).
 PARAMS = {"socket_path": None, "timeout_ms": 2000, "connect_wait_ms": 20,
-          "reconnect_interval_s": 1.0, "model": None, "model_revision": None}
+          "reconnect_interval_s": 1.0, "model": None, "model_revision": None,
+          "cross_layer_blocks": True}
 
 _COUNTERS = ("blocks_loaded", "load_error_blocks", "blocks_saved", "saves_dropped_blocks",
              "bytes_loaded", "bytes_saved", "load_calls", "save_calls")
@@ -284,14 +290,52 @@ def _hex(block_hash):
     return "%064x" % (int(value) & ((1 << 256) - 1))
 
 
+class _GatheredBlocks:
+    """A vLLM block in pieces over per-layer caches (K and V of each layer): moved by
+    kvnode_put_gather_checked / kvnode_get_scatter_checked, one call per batch."""
+
+    device = -1
+
+    def __init__(self, base, step, pieces):
+        self.base, self.step, self.pieces = base, step, pieces
+        self.block_bytes = pieces.block_bytes
+
+    def load(self, c, keys, block_ids, checks):
+        return gathered.get_scattered(c, keys, [self.base + b * self.step for b in block_ids],
+                                      self.pieces, checks)
+
+    def save(self, c, keys, block_ids, checks):
+        gathered.put_gathered(c, keys, [self.base + b * self.step for b in block_ids],
+                              self.pieces, checks)
+
+
+class _WholeBlocks:
+    """A vLLM block as one run of memory (a cross-layer cache: every layer's K and V of the
+    block together): moved by kvnode_get_batch / kvnode_put_batch, on a GPU by libkvnode's
+    device copies (device: the CUDA ordinal, -1 for host memory)."""
+
+    def __init__(self, base, step, block_bytes, device):
+        self.base, self.step, self.block_bytes, self.device = base, step, block_bytes, device
+
+    def load(self, c, keys, block_ids, checks):
+        return c.get_batch(keys, [self.base + b * self.step for b in block_ids],
+                           device=self.device >= 0, checks=checks)
+
+    def save(self, c, keys, block_ids, checks):
+        c.put_batch(keys, [self.base + b * self.step for b in block_ids],
+                    device=self.device >= 0, checks=checks)
+
+
 class _Link:
     """The connection to one kvnode namespace, made on a thread of its own (never on a
     caller's) and remade after kvnoded went away, at most once per reconnect interval.
     acquire() lends the client (or None) to a call; a client found broken is retired and
     closed once its last borrower gives it back."""
 
-    def __init__(self, socket_path, layout, timeout_ms, reconnect_interval_s, what):
+    def __init__(self, socket_path, layout, timeout_ms, reconnect_interval_s, what,
+                 cuda_device=-1):
         self.socket_path, self.layout, self.timeout_ms = socket_path, layout, timeout_ms
+        self.cuda_device = cuda_device
         self.reconnect_interval_s, self.what = reconnect_interval_s, what
         self._lock = threading.Lock()
         self._client = None
@@ -319,7 +363,8 @@ class _Link:
     def _connect(self, done):
         c, err = None, None
         try:
-            c = kvnode.Client(self.socket_path, self.layout, self.timeout_ms)
+            c = kvnode.Client(self.socket_path, self.layout, self.timeout_ms,
+                              cuda_device=self.cuda_device)
         except Exception as e:  # noqa: BLE001 - logged; the calls answer "nothing"
             err = e
         with self._lock:
@@ -412,6 +457,7 @@ class KvnodeConnector(KVConnectorBase_V1):
         self.timeout_ms = int(p["timeout_ms"])
         self.connect_wait_s = max(0, int(p["connect_wait_ms"])) / 1000.0
         self.reconnect_interval_s = float(p["reconnect_interval_s"])
+        self._cross_layer = bool(p["cross_layer_blocks"])
         if self.timeout_ms <= 0 or self.reconnect_interval_s < 0:
             raise ValueError("kvnode.vllm: timeout_ms must be > 0 and reconnect_interval_s >= 0")
         mc = vllm_config.model_config
@@ -459,8 +505,7 @@ class KvnodeConnector(KVConnectorBase_V1):
                              "scheduler side cannot name the namespace and matches nothing")
         else:
             self.tp_rank, self.pp_rank = self._ranks(pc)
-            self._pieces = None         # gathered.PieceMap of a block, once registered
-            self._bases = None          # (address of block 0, bytes from block to block)
+            self._mover = None          # _GatheredBlocks or _WholeBlocks, once registered
             self._load_errors = set()
             self._save_queue = collections.deque()
             self._save_wake = threading.Condition()
@@ -493,8 +538,9 @@ class KvnodeConnector(KVConnectorBase_V1):
                              kv_heads=geo.heads, head_dim=geo.head_dim, tp_size=tp_size,
                              tp_rank=tp_rank, extra=extra, revision=self.revision)
 
-    def _new_link(self, layout, what):
-        link = _Link(self.socket_path, layout, self.timeout_ms, self.reconnect_interval_s, what)
+    def _new_link(self, layout, what, cuda_device=-1):
+        link = _Link(self.socket_path, layout, self.timeout_ms, self.reconnect_interval_s, what,
+                     cuda_device)
         link.start()
         return link
 
@@ -655,11 +701,26 @@ class KvnodeConnector(KVConnectorBase_V1):
         cache this release cannot move (not on the CPU, not NHD, layers of different
         shapes) is logged: the worker then loads nothing (loads reported as errors) and
         drops its saves."""
+        self._registered(self._register, dict(kv_caches), "register_kv_caches")
+
+    @property
+    def prefer_cross_layer_blocks(self):
+        """True (unless ``cross_layer_blocks`` is false): a block of every layer in one run
+        of memory moves in one copy, and on a GPU by libkvnode's device copies."""
+        return self._cross_layer
+
+    def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
+        """One KV cache tensor for every layer (num_layers first), whose blocks each lie in
+        one run of memory in the per-layer order (every layer's K then V; MLA: latents):
+        moved whole, host or device (CUDA: the client declares the tensor's device)."""
+        self._registered(self._register_cross, kv_cache, "register_cross_layers_kv_cache")
+
+    def _registered(self, register, caches, what):
         try:
-            self._register(dict(kv_caches))
+            register(caches)
         except Exception as e:  # noqa: BLE001
-            self._pieces = None
-            self._failed("register_kv_caches", e)
+            self._mover = None
+            self._failed(what, e)
             return
         if self._saver is None:
             self._saver = threading.Thread(target=self._save_loop, name="kvnode-vllm-save",
@@ -728,14 +789,49 @@ class KvnodeConnector(KVConnectorBase_V1):
         if not gathered.available():
             raise ValueError("libkvnode %s has no gathered calls (KVNODE_0.8)"
                              % kvnode.library_path())
-        self._bases = (base0, step0)
-        self._pieces = pieces
-        self._mla_follower = spec.mla and self.tp_rank != 0
-        self._link = self._new_link(layout, "worker tp%d pp%d" % (self.tp_rank, self.pp_rank))
+        self._start_moving(_GatheredBlocks(base0, step0, pieces), layout)
 
-    def _block_bases(self, block_ids):
-        base, step = self._bases
-        return [base + b * step for b in block_ids]
+    def _start_moving(self, mover, layout):
+        self._mover = mover
+        self._mla_follower = self._geometry.mla and self.tp_rank != 0
+        self._link = self._new_link(layout, "worker tp%d pp%d" % (self.tp_rank, self.pp_rank),
+                                    mover.device)
+
+    def _register_cross(self, t):
+        if self._spec_error is not None:
+            raise self._spec_error
+        spec = self._geometry
+        if spec is None:
+            raise ValueError("a cross-layer cache needs vLLM's KVCacheConfig")
+        num_blocks = getattr(self._kv_cache_config, "num_blocks", None)
+        dims = [d for d in range(1, t.dim()) if num_blocks is None or t.shape[d] == num_blocks]
+        if t.dim() < 3 or not dims:
+            raise ValueError("cross-layer KV cache shape %s has no block dimension"
+                             % (tuple(t.shape),))
+        bdim = max(dims, key=t.stride)
+        block = t.select(bdim, 0)
+        nlayers = t.shape[0]
+        want = (nlayers, spec.block_size, spec.head_dim) if spec.mla else \
+            (nlayers, 2, spec.block_size, spec.heads, spec.head_dim)
+        if tuple(block.shape) != want or t.element_size() != spec.elem_size:
+            raise ValueError("a cross-layer block is %s of %d-byte elements, vLLM's spec says "
+                             "%s of %d" % (tuple(block.shape), t.element_size(), want,
+                                           spec.elem_size))
+        if not block.is_contiguous():
+            raise ValueError("a cross-layer block is not one run of memory in layer, K/V, "
+                             "token, head order (strides %s)" % (t.stride(),))
+        layout = self._layout(self.tp_rank, self.pp_rank)
+        nbytes = block.numel() * t.element_size()
+        if nbytes != layout.block_bytes:
+            raise ValueError("a cross-layer block has %d bytes, the namespace's %d (layers %d)"
+                             % (nbytes, layout.block_bytes, layout.num_layers))
+        device = -1
+        if t.device.type == "cuda":
+            device = t.device.index if t.device.index is not None else 0
+        elif t.device.type != "cpu":
+            raise ValueError("a %s tensor: kvnode moves CPU and CUDA memory" % t.device.type)
+        self._start_moving(_WholeBlocks(t.data_ptr(), t.stride(bdim) * t.element_size(),
+                                        nbytes, device), layout)
 
     def start_load_kv(self, forward_context, **kwargs):
         """Every load of this step, done when this returns (blocks that could not be
@@ -756,15 +852,14 @@ class KvnodeConnector(KVConnectorBase_V1):
             self._failed("start_load_kv", e)
 
     def _load(self, load):
-        n, got = len(load.block_ids), 0
-        c = None if self._pieces is None else self._link.acquire(self.connect_wait_s)
+        n, got, mover = len(load.block_ids), 0, self._mover
+        c = None if mover is None else self._link.acquire(self.connect_wait_s)
         if c is not None:
             error = None
             try:
-                got = gathered.get_scattered(c, _ctypes_words(ctypes.c_int64, load.keys),
-                                             self._block_bases(load.block_ids), self._pieces,
-                                             _ctypes_words(ctypes.c_uint64, load.checks)
-                                             if self._link.checks_on else None)
+                got = mover.load(c, _ctypes_words(ctypes.c_int64, load.keys), load.block_ids,
+                                 _ctypes_words(ctypes.c_uint64, load.checks)
+                                 if self._link.checks_on else None)
             except Exception as e:  # noqa: BLE001 - every block of it is reported
                 error, got = e, 0
                 self._failed("load", e)
@@ -774,7 +869,7 @@ class KvnodeConnector(KVConnectorBase_V1):
             with self._count_lock:
                 self._load_errors.update(load.block_ids[got:])
         self._count(blocks_loaded=got, load_error_blocks=n - got, load_calls=1,
-                    bytes_loaded=got * (self._pieces.block_bytes if self._pieces else 0))
+                    bytes_loaded=got * (mover.block_bytes if mover else 0))
 
     def wait_for_layer_load(self, layer_name):
         return None
@@ -803,26 +898,25 @@ class KvnodeConnector(KVConnectorBase_V1):
                     self._save_wake.notify_all()
 
     def _save(self, save):
-        n = len(save.block_ids)
-        if self._pieces is not None and self._mla_follower:
+        n, mover = len(save.block_ids), self._mover
+        if mover is not None and self._mla_follower:
             return                      # MLA: TP rank 0 saves the blocks every rank holds
-        c = None if self._pieces is None else self._link.acquire(self.connect_wait_s)
+        c = None if mover is None else self._link.acquire(self.connect_wait_s)
         if c is None:
             self._count(saves_dropped_blocks=n)
             return
         error = None
         try:
-            gathered.put_gathered(c, _ctypes_words(ctypes.c_int64, save.keys),
-                                  self._block_bases(save.block_ids), self._pieces,
-                                  _ctypes_words(ctypes.c_uint64, save.checks)
-                                  if self._link.checks_on else None)
+            mover.save(c, _ctypes_words(ctypes.c_int64, save.keys), save.block_ids,
+                       _ctypes_words(ctypes.c_uint64, save.checks)
+                       if self._link.checks_on else None)
         except Exception as e:  # noqa: BLE001 - counted; the request is still reported
             error = e
             self._failed("save", e)
         finally:
             self._link.release(c, error)
         if error is None:
-            self._count(blocks_saved=n, save_calls=1, bytes_saved=n * self._pieces.block_bytes)
+            self._count(blocks_saved=n, save_calls=1, bytes_saved=n * mover.block_bytes)
         else:
             self._count(saves_dropped_blocks=n)
 

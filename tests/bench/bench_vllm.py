@@ -169,8 +169,7 @@ class CVllmPath:
         layout = conn._link.layout
         self.client = kvnode.Client(sock, layout)
         self.h = ctypes.c_void_p(self.client._c)
-        pieces = conn._pieces
-        base, step = conn._bases
+        pieces, base, step = conn._mover.pieces, conn._mover.base, conn._mover.step
         self.at, self.m, self.sizes, self.offsets = pieces._args()
         self.src = (ctypes.c_void_p * PAGES)(*[base + b * step for b in self.c.src])
         self.dst = (ctypes.c_void_p * PAGES)(*[base + b * step for b in self.c.dst])

@@ -185,6 +185,22 @@ class Worker:
         g = torch.Generator().manual_seed(1000 + rank)
         h = e.heads // e.tp
         self.caches = {}
+        # noise: a block nobody wrote is never mistaken for the right bytes
+        if e.cross_layer and self.connector.prefer_cross_layer_blocks:
+            # one tensor for every layer, blocks outermost in memory, seen with num_layers
+            # first and each layer's view in its backend's shape
+            nl, nb, bs, d = len(e.layer_names), e.num_blocks, e.block_size, e.head_dim
+            if e.mla:
+                phys, order = (nb, nl, bs, d), (1, 0, 2, 3)
+            elif e.backend == "flash_attn":
+                phys, order = (nb, nl, 2, bs, h, d), (1, 2, 0, 3, 4, 5)
+            else:
+                phys, order = (nb, nl, 2, bs, h, d), (1, 0, 2, 3, 4, 5)
+            cross = torch.randn(phys, generator=g).to(e.dtype).permute(*order)
+            for i, name in enumerate(e.layer_names):
+                self.caches[name] = cross[i]
+            self.connector.register_cross_layers_kv_cache(cross, None)
+            return
         for name in e.layer_names:
             if e.backend == "flash_attn":
                 shape = (2, e.num_blocks, e.block_size, h, e.head_dim)
@@ -192,7 +208,6 @@ class Worker:
                 shape = (e.num_blocks, 2, e.block_size, h, e.head_dim)
             else:
                 shape = (e.num_blocks, e.block_size, e.head_dim)
-            # noise: a block nobody wrote is never mistaken for the right bytes
             self.caches[name] = torch.randn(shape, generator=g).to(e.dtype)
         self.connector.register_kv_caches(self.caches)
 
@@ -253,6 +268,10 @@ class Engine:
     def __init__(self, extra_config, backend="flash_attn", tp=1, num_blocks=24, block_size=4,
                  layers=3, heads=4, head_dim=8, dtype=torch.bfloat16, budget=64,
                  long_prefill=0, kv_role="kv_both", hybrid=False):
+        # "<backend>+cross": a cross-layer cache (vLLM allocates one when the connector
+        # prefers it and the backend can)
+        backend, _, cross = backend.partition("+")
+        self.cross_layer = cross == "cross"
         self.backend, self.tp, self.num_blocks, self.block_size = backend, tp, num_blocks, \
             block_size
         self.mla = backend == "mla"
@@ -500,6 +519,7 @@ def run_engine(extra_config, prompts, engine_kwargs=None, max_tokens=2):
         e.run()
         return {"outputs": {rid: r.output_token_ids for rid, r in reqs.items()},
                 "computed": dict(e.computed), "stats": e.stats,
-                "counters": [w.connector.counters for w in e.workers]}
+                "counters": [w.connector.counters for w in e.workers],
+                "movers": [type(w.connector._mover).__name__ for w in e.workers]}
     finally:
         e.shutdown()

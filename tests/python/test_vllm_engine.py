@@ -60,16 +60,22 @@ def test_module_imports_without_vllm():
 
 
 @pytest.mark.parametrize("first,second", [("flash_attn", "flash_attn"),
-                                          ("flash_attn", "flashinfer"), ("mla", "mla")])
+                                          ("flash_attn", "flashinfer"), ("mla", "mla"),
+                                          ("flash_attn+cross", "flashinfer"),
+                                          ("flashinfer", "flash_attn+cross"),
+                                          ("mla+cross", "mla+cross")])
 def test_two_engines_share_a_prefix(daemon, first, second):
     """Engine A (another process) serves prefix+a; engine B, prefix+b, loads A's 8 prefix
     blocks byte-exact and computes only its suffix; its output is what it computes alone."""
     a = other_process(run_engine, extra(daemon), {"a": PREFIX + [1, 2, 3, 4, 5, 6]},
                       {"backend": first})
     assert a["counters"][0]["blocks_saved"] == 9 and a["computed"]["a"] == 39
+    mover = {True: "_WholeBlocks", False: "_GatheredBlocks"}      # a cross-layer cache or not
+    assert a["movers"] == [mover["+cross" in first]]
     prompt = PREFIX + [7, 8, 9]
     e = Engine(extra(daemon), backend=second)
     try:
+        assert type(e.workers[0].connector._mover).__name__ == mover["+cross" in second]
         req = e.add("b", prompt)
         seen = {}
 
