@@ -36,7 +36,8 @@ What runs where:
   allocates one tensor for every layer and calls ``register_cross_layers_kv_cache``; each
   block of it lies in one run of memory in that same order (checked) and moves whole
   (``kvnode_get_batch`` / ``kvnode_put_batch``; CUDA tensors by libkvnode's device copies,
-  the client declaring the tensor's device: not yet run on a GPU). ``start_load_kv`` copies each
+  the client declaring the tensor's device: run against the strict fake CUDA by
+  ``scripts/gpu-check.sh --sim``, not yet on a GPU). ``start_load_kv`` copies each
   load straight from kvnoded's shared memory into the paged blocks (one
   ``kvnode_get_scatter_checked`` per request: every piece of every block, lease included);
   a block it could not load is reported by ``get_block_ids_with_load_errors`` (vLLM then
