@@ -16,8 +16,9 @@ imports without vLLM (``HAVE_VLLM`` says which, ``VLLM_IMPORT_ERROR`` why).
 What runs where:
 
 - Scheduler: ``get_num_new_matched_tokens`` is one MATCH of the request's block keys (the
-  publishable block hashes past the locally cached prefix, never the block holding the
-  prompt's last token: vLLM computes at least one token) in the namespace of TP rank 0,
+  publishable block hashes past the prefix vLLM holds itself - kvnode need not hold that
+  prefix - and never the block holding the prompt's last token: vLLM computes at least one
+  token) in the namespace of TP rank 0,
   pipeline stage 0; it stores nothing in kvnode and answers 0 when kvnoded is down, slow
   or the call fails. ``update_state_after_alloc`` turns a match into a load of the blocks vLLM
   allocated for it; ``build_connector_meta`` hands this step's loads and saves to the workers
@@ -187,6 +188,13 @@ def _words(code, ctypes_array):
     """A ctypes array of 64-bit keys or check words as an array.array (picklable, as the
     metadata must be; the worker's call takes it back without a copy: _ctypes_words)."""
     return array.array(code, bytes(ctypes_array))
+
+
+def _tail(ctypes_array, start):
+    """The items of a ctypes array from start on, over the same memory (no copy)."""
+    n = len(ctypes_array) - start
+    return (ctypes_array._type_ * n).from_buffer(ctypes_array, start * ctypes.sizeof(
+        ctypes_array._type_))
 
 
 def _ctypes_words(ctype, words):
@@ -613,21 +621,23 @@ class KvnodeConnector(KVConnectorBase_V1):
         if n <= local:
             return 0
         keys, checks = self._fold(request, n)
+        if local:       # the blocks past vLLM's own prefix (kvnode keys are not chained)
+            keys, checks = _tail(keys, local), _tail(checks, local)
         c = self._link.acquire(self.connect_wait_s)
         if c is None:
             return 0
         error = None
         try:
-            matched = c.match(keys, checks if self._link.checks_on else None)
+            more = c.match(keys, checks if self._link.checks_on else None)
         except kvnode.Error as e:
-            error, matched = e, 0
+            error, more = e, 0
             self._failed("MATCH", e)
         finally:
             self._link.release(c, error)
-        if matched <= local:
+        if more <= 0:
             return 0
-        self._plans[request.request_id] = (local, matched)
-        return (matched - local) * bs
+        self._plans[request.request_id] = (local, local + more)
+        return more * bs
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         """A load of the matched blocks into those vLLM allocated for them."""

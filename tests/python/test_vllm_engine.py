@@ -110,6 +110,26 @@ def test_match_never_covers_the_last_prompt_token(daemon):
         e.shutdown()
 
 
+def test_match_starts_past_the_local_prefix(daemon):
+    """vLLM's own prefix cache holds the first blocks: the MATCH asks about the blocks past
+    them only, so kvnode need not hold those (block 0 deleted: still 4 blocks matched)."""
+    run_engine(extra(daemon), {"a": PREFIX + [1]})
+    e = Engine(extra(daemon))
+    try:
+        req = e.add("b", PREFIX + [2])
+        assert e.connector.get_num_new_matched_tokens(req, 16) == (16, False)
+        with kvnode.Client(daemon, e.connector._link.layout) as c:
+            keys, checks = kvnode.fold_digests([h.hex() for h in req.block_hashes[:1]])
+            assert c.delete_each(keys, checks=checks) == [True]
+        assert e.connector.get_num_new_matched_tokens(req, 0) == (0, False)
+        assert e.connector.get_num_new_matched_tokens(req, 16) == (16, False)
+        e.connector.update_state_after_alloc(req, fake_vllm.KVCacheBlocks(range(8)), 16)
+        loads = e.connector.build_connector_meta(None).loads
+        assert [(ld.block_ids, len(ld.keys)) for ld in loads] == [([4, 5, 6, 7], 4)]
+    finally:
+        e.shutdown()
+
+
 def test_tp2_workers_keep_their_own_heads(daemon):
     """TP 2: each rank saves and loads its half of the heads, in its own namespace."""
     a = other_process(run_engine, extra(daemon), {"a": PREFIX + [1, 2]}, {"tp": 2})
