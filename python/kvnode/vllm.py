@@ -15,21 +15,21 @@ imports without vLLM (``HAVE_VLLM`` says which, ``VLLM_IMPORT_ERROR`` why).
 
 What runs where:
 
-- Scheduler: ``get_num_new_matched_tokens`` is one MATCH of the request's block keys (the
-  publishable block hashes past the prefix vLLM holds itself - kvnode need not hold that
-  prefix - and never the block holding the prompt's last token: vLLM computes at least one
-  token) in the namespace of TP rank 0,
-  pipeline stage 0; it stores nothing in kvnode and answers 0 when kvnoded is down, slow
-  or the call fails. ``update_state_after_alloc`` turns a match into a load of the blocks vLLM
-  allocated for it; ``build_connector_meta`` hands this step's loads and saves to the workers
-  (plain lists of ints: picklable). ``request_finished`` plans a save of the request's full,
-  publishable blocks and returns True: vLLM keeps the blocks until the workers report the
-  save done (``get_finished``); a request with nothing to save returns False.
-  ``reset_cache`` purges the deployment (every TP rank and PP stage) from kvnoded's memory
-  and store (``kvnode.purge_layouts``); True when done, False on failure.
+- Scheduler: ``get_num_new_matched_tokens`` is one MATCH, in the namespace of TP rank 0,
+  pipeline stage 0, of the request's block keys: the publishable block hashes past the prefix
+  vLLM holds itself (kvnode need not hold that prefix), short of the block holding the
+  prompt's last token (vLLM computes at least one token). It stores nothing in kvnode and
+  answers 0 when kvnoded is down, slow or the call fails. ``update_state_after_alloc`` turns
+  a match into a load of the blocks vLLM allocated for it; ``build_connector_meta`` hands this
+  step's loads and saves to the workers (block ids and words: picklable).
+  ``request_finished`` plans a save of the request's full, publishable blocks and returns
+  True: vLLM keeps the blocks until the workers report the save done (``get_finished``); a
+  request with nothing to save returns False. ``reset_cache`` purges the deployment (every
+  TP rank and PP stage) from kvnoded's memory and store (``kvnode.purge_layouts``); True
+  when done, False on failure.
 - Workers: ``register_kv_caches`` takes the per-layer paged KV caches in vLLM's NHD shapes
-  (CPU torch tensors: the host copies their pieces): K/V split ``(2, num_blocks, block_size, heads,
-  head_dim)`` (FlashAttention and most backends), stacked ``(num_blocks, 2, block_size,
+  (CPU torch tensors: the host copies their pieces): K/V split ``(2, num_blocks, block_size,
+  heads, head_dim)`` (FlashAttention and most backends), stacked ``(num_blocks, 2, block_size,
   heads, head_dim)`` (FlashInfer) and MLA ``(num_blocks, block_size, head_dim)``. A vLLM
   block is one kvnode block: for each layer in order, K then V of its ``block_size`` tokens
   (MLA: the latent), so split and stacked caches share blocks. ``prefer_cross_layer_blocks``
