@@ -4,6 +4,7 @@ Load it in vLLM with::
 
     vllm serve Qwen/Qwen3-8B --kv-transfer-config '{"kv_connector": "KvnodeConnector",
         "kv_connector_module_path": "kvnode.vllm", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"socket_path": "/run/kvnode/kvnode.sock"}}'
 
 vLLM's factory imports ``kv_connector_module_path``, takes ``kv_connector`` from it and builds
@@ -42,7 +43,8 @@ What runs where:
   load straight from kvnoded's shared memory into the paged blocks (one
   ``kvnode_get_scatter_checked`` per request: every piece of every block, lease included);
   a block it could not load is reported by ``get_block_ids_with_load_errors`` (vLLM then
-  recomputes from it: a block is never taken as loaded unless its copy completed).
+  recomputes from it under ``kv_load_failure_policy`` ``recompute``, fails the request under
+  its default ``fail``: a block is never taken as loaded unless its copy completed).
   ``wait_for_layer_load`` returns at once (loads are done when ``start_load_kv`` returns).
   Saves run on a thread of the worker (``kvnode_put_gather_checked``, blocks already stored
   skipped) from blocks vLLM holds for them; ``get_finished`` reports a request once its save
