@@ -505,6 +505,10 @@ class KvnodeConnector(KVConnectorBase_V1):
         self._is_scheduler = role == KVConnectorRole.SCHEDULER or \
             getattr(role, "name", None) == "SCHEDULER"
         if self._is_scheduler:
+            if getattr(ktc, "kv_load_failure_policy", "recompute") == "fail":
+                logger.warning("kvnode.vllm: kv_load_failure_policy is \"fail\": a block "
+                               "evicted from kvnoded between the MATCH and the load fails its "
+                               "request; give \"recompute\" to have vLLM recompute it")
             self._plans = {}            # request id -> (local blocks, matched blocks)
             self._folded = {}           # request id -> (n, keys, checks)
             self._loads, self._saves = [], []

@@ -118,7 +118,8 @@ def main():
         BLOCK_TOKENS, HEADS, HEAD_DIM, torch.bfloat16))])
     config = f.VllmConfig(f.ModelConfig(model="gpu-check-vllm-%d" % args.salt),
                           f.CacheConfig(BLOCK_TOKENS), f.ParallelConfig(),
-                          f.KVTransferConfig(kv_connector_extra_config={
+                          f.KVTransferConfig(kv_load_failure_policy="recompute",
+                                             kv_connector_extra_config={
                               "socket_path": args.socket, "connect_wait_ms": 10000,
                               "timeout_ms": 10000}))
     engines = []

@@ -41,6 +41,7 @@ class KVTransferConfig:
     kv_connector_module_path: str = "kvnode.vllm"
     kv_role: str = "kv_both"
     kv_connector_extra_config: dict = dataclasses.field(default_factory=dict)
+    kv_load_failure_policy: str = "fail"        # vLLM's default
 
 
 @dataclasses.dataclass
@@ -267,7 +268,7 @@ class Engine:
 
     def __init__(self, extra_config, backend="flash_attn", tp=1, num_blocks=24, block_size=4,
                  layers=3, heads=4, head_dim=8, dtype=torch.bfloat16, budget=64,
-                 long_prefill=0, kv_role="kv_both", hybrid=False):
+                 long_prefill=0, kv_role="kv_both", hybrid=False, failure_policy="recompute"):
         # "<backend>+cross": a cross-layer cache (vLLM allocates one when the connector
         # prefers it and the backend can)
         backend, _, cross = backend.partition("+")
@@ -282,7 +283,8 @@ class Engine:
         self.config = VllmConfig(ModelConfig(), CacheConfig(block_size),
                                  ParallelConfig(tensor_parallel_size=tp),
                                  KVTransferConfig(kv_role=kv_role,
-                                                  kv_connector_extra_config=dict(extra_config)))
+                                                  kv_connector_extra_config=dict(extra_config),
+                                                  kv_load_failure_policy=failure_policy))
         spec_cls = MLAAttentionSpec if self.mla else FullAttentionSpec
         spec = spec_cls(block_size, self.heads // tp if not self.mla else 1, head_dim, dtype)
         # hybrid: two groups (as full and sliding-window attention layers of one model)

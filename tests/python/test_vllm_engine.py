@@ -269,6 +269,13 @@ def test_reset_cache_purges_the_deployment(daemon):
         e.shutdown()
 
 
+def test_failure_policy_fail_is_warned_about(daemon, caplog):
+    for policy, warned in (("fail", True), ("recompute", False)):
+        caplog.clear()
+        Engine(extra(daemon), failure_policy=policy).shutdown()
+        assert ('kv_load_failure_policy is "fail"' in caplog.text) is warned, policy
+
+
 def test_unknown_extra_config_refused(daemon):
     with pytest.raises(ValueError, match="unknown kv_connector_extra_config keys 'sock'"):
         Engine({"sock": daemon})
