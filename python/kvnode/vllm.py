@@ -16,11 +16,13 @@ imports without vLLM (``HAVE_VLLM`` says which, ``VLLM_IMPORT_ERROR`` why).
 
 What runs where:
 
-- Scheduler: ``get_num_new_matched_tokens`` is one MATCH, in the namespace of TP rank 0,
-  pipeline stage 0, of the request's block keys: the publishable block hashes past the prefix
-  vLLM holds itself (kvnode need not hold that prefix), short of the block holding the
-  prompt's last token (vLLM computes at least one token). It stores nothing in kvnode and
-  answers 0 when kvnoded is down, slow or the call fails. ``update_state_after_alloc`` turns
+- Scheduler: ``get_num_new_matched_tokens`` MATCHes the request's block keys (the
+  publishable block hashes past the prefix vLLM holds itself - kvnode need not hold that
+  prefix - short of the block holding the prompt's last token: vLLM computes at least one
+  token) in each rank's namespace (every TP rank and PP stage; MLA: the one its TP ranks
+  share), each MATCH asking only the prefix the ranks before it hold, so every worker can
+  load what it answers. It stores nothing in kvnode and answers 0 when kvnoded is down,
+  slow or a call fails. ``update_state_after_alloc`` turns
   a match into a load of the blocks vLLM allocated for it; ``build_connector_meta`` hands this
   step's loads and saves to the workers (block ids and words: picklable).
   ``request_finished`` plans a save of the request's full, publishable blocks and returns
@@ -513,8 +515,14 @@ class KvnodeConnector(KVConnectorBase_V1):
             self._folded = {}           # request id -> (n, keys, checks)
             self._loads, self._saves = [], []
             self._saving = set()
+            self._links = []
             if self._geometry is not None:
-                self._link = self._new_link(self._layout(0, 0), "scheduler")
+                # every rank's namespace (MLA: one): a prefix counts when all hold it
+                ranks = [(0, pp) if self._geometry.mla else (tp, pp)
+                         for pp in range(self.pp_size) for tp in range(self.tp_size)]
+                self._links = [self._new_link(self._layout(tp, pp), "scheduler (tp%d pp%d)"
+                                              % (tp, pp)) for tp, pp in sorted(set(ranks))]
+                self._link = self._links[0]
             elif self._spec_error is None:
                 logger.error("kvnode.vllm: this vLLM gives the connector no KVCacheConfig; the "
                              "scheduler side cannot name the namespace and matches nothing")
@@ -629,19 +637,22 @@ class KvnodeConnector(KVConnectorBase_V1):
         keys, checks = self._fold(request, n)
         if local:       # the blocks past vLLM's own prefix (kvnode keys are not chained)
             keys, checks = _tail(keys, local), _tail(checks, local)
-        c = self._link.acquire(self.connect_wait_s)
-        if c is None:
-            return 0
-        error = None
-        try:
-            more = c.match(keys, checks if self._link.checks_on else None)
-        except kvnode.Error as e:
-            error, more = e, 0
-            self._failed("MATCH", e)
-        finally:
-            self._link.release(c, error)
-        if more <= 0:
-            return 0
+        more = len(keys)
+        for link in self._links:   # each rank's MATCH asks only what the ranks before found
+            c = link.acquire(self.connect_wait_s)
+            if c is None:
+                return 0
+            error = None
+            try:
+                more = c.match(kvnode.prefix(keys, more),
+                               kvnode.prefix(checks, more) if link.checks_on else None)
+            except kvnode.Error as e:
+                error, more = e, 0
+                self._failed("MATCH", e)
+            finally:
+                link.release(c, error)
+            if more <= 0:
+                return 0
         self._plans[request.request_id] = (local, local + more)
         return more * bs
 
@@ -972,7 +983,8 @@ class KvnodeConnector(KVConnectorBase_V1):
                     self._save_wake.notify_all()
                     pending = len(self._save_queue) + 1
                 self._saver.join(pending * self.timeout_ms / 1000.0)
-            if self._link is not None:
-                self._link.close()
+            for link in getattr(self, "_links", None) or [self._link]:
+                if link is not None:
+                    link.close()
         except Exception as e:  # noqa: BLE001
             self._failed("shutdown", e)

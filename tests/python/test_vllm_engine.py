@@ -147,6 +147,27 @@ def test_tp2_workers_keep_their_own_heads(daemon):
     assert outputs == reference({"b": prompt}, {"tp": 2})["outputs"]["b"]
 
 
+def test_match_is_what_every_tp_rank_holds(daemon):
+    """TP 2 with rank 1 missing block 5: the scheduler matches 5 blocks (the prefix both
+    ranks hold), so no worker reports a load error."""
+    run_engine(extra(daemon), {"a": PREFIX + [1, 2]}, {"tp": 2})
+    prompt = PREFIX + [3]
+    e = Engine(extra(daemon), tp=2)
+    try:
+        req = e.add("b", prompt)
+        with kvnode.Client(daemon, e.workers[1].connector._link.layout) as c:
+            keys, checks = kvnode.fold_digests([h.hex() for h in req.block_hashes[:8]])
+            assert c.delete_each([keys[5]], checks=[checks[5]]) == [True]
+        e.run()
+        assert req.num_cached_tokens == 20 and not e.invalid_seen
+        assert [w.connector.counters["blocks_loaded"] for w in e.workers] == [5, 5]
+        assert e.computed["b"] == len(prompt) - 20 + 1
+        got = req.output_token_ids
+    finally:
+        e.shutdown()
+    assert got == reference({"b": prompt}, {"tp": 2})["outputs"]["b"]
+
+
 def test_load_error_is_reported_and_recomputed(daemon):
     """A block gone between the scheduler's MATCH and the worker's load: it and the blocks
     after it are reported (vLLM recomputes from there), never left half-written."""
@@ -319,7 +340,7 @@ def test_hybrid_model_runs_without_the_connector(daemon, caplog):
 def test_pipeline_stages_keep_their_own_namespaces(daemon):
     """PP 2 over 3 layers: stage 0 holds 2 (vLLM's split), stage 1 one; each stage's worker
     has a namespace of its own (extra /pp<rank>-2, its layer count), and the scheduler
-    MATCHes in stage 0's."""
+    MATCHes in both."""
     f = fake_vllm
     e = Engine(extra(daemon), layers=3)
     try:
@@ -338,7 +359,7 @@ def test_pipeline_stages_keep_their_own_namespaces(daemon):
         sched = f.create_connector(c, "SCHEDULER", e.kv_cache_config)
         assert [(lay.num_layers, lay.extra) for lay in layouts] == \
             [(2, "vllm/kv/pp0-2"), (1, "vllm/kv/pp1-2")]
-        assert sched._link.layout == layouts[0]
+        assert [link.layout for link in sched._links] == layouts     # MATCHes both stages
         assert layouts[0].block_bytes == 2 * layouts[1].block_bytes
         sched.shutdown()
     finally:
