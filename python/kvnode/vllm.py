@@ -48,6 +48,10 @@ What runs where:
   recomputes from it under ``kv_load_failure_policy`` ``recompute``, fails the request under
   its default ``fail``: a block is never taken as loaded unless its copy completed).
   ``wait_for_layer_load`` returns at once (loads are done when ``start_load_kv`` returns).
+  With ``async_load_min_blocks`` N > 0, a hit of at least N blocks loads asynchronously
+  (``get_num_new_matched_tokens`` answers True): vLLM parks the request
+  (WAITING_FOR_REMOTE_KVS), the worker's thread makes the load, and ``get_finished``
+  reports the request (its failed blocks reported by then) in its second set.
   Saves run on a thread of the worker (``kvnode_put_gather_checked``, blocks already stored
   skipped) from blocks vLLM holds for them; ``get_finished`` reports a request once its save
   has ended and vLLM has named it finished; ``save_kv_layer`` and ``wait_for_save`` have
@@ -80,7 +84,8 @@ bounded by ``timeout_ms``.
 ``kv_connector_extra_config`` keys (any other is refused with a ``ValueError`` naming the
 valid ones): ``socket_path`` (default ``$KVNODE_SOCKET``, else libkvnode's),
 ``timeout_ms`` (default 2000), ``connect_wait_ms`` (default 20), ``reconnect_interval_s``
-(default 1), ``model``, ``model_revision``, ``cross_layer_blocks`` (default true).
+(default 1), ``model``, ``model_revision``, ``cross_layer_blocks`` (default true),
+``async_load_min_blocks`` (default 0: every load synchronous).
 """
 
 import _thread
@@ -160,7 +165,7 @@ _DISCONNECTED = (kvnode.Closed, kvnode.ConnectError, kvnode.TimedOut, kvnode.Shu
 #: kv_connector_extra_config keys and their defaults (any other key is refused).
 PARAMS = {"socket_path": None, "timeout_ms": 2000, "connect_wait_ms": 20,
           "reconnect_interval_s": 1.0, "model": None, "model_revision": None,
-          "cross_layer_blocks": True}
+          "cross_layer_blocks": True, "async_load_min_blocks": 0}
 
 _COUNTERS = ("blocks_loaded", "load_error_blocks", "blocks_saved", "saves_dropped_blocks",
              "bytes_loaded", "bytes_saved", "load_calls", "save_calls")
@@ -213,6 +218,7 @@ class _Transfer:
     block_ids: list
     keys: list
     checks: list
+    asynchronous: bool = False      # a load the worker's thread makes (get_finished says)
 
 
 class KvnodeConnectorMetadata(KVConnectorMetadata):
@@ -471,6 +477,9 @@ class KvnodeConnector(KVConnectorBase_V1):
         self.connect_wait_s = max(0, int(p["connect_wait_ms"])) / 1000.0
         self.reconnect_interval_s = float(p["reconnect_interval_s"])
         self._cross_layer = bool(p["cross_layer_blocks"])
+        self.async_load_min_blocks = int(p["async_load_min_blocks"])
+        if self.async_load_min_blocks < 0:
+            raise ValueError("kvnode.vllm: async_load_min_blocks must be >= 0 (0: never)")
         if self.timeout_ms <= 0 or self.reconnect_interval_s < 0:
             raise ValueError("kvnode.vllm: timeout_ms must be > 0 and reconnect_interval_s >= 0")
         mc = vllm_config.model_config
@@ -532,6 +541,7 @@ class KvnodeConnector(KVConnectorBase_V1):
             self._load_errors = set()
             self._save_queue = collections.deque()
             self._save_wake = threading.Condition()
+            self._loaded = set()         # request ids whose asynchronous load has ended
             self._pending_saves = set()  # request ids with a save queued or done
             self._saved = set()          # ... whose save has ended
             self._named_finished = set()  # ... that vLLM has named finished
@@ -616,13 +626,16 @@ class KvnodeConnector(KVConnectorBase_V1):
         return kvnode.prefix(got[1], n), kvnode.prefix(got[2], n)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        """Tokens past num_computed_tokens whose blocks kvnoded holds: one MATCH. Never
-        loads asynchronously (False); 0 whenever kvnoded cannot answer."""
+        """Tokens past num_computed_tokens whose blocks kvnoded holds (a MATCH per rank),
+        and whether they load asynchronously (at least async_load_min_blocks blocks, when
+        that is set); (0, False) whenever kvnoded cannot answer."""
         try:
-            return self._matched_tokens(request, num_computed_tokens), False
+            tokens = self._matched_tokens(request, num_computed_tokens)
         except Exception as e:  # noqa: BLE001 - never into vLLM's scheduler
             self._failed("get_num_new_matched_tokens", e)
             return 0, False
+        return tokens, bool(tokens and self.async_load_min_blocks and
+                            tokens // self.block_size >= self.async_load_min_blocks)
 
     def _matched_tokens(self, request, num_computed_tokens):
         self._plans.pop(request.request_id, None)
@@ -666,8 +679,10 @@ class KvnodeConnector(KVConnectorBase_V1):
             count = num_external_tokens // self.block_size
             block_ids = list(blocks.get_block_ids()[0])[local:local + count]
             keys, checks = self._fold(request, local + count)
-            self._loads.append(_Transfer(request.request_id, block_ids,
-                                         _words("q", keys)[local:], _words("Q", checks)[local:]))
+            self._loads.append(_Transfer(
+                request.request_id, block_ids, _words("q", keys)[local:],
+                _words("Q", checks)[local:],
+                bool(self.async_load_min_blocks and count >= self.async_load_min_blocks)))
         except Exception as e:  # noqa: BLE001
             self._failed("update_state_after_alloc", e)
 
@@ -751,7 +766,7 @@ class KvnodeConnector(KVConnectorBase_V1):
             self._failed(what, e)
             return
         if self._saver is None:
-            self._saver = threading.Thread(target=self._save_loop, name="kvnode-vllm-save",
+            self._saver = threading.Thread(target=self._save_loop, name="kvnode-vllm-io",
                                            daemon=True)
             self._saver.start()
 
@@ -862,19 +877,22 @@ class KvnodeConnector(KVConnectorBase_V1):
                                         nbytes, device), layout)
 
     def start_load_kv(self, forward_context, **kwargs):
-        """Every load of this step, done when this returns (blocks that could not be
-        loaded are reported by get_block_ids_with_load_errors); queue this step's saves."""
+        """This step's synchronous loads, done when this returns (blocks that could not be
+        loaded are reported by get_block_ids_with_load_errors); its asynchronous loads and
+        saves queued for the worker's thread."""
         try:
             if not self.has_connector_metadata():
                 return
             meta = self._get_connector_metadata()
+            queued = [load for load in meta.loads if load.asynchronous]
             for load in meta.loads:
-                self._load(load)
-            if meta.saves:
+                if not load.asynchronous:
+                    self._load(load)
+            if meta.saves or queued:
                 with self._save_wake:
                     for save in meta.saves:
                         self._pending_saves.add(save.req_id)
-                        self._save_queue.append(save)
+                    self._save_queue.extend(queued + list(meta.saves))
                     self._save_wake.notify()
         except Exception as e:  # noqa: BLE001
             self._failed("start_load_kv", e)
@@ -915,14 +933,14 @@ class KvnodeConnector(KVConnectorBase_V1):
                     self._save_wake.wait()
                 if not self._save_queue:
                     return
-                save = self._save_queue.popleft()
+                item = self._save_queue.popleft()
             try:
-                self._save(save)
+                (self._load if item.asynchronous else self._save)(item)
             except Exception as e:  # noqa: BLE001
-                self._failed("save", e)
+                self._failed("load" if item.asynchronous else "save", e)
             finally:
                 with self._save_wake:
-                    self._saved.add(save.req_id)
+                    (self._loaded if item.asynchronous else self._saved).add(item.req_id)
                     self._save_wake.notify_all()
 
     def _save(self, save):
@@ -949,7 +967,9 @@ class KvnodeConnector(KVConnectorBase_V1):
             self._count(saves_dropped_blocks=n)
 
     def get_finished(self, finished_req_ids):
-        """(requests whose save has ended and which vLLM named finished, None)."""
+        """(requests whose save has ended and which vLLM named finished, requests whose
+        asynchronous load has ended); None for an empty set. A load's failed blocks are in
+        get_block_ids_with_load_errors by then (vLLM asks it after this, in the same step)."""
         try:
             with self._save_wake:
                 self._named_finished |= set(finished_req_ids or ()) & self._pending_saves
@@ -957,7 +977,8 @@ class KvnodeConnector(KVConnectorBase_V1):
                 self._saved -= done
                 self._named_finished -= done
                 self._pending_saves -= done
-            return (done or None), None
+                loaded, self._loaded = self._loaded, set()
+            return (done or None), (loaded or None)
         except Exception as e:  # noqa: BLE001
             self._failed("get_finished", e)
             return None, None

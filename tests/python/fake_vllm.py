@@ -147,6 +147,7 @@ class Request:
         self.block_ids = []
         self.finished = False
         self.block_size = None
+        self.waiting_for_remote = False
 
     @property
     def num_tokens(self):
@@ -300,6 +301,8 @@ class Engine:
         self.computed = {}          # request id -> tokens whose KV the forward computed
         self.invalid_seen = set()
         self.sending_counts = {}
+        self.recving_counts = {}
+        self.finished_recving, self.failed_recving = set(), set()
         self.preempted = []
         self.stats = []
         self._kv_cache = {}
@@ -367,13 +370,40 @@ class Engine:
                 continue
             scheduled[req.request_id], start[req.request_id] = n, req.num_computed_tokens
             budget -= n
+        skipped = []
         while not preempted and self.waiting and budget > 0:
             req = self.waiting[0]
-            local = 0           # no local prefix cache in this engine: every hit is kvnode's
-            ext, load_async = self.connector.get_num_new_matched_tokens(req, local)
-            assert ext is not None and load_async is False
-            assert local + ext < req.num_tokens, "the connector matched every token"
-            computed = local + ext
+            if req.waiting_for_remote:
+                if req.request_id not in self.finished_recving:
+                    skipped.append(self.waiting.pop(0))     # still loading
+                    continue
+                # its asynchronous load ended: its blocks count as computed (all but the
+                # last token), unless a load error cut them already
+                self.finished_recving.discard(req.request_id)
+                req.waiting_for_remote = False
+                if req.request_id in self.failed_recving:
+                    self.failed_recving.discard(req.request_id)
+                else:
+                    req.num_computed_tokens = min(len(req.block_ids) * self.block_size,
+                                                  req.num_tokens - 1)
+            ext, load_async = 0, False
+            if req.num_computed_tokens == 0:
+                local = 0       # no local prefix cache in this engine: every hit is kvnode's
+                ext, load_async = self.connector.get_num_new_matched_tokens(req, local)
+                assert ext is not None and (ext > 0 or not load_async)
+                assert local + ext < req.num_tokens, "the connector matched every token"
+                computed = local + ext
+            else:
+                computed = req.num_computed_tokens      # after an asynchronous load
+            if load_async:
+                # the blocks for the load only; the request waits until it is reported
+                if not self._allocate(req, computed):
+                    break
+                self.connector.update_state_after_alloc(req, KVCacheBlocks(req.block_ids), ext)
+                req.waiting_for_remote = True
+                req.num_external_computed_tokens = ext
+                skipped.append(self.waiting.pop(0))
+                continue
             n = min(self._chunk(req, computed), budget)
             if not self._allocate(req, computed + n):
                 break
@@ -387,6 +417,7 @@ class Engine:
             sync_loads |= ext > 0
             scheduled[req.request_id], start[req.request_id] = n, computed
             budget -= n
+        self.waiting[:0] = skipped
         out = SchedulerOutput(scheduled, start,
                               {rid: list(self.requests[rid].block_ids) for rid in scheduled},
                               {rid: list(self.requests[rid].all_token_ids) for rid in scheduled},
@@ -399,8 +430,18 @@ class Engine:
         return out
 
     def _invalid(self, invalid):
-        """Requests whose loaded blocks failed: computed tokens cut at the first one."""
+        """Requests whose loaded blocks failed: computed tokens cut at the first one
+        (a request still loading asynchronously: remembered as failed)."""
         affected = set()
+        for req in self.waiting:
+            if not req.waiting_for_remote:
+                continue
+            for idx, b in enumerate(req.block_ids):
+                if b in invalid:
+                    req.num_computed_tokens = idx * self.block_size
+                    req.num_external_computed_tokens = req.num_computed_tokens
+                    self.failed_recving.add(req.request_id)
+                    break
         for req in self.running:
             nblocks = -(-max(req.num_cached_tokens, 0) // self.block_size)
             for idx, b in enumerate(req.block_ids[:nblocks]):
@@ -439,15 +480,22 @@ class Engine:
             req.update_hashes()
             if len(req.output_token_ids) >= req.max_tokens:
                 self._finish(req)
-        finished_sending = set()
+        finished_sending, finished_recving = set(), set()
         for o in outputs:           # KVOutputAggregator: done when every worker said so
             for rid in o.finished_sending or ():
                 self.sending_counts[rid] = self.sending_counts.get(rid, 0) + 1
                 if self.sending_counts[rid] == len(outputs):
                     finished_sending.add(rid)
+            for rid in o.finished_recving or ():
+                self.recving_counts[rid] = self.recving_counts.get(rid, 0) + 1
+                if self.recving_counts[rid] == len(outputs):
+                    del self.recving_counts[rid]
+                    finished_recving.add(rid)
             if o.kv_connector_stats is not None:
                 self.stats.append(o.kv_connector_stats.data)
-        self.connector.update_connector_output(KVConnectorOutput(finished_sending, None, invalid))
+        self.connector.update_connector_output(KVConnectorOutput(finished_sending,
+                                                                 finished_recving, invalid))
+        self.finished_recving |= finished_recving
         for rid in finished_sending:
             self._free_blocks(self.requests.pop(rid))
 

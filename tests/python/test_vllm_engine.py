@@ -95,6 +95,53 @@ def test_two_engines_share_a_prefix(daemon, first, second):
     assert outputs == reference({"b": prompt}, {"backend": second})["outputs"]["b"]
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_asynchronous_load(daemon, tp):
+    """async_load_min_blocks 4: an 8-block hit loads on the workers' threads while the
+    request waits (vLLM's WAITING_FOR_REMOTE_KVS); get_finished reports it from every
+    worker, then the request computes only its suffix; the bytes are the first engine's."""
+    run_engine(extra(daemon), {"a": PREFIX + [1, 2]}, {"tp": tp})
+    prompt = PREFIX + [7, 8, 9]
+    e = Engine(extra(daemon, async_load_min_blocks=4), tp=tp)
+    try:
+        req = e.add("b", prompt)
+        assert e.connector.get_num_new_matched_tokens(req, 0) == (32, True)
+        out = e.step()
+        assert out.num_scheduled_tokens == {} and req.waiting_for_remote
+        assert not out.has_sync_kv_loads
+        e.run(between=lambda i: i == 0 and check_loaded(e, req, 8, ranks=range(tp)))
+        assert e.computed["b"] == len(prompt) - 32 + 1 and not e.invalid_seen
+        assert [w.connector.counters["blocks_loaded"] for w in e.workers] == [8] * tp
+        got = req.output_token_ids
+    finally:
+        e.shutdown()
+    assert got == reference({"b": prompt}, {"tp": tp})["outputs"]["b"]
+
+
+def test_asynchronous_load_error(daemon):
+    """An asynchronous load missing block 5: blocks 5-7 reported with the request's
+    finished_recving; vLLM computes from block 5 on."""
+    run_engine(extra(daemon), {"a": PREFIX + [1, 2]})
+    prompt = PREFIX + [3]
+    e = Engine(extra(daemon, async_load_min_blocks=1))
+    try:
+        req = e.add("b", prompt)
+        out = e.schedule()
+        assert req.waiting_for_remote
+        ids = list(req.block_ids)
+        with kvnode.Client(daemon, e.connector._link.layout) as c:
+            keys, checks = kvnode.fold_digests([h.hex() for h in req.block_hashes[:8]])
+            assert c.delete_each([keys[5]], checks=[checks[5]]) == [True]
+        e.update_from_output(out, [w.execute(out) for w in e.workers])
+        e.run(between=lambda i: i == 0 and check_loaded(e, req, 5))
+        assert e.invalid_seen == set(ids[5:8])
+        assert e.computed["b"] == len(prompt) - 20 + 1
+        got = req.output_token_ids
+    finally:
+        e.shutdown()
+    assert got == reference({"b": prompt})["outputs"]["b"]
+
+
 def test_match_never_covers_the_last_prompt_token(daemon):
     """A prompt stored whole: vLLM must still compute its last token (one block less)."""
     prompt = PREFIX[:16]
