@@ -388,8 +388,9 @@ class _Link:
             err = e
         with self._lock:
             self._connecting = False
-            if self._closed and c is not None:
-                c.close()
+            if self._closed:
+                if c is not None:
+                    c.close()
             elif c is None:
                 self._retry_at = time.monotonic() + self.reconnect_interval_s
                 if not self._warned:
