@@ -449,7 +449,7 @@ bench-kvs: all $(BENCH_KVS_BIN)
 bench-node: all $(BENCH_NODE_BIN)
 	KVNODED=$(KVNODED) $(BENCH_NODE_BIN) $(BENCH_NODE_ARGS)
 
-# kvnode.sglang / kvnode.lmcache against libkvnode's batched calls in one run (Python 3,
+# kvnode.sglang / kvnode.lmcache / kvnode.vllm against libkvnode's batched calls in one run (Python 3,
 # numpy); BENCH_ADAPTERS_ARGS: --rounds N (default 30).
 bench-adapters: all
 	KVNODED=$(abspath $(KVNODED)) KVNODE_LIBRARY=$(abspath $(LIBSO)) /usr/bin/python3 tests/bench/bench_adapters.py $(BENCH_ADAPTERS_ARGS)

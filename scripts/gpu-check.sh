@@ -29,6 +29,11 @@
 #                is served HBM (the VMM fd path)
 #   demotion     demotion while the daemon still pins its host arena, with a
 #                pin chunk that is not a multiple of the slab
+#   vllm         kvnode.vllm's device path (tests/gpu/vllm_device.py): one
+#                engine's connector saves a cross-layer KV cache's blocks from
+#                GPU memory, another's loads them into its own, byte-exact,
+#                through vLLM's calls; the load's bandwidth next to cudaMemcpy
+#                (SKIP without torch for /usr/bin/python3)
 #
 # Each behaviour runs kvnode-gpu-check (tests/bench/gpu_check.c), an engine
 # process that links libkvnode.so and dlopens the CUDA runtime, against a
@@ -60,7 +65,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PROG=gpu-check.sh
-ALL_BEHAVIOURS=(preflight identity batch completion store restart death reader-pin churn pidns demotion)
+ALL_BEHAVIOURS=(preflight identity batch completion store restart death reader-pin churn pidns demotion vllm)
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 
 sim=0 keep=0 only=""
@@ -539,6 +544,25 @@ b_demotion() {
   fi
   if gc demotion demotion --block-bytes "$bb"; then verdict=PASS; else verdict=FAIL; fi
   why="slab $slab, pin chunk $chunk, blocks of $((bb >> 10)) KiB: $res"
+}
+
+b_vllm() {
+  local st=0 lib=$PWD/$BUILD/libkvnode.so.0 pre=()
+  # a sanitizer build's libkvnode needs its runtime loaded before python3 starts
+  . tests/common/asan_preload.sh
+  local asan; asan=$(asan_preload "$lib")
+  [[ -n $asan ]] && pre=("LD_PRELOAD=$asan" "ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}")
+  timeout -k 5 "$TIMEOUT" env "${pre[@]}" KVNODE_LIBRARY="$lib" /usr/bin/python3 \
+    tests/gpu/vllm_device.py --socket "$sock" --device "$DEVICE" --blocks "$BLOCKS" \
+    --salt "$salt" >"$dir/vllm.out" 2>&1 || st=$?
+  res=$(grep '^RESULT ' "$dir/vllm.out" | tail -n 1 | sed -E 's/^RESULT [A-Z]+: //' || true)
+  [[ -n $res ]] || res="no verdict (status $st): $(tail -n 1 "$dir/vllm.out")"
+  case $st in
+    0) verdict=PASS ;;
+    3) verdict=SKIP ;;
+    *) verdict=FAIL ;;
+  esac
+  why=$res
 }
 
 # --- run ---------------------------------------------------------------------------

@@ -57,7 +57,9 @@ polls readable while some wait::
 #   client.py       Client, version()
 #   async_client.py AsyncClient: submits that never wait for the daemon (the binding's
 #                   connect thread, reconnects, its own tickets and event fd)
-# sglang.py and lmcache.py, the engine adapters, use only what this package exports.
+#   gathered.py     blocks in pieces of the caller's memory (KVNODE_0.8 gathered calls)
+# sglang.py, lmcache.py and vllm.py, the engine adapters, use what this package exports
+# (vllm.py also kvnode.gathered).
 
 #: Version of this package; equals the kvnode release it belongs to (Makefile VERSION).
 __version__ = "0.1.0"

@@ -29,6 +29,9 @@ Python, printed apart; for layer_first asked about two pages of each batch, the 
 adapter's page-base model) and, for layer_first, the gather of each page's per-layer pieces
 into / out of its block. The paths take turns in an order shuffled anew every round.
 
+Then kvnode.vllm's connector next to the C API doing its work (tests/bench/bench_vllm.py:
+64 blocks saved and loaded through vLLM's calls, a 256-block MATCH).
+
 Correctness: every put is read back and every get compared byte for byte (untimed, in
 every round, the destination zeroed before each get), every exists must find the stored
 prefix; a wrong byte or count stops the bench with an error.
@@ -58,6 +61,7 @@ import kvnode.sglang  # noqa: E402
 from conftest import running_daemon  # noqa: E402
 from fake_sglang import HostPool, StorageConfig, host_indices  # noqa: E402
 from test_sglang_engine import MHAHost, MLAHost, indices, raw  # noqa: E402
+import bench_vllm  # noqa: E402
 
 PAGES, PAGE_BYTES, EXIST_KEYS = 64, 64 * 1024, 256
 PAGE_TOKENS = 16
@@ -708,6 +712,8 @@ def main():
                      "C fold+match, 2 parts": CFoldPath(sock, sgl_keys, parts=2),
                      "C fold+async, lmcache keys": CFoldPath(sock, lmc_keys, asynchronous=True),
                      "C async, lmcache's work": CAsyncPath(sock, args.rounds, lmc_keys)}
+            paths["vllm connector"] = bench_vllm.VllmPath(sock, args.rounds, args.layers)
+            paths["C API, vllm's work"] = bench_vllm.CVllmPath(sock, args.rounds, args.layers)
             layouts = []
             for layout, mla in SGLANG_LAYOUTS:
                 name = "%s %s" % ("MLA" if mla else "MHA", layout)
@@ -748,6 +754,7 @@ def main():
           % ("C async, lmcache's work", mib / ca[0], mib / ca[1], ca[2] * 1e6,
              la[0] / ca[0], la[1] / ca[1], la[2] / ca[2],
              "" if max(la[i] / ca[i] for i in range(3)) <= LIMIT else " *"))
+    bench_vllm.report(got, LIMIT, args.layers)
     print("SGLang host layouts (torch pools, %d layers, bfloat16, %d-token pages of %d KiB) next "
           "to the C API from the same key strings (fold, check words, the same namespaces):"
           % (args.layers, PAGE_TOKENS, PAGE_BYTES // 1024))

@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
-PASSING=(preflight identity batch completion store restart death reader-pin churn pidns demotion)
+PASSING=(preflight identity batch completion store restart death reader-pin churn pidns demotion vllm)
 PENDING=()
 
 # The script and the checker answer usage errors with status 2.

@@ -1,0 +1,1012 @@
+"""vLLM v1 KV connector on kvnode: ``kvnode.vllm.KvnodeConnector``.
+
+Load it in vLLM with::
+
+    vllm serve Qwen/Qwen3-8B --kv-transfer-config '{"kv_connector": "KvnodeConnector",
+        "kv_connector_module_path": "kvnode.vllm", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"socket_path": "/run/kvnode/kvnode.sock"}}'
+
+vLLM's factory imports ``kv_connector_module_path``, takes ``kv_connector`` from it and builds
+one instance in the scheduler process (role SCHEDULER) and one in each worker (role WORKER,
+one per TP and PP rank) as ``KvnodeConnector(vllm_config, role, kv_cache_config)``. When vLLM
+is importable the class subclasses its ``KVConnectorBase_V1``; when it is not, a stand-in
+base with the same worker-side plumbing (``bind_connector_metadata`` ...), so the module
+imports without vLLM (``HAVE_VLLM`` says which, ``VLLM_IMPORT_ERROR`` why).
+
+What runs where:
+
+- Scheduler: ``get_num_new_matched_tokens`` MATCHes the request's block keys (the
+  publishable block hashes past the prefix vLLM holds itself - kvnode need not hold that
+  prefix - short of the block holding the prompt's last token: vLLM computes at least one
+  token) in each rank's namespace (every TP rank and PP stage; MLA: the one its TP ranks
+  share), each MATCH asking only the prefix the ranks before it hold, so every worker can
+  load what it answers. It stores nothing in kvnode and answers 0 when kvnoded is down,
+  slow or a call fails. ``update_state_after_alloc`` turns
+  a match into a load of the blocks vLLM allocated for it; ``build_connector_meta`` hands this
+  step's loads and saves to the workers (block ids and words: picklable).
+  ``request_finished`` plans a save of the request's full, publishable blocks and returns
+  True: vLLM keeps the blocks until the workers report the save done (``get_finished``); a
+  request with nothing to save returns False. ``reset_cache`` purges the deployment (every
+  TP rank and PP stage) from kvnoded's memory and store (``kvnode.purge_layouts``); True
+  when done, False on failure.
+- Workers: ``register_kv_caches`` takes the per-layer paged KV caches in vLLM's NHD shapes
+  (CPU torch tensors: the host copies their pieces): K/V split ``(2, num_blocks, block_size,
+  heads, head_dim)`` (FlashAttention and most backends), stacked ``(num_blocks, 2, block_size,
+  heads, head_dim)`` (FlashInfer) and MLA ``(num_blocks, block_size, head_dim)``. A vLLM
+  block is one kvnode block: for each layer in order, K then V of its ``block_size`` tokens
+  (MLA: the latent), so split and stacked caches share blocks. ``prefer_cross_layer_blocks``
+  is True (extra config ``cross_layer_blocks``): for models with uniform layers vLLM then
+  allocates one tensor for every layer and calls ``register_cross_layers_kv_cache``; each
+  block of it lies in one run of memory in that same order (checked) and moves whole
+  (``kvnode_get_batch`` / ``kvnode_put_batch``; CUDA tensors by libkvnode's device copies,
+  the client declaring the tensor's device: run against the strict fake CUDA by
+  ``scripts/gpu-check.sh --sim``, not yet on a GPU). ``start_load_kv`` copies each
+  load straight from kvnoded's shared memory into the paged blocks (one
+  ``kvnode_get_scatter_checked`` per request: every piece of every block, lease included);
+  a block it could not load is reported by ``get_block_ids_with_load_errors`` (vLLM then
+  recomputes from it under ``kv_load_failure_policy`` ``recompute``, fails the request under
+  its default ``fail``: a block is never taken as loaded unless its copy completed).
+  ``wait_for_layer_load`` returns at once (loads are done when ``start_load_kv`` returns).
+  With ``async_load_min_blocks`` N > 0, a hit of at least N blocks loads asynchronously
+  (``get_num_new_matched_tokens`` answers True): vLLM parks the request
+  (WAITING_FOR_REMOTE_KVS), the worker's thread makes the load, and ``get_finished``
+  reports the request (its failed blocks reported by then) in its second set.
+  Saves run on a thread of the worker (``kvnode_put_gather_checked``, blocks already stored
+  skipped) from blocks vLLM holds for them; ``get_finished`` reports a request once its save
+  has ended and vLLM has named it finished; ``save_kv_layer`` and ``wait_for_save`` have
+  nothing to do (no save reads a block vLLM is writing). ``get_kv_connector_stats`` gives the
+  counters of the interval since the previous call; ``shutdown`` waits for the saves queued
+  (at most ``timeout_ms`` each) and disconnects.
+
+Keys: vLLM's block hashes (``request.block_hashes``; only the first
+``request.num_publishable_block_hashes``, as vLLM requires of content-addressed connectors)
+folded by :func:`kvnode.fold_digests` (key: the hash's first 64 bits, check word: the next 64,
+sent beside the key whenever kvnoded honours check words). vLLM seeds its hash chain from
+``PYTHONHASHSEED``: instances that are to share blocks must run with the same
+``PYTHONHASHSEED`` and ``--prefix-caching-hash-algo`` (without ``PYTHONHASHSEED`` each vLLM
+process draws a random seed and finds only its own blocks).
+
+Namespaces: one per (model, revision, KV geometry and dtype, TP rank, PP stage): ``model``
+(default the served model), ``model_revision`` (default vLLM's ``--revision``),
+``block_tokens`` vLLM's ``block_size``, ``block_bytes`` layers x (2 or 1) x block_size x heads
+x head_dim x element size, extra ``vllm/kv`` (``vllm/mla``), plus ``/pp<rank>-<size>`` under
+pipeline parallelism. MLA caches are the same on every TP rank: rank 0 saves and every rank
+loads rank 0's. Layers per stage are vLLM's split (``get_pp_indices``).
+
+Never raising into vLLM: every method catches and logs (once per kind of failure), and
+answers what means "nothing": no match, the load's blocks reported as errors, a save dropped
+(counted in ``saves_dropped_blocks``, the request still reported finished). Connections are
+made on a thread of their own (a call waits at most ``connect_wait_ms`` for one under way),
+remade after kvnoded went away (at most once per ``reconnect_interval_s``); every call is
+bounded by ``timeout_ms``.
+
+``kv_connector_extra_config`` keys (any other is refused with a ``ValueError`` naming the
+valid ones): ``socket_path`` (default ``$KVNODE_SOCKET``, else libkvnode's),
+``timeout_ms`` (default 2000), ``connect_wait_ms`` (default 20), ``reconnect_interval_s``
+(default 1), ``model``, ``model_revision``, ``cross_layer_blocks`` (default true),
+``async_load_min_blocks`` (default 0: every load synchronous).
+"""
+
+import _thread
+import array
+import collections
+import ctypes
+import dataclasses
+import enum
+import logging
+import os
+import threading
+import time
+
+import kvnode
+from kvnode import _lib as _clib
+from kvnode import gathered
+
+__all__ = ["KvnodeConnector", "KvnodeConnectorMetadata", "KvnodeConnectorStats", "HAVE_VLLM"]
+
+logger = logging.getLogger(__name__)
+
+try:    # vLLM's base class when vLLM is there; any failure of its import leaves the stand-in
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: F401
+        KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
+    HAVE_VLLM, VLLM_IMPORT_ERROR = True, None
+except Exception as _e:     # noqa: BLE001 - ImportError, or vLLM failing to import
+    HAVE_VLLM, VLLM_IMPORT_ERROR = False, "%s: %s" % (type(_e).__name__, _e)
+
+    class KVConnectorRole(enum.Enum):
+        """Stand-in for vLLM's (same members and values)."""
+        SCHEDULER = 0
+        WORKER = 1
+
+    class KVConnectorMetadata:
+        """Stand-in for vLLM's (an empty base)."""
+
+    class KVConnectorBase_V1:
+        """Stand-in for vLLM's base class: its constructor's state and the worker side's
+        metadata plumbing, which vLLM's model runner calls around every step."""
+
+        def __init__(self, vllm_config, role, kv_cache_config=None):
+            self._connector_metadata = None
+            self._vllm_config = vllm_config
+            self._kv_transfer_config = vllm_config.kv_transfer_config
+            self._kv_cache_config = kv_cache_config
+            self._role = role
+
+        @property
+        def role(self):
+            return self._role
+
+        def bind_connector_metadata(self, connector_metadata):
+            self._connector_metadata = connector_metadata
+
+        def clear_connector_metadata(self):
+            self._connector_metadata = None
+
+        def _get_connector_metadata(self):
+            assert self._connector_metadata is not None
+            return self._connector_metadata
+
+        def has_connector_metadata(self):
+            return self._connector_metadata is not None
+
+    logger.info("kvnode.vllm: vLLM is not importable (%s); KvnodeConnector uses a stand-in "
+                "base class", VLLM_IMPORT_ERROR)
+
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import \
+        KVConnectorStats as _StatsBase
+except Exception:       # noqa: BLE001 - no vLLM, or one without connector stats
+    _StatsBase = object
+
+_DISCONNECTED = (kvnode.Closed, kvnode.ConnectError, kvnode.TimedOut, kvnode.ShuttingDown,
+                 kvnode.IOFailure, kvnode.ProtocolError)
+
+#: kv_connector_extra_config keys and their defaults (any other key is refused).
+PARAMS = {"socket_path": None, "timeout_ms": 2000, "connect_wait_ms": 20,
+          "reconnect_interval_s": 1.0, "model": None, "model_revision": None,
+          "cross_layer_blocks": True, "async_load_min_blocks": 0}
+
+_COUNTERS = ("blocks_loaded", "load_error_blocks", "blocks_saved", "saves_dropped_blocks",
+             "bytes_loaded", "bytes_saved", "load_calls", "save_calls")
+
+
+@dataclasses.dataclass
+class KvnodeConnectorStats(_StatsBase):
+    """The workers' counters of one interval (``data``: name -> number), in the shape of
+    vLLM's ``KVConnectorStats`` (reset, aggregate, reduce, is_empty)."""
+
+    data: dict = dataclasses.field(default_factory=dict)
+
+    def reset(self):
+        self.data = {}
+
+    def aggregate(self, other):
+        for k, v in (other.data or {}).items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self):
+        return dict(self.data)
+
+    def is_empty(self):
+        return not any(self.data.values())
+
+
+def _words(code, ctypes_array):
+    """A ctypes array of 64-bit keys or check words as an array.array (picklable, as the
+    metadata must be; the worker's call takes it back without a copy: _ctypes_words)."""
+    return array.array(code, bytes(ctypes_array))
+
+
+def _tail(ctypes_array, start):
+    """The items of a ctypes array from start on, over the same memory (no copy)."""
+    n = len(ctypes_array) - start
+    return (ctypes_array._type_ * n).from_buffer(ctypes_array, start * ctypes.sizeof(
+        ctypes_array._type_))
+
+
+def _ctypes_words(ctype, words):
+    return (ctype * len(words)).from_buffer(words) if len(words) else (ctype * 0)()
+
+
+@dataclasses.dataclass
+class _Transfer:
+    """One request's blocks to load or save: vLLM block ids and their folded keys and check
+    words (array.array of 64-bit words)."""
+    req_id: str
+    block_ids: list
+    keys: list
+    checks: list
+    asynchronous: bool = False      # a load the worker's thread makes (get_finished says)
+
+
+class KvnodeConnectorMetadata(KVConnectorMetadata):
+    """What the scheduler side hands the workers each step (picklable: lists of ints)."""
+
+    def __init__(self, loads=(), saves=()):
+        self.loads = list(loads)
+        self.saves = list(saves)
+
+
+class _Geometry:
+    """The KV cache of one worker as kvnode sees it: block tokens, heads, head size, the
+    element type, MLA or not, and the layer names (all stages)."""
+
+    def __init__(self, block_size, heads, head_dim, dtype, elem_size, mla, layers):
+        self.block_size, self.heads, self.head_dim = int(block_size), int(heads), int(head_dim)
+        self.dtype, self.elem_size, self.mla = dtype, int(elem_size), bool(mla)
+        self.layers = list(layers)
+
+    def layer_bytes(self):
+        """Bytes of one layer of one block: K and V (MLA: the latent)."""
+        return (1 if self.mla else 2) * self.block_size * self.heads * self.head_dim * \
+            self.elem_size
+
+
+def _dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def _elem_size(dtype):
+    size = getattr(dtype, "itemsize", None)
+    if size is None:
+        import torch
+        size = torch.empty((), dtype=dtype).element_size()
+    return int(size)
+
+
+def _spec_geometry(kv_cache_config):
+    """The geometry vLLM's KVCacheConfig gives (one KV cache group: no hybrid models)."""
+    groups = list(kv_cache_config.kv_cache_groups)
+    if len(groups) != 1:
+        raise ValueError("kvnode.vllm: %d KV cache groups (a hybrid model); this connector "
+                         "serves models with one" % len(groups))
+    spec = groups[0].kv_cache_spec
+    mla = "MLA" in type(spec).__name__ or bool(getattr(spec, "use_mla", False))
+    return _Geometry(spec.block_size, spec.num_kv_heads, spec.head_size,
+                     _dtype_name(spec.dtype), _elem_size(spec.dtype), mla,
+                     groups[0].layer_names)
+
+
+def _stage_layers(nlayers, pp_rank, pp_size):
+    """How many of nlayers layers PP stage pp_rank holds (vLLM's get_pp_indices)."""
+    if pp_size == 1:
+        return nlayers
+    try:
+        from vllm.distributed.utils import get_pp_indices
+        start, end = get_pp_indices(nlayers, pp_rank, pp_size)
+        return end - start
+    except Exception:       # noqa: BLE001 - no vLLM: its default split
+        parts = [nlayers // pp_size] * pp_size
+        for i in range(2, nlayers % pp_size + 2):
+            parts[-i] += 1
+        return parts[pp_rank]
+
+
+def _fold_hashes(hashes):
+    """kvnode.fold_digests of the hashes' hex digits (keys and check words), in one call
+    into libkvnode on the raw bytes when every hash is bytes of one length of at least 16
+    (vLLM's SHA-256 hashes: 32): the same words, without a hex string per block."""
+    n = len(hashes)
+    if n and type(hashes[0]) is bytes and len(hashes[0]) >= 16 and \
+            _clib._fold_digests is not None:
+        size = len(hashes[0])
+        raw = b"".join(hashes)
+        if len(raw) == size * n and len(hashes[-1]) == size:    # (one hash function)
+            keys, checks = (ctypes.c_int64 * n)(), (ctypes.c_uint64 * n)()
+            if _clib._fold_digests(raw, n, size, keys, checks) == n:
+                return keys, checks
+    return kvnode.fold_digests([_hex(h) for h in hashes])
+
+
+def _hex(block_hash):
+    """A vLLM block hash (bytes; an int, or an object with ``hash_value`` in older
+    releases) as hex digits for kvnode.fold_digests."""
+    if isinstance(block_hash, (bytes, bytearray, memoryview)):
+        return bytes(block_hash).hex()
+    value = getattr(block_hash, "hash_value", block_hash)
+    return "%064x" % (int(value) & ((1 << 256) - 1))
+
+
+class _GatheredBlocks:
+    """A vLLM block in pieces over per-layer caches (K and V of each layer): moved by
+    kvnode_put_gather_checked / kvnode_get_scatter_checked, one call per batch."""
+
+    device = -1
+
+    def __init__(self, base, step, pieces):
+        self.base, self.step, self.pieces = base, step, pieces
+        self.block_bytes = pieces.block_bytes
+
+    def load(self, c, keys, block_ids, checks):
+        return gathered.get_scattered(c, keys, [self.base + b * self.step for b in block_ids],
+                                      self.pieces, checks)
+
+    def save(self, c, keys, block_ids, checks):
+        gathered.put_gathered(c, keys, [self.base + b * self.step for b in block_ids],
+                              self.pieces, checks)
+
+
+class _WholeBlocks:
+    """A vLLM block as one run of memory (a cross-layer cache: every layer's K and V of the
+    block together): moved by kvnode_get_batch / kvnode_put_batch, on a GPU by libkvnode's
+    device copies (device: the CUDA ordinal, -1 for host memory)."""
+
+    def __init__(self, base, step, block_bytes, device):
+        self.base, self.step, self.block_bytes, self.device = base, step, block_bytes, device
+
+    def load(self, c, keys, block_ids, checks):
+        return c.get_batch(keys, [self.base + b * self.step for b in block_ids],
+                           device=self.device >= 0, checks=checks)
+
+    def save(self, c, keys, block_ids, checks):
+        c.put_batch(keys, [self.base + b * self.step for b in block_ids],
+                    device=self.device >= 0, checks=checks)
+
+
+class _Link:
+    """The connection to one kvnode namespace, made on a thread of its own (never on a
+    caller's) and remade after kvnoded went away, at most once per reconnect interval.
+    acquire() lends the client (or None) to a call; a client found broken is retired and
+    closed once its last borrower gives it back."""
+
+    def __init__(self, socket_path, layout, timeout_ms, reconnect_interval_s, what,
+                 cuda_device=-1):
+        self.socket_path, self.layout, self.timeout_ms = socket_path, layout, timeout_ms
+        self.cuda_device = cuda_device
+        self.reconnect_interval_s, self.what = reconnect_interval_s, what
+        self._lock = threading.Lock()
+        self._client = None
+        self._connecting = False
+        self._connected = threading.Event()
+        self._retry_at = 0.0
+        self._users = {}
+        self._retired = []
+        self._warned = False
+        self._closed = False
+        self.checks_on = False
+
+    def start(self):
+        with self._lock:
+            self._start_locked()
+
+    def _start_locked(self):
+        if self._client is not None or self._connecting or self._closed or \
+                time.monotonic() < self._retry_at:
+            return
+        self._connecting = True
+        self._connected = threading.Event()
+        _thread.start_new_thread(self._connect, (self._connected,))
+
+    def _connect(self, done):
+        c, err = None, None
+        try:
+            c = kvnode.Client(self.socket_path, self.layout, self.timeout_ms,
+                              cuda_device=self.cuda_device)
+        except Exception as e:  # noqa: BLE001 - logged; the calls answer "nothing"
+            err = e
+        with self._lock:
+            self._connecting = False
+            if self._closed:
+                if c is not None:
+                    c.close()
+            elif c is None:
+                self._retry_at = time.monotonic() + self.reconnect_interval_s
+                if not self._warned:
+                    logger.warning("kvnode.vllm: %s: cannot connect to kvnoded (%s: %s); "
+                                   "no loads or saves until it is back", self.what,
+                                   type(err).__name__, err)
+                    self._warned = True
+            else:
+                if self._warned:
+                    logger.warning("kvnode.vllm: %s: reconnected to kvnoded", self.what)
+                self._warned = False
+                self._client, self.checks_on = c, c.has_check_words
+        done.set()
+
+    def acquire(self, wait_s):
+        """The client (lent until release()), or None: not connected (a connect is then
+        started when due, and waited for at most wait_s when under way)."""
+        with self._lock:
+            c = self._client
+            if c is None:
+                self._start_locked()
+                done = self._connected if self._connecting else None
+        if c is None:
+            if done is None or wait_s <= 0 or not done.wait(wait_s):
+                return None
+            with self._lock:
+                c = self._client
+                if c is None:
+                    return None
+        with self._lock:
+            self._users[id(c)] = self._users.get(id(c), 0) + 1
+        return c
+
+    def release(self, c, error=None):
+        """Give c back; error (the call's exception) retires it when it says the
+        connection is gone."""
+        close = None
+        with self._lock:
+            if isinstance(error, _DISCONNECTED) and self._client is c:
+                self._client = None
+                self._retry_at = time.monotonic() + self.reconnect_interval_s
+                self._retired.append(c)
+                if not self._warned:
+                    logger.warning("kvnode.vllm: %s: lost kvnoded (%s: %s); reconnecting in "
+                                   "the background", self.what, type(error).__name__, error)
+                    self._warned = True
+            left = self._users.get(id(c), 1) - 1
+            if left:
+                self._users[id(c)] = left
+            else:
+                self._users.pop(id(c), None)
+                if c in self._retired:
+                    self._retired.remove(c)
+                    close = c
+        if close is not None:
+            close.close()
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            clients = [c for c in [self._client] + self._retired
+                       if c is not None and id(c) not in self._users]
+            self._client = None
+        for c in clients:
+            c.close()
+
+
+class KvnodeConnector(KVConnectorBase_V1):
+    """vLLM v1 KV connector backed by kvnoded (see the module docstring)."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        try:
+            super().__init__(vllm_config, role, kv_cache_config)
+        except TypeError:       # vLLM releases whose base takes (vllm_config, role)
+            super().__init__(vllm_config, role)
+        ktc = vllm_config.kv_transfer_config
+        extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
+        unknown = sorted(set(extra) - set(PARAMS))
+        if unknown:
+            raise ValueError("kvnode.vllm: unknown kv_connector_extra_config keys %s; the valid "
+                             "ones are %s" % (", ".join(map(repr, unknown)), ", ".join(PARAMS)))
+        p = dict(PARAMS, **extra)
+        self.socket_path = p["socket_path"] or os.environ.get("KVNODE_SOCKET")
+        self.timeout_ms = int(p["timeout_ms"])
+        self.connect_wait_s = max(0, int(p["connect_wait_ms"])) / 1000.0
+        self.reconnect_interval_s = float(p["reconnect_interval_s"])
+        self._cross_layer = bool(p["cross_layer_blocks"])
+        self.async_load_min_blocks = int(p["async_load_min_blocks"])
+        if self.async_load_min_blocks < 0:
+            raise ValueError("kvnode.vllm: async_load_min_blocks must be >= 0 (0: never)")
+        if self.timeout_ms <= 0 or self.reconnect_interval_s < 0:
+            raise ValueError("kvnode.vllm: timeout_ms must be > 0 and reconnect_interval_s >= 0")
+        mc = vllm_config.model_config
+        self.model = str(p["model"] or getattr(mc, "served_model_name", None) or mc.model)
+        if isinstance(getattr(mc, "served_model_name", None), (list, tuple)):
+            self.model = str(p["model"] or mc.served_model_name[0])
+        if len(self.model.encode()) > 127:
+            raise ValueError("kvnode.vllm: model name %r is over 127 bytes: give a shorter "
+                             "\"model\" in kv_connector_extra_config" % self.model)
+        self.revision = p["model_revision"] or getattr(mc, "revision", None) or None
+        if self.revision is not None and (not isinstance(self.revision, str) or
+                                          len(self.revision.encode()) > 127):
+            raise ValueError("kvnode.vllm: model_revision must be a string of at most 127 "
+                             "bytes, got %r" % (self.revision,))
+        role_name = getattr(ktc, "kv_role", None) or "kv_both"
+        self.loads_on = role_name in ("kv_both", "kv_consumer")
+        self.saves_on = role_name in ("kv_both", "kv_producer")
+        self.block_size = int(vllm_config.cache_config.block_size)
+        pc = vllm_config.parallel_config
+        self.tp_size = int(getattr(pc, "tensor_parallel_size", 1) or 1)
+        self.pp_size = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
+        self._geometry, self._spec_error = None, None
+        if kv_cache_config is not None:
+            try:
+                self._geometry = _spec_geometry(kv_cache_config)
+            except Exception as e:  # noqa: BLE001 - vLLM runs on, without the connector
+                self._spec_error = e
+                logger.error("kvnode.vllm: %s; the connector neither loads nor saves", e)
+        self._failures = set()          # kinds of failure logged once
+        self.counters = dict.fromkeys(_COUNTERS, 0)
+        self._interval = dict.fromkeys(_COUNTERS, 0)
+        self._count_lock = threading.Lock()
+        self._link = None
+        self._is_scheduler = role == KVConnectorRole.SCHEDULER or \
+            getattr(role, "name", None) == "SCHEDULER"
+        if self._is_scheduler:
+            if getattr(ktc, "kv_load_failure_policy", "recompute") == "fail":
+                logger.warning("kvnode.vllm: kv_load_failure_policy is \"fail\": a block "
+                               "evicted from kvnoded between the MATCH and the load fails its "
+                               "request; give \"recompute\" to have vLLM recompute it")
+            self._plans = {}            # request id -> (local blocks, matched blocks)
+            self._folded = {}           # request id -> (n, keys, checks)
+            self._loads, self._saves = [], []
+            self._saving = set()
+            self._links = []
+            if self._geometry is not None:
+                # every rank's namespace (MLA: one): a prefix counts when all hold it
+                ranks = [(0, pp) if self._geometry.mla else (tp, pp)
+                         for pp in range(self.pp_size) for tp in range(self.tp_size)]
+                self._links = [self._new_link(self._layout(tp, pp), "scheduler (tp%d pp%d)"
+                                              % (tp, pp)) for tp, pp in sorted(set(ranks))]
+                self._link = self._links[0]
+            elif self._spec_error is None:
+                logger.error("kvnode.vllm: this vLLM gives the connector no KVCacheConfig; the "
+                             "scheduler side cannot name the namespace and matches nothing")
+        else:
+            self.tp_rank, self.pp_rank = self._ranks(pc)
+            self._mover = None          # _GatheredBlocks or _WholeBlocks, once registered
+            self._load_errors = set()
+            self._save_queue = collections.deque()
+            self._save_wake = threading.Condition()
+            self._loaded = set()         # request ids whose asynchronous load has ended
+            self._pending_saves = set()  # request ids with a save queued or done
+            self._saved = set()          # ... whose save has ended
+            self._named_finished = set()  # ... that vLLM has named finished
+            self._stop = False
+            self._saver = None
+            self._mla_follower = False
+
+    # ------------------------------------------------------------------ shared
+
+    def _ranks(self, pc):
+        try:
+            from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+            return get_tp_group().rank_in_group, get_pp_group().rank_in_group
+        except Exception:   # noqa: BLE001 - no vLLM (or not initialised): the config's rank
+            rank = int(getattr(pc, "rank", 0) or 0)
+            return rank % self.tp_size, (rank // self.tp_size) % self.pp_size
+
+    def _layout(self, tp_rank, pp_rank):
+        geo = self._geometry
+        nlayers = _stage_layers(len(geo.layers), pp_rank, self.pp_size)
+        extra = "vllm/mla" if geo.mla else "vllm/kv"
+        if self.pp_size > 1:
+            extra += "/pp%d-%d" % (pp_rank, self.pp_size)
+        tp_size, tp_rank = (1, 0) if geo.mla else (self.tp_size, tp_rank)
+        return kvnode.Layout(model=self.model, dtype=geo.dtype, block_tokens=geo.block_size,
+                             block_bytes=nlayers * geo.layer_bytes(), num_layers=nlayers,
+                             kv_heads=geo.heads, head_dim=geo.head_dim, tp_size=tp_size,
+                             tp_rank=tp_rank, extra=extra, revision=self.revision)
+
+    def _new_link(self, layout, what, cuda_device=-1):
+        link = _Link(self.socket_path, layout, self.timeout_ms, self.reconnect_interval_s, what,
+                     cuda_device)
+        link.start()
+        return link
+
+    def _failed(self, kind, error):
+        """Log a failure that vLLM does not see: once per kind, then at debug level."""
+        if kind not in self._failures:
+            self._failures.add(kind)
+            logger.error("kvnode.vllm: %s failed (%s: %s); answering \"nothing\" (logged once)",
+                         kind, type(error).__name__, error,
+                         exc_info=None if isinstance(error, kvnode.Error) else error)
+        else:
+            logger.debug("kvnode.vllm: %s failed: %s", kind, error)
+
+    def _count(self, **deltas):
+        with self._count_lock:
+            for k, v in deltas.items():
+                self.counters[k] += v
+                self._interval[k] += v
+
+    @property
+    def requires_kv_delivery(self):
+        """False: a best-effort cache (a dropped save is a later miss), so vLLM need not
+        recompute a request preempted while a save of its is pending."""
+        return False
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config):
+        """NHD: a block's K (V) of one layer is then one run of memory in every backend."""
+        return "NHD"
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return KvnodeConnectorStats(data=dict(data or {}))
+
+    # ------------------------------------------------------------------ scheduler side
+
+    def _publishable(self, request):
+        n = getattr(request, "num_publishable_block_hashes", None)
+        hashes = request.block_hashes
+        return len(hashes) if n is None else min(int(n), len(hashes))
+
+    def _fold(self, request, n):
+        """Keys and check words of the request's first n blocks (folded once per request)."""
+        got = self._folded.get(request.request_id)
+        if got is None or got[0] < n:
+            keys, checks = _fold_hashes(request.block_hashes[:n])
+            got = self._folded[request.request_id] = (n, keys, checks)
+        if got[0] == n:
+            return got[1], got[2]
+        return kvnode.prefix(got[1], n), kvnode.prefix(got[2], n)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        """Tokens past num_computed_tokens whose blocks kvnoded holds (a MATCH per rank),
+        and whether they load asynchronously (at least async_load_min_blocks blocks, when
+        that is set); (0, False) whenever kvnoded cannot answer."""
+        try:
+            tokens = self._matched_tokens(request, num_computed_tokens)
+        except Exception as e:  # noqa: BLE001 - never into vLLM's scheduler
+            self._failed("get_num_new_matched_tokens", e)
+            return 0, False
+        return tokens, bool(tokens and self.async_load_min_blocks and
+                            tokens // self.block_size >= self.async_load_min_blocks)
+
+    def _matched_tokens(self, request, num_computed_tokens):
+        self._plans.pop(request.request_id, None)
+        if not self.loads_on or self._link is None:
+            return 0
+        bs = self.block_size
+        # Never the block of the prompt's last token: vLLM computes at least one token.
+        n = min(self._publishable(request), (request.num_tokens - 1) // bs)
+        local = num_computed_tokens // bs
+        if n <= local:
+            return 0
+        keys, checks = self._fold(request, n)
+        if local:       # the blocks past vLLM's own prefix (kvnode keys are not chained)
+            keys, checks = _tail(keys, local), _tail(checks, local)
+        more = len(keys)
+        for link in self._links:   # each rank's MATCH asks only what the ranks before found
+            c = link.acquire(self.connect_wait_s)
+            if c is None:
+                return 0
+            error = None
+            try:
+                more = c.match(kvnode.prefix(keys, more),
+                               kvnode.prefix(checks, more) if link.checks_on else None)
+            except kvnode.Error as e:
+                error, more = e, 0
+                self._failed("MATCH", e)
+            finally:
+                link.release(c, error)
+            if more <= 0:
+                return 0
+        self._plans[request.request_id] = (local, local + more)
+        return more * bs
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        """A load of the matched blocks into those vLLM allocated for them."""
+        try:
+            plan = self._plans.pop(request.request_id, None)
+            if num_external_tokens <= 0 or plan is None:
+                return
+            local, matched = plan
+            count = num_external_tokens // self.block_size
+            block_ids = list(blocks.get_block_ids()[0])[local:local + count]
+            keys, checks = self._fold(request, local + count)
+            self._loads.append(_Transfer(
+                request.request_id, block_ids, _words("q", keys)[local:],
+                _words("Q", checks)[local:],
+                bool(self.async_load_min_blocks and count >= self.async_load_min_blocks)))
+        except Exception as e:  # noqa: BLE001
+            self._failed("update_state_after_alloc", e)
+
+    def build_connector_meta(self, scheduler_output):
+        """This step's loads and saves, for the workers; the lists start anew."""
+        meta = KvnodeConnectorMetadata(self._loads, self._saves)
+        self._loads, self._saves = [], []
+        for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
+            self._plans.pop(rid, None)
+        return meta
+
+    def request_finished(self, request, block_ids):
+        """Save the request's full publishable blocks; True (vLLM holds the blocks) until a
+        worker's get_finished reports the save done."""
+        rid = request.request_id
+        try:
+            self._plans.pop(rid, None)
+            if not self.saves_on or self._geometry is None:
+                return False, None
+            n = min(self._publishable(request), request.num_computed_tokens // self.block_size,
+                    len(block_ids))
+            if n <= 0:
+                return False, None
+            keys, checks = self._fold(request, n)
+            self._saves.append(_Transfer(rid, list(block_ids[:n]), _words("q", keys),
+                                         _words("Q", checks)))
+            self._saving.add(rid)
+            return True, None
+        except Exception as e:  # noqa: BLE001
+            self._failed("request_finished", e)
+            return False, None
+        finally:
+            self._folded.pop(rid, None)
+
+    def update_connector_output(self, connector_output):
+        for rid in getattr(connector_output, "finished_sending", None) or ():
+            self._saving.discard(rid)
+
+    def reset_cache(self):
+        """Purge this deployment (every TP rank, every PP stage) from kvnoded's memory and
+        store; True when done, False when it failed (logged)."""
+        try:
+            if self._geometry is None:
+                return False
+            layouts = [self._layout(0, pp) for pp in range(self.pp_size)]
+            blocks, deployments = kvnode.purge_layouts(self.socket_path, layouts,
+                                                       self.timeout_ms)
+            logger.info("kvnode.vllm: reset_cache dropped %d blocks of %d deployments", blocks,
+                        deployments)
+            return True
+        except Exception as e:  # noqa: BLE001
+            self._failed("reset_cache", e)
+            return False
+
+    # ------------------------------------------------------------------ worker side
+
+    def register_kv_caches(self, kv_caches):
+        """Learn where every block's pieces lie and connect to the rank's namespace. A
+        cache this release cannot move (not on the CPU, not NHD, layers of different
+        shapes) is logged: the worker then loads nothing (loads reported as errors) and
+        drops its saves."""
+        self._registered(self._register, dict(kv_caches), "register_kv_caches")
+
+    @property
+    def prefer_cross_layer_blocks(self):
+        """True (unless ``cross_layer_blocks`` is false): a block of every layer in one run
+        of memory moves in one copy, and on a GPU by libkvnode's device copies."""
+        return self._cross_layer
+
+    def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
+        """One KV cache tensor for every layer (num_layers first), whose blocks each lie in
+        one run of memory in the per-layer order (every layer's K then V; MLA: latents):
+        moved whole, host or device (CUDA: the client declares the tensor's device)."""
+        self._registered(self._register_cross, kv_cache, "register_cross_layers_kv_cache")
+
+    def _registered(self, register, caches, what):
+        try:
+            register(caches)
+        except Exception as e:  # noqa: BLE001
+            self._mover = None
+            self._failed(what, e)
+            return
+        if self._saver is None:
+            self._saver = threading.Thread(target=self._save_loop, name="kvnode-vllm-io",
+                                           daemon=True)
+            self._saver.start()
+
+    def _register(self, kv_caches):
+        if self._spec_error is not None:
+            raise self._spec_error
+        if not kv_caches:
+            raise ValueError("no KV cache tensors")
+        num_blocks = getattr(self._kv_cache_config, "num_blocks", None)
+        layers, geo = [], None
+        for name, t in kv_caches.items():
+            if t.device.type != "cpu":
+                raise ValueError("layer %s: a %s tensor; this release moves CPU tensors only"
+                                 % (name, t.device.type))
+            shape, es = tuple(t.shape), t.element_size()
+            if t.dim() == 5 and shape[0] == 2 and (num_blocks is None or shape[1] == num_blocks):
+                runs = [t[0, 0], t[1, 0]]           # K/V split: (2, blocks, tokens, heads, dim)
+                step, bs, heads, hd, mla = t.stride(1) * es, shape[2], shape[3], shape[4], False
+            elif t.dim() == 5 and shape[1] == 2:
+                runs = [t[0]]                       # stacked: (blocks, 2, tokens, heads, dim)
+                step, bs, heads, hd, mla = t.stride(0) * es, shape[2], shape[3], shape[4], False
+            elif t.dim() == 3:
+                runs = [t[0]]                       # MLA: (blocks, tokens, latent)
+                step, bs, heads, hd, mla = t.stride(0) * es, shape[1], 1, shape[2], True
+            else:
+                raise ValueError("layer %s: KV cache shape %s is none of (2, blocks, tokens, "
+                                 "heads, dim), (blocks, 2, tokens, heads, dim), (blocks, "
+                                 "tokens, dim)" % (name, shape))
+            if not all(r.is_contiguous() for r in runs):
+                raise ValueError("layer %s: a block's K or V is not one run of memory (the "
+                                 "cache is not NHD: strides %s)" % (name, t.stride()))
+            this = (bs, heads, hd, _dtype_name(t.dtype), es, mla)
+            if geo is None:
+                geo = this
+            elif this != geo:
+                raise ValueError("layer %s: geometry %s differs from the first layer's %s"
+                                 % (name, this, geo))
+            layers.append((name, [r.data_ptr() for r in runs], step,
+                           [r.numel() * es for r in runs]))
+        if self._geometry is None:      # vLLM without kv_cache_config: the tensors say it
+            self._geometry = _Geometry(geo[0], geo[1], geo[2], geo[3], geo[4], geo[5],
+                                       [n for n, *_ in layers] * self.pp_size)
+        spec = self._geometry
+        if (spec.block_size, spec.heads, spec.head_dim, spec.mla) != geo[:3] + (geo[5],) or \
+                spec.elem_size != geo[4] or spec.block_size != self.block_size:
+            raise ValueError("the KV cache tensors (block_size, heads, head_dim, mla = %s) do "
+                             "not match vLLM's KV cache spec (%s)"
+                             % (geo[:3] + (geo[5],), (spec.block_size, spec.heads,
+                                                      spec.head_dim, spec.mla)))
+        layout = self._layout(self.tp_rank, self.pp_rank)
+        step0 = layers[0][2]
+        if any(step != step0 for _, _, step, _ in layers):
+            raise ValueError("layers step from block to block by different distances")
+        base0 = layers[0][1][0]
+        at, sizes = [], []
+        for _, ptrs, _, nbytes in layers:
+            at += [p - base0 for p in ptrs]
+            sizes += nbytes
+        pieces = gathered.PieceMap(at, sizes)
+        if pieces.block_bytes != layout.block_bytes:
+            raise ValueError("a block has %d bytes in the tensors, %d by the spec (layers %d)"
+                             % (pieces.block_bytes, layout.block_bytes, layout.num_layers))
+        if not gathered.available():
+            raise ValueError("libkvnode %s has no gathered calls (KVNODE_0.8)"
+                             % kvnode.library_path())
+        self._start_moving(_GatheredBlocks(base0, step0, pieces), layout)
+
+    def _start_moving(self, mover, layout):
+        self._mover = mover
+        self._mla_follower = self._geometry.mla and self.tp_rank != 0
+        self._link = self._new_link(layout, "worker tp%d pp%d" % (self.tp_rank, self.pp_rank),
+                                    mover.device)
+
+    def _register_cross(self, t):
+        if self._spec_error is not None:
+            raise self._spec_error
+        spec = self._geometry
+        if spec is None:
+            raise ValueError("a cross-layer cache needs vLLM's KVCacheConfig")
+        num_blocks = getattr(self._kv_cache_config, "num_blocks", None)
+        dims = [d for d in range(1, t.dim()) if num_blocks is None or t.shape[d] == num_blocks]
+        if t.dim() < 3 or not dims:
+            raise ValueError("cross-layer KV cache shape %s has no block dimension"
+                             % (tuple(t.shape),))
+        bdim = max(dims, key=t.stride)
+        block = t.select(bdim, 0)
+        nlayers = t.shape[0]
+        want = (nlayers, spec.block_size, spec.head_dim) if spec.mla else \
+            (nlayers, 2, spec.block_size, spec.heads, spec.head_dim)
+        if tuple(block.shape) != want or t.element_size() != spec.elem_size:
+            raise ValueError("a cross-layer block is %s of %d-byte elements, vLLM's spec says "
+                             "%s of %d" % (tuple(block.shape), t.element_size(), want,
+                                           spec.elem_size))
+        if not block.is_contiguous():
+            raise ValueError("a cross-layer block is not one run of memory in layer, K/V, "
+                             "token, head order (strides %s)" % (t.stride(),))
+        layout = self._layout(self.tp_rank, self.pp_rank)
+        nbytes = block.numel() * t.element_size()
+        if nbytes != layout.block_bytes:
+            raise ValueError("a cross-layer block has %d bytes, the namespace's %d (layers %d)"
+                             % (nbytes, layout.block_bytes, layout.num_layers))
+        device = -1
+        if t.device.type == "cuda":
+            device = t.device.index if t.device.index is not None else 0
+        elif t.device.type != "cpu":
+            raise ValueError("a %s tensor: kvnode moves CPU and CUDA memory" % t.device.type)
+        self._start_moving(_WholeBlocks(t.data_ptr(), t.stride(bdim) * t.element_size(),
+                                        nbytes, device), layout)
+
+    def start_load_kv(self, forward_context, **kwargs):
+        """This step's synchronous loads, done when this returns (blocks that could not be
+        loaded are reported by get_block_ids_with_load_errors); its asynchronous loads and
+        saves queued for the worker's thread."""
+        try:
+            if not self.has_connector_metadata():
+                return
+            meta = self._get_connector_metadata()
+            queued = [load for load in meta.loads if load.asynchronous]
+            for load in meta.loads:
+                if not load.asynchronous:
+                    self._load(load)
+            if meta.saves or queued:
+                with self._save_wake:
+                    for save in meta.saves:
+                        self._pending_saves.add(save.req_id)
+                    self._save_queue.extend(queued + list(meta.saves))
+                    self._save_wake.notify()
+        except Exception as e:  # noqa: BLE001
+            self._failed("start_load_kv", e)
+
+    def _load(self, load):
+        n, got, mover = len(load.block_ids), 0, self._mover
+        c = None if mover is None else self._link.acquire(self.connect_wait_s)
+        if c is not None:
+            error = None
+            try:
+                got = mover.load(c, _ctypes_words(ctypes.c_int64, load.keys), load.block_ids,
+                                 _ctypes_words(ctypes.c_uint64, load.checks)
+                                 if self._link.checks_on else None)
+            except Exception as e:  # noqa: BLE001 - every block of it is reported
+                error, got = e, 0
+                self._failed("load", e)
+            finally:
+                self._link.release(c, error)
+        if got < n:
+            with self._count_lock:
+                self._load_errors.update(load.block_ids[got:])
+        self._count(blocks_loaded=got, load_error_blocks=n - got, load_calls=1,
+                    bytes_loaded=got * (mover.block_bytes if mover else 0))
+
+    def wait_for_layer_load(self, layer_name):
+        return None
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        return None
+
+    def wait_for_save(self):
+        return None
+
+    def _save_loop(self):
+        while True:
+            with self._save_wake:
+                while not self._save_queue and not self._stop:
+                    self._save_wake.wait()
+                if not self._save_queue:
+                    return
+                item = self._save_queue.popleft()
+            try:
+                (self._load if item.asynchronous else self._save)(item)
+            except Exception as e:  # noqa: BLE001
+                self._failed("load" if item.asynchronous else "save", e)
+            finally:
+                with self._save_wake:
+                    (self._loaded if item.asynchronous else self._saved).add(item.req_id)
+                    self._save_wake.notify_all()
+
+    def _save(self, save):
+        n, mover = len(save.block_ids), self._mover
+        if mover is not None and self._mla_follower:
+            return                      # MLA: TP rank 0 saves the blocks every rank holds
+        c = None if mover is None else self._link.acquire(self.connect_wait_s)
+        if c is None:
+            self._count(saves_dropped_blocks=n)
+            return
+        error = None
+        try:
+            mover.save(c, _ctypes_words(ctypes.c_int64, save.keys), save.block_ids,
+                       _ctypes_words(ctypes.c_uint64, save.checks)
+                       if self._link.checks_on else None)
+        except Exception as e:  # noqa: BLE001 - counted; the request is still reported
+            error = e
+            self._failed("save", e)
+        finally:
+            self._link.release(c, error)
+        if error is None:
+            self._count(blocks_saved=n, save_calls=1, bytes_saved=n * mover.block_bytes)
+        else:
+            self._count(saves_dropped_blocks=n)
+
+    def get_finished(self, finished_req_ids):
+        """(requests whose save has ended and which vLLM named finished, requests whose
+        asynchronous load has ended); None for an empty set. A load's failed blocks are in
+        get_block_ids_with_load_errors by then (vLLM asks it after this, in the same step)."""
+        try:
+            with self._save_wake:
+                self._named_finished |= set(finished_req_ids or ()) & self._pending_saves
+                done = self._saved & self._named_finished
+                self._saved -= done
+                self._named_finished -= done
+                self._pending_saves -= done
+                loaded, self._loaded = self._loaded, set()
+            return (done or None), (loaded or None)
+        except Exception as e:  # noqa: BLE001
+            self._failed("get_finished", e)
+            return None, None
+
+    def get_block_ids_with_load_errors(self):
+        with self._count_lock:
+            errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def get_kv_connector_stats(self):
+        with self._count_lock:
+            data, self._interval = self._interval, dict.fromkeys(_COUNTERS, 0)
+        if not any(data.values()):
+            return None
+        return KvnodeConnectorStats(data=data)
+
+    def shutdown(self):
+        """Finish the saves queued (each bounded by timeout_ms), then disconnect."""
+        try:
+            if not self._is_scheduler and self._saver is not None:
+                with self._save_wake:
+                    self._stop = True
+                    self._save_wake.notify_all()
+                    pending = len(self._save_queue) + 1
+                self._saver.join(pending * self.timeout_ms / 1000.0)
+            for link in getattr(self, "_links", None) or [self._link]:
+                if link is not None:
+                    link.close()
+        except Exception as e:  # noqa: BLE001
+            self._failed("shutdown", e)

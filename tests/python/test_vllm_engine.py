@@ -1,0 +1,413 @@
+"""kvnode.vllm driven the way vLLM v1 drives a KV connector (issue 34), against a real
+kvnoded: the scheduler's and the model runner's calls in their order (fake_vllm.py), with
+torch CPU tensors as paged KV caches in the attention backends' shapes."""
+import concurrent.futures
+import dataclasses
+import hashlib
+import multiprocessing
+import threading
+
+import pytest
+import torch
+
+import kvnode
+import kvnode.vllm
+from conftest import running_daemon
+import fake_vllm
+from fake_vllm import Engine, expected_block, run_engine
+
+PREFIX = list(range(1000, 1032))            # 8 blocks of 4 tokens
+
+
+def extra(sock, **kw):
+    cfg = {"socket_path": sock, "connect_wait_ms": 5000, "reconnect_interval_s": 0,
+           "timeout_ms": 3000}
+    cfg.update(kw)
+    return cfg
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    with running_daemon(str(tmp_path), str(tmp_path / "s.sock")) as sock:
+        yield sock
+
+
+def other_process(fn, *args):
+    """fn(*args) in a process of its own (spawned: a second vLLM instance)."""
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        return pool.submit(fn, *args).result(timeout=50)
+
+
+def reference(prompts, engine_kwargs=None, max_tokens=2, sock="/nonexistent/kvnode.sock"):
+    """What an engine computes with nothing loaded (no kvnoded there)."""
+    return run_engine(extra(sock, connect_wait_ms=0), prompts, engine_kwargs, max_tokens)
+
+
+def check_loaded(engine, req, nblocks, ranks=(0,)):
+    """The first nblocks of req in each rank's paged cache are the prefix's bytes."""
+    for r in ranks:
+        w = engine.workers[r]
+        for i in range(nblocks):
+            assert w.block_bytes(req.block_ids[i]) == \
+                expected_block(engine, req.all_token_ids, i, r), "rank %d block %d" % (r, i)
+
+
+def test_module_imports_without_vllm():
+    assert kvnode.vllm.HAVE_VLLM is False and "vllm" in kvnode.vllm.VLLM_IMPORT_ERROR
+    assert issubclass(kvnode.vllm.KvnodeConnector, kvnode.vllm.KVConnectorBase_V1)
+    assert kvnode.vllm.KvnodeConnector.get_required_kvcache_layout(None) == "NHD"
+
+
+@pytest.mark.parametrize("first,second", [("flash_attn", "flash_attn"),
+                                          ("flash_attn", "flashinfer"), ("mla", "mla"),
+                                          ("flash_attn+cross", "flashinfer"),
+                                          ("flashinfer", "flash_attn+cross"),
+                                          ("mla+cross", "mla+cross")])
+def test_two_engines_share_a_prefix(daemon, first, second):
+    """Engine A (another process) serves prefix+a; engine B, prefix+b, loads A's 8 prefix
+    blocks byte-exact and computes only its suffix; its output is what it computes alone."""
+    a = other_process(run_engine, extra(daemon), {"a": PREFIX + [1, 2, 3, 4, 5, 6]},
+                      {"backend": first})
+    assert a["counters"][0]["blocks_saved"] == 9 and a["computed"]["a"] == 39
+    mover = {True: "_WholeBlocks", False: "_GatheredBlocks"}      # a cross-layer cache or not
+    assert a["movers"] == [mover["+cross" in first]]
+    prompt = PREFIX + [7, 8, 9]
+    e = Engine(extra(daemon), backend=second)
+    try:
+        assert type(e.workers[0].connector._mover).__name__ == mover["+cross" in second]
+        req = e.add("b", prompt)
+        seen = {}
+
+        def after(i):
+            if i == 0:
+                check_loaded(e, req, 8)
+                seen["ok"] = True
+        e.run(between=after)
+        assert seen == {"ok": True}
+        assert e.computed["b"] == len(prompt) - 32 + 1     # the suffix, then one decode step
+        assert req.num_cached_tokens == 32 and not e.invalid_seen
+        assert e.workers[0].connector.counters["blocks_loaded"] == 8
+        assert sum(s.get("blocks_loaded", 0) for s in e.stats) == 8
+        outputs = req.output_token_ids
+    finally:
+        e.shutdown()
+    assert outputs == reference({"b": prompt}, {"backend": second})["outputs"]["b"]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_asynchronous_load(daemon, tp):
+    """async_load_min_blocks 4: an 8-block hit loads on the workers' threads while the
+    request waits (vLLM's WAITING_FOR_REMOTE_KVS); get_finished reports it from every
+    worker, then the request computes only its suffix; the bytes are the first engine's."""
+    run_engine(extra(daemon), {"a": PREFIX + [1, 2]}, {"tp": tp})
+    prompt = PREFIX + [7, 8, 9]
+    e = Engine(extra(daemon, async_load_min_blocks=4), tp=tp)
+    try:
+        req = e.add("b", prompt)
+        assert e.connector.get_num_new_matched_tokens(req, 0) == (32, True)
+        out = e.step()
+        assert out.num_scheduled_tokens == {} and req.waiting_for_remote
+        assert not out.has_sync_kv_loads
+        e.run(between=lambda i: i == 0 and check_loaded(e, req, 8, ranks=range(tp)))
+        assert e.computed["b"] == len(prompt) - 32 + 1 and not e.invalid_seen
+        assert [w.connector.counters["blocks_loaded"] for w in e.workers] == [8] * tp
+        got = req.output_token_ids
+    finally:
+        e.shutdown()
+    assert got == reference({"b": prompt}, {"tp": tp})["outputs"]["b"]
+
+
+def test_asynchronous_load_error(daemon):
+    """An asynchronous load missing block 5: blocks 5-7 reported with the request's
+    finished_recving; vLLM computes from block 5 on."""
+    run_engine(extra(daemon), {"a": PREFIX + [1, 2]})
+    prompt = PREFIX + [3]
+    e = Engine(extra(daemon, async_load_min_blocks=1))
+    try:
+        req = e.add("b", prompt)
+        out = e.schedule()
+        assert req.waiting_for_remote
+        ids = list(req.block_ids)
+        with kvnode.Client(daemon, e.connector._link.layout) as c:
+            keys, checks = kvnode.fold_digests([h.hex() for h in req.block_hashes[:8]])
+            assert c.delete_each([keys[5]], checks=[checks[5]]) == [True]
+        e.update_from_output(out, [w.execute(out) for w in e.workers])
+        e.run(between=lambda i: i == 0 and check_loaded(e, req, 5))
+        assert e.invalid_seen == set(ids[5:8])
+        assert e.computed["b"] == len(prompt) - 20 + 1
+        got = req.output_token_ids
+    finally:
+        e.shutdown()
+    assert got == reference({"b": prompt})["outputs"]["b"]
+
+
+def test_match_never_covers_the_last_prompt_token(daemon):
+    """A prompt stored whole: vLLM must still compute its last token (one block less)."""
+    prompt = PREFIX[:16]
+    run_engine(extra(daemon), {"a": prompt}, max_tokens=4)
+    e = Engine(extra(daemon))
+    try:
+        req = e.add("b", prompt)
+        ext, load_async = e.connector.get_num_new_matched_tokens(req, 0)
+        assert (ext, load_async) == (12, False)
+        assert e.connector.get_num_new_matched_tokens(req, 12) == (0, False)
+        assert e.connector.get_num_new_matched_tokens(req, 0) == (12, False)   # no side effect
+    finally:
+        e.shutdown()
+
+
+def test_match_starts_past_the_local_prefix(daemon):
+    """vLLM's own prefix cache holds the first blocks: the MATCH asks about the blocks past
+    them only, so kvnode need not hold those (block 0 deleted: still 4 blocks matched)."""
+    run_engine(extra(daemon), {"a": PREFIX + [1]})
+    e = Engine(extra(daemon))
+    try:
+        req = e.add("b", PREFIX + [2])
+        assert e.connector.get_num_new_matched_tokens(req, 16) == (16, False)
+        with kvnode.Client(daemon, e.connector._link.layout) as c:
+            keys, checks = kvnode.fold_digests([h.hex() for h in req.block_hashes[:1]])
+            assert c.delete_each(keys, checks=checks) == [True]
+        assert e.connector.get_num_new_matched_tokens(req, 0) == (0, False)
+        assert e.connector.get_num_new_matched_tokens(req, 16) == (16, False)
+        e.connector.update_state_after_alloc(req, fake_vllm.KVCacheBlocks(range(8)), 16)
+        loads = e.connector.build_connector_meta(None).loads
+        assert [(ld.block_ids, len(ld.keys)) for ld in loads] == [([4, 5, 6, 7], 4)]
+    finally:
+        e.shutdown()
+
+
+def test_tp2_workers_keep_their_own_heads(daemon):
+    """TP 2: each rank saves and loads its half of the heads, in its own namespace."""
+    a = other_process(run_engine, extra(daemon), {"a": PREFIX + [1, 2]}, {"tp": 2})
+    assert [c["blocks_saved"] for c in a["counters"]] == [8, 8]
+    prompt = PREFIX + [5, 6, 7]
+    e = Engine(extra(daemon), tp=2)
+    try:
+        req = e.add("b", prompt)
+        e.run(between=lambda i: i == 0 and check_loaded(e, req, 8, ranks=(0, 1)))
+        assert e.computed["b"] == len(prompt) - 32 + 1
+        assert [w.connector.counters["blocks_loaded"] for w in e.workers] == [8, 8]
+        outputs = req.output_token_ids
+    finally:
+        e.shutdown()
+    assert outputs == reference({"b": prompt}, {"tp": 2})["outputs"]["b"]
+
+
+def test_match_is_what_every_tp_rank_holds(daemon):
+    """TP 2 with rank 1 missing block 5: the scheduler matches 5 blocks (the prefix both
+    ranks hold), so no worker reports a load error."""
+    run_engine(extra(daemon), {"a": PREFIX + [1, 2]}, {"tp": 2})
+    prompt = PREFIX + [3]
+    e = Engine(extra(daemon), tp=2)
+    try:
+        req = e.add("b", prompt)
+        with kvnode.Client(daemon, e.workers[1].connector._link.layout) as c:
+            keys, checks = kvnode.fold_digests([h.hex() for h in req.block_hashes[:8]])
+            assert c.delete_each([keys[5]], checks=[checks[5]]) == [True]
+        e.run()
+        assert req.num_cached_tokens == 20 and not e.invalid_seen
+        assert [w.connector.counters["blocks_loaded"] for w in e.workers] == [5, 5]
+        assert e.computed["b"] == len(prompt) - 20 + 1
+        got = req.output_token_ids
+    finally:
+        e.shutdown()
+    assert got == reference({"b": prompt}, {"tp": 2})["outputs"]["b"]
+
+
+def test_load_error_is_reported_and_recomputed(daemon):
+    """A block gone between the scheduler's MATCH and the worker's load: it and the blocks
+    after it are reported (vLLM recomputes from there), never left half-written."""
+    run_engine(extra(daemon), {"a": PREFIX + [1, 2]})
+    prompt = PREFIX + [3]
+    e = Engine(extra(daemon))
+    try:
+        req = e.add("b", prompt)
+        out = e.schedule()
+        assert out.has_sync_kv_loads and req.num_external_computed_tokens == 32
+        with kvnode.Client(daemon, e.connector._link.layout) as c:
+            keys, checks = kvnode.fold_digests([h.hex() for h in req.block_hashes[:8]])
+            assert c.delete_each([keys[5]], checks=[checks[5]]) == [True]
+        w = e.workers[0]
+        before = [w.block_bytes(b) for b in req.block_ids[5:8]]
+        outputs = [w.execute(out) for w in e.workers]
+        assert outputs[0].invalid_block_ids == set(req.block_ids[5:8])
+        assert [w.block_bytes(b) for b in req.block_ids[5:8]] == before     # untouched
+        check_loaded(e, req, 5)
+        e.update_from_output(out, outputs)
+        assert req.num_computed_tokens == 20 and req.output_token_ids == []
+        e.run()
+        assert e.computed["b"] == (len(prompt) - 32) + (len(prompt) - 20) + 1
+        assert w.connector.counters["load_error_blocks"] == 3
+        got = req.output_token_ids
+    finally:
+        e.shutdown()
+    assert got == reference({"b": prompt})["outputs"]["b"]
+
+
+def test_preemption_while_a_save_holds_blocks(daemon):
+    """R1 finishes and its save is slow: vLLM holds R1's blocks until get_finished reports
+    it, so R2 (decoding, out of blocks) is preempted rather than given R1's blocks; R2
+    re-matches when readmitted; R1's saved blocks are its own bytes."""
+    release = threading.Event()
+    e = Engine(extra(daemon), num_blocks=12)
+    try:
+        w = e.workers[0]
+        real_save = w.connector._save
+
+        def slow_save(save):
+            assert release.wait(20)
+            real_save(save)
+        w.connector._save = slow_save
+        r1 = e.add("r1", PREFIX[:20], max_tokens=1)
+        r2 = e.add("r2", PREFIX[:16] + list(range(2000, 2006)), max_tokens=8)
+
+        def between(*_):
+            if "r2" in e.preempted:     # preempted: R1's blocks stay held; the save may end
+                release.set()
+        e.run(between=between, on_idle=between)
+        assert "r2" in e.preempted and r2.num_preemptions == 1
+        assert w.connector.counters["blocks_saved"] == 5 + 7
+        r1_tokens = r1.all_token_ids
+    finally:
+        release.set()
+        e.shutdown()
+    e = Engine(extra(daemon))
+    try:
+        req = e.add("b", r1_tokens[:20] + [77])
+        e.run(between=lambda i: i == 0 and check_loaded(e, req, 5))
+        assert e.workers[0].connector.counters["blocks_loaded"] == 5
+    finally:
+        e.shutdown()
+
+
+def test_daemon_restart_mid_request(tmp_path):
+    """kvnoded restarts while a request runs: nothing raises, the save to the old daemon is
+    dropped and counted or lands in the new one, and the connector reconnects by itself:
+    the next request's save lands, a third loads it."""
+    sock = str(tmp_path / "s.sock")
+    prompt = PREFIX + [1, 2]
+    e = Engine(extra(sock), long_prefill=8)
+    stack = [running_daemon(str(tmp_path), sock)]
+    stack[0].__enter__()
+    try:
+        e.add("r1", prompt)
+
+        def restart(i):
+            if i == 1:
+                stack[0].__exit__(None, None, None)
+                stack[0] = running_daemon(str(tmp_path), sock)
+                stack[0].__enter__()
+        e.run(between=restart)
+        w = e.workers[0].connector
+        assert w.counters["blocks_saved"] + w.counters["saves_dropped_blocks"] == 8
+        e.add("r2", prompt)
+        e.run()
+        e.add("r3", prompt + [3])
+        e.run()
+        assert e.computed["r3"] == len(prompt) + 1 - 32 + 1
+        assert w.counters["blocks_loaded"] == 8
+    finally:
+        e.shutdown()
+        stack[0].__exit__(None, None, None)
+
+
+def test_daemon_down_never_raises(tmp_path):
+    """No kvnoded at all: no match, every save dropped and counted, requests still finish."""
+    e = Engine(extra(str(tmp_path / "none.sock"), connect_wait_ms=50))
+    try:
+        e.add("r1", PREFIX + [1])
+        e.run()
+        assert e.computed["r1"] == 33 + 1
+        assert e.workers[0].connector.counters["saves_dropped_blocks"] == 8
+        assert e.connector.reset_cache() is False
+    finally:
+        e.shutdown()
+
+
+def test_reset_cache_purges_the_deployment(daemon):
+    run_engine(extra(daemon), {"a": PREFIX + [1]}, {"tp": 2})
+    e = Engine(extra(daemon), tp=2)
+    try:
+        req = e.add("b", PREFIX + [2])
+        assert e.connector.get_num_new_matched_tokens(req, 0) == (32, False)
+        assert e.connector.reset_cache() is True
+        assert e.connector.get_num_new_matched_tokens(req, 0) == (0, False)
+    finally:
+        e.shutdown()
+
+
+def test_failure_policy_fail_is_warned_about(daemon, caplog):
+    for policy, warned in (("fail", True), ("recompute", False)):
+        caplog.clear()
+        Engine(extra(daemon), failure_policy=policy).shutdown()
+        assert ('kv_load_failure_policy is "fail"' in caplog.text) is warned, policy
+
+
+def test_unknown_extra_config_refused(daemon):
+    with pytest.raises(ValueError, match="unknown kv_connector_extra_config keys 'sock'"):
+        Engine({"sock": daemon})
+
+
+def test_model_revision_keeps_namespaces_apart(daemon):
+    run_engine(extra(daemon, model_revision="r1"), {"a": PREFIX + [1]})
+    for rev, want in (("r2", 0), ("r1", 32)):
+        e = Engine(extra(daemon, model_revision=rev))
+        try:
+            req = e.add("b", PREFIX + [2])
+            assert e.connector.get_num_new_matched_tokens(req, 0) == (want, False)
+        finally:
+            e.shutdown()
+
+
+def test_block_hashes_fold_as_fold_digests_of_their_hex():
+    """The raw-bytes fold of vLLM's SHA-256 block hashes gives kvnode.fold_digests' keys
+    and check words of their hex digits (any hash length folds the same way)."""
+    for size in (32, 16, 8):
+        hashes = [hashlib.sha256(b"%d" % i).digest()[:size] for i in range(5)]
+        k1, c1 = kvnode.vllm._fold_hashes(hashes)
+        k2, c2 = kvnode.fold_digests([h.hex() for h in hashes])
+        assert (list(k1), list(c1)) == (list(k2), list(c2)), size
+
+
+def test_hybrid_model_runs_without_the_connector(daemon, caplog):
+    """Two KV cache groups (a hybrid model): logged; no match, no save, nothing raised."""
+    run_engine(extra(daemon), {"a": PREFIX + [1]})
+    e = Engine(extra(daemon), hybrid=True)
+    try:
+        e.add("r1", PREFIX + [1])
+        e.run()
+        assert e.computed["r1"] == 34
+        assert e.workers[0].connector.counters["blocks_saved"] == 0
+        assert "2 KV cache groups" in caplog.text
+    finally:
+        e.shutdown()
+
+
+def test_pipeline_stages_keep_their_own_namespaces(daemon):
+    """PP 2 over 3 layers: stage 0 holds 2 (vLLM's split), stage 1 one; each stage's worker
+    has a namespace of its own (extra /pp<rank>-2, its layer count), and the scheduler
+    MATCHes in both."""
+    f = fake_vllm
+    e = Engine(extra(daemon), layers=3)
+    try:
+        cfg = e.config
+        layouts = []
+        for rank, names in ((0, e.layer_names[:2]), (1, e.layer_names[2:])):
+            c = dataclasses.replace(cfg, parallel_config=f.ParallelConfig(
+                tensor_parallel_size=1, pipeline_parallel_size=2, rank=rank))
+            w = f.create_connector(c, "WORKER", e.kv_cache_config)
+            w.register_kv_caches({n: torch.zeros(2, e.num_blocks, e.block_size, e.heads,
+                                                  e.head_dim, dtype=e.dtype) for n in names})
+            layouts.append(w._link.layout)
+            w.shutdown()
+        c = dataclasses.replace(cfg, parallel_config=f.ParallelConfig(
+            tensor_parallel_size=1, pipeline_parallel_size=2))
+        sched = f.create_connector(c, "SCHEDULER", e.kv_cache_config)
+        assert [(lay.num_layers, lay.extra) for lay in layouts] == \
+            [(2, "vllm/kv/pp0-2"), (1, "vllm/kv/pp1-2")]
+        assert [link.layout for link in sched._links] == layouts     # MATCHes both stages
+        assert layouts[0].block_bytes == 2 * layouts[1].block_bytes
+        sched.shutdown()
+    finally:
+        e.shutdown()
