@@ -90,12 +90,12 @@ valid ones): ``socket_path`` (default ``$KVNODE_SOCKET``, else libkvnode's),
 
 import _thread
 import array
-import collections
 import ctypes
 import dataclasses
 import enum
 import logging
 import os
+import queue
 import threading
 import time
 
@@ -193,10 +193,13 @@ class KvnodeConnectorStats(_StatsBase):
         return not any(self.data.values())
 
 
-def _words(code, ctypes_array):
-    """A ctypes array of 64-bit keys or check words as an array.array (picklable, as the
-    metadata must be; the worker's call takes it back without a copy: _ctypes_words)."""
-    return array.array(code, bytes(ctypes_array))
+def _words(code, ctypes_array, start=0):
+    """The items of a ctypes array of 64-bit keys or check words from start on, as an
+    array.array (picklable, as the metadata must be; the worker's call takes it back
+    without a copy: _ctypes_words). One copy."""
+    words = array.array(code)
+    words.frombytes(memoryview(ctypes_array).cast("B")[start * 8:])
+    return words
 
 
 def _tail(ctypes_array, start):
@@ -300,6 +303,22 @@ def _fold_hashes(hashes):
     return kvnode.fold_digests([_hex(h) for h in hashes])
 
 
+def _match(c, keys, checks, n):
+    """Client.match of the first n keys (and check words) in one libkvnode call, without
+    the per-call conversions (the arrays are the fold's own ctypes arrays)."""
+    if checks is None:
+        m = _clib._SIZE(0)
+        rc = _clib._match(c._handle(), keys, n, ctypes.byref(m))
+        got = m.value
+    else:
+        t = _clib._CTiers()
+        rc = _clib._match_checked(c._handle(), keys, checks, n, ctypes.byref(t))
+        got = t.matched
+    if rc:
+        c._check(rc)
+    return got
+
+
 def _hex(block_hash):
     """A vLLM block hash (bytes; an int, or an object with ``hash_value`` in older
     releases) as hex digits for kvnode.fold_digests."""
@@ -318,14 +337,30 @@ class _GatheredBlocks:
     def __init__(self, base, step, pieces):
         self.base, self.step, self.pieces = base, step, pieces
         self.block_bytes = pieces.block_bytes
+        self._pieces = pieces._args()
+
+    def _bases(self, block_ids):
+        base, step = self.base, self.step
+        return array.array(gathered._ADDRESS, [base + b * step for b in block_ids])
 
     def load(self, c, keys, block_ids, checks):
-        return gathered.get_scattered(c, keys, [self.base + b * self.step for b in block_ids],
-                                      self.pieces, checks)
+        """gathered.get_scattered, its arguments made once per call (keys and checks: the
+        metadata's arrays, len(block_ids) of each)."""
+        n = len(block_ids)
+        if not n:
+            return 0
+        got, bases = _clib._SIZE(0), self._bases(block_ids)     # (bases: alive until it ends)
+        c._check(_clib._get_scatter(c._handle(), keys, checks, n, bases.buffer_info()[0],
+                                    *self._pieces, ctypes.byref(got)))
+        return got.value
 
     def save(self, c, keys, block_ids, checks):
-        gathered.put_gathered(c, keys, [self.base + b * self.step for b in block_ids],
-                              self.pieces, checks)
+        """gathered.put_gathered, likewise."""
+        n = len(block_ids)
+        if n:
+            bases = self._bases(block_ids)
+            c._check(_clib._put_gather(c._handle(), keys, checks, n, bases.buffer_info()[0],
+                                       *self._pieces))
 
 
 class _WholeBlocks:
@@ -410,17 +445,17 @@ class _Link:
         started when due, and waited for at most wait_s when under way)."""
         with self._lock:
             c = self._client
-            if c is None:
-                self._start_locked()
-                done = self._connected if self._connecting else None
-        if c is None:
-            if done is None or wait_s <= 0 or not done.wait(wait_s):
-                return None
-            with self._lock:
-                c = self._client
-                if c is None:
-                    return None
+            if c is not None:
+                self._users[id(c)] = self._users.get(id(c), 0) + 1
+                return c
+            self._start_locked()
+            done = self._connected if self._connecting else None
+        if done is None or wait_s <= 0 or not done.wait(wait_s):
+            return None
         with self._lock:
+            c = self._client
+            if c is None:
+                return None
             self._users[id(c)] = self._users.get(id(c), 0) + 1
         return c
 
@@ -540,13 +575,14 @@ class KvnodeConnector(KVConnectorBase_V1):
             self.tp_rank, self.pp_rank = self._ranks(pc)
             self._mover = None          # _GatheredBlocks or _WholeBlocks, once registered
             self._load_errors = set()
-            self._save_queue = collections.deque()
+            # the worker's thread takes its work from a SimpleQueue (None: stop) and says
+            # what ended under _save_wake (a Condition over the sets below)
+            self._save_queue = queue.SimpleQueue()
             self._save_wake = threading.Condition()
             self._loaded = set()         # request ids whose asynchronous load has ended
             self._pending_saves = set()  # request ids with a save queued or done
             self._saved = set()          # ... whose save has ended
             self._named_finished = set()  # ... that vLLM has named finished
-            self._stop = False
             self._saver = None
             self._mla_follower = False
 
@@ -620,7 +656,8 @@ class KvnodeConnector(KVConnectorBase_V1):
         """Keys and check words of the request's first n blocks (folded once per request)."""
         got = self._folded.get(request.request_id)
         if got is None or got[0] < n:
-            keys, checks = _fold_hashes(request.block_hashes[:n])
+            hashes = request.block_hashes
+            keys, checks = _fold_hashes(hashes if len(hashes) == n else hashes[:n])
             got = self._folded[request.request_id] = (n, keys, checks)
         if got[0] == n:
             return got[1], got[2]
@@ -658,8 +695,7 @@ class KvnodeConnector(KVConnectorBase_V1):
                 return 0
             error = None
             try:
-                more = c.match(kvnode.prefix(keys, more),
-                               kvnode.prefix(checks, more) if link.checks_on else None)
+                more = _match(c, keys, checks if link.checks_on else None, more)
             except kvnode.Error as e:
                 error, more = e, 0
                 self._failed("MATCH", e)
@@ -681,8 +717,8 @@ class KvnodeConnector(KVConnectorBase_V1):
             block_ids = list(blocks.get_block_ids()[0])[local:local + count]
             keys, checks = self._fold(request, local + count)
             self._loads.append(_Transfer(
-                request.request_id, block_ids, _words("q", keys)[local:],
-                _words("Q", checks)[local:],
+                request.request_id, block_ids, _words("q", keys, local),
+                _words("Q", checks, local),
                 bool(self.async_load_min_blocks and count >= self.async_load_min_blocks)))
         except Exception as e:  # noqa: BLE001
             self._failed("update_state_after_alloc", e)
@@ -885,16 +921,19 @@ class KvnodeConnector(KVConnectorBase_V1):
             if not self.has_connector_metadata():
                 return
             meta = self._get_connector_metadata()
-            queued = [load for load in meta.loads if load.asynchronous]
+            queued = []
             for load in meta.loads:
-                if not load.asynchronous:
+                if load.asynchronous:
+                    queued.append(load)
+                else:
                     self._load(load)
-            if meta.saves or queued:
+            if meta.saves:
                 with self._save_wake:
-                    for save in meta.saves:
-                        self._pending_saves.add(save.req_id)
-                    self._save_queue.extend(queued + list(meta.saves))
-                    self._save_wake.notify()
+                    self._pending_saves.update([save.req_id for save in meta.saves])
+                queued += meta.saves
+            put = self._save_queue.put
+            for item in queued:
+                put(item)
         except Exception as e:  # noqa: BLE001
             self._failed("start_load_kv", e)
 
@@ -928,13 +967,11 @@ class KvnodeConnector(KVConnectorBase_V1):
         return None
 
     def _save_loop(self):
+        get = self._save_queue.get
         while True:
-            with self._save_wake:
-                while not self._save_queue and not self._stop:
-                    self._save_wake.wait()
-                if not self._save_queue:
-                    return
-                item = self._save_queue.popleft()
+            item = get()
+            if item is None:
+                return
             try:
                 (self._load if item.asynchronous else self._save)(item)
             except Exception as e:  # noqa: BLE001
@@ -1000,10 +1037,8 @@ class KvnodeConnector(KVConnectorBase_V1):
         """Finish the saves queued (each bounded by timeout_ms), then disconnect."""
         try:
             if not self._is_scheduler and self._saver is not None:
-                with self._save_wake:
-                    self._stop = True
-                    self._save_wake.notify_all()
-                    pending = len(self._save_queue) + 1
+                pending = self._save_queue.qsize() + 1
+                self._save_queue.put(None)
                 self._saver.join(pending * self.timeout_ms / 1000.0)
             for link in getattr(self, "_links", None) or [self._link]:
                 if link is not None:
