@@ -328,6 +328,18 @@ def _hex(block_hash):
     return "%064x" % (int(value) & ((1 << 256) - 1))
 
 
+def _packed_pieces(base, layers, tokens, heads, half):
+    """Where the pieces of one block of a K|V-packed cache lie (address, size), in kvnode's
+    block order: for each layer, K of every (token, head) then V of each; in memory layer,
+    token, head, then K and V of half bytes each (vLLM's packed layouts under NHD)."""
+    ptrs = []
+    for layer in range(layers):
+        first = [base + ((layer * tokens + i) * heads + h) * 2 * half
+                 for i in range(tokens) for h in range(heads)]
+        ptrs += first + [p + half for p in first]
+    return ptrs, [half] * len(ptrs)
+
+
 class _GatheredBlocks:
     """A vLLM block in pieces over per-layer caches (K and V of each layer): moved by
     kvnode_put_gather_checked / kvnode_get_scatter_checked, one call per batch."""
@@ -801,7 +813,8 @@ class KvnodeConnector(KVConnectorBase_V1):
         except Exception as e:  # noqa: BLE001
             self._mover = None
             self._failed(what, e)
-            return
+        # the worker's thread runs even without a mover: the saves vLLM hands it are then
+        # dropped (counted) and reported, so vLLM frees their blocks
         if self._saver is None:
             self._saver = threading.Thread(target=self._save_loop, name="kvnode-vllm-io",
                                            daemon=True)
@@ -819,19 +832,27 @@ class KvnodeConnector(KVConnectorBase_V1):
                 raise ValueError("layer %s: a %s tensor; this release moves CPU tensors only"
                                  % (name, t.device.type))
             shape, es = tuple(t.shape), t.element_size()
+            packed = None
             if t.dim() == 5 and shape[0] == 2 and (num_blocks is None or shape[1] == num_blocks):
                 runs = [t[0, 0], t[1, 0]]           # K/V split: (2, blocks, tokens, heads, dim)
                 step, bs, heads, hd, mla = t.stride(1) * es, shape[2], shape[3], shape[4], False
             elif t.dim() == 5 and shape[1] == 2:
                 runs = [t[0]]                       # stacked: (blocks, 2, tokens, heads, dim)
                 step, bs, heads, hd, mla = t.stride(0) * es, shape[2], shape[3], shape[4], False
+            elif t.dim() == 4 and shape[3] % 2 == 0:
+                # K|V packed: (blocks, heads, tokens, 2 x dim), a block (tokens, heads, K|V)
+                # in memory under NHD; moved as K then V of every (token, head) in pieces
+                packed = t[0].permute(1, 0, 2)
+                runs = [packed]
+                step, bs, heads, hd, mla = t.stride(0) * es, shape[2], shape[1], shape[3] // 2, \
+                    False
             elif t.dim() == 3:
                 runs = [t[0]]                       # MLA: (blocks, tokens, latent)
                 step, bs, heads, hd, mla = t.stride(0) * es, shape[1], 1, shape[2], True
             else:
                 raise ValueError("layer %s: KV cache shape %s is none of (2, blocks, tokens, "
-                                 "heads, dim), (blocks, 2, tokens, heads, dim), (blocks, "
-                                 "tokens, dim)" % (name, shape))
+                                 "heads, dim), (blocks, 2, tokens, heads, dim), (blocks, heads, "
+                                 "tokens, 2 x dim), (blocks, tokens, dim)" % (name, shape))
             if not all(r.is_contiguous() for r in runs):
                 raise ValueError("layer %s: a block's K or V is not one run of memory (the "
                                  "cache is not NHD: strides %s)" % (name, t.stride()))
@@ -841,8 +862,11 @@ class KvnodeConnector(KVConnectorBase_V1):
             elif this != geo:
                 raise ValueError("layer %s: geometry %s differs from the first layer's %s"
                                  % (name, this, geo))
-            layers.append((name, [r.data_ptr() for r in runs], step,
-                           [r.numel() * es for r in runs]))
+            if packed is not None:
+                ptrs, sizes = _packed_pieces(packed.data_ptr(), 1, bs, heads, hd * es)
+            else:
+                ptrs, sizes = [r.data_ptr() for r in runs], [r.numel() * es for r in runs]
+            layers.append((name, ptrs, step, sizes))
         if self._geometry is None:      # vLLM without kv_cache_config: the tensors say it
             self._geometry = _Geometry(geo[0], geo[1], geo[2], geo[3], geo[4], geo[5],
                                        [n for n, *_ in layers] * self.pp_size)
@@ -893,6 +917,10 @@ class KvnodeConnector(KVConnectorBase_V1):
         nlayers = t.shape[0]
         want = (nlayers, spec.block_size, spec.head_dim) if spec.mla else \
             (nlayers, 2, spec.block_size, spec.heads, spec.head_dim)
+        if block.dim() == 4 and not spec.mla:      # K|V packed: (layers, heads, tokens, 2 x dim)
+            want = (nlayers, spec.heads, spec.block_size, 2 * spec.head_dim)
+            if tuple(block.shape) == want and t.element_size() == spec.elem_size:
+                return self._register_cross_packed(t, block, bdim)
         if tuple(block.shape) != want or t.element_size() != spec.elem_size:
             raise ValueError("a cross-layer block is %s of %d-byte elements, vLLM's spec says "
                              "%s of %d" % (tuple(block.shape), t.element_size(), want,
@@ -912,6 +940,32 @@ class KvnodeConnector(KVConnectorBase_V1):
             raise ValueError("a %s tensor: kvnode moves CPU and CUDA memory" % t.device.type)
         self._start_moving(_WholeBlocks(t.data_ptr(), t.stride(bdim) * t.element_size(),
                                         nbytes, device), layout)
+
+    def _register_cross_packed(self, t, block, bdim):
+        """A cross-layer cache in vLLM's K|V-packed layout: a block is (layers, tokens,
+        heads, K|V) in one run of memory under NHD; moved in pieces into kvnode's block
+        order (every layer's K then V), so it shares blocks with every other layout."""
+        spec, es = self._geometry, t.element_size()
+        if not block.permute(0, 2, 1, 3).is_contiguous():
+            raise ValueError("a K|V-packed cross-layer block is not one run of memory in "
+                             "layer, token, head order (the cache is not NHD: strides %s)"
+                             % (t.stride(),))
+        if t.device.type != "cpu":
+            raise ValueError("a K|V-packed cross-layer cache on %s: this release moves it "
+                             "from host memory only (pieces, not whole blocks)"
+                             % t.device.type)
+        layout = self._layout(self.tp_rank, self.pp_rank)
+        base = block.data_ptr()
+        ptrs, sizes = _packed_pieces(base, t.shape[0], spec.block_size, spec.heads,
+                                     spec.head_dim * es)
+        pieces = gathered.PieceMap([p - base for p in ptrs], sizes)
+        if pieces.block_bytes != layout.block_bytes:
+            raise ValueError("a cross-layer block has %d bytes, the namespace's %d (layers %d)"
+                             % (pieces.block_bytes, layout.block_bytes, layout.num_layers))
+        if not gathered.available():
+            raise ValueError("libkvnode %s has no gathered calls (KVNODE_0.8)"
+                             % kvnode.library_path())
+        self._start_moving(_GatheredBlocks(base, t.stride(bdim) * es, pieces), layout)
 
     def start_load_kv(self, forward_context, **kwargs):
         """This step's synchronous loads, done when this returns (blocks that could not be

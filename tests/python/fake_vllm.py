@@ -1,7 +1,11 @@
 """What vLLM v1 does with a KV connector, without vLLM (written from its interfaces, no code
 of theirs): the configs the connector reads, the factory's construction by
 ``kv_connector_module_path``, paged KV caches as CPU torch tensors in the attention backends'
-shapes, the request's chained block hashes, and an engine whose scheduler and model runner
+shapes (backend "flash_attn": K/V split (2, blocks, tokens, heads, dim); "flashinfer": stacked
+(blocks, 2, tokens, heads, dim); "packed": vLLM's newer K|V-packed FlashAttention/FlashInfer
+layout (blocks, heads, tokens, 2 x dim), NHD in memory; "mla": (blocks, tokens, latent); "flash_attn_hnd": K/V split in HND order, which the
+connector cannot move;
+"+cross": one cross-layer tensor), the request's chained block hashes, and an engine whose scheduler and model runner
 call the connector in vLLM's order:
 
 scheduler ``schedule()``: running requests first (preempting the last running one when no
@@ -130,6 +134,8 @@ def create_connector(vllm_config, role_name, kv_cache_config):
     return cls(vllm_config, getattr(module.KVConnectorRole, role_name), kv_cache_config)
 
 
+SPLIT = ("flash_attn", "flash_attn_hnd")     # backends with K/V split caches
+
 NONE_HASH = hashlib.sha256(pickle.dumps("0")).digest()      # PYTHONHASHSEED=0
 
 
@@ -196,6 +202,8 @@ class Worker:
                 phys, order = (nb, nl, bs, d), (1, 0, 2, 3)
             elif e.backend == "flash_attn":
                 phys, order = (nb, nl, 2, bs, h, d), (1, 2, 0, 3, 4, 5)
+            elif e.backend == "packed":
+                phys, order = (nb, nl, bs, h, 2 * d), (1, 0, 3, 2, 4)
             else:
                 phys, order = (nb, nl, 2, bs, h, d), (1, 0, 2, 3, 4, 5)
             cross = torch.randn(phys, generator=g).to(e.dtype).permute(*order)
@@ -208,6 +216,14 @@ class Worker:
                 shape = (2, e.num_blocks, e.block_size, h, e.head_dim)
             elif e.backend == "flashinfer":
                 shape = (e.num_blocks, 2, e.block_size, h, e.head_dim)
+            elif e.backend == "flash_attn_hnd":     # K/V split, HND in memory: not movable
+                self.caches[name] = torch.randn((2, e.num_blocks, h, e.block_size, e.head_dim),
+                                                generator=g).to(e.dtype).permute(0, 1, 3, 2, 4)
+                continue
+            elif e.backend == "packed":     # (blocks, heads, tokens, 2 x dim), NHD in memory
+                self.caches[name] = torch.randn((e.num_blocks, e.block_size, h, 2 * e.head_dim),
+                                                generator=g).to(e.dtype).permute(0, 2, 1, 3)
+                continue
             else:
                 shape = (e.num_blocks, e.block_size, e.head_dim)
             self.caches[name] = torch.randn(shape, generator=g).to(e.dtype)
@@ -221,8 +237,11 @@ class Worker:
             return
         h = e.heads // e.tp
         part = kv[layer, :, self.rank * h:(self.rank + 1) * h]
-        if e.backend == "flash_attn":
+        if e.backend in SPLIT:
             t[0, block, off], t[1, block, off] = part[0], part[1]
+        elif e.backend == "packed":
+            d = e.head_dim
+            t[block, :, off, :d], t[block, :, off, d:] = part[0], part[1]
         else:
             t[block, 0, off], t[block, 1, off] = part[0], part[1]
 
@@ -231,8 +250,12 @@ class Worker:
         e, out = self.engine, []
         for name in e.layer_names:
             t = self.caches[name]
-            if e.backend == "flash_attn":
+            if e.backend in SPLIT:
                 out += [t[0, block].contiguous(), t[1, block].contiguous()]
+            elif e.backend == "packed":     # K then V, each (tokens, heads, dim)
+                d = e.head_dim
+                out += [t[block, :, :, :d].permute(1, 0, 2).contiguous(),
+                        t[block, :, :, d:].permute(1, 0, 2).contiguous()]
             else:
                 out.append(t[block].contiguous())
         return b"".join(x.view(torch.uint8).numpy().tobytes() for x in out)
@@ -461,8 +484,9 @@ class Engine:
             t = w.caches[name]
             for p in range(req.num_computed_tokens):
                 b, off = req.block_ids[p // bs], p % bs
+                # (packed: t[b, :, off] is (heads, K|V))
                 slot = t[b, off] if t.dim() == 3 else (t[:, b, off] if t.shape[0] == 2 and
-                                                       self.backend == "flash_attn"
+                                                       self.backend in SPLIT
                                                        else t[b, :, off])
                 h.update(slot.contiguous().view(torch.uint8).numpy().tobytes())
         return int.from_bytes(h.digest()[:2], "little")
