@@ -3,10 +3,10 @@ of theirs): the configs the connector reads, the factory's construction by
 ``kv_connector_module_path``, paged KV caches as CPU torch tensors in the attention backends'
 shapes (backend "flash_attn": K/V split (2, blocks, tokens, heads, dim); "flashinfer": stacked
 (blocks, 2, tokens, heads, dim); "packed": vLLM's newer K|V-packed FlashAttention/FlashInfer
-layout (blocks, heads, tokens, 2 x dim), NHD in memory; "mla": (blocks, tokens, latent); "flash_attn_hnd": K/V split in HND order, which the
-connector cannot move;
-"+cross": one cross-layer tensor), the request's chained block hashes, and an engine whose scheduler and model runner
-call the connector in vLLM's order:
+layout (blocks, heads, tokens, 2 x dim), NHD in memory; "mla": (blocks, tokens, latent);
+"flash_attn_hnd": K/V split in HND order, which the connector cannot move; "+cross": one
+cross-layer tensor), the request's chained block hashes, and an engine whose scheduler and
+model runner call the connector in vLLM's order:
 
 scheduler ``schedule()``: running requests first (preempting the last running one when no
 block is free: its blocks freed, its computed tokens 0, back to the head of the waiting
