@@ -153,6 +153,17 @@ except Exception as _e:     # noqa: BLE001 - ImportError, or vLLM failing to imp
     logger.info("kvnode.vllm: vLLM is not importable (%s); KvnodeConnector uses a stand-in "
                 "base class", VLLM_IMPORT_ERROR)
 
+try:    # what newer vLLM's model runner asks of a worker each step instead of get_finished
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import \
+        KVConnectorTransferResults  # noqa: F401
+except Exception:       # noqa: BLE001 - no vLLM, or one that calls get_finished
+    @dataclasses.dataclass
+    class KVConnectorTransferResults:
+        """Stand-in for vLLM's (the fields the connector fills)."""
+        finished_sending: set = dataclasses.field(default_factory=set)
+        finished_recving: set = dataclasses.field(default_factory=set)
+        failed_recving: set = dataclasses.field(default_factory=set)
+
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import \
         KVConnectorStats as _StatsBase
@@ -1074,6 +1085,14 @@ class KvnodeConnector(KVConnectorBase_V1):
         except Exception as e:  # noqa: BLE001
             self._failed("get_finished", e)
             return None, None
+
+    def get_transfer_results(self, finished_req_ids=None):
+        """get_finished's two sets as the KVConnectorTransferResults newer vLLM asks for
+        (failed_recving stays empty: a load's failed blocks are reported by
+        get_block_ids_with_load_errors, the request in finished_recving)."""
+        sending, recving = self.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(finished_sending=sending or set(),
+                                          finished_recving=recving or set())
 
     def get_block_ids_with_load_errors(self):
         with self._count_lock:

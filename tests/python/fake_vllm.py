@@ -16,7 +16,8 @@ for matched + new tokens -> ``update_state_after_alloc(request, blocks, external
 model runner, per worker (one per TP rank): ``bind_connector_metadata``, ``start_load_kv``
 (before the forward when the step has synchronous loads, after it otherwise), per layer
 ``wait_for_layer_load`` / KV written / ``save_kv_layer``, then ``wait_for_save``,
-``get_finished(finished_req_ids)``, ``get_block_ids_with_load_errors``,
+``get_transfer_results(finished_req_ids)`` (``get_finished`` with ``transfer_results=False``,
+as older vLLM), ``get_block_ids_with_load_errors``,
 ``get_kv_connector_stats``, ``clear_connector_metadata``.
 scheduler ``update_from_output``: invalid blocks truncate the affected requests' computed
 tokens at the first invalid block (their sampled token dropped), finished requests go to
@@ -280,7 +281,11 @@ class Worker:
             if not out.has_sync_kv_loads:
                 conn.start_load_kv(None)
             conn.wait_for_save()
-            sending, recving = conn.get_finished(out.finished_req_ids)
+            if e.transfer_results:  # newer vLLM: get_transfer_results; older: get_finished
+                done = conn.get_transfer_results(out.finished_req_ids)
+                sending, recving = done.finished_sending, done.finished_recving
+            else:
+                sending, recving = conn.get_finished(out.finished_req_ids)
             result = KVConnectorOutput(sending, recving, conn.get_block_ids_with_load_errors(),
                                        conn.get_kv_connector_stats())
             conn.clear_connector_metadata()
@@ -292,7 +297,8 @@ class Engine:
 
     def __init__(self, extra_config, backend="flash_attn", tp=1, num_blocks=24, block_size=4,
                  layers=3, heads=4, head_dim=8, dtype=torch.bfloat16, budget=64,
-                 long_prefill=0, kv_role="kv_both", hybrid=False, failure_policy="recompute"):
+                 long_prefill=0, kv_role="kv_both", hybrid=False, failure_policy="recompute",
+                 transfer_results=True):
         # "<backend>+cross": a cross-layer cache (vLLM allocates one when the connector
         # prefers it and the backend can)
         backend, _, cross = backend.partition("+")
@@ -303,6 +309,7 @@ class Engine:
         self.heads = 1 if self.mla else heads
         self.head_dim, self.dtype, self.budget = head_dim, dtype, budget
         self.long_prefill = long_prefill
+        self.transfer_results = transfer_results
         self.layer_names = ["model.layers.%d.self_attn.attn" % i for i in range(layers)]
         self.config = VllmConfig(ModelConfig(), CacheConfig(block_size),
                                  ParallelConfig(tensor_parallel_size=tp),

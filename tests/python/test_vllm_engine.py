@@ -100,14 +100,16 @@ def test_two_engines_share_a_prefix(daemon, first, second):
     assert outputs == reference({"b": prompt}, {"backend": second})["outputs"]["b"]
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_asynchronous_load(daemon, tp):
+@pytest.mark.parametrize("tp,transfer_results", [(1, True), (2, True), (1, False)])
+def test_asynchronous_load(daemon, tp, transfer_results):
     """async_load_min_blocks 4: an 8-block hit loads on the workers' threads while the
-    request waits (vLLM's WAITING_FOR_REMOTE_KVS); get_finished reports it from every
-    worker, then the request computes only its suffix; the bytes are the first engine's."""
-    run_engine(extra(daemon), {"a": PREFIX + [1, 2]}, {"tp": tp})
+    request waits (vLLM's WAITING_FOR_REMOTE_KVS); get_transfer_results (older vLLM:
+    get_finished) reports it from every worker, then the request computes only its
+    suffix; the bytes are the first engine's."""
+    run_engine(extra(daemon), {"a": PREFIX + [1, 2]},
+               {"tp": tp, "transfer_results": transfer_results})
     prompt = PREFIX + [7, 8, 9]
-    e = Engine(extra(daemon, async_load_min_blocks=4), tp=tp)
+    e = Engine(extra(daemon, async_load_min_blocks=4), tp=tp, transfer_results=transfer_results)
     try:
         req = e.add("b", prompt)
         assert e.connector.get_num_new_matched_tokens(req, 0) == (32, True)
