@@ -32,16 +32,20 @@ What runs where:
   when done, False on failure.
 - Workers: ``register_kv_caches`` takes the per-layer paged KV caches in vLLM's NHD shapes
   (CPU torch tensors: the host copies their pieces): K/V split ``(2, num_blocks, block_size,
-  heads, head_dim)`` (FlashAttention and most backends), stacked ``(num_blocks, 2, block_size,
-  heads, head_dim)`` (FlashInfer) and MLA ``(num_blocks, block_size, head_dim)``. A vLLM
-  block is one kvnode block: for each layer in order, K then V of its ``block_size`` tokens
-  (MLA: the latent), so split and stacked caches share blocks. ``prefer_cross_layer_blocks``
+  heads, head_dim)`` (FlashAttention before the packed layout, most backends), stacked
+  ``(num_blocks, 2, block_size, heads, head_dim)`` (FlashInfer before it), K|V-packed
+  ``(num_blocks, heads, block_size, 2 * head_dim)`` (newer FlashAttention and FlashInfer: K
+  the first half of the last dimension; in memory token, head, K|V) and MLA ``(num_blocks,
+  block_size, head_dim)``. A vLLM block is one kvnode block: for each layer in order, K then
+  V of its ``block_size`` tokens (MLA: the latent), so split, stacked and packed caches share
+  blocks (a packed one moves in pieces into that order). ``prefer_cross_layer_blocks``
   is True (extra config ``cross_layer_blocks``): for models with uniform layers vLLM then
   allocates one tensor for every layer and calls ``register_cross_layers_kv_cache``; each
   block of it lies in one run of memory in that same order (checked) and moves whole
   (``kvnode_get_batch`` / ``kvnode_put_batch``; CUDA tensors by libkvnode's device copies,
   the client declaring the tensor's device: run against the strict fake CUDA by
-  ``scripts/gpu-check.sh --sim``, not yet on a GPU). ``start_load_kv`` copies each
+  ``scripts/gpu-check.sh --sim``, not yet on a GPU; a K|V-packed cross-layer cache moves
+  in pieces, from host memory only). ``start_load_kv`` copies each
   load straight from kvnoded's shared memory into the paged blocks (one
   ``kvnode_get_scatter_checked`` per request: every piece of every block, lease included);
   a block it could not load is reported by ``get_block_ids_with_load_errors`` (vLLM then
@@ -54,18 +58,21 @@ What runs where:
   reports the request (its failed blocks reported by then) in its second set.
   Saves run on a thread of the worker (``kvnode_put_gather_checked``, blocks already stored
   skipped) from blocks vLLM holds for them; ``get_finished`` reports a request once its save
-  has ended and vLLM has named it finished; ``save_kv_layer`` and ``wait_for_save`` have
+  has ended and vLLM has named it finished (``get_transfer_results``, which newer vLLM asks
+  instead, gives the same sets); a worker whose caches it cannot move drops its saves
+  (counted) and still reports them; ``save_kv_layer`` and ``wait_for_save`` have
   nothing to do (no save reads a block vLLM is writing). ``get_kv_connector_stats`` gives the
   counters of the interval since the previous call; ``shutdown`` waits for the saves queued
   (at most ``timeout_ms`` each) and disconnects.
 
-Keys: vLLM's block hashes (``request.block_hashes``; only the first
-``request.num_publishable_block_hashes``, as vLLM requires of content-addressed connectors)
-folded by :func:`kvnode.fold_digests` (key: the hash's first 64 bits, check word: the next 64,
-sent beside the key whenever kvnoded honours check words). vLLM seeds its hash chain from
-``PYTHONHASHSEED``: instances that are to share blocks must run with the same
-``PYTHONHASHSEED`` and ``--prefix-caching-hash-algo`` (without ``PYTHONHASHSEED`` each vLLM
-process draws a random seed and finds only its own blocks).
+Keys: vLLM's block hashes (``request.block_hashes``: ``BlockHash``, a NewType of bytes; only
+the first ``request.num_publishable_block_hashes``, as vLLM requires of content-addressed
+connectors, where vLLM has that count) folded by :func:`kvnode.fold_digests` (key: the hash's
+first 64 bits, check word: the next 64, sent beside the key whenever kvnoded honours check
+words). vLLM seeds its hash chain from ``PYTHONHASHSEED`` (the first block's parent is the
+hash function of that string; without it 32 random bytes): instances that are to share
+blocks must run with the same ``PYTHONHASHSEED`` and ``--prefix-caching-hash-algo``
+(without ``PYTHONHASHSEED`` each vLLM process finds only its own blocks).
 
 Namespaces: one per (model, revision, KV geometry and dtype, TP rank, PP stage): ``model``
 (default the served model), ``model_revision`` (default vLLM's ``--revision``),
