@@ -227,6 +227,23 @@ def _tail(ctypes_array, start):
         ctypes_array._type_))
 
 
+def _fold_words(hashes):
+    """_fold_hashes into array.array words (the metadata's own, picklable): folded in place
+    when the hashes are raw digests, no copy after the fold."""
+    n = len(hashes)
+    if n and type(hashes[0]) is bytes and len(hashes[0]) >= 16 and \
+            _clib._fold_digests is not None:
+        size = len(hashes[0])
+        raw = b"".join(hashes)
+        if len(raw) == size * n and len(hashes[-1]) == size:
+            keys, checks = array.array("q", [0]) * n, array.array("Q", [0]) * n
+            if _clib._fold_digests(raw, n, size, (ctypes.c_int64 * n).from_buffer(keys),
+                                   (ctypes.c_uint64 * n).from_buffer(checks)) == n:
+                return keys, checks
+    keys, checks = _fold_hashes(hashes)
+    return _words("q", keys), _words("Q", checks)
+
+
 def _ctypes_words(ctype, words):
     return (ctype * len(words)).from_buffer(words) if len(words) else (ctype * 0)()
 
@@ -319,22 +336,6 @@ def _fold_hashes(hashes):
             if _clib._fold_digests(raw, n, size, keys, checks) == n:
                 return keys, checks
     return kvnode.fold_digests([_hex(h) for h in hashes])
-
-
-def _match(c, keys, checks, n):
-    """Client.match of the first n keys (and check words) in one libkvnode call, without
-    the per-call conversions (the arrays are the fold's own ctypes arrays)."""
-    if checks is None:
-        m = _clib._SIZE(0)
-        rc = _clib._match(c._handle(), keys, n, ctypes.byref(m))
-        got = m.value
-    else:
-        t = _clib._CTiers()
-        rc = _clib._match_checked(c._handle(), keys, checks, n, ctypes.byref(t))
-        got = t.matched
-    if rc:
-        c._check(rc)
-    return got
 
 
 def _hex(block_hash):
@@ -587,7 +588,7 @@ class KvnodeConnector(KVConnectorBase_V1):
                                "evicted from kvnoded between the MATCH and the load fails its "
                                "request; give \"recompute\" to have vLLM recompute it")
             self._plans = {}            # request id -> (local blocks, matched blocks)
-            self._folded = {}           # request id -> (n, keys, checks)
+            self._scratch = (0, None, None)  # MATCH's fold arrays (capacity, keys, checks)
             self._loads, self._saves = [], []
             self._saving = set()
             self._links = []
@@ -683,15 +684,26 @@ class KvnodeConnector(KVConnectorBase_V1):
         return len(hashes) if n is None else min(int(n), len(hashes))
 
     def _fold(self, request, n):
-        """Keys and check words of the request's first n blocks (folded once per request)."""
-        got = self._folded.get(request.request_id)
-        if got is None or got[0] < n:
-            hashes = request.block_hashes
-            keys, checks = _fold_hashes(hashes if len(hashes) == n else hashes[:n])
-            got = self._folded[request.request_id] = (n, keys, checks)
-        if got[0] == n:
-            return got[1], got[2]
-        return kvnode.prefix(got[1], n), kvnode.prefix(got[2], n)
+        """Keys and check words of the request's first n blocks (arrays of n)."""
+        hashes = request.block_hashes
+        return _fold_hashes(hashes if len(hashes) == n else hashes[:n])
+
+    def _fold_scratch(self, hashes, n):
+        """The first n hashes folded into the scheduler's reused arrays (grown when short;
+        only the first n words are meaningful): a MATCH allocates nothing."""
+        cap, keys, checks = self._scratch
+        if cap < n:
+            cap = max(n, 2 * cap, 256)
+            keys, checks = (ctypes.c_int64 * cap)(), (ctypes.c_uint64 * cap)()
+            self._scratch = (cap, keys, checks)
+        if n and type(hashes[0]) is bytes and len(hashes[0]) >= 16 and \
+                _clib._fold_digests is not None:
+            size = len(hashes[0])
+            raw = b"".join(hashes if len(hashes) == n else hashes[:n])
+            if len(raw) == size * n and len(hashes[n - 1]) == size and \
+                    _clib._fold_digests(raw, n, size, keys, checks) == n:
+                return keys, checks
+        return kvnode.fold_digests([_hex(h) for h in hashes[:n]])
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         """Tokens past num_computed_tokens whose blocks kvnoded holds (a MATCH per rank),
@@ -706,26 +718,45 @@ class KvnodeConnector(KVConnectorBase_V1):
                             tokens // self.block_size >= self.async_load_min_blocks)
 
     def _matched_tokens(self, request, num_computed_tokens):
-        self._plans.pop(request.request_id, None)
+        # (one frame, few calls: this runs for every new request, between other work)
+        rid = request.request_id
+        plans = self._plans
+        if rid in plans:
+            del plans[rid]
         if not self.loads_on or self._link is None:
             return 0
         bs = self.block_size
+        hashes = request.block_hashes
         # Never the block of the prompt's last token: vLLM computes at least one token.
-        n = min(self._publishable(request), (request.num_tokens - 1) // bs)
+        n = (request.num_tokens - 1) // bs
+        if len(hashes) < n:
+            n = len(hashes)
+        publishable = getattr(request, "num_publishable_block_hashes", None)
+        if publishable is not None and publishable < n:
+            n = int(publishable)
         local = num_computed_tokens // bs
         if n <= local:
             return 0
-        keys, checks = self._fold(request, n)
+        keys, checks = self._fold_scratch(hashes, n)
         if local:       # the blocks past vLLM's own prefix (kvnode keys are not chained)
             keys, checks = _tail(keys, local), _tail(checks, local)
-        more = len(keys)
+        more = n - local
         for link in self._links:   # each rank's MATCH asks only what the ranks before found
             c = link.acquire(self.connect_wait_s)
             if c is None:
                 return 0
             error = None
             try:
-                more = _match(c, keys, checks if link.checks_on else None, more)
+                if link.checks_on:
+                    t = _clib._CTiers()
+                    rc = _clib._match_checked(c._handle(), keys, checks, more, ctypes.byref(t))
+                    more = t.matched
+                else:
+                    m = _clib._SIZE(0)
+                    rc = _clib._match(c._handle(), keys, more, ctypes.byref(m))
+                    more = m.value
+                if rc:
+                    c._check(rc)
             except kvnode.Error as e:
                 error, more = e, 0
                 self._failed("MATCH", e)
@@ -733,7 +764,7 @@ class KvnodeConnector(KVConnectorBase_V1):
                 link.release(c, error)
             if more <= 0:
                 return 0
-        self._plans[request.request_id] = (local, local + more)
+        plans[rid] = (local, local + more)
         return more * bs
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
@@ -773,16 +804,14 @@ class KvnodeConnector(KVConnectorBase_V1):
                     len(block_ids))
             if n <= 0:
                 return False, None
-            keys, checks = self._fold(request, n)
-            self._saves.append(_Transfer(rid, list(block_ids[:n]), _words("q", keys),
-                                         _words("Q", checks)))
+            hashes = request.block_hashes
+            keys, checks = _fold_words(hashes if len(hashes) == n else hashes[:n])
+            self._saves.append(_Transfer(rid, list(block_ids[:n]), keys, checks))
             self._saving.add(rid)
             return True, None
         except Exception as e:  # noqa: BLE001
             self._failed("request_finished", e)
             return False, None
-        finally:
-            self._folded.pop(rid, None)
 
     def update_connector_output(self, connector_output):
         for rid in getattr(connector_output, "finished_sending", None) or ():

@@ -153,7 +153,6 @@ class VllmPath:
 
     def after_exists(self):
         self.sched._plans.pop(self.asked.request_id, None)
-        self.sched._folded.pop(self.asked.request_id, None)
         self.asked = None
         if self.answer != PAGES * BLOCK_TOKENS:
             raise RuntimeError("vllm: matched %r tokens, %d stored" % (self.answer,
