@@ -156,6 +156,10 @@ struct cache {
     uint64_t reservations_refused;  /* puts over leases.max_reserved_per_client */
     uint64_t namespaces_reclaimed;  /* idle namespaces released at the limit */
     uint64_t promotions, promotions_ok, promotions_failed;
+    /* promote.c: the promotions in flight by entry (an index entry has no
+     * room for a pointer to its record); open addressing, load <= 1/2. */
+    struct cache_promo **promo_tab;
+    size_t promo_cap, promo_n;
     uint64_t lookups, lookup_found;
     uint64_t lookup_reads;      /* GETs' runs of unknown keys read at once, no lookup first */
     uint64_t lookup_negative_hits;  /* runs of unknown keys the negative cache ended */

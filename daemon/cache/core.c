@@ -230,6 +230,7 @@ void cache_destroy(struct cache *c)
         free(r);
     }
     free(c->match_found);
+    free(c->promo_tab);
     keylock_destroy(c->keylocks);
     negcache_destroy(c->negcache);
     if (c->leases)

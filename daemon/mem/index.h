@@ -16,6 +16,10 @@
  * namespace's order (same stamps, oldest first), for per-namespace quotas:
  * an entry is in both orders or in neither.
  *
+ * Memory: entries are 80 bytes in chunks of the index's own; buckets,
+ * chains and list links are 32-bit entry ids (so at most 2^32 - 1 entries:
+ * index_insert fails beyond). index_stats.bytes is what the index holds.
+ *
  * Loop thread only. */
 #ifndef KVNODE_INDEX_H
 #define KVNODE_INDEX_H
@@ -39,36 +43,43 @@ enum entry_persist {
     PERSIST_FAILED  = 3,  /* the write failed or was dropped: do not retry */
 };
 
+/* 80 bytes (asserted in index.c): the fields a MATCH reads (key, check,
+ * ns, state, arena, the chain) come first; list links are 32-bit entry ids
+ * (0: none) into the index's chunks, not pointers; what only a few entries
+ * need lives elsewhere (a promotion's record: the cache's table). */
 struct index_entry {
-    uint32_t ns;            /* namespace id */
     int64_t  key;
     uint64_t check;         /* the block's check word (0: none): a request with another
                                word does not see the block (cache_entry_for) */
+    uint32_t ns;            /* namespace id */
+    uint32_t hash_next;     /* id of the next entry of its chain (index's) */
     uint8_t  state;         /* enum entry_state */
     uint8_t  tier;          /* KVNODE_TIER_* of the bytes */
-    uint8_t  detached;      /* unlinked from the index, freed when pins reach 0 */
-    uint8_t  on_lru;        /* linked into an LRU list (maintained by index) */
-    uint8_t  persist;       /* enum entry_persist (cache's) */
-    uint8_t  evicting;      /* write-back: leaves memory once its write lands (cache's) */
-    uint8_t  lru_arena;     /* the (arena, class) order it is listed in (index's) */
-    uint8_t  lru_cls;
+    uint8_t  arena;         /* arena id (< INDEX_MAX_ARENAS), INDEX_NO_ARENA: none */
+    uint8_t  cls;           /* size class in that arena (< ARENA_MAX_CLASSES) */
     uint32_t pins;          /* read leases (and internal users) holding it */
-    uint32_t arena;         /* arena id */
-    uint32_t cls;           /* size class in that arena */
     uint64_t offset;        /* byte offset in the arena */
     uint64_t lru_stamp;     /* last use by a client, monotonically increasing */
-    void    *promo;         /* ENTRY_PROMOTING: the cache's promotion record */
-    struct index_entry *hash_next;
-    struct index_entry *lru_prev, *lru_next;   /* (arena, class) order's list */
-    struct index_entry *ns_prev, *ns_next;     /* namespace order's list */
-    uint32_t lru_heap, ns_heap;                /* 1 + place in that order's heap, 0: in its list */
+    uint32_t id;            /* this entry's id (index's) */
+    uint8_t  lru_arena;     /* the (arena, class) order it is listed in (index's) */
+    uint8_t  lru_cls;
+    uint8_t  on_lru : 1;    /* linked into an LRU list (maintained by index) */
+    uint8_t  detached : 1;  /* unlinked from the index, freed when pins reach 0 */
+    uint8_t  evicting : 1;  /* write-back: leaves memory once its write lands (cache's) */
+    uint8_t  persist : 2;   /* enum entry_persist (cache's) */
+    uint32_t lru_prev, lru_next;   /* ids: (arena, class) order's list (index's) */
+    uint32_t ns_prev, ns_next;     /* ids: namespace order's list (index's) */
+    uint32_t lru_heap, ns_heap;    /* 1 + place in that order's heap, 0: in its list */
 };
+
+#define INDEX_NO_ARENA UINT8_MAX   /* e->arena of an entry with no slot */
 
 struct kv_index;
 
 /* LRU lists exist for arena ids below INDEX_MAX_ARENAS and size classes below
  * ARENA_MAX_CLASSES; an entry outside that range is never listed. */
 #define INDEX_MAX_ARENAS 17u   /* the host arena and one per GPU (DEVMEM_MAX_DEVICES) */
+_Static_assert(INDEX_MAX_ARENAS < INDEX_NO_ARENA, "arena ids must fit an entry's byte");
 /* Per-namespace lists exist for namespace ids below INDEX_MAX_NAMESPACES
  * (ids are 1-based and at most server.max_namespaces = 65536); an entry of a
  * larger id is never listed. The array of list heads grows on demand. */
@@ -79,6 +90,7 @@ struct index_stats {
     size_t buckets;         /* buckets of the main table */
     size_t rehash_buckets;  /* buckets of the table being grown into, 0 when not rehashing */
     size_t lru_entries;     /* entries on some LRU list */
+    size_t bytes;           /* held: entry chunks, chunk table, buckets, heaps, order heads */
 };
 
 /* initial_buckets is rounded up to a power of two (minimum 64). */
@@ -123,6 +135,13 @@ void index_walk_begin(struct kv_index *ix, struct index_walk *w);
 bool index_walk_step(struct kv_index *ix, struct index_walk *w, size_t buckets,
                      void (*fn)(void *arg, struct index_entry *e), void *arg);
 void index_walk_end(struct kv_index *ix, struct index_walk *w);
+
+/* e's neighbours in the list of its (arena, class) order and of its
+ * namespace's order (NULL: none, or e is in the order's heap or unlisted). */
+struct index_entry *index_lru_prev(const struct kv_index *ix, const struct index_entry *e);
+struct index_entry *index_lru_next(const struct kv_index *ix, const struct index_entry *e);
+struct index_entry *index_ns_prev(const struct kv_index *ix, const struct index_entry *e);
+struct index_entry *index_ns_next(const struct kv_index *ix, const struct index_entry *e);
 
 /* A client used e: stamp it newest and list it at the newest end of the
  * orders of (e->arena, e->cls) and of its namespace, moving it there if it

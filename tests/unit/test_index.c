@@ -153,7 +153,7 @@ START_TEST(test_insert_lookup_many)
             FAIL_IF_NOT(e != NULL, "insert failed");
             FAIL_IF_NOT(e->ns == test_ns[j] && e->key == keys[i], "insert set wrong ns/key");
             FAIL_IF_NOT(e->state == 0 && e->pins == 0 && e->on_lru == 0 && e->lru_stamp == 0 &&
-                            e->lru_prev == NULL && e->lru_next == NULL && e->offset == 0,
+                            e->lru_prev == 0 && e->lru_next == 0 && e->offset == 0,
                         "new entry not zeroed");
             ents[i * TEST_NNS + j] = e;
             index_get_stats(ix, &after);
@@ -212,7 +212,7 @@ START_TEST(test_insert_lookup_many)
         struct index_entry *e = ents[i];
         FAIL_IF_NOT(index_lookup(ix, e->ns, e->key) == e, "entry lost before unlink");
         index_unlink(ix, e);
-        FAIL_IF_NOT(e->hash_next == NULL, "unlinked entry still chained");
+        FAIL_IF_NOT(e->hash_next == 0, "unlinked entry still chained");
         FAIL_IF_NOT(index_lookup(ix, test_ns[i % TEST_NNS], keys[i / TEST_NNS]) == NULL,
                     "unlinked entry still found");
         ents[i] = NULL;
@@ -544,12 +544,12 @@ START_TEST(test_lru_retouch_moves_to_tail)
     index_lru_touch(ix, c);             /* tail -> tail: restamped */
     ck_assert_uint_gt(c->lru_stamp, s);
     /* order now: b d a c */
-    ck_assert_ptr_eq(b->lru_prev, NULL);
-    ck_assert_ptr_eq(b->lru_next, d);
-    ck_assert_ptr_eq(d->lru_next, a);
-    ck_assert_ptr_eq(a->lru_next, c);
-    ck_assert_ptr_eq(c->lru_next, NULL);
-    ck_assert_ptr_eq(c->lru_prev, a);
+    ck_assert_ptr_eq(index_lru_prev(ix, b), NULL);
+    ck_assert_ptr_eq(index_lru_next(ix, b), d);
+    ck_assert_ptr_eq(index_lru_next(ix, d), a);
+    ck_assert_ptr_eq(index_lru_next(ix, a), c);
+    ck_assert_ptr_eq(index_lru_next(ix, c), NULL);
+    ck_assert_ptr_eq(index_lru_prev(ix, c), a);
     struct index_entry *want[] = {b, d, a, c};
     test_expect_oldest_order(ix, 0, 0, want, 4);
     index_destroy(ix);
@@ -653,7 +653,7 @@ START_TEST(test_lru_class_change)
     a->cls = 2;
     index_lru_touch(ix, a);
     ck_assert_ptr_eq(index_lru_oldest(ix, 0, 1), b);
-    ck_assert_ptr_eq(b->lru_prev, NULL);
+    ck_assert_ptr_eq(index_lru_prev(ix, b), NULL);
     ck_assert_ptr_eq(index_lru_oldest(ix, 1, 2), a);
     b->cls = 3;                         /* b is head and tail of (0,1) */
     index_lru_remove(ix, b);
@@ -753,8 +753,8 @@ START_TEST(test_lru_ns_order)
         last = o->lru_stamp;
         index_lru_remove(ix, o);
         ck_assert_uint_eq(o->on_lru, 0);
-        ck_assert_ptr_null(o->ns_prev);
-        ck_assert_ptr_null(o->ns_next);
+        ck_assert_ptr_null(index_ns_prev(ix, o));
+        ck_assert_ptr_null(index_ns_next(ix, o));
         drained++;
     }
     ck_assert_uint_eq(drained, N);
@@ -792,18 +792,18 @@ START_TEST(test_lru_ns_remove_and_unlink)
     index_unlink(ix, e[3]);             /* middle: off both lists and the table */
     ck_assert_uint_eq(e[3]->on_lru, 0);
     ck_assert_ptr_null(index_lookup(ix, 3, 3));
-    ck_assert_ptr_eq(e[2]->ns_next, e[4]);
-    ck_assert_ptr_eq(e[4]->ns_prev, e[2]);
+    ck_assert_ptr_eq(index_ns_next(ix, e[2]), e[4]);
+    ck_assert_ptr_eq(index_ns_prev(ix, e[4]), e[2]);
     ck_assert_ptr_eq(index_lru_oldest(ix, 0, 1), e[1]);
-    ck_assert_ptr_eq(e[1]->lru_next, e[5]);
+    ck_assert_ptr_eq(index_lru_next(ix, e[1]), e[5]);
     index_entry_free(ix, e[3]);
     index_unlink(ix, e[5]);             /* tail */
-    ck_assert_ptr_null(e[4]->ns_next);
+    ck_assert_ptr_null(index_ns_next(ix, e[4]));
     index_entry_free(ix, e[5]);
     /* Touching the ns head moves it to the ns tail (and its class tail). */
     index_lru_touch(ix, e[1]);
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 3), e[2]);
-    ck_assert_ptr_eq(e[4]->ns_next, e[1]);
+    ck_assert_ptr_eq(index_ns_next(ix, e[4]), e[1]);
     struct index_entry *want[] = { e[2], e[4], e[1] };
     for (int i = 0; i < 3; i++) {
         struct index_entry *o = index_lru_oldest_in_ns(ix, 3);
@@ -859,7 +859,7 @@ START_TEST(test_lru_ns_random)
     for (uint32_t ns = 1; ns <= NNS; ns++) {
         uint64_t last = 0;
         size_t here = 0;
-        for (struct index_entry *o = index_lru_oldest_in_ns(ix, ns); o; o = o->ns_next) {
+        for (struct index_entry *o = index_lru_oldest_in_ns(ix, ns); o; o = index_ns_next(ix, o)) {
             FAIL_IF_NOT(o->ns == ns && o->on_lru, "wrong entry on a namespace list");
             FAIL_IF_NOT(o->lru_stamp > last, "namespace list not oldest first");
             last = o->lru_stamp;
@@ -970,7 +970,7 @@ START_TEST(test_entry_reuse)
             ck_assert_int_eq(e[i]->state, 0);
             ck_assert_uint_eq(e[i]->check, 0);
             ck_assert_uint_eq(e[i]->offset, 0);
-            ck_assert_ptr_null(e[i]->lru_prev);
+            ck_assert_ptr_null(index_lru_prev(ix, e[i]));
             e[i]->offset = (uint64_t)i * 4096 + (uint64_t)round;
             e[i]->check = ~(uint64_t)i;
             e[i]->pins = 3;
@@ -986,6 +986,39 @@ START_TEST(test_entry_reuse)
         }
         ck_assert_uint_eq(index_count(ix), 0);
     }
+    index_destroy(ix);
+}
+END_TEST
+
+/* Issue 32's bound: at 1 M listed blocks the index holds at most 96 bytes
+ * per block, counting its entry chunks, buckets, chunk table and orders. */
+START_TEST(test_bytes_per_block_at_1m)
+{
+    enum { N = 1 << 20 };
+    struct kv_index *ix;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    struct index_stats st0;
+    index_get_stats(ix, &st0);
+    for (int i = 0; i < N; i++) {
+        struct index_entry *e = index_insert(ix, 1 + (uint32_t)(i & 3), (int64_t)i * 0x9e3779b97f4a7c15ll);
+        ck_assert_ptr_nonnull(e);
+        e->state = ENTRY_SEALED;
+        e->arena = 0;
+        e->cls = (uint8_t)(i % 3);
+        index_lru_touch(ix, e);
+    }
+    struct index_stats st;
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.entries, N);
+    ck_assert_uint_eq(st.lru_entries, N);
+    double per_block = (double)(st.bytes - st0.bytes) / N;
+    printf("index: %.1f B per block at %d blocks (%zu buckets)\n", per_block, N, st.buckets);
+    ck_assert_double_le(per_block, 96.0);
+    ck_assert_double_ge(per_block, (double)sizeof(struct index_entry));
+    /* Every entry still found, and the orders intact (oldest first). */
+    for (int i = 0; i < N; i += 4099)
+        ck_assert_ptr_nonnull(index_lookup(ix, 1 + (uint32_t)(i & 3), (int64_t)i * 0x9e3779b97f4a7c15ll));
+    ck_assert_int_eq((int)index_lru_count_in_ns(ix, 1), N / 4);
     index_destroy(ix);
 }
 END_TEST
@@ -1017,6 +1050,7 @@ static Suite *index_suite(void)
     tcase_add_test(tc, test_lru_ns_random);
     tcase_add_test(tc, test_walk_during_rehash);
     tcase_add_test(tc, test_entry_reuse);
+    tcase_add_test(tc, test_bytes_per_block_at_1m);
     suite_add_tcase(s, tc);
     return s;
 }
