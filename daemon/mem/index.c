@@ -431,6 +431,20 @@ static uint32_t *order_next(struct index_entry *e, int k)
     return k == ORDER_NS ? &e->ns_next : &e->lru_next;
 }
 
+/* Used since it was placed in order k's list (its place is older than its stamp). */
+static bool order_ref(const struct index_entry *e, int k)
+{
+    return k == ORDER_NS ? e->ref_ns : e->ref_cls;
+}
+
+static void order_ref_clear(struct index_entry *e, int k)
+{
+    if (k == ORDER_NS)
+        e->ref_ns = 0;
+    else
+        e->ref_cls = 0;
+}
+
 static uint32_t *order_heap_pos(struct index_entry *e, int k)
 {
     return k == ORDER_NS ? &e->ns_heap : &e->lru_heap;
@@ -556,9 +570,22 @@ static void order_unlink(struct kv_index *ix, struct lru_order *o, int k, struct
     o->count--;
 }
 
-static struct index_entry *order_oldest(const struct lru_order *o)
+/* The list is in the order of the stamps entries had when placed (appended
+ * newer than the tail's stamp, or else into the heap), and an entry used
+ * since (order_ref) has a newer stamp than its place. Move used heads to
+ * their stamps' places until the head's place is its stamp: then nothing in
+ * the list is older than the head, and the order's oldest is the older of
+ * the head and the heap's top (heap entries are never marked: a use of one
+ * moves it at once). */
+static struct index_entry *order_oldest(struct kv_index *ix, struct lru_order *o, int k)
 {
-    struct index_entry *h = o->head, *t = o->heap_n ? o->heap[0] : NULL;
+    struct index_entry *h;
+    while ((h = o->head) && order_ref(h, k)) {
+        order_ref_clear(h, k);
+        order_unlink(ix, o, k, h);
+        order_insert(ix, o, k, h);
+    }
+    struct index_entry *t = o->heap_n ? o->heap[0] : NULL;
     if (!h || !t)
         return h ? h : t;
     return t->lru_stamp < h->lru_stamp ? t : h;
@@ -624,6 +651,7 @@ void index_lru_remove(struct kv_index *ix, struct index_entry *e)
     order_unlink(ix, &ix->lru[e->lru_arena][e->lru_cls], ORDER_CLASS, e);
     order_unlink(ix, index_ns_list(ix, e->ns, 0), ORDER_NS, e);   /* e->ns never changes */
     e->on_lru = 0;
+    e->ref_cls = e->ref_ns = 0;
     ix->lru_count--;
 }
 
@@ -650,9 +678,10 @@ static void index_lru_list_entry(struct kv_index *ix, struct index_entry *e, boo
 
 void index_lru_touch(struct kv_index *ix, struct index_entry *e)
 {
-    if (e->on_lru && e->lru_arena == e->arena && e->lru_cls == e->cls && !e->lru_heap &&
-        !e->ns_heap && ix->lru[e->lru_arena][e->lru_cls].tail == e && index_ns_list(ix, e->ns, 0)->tail == e) {
-        e->lru_stamp = ++ix->lru_clock;     /* already newest: restamp only */
+    if (e->on_lru && e->lru_arena == e->arena && e->lru_cls == e->cls && !e->lru_heap && !e->ns_heap) {
+        /* In both lists, in the right class: restamp and mark, no list rewritten. */
+        e->lru_stamp = ++ix->lru_clock;
+        e->ref_cls = e->ref_ns = 1;
         return;
     }
     index_lru_remove(ix, e);
@@ -677,7 +706,7 @@ void index_lru_add(struct kv_index *ix, struct index_entry *e)
 struct index_entry *index_lru_oldest(struct kv_index *ix, uint32_t arena_id, uint32_t cls)
 {
     struct lru_order *l = index_lru_list(ix, arena_id, cls);
-    return l ? order_oldest(l) : NULL;
+    return l ? order_oldest(ix, l, ORDER_CLASS) : NULL;
 }
 
 struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t arena_id)
@@ -686,7 +715,7 @@ struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t aren
         return NULL;
     struct index_entry *best = NULL;
     for (uint32_t c = 0; c < ARENA_MAX_CLASSES; c++) {
-        struct index_entry *h = order_oldest(&ix->lru[arena_id][c]);
+        struct index_entry *h = order_oldest(ix, &ix->lru[arena_id][c], ORDER_CLASS);
         if (h && (!best || h->lru_stamp < best->lru_stamp))
             best = h;
     }
@@ -696,7 +725,7 @@ struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t aren
 struct index_entry *index_lru_oldest_in_ns(struct kv_index *ix, uint32_t ns)
 {
     struct lru_order *l = index_ns_list(ix, ns, 0);
-    return l ? order_oldest(l) : NULL;
+    return l ? order_oldest(ix, l, ORDER_NS) : NULL;
 }
 
 struct index_entry *index_lru_prev(const struct kv_index *ix, const struct index_entry *e)

@@ -5,11 +5,16 @@
  * lease ends), index_entry_free() releases it. The hash table grows by
  * incremental rehashing (a few buckets per operation), so no call is O(n).
  *
- * LRU: one recency order per (arena, size class), oldest first. An entry's
- * place changes only when a client uses it (index_lru_touch, index_lru_use):
- * callers refresh a key chain tail-first (last key first, root last), so a
- * parent is always newer than its children and eviction removes leaves
- * first. Pinned and WRITING entries are kept off the orders, so the oldest
+ * LRU: one recency order per (arena, size class), oldest first, by the stamp
+ * of an entry's last use (index_lru_touch, index_lru_use): callers refresh a
+ * key chain tail-first (last key first, root last), so a parent is always
+ * newer than its children and eviction removes leaves first. A use only
+ * restamps the entry and marks it (no list is rewritten); it is moved to its
+ * stamp's place when it reaches the oldest end of an order (second chance,
+ * in index_lru_oldest*), so the orders' oldest are exact LRU. Each use is
+ * paid for by at most one move, at the oldest end; an eviction after many
+ * uses and none evicted moves every used entry ahead of the first unused one
+ * in one call. Pinned and WRITING entries are kept off the orders, so the oldest
  * listed entry is evictable; an entry whose last pin drops comes back at its
  * own stamp's place (index_lru_add), whatever order the pins drop in (a
  * batch's store writes land in any order). Every listed entry is also in its
@@ -67,6 +72,8 @@ struct index_entry {
     uint8_t  detached : 1;  /* unlinked from the index, freed when pins reach 0 */
     uint8_t  evicting : 1;  /* write-back: leaves memory once its write lands (cache's) */
     uint8_t  persist : 2;   /* enum entry_persist (cache's) */
+    uint8_t  ref_cls : 1;   /* used since placed in its (arena, class) order's list (index's) */
+    uint8_t  ref_ns : 1;    /* used since placed in its namespace order's list (index's) */
     uint32_t lru_prev, lru_next;   /* ids: (arena, class) order's list (index's) */
     uint32_t ns_prev, ns_next;     /* ids: namespace order's list (index's) */
     uint32_t lru_heap, ns_heap;    /* 1 + place in that order's heap, 0: in its list */

@@ -1,0 +1,197 @@
+/* Issue 32: MATCH order of eviction at 1 M blocks under the index's recency
+ * stamps (a MATCH only restamps and marks what it touches; entries move when
+ * they reach the oldest end). 4096 chains of 256 blocks fill the host tier,
+ * every chain is MATCHed once in a random order (every block marked: the
+ * longest second-chance pass there is), some of the oldest are pinned by a
+ * read lease, then new chains push 64 chains' worth out. Checked by counts,
+ * nothing timed: no pinned block leaves, every chain keeps a prefix (leaves
+ * before roots), and chains leave in the order they were MATCHed. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "cache/cache.h"
+#include "cache_calls.h"
+#include "config/config.h"
+#include "kvnode.h"
+#include "core/log.h"
+#include "stats.h"
+
+#define BLOCK    256u             /* the smallest stride */
+#define CHAIN    256
+#define NCHAINS  4096             /* 1 M blocks */
+#define NEW      64               /* chains put after the MATCHes */
+#define NPINNED  8
+
+static struct event_base *base;
+static struct cache *cache;
+static struct kvn_config cfg;
+static struct kv_namespace *ns;
+static struct lease_list owner;
+
+static void setup(void)
+{
+    char err[512];
+    struct ns_layout l = { .model = "m", .dtype = "bf16", .block_tokens = 16,
+                           .block_bytes = BLOCK, .num_layers = 2, .kv_heads = 2,
+                           .head_dim = 64, .tp_size = 1, .tp_rank = 0 };
+
+    log_set_level(LOG_LEVEL_ERROR);
+    config_defaults(&cfg);
+    cfg.host_bytes = (uint64_t)NCHAINS * CHAIN * BLOCK;   /* exactly the 1 M blocks */
+    cfg.max_reserved_per_client = 1.0;
+    cfg.slab_bytes = 1u << 20;
+    cfg.high_watermark = 1.0;
+    cfg.low_watermark = 0.99;
+    cfg.pin_host = CONFIG_PIN_OFF;
+    base = event_base_new();
+    ck_assert_ptr_nonnull(base);
+    ck_assert_int_eq(cache_create(base, &cfg, &cache, err, sizeof err), 0);
+    ck_assert_int_eq(cache_bind(cache, &l, &ns, err, sizeof err), 0);
+    memset(&owner, 0, sizeof owner);
+}
+
+static void teardown(void)
+{
+    cache_release_owner(cache, &owner);
+    cache_destroy(cache);
+    event_base_free(base);
+}
+
+static json_int_t dropped(void)
+{
+    json_t *root = json_object();
+    stats_cache_json(cache, root);
+    json_t *v = json_object_get(json_object_get(json_object_get(root, "evictions"), "host"), "dropped_total");
+    ck_assert(json_is_integer(v));
+    json_int_t out = json_integer_value(v);
+    json_decref(root);
+    return out;
+}
+
+static void chain_keys(int64_t *k, int c)
+{
+    for (int i = 0; i < CHAIN; i++)
+        k[i] = (int64_t)c * 100000 + i;   /* k[0] is the root */
+}
+
+static void put(int c)
+{
+    int64_t k[CHAIN];
+    struct cache_loc locs[CHAIN];
+    uint64_t lid;
+    uint32_t blocks;
+    char err[512];
+    chain_keys(k, c);
+    ck_assert_msg(cache_put_begin(cache, PUT_REQ(ns, &owner, k, CHAIN, KVNODE_TIER_HOST), &lid, locs, err,
+                                  sizeof err) == 0, "chain %d: %s", c, err);
+    ck_assert_uint_ne(lid, 0);
+    ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_WRITE, true, &blocks, err, sizeof err), 0);
+}
+
+/* Whether key i of chain c is in memory (a one-key MATCH). */
+static bool present(int c, int i)
+{
+    int64_t k = (int64_t)c * 100000 + i;
+    return cache_match(cache, ns, &k, 1) == 1;
+}
+
+START_TEST(test_match_order_eviction_1m)
+{
+    static int order[NCHAINS];
+    static size_t left[NCHAINS];
+    uint64_t pin_lease[NPINNED];
+    static struct cache_loc locs[CHAIN];
+
+    for (int c = 0; c < NCHAINS; c++)
+        put(c);
+    ck_assert_int_eq(dropped(), 0);
+    /* MATCH every chain once, in a random (fixed) order. */
+    for (int c = 0; c < NCHAINS; c++)
+        order[c] = c;
+    uint64_t x = 0x32;
+    for (int c = NCHAINS - 1; c > 0; c--) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((x >> 33) % (uint64_t)(c + 1)), t = order[c];
+        order[c] = order[j];
+        order[j] = t;
+    }
+    for (int p = 0; p < NCHAINS; p++) {
+        int64_t k[CHAIN];
+        chain_keys(k, order[p]);
+        ck_assert_uint_eq(cache_match(cache, ns, k, CHAIN), CHAIN);
+    }
+    /* Pin every other one of the first 2 * NPINNED chains MATCHed (the
+     * oldest: they would go first). */
+    for (int p = 0; p < NPINNED; p++) {
+        int64_t k[CHAIN];
+        size_t got;
+        char err[256];
+        chain_keys(k, order[2 * p]);
+        ck_assert_int_eq(get_now(cache, ns, &owner, k, CHAIN, &pin_lease[p], locs, &got, err, sizeof err), 0);
+        ck_assert_uint_eq(got, CHAIN);
+    }
+    /* New chains: NEW chains' worth of blocks must leave. */
+    for (int c = 0; c < NEW; c++)
+        put(NCHAINS + c);
+    ck_assert_int_eq(dropped(), (json_int_t)NEW * CHAIN);
+    /* Count what each chain kept, checking it is a prefix (no root went
+     * while a leaf of its chain stayed). */
+    size_t lost = 0;
+    for (int p = 0; p < NCHAINS; p++) {
+        int64_t k[CHAIN];
+        chain_keys(k, order[p]);
+        left[p] = cache_match(cache, ns, k, CHAIN);
+        if (left[p] < CHAIN) {
+            for (int i = (int)left[p]; i < CHAIN; i++)
+                ck_assert_msg(!present(order[p], i), "chain %d: key %d kept after key %zu went",
+                              order[p], i, left[p]);
+            lost += CHAIN - left[p];
+        }
+    }
+    ck_assert_uint_eq(lost, (size_t)NEW * CHAIN);
+    /* Pinned chains whole; the rest left oldest MATCHed first: once a chain
+     * kept anything, every chain MATCHed after it kept everything. */
+    for (int p = 0; p < NPINNED; p++)
+        ck_assert_msg(left[2 * p] == CHAIN, "pinned chain %d lost %zu blocks", order[2 * p], CHAIN - left[2 * p]);
+    bool kept_some = false;
+    for (int p = 0; p < NCHAINS; p++) {
+        bool pinned = p < 2 * NPINNED && p % 2 == 0;
+        if (pinned)
+            continue;
+        if (kept_some)
+            ck_assert_msg(left[p] == CHAIN, "chain MATCHed #%d lost blocks after an older one kept some", p);
+        if (left[p] > 0)
+            kept_some = true;
+    }
+    /* The first NEW unpinned chains MATCHed are the ones that went. */
+    ck_assert_uint_eq(left[1], 0);
+    ck_assert_uint_eq(left[2 * NPINNED + NEW - NPINNED - 1], 0);
+    ck_assert_uint_eq(left[2 * NPINNED + NEW - NPINNED], CHAIN);
+    for (int p = 0; p < NPINNED; p++) {
+        uint32_t blocks;
+        ck_assert_int_eq(cache_lease_end(cache, &owner, pin_lease[p], LEASE_READ, false, &blocks, NULL, 0), 0);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("cache_million");
+    TCase *tc = tcase_create("eviction");
+    SRunner *sr;
+    int failed;
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_match_order_eviction_1m);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
