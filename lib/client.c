@@ -443,8 +443,8 @@ static void client_reset(kvnode_client *c)
     c->next_id = 1;
     c->send_max = CLIENT_PRE_HELLO_MAX;
     c->recv_max = CLIENT_PRE_HELLO_MAX;
-    c->rx_hdr_got = c->rx_want = c->rx_got = 0;
-    c->rx_in_payload = 0;
+    c->rx_len = c->rx_off = 0;
+    c->sock_blocking = c->rcvtimeo_ms = 0;
 }
 
 static void client_free(kvnode_client *c)

@@ -36,6 +36,7 @@
  * and the caller's pages; the worker thread runs them with the synchronous
  * code (client_get_batch / client_put_batch), one batch after another. */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
@@ -45,6 +46,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,8 +55,15 @@
 /* A waiter that sees its deadline pass by this much without the I/O thread
  * having ended its request ends the connection itself (belt and braces). */
 #define CLIENT_WAIT_GRACE_MS 1000
-/* Frames read per wakeup before the I/O thread looks at its other duties. */
+/* Reads per wakeup before the I/O thread looks at its other duties. */
 #define CLIENT_READ_BURST 64
+/* The longest a lone synchronous caller blocks in recvmsg before it looks
+ * again at the deadlines of the other requests in flight, a queued send or
+ * a stop (what poll's wake eventfd would have told it at once). */
+#define CLIENT_BLOCK_SLICE_MS 50
+/* The receive buffer's least size: the common reply (header and payload,
+ * and often the next frame) comes in with one recvmsg (issue 32). */
+#define CLIENT_RX_MIN (64u << 10)
 
 /* --- completions --------------------------------------------------------- */
 
@@ -337,10 +346,10 @@ int client_submit_locked(kvnode_client *c, Kvnode__Request *req, struct client_s
 
 /* --- the I/O thread ------------------------------------------------------ */
 
-/* A whole reply frame is in c->rx_buf: give it to its request. */
-static void client_dispatch(kvnode_client *c, size_t len)
+/* A whole reply frame's payload: give it to its request. */
+static void client_dispatch(kvnode_client *c, const uint8_t *payload, size_t len)
 {
-    Kvnode__Response *resp = wire_unpack_response(c->rx_buf, len);
+    Kvnode__Response *resp = wire_unpack_response(payload, len);
     int ctrunc = c->rx_ctrunc;
     struct client_slot *s;
 
@@ -405,10 +414,73 @@ static void client_kill(kvnode_client *c, int rc, const char *fmt, ...)
     pthread_mutex_unlock(&c->lock);
 }
 
-/* Read what the socket has, frame by frame. 0 at EAGAIN; -1 when the
- * connection ended (the client is killed). */
-static int client_read_some(kvnode_client *c)
+/* Room for at least want more bytes at c->rx_buf + c->rx_len: what was
+ * dispatched is dropped from the front, the buffer grows when the frame
+ * being read needs it. 0, or -1 (the client is killed). */
+static int client_rx_room(kvnode_client *c, size_t want)
 {
+    if (c->rx_cap - c->rx_len >= want && c->rx_cap >= CLIENT_RX_MIN)
+        return 0;
+    if (c->rx_off > 0) {
+        memmove(c->rx_buf, c->rx_buf + c->rx_off, c->rx_len - c->rx_off);
+        c->rx_len -= c->rx_off;
+        c->rx_off = 0;
+        if (c->rx_cap - c->rx_len >= want && c->rx_cap >= CLIENT_RX_MIN)
+            return 0;
+    }
+    size_t cap = c->rx_len + want < CLIENT_RX_MIN ? CLIENT_RX_MIN : c->rx_len + want;
+    uint8_t *nb = realloc(c->rx_buf, cap);
+    if (!nb) {
+        client_kill(c, -KVNODE_ENOMEM, "out of memory for a reply of %zu bytes", want);
+        return -1;
+    }
+    c->rx_buf = nb;
+    c->rx_cap = cap;
+    return 0;
+}
+
+/* Dispatch every whole frame in the receive buffer. *need: the bytes still
+ * missing from the frame begun (0 when none is). 0, or -1 (killed). */
+static int client_rx_frames(kvnode_client *c, size_t *need)
+{
+    *need = 0;
+    while (c->rx_len - c->rx_off >= WIRE_HEADER_BYTES) {
+        const uint8_t *h = c->rx_buf + c->rx_off;
+        size_t have = c->rx_len - c->rx_off - WIRE_HEADER_BYTES;
+        uint32_t len;
+        int rc = wire_frame_len(h, c->recv_max, &len);
+        if (rc == -KVNODE_ETOOBIG) {
+            uint32_t claimed = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
+                               (uint32_t)h[3] << 24;
+            client_kill(c, -KVNODE_EPROTO, "protocol: reply frame of %" PRIu32 " bytes "
+                        "exceeds the limit of %" PRIu32, claimed, c->recv_max);
+            return -1;
+        }
+        if (rc < 0) {
+            client_kill(c, -KVNODE_EPROTO, "protocol: empty reply frame");
+            return -1;
+        }
+        if (have < len) {
+            *need = len - have;
+            return 0;
+        }
+        c->rx_off += WIRE_HEADER_BYTES + len;
+        client_dispatch(c, h + WIRE_HEADER_BYTES, len);
+    }
+    if (c->rx_len > c->rx_off)
+        *need = WIRE_HEADER_BYTES - (c->rx_len - c->rx_off);
+    else
+        c->rx_len = c->rx_off = 0;
+    return 0;
+}
+
+/* Read what the socket has into the receive buffer, as much as fits per
+ * recvmsg, and dispatch the whole frames. 0 when the socket is drained (or
+ * nothing more can come); -1 when the connection ended (the client is
+ * killed). Fds passed after HELLO are dropped at dispatch. */
+static int client_read_some(kvnode_client *c, bool block_first)
+{
+    size_t need = 0;
     for (int burst = 0; burst < CLIENT_READ_BURST; burst++) {
         union {
             char buf[CMSG_SPACE(sizeof(int) * CLIENT_MAX_FDS)];
@@ -418,22 +490,20 @@ static int client_read_some(kvnode_client *c)
         struct msghdr mh = { 0 };
         ssize_t n;
 
-        if (!c->rx_in_payload) {
-            iov.iov_base = c->rx_hdr + c->rx_hdr_got;
-            iov.iov_len = WIRE_HEADER_BYTES - c->rx_hdr_got;
-        } else {
-            iov.iov_base = c->rx_buf + c->rx_got;
-            iov.iov_len = c->rx_want - c->rx_got;
-        }
+        if (client_rx_room(c, need ? need : 1) < 0)
+            return -1;
+        iov.iov_base = c->rx_buf + c->rx_len;
+        iov.iov_len = c->rx_cap - c->rx_len;
         mh.msg_iov = &iov;
         mh.msg_iovlen = 1;
         mh.msg_control = cbuf.buf;
         mh.msg_controllen = sizeof cbuf.buf;
-        n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        bool block = block_first && burst == 0;
+        n = recvmsg(c->fd, &mh, (block ? 0 : MSG_DONTWAIT) | MSG_CMSG_CLOEXEC);
         if (n < 0 && errno == EINTR)
-            continue;
+            return 0;   /* the caller's next step looks again */
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return 0;
+            return 0;   /* drained, or SO_RCVTIMEO passed */
         if (n == 0 || (n < 0 && errno == ECONNRESET)) {
             client_kill(c, -KVNODE_ECLOSED, "daemon closed the connection");
             return -1;
@@ -443,56 +513,47 @@ static int client_read_some(kvnode_client *c)
             return -1;
         }
         client_take_fds(c, &mh);
-        if (!c->rx_in_payload) {
-            uint32_t len;
-            int rc;
-
-            c->rx_hdr_got += (size_t)n;
-            if (c->rx_hdr_got < WIRE_HEADER_BYTES)
-                continue;
-            rc = wire_frame_len(c->rx_hdr, c->recv_max, &len);
-            if (rc == -KVNODE_ETOOBIG) {
-                uint32_t claimed = (uint32_t)c->rx_hdr[0] | (uint32_t)c->rx_hdr[1] << 8 |
-                                   (uint32_t)c->rx_hdr[2] << 16 | (uint32_t)c->rx_hdr[3] << 24;
-                client_kill(c, -KVNODE_EPROTO, "protocol: reply frame of %" PRIu32 " bytes "
-                            "exceeds the limit of %" PRIu32, claimed, c->recv_max);
-                return -1;
-            }
-            if (rc < 0) {
-                client_kill(c, -KVNODE_EPROTO, "protocol: empty reply frame");
-                return -1;
-            }
-            if (len > c->rx_cap) {
-                uint8_t *nb = realloc(c->rx_buf, len);
-                if (!nb) {
-                    client_kill(c, -KVNODE_ENOMEM, "out of memory for a reply of %" PRIu32
-                                " bytes", len);
-                    return -1;
-                }
-                c->rx_buf = nb;
-                c->rx_cap = len;
-            }
-            c->rx_in_payload = 1;
-            c->rx_want = len;
-            c->rx_got = 0;
-            continue;
-        }
-        c->rx_got += (size_t)n;
-        if (c->rx_got < c->rx_want)
-            continue;
-        c->rx_in_payload = 0;
-        c->rx_hdr_got = 0;
-        client_dispatch(c, c->rx_want);
-        /* With no request left in flight no reply can follow: no read that
-         * would only say EAGAIN. A frame the daemon sends on its own
-         * (GoingAway) or its close is seen at the next poll. */
+        c->rx_len += (size_t)n;
+        if (client_rx_frames(c, &need) < 0)
+            return -1;
+        /* A read that did not fill the buffer took all the socket had: the
+         * next bytes are for poll to announce, not for a read that would
+         * only say EAGAIN. With no request in flight none can come (a frame
+         * the daemon sends on its own, or its close, is seen at the next
+         * poll). */
+        if ((size_t)n < iov.iov_len)
+            return 0;
         pthread_mutex_lock(&c->lock);
         bool waiting = c->slots != NULL;
         pthread_mutex_unlock(&c->lock);
-        if (!waiting)
+        if (!waiting && !need)
             return 0;
     }
     return 0;
+}
+
+static int client_io_finish_step(kvnode_client *c);
+
+/* Make c->fd ready for a blocking recvmsg of at most timeout_ms (-1: no
+ * deadline): O_NONBLOCK cleared once, SO_RCVTIMEO set only when it must
+ * change (the common wait takes no extra system call). false when the socket
+ * refuses (then poll is used). */
+static bool client_block_prepare(kvnode_client *c, int timeout_ms)
+{
+    int want = timeout_ms < 0 || timeout_ms > CLIENT_BLOCK_SLICE_MS ? CLIENT_BLOCK_SLICE_MS : timeout_ms;
+    if (!c->sock_blocking) {
+        int fl = fcntl(c->fd, F_GETFL);
+        if (fl < 0 || fcntl(c->fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+            return false;
+        c->sock_blocking = 1;
+    }
+    if (want != c->rcvtimeo_ms) {
+        struct timeval tv = { .tv_sec = want / 1000, .tv_usec = (want % 1000) * 1000 };
+        if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0)
+            return false;
+        c->rcvtimeo_ms = want;
+    }
+    return true;
 }
 
 /* One round of socket I/O: wait (poll) until the socket can be read or
@@ -504,8 +565,8 @@ static int client_read_some(kvnode_client *c)
 static int client_io_step(kvnode_client *c)
 {
     struct pollfd p[2];
-    int64_t first = INT64_MAX, now;
-    int timeout, broken, dead;
+    int64_t first = INT64_MAX;
+    int timeout, broken;
 
     pthread_mutex_lock(&c->lock);
     if (c->dead || c->stopping) {
@@ -521,12 +582,24 @@ static int client_io_step(kvnode_client *c)
     broken = c->tx_broken;
     /* Only a synchronous caller waiting for a reply spins (never the I/O
      * thread, which waits for the daemon's notices too). */
-    unsigned spin_us = c->driving && !c->tx_head && c->slots ? c->busy_poll_us : 0;
+    bool lone = c->driving && !c->io_running && !c->tx_head && c->slots;
+    unsigned spin_us = lone ? c->busy_poll_us : 0;
     pthread_mutex_unlock(&c->lock);
     p[1] = (struct pollfd){ .fd = c->wake_fd, .events = POLLIN };
     timeout = first == INT64_MAX ? -1 : client_remaining_ms(first);
     if (broken)
         timeout = 0;
+    /* A synchronous caller that drives the socket with nothing to send and
+     * no I/O thread waits in recvmsg itself: send + recvmsg per round trip,
+     * as a blocking client makes (issue 32). Replies to other threads wake
+     * it as its own do; what only the wake eventfd would say (a send queued
+     * by another thread, an earlier deadline, a stop) waits at most
+     * CLIENT_BLOCK_SLICE_MS. */
+    if (lone && !spin_us && timeout != 0 && client_block_prepare(c, timeout)) {
+        if (client_read_some(c, true) < 0)
+            return -1;
+        return client_io_finish_step(c);
+    }
     int ready = 0;
     if (spin_us && timeout != 0) {
         struct timespec t0, t;
@@ -551,8 +624,19 @@ static int client_io_step(kvnode_client *c)
         }
     }
     /* Replies first: a daemon that closes may have said why. */
-    if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && client_read_some(c) < 0)
+    if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) && client_read_some(c, false) < 0)
         return -1;
+    return client_io_finish_step(c);
+}
+
+/* The rest of a step, after the replies were read: send what is queued and
+ * end the connection if a deadline passed. 0, or -1 when the client is dead
+ * or stopping. */
+static int client_io_finish_step(kvnode_client *c)
+{
+    int64_t now;
+    int dead;
+
     pthread_mutex_lock(&c->lock);
     if (c->tx_broken && !c->dead)
         client_kill_locked(c, -KVNODE_ECLOSED, "daemon closed the connection");

@@ -161,10 +161,14 @@ struct kvnode_client {
     size_t n_leases, cap_leases;    /* [lock] */
     int deferred_rc;            /* [lock] 0, or the first deferred error not yet returned */
     char deferred_msg[CLIENT_MSG_MAX];  /* [lock] its message */
-    /* I/O thread's receive state */
-    uint8_t rx_hdr[WIRE_HEADER_BYTES];
-    size_t rx_hdr_got, rx_want, rx_got;
-    int rx_in_payload;
+    /* I/O thread's receive state: rx_buf[rx_off, rx_len) is read and not
+     * yet dispatched (a frame begun, or frames of the same read) */
+    size_t rx_len, rx_off;
+    /* A lone synchronous caller blocks in recvmsg rather than poll + recvmsg
+     * (client_io_step): the socket's O_NONBLOCK is cleared then (every other
+     * call passes MSG_DONTWAIT) and SO_RCVTIMEO bounds the wait. */
+    int sock_blocking;          /* O_NONBLOCK cleared on c->fd */
+    int rcvtimeo_ms;            /* SO_RCVTIMEO now set on c->fd (0: none) */
 };
 
 /* errors (client.c) */

@@ -12,7 +12,11 @@
  *   - kvnode_cancel completes every ticket with -KVNODE_ECLOSED and
  *     "cancelled"; kvnode_close with tickets in flight frees them (valgrind);
  *   - argument errors: NULL ticket, unknown flags, KVNODE_BATCH_DEVICE
- *     without a CUDA runtime, observer clients. */
+ *     without a CUDA runtime, observer clients;
+ *   - the receive buffer (one recvmsg reads as many frames as came): replies
+ *     sent in one write, one of them larger than the buffer's first size,
+ *     and replies that trickle in a few bytes at a time all reach their
+ *     own tickets. */
 #include <check.h>
 #include <errno.h>
 #include <poll.h>
@@ -38,6 +42,8 @@ enum fake_mode {
     FM_HANGUP,          /* close the connection once they arrived */
     FM_BAD_ID,          /* answer with an id no request has */
     FM_SILENT,          /* never answer */
+    FM_COALESCED,       /* answer last first, every frame in one write, one frame 200 KiB */
+    FM_TRICKLE,         /* answer in order, a few bytes per write */
 };
 
 struct fake {
@@ -121,6 +127,53 @@ static void fake_answer_match(int fd, uint64_t id, uint32_t matched)
     fake_send(fd, &resp);
 }
 
+/* The MATCH answer for (id, matched) as a frame, padded to at least pad
+ * bytes with a field the client does not know (protobuf skips it). */
+static void frame_match(uint64_t id, uint32_t matched, size_t pad, uint8_t **out, size_t *len)
+{
+    Kvnode__Response resp = KVNODE__RESPONSE__INIT;
+    Kvnode__MatchReply m = KVNODE__MATCH_REPLY__INIT;
+    uint8_t *frame;
+    size_t n;
+
+    m.matched = matched;
+    m.host = matched;
+    resp.id = id;
+    resp.result_case = KVNODE__RESPONSE__RESULT_MATCH;
+    resp.match = &m;
+    ck_assert_int_eq(wire_pack(&resp.base, 1u << 20, &frame, &n), 0);
+    if (pad > n) {
+        /* field 1000, length-delimited: tag varint 0xc2 0x3e, then the length */
+        size_t body = pad - n, extra = 2 + 3 + body;
+        uint8_t *f2 = malloc(n + extra);
+        ck_assert_ptr_nonnull(f2);
+        memcpy(f2, frame, n);
+        f2[n] = 0xc2;
+        f2[n + 1] = 0x3e;
+        f2[n + 2] = (uint8_t)(0x80 | (body & 0x7f));
+        f2[n + 3] = (uint8_t)(0x80 | ((body >> 7) & 0x7f));
+        f2[n + 4] = (uint8_t)(body >> 14);
+        memset(f2 + n + 5, 0x5a, body);
+        wire_put_len(f2, (uint32_t)(n + extra - WIRE_HEADER_BYTES));
+        free(frame);
+        frame = f2;
+        n += extra;
+    }
+    *out = frame;
+    *len = n;
+}
+
+static void fake_send_bytes(int fd, const uint8_t *p, size_t n, size_t piece)
+{
+    for (size_t off = 0; off < n; off += piece) {
+        size_t k = n - off < piece ? n - off : piece;
+        if (send(fd, p + off, k, MSG_NOSIGNAL) != (ssize_t)k)
+            return;     /* the client went away: the test says what it expected */
+        if (piece < n)
+            usleep(100);
+    }
+}
+
 static void *fake_main(void *arg)
 {
     struct fake *f = arg;
@@ -174,6 +227,31 @@ static void *fake_main(void *arg)
         break;
     case FM_BAD_ID:
         fake_answer_match(f->cfd, 999999, 1);
+        break;
+    case FM_COALESCED: {
+        uint8_t *all = NULL;
+        size_t total = 0;
+        for (size_t i = f->got; i-- > 0;) {
+            uint8_t *fr;
+            size_t n;
+            frame_match(f->ids[i], f->nkeys[i], i == f->got / 2 ? 200u << 10 : 0, &fr, &n);
+            all = realloc(all, total + n);
+            memcpy(all + total, fr, n);
+            total += n;
+            free(fr);
+        }
+        fake_send_bytes(f->cfd, all, total, total);
+        free(all);
+        break;
+    }
+    case FM_TRICKLE:
+        for (size_t i = 0; i < f->got; i++) {
+            uint8_t *fr;
+            size_t n;
+            frame_match(f->ids[i], f->nkeys[i], 0, &fr, &n);
+            fake_send_bytes(f->cfd, fr, n, 3);
+            free(fr);
+        }
         break;
     case FM_HANGUP:
         close(f->cfd);
@@ -315,6 +393,33 @@ START_TEST(test_reverse_replies_complete_by_id)
     fake_join(f);
     ck_assert_str_eq(f->bad, "");
     fake_stop(f);
+}
+END_TEST
+
+/* Frames that come several to a read, one larger than the receive
+ * buffer's first size, or a few bytes at a time: each reaches its ticket. */
+START_TEST(test_replies_coalesced_large_or_split)
+{
+    enum { N = 8 };
+    for (int mode = FM_COALESCED; mode <= FM_TRICKLE; mode++) {
+        struct fake *f = fake_start(mode, N);
+        kvnode_client *c = connect_ok(f);
+        kvnode_ticket t[N];
+        kvnode_completion comp[N];
+
+        submit_matches(c, N, t);
+        ck_assert_uint_eq(drain_all(c, comp, N), N);
+        for (size_t i = 0; i < N; i++) {
+            size_t req = mode == FM_COALESCED ? N - 1 - i : i;
+            ck_assert_msg(comp[i].rc == 0, "mode %d reply %zu: %s", mode, i, comp[i].error);
+            ck_assert_uint_eq(comp[i].ticket, t[req]);
+            ck_assert_uint_eq(comp[i].count, req + 1);
+        }
+        kvnode_close(c);
+        fake_join(f);
+        ck_assert_str_eq(f->bad, "");
+        fake_stop(f);
+    }
 }
 END_TEST
 
@@ -545,6 +650,7 @@ static Suite *async_suite(void)
 
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_reverse_replies_complete_by_id);
+    tcase_add_test(tc, test_replies_coalesced_large_or_split);
     tcase_add_test(tc, test_sync_threads_get_their_own_reply);
     tcase_add_test(tc, test_daemon_death_fails_every_ticket);
     tcase_add_test(tc, test_unknown_reply_id_fails_every_ticket);
