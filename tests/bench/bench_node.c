@@ -20,7 +20,8 @@
  *     pipelines of 16 EXISTS, the keys present and absent; each the best
  *     of 3 interleaved rounds (--quick: 2).
  *  4. MATCH x256 of random keys over 1 M stored 1 KiB blocks vs MATCH x256 of
- *     256 hot keys (mean and median latency), and the daemon's memory per
+ *     256 hot keys (mean and median latency; kvnoded's CPU time per MATCH,
+ *     from the schedstat of each of its threads), and the daemon's memory per
  *     block at 1 M blocks: its RssAnon delta across the population / blocks
  *     added (the host tier is a memfd shared with the clients, RssShmem
  *     where the daemon touches it, never RssAnon: RssAnon is the index and
