@@ -12,6 +12,10 @@
  * neither holds the loop for long. */
 #define EVICT_BATCH 256u
 #define REAP_BATCH 1024u
+/* Marked LRU entries moved to their places per loop iteration before the
+ * background evictor takes victims (mem/index.h): after a long run of MATCHes
+ * with nothing evicted, the moves are spread over iterations, not one call. */
+#define EVICT_SETTLE_BATCH 8192u
 
 /* --- eviction ------------------------------------------------------------- */
 
@@ -49,6 +53,15 @@ void cache_evict_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     c->evict_scheduled = false;
+    if (cache_over_after_writeback(c, c->low_watermark) &&
+        !index_lru_settle_arena(c->index, arena_id(c->host), EVICT_SETTLE_BATCH)) {
+        /* More moves next iteration: a timer of 0, as libevent runs an event
+         * activated from its own callback again in the same pass, before I/O. */
+        c->evict_scheduled = true;
+        if (event_add(c->evict_ev, &(struct timeval){ 0, 0 }) < 0)
+            event_active(c->evict_ev, 0, 0);
+        return;
+    }
     for (unsigned i = 0; i < EVICT_BATCH; i++) {
         if (!cache_over_after_writeback(c, c->low_watermark))
             return;

@@ -577,15 +577,22 @@ static void order_unlink(struct kv_index *ix, struct lru_order *o, int k, struct
  * the list is older than the head, and the order's oldest is the older of
  * the head and the heap's top (heap entries are never marked: a use of one
  * moves it at once). */
-static struct index_entry *order_oldest(struct kv_index *ix, struct lru_order *o, int k)
+static size_t order_settle(struct kv_index *ix, struct lru_order *o, int k, size_t budget)
 {
     struct index_entry *h;
-    while ((h = o->head) && order_ref(h, k)) {
+    while (budget > 0 && (h = o->head) && order_ref(h, k)) {
         order_ref_clear(h, k);
         order_unlink(ix, o, k, h);
         order_insert(ix, o, k, h);
+        budget--;
     }
-    struct index_entry *t = o->heap_n ? o->heap[0] : NULL;
+    return budget;
+}
+
+static struct index_entry *order_oldest(struct kv_index *ix, struct lru_order *o, int k)
+{
+    order_settle(ix, o, k, SIZE_MAX);
+    struct index_entry *h = o->head, *t = o->heap_n ? o->heap[0] : NULL;
     if (!h || !t)
         return h ? h : t;
     return t->lru_stamp < h->lru_stamp ? t : h;
@@ -720,6 +727,19 @@ struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t aren
             best = h;
     }
     return best;
+}
+
+bool index_lru_settle_arena(struct kv_index *ix, uint32_t arena_id, size_t budget)
+{
+    if (arena_id >= INDEX_MAX_ARENAS)
+        return true;
+    for (uint32_t c = 0; c < ARENA_MAX_CLASSES; c++) {
+        struct lru_order *o = &ix->lru[arena_id][c];
+        budget = order_settle(ix, o, ORDER_CLASS, budget);
+        if (o->head && order_ref(o->head, ORDER_CLASS))
+            return false;
+    }
+    return true;
 }
 
 struct index_entry *index_lru_oldest_in_ns(struct kv_index *ix, uint32_t ns)

@@ -14,7 +14,7 @@
  * in index_lru_oldest*), so the orders' oldest are exact LRU. Each use is
  * paid for by at most one move, at the oldest end; an eviction after many
  * uses and none evicted moves every used entry ahead of the first unused one
- * in one call. Pinned and WRITING entries are kept off the orders, so the oldest
+ * in one call, unless index_lru_settle_arena spread them over several first. Pinned and WRITING entries are kept off the orders, so the oldest
  * listed entry is evictable; an entry whose last pin drops comes back at its
  * own stamp's place (index_lru_add), whatever order the pins drop in (a
  * batch's store writes land in any order). Every listed entry is also in its
@@ -167,6 +167,11 @@ void index_lru_remove(struct kv_index *ix, struct index_entry *e);
 struct index_entry *index_lru_oldest(struct kv_index *ix, uint32_t arena, uint32_t cls);
 /* Oldest listed entry over every class of an arena, or NULL. O(classes). */
 struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t arena);
+/* Move up to `budget` marked entries at the oldest ends of the arena's
+ * class orders to their stamps' places, as index_lru_oldest_in_arena would
+ * first, so that a caller can spread a long run of them over several calls.
+ * true: no order of the arena starts with a marked entry now. */
+bool index_lru_settle_arena(struct kv_index *ix, uint32_t arena, size_t budget);
 /* Oldest listed entry of one namespace (any arena, any class), or NULL. O(1). */
 struct index_entry *index_lru_oldest_in_ns(struct kv_index *ix, uint32_t ns);
 /* Entries on a namespace's list (its evictable ones). O(1). */

@@ -5,7 +5,9 @@
  * longest second-chance pass there is), some of the oldest are pinned by a
  * read lease, then new chains push 64 chains' worth out. Checked by counts,
  * nothing timed: no pinned block leaves, every chain keeps a prefix (leaves
- * before roots), and chains leave in the order they were MATCHed. */
+ * before roots), and chains leave in the order they were MATCHed. The same
+ * through the background evictor, which spreads the moves over loop
+ * iterations. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +34,7 @@ static struct kvn_config cfg;
 static struct kv_namespace *ns;
 static struct lease_list owner;
 
-static void setup(void)
+static void setup_with(double high, double low)
 {
     char err[512];
     struct ns_layout l = { .model = "m", .dtype = "bf16", .block_tokens = 16,
@@ -44,8 +46,8 @@ static void setup(void)
     cfg.host_bytes = (uint64_t)NCHAINS * CHAIN * BLOCK;   /* exactly the 1 M blocks */
     cfg.max_reserved_per_client = 1.0;
     cfg.slab_bytes = 1u << 20;
-    cfg.high_watermark = 1.0;
-    cfg.low_watermark = 0.99;
+    cfg.high_watermark = high;
+    cfg.low_watermark = low;
     cfg.pin_host = CONFIG_PIN_OFF;
     base = event_base_new();
     ck_assert_ptr_nonnull(base);
@@ -53,6 +55,8 @@ static void setup(void)
     ck_assert_int_eq(cache_bind(cache, &l, &ns, err, sizeof err), 0);
     memset(&owner, 0, sizeof owner);
 }
+
+static void setup(void) { setup_with(1.0, 0.99); }
 
 static void teardown(void)
 {
@@ -178,6 +182,89 @@ START_TEST(test_match_order_eviction_1m)
 }
 END_TEST
 
+/* The background evictor after the same MATCHes: 4000 chains (97.7 %), all
+ * MATCHed, 8 of the oldest pinned, then 64 chains more go past the high
+ * watermark (0.99) without filling the tier. The evictor moves the marked
+ * entries a batch per loop iteration (so it takes many iterations before the
+ * first victim), then evicts down to the low watermark (0.98) in MATCH order. */
+START_TEST(test_background_eviction_after_matches)
+{
+    enum { FILL = 4000 };
+    static int order[FILL];
+    static size_t left[FILL];
+    static struct cache_loc locs[CHAIN];
+    uint64_t pin_lease[NPINNED];
+
+    teardown();
+    setup_with(0.99, 0.98);
+    for (int c = 0; c < FILL; c++)
+        put(c);
+    for (int c = 0; c < FILL; c++)
+        order[c] = c;
+    uint64_t x = 0x33;
+    for (int c = FILL - 1; c > 0; c--) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((x >> 33) % (uint64_t)(c + 1)), t = order[c];
+        order[c] = order[j];
+        order[j] = t;
+    }
+    for (int p = 0; p < FILL; p++) {
+        int64_t k[CHAIN];
+        chain_keys(k, order[p]);
+        ck_assert_uint_eq(cache_match(cache, ns, k, CHAIN), CHAIN);
+    }
+    for (int p = 0; p < NPINNED; p++) {
+        int64_t k[CHAIN];
+        size_t got;
+        char err[256];
+        chain_keys(k, order[2 * p]);
+        ck_assert_int_eq(get_now(cache, ns, &owner, k, CHAIN, &pin_lease[p], locs, &got, err, sizeof err), 0);
+    }
+    for (int c = 0; c < NEW; c++)
+        put(FILL + c);
+    ck_assert_int_eq(dropped(), 0);
+    /* ~1 M marked entries, 8192 moved per iteration: no victim for many
+     * iterations (each one a chance for the loop to serve I/O). */
+    int iterations = 0;
+    while (dropped() == 0 && iterations < 100000) {
+        event_base_loop(base, EVLOOP_NONBLOCK | EVLOOP_ONCE);
+        iterations++;
+    }
+    ck_assert_int_gt(dropped(), 0);
+    ck_assert_int_ge(iterations, 64);
+    for (json_int_t last = -1; dropped() != last;) {
+        last = dropped();
+        for (int j = 0; j < 64; j++)
+            event_base_loop(base, EVLOOP_NONBLOCK | EVLOOP_ONCE);
+    }
+    size_t lost = 0;
+    bool kept_some = false;
+    for (int p = 0; p < FILL; p++) {
+        int64_t k[CHAIN];
+        chain_keys(k, order[p]);
+        left[p] = cache_match(cache, ns, k, CHAIN);
+        for (int i = (int)left[p]; i < CHAIN; i++)
+            ck_assert_msg(!present(order[p], i), "chain %d: key %d kept after key %zu went", order[p], i, left[p]);
+        lost += CHAIN - left[p];
+        bool pinned = p < 2 * NPINNED && p % 2 == 0;
+        if (pinned) {
+            ck_assert_uint_eq(left[p], CHAIN);
+            continue;
+        }
+        if (kept_some)
+            ck_assert_msg(left[p] == CHAIN, "chain MATCHed #%d lost blocks after an older one kept some", p);
+        if (left[p] > 0)
+            kept_some = true;
+    }
+    ck_assert_uint_eq(lost, (size_t)dropped());
+    ck_assert_uint_eq(left[1], 0);
+    for (int p = 0; p < NPINNED; p++) {
+        uint32_t blocks;
+        ck_assert_int_eq(cache_lease_end(cache, &owner, pin_lease[p], LEASE_READ, false, &blocks, NULL, 0), 0);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cache_million");
@@ -188,6 +275,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_match_order_eviction_1m);
+    tcase_add_test(tc, test_background_eviction_after_matches);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

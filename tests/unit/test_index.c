@@ -1023,6 +1023,45 @@ START_TEST(test_bytes_per_block_at_1m)
 }
 END_TEST
 
+/* After every entry was used (marked in place), index_lru_settle_arena moves
+ * at most its budget per call, so the moves take many calls; then the
+ * oldest are exactly in the order of the uses. */
+START_TEST(test_lru_settle_spreads_the_moves)
+{
+    enum { N = 100000, BUDGET = 1000 };
+    struct kv_index *ix;
+    struct index_entry **e = malloc(N * sizeof *e);
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    for (int i = 0; i < N; i++) {
+        e[i] = test_new(ix, 1, i, 0, (uint32_t)(i % 2));
+        index_lru_touch(ix, e[i]);
+    }
+    for (size_t i = N; i > 1; i--) {
+        size_t j = (size_t)(test_rand() % i);
+        struct index_entry *t = e[i - 1];
+        e[i - 1] = e[j];
+        e[j] = t;
+    }
+    for (int i = 0; i < N; i++)
+        index_lru_touch(ix, e[i]);      /* marks, moves nothing */
+    int calls = 0;
+    while (!index_lru_settle_arena(ix, 0, BUDGET))
+        calls++;
+    ck_assert_int_ge(calls, N / BUDGET - 1);
+    ck_assert(index_lru_settle_arena(ix, 0, BUDGET));
+    ck_assert(index_lru_settle_arena(ix, 5, BUDGET));        /* nothing listed there */
+    for (int i = 0; i < N; i++) {
+        struct index_entry *o = index_lru_oldest_in_arena(ix, 0);
+        ck_assert_ptr_eq(o, e[i]);
+        index_lru_remove(ix, o);
+    }
+    ck_assert_ptr_null(index_lru_oldest_in_arena(ix, 0));
+    free(e);
+    index_destroy(ix);
+}
+END_TEST
+
 static Suite *index_suite(void)
 {
     Suite *s = suite_create("index");
@@ -1050,6 +1089,7 @@ static Suite *index_suite(void)
     tcase_add_test(tc, test_lru_ns_random);
     tcase_add_test(tc, test_walk_during_rehash);
     tcase_add_test(tc, test_entry_reuse);
+    tcase_add_test(tc, test_lru_settle_spreads_the_moves);
     tcase_add_test(tc, test_bytes_per_block_at_1m);
     suite_add_tcase(s, tc);
     return s;
