@@ -14,8 +14,9 @@
  * in index_lru_oldest*), so the orders' oldest are exact LRU. Each use is
  * paid for by at most one move, at the oldest end; an eviction after many
  * uses and none evicted moves every used entry ahead of the first unused one
- * in one call, unless index_lru_settle_arena spread them over several first. Pinned and WRITING entries are kept off the orders, so the oldest
- * listed entry is evictable; an entry whose last pin drops comes back at its
+ * in one call, unless index_lru_settle_arena spread them over several first.
+ * Pinned and WRITING entries are kept off the orders, so the oldest listed
+ * entry is evictable; an entry whose last pin drops comes back at its
  * own stamp's place (index_lru_add), whatever order the pins drop in (a
  * batch's store writes land in any order). Every listed entry is also in its
  * namespace's order (same stamps, oldest first), for per-namespace quotas:
@@ -150,10 +151,12 @@ struct index_entry *index_lru_next(const struct kv_index *ix, const struct index
 struct index_entry *index_ns_prev(const struct kv_index *ix, const struct index_entry *e);
 struct index_entry *index_ns_next(const struct kv_index *ix, const struct index_entry *e);
 
-/* A client used e: stamp it newest and list it at the newest end of the
- * orders of (e->arena, e->cls) and of its namespace, moving it there if it
- * was listed elsewhere (its arena or class changed). An entry with an
- * out-of-range arena, class or namespace is stamped but not listed. */
+/* A client used e: stamp it newest. Listed in the order of (e->arena,
+ * e->cls) and in its namespace's, e is only marked there (it moves to the
+ * newest end when it reaches the oldest end); otherwise it is listed at the
+ * newest end of both now, moved from elsewhere if its arena or class changed.
+ * An entry with an out-of-range arena, class or namespace is stamped but not
+ * listed. */
 void index_lru_touch(struct kv_index *ix, struct index_entry *e);
 /* A client used e while it is pinned: stamp it newest; it is listed at that
  * place when its last pin drops. A listed e is touched. */
@@ -165,14 +168,16 @@ void index_lru_add(struct kv_index *ix, struct index_entry *e);
 void index_lru_remove(struct kv_index *ix, struct index_entry *e);
 /* Oldest listed entry of one class, or NULL. */
 struct index_entry *index_lru_oldest(struct kv_index *ix, uint32_t arena, uint32_t cls);
-/* Oldest listed entry over every class of an arena, or NULL. O(classes). */
+/* Oldest listed entry over every class of an arena, or NULL. O(classes),
+ * plus the moves of the marked entries ahead of the oldest (as for
+ * index_lru_oldest and index_lru_oldest_in_ns). */
 struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t arena);
 /* Move up to `budget` marked entries at the oldest ends of the arena's
  * class orders to their stamps' places, as index_lru_oldest_in_arena would
  * first, so that a caller can spread a long run of them over several calls.
  * true: no order of the arena starts with a marked entry now. */
 bool index_lru_settle_arena(struct kv_index *ix, uint32_t arena, size_t budget);
-/* Oldest listed entry of one namespace (any arena, any class), or NULL. O(1). */
+/* Oldest listed entry of one namespace (any arena, any class), or NULL. */
 struct index_entry *index_lru_oldest_in_ns(struct kv_index *ix, uint32_t ns);
 /* Entries on a namespace's list (its evictable ones). O(1). */
 size_t index_lru_count_in_ns(struct kv_index *ix, uint32_t ns);
