@@ -140,6 +140,7 @@ struct cache {
     struct event *evict_ev;
     bool evict_scheduled;
     struct event *reap_ev;
+    struct event *settle_ev;     /* background settle of the host LRU (evict.c) */
 
     /* counters */
     uint64_t evicted_dropped;
@@ -324,6 +325,11 @@ bool cache_make_room(struct cache *c, uint32_t cls);
 bool cache_quota_room(struct cache *c, struct kv_namespace *ns);
 uint64_t cache_quota_stuck(struct cache *c, struct kv_namespace *ns);
 void cache_reap_cb(evutil_socket_t fd, short what, void *arg);
+/* Moves the marked entries at the host arena's LRU oldest ends to their
+ * places, a batch per loop iteration until none is left there; started from
+ * every reaper tick. */
+void cache_settle_cb(evutil_socket_t fd, short what, void *arg);
+void cache_settle_schedule(struct cache *c);
 
 /* demote.c: demotion scheduled when an HBM arena wants a batch. */
 void cache_demote_maybe_schedule(struct cache *c);

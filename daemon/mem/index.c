@@ -79,6 +79,8 @@ struct kv_index {
     size_t lru_count;
     uint64_t seed;
     uint64_t lru_clock;
+    uint64_t lru_moved_stamp;  /* stamp of the last use that did not only mark (index_lru_touch) */
+    size_t settle_moves, oldest_moves_max, oldest_forced;   /* index_stats */
     struct lru_order lru[INDEX_MAX_ARENAS][ARENA_MAX_CLASSES];
     /* Per-namespace orders (linked through ns_prev/ns_next), ns_lru_n of them. */
     struct lru_order *ns_lru;
@@ -407,6 +409,9 @@ void index_get_stats(const struct kv_index *ix, struct index_stats *st)
     st->buckets = ix->t[0].mask + 1;
     st->rehash_buckets = index_rehashing(ix) ? ix->t[1].mask + 1 : 0;
     st->lru_entries = ix->lru_count;
+    st->settle_moves = ix->settle_moves;
+    st->oldest_moves_max = ix->oldest_moves_max;
+    st->oldest_forced = ix->oldest_forced;
     size_t bytes = sizeof *ix + (size_t)ix->chunks_cap * sizeof *ix->chunks +
                    (size_t)ix->nchunks * INDEX_CHUNK_ENTRIES * sizeof(struct index_entry) +
                    (ix->t[0].mask + 1) * sizeof *ix->t[0].b +
@@ -539,11 +544,13 @@ static void order_append(struct lru_order *o, int k, struct index_entry *e)
     o->count++;
 }
 
-/* e at its stamp's place: the newest end when it is newer than everything
- * listed, else the heap. */
+/* e at its stamp's place: the heap, or the list when the list is empty (or
+ * the heap cannot grow). Not the list's newest end even when e is newer than
+ * its tail: a root marked in the list since e's stamp would then be ahead of
+ * its leaf (see order_settle). */
 static void order_insert(struct kv_index *ix, struct lru_order *o, int k, struct index_entry *e)
 {
-    if (o->tail && e->lru_stamp < o->tail->lru_stamp && order_heap_push(ix, o, k, e)) {
+    if (o->tail && order_heap_push(ix, o, k, e)) {
         *order_prev(e, k) = *order_next(e, k) = 0;
         o->count++;
         return;
@@ -576,26 +583,65 @@ static void order_unlink(struct kv_index *ix, struct lru_order *o, int k, struct
  * their stamps' places until the head's place is its stamp: then nothing in
  * the list is older than the head, and the order's oldest is the older of
  * the head and the heap's top (heap entries are never marked: a use of one
- * moves it at once). */
+ * moves it at once).
+ *
+ * A moved head always goes to the heap (the list only when the heap cannot
+ * grow), never to the list's newest end: the list keeps a chain's leaves
+ * ahead of its roots (index_lru_touch), so when a sweep stops on a marked
+ * head every entry it moved had its leaves moved before it, and the heap's
+ * top is a safe victim (order_oldest). Returns the budget left. */
 static size_t order_settle(struct kv_index *ix, struct lru_order *o, int k, size_t budget)
 {
     struct index_entry *h;
     while (budget > 0 && (h = o->head) && order_ref(h, k)) {
         order_ref_clear(h, k);
         order_unlink(ix, o, k, h);
-        order_insert(ix, o, k, h);
+        if (order_heap_push(ix, o, k, h))
+            o->count++;
+        else
+            order_append(o, k, h);
         budget--;
+        ix->settle_moves++;
     }
     return budget;
 }
 
-static struct index_entry *order_oldest(struct kv_index *ix, struct lru_order *o, int k)
+/* The order's oldest, moving at most *budget marked heads first (at least
+ * one when the head is marked, so that a sweep always makes progress), and
+ * *budget less what it moved. With the head still marked when the budget is
+ * spent (a backlog of uses no settle caught up with), the heap's top is
+ * taken instead of the exact oldest: the head's run of marked entries keeps
+ * its second chance, the entries swept into the heap have spent theirs, and
+ * the oldest of them has no leaf left behind it (see order_settle). Exact
+ * LRU whenever the run at the head fits the budget. *forced: set when so. */
+static struct index_entry *order_oldest(struct kv_index *ix, struct lru_order *o, int k, size_t *budget,
+                                        bool *forced)
 {
-    order_settle(ix, o, k, SIZE_MAX);
+    size_t b = *budget ? *budget : 1;
+    size_t left = order_settle(ix, o, k, b);
+    *budget = *budget > b - left ? *budget - (b - left) : 0;
     struct index_entry *h = o->head, *t = o->heap_n ? o->heap[0] : NULL;
+    if (h && order_ref(h, k)) {
+        *forced = true;
+        if (t)
+            return t;
+        /* The heap could not grow: the marked head at its place. */
+        order_ref_clear(h, k);
+        return h;
+    }
     if (!h || !t)
         return h ? h : t;
     return t->lru_stamp < h->lru_stamp ? t : h;
+}
+
+/* Bookkeeping of one oldest call: its moves, and whether it was forced. */
+static void index_oldest_done(struct kv_index *ix, size_t moves_before, bool forced)
+{
+    size_t moves = ix->settle_moves - moves_before;
+    if (moves > ix->oldest_moves_max)
+        ix->oldest_moves_max = moves;
+    if (forced)
+        ix->oldest_forced++;
 }
 
 static void order_free(struct lru_order *o)
@@ -683,9 +729,16 @@ static void index_lru_list_entry(struct kv_index *ix, struct index_entry *e, boo
     ix->lru_count++;
 }
 
+/* A use marks in place only when the use just before it in the same chain
+ * (index_lru_chain_begin; its next leaf: chains are refreshed tail-first)
+ * marked too, or there was none. Once a chain's
+ * leaf had to be relinked at the newest end (it was in a heap, in another
+ * class, or pinned), its roots are relinked after it too, so that no root
+ * stays ahead of its leaves in a list (order_settle relies on it). */
 void index_lru_touch(struct kv_index *ix, struct index_entry *e)
 {
-    if (e->on_lru && e->lru_arena == e->arena && e->lru_cls == e->cls && !e->lru_heap && !e->ns_heap) {
+    if (e->on_lru && e->lru_arena == e->arena && e->lru_cls == e->cls && !e->lru_heap && !e->ns_heap &&
+        ix->lru_moved_stamp != ix->lru_clock) {
         /* In both lists, in the right class: restamp and mark, no list rewritten. */
         e->lru_stamp = ++ix->lru_clock;
         e->ref_cls = e->ref_ns = 1;
@@ -693,27 +746,50 @@ void index_lru_touch(struct kv_index *ix, struct index_entry *e)
     }
     index_lru_remove(ix, e);
     e->lru_stamp = ++ix->lru_clock;
+    ix->lru_moved_stamp = e->lru_stamp;
     index_lru_list_entry(ix, e, true);
+}
+
+void index_lru_chain_begin(struct kv_index *ix)
+{
+    ix->lru_moved_stamp = 0;
 }
 
 void index_lru_use(struct kv_index *ix, struct index_entry *e)
 {
-    if (e->on_lru)
+    if (e->on_lru) {
         index_lru_touch(ix, e);
-    else
+    } else {
         e->lru_stamp = ++ix->lru_clock;
+        ix->lru_moved_stamp = e->lru_stamp;   /* its roots are relinked, not marked */
+    }
 }
 
 void index_lru_add(struct kv_index *ix, struct index_entry *e)
 {
-    if (!e->on_lru)
-        index_lru_list_entry(ix, e, false);
+    if (e->on_lru)
+        return;
+    /* Stamped by the latest use (a lease's end: use, then unpin): nothing was
+     * marked since, so the newest end is its place. Otherwise the heap, even
+     * when newer than the list's tail: a root marked after it may be in the
+     * list, and a leaf must not follow its root there (order_settle). */
+    if (e->lru_stamp == ix->lru_clock) {
+        index_lru_list_entry(ix, e, true);
+        return;
+    }
+    index_lru_list_entry(ix, e, false);
 }
 
 struct index_entry *index_lru_oldest(struct kv_index *ix, uint32_t arena_id, uint32_t cls)
 {
     struct lru_order *l = index_lru_list(ix, arena_id, cls);
-    return l ? order_oldest(ix, l, ORDER_CLASS) : NULL;
+    if (!l)
+        return NULL;
+    size_t budget = INDEX_OLDEST_SETTLE_BUDGET, before = ix->settle_moves;
+    bool forced = false;
+    struct index_entry *e = order_oldest(ix, l, ORDER_CLASS, &budget, &forced);
+    index_oldest_done(ix, before, forced);
+    return e;
 }
 
 struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t arena_id)
@@ -721,11 +797,17 @@ struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t aren
     if (arena_id >= INDEX_MAX_ARENAS)
         return NULL;
     struct index_entry *best = NULL;
+    size_t budget = INDEX_OLDEST_SETTLE_BUDGET, before = ix->settle_moves;
+    bool forced = false;
     for (uint32_t c = 0; c < ARENA_MAX_CLASSES; c++) {
-        struct index_entry *h = order_oldest(ix, &ix->lru[arena_id][c], ORDER_CLASS);
+        struct lru_order *o = &ix->lru[arena_id][c];
+        if (!o->count)
+            continue;
+        struct index_entry *h = order_oldest(ix, o, ORDER_CLASS, &budget, &forced);
         if (h && (!best || h->lru_stamp < best->lru_stamp))
             best = h;
     }
+    index_oldest_done(ix, before, forced);
     return best;
 }
 
@@ -745,7 +827,13 @@ bool index_lru_settle_arena(struct kv_index *ix, uint32_t arena_id, size_t budge
 struct index_entry *index_lru_oldest_in_ns(struct kv_index *ix, uint32_t ns)
 {
     struct lru_order *l = index_ns_list(ix, ns, 0);
-    return l ? order_oldest(ix, l, ORDER_NS) : NULL;
+    if (!l)
+        return NULL;
+    size_t budget = INDEX_OLDEST_SETTLE_BUDGET, before = ix->settle_moves;
+    bool forced = false;
+    struct index_entry *e = order_oldest(ix, l, ORDER_NS, &budget, &forced);
+    index_oldest_done(ix, before, forced);
+    return e;
 }
 
 struct index_entry *index_lru_prev(const struct kv_index *ix, const struct index_entry *e)

@@ -99,7 +99,18 @@ struct index_stats {
     size_t rehash_buckets;  /* buckets of the table being grown into, 0 when not rehashing */
     size_t lru_entries;     /* entries on some LRU list */
     size_t bytes;           /* held: entry chunks, chunk table, buckets, heaps, order heads */
+    size_t settle_moves;    /* marked entries moved to their stamps' places, in all */
+    size_t oldest_moves_max;   /* most of them moved by one index_lru_oldest* call */
+    size_t oldest_forced;   /* oldest calls that met a marked head with their budget spent */
 };
+
+/* Marked entries one index_lru_oldest* call moves at most (plus one for each
+ * further class order of the arena that starts with one), so an eviction on
+ * demand is O(budget) however many uses went before it: about 0.1 ms of
+ * moves (each a few cache misses) at 1 M entries, small next to a request.
+ * A background settle (index_lru_settle_arena) keeps the runs of marked
+ * entries under it, where the oldest is exact LRU. */
+#define INDEX_OLDEST_SETTLE_BUDGET 1024u
 
 /* initial_buckets is rounded up to a power of two (minimum 64). */
 int  index_create(size_t initial_buckets, struct kv_index **out);
@@ -158,6 +169,13 @@ struct index_entry *index_ns_next(const struct kv_index *ix, const struct index_
  * An entry with an out-of-range arena, class or namespace is stamped but not
  * listed. */
 void index_lru_touch(struct kv_index *ix, struct index_entry *e);
+/* The uses that follow refresh one chain, tail-first (last key first, root
+ * last), until the next call. Once one of them relinks its entry at the
+ * newest end (in a heap, another class, pinned), the rest relink too rather
+ * than mark, so a chain's root never stays ahead of its leaves in a list
+ * (what lets a bounded sweep give a safe victim: index_lru_oldest). Uses
+ * with no call before them count as one chain with the uses before. */
+void index_lru_chain_begin(struct kv_index *ix);
 /* A client used e while it is pinned: stamp it newest; it is listed at that
  * place when its last pin drops. A listed e is touched. */
 void index_lru_use(struct kv_index *ix, struct index_entry *e);

@@ -5,9 +5,11 @@
  * longest second-chance pass there is), some of the oldest are pinned by a
  * read lease, then new chains push 64 chains' worth out. Checked by counts,
  * nothing timed: no pinned block leaves, every chain keeps a prefix (leaves
- * before roots), and chains leave in the order they were MATCHed. The same
- * through the background evictor, which spreads the moves over loop
- * iterations. */
+ * before roots), and, once the background settle caught up, chains leave in
+ * the order they were MATCHed; when it did not, each eviction call moves at
+ * most INDEX_OLDEST_SETTLE_BUDGET marked entries (a counter) and the first
+ * three still hold. The same through the background evictor, which spreads
+ * the moves over loop iterations. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +18,7 @@
 #include <event2/event.h>
 
 #include "cache/cache.h"
+#include "cache/cache_internal.h"   /* the index's counters, the settle event */
 #include "cache_calls.h"
 #include "config/config.h"
 #include "kvnode.h"
@@ -103,12 +106,23 @@ static bool present(int c, int i)
     return cache_match(cache, ns, &k, 1) == 1;
 }
 
-START_TEST(test_match_order_eviction_1m)
+static void index_stats_now(struct index_stats *st)
+{
+    index_get_stats(cache->index, st);
+}
+
+/* 1 M blocks, every chain MATCHed once in a random order, 8 of the oldest
+ * pinned, 64 chains more put: the puts evict on demand. settle: the
+ * background settle ran to its end first (as the reaper ticks make it do),
+ * so each eviction is exact LRU; otherwise each eviction call meets ~1 M
+ * marked entries and moves at most INDEX_OLDEST_SETTLE_BUDGET of them. */
+static void match_then_evict(bool settle)
 {
     static int order[NCHAINS];
     static size_t left[NCHAINS];
     uint64_t pin_lease[NPINNED];
     static struct cache_loc locs[CHAIN];
+    struct index_stats st0, st;
 
     for (int c = 0; c < NCHAINS; c++)
         put(c);
@@ -138,10 +152,29 @@ START_TEST(test_match_order_eviction_1m)
         ck_assert_int_eq(get_now(cache, ns, &owner, k, CHAIN, &pin_lease[p], locs, &got, err, sizeof err), 0);
         ck_assert_uint_eq(got, CHAIN);
     }
-    /* New chains: NEW chains' worth of blocks must leave. */
+    if (settle) {
+        /* What a reaper tick starts: batches, one per loop iteration. */
+        int iterations = 0;
+        cache_settle_schedule(cache);
+        while (evtimer_pending(cache->settle_ev, NULL) && iterations < 100000) {
+            event_base_loop(base, EVLOOP_NONBLOCK | EVLOOP_ONCE);
+            iterations++;
+        }
+        ck_assert_int_ge(iterations, 64);   /* ~1 M moves, 8192 per iteration */
+        ck_assert(!evtimer_pending(cache->settle_ev, NULL));
+    }
+    index_stats_now(&st0);
+    /* New chains: NEW chains' worth of blocks must leave, on demand. */
     for (int c = 0; c < NEW; c++)
         put(NCHAINS + c);
     ck_assert_int_eq(dropped(), (json_int_t)NEW * CHAIN);
+    index_stats_now(&st);
+    /* No eviction call moved more than its budget (~1 M were marked). */
+    ck_assert_uint_le(st.oldest_moves_max, INDEX_OLDEST_SETTLE_BUDGET);
+    if (settle)
+        ck_assert_uint_eq(st.oldest_forced, st0.oldest_forced);
+    else
+        ck_assert_uint_gt(st.oldest_forced, st0.oldest_forced);
     /* Count what each chain kept, checking it is a prefix (no root went
      * while a leaf of its chain stayed). */
     size_t lost = 0;
@@ -157,28 +190,45 @@ START_TEST(test_match_order_eviction_1m)
         }
     }
     ck_assert_uint_eq(lost, (size_t)NEW * CHAIN);
-    /* Pinned chains whole; the rest left oldest MATCHed first: once a chain
-     * kept anything, every chain MATCHed after it kept everything. */
+    /* Pinned chains whole. */
     for (int p = 0; p < NPINNED; p++)
         ck_assert_msg(left[2 * p] == CHAIN, "pinned chain %d lost %zu blocks", order[2 * p], CHAIN - left[2 * p]);
-    bool kept_some = false;
-    for (int p = 0; p < NCHAINS; p++) {
-        bool pinned = p < 2 * NPINNED && p % 2 == 0;
-        if (pinned)
-            continue;
-        if (kept_some)
-            ck_assert_msg(left[p] == CHAIN, "chain MATCHed #%d lost blocks after an older one kept some", p);
-        if (left[p] > 0)
-            kept_some = true;
+    if (settle) {
+        /* The rest left oldest MATCHed first: once a chain kept anything,
+         * every chain MATCHed after it kept everything. */
+        bool kept_some = false;
+        for (int p = 0; p < NCHAINS; p++) {
+            bool pinned = p < 2 * NPINNED && p % 2 == 0;
+            if (pinned)
+                continue;
+            if (kept_some)
+                ck_assert_msg(left[p] == CHAIN, "chain MATCHed #%d lost blocks after an older one kept some", p);
+            if (left[p] > 0)
+                kept_some = true;
+        }
+        /* The first NEW unpinned chains MATCHed are the ones that went. */
+        ck_assert_uint_eq(left[1], 0);
+        ck_assert_uint_eq(left[2 * NPINNED + NEW - NPINNED - 1], 0);
+        ck_assert_uint_eq(left[2 * NPINNED + NEW - NPINNED], CHAIN);
     }
-    /* The first NEW unpinned chains MATCHed are the ones that went. */
-    ck_assert_uint_eq(left[1], 0);
-    ck_assert_uint_eq(left[2 * NPINNED + NEW - NPINNED - 1], 0);
-    ck_assert_uint_eq(left[2 * NPINNED + NEW - NPINNED], CHAIN);
     for (int p = 0; p < NPINNED; p++) {
         uint32_t blocks;
         ck_assert_int_eq(cache_lease_end(cache, &owner, pin_lease[p], LEASE_READ, false, &blocks, NULL, 0), 0);
     }
+}
+
+/* On demand with the backlog settled in the background: exact MATCH order. */
+START_TEST(test_match_order_eviction_1m)
+{
+    match_then_evict(true);
+}
+END_TEST
+
+/* On demand over ~1 M marked entries: each eviction call moves at most its
+ * budget, and still leaves before roots, pinned never, every chain a prefix. */
+START_TEST(test_bounded_eviction_1m)
+{
+    match_then_evict(false);
 }
 END_TEST
 
@@ -275,6 +325,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_match_order_eviction_1m);
+    tcase_add_test(tc, test_bounded_eviction_1m);
     tcase_add_test(tc, test_background_eviction_after_matches);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
