@@ -10,11 +10,13 @@
  * key chain tail-first (last key first, root last), so a parent is always
  * newer than its children and eviction removes leaves first. A use only
  * restamps the entry and marks it (no list is rewritten); it is moved to its
- * stamp's place when it reaches the oldest end of an order (second chance,
- * in index_lru_oldest*), so the orders' oldest are exact LRU. Each use is
- * paid for by at most one move, at the oldest end; an eviction after many
- * uses and none evicted moves every used entry ahead of the first unused one
- * in one call, unless index_lru_settle_arena spread them over several first.
+ * stamp's place (the order's heap) when it reaches the oldest end (second
+ * chance, in index_lru_oldest*). One oldest call moves at most
+ * INDEX_OLDEST_SETTLE_BUDGET marked entries; the orders' oldest are exact
+ * LRU while the runs of marked entries at their oldest ends fit it
+ * (index_lru_settle_arena shortens them in the background); over it, a call
+ * answers the oldest of the entries it moved. Either way a chain's leaves go
+ * before its root (index_lru_chain_begin) and the call is O(budget).
  * Pinned and WRITING entries are kept off the orders, so the oldest listed
  * entry is evictable; an entry whose last pin drops comes back at its
  * own stamp's place (index_lru_add), whatever order the pins drop in (a
@@ -184,18 +186,24 @@ void index_lru_use(struct kv_index *ix, struct index_entry *e);
 void index_lru_add(struct kv_index *ix, struct index_entry *e);
 /* Take e off its LRU orders (pinned, being written, being evicted). */
 void index_lru_remove(struct kv_index *ix, struct index_entry *e);
-/* Oldest listed entry of one class, or NULL. */
+/* Oldest listed entry of one class, or NULL: the exact oldest when the run
+ * of marked entries at the order's oldest end fits the budget, else the
+ * oldest of the up to INDEX_OLDEST_SETTLE_BUDGET it moved (oldest_forced
+ * counts those calls). Never an entry with a listed descendant in a chain
+ * refreshed tail-first. */
 struct index_entry *index_lru_oldest(struct kv_index *ix, uint32_t arena, uint32_t cls);
-/* Oldest listed entry over every class of an arena, or NULL. O(classes),
- * plus the moves of the marked entries ahead of the oldest (as for
- * index_lru_oldest and index_lru_oldest_in_ns). */
+/* Oldest listed entry over every class of an arena, or NULL, as
+ * index_lru_oldest in each class: O(classes + budget), the budget shared by
+ * the classes (at least one move in each class whose head is marked). */
 struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t arena);
 /* Move up to `budget` marked entries at the oldest ends of the arena's
- * class orders to their stamps' places, as index_lru_oldest_in_arena would
- * first, so that a caller can spread a long run of them over several calls.
+ * class orders to their stamps' places, so that a caller can spread a long
+ * run of them over several calls and the oldest calls after it are exact.
  * true: no order of the arena starts with a marked entry now. */
 bool index_lru_settle_arena(struct kv_index *ix, uint32_t arena, size_t budget);
-/* Oldest listed entry of one namespace (any arena, any class), or NULL. */
+/* Oldest listed entry of one namespace (any arena, any class), or NULL, as
+ * index_lru_oldest over the namespace's order (not settled in the
+ * background: its calls are bounded all the same). */
 struct index_entry *index_lru_oldest_in_ns(struct kv_index *ix, uint32_t ns);
 /* Entries on a namespace's list (its evictable ones). O(1). */
 size_t index_lru_count_in_ns(struct kv_index *ix, uint32_t ns);
