@@ -65,7 +65,8 @@ struct lru_order {
     struct index_entry *head, *tail;   /* oldest at head */
     struct index_entry **heap;         /* min-heap on lru_stamp */
     uint32_t heap_n, heap_cap;
-    size_t count;                      /* in the list and the heap */
+    uint32_t count;                    /* in the list and the heap (entry ids are 32-bit) */
+    uint32_t swept_left;               /* answers from the heap before the next forced sweep */
 };
 
 static void order_free(struct lru_order *o);
@@ -612,17 +613,30 @@ static size_t order_settle(struct kv_index *ix, struct lru_order *o, int k, size
  * spent (a backlog of uses no settle caught up with), the heap's top is
  * taken instead of the exact oldest: the head's run of marked entries keeps
  * its second chance, the entries swept into the heap have spent theirs, and
- * the oldest of them has no leaf left behind it (see order_settle). Exact
- * LRU whenever the run at the head fits the budget. *forced: set when so. */
+ * the oldest of them has no leaf left behind it (see order_settle). The
+ * next calls take the heap's top without sweeping, as many as the sweep
+ * moved, so that a run of evictions over a backlog (a put that makes room
+ * for 256 blocks) costs one sweep per budget of victims, not one per victim.
+ * Exact LRU whenever the run at the head fits the budget. *forced: set when
+ * the answer is not the exact oldest. */
 static struct index_entry *order_oldest(struct kv_index *ix, struct lru_order *o, int k, size_t *budget,
                                         bool *forced)
 {
+    struct index_entry *h = o->head, *t = o->heap_n ? o->heap[0] : NULL;
+    if (h && order_ref(h, k) && t && o->swept_left > 0) {
+        o->swept_left--;
+        *forced = true;
+        return t;
+    }
     size_t b = *budget ? *budget : 1;
     size_t left = order_settle(ix, o, k, b);
     *budget = *budget > b - left ? *budget - (b - left) : 0;
-    struct index_entry *h = o->head, *t = o->heap_n ? o->heap[0] : NULL;
+    h = o->head;
+    t = o->heap_n ? o->heap[0] : NULL;
+    o->swept_left = 0;
     if (h && order_ref(h, k)) {
         *forced = true;
+        o->swept_left = (uint32_t)(b - left - 1);   /* this answer is the first */
         if (t)
             return t;
         /* The heap could not grow: the marked head at its place. */

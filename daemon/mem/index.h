@@ -188,9 +188,10 @@ void index_lru_add(struct kv_index *ix, struct index_entry *e);
 void index_lru_remove(struct kv_index *ix, struct index_entry *e);
 /* Oldest listed entry of one class, or NULL: the exact oldest when the run
  * of marked entries at the order's oldest end fits the budget, else the
- * oldest of the up to INDEX_OLDEST_SETTLE_BUDGET it moved (oldest_forced
- * counts those calls). Never an entry with a listed descendant in a chain
- * refreshed tail-first. */
+ * oldest of the up to INDEX_OLDEST_SETTLE_BUDGET it moved, as are the
+ * answers of the next calls, as many as it moved, which move none
+ * (oldest_forced counts those calls). Never an entry with a listed
+ * descendant in a chain refreshed tail-first. */
 struct index_entry *index_lru_oldest(struct kv_index *ix, uint32_t arena, uint32_t cls);
 /* Oldest listed entry over every class of an arena, or NULL, as
  * index_lru_oldest in each class: O(classes + budget), the budget shared by
