@@ -303,7 +303,7 @@ $(EXAMPLE_BIN): examples/five_lines.c lib/kvnode.h $(LIBA)
 	$(CC) -std=c11 $(WARN) $(CFLAGS) $(LDSAN) -Ilib -o $@ $< $(LIBA) -lprotobuf-c -ldl -lpthread
 
 SCRIPT_TESTS := tests/install/test_install.sh tests/python/run.sh tests/layout/run.sh tests/systemd/run.sh \
-                tests/systemd/security.sh tests/contrib/run.sh
+                tests/systemd/security.sh tests/contrib/run.sh tests/warm/run.sh
 
 check: all $(EXAMPLE_BIN) $(UNIT_BIN) $(INTEG_BIN) $(SIM_BIN) $(KVCM_SIM_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN)
 	@BUILD=$(BUILD) bash tests/run-tests.sh $(UNIT_BIN) $(INTEG_BIN) $(SIM_TEST_BIN) $(FUZZ_REPLAY_BIN) $(SCRIPT_TESTS)

@@ -32,6 +32,8 @@
 #include "net/server.h"
 #include "stats.h"
 #include "tenants/tenants.h"
+#include "takeover.h"
+#include "warm.h"
 
 #define DEFAULT_CONFIG_PATH "/etc/kvnode/kvnode.conf"
 
@@ -40,11 +42,13 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: kvnoded [-c|--config FILE] [-s|--set SECTION.KEY=VALUE]... [--check-config]\n"
-            "               [-V|--version] [-h|--help]\n"
+            "               [--takeover SOCKET] [-V|--version] [-h|--help]\n"
             "\n"
             "  -c, --config FILE   configuration file (default " DEFAULT_CONFIG_PATH " if it exists)\n"
             "  -s, --set S.K=V     override one option, e.g. --set memory.host_bytes=4GiB\n"
             "      --check-config  validate the configuration, print the effective one, exit\n"
+            "      --takeover SOCKET  take over from the daemon serving on SOCKET: it stops and\n"
+            "                      hands its host tier over (warm restart without systemd)\n"
             "  -V, --version       print the version\n"
             "  -h, --help          this text\n"
             "\n"
@@ -129,6 +133,25 @@ static void daemon_log_hbm_release(const struct kvn_config *cfg, const struct se
                  stop->hbm_released);
 }
 
+/* A clean stop: SIGTERM, SIGINT, or a takeover's request. */
+static void daemon_begin_stop(void *arg)
+{
+    struct daemon *d = arg;
+    sdn_stopping(d);
+    admin_begin_shutdown(d->admin);
+    kvs_server_begin_shutdown(d->kvs);
+    server_begin_shutdown(d->server);
+}
+
+/* The longest a clean stop may take (README "Stop timeout"), and a margin:
+ * how long `--takeover` waits for the old daemon's hand-over. */
+static unsigned daemon_stop_bound_ms(const struct kvn_config *cfg)
+{
+    unsigned clients = cfg->shutdown_timeout_ms > cfg->hbm_release_timeout_ms ? cfg->shutdown_timeout_ms
+                                                                             : cfg->hbm_release_timeout_ms;
+    return clients + cfg->shutdown_timeout_ms + cfg->kvcm.host_down_timeout_ms + 30000u;
+}
+
 static void daemon_signal_cb(evutil_socket_t sig, short what, void *arg)
 {
     struct daemon *d = arg;
@@ -139,10 +162,7 @@ static void daemon_signal_cb(evutil_socket_t sig, short what, void *arg)
         return;
     }
     log_info("received %s: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-    sdn_stopping(d);
-    admin_begin_shutdown(d->admin);
-    kvs_server_begin_shutdown(d->kvs);
-    server_begin_shutdown(d->server);
+    daemon_begin_stop(d);
 }
 
 int main(int argc, char **argv)
@@ -151,6 +171,7 @@ int main(int argc, char **argv)
         { "config", required_argument, NULL, 'c' },
         { "set", required_argument, NULL, 's' },
         { "check-config", no_argument, NULL, 'C' },
+        { "takeover", required_argument, NULL, 'T' },
         { "version", no_argument, NULL, 'V' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
@@ -161,6 +182,8 @@ int main(int argc, char **argv)
     const int signums[3] = { SIGTERM, SIGINT, SIGHUP };
     char err[CONFIG_ERR_MAX];
     bool check_only = false;
+    const char *takeover_path = NULL;
+    struct takeover *tk = NULL;
     int opt, rc = 1, listen_fd = -1;
 
     while ((opt = getopt_long(argc, argv, "c:s:Vh", longopts, NULL)) != -1) {
@@ -174,6 +197,7 @@ int main(int argc, char **argv)
             d.overrides[d.noverrides++] = optarg;
             break;
         case 'C': check_only = true; break;
+        case 'T': takeover_path = optarg; break;
         case 'V': printf("kvnoded %s (protocol %u)\n", KVNODE_VERSION_STRING, 1u); return 0;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -197,6 +221,33 @@ int main(int argc, char **argv)
         free(d.cfg);
         return 2;
     }
+    if (takeover_path && check_only) {
+        fprintf(stderr, "kvnoded: --takeover and --check-config do not go together\n");
+        free(d.cfg);
+        return 2;
+    }
+    /* A warm restart's hand-over (warm.h): from the daemon taken over, else
+     * from systemd's fd store, beside the engine socket it passed. */
+    struct sdn_fd stored[WARM_FDS_MAX], sd_stored[WARM_FDS_MAX];
+    size_t nstored = 0, nsd = 0;
+    const char *source = "systemd";
+    if (takeover_path) {
+        if (takeover_request(takeover_path, daemon_stop_bound_ms(d.cfg), stored, WARM_FDS_MAX, &nstored, err,
+                             sizeof err) < 0) {
+            log_error("takeover refused: %s; the running daemon goes on", err);
+            free(d.cfg);
+            return 1;
+        }
+        source = "takeover";
+    }
+    if (!check_only && sdn_listen_fd(&listen_fd, takeover_path ? sd_stored : stored, WARM_FDS_MAX,
+                                     takeover_path ? &nsd : &nstored, err, sizeof err) < 0) {
+        log_error("%s", err);
+        warm_close_fds(stored, nstored);
+        free(d.cfg);
+        return 1;
+    }
+    warm_close_fds(sd_stored, nsd);
     /* Admission, before anything is reserved: memfd pages being reserved
      * count toward no process's OOM score, so a tier larger than the
      * machine would get other processes (the engines) killed first.
@@ -204,7 +255,12 @@ int main(int argc, char **argv)
     struct memcheck_room room;
     char admission[PATH_MAX + 1024];
     memcheck_probe(NULL, &room);
-    if (memcheck_admit(d.cfg, &room, admission, sizeof admission) < 0) {
+    int admitted = memcheck_admit(d.cfg, &room, admission, sizeof admission);
+    if (admitted < 0 && nstored > 0) {
+        /* The memory handed over is reserved already: counted as used. */
+        log_warn("memory: %s; starting with the host memory handed over, which is reserved already",
+                 admission);
+    } else if (admitted < 0) {
         if (check_only)
             fprintf(stderr, "kvnoded: the configuration does not fit this machine:\n%s\n", admission);
         else
@@ -256,10 +312,17 @@ int main(int argc, char **argv)
     if (room.unread[0])
         log_warn("memory: the admission check could not read everything: %s", room.unread);
     log_info("%s", admission);
-    if (tenants_create(d.base, d.cfg, &d.tenants, err, sizeof err) < 0) {
+    /* The hand-over read above (takeover or systemd's fd store): checked
+     * here, then adopted (or refused, all of it) by tenants_create. */
+    struct tenants_warm tw;
+    struct warm_snapshot *snap = NULL;
+    int warm = warm_open(stored, nstored, source, d.cfg, &tw, &snap);
+    if (tenants_create(d.base, d.cfg, warm ? &tw : NULL, &d.tenants, err, sizeof err) < 0) {
         log_error("cannot create the host tier: %s", err);
+        warm_finish(snap, &tw, NULL);
         goto out;
     }
+    warm_finish(snap, &tw, d.tenants);
     if (tenants_start_gpu(d.tenants, d.base, d.cfg, &d.gpu, err, sizeof err) < 0) {
         log_error("cannot start the GPU tier: %s", err);
         goto out;
@@ -272,6 +335,9 @@ int main(int argc, char **argv)
         log_error("cannot start the KVCM publisher: %s", err);
         goto out;
     }
+    /* Adopted blocks were sealed before the publisher observed the caches. */
+    if (warm_status()->blocks)
+        kvcm_resync(d.kvcm);
     if (ops_create(d.tenants, d.cfg, &d.ops) < 0) {
         log_error("out of memory");
         goto out;
@@ -292,10 +358,6 @@ int main(int argc, char **argv)
         log_error("%s", err);
         goto out;
     }
-    if (sdn_listen_fd(&listen_fd, err, sizeof err) < 0) {
-        log_error("%s", err);
-        goto out;
-    }
     struct server_handler handler = ops_server_handler(d.ops);
     if (server_create(d.base, d.cfg, &handler, listen_fd, &d.server, err, sizeof err) < 0) {
         log_error("%s", err);
@@ -306,6 +368,8 @@ int main(int argc, char **argv)
                  listen_fd, server_socket_path(d.server),
                  strcmp(server_socket_path(d.server), d.cfg->socket_path) == 0 ? "" :
                  "; server.socket_path is not used");
+    if (takeover_listen(d.base, server_socket_path(d.server), daemon_begin_stop, &d, &tk, err, sizeof err) < 0)
+        log_warn("%s: kvnoded --takeover cannot reach this daemon", err);
     ops_set_server(d.ops, d.server);
     ops_set_querier(d.ops, d.querier);
     ops_set_reload(d.ops, daemon_reload_hook, &d);
@@ -339,9 +403,16 @@ out:
     server_destroy(d.server);
     if (d.tenants)
         tenants_stop_persist(d.tenants, d.cfg->shutdown_timeout_ms);
-    /* KVCM last: HOST_DOWN tells it everything we held is gone. */
+    /* A clean stop hands the host tier to the next start (warm.h). */
+    if (rc == 0 && d.tenants && !takeover_handover(tk, d.tenants, d.cfg))
+        warm_handover_systemd(d.tenants, d.cfg);
+    /* KVCM last: HOST_DOWN tells it everything we held is gone (not when the
+     * host tier went to the next start: its first snapshot says what is kept). */
     kvcm_querier_destroy(d.querier);
-    kvcm_stop(d.kvcm);
+    if (warm_status()->handed_over)
+        kvcm_stop_handed_over(d.kvcm);
+    else
+        kvcm_stop(d.kvcm);
     kvcm_destroy(d.kvcm);
     ops_destroy(d.ops);
     gpu_stop(d.gpu);
@@ -352,6 +423,7 @@ out:
         if (sigs[i])
             event_free(sigs[i]);
     sdn_stop();
+    takeover_destroy(tk);   /* its peer's connection stays open until the process exits */
     if (d.base)
         event_base_free(d.base);
     libevent_global_shutdown();

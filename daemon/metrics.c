@@ -11,6 +11,7 @@
 
 #include "kvnode.h"
 #include "stats.h"
+#include "warm.h"
 #include "wire.h"
 #include "core/liveness.h"
 #include "persist/kvs/redis_cluster.h"
@@ -704,6 +705,16 @@ int metrics_render(struct daemon *d, struct evbuffer *out)
     render_kvs(out, s);
     render_workers(out, s->worker_stall_timeout_ms);
 
+    /* warm.h: this start's hand-over. */
+    const struct warm_status *w = warm_status();
+    family(out, "kvnode_warm_restart_adopted_blocks", "gauge",
+           "Host blocks adopted at start from the previous daemon's hand-over (not read from the store).");
+    sample_u(out, "kvnode_warm_restart_adopted_blocks", NULL, s->cache_stats.adopted_blocks);
+    family(out, "kvnode_warm_restart_adopted_bytes", "gauge", "Bytes of those blocks.");
+    sample_u(out, "kvnode_warm_restart_adopted_bytes", NULL, s->cache_stats.adopted_bytes);
+    family(out, "kvnode_warm_restart_refused", "gauge",
+           "1 when a hand-over was received and refused (the start was cold; /stats warm_restart.reason says why).");
+    sample_u(out, "kvnode_warm_restart_refused", NULL, strcmp(w->state, "refused") == 0);
     family(out, "kvnode_reloads_total", "counter", "Configuration reloads (SIGHUP or RELOAD), by result.");
     sample_u(out, "kvnode_reloads_total", L("result", "ok"), s->reloads_ok);
     sample_u(out, "kvnode_reloads_total", L("result", "failed"), s->reloads_failed);

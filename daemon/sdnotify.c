@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 #include <systemd/sd-daemon.h>
@@ -34,23 +35,64 @@ static struct {
     char last_status[SDN_STATUS_MAX];
 } sdn;
 
-int sdn_listen_fd(int *fd, char *err, size_t errlen)
+int sdn_listen_fd(int *fd, struct sdn_fd *stored, size_t max, size_t *nstored, char *err, size_t errlen)
 {
-    int n = sd_listen_fds(1);
+    char **names = NULL;
+    int n = sd_listen_fds_with_names(1, &names), sockets = 0, rc = 0;
 
     *fd = -1;
+    *nstored = 0;
     if (n < 0) {
         snprintf(err, errlen, "socket activation: cannot read LISTEN_FDS: %s", strerror(-n));
         return -1;
     }
-    if (n > 1) {
-        snprintf(err, errlen, "socket activation: systemd passed %d sockets; kvnoded serves "
-                 "exactly one (one ListenStream= in kvnoded.socket)", n);
-        return -1;
+    for (int i = 0; i < n; i++) {
+        int f = SD_LISTEN_FDS_START + i;
+        const char *name = names && names[i] ? names[i] : "unknown";
+        if (strncmp(name, SDN_STORED_PREFIX, strlen(SDN_STORED_PREFIX)) != 0) {
+            sockets++;
+            if (*fd < 0)
+                *fd = f;
+            else
+                close(f);
+        } else if (*nstored < max && strlen(name) < SDN_FDNAME_MAX) {
+            stored[*nstored].fd = f;
+            snprintf(stored[*nstored].name, SDN_FDNAME_MAX, "%s", name);
+            (*nstored)++;
+        } else {
+            close(f);
+        }
     }
-    if (n == 1)
-        *fd = SD_LISTEN_FDS_START;
-    return 0;
+    if (sockets > 1) {
+        snprintf(err, errlen, "socket activation: systemd passed %d sockets; kvnoded serves "
+                 "exactly one (one ListenStream= in kvnoded.socket)", sockets);
+        rc = -1;
+    }
+    for (int i = 0; names && i < n; i++)
+        free(names[i]);
+    free(names);
+    return rc;
+}
+
+bool sdn_under_systemd(void)
+{
+    const char *e = getenv("NOTIFY_SOCKET");
+    return e && *e;
+}
+
+int sdn_fdstore(int fd, const char *name)
+{
+    char msg[32 + SDN_FDNAME_MAX];
+    if (!sdn_under_systemd())
+        return 0;
+    snprintf(msg, sizeof msg, "FDSTORE=1\nFDNAME=%s", name);
+    return sd_pid_notify_with_fds(0, 0, msg, &fd, 1);
+}
+
+void sdn_fdstore_remove(const char *name)
+{
+    if (sdn_under_systemd())
+        sd_notifyf(0, "FDSTOREREMOVE=1\nFDNAME=%s", name);
 }
 
 static void sdn_human_bytes(uint64_t v, char *buf, size_t len)

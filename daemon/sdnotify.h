@@ -12,14 +12,32 @@
 #ifndef KVNODE_SDNOTIFY_H
 #define KVNODE_SDNOTIFY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 struct daemon;
 
-/* Socket activation: *fd = the single socket systemd passed (LISTEN_FDS=1
- * for this pid), or -1 when none was passed. -1 with err set when systemd
- * passed more than one, or LISTEN_FDS is malformed; 0 otherwise. */
-int  sdn_listen_fd(int *fd, char *err, size_t errlen);
+/* Descriptors systemd passed (LISTEN_FDS for this pid, told apart by
+ * LISTEN_FDNAMES): *fd = the single socket to serve on (socket activation),
+ * or -1 when none was passed; the ones whose name starts with
+ * SDN_STORED_PREFIX are the daemon's own, from the fd store (a warm
+ * restart's, warm.h), given in stored (at most max; more are closed).
+ * -1 with err set when systemd passed more than one socket, or LISTEN_FDS
+ * is malformed; 0 otherwise. */
+#define SDN_STORED_PREFIX "kvnode-warm-"
+#define SDN_FDNAME_MAX 64
+struct sdn_fd {
+    int  fd;
+    char name[SDN_FDNAME_MAX];
+};
+int  sdn_listen_fd(int *fd, struct sdn_fd *stored, size_t max, size_t *nstored, char *err, size_t errlen);
+/* Under systemd (NOTIFY_SOCKET set): hand fd to the service's fd store
+ * under name (FDSTORE=1, FDNAME=; FileDescriptorStoreMax= in the unit), or
+ * remove the stored fds of that name (FDSTOREREMOVE=1). sdn_fdstore: >0
+ * sent, 0 not under systemd, <0 -errno. */
+bool sdn_under_systemd(void);
+int  sdn_fdstore(int fd, const char *name);
+void sdn_fdstore_remove(const char *name);
 
 /* Once listeners and arenas are usable: READY=1 with a STATUS line, then
  * a timer refreshing STATUS (when it changed) and, when systemd asked for

@@ -8,6 +8,7 @@
 
 #include "daemon.h"
 #include "tenants/tenants.h"
+#include "warm.h"
 #include "wire.h"
 #include "persist/kvs/redis_cluster.h"
 
@@ -642,6 +643,23 @@ static void gpu_json(const struct gpu_stats *g, const struct ops_stats *ops, jso
     set(root, "gpu", o);
 }
 
+/* This start's warm restart (warm.h): adopted blocks are not "recovered"
+ * (the store's scan) and were never read from the store. */
+static void warm_json(const struct cache_stats *cs, json_t *root)
+{
+    const struct warm_status *w = warm_status();
+    json_t *o = json_object();
+    set(o, "state", json_string(w->state));
+    set(o, "source", json_string(w->source));
+    set(o, "reason", json_string(w->why));
+    set(o, "from_version", json_string(w->from_version));
+    set(o, "adopted_blocks", ju(cs->adopted_blocks));
+    set(o, "adopted_bytes", ju(cs->adopted_bytes));
+    set(o, "dropped_blocks", ju(w->dropped_blocks));
+    set(o, "seconds", json_real(w->seconds));
+    set(root, "warm_restart", o);
+}
+
 json_t *stats_json(const struct stats_snapshot *s)
 {
     json_t *root = json_object(), *reloads = json_object();
@@ -669,6 +687,7 @@ json_t *stats_json(const struct stats_snapshot *s)
     set(reloads, "last_error", json_string(s->last_reload_error));
     set(root, "reloads", reloads);
     kvcm_json(s, root);
+    warm_json(&s->cache_stats, root);
     if (s->has_gpu)
         gpu_json(&s->gpu, &s->ops, root);
     return root;

@@ -154,6 +154,49 @@ void cache_walk_cancel(struct cache *c, struct cache_walk *w);
  * registered as needed; keys already indexed are left alone). */
 void cache_add_stored(struct cache *c, const struct kvs_found *blocks, size_t n);
 
+/* Warm restarts (cache/handover.c; the snapshot's format and the fd passing
+ * are warm.c's). A hand-over is the host tier's sealed blocks: the
+ * namespaces they belong to and, per block, its place in the host arena,
+ * oldest use first (so adoption rebuilds the LRU order). HBM blocks,
+ * blocks being written, ghosts and blocks being read back are not in it. */
+struct cache_ho_block {
+    uint32_t ns;         /* index into cache_ho.layouts */
+    uint8_t  stored;     /* the store holds it (PERSIST_STORED) */
+    int64_t  key;
+    uint64_t check;
+    uint64_t offset;     /* in the host arena */
+};
+struct cache_ho {
+    struct ns_layout *layouts;
+    uint64_t *fingerprints;  /* the deployment fingerprint of each layout */
+    size_t nns;
+    struct cache_ho_block *blocks;
+    size_t n;
+    uint64_t bytes;          /* block_bytes summed */
+    uint64_t reserved;       /* the host arena's reserved part (arena_reserved): all of it
+                                once the background population is over */
+};
+/* Collect c's hand-over (the daemon is stopping: no lease is open). O(n).
+ * 0, or -KVNODE_ENOMEM. */
+int  cache_handover_collect(struct cache *c, struct cache_ho *out);
+void cache_ho_free(struct cache_ho *h);
+/* Whether h can be adopted into a host arena of arena_bytes (slabs of
+ * slab_bytes) by the cache of tenant (NULL: "default"), without touching
+ * anything: valid layouts whose fingerprint is the tenant's, every block
+ * inside the arena, on a slot of its block size's stride, one stride per
+ * slab, no two blocks overlapping, at most ARENA_MAX_CLASSES sizes. 0, or
+ * -KVNODE_EINVAL with err naming the first problem. */
+int  cache_handover_check(const struct cache_ho *h, const char *tenant, uint64_t arena_bytes,
+                          uint64_t slab_bytes, char *err, size_t errlen);
+/* The cache of tenant over the memfd a previous daemon handed over (taken,
+ * closed on failure) whose first `reserved` bytes it had reserved (the
+ * rest is reserved now): as cache_create_tenant, with the memory kept. */
+int  cache_create_adopting(struct event_base *base, const struct kvn_config *cfg, const char *tenant, int host_fd,
+                           uint64_t reserved, struct cache **out, char *err, size_t errlen);
+/* Index h's blocks as sealed host blocks (cache_handover_check passed; c
+ * from cache_create_adopting, before serving). 0, or negative with err. */
+int  cache_adopt(struct cache *c, const struct cache_ho *h, char *err, size_t errlen);
+
 /* How much of a matched prefix lies in each tier. */
 struct cache_tiers {
     size_t matched;        /* hbm + host + store */
@@ -447,6 +490,7 @@ struct cache_stats {
     } demotions;
     bool has_store;                  /* a store is configured: store_blocks is the "store" tier */
     uint64_t store_blocks;           /* known only in the store (ghosts) */
+    uint64_t adopted_blocks, adopted_bytes;  /* host blocks a warm restart handed over */
     size_t namespaces, namespaces_active;  /* cache_namespace_stats(0 .. namespaces - 1) */
     uint64_t namespaces_reclaimed;
     struct {

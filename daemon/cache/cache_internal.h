@@ -167,6 +167,7 @@ struct cache {
     struct negcache *negcache;  /* store misses (first used lazily), NULL: none yet */
     uint64_t waits, wait_timeouts;
     uint64_t recovered, recovery_skipped;
+    uint64_t adopted, adopted_bytes;    /* host blocks handed over at start (cache/handover.c) */
     uint64_t hbm_reserved, hbm_fallbacks;   /* HBM puts: slots in HBM, sent to host instead */
     uint64_t demoted, demoted_bytes;        /* blocks moved HBM -> host */
     uint64_t demote_aborted;                /* a reader pinned it meanwhile, or it was deleted */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/clock.h"
 #include "core/errmsg.h"
@@ -18,21 +19,27 @@
 #include "persist/persist.h"
 
 static int cache_create_as(struct event_base *base, const struct kvn_config *cfg,
-                           const char *tenant, bool deferred, struct cache **out, char *err,
-                           size_t errlen);
+                           const char *tenant, bool deferred, int adopt_fd, uint64_t adopt_reserved,
+                           struct cache **out, char *err, size_t errlen);
 
 /* Host memory reserved at once: for embedders and tests. */
 int cache_create(struct event_base *base, const struct kvn_config *cfg, struct cache **out,
                  char *err, size_t errlen)
 {
-    return cache_create_as(base, cfg, NULL, false, out, err, errlen);
+    return cache_create_as(base, cfg, NULL, false, -1, 0, out, err, errlen);
 }
 
 /* The daemon's: host memory reserved and populated in the background. */
 int cache_create_tenant(struct event_base *base, const struct kvn_config *cfg, const char *tenant,
                         struct cache **out, char *err, size_t errlen)
 {
-    return cache_create_as(base, cfg, tenant, true, out, err, errlen);
+    return cache_create_as(base, cfg, tenant, true, -1, 0, out, err, errlen);
+}
+
+int cache_create_adopting(struct event_base *base, const struct kvn_config *cfg, const char *tenant, int host_fd,
+                          uint64_t reserved, struct cache **out, char *err, size_t errlen)
+{
+    return cache_create_as(base, cfg, tenant, false, host_fd, reserved, out, err, errlen);
 }
 
 #define CACHE_POPULATE_POLL_MS 20
@@ -114,9 +121,24 @@ uint32_t cache_host_region(const struct cache *c, int cuda_device, const char *p
     return r < 0 ? ARENA_ANY_REGION : (uint32_t)r;
 }
 
+/* The host arena: over a handed-over memfd (warm restart), else a new one
+ * reserved now or in the background (deferred). */
+static int cache_create_host(struct cache *c, const struct kvn_config *cfg, bool deferred, int adopt_fd,
+                             uint64_t adopt_reserved, char *err, size_t errlen)
+{
+    if (adopt_fd >= 0)
+        return arena_adopt_host(HOST_ARENA_ID, adopt_fd, cfg->host_bytes, cfg->slab_bytes, adopt_reserved, &c->host,
+                                err, errlen);
+    if (deferred)
+        return arena_create_host_deferred(HOST_ARENA_ID, cfg->host_bytes, cfg->slab_bytes, cfg->huge_pages,
+                                          &c->host, err, errlen);
+    return arena_create_host(HOST_ARENA_ID, cfg->host_bytes, cfg->slab_bytes, cfg->huge_pages, &c->host, err,
+                             errlen);
+}
+
 static int cache_create_as(struct event_base *base, const struct kvn_config *cfg,
-                           const char *tenant, bool deferred, struct cache **out, char *err,
-                           size_t errlen)
+                           const char *tenant, bool deferred, int adopt_fd, uint64_t adopt_reserved,
+                           struct cache **out, char *err, size_t errlen)
 {
     struct cache *c = calloc(1, sizeof *c);
     char who[LOG_TENANT_PREFIX_MAX];
@@ -124,16 +146,15 @@ static int cache_create_as(struct event_base *base, const struct kvn_config *cfg
 
     *out = NULL;
     if (!c) {
+        if (adopt_fd >= 0)
+            close(adopt_fd);
         errmsg_set(err, errlen, "out of memory");
         return -KVNODE_ENOMEM;
     }
     c->base = base;
     _Static_assert((int)CONFIG_HUGE_OFF == (int)ARENA_HUGE_OFF && (int)CONFIG_HUGE_AUTO == (int)ARENA_HUGE_AUTO &&
                    (int)CONFIG_HUGE_ON == (int)ARENA_HUGE_ON, "CONFIG_HUGE_* follows ARENA_HUGE_*");
-    rc = deferred ? arena_create_host_deferred(HOST_ARENA_ID, cfg->host_bytes, cfg->slab_bytes, cfg->huge_pages,
-                                               &c->host, err, errlen)
-                  : arena_create_host(HOST_ARENA_ID, cfg->host_bytes, cfg->slab_bytes, cfg->huge_pages, &c->host,
-                                      err, errlen);
+    rc = cache_create_host(c, cfg, deferred, adopt_fd, adopt_reserved, err, errlen);
     if (rc < 0)
         goto fail;
     log_info("%shost memory: %s pages (%" PRIu64 " bytes each): %s", log_tenant_prefix(tenant, who, sizeof who),

@@ -161,6 +161,8 @@ void cache_get_stats(struct cache *c, struct cache_stats *out)
     cache_hbm_stats(c, out);
     out->has_store = c->persist != NULL;
     out->store_blocks = c->ghosts;
+    out->adopted_blocks = c->adopted;
+    out->adopted_bytes = c->adopted_bytes;
     out->namespaces = ns_count(c->namespaces);
     out->namespaces_active = ns_active_count(c->namespaces);
     out->namespaces_reclaimed = c->namespaces_reclaimed;
@@ -360,6 +362,8 @@ void cache_stats_add(struct cache_stats *sum, const struct cache_stats *x, bool 
     }
     sum->has_store = sum->has_store || x->has_store;
     sum->store_blocks += x->store_blocks;
+    sum->adopted_blocks += x->adopted_blocks;
+    sum->adopted_bytes += x->adopted_bytes;
     sum->namespaces += x->namespaces;
     sum->namespaces_active += x->namespaces_active;
     sum->namespaces_reclaimed += x->namespaces_reclaimed;

@@ -130,6 +130,14 @@ void kvcm_stop(struct kvcm *k)
     kvcm_shared_stopped(k->shared);
 }
 
+void kvcm_stop_handed_over(struct kvcm *k)
+{
+    if (!k)
+        return;
+    kvcm_quiesce(k);
+    kvcm_shared_stopped(k->shared);
+}
+
 void kvcm_destroy(struct kvcm *k)
 {
     if (!k)
@@ -139,6 +147,12 @@ void kvcm_destroy(struct kvcm *k)
     kvcm_publisher_destroy(k->pub);
     kvcm_shared_destroy(k->shared);
     free(k);
+}
+
+void kvcm_resync(struct kvcm *k)
+{
+    if (k)
+        kvcm_shared_dirty(k->shared);
 }
 
 uint64_t kvcm_epoch(const struct kvcm *k)

@@ -67,6 +67,9 @@ int  kvcm_create(struct event_base *base, struct cache *const *caches, size_t n,
 /* End the threads and send HOST_DOWN, bounded by host_down_timeout (plus
  * the call in flight on each thread, which its own timeout bounds). */
 void kvcm_stop(struct kvcm *k);
+/* The same without HOST_DOWN: the host tier was handed to the next start
+ * (warm restart), whose first snapshot says what it holds. */
+void kvcm_stop_handed_over(struct kvcm *k);
 void kvcm_destroy(struct kvcm *k);
 /* "kvcm" of the stats document (struct kvcm_stats, kvcm_types.h). NULL k:
  * not on, state KVCM_STATE_DISABLED. */
@@ -76,5 +79,9 @@ void kvcm_get_stats(struct kvcm *k, struct kvcm_stats *out);
 bool kvcm_stalled(struct kvcm *k, char *why, size_t len);
 /* This incarnation's epoch (trace ids carry it). */
 uint64_t kvcm_epoch(const struct kvcm *k);
+/* The caches hold blocks no event told the publisher of (a warm restart
+ * adopted them before it existed): it walks them before its first snapshot,
+ * as after dropped events. NULL k: nothing. */
+void kvcm_resync(struct kvcm *k);
 
 #endif

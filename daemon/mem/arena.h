@@ -55,6 +55,16 @@ int arena_create_host_deferred(uint32_t id, uint64_t bytes, uint64_t slab_bytes,
  * loop sees it at its next alloc that needs a slab beyond the old bound. */
 void arena_mark_reserved(struct arena *a, uint64_t bytes);
 uint64_t arena_reserved(const struct arena *a);
+/* A host arena over the memfd a previous daemon handed over (warm restart):
+ * fd is taken (closed on failure), must be sealed against resizing and be
+ * the size memory.* gives now. The previous daemon had reserved its first
+ * `reserved` bytes; the rest is reserved now (nothing when it had all: a
+ * fallocate over a whole populated tier would cost about as long as
+ * populating it), the bytes already there are kept. Its blocks are placed
+ * with arena_adopt_block, then arena_adopt_done, before any arena_alloc.
+ * 0 or negative KVNODE_E*. */
+int arena_adopt_host(uint32_t id, int fd, uint64_t bytes, uint64_t slab_bytes, uint64_t reserved,
+                     struct arena **out, char *err, size_t errlen);
 /* An arena over memory someone else owns and releases after arena_destroy
  * (an HBM region from devmem): base is the daemon's address of it (a device
  * pointer for real GPUs: never dereferenced here), fd what clients map (-1:
@@ -119,6 +129,13 @@ void     arena_get_region_stats(const struct arena *a, uint32_t r, struct arena_
  * that is not currently allocated is ignored and counted (arena_bad_frees). */
 void     arena_free(struct arena *a, uint64_t offset);
 uint64_t arena_bad_frees(const struct arena *a);
+/* Adoption: mark the block of class cls at offset allocated (regions and
+ * classes set, no arena_alloc yet). -KVNODE_EINVAL when it is outside the
+ * arena, not a slot of cls, in a slab of another class, or taken. */
+int      arena_adopt_block(struct arena *a, uint32_t cls, uint64_t offset);
+/* After the last arena_adopt_block: the free slabs and partly used slabs
+ * listed as the allocator keeps them. O(slabs). */
+void     arena_adopt_done(struct arena *a);
 /* True when arena_alloc(cls) would succeed right now. */
 int      arena_can_alloc(const struct arena *a, uint32_t cls);
 

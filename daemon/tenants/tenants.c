@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cache/cache.h"
 #include "core/clock.h"
@@ -137,16 +138,93 @@ static int tenants_layout(struct tenants *ts, const struct kvn_config *cfg, char
     return 0;
 }
 
-int tenants_create(struct event_base *base, const struct kvn_config *cfg, struct tenants **out,
-                   char *err, size_t errlen)
+/* Close what warm still holds (every fd taken). */
+static void tenants_warm_close(struct tenants_warm *warm)
+{
+    for (size_t i = 0; i < warm->n; i++) {
+        if (warm->t[i].fd >= 0)
+            close(warm->t[i].fd);
+        warm->t[i].fd = -1;
+    }
+}
+
+/* The hand-over of t, NULL when there is none. */
+static struct tenants_warm_one *tenants_warm_of(struct tenants_warm *warm, const struct tenant *t)
+{
+    for (size_t i = 0; warm && i < warm->n; i++)
+        if (warm->t[i].fd >= 0 && strcmp(warm->t[i].name, t->name) == 0)
+            return &warm->t[i];
+    return NULL;
+}
+
+/* Before any cache exists: tenants that are gone have their blocks dropped;
+ * the others must have the geometry and blocks they can adopt, else
+ * nothing is adopted. */
+static bool tenants_warm_check(struct tenants *ts, const struct kvn_config *cfg, struct tenants_warm *warm)
+{
+    char e[384];
+    for (size_t i = 0; i < warm->n; i++) {
+        struct tenants_warm_one *w = &warm->t[i];
+        const struct tenant *t = NULL;
+        for (size_t k = 0; k < ts->n && !t; k++)
+            if (strcmp(ts->t[k].name, w->name) == 0 && ts->t[k].host_bytes > 0)
+                t = &ts->t[k];
+        if (!t) {
+            log_info("warm restart: tenant %s is not configured (or has no host memory): its %zu blocks "
+                     "are dropped", w->name, w->ho->n);
+            warm->dropped_blocks += w->ho->n;
+            close(w->fd);
+            w->fd = -1;
+        } else if (w->host_bytes != t->host_bytes) {
+            snprintf(warm->why, sizeof warm->why, "tenant %s: its host tier was %" PRIu64 " bytes, it is %"
+                     PRIu64 " now", w->name, w->host_bytes, t->host_bytes);
+            return false;
+        } else if (cache_handover_check(w->ho, t->named ? t->name : NULL, t->host_bytes, cfg->slab_bytes, e,
+                                        sizeof e) < 0) {
+            snprintf(warm->why, sizeof warm->why, "tenant %s: %.400s", w->name, e);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* t's cache: over its hand-over when there is one. 0, or -1 with err; a
+ * hand-over that cannot be adopted is 1, with warm->why set. */
+static int tenant_create_cache(struct tenant *t, struct event_base *base, const struct kvn_config *view,
+                               struct tenants_warm *warm, char *err, size_t errlen)
+{
+    struct tenants_warm_one *w = tenants_warm_of(warm, t);
+    const char *name = t->named ? t->name : NULL;
+    char who[CONFIG_TENANT_NAME_MAX + 16], e[512];
+
+    if (!w) {
+        if (cache_create_tenant(base, view, name, &t->cache, e, sizeof e) == 0)
+            return 0;
+        errmsg_set(err, errlen, "%s%s", tenant_who(t, who, sizeof who), e);
+        return -1;
+    }
+    int fd = w->fd;
+    w->fd = -1;
+    if (cache_create_adopting(base, view, name, fd, w->ho->reserved, &t->cache, e, sizeof e) < 0 ||
+        cache_adopt(t->cache, w->ho, e, sizeof e) < 0) {
+        snprintf(warm->why, sizeof warm->why, "tenant %s: %.400s", t->name, e);
+        return 1;
+    }
+    return 0;
+}
+
+int tenants_create(struct event_base *base, const struct kvn_config *cfg, struct tenants_warm *warm,
+                   struct tenants **out, char *err, size_t errlen)
 {
     struct tenants *ts = calloc(1, sizeof *ts);
     struct kvn_config *view = malloc(sizeof *view);
-    char who[CONFIG_TENANT_NAME_MAX + 16], e[512];
+    int rc = 0;
 
     *out = ts;
     if (!ts || !view) {
         free(view);
+        if (warm)
+            tenants_warm_close(warm);
         errmsg_set(err, errlen, "out of memory");
         return -1;
     }
@@ -154,27 +232,39 @@ int tenants_create(struct event_base *base, const struct kvn_config *cfg, struct
     ts->configured = cfg->ntenants > 0;
     if (tenants_layout(ts, cfg, err, errlen) < 0) {
         free(view);
+        if (warm)
+            tenants_warm_close(warm);
         return -1;
     }
-    for (size_t i = 0; i < ts->n; i++) {
+    if (warm && !tenants_warm_check(ts, cfg, warm))
+        tenants_warm_close(warm);
+    for (size_t i = 0; i < ts->n && rc >= 0; i++) {
         struct tenant *t = &ts->t[i];
         if (t->host_bytes == 0)
             continue;
-        if (tenant_view(t, cfg, view, err, errlen) < 0) {
-            free(view);
-            return -1;
+        if ((rc = tenant_view(t, cfg, view, err, errlen)) < 0)
+            break;
+        if ((rc = tenant_create_cache(t, base, view, warm, err, errlen)) > 0) {
+            /* Not all of it could be adopted: none of it is, every tenant cold. */
+            tenants_warm_close(warm);
+            for (size_t k = 0; k <= i; k++) {
+                cache_destroy(ts->t[k].cache);
+                ts->t[k].cache = NULL;
+            }
+            rc = 0;
+            i = (size_t)-1;
+            continue;
         }
-        if (cache_create_tenant(base, view, t->named ? t->name : NULL, &t->cache, e, sizeof e) < 0) {
-            errmsg_set(err, errlen, "%s%s", tenant_who(t, who, sizeof who), e);
-            free(view);
-            return -1;
-        }
-        if (t->named)
+        if (rc == 0 && t->named)
             log_info("tenant %s: host tier %" PRIu64 " MiB%s", t->name, t->host_bytes >> 20,
                      t->hbm_bytes ? ", HBM per device as below" : "");
     }
+    if (warm) {
+        warm->adopted = rc == 0 && warm->why[0] == '\0';
+        tenants_warm_close(warm);
+    }
     free(view);
-    return 0;
+    return rc < 0 ? -1 : 0;
 }
 
 int tenants_start_gpu(struct tenants *ts, struct event_base *base, const struct kvn_config *cfg,

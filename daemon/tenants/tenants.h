@@ -54,10 +54,30 @@ struct tenant {
 
 struct tenants;
 
-/* The tenants of cfg, each with its cache (no store yet). 0, or -1 with err
- * naming the tenant and the problem. */
-int  tenants_create(struct event_base *base, const struct kvn_config *cfg, struct tenants **out,
-                    char *err, size_t errlen);
+/* Warm restart (warm.c reads the hand-over): per tenant name, the host
+ * memfd and the blocks a previous daemon handed over. */
+struct cache_ho;
+struct tenants_warm {
+    size_t n;
+    struct tenants_warm_one {
+        char name[CONFIG_TENANT_NAME_MAX];   /* "default" or a section's name */
+        uint64_t host_bytes;                 /* its host tier then */
+        int fd;                              /* its host memfd (tenants_create takes it) */
+        const struct cache_ho *ho;
+    } t[TENANTS_MAX];
+    /* What tenants_create made of it: */
+    bool adopted;                            /* the blocks were adopted */
+    uint64_t dropped_blocks;                 /* blocks of tenants that are gone (or have no memory) */
+    char why[512];                           /* why nothing was adopted ("" when adopted) */
+};
+/* The tenants of cfg, each with its cache (no store yet). warm (NULL: a
+ * cold start): each tenant listed there gets a cache over its handed-over
+ * memfd with its blocks adopted; a tenant no longer configured has its
+ * blocks dropped; anything else that does not fit (memory.* geometry, a
+ * block) starts every tenant cold, with warm->why set. Every fd in warm is
+ * taken. 0, or -1 with err naming the tenant and the problem. */
+int  tenants_create(struct event_base *base, const struct kvn_config *cfg, struct tenants_warm *warm,
+                    struct tenants **out, char *err, size_t errlen);
 /* GPU: HBM per tenant and device, host pinning of every tenant's arena, the
  * copy workers (gpu_start). *out as gpu_start sets it. 0, or -1 with err. */
 int  tenants_start_gpu(struct tenants *ts, struct event_base *base, const struct kvn_config *cfg,

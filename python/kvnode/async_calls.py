@@ -22,6 +22,10 @@ from .pages import _Pages
 from ._lib import (_delete_each, _exists, _has_per_key, _submit_delete_each, _submit_exists)
 
 
+#: Drained per-key answer arrays a client keeps for reuse.
+_SPARE_ANSWERS = 4
+
+
 class _AsyncCalls:
     """Batched and asynchronous calls, mixed into :class:`Client`."""
 
@@ -31,6 +35,12 @@ class _AsyncCalls:
         # (libkvnode copies keys and page addresses at submit, not the pages).
         self._inflight = {}
         self._inflight_lock = threading.Lock()
+        # bool arrays of drained per-key tickets, reused by the next ones (libkvnode fills
+        # the first n items of one whole when its ticket completes, nothing before)
+        self._spare_answers = []
+        # the ticket a per-key submit gets back, written and read under _inflight_lock
+        self._ticket_out = _TICKET(0)
+        self._ticket_ref = ctypes.byref(self._ticket_out)
         self._drain_space = threading.local()
 
     def _drop_tickets(self):
@@ -203,8 +213,15 @@ class _AsyncCalls:
     def drain(self, max_completions=64):
         """The finished tickets, as a list of :class:`Completion`; never blocks (empty
         when none is waiting). The pages of a drained GET/PUT are free to reuse."""
-        h = self._need_async("drain")
-        want = max(int(max_completions), 1)
+        return [Completion(*c) for c in self._drain_tuples(max(int(max_completions), 1))]
+
+    def _drain_tuples(self, want):
+        """:meth:`drain`'s work (want: an int >= 1), each completion a tuple (ticket, op,
+        count, error, per_key) instead of a :class:`Completion` (kvnode.lmcache's
+        completion path, which turns them into LMCache's tuples at once)."""
+        h = self._c
+        if not h or not _HAVE_ASYNC:
+            h = self._need_async("drain")   # raises
         # One completion array per thread, reused: a fresh one is 300 bytes per slot zeroed.
         out = getattr(self._drain_space, "out", None)
         if out is None or len(out) < want:
@@ -212,19 +229,26 @@ class _AsyncCalls:
         got = _drain(h, out, want)
         if not got:
             return []
+        # A submit holds the lock from its call into libkvnode until its ticket is in
+        # _inflight: once it is taken here, every ticket drained above is there.
+        with self._inflight_lock:
+            pass
         done = []
-        inflight = self._inflight
+        inflight, spare = self._inflight, self._spare_answers
         for i in range(got):
             c = out[i]
-            ticket, rc = c.ticket, c.rc
-            with self._inflight_lock:
-                pages = inflight.pop(ticket, None)
-            if pages is not None:
-                pages.release()
-            done.append(Completion(ticket, c.op, c.count,
-                                   _error(rc, _s(c.error)) if rc != 0 else None,
-                                   pages.answer() if rc == 0 and isinstance(pages, _PerKey)
-                                   else None))
+            ticket = c.ticket
+            held = inflight.pop(ticket, None)
+            rc, per_key = c.rc, None
+            if type(held) is _PerKey:
+                if rc == 0:
+                    per_key = held[0][:held[1]]
+                if len(spare) < _SPARE_ANSWERS:
+                    spare.append(held[0])
+            elif held is not None:
+                held.release()
+            done.append((ticket, c.op, c.count, _error(rc, _s(c.error)) if rc else None,
+                         per_key))
         return done
 
     @property
@@ -271,18 +295,33 @@ class _AsyncCalls:
         return list(out)[:n]
 
     def _submit_per_key(self, fn, what, keys, checks):
-        h = self._per_key(what)
-        self._need_async(what)
+        if fn is None:
+            self._per_key(what)         # raises, naming the library
         arr, n = _keys_array(keys)
-        answer = _PerKey(n)
-        t = _TICKET(0)
+        return self._submit_each(fn, arr, _checks_array(checks, n), n)
+
+    def _submit_each(self, fn, keys, checks, n):
+        """A per-key submit (fn: _submit_exists or _submit_delete_each, not None) of ready
+        arrays: keys a ``c_int64`` array, checks a ``c_uint64`` one or None, n items each
+        (as :func:`fold_digests` gives them; kvnode.lmcache calls this with its batch's
+        arrays, without the conversions of :meth:`submit_exists`)."""
+        h = self._c
+        if not h:
+            self._handle()              # raises Closed
+        try:
+            answer = self._spare_answers.pop()
+        except IndexError:
+            answer = None
+        if answer is None or len(answer) < n:
+            answer = (ctypes.c_bool * max(n, 64))()
         with self._inflight_lock:   # drain must not see the ticket before it is registered
-            rc = fn(h, arr, _checks_array(checks, n), n, answer.array, None, ctypes.byref(t))
+            rc = fn(h, keys, checks, n, answer, None, self._ticket_ref)
             if rc == 0:
-                self._inflight[t.value] = answer
+                t = self._ticket_out.value
+                self._inflight[t] = _PerKey((answer, n))
         if rc != 0:
             self._check(rc)
-        return t.value
+        return t
 
     def submit_exists(self, keys, checks=None):
         """Start an :meth:`exists`; return its ticket. Its :class:`Completion` carries the
@@ -295,17 +334,12 @@ class _AsyncCalls:
         return self._submit_per_key(_submit_delete_each, "submit_delete_each", keys, checks)
 
 
-class _PerKey:
-    """The bool array a per-key submit fills, held until its ticket is drained."""
+class _PerKey(tuple):
+    """(bool array, n): the array a per-key submit fills, held until its ticket is drained
+    (a tuple: made without a Python call)."""
 
-    __slots__ = ("array", "n")
-
-    def __init__(self, n):
-        self.n = n
-        self.array = (ctypes.c_bool * max(n, 1))()
+    __slots__ = ()
 
     def release(self):
         pass
 
-    def answer(self):
-        return self.array[:self.n]

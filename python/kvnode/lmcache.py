@@ -59,9 +59,11 @@ uses, so that a restarted connector finds them before its first set). At most 32
 Keys are the strings LMCache's native connector adapter makes of an ObjectKey,
 ``<model_name>@<kv_rank as 8 hex digits>@<object_group_id in hex>@<chunk_hash in hex>``
 with ``@<cache_salt>`` appended when the key is salted; the connector does not parse them.
-They are folded to kvnode's 64-bit keys by :func:`kvnode.fold_digests` (the whole batch
-in one call into libkvnode: such a string is not a hex digest, so key and check word come
-from its SHA-256, as :func:`kvnode.fold_key` does). The check word is sent beside the key
+They are folded to kvnode's 64-bit keys as :func:`kvnode.fold_digests` folds them (the
+whole batch in one call into libkvnode, ``kvnode_fold_text``: such a string is not a hex
+digest, so key and check word come from its SHA-256, as :func:`kvnode.fold_key` does);
+exists and delete fold into arrays each submitting thread reuses (libkvnode copies the keys
+at submit). The check word is sent beside the key
 whenever kvnoded honours check words (``kvnode.Client.has_check_words``): a chunk stored
 under another key whose 64-bit fold collides is then a miss (counted by the daemon in
 ``keys.check_mismatches_total``), never served in its place. Against an older daemon
@@ -81,6 +83,7 @@ error, and the connector reconnects by itself (at most once per ``reconnect_inte
 """
 
 import _thread
+import ctypes
 import itertools
 import logging
 import operator
@@ -90,6 +93,7 @@ import threading
 import time
 
 import kvnode
+from kvnode._lib import _fold_text, _submit_delete_each, _submit_exists
 
 __all__ = ["KvnodeL2Connector"]
 
@@ -109,6 +113,11 @@ _LIB_TIMEOUT_MS = 10000
 MAX_OBJECT_SIZES = 32
 
 _nbytes = operator.attrgetter("nbytes")
+_NO_TICKET = (None, None, None)
+#: The indices of a request that is its whole batch (exists / delete of one size).
+_WHOLE = "whole"
+#: Completions taken from a kvnode client at a time.
+_DRAIN_MAX = 256
 
 
 def _sizes(views):
@@ -133,7 +142,7 @@ class _Batch:
     def __init__(self, fid, op, n, folded, checks, views):
         self.fid, self.op, self.n = fid, op, n
         self.folded, self.checks, self.views = folded, checks, views
-        self.hits = [False] * n
+        self.hits = None            # the per-key answers so far (None: no key found yet)
         self.parts = 0
         self.error = None
 
@@ -221,9 +230,17 @@ class KvnodeL2Connector:
         self._spaces = {}                      # object size -> _Space
         self._retiring = []                    # cancelled clients still completing tickets
         self._tickets = {}                     # (client id, ticket) -> (batch, space, indices)
+        #                                        or (future id, space, _WHOLE)
         self._warned = False
+        self._known = None                     # spaces a key may be in (None: to list)
+        self._fast = None                      # _fast_spaces() (None: to work out)
+        self._scratch = threading.local()      # each submitting thread's fold arrays
+        self._clients = ()                     # current and retiring clients, to drain
         self._done = []                        # finished batches not yet drained
-        self._done_lock = threading.Lock()
+        self._done_lock = threading.Lock()     # _done, _signalled, _efd_open
+        self._drained = []                     # ... finished inside drain_completions
+        self._signalled = False                # the eventfd was written and not read since
+        self._efd_open = True
         self._drain_lock = threading.Lock()
         # event_fd() is an epoll set: readable while the local eventfd or the event fd of
         # a kvnode client (current or retiring) is. It stays the same across reconnects,
@@ -246,25 +263,45 @@ class KvnodeL2Connector:
         return self._submit(_SET, keys, memoryviews)
 
     def submit_batch_exists(self, keys):
-        return self._submit(_EXISTS, keys, None)
+        return self._submit_keys(_EXISTS, keys)
 
     def submit_batch_delete(self, keys):
-        return self._submit(_DELETE, keys, None)
+        return self._submit_keys(_DELETE, keys)
 
     def drain_completions(self):
         """Finished batches: [(future_id, ok, error, per_key or None)]; never blocks."""
         with self._drain_lock:
-            try:
-                os.eventfd_read(self._efd)
-            except BlockingIOError:
-                pass
-            with self._lock:
-                clients = [s.client for s in self._spaces.values() if s.client is not None]
-                clients += self._retiring
-            for c in clients:
-                self._drain_client(c)
-            with self._done_lock:
-                done, self._done = self._done, []
+            # The eventfd is read only when written: most batches complete through a kvnode
+            # client's event fd (and a read that finds nothing costs an exception). Read
+            # without the lock, _signalled and _done may miss a batch finishing meanwhile:
+            # its write keeps event_fd readable, and the next call takes it.
+            if self._signalled:
+                with self._done_lock:
+                    if self._signalled:
+                        self._signalled = False
+                        try:
+                            os.eventfd_read(self._efd)
+                        except BlockingIOError:
+                            pass
+            for c in self._clients:     # their kvnode completions into LMCache's
+                got = _DRAIN_MAX
+                while got == _DRAIN_MAX:
+                    try:
+                        done = c._drain_tuples(_DRAIN_MAX)
+                    except kvnode.Error:
+                        break
+                    got = len(done)
+                    if got:
+                        with self._lock:
+                            for ticket, _, count, error, per_key in done:
+                                self._finish(c, ticket, count, error, per_key)
+            if self._retiring:
+                self._close_retired()
+            done, self._drained = self._drained, []
+            if self._done:
+                with self._done_lock:
+                    done += self._done
+                    self._done = []
             return done
 
     def clear(self):
@@ -294,7 +331,10 @@ class KvnodeL2Connector:
                 if s.client is not None:
                     clients.append(s.client)
                 s.client, s.queue = None, []
-            self._retiring, self._tickets = [], {}
+            self._retiring, self._tickets, self._clients = [], {}, ()
+            self._fast = ()
+        with self._done_lock:
+            self._efd_open = self._signalled = False
         for c in clients:
             c.close()
         self._epoll.close()
@@ -303,9 +343,16 @@ class KvnodeL2Connector:
     # ------------------------------------------------------------ inside
 
     def _complete(self, fid, ok, error, per_key):
+        self._push((fid, ok, error, per_key))
+
+    def _push(self, item):
+        """A finished batch for drain_completions, and event_fd made readable: one write
+        until drain_completions reads it (none once the fd is closed)."""
         with self._done_lock:
-            self._done.append((fid, ok, error, per_key))
-        os.eventfd_write(self._efd, 1)
+            self._done.append(item)
+            if not self._signalled and self._efd_open:
+                self._signalled = True
+                os.eventfd_write(self._efd, 1)
 
     def _warn(self, text):
         if not self._warned:
@@ -327,14 +374,23 @@ class KvnodeL2Connector:
                                 block_bytes=size, tp_size=self.tp_size, tp_rank=self.tp_rank,
                                 extra=extra, revision=self.model_revision)
             s = self._spaces[size] = _Space(size, lay)
+            self._known = self._fast = None
         return s
 
     def _known_spaces(self):
-        """Every space a key may be in: the sizes of block_bytes and those seen so far."""
-        for size in ([self.block_bytes] if self.block_bytes is not None else []) + \
-                self._more_sizes:
-            self._space(size)
-        return list(self._spaces.values())
+        """Every space a key may be in: the sizes of block_bytes and those seen so far
+        (listed again only when a space was added). Lock held."""
+        if self._known is None:
+            for size in ([self.block_bytes] if self.block_bytes is not None else []) + \
+                    self._more_sizes:
+                self._space(size)
+            self._known = list(self._spaces.values())
+        return self._known
+
+    def _set_clients(self):
+        """The clients drain_completions drains: the spaces' and the retiring. Lock held."""
+        self._clients = tuple(s.client for s in self._spaces.values()
+                              if s.client is not None) + tuple(self._retiring)
 
     def _submit(self, op, keys, views):
         fid = next(self._ids)
@@ -360,12 +416,7 @@ class KvnodeL2Connector:
         folded, checks = kvnode.fold_digests(keys)
         batch = _Batch(fid, op, n, folded, checks, views)
         with self._lock:
-            if views is None:
-                parts = [(s, None) for s in self._known_spaces()]
-                if not parts:       # no size known yet: nothing can be stored
-                    self._complete(fid, True, "", batch.hits)
-                    return fid
-            elif len(set(sizes)) == 1:
+            if len(set(sizes)) == 1:
                 parts = [(self._space(sizes[0]), None)]
             else:
                 groups = {}
@@ -380,6 +431,90 @@ class KvnodeL2Connector:
             for space, idx in parts:
                 self._send(batch, space, idx)
         return fid
+
+    def _submit_keys(self, op, keys):
+        """exists / delete: every key to every size known. The keys are folded into this
+        thread's scratch arrays (libkvnode copies them at submit); when every size's
+        connection is up and answers per key (the usual case: _fast) each gets one
+        request at once, else _send_keys takes the batch (with arrays of its own)."""
+        fid = next(self._ids)
+        n = len(keys)
+        if self._closing:
+            self._complete(fid, False, "kvnode.lmcache: the connector was closed", None)
+            return fid
+        if n == 0:
+            self._complete(fid, True, "", [])
+            return fid
+        sc = self._scratch
+        karr = getattr(sc, "keys", None)
+        if karr is None or len(karr) < n:
+            size = 1 << (n - 1).bit_length()
+            karr = sc.keys = (ctypes.c_int64 * size)()
+            sc.checks = (ctypes.c_uint64 * size)()
+        carr = sc.checks
+        try:
+            text = "\0".join(keys).encode("utf-8")
+        except TypeError:       # not all strings (bytes keys)
+            text = None
+        scratch = text is not None and _fold_text is not None and \
+            _fold_text(text, len(text), n, karr, carr) == n
+        if not scratch:         # (a NUL in a key, a libkvnode without kvnode_fold_text)
+            karr, carr = kvnode.fold_digests(keys)
+        fn = _submit_exists if op == _EXISTS else _submit_delete_each
+        with self._lock:
+            fast = self._fast if self._fast is not None else self._fast_spaces()
+            if len(fast) == 1:  # one size: the request is the batch (no _Batch to track)
+                space = fast[0]
+                c = space.client
+                try:
+                    t = c._submit_each(fn, karr, carr if space.checks_on else None, n)
+                except Exception as e:  # noqa: BLE001 - reported through the completion
+                    if isinstance(e, _DISCONNECTED):
+                        self._retire(space, c)
+                    self._complete(fid, False, "%s: %s" % (type(e).__name__, e), None)
+                    return fid
+                self._tickets[(id(c), t)] = (fid, space, _WHOLE)
+                return fid
+            batch = _Batch(fid, op, n, karr, carr, None)
+            if not fast:
+                self._send_keys(batch, scratch)
+                return fid
+            batch.parts = len(fast)
+            for space in fast:
+                c = space.client
+                try:
+                    t = c._submit_each(fn, karr, carr if space.checks_on else None, n)
+                except Exception as e:  # noqa: BLE001 - reported through the completion
+                    self._submit_failed(batch, space, c, e)
+                    continue
+                self._tickets[(id(c), t)] = (batch, space, None)
+            batch.folded = batch.checks = None      # sent (scratch: this thread's again)
+        return fid
+
+    def _fast_spaces(self):
+        """The spaces an exists or delete is sent to at once, one request each answered
+        per key: every known space when each is connected to a kvnoded that answers per
+        key, else none (kept in _fast until a space or connection changes). Lock held."""
+        spaces = self._known_spaces()
+        ready = all(s.client is not None and s.per_key_on for s in spaces)
+        self._fast = tuple(spaces) if ready else ()
+        return self._fast
+
+    def _send_keys(self, batch, scratch):
+        """An exists or delete not sent at once: to each known space, waiting for its
+        connect or one request per key (scratch: batch's arrays are this thread's
+        scratch, copied here). Lock held."""
+        spaces = self._known_spaces()
+        if not spaces:          # no size known yet: nothing can be stored
+            self._complete(batch.fid, True, "", [False] * batch.n)
+            return
+        if scratch:             # requests sent later: arrays of the batch's own
+            n = batch.n
+            batch.folded = (ctypes.c_int64 * n).from_buffer_copy(batch.folded)
+            batch.checks = (ctypes.c_uint64 * n).from_buffer_copy(batch.checks)
+        batch.parts = len(spaces)
+        for space in spaces:
+            self._send(batch, space, None)
 
     def _send(self, batch, space, idx):
         """Send the keys idx (None: all) of batch to space, or queue them while it connects
@@ -436,6 +571,8 @@ class KvnodeL2Connector:
             space.client, space.checks_on = c, c.has_check_words
             space.per_key_on = getattr(c, "has_per_key", False)
             self._epoll.register(c.event_fd, select.EPOLLIN)
+            self._set_clients()
+            self._fast = None
             for batch, idx in queue:
                 self._request(batch, space, c, idx)
 
@@ -454,6 +591,7 @@ class KvnodeL2Connector:
         """Stop using client (its connection is gone). Lock held."""
         if space.client is client:
             space.client = None
+            self._fast = None
             space.retry_at = time.monotonic() + self.reconnect_interval_s
             try:
                 client.cancel()
@@ -495,15 +633,19 @@ class KvnodeL2Connector:
                 else:
                     t = c.submit_delete(keys, checks=ch)
             except Exception as e:  # noqa: BLE001 - reported through the completion
-                if isinstance(e, _DISCONNECTED):
-                    self._retire(space, c)
-                self._part_done(batch, "%s: %s" % (type(e).__name__, e))
+                self._submit_failed(batch, space, c, e)
                 continue
             self._tickets[(id(c), t)] = (batch, space, u)
 
+    def _submit_failed(self, batch, space, c, e):
+        """A submit of batch to client c raised e. Lock held."""
+        if isinstance(e, _DISCONNECTED):
+            self._retire(space, c)
+        self._part_done(batch, "%s: %s" % (type(e).__name__, e))
+
     def _part_done(self, batch, error=None, signal=True):
         """One request of batch finished (with error, or None); the batch completes with
-        its last one. Lock held."""
+        its last one. Lock held; signal False: and drain_completions' (called from it)."""
         if error is not None and batch.error is None:
             batch.error = error
         batch.parts -= 1
@@ -512,42 +654,59 @@ class KvnodeL2Connector:
         batch.views = None
         if batch.error is not None:
             item = (batch.fid, False, batch.error, None)
-        else:       # a set answers for the batch (LMCache's adapter reads only ok there)
-            item = (batch.fid, True, "", None if batch.op == _SET else batch.hits)
-        with self._done_lock:
-            self._done.append(item)
+        elif batch.op == _SET:  # answers for the batch (LMCache's adapter reads only ok there)
+            item = (batch.fid, True, "", None)
+        else:
+            hits = batch.hits
+            item = (batch.fid, True, "", hits if hits is not None else [False] * batch.n)
         if signal:
-            os.eventfd_write(self._efd, 1)
+            self._push(item)
+        else:       # inside drain_completions (its lock held), which returns it
+            self._drained.append(item)
 
-    def _finish(self, c, comp):
-        """A kvnode completion of client c: per-key answers, and the requests that follow
-        a prefix answer (kvnode's MATCH and GET stop at the first miss). Lock held."""
-        batch, space, u = self._tickets.pop((id(c), comp.ticket), (None, None, None))
+    def _finish(self, c, ticket, count, error, per_key):
+        """A kvnode completion of client c (drain's tuple, less its op): per-key answers,
+        and the requests that follow a prefix answer (kvnode's MATCH and GET stop at the
+        first miss). Lock held."""
+        batch, space, u = self._tickets.pop((id(c), ticket), _NO_TICKET)
+        if u is _WHOLE:     # a batch of one request answered per key; batch: its future id
+            if per_key is not None:
+                self._drained.append((batch, True, "", per_key))
+                return
+            if isinstance(error, _DISCONNECTED):
+                self._retire(space, c)
+                self._warn(str(error))
+            self._drained.append((batch, False, "%s: %s" % (type(error).__name__, error)
+                                  if error is not None else "no per-key answer", None))
+            return
         if batch is None:
             return
-        if comp.error is not None:
-            if isinstance(comp.error, _DISCONNECTED):
-                self._retire(space, c)
-                self._warn(str(comp.error))
-            self._part_done(batch, "%s: %s" % (type(comp.error).__name__, comp.error), False)
+        if per_key is not None and batch.parts == 1 and u is None and batch.hits is None \
+                and batch.error is None:
+            # the usual exists / delete: the batch's one request, answered per key
+            batch.parts = 0
+            self._drained.append((batch.fid, True, "", per_key))
             return
-        if batch.error is None and comp.per_key is not None:
+        if error is not None:
+            if isinstance(error, _DISCONNECTED):
+                self._retire(space, c)
+                self._warn(str(error))
+            self._part_done(batch, "%s: %s" % (type(error).__name__, error), False)
+            return
+        if batch.error is None and per_key is not None:
             # exists / delete answered per key (an older kvnoded answers a prefix or count)
             hits = batch.hits
-            if u is None and not any(hits):
-                batch.hits = list(comp.per_key)      # the whole batch in one answer
-            elif u is None:
-                for i, yes in enumerate(comp.per_key):
-                    if yes:
-                        hits[i] = True
+            if u is None and hits is None:
+                batch.hits = per_key                # the whole batch in one answer (ours)
             else:
-                for i, yes in zip(u, comp.per_key):
+                hits = self._hits(batch)
+                for i, yes in zip(range(batch.n) if u is None else u, per_key):
                     if yes:
                         hits[i] = True
         elif batch.error is None:
             keys = range(batch.n) if u is None else u
-            got = min(comp.count, len(keys))
-            hits = batch.hits
+            got = min(count, len(keys))
+            hits = self._hits(batch)
             if batch.op == _DELETE:
                 if got:
                     hits[keys[0]] = True
@@ -567,21 +726,19 @@ class KvnodeL2Connector:
                     self._part_done(batch, "kvnoded connection lost", False)
         self._part_done(batch, None, False)
 
-    def _drain_client(self, c):
-        """Turn c's kvnode completions into LMCache's; close c once retired and drained."""
-        while True:
-            try:
-                done = c.drain(256)
-            except kvnode.Error:
-                return
-            with self._lock:
-                for comp in done:
-                    self._finish(c, comp)
-            if len(done) < 256:
-                break
+    @staticmethod
+    def _hits(batch):
+        """batch's per-key answers as a list of its own, made on first use."""
+        if batch.hits is None:
+            batch.hits = [False] * batch.n
+        return batch.hits
+
+    def _close_retired(self):
+        """Close the retired clients whose tickets have all been drained."""
         with self._lock:
-            if c in self._retiring and c.pending == 0:
+            for c in [c for c in self._retiring if c.pending == 0]:
                 self._retiring.remove(c)
+                self._set_clients()
                 try:
                     self._epoll.unregister(c.event_fd)
                 except (OSError, ValueError, kvnode.Error):

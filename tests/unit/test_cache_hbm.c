@@ -262,6 +262,20 @@ START_TEST(hbm_put_lands_on_the_owners_device)
 }
 END_TEST
 
+/* A warm restart hands over host blocks only: HBM is the process's. */
+START_TEST(hbm_blocks_are_not_handed_over)
+{
+    struct cache_ho h;
+    ck_assert_uint_eq(put_hbm(&cpu, 1, 4), 0);     /* host */
+    ck_assert_uint_eq(put_hbm(&gpu0, 5, 4), 4);    /* HBM */
+    ck_assert_int_eq(cache_handover_collect(cache, &h), 0);
+    ck_assert_uint_eq(h.n, 4);
+    for (size_t i = 0; i < h.n; i++)
+        ck_assert_int_lt(h.blocks[i].key, 5);
+    cache_ho_free(&h);
+}
+END_TEST
+
 START_TEST(reader_without_the_arena_gets_a_shorter_prefix)
 {
     struct cache_loc locs[8];
@@ -996,6 +1010,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, hbm_put_lands_on_the_owners_device);
+    tcase_add_test(tc, hbm_blocks_are_not_handed_over);
     tcase_add_test(tc, reader_without_the_arena_gets_a_shorter_prefix);
     tcase_add_test(tc, demotion_keeps_every_byte_and_stops_at_the_low_watermark);
     tcase_add_test(tc, pinned_blocks_are_never_demoted);

@@ -9,11 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 
 #include "cache/cache.h"
 #include "config/config.h"
+#include "kvnode.h"
 #include "core/log.h"
 #include "mem/index.h"
 #include "tenants/tenants.h"
@@ -63,7 +65,7 @@ START_TEST(no_sections_one_default_tenant_with_everything)
     struct tenants *ts;
     char err[512];
 
-    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    ck_assert_int_eq(tenants_create(base, cfg, NULL, &ts, err, sizeof err), 0);
     ck_assert(!tenants_configured(ts));
     ck_assert_uint_eq(tenants_count(ts), 1);
     struct tenant *t = tenants_default(ts);
@@ -92,7 +94,7 @@ START_TEST(sections_get_their_own_caches)
     struct tenants *ts;
     char err[512];
 
-    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    ck_assert_int_eq(tenants_create(base, cfg, NULL, &ts, err, sizeof err), 0);
     ck_assert(tenants_configured(ts));
     ck_assert_uint_eq(tenants_count(ts), 3);
     struct tenant *d = tenants_at(ts, 0), *a = tenants_at(ts, 1), *b = tenants_at(ts, 2);
@@ -142,7 +144,7 @@ START_TEST(default_without_memory_has_no_cache)
     struct tenants *ts;
     char err[512];
 
-    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    ck_assert_int_eq(tenants_create(base, cfg, NULL, &ts, err, sizeof err), 0);
     ck_assert_uint_eq(tenants_default(ts)->host_bytes, 0);
     ck_assert_ptr_null(tenants_default(ts)->cache);
     struct cache *caches[4];
@@ -164,7 +166,7 @@ START_TEST(reload_moves_uids_and_limits)
     struct tenants *ts;
     char err[512];
 
-    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    ck_assert_int_eq(tenants_create(base, cfg, NULL, &ts, err, sizeof err), 0);
     struct tenant *d = tenants_at(ts, 0), *a = tenants_at(ts, 1), *b = tenants_at(ts, 2);
     ck_assert_ptr_eq(tenants_for_peer(ts, 101, 0, NULL, 0), b);
     tenants_apply_config(ts, next);
@@ -194,7 +196,7 @@ START_TEST(supplementary_groups_count_as_admission_counts_them)
     struct tenants *ts;
     char err[512];
 
-    ck_assert_int_eq(tenants_create(base, cfg, &ts, err, sizeof err), 0);
+    ck_assert_int_eq(tenants_create(base, cfg, NULL, &ts, err, sizeof err), 0);
     struct tenant *d = tenants_at(ts, 0), *a = tenants_at(ts, 1), *b = tenants_at(ts, 2);
     const gid_t in_b[] = { 7, 250, 900 }, in_a_and_b[] = { 200, 300 }, in_none[] = { 1, 2, 3 };
     ck_assert_ptr_eq(tenants_for_peer(ts, 7, 7, in_b, 3), b);
@@ -210,12 +212,130 @@ START_TEST(supplementary_groups_count_as_admission_counts_them)
 }
 END_TEST
 
+/* Warm restarts: n blocks (keys 1..n) put into t's cache, committed. */
+static void put_blocks(struct cache *c, size_t n)
+{
+    const struct ns_layout l = { .model = "m", .dtype = "bf16", .block_tokens = 16, .block_bytes = 65536,
+                                 .num_layers = 1, .kv_heads = 1, .head_dim = 1, .tp_size = 1 };
+    struct kv_namespace *ns;
+    struct lease_list owner = { 0 };
+    int64_t keys[32];
+    struct cache_loc locs[32];
+    uint64_t lid;
+    uint32_t blocks;
+    char err[512];
+    ck_assert_uint_le(n, 32);
+    ck_assert_int_eq(cache_bind(c, &l, &ns, err, sizeof err), 0);
+    for (size_t i = 0; i < n; i++)
+        keys[i] = 1 + (int64_t)i;
+    struct cache_put_req req = { .ns = ns, .owner = &owner, .keys = keys, .n = n, .tier = KVNODE_TIER_HOST };
+    ck_assert_int_eq(cache_put_begin(c, &req, &lid, locs, err, sizeof err), 0);
+    ck_assert_int_eq(cache_lease_end(c, &owner, lid, LEASE_WRITE, true, &blocks, err, sizeof err), 0);
+    ck_assert_uint_eq(blocks, n);
+    cache_release_owner(c, &owner);
+    cache_unbind(c, ns);
+}
+
+/* What a stopping daemon of ts hands over, each tenant's memfd duplicated. */
+static void hand_over(struct tenants *ts, struct tenants_warm *tw, struct cache_ho *hos)
+{
+    memset(tw, 0, sizeof *tw);
+    for (size_t i = 0; i < tenants_count(ts); i++) {
+        struct tenant *t = tenants_at(ts, i);
+        if (!t->cache)
+            continue;
+        ck_assert_int_eq(cache_handover_collect(t->cache, &hos[tw->n]), 0);
+        struct tenants_warm_one *w = &tw->t[tw->n];
+        snprintf(w->name, sizeof w->name, "%s", t->name);
+        w->host_bytes = t->host_bytes;
+        w->fd = dup(host_fd(t->cache));
+        w->ho = &hos[tw->n++];
+    }
+}
+
+static uint64_t adopted(struct tenant *t)
+{
+    struct cache_stats *st = malloc(sizeof *st);
+    cache_get_stats(t->cache, st);
+    uint64_t n = st->adopted_blocks;
+    free(st);
+    return n;
+}
+
+/* A tenant no longer configured has its blocks dropped; the others keep theirs. */
+START_TEST(warm_restart_drops_the_blocks_of_a_tenant_that_is_gone)
+{
+    const char *const before[] = { "memory.host_bytes=16MiB", "tenant.a.uids=100", "tenant.a.host_bytes=8MiB",
+                                   NULL };
+    const char *const after[] = { "memory.host_bytes=8MiB", NULL };   /* default: 8MiB both times */
+    struct kvn_config *c1 = config_with(before), *c2 = config_with(after);
+    struct tenants *ts, *ts2;
+    struct tenants_warm tw;
+    struct cache_ho hos[TENANTS_MAX];
+    char err[512];
+
+    ck_assert_int_eq(tenants_create(base, c1, NULL, &ts, err, sizeof err), 0);
+    put_blocks(tenants_at(ts, 0)->cache, 5);
+    put_blocks(tenants_at(ts, 1)->cache, 7);
+    hand_over(ts, &tw, hos);
+    ck_assert_uint_eq(tw.n, 2);
+    ck_assert_int_eq(tenants_create(base, c2, &tw, &ts2, err, sizeof err), 0);
+    ck_assert_msg(tw.adopted, "not adopted: %s", tw.why);
+    ck_assert_uint_eq(tw.dropped_blocks, 7);
+    ck_assert_uint_eq(tenants_count(ts2), 1);
+    ck_assert_uint_eq(adopted(tenants_at(ts2, 0)), 5);
+    for (size_t i = 0; i < tw.n; i++) {
+        ck_assert_int_eq(tw.t[i].fd, -1);   /* every fd taken */
+        cache_ho_free(&hos[i]);
+    }
+    tenants_destroy(ts2);
+    tenants_destroy(ts);
+    free(c1);
+    free(c2);
+}
+END_TEST
+
+/* One tenant's geometry changed: nothing is adopted, by any tenant. */
+START_TEST(warm_restart_is_all_or_nothing)
+{
+    const char *const before[] = { "memory.host_bytes=16MiB", "tenant.a.uids=100", "tenant.a.host_bytes=8MiB",
+                                   NULL };
+    const char *const after[] = { "memory.host_bytes=16MiB", "tenant.a.uids=100", "tenant.a.host_bytes=4MiB",
+                                  NULL };
+    struct kvn_config *c1 = config_with(before), *c2 = config_with(after);
+    struct tenants *ts, *ts2;
+    struct tenants_warm tw;
+    struct cache_ho hos[TENANTS_MAX];
+    char err[512];
+
+    ck_assert_int_eq(tenants_create(base, c1, NULL, &ts, err, sizeof err), 0);
+    put_blocks(tenants_at(ts, 0)->cache, 5);
+    put_blocks(tenants_at(ts, 1)->cache, 7);
+    hand_over(ts, &tw, hos);
+    ck_assert_int_eq(tenants_create(base, c2, &tw, &ts2, err, sizeof err), 0);
+    ck_assert(!tw.adopted);
+    ck_assert_msg(strstr(tw.why, "host tier") != NULL, "why: %s", tw.why);
+    for (size_t i = 0; i < tenants_count(ts2); i++)
+        ck_assert_uint_eq(adopted(tenants_at(ts2, i)), 0);
+    for (size_t i = 0; i < tw.n; i++) {
+        ck_assert_int_eq(tw.t[i].fd, -1);
+        cache_ho_free(&hos[i]);
+    }
+    tenants_destroy(ts2);
+    tenants_destroy(ts);
+    free(c1);
+    free(c2);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("tenants");
     TCase *tc = tcase_create("tenants");
     tcase_set_timeout(tc, 30);
     tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, warm_restart_drops_the_blocks_of_a_tenant_that_is_gone);
+    tcase_add_test(tc, warm_restart_is_all_or_nothing);
     tcase_add_test(tc, no_sections_one_default_tenant_with_everything);
     tcase_add_test(tc, sections_get_their_own_caches);
     tcase_add_test(tc, default_without_memory_has_no_cache);
