@@ -745,10 +745,10 @@ static void index_lru_list_entry(struct kv_index *ix, struct index_entry *e, boo
 
 /* A use marks in place only when the use just before it in the same chain
  * (index_lru_chain_begin; its next leaf: chains are refreshed tail-first)
- * marked too, or there was none. Once a chain's
- * leaf had to be relinked at the newest end (it was in a heap, in another
- * class, or pinned), its roots are relinked after it too, so that no root
- * stays ahead of its leaves in a list (order_settle relies on it). */
+ * marked too, or there was none. Once a chain's leaf had to be relinked at
+ * the newest end (it was in a heap, in another class, or pinned), its roots
+ * are relinked after it too, so that no root stays ahead of its leaves in a
+ * list (order_settle relies on it). */
 void index_lru_touch(struct kv_index *ix, struct index_entry *e)
 {
     if (e->on_lru && e->lru_arena == e->arena && e->lru_cls == e->cls && !e->lru_heap && !e->ns_heap &&
