@@ -140,6 +140,7 @@ struct cache {
     struct event *evict_ev;
     bool evict_scheduled;
     struct event *reap_ev;
+    struct event *settle_ev;     /* background settle of the host LRU (evict.c) */
 
     /* counters */
     uint64_t evicted_dropped;
@@ -156,6 +157,10 @@ struct cache {
     uint64_t reservations_refused;  /* puts over leases.max_reserved_per_client */
     uint64_t namespaces_reclaimed;  /* idle namespaces released at the limit */
     uint64_t promotions, promotions_ok, promotions_failed;
+    /* promote.c: the promotions in flight by entry (an index entry has no
+     * room for a pointer to its record); open addressing, load <= 1/2. */
+    struct cache_promo **promo_tab;
+    size_t promo_cap, promo_n;
     uint64_t lookups, lookup_found;
     uint64_t lookup_reads;      /* GETs' runs of unknown keys read at once, no lookup first */
     uint64_t lookup_negative_hits;  /* runs of unknown keys the negative cache ended */
@@ -321,6 +326,11 @@ bool cache_make_room(struct cache *c, uint32_t cls);
 bool cache_quota_room(struct cache *c, struct kv_namespace *ns);
 uint64_t cache_quota_stuck(struct cache *c, struct kv_namespace *ns);
 void cache_reap_cb(evutil_socket_t fd, short what, void *arg);
+/* Moves the marked entries at the host arena's LRU oldest ends to their
+ * places, a batch per loop iteration until none is left there; started from
+ * every reaper tick. */
+void cache_settle_cb(evutil_socket_t fd, short what, void *arg);
+void cache_settle_schedule(struct cache *c);
 
 /* demote.c: demotion scheduled when an HBM arena wants a batch. */
 void cache_demote_maybe_schedule(struct cache *c);

@@ -191,11 +191,12 @@ static int cache_create_as(struct event_base *base, const struct kvn_config *cfg
     }
     c->evict_ev = event_new(base, -1, 0, cache_evict_cb, c);
     c->reap_ev = event_new(base, -1, EV_PERSIST, cache_reap_cb, c);
+    c->settle_ev = evtimer_new(base, cache_settle_cb, c);
     c->demote_ev = event_new(base, -1, 0, cache_demote_cb, c);
     c->demote_retry_ev = evtimer_new(base, cache_demote_retry_cb, c);
     c->retry_ev = evtimer_new(base, cache_retry_cb, c);
     c->put_wake_ev = event_new(base, -1, 0, cache_put_wake_cb, c);
-    if (!c->evict_ev || !c->reap_ev || !c->demote_ev || !c->demote_retry_ev || !c->retry_ev || !c->put_wake_ev ||
+    if (!c->evict_ev || !c->reap_ev || !c->settle_ev || !c->demote_ev || !c->demote_retry_ev || !c->retry_ev || !c->put_wake_ev ||
         keylock_create(&c->keylocks) < 0) {
         errmsg_set(err, errlen, "cannot create cache events");
         rc = -KVNODE_ENOMEM;
@@ -237,6 +238,8 @@ void cache_destroy(struct cache *c)
         event_free(c->evict_ev);
     if (c->reap_ev)
         event_free(c->reap_ev);
+    if (c->settle_ev)
+        event_free(c->settle_ev);
     if (c->demote_ev)
         event_free(c->demote_ev);
     if (c->demote_retry_ev)
@@ -251,6 +254,7 @@ void cache_destroy(struct cache *c)
         free(r);
     }
     free(c->match_found);
+    free(c->promo_tab);
     keylock_destroy(c->keylocks);
     negcache_destroy(c->negcache);
     if (c->leases)
@@ -670,6 +674,7 @@ uint32_t cache_lease_finish(struct cache *c, struct lease *l, bool commit)
     if (l->kind == LEASE_READ) {
         /* The reader used them: refresh tail-first so the chain's root
          * becomes the newest. */
+        index_lru_chain_begin(c->index);
         for (size_t i = l->n; i-- > 0;) {
             if (!l->entries[i])
                 continue;

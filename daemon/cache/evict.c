@@ -12,6 +12,13 @@
  * neither holds the loop for long. */
 #define EVICT_BATCH 256u
 #define REAP_BATCH 1024u
+/* Marked LRU entries moved to their places per loop iteration, by the
+ * background settle and before the background evictor takes victims
+ * (mem/index.h): after a long run of MATCHes with nothing evicted, the moves
+ * are spread over iterations, so that an eviction on demand, which moves at
+ * most INDEX_OLDEST_SETTLE_BUDGET, rarely meets more and takes the exact LRU
+ * victim. About 1 ms of moves at 1 M entries. */
+#define EVICT_SETTLE_BATCH 8192u
 
 /* --- eviction ------------------------------------------------------------- */
 
@@ -49,6 +56,15 @@ void cache_evict_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     c->evict_scheduled = false;
+    if (cache_over_after_writeback(c, c->low_watermark) &&
+        !index_lru_settle_arena(c->index, arena_id(c->host), EVICT_SETTLE_BATCH)) {
+        /* More moves next iteration: a timer of 0, as libevent runs an event
+         * activated from its own callback again in the same pass, before I/O. */
+        c->evict_scheduled = true;
+        if (event_add(c->evict_ev, &(struct timeval){ 0, 0 }) < 0)
+            event_active(c->evict_ev, 0, 0);
+        return;
+    }
     for (unsigned i = 0; i < EVICT_BATCH; i++) {
         if (!cache_over_after_writeback(c, c->low_watermark))
             return;
@@ -70,6 +86,26 @@ void cache_evict_cb(evutil_socket_t fd, short what, void *arg)
         c->evict_scheduled = true;
         event_active(c->evict_ev, 0, 0);
     }
+}
+
+/* Background settle: started from every reaper tick, a batch per loop
+ * iteration (a timer of 0 between batches lets I/O in) until no class order
+ * of the host arena starts with a marked entry. Cheap when none does: one
+ * look at each class's oldest. */
+void cache_settle_schedule(struct cache *c)
+{
+    struct timeval now = { 0, 0 };
+    if (c->settle_ev && c->host && !evtimer_pending(c->settle_ev, NULL))
+        evtimer_add(c->settle_ev, &now);
+}
+
+void cache_settle_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct cache *c = arg;
+    (void)fd;
+    (void)what;
+    if (!index_lru_settle_arena(c->index, arena_id(c->host), EVICT_SETTLE_BATCH))
+        cache_settle_schedule(c);
 }
 
 /* --- room on demand and namespace quotas ------------------------------------- */
@@ -150,4 +186,5 @@ void cache_reap_cb(evutil_socket_t fd, short what, void *arg)
     /* A device that went down while nothing was copied (a store write met
      * its sticky error, say) is noticed here at the latest. */
     cache_demote_maybe_schedule(c);
+    cache_settle_schedule(c);
 }

@@ -194,7 +194,7 @@ static size_t cache_index_found(struct cache *c, struct kv_namespace *ns, const 
         e->check = cache_check_at(checks, i);
         e->state = ENTRY_GHOST;
         e->tier = KVNODE_TIER_HOST;
-        e->arena = UINT32_MAX;
+        e->arena = INDEX_NO_ARENA;
         e->persist = PERSIST_STORED;
         ns->stored++;
         c->ghosts++;
@@ -380,6 +380,78 @@ struct cache_promo {
 
 static void cache_promo_done(void *arg, int rc);
 
+static size_t promo_slot(const struct index_entry *e, size_t mask)
+{
+    uint64_t x = (uint64_t)(uintptr_t)e * 0x9e3779b97f4a7c15ull;
+    return (size_t)(x ^ (x >> 32)) & mask;
+}
+
+/* Room in the table for one more record: 0 or -KVNODE_ENOMEM. */
+static int promo_tab_reserve(struct cache *c)
+{
+    if ((c->promo_n + 1) * 2 <= c->promo_cap)
+        return 0;
+    size_t cap = c->promo_cap ? c->promo_cap * 2 : 64;
+    struct cache_promo **t = calloc(cap, sizeof *t);
+    if (!t)
+        return -KVNODE_ENOMEM;
+    for (size_t i = 0; i < c->promo_cap; i++) {
+        struct cache_promo *p = c->promo_tab[i];
+        if (!p)
+            continue;
+        size_t j = promo_slot(p->e, cap - 1);
+        while (t[j])
+            j = (j + 1) & (cap - 1);
+        t[j] = p;
+    }
+    free(c->promo_tab);
+    c->promo_tab = t;
+    c->promo_cap = cap;
+    return 0;
+}
+
+/* Where e's record is, or the free slot it would go to. */
+static size_t promo_tab_find(const struct cache *c, const struct index_entry *e)
+{
+    size_t mask = c->promo_cap - 1, i = promo_slot(e, mask);
+    while (c->promo_tab[i] && c->promo_tab[i]->e != e)
+        i = (i + 1) & mask;
+    return i;
+}
+
+/* After promo_tab_reserve. */
+static void promo_tab_put(struct cache *c, struct cache_promo *p)
+{
+    c->promo_tab[promo_tab_find(c, p->e)] = p;
+    c->promo_n++;
+}
+
+static struct cache_promo *promo_tab_get(const struct cache *c, const struct index_entry *e)
+{
+    return c->promo_cap ? c->promo_tab[promo_tab_find(c, e)] : NULL;
+}
+
+/* Remove e's record, moving later ones of its run back so that every
+ * record stays reachable from its home slot. */
+static void promo_tab_del(struct cache *c, const struct index_entry *e)
+{
+    size_t mask = c->promo_cap - 1, i = promo_tab_find(c, e);
+    if (!c->promo_tab[i])
+        return;
+    c->promo_tab[i] = NULL;
+    c->promo_n--;
+    for (size_t j = (i + 1) & mask; c->promo_tab[j]; j = (j + 1) & mask) {
+        size_t k = promo_slot(c->promo_tab[j]->e, mask);
+        /* Stays when its home k lies cyclically in (i, j]. */
+        bool stays = i < j ? (k > i && k <= j) : (k > i || k <= j);
+        if (!stays) {
+            c->promo_tab[i] = c->promo_tab[j];
+            c->promo_tab[j] = NULL;
+            i = j;
+        }
+    }
+}
+
 /* Read a ghost back into a host slot. 0 when the read is on its way (the
  * entry is PROMOTING, pinned by the read); < 0 when there is no room or the
  * store queue refused it (the entry stays a ghost). */
@@ -391,7 +463,7 @@ int cache_promote(struct cache *c, struct kv_namespace *ns, struct index_entry *
     if (!cache_quota_room(c, ns) || !cache_make_room(c, ns->cls) ||
         arena_alloc(c->host, ns->cls, &off) < 0)
         return -KVNODE_ENOSPC;
-    p = calloc(1, sizeof *p);
+    p = promo_tab_reserve(c) == 0 ? calloc(1, sizeof *p) : NULL;
     if (!p) {
         arena_free(c->host, off);
         return -KVNODE_ENOMEM;
@@ -414,7 +486,7 @@ int cache_promote(struct cache *c, struct kv_namespace *ns, struct index_entry *
     e->arena = arena_id(c->host);
     e->cls = ns->cls;
     e->offset = off;
-    e->promo = p;
+    promo_tab_put(c, p);
     e->pins++;
     ns->reserved += ns->layout.block_bytes;
     c->promotions++;
@@ -424,8 +496,8 @@ int cache_promote(struct cache *c, struct kv_namespace *ns, struct index_entry *
 /* w waits for e's promotion (counted in w->outstanding). */
 static int cache_promo_wait(struct cache_wait *w, struct index_entry *e)
 {
-    struct cache_promo *p = e->promo;
-    struct promo_waiter *wt = malloc(sizeof *wt);
+    struct cache_promo *p = promo_tab_get(w->c, e);
+    struct promo_waiter *wt = p ? malloc(sizeof *wt) : NULL;
     if (!wt)
         return -KVNODE_ENOMEM;
     wt->w = w;
@@ -444,7 +516,7 @@ static void cache_promo_done(void *arg, int rc)
     uint64_t bb = ns->layout.block_bytes;
 
     ns->reserved -= ns->reserved >= bb ? bb : ns->reserved;
-    e->promo = NULL;
+    promo_tab_del(c, e);
     if (!e->detached && rc == 0) {
         e->state = ENTRY_SEALED;
         e->persist = PERSIST_STORED;
@@ -547,7 +619,7 @@ void cache_add_stored(struct cache *c, const struct kvs_found *blocks, size_t n)
         e->check = f->check;
         e->state = ENTRY_GHOST;
         e->tier = KVNODE_TIER_HOST;
-        e->arena = UINT32_MAX;
+        e->arena = INDEX_NO_ARENA;
         e->persist = PERSIST_STORED;
         ns->stored++;
         c->ghosts++;

@@ -204,6 +204,8 @@ static void cache_put_shield(struct put_txn *t, bool on)
     struct cache *c = t->c;
     const struct cache_put_req *req = t->req;
 
+    if (!on)
+        index_lru_chain_begin(c->index);
     for (size_t j = 0; j < req->n; j++) {
         size_t i = on ? j : req->n - 1 - j;
         if (t->locs[i].present)
@@ -425,6 +427,7 @@ uint32_t cache_put_seal(struct cache *c, struct lease *l)
         free(g);
         return 0;
     }
+    index_lru_chain_begin(c->index);
     for (size_t i = l->n; i-- > 0;) {
         struct index_entry *e = l->entries[i];
         if (!e)

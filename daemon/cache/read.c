@@ -294,6 +294,7 @@ static void cache_match_answer(struct cache *c, const struct cache_read_req *r, 
                                const struct match_end *end)
 {
     cache_count_keys(c, r->n, m, end->miss, end->mismatch);
+    index_lru_chain_begin(c->index);
     for (size_t j = m; j-- > 0;) {
         struct index_entry *e = end->found ? end->found[j] : index_lookup(c->index, r->ns->id, r->keys[j]);
         if (e && e->state == ENTRY_SEALED)
@@ -406,6 +407,7 @@ static void cache_match_each_answer(struct cache *c, const struct cache_read_req
     c->keys.absent += miss->absent;
     c->keys.writing += miss->writing;
     c->keys.check_mismatches += miss->mismatches;
+    index_lru_chain_begin(c->index);
     for (size_t j = r->n; j-- > 0;) {
         if (!(present[j / 8] & (1u << (j % 8))))
             continue;

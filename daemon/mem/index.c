@@ -18,33 +18,40 @@
 #define INDEX_REHASH_INSERT 4u
 #define INDEX_REHASH_OTHER  1u
 
-/* Entries come from chunks of the index's own, carved in order and recycled
- * through a free list: no allocator header per entry (malloc's 16 bytes on
- * a 112-byte entry), and the index grows in pages of its own rather than
- * interleaved with request and reply buffers on the heap. Chunks are kept
- * until index_destroy (the index holds memory for its peak entry count).
- * ASan builds allocate each entry on its own, so that a use after
- * index_entry_free stays visible to it. */
+/* Entries come from chunks of INDEX_CHUNK_ENTRIES of the index's own, carved
+ * in order and recycled through a free list: no allocator header per entry,
+ * and an entry's 32-bit id (chunk << INDEX_CHUNK_SHIFT | place) is what
+ * chains and lists hold instead of 8-byte pointers. Id 0 (the first chunk's
+ * first entry) is never handed out: it is "none". Chunks are kept until
+ * index_destroy (the index holds memory for its peak entry count). ASan
+ * builds poison a freed entry and never hand it out again, so a use after
+ * index_entry_free stays visible. */
 #if defined(__SANITIZE_ADDRESS__)
-#define INDEX_ENTRY_MALLOC 1
+#define INDEX_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#define INDEX_ENTRY_MALLOC 1
+#define INDEX_ASAN 1
 #endif
 #endif
-#define INDEX_CHUNK_BYTES   (64u << 10)
+#ifdef INDEX_ASAN
+#include <sanitizer/asan_interface.h>
+#define INDEX_POISON(p, n)   ASAN_POISON_MEMORY_REGION((p), (n))
+#define INDEX_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define INDEX_POISON(p, n)   ((void)(p), (void)(n))
+#define INDEX_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+#define INDEX_CHUNK_SHIFT   10u
+#define INDEX_CHUNK_ENTRIES (1u << INDEX_CHUNK_SHIFT)
+#define INDEX_CHUNK_MASK    (INDEX_CHUNK_ENTRIES - 1u)
+#define INDEX_MAX_CHUNKS    ((uint32_t)(((uint64_t)UINT32_MAX + 1) >> INDEX_CHUNK_SHIFT))
 
-struct entry_chunk {
-    struct entry_chunk *next;
-    struct index_entry e[];
-};
-#define INDEX_CHUNK_ENTRIES ((INDEX_CHUNK_BYTES - sizeof(struct entry_chunk)) / sizeof(struct index_entry))
-
+_Static_assert(sizeof(struct index_entry) == 80, "index entry grew: see index.h");
 _Static_assert(INDEX_MAX_ARENAS <= 256 && ARENA_MAX_CLASSES <= 256,
                "LRU list array would be unreasonably large");
 
 struct index_table {
-    struct index_entry **b;
+    uint32_t *b;        /* entry ids, 0: empty */
     size_t mask;        /* buckets - 1; b == NULL when the table is unused */
 };
 
@@ -58,7 +65,8 @@ struct lru_order {
     struct index_entry *head, *tail;   /* oldest at head */
     struct index_entry **heap;         /* min-heap on lru_stamp */
     uint32_t heap_n, heap_cap;
-    size_t count;                      /* in the list and the heap */
+    uint32_t count;                    /* in the list and the heap (entry ids are 32-bit) */
+    uint32_t swept_left;               /* answers from the heap before the next forced sweep */
 };
 
 static void order_free(struct lru_order *o);
@@ -72,39 +80,79 @@ struct kv_index {
     size_t lru_count;
     uint64_t seed;
     uint64_t lru_clock;
+    uint64_t lru_moved_stamp;  /* stamp of the last use that did not only mark (index_lru_touch) */
+    size_t settle_moves, oldest_moves_max, oldest_forced;   /* index_stats */
     struct lru_order lru[INDEX_MAX_ARENAS][ARENA_MAX_CLASSES];
     /* Per-namespace orders (linked through ns_prev/ns_next), ns_lru_n of them. */
     struct lru_order *ns_lru;
     uint32_t ns_lru_n;
     unsigned walks;     /* open walks: no rehash step and no growth meanwhile */
-    struct entry_chunk *chunks;          /* newest first */
-    size_t chunk_used;                   /* entries carved from the newest chunk */
-    struct index_entry *free_entries;    /* freed, linked through hash_next */
+    struct index_entry **chunks;   /* chunks[i]: the entries of ids i << INDEX_CHUNK_SHIFT.. */
+    uint32_t nchunks, chunks_cap;
+    uint32_t chunk_used;           /* entries carved from the newest chunk */
+    size_t heap_bytes;             /* the orders' heaps */
+    uint32_t free_entries;         /* id of a freed entry, linked through hash_next */
 };
+
+/* The entry of id, which is not 0. */
+static inline struct index_entry *index_entry_at(const struct kv_index *ix, uint32_t id)
+{
+    return &ix->chunks[id >> INDEX_CHUNK_SHIFT][id & INDEX_CHUNK_MASK];
+}
+
+/* The entry of id (0: NULL). */
+static inline struct index_entry *index_at(const struct kv_index *ix, uint32_t id)
+{
+    return id ? index_entry_at(ix, id) : NULL;
+}
+
+static inline uint32_t index_id_of(const struct index_entry *e)
+{
+    return e ? e->id : 0;
+}
+
+static bool index_new_chunk(struct kv_index *ix)
+{
+    if (ix->nchunks == INDEX_MAX_CHUNKS)
+        return false;
+    if (ix->nchunks == ix->chunks_cap) {
+        uint32_t cap = ix->chunks_cap ? ix->chunks_cap * 2 : 16u;
+        if (cap > INDEX_MAX_CHUNKS)
+            cap = INDEX_MAX_CHUNKS;
+        struct index_entry **t = realloc(ix->chunks, (size_t)cap * sizeof *t);
+        if (!t)
+            return false;
+        ix->chunks = t;
+        ix->chunks_cap = cap;
+    }
+    struct index_entry *ch = malloc(INDEX_CHUNK_ENTRIES * sizeof *ch);
+    if (!ch)
+        return false;
+    INDEX_POISON(ch, INDEX_CHUNK_ENTRIES * sizeof *ch);
+    ix->chunks[ix->nchunks++] = ch;
+    ix->chunk_used = ix->nchunks == 1 ? 1 : 0;   /* id 0 is none */
+    return true;
+}
 
 static struct index_entry *index_entry_alloc(struct kv_index *ix)
 {
-#ifdef INDEX_ENTRY_MALLOC
-    (void)ix;
-    return calloc(1, sizeof(struct index_entry));
-#else
-    struct index_entry *e = ix->free_entries;
-    if (e) {
+    struct index_entry *e;
+    uint32_t id = ix->free_entries;
+    if (id) {
+        e = index_entry_at(ix, id);
         ix->free_entries = e->hash_next;
     } else {
-        if (!ix->chunks || ix->chunk_used == INDEX_CHUNK_ENTRIES) {
-            struct entry_chunk *ch = malloc(INDEX_CHUNK_BYTES);
-            if (!ch)
+        if (!ix->nchunks || ix->chunk_used == INDEX_CHUNK_ENTRIES) {
+            if (!index_new_chunk(ix))
                 return NULL;
-            ch->next = ix->chunks;
-            ix->chunks = ch;
-            ix->chunk_used = 0;
         }
-        e = &ix->chunks->e[ix->chunk_used++];
+        id = (ix->nchunks - 1) << INDEX_CHUNK_SHIFT | ix->chunk_used++;
+        e = index_entry_at(ix, id);
+        INDEX_UNPOISON(e, sizeof *e);
     }
     memset(e, 0, sizeof *e);
+    e->id = id;
     return e;
-#endif
 }
 
 static uint64_t index_mix64(uint64_t x)
@@ -140,7 +188,7 @@ static int index_rehashing(const struct kv_index *ix)
 }
 
 /* The chain (ns, key) with hash h lives in, given how far a rehash got. */
-static struct index_entry **index_slot(const struct kv_index *ix, uint64_t h)
+static uint32_t *index_slot(const struct kv_index *ix, uint64_t h)
 {
     size_t i = (size_t)h & ix->t[0].mask;
     if (index_rehashing(ix) && i < ix->rehash_pos)
@@ -155,14 +203,15 @@ static void index_rehash_step(struct kv_index *ix, size_t n)
         return;
     size_t size0 = ix->t[0].mask + 1;
     while (n-- > 0 && ix->rehash_pos < size0) {
-        struct index_entry *e = ix->t[0].b[ix->rehash_pos];
-        ix->t[0].b[ix->rehash_pos] = NULL;
-        while (e) {
-            struct index_entry *next = e->hash_next;
-            struct index_entry **dst = &ix->t[1].b[(size_t)index_hash(ix, e->ns, e->key) & ix->t[1].mask];
+        uint32_t id = ix->t[0].b[ix->rehash_pos];
+        ix->t[0].b[ix->rehash_pos] = 0;
+        while (id) {
+            struct index_entry *e = index_entry_at(ix, id);
+            uint32_t next = e->hash_next;
+            uint32_t *dst = &ix->t[1].b[(size_t)index_hash(ix, e->ns, e->key) & ix->t[1].mask];
             e->hash_next = *dst;
-            *dst = e;
-            e = next;
+            *dst = id;
+            id = next;
         }
         ix->rehash_pos++;
     }
@@ -182,7 +231,7 @@ static void index_maybe_grow(struct kv_index *ix)
     size_t size0 = ix->t[0].mask + 1;
     if (index_rehashing(ix) || ix->walks > 0 || ix->count < size0 || size0 >= INDEX_MAX_BUCKETS)
         return;
-    struct index_entry **b = calloc(size0 * 2, sizeof *b);
+    uint32_t *b = calloc(size0 * 2, sizeof *b);
     if (!b)
         return;
     ix->t[1].b = b;
@@ -215,16 +264,6 @@ static void index_free_table(struct index_table *t)
 {
     if (!t->b)
         return;
-#ifdef INDEX_ENTRY_MALLOC
-    for (size_t i = 0; i <= t->mask; i++) {
-        struct index_entry *e = t->b[i];
-        while (e) {
-            struct index_entry *next = e->hash_next;
-            free(e);
-            e = next;
-        }
-    }
-#endif
     free(t->b);
     t->b = NULL;
 }
@@ -242,20 +281,23 @@ void index_destroy(struct kv_index *ix)
     for (uint32_t n = 0; n < ix->ns_lru_n; n++)
         order_free(&ix->ns_lru[n]);
     free(ix->ns_lru);
-    while (ix->chunks) {
-        struct entry_chunk *ch = ix->chunks;
-        ix->chunks = ch->next;
-        free(ch);
+    for (uint32_t i = 0; i < ix->nchunks; i++) {
+        INDEX_UNPOISON(ix->chunks[i], INDEX_CHUNK_ENTRIES * sizeof *ix->chunks[i]);
+        free(ix->chunks[i]);
     }
+    free(ix->chunks);
     free(ix);
 }
 
 struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key)
 {
     index_rehash_step(ix, INDEX_REHASH_OTHER);
-    for (struct index_entry *e = *index_slot(ix, index_hash(ix, ns, key)); e; e = e->hash_next)
+    for (uint32_t id = *index_slot(ix, index_hash(ix, ns, key)); id;) {
+        struct index_entry *e = index_entry_at(ix, id);
         if (e->key == key && e->ns == ns)
             return e;
+        id = e->hash_next;
+    }
     return NULL;
 }
 
@@ -266,7 +308,7 @@ void index_prefetch_bucket(const struct kv_index *ix, uint32_t ns, int64_t key)
 
 void index_prefetch_entry(const struct kv_index *ix, uint32_t ns, int64_t key)
 {
-    const struct index_entry *e = *index_slot(ix, index_hash(ix, ns, key));
+    const struct index_entry *e = index_at(ix, *index_slot(ix, index_hash(ix, ns, key)));
     if (e)
         __builtin_prefetch(e);
 }
@@ -280,9 +322,9 @@ struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key)
     e->key = key;
     index_maybe_grow(ix);
     index_rehash_step(ix, INDEX_REHASH_INSERT);
-    struct index_entry **slot = index_slot(ix, index_hash(ix, ns, key));
+    uint32_t *slot = index_slot(ix, index_hash(ix, ns, key));
     e->hash_next = *slot;
-    *slot = e;
+    *slot = e->id;
     ix->count++;
     return e;
 }
@@ -291,10 +333,10 @@ void index_unlink(struct kv_index *ix, struct index_entry *e)
 {
     index_lru_remove(ix, e);
     index_rehash_step(ix, INDEX_REHASH_OTHER);
-    for (struct index_entry **p = index_slot(ix, index_hash(ix, e->ns, e->key)); *p; p = &(*p)->hash_next) {
-        if (*p == e) {
+    for (uint32_t *p = index_slot(ix, index_hash(ix, e->ns, e->key)); *p; p = &index_entry_at(ix, *p)->hash_next) {
+        if (*p == e->id) {
             *p = e->hash_next;
-            e->hash_next = NULL;
+            e->hash_next = 0;
             ix->count--;
             return;
         }
@@ -303,12 +345,12 @@ void index_unlink(struct kv_index *ix, struct index_entry *e)
 
 void index_entry_free(struct kv_index *ix, struct index_entry *e)
 {
-#ifdef INDEX_ENTRY_MALLOC
+#ifdef INDEX_ASAN
     (void)ix;
-    free(e);
+    INDEX_POISON(e, sizeof *e);
 #else
     e->hash_next = ix->free_entries;
-    ix->free_entries = e;
+    ix->free_entries = e->id;
 #endif
 }
 
@@ -339,7 +381,8 @@ bool index_walk_step(struct kv_index *ix, struct index_walk *w, size_t buckets,
             w->pos = 0;
             continue;
         }
-        for (struct index_entry *e = t->b[w->pos], *next; e; e = next) {
+        for (uint32_t id = t->b[w->pos], next; id; id = next) {
+            struct index_entry *e = index_entry_at(ix, id);
             next = e->hash_next;   /* fn may not unlink, but read it first anyway */
             fn(arg, e);
         }
@@ -367,6 +410,15 @@ void index_get_stats(const struct kv_index *ix, struct index_stats *st)
     st->buckets = ix->t[0].mask + 1;
     st->rehash_buckets = index_rehashing(ix) ? ix->t[1].mask + 1 : 0;
     st->lru_entries = ix->lru_count;
+    st->settle_moves = ix->settle_moves;
+    st->oldest_moves_max = ix->oldest_moves_max;
+    st->oldest_forced = ix->oldest_forced;
+    size_t bytes = sizeof *ix + (size_t)ix->chunks_cap * sizeof *ix->chunks +
+                   (size_t)ix->nchunks * INDEX_CHUNK_ENTRIES * sizeof(struct index_entry) +
+                   (ix->t[0].mask + 1) * sizeof *ix->t[0].b +
+                   (index_rehashing(ix) ? (ix->t[1].mask + 1) * sizeof *ix->t[1].b : 0) +
+                   (size_t)ix->ns_lru_n * sizeof *ix->ns_lru + ix->heap_bytes;
+    st->bytes = bytes;
 }
 
 /* --- LRU ---------------------------------------------------------------- */
@@ -375,14 +427,28 @@ void index_get_stats(const struct kv_index *ix, struct index_stats *st)
  * namespace's. Each is written once, over the entry's links for that order. */
 enum { ORDER_CLASS = 0, ORDER_NS = 1 };
 
-static struct index_entry **order_prev(struct index_entry *e, int k)
+static uint32_t *order_prev(struct index_entry *e, int k)
 {
     return k == ORDER_NS ? &e->ns_prev : &e->lru_prev;
 }
 
-static struct index_entry **order_next(struct index_entry *e, int k)
+static uint32_t *order_next(struct index_entry *e, int k)
 {
     return k == ORDER_NS ? &e->ns_next : &e->lru_next;
+}
+
+/* Used since it was placed in order k's list (its place is older than its stamp). */
+static bool order_ref(const struct index_entry *e, int k)
+{
+    return k == ORDER_NS ? e->ref_ns : e->ref_cls;
+}
+
+static void order_ref_clear(struct index_entry *e, int k)
+{
+    if (k == ORDER_NS)
+        e->ref_ns = 0;
+    else
+        e->ref_cls = 0;
 }
 
 static uint32_t *order_heap_pos(struct index_entry *e, int k)
@@ -427,7 +493,7 @@ static void order_heap_down(struct lru_order *o, int k, uint32_t i)
 }
 
 /* false: no memory for a larger heap (the caller lists e at the newest end). */
-static bool order_heap_push(struct lru_order *o, int k, struct index_entry *e)
+static bool order_heap_push(struct kv_index *ix, struct lru_order *o, int k, struct index_entry *e)
 {
     if (o->heap_n == o->heap_cap) {
         uint32_t cap = o->heap_cap ? o->heap_cap * 2 : 16u;
@@ -436,6 +502,7 @@ static bool order_heap_push(struct lru_order *o, int k, struct index_entry *e)
         struct index_entry **h = realloc(o->heap, (size_t)cap * sizeof *h);
         if (!h)
             return false;
+        ix->heap_bytes += (size_t)(cap - o->heap_cap) * sizeof *h;
         o->heap = h;
         o->heap_cap = cap;
     }
@@ -445,7 +512,7 @@ static bool order_heap_push(struct lru_order *o, int k, struct index_entry *e)
     return true;
 }
 
-static void order_heap_remove(struct lru_order *o, int k, struct index_entry *e)
+static void order_heap_remove(struct kv_index *ix, struct lru_order *o, int k, struct index_entry *e)
 {
     uint32_t i = *order_heap_pos(e, k) - 1;
     struct index_entry *last = o->heap[--o->heap_n];
@@ -459,6 +526,7 @@ static void order_heap_remove(struct lru_order *o, int k, struct index_entry *e)
     if (o->heap_cap > 64 && o->heap_n < o->heap_cap / 4) {
         struct index_entry **h = realloc(o->heap, (size_t)(o->heap_cap / 2) * sizeof *h);
         if (h) {
+            ix->heap_bytes -= (size_t)(o->heap_cap - o->heap_cap / 2) * sizeof *h;
             o->heap = h;
             o->heap_cap /= 2;
         }
@@ -467,53 +535,127 @@ static void order_heap_remove(struct lru_order *o, int k, struct index_entry *e)
 
 static void order_append(struct lru_order *o, int k, struct index_entry *e)
 {
-    *order_prev(e, k) = o->tail;
-    *order_next(e, k) = NULL;
+    *order_prev(e, k) = index_id_of(o->tail);
+    *order_next(e, k) = 0;
     if (o->tail)
-        *order_next(o->tail, k) = e;
+        *order_next(o->tail, k) = e->id;
     else
         o->head = e;
     o->tail = e;
     o->count++;
 }
 
-/* e at its stamp's place: the newest end when it is newer than everything
- * listed, else the heap. */
-static void order_insert(struct lru_order *o, int k, struct index_entry *e)
+/* e at its stamp's place: the heap, or the list when the list is empty (or
+ * the heap cannot grow). Not the list's newest end even when e is newer than
+ * its tail: a root marked in the list since e's stamp would then be ahead of
+ * its leaf (see order_settle). */
+static void order_insert(struct kv_index *ix, struct lru_order *o, int k, struct index_entry *e)
 {
-    if (o->tail && e->lru_stamp < o->tail->lru_stamp && order_heap_push(o, k, e)) {
-        *order_prev(e, k) = *order_next(e, k) = NULL;
+    if (o->tail && order_heap_push(ix, o, k, e)) {
+        *order_prev(e, k) = *order_next(e, k) = 0;
         o->count++;
         return;
     }
     order_append(o, k, e);
 }
 
-static void order_unlink(struct lru_order *o, int k, struct index_entry *e)
+static void order_unlink(struct kv_index *ix, struct lru_order *o, int k, struct index_entry *e)
 {
     if (*order_heap_pos(e, k)) {
-        order_heap_remove(o, k, e);
+        order_heap_remove(ix, o, k, e);
     } else {
-        struct index_entry *p = *order_prev(e, k), *n = *order_next(e, k);
+        struct index_entry *p = index_at(ix, *order_prev(e, k)), *n = index_at(ix, *order_next(e, k));
         if (p)
-            *order_next(p, k) = n;
+            *order_next(p, k) = index_id_of(n);
         else
             o->head = n;
         if (n)
-            *order_prev(n, k) = p;
+            *order_prev(n, k) = index_id_of(p);
         else
             o->tail = p;
-        *order_prev(e, k) = *order_next(e, k) = NULL;
+        *order_prev(e, k) = *order_next(e, k) = 0;
     }
     o->count--;
 }
 
-static struct index_entry *order_oldest(const struct lru_order *o)
+/* The list is in the order of the stamps entries had when placed (appended
+ * newer than the tail's stamp, or else into the heap), and an entry used
+ * since (order_ref) has a newer stamp than its place. Move used heads to
+ * their stamps' places until the head's place is its stamp: then nothing in
+ * the list is older than the head, and the order's oldest is the older of
+ * the head and the heap's top (heap entries are never marked: a use of one
+ * moves it at once).
+ *
+ * A moved head always goes to the heap (the list only when the heap cannot
+ * grow), never to the list's newest end: the list keeps a chain's leaves
+ * ahead of its roots (index_lru_touch), so when a sweep stops on a marked
+ * head every entry it moved had its leaves moved before it, and the heap's
+ * top is a safe victim (order_oldest). Returns the budget left. */
+static size_t order_settle(struct kv_index *ix, struct lru_order *o, int k, size_t budget)
+{
+    struct index_entry *h;
+    while (budget > 0 && (h = o->head) && order_ref(h, k)) {
+        order_ref_clear(h, k);
+        order_unlink(ix, o, k, h);
+        if (order_heap_push(ix, o, k, h))
+            o->count++;
+        else
+            order_append(o, k, h);
+        budget--;
+        ix->settle_moves++;
+    }
+    return budget;
+}
+
+/* The order's oldest, moving at most *budget marked heads first (at least
+ * one when the head is marked, so that a sweep always makes progress), and
+ * *budget less what it moved. With the head still marked when the budget is
+ * spent (a backlog of uses no settle caught up with), the heap's top is
+ * taken instead of the exact oldest: the head's run of marked entries keeps
+ * its second chance, the entries swept into the heap have spent theirs, and
+ * the oldest of them has no leaf left behind it (see order_settle). The
+ * next calls take the heap's top without sweeping, as many as the sweep
+ * moved, so that a run of evictions over a backlog (a put that makes room
+ * for 256 blocks) costs one sweep per budget of victims, not one per victim.
+ * Exact LRU whenever the run at the head fits the budget. *forced: set when
+ * the answer is not the exact oldest. */
+static struct index_entry *order_oldest(struct kv_index *ix, struct lru_order *o, int k, size_t *budget,
+                                        bool *forced)
 {
     struct index_entry *h = o->head, *t = o->heap_n ? o->heap[0] : NULL;
+    if (h && order_ref(h, k) && t && o->swept_left > 0) {
+        o->swept_left--;
+        *forced = true;
+        return t;
+    }
+    size_t b = *budget ? *budget : 1;
+    size_t left = order_settle(ix, o, k, b);
+    *budget = *budget > b - left ? *budget - (b - left) : 0;
+    h = o->head;
+    t = o->heap_n ? o->heap[0] : NULL;
+    o->swept_left = 0;
+    if (h && order_ref(h, k)) {
+        *forced = true;
+        o->swept_left = (uint32_t)(b - left - 1);   /* this answer is the first */
+        if (t)
+            return t;
+        /* The heap could not grow: the marked head at its place. */
+        order_ref_clear(h, k);
+        return h;
+    }
     if (!h || !t)
         return h ? h : t;
     return t->lru_stamp < h->lru_stamp ? t : h;
+}
+
+/* Bookkeeping of one oldest call: its moves, and whether it was forced. */
+static void index_oldest_done(struct kv_index *ix, size_t moves_before, bool forced)
+{
+    size_t moves = ix->settle_moves - moves_before;
+    if (moves > ix->oldest_moves_max)
+        ix->oldest_moves_max = moves;
+    if (forced)
+        ix->oldest_forced++;
 }
 
 static void order_free(struct lru_order *o)
@@ -573,9 +715,10 @@ void index_lru_remove(struct kv_index *ix, struct index_entry *e)
     if (!e->on_lru)
         return;
     /* The class order it was listed in (e->arena/cls may have changed since). */
-    order_unlink(&ix->lru[e->lru_arena][e->lru_cls], ORDER_CLASS, e);
-    order_unlink(index_ns_list(ix, e->ns, 0), ORDER_NS, e);   /* e->ns never changes */
+    order_unlink(ix, &ix->lru[e->lru_arena][e->lru_cls], ORDER_CLASS, e);
+    order_unlink(ix, index_ns_list(ix, e->ns, 0), ORDER_NS, e);   /* e->ns never changes */
     e->on_lru = 0;
+    e->ref_cls = e->ref_ns = 0;
     ix->lru_count--;
 }
 
@@ -593,43 +736,74 @@ static void index_lru_list_entry(struct kv_index *ix, struct index_entry *e, boo
         order_append(l, ORDER_CLASS, e);
         order_append(nl, ORDER_NS, e);
     } else {
-        order_insert(l, ORDER_CLASS, e);
-        order_insert(nl, ORDER_NS, e);
+        order_insert(ix, l, ORDER_CLASS, e);
+        order_insert(ix, nl, ORDER_NS, e);
     }
     e->on_lru = 1;
     ix->lru_count++;
 }
 
+/* A use marks in place only when the use just before it in the same chain
+ * (index_lru_chain_begin; its next leaf: chains are refreshed tail-first)
+ * marked too, or there was none. Once a chain's leaf had to be relinked at
+ * the newest end (it was in a heap, in another class, or pinned), its roots
+ * are relinked after it too, so that no root stays ahead of its leaves in a
+ * list (order_settle relies on it). */
 void index_lru_touch(struct kv_index *ix, struct index_entry *e)
 {
-    if (e->on_lru && e->lru_arena == e->arena && e->lru_cls == e->cls && !e->lru_heap &&
-        !e->ns_heap && ix->lru[e->lru_arena][e->lru_cls].tail == e && index_ns_list(ix, e->ns, 0)->tail == e) {
-        e->lru_stamp = ++ix->lru_clock;     /* already newest: restamp only */
+    if (e->on_lru && e->lru_arena == e->arena && e->lru_cls == e->cls && !e->lru_heap && !e->ns_heap &&
+        ix->lru_moved_stamp != ix->lru_clock) {
+        /* In both lists, in the right class: restamp and mark, no list rewritten. */
+        e->lru_stamp = ++ix->lru_clock;
+        e->ref_cls = e->ref_ns = 1;
         return;
     }
     index_lru_remove(ix, e);
     e->lru_stamp = ++ix->lru_clock;
+    ix->lru_moved_stamp = e->lru_stamp;
     index_lru_list_entry(ix, e, true);
+}
+
+void index_lru_chain_begin(struct kv_index *ix)
+{
+    ix->lru_moved_stamp = 0;
 }
 
 void index_lru_use(struct kv_index *ix, struct index_entry *e)
 {
-    if (e->on_lru)
+    if (e->on_lru) {
         index_lru_touch(ix, e);
-    else
+    } else {
         e->lru_stamp = ++ix->lru_clock;
+        ix->lru_moved_stamp = e->lru_stamp;   /* its roots are relinked, not marked */
+    }
 }
 
 void index_lru_add(struct kv_index *ix, struct index_entry *e)
 {
-    if (!e->on_lru)
-        index_lru_list_entry(ix, e, false);
+    if (e->on_lru)
+        return;
+    /* Stamped by the latest use (a lease's end: use, then unpin): nothing was
+     * marked since, so the newest end is its place. Otherwise the heap, even
+     * when newer than the list's tail: a root marked after it may be in the
+     * list, and a leaf must not follow its root there (order_settle). */
+    if (e->lru_stamp == ix->lru_clock) {
+        index_lru_list_entry(ix, e, true);
+        return;
+    }
+    index_lru_list_entry(ix, e, false);
 }
 
 struct index_entry *index_lru_oldest(struct kv_index *ix, uint32_t arena_id, uint32_t cls)
 {
     struct lru_order *l = index_lru_list(ix, arena_id, cls);
-    return l ? order_oldest(l) : NULL;
+    if (!l)
+        return NULL;
+    size_t budget = INDEX_OLDEST_SETTLE_BUDGET, before = ix->settle_moves;
+    bool forced = false;
+    struct index_entry *e = order_oldest(ix, l, ORDER_CLASS, &budget, &forced);
+    index_oldest_done(ix, before, forced);
+    return e;
 }
 
 struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t arena_id)
@@ -637,18 +811,63 @@ struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t aren
     if (arena_id >= INDEX_MAX_ARENAS)
         return NULL;
     struct index_entry *best = NULL;
+    size_t budget = INDEX_OLDEST_SETTLE_BUDGET, before = ix->settle_moves;
+    bool forced = false;
     for (uint32_t c = 0; c < ARENA_MAX_CLASSES; c++) {
-        struct index_entry *h = order_oldest(&ix->lru[arena_id][c]);
+        struct lru_order *o = &ix->lru[arena_id][c];
+        if (!o->count)
+            continue;
+        struct index_entry *h = order_oldest(ix, o, ORDER_CLASS, &budget, &forced);
         if (h && (!best || h->lru_stamp < best->lru_stamp))
             best = h;
     }
+    index_oldest_done(ix, before, forced);
     return best;
+}
+
+bool index_lru_settle_arena(struct kv_index *ix, uint32_t arena_id, size_t budget)
+{
+    if (arena_id >= INDEX_MAX_ARENAS)
+        return true;
+    for (uint32_t c = 0; c < ARENA_MAX_CLASSES; c++) {
+        struct lru_order *o = &ix->lru[arena_id][c];
+        budget = order_settle(ix, o, ORDER_CLASS, budget);
+        if (o->head && order_ref(o->head, ORDER_CLASS))
+            return false;
+    }
+    return true;
 }
 
 struct index_entry *index_lru_oldest_in_ns(struct kv_index *ix, uint32_t ns)
 {
     struct lru_order *l = index_ns_list(ix, ns, 0);
-    return l ? order_oldest(l) : NULL;
+    if (!l)
+        return NULL;
+    size_t budget = INDEX_OLDEST_SETTLE_BUDGET, before = ix->settle_moves;
+    bool forced = false;
+    struct index_entry *e = order_oldest(ix, l, ORDER_NS, &budget, &forced);
+    index_oldest_done(ix, before, forced);
+    return e;
+}
+
+struct index_entry *index_lru_prev(const struct kv_index *ix, const struct index_entry *e)
+{
+    return index_at(ix, e->lru_prev);
+}
+
+struct index_entry *index_lru_next(const struct kv_index *ix, const struct index_entry *e)
+{
+    return index_at(ix, e->lru_next);
+}
+
+struct index_entry *index_ns_prev(const struct kv_index *ix, const struct index_entry *e)
+{
+    return index_at(ix, e->ns_prev);
+}
+
+struct index_entry *index_ns_next(const struct kv_index *ix, const struct index_entry *e)
+{
+    return index_at(ix, e->ns_next);
 }
 
 size_t index_lru_count_in_ns(struct kv_index *ix, uint32_t ns)

@@ -20,7 +20,8 @@
  *     pipelines of 16 EXISTS, the keys present and absent; each the best
  *     of 3 interleaved rounds (--quick: 2).
  *  4. MATCH x256 of random keys over 1 M stored 1 KiB blocks vs MATCH x256 of
- *     256 hot keys (mean and median latency), and the daemon's memory per
+ *     256 hot keys (mean and median latency; kvnoded's CPU time per MATCH,
+ *     from the schedstat of each of its threads), and the daemon's memory per
  *     block at 1 M blocks: its RssAnon delta across the population / blocks
  *     added (the host tier is a memfd shared with the clients, RssShmem
  *     where the daemon touches it, never RssAnon: RssAnon is the index and
@@ -34,8 +35,9 @@
  * MemAvailable is read first: section 4 uses fewer blocks and section 5
  * leaves out 1 MiB blocks when less than twice what they need is free.
  *
- * Usage: kvnode-bench-node [--quick]   (--quick: shorter runs, under a
- * minute). $KVNODED names the daemon (default build/kvnoded). */
+ * Usage: kvnode-bench-node [--quick] [--section4]   (--quick: shorter runs,
+ * under a minute; --section4: only section 4). $KVNODED names the daemon
+ * (default build/kvnoded). */
 #include <errno.h>
 #include <hiredis.h>
 #include <inttypes.h>
@@ -63,6 +65,7 @@
 #define RAW_MSG     16          /* bytes each way of the raw ping-pong */
 
 static bool quick;
+static bool big_only;   /* --section4: only section 4 */
 static int cpu_a = -1, cpu_b = -1;   /* the first two CPUs this process may run on */
 
 struct pin_mode {
@@ -668,11 +671,40 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Mean and median of calls MATCHes of 256 keys; random: 256 fresh random
- * keys of the stored ones per call (drawn outside the timing). */
-static void match256(kvnode_client *c, const kvnode_key *stored, size_t nstored, bool random, unsigned calls,
-                     uint64_t *rng, double *mean_us, double *p50_us)
+/* Nanoseconds every thread of pid has run (the first field of each
+ * /proc/pid/task/<tid>/schedstat), or -1. */
+static long long proc_run_ns(pid_t pid)
 {
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    long long sum = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char path[384];
+        snprintf(path, sizeof path, "%s/%s/schedstat", dir, de->d_name);
+        FILE *f = fopen(path, "r");
+        long long ns;
+        if (f && fscanf(f, "%lld", &ns) == 1)
+            sum += ns;
+        if (f)
+            fclose(f);
+    }
+    closedir(d);
+    return sum;
+}
+
+/* Mean and median of calls MATCHes of 256 keys; random: 256 fresh random
+ * keys of the stored ones per call (drawn outside the timing). cpu_us:
+ * kvnoded's (pid's) CPU time per MATCH over the timed calls. */
+static void match256(kvnode_client *c, pid_t pid, const kvnode_key *stored, size_t nstored, bool random,
+                     unsigned calls, uint64_t *rng, double *mean_us, double *p50_us, double *cpu_us)
+{
+    long long cpu0 = 0;
     kvnode_key keys[CHAIN];
     double *lat = malloc(calls * sizeof *lat);
     if (!lat)
@@ -681,6 +713,8 @@ static void match256(kvnode_client *c, const kvnode_key *stored, size_t nstored,
         keys[i] = stored[(size_t)(splitmix(i + 77) % nstored)];
     double sum = 0;
     for (unsigned it = 0; it < calls + 100; it++) {
+        if (it == 100)
+            cpu0 = proc_run_ns(pid);
         if (random)
             for (size_t i = 0; i < CHAIN; i++)
                 keys[i] = stored[(size_t)(splitmix((*rng)++) % nstored)];
@@ -695,6 +729,10 @@ static void match256(kvnode_client *c, const kvnode_key *stored, size_t nstored,
             sum += lat[it - 100];
         }
     }
+    long long cpu1 = proc_run_ns(pid);
+    if (cpu0 < 0 || cpu1 < 0)
+        die("/proc/<kvnoded>/task/*/schedstat", "unreadable");
+    *cpu_us = (double)(cpu1 - cpu0) / 1e3 / calls;
     qsort(lat, calls, sizeof *lat, cmp_double);
     *mean_us = sum / calls;
     *p50_us = lat[calls / 2];
@@ -703,6 +741,7 @@ static void match256(kvnode_client *c, const kvnode_key *stored, size_t nstored,
 
 struct big_result {
     size_t blocks;
+    double rnd_cpu[MAX_MODES], hot_cpu[MAX_MODES];   /* kvnoded's CPU per MATCH (us, schedstat) */
     double anon_per_block;                  /* bytes */
     long long anon_kib, shmem_kib;          /* RssAnon / RssShmem deltas */
     double fill_s;
@@ -775,8 +814,10 @@ static void bench_big(size_t nblocks, struct big_result *out)
     for (int m = 0; m < nmodes; m++) {
         pin_process(d.pid, modes[m].server_cpu);
         pin_tid(0, modes[m].client_cpu);
-        match256(c, keys, nblocks, true, calls, &rng, &out->rnd_mean[m], &out->rnd_p50[m]);
-        match256(c, keys, nblocks, false, calls, &rng, &out->hot_mean[m], &out->hot_p50[m]);
+        match256(c, d.pid, keys, nblocks, true, calls, &rng, &out->rnd_mean[m], &out->rnd_p50[m],
+                 &out->rnd_cpu[m]);
+        match256(c, d.pid, keys, nblocks, false, calls, &rng, &out->hot_mean[m], &out->hot_p50[m],
+                 &out->hot_cpu[m]);
         unpin_self();
     }
     kvnode_close(c);
@@ -786,6 +827,21 @@ static void bench_big(size_t nblocks, struct big_result *out)
     kvh_destroy(&d);
     if (st != 0)
         die("kvnoded (1 M blocks)", "did not stop cleanly");
+}
+
+static void print_big(const struct big_result *big)
+{
+    for (int m = 0; m < nmodes; m++)
+        printf("    %-15s random mean %6.1f us (p50 %6.1f)   hot mean %6.1f us (p50 %6.1f)   random/hot "
+               "%5.2fx (p50 %5.2fx)\n", modes[m].name, big->rnd_mean[m], big->rnd_p50[m], big->hot_mean[m],
+               big->hot_p50[m], big->rnd_mean[m] / big->hot_mean[m], big->rnd_p50[m] / big->hot_p50[m]);
+    for (int m = 0; m < nmodes; m++)
+        printf("    %-15s kvnoded CPU per MATCH (schedstat): random %6.1f us   hot %6.1f us   random/hot %5.2fx\n",
+               modes[m].name, big->rnd_cpu[m], big->hot_cpu[m], big->rnd_cpu[m] / big->hot_cpu[m]);
+    printf("    memory per block: %.1f B = kvnoded's RssAnon delta (+%lld KiB) over the population of %zu "
+           "blocks (%.1f s) / blocks added\n      (the host tier is a memfd shared with the clients, never in "
+           "RssAnon; kvnoded's RssShmem grew %lld KiB)\n",
+           big->anon_per_block, big->anon_kib, big->blocks, big->fill_s, big->shmem_kib);
 }
 
 /* --- 5. zero-copy GET / PUT vs memcpy ------------------------------------------------- */
@@ -928,8 +984,10 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             quick = true;
+        } else if (strcmp(argv[i], "--section4") == 0) {
+            big_only = true;
         } else {
-            fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--section4]\n", argv[0]);
             return 2;
         }
     }
@@ -965,6 +1023,14 @@ int main(int argc, char **argv)
     printf("kvnode-bench-node: %s, %s, %s, MemAvailable %.1f GiB, CPUs %d/%d%s\n\n", kvh_daemon_path(),
            kvnode_version(), quick ? "quick" : "full", (double)avail / (double)(1ull << 30), cpu_a, cpu_b,
            " (server pinned to the first, client to the first or the second)");
+
+    if (big_only) {
+        printf("4. MATCH x256 over %zu stored 1 KiB blocks: random keys vs 256 hot keys\n", nblocks);
+        struct big_result big;
+        bench_big(nblocks, &big);
+        print_big(&big);
+        return 0;
+    }
 
     /* Daemon A (16-key chains of 4 KiB blocks) and redis-server. */
     kvh_daemon d;
@@ -1089,14 +1155,7 @@ int main(int argc, char **argv)
     printf("\n4. MATCH x256 over %zu stored 1 KiB blocks: random keys vs 256 hot keys\n", nblocks);
     struct big_result big;
     bench_big(nblocks, &big);
-    for (int m = 0; m < nmodes; m++)
-        printf("    %-15s random mean %6.1f us (p50 %6.1f)   hot mean %6.1f us (p50 %6.1f)   random/hot "
-               "%5.2fx (p50 %5.2fx)\n", modes[m].name, big.rnd_mean[m], big.rnd_p50[m], big.hot_mean[m],
-               big.hot_p50[m], big.rnd_mean[m] / big.hot_mean[m], big.rnd_p50[m] / big.hot_p50[m]);
-    printf("    memory per block: %.1f B = kvnoded's RssAnon delta (+%lld KiB) over the population of %zu "
-           "blocks (%.1f s) / blocks added\n      (the host tier is a memfd shared with the clients, never in "
-           "RssAnon; kvnoded's RssShmem grew %lld KiB)\n",
-           big.anon_per_block, big.anon_kib, big.blocks, big.fill_s, big.shmem_kib);
+    print_big(&big);
 
     /* 5. */
     printf("    [%.1f s]\n", now_s() - t_sec);
@@ -1157,6 +1216,9 @@ int main(int argc, char **argv)
     printf("\n  %-58s", "MATCH x256 random over 1 M blocks / 256 hot, mean | p50");
     for (int m = 0; m < nmodes; m++)
         printf(" %5.2fx|%5.2fx", big.rnd_mean[m] / big.hot_mean[m], big.rnd_p50[m] / big.hot_p50[m]);
+    printf("\n  %-58s", "kvnoded CPU per MATCH x256, random over 1 M | 256 hot (us)");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %6.1f|%6.1f", big.rnd_cpu[m], big.hot_cpu[m]);
     printf("\n  %-58s %12.1f B\n", "memory per block at 1 M blocks (RssAnon delta)", big.anon_per_block);
     for (int b = 0; b < (have_mib ? 2 : 1); b++) {
         char name[96];

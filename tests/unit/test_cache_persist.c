@@ -323,6 +323,51 @@ START_TEST(test_requester_gone_during_promotion)
 }
 END_TEST
 
+static void on_ready_flag(void *arg)
+{
+    *(bool *)arg = true;
+}
+
+/* Two GETs of the same ghosts: the second waits on the first's promotions
+ * (found in the cache's table of promotions in flight, by entry) instead of
+ * reading them again; both get every block byte-exact. */
+START_TEST(test_two_gets_share_promotions)
+{
+    enum { N = 6 };
+    int64_t k[N];
+    struct cache_loc locs[2][N];
+    struct cache_wait *w[2] = { NULL, NULL };
+    bool ready[2] = { false, false };
+    char err[256];
+
+    chain(k, N, 4000);
+    put_chain(k, N, true);
+    settle();
+    push_out(8000);
+    json_int_t promoted = stat_at("persist", "promotions_total", NULL);
+    for (int g = 0; g < 2; g++) {
+        struct cache_read_req req = { .ns = ns, .keys = k, .n = N, .owner = &owner,
+                                      .readable = owner.mapped, .ready = on_ready_flag, .arg = &ready[g] };
+        struct cache_lent out = { .locs = locs[g] };
+        ck_assert_int_eq(cache_get_start(cache, &req, &out, err, sizeof err, &w[g]), CACHE_WAITING);
+    }
+    ck_assert_int_eq(stat_at("persist", "promotions_total", NULL), promoted + N);
+    for (int g = 0; g < 2; g++) {
+        uint64_t lid;
+        size_t got;
+        uint32_t blocks;
+        run_until(&ready[g]);
+        get_finish(w[g], &lid, locs[g], &got);
+        ck_assert_uint_eq(got, N);
+        for (size_t i = 0; i < N; i++)
+            ck_assert_msg(check(slot(&locs[g][i]), k[i]), "get %d: block %zu differs", g, i);
+        ck_assert_int_eq(cache_lease_end(cache, &owner, lid, LEASE_READ, false, &blocks, NULL, 0), 0);
+    }
+    ck_assert_int_eq(stat_at("persist", "promotions_total", NULL), promoted + N);
+    ck_assert_int_eq(stat_at("persist", "promotions_ok_total", NULL), promoted + N);
+}
+END_TEST
+
 START_TEST(test_put_over_ghost)
 {
     int64_t k[2];
@@ -757,6 +802,7 @@ int main(void)
     tcase_add_test(tc, test_write_through_ghost_promote);
     tcase_add_test(tc, test_delete_during_promotion);
     tcase_add_test(tc, test_requester_gone_during_promotion);
+    tcase_add_test(tc, test_two_gets_share_promotions);
     tcase_add_test(tc, test_purge_memory_ghosts_and_puts_across_it);
     tcase_add_test(tc, test_put_over_ghost);
     tcase_add_test(tc, test_recovered_entries);

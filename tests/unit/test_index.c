@@ -153,7 +153,7 @@ START_TEST(test_insert_lookup_many)
             FAIL_IF_NOT(e != NULL, "insert failed");
             FAIL_IF_NOT(e->ns == test_ns[j] && e->key == keys[i], "insert set wrong ns/key");
             FAIL_IF_NOT(e->state == 0 && e->pins == 0 && e->on_lru == 0 && e->lru_stamp == 0 &&
-                            e->lru_prev == NULL && e->lru_next == NULL && e->offset == 0,
+                            e->lru_prev == 0 && e->lru_next == 0 && e->offset == 0,
                         "new entry not zeroed");
             ents[i * TEST_NNS + j] = e;
             index_get_stats(ix, &after);
@@ -212,7 +212,7 @@ START_TEST(test_insert_lookup_many)
         struct index_entry *e = ents[i];
         FAIL_IF_NOT(index_lookup(ix, e->ns, e->key) == e, "entry lost before unlink");
         index_unlink(ix, e);
-        FAIL_IF_NOT(e->hash_next == NULL, "unlinked entry still chained");
+        FAIL_IF_NOT(e->hash_next == 0, "unlinked entry still chained");
         FAIL_IF_NOT(index_lookup(ix, test_ns[i % TEST_NNS], keys[i / TEST_NNS]) == NULL,
                     "unlinked entry still found");
         ents[i] = NULL;
@@ -304,6 +304,14 @@ START_TEST(test_unlink_during_rehash)
 END_TEST
 
 /* index_destroy in the middle of a growth frees entries in both tables. */
+/* One use that is a chain of its own (index_lru_chain_begin): it marks an
+ * entry listed in place whatever the use before it did. */
+static void test_touch(struct kv_index *ix, struct index_entry *e)
+{
+    index_lru_chain_begin(ix);
+    index_lru_touch(ix, e);
+}
+
 START_TEST(test_destroy_mid_rehash)
 {
     struct kv_index *ix = NULL;
@@ -315,7 +323,7 @@ START_TEST(test_destroy_mid_rehash)
         e->arena = (uint32_t)(k & 1);
         e->cls = (uint32_t)(k % 5);
         if (k % 3)
-            index_lru_touch(ix, e);
+            test_touch(ix, e);
     }
     index_get_stats(ix, &st);
     ck_assert_uint_ne(st.rehash_buckets, 0);
@@ -361,7 +369,7 @@ START_TEST(test_lru_chain_leaf_first)
     /* Refresh tail-first, as a commit/get does. */
     uint64_t last = 0;
     for (int i = N - 1; i >= 0; i--) {
-        index_lru_touch(ix, chain[i]);
+        test_touch(ix, chain[i]);
         ck_assert_uint_eq(chain[i]->on_lru, 1);
         ck_assert_uint_gt(chain[i]->lru_stamp, last);
         last = chain[i]->lru_stamp;
@@ -381,7 +389,7 @@ START_TEST(test_lru_chain_leaf_first)
 
     /* Refreshing the chain again (a later hit) keeps the leaf-first order. */
     for (int i = N - 1; i >= 0; i--)
-        index_lru_touch(ix, chain[i]);
+        test_touch(ix, chain[i]);
     for (int i = 0; i < N; i++)
         want[i] = chain[N - 1 - i];
     test_expect_oldest_order(ix, 2, 3, want, N);
@@ -404,13 +412,13 @@ START_TEST(test_lru_add_keeps_place_whatever_the_order)
     for (int i = 0; i < N; i++)
         chain[i] = test_new(ix, 5, 1000 + i, 2, 3);
     for (int i = N - 1; i >= 0; i--)
-        index_lru_touch(ix, chain[i]);
+        test_touch(ix, chain[i]);
     uint64_t stamps[N];
     for (int i = 0; i < N; i++) {
         stamps[i] = chain[i]->lru_stamp;
         index_lru_remove(ix, chain[i]);    /* pinned by a write */
     }
-    index_lru_touch(ix, other);            /* used meanwhile: newest */
+    test_touch(ix, other);            /* used meanwhile: newest */
     int order[N];
     for (int i = 0; i < N; i++)
         order[i] = i;
@@ -451,8 +459,8 @@ START_TEST(test_lru_use_while_pinned)
     struct kv_index *ix = NULL;
     ck_assert_int_eq(index_create(0, &ix), 0);
     struct index_entry *a = test_new(ix, 1, 1, 0, 0), *b = test_new(ix, 1, 2, 0, 0);
-    index_lru_touch(ix, a);
-    index_lru_touch(ix, b);
+    test_touch(ix, a);
+    test_touch(ix, b);
     index_lru_remove(ix, a);
     index_lru_use(ix, a);
     ck_assert_uint_eq(a->on_lru, 0);
@@ -478,7 +486,7 @@ START_TEST(test_lru_random_against_model)
     for (int s = 0; s < STEPS; s++) {
         struct index_entry *x = e[test_rand() % N];
         switch (test_rand() % 4) {
-        case 0: index_lru_touch(ix, x); break;
+        case 0: test_touch(ix, x); break;
         case 1: index_lru_use(ix, x); break;
         case 2: index_lru_remove(ix, x); break;
         default: index_lru_add(ix, x); break;
@@ -532,24 +540,23 @@ START_TEST(test_lru_retouch_moves_to_tail)
     struct index_entry *b = test_new(ix, 1, 2, 0, 0);
     struct index_entry *c = test_new(ix, 1, 3, 0, 0);
     struct index_entry *d = test_new(ix, 1, 4, 0, 0);
-    index_lru_touch(ix, a);
-    index_lru_touch(ix, b);
-    index_lru_touch(ix, c);
-    index_lru_touch(ix, d);
+    test_touch(ix, a);
+    test_touch(ix, b);
+    test_touch(ix, c);
+    test_touch(ix, d);
     ck_assert_ptr_eq(index_lru_oldest(ix, 0, 0), a);
-    index_lru_touch(ix, a);             /* head -> tail */
+    test_touch(ix, a);             /* head -> tail */
     ck_assert_ptr_eq(index_lru_oldest(ix, 0, 0), b);
-    index_lru_touch(ix, c);             /* middle -> tail */
+    test_touch(ix, c);             /* middle -> tail */
     uint64_t s = c->lru_stamp;
-    index_lru_touch(ix, c);             /* tail -> tail: restamped */
+    test_touch(ix, c);             /* tail -> tail: restamped */
     ck_assert_uint_gt(c->lru_stamp, s);
-    /* order now: b d a c */
-    ck_assert_ptr_eq(b->lru_prev, NULL);
-    ck_assert_ptr_eq(b->lru_next, d);
-    ck_assert_ptr_eq(d->lru_next, a);
-    ck_assert_ptr_eq(a->lru_next, c);
-    ck_assert_ptr_eq(c->lru_next, NULL);
-    ck_assert_ptr_eq(c->lru_prev, a);
+    /* A touch rewrote no list: c is still between b and d (marked, it
+     * moves when it reaches the oldest end). Order now: b d a c. */
+    ck_assert_ptr_eq(index_lru_next(ix, b), c);
+    ck_assert_ptr_eq(index_lru_next(ix, c), d);
+    ck_assert_uint_eq(c->ref_cls, 1);
+    ck_assert_uint_eq(c->ref_ns, 1);
     struct index_entry *want[] = {b, d, a, c};
     test_expect_oldest_order(ix, 0, 0, want, 4);
     index_destroy(ix);
@@ -563,7 +570,7 @@ START_TEST(test_lru_remove)
     struct index_entry *e[5];
     for (int i = 0; i < 5; i++) {
         e[i] = test_new(ix, 0, i, 1, 7);
-        index_lru_touch(ix, e[i]);
+        test_touch(ix, e[i]);
     }
     index_lru_remove(ix, e[0]);     /* head */
     ck_assert_uint_eq(e[0]->on_lru, 0);
@@ -585,7 +592,7 @@ START_TEST(test_lru_remove)
     index_entry_free(ix, e[1]);
 
     /* Removed entries come back as newest when touched again. */
-    index_lru_touch(ix, e[0]);
+    test_touch(ix, e[0]);
     struct index_entry *want[] = {e[3], e[0]};
     test_expect_oldest_order(ix, 1, 7, want, 2);
     index_destroy(ix);
@@ -603,17 +610,17 @@ START_TEST(test_lru_oldest_in_arena)
      * an arena-0 and an arena-7 entry are touched in between as noise. */
     struct index_entry *noise0 = test_new(ix, 9, -1, 0, 5);
     struct index_entry *noise7 = test_new(ix, 9, -2, INDEX_MAX_ARENAS - 1, 5);
-    index_lru_touch(ix, noise0);
+    test_touch(ix, noise0);
     for (int k = 0; k < NCLS * PER; k++) {
         uint32_t cls = classes[(k * 7 + k / 3) % NCLS];
         e[k] = test_new(ix, 3, -(int64_t)k - 10, 4, cls);
-        index_lru_touch(ix, e[k]);
+        test_touch(ix, e[k]);
         if (k == 10)
-            index_lru_touch(ix, noise7);
+            test_touch(ix, noise7);
     }
     /* Re-touch two early ones: they become the newest. */
-    index_lru_touch(ix, e[0]);
-    index_lru_touch(ix, e[2]);
+    test_touch(ix, e[0]);
+    test_touch(ix, e[2]);
     struct index_entry *want[NCLS * PER];
     int w = 0;
     for (int k = 0; k < NCLS * PER; k++)
@@ -647,13 +654,13 @@ START_TEST(test_lru_class_change)
     ck_assert_int_eq(index_create(0, &ix), 0);
     struct index_entry *a = test_new(ix, 0, 1, 0, 1);
     struct index_entry *b = test_new(ix, 0, 2, 0, 1);
-    index_lru_touch(ix, a);
-    index_lru_touch(ix, b);
+    test_touch(ix, a);
+    test_touch(ix, b);
     a->arena = 1;                       /* a is the head of (0,1) */
     a->cls = 2;
-    index_lru_touch(ix, a);
+    test_touch(ix, a);
     ck_assert_ptr_eq(index_lru_oldest(ix, 0, 1), b);
-    ck_assert_ptr_eq(b->lru_prev, NULL);
+    ck_assert_ptr_eq(index_lru_prev(ix, b), NULL);
     ck_assert_ptr_eq(index_lru_oldest(ix, 1, 2), a);
     b->cls = 3;                         /* b is head and tail of (0,1) */
     index_lru_remove(ix, b);
@@ -661,14 +668,14 @@ START_TEST(test_lru_class_change)
     ck_assert_ptr_null(index_lru_oldest(ix, 0, 3));
 
     struct index_entry *c = test_new(ix, 0, 3, INDEX_MAX_ARENAS, 0);
-    index_lru_touch(ix, c);
+    test_touch(ix, c);
     ck_assert_uint_eq(c->on_lru, 0);
     ck_assert_uint_ne(c->lru_stamp, 0);
     struct index_entry *d = test_new(ix, 0, 4, 0, ARENA_MAX_CLASSES);
-    index_lru_touch(ix, d);
+    test_touch(ix, d);
     ck_assert_uint_eq(d->on_lru, 0);
     a->cls = ARENA_MAX_CLASSES + 5;     /* listed entry moved out of range */
-    index_lru_touch(ix, a);
+    test_touch(ix, a);
     ck_assert_uint_eq(a->on_lru, 0);
     ck_assert_ptr_null(index_lru_oldest(ix, 1, 2));
     struct index_stats st;
@@ -690,7 +697,7 @@ START_TEST(test_lru_random_drain)
     for (int i = 0; i < N; i++)
         e[i] = test_new(ix, 0, i, 6, (uint32_t)(test_rand() % ARENA_MAX_CLASSES));
     for (int r = 0; r < 3 * N; r++)
-        index_lru_touch(ix, e[test_rand() % N]);
+        test_touch(ix, e[test_rand() % N]);
     for (int i = 0; i < N; i += 7)
         index_lru_remove(ix, e[i]);
     size_t listed = 0;
@@ -729,8 +736,8 @@ START_TEST(test_lru_ns_order)
     }
     ck_assert_ptr_null(index_lru_oldest_in_ns(ix, 1));
     for (int i = N - 1; i >= 0; i--) {    /* tail-first, alternating */
-        index_lru_touch(ix, a[i]);
-        index_lru_touch(ix, b[i]);
+        test_touch(ix, a[i]);
+        test_touch(ix, b[i]);
     }
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 1), a[N - 1]);
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 2), b[N - 1]);
@@ -739,7 +746,7 @@ START_TEST(test_lru_ns_order)
     ck_assert_ptr_null(index_lru_oldest_in_ns(ix, INDEX_MAX_NAMESPACES));
     ck_assert_ptr_null(index_lru_oldest_in_ns(ix, UINT32_MAX));
     /* A re-touch makes a leaf the newest of its namespace only. */
-    index_lru_touch(ix, a[N - 1]);
+    test_touch(ix, a[N - 1]);
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 1), a[N - 2]);
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 2), b[N - 1]);
     /* Drain namespace 1 by its oldest: stamps increase, namespace 2 and the
@@ -753,8 +760,8 @@ START_TEST(test_lru_ns_order)
         last = o->lru_stamp;
         index_lru_remove(ix, o);
         ck_assert_uint_eq(o->on_lru, 0);
-        ck_assert_ptr_null(o->ns_prev);
-        ck_assert_ptr_null(o->ns_next);
+        ck_assert_ptr_null(index_ns_prev(ix, o));
+        ck_assert_ptr_null(index_ns_next(ix, o));
         drained++;
     }
     ck_assert_uint_eq(drained, N);
@@ -782,9 +789,9 @@ START_TEST(test_lru_ns_remove_and_unlink)
     struct index_entry *e[6], *x = test_new(ix, 4, 99, 0, 2);
     for (int i = 0; i < 6; i++) {
         e[i] = test_new(ix, 3, i, 0, (uint32_t)(i % 2));
-        index_lru_touch(ix, e[i]);
+        test_touch(ix, e[i]);
         if (i == 2)
-            index_lru_touch(ix, x);      /* another namespace in between */
+            test_touch(ix, x);      /* another namespace in between */
     }
     index_lru_remove(ix, e[0]);         /* head of ns 3 and of class 0 */
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 3), e[1]);
@@ -792,18 +799,18 @@ START_TEST(test_lru_ns_remove_and_unlink)
     index_unlink(ix, e[3]);             /* middle: off both lists and the table */
     ck_assert_uint_eq(e[3]->on_lru, 0);
     ck_assert_ptr_null(index_lookup(ix, 3, 3));
-    ck_assert_ptr_eq(e[2]->ns_next, e[4]);
-    ck_assert_ptr_eq(e[4]->ns_prev, e[2]);
+    ck_assert_ptr_eq(index_ns_next(ix, e[2]), e[4]);
+    ck_assert_ptr_eq(index_ns_prev(ix, e[4]), e[2]);
     ck_assert_ptr_eq(index_lru_oldest(ix, 0, 1), e[1]);
-    ck_assert_ptr_eq(e[1]->lru_next, e[5]);
+    ck_assert_ptr_eq(index_lru_next(ix, e[1]), e[5]);
     index_entry_free(ix, e[3]);
     index_unlink(ix, e[5]);             /* tail */
-    ck_assert_ptr_null(e[4]->ns_next);
+    ck_assert_ptr_null(index_ns_next(ix, e[4]));
     index_entry_free(ix, e[5]);
     /* Touching the ns head moves it to the ns tail (and its class tail). */
-    index_lru_touch(ix, e[1]);
+    test_touch(ix, e[1]);
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 3), e[2]);
-    ck_assert_ptr_eq(e[4]->ns_next, e[1]);
+    ck_assert_ptr_null(index_ns_next(ix, e[4]));   /* moved into the heap (order_settle) */
     struct index_entry *want[] = { e[2], e[4], e[1] };
     for (int i = 0; i < 3; i++) {
         struct index_entry *o = index_lru_oldest_in_ns(ix, 3);
@@ -816,13 +823,13 @@ START_TEST(test_lru_ns_remove_and_unlink)
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 4), x);
     /* A namespace id beyond the lists' range is on neither list. */
     struct index_entry *far = test_new(ix, INDEX_MAX_NAMESPACES, 1, 0, 0);
-    index_lru_touch(ix, far);
+    test_touch(ix, far);
     ck_assert_uint_eq(far->on_lru, 0);
     ck_assert_ptr_null(index_lru_oldest(ix, 0, 0));
     /* A large id inside the range grows the heads on demand. */
     ck_assert_int_eq(index_ns_reserve(ix, 8), 0);
     struct index_entry *big = test_new(ix, INDEX_MAX_NAMESPACES - 1, 1, 0, 0);
-    index_lru_touch(ix, big);
+    test_touch(ix, big);
     ck_assert_uint_eq(big->on_lru, 1);
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, INDEX_MAX_NAMESPACES - 1), big);
     ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 4), x);     /* survived the move */
@@ -834,7 +841,8 @@ START_TEST(test_lru_ns_remove_and_unlink)
 END_TEST
 
 /* Random touches and removals over many namespaces: every namespace list
- * holds exactly the listed entries of that namespace, oldest first. */
+ * holds exactly the listed entries of that namespace, and drains oldest
+ * first (a touch marks an entry in place; its move waits for the oldest end). */
 START_TEST(test_lru_ns_random)
 {
     struct kv_index *ix = NULL;
@@ -850,7 +858,7 @@ START_TEST(test_lru_ns_random)
         if (test_rand() % 5 == 0)
             index_lru_remove(ix, t);
         else
-            index_lru_touch(ix, t);
+            test_touch(ix, t);
     }
     size_t listed = 0;
     for (int i = 0; i < N; i++)
@@ -858,19 +866,19 @@ START_TEST(test_lru_ns_random)
     size_t seen = 0;
     for (uint32_t ns = 1; ns <= NNS; ns++) {
         uint64_t last = 0;
-        size_t here = 0;
-        for (struct index_entry *o = index_lru_oldest_in_ns(ix, ns); o; o = o->ns_next) {
-            FAIL_IF_NOT(o->ns == ns && o->on_lru, "wrong entry on a namespace list");
-            FAIL_IF_NOT(o->lru_stamp > last, "namespace list not oldest first");
+        size_t drained = 0, here = index_lru_count_in_ns(ix, ns);
+        for (struct index_entry *o; (o = index_lru_oldest_in_ns(ix, ns)); drained++) {
+            FAIL_IF_NOT(o->ns == ns && o->on_lru, "wrong entry on a namespace order");
+            FAIL_IF_NOT(o->lru_stamp > last, "namespace order not oldest first");
             last = o->lru_stamp;
-            here++;
+            index_lru_remove(ix, o);
         }
-        ck_assert_uint_eq(index_lru_count_in_ns(ix, ns), here);
+        ck_assert_uint_eq(drained, here);
         seen += here;
     }
+    ck_assert_uint_eq(seen, listed);
     ck_assert_uint_eq(index_lru_count_in_ns(ix, NNS + 1), 0);
     ck_assert_uint_eq(index_lru_count_in_ns(ix, UINT32_MAX), 0);
-    ck_assert_uint_eq(seen, listed);
     free(e);
     index_destroy(ix);
 }
@@ -970,7 +978,7 @@ START_TEST(test_entry_reuse)
             ck_assert_int_eq(e[i]->state, 0);
             ck_assert_uint_eq(e[i]->check, 0);
             ck_assert_uint_eq(e[i]->offset, 0);
-            ck_assert_ptr_null(e[i]->lru_prev);
+            ck_assert_ptr_null(index_lru_prev(ix, e[i]));
             e[i]->offset = (uint64_t)i * 4096 + (uint64_t)round;
             e[i]->check = ~(uint64_t)i;
             e[i]->pins = 3;
@@ -989,6 +997,239 @@ START_TEST(test_entry_reuse)
     index_destroy(ix);
 }
 END_TEST
+
+/* Issue 32's bound: at 1 M listed blocks the index holds at most 96 bytes
+ * per block, counting its entry chunks, buckets, chunk table and orders. */
+START_TEST(test_bytes_per_block_at_1m)
+{
+    enum { N = 1 << 20 };
+    struct kv_index *ix;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    struct index_stats st0;
+    index_get_stats(ix, &st0);
+    for (int i = 0; i < N; i++) {
+        struct index_entry *e = index_insert(ix, 1 + (uint32_t)(i & 3), (int64_t)i * 0x9e3779b97f4a7c15ll);
+        ck_assert_ptr_nonnull(e);
+        e->state = ENTRY_SEALED;
+        e->arena = 0;
+        e->cls = (uint8_t)(i % 3);
+        test_touch(ix, e);
+    }
+    struct index_stats st;
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.entries, N);
+    ck_assert_uint_eq(st.lru_entries, N);
+    double per_block = (double)(st.bytes - st0.bytes) / N;
+    printf("index: %.1f B per block at %d blocks (%zu buckets)\n", per_block, N, st.buckets);
+    ck_assert_double_le(per_block, 96.0);
+    ck_assert_double_ge(per_block, (double)sizeof(struct index_entry));
+    /* Every entry still found, and the orders intact (oldest first). */
+    for (int i = 0; i < N; i += 4099)
+        ck_assert_ptr_nonnull(index_lookup(ix, 1 + (uint32_t)(i & 3), (int64_t)i * 0x9e3779b97f4a7c15ll));
+    ck_assert_int_eq((int)index_lru_count_in_ns(ix, 1), N / 4);
+    index_destroy(ix);
+}
+END_TEST
+
+/* After every entry was used (marked in place), index_lru_settle_arena moves
+ * at most its budget per call, so the moves take many calls; then the
+ * oldest are exactly in the order of the uses. */
+START_TEST(test_lru_settle_spreads_the_moves)
+{
+    enum { N = 100000, BUDGET = 1000 };
+    struct kv_index *ix;
+    struct index_entry **e = malloc(N * sizeof *e);
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    for (int i = 0; i < N; i++) {
+        e[i] = test_new(ix, 1, i, 0, (uint32_t)(i % 2));
+        test_touch(ix, e[i]);
+    }
+    for (size_t i = N; i > 1; i--) {
+        size_t j = (size_t)(test_rand() % i);
+        struct index_entry *t = e[i - 1];
+        e[i - 1] = e[j];
+        e[j] = t;
+    }
+    for (int i = 0; i < N; i++)
+        test_touch(ix, e[i]);      /* marks, moves nothing */
+    int calls = 0;
+    while (!index_lru_settle_arena(ix, 0, BUDGET))
+        calls++;
+    ck_assert_int_ge(calls, N / BUDGET - 1);
+    ck_assert(index_lru_settle_arena(ix, 0, BUDGET));
+    ck_assert(index_lru_settle_arena(ix, 5, BUDGET));        /* nothing listed there */
+    for (int i = 0; i < N; i++) {
+        struct index_entry *o = index_lru_oldest_in_arena(ix, 0);
+        ck_assert_ptr_eq(o, e[i]);
+        index_lru_remove(ix, o);
+    }
+    ck_assert_ptr_null(index_lru_oldest_in_arena(ix, 0));
+    free(e);
+    index_destroy(ix);
+}
+END_TEST
+
+/* An eviction call after more uses than its budget: it moves at most
+ * INDEX_OLDEST_SETTLE_BUDGET marked entries (counted in index_stats), takes
+ * the oldest of those it moved, and is exact again once the rest settled. */
+START_TEST(test_lru_oldest_budget)
+{
+    enum { N = 20000 };
+    struct kv_index *ix;
+    struct index_entry **e = malloc(N * sizeof *e);
+    struct index_stats st;
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    for (int i = 0; i < N; i++) {
+        e[i] = test_new(ix, 1, i, 0, 0);
+        test_touch(ix, e[i]);
+    }
+    for (int i = N; i-- > 0;)
+        test_touch(ix, e[i]);           /* all marked, newest first: reversed */
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.settle_moves, 0);
+    /* Exact LRU would be e[N - 1], N moves away. */
+    struct index_entry *o = index_lru_oldest(ix, 0, 0);
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.settle_moves, INDEX_OLDEST_SETTLE_BUDGET);
+    ck_assert_uint_eq(st.oldest_moves_max, INDEX_OLDEST_SETTLE_BUDGET);
+    ck_assert_uint_eq(st.oldest_forced, 1);
+    /* The oldest used of the moved ones: the last of the first BUDGET. */
+    ck_assert_ptr_eq(o, e[INDEX_OLDEST_SETTLE_BUDGET - 1]);
+    /* The next BUDGET - 1 calls answer from what that sweep moved, with no
+     * moves; the one after sweeps the next BUDGET (older ones among them). */
+    for (unsigned i = 0; i + 1 < INDEX_OLDEST_SETTLE_BUDGET; i++) {
+        struct index_entry *v = index_lru_oldest_in_arena(ix, 0);
+        ck_assert_ptr_eq(v, e[INDEX_OLDEST_SETTLE_BUDGET - 1 - i]);
+        index_lru_remove(ix, v);
+    }
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.settle_moves, INDEX_OLDEST_SETTLE_BUDGET);
+    ck_assert_ptr_eq(index_lru_oldest(ix, 0, 0), e[2 * INDEX_OLDEST_SETTLE_BUDGET - 1]);
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.settle_moves, 2 * INDEX_OLDEST_SETTLE_BUDGET);
+    ck_assert_uint_eq(st.oldest_moves_max, INDEX_OLDEST_SETTLE_BUDGET);
+    ck_assert_uint_eq(st.oldest_forced, INDEX_OLDEST_SETTLE_BUDGET + 1);
+    /* The namespace's order has a sweep of its own, from e[BUDGET - 1] (the
+     * ones before it left both orders): e[BUDGET - 1 .. 2 BUDGET - 2]. */
+    ck_assert_ptr_eq(index_lru_oldest_in_ns(ix, 1), e[2 * INDEX_OLDEST_SETTLE_BUDGET - 2]);
+    index_get_stats(ix, &st);
+    ck_assert_uint_le(st.oldest_moves_max, INDEX_OLDEST_SETTLE_BUDGET);
+    /* Settled in the background: exact again, no call forced. */
+    while (!index_lru_settle_arena(ix, 0, 4096))
+        ;
+    index_get_stats(ix, &st);
+    size_t forced = st.oldest_forced;
+    ck_assert_ptr_eq(index_lru_oldest(ix, 0, 0), e[N - 1]);
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.oldest_forced, forced);
+    index_destroy(ix);
+    free(e);
+}
+END_TEST
+
+/* Chains (entry i + 1 is entry i's child) refreshed tail-first the way the
+ * cache does (prefix MATCHes, read leases that pin a prefix and release it
+ * tail-first, re-puts of what went), with long runs of uses between bursts
+ * of evictions so that most eviction calls meet more marked entries than
+ * their budget: every victim is a chain's last entry present (leaves before
+ * roots), whichever of the class and the namespace orders it came from. */
+START_TEST(test_lru_bounded_leaves_first)
+{
+    enum { C = 1000, L = 16, ROUNDS = 30 };
+    static struct index_entry *e[C][L];
+    static int pinned[C];               /* pinned prefix length, 0: none */
+    struct kv_index *ix;
+    struct index_stats st;
+    ck_assert_int_eq(index_create(0, &ix), 0);
+    static int order[C];
+    size_t evictions = 0;
+    for (int c = 0; c < C; c++)
+        order[c] = c;
+    for (int r = 0; r < ROUNDS; r++) {
+        /* Put back what is missing; the whole chain refreshed tail-first. */
+        for (int c = 0; c < C; c++) {
+            if (e[c][L - 1])
+                continue;
+            for (int i = 0; i < L; i++)
+                if (!e[c][i])
+                    e[c][i] = test_new(ix, 1 + (uint32_t)(c % 3), (int64_t)c * L + i, 0, 0);
+            index_lru_chain_begin(ix);
+            for (int i = L; i-- > 0;) {
+                if (e[c][i]->pins)
+                    index_lru_use(ix, e[c][i]);
+                else
+                    index_lru_touch(ix, e[c][i]);   /* sealed: listed */
+            }
+        }
+        /* Every other round, every chain MATCHed whole in a random order:
+         * the runs of marked entries at the oldest ends outgrow the budget. */
+        for (int c = C; r % 2 == 0 && c > 1; c--) {
+            int j = (int)(test_rand() % (uint64_t)c), t = order[c - 1];
+            order[c - 1] = order[j];
+            order[j] = t;
+        }
+        for (int p = 0; r % 2 == 0 && p < C; p++) {
+            index_lru_chain_begin(ix);
+            for (int i = L; i-- > 0;)
+                if (e[order[p]][i])
+                    index_lru_use(ix, e[order[p]][i]);
+        }
+        /* Uses: prefix MATCHes, leases taken and ended. */
+        for (int u = 0; u < 3 * C; u++) {
+            int c = (int)(test_rand() % C), d = 1 + (int)(test_rand() % L);
+            int op = (int)(test_rand() % 8);
+            if (op == 0 && !pinned[c]) {
+                pinned[c] = d;          /* a read lease on the prefix */
+                for (int i = 0; i < d; i++)
+                    if (e[c][i] && e[c][i]->pins++ == 0)
+                        index_lru_remove(ix, e[c][i]);
+            } else if (op == 1 && pinned[c]) {
+                index_lru_chain_begin(ix);
+                for (int i = pinned[c]; i-- > 0;) {
+                    if (!e[c][i])
+                        continue;
+                    index_lru_use(ix, e[c][i]);
+                    if (--e[c][i]->pins == 0)
+                        index_lru_add(ix, e[c][i]);
+                }
+                pinned[c] = 0;
+            } else {
+                index_lru_chain_begin(ix);
+                for (int i = d; i-- > 0;)
+                    if (e[c][i])
+                        index_lru_use(ix, e[c][i]);
+            }
+        }
+        /* A burst of evictions: by class, by arena or by namespace. */
+        for (int v = 0; v < C * L / 8; v++) {
+            int how = (int)(test_rand() % 3);
+            struct index_entry *o = how == 0 ? index_lru_oldest(ix, 0, 0)
+                                  : how == 1 ? index_lru_oldest_in_arena(ix, 0)
+                                             : index_lru_oldest_in_ns(ix, 1 + (uint32_t)(test_rand() % 3));
+            if (!o)
+                continue;
+            ck_assert_uint_eq(o->pins, 0);
+            int64_t k = o->key;
+            int c = (int)(k / L), i = (int)(k % L);
+            ck_assert_ptr_eq(e[c][i], o);
+            ck_assert_msg(i == L - 1 || !e[c][i + 1], "round %d: key %lld (chain %d, #%d) evicted before its child",
+                          r, (long long)k, c, i);
+            index_unlink(ix, o);
+            index_entry_free(ix, o);
+            e[c][i] = NULL;
+            evictions++;
+        }
+    }
+    index_get_stats(ix, &st);
+    ck_assert_uint_gt(st.oldest_forced, 0);     /* the bound was met */
+    ck_assert_uint_le(st.oldest_moves_max, INDEX_OLDEST_SETTLE_BUDGET);
+    ck_assert_uint_gt(evictions, (size_t)C * L);
+    index_destroy(ix);
+}
+END_TEST
+
 
 static Suite *index_suite(void)
 {
@@ -1017,6 +1258,10 @@ static Suite *index_suite(void)
     tcase_add_test(tc, test_lru_ns_random);
     tcase_add_test(tc, test_walk_during_rehash);
     tcase_add_test(tc, test_entry_reuse);
+    tcase_add_test(tc, test_lru_settle_spreads_the_moves);
+    tcase_add_test(tc, test_lru_oldest_budget);
+    tcase_add_test(tc, test_lru_bounded_leaves_first);
+    tcase_add_test(tc, test_bytes_per_block_at_1m);
     suite_add_tcase(s, tc);
     return s;
 }
