@@ -137,7 +137,15 @@ def create_connector(vllm_config, role_name, kv_cache_config):
 
 SPLIT = ("flash_attn", "flash_attn_hnd")     # backends with K/V split caches
 
-NONE_HASH = hashlib.sha256(pickle.dumps("0")).digest()      # PYTHONHASHSEED=0
+def sha256(value):
+    """vLLM's default block hash function (--prefix-caching-hash-algo sha256): SHA-256 of the
+    value pickled with the highest protocol."""
+    return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+# The parent of a request's first block: the hash function of PYTHONHASHSEED's string
+# (these engines run with PYTHONHASHSEED=0; unset, vLLM takes 32 random bytes)
+NONE_HASH = sha256("0")
 
 
 class Request:
@@ -165,13 +173,15 @@ class Request:
         return len(self.block_hashes)
 
     def update_hashes(self):
-        """vLLM's chained block hash: sha256 of (parent hash, the block's tokens, extra keys)."""
+        """vLLM's chained block hash of each new full block: the hash function of (parent
+        hash, the block's token ids as a tuple, extra keys: None without LoRA, multimodal
+        inputs, prompt embeddings or a cache salt), raw digest bytes."""
         bs = self.block_size
         while (len(self.block_hashes) + 1) * bs <= self.num_tokens:
             i = len(self.block_hashes)
             parent = self.block_hashes[-1] if self.block_hashes else NONE_HASH
-            self.block_hashes.append(hashlib.sha256(pickle.dumps(
-                (parent, tuple(self.all_token_ids[i * bs:(i + 1) * bs]), None))).digest())
+            self.block_hashes.append(sha256(
+                (parent, tuple(self.all_token_ids[i * bs:(i + 1) * bs]), None)))
 
 
 def token_kv(tokens, layers, heads, head_dim, mla, dtype):
