@@ -32,16 +32,20 @@ What runs where:
   when done, False on failure.
 - Workers: ``register_kv_caches`` takes the per-layer paged KV caches in vLLM's NHD shapes
   (CPU torch tensors: the host copies their pieces): K/V split ``(2, num_blocks, block_size,
-  heads, head_dim)`` (FlashAttention and most backends), stacked ``(num_blocks, 2, block_size,
-  heads, head_dim)`` (FlashInfer) and MLA ``(num_blocks, block_size, head_dim)``. A vLLM
-  block is one kvnode block: for each layer in order, K then V of its ``block_size`` tokens
-  (MLA: the latent), so split and stacked caches share blocks. ``prefer_cross_layer_blocks``
+  heads, head_dim)`` (FlashAttention before the packed layout, most backends), stacked
+  ``(num_blocks, 2, block_size, heads, head_dim)`` (FlashInfer before it), K|V-packed
+  ``(num_blocks, heads, block_size, 2 * head_dim)`` (newer FlashAttention and FlashInfer: K
+  the first half of the last dimension; in memory token, head, K|V) and MLA ``(num_blocks,
+  block_size, head_dim)``. A vLLM block is one kvnode block: for each layer in order, K then
+  V of its ``block_size`` tokens (MLA: the latent), so split, stacked and packed caches share
+  blocks (a packed one moves in pieces into that order). ``prefer_cross_layer_blocks``
   is True (extra config ``cross_layer_blocks``): for models with uniform layers vLLM then
   allocates one tensor for every layer and calls ``register_cross_layers_kv_cache``; each
   block of it lies in one run of memory in that same order (checked) and moves whole
   (``kvnode_get_batch`` / ``kvnode_put_batch``; CUDA tensors by libkvnode's device copies,
   the client declaring the tensor's device: run against the strict fake CUDA by
-  ``scripts/gpu-check.sh --sim``, not yet on a GPU). ``start_load_kv`` copies each
+  ``scripts/gpu-check.sh --sim``, not yet on a GPU; a K|V-packed cross-layer cache moves
+  in pieces, from host memory only). ``start_load_kv`` copies each
   load straight from kvnoded's shared memory into the paged blocks (one
   ``kvnode_get_scatter_checked`` per request: every piece of every block, lease included);
   a block it could not load is reported by ``get_block_ids_with_load_errors`` (vLLM then
@@ -54,18 +58,21 @@ What runs where:
   reports the request (its failed blocks reported by then) in its second set.
   Saves run on a thread of the worker (``kvnode_put_gather_checked``, blocks already stored
   skipped) from blocks vLLM holds for them; ``get_finished`` reports a request once its save
-  has ended and vLLM has named it finished; ``save_kv_layer`` and ``wait_for_save`` have
+  has ended and vLLM has named it finished (``get_transfer_results``, which newer vLLM asks
+  instead, gives the same sets); a worker whose caches it cannot move drops its saves
+  (counted) and still reports them; ``save_kv_layer`` and ``wait_for_save`` have
   nothing to do (no save reads a block vLLM is writing). ``get_kv_connector_stats`` gives the
   counters of the interval since the previous call; ``shutdown`` waits for the saves queued
   (at most ``timeout_ms`` each) and disconnects.
 
-Keys: vLLM's block hashes (``request.block_hashes``; only the first
-``request.num_publishable_block_hashes``, as vLLM requires of content-addressed connectors)
-folded by :func:`kvnode.fold_digests` (key: the hash's first 64 bits, check word: the next 64,
-sent beside the key whenever kvnoded honours check words). vLLM seeds its hash chain from
-``PYTHONHASHSEED``: instances that are to share blocks must run with the same
-``PYTHONHASHSEED`` and ``--prefix-caching-hash-algo`` (without ``PYTHONHASHSEED`` each vLLM
-process draws a random seed and finds only its own blocks).
+Keys: vLLM's block hashes (``request.block_hashes``: ``BlockHash``, a NewType of bytes; only
+the first ``request.num_publishable_block_hashes``, as vLLM requires of content-addressed
+connectors, where vLLM has that count) folded by :func:`kvnode.fold_digests` (key: the hash's
+first 64 bits, check word: the next 64, sent beside the key whenever kvnoded honours check
+words). vLLM seeds its hash chain from ``PYTHONHASHSEED`` (the first block's parent is the
+hash function of that string; without it 32 random bytes): instances that are to share
+blocks must run with the same ``PYTHONHASHSEED`` and ``--prefix-caching-hash-algo``
+(without ``PYTHONHASHSEED`` each vLLM process finds only its own blocks).
 
 Namespaces: one per (model, revision, KV geometry and dtype, TP rank, PP stage): ``model``
 (default the served model), ``model_revision`` (default vLLM's ``--revision``),
@@ -90,12 +97,12 @@ valid ones): ``socket_path`` (default ``$KVNODE_SOCKET``, else libkvnode's),
 
 import _thread
 import array
-import collections
 import ctypes
 import dataclasses
 import enum
 import logging
 import os
+import queue
 import threading
 import time
 
@@ -153,6 +160,17 @@ except Exception as _e:     # noqa: BLE001 - ImportError, or vLLM failing to imp
     logger.info("kvnode.vllm: vLLM is not importable (%s); KvnodeConnector uses a stand-in "
                 "base class", VLLM_IMPORT_ERROR)
 
+try:    # what newer vLLM's model runner asks of a worker each step instead of get_finished
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import \
+        KVConnectorTransferResults  # noqa: F401
+except Exception:       # noqa: BLE001 - no vLLM, or one that calls get_finished
+    @dataclasses.dataclass
+    class KVConnectorTransferResults:
+        """Stand-in for vLLM's (the fields the connector fills)."""
+        finished_sending: set = dataclasses.field(default_factory=set)
+        finished_recving: set = dataclasses.field(default_factory=set)
+        failed_recving: set = dataclasses.field(default_factory=set)
+
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import \
         KVConnectorStats as _StatsBase
@@ -193,10 +211,13 @@ class KvnodeConnectorStats(_StatsBase):
         return not any(self.data.values())
 
 
-def _words(code, ctypes_array):
-    """A ctypes array of 64-bit keys or check words as an array.array (picklable, as the
-    metadata must be; the worker's call takes it back without a copy: _ctypes_words)."""
-    return array.array(code, bytes(ctypes_array))
+def _words(code, ctypes_array, start=0):
+    """The items of a ctypes array of 64-bit keys or check words from start on, as an
+    array.array (picklable, as the metadata must be; the worker's call takes it back
+    without a copy: _ctypes_words). One copy."""
+    words = array.array(code)
+    words.frombytes(memoryview(ctypes_array).cast("B")[start * 8:])
+    return words
 
 
 def _tail(ctypes_array, start):
@@ -204,6 +225,23 @@ def _tail(ctypes_array, start):
     n = len(ctypes_array) - start
     return (ctypes_array._type_ * n).from_buffer(ctypes_array, start * ctypes.sizeof(
         ctypes_array._type_))
+
+
+def _fold_words(hashes):
+    """_fold_hashes into array.array words (the metadata's own, picklable): folded in place
+    when the hashes are raw digests, no copy after the fold."""
+    n = len(hashes)
+    if n and type(hashes[0]) is bytes and len(hashes[0]) >= 16 and \
+            _clib._fold_digests is not None:
+        size = len(hashes[0])
+        raw = b"".join(hashes)
+        if len(raw) == size * n and len(hashes[-1]) == size:
+            keys, checks = array.array("q", [0]) * n, array.array("Q", [0]) * n
+            if _clib._fold_digests(raw, n, size, (ctypes.c_int64 * n).from_buffer(keys),
+                                   (ctypes.c_uint64 * n).from_buffer(checks)) == n:
+                return keys, checks
+    keys, checks = _fold_hashes(hashes)
+    return _words("q", keys), _words("Q", checks)
 
 
 def _ctypes_words(ctype, words):
@@ -309,6 +347,18 @@ def _hex(block_hash):
     return "%064x" % (int(value) & ((1 << 256) - 1))
 
 
+def _packed_pieces(base, layers, tokens, heads, half):
+    """Where the pieces of one block of a K|V-packed cache lie (address, size), in kvnode's
+    block order: for each layer, K of every (token, head) then V of each; in memory layer,
+    token, head, then K and V of half bytes each (vLLM's packed layouts under NHD)."""
+    ptrs = []
+    for layer in range(layers):
+        first = [base + ((layer * tokens + i) * heads + h) * 2 * half
+                 for i in range(tokens) for h in range(heads)]
+        ptrs += first + [p + half for p in first]
+    return ptrs, [half] * len(ptrs)
+
+
 class _GatheredBlocks:
     """A vLLM block in pieces over per-layer caches (K and V of each layer): moved by
     kvnode_put_gather_checked / kvnode_get_scatter_checked, one call per batch."""
@@ -318,14 +368,30 @@ class _GatheredBlocks:
     def __init__(self, base, step, pieces):
         self.base, self.step, self.pieces = base, step, pieces
         self.block_bytes = pieces.block_bytes
+        self._pieces = pieces._args()
+
+    def _bases(self, block_ids):
+        base, step = self.base, self.step
+        return array.array(gathered._ADDRESS, [base + b * step for b in block_ids])
 
     def load(self, c, keys, block_ids, checks):
-        return gathered.get_scattered(c, keys, [self.base + b * self.step for b in block_ids],
-                                      self.pieces, checks)
+        """gathered.get_scattered, its arguments made once per call (keys and checks: the
+        metadata's arrays, len(block_ids) of each)."""
+        n = len(block_ids)
+        if not n:
+            return 0
+        got, bases = _clib._SIZE(0), self._bases(block_ids)     # (bases: alive until it ends)
+        c._check(_clib._get_scatter(c._handle(), keys, checks, n, bases.buffer_info()[0],
+                                    *self._pieces, ctypes.byref(got)))
+        return got.value
 
     def save(self, c, keys, block_ids, checks):
-        gathered.put_gathered(c, keys, [self.base + b * self.step for b in block_ids],
-                              self.pieces, checks)
+        """gathered.put_gathered, likewise."""
+        n = len(block_ids)
+        if n:
+            bases = self._bases(block_ids)
+            c._check(_clib._put_gather(c._handle(), keys, checks, n, bases.buffer_info()[0],
+                                       *self._pieces))
 
 
 class _WholeBlocks:
@@ -410,17 +476,17 @@ class _Link:
         started when due, and waited for at most wait_s when under way)."""
         with self._lock:
             c = self._client
-            if c is None:
-                self._start_locked()
-                done = self._connected if self._connecting else None
-        if c is None:
-            if done is None or wait_s <= 0 or not done.wait(wait_s):
-                return None
-            with self._lock:
-                c = self._client
-                if c is None:
-                    return None
+            if c is not None:
+                self._users[id(c)] = self._users.get(id(c), 0) + 1
+                return c
+            self._start_locked()
+            done = self._connected if self._connecting else None
+        if done is None or wait_s <= 0 or not done.wait(wait_s):
+            return None
         with self._lock:
+            c = self._client
+            if c is None:
+                return None
             self._users[id(c)] = self._users.get(id(c), 0) + 1
         return c
 
@@ -522,7 +588,7 @@ class KvnodeConnector(KVConnectorBase_V1):
                                "evicted from kvnoded between the MATCH and the load fails its "
                                "request; give \"recompute\" to have vLLM recompute it")
             self._plans = {}            # request id -> (local blocks, matched blocks)
-            self._folded = {}           # request id -> (n, keys, checks)
+            self._scratch = (0, None, None)  # MATCH's fold arrays (capacity, keys, checks)
             self._loads, self._saves = [], []
             self._saving = set()
             self._links = []
@@ -540,13 +606,14 @@ class KvnodeConnector(KVConnectorBase_V1):
             self.tp_rank, self.pp_rank = self._ranks(pc)
             self._mover = None          # _GatheredBlocks or _WholeBlocks, once registered
             self._load_errors = set()
-            self._save_queue = collections.deque()
+            # the worker's thread takes its work from a SimpleQueue (None: stop) and says
+            # what ended under _save_wake (a Condition over the sets below)
+            self._save_queue = queue.SimpleQueue()
             self._save_wake = threading.Condition()
             self._loaded = set()         # request ids whose asynchronous load has ended
             self._pending_saves = set()  # request ids with a save queued or done
             self._saved = set()          # ... whose save has ended
             self._named_finished = set()  # ... that vLLM has named finished
-            self._stop = False
             self._saver = None
             self._mla_follower = False
 
@@ -617,14 +684,26 @@ class KvnodeConnector(KVConnectorBase_V1):
         return len(hashes) if n is None else min(int(n), len(hashes))
 
     def _fold(self, request, n):
-        """Keys and check words of the request's first n blocks (folded once per request)."""
-        got = self._folded.get(request.request_id)
-        if got is None or got[0] < n:
-            keys, checks = _fold_hashes(request.block_hashes[:n])
-            got = self._folded[request.request_id] = (n, keys, checks)
-        if got[0] == n:
-            return got[1], got[2]
-        return kvnode.prefix(got[1], n), kvnode.prefix(got[2], n)
+        """Keys and check words of the request's first n blocks (arrays of n)."""
+        hashes = request.block_hashes
+        return _fold_hashes(hashes if len(hashes) == n else hashes[:n])
+
+    def _fold_scratch(self, hashes, n):
+        """The first n hashes folded into the scheduler's reused arrays (grown when short;
+        only the first n words are meaningful): a MATCH allocates nothing."""
+        cap, keys, checks = self._scratch
+        if cap < n:
+            cap = max(n, 2 * cap, 256)
+            keys, checks = (ctypes.c_int64 * cap)(), (ctypes.c_uint64 * cap)()
+            self._scratch = (cap, keys, checks)
+        if n and type(hashes[0]) is bytes and len(hashes[0]) >= 16 and \
+                _clib._fold_digests is not None:
+            size = len(hashes[0])
+            raw = b"".join(hashes if len(hashes) == n else hashes[:n])
+            if len(raw) == size * n and len(hashes[n - 1]) == size and \
+                    _clib._fold_digests(raw, n, size, keys, checks) == n:
+                return keys, checks
+        return kvnode.fold_digests([_hex(h) for h in hashes[:n]])
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         """Tokens past num_computed_tokens whose blocks kvnoded holds (a MATCH per rank),
@@ -639,27 +718,45 @@ class KvnodeConnector(KVConnectorBase_V1):
                             tokens // self.block_size >= self.async_load_min_blocks)
 
     def _matched_tokens(self, request, num_computed_tokens):
-        self._plans.pop(request.request_id, None)
+        # (one frame, few calls: this runs for every new request, between other work)
+        rid = request.request_id
+        plans = self._plans
+        if rid in plans:
+            del plans[rid]
         if not self.loads_on or self._link is None:
             return 0
         bs = self.block_size
+        hashes = request.block_hashes
         # Never the block of the prompt's last token: vLLM computes at least one token.
-        n = min(self._publishable(request), (request.num_tokens - 1) // bs)
+        n = (request.num_tokens - 1) // bs
+        if len(hashes) < n:
+            n = len(hashes)
+        publishable = getattr(request, "num_publishable_block_hashes", None)
+        if publishable is not None and publishable < n:
+            n = int(publishable)
         local = num_computed_tokens // bs
         if n <= local:
             return 0
-        keys, checks = self._fold(request, n)
+        keys, checks = self._fold_scratch(hashes, n)
         if local:       # the blocks past vLLM's own prefix (kvnode keys are not chained)
             keys, checks = _tail(keys, local), _tail(checks, local)
-        more = len(keys)
+        more = n - local
         for link in self._links:   # each rank's MATCH asks only what the ranks before found
             c = link.acquire(self.connect_wait_s)
             if c is None:
                 return 0
             error = None
             try:
-                more = c.match(kvnode.prefix(keys, more),
-                               kvnode.prefix(checks, more) if link.checks_on else None)
+                if link.checks_on:
+                    t = _clib._CTiers()
+                    rc = _clib._match_checked(c._handle(), keys, checks, more, ctypes.byref(t))
+                    more = t.matched
+                else:
+                    m = _clib._SIZE(0)
+                    rc = _clib._match(c._handle(), keys, more, ctypes.byref(m))
+                    more = m.value
+                if rc:
+                    c._check(rc)
             except kvnode.Error as e:
                 error, more = e, 0
                 self._failed("MATCH", e)
@@ -667,7 +764,7 @@ class KvnodeConnector(KVConnectorBase_V1):
                 link.release(c, error)
             if more <= 0:
                 return 0
-        self._plans[request.request_id] = (local, local + more)
+        plans[rid] = (local, local + more)
         return more * bs
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
@@ -681,8 +778,8 @@ class KvnodeConnector(KVConnectorBase_V1):
             block_ids = list(blocks.get_block_ids()[0])[local:local + count]
             keys, checks = self._fold(request, local + count)
             self._loads.append(_Transfer(
-                request.request_id, block_ids, _words("q", keys)[local:],
-                _words("Q", checks)[local:],
+                request.request_id, block_ids, _words("q", keys, local),
+                _words("Q", checks, local),
                 bool(self.async_load_min_blocks and count >= self.async_load_min_blocks)))
         except Exception as e:  # noqa: BLE001
             self._failed("update_state_after_alloc", e)
@@ -707,16 +804,14 @@ class KvnodeConnector(KVConnectorBase_V1):
                     len(block_ids))
             if n <= 0:
                 return False, None
-            keys, checks = self._fold(request, n)
-            self._saves.append(_Transfer(rid, list(block_ids[:n]), _words("q", keys),
-                                         _words("Q", checks)))
+            hashes = request.block_hashes
+            keys, checks = _fold_words(hashes if len(hashes) == n else hashes[:n])
+            self._saves.append(_Transfer(rid, list(block_ids[:n]), keys, checks))
             self._saving.add(rid)
             return True, None
         except Exception as e:  # noqa: BLE001
             self._failed("request_finished", e)
             return False, None
-        finally:
-            self._folded.pop(rid, None)
 
     def update_connector_output(self, connector_output):
         for rid in getattr(connector_output, "finished_sending", None) or ():
@@ -765,7 +860,8 @@ class KvnodeConnector(KVConnectorBase_V1):
         except Exception as e:  # noqa: BLE001
             self._mover = None
             self._failed(what, e)
-            return
+        # the worker's thread runs even without a mover: the saves vLLM hands it are then
+        # dropped (counted) and reported, so vLLM frees their blocks
         if self._saver is None:
             self._saver = threading.Thread(target=self._save_loop, name="kvnode-vllm-io",
                                            daemon=True)
@@ -783,19 +879,27 @@ class KvnodeConnector(KVConnectorBase_V1):
                 raise ValueError("layer %s: a %s tensor; this release moves CPU tensors only"
                                  % (name, t.device.type))
             shape, es = tuple(t.shape), t.element_size()
+            packed = None
             if t.dim() == 5 and shape[0] == 2 and (num_blocks is None or shape[1] == num_blocks):
                 runs = [t[0, 0], t[1, 0]]           # K/V split: (2, blocks, tokens, heads, dim)
                 step, bs, heads, hd, mla = t.stride(1) * es, shape[2], shape[3], shape[4], False
             elif t.dim() == 5 and shape[1] == 2:
                 runs = [t[0]]                       # stacked: (blocks, 2, tokens, heads, dim)
                 step, bs, heads, hd, mla = t.stride(0) * es, shape[2], shape[3], shape[4], False
+            elif t.dim() == 4 and shape[3] % 2 == 0:
+                # K|V packed: (blocks, heads, tokens, 2 x dim), a block (tokens, heads, K|V)
+                # in memory under NHD; moved as K then V of every (token, head) in pieces
+                packed = t[0].permute(1, 0, 2)
+                runs = [packed]
+                step, bs, heads, hd, mla = t.stride(0) * es, shape[2], shape[1], shape[3] // 2, \
+                    False
             elif t.dim() == 3:
                 runs = [t[0]]                       # MLA: (blocks, tokens, latent)
                 step, bs, heads, hd, mla = t.stride(0) * es, shape[1], 1, shape[2], True
             else:
                 raise ValueError("layer %s: KV cache shape %s is none of (2, blocks, tokens, "
-                                 "heads, dim), (blocks, 2, tokens, heads, dim), (blocks, "
-                                 "tokens, dim)" % (name, shape))
+                                 "heads, dim), (blocks, 2, tokens, heads, dim), (blocks, heads, "
+                                 "tokens, 2 x dim), (blocks, tokens, dim)" % (name, shape))
             if not all(r.is_contiguous() for r in runs):
                 raise ValueError("layer %s: a block's K or V is not one run of memory (the "
                                  "cache is not NHD: strides %s)" % (name, t.stride()))
@@ -805,8 +909,11 @@ class KvnodeConnector(KVConnectorBase_V1):
             elif this != geo:
                 raise ValueError("layer %s: geometry %s differs from the first layer's %s"
                                  % (name, this, geo))
-            layers.append((name, [r.data_ptr() for r in runs], step,
-                           [r.numel() * es for r in runs]))
+            if packed is not None:
+                ptrs, sizes = _packed_pieces(packed.data_ptr(), 1, bs, heads, hd * es)
+            else:
+                ptrs, sizes = [r.data_ptr() for r in runs], [r.numel() * es for r in runs]
+            layers.append((name, ptrs, step, sizes))
         if self._geometry is None:      # vLLM without kv_cache_config: the tensors say it
             self._geometry = _Geometry(geo[0], geo[1], geo[2], geo[3], geo[4], geo[5],
                                        [n for n, *_ in layers] * self.pp_size)
@@ -857,6 +964,10 @@ class KvnodeConnector(KVConnectorBase_V1):
         nlayers = t.shape[0]
         want = (nlayers, spec.block_size, spec.head_dim) if spec.mla else \
             (nlayers, 2, spec.block_size, spec.heads, spec.head_dim)
+        if block.dim() == 4 and not spec.mla:      # K|V packed: (layers, heads, tokens, 2 x dim)
+            want = (nlayers, spec.heads, spec.block_size, 2 * spec.head_dim)
+            if tuple(block.shape) == want and t.element_size() == spec.elem_size:
+                return self._register_cross_packed(t, block, bdim)
         if tuple(block.shape) != want or t.element_size() != spec.elem_size:
             raise ValueError("a cross-layer block is %s of %d-byte elements, vLLM's spec says "
                              "%s of %d" % (tuple(block.shape), t.element_size(), want,
@@ -877,6 +988,32 @@ class KvnodeConnector(KVConnectorBase_V1):
         self._start_moving(_WholeBlocks(t.data_ptr(), t.stride(bdim) * t.element_size(),
                                         nbytes, device), layout)
 
+    def _register_cross_packed(self, t, block, bdim):
+        """A cross-layer cache in vLLM's K|V-packed layout: a block is (layers, tokens,
+        heads, K|V) in one run of memory under NHD; moved in pieces into kvnode's block
+        order (every layer's K then V), so it shares blocks with every other layout."""
+        spec, es = self._geometry, t.element_size()
+        if not block.permute(0, 2, 1, 3).is_contiguous():
+            raise ValueError("a K|V-packed cross-layer block is not one run of memory in "
+                             "layer, token, head order (the cache is not NHD: strides %s)"
+                             % (t.stride(),))
+        if t.device.type != "cpu":
+            raise ValueError("a K|V-packed cross-layer cache on %s: this release moves it "
+                             "from host memory only (pieces, not whole blocks)"
+                             % t.device.type)
+        layout = self._layout(self.tp_rank, self.pp_rank)
+        base = block.data_ptr()
+        ptrs, sizes = _packed_pieces(base, t.shape[0], spec.block_size, spec.heads,
+                                     spec.head_dim * es)
+        pieces = gathered.PieceMap([p - base for p in ptrs], sizes)
+        if pieces.block_bytes != layout.block_bytes:
+            raise ValueError("a cross-layer block has %d bytes, the namespace's %d (layers %d)"
+                             % (pieces.block_bytes, layout.block_bytes, layout.num_layers))
+        if not gathered.available():
+            raise ValueError("libkvnode %s has no gathered calls (KVNODE_0.8)"
+                             % kvnode.library_path())
+        self._start_moving(_GatheredBlocks(base, t.stride(bdim) * es, pieces), layout)
+
     def start_load_kv(self, forward_context, **kwargs):
         """This step's synchronous loads, done when this returns (blocks that could not be
         loaded are reported by get_block_ids_with_load_errors); its asynchronous loads and
@@ -885,16 +1022,19 @@ class KvnodeConnector(KVConnectorBase_V1):
             if not self.has_connector_metadata():
                 return
             meta = self._get_connector_metadata()
-            queued = [load for load in meta.loads if load.asynchronous]
+            queued = []
             for load in meta.loads:
-                if not load.asynchronous:
+                if load.asynchronous:
+                    queued.append(load)
+                else:
                     self._load(load)
-            if meta.saves or queued:
+            if meta.saves:
                 with self._save_wake:
-                    for save in meta.saves:
-                        self._pending_saves.add(save.req_id)
-                    self._save_queue.extend(queued + list(meta.saves))
-                    self._save_wake.notify()
+                    self._pending_saves.update([save.req_id for save in meta.saves])
+                queued += meta.saves
+            put = self._save_queue.put
+            for item in queued:
+                put(item)
         except Exception as e:  # noqa: BLE001
             self._failed("start_load_kv", e)
 
@@ -928,13 +1068,11 @@ class KvnodeConnector(KVConnectorBase_V1):
         return None
 
     def _save_loop(self):
+        get = self._save_queue.get
         while True:
-            with self._save_wake:
-                while not self._save_queue and not self._stop:
-                    self._save_wake.wait()
-                if not self._save_queue:
-                    return
-                item = self._save_queue.popleft()
+            item = get()
+            if item is None:
+                return
             try:
                 (self._load if item.asynchronous else self._save)(item)
             except Exception as e:  # noqa: BLE001
@@ -984,6 +1122,14 @@ class KvnodeConnector(KVConnectorBase_V1):
             self._failed("get_finished", e)
             return None, None
 
+    def get_transfer_results(self, finished_req_ids=None):
+        """get_finished's two sets as the KVConnectorTransferResults newer vLLM asks for
+        (failed_recving stays empty: a load's failed blocks are reported by
+        get_block_ids_with_load_errors, the request in finished_recving)."""
+        sending, recving = self.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(finished_sending=sending or set(),
+                                          finished_recving=recving or set())
+
     def get_block_ids_with_load_errors(self):
         with self._count_lock:
             errors, self._load_errors = self._load_errors, set()
@@ -1000,10 +1146,8 @@ class KvnodeConnector(KVConnectorBase_V1):
         """Finish the saves queued (each bounded by timeout_ms), then disconnect."""
         try:
             if not self._is_scheduler and self._saver is not None:
-                with self._save_wake:
-                    self._stop = True
-                    self._save_wake.notify_all()
-                    pending = len(self._save_queue) + 1
+                pending = self._save_queue.qsize() + 1
+                self._save_queue.put(None)
                 self._saver.join(pending * self.timeout_ms / 1000.0)
             for link in getattr(self, "_links", None) or [self._link]:
                 if link is not None:

@@ -1,8 +1,12 @@
 """What vLLM v1 does with a KV connector, without vLLM (written from its interfaces, no code
 of theirs): the configs the connector reads, the factory's construction by
 ``kv_connector_module_path``, paged KV caches as CPU torch tensors in the attention backends'
-shapes, the request's chained block hashes, and an engine whose scheduler and model runner
-call the connector in vLLM's order:
+shapes (backend "flash_attn": K/V split (2, blocks, tokens, heads, dim); "flashinfer": stacked
+(blocks, 2, tokens, heads, dim); "packed": vLLM's newer K|V-packed FlashAttention/FlashInfer
+layout (blocks, heads, tokens, 2 x dim), NHD in memory; "mla": (blocks, tokens, latent);
+"flash_attn_hnd": K/V split in HND order, which the connector cannot move; "+cross": one
+cross-layer tensor), the request's chained block hashes, and an engine whose scheduler and
+model runner call the connector in vLLM's order:
 
 scheduler ``schedule()``: running requests first (preempting the last running one when no
 block is free: its blocks freed, its computed tokens 0, back to the head of the waiting
@@ -12,7 +16,8 @@ for matched + new tokens -> ``update_state_after_alloc(request, blocks, external
 model runner, per worker (one per TP rank): ``bind_connector_metadata``, ``start_load_kv``
 (before the forward when the step has synchronous loads, after it otherwise), per layer
 ``wait_for_layer_load`` / KV written / ``save_kv_layer``, then ``wait_for_save``,
-``get_finished(finished_req_ids)``, ``get_block_ids_with_load_errors``,
+``get_transfer_results(finished_req_ids)`` (``get_finished`` with ``transfer_results=False``,
+as older vLLM), ``get_block_ids_with_load_errors``,
 ``get_kv_connector_stats``, ``clear_connector_metadata``.
 scheduler ``update_from_output``: invalid blocks truncate the affected requests' computed
 tokens at the first invalid block (their sampled token dropped), finished requests go to
@@ -130,7 +135,17 @@ def create_connector(vllm_config, role_name, kv_cache_config):
     return cls(vllm_config, getattr(module.KVConnectorRole, role_name), kv_cache_config)
 
 
-NONE_HASH = hashlib.sha256(pickle.dumps("0")).digest()      # PYTHONHASHSEED=0
+SPLIT = ("flash_attn", "flash_attn_hnd")     # backends with K/V split caches
+
+def sha256(value):
+    """vLLM's default block hash function (--prefix-caching-hash-algo sha256): SHA-256 of the
+    value pickled with the highest protocol."""
+    return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+# The parent of a request's first block: the hash function of PYTHONHASHSEED's string
+# (these engines run with PYTHONHASHSEED=0; unset, vLLM takes 32 random bytes)
+NONE_HASH = sha256("0")
 
 
 class Request:
@@ -158,13 +173,15 @@ class Request:
         return len(self.block_hashes)
 
     def update_hashes(self):
-        """vLLM's chained block hash: sha256 of (parent hash, the block's tokens, extra keys)."""
+        """vLLM's chained block hash of each new full block: the hash function of (parent
+        hash, the block's token ids as a tuple, extra keys: None without LoRA, multimodal
+        inputs, prompt embeddings or a cache salt), raw digest bytes."""
         bs = self.block_size
         while (len(self.block_hashes) + 1) * bs <= self.num_tokens:
             i = len(self.block_hashes)
             parent = self.block_hashes[-1] if self.block_hashes else NONE_HASH
-            self.block_hashes.append(hashlib.sha256(pickle.dumps(
-                (parent, tuple(self.all_token_ids[i * bs:(i + 1) * bs]), None))).digest())
+            self.block_hashes.append(sha256(
+                (parent, tuple(self.all_token_ids[i * bs:(i + 1) * bs]), None)))
 
 
 def token_kv(tokens, layers, heads, head_dim, mla, dtype):
@@ -196,6 +213,8 @@ class Worker:
                 phys, order = (nb, nl, bs, d), (1, 0, 2, 3)
             elif e.backend == "flash_attn":
                 phys, order = (nb, nl, 2, bs, h, d), (1, 2, 0, 3, 4, 5)
+            elif e.backend == "packed":
+                phys, order = (nb, nl, bs, h, 2 * d), (1, 0, 3, 2, 4)
             else:
                 phys, order = (nb, nl, 2, bs, h, d), (1, 0, 2, 3, 4, 5)
             cross = torch.randn(phys, generator=g).to(e.dtype).permute(*order)
@@ -208,6 +227,14 @@ class Worker:
                 shape = (2, e.num_blocks, e.block_size, h, e.head_dim)
             elif e.backend == "flashinfer":
                 shape = (e.num_blocks, 2, e.block_size, h, e.head_dim)
+            elif e.backend == "flash_attn_hnd":     # K/V split, HND in memory: not movable
+                self.caches[name] = torch.randn((2, e.num_blocks, h, e.block_size, e.head_dim),
+                                                generator=g).to(e.dtype).permute(0, 1, 3, 2, 4)
+                continue
+            elif e.backend == "packed":     # (blocks, heads, tokens, 2 x dim), NHD in memory
+                self.caches[name] = torch.randn((e.num_blocks, e.block_size, h, 2 * e.head_dim),
+                                                generator=g).to(e.dtype).permute(0, 2, 1, 3)
+                continue
             else:
                 shape = (e.num_blocks, e.block_size, e.head_dim)
             self.caches[name] = torch.randn(shape, generator=g).to(e.dtype)
@@ -221,8 +248,11 @@ class Worker:
             return
         h = e.heads // e.tp
         part = kv[layer, :, self.rank * h:(self.rank + 1) * h]
-        if e.backend == "flash_attn":
+        if e.backend in SPLIT:
             t[0, block, off], t[1, block, off] = part[0], part[1]
+        elif e.backend == "packed":
+            d = e.head_dim
+            t[block, :, off, :d], t[block, :, off, d:] = part[0], part[1]
         else:
             t[block, 0, off], t[block, 1, off] = part[0], part[1]
 
@@ -231,8 +261,12 @@ class Worker:
         e, out = self.engine, []
         for name in e.layer_names:
             t = self.caches[name]
-            if e.backend == "flash_attn":
+            if e.backend in SPLIT:
                 out += [t[0, block].contiguous(), t[1, block].contiguous()]
+            elif e.backend == "packed":     # K then V, each (tokens, heads, dim)
+                d = e.head_dim
+                out += [t[block, :, :, :d].permute(1, 0, 2).contiguous(),
+                        t[block, :, :, d:].permute(1, 0, 2).contiguous()]
             else:
                 out.append(t[block].contiguous())
         return b"".join(x.view(torch.uint8).numpy().tobytes() for x in out)
@@ -257,7 +291,11 @@ class Worker:
             if not out.has_sync_kv_loads:
                 conn.start_load_kv(None)
             conn.wait_for_save()
-            sending, recving = conn.get_finished(out.finished_req_ids)
+            if e.transfer_results:  # newer vLLM: get_transfer_results; older: get_finished
+                done = conn.get_transfer_results(out.finished_req_ids)
+                sending, recving = done.finished_sending, done.finished_recving
+            else:
+                sending, recving = conn.get_finished(out.finished_req_ids)
             result = KVConnectorOutput(sending, recving, conn.get_block_ids_with_load_errors(),
                                        conn.get_kv_connector_stats())
             conn.clear_connector_metadata()
@@ -269,7 +307,8 @@ class Engine:
 
     def __init__(self, extra_config, backend="flash_attn", tp=1, num_blocks=24, block_size=4,
                  layers=3, heads=4, head_dim=8, dtype=torch.bfloat16, budget=64,
-                 long_prefill=0, kv_role="kv_both", hybrid=False, failure_policy="recompute"):
+                 long_prefill=0, kv_role="kv_both", hybrid=False, failure_policy="recompute",
+                 transfer_results=True):
         # "<backend>+cross": a cross-layer cache (vLLM allocates one when the connector
         # prefers it and the backend can)
         backend, _, cross = backend.partition("+")
@@ -280,6 +319,7 @@ class Engine:
         self.heads = 1 if self.mla else heads
         self.head_dim, self.dtype, self.budget = head_dim, dtype, budget
         self.long_prefill = long_prefill
+        self.transfer_results = transfer_results
         self.layer_names = ["model.layers.%d.self_attn.attn" % i for i in range(layers)]
         self.config = VllmConfig(ModelConfig(), CacheConfig(block_size),
                                  ParallelConfig(tensor_parallel_size=tp),
@@ -461,8 +501,9 @@ class Engine:
             t = w.caches[name]
             for p in range(req.num_computed_tokens):
                 b, off = req.block_ids[p // bs], p % bs
+                # (packed: t[b, :, off] is (heads, K|V))
                 slot = t[b, off] if t.dim() == 3 else (t[:, b, off] if t.shape[0] == 2 and
-                                                       self.backend == "flash_attn"
+                                                       self.backend in SPLIT
                                                        else t[b, :, off])
                 h.update(slot.contiguous().view(torch.uint8).numpy().tobytes())
         return int.from_bytes(h.digest()[:2], "little")

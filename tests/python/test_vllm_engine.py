@@ -63,19 +63,24 @@ def test_module_imports_without_vllm():
                                           ("flash_attn", "flashinfer"), ("mla", "mla"),
                                           ("flash_attn+cross", "flashinfer"),
                                           ("flashinfer", "flash_attn+cross"),
-                                          ("mla+cross", "mla+cross")])
+                                          ("mla+cross", "mla+cross"),
+                                          ("packed", "flash_attn"), ("flashinfer", "packed"),
+                                          ("packed+cross", "flash_attn"),
+                                          ("flash_attn+cross", "packed+cross")])
 def test_two_engines_share_a_prefix(daemon, first, second):
     """Engine A (another process) serves prefix+a; engine B, prefix+b, loads A's 8 prefix
     blocks byte-exact and computes only its suffix; its output is what it computes alone."""
     a = other_process(run_engine, extra(daemon), {"a": PREFIX + [1, 2, 3, 4, 5, 6]},
                       {"backend": first})
     assert a["counters"][0]["blocks_saved"] == 9 and a["computed"]["a"] == 39
-    mover = {True: "_WholeBlocks", False: "_GatheredBlocks"}      # a cross-layer cache or not
-    assert a["movers"] == [mover["+cross" in first]]
+    # a cross-layer cache moves whole blocks, but for the K|V-packed one (pieces)
+    mover = {True: "_WholeBlocks", False: "_GatheredBlocks"}
+    assert a["movers"] == [mover["+cross" in first and "packed" not in first]]
     prompt = PREFIX + [7, 8, 9]
     e = Engine(extra(daemon), backend=second)
     try:
-        assert type(e.workers[0].connector._mover).__name__ == mover["+cross" in second]
+        assert type(e.workers[0].connector._mover).__name__ == \
+            mover["+cross" in second and "packed" not in second]
         req = e.add("b", prompt)
         seen = {}
 
@@ -95,14 +100,16 @@ def test_two_engines_share_a_prefix(daemon, first, second):
     assert outputs == reference({"b": prompt}, {"backend": second})["outputs"]["b"]
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_asynchronous_load(daemon, tp):
+@pytest.mark.parametrize("tp,transfer_results", [(1, True), (2, True), (1, False)])
+def test_asynchronous_load(daemon, tp, transfer_results):
     """async_load_min_blocks 4: an 8-block hit loads on the workers' threads while the
-    request waits (vLLM's WAITING_FOR_REMOTE_KVS); get_finished reports it from every
-    worker, then the request computes only its suffix; the bytes are the first engine's."""
-    run_engine(extra(daemon), {"a": PREFIX + [1, 2]}, {"tp": tp})
+    request waits (vLLM's WAITING_FOR_REMOTE_KVS); get_transfer_results (older vLLM:
+    get_finished) reports it from every worker, then the request computes only its
+    suffix; the bytes are the first engine's."""
+    run_engine(extra(daemon), {"a": PREFIX + [1, 2]},
+               {"tp": tp, "transfer_results": transfer_results})
     prompt = PREFIX + [7, 8, 9]
-    e = Engine(extra(daemon, async_load_min_blocks=4), tp=tp)
+    e = Engine(extra(daemon, async_load_min_blocks=4), tp=tp, transfer_results=transfer_results)
     try:
         req = e.add("b", prompt)
         assert e.connector.get_num_new_matched_tokens(req, 0) == (32, True)
@@ -368,6 +375,19 @@ def test_block_hashes_fold_as_fold_digests_of_their_hex():
         k1, c1 = kvnode.vllm._fold_hashes(hashes)
         k2, c2 = kvnode.fold_digests([h.hex() for h in hashes])
         assert (list(k1), list(c1)) == (list(k2), list(c2)), size
+
+
+def test_unmovable_cache_drops_saves_and_finishes(daemon, caplog):
+    """A worker whose KV cache the connector cannot move (here HND: a block's K is not one
+    run of memory) still reports the saves the scheduler planned (dropped, counted), so vLLM
+    frees their blocks and the requests finish; nothing is stored."""
+    prompts = {"a": PREFIX + [1, 2, 3, 4, 5, 6]}
+    a = run_engine(extra(daemon), prompts, {"backend": "flash_attn_hnd"})
+    assert a["outputs"] == reference(prompts, {"backend": "flash_attn_hnd"})["outputs"]
+    assert a["movers"] == ["NoneType"]
+    assert a["counters"][0]["saves_dropped_blocks"] == 9
+    assert a["counters"][0]["blocks_saved"] == 0
+    assert "register_kv_caches failed" in caplog.text and "not NHD" in caplog.text
 
 
 def test_hybrid_model_runs_without_the_connector(daemon, caplog):
