@@ -25,7 +25,9 @@ def test_sglang_first_calls_on_a_paused_daemon_return_at_once(tmp_path, caplog):
         src, dst = MHAHost("page_first"), MHAHost("page_first")
         for slot in range(1, 3):
             fill_(src.page(slot), seed=slot)
-        writer = backend(sock)
+        # The writer only prepares the blocks: it may wait for its connect (under ASan on
+        # a loaded machine the 20 ms default ran out and the set answered [False, False]).
+        writer = backend(sock, connect_wait_ms=10000)
         writer.register_mem_pool_host(src)
         keys = keys_for(3, 2)
         assert writer.batch_set_v1(keys, indices(1, 2)) == [True] * 2
