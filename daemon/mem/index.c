@@ -291,8 +291,18 @@ void index_destroy(struct kv_index *ix)
 
 struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key)
 {
+    return index_lookup_hashed(ix, ns, key, index_hash(ix, ns, key));
+}
+
+uint64_t index_key_hash(const struct kv_index *ix, uint32_t ns, int64_t key)
+{
+    return index_hash(ix, ns, key);
+}
+
+struct index_entry *index_lookup_hashed(struct kv_index *ix, uint32_t ns, int64_t key, uint64_t h)
+{
     index_rehash_step(ix, INDEX_REHASH_OTHER);
-    for (uint32_t id = *index_slot(ix, index_hash(ix, ns, key)); id;) {
+    for (uint32_t id = *index_slot(ix, h); id;) {
         struct index_entry *e = index_entry_at(ix, id);
         if (e->key == key && e->ns == ns)
             return e;
@@ -301,16 +311,38 @@ struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key)
     return NULL;
 }
 
-void index_prefetch_bucket(const struct kv_index *ix, uint32_t ns, int64_t key)
+/* Both cache lines of an entry (80 bytes span two), for writing: what a
+ * lookup finds is stamped. */
+static inline void index_prefetch_lines(const struct index_entry *e)
 {
-    __builtin_prefetch(index_slot(ix, index_hash(ix, ns, key)));
+    __builtin_prefetch(e, 1);
+    __builtin_prefetch((const char *)e + sizeof *e - 1, 1);
 }
 
-void index_prefetch_entry(const struct kv_index *ix, uint32_t ns, int64_t key)
+void index_prefetch_bucket(const struct kv_index *ix, uint64_t h)
 {
-    const struct index_entry *e = index_at(ix, *index_slot(ix, index_hash(ix, ns, key)));
-    if (e)
-        __builtin_prefetch(e);
+    __builtin_prefetch(index_slot(ix, h));
+}
+
+uint32_t index_prefetch_first(const struct kv_index *ix, uint64_t h)
+{
+    uint32_t id = *index_slot(ix, h);
+    if (id)
+        index_prefetch_lines(index_entry_at(ix, id));
+    return id;
+}
+
+void index_prefetch_second(const struct kv_index *ix, uint32_t id, uint32_t ns, int64_t key)
+{
+    if (!id)
+        return;
+    /* The second entry only when the first is another key's, chosen without
+     * a branch: a branch on a load that may still miss would be
+     * mispredicted at the cost of the miss. Id 0 (none) is the first chunk's
+     * first entry, never handed out: loading it is harmless. */
+    const struct index_entry *e = index_entry_at(ix, id);
+    uint32_t other = (uint32_t)((e->key != key) | (e->ns != ns));
+    index_prefetch_lines(index_entry_at(ix, e->hash_next & (0u - other)));
 }
 
 struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key)
