@@ -16,8 +16,9 @@
  *           client's stage) and the pieces are put in order there by the
  *           CPU, so a block costs as many copies as in the direct case plus
  *           one pass over its bytes. Chosen when it saves more than half the
- *           copies; host-tier blocks only (a block lent in GPU memory is
- *           copied directly). Owns no state (the stage is the client's). */
+ *           copies. A block lent in GPU memory goes whole through a bounce
+ *           buffer beside the stage (one more copy each way). Owns no state
+ *           (the stage is the client's). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,13 +138,14 @@ static int dev_direct(kvnode_client *c, const kvnode_loc *locs, size_t n, int gp
     return client_copier_close(&k) < 0 ? -KVNODE_EIO : rc;
 }
 
-/* The pieces of the host blocks [g0, g1) to (put) or from the stage. */
-static void dev_stage_host(const struct copy_dev_plan *p, const kvnode_loc *locs, size_t g0,
+/* The pieces of blocks [g0, g1) (host memory: hb[i - g0]) to (put) or from
+ * the stage. */
+static void dev_stage_host(const struct copy_dev_plan *p, uint8_t *const *hb, size_t g0,
                            size_t g1, size_t bb, uint8_t *stage, size_t m,
                            const struct copy_place *order, int to_blocks)
 {
     for (size_t i = g0; i < g1; i++) {
-        uint8_t *blk = locs[i].ptr, *st = stage + (i - g0) * bb;
+        uint8_t *blk = hb[i - g0], *st = stage + (i - g0) * bb;
 
         if (!blk)
             continue;
@@ -183,38 +185,81 @@ static int dev_stage_queue(struct client_copier *k, const struct copy_dev_plan *
     return rc;
 }
 
+/* Blocks [g0, g1) as host memory in hb: a host-tier block itself, one lent
+ * in GPU memory its place in the bounce buffer, copied there whole first
+ * for a get (one copy; a put copies the bounce to the block afterwards). */
+static int dev_bounce_in(struct client_copier *k, const kvnode_loc *locs, size_t g0, size_t g1,
+                         size_t bb, uint8_t *bounce, uint8_t **hb, int to_blocks)
+{
+    int rc = 0;
+
+    for (size_t i = g0; i < g1; i++) {
+        hb[i - g0] = locs[i].ptr;
+        if (!locs[i].ptr || locs[i].tier == KVNODE_TIER_HOST)
+            continue;
+        hb[i - g0] = bounce + (i - g0) * bb;
+        if (!to_blocks && rc == 0)
+            rc = client_copier_queue(k, hb[i - g0], locs[i].ptr, bb);
+    }
+    return rc;
+}
+
+static int dev_bounce_out(struct client_copier *k, const kvnode_loc *locs, size_t g0, size_t g1,
+                          uint8_t *const *hb, size_t bb)
+{
+    int rc = 0;
+
+    for (size_t i = g0; rc == 0 && i < g1; i++)
+        if (locs[i].ptr && locs[i].tier != KVNODE_TIER_HOST)
+            rc = client_copier_queue(k, locs[i].ptr, hb[i - g0], bb);
+    return rc;
+}
+
 static int dev_staged(kvnode_client *c, const struct copy_dev_plan *p, const kvnode_loc *locs,
-                      size_t n, const void *const *pieces, size_t m,
+                      size_t n, int gpu, const void *const *pieces, size_t m,
                       const struct copy_place *order, int to_blocks, void *stream,
                       const char *what)
 {
     size_t bb = (size_t)c->block_bytes, group = COPY_STAGE_MAX / bb;
     struct client_copier k;
-    uint8_t *stage;
+    uint8_t *stage, *bounce, **hb;
     int owned, rc;
 
     group = group == 0 ? 1 : group < n ? group : n;
-    stage = client_stage_get(c, group * bb, &owned);
+    hb = malloc(group * sizeof *hb);
+    /* blocks lent in GPU memory pass through a bounce half of the stage */
+    stage = hb ? client_stage_get(c, (gpu ? 2 : 1) * group * bb, &owned) : NULL;
     if (!stage) {
-        client_seterr(c, "%s: out of memory (a %zu-byte stage)", what, group * bb);
+        free(hb);
+        client_seterr(c, "%s: out of memory (a %zu-byte stage)", what, (gpu ? 2 : 1) * group * bb);
         return -KVNODE_ENOMEM;
     }
-    rc = client_copier_open(c, &k, stream, 0, what);
+    bounce = stage + group * bb;
+    rc = client_copier_open(c, &k, stream, gpu, what);
     for (size_t g0 = 0; rc == 0 && g0 < n; g0 += group) {
         size_t g1 = n - g0 < group ? n : g0 + group;
 
-        if (!to_blocks)
-            dev_stage_host(p, locs, g0, g1, bb, stage, m, order, 0);
-        rc = dev_stage_queue(&k, p, locs, g0, g1, bb, stage, pieces, to_blocks);
+        rc = dev_bounce_in(&k, locs, g0, g1, bb, bounce, hb, to_blocks);
+        if (client_copier_sync(&k) < 0)
+            rc = -KVNODE_EIO;
+        if (rc == 0 && !to_blocks)
+            dev_stage_host(p, hb, g0, g1, bb, stage, m, order, 0);
+        if (rc == 0)
+            rc = dev_stage_queue(&k, p, locs, g0, g1, bb, stage, pieces, to_blocks);
         /* the stage is reused (and the lease ended) only after its copies */
         if (client_copier_sync(&k) < 0)
             rc = -KVNODE_EIO;
-        if (rc == 0 && to_blocks)
-            dev_stage_host(p, locs, g0, g1, bb, stage, m, order, 1);
+        if (rc == 0 && to_blocks) {
+            dev_stage_host(p, hb, g0, g1, bb, stage, m, order, 1);
+            rc = dev_bounce_out(&k, locs, g0, g1, hb, bb);
+            if (client_copier_sync(&k) < 0)
+                rc = -KVNODE_EIO;
+        }
     }
     if (rc != -KVNODE_ECLOSED && client_copier_close(&k) < 0)
         rc = -KVNODE_EIO;
     client_stage_put(c, stage, owned);
+    free(hb);
     return rc;
 }
 
@@ -226,7 +271,7 @@ int copy_dev_run(kvnode_client *c, const struct copy_dev_plan *p, const kvnode_l
 
     for (size_t i = 0; i < n; i++)
         gpu |= locs[i].ptr && locs[i].tier != KVNODE_TIER_HOST;
-    if (p->staged && !gpu)
-        return dev_staged(c, p, locs, n, pieces, m, order, to_blocks, stream, what);
+    if (p->staged)
+        return dev_staged(c, p, locs, n, gpu, pieces, m, order, to_blocks, stream, what);
     return dev_direct(c, locs, n, gpu, pieces, piece_at, m, order, to_blocks, stream, what);
 }

@@ -605,10 +605,11 @@ int  kvnode_get_scatter_checked(kvnode_client *c, const kvnode_key *keys,
  * token-major like an NHD one's: a layer's K is one run on the device but
  * heads x tokens pieces of the block) and pieces are given as bases and
  * distances (piece_at), each run of the caller's memory is copied whole
- * through a pinned staging buffer of the client (at most 32 MiB, or one
- * block) and the pieces are put in order there by the CPU: as many copies as
- * the NHD cache, plus one pass over the bytes. A block a get finds in GPU
- * memory is then copied piece by piece. */
+ * through a pinned staging buffer of the client (32 MiB or one block, twice
+ * that for blocks in GPU memory; one call's at a time, others stage in
+ * pageable memory) and the pieces are put in order there by the CPU: as many
+ * copies as the NHD cache, plus one pass over the bytes (a block a get finds
+ * in GPU memory is copied whole to host memory first: one copy more). */
 int  kvnode_put_gather_stream(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
                               size_t n, const void *const *pieces, const ptrdiff_t *piece_at,
                               size_t m, const size_t *piece_bytes, const size_t *piece_offsets,
