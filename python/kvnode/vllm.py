@@ -43,9 +43,10 @@ What runs where:
   HND caches share blocks byte-exact (a cache whose K of a block is not one run moves in
   pieces of one head vector, put in that order). CPU tensors move by the host gathered
   calls, CUDA tensors by their device form (``kvnode_put_gather_stream`` /
-  ``kvnode_get_scatter_stream``: cudaMemcpyAsync per run of memory on the legacy default
-  stream, complete before the call returns; an HND block's runs go whole through pinned
-  host memory and the CPU puts the head vectors in order). ``get_required_kvcache_layout``
+  ``kvnode_get_scatter_stream``: cudaMemcpyAsync per run of memory, loads on the legacy
+  default stream, saves on a non-blocking torch stream, complete before the call returns;
+  an HND block's runs go whole through pinned host memory and the CPU puts the head
+  vectors in order). ``get_required_kvcache_layout``
   still asks for NHD, whose blocks move with the fewest copies. ``prefer_cross_layer_blocks``
   is True (extra config ``cross_layer_blocks``): for models with uniform layers vLLM then
   allocates one tensor for every layer and calls ``register_cross_layers_kv_cache``; each
@@ -412,13 +413,28 @@ class _GatheredBlocks:
     """A vLLM block in pieces over per-layer caches (K and V of each layer): moved by
     kvnode_put_gather_checked / kvnode_get_scatter_checked, one call per batch; pieces in
     GPU memory (device: the CUDA ordinal, -1 for host memory) by their device form,
-    kvnode_put_gather_stream / kvnode_get_scatter_stream, on the legacy default stream
-    (after the model's work on the device's blocking streams; complete on return)."""
+    kvnode_put_gather_stream / kvnode_get_scatter_stream, complete on return: loads on the
+    legacy default stream (after the model's work on the device's blocking streams), saves
+    on a non-blocking stream of torch's where torch has CUDA (a save reads blocks whose
+    writes vLLM has finished, and must not hold up the next forward), else the legacy one."""
 
     def __init__(self, base, step, pieces, device=-1):
         self.base, self.step, self.pieces, self.device = base, step, pieces, device
         self.block_bytes = pieces.block_bytes
         self._pieces = pieces._args()
+        self._save_stream = None        # (torch stream, its handle), made on the first save
+
+    def _saves_on(self):
+        if self._save_stream is None:
+            self._save_stream = (None, None)
+            try:
+                import torch
+                if torch.cuda.is_available():
+                    st = torch.cuda.Stream(device=self.device)
+                    self._save_stream = (st, st.cuda_stream)
+            except Exception:   # noqa: BLE001 - no CUDA torch: the legacy default stream
+                pass
+        return self._save_stream[1]
 
     def _bases(self, block_ids):
         base, step = self.base, self.step
@@ -448,7 +464,7 @@ class _GatheredBlocks:
             if self.device >= 0:
                 c._check(_clib._put_gather_stream(c._handle(), keys, checks, n,
                                                   bases.buffer_info()[0], *self._pieces,
-                                                  _clib._BATCH_DEVICE, None))
+                                                  _clib._BATCH_DEVICE, self._saves_on()))
             else:
                 c._check(_clib._put_gather(c._handle(), keys, checks, n,
                                            bases.buffer_info()[0], *self._pieces))

@@ -307,8 +307,7 @@ def main():
         import torch
     except ImportError as e:
         result("SKIP", "torch is not installed (%s): the connector reads tensors" % e, 3)
-    import kvnode
-    import kvnode.vllm
+    import kvnode.vllm  # noqa: F401 - the connector fake_vllm's factory builds
     import fake_vllm as f
 
     cuda = Cuda(args.device)

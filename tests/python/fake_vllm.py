@@ -7,8 +7,8 @@ layout (blocks, heads, tokens, 2 x dim), NHD in memory; "mla": (blocks, tokens, 
 "flash_attn_hnd": K/V split in HND order; "flashinfer_hnd": stacked in FlashInfer's HND
 stride order (blocks, 2, heads, tokens, dim) in memory, seen as (blocks, 2, tokens, heads,
 dim); "dim_strided": K/V split whose head vectors are not one run of memory, which the
-connector cannot move; "+cross": one cross-layer tensor), the request's chained block hashes, and an engine whose scheduler and
-model runner call the connector in vLLM's order:
+connector cannot move; "+cross": one cross-layer tensor), the request's chained block
+hashes, and an engine whose scheduler and model runner call the connector in vLLM's order:
 
 scheduler ``schedule()``: running requests first (preempting the last running one when no
 block is free: its blocks freed, its computed tokens 0, back to the head of the waiting
