@@ -7,7 +7,9 @@ cross-layer tensor shaped as vLLM's FlashAttention cross-layer cache (blocks out
 every layer's K and V of a block in one run: libkvnode's device get/put of whole blocks);
 "nhd", per-layer K/V split tensors (2, blocks, tokens, heads, dim) as FlashAttention's;
 "hnd", per-layer stacked tensors (blocks, 2, tokens, heads, dim) in FlashInfer's HND
-stride order (heads before tokens in memory). The per-layer caches move by libkvnode's
+stride order (heads before tokens in memory); "packed", per-layer K|V-packed tensors
+(blocks, heads, tokens, 2 x dim), token, head, K|V in memory (newer FlashAttention's);
+"pcross", a K|V-packed cross-layer tensor (block, layer, token, head, K|V in memory). The per-layer caches move by libkvnode's
 device gathered calls (kvnode_put_gather_stream / kvnode_get_scatter_stream). Engine A saves
 --blocks blocks (request_finished, build_connector_meta, start_load_kv, get_finished),
 engine B matches them and loads them into other blocks of its cache
@@ -118,8 +120,12 @@ def physical(kind, nb):
     gives vLLM's logical view of it."""
     if kind == "cross":
         return (nb, LAYERS, 2, BLOCK_TOKENS, HEADS, HEAD_DIM), (1, 2, 0, 3, 4, 5)
+    if kind == "pcross":    # K|V-packed cross-layer: block, layer, token, head, K|V in memory
+        return (nb, LAYERS, BLOCK_TOKENS, HEADS, 2 * HEAD_DIM), (1, 0, 3, 2, 4)
     if kind == "nhd":
         return (2, nb, BLOCK_TOKENS, HEADS, HEAD_DIM), (0, 1, 2, 3, 4)
+    if kind == "packed":    # (blocks, heads, tokens, 2 x dim), token, head, K|V in memory
+        return (nb, BLOCK_TOKENS, HEADS, 2 * HEAD_DIM), (0, 2, 1, 3)
     return (nb, 2, HEADS, BLOCK_TOKENS, HEAD_DIM), (0, 1, 3, 2, 4)      # hnd
 
 
@@ -130,12 +136,22 @@ def canonical(torch, kind, raw, nb):
     t = torch.frombuffer(bytearray(raw), dtype=torch.bfloat16)
     if kind == "cross":
         return [bytes(raw[b * BLOCK_BYTES:(b + 1) * BLOCK_BYTES]) for b in range(nb)]
+    if kind == "pcross":
+        phys = t.view(shape)
+        return [b"".join(phys[b, li, :, :, half].contiguous().view(torch.uint8).numpy()
+                         .tobytes() for li in range(LAYERS)
+                         for half in (slice(0, HEAD_DIM), slice(HEAD_DIM, None)))
+                for b in range(nb)]
     layers = t.view(LAYERS, -1)
     out = [[] for _ in range(nb)]
     for li in range(LAYERS):
         lt = layers[li].view(shape).permute(*order)
         for b in range(nb):
-            kv = (lt[0, b], lt[1, b]) if kind == "nhd" else (lt[b, 0], lt[b, 1])
+            if kind == "packed":
+                kv = (lt[b, :, :, :HEAD_DIM].permute(1, 0, 2),
+                      lt[b, :, :, HEAD_DIM:].permute(1, 0, 2))
+            else:
+                kv = (lt[0, b], lt[1, b]) if kind == "nhd" else (lt[b, 0], lt[b, 1])
             out[b] += [x.contiguous().view(torch.uint8).numpy().tobytes() for x in kv]
     return [b"".join(parts) for parts in out]
 
@@ -154,13 +170,13 @@ class Engine:
         self.worker = f.create_connector(config, "WORKER", kv_config)
         self.ptr = cuda.malloc(nb * BLOCK_BYTES)
         shape, order = physical(kind, nb)
-        if kind == "cross":
+        if kind in ("cross", "pcross"):
             if not self.worker.prefer_cross_layer_blocks:
                 result("FAIL", "the connector does not prefer cross-layer blocks", 1)
             meta = torch.empty(shape, dtype=torch.bfloat16, device="meta").permute(*order)
             self.worker.register_cross_layers_kv_cache(
                 DeviceTensor(torch, meta, self.ptr, device), None)
-            want = "_WholeBlocks"
+            want = "_WholeBlocks" if kind == "cross" else "_GatheredBlocks"
         else:
             caches = {}
             for i, name in enumerate(kv_config.kv_cache_groups[0].layer_names):
@@ -286,7 +302,8 @@ def run_pair(args, torch, f, cuda, kind_a, kind_b, salt):
 
 
 PAIRS = {"cross": ("cross", "cross"), "nhd": ("nhd", "nhd"), "hnd": ("hnd", "hnd"),
-         "nhd-hnd": ("nhd", "hnd"), "hnd-nhd": ("hnd", "nhd")}
+         "nhd-hnd": ("nhd", "hnd"), "hnd-nhd": ("hnd", "nhd"), "packed-hnd": ("packed", "hnd"),
+         "nhd-packed": ("nhd", "packed"), "pcross-hnd": ("pcross", "hnd")}
 
 
 def main():

@@ -442,10 +442,12 @@ def test_pipeline_stages_keep_their_own_namespaces(daemon):
         e.shutdown()
 
 
-@pytest.mark.parametrize("pairs", ["nhd-hnd", "hnd-nhd,cross"])
+@pytest.mark.parametrize("pairs", ["nhd-hnd", "hnd-nhd,cross", "packed-hnd,nhd-packed",
+                                   "pcross-hnd"])
 def test_device_caches_on_the_simulated_gpu(daemon, tmp_path, pairs):
     """Per-layer KV caches in GPU memory (FlashAttention's NHD split, FlashInfer's HND
-    stacked; and the cross-layer one) on the strict fake CUDA: tests/gpu/vllm_device.py (the
+    stacked, the K|V-packed one; and the cross-layer ones, whole and K|V-packed) on the
+    strict fake CUDA: tests/gpu/vllm_device.py (the
     driver of scripts/gpu-check.sh's vllm behaviour) in a process of its own, whose loader
     finds the fake (LD_LIBRARY_PATH) and whose libkvnode declares the tensors' device. One
     engine saves from its cache, another loads into its own, byte-exact in kvnode's block
