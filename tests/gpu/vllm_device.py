@@ -9,8 +9,9 @@ every layer's K and V of a block in one run: libkvnode's device get/put of whole
 "hnd", per-layer stacked tensors (blocks, 2, tokens, heads, dim) in FlashInfer's HND
 stride order (heads before tokens in memory); "packed", per-layer K|V-packed tensors
 (blocks, heads, tokens, 2 x dim), token, head, K|V in memory (newer FlashAttention's);
-"pcross", a K|V-packed cross-layer tensor (block, layer, token, head, K|V in memory). The per-layer caches move by libkvnode's
-device gathered calls (kvnode_put_gather_stream / kvnode_get_scatter_stream). Engine A saves
+"pcross", a K|V-packed cross-layer tensor (block, layer, token, head, K|V in memory). All but
+"cross" move by libkvnode's device gathered calls (kvnode_put_gather_stream /
+kvnode_get_scatter_stream). Engine A saves
 --blocks blocks (request_finished, build_connector_meta, start_load_kv, get_finished),
 engine B matches them and loads them into other blocks of its cache
 (get_num_new_matched_tokens, update_state_after_alloc, start_load_kv); both caches are read
