@@ -169,6 +169,8 @@ struct kvs_server_stats {
     uint64_t http_input_max;          /* kvs_server.max_input_total_bytes */
     uint64_t http_input_refused;      /* connections answered 503 and closed: over it */
     uint64_t http_input_tenant_limit; /* of them: over the tenant's share of it */
+    uint64_t http_replies_inline;     /* replies written whole in the turn they were made */
+    uint64_t http_reads_extended;     /* reads past libevent's 4096 bytes in one turn */
 };
 
 /* What the front end uses, given at creation by whoever wires the process

@@ -506,7 +506,7 @@ static void kvs_job_answer(struct kvs_job *j)
         j->l->expires_ms = clock_now_ms() + j->term_ms;
     kvs_job_unwatch(j);
     evhttp_add_header(evhttp_request_get_output_headers(j->req), "Content-Type", "application/json");
-    evhttp_send_reply(j->req, 200, "OK", out);
+    httpd_send_reply(j->req, 200, "OK", out);
     evbuffer_free(out);
     kvs_job_free(j);
 }
