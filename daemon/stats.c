@@ -552,6 +552,7 @@ static void kvs_json(const struct stats_snapshot *s, json_t *root)
     set(r, "refused_total", ju(k->http_input_refused));
     set(r, "tenant_limit_total", ju(k->http_input_tenant_limit));
     set(r, "reads_extended_total", ju(k->http_reads_extended));
+    set(r, "reads_early_total", ju(k->http_reads_early));
     set(o, "http_input", r);
     set(root, "kvs_server", o);
 }

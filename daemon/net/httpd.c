@@ -321,6 +321,7 @@ static void httpd_adopt(struct httpd *h, struct httpd_conn *hc)
     hc->output_cb = evbuffer_add_cb(bufferevent_get_output(bev), httpd_output_cb, hc);
     hc->input_cb = evbuffer_add_cb(bufferevent_get_input(bev), httpd_input_cb, hc);
     httpd_arm_deadline(hc);
+    httpd_read_early(hc);
     bufferevent_decref(bev);
 }
 
@@ -569,6 +570,6 @@ void httpd_get_stats(const struct httpd *h, struct httpd_stats *out)
         .output_max = httpd_limits_now(h).max_output_total_bytes, .output_refused_group = h->output_refused_group,
         .accept_pauses = h->accept_pauses, .input_bytes = h->input_bytes, .input_refused = h->input_refused,
         .input_max = httpd_limits_now(h).max_input_total_bytes, .input_refused_group = h->input_refused_group,
-        .replies_inline = h->replies_inline, .reads_extended = h->reads_extended,
+        .replies_inline = h->replies_inline, .reads_extended = h->reads_extended, .reads_early = h->reads_early,
     };
 }

@@ -159,6 +159,7 @@ struct httpd_stats {
     uint64_t input_refused_group; /* of them: over their group's bound (a tenant's share) */
     uint64_t replies_inline;   /* replies written whole in the turn they were made (httpd_send_reply) */
     uint64_t reads_extended;   /* reads that took more than libevent's 4096 bytes in one turn */
+    uint64_t reads_early;      /* requests read in the turn their connection was accepted */
 };
 void httpd_get_stats(const struct httpd *h, struct httpd_stats *out);
 

@@ -103,7 +103,7 @@ struct httpd {
     httpd_group_output_fn group_input;   /* NULL: groups' input is not bounded */
     void *group_input_arg;
     uint64_t input_bytes, input_refused, input_refused_group;
-    uint64_t replies_inline, reads_extended;
+    uint64_t replies_inline, reads_extended, reads_early;
     uint64_t input_group[HTTPD_MAX_GROUPS];               /* input_bytes of each group's connections */
     uint64_t trimmed_ms;
     struct rlimit nofile;                /* RLIMIT_NOFILE as of nofile_ms */
@@ -130,5 +130,12 @@ void httpd_output_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, 
 void httpd_input_forget(struct httpd_conn *hc);
 void httpd_output_forget(struct httpd_conn *hc);
 void httpd_trim_cb(evutil_socket_t fd, short what, void *arg);
+/* hc was just adopted, in the turn it was accepted: what its client has
+ * sent already (a client sends its request right after connecting) is read
+ * now and evhttp's read callback run, deferred, in this turn, instead of
+ * waiting for epoll to report bytes that are there: one epoll_wait and one
+ * FIONREAD less per connection. Nothing there (EAGAIN), EOF or an error:
+ * left to libevent's read as before. */
+void httpd_read_early(struct httpd_conn *hc);
 
 #endif

@@ -72,6 +72,8 @@ static bool httpd_input_over(struct httpd_conn *hc, char *why, size_t whylen)
 #define HTTPD_LIBEVENT_READ  4096u
 /* What httpd_read_more reads in one go, at most. */
 #define HTTPD_READ_MORE      (256u << 10)
+/* What httpd_read_early reads, at most (a larger request goes on as usual). */
+#define HTTPD_READ_EARLY     (64u << 10)
 
 /* libevent just read a full HTTPD_LIBEVENT_READ off hc's socket into buf
  * (from its read event, buf's end thawed): read what else the socket holds
@@ -114,6 +116,40 @@ static void httpd_read_more(struct httpd_conn *hc, struct evbuffer *buf)
             break;   /* the socket is empty */
     }
     hc->reading_more = false;
+}
+
+void httpd_read_early(struct httpd_conn *hc)
+{
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(hc->evcon);
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    struct evbuffer *in = bev ? bufferevent_get_input(bev) : NULL;
+    struct evbuffer_iovec v[2];
+    struct iovec iov[2];
+
+    if (fd < 0 || evbuffer_get_length(in))
+        return;
+    evbuffer_unfreeze(in, 0);   /* as libevent's own read does */
+    int nv = evbuffer_reserve_space(in, HTTPD_READ_EARLY, v, 2);
+    ssize_t n = -1;
+    if (nv > 0) {
+        for (int i = 0; i < nv; i++)
+            iov[i] = (struct iovec){ .iov_base = v[i].iov_base, .iov_len = v[i].iov_len };
+        n = readv(fd, iov, nv);
+        size_t got = n > 0 ? (size_t)n : 0;
+        for (int i = 0; i < nv; i++) {
+            size_t take = got < v[i].iov_len ? got : v[i].iov_len;
+            v[i].iov_len = take;
+            got -= take;
+        }
+        hc->reading_more = true;   /* this read is not libevent's: no read-more behind it */
+        evbuffer_commit_space(in, v, n > 0 ? nv : 0);   /* httpd_input_cb counts it */
+        hc->reading_more = false;
+    }
+    evbuffer_freeze(in, 0);
+    if (n > 0 && !hc->input_over) {
+        hc->h->reads_early++;
+        bufferevent_trigger(bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);   /* evhttp's read callback */
+    }
 }
 
 /* Bytes read off hc's socket (evhttp then moves them into its request). A

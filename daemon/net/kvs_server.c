@@ -524,6 +524,7 @@ void kvs_server_get_stats(const struct kvs_server *k, struct kvs_server_stats *o
     out->http_input_tenant_limit = h.input_refused_group;
     out->http_replies_inline = h.replies_inline;
     out->http_reads_extended = h.reads_extended;
+    out->http_reads_early = h.reads_early;
     if (k->dp)
         kvs_dataplane_stats(k->dp, out);
 }

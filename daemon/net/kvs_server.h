@@ -171,6 +171,7 @@ struct kvs_server_stats {
     uint64_t http_input_tenant_limit; /* of them: over the tenant's share of it */
     uint64_t http_replies_inline;     /* replies written whole in the turn they were made */
     uint64_t http_reads_extended;     /* reads past libevent's 4096 bytes in one turn */
+    uint64_t http_reads_early;        /* requests read in the turn their connection was accepted */
 };
 
 /* What the front end uses, given at creation by whoever wires the process

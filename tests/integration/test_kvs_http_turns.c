@@ -10,14 +10,16 @@
  *  - a reply larger than the socket takes at once (a client with a small
  *    receive buffer that reads late) arrives whole, and the connection
  *    then serves the next request.
- * kvs_server.http_output.inline_total and http_input.reads_extended_total
- * show the two paths were taken.
+ * kvs_server.http_output.inline_total, http_input.reads_extended_total and
+ * http_input.reads_early_total (a request read in the turn its connection
+ * is accepted) show each path was taken.
  * Every wait is bounded (SO_RCVTIMEO); assertions are on statuses and
  * bytes. */
 #include <check.h>
 
 #include <curl/curl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,12 +181,17 @@ START_TEST(kept_alive_connection_serves_request_after_request)
     long long accepted = kvs_stat(&env, "http_connections.accepted_total");
     long long inl = kvs_stat(&env, "http_output.inline_total");
     long long extended = kvs_stat(&env, "http_input.reads_extended_total");
-    int fd = connect_tcp(0);
+    long long early = kvs_stat(&env, "http_input.reads_early_total");
     char *reply, lease[160];
     size_t len;
 
+    /* The daemon stopped while the client connects and sends: its request
+     * is in the socket when the connection is accepted, and read then. */
     static const char health[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    ck_assert_int_eq(kill(env.d.pid, SIGSTOP), 0);
+    int fd = connect_tcp(0);
     send_all(fd, health, sizeof health - 1);
+    ck_assert_int_eq(kill(env.d.pid, SIGCONT), 0);
     ck_assert_int_eq(read_reply(fd, &in, &reply), 200);
     ck_assert_ptr_nonnull(strstr(reply, "ok"));
     free(reply);
@@ -218,6 +225,7 @@ START_TEST(kept_alive_connection_serves_request_after_request)
      * arrived in one send, so at least one was read past 4096 bytes at once. */
     ck_assert_int_eq(kvs_stat(&env, "http_output.inline_total"), inl + 7);
     ck_assert_int_ge(kvs_stat(&env, "http_input.reads_extended_total"), extended + 1);
+    ck_assert_int_eq(kvs_stat(&env, "http_input.reads_early_total"), early + 1);
     close(fd);
 }
 END_TEST
