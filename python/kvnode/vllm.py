@@ -30,22 +30,32 @@ What runs where:
   request with nothing to save returns False. ``reset_cache`` purges the deployment (every
   TP rank and PP stage) from kvnoded's memory and store (``kvnode.purge_layouts``); True
   when done, False on failure.
-- Workers: ``register_kv_caches`` takes the per-layer paged KV caches in vLLM's NHD shapes
-  (CPU torch tensors: the host copies their pieces): K/V split ``(2, num_blocks, block_size,
+- Workers: ``register_kv_caches`` takes the per-layer paged KV caches in vLLM's shapes, CPU
+  or CUDA torch tensors (one device per worker): K/V split ``(2, num_blocks, block_size,
   heads, head_dim)`` (FlashAttention before the packed layout, most backends), stacked
   ``(num_blocks, 2, block_size, heads, head_dim)`` (FlashInfer before it), K|V-packed
   ``(num_blocks, heads, block_size, 2 * head_dim)`` (newer FlashAttention and FlashInfer: K
-  the first half of the last dimension; in memory token, head, K|V) and MLA ``(num_blocks,
-  block_size, head_dim)``. A vLLM block is one kvnode block: for each layer in order, K then
-  V of its ``block_size`` tokens (MLA: the latent), so split, stacked and packed caches share
-  blocks (a packed one moves in pieces into that order). ``prefer_cross_layer_blocks``
+  the first half of the last dimension) and MLA ``(num_blocks, block_size, head_dim)``, each
+  in NHD or HND memory order (FlashInfer's ``get_kv_cache_stride_order``: heads before
+  tokens; any order whose head vectors are runs of memory). A vLLM block is one kvnode
+  block: for each layer in order, K then V of its ``block_size`` tokens, token-major (NHD
+  order; MLA: the latent), whatever the cache's layout, so split, stacked, packed, NHD and
+  HND caches share blocks byte-exact (a cache whose K of a block is not one run moves in
+  pieces of one head vector, put in that order). CPU tensors move by the host gathered
+  calls, CUDA tensors by their device form (``kvnode_put_gather_stream`` /
+  ``kvnode_get_scatter_stream``: cudaMemcpyAsync per run of memory, loads on the legacy
+  default stream, saves on a non-blocking torch stream, complete before the call returns;
+  an HND block's runs go whole through pinned host memory and the CPU puts the head
+  vectors in order). ``get_required_kvcache_layout``
+  still asks for NHD, whose blocks move with the fewest copies. ``prefer_cross_layer_blocks``
   is True (extra config ``cross_layer_blocks``): for models with uniform layers vLLM then
   allocates one tensor for every layer and calls ``register_cross_layers_kv_cache``; each
   block of it lies in one run of memory in that same order (checked) and moves whole
   (``kvnode_get_batch`` / ``kvnode_put_batch``; CUDA tensors by libkvnode's device copies,
-  the client declaring the tensor's device: run against the strict fake CUDA by
-  ``scripts/gpu-check.sh --sim``, not yet on a GPU; a K|V-packed cross-layer cache moves
-  in pieces, from host memory only). ``start_load_kv`` copies each
+  the client declaring the tensor's device; a K|V-packed cross-layer cache moves in pieces,
+  on a GPU by the device gathered calls). The device paths run against the strict fake CUDA
+  in ``scripts/gpu-check.sh --sim`` and the Python suite, not yet on a GPU.
+  ``start_load_kv`` copies each
   load straight from kvnoded's shared memory into the paged blocks (one
   ``kvnode_get_scatter_checked`` per request: every piece of every block, lease included);
   a block it could not load is reported by ``get_block_ids_with_load_errors`` (vLLM then
@@ -359,16 +369,72 @@ def _packed_pieces(base, layers, tokens, heads, half):
     return ptrs, [half] * len(ptrs)
 
 
+def _tensor_device(t, what):
+    """The CUDA ordinal of a tensor's device, -1 for the CPU; other devices refused."""
+    if t.device.type == "cuda":
+        return t.device.index if t.device.index is not None else 0
+    if t.device.type != "cpu":
+        raise ValueError("%s is a %s tensor: kvnode moves CPU and CUDA memory"
+                         % (what, t.device.type))
+    return -1
+
+
+def _device_name(device):
+    return "cpu" if device < 0 else "cuda:%d" % device
+
+
+def _need_gathered(device):
+    if not gathered.available():
+        raise ValueError("libkvnode %s has no gathered calls (KVNODE_0.8)"
+                         % kvnode.library_path())
+    if device >= 0 and not gathered.device_available():
+        raise ValueError("libkvnode %s has no gathered calls for GPU memory "
+                         "(kvnode_put_gather_stream)" % kvnode.library_path())
+
+
+def _view_pieces(v, es, name):
+    """The pieces of one layer's K (or V, or MLA latent) of a block, a (tokens, heads, dim)
+    view, in kvnode's order (token-major, NHD): one when the view is one run of memory
+    (NHD caches), else one per (token, head) (HND caches: FlashInfer's stride order, heads
+    before tokens in memory; K|V-packed caches). libkvnode merges pieces that lie end to
+    end and, on a GPU, copies an HND block's runs whole through pinned host memory."""
+    if v.stride(2) != 1 and v.shape[2] > 1:
+        raise ValueError("layer %s: a head's vector is not one run of memory (strides %s)"
+                         % (name, v.stride()))
+    row = v.shape[2] * es
+    if v.is_contiguous():
+        return [v.data_ptr()], [v.numel() * es]
+    base, st, sh = v.data_ptr(), v.stride(0) * es, v.stride(1) * es
+    ptrs = [base + i * st + h * sh for i in range(v.shape[0]) for h in range(v.shape[1])]
+    return ptrs, [row] * len(ptrs)
+
+
 class _GatheredBlocks:
     """A vLLM block in pieces over per-layer caches (K and V of each layer): moved by
-    kvnode_put_gather_checked / kvnode_get_scatter_checked, one call per batch."""
+    kvnode_put_gather_checked / kvnode_get_scatter_checked, one call per batch; pieces in
+    GPU memory (device: the CUDA ordinal, -1 for host memory) by their device form,
+    kvnode_put_gather_stream / kvnode_get_scatter_stream, complete on return: loads on the
+    legacy default stream (after the model's work on the device's blocking streams), saves
+    on a non-blocking stream of torch's where torch has CUDA (a save reads blocks whose
+    writes vLLM has finished, and must not hold up the next forward), else the legacy one."""
 
-    device = -1
-
-    def __init__(self, base, step, pieces):
-        self.base, self.step, self.pieces = base, step, pieces
+    def __init__(self, base, step, pieces, device=-1):
+        self.base, self.step, self.pieces, self.device = base, step, pieces, device
         self.block_bytes = pieces.block_bytes
         self._pieces = pieces._args()
+        self._save_stream = None        # (torch stream, its handle), made on the first save
+
+    def _saves_on(self):
+        if self._save_stream is None:
+            self._save_stream = (None, None)
+            try:
+                import torch
+                if torch.cuda.is_available():
+                    st = torch.cuda.Stream(device=self.device)
+                    self._save_stream = (st, st.cuda_stream)
+            except Exception:   # noqa: BLE001 - no CUDA torch: the legacy default stream
+                pass
+        return self._save_stream[1]
 
     def _bases(self, block_ids):
         base, step = self.base, self.step
@@ -381,8 +447,13 @@ class _GatheredBlocks:
         if not n:
             return 0
         got, bases = _clib._SIZE(0), self._bases(block_ids)     # (bases: alive until it ends)
-        c._check(_clib._get_scatter(c._handle(), keys, checks, n, bases.buffer_info()[0],
-                                    *self._pieces, ctypes.byref(got)))
+        if self.device >= 0:
+            c._check(_clib._get_scatter_stream(c._handle(), keys, checks, n,
+                                               bases.buffer_info()[0], *self._pieces,
+                                               _clib._BATCH_DEVICE, None, ctypes.byref(got)))
+        else:
+            c._check(_clib._get_scatter(c._handle(), keys, checks, n, bases.buffer_info()[0],
+                                        *self._pieces, ctypes.byref(got)))
         return got.value
 
     def save(self, c, keys, block_ids, checks):
@@ -390,8 +461,13 @@ class _GatheredBlocks:
         n = len(block_ids)
         if n:
             bases = self._bases(block_ids)
-            c._check(_clib._put_gather(c._handle(), keys, checks, n, bases.buffer_info()[0],
-                                       *self._pieces))
+            if self.device >= 0:
+                c._check(_clib._put_gather_stream(c._handle(), keys, checks, n,
+                                                  bases.buffer_info()[0], *self._pieces,
+                                                  _clib._BATCH_DEVICE, self._saves_on()))
+            else:
+                c._check(_clib._put_gather(c._handle(), keys, checks, n,
+                                           bases.buffer_info()[0], *self._pieces))
 
 
 class _WholeBlocks:
@@ -836,10 +912,11 @@ class KvnodeConnector(KVConnectorBase_V1):
     # ------------------------------------------------------------------ worker side
 
     def register_kv_caches(self, kv_caches):
-        """Learn where every block's pieces lie and connect to the rank's namespace. A
-        cache this release cannot move (not on the CPU, not NHD, layers of different
-        shapes) is logged: the worker then loads nothing (loads reported as errors) and
-        drops its saves."""
+        """Learn where every block's pieces lie (NHD or HND, CPU or CUDA) and connect to the
+        rank's namespace (declaring the caches' CUDA device). A cache this release cannot
+        move (neither on the CPU nor on CUDA, head vectors not runs of memory, layers of
+        different shapes or devices) is logged: the worker then loads nothing (loads
+        reported as errors) and drops its saves."""
         self._registered(self._register, dict(kv_caches), "register_kv_caches")
 
     @property
@@ -873,46 +950,44 @@ class KvnodeConnector(KVConnectorBase_V1):
         if not kv_caches:
             raise ValueError("no KV cache tensors")
         num_blocks = getattr(self._kv_cache_config, "num_blocks", None)
-        layers, geo = [], None
+        layers, geo, device = [], None, None
         for name, t in kv_caches.items():
-            if t.device.type != "cpu":
-                raise ValueError("layer %s: a %s tensor; this release moves CPU tensors only"
-                                 % (name, t.device.type))
+            this_device = _tensor_device(t, "layer %s" % name)
+            if device is None:
+                device = this_device
+            elif this_device != device:
+                raise ValueError("layer %s is on %s, the first layer on %s: one device per "
+                                 "worker" % (name, _device_name(this_device), _device_name(device)))
             shape, es = tuple(t.shape), t.element_size()
-            packed = None
             if t.dim() == 5 and shape[0] == 2 and (num_blocks is None or shape[1] == num_blocks):
-                runs = [t[0, 0], t[1, 0]]           # K/V split: (2, blocks, tokens, heads, dim)
+                views = [t[0, 0], t[1, 0]]          # K/V split: (2, blocks, tokens, heads, dim)
                 step, bs, heads, hd, mla = t.stride(1) * es, shape[2], shape[3], shape[4], False
             elif t.dim() == 5 and shape[1] == 2:
-                runs = [t[0]]                       # stacked: (blocks, 2, tokens, heads, dim)
+                views = [t[0, 0], t[0, 1]]          # stacked: (blocks, 2, tokens, heads, dim)
                 step, bs, heads, hd, mla = t.stride(0) * es, shape[2], shape[3], shape[4], False
             elif t.dim() == 4 and shape[3] % 2 == 0:
-                # K|V packed: (blocks, heads, tokens, 2 x dim), a block (tokens, heads, K|V)
-                # in memory under NHD; moved as K then V of every (token, head) in pieces
-                packed = t[0].permute(1, 0, 2)
-                runs = [packed]
-                step, bs, heads, hd, mla = t.stride(0) * es, shape[2], shape[1], shape[3] // 2, \
-                    False
+                # K|V packed: (blocks, heads, tokens, 2 x dim); K the first half of the last
+                block, hd = t[0].permute(1, 0, 2), shape[3] // 2
+                views = [block[..., :hd], block[..., hd:]]
+                step, bs, heads, mla = t.stride(0) * es, shape[2], shape[1], False
             elif t.dim() == 3:
-                runs = [t[0]]                       # MLA: (blocks, tokens, latent)
+                views = [t[0].unsqueeze(1)]         # MLA: (blocks, tokens, latent)
                 step, bs, heads, hd, mla = t.stride(0) * es, shape[1], 1, shape[2], True
             else:
                 raise ValueError("layer %s: KV cache shape %s is none of (2, blocks, tokens, "
                                  "heads, dim), (blocks, 2, tokens, heads, dim), (blocks, heads, "
                                  "tokens, 2 x dim), (blocks, tokens, dim)" % (name, shape))
-            if not all(r.is_contiguous() for r in runs):
-                raise ValueError("layer %s: a block's K or V is not one run of memory (the "
-                                 "cache is not NHD: strides %s)" % (name, t.stride()))
             this = (bs, heads, hd, _dtype_name(t.dtype), es, mla)
             if geo is None:
                 geo = this
             elif this != geo:
                 raise ValueError("layer %s: geometry %s differs from the first layer's %s"
                                  % (name, this, geo))
-            if packed is not None:
-                ptrs, sizes = _packed_pieces(packed.data_ptr(), 1, bs, heads, hd * es)
-            else:
-                ptrs, sizes = [r.data_ptr() for r in runs], [r.numel() * es for r in runs]
+            ptrs, sizes = [], []
+            for v in views:
+                p, n = _view_pieces(v, es, name)
+                ptrs += p
+                sizes += n
             layers.append((name, ptrs, step, sizes))
         if self._geometry is None:      # vLLM without kv_cache_config: the tensors say it
             self._geometry = _Geometry(geo[0], geo[1], geo[2], geo[3], geo[4], geo[5],
@@ -937,10 +1012,8 @@ class KvnodeConnector(KVConnectorBase_V1):
         if pieces.block_bytes != layout.block_bytes:
             raise ValueError("a block has %d bytes in the tensors, %d by the spec (layers %d)"
                              % (pieces.block_bytes, layout.block_bytes, layout.num_layers))
-        if not gathered.available():
-            raise ValueError("libkvnode %s has no gathered calls (KVNODE_0.8)"
-                             % kvnode.library_path())
-        self._start_moving(_GatheredBlocks(base0, step0, pieces), layout)
+        _need_gathered(device)
+        self._start_moving(_GatheredBlocks(base0, step0, pieces, device), layout)
 
     def _start_moving(self, mover, layout):
         self._mover = mover
@@ -980,11 +1053,7 @@ class KvnodeConnector(KVConnectorBase_V1):
         if nbytes != layout.block_bytes:
             raise ValueError("a cross-layer block has %d bytes, the namespace's %d (layers %d)"
                              % (nbytes, layout.block_bytes, layout.num_layers))
-        device = -1
-        if t.device.type == "cuda":
-            device = t.device.index if t.device.index is not None else 0
-        elif t.device.type != "cpu":
-            raise ValueError("a %s tensor: kvnode moves CPU and CUDA memory" % t.device.type)
+        device = _tensor_device(t, "the cross-layer KV cache")
         self._start_moving(_WholeBlocks(t.data_ptr(), t.stride(bdim) * t.element_size(),
                                         nbytes, device), layout)
 
@@ -997,10 +1066,7 @@ class KvnodeConnector(KVConnectorBase_V1):
             raise ValueError("a K|V-packed cross-layer block is not one run of memory in "
                              "layer, token, head order (the cache is not NHD: strides %s)"
                              % (t.stride(),))
-        if t.device.type != "cpu":
-            raise ValueError("a K|V-packed cross-layer cache on %s: this release moves it "
-                             "from host memory only (pieces, not whole blocks)"
-                             % t.device.type)
+        device = _tensor_device(t, "a K|V-packed cross-layer cache")
         layout = self._layout(self.tp_rank, self.pp_rank)
         base = block.data_ptr()
         ptrs, sizes = _packed_pieces(base, t.shape[0], spec.block_size, spec.heads,
@@ -1009,10 +1075,8 @@ class KvnodeConnector(KVConnectorBase_V1):
         if pieces.block_bytes != layout.block_bytes:
             raise ValueError("a cross-layer block has %d bytes, the namespace's %d (layers %d)"
                              % (pieces.block_bytes, layout.block_bytes, layout.num_layers))
-        if not gathered.available():
-            raise ValueError("libkvnode %s has no gathered calls (KVNODE_0.8)"
-                             % kvnode.library_path())
-        self._start_moving(_GatheredBlocks(base, t.stride(bdim) * es, pieces), layout)
+        _need_gathered(device)
+        self._start_moving(_GatheredBlocks(base, t.stride(bdim) * es, pieces, device), layout)
 
     def start_load_kv(self, forward_context, **kwargs):
         """This step's synchronous loads, done when this returns (blocks that could not be

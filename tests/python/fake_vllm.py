@@ -4,9 +4,11 @@ of theirs): the configs the connector reads, the factory's construction by
 shapes (backend "flash_attn": K/V split (2, blocks, tokens, heads, dim); "flashinfer": stacked
 (blocks, 2, tokens, heads, dim); "packed": vLLM's newer K|V-packed FlashAttention/FlashInfer
 layout (blocks, heads, tokens, 2 x dim), NHD in memory; "mla": (blocks, tokens, latent);
-"flash_attn_hnd": K/V split in HND order, which the connector cannot move; "+cross": one
-cross-layer tensor), the request's chained block hashes, and an engine whose scheduler and
-model runner call the connector in vLLM's order:
+"flash_attn_hnd": K/V split in HND order; "flashinfer_hnd": stacked in FlashInfer's HND
+stride order (blocks, 2, heads, tokens, dim) in memory, seen as (blocks, 2, tokens, heads,
+dim); "dim_strided": K/V split whose head vectors are not one run of memory, which the
+connector cannot move; "+cross": one cross-layer tensor), the request's chained block
+hashes, and an engine whose scheduler and model runner call the connector in vLLM's order:
 
 scheduler ``schedule()``: running requests first (preempting the last running one when no
 block is free: its blocks freed, its computed tokens 0, back to the head of the waiting
@@ -135,7 +137,7 @@ def create_connector(vllm_config, role_name, kv_cache_config):
     return cls(vllm_config, getattr(module.KVConnectorRole, role_name), kv_cache_config)
 
 
-SPLIT = ("flash_attn", "flash_attn_hnd")     # backends with K/V split caches
+SPLIT = ("flash_attn", "flash_attn_hnd", "dim_strided")     # backends with K/V split caches
 
 def sha256(value):
     """vLLM's default block hash function (--prefix-caching-hash-algo sha256): SHA-256 of the
@@ -227,9 +229,17 @@ class Worker:
                 shape = (2, e.num_blocks, e.block_size, h, e.head_dim)
             elif e.backend == "flashinfer":
                 shape = (e.num_blocks, 2, e.block_size, h, e.head_dim)
-            elif e.backend == "flash_attn_hnd":     # K/V split, HND in memory: not movable
+            elif e.backend == "flash_attn_hnd":     # K/V split, HND in memory
                 self.caches[name] = torch.randn((2, e.num_blocks, h, e.block_size, e.head_dim),
                                                 generator=g).to(e.dtype).permute(0, 1, 3, 2, 4)
+                continue
+            elif e.backend == "flashinfer_hnd":     # stacked, HND in memory (FlashInfer's)
+                self.caches[name] = torch.randn((e.num_blocks, 2, h, e.block_size, e.head_dim),
+                                                generator=g).to(e.dtype).permute(0, 1, 3, 2, 4)
+                continue
+            elif e.backend == "dim_strided":        # head vectors strided: not movable
+                self.caches[name] = torch.randn((2, e.num_blocks, e.head_dim, e.block_size, h),
+                                                generator=g).to(e.dtype).permute(0, 1, 3, 4, 2)
                 continue
             elif e.backend == "packed":     # (blocks, heads, tokens, 2 x dim), NHD in memory
                 self.caches[name] = torch.randn((e.num_blocks, e.block_size, h, 2 * e.head_dim),

@@ -5,6 +5,9 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -16,6 +19,7 @@ from conftest import running_daemon
 import fake_vllm
 from fake_vllm import Engine, expected_block, run_engine
 
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PREFIX = list(range(1000, 1032))            # 8 blocks of 4 tokens
 
 
@@ -66,7 +70,11 @@ def test_module_imports_without_vllm():
                                           ("mla+cross", "mla+cross"),
                                           ("packed", "flash_attn"), ("flashinfer", "packed"),
                                           ("packed+cross", "flash_attn"),
-                                          ("flash_attn+cross", "packed+cross")])
+                                          ("flash_attn+cross", "packed+cross"),
+                                          ("flash_attn", "flashinfer_hnd"),
+                                          ("flashinfer_hnd", "flash_attn_hnd"),
+                                          ("flash_attn_hnd", "packed"),
+                                          ("flashinfer_hnd", "flash_attn+cross")])
 def test_two_engines_share_a_prefix(daemon, first, second):
     """Engine A (another process) serves prefix+a; engine B, prefix+b, loads A's 8 prefix
     blocks byte-exact and computes only its suffix; its output is what it computes alone."""
@@ -378,16 +386,17 @@ def test_block_hashes_fold_as_fold_digests_of_their_hex():
 
 
 def test_unmovable_cache_drops_saves_and_finishes(daemon, caplog):
-    """A worker whose KV cache the connector cannot move (here HND: a block's K is not one
+    """A worker whose KV cache the connector cannot move (here a head's vector is not one
     run of memory) still reports the saves the scheduler planned (dropped, counted), so vLLM
     frees their blocks and the requests finish; nothing is stored."""
     prompts = {"a": PREFIX + [1, 2, 3, 4, 5, 6]}
-    a = run_engine(extra(daemon), prompts, {"backend": "flash_attn_hnd"})
-    assert a["outputs"] == reference(prompts, {"backend": "flash_attn_hnd"})["outputs"]
+    a = run_engine(extra(daemon), prompts, {"backend": "dim_strided"})
+    assert a["outputs"] == reference(prompts, {"backend": "dim_strided"})["outputs"]
     assert a["movers"] == ["NoneType"]
     assert a["counters"][0]["saves_dropped_blocks"] == 9
     assert a["counters"][0]["blocks_saved"] == 0
-    assert "register_kv_caches failed" in caplog.text and "not NHD" in caplog.text
+    assert "register_kv_caches failed" in caplog.text and \
+        "not one run of memory" in caplog.text
 
 
 def test_hybrid_model_runs_without_the_connector(daemon, caplog):
@@ -431,3 +440,32 @@ def test_pipeline_stages_keep_their_own_namespaces(daemon):
         sched.shutdown()
     finally:
         e.shutdown()
+
+
+@pytest.mark.parametrize("pairs", ["nhd-hnd", "hnd-nhd,cross", "packed-hnd,nhd-packed",
+                                   "pcross-hnd"])
+def test_device_caches_on_the_simulated_gpu(daemon, tmp_path, pairs):
+    """Per-layer KV caches in GPU memory (FlashAttention's NHD split, FlashInfer's HND
+    stacked, the K|V-packed one; and the cross-layer ones, whole and K|V-packed) on the
+    strict fake CUDA: tests/gpu/vllm_device.py (the
+    driver of scripts/gpu-check.sh's vllm behaviour) in a process of its own, whose loader
+    finds the fake (LD_LIBRARY_PATH) and whose libkvnode declares the tensors' device. One
+    engine saves from its cache, another loads into its own, byte-exact in kvnode's block
+    order (an NHD and an HND engine share blocks), with libkvnode's device copies: a load
+    with cudaMemcpyAsync failing reports every block as a load error."""
+    lib = os.environ.get("KVNODE_LIBRARY") or os.path.join(ROOT, "build", "libkvnode.so.0")
+    fake = os.path.join(os.path.dirname(os.path.abspath(lib)), "tests", "fakecuda")
+    if not os.path.exists(os.path.join(fake, "libcudart.so")):
+        pytest.fail("the strict fake CUDA is not built at %s (make all)" % fake)
+    state = tmp_path / "fake"
+    state.mkdir()
+    env = dict(os.environ, FAKECUDA_DIR=str(state), KVNODE_LIBRARY=lib,
+               LD_LIBRARY_PATH=fake + (":" + os.environ["LD_LIBRARY_PATH"]
+                                       if os.environ.get("LD_LIBRARY_PATH") else ""))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu", "vllm_device.py"),
+                          "--socket", daemon, "--device", "0", "--blocks", "4", "--rounds", "1",
+                          "--pairs", pairs], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "RESULT PASS" in out.stdout, out.stdout + out.stderr
+    violations = state / "violations"
+    assert not violations.exists() or violations.read_text() == "", violations.read_text()
