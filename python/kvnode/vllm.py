@@ -539,6 +539,13 @@ class _Link:
         if close is not None:
             close.close()
 
+    def lost(self, c, error):
+        """A call on c, made without acquire() (the scheduler's, from its one thread),
+        failed with error: c is retired as release() retires it."""
+        with self._lock:
+            self._users[id(c)] = self._users.get(id(c), 0) + 1
+        self.release(c, error)
+
     def close(self):
         with self._lock:
             self._closed = True
@@ -618,6 +625,8 @@ class KvnodeConnector(KVConnectorBase_V1):
                                "request; give \"recompute\" to have vLLM recompute it")
             self._plans = {}            # request id -> (local blocks, matched blocks)
             self._scratch = (0, None, None)  # MATCH's fold arrays (capacity, keys, checks)
+            tiers, count = _clib._CTiers(), _clib._SIZE(0)      # what a MATCH answers
+            self._match_out = (tiers, ctypes.byref(tiers), count, ctypes.byref(count))
             self._loads, self._saves = [], []
             self._saving = set()
             self._links = []
@@ -713,84 +722,82 @@ class KvnodeConnector(KVConnectorBase_V1):
         hashes = request.block_hashes
         return _fold_hashes(hashes if len(hashes) == n else hashes[:n])
 
-    def _fold_scratch(self, hashes, n):
-        """The first n hashes folded into the scheduler's reused arrays (grown when short;
-        only the first n words are meaningful): a MATCH allocates nothing."""
-        cap, keys, checks = self._scratch
-        if cap < n:
-            cap = max(n, 2 * cap, 256)
-            keys, checks = (ctypes.c_int64 * cap)(), (ctypes.c_uint64 * cap)()
-            self._scratch = (cap, keys, checks)
-        if n and type(hashes[0]) is bytes and len(hashes[0]) >= 16 and \
-                _clib._fold_digests is not None:
-            size = len(hashes[0])
-            raw = b"".join(hashes if len(hashes) == n else hashes[:n])
-            if len(raw) == size * n and len(hashes[n - 1]) == size and \
-                    _clib._fold_digests(raw, n, size, keys, checks) == n:
-                return keys, checks
-        return kvnode.fold_digests([_hex(h) for h in hashes[:n]])
-
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         """Tokens past num_computed_tokens whose blocks kvnoded holds (a MATCH per rank),
         and whether they load asynchronously (at least async_load_min_blocks blocks, when
         that is set); (0, False) whenever kvnoded cannot answer."""
+        # One frame, few calls: this runs for every new request, between other work. vLLM
+        # calls the scheduler side from its scheduler thread only: the fold arrays, the
+        # tiers and the links' clients are used without a lock (a client that fails is
+        # handed to _Link.lost, which retires it as release() would).
         try:
-            tokens = self._matched_tokens(request, num_computed_tokens)
+            rid = request.request_id
+            plans = self._plans
+            if rid in plans:
+                del plans[rid]
+            if self._link is None or not self.loads_on:
+                return 0, False
+            bs = self.block_size
+            hashes = request.block_hashes
+            # Never the block of the prompt's last token: vLLM computes at least one token.
+            n = (request.num_tokens - 1) // bs
+            if len(hashes) < n:
+                n = len(hashes)
+            publishable = getattr(request, "num_publishable_block_hashes", None)
+            if publishable is not None and publishable < n:
+                n = int(publishable)
+            local = num_computed_tokens // bs
+            if n <= local:
+                return 0, False
+            cap, keys, checks = self._scratch
+            if cap < n:
+                cap = max(n, 2 * cap, 256)
+                keys, checks = (ctypes.c_int64 * cap)(), (ctypes.c_uint64 * cap)()
+                self._scratch = (cap, keys, checks)
+            first, fold = hashes[0], _clib._fold_digests
+            size = len(first)
+            if type(first) is not bytes or size < 16 or fold is None or \
+                    len(hashes[n - 1]) != size or \
+                    fold(b"".join(hashes if len(hashes) == n else hashes[:n]), n, size, keys,
+                         checks) != n:
+                keys, checks = kvnode.fold_digests([_hex(h) for h in hashes[:n]])
+            if local:   # the blocks past vLLM's own prefix (kvnode keys are not chained)
+                keys, checks = _tail(keys, local), _tail(checks, local)
+            more = n - local
+            tiers, tiers_ref, count, count_ref = self._match_out
+            for link in self._links:   # each rank's MATCH asks only what the ranks before found
+                c = link._client
+                borrowed = c is None
+                if borrowed:
+                    c = link.acquire(self.connect_wait_s)
+                    if c is None:
+                        return 0, False
+                error = None
+                try:
+                    if link.checks_on:
+                        rc = _clib._match_checked(c._handle(), keys, checks, more, tiers_ref)
+                        more = tiers.matched
+                    else:
+                        rc = _clib._match(c._handle(), keys, more, count_ref)
+                        more = count.value
+                    if rc:
+                        c._check(rc)
+                except kvnode.Error as e:
+                    error, more = e, 0
+                    self._failed("MATCH", e)
+                finally:
+                    if borrowed:
+                        link.release(c, error)
+                if error is not None and not borrowed:
+                    link.lost(c, error)
+                if more <= 0:
+                    return 0, False
+            plans[rid] = (local, local + more)
+            return more * bs, bool(self.async_load_min_blocks) and \
+                more >= self.async_load_min_blocks
         except Exception as e:  # noqa: BLE001 - never into vLLM's scheduler
             self._failed("get_num_new_matched_tokens", e)
             return 0, False
-        return tokens, bool(tokens and self.async_load_min_blocks and
-                            tokens // self.block_size >= self.async_load_min_blocks)
-
-    def _matched_tokens(self, request, num_computed_tokens):
-        # (one frame, few calls: this runs for every new request, between other work)
-        rid = request.request_id
-        plans = self._plans
-        if rid in plans:
-            del plans[rid]
-        if not self.loads_on or self._link is None:
-            return 0
-        bs = self.block_size
-        hashes = request.block_hashes
-        # Never the block of the prompt's last token: vLLM computes at least one token.
-        n = (request.num_tokens - 1) // bs
-        if len(hashes) < n:
-            n = len(hashes)
-        publishable = getattr(request, "num_publishable_block_hashes", None)
-        if publishable is not None and publishable < n:
-            n = int(publishable)
-        local = num_computed_tokens // bs
-        if n <= local:
-            return 0
-        keys, checks = self._fold_scratch(hashes, n)
-        if local:       # the blocks past vLLM's own prefix (kvnode keys are not chained)
-            keys, checks = _tail(keys, local), _tail(checks, local)
-        more = n - local
-        for link in self._links:   # each rank's MATCH asks only what the ranks before found
-            c = link.acquire(self.connect_wait_s)
-            if c is None:
-                return 0
-            error = None
-            try:
-                if link.checks_on:
-                    t = _clib._CTiers()
-                    rc = _clib._match_checked(c._handle(), keys, checks, more, ctypes.byref(t))
-                    more = t.matched
-                else:
-                    m = _clib._SIZE(0)
-                    rc = _clib._match(c._handle(), keys, more, ctypes.byref(m))
-                    more = m.value
-                if rc:
-                    c._check(rc)
-            except kvnode.Error as e:
-                error, more = e, 0
-                self._failed("MATCH", e)
-            finally:
-                link.release(c, error)
-            if more <= 0:
-                return 0
-        plans[rid] = (local, local + more)
-        return more * bs
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         """A load of the matched blocks into those vLLM allocated for them."""
