@@ -624,9 +624,7 @@ class KvnodeConnector(KVConnectorBase_V1):
                                "evicted from kvnoded between the MATCH and the load fails its "
                                "request; give \"recompute\" to have vLLM recompute it")
             self._plans = {}            # request id -> (local blocks, matched blocks)
-            self._scratch = (0, None, None)  # MATCH's fold arrays (capacity, keys, checks)
-            tiers, count = _clib._CTiers(), _clib._SIZE(0)      # what a MATCH answers
-            self._match_out = (tiers, ctypes.byref(tiers), count, ctypes.byref(count))
+            self._matching = None       # what a MATCH needs, in one tuple (see below)
             self._loads, self._saves = [], []
             self._saving = set()
             self._links = []
@@ -637,6 +635,14 @@ class KvnodeConnector(KVConnectorBase_V1):
                 self._links = [self._new_link(self._layout(tp, pp), "scheduler (tp%d pp%d)"
                                               % (tp, pp)) for tp, pp in sorted(set(ranks))]
                 self._link = self._links[0]
+                if self.loads_on:
+                    # MATCH's state in one place: the plans, the links, the block size, the
+                    # fold arrays (a list: [capacity, keys, checks], grown when short), the
+                    # kvnode_tiers / size_t answers with their byref()s, async_load_min_blocks
+                    tiers, count = _clib._CTiers(), _clib._SIZE(0)
+                    self._matching = (self._plans, self._links, self.block_size, [0, None, None],
+                                      tiers, ctypes.byref(tiers), count, ctypes.byref(count),
+                                      self.async_load_min_blocks)
             elif self._spec_error is None:
                 logger.error("kvnode.vllm: this vLLM gives the connector no KVCacheConfig; the "
                              "scheduler side cannot name the namespace and matches nothing")
@@ -645,12 +651,14 @@ class KvnodeConnector(KVConnectorBase_V1):
             self._mover = None          # _GatheredBlocks or _WholeBlocks, once registered
             self._load_errors = set()
             # the worker's thread takes its work from a SimpleQueue (None: stop) and says
-            # what ended under _save_wake (a Condition over the sets below)
+            # what ended under _save_wake (a Condition over _loaded and _saved); the other
+            # sets are vLLM's thread's own (start_load_kv, wait_for_save, get_finished)
             self._save_queue = queue.SimpleQueue()
             self._save_wake = threading.Condition()
             self._loaded = set()         # request ids whose asynchronous load has ended
-            self._pending_saves = set()  # request ids with a save queued or done
-            self._saved = set()          # ... whose save has ended
+            self._saved = set()          # ... whose save on the worker's thread has ended
+            self._pending_saves = set()  # request ids with a save queued, kept or done
+            self._saved_here = set()     # ... whose save vLLM's thread made
             self._named_finished = set()  # ... that vLLM has named finished
             self._saver = None
             self._mla_follower = False
@@ -731,13 +739,13 @@ class KvnodeConnector(KVConnectorBase_V1):
         # tiers and the links' clients are used without a lock (a client that fails is
         # handed to _Link.lost, which retires it as release() would).
         try:
+            matching = self._matching
+            if matching is None:
+                return 0, False
+            plans, links, bs, scratch, tiers, tiers_ref, count, count_ref, async_min = matching
             rid = request.request_id
-            plans = self._plans
             if rid in plans:
                 del plans[rid]
-            if self._link is None or not self.loads_on:
-                return 0, False
-            bs = self.block_size
             hashes = request.block_hashes
             # Never the block of the prompt's last token: vLLM computes at least one token.
             n = (request.num_tokens - 1) // bs
@@ -749,11 +757,11 @@ class KvnodeConnector(KVConnectorBase_V1):
             local = num_computed_tokens // bs
             if n <= local:
                 return 0, False
-            cap, keys, checks = self._scratch
+            cap, keys, checks = scratch
             if cap < n:
                 cap = max(n, 2 * cap, 256)
                 keys, checks = (ctypes.c_int64 * cap)(), (ctypes.c_uint64 * cap)()
-                self._scratch = (cap, keys, checks)
+                scratch[:] = cap, keys, checks
             first, fold = hashes[0], _clib._fold_digests
             size = len(first)
             if type(first) is not bytes or size < 16 or fold is None or \
@@ -764,8 +772,7 @@ class KvnodeConnector(KVConnectorBase_V1):
             if local:   # the blocks past vLLM's own prefix (kvnode keys are not chained)
                 keys, checks = _tail(keys, local), _tail(checks, local)
             more = n - local
-            tiers, tiers_ref, count, count_ref = self._match_out
-            for link in self._links:   # each rank's MATCH asks only what the ranks before found
+            for link in links:   # each rank's MATCH asks only what the ranks before found
                 c = link._client
                 borrowed = c is None
                 if borrowed:
@@ -775,10 +782,10 @@ class KvnodeConnector(KVConnectorBase_V1):
                 error = None
                 try:
                     if link.checks_on:
-                        rc = _clib._match_checked(c._handle(), keys, checks, more, tiers_ref)
+                        rc = _clib._match_checked(c._c, keys, checks, more, tiers_ref)
                         more = tiers.matched
                     else:
-                        rc = _clib._match(c._handle(), keys, more, count_ref)
+                        rc = _clib._match(c._c, keys, more, count_ref)
                         more = count.value
                     if rc:
                         c._check(rc)
@@ -793,8 +800,7 @@ class KvnodeConnector(KVConnectorBase_V1):
                 if more <= 0:
                     return 0, False
             plans[rid] = (local, local + more)
-            return more * bs, bool(self.async_load_min_blocks) and \
-                more >= self.async_load_min_blocks
+            return more * bs, bool(async_min) and more >= async_min
         except Exception as e:  # noqa: BLE001 - never into vLLM's scheduler
             self._failed("get_num_new_matched_tokens", e)
             return 0, False
@@ -846,7 +852,8 @@ class KvnodeConnector(KVConnectorBase_V1):
                 size = len(first)
                 raw = b"".join(hashes if len(hashes) == n else hashes[:n])
                 if len(raw) == size * n and len(hashes[n - 1]) == size:    # one hash function
-                    save = _Transfer(rid, list(block_ids[:n]), None, None, False, raw, size)
+                    save = _Transfer(rid, list(block_ids[:n]) if type(block_ids) is not list
+                                     else block_ids[:n], None, None, False, raw, size)
                 else:
                     save = None
             else:
@@ -1079,8 +1086,7 @@ class KvnodeConnector(KVConnectorBase_V1):
                     self._load(load)
             saves = meta.saves
             if saves:
-                with self._save_wake:
-                    self._pending_saves.update([save.req_id for save in saves])
+                self._pending_saves.update([save.req_id for save in saves])
                 mover, budget = self._mover, self.inline_save_bytes
                 block_bytes = 0 if mover is None or self._mla_follower else mover.block_bytes
                 inline = self._inline
@@ -1142,8 +1148,7 @@ class KvnodeConnector(KVConnectorBase_V1):
                 except Exception as e:  # noqa: BLE001 - the request is still reported
                     self._failed("save", e)
         finally:
-            with self._save_wake:
-                self._saved.update([save.req_id for save in saves])
+            self._saved_here.update([save.req_id for save in saves])
 
     def _save_loop(self):
         get = self._save_queue.get
@@ -1198,13 +1203,21 @@ class KvnodeConnector(KVConnectorBase_V1):
         try:
             if self._inline:
                 self._save_inline()
-            with self._save_wake:
-                self._named_finished |= set(finished_req_ids or ()) & self._pending_saves
-                done = self._saved & self._named_finished
-                self._saved -= done
-                self._named_finished -= done
+            named = self._named_finished
+            if finished_req_ids:
+                named |= self._pending_saves.intersection(finished_req_ids)
+            done = self._saved_here & named
+            loaded = None
+            if self._saved or self._loaded:     # what the worker's thread has ended
+                with self._save_wake:
+                    thread_done = self._saved & named
+                    self._saved -= thread_done
+                    loaded, self._loaded = self._loaded, set()
+                done |= thread_done
+            if done:
+                self._saved_here -= done
+                named -= done
                 self._pending_saves -= done
-                loaded, self._loaded = self._loaded, set()
             return (done or None), (loaded or None)
         except Exception as e:  # noqa: BLE001
             self._failed("get_finished", e)
