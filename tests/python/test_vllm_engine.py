@@ -261,11 +261,12 @@ def test_load_error_is_reported_and_recomputed(daemon):
 
 
 def test_preemption_while_a_save_holds_blocks(daemon):
-    """R1 finishes and its save is slow: vLLM holds R1's blocks until get_finished reports
-    it, so R2 (decoding, out of blocks) is preempted rather than given R1's blocks; R2
-    re-matches when readmitted; R1's saved blocks are its own bytes."""
+    """R1 finishes and its save (on the worker's thread: inline_save_bytes 0) is slow: vLLM
+    holds R1's blocks until get_finished reports it, so R2 (decoding, out of blocks) is
+    preempted rather than given R1's blocks; R2 re-matches when readmitted; R1's saved
+    blocks are its own bytes."""
     release = threading.Event()
-    e = Engine(extra(daemon), num_blocks=12)
+    e = Engine(extra(daemon, inline_save_bytes=0), num_blocks=12)
     try:
         w = e.workers[0]
         real_save = w.connector._save
@@ -294,6 +295,118 @@ def test_preemption_while_a_save_holds_blocks(daemon):
         assert e.workers[0].connector.counters["blocks_loaded"] == 5
     finally:
         e.shutdown()
+
+
+def record_steps(engine):
+    """Make engine.step log, per step, the request ids whose saves its metadata carried and
+    those its workers reported in finished_sending (every worker's)."""
+    log = []
+
+    def step():
+        out = engine.schedule()
+        outputs = [w.execute(out) for w in engine.workers]
+        log.append(({t.req_id for t in out.kv_connector_metadata.saves},
+                    set.intersection(*[set(o.finished_sending or ()) for o in outputs])))
+        engine.update_from_output(out, outputs)
+        return out
+    engine.step = step
+    return log
+
+
+def record_save_threads(connector):
+    """[(request id, the thread that made its save)] as the connector makes them."""
+    made, real_save = [], connector._save
+
+    def save(transfer):
+        made.append((transfer.req_id, threading.current_thread()))
+        real_save(transfer)
+    connector._save = save
+    return made
+
+
+@pytest.mark.parametrize("mode", [{}, {"no_forward_wait_for_save": False},
+                                  {"defer_finalize": True}])
+def test_small_saves_are_made_on_vllms_thread(daemon, mode):
+    """A save within inline_save_bytes (default 8 MiB) is made on vLLM's thread when the
+    step ends (wait_for_save; get_finished when vLLM asks it first, after a draft model's
+    forward, or without wait_for_save, as older vLLM in a step with nothing to compute), so
+    the step that carried it reports it; its blocks load byte-exact in another engine."""
+    e = Engine(extra(daemon), **mode)
+    try:
+        made = record_save_threads(e.workers[0].connector)
+        log = record_steps(e)
+        e.add("r1", PREFIX[:20], max_tokens=1)
+        if not mode.get("no_forward_wait_for_save", True):
+            e.run(idle_s=5)     # nothing else runs: the save's step has no forward
+            want, blocks = ["r1"], 5
+        else:
+            # r2 decodes meanwhile (its 13 computed tokens: 3 blocks saved when it ends)
+            e.add("r2", list(range(3000, 3010)), max_tokens=4)
+            e.run()
+            want, blocks = ["r1", "r2"], 5 + 3
+        assert made == [(rid, threading.main_thread()) for rid in want]
+        carried = [(saves, sent) for saves, sent in log if saves]
+        assert [rid for saves, _ in carried for rid in sorted(saves)] == want, log
+        assert all(saves <= sent for saves, sent in carried), log
+        assert e.workers[0].connector.counters["blocks_saved"] == blocks
+    finally:
+        e.shutdown()
+    e = Engine(extra(daemon))
+    try:
+        req = e.add("b", PREFIX[:20] + [9])
+        e.run(between=lambda i: i == 0 and check_loaded(e, req, 5))
+        assert e.workers[0].connector.counters["blocks_loaded"] == 5
+    finally:
+        e.shutdown()
+
+
+def test_saves_over_inline_save_bytes_go_to_the_workers_thread(daemon):
+    """Two requests finish in one step, inline_save_bytes holding one's blocks: the first
+    save is made on vLLM's thread, the second on the worker's; both are stored and
+    reported."""
+    probe = Engine(extra(daemon))
+    block_bytes = probe.workers[0].connector._mover.block_bytes
+    probe.shutdown()
+    e = Engine(extra(daemon, inline_save_bytes=5 * block_bytes))
+    try:
+        w = e.workers[0].connector
+        made = record_save_threads(w)
+        e.add("r1", PREFIX[:20], max_tokens=1)
+        e.add("r2", PREFIX[12:32], max_tokens=1)
+        e.run()
+        assert [rid for rid, _ in made] == ["r1", "r2"]
+        assert made[0][1] is threading.main_thread()
+        assert made[1][1] is not threading.main_thread() and made[1][1].name == "kvnode-vllm-io"
+        assert w.counters["blocks_saved"] == 10 and not e.requests
+    finally:
+        e.shutdown()
+
+
+def test_preemption_while_an_inline_save_holds_blocks(daemon):
+    """R1 finishes when no block is free: vLLM holds its blocks through the next step, whose
+    save is made on vLLM's thread, so R2 (decoding, out of blocks in that step) is
+    preempted rather than given R1's blocks; readmitted, R2 loads the 4 blocks it shares
+    with R1 and computes what R1 did not."""
+    prompt2 = PREFIX[:16] + list(range(2000, 2008))
+    e = Engine(extra(daemon), num_blocks=11)
+    try:
+        made = record_save_threads(e.workers[0].connector)
+        e.add("r1", PREFIX[:20], max_tokens=1)
+        r2 = e.add("r2", prompt2, max_tokens=3)
+        seen = {}
+
+        def between(i):
+            if r2.num_preemptions and r2.num_external_computed_tokens and "ok" not in seen:
+                check_loaded(e, r2, 4)
+                seen["ok"] = True
+        e.run(between=between)
+        assert "r2" in e.preempted and r2.num_preemptions == 1
+        assert made[0] == ("r1", threading.main_thread())
+        assert seen == {"ok": True} and r2.num_external_computed_tokens == 16
+        got = r2.output_token_ids
+    finally:
+        e.shutdown()
+    assert got == reference({"r2": prompt2}, {"num_blocks": 11}, max_tokens=3)["outputs"]["r2"]
 
 
 def test_daemon_restart_mid_request(tmp_path):
