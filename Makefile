@@ -87,7 +87,7 @@ CHECK_LIBS  = $(call pc_libs,$(CHECK_PKGS))
 PROTO_C      := $(GEN)/kvnode.pb-c.c
 PROTO_H      := $(GEN)/kvnode.pb-c.h
 COMMON_SRC   := lib/wire.c lib/hash.c lib/sha256.c lib/errors.c
-LIB_SRC      := lib/client.c lib/client_io.c lib/client_async.c lib/client_submit.c lib/client_ops.c lib/client_gpu.c lib/cudart.c lib/prefault.c lib/copy.c $(COMMON_SRC)
+LIB_SRC      := lib/client.c lib/client_io.c lib/client_async.c lib/client_submit.c lib/client_ops.c lib/client_gpu.c lib/cudart.c lib/prefault.c lib/copy.c lib/copy_device.c $(COMMON_SRC)
 DAEMON_SRC   := $(filter-out daemon/main.c $(if $(filter 1,$(V6D)),,daemon/persist/kvs/v6d%.c),$(wildcard daemon/*.c daemon/*/*.c daemon/persist/kvs/*.c))
 CTL_SRC      := $(wildcard ctl/*.c)
 # The KVS front end's suites use the v6d backend's key and hash helpers as the client side: V6D=1 only.
@@ -283,7 +283,7 @@ $(BUILD)/tests/test_client_cuda: $(FAKECUDA_SO)
 
 # libkvnode against kvnoded (hbm.backend = cuda), both on the fake: the test process is
 # the engine and finds the fake through its RPATH (dlopen searches DT_RPATH first).
-$(BUILD)/tests/test_client_daemon_cuda: tests/integration/test_client_daemon_cuda.c $(INTEG_HELPER) \
+$(BUILD)/tests/test_client_daemon_cuda $(BUILD)/tests/test_gather_cuda: $(BUILD)/tests/%: tests/integration/%.c $(INTEG_HELPER) \
                                         $(TEST_PROC_OBJ) $(LIBA) $(PROTO_H) $(TEST_HDRS) $(FAKECUDA_SO)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/integration $(LDSAN) $(LDFLAGS) -o $@ $< $(INTEG_HELPER) $(TEST_PROC_OBJ) \

@@ -544,12 +544,15 @@ static void kvs_json(const struct stats_snapshot *s, json_t *root)
     set(r, "max_bytes", ju(k->http_output_max));
     set(r, "refused_total", ju(k->http_output_refused));
     set(r, "tenant_limit_total", ju(k->http_output_tenant_limit));
+    set(r, "inline_total", ju(k->http_replies_inline));
     set(o, "http_output", r);
     r = json_object();
     set(r, "bytes", ju(k->http_input_bytes));
     set(r, "max_bytes", ju(k->http_input_max));
     set(r, "refused_total", ju(k->http_input_refused));
     set(r, "tenant_limit_total", ju(k->http_input_tenant_limit));
+    set(r, "reads_extended_total", ju(k->http_reads_extended));
+    set(r, "reads_early_total", ju(k->http_reads_early));
     set(o, "http_input", r);
     set(root, "kvs_server", o);
 }

@@ -27,7 +27,9 @@
  * the legacy default stream, and that stream is synchronised before the
  * call returns (so before the lease that covers the block ends): the
  * caller's stream for the _stream calls, else the client's own non-blocking
- * stream, created on first use. */
+ * stream, created on first use. The device form of the gathered calls
+ * (copy_device.c) queues its pieces through a client_copier and stages
+ * through the client's pinned buffer (client_stage_get). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -313,6 +315,16 @@ void client_gpu_free(kvnode_client *c)
         }
         c->stream = NULL;
     }
+    if (c->stage) {
+        if (c->stage_pinned && client_cuda_enter(c, &prev, &step) == CUDART_SUCCESS) {
+            if (c->rt.host_unregister(c->stage) != CUDART_SUCCESS)
+                client_cuda_failed(c);
+            client_cuda_leave(c, prev);
+        }
+        free(c->stage);
+        c->stage = NULL;
+        c->stage_bytes = 0;
+    }
     client_gpu_release_arenas(c);
     c->gpu_mapped = 0;
     if (c->drv_ctx) {
@@ -504,4 +516,145 @@ int client_stream_wait(kvnode_client *c, void *stream, const char *what)
     client_seterr(c, "%s: %s of the caller's stream (CUDA device %d) failed: %s", what, step,
                   c->cuda_device, cudart_error_text(&c->rt, err, text, sizeof text));
     return -KVNODE_EIO;
+}
+
+/* --- copies of pieces (the device form of the gathered calls) --------------- */
+
+int client_copier_open(kvnode_client *c, struct client_copier *k, void *stream, int gpu_blocks,
+                       const char *what)
+{
+    int rc;
+
+    memset(k, 0, sizeof *k);
+    k->c = c;
+    k->stream = stream;
+    k->prev = -1;
+    k->what = what;
+    k->step = "cudaMemcpyAsync";
+    if (gpu_blocks) {
+        rc = client_gpu_hold(c);
+        if (rc < 0) {
+            client_seterr(c, "%s: the GPU arenas were released: the connection ended", what);
+            return -KVNODE_ECLOSED;
+        }
+        k->held = 1;
+    }
+    k->err = client_cuda_enter(c, &k->prev, &k->step);
+    k->entered = 1;
+    if (k->err != CUDART_SUCCESS) {
+        client_cuda_failed(c);
+        return client_copier_close(k);
+    }
+    return 0;
+}
+
+int client_copier_queue(struct client_copier *k, void *dst, const void *src, size_t len)
+{
+    if (k->err != CUDART_SUCCESS)
+        return -KVNODE_EIO;
+    k->step = "cudaMemcpyAsync";
+    k->err = k->c->rt.copy_async(dst, src, len, CUDART_MEMCPY_DEFAULT, k->stream);
+    if (k->err != CUDART_SUCCESS) {
+        client_cuda_failed(k->c);
+        return -KVNODE_EIO;
+    }
+    k->queued++;
+    return 0;
+}
+
+int client_copier_sync(struct client_copier *k)
+{
+    int err;
+
+    if (k->queued == 0)
+        return k->err == CUDART_SUCCESS ? 0 : -KVNODE_EIO;
+    k->queued = 0;
+    /* even after a failure: nothing queued may outlive the lease it copies */
+    err = k->c->rt.stream_sync(k->stream);
+    if (err != CUDART_SUCCESS) {
+        client_cuda_failed(k->c);
+        if (k->err == CUDART_SUCCESS) {
+            k->err = err;
+            k->step = "cudaStreamSynchronize";
+        }
+    }
+    return k->err == CUDART_SUCCESS ? 0 : -KVNODE_EIO;
+}
+
+int client_copier_close(struct client_copier *k)
+{
+    kvnode_client *c = k->c;
+    char text[192];
+
+    (void)client_copier_sync(k);
+    if (k->entered)
+        client_cuda_leave(c, k->prev);
+    k->entered = 0;
+    if (k->held)
+        client_gpu_drop(c);
+    k->held = 0;
+    if (k->err == CUDART_SUCCESS)
+        return 0;
+    client_seterr(c, "%s: %s (CUDA device %d) failed: %s", k->what, k->step, c->cuda_device,
+                  cudart_error_text(&c->rt, k->err, text, sizeof text));
+    return -KVNODE_EIO;
+}
+
+/* Pinned host memory for staged copies: the client's buffer when no other
+ * call has it (grown to `bytes`, registered portable; a buffer CUDA would
+ * not register is kept pageable: copies from it are slower, not wrong), else
+ * one of this call's own (pageable). client_stage_put gives it back. */
+void *client_stage_get(kvnode_client *c, size_t bytes, int *owned)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    size_t size = (bytes + (size_t)page - 1) / (size_t)page * (size_t)page;
+    const char *step;
+    void *p = NULL;
+    int mine, prev;
+
+    pthread_mutex_lock(&c->lock);
+    mine = !c->stage_busy;
+    c->stage_busy |= mine;
+    pthread_mutex_unlock(&c->lock);
+    *owned = !mine;
+    if (!mine)
+        return malloc(bytes ? bytes : 1);
+    if (c->stage_bytes >= size)
+        return c->stage;
+    if (c->stage) {
+        if (c->stage_pinned && client_cuda_enter(c, &prev, &step) == CUDART_SUCCESS) {
+            if (c->rt.host_unregister(c->stage) != CUDART_SUCCESS)
+                client_cuda_failed(c);
+            client_cuda_leave(c, prev);
+        }
+        free(c->stage);
+        c->stage = NULL;
+        c->stage_bytes = 0;
+        c->stage_pinned = 0;
+    }
+    if (posix_memalign(&p, (size_t)page, size) != 0) {
+        client_stage_put(c, NULL, 0);
+        return NULL;
+    }
+    c->stage = p;
+    c->stage_bytes = size;
+    if (client_cuda_enter(c, &prev, &step) == CUDART_SUCCESS) {
+        c->stage_pinned = c->rt.host_register(p, size, CUDART_HOST_REGISTER_PORTABLE) ==
+                          CUDART_SUCCESS;
+        if (!c->stage_pinned)
+            client_cuda_failed(c);
+        client_cuda_leave(c, prev);
+    }
+    return p;
+}
+
+void client_stage_put(kvnode_client *c, void *p, int owned)
+{
+    if (owned) {
+        free(p);
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->stage_busy = 0;
+    pthread_mutex_unlock(&c->lock);
 }

@@ -125,6 +125,10 @@ struct kvnode_client {
      * host-only (HELLO without cuda_ipc/cuda_vmm, this as hbm_unusable). */
     char hbm_unusable[CLIENT_MSG_MAX];
     void *stream;               /* [lock] the client's non-blocking stream (NULL: none yet) */
+    int stage_busy;             /* [lock] a call uses `stage` */
+    void *stage;                /* pinned staging of the device gathers (its user's) */
+    size_t stage_bytes;
+    int stage_pinned;           /* stage is registered (cudaHostRegister) */
     int gpu_mapped;             /* [lock] device arenas are open (released at the end) */
     int gpu_users;              /* [lock] calls copying to or from them now */
     int gpu_releasing;          /* [lock] a thread is releasing them */
@@ -205,6 +209,50 @@ void client_gpu_free(kvnode_client *c);
 int client_copy_blocks(kvnode_client *c, const kvnode_loc *locs, size_t n, void *const *user,
                        int to_slots, int user_device, size_t first, const char *what,
                        const struct client_stream *st);
+/* Copies of pieces on one stream (copy_device.c): open enters the client's
+ * device (and, gpu_blocks, holds its GPU arenas); queue is cudaMemcpyAsync
+ * (cudaMemcpyDefault); sync waits for what was queued; close syncs, leaves
+ * and, after any failure, sets the error ("<what>: <step> ... failed: ...").
+ * Each returns 0 or a negative code (-KVNODE_EIO; open -KVNODE_ECLOSED too);
+ * after a failed open the copier is closed already. */
+struct client_copier {
+    kvnode_client *c;
+    void *stream;
+    const char *what, *step;
+    int prev, entered, held, err;
+    size_t queued;
+};
+int client_copier_open(kvnode_client *c, struct client_copier *k, void *stream, int gpu_blocks,
+                       const char *what);
+int client_copier_queue(struct client_copier *k, void *dst, const void *src, size_t len);
+int client_copier_sync(struct client_copier *k);
+int client_copier_close(struct client_copier *k);
+/* Where piece `piece` of a gathered block goes in the block (copy.c). */
+struct copy_place {
+    size_t off, len, piece;
+};
+/* The device form of a gathered batch (copy_device.c): plan once per call
+ * from the pieces' places in the block (`order`, sorted by offset) and their
+ * distances (piece_at; NULL: pieces given per block), then move each lease's
+ * blocks (locs, n of them) to (to_blocks) or from the pieces in device memory
+ * on `stream`, synchronised before this returns. 0 or a negative code with
+ * the error set. */
+struct copy_dev_plan {
+    int staged;             /* through pinned host memory (see copy_device.c) */
+    size_t nsrc;            /* pieces in the caller's order (by distance), runs merged */
+    struct copy_place *src; /* off: distance, len: run bytes, piece: offset in the stage */
+    size_t *stage_off;      /* per piece: where it lies in a staged block */
+};
+int copy_dev_plan_make(struct copy_dev_plan *p, const ptrdiff_t *piece_at, size_t m,
+                       const struct copy_place *order);
+void copy_dev_plan_free(struct copy_dev_plan *p);
+int copy_dev_run(kvnode_client *c, const struct copy_dev_plan *p, const kvnode_loc *locs,
+                 size_t n, const void *const *pieces, const ptrdiff_t *piece_at, size_t m,
+                 const struct copy_place *order, int to_blocks, void *stream, const char *what);
+/* Host memory of at least `bytes` for staged copies, pinned when it can be
+ * (NULL: out of memory); give it back with client_stage_put(c, p, *owned). */
+void *client_stage_get(kvnode_client *c, size_t bytes, int *owned);
+void client_stage_put(kvnode_client *c, void *p, int owned);
 /* cudaStreamSynchronize(stream) on the client's device, for the calls that
  * end a lease after the caller's GPU work. 0 or -KVNODE_ESTATE / -KVNODE_EIO
  * with the error set. */

@@ -4,7 +4,9 @@
  * kvnode_scatter copy a whole batch of such pages into / out of the blocks a
  * lease lent, in one call instead of one copy per piece from the caller's
  * language, and kvnode_put_gather_checked / kvnode_get_scatter_checked take
- * and end the leases around that copy as the _batch calls do. Owns no state. */
+ * and end the leases around that copy as the _batch calls do; their _stream
+ * forms move pieces in GPU memory (the copies are copy_device.c's). Owns no
+ * state. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,10 +17,6 @@
 
 /* At most this many pieces per block are sorted on the stack. */
 #define COPY_STACK_PIECES 256
-
-struct copy_place {
-    size_t off, len, piece;     /* where piece `piece` goes in the block */
-};
 
 static int copy_by_offset(const void *a, const void *b)
 {
@@ -238,31 +236,59 @@ static void copy_release(kvnode_client *c, kvnode_lease lease, int put)
 }
 
 /* What a batched gather or scatter holds: the pieces' order and the arrays
- * of one chunk (at most cap keys, one lease). */
+ * of one chunk (at most cap keys, one lease); with device pieces, their plan
+ * and the stream. */
 struct copy_batch {
     struct copy_place stack[COPY_STACK_PIECES], *order;
     kvnode_loc *locs;
     void **blocks;
     size_t cap;
+    int device;
+    void *stream;
+    struct copy_dev_plan plan;
 };
+
+/* A device batch needs a CUDA runtime and a device: checked before any lease. */
+static int copy_device_ok(kvnode_client *c, unsigned flags, const char *what)
+{
+    if (flags & ~(unsigned)KVNODE_BATCH_DEVICE) {
+        client_seterr(c, "%s: unknown flags 0x%x", what, flags & ~(unsigned)KVNODE_BATCH_DEVICE);
+        return -KVNODE_EINVAL;
+    }
+    if ((flags & KVNODE_BATCH_DEVICE) && (c->cuda_device < 0 || !c->have_rt)) {
+        client_seterr(c, "%s: pieces in GPU memory need a client with a CUDA device and a CUDA "
+                      "runtime: %s", what, c->cuda_device < 0 ? "it declared no CUDA device "
+                      "(kvnode_connect_device)" : c->rt_why);
+        return -KVNODE_ESTATE;
+    }
+    return 0;
+}
 
 /* Checks the arguments and the pieces, allocates the chunk's arrays. 0, or
  * a negative code with the client's error set; copy_batch_close either way
  * (1: nothing to do, n is 0). */
 static int copy_batch_open(struct copy_batch *b, kvnode_client *c, const kvnode_key *keys, size_t n,
-                           const void *pieces, size_t m, const size_t *piece_bytes,
-                           const size_t *piece_offsets, const char *what)
+                           const void *pieces, const ptrdiff_t *piece_at, size_t m,
+                           const size_t *piece_bytes, const size_t *piece_offsets,
+                           unsigned flags, void *stream, const char *what)
 {
     int rc = copy_entry(c, keys, n, pieces, &b->cap, what);
 
     b->order = b->stack;
     b->locs = NULL;
     b->blocks = NULL;
+    b->device = (flags & KVNODE_BATCH_DEVICE) != 0;
+    b->stream = stream;
+    memset(&b->plan, 0, sizeof b->plan);
+    if (rc == 0)
+        rc = copy_device_ok(c, flags, what);
     if (rc < 0)
         return rc;
     if (n == 0)
         return 1;
     rc = copy_prepare(c->block_bytes, m, piece_bytes, piece_offsets, b->stack, &b->order);
+    if (rc == 0 && b->device)
+        rc = copy_dev_plan_make(&b->plan, piece_at, m, b->order);
     if (rc < 0)
         return copy_bad_pieces(c, rc, what);
     b->cap = b->cap < n ? b->cap : n;
@@ -277,17 +303,43 @@ static void copy_batch_close(struct copy_batch *b)
 {
     free(b->locs);
     free(b->blocks);
+    copy_dev_plan_free(&b->plan);
     copy_done(b->stack, b->order);
 }
 
-int kvnode_put_gather_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
-                              size_t n, const void *const *pieces, const ptrdiff_t *piece_at,
-                              size_t m, const size_t *piece_bytes, const size_t *piece_offsets)
+/* The copies of one lease's g blocks (b->locs) to or from their pieces: with
+ * memcpy (host pieces, host blocks only) or on the device (copy_device.c). */
+static int copy_lease(kvnode_client *c, struct copy_batch *b, size_t g, const void *const *pieces,
+                      const ptrdiff_t *piece_at, size_t m, int to_blocks, const char *what)
 {
-    static const char what[] = "kvnode_put_gather_checked";
+    int rc;
+
+    if (b->device) {
+        for (size_t i = 0; i < g; i++)
+            b->blocks[i] = b->locs[i].ptr;
+        rc = copy_check_pieces((const void *const *)b->blocks, g, c->block_bytes, pieces,
+                               piece_at, m, b->order);
+        if (rc < 0)
+            return copy_bad_pieces(c, rc, what);
+        return copy_dev_run(c, &b->plan, b->locs, g, pieces, piece_at, m, b->order, to_blocks,
+                            b->stream, what);
+    }
+    rc = copy_lent(c, b->locs, g, b->blocks, what);
+    if (rc == 0 && (rc = copy_run((const void *const *)b->blocks, g, c->block_bytes, pieces,
+                                  piece_at, m, b->order, to_blocks)) < 0)
+        copy_bad_pieces(c, rc, what);
+    return rc;
+}
+
+static int copy_put(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
+                    const void *const *pieces, const ptrdiff_t *piece_at, size_t m,
+                    const size_t *piece_bytes, const size_t *piece_offsets, unsigned flags,
+                    void *stream, const char *what)
+{
     struct copy_batch b;
     size_t done = 0;
-    int rc = copy_batch_open(&b, c, keys, n, pieces, m, piece_bytes, piece_offsets, what);
+    int rc = copy_batch_open(&b, c, keys, n, pieces, piece_at, m, piece_bytes, piece_offsets,
+                             flags, stream, what);
 
     while (rc == 0 && done < n) {
         size_t chunk = n - done < b.cap ? n - done : b.cap;
@@ -301,11 +353,8 @@ int kvnode_put_gather_checked(kvnode_client *c, const kvnode_key *keys, const ui
             done += chunk;
             continue;
         }
-        rc = copy_lent(c, b.locs, chunk, b.blocks, what);
-        if (rc == 0 && (rc = copy_run((const void *const *)b.blocks, chunk, c->block_bytes,
-                                      copy_chunk(pieces, piece_at, m, done), piece_at, m,
-                                      b.order, 1)) < 0)
-            copy_bad_pieces(c, rc, what);
+        rc = copy_lease(c, &b, chunk, copy_chunk(pieces, piece_at, m, done), piece_at, m, 1,
+                        what);
         if (rc < 0) {
             copy_release(c, lease, 1);
             break;
@@ -317,12 +366,11 @@ int kvnode_put_gather_checked(kvnode_client *c, const kvnode_key *keys, const ui
     return rc < 0 ? rc : 0;
 }
 
-int kvnode_get_scatter_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
-                               size_t n, void *const *pieces, const ptrdiff_t *piece_at,
-                               size_t m, const size_t *piece_bytes, const size_t *piece_offsets,
-                               size_t *got)
+static int copy_get(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks, size_t n,
+                    void *const *pieces, const ptrdiff_t *piece_at, size_t m,
+                    const size_t *piece_bytes, const size_t *piece_offsets, unsigned flags,
+                    void *stream, size_t *got, const char *what)
 {
-    static const char what[] = "kvnode_get_scatter_checked";
     struct copy_batch b;
     size_t done = 0;
     int rc;
@@ -333,7 +381,8 @@ int kvnode_get_scatter_checked(kvnode_client *c, const kvnode_key *keys, const u
         client_seterr(c, "%s: NULL argument", what);
         return -KVNODE_EINVAL;
     }
-    rc = copy_batch_open(&b, c, keys, n, pieces, m, piece_bytes, piece_offsets, what);
+    rc = copy_batch_open(&b, c, keys, n, pieces, piece_at, m, piece_bytes, piece_offsets, flags,
+                         stream, what);
     while (rc == 0 && done < n) {
         size_t chunk = n - done < b.cap ? n - done : b.cap, g = 0;
         kvnode_lease lease;
@@ -342,11 +391,8 @@ int kvnode_get_scatter_checked(kvnode_client *c, const kvnode_key *keys, const u
                                       &lease, b.locs, &g);
         if (rc < 0)
             break;
-        rc = copy_lent(c, b.locs, g, b.blocks, what);
-        if (rc == 0 && (rc = copy_run((const void *const *)b.blocks, g, c->block_bytes,
-                                      copy_chunk((const void *const *)pieces, piece_at, m, done),
-                                      piece_at, m, b.order, 0)) < 0)
-            copy_bad_pieces(c, rc, what);
+        rc = copy_lease(c, &b, g, copy_chunk((const void *const *)pieces, piece_at, m, done),
+                        piece_at, m, 0, what);
         if (rc < 0) {
             copy_release(c, lease, 0);
             break;
@@ -363,4 +409,39 @@ int kvnode_get_scatter_checked(kvnode_client *c, const kvnode_key *keys, const u
     if (got)
         *got = done;
     return rc < 0 ? rc : 0;
+}
+
+int kvnode_put_gather_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, const void *const *pieces, const ptrdiff_t *piece_at,
+                              size_t m, const size_t *piece_bytes, const size_t *piece_offsets)
+{
+    return copy_put(c, keys, checks, n, pieces, piece_at, m, piece_bytes, piece_offsets, 0, NULL,
+                    "kvnode_put_gather_checked");
+}
+
+int kvnode_get_scatter_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                               size_t n, void *const *pieces, const ptrdiff_t *piece_at,
+                               size_t m, const size_t *piece_bytes, const size_t *piece_offsets,
+                               size_t *got)
+{
+    return copy_get(c, keys, checks, n, pieces, piece_at, m, piece_bytes, piece_offsets, 0, NULL,
+                    got, "kvnode_get_scatter_checked");
+}
+
+int kvnode_put_gather_stream(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                             size_t n, const void *const *pieces, const ptrdiff_t *piece_at,
+                             size_t m, const size_t *piece_bytes, const size_t *piece_offsets,
+                             unsigned flags, void *stream)
+{
+    return copy_put(c, keys, checks, n, pieces, piece_at, m, piece_bytes, piece_offsets, flags,
+                    stream, "kvnode_put_gather_stream");
+}
+
+int kvnode_get_scatter_stream(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, void *const *pieces, const ptrdiff_t *piece_at,
+                              size_t m, const size_t *piece_bytes, const size_t *piece_offsets,
+                              unsigned flags, void *stream, size_t *got)
+{
+    return copy_get(c, keys, checks, n, pieces, piece_at, m, piece_bytes, piece_offsets, flags,
+                    stream, got, "kvnode_get_scatter_stream");
 }

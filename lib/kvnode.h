@@ -574,7 +574,8 @@ int  kvnode_scatter(const void *const *blocks, size_t n, size_t block_bytes, voi
  * stored is skipped; *got is the prefix read. Pieces that do not tile the
  * block fail with -KVNODE_EINVAL before any lease; a copy that fails ends its
  * lease (a put's is aborted: nothing of it stored). A block lent in GPU memory
- * (a client that declared a CUDA device) is not copied: -KVNODE_EINVAL. */
+ * (a client that declared a CUDA device) is not copied: -KVNODE_EINVAL; the
+ * _stream forms below copy it. */
 int  kvnode_put_gather_checked(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
                                size_t n, const void *const *pieces, const ptrdiff_t *piece_at,
                                size_t m, const size_t *piece_bytes, const size_t *piece_offsets);
@@ -582,6 +583,41 @@ int  kvnode_get_scatter_checked(kvnode_client *c, const kvnode_key *keys,
                                 const uint64_t *checks, size_t n, void *const *pieces,
                                 const ptrdiff_t *piece_at, size_t m, const size_t *piece_bytes,
                                 const size_t *piece_offsets, size_t *got);
+/* The same with flags (0 or KVNODE_BATCH_DEVICE; others: -KVNODE_EINVAL) and
+ * a stream (issue 34). 0 flags: exactly the calls above (stream unused).
+ * KVNODE_BATCH_DEVICE: the pieces are GPU memory of the client's CUDA device
+ * (a vLLM worker's per-layer paged KV caches): every copy is
+ * cudaMemcpyAsync (cudaMemcpyDefault) queued on `stream` (a cudaStream_t of
+ * that device; NULL: the legacy default stream, so after the work queued on
+ * the device's blocking streams), and the stream is synchronised before each
+ * chunk's lease ends, even after a failed copy: on return the copies, and
+ * the caller's work queued before them, are complete. Needs a client that
+ * declared a CUDA device and found a CUDA runtime (else -KVNODE_ESTATE,
+ * before any lease). A copy that fails returns -KVNODE_EIO with CUDA's
+ * message and ends its lease (a put's aborted; a get's ended: *got counts
+ * the chunks before it). Host-tier blocks (the lent host memory, faster
+ * when kvnode_pin_host pinned it) are copied device-to-host / host-to-device;
+ * blocks a get finds in GPU memory device-to-device.
+ *
+ * Pieces that lie end to end both in the block and in the caller's memory
+ * move as one copy (a K/V split or stacked NHD cache: one per layer's K and
+ * V). When the caller's order differs (an HND cache, whose block bytes are
+ * token-major like an NHD one's: a layer's K is one run on the device but
+ * heads x tokens pieces of the block) and pieces are given as bases and
+ * distances (piece_at), each run of the caller's memory is copied whole
+ * through a pinned staging buffer of the client (32 MiB or one block, twice
+ * that for blocks in GPU memory; one call's at a time, others stage in
+ * pageable memory) and the pieces are put in order there by the CPU: as many
+ * copies as the NHD cache, plus one pass over the bytes (a block a get finds
+ * in GPU memory is copied whole to host memory first: one copy more). */
+int  kvnode_put_gather_stream(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                              size_t n, const void *const *pieces, const ptrdiff_t *piece_at,
+                              size_t m, const size_t *piece_bytes, const size_t *piece_offsets,
+                              unsigned flags, void *stream);
+int  kvnode_get_scatter_stream(kvnode_client *c, const kvnode_key *keys, const uint64_t *checks,
+                               size_t n, void *const *pieces, const ptrdiff_t *piece_at,
+                               size_t m, const size_t *piece_bytes, const size_t *piece_offsets,
+                               unsigned flags, void *stream, size_t *got);
 
 /* rtp-llm / KVCM chained block hash (see docs/PROTOCOLS.md §4.1): one key per full
  * block of block_tokens tokens, at most max_keys; returns the number written. */

@@ -30,10 +30,12 @@
 #   demotion     demotion while the daemon still pins its host arena, with a
 #                pin chunk that is not a multiple of the slab
 #   vllm         kvnode.vllm's device path (tests/gpu/vllm_device.py): one
-#                engine's connector saves a cross-layer KV cache's blocks from
-#                GPU memory, another's loads them into its own, byte-exact,
-#                through vLLM's calls; the load's bandwidth next to cudaMemcpy
-#                (SKIP without torch for /usr/bin/python3)
+#                engine's connector saves its KV cache's blocks from GPU memory,
+#                another's loads them into its own, byte-exact, through vLLM's
+#                calls: a cross-layer cache, per-layer NHD into per-layer HND
+#                and back (libkvnode's device gathered calls); each load's
+#                bandwidth next to cudaMemcpy (SKIP without torch for
+#                /usr/bin/python3)
 #
 # Each behaviour runs kvnode-gpu-check (tests/bench/gpu_check.c), an engine
 # process that links libkvnode.so and dlopens the CUDA runtime, against a

@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <stdio.h>
-#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -21,101 +20,12 @@
 #include "core/clock.h"
 #include "core/errmsg.h"
 #include "core/log.h"
+#include "net/httpd_internal.h"
 #include "net/unix_listen.h"
 
-/* accept failing (out of descriptors): the listener rests this long. */
-#define HTTPD_ACCEPT_PAUSE_MS 100u
-/* Descriptors connections leave to the engine socket: a connection whose
- * descriptor is within this many of RLIMIT_NOFILE is refused (a quarter of
- * the limit when that is smaller). */
-#define HTTPD_FD_RESERVE     64u
-#define HTTPD_LOG_REPEAT_MS  10000u
-#define HTTPD_BUCKETS        1024u    /* connection lookup by evhttp_connection */
-#define HTTPD_MAX_SERVERS    8
-/* Once this many reply bytes were held and all are gone, free memory is
- * handed back to the kernel (malloc_trim), at most once per interval. */
-#define HTTPD_TRIM_BYTES     (4u << 20)
-#define HTTPD_TRIM_MS        1000u
-/* Bytes of a reply written per loop turn (libevent's default is 16 KiB). */
-#define HTTPD_MAX_SINGLE_WRITE (256u << 10)
-/* RLIMIT_NOFILE is read again at most this often (one system call less per
- * accepted connection). */
-#define HTTPD_RLIMIT_MS      1000u
+struct httpd *httpd_servers[HTTPD_MAX_SERVERS];
 
-/* One connection, from the moment evhttp accepted it. evhttp 2.1 has no
- * connection limit and no hook on accept, so: evhttp asks us for each new
- * connection's bufferevent (evhttp_set_bevcb), we queue it as fresh and,
- * from the loop right after evhttp's accept callback returns, count the
- * connection or refuse it (httpd_adopt). The bufferevent's callback
- * argument is its evhttp_connection. */
-struct httpd_conn {
-    struct httpd *h;
-    struct bufferevent *bev;          /* fresh: our reference, until adopted */
-    struct evhttp_connection *evcon;  /* adopted */
-    struct event *deadline;           /* for the request being received */
-    struct httpd_conn *next;          /* fresh queue, then its bucket's chain */
-    struct httpd_peer peer;           /* from the identify hook, at accept */
-    bool admitted;                    /* by the admit hook: release token at close */
-    void *token;
-    struct evbuffer_cb_entry *output_cb; /* counts the output buffer's bytes */
-    struct evbuffer_cb_entry *input_cb;  /* counts the bytes read of the request being received */
-    uint64_t input;                   /* bytes read since its request began */
-    bool input_over;                  /* over the input bound: the deadline event answers 503, closes */
-    char input_why[384];
-    uint64_t output;                  /* bytes in it */
-    uint32_t group;                   /* the admit hook's, or HTTPD_NO_GROUP */
-    /* httpd_request_watch: the owner of a request that waits is told once if
-     * the connection closes first; leave_ev sees the client leave. */
-    struct evhttp_request *watched;
-    httpd_gone_fn gone;
-    void *gone_arg;
-    struct event *leave_ev;
-};
-
-struct httpd {
-    struct event_base *base;
-    struct evhttp *http;
-    struct evhttp_bound_socket *bound;   /* NULL once shutdown began */
-    bool stopping;
-    bool unix_owned;                     /* we created path: unlink it */
-    char name[32];
-    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    char address[CONFIG_LISTEN_MAX + 16];
-    httpd_limits_fn limits;
-    void *limits_arg;
-    httpd_identify_fn identify;          /* NULL: connections are not identified */
-    void *identify_arg;
-    httpd_admit_fn admit;                /* NULL: only the total is counted */
-    httpd_release_fn release;
-    void *admit_arg;
-    httpd_group_output_fn group_output;  /* NULL: groups are not bounded */
-    void *group_output_arg;
-    struct httpd_conn *fresh, *fresh_tail; /* accepted by evhttp, not yet adopted, oldest first */
-    struct event *adopt_ev;
-    struct httpd_conn *buckets[HTTPD_BUCKETS]; /* adopted and open, by evcon */
-    size_t nconns;
-    struct event *accept_resume_ev;      /* the paused listener tries again */
-    struct event *trim_ev;               /* malloc_trim after replies were freed */
-    uint64_t accept_pauses_episode;      /* pauses since accepting last worked */
-    struct log_limit accept_log, refuse_log;
-    uint64_t accepted, refused, refused_reserve, refused_owner, timed_out, accept_pauses;
-    uint64_t output_bytes, output_peak, output_refused;   /* peak: since the last trim */
-    uint64_t group_bytes[HTTPD_MAX_GROUPS];               /* output_bytes of each group's connections */
-    uint64_t output_refused_group;
-    httpd_group_output_fn group_input;   /* NULL: groups' input is not bounded */
-    void *group_input_arg;
-    uint64_t input_bytes, input_refused, input_refused_group;
-    uint64_t input_group[HTTPD_MAX_GROUPS];               /* input_bytes of each group's connections */
-    uint64_t trimmed_ms;
-    struct rlimit nofile;                /* RLIMIT_NOFILE as of nofile_ms */
-    uint64_t nofile_ms;
-};
-
-/* libevent calls a listener's error callback with the evhttp as argument,
- * not with ours: the servers by their evhttp. */
-static struct httpd *httpd_servers[HTTPD_MAX_SERVERS];
-
-static struct httpd_limits httpd_limits_now(const struct httpd *h)
+struct httpd_limits httpd_limits_now(const struct httpd *h)
 {
     struct httpd_limits l = { 0 };
     h->limits(h->limits_arg, &l);
@@ -135,78 +45,6 @@ static void httpd_arm_deadline(struct httpd_conn *hc)
     uint32_t ms = httpd_limits_now(hc->h).request_timeout_ms;
     struct timeval tv = { .tv_sec = (time_t)(ms / 1000u), .tv_usec = (suseconds_t)((ms % 1000u) * 1000u) };
     evtimer_add(hc->deadline, &tv);
-}
-
-static void httpd_send_503(int fd, const char *why);
-
-/* c less n, never below 0 (a count that forgot nothing stays right). */
-static void httpd_sub(uint64_t *c, uint64_t n)
-{
-    *c -= n < *c ? n : *c;
-}
-
-/* ---- requests being received: counted from each connection's input buffer ------ */
-
-/* hc's request arrived whole, or hc closes: its bytes are no longer being
- * received (the body is its request's, bounded by the owner from here). */
-static void httpd_input_forget(struct httpd_conn *hc)
-{
-    struct httpd *h = hc->h;
-    httpd_sub(&h->input_bytes, hc->input);
-    if (hc->group < HTTPD_MAX_GROUPS)
-        httpd_sub(&h->input_group[hc->group], hc->input);
-    hc->input = 0;
-}
-
-/* Why hc, having read more, is over the bound of all requests being
- * received or its group's share of it; false when it is not. */
-static bool httpd_input_over(struct httpd_conn *hc, char *why, size_t whylen)
-{
-    struct httpd *h = hc->h;
-    struct httpd_limits lim = httpd_limits_now(h);
-    const char *opt = lim.max_input_total_option ? lim.max_input_total_option : "max_input_total_bytes";
-    char who[96] = "";
-
-    if (!lim.max_input_total_bytes)
-        return false;
-    if (h->input_bytes > lim.max_input_total_bytes) {
-        snprintf(why, whylen, "%llu bytes of requests are being received, more than %s (%llu); try again later",
-                 (unsigned long long)h->input_bytes, opt, (unsigned long long)lim.max_input_total_bytes);
-        return true;
-    }
-    if (hc->group >= HTTPD_MAX_GROUPS || !h->group_input)
-        return false;
-    uint64_t held = h->input_group[hc->group];
-    uint64_t bound = h->group_input(h->group_input_arg, hc->group, who, sizeof who);
-    if (bound == UINT64_MAX || held <= bound)
-        return false;
-    h->input_refused_group++;
-    snprintf(why, whylen, "%llu bytes of requests from %s are being received, more than its share of %s (%llu of "
-             "%llu bytes); send fewer or smaller requests at once, or try again later", (unsigned long long)held, who,
-             opt, (unsigned long long)bound, (unsigned long long)lim.max_input_total_bytes);
-    return true;
-}
-
-/* Bytes read off hc's socket (evhttp then moves them into its request). A
- * connection that takes the bytes being received over their bound is
- * answered 503 and closed from the loop (not from inside evhttp's read). */
-static void httpd_input_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
-{
-    struct httpd_conn *hc = arg;
-    struct httpd *h = hc->h;
-    (void)buf;
-    if (!info->n_added || hc->input_over)
-        return;
-    hc->input += info->n_added;
-    h->input_bytes += info->n_added;
-    if (hc->group < HTTPD_MAX_GROUPS)
-        h->input_group[hc->group] += info->n_added;
-    if (!httpd_input_over(hc, hc->input_why, sizeof hc->input_why))
-        return;
-    h->input_refused++;
-    hc->input_over = true;
-    bufferevent_disable(evhttp_connection_get_bufferevent(hc->evcon), EV_READ);
-    event_active(hc->deadline, EV_TIMEOUT, 1);   /* httpd_deadline_cb */
 }
 
 static void httpd_reply_sent_cb(struct evhttp_request *req, void *arg)
@@ -230,7 +68,7 @@ void httpd_request_arrived(struct httpd *h, struct evhttp_request *req)
     }
 }
 
-static struct httpd_conn *httpd_conn_find(struct httpd *h, const struct evhttp_connection *evcon)
+struct httpd_conn *httpd_conn_find(struct httpd *h, const struct evhttp_connection *evcon)
 {
     struct httpd_conn *hc = evcon ? *httpd_bucket(h, evcon) : NULL;
     while (hc && hc->evcon != evcon)
@@ -308,111 +146,6 @@ void httpd_request_unwatch(struct httpd *h, struct evhttp_request *req)
     struct httpd_conn *hc = httpd_conn_find(h, evhttp_request_get_connection(req));
     if (hc && hc->watched == req)
         httpd_watch_end(hc, false);
-}
-
-/* ---- unsent replies: counted from each connection's output buffer ------------- */
-
-static void httpd_output_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
-{
-    struct httpd_conn *hc = arg;
-    struct httpd *h = hc->h;
-    (void)buf;
-    hc->output += info->n_added;
-    h->output_bytes += info->n_added;
-    httpd_sub(&hc->output, info->n_deleted);
-    httpd_sub(&h->output_bytes, info->n_deleted);
-    if (hc->group < HTTPD_MAX_GROUPS) {
-        h->group_bytes[hc->group] += info->n_added;
-        httpd_sub(&h->group_bytes[hc->group], info->n_deleted);
-    }
-    if (h->output_bytes > h->output_peak)
-        h->output_peak = h->output_bytes;
-}
-
-/* Much of what replies held is free again: hand it back to the kernel
- * (after evhttp has freed the closed connection's buffers). */
-static void httpd_trim_cb(evutil_socket_t fd, short what, void *arg)
-{
-    struct httpd *h = arg;
-    (void)fd;
-    (void)what;
-    malloc_trim(0);
-    h->output_peak = h->output_bytes;
-    h->trimmed_ms = clock_now_ms();
-}
-
-/* hc closes: its unsent bytes are no longer held. */
-static void httpd_output_forget(struct httpd_conn *hc)
-{
-    struct httpd *h = hc->h;
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(hc->evcon);
-    uint64_t now = clock_now_ms();
-
-    if (hc->output_cb && bev)
-        evbuffer_remove_cb_entry(bufferevent_get_output(bev), hc->output_cb);
-    hc->output_cb = NULL;
-    httpd_sub(&h->output_bytes, hc->output);
-    if (hc->group < HTTPD_MAX_GROUPS)
-        httpd_sub(&h->group_bytes[hc->group], hc->output);
-    hc->output = 0;
-    if (h->trim_ev && h->output_peak >= HTTPD_TRIM_BYTES && h->output_bytes <= h->output_peak / 4 &&
-        !evtimer_pending(h->trim_ev, NULL)) {
-        uint64_t wait = now - h->trimmed_ms >= HTTPD_TRIM_MS ? 0 : HTTPD_TRIM_MS - (now - h->trimmed_ms);
-        struct timeval tv = { .tv_sec = (time_t)(wait / 1000u), .tv_usec = (suseconds_t)(wait % 1000u * 1000u) };
-        evtimer_add(h->trim_ev, &tv);
-    }
-}
-
-/* The check of httpd_reply_room against hc's group's bound. */
-static int httpd_group_room(struct httpd_conn *hc, size_t bytes, const struct httpd_limits *lim, char *why,
-                            size_t whylen)
-{
-    struct httpd *h = hc->h;
-    char who[96] = "";
-
-    if (hc->group >= HTTPD_MAX_GROUPS || !h->group_output)
-        return 0;
-    uint64_t held = h->group_bytes[hc->group];
-    uint64_t bound = h->group_output(h->group_output_arg, hc->group, who, sizeof who);
-    if (bound == UINT64_MAX || (held <= bound && bytes <= bound - held))
-        return 0;
-    h->output_refused++;
-    h->output_refused_group++;
-    snprintf(why, whylen, "%llu bytes of replies to %s are waiting for their clients to read them; %zu more would "
-             "be over its share of %s (%llu of %llu bytes); try again later", (unsigned long long)held, who, bytes,
-             lim->max_output_total_option ? lim->max_output_total_option : "max_output_total_bytes",
-             (unsigned long long)bound, (unsigned long long)lim->max_output_total_bytes);
-    return 503;
-}
-
-int httpd_reply_room(struct evhttp_request *req, size_t bytes, char *why, size_t whylen)
-{
-    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
-    struct httpd_conn *hc = NULL;
-
-    for (size_t i = 0; i < HTTPD_MAX_SERVERS && !hc; i++)
-        if (httpd_servers[i])
-            hc = httpd_conn_find(httpd_servers[i], evcon);
-    if (!hc)
-        return 0;
-    struct httpd *h = hc->h;
-    struct httpd_limits lim = httpd_limits_now(h);
-    if (lim.max_output_bytes && hc->output + bytes > lim.max_output_bytes) {
-        h->output_refused++;
-        snprintf(why, whylen, "the reply would be %zu bytes, more than %s (%llu) lets one connection hold; ask for "
-                 "fewer objects per request", bytes, lim.max_output_option ? lim.max_output_option : "max_output_bytes",
-                 (unsigned long long)lim.max_output_bytes);
-        return bytes > lim.max_output_bytes ? 413 : 503;
-    }
-    if (lim.max_output_total_bytes && h->output_bytes + bytes > lim.max_output_total_bytes) {
-        h->output_refused++;
-        snprintf(why, whylen, "%llu bytes of replies are waiting for their clients to read them; %zu more would be "
-                 "over %s (%llu); try again later", (unsigned long long)h->output_bytes, bytes,
-                 lim.max_output_total_option ? lim.max_output_total_option : "max_output_total_bytes",
-                 (unsigned long long)lim.max_output_total_bytes);
-        return 503;
-    }
-    return httpd_group_room(hc, bytes, &lim, why, whylen);
 }
 
 /* evhttp frees the connection (any reason, our deadline included). */
@@ -500,7 +233,7 @@ static const char *httpd_refusal(struct httpd *h, int fd, bool *reserve, char *w
 /* Answer 503 on the raw socket (best effort). What the client sent is read
  * first, so that closing sends FIN, not a reset that may discard the
  * answer. */
-static void httpd_send_503(int fd, const char *why)
+void httpd_send_503(int fd, const char *why)
 {
     char drop[4096], head[256];
     int n;
@@ -588,6 +321,7 @@ static void httpd_adopt(struct httpd *h, struct httpd_conn *hc)
     hc->output_cb = evbuffer_add_cb(bufferevent_get_output(bev), httpd_output_cb, hc);
     hc->input_cb = evbuffer_add_cb(bufferevent_get_input(bev), httpd_input_cb, hc);
     httpd_arm_deadline(hc);
+    httpd_read_early(hc);
     bufferevent_decref(bev);
 }
 
@@ -836,5 +570,6 @@ void httpd_get_stats(const struct httpd *h, struct httpd_stats *out)
         .output_max = httpd_limits_now(h).max_output_total_bytes, .output_refused_group = h->output_refused_group,
         .accept_pauses = h->accept_pauses, .input_bytes = h->input_bytes, .input_refused = h->input_refused,
         .input_max = httpd_limits_now(h).max_input_total_bytes, .input_refused_group = h->input_refused_group,
+        .replies_inline = h->replies_inline, .reads_extended = h->reads_extended, .reads_early = h->reads_early,
     };
 }

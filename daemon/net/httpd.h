@@ -44,6 +44,7 @@
 
 struct event_base;
 struct evhttp;
+struct evbuffer;
 struct evhttp_request;
 struct httpd;
 
@@ -129,6 +130,12 @@ void httpd_request_unwatch(struct httpd *h, struct evhttp_request *req);
  * output_refused_group). 0 for a request of no connection of ours.
  * Small answers (errors) need not ask. */
 int  httpd_reply_room(struct evhttp_request *req, size_t bytes, char *why, size_t whylen);
+/* evhttp_send_reply, and the reply written to the socket now (as much as
+ * the kernel takes) instead of from the write event of the next loop turn:
+ * the client has its answer one turn and three system calls sooner. What
+ * the kernel does not take is written as before. body as evhttp's (NULL: no
+ * body). req must not be used after the call. */
+void httpd_send_reply(struct evhttp_request *req, int code, const char *reason, struct evbuffer *body);
 /* Close the listener (no new connections); open ones stay. NULL ignored. */
 void httpd_begin_shutdown(struct httpd *h);
 bool httpd_stopping(const struct httpd *h);
@@ -150,6 +157,9 @@ struct httpd_stats {
     uint64_t input_max;        /* max_input_total_bytes now */
     uint64_t input_refused;    /* connections answered 503 and closed: over it */
     uint64_t input_refused_group; /* of them: over their group's bound (a tenant's share) */
+    uint64_t replies_inline;   /* replies written whole in the turn they were made (httpd_send_reply) */
+    uint64_t reads_extended;   /* reads that took more than libevent's 4096 bytes in one turn */
+    uint64_t reads_early;      /* requests read in the turn their connection was accepted */
 };
 void httpd_get_stats(const struct httpd *h, struct httpd_stats *out);
 

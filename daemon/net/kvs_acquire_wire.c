@@ -419,7 +419,12 @@ static char *put_u64(char *p, uint64_t v)
 static char *put_escaped(char *p, struct kvs_str s)
 {
     static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < s.len; i++) {
+    size_t plain = 0;   /* keys rarely need escaping: copy the run that does not at once */
+    while (plain < s.len && (unsigned char)s.s[plain] >= 0x20 && s.s[plain] != '"' && s.s[plain] != '\\')
+        plain++;
+    memcpy(p, s.s, plain);
+    p += plain;
+    for (size_t i = plain; i < s.len; i++) {
         unsigned char c = (unsigned char)s.s[i];
         if (c >= 0x20 && c != '"' && c != '\\') {
             *p++ = (char)c;

@@ -160,7 +160,7 @@ bool kvs_reply_text(struct evhttp_request *req, int code, char *text)
         evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
         evbuffer_add(out, text, strlen(text));
     }
-    evhttp_send_reply(req, code, code == 200 ? "OK" : code == 204 ? "No Content" : "Error", text ? out : NULL);
+    httpd_send_reply(req, code, code == 200 ? "OK" : code == 204 ? "No Content" : "Error", text ? out : NULL);
     if (out)
         evbuffer_free(out);
     free(text);
@@ -344,8 +344,11 @@ static void kvs_lease_call(struct kvs_server *k, struct evhttp_request *req, str
         k->st.release++;
     else
         k->st.discard++;
-    kvs_lease_free(k, l);   /* unsealed writes are aborted, reads unpinned */
+    /* Answered first: the lease's end cannot fail, and nothing else runs on
+     * the loop between the two, so no request can see the lease's blocks
+     * still held; the client stops waiting one lease's worth of work sooner. */
     kvs_reply(req, 204, NULL);
+    kvs_lease_free(k, l);   /* unsealed writes are aborted, reads unpinned */
 }
 
 static void kvs_http_cb(struct evhttp_request *req, void *arg)
@@ -519,6 +522,9 @@ void kvs_server_get_stats(const struct kvs_server *k, struct kvs_server_stats *o
     out->http_input_max = h.input_max;
     out->http_input_refused = h.input_refused;
     out->http_input_tenant_limit = h.input_refused_group;
+    out->http_replies_inline = h.replies_inline;
+    out->http_reads_extended = h.reads_extended;
+    out->http_reads_early = h.reads_early;
     if (k->dp)
         kvs_dataplane_stats(k->dp, out);
 }

@@ -77,6 +77,16 @@ int kvs_key_parse(const char *key, size_t len, struct kvs_key *out, char *err, s
  * longer than KVS_OPAQUE_KEY_MAX). */
 int kvs_key_classify(const char *key, size_t len, struct kvs_key *out, char *err, size_t errlen);
 
+/* The keys of one request nearly all share their first five parts
+ * ("ns/vN/deployment/tp-R/group-G/block-"): a v1 key kvs_key_parse took,
+ * its length up to the block number (0 for an opaque key). */
+size_t kvs_key_prefix_len(const char *key, size_t len, const struct kvs_key *parsed);
+/* Whether key has the prefix of an earlier v1 key (prefix_len bytes of
+ * prev) and a canonical block number after it, which *block then is: the
+ * key parses as the earlier one with that block (kvs_key_parse would say
+ * the same), without parsing its other parts again. */
+bool kvs_key_same_prefix(const char *prev, size_t prefix_len, const char *key, size_t len, int64_t *block);
+
 /* The layout of k's namespace (block_bytes as given); an opaque key's is
  * model KVS_OPAQUE_MODEL, extra "kvs_opaque_objects=1", tp_size 1. Else: model = the
  * deployment id, dtype = KVS_LAYOUT_NAME, block_tokens = num_layers =
@@ -169,6 +179,9 @@ struct kvs_server_stats {
     uint64_t http_input_max;          /* kvs_server.max_input_total_bytes */
     uint64_t http_input_refused;      /* connections answered 503 and closed: over it */
     uint64_t http_input_tenant_limit; /* of them: over the tenant's share of it */
+    uint64_t http_replies_inline;     /* replies written whole in the turn they were made */
+    uint64_t http_reads_extended;     /* reads past libevent's 4096 bytes in one turn */
+    uint64_t http_reads_early;        /* requests read in the turn their connection was accepted */
 };
 
 /* What the front end uses, given at creation by whoever wires the process

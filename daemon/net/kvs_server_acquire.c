@@ -288,13 +288,26 @@ static int kvs_slice_group_keys(struct kvs_job *j, size_t a, size_t b, char *msg
 {
     struct kvs_slice *s = &j->s;
     struct kvs_key key;
+    /* The last v1 key parsed whole: a key with its prefix is only its block. */
+    const char *prev = NULL;
+    size_t prev_len = 0, prev_g = 0;
+    uint64_t prev_size = 0;
     s->ng = 0;
     for (size_t i = a; i < b; i++) {
         size_t x = i - a, g;
         uint64_t size = j->rq.create ? j->rq.sizes[i] : 0;
+        int64_t block;
         s->group[x] = SIZE_MAX;
         if (j->taken && !kvs_job_first_take(j, i))
             continue;
+        if (prev && size == prev_size && kvs_key_same_prefix(prev, prev_len, j->rq.keys[i].s, j->rq.keys[i].len,
+                                                             &block)) {
+            s->g[prev_g].n++;
+            s->group[x] = prev_g;
+            s->block[x] = block;
+            s->check[x] = 0;
+            continue;
+        }
         if (kvs_key_classify(j->rq.keys[i].s, j->rq.keys[i].len, &key, msg, msglen) < 0)
             return 400;
         for (g = s->ng; g-- > 0;)
@@ -313,6 +326,13 @@ static int kvs_slice_group_keys(struct kvs_job *j, size_t a, size_t b, char *msg
         s->group[x] = g;
         s->block[x] = key.block;
         s->check[x] = key.check;
+        if ((prev_len = kvs_key_prefix_len(j->rq.keys[i].s, j->rq.keys[i].len, &key)) != 0) {
+            prev = j->rq.keys[i].s;
+            prev_g = g;
+            prev_size = size;
+        } else {
+            prev = NULL;
+        }
     }
     size_t first = 0;
     for (size_t g = 0; g < s->ng; g++) {
@@ -506,7 +526,7 @@ static void kvs_job_answer(struct kvs_job *j)
         j->l->expires_ms = clock_now_ms() + j->term_ms;
     kvs_job_unwatch(j);
     evhttp_add_header(evhttp_request_get_output_headers(j->req), "Content-Type", "application/json");
-    evhttp_send_reply(j->req, 200, "OK", out);
+    httpd_send_reply(j->req, 200, "OK", out);
     evbuffer_free(out);
     kvs_job_free(j);
 }

@@ -151,6 +151,20 @@ int kvs_key_parse(const char *key, size_t len, struct kvs_key *out, char *err, s
     return 0;
 }
 
+size_t kvs_key_prefix_len(const char *key, size_t len, const struct kvs_key *parsed)
+{
+    if (parsed->opaque)
+        return 0;
+    const char *slash = memrchr(key, '/', len);
+    return slash ? (size_t)(slash - key) + sizeof "/block-" - 1 : 0;
+}
+
+bool kvs_key_same_prefix(const char *prev, size_t prefix_len, const char *key, size_t len, int64_t *block)
+{
+    return prefix_len && len > prefix_len && len <= KVS_KEY_MAX && memcmp(prev, key, prefix_len) == 0 &&
+           kvs_parse_i64(key + prefix_len, len - prefix_len, block);
+}
+
 int kvs_key_classify(const char *key, size_t len, struct kvs_key *out, char *err, size_t errlen)
 {
     unsigned char d[32];

@@ -285,6 +285,15 @@ if hasattr(_lib, "kvnode_gather"):
                        _P, _P, _SIZE, _P, _P, ctypes.POINTER(_SIZE))
 else:
     _gather = _scatter = _put_gather = _get_scatter = None
+# ... their device form (issue 34): pieces in GPU memory, copies on a CUDA stream.
+if hasattr(_lib, "kvnode_put_gather_stream"):
+    _put_gather_stream = _fn("kvnode_put_gather_stream", ctypes.c_int, _P, _KEYS, _CHECKS, _SIZE,
+                             _P, _P, _SIZE, _P, _P, ctypes.c_uint, _P)
+    _get_scatter_stream = _fn("kvnode_get_scatter_stream", ctypes.c_int, _P, _KEYS, _CHECKS,
+                              _SIZE, _P, _P, _SIZE, _P, _P, ctypes.c_uint, _P,
+                              ctypes.POINTER(_SIZE))
+else:
+    _put_gather_stream = _get_scatter_stream = None
 
 _libc = ctypes.CDLL(None)
 _free = _libc.free

@@ -30,22 +30,32 @@ What runs where:
   request with nothing to save returns False. ``reset_cache`` purges the deployment (every
   TP rank and PP stage) from kvnoded's memory and store (``kvnode.purge_layouts``); True
   when done, False on failure.
-- Workers: ``register_kv_caches`` takes the per-layer paged KV caches in vLLM's NHD shapes
-  (CPU torch tensors: the host copies their pieces): K/V split ``(2, num_blocks, block_size,
+- Workers: ``register_kv_caches`` takes the per-layer paged KV caches in vLLM's shapes, CPU
+  or CUDA torch tensors (one device per worker): K/V split ``(2, num_blocks, block_size,
   heads, head_dim)`` (FlashAttention before the packed layout, most backends), stacked
   ``(num_blocks, 2, block_size, heads, head_dim)`` (FlashInfer before it), K|V-packed
   ``(num_blocks, heads, block_size, 2 * head_dim)`` (newer FlashAttention and FlashInfer: K
-  the first half of the last dimension; in memory token, head, K|V) and MLA ``(num_blocks,
-  block_size, head_dim)``. A vLLM block is one kvnode block: for each layer in order, K then
-  V of its ``block_size`` tokens (MLA: the latent), so split, stacked and packed caches share
-  blocks (a packed one moves in pieces into that order). ``prefer_cross_layer_blocks``
+  the first half of the last dimension) and MLA ``(num_blocks, block_size, head_dim)``, each
+  in NHD or HND memory order (FlashInfer's ``get_kv_cache_stride_order``: heads before
+  tokens; any order whose head vectors are runs of memory). A vLLM block is one kvnode
+  block: for each layer in order, K then V of its ``block_size`` tokens, token-major (NHD
+  order; MLA: the latent), whatever the cache's layout, so split, stacked, packed, NHD and
+  HND caches share blocks byte-exact (a cache whose K of a block is not one run moves in
+  pieces of one head vector, put in that order). CPU tensors move by the host gathered
+  calls, CUDA tensors by their device form (``kvnode_put_gather_stream`` /
+  ``kvnode_get_scatter_stream``: cudaMemcpyAsync per run of memory, loads on the legacy
+  default stream, saves on a non-blocking torch stream, complete before the call returns;
+  an HND block's runs go whole through pinned host memory and the CPU puts the head
+  vectors in order). ``get_required_kvcache_layout``
+  still asks for NHD, whose blocks move with the fewest copies. ``prefer_cross_layer_blocks``
   is True (extra config ``cross_layer_blocks``): for models with uniform layers vLLM then
   allocates one tensor for every layer and calls ``register_cross_layers_kv_cache``; each
   block of it lies in one run of memory in that same order (checked) and moves whole
   (``kvnode_get_batch`` / ``kvnode_put_batch``; CUDA tensors by libkvnode's device copies,
-  the client declaring the tensor's device: run against the strict fake CUDA by
-  ``scripts/gpu-check.sh --sim``, not yet on a GPU; a K|V-packed cross-layer cache moves
-  in pieces, from host memory only). ``start_load_kv`` copies each
+  the client declaring the tensor's device; a K|V-packed cross-layer cache moves in pieces,
+  on a GPU by the device gathered calls). The device paths run against the strict fake CUDA
+  in ``scripts/gpu-check.sh --sim`` and the Python suite, not yet on a GPU.
+  ``start_load_kv`` copies each
   load straight from kvnoded's shared memory into the paged blocks (one
   ``kvnode_get_scatter_checked`` per request: every piece of every block, lease included);
   a block it could not load is reported by ``get_block_ids_with_load_errors`` (vLLM then
@@ -56,14 +66,19 @@ What runs where:
   (``get_num_new_matched_tokens`` answers True): vLLM parks the request
   (WAITING_FOR_REMOTE_KVS), the worker's thread makes the load, and ``get_finished``
   reports the request (its failed blocks reported by then) in its second set.
-  Saves run on a thread of the worker (``kvnode_put_gather_checked``, blocks already stored
-  skipped) from blocks vLLM holds for them; ``get_finished`` reports a request once its save
-  has ended and vLLM has named it finished (``get_transfer_results``, which newer vLLM asks
-  instead, gives the same sets); a worker whose caches it cannot move drops its saves
-  (counted) and still reports them; ``save_kv_layer`` and ``wait_for_save`` have
-  nothing to do (no save reads a block vLLM is writing). ``get_kv_connector_stats`` gives the
-  counters of the interval since the previous call; ``shutdown`` waits for the saves queued
-  (at most ``timeout_ms`` each) and disconnects.
+  Saves copy blocks vLLM holds for them (``kvnode_put_gather_checked``, blocks already
+  stored skipped; the digests folded to keys in the same step): a step's saves of at most
+  ``inline_save_bytes`` in all are made on vLLM's thread in ``wait_for_save``, after the
+  forward is launched (no save reads a block the forward writes), or in ``get_finished``
+  when vLLM asks that first (a draft model's forward between them) or without
+  ``wait_for_save`` (older vLLM, a step with nothing to compute); the step's other saves
+  run on the worker's thread. ``get_finished`` reports a request once its save has ended
+  and vLLM has named it finished (``get_transfer_results``, which newer vLLM asks instead,
+  gives the same sets): a save made on vLLM's thread in the step that carried it. A worker
+  whose caches it cannot move drops its saves (counted) and still reports them;
+  ``save_kv_layer`` has nothing to do. ``get_kv_connector_stats`` gives the counters of the
+  interval since the previous call; ``shutdown`` makes the saves kept and queued (at most
+  ``timeout_ms`` each) and disconnects.
 
 Keys: vLLM's block hashes (``request.block_hashes``: ``BlockHash``, a NewType of bytes; only
 the first ``request.num_publishable_block_hashes``, as vLLM requires of content-addressed
@@ -92,7 +107,9 @@ bounded by ``timeout_ms``.
 valid ones): ``socket_path`` (default ``$KVNODE_SOCKET``, else libkvnode's),
 ``timeout_ms`` (default 2000), ``connect_wait_ms`` (default 20), ``reconnect_interval_s``
 (default 1), ``model``, ``model_revision``, ``cross_layer_blocks`` (default true),
-``async_load_min_blocks`` (default 0: every load synchronous).
+``async_load_min_blocks`` (default 0: every load synchronous), ``inline_save_bytes``
+(default 8 MiB, about a millisecond of copying: a step's saves up to that many bytes are made
+on vLLM's thread as the step ends; the others, and all with 0, on the worker's thread).
 """
 
 import _thread
@@ -183,7 +200,8 @@ _DISCONNECTED = (kvnode.Closed, kvnode.ConnectError, kvnode.TimedOut, kvnode.Shu
 #: kv_connector_extra_config keys and their defaults (any other key is refused).
 PARAMS = {"socket_path": None, "timeout_ms": 2000, "connect_wait_ms": 20,
           "reconnect_interval_s": 1.0, "model": None, "model_revision": None,
-          "cross_layer_blocks": True, "async_load_min_blocks": 0}
+          "cross_layer_blocks": True, "async_load_min_blocks": 0,
+          "inline_save_bytes": 8 << 20}
 
 _COUNTERS = ("blocks_loaded", "load_error_blocks", "blocks_saved", "saves_dropped_blocks",
              "bytes_loaded", "bytes_saved", "load_calls", "save_calls")
@@ -251,12 +269,29 @@ def _ctypes_words(ctype, words):
 @dataclasses.dataclass
 class _Transfer:
     """One request's blocks to load or save: vLLM block ids and their folded keys and check
-    words (array.array of 64-bit words)."""
+    words (array.array of 64-bit words), or (a save) the blocks' raw digests, digest_size
+    bytes each, which the worker folds into the call's arrays (_transfer_words)."""
     req_id: str
     block_ids: list
     keys: list
     checks: list
     asynchronous: bool = False      # a load the worker's thread makes (get_finished says)
+    digests: bytes = None
+    digest_size: int = 0
+
+
+def _transfer_words(transfer, n):
+    """The transfer's n keys and check words as ctypes arrays for libkvnode: its digests
+    folded in one call (kvnode_fold_digests), or its words without a copy."""
+    if transfer.digests is None:
+        return _ctypes_words(ctypes.c_int64, transfer.keys), \
+            _ctypes_words(ctypes.c_uint64, transfer.checks)
+    keys, checks = (ctypes.c_int64 * n)(), (ctypes.c_uint64 * n)()
+    if _clib._fold_digests(transfer.digests, n, transfer.digest_size, keys, checks) != n:
+        raise ValueError("%d digests of %d bytes do not fold into %d keys"
+                         % (len(transfer.digests) // max(transfer.digest_size, 1),
+                            transfer.digest_size, n))
+    return keys, checks
 
 
 class KvnodeConnectorMetadata(KVConnectorMetadata):
@@ -359,16 +394,72 @@ def _packed_pieces(base, layers, tokens, heads, half):
     return ptrs, [half] * len(ptrs)
 
 
+def _tensor_device(t, what):
+    """The CUDA ordinal of a tensor's device, -1 for the CPU; other devices refused."""
+    if t.device.type == "cuda":
+        return t.device.index if t.device.index is not None else 0
+    if t.device.type != "cpu":
+        raise ValueError("%s is a %s tensor: kvnode moves CPU and CUDA memory"
+                         % (what, t.device.type))
+    return -1
+
+
+def _device_name(device):
+    return "cpu" if device < 0 else "cuda:%d" % device
+
+
+def _need_gathered(device):
+    if not gathered.available():
+        raise ValueError("libkvnode %s has no gathered calls (KVNODE_0.8)"
+                         % kvnode.library_path())
+    if device >= 0 and not gathered.device_available():
+        raise ValueError("libkvnode %s has no gathered calls for GPU memory "
+                         "(kvnode_put_gather_stream)" % kvnode.library_path())
+
+
+def _view_pieces(v, es, name):
+    """The pieces of one layer's K (or V, or MLA latent) of a block, a (tokens, heads, dim)
+    view, in kvnode's order (token-major, NHD): one when the view is one run of memory
+    (NHD caches), else one per (token, head) (HND caches: FlashInfer's stride order, heads
+    before tokens in memory; K|V-packed caches). libkvnode merges pieces that lie end to
+    end and, on a GPU, copies an HND block's runs whole through pinned host memory."""
+    if v.stride(2) != 1 and v.shape[2] > 1:
+        raise ValueError("layer %s: a head's vector is not one run of memory (strides %s)"
+                         % (name, v.stride()))
+    row = v.shape[2] * es
+    if v.is_contiguous():
+        return [v.data_ptr()], [v.numel() * es]
+    base, st, sh = v.data_ptr(), v.stride(0) * es, v.stride(1) * es
+    ptrs = [base + i * st + h * sh for i in range(v.shape[0]) for h in range(v.shape[1])]
+    return ptrs, [row] * len(ptrs)
+
+
 class _GatheredBlocks:
     """A vLLM block in pieces over per-layer caches (K and V of each layer): moved by
-    kvnode_put_gather_checked / kvnode_get_scatter_checked, one call per batch."""
+    kvnode_put_gather_checked / kvnode_get_scatter_checked, one call per batch; pieces in
+    GPU memory (device: the CUDA ordinal, -1 for host memory) by their device form,
+    kvnode_put_gather_stream / kvnode_get_scatter_stream, complete on return: loads on the
+    legacy default stream (after the model's work on the device's blocking streams), saves
+    on a non-blocking stream of torch's where torch has CUDA (a save reads blocks whose
+    writes vLLM has finished, and must not hold up the next forward), else the legacy one."""
 
-    device = -1
-
-    def __init__(self, base, step, pieces):
-        self.base, self.step, self.pieces = base, step, pieces
+    def __init__(self, base, step, pieces, device=-1):
+        self.base, self.step, self.pieces, self.device = base, step, pieces, device
         self.block_bytes = pieces.block_bytes
         self._pieces = pieces._args()
+        self._save_stream = None        # (torch stream, its handle), made on the first save
+
+    def _saves_on(self):
+        if self._save_stream is None:
+            self._save_stream = (None, None)
+            try:
+                import torch
+                if torch.cuda.is_available():
+                    st = torch.cuda.Stream(device=self.device)
+                    self._save_stream = (st, st.cuda_stream)
+            except Exception:   # noqa: BLE001 - no CUDA torch: the legacy default stream
+                pass
+        return self._save_stream[1]
 
     def _bases(self, block_ids):
         base, step = self.base, self.step
@@ -381,8 +472,13 @@ class _GatheredBlocks:
         if not n:
             return 0
         got, bases = _clib._SIZE(0), self._bases(block_ids)     # (bases: alive until it ends)
-        c._check(_clib._get_scatter(c._handle(), keys, checks, n, bases.buffer_info()[0],
-                                    *self._pieces, ctypes.byref(got)))
+        if self.device >= 0:
+            c._check(_clib._get_scatter_stream(c._handle(), keys, checks, n,
+                                               bases.buffer_info()[0], *self._pieces,
+                                               _clib._BATCH_DEVICE, None, ctypes.byref(got)))
+        else:
+            c._check(_clib._get_scatter(c._handle(), keys, checks, n, bases.buffer_info()[0],
+                                        *self._pieces, ctypes.byref(got)))
         return got.value
 
     def save(self, c, keys, block_ids, checks):
@@ -390,8 +486,13 @@ class _GatheredBlocks:
         n = len(block_ids)
         if n:
             bases = self._bases(block_ids)
-            c._check(_clib._put_gather(c._handle(), keys, checks, n, bases.buffer_info()[0],
-                                       *self._pieces))
+            if self.device >= 0:
+                c._check(_clib._put_gather_stream(c._handle(), keys, checks, n,
+                                                  bases.buffer_info()[0], *self._pieces,
+                                                  _clib._BATCH_DEVICE, self._saves_on()))
+            else:
+                c._check(_clib._put_gather(c._handle(), keys, checks, n,
+                                           bases.buffer_info()[0], *self._pieces))
 
 
 class _WholeBlocks:
@@ -514,6 +615,13 @@ class _Link:
         if close is not None:
             close.close()
 
+    def lost(self, c, error):
+        """A call on c, made without acquire() (the scheduler's, from its one thread),
+        failed with error: c is retired as release() retires it."""
+        with self._lock:
+            self._users[id(c)] = self._users.get(id(c), 0) + 1
+        self.release(c, error)
+
     def close(self):
         with self._lock:
             self._closed = True
@@ -547,6 +655,10 @@ class KvnodeConnector(KVConnectorBase_V1):
         self.async_load_min_blocks = int(p["async_load_min_blocks"])
         if self.async_load_min_blocks < 0:
             raise ValueError("kvnode.vllm: async_load_min_blocks must be >= 0 (0: never)")
+        self.inline_save_bytes = int(p["inline_save_bytes"])
+        if self.inline_save_bytes < 0:
+            raise ValueError("kvnode.vllm: inline_save_bytes must be >= 0 (0: every save on "
+                             "the worker's thread)")
         if self.timeout_ms <= 0 or self.reconnect_interval_s < 0:
             raise ValueError("kvnode.vllm: timeout_ms must be > 0 and reconnect_interval_s >= 0")
         mc = vllm_config.model_config
@@ -588,7 +700,7 @@ class KvnodeConnector(KVConnectorBase_V1):
                                "evicted from kvnoded between the MATCH and the load fails its "
                                "request; give \"recompute\" to have vLLM recompute it")
             self._plans = {}            # request id -> (local blocks, matched blocks)
-            self._scratch = (0, None, None)  # MATCH's fold arrays (capacity, keys, checks)
+            self._matching = None       # what a MATCH needs, in one tuple (see below)
             self._loads, self._saves = [], []
             self._saving = set()
             self._links = []
@@ -599,6 +711,14 @@ class KvnodeConnector(KVConnectorBase_V1):
                 self._links = [self._new_link(self._layout(tp, pp), "scheduler (tp%d pp%d)"
                                               % (tp, pp)) for tp, pp in sorted(set(ranks))]
                 self._link = self._links[0]
+                if self.loads_on:
+                    # MATCH's state in one place: the plans, the links, the block size, the
+                    # fold arrays (a list: [capacity, keys, checks], grown when short), the
+                    # kvnode_tiers / size_t answers with their byref()s, async_load_min_blocks
+                    tiers, count = _clib._CTiers(), _clib._SIZE(0)
+                    self._matching = (self._plans, self._links, self.block_size, [0, None, None],
+                                      tiers, ctypes.byref(tiers), count, ctypes.byref(count),
+                                      self.async_load_min_blocks)
             elif self._spec_error is None:
                 logger.error("kvnode.vllm: this vLLM gives the connector no KVCacheConfig; the "
                              "scheduler side cannot name the namespace and matches nothing")
@@ -607,15 +727,18 @@ class KvnodeConnector(KVConnectorBase_V1):
             self._mover = None          # _GatheredBlocks or _WholeBlocks, once registered
             self._load_errors = set()
             # the worker's thread takes its work from a SimpleQueue (None: stop) and says
-            # what ended under _save_wake (a Condition over the sets below)
+            # what ended under _save_wake (a Condition over _loaded and _saved); the other
+            # sets are vLLM's thread's own (start_load_kv, wait_for_save, get_finished)
             self._save_queue = queue.SimpleQueue()
             self._save_wake = threading.Condition()
             self._loaded = set()         # request ids whose asynchronous load has ended
-            self._pending_saves = set()  # request ids with a save queued or done
-            self._saved = set()          # ... whose save has ended
+            self._saved = set()          # ... whose save on the worker's thread has ended
+            self._pending_saves = set()  # request ids with a save queued, kept or done
+            self._saved_here = set()     # ... whose save vLLM's thread made
             self._named_finished = set()  # ... that vLLM has named finished
             self._saver = None
             self._mla_follower = False
+            self._inline = []   # this step's saves made on vLLM's thread (wait_for_save)
 
     # ------------------------------------------------------------------ shared
 
@@ -678,94 +801,85 @@ class KvnodeConnector(KVConnectorBase_V1):
 
     # ------------------------------------------------------------------ scheduler side
 
-    def _publishable(self, request):
-        n = getattr(request, "num_publishable_block_hashes", None)
-        hashes = request.block_hashes
-        return len(hashes) if n is None else min(int(n), len(hashes))
-
     def _fold(self, request, n):
         """Keys and check words of the request's first n blocks (arrays of n)."""
         hashes = request.block_hashes
         return _fold_hashes(hashes if len(hashes) == n else hashes[:n])
 
-    def _fold_scratch(self, hashes, n):
-        """The first n hashes folded into the scheduler's reused arrays (grown when short;
-        only the first n words are meaningful): a MATCH allocates nothing."""
-        cap, keys, checks = self._scratch
-        if cap < n:
-            cap = max(n, 2 * cap, 256)
-            keys, checks = (ctypes.c_int64 * cap)(), (ctypes.c_uint64 * cap)()
-            self._scratch = (cap, keys, checks)
-        if n and type(hashes[0]) is bytes and len(hashes[0]) >= 16 and \
-                _clib._fold_digests is not None:
-            size = len(hashes[0])
-            raw = b"".join(hashes if len(hashes) == n else hashes[:n])
-            if len(raw) == size * n and len(hashes[n - 1]) == size and \
-                    _clib._fold_digests(raw, n, size, keys, checks) == n:
-                return keys, checks
-        return kvnode.fold_digests([_hex(h) for h in hashes[:n]])
-
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         """Tokens past num_computed_tokens whose blocks kvnoded holds (a MATCH per rank),
         and whether they load asynchronously (at least async_load_min_blocks blocks, when
         that is set); (0, False) whenever kvnoded cannot answer."""
+        # One frame, few calls: this runs for every new request, between other work. vLLM
+        # calls the scheduler side from its scheduler thread only: the fold arrays, the
+        # tiers and the links' clients are used without a lock (a client that fails is
+        # handed to _Link.lost, which retires it as release() would).
         try:
-            tokens = self._matched_tokens(request, num_computed_tokens)
+            matching = self._matching
+            if matching is None:
+                return 0, False
+            plans, links, bs, scratch, tiers, tiers_ref, count, count_ref, async_min = matching
+            rid = request.request_id
+            if rid in plans:
+                del plans[rid]
+            hashes = request.block_hashes
+            # Never the block of the prompt's last token: vLLM computes at least one token.
+            n = (request.num_tokens - 1) // bs
+            if len(hashes) < n:
+                n = len(hashes)
+            publishable = getattr(request, "num_publishable_block_hashes", None)
+            if publishable is not None and publishable < n:
+                n = int(publishable)
+            local = num_computed_tokens // bs
+            if n <= local:
+                return 0, False
+            cap, keys, checks = scratch
+            if cap < n:
+                cap = max(n, 2 * cap, 256)
+                keys, checks = (ctypes.c_int64 * cap)(), (ctypes.c_uint64 * cap)()
+                scratch[:] = cap, keys, checks
+            first, fold = hashes[0], _clib._fold_digests
+            size = len(first)
+            if type(first) is not bytes or size < 16 or fold is None or \
+                    len(hashes[n - 1]) != size or \
+                    fold(b"".join(hashes if len(hashes) == n else hashes[:n]), n, size, keys,
+                         checks) != n:
+                keys, checks = kvnode.fold_digests([_hex(h) for h in hashes[:n]])
+            if local:   # the blocks past vLLM's own prefix (kvnode keys are not chained)
+                keys, checks = _tail(keys, local), _tail(checks, local)
+            more = n - local
+            for link in links:   # each rank's MATCH asks only what the ranks before found
+                c = link._client
+                borrowed = c is None
+                if borrowed:
+                    c = link.acquire(self.connect_wait_s)
+                    if c is None:
+                        return 0, False
+                error = None
+                try:
+                    if link.checks_on:
+                        rc = _clib._match_checked(c._c, keys, checks, more, tiers_ref)
+                        more = tiers.matched
+                    else:
+                        rc = _clib._match(c._c, keys, more, count_ref)
+                        more = count.value
+                    if rc:
+                        c._check(rc)
+                except kvnode.Error as e:
+                    error, more = e, 0
+                    self._failed("MATCH", e)
+                finally:
+                    if borrowed:
+                        link.release(c, error)
+                if error is not None and not borrowed:
+                    link.lost(c, error)
+                if more <= 0:
+                    return 0, False
+            plans[rid] = (local, local + more)
+            return more * bs, bool(async_min) and more >= async_min
         except Exception as e:  # noqa: BLE001 - never into vLLM's scheduler
             self._failed("get_num_new_matched_tokens", e)
             return 0, False
-        return tokens, bool(tokens and self.async_load_min_blocks and
-                            tokens // self.block_size >= self.async_load_min_blocks)
-
-    def _matched_tokens(self, request, num_computed_tokens):
-        # (one frame, few calls: this runs for every new request, between other work)
-        rid = request.request_id
-        plans = self._plans
-        if rid in plans:
-            del plans[rid]
-        if not self.loads_on or self._link is None:
-            return 0
-        bs = self.block_size
-        hashes = request.block_hashes
-        # Never the block of the prompt's last token: vLLM computes at least one token.
-        n = (request.num_tokens - 1) // bs
-        if len(hashes) < n:
-            n = len(hashes)
-        publishable = getattr(request, "num_publishable_block_hashes", None)
-        if publishable is not None and publishable < n:
-            n = int(publishable)
-        local = num_computed_tokens // bs
-        if n <= local:
-            return 0
-        keys, checks = self._fold_scratch(hashes, n)
-        if local:       # the blocks past vLLM's own prefix (kvnode keys are not chained)
-            keys, checks = _tail(keys, local), _tail(checks, local)
-        more = n - local
-        for link in self._links:   # each rank's MATCH asks only what the ranks before found
-            c = link.acquire(self.connect_wait_s)
-            if c is None:
-                return 0
-            error = None
-            try:
-                if link.checks_on:
-                    t = _clib._CTiers()
-                    rc = _clib._match_checked(c._handle(), keys, checks, more, ctypes.byref(t))
-                    more = t.matched
-                else:
-                    m = _clib._SIZE(0)
-                    rc = _clib._match(c._handle(), keys, more, ctypes.byref(m))
-                    more = m.value
-                if rc:
-                    c._check(rc)
-            except kvnode.Error as e:
-                error, more = e, 0
-                self._failed("MATCH", e)
-            finally:
-                link.release(c, error)
-            if more <= 0:
-                return 0
-        plans[rid] = (local, local + more)
-        return more * bs
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         """A load of the matched blocks into those vLLM allocated for them."""
@@ -794,19 +908,36 @@ class KvnodeConnector(KVConnectorBase_V1):
 
     def request_finished(self, request, block_ids):
         """Save the request's full publishable blocks; True (vLLM holds the blocks) until a
-        worker's get_finished reports the save done."""
+        worker's get_finished reports the save done. Raw digests (vLLM's hashes) go to the
+        workers as they are, joined: each folds them in the call that saves them."""
         rid = request.request_id
         try:
             self._plans.pop(rid, None)
             if not self.saves_on or self._geometry is None:
                 return False, None
-            n = min(self._publishable(request), request.num_computed_tokens // self.block_size,
-                    len(block_ids))
+            hashes = request.block_hashes
+            n = len(hashes)
+            publishable = getattr(request, "num_publishable_block_hashes", None)
+            if publishable is not None and publishable < n:
+                n = int(publishable)
+            n = min(n, request.num_computed_tokens // self.block_size, len(block_ids))
             if n <= 0:
                 return False, None
-            hashes = request.block_hashes
-            keys, checks = _fold_words(hashes if len(hashes) == n else hashes[:n])
-            self._saves.append(_Transfer(rid, list(block_ids[:n]), keys, checks))
+            first = hashes[0]
+            if type(first) is bytes and len(first) >= 16 and _clib._fold_digests is not None:
+                size = len(first)
+                raw = b"".join(hashes if len(hashes) == n else hashes[:n])
+                if len(raw) == size * n and len(hashes[n - 1]) == size:    # one hash function
+                    save = _Transfer(rid, list(block_ids[:n]) if type(block_ids) is not list
+                                     else block_ids[:n], None, None, False, raw, size)
+                else:
+                    save = None
+            else:
+                save = None
+            if save is None:
+                keys, checks = _fold_words(hashes if len(hashes) == n else hashes[:n])
+                save = _Transfer(rid, list(block_ids[:n]), keys, checks)
+            self._saves.append(save)
             self._saving.add(rid)
             return True, None
         except Exception as e:  # noqa: BLE001
@@ -836,10 +967,11 @@ class KvnodeConnector(KVConnectorBase_V1):
     # ------------------------------------------------------------------ worker side
 
     def register_kv_caches(self, kv_caches):
-        """Learn where every block's pieces lie and connect to the rank's namespace. A
-        cache this release cannot move (not on the CPU, not NHD, layers of different
-        shapes) is logged: the worker then loads nothing (loads reported as errors) and
-        drops its saves."""
+        """Learn where every block's pieces lie (NHD or HND, CPU or CUDA) and connect to the
+        rank's namespace (declaring the caches' CUDA device). A cache this release cannot
+        move (neither on the CPU nor on CUDA, head vectors not runs of memory, layers of
+        different shapes or devices) is logged: the worker then loads nothing (loads
+        reported as errors) and drops its saves."""
         self._registered(self._register, dict(kv_caches), "register_kv_caches")
 
     @property
@@ -873,46 +1005,44 @@ class KvnodeConnector(KVConnectorBase_V1):
         if not kv_caches:
             raise ValueError("no KV cache tensors")
         num_blocks = getattr(self._kv_cache_config, "num_blocks", None)
-        layers, geo = [], None
+        layers, geo, device = [], None, None
         for name, t in kv_caches.items():
-            if t.device.type != "cpu":
-                raise ValueError("layer %s: a %s tensor; this release moves CPU tensors only"
-                                 % (name, t.device.type))
+            this_device = _tensor_device(t, "layer %s" % name)
+            if device is None:
+                device = this_device
+            elif this_device != device:
+                raise ValueError("layer %s is on %s, the first layer on %s: one device per "
+                                 "worker" % (name, _device_name(this_device), _device_name(device)))
             shape, es = tuple(t.shape), t.element_size()
-            packed = None
             if t.dim() == 5 and shape[0] == 2 and (num_blocks is None or shape[1] == num_blocks):
-                runs = [t[0, 0], t[1, 0]]           # K/V split: (2, blocks, tokens, heads, dim)
+                views = [t[0, 0], t[1, 0]]          # K/V split: (2, blocks, tokens, heads, dim)
                 step, bs, heads, hd, mla = t.stride(1) * es, shape[2], shape[3], shape[4], False
             elif t.dim() == 5 and shape[1] == 2:
-                runs = [t[0]]                       # stacked: (blocks, 2, tokens, heads, dim)
+                views = [t[0, 0], t[0, 1]]          # stacked: (blocks, 2, tokens, heads, dim)
                 step, bs, heads, hd, mla = t.stride(0) * es, shape[2], shape[3], shape[4], False
             elif t.dim() == 4 and shape[3] % 2 == 0:
-                # K|V packed: (blocks, heads, tokens, 2 x dim), a block (tokens, heads, K|V)
-                # in memory under NHD; moved as K then V of every (token, head) in pieces
-                packed = t[0].permute(1, 0, 2)
-                runs = [packed]
-                step, bs, heads, hd, mla = t.stride(0) * es, shape[2], shape[1], shape[3] // 2, \
-                    False
+                # K|V packed: (blocks, heads, tokens, 2 x dim); K the first half of the last
+                block, hd = t[0].permute(1, 0, 2), shape[3] // 2
+                views = [block[..., :hd], block[..., hd:]]
+                step, bs, heads, mla = t.stride(0) * es, shape[2], shape[1], False
             elif t.dim() == 3:
-                runs = [t[0]]                       # MLA: (blocks, tokens, latent)
+                views = [t[0].unsqueeze(1)]         # MLA: (blocks, tokens, latent)
                 step, bs, heads, hd, mla = t.stride(0) * es, shape[1], 1, shape[2], True
             else:
                 raise ValueError("layer %s: KV cache shape %s is none of (2, blocks, tokens, "
                                  "heads, dim), (blocks, 2, tokens, heads, dim), (blocks, heads, "
                                  "tokens, 2 x dim), (blocks, tokens, dim)" % (name, shape))
-            if not all(r.is_contiguous() for r in runs):
-                raise ValueError("layer %s: a block's K or V is not one run of memory (the "
-                                 "cache is not NHD: strides %s)" % (name, t.stride()))
             this = (bs, heads, hd, _dtype_name(t.dtype), es, mla)
             if geo is None:
                 geo = this
             elif this != geo:
                 raise ValueError("layer %s: geometry %s differs from the first layer's %s"
                                  % (name, this, geo))
-            if packed is not None:
-                ptrs, sizes = _packed_pieces(packed.data_ptr(), 1, bs, heads, hd * es)
-            else:
-                ptrs, sizes = [r.data_ptr() for r in runs], [r.numel() * es for r in runs]
+            ptrs, sizes = [], []
+            for v in views:
+                p, n = _view_pieces(v, es, name)
+                ptrs += p
+                sizes += n
             layers.append((name, ptrs, step, sizes))
         if self._geometry is None:      # vLLM without kv_cache_config: the tensors say it
             self._geometry = _Geometry(geo[0], geo[1], geo[2], geo[3], geo[4], geo[5],
@@ -937,10 +1067,8 @@ class KvnodeConnector(KVConnectorBase_V1):
         if pieces.block_bytes != layout.block_bytes:
             raise ValueError("a block has %d bytes in the tensors, %d by the spec (layers %d)"
                              % (pieces.block_bytes, layout.block_bytes, layout.num_layers))
-        if not gathered.available():
-            raise ValueError("libkvnode %s has no gathered calls (KVNODE_0.8)"
-                             % kvnode.library_path())
-        self._start_moving(_GatheredBlocks(base0, step0, pieces), layout)
+        _need_gathered(device)
+        self._start_moving(_GatheredBlocks(base0, step0, pieces, device), layout)
 
     def _start_moving(self, mover, layout):
         self._mover = mover
@@ -980,11 +1108,7 @@ class KvnodeConnector(KVConnectorBase_V1):
         if nbytes != layout.block_bytes:
             raise ValueError("a cross-layer block has %d bytes, the namespace's %d (layers %d)"
                              % (nbytes, layout.block_bytes, layout.num_layers))
-        device = -1
-        if t.device.type == "cuda":
-            device = t.device.index if t.device.index is not None else 0
-        elif t.device.type != "cpu":
-            raise ValueError("a %s tensor: kvnode moves CPU and CUDA memory" % t.device.type)
+        device = _tensor_device(t, "the cross-layer KV cache")
         self._start_moving(_WholeBlocks(t.data_ptr(), t.stride(bdim) * t.element_size(),
                                         nbytes, device), layout)
 
@@ -997,10 +1121,7 @@ class KvnodeConnector(KVConnectorBase_V1):
             raise ValueError("a K|V-packed cross-layer block is not one run of memory in "
                              "layer, token, head order (the cache is not NHD: strides %s)"
                              % (t.stride(),))
-        if t.device.type != "cpu":
-            raise ValueError("a K|V-packed cross-layer cache on %s: this release moves it "
-                             "from host memory only (pieces, not whole blocks)"
-                             % t.device.type)
+        device = _tensor_device(t, "a K|V-packed cross-layer cache")
         layout = self._layout(self.tp_rank, self.pp_rank)
         base = block.data_ptr()
         ptrs, sizes = _packed_pieces(base, t.shape[0], spec.block_size, spec.heads,
@@ -1009,15 +1130,14 @@ class KvnodeConnector(KVConnectorBase_V1):
         if pieces.block_bytes != layout.block_bytes:
             raise ValueError("a cross-layer block has %d bytes, the namespace's %d (layers %d)"
                              % (pieces.block_bytes, layout.block_bytes, layout.num_layers))
-        if not gathered.available():
-            raise ValueError("libkvnode %s has no gathered calls (KVNODE_0.8)"
-                             % kvnode.library_path())
-        self._start_moving(_GatheredBlocks(base, t.stride(bdim) * es, pieces), layout)
+        _need_gathered(device)
+        self._start_moving(_GatheredBlocks(base, t.stride(bdim) * es, pieces, device), layout)
 
     def start_load_kv(self, forward_context, **kwargs):
         """This step's synchronous loads, done when this returns (blocks that could not be
-        loaded are reported by get_block_ids_with_load_errors); its asynchronous loads and
-        saves queued for the worker's thread."""
+        loaded are reported by get_block_ids_with_load_errors); its asynchronous loads
+        queued for the worker's thread; its saves kept for wait_for_save while they copy at
+        most inline_save_bytes in all, the others queued for the worker's thread."""
         try:
             if not self.has_connector_metadata():
                 return
@@ -1028,10 +1148,19 @@ class KvnodeConnector(KVConnectorBase_V1):
                     queued.append(load)
                 else:
                     self._load(load)
-            if meta.saves:
-                with self._save_wake:
-                    self._pending_saves.update([save.req_id for save in meta.saves])
-                queued += meta.saves
+            saves = meta.saves
+            if saves:
+                self._pending_saves.update([save.req_id for save in saves])
+                mover, budget = self._mover, self.inline_save_bytes
+                block_bytes = 0 if mover is None or self._mla_follower else mover.block_bytes
+                inline = self._inline
+                for save in saves:
+                    nbytes = len(save.block_ids) * block_bytes
+                    if nbytes <= budget:
+                        budget -= nbytes
+                        inline.append(save)
+                    else:
+                        queued.append(save)
             put = self._save_queue.put
             for item in queued:
                 put(item)
@@ -1065,7 +1194,25 @@ class KvnodeConnector(KVConnectorBase_V1):
         return None
 
     def wait_for_save(self):
-        return None
+        """This step's saves kept by start_load_kv, made here, on vLLM's thread: the forward
+        is launched (its kernels still running on a GPU) and reads none of the blocks a
+        save copies, which vLLM holds for it; get_finished then reports them."""
+        try:
+            if self._inline:
+                self._save_inline()
+        except Exception as e:  # noqa: BLE001
+            self._failed("wait_for_save", e)
+
+    def _save_inline(self):
+        saves, self._inline = self._inline, []
+        try:
+            for save in saves:
+                try:
+                    self._save(save)
+                except Exception as e:  # noqa: BLE001 - the request is still reported
+                    self._failed("save", e)
+        finally:
+            self._saved_here.update([save.req_id for save in saves])
 
     def _save_loop(self):
         get = self._save_queue.get
@@ -1086,37 +1233,55 @@ class KvnodeConnector(KVConnectorBase_V1):
         n, mover = len(save.block_ids), self._mover
         if mover is not None and self._mla_follower:
             return                      # MLA: TP rank 0 saves the blocks every rank holds
-        c = None if mover is None else self._link.acquire(self.connect_wait_s)
+        link = self._link
+        c = None if mover is None else link.acquire(self.connect_wait_s)
         if c is None:
             self._count(saves_dropped_blocks=n)
             return
         error = None
         try:
-            mover.save(c, _ctypes_words(ctypes.c_int64, save.keys), save.block_ids,
-                       _ctypes_words(ctypes.c_uint64, save.checks)
-                       if self._link.checks_on else None)
+            keys, checks = _transfer_words(save, n)
+            mover.save(c, keys, save.block_ids, checks if link.checks_on else None)
         except Exception as e:  # noqa: BLE001 - counted; the request is still reported
             error = e
             self._failed("save", e)
         finally:
-            self._link.release(c, error)
-        if error is None:
-            self._count(blocks_saved=n, save_calls=1, bytes_saved=n * mover.block_bytes)
-        else:
+            link.release(c, error)
+        if error is not None:
             self._count(saves_dropped_blocks=n)
+            return
+        nbytes = n * mover.block_bytes
+        with self._count_lock:
+            for counts in (self.counters, self._interval):
+                counts["blocks_saved"] += n
+                counts["save_calls"] += 1
+                counts["bytes_saved"] += nbytes
 
     def get_finished(self, finished_req_ids):
         """(requests whose save has ended and which vLLM named finished, requests whose
         asynchronous load has ended); None for an empty set. A load's failed blocks are in
-        get_block_ids_with_load_errors by then (vLLM asks it after this, in the same step)."""
+        get_block_ids_with_load_errors by then (vLLM asks it after this, in the same step).
+        Saves start_load_kv kept are made first when wait_for_save has not made them: vLLM
+        asks this before wait_for_save (the draft model's forward between them) or without
+        it (older vLLM, in a step without a forward)."""
         try:
-            with self._save_wake:
-                self._named_finished |= set(finished_req_ids or ()) & self._pending_saves
-                done = self._saved & self._named_finished
-                self._saved -= done
-                self._named_finished -= done
+            if self._inline:
+                self._save_inline()
+            named = self._named_finished
+            if finished_req_ids:
+                named |= self._pending_saves.intersection(finished_req_ids)
+            done = self._saved_here & named
+            loaded = None
+            if self._saved or self._loaded:     # what the worker's thread has ended
+                with self._save_wake:
+                    thread_done = self._saved & named
+                    self._saved -= thread_done
+                    loaded, self._loaded = self._loaded, set()
+                done |= thread_done
+            if done:
+                self._saved_here -= done
+                named -= done
                 self._pending_saves -= done
-                loaded, self._loaded = self._loaded, set()
             return (done or None), (loaded or None)
         except Exception as e:  # noqa: BLE001
             self._failed("get_finished", e)
@@ -1143,8 +1308,10 @@ class KvnodeConnector(KVConnectorBase_V1):
         return KvnodeConnectorStats(data=data)
 
     def shutdown(self):
-        """Finish the saves queued (each bounded by timeout_ms), then disconnect."""
+        """Finish the saves kept and queued (each bounded by timeout_ms), then disconnect."""
         try:
+            if not self._is_scheduler and self._inline:
+                self._save_inline()
             if not self._is_scheduler and self._saver is not None:
                 pending = self._save_queue.qsize() + 1
                 self._save_queue.put(None)

@@ -11,6 +11,13 @@
  * Prints median and p90 per step and MiB/s per batch size, the KVS/libkvnode
  * ratios the issue-30 targets are stated in, and where one KVS create and
  * one read spend their time. Not a test: no figure is asserted.
+ *
+ * A third door bounds what any server could do for the read with this
+ * client: a process that does no work (canned replies: the daemon's own
+ * /acquire reply of the read just made, 204 for /release), called the same
+ * way (a fresh connection per call), its objects copied out of the same
+ * mapping. Its throughput over libkvnode's is the ceiling of the read ratio
+ * on this machine: what is left under it is the client's and the kernel's.
  * --rounds N (default 20).
  *
  * The KVS client costs what rtp-llm's does (kvs_fast_client.h: JSON written
@@ -21,9 +28,17 @@
 #define BENCH_NAME "kvnode-bench-kvs"
 
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "harness.h"
@@ -49,7 +64,92 @@ static void pct(uint64_t *v, size_t n, double *p50, double *p90)
 
 struct figures {
     uint64_t *acq, *seal, *write, *read;   /* ns per round */
+    uint64_t *noop_read;                    /* kvs only: the read against the no-work server */
 };
+
+/* ---- the no-work server ------------------------------------------------------ */
+
+#define NOOP_REPLY_MAX (4u << 20)
+
+/* A child process answering on 127.0.0.1: /acquire with the reply in
+ * shared memory (set by the parent before each call), anything else 204.
+ * One blocking accept, read, write, close per call: less than any real
+ * server does. */
+struct noop_server {
+    char url[64];
+    pid_t pid;
+    size_t *len;     /* shared: the canned /acquire reply */
+    char *reply;
+};
+
+static void noop_serve(int ls, const struct noop_server *s)
+{
+    static char buf[1 << 20];
+    for (;;) {
+        int fd = accept(ls, NULL, NULL);
+        if (fd < 0)
+            continue;
+        size_t got = 0;
+        long clen = -1;
+        const char *hend = NULL;
+        ssize_t n;
+        while (got < sizeof buf - 1 && (n = recv(fd, buf + got, sizeof buf - 1 - got, 0)) > 0) {
+            got += (size_t)n;
+            buf[got] = '\0';
+            if (!hend && (hend = strstr(buf, "\r\n\r\n")) != NULL) {
+                const char *c = strcasestr(buf, "Content-Length:");
+                clen = c ? atol(c + 15) : 0;
+            }
+            if (hend && (size_t)(hend + 4 - buf) + (size_t)clen <= got)
+                break;
+        }
+        if (strncmp(buf, "POST /acquire ", 14) == 0) {
+            char head[160];
+            int hl = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                              "Content-Length: %zu\r\n\r\n", *s->len);
+            struct iovec v[2] = { { head, (size_t)hl }, { s->reply, *s->len } };
+            struct msghdr m = { .msg_iov = v, .msg_iovlen = 2 };
+            if (sendmsg(fd, &m, MSG_NOSIGNAL) < 0)
+                perror(BENCH_NAME ": no-work server: sendmsg");
+        } else {
+            static const char nc[] = "HTTP/1.1 204 No Content\r\n\r\n";
+            if (send(fd, nc, sizeof nc - 1, MSG_NOSIGNAL) < 0)
+                perror(BENCH_NAME ": no-work server: send");
+        }
+        close(fd);
+    }
+}
+
+static void noop_start(struct noop_server *s)
+{
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t al = sizeof a;
+    int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    void *shm = mmap(NULL, sizeof(size_t) + NOOP_REPLY_MAX, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (ls < 0 || shm == MAP_FAILED || bind(ls, (struct sockaddr *)&a, sizeof a) < 0 || listen(ls, 128) < 0 ||
+        getsockname(ls, (struct sockaddr *)&a, &al) < 0)
+        die("no-work server", "cannot listen on 127.0.0.1");
+    s->len = shm;
+    s->reply = (char *)shm + sizeof(size_t);
+    snprintf(s->url, sizeof s->url, "http://127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    pid_t parent = getpid();
+    if ((s->pid = fork()) < 0)
+        die("no-work server", "fork failed");
+    if (s->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(0);
+        noop_serve(ls, s);
+    }
+    close(ls);
+}
+
+static void noop_stop(struct noop_server *s)
+{
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, NULL, 0);
+    munmap(s->len, sizeof(size_t) + NOOP_REPLY_MAX);
+}
 
 static double mibps(uint64_t *ns, size_t rounds, size_t n)
 {
@@ -62,6 +162,7 @@ static double mibps(uint64_t *ns, size_t rounds, size_t n)
 /* Where one KVS call's time goes (ns, curl's figures in us). */
 struct split {
     uint64_t body, perform, parse, lookup, copy, seal, release;
+    uint64_t captured;   /* not timed: the copy of the reply for the no-work server */
     int64_t connect_us, first_byte_us, total_us;
 };
 
@@ -125,8 +226,8 @@ static void stamp(uint8_t *src, size_t n, size_t round, uint64_t door)
 }
 
 /* acquire through the fast client; dies unless 200 and a well-formed reply. */
-static void kvs_acquire(const kvsc *c, bool create, const char *const *keys, size_t n, kvsf_reply *rep,
-                        struct split *sp)
+static void kvs_acquire_at(const char *url, bool create, const char *const *keys, size_t n, kvsf_reply *rep,
+                           struct split *sp, const struct noop_server *capture)
 {
     kvsf_buf body = { 0 };
     long status;
@@ -137,10 +238,17 @@ static void kvs_acquire(const kvsc *c, bool create, const char *const *keys, siz
     uint64_t t1 = kvh_now_ns();
     kvsf_curl_times ct;
     memset(rep, 0, sizeof *rep);
-    if (kvsf_call(c->url, "acquire", body.p, body.n, &rep->text, &status, &ct) < 0)
+    if (kvsf_call(url, "acquire", body.p, body.n, &rep->text, &status, &ct) < 0)
         die(create ? "acquire(create)" : "acquire(read)", "transport error");
     uint64_t t2 = kvh_now_ns();
     free(body.p);
+    if (capture) {   /* the reply as sent, for the no-work server (the parse below works in place) */
+        if (rep->text.n > NOOP_REPLY_MAX)
+            die("acquire(read)", "a reply over the no-work server's room");
+        memcpy(capture->reply, rep->text.p, rep->text.n);
+        *capture->len = rep->text.n;
+    }
+    uint64_t t2b = kvh_now_ns();
     if (status != 200) {
         char m[512];
         snprintf(m, sizeof m, "status %ld: %.400s", status, rep->text.p ? rep->text.p : "(no reply)");
@@ -151,10 +259,17 @@ static void kvs_acquire(const kvsc *c, bool create, const char *const *keys, siz
     uint64_t t3 = kvh_now_ns();
     sp->body = t1 - t0;
     sp->perform = t2 - t1;
-    sp->parse = t3 - t2;
+    sp->parse = t3 - t2b;
+    sp->captured = t2b - t2;
     sp->connect_us = ct.connect_us;
     sp->first_byte_us = ct.starttransfer_us;
     sp->total_us = ct.total_us;
+}
+
+static void kvs_acquire(const kvsc *c, bool create, const char *const *keys, size_t n, kvsf_reply *rep,
+                        struct split *sp)
+{
+    kvs_acquire_at(c->url, create, keys, n, rep, sp, NULL);
 }
 
 /* The objects of keys in rep, by key: every key must be there, once, inside
@@ -174,8 +289,8 @@ static void kvs_lookup(const kvsc *c, const kvsf_reply *rep, const char *const *
     }
 }
 
-static void kvs_round(const kvsc *c, size_t n, int round, uint8_t *src, uint8_t *dst, struct figures *f, size_t r,
-                      struct split *wsp, struct split *rsp)
+static void kvs_round(const kvsc *c, const struct noop_server *noop, size_t n, int round, uint8_t *src, uint8_t *dst,
+                      struct figures *f, size_t r, struct split *wsp, struct split *rsp)
 {
     char **names = calloc(n, sizeof *names);
     uint64_t *offs = malloc(n * sizeof *offs);
@@ -215,7 +330,7 @@ static void kvs_round(const kvsc *c, size_t n, int round, uint8_t *src, uint8_t 
 
     memset(dst, 0xa5, n * BB);   /* a read that copies nothing must fail the memcmp */
     uint64_t t5 = kvh_now_ns();
-    kvs_acquire(c, false, keys, n, &rep, rsp);
+    kvs_acquire_at(c->url, false, keys, n, &rep, rsp, noop);
     uint64_t t6 = kvh_now_ns();
     kvs_lookup(c, &rep, keys, n, offs, "acquire(read)");
     uint64_t t7 = kvh_now_ns();
@@ -229,13 +344,30 @@ static void kvs_round(const kvsc *c, size_t n, int round, uint8_t *src, uint8_t 
     if (kvsf_lease_call(c->url, "release", lease, NULL) != 204)
         die("release", "not 204");
     uint64_t t9 = kvh_now_ns();
-    f->read[r] = t9 - t5;
+    f->read[r] = t9 - t5 - rsp->captured;
     rsp->lookup = t7 - t6;
     rsp->copy = t8 - t7;
     rsp->seal = 0;
     rsp->release = t9 - t8;
     if (memcmp(src, dst, n * BB) != 0)
         die("read", "bytes differ");
+
+    /* The same read against the no-work server (its reply: the one above;
+     * the lease in it is released already, the objects stay stored). */
+    struct split nsp;
+    memset(dst, 0xa5, n * BB);
+    uint64_t u0 = kvh_now_ns();
+    kvs_acquire_at(noop->url, false, keys, n, &rep, &nsp, NULL);
+    kvs_lookup(c, &rep, keys, n, offs, "no-work acquire(read)");
+    for (size_t i = 0; i < n; i++)
+        memcpy(dst + i * BB, c->base + offs[i], BB);
+    memcpy(lease, rep.lease_id, rep.lease_len + 1);
+    kvsf_reply_free(&rep);
+    if (kvsf_lease_call(noop->url, "release", lease, NULL) != 204)
+        die("no-work release", "not 204");
+    f->noop_read[r] = kvh_now_ns() - u0;
+    if (memcmp(src, dst, n * BB) != 0)
+        die("no-work read", "bytes differ");
     free(offs);
     for (size_t i = 0; i < n; i++)
         free(names[i]);
@@ -279,7 +411,7 @@ static void lib_round(kvnode_client *cl, size_t n, int round, uint8_t *src, uint
 /* The table's two lines for one batch size, and the KVS/libkvnode ratios. */
 static void report(struct figures *fk, struct figures *fl, size_t rounds, size_t n)
 {
-    double ratio_acq = 0, ratio_w = 0, ratio_r = 0;
+    double ratio_acq = 0, ratio_w = 0, ratio_r = 0, rd_lib = 0;
     struct figures *fs[2] = { fk, fl };
     const char *names[2] = { "kvs", "libkvnode" };
     for (int k = 0; k < 2; k++) {
@@ -292,13 +424,26 @@ static void report(struct figures *fk, struct figures *fl, size_t rounds, size_t
         ratio_acq = k == 0 ? a50 : ratio_acq / a50;
         ratio_w = k == 0 ? w : ratio_w / w;
         ratio_r = k == 0 ? rd : ratio_r / rd;
+        if (k == 1)
+            rd_lib = rd;
         free(fs[k]->acq);
         free(fs[k]->seal);
         free(fs[k]->write);
-        free(fs[k]->read);
     }
     printf("  kvs/libkvnode acquire p50 (create) %zu: %.2fx, read throughput: %.2fx, write throughput: %.2fx\n", n,
            ratio_acq, ratio_r, ratio_w);
+    double noop = mibps(fk->noop_read, rounds, n), p50k, p50l, p50n, p90;
+    pct(fk->read, rounds, &p50k, &p90);
+    pct(fl->read, rounds, &p50l, &p90);
+    pct(fk->noop_read, rounds, &p50n, &p90);
+    printf("  read against a server that does no work (same client, same calls) %zu: %.0f MiB/s, %.2fx of libkvnode: "
+           "the ceiling of the read ratio; kvs reaches %.0f%% of it\n", n, noop, noop / rd_lib,
+           100.0 * ratio_r * rd_lib / noop);
+    printf("  read of %zu, p50 us: kvs %.0f, no-work server %.0f, libkvnode %.0f (libkvnode/kvs %.2fx, libkvnode/no-work "
+           "%.2fx)\n", n, p50k, p50n, p50l, p50l / p50k, p50l / p50n);
+    free(fk->read);
+    free(fl->read);
+    free(fk->noop_read);
 }
 
 /* The round-trip floors under the figures above, same run: a GET /health on
@@ -376,6 +521,8 @@ int main(int argc, char **argv)
     printf("kvnode-bench-kvs: %zu rounds per batch size, blocks of 64 KiB, one daemon, one namespace; the KVS client "
            "parses as rtp-llm's (fast JSON, keyed map; checked against jansson)\n", rounds);
     kvsf_check_live(&c, 256, BB);
+    struct noop_server noop;
+    noop_start(&noop);
     printf("%-9s %6s  %10s %10s  %10s %10s  %10s %10s\n", "door", "blocks", "acq p50ms", "acq p90ms",
            "seal p50ms", "seal p90ms", "write MiB/s", "read MiB/s");
     static const size_t sizes[2] = { 64, 256 };
@@ -385,12 +532,13 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < n * BB; i++)
             src[i] = (uint8_t)(i * 131 + n);
         memset(dst, 0, n * BB);   /* touched before the first round: no page faults in the first read */
-        struct figures fk = { calloc(rounds, 8), calloc(rounds, 8), calloc(rounds, 8), calloc(rounds, 8) };
-        struct figures fl = { calloc(rounds, 8), calloc(rounds, 8), calloc(rounds, 8), calloc(rounds, 8) };
+        struct figures fk = { calloc(rounds, 8), calloc(rounds, 8), calloc(rounds, 8), calloc(rounds, 8),
+                              calloc(rounds, 8) };
+        struct figures fl = { calloc(rounds, 8), calloc(rounds, 8), calloc(rounds, 8), calloc(rounds, 8), NULL };
         struct split *wsp = calloc(rounds, sizeof *wsp), *rsp = calloc(rounds, sizeof *rsp);
         for (size_t r = 0; r < rounds; r++) {   /* interleaved: the same conditions for both */
             stamp(src, n, r, 0);   /* each block written once: a stale or wrong object fails the memcmp */
-            kvs_round(&c, n, (int)r, src, dst, &fk, r, &wsp[r], &rsp[r]);
+            kvs_round(&c, &noop, n, (int)r, src, dst, &fk, r, &wsp[r], &rsp[r]);
             stamp(src, n, r, 1);
             lib_round(cl, n, (int)r, src, dst, &fl, r);
         }
@@ -403,6 +551,7 @@ int main(int argc, char **argv)
         free(dst);
     }
     floor_report(url, cl, rounds);
+    noop_stop(&noop);
     kvnode_close(cl);
     kvsc_close(&c);
     int rc = kvh_stop(&d, 0);

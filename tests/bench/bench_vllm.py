@@ -4,8 +4,9 @@ tests/python/fake_vllm.py builds it) and answering a 256-block request (64 store
 the C API doing the same work.
 
 Through the connector, as vLLM calls it: save = the scheduler's request_finished and
-build_connector_meta, the worker's bind_connector_metadata / start_load_kv (which queues
-the save on the worker's thread), then get_finished polled until it reports the request;
+build_connector_meta, the worker's bind_connector_metadata / start_load_kv / wait_for_save
+(which makes the save: 4 MiB, within the default inline_save_bytes) / get_finished (which
+must report the request) / clear_connector_metadata;
 load = the worker's bind_connector_metadata / start_load_kv (kvnode_get_scatter_checked
 into the paged blocks) and get_block_ids_with_load_errors; MATCH = the scheduler's
 get_num_new_matched_tokens of a request seen for the first time (its 256 block hashes
@@ -102,15 +103,20 @@ class VllmPath:
         if not hold:
             raise RuntimeError("vllm: request_finished planned no save")
         meta = self.sched.build_connector_meta(None)
-        self.conn.bind_connector_metadata(meta)
-        self.conn.start_load_kv(None)
-        self.conn.clear_connector_metadata()
-        # vLLM asks get_finished once a step; here the wait for the save thread is on its
-        # condition (a busy poll would hold the GIL the save thread needs)
-        with self.conn._save_wake:
-            if not self.conn._save_wake.wait_for(lambda: rid in self.conn._saved, 10):
-                raise RuntimeError("vllm: save not done in 10 s")
-        done, _ = self.conn.get_finished({rid})
+        conn = self.conn
+        conn.bind_connector_metadata(meta)
+        conn.start_load_kv(None)
+        conn.wait_for_save()
+        done, _ = conn.get_finished({rid})
+        conn.clear_connector_metadata()
+        if done is None and rid in conn._pending_saves:
+            # a save over inline_save_bytes, on the worker's thread: vLLM asks get_finished
+            # once a step; here the wait is on the thread's condition (a busy poll would hold
+            # the GIL the thread needs)
+            with conn._save_wake:
+                if not conn._save_wake.wait_for(lambda: rid in conn._saved, 10):
+                    raise RuntimeError("vllm: save not done in 10 s")
+            done, _ = conn.get_finished(set())
         if done != {rid}:
             raise RuntimeError("vllm: get_finished said %r" % (done,))
 

@@ -4,9 +4,11 @@ of theirs): the configs the connector reads, the factory's construction by
 shapes (backend "flash_attn": K/V split (2, blocks, tokens, heads, dim); "flashinfer": stacked
 (blocks, 2, tokens, heads, dim); "packed": vLLM's newer K|V-packed FlashAttention/FlashInfer
 layout (blocks, heads, tokens, 2 x dim), NHD in memory; "mla": (blocks, tokens, latent);
-"flash_attn_hnd": K/V split in HND order, which the connector cannot move; "+cross": one
-cross-layer tensor), the request's chained block hashes, and an engine whose scheduler and
-model runner call the connector in vLLM's order:
+"flash_attn_hnd": K/V split in HND order; "flashinfer_hnd": stacked in FlashInfer's HND
+stride order (blocks, 2, heads, tokens, dim) in memory, seen as (blocks, 2, tokens, heads,
+dim); "dim_strided": K/V split whose head vectors are not one run of memory, which the
+connector cannot move; "+cross": one cross-layer tensor), the request's chained block
+hashes, and an engine whose scheduler and model runner call the connector in vLLM's order:
 
 scheduler ``schedule()``: running requests first (preempting the last running one when no
 block is free: its blocks freed, its computed tokens 0, back to the head of the waiting
@@ -18,7 +20,11 @@ model runner, per worker (one per TP rank): ``bind_connector_metadata``, ``start
 ``wait_for_layer_load`` / KV written / ``save_kv_layer``, then ``wait_for_save``,
 ``get_transfer_results(finished_req_ids)`` (``get_finished`` with ``transfer_results=False``,
 as older vLLM), ``get_block_ids_with_load_errors``,
-``get_kv_connector_stats``, ``clear_connector_metadata``.
+``get_kv_connector_stats``, ``clear_connector_metadata``. In a step with nothing scheduled
+older vLLM's ``kv_connector_no_forward`` skips ``wait_for_save``
+(``no_forward_wait_for_save=False``); with ``defer_finalize`` (a draft model's forward after
+the target's) ``wait_for_save`` comes after the results, just before
+``clear_connector_metadata`` (vLLM's ``finalize_kv_connector``).
 scheduler ``update_from_output``: invalid blocks truncate the affected requests' computed
 tokens at the first invalid block (their sampled token dropped), finished requests go to
 ``request_finished(request, block_ids)`` (blocks held when it returns True), then
@@ -135,7 +141,7 @@ def create_connector(vllm_config, role_name, kv_cache_config):
     return cls(vllm_config, getattr(module.KVConnectorRole, role_name), kv_cache_config)
 
 
-SPLIT = ("flash_attn", "flash_attn_hnd")     # backends with K/V split caches
+SPLIT = ("flash_attn", "flash_attn_hnd", "dim_strided")     # backends with K/V split caches
 
 def sha256(value):
     """vLLM's default block hash function (--prefix-caching-hash-algo sha256): SHA-256 of the
@@ -227,9 +233,17 @@ class Worker:
                 shape = (2, e.num_blocks, e.block_size, h, e.head_dim)
             elif e.backend == "flashinfer":
                 shape = (e.num_blocks, 2, e.block_size, h, e.head_dim)
-            elif e.backend == "flash_attn_hnd":     # K/V split, HND in memory: not movable
+            elif e.backend == "flash_attn_hnd":     # K/V split, HND in memory
                 self.caches[name] = torch.randn((2, e.num_blocks, h, e.block_size, e.head_dim),
                                                 generator=g).to(e.dtype).permute(0, 1, 3, 2, 4)
+                continue
+            elif e.backend == "flashinfer_hnd":     # stacked, HND in memory (FlashInfer's)
+                self.caches[name] = torch.randn((e.num_blocks, 2, h, e.block_size, e.head_dim),
+                                                generator=g).to(e.dtype).permute(0, 1, 3, 2, 4)
+                continue
+            elif e.backend == "dim_strided":        # head vectors strided: not movable
+                self.caches[name] = torch.randn((2, e.num_blocks, e.head_dim, e.block_size, h),
+                                                generator=g).to(e.dtype).permute(0, 1, 3, 4, 2)
                 continue
             elif e.backend == "packed":     # (blocks, heads, tokens, 2 x dim), NHD in memory
                 self.caches[name] = torch.randn((e.num_blocks, e.block_size, h, 2 * e.head_dim),
@@ -290,7 +304,9 @@ class Worker:
         finally:
             if not out.has_sync_kv_loads:
                 conn.start_load_kv(None)
-            conn.wait_for_save()
+            if not e.defer_finalize and (out.num_scheduled_tokens or
+                                         e.no_forward_wait_for_save):
+                conn.wait_for_save()
             if e.transfer_results:  # newer vLLM: get_transfer_results; older: get_finished
                 done = conn.get_transfer_results(out.finished_req_ids)
                 sending, recving = done.finished_sending, done.finished_recving
@@ -298,6 +314,8 @@ class Worker:
                 sending, recving = conn.get_finished(out.finished_req_ids)
             result = KVConnectorOutput(sending, recving, conn.get_block_ids_with_load_errors(),
                                        conn.get_kv_connector_stats())
+            if e.defer_finalize:
+                conn.wait_for_save()
             conn.clear_connector_metadata()
         return result
 
@@ -308,7 +326,7 @@ class Engine:
     def __init__(self, extra_config, backend="flash_attn", tp=1, num_blocks=24, block_size=4,
                  layers=3, heads=4, head_dim=8, dtype=torch.bfloat16, budget=64,
                  long_prefill=0, kv_role="kv_both", hybrid=False, failure_policy="recompute",
-                 transfer_results=True):
+                 transfer_results=True, no_forward_wait_for_save=True, defer_finalize=False):
         # "<backend>+cross": a cross-layer cache (vLLM allocates one when the connector
         # prefers it and the backend can)
         backend, _, cross = backend.partition("+")
@@ -320,6 +338,8 @@ class Engine:
         self.head_dim, self.dtype, self.budget = head_dim, dtype, budget
         self.long_prefill = long_prefill
         self.transfer_results = transfer_results
+        self.no_forward_wait_for_save = no_forward_wait_for_save
+        self.defer_finalize = defer_finalize
         self.layer_names = ["model.layers.%d.self_attn.attn" % i for i in range(layers)]
         self.config = VllmConfig(ModelConfig(), CacheConfig(block_size),
                                  ParallelConfig(tensor_parallel_size=tp),

@@ -5,6 +5,9 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -16,6 +19,7 @@ from conftest import running_daemon
 import fake_vllm
 from fake_vllm import Engine, expected_block, run_engine
 
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PREFIX = list(range(1000, 1032))            # 8 blocks of 4 tokens
 
 
@@ -66,7 +70,11 @@ def test_module_imports_without_vllm():
                                           ("mla+cross", "mla+cross"),
                                           ("packed", "flash_attn"), ("flashinfer", "packed"),
                                           ("packed+cross", "flash_attn"),
-                                          ("flash_attn+cross", "packed+cross")])
+                                          ("flash_attn+cross", "packed+cross"),
+                                          ("flash_attn", "flashinfer_hnd"),
+                                          ("flashinfer_hnd", "flash_attn_hnd"),
+                                          ("flash_attn_hnd", "packed"),
+                                          ("flashinfer_hnd", "flash_attn+cross")])
 def test_two_engines_share_a_prefix(daemon, first, second):
     """Engine A (another process) serves prefix+a; engine B, prefix+b, loads A's 8 prefix
     blocks byte-exact and computes only its suffix; its output is what it computes alone."""
@@ -253,11 +261,12 @@ def test_load_error_is_reported_and_recomputed(daemon):
 
 
 def test_preemption_while_a_save_holds_blocks(daemon):
-    """R1 finishes and its save is slow: vLLM holds R1's blocks until get_finished reports
-    it, so R2 (decoding, out of blocks) is preempted rather than given R1's blocks; R2
-    re-matches when readmitted; R1's saved blocks are its own bytes."""
+    """R1 finishes and its save (on the worker's thread: inline_save_bytes 0) is slow: vLLM
+    holds R1's blocks until get_finished reports it, so R2 (decoding, out of blocks) is
+    preempted rather than given R1's blocks; R2 re-matches when readmitted; R1's saved
+    blocks are its own bytes."""
     release = threading.Event()
-    e = Engine(extra(daemon), num_blocks=12)
+    e = Engine(extra(daemon, inline_save_bytes=0), num_blocks=12)
     try:
         w = e.workers[0]
         real_save = w.connector._save
@@ -286,6 +295,118 @@ def test_preemption_while_a_save_holds_blocks(daemon):
         assert e.workers[0].connector.counters["blocks_loaded"] == 5
     finally:
         e.shutdown()
+
+
+def record_steps(engine):
+    """Make engine.step log, per step, the request ids whose saves its metadata carried and
+    those its workers reported in finished_sending (every worker's)."""
+    log = []
+
+    def step():
+        out = engine.schedule()
+        outputs = [w.execute(out) for w in engine.workers]
+        log.append(({t.req_id for t in out.kv_connector_metadata.saves},
+                    set.intersection(*[set(o.finished_sending or ()) for o in outputs])))
+        engine.update_from_output(out, outputs)
+        return out
+    engine.step = step
+    return log
+
+
+def record_save_threads(connector):
+    """[(request id, the thread that made its save)] as the connector makes them."""
+    made, real_save = [], connector._save
+
+    def save(transfer):
+        made.append((transfer.req_id, threading.current_thread()))
+        real_save(transfer)
+    connector._save = save
+    return made
+
+
+@pytest.mark.parametrize("mode", [{}, {"no_forward_wait_for_save": False},
+                                  {"defer_finalize": True}])
+def test_small_saves_are_made_on_vllms_thread(daemon, mode):
+    """A save within inline_save_bytes (default 8 MiB) is made on vLLM's thread when the
+    step ends (wait_for_save; get_finished when vLLM asks it first, after a draft model's
+    forward, or without wait_for_save, as older vLLM in a step with nothing to compute), so
+    the step that carried it reports it; its blocks load byte-exact in another engine."""
+    e = Engine(extra(daemon), **mode)
+    try:
+        made = record_save_threads(e.workers[0].connector)
+        log = record_steps(e)
+        e.add("r1", PREFIX[:20], max_tokens=1)
+        if not mode.get("no_forward_wait_for_save", True):
+            e.run(idle_s=5)     # nothing else runs: the save's step has no forward
+            want, blocks = ["r1"], 5
+        else:
+            # r2 decodes meanwhile (its 13 computed tokens: 3 blocks saved when it ends)
+            e.add("r2", list(range(3000, 3010)), max_tokens=4)
+            e.run()
+            want, blocks = ["r1", "r2"], 5 + 3
+        assert made == [(rid, threading.main_thread()) for rid in want]
+        carried = [(saves, sent) for saves, sent in log if saves]
+        assert [rid for saves, _ in carried for rid in sorted(saves)] == want, log
+        assert all(saves <= sent for saves, sent in carried), log
+        assert e.workers[0].connector.counters["blocks_saved"] == blocks
+    finally:
+        e.shutdown()
+    e = Engine(extra(daemon))
+    try:
+        req = e.add("b", PREFIX[:20] + [9])
+        e.run(between=lambda i: i == 0 and check_loaded(e, req, 5))
+        assert e.workers[0].connector.counters["blocks_loaded"] == 5
+    finally:
+        e.shutdown()
+
+
+def test_saves_over_inline_save_bytes_go_to_the_workers_thread(daemon):
+    """Two requests finish in one step, inline_save_bytes holding one's blocks: the first
+    save is made on vLLM's thread, the second on the worker's; both are stored and
+    reported."""
+    probe = Engine(extra(daemon))
+    block_bytes = probe.workers[0].connector._mover.block_bytes
+    probe.shutdown()
+    e = Engine(extra(daemon, inline_save_bytes=5 * block_bytes))
+    try:
+        w = e.workers[0].connector
+        made = record_save_threads(w)
+        e.add("r1", PREFIX[:20], max_tokens=1)
+        e.add("r2", PREFIX[12:32], max_tokens=1)
+        e.run()
+        assert [rid for rid, _ in made] == ["r1", "r2"]
+        assert made[0][1] is threading.main_thread()
+        assert made[1][1] is not threading.main_thread() and made[1][1].name == "kvnode-vllm-io"
+        assert w.counters["blocks_saved"] == 10 and not e.requests
+    finally:
+        e.shutdown()
+
+
+def test_preemption_while_an_inline_save_holds_blocks(daemon):
+    """R1 finishes when no block is free: vLLM holds its blocks through the next step, whose
+    save is made on vLLM's thread, so R2 (decoding, out of blocks in that step) is
+    preempted rather than given R1's blocks; readmitted, R2 loads the 4 blocks it shares
+    with R1 and computes what R1 did not."""
+    prompt2 = PREFIX[:16] + list(range(2000, 2008))
+    e = Engine(extra(daemon), num_blocks=11)
+    try:
+        made = record_save_threads(e.workers[0].connector)
+        e.add("r1", PREFIX[:20], max_tokens=1)
+        r2 = e.add("r2", prompt2, max_tokens=3)
+        seen = {}
+
+        def between(i):
+            if r2.num_preemptions and r2.num_external_computed_tokens and "ok" not in seen:
+                check_loaded(e, r2, 4)
+                seen["ok"] = True
+        e.run(between=between)
+        assert "r2" in e.preempted and r2.num_preemptions == 1
+        assert made[0] == ("r1", threading.main_thread())
+        assert seen == {"ok": True} and r2.num_external_computed_tokens == 16
+        got = r2.output_token_ids
+    finally:
+        e.shutdown()
+    assert got == reference({"r2": prompt2}, {"num_blocks": 11}, max_tokens=3)["outputs"]["r2"]
 
 
 def test_daemon_restart_mid_request(tmp_path):
@@ -378,16 +499,17 @@ def test_block_hashes_fold_as_fold_digests_of_their_hex():
 
 
 def test_unmovable_cache_drops_saves_and_finishes(daemon, caplog):
-    """A worker whose KV cache the connector cannot move (here HND: a block's K is not one
+    """A worker whose KV cache the connector cannot move (here a head's vector is not one
     run of memory) still reports the saves the scheduler planned (dropped, counted), so vLLM
     frees their blocks and the requests finish; nothing is stored."""
     prompts = {"a": PREFIX + [1, 2, 3, 4, 5, 6]}
-    a = run_engine(extra(daemon), prompts, {"backend": "flash_attn_hnd"})
-    assert a["outputs"] == reference(prompts, {"backend": "flash_attn_hnd"})["outputs"]
+    a = run_engine(extra(daemon), prompts, {"backend": "dim_strided"})
+    assert a["outputs"] == reference(prompts, {"backend": "dim_strided"})["outputs"]
     assert a["movers"] == ["NoneType"]
     assert a["counters"][0]["saves_dropped_blocks"] == 9
     assert a["counters"][0]["blocks_saved"] == 0
-    assert "register_kv_caches failed" in caplog.text and "not NHD" in caplog.text
+    assert "register_kv_caches failed" in caplog.text and \
+        "not one run of memory" in caplog.text
 
 
 def test_hybrid_model_runs_without_the_connector(daemon, caplog):
@@ -431,3 +553,32 @@ def test_pipeline_stages_keep_their_own_namespaces(daemon):
         sched.shutdown()
     finally:
         e.shutdown()
+
+
+@pytest.mark.parametrize("pairs", ["nhd-hnd", "hnd-nhd,cross", "packed-hnd,nhd-packed",
+                                   "pcross-hnd"])
+def test_device_caches_on_the_simulated_gpu(daemon, tmp_path, pairs):
+    """Per-layer KV caches in GPU memory (FlashAttention's NHD split, FlashInfer's HND
+    stacked, the K|V-packed one; and the cross-layer ones, whole and K|V-packed) on the
+    strict fake CUDA: tests/gpu/vllm_device.py (the
+    driver of scripts/gpu-check.sh's vllm behaviour) in a process of its own, whose loader
+    finds the fake (LD_LIBRARY_PATH) and whose libkvnode declares the tensors' device. One
+    engine saves from its cache, another loads into its own, byte-exact in kvnode's block
+    order (an NHD and an HND engine share blocks), with libkvnode's device copies: a load
+    with cudaMemcpyAsync failing reports every block as a load error."""
+    lib = os.environ.get("KVNODE_LIBRARY") or os.path.join(ROOT, "build", "libkvnode.so.0")
+    fake = os.path.join(os.path.dirname(os.path.abspath(lib)), "tests", "fakecuda")
+    if not os.path.exists(os.path.join(fake, "libcudart.so")):
+        pytest.fail("the strict fake CUDA is not built at %s (make all)" % fake)
+    state = tmp_path / "fake"
+    state.mkdir()
+    env = dict(os.environ, FAKECUDA_DIR=str(state), KVNODE_LIBRARY=lib,
+               LD_LIBRARY_PATH=fake + (":" + os.environ["LD_LIBRARY_PATH"]
+                                       if os.environ.get("LD_LIBRARY_PATH") else ""))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu", "vllm_device.py"),
+                          "--socket", daemon, "--device", "0", "--blocks", "4", "--rounds", "1",
+                          "--pairs", pairs], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "RESULT PASS" in out.stdout, out.stdout + out.stderr
+    violations = state / "violations"
+    assert not violations.exists() or violations.read_text() == "", violations.read_text()

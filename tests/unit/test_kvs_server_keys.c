@@ -9,6 +9,7 @@
 #include <check.h>
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -264,6 +265,44 @@ START_TEST(test_del_byte_is_opaque)
 }
 END_TEST
 
+/* A key sharing an earlier v1 key's prefix parses by its block alone, to
+ * exactly what kvs_key_parse / kvs_key_classify make of it; any other tail
+ * (not canonical, NUL, too long) is left to the full parse. */
+START_TEST(test_same_prefix_block_only)
+{
+    static const char base[] = "rtp_llm/v1/m-0123456789abcdef/tp-3/group-1/block-42";
+    struct kvs_key k, full;
+    char err[256], key[700];
+    int64_t block = 0;
+    ck_assert_int_eq(kvs_key_parse(base, strlen(base), &k, err, sizeof err), 0);
+    size_t pl = kvs_key_prefix_len(base, strlen(base), &k);
+    ck_assert_uint_eq(pl, strlen(base) - 2);
+    static const char *const tails[] = { "0", "7", "-1", "9223372036854775807", "-9223372036854775808",
+                                         "9223372036854775808", "007", "-0", "+1", "", "1x", "1/2" };
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+        int n = snprintf(key, sizeof key, "%.*s%s", (int)pl, base, tails[i]);
+        bool fast = kvs_key_same_prefix(base, pl, key, (size_t)n, &block);
+        bool parsed = kvs_key_parse(key, (size_t)n, &full, err, sizeof err) == 0;
+        ck_assert_msg(fast == parsed, "tail '%s': prefix path %d, full parse %d", tails[i], fast, parsed);
+        if (fast)
+            ck_assert_int_eq(block, full.block);
+    }
+    ck_assert(!kvs_key_same_prefix(base, pl, "rtp_llm/v1/m-0123456789abcdef/tp-3/group-2/block-42",
+                                   strlen(base), &block));   /* another group */
+    memcpy(key, base, pl);
+    key[pl] = '5';
+    key[pl + 1] = '\0';
+    ck_assert(!kvs_key_same_prefix(base, pl, key, pl + 2, &block));   /* a NUL byte */
+    memset(key + pl, '1', sizeof key - pl);
+    ck_assert(!kvs_key_same_prefix(base, pl, key, sizeof key, &block));   /* over 512 bytes */
+    /* An opaque key has no prefix to share. */
+    ck_assert_int_eq(kvs_key_classify("some/other/key", 14, &k, err, sizeof err), 0);
+    ck_assert(k.opaque);
+    ck_assert_uint_eq(kvs_key_prefix_len("some/other/key", 14, &k), 0);
+    ck_assert(!kvs_key_same_prefix("some/other/key", 0, "some/other/key", 14, &block));
+}
+END_TEST
+
 static Suite *keys_suite(void)
 {
     Suite *s = suite_create("kvs_server_keys");
@@ -275,6 +314,7 @@ static Suite *keys_suite(void)
     tcase_add_test(tc, test_canonical_numbers_only);
     tcase_add_test(tc, test_keys_too_long_for_a_layout_are_opaque);
     tcase_add_test(tc, test_del_byte_is_opaque);
+    tcase_add_test(tc, test_same_prefix_block_only);
     suite_add_tcase(s, tc);
     return s;
 }
