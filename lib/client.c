@@ -423,7 +423,7 @@ static int client_hello(kvnode_client *c, const kvnode_layout *layout)
     if (rc < 0)
         return rc;
     rc = client_setup(c, resp->hello, layout);
-    kvnode__response__free_unpacked(resp, NULL);
+    wire_free_response(resp);
     client_drop_fds(c);
     return rc;
 }

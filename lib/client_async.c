@@ -184,7 +184,7 @@ static void client_finish_slot_locked(kvnode_client *c, struct client_slot *s,
                      " (not waited for) failed: %s", wire_op_name(s->op), s->lease, why);
         }
         if (resp)
-            kvnode__response__free_unpacked(resp, NULL);
+            wire_free_response(resp);
         c->n_deferred--;
         free(s);
         pthread_cond_broadcast(&c->cond);   /* client_flush waits for n_deferred 0 */
@@ -195,7 +195,7 @@ static void client_finish_slot_locked(kvnode_client *c, struct client_slot *s,
 
         if (resp) {
             client_finish_async_reply(s, resp);
-            kvnode__response__free_unpacked(resp, NULL);
+            wire_free_response(resp);
         } else {
             d->comp.rc = rc;
             snprintf(d->comp.error, sizeof d->comp.error, "%s", msg);
@@ -396,7 +396,7 @@ static void client_dispatch(kvnode_client *c, const uint8_t *payload, size_t len
     }
     pthread_mutex_unlock(&c->lock);
     if (resp)
-        kvnode__response__free_unpacked(resp, NULL);
+        wire_free_response(resp);
 }
 
 static void client_kill(kvnode_client *c, int rc, const char *fmt, ...)
@@ -855,7 +855,7 @@ void client_response_free(kvnode_client *c, Kvnode__Response *resp)
 {
     (void)c;
     if (resp)
-        kvnode__response__free_unpacked(resp, NULL);
+        wire_free_response(resp);
 }
 
 int client_call(kvnode_client *c, Kvnode__Request *req, int expect, Kvnode__Response **out)
@@ -905,12 +905,12 @@ int client_call(kvnode_client *c, Kvnode__Request *req, int expect, Kvnode__Resp
         rc = client_error_code(resp->error);
         client_seterr(c, "%s", resp->error->message && resp->error->message[0]
                                    ? resp->error->message : kvnode_strerror(rc));
-        kvnode__response__free_unpacked(resp, NULL);
+        wire_free_response(resp);
         return rc;
     }
     if ((int)resp->result_case != expect) {
         client_seterr(c, "protocol: %s reply carries result %d", op, (int)resp->result_case);
-        kvnode__response__free_unpacked(resp, NULL);
+        wire_free_response(resp);
         return -KVNODE_EPROTO;
     }
     *out = resp;

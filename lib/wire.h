@@ -35,8 +35,14 @@ int wire_pack_reuse(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **b
                     size_t *frame_len);
 
 Kvnode__Request *wire_unpack_request(const uint8_t *payload, size_t len);
+/* A response; free it with wire_free_response (GET_BEGIN and PUT_BEGIN
+ * replies are read by a direct reader into one allocation, which
+ * kvnode__response__free_unpacked must not be given). */
 Kvnode__Response *wire_unpack_response(const uint8_t *payload, size_t len);
-/* Same, allocating through `alloc` (NULL: malloc). Free with the same one. */
+void wire_free_response(Kvnode__Response *m);
+/* Same, allocating through `alloc` (NULL: as wire_unpack_response). Free
+ * with kvnode__response__free_unpacked and the same allocator (NULL: with
+ * wire_free_response). */
 Kvnode__Response *wire_unpack_response_with(const uint8_t *payload, size_t len,
                                             ProtobufCAllocator *alloc);
 

@@ -236,14 +236,20 @@ struct match_end {
     struct index_entry **found;   /* the prefix's entries (c->match_found), or NULL: look them up again */
 };
 
-/* Lookups this many keys ahead load their bucket, half as many their entry:
- * the key list is known up front, so the misses overlap. */
-#define MATCH_PREFETCH 8
+/* The scan's lookup pipeline (index.h): a key's hash and bucket are loaded
+ * MATCH_AHEAD keys before its lookup, its first entry MATCH_AHEAD / 2, the
+ * chain's second MATCH_AHEAD / 4 (the key list is known up front, so the
+ * misses of 16 keys overlap). A power of two: the ring below. */
+#define MATCH_AHEAD 16
 
 /* The prefix of r's keys held in some tier, tallied per tier. */
 static size_t cache_match_scan(struct cache *c, const struct cache_read_req *r, struct cache_tiers *t,
                                struct match_end *end)
 {
+    uint64_t hash[MATCH_AHEAD];     /* of keys i .. i + MATCH_AHEAD - 1, at [key % MATCH_AHEAD] */
+    uint32_t first[MATCH_AHEAD];    /* their buckets' first entries, from MATCH_AHEAD / 2 ahead */
+    struct kv_index *ix = c->index;
+    uint32_t ns = r->ns->id;
     size_t i;
     memset(t, 0, sizeof *t);
     end->miss = NULL;
@@ -258,15 +264,28 @@ static size_t cache_match_scan(struct cache *c, const struct cache_read_req *r, 
             c->match_found_cap = r->n;
         }
     }
-    for (i = 0; i < r->n && i < MATCH_PREFETCH; i++)
-        index_prefetch_bucket(c->index, r->ns->id, r->keys[i]);
+    for (i = 0; i < r->n && i < MATCH_AHEAD; i++) {
+        hash[i] = index_key_hash(ix, ns, r->keys[i]);
+        index_prefetch_bucket(ix, hash[i]);
+    }
+    for (i = 0; i < r->n && i < MATCH_AHEAD / 2; i++)
+        first[i] = index_prefetch_first(ix, hash[i]);
     for (i = 0; i < r->n; i++) {
-        if (i + MATCH_PREFETCH < r->n)
-            index_prefetch_bucket(c->index, r->ns->id, r->keys[i + MATCH_PREFETCH]);
-        if (i + MATCH_PREFETCH / 2 < r->n)
-            index_prefetch_entry(c->index, r->ns->id, r->keys[i + MATCH_PREFETCH / 2]);
-        struct index_entry *e = cache_entry_for(c, r->ns->id, r->keys[i], cache_check_at(r->checks, i),
-                                                &end->mismatch);
+        size_t a = i + MATCH_AHEAD, b = i + MATCH_AHEAD / 2, q = i + MATCH_AHEAD / 4;
+        uint64_t h = hash[i % MATCH_AHEAD];
+        if (b < r->n)
+            first[b % MATCH_AHEAD] = index_prefetch_first(ix, hash[b % MATCH_AHEAD]);
+        if (q < r->n)
+            index_prefetch_second(ix, first[q % MATCH_AHEAD], ns, r->keys[q]);
+        if (a < r->n) {
+            hash[a % MATCH_AHEAD] = index_key_hash(ix, ns, r->keys[a]);
+            index_prefetch_bucket(ix, hash[a % MATCH_AHEAD]);
+        }
+        struct index_entry *e = index_lookup_hashed(ix, ns, r->keys[i], h);
+        if (e && e->check != cache_check_at(r->checks, i)) {
+            end->mismatch = true;   /* as cache_entry_for */
+            e = NULL;
+        }
         if (!e || e->state == ENTRY_WRITING) {
             end->miss = e;
             break;

@@ -164,7 +164,7 @@ static uint64_t index_mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-static uint64_t index_hash(const struct kv_index *ix, uint32_t ns, int64_t key)
+uint64_t index_key_hash(const struct kv_index *ix, uint32_t ns, int64_t key)
 {
     /* Keys come from clients: a per-table seed keeps collisions unpredictable
      * (the mixer alone is invertible). */
@@ -208,7 +208,7 @@ static void index_rehash_step(struct kv_index *ix, size_t n)
         while (id) {
             struct index_entry *e = index_entry_at(ix, id);
             uint32_t next = e->hash_next;
-            uint32_t *dst = &ix->t[1].b[(size_t)index_hash(ix, e->ns, e->key) & ix->t[1].mask];
+            uint32_t *dst = &ix->t[1].b[(size_t)index_key_hash(ix, e->ns, e->key) & ix->t[1].mask];
             e->hash_next = *dst;
             *dst = id;
             id = next;
@@ -291,8 +291,13 @@ void index_destroy(struct kv_index *ix)
 
 struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key)
 {
+    return index_lookup_hashed(ix, ns, key, index_key_hash(ix, ns, key));
+}
+
+struct index_entry *index_lookup_hashed(struct kv_index *ix, uint32_t ns, int64_t key, uint64_t h)
+{
     index_rehash_step(ix, INDEX_REHASH_OTHER);
-    for (uint32_t id = *index_slot(ix, index_hash(ix, ns, key)); id;) {
+    for (uint32_t id = *index_slot(ix, h); id;) {
         struct index_entry *e = index_entry_at(ix, id);
         if (e->key == key && e->ns == ns)
             return e;
@@ -301,16 +306,33 @@ struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key)
     return NULL;
 }
 
-void index_prefetch_bucket(const struct kv_index *ix, uint32_t ns, int64_t key)
+/* Both cache lines of an entry (80 bytes span two), to be written. */
+static inline void index_prefetch_lines(const struct index_entry *e)
 {
-    __builtin_prefetch(index_slot(ix, index_hash(ix, ns, key)));
+    __builtin_prefetch(e, 1);
+    __builtin_prefetch((const char *)e + sizeof *e - 1, 1);
 }
 
-void index_prefetch_entry(const struct kv_index *ix, uint32_t ns, int64_t key)
+void index_prefetch_bucket(const struct kv_index *ix, uint64_t h)
 {
-    const struct index_entry *e = index_at(ix, *index_slot(ix, index_hash(ix, ns, key)));
+    __builtin_prefetch(index_slot(ix, h));
+}
+
+uint32_t index_prefetch_first(const struct kv_index *ix, uint64_t h)
+{
+    uint32_t id = *index_slot(ix, h);
+    if (id)
+        index_prefetch_lines(index_entry_at(ix, id));
+    return id;
+}
+
+void index_prefetch_second(const struct kv_index *ix, uint32_t id, uint32_t ns, int64_t key)
+{
+    /* The second entry only when the first is another key's, without a
+     * branch (see index.h); id 0, never handed out, is harmless to load. */
+    const struct index_entry *e = index_at(ix, id);
     if (e)
-        __builtin_prefetch(e);
+        index_prefetch_lines(index_entry_at(ix, e->hash_next & (0u - (uint32_t)((e->key != key) | (e->ns != ns)))));
 }
 
 struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key)
@@ -322,7 +344,7 @@ struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key)
     e->key = key;
     index_maybe_grow(ix);
     index_rehash_step(ix, INDEX_REHASH_INSERT);
-    uint32_t *slot = index_slot(ix, index_hash(ix, ns, key));
+    uint32_t *slot = index_slot(ix, index_key_hash(ix, ns, key));
     e->hash_next = *slot;
     *slot = e->id;
     ix->count++;
@@ -333,7 +355,7 @@ void index_unlink(struct kv_index *ix, struct index_entry *e)
 {
     index_lru_remove(ix, e);
     index_rehash_step(ix, INDEX_REHASH_OTHER);
-    for (uint32_t *p = index_slot(ix, index_hash(ix, e->ns, e->key)); *p; p = &index_entry_at(ix, *p)->hash_next) {
+    for (uint32_t *p = index_slot(ix, index_key_hash(ix, e->ns, e->key)); *p; p = &index_entry_at(ix, *p)->hash_next) {
         if (*p == e->id) {
             *p = e->hash_next;
             e->hash_next = 0;

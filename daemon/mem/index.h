@@ -121,10 +121,22 @@ int  index_create(size_t initial_buckets, struct kv_index **out);
 void index_destroy(struct kv_index *ix);
 
 struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key);
-/* Hints for a lookup of (ns, key) soon: load its bucket (some keys ahead),
- * then the bucket's first entry (fewer keys ahead). No effect otherwise. */
-void index_prefetch_bucket(const struct kv_index *ix, uint32_t ns, int64_t key);
-void index_prefetch_entry(const struct kv_index *ix, uint32_t ns, int64_t key);
+/* A lookup of many keys known up front, as a pipeline whose stages run some
+ * keys apart, so that the cache misses of many keys overlap: the key's hash
+ * (index_key_hash), its bucket loaded (index_prefetch_bucket), the bucket's
+ * first entry loaded (index_prefetch_first, which returns its id), the
+ * chain's second entry loaded when the first is another key's
+ * (index_prefetch_second of that id), then
+ * index_lookup_hashed. Each stage reads only what the one before loaded and
+ * branches on none of it: a mispredicted branch on a missing line would
+ * wait for the miss and discard the later keys' loads. The hints have no
+ * effect but loading; the hash is valid until the index is destroyed (the
+ * stored id, until the next insert or unlink: it is only a hint). */
+uint64_t index_key_hash(const struct kv_index *ix, uint32_t ns, int64_t key);
+void index_prefetch_bucket(const struct kv_index *ix, uint64_t h);
+uint32_t index_prefetch_first(const struct kv_index *ix, uint64_t h);
+void index_prefetch_second(const struct kv_index *ix, uint32_t id, uint32_t ns, int64_t key);
+struct index_entry *index_lookup_hashed(struct kv_index *ix, uint32_t ns, int64_t key, uint64_t h);
 /* Insert a new zeroed entry for (ns, key) (caller checked it is absent) and
  * return it, or NULL when out of memory. */
 struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key);

@@ -18,7 +18,9 @@
  *     trips (skipped with the reason when perf cannot count them).
  *  3. 16-key MATCH round trips/s of 4 and 16 client processes vs redis
  *     pipelines of 16 EXISTS, the keys present and absent; each the best
- *     of 3 interleaved rounds (--quick: 2).
+ *     of 3 interleaved rounds (--quick: 2), with that round's CPU time per
+ *     round trip of the server (/proc/<pid>/stat) and of its clients
+ *     (getrusage of the reaped children), user and kernel apart.
  *  4. MATCH x256 of random keys over 1 M stored 1 KiB blocks vs MATCH x256 of
  *     256 hot keys (mean and median latency; kvnoded's CPU time per MATCH,
  *     from the schedstat of each of its threads), and the daemon's memory per
@@ -31,12 +33,17 @@
  *     chains of 256 blocks of 64 KiB and 1 MiB vs memcpy per block of the
  *     same chain with the same cache state (a buffer touched once per
  *     iteration as the arena's blocks are); median of interleaved iterations.
+ *     Buffers page-aligned as the arena's blocks are. The evidence printed
+ *     with it: each part's median (round trips, the copy), a kvnode PING and
+ *     a memcpy into a destination 16 bytes off in the same iterations, page
+ *     faults per iteration of each part, and the page size / huge pages of
+ *     the arena's mapping and of memcpy's buffers (/proc/self/smaps).
  *
  * MemAvailable is read first: section 4 uses fewer blocks and section 5
  * leaves out 1 MiB blocks when less than twice what they need is free.
  *
- * Usage: kvnode-bench-node [--quick] [--section4]   (--quick: shorter runs,
- * under a minute; --section4: only section 4). $KVNODED names the daemon
+ * Usage: kvnode-bench-node [--quick] [--section4] [--section5]   (--quick:
+ * shorter runs, under a minute; --section4 / --section5: only that section). $KVNODED names the daemon
  * (default build/kvnoded). */
 #include <errno.h>
 #include <hiredis.h>
@@ -49,6 +56,7 @@
 #include <string.h>
 #include <dirent.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -66,6 +74,7 @@
 
 static bool quick;
 static bool big_only;   /* --section4: only section 4 */
+static bool zc_only;    /* --section5: only section 5 */
 static int cpu_a = -1, cpu_b = -1;   /* the first two CPUs this process may run on */
 
 struct pin_mode {
@@ -590,9 +599,36 @@ static void count_syscalls(const struct servers *s, enum op op, pid_t server_pid
 
 /* --- 3. many clients ------------------------------------------------------------------ */
 
-/* nclients processes each doing op for the duration; the sum of their rates. */
+/* CPU time of a run of many clients per round trip (us): the server's
+ * (every thread, /proc/<pid>/stat) and the clients' (getrusage of the
+ * reaped children), in user space and in the kernel. */
+struct mc_cpu {
+    double srv_user, srv_sys, cli_user, cli_sys;
+};
+
+/* utime + stime of pid in clock ticks. */
+static void proc_cpu_ticks(pid_t pid, unsigned long long *user, unsigned long long *sys)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    char *text = kvh_read_file(path, NULL);
+    char *p = text ? strrchr(text, ')') : NULL;
+    *user = *sys = 0;
+    /* After "pid (comm)": state is field 3, utime 14, stime 15. */
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", user, sys) != 2)
+        die(path, "unreadable");
+    free(text);
+}
+
+static double tv_us(struct timeval tv)
+{
+    return (double)tv.tv_sec * 1e6 + (double)tv.tv_usec;
+}
+
+/* nclients processes each doing op for the duration; the sum of their
+ * rates, and (cpu) the CPU time per round trip of server_pid and of them. */
 static double many_clients(const struct servers *s, enum op op, bool present, int nclients, int cpu,
-                           double secs)
+                           double secs, pid_t server_pid, struct mc_cpu *cpu_out)
 {
     int ready[2], go[2], res[2];
     if (pipe(ready) != 0 || pipe(go) != 0 || pipe(res) != 0)
@@ -620,8 +656,8 @@ static double many_clients(const struct servers *s, enum op op, bool present, in
                 n += 16;
                 t = now_s();
             } while (t - t0 < secs);
-            double rate = (double)n / (t - t0);
-            write_full(res[1], &rate, sizeof rate, "result");
+            double out[2] = { (double)n / (t - t0), (double)n };
+            write_full(res[1], out, sizeof out, "result");
             conn_close(&c);
             _exit(0);
         }
@@ -634,15 +670,27 @@ static double many_clients(const struct servers *s, enum op op, bool present, in
         read_full(ready[0], &b, 1, "client ready");
     char gos[MAX_CLIENTS];
     memset(gos, 'g', sizeof gos);
+    struct rusage ru0, ru1;
+    unsigned long long su0, ss0, su1, ss1;
+    getrusage(RUSAGE_CHILDREN, &ru0);
+    proc_cpu_ticks(server_pid, &su0, &ss0);
     write_full(go[1], gos, (size_t)nclients, "go");
-    double sum = 0;
+    double sum = 0, trips = 0;
     for (int i = 0; i < nclients; i++) {
-        double r;
-        read_full(res[0], &r, sizeof r, "client result");
-        sum += r;
+        double r[2];
+        read_full(res[0], r, sizeof r, "client result");
+        sum += r[0];
+        trips += r[1];
     }
+    proc_cpu_ticks(server_pid, &su1, &ss1);
     for (int i = 0; i < nclients; i++)
         reap(pids[i], "client process");
+    getrusage(RUSAGE_CHILDREN, &ru1);
+    double tick_us = 1e6 / (double)sysconf(_SC_CLK_TCK);
+    *cpu_out = (struct mc_cpu){
+        (double)(su1 - su0) * tick_us / trips, (double)(ss1 - ss0) * tick_us / trips,
+        (tv_us(ru1.ru_utime) - tv_us(ru0.ru_utime)) / trips, (tv_us(ru1.ru_stime) - tv_us(ru0.ru_stime)) / trips,
+    };
     close(ready[0]);
     close(go[1]);
     close(res[0]);
@@ -848,10 +896,87 @@ static void print_big(const struct big_result *big)
 
 /* memcpy_get: from a buffer touched once per iteration (as the arena's GET
  * chain is) into the buffer GET copies into; memcpy_put: from the buffer PUT
- * copies from into a buffer touched once per iteration (as PUT's slots). */
+ * copies from into a buffer touched once per iteration (as PUT's slots).
+ * Every figure is the median iteration; the parts of GET and PUT (the
+ * round trips, the copies) are medians of their own, and faults are this
+ * thread's minor + major page faults per iteration (getrusage). */
+struct zc_part {
+    double us, faults;
+};
+enum { ZC_REF_GET, ZC_GET, ZC_GET_BEGIN, ZC_GET_COPY, ZC_GET_END, ZC_REF_PUT, ZC_PUT, ZC_PUT_BEGIN,
+       ZC_PUT_COPY, ZC_PUT_COMMIT, ZC_PING, ZC_REF_OFF16, ZC_PARTS };
+static const char *const zc_part_name[ZC_PARTS] = {
+    "memcpy (GET's pattern)", "zero-copy GET", "  get_begin round trip", "  copy out of the arena",
+    "  get_end (not waited)", "memcpy (PUT's pattern)", "zero-copy PUT", "  put_begin round trip",
+    "  copy into the arena", "  put_commit round trip", "kvnode PING round trip", "memcpy, dst 16 B off",
+};
 struct zc_result {
     double memcpy_get_gbs, memcpy_put_gbs, get_gbs, put_gbs;
+    struct zc_part part[ZC_PARTS];
 };
+
+/* Page size and huge pages of the mapping holding addr, from /proc/self/smaps. */
+struct map_pages {
+    long kernel_kib, mmu_kib, huge_kib, rss_kib;   /* huge: AnonHugePages + ShmemPmdMapped + FilePmdMapped */
+};
+
+static void map_pages_of(const void *addr, struct map_pages *out)
+{
+    memset(out, 0, sizeof *out);
+    out->kernel_kib = -1;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return;
+    char line[512];
+    bool in = false;
+    uintptr_t a = (uintptr_t)addr;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        long v;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = a >= lo && a < hi;
+            continue;
+        }
+        if (!in)
+            continue;
+        if (sscanf(line, "KernelPageSize: %ld kB", &v) == 1)
+            out->kernel_kib = v;
+        else if (sscanf(line, "MMUPageSize: %ld kB", &v) == 1)
+            out->mmu_kib = v;
+        else if (sscanf(line, "Rss: %ld kB", &v) == 1)
+            out->rss_kib = v;
+        else if (sscanf(line, "AnonHugePages: %ld kB", &v) == 1 || sscanf(line, "ShmemPmdMapped: %ld kB", &v) == 1 ||
+                 sscanf(line, "FilePmdMapped: %ld kB", &v) == 1)
+            out->huge_kib += v;
+    }
+    fclose(f);
+}
+
+static long thread_faults(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru) != 0)
+        die("getrusage", strerror(errno));
+    return ru.ru_minflt + ru.ru_majflt;
+}
+
+struct zc_mark {
+    uint64_t ns;
+    long faults;
+};
+
+static struct zc_mark zc_now(void)
+{
+    return (struct zc_mark){ kvh_now_ns(), thread_faults() };
+}
+
+static void zc_take(uint64_t *ns, long *flt, unsigned it, struct zc_mark a, struct zc_mark b)
+{
+    ns[it] = b.ns - a.ns;
+    flt[it] = b.faults - a.faults;
+}
+
+static char zc_pages_line[4][160];   /* the mappings' pages, printed with the results */
 
 static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label, struct zc_result *out)
 {
@@ -868,8 +993,11 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
     kvnode_key gkeys[CHAIN], pkeys[CHAIN];
     kvh_chain(gkeys, CHAIN, 3000 + bb);
     kvh_chain(pkeys, CHAIN, 4000 + bb);
-    unsigned char *src = malloc(chain_bytes), *dst = malloc(chain_bytes), *ref_src = malloc(chain_bytes),
-                  *ref_dst = malloc(chain_bytes);
+    /* Page-aligned as the arena's blocks are (and an engine's pinned host
+     * buffers): glibc's memcpy between addresses 16 bytes apart modulo 64
+     * (malloc's) was ~20 % slower here, which the ZC_REF_OFF16 row shows. */
+    unsigned char *src = aligned_alloc(4096, chain_bytes), *dst = aligned_alloc(4096, chain_bytes + 4096),
+                  *ref_src = aligned_alloc(4096, chain_bytes), *ref_dst = aligned_alloc(4096, chain_bytes);
     const void *srcv[CHAIN];
     kvnode_loc locs[CHAIN];
     if (!src || !dst || !ref_src || !ref_dst)
@@ -884,13 +1012,18 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
     check(c, kvnode_put(c, gkeys, CHAIN, srcv), "put of the GET chain");
     kvnode_lease lease;
     size_t got, deleted;
-    uint64_t *t_ref = malloc(iters * sizeof *t_ref), *t_get = malloc(iters * sizeof *t_get),
-             *t_put = malloc(iters * sizeof *t_put), *t_refp = malloc(iters * sizeof *t_refp);
+    uint64_t *t[ZC_PARTS];
+    long *f[ZC_PARTS];
+    for (int p = 0; p < ZC_PARTS; p++) {
+        t[p] = malloc(iters * sizeof *t[p]);
+        f[p] = malloc(iters * sizeof *f[p]);
+        if (!t[p] || !f[p])
+            die("malloc", "out of memory");
+    }
     void *dstv[CHAIN];
-    if (!t_ref || !t_get || !t_put || !t_refp)
-        die("malloc", "out of memory");
     for (size_t i = 0; i < CHAIN; i++)
         dstv[i] = dst + i * bb;
+    const void *arena_block = NULL;
     for (int m = 0; m < nmodes; m++) {
         pin_process(d->pid, modes[m].server_cpu);
         pin_tid(0, modes[m].client_cpu);
@@ -900,42 +1033,79 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
          * median iteration. Each reference sees the same untimed memsets and
          * checks as its operation, so both find the same buffers in cache. */
         for (unsigned it = 0; it <= iters; it++) {
+            unsigned k = it - 1;   /* it 0 is not kept */
             memset(dst, 0, chain_bytes);
-            uint64_t t0 = kvh_now_ns();
+            struct zc_mark a = zc_now();
             for (size_t i = 0; i < CHAIN; i++)
                 memcpy(dst + i * bb, ref_src + i * bb, bb);
-            uint64_t t1 = kvh_now_ns();
+            struct zc_mark b = zc_now();
+            if (it > 0)
+                zc_take(t[ZC_REF_GET], f[ZC_REF_GET], k, a, b);
             if (memcmp(dst, src, chain_bytes) != 0)
                 die("memcpy", "the copy differs");
 
             memset(dst, 0, chain_bytes);
-            uint64_t t2 = kvh_now_ns();
+            a = zc_now();
             check(c, kvnode_get_begin(c, gkeys, CHAIN, &lease, locs, &got), "get_begin");
+            b = zc_now();
             if (got != CHAIN)
                 die("get_begin", "short prefix");
             for (size_t i = 0; i < CHAIN; i++)
                 memcpy(dst + i * bb, locs[i].ptr, bb);
+            struct zc_mark e = zc_now();
             check(c, kvnode_get_end(c, lease), "get_end");
-            uint64_t t3 = kvh_now_ns();
+            struct zc_mark z = zc_now();
+            arena_block = locs[0].ptr;
+            if (it > 0) {
+                zc_take(t[ZC_GET], f[ZC_GET], k, a, z);
+                zc_take(t[ZC_GET_BEGIN], f[ZC_GET_BEGIN], k, a, b);
+                zc_take(t[ZC_GET_COPY], f[ZC_GET_COPY], k, b, e);
+                zc_take(t[ZC_GET_END], f[ZC_GET_END], k, e, z);
+            }
             if (memcmp(dst, src, chain_bytes) != 0)   /* src was filled and put */
                 die("zero-copy GET", "a block read differs from the one put");
 
-            uint64_t t6 = kvh_now_ns();
+            memset(dst, 0, chain_bytes + 16);   /* the GET reference, dst 16 bytes off */
+            a = zc_now();
+            for (size_t i = 0; i < CHAIN; i++)
+                memcpy(dst + 16 + i * bb, ref_src + i * bb, bb);
+            b = zc_now();
+            if (it > 0)
+                zc_take(t[ZC_REF_OFF16], f[ZC_REF_OFF16], k, a, b);
+            if (memcmp(dst + 16, src, chain_bytes) != 0)
+                die("memcpy", "the copy differs");
+            a = zc_now();
+            check(c, kvnode_ping(c), "kvnode_ping");
+            b = zc_now();
+            if (it > 0)
+                zc_take(t[ZC_PING], f[ZC_PING], k, a, b);
+
+            a = zc_now();
             for (size_t i = 0; i < CHAIN; i++)
                 memcpy(ref_dst + i * bb, src + i * bb, bb);
-            uint64_t t7 = kvh_now_ns();
+            b = zc_now();
+            if (it > 0)
+                zc_take(t[ZC_REF_PUT], f[ZC_REF_PUT], k, a, b);
             if (it == iters && memcmp(ref_dst, src, chain_bytes) != 0)
                 die("memcpy", "the copy differs");
 
-            uint64_t t4 = kvh_now_ns();
+            a = zc_now();
             check(c, kvnode_put_begin(c, pkeys, CHAIN, KVNODE_TIER_HOST, &lease, locs), "put_begin");
+            b = zc_now();
             for (size_t i = 0; i < CHAIN; i++) {
                 if (!locs[i].ptr)
                     die("put_begin", "a key of the deleted chain is still stored");
                 memcpy(locs[i].ptr, src + i * bb, bb);
             }
+            e = zc_now();
             check(c, kvnode_put_commit(c, lease), "put_commit");
-            uint64_t t5 = kvh_now_ns();
+            z = zc_now();
+            if (it > 0) {
+                zc_take(t[ZC_PUT], f[ZC_PUT], k, a, z);
+                zc_take(t[ZC_PUT_BEGIN], f[ZC_PUT_BEGIN], k, a, b);
+                zc_take(t[ZC_PUT_COPY], f[ZC_PUT_COPY], k, b, e);
+                zc_take(t[ZC_PUT_COMMIT], f[ZC_PUT_COMMIT], k, e, z);
+            }
             if (it == iters) {   /* the last chain put, read back byte-exact */
                 memset(dst, 0, chain_bytes);
                 check(c, kvnode_get(c, pkeys, CHAIN, dstv, &got), "kvnode_get");
@@ -943,33 +1113,84 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
                     die("zero-copy PUT", "the chain read back differs from the one put");
             }
             check(c, kvnode_delete(c, pkeys, CHAIN, &deleted), "delete");
-            if (it > 0) {
-                t_ref[it - 1] = t1 - t0;
-                t_get[it - 1] = t3 - t2;
-                t_put[it - 1] = t5 - t4;
-                t_refp[it - 1] = t7 - t6;
-            }
         }
-        qsort(t_ref, iters, sizeof *t_ref, cmp_u64);
-        qsort(t_get, iters, sizeof *t_get, cmp_u64);
-        qsort(t_put, iters, sizeof *t_put, cmp_u64);
-        qsort(t_refp, iters, sizeof *t_refp, cmp_u64);
-        out[m].memcpy_get_gbs = (double)chain_bytes / (double)t_ref[iters / 2];
-        out[m].memcpy_put_gbs = (double)chain_bytes / (double)t_refp[iters / 2];
-        out[m].get_gbs = (double)chain_bytes / (double)t_get[iters / 2];
-        out[m].put_gbs = (double)chain_bytes / (double)t_put[iters / 2];
+        for (int p = 0; p < ZC_PARTS; p++) {
+            double fsum = 0;
+            for (unsigned i = 0; i < iters; i++)
+                fsum += (double)f[p][i];
+            qsort(t[p], iters, sizeof *t[p], cmp_u64);
+            out[m].part[p] = (struct zc_part){ (double)t[p][iters / 2] / 1e3, fsum / iters };
+        }
+        out[m].memcpy_get_gbs = (double)chain_bytes / (double)t[ZC_REF_GET][iters / 2];
+        out[m].memcpy_put_gbs = (double)chain_bytes / (double)t[ZC_REF_PUT][iters / 2];
+        out[m].get_gbs = (double)chain_bytes / (double)t[ZC_GET][iters / 2];
+        out[m].put_gbs = (double)chain_bytes / (double)t[ZC_PUT][iters / 2];
         unpin_self();
     }
-    free(t_ref);
-    free(t_get);
-    free(t_put);
-    free(t_refp);
+    struct map_pages ar, bu;
+    map_pages_of(arena_block, &ar);
+    map_pages_of(ref_src, &bu);
+    char *pl0 = zc_pages_line[bb > 64 * 1024 ? 2 : 0], *pl1 = zc_pages_line[bb > 64 * 1024 ? 3 : 1];
+    snprintf(pl0, sizeof zc_pages_line[0], "%s arena mapping: %ld KiB pages (MMU %ld KiB), %ld of "
+             "%ld KiB resident in huge pages", label, ar.kernel_kib, ar.mmu_kib, ar.huge_kib, ar.rss_kib);
+    snprintf(pl1, sizeof zc_pages_line[1], "%s memcpy's buffers: %ld KiB pages (MMU %ld KiB), %ld "
+             "of %ld KiB resident in huge pages", label, bu.kernel_kib, bu.mmu_kib, bu.huge_kib, bu.rss_kib);
+    for (int p = 0; p < ZC_PARTS; p++) {
+        free(t[p]);
+        free(f[p]);
+    }
     check(c, kvnode_delete(c, gkeys, CHAIN, &deleted), "delete");
     free(src);
     free(dst);
     free(ref_src);
     free(ref_dst);
     kvnode_close(c);
+}
+
+static void print_zc_parts(const struct zc_result *zc, const char *label)
+{
+    printf("    %s: median per iteration, us (page faults per iteration)\n      %-24s", label, "");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %21s", modes[m].name);
+    printf("\n");
+    for (int p = 0; p < ZC_PARTS; p++) {
+        printf("      %-24s", zc_part_name[p]);
+        for (int m = 0; m < nmodes; m++)
+            printf(" %10.1f (%8.1f)", zc[m].part[p].us, zc[m].part[p].faults);
+        printf("\n");
+    }
+}
+
+/* Section 5; returns whether the 1 MiB blocks were measured. */
+static bool section5(uint64_t avail, bool mib_blocks, struct zc_result zc[2][MAX_MODES])
+{
+    bool have_mib = false;
+    printf("\n5. zero-copy GET / PUT of 256-block chains vs memcpy per block of the same chain (GB/s)\n");
+    kvh_daemon dz;
+    if (kvh_start(&dz, "memory.host_bytes=1GiB\nlog.level=warn\n") != 0)
+        die("start kvnoded", kvh_error());
+    bench_zero_copy(&dz, 64 * 1024, "64KiB", zc[0]);
+    if (mib_blocks) {
+        bench_zero_copy(&dz, 1024 * 1024, "1MiB", zc[1]);
+        have_mib = true;
+    } else {
+        printf("    1 MiB blocks skipped: MemAvailable %.1f GiB\n", (double)avail / (double)(1ull << 30));
+    }
+    if (kvh_stop(&dz, 0) != 0)
+        die("kvnoded", "did not stop cleanly");
+    kvh_destroy(&dz);
+    printf("    %-7s %-15s %9s %9s %9s %9s | %8s %8s\n", "block", "pinning", "mc(GET)", "GET", "mc(PUT)", "PUT",
+           "GET/mc", "PUT/mc");
+    for (int b = 0; b < (have_mib ? 2 : 1); b++)
+        for (int m = 0; m < nmodes; m++)
+            printf("    %-7s %-15s %9.2f %9.2f %9.2f %9.2f | %7.2fx %7.2fx\n", b ? "1MiB" : "64KiB", modes[m].name,
+                   zc[b][m].memcpy_get_gbs, zc[b][m].get_gbs, zc[b][m].memcpy_put_gbs, zc[b][m].put_gbs,
+                   zc[b][m].get_gbs / zc[b][m].memcpy_get_gbs, zc[b][m].put_gbs / zc[b][m].memcpy_put_gbs);
+    for (int b = 0; b < (have_mib ? 2 : 1); b++)
+        print_zc_parts(zc[b], b ? "1 MiB blocks" : "64 KiB blocks");
+    for (int i = 0; i < (have_mib ? 4 : 2); i++)
+        printf("    %s\n", zc_pages_line[i]);
+    return have_mib;
 }
 
 /* --- main --------------------------------------------------------------------------- */
@@ -986,8 +1207,10 @@ int main(int argc, char **argv)
             quick = true;
         } else if (strcmp(argv[i], "--section4") == 0) {
             big_only = true;
+        } else if (strcmp(argv[i], "--section5") == 0) {
+            zc_only = true;
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--section4]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--section4] [--section5]\n", argv[0]);
             return 2;
         }
     }
@@ -1029,6 +1252,11 @@ int main(int argc, char **argv)
         struct big_result big;
         bench_big(nblocks, &big);
         print_big(&big);
+        return 0;
+    }
+    if (zc_only) {
+        struct zc_result zc[2][MAX_MODES];
+        section5(avail, mib_blocks, zc);
         return 0;
     }
 
@@ -1122,9 +1350,12 @@ int main(int argc, char **argv)
     /* 3. */
     printf("    [%.1f s]\n", now_s() - t_sec);
     t_sec = now_s();
-    printf("\n3. 16-key MATCH round trips/s of N client processes vs redis pipelines of 16 EXISTS\n");
-    printf("    %-15s %-8s %3s %12s %12s %8s\n", "pinning", "keys", "N", "kvnode", "redis", "ratio");
+    printf("\n3. 16-key MATCH round trips/s of N client processes vs redis pipelines of 16 EXISTS\n"
+           "   (CPU per round trip in us of the best round: server user+kernel | clients user+kernel)\n");
+    printf("    %-15s %-8s %3s %12s %12s %8s | %-27s | %-27s\n", "pinning", "keys", "N", "kvnode", "redis", "ratio",
+           "kvnoded | its clients", "redis-server | its clients");
     double mc[MAX_MODES][2][2];   /* [mode][absent, present][4, 16 clients] ratio */
+    struct mc_cpu mcpu[MAX_MODES][2][2][2];   /* [mode][absent, present][4, 16][kvnode, redis] */
     static const int nclients[2] = { 4, 16 };
     for (int m = 0; m < nmodes; m++) {
         pin_process(d.pid, modes[m].server_cpu);
@@ -1133,15 +1364,25 @@ int main(int argc, char **argv)
             for (int k = 0; k < 2; k++) {
                 /* kvnode and redis in turn, 3 rounds (--quick: 2); the best round of each. */
                 double kv = 0, re = 0, secs = quick ? 0.1 : 0.5;
+                struct mc_cpu cu;
                 for (int r = 0; r < (quick ? 2 : 3); r++) {
-                    double v = many_clients(&s, OP_KV_MATCH16, p, nclients[k], modes[m].client_cpu, secs);
-                    kv = v > kv ? v : kv;
-                    v = many_clients(&s, OP_REDIS_EXISTS16, p, nclients[k], modes[m].client_cpu, secs);
-                    re = v > re ? v : re;
+                    double v = many_clients(&s, OP_KV_MATCH16, p, nclients[k], modes[m].client_cpu, secs, d.pid, &cu);
+                    if (v > kv) {
+                        kv = v;
+                        mcpu[m][p][k][0] = cu;
+                    }
+                    v = many_clients(&s, OP_REDIS_EXISTS16, p, nclients[k], modes[m].client_cpu, secs, rs.pid, &cu);
+                    if (v > re) {
+                        re = v;
+                        mcpu[m][p][k][1] = cu;
+                    }
                 }
                 mc[m][p][k] = kv / re;
-                printf("    %-15s %-8s %3d %12.0f %12.0f %7.2fx\n", modes[m].name, p ? "present" : "absent",
-                       nclients[k], kv, re, kv / re);
+                const struct mc_cpu *a = &mcpu[m][p][k][0], *b = &mcpu[m][p][k][1];
+                printf("    %-15s %-8s %3d %12.0f %12.0f %7.2fx | %5.1f+%5.1f | %5.1f+%5.1f | %5.1f+%5.1f | "
+                       "%5.1f+%5.1f\n", modes[m].name, p ? "present" : "absent", nclients[k], kv, re, kv / re,
+                       a->srv_user, a->srv_sys, a->cli_user, a->cli_sys, b->srv_user, b->srv_sys, b->cli_user,
+                       b->cli_sys);
             }
     }
     redis_stop(&rs);
@@ -1160,31 +1401,8 @@ int main(int argc, char **argv)
     /* 5. */
     printf("    [%.1f s]\n", now_s() - t_sec);
     t_sec = now_s();
-    printf("\n5. zero-copy GET / PUT of 256-block chains vs memcpy per block of the same chain (GB/s)\n");
     struct zc_result zc[2][MAX_MODES];   /* [64 KiB, 1 MiB][mode] */
-    bool have_mib = false;
-    {
-        kvh_daemon dz;
-        if (kvh_start(&dz, "memory.host_bytes=1GiB\nlog.level=warn\n") != 0)
-            die("start kvnoded", kvh_error());
-        bench_zero_copy(&dz, 64 * 1024, "64KiB", zc[0]);
-        if (mib_blocks) {
-            bench_zero_copy(&dz, 1024 * 1024, "1MiB", zc[1]);
-            have_mib = true;
-        } else {
-            printf("    1 MiB blocks skipped: MemAvailable %.1f GiB\n", (double)avail / (double)(1ull << 30));
-        }
-        if (kvh_stop(&dz, 0) != 0)
-            die("kvnoded", "did not stop cleanly");
-        kvh_destroy(&dz);
-    }
-    printf("    %-7s %-15s %9s %9s %9s %9s | %8s %8s\n", "block", "pinning", "mc(GET)", "GET", "mc(PUT)", "PUT",
-           "GET/mc", "PUT/mc");
-    for (int b = 0; b < (have_mib ? 2 : 1); b++)
-        for (int m = 0; m < nmodes; m++)
-            printf("    %-7s %-15s %9.2f %9.2f %9.2f %9.2f | %7.2fx %7.2fx\n", b ? "1MiB" : "64KiB", modes[m].name,
-                   zc[b][m].memcpy_get_gbs, zc[b][m].get_gbs, zc[b][m].memcpy_put_gbs, zc[b][m].put_gbs,
-                   zc[b][m].get_gbs / zc[b][m].memcpy_get_gbs, zc[b][m].put_gbs / zc[b][m].memcpy_put_gbs);
+    bool have_mib = section5(avail, mib_blocks, zc);
 
     printf("    [%.1f s]\n", now_s() - t_sec);
     t_sec = now_s();

@@ -132,6 +132,36 @@ START_TEST(test_prefix_match_and_delete)
 }
 END_TEST
 
+/* MATCH looks its keys up through a pipeline whose stages run up to 16 keys
+ * apart (cache_match_scan): the prefix must end exactly at the first key
+ * absent, or held under another check word, wherever it lies — before,
+ * inside and past the pipeline's distances — and count every key before it. */
+START_TEST(test_match_prefix_ends_at_every_position)
+{
+    enum { N = 120 };
+    int64_t stored[N], k[N];
+    uint64_t words[N];
+    chain(stored, N, 5000);
+    ck_assert_int_eq(put_chain(stored, N), 0);
+    ck_assert_uint_eq(cache_match(cache, ns, stored, N), N);
+    for (size_t p = 0; p < N; p++) {
+        memcpy(k, stored, sizeof k);
+        k[p] = -1 - (int64_t)p;                     /* absent */
+        ck_assert_uint_eq(cache_match(cache, ns, k, N), p);
+        ck_assert_uint_eq(cache_match(cache, ns, k, p + 1), p);
+        memset(words, 0, sizeof words);
+        words[p] = 7;                               /* stored under word 0 */
+        struct cache_read_req req = { .ns = ns, .keys = stored, .checks = words, .n = N };
+        struct cache_tiers t;
+        struct cache_wait *w;
+        ck_assert_int_eq(cache_match_start(cache, &req, &t, &w), 0);
+        ck_assert_ptr_null(w);
+        ck_assert_uint_eq(t.matched, p);
+        ck_assert_uint_eq(t.host, p);
+    }
+}
+END_TEST
+
 START_TEST(test_put_begin_present_abort)
 {
     int64_t k[4] = { 1, 2, 2, 3 };
@@ -693,6 +723,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_prefix_match_and_delete);
+    tcase_add_test(tc, test_match_prefix_ends_at_every_position);
     tcase_add_test(tc, test_put_begin_present_abort);
     tcase_add_test(tc, test_lease_ownership_and_kind);
     tcase_add_test(tc, test_eviction_leaf_first);

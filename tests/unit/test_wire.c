@@ -2,6 +2,7 @@
  * and random input (must never crash; run under ASan/valgrind), and a
  * round trip of every request op and response result. */
 #include <check.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,7 +221,7 @@ static void exercise_response(Kvnode__Response *r)
     ck_assert_ptr_nonnull(b);
     ck_assert_uint_eq(kvnode__response__pack(r, b), n);
     free(b);
-    kvnode__response__free_unpacked(r, NULL);
+    wire_free_response(r);
 }
 
 START_TEST(test_unpack_every_prefix)
@@ -565,14 +566,14 @@ START_TEST(test_round_trip_responses)
     ck_assert_int_eq(b->hello->arenas[1]->tier, KVNODE__TIER__TIER_HBM);
     ck_assert_int_eq(b->hello->arenas[1]->device, 3);
     ck_assert_int_eq(b->hello->arenas[1]->fd_index, -1);
-    kvnode__response__free_unpacked(b, NULL);
+    wire_free_response(b);
 
     resp.id = 2;
     match.matched = 12345;
     resp.result_case = KVNODE__RESPONSE__RESULT_MATCH; resp.match = &match;
     b = round_trip_response(&resp);
     ck_assert_uint_eq(b->match->matched, 12345);
-    kvnode__response__free_unpacked(b, NULL);
+    wire_free_response(b);
 
     l0.arena = 1; l0.offset = 0; l0.present = 1;
     l1.arena = 2; l1.offset = (1ull << 40) + 4096; l1.present = 0;
@@ -588,7 +589,7 @@ START_TEST(test_round_trip_responses)
     ck_assert_uint_eq(b->get_begin->locations[1]->arena, 2);
     ck_assert(b->get_begin->locations[1]->offset == (1ull << 40) + 4096);
     ck_assert(!b->get_begin->locations[1]->present);
-    kvnode__response__free_unpacked(b, NULL);
+    wire_free_response(b);
 
     for (i = 0; i < 3; i++) {
         resp.id = 10 + (uint64_t)i;
@@ -597,7 +598,7 @@ START_TEST(test_round_trip_responses)
         resp.get_end = &lr;
         b = round_trip_response(&resp);
         ck_assert_uint_eq(b->get_end->blocks, 100 + (uint32_t)i);
-        kvnode__response__free_unpacked(b, NULL);
+        wire_free_response(b);
     }
 
     resp.id = 20;
@@ -607,7 +608,7 @@ START_TEST(test_round_trip_responses)
     ck_assert(b->put_begin->lease == UINT64_MAX);
     ck_assert_uint_eq(b->put_begin->n_locations, 2);
     ck_assert(b->put_begin->locations[0]->present && !b->put_begin->locations[1]->present);
-    kvnode__response__free_unpacked(b, NULL);
+    wire_free_response(b);
 
     resp.id = 21;
     gi.n_blocks = 2; gi.blocks = blobs;
@@ -616,7 +617,7 @@ START_TEST(test_round_trip_responses)
     ck_assert_uint_eq(b->get_inline->n_blocks, 2);
     ck_assert_uint_eq(b->get_inline->blocks[1].len, 3);
     ck_assert(memcmp(b->get_inline->blocks[1].data, blk, 3) == 0);
-    kvnode__response__free_unpacked(b, NULL);
+    wire_free_response(b);
 
     resp.id = 22;
     pi.stored = 5; pi.existing = 6;
@@ -624,28 +625,28 @@ START_TEST(test_round_trip_responses)
     b = round_trip_response(&resp);
     ck_assert_uint_eq(b->put_inline->stored, 5);
     ck_assert_uint_eq(b->put_inline->existing, 6);
-    kvnode__response__free_unpacked(b, NULL);
+    wire_free_response(b);
 
     resp.id = 23;
     del.deleted = 4;
     resp.result_case = KVNODE__RESPONSE__RESULT_DELETE; resp.delete_ = &del;
     b = round_trip_response(&resp);
     ck_assert_uint_eq(b->delete_->deleted, 4);
-    kvnode__response__free_unpacked(b, NULL);
+    wire_free_response(b);
 
     resp.id = 24;
     st.json = (char *)"{\"a\":1}";
     resp.result_case = KVNODE__RESPONSE__RESULT_STATS; resp.stats = &st;
     b = round_trip_response(&resp);
     ck_assert_str_eq(b->stats->json, "{\"a\":1}");
-    kvnode__response__free_unpacked(b, NULL);
+    wire_free_response(b);
 
     resp.id = 25;
     ping.nonce = 42;
     resp.result_case = KVNODE__RESPONSE__RESULT_PING; resp.ping = &ping;
     b = round_trip_response(&resp);
     ck_assert(b->ping->nonce == 42);
-    kvnode__response__free_unpacked(b, NULL);
+    wire_free_response(b);
 
     /* error reply: no result */
     resp.id = 26;
@@ -657,7 +658,157 @@ START_TEST(test_round_trip_responses)
     ck_assert_ptr_nonnull(b->error);
     ck_assert_int_eq(b->error->code, -KVNODE_ENOSPC);
     ck_assert_str_eq(b->error->message, "host tier full");
-    kvnode__response__free_unpacked(b, NULL);
+    wire_free_response(b);
+}
+END_TEST
+
+/* --- GET_BEGIN / PUT_BEGIN replies: the direct codec ------------------------- */
+
+static uint64_t locs_rng = 0x5eed;
+
+static uint64_t locs_next(void)
+{
+    locs_rng ^= locs_rng << 13;
+    locs_rng ^= locs_rng >> 7;
+    locs_rng ^= locs_rng << 17;
+    return locs_rng;
+}
+
+/* A value of every varint length, 0 (left out) often. */
+static uint64_t locs_value(uint64_t max)
+{
+    uint64_t v = locs_next();
+    switch (v % 4) {
+    case 0: return 0;
+    case 1: v &= 0x7f; break;
+    case 2: v >>= v % 64; break;
+    default: break;
+    }
+    return max ? v % max : v;
+}
+
+/* A reply of n locations (GET_BEGIN or PUT_BEGIN) packed by wire_pack and by
+ * protobuf-c: the same bytes; wire_unpack_response of them: the same fields
+ * (freed by wire_free_response). */
+START_TEST(test_locs_codec_as_protobuf)
+{
+    static Kvnode__Location items[300], *ptrs[300];
+    for (int round = 0; round < 400; round++) {
+        size_t n = round < 300 ? (size_t)round : (size_t)(locs_next() % 300);
+        for (size_t i = 0; i < n; i++) {
+            kvnode__location__init(&items[i]);
+            items[i].arena = (uint32_t)locs_value((uint64_t)UINT32_MAX + 1);
+            items[i].offset = locs_value(0);
+            items[i].present = (locs_next() & 1) != 0;
+            ptrs[i] = &items[i];
+        }
+        Kvnode__Response r = KVNODE__RESPONSE__INIT;
+        Kvnode__GetBeginReply g = KVNODE__GET_BEGIN_REPLY__INIT;
+        Kvnode__PutBeginReply pb = KVNODE__PUT_BEGIN_REPLY__INIT;
+        bool get = round % 2 == 0;
+        r.id = locs_value(0);
+        if (get) {
+            g.lease = locs_value(0);
+            g.n_locations = n;
+            g.locations = n ? ptrs : NULL;
+            r.result_case = KVNODE__RESPONSE__RESULT_GET_BEGIN;
+            r.get_begin = &g;
+        } else {
+            pb.lease = locs_value(0);
+            pb.n_locations = n;
+            pb.locations = n ? ptrs : NULL;
+            r.result_case = KVNODE__RESPONSE__RESULT_PUT_BEGIN;
+            r.put_begin = &pb;
+        }
+        size_t want_len = protobuf_c_message_get_packed_size(&r.base);
+        uint8_t *want = malloc(want_len + 1), *frame = NULL;
+        size_t frame_len;
+        ck_assert_ptr_nonnull(want);
+        ck_assert_uint_eq(protobuf_c_message_pack(&r.base, want), want_len);
+        ck_assert_int_eq(wire_pack(&r.base, WIRE_FRAME_LIMIT, &frame, &frame_len), 0);
+        ck_assert_uint_eq(frame_len, WIRE_HEADER_BYTES + want_len);
+        ck_assert_msg(memcmp(frame + WIRE_HEADER_BYTES, want, want_len) == 0, "round %d: bytes differ", round);
+
+        Kvnode__Response *u = wire_unpack_response(want, want_len);
+        ck_assert_ptr_nonnull(u);
+        ck_assert_uint_eq(u->id, r.id);
+        ck_assert_int_eq(u->result_case, r.result_case);
+        const Kvnode__GetBeginReply *ug =
+            get ? u->get_begin : (const Kvnode__GetBeginReply *)(const void *)u->put_begin;
+        ck_assert_ptr_nonnull(ug);
+        ck_assert_uint_eq(ug->lease, get ? g.lease : pb.lease);
+        ck_assert_uint_eq(ug->n_locations, n);
+        for (size_t i = 0; i < n; i++) {
+            ck_assert_uint_eq(ug->locations[i]->arena, items[i].arena);
+            ck_assert_uint_eq(ug->locations[i]->offset, items[i].offset);
+            ck_assert_int_eq(ug->locations[i]->present, items[i].present);
+        }
+        wire_free_response(u);
+        /* Every prefix: what protobuf-c makes of it, or NULL as it does. */
+        for (size_t cut = 0; cut < want_len && round < 40; cut++) {
+            uint8_t *p = malloc(cut ? cut : 1);
+            ck_assert_ptr_nonnull(p);
+            memcpy(p, want, cut);
+            Kvnode__Response *a = wire_unpack_response(p, cut), *b = kvnode__response__unpack(NULL, cut, p);
+            ck_assert_int_eq(a != NULL, b != NULL);
+            if (a) {
+                ck_assert_int_eq(a->result_case, b->result_case);
+                wire_free_response(a);
+                kvnode__response__free_unpacked(b, NULL);
+            }
+            free(p);
+        }
+        free(want);
+        free(frame);
+    }
+}
+END_TEST
+
+/* Bytes in other forms than protobuf-c packs (fields out of order, a field
+ * twice, an unknown field, an overlong varint, a bool of 2, an arena past 32
+ * bits) still read as protobuf-c reads them. */
+START_TEST(test_locs_unpack_other_forms)
+{
+    static const struct {
+        const char *what;
+        uint8_t bytes[32];
+        size_t len;
+    } cases[] = {
+        { "location fields reversed", { 0x62, 0x08, 0x12, 0x06, 0x18, 0x01, 0x10, 0x05, 0x08, 0x02 }, 10 },
+        { "lease after the locations", { 0x62, 0x06, 0x12, 0x02, 0x08, 0x01, 0x08, 0x09 }, 8 },
+        { "lease twice", { 0x72, 0x04, 0x08, 0x01, 0x08, 0x02 }, 6 },
+        { "an unknown field", { 0x62, 0x06, 0x12, 0x04, 0x08, 0x01, 0x20, 0x07 }, 8 },
+        { "overlong varint", { 0x62, 0x05, 0x12, 0x03, 0x10, 0x85, 0x00 }, 7 },
+        { "bool of 2", { 0x62, 0x04, 0x12, 0x02, 0x18, 0x02 }, 6 },
+        { "arena past 32 bits", { 0x62, 0x08, 0x12, 0x06, 0x08, 0x80, 0x80, 0x80, 0x80, 0x10 }, 10 },
+        { "id after the result", { 0x62, 0x02, 0x08, 0x01, 0x08, 0x05 }, 6 },
+        { "a field numbered 0", { 0x62, 0x04, 0x12, 0x02, 0x80, 0x00 }, 6 },
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        Kvnode__Response *a = wire_unpack_response(cases[k].bytes, cases[k].len);
+        Kvnode__Response *b = kvnode__response__unpack(NULL, cases[k].len, cases[k].bytes);
+        if (b && k == sizeof cases / sizeof cases[0] - 1) {   /* field 0: wire refuses it */
+            ck_assert_ptr_null(a);
+            kvnode__response__free_unpacked(b, NULL);
+            continue;
+        }
+        ck_assert_msg((a != NULL) == (b != NULL), "%s", cases[k].what);
+        if (!a)
+            continue;
+        ck_assert_uint_eq(a->id, b->id);
+        ck_assert_int_eq(a->result_case, b->result_case);
+        const Kvnode__GetBeginReply *x = a->result_case == KVNODE__RESPONSE__RESULT_GET_BEGIN
+                                             ? a->get_begin : (const void *)a->put_begin;
+        const Kvnode__GetBeginReply *y = b->result_case == KVNODE__RESPONSE__RESULT_GET_BEGIN
+                                             ? b->get_begin : (const void *)b->put_begin;
+        ck_assert_msg(x->lease == y->lease && x->n_locations == y->n_locations, "%s", cases[k].what);
+        for (size_t i = 0; i < x->n_locations; i++)
+            ck_assert_msg(x->locations[i]->arena == y->locations[i]->arena &&
+                          x->locations[i]->offset == y->locations[i]->offset &&
+                          x->locations[i]->present == y->locations[i]->present, "%s", cases[k].what);
+        wire_free_response(a);
+        kvnode__response__free_unpacked(b, NULL);
+    }
 }
 END_TEST
 
@@ -712,6 +863,8 @@ static Suite *wire_suite(void)
     tcase_add_test(tc, test_unpack_field_zero);
     tcase_add_test(tc, test_round_trip_requests);
     tcase_add_test(tc, test_round_trip_responses);
+    tcase_add_test(tc, test_locs_codec_as_protobuf);
+    tcase_add_test(tc, test_locs_unpack_other_forms);
     suite_add_tcase(s, tc);
     return s;
 }
