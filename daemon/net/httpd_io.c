@@ -75,6 +75,34 @@ static bool httpd_input_over(struct httpd_conn *hc, char *why, size_t whylen)
 /* What httpd_read_early reads, at most (a larger request goes on as usual). */
 #define HTTPD_READ_EARLY     (64u << 10)
 
+/* One readv of up to max bytes off fd into space reserved at buf's end,
+ * committed (httpd_input_cb counts it): the bytes read, 0 at EOF, -1 when
+ * nothing was (EAGAIN, an error, or buf's end frozen). *room: what was
+ * reserved, so a read short of it says the socket is empty. */
+static ssize_t httpd_readv_into(evutil_socket_t fd, struct evbuffer *buf, size_t max, size_t *room)
+{
+    struct evbuffer_iovec v[2];
+    struct iovec iov[2];
+    int nv = evbuffer_reserve_space(buf, (ev_ssize_t)max, v, 2);
+
+    *room = 0;
+    if (nv <= 0)
+        return -1;
+    for (int i = 0; i < nv; i++) {
+        iov[i] = (struct iovec){ .iov_base = v[i].iov_base, .iov_len = v[i].iov_len };
+        *room += v[i].iov_len;
+    }
+    ssize_t n = readv(fd, iov, nv);
+    size_t got = n > 0 ? (size_t)n : 0;
+    for (int i = 0; i < nv; i++) {
+        size_t take = got < v[i].iov_len ? got : v[i].iov_len;
+        v[i].iov_len = take;
+        got -= take;
+    }
+    evbuffer_commit_space(buf, v, n > 0 ? nv : 0);
+    return n;
+}
+
 /* libevent just read a full HTTPD_LIBEVENT_READ off hc's socket into buf
  * (from its read event, buf's end thawed): read what else the socket holds
  * now, up to HTTPD_READ_MORE, so evhttp sees the request in this turn. Each
@@ -85,30 +113,13 @@ static void httpd_read_more(struct httpd_conn *hc, struct evbuffer *buf)
 {
     struct bufferevent *bev = hc->evcon ? evhttp_connection_get_bufferevent(hc->evcon) : NULL;
     evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
-    size_t left = HTTPD_READ_MORE;
+    size_t left = HTTPD_READ_MORE, room;
 
     hc->reading_more = true;
     while (fd >= 0 && left && !hc->input_over) {
-        struct evbuffer_iovec v[2];
-        int nv = evbuffer_reserve_space(buf, (ev_ssize_t)(left < (64u << 10) ? left : (64u << 10)), v, 2);
-        if (nv <= 0)
-            break;   /* buf's end is frozen: not from libevent's read */
-        struct iovec iov[2];
-        for (int i = 0; i < nv; i++)
-            iov[i] = (struct iovec){ .iov_base = v[i].iov_base, .iov_len = v[i].iov_len };
-        ssize_t n = readv(fd, iov, nv);
-        if (n <= 0) {
-            evbuffer_commit_space(buf, v, 0);
+        ssize_t n = httpd_readv_into(fd, buf, left < (64u << 10) ? left : (64u << 10), &room);
+        if (n <= 0)
             break;
-        }
-        size_t got = (size_t)n, room = 0;
-        for (int i = 0; i < nv; i++) {
-            size_t take = got < v[i].iov_len ? got : v[i].iov_len;
-            room += v[i].iov_len;
-            v[i].iov_len = take;
-            got -= take;
-        }
-        evbuffer_commit_space(buf, v, nv);   /* httpd_input_cb counts it */
         if (left == HTTPD_READ_MORE)
             hc->h->reads_extended++;
         left -= (size_t)n;
@@ -123,28 +134,14 @@ void httpd_read_early(struct httpd_conn *hc)
     struct bufferevent *bev = evhttp_connection_get_bufferevent(hc->evcon);
     evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
     struct evbuffer *in = bev ? bufferevent_get_input(bev) : NULL;
-    struct evbuffer_iovec v[2];
-    struct iovec iov[2];
+    size_t room;
 
     if (fd < 0 || evbuffer_get_length(in))
         return;
     evbuffer_unfreeze(in, 0);   /* as libevent's own read does */
-    int nv = evbuffer_reserve_space(in, HTTPD_READ_EARLY, v, 2);
-    ssize_t n = -1;
-    if (nv > 0) {
-        for (int i = 0; i < nv; i++)
-            iov[i] = (struct iovec){ .iov_base = v[i].iov_base, .iov_len = v[i].iov_len };
-        n = readv(fd, iov, nv);
-        size_t got = n > 0 ? (size_t)n : 0;
-        for (int i = 0; i < nv; i++) {
-            size_t take = got < v[i].iov_len ? got : v[i].iov_len;
-            v[i].iov_len = take;
-            got -= take;
-        }
-        hc->reading_more = true;   /* this read is not libevent's: no read-more behind it */
-        evbuffer_commit_space(in, v, n > 0 ? nv : 0);   /* httpd_input_cb counts it */
-        hc->reading_more = false;
-    }
+    hc->reading_more = true;    /* this read is not libevent's: no read-more behind it */
+    ssize_t n = httpd_readv_into(fd, in, HTTPD_READ_EARLY, &room);
+    hc->reading_more = false;
     evbuffer_freeze(in, 0);
     if (n > 0 && !hc->input_over) {
         hc->h->reads_early++;
