@@ -323,6 +323,11 @@ bool cache_over(const struct cache *c, double watermark);
 void cache_evict_maybe_schedule(struct cache *c);
 void cache_evict_cb(evutil_socket_t fd, short what, void *arg);
 bool cache_make_room(struct cache *c, uint32_t cls);
+/* Evict until n blocks of cls can be placed (or nothing is evictable), so a
+ * put's slots are taken after its victims left: lowest slot first within a
+ * slab, ascending, rather than each in the slot its victim just freed
+ * (victims leave leaves-first, so those would descend). */
+void cache_make_room_for(struct cache *c, uint32_t cls, uint64_t n);
 bool cache_quota_room(struct cache *c, struct kv_namespace *ns);
 uint64_t cache_quota_stuck(struct cache *c, struct kv_namespace *ns);
 void cache_reap_cb(evutil_socket_t fd, short what, void *arg);

@@ -128,6 +128,18 @@ bool cache_make_room(struct cache *c, uint32_t cls)
     return true;
 }
 
+void cache_make_room_for(struct cache *c, uint32_t cls, uint64_t n)
+{
+    while (arena_free_slots(c->host, cls) < n) {
+        struct index_entry *victim = index_lru_oldest(c->index, arena_id(c->host), cls);
+        if (!victim)
+            victim = index_lru_oldest_in_arena(c->index, arena_id(c->host));
+        if (!victim)
+            return;
+        cache_evict_entry(c, victim);
+    }
+}
+
 /* Make room under the namespace quota for one more block of ns: evict ns's
  * own oldest unpinned sealed blocks (leaves first), never another
  * namespace's. false: still over and nothing of ns left to evict. */

@@ -242,6 +242,10 @@ static int cache_put_reserve(struct put_txn *t)
     if (c->namespace_quota > 0 &&
         cache_quota_stuck(c, ns) + (uint64_t)t->need * ns->layout.block_bytes > c->namespace_quota)
         return cache_put_overquota(t);
+    /* Host slots for the whole put at once, so they ascend (see
+     * cache_make_room_for); HBM first, or room on its way: slot by slot. */
+    if (!t->ha && !cache_populating(c))
+        cache_make_room_for(c, ns->cls, t->need);
     for (size_t i = 0; i < t->req->n; i++) {
         struct index_entry *e;
         struct put_slot s;

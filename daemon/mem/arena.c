@@ -749,6 +749,16 @@ int arena_can_alloc(const struct arena *a, uint32_t cls)
     return 0;
 }
 
+uint64_t arena_free_slots(const struct arena *a, uint32_t cls)
+{
+    if (cls >= a->nclasses)
+        return 0;
+    const struct arena_class *c = &a->classes[cls];
+    uint32_t usable = arena_reserved_slabs(a);
+    uint64_t free_slabs = a->nfree_slabs - (a->slabs_total - usable);
+    return (uint64_t)c->slabs * c->per_slab - c->blocks + free_slabs * c->per_slab;
+}
+
 uint64_t arena_bad_frees(const struct arena *a) { return a->bad_frees; }
 
 void arena_get_stats(const struct arena *a, struct arena_stats *st)

@@ -138,6 +138,10 @@ int      arena_adopt_block(struct arena *a, uint32_t cls, uint64_t offset);
 void     arena_adopt_done(struct arena *a);
 /* True when arena_alloc(cls) would succeed right now. */
 int      arena_can_alloc(const struct arena *a, uint32_t cls);
+/* Blocks of cls that could be placed right now, in any region: the free
+ * slots of its slabs plus a slab's worth per free slab in the reserved
+ * part. O(1). */
+uint64_t arena_free_slots(const struct arena *a, uint32_t cls);
 
 void     arena_get_stats(const struct arena *a, struct arena_stats *st);
 

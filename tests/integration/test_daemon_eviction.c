@@ -10,7 +10,10 @@
  * - eviction removes a chain's leaves before its root: while a chain is being
  *   evicted, what is left of it is always a prefix (match == blocks left),
  *   also for a chain stored root-first in pieces and then read (a GET
- *   refreshes a chain tail-first). */
+ *   refreshes a chain tail-first);
+ * - a put into a full tier is handed slots that ascend, one after the other
+ *   within a slab, though its victims leave leaves-first (descending): a
+ *   copy into ascending blocks is what the hardware prefetches best. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -298,12 +301,56 @@ START_TEST(chains_are_evicted_leaves_first)
 }
 END_TEST
 
+/* No background eviction (high watermark 1): every victim is taken on demand by the put. */
+#define FULL_TIER "memory.host_bytes=8MiB\nmemory.slab_bytes=1MiB\n" \
+                  "memory.high_watermark=1\nmemory.low_watermark=0.9\n"
+
+START_TEST(a_put_into_a_full_tier_gets_ascending_slots)
+{
+    kvh_daemon d;
+    KVH_START(&d, FULL_TIER);
+    kvnode_layout l = kvh_layout("asc", BB, 1, 0);
+    kvnode_client *c;
+    KVH_CONNECT(&d, &l, &c);
+    long long cap = capacity_blocks(&d);
+    uint64_t next = 1;
+    fill(c, cap, 16, &next);   /* every slot taken, one 16-block chain per slab */
+    ck_assert_int_eq(KVH_STAT(&d, "tiers.host.used_bytes"), cap * BB);
+    ck_assert_int_eq(KVH_STAT(&d, "evictions.host.dropped_total"), 0);
+
+    /* 24 blocks: the oldest chain's slab and half of the next one's. */
+    enum { N = 24 };
+    kvnode_key keys[N];
+    kvnode_loc locs[N];
+    kvnode_lease lease;
+    kvh_chain(keys, N, 9999);
+    int rc = kvnode_put_begin(c, keys, N, KVNODE_TIER_HOST, &lease, locs);
+    ck_assert_msg(rc == 0, "put_begin into the full tier: %s", kvnode_last_error(c));
+    uint64_t slab = 1 << 20, prev = 0;
+    for (size_t i = 0; i < N; i++) {
+        ck_assert_msg(locs[i].ptr != NULL, "key %zu got no slot", i);
+        uint64_t off = kvh_host_offset(locs[i].ptr);
+        /* Each slot right after the previous one, or the first of its slab. */
+        ck_assert_msg(i == 0 || off == prev + BB || off % slab == 0,
+                      "key %zu at offset %llu after key %zu at %llu: the put's slots do not ascend", i,
+                      (unsigned long long)off, i - 1, (unsigned long long)prev);
+        prev = off;
+    }
+    ck_assert_int_eq(KVH_STAT(&d, "evictions.host.dropped_total"), N);
+    rc = kvnode_put_commit(c, lease);
+    ck_assert_msg(rc == 0, "put_commit: %s", kvnode_last_error(c));
+    kvnode_close(c);
+    KVH_STOP_DESTROY(&d);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const tests[] = {
         pinned_blocks_are_never_evicted,
         enospc_when_everything_is_pinned_or_reserved,
         chains_are_evicted_leaves_first,
+        a_put_into_a_full_tier_gets_ascending_slots,
     };
     return kvh_run_suite("daemon_eviction", "eviction", 30, tests, sizeof tests / sizeof tests[0]);
 }

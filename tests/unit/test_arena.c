@@ -750,6 +750,43 @@ END_TEST
 
 /* A deferred arena places nothing until reserved; then only slabs wholly
  * inside the reserved part, and a freed slab is reused before the bound. */
+/* arena_free_slots counts the class's free slots and a slab's worth per
+ * free slab inside the reserved part, whatever other classes hold. */
+START_TEST(test_free_slots)
+{
+    struct arena *a;
+    char err[256];
+    uint64_t offs[8], off;
+    ck_assert_int_eq(arena_create_host_deferred(3, 4 * MiB, MiB, ARENA_HUGE_OFF, &a, err, sizeof err), 0);
+    uint32_t q = class_for(a, MiB / 4), h = class_for(a, MiB / 2);
+    ck_assert_uint_eq(arena_free_slots(a, q), 0);             /* nothing reserved yet */
+    arena_mark_reserved(a, 3 * MiB);
+    ck_assert_uint_eq(arena_free_slots(a, q), 12);
+    ck_assert_uint_eq(arena_free_slots(a, h), 6);
+    ck_assert_uint_eq(arena_free_slots(a, 99), 0);            /* unknown class */
+    ck_assert_int_eq(arena_alloc(a, q, &offs[0]), 0);         /* q takes a slab: 3 of its 4 left */
+    ck_assert_uint_eq(arena_free_slots(a, q), 11);
+    ck_assert_uint_eq(arena_free_slots(a, h), 4);
+    ck_assert_int_eq(arena_alloc(a, h, &offs[1]), 0);
+    ck_assert_uint_eq(arena_free_slots(a, q), 7);
+    ck_assert_uint_eq(arena_free_slots(a, h), 3);
+    for (int i = 2; i < 5; i++)
+        ck_assert_int_eq(arena_alloc(a, q, &offs[i]), 0);     /* q's slab full */
+    ck_assert_uint_eq(arena_free_slots(a, q), 4);
+    arena_mark_reserved(a, 4 * MiB);
+    ck_assert_uint_eq(arena_free_slots(a, q), 8);
+    for (uint64_t n = arena_free_slots(a, q); n > 0; n--) {
+        ck_assert(arena_can_alloc(a, q));
+        ck_assert_int_eq(arena_alloc(a, q, &off), 0);
+    }
+    ck_assert(!arena_can_alloc(a, q));
+    ck_assert_uint_eq(arena_free_slots(a, h), 1);             /* h's own slab's last slot */
+    arena_free(a, offs[0]);
+    ck_assert_uint_eq(arena_free_slots(a, q), 1);
+    arena_destroy(a);
+}
+END_TEST
+
 START_TEST(test_deferred_reserved_bound)
 {
     struct arena *a;
@@ -899,6 +936,7 @@ static Suite *arena_suite(void)
     tcase_add_test(tc, test_random_against_model);
     tcase_add_test(tc, test_deep_bitmap);
     tcase_add_test(tc, test_deferred_reserved_bound);
+    tcase_add_test(tc, test_free_slots);
     tcase_add_test(tc, test_regions_place_and_fall_back);
     tcase_add_test(tc, test_regions_reserved_and_any);
     suite_add_tcase(s, tc);
