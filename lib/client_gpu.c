@@ -302,6 +302,25 @@ void client_gpu_end(kvnode_client *c)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* The client's staging buffer unregistered (when CUDA pinned it) and freed. */
+static void client_stage_drop(kvnode_client *c)
+{
+    const char *step;
+    int prev;
+
+    if (!c->stage)
+        return;
+    if (c->stage_pinned && client_cuda_enter(c, &prev, &step) == CUDART_SUCCESS) {
+        if (c->rt.host_unregister(c->stage) != CUDART_SUCCESS)
+            client_cuda_failed(c);
+        client_cuda_leave(c, prev);
+    }
+    free(c->stage);
+    c->stage = NULL;
+    c->stage_bytes = 0;
+    c->stage_pinned = 0;
+}
+
 void client_gpu_free(kvnode_client *c)
 {
     const char *step;
@@ -315,16 +334,7 @@ void client_gpu_free(kvnode_client *c)
         }
         c->stream = NULL;
     }
-    if (c->stage) {
-        if (c->stage_pinned && client_cuda_enter(c, &prev, &step) == CUDART_SUCCESS) {
-            if (c->rt.host_unregister(c->stage) != CUDART_SUCCESS)
-                client_cuda_failed(c);
-            client_cuda_leave(c, prev);
-        }
-        free(c->stage);
-        c->stage = NULL;
-        c->stage_bytes = 0;
-    }
+    client_stage_drop(c);
     client_gpu_release_arenas(c);
     c->gpu_mapped = 0;
     if (c->drv_ctx) {
@@ -621,17 +631,7 @@ void *client_stage_get(kvnode_client *c, size_t bytes, int *owned)
         return malloc(bytes ? bytes : 1);
     if (c->stage_bytes >= size)
         return c->stage;
-    if (c->stage) {
-        if (c->stage_pinned && client_cuda_enter(c, &prev, &step) == CUDART_SUCCESS) {
-            if (c->rt.host_unregister(c->stage) != CUDART_SUCCESS)
-                client_cuda_failed(c);
-            client_cuda_leave(c, prev);
-        }
-        free(c->stage);
-        c->stage = NULL;
-        c->stage_bytes = 0;
-        c->stage_pinned = 0;
-    }
+    client_stage_drop(c);
     if (posix_memalign(&p, (size_t)page, size) != 0) {
         client_stage_put(c, NULL, 0);
         return NULL;

@@ -115,29 +115,32 @@ void cache_settle_cb(evutil_socket_t fd, short what, void *arg)
  * whole slab comes free. A request cannot wait for a write, so victims the
  * store does not hold are dropped here (the background evictor keeps this
  * rare by working from the high watermark). */
+/* Evict the next victim for a slot of class cls: the class's own oldest
+ * block, else the arena's oldest. false: nothing left to evict. */
+static bool cache_evict_for_class(struct cache *c, uint32_t cls)
+{
+    struct index_entry *victim = index_lru_oldest(c->index, arena_id(c->host), cls);
+    if (!victim)
+        victim = index_lru_oldest_in_arena(c->index, arena_id(c->host));
+    if (!victim)
+        return false;
+    cache_evict_entry(c, victim);
+    return true;
+}
+
 bool cache_make_room(struct cache *c, uint32_t cls)
 {
-    while (!arena_can_alloc(c->host, cls)) {
-        struct index_entry *victim = index_lru_oldest(c->index, arena_id(c->host), cls);
-        if (!victim)
-            victim = index_lru_oldest_in_arena(c->index, arena_id(c->host));
-        if (!victim)
+    while (!arena_can_alloc(c->host, cls))
+        if (!cache_evict_for_class(c, cls))
             return false;
-        cache_evict_entry(c, victim);
-    }
     return true;
 }
 
 void cache_make_room_for(struct cache *c, uint32_t cls, uint64_t n)
 {
-    while (arena_free_slots(c->host, cls) < n) {
-        struct index_entry *victim = index_lru_oldest(c->index, arena_id(c->host), cls);
-        if (!victim)
-            victim = index_lru_oldest_in_arena(c->index, arena_id(c->host));
-        if (!victim)
+    while (arena_free_slots(c->host, cls) < n)
+        if (!cache_evict_for_class(c, cls))
             return;
-        cache_evict_entry(c, victim);
-    }
 }
 
 /* Make room under the namespace quota for one more block of ns: evict ns's
