@@ -226,6 +226,17 @@ void httpd_output_forget(struct httpd_conn *hc)
     }
 }
 
+/* The connection of ours evcon is, in whichever server (a request's owner
+ * may not know which), or NULL. */
+static struct httpd_conn *httpd_conn_of(const struct evhttp_connection *evcon)
+{
+    struct httpd_conn *hc = NULL;
+    for (size_t i = 0; i < HTTPD_MAX_SERVERS && !hc; i++)
+        if (httpd_servers[i])
+            hc = httpd_conn_find(httpd_servers[i], evcon);
+    return hc;
+}
+
 /* The check of httpd_reply_room against hc's group's bound. */
 static int httpd_group_room(struct httpd_conn *hc, size_t bytes, const struct httpd_limits *lim, char *why,
                             size_t whylen)
@@ -250,12 +261,7 @@ static int httpd_group_room(struct httpd_conn *hc, size_t bytes, const struct ht
 
 int httpd_reply_room(struct evhttp_request *req, size_t bytes, char *why, size_t whylen)
 {
-    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
-    struct httpd_conn *hc = NULL;
-
-    for (size_t i = 0; i < HTTPD_MAX_SERVERS && !hc; i++)
-        if (httpd_servers[i])
-            hc = httpd_conn_find(httpd_servers[i], evcon);
+    struct httpd_conn *hc = httpd_conn_of(evhttp_request_get_connection(req));
     if (!hc)
         return 0;
     struct httpd *h = hc->h;
@@ -302,10 +308,7 @@ void httpd_send_reply(struct evhttp_request *req, int code, const char *reason, 
     int n = evbuffer_write_atmost(out, bufferevent_getfd(bev), HTTPD_MAX_SINGLE_WRITE);
     evbuffer_freeze(out, 1);
     if (n > 0 && !evbuffer_get_length(out)) {
-        struct httpd_conn *hc = NULL;
-        for (size_t i = 0; i < HTTPD_MAX_SERVERS && !hc; i++)
-            if (httpd_servers[i])
-                hc = httpd_conn_find(httpd_servers[i], evcon);
+        struct httpd_conn *hc = httpd_conn_of(evcon);
         if (hc)
             hc->h->replies_inline++;
         bufferevent_trigger(bev, EV_WRITE, BEV_TRIG_DEFER_CALLBACKS);
