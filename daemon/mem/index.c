@@ -816,16 +816,21 @@ void index_lru_add(struct kv_index *ix, struct index_entry *e)
     index_lru_list_entry(ix, e, false);
 }
 
-struct index_entry *index_lru_oldest(struct kv_index *ix, uint32_t arena_id, uint32_t cls)
+/* The oldest of one order (kind k), settled within the budget of one call. */
+static struct index_entry *index_oldest_of(struct kv_index *ix, struct lru_order *l, int k)
 {
-    struct lru_order *l = index_lru_list(ix, arena_id, cls);
     if (!l)
         return NULL;
     size_t budget = INDEX_OLDEST_SETTLE_BUDGET, before = ix->settle_moves;
     bool forced = false;
-    struct index_entry *e = order_oldest(ix, l, ORDER_CLASS, &budget, &forced);
+    struct index_entry *e = order_oldest(ix, l, k, &budget, &forced);
     index_oldest_done(ix, before, forced);
     return e;
+}
+
+struct index_entry *index_lru_oldest(struct kv_index *ix, uint32_t arena_id, uint32_t cls)
+{
+    return index_oldest_of(ix, index_lru_list(ix, arena_id, cls), ORDER_CLASS);
 }
 
 struct index_entry *index_lru_oldest_in_arena(struct kv_index *ix, uint32_t arena_id)
@@ -862,14 +867,7 @@ bool index_lru_settle_arena(struct kv_index *ix, uint32_t arena_id, size_t budge
 
 struct index_entry *index_lru_oldest_in_ns(struct kv_index *ix, uint32_t ns)
 {
-    struct lru_order *l = index_ns_list(ix, ns, 0);
-    if (!l)
-        return NULL;
-    size_t budget = INDEX_OLDEST_SETTLE_BUDGET, before = ix->settle_moves;
-    bool forced = false;
-    struct index_entry *e = order_oldest(ix, l, ORDER_NS, &budget, &forced);
-    index_oldest_done(ix, before, forced);
-    return e;
+    return index_oldest_of(ix, index_ns_list(ix, ns, 0), ORDER_NS);
 }
 
 struct index_entry *index_lru_prev(const struct kv_index *ix, const struct index_entry *e)
