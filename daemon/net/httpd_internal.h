@@ -58,7 +58,7 @@ struct httpd_conn {
     struct evbuffer_cb_entry *input_cb;  /* counts the bytes read of the request being received */
     uint64_t input;                   /* bytes read since its request began */
     bool input_over;                  /* over the input bound: the deadline event answers 503, closes */
-    bool reading_more;                /* in httpd_read_more */
+    bool reading_ourselves;           /* in httpd_read_more or httpd_read_early: no read-more behind their reads */
     char input_why[384];
     uint64_t output;                  /* bytes in it */
     uint32_t group;                   /* the admit hook's, or HTTPD_NO_GROUP */

@@ -115,7 +115,7 @@ static void httpd_read_more(struct httpd_conn *hc, struct evbuffer *buf)
     evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
     size_t left = HTTPD_READ_MORE, room;
 
-    hc->reading_more = true;
+    hc->reading_ourselves = true;
     while (fd >= 0 && left && !hc->input_over) {
         ssize_t n = httpd_readv_into(fd, buf, left < (64u << 10) ? left : (64u << 10), &room);
         if (n <= 0)
@@ -126,7 +126,7 @@ static void httpd_read_more(struct httpd_conn *hc, struct evbuffer *buf)
         if ((size_t)n < room)
             break;   /* the socket is empty */
     }
-    hc->reading_more = false;
+    hc->reading_ourselves = false;
 }
 
 void httpd_read_early(struct httpd_conn *hc)
@@ -139,9 +139,9 @@ void httpd_read_early(struct httpd_conn *hc)
     if (fd < 0 || evbuffer_get_length(in))
         return;
     evbuffer_unfreeze(in, 0);   /* as libevent's own read does */
-    hc->reading_more = true;    /* this read is not libevent's: no read-more behind it */
+    hc->reading_ourselves = true;
     ssize_t n = httpd_readv_into(fd, in, HTTPD_READ_EARLY, &room);
-    hc->reading_more = false;
+    hc->reading_ourselves = false;
     evbuffer_freeze(in, 0);
     if (n > 0 && !hc->input_over) {
         hc->h->reads_early++;
@@ -163,7 +163,7 @@ void httpd_input_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, v
     if (hc->group < HTTPD_MAX_GROUPS)
         h->input_group[hc->group] += info->n_added;
     if (!httpd_input_over(hc, hc->input_why, sizeof hc->input_why)) {
-        if (info->n_added == HTTPD_LIBEVENT_READ && !hc->reading_more)
+        if (info->n_added == HTTPD_LIBEVENT_READ && !hc->reading_ourselves)
             httpd_read_more(hc, buf);
         return;
     }
