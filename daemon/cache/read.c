@@ -20,7 +20,7 @@ static void cache_count_keys(struct cache *c, size_t n, size_t m, const struct i
 enum get_step { GET_PIN, GET_FETCH, GET_STOP };
 
 static bool cache_get_first(struct cache *c, const struct cache_wait *w);
-static enum get_step cache_get_look_up(struct cache *c, const struct cache_wait *w, size_t i,
+static enum get_step cache_get_look_up(struct cache_lookahead *la, const struct cache_wait *w, size_t i,
                                        struct index_entry **ep);
 static int cache_get_pin(struct cache *c, struct cache_wait *w, size_t i, struct index_entry *e);
 static int cache_get_lend_now(struct cache *c, struct cache_wait *w, struct cache_lent *out,
@@ -92,10 +92,13 @@ int cache_check_lease_room(struct cache *c, struct lease_list *owner, char *err,
  * first key it cannot serve. *wp may move to the heap. */
 void cache_get_walk(struct cache *c, struct cache_wait **wp)
 {
+    struct cache_lookahead la;
+
+    cache_lookahead_start(&la, c->index, (*wp)->ns->id, (*wp)->keys, (*wp)->n, (*wp)->next);
     while ((*wp)->next < (*wp)->n) {
         size_t i = (*wp)->next;
         struct index_entry *e;
-        enum get_step step = cache_get_look_up(c, *wp, i, &e);
+        enum get_step step = cache_get_look_up(&la, *wp, i, &e);
 
         if (step == GET_STOP)
             break;
@@ -112,14 +115,13 @@ void cache_get_walk(struct cache *c, struct cache_wait **wp)
     (*wp)->next = (*wp)->n;   /* the walk is over */
 }
 
-/* Look up key i: its entry (*ep; NULL: the index does not know it) and
- * what the walk does with it. */
-static enum get_step cache_get_look_up(struct cache *c, const struct cache_wait *w, size_t i,
+/* Look up key i (the walk's next key): its entry (*ep; NULL: the index
+ * does not know it) and what the walk does with it. */
+static enum get_step cache_get_look_up(struct cache_lookahead *la, const struct cache_wait *w, size_t i,
                                        struct index_entry **ep)
 {
     bool mismatch = false;
-    struct index_entry *e = cache_entry_for(c, w->ns->id, w->keys[i], cache_check_at(w->checks, i),
-                                            &mismatch);
+    struct index_entry *e = cache_lookahead_entry(la, i, cache_check_at(w->checks, i), &mismatch);
 
     *ep = e;
     /* Held under another word: the prefix ends (counted at the lend). */
@@ -236,20 +238,48 @@ struct match_end {
     struct index_entry **found;   /* the prefix's entries (c->match_found), or NULL: look them up again */
 };
 
-/* The scan's lookup pipeline (index.h): a key's hash and bucket are loaded
- * MATCH_AHEAD keys before its lookup, its first entry MATCH_AHEAD / 2, the
- * chain's second MATCH_AHEAD / 4 (the key list is known up front, so the
- * misses of 16 keys overlap). A power of two: the ring below. */
-#define MATCH_AHEAD 16
+void cache_lookahead_start(struct cache_lookahead *la, struct kv_index *ix, uint32_t ns, const int64_t *keys,
+                           size_t n, size_t from)
+{
+    la->ix = ix;
+    la->ns = ns;
+    la->keys = keys;
+    la->n = n;
+    for (size_t i = from; i < n && i < from + CACHE_LOOKAHEAD; i++) {
+        la->hash[i % CACHE_LOOKAHEAD] = index_key_hash(ix, ns, keys[i]);
+        index_prefetch_bucket(ix, la->hash[i % CACHE_LOOKAHEAD]);
+    }
+    for (size_t i = from; i < n && i < from + CACHE_LOOKAHEAD / 2; i++)
+        la->first[i % CACHE_LOOKAHEAD] = index_prefetch_first(ix, la->hash[i % CACHE_LOOKAHEAD]);
+}
+
+struct index_entry *cache_lookahead_entry(struct cache_lookahead *la, size_t i, uint64_t check, bool *mismatch)
+{
+    enum { A = CACHE_LOOKAHEAD };
+    size_t a = i + A, b = i + A / 2, q = i + A / 4;
+    uint64_t h = la->hash[i % A];
+
+    if (b < la->n)
+        la->first[b % A] = index_prefetch_first(la->ix, la->hash[b % A]);
+    if (q < la->n)
+        index_prefetch_second(la->ix, la->first[q % A], la->ns, la->keys[q]);
+    if (a < la->n) {
+        la->hash[a % A] = index_key_hash(la->ix, la->ns, la->keys[a]);
+        index_prefetch_bucket(la->ix, la->hash[a % A]);
+    }
+    struct index_entry *e = index_lookup_hashed(la->ix, la->ns, la->keys[i], h);
+    if (e && e->check != check) {
+        *mismatch = true;
+        return NULL;
+    }
+    return e;
+}
 
 /* The prefix of r's keys held in some tier, tallied per tier. */
 static size_t cache_match_scan(struct cache *c, const struct cache_read_req *r, struct cache_tiers *t,
                                struct match_end *end)
 {
-    uint64_t hash[MATCH_AHEAD];     /* of keys i .. i + MATCH_AHEAD - 1, at [key % MATCH_AHEAD] */
-    uint32_t first[MATCH_AHEAD];    /* their buckets' first entries, from MATCH_AHEAD / 2 ahead */
-    struct kv_index *ix = c->index;
-    uint32_t ns = r->ns->id;
+    struct cache_lookahead la;
     size_t i;
     memset(t, 0, sizeof *t);
     end->miss = NULL;
@@ -264,28 +294,9 @@ static size_t cache_match_scan(struct cache *c, const struct cache_read_req *r, 
             c->match_found_cap = r->n;
         }
     }
-    for (i = 0; i < r->n && i < MATCH_AHEAD; i++) {
-        hash[i] = index_key_hash(ix, ns, r->keys[i]);
-        index_prefetch_bucket(ix, hash[i]);
-    }
-    for (i = 0; i < r->n && i < MATCH_AHEAD / 2; i++)
-        first[i] = index_prefetch_first(ix, hash[i]);
+    cache_lookahead_start(&la, c->index, r->ns->id, r->keys, r->n, 0);
     for (i = 0; i < r->n; i++) {
-        size_t a = i + MATCH_AHEAD, b = i + MATCH_AHEAD / 2, q = i + MATCH_AHEAD / 4;
-        uint64_t h = hash[i % MATCH_AHEAD];
-        if (b < r->n)
-            first[b % MATCH_AHEAD] = index_prefetch_first(ix, hash[b % MATCH_AHEAD]);
-        if (q < r->n)
-            index_prefetch_second(ix, first[q % MATCH_AHEAD], ns, r->keys[q]);
-        if (a < r->n) {
-            hash[a % MATCH_AHEAD] = index_key_hash(ix, ns, r->keys[a]);
-            index_prefetch_bucket(ix, hash[a % MATCH_AHEAD]);
-        }
-        struct index_entry *e = index_lookup_hashed(ix, ns, r->keys[i], h);
-        if (e && e->check != cache_check_at(r->checks, i)) {
-            end->mismatch = true;   /* as cache_entry_for */
-            e = NULL;
-        }
+        struct index_entry *e = cache_lookahead_entry(&la, i, cache_check_at(r->checks, i), &end->mismatch);
         if (!e || e->state == ENTRY_WRITING) {
             end->miss = e;
             break;
