@@ -20,7 +20,12 @@
  *     pipelines of 16 EXISTS, the keys present and absent; each the best
  *     of 3 interleaved rounds (--quick: 2), with that round's CPU time per
  *     round trip of the server (/proc/<pid>/stat) and of its clients
- *     (getrusage of the reaped children), user and kernel apart.
+ *     (getrusage of the reaped children), user and kernel apart. Both
+ *     doors keep the same CPUs as busy, so the ratio is redis's CPU per
+ *     round trip over kvnode's; "ceiling" is what it would be if kvnoded and
+ *     libkvnode took no user time at all: redis's CPU per round trip over
+ *     kvnode's kernel time alone (the kernel's share, which no change to the
+ *     daemon's or the library's code removes).
  *  4. MATCH x256 of random keys over 1 M stored 1 KiB blocks vs MATCH x256 of
  *     256 hot keys (mean and median latency; kvnoded's CPU time per MATCH,
  *     from the schedstat of each of its threads), and the daemon's memory per
@@ -42,8 +47,8 @@
  * MemAvailable is read first: section 4 uses fewer blocks and section 5
  * leaves out 1 MiB blocks when less than twice what they need is free.
  *
- * Usage: kvnode-bench-node [--quick] [--section4] [--section5]   (--quick:
- * shorter runs, under a minute; --section4 / --section5: only that section). $KVNODED names the daemon
+ * Usage: kvnode-bench-node [--quick] [--section3] [--section4] [--section5]
+ * (--quick: shorter runs, under a minute; --sectionN: only that section). $KVNODED names the daemon
  * (default build/kvnoded). */
 #include <errno.h>
 #include <hiredis.h>
@@ -73,6 +78,7 @@
 #define RAW_MSG     16          /* bytes each way of the raw ping-pong */
 
 static bool quick;
+static bool mc_only;    /* --section3: only section 3 */
 static bool big_only;   /* --section4: only section 4 */
 static bool zc_only;    /* --section5: only section 5 */
 static int cpu_a = -1, cpu_b = -1;   /* the first two CPUs this process may run on */
@@ -697,6 +703,17 @@ static double many_clients(const struct servers *s, enum op op, bool present, in
     return sum;
 }
 
+/* The ratio kvnode's door would reach if kvnoded and its clients spent no
+ * time in user space: both doors keep the same CPUs busy (the rates are
+ * CPU-bound), so rt/s is inversely proportional to CPU per round trip, and
+ * what is left of kvnode's is the kernel's. */
+static double mc_ceiling(const struct mc_cpu *kv, const struct mc_cpu *redis)
+{
+    double kernel = kv->srv_sys + kv->cli_sys;
+    double all = redis->srv_user + redis->srv_sys + redis->cli_user + redis->cli_sys;
+    return kernel > 0 ? all / kernel : 0;
+}
+
 /* --- 4. MATCH x256 over 1 M blocks, memory per block ------------------------------- */
 
 static uint64_t splitmix(uint64_t x)
@@ -1205,12 +1222,14 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             quick = true;
+        } else if (strcmp(argv[i], "--section3") == 0) {
+            mc_only = true;
         } else if (strcmp(argv[i], "--section4") == 0) {
             big_only = true;
         } else if (strcmp(argv[i], "--section5") == 0) {
             zc_only = true;
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--section4] [--section5]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--section3] [--section4] [--section5]\n", argv[0]);
             return 2;
         }
     }
@@ -1300,6 +1319,10 @@ int main(int argc, char **argv)
     double t_sec = now_s();
     /* 1. */
     struct rt_result rt[MAX_MODES];
+    struct sc_result sc[MAX_MODES][4];
+    bool have_sc = false;
+    if (mc_only)
+        goto section3;
     printf("1. round trips of one client (per second; ratios to the raw unix-socket ping-pong)\n");
     printf("    %-15s %11s %11s %11s %11s | %9s %9s %9s %11s\n", "pinning", "raw floor", "kv PING",
            "kv MATCHx16", "redis PING", "kvPING/f", "redis/f", "kv/redis", "MATCH/redis");
@@ -1317,8 +1340,6 @@ int main(int argc, char **argv)
     t_sec = now_s();
     printf("\n2. syscalls per round trip (perf stat -e raw_syscalls:sys_enter on server and client)\n");
     perf_probe();
-    struct sc_result sc[MAX_MODES][4];
-    bool have_sc = false;
     if (!perf_ok) {
         printf("    skipped: %s\n", perf_why);
     } else {
@@ -1350,11 +1371,14 @@ int main(int argc, char **argv)
     /* 3. */
     printf("    [%.1f s]\n", now_s() - t_sec);
     t_sec = now_s();
+section3:
     printf("\n3. 16-key MATCH round trips/s of N client processes vs redis pipelines of 16 EXISTS\n"
-           "   (CPU per round trip in us of the best round: server user+kernel | clients user+kernel)\n");
-    printf("    %-15s %-8s %3s %12s %12s %8s | %-27s | %-27s\n", "pinning", "keys", "N", "kvnode", "redis", "ratio",
-           "kvnoded | its clients", "redis-server | its clients");
+           "   (CPU per round trip in us of the best round: server user+kernel | clients user+kernel;\n"
+           "   ceiling: the ratio if kvnoded and libkvnode took no user time, redis's CPU / kvnode's kernel CPU)\n");
+    printf("    %-15s %-8s %3s %12s %12s %8s %8s | %-27s | %-27s\n", "pinning", "keys", "N", "kvnode", "redis",
+           "ratio", "ceiling", "kvnoded | its clients", "redis-server | its clients");
     double mc[MAX_MODES][2][2];   /* [mode][absent, present][4, 16 clients] ratio */
+    double mc_ceil[MAX_MODES][2][2];   /* the same, with no user time on kvnode's side */
     struct mc_cpu mcpu[MAX_MODES][2][2][2];   /* [mode][absent, present][4, 16][kvnode, redis] */
     static const int nclients[2] = { 4, 16 };
     for (int m = 0; m < nmodes; m++) {
@@ -1379,16 +1403,19 @@ int main(int argc, char **argv)
                 }
                 mc[m][p][k] = kv / re;
                 const struct mc_cpu *a = &mcpu[m][p][k][0], *b = &mcpu[m][p][k][1];
-                printf("    %-15s %-8s %3d %12.0f %12.0f %7.2fx | %5.1f+%5.1f | %5.1f+%5.1f | %5.1f+%5.1f | "
+                mc_ceil[m][p][k] = mc_ceiling(a, b);
+                printf("    %-15s %-8s %3d %12.0f %12.0f %7.2fx %7.2fx | %5.1f+%5.1f | %5.1f+%5.1f | %5.1f+%5.1f | "
                        "%5.1f+%5.1f\n", modes[m].name, p ? "present" : "absent", nclients[k], kv, re, kv / re,
-                       a->srv_user, a->srv_sys, a->cli_user, a->cli_sys, b->srv_user, b->srv_sys, b->cli_user,
-                       b->cli_sys);
+                       mc_ceil[m][p][k], a->srv_user, a->srv_sys, a->cli_user, a->cli_sys, b->srv_user, b->srv_sys,
+                       b->cli_user, b->cli_sys);
             }
     }
     redis_stop(&rs);
     if (kvh_stop(&d, 0) != 0)
         die("kvnoded", "did not stop cleanly");
     kvh_destroy(&d);
+    if (mc_only)
+        return 0;
 
     /* 4. */
     printf("    [%.1f s]\n", now_s() - t_sec);
@@ -1431,6 +1458,9 @@ int main(int argc, char **argv)
     printf("\n  %-58s", "MATCH x16 rt/s / redis EXISTS x16, 4 | 16 clients, present");
     for (int m = 0; m < nmodes; m++)
         printf(" %5.2fx|%5.2fx", mc[m][1][0], mc[m][1][1]);
+    printf("\n  %-58s", "  the same with no kvnode user time (ceiling), present");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %5.2fx|%5.2fx", mc_ceil[m][1][0], mc_ceil[m][1][1]);
     printf("\n  %-58s", "MATCH x256 random over 1 M blocks / 256 hot, mean | p50");
     for (int m = 0; m < nmodes; m++)
         printf(" %5.2fx|%5.2fx", big.rnd_mean[m] / big.hot_mean[m], big.rnd_p50[m] / big.hot_p50[m]);
