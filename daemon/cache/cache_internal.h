@@ -248,27 +248,6 @@ static inline uint64_t cache_check_at(const uint64_t *checks, size_t i)
 }
 struct index_entry *cache_entry_for(struct cache *c, uint32_t ns, int64_t key, uint64_t check,
                                     bool *mismatch);
-
-/* read.c: the entries of a key list known up front, looked up in order as
- * index.h's pipeline: key i's hash and bucket are loaded CACHE_LOOKAHEAD
- * keys before its lookup, its bucket's first entry CACHE_LOOKAHEAD / 2, the
- * chain's second CACHE_LOOKAHEAD / 4 (so the misses of 16 keys overlap).
- * Start at key `from`, then ask for keys from, from + 1, ... in turn (any
- * prefix of them); the index may change between the calls (what was loaded
- * is only a hint). A power of two: the rings below. */
-#define CACHE_LOOKAHEAD 16
-struct cache_lookahead {
-    struct kv_index *ix;
-    uint32_t ns;
-    const int64_t *keys;
-    size_t n;
-    uint64_t hash[CACHE_LOOKAHEAD];    /* of keys i .. i + CACHE_LOOKAHEAD - 1, at [key % CACHE_LOOKAHEAD] */
-    uint32_t first[CACHE_LOOKAHEAD];   /* their buckets' first entries, from CACHE_LOOKAHEAD / 2 ahead */
-};
-void cache_lookahead_start(struct cache_lookahead *la, struct kv_index *ix, uint32_t ns, const int64_t *keys,
-                           size_t n, size_t from);
-/* Key i's entry as a request with `check` sees it, as cache_entry_for. */
-struct index_entry *cache_lookahead_entry(struct cache_lookahead *la, size_t i, uint64_t check, bool *mismatch);
 /* An entry's slot: the daemon's address of it, giving it back; the HBM
  * arena record of an entry (NULL: host memory). */
 void *cache_slot_ptr(struct cache *c, const struct index_entry *e);

@@ -13,6 +13,27 @@
 static void cache_count_keys(struct cache *c, size_t n, size_t m, const struct index_entry *e,
                              bool mismatch);
 
+/* The entries of a key list known up front, looked up in order as
+ * index.h's pipeline: key i's hash and bucket are loaded CACHE_LOOKAHEAD
+ * keys before its lookup, its bucket's first entry CACHE_LOOKAHEAD / 2, the
+ * chain's second CACHE_LOOKAHEAD / 4 (so the misses of 16 keys overlap).
+ * Start at key `from`, then ask for keys from, from + 1, ... in turn (any
+ * prefix of them); the index may change between the calls (what was loaded
+ * is only a hint). A power of two: the rings below. */
+#define CACHE_LOOKAHEAD 16
+struct cache_lookahead {
+    struct kv_index *ix;
+    uint32_t ns;
+    const int64_t *keys;
+    size_t n;
+    uint64_t hash[CACHE_LOOKAHEAD];    /* of keys i .. i + CACHE_LOOKAHEAD - 1, at [key % CACHE_LOOKAHEAD] */
+    uint32_t first[CACHE_LOOKAHEAD];   /* their buckets' first entries, from CACHE_LOOKAHEAD / 2 ahead */
+};
+static void cache_lookahead_start(struct cache_lookahead *la, struct kv_index *ix, uint32_t ns, const int64_t *keys,
+                                  size_t n, size_t from);
+/* Key i's entry as a request with `check` sees it, as cache_entry_for. */
+static struct index_entry *cache_lookahead_entry(struct cache_lookahead *la, size_t i, uint64_t check, bool *mismatch);
+
 /* --- get: look up, pin or fetch, wait, lend ------------------------------------ */
 
 /* What the walk does with a key: pin it (in memory, readable), fetch it
@@ -238,8 +259,8 @@ struct match_end {
     struct index_entry **found;   /* the prefix's entries (c->match_found), or NULL: look them up again */
 };
 
-void cache_lookahead_start(struct cache_lookahead *la, struct kv_index *ix, uint32_t ns, const int64_t *keys,
-                           size_t n, size_t from)
+static void cache_lookahead_start(struct cache_lookahead *la, struct kv_index *ix, uint32_t ns, const int64_t *keys,
+                                  size_t n, size_t from)
 {
     la->ix = ix;
     la->ns = ns;
@@ -253,7 +274,7 @@ void cache_lookahead_start(struct cache_lookahead *la, struct kv_index *ix, uint
         la->first[i % CACHE_LOOKAHEAD] = index_prefetch_first(ix, la->hash[i % CACHE_LOOKAHEAD]);
 }
 
-struct index_entry *cache_lookahead_entry(struct cache_lookahead *la, size_t i, uint64_t check, bool *mismatch)
+static struct index_entry *cache_lookahead_entry(struct cache_lookahead *la, size_t i, uint64_t check, bool *mismatch)
 {
     enum { A = CACHE_LOOKAHEAD };
     size_t a = i + A, b = i + A / 2, q = i + A / 4;
