@@ -236,10 +236,10 @@ struct match_end {
     struct index_entry **found;   /* the prefix's entries (c->match_found), or NULL: look them up again */
 };
 
-/* The scan's lookup pipeline (index.h): a key's hash and bucket are loaded
- * MATCH_AHEAD keys before its lookup, its first entry MATCH_AHEAD / 2, the
- * chain's second MATCH_AHEAD / 4 (the key list is known up front, so the
- * misses of 16 keys overlap). A power of two: the ring below. */
+/* The scan's lookup pipeline (index.h): a key's hash and group line are
+ * loaded MATCH_AHEAD keys before its lookup, its entry MATCH_AHEAD / 2 (the
+ * key list is known up front, so the misses of 16 keys overlap). A power of
+ * two: the ring below. */
 #define MATCH_AHEAD 16
 
 /* The prefix of r's keys held in some tier, tallied per tier. */
@@ -247,7 +247,6 @@ static size_t cache_match_scan(struct cache *c, const struct cache_read_req *r, 
                                struct match_end *end)
 {
     uint64_t hash[MATCH_AHEAD];     /* of keys i .. i + MATCH_AHEAD - 1, at [key % MATCH_AHEAD] */
-    uint32_t first[MATCH_AHEAD];    /* their buckets' first entries, from MATCH_AHEAD / 2 ahead */
     struct kv_index *ix = c->index;
     uint32_t ns = r->ns->id;
     size_t i;
@@ -269,14 +268,12 @@ static size_t cache_match_scan(struct cache *c, const struct cache_read_req *r, 
         index_prefetch_bucket(ix, hash[i]);
     }
     for (i = 0; i < r->n && i < MATCH_AHEAD / 2; i++)
-        first[i] = index_prefetch_first(ix, hash[i]);
+        (void)index_prefetch_first(ix, hash[i]);
     for (i = 0; i < r->n; i++) {
-        size_t a = i + MATCH_AHEAD, b = i + MATCH_AHEAD / 2, q = i + MATCH_AHEAD / 4;
+        size_t a = i + MATCH_AHEAD, b = i + MATCH_AHEAD / 2;
         uint64_t h = hash[i % MATCH_AHEAD];
         if (b < r->n)
-            first[b % MATCH_AHEAD] = index_prefetch_first(ix, hash[b % MATCH_AHEAD]);
-        if (q < r->n)
-            index_prefetch_second(ix, first[q % MATCH_AHEAD], ns, r->keys[q]);
+            (void)index_prefetch_first(ix, hash[b % MATCH_AHEAD]);
         if (a < r->n) {
             hash[a % MATCH_AHEAD] = index_key_hash(ix, ns, r->keys[a]);
             index_prefetch_bucket(ix, hash[a % MATCH_AHEAD]);
