@@ -313,13 +313,6 @@ struct index_entry *index_lookup_hashed(struct kv_index *ix, uint32_t ns, int64_
     return e;
 }
 
-/* Both cache lines of an entry (80 bytes span two), to be written. */
-static inline void index_prefetch_lines(const struct index_entry *e)
-{
-    __builtin_prefetch(e, 1);
-    __builtin_prefetch((const char *)e + sizeof *e - 1, 1);
-}
-
 void index_prefetch_bucket(const struct kv_index *ix, uint64_t h)
 {
     __builtin_prefetch(itab_home(&ix->t[0], h));
@@ -334,8 +327,11 @@ uint32_t index_prefetch_first(const struct kv_index *ix, uint64_t h)
     uint32_t id = itab_first(&ix->t[0], h);
     if (index_rehashing(ix))
         id |= itab_first(&ix->t[1], h) & (0u - (uint32_t)(id == 0));
-    /* Id 0, never handed out, is harmless to load. */
-    index_prefetch_lines(index_entry_at(ix, id));
+    /* Both lines of the entry (80 bytes span two), to be written. Id 0,
+     * never handed out, is harmless to load. */
+    const char *e = (const char *)index_entry_at(ix, id);
+    __builtin_prefetch(e, 1);
+    __builtin_prefetch(e + sizeof(struct index_entry) - 1, 1);
     return id;
 }
 
