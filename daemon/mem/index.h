@@ -131,14 +131,14 @@ int  index_create(size_t initial_buckets, struct kv_index **out);
 void index_destroy(struct kv_index *ix);
 
 struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key);
-/* A lookup of many keys known up front, as a pipeline whose stages run some
- * keys apart, so that the cache misses of many keys overlap: the key's hash
- * (index_key_hash), its group line loaded (index_prefetch_bucket), the
- * entry whose tag matches in it loaded (index_prefetch_first, which returns
- * its id, 0: none), then index_lookup_hashed. Each stage reads only what
- * the one before loaded and branches on none of it: a mispredicted branch
- * on a missing line would wait for the miss and discard the later keys'
- * loads. The hints have no effect but loading; the hash is valid until the
+/* A lookup of many keys known up front, in stages run over a batch of keys
+ * each (or some keys apart), so that the cache misses of many keys overlap:
+ * the key's hash (index_key_hash), its group line loaded
+ * (index_prefetch_bucket), the entry whose tag matches in it loaded
+ * (index_prefetch_first, which returns its id, 0: none), then
+ * index_lookup_hashed. Each stage reads only what the one before loaded and
+ * branches on none of it: a mispredicted branch on a missing line would
+ * wait for the miss and discard the later keys' loads. The hints have no effect but loading; the hash is valid until the
  * index is destroyed (the id, until the next insert or unlink: it is only a
  * hint). */
 uint64_t index_key_hash(const struct kv_index *ix, uint32_t ns, int64_t key);
