@@ -19,8 +19,9 @@
 #                   blocks vs hot keys, index memory per block, zero-copy GET/PUT vs memcpy) next to
 #                   redis-server on a unix socket and a raw socket ping-pong, client and daemon on
 #                   one CPU and on two (also in make bench where redis-server is installed);
-#                   BENCH_NODE_ARGS=--quick finishes in under a minute, --section4 runs only
-#                   the MATCH x256 / memory-per-block section, --section5 only zero-copy GET/PUT
+#                   BENCH_NODE_ARGS=--quick finishes in under a minute, --section3 runs only
+#                   the 16-key MATCH of many clients, --section4 only the MATCH x256 /
+#                   memory-per-block section, --section5 only zero-copy GET/PUT
 #   make soak       mixed traffic with client and daemon kill -9s, then a byte-exact check of
 #                   everything acknowledged; SOAK_SECONDS (default 300), SOAK_ARGS (not in `make test`)
 #   make V6D=0 ...  build without the rtp-llm KVS backend

@@ -20,7 +20,14 @@
  *     pipelines of 16 EXISTS, the keys present and absent; each the best
  *     of 3 interleaved rounds (--quick: 2), with that round's CPU time per
  *     round trip of the server (/proc/<pid>/stat) and of its clients
- *     (getrusage of the reaped children), user and kernel apart.
+ *     (getrusage of the reaped children), user and kernel apart. Both
+ *     doors keep the same CPUs as busy, so the ratio is redis's CPU per
+ *     round trip over kvnode's; "ceiling" is what it would be if kvnoded and
+ *     libkvnode ran no user code at all: redis's CPU per round trip over
+ *     kvnode's kernel time plus the user time its system calls cost (a raw
+ *     ping-pong client's user time per call, measured first: in this guest a
+ *     call's entry and exit are partly accounted as user time). That is the
+ *     kernel's share, which no change to the daemon's or library's code removes.
  *  4. MATCH x256 of random keys over 1 M stored 1 KiB blocks vs MATCH x256 of
  *     256 hot keys (mean and median latency; kvnoded's CPU time per MATCH,
  *     from the schedstat of each of its threads), and the daemon's memory per
@@ -42,8 +49,8 @@
  * MemAvailable is read first: section 4 uses fewer blocks and section 5
  * leaves out 1 MiB blocks when less than twice what they need is free.
  *
- * Usage: kvnode-bench-node [--quick] [--section4] [--section5]   (--quick:
- * shorter runs, under a minute; --section4 / --section5: only that section). $KVNODED names the daemon
+ * Usage: kvnode-bench-node [--quick] [--section3] [--section4] [--section5]
+ * (--quick: shorter runs, under a minute; --sectionN: only that section). $KVNODED names the daemon
  * (default build/kvnoded). */
 #include <errno.h>
 #include <hiredis.h>
@@ -73,6 +80,7 @@
 #define RAW_MSG     16          /* bytes each way of the raw ping-pong */
 
 static bool quick;
+static bool mc_only;    /* --section3: only section 3 */
 static bool big_only;   /* --section4: only section 4 */
 static bool zc_only;    /* --section5: only section 5 */
 static int cpu_a = -1, cpu_b = -1;   /* the first two CPUs this process may run on */
@@ -697,6 +705,46 @@ static double many_clients(const struct servers *s, enum op op, bool present, in
     return sum;
 }
 
+/* User CPU time that one system call costs a process here, though it runs no
+ * user code: a raw ping-pong client's user time per round trip (of this
+ * process, pinned to cpu, against an echo pinned to echo_cpu) over its two
+ * calls (write, read). In a paravirtualised guest a call's entry and exit
+ * are partly accounted as user time. */
+static double user_us_per_syscall(int echo_cpu, int cpu)
+{
+    int fd;
+    pid_t echo = start_echo(echo_cpu, &fd);
+    pin_tid(0, cpu);
+    struct conn c = { .op = OP_RAW, .fd = fd };
+    struct rusage a, b;
+    for (int i = 0; i < 1000; i++)
+        conn_op(&c);
+    getrusage(RUSAGE_SELF, &a);
+    uint64_t n = 0;
+    double t0 = now_s();
+    do {
+        for (int i = 0; i < 256; i++)
+            conn_op(&c);
+        n += 256;
+    } while (now_s() - t0 < (quick ? 0.2 : 0.5));
+    getrusage(RUSAGE_SELF, &b);
+    unpin_self();
+    stop_echo(echo, fd);
+    return (tv_us(b.ru_utime) - tv_us(a.ru_utime)) / (double)n / 2;
+}
+
+/* The ratio kvnode's door would reach if kvnoded and libkvnode ran no user
+ * code: both doors keep the same CPUs busy (the rates are CPU-bound), so rt/s
+ * is inversely proportional to CPU per round trip, and what would be left of
+ * kvnode's is its kernel time plus the user time its system calls cost
+ * (syscalls of them per round trip, user_us each). */
+static double mc_ceiling(const struct mc_cpu *kv, const struct mc_cpu *redis, double syscalls, double user_us)
+{
+    double floor = kv->srv_sys + kv->cli_sys + syscalls * user_us;
+    double all = redis->srv_user + redis->srv_sys + redis->cli_user + redis->cli_sys;
+    return floor > 0 ? all / floor : 0;
+}
+
 /* --- 4. MATCH x256 over 1 M blocks, memory per block ------------------------------- */
 
 static uint64_t splitmix(uint64_t x)
@@ -1205,12 +1253,14 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             quick = true;
+        } else if (strcmp(argv[i], "--section3") == 0) {
+            mc_only = true;
         } else if (strcmp(argv[i], "--section4") == 0) {
             big_only = true;
         } else if (strcmp(argv[i], "--section5") == 0) {
             zc_only = true;
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--section4] [--section5]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--section3] [--section4] [--section5]\n", argv[0]);
             return 2;
         }
     }
@@ -1300,6 +1350,10 @@ int main(int argc, char **argv)
     double t_sec = now_s();
     /* 1. */
     struct rt_result rt[MAX_MODES];
+    struct sc_result sc[MAX_MODES][4];
+    bool have_sc = false;
+    if (mc_only)
+        goto section3;
     printf("1. round trips of one client (per second; ratios to the raw unix-socket ping-pong)\n");
     printf("    %-15s %11s %11s %11s %11s | %9s %9s %9s %11s\n", "pinning", "raw floor", "kv PING",
            "kv MATCHx16", "redis PING", "kvPING/f", "redis/f", "kv/redis", "MATCH/redis");
@@ -1317,8 +1371,6 @@ int main(int argc, char **argv)
     t_sec = now_s();
     printf("\n2. syscalls per round trip (perf stat -e raw_syscalls:sys_enter on server and client)\n");
     perf_probe();
-    struct sc_result sc[MAX_MODES][4];
-    bool have_sc = false;
     if (!perf_ok) {
         printf("    skipped: %s\n", perf_why);
     } else {
@@ -1350,16 +1402,23 @@ int main(int argc, char **argv)
     /* 3. */
     printf("    [%.1f s]\n", now_s() - t_sec);
     t_sec = now_s();
+section3:
     printf("\n3. 16-key MATCH round trips/s of N client processes vs redis pipelines of 16 EXISTS\n"
-           "   (CPU per round trip in us of the best round: server user+kernel | clients user+kernel)\n");
-    printf("    %-15s %-8s %3s %12s %12s %8s | %-27s | %-27s\n", "pinning", "keys", "N", "kvnode", "redis", "ratio",
-           "kvnoded | its clients", "redis-server | its clients");
+           "   (CPU per round trip in us of the best round: server user+kernel | clients user+kernel;\n"
+           "   ceiling: the ratio if kvnoded and libkvnode ran no user code: redis's CPU / (kvnode's kernel CPU\n"
+           "   + the user time of its 5 syscalls per round trip, as a raw ping-pong client's user time per call))\n");
+    printf("    %-15s %-8s %3s %12s %12s %8s %8s | %-27s | %-27s\n", "pinning", "keys", "N", "kvnode", "redis",
+           "ratio", "ceiling", "kvnoded | its clients", "redis-server | its clients");
     double mc[MAX_MODES][2][2];   /* [mode][absent, present][4, 16 clients] ratio */
+    double mc_ceil[MAX_MODES][2][2];   /* the same, with no user time on kvnode's side */
     struct mc_cpu mcpu[MAX_MODES][2][2][2];   /* [mode][absent, present][4, 16][kvnode, redis] */
     static const int nclients[2] = { 4, 16 };
+    double sys_user[MAX_MODES];   /* user us per syscall, per pinning */
     for (int m = 0; m < nmodes; m++) {
         pin_process(d.pid, modes[m].server_cpu);
         pin_process(rs.pid, modes[m].server_cpu);
+        sys_user[m] = user_us_per_syscall(modes[m].server_cpu, modes[m].client_cpu);
+        printf("    %-15s user time per syscall of a raw ping-pong client: %.2f us\n", modes[m].name, sys_user[m]);
         for (int p = 1; p >= 0; p--)
             for (int k = 0; k < 2; k++) {
                 /* kvnode and redis in turn, 3 rounds (--quick: 2); the best round of each. */
@@ -1379,16 +1438,19 @@ int main(int argc, char **argv)
                 }
                 mc[m][p][k] = kv / re;
                 const struct mc_cpu *a = &mcpu[m][p][k][0], *b = &mcpu[m][p][k][1];
-                printf("    %-15s %-8s %3d %12.0f %12.0f %7.2fx | %5.1f+%5.1f | %5.1f+%5.1f | %5.1f+%5.1f | "
+                mc_ceil[m][p][k] = mc_ceiling(a, b, have_sc ? sc[m][2].server + sc[m][2].client : 5.0, sys_user[m]);
+                printf("    %-15s %-8s %3d %12.0f %12.0f %7.2fx %7.2fx | %5.1f+%5.1f | %5.1f+%5.1f | %5.1f+%5.1f | "
                        "%5.1f+%5.1f\n", modes[m].name, p ? "present" : "absent", nclients[k], kv, re, kv / re,
-                       a->srv_user, a->srv_sys, a->cli_user, a->cli_sys, b->srv_user, b->srv_sys, b->cli_user,
-                       b->cli_sys);
+                       mc_ceil[m][p][k], a->srv_user, a->srv_sys, a->cli_user, a->cli_sys, b->srv_user, b->srv_sys,
+                       b->cli_user, b->cli_sys);
             }
     }
     redis_stop(&rs);
     if (kvh_stop(&d, 0) != 0)
         die("kvnoded", "did not stop cleanly");
     kvh_destroy(&d);
+    if (mc_only)
+        return 0;
 
     /* 4. */
     printf("    [%.1f s]\n", now_s() - t_sec);
@@ -1431,6 +1493,9 @@ int main(int argc, char **argv)
     printf("\n  %-58s", "MATCH x16 rt/s / redis EXISTS x16, 4 | 16 clients, present");
     for (int m = 0; m < nmodes; m++)
         printf(" %5.2fx|%5.2fx", mc[m][1][0], mc[m][1][1]);
+    printf("\n  %-58s", "  its ceiling with no kvnode user code, present");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %5.2fx|%5.2fx", mc_ceil[m][1][0], mc_ceil[m][1][1]);
     printf("\n  %-58s", "MATCH x256 random over 1 M blocks / 256 hot, mean | p50");
     for (int m = 0; m < nmodes; m++)
         printf(" %5.2fx|%5.2fx", big.rnd_mean[m] / big.hot_mean[m], big.rnd_p50[m] / big.hot_p50[m]);
