@@ -161,11 +161,6 @@ static int index_rehashing(const struct kv_index *ix)
     return ix->t[1].g != NULL;
 }
 
-static inline size_t index_buckets(const struct itab *t)
-{
-    return t->g ? (t->mask + 1) * ITAB_BUCKETS_PER_GROUP : 0;
-}
-
 /* Into a slot of its home group in t, else onto the group's chain. */
 static void index_place(struct itab *t, uint64_t h, struct index_entry *e)
 {
@@ -193,8 +188,8 @@ static bool index_displace(struct kv_index *ix, struct itab *t, uint64_t h, stru
 }
 
 /* Move groups of t[0] into t[1] for n buckets' worth of credit; swap the
- * tables when done. A group's entries are loaded together first (their
- * hashes need their keys), so their misses overlap. */
+ * tables when done. A group's entries, then their new groups, are loaded
+ * together first, so their misses overlap. */
 static void index_rehash_step(struct kv_index *ix, size_t n)
 {
     if (!index_rehashing(ix) || ix->walks > 0)
@@ -204,11 +199,18 @@ static void index_rehash_step(struct kv_index *ix, size_t n)
          ix->rehash_credit -= ITAB_BUCKETS_PER_GROUP) {
         struct itab_group *g = &ix->t[0].g[ix->rehash_pos++];
         unsigned full = itab_match(g, 0) ^ ITAB_SLOT_MASK;
+        uint64_t hs[ITAB_SLOTS];
         for (unsigned m = full; m; m &= m - 1)
             __builtin_prefetch(index_entry_at(ix, g->id[__builtin_ctz(m)]));
         for (unsigned m = full; m; m &= m - 1) {
-            struct index_entry *e = index_entry_at(ix, g->id[__builtin_ctz(m)]);
-            index_place(&ix->t[1], index_key_hash(ix, e->ns, e->key), e);
+            unsigned i = (unsigned)__builtin_ctz(m);
+            const struct index_entry *e = index_entry_at(ix, g->id[i]);
+            hs[i] = index_key_hash(ix, e->ns, e->key);
+            __builtin_prefetch(itab_home(&ix->t[1], hs[i]), 1);
+        }
+        for (unsigned m = full; m; m &= m - 1) {
+            unsigned i = (unsigned)__builtin_ctz(m);
+            index_place(&ix->t[1], hs[i], index_entry_at(ix, g->id[i]));
         }
         for (uint32_t id = g->chain, next; id; id = next) {
             struct index_entry *e = index_entry_at(ix, id);
@@ -222,9 +224,13 @@ static void index_rehash_step(struct kv_index *ix, size_t n)
         itab_free(&ix->t[0]);
         ix->t[0] = ix->t[1];
         ix->t[1] = (struct itab){ 0 };
-        ix->rehash_pos = 0;
-        ix->rehash_credit = 0;
     }
+}
+
+bool index_grow_step(struct kv_index *ix, size_t buckets)
+{
+    index_rehash_step(ix, buckets);
+    return !index_rehashing(ix);
 }
 
 /* Start growing to twice the size once the index holds as many entries as
@@ -232,7 +238,7 @@ static void index_rehash_step(struct kv_index *ix, size_t n)
  * denser (more entries chained); the next insert retries. */
 static void index_maybe_grow(struct kv_index *ix)
 {
-    size_t buckets0 = index_buckets(&ix->t[0]);
+    size_t buckets0 = itab_buckets(&ix->t[0]);
     if (index_rehashing(ix) || ix->walks > 0 || ix->count < buckets0 || buckets0 >= INDEX_MAX_BUCKETS)
         return;
     if (itab_init(&ix->t[1], (ix->t[0].mask + 1) * 2) < 0)
@@ -398,12 +404,8 @@ bool index_walk_step(struct kv_index *ix, struct index_walk *w, size_t buckets,
             continue;
         }
         const struct itab_group *g = &t->g[w->pos];
-        uint32_t ids[ITAB_SLOTS];
-        unsigned n = 0;
-        for (unsigned m = itab_match(g, 0) ^ ITAB_SLOT_MASK; m; m &= m - 1)
-            ids[n++] = g->id[__builtin_ctz(m)];   /* fn may not unlink, but read them first anyway */
-        for (unsigned i = 0; i < n; i++)
-            fn(arg, index_entry_at(ix, ids[i]));
+        for (unsigned m = itab_match(g, 0) ^ ITAB_SLOT_MASK; m; m &= m - 1)   /* fn may not unlink */
+            fn(arg, index_entry_at(ix, g->id[__builtin_ctz(m)]));
         for (uint32_t id = g->chain, next; id; id = next) {
             struct index_entry *e = index_entry_at(ix, id);
             next = e->hash_next;
@@ -430,8 +432,8 @@ void index_walk_end(struct kv_index *ix, struct index_walk *w)
 void index_get_stats(const struct kv_index *ix, struct index_stats *st)
 {
     st->entries = ix->count;
-    st->buckets = index_buckets(&ix->t[0]);
-    st->rehash_buckets = index_buckets(&ix->t[1]);
+    st->buckets = itab_buckets(&ix->t[0]);
+    st->rehash_buckets = itab_buckets(&ix->t[1]);
     st->lru_entries = ix->lru_count;
     st->settle_moves = ix->settle_moves;
     st->oldest_moves_max = ix->oldest_moves_max;

@@ -145,6 +145,11 @@ uint64_t index_key_hash(const struct kv_index *ix, uint32_t ns, int64_t key);
 void index_prefetch_bucket(const struct kv_index *ix, uint64_t h);
 uint32_t index_prefetch_first(const struct kv_index *ix, uint64_t h);
 struct index_entry *index_lookup_hashed(struct kv_index *ix, uint32_t ns, int64_t key, uint64_t h);
+/* Do up to `buckets` buckets' worth of a growth in progress now (what
+ * lookups and inserts otherwise do a little at a time: a background
+ * caller's share, so that the growth ends sooner). O(buckets); nothing while
+ * a walk is open. true: no growth in progress. */
+bool index_grow_step(struct kv_index *ix, size_t buckets);
 /* Insert a new zeroed entry for (ns, key) (caller checked it is absent) and
  * return it, or NULL when out of memory. */
 struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key);

@@ -63,6 +63,12 @@ static inline uint64_t itab_hash(uint64_t seed, uint32_t ns, int64_t key)
     return itab_mix64(itab_mix64((uint64_t)key ^ seed) ^ ((uint64_t)ns << 32 | ns));
 }
 
+/* The table's size in the index's unit (0: no table). */
+static inline size_t itab_buckets(const struct itab *t)
+{
+    return t->g ? (t->mask + 1) * ITAB_BUCKETS_PER_GROUP : 0;
+}
+
 static inline uint8_t itab_tag(uint64_t h)
 {
     uint8_t tag = (uint8_t)(h >> 56);   /* the group comes from the low bits */

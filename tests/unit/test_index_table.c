@@ -1,6 +1,7 @@
 /* Unit tests for daemon/mem/index_table.h and the index's use of it:
  * tags that collide, full groups and their chains, deletes inside a group,
- * growth held off by a walk, and the pipeline's hints. */
+ * growth held off by a walk, the pipeline's hints, growth finished by a
+ * background caller. */
 #include <check.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -275,6 +276,41 @@ START_TEST(test_prefetch_hints)
 }
 END_TEST
 
+/* A background caller finishes a growth in O(buckets) steps of its own
+ * (index_grow_step), none while a walk is open; every entry stays found. */
+START_TEST(test_grow_step_finishes_growth)
+{
+    enum { STEP = 64 };
+    struct kv_index *ix;
+    ck_assert_int_eq(index_create(1024, &ix), 0);
+    ck_assert(index_grow_step(ix, STEP));      /* nothing to do */
+    struct index_stats st;
+    size_t n = 0;
+    do {
+        ck_assert_ptr_nonnull(index_insert(ix, 1, (int64_t)n++ * 131));
+        index_get_stats(ix, &st);
+    } while (!st.rehash_buckets);
+    ck_assert_uint_eq(st.buckets, 1024);
+    struct index_walk w;
+    index_walk_begin(ix, &w);
+    for (int i = 0; i < 100; i++)
+        ck_assert(!index_grow_step(ix, STEP));
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.rehash_buckets, 2048);
+    index_walk_end(ix, &w);
+    size_t steps = 1;
+    while (!index_grow_step(ix, STEP))
+        steps++;
+    ck_assert_uint_le(steps, 1024 / STEP + 1);
+    index_get_stats(ix, &st);
+    ck_assert_uint_eq(st.buckets, 2048);
+    ck_assert_uint_eq(st.rehash_buckets, 0);
+    for (size_t k = 0; k < n; k++)
+        FAIL_IF_NOT(index_lookup(ix, 1, (int64_t)k * 131) != NULL, "key %zu lost", k);
+    index_destroy(ix);
+}
+END_TEST
+
 static Suite *index_table_suite(void)
 {
     Suite *s = suite_create("index_table");
@@ -285,6 +321,7 @@ static Suite *index_table_suite(void)
     tcase_add_test(tc, test_index_full_group_chain);
     tcase_add_test(tc, test_index_growth_held_by_walk);
     tcase_add_test(tc, test_prefetch_hints);
+    tcase_add_test(tc, test_grow_step_finishes_growth);
     suite_add_tcase(s, tc);
     return s;
 }
