@@ -19,6 +19,11 @@
  * most INDEX_OLDEST_SETTLE_BUDGET, rarely meets more and takes the exact LRU
  * victim. About 1 ms of moves at 1 M entries. */
 #define EVICT_SETTLE_BATCH 8192u
+/* Buckets of an index growth moved per loop iteration by the same
+ * background step (mem/index.h index_grow_step): about 4096 entries, so
+ * that a growth ends in about 256 iterations per million entries instead of
+ * slowing a million lookups (each moves an eighth of a group). */
+#define EVICT_GROW_BATCH 4096u
 
 /* --- eviction ------------------------------------------------------------- */
 
@@ -90,8 +95,8 @@ void cache_evict_cb(evutil_socket_t fd, short what, void *arg)
 
 /* Background settle: started from every reaper tick, a batch per loop
  * iteration (a timer of 0 between batches lets I/O in) until no class order
- * of the host arena starts with a marked entry. Cheap when none does: one
- * look at each class's oldest. */
+ * of the host arena starts with a marked entry and no index growth is in
+ * progress. Cheap when neither: one look at each class's oldest. */
 void cache_settle_schedule(struct cache *c)
 {
     struct timeval now = { 0, 0 };
@@ -104,7 +109,8 @@ void cache_settle_cb(evutil_socket_t fd, short what, void *arg)
     struct cache *c = arg;
     (void)fd;
     (void)what;
-    if (!index_lru_settle_arena(c->index, arena_id(c->host), EVICT_SETTLE_BATCH))
+    bool settled = index_lru_settle_arena(c->index, arena_id(c->host), EVICT_SETTLE_BATCH);
+    if (!index_grow_step(c->index, EVICT_GROW_BATCH) || !settled)
         cache_settle_schedule(c);
 }
 

@@ -4,17 +4,17 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
-#include <sys/random.h>
 
 #include "mem/arena.h"
+#include "mem/index_table.h"
 #include "kvnode.h"
 
 #define INDEX_MIN_BUCKETS   64u
 #define INDEX_MAX_BUCKETS   ((size_t)1 << 40)  /* keeps the rounding below from overflowing */
-/* Buckets migrated per operation while growing. An insert must move at least
- * one bucket so a rehash always ends before the table fills up again. */
+/* Buckets' worth of migration credit per operation while growing: a group
+ * (ITAB_BUCKETS_PER_GROUP buckets) moves once the credit covers it. Inserts
+ * move a group per two, so a rehash ends long before the new table needs
+ * to grow again. */
 #define INDEX_REHASH_INSERT 4u
 #define INDEX_REHASH_OTHER  1u
 
@@ -50,11 +50,6 @@ _Static_assert(sizeof(struct index_entry) == 80, "index entry grew: see index.h"
 _Static_assert(INDEX_MAX_ARENAS <= 256 && ARENA_MAX_CLASSES <= 256,
                "LRU list array would be unreasonably large");
 
-struct index_table {
-    uint32_t *b;        /* entry ids, 0: empty */
-    size_t mask;        /* buckets - 1; b == NULL when the table is unused */
-};
-
 /* One recency order of listed entries: an (arena, class)'s or a namespace's.
  * An entry a client used is appended to the list, so the list stays in stamp
  * order. One that comes back with a stamp older than the list's newest (its
@@ -72,10 +67,11 @@ struct lru_order {
 static void order_free(struct lru_order *o);
 
 struct kv_index {
-    /* t[0] is the main table; while growing, t[1] is the new one and buckets
-     * of t[0] below rehash_pos have already moved to it. */
-    struct index_table t[2];
+    /* t[0] is the main table; while growing, t[1] is the new one, groups
+     * of t[0] below rehash_pos have moved to it and inserts go to it. */
+    struct itab t[2];
     size_t rehash_pos;
+    size_t rehash_credit;      /* buckets' worth of migration owed (INDEX_REHASH_*) */
     size_t count;
     size_t lru_count;
     uint64_t seed;
@@ -155,88 +151,100 @@ static struct index_entry *index_entry_alloc(struct kv_index *ix)
     return e;
 }
 
-static uint64_t index_mix64(uint64_t x)
-{
-    /* splitmix64 finaliser */
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 uint64_t index_key_hash(const struct kv_index *ix, uint32_t ns, int64_t key)
 {
-    /* Keys come from clients: a per-table seed keeps collisions unpredictable
-     * (the mixer alone is invertible). */
-    return index_mix64(index_mix64((uint64_t)key ^ ix->seed) ^ ((uint64_t)ns << 32 | ns));
-}
-
-static uint64_t index_random_seed(void)
-{
-    uint64_t s;
-    if (getrandom(&s, sizeof s, GRND_NONBLOCK) == (ssize_t)sizeof s)
-        return s;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return index_mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
-                       ((uint64_t)getpid() << 40));
+    return itab_hash(ix->seed, ns, key);
 }
 
 static int index_rehashing(const struct kv_index *ix)
 {
-    return ix->t[1].b != NULL;
+    return ix->t[1].g != NULL;
 }
 
-/* The chain (ns, key) with hash h lives in, given how far a rehash got. */
-static uint32_t *index_slot(const struct kv_index *ix, uint64_t h)
+/* Into a slot of its home group in t, else onto the group's chain. */
+static void index_place(struct itab *t, uint64_t h, struct index_entry *e)
 {
-    size_t i = (size_t)h & ix->t[0].mask;
-    if (index_rehashing(ix) && i < ix->rehash_pos)
-        return &ix->t[1].b[(size_t)h & ix->t[1].mask];
-    return &ix->t[0].b[i];
+    struct itab_group *g = itab_home(t, h);
+    if (!itab_put(g, h, e->id)) {
+        e->hash_next = g->chain;
+        g->chain = e->id;
+    }
 }
 
-/* Move up to n buckets of t[0] into t[1]; swap tables when done. */
+/* Out of t: true when it was there. */
+static bool index_displace(struct kv_index *ix, struct itab *t, uint64_t h, struct index_entry *e)
+{
+    struct itab_group *g = itab_home(t, h);
+    if (itab_take(g, h, e->id))
+        return true;
+    for (uint32_t *p = &g->chain; *p; p = &index_entry_at(ix, *p)->hash_next) {
+        if (*p == e->id) {
+            *p = e->hash_next;
+            e->hash_next = 0;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Move groups of t[0] into t[1] for n buckets' worth of credit; swap the
+ * tables when done. A group's entries, then their new groups, are loaded
+ * together first, so their misses overlap. */
 static void index_rehash_step(struct kv_index *ix, size_t n)
 {
     if (!index_rehashing(ix) || ix->walks > 0)
         return;
-    size_t size0 = ix->t[0].mask + 1;
-    while (n-- > 0 && ix->rehash_pos < size0) {
-        uint32_t id = ix->t[0].b[ix->rehash_pos];
-        ix->t[0].b[ix->rehash_pos] = 0;
-        while (id) {
-            struct index_entry *e = index_entry_at(ix, id);
-            uint32_t next = e->hash_next;
-            uint32_t *dst = &ix->t[1].b[(size_t)index_key_hash(ix, e->ns, e->key) & ix->t[1].mask];
-            e->hash_next = *dst;
-            *dst = id;
-            id = next;
+    size_t groups0 = ix->t[0].mask + 1;
+    for (ix->rehash_credit += n; ix->rehash_credit >= ITAB_BUCKETS_PER_GROUP && ix->rehash_pos < groups0;
+         ix->rehash_credit -= ITAB_BUCKETS_PER_GROUP) {
+        struct itab_group *g = &ix->t[0].g[ix->rehash_pos++];
+        unsigned full = itab_match(g, 0) ^ ITAB_SLOT_MASK;
+        uint64_t hs[ITAB_SLOTS];
+        for (unsigned m = full; m; m &= m - 1)
+            __builtin_prefetch(index_entry_at(ix, g->id[__builtin_ctz(m)]));
+        for (unsigned m = full; m; m &= m - 1) {
+            unsigned i = (unsigned)__builtin_ctz(m);
+            const struct index_entry *e = index_entry_at(ix, g->id[i]);
+            hs[i] = index_key_hash(ix, e->ns, e->key);
+            __builtin_prefetch(itab_home(&ix->t[1], hs[i]), 1);
         }
-        ix->rehash_pos++;
+        for (unsigned m = full; m; m &= m - 1) {
+            unsigned i = (unsigned)__builtin_ctz(m);
+            index_place(&ix->t[1], hs[i], index_entry_at(ix, g->id[i]));
+        }
+        for (uint32_t id = g->chain, next; id; id = next) {
+            struct index_entry *e = index_entry_at(ix, id);
+            next = e->hash_next;
+            e->hash_next = 0;
+            index_place(&ix->t[1], index_key_hash(ix, e->ns, e->key), e);
+        }
+        *g = (struct itab_group){ 0 };
     }
-    if (ix->rehash_pos == size0) {
-        free(ix->t[0].b);
+    if (ix->rehash_pos == groups0) {
+        itab_free(&ix->t[0]);
         ix->t[0] = ix->t[1];
-        ix->t[1].b = NULL;
-        ix->t[1].mask = 0;
-        ix->rehash_pos = 0;
+        ix->t[1] = (struct itab){ 0 };
     }
 }
 
-/* Start growing to twice the size once the load factor reaches 1. If the
- * allocation fails the table just stays denser; the next insert retries. */
+bool index_grow_step(struct kv_index *ix, size_t buckets)
+{
+    index_rehash_step(ix, buckets);
+    return !index_rehashing(ix);
+}
+
+/* Start growing to twice the size once the index holds as many entries as
+ * the main table has buckets. If the allocation fails the table just stays
+ * denser (more entries chained); the next insert retries. */
 static void index_maybe_grow(struct kv_index *ix)
 {
-    size_t size0 = ix->t[0].mask + 1;
-    if (index_rehashing(ix) || ix->walks > 0 || ix->count < size0 || size0 >= INDEX_MAX_BUCKETS)
+    size_t buckets0 = itab_buckets(&ix->t[0]);
+    if (index_rehashing(ix) || ix->walks > 0 || ix->count < buckets0 || buckets0 >= INDEX_MAX_BUCKETS)
         return;
-    uint32_t *b = calloc(size0 * 2, sizeof *b);
-    if (!b)
+    if (itab_init(&ix->t[1], (ix->t[0].mask + 1) * 2) < 0)
         return;
-    ix->t[1].b = b;
-    ix->t[1].mask = size0 * 2 - 1;
     ix->rehash_pos = 0;
+    ix->rehash_credit = 0;
 }
 
 int index_create(size_t initial_buckets, struct kv_index **out)
@@ -249,32 +257,21 @@ int index_create(size_t initial_buckets, struct kv_index **out)
     struct kv_index *ix = calloc(1, sizeof *ix);
     if (!ix)
         return -KVNODE_ENOMEM;
-    ix->t[0].b = calloc(n, sizeof *ix->t[0].b);
-    if (!ix->t[0].b) {
+    if (itab_init(&ix->t[0], n / ITAB_BUCKETS_PER_GROUP) < 0) {
         free(ix);
         return -KVNODE_ENOMEM;
     }
-    ix->t[0].mask = n - 1;
-    ix->seed = index_random_seed();
+    ix->seed = itab_random_seed();
     *out = ix;
     return 0;
-}
-
-static void index_free_table(struct index_table *t)
-{
-    if (!t->b)
-        return;
-    free(t->b);
-    t->b = NULL;
 }
 
 void index_destroy(struct kv_index *ix)
 {
     if (!ix)
         return;
-    /* Buckets of t[0] below rehash_pos are already empty. */
-    index_free_table(&ix->t[0]);
-    index_free_table(&ix->t[1]);
+    itab_free(&ix->t[0]);
+    itab_free(&ix->t[1]);
     for (uint32_t a = 0; a < INDEX_MAX_ARENAS; a++)
         for (uint32_t c = 0; c < ARENA_MAX_CLASSES; c++)
             order_free(&ix->lru[a][c]);
@@ -294,10 +291,17 @@ struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key)
     return index_lookup_hashed(ix, ns, key, index_key_hash(ix, ns, key));
 }
 
-struct index_entry *index_lookup_hashed(struct kv_index *ix, uint32_t ns, int64_t key, uint64_t h)
+/* (ns, key) in one table: its home group's entries whose tags match, its chain. */
+static struct index_entry *index_find(const struct kv_index *ix, const struct itab *t, uint32_t ns,
+                                      int64_t key, uint64_t h)
 {
-    index_rehash_step(ix, INDEX_REHASH_OTHER);
-    for (uint32_t id = *index_slot(ix, h); id;) {
+    const struct itab_group *g = itab_home(t, h);
+    for (unsigned m = itab_match(g, itab_tag(h)); m; m &= m - 1) {
+        struct index_entry *e = index_entry_at(ix, g->id[__builtin_ctz(m)]);
+        if (e->key == key && e->ns == ns)
+            return e;
+    }
+    for (uint32_t id = g->chain; id;) {
         struct index_entry *e = index_entry_at(ix, id);
         if (e->key == key && e->ns == ns)
             return e;
@@ -306,33 +310,35 @@ struct index_entry *index_lookup_hashed(struct kv_index *ix, uint32_t ns, int64_
     return NULL;
 }
 
-/* Both cache lines of an entry (80 bytes span two), to be written. */
-static inline void index_prefetch_lines(const struct index_entry *e)
+struct index_entry *index_lookup_hashed(struct kv_index *ix, uint32_t ns, int64_t key, uint64_t h)
 {
-    __builtin_prefetch(e, 1);
-    __builtin_prefetch((const char *)e + sizeof *e - 1, 1);
+    index_rehash_step(ix, INDEX_REHASH_OTHER);
+    struct index_entry *e = index_find(ix, &ix->t[0], ns, key, h);
+    if (!e && index_rehashing(ix))
+        e = index_find(ix, &ix->t[1], ns, key, h);
+    return e;
 }
 
 void index_prefetch_bucket(const struct kv_index *ix, uint64_t h)
 {
-    __builtin_prefetch(index_slot(ix, h));
+    __builtin_prefetch(itab_home(&ix->t[0], h));
+    if (index_rehashing(ix))
+        __builtin_prefetch(itab_home(&ix->t[1], h));
 }
 
 uint32_t index_prefetch_first(const struct kv_index *ix, uint64_t h)
 {
-    uint32_t id = *index_slot(ix, h);
-    if (id)
-        index_prefetch_lines(index_entry_at(ix, id));
+    if (!ix->nchunks)
+        return 0;   /* no entry at all (not even id 0's place) */
+    uint32_t id = itab_first(&ix->t[0], h);
+    if (index_rehashing(ix))
+        id |= itab_first(&ix->t[1], h) & (0u - (uint32_t)(id == 0));
+    /* Both lines of the entry (80 bytes span two), to be written. Id 0,
+     * never handed out, is harmless to load. */
+    const char *e = (const char *)index_entry_at(ix, id);
+    __builtin_prefetch(e, 1);
+    __builtin_prefetch(e + sizeof(struct index_entry) - 1, 1);
     return id;
-}
-
-void index_prefetch_second(const struct kv_index *ix, uint32_t id, uint32_t ns, int64_t key)
-{
-    /* The second entry only when the first is another key's, without a
-     * branch (see index.h); id 0, never handed out, is harmless to load. */
-    const struct index_entry *e = index_at(ix, id);
-    if (e)
-        index_prefetch_lines(index_entry_at(ix, e->hash_next & (0u - (uint32_t)((e->key != key) | (e->ns != ns)))));
 }
 
 struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key)
@@ -344,9 +350,8 @@ struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key)
     e->key = key;
     index_maybe_grow(ix);
     index_rehash_step(ix, INDEX_REHASH_INSERT);
-    uint32_t *slot = index_slot(ix, index_key_hash(ix, ns, key));
-    e->hash_next = *slot;
-    *slot = e->id;
+    /* While growing, into the new table. */
+    index_place(&ix->t[index_rehashing(ix)], index_key_hash(ix, ns, key), e);
     ix->count++;
     return e;
 }
@@ -355,14 +360,9 @@ void index_unlink(struct kv_index *ix, struct index_entry *e)
 {
     index_lru_remove(ix, e);
     index_rehash_step(ix, INDEX_REHASH_OTHER);
-    for (uint32_t *p = index_slot(ix, index_key_hash(ix, e->ns, e->key)); *p; p = &index_entry_at(ix, *p)->hash_next) {
-        if (*p == e->id) {
-            *p = e->hash_next;
-            e->hash_next = 0;
-            ix->count--;
-            return;
-        }
-    }
+    uint64_t h = index_key_hash(ix, e->ns, e->key);
+    if (index_displace(ix, &ix->t[0], h, e) || (index_rehashing(ix) && index_displace(ix, &ix->t[1], h, e)))
+        ix->count--;
 }
 
 void index_entry_free(struct kv_index *ix, struct index_entry *e)
@@ -383,8 +383,7 @@ size_t index_count(const struct kv_index *ix)
 
 void index_walk_begin(struct kv_index *ix, struct index_walk *w)
 {
-    /* Frozen, the entries still in t[0] are at rehash_pos and beyond (all of
-     * it when not rehashing), the moved ones in t[1]. */
+    /* Frozen: t[0] from rehash_pos (all of it when not rehashing), then t[1]. */
     w->table = 0;
     w->pos = index_rehashing(ix) ? ix->rehash_pos : 0;
     w->open = true;
@@ -396,20 +395,24 @@ bool index_walk_step(struct kv_index *ix, struct index_walk *w, size_t buckets,
 {
     if (!w->open)
         return false;
-    while (buckets > 0 && w->table < 2) {
-        const struct index_table *t = &ix->t[w->table];
-        if (!t->b || w->pos > t->mask) {
+    size_t groups = buckets / ITAB_BUCKETS_PER_GROUP + (buckets % ITAB_BUCKETS_PER_GROUP != 0);
+    while (groups > 0 && w->table < 2) {
+        const struct itab *t = &ix->t[w->table];
+        if (!t->g || w->pos > t->mask) {
             w->table++;
             w->pos = 0;
             continue;
         }
-        for (uint32_t id = t->b[w->pos], next; id; id = next) {
+        const struct itab_group *g = &t->g[w->pos];
+        for (unsigned m = itab_match(g, 0) ^ ITAB_SLOT_MASK; m; m &= m - 1)   /* fn may not unlink */
+            fn(arg, index_entry_at(ix, g->id[__builtin_ctz(m)]));
+        for (uint32_t id = g->chain, next; id; id = next) {
             struct index_entry *e = index_entry_at(ix, id);
-            next = e->hash_next;   /* fn may not unlink, but read it first anyway */
+            next = e->hash_next;
             fn(arg, e);
         }
         w->pos++;
-        buckets--;
+        groups--;
     }
     if (w->table < 2)
         return true;
@@ -429,18 +432,16 @@ void index_walk_end(struct kv_index *ix, struct index_walk *w)
 void index_get_stats(const struct kv_index *ix, struct index_stats *st)
 {
     st->entries = ix->count;
-    st->buckets = ix->t[0].mask + 1;
-    st->rehash_buckets = index_rehashing(ix) ? ix->t[1].mask + 1 : 0;
+    st->buckets = itab_buckets(&ix->t[0]);
+    st->rehash_buckets = itab_buckets(&ix->t[1]);
     st->lru_entries = ix->lru_count;
     st->settle_moves = ix->settle_moves;
     st->oldest_moves_max = ix->oldest_moves_max;
     st->oldest_forced = ix->oldest_forced;
-    size_t bytes = sizeof *ix + (size_t)ix->chunks_cap * sizeof *ix->chunks +
-                   (size_t)ix->nchunks * INDEX_CHUNK_ENTRIES * sizeof(struct index_entry) +
-                   (ix->t[0].mask + 1) * sizeof *ix->t[0].b +
-                   (index_rehashing(ix) ? (ix->t[1].mask + 1) * sizeof *ix->t[1].b : 0) +
-                   (size_t)ix->ns_lru_n * sizeof *ix->ns_lru + ix->heap_bytes;
-    st->bytes = bytes;
+    st->bytes = sizeof *ix + (size_t)ix->chunks_cap * sizeof *ix->chunks +
+                (size_t)ix->nchunks * INDEX_CHUNK_ENTRIES * sizeof(struct index_entry) +
+                (st->buckets + st->rehash_buckets) / ITAB_BUCKETS_PER_GROUP * sizeof(struct itab_group) +
+                (size_t)ix->ns_lru_n * sizeof *ix->ns_lru + ix->heap_bytes;
 }
 
 /* --- LRU ---------------------------------------------------------------- */

@@ -3,7 +3,7 @@
  * Entries are owned by the index while linked; index_unlink() hands one to
  * the caller (e.g. a pinned block being deleted lives on until its last read
  * lease ends), index_entry_free() releases it. The hash table grows by
- * incremental rehashing (a few buckets per operation), so no call is O(n).
+ * incremental rehashing (a group per few operations), so no call is O(n).
  *
  * LRU: one recency order per (arena, size class), oldest first, by the stamp
  * of an entry's last use (index_lru_touch, index_lru_use): callers refresh a
@@ -24,9 +24,17 @@
  * namespace's order (same stamps, oldest first), for per-namespace quotas:
  * an entry is in both orders or in neither.
  *
- * Memory: entries are 80 bytes in chunks of the index's own; buckets,
- * chains and list links are 32-bit entry ids (so at most 2^32 - 1 entries:
- * index_insert fails beyond). index_stats.bytes is what the index holds.
+ * Table: 64-byte groups of 11 entry ids with a tag byte of each one's hash
+ * (mem/index_table.h): a lookup reads its key's group line and the entries
+ * whose tags match; the few entries a full group cannot take hang on its
+ * chain (through hash_next). index_stats counts the table in buckets, 8 per
+ * group: it grows when the index holds as many entries as buckets (8 of a
+ * group's 11 slots on average).
+ *
+ * Memory: entries are 80 bytes in chunks of the index's own; the table's
+ * slots and list links are 32-bit entry ids (so at most 2^32 - 1 entries:
+ * index_insert fails beyond): about 88 B per entry at 1 M entries.
+ * index_stats.bytes is what the index holds.
  *
  * Loop thread only. */
 #ifndef KVNODE_INDEX_H
@@ -51,24 +59,22 @@ enum entry_persist {
     PERSIST_FAILED  = 3,  /* the write failed or was dropped: do not retry */
 };
 
-/* 80 bytes (asserted in index.c): the fields a MATCH reads (key, check,
- * ns, state, arena, the chain) come first; list links are 32-bit entry ids
- * (0: none) into the index's chunks, not pointers; what only a few entries
- * need lives elsewhere (a promotion's record: the cache's table). */
+/* 80 bytes (asserted in index.c): what a MATCH reads and writes (key, ns,
+ * state, tier, arena, class, check, the recency stamp and what a use tests
+ * of the orders: index_lru_touch) in the first 48 bytes, the list links
+ * last; list links are 32-bit entry ids (0: none) into the index's chunks,
+ * not pointers; what only a few entries need lives elsewhere (a
+ * promotion's record: the cache's table). */
 struct index_entry {
     int64_t  key;
-    uint64_t check;         /* the block's check word (0: none): a request with another
-                               word does not see the block (cache_entry_for) */
     uint32_t ns;            /* namespace id */
-    uint32_t hash_next;     /* id of the next entry of its chain (index's) */
     uint8_t  state;         /* enum entry_state */
     uint8_t  tier;          /* KVNODE_TIER_* of the bytes */
     uint8_t  arena;         /* arena id (< INDEX_MAX_ARENAS), INDEX_NO_ARENA: none */
     uint8_t  cls;           /* size class in that arena (< ARENA_MAX_CLASSES) */
-    uint32_t pins;          /* read leases (and internal users) holding it */
-    uint64_t offset;        /* byte offset in the arena */
+    uint64_t check;         /* the block's check word (0: none): a request with another
+                               word does not see the block (cache_entry_for) */
     uint64_t lru_stamp;     /* last use by a client, monotonically increasing */
-    uint32_t id;            /* this entry's id (index's) */
     uint8_t  lru_arena;     /* the (arena, class) order it is listed in (index's) */
     uint8_t  lru_cls;
     uint8_t  on_lru : 1;    /* linked into an LRU list (maintained by index) */
@@ -77,9 +83,13 @@ struct index_entry {
     uint8_t  persist : 2;   /* enum entry_persist (cache's) */
     uint8_t  ref_cls : 1;   /* used since placed in its (arena, class) order's list (index's) */
     uint8_t  ref_ns : 1;    /* used since placed in its namespace order's list (index's) */
+    uint32_t pins;          /* read leases (and internal users) holding it */
+    uint32_t lru_heap, ns_heap;    /* 1 + place in that order's heap, 0: in its list */
+    uint64_t offset;        /* byte offset in the arena */
+    uint32_t id;            /* this entry's id (index's) */
+    uint32_t hash_next;     /* next on its group's chain, or free entry while freed, 0: none (index's) */
     uint32_t lru_prev, lru_next;   /* ids: (arena, class) order's list (index's) */
     uint32_t ns_prev, ns_next;     /* ids: namespace order's list (index's) */
-    uint32_t lru_heap, ns_heap;    /* 1 + place in that order's heap, 0: in its list */
 };
 
 #define INDEX_NO_ARENA UINT8_MAX   /* e->arena of an entry with no slot */
@@ -121,22 +131,25 @@ int  index_create(size_t initial_buckets, struct kv_index **out);
 void index_destroy(struct kv_index *ix);
 
 struct index_entry *index_lookup(struct kv_index *ix, uint32_t ns, int64_t key);
-/* A lookup of many keys known up front, as a pipeline whose stages run some
- * keys apart, so that the cache misses of many keys overlap: the key's hash
- * (index_key_hash), its bucket loaded (index_prefetch_bucket), the bucket's
- * first entry loaded (index_prefetch_first, which returns its id), the
- * chain's second entry loaded when the first is another key's
- * (index_prefetch_second of that id), then
+/* A lookup of many keys known up front, in stages run over a batch of keys
+ * each (or some keys apart), so that the cache misses of many keys overlap:
+ * the key's hash (index_key_hash), its group line loaded
+ * (index_prefetch_bucket), the entry whose tag matches in it loaded
+ * (index_prefetch_first, which returns its id, 0: none), then
  * index_lookup_hashed. Each stage reads only what the one before loaded and
  * branches on none of it: a mispredicted branch on a missing line would
- * wait for the miss and discard the later keys' loads. The hints have no
- * effect but loading; the hash is valid until the index is destroyed (the
- * stored id, until the next insert or unlink: it is only a hint). */
+ * wait for the miss and discard the later keys' loads. The hints have no effect but loading; the hash is valid until the
+ * index is destroyed (the id, until the next insert or unlink: it is only a
+ * hint). */
 uint64_t index_key_hash(const struct kv_index *ix, uint32_t ns, int64_t key);
 void index_prefetch_bucket(const struct kv_index *ix, uint64_t h);
 uint32_t index_prefetch_first(const struct kv_index *ix, uint64_t h);
-void index_prefetch_second(const struct kv_index *ix, uint32_t id, uint32_t ns, int64_t key);
 struct index_entry *index_lookup_hashed(struct kv_index *ix, uint32_t ns, int64_t key, uint64_t h);
+/* Do up to `buckets` buckets' worth of a growth in progress now (what
+ * lookups and inserts otherwise do a little at a time: a background
+ * caller's share, so that the growth ends sooner). O(buckets); nothing while
+ * a walk is open. true: no growth in progress. */
+bool index_grow_step(struct kv_index *ix, size_t buckets);
 /* Insert a new zeroed entry for (ns, key) (caller checked it is absent) and
  * return it, or NULL when out of memory. */
 struct index_entry *index_insert(struct kv_index *ix, uint32_t ns, int64_t key);
@@ -153,9 +166,10 @@ void index_get_stats(const struct kv_index *ix, struct index_stats *st);
 int  index_ns_reserve(struct kv_index *ix, uint32_t n);
 
 /* Chunked walk of every linked entry (snapshots built without an O(n)
- * pause). While a walk is open the table neither grows nor rehashes, so an
- * entry linked for the whole walk is visited exactly once; one linked or
- * unlinked meanwhile may or may not be. fn must not link or unlink entries.
+ * pause). While a walk is open no entry moves in the table (no rehash step;
+ * no growth either unless the table's slots run short: the new table then
+ * takes the inserts), so an entry linked for the whole walk is visited
+ * exactly once; one linked or unlinked meanwhile may or may not be. fn must not link or unlink entries.
  * Close an unfinished walk with index_walk_end (a finished one closes
  * itself). Several walks may be open at once. */
 struct index_walk {
@@ -164,7 +178,8 @@ struct index_walk {
     bool   open;
 };
 void index_walk_begin(struct kv_index *ix, struct index_walk *w);
-/* Visit up to `buckets` buckets; true while more remain. */
+/* Visit up to `buckets` buckets (whole groups of 8, at least one); true
+ * while more remain. */
 bool index_walk_step(struct kv_index *ix, struct index_walk *w, size_t buckets,
                      void (*fn)(void *arg, struct index_entry *e), void *arg);
 void index_walk_end(struct kv_index *ix, struct index_walk *w);
