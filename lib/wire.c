@@ -267,6 +267,251 @@ void wire_free_response(Kvnode__Response *m)
         kvnode__response__free_unpacked(m, NULL);
 }
 
+/* --- requests of one key list ---------------------------------------------------
+ * GET_BEGIN and PUT_BEGIN requests carry 256 keys for a chain: protobuf-c
+ * took ~1.3 us to pack and ~2.9 us to unpack their packed varints (~2.5 and
+ * ~4 us with cold caches), on the client's and the daemon's side of every
+ * batch. These write and read the same bytes directly, as the replies'
+ * codec above: fields in number order, proto3 defaults and empty lists
+ * left out, as protobuf-c packs them. Anything else (another op, unknown
+ * fields, bytes in any other form) goes through protobuf-c. */
+
+/* A GET_BEGIN's or PUT_BEGIN's fields, as the codec sees them. */
+struct wire_keys_req {
+    bool put;
+    const int64_t *keys;
+    size_t n_keys;
+    const uint64_t *checks;
+    size_t n_checks;
+    int32_t tier;      /* PUT_BEGIN's */
+};
+
+/* Field tags inside the two requests (keys 1 in both; PUT_BEGIN: tier 2, checks 3). */
+#define WIRE_KEYS_TAG    WIRE_TAG(1, 2)
+#define WIRE_TIER_TAG    WIRE_TAG(2, 0)
+#define WIRE_CHECKS_TAG(put) ((put) ? WIRE_TAG(3, 2) : WIRE_TAG(2, 2))
+#define WIRE_KEYS_OP_TAG(put) \
+    ((put) ? WIRE_TAG(KVNODE__REQUEST__OP_PUT_BEGIN, 2) : WIRE_TAG(KVNODE__REQUEST__OP_GET_BEGIN, 2))
+
+static bool wire_keys_fields(const Kvnode__Request *r, struct wire_keys_req *k)
+{
+    if (r->base.n_unknown_fields)
+        return false;
+    if (r->op_case == KVNODE__REQUEST__OP_GET_BEGIN && r->get_begin && !r->get_begin->base.n_unknown_fields) {
+        const Kvnode__GetBeginRequest *g = r->get_begin;
+        *k = (struct wire_keys_req){ .keys = g->keys, .n_keys = g->n_keys, .checks = g->checks,
+                                     .n_checks = g->n_checks };
+    } else if (r->op_case == KVNODE__REQUEST__OP_PUT_BEGIN && r->put_begin &&
+               !r->put_begin->base.n_unknown_fields) {
+        const Kvnode__PutBeginRequest *p = r->put_begin;
+        *k = (struct wire_keys_req){ .put = true, .keys = p->keys, .n_keys = p->n_keys, .checks = p->checks,
+                                     .n_checks = p->n_checks, .tier = (int32_t)p->tier };
+    } else {
+        return false;
+    }
+    return (k->keys || !k->n_keys) && (k->checks || !k->n_checks);
+}
+
+static size_t wire_varint_len64(uint64_t v)
+{
+    return 1 + (size_t)(63 - __builtin_clzll(v | 1)) / 7;
+}
+
+/* The request's packed size by the fast path (0: it does not apply), and
+ * its op's size and its keys' bytes. */
+static size_t wire_keys_size(const ProtobufCMessage *msg, struct wire_keys_req *k, size_t *sub_len,
+                             size_t *keys_len)
+{
+    if (msg->descriptor != &kvnode__request__descriptor)
+        return 0;
+    const Kvnode__Request *r = (const Kvnode__Request *)(const void *)msg;
+    if (!wire_keys_fields(r, k))
+        return 0;
+    size_t kl = 0, n = 0;
+    for (size_t i = 0; i < k->n_keys; i++)
+        kl += wire_varint_len64((uint64_t)k->keys[i]);
+    if (k->n_keys)
+        n += 1 + wire_varint_len64(kl) + kl;
+    if (k->put && k->tier)
+        n += 1 + wire_varint_len64((uint64_t)(int64_t)k->tier);   /* a negative int32: 10 bytes */
+    if (k->n_checks)
+        n += 1 + wire_varint_len64(8 * k->n_checks) + 8 * k->n_checks;
+    *sub_len = n;
+    *keys_len = kl;
+    return (r->id ? 1 + wire_varint_len64(r->id) : 0) + 1 + wire_varint_len64(n) + n;
+}
+
+static void wire_keys_pack(uint64_t id, const struct wire_keys_req *k, size_t sub_len, size_t keys_len,
+                           uint8_t *p)
+{
+    if (id) {
+        *p++ = WIRE_TAG(1, 0);
+        p = wire_put_varint(p, id);
+    }
+    *p++ = WIRE_KEYS_OP_TAG(k->put);
+    p = wire_put_varint(p, sub_len);
+    if (k->n_keys) {
+        *p++ = WIRE_KEYS_TAG;
+        p = wire_put_varint(p, keys_len);
+        for (size_t i = 0; i < k->n_keys; i++)
+            p = wire_put_varint(p, (uint64_t)k->keys[i]);
+    }
+    if (k->put && k->tier) {
+        *p++ = WIRE_TIER_TAG;
+        p = wire_put_varint(p, (uint64_t)(int64_t)k->tier);
+    }
+    if (k->n_checks) {
+        *p++ = WIRE_CHECKS_TAG(k->put);
+        p = wire_put_varint(p, 8 * k->n_checks);
+        for (size_t i = 0; i < k->n_checks; i++)
+            for (int b = 0; b < 8; b++)
+                *p++ = (uint8_t)(k->checks[i] >> (8 * b));
+    }
+}
+
+/* A length-delimited field with tag `tag` at *p, if there is one: its bytes
+ * (*at, *len; none: *len 0). false when it is malformed or empty (an empty
+ * list protobuf-c would not have packed: it reads those bytes). */
+static bool wire_get_list(const uint8_t **p, const uint8_t *end, uint8_t tag, const uint8_t **at, uint64_t *len)
+{
+    *len = 0;
+    if (*p == end || **p != tag)
+        return true;
+    (*p)++;
+    if (!wire_get_varint(p, end, len) || *len == 0 || *len > (uint64_t)(end - *p))
+        return false;
+    *at = *p;
+    *p += *len;
+    return true;
+}
+
+/* Seven bits of each of the 8 bytes of w, packed: the first 8 groups of a varint. */
+static uint64_t wire_gather7(uint64_t w)
+{
+    w &= 0x7f7f7f7f7f7f7f7full;
+    w = (w & 0x007f007f007f007full) | (w & 0x7f007f007f007f00ull) >> 1;
+    w = (w & 0x00003fff00003fffull) | (w & 0x3fff00003fff0000ull) >> 2;
+    return (w & 0x000000000fffffffull) | (w & 0x0fffffff00000000ull) >> 4;
+}
+
+/* wire_get_varint for a list of varints: the same values and failures,
+ * 8 bytes at a time where 10 are left (a key of 64 random bits takes 9 or
+ * 10 bytes: no branch on its length). */
+static bool wire_get_varint_fast(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint8_t *q = *p;
+    uint64_t w, stop;
+    if (end - q < 10)
+        return wire_get_varint(p, end, v);
+    memcpy(&w, q, sizeof w);
+    stop = ~w & 0x8080808080808080ull;
+    if (stop) {   /* ends in the first 8 bytes */
+        unsigned len = (unsigned)__builtin_ctzll(stop) / 8 + 1;
+        *v = wire_gather7(len == 8 ? w : w & ((1ull << (8 * len)) - 1));
+        *p = q + len;
+        return true;
+    }
+    uint64_t more = q[8] >> 7, last = q[9] & (0u - more);   /* byte 9 only when byte 8 goes on */
+    if (last & 0x80)
+        return false;   /* over 10 bytes */
+    *v = wire_gather7(w) | (uint64_t)(q[8] & 0x7f) << 56 | (last & 0x7f) << 63;
+    *p = q + 9 + more;
+    return true;
+#else
+    return wire_get_varint(p, end, v);
+#endif
+}
+
+/* The request's op (GET_BEGIN or PUT_BEGIN), built as protobuf-c builds it
+ * (one malloc per message and per list), so kvnode__request__free_unpacked
+ * frees it. keys / checks: the lists' bytes. */
+static Kvnode__Request *wire_keys_build(uint64_t id, bool put, const uint8_t *keys, uint64_t keys_len,
+                                        const uint8_t *checks, uint64_t checks_len, int32_t tier)
+{
+    size_t n = 0;
+    uint64_t at = 0;
+    for (; at + 8 <= keys_len; at += 8) {   /* one byte without the continuation bit ends each */
+        uint64_t w = 0;
+        for (int b = 0; b < 8; b++)
+            w |= (uint64_t)keys[at + (uint64_t)b] << (8 * b);
+        n += (size_t)(((~w & 0x8080808080808080ull) >> 7) * 0x0101010101010101ull >> 56);
+    }
+    for (; at < keys_len; at++)
+        n += !(keys[at] & 0x80);
+    Kvnode__Request *r = malloc(sizeof *r);
+    void *sub = malloc(put ? sizeof(Kvnode__PutBeginRequest) : sizeof(Kvnode__GetBeginRequest));
+    int64_t *k = n ? malloc(n * sizeof *k) : NULL;
+    uint64_t *c = checks_len ? malloc(checks_len) : NULL;
+    bool ok = r && sub && (k || !n) && (c || !checks_len);
+    const uint8_t *p = keys, *end = keys + keys_len;
+    for (size_t i = 0; ok && i < n; i++) {
+        uint64_t v;
+        ok = wire_get_varint_fast(&p, end, &v);   /* over 10 bytes: protobuf-c decides */
+        if (ok)
+            k[i] = (int64_t)v;
+    }
+    if (!ok || p != end) {
+        free(r);
+        free(sub);
+        free(k);
+        free(c);
+        return NULL;
+    }
+    for (size_t i = 0; i < checks_len / 8; i++) {
+        uint64_t v = 0;
+        for (int b = 7; b >= 0; b--)
+            v = v << 8 | checks[8 * i + (size_t)b];
+        c[i] = v;
+    }
+    kvnode__request__init(r);
+    r->id = id;
+    if (put) {
+        Kvnode__PutBeginRequest *pb = sub;
+        kvnode__put_begin_request__init(pb);
+        pb->n_keys = n;
+        pb->keys = k;
+        pb->tier = (Kvnode__Tier)tier;
+        pb->n_checks = (size_t)(checks_len / 8);
+        pb->checks = c;
+        r->op_case = KVNODE__REQUEST__OP_PUT_BEGIN;
+        r->put_begin = pb;
+    } else {
+        Kvnode__GetBeginRequest *gb = sub;
+        kvnode__get_begin_request__init(gb);
+        gb->n_keys = n;
+        gb->keys = k;
+        gb->n_checks = (size_t)(checks_len / 8);
+        gb->checks = c;
+        r->op_case = KVNODE__REQUEST__OP_GET_BEGIN;
+        r->get_begin = gb;
+    }
+    return r;
+}
+
+/* The fast reader: a GET_BEGIN or PUT_BEGIN request in exactly the form
+ * wire_keys_pack writes, or NULL (any other form, or out of memory:
+ * protobuf-c then reads the bytes, and fails the same way). */
+static Kvnode__Request *wire_keys_unpack(const uint8_t *payload, size_t len)
+{
+    const uint8_t *p = payload, *end = payload + len, *keys = NULL, *checks = NULL;
+    uint64_t id = 0, sub_len, keys_len, checks_len, tier = 0;
+    if (p < end && *p == WIRE_TAG(1, 0) && (p++, !wire_get_varint(&p, end, &id)))
+        return NULL;
+    if (p == end || (*p != WIRE_KEYS_OP_TAG(false) && *p != WIRE_KEYS_OP_TAG(true)))
+        return NULL;
+    bool put = *p++ == WIRE_KEYS_OP_TAG(true);
+    if (!wire_get_varint(&p, end, &sub_len) || sub_len != (uint64_t)(end - p) ||
+        !wire_get_list(&p, end, WIRE_KEYS_TAG, &keys, &keys_len))
+        return NULL;
+    if (put && p < end && *p == WIRE_TIER_TAG && (p++, !wire_get_varint(&p, end, &tier)))
+        return NULL;
+    if (!wire_get_list(&p, end, WIRE_CHECKS_TAG(put), &checks, &checks_len) || checks_len % 8 || p != end)
+        return NULL;
+    /* An enum keeps the varint's low 32 bits, as protobuf-c's. */
+    return wire_keys_build(id, put, keys, keys_len, checks, checks_len, (int32_t)(uint32_t)tier);
+}
+
 int wire_pack(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **frame, size_t *frame_len)
 {
     size_t cap = 0;
@@ -284,11 +529,14 @@ int wire_pack_reuse(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **b
     if (!msg)
         return -KVNODE_EINVAL;
     const Kvnode__GetBeginReply *locs = NULL;
-    size_t locs_len = 0;
+    size_t locs_len = 0, keys_sub = 0, keys_len = 0;
     uint8_t locs_tag = 0;
+    struct wire_keys_req keys = { 0 };
     size = msg->descriptor == &kvnode__response__descriptor
                ? wire_locs_size((const Kvnode__Response *)(const void *)msg, &locs, &locs_tag, &locs_len)
                : 0;
+    size_t keys_size = size ? 0 : wire_keys_size(msg, &keys, &keys_sub, &keys_len);
+    size = size ? size : keys_size;
     if (size == 0)
         size = protobuf_c_message_get_packed_size(msg);
     /* Receivers reject empty frames, so never produce one. */
@@ -305,7 +553,10 @@ int wire_pack_reuse(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **b
     }
     if (locs)
         wire_locs_pack((const Kvnode__Response *)(const void *)msg, locs, locs_tag, locs_len, *buf + WIRE_HEADER_BYTES);
-    packed = locs ? size : protobuf_c_message_pack(msg, *buf + WIRE_HEADER_BYTES);
+    else if (keys_size)
+        wire_keys_pack(((const Kvnode__Request *)(const void *)msg)->id, &keys, keys_sub, keys_len,
+                       *buf + WIRE_HEADER_BYTES);
+    packed = locs || keys_size ? size : protobuf_c_message_pack(msg, *buf + WIRE_HEADER_BYTES);
     if (packed != size)    /* only a corrupt message object can get here */
         return -KVNODE_EPROTO;
     wire_put_len(*buf, (uint32_t)size);
@@ -351,7 +602,10 @@ Kvnode__Request *wire_unpack_request(const uint8_t *payload, size_t len)
 {
     if (!payload && len > 0)
         return NULL;
-    Kvnode__Request *m = kvnode__request__unpack(NULL, len, payload);
+    Kvnode__Request *m = wire_keys_unpack(payload, len);
+    if (m)
+        return m;
+    m = kvnode__request__unpack(NULL, len, payload);
     if (m && wire_has_field_zero(&m->base)) {
         kvnode__request__free_unpacked(m, NULL);
         return NULL;

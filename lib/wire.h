@@ -34,6 +34,8 @@ int wire_pack(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **frame, 
 int wire_pack_reuse(const ProtobufCMessage *msg, uint32_t max_frame, uint8_t **buf, size_t *cap,
                     size_t *frame_len);
 
+/* GET_BEGIN and PUT_BEGIN requests in the form wire_pack writes them are
+ * read directly, into the same allocations protobuf-c makes. */
 Kvnode__Request *wire_unpack_request(const uint8_t *payload, size_t len);
 /* A response; free it with wire_free_response (GET_BEGIN and PUT_BEGIN
  * replies are read by a direct reader into one allocation, which

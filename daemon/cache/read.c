@@ -13,6 +13,32 @@
 static void cache_count_keys(struct cache *c, size_t n, size_t m, const struct index_entry *e,
                              bool mismatch);
 
+/* The lookups of a key list known up front (MATCH's scan, GET's walk) run
+ * as the stages of index.h over batches of CACHE_LOOKUP_BATCH keys: every
+ * key's hash and group line, then every key's entry, then the lookups.
+ * Tight loops of prefetches put more of a batch's cache misses in flight at
+ * once than one loop interleaving the stages some keys apart did (random
+ * keys over 1 M entries: about 10 % less time per key); a walk that ends
+ * early loaded at most one batch for nothing. Ask for keys in order (from
+ * any key on); the index may change between the calls (what was loaded is
+ * only a hint, the hashes stay valid). */
+#define CACHE_LOOKUP_BATCH 64
+struct cache_lookahead {
+    struct kv_index *ix;
+    uint32_t ns;
+    const int64_t *keys;
+    size_t n;
+    size_t at, m;                           /* the batch loaded: keys at .. at + m - 1 */
+    uint64_t hash[CACHE_LOOKUP_BATCH];      /* their hashes */
+};
+static void cache_lookahead_start(struct cache_lookahead *la, struct kv_index *ix, uint32_t ns,
+                                  const int64_t *keys, size_t n);
+/* Key i's entry (NULL: the index does not know it); as a request with
+ * `check` sees it, as cache_entry_for. */
+static struct index_entry *cache_lookahead_next(struct cache_lookahead *la, size_t i);
+static struct index_entry *cache_lookahead_entry(struct cache_lookahead *la, size_t i, uint64_t check,
+                                                 bool *mismatch);
+
 /* --- get: look up, pin or fetch, wait, lend ------------------------------------ */
 
 /* What the walk does with a key: pin it (in memory, readable), fetch it
@@ -20,7 +46,7 @@ static void cache_count_keys(struct cache *c, size_t n, size_t m, const struct i
 enum get_step { GET_PIN, GET_FETCH, GET_STOP };
 
 static bool cache_get_first(struct cache *c, const struct cache_wait *w);
-static enum get_step cache_get_look_up(struct cache *c, const struct cache_wait *w, size_t i,
+static enum get_step cache_get_look_up(struct cache_lookahead *la, const struct cache_wait *w, size_t i,
                                        struct index_entry **ep);
 static int cache_get_pin(struct cache *c, struct cache_wait *w, size_t i, struct index_entry *e);
 static int cache_get_lend_now(struct cache *c, struct cache_wait *w, struct cache_lent *out,
@@ -92,10 +118,13 @@ int cache_check_lease_room(struct cache *c, struct lease_list *owner, char *err,
  * first key it cannot serve. *wp may move to the heap. */
 void cache_get_walk(struct cache *c, struct cache_wait **wp)
 {
+    struct cache_lookahead la;
+
+    cache_lookahead_start(&la, c->index, (*wp)->ns->id, (*wp)->keys, (*wp)->n);
     while ((*wp)->next < (*wp)->n) {
         size_t i = (*wp)->next;
         struct index_entry *e;
-        enum get_step step = cache_get_look_up(c, *wp, i, &e);
+        enum get_step step = cache_get_look_up(&la, *wp, i, &e);
 
         if (step == GET_STOP)
             break;
@@ -112,14 +141,13 @@ void cache_get_walk(struct cache *c, struct cache_wait **wp)
     (*wp)->next = (*wp)->n;   /* the walk is over */
 }
 
-/* Look up key i: its entry (*ep; NULL: the index does not know it) and
- * what the walk does with it. */
-static enum get_step cache_get_look_up(struct cache *c, const struct cache_wait *w, size_t i,
+/* Look up key i (the walk's next key): its entry (*ep; NULL: the index
+ * does not know it) and what the walk does with it. */
+static enum get_step cache_get_look_up(struct cache_lookahead *la, const struct cache_wait *w, size_t i,
                                        struct index_entry **ep)
 {
     bool mismatch = false;
-    struct index_entry *e = cache_entry_for(c, w->ns->id, w->keys[i], cache_check_at(w->checks, i),
-                                            &mismatch);
+    struct index_entry *e = cache_lookahead_entry(la, i, cache_check_at(w->checks, i), &mismatch);
 
     *ep = e;
     /* Held under another word: the prefix ends (counted at the lend). */
@@ -236,14 +264,41 @@ struct match_end {
     struct index_entry **found;   /* the prefix's entries (c->match_found), or NULL: look them up again */
 };
 
-/* The scan's lookups run as the stages of index.h over batches of
- * MATCH_BATCH keys: every key's hash and group line, then every key's entry,
- * then the lookups (the key list is known up front). Tight loops of
- * prefetches put more of a batch's cache misses in flight at once than one
- * loop interleaving the stages some keys apart did (random keys over 1 M
- * entries: about 10 % less time per key); a MATCH that ends early loaded at
- * most one batch for nothing. */
-#define MATCH_BATCH 64
+static void cache_lookahead_start(struct cache_lookahead *la, struct kv_index *ix, uint32_t ns,
+                                  const int64_t *keys, size_t n)
+{
+    la->ix = ix;
+    la->ns = ns;
+    la->keys = keys;
+    la->n = n;
+    la->at = la->m = 0;
+}
+
+static struct index_entry *cache_lookahead_next(struct cache_lookahead *la, size_t i)
+{
+    if (i < la->at || i >= la->at + la->m) {   /* load the batch from key i */
+        la->at = i;
+        la->m = la->n - i < CACHE_LOOKUP_BATCH ? la->n - i : CACHE_LOOKUP_BATCH;
+        for (size_t k = 0; k < la->m; k++) {
+            la->hash[k] = index_key_hash(la->ix, la->ns, la->keys[i + k]);
+            index_prefetch_bucket(la->ix, la->hash[k]);
+        }
+        for (size_t k = 0; k < la->m; k++)
+            (void)index_prefetch_first(la->ix, la->hash[k]);
+    }
+    return index_lookup_hashed(la->ix, la->ns, la->keys[i], la->hash[i - la->at]);
+}
+
+static struct index_entry *cache_lookahead_entry(struct cache_lookahead *la, size_t i, uint64_t check,
+                                                 bool *mismatch)
+{
+    struct index_entry *e = cache_lookahead_next(la, i);
+    if (e && e->check != check) {
+        *mismatch = true;
+        return NULL;
+    }
+    return e;
+}
 
 /* Key i's entry e (NULL: not in the index) tallied; false: the prefix ends
  * before key i. */
@@ -275,10 +330,8 @@ static bool cache_match_take(const struct cache_read_req *r, size_t i, struct in
 static size_t cache_match_scan(struct cache *c, const struct cache_read_req *r, struct cache_tiers *t,
                                struct match_end *end)
 {
-    uint64_t hash[MATCH_BATCH];     /* of keys i .. i + m - 1 */
-    struct kv_index *ix = c->index;
-    uint32_t ns = r->ns->id;
-    size_t i = 0, k = 0, m = 0;
+    struct cache_lookahead la;
+    size_t i;
     memset(t, 0, sizeof *t);
     end->miss = NULL;
     end->mismatch = false;
@@ -292,18 +345,10 @@ static size_t cache_match_scan(struct cache *c, const struct cache_read_req *r, 
             c->match_found_cap = r->n;
         }
     }
-    while (i < r->n && k == m) {
-        m = r->n - i < MATCH_BATCH ? r->n - i : MATCH_BATCH;
-        for (k = 0; k < m; k++) {
-            hash[k] = index_key_hash(ix, ns, r->keys[i + k]);
-            index_prefetch_bucket(ix, hash[k]);
-        }
-        for (k = 0; k < m; k++)
-            (void)index_prefetch_first(ix, hash[k]);
-        for (k = 0; k < m; k++, i++)
-            if (!cache_match_take(r, i, index_lookup_hashed(ix, ns, r->keys[i], hash[k]), t, end))
-                break;
-    }
+    cache_lookahead_start(&la, c->index, r->ns->id, r->keys, r->n);
+    for (i = 0; i < r->n; i++)
+        if (!cache_match_take(r, i, cache_lookahead_next(&la, i), t, end))
+            break;
     t->matched = i;
     return i;
 }

@@ -44,7 +44,15 @@
  *     with it: each part's median (round trips, the copy), a kvnode PING and
  *     a memcpy into a destination 16 bytes off in the same iterations, page
  *     faults per iteration of each part, and the page size / huge pages of
- *     the arena's mapping and of memcpy's buffers (/proc/self/smaps).
+ *     the arena's mapping and of memcpy's buffers (/proc/self/smaps); a raw
+ *     unix-socket round trip with the echo process after the same sweep as
+ *     the PING (the kernel's floor for a round trip after idle), kvnoded's
+ *     CPU time per get_begin / put_begin / PING (schedstat, from before the
+ *     sweep that precedes each, the daemon idle then, to its reply; the
+ *     tail after the reply's write may be left out, alike for all three),
+ *     and the ceiling memcpy / (memcpy + raw round trip): one round trip is
+ *     the least any design that asks the daemon can do (PUT as measured
+ *     makes two, put_commit being waited for).
  *
  * MemAvailable is read first: section 4 uses fewer blocks and section 5
  * leaves out 1 MiB blocks when less than twice what they need is free.
@@ -952,15 +960,22 @@ struct zc_part {
     double us, faults;
 };
 enum { ZC_REF_GET, ZC_GET, ZC_GET_BEGIN, ZC_GET_COPY, ZC_GET_END, ZC_REF_PUT, ZC_PUT, ZC_PUT_BEGIN,
-       ZC_PUT_COPY, ZC_PUT_COMMIT, ZC_PING, ZC_REF_OFF16, ZC_PARTS };
+       ZC_PUT_COPY, ZC_PUT_COMMIT, ZC_PING, ZC_REF_OFF16, ZC_RAW, ZC_PARTS };
 static const char *const zc_part_name[ZC_PARTS] = {
     "memcpy (GET's pattern)", "zero-copy GET", "  get_begin round trip", "  copy out of the arena",
     "  get_end (not waited)", "memcpy (PUT's pattern)", "zero-copy PUT", "  put_begin round trip",
     "  copy into the arena", "  put_commit round trip", "kvnode PING round trip", "memcpy, dst 16 B off",
+    "raw unix-socket round trip",
 };
+/* kvnoded's CPU time per request (every thread's schedstat, from before the
+ * untimed sweep that precedes the request to its reply: all of it the
+ * request's, the daemon being idle before). */
+enum { ZC_CPU_GET_BEGIN, ZC_CPU_PUT_BEGIN, ZC_CPU_PING, ZC_CPUS };
+static const char *const zc_cpu_name[ZC_CPUS] = { "get_begin", "put_begin", "PING" };
 struct zc_result {
     double memcpy_get_gbs, memcpy_put_gbs, get_gbs, put_gbs;
     struct zc_part part[ZC_PARTS];
+    double daemon_cpu_us[ZC_CPUS];   /* mean over the kept iterations */
 };
 
 /* Page size and huge pages of the mapping holding addr, from /proc/self/smaps. */
@@ -1024,6 +1039,30 @@ static void zc_take(uint64_t *ns, long *flt, unsigned it, struct zc_mark a, stru
     flt[it] = b.faults - a.faults;
 }
 
+/* The GET reference with dst 16 bytes off (timed into *ns / *flt unless
+ * NULL), checked: also the sweep before each round trip. */
+static void zc_ref_off16(unsigned char *dst, const unsigned char *ref_src, const unsigned char *src,
+                         size_t chain_bytes, uint64_t bb, uint64_t *ns, long *flt)
+{
+    memset(dst, 0, chain_bytes + 16);
+    struct zc_mark a = zc_now();
+    for (size_t i = 0; i < CHAIN; i++)
+        memcpy(dst + 16 + i * bb, ref_src + i * bb, bb);
+    struct zc_mark b = zc_now();
+    if (ns)
+        zc_take(ns, flt, 0, a, b);
+    if (memcmp(dst + 16, src, chain_bytes) != 0)
+        die("memcpy", "the copy differs");
+}
+
+/* One raw ping-pong with the echo process (RAW_MSG bytes each way). */
+static void raw_round_trip(int fd)
+{
+    char buf[RAW_MSG] = { 0 };
+    write_full(fd, buf, sizeof buf, "raw ping");
+    read_full(fd, buf, sizeof buf, "raw pong");
+}
+
 static char zc_pages_line[4][160];   /* the mappings' pages, printed with the results */
 
 static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label, struct zc_result *out)
@@ -1073,6 +1112,9 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
         dstv[i] = dst + i * bb;
     const void *arena_block = NULL;
     for (int m = 0; m < nmodes; m++) {
+        int raw_fd;
+        pid_t echo = start_echo(modes[m].server_cpu, &raw_fd);
+        long long cpu_ns[ZC_CPUS] = { 0 }, r0;
         pin_process(d->pid, modes[m].server_cpu);
         pin_tid(0, modes[m].client_cpu);
         /* Each iteration: the GET reference, GET, the PUT reference, PUT,
@@ -1092,10 +1134,13 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
             if (memcmp(dst, src, chain_bytes) != 0)
                 die("memcpy", "the copy differs");
 
+            r0 = proc_run_ns(d->pid);
             memset(dst, 0, chain_bytes);
             a = zc_now();
             check(c, kvnode_get_begin(c, gkeys, CHAIN, &lease, locs, &got), "get_begin");
             b = zc_now();
+            if (it > 0)
+                cpu_ns[ZC_CPU_GET_BEGIN] += proc_run_ns(d->pid) - r0;
             if (got != CHAIN)
                 die("get_begin", "short prefix");
             for (size_t i = 0; i < CHAIN; i++)
@@ -1113,21 +1158,25 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
             if (memcmp(dst, src, chain_bytes) != 0)   /* src was filled and put */
                 die("zero-copy GET", "a block read differs from the one put");
 
-            memset(dst, 0, chain_bytes + 16);   /* the GET reference, dst 16 bytes off */
-            a = zc_now();
-            for (size_t i = 0; i < CHAIN; i++)
-                memcpy(dst + 16 + i * bb, ref_src + i * bb, bb);
-            b = zc_now();
-            if (it > 0)
-                zc_take(t[ZC_REF_OFF16], f[ZC_REF_OFF16], k, a, b);
-            if (memcmp(dst + 16, src, chain_bytes) != 0)
-                die("memcpy", "the copy differs");
+            r0 = proc_run_ns(d->pid);
+            zc_ref_off16(dst, ref_src, src, chain_bytes, bb, it > 0 ? &t[ZC_REF_OFF16][k] : NULL,
+                         it > 0 ? &f[ZC_REF_OFF16][k] : NULL);
             a = zc_now();
             check(c, kvnode_ping(c), "kvnode_ping");
             b = zc_now();
-            if (it > 0)
+            if (it > 0) {
+                cpu_ns[ZC_CPU_PING] += proc_run_ns(d->pid) - r0;
                 zc_take(t[ZC_PING], f[ZC_PING], k, a, b);
+            }
+            /* The kernel's floor for one round trip, after the same sweep. */
+            zc_ref_off16(dst, ref_src, src, chain_bytes, bb, NULL, NULL);
+            a = zc_now();
+            raw_round_trip(raw_fd);
+            b = zc_now();
+            if (it > 0)
+                zc_take(t[ZC_RAW], f[ZC_RAW], k, a, b);
 
+            r0 = proc_run_ns(d->pid);
             a = zc_now();
             for (size_t i = 0; i < CHAIN; i++)
                 memcpy(ref_dst + i * bb, src + i * bb, bb);
@@ -1140,6 +1189,8 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
             a = zc_now();
             check(c, kvnode_put_begin(c, pkeys, CHAIN, KVNODE_TIER_HOST, &lease, locs), "put_begin");
             b = zc_now();
+            if (it > 0)
+                cpu_ns[ZC_CPU_PUT_BEGIN] += proc_run_ns(d->pid) - r0;
             for (size_t i = 0; i < CHAIN; i++) {
                 if (!locs[i].ptr)
                     die("put_begin", "a key of the deleted chain is still stored");
@@ -1173,6 +1224,9 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
         out[m].memcpy_put_gbs = (double)chain_bytes / (double)t[ZC_REF_PUT][iters / 2];
         out[m].get_gbs = (double)chain_bytes / (double)t[ZC_GET][iters / 2];
         out[m].put_gbs = (double)chain_bytes / (double)t[ZC_PUT][iters / 2];
+        for (int k = 0; k < ZC_CPUS; k++)
+            out[m].daemon_cpu_us[k] = (double)cpu_ns[k] / 1e3 / iters;
+        stop_echo(echo, raw_fd);
         unpin_self();
     }
     struct map_pages ar, bu;
@@ -1195,6 +1249,14 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
     kvnode_close(c);
 }
 
+/* The best GET / PUT / memcpy ratio a design with one daemon round trip at
+ * the kernel's floor (the raw one) could reach; k: GET, PUT, PUT with two. */
+static double zc_ceiling(const struct zc_result *zc, int k)
+{
+    double mc = zc->part[k == 0 ? ZC_REF_GET : ZC_REF_PUT].us, raw = zc->part[ZC_RAW].us;
+    return mc / (mc + (k == 2 ? 2 : 1) * raw);
+}
+
 static void print_zc_parts(const struct zc_result *zc, const char *label)
 {
     printf("    %s: median per iteration, us (page faults per iteration)\n      %-24s", label, "");
@@ -1205,6 +1267,24 @@ static void print_zc_parts(const struct zc_result *zc, const char *label)
         printf("      %-24s", zc_part_name[p]);
         for (int m = 0; m < nmodes; m++)
             printf(" %10.1f (%8.1f)", zc[m].part[p].us, zc[m].part[p].faults);
+        printf("\n");
+    }
+    for (int k = 0; k < ZC_CPUS; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "kvnoded CPU per %s", zc_cpu_name[k]);
+        printf("      %-24s", name);
+        for (int m = 0; m < nmodes; m++)
+            printf(" %10.1f %10s", zc[m].daemon_cpu_us[k], "");
+        printf("\n");
+    }
+    /* One round trip is the least any design that asks the daemon can do;
+     * PUT as measured makes two (put_commit waited). */
+    static const char *const ceil_name[3] = { "ceiling GET: mc/(mc+raw)", "ceiling PUT: mc/(mc+raw)",
+                                              "  same, 2 raw (commit wt)" };
+    for (int k = 0; k < 3; k++) {
+        printf("      %-24s", ceil_name[k]);
+        for (int m = 0; m < nmodes; m++)
+            printf(" %9.2fx %10s", zc_ceiling(&zc[m], k), "");
         printf("\n");
     }
 }
@@ -1511,7 +1591,19 @@ section3:
             printf(" %5.2fx|%5.2fx", zc[b][m].get_gbs / zc[b][m].memcpy_get_gbs,
                    zc[b][m].put_gbs / zc[b][m].memcpy_put_gbs);
         printf("\n");
+        snprintf(name, sizeof name, "  ceiling: memcpy / (memcpy + one raw round trip), %s", b ? "1 MiB" : "64 KiB");
+        printf("  %-58s", name);
+        for (int m = 0; m < nmodes; m++)
+            printf(" %5.2fx|%5.2fx", zc_ceiling(&zc[b][m], 0), zc_ceiling(&zc[b][m], 1));
+        printf("\n");
     }
+    printf("  %-58s", "kvnoded CPU per get_begin | put_begin, 64 KiB (us)");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %6.1f|%6.1f", zc[0][m].daemon_cpu_us[ZC_CPU_GET_BEGIN], zc[0][m].daemon_cpu_us[ZC_CPU_PUT_BEGIN]);
+    printf("\n  %-58s", "kvnoded CPU per PING after the same sweep (us)");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %13.1f", zc[0][m].daemon_cpu_us[ZC_CPU_PING]);
+    printf("\n");
     printf("  %-58s", "kvnode PING rt/s / raw unix-socket ping-pong");
     for (int m = 0; m < nmodes; m++)
         printf(" %12.2fx", rt[m].kv_ping / rt[m].raw);

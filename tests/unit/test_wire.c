@@ -812,6 +812,149 @@ START_TEST(test_locs_unpack_other_forms)
 }
 END_TEST
 
+/* --- GET_BEGIN / PUT_BEGIN requests: the direct codec ------------------------ */
+
+/* The fields of two requests of the key-list kinds are the same. */
+static void assert_keys_req_eq(const Kvnode__Request *a, const Kvnode__Request *b, const char *what)
+{
+    ck_assert_msg(a->id == b->id && a->op_case == b->op_case, "%s: id / op", what);
+    bool put = a->op_case == KVNODE__REQUEST__OP_PUT_BEGIN;
+    ck_assert_msg(put || a->op_case == KVNODE__REQUEST__OP_GET_BEGIN, "%s: op %d", what, (int)a->op_case);
+    size_t na = put ? a->put_begin->n_keys : a->get_begin->n_keys, nb = put ? b->put_begin->n_keys : b->get_begin->n_keys;
+    const int64_t *ka = put ? a->put_begin->keys : a->get_begin->keys, *kb = put ? b->put_begin->keys : b->get_begin->keys;
+    size_t ca = put ? a->put_begin->n_checks : a->get_begin->n_checks;
+    size_t cb = put ? b->put_begin->n_checks : b->get_begin->n_checks;
+    const uint64_t *wa = put ? a->put_begin->checks : a->get_begin->checks;
+    const uint64_t *wb = put ? b->put_begin->checks : b->get_begin->checks;
+    ck_assert_msg(na == nb && ca == cb, "%s: %zu/%zu keys, %zu/%zu checks", what, na, nb, ca, cb);
+    ck_assert_msg(na == 0 || memcmp(ka, kb, na * sizeof *ka) == 0, "%s: keys differ", what);
+    ck_assert_msg(ca == 0 || memcmp(wa, wb, ca * sizeof *wa) == 0, "%s: checks differ", what);
+    if (put)
+        ck_assert_msg(a->put_begin->tier == b->put_begin->tier, "%s: tier %d / %d", what,
+                      (int)a->put_begin->tier, (int)b->put_begin->tier);
+}
+
+/* A request of n keys (GET_BEGIN or PUT_BEGIN, with check words or not)
+ * packed by wire_pack and by protobuf-c: the same bytes; wire_unpack_request
+ * of them: what protobuf-c reads (freed by kvnode__request__free_unpacked);
+ * of every prefix: NULL where protobuf-c reads nothing. */
+START_TEST(test_keys_codec_as_protobuf)
+{
+    static int64_t keys[300];
+    static uint64_t checks[300];
+    static const int tiers[] = { 0, KVNODE__TIER__TIER_HOST, KVNODE__TIER__TIER_HBM, -1, 300, INT32_MIN };
+    for (int round = 0; round < 400; round++) {
+        size_t n = round < 300 ? (size_t)round : (size_t)(locs_next() % 300);
+        for (size_t i = 0; i < n; i++) {
+            keys[i] = (int64_t)(locs_next() % 3 == 0 ? locs_value(0) : locs_next());
+            checks[i] = locs_value(0);
+        }
+        Kvnode__Request r = KVNODE__REQUEST__INIT;
+        Kvnode__GetBeginRequest g = KVNODE__GET_BEGIN_REQUEST__INIT;
+        Kvnode__PutBeginRequest pb = KVNODE__PUT_BEGIN_REQUEST__INIT;
+        bool put = round % 2 == 1, with_checks = round % 3 == 0;
+        r.id = locs_value(0);
+        if (put) {
+            pb.n_keys = n;
+            pb.keys = n ? keys : NULL;
+            pb.n_checks = with_checks ? n : 0;
+            pb.checks = with_checks && n ? checks : NULL;
+            pb.tier = (Kvnode__Tier)tiers[(size_t)round / 2 % (sizeof tiers / sizeof tiers[0])];
+            r.op_case = KVNODE__REQUEST__OP_PUT_BEGIN;
+            r.put_begin = &pb;
+        } else {
+            g.n_keys = n;
+            g.keys = n ? keys : NULL;
+            g.n_checks = with_checks ? n : 0;
+            g.checks = with_checks && n ? checks : NULL;
+            r.op_case = KVNODE__REQUEST__OP_GET_BEGIN;
+            r.get_begin = &g;
+        }
+        size_t want_len = protobuf_c_message_get_packed_size(&r.base);
+        uint8_t *want = malloc(want_len + 1), *frame = NULL;
+        size_t frame_len;
+        ck_assert_ptr_nonnull(want);
+        ck_assert_uint_eq(protobuf_c_message_pack(&r.base, want), want_len);
+        ck_assert_int_eq(wire_pack(&r.base, WIRE_FRAME_LIMIT, &frame, &frame_len), 0);
+        ck_assert_uint_eq(frame_len, WIRE_HEADER_BYTES + want_len);
+        ck_assert_msg(memcmp(frame + WIRE_HEADER_BYTES, want, want_len) == 0, "round %d: bytes differ", round);
+
+        Kvnode__Request *u = wire_unpack_request(want, want_len);
+        ck_assert_ptr_nonnull(u);
+        assert_keys_req_eq(u, &r, "round trip");
+        kvnode__request__free_unpacked(u, NULL);
+        for (size_t cut = 0; cut < want_len && round < 40; cut++) {
+            uint8_t *p = malloc(cut ? cut : 1);
+            ck_assert_ptr_nonnull(p);
+            memcpy(p, want, cut);
+            Kvnode__Request *a = wire_unpack_request(p, cut), *b = kvnode__request__unpack(NULL, cut, p);
+            ck_assert_int_eq(a != NULL, b != NULL);
+            if (a) {
+                ck_assert_int_eq(a->op_case, b->op_case);
+                if (a->op_case == KVNODE__REQUEST__OP_GET_BEGIN || a->op_case == KVNODE__REQUEST__OP_PUT_BEGIN)
+                    assert_keys_req_eq(a, b, "prefix");
+                kvnode__request__free_unpacked(a, NULL);
+                kvnode__request__free_unpacked(b, NULL);
+            }
+            free(p);
+        }
+        free(want);
+        free(frame);
+    }
+}
+END_TEST
+
+/* Bytes in other forms than protobuf-c packs (keys not packed, fields out
+ * of order or twice, an unknown field, overlong and 11-byte varints, empty
+ * lists, check words not a multiple of 8 bytes, a tier past 32 bits) still
+ * read as protobuf-c reads them. */
+START_TEST(test_keys_unpack_other_forms)
+{
+    static const struct {
+        const char *what;
+        uint8_t bytes[40];
+        size_t len;
+    } cases[] = {
+        { "keys not packed", { 0x62, 0x04, 0x08, 0x05, 0x08, 0x07 }, 6 },
+        { "checks before keys", { 0x62, 0x0d, 0x12, 0x08, 1, 2, 3, 4, 5, 6, 7, 8, 0x0a, 0x01, 0x05 }, 15 },
+        { "keys twice", { 0x62, 0x06, 0x0a, 0x01, 0x05, 0x0a, 0x01, 0x07 }, 8 },
+        { "an unknown field", { 0x62, 0x05, 0x0a, 0x01, 0x05, 0x20, 0x07 }, 7 },
+        { "overlong varint key", { 0x62, 0x04, 0x0a, 0x02, 0x85, 0x00 }, 6 },
+        { "11-byte varint key", { 0x62, 0x0d, 0x0a, 0x0b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                  0xff, 0xff, 0x01 }, 15 },
+        { "10-byte varint key", { 0x62, 0x0c, 0x0a, 0x0a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                  0xff, 0x7f }, 14 },
+        { "unterminated key", { 0x62, 0x03, 0x0a, 0x01, 0x85 }, 5 },
+        { "empty keys", { 0x62, 0x02, 0x0a, 0x00 }, 4 },
+        { "empty checks", { 0x62, 0x05, 0x0a, 0x01, 0x05, 0x12, 0x00 }, 7 },
+        { "checks of 7 bytes", { 0x62, 0x0c, 0x0a, 0x01, 0x05, 0x12, 0x07, 1, 2, 3, 4, 5, 6, 7 }, 14 },
+        { "tier after checks", { 0x72, 0x0e, 0x0a, 0x01, 0x05, 0x1a, 0x08, 1, 2, 3, 4, 5, 6, 7, 8, 0x10, 0x01 }, 17 },
+        { "tier past 32 bits", { 0x72, 0x09, 0x0a, 0x01, 0x05, 0x10, 0x81, 0x80, 0x80, 0x80, 0x10 }, 11 },
+        { "tier twice", { 0x72, 0x07, 0x0a, 0x01, 0x05, 0x10, 0x01, 0x10, 0x02 }, 9 },
+        { "get_begin with a tier", { 0x62, 0x05, 0x0a, 0x01, 0x05, 0x10, 0x01 }, 7 },
+        { "id after the op", { 0x62, 0x03, 0x0a, 0x01, 0x05, 0x08, 0x09 }, 7 },
+        { "op twice", { 0x62, 0x03, 0x0a, 0x01, 0x05, 0x62, 0x03, 0x0a, 0x01, 0x07 }, 10 },
+        { "sub-message short", { 0x62, 0x04, 0x0a, 0x01, 0x05 }, 5 },
+        { "a field numbered 0", { 0x62, 0x05, 0x0a, 0x01, 0x05, 0x80, 0x00 }, 7 },
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        Kvnode__Request *a = wire_unpack_request(cases[k].bytes, cases[k].len);
+        Kvnode__Request *b = kvnode__request__unpack(NULL, cases[k].len, cases[k].bytes);
+        if (b && k == sizeof cases / sizeof cases[0] - 1) {   /* field 0: wire refuses it */
+            ck_assert_ptr_null(a);
+            kvnode__request__free_unpacked(b, NULL);
+            continue;
+        }
+        ck_assert_msg((a != NULL) == (b != NULL), "%s", cases[k].what);
+        if (!a)
+            continue;
+        assert_keys_req_eq(a, b, cases[k].what);
+        kvnode__request__free_unpacked(a, NULL);
+        kvnode__request__free_unpacked(b, NULL);
+    }
+}
+END_TEST
+
 START_TEST(test_op_names)
 {
     static const struct { int op; const char *name; } ops[] = {
@@ -865,6 +1008,8 @@ static Suite *wire_suite(void)
     tcase_add_test(tc, test_round_trip_responses);
     tcase_add_test(tc, test_locs_codec_as_protobuf);
     tcase_add_test(tc, test_locs_unpack_other_forms);
+    tcase_add_test(tc, test_keys_codec_as_protobuf);
+    tcase_add_test(tc, test_keys_unpack_other_forms);
     suite_add_tcase(s, tc);
     return s;
 }
