@@ -52,7 +52,8 @@
  *     tail after the reply's write may be left out, alike for all three),
  *     and the ceiling memcpy / (memcpy + raw round trip): one round trip is
  *     the least any design that asks the daemon can do (PUT as measured
- *     makes two, put_commit being waited for).
+ *     makes two, put_commit being waited for; every other iteration's PUT
+ *     pipelines its commit with kvnode_put_commit_nowait and makes one).
  *
  * MemAvailable is read first: section 4 uses fewer blocks and section 5
  * leaves out 1 MiB blocks when less than twice what they need is free.
@@ -960,11 +961,12 @@ struct zc_part {
     double us, faults;
 };
 enum { ZC_REF_GET, ZC_GET, ZC_GET_BEGIN, ZC_GET_COPY, ZC_GET_END, ZC_REF_PUT, ZC_PUT, ZC_PUT_BEGIN,
-       ZC_PUT_COPY, ZC_PUT_COMMIT, ZC_PING, ZC_REF_OFF16, ZC_RAW, ZC_PARTS };
+       ZC_PUT_COPY, ZC_PUT_COMMIT, ZC_PUT_NW, ZC_PUT_NW_COMMIT, ZC_PING, ZC_REF_OFF16, ZC_RAW, ZC_PARTS };
 static const char *const zc_part_name[ZC_PARTS] = {
     "memcpy (GET's pattern)", "zero-copy GET", "  get_begin round trip", "  copy out of the arena",
     "  get_end (not waited)", "memcpy (PUT's pattern)", "zero-copy PUT", "  put_begin round trip",
-    "  copy into the arena", "  put_commit round trip", "kvnode PING round trip", "memcpy, dst 16 B off",
+    "  copy into the arena", "  put_commit round trip", "PUT, commit not waited", "  put_commit_nowait",
+    "kvnode PING round trip", "memcpy, dst 16 B off",
     "raw unix-socket round trip",
 };
 /* kvnoded's CPU time per request (every thread's schedstat, from before the
@@ -974,6 +976,7 @@ enum { ZC_CPU_GET_BEGIN, ZC_CPU_PUT_BEGIN, ZC_CPU_PING, ZC_CPUS };
 static const char *const zc_cpu_name[ZC_CPUS] = { "get_begin", "put_begin", "PING" };
 struct zc_result {
     double memcpy_get_gbs, memcpy_put_gbs, get_gbs, put_gbs;
+    double put_nw_gbs;   /* PUT with kvnode_put_commit_nowait: one round trip, as get_end */
     struct zc_part part[ZC_PARTS];
     double daemon_cpu_us[ZC_CPUS];   /* mean over the kept iterations */
 };
@@ -1075,7 +1078,7 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
         die("connect", kvh_error());
     size_t chain_bytes = (size_t)bb * CHAIN;
     uint64_t target = quick ? 256ull << 20 : 1ull << 30;
-    unsigned min_iters = quick ? 3 : 5;
+    unsigned min_iters = quick ? 4 : 6;   /* PUT's two forms take turns: at least 2 each */
     unsigned iters = (unsigned)(target / chain_bytes) < min_iters ? min_iters : (unsigned)(target / chain_bytes);
     kvnode_key gkeys[CHAIN], pkeys[CHAIN];
     kvh_chain(gkeys, CHAIN, 3000 + bb);
@@ -1186,6 +1189,11 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
             if (it == iters && memcmp(ref_dst, src, chain_bytes) != 0)
                 die("memcpy", "the copy differs");
 
+            /* PUT: odd iterations wait for put_commit, even ones pipeline
+             * it (kvnode_put_commit_nowait; the next call, the delete
+             * below, reports a failed commit); both after the same sweeps. */
+            bool pipelined = it % 2 == 0;
+            unsigned kp = (it - 1) / 2;   /* its place among its form's kept iterations */
             a = zc_now();
             check(c, kvnode_put_begin(c, pkeys, CHAIN, KVNODE_TIER_HOST, &lease, locs), "put_begin");
             b = zc_now();
@@ -1197,13 +1205,19 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
                 memcpy(locs[i].ptr, src + i * bb, bb);
             }
             e = zc_now();
-            check(c, kvnode_put_commit(c, lease), "put_commit");
+            if (pipelined)
+                check(c, kvnode_put_commit_nowait(c, lease), "put_commit_nowait");
+            else
+                check(c, kvnode_put_commit(c, lease), "put_commit");
             z = zc_now();
-            if (it > 0) {
-                zc_take(t[ZC_PUT], f[ZC_PUT], k, a, z);
-                zc_take(t[ZC_PUT_BEGIN], f[ZC_PUT_BEGIN], k, a, b);
-                zc_take(t[ZC_PUT_COPY], f[ZC_PUT_COPY], k, b, e);
-                zc_take(t[ZC_PUT_COMMIT], f[ZC_PUT_COMMIT], k, e, z);
+            if (it > 0 && pipelined) {
+                zc_take(t[ZC_PUT_NW], f[ZC_PUT_NW], kp, a, z);
+                zc_take(t[ZC_PUT_NW_COMMIT], f[ZC_PUT_NW_COMMIT], kp, e, z);
+            } else if (it > 0) {
+                zc_take(t[ZC_PUT], f[ZC_PUT], kp, a, z);
+                zc_take(t[ZC_PUT_BEGIN], f[ZC_PUT_BEGIN], kp, a, b);
+                zc_take(t[ZC_PUT_COPY], f[ZC_PUT_COPY], kp, b, e);
+                zc_take(t[ZC_PUT_COMMIT], f[ZC_PUT_COMMIT], kp, e, z);
             }
             if (it == iters) {   /* the last chain put, read back byte-exact */
                 memset(dst, 0, chain_bytes);
@@ -1211,19 +1225,27 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
                 if (got != CHAIN || memcmp(dst, src, chain_bytes) != 0)
                     die("zero-copy PUT", "the chain read back differs from the one put");
             }
-            check(c, kvnode_delete(c, pkeys, CHAIN, &deleted), "delete");
+            check(c, kvnode_delete(c, pkeys, CHAIN, &deleted), pipelined ? "delete after put_commit_nowait" : "delete");
+            if (deleted != CHAIN)
+                die(pipelined ? "put_commit_nowait" : "put_commit", "the chain was not all committed");
         }
         for (int p = 0; p < ZC_PARTS; p++) {
+            /* PUT's parts were taken in turns: the waited form's in the odd
+             * iterations, the pipelined one's in the even. */
+            bool nw = p == ZC_PUT_NW || p == ZC_PUT_NW_COMMIT;
+            bool waited = p == ZC_PUT || p == ZC_PUT_BEGIN || p == ZC_PUT_COPY || p == ZC_PUT_COMMIT;
+            unsigned n = nw ? iters / 2 : waited ? iters - iters / 2 : iters;
             double fsum = 0;
-            for (unsigned i = 0; i < iters; i++)
+            for (unsigned i = 0; i < n; i++)
                 fsum += (double)f[p][i];
-            qsort(t[p], iters, sizeof *t[p], cmp_u64);
-            out[m].part[p] = (struct zc_part){ (double)t[p][iters / 2] / 1e3, fsum / iters };
+            qsort(t[p], n, sizeof *t[p], cmp_u64);
+            out[m].part[p] = (struct zc_part){ (double)t[p][n / 2] / 1e3, fsum / n };
         }
         out[m].memcpy_get_gbs = (double)chain_bytes / (double)t[ZC_REF_GET][iters / 2];
         out[m].memcpy_put_gbs = (double)chain_bytes / (double)t[ZC_REF_PUT][iters / 2];
         out[m].get_gbs = (double)chain_bytes / (double)t[ZC_GET][iters / 2];
-        out[m].put_gbs = (double)chain_bytes / (double)t[ZC_PUT][iters / 2];
+        out[m].put_gbs = (double)chain_bytes / (double)(out[m].part[ZC_PUT].us * 1e3);
+        out[m].put_nw_gbs = (double)chain_bytes / (double)(out[m].part[ZC_PUT_NW].us * 1e3);
         for (int k = 0; k < ZC_CPUS; k++)
             out[m].daemon_cpu_us[k] = (double)cpu_ns[k] / 1e3 / iters;
         stop_echo(echo, raw_fd);
@@ -1590,6 +1612,11 @@ section3:
         for (int m = 0; m < nmodes; m++)
             printf(" %5.2fx|%5.2fx", zc[b][m].get_gbs / zc[b][m].memcpy_get_gbs,
                    zc[b][m].put_gbs / zc[b][m].memcpy_put_gbs);
+        printf("\n");
+        snprintf(name, sizeof name, "  PUT with put_commit_nowait / memcpy, %s", b ? "1 MiB" : "64 KiB");
+        printf("  %-58s", name);
+        for (int m = 0; m < nmodes; m++)
+            printf(" %12.2fx", zc[b][m].put_nw_gbs / zc[b][m].memcpy_put_gbs);
         printf("\n");
         snprintf(name, sizeof name, "  ceiling: memcpy / (memcpy + one raw round trip), %s", b ? "1 MiB" : "64 KiB");
         printf("  %-58s", name);
