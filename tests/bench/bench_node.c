@@ -621,7 +621,36 @@ static void count_syscalls(const struct servers *s, enum op op, pid_t server_pid
  * reaped children), in user space and in the kernel. */
 struct mc_cpu {
     double srv_user, srv_sys, cli_user, cli_sys;
+    double srv_sleeps;   /* the server's voluntary context switches (waits for work) per round trip */
 };
+
+/* Voluntary context switches of every thread of pid (each a wait that a
+ * client's request had to wake), or 0. */
+static unsigned long long proc_sleeps(pid_t pid)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    unsigned long long sum = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char path[384], line[128];
+        snprintf(path, sizeof path, "%s/%s/status", dir, de->d_name);
+        FILE *f = fopen(path, "r");
+        unsigned long long v;
+        while (f && fgets(line, sizeof line, f))
+            if (sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1)
+                sum += v;
+        if (f)
+            fclose(f);
+    }
+    closedir(d);
+    return sum;
+}
 
 /* utime + stime of pid in clock ticks. */
 static void proc_cpu_ticks(pid_t pid, unsigned long long *user, unsigned long long *sys)
@@ -691,6 +720,7 @@ static double many_clients(const struct servers *s, enum op op, bool present, in
     unsigned long long su0, ss0, su1, ss1;
     getrusage(RUSAGE_CHILDREN, &ru0);
     proc_cpu_ticks(server_pid, &su0, &ss0);
+    unsigned long long sleeps0 = proc_sleeps(server_pid);
     write_full(go[1], gos, (size_t)nclients, "go");
     double sum = 0, trips = 0;
     for (int i = 0; i < nclients; i++) {
@@ -700,6 +730,7 @@ static double many_clients(const struct servers *s, enum op op, bool present, in
         trips += r[1];
     }
     proc_cpu_ticks(server_pid, &su1, &ss1);
+    unsigned long long sleeps1 = proc_sleeps(server_pid);
     for (int i = 0; i < nclients; i++)
         reap(pids[i], "client process");
     getrusage(RUSAGE_CHILDREN, &ru1);
@@ -707,6 +738,7 @@ static double many_clients(const struct servers *s, enum op op, bool present, in
     *cpu_out = (struct mc_cpu){
         (double)(su1 - su0) * tick_us / trips, (double)(ss1 - ss0) * tick_us / trips,
         (tv_us(ru1.ru_utime) - tv_us(ru0.ru_utime)) / trips, (tv_us(ru1.ru_stime) - tv_us(ru0.ru_stime)) / trips,
+        (double)(sleeps1 - sleeps0) / trips,
     };
     close(ready[0]);
     close(go[1]);
@@ -1508,9 +1540,11 @@ section3:
     printf("\n3. 16-key MATCH round trips/s of N client processes vs redis pipelines of 16 EXISTS\n"
            "   (CPU per round trip in us of the best round: server user+kernel | clients user+kernel;\n"
            "   ceiling: the ratio if kvnoded and libkvnode ran no user code: redis's CPU / (kvnode's kernel CPU\n"
-           "   + the user time of its 5 syscalls per round trip, as a raw ping-pong client's user time per call))\n");
-    printf("    %-15s %-8s %3s %12s %12s %8s %8s | %-27s | %-27s\n", "pinning", "keys", "N", "kvnode", "redis",
-           "ratio", "ceiling", "kvnoded | its clients", "redis-server | its clients");
+           "   + the user time of its 5 syscalls per round trip, as a raw ping-pong client's user time per call);\n"
+           "   sleeps: the server's waits for work (voluntary context switches) per round trip, each one a\n"
+           "   wakeup its clients' requests paid for)\n");
+    printf("    %-15s %-8s %3s %12s %12s %8s %8s | %-27s | %-27s | %s\n", "pinning", "keys", "N", "kvnode", "redis",
+           "ratio", "ceiling", "kvnoded | its clients", "redis-server | its clients", "sleeps kv | redis");
     double mc[MAX_MODES][2][2];   /* [mode][absent, present][4, 16 clients] ratio */
     double mc_ceil[MAX_MODES][2][2];   /* the same, with no user time on kvnode's side */
     struct mc_cpu mcpu[MAX_MODES][2][2][2];   /* [mode][absent, present][4, 16][kvnode, redis] */
@@ -1542,9 +1576,9 @@ section3:
                 const struct mc_cpu *a = &mcpu[m][p][k][0], *b = &mcpu[m][p][k][1];
                 mc_ceil[m][p][k] = mc_ceiling(a, b, have_sc ? sc[m][2].server + sc[m][2].client : 5.0, sys_user[m]);
                 printf("    %-15s %-8s %3d %12.0f %12.0f %7.2fx %7.2fx | %5.1f+%5.1f | %5.1f+%5.1f | %5.1f+%5.1f | "
-                       "%5.1f+%5.1f\n", modes[m].name, p ? "present" : "absent", nclients[k], kv, re, kv / re,
-                       mc_ceil[m][p][k], a->srv_user, a->srv_sys, a->cli_user, a->cli_sys, b->srv_user, b->srv_sys,
-                       b->cli_user, b->cli_sys);
+                       "%5.1f+%5.1f | %4.2f | %4.2f\n", modes[m].name, p ? "present" : "absent", nclients[k], kv, re,
+                       kv / re, mc_ceil[m][p][k], a->srv_user, a->srv_sys, a->cli_user, a->cli_sys, b->srv_user,
+                       b->srv_sys, b->cli_user, b->cli_sys, a->srv_sleeps, b->srv_sleeps);
             }
     }
     redis_stop(&rs);
