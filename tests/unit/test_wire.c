@@ -690,6 +690,22 @@ static uint64_t locs_value(uint64_t max)
 /* A reply of n locations (GET_BEGIN or PUT_BEGIN) packed by wire_pack and by
  * protobuf-c: the same bytes; wire_unpack_response of them: the same fields
  * (freed by wire_free_response). */
+/* m as protobuf-c packs it (the caller frees it; *len: its length), after
+ * checking that wire_pack writes the same bytes behind its header. */
+static uint8_t *pack_as_protobuf_c(const ProtobufCMessage *m, int round, size_t *len)
+{
+    size_t want_len = protobuf_c_message_get_packed_size(m), frame_len;
+    uint8_t *want = malloc(want_len + 1), *frame = NULL;
+    ck_assert_ptr_nonnull(want);
+    ck_assert_uint_eq(protobuf_c_message_pack(m, want), want_len);
+    ck_assert_int_eq(wire_pack(m, WIRE_FRAME_LIMIT, &frame, &frame_len), 0);
+    ck_assert_uint_eq(frame_len, WIRE_HEADER_BYTES + want_len);
+    ck_assert_msg(memcmp(frame + WIRE_HEADER_BYTES, want, want_len) == 0, "round %d: bytes differ", round);
+    free(frame);
+    *len = want_len;
+    return want;
+}
+
 START_TEST(test_locs_codec_as_protobuf)
 {
     static Kvnode__Location items[300], *ptrs[300];
@@ -720,14 +736,8 @@ START_TEST(test_locs_codec_as_protobuf)
             r.result_case = KVNODE__RESPONSE__RESULT_PUT_BEGIN;
             r.put_begin = &pb;
         }
-        size_t want_len = protobuf_c_message_get_packed_size(&r.base);
-        uint8_t *want = malloc(want_len + 1), *frame = NULL;
-        size_t frame_len;
-        ck_assert_ptr_nonnull(want);
-        ck_assert_uint_eq(protobuf_c_message_pack(&r.base, want), want_len);
-        ck_assert_int_eq(wire_pack(&r.base, WIRE_FRAME_LIMIT, &frame, &frame_len), 0);
-        ck_assert_uint_eq(frame_len, WIRE_HEADER_BYTES + want_len);
-        ck_assert_msg(memcmp(frame + WIRE_HEADER_BYTES, want, want_len) == 0, "round %d: bytes differ", round);
+        size_t want_len;
+        uint8_t *want = pack_as_protobuf_c(&r.base, round, &want_len);
 
         Kvnode__Response *u = wire_unpack_response(want, want_len);
         ck_assert_ptr_nonnull(u);
@@ -759,7 +769,6 @@ START_TEST(test_locs_codec_as_protobuf)
             free(p);
         }
         free(want);
-        free(frame);
     }
 }
 END_TEST
@@ -870,14 +879,8 @@ START_TEST(test_keys_codec_as_protobuf)
             r.op_case = KVNODE__REQUEST__OP_GET_BEGIN;
             r.get_begin = &g;
         }
-        size_t want_len = protobuf_c_message_get_packed_size(&r.base);
-        uint8_t *want = malloc(want_len + 1), *frame = NULL;
-        size_t frame_len;
-        ck_assert_ptr_nonnull(want);
-        ck_assert_uint_eq(protobuf_c_message_pack(&r.base, want), want_len);
-        ck_assert_int_eq(wire_pack(&r.base, WIRE_FRAME_LIMIT, &frame, &frame_len), 0);
-        ck_assert_uint_eq(frame_len, WIRE_HEADER_BYTES + want_len);
-        ck_assert_msg(memcmp(frame + WIRE_HEADER_BYTES, want, want_len) == 0, "round %d: bytes differ", round);
+        size_t want_len;
+        uint8_t *want = pack_as_protobuf_c(&r.base, round, &want_len);
 
         Kvnode__Request *u = wire_unpack_request(want, want_len);
         ck_assert_ptr_nonnull(u);
@@ -899,7 +902,6 @@ START_TEST(test_keys_codec_as_protobuf)
             free(p);
         }
         free(want);
-        free(frame);
     }
 }
 END_TEST
