@@ -42,7 +42,8 @@
  *     iteration as the arena's blocks are); median of interleaved iterations.
  *     Buffers page-aligned as the arena's blocks are. The evidence printed
  *     with it: each part's median (round trips, the copy), a kvnode PING and
- *     a memcpy into a destination 16 bytes off in the same iterations, page
+ *     a memcpy into a destination 16 bytes off and one of PUT's pattern into
+ *     a memfd of the bench's own (shared memory, as the arena) in the same iterations, page
  *     faults per iteration of each part, and the page size / huge pages of
  *     the arena's mapping and of memcpy's buffers (/proc/self/smaps); a raw
  *     unix-socket round trip with the echo process after the same sweep as
