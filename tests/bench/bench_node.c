@@ -43,7 +43,9 @@
  *     Buffers page-aligned as the arena's blocks are. The evidence printed
  *     with it: each part's median (round trips, the copy), a kvnode PING and
  *     a memcpy into a destination 16 bytes off and one of PUT's pattern into
- *     a memfd of the bench's own (shared memory, as the arena) in the same iterations, page
+ *     a memfd of the bench's own (shared memory, as the arena) in the same iterations (and
+ *     after them PUT's copy alone into private memory, that memfd and the
+ *     arena's slots, in turns after the same sweep), page
  *     faults per iteration of each part, and the page size / huge pages of
  *     the arena's mapping and of memcpy's buffers (/proc/self/smaps); a raw
  *     unix-socket round trip with the echo process after the same sweep as
@@ -1376,6 +1378,69 @@ static void print_zc_parts(const struct zc_result *zc, const char *label)
     }
 }
 
+/* The copy of PUT's pattern alone into three destinations, in turns (each
+ * after the same 16 MiB sweep; the arena's after its put_begin): private
+ * memory, a memfd of the bench's own, and the arena slots put_begin lends.
+ * Whether the arena's pages copy slower than shared memory of the same
+ * kind when nothing else differs; medians, us, into *out. */
+enum { ZC_ISO_PRIVATE, ZC_ISO_MEMFD, ZC_ISO_ARENA, ZC_ISO };
+static void bench_copy_alone(const kvh_daemon *d, uint64_t bb, double out[ZC_ISO])
+{
+    kvnode_layout l = kvh_layout("bench-node-copy", bb, 1, 0);
+    kvnode_client *c;
+    if (kvh_connect(d, &l, &c) != 0)
+        die("connect", kvh_error());
+    size_t chain_bytes = (size_t)bb * CHAIN;
+    unsigned char *src = aligned_alloc(4096, chain_bytes), *sweep = aligned_alloc(4096, chain_bytes),
+                  *priv = aligned_alloc(4096, chain_bytes);
+    int fd = memfd_create("bench-node-copy", MFD_CLOEXEC);
+    if (!src || !sweep || !priv || fd < 0 || ftruncate(fd, (off_t)chain_bytes) != 0)
+        die("buffers", strerror(errno));
+    unsigned char *own = mmap(NULL, chain_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (own == MAP_FAILED)
+        die("mmap of the memfd", strerror(errno));
+    memset(src, 1, chain_bytes);
+    memset(priv, 0, chain_bytes);
+    memset(own, 0, chain_bytes);
+    kvnode_key keys[CHAIN];
+    kvh_chain(keys, CHAIN, 5000 + bb);
+    kvnode_loc locs[CHAIN];
+    kvnode_lease lease;
+    size_t deleted;
+    enum { ROUNDS = 31 };
+    uint64_t ns[ZC_ISO][ROUNDS];
+    for (unsigned r = 0; r < ROUNDS; r++) {
+        for (unsigned j = 0; j < ZC_ISO; j++) {
+            unsigned w = (j + r) % ZC_ISO;
+            memset(sweep, (int)r, chain_bytes);
+            if (w == ZC_ISO_ARENA)
+                check(c, kvnode_put_begin(c, keys, CHAIN, KVNODE_TIER_HOST, &lease, locs), "put_begin");
+            struct zc_mark a = zc_now();
+            for (size_t i = 0; i < CHAIN; i++) {
+                unsigned char *to = w == ZC_ISO_PRIVATE ? priv + i * bb
+                                  : w == ZC_ISO_MEMFD   ? own + i * bb
+                                                        : (unsigned char *)locs[i].ptr;
+                memcpy(to, src + i * bb, bb);
+            }
+            ns[w][r] = zc_now().ns - a.ns;
+            if (w == ZC_ISO_ARENA) {
+                check(c, kvnode_put_commit(c, lease), "put_commit");
+                check(c, kvnode_delete(c, keys, CHAIN, &deleted), "delete");
+            }
+        }
+    }
+    for (unsigned w = 0; w < ZC_ISO; w++) {
+        qsort(ns[w], ROUNDS, sizeof ns[w][0], cmp_u64);
+        out[w] = (double)ns[w][ROUNDS / 2] / 1e3;
+    }
+    munmap(own, chain_bytes);
+    close(fd);
+    free(src);
+    free(sweep);
+    free(priv);
+    kvnode_close(c);
+}
+
 /* Section 5; returns whether the 1 MiB blocks were measured. */
 static bool section5(uint64_t avail, bool mib_blocks, struct zc_result zc[2][MAX_MODES])
 {
@@ -1385,6 +1450,8 @@ static bool section5(uint64_t avail, bool mib_blocks, struct zc_result zc[2][MAX
     if (kvh_start(&dz, "memory.host_bytes=1GiB\nlog.level=warn\n") != 0)
         die("start kvnoded", kvh_error());
     bench_zero_copy(&dz, 64 * 1024, "64KiB", zc[0]);
+    double alone[ZC_ISO];
+    bench_copy_alone(&dz, 64 * 1024, alone);
     if (mib_blocks) {
         bench_zero_copy(&dz, 1024 * 1024, "1MiB", zc[1]);
         have_mib = true;
@@ -1405,6 +1472,10 @@ static bool section5(uint64_t avail, bool mib_blocks, struct zc_result zc[2][MAX
         print_zc_parts(zc[b], b ? "1 MiB blocks" : "64 KiB blocks");
     for (int i = 0; i < (have_mib ? 4 : 2); i++)
         printf("    %s\n", zc_pages_line[i]);
+    printf("    PUT's copy alone, 64 KiB blocks, not pinned, in turns after the same sweep (median of 31, us):\n"
+           "      private %.1f | own memfd %.1f | arena slots from put_begin %.1f: arena / memfd %.2fx, "
+           "arena / private %.2fx\n", alone[ZC_ISO_PRIVATE], alone[ZC_ISO_MEMFD], alone[ZC_ISO_ARENA],
+           alone[ZC_ISO_ARENA] / alone[ZC_ISO_MEMFD], alone[ZC_ISO_ARENA] / alone[ZC_ISO_PRIVATE]);
     return have_mib;
 }
 
