@@ -246,6 +246,16 @@ static inline uint64_t cache_check_at(const uint64_t *checks, size_t i)
 {
     return checks ? checks[i] : 0;
 }
+/* e (found by a lookup, or NULL) as a request with `check` sees it. */
+static inline struct index_entry *cache_entry_checked(struct index_entry *e, uint64_t check, bool *mismatch)
+{
+    if (e && e->check != check) {
+        if (mismatch)
+            *mismatch = true;
+        return NULL;
+    }
+    return e;
+}
 struct index_entry *cache_entry_for(struct cache *c, uint32_t ns, int64_t key, uint64_t check,
                                     bool *mismatch);
 /* An entry's slot: the daemon's address of it, giving it back; the HBM

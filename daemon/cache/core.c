@@ -513,14 +513,7 @@ uint64_t cache_ns_block_bytes(struct cache *c, uint32_t ns_id)
 struct index_entry *cache_entry_for(struct cache *c, uint32_t ns, int64_t key, uint64_t check,
                                     bool *mismatch)
 {
-    struct index_entry *e = index_lookup(c->index, ns, key);
-
-    if (e && e->check != check) {
-        if (mismatch)
-            *mismatch = true;
-        return NULL;
-    }
-    return e;
+    return cache_entry_checked(index_lookup(c->index, ns, key), check, mismatch);
 }
 
 static bool entry_has_slot(const struct index_entry *e)

@@ -33,9 +33,8 @@ struct cache_lookahead {
 };
 static void cache_lookahead_start(struct cache_lookahead *la, struct kv_index *ix, uint32_t ns,
                                   const int64_t *keys, size_t n);
-/* Key i's entry (NULL: the index does not know it); as a request with
- * `check` sees it, as cache_entry_for. */
-static struct index_entry *cache_lookahead_next(struct cache_lookahead *la, size_t i);
+/* Key i's entry as a request with `check` sees it, as cache_entry_for
+ * (NULL: absent, or held under another word: then *mismatch is set). */
 static struct index_entry *cache_lookahead_entry(struct cache_lookahead *la, size_t i, uint64_t check,
                                                  bool *mismatch);
 
@@ -274,7 +273,8 @@ static void cache_lookahead_start(struct cache_lookahead *la, struct kv_index *i
     la->at = la->m = 0;
 }
 
-static struct index_entry *cache_lookahead_next(struct cache_lookahead *la, size_t i)
+static struct index_entry *cache_lookahead_entry(struct cache_lookahead *la, size_t i, uint64_t check,
+                                                 bool *mismatch)
 {
     if (i < la->at || i >= la->at + la->m) {   /* load the batch from key i */
         la->at = i;
@@ -286,29 +286,14 @@ static struct index_entry *cache_lookahead_next(struct cache_lookahead *la, size
         for (size_t k = 0; k < la->m; k++)
             (void)index_prefetch_first(la->ix, la->hash[k]);
     }
-    return index_lookup_hashed(la->ix, la->ns, la->keys[i], la->hash[i - la->at]);
+    return cache_entry_checked(index_lookup_hashed(la->ix, la->ns, la->keys[i], la->hash[i - la->at]), check,
+                               mismatch);
 }
 
-static struct index_entry *cache_lookahead_entry(struct cache_lookahead *la, size_t i, uint64_t check,
-                                                 bool *mismatch)
+/* Key i's entry e (as the request sees it: cache_lookahead_entry) tallied;
+ * false: the prefix ends before key i. */
+static bool cache_match_take(size_t i, struct index_entry *e, struct cache_tiers *t, struct match_end *end)
 {
-    struct index_entry *e = cache_lookahead_next(la, i);
-    if (e && e->check != check) {
-        *mismatch = true;
-        return NULL;
-    }
-    return e;
-}
-
-/* Key i's entry e (NULL: not in the index) tallied; false: the prefix ends
- * before key i. */
-static bool cache_match_take(const struct cache_read_req *r, size_t i, struct index_entry *e,
-                             struct cache_tiers *t, struct match_end *end)
-{
-    if (e && e->check != cache_check_at(r->checks, i)) {
-        end->mismatch = true;   /* as cache_entry_for */
-        e = NULL;
-    }
     if (!e || e->state == ENTRY_WRITING) {
         end->miss = e;
         return false;
@@ -347,7 +332,8 @@ static size_t cache_match_scan(struct cache *c, const struct cache_read_req *r, 
     }
     cache_lookahead_start(&la, c->index, r->ns->id, r->keys, r->n);
     for (i = 0; i < r->n; i++)
-        if (!cache_match_take(r, i, cache_lookahead_next(&la, i), t, end))
+        if (!cache_match_take(i, cache_lookahead_entry(&la, i, cache_check_at(r->checks, i), &end->mismatch), t,
+                              end))
             break;
     t->matched = i;
     return i;
