@@ -628,32 +628,49 @@ struct mc_cpu {
     double srv_sleeps;   /* the server's voluntary context switches (waits for work) per round trip */
 };
 
-/* Voluntary context switches of every thread of pid (each a wait that a
- * client's request had to wake), or 0. */
-static unsigned long long proc_sleeps(pid_t pid)
+/* The sum over every thread of pid of what read_one takes from that
+ * thread's /proc/<pid>/task/<tid>/<file> (threads it cannot read add 0),
+ * or -1 when pid has no task directory. */
+static long long proc_tasks_sum(pid_t pid, const char *file, long long (*read_one)(FILE *f))
 {
     char dir[64];
     snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
     DIR *d = opendir(dir);
     if (!d)
-        return 0;
-    unsigned long long sum = 0;
+        return -1;
+    long long sum = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
         if (de->d_name[0] == '.')
             continue;
-        char path[384], line[128];
-        snprintf(path, sizeof path, "%s/%s/status", dir, de->d_name);
+        char path[384];
+        snprintf(path, sizeof path, "%s/%s/%s", dir, de->d_name, file);
         FILE *f = fopen(path, "r");
-        unsigned long long v;
-        while (f && fgets(line, sizeof line, f))
-            if (sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1)
-                sum += v;
-        if (f)
+        if (f) {
+            sum += read_one(f);
             fclose(f);
+        }
     }
     closedir(d);
     return sum;
+}
+
+static long long status_sleeps(FILE *f)
+{
+    char line[128];
+    long long v;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "voluntary_ctxt_switches: %lld", &v) == 1)
+            return v;
+    return 0;
+}
+
+/* Voluntary context switches of every thread of pid (each a wait that a
+ * client's request had to wake), or 0. */
+static unsigned long long proc_sleeps(pid_t pid)
+{
+    long long n = proc_tasks_sum(pid, "status", status_sleeps);
+    return n > 0 ? (unsigned long long)n : 0;
 }
 
 /* utime + stime of pid in clock ticks. */
@@ -812,31 +829,17 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static long long schedstat_run_ns(FILE *f)
+{
+    long long ns;
+    return fscanf(f, "%lld", &ns) == 1 ? ns : 0;
+}
+
 /* Nanoseconds every thread of pid has run (the first field of each
  * /proc/pid/task/<tid>/schedstat), or -1. */
 static long long proc_run_ns(pid_t pid)
 {
-    char dir[64];
-    snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
-    DIR *d = opendir(dir);
-    if (!d)
-        return -1;
-    long long sum = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.')
-            continue;
-        char path[384];
-        snprintf(path, sizeof path, "%s/%s/schedstat", dir, de->d_name);
-        FILE *f = fopen(path, "r");
-        long long ns;
-        if (f && fscanf(f, "%lld", &ns) == 1)
-            sum += ns;
-        if (f)
-            fclose(f);
-    }
-    closedir(d);
-    return sum;
+    return proc_tasks_sum(pid, "schedstat", schedstat_run_ns);
 }
 
 /* Mean and median of calls MATCHes of 256 keys; random: 256 fresh random
