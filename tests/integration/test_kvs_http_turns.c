@@ -163,6 +163,16 @@ static size_t acquire_reply(const char *text, char *lease, size_t leaselen)
     return n;
 }
 
+/* The next reply on fd is a 200 to an /acquire of `objects` objects; its
+ * lease id into lease. */
+static void read_acquired(int fd, struct conn_in *in, char *lease, size_t leaselen, size_t objects)
+{
+    char *reply;
+    ck_assert_int_eq(read_reply(fd, in, &reply), 200);
+    ck_assert_uint_eq(acquire_reply(reply, lease, leaselen), objects);
+    free(reply);
+}
+
 static void lease_call(int fd, struct conn_in *in, const char *route, const char *lease, int want)
 {
     char b[256], *reply;
@@ -203,9 +213,7 @@ START_TEST(kept_alive_connection_serves_request_after_request)
     send_all(fd, r, len);
     free(r);
     free(b);
-    ck_assert_int_eq(read_reply(fd, &in, &reply), 200);
-    ck_assert_uint_eq(acquire_reply(reply, lease, sizeof lease), 64);
-    free(reply);
+    read_acquired(fd, &in, lease, sizeof lease, 64);
     lease_call(fd, &in, "seal", lease, 204);
     lease_call(fd, &in, "release", lease, 204);
 
@@ -214,9 +222,7 @@ START_TEST(kept_alive_connection_serves_request_after_request)
     send_all(fd, r, len);
     free(r);
     free(b);
-    ck_assert_int_eq(read_reply(fd, &in, &reply), 200);
-    ck_assert_uint_eq(acquire_reply(reply, lease, sizeof lease), 64);
-    free(reply);
+    read_acquired(fd, &in, lease, sizeof lease, 64);
     lease_call(fd, &in, "release", lease, 204);
     lease_call(fd, &in, "release", lease, 404);   /* released: unknown now */
     ck_assert_uint_eq(in.have, 0);
@@ -248,9 +254,7 @@ START_TEST(body_in_pieces_and_pipelined)
     }
     free(r);
     free(b);
-    ck_assert_int_eq(read_reply(fd, &in, &reply), 200);
-    ck_assert_uint_eq(acquire_reply(reply, lease, sizeof lease), 200);
-    free(reply);
+    read_acquired(fd, &in, lease, sizeof lease, 200);
     lease_call(fd, &in, "discard", lease, 204);
 
     /* Two requests in one write: a /health, then a large /acquire behind it
@@ -268,9 +272,7 @@ START_TEST(body_in_pieces_and_pipelined)
     ck_assert_int_eq(read_reply(fd, &in, &reply), 200);
     ck_assert_ptr_nonnull(strstr(reply, "ok"));
     free(reply);
-    ck_assert_int_eq(read_reply(fd, &in, &reply), 200);
-    ck_assert_uint_eq(acquire_reply(reply, lease, sizeof lease), 100);
-    free(reply);
+    read_acquired(fd, &in, lease, sizeof lease, 100);
     lease_call(fd, &in, "discard", lease, 204);
     ck_assert_uint_eq(in.have, 0);
     close(fd);
