@@ -1082,6 +1082,19 @@ static void zc_take(uint64_t *ns, long *flt, unsigned it, struct zc_mark a, stru
     flt[it] = b.faults - a.faults;
 }
 
+/* The reference copy: a chain of CHAIN blocks of bb bytes, block by block,
+ * timed into ns[it] / flt[it] (not kept when keep is false). */
+static void zc_copy_chain(unsigned char *to, const unsigned char *from, uint64_t bb, uint64_t *ns, long *flt,
+                          unsigned it, bool keep)
+{
+    struct zc_mark a = zc_now();
+    for (size_t i = 0; i < CHAIN; i++)
+        memcpy(to + i * bb, from + i * bb, bb);
+    struct zc_mark b = zc_now();
+    if (keep)
+        zc_take(ns, flt, it, a, b);
+}
+
 /* An operation timed from a to z but for the span b..c between (where the
  * bench read the daemon's CPU time: not the operation's). */
 static void zc_take_but(uint64_t *ns, long *flt, unsigned it, struct zc_mark a, struct zc_mark b,
@@ -1097,12 +1110,7 @@ static void zc_ref_off16(unsigned char *dst, const unsigned char *ref_src, const
                          size_t chain_bytes, uint64_t bb, uint64_t *ns, long *flt)
 {
     memset(dst, 0, chain_bytes + 16);
-    struct zc_mark a = zc_now();
-    for (size_t i = 0; i < CHAIN; i++)
-        memcpy(dst + 16 + i * bb, ref_src + i * bb, bb);
-    struct zc_mark b = zc_now();
-    if (ns)
-        zc_take(ns, flt, 0, a, b);
+    zc_copy_chain(dst + 16, ref_src, bb, ns, flt, 0, ns != NULL);
     if (memcmp(dst + 16, src, chain_bytes) != 0)
         die("memcpy", "the copy differs");
 }
@@ -1184,20 +1192,15 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
         for (unsigned it = 0; it <= iters; it++) {
             unsigned k = it - 1;   /* it 0 is not kept */
             memset(dst, 0, chain_bytes);
-            struct zc_mark a = zc_now();
-            for (size_t i = 0; i < CHAIN; i++)
-                memcpy(dst + i * bb, ref_src + i * bb, bb);
-            struct zc_mark b = zc_now();
-            if (it > 0)
-                zc_take(t[ZC_REF_GET], f[ZC_REF_GET], k, a, b);
+            zc_copy_chain(dst, ref_src, bb, t[ZC_REF_GET], f[ZC_REF_GET], k, it > 0);
             if (memcmp(dst, src, chain_bytes) != 0)
                 die("memcpy", "the copy differs");
 
             r0 = proc_run_ns(d->pid);
             memset(dst, 0, chain_bytes);
-            a = zc_now();
+            struct zc_mark a = zc_now();
             check(c, kvnode_get_begin(c, gkeys, CHAIN, &lease, locs, &got), "get_begin");
-            b = zc_now();
+            struct zc_mark b = zc_now();
             if (it > 0)
                 cpu_ns[ZC_CPU_GET_BEGIN] += proc_run_ns(d->pid) - r0;
             if (got != CHAIN)
@@ -1237,29 +1240,20 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
                 zc_take(t[ZC_RAW], f[ZC_RAW], k, a, b);
 
             r0 = proc_run_ns(d->pid);
-            a = zc_now();
-            for (size_t i = 0; i < CHAIN; i++)
-                memcpy(ref_dst + i * bb, src + i * bb, bb);
-            b = zc_now();
-            if (it > 0)
-                zc_take(t[ZC_REF_PUT], f[ZC_REF_PUT], k, a, b);
+            zc_copy_chain(ref_dst, src, bb, t[ZC_REF_PUT], f[ZC_REF_PUT], k, it > 0);
             if (it == iters && memcmp(ref_dst, src, chain_bytes) != 0)
                 die("memcpy", "the copy differs");
+
+            /* PUT's pattern into shared memory of the bench's own (a memfd as
+             * the arena, prefaulted, touched once per iteration as its slots
+             * are): what the kernel's shmem pages alone cost the copy. */
+            zc_copy_chain(shm, src, bb, t[ZC_REF_SHM], f[ZC_REF_SHM], k, it > 0);
 
             /* PUT: odd iterations wait for put_commit, even ones pipeline
              * it (kvnode_put_commit_nowait; the next call, the delete
              * below, reports a failed commit); both after the same sweeps. */
             bool pipelined = it % 2 == 0;
             unsigned kp = (it - 1) / 2;   /* its place among its form's kept iterations */
-            /* PUT's pattern into shared memory of the bench's own (a memfd as
-             * the arena, prefaulted, touched once per iteration as its slots
-             * are): what the kernel's shmem pages alone cost the copy. */
-            a = zc_now();
-            for (size_t i = 0; i < CHAIN; i++)
-                memcpy(shm + i * bb, src + i * bb, bb);
-            b = zc_now();
-            if (it > 0)
-                zc_take(t[ZC_REF_SHM], f[ZC_REF_SHM], k, a, b);
 
             a = zc_now();
             check(c, kvnode_put_begin(c, pkeys, CHAIN, KVNODE_TIER_HOST, &lease, locs), "put_begin");
