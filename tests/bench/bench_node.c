@@ -39,7 +39,10 @@
  *     get_end) and PUT (put_begin + a memcpy per block in + put_commit) of
  *     chains of 256 blocks of 64 KiB and 1 MiB vs memcpy per block of the
  *     same chain with the same cache state (a buffer touched once per
- *     iteration as the arena's blocks are); median of interleaved iterations.
+ *     iteration as the arena's blocks are, each copy after the same untimed
+ *     sweep: without it PUT's copy, coming right after two others of the
+ *     same source, ran 10-25 % slower than its reference for that alone);
+ *     median of interleaved iterations.
  *     Buffers page-aligned as the arena's blocks are. The evidence printed
  *     with it: each part's median (round trips, the copy), a kvnode PING and
  *     a memcpy into a destination 16 bytes off and one of PUT's pattern into
@@ -49,14 +52,18 @@
  *     faults per iteration of each part, and the page size / huge pages of
  *     the arena's mapping and of memcpy's buffers (/proc/self/smaps); a raw
  *     unix-socket round trip with the echo process after the same sweep as
- *     the PING (the kernel's floor for a round trip after idle), kvnoded's
+ *     the PING (the kernel's floor for a round trip after idle) and a raw
+ *     send to it not waited for (the floor for get_end's and
+ *     put_commit_nowait's notice), kvnoded's
  *     CPU time per get_begin / put_begin / PING (schedstat, from before the
  *     sweep that precedes each, the daemon idle then, to its reply; the
  *     tail after the reply's write may be left out, alike for all three),
  *     and the ceiling memcpy / (memcpy + raw round trip): one round trip is
  *     the least any design that asks the daemon can do (PUT as measured
  *     makes two, put_commit being waited for; every other iteration's PUT
- *     pipelines its commit with kvnode_put_commit_nowait and makes one).
+ *     pipelines its commit with kvnode_put_commit_nowait and makes one);
+ *     with one raw send added, the ceiling of a batch that also tells the
+ *     daemon it ended (get_end, put_commit_nowait) without waiting.
  *
  * MemAvailable is read first: section 4 uses fewer blocks and section 5
  * leaves out 1 MiB blocks when less than twice what they need is free.
@@ -1000,14 +1007,14 @@ struct zc_part {
     double us, faults;
 };
 enum { ZC_REF_GET, ZC_GET, ZC_GET_BEGIN, ZC_GET_COPY, ZC_GET_END, ZC_REF_PUT, ZC_PUT, ZC_PUT_BEGIN,
-       ZC_PUT_COPY, ZC_PUT_COMMIT, ZC_PUT_NW, ZC_PUT_NW_COMMIT, ZC_PING, ZC_REF_OFF16, ZC_RAW, ZC_REF_SHM,
-       ZC_PARTS };
+       ZC_PUT_COPY, ZC_PUT_COMMIT, ZC_PUT_NW, ZC_PUT_NW_COMMIT, ZC_PING, ZC_REF_OFF16, ZC_RAW, ZC_RAW_SEND,
+       ZC_REF_SHM, ZC_PARTS };
 static const char *const zc_part_name[ZC_PARTS] = {
     "memcpy (GET's pattern)", "zero-copy GET", "  get_begin round trip", "  copy out of the arena",
     "  get_end (not waited)", "memcpy (PUT's pattern)", "zero-copy PUT", "  put_begin round trip",
     "  copy into the arena", "  put_commit round trip", "PUT, commit not waited", "  put_commit_nowait",
     "kvnode PING round trip", "memcpy, dst 16 B off",
-    "raw unix-socket round trip", "memcpy into own memfd",
+    "raw unix-socket round trip", "raw send, echo not waited", "memcpy into own memfd",
 };
 /* kvnoded's CPU time per request (every thread's schedstat, from before the
  * untimed sweep that precedes the request to its reply: all of it the
@@ -1116,11 +1123,22 @@ static void zc_ref_off16(unsigned char *dst, const unsigned char *ref_src, const
 }
 
 /* One raw ping-pong with the echo process (RAW_MSG bytes each way). */
-static void raw_round_trip(int fd)
+static void raw_send(int fd)
 {
     char buf[RAW_MSG] = { 0 };
     write_full(fd, buf, sizeof buf, "raw ping");
+}
+
+static void raw_receive(int fd)
+{
+    char buf[RAW_MSG];
     read_full(fd, buf, sizeof buf, "raw pong");
+}
+
+static void raw_round_trip(int fd)
+{
+    raw_send(fd);
+    raw_receive(fd);
 }
 
 static char zc_pages_line[4][160];   /* the mappings' pages, printed with the results */
@@ -1238,8 +1256,20 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
             b = zc_now();
             if (it > 0)
                 zc_take(t[ZC_RAW], f[ZC_RAW], k, a, b);
+            /* The kernel's floor for a notice not waited for (get_end's,
+             * put_commit_nowait's): one send that wakes the idle peer, after
+             * the same sweep; its echo is read untimed. */
+            zc_ref_off16(dst, ref_src, src, chain_bytes, bb, NULL, NULL);
+            a = zc_now();
+            raw_send(raw_fd);
+            b = zc_now();
+            raw_receive(raw_fd);
+            if (it > 0)
+                zc_take(t[ZC_RAW_SEND], f[ZC_RAW_SEND], k, a, b);
 
-            r0 = proc_run_ns(d->pid);
+            /* PUT's reference, the copy into the memfd and PUT each come
+             * after the same untimed sweep, as GET and its reference do. */
+            zc_ref_off16(dst, ref_src, src, chain_bytes, bb, NULL, NULL);
             zc_copy_chain(ref_dst, src, bb, t[ZC_REF_PUT], f[ZC_REF_PUT], k, it > 0);
             if (it == iters && memcmp(ref_dst, src, chain_bytes) != 0)
                 die("memcpy", "the copy differs");
@@ -1247,7 +1277,11 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
             /* PUT's pattern into shared memory of the bench's own (a memfd as
              * the arena, prefaulted, touched once per iteration as its slots
              * are): what the kernel's shmem pages alone cost the copy. */
+            zc_ref_off16(dst, ref_src, src, chain_bytes, bb, NULL, NULL);
             zc_copy_chain(shm, src, bb, t[ZC_REF_SHM], f[ZC_REF_SHM], k, it > 0);
+
+            r0 = proc_run_ns(d->pid);
+            zc_ref_off16(dst, ref_src, src, chain_bytes, bb, NULL, NULL);
 
             /* PUT: odd iterations wait for put_commit, even ones pipeline
              * it (kvnode_put_commit_nowait; the next call, the delete
@@ -1335,12 +1369,24 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
     kvnode_close(c);
 }
 
-/* The best GET / PUT / memcpy ratio a design with one daemon round trip at
- * the kernel's floor (the raw one) could reach; k: GET, PUT, PUT with two. */
+/* The best GET / PUT / memcpy ratio a design could reach whose messages to
+ * the daemon cost what the raw ones do (the kernel's floor): one round trip
+ * (the least any design that asks the daemon can make), two (PUT with its
+ * commit waited), or one round trip and one send not waited for (GET's
+ * get_end, PUT's put_commit_nowait: the notice that ends a batch). */
+enum { ZC_CEIL_GET, ZC_CEIL_PUT, ZC_CEIL_PUT_WAITED, ZC_CEIL_GET_SEND, ZC_CEIL_PUT_SEND, ZC_CEILS };
+static const char *const zc_ceil_name[ZC_CEILS] = {
+    "ceiling GET: mc/(mc+raw)", "ceiling PUT: mc/(mc+raw)", "  same, 2 raw (commit wt)",
+    "  GET, raw rt + raw send", "  PUT, raw rt + raw send",
+};
 static double zc_ceiling(const struct zc_result *zc, int k)
 {
-    double mc = zc->part[k == 0 ? ZC_REF_GET : ZC_REF_PUT].us, raw = zc->part[ZC_RAW].us;
-    return mc / (mc + (k == 2 ? 2 : 1) * raw);
+    bool get = k == ZC_CEIL_GET || k == ZC_CEIL_GET_SEND;
+    double mc = zc->part[get ? ZC_REF_GET : ZC_REF_PUT].us, raw = zc->part[ZC_RAW].us;
+    double msgs = k == ZC_CEIL_PUT_WAITED ? 2 * raw
+                : k == ZC_CEIL_GET_SEND || k == ZC_CEIL_PUT_SEND ? raw + zc->part[ZC_RAW_SEND].us
+                : raw;
+    return mc / (mc + msgs);
 }
 
 static void print_zc_parts(const struct zc_result *zc, const char *label)
@@ -1363,12 +1409,8 @@ static void print_zc_parts(const struct zc_result *zc, const char *label)
             printf(" %10.1f %10s", zc[m].daemon_cpu_us[k], "");
         printf("\n");
     }
-    /* One round trip is the least any design that asks the daemon can do;
-     * PUT as measured makes two (put_commit waited). */
-    static const char *const ceil_name[3] = { "ceiling GET: mc/(mc+raw)", "ceiling PUT: mc/(mc+raw)",
-                                              "  same, 2 raw (commit wt)" };
-    for (int k = 0; k < 3; k++) {
-        printf("      %-24s", ceil_name[k]);
+    for (int k = 0; k < ZC_CEILS; k++) {
+        printf("      %-24s", zc_ceil_name[k]);
         for (int m = 0; m < nmodes; m++)
             printf(" %9.2fx %10s", zc_ceiling(&zc[m], k), "");
         printf("\n");
@@ -1756,9 +1798,24 @@ section3:
         snprintf(name, sizeof name, "  ceiling: memcpy / (memcpy + one raw round trip), %s", b ? "1 MiB" : "64 KiB");
         printf("  %-58s", name);
         for (int m = 0; m < nmodes; m++)
-            printf(" %5.2fx|%5.2fx", zc_ceiling(&zc[b][m], 0), zc_ceiling(&zc[b][m], 1));
+            printf(" %5.2fx|%5.2fx", zc_ceiling(&zc[b][m], ZC_CEIL_GET), zc_ceiling(&zc[b][m], ZC_CEIL_PUT));
+        printf("\n");
+        snprintf(name, sizeof name, "  same, one raw round trip and one raw send, %s", b ? "1 MiB" : "64 KiB");
+        printf("  %-58s", name);
+        for (int m = 0; m < nmodes; m++)
+            printf(" %5.2fx|%5.2fx", zc_ceiling(&zc[b][m], ZC_CEIL_GET_SEND), zc_ceiling(&zc[b][m], ZC_CEIL_PUT_SEND));
         printf("\n");
     }
+    /* PUT (pipelined commit) apart: its messages against the kernel's floor
+     * for them, and its copy against memcpy's, from the same iterations. */
+    printf("  %-58s", "put_begin rt + commit send | raw rt + raw send, 64 KiB (us)");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %6.0f|%6.0f", zc[0][m].part[ZC_PUT_BEGIN].us + zc[0][m].part[ZC_PUT_NW_COMMIT].us,
+               zc[0][m].part[ZC_RAW].us + zc[0][m].part[ZC_RAW_SEND].us);
+    printf("\n  %-58s", "copy into the arena / memcpy (PUT's pattern), 64 KiB");
+    for (int m = 0; m < nmodes; m++)
+        printf(" %12.2fx", zc[0][m].part[ZC_PUT_COPY].us / zc[0][m].part[ZC_REF_PUT].us);
+    printf("\n");
     printf("  %-58s", "kvnoded CPU per get_begin | put_begin, 64 KiB (us)");
     for (int m = 0; m < nmodes; m++)
         printf(" %6.1f|%6.1f", zc[0][m].daemon_cpu_us[ZC_CPU_GET_BEGIN], zc[0][m].daemon_cpu_us[ZC_CPU_PUT_BEGIN]);
