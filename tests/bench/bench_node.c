@@ -55,9 +55,10 @@
  *     the PING (the kernel's floor for a round trip after idle) and a raw
  *     send to it not waited for (the floor for get_end's and
  *     put_commit_nowait's notice), kvnoded's
- *     CPU time per get_begin / put_begin / PING (schedstat, from before the
- *     sweep that precedes each, the daemon idle then, to its reply; the
- *     tail after the reply's write may be left out, alike for all three),
+ *     CPU time per get_begin / put_begin / PING (schedstat, median, from
+ *     after the sweep that precedes each, the daemon idle then, to its
+ *     reply; the tail after the reply's write may be left out, alike for
+ *     all three),
  *     and the ceiling memcpy / (memcpy + raw round trip): one round trip is
  *     the least any design that asks the daemon can do (PUT as measured
  *     makes two, put_commit being waited for; every other iteration's PUT
@@ -65,7 +66,8 @@
  *     with one raw send added, the ceiling of a batch that also tells the
  *     daemon it ended (get_end, put_commit_nowait) without waiting.
  *
- * MemAvailable is read first: section 4 uses fewer blocks and section 5
+ * Each daemon is started and its host tier wholly reserved (its populate
+ * thread done) before anything is measured. MemAvailable is read first: section 4 uses fewer blocks and section 5
  * leaves out 1 MiB blocks when less than twice what they need is free.
  *
  * Usage: kvnode-bench-node [--quick] [--section3] [--section4] [--section5]
@@ -830,6 +832,13 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The median of v[0..n) (sorts v). */
+static uint64_t median_u64(uint64_t *v, size_t n)
+{
+    qsort(v, n, sizeof *v, cmp_u64);
+    return v[n / 2];
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -899,6 +908,28 @@ struct big_result {
     double rnd_mean[MAX_MODES], rnd_p50[MAX_MODES], hot_mean[MAX_MODES], hot_p50[MAX_MODES];
 };
 
+/* Start kvnoded and wait until it has reserved its whole host tier
+ * (tiers.host.populate_state "done"): its populate thread would otherwise
+ * take CPU time and memory bandwidth from the first figures and be counted
+ * in the daemon's CPU time. */
+static void start_daemon(kvh_daemon *d, const char *config)
+{
+    if (kvh_start(d, config) != 0)
+        die("start kvnoded", kvh_error());
+    for (int i = 0; i < 1200; i++) {   /* 120 s */
+        json_t *st = kvh_stats(d);
+        const char *state = st ? json_string_value(kvh_json_get(st, "tiers.host.populate_state")) : NULL;
+        int done = !state ? -1 : strcmp(state, "done") == 0 ? 1 : strcmp(state, "running") == 0 ? 0 : -1;
+        json_decref(st);
+        if (done < 0)
+            die("kvnoded", "its host tier is not being reserved (tiers.host.populate_state)");
+        if (done)
+            return;
+        usleep(100 * 1000);
+    }
+    die("kvnoded", "its host tier was not reserved within 120 s");
+}
+
 static void bench_big(size_t nblocks, struct big_result *out)
 {
     const uint64_t bb = 1024;
@@ -907,8 +938,7 @@ static void bench_big(size_t nblocks, struct big_result *out)
     char cfg[256];
     snprintf(cfg, sizeof cfg, "memory.host_bytes=%llu\nlog.level=warn\n", (unsigned long long)host);
     kvh_daemon d;
-    if (kvh_start(&d, cfg) != 0)
-        die("start kvnoded", kvh_error());
+    start_daemon(&d, cfg);
     kvnode_layout l = kvh_layout("bench-node-1m", bb, 1, 0);
     kvnode_client *c;
     if (kvh_connect(&d, &l, &c) != 0)
@@ -1016,16 +1046,16 @@ static const char *const zc_part_name[ZC_PARTS] = {
     "kvnode PING round trip", "memcpy, dst 16 B off",
     "raw unix-socket round trip", "raw send, echo not waited", "memcpy into own memfd",
 };
-/* kvnoded's CPU time per request (every thread's schedstat, from before the
- * untimed sweep that precedes the request to its reply: all of it the
- * request's, the daemon being idle before). */
+/* kvnoded's CPU time per request (every thread's schedstat, from after the
+ * sweep that precedes the request to its reply: all of it the request's,
+ * the daemon being idle before). */
 enum { ZC_CPU_GET_BEGIN, ZC_CPU_PUT_BEGIN, ZC_CPU_PING, ZC_CPUS };
 static const char *const zc_cpu_name[ZC_CPUS] = { "get_begin", "put_begin", "PING" };
 struct zc_result {
     double memcpy_get_gbs, memcpy_put_gbs, get_gbs, put_gbs;
     double put_nw_gbs;   /* PUT with kvnode_put_commit_nowait: one round trip, as get_end */
     struct zc_part part[ZC_PARTS];
-    double daemon_cpu_us[ZC_CPUS];   /* mean over the kept iterations */
+    double daemon_cpu_us[ZC_CPUS];   /* median of the kept iterations */
 };
 
 /* Page size and huge pages of the mapping holding addr, from /proc/self/smaps. */
@@ -1184,7 +1214,7 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
     check(c, kvnode_put(c, gkeys, CHAIN, srcv), "put of the GET chain");
     kvnode_lease lease;
     size_t got, deleted;
-    uint64_t *t[ZC_PARTS];
+    uint64_t *t[ZC_PARTS], *cpu_ns[ZC_CPUS];
     long *f[ZC_PARTS];
     for (int p = 0; p < ZC_PARTS; p++) {
         t[p] = malloc(iters * sizeof *t[p]);
@@ -1192,6 +1222,9 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
         if (!t[p] || !f[p])
             die("malloc", "out of memory");
     }
+    for (int k = 0; k < ZC_CPUS; k++)
+        if (!(cpu_ns[k] = malloc(iters * sizeof *cpu_ns[k])))
+            die("malloc", "out of memory");
     void *dstv[CHAIN];
     for (size_t i = 0; i < CHAIN; i++)
         dstv[i] = dst + i * bb;
@@ -1199,7 +1232,7 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
     for (int m = 0; m < nmodes; m++) {
         int raw_fd;
         pid_t echo = start_echo(modes[m].server_cpu, &raw_fd);
-        long long cpu_ns[ZC_CPUS] = { 0 }, r0;
+        long long r0;
         pin_process(d->pid, modes[m].server_cpu);
         pin_tid(0, modes[m].client_cpu);
         /* Each iteration: the GET reference, GET, the PUT reference, PUT,
@@ -1214,13 +1247,13 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
             if (memcmp(dst, src, chain_bytes) != 0)
                 die("memcpy", "the copy differs");
 
-            r0 = proc_run_ns(d->pid);
             memset(dst, 0, chain_bytes);
+            r0 = proc_run_ns(d->pid);
             struct zc_mark a = zc_now();
             check(c, kvnode_get_begin(c, gkeys, CHAIN, &lease, locs, &got), "get_begin");
             struct zc_mark b = zc_now();
             if (it > 0)
-                cpu_ns[ZC_CPU_GET_BEGIN] += proc_run_ns(d->pid) - r0;
+                cpu_ns[ZC_CPU_GET_BEGIN][k] = (uint64_t)(proc_run_ns(d->pid) - r0);
             if (got != CHAIN)
                 die("get_begin", "short prefix");
             struct zc_mark b2 = zc_now();   /* b .. b2: reading the daemon's CPU time, not timed */
@@ -1239,14 +1272,14 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
             if (memcmp(dst, src, chain_bytes) != 0)   /* src was filled and put */
                 die("zero-copy GET", "a block read differs from the one put");
 
-            r0 = proc_run_ns(d->pid);
             zc_ref_off16(dst, ref_src, src, chain_bytes, bb, it > 0 ? &t[ZC_REF_OFF16][k] : NULL,
                          it > 0 ? &f[ZC_REF_OFF16][k] : NULL);
+            r0 = proc_run_ns(d->pid);   /* get_end, not waited for, was handled meanwhile */
             a = zc_now();
             check(c, kvnode_ping(c), "kvnode_ping");
             b = zc_now();
             if (it > 0) {
-                cpu_ns[ZC_CPU_PING] += proc_run_ns(d->pid) - r0;
+                cpu_ns[ZC_CPU_PING][k] = (uint64_t)(proc_run_ns(d->pid) - r0);
                 zc_take(t[ZC_PING], f[ZC_PING], k, a, b);
             }
             /* The kernel's floor for one round trip, after the same sweep. */
@@ -1280,8 +1313,8 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
             zc_ref_off16(dst, ref_src, src, chain_bytes, bb, NULL, NULL);
             zc_copy_chain(shm, src, bb, t[ZC_REF_SHM], f[ZC_REF_SHM], k, it > 0);
 
-            r0 = proc_run_ns(d->pid);
             zc_ref_off16(dst, ref_src, src, chain_bytes, bb, NULL, NULL);
+            r0 = proc_run_ns(d->pid);
 
             /* PUT: odd iterations wait for put_commit, even ones pipeline
              * it (kvnode_put_commit_nowait; the next call, the delete
@@ -1293,7 +1326,7 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
             check(c, kvnode_put_begin(c, pkeys, CHAIN, KVNODE_TIER_HOST, &lease, locs), "put_begin");
             b = zc_now();
             if (it > 0)
-                cpu_ns[ZC_CPU_PUT_BEGIN] += proc_run_ns(d->pid) - r0;
+                cpu_ns[ZC_CPU_PUT_BEGIN][k] = (uint64_t)(proc_run_ns(d->pid) - r0);
             b2 = zc_now();
             for (size_t i = 0; i < CHAIN; i++) {
                 if (!locs[i].ptr)
@@ -1343,7 +1376,7 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
         out[m].put_gbs = (double)chain_bytes / (double)(out[m].part[ZC_PUT].us * 1e3);
         out[m].put_nw_gbs = (double)chain_bytes / (double)(out[m].part[ZC_PUT_NW].us * 1e3);
         for (int k = 0; k < ZC_CPUS; k++)
-            out[m].daemon_cpu_us[k] = (double)cpu_ns[k] / 1e3 / iters;
+            out[m].daemon_cpu_us[k] = (double)median_u64(cpu_ns[k], iters) / 1e3;
         stop_echo(echo, raw_fd);
         unpin_self();
     }
@@ -1359,6 +1392,8 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
         free(t[p]);
         free(f[p]);
     }
+    for (int k = 0; k < ZC_CPUS; k++)
+        free(cpu_ns[k]);
     check(c, kvnode_delete(c, gkeys, CHAIN, &deleted), "delete");
     free(src);
     free(dst);
@@ -1486,8 +1521,7 @@ static bool section5(uint64_t avail, bool mib_blocks, struct zc_result zc[2][MAX
     bool have_mib = false;
     printf("\n5. zero-copy GET / PUT of 256-block chains vs memcpy per block of the same chain (GB/s)\n");
     kvh_daemon dz;
-    if (kvh_start(&dz, "memory.host_bytes=1GiB\nlog.level=warn\n") != 0)
-        die("start kvnoded", kvh_error());
+    start_daemon(&dz, "memory.host_bytes=1GiB\nlog.level=warn\n");
     bench_zero_copy(&dz, 64 * 1024, "64KiB", zc[0]);
     double alone[ZC_ISO];
     bench_copy_alone(&dz, 64 * 1024, alone);
@@ -1589,8 +1623,7 @@ int main(int argc, char **argv)
 
     /* Daemon A (16-key chains of 4 KiB blocks) and redis-server. */
     kvh_daemon d;
-    if (kvh_start(&d, "memory.host_bytes=64MiB\nlog.level=warn\n") != 0)
-        die("start kvnoded", kvh_error());
+    start_daemon(&d, "memory.host_bytes=64MiB\nlog.level=warn\n");
     struct redis rs;
     char why[512];
     if (redis_start(&rs, why, sizeof why) != 0)
