@@ -39,9 +39,8 @@
  *     get_end) and PUT (put_begin + a memcpy per block in + put_commit) of
  *     chains of 256 blocks of 64 KiB and 1 MiB vs memcpy per block of the
  *     same chain with the same cache state (a buffer touched once per
- *     iteration as the arena's blocks are, each copy after the same untimed
- *     sweep: without it PUT's copy, coming right after two others of the
- *     same source, ran 10-25 % slower than its reference for that alone);
+ *     iteration as the arena's blocks are, and each copy after the same
+ *     untimed sweep as its reference: clearing GET's destination);
  *     median of interleaved iterations.
  *     Buffers page-aligned as the arena's blocks are. The evidence printed
  *     with it: each part's median (round trips, the copy), a kvnode PING and
@@ -1301,8 +1300,10 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
                 zc_take(t[ZC_RAW_SEND], f[ZC_RAW_SEND], k, a, b);
 
             /* PUT's reference, the copy into the memfd and PUT each come
-             * after the same untimed sweep, as GET and its reference do. */
-            zc_ref_off16(dst, ref_src, src, chain_bytes, bb, NULL, NULL);
+             * after the same untimed sweep (of GET's destination, which
+             * both GET and its reference clear before they copy: not of
+             * GET's sources, whose cache state must stay alike). */
+            memset(dst, (int)it, chain_bytes);
             zc_copy_chain(ref_dst, src, bb, t[ZC_REF_PUT], f[ZC_REF_PUT], k, it > 0);
             if (it == iters && memcmp(ref_dst, src, chain_bytes) != 0)
                 die("memcpy", "the copy differs");
@@ -1310,10 +1311,10 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
             /* PUT's pattern into shared memory of the bench's own (a memfd as
              * the arena, prefaulted, touched once per iteration as its slots
              * are): what the kernel's shmem pages alone cost the copy. */
-            zc_ref_off16(dst, ref_src, src, chain_bytes, bb, NULL, NULL);
+            memset(dst, (int)it, chain_bytes);
             zc_copy_chain(shm, src, bb, t[ZC_REF_SHM], f[ZC_REF_SHM], k, it > 0);
 
-            zc_ref_off16(dst, ref_src, src, chain_bytes, bb, NULL, NULL);
+            memset(dst, (int)it, chain_bytes);
             r0 = proc_run_ns(d->pid);
 
             /* PUT: odd iterations wait for put_commit, even ones pipeline
