@@ -65,6 +65,12 @@
  *     with one raw send added, the ceiling of a batch that also tells the
  *     daemon it ended (get_end, put_commit_nowait) without waiting.
  *
+ *     Where the hugetlb pool (vm.nr_hugepages, the operator's: nothing is
+ *     reserved here) has room, the 64 KiB blocks once more with the host
+ *     tier in 2 MiB pages (memory.huge_pages=on) and the references'
+ *     arena-side buffers (GET's source, PUT's destination, the memfd) in
+ *     2 MiB pages too: the same copies with the page size the only change.
+ *
  * Each daemon is started and its host tier wholly reserved (its populate
  * thread done) before anything is measured. MemAvailable is read first: section 4 uses fewer blocks and section 5
  * leaves out 1 MiB blocks when less than twice what they need is free.
@@ -1170,10 +1176,41 @@ static void raw_round_trip(int fd)
     raw_receive(fd);
 }
 
-static char zc_pages_line[4][160];   /* the mappings' pages, printed with the results */
+/* Section 5's runs: 64 KiB and 1 MiB blocks in ordinary pages, and 64 KiB
+ * blocks with the host tier and the references' arena-side buffers in 2 MiB
+ * pages of the hugetlb pool (when it has room). */
+enum { ZC_64K, ZC_1M, ZC_64K_HUGE, ZC_RUNS };
+static const char *const zc_run_name[ZC_RUNS] = { "64 KiB blocks", "1 MiB blocks",
+                                                   "64 KiB blocks, host tier and references in 2 MiB pages" };
+#define ZC_HUGE_HOST (128ull << 20)   /* the host tier of the huge-page run */
+static char zc_pages_line[ZC_RUNS][2][192];   /* the mappings' pages, printed with the results */
 
-static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label, struct zc_result *out)
+/* n bytes, page-aligned; in 2 MiB pages of the hugetlb pool when huge
+ * (n a multiple of 2 MiB). */
+static unsigned char *zc_buffer(size_t n, bool huge)
 {
+    if (!huge)
+        return aligned_alloc(4096, n);
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void zc_buffer_free(unsigned char *p, size_t n, bool huge)
+{
+    if (huge)
+        munmap(p, n);
+    else
+        free(p);
+}
+
+/* One run of section 5 (run: ZC_*) on kvnoded d. With huge, the buffers
+ * on the arena's side of each reference copy (GET's source, PUT's
+ * destination, the bench's memfd) are in 2 MiB pages as the arena then is;
+ * the engine's side (src, dst) stays in ordinary pages. */
+static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, int run, struct zc_result *out)
+{
+    bool huge = run == ZC_64K_HUGE;
+    const char *label = run == ZC_1M ? "1MiB" : huge ? "64KiB-huge" : "64KiB";
     char model[64];
     snprintf(model, sizeof model, "bench-node-%s", label);
     kvnode_layout l = kvh_layout(model, bb, 1, 0);
@@ -1191,12 +1228,12 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
      * buffers): glibc's memcpy between addresses 16 bytes apart modulo 64
      * (malloc's) was ~20 % slower here, which the ZC_REF_OFF16 row shows. */
     unsigned char *src = aligned_alloc(4096, chain_bytes), *dst = aligned_alloc(4096, chain_bytes + 4096),
-                  *ref_src = aligned_alloc(4096, chain_bytes), *ref_dst = aligned_alloc(4096, chain_bytes);
+                  *ref_src = zc_buffer(chain_bytes, huge), *ref_dst = zc_buffer(chain_bytes, huge);
     const void *srcv[CHAIN];
     kvnode_loc locs[CHAIN];
     if (!src || !dst || !ref_src || !ref_dst)
         die("malloc", "out of memory");
-    int shm_fd = memfd_create("bench-node-shm", MFD_CLOEXEC);
+    int shm_fd = memfd_create("bench-node-shm", MFD_CLOEXEC | (huge ? MFD_HUGETLB : 0));
     if (shm_fd < 0 || ftruncate(shm_fd, (off_t)chain_bytes) != 0)
         die("memfd", strerror(errno));
     unsigned char *shm = mmap(NULL, chain_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, shm_fd, 0);
@@ -1384,11 +1421,12 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
     struct map_pages ar, bu;
     map_pages_of(arena_block, &ar);
     map_pages_of(ref_src, &bu);
-    char *pl0 = zc_pages_line[bb > 64 * 1024 ? 2 : 0], *pl1 = zc_pages_line[bb > 64 * 1024 ? 3 : 1];
-    snprintf(pl0, sizeof zc_pages_line[0], "%s arena mapping: %ld KiB pages (MMU %ld KiB), %ld of "
-             "%ld KiB resident in huge pages", label, ar.kernel_kib, ar.mmu_kib, ar.huge_kib, ar.rss_kib);
-    snprintf(pl1, sizeof zc_pages_line[1], "%s memcpy's buffers: %ld KiB pages (MMU %ld KiB), %ld "
-             "of %ld KiB resident in huge pages", label, bu.kernel_kib, bu.mmu_kib, bu.huge_kib, bu.rss_kib);
+    snprintf(zc_pages_line[run][0], sizeof zc_pages_line[run][0], "%s arena mapping: %ld KiB pages (MMU %ld "
+             "KiB), %ld of %ld KiB resident in huge pages", label, ar.kernel_kib, ar.mmu_kib, ar.huge_kib,
+             ar.rss_kib);
+    snprintf(zc_pages_line[run][1], sizeof zc_pages_line[run][1], "%s references' arena-side buffers: %ld "
+             "KiB pages (MMU %ld KiB), %ld of %ld KiB resident in huge pages", label, bu.kernel_kib, bu.mmu_kib,
+             bu.huge_kib, bu.rss_kib);
     for (int p = 0; p < ZC_PARTS; p++) {
         free(t[p]);
         free(f[p]);
@@ -1398,8 +1436,8 @@ static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, const char *label,
     check(c, kvnode_delete(c, gkeys, CHAIN, &deleted), "delete");
     free(src);
     free(dst);
-    free(ref_src);
-    free(ref_dst);
+    zc_buffer_free(ref_src, chain_bytes, huge);
+    zc_buffer_free(ref_dst, chain_bytes, huge);
     munmap(shm, chain_bytes);
     close(shm_fd);
     kvnode_close(c);
@@ -1516,41 +1554,85 @@ static void bench_copy_alone(const kvh_daemon *d, uint64_t bb, double out[ZC_ISO
     kvnode_close(c);
 }
 
-/* Section 5; returns whether the 1 MiB blocks were measured. */
-static bool section5(uint64_t avail, bool mib_blocks, struct zc_result zc[2][MAX_MODES])
+/* Free bytes of the hugetlb pool's default page size, and that size
+ * (/proc/meminfo; 0 when there is none). */
+static uint64_t hugetlb_free_bytes(uint64_t *page)
 {
-    bool have_mib = false;
+    FILE *f = fopen("/proc/meminfo", "r");
+    unsigned long long n = 0, kib = 0, v;
+    char line[128];
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "HugePages_Free: %llu", &v) == 1)
+            n = v;
+        else if (sscanf(line, "Hugepagesize: %llu kB", &v) == 1)
+            kib = v;
+    }
+    if (f)
+        fclose(f);
+    *page = kib << 10;
+    return n * (kib << 10);
+}
+
+/* Section 5: the runs measured are marked in have[]. The huge-page run
+ * needs the hugetlb pool (vm.nr_hugepages, set by the operator; the bench
+ * reserves nothing) to hold its host tier and three chains of 2 MiB
+ * pages; *huge_why says why it was skipped. */
+static void section5(uint64_t avail, bool mib_blocks, struct zc_result zc[ZC_RUNS][MAX_MODES], bool have[ZC_RUNS],
+                     char *huge_why, size_t whylen)
+{
     printf("\n5. zero-copy GET / PUT of 256-block chains vs memcpy per block of the same chain (GB/s)\n");
+    memset(have, 0, ZC_RUNS * sizeof *have);
     kvh_daemon dz;
     start_daemon(&dz, "memory.host_bytes=1GiB\nlog.level=warn\n");
-    bench_zero_copy(&dz, 64 * 1024, "64KiB", zc[0]);
+    bench_zero_copy(&dz, 64 * 1024, ZC_64K, zc[ZC_64K]);
+    have[ZC_64K] = true;
     double alone[ZC_ISO];
     bench_copy_alone(&dz, 64 * 1024, alone);
     if (mib_blocks) {
-        bench_zero_copy(&dz, 1024 * 1024, "1MiB", zc[1]);
-        have_mib = true;
+        bench_zero_copy(&dz, 1024 * 1024, ZC_1M, zc[ZC_1M]);
+        have[ZC_1M] = true;
     } else {
         printf("    1 MiB blocks skipped: MemAvailable %.1f GiB\n", (double)avail / (double)(1ull << 30));
     }
     if (kvh_stop(&dz, 0) != 0)
         die("kvnoded", "did not stop cleanly");
     kvh_destroy(&dz);
-    printf("    %-7s %-15s %9s %9s %9s %9s | %8s %8s\n", "block", "pinning", "mc(GET)", "GET", "mc(PUT)", "PUT",
+    uint64_t page, pool = hugetlb_free_bytes(&page), need = ZC_HUGE_HOST + 3 * (uint64_t)CHAIN * 64 * 1024;
+    if (page != 2u << 20 || pool < need + (8u << 20)) {
+        snprintf(huge_why, whylen, "the hugetlb pool has %llu MiB free in %llu KiB pages; this run needs %llu MiB "
+                 "in 2048 KiB pages (vm.nr_hugepages)", (unsigned long long)(pool >> 20),
+                 (unsigned long long)(page >> 10), (unsigned long long)((need + (8u << 20)) >> 20));
+    } else {
+        char cfg[128];
+        snprintf(cfg, sizeof cfg, "memory.host_bytes=%llu\nmemory.huge_pages=on\nlog.level=warn\n",
+                 (unsigned long long)ZC_HUGE_HOST);
+        start_daemon(&dz, cfg);
+        bench_zero_copy(&dz, 64 * 1024, ZC_64K_HUGE, zc[ZC_64K_HUGE]);
+        have[ZC_64K_HUGE] = true;
+        if (kvh_stop(&dz, 0) != 0)
+            die("kvnoded", "did not stop cleanly");
+        kvh_destroy(&dz);
+    }
+    printf("    %-10s %-15s %9s %9s %9s %9s | %8s %8s\n", "block", "pinning", "mc(GET)", "GET", "mc(PUT)", "PUT",
            "GET/mc", "PUT/mc");
-    for (int b = 0; b < (have_mib ? 2 : 1); b++)
-        for (int m = 0; m < nmodes; m++)
-            printf("    %-7s %-15s %9.2f %9.2f %9.2f %9.2f | %7.2fx %7.2fx\n", b ? "1MiB" : "64KiB", modes[m].name,
+    static const char *const short_name[ZC_RUNS] = { "64KiB", "1MiB", "64KiB-huge" };
+    for (int b = 0; b < ZC_RUNS; b++)
+        for (int m = 0; have[b] && m < nmodes; m++)
+            printf("    %-10s %-15s %9.2f %9.2f %9.2f %9.2f | %7.2fx %7.2fx\n", short_name[b], modes[m].name,
                    zc[b][m].memcpy_get_gbs, zc[b][m].get_gbs, zc[b][m].memcpy_put_gbs, zc[b][m].put_gbs,
                    zc[b][m].get_gbs / zc[b][m].memcpy_get_gbs, zc[b][m].put_gbs / zc[b][m].memcpy_put_gbs);
-    for (int b = 0; b < (have_mib ? 2 : 1); b++)
-        print_zc_parts(zc[b], b ? "1 MiB blocks" : "64 KiB blocks");
-    for (int i = 0; i < (have_mib ? 4 : 2); i++)
-        printf("    %s\n", zc_pages_line[i]);
+    for (int b = 0; b < ZC_RUNS; b++)
+        if (have[b])
+            print_zc_parts(zc[b], zc_run_name[b]);
+    if (!have[ZC_64K_HUGE])
+        printf("    %s skipped: %s\n", zc_run_name[ZC_64K_HUGE], huge_why);
+    for (int b = 0; b < ZC_RUNS; b++)
+        for (int i = 0; have[b] && i < 2; i++)
+            printf("    %s\n", zc_pages_line[b][i]);
     printf("    PUT's copy alone, 64 KiB blocks, not pinned, in turns after the same sweep (median of 31, us):\n"
            "      private %.1f | own memfd %.1f | arena slots from put_begin %.1f: arena / memfd %.2fx, "
            "arena / private %.2fx\n", alone[ZC_ISO_PRIVATE], alone[ZC_ISO_MEMFD], alone[ZC_ISO_ARENA],
            alone[ZC_ISO_ARENA] / alone[ZC_ISO_MEMFD], alone[ZC_ISO_ARENA] / alone[ZC_ISO_PRIVATE]);
-    return have_mib;
 }
 
 /* --- main --------------------------------------------------------------------------- */
@@ -1617,8 +1699,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (zc_only) {
-        struct zc_result zc[2][MAX_MODES];
-        section5(avail, mib_blocks, zc);
+        struct zc_result zc[ZC_RUNS][MAX_MODES];
+        bool have[ZC_RUNS];
+        char why[256];
+        section5(avail, mib_blocks, zc, have, why, sizeof why);
         return 0;
     }
 
@@ -1776,8 +1860,10 @@ section3:
     /* 5. */
     printf("    [%.1f s]\n", now_s() - t_sec);
     t_sec = now_s();
-    struct zc_result zc[2][MAX_MODES];   /* [64 KiB, 1 MiB][mode] */
-    bool have_mib = section5(avail, mib_blocks, zc);
+    struct zc_result zc[ZC_RUNS][MAX_MODES];   /* [ZC_*][mode] */
+    bool have[ZC_RUNS];
+    char huge_why[256];
+    section5(avail, mib_blocks, zc, have, huge_why, sizeof huge_why);
 
     printf("    [%.1f s]\n", now_s() - t_sec);
     t_sec = now_s();
@@ -1816,40 +1902,49 @@ section3:
     for (int m = 0; m < nmodes; m++)
         printf(" %6.1f|%6.1f", big.rnd_cpu[m], big.hot_cpu[m]);
     printf("\n  %-58s %12.1f B\n", "memory per block at 1 M blocks (RssAnon delta)", big.anon_per_block);
-    for (int b = 0; b < (have_mib ? 2 : 1); b++) {
+    static const char *const sum_name[ZC_RUNS] = { "64 KiB", "1 MiB", "64 KiB, 2 MiB pages" };
+    for (int b = 0; b < ZC_RUNS; b++) {
         char name[96];
-        snprintf(name, sizeof name, "zero-copy GET | PUT / memcpy per block, %s blocks", b ? "1 MiB" : "64 KiB");
+        if (!have[b]) {
+            if (b == ZC_64K_HUGE)
+                printf("  zero-copy GET | PUT, host tier and references in 2 MiB pages: skipped (%s)\n", huge_why);
+            continue;
+        }
+        snprintf(name, sizeof name, "zero-copy GET | PUT / memcpy per block, %s", sum_name[b]);
         printf("  %-58s", name);
         for (int m = 0; m < nmodes; m++)
             printf(" %5.2fx|%5.2fx", zc[b][m].get_gbs / zc[b][m].memcpy_get_gbs,
                    zc[b][m].put_gbs / zc[b][m].memcpy_put_gbs);
         printf("\n");
-        snprintf(name, sizeof name, "  PUT with put_commit_nowait / memcpy, %s", b ? "1 MiB" : "64 KiB");
+        snprintf(name, sizeof name, "  PUT with put_commit_nowait / memcpy, %s", sum_name[b]);
         printf("  %-58s", name);
         for (int m = 0; m < nmodes; m++)
             printf(" %12.2fx", zc[b][m].put_nw_gbs / zc[b][m].memcpy_put_gbs);
         printf("\n");
-        snprintf(name, sizeof name, "  ceiling: memcpy / (memcpy + one raw round trip), %s", b ? "1 MiB" : "64 KiB");
+        snprintf(name, sizeof name, "  ceiling: memcpy / (memcpy + one raw round trip), %s", sum_name[b]);
         printf("  %-58s", name);
         for (int m = 0; m < nmodes; m++)
             printf(" %5.2fx|%5.2fx", zc_ceiling(&zc[b][m], ZC_CEIL_GET), zc_ceiling(&zc[b][m], ZC_CEIL_PUT));
         printf("\n");
-        snprintf(name, sizeof name, "  same, one raw round trip and one raw send, %s", b ? "1 MiB" : "64 KiB");
+        snprintf(name, sizeof name, "  same, one raw round trip and one raw send, %s", sum_name[b]);
         printf("  %-58s", name);
         for (int m = 0; m < nmodes; m++)
             printf(" %5.2fx|%5.2fx", zc_ceiling(&zc[b][m], ZC_CEIL_GET_SEND), zc_ceiling(&zc[b][m], ZC_CEIL_PUT_SEND));
         printf("\n");
+        if (b == ZC_1M)
+            continue;
+        /* PUT (pipelined commit) apart: its messages against the kernel's
+         * floor for them, and its copy against memcpy's, same iterations. */
+        snprintf(name, sizeof name, "  put_begin rt + commit send | raw rt + raw send (us)");
+        printf("  %-58s", name);
+        for (int m = 0; m < nmodes; m++)
+            printf(" %6.0f|%6.0f", zc[b][m].part[ZC_PUT_BEGIN].us + zc[b][m].part[ZC_PUT_NW_COMMIT].us,
+                   zc[b][m].part[ZC_RAW].us + zc[b][m].part[ZC_RAW_SEND].us);
+        printf("\n  %-58s", "  copy into the arena / memcpy (PUT's pattern)");
+        for (int m = 0; m < nmodes; m++)
+            printf(" %12.2fx", zc[b][m].part[ZC_PUT_COPY].us / zc[b][m].part[ZC_REF_PUT].us);
+        printf("\n");
     }
-    /* PUT (pipelined commit) apart: its messages against the kernel's floor
-     * for them, and its copy against memcpy's, from the same iterations. */
-    printf("  %-58s", "put_begin rt + commit send | raw rt + raw send, 64 KiB (us)");
-    for (int m = 0; m < nmodes; m++)
-        printf(" %6.0f|%6.0f", zc[0][m].part[ZC_PUT_BEGIN].us + zc[0][m].part[ZC_PUT_NW_COMMIT].us,
-               zc[0][m].part[ZC_RAW].us + zc[0][m].part[ZC_RAW_SEND].us);
-    printf("\n  %-58s", "copy into the arena / memcpy (PUT's pattern), 64 KiB");
-    for (int m = 0; m < nmodes; m++)
-        printf(" %12.2fx", zc[0][m].part[ZC_PUT_COPY].us / zc[0][m].part[ZC_REF_PUT].us);
-    printf("\n");
     printf("  %-58s", "kvnoded CPU per get_begin | put_begin, 64 KiB (us)");
     for (int m = 0; m < nmodes; m++)
         printf(" %6.1f|%6.1f", zc[0][m].daemon_cpu_us[ZC_CPU_GET_BEGIN], zc[0][m].daemon_cpu_us[ZC_CPU_PUT_BEGIN]);
