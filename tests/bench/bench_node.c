@@ -1868,7 +1868,8 @@ section3:
     printf("    [%.1f s]\n", now_s() - t_sec);
     t_sec = now_s();
     /* The issue's table. */
-    printf("\nsummary: issue 32's rows, one column per pinning\n  %-58s", "");
+    printf("\nsummary: issue 32's rows, one column per pinning (\"huge\": the host tier and the references'\n"
+           "arena-side buffers in 2 MiB pages)\n  %-58s", "");
     for (int m = 0; m < nmodes; m++)
         printf(" %13s", modes[m].name);
     printf("\n");
@@ -1902,12 +1903,14 @@ section3:
     for (int m = 0; m < nmodes; m++)
         printf(" %6.1f|%6.1f", big.rnd_cpu[m], big.hot_cpu[m]);
     printf("\n  %-58s %12.1f B\n", "memory per block at 1 M blocks (RssAnon delta)", big.anon_per_block);
-    static const char *const sum_name[ZC_RUNS] = { "64 KiB", "1 MiB", "64 KiB, 2 MiB pages" };
+    /* "huge": the host tier and the references' arena-side buffers in 2 MiB pages. */
+    static const char *const sum_name[ZC_RUNS] = { "64 KiB", "1 MiB", "64 KiB huge" };
     for (int b = 0; b < ZC_RUNS; b++) {
         char name[96];
         if (!have[b]) {
             if (b == ZC_64K_HUGE)
-                printf("  zero-copy GET | PUT, host tier and references in 2 MiB pages: skipped (%s)\n", huge_why);
+                printf("  zero-copy GET | PUT, 64 KiB huge (host tier and references in 2 MiB pages): skipped (%s)\n",
+                       huge_why);
             continue;
         }
         snprintf(name, sizeof name, "zero-copy GET | PUT / memcpy per block, %s", sum_name[b]);
@@ -1921,12 +1924,12 @@ section3:
         for (int m = 0; m < nmodes; m++)
             printf(" %12.2fx", zc[b][m].put_nw_gbs / zc[b][m].memcpy_put_gbs);
         printf("\n");
-        snprintf(name, sizeof name, "  ceiling: memcpy / (memcpy + one raw round trip), %s", sum_name[b]);
+        snprintf(name, sizeof name, "  ceiling: mc / (mc + one raw round trip), %s", sum_name[b]);
         printf("  %-58s", name);
         for (int m = 0; m < nmodes; m++)
             printf(" %5.2fx|%5.2fx", zc_ceiling(&zc[b][m], ZC_CEIL_GET), zc_ceiling(&zc[b][m], ZC_CEIL_PUT));
         printf("\n");
-        snprintf(name, sizeof name, "  same, one raw round trip and one raw send, %s", sum_name[b]);
+        snprintf(name, sizeof name, "  same, one raw round trip + one raw send, %s", sum_name[b]);
         printf("  %-58s", name);
         for (int m = 0; m < nmodes; m++)
             printf(" %5.2fx|%5.2fx", zc_ceiling(&zc[b][m], ZC_CEIL_GET_SEND), zc_ceiling(&zc[b][m], ZC_CEIL_PUT_SEND));
