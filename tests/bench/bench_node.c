@@ -72,8 +72,9 @@
  *     2 MiB pages too: the same copies with the page size the only change.
  *
  * Each daemon is started and its host tier wholly reserved (its populate
- * thread done) before anything is measured. MemAvailable is read first: section 4 uses fewer blocks and section 5
- * leaves out 1 MiB blocks when less than twice what they need is free.
+ * thread done) before anything is measured. MemAvailable is read first:
+ * section 4 uses fewer blocks and section 5 leaves out 1 MiB blocks when
+ * less than twice what they need is free.
  *
  * Usage: kvnode-bench-node [--quick] [--section3] [--section4] [--section5]
  * (--quick: shorter runs, under a minute; --sectionN: only that section). $KVNODED names the daemon
@@ -1157,7 +1158,8 @@ static void zc_ref_off16(unsigned char *dst, const unsigned char *ref_src, const
         die("memcpy", "the copy differs");
 }
 
-/* One raw ping-pong with the echo process (RAW_MSG bytes each way). */
+/* A raw ping-pong with the echo process, RAW_MSG bytes each way: the ping,
+ * its echo, both. */
 static void raw_send(int fd)
 {
     char buf[RAW_MSG] = { 0 };
