@@ -173,17 +173,25 @@ static void unpin_self(void)
 
 /* --- counters and memory ------------------------------------------------------ */
 
-static uint64_t mem_available(void)
+/* The figure of one /proc/meminfo line ("MemAvailable", "HugePages_Free",
+ * ...): kB, or a count; 0 when absent. */
+static uint64_t meminfo(const char *key)
 {
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];
-    unsigned long long kib = 0;
+    size_t len = strlen(key);
+    unsigned long long v = 0;
     while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+        if (strncmp(line, key, len) == 0 && line[len] == ':' && sscanf(line + len + 1, "%llu", &v) == 1)
             break;
     if (f)
         fclose(f);
-    return (uint64_t)kib << 10;
+    return v;
+}
+
+static uint64_t mem_available(void)
+{
+    return meminfo("MemAvailable") << 10;
 }
 
 /* --- redis-server on a unix socket ------------------------------------------------ */
@@ -1184,6 +1192,7 @@ static void raw_round_trip(int fd)
 enum { ZC_64K, ZC_1M, ZC_64K_HUGE, ZC_RUNS };
 static const char *const zc_run_name[ZC_RUNS] = { "64 KiB blocks", "1 MiB blocks",
                                                    "64 KiB blocks, host tier and references in 2 MiB pages" };
+static const char *const zc_run_label[ZC_RUNS] = { "64KiB", "1MiB", "64KiB-huge" };   /* in tables, names */
 #define ZC_HUGE_HOST (128ull << 20)   /* the host tier of the huge-page run */
 static char zc_pages_line[ZC_RUNS][2][192];   /* the mappings' pages, printed with the results */
 
@@ -1212,7 +1221,7 @@ static void zc_buffer_free(unsigned char *p, size_t n, bool huge)
 static void bench_zero_copy(const kvh_daemon *d, uint64_t bb, int run, struct zc_result *out)
 {
     bool huge = run == ZC_64K_HUGE;
-    const char *label = run == ZC_1M ? "1MiB" : huge ? "64KiB-huge" : "64KiB";
+    const char *label = zc_run_label[run];
     char model[64];
     snprintf(model, sizeof model, "bench-node-%s", label);
     kvnode_layout l = kvh_layout(model, bb, 1, 0);
@@ -1557,22 +1566,11 @@ static void bench_copy_alone(const kvh_daemon *d, uint64_t bb, double out[ZC_ISO
 }
 
 /* Free bytes of the hugetlb pool's default page size, and that size
- * (/proc/meminfo; 0 when there is none). */
+ * (0 when there is none). */
 static uint64_t hugetlb_free_bytes(uint64_t *page)
 {
-    FILE *f = fopen("/proc/meminfo", "r");
-    unsigned long long n = 0, kib = 0, v;
-    char line[128];
-    while (f && fgets(line, sizeof line, f)) {
-        if (sscanf(line, "HugePages_Free: %llu", &v) == 1)
-            n = v;
-        else if (sscanf(line, "Hugepagesize: %llu kB", &v) == 1)
-            kib = v;
-    }
-    if (f)
-        fclose(f);
-    *page = kib << 10;
-    return n * (kib << 10);
+    *page = meminfo("Hugepagesize") << 10;
+    return meminfo("HugePages_Free") * *page;
 }
 
 /* Section 5: the runs measured are marked in have[]. The huge-page run
@@ -1617,10 +1615,9 @@ static void section5(uint64_t avail, bool mib_blocks, struct zc_result zc[ZC_RUN
     }
     printf("    %-10s %-15s %9s %9s %9s %9s | %8s %8s\n", "block", "pinning", "mc(GET)", "GET", "mc(PUT)", "PUT",
            "GET/mc", "PUT/mc");
-    static const char *const short_name[ZC_RUNS] = { "64KiB", "1MiB", "64KiB-huge" };
     for (int b = 0; b < ZC_RUNS; b++)
         for (int m = 0; have[b] && m < nmodes; m++)
-            printf("    %-10s %-15s %9.2f %9.2f %9.2f %9.2f | %7.2fx %7.2fx\n", short_name[b], modes[m].name,
+            printf("    %-10s %-15s %9.2f %9.2f %9.2f %9.2f | %7.2fx %7.2fx\n", zc_run_label[b], modes[m].name,
                    zc[b][m].memcpy_get_gbs, zc[b][m].get_gbs, zc[b][m].memcpy_put_gbs, zc[b][m].put_gbs,
                    zc[b][m].get_gbs / zc[b][m].memcpy_get_gbs, zc[b][m].put_gbs / zc[b][m].memcpy_put_gbs);
     for (int b = 0; b < ZC_RUNS; b++)
